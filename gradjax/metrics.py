@@ -1,0 +1,254 @@
+"""Reconstruction-quality metrics for gradient-inversion attacks.
+
+All functions run on the host: they take NumPy (or JAX) arrays, compute in
+float64 and return NumPy arrays or plain Python numbers.
+
+Conventions
+-----------
+* Images are NHWC float arrays meant to lie in ``[0, 1]``. Callers denormalise
+  first (undo the dataset mean/std normalisation).
+* Every image metric (``mse``, ``psnr``, ``ssim``) is computed on images
+  **clamped to [0, 1]**, per image, and batch figures are plain means of the
+  per-image values. Clamping matches what a rendered reconstruction shows and
+  keeps ``data_range = 1`` honest.
+* An exact match has infinite PSNR; it is reported as ``PSNR_CAP = 100.0`` dB
+  (PSNR is capped at that value), so results stay finite and JSON-friendly.
+* SSIM equals ``skimage.metrics.structural_similarity(a, b, data_range=1,
+  channel_axis=-1)``: 7x7 uniform window, K1 = 0.01, K2 = 0.03, sample
+  covariance, a (win - 1) / 2 border cropped before the mean, channels
+  averaged. Images smaller than 7 px use the largest odd window
+  ``<= min(H, W)`` (skimage would raise; pass that ``win_size`` to skimage to
+  get the same number). Images smaller than 3x3 are rejected.
+* A batch of reconstructions comes back in arbitrary order, so ``score``
+  first aligns it to the ground truth with the Hungarian algorithm on the
+  pairwise MSE (``match_order``).
+* Bad input (shape mismatch, empty batch, NaN/inf) raises ``ValueError``.
+"""
+
+from collections import Counter
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from scipy import ndimage, optimize
+
+PSNR_CAP = 100.0
+
+_K1 = 0.01
+_K2 = 0.03
+_WIN = 7
+
+
+def _images(x, name: str) -> np.ndarray:
+  """Validates an NHWC batch and returns it as float64 clamped to [0, 1]."""
+  x = np.asarray(x, dtype=np.float64)
+  if x.ndim != 4:
+    raise ValueError(f"{name} must be NHWC (4-D), got shape {x.shape}.")
+  if x.shape[0] == 0:
+    raise ValueError(f"{name} is an empty batch.")
+  if 0 in x.shape[1:]:
+    raise ValueError(f"{name} has an empty spatial/channel axis: {x.shape}.")
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"{name} contains NaN or inf.")
+  return np.clip(x, 0.0, 1.0)
+
+
+def _pair(x, x_true) -> tuple[np.ndarray, np.ndarray]:
+  x, x_true = _images(x, "x"), _images(x_true, "x_true")
+  if x.shape != x_true.shape:
+    raise ValueError(f"Shape mismatch: x {x.shape} vs x_true {x_true.shape}.")
+  return x, x_true
+
+
+def _psnr_from_mse(m: np.ndarray) -> np.ndarray:
+  with np.errstate(divide="ignore"):
+    p = 10.0 * np.log10(1.0 / m)
+  return np.minimum(p, PSNR_CAP)
+
+
+def mse(x, x_true) -> np.ndarray:
+  """Per-image mean squared error on clamped images.
+
+  ``mse_n = mean_{h,w,c} (clip(x)_nhwc - clip(x_true)_nhwc)^2``
+
+  Args:
+    x: reconstructions, (N, H, W, C), values nominally in [0, 1].
+    x_true: ground truth, same shape.
+
+  Returns:
+    (N,) float64.
+  """
+  x, x_true = _pair(x, x_true)
+  return np.mean((x - x_true) ** 2, axis=(1, 2, 3))
+
+
+def psnr(x, x_true) -> np.ndarray:
+  """Per-image peak signal-to-noise ratio in dB, peak 1, capped.
+
+  ``psnr_n = min(10 log10(1 / mse_n), PSNR_CAP)`` with ``mse_n`` from ``mse``
+  (clamped images). Equals ``skimage.metrics.peak_signal_noise_ratio(
+  x_true[n], x[n], data_range=1)`` on in-range images.
+
+  Args:
+    x: reconstructions, (N, H, W, C).
+    x_true: ground truth, same shape.
+
+  Returns:
+    (N,) float64; exact matches give ``PSNR_CAP``.
+  """
+  return _psnr_from_mse(mse(x, x_true))
+
+
+def _window(h: int, w: int) -> int:
+  win = min(_WIN, h, w)
+  win -= 1 - win % 2  # largest odd value <= min(7, H, W)
+  if win < 3:
+    raise ValueError(f"SSIM needs images of at least 3x3 pixels, got {h}x{w}.")
+  return win
+
+
+def ssim(x, x_true) -> np.ndarray:
+  """Per-image structural similarity (Wang et al., 2004), skimage defaults.
+
+  For each channel, with local statistics from a ``win x win`` uniform filter
+  (``win = 7``, or the largest odd value ``<= min(H, W)`` for small images)
+  and sample covariance (factor ``win^2 / (win^2 - 1)``)::
+
+    S = (2 mu_x mu_y + C1)(2 s_xy + C2) / ((mu_x^2 + mu_y^2 + C1)(s_x^2 + s_y^2 + C2))
+
+  with ``C1 = (0.01)^2``, ``C2 = (0.03)^2`` (data range 1). ``S`` is averaged
+  over the map after cropping a ``(win - 1) / 2`` border, then over channels.
+  Matches ``skimage.metrics.structural_similarity(x_true[n], x[n],
+  data_range=1, channel_axis=-1, win_size=win)``.
+
+  Reference: Z. Wang, A. C. Bovik, H. R. Sheikh, E. P. Simoncelli, "Image
+  quality assessment: from error visibility to structural similarity", IEEE
+  TIP 13(4), 2004.
+
+  Args:
+    x: reconstructions, (N, H, W, C); clamped to [0, 1].
+    x_true: ground truth, same shape.
+
+  Returns:
+    (N,) float64.
+  """
+  x, y = _pair(x, x_true)
+  win = _window(x.shape[1], x.shape[2])
+  # Filter only H and W (size 1 on N and C is skipped by scipy), with
+  # scipy's default 'reflect' boundary, as skimage does per channel.
+  filt = lambda a: ndimage.uniform_filter(a, size=(1, win, win, 1))
+  cov_norm = win**2 / (win**2 - 1)
+  ux, uy = filt(x), filt(y)
+  vx = cov_norm * (filt(x * x) - ux * ux)
+  vy = cov_norm * (filt(y * y) - uy * uy)
+  vxy = cov_norm * (filt(x * y) - ux * uy)
+  c1, c2 = _K1**2, _K2**2
+  s = ((2 * ux * uy + c1) * (2 * vxy + c2)) / (
+      (ux**2 + uy**2 + c1) * (vx + vy + c2))
+  r = (win - 1) // 2
+  s = s[:, r:s.shape[1] - r, r:s.shape[2] - r, :]
+  return s.mean(axis=(1, 2)).mean(axis=-1)
+
+
+def label_accuracy(pred, true) -> float:
+  """Order-free label accuracy (multiset overlap).
+
+  ``acc = sum_c min(#pred == c, #true == c) / len(true)``
+
+  Example: pred [1, 1, 2], true [1, 2, 2] -> (1 + 1) / 3.
+
+  Args:
+    pred: (N,) integer labels recovered by the attack.
+    true: (N,) integer ground-truth labels.
+
+  Returns:
+    Python float in [0, 1].
+  """
+  pred, true = np.asarray(pred), np.asarray(true)
+  for name, a in (("pred", pred), ("true", true)):
+    if a.ndim != 1:
+      raise ValueError(f"{name} must be 1-D, got shape {a.shape}.")
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+      raise ValueError(f"{name} must hold integer labels, got {a.dtype}.")
+  if len(pred) != len(true):
+    raise ValueError(f"Length mismatch: pred {len(pred)} vs true {len(true)}.")
+  if len(true) == 0:
+    raise ValueError("Empty label arrays.")
+  cp, ct = Counter(pred.tolist()), Counter(true.tolist())
+  return sum(min(n, cp[c]) for c, n in ct.items()) / len(true)
+
+
+def match_order(x, x_true, metric: str = "mse") -> np.ndarray:
+  """Permutation aligning a batch of reconstructions with the ground truth.
+
+  Solves the linear assignment problem (Hungarian algorithm, Kuhn 1955;
+  ``scipy.optimize.linear_sum_assignment``)::
+
+    perm = argmin_{p in S_N} sum_j cost(x[p_j], x_true[j])
+
+  with ``cost = mse`` (``metric="mse"``) or ``-psnr`` (``metric="psnr"``),
+  both on clamped images.
+
+  Args:
+    x: reconstructions, (N, H, W, C).
+    x_true: ground truth, same shape.
+    metric: "mse" or "psnr".
+
+  Returns:
+    (N,) int64 ``perm`` such that ``x[perm]`` is best aligned with ``x_true``.
+  """
+  if metric not in ("mse", "psnr"):
+    raise ValueError(f"metric must be 'mse' or 'psnr', got {metric!r}.")
+  x, x_true = _pair(x, x_true)
+  # cost[j, i]: recon i scored against truth j.
+  cost = np.stack([np.mean((x - t) ** 2, axis=(1, 2, 3)) for t in x_true])
+  if metric == "psnr":
+    cost = -_psnr_from_mse(cost)
+  _, perm = optimize.linear_sum_assignment(cost)
+  return perm.astype(np.int64)
+
+
+def score(
+    x,
+    x_true,
+    labels: Optional[Sequence[int]] = None,
+    labels_true: Optional[Sequence[int]] = None,
+    *,
+    match: bool = True,
+) -> dict[str, Any]:
+  """All metrics for one attack result, as JSON-serialisable Python types.
+
+  When ``match`` and N > 1, ``x`` is first reordered by ``match_order(x,
+  x_true, "mse")``; the label accuracy is order-free and needs no reordering.
+
+  Args:
+    x: reconstructions, (N, H, W, C), in [0, 1] space.
+    x_true: ground truth, same shape.
+    labels: optional (N,) recovered labels; give both or neither.
+    labels_true: optional (N,) true labels.
+    match: align the batch order before scoring.
+
+  Returns:
+    dict with "psnr", "ssim", "mse" (batch means), "psnr_per_image",
+    "ssim_per_image", "mse_per_image" (lists, in ground-truth order),
+    "order" (list of ints, ``x[order]`` was scored; identity if no matching)
+    and "label_accuracy" (float, or None without labels).
+  """
+  if (labels is None) != (labels_true is None):
+    raise ValueError("Give both labels and labels_true, or neither.")
+  xv, tv = _pair(x, x_true)
+  n = xv.shape[0]
+  order = match_order(xv, tv) if (match and n > 1) else np.arange(n)
+  xv = xv[order]
+  m, s = mse(xv, tv), ssim(xv, tv)
+  p = _psnr_from_mse(m)
+  acc = None if labels is None else label_accuracy(labels, labels_true)
+  return {
+      "psnr": float(p.mean()),
+      "ssim": float(s.mean()),
+      "mse": float(m.mean()),
+      "psnr_per_image": [float(v) for v in p],
+      "ssim_per_image": [float(v) for v in s],
+      "mse_per_image": [float(v) for v in m],
+      "order": [int(i) for i in order],
+      "label_accuracy": acc,
+  }

@@ -1,0 +1,114 @@
+"""Model zoo and registry.
+
+A model, to an attack, is two things: ``apply_fn(variables, x, train=False) -> logits`` and its
+``variables`` pytree. :func:`create` builds both from a registry name; attacks never import Flax
+classes, so any model that provides the pair plugs in.
+
+Names::
+
+  lenet_zhu            DLG LeNet (init "uniform" by default)
+  lenet5               SAPAG LeNet-5 (init "uniform" by default)
+  convnet[-W]          Geiping et al.'s ConvNet, width W (64)
+  mlp[-H]              DLM MLP with one hidden layer of H units (32)
+  resnetD[-W]          CIFAR ResNet: D = 18, 34 or 6n+2, width factor W (1); e.g. resnet20-4
+
+Every model's last layer is a Dense named ``"head"`` (label inference reads its gradient).
+"""
+
+import re
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from gradjax.models.convnet import ConvNet
+from gradjax.models.inits import INITS, get_initializers
+from gradjax.models.layers import ACTIVATIONS
+from gradjax.models.lenet import LeNet5, LeNetZhu
+from gradjax.models.mlp import MLP
+from gradjax.models.resnet import ResNet, resnet_config
+
+MODELS = ("lenet_zhu", "lenet5", "convnet", "mlp", "resnet20-4", "resnet32-10", "resnet18", "resnet34")
+
+ApplyFn = Callable[..., jax.Array]
+
+
+class Model(NamedTuple):
+  """What an attack needs of a model.
+
+  Attributes:
+    apply_fn: ``apply_fn(variables, x, train=False) -> logits``; ``x`` is (N, H, W, C).
+    variables: Flax variables, ``{"params": ..., ["batch_stats": ...]}``.
+    name: registry name.
+    input_shape: (H, W, C) of one example.
+    num_classes: number of logits.
+  """
+
+  apply_fn: ApplyFn
+  variables: Any
+  name: str
+  input_shape: tuple[int, int, int]
+  num_classes: int
+
+
+def get_module(name: str, *, num_classes: int, init: str | None = None, init_scale: float = 0.5,
+               act: str | None = None, stride1: bool = False,
+               param_dtype: jnp.dtype = jnp.float32) -> nn.Module:
+  """The Flax module called ``name`` (see module docstring); ``init=None`` picks the model's default."""
+  if init is not None and init not in INITS:
+    get_initializers(init)  # raises the one-line error
+  if act is not None and act not in ACTIVATIONS:
+    raise ValueError(f"unknown activation {act!r}; choose one of {', '.join(ACTIVATIONS)}")
+  common = dict(num_classes=num_classes, init_scale=init_scale, param_dtype=param_dtype)
+  with_act = {} if act is None else dict(act=act)
+  if name == "lenet_zhu" or name == "lenet5":
+    if act is not None:
+      raise ValueError(f"model {name!r} has a fixed sigmoid activation; drop --act")
+    cls = LeNetZhu if name == "lenet_zhu" else LeNet5
+    return cls(weight_init=init or "uniform", **common)
+  if m := re.fullmatch(r"convnet(?:-(\d+))?", name):
+    return ConvNet(width=int(m[1] or 64), weight_init=init or "default", **with_act, **common)
+  if m := re.fullmatch(r"mlp(?:-(\d+))?", name):
+    return MLP(hidden=(int(m[1] or 32),), weight_init=init or "default", **with_act, **common)
+  if m := re.fullmatch(r"resnet(\d+)(?:-(\d+))?", name):
+    return ResNet(**resnet_config(int(m[1]), int(m[2] or 1)), stride1=stride1, weight_init=init or "default",
+                  **with_act, **common)
+  raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} "
+                   "(convnet-W, mlp-H, resnetD-W variants allowed)")
+
+
+def make_apply_fn(module: nn.Module) -> ApplyFn:
+  """``apply_fn(variables, x, train=False) -> logits`` for a Flax module.
+
+  With ``train=True`` BatchNorm uses the batch statistics (as a client does during local training);
+  the updated running statistics are discarded so the function stays pure.
+  """
+
+  def apply_fn(variables, x, train: bool = False):
+    if train and "batch_stats" in variables:
+      logits, _ = module.apply(variables, x, train=True, mutable=["batch_stats"])
+      return logits
+    return module.apply(variables, x, train=train)
+
+  return apply_fn
+
+
+def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: int = 10,
+           **module_kwargs) -> Model:
+  """Builds model ``name`` and initialises its variables from ``key``.
+
+  Example::
+
+    model = gradjax.models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3))
+    logits = model.apply_fn(model.variables, jnp.zeros((1, 32, 32, 3)))
+  """
+  input_shape = tuple(int(d) for d in input_shape)
+  if len(input_shape) != 3 or min(input_shape) < 1:
+    raise ValueError(f"input_shape must be (H, W, C) with positive sizes, got {input_shape}")
+  if num_classes < 2:
+    raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+  module = get_module(name, num_classes=num_classes, **module_kwargs)
+  dtype = module_kwargs.get("param_dtype", jnp.float32)
+  variables = module.init(key, jnp.zeros((1, *input_shape), dtype), train=False)
+  return Model(make_apply_fn(module), variables, name, input_shape, num_classes)

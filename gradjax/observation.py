@@ -1,0 +1,70 @@
+"""What the attacker holds: the :class:`Observation` of one client round.
+
+An Observation is a pytree: its arrays (observed gradient, the variables the server sent, labels when
+the threat model shares them) are leaves, so it passes through ``jit`` and ``vmap``; the threat-model
+metadata are static fields.
+"""
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+
+@flax.struct.dataclass
+class Observation:
+  """The attacker's view of one client update.
+
+  Attributes:
+    gradient: the observed gradient (or update), same tree structure and shapes as
+      ``variables["params"]``.
+    variables: the model variables the server sent (``{"params": ..., [batch_stats]}``).
+    labels: int (N,) labels, when the threat model shares them; otherwise ``None``.
+    num_samples: N, the number of examples behind the update (static).
+    threat_model: name of the client simulation that produced it (static), e.g. ``"fedsgd"``.
+    train: whether the client ran the model in training mode (BatchNorm batch statistics) (static).
+  """
+
+  gradient: PyTree
+  variables: PyTree
+  labels: jax.Array | None = None
+  num_samples: int = flax.struct.field(pytree_node=False, default=1)
+  threat_model: str = flax.struct.field(pytree_node=False, default="fedsgd")
+  train: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+def _paths(tree) -> list[str]:
+  return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def check_observation(observation: Observation) -> None:
+  """Raises ``ValueError`` (one line) unless the observation is usable by an attack.
+
+  Checks that the gradient tree matches ``variables["params"]`` leaf for leaf (paths and shapes), that
+  every observed value is finite, and that the labels (if any) are (num_samples,) integers.
+  """
+  if not isinstance(observation.variables, dict) or "params" not in observation.variables:
+    raise ValueError("observation.variables must be a dict with a 'params' entry")
+  params = observation.variables["params"]
+  got, want = _paths(observation.gradient), _paths(params)
+  if got != want:
+    missing = sorted(set(want) - set(got))[:3]
+    extra = sorted(set(got) - set(want))[:3]
+    raise ValueError(f"gradient tree does not match the model parameters (missing {missing}, "
+                     f"unexpected {extra})")
+  for path, g, p in zip(want, jax.tree.leaves(observation.gradient), jax.tree.leaves(params)):
+    if jnp.shape(g) != jnp.shape(p):
+      raise ValueError(f"gradient{path} has shape {jnp.shape(g)}, parameter has {jnp.shape(p)}")
+    if not np.all(np.isfinite(np.asarray(g))):
+      raise ValueError(f"observed gradient{path} contains NaN or inf")
+  if observation.num_samples < 1:
+    raise ValueError(f"num_samples must be positive, got {observation.num_samples}")
+  if observation.labels is not None:
+    labels = np.asarray(observation.labels)
+    if labels.shape != (observation.num_samples,) or not np.issubdtype(labels.dtype, np.integer):
+      raise ValueError(f"labels must be int ({observation.num_samples},), got {labels.dtype} "
+                       f"{labels.shape}")

@@ -1,0 +1,138 @@
+"""Host-side reporting: image grids, PNG files and strict JSON files.
+
+``image_grid`` lays out batches of [0, 1] images (e.g. ``[ground_truth,
+reconstruction]``) one batch per row; ``save_png`` writes it; ``save_json``
+writes results with numpy/JAX values converted to Python types and refuses
+NaN/inf, so a non-finite metric never leaks silently into a results file.
+Both writers create parent directories and replace the target atomically.
+"""
+
+import json
+import math
+import os
+import uuid
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+
+def image_grid(rows: Sequence[np.ndarray], pad: int = 2, scale: int = 4) -> np.ndarray:
+  """Tiles R batches of N images into one RGB uint8 image.
+
+  Row r, column n holds ``rows[r][n]``, upscaled ``scale`` times with nearest
+  neighbour (``np.repeat``), at top-left corner
+  ``(pad + r * (H * scale + pad), pad + n * (W * scale + pad))``; everything
+  else is white. Values are clipped to [0, 1] and mapped by
+  ``round(255 * v)``; gray (C = 1) is repeated to RGB.
+
+  Args:
+    rows: R arrays of identical shape (N, H, W, C), C in {1, 3}.
+    pad: white border width in output pixels, >= 0.
+    scale: integer upscale factor, >= 1.
+
+  Returns:
+    uint8 array of shape (R * (H * scale + pad) + pad, N * (W * scale + pad) + pad, 3).
+  """
+  if len(rows) == 0:
+    raise ValueError("image_grid needs at least one row.")
+  if int(pad) != pad or pad < 0 or int(scale) != scale or scale < 1:
+    raise ValueError(f"Need integer pad >= 0 and scale >= 1, got pad={pad}, scale={scale}.")
+  pad, scale = int(pad), int(scale)
+  rows = [np.asarray(r, dtype=np.float64) for r in rows]
+  shape = rows[0].shape
+  if len(shape) != 4 or shape[3] not in (1, 3) or 0 in shape:
+    raise ValueError(f"Rows must be non-empty (N, H, W, C) with C in {{1, 3}}, got {shape}.")
+  for i, r in enumerate(rows):
+    if r.shape != shape:
+      raise ValueError(f"Row {i} has shape {r.shape}, row 0 has {shape}.")
+    if not np.all(np.isfinite(r)):
+      raise ValueError(f"Row {i} contains NaN or inf.")
+  n, h, w, c = shape
+  cell_h, cell_w = h * scale + pad, w * scale + pad
+  grid = np.full((len(rows) * cell_h + pad, n * cell_w + pad, 3), 255, dtype=np.uint8)
+  for i, r in enumerate(rows):
+    tiles = np.round(255.0 * np.clip(r, 0.0, 1.0)).astype(np.uint8)
+    tiles = np.repeat(np.repeat(tiles, scale, axis=1), scale, axis=2)
+    tiles = np.broadcast_to(tiles, (n, h * scale, w * scale, 3))
+    top = pad + i * cell_h
+    for j in range(n):
+      left = pad + j * cell_w
+      grid[top:top + h * scale, left:left + w * scale] = tiles[j]
+  return grid
+
+
+def _atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
+  """Writes via ``write(file)`` to a fresh temp file next to ``path``, then renames it over."""
+  path = os.path.abspath(os.fspath(path))
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # Same directory, so os.replace is atomic.
+  try:
+    with open(tmp, "xb" if binary else "x", encoding=None if binary else "utf-8") as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def save_png(path, image_uint8: np.ndarray) -> None:
+  """Saves a uint8 (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) image as PNG."""
+  img = np.asarray(image_uint8)
+  if img.dtype != np.uint8:
+    raise ValueError(f"save_png expects uint8, got {img.dtype}.")
+  if img.ndim == 3 and img.shape[2] == 1:
+    img = img[:, :, 0]
+  if not (img.ndim == 2 or (img.ndim == 3 and img.shape[2] in (3, 4))) or img.size == 0:
+    raise ValueError(f"save_png expects a non-empty (H, W[, 1|3|4]) image, got {img.shape}.")
+  pil = Image.fromarray(img)
+  _atomic_write(path, lambda f: pil.save(f, format="PNG"), binary=True)
+
+
+def _to_python(obj: Any, key: str) -> Any:
+  """Recursively converts numpy/JAX values to JSON types; ``key`` locates obj for errors."""
+  if obj is None or isinstance(obj, (bool, str)):
+    return obj
+  if isinstance(obj, (int, float)):  # Includes np.float64 (a float subclass).
+    if isinstance(obj, float) and not math.isfinite(obj):
+      raise ValueError(f"Non-finite value {obj} at key '{key}'.")
+    return float(obj) if isinstance(obj, float) else int(obj)
+  if isinstance(obj, dict):
+    out = {}
+    for k, v in obj.items():
+      if isinstance(k, (np.integer, np.str_)):
+        k = k.item()
+      if not isinstance(k, (str, int)) or isinstance(k, bool):
+        raise ValueError(f"Unsupported dict key {k!r} ({type(k).__name__}) under '{key}'.")
+      out[str(k)] = _to_python(v, f"{key}.{k}" if key else str(k))
+    return out
+  if isinstance(obj, (list, tuple)):
+    return [_to_python(v, f"{key}[{i}]") for i, v in enumerate(obj)]
+  if isinstance(obj, np.generic) or hasattr(obj, "__array__"):  # numpy scalars/arrays, jax arrays.
+    arr = np.asarray(obj)
+    if arr.dtype.kind not in "biuf":
+      raise ValueError(f"Unsupported array dtype {arr.dtype} at key '{key}'.")
+    if arr.ndim == 0:
+      return _to_python(arr.item(), key)
+    return [_to_python(v, f"{key}[{i}]") for i, v in enumerate(arr.tolist())]
+  raise ValueError(f"Unsupported type {type(obj).__name__} at key '{key}'.")
+
+
+def save_json(path, obj: Any) -> None:
+  """Writes ``obj`` as JSON (indent 2, sorted keys), atomically.
+
+  numpy scalars/arrays and JAX arrays become Python numbers/lists; tuples
+  become lists; dict keys must be str or int. NaN/inf anywhere raise
+  ``ValueError`` naming the key path (e.g. ``metrics.psnr_per_image[3]``);
+  nothing is written then.
+  """
+  data = _to_python(obj, "")
+
+  def write(f):
+    json.dump(data, f, indent=2, sort_keys=True, allow_nan=False)
+    f.write("\n")
+
+  _atomic_write(path, write, binary=False)

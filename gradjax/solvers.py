@@ -1,0 +1,251 @@
+"""Optax-driven optimisation of dummy data, with restarts, best-iterate tracking and divergence isolation.
+
+A solver minimises ``value_fn(params, data) -> scalar`` over ``params`` (the dummy data) for fixed
+``data`` (what the attacker observed). The loop body is one pure ``step(state, data) -> state``; runs
+advance in jitted chunks of ``chunk`` steps so a caller can report progress between chunks.
+
+Iteration counting. One iteration here is one optax update. With L-BFGS that is one search direction
+plus a zoom line search (usually one or two objective evaluations); PyTorch's ``LBFGS.step()`` instead
+runs up to 20 inner iterations with a fixed step and no line search, so "300 outer steps" of the DLG
+code can be up to 6000 of its iterations. :class:`SolverState` counts both iterations and objective
+evaluations (one evaluation = one value-and-gradient of ``value_fn``) so budgets can be compared.
+
+Divergence. A restart whose objective or iterate becomes NaN/inf is frozen at its last finite state
+and flagged ``alive=False``; other restarts continue. A restart whose best loss reaches ``tol`` is
+frozen too (converged).
+
+Restart strategies (``strategy``):
+
+* ``"sequential"``: a Python loop over restarts, each jitted chain run alone. Fastest on CPU, where
+  ``vmap`` over the restart axis turns the double backward of convolutions into slow grouped
+  convolutions.
+* ``"vmap"``: all restarts advance together in one vectorised program (the accelerator default).
+* ``"map"``: ``lax.map`` over restarts with ``map_batch_size`` vectorised at a time.
+"""
+
+import functools
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+PyTree = Any
+STRATEGIES = ("auto", "sequential", "vmap", "map")
+OPTIMIZERS = ("lbfgs", "adam", "sgd")
+
+
+class Optimizer(NamedTuple):
+  """An optax transformation and whether it carries a line search that stores value and gradient."""
+
+  tx: optax.GradientTransformationExtraArgs
+  linesearch: bool
+
+
+def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
+                   max_linesearch_steps: int = 20) -> Optimizer:
+  """``"lbfgs"`` (optax L-BFGS, zoom line search), ``"adam"`` or ``"sgd"``.
+
+  For L-BFGS ``learning_rate`` scales the direction before the line search picks the step
+  (DLG: lr 1, history 100).
+  """
+  if learning_rate <= 0:
+    raise ValueError(f"learning rate must be positive, got {learning_rate}")
+  if name == "lbfgs":
+    if history < 1 or max_linesearch_steps < 1:
+      raise ValueError("L-BFGS needs history >= 1 and max_linesearch_steps >= 1")
+    linesearch = optax.scale_by_zoom_linesearch(max_linesearch_steps=max_linesearch_steps,
+                                                initial_guess_strategy="one")
+    return Optimizer(optax.lbfgs(learning_rate, memory_size=history, linesearch=linesearch), True)
+  if name == "adam":
+    return Optimizer(optax.with_extra_args_support(optax.adam(learning_rate)), False)
+  if name == "sgd":
+    return Optimizer(optax.with_extra_args_support(optax.sgd(learning_rate)), False)
+  raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+
+
+class SolverState(NamedTuple):
+  """State of one restart. Scalars become (R,) arrays when restarts are stacked."""
+
+  params: PyTree
+  opt_state: PyTree
+  best_params: PyTree
+  best_loss: jax.Array      # lowest objective seen (inf before the first evaluation)
+  iterations: jax.Array     # optimizer updates taken
+  evaluations: jax.Array    # value-and-gradient evaluations of the objective
+  alive: jax.Array          # False once the objective or the iterate went non-finite
+
+
+class Solver(NamedTuple):
+  """Pure functions of one restart: ``init(params, data)``, ``step(state, data)``, ``finalize``."""
+
+  init: Callable[[PyTree, PyTree], SolverState]
+  step: Callable[[SolverState, PyTree], SolverState]
+  finalize: Callable[[SolverState, PyTree], SolverState]
+
+
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _select(pred, on_true, on_false):
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+def make_solver(value_fn: Callable[[PyTree, PyTree], jax.Array], optimizer: Optimizer, *,
+                tol: float = 0.0, project: Callable[[PyTree], PyTree] | None = None) -> Solver:
+  """Builds the step functions minimising ``value_fn(params, data)``.
+
+  Args:
+    value_fn: scalar objective.
+    optimizer: from :func:`make_optimizer`.
+    tol: a restart stops (is frozen) once its best objective is <= tol.
+    project: optional map applied to the iterate after every update (e.g. a box constraint).
+  """
+  tx, linesearch = optimizer
+  value_and_grad = jax.value_and_grad(value_fn)
+
+  def init(params, data):
+    opt_state = tx.init(params)
+    evaluations = jnp.zeros((), jnp.int32)
+    if linesearch:
+      # Seed the line search's stored value and gradient so every step can read them without a
+      # lax.cond (which under vmap would evaluate the objective a second time).
+      value, grad = value_and_grad(params, data)
+      opt_state = optax.tree.set(opt_state, value=value, grad=grad)
+      evaluations += 1
+    inf = jnp.asarray(jnp.inf, jax.tree.leaves(params)[0].dtype)
+    return SolverState(params, opt_state, params, inf, jnp.zeros((), jnp.int32), evaluations,
+                       jnp.ones((), bool))
+
+  def step(state, data):
+    f = functools.partial(value_fn, data=data)
+    if linesearch:
+      value, grad = optax.tree.get(state.opt_state, "value"), optax.tree.get(state.opt_state, "grad")
+      used = jnp.zeros((), jnp.int32)
+    else:
+      value, grad = value_and_grad(state.params, data)
+      used = jnp.ones((), jnp.int32)
+    updates, opt_state = tx.update(grad, state.opt_state, state.params, value=value, grad=grad,
+                                   value_fn=f)
+    params = optax.apply_updates(state.params, updates)
+    if project is not None:
+      params = project(params)
+    if linesearch:
+      used = optax.tree.get(opt_state, "num_linesearch_steps").astype(jnp.int32)
+    # ``value`` is the objective at ``state.params`` (before this update).
+    value_ok = jnp.isfinite(value)
+    improved = value_ok & (value < state.best_loss)
+    best_params = _select(improved, state.params, state.best_params)
+    best_loss = jnp.where(improved, value, state.best_loss)
+    alive = state.alive & value_ok & _all_finite(params)
+    active = state.alive & (state.best_loss > tol)
+    advanced = SolverState(params, opt_state, best_params, best_loss, state.iterations + 1,
+                           state.evaluations + used, alive)
+    # A restart that just went non-finite keeps its last finite iterate and best so far.
+    stalled = state._replace(best_params=best_params, best_loss=best_loss, alive=alive)
+    return _select(active, _select(alive, advanced, stalled), state)
+
+  def finalize(state, data):
+    """Scores the final iterate too, so the best covers every point the run reached."""
+    value = value_fn(state.params, data)
+    improved = state.alive & jnp.isfinite(value) & (value < state.best_loss)
+    return state._replace(best_params=_select(improved, state.params, state.best_params),
+                          best_loss=jnp.where(improved, value, state.best_loss),
+                          evaluations=state.evaluations + 1)
+
+  return Solver(init, step, finalize)
+
+
+class Progress(NamedTuple):
+  """Reported after every chunk."""
+
+  restart: int | None       # the restart being run (sequential strategy), else None (all at once)
+  iteration: int
+  iterations: int
+  best_loss: float
+  alive: int
+  its_per_s: float
+  eta_s: float
+
+
+def resolve_strategy(strategy: str) -> str:
+  """``"auto"``: sequential on CPU, vmap on accelerators (see module docstring)."""
+  if strategy not in STRATEGIES:
+    raise ValueError(f"unknown restart strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+  if strategy == "auto":
+    return "sequential" if jax.default_backend() == "cpu" else "vmap"
+  return strategy
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll: int):
+  """Jitted (init, advance, finalize) for one solver and strategy, cached across calls."""
+
+  def advance_one(state, data, n):
+    return jax.lax.fori_loop(0, n, lambda _, s: solver.step(s, data), state, unroll=unroll)
+
+  if strategy == "sequential":
+    init, advance, finalize = solver.init, advance_one, solver.finalize
+  elif strategy == "vmap":
+    init = jax.vmap(solver.init, in_axes=(0, None))
+    advance = jax.vmap(advance_one, in_axes=(0, None, None))
+    finalize = jax.vmap(solver.finalize, in_axes=(0, None))
+  else:  # map
+    def lift(fn):
+      return lambda states, data, *a: jax.lax.map(lambda s: fn(s, data, *a), states,
+                                                  batch_size=map_batch_size)
+    init, advance, finalize = lift(solver.init), lift(advance_one), lift(solver.finalize)
+  return jax.jit(init), jax.jit(advance, static_argnums=2), jax.jit(finalize)
+
+
+def _slice(tree, i):
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def _stack(trees):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, chunk: int = 50,
+        strategy: str = "auto", map_batch_size: int | None = None, unroll: int = 1,
+        tol: float = 0.0, callback: Callable[[Progress], None] | None = None) -> SolverState:
+  """Runs every restart for ``iterations`` steps; returns the stacked final :class:`SolverState`.
+
+  Args:
+    solver: from :func:`make_solver`.
+    init_params: initial dummy data with a leading restart axis R on every leaf.
+    data: the observation-side arguments of the objective (not batched).
+    iterations: optimizer steps per restart.
+    chunk: steps per jitted call between progress reports.
+    strategy: one of ``STRATEGIES``.
+    map_batch_size: restarts vectorised together by the ``"map"`` strategy.
+    unroll: ``fori_loop`` unroll factor (deep models can run faster unrolled on CPU).
+    tol: stop early once every live restart's best objective is <= tol (must match the solver's).
+    callback: called with a :class:`Progress` after every chunk.
+  """
+  if iterations < 1 or chunk < 1:
+    raise ValueError(f"iterations and chunk must be positive, got {iterations} and {chunk}")
+  strategy = resolve_strategy(strategy)
+  init, advance, finalize = _compiled(solver, strategy, map_batch_size, unroll)
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+
+  def drive(state, restart):
+    start, done = time.perf_counter(), 0
+    while done < iterations:
+      n = min(chunk, iterations - done)
+      state = advance(state, data, n)
+      done += n
+      best, alive = jax.device_get((state.best_loss, state.alive))
+      if callback is not None:
+        rate = done / max(time.perf_counter() - start, 1e-9)
+        callback(Progress(restart, done, iterations, float(jnp.min(best)), int(jnp.sum(alive)),
+                          rate, (iterations - done) / rate))
+      if not jnp.any(alive & (best > tol)):
+        break
+    return finalize(state, data)
+
+  if strategy == "sequential":
+    return _stack([drive(init(_slice(init_params, r), data), r) for r in range(restarts)])
+  return drive(init(init_params, data), None)
