@@ -1,0 +1,71 @@
+"""Flags shared by the experiment programs, and their translation into a ``pipeline.Config``."""
+
+import dataclasses
+import sys
+
+from absl import flags, logging
+
+from gradjax import attacks, data, models, solvers
+from gradjax.pipeline import Config
+
+
+def define_flags():
+  """Defines the experiment flags (defaults: DLG on DLG's LeNet, a bundled scikit-image photo)."""
+  d = Config()
+  flags.DEFINE_string("attack", d.attack, f"Attack preset: {', '.join(attacks.PRESETS)}.")
+  flags.DEFINE_string("model", d.model, f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
+  flags.DEFINE_string("init", d.init, "Model init: uniform, xavier_normal, default (model's own if unset).")
+  flags.DEFINE_string("act", d.act, "Activation for models that take one (relu, sigmoid, ...).")
+  flags.DEFINE_integer("num_classes", d.num_classes, "Model classes (the dataset's if unset).")
+  flags.DEFINE_string("dataset", d.dataset, f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
+  flags.DEFINE_string("data_dir", d.data_dir, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
+  flags.DEFINE_integer("index", d.index, "First image of the client's batch.")
+  flags.DEFINE_integer("batch_size", d.batch_size, "Client batch size.")
+  flags.DEFINE_integer("image_size", d.image_size, "Resize images to this square size (source's if unset).")
+  flags.DEFINE_integer("channels", d.channels, "Convert images to 1 or 3 channels.")
+  flags.DEFINE_string("normalization", d.normalization, "Input normalisation: none, cifar10, cifar100, mnist, imagenet.")
+  flags.DEFINE_bool("train_mode", d.train_mode, "Client runs the model in training mode (BatchNorm batch stats).")
+  flags.DEFINE_integer("restarts", d.restarts, "Random restarts; the lowest objective wins.")
+  flags.DEFINE_string("strategy", d.strategy, f"Restart strategy: {', '.join(solvers.STRATEGIES)}.")
+  flags.DEFINE_integer("iterations", d.iterations, "Optimizer iterations (preset's if unset).")
+  flags.DEFINE_string("optimizer", d.optimizer, f"Optimizer: {', '.join(solvers.OPTIMIZERS)} (preset's if unset).")
+  flags.DEFINE_float("lr", d.learning_rate, "Learning rate (preset's if unset).")
+  flags.DEFINE_float("tol", d.tol, "Stop a restart once its objective is <= tol (preset's if unset).")
+  flags.DEFINE_integer("seed", d.seed, "PRNG seed (model and dummy initialisation).")
+  flags.DEFINE_integer("chunk", d.chunk, "Iterations per jitted chunk between progress reports.")
+
+
+def config_from_flags(**overrides) -> Config:
+  f = flags.FLAGS
+  values = dict(attack=f.attack, model=f.model, init=f.init, act=f.act, num_classes=f.num_classes,
+                dataset=f.dataset, data_dir=f.data_dir, index=f.index, batch_size=f.batch_size,
+                image_size=f.image_size, channels=f.channels, normalization=f.normalization,
+                train_mode=f.train_mode, restarts=f.restarts, strategy=f.strategy,
+                iterations=f.iterations, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
+                seed=f.seed, chunk=f.chunk)
+  values.update(overrides)
+  return Config(**values)
+
+
+def log_progress(p: solvers.Progress):
+  where = "" if p.restart is None else f"restart {p.restart} "
+  logging.info("%siteration %d/%d  loss %.3e  alive %d  %.0f it/s  ETA %.1fs", where, p.iteration,
+               p.iterations, p.best_loss, p.alive, p.its_per_s, p.eta_s)
+
+
+def fail(message: str):
+  """One-line error on stderr and exit code 2 (bad flags or data)."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def parse_flags(argv):
+  """absl flag parser that reports bad flags in one line with exit code 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(str(e))
+
+
+def replace(cfg: Config, **kw) -> Config:
+  return dataclasses.replace(cfg, **kw)
