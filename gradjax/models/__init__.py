@@ -15,6 +15,7 @@ Names::
 Every model's last layer is a Dense named ``"head"`` (label inference reads its gradient).
 """
 
+import functools
 import re
 from typing import Any, Callable, NamedTuple
 
@@ -78,8 +79,12 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
                    "(convnet-W, mlp-H, resnetD-W variants allowed)")
 
 
+@functools.lru_cache(maxsize=64)
 def make_apply_fn(module: nn.Module) -> ApplyFn:
   """``apply_fn(variables, x, train=False) -> logits`` for a Flax module.
+
+  Cached per (hashable, immutable) module, so models with equal configuration share one ``apply_fn``
+  and the attacks compiled for it are reused across fresh random initialisations.
 
   With ``train=True`` BatchNorm uses the batch statistics (as a client does during local training);
   the updated running statistics are discarded so the function stays pure.
