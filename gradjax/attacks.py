@@ -115,17 +115,23 @@ class Reconstruction(NamedTuple):
   evaluations: np.ndarray
 
 
-@functools.lru_cache(maxsize=32)
 def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
-  objective = gradient_matching(apply_fn, get_distance(attack.distance))
+  """The solver of ``attack``; fields that only set the budget (iterations, init) do not recompile."""
+  return _solver_cached(apply_fn, attack.distance, attack.optimizer, attack.learning_rate,
+                        attack.history, attack.max_linesearch_steps, attack.tol)
+
+
+@functools.lru_cache(maxsize=32)
+def _solver_cached(apply_fn, distance, optimizer, learning_rate, history, max_linesearch_steps, tol):
+  objective = gradient_matching(apply_fn, get_distance(distance))
 
   def value_fn(dummy, data):
     observation, labels = data
     return objective(dummy, observation, labels)
 
-  optimizer = solvers.make_optimizer(attack.optimizer, attack.learning_rate, history=attack.history,
-                                     max_linesearch_steps=attack.max_linesearch_steps)
-  return solvers.make_solver(value_fn, optimizer, tol=attack.tol)
+  optimizer = solvers.make_optimizer(optimizer, learning_rate, history=history,
+                                     max_linesearch_steps=max_linesearch_steps)
+  return solvers.make_solver(value_fn, optimizer, tol=tol)
 
 
 def init_dummy(key: jax.Array, attack: Attack, shape: tuple[int, ...], num_classes: int,

@@ -94,16 +94,17 @@ def _select(pred, on_true, on_false):
 
 
 def make_solver(value_fn: Callable[[PyTree, PyTree], jax.Array], optimizer: Optimizer, *,
-                tol: float = 0.0, project: Callable[[PyTree], PyTree] | None = None) -> Solver:
+                tol: float | None = None, project: Callable[[PyTree], PyTree] | None = None) -> Solver:
   """Builds the step functions minimising ``value_fn(params, data)``.
 
   Args:
     value_fn: scalar objective.
     optimizer: from :func:`make_optimizer`.
-    tol: a restart stops (is frozen) once its best objective is <= tol.
+    tol: a restart stops (is frozen) once its best objective is <= tol; None never stops early.
     project: optional map applied to the iterate after every update (e.g. a box constraint).
   """
   tx, linesearch = optimizer
+  tol = -jnp.inf if tol is None else tol
   value_and_grad = jax.value_and_grad(value_fn)
 
   def init(params, data):
@@ -210,7 +211,7 @@ def _stack(trees):
 
 def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, chunk: int = 50,
         strategy: str = "auto", map_batch_size: int | None = None, unroll: int = 1,
-        tol: float = 0.0, callback: Callable[[Progress], None] | None = None) -> SolverState:
+        tol: float | None = None, callback: Callable[[Progress], None] | None = None) -> SolverState:
   """Runs every restart for ``iterations`` steps; returns the stacked final :class:`SolverState`.
 
   Args:
@@ -222,7 +223,8 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
     strategy: one of ``STRATEGIES``.
     map_batch_size: restarts vectorised together by the ``"map"`` strategy.
     unroll: ``fori_loop`` unroll factor (deep models can run faster unrolled on CPU).
-    tol: stop early once every live restart's best objective is <= tol (must match the solver's).
+    tol: stop early once every live restart's best objective is <= tol (must match the solver's;
+      None: never).
     callback: called with a :class:`Progress` after every chunk.
   """
   if iterations < 1 or chunk < 1:
@@ -230,6 +232,7 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
   strategy = resolve_strategy(strategy)
   init, advance, finalize = _compiled(solver, strategy, map_batch_size, unroll)
   restarts = jax.tree.leaves(init_params)[0].shape[0]
+  tol = -jnp.inf if tol is None else tol
 
   def drive(state, restart):
     start, done = time.perf_counter(), 0

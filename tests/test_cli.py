@@ -1,0 +1,83 @@
+"""The experiment programs: outputs, the numbers they print, and one-line errors with exit code 2."""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import skimage.metrics
+from PIL import Image
+
+from gradjax import pipeline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_program(name, *args, cwd=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", name), *args],
+                        capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+
+
+def test_pipeline_metrics_match_scikit_image():
+  cfg = pipeline.Config(image_size=16, index=4, batch_size=2, iterations=40, attack="dlg")
+  results, images = pipeline.run(cfg)
+  gt, rec = images["ground_truth"].astype(np.float64), images["reconstruction"]
+  psnr = [skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in zip(gt, rec)]
+  ssim = [skimage.metrics.structural_similarity(g, r, data_range=1, channel_axis=-1)
+          for g, r in zip(gt, rec)]
+  np.testing.assert_allclose(results["psnr_per_image"], psnr, rtol=1e-9)
+  np.testing.assert_allclose(results["psnr"], np.mean(psnr), rtol=1e-9)
+  np.testing.assert_allclose(results["ssim"], np.mean(ssim), rtol=1e-9)
+  np.testing.assert_allclose(results["mse"], np.mean((gt - rec) ** 2), rtol=1e-9)
+  # The reported labels are those of the reconstruction, in ground-truth order.
+  overlap = collections.Counter(results["labels_reconstructed"]) & collections.Counter(results["labels_true"])
+  assert results["label_accuracy"] == pytest.approx(sum(overlap.values()) / 2)
+  assert results["iterations"] == 40 and results["restarts"] == 1
+
+
+def test_reconstruct_writes_metrics_and_grid(tmp_path):
+  out = tmp_path / "run"
+  proc = run_program("reconstruct.py", "--iterations=30", "--image_size=16", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  metrics = json.loads((out / "metrics.json").read_text())
+  for key in ("psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations", "restarts",
+              "config", "device"):
+    assert key in metrics
+  assert metrics["config"]["model"] == "lenet_zhu" and metrics["iterations"] == 30
+  assert f"PSNR {metrics['psnr']:.2f} dB" in proc.stdout
+  grid = np.asarray(Image.open(out / "reconstruction.png"))
+  assert grid.shape == (2 * (16 * 4 + 2) + 2, 16 * 4 + 2 + 2, 3)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model=alexnet"], "unknown model"),
+    (["--attack=idlg", "--batch_size=2"], "batch 1"),
+    (["--dataset=mnist", "--data_dir=/nonexistent"], "mnist"),
+    (["--dataset=imagenet21k"], "unknown dataset"),
+    (["--no_such_flag=1"], "no_such_flag"),
+    (["--iterations=abc"], "iterations"),
+    (["--index=99"], "ndex"),
+])
+def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):
+  proc = run_program("reconstruct.py", *args, f"--output_dir={tmp_path}")
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+
+
+def test_sweep_table(tmp_path):
+  proc = run_program("sweep.py", "--count=2", "--iterations=20", "--image_size=16",
+                     f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((tmp_path / "results.json").read_text())
+  psnr = np.array([r["psnr"] for r in result["rows"]])
+  assert [r["index"] for r in result["rows"]] == [0, 1]
+  np.testing.assert_allclose(result["summary"]["psnr"]["mean"], psnr.mean())
+  np.testing.assert_allclose(result["summary"]["psnr"]["std"], np.sqrt(np.mean((psnr - psnr.mean())**2)))
+  assert result["summary"]["successes"] == int(np.sum(psnr >= 30))
+  assert "| index |" in (tmp_path / "results.md").read_text()
