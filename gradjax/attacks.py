@@ -7,9 +7,11 @@ Presets and where their defaults come from:
 
 * ``dlg`` (Zhu et al., NeurIPS 2019; mit-han-lab/dlg): distance Σ‖g' − g‖² (no 0.5), dummy data and
   dummy label logits ~ N(0, 1) optimised jointly with soft labels softmax(z'), L-BFGS lr 1 with
-  history 100. The paper runs 300 PyTorch ``LBFGS.step()`` calls of up to 20 inner iterations each;
-  here one iteration is one L-BFGS update with a zoom line search, and the default budget is 300 such
-  iterations (see :mod:`gradjax.solvers` on counting).
+  history 100. Budget: the paper runs 300 PyTorch ``LBFGS.step()`` calls of up to 20 inner iterations
+  (up to 6000 objective evaluations). Here one iteration is one L-BFGS update with a zoom line search
+  (about 1.05 evaluations on average for this objective), and the default is 2000 iterations, a third
+  of the original evaluation budget: on CIFAR-10 test images 0-19 it gives PSNR >= 30 dB on 15 of 20
+  (README, "Measured"). See :mod:`gradjax.solvers` on counting.
 * ``idlg`` (Zhao et al., 2020): as ``dlg`` but the label is inferred first from the last layer's
   gradient (:func:`gradjax.labels.idlg`, batch 1) and only the data is optimised.
 """
@@ -77,8 +79,8 @@ class Attack:
 
 
 PRESETS: dict[str, Attack] = {
-    "dlg": Attack(name="dlg"),
-    "idlg": Attack(name="idlg", labels="idlg"),
+    "dlg": Attack(name="dlg", iterations=2000),
+    "idlg": Attack(name="idlg", labels="idlg", iterations=2000),
 }
 
 
