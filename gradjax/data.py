@@ -59,264 +59,264 @@ _IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".png", ".tif", ".tiff")
 
 
 class Dataset(NamedTuple):
-    """A batch of labelled images.
+  """A batch of labelled images.
 
-    Attributes:
-      x: float32 (N, H, W, C) images in [0, 1].
-      y: int64 (N,) labels in [0, num_classes).
-      num_classes: number of classes of the source.
-      name: the name given to `load`.
-      class_names: names indexed by label, or None. For "skimage" (whose photos have no classes) the names of
-        the loaded photos instead, aligned with `x`.
-    """
+  Attributes:
+    x: float32 (N, H, W, C) images in [0, 1].
+    y: int64 (N,) labels in [0, num_classes).
+    num_classes: number of classes of the source.
+    name: the name given to `load`.
+    class_names: names indexed by label, or None. For "skimage" (whose photos have no classes) the names of
+      the loaded photos instead, aligned with `x`.
+  """
 
-    x: np.ndarray
-    y: np.ndarray
-    num_classes: int
-    name: str
-    class_names: tuple[str, ...] | None = None
+  x: np.ndarray
+  y: np.ndarray
+  num_classes: int
+  name: str
+  class_names: tuple[str, ...] | None = None
 
 
 class Normalization(NamedTuple):
-    """Per-channel mean and std; a single value applies to every channel."""
+  """Per-channel mean and std; a single value applies to every channel."""
 
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
+  mean: tuple[float, ...]
+  std: tuple[float, ...]
 
 
 _NORMALIZATIONS = {
-    "none": Normalization((0.0,), (1.0,)),
-    "cifar10": Normalization((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": Normalization((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "mnist": Normalization((0.1307,), (0.3081,)),
-    "imagenet": Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+  "none": Normalization((0.0,), (1.0,)),
+  "cifar10": Normalization((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+  "cifar100": Normalization((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+  "mnist": Normalization((0.1307,), (0.3081,)),
+  "imagenet": Normalization((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
 
 def normalization(name: str) -> Normalization:
-    """Returns the named normalisation: "none", "cifar10", "cifar100", "mnist" or "imagenet"."""
-    if name not in _NORMALIZATIONS:
-        raise ValueError(f"unknown normalization {name!r}; expected one of {', '.join(_NORMALIZATIONS)}")
-    return _NORMALIZATIONS[name]
+  """Returns the named normalisation: "none", "cifar10", "cifar100", "mnist" or "imagenet"."""
+  if name not in _NORMALIZATIONS:
+    raise ValueError(f"unknown normalization {name!r}; expected one of {', '.join(_NORMALIZATIONS)}")
+  return _NORMALIZATIONS[name]
 
 
 def _stats(norm: Normalization, channels: int):
-    """Mean and std broadcastable against (..., channels); Python floats when a single value is given."""
-    if len(norm.mean) != len(norm.std):
-        raise ValueError(f"normalization has {len(norm.mean)} means but {len(norm.std)} stds")
-    if len(norm.mean) == 1:
-        return norm.mean[0], norm.std[0]
-    if len(norm.mean) != channels:
-        raise ValueError(f"normalization has {len(norm.mean)} channel values but x has {channels} channels")
-    return np.asarray(norm.mean, np.float32), np.asarray(norm.std, np.float32)
+  """Mean and std broadcastable against (..., channels); Python floats when a single value is given."""
+  if len(norm.mean) != len(norm.std):
+    raise ValueError(f"normalization has {len(norm.mean)} means but {len(norm.std)} stds")
+  if len(norm.mean) == 1:
+    return norm.mean[0], norm.std[0]
+  if len(norm.mean) != channels:
+    raise ValueError(f"normalization has {len(norm.mean)} channel values but x has {channels} channels")
+  return np.asarray(norm.mean, np.float32), np.asarray(norm.std, np.float32)
 
 
 def normalize(x, norm: Normalization):
-    """Returns (x - mean) / std over the last (channel) axis of x (..., C); numpy or jax arrays, jit-safe."""
-    mean, std = _stats(norm, x.shape[-1])
-    return (x - mean) / std
+  """Returns (x - mean) / std over the last (channel) axis of x (..., C); numpy or jax arrays, jit-safe."""
+  mean, std = _stats(norm, x.shape[-1])
+  return (x - mean) / std
 
 
 def denormalize(x, norm: Normalization):
-    """Inverse of `normalize`: x * std + mean over the last (channel) axis."""
-    mean, std = _stats(norm, x.shape[-1])
-    return x * std + mean
+  """Inverse of `normalize`: x * std + mean over the last (channel) axis."""
+  mean, std = _stats(norm, x.shape[-1])
+  return x * std + mean
 
 
 def default_data_dir() -> str | None:
-    """$GRADJAX_DATA_DIR if set, else `shared/data` beside the repository if it exists, else None."""
-    if os.environ.get("GRADJAX_DATA_DIR"):
-        return os.environ["GRADJAX_DATA_DIR"]
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
-    return str(shared) if shared.is_dir() else None
+  """$GRADJAX_DATA_DIR if set, else `shared/data` beside the repository if it exists, else None."""
+  if os.environ.get("GRADJAX_DATA_DIR"):
+    return os.environ["GRADJAX_DATA_DIR"]
+  shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+  return str(shared) if shared.is_dir() else None
 
 
 def load(
-    name: str,
-    *,
-    data_dir: str | None = None,
-    indices: int | Sequence[int] | None = None,
-    image_size: tuple[int, int] | None = None,
-    channels: int | None = None,
+  name: str,
+  *,
+  data_dir: str | None = None,
+  indices: int | Sequence[int] | None = None,
+  image_size: tuple[int, int] | None = None,
+  channels: int | None = None,
 ) -> Dataset:
-    """Loads images `indices` of dataset `name`.
+  """Loads images `indices` of dataset `name`.
 
-    Sources (all real images):
-      "skimage": 16 photos bundled with scikit-image (`SKIMAGE_PHOTOS`; grayscale ones repeated to RGB),
-        centre-cropped to squares, default image_size (32, 32). They have no classes: photo i gets the arbitrary
-        but deterministic label i % 10 (num_classes 10) so a client can compute a loss; pass your own labels
-        where they matter.
-      "lfw_subset": scikit-image's 200 25x25 gray patches; label 1 for the first 100 (faces), 0 for the rest.
-      "digits": scikit-learn's 1797 8x8 digits (needs scikit-learn).
-      "mnist": the 10000 test images, from IDX files t10k-{images-idx3,labels-idx1}-ubyte[.gz] in
-        data_dir/mnist or data_dir.
-      "cifar10" / "cifar100": test images, from cifar10/cifar10_test_prefix.npz (cifar100/cifar100_test_prefix.npz,
-        fine labels) or from the python pickle cifar-10-batches-py/test_batch (cifar-100-python/test) under data_dir.
-      "lfw": 80x80 LFW photos in data_dir/lfw/lfw_5590_80px.tar, sorted by file name; label = identity.
-      "folder": images in data_dir, sorted; with subfolders, one class per subfolder (sorted), else label 0.
-      "tfds:<name>": split "test" of a TensorFlow Datasets dataset (needs tensorflow-datasets); data_dir is
-        passed to tfds as is.
+  Sources (all real images):
+    "skimage": 16 photos bundled with scikit-image (`SKIMAGE_PHOTOS`; grayscale ones repeated to RGB),
+      centre-cropped to squares, default image_size (32, 32). They have no classes: photo i gets the arbitrary
+      but deterministic label i % 10 (num_classes 10) so a client can compute a loss; pass your own labels
+      where they matter.
+    "lfw_subset": scikit-image's 200 25x25 gray patches; label 1 for the first 100 (faces), 0 for the rest.
+    "digits": scikit-learn's 1797 8x8 digits (needs scikit-learn).
+    "mnist": the 10000 test images, from IDX files t10k-{images-idx3,labels-idx1}-ubyte[.gz] in
+      data_dir/mnist or data_dir.
+    "cifar10" / "cifar100": test images, from cifar10/cifar10_test_prefix.npz (cifar100/cifar100_test_prefix.npz,
+      fine labels) or from the python pickle cifar-10-batches-py/test_batch (cifar-100-python/test) under data_dir.
+    "lfw": 80x80 LFW photos in data_dir/lfw/lfw_5590_80px.tar, sorted by file name; label = identity.
+    "folder": images in data_dir, sorted; with subfolders, one class per subfolder (sorted), else label 0.
+    "tfds:<name>": split "test" of a TensorFlow Datasets dataset (needs tensorflow-datasets); data_dir is
+      passed to tfds as is.
 
-    Args:
-      name: one of `DATASETS` or "tfds:<name>".
-      data_dir: data folder; `default_data_dir()` when None (except for "folder" and "tfds:").
-      indices: an int, a sequence of ints, or None for all images. An int gives a batch of one.
-      image_size: (H, W) to resize to (anti-aliased, clipped to [0, 1]), or None for the native size.
-      channels: 1 (luminance of RGB), 3 (gray repeated) or None for the native channels.
+  Args:
+    name: one of `DATASETS` or "tfds:<name>".
+    data_dir: data folder; `default_data_dir()` when None (except for "folder" and "tfds:").
+    indices: an int, a sequence of ints, or None for all images. An int gives a batch of one.
+    image_size: (H, W) to resize to (anti-aliased, clipped to [0, 1]), or None for the native size.
+    channels: 1 (luminance of RGB), 3 (gray repeated) or None for the native channels.
 
-    Returns:
-      A `Dataset` with x float32 (N, H, W, C) in [0, 1] and y int64 (N,).
-    """
-    if channels not in (None, 1, 3):
-        raise ValueError(f"channels must be 1, 3 or None, got {channels!r}")
-    if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
-        raise ValueError(f"image_size must be (height, width) with positive sizes, got {image_size!r}")
-    if name.startswith("tfds:"):
-        images, y, num_classes, class_names = _load_tfds(name[len("tfds:") :], data_dir, indices)
-    elif name in _SOURCES:
-        images, y, num_classes, class_names = _SOURCES[name](data_dir, indices)
-    else:
-        raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)} or tfds:<name>")
-    if name == "skimage" and image_size is None:
-        image_size = (32, 32)
-    x = _finish(images, image_size, channels)
-    return Dataset(x, np.asarray(y, np.int64), num_classes, name, class_names)
+  Returns:
+    A `Dataset` with x float32 (N, H, W, C) in [0, 1] and y int64 (N,).
+  """
+  if channels not in (None, 1, 3):
+    raise ValueError(f"channels must be 1, 3 or None, got {channels!r}")
+  if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
+    raise ValueError(f"image_size must be (height, width) with positive sizes, got {image_size!r}")
+  if name.startswith("tfds:"):
+    images, y, num_classes, class_names = _load_tfds(name[len("tfds:") :], data_dir, indices)
+  elif name in _SOURCES:
+    images, y, num_classes, class_names = _SOURCES[name](data_dir, indices)
+  else:
+    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)} or tfds:<name>")
+  if name == "skimage" and image_size is None:
+    image_size = (32, 32)
+  x = _finish(images, image_size, channels)
+  return Dataset(x, np.asarray(y, np.int64), num_classes, name, class_names)
 
 
 def _finish(images, image_size, channels) -> np.ndarray:
-    """Resizes and converts the channels of float (H, W, C) images; returns float32 (N, H', W', C')."""
-    out = []
-    for img in images:
-        if image_size is not None:
-            img = skimage.transform.resize(img, (*image_size, img.shape[-1]), anti_aliasing=True)
-            img = np.clip(img, 0.0, 1.0)
-        if channels == 1 and img.shape[-1] == 3:
-            img = skimage.color.rgb2gray(img)[..., None]
-        elif channels == 3 and img.shape[-1] == 1:
-            img = np.repeat(img, 3, axis=-1)
-        out.append(img.astype(np.float32))
-    shapes = sorted({img.shape for img in out})
-    if len(shapes) > 1:
-        raise ValueError(f"images have different shapes {shapes}; pass image_size and channels")
-    return np.stack(out)
+  """Resizes and converts the channels of float (H, W, C) images; returns float32 (N, H', W', C')."""
+  out = []
+  for img in images:
+    if image_size is not None:
+      img = skimage.transform.resize(img, (*image_size, img.shape[-1]), anti_aliasing=True)
+      img = np.clip(img, 0.0, 1.0)
+    if channels == 1 and img.shape[-1] == 3:
+      img = skimage.color.rgb2gray(img)[..., None]
+    elif channels == 3 and img.shape[-1] == 1:
+      img = np.repeat(img, 3, axis=-1)
+    out.append(img.astype(np.float32))
+  shapes = sorted({img.shape for img in out})
+  if len(shapes) > 1:
+    raise ValueError(f"images have different shapes {shapes}; pass image_size and channels")
+  return np.stack(out)
 
 
 def _select(indices, n: int, name: str) -> np.ndarray:
-    """Checks `indices` (int, sequence of ints or None = all) against n images; returns int (K,)."""
-    if n == 0:
-        raise ValueError(f"dataset {name!r} has no images")
-    if indices is None:
-        return np.arange(n)
-    idx = np.atleast_1d(np.asarray(indices))
-    if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
-        raise ValueError(f"indices must be an int or a non-empty sequence of ints, got {type(indices).__name__}")
-    bad = idx[(idx < 0) | (idx >= n)]
-    if bad.size:
-        raise ValueError(f"index {bad[0]} out of range for dataset {name!r} with {n} images")
-    return idx
+  """Checks `indices` (int, sequence of ints or None = all) against n images; returns int (K,)."""
+  if n == 0:
+    raise ValueError(f"dataset {name!r} has no images")
+  if indices is None:
+    return np.arange(n)
+  idx = np.atleast_1d(np.asarray(indices))
+  if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+    raise ValueError(f"indices must be an int or a non-empty sequence of ints, got {type(indices).__name__}")
+  bad = idx[(idx < 0) | (idx >= n)]
+  if bad.size:
+    raise ValueError(f"index {bad[0]} out of range for dataset {name!r} with {n} images")
+  return idx
 
 
 def _data_dir(data_dir: str | None, name: str, hint: str) -> Path:
-    data_dir = data_dir or default_data_dir()
-    if data_dir is None:
-        raise ValueError(f"dataset {name!r} needs --data_dir (folder with {hint})")
-    return Path(data_dir)
+  data_dir = data_dir or default_data_dir()
+  if data_dir is None:
+    raise ValueError(f"dataset {name!r} needs --data_dir (folder with {hint})")
+  return Path(data_dir)
 
 
 def _find(root: Path, candidates: Sequence[str], name: str) -> Path:
-    """The first of `candidates` (paths relative to root) that is a file."""
-    for candidate in candidates:
-        if (root / candidate).is_file():
-            return root / candidate
-    raise FileNotFoundError(f"dataset {name!r}: none of {', '.join(candidates)} found in {root}")
+  """The first of `candidates` (paths relative to root) that is a file."""
+  for candidate in candidates:
+    if (root / candidate).is_file():
+      return root / candidate
+  raise FileNotFoundError(f"dataset {name!r}: none of {', '.join(candidates)} found in {root}")
 
 
 def _decode(data: bytes, where: str, mode: str | None = None) -> np.ndarray:
-    """Decodes image bytes to float32 (H, W, C) in [0, 1]: C = 1 for gray images, else 3 (or as `mode` says)."""
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            mode = mode or ("L" if img.mode in ("1", "L", "LA") else "RGB")
-            x = np.asarray(img.convert(mode), np.float32) / 255
-    except OSError as e:
-        raise ValueError(f"cannot decode image {where}: {e}") from None
-    return x[..., None] if x.ndim == 2 else x
+  """Decodes image bytes to float32 (H, W, C) in [0, 1]: C = 1 for gray images, else 3 (or as `mode` says)."""
+  try:
+    with Image.open(io.BytesIO(data)) as img:
+      mode = mode or ("L" if img.mode in ("1", "L", "LA") else "RGB")
+      x = np.asarray(img.convert(mode), np.float32) / 255
+  except OSError as e:
+    raise ValueError(f"cannot decode image {where}: {e}") from None
+  return x[..., None] if x.ndim == 2 else x
 
 
 # Sources: (data_dir, indices) -> (images (N, H, W, C) in [0, 1], labels (N,), num_classes, class_names).
 
 
 def _load_skimage(data_dir, indices):
-    del data_dir  # Bundled with scikit-image.
-    idx = _select(indices, len(SKIMAGE_PHOTOS), "skimage")
-    images = []
-    for i in idx:
-        img = getattr(skimage.data, SKIMAGE_PHOTOS[i])()
-        if img.ndim == 2:
-            img = np.repeat(img[..., None], 3, axis=-1)
-        h, w = img.shape[:2]
-        s = min(h, w)
-        top, left = (h - s) // 2, (w - s) // 2
-        images.append(img[top : top + s, left : left + s].astype(np.float32) / 255)
-    return images, idx % 10, 10, tuple(SKIMAGE_PHOTOS[i] for i in idx)
+  del data_dir  # Bundled with scikit-image.
+  idx = _select(indices, len(SKIMAGE_PHOTOS), "skimage")
+  images = []
+  for i in idx:
+    img = getattr(skimage.data, SKIMAGE_PHOTOS[i])()
+    if img.ndim == 2:
+      img = np.repeat(img[..., None], 3, axis=-1)
+    h, w = img.shape[:2]
+    s = min(h, w)
+    top, left = (h - s) // 2, (w - s) // 2
+    images.append(img[top : top + s, left : left + s].astype(np.float32) / 255)
+  return images, idx % 10, 10, tuple(SKIMAGE_PHOTOS[i] for i in idx)
 
 
 def _load_lfw_subset(data_dir, indices):
-    del data_dir  # Bundled with scikit-image.
-    x = skimage.data.lfw_subset()  # (200, 25, 25) float in [0, 1]: 100 faces, then 100 non-faces.
-    idx = _select(indices, len(x), "lfw_subset")
-    return x[idx, :, :, None], (idx < 100).astype(np.int64), 2, ("non-face", "face")
+  del data_dir  # Bundled with scikit-image.
+  x = skimage.data.lfw_subset()  # (200, 25, 25) float in [0, 1]: 100 faces, then 100 non-faces.
+  idx = _select(indices, len(x), "lfw_subset")
+  return x[idx, :, :, None], (idx < 100).astype(np.int64), 2, ("non-face", "face")
 
 
 def _load_digits(data_dir, indices):
-    del data_dir  # Bundled with scikit-learn.
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ValueError("dataset 'digits' requires scikit-learn: pip install scikit-learn") from None
-    digits = load_digits()
-    idx = _select(indices, len(digits.images), "digits")
-    return digits.images[idx, :, :, None] / 16.0, digits.target[idx], 10, _DIGITS
+  del data_dir  # Bundled with scikit-learn.
+  try:
+    from sklearn.datasets import load_digits
+  except ImportError:
+    raise ValueError("dataset 'digits' requires scikit-learn: pip install scikit-learn") from None
+  digits = load_digits()
+  idx = _select(indices, len(digits.images), "digits")
+  return digits.images[idx, :, :, None] / 16.0, digits.target[idx], 10, _DIGITS
 
 
 def _read_idx(path: Path, magic: int) -> np.ndarray:
-    """Reads an IDX file of unsigned bytes (magic 0x08NN, NN = number of dims), possibly gzipped."""
-    try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-            data = f.read()
-    except (OSError, EOFError) as e:
-        raise ValueError(f"corrupt IDX file {path}: {e}") from None
-    ndim = magic & 0xFF
-    header = 4 + 4 * ndim
-    if len(data) < header or struct.unpack(">I", data[:4])[0] != magic:
-        raise ValueError(f"corrupt IDX file {path}: expected magic number {magic}")
-    shape = struct.unpack(f">{ndim}I", data[4:header])
-    if len(data) - header != np.prod(shape):
-        raise ValueError(f"corrupt IDX file {path}: {len(data) - header} data bytes for shape {shape}")
-    return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
+  """Reads an IDX file of unsigned bytes (magic 0x08NN, NN = number of dims), possibly gzipped."""
+  try:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+      data = f.read()
+  except (OSError, EOFError) as e:
+    raise ValueError(f"corrupt IDX file {path}: {e}") from None
+  ndim = magic & 0xFF
+  header = 4 + 4 * ndim
+  if len(data) < header or struct.unpack(">I", data[:4])[0] != magic:
+    raise ValueError(f"corrupt IDX file {path}: expected magic number {magic}")
+  shape = struct.unpack(f">{ndim}I", data[4:header])
+  if len(data) - header != np.prod(shape):
+    raise ValueError(f"corrupt IDX file {path}: {len(data) - header} data bytes for shape {shape}")
+  return np.frombuffer(data, np.uint8, offset=header).reshape(shape)
 
 
 def _load_mnist(data_dir, indices):
-    root = _data_dir(data_dir, "mnist", "mnist/t10k-images-idx3-ubyte.gz")
+  root = _data_dir(data_dir, "mnist", "mnist/t10k-images-idx3-ubyte.gz")
 
-    def read(stem, magic):
-        candidates = [f"{folder}{stem}{suffix}" for folder in ("mnist/", "") for suffix in (".gz", "")]
-        return _read_idx(_find(root, candidates, "mnist"), magic)
+  def read(stem, magic):
+    candidates = [f"{folder}{stem}{suffix}" for folder in ("mnist/", "") for suffix in (".gz", "")]
+    return _read_idx(_find(root, candidates, "mnist"), magic)
 
-    images, labels = read("t10k-images-idx3-ubyte", 2051), read("t10k-labels-idx1-ubyte", 2049)
-    if len(images) != len(labels):
-        raise ValueError(f"MNIST in {root} has {len(images)} images but {len(labels)} labels")
-    idx = _select(indices, len(images), "mnist")
-    return images[idx, :, :, None].astype(np.float32) / 255, labels[idx], 10, _DIGITS
+  images, labels = read("t10k-images-idx3-ubyte", 2051), read("t10k-labels-idx1-ubyte", 2049)
+  if len(images) != len(labels):
+    raise ValueError(f"MNIST in {root} has {len(images)} images but {len(labels)} labels")
+  idx = _select(indices, len(images), "mnist")
+  return images[idx, :, :, None].astype(np.float32) / 255, labels[idx], 10, _DIGITS
 
 
 class _ForbiddenGlobal(pickle.UnpicklingError):
-    pass
+  pass
 
 
 class _ArrayUnpickler(pickle.Unpickler):
-    """Unpickles plain data and numpy arrays only: any other global (function, class) is refused."""
+  """Unpickles plain data and numpy arrays only: any other global (function, class) is refused."""
 
-    ALLOWED = frozenset({
+  ALLOWED = frozenset({
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy", "ndarray"),
@@ -324,54 +324,58 @@ class _ArrayUnpickler(pickle.Unpickler):
         ("_codecs", "encode"),  # Python 3 writes bytes this way in protocol 2.
     })  # fmt: skip
 
-    def find_class(self, module, name):
-        if (module, name) not in self.ALLOWED:
-            raise _ForbiddenGlobal(f"{module}.{name}")
-        return super().find_class(module, name)
+  def find_class(self, module, name):
+    if (module, name) not in self.ALLOWED:
+      raise _ForbiddenGlobal(f"{module}.{name}")
+    return super().find_class(module, name)
 
 
 def _unpickle_arrays(path: Path):
-    try:
-        with open(path, "rb") as f:
-            return _ArrayUnpickler(f, encoding="bytes").load()
-    except _ForbiddenGlobal as e:
-        raise ValueError(f"refusing to unpickle {path}: global {e} is not allowed") from None
-    except Exception as e:  # Only data and arrays can be built, so any failure means a corrupt or truncated file.
-        raise ValueError(f"corrupt or truncated pickle {path}: {type(e).__name__}: {e}") from None
+  try:
+    with open(path, "rb") as f:
+      return _ArrayUnpickler(f, encoding="bytes").load()
+  except _ForbiddenGlobal as e:
+    raise ValueError(f"refusing to unpickle {path}: global {e} is not allowed") from None
+  except (
+    Exception
+  ) as e:  # Only data and arrays can be built, so any failure means a corrupt or truncated file.
+    raise ValueError(f"corrupt or truncated pickle {path}: {type(e).__name__}: {e}") from None
 
 
 def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickle_key, classes):
-    root = _data_dir(data_dir, name, f"{name}/{npz}")
-    path = _find(root, [f"{name}/{npz}", npz, pickled], name)
-    if path.suffix == ".npz":
-        try:
-            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
-                x, y = f["x"], f[label_key]
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            raise ValueError(f"cannot read {path}: {e}") from None
-    else:
-        batch = _unpickle_arrays(path)
-        if not isinstance(batch, dict) or not {b"data", label_pickle_key} <= batch.keys():
-            raise ValueError(f"{path} is not a CIFAR batch (a dict with b'data' and {label_pickle_key!r})")
-        x, y = batch[b"data"], np.asarray(batch[label_pickle_key])
-        if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != 3072:
-            raise ValueError(f"{path}: b'data' must be a (N, 3072) array, got {getattr(x, 'shape', type(x))}")
-        x = x.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # Channel-planar rows -> NHWC.
-    if x.dtype != np.uint8 or x.shape[1:] != (32, 32, 3) or y.shape != (len(x),):
-        raise ValueError(f"{path}: expected uint8 images (N, 32, 32, 3) and N labels, got {x.shape} and {y.shape}")
-    idx = _select(indices, len(x), name)
-    return x[idx].astype(np.float32) / 255, y[idx], len(classes), classes
+  root = _data_dir(data_dir, name, f"{name}/{npz}")
+  path = _find(root, [f"{name}/{npz}", npz, pickled], name)
+  if path.suffix == ".npz":
+    try:
+      with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
+        x, y = f["x"], f[label_key]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+      raise ValueError(f"cannot read {path}: {e}") from None
+  else:
+    batch = _unpickle_arrays(path)
+    if not isinstance(batch, dict) or not {b"data", label_pickle_key} <= batch.keys():
+      raise ValueError(f"{path} is not a CIFAR batch (a dict with b'data' and {label_pickle_key!r})")
+    x, y = batch[b"data"], np.asarray(batch[label_pickle_key])
+    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != 3072:
+      raise ValueError(f"{path}: b'data' must be a (N, 3072) array, got {getattr(x, 'shape', type(x))}")
+    x = x.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)  # Channel-planar rows -> NHWC.
+  if x.dtype != np.uint8 or x.shape[1:] != (32, 32, 3) or y.shape != (len(x),):
+    raise ValueError(
+      f"{path}: expected uint8 images (N, 32, 32, 3) and N labels, got {x.shape} and {y.shape}"
+    )
+  idx = _select(indices, len(x), name)
+  return x[idx].astype(np.float32) / 255, y[idx], len(classes), classes
 
 
 def _load_cifar10(data_dir, indices):
-    return _load_cifar(
+  return _load_cifar(
         data_dir, indices, name="cifar10", npz="cifar10_test_prefix.npz", label_key="y",
         pickled="cifar-10-batches-py/test_batch", label_pickle_key=b"labels", classes=CIFAR10_CLASSES,
     )  # fmt: skip
 
 
 def _load_cifar100(data_dir, indices):
-    return _load_cifar(
+  return _load_cifar(
         data_dir, indices, name="cifar100", npz="cifar100_test_prefix.npz", label_key="y_fine",
         pickled="cifar-100-python/test", label_pickle_key=b"fine_labels", classes=CIFAR100_CLASSES,
     )  # fmt: skip
@@ -381,79 +385,81 @@ _LFW_FILE = re.compile(r"(.+)_\d{4}\.jpg")
 
 
 def _load_lfw(data_dir, indices):
-    path = _find(_data_dir(data_dir, "lfw", "lfw/lfw_5590_80px.tar"), ["lfw/lfw_5590_80px.tar"], "lfw")
-    try:
-        with tarfile.open(path, "r:") as tar:
-            members = sorted(tar.getmembers(), key=lambda m: m.name)
-            for m in members:
-                parts = PurePosixPath(m.name)
-                if parts.is_absolute() or ".." in parts.parts:
-                    raise ValueError(f"unsafe member name {m.name!r} in {path}")
-            members = [m for m in members if m.isfile() and m.name.endswith(".jpg")]
-            people = []
-            for m in members:
-                match = _LFW_FILE.fullmatch(PurePosixPath(m.name).name)
-                if match is None:
-                    raise ValueError(f"unexpected member {m.name!r} in {path}: expected <Person_Name>_<NNNN>.jpg")
-                people.append(match.group(1))
-            idx = _select(indices, len(members), "lfw")
-            images = [_decode(tar.extractfile(members[i]).read(), f"{path}:{members[i].name}", "RGB") for i in idx]
-    except (tarfile.TarError, EOFError) as e:
-        raise ValueError(f"corrupt tar file {path}: {e}") from None
-    identities = tuple(sorted(set(people)))
-    label = {person: i for i, person in enumerate(identities)}
-    return images, [label[people[i]] for i in idx], len(identities), identities
+  path = _find(_data_dir(data_dir, "lfw", "lfw/lfw_5590_80px.tar"), ["lfw/lfw_5590_80px.tar"], "lfw")
+  try:
+    with tarfile.open(path, "r:") as tar:
+      members = sorted(tar.getmembers(), key=lambda m: m.name)
+      for m in members:
+        parts = PurePosixPath(m.name)
+        if parts.is_absolute() or ".." in parts.parts:
+          raise ValueError(f"unsafe member name {m.name!r} in {path}")
+      members = [m for m in members if m.isfile() and m.name.endswith(".jpg")]
+      people = []
+      for m in members:
+        match = _LFW_FILE.fullmatch(PurePosixPath(m.name).name)
+        if match is None:
+          raise ValueError(f"unexpected member {m.name!r} in {path}: expected <Person_Name>_<NNNN>.jpg")
+        people.append(match.group(1))
+      idx = _select(indices, len(members), "lfw")
+      images = [_decode(tar.extractfile(members[i]).read(), f"{path}:{members[i].name}", "RGB") for i in idx]
+  except (tarfile.TarError, EOFError) as e:
+    raise ValueError(f"corrupt tar file {path}: {e}") from None
+  identities = tuple(sorted(set(people)))
+  label = {person: i for i, person in enumerate(identities)}
+  return images, [label[people[i]] for i in idx], len(identities), identities
 
 
 def _images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in _IMAGE_SUFFIXES)
+  return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in _IMAGE_SUFFIXES)
 
 
 def _load_folder(data_dir, indices):
-    if data_dir is None:
-        raise ValueError("dataset 'folder' needs --data_dir (a folder of images, or of one subfolder per class)")
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"image folder {root} does not exist")
-    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if classes and _images_in(root):
-        raise ValueError(f"{root} mixes images and class subfolders; use one or the other")
-    files = [(f, label) for label, d in enumerate(classes) for f in _images_in(d)] or [(f, 0) for f in _images_in(root)]
-    if not files:
-        raise ValueError(f"no images ({', '.join(_IMAGE_SUFFIXES)}) in {root}")
-    idx = _select(indices, len(files), "folder")
-    images = [_decode(files[i][0].read_bytes(), str(files[i][0])) for i in idx]
-    class_names = tuple(d.name for d in classes) if classes else None
-    return images, [files[i][1] for i in idx], max(len(classes), 1), class_names
+  if data_dir is None:
+    raise ValueError("dataset 'folder' needs --data_dir (a folder of images, or of one subfolder per class)")
+  root = Path(data_dir)
+  if not root.is_dir():
+    raise FileNotFoundError(f"image folder {root} does not exist")
+  classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+  if classes and _images_in(root):
+    raise ValueError(f"{root} mixes images and class subfolders; use one or the other")
+  files = [(f, label) for label, d in enumerate(classes) for f in _images_in(d)] or [
+    (f, 0) for f in _images_in(root)
+  ]
+  if not files:
+    raise ValueError(f"no images ({', '.join(_IMAGE_SUFFIXES)}) in {root}")
+  idx = _select(indices, len(files), "folder")
+  images = [_decode(files[i][0].read_bytes(), str(files[i][0])) for i in idx]
+  class_names = tuple(d.name for d in classes) if classes else None
+  return images, [files[i][1] for i in idx], max(len(classes), 1), class_names
 
 
 def _load_tfds(name, data_dir, indices):
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError:
-        hint = "pip install tensorflow-datasets"
-        raise ValueError(f"dataset 'tfds:{name}' requires tensorflow-datasets: {hint}") from None
-    builder = tfds.builder(name, data_dir=data_dir)
-    builder.download_and_prepare()
-    if "test" not in builder.info.splits:
-        raise ValueError(f"tfds dataset {name!r} has no 'test' split")
-    idx = _select(indices, builder.info.splits["test"].num_examples, f"tfds:{name}")
-    wanted, examples = set(idx.tolist()), {}
-    for i, example in enumerate(tfds.as_numpy(builder.as_dataset(split=f"test[:{idx.max() + 1}]"))):
-        if i in wanted:
-            examples[i] = example
-    images = [examples[i]["image"].astype(np.float32) / 255 for i in idx]
-    label = builder.info.features["label"]
-    return images, [examples[i]["label"] for i in idx], label.num_classes, tuple(label.names)
+  try:
+    import tensorflow_datasets as tfds
+  except ImportError:
+    hint = "pip install tensorflow-datasets"
+    raise ValueError(f"dataset 'tfds:{name}' requires tensorflow-datasets: {hint}") from None
+  builder = tfds.builder(name, data_dir=data_dir)
+  builder.download_and_prepare()
+  if "test" not in builder.info.splits:
+    raise ValueError(f"tfds dataset {name!r} has no 'test' split")
+  idx = _select(indices, builder.info.splits["test"].num_examples, f"tfds:{name}")
+  wanted, examples = set(idx.tolist()), {}
+  for i, example in enumerate(tfds.as_numpy(builder.as_dataset(split=f"test[:{idx.max() + 1}]"))):
+    if i in wanted:
+      examples[i] = example
+  images = [examples[i]["image"].astype(np.float32) / 255 for i in idx]
+  label = builder.info.features["label"]
+  return images, [examples[i]["label"] for i in idx], label.num_classes, tuple(label.names)
 
 
 _SOURCES = {
-    "skimage": _load_skimage,
-    "lfw_subset": _load_lfw_subset,
-    "digits": _load_digits,
-    "mnist": _load_mnist,
-    "cifar10": _load_cifar10,
-    "cifar100": _load_cifar100,
-    "lfw": _load_lfw,
-    "folder": _load_folder,
+  "skimage": _load_skimage,
+  "lfw_subset": _load_lfw_subset,
+  "digits": _load_digits,
+  "mnist": _load_mnist,
+  "cifar10": _load_cifar10,
+  "cifar100": _load_cifar100,
+  "lfw": _load_lfw,
+  "folder": _load_folder,
 }
