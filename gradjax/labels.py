@@ -25,8 +25,8 @@ def last_layer_gradient(gradient, path: tuple[str, ...] = HEAD) -> jax.Array:
       raise ValueError(f"no parameter at {'/'.join(path)} in the gradient tree; name the model's last "
                        "dense layer 'head' or pass its path")
     node = node[key]
-  if jnp.ndim(node) != 2:
-    raise ValueError(f"{'/'.join(path)} must be a 2-D dense kernel, got shape {jnp.shape(node)}")
+  if isinstance(node, dict) or jnp.ndim(node) != 2:
+    raise ValueError(f"{'/'.join(path)} must be a 2-D dense kernel, got {'a subtree' if isinstance(node, dict) else jnp.shape(node)}")
   return node
 
 

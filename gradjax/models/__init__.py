@@ -68,15 +68,15 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
       raise ValueError(f"model {name!r} has a fixed sigmoid activation; drop --act")
     cls = LeNetZhu if name == "lenet_zhu" else LeNet5
     return cls(weight_init=init or "uniform", **common)
-  if m := re.fullmatch(r"convnet(?:-(\d+))?", name):
+  if m := re.fullmatch(r"convnet(?:-([1-9]\d*))?", name):
     return ConvNet(width=int(m[1] or 64), weight_init=init or "default", **with_act, **common)
-  if m := re.fullmatch(r"mlp(?:-(\d+))?", name):
+  if m := re.fullmatch(r"mlp(?:-([1-9]\d*))?", name):
     return MLP(hidden=(int(m[1] or 32),), weight_init=init or "default", **with_act, **common)
-  if m := re.fullmatch(r"resnet(\d+)(?:-(\d+))?", name):
+  if m := re.fullmatch(r"resnet(\d+)(?:-([1-9]\d*))?", name):
     return ResNet(**resnet_config(int(m[1]), int(m[2] or 1)), stride1=stride1, weight_init=init or "default",
                   **with_act, **common)
   raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} "
-                   "(convnet-W, mlp-H, resnetD-W variants allowed)")
+                   "(convnet-W, mlp-H, resnetD-W variants allowed, W and H positive)")
 
 
 @functools.lru_cache(maxsize=64)
@@ -115,5 +115,11 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
     raise ValueError(f"num_classes must be at least 2, got {num_classes}")
   module = get_module(name, num_classes=num_classes, **module_kwargs)
   dtype = module_kwargs.get("param_dtype", jnp.float32)
+  # Shape-only trace; the uniform init avoids fan-based initialisers dividing by a zero fan-in.
+  features = jax.eval_shape(
+      lambda: module.clone(weight_init="uniform").init(key, jnp.zeros((1, *input_shape), dtype))
+  )["params"]["head"]["kernel"].shape[0]
+  if features == 0:
+    raise ValueError(f"input {input_shape} is too small for {name}: its pooling leaves no features")
   variables = module.init(key, jnp.zeros((1, *input_shape), dtype), train=False)
   return Model(make_apply_fn(module), variables, name, input_shape, num_classes)

@@ -1,0 +1,100 @@
+"""Shared fixtures: real client images (scikit-image photos) and plain NumPy reference implementations."""
+
+import numpy as np
+import pytest
+
+from gradjax import data
+
+
+@pytest.fixture(scope="session")
+def photos():
+  """All 16 scikit-image photos as float32 (16, 32, 32, 3) in [0, 1]."""
+  return data.load("skimage", indices=range(16), image_size=(32, 32)).x
+
+
+@pytest.fixture(scope="session")
+def photos28():
+  """The first 4 photos as 28x28 gray images (4, 28, 28, 1), an MNIST-like shape."""
+  return data.load("skimage", indices=range(4), image_size=(28, 28), channels=1).x
+
+
+def np_log_softmax(z):
+  z = np.asarray(z, np.float64)
+  m = z.max(axis=-1, keepdims=True)
+  return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
+
+
+def np_mlp_grads(params, x, targets):
+  """Hand-derived backprop of flatten - Dense - ReLU - Dense ('head') with the mean cross entropy.
+
+  Flax Dense kernels are (in, out) and x is flattened in HWC order (NumPy's C order on NHWC).
+  ``targets`` are int labels or an (N, K) matrix of soft labels (rows summing to 1).
+  Returns (loss, gradient tree shaped like ``params``), all float64 NumPy.
+  """
+  w1 = np.asarray(params["Dense_0"]["kernel"], np.float64)
+  b1 = np.asarray(params["Dense_0"]["bias"], np.float64)
+  w2 = np.asarray(params["head"]["kernel"], np.float64)
+  b2 = np.asarray(params["head"]["bias"], np.float64)
+  x = np.asarray(x, np.float64)
+  n = x.shape[0]
+  xf = x.reshape(n, -1)
+  a = xf @ w1 + b1
+  h = np.maximum(a, 0.0)
+  z = h @ w2 + b2
+  targets = np.asarray(targets)
+  if targets.ndim == 1:
+    t = np.zeros_like(z)
+    t[np.arange(n), targets] = 1.0
+  else:
+    t = targets.astype(np.float64)
+  log_p = np_log_softmax(z)
+  loss = -np.mean(np.sum(t * log_p, axis=-1))
+  dz = (np.exp(log_p) - t) / n          # dL/dz for softmax + CE with sum(t) = 1 per row.
+  dw2 = h.T @ dz
+  db2 = dz.sum(axis=0)
+  da = (dz @ w2.T) * (a > 0)
+  dw1 = xf.T @ da
+  db1 = da.sum(axis=0)
+  return loss, {"Dense_0": {"kernel": dw1, "bias": db1}, "head": {"kernel": dw2, "bias": db2}}
+
+
+@pytest.fixture(scope="session")
+def mlp_reference():
+  return np_mlp_grads
+
+
+@pytest.fixture(scope="session")
+def log_softmax_reference():
+  return np_log_softmax
+
+
+def np_fill_variables(module, input_shape, seed=0, *, dtype=np.float32, scale=0.5):
+  """Variables of ``module`` with NumPy values, without running any jax.random initialiser.
+
+  The tree comes from ``jax.eval_shape`` of ``module.init``; every parameter is U(-scale, scale) except
+  BatchNorm scales (1 + U(-0.1, 0.1)); running means are U(-0.1, 0.1) and running variances U(0.5, 1.5).
+  Cheap even for ResNet-18/34, and independent of gradjax's initialisers.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  shapes = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1, *input_shape), dtype),
+                                              train=False))
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    name = path[-1].key
+    collection = path[0].key
+    if collection == "batch_stats":
+      lo, hi = (-0.1, 0.1) if name == "mean" else (0.5, 1.5)
+      return jnp.asarray(rng.uniform(lo, hi, leaf.shape), dtype)
+    if name == "scale":
+      return jnp.asarray(1.0 + rng.uniform(-0.1, 0.1, leaf.shape), dtype)
+    return jnp.asarray(rng.uniform(-scale, scale, leaf.shape), dtype)
+
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+@pytest.fixture(scope="session")
+def fill_variables():
+  return np_fill_variables

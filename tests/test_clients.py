@@ -1,0 +1,252 @@
+"""Tests for gradjax.losses, gradjax.clients.fedsgd and gradjax.observation.
+
+References: a NumPy log-softmax and a hand-derived NumPy backprop of the DLM MLP (conftest), float64
+central finite differences for a BatchNorm model in train mode.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import clients, losses, models
+from gradjax.observation import Observation, check_observation
+
+# --- losses.cross_entropy ---------------------------------------------------------------------------
+
+
+def test_cross_entropy_int_labels_matches_numpy(log_softmax_reference):
+  rng = np.random.default_rng(0)
+  with jax.enable_x64(True):
+    z = rng.normal(0, 3, (7, 10))
+    y = rng.integers(0, 10, 7)
+    got = float(losses.cross_entropy(jnp.asarray(z), jnp.asarray(y)))
+  want = -np.mean(log_softmax_reference(z)[np.arange(7), y])
+  np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+def test_cross_entropy_soft_labels_matches_numpy(log_softmax_reference):
+  rng = np.random.default_rng(1)
+  with jax.enable_x64(True):
+    z = rng.normal(0, 2, (5, 100))
+    t = rng.dirichlet(np.ones(100), 5)
+    got = float(losses.cross_entropy(jnp.asarray(z), jnp.asarray(t)))
+  want = -np.mean(np.sum(t * log_softmax_reference(z), axis=-1))
+  np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
+def test_cross_entropy_int_equals_one_hot():
+  rng = np.random.default_rng(2)
+  z = jnp.asarray(rng.normal(0, 2, (6, 10)), jnp.float32)
+  y = rng.integers(0, 10, 6)
+  one_hot = np.eye(10, dtype=np.float32)[y]
+  a = float(losses.cross_entropy(z, jnp.asarray(y)))
+  b = float(losses.cross_entropy(z, jnp.asarray(one_hot)))
+  assert a > 0
+  np.testing.assert_allclose(a, b, rtol=1e-6)
+  # The same holds for the gradient w.r.t. the logits, (softmax - onehot) / N.
+  ga = jax.grad(losses.cross_entropy)(z, jnp.asarray(y))
+  gb = jax.grad(losses.cross_entropy)(z, jnp.asarray(one_hot))
+  p = np.exp(np.asarray(z, np.float64))
+  p /= p.sum(-1, keepdims=True)
+  np.testing.assert_allclose(ga, (p - one_hot) / 6, atol=1e-7)
+  np.testing.assert_allclose(gb, ga, atol=1e-7)
+
+
+def test_cross_entropy_large_logits_stable(log_softmax_reference):
+  z = np.array([[1000.0, -1000.0, 0.0], [-500.0, 500.0, 499.0]], np.float32)
+  y = np.array([0, 2])
+  got = float(losses.cross_entropy(jnp.asarray(z), jnp.asarray(y)))
+  want = -np.mean(log_softmax_reference(z)[np.arange(2), y])
+  assert np.isfinite(got)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+# --- clients.fedsgd: the observed gradient against a hand-derived NumPy backprop -------------------------
+
+
+@pytest.fixture(scope="module")
+def mlp64(fill_variables):
+  """DLM-style MLP with 8 hidden units and 10 classes, float64 parameters, U(-0.05, 0.05)."""
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=3, dtype=np.float64, scale=0.05)
+  return models.make_apply_fn(module), variables
+
+
+@pytest.mark.parametrize("labels", [[3], [0, 7, 7, 9]])
+def test_fedsgd_mlp_matches_numpy_backprop(mlp64, photos, mlp_reference, labels):
+  apply_fn, variables = mlp64
+  n = len(labels)
+  x = photos[4:4 + n].astype(np.float64)
+  y = np.asarray(labels)
+  with jax.enable_x64(True):
+    obs = clients.fedsgd(apply_fn, variables, jnp.asarray(x), jnp.asarray(y))
+    got = jax.tree.map(np.asarray, obs.gradient)
+  _, want = mlp_reference(variables["params"], x, y)
+  assert jax.tree.map(np.shape, got) == jax.tree.map(np.shape, variables["params"])
+  assert all(g.dtype == np.float64 for g in jax.tree.leaves(got))
+  hidden_active = np.mean(want["Dense_0"]["bias"] != 0)
+  assert hidden_active > 0.25  # The ReLU passes part of the signal: the check is not trivial.
+  for layer in ("Dense_0", "head"):
+    for leaf in ("kernel", "bias"):
+      np.testing.assert_allclose(got[layer][leaf], want[layer][leaf], rtol=1e-10,
+                                 atol=1e-13 * np.abs(want[layer][leaf]).max())
+  assert obs.num_samples == n and obs.threat_model == "fedsgd" and obs.train is False
+  assert obs.labels is None
+
+
+def test_fedsgd_share_labels(mlp64, photos):
+  apply_fn, variables = mlp64
+  y = np.array([1, 5])
+  with jax.enable_x64(True):
+    hidden = clients.fedsgd(apply_fn, variables, photos[:2], y)
+    shared = clients.fedsgd(apply_fn, variables, photos[:2], y, share_labels=True)
+  assert hidden.labels is None
+  np.testing.assert_array_equal(np.asarray(shared.labels), y)
+  assert jnp.issubdtype(shared.labels.dtype, jnp.integer)
+  jax.tree.map(np.testing.assert_array_equal, shared.gradient, hidden.gradient)
+  assert shared.variables is variables
+  check_observation(shared)
+  check_observation(hidden)
+
+
+def test_fedsgd_train_mode_batchnorm_matches_finite_differences(photos, fill_variables):
+  """Train-mode FedSGD on a BatchNorm ResNet: <g, d> equals the float64 central difference of the
+  train-mode mean loss along random parameter directions d.
+
+  A sigmoid ResNet-8 is smooth (no ReLU or max-pool kinks), so the difference converges as h^2.
+  """
+  with jax.enable_x64(True):
+    module = models.get_module("resnet8", num_classes=10, act="sigmoid", param_dtype=jnp.float64)
+    variables = fill_variables(module, (8, 8, 3), seed=4, dtype=np.float64, scale=0.3)
+    apply_fn = models.make_apply_fn(module)
+    x = jnp.asarray(photos[:3, 10:18, 10:18], jnp.float64)
+    y = jnp.asarray([2, 4, 9])
+    obs = clients.fedsgd(apply_fn, variables, x, y, train=True)
+    assert obs.train is True
+
+    def loss(params, train):
+      return losses.cross_entropy(apply_fn({**variables, "params": params}, x, train), y)
+
+    loss = jax.jit(loss, static_argnums=1)
+    # Train mode normalises with the batch statistics, eval mode with the stored running ones.
+    assert abs(float(loss(variables["params"], True)) - float(loss(variables["params"], False))) > 1e-3
+    rng = np.random.default_rng(5)
+    h = 1e-6
+    for _ in range(4):
+      d = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape)), variables["params"])
+      plus = jax.tree.map(lambda p, v: p + h * v, variables["params"], d)
+      minus = jax.tree.map(lambda p, v: p - h * v, variables["params"], d)
+      fd = (float(loss(plus, True)) - float(loss(minus, True))) / (2 * h)
+      got = sum(float(jnp.vdot(g, v)) for g, v in zip(jax.tree.leaves(obs.gradient), jax.tree.leaves(d)))
+      np.testing.assert_allclose(got, fd, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def lenet():
+  return models.create("lenet_zhu", jax.random.key(0))
+
+
+@pytest.mark.parametrize("case", ["3d_x", "float_labels", "label_shape", "label_too_big", "label_negative",
+                                  "nan_x", "inf_x", "label_count"])
+def test_fedsgd_rejects_bad_inputs(lenet, photos, case):
+  x = np.array(photos[:2])
+  y = np.array([1, 2])
+  if case == "3d_x":
+    x = x[0]
+    y = y[:1]
+  elif case == "float_labels":
+    y = y.astype(np.float32)
+  elif case == "label_shape":
+    y = y[:, None]
+  elif case == "label_too_big":
+    y = np.array([1, 10])
+  elif case == "label_negative":
+    y = np.array([-1, 2])
+  elif case == "nan_x":
+    x[1, 3, 4, 0] = np.nan
+  elif case == "inf_x":
+    x[0, 0, 0, 2] = np.inf
+  elif case == "label_count":
+    y = np.array([1, 2, 3])
+  with pytest.raises(ValueError):
+    clients.fedsgd(lenet.apply_fn, lenet.variables, x, y)
+
+
+def test_fedsgd_accepts_last_class(lenet, photos):
+  obs = clients.fedsgd(lenet.apply_fn, lenet.variables, photos[:1], np.array([9]))
+  head = np.asarray(obs.gradient["head"]["kernel"])
+  # Single example: dL/dW[:, c] = a (p_c - y_c), so only the true class column has the other sign.
+  signs = np.sign(head.sum(axis=0))
+  assert signs[9] == -1 and np.all(signs[:9] == 1)
+
+
+# --- observation.check_observation -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def observation(lenet, photos):
+  return clients.fedsgd(lenet.apply_fn, lenet.variables, photos[:2], np.array([0, 3]), share_labels=True)
+
+
+def _with_gradient(obs, fn):
+  gradient = jax.tree.map(np.array, obs.gradient)  # mutable copy
+  fn(gradient)
+  return dataclasses.replace(obs, gradient=gradient)
+
+
+def test_check_observation_accepts_valid(observation):
+  assert check_observation(observation) is None
+  # Observation is a pytree: it survives jit with its static fields.
+  out = jax.jit(lambda o: o)(observation)
+  assert isinstance(out, Observation) and out.num_samples == 2 and out.threat_model == "fedsgd"
+  check_observation(out)
+
+
+def _drop_head(g):
+  del g["head"]
+
+
+def _extra_layer(g):
+  g["extra"] = {"kernel": np.zeros((2, 2), np.float32)}
+
+
+def _drop_bias(g):
+  del g["Conv_1"]["bias"]
+
+
+def _transpose_head(g):
+  g["head"]["kernel"] = g["head"]["kernel"].T.copy()
+
+
+def _wrong_bias_shape(g):
+  g["Conv_0"]["bias"] = np.zeros((13,), np.float32)
+
+
+def _nan(g):
+  g["Conv_2"]["kernel"][0, 0, 0, 0] = np.nan
+
+
+def _inf(g):
+  g["head"]["bias"][3] = -np.inf
+
+
+@pytest.mark.parametrize("mutate", [_drop_head, _extra_layer, _drop_bias, _transpose_head,
+                                    _wrong_bias_shape, _nan, _inf])
+def test_check_observation_rejects_bad_gradient(observation, mutate):
+  with pytest.raises(ValueError):
+    check_observation(_with_gradient(observation, mutate))
+
+
+@pytest.mark.parametrize("change", [
+    dict(labels=np.array([0.0, 3.0])),
+    dict(labels=np.array([0, 3, 1])),
+    dict(num_samples=0),
+    dict(variables={"weights": None}),
+])
+def test_check_observation_rejects_bad_metadata(observation, change):
+  with pytest.raises(ValueError):
+    check_observation(dataclasses.replace(observation, **change))

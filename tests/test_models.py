@@ -1,0 +1,352 @@
+"""Tests for gradjax.models: shapes, parameter counts by hand, initialisers, BatchNorm, errors.
+
+Big models are only traced (``jax.eval_shape``) or run with NumPy-filled parameters on tiny inputs, so
+the file stays fast on a CPU.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import models
+from gradjax.models.inits import get_initializers
+
+KEY = jax.random.key(0)
+
+
+def _count(tree) -> int:
+  return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree))
+
+
+def _shapes(name, input_shape, num_classes, **kw):
+  """Variables of ``models.create`` as ShapeDtypeStructs (traced, not computed)."""
+  return jax.eval_shape(
+      lambda k: models.create(name, k, input_shape=input_shape, num_classes=num_classes, **kw).variables,
+      KEY)
+
+
+# --- Registry: every name builds, for several input shapes and class counts --------------------------
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+@pytest.mark.parametrize("input_shape,num_classes", [((32, 32, 3), 10), ((28, 28, 1), 100),
+                                                     ((64, 64, 3), 100)])
+def test_every_model_traces_to_logits(name, input_shape, num_classes):
+  module = models.get_module(name, num_classes=num_classes)
+  variables = _shapes(name, input_shape, num_classes)
+  assert "params" in variables
+  assert variables["params"]["head"]["kernel"].shape[-1] == num_classes
+  out = jax.eval_shape(lambda v, x: module.apply(v, x), variables,
+                       jax.ShapeDtypeStruct((3, *input_shape), jnp.float32))
+  assert out.shape == (3, num_classes) and out.dtype == jnp.float32
+  # BatchNorm only in the ConvNet and the ResNets.
+  assert ("batch_stats" in variables) == (name.startswith("convnet") or name.startswith("resnet"))
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_every_model_runs_finite(name, photos, photos28, fill_variables):
+  """Real forward pass on real photos: (N, K) finite, non-constant logits.
+
+  Parameters are NumPy-filled (jax.random initialisers compile slowly on CPU). The LeNets and the MLP
+  run on full 32x32x3 and 28x28x1 photos with 10 and 100 classes; the ConvNet and the ResNets (whose
+  shapes for every size are covered by the eval_shape test above) run on 9x9 crops, in eval mode and,
+  for the ConvNet, train mode.
+  """
+  if name in ("lenet_zhu", "lenet5", "mlp"):
+    runs = [(photos[:2], 10, (False,)), (photos28[:2], 100, (False,))]
+  else:
+    runs = [(photos[:2, :9, :9], 10, (False, True) if name == "convnet" else (False,))]
+  for xs, k, modes in runs:
+    module = models.get_module(name, num_classes=k)
+    variables = fill_variables(module, xs.shape[1:])
+    apply_fn = jax.jit(models.make_apply_fn(module), static_argnums=2)
+    for train in modes:
+      logits = apply_fn(variables, jnp.asarray(xs), train)
+      assert logits.shape == (2, k)
+      assert np.all(np.isfinite(np.asarray(logits)))
+      assert np.ptp(np.asarray(logits)) > 0  # Not a constant output.
+
+
+def test_create_returns_model_record(photos):
+  model = models.create("lenet_zhu", KEY)
+  assert model.name == "lenet_zhu" and model.input_shape == (32, 32, 3) and model.num_classes == 10
+  logits = model.apply_fn(model.variables, jnp.asarray(photos[:3]))
+  assert logits.shape == (3, 10) and np.all(np.isfinite(np.asarray(logits)))
+
+
+# --- DLG LeNet: exact architecture ----------------------------------------------------------------------
+
+
+def test_lenet_zhu_layers_and_count():
+  params = _shapes("lenet_zhu", (32, 32, 3), 10)["params"]
+  shapes = jax.tree.map(lambda a: a.shape, params)
+  assert shapes == {
+      "Conv_0": {"kernel": (5, 5, 3, 12), "bias": (12,)},
+      "Conv_1": {"kernel": (5, 5, 12, 12), "bias": (12,)},
+      "Conv_2": {"kernel": (5, 5, 12, 12), "bias": (12,)},
+      "head": {"kernel": (768, 10), "bias": (10,)},
+  }
+  by_hand = (3 * 12 * 25 + 12) + 2 * (12 * 12 * 25 + 12) + (768 * 10 + 10)
+  assert by_hand == 15826
+  assert _count(params) == by_hand
+
+
+@pytest.mark.parametrize("input_shape,features", [((28, 28, 1), 7 * 7 * 12), ((64, 64, 3), 16 * 16 * 12)])
+def test_lenet_zhu_head_features_follow_strides(input_shape, features):
+  # Strides 2, 2, 1 with pad 2: H -> ceil(H/2) -> ceil(H/4) -> same.
+  params = _shapes("lenet_zhu", input_shape, 100)["params"]
+  assert params["Conv_0"]["kernel"].shape == (5, 5, input_shape[-1], 12)
+  assert params["head"]["kernel"].shape == (features, 100)
+
+
+def _np_conv(x, w, b, stride, pad):
+  """Plain NumPy cross-correlation, NHWC input, HWIO kernel, symmetric zero padding."""
+  x = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+  kh, kw = w.shape[:2]
+  ho = (x.shape[1] - kh) // stride + 1
+  wo = (x.shape[2] - kw) // stride + 1
+  out = np.zeros((x.shape[0], ho, wo, w.shape[-1]))
+  for i in range(kh):
+    for j in range(kw):
+      patch = x[:, i:i + stride * ho:stride, j:j + stride * wo:stride, :]
+      out += np.einsum("nhwc,cd->nhwd", patch, w[i, j])
+  return out + b
+
+
+def test_lenet_zhu_forward_matches_numpy(photos):
+  """The DLG spec, written out in NumPy: conv(5, pad 2, stride 2/2/1) - sigmoid x3 - flatten - dense."""
+  model = models.create("lenet_zhu", jax.random.key(3))
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), model.variables["params"])
+  x = photos[:3].astype(np.float64)
+  sig = lambda a: 1.0 / (1.0 + np.exp(-a))
+  h = x
+  for layer, stride in (("Conv_0", 2), ("Conv_1", 2), ("Conv_2", 1)):
+    h = sig(_np_conv(h, p[layer]["kernel"], p[layer]["bias"], stride, 2))
+  assert h.shape == (3, 8, 8, 12)
+  want = h.reshape(3, -1) @ p["head"]["kernel"] + p["head"]["bias"]
+  got = np.asarray(model.apply_fn(model.variables, jnp.asarray(photos[:3])))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# --- ResNets: parameter counts against closed forms -----------------------------------------------------
+
+
+def _resnet_params_by_hand(stages, base, num_classes, in_channels=3):
+  """CIFAR ResNet parameter count: 3x3 stem (no bias) + BN; basic blocks of two 3x3 convs (no bias)
+  each followed by BN (2c params: scale, offset); a 1x1 conv + BN projection where the channel count
+  changes; Dense head with bias on the globally pooled last stage."""
+  total = 9 * in_channels * base + 2 * base
+  c_in = base
+  for s, blocks in enumerate(stages):
+    c = base * 2**s
+    for _ in range(blocks):
+      total += 9 * c_in * c + 2 * c + 9 * c * c + 2 * c
+      if c_in != c:
+        total += c_in * c + 2 * c
+      c_in = c
+  return total + c_in * num_classes + num_classes
+
+
+@pytest.mark.parametrize("name,stages,base,literal", [
+    ("resnet18", (2, 2, 2, 2), 64, 11_173_962),     # the well-known CIFAR ResNet-18 count
+    ("resnet34", (3, 4, 6, 3), 64, 21_282_122),     # CIFAR ResNet-34
+    ("resnet20-4", (3, 3, 3), 64, 4_327_754),       # Geiping et al.'s ResNet20-4
+    ("resnet32-10", (5, 5, 5), 160, None),
+    ("resnet20", (3, 3, 3), 16, None),
+])
+def test_resnet_parameter_counts(name, stages, base, literal):
+  by_hand = _resnet_params_by_hand(stages, base, 10)
+  if literal is not None:
+    assert by_hand == literal
+  variables = _shapes(name, (32, 32, 3), 10)
+  assert _count(variables["params"]) == by_hand
+  # Two running statistics per BatchNorm channel, i.e. as many as BN scales and offsets together.
+  bn_params = sum(int(np.prod(leaf.shape)) for path, leaf in
+                  jax.tree_util.tree_flatten_with_path(variables["params"])[0]
+                  if "BatchNorm" in jax.tree_util.keystr(path))
+  assert _count(variables["batch_stats"]) == bn_params
+
+
+def test_resnet18_hand_count_100_classes():
+  variables = _shapes("resnet18", (32, 32, 3), 100)
+  assert _count(variables["params"]) == 11_173_962 - (512 * 10 + 10) + (512 * 100 + 100)
+
+
+def _block_outputs(module, variables, x):
+  _, state = module.apply(variables, x, capture_intermediates=True, mutable=["intermediates"])
+  inter = state["intermediates"]
+  return [inter[k]["__call__"][0] for k in sorted((k for k in inter if k.startswith("BasicBlock")),
+                                                   key=lambda k: int(k.split("_")[1]))]
+
+
+@pytest.mark.parametrize("stride1,final_hw", [(True, 32), (False, 4)])
+def test_resnet18_stride1_keeps_resolution(stride1, final_hw):
+  module = models.get_module("resnet18", num_classes=10, act="sigmoid", stride1=stride1)
+  variables = _shapes("resnet18", (32, 32, 3), 10, act="sigmoid", stride1=stride1)
+  outs = jax.eval_shape(lambda v, x: _block_outputs(module, v, x), variables,
+                        jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32))
+  assert len(outs) == 8
+  assert [o.shape[-1] for o in outs] == [64, 64, 128, 128, 256, 256, 512, 512]
+  assert outs[-1].shape == (1, final_hw, final_hw, 512)
+  if stride1:
+    assert all(o.shape[1:3] == (32, 32) for o in outs)
+
+
+def test_resnet18_sigmoid_stride1_runs(photos, fill_variables):
+  """A real run on a 6x6 crop: every block keeps the resolution and ends in a sigmoid."""
+  x = jnp.asarray(photos[:2, :6, :6])
+  module = models.get_module("resnet18", num_classes=10, act="sigmoid", stride1=True)
+  variables = fill_variables(module, (6, 6, 3), seed=1)
+  blocks, logits = jax.jit(lambda v, x: (_block_outputs(module, v, x), module.apply(v, x)))(variables, x)
+  assert [b.shape for b in blocks] == [(2, 6, 6, c) for c in (64, 64, 128, 128, 256, 256, 512, 512)]
+  assert logits.shape == (2, 10) and np.all(np.isfinite(np.asarray(logits)))
+  values = np.concatenate([np.asarray(b).ravel() for b in blocks])
+  # A sigmoid's range (a ReLU's would exceed 1); the residual sums of U(-0.5, 0.5) weights saturate
+  # many units, but not all.
+  assert values.min() >= 0 and values.max() <= 1
+  assert np.mean((values > 0.01) & (values < 0.99)) > 0.01
+
+
+# --- Initialisers -----------------------------------------------------------------------------------
+
+
+def test_uniform_init_lenet_zhu():
+  params = models.create("lenet_zhu", jax.random.key(1)).variables["params"]
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    a = np.asarray(leaf)
+    assert a.min() >= -0.5 and a.max() <= 0.5, jax.tree_util.keystr(path)
+    assert np.any(a != 0)  # Biases are random too (DLG's weights_init), not zero.
+  head = np.asarray(params["head"]["kernel"])  # 7680 entries
+  assert head.min() < -0.45 and head.max() > 0.45
+  assert abs(head.mean()) < 0.02
+  np.testing.assert_allclose(head.std(), 0.5 / math.sqrt(3), rtol=0.03)  # std of U(-a, a) = a / sqrt(3)
+  # Biases of the three convs together (36 values) cover both signs.
+  biases = np.concatenate([np.asarray(params[f"Conv_{i}"]["bias"]) for i in range(3)])
+  assert biases.min() < -0.2 and biases.max() > 0.2
+
+
+def test_uniform_init_scale():
+  params = models.create("lenet_zhu", jax.random.key(1), init_scale=0.1).variables["params"]
+  leaves = np.concatenate([np.asarray(a).ravel() for a in jax.tree.leaves(params)])
+  assert leaves.min() >= -0.1 and leaves.max() <= 0.1
+  assert leaves.min() < -0.095 and leaves.max() > 0.095
+
+
+def test_uniform_init_direct_big_kernel():
+  init = get_initializers("uniform", 0.25).kernel_init
+  w = np.asarray(init(jax.random.key(2), (64, 1000)))
+  assert w.min() >= -0.25 and w.max() <= 0.25
+  assert w.min() < -0.249 and w.max() > 0.249
+  # Flat histogram: each of 10 equal bins holds ~10 %.
+  hist, _ = np.histogram(w, bins=10, range=(-0.25, 0.25))
+  np.testing.assert_allclose(hist / w.size, 0.1, atol=0.01)
+
+
+def test_xavier_normal_lenet5():
+  params = models.create("lenet5", jax.random.key(4), init="xavier_normal").variables["params"]
+  # Fans count the receptive field: fan_in = 5*5*in, fan_out = 5*5*out (PyTorch's xavier_normal_).
+  z = []
+  for i in range(1, 4):
+    w = np.asarray(params[f"Conv_{i}"]["kernel"])
+    assert w.shape == (5, 5, 12, 12)
+    z.append(w.ravel() / math.sqrt(2.0 / (25 * 12 + 25 * 12)))
+  z = np.concatenate(z)  # 10 800 standardised entries
+  assert abs(z.std() - 1) < 0.05 and abs(z.mean()) < 0.05
+  w0 = np.asarray(params["Conv_0"]["kernel"])
+  np.testing.assert_allclose(w0.std(), math.sqrt(2.0 / (25 * 3 + 25 * 12)), rtol=0.1)  # 900 entries
+  head = np.asarray(params["head"]["kernel"])
+  assert head.shape == (32 * 32 * 12, 10)
+  sigma = math.sqrt(2.0 / (32 * 32 * 12 + 10))
+  np.testing.assert_allclose(head.std(), sigma, rtol=0.02)
+  # Untruncated normal: ~4.55 % of draws beyond 2 sigma, and some beyond 4 sigma among 122 880.
+  tail = np.mean(np.abs(head) > 2 * sigma)
+  assert 0.040 < tail < 0.051
+  assert np.abs(head).max() > 4 * sigma
+  for layer in params.values():
+    assert np.all(np.asarray(layer["bias"]) == 0)
+
+
+# --- BatchNorm: train mode uses batch statistics, apply_fn stays pure -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def convnet(fill_variables):
+  module = models.get_module("convnet-4", num_classes=10)
+  variables = fill_variables(module, (12, 12, 3), seed=2)
+  return module, variables
+
+
+def test_batchnorm_train_uses_batch_statistics(convnet, photos):
+  module, variables = convnet
+  x = jnp.asarray(photos[:4, :12, :12])
+  eps = 1e-5
+  for train in (True, False):
+    _, state = module.apply(variables, x, train=train, capture_intermediates=True,
+                            mutable=["intermediates", "batch_stats"])
+    inter = state["intermediates"]
+    c = np.asarray(inter["Conv_0"]["__call__"][0], np.float64)
+    got = np.asarray(inter["BatchNorm_0"]["__call__"][0], np.float64)
+    scale = np.asarray(variables["params"]["BatchNorm_0"]["scale"])
+    bias = np.asarray(variables["params"]["BatchNorm_0"]["bias"])
+    if train:
+      mean, var = c.mean(axis=(0, 1, 2)), c.var(axis=(0, 1, 2))  # biased batch variance
+    else:
+      mean = np.asarray(variables["batch_stats"]["BatchNorm_0"]["mean"])
+      var = np.asarray(variables["batch_stats"]["BatchNorm_0"]["var"])
+    want = (c - mean) / np.sqrt(var + eps) * scale + bias
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_apply_fn_train_mode_is_pure(convnet, photos):
+  module, variables = convnet
+  apply_fn = models.make_apply_fn(module)
+  before = jax.tree.map(np.array, variables)
+  x = jnp.asarray(photos[:4, :12, :12])
+  train1 = np.asarray(apply_fn(variables, x, train=True))
+  train2 = np.asarray(apply_fn(variables, x, train=True))
+  evals = np.asarray(apply_fn(variables, x))
+  jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, variables), before)
+  np.testing.assert_array_equal(train1, train2)
+  assert np.max(np.abs(train1 - evals)) > 1e-3
+  # Batch statistics couple the examples in train mode only.
+  sub_train = np.asarray(apply_fn(variables, x[:2], train=True))
+  sub_eval = np.asarray(apply_fn(variables, x[:2]))
+  assert np.max(np.abs(sub_train - train1[:2])) > 1e-3
+  np.testing.assert_allclose(sub_eval, evals[:2], rtol=1e-5, atol=1e-5)
+
+
+# --- Errors -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("lenet6", {}),
+    ("resnet19", {}),
+    ("resnet", {}),
+    ("convnet-x", {}),
+    ("lenet_zhu", {"init": "he_normal"}),
+    ("convnet", {"init": "kaiming"}),
+    ("mlp", {"act": "swish"}),
+    ("resnet18", {"act": "Relu"}),
+    ("lenet_zhu", {"act": "relu"}),  # LeNets have a fixed sigmoid.
+    ("lenet_zhu", {"input_shape": (32, 32)}),
+    ("lenet_zhu", {"input_shape": (0, 32, 3)}),
+    ("lenet_zhu", {"num_classes": 1}),
+])
+def test_bad_configuration_raises(name, kwargs):
+  with pytest.raises(ValueError):
+    models.create(name, KEY, **kwargs)
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("convnet", {"input_shape": (8, 8, 3)}),
+    ("convnet", {"input_shape": (8, 8, 3), "init": "uniform"}),
+    ("mlp-0", {"init": "uniform"}),
+    ("convnet-0", {}),
+    ("resnet18-0", {"init": "uniform"}),
+])
+def test_degenerate_configuration_raises(name, kwargs):
+  with pytest.raises(ValueError):
+    jax.eval_shape(lambda k: models.create(name, k, **kwargs).variables, KEY)

@@ -1,0 +1,199 @@
+"""Tests for gradjax.distances and gradjax.objectives.
+
+References: NumPy distances on random pytrees; for the gradient-matching objective, float64 central
+finite differences on DLG's LeNet and a hand-derived NumPy backprop of the MLP (conftest).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import clients, distances, models, objectives
+
+# --- distances ----------------------------------------------------------------------------------------
+
+
+def _random_trees(seed):
+  rng = np.random.default_rng(seed)
+  shapes = {"conv": {"kernel": (3, 3, 2, 4), "bias": (4,)}, "head": {"kernel": (8, 5), "bias": (5,)}}
+  make = lambda: jax.tree.map(lambda s: rng.normal(size=s), shapes, is_leaf=lambda s: isinstance(s, tuple))
+  return make(), make()
+
+
+def _flat(tree):
+  return np.concatenate([np.asarray(leaf, np.float64).ravel() for leaf in jax.tree.leaves(tree)])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_euclidean_matches_numpy(seed):
+  a, b = _random_trees(seed)
+  want = np.sum((_flat(a) - _flat(b)) ** 2)
+  with jax.enable_x64(True):
+    ja, jb = jax.tree.map(jnp.asarray, a), jax.tree.map(jnp.asarray, b)
+    np.testing.assert_allclose(float(distances.euclidean(ja, jb)), want, rtol=1e-13)
+    np.testing.assert_allclose(float(distances.euclidean(ja, jb, scale=0.5)), 0.5 * want, rtol=1e-13)
+    np.testing.assert_allclose(float(distances.get_distance("euclidean_half")(ja, jb)), 0.5 * want,
+                               rtol=1e-13)
+    np.testing.assert_allclose(float(distances.get_distance("euclidean")(ja, jb)), want, rtol=1e-13)
+    # d/da of scale * ||a - b||^2 is 2 * scale * (a - b).
+    grad = jax.grad(lambda t: distances.euclidean(t, jb, scale=0.5))(ja)
+    np.testing.assert_allclose(_flat(grad), _flat(a) - _flat(b), rtol=1e-13)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cosine_matches_numpy(seed):
+  a, b = _random_trees(seed)
+  fa, fb = _flat(a), _flat(b)
+  na, nb = np.linalg.norm(fa), np.linalg.norm(fb)
+  want = 1 - fa @ fb / (na * nb)
+  want_grad = -(fb / (na * nb) - (fa @ fb) * fa / (na**3 * nb))
+  with jax.enable_x64(True):
+    ja, jb = jax.tree.map(jnp.asarray, a), jax.tree.map(jnp.asarray, b)
+    np.testing.assert_allclose(float(distances.cosine(ja, jb)), want, rtol=1e-10)
+    np.testing.assert_allclose(float(distances.get_distance("cosine")(ja, jb)), want, rtol=1e-10)
+    grad = jax.grad(distances.cosine)(ja, jb)
+    np.testing.assert_allclose(_flat(grad), want_grad, rtol=1e-9, atol=1e-12)
+    # Layers are pooled, not averaged per layer; scale invariance; extreme values.
+    assert abs(float(distances.cosine(jax.tree.map(lambda x: 3.0 * x, ja), jb)) - want) < 1e-12
+    assert abs(float(distances.cosine(ja, ja))) < 1e-12
+    assert abs(float(distances.cosine(ja, jax.tree.map(jnp.negative, ja))) - 2) < 1e-12
+
+
+def test_cosine_safe_at_zero_dummy():
+  a, b = _random_trees(2)
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), a)
+  obs = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), b)
+  value, grad = jax.value_and_grad(distances.cosine)(zeros, obs)
+  assert np.isfinite(float(value)) and abs(float(value) - 1) < 1e-6
+  g = _flat(grad)
+  assert np.all(np.isfinite(g)) and np.any(g != 0)
+  # The gradient at 0 points against the observed gradient (cosine distance decreases along +obs).
+  cos = g @ _flat(b) / (np.linalg.norm(g) * np.linalg.norm(_flat(b)))
+  assert cos < -0.999
+  # Euclidean is finite there too, and both trees zero is fine for cosine.
+  assert np.isfinite(float(jax.grad(lambda t: distances.cosine(t, zeros))(zeros)["head"]["kernel"].sum()))
+
+
+def test_unknown_distance():
+  with pytest.raises(ValueError):
+    distances.get_distance("manhattan")
+
+
+# --- objectives on DLG's LeNet in float64 -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lenet64(fill_variables, photos):
+  """LeNet (DLG) in float64 with U(-0.5, 0.5) weights and biases, and the FedSGD observation of two
+  real photos with labels 3 and 7."""
+  with jax.enable_x64(True):
+    module = models.get_module("lenet_zhu", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=7, dtype=np.float64, scale=0.5)
+    apply_fn = models.make_apply_fn(module)
+    x = jnp.asarray(photos[[1, 2]], jnp.float64)  # chelsea, coffee
+    y = jnp.asarray([3, 7])
+    obs = clients.fedsgd(apply_fn, variables, x, y)
+    objective = jax.jit(objectives.gradient_matching(apply_fn, distances.euclidean))
+  return apply_fn, variables, x, y, obs, objective
+
+
+def _fd_check(objective, dummy, obs, labels, keys, seed, h=1e-5, tol=1e-6):
+  """Directional derivatives of the objective along random directions in ``keys`` vs central differences."""
+  grad = jax.grad(objective)(dummy, obs, labels)
+  rng = np.random.default_rng(seed)
+  for _ in range(3):
+    d = {k: (jnp.asarray(rng.standard_normal(v.shape)) if k in keys else jnp.zeros_like(v))
+         for k, v in dummy.items()}
+    plus = {k: dummy[k] + h * d[k] for k in dummy}
+    minus = {k: dummy[k] - h * d[k] for k in dummy}
+    fd = (float(objective(plus, obs, labels)) - float(objective(minus, obs, labels))) / (2 * h)
+    got = sum(float(jnp.vdot(grad[k], d[k])) for k in dummy)
+    assert abs(got) > 1e-8
+    assert abs(got - fd) <= tol * abs(fd), (got, fd)
+
+
+def test_objective_gradient_wrt_x_matches_finite_differences(lenet64, photos):
+  _, _, x, y, obs, objective = lenet64
+  with jax.enable_x64(True):
+    dummy = {"x": jnp.asarray(photos[[5, 9]], jnp.float64)}  # other photos as the dummy
+    assert float(objective(dummy, obs, y)) > 1e-3
+    _fd_check(objective, dummy, obs, y, ("x",), seed=0)
+    near = {"x": x + 0.01 * jnp.asarray(np.random.default_rng(1).standard_normal(x.shape))}
+    _fd_check(objective, near, obs, y, ("x",), seed=1)
+
+
+def test_objective_joint_labels_matches_finite_differences(lenet64, photos):
+  _, _, _, _, obs, objective = lenet64
+  rng = np.random.default_rng(2)
+  with jax.enable_x64(True):
+    dummy = {"x": jnp.asarray(photos[[5, 9]], jnp.float64),
+             "label_logits": jnp.asarray(rng.standard_normal((2, 10)))}
+    _fd_check(objective, dummy, obs, None, ("label_logits",), seed=3)
+    _fd_check(objective, dummy, obs, None, ("x", "label_logits"), seed=4)
+    # Labels passed alongside label_logits are ignored: the soft labels win.
+    np.testing.assert_allclose(float(objective(dummy, obs, jnp.asarray([0, 0]))),
+                               float(objective(dummy, obs, None)), rtol=1e-14)
+
+
+def test_objective_zero_only_at_truth(lenet64, photos):
+  apply_fn, variables, x, y, obs, objective = lenet64
+  with jax.enable_x64(True):
+    at_truth = float(objective({"x": x}, obs, y))
+    assert 0 <= at_truth < 1e-20
+    assert float(objective({"x": x + 1e-3}, obs, y)) > 1e-10
+    assert float(objective({"x": x}, obs, jnp.asarray([3, 8]))) > 1e-3   # wrong label
+    assert float(objective({"x": x[::-1]}, obs, y)) > 1e-3               # swapped images
+    assert float(objective({"x": jnp.asarray(photos[[5, 9]], jnp.float64)}, obs, y)) > 1e-3
+    # The dummy gradient at the true data is the client's gradient.
+    g = objectives.dummy_gradient(apply_fn, variables, x, y)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(obs.gradient)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-15)
+    # With soft labels, (nearly) one-hot logits at the truth give (nearly) zero objective.
+    sharp = {"x": x, "label_logits": 40.0 * jax.nn.one_hot(y, 10, dtype=jnp.float64)}
+    assert float(objective(sharp, obs)) < 1e-25
+
+
+def test_objective_vmaps_over_restarts(lenet64, photos):
+  _, _, _, y, obs, objective = lenet64
+  with jax.enable_x64(True):
+    xs = jnp.asarray(np.stack([photos[[5, 9]], photos[[0, 3]], photos[[1, 2]]]), jnp.float64)
+    batched = jax.vmap(lambda xx: objective({"x": xx}, obs, y))(xs)
+    single = [float(objective({"x": xx}, obs, y)) for xx in xs]
+  np.testing.assert_allclose(np.asarray(batched), single, rtol=1e-12, atol=1e-24)
+  assert single[2] < 1e-20 < single[0]
+
+
+# --- objective values against NumPy (MLP, hand-derived backprop) ----------------------------------------
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_objective_value_matches_numpy_mlp(photos, fill_variables, mlp_reference, log_softmax_reference,
+                                          joint):
+  rng = np.random.default_rng(8)
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=9, dtype=np.float64, scale=0.05)
+    apply_fn = models.make_apply_fn(module)
+    x_true = photos[[3, 11]].astype(np.float64)
+    y = np.array([6, 2])
+    obs = clients.fedsgd(apply_fn, variables, x_true, y)
+    x_dummy = photos[[12, 0]].astype(np.float64)
+    dummy = {"x": jnp.asarray(x_dummy)}
+    targets = y
+    if joint:
+      logits = rng.standard_normal((2, 10))
+      dummy["label_logits"] = jnp.asarray(logits)
+      targets = np.exp(log_softmax_reference(logits))
+    for name, np_distance in (
+        ("euclidean", lambda a, b: np.sum((a - b) ** 2)),
+        ("euclidean_half", lambda a, b: 0.5 * np.sum((a - b) ** 2)),
+        ("cosine", lambda a, b: 1 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b))),
+    ):
+      objective = objectives.gradient_matching(apply_fn, distances.get_distance(name))
+      got = float(objective(dummy, obs, jnp.asarray(y)))
+      _, g_true = mlp_reference(variables["params"], x_true, y)
+      _, g_dummy = mlp_reference(variables["params"], x_dummy, targets)
+      want = np_distance(_flat(g_dummy), _flat(g_true))
+      assert want > 1e-6
+      np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=name)
