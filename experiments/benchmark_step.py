@@ -1,0 +1,433 @@
+r"""Cost of one DLG iteration relative to one ordinary training step, in JAX and in PyTorch eager.
+
+For each model, on the current JAX default device, this times two jitted programs on a batch of real
+photos (scikit-image's bundled ones, 32x32):
+
+* plain step: ``jax.value_and_grad`` of the client's mean cross entropy w.r.t. the parameters, i.e. the
+  gradient of one ordinary training step (what a FedSGD client computes);
+* matching step: ``jax.value_and_grad`` w.r.t. the dummy ``{"x", "label_logits"}`` of the DLG objective
+  ``gradient_matching(apply_fn, distances.euclidean)`` against a ``clients.fedsgd`` observation, i.e. one
+  DLG optimizer evaluation (a double backward through the model).
+
+and reports the median and interquartile range (IQR) of the wall-clock time per call over ``--repeats``
+calls after ``--warmup`` calls (``time.perf_counter`` around the call and ``jax.block_until_ready``), the
+ratio matching / plain, and separately the time to trace and compile each program (ahead of time, so it
+is never part of the timed calls).
+
+When PyTorch is importable (``--torch=auto``) the same architecture is rebuilt in PyTorch here (weights
+are drawn independently; parameter counts are checked to be equal) and timed in eager mode the way the
+DLG reference code runs an iteration: plain = ``torch.autograd.grad(loss, params)``; matching =
+``torch.autograd.grad(dummy_loss, params, create_graph=True)``, the summed squared difference to the
+observed gradient, then ``backward`` to the dummy data and dummy label (soft-label cross entropy
+``mean(sum(-softmax(label) * log_softmax(pred), -1))``).
+
+Both frameworks run the models in inference mode: BatchNorm normalises with its running statistics
+(``train=False`` in JAX, ``model.eval()`` in PyTorch), as in the zoo's default observation.
+
+Run::
+
+  python experiments/benchmark_step.py
+  python experiments/benchmark_step.py --models=lenet_zhu,convnet,resnet20-4 --batch_size=4 \
+      --repeats=50 --output=/tmp/bench.json --torch=on
+
+Caveats:
+
+* CPU numbers depend on the number of threads: XLA:CPU uses its own intra-op thread pool (one thread
+  per core it may run on), PyTorch ``torch.get_num_threads()`` OpenMP threads (left at its default;
+  printed). On a small shared machine PyTorch's threads wait on each other whenever another process
+  takes a core, and its double backward can slow down 10-100x; ``taskset -c 0 python ...`` gives both
+  frameworks one core and one thread and much steadier numbers.
+* This compares two different stacks, not only two frameworks: XLA:CPU compiles each step into one
+  optimised program with its own (Eigen-based) convolution kernels, while PyTorch eager dispatches op
+  by op to ATen/oneDNN kernels with per-op overhead, which dominates for tiny models such as the LeNets.
+* The PyTorch matching step differentiates only w.r.t. the dummy data and label
+  (``backward(inputs=...)``), as the JAX one does; the DLG code's bare ``grad_diff.backward()`` also
+  accumulates the (unused) second-order gradient of the parameters, which costs more.
+* ``--max_seconds`` caps each measurement: a heavy model may get fewer than ``--repeats`` samples (at
+  least 3); the number actually taken is reported.
+"""
+
+import json
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from typing import Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+from absl import app, flags
+
+import gradjax
+from gradjax import clients, data, distances, models
+from gradjax.losses import cross_entropy
+from gradjax.models.resnet import resnet_config
+from gradjax.objectives import gradient_matching
+
+_MODELS = flags.DEFINE_list("models", ["lenet_zhu", "resnet20-4"],
+                            "Zoo models to time (gradjax.models names).")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 1,
+                                   "Images per batch (scikit-image photos, repeated past 16).")
+_REPEATS = flags.DEFINE_integer("repeats", 20, "Timed calls per measurement (after warm-up).")
+_WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed calls before each measurement.")
+_MAX_SECONDS = flags.DEFINE_float("max_seconds", 10.0,
+                                  "Stop a measurement after this many seconds even if fewer than --repeats "
+                                  "calls were timed (at least 3 are).")
+_OUTPUT = flags.DEFINE_string("output", None, "Write every number to this JSON file.")
+_TORCH = flags.DEFINE_enum("torch", "auto", ["auto", "on", "off"],
+                           "PyTorch eager baseline: auto = when importable, on = required, off = skip.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the dummy data.")
+
+NUM_CLASSES = 10
+IMAGE_SIZE = (32, 32)
+MIN_SAMPLES = 3
+BN_MODE = "eval: BatchNorm uses running statistics (JAX train=False, PyTorch model.eval())"
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing.
+
+
+def time_calls(fn: Callable[[], object], *, repeats: int, warmup: int, max_seconds: float) -> np.ndarray:
+  """Seconds taken by each of up to ``repeats`` calls of ``fn`` after ``warmup`` untimed calls.
+
+  ``fn`` must return only once its work is done (block on JAX results). Timing stops early once
+  ``max_seconds`` have passed and at least ``MIN_SAMPLES`` calls were timed.
+  """
+  for _ in range(warmup):
+    fn()
+  samples = []
+  start = time.perf_counter()
+  while len(samples) < repeats:
+    t0 = time.perf_counter()
+    fn()
+    samples.append(time.perf_counter() - t0)
+    if len(samples) >= MIN_SAMPLES and time.perf_counter() - start > max_seconds:
+      break
+  return np.asarray(samples)
+
+
+def summarize(seconds: np.ndarray) -> dict:
+  """Median, quartiles and IQR in milliseconds, plus the raw samples."""
+  ms = 1e3 * seconds
+  q25, median, q75 = np.percentile(ms, [25, 50, 75])
+  return dict(median_ms=float(median), q25_ms=float(q25), q75_ms=float(q75), iqr_ms=float(q75 - q25),
+              n=int(ms.size), samples_ms=[round(float(t), 4) for t in ms])
+
+
+def measure(fn, **timing_kwargs) -> dict:
+  return summarize(time_calls(fn, **timing_kwargs))
+
+
+# --------------------------------------------------------------------------------------------------
+# JAX.
+
+
+def count_params(tree) -> int:
+  return int(sum(leaf.size for leaf in jax.tree.leaves(tree)))
+
+
+def compile_ahead(fn, *args):
+  """``jax.jit(fn)`` traced, lowered and compiled for ``args``; returns (executable, seconds)."""
+  t0 = time.perf_counter()
+  compiled = jax.jit(fn).lower(*args).compile()
+  return compiled, time.perf_counter() - t0
+
+
+def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timing_kwargs) -> dict:
+  """Times the plain and the gradient-matching step of zoo model ``name`` in JAX."""
+  model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=NUM_CLASSES)
+  x, y = jnp.asarray(x), jnp.asarray(y)
+
+  def plain_step(variables, x, y):
+    def loss(params):
+      return cross_entropy(model.apply_fn({**variables, "params": params}, x, False), y)
+
+    return jax.value_and_grad(loss)(variables["params"])
+
+  observation = clients.fedsgd(model.apply_fn, model.variables, x, y)
+  match_step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
+  key_x, key_label = jax.random.split(jax.random.key(seed + 1))
+  dummy = {"x": jax.random.normal(key_x, x.shape, x.dtype),
+           "label_logits": jax.random.normal(key_label, (x.shape[0], NUM_CLASSES), x.dtype)}
+
+  plain_args, match_args = (model.variables, x, y), (dummy, observation)
+  plain, plain_compile_s = compile_ahead(plain_step, *plain_args)
+  match, match_compile_s = compile_ahead(match_step, *match_args)
+  value, _ = match(*match_args)
+  if not np.isfinite(float(value)):
+    raise RuntimeError(f"{name}: the JAX matching objective is not finite ({float(value)})")
+  return dict(
+      framework="jax",
+      num_params=count_params(model.variables["params"]),
+      plain=measure(lambda: jax.block_until_ready(plain(*plain_args)), **timing_kwargs),
+      match=measure(lambda: jax.block_until_ready(match(*match_args)), **timing_kwargs),
+      compile_s=dict(plain=plain_compile_s, match=match_compile_s),
+  )
+
+
+# --------------------------------------------------------------------------------------------------
+# PyTorch eager baseline. torch is imported only here, and only when the baseline runs.
+
+
+def import_torch():
+  """The torch module, or None when it is not installed."""
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return torch
+
+
+def build_torch_model(name: str, input_shape, num_classes: int):
+  """PyTorch port of zoo model ``name`` (same layers and parameter count; independent weights)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from torch import nn  # pylint: disable=g-import-not-at-top
+
+  height, width, channels = input_shape
+
+  def with_head(features: nn.Module, uniform_init: bool = False) -> nn.Module:
+    with torch.no_grad():
+      num_features = features(torch.zeros(1, channels, height, width)).numel()
+    model = nn.Sequential(features, nn.Flatten(), nn.Linear(num_features, num_classes))
+    if uniform_init:  # The DLG code's weights_init: every weight and bias ~ U(-0.5, 0.5).
+      for p in model.parameters():
+        nn.init.uniform_(p, -0.5, 0.5)
+    return model
+
+  if name in ("lenet_zhu", "lenet5"):
+    strides = (2, 2, 1) if name == "lenet_zhu" else (1, 1, 1, 1)
+    layers, c = [], channels
+    for stride in strides:
+      layers += [nn.Conv2d(c, 12, 5, stride=stride, padding=2), nn.Sigmoid()]
+      c = 12
+    return with_head(nn.Sequential(*layers), uniform_init=True)
+
+  if m := re.fullmatch(r"convnet(?:-(\d+))?", name):
+    w = int(m[1] or 64)
+    layers, c = [], channels
+    for i, out in enumerate((w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)):
+      layers += [nn.Conv2d(c, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU()]
+      if i in (5, 7):
+        layers.append(nn.MaxPool2d(3))
+      c = out
+    return with_head(nn.Sequential(*layers))
+
+  if m := re.fullmatch(r"mlp(?:-(\d+))?", name):
+    hidden = int(m[1] or 32)
+    return nn.Sequential(nn.Flatten(), nn.Linear(height * width * channels, hidden), nn.ReLU(),
+                         nn.Linear(hidden, num_classes))
+
+  if m := re.fullmatch(r"resnet(\d+)(?:-(\d+))?", name):
+    config = resnet_config(int(m[1]), int(m[2] or 1))
+
+    class BasicBlock(nn.Module):
+      """conv3x3-BN-ReLU-conv3x3-BN, plus the (projected where the shape changes) input, then ReLU."""
+
+      def __init__(self, c_in, c_out, stride):
+        super().__init__()
+        self.residual = nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(c_out),
+            nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out))
+        self.shortcut = nn.Identity()
+        if stride != 1 or c_in != c_out:
+          self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
+                                        nn.BatchNorm2d(c_out))
+
+      def forward(self, x):
+        return torch.relu(self.shortcut(x) + self.residual(x))
+
+    base = config["base_channels"]
+    layers = [nn.Conv2d(channels, base, 3, padding=1, bias=False), nn.BatchNorm2d(base), nn.ReLU()]
+    c = base
+    for stage, blocks in enumerate(config["stage_sizes"]):
+      for block in range(blocks):
+        stride = 2 if stage > 0 and block == 0 else 1
+        layers.append(BasicBlock(c, base * 2**stage, stride))
+        c = base * 2**stage
+    return with_head(nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1)))
+
+  raise ValueError(f"no PyTorch port of model {name!r}")
+
+
+def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timing_kwargs) -> dict:
+  """Times the plain and the gradient-matching step of the PyTorch port of ``name`` in eager mode."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+
+  torch.manual_seed(seed)
+  model = build_torch_model(name, x.shape[1:], NUM_CLASSES).eval()
+  params = list(model.parameters())
+  x = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))  # NHWC -> NCHW
+  y = torch.from_numpy(np.asarray(y, np.int64))
+
+  def plain_step():
+    loss = F.cross_entropy(model(x), y)
+    return loss, torch.autograd.grad(loss, params)
+
+  observed = [g.detach() for g in plain_step()[1]]
+  dummy_x = torch.randn(x.shape, requires_grad=True)
+  dummy_label = torch.randn(x.shape[0], NUM_CLASSES, requires_grad=True)
+
+  def match_step():
+    dummy_x.grad = dummy_label.grad = None  # optimizer.zero_grad()
+    pred = model(dummy_x)
+    dummy_loss = torch.mean(torch.sum(-F.softmax(dummy_label, -1) * F.log_softmax(pred, -1), -1))
+    dummy_dy_dx = torch.autograd.grad(dummy_loss, params, create_graph=True)
+    grad_diff = sum(((gx - gy) ** 2).sum() for gx, gy in zip(dummy_dy_dx, observed))
+    grad_diff.backward(inputs=[dummy_x, dummy_label])
+    return grad_diff
+
+  if not torch.isfinite(match_step()):
+    raise RuntimeError(f"{name}: the PyTorch matching objective is not finite")
+  return dict(
+      framework="torch",
+      num_params=sum(p.numel() for p in params),
+      plain=measure(plain_step, **timing_kwargs),
+      match=measure(match_step, **timing_kwargs),
+      compile_s=None,
+  )
+
+
+# --------------------------------------------------------------------------------------------------
+# Reporting.
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def environment(torch) -> dict:
+  device = jax.devices()[0]
+  env = dict(
+      python=platform.python_version(), os=platform.platform(), cpu_model=cpu_model(),
+      cpu_count=os.cpu_count(),
+      cpu_affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+      jax=jax.__version__, jaxlib=jaxlib.__version__, flax=flax.__version__, gradjax=gradjax.__version__,
+      platform=device.platform, device_kind=device.device_kind, num_devices=jax.device_count(),
+      torch=None, torch_threads=None, torch_interop_threads=None,
+  )
+  if torch is not None:
+    env.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),
+               torch_interop_threads=torch.get_num_interop_threads())
+  return env
+
+
+def _cell(stats: dict) -> str:
+  return f"{stats['median_ms']:.3f} ({stats['iqr_ms']:.3f})"
+
+
+def markdown_table(results: list[dict]) -> str:
+  header = ("| model | batch | framework | plain ms | match ms | match/plain | compile s (plain / match) "
+            "| torch/jax (match step) |")
+  lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
+  for r in results:
+    compile_s = "-"
+    if r["compile_s"] is not None:
+      compile_s = f"{r['compile_s']['plain']:.2f} / {r['compile_s']['match']:.2f}"
+    speedup = "-" if r.get("torch_over_jax_match") is None else f"{r['torch_over_jax_match']:.2f}x"
+    lines.append(f"| {r['model']} | {r['batch_size']} | {r['framework']} | {_cell(r['plain'])} "
+                 f"| {_cell(r['match'])} | {r['match_over_plain']:.2f} | {compile_s} | {speedup} |")
+  return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Main.
+
+
+def check_flags() -> str | None:
+  """A one-line message for the first bad flag value, or None."""
+  if not _MODELS.value:
+    return "--models is empty"
+  for name in _MODELS.value:
+    try:
+      models.get_module(name, num_classes=NUM_CLASSES)
+    except ValueError as e:
+      return str(e)
+  if _BATCH_SIZE.value < 1:
+    return f"--batch_size must be at least 1, got {_BATCH_SIZE.value}"
+  if _REPEATS.value < 1:
+    return f"--repeats must be at least 1, got {_REPEATS.value}"
+  if _WARMUP.value < 0:
+    return f"--warmup must be non-negative, got {_WARMUP.value}"
+  if _MAX_SECONDS.value <= 0:
+    return f"--max_seconds must be positive, got {_MAX_SECONDS.value}"
+  return None
+
+
+def fail(message: str):
+  """Exits with status 2 after a one-line error on stderr."""
+  print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def main(argv):
+  if len(argv) > 1:
+    fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  if (error := check_flags()) is not None:
+    fail(error)
+  torch = None if _TORCH.value == "off" else import_torch()
+  if torch is None and _TORCH.value == "on":
+    fail("--torch=on but torch is not importable")
+
+  env = environment(torch)
+  command = shlex.join([sys.executable, *sys.argv])
+  print(f"command: {command}")
+  print(f"device: {env['platform']} / {env['device_kind']} ({env['cpu_model']}, {env['cpu_count']} CPUs, "
+        f"{env['cpu_affinity']} usable)")
+  print(f"jax {env['jax']}, jaxlib {env['jaxlib']}, flax {env['flax']}; torch "
+        + (f"{env['torch']} with {env['torch_threads']} threads" if torch else "not used"))
+  print(f"BatchNorm mode: {BN_MODE}")
+
+  batch = _BATCH_SIZE.value
+  images = data.load("skimage", indices=[i % len(data.SKIMAGE_PHOTOS) for i in range(batch)],
+                     image_size=IMAGE_SIZE)
+  timing = dict(repeats=_REPEATS.value, warmup=_WARMUP.value, max_seconds=_MAX_SECONDS.value)
+
+  results = []
+  for name in _MODELS.value:
+    rows = [benchmark_jax(name, images.x, images.y, seed=_SEED.value, **timing)]
+    if torch is not None:
+      rows.append(benchmark_torch(name, images.x, images.y, seed=_SEED.value, **timing))
+      jax_params, torch_params = rows[0]["num_params"], rows[1]["num_params"]
+      print(f"{name}: parameters jax {jax_params:,}, torch {torch_params:,}")
+      if jax_params != torch_params:
+        raise RuntimeError(f"{name}: the PyTorch port has {torch_params} parameters, JAX {jax_params}")
+      rows[1]["torch_over_jax_match"] = rows[1]["match"]["median_ms"] / rows[0]["match"]["median_ms"]
+    for row in rows:
+      row.update(model=name, batch_size=batch,
+                 match_over_plain=row["match"]["median_ms"] / row["plain"]["median_ms"])
+      row.setdefault("torch_over_jax_match", None)
+    results += rows
+
+  print()
+  print("Times: median (IQR) over the timed calls, in ms. torch/jax > 1: JAX is faster.")
+  print()
+  print(markdown_table(results))
+
+  if _OUTPUT.value:
+    config = dict(models=_MODELS.value, batch_size=batch, repeats=_REPEATS.value, warmup=_WARMUP.value,
+                  max_seconds=_MAX_SECONDS.value, seed=_SEED.value, torch=_TORCH.value, bn_mode=BN_MODE,
+                  images=list(images.class_names), image_size=list(IMAGE_SIZE), num_classes=NUM_CLASSES,
+                  distance="euclidean (scale 1, DLG)")
+    report = dict(command=command, argv=sys.argv, config=config, environment=env, results=results)
+    os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+    with open(_OUTPUT.value, "w") as f:
+      json.dump(report, f, indent=2)
+    print(f"\nwrote {_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
