@@ -171,8 +171,11 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
   if len(input_shape) != 3:
     raise ValueError(f"input_shape must be (H, W, C), got {input_shape}")
   n = observation.num_samples
-  head = labels_lib.last_layer_gradient(observation.gradient)
-  num_classes = head.shape[-1]
+  params = observation.variables["params"]
+  dtype = jnp.result_type(*jax.tree.leaves(params))
+  logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
+                                           observation.train))
+  num_classes = logits.shape[-1]
   if attack.labels == "idlg":
     known = labels_lib.idlg(observation)
   elif attack.labels == "known":
@@ -181,7 +184,6 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     known = jnp.asarray(observation.labels)
   else:
     known = None
-  dtype = head.dtype
   keys = jax.random.split(key, restarts)
   init = jax.vmap(lambda k: init_dummy(k, attack, (n, *input_shape), num_classes, dtype,
                                        joint_labels=known is None))(keys)
