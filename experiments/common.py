@@ -27,6 +27,7 @@ def define_flags():
   flags.DEFINE_bool("train_mode", d.train_mode, "Client runs the model in training mode (BatchNorm batch stats).")
   flags.DEFINE_integer("restarts", d.restarts, "Random restarts; the lowest objective wins.")
   flags.DEFINE_string("strategy", d.strategy, f"Restart strategy: {', '.join(solvers.STRATEGIES)}.")
+  flags.DEFINE_integer("map_batch_size", d.map_batch_size, "Restarts vectorised together by --strategy=map.")
   flags.DEFINE_integer("iterations", d.iterations, "Optimizer iterations (preset's if unset).")
   flags.DEFINE_string("optimizer", d.optimizer, f"Optimizer: {', '.join(solvers.OPTIMIZERS)} (preset's if unset).")
   flags.DEFINE_float("lr", d.learning_rate, "Learning rate (preset's if unset).")
@@ -41,6 +42,7 @@ def config_from_flags(**overrides) -> Config:
                 dataset=f.dataset, data_dir=f.data_dir, index=f.index, batch_size=f.batch_size,
                 image_size=f.image_size, channels=f.channels, normalization=f.normalization,
                 train_mode=f.train_mode, restarts=f.restarts, strategy=f.strategy,
+                map_batch_size=f.map_batch_size,
                 iterations=f.iterations, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
                 seed=f.seed, chunk=f.chunk)
   values.update(overrides)

@@ -37,6 +37,7 @@ class Config:
   train_mode: bool = False
   restarts: int = 1
   strategy: str = "auto"
+  map_batch_size: int | None = None
   iterations: int | None = None
   optimizer: str | None = None
   learning_rate: float | None = None
@@ -91,6 +92,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   start = time.perf_counter()
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
                             restarts=cfg.restarts, strategy=cfg.strategy, chunk=cfg.chunk,
+                            map_batch_size=cfg.map_batch_size,
                             callback=callback)
   wall = time.perf_counter() - start
 

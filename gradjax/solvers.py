@@ -167,7 +167,7 @@ class Progress(NamedTuple):
   iterations: int
   best_loss: float
   alive: int
-  its_per_s: float
+  its_per_s: float          # since the start of this run, so the first chunk's compilation is included
   eta_s: float
 
 
