@@ -28,7 +28,7 @@ def main(argv):
   try:
     cfg = common.config_from_flags()
     results, images = pipeline.run(cfg, callback=common.log_progress)
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   out = flags.FLAGS.output_dir or os.path.join(
       "runs", f"{cfg.attack}_{cfg.model}_{cfg.dataset.replace(':', '-')}_{cfg.index}")

@@ -69,7 +69,7 @@ def main(argv):
       rows.append(results)
       logging.info("index %d: PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s", cfg.index,
                    results["psnr"], results["ssim"], results["label_accuracy"], results["wall_time_s"])
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   summary = summarize(rows, f.psnr_threshold)
   summary["total_time_s"] = time.perf_counter() - start
