@@ -1,54 +1,333 @@
 """Distances between a dummy gradient and the observed one, over whole parameter pytrees.
 
 A distance is ``distance(dummy_tree, observed_tree) -> scalar``; both trees have the parameters'
-structure. Norms are written as ``sqrt(sum + eps)`` rather than ``jnp.linalg.norm`` because the attack
-differentiates through them and the norm's gradient at 0 is NaN.
+structure. Every distance takes an optional ``weights`` pytree of the same structure holding one scalar
+per leaf (w_l ≥ 0; w_l = 0 drops leaf l, which is how layers are selected; ``None`` means all 1), see
+:func:`depth_weights` and :func:`select_layers`. In the formulas l runs over leaves (parameter tensors:
+a kernel and its bias are separate terms) and Δ_l = g'_l − g_l, with g' the dummy and g the observed
+gradient.
+
+Norms are written as ``sqrt(sum + eps)`` rather than ``jnp.linalg.norm`` because the attack
+differentiates through them and the norm's gradient at 0 is NaN; |x| is written as x·sign(x), whose
+derivative at 0 is sign(0) = 0 (``jnp.abs``'s is 1).
 
 Conventions (they change published numbers, so they are explicit):
 
-* ``euclidean``: D = scale · Σ_l ‖g'_l − g_l‖². The DLG code uses scale 1 ("dlg"); breaching and other
-  libraries use 0.5.
-* ``cosine``: D = 1 − ⟨g', g⟩ / (‖g'‖ ‖g‖), inner products and norms over all layers together
-  (Geiping et al., "Inverting Gradients", 2020).
+* ``euclidean``: D = scale · Σ_l w_l ‖Δ_l‖². The DLG code uses scale 1 (``"euclidean"``); breaching
+  and other libraries use 0.5 (``"euclidean_half"``).
+* ``cosine``: 1 − cosine similarity with inner products and norms pooled over all selected layers
+  (Geiping et al., "Inverting Gradients", 2020); ``cosine_per_layer`` averages per-leaf cosines.
+* ``gaussian_kernel``: SAPAG's Σ_l Q_l (1 − exp(−‖Δ_l‖² / σ_l²)), σ_l² the population variance of
+  the observed leaf.
+
+Depth order: ``jax.tree`` flattening (and so ``jax.grad`` and ``jax.tree.map`` outputs) sorts dict
+keys, so "Conv_10" comes before "Conv_2" and "BatchNorm_0" before "Conv_0". :func:`layer_paths`
+instead follows the dicts' insertion order, which for ``model.variables["params"]`` is the order in
+which Flax created the modules, i.e. call order. Build depth weights from the model's parameters
+outside ``jit`` (a tree passed through ``jit`` is sorted too), or, for a gradient tree, through
+:func:`call_order`, which recovers the order from the module names where they determine it.
 """
 
-from typing import Callable
+import functools
+import inspect
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+PyTree = Any
 Distance = Callable[..., jax.Array]
 
 EPS = 1e-12
+VAR_FLOOR = 1e-30  # σ² floor of gaussian_kernel; 1/VAR_FLOOR is finite in float32.
+
+# --- trees and weights ----------------------------------------------------------------------------
 
 
-def _tree_sum(fn, *trees) -> jax.Array:
-  return sum(jnp.sum(fn(*leaves)) for leaves in zip(*(jax.tree.leaves(t) for t in trees)))
+def _path_strings(tree) -> list[str]:
+  return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def euclidean(dummy, observed, *, scale: float = 1.0) -> jax.Array:
-  """scale · Σ_l ‖dummy_l − observed_l‖² (DLG, Zhu et al. 2019, with scale 1)."""
-  return scale * _tree_sum(lambda a, b: jnp.square(a - b), dummy, observed)
+def check_trees(dummy, observed, weights=None) -> None:
+  """Raises ``ValueError`` unless ``dummy`` (and ``weights``) match ``observed``.
+
+  Compares ``jax.tree.structure`` (dict key order does not matter), leaf shapes of ``dummy``, and that
+  every weight is a scalar, finite and non-negative, not all zero (value checks skip traced weights).
+  Runs at trace time, so it costs nothing inside ``jit``.
+  """
+  want = jax.tree.structure(observed)
+  if want.num_leaves == 0:
+    raise ValueError("the observed gradient tree has no leaves")
+  for name, tree in (("dummy", dummy), ("weights", weights)):
+    if (tree is not None or name == "dummy") and jax.tree.structure(tree) != want:
+      got, ref = set(_path_strings(tree)), set(_path_strings(observed))
+      raise ValueError(f"{name} tree does not match the observed gradient (missing "
+                       f"{sorted(ref - got)[:3]}, unexpected {sorted(got - ref)[:3]})")
+  for path, d, o in zip(_path_strings(observed), jax.tree.leaves(dummy), jax.tree.leaves(observed)):
+    if jnp.shape(d) != jnp.shape(o):
+      raise ValueError(f"dummy leaf {path} has shape {jnp.shape(d)}, observed {jnp.shape(o)}")
+  if weights is None:
+    return
+  leaves = jax.tree.leaves(weights)
+  if any(jnp.ndim(w) != 0 for w in leaves):
+    raise ValueError("weights must hold one scalar per leaf")
+  concrete = [np.asarray(w, np.float64) for w in leaves if not isinstance(w, jax.core.Tracer)]
+  if any(not np.isfinite(w) or w < 0 for w in concrete):
+    raise ValueError("weights must be finite and non-negative")
+  if len(concrete) == len(leaves) and not any(w > 0 for w in concrete):
+    raise ValueError("weights select no layer (all zero)")
 
 
-def cosine(dummy, observed, *, eps: float = EPS) -> jax.Array:
-  """1 − ⟨g', g⟩ / (sqrt(‖g'‖² + eps) · sqrt(‖g‖² + eps)), over all layers together."""
-  dot = _tree_sum(jnp.multiply, dummy, observed)
-  norm_d = jnp.sqrt(_tree_sum(jnp.square, dummy) + eps)
-  norm_o = jnp.sqrt(_tree_sum(jnp.square, observed) + eps)
+def _terms(dummy, observed, weights):
+  """Checks the trees; returns (w, g', g) per leaf, leaves with a concrete weight 0 left out."""
+  check_trees(dummy, observed, weights)
+  obs = jax.tree.leaves(observed)
+  ws = [1.0] * len(obs) if weights is None else jax.tree.leaves(weights)
+  return [(w, d, o) for w, d, o in zip(ws, jax.tree.leaves(dummy), obs)
+          if isinstance(w, jax.core.Tracer) or float(w) != 0.0]
+
+
+def _abs(x):
+  return x * jnp.sign(x)  # |x| with derivative sign(x), 0 at 0
+
+
+def _children(node):
+  """(name, child) pairs of a dict / list / tuple in its own order; None for a leaf."""
+  if isinstance(node, Mapping):
+    return [(str(k), v) for k, v in node.items()]
+  if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+    return [(str(i), v) for i, v in enumerate(node)]
+  return None
+
+
+def layer_paths(params) -> list[tuple[str, ...]]:
+  """Leaf paths of ``params`` in depth order: the dicts' insertion order, not JAX's sorted order.
+
+  Example: LeNet-5 gives [("Conv_0", "kernel"), ("Conv_0", "bias"), ("Conv_1", "kernel"), ...,
+  ("head", "kernel"), ("head", "bias")]: modules in call order, leaves in ``self.param`` order.
+  """
+  out = []
+
+  def walk(node, path):
+    children = _children(node)
+    if children is None:
+      if node is not None:
+        out.append(path)
+      return
+    for name, child in children:
+      walk(child, path + (name,))
+
+  walk(params, ())
+  return out
+
+
+def _key(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def _map_paths(fn, params):
+  """``fn(path)`` for every leaf, as a tree of ``params``' structure; checks the path walk."""
+  paths = set(layer_paths(params))
+  keys = [_key(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  if set(keys) != paths or len(keys) != len(paths):
+    raise ValueError("parameter tree must be nested dicts / lists of arrays")
+  return jax.tree_util.tree_map_with_path(lambda p, _: fn(_key(p)), params)
+
+
+def layer_index(params) -> PyTree:
+  """Tree of ``params``' structure holding each leaf's layer index l = 0, 1, ... in depth order.
+
+  A layer is a module: the leaves of one dict (``Conv_0/kernel`` and ``Conv_0/bias``) share an index;
+  nested modules count separately in creation order (ResNet: Conv_0, BatchNorm_0,
+  BasicBlock_0/Conv_0, BasicBlock_0/BatchNorm_0, ...). The last index is L − 1 ("head" for gradjax
+  models).
+  """
+  index = {}
+  for path in layer_paths(params):
+    index.setdefault(path[:-1], len(index))
+  return _map_paths(lambda path: index[path[:-1]], params)
+
+
+SCHEDULES = ("inverse", "linear", "exp")
+
+
+def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5) -> PyTree:
+  """Per-leaf weights Q_l decreasing with depth, as a tree of ``params``' structure (Python floats).
+
+  With l the layer index of :func:`layer_index` (insertion order of ``params``) and L the number of
+  layers::
+
+    inverse  Q_l = 1 / (l + 1)     (SAPAG-style default of :func:`gaussian_kernel`)
+    linear   Q_l = (L − l) / L
+    exp      Q_l = decay ** l
+
+  Pass the model's parameters (``model.variables["params"]``), whose dicts are in call order; a
+  gradient from ``jax.grad`` has its keys sorted. Combine with :func:`select_layers` by
+  ``jax.tree.map(operator.mul, q, s)``.
+  """
+  if schedule not in SCHEDULES:
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+  if not (np.isfinite(decay) and decay > 0):
+    raise ValueError(f"decay must be positive, got {decay}")
+  index = layer_index(params)
+  num = max(jax.tree.leaves(index), default=-1) + 1
+  rule = {"inverse": lambda l: 1.0 / (l + 1), "linear": lambda l: (num - l) / num,
+          "exp": lambda l: float(decay) ** l}[schedule]
+  return jax.tree.map(lambda l: float(rule(l)), index)
+
+
+def select_layers(params, include: Sequence[str] | str | None = None,
+                  exclude: Sequence[str] | str | None = None) -> PyTree:
+  """0/1 weights (Python floats, tree of ``params``' structure) selecting layers by module name.
+
+  A name is a "/"-joined path prefix: "Conv_0" (a module and everything in it), "BasicBlock_1/Conv_0"
+  (a nested module) or "head/kernel" (one leaf). A leaf is selected when ``include`` is None or one of
+  its names matches, and none of ``exclude`` does. Unknown names and empty selections raise
+  ``ValueError``.
+  """
+  prefixes = {"/".join(p[:k]) for p in layer_paths(params) for k in range(1, len(p) + 1)}
+
+  def names(arg):
+    arg = () if arg is None else (arg,) if isinstance(arg, str) else tuple(arg)
+    unknown = [n for n in arg if n not in prefixes]
+    if unknown:
+      raise ValueError(f"unknown layer names {unknown}; the tree has e.g. {sorted(prefixes)[:6]}")
+    return arg
+
+  inc, exc = names(include), names(exclude)
+  hit = lambda path, group: any("/".join(path[:k]) in group for k in range(1, len(path) + 1))
+  weights = _map_paths(lambda p: float((include is None or hit(p, inc)) and not hit(p, exc)), params)
+  if not any(jax.tree.leaves(weights)):
+    raise ValueError("include / exclude select no layer")
+  return weights
+
+
+_AUTO_NAME = re.compile(r"(.*\D)_(\d+)")
+
+
+def call_order(tree):
+  """``tree`` with its module dicts rebuilt in Flax call order, inferred from the module names alone.
+
+  For trees whose key order was lost: anything returned by ``jax.grad``, ``jax.jit``, ``eval_shape``
+  or ``jax.tree.map`` has its dict keys sorted. The names determine the order when the submodules of
+  each module are ``Prefix_0, Prefix_1, ...`` of one class (Flax numbers them per class in call order),
+  plus optionally "head", last (gradjax's naming): the LeNets and the MLP. Otherwise, e.g. Conv_0 next
+  to BatchNorm_0 (ConvNet, ResNets), the interleaving is lost and this raises ``ValueError``: build the
+  weights from the model's own ``variables["params"]`` outside ``jit`` instead.
+  Example: ``depth_weights(call_order(observed_gradient))``.
+  """
+  children = _children(tree)
+  if children is None or not any(_children(c) is not None for _, c in children):
+    return tree
+  if not isinstance(tree, Mapping):
+    raise ValueError("cannot infer the depth order of this gradient tree; pass weights")
+  matches = {k: _AUTO_NAME.fullmatch(k) for k, _ in children if k != "head"}
+  if not all(matches.values()) or len({m[1] for m in matches.values()}) > 1:
+    raise ValueError(f"cannot infer the depth order of modules {sorted(matches)[:4]} from a "
+                     "gradient tree (JAX sorts keys); pass weights=depth_weights(params)")
+  order = sorted(matches, key=lambda k: int(matches[k][2])) + (["head"] if "head" in tree else [])
+  key = {str(k): k for k in tree}
+  return {key[k]: call_order(tree[key[k]]) for k in order}
+
+
+# --- distances ------------------------------------------------------------------------------------
+
+
+def euclidean(dummy, observed, *, scale: float = 1.0, weights=None) -> jax.Array:
+  """D = scale · Σ_l w_l ‖g'_l − g_l‖² (DLG, Zhu et al. 2019, with scale 1)."""
+  return scale * sum(w * jnp.sum(jnp.square(d - o)) for w, d, o in _terms(dummy, observed, weights))
+
+
+def euclidean_half(dummy, observed, *, weights=None) -> jax.Array:
+  """D = 0.5 · Σ_l w_l ‖g'_l − g_l‖² (breaching's convention)."""
+  return euclidean(dummy, observed, scale=0.5, weights=weights)
+
+
+def l1(dummy, observed, *, weights=None) -> jax.Array:
+  """D = Σ_l w_l Σ_i |g'_li − g_li|; its derivative is w_l·sign(Δ), 0 where Δ = 0."""
+  return sum(w * jnp.sum(_abs(d - o)) for w, d, o in _terms(dummy, observed, weights))
+
+
+def cosine(dummy, observed, *, eps: float = EPS, weights=None) -> jax.Array:
+  """D = 1 − Σ_l w_l ⟨g'_l, g_l⟩ / (sqrt(Σ_l w_l ‖g'_l‖² + eps) · sqrt(Σ_l w_l ‖g_l‖² + eps)).
+
+  One cosine over all selected layers together (Geiping et al., "Inverting Gradients", NeurIPS 2020);
+  in [0, 2]. Finite, with a finite gradient, when either gradient is all zero (then D = 1).
+  """
+  terms = _terms(dummy, observed, weights)
+  dot = sum(w * jnp.sum(d * o) for w, d, o in terms)
+  norm_d = jnp.sqrt(sum(w * jnp.sum(jnp.square(d)) for w, d, _ in terms) + eps)
+  norm_o = jnp.sqrt(sum(w * jnp.sum(jnp.square(o)) for w, _, o in terms) + eps)
   return 1.0 - dot / (norm_d * norm_o)
 
 
+def cosine_per_layer(dummy, observed, *, eps: float = EPS, weights=None) -> jax.Array:
+  """D = Σ_l w_l (1 − ⟨g'_l, g_l⟩ / (sqrt(‖g'_l‖² + eps) · sqrt(‖g_l‖² + eps))) / Σ_l w_l.
+
+  The weighted mean of per-leaf cosine distances (each in [0, 2]); an all-zero leaf contributes 1, with
+  a finite gradient.
+  """
+  terms = _terms(dummy, observed, weights)
+  total = sum(w * (1.0 - jnp.sum(d * o) / (jnp.sqrt(jnp.sum(jnp.square(d)) + eps)
+                                             * jnp.sqrt(jnp.sum(jnp.square(o)) + eps)))
+              for w, d, o in terms)
+  return total / sum(w for w, _, _ in terms)
+
+
+def gaussian_kernel(dummy, observed, *, weights=None) -> jax.Array:
+  """SAPAG's distance D = Σ_l Q_l · (1 − exp(−‖g'_l − g_l‖² / σ_l²)).
+
+  Wang et al., "SAPAG: A Self-Adaptive Privacy Attack From Gradients", arXiv:2009.06228, 2020: σ_l
+  from the variance of the observed gradient of layer l, Q_l decreasing with depth. Choices made here
+  (not checked against the authors' code):
+
+  * a term l is one parameter tensor (a kernel and its bias are separate terms; biases included), as
+    when iterating over a PyTorch model's parameter gradients;
+  * σ_l² = Var(g_l), the population variance (ddof 0) of the observed leaf's entries, floored at
+    ``VAR_FLOOR`` = 1e-30 so an all-zero or one-entry leaf stays finite (that term is then 0 where
+    Δ_l = 0 and ≈ Q_l elsewhere, with a zero gradient);
+  * Q_l = ``weights``; with ``None``, Q_l = 1 / (l + 1) over module depth l (:func:`depth_weights`,
+    "inverse"). The depth order is then inferred from the module names by :func:`call_order`, which
+    only works when each module's submodules are one auto-named class (Conv_0, Conv_1, ..., then
+    "head": the LeNets, the MLP) and raises otherwise; then pass
+    ``weights=depth_weights(model.variables["params"])``, built outside ``jit``.
+
+  Each term lies in [0, Q_l), so D is bounded and the gradient of a far-off layer vanishes.
+  """
+  if weights is None:
+    weights = depth_weights(call_order(observed))
+  terms = _terms(dummy, observed, weights)
+  return sum(w * (1.0 - jnp.exp(-jnp.sum(jnp.square(d - o)) / jnp.maximum(jnp.var(o), VAR_FLOOR)))
+             for w, d, o in terms)
+
+
 DISTANCES: dict[str, Distance] = {
-    "euclidean": euclidean,                                   # DLG code: Σ‖g' − g‖²
-    "euclidean_half": lambda d, o: euclidean(d, o, scale=0.5),  # breaching: 0.5·Σ‖g' − g‖²
-    "cosine": cosine,
+    "euclidean": euclidean,            # DLG code: Σ‖g' − g‖²
+    "euclidean_half": euclidean_half,  # breaching: 0.5·Σ‖g' − g‖²
+    "l1": l1,
+    "cosine": cosine,                  # Inverting Gradients
+    "cosine_per_layer": cosine_per_layer,
+    "gaussian_kernel": gaussian_kernel,  # SAPAG
 }
 
 
-def get_distance(name: str) -> Distance:
-  """The distance registered as ``name`` (see ``DISTANCES``)."""
+def get_distance(name: str, **kwargs) -> Distance:
+  """``distance(dummy, observed)``: the distance registered as ``name`` with ``kwargs`` bound.
+
+  Example: ``get_distance("cosine", weights=select_layers(params, exclude=["head"]))``. Without
+  kwargs the registered function itself is returned (stable identity for caches).
+  """
   try:
-    return DISTANCES[name]
+    fn = DISTANCES[name]
   except KeyError:
     raise ValueError(f"unknown distance {name!r}; choose one of {', '.join(DISTANCES)}") from None
+  if not kwargs:
+    return fn
+  allowed = [p for p in inspect.signature(fn).parameters if p not in ("dummy", "observed")]
+  unknown = sorted(set(kwargs) - set(allowed))
+  if unknown:
+    raise ValueError(f"distance {name!r} takes no {unknown}; its options are {allowed}")
+  return functools.partial(fn, **kwargs)
