@@ -1,20 +1,59 @@
 """Label inference from an observed gradient.
 
-iDLG (Zhao et al., "iDLG: Improved Deep Leakage from Gradients", 2020). For one example with cross
-entropy, the gradient of the last dense layer W (Flax layout (features, classes)) is
-∂L/∂W[j, c] = a_j (p_c − y_c), where a are the layer's inputs. When the inputs are non-negative (after a
-sigmoid or ReLU) Σ_j ∂L/∂W[j, c] = (p_c − y_c) Σ_j a_j is negative only for the true class c, because
-p_c − y_c < 0 exactly there. So the label is argmin_c Σ_j ∂L/∂W[j, c].
+Every method reads the gradient of the last dense layer ("head"), kernel W (Flax layout
+(features, classes)) and bias b, of the mean cross entropy over the N examples of the observation.
+With softmax probabilities p_n = softmax(z_n), one-hot labels y_n and head inputs a_n (features)::
 
-Needs: batch 1, a cross-entropy loss, non-negative inputs to the last layer (true for all zoo models).
+  ∂L/∂W[j, c] = (1/N) Σ_n a_nj (p_nc − y_nc)          ∂L/∂b_c = (1/N) Σ_n (p_nc − y_nc)
+
+So a class's entries carry a negative term −a_nj/N (−1/N for the bias) for each of its k_c examples,
+and a positive term p_nc a_nj/N for every example. All methods return int labels of shape (N,), a
+multiset: the order is meaningless (score it with :func:`gradjax.metrics.label_accuracy`).
+
+==============  =======  ====  =============  ===========  ========================================
+method          batch    bias  features ≥ 0   duplicates   reference / when it is right
+==============  =======  ====  =============  ===========  ========================================
+idlg            1 only   no    yes            (n/a)        Zhao et al. 2020; exact for one example
+negative_bias   any      yes   no             no (unique)  present ⇔ ∂L/∂b_c < 0 when p̄_c < k_c/N
+yin             any      no    yes            no (unique)  Yin et al. 2021 (GradInversion)
+llg             any      no    yes            yes          Wainakh et al. 2022 (LLG; LLG+/LLG* with
+                                                           :func:`llg_statistics`)
+bias_counts     any      yes   no             yes          Geng et al. 2021 count estimate, on the
+                                                           bias: exact given the batch-mean softmax
+==============  =======  ====  =============  ===========  ========================================
+
+"features ≥ 0": the head's inputs must be non-negative (a ReLU or sigmoid before the head, true for
+every zoo model). "unique": the method returns N distinct classes (needs N ≤ K) and is only right
+when the batch has no repeated label. Every rule assumes the client's model is untrained or barely
+trained: the positive terms p_nc a_nj/N must stay small next to the negative ones, e.g. the mean
+probability p̄_c of a present class below its share k_c/N. ``bias_counts`` drops that assumption
+when the batch-mean probabilities are known.
+
+The attacker-side helpers :func:`llg_statistics` and :func:`mean_probs` run the model on
+auxiliary or dummy inputs to estimate what LLG+ / LLG* and Geng et al. need.
 """
+
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
 HEAD = ("head", "kernel")
+BIAS = ("head", "bias")
+
+
+def _leaf(gradient, path: tuple[str, ...]):
+  node = gradient
+  for key in path:
+    if not hasattr(node, "keys") or key not in node:
+      raise ValueError(f"no parameter at {'/'.join(path)} in the gradient tree; name the model's last "
+                       "dense layer 'head' or pass its path")
+    node = node[key]
+  return node
 
 
 def last_layer_gradient(gradient, path: tuple[str, ...] = HEAD) -> jax.Array:
@@ -30,10 +69,263 @@ def last_layer_gradient(gradient, path: tuple[str, ...] = HEAD) -> jax.Array:
   return node
 
 
+def last_layer_bias_gradient(gradient, path: tuple[str, ...] = BIAS) -> jax.Array:
+  """The gradient of the last dense bias, (classes,), found at ``path`` in the tree."""
+  node = _leaf(gradient, path)
+  if hasattr(node, "keys") or jnp.ndim(node) != 1:
+    raise ValueError(f"{'/'.join(path)} must be a 1-D dense bias (the method needs a head with a bias), "
+                     f"got {'a subtree' if hasattr(node, 'keys') else jnp.shape(node)}")
+  return jnp.asarray(node)
+
+
+def _check_unique(n: int, num_classes: int, method: str) -> None:
+  if n > num_classes:
+    raise ValueError(f"{method} returns distinct labels, so it needs batch ≤ classes; got batch {n} "
+                     f"and {num_classes} classes (use llg or bias_counts)")
+
+
 def idlg(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
-  """iDLG label of a single-example observation: int array of shape (1,)."""
+  """iDLG label of a single-example observation: int array of shape (1,).
+
+  For one example with cross entropy ∂L/∂W[j, c] = a_j (p_c − y_c); with non-negative inputs a
+  (after a sigmoid or ReLU) Σ_j ∂L/∂W[j, c] = (p_c − y_c) Σ_j a_j is negative only for the true
+  class, where p_c − y_c < 0. So the label is argmin_c Σ_j ∂L/∂W[j, c].
+
+  Reference: Zhao et al., "iDLG: Improved Deep Leakage from Gradients", 2020.
+  Needs: batch 1, cross entropy, non-negative inputs to the last layer (true for all zoo models).
+  """
   if observation.num_samples != 1:
     raise ValueError(f"iDLG label inference needs batch 1, the observation has "
                      f"{observation.num_samples} samples")
   g = last_layer_gradient(observation.gradient, path)
   return jnp.argmin(jnp.sum(g, axis=0))[None]
+
+
+def negative_bias(observation: Observation, path: tuple[str, ...] = BIAS) -> jax.Array:
+  """The N classes with the most negative bias gradient (distinct labels), int (N,).
+
+  ∂L/∂b_c = p̄_c − k_c/N with p̄_c = (1/N) Σ_n p_nc and k_c the count of class c: negative exactly
+  for the present classes while p̄_c < k_c/N (an untrained model with p̄_c ≈ 1/K < 1/N), and
+  positive for every absent class (k_c = 0). Returns the classes sorted by ∂L/∂b_c, first N: if
+  fewer than N are negative the remaining slots take the next most negative classes (no class
+  twice); if more, the N most negative. Exact for batches without repeated labels whenever
+  p̄_c < 1/N for the present classes; a batch with duplicates always loses its repeats.
+
+  Needs: a bias in the last layer, N ≤ K. No assumption on the features.
+  Reference: the sign rule of iDLG applied to the bias (e.g. the "analytic" label strategy of
+  Geiping et al.'s breaching library).
+  """
+  gb = last_layer_bias_gradient(observation.gradient, path)
+  n = observation.num_samples
+  _check_unique(n, gb.shape[0], "negative_bias")
+  return jnp.argsort(gb, stable=True)[:n]
+
+
+def yin(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
+  """GradInversion label restoration (distinct labels), int (N,).
+
+  m_c = min_j ∂L/∂W[j, c]; labels = the N classes with the smallest m_c. With non-negative features
+  every entry of an absent class is ≥ 0 (only the p_nc a_nj terms), while a present class has
+  negative entries at features j where its example's −(1 − p) a_nj outweighs the others' p a_nj.
+
+  Needs: non-negative head inputs, N ≤ K, no repeated label in the batch (repeats are lost).
+  Reference: Yin et al., "See through Gradients: Image Batch Recovery via GradInversion", CVPR 2021
+  (batch label restoration from the fully connected layer's gradient).
+  """
+  g = last_layer_gradient(observation.gradient, path)
+  n = observation.num_samples
+  _check_unique(n, g.shape[1], "yin")
+  return jnp.argsort(jnp.min(g, axis=0), stable=True)[:n]
+
+
+def llg(observation: Observation, path: tuple[str, ...] = HEAD, *, impact=None,
+        offset=None) -> jax.Array:
+  """Label Leakage from Gradients (LLG), duplicate-aware, int (N,).
+
+  With g_c = Σ_j ∂L/∂W[j, c] (K,) and non-negative features, g_c = (1/N) Σ_n (p_nc − y_nc) σ_n
+  (σ_n = Σ_j a_nj > 0): each example of class c adds about −σ/N to g_c, so a class present k_c times
+  sits near k_c · m with the per-example "impact" m < 0. The algorithm:
+
+  1. every class with g_c < 0 is present: assign it once and set g_c ← g_c − m (if more than N are
+     negative, the N most negative);
+  2. subtract the per-class offset s_c (the positive part g_c of a class absent from the batch;
+     0 for plain LLG), then fill the remaining slots greedily: c = argmin_c g_c; assign c;
+     g_c ← g_c − m (m < 0, so g_c rises by |m| and another class or a repeat comes next).
+
+  Plain LLG estimates the impact from the observed gradient alone (the (1 + 1/K) factor as in the
+  authors' code): m = (1 + 1/K) · (1/N) Σ_{c: g_c < 0} g_c. LLG+ (auxiliary real inputs) and LLG* (dummy inputs)
+  measure m and s on the attacker's copy of the model with :func:`llg_statistics` and pass them here.
+
+  Args:
+    observation: mean-loss gradient over N examples.
+    path: the head's kernel.
+    impact: m, a negative scalar (estimated from the gradient when None).
+    offset: s, (K,) (zeros when None).
+
+  Returns:
+    int (N,) labels; a class can appear several times.
+
+  Needs: non-negative head inputs and an (almost) untrained model.
+  Reference: Wainakh et al., "User-Level Label Leakage from Gradients in Federated Learning",
+  PoPETs 2022(2), and their code (tklab-tud/LLG, Code/Predictor.py: v1 = LLG, v2 = LLG+,
+  v3-{zero,one,random} = LLG*).
+  """
+  g = jnp.sum(last_layer_gradient(observation.gradient, path), axis=0)
+  n, k = observation.num_samples, g.shape[0]
+  if not bool(jnp.any(g != 0)):
+    raise ValueError("the head's kernel gradient is zero; nothing to infer labels from")
+  negative = g < 0
+  if impact is None:
+    impact = jnp.sum(jnp.where(negative, g, 0.0)) / n * (1.0 + 1.0 / k)
+  impact = jnp.asarray(impact, g.dtype)
+  if not bool(impact < 0):
+    raise ValueError(f"the LLG impact must be negative (a present class lowers g_c), got {float(impact)}")
+  if offset is None:
+    offset = jnp.zeros_like(g)
+  offset = jnp.asarray(offset, g.dtype)
+  if offset.shape != g.shape:
+    raise ValueError(f"offset must have shape {g.shape}, got {offset.shape}")
+  return _llg_assign(g, offset, impact, n)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _llg_assign(g, offset, impact, n: int) -> jax.Array:
+  """LLG's two stages for row sums g (K,), offset s (K,) and impact m < 0: int (n,) labels."""
+  k = g.shape[0]
+  ranked = jnp.argsort(g, stable=True)
+  first = jnp.minimum(jnp.sum(g < 0), n)  # stage-1 picks: the negative classes, most negative first
+
+  def pick(i, state):
+    scores, labels = state
+    c = jnp.where(i < first, ranked[jnp.minimum(i, k - 1)], jnp.argmin(scores))
+    return scores.at[c].add(-impact), labels.at[i].set(c)
+
+  # Stage-1 picks come first, so by the first stage-2 argmin every stage-1 class carries its −m.
+  _, labels = jax.lax.fori_loop(0, n, pick, (g - offset, jnp.zeros(n, ranked.dtype)))
+  return labels
+
+
+def llg_statistics(apply_fn: Callable, variables, x, num_samples: int, *,
+                   path: tuple[str, ...] = HEAD, train: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Impact m and offset s of LLG+ / LLG*, measured on the attacker's copy of the model.
+
+  For each class c the attacker computes the head gradient of the mean cross entropy of its own
+  inputs ``x`` (M examples) all labelled c, with row sums r⁽ᶜ⁾ = Σ_j ∂L/∂W[j, :] (K,). Then::
+
+    m   = (1 + 1/K) · (1/K) Σ_c r⁽ᶜ⁾_c / N          (per-example impact in an N-example mean)
+    s_c = 1/(K − 1) Σ_{c' ≠ c} r⁽ᶜ'⁾_c               (g_c of a class absent from the batch)
+
+  With real auxiliary inputs from the client's distribution this is LLG+; with dummy inputs
+  (zeros, ones or noise) it is LLG* (Wainakh et al. 2022; tklab-tud/LLG Code/Predictor.py).
+
+  Args:
+    apply_fn: ``apply_fn(variables, x, train) -> logits``.
+    variables: the model the server sent.
+    x: (M, H, W, C) auxiliary or dummy inputs.
+    num_samples: N of the observation to attack.
+    path: the head's kernel in the params tree.
+    train: run the model in training mode.
+
+  Returns:
+    (impact m, scalar; offset s, (K,)), to pass to :func:`llg`.
+  """
+  x = jnp.asarray(x)
+  if x.ndim != 4 or x.shape[0] < 1:
+    raise ValueError(f"auxiliary inputs must be (M, H, W, C) with M ≥ 1, got shape {x.shape}")
+  if num_samples < 1:
+    raise ValueError(f"num_samples must be positive, got {num_samples}")
+
+  r = _class_row_sums(apply_fn, variables, x, path, train)  # r[c]: row sums, batch all labelled c
+  k = r.shape[0]
+  own = jnp.diagonal(r)
+  impact = jnp.mean(own) / num_samples * (1.0 + 1.0 / k)
+  offset = (jnp.sum(r, axis=0) - own) / (k - 1)
+  return impact, offset
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _class_row_sums(apply_fn, variables, x, path, train) -> jax.Array:
+  """(K, K): row c holds Σ_j ∂L/∂W[j, :] of the mean cross entropy of x with every label set to c."""
+
+  def row_sums(c):
+    def loss(params):
+      logits = apply_fn({**variables, "params": params}, x, train)
+      return cross_entropy(logits, jnp.full((x.shape[0],), c, jnp.int32))
+    return jnp.sum(last_layer_gradient(jax.grad(loss)(variables["params"]), path), axis=0)
+
+  k = last_layer_gradient(variables["params"], path).shape[1]
+  return jax.lax.map(row_sums, jnp.arange(k))
+
+
+def bias_counts(observation: Observation, probs=None, path: tuple[str, ...] = BIAS) -> jax.Array:
+  """Label counts from the bias gradient (duplicate-aware), int (N,).
+
+  For softmax cross entropy ∂L/∂b_c = p̄_c − k_c/N with p̄_c = (1/N) Σ_n p_nc, so::
+
+    k_c = N · (p̄_c − ∂L/∂b_c)
+
+  ``probs`` is p̄ (K,); None uses 1/K (an untrained model with small logits). The real-valued k is
+  rounded to a multiset of exactly N labels by the largest-remainder method: negatives clipped to 0,
+  rescaled to sum N, each class gets ⌊k_c⌋ and the leftover slots go to the largest remainders
+  (ties to the lower class).
+
+  Exact (up to rounding error) when ``probs`` is the batch-mean softmax of the client's examples;
+  with an estimate p̂ the counts are right as long as N · |p̂_c − p̄_c| < 1/2 for every class
+  (e.g. 1/K on an untrained model with near-uniform outputs, or :func:`mean_probs` of auxiliary
+  or dummy inputs). No assumption on the features or on duplicates. This is the count estimate of
+  Geng et al. 2021 (there on the kernel row sums with an estimated mean feature sum Ô; the bias is
+  the kernel row of a constant feature 1, so here Ô = 1 exactly).
+
+  Needs: a bias in the last layer, softmax cross entropy.
+  Reference: Geng et al., "Towards General Deep Leakage in Federated Learning", arXiv:2110.09074.
+  """
+  gb = last_layer_bias_gradient(observation.gradient, path)
+  n, k = observation.num_samples, gb.shape[0]
+  if probs is None:
+    probs = jnp.full((k,), 1.0 / k, gb.dtype)
+  probs = jnp.asarray(probs, gb.dtype)
+  if probs.shape != (k,):
+    raise ValueError(f"probs must be the ({k},) mean class probabilities, got shape {probs.shape}")
+  return _largest_remainder(n * (probs - gb), n)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _largest_remainder(counts, n: int) -> jax.Array:
+  """Rounds real counts (K,) to integers summing to n (largest remainder), as an int (n,) multiset."""
+  q = jnp.maximum(counts, 0.0)
+  total = jnp.sum(q)
+  q = jnp.where(total > 0, q * n / jnp.where(total > 0, total, 1.0), jnp.full_like(q, n / q.shape[0]))
+  base = jnp.floor(q)
+  left = n - jnp.sum(base).astype(jnp.int32)
+  order = jnp.argsort(-(q - base), stable=True)
+  extra = jnp.zeros(q.shape[0], jnp.int32).at[order].set((jnp.arange(q.shape[0]) < left).astype(jnp.int32))
+  per_class = base.astype(jnp.int32) + extra
+  return jnp.repeat(jnp.arange(q.shape[0]), per_class, total_repeat_length=n)
+
+
+def mean_probs(apply_fn: Callable, variables, x, *, train: bool = False) -> jax.Array:
+  """p̂_c = (1/M) Σ_m softmax(f(x_m))_c over the attacker's inputs x (M, H, W, C): (K,).
+
+  The estimate of p̄ that Geng et al. take from dummy inputs; pass it to :func:`bias_counts`.
+  """
+  x = jnp.asarray(x)
+  if x.ndim != 4 or x.shape[0] < 1:
+    raise ValueError(f"inputs must be (M, H, W, C) with M ≥ 1, got shape {x.shape}")
+  return jnp.mean(jax.nn.softmax(apply_fn(variables, x, train), axis=-1), axis=0)
+
+
+METHODS: dict[str, Callable[[Observation], jax.Array]] = {
+    "idlg": idlg,
+    "negative_bias": negative_bias,
+    "yin": yin,
+    "llg": llg,
+    "bias_counts": bias_counts,
+}
+"""Label-inference methods by name; each maps an Observation to int (N,) labels (see the table)."""
+
+
+def infer(observation: Observation, method: str) -> jax.Array:
+  """Labels of ``observation`` by the method called ``method`` (a key of :data:`METHODS`)."""
+  if method not in METHODS:
+    raise ValueError(f"unknown label method {method!r}; choose one of {', '.join(METHODS)}")
+  return METHODS[method](observation)

@@ -1,0 +1,120 @@
+"""Tests for gradjax.analytic: closed-form inputs of biased dense layers (Geiping et al. 2020, Prop. 3.1).
+
+References: the client's own image (scikit-image photos), hand-built rank-one layer gradients, and the
+MLP's hidden features computed by NumPy.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import analytic, clients, models
+from gradjax.observation import Observation
+
+
+@pytest.mark.parametrize("init", ["default", "uniform"])
+def test_mlp_input_returns_the_image_float32(photos, init):
+  for i in (0, 5, 9):
+    model = models.create("mlp", jax.random.key(i), num_classes=10, init=init)
+    obs = clients.fedsgd(model.apply_fn, model.variables, photos[i:i + 1], np.array([i % 10]))
+    x = analytic.mlp_input(obs, photos.shape[1:])
+    assert x.shape == photos.shape[1:] and x.dtype == jnp.float32
+    assert np.max(np.abs(np.asarray(x) - photos[i])) <= 1e-5
+
+
+def test_mlp_input_returns_the_image_float64(photos):
+  image = photos[3:4].astype(np.float64)
+  with jax.enable_x64(True):
+    model = models.create("mlp-16", jax.random.key(3), num_classes=100, param_dtype=jnp.float64)
+    obs = clients.fedsgd(model.apply_fn, model.variables, jnp.asarray(image), np.array([42]))
+    x = analytic.mlp_input(obs, image.shape[1:], first_layer="Dense_0")
+    assert x.dtype == jnp.float64
+    assert np.max(np.abs(np.asarray(x) - image[0])) <= 1e-12
+
+
+def test_mlp_input_gray_image(photos28):
+  """A 28x28x1 input: the reshape follows the model's HWC flattening for any shape."""
+  model = models.create("mlp", jax.random.key(4), input_shape=(28, 28, 1), num_classes=10)
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos28[1:2], np.array([7]))
+  np.testing.assert_allclose(analytic.mlp_input(obs, (28, 28, 1)), photos28[1], atol=1e-5)
+
+
+def test_dense_input_hand_built_layer():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=20)
+  gb = rng.normal(size=7)
+  gb[[1, 4]] = 0.0  # dead units carry no information and must not matter
+  gw = np.outer(x, gb)  # ∂L/∂W[:, i] = x ∂L/∂b_i
+  with jax.enable_x64(True):
+    got = analytic.dense_input(jnp.asarray(gw), jnp.asarray(gb))
+    np.testing.assert_allclose(got, x, rtol=1e-13, atol=1e-14)
+    # Any one unit with a nonzero bias gradient gives x on its own.
+    np.testing.assert_allclose(analytic.dense_input(gw[:, :1], gb[:1]), x, rtol=1e-13)
+    # Tiny gradients (a converged model, a scaled update) are no problem: nothing underflows.
+    np.testing.assert_allclose(analytic.dense_input(gw * 1e-200, gb * 1e-200, min_abs=0.0), x, rtol=1e-12)
+
+
+def test_dense_input_errors():
+  with pytest.raises(ValueError, match="cannot be recovered"):
+    analytic.dense_input(np.zeros((5, 3)), np.zeros(3))
+  with pytest.raises(ValueError, match="cannot be recovered"):
+    analytic.dense_input(np.ones((5, 3)), np.full(3, 1e-13))
+  with pytest.raises(ValueError, match=r"\(in, out\)"):
+    analytic.dense_input(np.zeros((5, 3)), np.ones(4))
+  with pytest.raises(ValueError, match=r"\(in, out\)"):
+    analytic.dense_input(np.zeros((2, 5, 3)), np.ones(3))
+
+
+def test_dense_inputs_of_mlp_matches_numpy_features(photos):
+  model = models.create("mlp", jax.random.key(5), num_classes=10)
+  image = photos[6:7]
+  obs = clients.fedsgd(model.apply_fn, model.variables, image, np.array([2]))
+  found = analytic.dense_inputs_of(obs)
+  assert set(found) == {"Dense_0", "head"}
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), model.variables["params"])
+  flat = image.reshape(1, -1).astype(np.float64)
+  hidden = np.maximum(flat @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"], 0)[0]
+  np.testing.assert_allclose(found["Dense_0"], flat[0], atol=1e-5)
+  np.testing.assert_allclose(found["head"], hidden, rtol=1e-4, atol=1e-5 * hidden.max())
+  assert np.sum(hidden == 0) > 0  # ReLU zeros are recovered as zeros too
+
+
+def test_dense_inputs_of_lenet_finds_only_the_head(photos):
+  """Conv kernels are 4-D: only the head qualifies; its input is the 768 sigmoid features, in (0, 1)."""
+  model = models.create("lenet_zhu", jax.random.key(6))
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([1]))
+  found = analytic.dense_inputs_of(obs)
+  assert list(found) == ["head"] and found["head"].shape == (768,)
+  assert np.all((np.asarray(found["head"]) > -1e-5) & (np.asarray(found["head"]) < 1 + 1e-5))
+
+
+def test_batches_and_bad_layers_are_refused(photos):
+  model = models.create("mlp", jax.random.key(7), num_classes=10)
+  batch = clients.fedsgd(model.apply_fn, model.variables, photos[:2], np.array([1, 2]))
+  with pytest.raises(ValueError, match="mixture") as e:
+    analytic.mlp_input(batch, (32, 32, 3))
+  assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match="batch 1"):
+    analytic.dense_inputs_of(batch)
+
+  single = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([1]))
+  with pytest.raises(ValueError, match="no layer"):
+    analytic.mlp_input(single, (32, 32, 3), first_layer="Conv_0")
+  with pytest.raises(ValueError, match="first layer"):
+    analytic.mlp_input(single, (32, 32, 3), first_layer="head")  # 32 inputs, not 3072
+  with pytest.raises(ValueError, match="first layer"):
+    analytic.mlp_input(single, (28, 28, 3))
+
+  # A first layer without bias.
+  no_bias = {**single.gradient, "Dense_0": {"kernel": single.gradient["Dense_0"]["kernel"]}}
+  obs = Observation(gradient=no_bias, variables=single.variables, num_samples=1)
+  with pytest.raises(ValueError, match="no bias"):
+    analytic.mlp_input(obs, (32, 32, 3))
+  assert "Dense_0" not in analytic.dense_inputs_of(obs)
+
+  # A convolutional first layer.
+  lenet = models.create("lenet_zhu", jax.random.key(8))
+  obs = clients.fedsgd(lenet.apply_fn, lenet.variables, photos[:1], np.array([1]))
+  with pytest.raises(ValueError, match="not a dense layer"):
+    analytic.mlp_input(obs, (32, 32, 3), first_layer="Conv_0")
