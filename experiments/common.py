@@ -32,6 +32,14 @@ def define_flags():
   flags.DEFINE_string("optimizer", d.optimizer, f"Optimizer: {', '.join(solvers.OPTIMIZERS)} (preset's if unset).")
   flags.DEFINE_float("lr", d.learning_rate, "Learning rate (preset's if unset).")
   flags.DEFINE_float("tol", d.tol, "Stop a restart once its objective is <= tol (preset's if unset).")
+  flags.DEFINE_string("distance", d.distance, "Gradient distance (preset's if unset): euclidean, euclidean_half, l1, cosine, cosine_per_layer, gaussian_kernel.")
+  flags.DEFINE_string("layer_weights", d.layer_weights, "Per-layer distance weights by depth: inverse, linear, exp.")
+  flags.DEFINE_string("priors", d.priors, "Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none).")
+  flags.DEFINE_string("labels", d.labels, "Label strategy: joint, known, or an inference method (idlg, negative_bias, yin, llg, bias_counts).")
+  flags.DEFINE_string("schedule", d.schedule, "Learning-rate schedule: constant, step, cosine.")
+  flags.DEFINE_bool("box", d.box, "Clamp dummy data to the valid image range after every step.")
+  flags.DEFINE_string("dummy_init", d.dummy_init, "Dummy-data init: normal, uniform, constant, pattern.")
+  flags.DEFINE_bool("one_sample_per_step", d.one_sample_per_step, "DLG batch option: move one dummy example per step.")
   flags.DEFINE_integer("seed", d.seed, "PRNG seed (model and dummy initialisation).")
   flags.DEFINE_integer("chunk", d.chunk, "Iterations per jitted chunk between progress reports.")
 
@@ -44,6 +52,9 @@ def config_from_flags(**overrides) -> Config:
                 train_mode=f.train_mode, restarts=f.restarts, strategy=f.strategy,
                 map_batch_size=f.map_batch_size,
                 iterations=f.iterations, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
+                distance=f.distance, layer_weights=f.layer_weights, priors=f.priors, labels=f.labels,
+                schedule=f.schedule, box=f.box, dummy_init=f.dummy_init,
+                one_sample_per_step=f.one_sample_per_step,
                 seed=f.seed, chunk=f.chunk)
   values.update(overrides)
   return Config(**values)

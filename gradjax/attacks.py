@@ -1,7 +1,9 @@
-"""Named attacks: presets that compose objective, label strategy, optimizer and initialisation.
+"""Named attacks: presets that compose distance, priors, label strategy, optimizer and initialisation.
 
 An :class:`Attack` is a frozen record of choices (hashable, so compiled programs are cached per attack
-and reused across images). :func:`reconstruct` runs it against an Observation.
+and reused across images). :func:`reconstruct` runs it against an Observation. Every part is also
+usable on its own (:mod:`gradjax.distances`, :mod:`gradjax.priors`, :mod:`gradjax.labels`,
+:mod:`gradjax.solvers`, :mod:`gradjax.objectives`).
 
 Presets and where their defaults come from:
 
@@ -14,24 +16,63 @@ Presets and where their defaults come from:
   (README, "Measured"). See :mod:`gradjax.solvers` on counting.
 * ``idlg`` (Zhao et al., 2020): as ``dlg`` but the label is inferred first from the last layer's
   gradient (:func:`gradjax.labels.idlg`, batch 1) and only the data is optimised.
+* ``adam_dlg``: the Euclidean distance driven by AdamW lr 1e-3 for 20 000 iterations, the "Adam-DLG"
+  baseline of SAPAG (Wang et al.), i.e. SAPAG's ResNet-18 optimiser with DLG's distance.
+* ``inverting_gradients`` (Geiping et al., NeurIPS 2020, Table 1 protocol): 1 − cosine over all layers,
+  total variation mean|dx| + mean|dy| with weight 1e-4, Adam lr 0.1 on the sign of the gradient, lr
+  ×0.1 at 3/8, 5/8, 7/8 of 4800 iterations, iterates clamped to the image box, init N(0, 1) in
+  normalised space, labels known. (The paper's README example runs 24 000 iterations.)
+* ``sapag`` (Wang et al., "SAPAG", LeNet-5 protocol): Gaussian-kernel distance
+  Σ_l Q_l (1 − exp(−‖Δ_l‖² / σ_l²)) with σ_l² = Var(observed ∇W_l) and Q_l = 1/(l+1), L-BFGS lr 1 for
+  500 iterations, dummy data kept in [0, 1] (clamped after every step), labels optimised jointly as
+  in DLG.
+* ``sapag_adamw``: SAPAG's ResNet-18 protocol: the same distance with AdamW lr 1e-3, 20 000 iterations.
 """
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradjax import distances
 from gradjax import labels as labels_lib
+from gradjax import priors as priors_lib
 from gradjax import solvers
-from gradjax.distances import get_distance
 from gradjax.objectives import gradient_matching
 from gradjax.observation import Observation, check_observation
 
-LABEL_STRATEGIES = ("joint", "idlg", "known")
-DUMMY_INITS = ("normal", "uniform")
+DUMMY_INITS = ("normal", "uniform", "constant", "pattern")
+PATTERN_SIZE = 4  # side of the random tile repeated by the "pattern" initialisation
+
+
+def label_strategies() -> tuple[str, ...]:
+  """``"joint"`` (optimise soft labels, DLG), ``"known"`` (shared by the threat model), or any
+  inference method of :data:`gradjax.labels.METHODS`."""
+  return ("joint", "known", *labels_lib.METHODS)
+
+
+def _check_distance(name: str, layer_weights: str | None) -> None:
+  distances.get_distance(name)
+  if layer_weights is not None and layer_weights not in distances.SCHEDULES:
+    raise ValueError(f"unknown layer-weight schedule {layer_weights!r}; choose one of "
+                     f"{', '.join(distances.SCHEDULES)}")
+
+
+def _prior(spec: tuple[tuple[str, float, int], ...]) -> Callable | None:
+  if not spec:
+    return None
+  parts = []
+  for item in spec:
+    if len(item) != 3:
+      raise ValueError(f"a prior is (name, weight, start_step), got {item!r}")
+    name, weight, start = item
+    if name not in priors_lib.PRIORS:
+      raise ValueError(f"unknown prior {name!r}; choose one of {', '.join(priors_lib.PRIORS)}")
+    parts.append(priors_lib.Prior(priors_lib.PRIORS[name], priors_lib.step_on(weight, start)))
+  return priors_lib.combine(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,46 +82,78 @@ class Attack:
   Attributes:
     name: preset name.
     distance: a name in :data:`gradjax.distances.DISTANCES`.
-    labels: ``"joint"`` (optimise soft labels with the data, DLG), ``"idlg"`` (infer, batch 1) or
-      ``"known"`` (use ``observation.labels``).
-    optimizer: ``"lbfgs"``, ``"adam"`` or ``"sgd"``.
-    learning_rate: optimizer learning rate.
+    layer_weights: ``None`` (the distance's default) or a depth schedule of
+      :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``) used as
+      per-layer weights.
+    priors: ``((name, weight, start_step), ...)`` image priors of :data:`gradjax.priors.PRIORS`,
+      each switched on from ``start_step``.
+    labels: one of :func:`label_strategies`.
+    optimizer: a name in :data:`gradjax.solvers.OPTIMIZERS`.
+    learning_rate: optimizer learning rate (peak, with a schedule).
+    schedule: learning-rate schedule, ``"constant"``, ``"step"`` or ``"cosine"``.
+    warmup: linear warm-up steps.
+    weight_decay: AdamW's decoupled weight decay.
     iterations: optimizer iterations per restart.
     history: L-BFGS memory.
     max_linesearch_steps: zoom line-search evaluations per L-BFGS iteration at most.
-    init: dummy-data initialisation, ``"normal"`` N(0, 1) or ``"uniform"`` U(0, 1).
+    box: clamp the dummy data to the valid image range after every step.
+    one_sample_per_step: DLG's batch option, only example t mod N moves at step t.
+    init: dummy-data initialisation: ``"normal"`` N(0, 1), ``"uniform"`` U(lo, hi) over the image
+      box, ``"constant"`` the box's midpoint (mid-grey), ``"pattern"`` a random N(0, 1) 4×4 tile
+      repeated over the image.
     tol: a restart stops once its objective is <= tol.
   """
 
   name: str = "custom"
   distance: str = "euclidean"
+  layer_weights: str | None = None
+  priors: tuple[tuple[str, float, int], ...] = ()
   labels: str = "joint"
   optimizer: str = "lbfgs"
   learning_rate: float = 1.0
+  schedule: str = "constant"
+  warmup: int = 0
+  weight_decay: float = 0.01
   iterations: int = 300
   history: int = 100
   max_linesearch_steps: int = 20
+  box: bool = False
+  one_sample_per_step: bool = False
   init: str = "normal"
   tol: float = 0.0
 
   def __post_init__(self):
-    get_distance(self.distance)
-    if self.labels not in LABEL_STRATEGIES:
+    _check_distance(self.distance, self.layer_weights)
+    _prior(self.priors)
+    if self.labels not in label_strategies():
       raise ValueError(f"unknown label strategy {self.labels!r}; choose one of "
-                       f"{', '.join(LABEL_STRATEGIES)}")
+                       f"{', '.join(label_strategies())}")
     if self.init not in DUMMY_INITS:
       raise ValueError(f"unknown dummy init {self.init!r}; choose one of {', '.join(DUMMY_INITS)}")
     if self.iterations < 1:
       raise ValueError(f"iterations must be positive, got {self.iterations}")
     if self.tol < 0:
       raise ValueError(f"tol must be non-negative, got {self.tol}")
-    solvers.make_optimizer(self.optimizer, self.learning_rate, history=self.history,
-                           max_linesearch_steps=self.max_linesearch_steps)
+    _optimizer(self)
+
+
+def _optimizer(attack: "Attack") -> solvers.Optimizer:
+  return solvers.make_optimizer(
+      attack.optimizer, attack.learning_rate, history=attack.history,
+      max_linesearch_steps=attack.max_linesearch_steps, schedule=attack.schedule,
+      iterations=attack.iterations, warmup=attack.warmup, weight_decay=attack.weight_decay)
 
 
 PRESETS: dict[str, Attack] = {
     "dlg": Attack(name="dlg", iterations=2000),
     "idlg": Attack(name="idlg", labels="idlg", iterations=2000),
+    "adam_dlg": Attack(name="adam_dlg", optimizer="adamw", learning_rate=1e-3, iterations=20_000),
+    "inverting_gradients": Attack(
+        name="inverting_gradients", distance="cosine", priors=(("tv", 1e-4, 0),), labels="known",
+        optimizer="signed_adam", learning_rate=0.1, schedule="step", iterations=4800, box=True),
+    "sapag": Attack(name="sapag", distance="gaussian_kernel", iterations=500, box=True),
+    "sapag_adamw": Attack(name="sapag_adamw", distance="gaussian_kernel", optimizer="adamw",
+                          learning_rate=1e-3, iterations=20_000, box=True),
 }
 
 
@@ -118,42 +191,84 @@ class Reconstruction(NamedTuple):
 
 
 def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
-  """The solver of ``attack``; fields that only set the budget (iterations, init) do not recompile."""
-  return _solver_cached(apply_fn, attack.distance, attack.optimizer, attack.learning_rate,
-                        attack.history, attack.max_linesearch_steps, attack.tol)
+  """The solver of ``attack``; ``init`` and, for constant schedules, ``iterations`` do not recompile."""
+  key = dataclasses.replace(attack, name="", init="normal",
+                            iterations=attack.iterations if attack.schedule != "constant" else 1)
+  return _solver_cached(key, apply_fn)
+
+
+def _clip_to_box(dummy, data):
+  _, _, (lo, hi), _ = data
+  return {**dummy, "x": jnp.clip(dummy["x"], lo, hi)}
 
 
 @functools.lru_cache(maxsize=32)
-def _solver_cached(apply_fn, distance, optimizer, learning_rate, history, max_linesearch_steps, tol):
-  objective = gradient_matching(apply_fn, get_distance(distance))
+def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
+  objective = gradient_matching(apply_fn, distances.get_distance(attack.distance),
+                                prior=_prior(attack.priors),
+                                one_sample_per_step=attack.one_sample_per_step)
 
-  def value_fn(dummy, data):
-    observation, labels = data
-    return objective(dummy, observation, labels)
+  def value_fn(dummy, data, step):
+    observation, labels, _, weights = data
+    return objective(dummy, observation, labels, step, weights)
 
-  optimizer = solvers.make_optimizer(optimizer, learning_rate, history=history,
-                                     max_linesearch_steps=max_linesearch_steps)
-  return solvers.make_solver(value_fn, optimizer, tol=tol)
+  return solvers.make_solver(value_fn, _optimizer(attack), tol=attack.tol,
+                             project=_clip_to_box if attack.box else None)
 
 
-def init_dummy(key: jax.Array, attack: Attack, shape: tuple[int, ...], num_classes: int,
-               dtype=jnp.float32, joint_labels: bool = True) -> dict:
-  """Initial dummy data ``{"x": shape, ["label_logits": (N, K)]}`` ~ the attack's ``init``."""
+def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], num_classes: int | None,
+               bounds=(0.0, 1.0), dtype=jnp.float32) -> dict:
+  """Initial dummy data ``{"x": shape, ["label_logits": (N, K) ~ N(0, 1)]}``.
+
+  Args:
+    key: PRNG key.
+    init: one of :data:`DUMMY_INITS`.
+    shape: (N, H, W, C).
+    num_classes: K, or None when labels are not optimised.
+    bounds: (lo, hi) of the valid image range in the model's input space, scalars or (C,).
+  """
   kx, ky = jax.random.split(key)
-  if attack.init == "normal":
+  lo, hi = (jnp.broadcast_to(jnp.asarray(b, dtype), shape[-1:]) for b in bounds)
+  if init == "normal":
     x = jax.random.normal(kx, shape, dtype)
+  elif init == "uniform":
+    x = lo + (hi - lo) * jax.random.uniform(kx, shape, dtype)
+  elif init == "constant":
+    x = jnp.broadcast_to((lo + hi) / 2, shape).astype(dtype)
+  elif init == "pattern":
+    n, h, w, c = shape
+    tile = jax.random.normal(kx, (n, PATTERN_SIZE, PATTERN_SIZE, c), dtype)
+    reps = (1, -(-h // PATTERN_SIZE), -(-w // PATTERN_SIZE), 1)
+    x = jnp.tile(tile, reps)[:, :h, :w, :]
   else:
-    x = jax.random.uniform(kx, shape, dtype)
+    raise ValueError(f"unknown dummy init {init!r}; choose one of {', '.join(DUMMY_INITS)}")
   dummy = {"x": x}
-  if joint_labels:
+  if num_classes is not None:
     dummy["label_logits"] = jax.random.normal(ky, (shape[0], num_classes), dtype)
   return dummy
 
 
+def layer_weights(attack: Attack, observation: Observation):
+  """Per-leaf distance weights of ``attack`` (a pytree of scalars), or None for unweighted.
+
+  Depth is read from ``observation.variables["params"]``, whose dict insertion order is Flax's module
+  creation (call) order; it is computed here, outside ``jit``, because trees that pass through JAX
+  transformations come back with sorted keys. ``gaussian_kernel`` defaults to SAPAG's Q_l = 1/(l+1).
+  """
+  schedule = attack.layer_weights
+  if schedule is None and attack.distance == "gaussian_kernel":
+    schedule = "inverse"
+  if schedule is None:
+    return None
+  w = distances.depth_weights(observation.variables["params"], schedule)
+  return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
+
+
 def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
-                input_shape: tuple[int, int, int], restarts: int = 1, strategy: str = "auto",
-                chunk: int = 50, map_batch_size: int | None = None, unroll: int = 1,
-                callback: Callable[[solvers.Progress], None] | None = None) -> Reconstruction:
+                input_shape: tuple[int, int, int], bounds=(0.0, 1.0), restarts: int = 1,
+                strategy: str = "auto", chunk: int = 50, map_batch_size: int | None = None,
+                unroll: int = 1, callback: Callable[[solvers.Progress], None] | None = None
+                ) -> Reconstruction:
   """Reconstructs the client's data behind ``observation``.
 
   Args:
@@ -162,6 +277,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     observation: what the attacker observed (see :mod:`gradjax.clients`).
     key: PRNG key; restart r starts from ``jax.random.split(key, restarts)[r]``.
     input_shape: (H, W, C) of one example, in the model's input space.
+    bounds: (lo, hi), scalars or per channel (C,): the valid image range in the model's input space,
+      e.g. ((0 − mean) / std, (1 − mean) / std) for normalised inputs. Used by ``box`` and the
+      ``uniform`` / ``constant`` initialisations.
     restarts: independent random initialisations; the one with the lowest objective is returned.
     strategy, chunk, map_batch_size, unroll, callback: see :func:`gradjax.solvers.run`.
   """
@@ -171,23 +289,26 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
   if len(input_shape) != 3:
     raise ValueError(f"input_shape must be (H, W, C), got {input_shape}")
   n = observation.num_samples
-  params = observation.variables["params"]
-  dtype = jnp.result_type(*jax.tree.leaves(params))
+  dtype = jnp.result_type(*jax.tree.leaves(observation.variables["params"]))
   logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
                                            observation.train))
   num_classes = logits.shape[-1]
-  if attack.labels == "idlg":
-    known = labels_lib.idlg(observation)
+  if attack.labels == "joint":
+    known = None
   elif attack.labels == "known":
     if observation.labels is None:
       raise ValueError("attack uses known labels but the observation carries none")
     known = jnp.asarray(observation.labels)
   else:
-    known = None
+    known = jnp.asarray(labels_lib.infer(observation, attack.labels))
+  lo, hi = (jnp.broadcast_to(jnp.asarray(b, dtype), input_shape[-1:]) for b in bounds)
+  if not bool(jnp.all(lo < hi)):
+    raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
+  weights = layer_weights(attack, observation)
   keys = jax.random.split(key, restarts)
-  init = jax.vmap(lambda k: init_dummy(k, attack, (n, *input_shape), num_classes, dtype,
-                                       joint_labels=known is None))(keys)
-  state = solvers.run(_solver(attack, apply_fn), init, (observation, known),
+  init = jax.vmap(lambda k: init_dummy(k, attack.init, (n, *input_shape),
+                                       num_classes if known is None else None, (lo, hi), dtype))(keys)
+  state = solvers.run(_solver(attack, apply_fn), init, (observation, known, (lo, hi), weights),
                       iterations=attack.iterations, chunk=chunk, strategy=strategy,
                       map_batch_size=map_batch_size, unroll=unroll, tol=attack.tol,
                       callback=callback)

@@ -42,6 +42,14 @@ class Config:
   optimizer: str | None = None
   learning_rate: float | None = None
   tol: float | None = None
+  distance: str | None = None
+  layer_weights: str | None = None
+  priors: str | None = None
+  labels: str | None = None
+  schedule: str | None = None
+  box: bool | None = None
+  dummy_init: str | None = None
+  one_sample_per_step: bool | None = None
   seed: int = 0
   chunk: int = 100
 
@@ -54,9 +62,35 @@ class Config:
       raise ValueError(f"image_size must be positive, got {self.image_size}")
 
 
+def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
+  """``"tv:1e-4,l2:1e-6:100"`` -> ``(("tv", 1e-4, 0), ("l2", 1e-6, 100))``; ``""`` -> no priors."""
+  out = []
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    parts = item.split(":")
+    try:
+      if len(parts) not in (2, 3):
+        raise ValueError
+      out.append((parts[0], float(parts[1]), int(parts[2]) if len(parts) == 3 else 0))
+    except ValueError:
+      raise ValueError(f"bad prior {item!r}: use name:weight[:start_step], e.g. tv:1e-4") from None
+  return tuple(out)
+
+
 def get_attack(cfg: Config) -> attacks.Attack:
-  return attacks.get_attack(cfg.attack, iterations=cfg.iterations, optimizer=cfg.optimizer,
-                            learning_rate=cfg.learning_rate, tol=cfg.tol)
+  """The preset ``cfg.attack`` with the fields the configuration sets replaced."""
+  return attacks.get_attack(
+      cfg.attack, iterations=cfg.iterations, optimizer=cfg.optimizer, learning_rate=cfg.learning_rate,
+      tol=cfg.tol, distance=cfg.distance, layer_weights=cfg.layer_weights,
+      priors=None if cfg.priors is None else parse_priors(cfg.priors), labels=cfg.labels,
+      schedule=cfg.schedule, box=cfg.box, init=cfg.dummy_init,
+      one_sample_per_step=cfg.one_sample_per_step)
+
+
+def image_bounds(norm: data.Normalization, channels: int) -> tuple[np.ndarray, np.ndarray]:
+  """The [0, 1] image box in normalised input space: ((0 − mean) / std, (1 − mean) / std), (C,) each."""
+  lo = np.asarray(data.normalize(np.zeros((1, channels), np.float64), norm))[0]
+  hi = np.asarray(data.normalize(np.ones((1, channels), np.float64), norm))[0]
+  return lo, hi
 
 
 def load_batch(cfg: Config) -> data.Dataset:
@@ -87,10 +121,12 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
                         init=cfg.init, act=cfg.act)
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
-  observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y, train=cfg.train_mode)
+  observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y, train=cfg.train_mode,
+                               share_labels=attack.labels == "known")
 
   start = time.perf_counter()
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
+                            bounds=image_bounds(norm, input_shape[-1]),
                             restarts=cfg.restarts, strategy=cfg.strategy, chunk=cfg.chunk,
                             map_batch_size=cfg.map_batch_size,
                             callback=callback)

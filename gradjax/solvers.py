@@ -33,7 +33,8 @@ import optax
 
 PyTree = Any
 STRATEGIES = ("auto", "sequential", "vmap", "map")
-OPTIMIZERS = ("lbfgs", "adam", "sgd")
+OPTIMIZERS = ("lbfgs", "adam", "adamw", "signed_adam", "sgd")
+SCHEDULES = ("constant", "step", "cosine")
 
 
 class Optimizer(NamedTuple):
@@ -43,26 +44,66 @@ class Optimizer(NamedTuple):
   linesearch: bool
 
 
-def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
-                   max_linesearch_steps: int = 20) -> Optimizer:
-  """``"lbfgs"`` (optax L-BFGS, zoom line search), ``"adam"`` or ``"sgd"``.
+def learning_rate_schedule(learning_rate: float, schedule: str = "constant", *, iterations: int = 1,
+                           warmup: int = 0) -> optax.Schedule:
+  """Learning rate as a function of the step.
 
-  For L-BFGS ``learning_rate`` scales the direction before the line search picks the step
-  (DLG: lr 1, history 100).
+  * ``"constant"``.
+  * ``"step"``: ×0.1 at 3/8, 5/8 and 7/8 of ``iterations`` (Inverting Gradients, Geiping et al. 2020).
+  * ``"cosine"``: cosine decay from ``learning_rate`` to 0 over ``iterations``.
+
+  ``warmup`` > 0 prepends a linear ramp from 0 over that many steps (the main schedule then starts).
+  """
+  if schedule == "constant":
+    main = optax.constant_schedule(learning_rate)
+  elif schedule == "step":
+    main = optax.piecewise_constant_schedule(
+        learning_rate, {int(iterations * f): 0.1 for f in (3 / 8, 5 / 8, 7 / 8)})
+  elif schedule == "cosine":
+    main = optax.cosine_decay_schedule(learning_rate, max(iterations - warmup, 1))
+  else:
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+  if warmup < 0:
+    raise ValueError(f"warmup must be non-negative, got {warmup}")
+  if warmup == 0:
+    return main
+  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup), main], [warmup])
+
+
+def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
+                   max_linesearch_steps: int = 20, schedule: str = "constant", iterations: int = 1,
+                   warmup: int = 0, weight_decay: float = 0.01) -> Optimizer:
+  """An optimizer for dummy data.
+
+  * ``"lbfgs"``: optax L-BFGS with a zoom line search; ``learning_rate`` scales the direction before
+    the line search picks the step (DLG: lr 1, history 100). No schedule.
+  * ``"adam"``, ``"sgd"``: with the learning-rate ``schedule``.
+  * ``"adamw"``: Adam with decoupled weight decay ``weight_decay`` (0.01 is PyTorch's default; SAPAG
+    attacks ResNet-18 with AdamW lr 1e-3).
+  * ``"signed_adam"``: Adam applied to sign(∇) (Inverting Gradients, Geiping et al. 2020).
   """
   if learning_rate <= 0:
     raise ValueError(f"learning rate must be positive, got {learning_rate}")
   if name == "lbfgs":
     if history < 1 or max_linesearch_steps < 1:
       raise ValueError("L-BFGS needs history >= 1 and max_linesearch_steps >= 1")
+    if schedule != "constant" or warmup:
+      raise ValueError("L-BFGS takes no learning-rate schedule (its line search sets the step)")
     linesearch = optax.scale_by_zoom_linesearch(max_linesearch_steps=max_linesearch_steps,
                                                 initial_guess_strategy="one")
     return Optimizer(optax.lbfgs(learning_rate, memory_size=history, linesearch=linesearch), True)
+  lr = learning_rate_schedule(learning_rate, schedule, iterations=iterations, warmup=warmup)
   if name == "adam":
-    return Optimizer(optax.with_extra_args_support(optax.adam(learning_rate)), False)
-  if name == "sgd":
-    return Optimizer(optax.with_extra_args_support(optax.sgd(learning_rate)), False)
-  raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+    tx = optax.adam(lr)
+  elif name == "adamw":
+    tx = optax.adamw(lr, weight_decay=weight_decay)
+  elif name == "signed_adam":
+    tx = optax.chain(optax.scale_by_sign(), optax.adam(lr))
+  elif name == "sgd":
+    tx = optax.sgd(lr)
+  else:
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+  return Optimizer(optax.with_extra_args_support(tx), False)
 
 
 class SolverState(NamedTuple):
@@ -93,27 +134,33 @@ def _select(pred, on_true, on_false):
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
-def make_solver(value_fn: Callable[[PyTree, PyTree], jax.Array], optimizer: Optimizer, *,
-                tol: float | None = None, project: Callable[[PyTree], PyTree] | None = None) -> Solver:
-  """Builds the step functions minimising ``value_fn(params, data)``.
+def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], optimizer: Optimizer, *,
+                tol: float | None = None,
+                project: Callable[[PyTree, PyTree], PyTree] | None = None) -> Solver:
+  """Builds the step functions minimising ``value_fn(params, data, step)``.
 
   Args:
-    value_fn: scalar objective.
+    value_fn: scalar objective; ``step`` (int32 scalar, the iteration about to be taken) lets an
+      objective schedule its terms (a prior switched on at step T). With L-BFGS the value the line
+      search stored at the end of iteration k is reused at iteration k + 1.
     optimizer: from :func:`make_optimizer`.
     tol: a restart stops (is frozen) once its best objective is <= tol; None never stops early.
-    project: optional map applied to the iterate after every update (e.g. a box constraint).
+    project: optional ``project(params, data)`` applied to the iterate after every update (e.g. a box
+      constraint) and to the initial iterate.
   """
   tx, linesearch = optimizer
   tol = -jnp.inf if tol is None else tol
   value_and_grad = jax.value_and_grad(value_fn)
 
   def init(params, data):
+    if project is not None:
+      params = project(params, data)
     opt_state = tx.init(params)
     evaluations = jnp.zeros((), jnp.int32)
     if linesearch:
       # Seed the line search's stored value and gradient so every step can read them without a
       # lax.cond (which under vmap would evaluate the objective a second time).
-      value, grad = value_and_grad(params, data)
+      value, grad = value_and_grad(params, data, jnp.zeros((), jnp.int32))
       opt_state = optax.tree.set(opt_state, value=value, grad=grad)
       evaluations += 1
     inf = jnp.asarray(jnp.inf, jax.tree.leaves(params)[0].dtype)
@@ -121,18 +168,18 @@ def make_solver(value_fn: Callable[[PyTree, PyTree], jax.Array], optimizer: Opti
                        jnp.ones((), bool))
 
   def step(state, data):
-    f = functools.partial(value_fn, data=data)
+    f = functools.partial(value_fn, data=data, step=state.iterations)
     if linesearch:
       value, grad = optax.tree.get(state.opt_state, "value"), optax.tree.get(state.opt_state, "grad")
       used = jnp.zeros((), jnp.int32)
     else:
-      value, grad = value_and_grad(state.params, data)
+      value, grad = value_and_grad(state.params, data, state.iterations)
       used = jnp.ones((), jnp.int32)
     updates, opt_state = tx.update(grad, state.opt_state, state.params, value=value, grad=grad,
                                    value_fn=f)
     params = optax.apply_updates(state.params, updates)
     if project is not None:
-      params = project(params)
+      params = project(params, data)
     if linesearch:
       used = optax.tree.get(opt_state, "num_linesearch_steps").astype(jnp.int32)
     # ``value`` is the objective at ``state.params`` (before this update).
@@ -150,7 +197,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree], jax.Array], optimizer: Opti
 
   def finalize(state, data):
     """Scores the final iterate too, so the best covers every point the run reached."""
-    value = value_fn(state.params, data)
+    value = value_fn(state.params, data, state.iterations)
     improved = state.alive & jnp.isfinite(value) & (value < state.best_loss)
     return state._replace(best_params=_select(improved, state.params, state.best_params),
                           best_loss=jnp.where(improved, value, state.best_loss),

@@ -97,3 +97,51 @@ def test_any_apply_fn_plugs_in():
   expected = np.sum((gw2 - gw) ** 2) + np.sum((gb2 - gb) ** 2)
   np.testing.assert_allclose(rec.loss, expected, rtol=1e-3, atol=1e-9)
   assert rec.loss < 1e-6  # the problem is well posed with the label known
+
+
+def test_dummy_initialisations():
+  key = jax.random.key(0)
+  shape = (2, 10, 9, 3)
+  lo, hi = np.array([-1.0, -2.0, 0.0]), np.array([1.0, 0.0, 4.0])
+  x = attacks.init_dummy(key, "uniform", shape, None, (lo, hi))["x"]
+  assert x.shape == shape and np.all(x >= lo) and np.all(x <= hi)
+  c = attacks.init_dummy(key, "constant", shape, None, (lo, hi))["x"]
+  np.testing.assert_allclose(c, np.broadcast_to((lo + hi) / 2, shape))
+  p = np.asarray(attacks.init_dummy(key, "pattern", shape, 5)["x"])
+  size = attacks.PATTERN_SIZE
+  np.testing.assert_array_equal(p[:, size:2 * size], p[:, :size])      # repeats down
+  np.testing.assert_array_equal(p[:, :, size:2 * size], p[:, :, :size])  # and across
+  assert not np.allclose(p[0], p[1])                                     # one tile per example
+  d = attacks.init_dummy(key, "normal", shape, 5)
+  assert d["label_logits"].shape == (2, 5)
+  with pytest.raises(ValueError, match="dummy init"):
+    attacks.init_dummy(key, "zeros", shape, None)
+
+
+def test_one_sample_per_step_moves_only_that_sample():
+  from gradjax import distances, objectives
+  two = data.load("skimage", indices=[0, 1], image_size=(16, 16))
+  net = models.create("lenet_zhu", jax.random.key(0), input_shape=(16, 16, 3))
+  obs = clients.fedsgd(net.apply_fn, net.variables, two.x, two.y)
+  full = objectives.gradient_matching(net.apply_fn, distances.euclidean)
+  masked = objectives.gradient_matching(net.apply_fn, distances.euclidean, one_sample_per_step=True)
+  dummy = attacks.init_dummy(jax.random.key(1), "normal", (2, 16, 16, 3), 10)
+  g_full = jax.grad(full)(dummy, obs)
+  for step in (0, 1, 2, 3):
+    value, g = jax.value_and_grad(masked)(dummy, obs, None, step)
+    np.testing.assert_allclose(value, full(dummy, obs), rtol=1e-6)
+    i, other = step % 2, 1 - step % 2
+    np.testing.assert_allclose(g["x"][i], g_full["x"][i], rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(g["label_logits"][i], g_full["label_logits"][i], rtol=1e-5, atol=1e-8)
+    assert not np.any(g["x"][other]) and not np.any(g["label_logits"][other])
+
+
+def test_box_keeps_reconstruction_in_range():
+  batch, net, obs = setup(2)
+  attack = attacks.get_attack("dlg", box=True, iterations=50, optimizer="adam", learning_rate=0.1)
+  rec = attacks.reconstruct(attack, net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
+                            bounds=(0.2, 0.7))
+  assert rec.x.min() >= 0.2 and rec.x.max() <= 0.7
+  with pytest.raises(ValueError, match="lo < hi"):
+    attacks.reconstruct(attack, net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
+                        bounds=(1.0, 0.0))

@@ -16,7 +16,7 @@ A = _M @ _M.T + 6 * np.eye(6)
 C = _RNG.normal(size=6)
 
 
-def quadratic(params, data):
+def quadratic(params, data, step=0):
   d = params["p"] - data
   return 0.5 * d @ (jnp.asarray(A) @ d)
 
@@ -60,9 +60,9 @@ def test_strategies_agree():
     np.testing.assert_array_equal(other.iterations, results[0].iterations)
 
 
-def log_objective(params, data):
+def log_objective(params, data, step=0):
   """log(p0) + Σ p^2: finite for p0 > 0, NaN for p0 < 0."""
-  del data
+  del data, step
   return jnp.log(params["p"][0]) + jnp.sum(params["p"] ** 2)
 
 
@@ -102,3 +102,60 @@ def test_bad_arguments():
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.1))
   with pytest.raises(ValueError, match="positive"):
     solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=0)
+
+
+def test_step_schedule_matches_inverting_gradients_milestones():
+  lr = solvers.learning_rate_schedule(0.1, "step", iterations=4800)
+  # ×0.1 at 3/8, 5/8 and 7/8 of 4800 = steps 1800, 3000, 4200.
+  for step, expected in [(0, 0.1), (1799, 0.1), (1800, 0.01), (2999, 0.01), (3000, 1e-3),
+                         (4199, 1e-3), (4200, 1e-4), (4799, 1e-4)]:
+    np.testing.assert_allclose(lr(step), expected, rtol=1e-6)
+
+
+def test_cosine_and_warmup_closed_forms():
+  lr = solvers.learning_rate_schedule(2.0, "cosine", iterations=110, warmup=10)
+  for step in (0, 5, 10):
+    np.testing.assert_allclose(lr(step), 2.0 * step / 10, rtol=1e-6)
+  for step in (10, 35, 60, 110):
+    t = (step - 10) / 100
+    np.testing.assert_allclose(lr(step), 2.0 * 0.5 * (1 + np.cos(np.pi * t)), rtol=1e-5, atol=1e-7)
+
+
+def test_signed_adam_is_adam_on_the_sign():
+  """First step of Adam on sign(g) moves every coordinate by lr·sign(g) (bias-corrected m/sqrt(v) = ±1);
+  later steps follow a NumPy Adam run on sign(g)."""
+  opt = solvers.make_optimizer("signed_adam", 0.1)
+  params = {"p": jnp.asarray(np.linspace(-2.0, 3.0, 6))}
+  state = opt.tx.init(params)
+  m = v = np.zeros(6)
+  p = np.asarray(params["p"])
+  for t in range(1, 6):
+    g = np.asarray(jax.grad(lambda q: quadratic(q, jnp.asarray(C)))(params)["p"])
+    updates, state = opt.tx.update({"p": jnp.asarray(g)}, state, params)
+    params = {"p": params["p"] + updates["p"]}
+    s = np.sign(g)
+    m = 0.9 * m + 0.1 * s
+    v = 0.999 * v + 0.001 * s * s
+    p = p - 0.1 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+    np.testing.assert_allclose(params["p"], p, rtol=1e-10)
+
+
+def test_projection_keeps_iterates_in_the_box():
+  solver = solvers.make_solver(
+      quadratic, solvers.make_optimizer("adam", 0.5),
+      project=lambda params, data: {"p": jnp.clip(params["p"], -0.25, 0.25)})
+  init = stacked(np.full(6, 3.0))  # projected at init too
+  state = solvers.run(solver, init, jnp.asarray(C), iterations=200, chunk=50, strategy="sequential")
+  assert np.all(np.abs(state.best_params["p"]) <= 0.25)
+  # The box-constrained minimiser of a quadratic: compare with a fine projected-gradient reference.
+  ref = np.zeros(6)
+  for _ in range(20000):
+    ref = np.clip(ref - 0.01 * A @ (ref - C), -0.25, 0.25)
+  np.testing.assert_allclose(state.best_params["p"][0], ref, atol=5e-3)
+
+
+def test_lbfgs_rejects_a_schedule():
+  with pytest.raises(ValueError, match="schedule"):
+    solvers.make_optimizer("lbfgs", 1.0, schedule="step", iterations=10)
+  with pytest.raises(ValueError, match="unknown schedule"):
+    solvers.learning_rate_schedule(0.1, "exponential")
