@@ -23,9 +23,12 @@ Presets and where their defaults come from:
   ×0.1 at 3/8, 5/8, 7/8 of 4800 iterations, iterates clamped to the image box, init N(0, 1) in
   normalised space, labels known. (The paper's README example runs 24 000 iterations.)
 * ``sapag`` (Wang et al., "SAPAG", LeNet-5 protocol): Gaussian-kernel distance
-  Σ_l Q_l (1 − exp(−‖Δ_l‖² / σ_l²)) with σ_l² = Var(observed ∇W_l) and Q_l = 1/(l+1), L-BFGS lr 1 for
-  500 iterations, dummy data kept in [0, 1] (clamped after every step), labels optimised jointly as
-  in DLG.
+  Σ_l Q_l (1 − exp(−‖Δ_l‖² / (n_l σ_l²))) with σ_l² = Var(observed ∇W_l), n_l the leaf's size and
+  Q_l = 1/(l+1), L-BFGS lr 1 for 500 iterations, dummy data kept in [0, 1] (clamped after every step),
+  labels optimised jointly as in DLG. The kernel width n_l σ_l² is our reading: with the literal
+  ‖Δ_l‖² / σ_l² (distance ``"gaussian_kernel"``) every large leaf's term underflows at a random start;
+  on CIFAR-100 images 1 and 2 (LeNet-5, Xavier normal) that gave 6.3 and 9.3 dB against 28.7 and
+  19.8 dB with the per-entry width.
 * ``sapag_adamw``: SAPAG's ResNet-18 protocol: the same distance with AdamW lr 1e-3, 20 000 iterations.
 """
 
@@ -151,8 +154,8 @@ PRESETS: dict[str, Attack] = {
     "inverting_gradients": Attack(
         name="inverting_gradients", distance="cosine", priors=(("tv", 1e-4, 0),), labels="known",
         optimizer="signed_adam", learning_rate=0.1, schedule="step", iterations=4800, box=True),
-    "sapag": Attack(name="sapag", distance="gaussian_kernel", iterations=500, box=True),
-    "sapag_adamw": Attack(name="sapag_adamw", distance="gaussian_kernel", optimizer="adamw",
+    "sapag": Attack(name="sapag", distance="gaussian_kernel_mean", iterations=500, box=True),
+    "sapag_adamw": Attack(name="sapag_adamw", distance="gaussian_kernel_mean", optimizer="adamw",
                           learning_rate=1e-3, iterations=20_000, box=True),
 }
 
@@ -256,7 +259,7 @@ def layer_weights(attack: Attack, observation: Observation):
   transformations come back with sorted keys. ``gaussian_kernel`` defaults to SAPAG's Q_l = 1/(l+1).
   """
   schedule = attack.layer_weights
-  if schedule is None and attack.distance == "gaussian_kernel":
+  if schedule is None and attack.distance.startswith("gaussian_kernel"):
     schedule = "inverse"
   if schedule is None:
     return None

@@ -277,8 +277,8 @@ def cosine_per_layer(dummy, observed, *, eps: float = EPS, weights=None) -> jax.
   return total / sum(w for w, _, _ in terms)
 
 
-def gaussian_kernel(dummy, observed, *, weights=None) -> jax.Array:
-  """SAPAG's distance D = Σ_l Q_l · (1 − exp(−‖g'_l − g_l‖² / σ_l²)).
+def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False) -> jax.Array:
+  """SAPAG's distance D = Σ_l Q_l · (1 − exp(−‖g'_l − g_l‖² / (s_l σ_l²))), s_l = 1 or n_l.
 
   Wang et al., "SAPAG: A Self-Adaptive Privacy Attack From Gradients", arXiv:2009.06228, 2020: σ_l
   from the variance of the observed gradient of layer l, Q_l decreasing with depth. Choices made here
@@ -295,12 +295,17 @@ def gaussian_kernel(dummy, observed, *, weights=None) -> jax.Array:
     "head": the LeNets, the MLP) and raises otherwise; then pass
     ``weights=depth_weights(model.variables["params"])``, built outside ``jit``.
 
-  Each term lies in [0, Q_l), so D is bounded and the gradient of a far-off layer vanishes.
+  Each term lies in [0, Q_l), so D is bounded and the gradient of a far-off layer vanishes. With
+  the literal width (``per_entry=False``, s_l = 1) a random start has ‖Δ_l‖² ≈ n_l σ_l² for a leaf of
+  n_l entries, so exp(−‖Δ_l‖²/σ_l²) underflows for all but the smallest leaves and only those steer
+  the attack. ``per_entry=True`` (s_l = n_l, registered as ``"gaussian_kernel_mean"``) compares the
+  mean squared difference with σ_l², which keeps every term in its sensitive range.
   """
   if weights is None:
     weights = depth_weights(call_order(observed))
   terms = _terms(dummy, observed, weights)
-  return sum(w * (1.0 - jnp.exp(-jnp.sum(jnp.square(d - o)) / jnp.maximum(jnp.var(o), VAR_FLOOR)))
+  return sum(w * (1.0 - jnp.exp(-jnp.sum(jnp.square(d - o))
+                                / ((o.size if per_entry else 1) * jnp.maximum(jnp.var(o), VAR_FLOOR))))
              for w, d, o in terms)
 
 
@@ -311,6 +316,7 @@ DISTANCES: dict[str, Distance] = {
     "cosine": cosine,                  # Inverting Gradients
     "cosine_per_layer": cosine_per_layer,
     "gaussian_kernel": gaussian_kernel,  # SAPAG
+    "gaussian_kernel_mean": functools.partial(gaussian_kernel, per_entry=True),
 }
 
 

@@ -81,3 +81,29 @@ def test_sweep_table(tmp_path):
   np.testing.assert_allclose(result["summary"]["psnr"]["std"], np.sqrt(np.mean((psnr - psnr.mean())**2)))
   assert result["summary"]["successes"] == int(np.sum(psnr >= 30))
   assert "| index |" in (tmp_path / "results.md").read_text()
+
+
+def test_parse_priors_and_image_bounds():
+  assert pipeline.parse_priors("tv:1e-4, l2:0.5:100") == (("tv", 1e-4, 0), ("l2", 0.5, 100))
+  assert pipeline.parse_priors("") == ()
+  with pytest.raises(ValueError, match="name:weight"):
+    pipeline.parse_priors("tv")
+  from gradjax import data
+  norm = data.normalization("cifar10")
+  lo, hi = pipeline.image_bounds(norm, 3)
+  mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2470, 0.2435, 0.2616])
+  np.testing.assert_allclose(lo, -mean / std, rtol=1e-6)
+  np.testing.assert_allclose(hi, (1 - mean) / std, rtol=1e-6)
+
+
+def test_attack_parts_from_flags(tmp_path):
+  proc = run_program("reconstruct.py", "--attack=inverting_gradients", "--model=lenet_zhu",
+                     "--image_size=16", "--iterations=20", "--normalization=cifar10",
+                     "--priors=tv:1e-3,l2:1e-6:10", "--dummy_init=pattern", f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  attack = json.loads((tmp_path / "metrics.json").read_text())["attack"]
+  assert attack["priors"] == [["tv", 1e-3, 0], ["l2", 1e-6, 10]]
+  assert attack["distance"] == "cosine" and attack["optimizer"] == "signed_adam" and attack["box"]
+  assert attack["init"] == "pattern" and attack["labels"] == "known"
+  bad = run_program("reconstruct.py", "--priors=tv:abc", f"--output_dir={tmp_path}")
+  assert bad.returncode == 2 and "name:weight" in bad.stderr
