@@ -28,13 +28,13 @@ Prints a Markdown table; ``--output`` writes per-batch results as JSON. Bad flag
 error, exit code 2.
 """
 
-import sys
 import time
 
 import jax
 import numpy as np
 from absl import app, flags
 
+from common import fail, parse_flags
 from gradjax import clients, data, labels, metrics, models, report
 
 flags.DEFINE_string("dataset", "cifar10", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
@@ -81,20 +81,6 @@ def sample_batches(y_pool, num_classes, count, batch_size, classes_per_batch, rn
       idx[slots] = rng.choice(by_class[c], len(slots), replace=False)
     batches.append(idx)
   return np.stack(batches)
-
-
-def fail(message: str):
-  """One-line error on stderr and exit code 2 (as experiments/common.py, without its attack imports)."""
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
-
-
-def parse_flags(argv):
-  """absl flag parser that reports bad flags in one line with exit code 2."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    fail(str(e))
 
 
 def attack(method, obs, model, x, dummy, log_softmax):

@@ -107,3 +107,20 @@ def test_attack_parts_from_flags(tmp_path):
   assert attack["init"] == "pattern" and attack["labels"] == "known"
   bad = run_program("reconstruct.py", "--priors=tv:abc", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "name:weight" in bad.stderr
+
+
+@pytest.mark.skipif(__import__("gradjax.data").data.default_data_dir() is None, reason="needs ../shared/data")
+def test_label_recovery_program(tmp_path):
+  out = tmp_path / "labels.json"
+  proc = run_program("label_recovery.py", "--count=2", f"--output={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(out.read_text())
+  for method in result["methods"].values():
+    for pred, true, acc in zip(method["labels_per_batch"], result["batches"]["labels"],
+                               method["accuracy_per_batch"]):
+      overlap = collections.Counter(pred) & collections.Counter(true)
+      assert acc == pytest.approx(sum(overlap.values()) / len(true))
+    assert method["accuracy_mean"] == pytest.approx(np.mean(method["accuracy_per_batch"]))
+  assert result["methods"]["bias_counts (oracle p̄)"]["accuracy_mean"] == 1.0
+  distinct = [len(set(y)) / len(y) for y in result["batches"]["labels"]]
+  assert result["distinct_label_upper_bound"] == pytest.approx(np.mean(distinct))
