@@ -1,8 +1,14 @@
 """Federated-learning clients: what a client computes and sends, as an :class:`Observation`.
 
-FedSGD (McMahan et al., 2017): the client sends the gradient of its mean loss over one local batch,
-computed at the variables the server sent. Every attack of the DLG family starts from this threat model.
+* FedSGD (McMahan et al., 2017): the client sends the gradient of its mean loss over one local batch,
+  computed at the variables the server sent. Every attack of the DLG family starts from this threat
+  model.
+* FedAvg (McMahan et al., 2017): the client runs E local epochs of mini-batch SGD (optionally with
+  momentum) over its n examples and sends its new weights W_{t+1}; the server, knowing W_t, sees the
+  update W_t − W_{t+1}. :func:`aggregate` averages several clients' updates (secure aggregation's view).
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +16,22 @@ import numpy as np
 
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
+
+
+def _check_client_data(apply_fn, variables, x, y):
+  """(x, y) as arrays, or a one-line ValueError for bad client data."""
+  x = jnp.asarray(x)
+  y = jnp.asarray(y)
+  if x.ndim != 4:
+    raise ValueError(f"client inputs must be (N, H, W, C), got shape {x.shape}")
+  if y.shape != (x.shape[0],) or not jnp.issubdtype(y.dtype, jnp.integer):
+    raise ValueError(f"client labels must be int ({x.shape[0]},), got {y.dtype} {y.shape}")
+  if not np.all(np.isfinite(np.asarray(x))):
+    raise ValueError("client inputs contain NaN or inf")
+  num_classes = jax.eval_shape(lambda: apply_fn(variables, x[:1], False)).shape[-1]
+  if int(y.min()) < 0 or int(y.max()) >= num_classes:
+    raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(y.min())}, {int(y.max())}]")
+  return x, y
 
 
 def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool = False,
@@ -28,17 +50,7 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
   Returns:
     Observation with the gradient (same tree as ``variables["params"]``).
   """
-  x = jnp.asarray(x)
-  y = jnp.asarray(y)
-  if x.ndim != 4:
-    raise ValueError(f"client inputs must be (N, H, W, C), got shape {x.shape}")
-  if y.shape != (x.shape[0],) or not jnp.issubdtype(y.dtype, jnp.integer):
-    raise ValueError(f"client labels must be int ({x.shape[0]},), got {y.dtype} {y.shape}")
-  if not np.all(np.isfinite(np.asarray(x))):
-    raise ValueError("client inputs contain NaN or inf")
-  num_classes = jax.eval_shape(lambda: apply_fn(variables, x[:1], False)).shape[-1]
-  if int(y.min()) < 0 or int(y.max()) >= num_classes:
-    raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(y.min())}, {int(y.max())}]")
+  x, y = _check_client_data(apply_fn, variables, x, y)
 
   def loss(params):
     return loss_fn(apply_fn({**variables, "params": params}, x, train), y)
@@ -47,3 +59,113 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
   return Observation(gradient=gradient, variables=variables, labels=y if share_labels else None,
                      num_samples=int(x.shape[0]), threat_model="fedsgd", train=train)
 
+
+class LocalTraining(NamedTuple):
+  """A FedAvg client's local training: ``epochs`` passes over its n examples in mini-batches of
+  ``batch_size`` (in order: batch b of every epoch holds examples b·B .. b·B + B − 1), SGD with
+  ``learning_rate`` and heavy-ball ``momentum`` (PyTorch's form: v ← μ v + g, W ← W − η v)."""
+
+  epochs: int = 1
+  batch_size: int | None = None   # None: the whole local data set is one batch
+  learning_rate: float = 0.01
+  momentum: float = 0.0
+
+  def steps(self, num_samples: int) -> int:
+    """Number of SGD steps: epochs · n / B."""
+    return self.epochs * (num_samples // (self.batch_size or num_samples))
+
+
+def check_local_training(local: LocalTraining, num_samples: int) -> None:
+  """Raises ``ValueError`` unless ``local`` is a valid schedule for ``num_samples`` examples."""
+  b = local.batch_size or num_samples
+  if local.epochs < 1 or b < 1 or num_samples % b:
+    raise ValueError(f"local training needs epochs >= 1 and a batch size dividing n = {num_samples}, "
+                     f"got epochs {local.epochs}, batch size {local.batch_size}")
+  if local.learning_rate <= 0 or not 0 <= local.momentum < 1:
+    raise ValueError(f"local learning rate must be positive and momentum in [0, 1), got "
+                     f"{local.learning_rate} and {local.momentum}")
+
+
+def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: bool = False,
+              loss_fn=cross_entropy):
+  """The client's parameters after local training; differentiable w.r.t. ``x`` and ``targets``.
+
+  Args:
+    apply_fn: ``apply_fn(variables, x, train) -> logits``.
+    variables: the variables the server sent; only ``"params"`` are trained (batch statistics are
+      held fixed).
+    x: (n, H, W, C) local data.
+    targets: (n,) int labels or (n, K) soft labels.
+    local: the schedule; n must be a multiple of the batch size.
+
+  Returns:
+    The parameters W_{t+1}, same tree as ``variables["params"]``. Written as a ``lax.scan`` over
+    the epochs · n / B steps, so the attack can differentiate through it (unrolled replay).
+  """
+  n = x.shape[0]
+  check_local_training(local, n)
+  b = local.batch_size or n
+  batches = n // b
+
+  def step(carry, i):
+    params, velocity = carry
+    start = (i % batches) * b
+    xb = jax.lax.dynamic_slice_in_dim(x, start, b)
+    tb = jax.lax.dynamic_slice_in_dim(targets, start, b)
+    grad = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xb, train), tb))(params)
+    velocity = jax.tree.map(lambda v, g: local.momentum * v + g, velocity, grad)
+    params = jax.tree.map(lambda p, v: p - local.learning_rate * v, params, velocity)
+    return (params, velocity), None
+
+  params = variables["params"]
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  (params, _), _ = jax.lax.scan(step, (params, zeros), jnp.arange(local.steps(n)))
+  return params
+
+
+def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
+           train: bool = False, share_labels: bool = False, share_local: bool = True,
+           loss_fn=cross_entropy) -> Observation:
+  """A FedAvg client's update W_t − W_{t+1} after :func:`local_sgd` on (x, y).
+
+  Args:
+    apply_fn, variables, x, y, train, share_labels, loss_fn: as :func:`fedsgd`.
+    local: the client's local training.
+    share_local: whether the threat model reveals ``local`` (learning rate, epochs, batch size) to
+      the server; then ``observation.local`` carries it.
+
+  Returns:
+    Observation whose ``gradient`` holds the update W_t − W_{t+1} (for one full-batch step without
+    momentum that is η · ∇L, the FedSGD gradient scaled by the learning rate).
+  """
+  x, y = _check_client_data(apply_fn, variables, x, y)
+  check_local_training(local, x.shape[0])
+  new = local_sgd(apply_fn, variables, x, y, local, train=train, loss_fn=loss_fn)
+  update = jax.tree.map(jnp.subtract, variables["params"], new)
+  return Observation(gradient=update, variables=variables, labels=y if share_labels else None,
+                     num_samples=int(x.shape[0]), threat_model="fedavg", train=train,
+                     local=local if share_local else None)
+
+
+def aggregate(observations) -> Observation:
+  """The mean of K clients' updates, as the server sees them under secure aggregation.
+
+  All observations must share the variables the server sent; labels are concatenated when every
+  client shares them. num_samples is the total over clients.
+  """
+  observations = list(observations)
+  if not observations:
+    raise ValueError("aggregate needs at least one observation")
+  first = observations[0]
+  for o in observations[1:]:
+    if jax.tree.structure(o.gradient) != jax.tree.structure(first.gradient):
+      raise ValueError("observations to aggregate have different parameter trees")
+    if (o.threat_model, o.train, o.local) != (first.threat_model, first.train, first.local):
+      raise ValueError("observations to aggregate come from different threat models or schedules")
+  mean = jax.tree.map(lambda *g: sum(g) / len(g), *(o.gradient for o in observations))
+  labels = None
+  if all(o.labels is not None for o in observations):
+    labels = jnp.concatenate([o.labels for o in observations])
+  return first.replace(gradient=mean, labels=labels,
+                       num_samples=sum(o.num_samples for o in observations),
+                       threat_model=f"{first.threat_model}_aggregate")

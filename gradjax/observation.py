@@ -27,6 +27,9 @@ class Observation:
     num_samples: N, the number of examples behind the update (static).
     threat_model: name of the client simulation that produced it (static), e.g. ``"fedsgd"``.
     train: whether the client ran the model in training mode (BatchNorm batch statistics) (static).
+    local: the client's local-training hyperparameters when the threat model reveals them
+      (:class:`gradjax.clients.LocalTraining`, static), else ``None``. For FedAvg observations
+      ``gradient`` holds the update W_t − W_{t+1}.
   """
 
   gradient: PyTree
@@ -35,6 +38,7 @@ class Observation:
   num_samples: int = flax.struct.field(pytree_node=False, default=1)
   threat_model: str = flax.struct.field(pytree_node=False, default="fedsgd")
   train: bool = flax.struct.field(pytree_node=False, default=False)
+  local: Any = flax.struct.field(pytree_node=False, default=None)
 
 
 def _paths(tree) -> list[str]:

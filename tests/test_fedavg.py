@@ -1,0 +1,84 @@
+"""FedAvg clients against a hand-written NumPy loop of SGD steps (float64)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import clients, models
+
+
+def np_local_sgd(params, x, y, epochs, batch_size, lr, momentum, grads_fn):
+  """Plain loop: for each epoch, for each in-order mini-batch, v = μv + g, W = W − ηv."""
+  params = {k: {n: np.asarray(v, np.float64) for n, v in layer.items()} for k, layer in params.items()}
+  velocity = {k: {n: np.zeros_like(v) for n, v in layer.items()} for k, layer in params.items()}
+  for _ in range(epochs):
+    for start in range(0, len(x), batch_size):
+      _, g = grads_fn(params, x[start:start + batch_size], y[start:start + batch_size])
+      for k in params:
+        for n in params[k]:
+          velocity[k][n] = momentum * velocity[k][n] + g[k][n]
+          params[k][n] = params[k][n] - lr * velocity[k][n]
+  return params
+
+
+@pytest.fixture(scope="module")
+def mlp64(photos, fill_variables):
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=1, dtype=np.float64, scale=0.05)
+    apply_fn = models.make_apply_fn(module)
+  return apply_fn, variables
+
+
+@pytest.mark.parametrize("epochs, batch_size, momentum", [(1, None, 0.0), (2, 2, 0.0), (3, 1, 0.9)])
+def test_local_sgd_equals_numpy_loop(mlp64, photos, mlp_reference, epochs, batch_size, momentum):
+  apply_fn, variables = mlp64
+  x = np.asarray(photos[:4], np.float64)
+  y = np.array([3, 1, 3, 7])
+  local = clients.LocalTraining(epochs=epochs, batch_size=batch_size, learning_rate=0.1,
+                                momentum=momentum)
+  with jax.enable_x64(True):
+    obs = clients.fedavg(apply_fn, variables, x, y, local)
+  want = np_local_sgd(variables["params"], x, y, epochs, batch_size or 4, 0.1, momentum, mlp_reference)
+  for k in want:
+    for n in want[k]:
+      update = np.asarray(variables["params"][k][n], np.float64) - want[k][n]
+      np.testing.assert_allclose(obs.gradient[k][n], update, rtol=1e-10, atol=1e-14)
+  assert obs.threat_model == "fedavg" and obs.local == local and obs.num_samples == 4
+  assert local.steps(4) == epochs * (4 // (batch_size or 4))
+
+
+def test_one_full_batch_step_is_lr_times_fedsgd(mlp64, photos):
+  apply_fn, variables = mlp64
+  x, y = np.asarray(photos[:2], np.float64), np.array([0, 5])
+  with jax.enable_x64(True):
+    avg = clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(learning_rate=0.01))
+    sgd = clients.fedsgd(apply_fn, variables, x, y)
+  for a, g in zip(jax.tree.leaves(avg.gradient), jax.tree.leaves(sgd.gradient)):
+    np.testing.assert_allclose(a, 0.01 * np.asarray(g), rtol=1e-12, atol=1e-16)
+
+
+def test_aggregate_is_the_mean(mlp64, photos):
+  apply_fn, variables = mlp64
+  local = clients.LocalTraining(epochs=1, batch_size=1, learning_rate=0.05)
+  with jax.enable_x64(True):
+    parts = [clients.fedavg(apply_fn, variables, np.asarray(photos[i:i + 2], np.float64),
+                            np.array([i, i + 1]), local, share_labels=True) for i in (0, 2, 4)]
+    total = clients.aggregate(parts)
+  for path_leaves in zip(jax.tree.leaves(total.gradient), *(jax.tree.leaves(p.gradient) for p in parts)):
+    np.testing.assert_allclose(path_leaves[0], np.mean(path_leaves[1:], axis=0), rtol=1e-12)
+  assert total.num_samples == 6 and total.labels.tolist() == [0, 1, 2, 3, 4, 5]
+  assert total.threat_model == "fedavg_aggregate"
+
+
+def test_bad_local_training(mlp64, photos):
+  apply_fn, variables = mlp64
+  x, y = np.asarray(photos[:3], np.float64), np.array([0, 1, 2])
+  with jax.enable_x64(True):
+    with pytest.raises(ValueError, match="batch size dividing"):
+      clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(batch_size=2))
+    with pytest.raises(ValueError, match="momentum"):
+      clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(momentum=1.0))
+  with pytest.raises(ValueError, match="at least one"):
+    clients.aggregate([])
