@@ -16,8 +16,11 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from gradjax.clients import local_sgd
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
+
+MODES = ("gradient", "replay", "dlm", "dlm_plus")
 
 
 def dummy_gradient(apply_fn, variables, x, targets, *, train: bool = False,
@@ -30,11 +33,30 @@ def dummy_gradient(apply_fn, variables, x, targets, *, train: bool = False,
   return jax.grad(loss)(variables["params"])
 
 
-def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
-                      prior: Callable | None = None, one_sample_per_step: bool = False) -> Callable:
-  """Returns ``objective(dummy, observation, labels=None, step=0) -> scalar``:
+def _unit(tree, eps=1e-12):
+  """tree / ‖tree‖ with the norm over all leaves (sqrt(Σ + eps): differentiable at 0)."""
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)) + eps)
+  return jax.tree.map(lambda x: x / norm, tree)
 
-      D(∇_θ L(f_θ(x'), y'), g) + R(x', step)
+
+def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
+                      prior: Callable | None = None, one_sample_per_step: bool = False,
+                      mode: str = "gradient") -> Callable:
+  """Returns ``objective(dummy, observation, labels=None, step=0, weights=None) -> scalar``:
+
+      D(u(x', y'), v) + R(x', step)
+
+  where, by ``mode``, with g' = ∇_θ L(f_θ(x'), y') the dummy gradient and g the observation:
+
+  * ``"gradient"`` (FedSGD; DLG and relatives): u = g', v = g.
+  * ``"replay"`` (FedAvg, Geiping et al. 2020 §6): u = W_t − W'_{t+1}, the update of the client's
+    local training replayed on the dummy data (:func:`gradjax.clients.local_sgd`, with the schedule
+    the observation reveals in ``observation.local``), v = the observed update W_t − W_{t+1}.
+  * ``"dlm"`` (Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning"): u = g',
+    v = γ (W_t − W_{t+1}) with γ optimised jointly (≈ 1 / lr after one step). γ = exp(s) with
+    s = ``dummy["log_gamma"]``: positive, and a first-order optimizer moves it multiplicatively, so it
+    reaches 1/lr = 100 in tens of steps rather than thousands.
+  * ``"dlm_plus"`` (DLM+, learning-rate free): u = g' / ‖g'‖, v = ΔW / ‖ΔW‖, norms over all layers.
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
@@ -54,6 +76,9 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
     weights: optional per-leaf distance weights (see :func:`gradjax.distances.depth_weights`).
   """
 
+  if mode not in MODES:
+    raise ValueError(f"unknown objective mode {mode!r}; choose one of {', '.join(MODES)}")
+
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None):
     x, logits = dummy["x"], dummy.get("label_logits")
     if one_sample_per_step:
@@ -62,12 +87,25 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       if logits is not None:
         logits = jnp.where(active[:, None], logits, jax.lax.stop_gradient(logits))
     targets = labels if logits is None else jax.nn.softmax(logits, axis=-1)
-    g = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train,
-                       loss_fn=loss_fn)
-    if weights is None:
-      value = distance(g, observation.gradient)
+    observed = observation.gradient
+    if mode == "replay":
+      if observation.local is None:
+        raise ValueError("replay needs the client's local training schedule (observation.local)")
+      params = observation.variables["params"]
+      new = local_sgd(apply_fn, observation.variables, x, targets, observation.local,
+                      train=observation.train, loss_fn=loss_fn)
+      g = jax.tree.map(jnp.subtract, params, new)
     else:
-      value = distance(g, observation.gradient, weights=weights)
+      g = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train,
+                         loss_fn=loss_fn)
+    if mode == "dlm":
+      observed = jax.tree.map(lambda o: jnp.exp(dummy["log_gamma"]) * o, observed)
+    elif mode == "dlm_plus":
+      g, observed = _unit(g), _unit(observed)
+    if weights is None:
+      value = distance(g, observed)
+    else:
+      value = distance(g, observed, weights=weights)
     if prior is not None:
       value = value + prior(dummy["x"], step)
     return value

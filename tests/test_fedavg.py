@@ -82,3 +82,40 @@ def test_bad_local_training(mlp64, photos):
       clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(momentum=1.0))
   with pytest.raises(ValueError, match="at least one"):
     clients.aggregate([])
+
+
+def _flat(tree):
+  return np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(tree)])
+
+
+def test_update_objectives_against_numpy(mlp64, photos, mlp_reference):
+  """replay, DLM and DLM+ values on a two-step client, against NumPy backprop and SGD."""
+  from gradjax import distances, objectives
+  apply_fn, variables = mlp64
+  x, y = np.asarray(photos[5:7], np.float64), np.array([2, 9])
+  x_dummy = np.asarray(photos[8:10], np.float64)
+  local = clients.LocalTraining(epochs=2, batch_size=None, learning_rate=0.05)
+  with jax.enable_x64(True):
+    obs = clients.fedavg(apply_fn, variables, x, y, local)
+    values = {mode: float(objectives.gradient_matching(apply_fn, distances.euclidean, mode=mode)(
+        {"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(np.log(3.0))}, obs, jnp.asarray(y)))
+        for mode in ("replay", "dlm", "dlm_plus")}
+  observed = _flat(obs.gradient)
+  replayed = np_local_sgd(variables["params"], x_dummy, y, 2, 2, 0.05, 0.0, mlp_reference)
+  u = _flat(variables["params"]) - _flat(replayed)
+  np.testing.assert_allclose(values["replay"], np.sum((u - observed) ** 2), rtol=1e-9)
+  g = _flat(mlp_reference(variables["params"], x_dummy, y)[1])
+  np.testing.assert_allclose(values["dlm"], np.sum((g - 3.0 * observed) ** 2), rtol=1e-9)
+  unit = lambda v: v / np.linalg.norm(v)
+  np.testing.assert_allclose(values["dlm_plus"], np.sum((unit(g) - unit(observed)) ** 2), rtol=1e-9)
+
+
+def test_replay_needs_the_schedule(mlp64, photos):
+  from gradjax import distances, objectives
+  apply_fn, variables = mlp64
+  with jax.enable_x64(True):
+    obs = clients.fedavg(apply_fn, variables, np.asarray(photos[:1], np.float64), np.array([1]),
+                         share_local=False)
+    objective = objectives.gradient_matching(apply_fn, distances.euclidean, mode="replay")
+    with pytest.raises(ValueError, match="schedule"):
+      objective({"x": jnp.asarray(photos[:1], jnp.float64)}, obs, jnp.array([1]))
