@@ -25,6 +25,12 @@ def define_flags():
   flags.DEFINE_integer("channels", d.channels, "Convert images to 1 or 3 channels.")
   flags.DEFINE_string("normalization", d.normalization, "Input normalisation: none, cifar10, cifar100, mnist, imagenet.")
   flags.DEFINE_bool("train_mode", d.train_mode, "Client runs the model in training mode (BatchNorm batch stats).")
+  flags.DEFINE_string("client", d.client, "Threat model: fedsgd (gradient) or fedavg (update after local training).")
+  flags.DEFINE_integer("local_epochs", d.local_epochs, "FedAvg local epochs.")
+  flags.DEFINE_integer("local_batch_size", d.local_batch_size, "FedAvg local mini-batch size (whole batch if unset).")
+  flags.DEFINE_float("local_lr", d.local_lr, "FedAvg local learning rate.")
+  flags.DEFINE_float("local_momentum", d.local_momentum, "FedAvg local SGD momentum.")
+  flags.DEFINE_string("defense", d.defense, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, clip:1,gaussian:1e-4.")
   flags.DEFINE_integer("restarts", d.restarts, "Random restarts; the lowest objective wins.")
   flags.DEFINE_string("strategy", d.strategy, f"Restart strategy: {', '.join(solvers.STRATEGIES)}.")
   flags.DEFINE_integer("map_batch_size", d.map_batch_size, "Restarts vectorised together by --strategy=map.")
@@ -49,7 +55,10 @@ def config_from_flags(**overrides) -> Config:
   values = dict(attack=f.attack, model=f.model, init=f.init, act=f.act, num_classes=f.num_classes,
                 dataset=f.dataset, data_dir=f.data_dir, index=f.index, batch_size=f.batch_size,
                 image_size=f.image_size, channels=f.channels, normalization=f.normalization,
-                train_mode=f.train_mode, restarts=f.restarts, strategy=f.strategy,
+                train_mode=f.train_mode, client=f.client, local_epochs=f.local_epochs,
+                local_batch_size=f.local_batch_size, local_lr=f.local_lr,
+                local_momentum=f.local_momentum, defense=f.defense,
+                restarts=f.restarts, strategy=f.strategy,
                 map_batch_size=f.map_batch_size,
                 iterations=f.iterations, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
                 distance=f.distance, layer_weights=f.layer_weights, priors=f.priors, labels=f.labels,

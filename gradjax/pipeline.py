@@ -15,7 +15,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import attacks, clients, data, metrics, models
+from gradjax import attacks, clients, data, defenses, metrics, models
+
+CLIENTS = ("fedsgd", "fedavg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +37,12 @@ class Config:
   channels: int | None = None
   normalization: str = "none"
   train_mode: bool = False
+  client: str = "fedsgd"
+  local_epochs: int = 1
+  local_batch_size: int | None = None
+  local_lr: float = 0.01
+  local_momentum: float = 0.0
+  defense: str | None = None
   restarts: int = 1
   strategy: str = "auto"
   map_batch_size: int | None = None
@@ -60,6 +68,8 @@ class Config:
       raise ValueError(f"index must be non-negative, got {self.index}")
     if self.image_size is not None and self.image_size < 1:
       raise ValueError(f"image_size must be positive, got {self.image_size}")
+    if self.client not in CLIENTS:
+      raise ValueError(f"unknown client {self.client!r}; choose one of {', '.join(CLIENTS)}")
 
 
 def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
@@ -121,8 +131,18 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
                         init=cfg.init, act=cfg.act)
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
-  observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y, train=cfg.train_mode,
-                               share_labels=attack.labels == "known")
+  share_labels = attack.labels == "known"
+  if cfg.client == "fedsgd":
+    observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y,
+                                 train=cfg.train_mode, share_labels=share_labels)
+  else:
+    local = clients.LocalTraining(cfg.local_epochs, cfg.local_batch_size, cfg.local_lr,
+                                  cfg.local_momentum)
+    observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
+                                 train=cfg.train_mode, share_labels=share_labels)
+  if cfg.defense:
+    key_defense = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), cfg.index), 1)
+    observation = defenses.parse(cfg.defense).apply(observation, key_defense)
 
   start = time.perf_counter()
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,

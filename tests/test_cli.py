@@ -124,3 +124,16 @@ def test_label_recovery_program(tmp_path):
   assert result["methods"]["bias_counts (oracle p̄)"]["accuracy_mean"] == 1.0
   distinct = [len(set(y)) / len(y) for y in result["batches"]["labels"]]
   assert result["distinct_label_upper_bound"] == pytest.approx(np.mean(distinct))
+
+
+def test_fedavg_client_and_defense_flags(tmp_path):
+  proc = run_program("reconstruct.py", "--attack=inverting_gradients_fedavg", "--client=fedavg",
+                     "--local_epochs=2", "--local_lr=0.1", "--batch_size=2", "--local_batch_size=1",
+                     "--defense=clip:1.0,gaussian:1e-6", "--image_size=16", "--iterations=5",
+                     f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  config = json.loads((tmp_path / "metrics.json").read_text())["config"]
+  assert (config["client"], config["local_epochs"], config["defense"]) == ("fedavg", 2,
+                                                                          "clip:1.0,gaussian:1e-6")
+  bad = run_program("reconstruct.py", "--client=fedprox", f"--output_dir={tmp_path}")
+  assert bad.returncode == 2 and "unknown client" in bad.stderr
