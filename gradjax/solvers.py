@@ -33,7 +33,7 @@ import optax
 
 PyTree = Any
 STRATEGIES = ("auto", "sequential", "vmap", "map")
-OPTIMIZERS = ("lbfgs", "adam", "adamw", "signed_adam", "sgd")
+OPTIMIZERS = ("lbfgs", "lbfgs_fixed", "adam", "adamw", "signed_adam", "sgd")
 SCHEDULES = ("constant", "step", "cosine")
 
 
@@ -77,6 +77,9 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
 
   * ``"lbfgs"``: optax L-BFGS with a zoom line search; ``learning_rate`` scales the direction before
     the line search picks the step (DLG: lr 1, history 100). No schedule.
+  * ``"lbfgs_fixed"``: L-BFGS steps of fixed size ``learning_rate`` without a line search, as
+    PyTorch's ``torch.optim.LBFGS`` runs by default (the DLG code); it can diverge where ``"lbfgs"``
+    backtracks. optax scales the first direction by min(1, 1/‖g‖) (PyTorch: by min(1, 1/‖g‖₁)).
   * ``"adam"``, ``"sgd"``: with the learning-rate ``schedule``.
   * ``"adamw"``: Adam with decoupled weight decay ``weight_decay`` (0.01 is PyTorch's default; SAPAG
     attacks ResNet-18 with AdamW lr 1e-3).
@@ -92,6 +95,11 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
     linesearch = optax.scale_by_zoom_linesearch(max_linesearch_steps=max_linesearch_steps,
                                                 initial_guess_strategy="one")
     return Optimizer(optax.lbfgs(learning_rate, memory_size=history, linesearch=linesearch), True)
+  if name == "lbfgs_fixed":
+    if history < 1 or schedule != "constant" or warmup:
+      raise ValueError("fixed-step L-BFGS needs history >= 1 and takes no learning-rate schedule")
+    return Optimizer(optax.with_extra_args_support(
+        optax.lbfgs(learning_rate, memory_size=history, linesearch=None)), False)
   lr = learning_rate_schedule(learning_rate, schedule, iterations=iterations, warmup=warmup)
   if name == "adam":
     tx = optax.adam(lr)

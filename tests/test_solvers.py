@@ -159,3 +159,12 @@ def test_lbfgs_rejects_a_schedule():
     solvers.make_optimizer("lbfgs", 1.0, schedule="step", iterations=10)
   with pytest.raises(ValueError, match="unknown schedule"):
     solvers.learning_rate_schedule(0.1, "exponential")
+
+
+def test_fixed_step_lbfgs_solves_a_quadratic():
+  """Unit L-BFGS steps without a line search (PyTorch's default) converge on an SPD quadratic."""
+  solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs_fixed", 1.0, history=10))
+  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=60, chunk=20,
+                      strategy="sequential")
+  np.testing.assert_allclose(state.best_params["p"][0], C, atol=1e-7)
+  assert int(state.evaluations[0]) == 61  # one evaluation per step, plus the final one
