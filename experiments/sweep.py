@@ -2,7 +2,8 @@
 
 Each image (or batch) attacks a fresh random model, seeded by its index (see gradjax.pipeline), and
 is scored after batch-order matching. Writes ``results.json`` (per-image rows and the summary) and
-``results.md`` (a table) to ``--output_dir``.
+``results.md`` (a table) and ``reconstructions.png`` (ground truth above, reconstructions below) to
+``--output_dir``.
 
   python experiments/sweep.py --dataset=cifar10 --count=20 --iterations=2000
   python experiments/sweep.py --attack=idlg --dataset=cifar100 --start=0 --count=10
@@ -58,15 +59,17 @@ def main(argv):
   f = flags.FLAGS
   if f.count < 1:
     common.fail(f"count must be positive, got {f.count}")
-  rows = []
+  rows, truth, recon = [], [], []
   start = time.perf_counter()
   try:
     base = common.config_from_flags()
     for k in range(f.count):
       cfg = common.replace(base, index=f.start + k * base.batch_size)
-      results, _ = pipeline.run(cfg)
+      results, images = pipeline.run(cfg)
       results["index"] = cfg.index
       rows.append(results)
+      truth.append(images["ground_truth"])
+      recon.append(images["reconstruction"])
       logging.info("index %d: PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s", cfg.index,
                    results["psnr"], results["ssim"], results["label_accuracy"], results["wall_time_s"])
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
@@ -80,6 +83,9 @@ def main(argv):
   text = markdown(rows, summary, title)
   with open(os.path.join(out, "results.md"), "w") as fh:
     fh.write(text)
+  if len({t.shape[1:] for t in truth}) == 1:
+    report.save_png(os.path.join(out, "reconstructions.png"),
+                    report.image_grid([np.concatenate(truth), np.concatenate(recon)], scale=2))
   print(text)
 
 

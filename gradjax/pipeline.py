@@ -4,7 +4,7 @@ The command-line programs in ``experiments/`` are thin wrappers around :func:`ru
 reconstruction, a sweep over an image range and a test all take the same path.
 
 Seeding. Experiment ``index`` uses ``jax.random.fold_in(key(seed), index)`` split into a model key and
-an attack key, so every image of a sweep attacks a fresh random model (as the DLG / iDLG protocols
+an attack key (a defense's noise uses ``fold_in`` of it with 1), so every image of a sweep attacks a fresh random model (as the DLG / iDLG protocols
 do) and a single run of image ``i`` reproduces row ``i`` of a sweep.
 """
 
@@ -127,7 +127,8 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   if int(batch.y.max()) >= num_classes:
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
   input_shape = batch.x.shape[1:]
-  key_model, key_attack = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), cfg.index))
+  base_key = jax.random.fold_in(jax.random.key(cfg.seed), cfg.index)
+  key_model, key_attack = jax.random.split(base_key)
   model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
                         init=cfg.init, act=cfg.act)
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
@@ -141,8 +142,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
                                  train=cfg.train_mode, share_labels=share_labels)
   if cfg.defense:
-    key_defense = jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), cfg.index), 1)
-    observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+    observation = defenses.parse(cfg.defense).apply(observation, jax.random.fold_in(base_key, 1))
 
   start = time.perf_counter()
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,

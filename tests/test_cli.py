@@ -81,6 +81,8 @@ def test_sweep_table(tmp_path):
   np.testing.assert_allclose(result["summary"]["psnr"]["std"], np.sqrt(np.mean((psnr - psnr.mean())**2)))
   assert result["summary"]["successes"] == int(np.sum(psnr >= 30))
   assert "| index |" in (tmp_path / "results.md").read_text()
+  grid = np.asarray(Image.open(tmp_path / "reconstructions.png"))
+  assert grid.shape == (2 * (16 * 2 + 2) + 2, 2 * (16 * 2 + 2) + 2, 3)
 
 
 def test_parse_priors_and_image_bounds():
