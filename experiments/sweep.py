@@ -27,16 +27,6 @@ flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful re
 flags.DEFINE_string("output_dir", None, "Output folder (default runs/sweep_<attack>_<model>_<dataset>).")
 
 
-def summarize(rows: list[dict], threshold: float) -> dict:
-  """Mean, population std and median of each metric; success count at ``threshold`` dB."""
-  out = {"experiments": len(rows), "psnr_threshold": threshold}
-  for key in ("psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations"):
-    v = np.array([r[key] for r in rows], np.float64)
-    out[key] = {"mean": float(v.mean()), "std": float(v.std()), "median": float(np.median(v))}
-  out["successes"] = int(sum(r["psnr"] >= threshold for r in rows))
-  return out
-
-
 def markdown(rows: list[dict], summary: dict, title: str) -> str:
   lines = [f"# {title}", "", "| index | PSNR (dB) | SSIM | label acc. | iterations | loss | time (s) |",
            "|---|---|---|---|---|---|---|"]
@@ -74,7 +64,7 @@ def main(argv):
                    results["psnr"], results["ssim"], results["label_accuracy"], results["wall_time_s"])
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  summary = summarize(rows, f.psnr_threshold)
+  summary = report.summarize(rows, f.psnr_threshold)
   summary["total_time_s"] = time.perf_counter() - start
   title = f"{base.attack} on {base.model} (init {base.init or 'model default'}), {base.dataset} " \
           f"{f.start}..{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}"

@@ -136,3 +136,17 @@ def save_json(path, obj: Any) -> None:
     f.write("\n")
 
   _atomic_write(path, write, binary=False)
+
+
+def summarize(rows: list[dict], threshold: float) -> dict:
+  """Mean, population std and median of each metric over experiments; successes at ``threshold`` dB.
+
+  ``rows`` are :func:`gradjax.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
+  wall_time_s, iterations).
+  """
+  out = {"experiments": len(rows), "psnr_threshold": threshold}
+  for key in ("psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations"):
+    v = np.array([r[key] for r in rows], np.float64)
+    out[key] = {"mean": float(v.mean()), "std": float(v.std()), "median": float(np.median(v))}
+  out["successes"] = int(sum(r["psnr"] >= threshold for r in rows))
+  return out

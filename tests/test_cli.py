@@ -139,3 +139,15 @@ def test_fedavg_client_and_defense_flags(tmp_path):
                                                                           "clip:1.0,gaussian:1e-6")
   bad = run_program("reconstruct.py", "--client=fedprox", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "unknown client" in bad.stderr
+
+
+def test_defense_sweep_table(tmp_path):
+  proc = run_program("defense_sweep.py", "--defenses=none;prune:0.5", "--count=2", "--iterations=10",
+                     "--image_size=16", f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  table = json.loads((tmp_path / "results.json").read_text())["table"]
+  assert [row["defense"] for row in table] == ["none", "prune:0.5"]
+  for row in table:
+    np.testing.assert_allclose(row["summary"]["psnr"]["mean"], np.mean(row["psnr_per_image"]))
+  bad = run_program("defense_sweep.py", "--defenses=blur:3", "--count=1", f"--output_dir={tmp_path}")
+  assert bad.returncode == 2 and "unknown defense" in bad.stderr
