@@ -15,7 +15,7 @@ import numpy as np
 from absl import app, flags
 
 import common
-from gradjax import clients, data, labels, models, report
+from gradjax import clients, data, labels, models, pipeline, report
 
 common.define_flags()
 flags.DEFINE_integer("start", 0, "First image index.")
@@ -38,7 +38,7 @@ def main(argv):
     correct = []
     for k in range(f.count):
       index = f.start + k
-      key_model, _ = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), index))
+      key_model, _, _ = pipeline.experiment_keys(cfg.seed, index)
       model = models.create(cfg.model, key_model, input_shape=batch.x.shape[1:],
                             num_classes=num_classes, init=cfg.init, act=cfg.act)
       obs = clients.fedsgd(model.apply_fn, model.variables, x[k:k + 1], batch.y[k:k + 1],

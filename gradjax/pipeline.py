@@ -3,9 +3,10 @@
 The command-line programs in ``experiments/`` are thin wrappers around :func:`run`, so a single
 reconstruction, a sweep over an image range and a test all take the same path.
 
-Seeding. Experiment ``index`` uses ``jax.random.fold_in(key(seed), index)`` split into a model key and
-an attack key (a defense's noise uses ``fold_in`` of it with 1), so every image of a sweep attacks a fresh random model (as the DLG / iDLG protocols
-do) and a single run of image ``i`` reproduces row ``i`` of a sweep.
+Seeding (:func:`experiment_keys`). Experiment ``index`` uses ``jax.random.fold_in(key(seed), index)``
+split into a model key and an attack key (a defense's noise uses ``fold_in`` of it with 1), so every
+image of a sweep attacks a fresh random model (as the DLG / iDLG protocols do) and a single run of
+image ``i`` reproduces row ``i`` of a sweep.
 """
 
 import dataclasses
@@ -96,6 +97,13 @@ def get_attack(cfg: Config) -> attacks.Attack:
       one_sample_per_step=cfg.one_sample_per_step)
 
 
+def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
+  base = jax.random.fold_in(jax.random.key(seed), index)
+  key_model, key_attack = jax.random.split(base)
+  return key_model, key_attack, jax.random.fold_in(base, 1)
+
+
 def image_bounds(norm: data.Normalization, channels: int) -> tuple[np.ndarray, np.ndarray]:
   """The [0, 1] image box in normalised input space: ((0 − mean) / std, (1 − mean) / std), (C,) each."""
   lo = np.asarray(data.normalize(np.zeros((1, channels), np.float64), norm))[0]
@@ -127,8 +135,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   if int(batch.y.max()) >= num_classes:
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
   input_shape = batch.x.shape[1:]
-  base_key = jax.random.fold_in(jax.random.key(cfg.seed), cfg.index)
-  key_model, key_attack = jax.random.split(base_key)
+  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
                         init=cfg.init, act=cfg.act)
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
@@ -142,7 +149,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
                                  train=cfg.train_mode, share_labels=share_labels)
   if cfg.defense:
-    observation = defenses.parse(cfg.defense).apply(observation, jax.random.fold_in(base_key, 1))
+    observation = defenses.parse(cfg.defense).apply(observation, key_defense)
 
   start = time.perf_counter()
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import activation, batch_norm
+from gradjax.models.layers import activation, batch_norm, head
 
 
 class ConvNet(nn.Module):
@@ -34,5 +34,4 @@ class ConvNet(nn.Module):
       if i in (5, 7):
         x = nn.max_pool(x, (3, 3), strides=(3, 3))
     x = x.reshape(x.shape[0], -1)
-    return nn.Dense(self.num_classes, name="head", param_dtype=self.param_dtype,
-                    dtype=self.param_dtype, **inits._asdict())(x)
+    return head(self.num_classes, inits, self.param_dtype)(x)

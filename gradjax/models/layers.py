@@ -32,3 +32,10 @@ def batch_norm(train: bool, param_dtype) -> nn.BatchNorm:
   """
   return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5,
                       use_fast_variance=False, param_dtype=param_dtype, dtype=param_dtype)
+
+
+def head(num_classes: int, inits, param_dtype) -> nn.Dense:
+  """The zoo's last layer: a Dense named ``"head"`` (label inference and analytic recovery find it
+  by that name)."""
+  return nn.Dense(num_classes, name="head", param_dtype=param_dtype, dtype=param_dtype,
+                  **inits._asdict())

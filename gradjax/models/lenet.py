@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
+from gradjax.models.layers import head
 
 
 class LeNetZhu(nn.Module):
@@ -37,8 +38,7 @@ class LeNetZhu(nn.Module):
     for stride in (2, 2, 1):
       x = nn.sigmoid(nn.Conv(12, strides=stride, **kw)(x))
     x = x.reshape(x.shape[0], -1)
-    return nn.Dense(self.num_classes, name="head", param_dtype=self.param_dtype,
-                    dtype=self.param_dtype, **inits._asdict())(x)
+    return head(self.num_classes, inits, self.param_dtype)(x)
 
 
 class LeNet5(nn.Module):
@@ -57,5 +57,4 @@ class LeNet5(nn.Module):
       x = nn.sigmoid(nn.Conv(12, (5, 5), strides=1, padding=2, param_dtype=self.param_dtype,
                              dtype=self.param_dtype, **inits._asdict())(x))
     x = x.reshape(x.shape[0], -1)
-    return nn.Dense(self.num_classes, name="head", param_dtype=self.param_dtype,
-                    dtype=self.param_dtype, **inits._asdict())(x)
+    return head(self.num_classes, inits, self.param_dtype)(x)

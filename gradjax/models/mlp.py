@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import activation
+from gradjax.models.layers import activation, head
 
 
 class MLP(nn.Module):
@@ -30,4 +30,4 @@ class MLP(nn.Module):
     x = x.reshape(x.shape[0], -1)
     for width in self.hidden:
       x = activation(self.act)(nn.Dense(width, **kw)(x))
-    return nn.Dense(self.num_classes, name="head", **kw)(x)
+    return head(self.num_classes, inits, self.param_dtype)(x)

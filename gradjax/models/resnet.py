@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import activation, batch_norm
+from gradjax.models.layers import activation, batch_norm, head
 
 
 class BasicBlock(nn.Module):
@@ -69,8 +69,7 @@ class ResNet(nn.Module):
         stride = 2 if stage > 0 and block == 0 and not self.stride1 else 1
         x = BasicBlock(self.base_channels * 2**stage, stride, **block_kw)(x, train)
     x = jnp.mean(x, axis=(1, 2))
-    return nn.Dense(self.num_classes, name="head", param_dtype=self.param_dtype,
-                    dtype=self.param_dtype, **inits._asdict())(x)
+    return head(self.num_classes, inits, self.param_dtype)(x)
 
 
 def resnet_config(depth: int, width: int) -> dict:
