@@ -53,6 +53,7 @@ import numpy as np
 
 from gradjax import distances
 from gradjax import labels as labels_lib
+from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import solvers
 from gradjax.objectives import MODES, gradient_matching
@@ -206,6 +207,12 @@ class Reconstruction(NamedTuple):
     evaluations: (R,) objective evaluations (value and gradient) each restart used.
     dummy: the best restart's optimised variables (``"x"``, and ``"label_logits"`` or DLM's
       ``"log_gamma"`` when the attack has them).
+    permutation: (N,) the label order of the best run: ``labels`` = known labels[permutation]
+      (the identity without a permutation search).
+    candidates: (K, N) every label order searched (K = 1 without a search).
+
+  With a permutation search the runs are indexed ``r · K + k`` (restart r, candidate k) in
+  ``restart_losses``, ``x_restarts`` and the other per-run arrays.
   """
 
   x: np.ndarray
@@ -218,6 +225,8 @@ class Reconstruction(NamedTuple):
   iterations: np.ndarray
   evaluations: np.ndarray
   dummy: dict
+  permutation: np.ndarray | None = None
+  candidates: np.ndarray | None = None
 
 
 def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
@@ -228,7 +237,7 @@ def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
 
 
 def _clip_to_box(dummy, data):
-  _, _, (lo, hi), _ = data
+  (_, _, (lo, hi), _), _ = data
   return {**dummy, "x": jnp.clip(dummy["x"], lo, hi)}
 
 
@@ -240,7 +249,9 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
                                 mode=attack.objective)
 
   def value_fn(dummy, data, step):
-    observation, labels, _, weights = data
+    (observation, labels, _, weights), order = data
+    if labels is not None:
+      labels = labels[order]
     return objective(dummy, observation, labels, step, weights)
 
   return solvers.make_solver(value_fn, _optimizer(attack), tol=attack.tol,
@@ -301,8 +312,9 @@ def layer_weights(attack: Attack, observation: Observation):
 def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
                 input_shape: tuple[int, int, int], bounds=(0.0, 1.0), restarts: int = 1,
                 strategy: str = "auto", chunk: int = 50, map_batch_size: int | None = None,
-                unroll: int = 1, callback: Callable[[solvers.Progress], None] | None = None
-                ) -> Reconstruction:
+                unroll: int = 1, callback: Callable[[solvers.Progress], None] | None = None,
+                permutations: int = 1, permutation_seed: int = 0, halving_rounds: int = 1,
+                halving_keep: float = 0.5) -> Reconstruction:
   """Reconstructs the client's data behind ``observation``.
 
   Args:
@@ -316,6 +328,13 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
       ``uniform`` / ``constant`` initialisations.
     restarts: independent random initialisations; the one with the lowest objective is returned.
     strategy, chunk, map_batch_size, unroll, callback: see :func:`gradjax.solvers.run`.
+    permutations: permutation search: up to this many candidate orders of the known or inferred
+      labels (:func:`gradjax.permutations.candidates`, for the client's local mini-batch size) are
+      each run from every restart's initialisation, all in one solver run; the lowest objective
+      wins. 1 = take the labels in the order given. Needs labels that are not optimised jointly.
+    permutation_seed: seed of the candidate sample when there are more orders than ``permutations``.
+    halving_rounds, halving_keep: successive halving over the restarts × candidates
+      (:func:`gradjax.solvers.halving_schedule`).
   """
   check_observation(observation)
   if restarts < 1:
@@ -338,28 +357,42 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
   lo, hi = (jnp.broadcast_to(jnp.asarray(b, dtype), input_shape[-1:]) for b in bounds)
   if not bool(jnp.all(lo < hi)):
     raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
+  if permutations < 1:
+    raise ValueError(f"permutations must be positive, got {permutations}")
+  if known is None:
+    if permutations > 1:
+      raise ValueError("a permutation search needs known or inferred labels, not joint ones")
+    orders = np.arange(n, dtype=np.int32)[None]
+  else:
+    local = observation.local
+    orders = permutations_lib.candidates(np.asarray(known), local and local.batch_size,
+                                         permutations, permutation_seed)
+  k = orders.shape[0]
   weights = layer_weights(attack, observation)
-  keys = jax.random.split(key, restarts)
-  init = jax.vmap(lambda k: init_dummy(k, attack.init, (n, *input_shape),
+  keys = jnp.repeat(jax.random.split(key, restarts), k, axis=0)
+  init = jax.vmap(lambda kr: init_dummy(kr, attack.init, (n, *input_shape),
                                        num_classes if known is None else None, (lo, hi), dtype,
                                        gamma=attack.objective == "dlm"))(keys)
   state = solvers.run(_solver(attack, apply_fn), init, (observation, known, (lo, hi), weights),
                       iterations=attack.iterations, chunk=chunk, strategy=strategy,
                       map_batch_size=map_batch_size, unroll=unroll, tol=attack.tol,
-                      callback=callback)
+                      callback=callback, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))),
+                      halving_rounds=halving_rounds, halving_keep=halving_keep)
   state = jax.device_get(state)
   losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
   if not np.isfinite(losses).any():
     raise FloatingPointError("every restart diverged before its first finite objective value")
   best = int(np.argmin(losses))
   x_restarts = np.asarray(state.best_params["x"])
+  order = orders[best % k]
   if known is None:
     labels = np.argmax(np.asarray(state.best_params["label_logits"][best]), axis=-1)
   else:
-    labels = np.asarray(known)
+    labels = np.asarray(known)[order]
   return Reconstruction(x=x_restarts[best], labels=labels, loss=float(losses[best]),
                         best_restart=best, restart_losses=losses,
                         restart_alive=np.asarray(state.alive), x_restarts=x_restarts,
                         iterations=np.asarray(state.iterations),
                         evaluations=np.asarray(state.evaluations),
-                        dummy=jax.tree.map(lambda v: np.asarray(v[best]), state.best_params))
+                        dummy=jax.tree.map(lambda v: np.asarray(v[best]), state.best_params),
+                        permutation=order, candidates=orders)

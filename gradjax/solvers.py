@@ -24,6 +24,7 @@ Restart strategies (``strategy``):
 """
 
 import functools
+import math
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -237,23 +238,29 @@ def resolve_strategy(strategy: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll: int):
-  """Jitted (init, advance, finalize) for one solver and strategy, cached across calls."""
+  """Jitted (init, advance, finalize) for one solver and strategy, cached across calls.
+
+  Each takes ``(state(s), data, per_restart, ...)``; the solver sees ``data`` alone when
+  ``per_restart`` is None and ``(data, per_restart)`` otherwise.
+  """
+
+  def bind(fn):
+    return lambda s, data, per, *a: fn(s, data if per is None else (data, per), *a)
 
   def advance_one(state, data, n):
     return jax.lax.fori_loop(0, n, lambda _, s: solver.step(s, data), state, unroll=unroll)
 
-  if strategy == "sequential":
-    init, advance, finalize = solver.init, advance_one, solver.finalize
-  elif strategy == "vmap":
-    init = jax.vmap(solver.init, in_axes=(0, None))
-    advance = jax.vmap(advance_one, in_axes=(0, None, None))
-    finalize = jax.vmap(solver.finalize, in_axes=(0, None))
-  else:  # map
+  init, advance, finalize = bind(solver.init), bind(advance_one), bind(solver.finalize)
+  if strategy == "vmap":
+    init = jax.vmap(init, in_axes=(0, None, 0))
+    advance = jax.vmap(advance, in_axes=(0, None, 0, None))
+    finalize = jax.vmap(finalize, in_axes=(0, None, 0))
+  elif strategy == "map":
     def lift(fn):
-      return lambda states, data, *a: jax.lax.map(lambda s: fn(s, data, *a), states,
-                                                  batch_size=map_batch_size)
-    init, advance, finalize = lift(solver.init), lift(advance_one), lift(solver.finalize)
-  return jax.jit(init), jax.jit(advance, static_argnums=2), jax.jit(finalize)
+      return lambda states, data, per, *a: jax.lax.map(lambda sp: fn(sp[0], data, sp[1], *a),
+                                                       (states, per), batch_size=map_batch_size)
+    init, advance, finalize = lift(init), lift(advance), lift(finalize)
+  return jax.jit(init), jax.jit(advance, static_argnums=3), jax.jit(finalize)
 
 
 def _slice(tree, i):
@@ -264,16 +271,42 @@ def _stack(trees):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
 
 
+def _scatter(tree, index, sub):
+  return jax.tree.map(lambda x, s: x.at[index].set(s), tree, sub)
+
+
+def halving_schedule(iterations: int, restarts: int, rounds: int, keep: float
+                     ) -> list[tuple[int, int]]:
+  """Successive halving: ``[(survivors, steps), ...]`` per round.
+
+  Round i advances its survivors by ``iterations·(i+1)/rounds − iterations·i/rounds`` steps, then
+  keeps the best ⌈keep · survivors⌉ (at least 1) by objective, so every final survivor runs the full
+  ``iterations`` and the total is about ``iterations · R · (1 + keep + keep² ...) / rounds``
+  (Jamieson & Talwalkar 2016; Li et al., Hyperband, 2018). ``rounds = 1`` runs every restart fully.
+  """
+  if rounds < 1 or rounds > iterations:
+    raise ValueError(f"halving rounds must lie in [1, iterations = {iterations}], got {rounds}")
+  if not 0 < keep <= 1:
+    raise ValueError(f"halving keep fraction must lie in (0, 1], got {keep}")
+  out, alive = [], restarts
+  for i in range(rounds):
+    out.append((alive, iterations * (i + 1) // rounds - iterations * i // rounds))
+    alive = max(1, math.ceil(alive * keep))
+  return out
+
+
 def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, chunk: int = 50,
         strategy: str = "auto", map_batch_size: int | None = None, unroll: int = 1,
-        tol: float | None = None, callback: Callable[[Progress], None] | None = None) -> SolverState:
-  """Runs every restart for ``iterations`` steps; returns the stacked final :class:`SolverState`.
+        tol: float | None = None, callback: Callable[[Progress], None] | None = None,
+        restart_data: PyTree = None, halving_rounds: int = 1, halving_keep: float = 0.5
+        ) -> SolverState:
+  """Runs the restarts for ``iterations`` steps; returns the stacked final :class:`SolverState`.
 
   Args:
     solver: from :func:`make_solver`.
     init_params: initial dummy data with a leading restart axis R on every leaf.
-    data: the observation-side arguments of the objective (not batched).
-    iterations: optimizer steps per restart.
+    data: the observation-side arguments of the objective, shared by every restart.
+    iterations: optimizer steps per restart (per surviving restart with halving).
     chunk: steps per jitted call between progress reports.
     strategy: one of ``STRATEGIES``.
     map_batch_size: restarts vectorised together by the ``"map"`` strategy.
@@ -281,20 +314,30 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
     tol: stop early once every live restart's best objective is <= tol (must match the solver's;
       None: never).
     callback: called with a :class:`Progress` after every chunk.
+    restart_data: optional pytree with a leading axis R: restart r's solver then sees
+      ``(data, restart_data[r])`` (e.g. its candidate label permutation).
+    halving_rounds, halving_keep: successive halving (:func:`halving_schedule`). A restart dropped
+      after a round keeps the state it reached (its ``iterations`` say how far it ran).
   """
   if iterations < 1 or chunk < 1:
     raise ValueError(f"iterations and chunk must be positive, got {iterations} and {chunk}")
   strategy = resolve_strategy(strategy)
   init, advance, finalize = _compiled(solver, strategy, map_batch_size, unroll)
   restarts = jax.tree.leaves(init_params)[0].shape[0]
+  for leaf in jax.tree.leaves(restart_data):
+    if leaf.shape[:1] != (restarts,):
+      raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
+  schedule = halving_schedule(iterations, restarts, halving_rounds, halving_keep)
   tol = -jnp.inf if tol is None else tol
+  start = time.perf_counter()
 
-  def drive(state, restart):
-    start, done = time.perf_counter(), 0
-    while done < iterations:
-      n = min(chunk, iterations - done)
-      state = advance(state, data, n)
-      done += n
+  def drive(state, per, restart, done, n):
+    """Advances ``state`` by ``n`` steps from step ``done``; stops early once all converged."""
+    target = done + n
+    while done < target:
+      k = min(chunk, target - done)
+      state = advance(state, data, per, k)
+      done += k
       best, alive = jax.device_get((state.best_loss, state.alive))
       if callback is not None:
         rate = done / max(time.perf_counter() - start, 1e-9)
@@ -302,8 +345,33 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
                           rate, (iterations - done) / rate))
       if not jnp.any(alive & (best > tol)):
         break
-    return finalize(state, data)
+    return state
 
+  per_of = (lambda i: None) if restart_data is None else (lambda i: _slice(restart_data, i))
+  survivors, done = jnp.arange(restarts), 0
   if strategy == "sequential":
-    return _stack([drive(init(_slice(init_params, r), data), r) for r in range(restarts)])
-  return drive(init(init_params, data), None)
+    states = [init(_slice(init_params, r), data, per_of(r)) for r in range(restarts)]
+    for count, n in schedule:
+      survivors = survivors[:count]
+      for r in map(int, survivors):
+        states[r] = drive(states[r], per_of(r), r, done, n)
+      done += n
+      survivors = _rank(jnp.stack([s.best_loss for s in states]), survivors)
+    return _stack([finalize(s, data, per_of(r)) for r, s in enumerate(states)])
+
+  state = init(init_params, data, restart_data)
+  for count, n in schedule:
+    survivors = survivors[:count]
+    whole = count == restarts
+    sub = state if whole else _slice(state, survivors)
+    sub = drive(sub, restart_data if whole else per_of(survivors), None, done, n)
+    state = sub if whole else _scatter(state, survivors, sub)
+    done += n
+    survivors = _rank(state.best_loss, survivors)
+  return finalize(state, data, restart_data)
+
+
+def _rank(best_loss, survivors):
+  """``survivors`` sorted by best objective (non-finite last), ties by index."""
+  loss = jnp.where(jnp.isfinite(best_loss), best_loss, jnp.inf)[survivors]
+  return survivors[jnp.argsort(loss, stable=True)]

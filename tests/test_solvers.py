@@ -168,3 +168,42 @@ def test_fixed_step_lbfgs_solves_a_quadratic():
                       strategy="sequential")
   np.testing.assert_allclose(state.best_params["p"][0], C, atol=1e-7)
   assert int(state.evaluations[0]) == 61  # one evaluation per step, plus the final one
+
+
+def test_halving_schedule_counts():
+  assert solvers.halving_schedule(100, 8, 3, 0.5) == [(8, 33), (4, 33), (2, 34)]
+  assert solvers.halving_schedule(10, 5, 1, 0.5) == [(5, 10)]
+  assert solvers.halving_schedule(9, 3, 3, 0.1) == [(3, 3), (1, 3), (1, 3)]
+  for bad in [(10, 4, 0, 0.5), (10, 4, 11, 0.5), (10, 4, 2, 0.0), (10, 4, 2, 1.5)]:
+    with pytest.raises(ValueError):
+      solvers.halving_schedule(*bad)
+
+
+def offset_quadratic(params, data, step=0):
+  """Per-restart data (target c_r, offset o_r): 0.5 ‖p − c_r‖² + o_r, minimum o_r at c_r."""
+  _, (target, offset) = data
+  return 0.5 * jnp.sum((params["p"] - target) ** 2) + offset
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap", "map"])
+def test_restart_data_and_successive_halving(strategy):
+  r = 6
+  targets = jnp.asarray(_RNG.normal(size=(r, 6)))
+  offsets = jnp.asarray([5.0, 0.5, 3.0, 0.0, 4.0, 2.0])
+  solver = solvers.make_solver(offset_quadratic, solvers.make_optimizer("adam", 0.05))
+  init = {"p": jnp.zeros((r, 6))}
+  state = jax.device_get(solvers.run(solver, init, None, iterations=300, chunk=40, strategy=strategy,
+                                     map_batch_size=2, restart_data=(targets, offsets),
+                                     halving_rounds=3, halving_keep=0.5))
+  # Rounds of 100 steps: 6 restarts, then the best 3 by objective (offsets 0, 0.5, 2), then 2.
+  np.testing.assert_array_equal(state.iterations, [100, 300, 100, 300, 100, 200])
+  assert np.argmin(state.best_loss) == 3
+  np.testing.assert_allclose(state.best_params["p"][3], targets[3], atol=1e-3)
+  np.testing.assert_allclose(state.best_loss[[1, 3]], offsets[[1, 3]], atol=1e-5)
+
+
+def test_restart_data_needs_a_leading_restart_axis():
+  solver = solvers.make_solver(offset_quadratic, solvers.make_optimizer("adam", 0.05))
+  with pytest.raises(ValueError, match="leading axis"):
+    solvers.run(solver, {"p": jnp.zeros((3, 6))}, None, iterations=5,
+                restart_data=(jnp.zeros((2, 6)), jnp.zeros(2)))
