@@ -30,11 +30,16 @@ def define_flags():
   flags.DEFINE_integer("local_batch_size", d.local_batch_size, "FedAvg local mini-batch size (whole batch if unset).")
   flags.DEFINE_float("local_lr", d.local_lr, "FedAvg local learning rate.")
   flags.DEFINE_float("local_momentum", d.local_momentum, "FedAvg local SGD momentum.")
+  flags.DEFINE_string("shared_labels", d.shared_labels, "With known labels, what a FedAvg client reveals: ordered (labels per step) or multiset (which labels, not which step).")
   flags.DEFINE_string("defense", d.defense, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, clip:1,gaussian:1e-4.")
   flags.DEFINE_integer("restarts", d.restarts, "Random restarts; the lowest objective wins.")
+  flags.DEFINE_integer("permutations", d.permutations, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
+  flags.DEFINE_integer("halving_rounds", d.halving_rounds, "Successive halving over restarts x candidates: rounds (1 = off).")
+  flags.DEFINE_float("halving_keep", d.halving_keep, "Successive halving: fraction kept after each round.")
   flags.DEFINE_string("strategy", d.strategy, f"Restart strategy: {', '.join(solvers.STRATEGIES)}.")
   flags.DEFINE_integer("map_batch_size", d.map_batch_size, "Restarts vectorised together by --strategy=map.")
   flags.DEFINE_integer("iterations", d.iterations, "Optimizer iterations (preset's if unset).")
+  flags.DEFINE_string("objective", d.objective, "What is matched (preset's if unset): gradient, replay, dlm, dlm_plus.")
   flags.DEFINE_string("optimizer", d.optimizer, f"Optimizer: {', '.join(solvers.OPTIMIZERS)} (preset's if unset).")
   flags.DEFINE_float("lr", d.learning_rate, "Learning rate (preset's if unset).")
   flags.DEFINE_float("tol", d.tol, "Stop a restart once its objective is <= tol (preset's if unset).")
@@ -57,10 +62,11 @@ def config_from_flags(**overrides) -> Config:
                 image_size=f.image_size, channels=f.channels, normalization=f.normalization,
                 train_mode=f.train_mode, client=f.client, local_epochs=f.local_epochs,
                 local_batch_size=f.local_batch_size, local_lr=f.local_lr,
-                local_momentum=f.local_momentum, defense=f.defense,
-                restarts=f.restarts, strategy=f.strategy,
+                local_momentum=f.local_momentum, shared_labels=f.shared_labels, defense=f.defense,
+                restarts=f.restarts, permutations=f.permutations, halving_rounds=f.halving_rounds,
+                halving_keep=f.halving_keep, strategy=f.strategy,
                 map_batch_size=f.map_batch_size,
-                iterations=f.iterations, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
+                iterations=f.iterations, objective=f.objective, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
                 distance=f.distance, layer_weights=f.layer_weights, priors=f.priors, labels=f.labels,
                 schedule=f.schedule, box=f.box, dummy_init=f.dummy_init,
                 one_sample_per_step=f.one_sample_per_step,

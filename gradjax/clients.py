@@ -123,14 +123,21 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
   return params
 
 
+LABEL_SHARING = (False, True, "ordered", "multiset")
+
+
 def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
-           train: bool = False, share_labels: bool = False, share_local: bool = True,
+           train: bool = False, share_labels: bool | str = False, share_local: bool = True,
            loss_fn=cross_entropy) -> Observation:
   """A FedAvg client's update W_t − W_{t+1} after :func:`local_sgd` on (x, y).
 
   Args:
-    apply_fn, variables, x, y, train, share_labels, loss_fn: as :func:`fedsgd`.
+    apply_fn, variables, x, y, train, loss_fn: as :func:`fedsgd`.
     local: the client's local training.
+    share_labels: what the threat model reveals of the labels: ``False`` nothing; ``True`` or
+      ``"ordered"`` the labels in the client's order (so which mini-batch, i.e. step, each belongs
+      to); ``"multiset"`` only which labels, sorted (the order is then a search,
+      :mod:`gradjax.permutations`).
     share_local: whether the threat model reveals ``local`` (learning rate, epochs, batch size) to
       the server; then ``observation.local`` carries it.
 
@@ -138,11 +145,14 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
     Observation whose ``gradient`` holds the update W_t − W_{t+1} (for one full-batch step without
     momentum that is η · ∇L, the FedSGD gradient scaled by the learning rate).
   """
+  if share_labels not in LABEL_SHARING:
+    raise ValueError(f"share_labels must be one of {LABEL_SHARING}, got {share_labels!r}")
   x, y = _check_client_data(apply_fn, variables, x, y)
   check_local_training(local, x.shape[0])
+  shared = None if share_labels is False else jnp.sort(y) if share_labels == "multiset" else y
   new = local_sgd(apply_fn, variables, x, y, local, train=train, loss_fn=loss_fn)
   update = jax.tree.map(jnp.subtract, variables["params"], new)
-  return Observation(gradient=update, variables=variables, labels=y if share_labels else None,
+  return Observation(gradient=update, variables=variables, labels=shared,
                      num_samples=int(x.shape[0]), threat_model="fedavg", train=train,
                      local=local if share_local else None)
 

@@ -19,6 +19,7 @@ import numpy as np
 from gradjax import attacks, clients, data, defenses, metrics, models
 
 CLIENTS = ("fedsgd", "fedavg")
+SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known labels reveals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +44,16 @@ class Config:
   local_batch_size: int | None = None
   local_lr: float = 0.01
   local_momentum: float = 0.0
+  shared_labels: str = "ordered"
   defense: str | None = None
   restarts: int = 1
+  permutations: int = 1
+  halving_rounds: int = 1
+  halving_keep: float = 0.5
   strategy: str = "auto"
   map_batch_size: int | None = None
   iterations: int | None = None
+  objective: str | None = None
   optimizer: str | None = None
   learning_rate: float | None = None
   tol: float | None = None
@@ -71,6 +77,9 @@ class Config:
       raise ValueError(f"image_size must be positive, got {self.image_size}")
     if self.client not in CLIENTS:
       raise ValueError(f"unknown client {self.client!r}; choose one of {', '.join(CLIENTS)}")
+    if self.shared_labels not in SHARED_LABELS:
+      raise ValueError(f"unknown label sharing {self.shared_labels!r}; choose one of "
+                       f"{', '.join(SHARED_LABELS)}")
 
 
 def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
@@ -90,7 +99,7 @@ def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
 def get_attack(cfg: Config) -> attacks.Attack:
   """The preset ``cfg.attack`` with the fields the configuration sets replaced."""
   return attacks.get_attack(
-      cfg.attack, iterations=cfg.iterations, optimizer=cfg.optimizer, learning_rate=cfg.learning_rate,
+      cfg.attack, iterations=cfg.iterations, objective=cfg.objective, optimizer=cfg.optimizer, learning_rate=cfg.learning_rate,
       tol=cfg.tol, distance=cfg.distance, layer_weights=cfg.layer_weights,
       priors=None if cfg.priors is None else parse_priors(cfg.priors), labels=cfg.labels,
       schedule=cfg.schedule, box=cfg.box, init=cfg.dummy_init,
@@ -140,6 +149,8 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
                         init=cfg.init, act=cfg.act)
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
   share_labels = attack.labels == "known"
+  if share_labels and cfg.client == "fedavg":
+    share_labels = cfg.shared_labels
   if cfg.client == "fedsgd":
     observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y,
                                  train=cfg.train_mode, share_labels=share_labels)
@@ -155,8 +166,9 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
                             bounds=image_bounds(norm, input_shape[-1]),
                             restarts=cfg.restarts, strategy=cfg.strategy, chunk=cfg.chunk,
-                            map_batch_size=cfg.map_batch_size,
-                            callback=callback)
+                            map_batch_size=cfg.map_batch_size, callback=callback,
+                            permutations=cfg.permutations, halving_rounds=cfg.halving_rounds,
+                            halving_keep=cfg.halving_keep)
   wall = time.perf_counter() - start
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
@@ -172,7 +184,9 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       restarts=cfg.restarts,
       restarts_diverged=int((~rec.restart_alive).sum()),
       best_restart=rec.best_restart,
+      candidates=int(rec.candidates.shape[0]),
       loss=rec.loss,
+      gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
       labels_true=batch.y.tolist(),
       labels_reconstructed=rec.labels[order].tolist(),
       attack=dataclasses.asdict(attack),

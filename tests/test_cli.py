@@ -61,6 +61,10 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
     (["--no_such_flag=1"], "no_such_flag"),
     (["--iterations=abc"], "iterations"),
     (["--index=99"], "ndex"),
+    (["--shared_labels=some"], "label sharing"),
+    (["--objective=weights"], "unknown objective"),
+    (["--permutations=2"], "permutation search"),
+    (["--halving_rounds=0"], "halving rounds"),
 ])
 def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):
   proc = run_program("reconstruct.py", *args, f"--output_dir={tmp_path}")
@@ -151,3 +155,15 @@ def test_defense_sweep_table(tmp_path):
     np.testing.assert_allclose(row["summary"]["psnr"]["mean"], np.mean(row["psnr_per_image"]))
   bad = run_program("defense_sweep.py", "--defenses=blur:3", "--count=1", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "unknown defense" in bad.stderr
+
+
+def test_permutation_search_from_the_command_line(tmp_path):
+  """FedAvg client with 2 images in 2 local steps, labels revealed as a multiset: 2 candidates."""
+  proc = run_program("reconstruct.py", "--client=fedavg", "--batch_size=2", "--local_batch_size=1",
+                     "--labels=known", "--shared_labels=multiset", "--objective=replay",
+                     "--permutations=4", "--restarts=2", "--halving_rounds=2", "--iterations=10",
+                     "--image_size=8", f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  metrics = json.loads((tmp_path / "metrics.json").read_text())
+  assert metrics["candidates"] == 2 and metrics["config"]["permutations"] == 4
+  assert sorted(metrics["labels_reconstructed"]) == sorted(metrics["labels_true"])

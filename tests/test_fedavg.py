@@ -119,3 +119,37 @@ def test_replay_needs_the_schedule(mlp64, photos):
     objective = objectives.gradient_matching(apply_fn, distances.euclidean, mode="replay")
     with pytest.raises(ValueError, match="schedule"):
       objective({"x": jnp.asarray(photos[:1], jnp.float64)}, obs, jnp.array([1]))
+
+
+def test_dlm_gamma_converges_to_one_over_lr_on_an_easy_case():
+  """One full-batch SGD step (lr 0.01) of a small MLP; dummy data started 0.05 from the client's
+  image, γ from 1: Adam on (x', log γ) drives γ to 1/lr = 100 and x' to the image. (From a random
+  start γ collapses towards 0 instead: the objective's trivial minimum, see the README.)"""
+  from gradjax import distances, objectives, solvers
+  with jax.enable_x64(True):
+    model = models.create("mlp-16", jax.random.key(0), input_shape=(4, 4, 3), num_classes=5,
+                          param_dtype=jnp.float64)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(size=(1, 4, 4, 3)), np.array([3])
+    obs = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(learning_rate=0.01))
+    objective = objectives.gradient_matching(model.apply_fn, distances.euclidean, mode="dlm")
+    solver = solvers.make_solver(lambda d, data, step: objective(d, obs, jnp.asarray(y), step),
+                                 solvers.make_optimizer("adam", 0.05))
+    init = {"x": jnp.asarray(x + 0.05 * rng.normal(size=x.shape))[None],
+            "log_gamma": jnp.zeros((1,))}
+    state = solvers.run(solver, init, None, iterations=3000, chunk=1000, strategy="sequential")
+  np.testing.assert_allclose(np.exp(state.best_params["log_gamma"][0]), 100.0, rtol=1e-4)
+  np.testing.assert_allclose(state.best_params["x"][0], x, atol=1e-6)
+
+
+def test_labels_shared_as_a_multiset_are_sorted(mlp64, photos):
+  apply_fn, variables = mlp64
+  x, y = np.asarray(photos[:4], np.float64), np.array([7, 1, 3, 1])
+  local = clients.LocalTraining(batch_size=2)
+  with jax.enable_x64(True):
+    ordered = clients.fedavg(apply_fn, variables, x, y, local, share_labels="ordered")
+    multiset = clients.fedavg(apply_fn, variables, x, y, local, share_labels="multiset")
+    with pytest.raises(ValueError, match="share_labels"):
+      clients.fedavg(apply_fn, variables, x, y, local, share_labels="some")
+  np.testing.assert_array_equal(ordered.labels, y)
+  np.testing.assert_array_equal(multiset.labels, [1, 1, 3, 7])
