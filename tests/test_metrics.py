@@ -234,3 +234,20 @@ def test_other_errors(truth):
     metrics.score(truth, truth, labels=[0, 1, 2, 3, 4])
   with pytest.raises(ValueError, match="Length"):
     metrics.score(truth, truth, labels=[0, 1], labels_true=[0, 1, 2, 3, 4])
+
+
+def test_psnr_std_is_the_standard_psnr_with_peak_one_over_sigma(truth, recon):
+  """One σ: the closed form psnr + 20 log10(1/σ); per-channel σ: a NumPy loop over pixels."""
+  sigma = 0.2673
+  np.testing.assert_allclose(metrics.psnr_std(recon, truth, sigma),
+                             metrics.psnr(recon, truth) + 20 * np.log10(1 / sigma), rtol=1e-12)
+  std = np.array([0.2673, 0.2564, 0.2762])
+  x, t = np.clip(recon, 0, 1), np.clip(truth, 0, 1)
+  for n in range(len(x)):
+    total = 0.0
+    for c in range(3):
+      total += np.sum((std[c] * (x[n, ..., c] - t[n, ..., c])) ** 2)
+    want = 10 * np.log10(x[n].size / total)
+    np.testing.assert_allclose(metrics.psnr_std(recon, truth, std)[n], want, rtol=1e-10)
+  with pytest.raises(ValueError, match="std"):
+    metrics.psnr_std(recon, truth, 0.0)
