@@ -10,15 +10,28 @@ and the success rate (PSNR ≥ ``--psnr_threshold``).
 
 The default grid is the DLG paper's defense table (Zhu et al. 2019, §5): Gaussian and Laplacian
 noise of variance 1e-4 .. 1e-1, fp16, int8, and magnitude pruning of 1 % .. 70 %.
+
+Utility (``--utility``): for every defense, a small model (``--utility_model``, mlp by default) is
+trained with that defense on every FedSGD step (gradjax.training.train_fedsgd: ``--utility_epochs``
+epochs of mini-batch SGD with momentum on the first ``--utility_train_count`` images of
+``--utility_dataset``, MNIST's test split by default) and tested on the following
+``--utility_test_count`` images; the test accuracy is the "utility acc." column. Every defense starts
+from the same initial model and the same batch order (``--seed``). ``privacy_utility.png`` shows the
+mean attack PSNR per defense and, with ``--utility``, the utility accuracy below it.
+
+  python experiments/defense_sweep.py --defenses="none;gaussian:1e-3;gaussian:1e-2;prune:0.5" --utility
 """
 
 import os
 import time
+from typing import NamedTuple
 
+import jax
+import numpy as np
 from absl import app, flags, logging
 
 import common
-from gradjax import pipeline, report
+from gradjax import data, defenses, models, pipeline, report, training
 
 DLG_TABLE = ("none;gaussian:1e-4;gaussian:1e-3;gaussian:1e-2;gaussian:1e-1;laplacian:1e-4;"
              "laplacian:1e-3;laplacian:1e-2;laplacian:1e-1;fp16;int8;prune:0.01;prune:0.1;"
@@ -30,6 +43,92 @@ flags.DEFINE_integer("start", 0, "First image index.")
 flags.DEFINE_integer("count", 5, "Images per defense.")
 flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful reconstruction.")
 flags.DEFINE_string("output_dir", None, "Output folder (default runs/defenses_<attack>_<model>_<dataset>).")
+flags.DEFINE_bool("utility", False, "Also train a model under every defense and report its test accuracy.")
+flags.DEFINE_string("utility_model", "mlp", "Model trained for the utility column.")
+flags.DEFINE_string("utility_dataset", "mnist", "Dataset of the utility training (its test split, see gradjax.data).")
+flags.DEFINE_integer("utility_train_count", 2000, "Utility training images: the first N of --utility_dataset.")
+flags.DEFINE_integer("utility_test_count", 1000, "Utility test images: the M following the training images.")
+flags.DEFINE_integer("utility_data_seed", -1, "Permute --utility_dataset with this seed before the split (-1: file order).")
+flags.DEFINE_integer("utility_epochs", 3, "Utility training epochs.")
+flags.DEFINE_integer("utility_batch_size", 32, "Utility training mini-batch size.")
+flags.DEFINE_float("utility_lr", 0.1, "Utility training learning rate.")
+flags.DEFINE_float("utility_momentum", 0.9, "Utility training momentum.")
+
+
+class UtilityConfig(NamedTuple):
+  """How the utility model is trained (see the module docstring)."""
+
+  model: str = "mlp"
+  epochs: int = 3
+  batch_size: int = 32
+  learning_rate: float = 0.1
+  momentum: float = 0.9
+  seed: int = 0
+
+
+def utility(spec: str, parts: training.Split, cfg: UtilityConfig) -> dict:
+  """Test accuracy of ``cfg.model`` trained with defense ``spec`` on ``parts.train``.
+
+  The model is created from ``jax.random.key(cfg.seed)`` and trained by
+  :func:`gradjax.training.train_fedsgd` with key ``fold_in(key(cfg.seed), 1)``, so every defense starts
+  from the same model and sees the same batches.
+
+  Returns:
+    ``{"accuracy": test accuracy or None when training diverged, "diverged": bool, "train_loss":
+    [per-epoch mean loss], "time_s": float}``.
+  """
+  start = time.perf_counter()
+  defense = defenses.parse(spec)
+  defense = None if defense.name == "none" else defense
+  key = jax.random.key(cfg.seed)
+  model = models.create(cfg.model, key, input_shape=parts.train.x.shape[1:],
+                        num_classes=parts.train.num_classes)
+  try:
+    variables, history = training.train_fedsgd(
+        model.apply_fn, model.variables, parts.train.x, parts.train.y, key=jax.random.fold_in(key, 1),
+        epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+        momentum=cfg.momentum, defense=defense)
+  except FloatingPointError:
+    return {"accuracy": None, "diverged": True, "train_loss": [], "time_s": time.perf_counter() - start}
+  accuracy = training.evaluate(model.apply_fn, variables, parts.test.x, parts.test.y)
+  return {"accuracy": accuracy, "diverged": False, "train_loss": [r["train_loss"] for r in history],
+          "time_s": time.perf_counter() - start}
+
+
+def check_utility(parts: training.Split, cfg: UtilityConfig) -> None:
+  """Raises a one-line ValueError for utility settings that training would reject (before any attack)."""
+  models.create(cfg.model, jax.random.key(0), input_shape=parts.train.x.shape[1:],
+                num_classes=parts.train.num_classes)
+  n = len(parts.train.x)
+  if cfg.epochs < 1 or not 1 <= cfg.batch_size <= n:
+    raise ValueError(f"utility training needs epochs >= 1 and 1 <= batch size <= {n}, got "
+                     f"{cfg.epochs} and {cfg.batch_size}")
+  if not cfg.learning_rate > 0 or not 0 <= cfg.momentum < 1:
+    raise ValueError(f"utility learning rate must be positive and momentum in [0, 1), got "
+                     f"{cfg.learning_rate} and {cfg.momentum}")
+  if len(parts.test.x) < 1:
+    raise ValueError("utility needs at least one test image")
+
+
+def _vstack(images):
+  """Images stacked top to bottom, each padded on the right with white to the widest."""
+  width = max(im.shape[1] for im in images)
+  return np.concatenate([np.pad(im, ((0, 0), (0, width - im.shape[1]), (0, 0)), constant_values=255)
+                         for im in images])
+
+
+def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str = "attack") -> np.ndarray:
+  """The PNG image: mean PSNR per defense (dashed line at the threshold) and, when the rows have a
+  ``"utility"`` entry, the utility test accuracy per defense below it (range [0, 1])."""
+  names = [row["defense"] for row in table]
+  psnr = [row["summary"]["psnr"]["mean"] for row in table]
+  panels = [report.bar_chart(names, psnr, title=f"{attack} PSNR (dB), mean; dashed: {psnr_threshold:g} dB",
+                             line=psnr_threshold, value_format="{:.1f}")]
+  if all("utility" in row for row in table):
+    acc = [row["utility"]["accuracy"] for row in table]
+    panels.append(report.bar_chart(names, acc, title="utility: test accuracy", high=1.0,
+                                   color=(255, 127, 14)))
+  return _vstack(panels)
 
 
 def main(argv):
@@ -43,6 +142,15 @@ def main(argv):
   start = time.perf_counter()
   try:
     base = common.config_from_flags()
+    if f.utility:
+      if f.utility_data_seed < -1:
+        raise ValueError(f"--utility_data_seed must be >= 0 or -1, got {f.utility_data_seed}")
+      parts = training.split(
+          data.load(f.utility_dataset, data_dir=base.data_dir), f.utility_train_count,
+          f.utility_test_count, None if f.utility_data_seed == -1 else f.utility_data_seed)
+      ucfg = UtilityConfig(f.utility_model, f.utility_epochs, f.utility_batch_size, f.utility_lr,
+                           f.utility_momentum, base.seed)
+      check_utility(parts, ucfg)
     for spec in specs:
       rows = []
       for k in range(f.count):
@@ -55,20 +163,41 @@ def main(argv):
                    summary["successes"], f.count)
       table.append({"defense": spec, "summary": summary,
                     "psnr_per_image": [r["psnr"] for r in rows]})
+      if f.utility:
+        table[-1]["utility"] = utility(spec, parts, ucfg)
+        logging.info("%s: utility accuracy %s", spec, table[-1]["utility"]["accuracy"])
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   out = f.output_dir or os.path.join("runs", f"defenses_{base.attack}_{base.model}_{base.dataset}")
+  utility_setup = None
+  if f.utility:
+    utility_setup = {**ucfg._asdict(), "dataset": f.utility_dataset,
+                     "train_count": f.utility_train_count, "test_count": f.utility_test_count,
+                     "data_seed": f.utility_data_seed}
   report.save_json(os.path.join(out, "results.json"),
-                   {"table": table, "config": vars(base), "total_time_s": time.perf_counter() - start})
+                   {"table": table, "config": vars(base), "utility_config": utility_setup,
+                    "total_time_s": time.perf_counter() - start})
+  report.save_png(os.path.join(out, "privacy_utility.png"),
+                  privacy_utility_plot(table, f.psnr_threshold, base.attack))
+  extra = " utility acc. |" if f.utility else ""
   lines = [f"# {base.attack} on {base.model} against defenses, {base.dataset} {f.start}.."
            f"{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}", "",
            "| defense | PSNR (dB) | SSIM | label acc. | success (PSNR ≥ "
-           f"{f.psnr_threshold:g}) |", "|---|---|---|---|---|"]
+           f"{f.psnr_threshold:g}) |{extra}", "|---|---|---|---|---|" + ("---|" if f.utility else "")]
   for row in table:
     s = row["summary"]
+    cell = ""
+    if f.utility:
+      acc = row["utility"]["accuracy"]
+      cell = " diverged |" if acc is None else f" {acc:.3f} |"
     lines.append(f"| {row['defense']} | {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} | "
                  f"{s['ssim']['mean']:.3f} | {s['label_accuracy']['mean']:.2f} | "
-                 f"{s['successes']}/{s['experiments']} |")
+                 f"{s['successes']}/{s['experiments']} |{cell}")
+  if f.utility:
+    lines += ["", f"Utility: {f.utility_model} trained {f.utility_epochs} epochs (batch "
+              f"{f.utility_batch_size}, lr {f.utility_lr:g}, momentum {f.utility_momentum:g}) on "
+              f"{f.utility_train_count} {f.utility_dataset} images with the defense on every step, "
+              f"tested on the next {f.utility_test_count}."]
   lines += ["", f"Total {time.perf_counter() - start:.0f} s.", ""]
   text = "\n".join(lines)
   with open(os.path.join(out, "results.md"), "w") as fh:

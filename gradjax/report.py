@@ -150,3 +150,116 @@ def summarize(rows: list[dict], threshold: float) -> dict:
     out[key] = {"mean": float(v.mean()), "std": float(v.std()), "median": float(np.median(v))}
   out["successes"] = int(sum(r["psnr"] >= threshold for r in rows))
   return out
+
+
+# --- charts ---------------------------------------------------------------------------------------
+
+CHART_LEFT = 48   # columns left of the first gap (y tick labels)
+CHART_RIGHT = 8   # columns right of the last gap
+
+
+def _font():
+  """Pillow's built-in bitmap font (6 px per character, about 11 px high): no font files needed."""
+  from PIL import ImageFont
+  return ImageFont.load_default_imagefont()
+
+
+def _nice_ceil(v: float) -> float:
+  """The smallest of 1, 2, 2.5, 5 × 10^k that is ≥ v > 0."""
+  exp = 10.0 ** math.floor(math.log10(v))
+  for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+    if m * exp >= v * (1 - 1e-12):
+      return m * exp
+  return 10.0 * exp
+
+
+def bar_chart(labels: Sequence[str], values: Sequence[float | None], *, title: str = "",
+              low: float = 0.0, high: float | None = None, color=(31, 119, 180),
+              line: float | None = None, line_color=(214, 39, 40), value_format: str = "{:.2f}",
+              plot_height: int = 120, bar_width: int = 20, gap: int = 10) -> np.ndarray:
+  """A vertical bar chart as an RGB uint8 image, drawn with PIL's default bitmap font.
+
+  Geometry (pixel exact, so it can be tested): the plot area has ``plot_height`` rows ending at the
+  baseline row ``y0 = top + plot_height`` (a black line), ``top = 20 + (14 if title else 0)``. Bar i
+  fills columns ``CHART_LEFT + gap + i · (bar_width + gap)`` .. ``+ bar_width − 1`` and rows
+  ``y0 − h_i .. y0 − 1`` with ``color``, where
+
+    h_i = round(plot_height · (clip(v_i, low, high) − low) / (high − low)).
+
+  Its value (``value_format``) is written above it; a ``None`` or NaN value gets no bar and "n/a".
+  Labels are written below the baseline, rotated 90° (bottom to top); ``low`` and ``high`` are
+  written left of the plot, with light gray grid lines at ``high`` and halfway. ``line`` draws a dashed
+  horizontal line (``line_color``) at value ``line`` (e.g. a success threshold), over the bars.
+  Text is black and drawn before the bars, so exactly the bar pixels have ``color``.
+
+  Args:
+    labels: N ≥ 1 names; values: N numbers (or None).
+    title: written at the top left ("" for none).
+    low, high: the value range; ``high=None`` picks low + the smallest 1, 2, 2.5 or 5 × 10^k ≥
+      max(values and ``line``) − low (low + 1 if nothing exceeds low).
+
+  Returns:
+    uint8 (H, W, 3), W = max(CHART_LEFT + gap + N · (bar_width + gap) + CHART_RIGHT, width of the
+    title + 8), H = y0 + 6 + the longest label's width in pixels + 4.
+  """
+  from PIL import ImageDraw
+
+  labels = [str(s) for s in labels]
+  if not labels or len(values) != len(labels):
+    raise ValueError(f"bar_chart needs N >= 1 labels and N values, got {len(labels)} and {len(values)}")
+  if min(plot_height, bar_width) < 1 or gap < 0:
+    raise ValueError(f"need plot_height, bar_width >= 1 and gap >= 0, got {plot_height}, {bar_width}, {gap}")
+  vals = []
+  for i, v in enumerate(values):
+    if v is None or (isinstance(v, (float, np.floating)) and math.isnan(v)):
+      vals.append(None)
+      continue
+    v = float(v)
+    if not math.isfinite(v):
+      raise ValueError(f"bar_chart value {i} ({labels[i]!r}) is {v}")
+    vals.append(v)
+  finite = [v for v in vals if v is not None] + ([] if line is None else [float(line)])
+  if high is None:
+    top_value = max(finite, default=low)
+    high = low + (_nice_ceil(top_value - low) if top_value > low else 1.0)
+  if not (math.isfinite(low) and math.isfinite(high) and high > low):
+    raise ValueError(f"bar_chart needs finite low < high, got {low} and {high}")
+  font = _font()
+  text_w = lambda s: font.getbbox(s)[2] if s else 0
+  top = 20 + (14 if title else 0)
+  y0 = top + plot_height
+  width = max(CHART_LEFT + gap + len(labels) * (bar_width + gap) + CHART_RIGHT, text_w(title) + 8)
+  height = y0 + 6 + max(text_w(s) for s in labels) + 4
+  img = Image.new("RGB", (width, height), (255, 255, 255))
+  draw = ImageDraw.Draw(img)
+  right = CHART_LEFT + gap + len(labels) * (bar_width + gap) - 1
+  rows = lambda v: round(plot_height * (min(max(v, low), high) - low) / (high - low))
+  for frac in (0.5, 1.0):  # grid lines first, so bars cover them
+    y = y0 - round(plot_height * frac)
+    draw.line([(CHART_LEFT, y), (right, y)], fill=(220, 220, 220))
+  for value, y in ((low, y0), (high, y0 - plot_height)):
+    s = f"{value:g}"
+    draw.text((CHART_LEFT - 4 - text_w(s), y - 5), s, fill=(0, 0, 0), font=font)
+  draw.line([(CHART_LEFT - 1, y0 - plot_height), (CHART_LEFT - 1, y0)], fill=(0, 0, 0))
+  draw.line([(CHART_LEFT - 1, y0), (right, y0)], fill=(0, 0, 0))
+  if title:
+    draw.text((4, 4), title, fill=(0, 0, 0), font=font)
+  bars = []
+  for i, (label, v) in enumerate(zip(labels, vals)):
+    x0 = CHART_LEFT + gap + i * (bar_width + gap)
+    h = 0 if v is None else rows(v)
+    bars.append((x0, h))
+    s = "n/a" if v is None else value_format.format(v)
+    draw.text((x0 + bar_width // 2 - text_w(s) // 2, y0 - h - 13), s, fill=(0, 0, 0), font=font)
+    mask = Image.new("L", (max(text_w(label), 1), 11), 0)
+    ImageDraw.Draw(mask).text((0, 0), label, fill=255, font=font)
+    mask = mask.rotate(90, expand=True)
+    img.paste((0, 0, 0), (x0 + bar_width // 2 - 5, y0 + 6), mask)
+  for x0, h in bars:  # after the text: a value wider than its slot never covers a bar
+    if h > 0:
+      draw.rectangle([x0, y0 - h, x0 + bar_width - 1, y0 - 1], fill=tuple(color))
+  if line is not None:
+    y = y0 - rows(float(line))
+    for x in range(CHART_LEFT, right + 1, 6):
+      draw.line([(x, y), (min(x + 3, right), y)], fill=tuple(line_color))
+  return np.asarray(img, np.uint8).copy()

@@ -1,0 +1,159 @@
+"""Train a model (FedSGD or FedAvg, optionally under a defense) and save a checkpoint after every epoch.
+
+  python experiments/train.py                      # lenet_zhu on scikit-image's lfw_subset (no data folder needed)
+  python experiments/train.py --dataset=mnist --model=mlp --train_count=2000 --test_count=1000 --epochs=3
+  python experiments/train.py --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \
+      --local_batch_size=20 --local_lr=0.05 --defense=clip:1.0,gaussian:1e-6
+
+Data: the images of ``--dataset`` are permuted with ``--data_seed`` (``--data_seed=-1`` keeps the file
+order); the first ``--train_count`` train the model and the following ``--test_count`` measure its
+accuracy. The indices of both sets (into the source) are in results.json. The bundled data folder holds
+only the *test* splits of MNIST and CIFAR (MNIST's 10000, CIFAR-10's first 1017), so training and test
+images both come from that split, disjoint. The default dataset, ``lfw_subset`` (scikit-image's 200
+25×25 face / non-face patches, sorted by class, hence the permutation), needs no data folder;
+scikit-learn's ``digits`` would be the natural default but needs scikit-learn.
+
+Training (gradjax.training): ``--client=fedsgd``: ``--epochs`` passes of shuffled mini-batches of
+``--batch_size``, SGD with ``--lr`` and ``--momentum``, the defense on every step's gradient.
+``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--clients`` equal shards,
+each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_lr`` and the defense acts
+on each client's update. Inputs are not normalised (metadata ``normalization: "none"``); the model runs
+in evaluation mode (BatchNorm statistics stay at their initial values).
+
+Writes to ``--output_dir``: ``epoch_{E}.npz`` for E = 0 (the initial model) .. epochs, with metadata
+that rebuild the model (``gradjax.checkpoint.load_model``), and ``results.json`` (per-epoch test
+accuracy and training loss, the configuration, wall time). Bad flags or data: one-line error, exit 2.
+"""
+
+import os
+import time
+
+import jax
+from absl import app, flags, logging
+
+import common
+from gradjax import checkpoint, clients, data, defenses, models, report, training
+
+flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
+flags.DEFINE_string("init", None, "Weight init: uniform, xavier_normal, default (the model's own if unset).")
+flags.DEFINE_string("act", None, "Activation for models that take one (relu, sigmoid, ...).")
+flags.DEFINE_string("dataset", "lfw_subset", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
+flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
+flags.DEFINE_integer("image_size", None, "Resize images to this square size (the source's if unset).")
+flags.DEFINE_integer("channels", None, "Convert images to 1 or 3 channels (the source's if unset).")
+flags.DEFINE_integer("train_count", 150, "Training images: the first N of the (permuted) dataset.")
+flags.DEFINE_integer("test_count", 50, "Test images: the M following the training images.")
+flags.DEFINE_integer("data_seed", 0, "Permutation of the dataset before the split; -1 keeps the file order.")
+flags.DEFINE_integer("epochs", 10, "Epochs (FedSGD) or communication rounds (FedAvg).")
+flags.DEFINE_integer("batch_size", 32, "FedSGD mini-batch size.")
+flags.DEFINE_float("lr", 0.02, "FedSGD learning rate.")
+flags.DEFINE_float("momentum", 0.9, "FedSGD heavy-ball momentum (PyTorch form).")
+flags.DEFINE_enum("client", "fedsgd", ["fedsgd", "fedavg"], "Training protocol.")
+flags.DEFINE_integer("clients", 1, "FedAvg clients (equal shards of the training images).")
+flags.DEFINE_integer("local_epochs", 1, "FedAvg local epochs.")
+flags.DEFINE_integer("local_batch_size", None, "FedAvg local mini-batch size (a client's whole shard if unset).")
+flags.DEFINE_float("local_lr", 0.02, "FedAvg local learning rate.")
+flags.DEFINE_float("local_momentum", 0.0, "FedAvg local SGD momentum.")
+flags.DEFINE_string("defense", "none", "Defense on every gradient / update, e.g. gaussian:1e-4, prune:0.3, clip:1,gaussian:1e-4.")
+flags.DEFINE_integer("seed", 0, "PRNG seed (model initialisation, shuffling, defense noise).")
+flags.DEFINE_string("output_dir", None, "Output folder (default runs/train_<model>_<dataset>_<client>).")
+
+
+def load_split(f):
+  """The train/test split of the flags' dataset (gradjax.training.split)."""
+  size = None if f.image_size is None else (f.image_size, f.image_size)
+  ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
+  return training.split(ds, f.train_count, f.test_count, None if f.data_seed == -1 else f.data_seed)
+
+
+def fmt(accuracy):
+  return "n/a" if accuracy is None else f"{accuracy:.4f}"
+
+
+def main(argv):
+  if len(argv) > 1:
+    common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  f = flags.FLAGS
+  if f.client == "fedsgd" and f.clients != 1:
+    common.fail("--clients is for --client=fedavg (FedSGD trains on one batch per step)")
+  if f.client == "fedavg" and not 1 <= f.clients <= f.train_count:
+    common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
+  if f.epochs < 1:
+    common.fail(f"--epochs must be >= 1, got {f.epochs}")
+  if f.client == "fedsgd" and (not 1 <= f.batch_size <= f.train_count or not f.lr > 0
+                               or not 0 <= f.momentum < 1):
+    common.fail(f"need 1 <= --batch_size <= --train_count, --lr > 0 and --momentum in [0, 1), got "
+                f"{f.batch_size}, {f.lr} and {f.momentum}")
+  if f.data_seed < -1:
+    common.fail(f"--data_seed must be >= 0 or -1 (file order), got {f.data_seed}")
+  start = time.perf_counter()
+  try:
+    defense = defenses.parse(f.defense)
+    defense = None if defense.name == "none" else defense
+    parts = load_split(f)
+    input_shape = tuple(int(d) for d in parts.train.x.shape[1:])
+    metadata = {"model": f.model, "init": f.init, "act": f.act, "num_classes": parts.train.num_classes,
+                "input_shape": list(input_shape), "param_dtype": "float32", "normalization": "none",
+                "dataset": f.dataset, "image_size": f.image_size, "channels": f.channels,
+                "train_count": f.train_count, "test_count": f.test_count, "data_seed": f.data_seed,
+                "client": f.client, "defense": f.defense, "seed": f.seed}
+    model_key, train_key = jax.random.split(jax.random.key(f.seed))
+    model = checkpoint.model_from_metadata(metadata, model_key)  # what load_model rebuilds
+    local = clients.LocalTraining(f.local_epochs, f.local_batch_size, f.local_lr, f.local_momentum)
+    if f.client == "fedavg":
+      clients.check_local_training(local, f.train_count // f.clients)
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(str(e))
+  out = f.output_dir or os.path.join(
+      "runs", f"train_{f.model}_{f.dataset.replace(':', '-')}_{f.client}")
+  x_test, y_test = parts.test.x, parts.test.y
+
+  def accuracy(variables):
+    return training.evaluate(model.apply_fn, variables, x_test, y_test) if len(x_test) else None
+
+  def save(epoch, variables, step, acc):
+    checkpoint.save(os.path.join(out, f"epoch_{epoch}.npz"), variables,
+                    {**metadata, "epoch": epoch, "step": step, "accuracy": acc})
+
+  acc0 = accuracy(model.variables)
+  save(0, model.variables, 0, acc0)
+  history = [{"epoch": 0, "accuracy": acc0}]
+  print(f"epoch 0  test accuracy {fmt(acc0)}")
+
+  def callback(epoch, variables, record):
+    acc = accuracy(variables)
+    save(epoch, variables, record.get("steps", epoch), acc)
+    loss = record.get("train_loss")
+    print(f"epoch {epoch}/{f.epochs}  " + (f"train loss {loss:.4f}  " if loss is not None else "")
+          + f"test accuracy {fmt(acc)}  ({record['time_s']:.1f} s)", flush=True)
+    return {"epoch": epoch, "accuracy": acc}
+
+  try:
+    if f.client == "fedsgd":
+      _, records = training.train_fedsgd(
+          model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
+          epochs=f.epochs, batch_size=f.batch_size, learning_rate=f.lr, momentum=f.momentum,
+          defense=defense, callback=callback)
+    else:
+      _, records = training.train_fedavg(
+          model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
+          rounds=f.epochs, clients=f.clients, local=local, defense=defense, callback=callback)
+  except (ValueError, FloatingPointError) as e:
+    common.fail(str(e))
+  history += records
+  wall = time.perf_counter() - start
+  config = {name: getattr(f, name) for name in (
+      "model", "init", "act", "dataset", "data_dir", "image_size", "channels", "train_count",
+      "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "client", "clients",
+      "local_epochs", "local_batch_size", "local_lr", "local_momentum", "defense", "seed")}
+  report.save_json(os.path.join(out, "results.json"), {
+      "config": config, "metadata": metadata, "history": history, "wall_time_s": wall,
+      "device": str(jax.devices()[0]), "train_indices": parts.train_indices,
+      "test_indices": parts.test_indices})
+  logging.info("wrote %s", out)
+  print(f"{f.model} on {f.dataset} ({f.train_count} train / {f.test_count} test), {f.client}, "
+        f"defense {f.defense}: test accuracy {fmt(history[-1]['accuracy'])}  {wall:.1f} s  -> {out}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=common.parse_flags)

@@ -1,0 +1,284 @@
+"""Training a model under a defense: checkpoints for attacks at later epochs, and the utility side of
+the privacy/utility trade-off.
+
+* :func:`train_fedsgd`: central / FedSGD training. Step t takes one mini-batch B_t of a per-epoch
+  shuffle, computes the client's gradient g_t = ∇_θ (1/|B_t|) Σ_{n∈B_t} L(f_θ(x_n), y_n) (the mean cross
+  entropy, as :func:`gradjax.clients.fedsgd`), applies the defense to that observation, and updates
+  with SGD and heavy-ball momentum in PyTorch's form: v ← μ v + D(g_t), θ ← θ − η v.
+* :func:`train_fedavg`: FedAvg (McMahan et al., 2017) with K clients holding equal shards; each round
+  every client runs :func:`gradjax.clients.local_sgd` from the global θ, sends its update
+  Δ_k = θ − θ_k, the defense acts on each Δ_k, and the server steps θ ← θ − (1/K) Σ_k D(Δ_k)
+  (:func:`gradjax.clients.aggregate`, server learning rate 1).
+
+A defense that is applied during training is "the model trained with that defense": its test accuracy
+(:func:`evaluate`) is the utility to set against the attack's PSNR.
+
+BatchNorm: the model always runs in evaluation mode (``train=False``), as the attacked clients do by
+default; ``batch_stats`` (present in convnet and the ResNets, absent from lenet_zhu, lenet5 and mlp)
+are kept unchanged, so BatchNorm acts as a fixed affine map with the initial running statistics and
+only ``params`` are trained.
+"""
+
+import functools
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradjax import clients as client_lib
+from gradjax.data import Dataset
+from gradjax.defenses import Defense
+from gradjax.losses import cross_entropy
+from gradjax.observation import Observation
+
+Callback = Callable[[int, dict, dict], dict | None]
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+class Split(NamedTuple):
+  """A train/test split of one dataset; ``*_indices`` index the images of the source dataset."""
+
+  train: Dataset
+  test: Dataset
+  train_indices: np.ndarray
+  test_indices: np.ndarray
+
+
+def split(dataset: Dataset, train_count: int, test_count: int, seed: int | None = None) -> Split:
+  """Images 0..N−1 for training and N..N+M−1 for testing, after a permutation when ``seed`` is given.
+
+  Args:
+    dataset: the source images (e.g. ``data.load("mnist")``, MNIST's 10000 test images).
+    train_count, test_count: N ≥ 1 and M ≥ 0; N + M must not exceed the dataset.
+    seed: ``None`` keeps the source order; an int permutes the images first with
+      ``np.random.default_rng(seed).permutation`` (needed for class-sorted sources such as
+      ``lfw_subset``).
+  """
+  n = len(dataset.x)
+  if train_count < 1 or test_count < 0 or train_count + test_count > n:
+    raise ValueError(f"need 1 <= train count and train + test count <= {n} images of "
+                     f"{dataset.name!r}, got {train_count} + {test_count}")
+  order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
+  tr, te = order[:train_count], order[train_count:train_count + test_count]
+  part = lambda idx: dataset._replace(x=dataset.x[idx], y=dataset.y[idx])
+  return Split(part(tr), part(te), tr, te)
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn",))
+def _correct(apply_fn, variables, x, y):
+  return jnp.sum(jnp.argmax(apply_fn(variables, x, False), axis=-1) == y)
+
+
+def evaluate(apply_fn, variables, x, y, batch_size: int = 500) -> float:
+  """Test accuracy (1/N) Σ_n [argmax_k f_θ(x_n)_k = y_n], the model in evaluation mode.
+
+  Args:
+    apply_fn: ``apply_fn(variables, x, train) -> logits``.
+    variables: the model variables.
+    x: (N, H, W, C) inputs; y: (N,) int labels.
+    batch_size: examples per jitted forward pass (the last batch may be smaller).
+
+  Ties in the logits go to the lowest class index (``argmax``).
+  """
+  x, y = np.asarray(x), np.asarray(y)
+  if x.ndim != 4 or y.shape != (len(x),) or len(x) == 0:
+    raise ValueError(f"evaluate needs x (N, H, W, C) and y (N,) with N >= 1, got {x.shape} and {y.shape}")
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  correct = 0
+  for start in range(0, len(x), batch_size):
+    correct += int(_correct(apply_fn, variables, x[start:start + batch_size], y[start:start + batch_size]))
+  return correct / len(x)
+
+
+# --- FedSGD -------------------------------------------------------------------------------------
+
+
+def batch_order(key: jax.Array, epoch: int, num_samples: int, batch_size: int) -> jax.Array:
+  """The example indices of epoch ``epoch``'s mini-batches, (num_samples // batch_size, batch_size).
+
+  ``jax.random.permutation(fold_in(key, epoch), num_samples)`` cut into consecutive batches; the last
+  ``num_samples % batch_size`` examples of the permutation are left out of that epoch.
+  """
+  steps = num_samples // batch_size
+  perm = jax.random.permutation(jax.random.fold_in(key, epoch), num_samples)
+  return jnp.reshape(perm[:steps * batch_size], (steps, batch_size))
+
+
+def _defended(defense, gradient, variables, num_samples, key, threat_model, local=None):
+  if defense is None:
+    return gradient
+  observation = Observation(gradient=gradient, variables=variables, num_samples=num_samples,
+                            threat_model=threat_model, local=local)
+  return defense.apply(observation, key).gradient
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "defense"))
+def _sgd_epoch(apply_fn, defense, variables, velocity, x, y, order, step0, defense_key, lr, momentum):
+  """One epoch of defended SGD steps as a ``lax.scan`` over the rows of ``order``."""
+
+  def step(carry, idx):
+    params, velocity, t = carry
+    xb, yb = x[idx], y[idx]
+    loss_fn = lambda p: cross_entropy(apply_fn({**variables, "params": p}, xb, False), yb)
+    loss, grad = jax.value_and_grad(loss_fn)(params)
+    grad = _defended(defense, grad, {**variables, "params": params}, idx.shape[0],
+                     jax.random.fold_in(defense_key, t), "fedsgd")
+    velocity = jax.tree.map(lambda v, g: momentum * v + g, velocity, grad)
+    params = jax.tree.map(lambda p, v: p - lr * v, params, velocity)
+    return (params, velocity, t + 1), loss
+
+  (params, velocity, _), losses = jax.lax.scan(step, (variables["params"], velocity, step0), order)
+  return params, velocity, losses
+
+
+def _check_data(apply_fn, variables, x, y):
+  if not isinstance(variables, dict) or "params" not in variables:
+    raise ValueError("variables must be a dict with a 'params' entry")
+  x, y = client_lib._check_client_data(apply_fn, variables, x, y)
+  return x, y
+
+
+def _check_finite(params, what: str):
+  if not all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(params)):
+    raise FloatingPointError(f"training diverged: non-finite parameters after {what}")
+
+
+def _run_callback(callback, index, variables, record, history):
+  if callback is not None:
+    extra = callback(index, variables, dict(record))
+    if extra:
+      record.update(extra)
+  history.append(record)
+
+
+def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batch_size: int,
+                 learning_rate: float, momentum: float = 0.0, defense: Defense | None = None,
+                 callback: Callback | None = None):
+  """Central / FedSGD training with a defense on every step's gradient.
+
+  Epoch e (1-based) visits the mini-batches of :func:`batch_order` ``(fold_in(key, 0), e, N, B)``;
+  step t (0-based, counted over all epochs) computes the mean cross-entropy gradient g_t of its batch
+  at the current parameters θ_t (model in evaluation mode), defends it with
+  ``defense.apply(Observation(g_t, ...), fold_in(fold_in(key, 1), t))`` and updates
+
+    v_{t+1} = μ v_t + D(g_t),   θ_{t+1} = θ_t − η v_{t+1},   v_0 = 0
+
+  (PyTorch's SGD with momentum, dampening 0). ``batch_stats`` are left unchanged (module docstring).
+
+  Args:
+    apply_fn: ``apply_fn(variables, x, train) -> logits``.
+    variables: initial ``{"params": θ_0, ...}``.
+    x: (N, H, W, C) training inputs; y: (N,) int labels.
+    key: PRNG key (shuffling and the defense's noise).
+    epochs: passes over the data, ≥ 1; each has ⌊N / B⌋ steps.
+    batch_size: B, 1 ≤ B ≤ N.
+    learning_rate: η > 0. momentum: μ ∈ [0, 1).
+    defense: applied to every step's gradient; ``None`` for none.
+    callback: ``callback(epoch, variables, record) -> dict | None`` after every epoch; a returned dict
+      is merged into that epoch's history record (e.g. ``{"accuracy": evaluate(...)}``).
+
+  Returns:
+    ``(variables, history)``: the trained variables and one record per epoch, ``{"epoch", "steps",
+    "train_loss" (mean of the steps' mini-batch losses, before each update), "time_s"}``.
+
+  Raises:
+    ValueError: bad data or hyperparameters. FloatingPointError: non-finite parameters after an epoch.
+  """
+  x, y = _check_data(apply_fn, variables, x, y)
+  n = x.shape[0]
+  if epochs < 1 or not 1 <= batch_size <= n:
+    raise ValueError(f"need epochs >= 1 and 1 <= batch size <= {n}, got {epochs} and {batch_size}")
+  if not learning_rate > 0 or not 0 <= momentum < 1:
+    raise ValueError(f"learning rate must be positive and momentum in [0, 1), got {learning_rate} "
+                     f"and {momentum}")
+  shuffle_key, defense_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
+  velocity = jax.tree.map(jnp.zeros_like, variables["params"])
+  history, step = [], 0
+  for epoch in range(1, epochs + 1):
+    start = time.perf_counter()
+    order = batch_order(shuffle_key, epoch, n, batch_size)
+    params, velocity, losses = _sgd_epoch(apply_fn, defense, variables, velocity, x, y, order,
+                                          jnp.asarray(step, jnp.uint32), defense_key,
+                                          learning_rate, momentum)
+    step += order.shape[0]
+    _check_finite(params, f"epoch {epoch}")
+    variables = {**variables, "params": params}
+    record = {"epoch": epoch, "steps": step, "train_loss": float(jnp.mean(losses)),
+              "time_s": time.perf_counter() - start}
+    _run_callback(callback, epoch, variables, record, history)
+  return variables, history
+
+
+# --- FedAvg -------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "local", "defense"))
+def _client_update(apply_fn, local, defense, variables, x, y, key):
+  """One client's defended update D(θ − local_sgd(θ)) for its shard (x, y)."""
+  new = client_lib.local_sgd(apply_fn, variables, x, y, local)
+  update = jax.tree.map(jnp.subtract, variables["params"], new)
+  return _defended(defense, update, variables, x.shape[0], key, "fedavg", local)
+
+
+def train_fedavg(apply_fn, variables, x, y, *, key: jax.Array, rounds: int, clients: int,
+                 local: client_lib.LocalTraining, defense: Defense | None = None,
+                 callback: Callback | None = None):
+  """Simulated FedAvg with a defense on every client's update.
+
+  The N examples are cut, in order, into K = ``clients`` shards of S = ⌊N / K⌋ examples (shard k holds
+  examples kS .. kS + S − 1; the remaining N − KS are unused). Round r (1-based) sends θ_r to every
+  client; client k runs :func:`gradjax.clients.local_sgd` with ``local`` on its shard (in order, model
+  in evaluation mode) and sends Δ_k = θ_r − θ_k, defended with key ``fold_in(fold_in(key, r), k)``;
+  the server averages (:func:`gradjax.clients.aggregate`) and steps θ_{r+1} = θ_r − (1/K) Σ_k D(Δ_k).
+  Without a defense, one client and one round give exactly :func:`gradjax.clients.fedavg`'s update.
+
+  Args:
+    apply_fn, variables, x, y, defense: as :func:`train_fedsgd`.
+    key: PRNG key of the defenses' noise.
+    rounds: communication rounds, ≥ 1.
+    clients: K ≥ 1, at most N.
+    local: the clients' :class:`gradjax.clients.LocalTraining`; its batch size must divide S.
+    callback: ``callback(round, variables, record) -> dict | None`` after every round (see
+      :func:`train_fedsgd`).
+
+  Returns:
+    ``(variables, history)``, one record per round: ``{"round", "update_norm" (L2 norm of the
+    aggregated update), "time_s"}``.
+  """
+  num_clients = clients  # the argument's name is the module's; client_lib is the module
+  x, y = _check_data(apply_fn, variables, x, y)
+  if rounds < 1 or not 1 <= num_clients <= x.shape[0]:
+    raise ValueError(f"need rounds >= 1 and 1 <= clients <= {x.shape[0]}, got {rounds} and "
+                     f"{num_clients}")
+  if not isinstance(local, client_lib.LocalTraining):
+    raise ValueError(f"local must be a clients.LocalTraining, got {type(local).__name__}")
+  shard = x.shape[0] // num_clients
+  client_lib.check_local_training(local, shard)
+  history = []
+  for r in range(1, rounds + 1):
+    start = time.perf_counter()
+    round_key = jax.random.fold_in(key, r)
+    observations = []
+    for k in range(num_clients):
+      xs, ys = x[k * shard:(k + 1) * shard], y[k * shard:(k + 1) * shard]
+      update = _client_update(apply_fn, local, defense, variables, xs, ys,
+                              jax.random.fold_in(round_key, k))
+      observations.append(Observation(gradient=update, variables=variables, num_samples=shard,
+                                      threat_model="fedavg", local=local))
+    mean = client_lib.aggregate(observations).gradient
+    params = jax.tree.map(jnp.subtract, variables["params"], mean)
+    _check_finite(params, f"round {r}")
+    variables = {**variables, "params": params}
+    norm = float(jnp.sqrt(sum(jnp.sum(jnp.square(u)) for u in jax.tree.leaves(mean))))
+    record = {"round": r, "update_norm": norm, "time_s": time.perf_counter() - start}
+    _run_callback(callback, r, variables, record, history)
+  return variables, history

@@ -1,0 +1,187 @@
+"""gradjax.checkpoint: .npz round trips without pickle, one-line errors, and rebuilding a model."""
+
+import io
+import json
+import os
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import checkpoint, models
+
+META = {"model": "mlp-8", "init": None, "act": "sigmoid", "num_classes": 3, "input_shape": [5, 5, 1],
+        "epoch": 2, "accuracy": 0.5, "note": "ünïcode"}
+
+
+@pytest.fixture(scope="module")
+def mlp():
+  return models.create("mlp-8", jax.random.key(1), input_shape=(5, 5, 1), num_classes=3, act="sigmoid")
+
+
+def one_line_error(excinfo):
+  assert "\n" not in str(excinfo.value), str(excinfo.value)
+  return str(excinfo.value)
+
+
+def test_round_trip_keys_dtypes_and_metadata(tmp_path, mlp):
+  variables = {**mlp.variables, "batch_stats": {"bn": {"mean": np.arange(3, dtype=np.float64),
+                                                        "count": np.array([4, 5], np.int32)}}}
+  path = tmp_path / "a" / "ckpt.npz"
+  checkpoint.save(path, variables, META)
+  assert os.listdir(tmp_path / "a") == ["ckpt.npz"]  # no temp file left behind
+  with np.load(path, allow_pickle=False) as raw:  # the format, read independently
+    assert sorted(raw.files) == ["__metadata__", "batch_stats/bn/count", "batch_stats/bn/mean",
+                                 "params/Dense_0/bias", "params/Dense_0/kernel", "params/head/bias",
+                                 "params/head/kernel"]
+    assert raw["__metadata__"].dtype == np.uint8
+    assert json.loads(raw["__metadata__"].tobytes().decode("utf-8")) == META
+    np.testing.assert_array_equal(raw["params/head/kernel"], mlp.variables["params"]["head"]["kernel"])
+  loaded, meta = checkpoint.load(path)
+  assert meta == META
+  assert jax.tree.structure(loaded) == jax.tree.structure(jax.tree.map(np.asarray, variables))
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(variables)):
+    assert isinstance(a, np.ndarray) and a.dtype == np.asarray(b).dtype
+    np.testing.assert_array_equal(a, b)
+  checkpoint.save(path, mlp.variables, {"epoch": 3})  # overwrite in place
+  assert checkpoint.load(path)[1] == {"epoch": 3}
+
+
+def test_load_model_rebuilds_the_module(tmp_path, mlp):
+  trained = jax.tree.map(lambda v: v + 0.25, mlp.variables)
+  path = tmp_path / "m.npz"
+  checkpoint.save(path, trained, META)
+  model = checkpoint.load_model(path)
+  assert (model.name, model.input_shape, model.num_classes) == ("mlp-8", (5, 5, 1), 3)
+  x = np.random.default_rng(0).random((4, 5, 5, 1)).astype(np.float32)
+  np.testing.assert_array_equal(model.apply_fn(model.variables, x), mlp.apply_fn(trained, x))
+  assert isinstance(jax.tree.leaves(model.variables)[0], jax.Array)
+  # The same weights under another activation give other logits: the metadata matter.
+  relu = models.create("mlp-8", jax.random.key(1), input_shape=(5, 5, 1), num_classes=3)
+  assert not np.allclose(relu.apply_fn(trained, x), model.apply_fn(model.variables, x))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_classes": 4}, "'params/head/bias' has shape (3,), the model expects (4,)"),
+    ({"input_shape": [6, 6, 1]}, "'params/Dense_0/kernel' has shape (25, 8)"),
+    ({"model": "lenet_zhu", "act": None}, "variables lack 'params/Conv_0/bias'"),
+    ({"model": None}, "model must be a string"),
+    ({"input_shape": "5x5"}, "input_shape must be a list"),
+])
+def test_load_model_mismatch(tmp_path, mlp, change, message):
+  path = tmp_path / "m.npz"
+  checkpoint.save(path, mlp.variables, {**META, **change})
+  with pytest.raises(ValueError) as e:
+    checkpoint.load_model(path)
+  assert message in one_line_error(e)
+  del_meta = {k: v for k, v in META.items() if k != "num_classes"}
+  checkpoint.save(path, mlp.variables, del_meta)
+  with pytest.raises(ValueError, match="lack num_classes"):
+    checkpoint.load_model(path)
+
+
+def test_check_compatible(mlp):
+  like = mlp.variables
+  checkpoint.check_compatible(jax.tree.map(np.asarray, like), like)
+  bad_shape = {"params": {**like["params"], "head": {**like["params"]["head"], "kernel": np.zeros((8, 4))}}}
+  bad_dtype = jax.tree.map(lambda v: np.asarray(v, np.float16), like)
+  extra = {**like, "batch_stats": {"x": np.zeros(2)}}
+  missing = {"params": {"head": like["params"]["head"]}}
+  cases = [(bad_shape, "'params/head/kernel' has shape (8, 4), the model expects (8, 3)"),
+           (bad_dtype, "'params/Dense_0/bias' has dtype float16, the model expects float32"),
+           (extra, "variables have 'batch_stats/x'"), (missing, "lack 'params/Dense_0/bias'"),
+           ([1, 2], "nested dict")]
+  for variables, message in cases:
+    with pytest.raises(ValueError) as e:
+      checkpoint.check_compatible(variables, like)
+    assert message in one_line_error(e)
+
+
+def _write_npz(path, **arrays):
+  with open(path, "wb") as f:
+    np.savez(f, **arrays)
+
+
+class _Boom:
+  """Unpickling this object would create the file named in it."""
+
+  def __init__(self, target):
+    self.target = target
+
+  def __reduce__(self):
+    return (open, (self.target, "w"))
+
+
+def test_load_errors(tmp_path):
+  meta = np.frombuffer(json.dumps({"epoch": 1}).encode(), np.uint8)
+  good = {"params/w": np.ones(2, np.float32), "__metadata__": meta}
+  with pytest.raises(FileNotFoundError):
+    checkpoint.load(tmp_path / "missing.npz")
+  cases = []
+  (tmp_path / "text.npz").write_text("not a zip")
+  cases.append(("text.npz", "not an .npz"))
+  np.save(tmp_path / "array.npy", np.ones(3))
+  cases.append(("array.npy", "not an .npz"))
+  target = tmp_path / "pwned"
+  _write_npz(tmp_path / "objects.npz", **good, evil=np.array([_Boom(str(target))], dtype=object))
+  cases.append(("objects.npz", "holds Python objects"))
+  _write_npz(tmp_path / "nometa.npz", **{"params/w": np.ones(2)})
+  cases.append(("nometa.npz", "no '__metadata__'"))
+  _write_npz(tmp_path / "badjson.npz", **{**good, "__metadata__": np.frombuffer(b"{epoch", np.uint8)})
+  cases.append(("badjson.npz", "invalid metadata JSON"))
+  _write_npz(tmp_path / "nanjson.npz", **{**good, "__metadata__": np.frombuffer(b'{"a": NaN}', np.uint8)})
+  cases.append(("nanjson.npz", "invalid metadata JSON"))
+  _write_npz(tmp_path / "list.npz", **{**good, "__metadata__": np.frombuffer(b"[1]", np.uint8)})
+  cases.append(("list.npz", "JSON object"))
+  _write_npz(tmp_path / "f32meta.npz", **{**good, "__metadata__": np.ones(3, np.float32)})
+  cases.append(("f32meta.npz", "uint8"))
+  _write_npz(tmp_path / "inf.npz", **{**good, "params/w": np.array([1.0, np.inf])})
+  cases.append(("inf.npz", "'params/w' contains NaN or inf"))
+  _write_npz(tmp_path / "clash.npz", **good, **{"params/w/x": np.ones(1)})
+  cases.append(("clash.npz", "nests under an array"))
+  _write_npz(tmp_path / "strings.npz", **good, s=np.array(["a"]))
+  cases.append(("strings.npz", "unsupported dtype"))
+  with zipfile.ZipFile(tmp_path / "raw.npz", "w") as z:
+    buf = io.BytesIO()
+    np.save(buf, meta)
+    z.writestr("__metadata__.npy", buf.getvalue())
+    z.writestr("params/w.npy", b"garbage")
+  cases.append(("raw.npz", "entry 'params/w' is not a NumPy array"))
+  with zipfile.ZipFile(tmp_path / "truncated.npz", "w") as z:
+    buf = io.BytesIO()
+    np.save(buf, meta)
+    z.writestr("__metadata__.npy", buf.getvalue())
+    buf = io.BytesIO()
+    np.save(buf, np.ones(100))
+    z.writestr("params/w.npy", buf.getvalue()[:200])
+  cases.append(("truncated.npz", "entry 'params/w' is corrupt"))
+  for name, message in cases:
+    with pytest.raises(ValueError) as e:
+      checkpoint.load(tmp_path / name)
+    assert message in one_line_error(e), (name, str(e.value))
+  assert not target.exists()  # nothing was unpickled
+  _write_npz(tmp_path / "ok.npz", **good)
+  assert checkpoint.load(tmp_path / "ok.npz")[1] == {"epoch": 1}
+
+
+def test_save_errors_leave_the_old_file(tmp_path, mlp):
+  path = tmp_path / "c.npz"
+  checkpoint.save(path, mlp.variables, {"epoch": 0})
+  before = path.read_bytes()
+  cases = [
+      (mlp.variables, {"accuracy": float("nan")}, "JSON"),
+      (mlp.variables, {"x": object()}, "JSON"),
+      (mlp.variables, [1], "must be a dict"),
+      ({"params": {"a/b": np.ones(1)}}, {}, "without '/'"),
+      ({"params": {}}, {}, "empty dict"),
+      ({"params": {"w": np.array([np.nan], np.float32)}}, {}, "'params/w' contains NaN"),
+      ({"params": {"w": jnp.ones(2, jnp.bfloat16)}}, {}, "dtype bfloat16"),
+      ({"params": {"w": np.array(["a"])}}, {}, "dtype <U1"),
+  ]
+  for variables, meta, message in cases:
+    with pytest.raises(ValueError) as e:
+      checkpoint.save(path, variables, meta)
+    assert message in one_line_error(e)
+  assert path.read_bytes() == before and os.listdir(tmp_path) == ["c.npz"]

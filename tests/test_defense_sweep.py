@@ -1,0 +1,125 @@
+"""experiments/defense_sweep.py: the utility column (a model trained under each defense) and the
+privacy/utility plot, through the program's functions and end to end."""
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from gradjax import data, models, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLUE, ORANGE = (31, 119, 180), (255, 127, 14)
+
+
+@pytest.fixture(scope="module")
+def sweep():
+  """The program as a module (defines its absl flags once per process)."""
+  sys.path.insert(0, os.path.join(ROOT, "experiments"))
+  try:
+    return sys.modules.get("defense_sweep") or importlib.import_module("defense_sweep")
+  finally:
+    sys.path.remove(os.path.join(ROOT, "experiments"))
+
+
+@pytest.fixture(scope="module")
+def blobs():
+  """A linearly separable 3-class problem on 4x4 gray images: 240 training and 120 test images."""
+  rng = np.random.default_rng(0)
+  y = rng.integers(0, 3, 360)
+  x = rng.normal(0, 0.3, (360, 4, 4, 1)).astype(np.float32)
+  for c in range(3):
+    x[y == c, c, :, 0] += 2.0
+  return training.split(data.Dataset(x, y, 3, "blobs"), 240, 120)
+
+
+def test_utility_is_the_accuracy_of_the_defended_training(sweep, blobs):
+  cfg = sweep.UtilityConfig(model="mlp-16", epochs=2, batch_size=16, learning_rate=0.1, momentum=0.9)
+  none = sweep.utility("none", blobs, cfg)
+  assert none["accuracy"] > 0.95 and not none["diverged"] and len(none["train_loss"]) == 2
+  # The same as training by hand from the documented model and key.
+  key = jax.random.key(cfg.seed)
+  model = models.create("mlp-16", key, input_shape=(4, 4, 1), num_classes=3)
+  variables, _ = training.train_fedsgd(model.apply_fn, model.variables, blobs.train.x, blobs.train.y,
+                                       key=jax.random.fold_in(key, 1), epochs=2, batch_size=16,
+                                       learning_rate=0.1, momentum=0.9)
+  assert none["accuracy"] == training.evaluate(model.apply_fn, variables, blobs.test.x, blobs.test.y)
+  # A zero-strength defense changes nothing; clipping every update to norm 1e-6 leaves the model as
+  # it was. (Noise is a poor destroyer here: with large weights the gradients grow with the noise.)
+  same = sweep.utility("prune:0.0", blobs, cfg)
+  assert same["accuracy"] == none["accuracy"] and same["train_loss"] == none["train_loss"]
+  frozen = sweep.utility("clip:1e-6", blobs, cfg)
+  initial = training.evaluate(model.apply_fn, model.variables, blobs.test.x, blobs.test.y)
+  assert frozen["accuracy"] == initial < 0.7
+  with pytest.raises(ValueError, match="unknown defense"):
+    sweep.utility("blur:3", blobs, cfg)
+
+
+def test_check_utility(sweep, blobs):
+  sweep.check_utility(blobs, sweep.UtilityConfig(model="mlp"))
+  for cfg, message in [(sweep.UtilityConfig(model="alexnet"), "unknown model"),
+                       (sweep.UtilityConfig(batch_size=241), "batch size"),
+                       (sweep.UtilityConfig(momentum=1.0), "momentum")]:
+    with pytest.raises(ValueError, match=message):
+      sweep.check_utility(blobs, cfg)
+
+
+def _table(psnr, accuracy=None):
+  rows = [{"defense": f"d{i}", "summary": {"psnr": {"mean": p}}} for i, p in enumerate(psnr)]
+  if accuracy is not None:
+    for row, a in zip(rows, accuracy):
+      row["utility"] = {"accuracy": a}
+  return rows
+
+
+def _bar_heights(img, color):
+  mask = np.all(img == np.asarray(color, np.uint8), axis=-1)
+  cols = mask.sum(axis=0)
+  return cols[cols > 0]
+
+
+def test_privacy_utility_plot(sweep):
+  psnr_only = sweep.privacy_utility_plot(_table([20.0, 40.0]), 30.0, "dlg")
+  both = sweep.privacy_utility_plot(_table([20.0, 40.0], [0.9, None]), 30.0, "dlg")
+  assert psnr_only.dtype == both.dtype == np.uint8
+  assert both.shape[0] > psnr_only.shape[0] and both.shape[1] == psnr_only.shape[1]
+  np.testing.assert_array_equal(both[:psnr_only.shape[0]], psnr_only)  # PSNR panel on top
+  # PSNR: range 0..50 over 120 rows (the dashed threshold line crosses the 40 dB bar once).
+  heights = _bar_heights(psnr_only, BLUE)
+  assert heights.size == 40 and set(heights[:20]) == {48} and set(heights[20:]) <= {95, 96}
+  assert _bar_heights(psnr_only, ORANGE).size == 0
+  acc = _bar_heights(both, ORANGE)  # 0.9 of 120 rows; None (diverged): no bar
+  assert acc.size == 20 and set(acc) == {108}
+
+
+def run_sweep(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "defense_sweep.py"), *args],
+                        capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_program_with_utility(tmp_path):
+  proc = run_sweep("--defenses=none;clip:1e-6", "--count=1", "--iterations=5", "--image_size=16",
+                   "--utility", "--utility_model=mlp", "--utility_dataset=lfw_subset",
+                   "--utility_data_seed=0", "--utility_train_count=150", "--utility_test_count=50",
+                   "--utility_epochs=2", f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((tmp_path / "results.json").read_text())
+  acc = [row["utility"]["accuracy"] for row in result["table"]]
+  assert acc[0] > 0.8 and acc[1] < 0.7
+  assert result["utility_config"]["dataset"] == "lfw_subset"
+  md = (tmp_path / "results.md").read_text()
+  assert "utility acc. |" in md and f"| {acc[0]:.3f} |" in md
+  img = np.asarray(Image.open(tmp_path / "privacy_utility.png"))
+  assert img.ndim == 3 and _bar_heights(img, ORANGE).size == 40
+  bad = run_sweep("--defenses=none", "--count=1", "--utility", "--utility_model=alexnet",
+                  "--utility_dataset=lfw_subset", "--utility_train_count=100",
+                  "--utility_test_count=50", f"--output_dir={tmp_path / 'bad'}")
+  errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+  assert bad.returncode == 2 and len(errors) == 1 and "unknown model" in errors[0], bad.stderr[-2000:]

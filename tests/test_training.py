@@ -1,0 +1,315 @@
+"""gradjax.training against hand-written NumPy SGD loops (float64), and experiments/train.py end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from gradjax import checkpoint, clients, data, defenses, models, training
+from gradjax.defenses import Defense
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def mlp64(fill_variables):
+  """mlp-8 in float64 on (6, 6, 1) inputs, NumPy-filled weights, and 11 random examples."""
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=4, param_dtype=jnp.float64)
+    variables = fill_variables(module, (6, 6, 1), seed=3, dtype=np.float64, scale=0.3)
+    apply_fn = models.make_apply_fn(module)
+  rng = np.random.default_rng(0)
+  x = rng.random((11, 6, 6, 1))
+  y = rng.integers(0, 4, 11)
+  return apply_fn, variables, x, y
+
+
+def np_params(params):
+  return {k: {n: np.asarray(v, np.float64) for n, v in layer.items()} for k, layer in params.items()}
+
+
+def np_sgd(params, x, y, orders, lr, momentum, grads_fn, defend=None):
+  """Plain loop over the given batch orders: v = μv + D(g), W = W − ηv; returns (params, losses)."""
+  params = np_params(params)
+  velocity = {k: {n: np.zeros_like(v) for n, v in layer.items()} for k, layer in params.items()}
+  losses, t = [], 0
+  for order in orders:
+    for idx in order:
+      loss, g = grads_fn(params, x[idx], y[idx])
+      if defend is not None:
+        g = defend(g, t)
+      losses.append(loss)
+      for k in params:
+        for n in params[k]:
+          velocity[k][n] = momentum * velocity[k][n] + g[k][n]
+          params[k][n] = params[k][n] - lr * velocity[k][n]
+      t += 1
+  return params, losses
+
+
+def assert_params_close(got, want, rtol=1e-10):
+  for k in want:
+    for n in want[k]:
+      np.testing.assert_allclose(np.asarray(got[k][n]), want[k][n], rtol=rtol, atol=1e-13)
+
+
+def orders_for(key, epochs, n, batch_size):
+  shuffle = jax.random.fold_in(key, 0)
+  return [np.asarray(training.batch_order(shuffle, e, n, batch_size)) for e in range(1, epochs + 1)]
+
+
+def test_batch_order_is_a_fresh_permutation_per_epoch():
+  key = jax.random.key(5)
+  a, b = (np.asarray(training.batch_order(key, e, 11, 3)) for e in (1, 2))
+  assert a.shape == b.shape == (3, 3)
+  for o in (a, b):
+    assert len(set(o.ravel().tolist())) == 9 and o.min() >= 0 and o.max() < 11
+  assert not np.array_equal(a, b)
+  np.testing.assert_array_equal(a, np.asarray(jax.random.permutation(jax.random.fold_in(key, 1), 11))[:9]
+                                .reshape(3, 3))
+
+
+@pytest.mark.parametrize("epochs, momentum", [(1, 0.0), (2, 0.9)])
+def test_fedsgd_equals_numpy_sgd_loop(mlp64, mlp_reference, epochs, momentum):
+  apply_fn, variables, x, y = mlp64
+  key = jax.random.key(7)
+  with jax.enable_x64(True):
+    got, history = training.train_fedsgd(apply_fn, variables, x, y, key=key, epochs=epochs,
+                                         batch_size=3, learning_rate=0.2, momentum=momentum)
+  want, losses = np_sgd(variables["params"], x, y, orders_for(key, epochs, 11, 3), 0.2, momentum,
+                        mlp_reference)
+  assert_params_close(got["params"], want)
+  assert [r["epoch"] for r in history] == list(range(1, epochs + 1))
+  assert [r["steps"] for r in history] == [3 * e for e in range(1, epochs + 1)]
+  for e, r in enumerate(history):
+    np.testing.assert_allclose(r["train_loss"], np.mean(losses[3 * e:3 * e + 3]), rtol=1e-10)
+  # The first step moves the weights by exactly −η g on the first batch (no momentum yet).
+  assert not np.allclose(np.asarray(got["params"]["head"]["kernel"]), variables["params"]["head"]["kernel"])
+
+
+def test_defense_is_applied_to_every_step_with_its_key(mlp64, mlp_reference):
+  apply_fn, variables, x, y = mlp64
+  key = jax.random.key(8)
+  defense = defenses.gaussian_noise(1e-3)
+  noise_key = jax.random.fold_in(key, 1)
+
+  def defend(g, t):  # the defense on the NumPy gradient, with the documented per-step key
+    from gradjax.observation import Observation
+    obs = Observation(gradient=jax.tree.map(jnp.asarray, g), variables=variables)
+    return np_params(defense.apply(obs, jax.random.fold_in(noise_key, t)).gradient)
+
+  with jax.enable_x64(True):
+    got, _ = training.train_fedsgd(apply_fn, variables, x, y, key=key, epochs=2, batch_size=4,
+                                   learning_rate=0.1, momentum=0.5, defense=defense)
+    want, _ = np_sgd(variables["params"], x, y, orders_for(key, 2, 11, 4), 0.1, 0.5, mlp_reference,
+                     defend)
+  assert_params_close(got["params"], want)
+
+
+def _scale(c):
+  return Defense(lambda obs, key=None: obs.replace(gradient=jax.tree.map(lambda g: c * g, obs.gradient)),
+                 f"scale:{c}")
+
+
+def test_zero_strength_defenses_change_nothing_and_the_defense_acts(mlp64):
+  apply_fn, variables, x, y = mlp64
+  kw = dict(key=jax.random.key(1), epochs=2, batch_size=5, learning_rate=0.3)
+  with jax.enable_x64(True):
+    plain, _ = training.train_fedsgd(apply_fn, variables, x, y, **kw)
+    for d in (defenses.gaussian_noise(0.0), defenses.identity(), defenses.prune(0.0)):
+      got, _ = training.train_fedsgd(apply_fn, variables, x, y, defense=d, **kw)
+      assert_params_close(got["params"], np_params(plain["params"]), rtol=1e-13)
+    frozen, _ = training.train_fedsgd(apply_fn, variables, x, y, defense=_scale(0.0), **kw)
+    doubled, _ = training.train_fedsgd(apply_fn, variables, x, y, defense=_scale(2.0), **kw)
+    double_lr, _ = training.train_fedsgd(apply_fn, variables, x, y, **{**kw, "learning_rate": 0.6})
+  for a, b in zip(jax.tree.leaves(frozen), jax.tree.leaves(variables)):
+    np.testing.assert_array_equal(a, b)  # zeroed gradients: no step at all
+  assert_params_close(doubled["params"], np_params(double_lr["params"]), rtol=1e-12)
+
+
+def _blobs(n, seed, classes=3):
+  """Linearly separable images: class c lights up pixel block c of a 4x4 image, plus noise."""
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, classes, n)
+  x = rng.normal(0, 0.3, (n, 4, 4, 1)).astype(np.float32)
+  for c in range(classes):
+    x[y == c, c, :, 0] += 2.0
+  return x, y
+
+
+def test_training_raises_accuracy_on_a_separable_problem():
+  x, y = _blobs(240, 0)
+  xt, yt = _blobs(200, 1)
+  model = models.create("mlp-16", jax.random.key(0), input_shape=(4, 4, 1), num_classes=3)
+  before = training.evaluate(model.apply_fn, model.variables, xt, yt)
+  seen = []
+  cb = lambda e, v, r: seen.append((e, r["train_loss"])) or {"accuracy": training.evaluate(model.apply_fn, v, xt, yt)}
+  variables, history = training.train_fedsgd(model.apply_fn, model.variables, x, y, key=jax.random.key(1),
+                                             epochs=3, batch_size=16, learning_rate=0.1,
+                                             momentum=0.9, callback=cb)
+  after = training.evaluate(model.apply_fn, variables, xt, yt)
+  assert before < 0.6 and after > 0.97
+  assert history[-1]["accuracy"] == after and [e for e, _ in seen] == [1, 2, 3]
+  assert history[-1]["train_loss"] < history[0]["train_loss"]
+
+
+def test_evaluate_equals_numpy_argmax_count(mlp64):
+  apply_fn, variables, x, _ = mlp64
+  rng = np.random.default_rng(4)
+  x = rng.random((30, 6, 6, 1))
+  y = rng.integers(0, 4, 30)
+  p = np_params(variables["params"])
+  h = np.maximum(x.reshape(30, -1) @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"], 0)
+  want = np.sum(np.argmax(h @ p["head"]["kernel"] + p["head"]["bias"], -1) == y) / 30
+  with jax.enable_x64(True):
+    for b in (7, 30, 500):
+      assert training.evaluate(apply_fn, variables, x, y, batch_size=b) == want
+  assert 0 < want < 1
+  with pytest.raises(ValueError, match="evaluate needs"):
+    training.evaluate(apply_fn, variables, x[:0], y[:0])
+
+
+def test_fedavg_one_client_one_round_is_the_clients_update(mlp64):
+  apply_fn, variables, x, y = mlp64
+  x, y = x[:10], y[:10]
+  local = clients.LocalTraining(epochs=2, batch_size=5, learning_rate=0.1, momentum=0.5)
+  with jax.enable_x64(True):
+    got, history = training.train_fedavg(apply_fn, variables, x, y, key=jax.random.key(0), rounds=1,
+                                         clients=1, local=local)
+    update = clients.fedavg(apply_fn, variables, x, y, local).gradient
+  want = jax.tree.map(lambda p, u: np.asarray(p) - np.asarray(u), variables["params"], update)
+  assert_params_close(got["params"], np_params(want), rtol=1e-12)
+  assert history[0]["round"] == 1
+  np.testing.assert_allclose(history[0]["update_norm"],
+                             np.sqrt(sum(np.sum(np.asarray(u) ** 2) for u in jax.tree.leaves(update))))
+
+
+def test_fedavg_rounds_average_the_defended_client_updates(mlp64):
+  apply_fn, variables, x, y = mlp64  # 11 examples, 2 clients of 5: the last one is unused
+  local = clients.LocalTraining(epochs=1, batch_size=5, learning_rate=0.2)
+  defense = defenses.chain(defenses.clip(0.05), defenses.gaussian_noise(1e-4))
+  key = jax.random.key(3)
+  with jax.enable_x64(True):
+    got, history = training.train_fedavg(apply_fn, variables, x, y, key=key, rounds=2, clients=2,
+                                         local=local, defense=defense)
+    v = variables
+    for r in (1, 2):
+      ups = [defense.apply(clients.fedavg(apply_fn, v, x[5 * k:5 * k + 5], y[5 * k:5 * k + 5], local),
+                           jax.random.fold_in(jax.random.fold_in(key, r), k)).gradient for k in (0, 1)]
+      v = {**v, "params": jax.tree.map(lambda p, a, b: p - (a + b) / 2, v["params"], *ups)}
+  assert_params_close(got["params"], np_params(v["params"]), rtol=1e-10)
+  assert [h["round"] for h in history] == [1, 2]
+
+
+class _TinyBN(nn.Module):
+  """flatten - Dense(8) - BatchNorm - Dense('head'): a small model with batch statistics."""
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    x = nn.Dense(8)(x.reshape(x.shape[0], -1))
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+    return nn.Dense(3, name="head")(nn.relu(x))
+
+
+def test_batch_stats_are_kept_and_divergence_is_reported():
+  module = _TinyBN()
+  x, y = _blobs(12, 2)
+  variables = module.init(jax.random.key(0), x[:1])
+  stats = {"mean": jnp.full((8,), 0.2), "var": jnp.full((8,), 2.0)}
+  variables = {**variables, "batch_stats": {"BatchNorm_0": stats}}
+  apply_fn = models.make_apply_fn(module)
+  kw = dict(key=jax.random.key(0), epochs=1, batch_size=4, learning_rate=0.01)
+  got, _ = training.train_fedsgd(apply_fn, variables, x, y, **kw)
+  np.testing.assert_array_equal(got["batch_stats"]["BatchNorm_0"]["mean"], stats["mean"])
+  np.testing.assert_array_equal(got["batch_stats"]["BatchNorm_0"]["var"], stats["var"])
+  assert not np.array_equal(got["params"]["head"]["kernel"], variables["params"]["head"]["kernel"])
+  nan = Defense(lambda obs, key=None: obs.replace(gradient=jax.tree.map(lambda g: g * jnp.nan, obs.gradient)),
+                "nan")
+  with pytest.raises(FloatingPointError, match="epoch 1"):
+    training.train_fedsgd(apply_fn, variables, x, y, defense=nan, **kw)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(epochs=0), "epochs"), (dict(batch_size=12), "batch size"), (dict(learning_rate=0.0), "learning rate"),
+    (dict(momentum=1.0), "momentum"),
+])
+def test_bad_fedsgd_settings(mlp64, kwargs, message):
+  apply_fn, variables, x, y = mlp64
+  base = dict(key=jax.random.key(0), epochs=1, batch_size=2, learning_rate=0.1)
+  with jax.enable_x64(True), pytest.raises(ValueError, match=message):
+    training.train_fedsgd(apply_fn, variables, x, y, **{**base, **kwargs})
+
+
+def test_bad_fedavg_settings_and_data(mlp64):
+  apply_fn, variables, x, y = mlp64
+  local = clients.LocalTraining(batch_size=2)
+  with jax.enable_x64(True):
+    with pytest.raises(ValueError, match="clients"):
+      training.train_fedavg(apply_fn, variables, x, y, key=jax.random.key(0), rounds=1, clients=12, local=local)
+    with pytest.raises(ValueError, match="batch size dividing n = 5"):
+      training.train_fedavg(apply_fn, variables, x, y, key=jax.random.key(0), rounds=1, clients=2,
+                            local=clients.LocalTraining(batch_size=2))
+    with pytest.raises(ValueError, match="labels must lie"):
+      training.train_fedsgd(apply_fn, variables, x, y + 4, key=jax.random.key(0), epochs=1, batch_size=2,
+                            learning_rate=0.1)
+
+
+def test_split():
+  ds = data.Dataset(np.arange(10, dtype=np.float32).reshape(10, 1, 1, 1), np.arange(10) % 3, 3, "toy")
+  s = training.split(ds, 6, 3)
+  assert s.train_indices.tolist() == list(range(6)) and s.test_indices.tolist() == [6, 7, 8]
+  np.testing.assert_array_equal(s.test.x.ravel(), [6, 7, 8])
+  p = training.split(ds, 6, 4, seed=1)
+  assert sorted(p.train_indices.tolist() + p.test_indices.tolist()) == list(range(10))
+  np.testing.assert_array_equal(p.train.y, ds.y[p.train_indices])
+  assert p.train_indices.tolist() != list(range(6))
+  with pytest.raises(ValueError, match="train \\+ test count"):
+    training.split(ds, 8, 3)
+
+
+# --- experiments/train.py ---------------------------------------------------------------------
+
+
+def run_train(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "train.py"), *args],
+                        capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
+  proc = run_train("--model=mlp", "--epochs=2", "--lr=0.05", f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((tmp_path / "results.json").read_text())
+  assert sorted(os.listdir(tmp_path)) == ["epoch_0.npz", "epoch_1.npz", "epoch_2.npz", "results.json"]
+  ds = data.load("lfw_subset")
+  test_idx = np.array(result["test_indices"])
+  assert len(test_idx) == 50 and not set(test_idx) & set(result["train_indices"])
+  for record in result["history"]:
+    model = checkpoint.load_model(tmp_path / f"epoch_{record['epoch']}.npz")
+    _, meta = checkpoint.load(tmp_path / f"epoch_{record['epoch']}.npz")
+    assert (model.name, model.input_shape, model.num_classes) == ("mlp", (25, 25, 1), 2)
+    assert meta["normalization"] == "none" and meta["epoch"] == record["epoch"]
+    acc = training.evaluate(model.apply_fn, model.variables, ds.x[test_idx], ds.y[test_idx])
+    assert acc == record["accuracy"] == meta["accuracy"]
+  assert result["history"][-1]["accuracy"] > 0.8
+  assert f"test accuracy {result['history'][-1]['accuracy']:.4f}" in proc.stdout
+
+
+def test_train_program_fedavg_and_bad_flags(tmp_path):
+  proc = run_train("--model=mlp", "--client=fedavg", "--clients=3", "--local_batch_size=10",
+                   "--epochs=1", "--defense=clip:1.0", "--data_seed=-1", f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((tmp_path / "results.json").read_text())
+  assert result["train_indices"] == list(range(150)) and result["history"][1]["update_norm"] > 0
+  for args, message in [(["--model=alexnet"], "unknown model"), (["--clients=3"], "--clients"),
+                        (["--train_count=190"], "train + test count")]:
+    bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
+    assert not (tmp_path / "bad").exists()
