@@ -14,6 +14,7 @@ def define_flags():
   d = Config()
   flags.DEFINE_string("attack", d.attack, f"Attack preset: {', '.join(attacks.PRESETS)}.")
   flags.DEFINE_string("model", d.model, f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
+  flags.DEFINE_string("checkpoint", d.checkpoint, "Attack the model of this checkpoint (experiments/train.py) instead of a fresh --model.")
   flags.DEFINE_string("init", d.init, "Model init: uniform, xavier_normal, default (model's own if unset).")
   flags.DEFINE_string("act", d.act, "Activation for models that take one (relu, sigmoid, ...).")
   flags.DEFINE_integer("num_classes", d.num_classes, "Model classes (the dataset's if unset).")
@@ -57,7 +58,8 @@ def define_flags():
 
 def config_from_flags(**overrides) -> Config:
   f = flags.FLAGS
-  values = dict(attack=f.attack, model=f.model, init=f.init, act=f.act, num_classes=f.num_classes,
+  values = dict(attack=f.attack, model=f.model, checkpoint=f.checkpoint, init=f.init, act=f.act,
+                num_classes=f.num_classes,
                 dataset=f.dataset, data_dir=f.data_dir, index=f.index, batch_size=f.batch_size,
                 image_size=f.image_size, channels=f.channels, normalization=f.normalization,
                 train_mode=f.train_mode, client=f.client, local_epochs=f.local_epochs,

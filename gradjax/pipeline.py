@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import attacks, clients, data, defenses, metrics, models
+from gradjax import attacks, checkpoint, clients, data, defenses, metrics, models
 
 CLIENTS = ("fedsgd", "fedavg")
 SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known labels reveals
@@ -28,6 +28,7 @@ class Config:
 
   attack: str = "dlg"
   model: str = "lenet_zhu"
+  checkpoint: str | None = None
   init: str | None = None
   act: str | None = None
   num_classes: int | None = None
@@ -145,8 +146,15 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
   input_shape = batch.x.shape[1:]
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
-  model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
-                        init=cfg.init, act=cfg.act)
+  if cfg.checkpoint:
+    model = checkpoint.load_model(cfg.checkpoint)
+    if tuple(model.input_shape) != tuple(input_shape) or model.num_classes < batch.num_classes:
+      raise ValueError(f"checkpoint {cfg.checkpoint} holds a model for {tuple(model.input_shape)} "
+                       f"inputs and {model.num_classes} classes; the data is {tuple(input_shape)} "
+                       f"with {batch.num_classes} classes")
+  else:
+    model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
+                          init=cfg.init, act=cfg.act)
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
   share_labels = attack.labels == "known"
   if share_labels and cfg.client == "fedavg":
@@ -189,6 +197,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
       labels_true=batch.y.tolist(),
       labels_reconstructed=rec.labels[order].tolist(),
+      model=model.name,
       attack=dataclasses.asdict(attack),
       config=dataclasses.asdict(cfg),
       device=str(jax.devices()[0]),
