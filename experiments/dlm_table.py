@@ -9,7 +9,8 @@ one local SGD step at lr 0.01, the server sees W_t and W_{t+1}. Four attacks on 
 * DLM: ‖∇W' − γ ΔW‖² with γ learned (preset ``dlm``);
 * DLM+: ‖∇W'/‖∇W'‖ − ΔW/‖ΔW‖‖² (preset ``dlm_plus``).
 
-DLM and DLM+ run with the presets' iDLG labels and with DLG's jointly optimised soft labels.
+DLM runs with its preset's iDLG labels and with DLG's jointly optimised soft labels, DLM+ with its
+preset's joint labels and with iDLG labels.
 
 All four use Adam, 4000 iterations (lr 0.1; DLM+ 0.01, the paper's), one restart, dummy data
 N(0, 1); ``--box`` clamps every attack's dummy image to [0, 1] after each step. Success is PSNR > 30
@@ -37,7 +38,7 @@ METHODS = {
     "DLM": dict(attack="dlm"),
     "DLM (joint labels)": dict(attack="dlm", labels="joint"),
     "DLM+": dict(attack="dlm_plus"),
-    "DLM+ (joint labels)": dict(attack="dlm_plus", labels="joint"),
+    "DLM+ (iDLG labels)": dict(attack="dlm_plus", labels="idlg"),
 }
 
 flags.DEFINE_string("methods", ";".join(METHODS), f"Semicolon-separated subset of {'; '.join(METHODS)}.")
@@ -99,7 +100,7 @@ def main(argv):
   if unknown or not names or f.count < 1:
     common.fail(f"need a positive --count and methods from {', '.join(METHODS)}; got {f.methods!r}")
   base = dict(model=f.model, dataset=f.dataset, data_dir=f.data_dir, client="fedavg",
-              local_lr=f.local_lr, box=True if f.box else None, seed=f.seed, chunk=1000)
+              local_lr=f.local_lr, box=f.box, seed=f.seed, chunk=1000)
   std = data.normalization(f.dataset).std if f.dataset in ("cifar10", "cifar100") else (1.0,)
   start = time.perf_counter()
   try:
