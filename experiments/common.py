@@ -37,6 +37,8 @@ def define_flags():
   flags.DEFINE_integer("permutations", d.permutations, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
   flags.DEFINE_integer("halving_rounds", d.halving_rounds, "Successive halving over restarts x candidates: rounds (1 = off).")
   flags.DEFINE_float("halving_keep", d.halving_keep, "Successive halving: fraction kept after each round.")
+  flags.DEFINE_bool("shard", d.shard, "Split restarts (x permutation candidates) over all devices, of all hosts with --distributed.")
+  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host: pods, SLURM, Open MPI clusters).")
   flags.DEFINE_string("strategy", d.strategy, f"Restart strategy: {', '.join(solvers.STRATEGIES)}.")
   flags.DEFINE_integer("map_batch_size", d.map_batch_size, "Restarts vectorised together by --strategy=map.")
   flags.DEFINE_integer("iterations", d.iterations, "Optimizer iterations (preset's if unset).")
@@ -66,7 +68,7 @@ def config_from_flags(**overrides) -> Config:
                 local_batch_size=f.local_batch_size, local_lr=f.local_lr,
                 local_momentum=f.local_momentum, shared_labels=f.shared_labels, defense=f.defense,
                 restarts=f.restarts, permutations=f.permutations, halving_rounds=f.halving_rounds,
-                halving_keep=f.halving_keep, strategy=f.strategy,
+                halving_keep=f.halving_keep, shard=f.shard, strategy=f.strategy,
                 map_batch_size=f.map_batch_size,
                 iterations=f.iterations, objective=f.objective, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
                 distance=f.distance, layer_weights=f.layer_weights, priors=f.priors, labels=f.labels,
@@ -90,11 +92,19 @@ def fail(message: str):
 
 
 def parse_flags(argv):
-  """absl flag parser that reports bad flags in one line with exit code 2."""
+  """absl flag parser that reports bad flags in one line with exit code 2; starts the multi-host
+  runtime when ``--distributed`` is set."""
   try:
-    return flags.FLAGS(argv)
+    argv = flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e))
+  if "distributed" in flags.FLAGS and flags.FLAGS.distributed:
+    import jax
+    try:
+      jax.distributed.initialize()
+    except (RuntimeError, ValueError) as e:
+      fail(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}")
+  return argv
 
 
 def replace(cfg: Config, **kw) -> Config:

@@ -49,6 +49,7 @@ class Config:
   defense: str | None = None
   restarts: int = 1
   permutations: int = 1
+  shard: bool = False
   halving_rounds: int = 1
   halving_keep: float = 0.5
   strategy: str = "auto"
@@ -176,7 +177,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
                             restarts=cfg.restarts, strategy=cfg.strategy, chunk=cfg.chunk,
                             map_batch_size=cfg.map_batch_size, callback=callback,
                             permutations=cfg.permutations, halving_rounds=cfg.halving_rounds,
-                            halving_keep=cfg.halving_keep)
+                            halving_keep=cfg.halving_keep, shard=cfg.shard)
   wall = time.perf_counter() - start
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
@@ -201,6 +202,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       attack=dataclasses.asdict(attack),
       config=dataclasses.asdict(cfg),
       device=str(jax.devices()[0]),
+      devices=jax.device_count() if cfg.shard else 1,
       backend=jax.default_backend(),
       jax_version=jax.__version__,
   )

@@ -1,0 +1,75 @@
+"""Restarts sharded over 8 fake CPU devices: each device gets its share, results equal one device.
+
+Runs in a subprocess because the device count is fixed when JAX starts
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from gradjax import attacks, clients, models, solvers
+    out = {"devices": jax.device_count()}
+
+    # The solver on a quadratic with per-restart targets: placement and equality.
+    targets = jnp.asarray(np.random.default_rng(0).normal(size=(8, 5)))
+    value = lambda p, data, step: jnp.sum((p["p"] - data[1]) ** 2)
+    solver = solvers.make_solver(value, solvers.make_optimizer("adam", 0.1))
+    init = {"p": jnp.zeros((8, 5))}
+    kw = dict(iterations=50, chunk=25, strategy="vmap", restart_data=targets)
+    sharded = solvers.run(solver, init, None, shard=True, **kw)
+    plain = solvers.run(solver, init, None, **kw)
+    leaf = sharded.best_params["p"]
+    out["shards"] = sorted((s.device.id, s.data.shape[0]) for s in leaf.addressable_shards)
+    out["solver_max_diff"] = float(np.abs(np.asarray(leaf) - np.asarray(plain.best_params["p"])).max())
+
+    # A DLG attack with 6 restarts (padded to 8) sharded vs on one device.
+    model = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3), num_classes=4,
+                          param_dtype=jnp.float64)
+    x = np.random.default_rng(1).uniform(size=(1, 8, 8, 3))
+    obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([2]))
+    attack = attacks.get_attack("dlg", iterations=30)
+    a = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(3), input_shape=(8, 8, 3),
+                            restarts=6, strategy="vmap", shard=True)
+    b = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(3), input_shape=(8, 8, 3),
+                            restarts=6, strategy="vmap")
+    out["restarts"] = len(a.restart_losses)
+    out["attack_loss_rel_diff"] = float(np.max(np.abs(a.restart_losses - b.restart_losses)
+                                               / np.abs(b.restart_losses)))
+    out["attack_x_max_diff"] = float(np.abs(a.x_restarts - b.x_restarts).max())
+    out["best"] = [a.best_restart, b.best_restart]
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def result():
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
+                        cwd=ROOT, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+  return json.loads(line[len("RESULT "):])
+
+
+def test_each_of_eight_devices_holds_one_restart(result):
+  assert result["devices"] == 8
+  assert result["shards"] == [[d, 1] for d in range(8)]
+
+
+def test_sharded_runs_equal_single_device_runs(result):
+  assert result["solver_max_diff"] < 1e-12
+  assert result["restarts"] == 6 and result["best"][0] == result["best"][1]
+  assert result["attack_loss_rel_diff"] < 1e-9
+  assert result["attack_x_max_diff"] < 1e-9
