@@ -199,7 +199,7 @@ def test_restart_data_and_successive_halving(strategy):
   np.testing.assert_array_equal(state.iterations, [100, 300, 100, 300, 100, 200])
   assert np.argmin(state.best_loss) == 3
   np.testing.assert_allclose(state.best_params["p"][3], targets[3], atol=1e-3)
-  np.testing.assert_allclose(state.best_loss[[1, 3]], offsets[[1, 3]], atol=1e-5)
+  np.testing.assert_allclose(state.best_loss[[1, 3]], np.asarray(offsets)[[1, 3]], atol=1e-5)
 
 
 def test_restart_data_needs_a_leading_restart_axis():
