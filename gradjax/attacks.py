@@ -319,7 +319,8 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                 strategy: str = "auto", chunk: int = 50, map_batch_size: int | None = None,
                 unroll: int = 1, callback: Callable[[solvers.Progress], None] | None = None,
                 permutations: int = 1, permutation_seed: int = 0, halving_rounds: int = 1,
-                halving_keep: float = 0.5, shard: bool = False) -> Reconstruction:
+                halving_keep: float = 0.5, shard: bool = False,
+                monitor: Callable[[solvers.SolverState], bool] | None = None) -> Reconstruction:
   """Reconstructs the client's data behind ``observation``.
 
   Args:
@@ -341,6 +342,7 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     halving_rounds, halving_keep: successive halving over the restarts × candidates
       (:func:`gradjax.solvers.halving_schedule`).
     shard: split the restarts × candidates over every device (:func:`gradjax.solvers.run`).
+    monitor: ``monitor(state) -> stop`` after every chunk (:func:`gradjax.solvers.run`).
   """
   check_observation(observation)
   if restarts < 1:
@@ -383,7 +385,8 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                       iterations=attack.iterations, chunk=chunk, strategy=strategy,
                       map_batch_size=map_batch_size, unroll=unroll, tol=attack.tol,
                       callback=callback, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))),
-                      halving_rounds=halving_rounds, halving_keep=halving_keep, shard=shard)
+                      halving_rounds=halving_rounds, halving_keep=halving_keep, shard=shard,
+                      monitor=monitor)
   state = solvers.fetch(state)
   losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
   if not np.isfinite(losses).any():

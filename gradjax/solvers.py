@@ -321,7 +321,7 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
         strategy: str = "auto", map_batch_size: int | None = None, unroll: int = 1,
         tol: float | None = None, callback: Callable[[Progress], None] | None = None,
         restart_data: PyTree = None, halving_rounds: int = 1, halving_keep: float = 0.5,
-        shard: bool = False) -> SolverState:
+        shard: bool = False, monitor: Callable[[SolverState], bool] | None = None) -> SolverState:
   """Runs the restarts for ``iterations`` steps; returns the stacked final :class:`SolverState`.
 
   Args:
@@ -343,6 +343,8 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
     shard: split the restarts over every device (:func:`shard_restarts`; all hosts' devices after
       ``jax.distributed.initialize()``) and run them with ``vmap``, each device advancing its share.
       The result is a global array sharded the same way (:func:`fetch` brings it to the host).
+    monitor: called on the host with the (stacked, or one restart's) state after every chunk; a
+      True return stops that run there (e.g. once a reconstruction reaches a target PSNR).
   """
   if iterations < 1 or chunk < 1:
     raise ValueError(f"iterations and chunk must be positive, got {iterations} and {chunk}")
@@ -355,14 +357,14 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
     mesh = restart_mesh()
     init_params, restart_data = shard_restarts((init_params, restart_data), mesh)
     state = _run(solver, init_params, data, iterations, chunk, "vmap", None, unroll, tol, callback,
-                 restart_data, 1, halving_keep, mesh)
+                 restart_data, 1, halving_keep, mesh, monitor)
     return _slice(state, slice(0, restarts))
   return _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
-              callback, restart_data, halving_rounds, halving_keep, None)
+              callback, restart_data, halving_rounds, halving_keep, None, monitor)
 
 
 def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
-         callback, restart_data, halving_rounds, halving_keep, mesh):
+         callback, restart_data, halving_rounds, halving_keep, mesh, monitor):
   strategy = resolve_strategy(strategy)
   init, advance, finalize = _compiled(solver, strategy, map_batch_size, unroll, mesh)
   restarts = jax.tree.leaves(init_params)[0].shape[0]
@@ -386,6 +388,8 @@ def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size,
         callback(Progress(restart, done, iterations, float(jnp.min(best)), int(jnp.sum(alive)),
                           rate, (iterations - done) / rate))
       if not jnp.any(alive & (best > tol)):
+        break
+      if monitor is not None and monitor(state):
         break
     return state
 

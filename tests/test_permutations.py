@@ -1,6 +1,5 @@
 """Candidate label orders for the permutation search, and the search inside ``reconstruct``."""
 
-import itertools
 
 import jax
 import jax.numpy as jnp

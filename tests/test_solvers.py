@@ -207,3 +207,17 @@ def test_restart_data_needs_a_leading_restart_axis():
   with pytest.raises(ValueError, match="leading axis"):
     solvers.run(solver, {"p": jnp.zeros((3, 6))}, None, iterations=5,
                 restart_data=(jnp.zeros((2, 6)), jnp.zeros(2)))
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+def test_monitor_stops_a_run_after_the_chunk_it_returns_true(strategy):
+  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.01))
+  seen = []
+
+  def monitor(state):
+    seen.append(int(np.max(state.iterations)))
+    return seen[-1] >= 30
+
+  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=100, chunk=10,
+                      strategy=strategy, monitor=monitor)
+  assert seen == [10, 20, 30] and int(state.iterations[0]) == 30

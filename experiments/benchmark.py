@@ -1,0 +1,378 @@
+r"""The benchmark suite: step cost, memory, time-to-quality and restart scaling, against PyTorch eager.
+
+Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``--sections``):
+
+* ``steps``: per model (``--models``) and batch size (``--batch_sizes``), the median time of one plain
+  forward+backward and of one gradient-matching step (value and gradient of the DLG objective w.r.t.
+  the dummy data and labels), their ratio, the compile time of each, and the matching step's device
+  memory: XLA's compiled footprint (arguments + outputs + temporaries, ``memory_analysis``) and, on
+  devices that report it, the peak bytes in use. With PyTorch installed the same step in PyTorch
+  eager (ported in ``benchmark_step.py``) and the ratio torch / JAX.
+* ``ttq``: time-to-quality of DLG on ``lenet_zhu`` (U(−0.5, 0.5) init, ``--ttq_images`` scikit-image
+  photos at 32×32, batch 1): wall time until the best iterate's PSNR reaches ``--ttq_psnr``, checked
+  every 10 iterations; the JAX run uses the ``dlg`` preset (optax L-BFGS, zoom line search) after a
+  warm-up that compiles it. PyTorch runs ``torch.optim.LBFGS`` (lr 1, history 100) on the same weights
+  and starting point, both as the DLG reference code does (20 fixed-size inner iterations per step)
+  and with ``line_search_fn="strong_wolfe"``; the objective counts as checked after each ``step``.
+  Then a fixed budget for Inverting Gradients on ``--ig_model``: ``--ig_iterations`` iterations of
+  1 − cosine + TV with signed Adam, in JAX and in PyTorch eager.
+* ``restarts``: wall time of ``--restart_iterations`` DLG iterations on ``lenet_zhu`` for each
+  restart count in ``--restart_counts`` and each strategy (sequential, vmap, map with
+  ``--map_batch_size``), compilation excluded, as a ratio to one restart.
+
+  python experiments/benchmark.py --output_dir=experiments/results/benchmark_cpu
+  python experiments/benchmark.py --sections=restarts --restart_counts=1,8,64   # on a GPU
+
+This builds on ``benchmark_step.py`` (its timing helpers, PyTorch ports and flags ``--models``,
+``--repeats``, ``--warmup``, ``--max_seconds``, ``--torch`` and ``--seed``).
+"""
+
+import os
+import shlex
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+import benchmark_step as bs
+from gradjax import attacks, clients, data, distances, metrics, models, report
+from gradjax.objectives import gradient_matching
+
+SECTIONS = ("steps", "ttq", "restarts")
+_SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run: {', '.join(SECTIONS)}.")
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes of the step section.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/benchmark", "Where benchmark.json/.md go.")
+_TTQ_IMAGES = flags.DEFINE_integer("ttq_images", 3, "Photos for the time-to-quality runs.")
+_TTQ_PSNR = flags.DEFINE_float("ttq_psnr", 30.0, "Target PSNR (dB) of the time-to-quality runs.")
+_TTQ_MAX_S = flags.DEFINE_float("ttq_max_seconds", 120.0, "Give up a time-to-quality run after this.")
+_IG_MODEL = flags.DEFINE_string("ig_model", "resnet20-4", "Model of the fixed-budget IG measurement.")
+_IG_ITERATIONS = flags.DEFINE_integer("ig_iterations", 20, "Iterations of the fixed-budget IG run.")
+_RESTART_COUNTS = flags.DEFINE_list("restart_counts", ["1", "4", "16", "64"], "Restart counts.")
+_RESTART_ITERATIONS = flags.DEFINE_integer("restart_iterations", 100, "DLG iterations per timing.")
+_MAP_BATCH = flags.DEFINE_integer("map_batch_size", 8, "Restarts vectorised together by lax.map.")
+
+CHECK_EVERY = 10  # iterations between PSNR checks in the time-to-quality runs
+
+
+def photos(n: int, size=(32, 32)) -> data.Dataset:
+  return data.load("skimage", indices=[i % len(data.SKIMAGE_PHOTOS) for i in range(n)],
+                   image_size=size)
+
+
+# --- steps ----------------------------------------------------------------------------------------
+
+
+def step_memory(name: str, batch: int, seed: int) -> dict:
+  """The matching step's compiled memory footprint (bytes) and, where reported, the device peak."""
+  x = photos(batch).x
+  model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=bs.NUM_CLASSES)
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, np.zeros(batch, np.int32))
+  step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
+  dummy = {"x": jnp.zeros(x.shape, jnp.float32),
+           "label_logits": jnp.zeros((batch, bs.NUM_CLASSES), jnp.float32)}
+  compiled = jax.jit(step).lower(dummy, obs).compile()
+  analysis = compiled.memory_analysis()
+  out = {"compiled_bytes": None, "peak_bytes_in_use": None}
+  if analysis is not None:
+    out["compiled_bytes"] = int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+                                + analysis.temp_size_in_bytes)
+  jax.block_until_ready(compiled(dummy, obs))
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    out["peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
+  return out
+
+
+def section_steps(torch, timing: dict, seed: int) -> list[dict]:
+  rows = []
+  for batch in map(int, _BATCH_SIZES.value):
+    images = photos(batch)
+    for name in bs._MODELS.value:
+      row = dict(model=name, batch_size=batch)
+      j = bs.benchmark_jax(name, images.x, images.y, seed=seed, **timing)
+      row.update(jax_plain_ms=j["plain"]["median_ms"], jax_match_ms=j["match"]["median_ms"],
+                 compile_plain_s=j["compile_s"]["plain"], compile_match_s=j["compile_s"]["match"],
+                 match_over_plain=j["match"]["median_ms"] / j["plain"]["median_ms"],
+                 **step_memory(name, batch, seed))
+      if torch is not None:
+        t = bs.benchmark_torch(name, images.x, images.y, seed=seed, **timing)
+        row.update(torch_plain_ms=t["plain"]["median_ms"], torch_match_ms=t["match"]["median_ms"],
+                   torch_over_jax=t["match"]["median_ms"] / j["match"]["median_ms"])
+      print(f"steps {name} batch {batch}: {row}", flush=True)
+      rows.append(row)
+  return rows
+
+
+# --- time to quality ------------------------------------------------------------------------------
+
+
+def torch_lenet(model, torch):
+  """The PyTorch port of ``lenet_zhu`` carrying the JAX model's weights (HWIO -> OIHW; the head's
+  rows reordered from NHWC to NCHW flattening); checked to give the same logits."""
+  net = bs.build_torch_model("lenet_zhu", model.input_shape, model.num_classes)
+  params = model.variables["params"]
+  convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+  dense = [m for m in net.modules() if isinstance(m, torch.nn.Linear)][0]
+  conv_params = [params[k] for k in params if "Conv" in k]
+  head = [params[k] for k in params if "Conv" not in k][0]
+  with torch.no_grad():
+    for m, p in zip(convs, conv_params):
+      m.weight.copy_(torch.from_numpy(np.asarray(p["kernel"]).transpose(3, 2, 0, 1).copy()))
+      m.bias.copy_(torch.from_numpy(np.array(p["bias"])))
+    h, w = model.input_shape[0] // 4, model.input_shape[1] // 4
+    kernel = np.asarray(head["kernel"]).reshape(h, w, 12, -1).transpose(2, 0, 1, 3).reshape(h * w * 12, -1)
+    dense.weight.copy_(torch.from_numpy(kernel.T.copy()))
+    dense.bias.copy_(torch.from_numpy(np.array(head["bias"])))
+  return net
+
+
+def ttq_torch(torch, net, x_true, y, init: dict, line_search: str | None, target: float,
+              max_s: float) -> dict:
+  """DLG in PyTorch eager until PSNR >= target: the reference loop with ``optimizer.step(closure)``."""
+  import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+  params = list(net.parameters())
+  x = torch.from_numpy(np.ascontiguousarray(x_true.transpose(0, 3, 1, 2)))
+  observed = [g.detach() for g in torch.autograd.grad(F.cross_entropy(net(x), torch.from_numpy(y)), params)]
+  dummy_x = torch.from_numpy(np.ascontiguousarray(init["x"].transpose(0, 3, 1, 2))).requires_grad_(True)
+  dummy_y = torch.from_numpy(init["label_logits"].copy()).requires_grad_(True)
+  opt = torch.optim.LBFGS([dummy_x, dummy_y], lr=1, history_size=100, line_search_fn=line_search)
+  evaluations = 0
+
+  def closure():
+    nonlocal evaluations
+    evaluations += 1
+    opt.zero_grad()
+    pred = net(dummy_x)
+    loss = torch.mean(torch.sum(-F.softmax(dummy_y, -1) * F.log_softmax(pred, -1), -1))
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    diff = sum(((g - o) ** 2).sum() for g, o in zip(grads, observed))
+    diff.backward(inputs=[dummy_x, dummy_y])
+    return diff
+
+  start, steps, psnr = time.perf_counter(), 0, 0.0
+  while time.perf_counter() - start < max_s:
+    opt.step(closure)
+    steps += 1
+    rec = dummy_x.detach().numpy().transpose(0, 2, 3, 1)
+    if not np.all(np.isfinite(rec)):
+      break
+    psnr = float(metrics.psnr(rec, x_true)[0])
+    if psnr >= target:
+      return dict(seconds=time.perf_counter() - start, reached=True, psnr=psnr, steps=steps,
+                  evaluations=evaluations)
+  return dict(seconds=time.perf_counter() - start, reached=False, psnr=psnr, steps=steps,
+              evaluations=evaluations)
+
+
+def ttq_jax(model, obs, x_true, key, target: float, max_s: float) -> dict:
+  attack = attacks.get_attack("dlg", iterations=10_000)
+  start = time.perf_counter()
+  reached = []
+
+  def monitor(state):
+    psnr = float(metrics.psnr(np.asarray(state.best_params["x"]), x_true)[0])
+    reached.append(psnr)
+    return psnr >= target or time.perf_counter() - start > max_s
+
+  rec = attacks.reconstruct(attack, model.apply_fn, obs, key, input_shape=x_true.shape[1:],
+                            chunk=CHECK_EVERY, monitor=monitor, strategy="sequential")
+  return dict(seconds=time.perf_counter() - start, reached=bool(reached and reached[-1] >= target),
+              psnr=reached[-1] if reached else None, iterations=int(rec.iterations[0]),
+              evaluations=int(rec.evaluations[0]))
+
+
+def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
+  """Seconds for ``iterations`` Inverting-Gradients iterations (1 − cosine, TV 1e-4, signed Adam, box)."""
+  images = photos(1)
+  model = models.create(name, jax.random.key(seed), input_shape=images.x.shape[1:],
+                        num_classes=bs.NUM_CLASSES)
+  obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y, share_labels=True)
+  attack = attacks.get_attack("inverting_gradients", iterations=iterations)
+  kw = dict(input_shape=images.x.shape[1:], strategy="sequential", chunk=iterations)
+  attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
+  start = time.perf_counter()
+  attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
+  out = dict(model=name, iterations=iterations, jax_s=time.perf_counter() - start, torch_s=None)
+  if torch is not None:
+    import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+    torch.manual_seed(seed)
+    net = bs.build_torch_model(name, images.x.shape[1:], bs.NUM_CLASSES).eval()
+    params = list(net.parameters())
+    x = torch.from_numpy(np.ascontiguousarray(images.x.transpose(0, 3, 1, 2)))
+    y = torch.from_numpy(np.asarray(images.y, np.int64))
+    observed = [g.detach() for g in torch.autograd.grad(F.cross_entropy(net(x), y), params)]
+    dummy = torch.randn(x.shape, requires_grad=True)
+    opt = torch.optim.Adam([dummy], lr=0.1)
+    start = time.perf_counter()
+    for _ in range(iterations):
+      opt.zero_grad()
+      grads = torch.autograd.grad(F.cross_entropy(net(dummy), y), params, create_graph=True)
+      dot = sum((g * o).sum() for g, o in zip(grads, observed))
+      norm = (sum((g * g).sum() for g in grads).sqrt() * sum((o * o).sum() for o in observed).sqrt())
+      tv = ((dummy[:, :, :, 1:] - dummy[:, :, :, :-1]).abs().mean()
+            + (dummy[:, :, 1:, :] - dummy[:, :, :-1, :]).abs().mean())
+      (1 - dot / norm + 1e-4 * tv).backward(inputs=[dummy])
+      dummy.grad.sign_()
+      opt.step()
+      with torch.no_grad():
+        dummy.clamp_(0, 1)
+    out["torch_s"] = time.perf_counter() - start
+  out["torch_over_jax"] = None if out["torch_s"] is None else out["torch_s"] / out["jax_s"]
+  print(f"ig {out}", flush=True)
+  return out
+
+
+def section_ttq(torch, seed: int) -> dict:
+  images = photos(_TTQ_IMAGES.value)
+  rows = []
+  warm = models.create("lenet_zhu", jax.random.key(999), input_shape=(32, 32, 3), num_classes=bs.NUM_CLASSES)
+  warm_obs = clients.fedsgd(warm.apply_fn, warm.variables, images.x[:1], images.y[:1])
+  attacks.reconstruct(attacks.get_attack("dlg", iterations=CHECK_EVERY), warm.apply_fn, warm_obs,
+                      jax.random.key(0), input_shape=(32, 32, 3), chunk=CHECK_EVERY)
+  for i in range(len(images.x)):
+    x, y = images.x[i:i + 1], images.y[i:i + 1]
+    model = models.create("lenet_zhu", jax.random.key(seed + i), input_shape=(32, 32, 3),
+                          num_classes=bs.NUM_CLASSES)
+    obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
+    key = jax.random.key(seed + 100 + i)
+    row = dict(image=i, jax=ttq_jax(model, obs, x, key, _TTQ_PSNR.value, _TTQ_MAX_S.value))
+    if torch is not None:
+      net = torch_lenet(model, torch)
+      with torch.no_grad():
+        t_logits = net(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).numpy()
+      j_logits = np.asarray(model.apply_fn(model.variables, x, False))
+      if not np.allclose(t_logits, j_logits, rtol=1e-4, atol=1e-4):
+        raise RuntimeError("the PyTorch port of lenet_zhu does not reproduce the JAX logits")
+      init = jax.device_get(attacks.init_dummy(jax.random.split(key, 1)[0], "normal", x.shape,
+                                               bs.NUM_CLASSES))
+      init = {k: np.asarray(v, np.float32) for k, v in init.items()}
+      for label, ls in (("torch_reference", None), ("torch_strong_wolfe", "strong_wolfe")):
+        row[label] = ttq_torch(torch, net, x, np.asarray(y, np.int64), init, ls, _TTQ_PSNR.value,
+                               _TTQ_MAX_S.value)
+    print(f"ttq {row}", flush=True)
+    rows.append(row)
+  ig = ig_fixed_budget(torch, _IG_MODEL.value, _IG_ITERATIONS.value, seed)
+  return dict(dlg=rows, ig=ig)
+
+
+# --- restarts -------------------------------------------------------------------------------------
+
+
+def section_restarts(seed: int) -> list[dict]:
+  images = photos(1)
+  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
+                        num_classes=bs.NUM_CLASSES)
+  obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y)
+  attack = attacks.get_attack("dlg", iterations=_RESTART_ITERATIONS.value)
+  rows = []
+  for strategy in ("sequential", "vmap", "map"):
+    base = None
+    for r in map(int, _RESTART_COUNTS.value):
+      kw = dict(input_shape=(32, 32, 3), restarts=r, strategy=strategy, chunk=attack.iterations,
+                map_batch_size=min(_MAP_BATCH.value, r))
+      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
+      start = time.perf_counter()
+      rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
+      seconds = time.perf_counter() - start
+      base = seconds if r == 1 else base
+      rows.append(dict(strategy=strategy, restarts=r, seconds=seconds,
+                       over_one=None if base is None else seconds / base,
+                       evaluations=int(rec.evaluations.sum())))
+      print(f"restarts {rows[-1]}", flush=True)
+  return rows
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def _f(v, fmt="{:.2f}"):
+  return "-" if v is None else fmt.format(v)
+
+
+def markdown(result: dict) -> str:
+  env = result["environment"]
+  lines = [f"# gradjax benchmark on {env['platform']} ({env['device_kind']}, {env['cpu_model']})", "",
+           f"`{result['command']}`", "",
+           f"jax {env['jax']}, torch {env['torch']} ({env['torch_threads']} threads).", ""]
+  if "steps" in result:
+    lines += ["## One step (median ms)", "",
+              "| model | batch | plain | matching | matching/plain | compile s (plain/matching) | "
+              "memory MB (compiled / peak) | PyTorch matching | PyTorch/JAX |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["steps"]:
+      mem = f"{_f(r['compiled_bytes'] and r['compiled_bytes'] / 2**20, '{:.1f}')} / " \
+            f"{_f(r['peak_bytes_in_use'] and r['peak_bytes_in_use'] / 2**20, '{:.1f}')}"
+      lines.append(f"| {r['model']} | {r['batch_size']} | {r['jax_plain_ms']:.3f} | "
+                   f"{r['jax_match_ms']:.3f} | {r['match_over_plain']:.1f}× | "
+                   f"{r['compile_plain_s']:.2f} / {r['compile_match_s']:.2f} | {mem} | "
+                   f"{_f(r.get('torch_match_ms'), '{:.3f}')} | {_f(r.get('torch_over_jax'))}× |")
+    lines.append("")
+  if "ttq" in result:
+    lines += [f"## Time to PSNR ≥ {result['config']['ttq_psnr']:g} dB, DLG on lenet_zhu (s)", "",
+              "| image | JAX (iterations) | PyTorch reference LBFGS (steps) | PyTorch strong-Wolfe LBFGS (steps) |",
+              "|---|---|---|---|"]
+    for r in result["ttq"]["dlg"]:
+      def cell(d, count):
+        if d is None:
+          return "-"
+        return (f"{d['seconds']:.2f} ({d[count]})" if d["reached"]
+                else f"not reached in {d['seconds']:.0f} s ({_f(d['psnr'])} dB)")
+      lines.append(f"| {r['image']} | {cell(r['jax'], 'iterations')} | "
+                   f"{cell(r.get('torch_reference'), 'steps')} | {cell(r.get('torch_strong_wolfe'), 'steps')} |")
+    ig = result["ttq"]["ig"]
+    lines += ["", f"Inverting Gradients, {ig['iterations']} iterations on {ig['model']}: JAX "
+              f"{ig['jax_s']:.2f} s, PyTorch eager {_f(ig['torch_s'])} s "
+              f"(PyTorch/JAX {_f(ig['torch_over_jax'])}×).", ""]
+  if "restarts" in result:
+    lines += [f"## Restarts: {result['config']['restart_iterations']} DLG iterations on lenet_zhu (s; ratio to 1 restart)",
+              "", "| strategy | " + " | ".join(f"R={r}" for r in result["config"]["restart_counts"]) + " |",
+              "|---|" + "---|" * len(result["config"]["restart_counts"])]
+    for strategy in ("sequential", "vmap", "map"):
+      cells = [f"{r['seconds']:.2f} ({_f(r['over_one'], '{:.1f}')}×)" for r in result["restarts"]
+               if r["strategy"] == strategy]
+      lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def main(argv):
+  if len(argv) > 1:
+    bs.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  unknown = [s for s in _SECTIONS.value if s not in SECTIONS]
+  if unknown:
+    bs.fail(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
+  try:
+    batch_sizes = [int(b) for b in _BATCH_SIZES.value]
+    counts = [int(r) for r in _RESTART_COUNTS.value]
+  except ValueError:
+    bs.fail("--batch_sizes and --restart_counts take integers")
+  if min(batch_sizes + counts) < 1 or _TTQ_IMAGES.value < 1 or _IG_ITERATIONS.value < 1:
+    bs.fail("batch sizes, restart counts, --ttq_images and --ig_iterations must be positive")
+  if (error := bs.check_flags()) is not None:
+    bs.fail(error)
+  torch = None if bs._TORCH.value == "off" else bs.import_torch()
+  if torch is None and bs._TORCH.value == "on":
+    bs.fail("--torch=on but torch is not importable")
+  seed = bs._SEED.value
+  timing = dict(repeats=bs._REPEATS.value, warmup=bs._WARMUP.value, max_seconds=bs._MAX_SECONDS.value)
+  result = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(torch),
+                config=dict(models=bs._MODELS.value, batch_sizes=batch_sizes, ttq_psnr=_TTQ_PSNR.value,
+                            ttq_images=_TTQ_IMAGES.value, restart_counts=counts,
+                            restart_iterations=_RESTART_ITERATIONS.value, seed=seed))
+  if "steps" in _SECTIONS.value:
+    result["steps"] = section_steps(torch, timing, seed)
+  if "ttq" in _SECTIONS.value:
+    result["ttq"] = section_ttq(torch, seed)
+  if "restarts" in _SECTIONS.value:
+    result["restarts"] = section_restarts(seed)
+  text = markdown(result)
+  report.save_json(os.path.join(_OUTPUT_DIR.value, "benchmark.json"), result)
+  with open(os.path.join(_OUTPUT_DIR.value, "benchmark.md"), "w") as fh:
+    fh.write(text)
+  print(text)
+
+
+if __name__ == "__main__":
+  app.run(main)
