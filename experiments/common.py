@@ -1,12 +1,16 @@
 """Flags shared by the experiment programs, and their translation into a ``pipeline.Config``."""
 
 import dataclasses
+import os
 import sys
 
+import jax
 from absl import flags, logging
 
 from gradjax import attacks, data, models, solvers
 from gradjax.pipeline import Config
+
+MATMUL_PRECISIONS = ("bfloat16", "tensorfloat32", "float32", "default", "high", "highest")
 
 
 def define_flags():
@@ -54,6 +58,9 @@ def define_flags():
   flags.DEFINE_bool("box", d.box, "Clamp dummy data to the valid image range after every step.")
   flags.DEFINE_string("dummy_init", d.dummy_init, "Dummy-data init: normal, uniform, constant, pattern.")
   flags.DEFINE_bool("one_sample_per_step", d.one_sample_per_step, "DLG batch option: move one dummy example per step.")
+  flags.DEFINE_bool("remat", d.remat, "Recompute activations in the objective's backward passes (jax.checkpoint): less memory, more compute.")
+  flags.DEFINE_string("matmul_precision", None, "jax_default_matmul_precision: bfloat16, tensorfloat32, float32 (accelerators; no effect on CPU).")
+  flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_integer("seed", d.seed, "PRNG seed (model and dummy initialisation).")
   flags.DEFINE_integer("chunk", d.chunk, "Iterations per jitted chunk between progress reports.")
 
@@ -73,7 +80,7 @@ def config_from_flags(**overrides) -> Config:
                 iterations=f.iterations, objective=f.objective, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
                 distance=f.distance, layer_weights=f.layer_weights, priors=f.priors, labels=f.labels,
                 schedule=f.schedule, box=f.box, dummy_init=f.dummy_init,
-                one_sample_per_step=f.one_sample_per_step,
+                one_sample_per_step=f.one_sample_per_step, remat=f.remat,
                 seed=f.seed, chunk=f.chunk)
   values.update(overrides)
   return Config(**values)
@@ -92,14 +99,23 @@ def fail(message: str):
 
 
 def parse_flags(argv):
-  """absl flag parser that reports bad flags in one line with exit code 2; starts the multi-host
-  runtime when ``--distributed`` is set."""
+  """absl flag parser that reports bad flags in one line with exit code 2, then applies the process
+  settings: the persistent compilation cache, the matmul precision, and the multi-host runtime
+  (``--distributed``)."""
   try:
     argv = flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e))
-  if "distributed" in flags.FLAGS and flags.FLAGS.distributed:
-    import jax
+  f = flags.FLAGS
+  if "compilation_cache" in f and f.compilation_cache:
+    jax.config.update("jax_compilation_cache_dir", f.compilation_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+  if "matmul_precision" in f and f.matmul_precision:
+    if f.matmul_precision not in MATMUL_PRECISIONS:
+      fail(f"unknown --matmul_precision {f.matmul_precision!r}; choose one of "
+           f"{', '.join(MATMUL_PRECISIONS)}")
+    jax.config.update("jax_default_matmul_precision", f.matmul_precision)
+  if "distributed" in f and f.distributed:
     try:
       jax.distributed.initialize()
     except (RuntimeError, ValueError) as e:

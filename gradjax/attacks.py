@@ -124,6 +124,8 @@ class Attack:
       box, ``"constant"`` the box's midpoint (mid-grey), ``"pattern"`` a random N(0, 1) 4×4 tile
       repeated over the image.
     tol: a restart stops once its objective is <= tol.
+    remat: recompute activations in the objective's backward passes (``jax.checkpoint``): less
+      memory for deep models and large batches, at about one more forward pass per evaluation.
   """
 
   name: str = "custom"
@@ -144,6 +146,7 @@ class Attack:
   one_sample_per_step: bool = False
   init: str = "normal"
   tol: float = 0.0
+  remat: bool = False
 
   def __post_init__(self):
     if self.objective not in MODES:
@@ -251,7 +254,7 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
   objective = gradient_matching(apply_fn, distances.get_distance(attack.distance),
                                 prior=_prior(attack.priors),
                                 one_sample_per_step=attack.one_sample_per_step,
-                                mode=attack.objective)
+                                mode=attack.objective, remat=attack.remat)
 
   def value_fn(dummy, data, step):
     (observation, labels, _, weights), order = data

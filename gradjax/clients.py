@@ -87,7 +87,7 @@ def check_local_training(local: LocalTraining, num_samples: int) -> None:
 
 
 def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: bool = False,
-              loss_fn=cross_entropy):
+              loss_fn=cross_entropy, remat: bool = False):
   """The client's parameters after local training; differentiable w.r.t. ``x`` and ``targets``.
 
   Args:
@@ -97,6 +97,8 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
     x: (n, H, W, C) local data.
     targets: (n,) int labels or (n, K) soft labels.
     local: the schedule; n must be a multiple of the batch size.
+    remat: ``jax.checkpoint`` each step, so differentiating through the local training stores one
+      parameter set per step instead of every step's activations.
 
   Returns:
     The parameters W_{t+1}, same tree as ``variables["params"]``. Written as a ``lax.scan`` over
@@ -119,6 +121,8 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
 
   params = variables["params"]
   zeros = jax.tree.map(jnp.zeros_like, params)
+  if remat:
+    step = jax.checkpoint(step)
   (params, _), _ = jax.lax.scan(step, (params, zeros), jnp.arange(local.steps(n)))
   return params
 

@@ -24,11 +24,16 @@ MODES = ("gradient", "replay", "dlm", "dlm_plus")
 
 
 def dummy_gradient(apply_fn, variables, x, targets, *, train: bool = False,
-                   loss_fn=cross_entropy):
-  """∇_θ L(f_θ(x), targets) at ``variables["params"]``: the gradient a client with data x would send."""
+                   loss_fn=cross_entropy, remat: bool = False):
+  """∇_θ L(f_θ(x), targets) at ``variables["params"]``: the gradient a client with data x would send.
+
+  ``remat``: wrap the loss in ``jax.checkpoint`` (activations recomputed in the backward passes)."""
 
   def loss(params):
     return loss_fn(apply_fn({**variables, "params": params}, x, train), targets)
+
+  if remat:
+    loss = jax.checkpoint(loss)
 
   return jax.grad(loss)(variables["params"])
 
@@ -41,7 +46,7 @@ def _unit(tree, eps=1e-12):
 
 def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
                       prior: Callable | None = None, one_sample_per_step: bool = False,
-                      mode: str = "gradient") -> Callable:
+                      mode: str = "gradient", remat: bool = False) -> Callable:
   """Returns ``objective(dummy, observation, labels=None, step=0, weights=None) -> scalar``:
 
       D(u(x', y'), v) + R(x', step)
@@ -66,6 +71,9 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       :func:`gradjax.priors.combine`.
     one_sample_per_step: DLG's batch option: at step t only dummy example t mod N receives a
       gradient (the others are held by ``stop_gradient``); the objective value is unchanged.
+    remat: rematerialise (``jax.checkpoint``) the model's forward pass inside the dummy gradient, and
+      each replayed local step, so the outer differentiation recomputes activations instead of
+      storing them: less memory for deep models and large batches, more compute.
 
   The returned objective takes
     dummy: ``{"x": (N, H, W, C)}`` plus ``"label_logits": (N, K)`` when labels are optimised jointly
@@ -93,11 +101,11 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
         raise ValueError("replay needs the client's local training schedule (observation.local)")
       params = observation.variables["params"]
       new = local_sgd(apply_fn, observation.variables, x, targets, observation.local,
-                      train=observation.train, loss_fn=loss_fn)
+                      train=observation.train, loss_fn=loss_fn, remat=remat)
       g = jax.tree.map(jnp.subtract, params, new)
     else:
       g = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train,
-                         loss_fn=loss_fn)
+                         loss_fn=loss_fn, remat=remat)
     if mode == "dlm":
       observed = jax.tree.map(lambda o: jnp.exp(dummy["log_gamma"]) * o, observed)
     elif mode == "dlm_plus":

@@ -67,6 +67,7 @@ class Config:
   box: bool | None = None
   dummy_init: str | None = None
   one_sample_per_step: bool | None = None
+  remat: bool | None = None
   seed: int = 0
   chunk: int = 100
 
@@ -105,7 +106,7 @@ def get_attack(cfg: Config) -> attacks.Attack:
       tol=cfg.tol, distance=cfg.distance, layer_weights=cfg.layer_weights,
       priors=None if cfg.priors is None else parse_priors(cfg.priors), labels=cfg.labels,
       schedule=cfg.schedule, box=cfg.box, init=cfg.dummy_init,
-      one_sample_per_step=cfg.one_sample_per_step)
+      one_sample_per_step=cfg.one_sample_per_step, remat=cfg.remat)
 
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:

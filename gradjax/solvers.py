@@ -282,7 +282,8 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
                              check_vma=False)(states, data, per)
       return sharded
     init, advance, finalize = per_device(init), per_device(advance), per_device(finalize)
-  return jax.jit(init), jax.jit(advance, static_argnums=3), jax.jit(finalize)
+  # The state is donated to each chunk: its buffers are reused for the next state in place.
+  return jax.jit(init), jax.jit(advance, static_argnums=3, donate_argnums=0), jax.jit(finalize)
 
 
 def _slice(tree, i):

@@ -65,6 +65,7 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
     (["--objective=weights"], "unknown objective"),
     (["--permutations=2"], "permutation search"),
     (["--halving_rounds=0"], "halving rounds"),
+    (["--matmul_precision=fp8"], "matmul_precision"),
 ])
 def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):
   proc = run_program("reconstruct.py", *args, f"--output_dir={tmp_path}")
@@ -167,3 +168,16 @@ def test_permutation_search_from_the_command_line(tmp_path):
   metrics = json.loads((tmp_path / "metrics.json").read_text())
   assert metrics["candidates"] == 2 and metrics["config"]["permutations"] == 4
   assert sorted(metrics["labels_reconstructed"]) == sorted(metrics["labels_true"])
+
+
+def test_compilation_cache_is_written_and_reused(tmp_path):
+  cache = tmp_path / "cache"
+  args = ["--iterations=5", "--image_size=8", f"--compilation_cache={cache}",
+          f"--output_dir={tmp_path / 'run'}"]
+  first = run_program("reconstruct.py", *args)
+  assert first.returncode == 0, first.stderr[-2000:]
+  entries = sorted(p.name for p in cache.iterdir())
+  assert entries, "no compiled program was cached"
+  second = run_program("reconstruct.py", *args)
+  assert second.returncode == 0, second.stderr[-2000:]
+  assert sorted(p.name for p in cache.iterdir()) == entries  # every program came from the cache

@@ -197,3 +197,23 @@ def test_objective_value_matches_numpy_mlp(photos, fill_variables, mlp_reference
       want = np_distance(_flat(g_dummy), _flat(g_true))
       assert want > 1e-6
       np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=name)
+
+
+@pytest.mark.parametrize("mode", ["gradient", "replay"])
+def test_remat_changes_memory_not_values(mode):
+  """jax.checkpoint recomputes activations: value and gradient equal the plain objective's (float64)."""
+  from gradjax import clients, distances, models
+  with jax.enable_x64(True):
+    model = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3), num_classes=4,
+                          param_dtype=jnp.float64)
+    rng = np.random.default_rng(0)
+    x, y = rng.uniform(size=(2, 8, 8, 3)), np.array([1, 3])
+    local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
+    obs = (clients.fedsgd(model.apply_fn, model.variables, x, y) if mode == "gradient" else
+           clients.fedavg(model.apply_fn, model.variables, x, y, local))
+    dummy = {"x": jnp.asarray(rng.normal(size=x.shape))}
+    out = [jax.value_and_grad(objectives.gradient_matching(
+        model.apply_fn, distances.cosine, mode=mode, remat=remat))(dummy, obs, jnp.asarray(y))
+           for remat in (False, True)]
+  np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-12)
+  np.testing.assert_allclose(out[1][1]["x"], out[0][1]["x"], rtol=1e-10, atol=1e-14)
