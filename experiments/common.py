@@ -58,7 +58,7 @@ def define_flags():
   flags.DEFINE_bool("box", d.box, "Clamp dummy data to the valid image range after every step.")
   flags.DEFINE_string("dummy_init", d.dummy_init, "Dummy-data init: normal, uniform, constant, pattern.")
   flags.DEFINE_bool("one_sample_per_step", d.one_sample_per_step, "DLG batch option: move one dummy example per step.")
-  flags.DEFINE_bool("remat", d.remat, "Recompute activations in the objective's backward passes (jax.checkpoint): less memory, more compute.")
+  flags.DEFINE_bool("remat", d.remat, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.")
   flags.DEFINE_string("matmul_precision", None, "jax_default_matmul_precision: bfloat16, tensorfloat32, float32 (accelerators; no effect on CPU).")
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_integer("seed", d.seed, "PRNG seed (model and dummy initialisation).")

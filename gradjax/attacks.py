@@ -124,8 +124,8 @@ class Attack:
       box, ``"constant"`` the box's midpoint (mid-grey), ``"pattern"`` a random N(0, 1) 4×4 tile
       repeated over the image.
     tol: a restart stops once its objective is <= tol.
-    remat: recompute activations in the objective's backward passes (``jax.checkpoint``): less
-      memory for deep models and large batches, at about one more forward pass per evaluation.
+    remat: ``jax.checkpoint`` each replayed local step (objective ``"replay"``): memory grows with
+      one parameter set per local step instead of every step's activations.
   """
 
   name: str = "custom"

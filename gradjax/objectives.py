@@ -24,16 +24,11 @@ MODES = ("gradient", "replay", "dlm", "dlm_plus")
 
 
 def dummy_gradient(apply_fn, variables, x, targets, *, train: bool = False,
-                   loss_fn=cross_entropy, remat: bool = False):
-  """∇_θ L(f_θ(x), targets) at ``variables["params"]``: the gradient a client with data x would send.
-
-  ``remat``: wrap the loss in ``jax.checkpoint`` (activations recomputed in the backward passes)."""
+                   loss_fn=cross_entropy):
+  """∇_θ L(f_θ(x), targets) at ``variables["params"]``: the gradient a client with data x would send."""
 
   def loss(params):
     return loss_fn(apply_fn({**variables, "params": params}, x, train), targets)
-
-  if remat:
-    loss = jax.checkpoint(loss)
 
   return jax.grad(loss)(variables["params"])
 
@@ -71,9 +66,10 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       :func:`gradjax.priors.combine`.
     one_sample_per_step: DLG's batch option: at step t only dummy example t mod N receives a
       gradient (the others are held by ``stop_gradient``); the objective value is unchanged.
-    remat: rematerialise (``jax.checkpoint``) the model's forward pass inside the dummy gradient, and
-      each replayed local step, so the outer differentiation recomputes activations instead of
-      storing them: less memory for deep models and large batches, more compute.
+    remat: ``"replay"`` only: ``jax.checkpoint`` each replayed local step, so differentiating through
+      the local training keeps one parameter set per step and recomputes the step's activations
+      (ResNet-20 with 64 local steps: 354 -> 75 MB of XLA temporaries). For the gradient itself,
+      checkpoint inside the model instead (``gradjax.models.get_module(..., remat=True)``).
 
   The returned objective takes
     dummy: ``{"x": (N, H, W, C)}`` plus ``"label_logits": (N, K)`` when labels are optimised jointly
@@ -105,7 +101,7 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       g = jax.tree.map(jnp.subtract, params, new)
     else:
       g = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train,
-                         loss_fn=loss_fn, remat=remat)
+                         loss_fn=loss_fn)
     if mode == "dlm":
       observed = jax.tree.map(lambda o: jnp.exp(dummy["log_gamma"]) * o, observed)
     elif mode == "dlm_plus":

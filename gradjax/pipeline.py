@@ -156,7 +156,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
                        f"with {batch.num_classes} classes")
   else:
     model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
-                          init=cfg.init, act=cfg.act)
+                          init=cfg.init, act=cfg.act, remat=bool(cfg.remat))
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
   share_labels = attack.labels == "known"
   if share_labels and cfg.client == "fedavg":

@@ -199,21 +199,25 @@ def test_objective_value_matches_numpy_mlp(photos, fill_variables, mlp_reference
       np.testing.assert_allclose(got, want, rtol=1e-9, err_msg=name)
 
 
-@pytest.mark.parametrize("mode", ["gradient", "replay"])
-def test_remat_changes_memory_not_values(mode):
-  """jax.checkpoint recomputes activations: value and gradient equal the plain objective's (float64)."""
+@pytest.mark.parametrize("where", ["model", "replay"])
+def test_remat_changes_memory_not_values(where):
+  """jax.checkpoint (ResNet blocks, or the replayed local steps) recomputes activations: value and
+  gradient equal the plain objective's (float64)."""
   from gradjax import clients, distances, models
   with jax.enable_x64(True):
-    model = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3), num_classes=4,
-                          param_dtype=jnp.float64)
     rng = np.random.default_rng(0)
     x, y = rng.uniform(size=(2, 8, 8, 3)), np.array([1, 3])
-    local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
-    obs = (clients.fedsgd(model.apply_fn, model.variables, x, y) if mode == "gradient" else
-           clients.fedavg(model.apply_fn, model.variables, x, y, local))
     dummy = {"x": jnp.asarray(rng.normal(size=x.shape))}
-    out = [jax.value_and_grad(objectives.gradient_matching(
-        model.apply_fn, distances.cosine, mode=mode, remat=remat))(dummy, obs, jnp.asarray(y))
-           for remat in (False, True)]
+    out = []
+    for remat in (False, True):
+      model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3), num_classes=4,
+                            param_dtype=jnp.float64, remat=remat and where == "model")
+      local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
+      obs = (clients.fedsgd(model.apply_fn, model.variables, x, y) if where == "model" else
+             clients.fedavg(model.apply_fn, model.variables, x, y, local))
+      objective = objectives.gradient_matching(
+          model.apply_fn, distances.cosine, mode="gradient" if where == "model" else "replay",
+          remat=remat and where == "replay")
+      out.append(jax.value_and_grad(objective)(dummy, obs, jnp.asarray(y)))
   np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-12)
   np.testing.assert_allclose(out[1][1]["x"], out[0][1]["x"], rtol=1e-10, atol=1e-14)

@@ -55,8 +55,11 @@ class Model(NamedTuple):
 
 def get_module(name: str, *, num_classes: int, init: str | None = None, init_scale: float = 0.5,
                act: str | None = None, stride1: bool = False,
-               param_dtype: jnp.dtype = jnp.float32) -> nn.Module:
-  """The Flax module called ``name`` (see module docstring); ``init=None`` picks the model's default."""
+               param_dtype: jnp.dtype = jnp.float32, remat: bool = False) -> nn.Module:
+  """The Flax module called ``name`` (see module docstring); ``init=None`` picks the model's default.
+
+  ``remat`` (ResNets): ``jax.checkpoint`` each residual block, so the attack's double backward keeps
+  only block inputs and recomputes the rest: less memory for deep models and large batches."""
   if init is not None and init not in INITS:
     get_initializers(init)  # raises the one-line error
   if act is not None and act not in ACTIVATIONS:
@@ -74,7 +77,7 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
     return MLP(hidden=(int(m[1] or 32),), weight_init=init or "default", **with_act, **common)
   if m := re.fullmatch(r"resnet(\d+)(?:-([1-9]\d*))?", name):
     return ResNet(**resnet_config(int(m[1]), int(m[2] or 1)), stride1=stride1, weight_init=init or "default",
-                  **with_act, **common)
+                  remat=remat, **with_act, **common)
   raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} "
                    "(convnet-W, mlp-H, resnetD-W variants allowed, W and H positive)")
 

@@ -55,10 +55,13 @@ class ResNet(nn.Module):
   weight_init: str = "default"
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
+  remat: bool = False  # jax.checkpoint every block: activations recomputed in backward passes
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     inits = get_initializers(self.weight_init, self.init_scale)
+    block_cls = nn.remat(BasicBlock, static_argnums=(2,)) if self.remat else BasicBlock
+    count = 0
     block_kw = dict(act=self.act, weight_init=self.weight_init, init_scale=self.init_scale,
                     param_dtype=self.param_dtype)
     x = nn.Conv(self.base_channels, (3, 3), padding=1, use_bias=False, param_dtype=self.param_dtype,
@@ -67,7 +70,10 @@ class ResNet(nn.Module):
     for stage, blocks in enumerate(self.stage_sizes):
       for block in range(blocks):
         stride = 2 if stage > 0 and block == 0 and not self.stride1 else 1
-        x = BasicBlock(self.base_channels * 2**stage, stride, **block_kw)(x, train)
+        # Named as without remat, so checkpoints and observations fit either way.
+        x = block_cls(self.base_channels * 2**stage, stride, name=f"BasicBlock_{count}",
+                      **block_kw)(x, train)
+        count += 1
     x = jnp.mean(x, axis=(1, 2))
     return head(self.num_classes, inits, self.param_dtype)(x)
 
