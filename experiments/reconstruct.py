@@ -36,7 +36,7 @@ def main(argv):
   grid = report.image_grid([images["ground_truth"], images["reconstruction"]])
   report.save_png(os.path.join(out, "reconstruction.png"), grid)
   logging.info("wrote %s", out)
-  print(f"{cfg.attack} on {cfg.model}, {cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]: "
+  print(f"{cfg.attack} on {results['model']}, {cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]: "
         f"PSNR {results['psnr']:.2f} dB  SSIM {results['ssim']:.3f}  "
         f"label accuracy {results['label_accuracy']:.2f}  {results['iterations']} iterations  "
         f"{results['wall_time_s']:.1f} s  -> {out}")
