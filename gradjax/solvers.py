@@ -21,6 +21,8 @@ Restart strategies (``strategy``):
   convolutions.
 * ``"vmap"``: all restarts advance together in one vectorised program (the accelerator default).
 * ``"map"``: ``lax.map`` over restarts with ``map_batch_size`` vectorised at a time.
+* ``"tune"``: time a few iterations of each on the actual problem and run the fastest
+  (:func:`tune_strategy`; costs the extra compilations, worth it for long runs).
 
 Scale. ``restart_data`` gives each restart its own data (a candidate label order); successive halving
 (``halving_rounds``) advances all restarts, keeps the best fraction by objective and continues, so many
@@ -39,7 +41,7 @@ import numpy as np
 import optax
 
 PyTree = Any
-STRATEGIES = ("auto", "sequential", "vmap", "map")
+STRATEGIES = ("auto", "tune", "sequential", "vmap", "map")
 OPTIMIZERS = ("lbfgs", "lbfgs_fixed", "adam", "adamw", "signed_adam", "sgd")
 SCHEDULES = ("constant", "step", "cosine")
 
@@ -234,12 +236,43 @@ class Progress(NamedTuple):
 
 
 def resolve_strategy(strategy: str) -> str:
-  """``"auto"``: sequential on CPU, vmap on accelerators (see module docstring)."""
+  """``"auto"``: sequential on CPU, vmap on accelerators (see module docstring); ``"tune"`` is
+  resolved by :func:`tune_strategy` inside :func:`run`."""
   if strategy not in STRATEGIES:
     raise ValueError(f"unknown restart strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
   if strategy == "auto":
     return "sequential" if jax.default_backend() == "cpu" else "vmap"
   return strategy
+
+
+def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: int = 5,
+                  map_batch_size: int | None = None, unroll: int = 1, restart_data: PyTree = None
+                  ) -> tuple[str, dict[str, float]]:
+  """Measures ``steps`` iterations of every restart under each strategy and returns the fastest.
+
+  Each strategy is compiled and run once untimed, then timed over the same ``steps`` from the same
+  start (so the figure is the per-chunk cost of a run, compilation excluded). With one restart only
+  ``"sequential"`` is considered. Returns (strategy, {strategy: seconds}).
+  """
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+  candidates = ("sequential",) if restarts == 1 else ("sequential", "vmap", "map")
+  seconds = {}
+  for strategy in candidates:
+    init, advance, _ = _compiled(solver, strategy, map_batch_size, unroll)
+
+    def once():
+      if strategy == "sequential":
+        return [advance(init(_slice(init_params, r), data,
+                             None if restart_data is None else _slice(restart_data, r)),
+                        data, None if restart_data is None else _slice(restart_data, r), steps)
+                for r in range(restarts)]
+      return advance(init(init_params, data, restart_data), data, restart_data, steps)
+
+    jax.block_until_ready(once())
+    start = time.perf_counter()
+    jax.block_until_ready(once())
+    seconds[strategy] = time.perf_counter() - start
+  return min(seconds, key=seconds.get), seconds
 
 
 @functools.lru_cache(maxsize=64)
@@ -366,6 +399,10 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
 
 def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
          callback, restart_data, halving_rounds, halving_keep, mesh, monitor):
+  if resolve_strategy(strategy) == "tune":
+    strategy, _ = tune_strategy(solver, init_params, data, steps=min(chunk, iterations, 10),
+                                map_batch_size=map_batch_size, unroll=unroll,
+                                restart_data=restart_data)
   strategy = resolve_strategy(strategy)
   init, advance, finalize = _compiled(solver, strategy, map_batch_size, unroll, mesh)
   restarts = jax.tree.leaves(init_params)[0].shape[0]

@@ -221,3 +221,15 @@ def test_monitor_stops_a_run_after_the_chunk_it_returns_true(strategy):
   state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=100, chunk=10,
                       strategy=strategy, monitor=monitor)
   assert seen == [10, 20, 30] and int(state.iterations[0]) == 30
+
+
+def test_tune_times_every_strategy_and_picks_the_fastest():
+  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.1))
+  init = stacked(np.zeros(6), np.ones(6), -np.ones(6))
+  best, seconds = solvers.tune_strategy(solver, init, jnp.asarray(C), steps=3)
+  assert set(seconds) == {"sequential", "vmap", "map"} and best == min(seconds, key=seconds.get)
+  assert all(t > 0 for t in seconds.values())
+  one, timed = solvers.tune_strategy(solver, stacked(np.zeros(6)), jnp.asarray(C), steps=3)
+  assert one == "sequential" and set(timed) == {"sequential"}
+  state = solvers.run(solver, init, jnp.asarray(C), iterations=200, chunk=50, strategy="tune")
+  np.testing.assert_allclose(state.best_params["p"], np.tile(C, (3, 1)), atol=1e-3)
