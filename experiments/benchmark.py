@@ -231,7 +231,8 @@ def section_ttq(torch, seed: int) -> dict:
   warm = models.create("lenet_zhu", jax.random.key(999), input_shape=(32, 32, 3), num_classes=bs.NUM_CLASSES)
   warm_obs = clients.fedsgd(warm.apply_fn, warm.variables, images.x[:1], images.y[:1])
   attacks.reconstruct(attacks.get_attack("dlg", iterations=CHECK_EVERY), warm.apply_fn, warm_obs,
-                      jax.random.key(0), input_shape=(32, 32, 3), chunk=CHECK_EVERY)
+                      jax.random.key(0), input_shape=(32, 32, 3), chunk=CHECK_EVERY,
+                      strategy="sequential")
   for i in range(len(images.x)):
     x, y = images.x[i:i + 1], images.y[i:i + 1]
     model = models.create("lenet_zhu", jax.random.key(seed + i), input_shape=(32, 32, 3),

@@ -18,7 +18,7 @@ def define_flags():
   d = Config()
   flags.DEFINE_string("attack", d.attack, f"Attack preset: {', '.join(attacks.PRESETS)}.")
   flags.DEFINE_string("model", d.model, f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
-  flags.DEFINE_string("checkpoint", d.checkpoint, "Attack the model of this checkpoint (experiments/train.py) instead of a fresh --model.")
+  flags.DEFINE_string("checkpoint", d.checkpoint, "Attack the model of this checkpoint (experiments/train.py) instead of a fresh --model (its model, init and activation come from the checkpoint).")
   flags.DEFINE_string("init", d.init, "Model init: uniform, xavier_normal, default (model's own if unset).")
   flags.DEFINE_string("act", d.act, "Activation for models that take one (relu, sigmoid, ...).")
   flags.DEFINE_integer("num_classes", d.num_classes, "Model classes (the dataset's if unset).")

@@ -13,7 +13,8 @@ DLM runs with its preset's iDLG labels and with DLG's jointly optimised soft lab
 preset's joint labels and with iDLG labels.
 
 All four use Adam, 4000 iterations (lr 0.1; DLM+ 0.01, the paper's), one restart, dummy data
-N(0, 1); ``--box`` clamps every attack's dummy image to [0, 1] after each step. Success is PSNR > 30
+N(0, 1). ``--box`` clamps every attack's dummy image to [0, 1] after each step and ``--nobox`` (the
+default) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one protocol. Success is PSNR > 30
 dB with the standard formula and, separately, with the paper's (the error divided by the dataset's
 per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher).
 

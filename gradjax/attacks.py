@@ -370,9 +370,14 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
   if permutations < 1:
     raise ValueError(f"permutations must be positive, got {permutations}")
-  if known is None:
-    if permutations > 1:
+  if permutations > 1:
+    local = observation.local
+    if known is None:
       raise ValueError("a permutation search needs known or inferred labels, not joint ones")
+    if attack.objective != "replay" or local is None or (local.batch_size or n) == n:
+      raise ValueError("a permutation search needs the replay objective and a client with more than "
+                       "one local mini-batch (the label order changes nothing otherwise)")
+  if known is None:
     orders = np.arange(n, dtype=np.int32)[None]
   else:
     local = observation.local

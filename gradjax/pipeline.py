@@ -150,6 +150,10 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   if cfg.checkpoint:
     model = checkpoint.load_model(cfg.checkpoint)
+    saved = checkpoint.load(cfg.checkpoint)[1].get("normalization", "none")
+    if saved != cfg.normalization:
+      raise ValueError(f"checkpoint {cfg.checkpoint} was trained with normalization {saved!r}, "
+                       f"not {cfg.normalization!r}")
     if tuple(model.input_shape) != tuple(input_shape) or model.num_classes < batch.num_classes:
       raise ValueError(f"checkpoint {cfg.checkpoint} holds a model for {tuple(model.input_shape)} "
                        f"inputs and {model.num_classes} classes; the data is {tuple(input_shape)} "

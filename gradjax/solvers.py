@@ -252,7 +252,8 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
 
   Each strategy is compiled and run once untimed, then timed over the same ``steps`` from the same
   start (so the figure is the per-chunk cost of a run, compilation excluded). With one restart only
-  ``"sequential"`` is considered. Returns (strategy, {strategy: seconds}).
+  ``"sequential"`` is considered. Returns (strategy, {strategy: seconds}). Nothing is cached: each
+  ``run(strategy="tune")`` measures again, so tune once and pass the winner for many short runs.
   """
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   candidates = ("sequential",) if restarts == 1 else ("sequential", "vmap", "map")
@@ -399,35 +400,37 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
 
 def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
          callback, restart_data, halving_rounds, halving_keep, mesh, monitor):
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+  for leaf in jax.tree.leaves(restart_data):
+    if leaf.shape[:1] != (restarts,):
+      raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
+  schedule = halving_schedule(iterations, restarts, halving_rounds, halving_keep)
   if resolve_strategy(strategy) == "tune":
     strategy, _ = tune_strategy(solver, init_params, data, steps=min(chunk, iterations, 10),
                                 map_batch_size=map_batch_size, unroll=unroll,
                                 restart_data=restart_data)
   strategy = resolve_strategy(strategy)
   init, advance, finalize = _compiled(solver, strategy, map_batch_size, unroll, mesh)
-  restarts = jax.tree.leaves(init_params)[0].shape[0]
-  for leaf in jax.tree.leaves(restart_data):
-    if leaf.shape[:1] != (restarts,):
-      raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
-  schedule = halving_schedule(iterations, restarts, halving_rounds, halving_keep)
   tol = -jnp.inf if tol is None else tol
-  start = time.perf_counter()
+  stopped = False  # set once a monitor asks to stop: ends the whole run
 
   def drive(state, per, restart, done, n):
     """Advances ``state`` by ``n`` steps from step ``done``; stops early once all converged."""
-    target = done + n
+    nonlocal stopped
+    target, start, first = done + n, time.perf_counter(), done
     while done < target:
       k = min(chunk, target - done)
       state = advance(state, data, per, k)
       done += k
-      best, alive = jax.device_get((state.best_loss, state.alive))
+      best, alive = fetch((state.best_loss, state.alive))
       if callback is not None:
-        rate = done / max(time.perf_counter() - start, 1e-9)
-        callback(Progress(restart, done, iterations, float(jnp.min(best)), int(jnp.sum(alive)),
-                          rate, (iterations - done) / rate))
-      if not jnp.any(alive & (best > tol)):
+        rate = (done - first) / max(time.perf_counter() - start, 1e-9)
+        callback(Progress(restart, done, iterations, float(best.min()), int(alive.sum()), rate,
+                          (iterations - done) / rate))
+      if not (alive & (best > tol)).any():
         break
-      if monitor is not None and monitor(state):
+      if monitor is not None and monitor(state if mesh is None else fetch(state)):
+        stopped = True
         break
     return state
 
@@ -438,13 +441,16 @@ def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size,
     for count, n in schedule:
       survivors = survivors[:count]
       for r in map(int, survivors):
-        states[r] = drive(states[r], per_of(r), r, done, n)
+        if not stopped:
+          states[r] = drive(states[r], per_of(r), r, done, n)
       done += n
       survivors = _rank(jnp.stack([s.best_loss for s in states]), survivors)
     return _stack([finalize(s, data, per_of(r)) for r, s in enumerate(states)])
 
   state = init(init_params, data, restart_data)
   for count, n in schedule:
+    if stopped:
+      break
     survivors = survivors[:count]
     whole = count == restarts
     sub = state if whole else _slice(state, survivors)
@@ -463,7 +469,9 @@ def _rank(best_loss, survivors):
 
 def restart_mesh(devices=None) -> jax.sharding.Mesh:
   """A 1-D mesh named ``"restarts"`` over ``devices`` (default: every device of every process)."""
-  devices = jax.devices() if devices is None else devices
+  devices = jax.devices() if devices is None else list(devices)
+  if not devices:
+    raise ValueError("a restart mesh needs at least one device")
   return jax.sharding.Mesh(np.asarray(devices), ("restarts",))
 
 

@@ -65,7 +65,12 @@ def split(dataset: Dataset, train_count: int, test_count: int, seed: int | None 
                      f"{dataset.name!r}, got {train_count} + {test_count}")
   order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
   tr, te = order[:train_count], order[train_count:train_count + test_count]
-  part = lambda idx: dataset._replace(x=dataset.x[idx], y=dataset.y[idx])
+  def part(idx):
+    names = dataset.class_names
+    if dataset.name == "skimage" and names is not None:  # names aligned with the images there
+      names = tuple(names[i] for i in idx)
+    return dataset._replace(x=dataset.x[idx], y=dataset.y[idx], class_names=names)
+
   return Split(part(tr), part(te), tr, te)
 
 

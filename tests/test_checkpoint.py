@@ -208,3 +208,8 @@ def test_pipeline_attacks_the_checkpointed_model(tmp_path):
                   {"model": "lenet_zhu", "num_classes": 10, "input_shape": [8, 8, 3]})
   with pytest.raises(ValueError, match="holds a model for"):
     pipeline.run(pipeline.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "other.npz")))
+  checkpoint.save(tmp_path / "norm.npz", model.variables,
+                  {"model": "lenet_zhu", "num_classes": 10, "input_shape": [16, 16, 3],
+                   "normalization": "cifar10"})
+  with pytest.raises(ValueError, match="normalization 'cifar10'"):
+    pipeline.run(pipeline.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "norm.npz")))

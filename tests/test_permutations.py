@@ -71,3 +71,17 @@ def test_search_recovers_the_mini_batch_assignment():
   assert blocks(search.labels, 2) == blocks(y, 2)
   assert search.loss < 1e-12 < 1e-3 * plain.loss
   np.testing.assert_allclose(search.restart_losses[0], plain.loss, rtol=1e-6)
+
+
+def test_search_refuses_a_client_whose_label_order_changes_nothing():
+  model = models.create("mlp-16", jax.random.key(0), input_shape=(5, 5, 1), num_classes=4)
+  x = np.random.default_rng(0).uniform(size=(4, 5, 5, 1))
+  y = np.array([2, 0, 3, 1])
+  one_batch = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(),
+                             share_labels="multiset")
+  sgd = clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True)
+  for attack, obs in [(attacks.Attack(objective="replay", labels="known"), one_batch),
+                      (attacks.Attack(labels="known"), sgd)]:
+    with pytest.raises(ValueError, match="more than one local mini-batch"):
+      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(0), input_shape=(5, 5, 1),
+                          permutations=3)

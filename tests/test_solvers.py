@@ -233,3 +233,10 @@ def test_tune_times_every_strategy_and_picks_the_fastest():
   assert one == "sequential" and set(timed) == {"sequential"}
   state = solvers.run(solver, init, jnp.asarray(C), iterations=200, chunk=50, strategy="tune")
   np.testing.assert_allclose(state.best_params["p"], np.tile(C, (3, 1)), atol=1e-3)
+
+
+def test_monitor_stop_ends_every_round_of_halving():
+  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.01))
+  state = solvers.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=200,
+                      chunk=25, strategy="vmap", halving_rounds=2, monitor=lambda state: True)
+  np.testing.assert_array_equal(state.iterations, [25, 25])
