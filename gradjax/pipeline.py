@@ -199,6 +199,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       restarts_diverged=int((~rec.restart_alive).sum()),
       best_restart=rec.best_restart,
       candidates=int(rec.candidates.shape[0]),
+      labels_by_slot=rec.labels.tolist(),  # the labels of dummy slots 0..N-1 (mini-batch order)
       loss=rec.loss,
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
       labels_true=batch.y.tolist(),

@@ -168,6 +168,7 @@ def test_permutation_search_from_the_command_line(tmp_path):
   metrics = json.loads((tmp_path / "metrics.json").read_text())
   assert metrics["candidates"] == 2 and metrics["config"]["permutations"] == 4
   assert sorted(metrics["labels_reconstructed"]) == sorted(metrics["labels_true"])
+  assert sorted(metrics["labels_by_slot"]) == sorted(metrics["labels_true"])
 
 
 def test_compilation_cache_is_written_and_reused(tmp_path):
