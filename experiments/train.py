@@ -80,6 +80,11 @@ def main(argv):
     common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
   if f.epochs < 1:
     common.fail(f"--epochs must be >= 1, got {f.epochs}")
+  other = ({"batch_size", "lr", "momentum"} if f.client == "fedavg" else
+           {"local_epochs", "local_batch_size", "local_lr", "local_momentum"})
+  ignored = sorted(name for name in other if f[name].present)
+  if ignored:
+    common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client}")
   if f.client == "fedsgd" and (not 1 <= f.batch_size <= f.train_count or not f.lr > 0
                                or not 0 <= f.momentum < 1):
     common.fail(f"need 1 <= --batch_size <= --train_count, --lr > 0 and --momentum in [0, 1), got "

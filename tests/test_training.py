@@ -308,7 +308,10 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
   result = json.loads((tmp_path / "results.json").read_text())
   assert result["train_indices"] == list(range(150)) and result["history"][1]["update_norm"] > 0
   for args, message in [(["--model=alexnet"], "unknown model"), (["--clients=3"], "--clients"),
-                        (["--train_count=190"], "train + test count")]:
+                        (["--train_count=190"], "train + test count"),
+                        (["--local_lr=0.5"], "--local_lr do not apply to --client=fedsgd"),
+                        (["--client=fedavg", "--lr=0.5", "--momentum=0.5"],
+                         "--lr, --momentum do not apply to --client=fedavg")]:
     bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
