@@ -145,12 +145,7 @@ def ttq_torch(torch, net, x_true, y, init: dict, line_search: str | None, target
     nonlocal evaluations
     evaluations += 1
     opt.zero_grad()
-    pred = net(dummy_x)
-    loss = torch.mean(torch.sum(-F.softmax(dummy_y, -1) * F.log_softmax(pred, -1), -1))
-    grads = torch.autograd.grad(loss, params, create_graph=True)
-    diff = sum(((g - o) ** 2).sum() for g, o in zip(grads, observed))
-    diff.backward(inputs=[dummy_x, dummy_y])
-    return diff
+    return bs.torch_dlg_objective(net, params, observed, dummy_x, dummy_y)
 
   start, steps, psnr = time.perf_counter(), 0, 0.0
   while time.perf_counter() - start < max_s:

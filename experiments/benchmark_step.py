@@ -255,6 +255,22 @@ def build_torch_model(name: str, input_shape, num_classes: int):
   raise ValueError(f"no PyTorch port of model {name!r}")
 
 
+def torch_dlg_objective(model, params, observed, dummy_x, dummy_label):
+  """The DLG objective in PyTorch eager, as the reference code computes it, with its gradient
+  accumulated into ``dummy_x.grad`` and ``dummy_label.grad``: soft-label cross entropy
+  ``mean(sum(-softmax(label) * log_softmax(pred), -1))``, its parameter gradient with
+  ``create_graph=True``, the summed squared difference to ``observed``, then ``backward``."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+
+  pred = model(dummy_x)
+  dummy_loss = torch.mean(torch.sum(-F.softmax(dummy_label, -1) * F.log_softmax(pred, -1), -1))
+  dummy_dy_dx = torch.autograd.grad(dummy_loss, params, create_graph=True)
+  grad_diff = sum(((gx - gy) ** 2).sum() for gx, gy in zip(dummy_dy_dx, observed))
+  grad_diff.backward(inputs=[dummy_x, dummy_label])
+  return grad_diff
+
+
 def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timing_kwargs) -> dict:
   """Times the plain and the gradient-matching step of the PyTorch port of ``name`` in eager mode."""
   import torch  # pylint: disable=g-import-not-at-top
@@ -276,12 +292,7 @@ def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **tim
 
   def match_step():
     dummy_x.grad = dummy_label.grad = None  # optimizer.zero_grad()
-    pred = model(dummy_x)
-    dummy_loss = torch.mean(torch.sum(-F.softmax(dummy_label, -1) * F.log_softmax(pred, -1), -1))
-    dummy_dy_dx = torch.autograd.grad(dummy_loss, params, create_graph=True)
-    grad_diff = sum(((gx - gy) ** 2).sum() for gx, gy in zip(dummy_dy_dx, observed))
-    grad_diff.backward(inputs=[dummy_x, dummy_label])
-    return grad_diff
+    return torch_dlg_objective(model, params, observed, dummy_x, dummy_label)
 
   if not torch.isfinite(match_step()):
     raise RuntimeError(f"{name}: the PyTorch matching objective is not finite")

@@ -103,13 +103,11 @@ def check_utility(parts: training.Split, cfg: UtilityConfig) -> None:
   """Raises a one-line ValueError for utility settings that training would reject (before any attack)."""
   models.create(cfg.model, jax.random.key(0), input_shape=parts.train.x.shape[1:],
                 num_classes=parts.train.num_classes)
-  n = len(parts.train.x)
-  if cfg.epochs < 1 or not 1 <= cfg.batch_size <= n:
-    raise ValueError(f"utility training needs epochs >= 1 and 1 <= batch size <= {n}, got "
-                     f"{cfg.epochs} and {cfg.batch_size}")
-  if not cfg.learning_rate > 0 or not 0 <= cfg.momentum < 1:
-    raise ValueError(f"utility learning rate must be positive and momentum in [0, 1), got "
-                     f"{cfg.learning_rate} and {cfg.momentum}")
+  try:
+    training.check_sgd(len(parts.train.x), cfg.epochs, cfg.batch_size, cfg.learning_rate,
+                       cfg.momentum)
+  except ValueError as e:
+    raise ValueError(f"utility training: {e}") from None
   if len(parts.test.x) < 1:
     raise ValueError("utility needs at least one test image")
 

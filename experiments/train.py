@@ -85,10 +85,11 @@ def main(argv):
   ignored = sorted(name for name in other if f[name].present)
   if ignored:
     common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client}")
-  if f.client == "fedsgd" and (not 1 <= f.batch_size <= f.train_count or not f.lr > 0
-                               or not 0 <= f.momentum < 1):
-    common.fail(f"need 1 <= --batch_size <= --train_count, --lr > 0 and --momentum in [0, 1), got "
-                f"{f.batch_size}, {f.lr} and {f.momentum}")
+  if f.client == "fedsgd":
+    try:
+      training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum)
+    except ValueError as e:
+      common.fail(f"--epochs, --batch_size, --lr, --momentum: {e}")
   if f.data_seed < -1:
     common.fail(f"--data_seed must be >= 0 or -1 (file order), got {f.data_seed}")
   start = time.perf_counter()

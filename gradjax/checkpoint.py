@@ -18,7 +18,6 @@ Example::
 import io
 import json
 import os
-import uuid
 import zipfile
 import zlib
 from collections.abc import Mapping
@@ -27,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import models
+from gradjax import models, report
 
 METADATA_KEY = "__metadata__"
 _SEP = "/"
@@ -109,19 +108,7 @@ def save(path, variables, metadata: dict) -> None:
     arrays[key] = _host_array(key, leaf)
     _check_finite(key, arrays[key], "save")
   arrays[METADATA_KEY] = np.frombuffer(header.encode("utf-8"), np.uint8)
-  path = os.path.abspath(os.fspath(path))
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # Same folder, so os.replace is atomic.
-  try:
-    with open(tmp, "xb") as f:
-      np.savez(f, **arrays)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  report.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
 
 
 def _reject_constant(name):

@@ -62,7 +62,7 @@ def image_grid(rows: Sequence[np.ndarray], pad: int = 2, scale: int = 4) -> np.n
   return grid
 
 
-def _atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
+def atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
   """Writes via ``write(file)`` to a fresh temp file next to ``path``, then renames it over."""
   path = os.path.abspath(os.fspath(path))
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -89,7 +89,7 @@ def save_png(path, image_uint8: np.ndarray) -> None:
   if not (img.ndim == 2 or (img.ndim == 3 and img.shape[2] in (3, 4))) or img.size == 0:
     raise ValueError(f"save_png expects a non-empty (H, W[, 1|3|4]) image, got {img.shape}.")
   pil = Image.fromarray(img)
-  _atomic_write(path, lambda f: pil.save(f, format="PNG"), binary=True)
+  atomic_write(path, lambda f: pil.save(f, format="PNG"), binary=True)
 
 
 def _to_python(obj: Any, key: str) -> Any:
@@ -135,7 +135,7 @@ def save_json(path, obj: Any) -> None:
     json.dump(data, f, indent=2, sort_keys=True, allow_nan=False)
     f.write("\n")
 
-  _atomic_write(path, write, binary=False)
+  atomic_write(path, write, binary=False)
 
 
 def summarize(rows: list[dict], threshold: float) -> dict:

@@ -165,6 +165,17 @@ def _run_callback(callback, index, variables, record, history):
   history.append(record)
 
 
+def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: float,
+              momentum: float) -> None:
+  """One-line ValueError unless the SGD settings are usable on ``num_samples`` training images."""
+  if epochs < 1 or not 1 <= batch_size <= num_samples:
+    raise ValueError(f"need epochs >= 1 and 1 <= batch size <= {num_samples}, got {epochs} and "
+                     f"{batch_size}")
+  if not learning_rate > 0 or not 0 <= momentum < 1:
+    raise ValueError(f"learning rate must be positive and momentum in [0, 1), got {learning_rate} "
+                     f"and {momentum}")
+
+
 def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batch_size: int,
                  learning_rate: float, momentum: float = 0.0, defense: Defense | None = None,
                  callback: Callback | None = None):
@@ -200,11 +211,7 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   """
   x, y = _check_data(apply_fn, variables, x, y)
   n = x.shape[0]
-  if epochs < 1 or not 1 <= batch_size <= n:
-    raise ValueError(f"need epochs >= 1 and 1 <= batch size <= {n}, got {epochs} and {batch_size}")
-  if not learning_rate > 0 or not 0 <= momentum < 1:
-    raise ValueError(f"learning rate must be positive and momentum in [0, 1), got {learning_rate} "
-                     f"and {momentum}")
+  check_sgd(n, epochs, batch_size, learning_rate, momentum)
   shuffle_key, defense_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
   velocity = jax.tree.map(jnp.zeros_like, variables["params"])
   history, step = [], 0
