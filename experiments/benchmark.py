@@ -6,8 +6,10 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   forward+backward and of one gradient-matching step (value and gradient of the DLG objective w.r.t.
   the dummy data and labels), their ratio, the compile time of each, and the matching step's device
   memory: XLA's compiled footprint (arguments + outputs + temporaries, ``memory_analysis``) and, on
-  devices that report it, the peak bytes in use. With PyTorch installed the same step in PyTorch
-  eager (ported in ``benchmark_step.py``) and the ratio torch / JAX.
+  devices that report it, the peak bytes in use. All with the backend's default convolutions
+  (``conv="auto"``: im2col on CPU, XLA's on accelerators); the matching step is also timed with the
+  other implementation, and the ratio given. With PyTorch installed the same step in PyTorch eager
+  (ported in ``benchmark_step.py``) and the ratio torch / JAX.
 * ``ttq``: time-to-quality of DLG on ``lenet_zhu`` (U(−0.5, 0.5) init, ``--ttq_images`` scikit-image
   photos at 32×32, batch 1): wall time until the best iterate's PSNR reaches ``--ttq_psnr``, checked
   every 10 iterations; the JAX run uses the ``dlg`` preset (optax L-BFGS, zoom line search) after a
@@ -19,6 +21,13 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 * ``restarts``: wall time of ``--restart_iterations`` DLG iterations on ``lenet_zhu`` for each
   restart count in ``--restart_counts`` and each strategy (sequential, vmap, map with
   ``--map_batch_size``), compilation excluded, as a ratio to one restart.
+* ``linesearch``: what L-BFGS's zoom line search costs under ``vmap``: a vmapped while loop runs until
+  the slowest restart's search ends, so every iteration costs the maximum over restarts of the
+  objective evaluations. ``--restart_counts``' largest count of DLG restarts on ``lenet_zhu``, for each
+  cap in ``--linesearch_caps`` (``max_linesearch_steps``): evaluations per restart and iteration (mean)
+  against the per-iteration maximum (what the vmapped loop pays, read from the per-restart counters
+  after every iteration), the wall time of the vmapped run, and the quality reached (best PSNR, and
+  restarts at ≥ ``--ttq_psnr`` dB).
 
   python experiments/benchmark.py --output_dir=experiments/results/benchmark_cpu
   python experiments/benchmark.py --sections=restarts --restart_counts=1,8,64   # on a GPU
@@ -41,7 +50,7 @@ import benchmark_step as bs
 from gradjax import attacks, clients, data, distances, metrics, models, report
 from gradjax.objectives import gradient_matching
 
-SECTIONS = ("steps", "ttq", "restarts")
+SECTIONS = ("steps", "ttq", "restarts", "linesearch")
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run: {', '.join(SECTIONS)}.")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes of the step section.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/benchmark", "Where benchmark.json/.md go.")
@@ -53,6 +62,9 @@ _IG_ITERATIONS = flags.DEFINE_integer("ig_iterations", 20, "Iterations of the fi
 _RESTART_COUNTS = flags.DEFINE_list("restart_counts", ["1", "4", "16", "64"], "Restart counts.")
 _RESTART_ITERATIONS = flags.DEFINE_integer("restart_iterations", 100, "DLG iterations per timing.")
 _MAP_BATCH = flags.DEFINE_integer("map_batch_size", 8, "Restarts vectorised together by lax.map.")
+_LS_CAPS = flags.DEFINE_list("linesearch_caps", ["20", "8", "4", "2"],
+                             "max_linesearch_steps values of the linesearch section.")
+_LS_ITERATIONS = flags.DEFINE_integer("linesearch_iterations", 200, "DLG iterations of the linesearch section.")
 
 CHECK_EVERY = 10  # iterations between PSNR checks in the time-to-quality runs
 
@@ -93,6 +105,10 @@ def section_steps(torch, timing: dict, seed: int) -> list[dict]:
     for name in bs._MODELS.value:
       row = dict(model=name, batch_size=batch)
       j = bs.benchmark_jax(name, images.x, images.y, seed=seed, **timing)
+      other = "xla" if j["conv"] == "im2col" else "im2col"
+      k = bs.benchmark_jax(name, images.x, images.y, seed=seed, conv=other, **timing)
+      row.update(conv=j["conv"], other_conv=other, other_conv_match_ms=k["match"]["median_ms"],
+                 other_over_default=k["match"]["median_ms"] / j["match"]["median_ms"])
       row.update(jax_plain_ms=j["plain"]["median_ms"], jax_match_ms=j["match"]["median_ms"],
                  compile_plain_s=j["compile_s"]["plain"], compile_match_s=j["compile_s"]["match"],
                  match_over_plain=j["match"]["median_ms"] / j["plain"]["median_ms"],
@@ -281,6 +297,48 @@ def section_restarts(seed: int) -> list[dict]:
   return rows
 
 
+# --- line search under vmap -----------------------------------------------------------------------
+
+
+def section_linesearch(seed: int, restarts: int) -> list[dict]:
+  images = photos(1)
+  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
+                        num_classes=bs.NUM_CLASSES)
+  obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y)
+  iterations = _LS_ITERATIONS.value
+  rows = []
+  for cap in map(int, _LS_CAPS.value):
+    attack = attacks.get_attack("dlg", iterations=iterations, max_linesearch_steps=cap)
+    kw = dict(input_shape=(32, 32, 3), restarts=restarts)
+    counts = []
+
+    def monitor(state):
+      counts.append(np.asarray(state.evaluations))
+      return False
+
+    # Accounting run: one iteration per chunk, the per-restart evaluation counters after each.
+    attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), strategy="vmap", chunk=1,
+                        monitor=monitor, **kw)
+    per_iteration = np.diff(np.stack(counts), axis=0)  # (iterations - 1, restarts)
+    row = dict(cap=cap, restarts=restarts, iterations=iterations,
+               mean_evaluations=float(per_iteration.mean()),
+               mean_max_evaluations=float(per_iteration.max(axis=1).mean()))
+    row["efficiency"] = row["mean_evaluations"] / row["mean_max_evaluations"]
+    for strategy in ("vmap", "sequential"):
+      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), strategy=strategy,
+                          chunk=iterations, **{**kw, "restarts": min(restarts, 2)})  # compiles
+      start = time.perf_counter()
+      rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), strategy=strategy,
+                                chunk=iterations, **kw)
+      row[f"{strategy}_s"] = time.perf_counter() - start
+    x_all = np.asarray(rec.x_restarts).reshape(restarts, *images.x.shape[1:])
+    psnr = metrics.psnr(x_all, np.broadcast_to(images.x, x_all.shape))
+    row.update(best_psnr=float(np.max(psnr)), reached=int(np.sum(psnr >= _TTQ_PSNR.value)))
+    print(f"linesearch {row}", flush=True)
+    rows.append(row)
+  return rows
+
+
 # --- report ---------------------------------------------------------------------------------------
 
 
@@ -295,14 +353,18 @@ def markdown(result: dict) -> str:
            f"jax {env['jax']}, torch {env['torch']} ({env['torch_threads']} threads).", ""]
   if "steps" in result:
     lines += ["## One step (median ms)", "",
+              f"Convolutions: {result['steps'][0]['conv'] if result['steps'] else '-'} (the backend's "
+              "default); the other implementation's matching step and its time over the default's.", "",
               "| model | batch | plain | matching | matching/plain | compile s (plain/matching) | "
-              "memory MB (compiled / peak) | PyTorch matching | PyTorch/JAX |", "|---|---|---|---|---|---|---|---|---|"]
+              "memory MB (compiled / peak) | matching, other conv (×) | PyTorch matching | PyTorch/JAX |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["steps"]:
       mem = f"{_f(r['compiled_bytes'] and r['compiled_bytes'] / 2**20, '{:.1f}')} / " \
             f"{_f(r['peak_bytes_in_use'] and r['peak_bytes_in_use'] / 2**20, '{:.1f}')}"
       lines.append(f"| {r['model']} | {r['batch_size']} | {r['jax_plain_ms']:.3f} | "
                    f"{r['jax_match_ms']:.3f} | {r['match_over_plain']:.1f}× | "
                    f"{r['compile_plain_s']:.2f} / {r['compile_match_s']:.2f} | {mem} | "
+                   f"{r['other_conv_match_ms']:.3f} ({r['other_over_default']:.2f}×) | "
                    f"{_f(r.get('torch_match_ms'), '{:.3f}')} | {_f(r.get('torch_over_jax'))}× |")
     lines.append("")
   if "ttq" in result:
@@ -330,6 +392,18 @@ def markdown(result: dict) -> str:
                if r["strategy"] == strategy]
       lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
     lines.append("")
+  if "linesearch" in result:
+    rows = result["linesearch"]
+    lines += [f"## L-BFGS line search under vmap: {rows[0]['restarts']} DLG restarts on lenet_zhu, "
+              f"{rows[0]['iterations']} iterations", "",
+              "| max_linesearch_steps | evaluations / restart / iteration (mean) | per-iteration max "
+              "(paid by vmap) | mean/max | vmap s | sequential s | best PSNR | restarts ≥ "
+              f"{result['config']['ttq_psnr']:g} dB |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+      lines.append(f"| {r['cap']} | {r['mean_evaluations']:.2f} | {r['mean_max_evaluations']:.2f} | "
+                   f"{r['efficiency']:.2f} | {r['vmap_s']:.2f} | {r['sequential_s']:.2f} | "
+                   f"{r['best_psnr']:.2f} | {r['reached']}/{r['restarts']} |")
+    lines.append("")
   return "\n".join(lines)
 
 
@@ -342,10 +416,13 @@ def main(argv):
   try:
     batch_sizes = [int(b) for b in _BATCH_SIZES.value]
     counts = [int(r) for r in _RESTART_COUNTS.value]
+    caps = [int(c) for c in _LS_CAPS.value]
   except ValueError:
-    bs.fail("--batch_sizes and --restart_counts take integers")
-  if min(batch_sizes + counts) < 1 or _TTQ_IMAGES.value < 1 or _IG_ITERATIONS.value < 1:
-    bs.fail("batch sizes, restart counts, --ttq_images and --ig_iterations must be positive")
+    bs.fail("--batch_sizes, --restart_counts and --linesearch_caps take integers")
+  if (min(batch_sizes + counts + caps) < 1 or _TTQ_IMAGES.value < 1 or _IG_ITERATIONS.value < 1
+      or _LS_ITERATIONS.value < 2):
+    bs.fail("batch sizes, restart counts, line-search caps, --ttq_images and --ig_iterations must be "
+            "positive, --linesearch_iterations at least 2")
   if (error := bs.check_flags()) is not None:
     bs.fail(error)
   torch = None if bs._TORCH.value == "off" else bs.import_torch()
@@ -356,13 +433,16 @@ def main(argv):
   result = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(torch),
                 config=dict(models=bs._MODELS.value, batch_sizes=batch_sizes, ttq_psnr=_TTQ_PSNR.value,
                             ttq_images=_TTQ_IMAGES.value, restart_counts=counts,
-                            restart_iterations=_RESTART_ITERATIONS.value, seed=seed))
+                            restart_iterations=_RESTART_ITERATIONS.value, linesearch_caps=caps,
+                            linesearch_iterations=_LS_ITERATIONS.value, seed=seed))
   if "steps" in _SECTIONS.value:
     result["steps"] = section_steps(torch, timing, seed)
   if "ttq" in _SECTIONS.value:
     result["ttq"] = section_ttq(torch, seed)
   if "restarts" in _SECTIONS.value:
     result["restarts"] = section_restarts(seed)
+  if "linesearch" in _SECTIONS.value:
+    result["linesearch"] = section_linesearch(seed, max(counts))
   text = markdown(result)
   report.save_json(os.path.join(_OUTPUT_DIR.value, "benchmark.json"), result)
   with open(os.path.join(_OUTPUT_DIR.value, "benchmark.md"), "w") as fh:

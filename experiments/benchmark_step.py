@@ -139,9 +139,12 @@ def compile_ahead(fn, *args):
   return compiled, time.perf_counter() - t0
 
 
-def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timing_kwargs) -> dict:
-  """Times the plain and the gradient-matching step of zoo model ``name`` in JAX."""
-  model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=NUM_CLASSES)
+def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, conv: str = "auto",
+                  **timing_kwargs) -> dict:
+  """Times the plain and the gradient-matching step of zoo model ``name`` in JAX, with convolutions
+  computed by ``conv`` (``gradjax.models.CONVS``)."""
+  model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=NUM_CLASSES,
+                        conv=conv)
   x, y = jnp.asarray(x), jnp.asarray(y)
 
   def plain_step(variables, x, y):
@@ -164,6 +167,7 @@ def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timin
     raise RuntimeError(f"{name}: the JAX matching objective is not finite ({float(value)})")
   return dict(
       framework="jax",
+      conv=models.resolve_conv(conv),
       num_params=count_params(model.variables["params"]),
       plain=measure(lambda: jax.block_until_ready(plain(*plain_args)), **timing_kwargs),
       match=measure(lambda: jax.block_until_ready(match(*match_args)), **timing_kwargs),
@@ -364,7 +368,7 @@ def check_flags() -> str | None:
     return "--models is empty"
   for name in _MODELS.value:
     try:
-      models.get_module(name, num_classes=NUM_CLASSES)
+      models.get_module(name, num_classes=NUM_CLASSES, conv="xla")  # checks the name only
     except ValueError as e:
       return str(e)
   if _BATCH_SIZE.value < 1:

@@ -59,6 +59,7 @@ def define_flags():
   flags.DEFINE_string("dummy_init", d.dummy_init, "Dummy-data init: normal, uniform, constant, pattern.")
   flags.DEFINE_bool("one_sample_per_step", d.one_sample_per_step, "DLG batch option: move one dummy example per step.")
   flags.DEFINE_bool("remat", d.remat, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.")
+  flags.DEFINE_enum("conv", d.conv, list(models.CONVS), "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on XLA:CPU), auto (im2col on CPU).")
   flags.DEFINE_string("matmul_precision", None, "jax_default_matmul_precision: bfloat16, tensorfloat32, float32 (accelerators; no effect on CPU).")
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_integer("seed", d.seed, "PRNG seed (model and dummy initialisation).")
@@ -80,7 +81,7 @@ def config_from_flags(**overrides) -> Config:
                 iterations=f.iterations, objective=f.objective, optimizer=f.optimizer, learning_rate=f.lr, tol=f.tol,
                 distance=f.distance, layer_weights=f.layer_weights, priors=f.priors, labels=f.labels,
                 schedule=f.schedule, box=f.box, dummy_init=f.dummy_init,
-                one_sample_per_step=f.one_sample_per_step, remat=f.remat,
+                one_sample_per_step=f.one_sample_per_step, remat=f.remat, conv=f.conv,
                 seed=f.seed, chunk=f.chunk)
   values.update(overrides)
   return Config(**values)

@@ -201,13 +201,14 @@ def check_compatible(variables, like) -> None:
 _CREATE_KEYS = {"init": "init", "act": "act", "init_scale": "init_scale", "stride1": "stride1"}
 
 
-def model_from_metadata(metadata: dict, key: jax.Array | None = None) -> models.Model:
+def model_from_metadata(metadata: dict, key: jax.Array | None = None, **module_kwargs) -> models.Model:
   """A freshly initialised :class:`gradjax.models.Model` as described by checkpoint ``metadata``.
 
   Reads ``model`` (registry name), ``num_classes``, ``input_shape`` ([H, W, C]), and if present
   ``init``, ``act``, ``init_scale``, ``stride1`` and ``param_dtype`` (default "float32"); ``None``
   values mean the model's default. The variables are initialised from ``key`` (default
-  ``jax.random.key(0)``).
+  ``jax.random.key(0)``). ``module_kwargs`` choose how the model is computed, not what it is
+  (``remat``, ``conv``; see :func:`gradjax.models.get_module`).
   """
   missing = [k for k in ("model", "num_classes", "input_shape") if k not in metadata]
   if missing:
@@ -225,18 +226,18 @@ def model_from_metadata(metadata: dict, key: jax.Array | None = None) -> models.
     raise ValueError("checkpoint metadata: model must be a string and num_classes an int")
   key = jax.random.key(0) if key is None else key
   return models.create(metadata["model"], key, input_shape=tuple(shape),
-                       num_classes=metadata["num_classes"], **kwargs)
+                       num_classes=metadata["num_classes"], **kwargs, **module_kwargs)
 
 
-def load_model(path) -> models.Model:
+def load_model(path, **module_kwargs) -> models.Model:
   """The model of checkpoint ``path`` with its trained variables.
 
-  Rebuilds the module with :func:`model_from_metadata`, checks the loaded variables against the fresh
+  Rebuilds the module with :func:`model_from_metadata` (``module_kwargs`` go there), checks the loaded variables against the fresh
   ones (:func:`check_compatible`) and returns the ``Model`` with the loaded variables as JAX arrays.
   ``load(path)[1]`` gives the metadata (normalisation, epoch, accuracy, ...).
   """
   variables, metadata = load(path)
-  model = model_from_metadata(metadata)
+  model = model_from_metadata(metadata, **module_kwargs)
   try:
     check_compatible(variables, model.variables)
   except ValueError as e:

@@ -68,6 +68,7 @@ class Config:
   dummy_init: str | None = None
   one_sample_per_step: bool | None = None
   remat: bool | None = None
+  conv: str = "auto"
   seed: int = 0
   chunk: int = 100
 
@@ -80,6 +81,9 @@ class Config:
       raise ValueError(f"image_size must be positive, got {self.image_size}")
     if self.client not in CLIENTS:
       raise ValueError(f"unknown client {self.client!r}; choose one of {', '.join(CLIENTS)}")
+    if self.conv not in models.CONVS:
+      raise ValueError(f"unknown convolution implementation {self.conv!r}; choose one of "
+                       f"{', '.join(models.CONVS)}")
     if self.shared_labels not in SHARED_LABELS:
       raise ValueError(f"unknown label sharing {self.shared_labels!r}; choose one of "
                        f"{', '.join(SHARED_LABELS)}")
@@ -149,7 +153,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   input_shape = batch.x.shape[1:]
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   if cfg.checkpoint:
-    model = checkpoint.load_model(cfg.checkpoint)
+    model = checkpoint.load_model(cfg.checkpoint, remat=bool(cfg.remat), conv=cfg.conv)
     saved = checkpoint.load(cfg.checkpoint)[1].get("normalization", "none")
     if saved != cfg.normalization:
       raise ValueError(f"checkpoint {cfg.checkpoint} was trained with normalization {saved!r}, "
@@ -160,7 +164,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
                        f"with {batch.num_classes} classes")
   else:
     model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
-                          init=cfg.init, act=cfg.act, remat=bool(cfg.remat))
+                          init=cfg.init, act=cfg.act, remat=bool(cfg.remat), conv=cfg.conv)
   x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
   share_labels = attack.labels == "known"
   if share_labels and cfg.client == "fedavg":
@@ -205,6 +209,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       labels_true=batch.y.tolist(),
       labels_reconstructed=rec.labels[order].tolist(),
       model=model.name,
+      conv=models.resolve_conv(cfg.conv),
       attack=dataclasses.asdict(attack),
       config=dataclasses.asdict(cfg),
       device=str(jax.devices()[0]),

@@ -350,3 +350,108 @@ def test_bad_configuration_raises(name, kwargs):
 def test_degenerate_configuration_raises(name, kwargs):
   with pytest.raises(ValueError):
     jax.eval_shape(lambda k: models.create(name, k, **kwargs).variables, KEY)
+
+
+# --- Convolution implementations: im2col equals the native convolution -------------------------------
+
+
+def _np_conv_asym(x, w, stride, pads):
+  """NumPy cross-correlation with per-side zero padding ((top, bottom), (left, right)) and strides."""
+  x = np.pad(x, ((0, 0), *pads, (0, 0)))
+  kh, kw = w.shape[:2]
+  ho, wo = (x.shape[1] - kh) // stride[0] + 1, (x.shape[2] - kw) // stride[1] + 1
+  out = np.zeros((x.shape[0], ho, wo, w.shape[-1]))
+  for i in range(kh):
+    for j in range(kw):
+      patch = x[:, i:i + stride[0] * ho:stride[0], j:j + stride[1] * wo:stride[1], :]
+      out += np.einsum("nhwc,cd->nhwd", patch, w[i, j])
+  return out
+
+
+@pytest.mark.parametrize("kernel,stride,pads,hw", [
+    ((5, 5), (2, 2), ((2, 2), (2, 2)), (32, 32)),   # lenet_zhu's strided layers
+    ((5, 5), (1, 1), ((2, 2), (2, 2)), (8, 8)),
+    ((3, 3), (1, 1), ((1, 1), (1, 1)), (7, 9)),
+    ((3, 3), (2, 2), ((1, 1), (1, 1)), (9, 8)),      # ResNet downsampling, odd size
+    ((1, 1), (2, 2), ((0, 0), (0, 0)), (8, 7)),      # ResNet projection shortcut
+    ((3, 2), (1, 3), ((0, 2), (1, 0)), (6, 10)),     # asymmetric everything
+])
+def test_im2col_conv_matches_numpy_and_xla(kernel, stride, pads, hw):
+  """Values, first and second derivatives (float64) equal NumPy and ``lax.conv_general_dilated``."""
+  from gradjax.models.layers import im2col_conv
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(2, *hw, 3))
+  w = rng.normal(size=(*kernel, 3, 4))
+  dn = ("NHWC", "HWIO", "NHWC")
+  with jax.enable_x64(True):
+    got = im2col_conv(jnp.asarray(x), jnp.asarray(w), stride, pads, dimension_numbers=dn)
+    np.testing.assert_allclose(np.asarray(got), _np_conv_asym(x, w, stride, pads), rtol=1e-12, atol=1e-12)
+
+    def second_order(conv):
+      # A gradient-matching-like scalar: the squared weight gradient of a loss, differentiated in x.
+      def loss(w, x):
+        return jnp.sum(jnp.tanh(conv(x, w, stride, pads, dimension_numbers=dn)) ** 2)
+      return jax.grad(lambda x: jnp.sum(jax.grad(loss)(jnp.asarray(w), x) ** 2))(jnp.asarray(x))
+
+    np.testing.assert_allclose(np.asarray(second_order(im2col_conv)),
+                               np.asarray(second_order(jax.lax.conv_general_dilated)), rtol=1e-10, atol=1e-12)
+
+
+def test_im2col_conv_defers_unsupported_cases_to_xla():
+  """Dilations, groups, string padding and other layouts give exactly lax's result."""
+  from gradjax.models.layers import im2col_conv
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.normal(size=(1, 9, 9, 4)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(3, 3, 2, 6)), jnp.float32)
+  dn = ("NHWC", "HWIO", "NHWC")
+  lax_conv = jax.lax.conv_general_dilated
+  for kwargs in (dict(feature_group_count=2), dict(rhs_dilation=(2, 2), feature_group_count=2),
+                 dict(lhs_dilation=(2, 1), feature_group_count=2)):
+    pads = ((1, 1), (1, 1))
+    np.testing.assert_array_equal(np.asarray(im2col_conv(x, w, (1, 1), pads, dimension_numbers=dn, **kwargs)),
+                                  np.asarray(lax_conv(x, w, (1, 1), pads, dimension_numbers=dn, **kwargs)))
+  w4 = jnp.asarray(rng.normal(size=(3, 3, 4, 5)), jnp.float32)
+  for padding in ("SAME", "VALID"):
+    np.testing.assert_allclose(np.asarray(im2col_conv(x, w4, (2, 2), padding, dimension_numbers=dn)),
+                               np.asarray(lax_conv(x, w4, (2, 2), padding, dimension_numbers=dn)),
+                               rtol=1e-5, atol=1e-5)
+  x_nchw = jnp.transpose(x, (0, 3, 1, 2))
+  w_oihw = jnp.transpose(w4, (3, 2, 0, 1))
+  np.testing.assert_array_equal(np.asarray(im2col_conv(x_nchw, w_oihw, (1, 1), "SAME")),
+                                np.asarray(lax_conv(x_nchw, w_oihw, (1, 1), "SAME")))
+
+
+@pytest.mark.parametrize("name,input_shape", [("lenet_zhu", (16, 16, 3)), ("lenet5", (8, 8, 1)),
+                                              ("convnet-2", (9, 9, 3)), ("resnet8", (8, 8, 3))])
+def test_conv_implementations_compute_the_same_model(name, input_shape):
+  """``conv="im2col"`` and ``conv="xla"`` have the same parameters, logits and DLG objective gradient."""
+  from gradjax import clients, distances
+  from gradjax.objectives import gradient_matching
+  rng = np.random.default_rng(2)
+  with jax.enable_x64(True):
+    kw = dict(input_shape=input_shape, num_classes=10, param_dtype=jnp.float64)
+    native = models.create(name, KEY, conv="xla", **kw)
+    im2col = models.create(name, KEY, conv="im2col", **kw)
+    assert jax.tree.structure(native.variables) == jax.tree.structure(im2col.variables)
+    chex_equal = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+                              native.variables, im2col.variables)
+    assert all(jax.tree.leaves(chex_equal))
+    x = jnp.asarray(rng.uniform(size=(2, *input_shape)))
+    np.testing.assert_allclose(np.asarray(jax.jit(im2col.apply_fn)(im2col.variables, x)),
+                               np.asarray(jax.jit(native.apply_fn)(native.variables, x)), rtol=1e-10, atol=1e-12)
+    dummy = {"x": jnp.asarray(rng.normal(size=x.shape)),
+             "label_logits": jnp.asarray(rng.normal(size=(2, 10)))}
+    grads = []
+    for model in (native, im2col):
+      obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([1, 7]))
+      grads.append(jax.jit(jax.grad(gradient_matching(model.apply_fn, distances.euclidean)))(dummy, obs))
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-12)
+
+
+def test_conv_auto_resolves_per_backend():
+  from gradjax.models.layers import resolve_conv
+  assert resolve_conv("auto") == ("im2col" if jax.default_backend() == "cpu" else "xla")
+  assert resolve_conv("xla") == "xla"
+  with pytest.raises(ValueError, match="unknown convolution implementation"):
+    models.create("lenet_zhu", KEY, conv="winograd")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import activation, batch_norm, head
+from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head
 
 
 class ConvNet(nn.Module):
@@ -21,6 +21,7 @@ class ConvNet(nn.Module):
   weight_init: str = "default"
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
+  conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -29,7 +30,7 @@ class ConvNet(nn.Module):
     w = self.width
     for i, channels in enumerate((w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)):
       x = nn.Conv(channels, (3, 3), padding=1, param_dtype=self.param_dtype, dtype=self.param_dtype,
-                  **inits._asdict())(x)
+                  conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())(x)
       x = act(batch_norm(train, self.param_dtype)(x))
       if i in (5, 7):
         x = nn.max_pool(x, (3, 3), strides=(3, 3))

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import head
+from gradjax.models.layers import conv_general_dilated, head
 
 
 class LeNetZhu(nn.Module):
@@ -28,13 +28,14 @@ class LeNetZhu(nn.Module):
   weight_init: str = "uniform"
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
+  conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train  # no batch statistics
     inits = get_initializers(self.weight_init, self.init_scale)
     kw = dict(kernel_size=(5, 5), padding=2, param_dtype=self.param_dtype, dtype=self.param_dtype,
-              **inits._asdict())
+              conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())
     for stride in (2, 2, 1):
       x = nn.sigmoid(nn.Conv(12, strides=stride, **kw)(x))
     x = x.reshape(x.shape[0], -1)
@@ -48,6 +49,7 @@ class LeNet5(nn.Module):
   weight_init: str = "xavier_normal"
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
+  conv: str = "xla"
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -55,6 +57,7 @@ class LeNet5(nn.Module):
     inits = get_initializers(self.weight_init, self.init_scale)
     for _ in range(4):
       x = nn.sigmoid(nn.Conv(12, (5, 5), strides=1, padding=2, param_dtype=self.param_dtype,
-                             dtype=self.param_dtype, **inits._asdict())(x))
+                             dtype=self.param_dtype, conv_general_dilated=conv_general_dilated(self.conv),
+                             **inits._asdict())(x))
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)

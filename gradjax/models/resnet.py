@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import activation, batch_norm, head
+from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head
 
 
 class BasicBlock(nn.Module):
@@ -29,13 +29,15 @@ class BasicBlock(nn.Module):
   weight_init: str
   init_scale: float
   param_dtype: jnp.dtype
+  conv: str
 
   @nn.compact
   def __call__(self, x, train: bool):
     inits = get_initializers(self.weight_init, self.init_scale)
     conv = lambda c, k, s: nn.Conv(c, (k, k), strides=s, padding=k // 2, use_bias=False,
                                    param_dtype=self.param_dtype, dtype=self.param_dtype,
-                                   kernel_init=inits.kernel_init)
+                                   kernel_init=inits.kernel_init,
+                                   conv_general_dilated=conv_general_dilated(self.conv))
     act = activation(self.act)
     y = act(batch_norm(train, self.param_dtype)(conv(self.channels, 3, self.stride)(x)))
     y = batch_norm(train, self.param_dtype)(conv(self.channels, 3, 1)(y))
@@ -56,6 +58,7 @@ class ResNet(nn.Module):
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
   remat: bool = False  # jax.checkpoint every block: activations recomputed in backward passes
+  conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -63,9 +66,10 @@ class ResNet(nn.Module):
     block_cls = nn.remat(BasicBlock, static_argnums=(2,)) if self.remat else BasicBlock
     count = 0
     block_kw = dict(act=self.act, weight_init=self.weight_init, init_scale=self.init_scale,
-                    param_dtype=self.param_dtype)
+                    param_dtype=self.param_dtype, conv=self.conv)
     x = nn.Conv(self.base_channels, (3, 3), padding=1, use_bias=False, param_dtype=self.param_dtype,
-                dtype=self.param_dtype, kernel_init=inits.kernel_init)(x)
+                dtype=self.param_dtype, kernel_init=inits.kernel_init,
+                conv_general_dilated=conv_general_dilated(self.conv))(x)
     x = activation(self.act)(batch_norm(train, self.param_dtype)(x))
     for stage, blocks in enumerate(self.stage_sizes):
       for block in range(blocks):
