@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from gradjax import lbfgs
+
 PyTree = Any
 STRATEGIES = ("auto", "tune", "sequential", "vmap", "map")
 OPTIMIZERS = ("lbfgs", "lbfgs_fixed", "adam", "adamw", "signed_adam", "sgd")
@@ -103,12 +105,12 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
       raise ValueError("L-BFGS takes no learning-rate schedule (its line search sets the step)")
     linesearch = optax.scale_by_zoom_linesearch(max_linesearch_steps=max_linesearch_steps,
                                                 initial_guess_strategy="one")
-    return Optimizer(optax.lbfgs(learning_rate, memory_size=history, linesearch=linesearch), True)
+    return Optimizer(lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=linesearch), True)
   if name == "lbfgs_fixed":
     if history < 1 or schedule != "constant" or warmup:
       raise ValueError("fixed-step L-BFGS needs history >= 1 and takes no learning-rate schedule")
     return Optimizer(optax.with_extra_args_support(
-        optax.lbfgs(learning_rate, memory_size=history, linesearch=None)), False)
+        lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=None)), False)
   lr = learning_rate_schedule(learning_rate, schedule, iterations=iterations, warmup=warmup)
   if name == "adam":
     tx = optax.adam(lr)
@@ -210,7 +212,11 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
                            state.evaluations + used, alive)
     # A restart that just went non-finite keeps its last finite iterate and best so far.
     stalled = state._replace(best_params=best_params, best_loss=best_loss, alive=alive)
-    return _select(active, _select(alive, advanced, stalled), state)
+    new = _select(active, _select(alive, advanced, stalled), state)
+    # The optimizer state is taken as advanced even for a restart that is frozen (converged or
+    # diverged), whose state is never read again: selecting it would copy every buffer each step
+    # (L-BFGS's history is (m, ...) per restart), which under vmap on CPU cost more than the step.
+    return new._replace(opt_state=opt_state)
 
   def finalize(state, data):
     """Scores the final iterate too, so the best covers every point the run reached."""

@@ -1,0 +1,146 @@
+r"""L-BFGS's inverse-Hessian product as a few matrix products: no loop over the history.
+
+``optax.scale_by_lbfgs`` computes the L-BFGS direction with the two-loop recursion (Nocedal & Wright,
+"Numerical Optimization", 2nd ed., Algorithm 7.4): two ``lax.scan`` of ``memory_size`` steps, each
+reading one stored pair (s_i, y_i) at a traced index. Under ``vmap`` over restarts that index is
+batched, every read becomes a gather, and the loop runs as ``2 m`` dependent steps: measured on one
+CPU core, DLG on ``lenet_zhu`` with history 100 took 2.3 ms per restart and iteration with 16
+vmapped restarts against 0.72 ms for the same restarts one after another; with Adam, which has no
+such loop, vmap was the faster of the two (``experiments/benchmark.py``, linesearch section).
+
+:func:`scale_by_lbfgs` is a drop-in replacement with the same state updates, the same
+preconditioner and the same result up to rounding, written with dense products. With the stored
+pairs in time order (oldest first; empty slots have s = y = 0 and ρ = 0), ρ_i = 1 / (y_i · s_i) and
+γ the identity scale, the two loops are two triangular systems::
+
+  first loop   α_i = ρ_i s_i · (g − Σ_{j>i} α_j y_j)        ⇔  (I + diag(ρ) U) α = diag(ρ) S g
+  middle       r₀ = γ (g − Yᵀ α)
+  second loop  β_i = ρ_i y_i · (r₀ + Σ_{j<i} (α_j − β_j) s_j) ⇔  (I + diag(ρ) L) β = diag(ρ) (Y r₀ + L α)
+  direction    H g = r₀ + Sᵀ (α − β)
+
+with S, Y (m × n) the stacked pairs, U_ij = s_i · y_j for j > i (strictly upper) and L_ij = y_i · s_j
+for j < i (strictly lower), both read from the Gram matrix G_ij = s_i · y_j that the state keeps up to
+date (one row and one column per iteration: 2 m n flops). The triangular matrices have a unit
+diagonal, so empty slots (ρ = 0) need no special case. This is the two-loop recursion written as
+forward substitution; Byrd, Nocedal & Schnabel ("Representations of quasi-Newton matrices and their
+use in limited memory methods", Math. Programming 63, 1994) derive the related compact form.
+
+Cost per iteration: about 6 m n flops in matrix-vector products plus O(m²) for the solves, against
+4 m n in 2 m sequential steps for the recursion; on accelerators and under vmap the products win.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+class ScaleByLBFGSState(NamedTuple):
+  """State of :func:`scale_by_lbfgs`: optax's fields (``count``, ``params``, ``updates``, the
+  circular ``diff_params_memory`` / ``diff_updates_memory`` of (m, ...) leaves, ``weights_memory``
+  ρ) and ``gram`` (m, m), ``gram[i, j] = s_i · y_j`` for the slots i, j of the buffers."""
+
+  count: jax.Array
+  params: optax.Params
+  updates: optax.Updates
+  diff_params_memory: optax.Updates
+  diff_updates_memory: optax.Updates
+  weights_memory: jax.Array
+  gram: jax.Array
+
+
+def _stacked_dot(stacked, tree) -> jax.Array:
+  """(m,) dot products of each slot of ``stacked`` (leaves (m, ...)) with ``tree``."""
+  parts = [jnp.tensordot(a, b, axes=b.ndim) for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(tree))]
+  return sum(parts[1:], parts[0])
+
+
+def _combine(coefficients, stacked):
+  """Σ_i coefficients[i] · slot i of ``stacked``: a tree shaped like one slot."""
+  return jax.tree.map(lambda a: jnp.tensordot(coefficients.astype(a.dtype), a, axes=1), stacked)
+
+
+def precondition(updates, diff_params_memory, diff_updates_memory, weights_memory, gram,
+                 identity_scale, memory_idx):
+  """H g for the stored pairs (see the module docstring); ``memory_idx`` is the oldest slot."""
+  m = weights_memory.shape[0]
+  order = (memory_idx + jnp.arange(m)) % m             # slots, oldest first
+  rho = weights_memory[order]
+  g_ = gram[order][:, order]                           # g_[i, j] = s_i · y_j in time order
+  upper = jnp.triu(g_, 1)
+  lower = jnp.tril(g_.T, -1)                           # lower[i, j] = y_i · s_j, j < i
+  eye = jnp.eye(m, dtype=g_.dtype)
+  s_g = _stacked_dot(diff_params_memory, updates)[order]
+  alpha = jax.scipy.linalg.solve_triangular(eye + rho[:, None] * upper, rho * s_g, lower=False,
+                                            unit_diagonal=True)
+  alpha_slots = jnp.zeros_like(alpha).at[order].set(alpha)
+  q = optax.tree.add_scale(updates, -1.0, _combine(alpha_slots, diff_updates_memory))
+  r0 = optax.tree.scale(identity_scale, q)
+  y_r = _stacked_dot(diff_updates_memory, r0)[order]
+  beta = jax.scipy.linalg.solve_triangular(eye + rho[:, None] * lower, rho * (y_r + lower @ alpha),
+                                           lower=True, unit_diagonal=True)
+  diff = jnp.zeros_like(alpha).at[order].set(alpha - beta)
+  return optax.tree.cast_like(optax.tree.add(r0, _combine(diff, diff_params_memory)), updates)
+
+
+def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> optax.GradientTransformation:
+  """``optax.scale_by_lbfgs`` with the direction from :func:`precondition` (dense products).
+
+  Same arguments and semantics: the pair (s, y) = (params − previous params, updates − previous
+  updates) enters the memory at every call after the first, ρ = 1 / (y · s) (0 where y · s = 0),
+  and γ = (s · y) / (y · y) of the newest pair (min(1, 1 / ‖g‖) at the first call) when
+  ``scale_init_precond``, else 1. Real parameters only.
+  """
+  if memory_size < 1:
+    raise ValueError("memory_size must be >= 1")
+
+  def init_fn(params):
+    stacked = jax.tree.map(lambda leaf: jnp.zeros((memory_size, *leaf.shape), leaf.dtype), params)
+    dtype = jnp.result_type(*jax.tree.leaves(params)) if jax.tree.leaves(params) else jnp.float32
+    return ScaleByLBFGSState(
+        count=jnp.zeros((), jnp.int32), params=optax.tree.zeros_like(params),
+        updates=optax.tree.zeros_like(params), diff_params_memory=stacked,
+        diff_updates_memory=stacked, weights_memory=jnp.zeros(memory_size, dtype),
+        gram=jnp.zeros((memory_size, memory_size), dtype))
+
+  def update_fn(updates, state, params):
+    memory_idx = state.count % memory_size
+    slot = (state.count - 1) % memory_size              # where the newest pair goes
+    first = state.count == 0
+    s = optax.tree.sub(params, state.params)
+    y = optax.tree.sub(updates, state.updates)
+    s_y = optax.tree.vdot(y, s)
+    weight = jnp.where(s_y == 0.0, 0.0, 1.0 / s_y)
+    s, y, weight = jax.tree.map(lambda a: jnp.where(first, jnp.zeros_like(a), a), (s, y, weight))
+    diff_params_memory = jax.tree.map(lambda a, b: a.at[slot].set(b), state.diff_params_memory, s)
+    diff_updates_memory = jax.tree.map(lambda a, b: a.at[slot].set(b), state.diff_updates_memory, y)
+    weights_memory = state.weights_memory.at[slot].set(weight.astype(state.weights_memory.dtype))
+    # Row ``slot``: s · y_j for every stored y; column ``slot``: s_i · y.
+    row = _stacked_dot(diff_updates_memory, s).astype(state.gram.dtype)
+    col = _stacked_dot(diff_params_memory, y).astype(state.gram.dtype)
+    gram = state.gram.at[slot, :].set(row).at[:, slot].set(col)
+    if scale_init_precond:
+      y_y = optax.tree.norm(y, squared=True)
+      identity_scale = jnp.where(y_y > 0.0, optax.tree.vdot(y, s) / y_y, 1.0)
+      capped = jnp.minimum(1.0, 1.0 / optax.tree.norm(jax.lax.stop_gradient(updates)))
+      identity_scale = jnp.where(first, capped, identity_scale)
+    else:
+      identity_scale = 1.0
+    direction = precondition(updates, diff_params_memory, diff_updates_memory, weights_memory, gram,
+                             identity_scale, memory_idx)
+    return direction, ScaleByLBFGSState(
+        count=optax.safe_increment(state.count), params=params, updates=updates,
+        diff_params_memory=diff_params_memory, diff_updates_memory=diff_updates_memory,
+        weights_memory=weights_memory, gram=gram)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def lbfgs(learning_rate: float | None = None, memory_size: int = 10, scale_init_precond: bool = True,
+          linesearch: optax.GradientTransformation | None = None) -> optax.GradientTransformation:
+  """``optax.lbfgs`` with :func:`scale_by_lbfgs`: the direction, −``learning_rate`` (−1 if None),
+  then ``linesearch`` (none if None), chained as optax chains them."""
+  scaling = optax.scale(-1.0) if learning_rate is None else optax.scale_by_learning_rate(learning_rate)
+  return optax.chain(scale_by_lbfgs(memory_size, scale_init_precond), scaling,
+                     optax.identity() if linesearch is None else linesearch)
