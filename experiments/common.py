@@ -93,6 +93,14 @@ def log_progress(p: solvers.Progress):
                p.iterations, p.best_loss, p.alive, p.its_per_s, p.eta_s)
 
 
+def permutation_seed(value: int, flag: str) -> int | None:
+  """A data-permutation flag's value for :func:`gradjax.training.split`: -1 means the file order
+  (None); other negative values are an error."""
+  if value < -1:
+    raise ValueError(f"--{flag} must be >= 0 or -1 (file order), got {value}")
+  return None if value == -1 else value
+
+
 def fail(message: str):
   """One-line error on stderr and exit code 2 (bad flags or data)."""
   print(f"error: {message}", file=sys.stderr)

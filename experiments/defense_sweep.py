@@ -145,11 +145,9 @@ def main(argv):
   try:
     base = common.config_from_flags()
     if f.utility:
-      if f.utility_data_seed < -1:
-        raise ValueError(f"--utility_data_seed must be >= 0 or -1, got {f.utility_data_seed}")
-      parts = training.split(
-          data.load(f.utility_dataset, data_dir=base.data_dir), f.utility_train_count,
-          f.utility_test_count, None if f.utility_data_seed == -1 else f.utility_data_seed)
+      seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")
+      parts = training.split(data.load(f.utility_dataset, data_dir=base.data_dir),
+                             f.utility_train_count, f.utility_test_count, seed)
       ucfg = UtilityConfig(f.utility_model, f.utility_epochs, f.utility_batch_size, f.utility_lr,
                            f.utility_momentum, base.seed)
       check_utility(parts, ucfg)

@@ -40,7 +40,7 @@ def main(argv):
       index = f.start + k
       key_model, _, _ = pipeline.experiment_keys(cfg.seed, index)
       model = models.create(cfg.model, key_model, input_shape=batch.x.shape[1:],
-                            num_classes=num_classes, init=cfg.init, act=cfg.act)
+                            num_classes=num_classes, init=cfg.init, act=cfg.act, conv=cfg.conv)
       obs = clients.fedsgd(model.apply_fn, model.variables, x[k:k + 1], batch.y[k:k + 1],
                            train=cfg.train_mode)
       correct.append(int(labels.idlg(obs)[0]) == int(batch.y[k]))

@@ -37,6 +37,7 @@ from gradjax import checkpoint, clients, data, defenses, models, report, trainin
 flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
 flags.DEFINE_string("init", None, "Weight init: uniform, xavier_normal, default (the model's own if unset).")
 flags.DEFINE_string("act", None, "Activation for models that take one (relu, sigmoid, ...).")
+flags.DEFINE_enum("conv", "xla", list(models.CONVS), "Convolutions (gradjax.models): xla is faster for a plain training step on most models; im2col (the attacks' CPU default) speeds up double backward passes.")
 flags.DEFINE_string("dataset", "lfw_subset", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
 flags.DEFINE_integer("image_size", None, "Resize images to this square size (the source's if unset).")
@@ -63,7 +64,7 @@ def load_split(f):
   """The train/test split of the flags' dataset (gradjax.training.split)."""
   size = None if f.image_size is None else (f.image_size, f.image_size)
   ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
-  return training.split(ds, f.train_count, f.test_count, None if f.data_seed == -1 else f.data_seed)
+  return training.split(ds, f.train_count, f.test_count, common.permutation_seed(f.data_seed, "data_seed"))
 
 
 def fmt(accuracy):
@@ -90,8 +91,10 @@ def main(argv):
       training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum)
     except ValueError as e:
       common.fail(f"--epochs, --batch_size, --lr, --momentum: {e}")
-  if f.data_seed < -1:
-    common.fail(f"--data_seed must be >= 0 or -1 (file order), got {f.data_seed}")
+  try:
+    common.permutation_seed(f.data_seed, "data_seed")
+  except ValueError as e:
+    common.fail(str(e))
   start = time.perf_counter()
   try:
     defense = defenses.parse(f.defense)
@@ -104,7 +107,7 @@ def main(argv):
                 "train_count": f.train_count, "test_count": f.test_count, "data_seed": f.data_seed,
                 "client": f.client, "defense": f.defense, "seed": f.seed}
     model_key, train_key = jax.random.split(jax.random.key(f.seed))
-    model = checkpoint.model_from_metadata(metadata, model_key)  # what load_model rebuilds
+    model = checkpoint.model_from_metadata(metadata, model_key, conv=f.conv)  # what load_model rebuilds
     local = clients.LocalTraining(f.local_epochs, f.local_batch_size, f.local_lr, f.local_momentum)
     if f.client == "fedavg":
       clients.check_local_training(local, f.train_count // f.clients)

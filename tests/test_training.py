@@ -309,6 +309,7 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
   assert result["train_indices"] == list(range(150)) and result["history"][1]["update_norm"] > 0
   for args, message in [(["--model=alexnet"], "unknown model"), (["--clients=3"], "--clients"),
                         (["--train_count=190"], "train + test count"),
+                        (["--data_seed=-2"], "--data_seed must be >= 0 or -1"),
                         (["--local_lr=0.5"], "--local_lr do not apply to --client=fedsgd"),
                         (["--client=fedavg", "--lr=0.5", "--momentum=0.5"],
                          "--lr, --momentum do not apply to --client=fedavg")]:

@@ -68,10 +68,13 @@ def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=N
   Why: the gradient-matching objective differentiates a convolution twice. XLA:CPU compiles the
   resulting transposed and dilated convolutions (input and weight gradients of a strided
   convolution, with batch and feature dimensions swapped) far slower than plain ones, while slices,
-  pads and matrix products are cheap. Measured on one CPU core (jax 0.10.2), one DLG matching step
-  takes 0.65 -> 0.24 ms on ``lenet_zhu`` and 121 -> 67 ms on ``resnet20-4`` at batch 1
-  (``experiments/benchmark.py``). On GPUs and TPUs the native convolution is the better choice.
-  The result equals ``lax.conv_general_dilated`` up to floating-point summation order.
+  pads and matrix products are cheap. Measured on one CPU core (jax 0.10.2,
+  ``experiments/benchmark.py``), one DLG matching step at batch 1 takes 0.74 -> 0.28 ms on
+  ``lenet_zhu``, 128 -> 58 ms on ``resnet20-4`` and 333 -> 171 ms on ``convnet`` (2-3x at batch 8).
+  The price: the patches take kh kw times the input's memory (convnet, batch 8: 565 MB compiled
+  against 223 MB), and a plain forward+backward of a wide network can be slower (convnet, batch 1:
+  178 against 68 ms). On GPUs and TPUs the native convolution is the better choice. The result
+  equals ``lax.conv_general_dilated`` up to floating-point summation order.
 
   Other cases (dilation, grouped convolutions, other layouts or ranks) go to
   ``jax.lax.conv_general_dilated`` unchanged, so this is a drop-in ``conv_general_dilated`` for
