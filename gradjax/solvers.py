@@ -402,6 +402,7 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
       after a round keeps the state it reached (its ``iterations`` say how far it ran).
     shard: split the restarts over every device (:func:`shard_restarts`; all hosts' devices after
       ``jax.distributed.initialize()``) and run them with ``vmap``, each device advancing its share.
+      With halving, each round's survivors are gathered and split over the devices again.
       The result is a global array sharded the same way (:func:`fetch` brings it to the host).
     monitor: called on the host with the (stacked, or one restart's) state after every chunk; a
       True return stops that run there (e.g. once a reconstruction reaches a target PSNR).
@@ -411,24 +412,29 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
   if shard:
     if strategy not in ("auto", "vmap"):
       raise ValueError(f"sharded restarts run with vmap, not strategy {strategy!r}")
-    if halving_rounds > 1:
-      raise ValueError("successive halving does not combine with sharded restarts yet")
     restarts = jax.tree.leaves(init_params)[0].shape[0]
+    for leaf in jax.tree.leaves(restart_data):
+      if leaf.shape[:1] != (restarts,):
+        raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
     mesh = restart_mesh()
     init_params, restart_data = shard_restarts((init_params, restart_data), mesh)
     state = _run(solver, init_params, data, iterations, chunk, "vmap", None, unroll, tol, callback,
-                 restart_data, 1, halving_keep, mesh, monitor)
+                 restart_data, halving_rounds, halving_keep, mesh, monitor, restarts)
     return _slice(state, slice(0, restarts))
   return _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
               callback, restart_data, halving_rounds, halving_keep, None, monitor)
 
 
 def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
-         callback, restart_data, halving_rounds, halving_keep, mesh, monitor):
-  restarts = jax.tree.leaves(init_params)[0].shape[0]
+         callback, restart_data, halving_rounds, halving_keep, mesh, monitor, restarts=None):
+  """The restart loop of :func:`run`. With a ``mesh`` the leading axis is padded to a multiple of
+  the device count and ``restarts`` is the real count: halving ranks only those, and each later
+  round's survivors are gathered on the host and sharded again (padded) over the mesh."""
+  padded = jax.tree.leaves(init_params)[0].shape[0]
+  restarts = padded if restarts is None else restarts
   for leaf in jax.tree.leaves(restart_data):
-    if leaf.shape[:1] != (restarts,):
-      raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
+    if leaf.shape[:1] != (padded,):
+      raise ValueError(f"restart_data needs a leading axis of {padded} restarts, got {leaf.shape}")
   schedule = halving_schedule(iterations, restarts, halving_rounds, halving_keep)
   if resolve_strategy(strategy) == "tune":
     strategy, _ = tune_strategy(solver, init_params, data, steps=min(chunk, iterations, 10),
@@ -473,17 +479,36 @@ def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size,
     return _stack([finalize(s, data, per_of(r)) for r, s in enumerate(states)])
 
   state = init(init_params, data, restart_data)
+  on_host = False  # with a mesh: whether ``state`` was gathered to the host by a halving round
   for count, n in schedule:
     if stopped:
       break
     survivors = survivors[:count]
     whole = count == restarts
-    sub = state if whole else _slice(state, survivors)
-    sub = drive(sub, restart_data if whole else per_of(survivors), None, done, n)
-    state = sub if whole else _scatter(state, survivors, sub)
+    if whole:
+      state = drive(state, restart_data, None, done, n)
+    elif mesh is None:
+      sub = drive(_slice(state, survivors), per_of(survivors), None, done, n)
+      state = _scatter(state, survivors, sub)
+    else:
+      if not on_host:
+        state, restart_data, on_host = fetch(state), fetch(restart_data), True
+      index = np.asarray(survivors)
+      sub, per = shard_restarts((_slice(state, index), per_of(index)), mesh)
+      sub = _slice(fetch(drive(sub, per, None, done, n)), slice(0, count))
+      state = jax.tree.map(lambda x, s: _set_rows(x, index, s), state, sub)
     done += n
-    survivors = _rank(state.best_loss, survivors)
+    survivors = _rank(jnp.asarray(state.best_loss)[:restarts], survivors)
+  if on_host:
+    state, restart_data = shard_restarts((state, restart_data), mesh)
   return finalize(state, data, restart_data)
+
+
+def _set_rows(x, index, rows):
+  """A copy of host array ``x`` with ``x[index] = rows``."""
+  x = np.array(x)
+  x[index] = rows
+  return x
 
 
 def _rank(best_loss, survivors):

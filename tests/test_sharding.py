@@ -33,6 +33,16 @@ SCRIPT = textwrap.dedent("""
     out["shards"] = sorted((s.device.id, s.data.shape[0]) for s in leaf.addressable_shards)
     out["solver_max_diff"] = float(np.abs(np.asarray(leaf) - np.asarray(plain.best_params["p"])).max())
 
+    # Successive halving over 6 restarts (padded to 8): 6 -> 3 -> 1 survivors, re-sharded per round.
+    kw = dict(iterations=40, chunk=10, strategy="vmap", restart_data=targets[:6] * jnp.arange(1, 7)[:, None],
+              halving_rounds=3, halving_keep=0.5)
+    init6 = {"p": jnp.zeros((6, 5))}
+    sharded = solvers.fetch(solvers.run(solver, init6, None, shard=True, **kw))
+    plain = solvers.run(solver, init6, None, **kw)
+    out["halving_iterations"] = [np.asarray(sharded.iterations).tolist(), np.asarray(plain.iterations).tolist()]
+    out["halving_max_diff"] = float(np.abs(np.asarray(sharded.best_params["p"])
+                                           - np.asarray(plain.best_params["p"])).max())
+
     # A DLG attack with 6 restarts (padded to 8) sharded vs on one device.
     model = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3), num_classes=4,
                           param_dtype=jnp.float64)
@@ -73,3 +83,10 @@ def test_sharded_runs_equal_single_device_runs(result):
   assert result["restarts"] == 6 and result["best"][0] == result["best"][1]
   assert result["attack_loss_rel_diff"] < 1e-9
   assert result["attack_x_max_diff"] < 1e-9
+
+
+def test_sharded_successive_halving_equals_single_device(result):
+  sharded, plain = result["halving_iterations"]
+  assert sharded == plain and len(sharded) == 6
+  assert sorted(set(sharded)) != [sharded[0]]  # dropped restarts ran fewer iterations
+  assert result["halving_max_diff"] < 1e-12
