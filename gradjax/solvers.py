@@ -413,9 +413,7 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, c
     if strategy not in ("auto", "vmap"):
       raise ValueError(f"sharded restarts run with vmap, not strategy {strategy!r}")
     restarts = jax.tree.leaves(init_params)[0].shape[0]
-    for leaf in jax.tree.leaves(restart_data):
-      if leaf.shape[:1] != (restarts,):
-        raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
+    _check_restart_data(restart_data, restarts)  # before padding could hide a wrong count
     mesh = restart_mesh()
     init_params, restart_data = shard_restarts((init_params, restart_data), mesh)
     state = _run(solver, init_params, data, iterations, chunk, "vmap", None, unroll, tol, callback,
@@ -432,9 +430,7 @@ def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size,
   round's survivors are gathered on the host and sharded again (padded) over the mesh."""
   padded = jax.tree.leaves(init_params)[0].shape[0]
   restarts = padded if restarts is None else restarts
-  for leaf in jax.tree.leaves(restart_data):
-    if leaf.shape[:1] != (padded,):
-      raise ValueError(f"restart_data needs a leading axis of {padded} restarts, got {leaf.shape}")
+  _check_restart_data(restart_data, padded)
   schedule = halving_schedule(iterations, restarts, halving_rounds, halving_keep)
   if resolve_strategy(strategy) == "tune":
     strategy, _ = tune_strategy(solver, init_params, data, steps=min(chunk, iterations, 10),
@@ -502,6 +498,12 @@ def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size,
   if on_host:
     state, restart_data = shard_restarts((state, restart_data), mesh)
   return finalize(state, data, restart_data)
+
+
+def _check_restart_data(restart_data, restarts: int) -> None:
+  for leaf in jax.tree.leaves(restart_data):
+    if leaf.shape[:1] != (restarts,):
+      raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
 
 
 def _set_rows(x, index, rows):
