@@ -122,7 +122,7 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> op
     gram = state.gram.at[slot, :].set(row).at[:, slot].set(col)
     if scale_init_precond:
       y_y = optax.tree.norm(y, squared=True)
-      identity_scale = jnp.where(y_y > 0.0, optax.tree.vdot(y, s) / y_y, 1.0)
+      identity_scale = jnp.where(y_y > 0.0, s_y / y_y, 1.0)  # the first call's is replaced below
       capped = jnp.minimum(1.0, 1.0 / optax.tree.norm(jax.lax.stop_gradient(updates)))
       identity_scale = jnp.where(first, capped, identity_scale)
     else:
