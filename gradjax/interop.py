@@ -1,0 +1,741 @@
+"""Weights and observed updates exchanged with PyTorch systems: safetensors or ``.npz`` files.
+
+An audit starts from what a real federated system sent: the global model's weights and a client's
+gradient (FedSGD) or its weights after local training (FedAvg). Those systems are mostly PyTorch, so
+the files hold tensors named as in ``model.state_dict()`` / ``model.named_parameters()``, in PyTorch
+layouts. This module maps them onto a gradjax model, builds the :class:`~gradjax.observation.Observation`
+an attack takes, and writes gradjax's own weights and observations back in the same format, so a round
+trip is exact. Nothing here imports torch, and nothing is ever unpickled.
+
+File format
+-----------
+A file is either **safetensors** (``safetensors.numpy``; metadata in its ``__metadata__`` header, a
+str -> str map) or an **``.npz``** read with ``allow_pickle=False`` (metadata in an entry
+``__metadata__``: a string or uint8 array holding a JSON object). Tensors are named as in PyTorch.
+
+* weights file: ``model.state_dict()``: parameters and BatchNorm buffers (``running_mean``,
+  ``running_var``; ``num_batches_tracked`` is accepted and ignored).
+* observation file, metadata ``kind``:
+
+  ``gradient``  each parameter's ``.grad`` (FedSGD), named as ``model.named_parameters()``;
+  ``weights``   the client's weights after local training (FedAvg W_{t+1}; parameters, buffers
+                optional); the observed update is W_t − W_{t+1}, with W_t from the weights file;
+  ``update``    W_t − W_{t+1} directly (this sign), named as the parameters.
+
+Metadata keys (all optional, values as strings in safetensors): ``kind`` (default ``gradient``),
+``num_samples``, ``labels`` (``"3,8,8"``), ``label_order`` (``ordered`` or ``multiset``), ``train``
+(``true`` when the client ran BatchNorm in training mode), ``local_lr``, ``local_epochs``,
+``local_batch_size``, ``local_momentum`` (FedAvg schedule), ``model`` (gradjax registry name),
+``input_shape`` (``"32,32,3"``, H, W, C), ``layout`` (only ``torch`` is read).
+
+Layouts (PyTorch -> gradjax, :class:`Entry`)
+--------------------------------------------
+``conv``   (O, I, kh, kw) -> (kh, kw, I, O)
+``dense``  (out, in) -> (in, out)
+``dense`` with ``chw=(C, H, W)``: a linear layer after ``x.view(N, -1)`` of an NCHW map: its input
+           index c·HW + h·W + w becomes (h·W + w)·C + c, gradjax flattening NHWC maps.
+``vector`` biases, BatchNorm weight (-> ``scale``), bias, running_mean (-> ``mean``), running_var
+           (-> ``var``), unchanged.
+
+Names of the zoo (:func:`zoo_mapping`; DLG's and Inverting Gradients' PyTorch code, the ResNets of
+kuangliu/pytorch-cifar that DLG ships)::
+
+  lenet_zhu, lenet5  body.{0,2,4[,6]}.{weight,bias}, fc.0.{weight,bias}
+  convnet-W          model.conv{i}.*, model.bn{i}.*  (i = 0..7), model.linear.*
+  mlp-H              fc1.*, fc2.*  (hidden, head)
+  resnetD-W          conv1, bn1, layer{s}.{b}.{conv1,bn1,conv2,bn2,shortcut.0,shortcut.1}, linear
+
+Other spellings of the same network (torchvision's ``downsample`` and ``fc``) are handled by
+``rename`` rules, regular-expression substitutions applied to the file's names first, e.g.
+``(("downsample", "shortcut"), (r"^fc\\.", "linear."))``. For an architecture of your own, build
+the mapping with :func:`module_mapping` from (PyTorch module name, gradjax module path, kind) rows.
+"""
+
+import io
+import json
+import math
+import os
+import re
+import struct
+import zipfile
+import zlib
+from collections.abc import Mapping as MappingABC
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradjax import clients, models, report
+from gradjax.observation import Observation, check_observation
+
+KINDS = ("gradient", "weights", "update")
+LAYOUTS = ("conv", "dense", "vector")
+FORMATS = ("safetensors", "npz")
+METADATA_KEY = "__metadata__"
+IGNORED_BUFFERS = ("num_batches_tracked",)  # PyTorch BatchNorm counters: no gradjax counterpart
+
+
+class Entry(NamedTuple):
+  """One tensor: its PyTorch ``name``, the gradjax ``path`` in the variables (e.g. ``("params",
+  "Conv_0", "kernel")``), its ``layout`` (one of :data:`LAYOUTS`) and, for a dense layer fed by a
+  flattened NCHW map, that map's ``chw`` = (C, H, W)."""
+
+  name: str
+  path: tuple[str, ...]
+  layout: str
+  chw: tuple[int, int, int] | None = None
+
+
+class TorchMapping(NamedTuple):
+  """The tensors of one model: ``entries`` in PyTorch registration order, and ``ignored``: buffer
+  names a file may hold (``num_batches_tracked``) that gradjax does not use."""
+
+  entries: tuple[Entry, ...]
+  ignored: tuple[str, ...] = ()
+
+  def params(self) -> tuple[Entry, ...]:
+    """The entries of trainable parameters (what a gradient or update holds)."""
+    return tuple(e for e in self.entries if e.path[0] == "params")
+
+
+# --- layouts -------------------------------------------------------------------------------------
+
+def _chw_permutation(chw) -> np.ndarray:
+  """perm[j] = the NCHW flat index of NHWC flat index j, for a (C, H, W) map."""
+  c, h, w = chw
+  return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
+
+
+def to_gradjax(entry: Entry, array: np.ndarray) -> np.ndarray:
+  """``array`` in PyTorch layout -> gradjax layout (see the module docstring)."""
+  if entry.layout == "conv":
+    return np.transpose(array, (2, 3, 1, 0))
+  if entry.layout == "dense":
+    kernel = np.transpose(array)
+    return kernel if entry.chw is None else kernel[_chw_permutation(entry.chw)]
+  return array
+
+
+def to_torch(entry: Entry, array: np.ndarray) -> np.ndarray:
+  """``array`` in gradjax layout -> PyTorch layout (the inverse of :func:`to_gradjax`)."""
+  array = np.asarray(array)
+  if entry.layout == "conv":
+    return np.ascontiguousarray(np.transpose(array, (3, 2, 0, 1)))
+  if entry.layout == "dense":
+    if entry.chw is not None:
+      array = array[np.argsort(_chw_permutation(entry.chw))]
+    return np.ascontiguousarray(np.transpose(array))
+  return np.ascontiguousarray(array)
+
+
+def torch_shape(entry: Entry, shape: Sequence[int]) -> tuple[int, ...]:
+  """The PyTorch shape of a tensor whose gradjax shape is ``shape``."""
+  shape = tuple(shape)
+  if entry.layout == "conv":
+    return (shape[3], shape[2], shape[0], shape[1])
+  if entry.layout == "dense":
+    return (shape[1], shape[0])
+  return shape
+
+
+# --- mappings ------------------------------------------------------------------------------------
+
+MODULE_KINDS = ("conv", "dense", "batch_norm")
+
+
+def module_mapping(variables, modules: Sequence[tuple], ignored: Sequence[str] = IGNORED_BUFFERS
+                   ) -> TorchMapping:
+  """A :class:`TorchMapping` from (PyTorch module name, gradjax module path, kind[, chw]) rows.
+
+  Args:
+    variables: the gradjax model's variables (biases are mapped where the module has one).
+    modules: rows ``(torch_name, path, kind)`` or ``(torch_name, path, "dense", (C, H, W))``:
+      ``torch_name`` the PyTorch module (``"features.0"``), ``path`` the gradjax module's path in
+      ``variables["params"]`` (a tuple, or a '/'-joined string), ``kind`` one of
+      :data:`MODULE_KINDS`. A BatchNorm row maps weight, bias, running_mean and running_var.
+    ignored: buffer suffixes accepted in files and skipped (``module.num_batches_tracked``).
+
+  Example, a torch ``nn.Sequential(Conv2d(3, 8, 3), ReLU(), Flatten(), Linear(8 * 30 * 30, 10))``
+  against a Flax model with modules ``Conv_0`` and ``head``::
+
+    module_mapping(variables, [("0", "Conv_0", "conv"), ("3", "head", "dense", (8, 30, 30))])
+  """
+  params = variables["params"]
+  entries, skip = [], []
+  for row in modules:
+    if len(row) not in (3, 4):
+      raise ValueError(f"mapping row {row!r} must be (torch_name, path, kind[, chw])")
+    name, path, kind = row[:3]
+    chw = tuple(int(d) for d in row[3]) if len(row) == 4 and row[3] is not None else None
+    path = tuple(path.split("/")) if isinstance(path, str) else tuple(path)
+    if kind not in MODULE_KINDS:
+      raise ValueError(f"mapping row {name!r}: unknown kind {kind!r}; choose one of "
+                       f"{', '.join(MODULE_KINDS)}")
+    if chw is not None and kind != "dense":
+      raise ValueError(f"mapping row {name!r}: chw applies to dense layers only")
+    node = params
+    for part in path:
+      if not isinstance(node, MappingABC) or part not in node:
+        raise ValueError(f"mapping row {name!r}: the model has no module {'/'.join(path)!r}")
+      node = node[part]
+    if kind == "batch_norm":
+      entries += [Entry(f"{name}.weight", ("params", *path, "scale"), "vector"),
+                  Entry(f"{name}.bias", ("params", *path, "bias"), "vector"),
+                  Entry(f"{name}.running_mean", ("batch_stats", *path, "mean"), "vector"),
+                  Entry(f"{name}.running_var", ("batch_stats", *path, "var"), "vector")]
+      skip += [f"{name}.{b}" for b in ignored]
+      continue
+    entries.append(Entry(f"{name}.weight", ("params", *path, "kernel"), kind, chw))
+    if "bias" in node:
+      entries.append(Entry(f"{name}.bias", ("params", *path, "bias"), "vector"))
+  mapping = TorchMapping(tuple(entries), tuple(skip))
+  _check_covers(mapping, variables)
+  return mapping
+
+
+def _leaf_paths(tree, prefix=()) -> list[tuple[str, ...]]:
+  if isinstance(tree, MappingABC):
+    return [p for k, v in tree.items() for p in _leaf_paths(v, (*prefix, k))]
+  return [prefix]
+
+
+def _get(tree, path):
+  for part in path:
+    tree = tree[part]
+  return tree
+
+
+def _check_covers(mapping: TorchMapping, variables) -> None:
+  """Every variable is mapped exactly once, and every entry's path exists."""
+  want = set(_leaf_paths({k: v for k, v in variables.items() if k in ("params", "batch_stats")}))
+  seen: set = set()
+  for e in mapping.entries:
+    if e.path not in want:
+      raise ValueError(f"mapping entry {e.name!r} points at {'/'.join(e.path)!r}, which the model "
+                       "does not have")
+    if e.path in seen:
+      raise ValueError(f"mapping maps {'/'.join(e.path)!r} twice")
+    seen.add(e.path)
+  if want - seen:
+    raise ValueError(f"mapping leaves model variable {'/'.join(sorted(want - seen)[0])!r} unmapped")
+  names = [e.name for e in mapping.entries] + list(mapping.ignored)
+  if len(set(names)) != len(names):
+    raise ValueError("mapping uses a PyTorch name twice")
+
+
+def flatten_chw(name: str, input_shape) -> tuple[int, int, int] | None:
+  """(C, H, W) of the map that zoo model ``name`` flattens before a dense layer, or ``None``.
+
+  ``lenet_zhu``: three 5×5 convolutions with padding 2 and strides 2, 2, 1 give ⌈H/4⌉ × ⌈W/4⌉ × 12;
+  ``lenet5``: H × W × 12; ``convnet-W``: two 3×3 max-pools, ⌊⌊H/3⌋/3⌋ × ⌊⌊W/3⌋/3⌋ × 4W; ``mlp``: the
+  input itself. ResNets pool globally and flatten nothing.
+  """
+  h, w, c = (int(d) for d in input_shape)
+  if name == "lenet_zhu":
+    return (12, -(-h // 4), -(-w // 4))
+  if name == "lenet5":
+    return (12, h, w)
+  if m := re.fullmatch(r"convnet(?:-([1-9]\d*))?", name):
+    return (4 * int(m[1] or 64), h // 3 // 3, w // 3 // 3)
+  if re.fullmatch(r"mlp(?:-([1-9]\d*))?", name):
+    return (c, h, w)
+  return None
+
+
+def zoo_mapping(model: models.Model) -> TorchMapping:
+  """The PyTorch names of a zoo model (see the module docstring for the naming).
+
+  Args:
+    model: a :class:`gradjax.models.Model` (its ``name``, ``input_shape`` and ``variables``).
+  """
+  name, params = model.name, model.variables["params"]
+  chw = flatten_chw(name, model.input_shape)
+  rows: list[tuple] = []
+  if name in ("lenet_zhu", "lenet5"):
+    convs = sorted((k for k in params if k.startswith("Conv_")), key=lambda k: int(k[5:]))
+    rows = [(f"body.{2 * i}", k, "conv") for i, k in enumerate(convs)]
+    rows.append(("fc.0", "head", "dense", chw))
+  elif re.fullmatch(r"convnet(?:-([1-9]\d*))?", name):
+    for i in range(8):
+      rows += [(f"model.conv{i}", f"Conv_{i}", "conv"), (f"model.bn{i}", f"BatchNorm_{i}", "batch_norm")]
+    rows.append(("model.linear", "head", "dense", chw))
+  elif re.fullmatch(r"mlp(?:-([1-9]\d*))?", name):
+    hidden = sorted((k for k in params if k.startswith("Dense_")), key=lambda k: int(k[6:]))
+    for i, k in enumerate(hidden):
+      rows.append((f"fc{i + 1}", k, "dense", chw if i == 0 else None))
+    rows.append((f"fc{len(hidden) + 1}", "head", "dense", None if hidden else chw))
+  elif m := re.fullmatch(r"resnet(\d+)(?:-([1-9]\d*))?", name):
+    from gradjax.models.resnet import resnet_config
+    stages = resnet_config(int(m[1]), int(m[2] or 1))["stage_sizes"]
+    rows = [("conv1", "Conv_0", "conv"), ("bn1", "BatchNorm_0", "batch_norm")]
+    block = 0
+    for s, count in enumerate(stages):
+      for b in range(count):
+        prefix, path = f"layer{s + 1}.{b}", f"BasicBlock_{block}"
+        rows += [(f"{prefix}.conv1", f"{path}/Conv_0", "conv"),
+                 (f"{prefix}.bn1", f"{path}/BatchNorm_0", "batch_norm"),
+                 (f"{prefix}.conv2", f"{path}/Conv_1", "conv"),
+                 (f"{prefix}.bn2", f"{path}/BatchNorm_1", "batch_norm")]
+        if "Conv_2" in params[path]:
+          rows += [(f"{prefix}.shortcut.0", f"{path}/Conv_2", "conv"),
+                   (f"{prefix}.shortcut.1", f"{path}/BatchNorm_2", "batch_norm")]
+        block += 1
+    rows.append(("linear", "head", "dense"))
+  else:
+    raise ValueError(f"no PyTorch naming for model {name!r}; build one with "
+                     "gradjax.interop.module_mapping")
+  return module_mapping(model.variables, rows)
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+class TensorFile(NamedTuple):
+  """A file's tensors (name -> NumPy array, as stored) and its metadata (str -> str)."""
+
+  tensors: dict[str, np.ndarray]
+  metadata: dict[str, str]
+
+
+def _is_pickle(data: bytes) -> bool:
+  return data[:1] == b"\x80" and len(data) > 1 and 2 <= data[1] <= 5
+
+
+def read(path) -> TensorFile:
+  """Reads a safetensors or ``.npz`` file (by content, whatever its extension).
+
+  Raises:
+    FileNotFoundError: no such file. IsADirectoryError is reported as a ValueError.
+    ValueError: (one line) a pickle or a ``torch.save`` archive (never unpickled), a truncated or
+      corrupt file, an entry that is not a numeric array, or metadata that is not a string map.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    raise ValueError(f"{path} is a directory, not a safetensors or .npz file")
+  with open(path, "rb") as fh:
+    data = fh.read()
+  if len(data) >= 9 and data[8:9] == b"{" and struct.unpack("<Q", data[:8])[0] < 1 << 32:
+    return _read_safetensors(path, data)
+  if _is_pickle(data):
+    raise ValueError(f"{path} is a pickle (torch.save?); refusing to unpickle: save it with "
+                     "safetensors (see the README)")
+  if data[:4] == b"PK\x03\x04":
+    return _read_npz(path, data)
+  raise ValueError(f"{path} is neither a safetensors nor an .npz file"
+                   + (" (empty)" if not data else ""))
+
+
+def _metadata_strings(raw: Any, where: str) -> dict[str, str]:
+  if not isinstance(raw, dict):
+    raise ValueError(f"{where}: metadata must be a JSON object, got {type(raw).__name__}")
+  out = {}
+  for k, v in raw.items():
+    if isinstance(v, (list, tuple)):
+      v = ",".join(str(x) for x in v)
+    elif isinstance(v, bool):
+      v = "true" if v else "false"
+    elif v is None:
+      continue
+    elif not isinstance(v, (str, int, float)):
+      raise ValueError(f"{where}: metadata {k!r} must be a string or number, got {type(v).__name__}")
+    out[str(k)] = str(v)
+  return out
+
+
+def _read_safetensors(path: str, data: bytes) -> TensorFile:
+  from safetensors import SafetensorError
+  from safetensors.numpy import load
+  where = f"safetensors file {path}"
+  (size,) = struct.unpack("<Q", data[:8])
+  if 8 + size > len(data):
+    raise ValueError(f"{where} is truncated (its header needs {size} bytes)")
+  try:
+    header = json.loads(data[8:8 + size].decode("utf-8"))
+  except (UnicodeDecodeError, ValueError) as e:
+    raise ValueError(f"{where} has a corrupt header: {e}") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{where} has a corrupt header (not a JSON object)")
+  metadata = _metadata_strings(header.get(METADATA_KEY) or {}, where)
+  try:
+    tensors = load(data)
+  except (SafetensorError, ValueError, TypeError) as e:
+    raise ValueError(f"{where} is corrupt or truncated: {str(e).splitlines()[0]}") from None
+  return TensorFile({k: np.asarray(v) for k, v in tensors.items()}, metadata)
+
+
+def _read_npz(path: str, data: bytes) -> TensorFile:
+  where = f".npz file {path}"
+  try:
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+  except zipfile.BadZipFile as e:
+    raise ValueError(f"{where} is corrupt or truncated: {e}") from None
+  if any(n.endswith("data.pkl") for n in names):
+    raise ValueError(f"{path} is a torch.save archive (pickled); refusing to unpickle: save it "
+                     "with safetensors (see the README)")
+  tensors, metadata = {}, {}
+  try:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      for key in npz.files:
+        try:
+          value = npz[key]
+        except ValueError as e:
+          if "allow_pickle" in str(e) or "Object arrays" in str(e):
+            raise ValueError(f"{where}: entry {key!r} holds Python objects; refusing to unpickle") from None
+          raise ValueError(f"{where}: entry {key!r} is corrupt: {e}") from None
+        if key == METADATA_KEY:
+          if value.dtype.kind == "U" and value.ndim == 0:
+            text = str(value)
+          elif value.dtype == np.uint8 and value.ndim == 1:
+            text = value.tobytes().decode("utf-8", errors="strict")
+          else:
+            raise ValueError(f"{where}: {METADATA_KEY!r} must be a JSON string")
+          try:
+            metadata = _metadata_strings(json.loads(text), where)
+          except ValueError as e:
+            raise ValueError(f"{where}: invalid metadata: {e}") from None
+          continue
+        tensors[key] = value
+  except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError, UnicodeDecodeError) as e:
+    raise ValueError(f"{where} is corrupt or truncated: {type(e).__name__}: {e}") from None
+  return TensorFile(tensors, metadata)
+
+
+def file_format(path) -> str:
+  """``"npz"`` for a ``.npz`` path, else ``"safetensors"``."""
+  return "npz" if os.fspath(path).lower().endswith(".npz") else "safetensors"
+
+
+def write(path, tensors: dict[str, np.ndarray], metadata: dict[str, Any] | None = None) -> None:
+  """Writes ``tensors`` and ``metadata`` (values become strings) atomically; the format follows the
+  extension (``.npz``, else safetensors)."""
+  arrays = {}
+  for name, value in tensors.items():
+    arr = np.ascontiguousarray(np.asarray(value))
+    if arr.dtype.kind not in "biuf":
+      raise ValueError(f"tensor {name!r} has dtype {arr.dtype}; only numeric arrays can be written")
+    arrays[name] = arr
+  meta = _metadata_strings(dict(metadata or {}), "write")
+  if file_format(path) == "npz":
+    arrays[METADATA_KEY] = np.asarray(json.dumps(meta, sort_keys=True))
+    report.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
+  else:
+    from safetensors.numpy import save
+    blob = save(arrays, metadata=meta)
+    report.atomic_write(path, lambda f: f.write(blob), binary=True)
+
+
+# --- tensors <-> variables -----------------------------------------------------------------------
+
+def apply_renames(tensors: dict, rename: Sequence[tuple[str, str]] = ()) -> dict:
+  """``tensors`` with every name passed through the ``(pattern, replacement)`` regex rules in order."""
+  if not rename:
+    return dict(tensors)
+  out = {}
+  for name, value in tensors.items():
+    new = name
+    for pattern, repl in rename:
+      try:
+        new = re.sub(pattern, repl, new)
+      except re.error as e:
+        raise ValueError(f"bad rename pattern {pattern!r}: {e}") from None
+    if new in out:
+      raise ValueError(f"rename maps two tensors onto {new!r}")
+    out[new] = value
+  return out
+
+
+def parse_renames(spec: str | None) -> tuple[tuple[str, str], ...]:
+  """``"downsample=shortcut,^fc\\.=linear."`` -> ``(("downsample", "shortcut"), ("^fc\\.", "linear."))``."""
+  out = []
+  for item in filter(None, (s.strip() for s in (spec or "").split(","))):
+    if "=" not in item:
+      raise ValueError(f"bad rename rule {item!r}: use pattern=replacement")
+    pattern, repl = item.split("=", 1)
+    out.append((pattern, repl))
+  return tuple(out)
+
+
+def _to_tree(mapping: TorchMapping, tensors: dict[str, np.ndarray], like, entries, where: str,
+             allowed_extra: Sequence[str] = ()):
+  """The variables tree of ``entries`` read from ``tensors`` (validated against ``like``)."""
+  known = {e.name for e in entries}
+  extra_ok = set(mapping.ignored) | set(allowed_extra)
+  for name in tensors:
+    if name not in known and name not in extra_ok:
+      raise ValueError(f"{where}: unexpected tensor {name!r} (the model has no such "
+                       f"{'parameter' if entries is not mapping.entries else 'tensor'})")
+  for name in mapping.ignored:
+    if name in tensors:
+      arr = tensors[name]
+      if arr.dtype.kind not in "iu" or arr.size != 1:
+        raise ValueError(f"{where}: {name!r} must be one integer, got {arr.dtype} {arr.shape}")
+  tree: dict = {}
+  for e in entries:
+    if e.name not in tensors:
+      raise ValueError(f"{where}: missing tensor {e.name!r}")
+    arr = tensors[e.name]
+    ref = _get(like, e.path)
+    want = torch_shape(e, np.shape(ref))
+    if arr.shape != want:
+      raise ValueError(f"{where}: tensor {e.name!r} has shape {arr.shape}, the model expects {want}")
+    if arr.dtype.kind != "f":
+      raise ValueError(f"{where}: tensor {e.name!r} has dtype {arr.dtype}, expected a float dtype")
+    if not np.all(np.isfinite(arr)):
+      raise ValueError(f"{where}: tensor {e.name!r} contains NaN or inf")
+    value = to_gradjax(e, arr).astype(jnp.result_type(ref), copy=False)
+    node = tree
+    for part in e.path[:-1]:
+      node = node.setdefault(part, {})
+    node[e.path[-1]] = value
+  return tree
+
+
+def variables_from_torch(tensors: dict[str, np.ndarray], mapping: TorchMapping, like,
+                         where: str = "weights") -> dict:
+  """gradjax variables (``{"params", ["batch_stats"]}``, NumPy arrays in ``like``'s dtypes) from a
+  PyTorch ``state_dict``'s tensors; a one-line ValueError names the first missing or unexpected
+  tensor, wrong shape, wrong dtype or non-finite value."""
+  return _to_tree(mapping, tensors, like, mapping.entries, where)
+
+
+def params_from_torch(tensors: dict[str, np.ndarray], mapping: TorchMapping, like_params,
+                      where: str = "gradient", allow_buffers: bool = False) -> dict:
+  """A tree like ``like_params`` (the model's ``params``) from tensors named as
+  ``model.named_parameters()`` (a gradient or an update). ``allow_buffers`` accepts, and skips, the
+  BatchNorm buffers of a full ``state_dict`` (weights after local training)."""
+  buffers = [e.name for e in mapping.entries if e.path[0] != "params"] if allow_buffers else []
+  return _to_tree(mapping, tensors, {"params": like_params}, mapping.params(), where, buffers)["params"]
+
+
+def variables_to_torch(variables, mapping: TorchMapping) -> dict[str, np.ndarray]:
+  """A PyTorch ``state_dict`` (name -> NumPy array) from gradjax variables; BatchNorm's
+  ``num_batches_tracked`` is written as 0 so ``load_state_dict(strict=True)`` accepts it."""
+  out = {e.name: to_torch(e, _get(variables, e.path)) for e in mapping.entries}
+  out.update({name: np.zeros((), np.int64) for name in mapping.ignored})
+  return out
+
+
+def params_to_torch(params, mapping: TorchMapping) -> dict[str, np.ndarray]:
+  """Tensors named as ``model.named_parameters()`` from a params-shaped tree (a gradient)."""
+  return {e.name: to_torch(e, _get({"params": params}, e.path)) for e in mapping.params()}
+
+
+# --- observations --------------------------------------------------------------------------------
+
+def _int(meta: dict, key: str, where: str) -> int | None:
+  if key not in meta:
+    return None
+  try:
+    return int(meta[key])
+  except ValueError:
+    raise ValueError(f"{where}: metadata {key!r} must be an integer, got {meta[key]!r}") from None
+
+
+def _float(meta: dict, key: str, where: str) -> float | None:
+  if key not in meta:
+    return None
+  try:
+    value = float(meta[key])
+  except ValueError:
+    value = math.nan
+  if not math.isfinite(value):
+    raise ValueError(f"{where}: metadata {key!r} must be a finite number, got {meta[key]!r}")
+  return value
+
+
+def _bool(meta: dict, key: str, where: str) -> bool | None:
+  if key not in meta:
+    return None
+  value = meta[key].strip().lower()
+  if value not in ("true", "false", "1", "0"):
+    raise ValueError(f"{where}: metadata {key!r} must be true or false, got {meta[key]!r}")
+  return value in ("true", "1")
+
+
+def parse_labels(text: str, where: str = "labels") -> np.ndarray:
+  """``"3,8,8"`` or ``"[3, 8, 8]"`` -> int32 array."""
+  items = [s for s in text.strip().strip("[]").replace(" ", ",").split(",") if s]
+  try:
+    return np.asarray([int(s) for s in items], np.int32)
+  except ValueError:
+    raise ValueError(f"{where} must be comma-separated integers, got {text!r}") from None
+
+
+def parse_shape(text: str, where: str = "input_shape") -> tuple[int, int, int]:
+  shape = tuple(int(v) for v in parse_labels(text, where))
+  if len(shape) != 3 or min(shape) < 1:
+    raise ValueError(f"{where} must be H,W,C with positive sizes, got {text!r}")
+  return shape
+
+
+def observation_from_files(variables, params_tree_like, observation: TensorFile, mapping: TorchMapping,
+                           *, where: str = "observation", num_samples: int | None = None,
+                           labels=None, train: bool | None = None,
+                           local: clients.LocalTraining | None = None) -> Observation:
+  """The :class:`Observation` of a read observation file, against the server's ``variables``.
+
+  Keyword arguments override the file's metadata (``None``: the file's value, then the default:
+  one sample, no labels, evaluation mode, schedule from ``local_*`` keys if any).
+  """
+  meta = observation.metadata
+  kind = meta.get("kind", "gradient")
+  if kind not in KINDS:
+    raise ValueError(f"{where}: metadata kind {kind!r} is not one of {', '.join(KINDS)}")
+  layout = meta.get("layout", "torch")
+  if layout != "torch":
+    raise ValueError(f"{where}: layout {layout!r} is not supported (only torch)")
+  tree = params_from_torch(observation.tensors, mapping, params_tree_like, where,
+                           allow_buffers=kind == "weights")
+  if kind == "weights":
+    tree = jax.tree.map(lambda before, after: np.asarray(before) - after, variables["params"], tree)
+  if labels is None and "labels" in meta:
+    labels = parse_labels(meta["labels"], f"{where}: metadata labels")
+  if labels is not None:
+    labels = np.asarray(labels, np.int32)
+    if meta.get("label_order", "ordered") == "multiset":
+      labels = np.sort(labels)
+    elif meta.get("label_order", "ordered") != "ordered":
+      raise ValueError(f"{where}: metadata label_order must be ordered or multiset")
+  n = num_samples if num_samples is not None else _int(meta, "num_samples", where)
+  if n is None:
+    n = len(labels) if labels is not None else 1
+  if n < 1:
+    raise ValueError(f"{where}: num_samples must be positive, got {n}")
+  if labels is not None and len(labels) != n:
+    raise ValueError(f"{where}: {len(labels)} labels for {n} samples")
+  if train is None:
+    train = bool(_bool(meta, "train", where))
+  if local is None and kind != "gradient" and any(k.startswith("local_") for k in meta):
+    lr = _float(meta, "local_lr", where)
+    if lr is None:
+      raise ValueError(f"{where}: a local schedule needs local_lr")
+    local = clients.LocalTraining(epochs=_int(meta, "local_epochs", where) or 1,
+                                  batch_size=_int(meta, "local_batch_size", where),
+                                  learning_rate=lr,
+                                  momentum=_float(meta, "local_momentum", where) or 0.0)
+  if local is not None:
+    clients.check_local_training(local, n)
+  obs = Observation(gradient=jax.tree.map(jnp.asarray, tree),
+                    variables=jax.tree.map(jnp.asarray, variables),
+                    labels=None if labels is None else jnp.asarray(labels), num_samples=int(n),
+                    threat_model="fedsgd" if kind == "gradient" else "fedavg", train=bool(train),
+                    local=local)
+  check_observation(obs)
+  return obs
+
+
+class Imported(NamedTuple):
+  """A model rebuilt from a PyTorch weights file and the observation against it."""
+
+  model: models.Model
+  mapping: TorchMapping
+  observation: Observation
+  metadata: dict[str, str]   # the observation file's, then the weights file's metadata
+
+
+def load(weights_path, observation_path, *, model: str | None = None, input_shape=None,
+         num_classes: int | None = None, rename: Sequence[tuple[str, str]] = (),
+         num_samples: int | None = None, labels=None, train: bool | None = None,
+         local: clients.LocalTraining | None = None, **module_kwargs) -> Imported:
+  """Imports a zoo model's PyTorch weights and an observed gradient or update.
+
+  Args:
+    weights_path: the server's weights W_t (``model.state_dict()``).
+    observation_path: the client's gradient, weights after local training, or update.
+    model: zoo name (default: the files' ``model`` metadata, else ``lenet_zhu``).
+    input_shape: (H, W, C) (default: the files' ``input_shape``, else 32 × 32 with the channels of
+      the first convolution or dense layer).
+    num_classes: default: the rows of the head's weight in the file.
+    rename: regex rules applied to both files' names (:func:`apply_renames`).
+    num_samples, labels, train, local: override the observation file's metadata.
+    module_kwargs: how the model is computed (``conv``, ``remat``, ``act``, ``init`` for the
+      activation of models that take one; the init only shapes the throw-away initial values).
+
+  Example::
+
+    imported = interop.load("W.safetensors", "G.safetensors", model="lenet_zhu")
+    rec = attacks.reconstruct(attacks.get_attack("dlg"), imported.model.apply_fn,
+                              imported.observation, jax.random.key(0),
+                              input_shape=imported.model.input_shape)
+  """
+  weights = read(weights_path)
+  obs_file = read(observation_path)
+  weights = weights._replace(tensors=apply_renames(weights.tensors, rename))
+  obs_file = obs_file._replace(tensors=apply_renames(obs_file.tensors, rename))
+  meta = {**weights.metadata, **obs_file.metadata}
+  if weights.metadata.get("kind") not in (None, "weights"):
+    raise ValueError(f"{weights_path} is marked kind={weights.metadata['kind']!r}; the weights file "
+                     "must hold the model the server sent")
+  name = model or meta.get("model") or "lenet_zhu"
+  if input_shape is None and "input_shape" in meta:
+    input_shape = parse_shape(meta["input_shape"], f"{weights_path}: metadata input_shape")
+  # A throw-away instance names the tensors; the head's rows and the first layer's input channels
+  # in the file then size the real one.
+  probe = models.create(name, jax.random.key(0), input_shape=tuple(input_shape or (32, 32, 3)),
+                        num_classes=num_classes or 10, **module_kwargs)
+  probe_map = zoo_mapping(probe)
+  head = next(e for e in probe_map.entries if e.path == ("params", "head", "kernel"))
+  first = probe_map.entries[0]
+  where = f"weights {os.fspath(weights_path)}"
+  for e in (head, first):
+    if e.name not in weights.tensors:
+      raise ValueError(f"{where}: missing tensor {e.name!r} (is this a {name} state_dict? "
+                       "--rename maps other names)")
+    if weights.tensors[e.name].ndim != len(torch_shape(e, np.shape(_get(probe.variables, e.path)))):
+      raise ValueError(f"{where}: tensor {e.name!r} has shape {weights.tensors[e.name].shape}, "
+                       f"not that of a {name} {e.layout} weight")
+  if num_classes is None:
+    num_classes = int(weights.tensors[head.name].shape[0])
+  if input_shape is None:
+    channels = int(weights.tensors[first.name].shape[1])
+    if first.chw is not None:  # an MLP: the flattened input has C·H·W entries
+      channels = probe.input_shape[-1]
+    input_shape = (32, 32, channels)
+  if (tuple(input_shape), num_classes) == (probe.input_shape, probe.num_classes):
+    net, mapping = probe, probe_map
+  else:
+    net = models.create(name, jax.random.key(0), input_shape=tuple(input_shape),
+                        num_classes=num_classes, **module_kwargs)
+    mapping = zoo_mapping(net)
+  variables = variables_from_torch(weights.tensors, mapping, net.variables, where)
+  net = net._replace(variables=jax.tree.map(jnp.asarray, variables))
+  observation = observation_from_files(
+      variables, net.variables["params"], obs_file, mapping,
+      where=f"observation {os.fspath(observation_path)}", num_samples=num_samples, labels=labels,
+      train=train, local=local)
+  return Imported(net, mapping, observation, meta)
+
+
+def observation_metadata(observation: Observation, model: models.Model | None = None) -> dict:
+  """The metadata that describe ``observation`` in a file (see the module docstring)."""
+  meta: dict[str, Any] = {"layout": "torch", "num_samples": observation.num_samples,
+                          "train": observation.train,
+                          "kind": "gradient" if observation.local is None and
+                          not observation.threat_model.startswith("fedavg") else "update"}
+  if observation.labels is not None:
+    meta["labels"] = [int(v) for v in np.asarray(observation.labels)]
+  if observation.local is not None:
+    local = observation.local
+    meta.update(local_lr=repr(float(local.learning_rate)), local_epochs=local.epochs,
+                local_momentum=repr(float(local.momentum)))
+    if local.batch_size is not None:
+      meta["local_batch_size"] = local.batch_size
+  if model is not None:
+    meta.update(model=model.name, input_shape=list(model.input_shape))
+  return meta
+
+
+def save_observation(path, observation: Observation, mapping: TorchMapping,
+                     model: models.Model | None = None) -> None:
+  """Writes ``observation``'s gradient (FedSGD) or update W_t − W_{t+1} (FedAvg) in PyTorch layout,
+  with its metadata; :func:`load` reads it back exactly."""
+  write(path, params_to_torch(observation.gradient, mapping), observation_metadata(observation, model))
+
+
+def save_weights(path, model: models.Model, mapping: TorchMapping | None = None) -> None:
+  """Writes ``model.variables`` as a PyTorch ``state_dict`` (with ``model`` and ``input_shape``
+  metadata), e.g. so a PyTorch client can start from the same weights."""
+  mapping = mapping or zoo_mapping(model)
+  write(path, variables_to_torch(model.variables, mapping),
+        {"kind": "weights", "layout": "torch", "model": model.name,
+         "input_shape": list(model.input_shape)})

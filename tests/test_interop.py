@@ -1,0 +1,373 @@
+"""Import and export of PyTorch-layout weights and observations (gradjax.interop).
+
+References: a plain NumPy forward pass of DLG's LeNet written the PyTorch way (NCHW, OIHW kernels,
+CHW flattening) on the file's tensors, and, when torch is installed, PyTorch itself.
+"""
+
+import json
+import os
+import pickle
+import struct
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import clients, interop, models
+from gradjax.observation import Observation
+
+ZOO = ["lenet_zhu", "lenet5", "convnet-2", "mlp-8", "resnet8", "resnet20-2"]
+
+
+def np_conv_nchw(x, w, b, stride, pad):
+  """PyTorch's Conv2d in NumPy: x (N, C, H, W), w (O, C, kh, kw)."""
+  n, c, h, wd = x.shape
+  o, _, kh, kw = w.shape
+  xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+  ho, wo = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+  out = np.zeros((n, o, ho, wo))
+  for a in range(kh):
+    for bb in range(kw):
+      patch = xp[:, :, a:a + stride * (ho - 1) + 1:stride, bb:bb + stride * (wo - 1) + 1:stride]
+      out += np.einsum("nchw,oc->nohw", patch, w[:, :, a, bb])
+  return out + b[None, :, None, None]
+
+
+def np_lenet_zhu(t, x_nhwc):
+  """DLG's LeNet forward (mit-han-lab/dlg) on PyTorch-named float64 tensors ``t``."""
+  h = np.transpose(np.asarray(x_nhwc, np.float64), (0, 3, 1, 2))
+  sig = lambda v: 1 / (1 + np.exp(-v))
+  for i, stride in zip((0, 2, 4), (2, 2, 1)):
+    h = sig(np_conv_nchw(h, t[f"body.{i}.weight"], t[f"body.{i}.bias"], stride, 2))
+  return h.reshape(h.shape[0], -1) @ t["fc.0.weight"].T + t["fc.0.bias"]
+
+
+def _model(name, key=0, classes=10, shape=(32, 32, 3)):
+  return models.create(name, jax.random.key(key), input_shape=shape, num_classes=classes, conv="xla")
+
+
+def _with_random_stats(model, seed=0):
+  """Non-trivial BatchNorm statistics, so a swapped mean/var would show."""
+  rng = np.random.default_rng(seed)
+  if "batch_stats" not in model.variables:
+    return model
+  stats = jax.tree_util.tree_map_with_path(
+      lambda p, v: jnp.asarray(rng.uniform(-0.2, 0.2, v.shape) if p[-1].key == "mean"
+                               else rng.uniform(0.5, 1.5, v.shape), v.dtype),
+      model.variables["batch_stats"])
+  return model._replace(variables={**model.variables, "batch_stats": stats})
+
+
+def test_lenet_import_matches_numpy_pytorch_forward(tmp_path, photos):
+  model = _model("lenet_zhu")
+  path = tmp_path / "w.safetensors"
+  interop.save_weights(path, model)
+  tensors = {k: v.astype(np.float64) for k, v in interop.read(path).tensors.items()}
+  assert tensors["body.0.weight"].shape == (12, 3, 5, 5) and tensors["fc.0.weight"].shape == (10, 768)
+  want = np_lenet_zhu(tensors, photos[:3])
+  got = model.apply_fn(model.variables, jnp.asarray(photos[:3]))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+def test_chw_permutation_against_explicit_indices():
+  c, h, w = 3, 2, 4
+  perm = interop._chw_permutation((c, h, w))
+  for hh in range(h):
+    for ww in range(w):
+      for cc in range(c):
+        assert perm[(hh * w + ww) * c + cc] == cc * h * w + hh * w + ww
+  entry = interop.Entry("fc.weight", ("params", "head", "kernel"), "dense", (c, h, w))
+  torch_w = np.random.default_rng(0).normal(size=(5, c * h * w))
+  back = interop.to_torch(entry, interop.to_gradjax(entry, torch_w))
+  np.testing.assert_array_equal(back, torch_w)
+
+
+@pytest.mark.parametrize("name, fmt", [(name, "safetensors") for name in ZOO] + [("convnet-2", "npz")])
+def test_round_trip_is_exact(tmp_path, name, fmt):
+  model = _with_random_stats(_model(name))
+  y = np.array([3, 7])
+  rng = np.random.default_rng(1)
+  gradient = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), model.variables["params"])
+  obs = Observation(gradient=gradient, variables=model.variables, labels=y, num_samples=2)
+  w_path, g_path = tmp_path / f"w.{fmt}", tmp_path / f"g.{fmt}"
+  mapping = interop.zoo_mapping(model)
+  interop.save_weights(w_path, model, mapping)
+  interop.save_observation(g_path, obs, mapping, model)
+  imported = interop.load(w_path, g_path)
+  assert imported.model.name == name and imported.model.num_classes == 10
+  for a, b in zip(jax.tree.leaves(imported.model.variables), jax.tree.leaves(model.variables)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert jax.tree.structure(imported.model.variables) == jax.tree.structure(model.variables)
+  for a, b in zip(jax.tree.leaves(imported.observation.gradient), jax.tree.leaves(obs.gradient)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  o = imported.observation
+  assert (o.num_samples, o.threat_model, o.train, o.local) == (2, "fedsgd", False, None)
+  np.testing.assert_array_equal(np.asarray(o.labels), y)
+
+
+def test_fedavg_weights_after_and_update(tmp_path, photos):
+  model = _model("lenet_zhu")
+  local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
+  obs = clients.fedavg(model.apply_fn, model.variables, photos[:2], np.array([1, 2]), local,
+                       share_labels=True)
+  mapping = interop.zoo_mapping(model)
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  interop.save_observation(tmp_path / "u.safetensors", obs, mapping, model)
+  imported = interop.load(tmp_path / "w.safetensors", tmp_path / "u.safetensors")
+  assert imported.observation.local == local and imported.observation.threat_model == "fedavg"
+  for a, b in zip(jax.tree.leaves(imported.observation.gradient), jax.tree.leaves(obs.gradient)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # The same client as a PyTorch system reports it: the weights after local training.
+  after = jax.tree.map(jnp.subtract, model.variables["params"], obs.gradient)
+  tensors = interop.variables_to_torch({**model.variables, "params": after}, mapping)
+  interop.write(tmp_path / "after.npz", tensors,
+                {"kind": "weights", "local_lr": 0.1, "local_epochs": 2, "local_batch_size": 1,
+                 "labels": "1,2"})
+  got = interop.load(tmp_path / "w.safetensors", tmp_path / "after.npz").observation
+  assert got.local == local and got.num_samples == 2
+  for a, b in zip(jax.tree.leaves(got.gradient), jax.tree.leaves(obs.gradient)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_rename_rules_read_torchvision_names(tmp_path):
+  model = _with_random_stats(_model("resnet8"))
+  tensors = interop.variables_to_torch(model.variables, interop.zoo_mapping(model))
+  tv = {k.replace("shortcut", "downsample").replace("linear.", "fc."): v for k, v in tensors.items()}
+  interop.write(tmp_path / "w.safetensors", tv, {"model": "resnet8"})
+  interop.write(tmp_path / "g.safetensors",
+                {k: v for k, v in tv.items() if "running" not in k and "num_batches" not in k})
+  with pytest.raises(ValueError, match="missing tensor 'linear.weight'"):
+    interop.load(tmp_path / "w.safetensors", tmp_path / "g.safetensors")
+  rules = interop.parse_renames(r"downsample=shortcut,^fc\.=linear.")
+  imported = interop.load(tmp_path / "w.safetensors", tmp_path / "g.safetensors", rename=rules)
+  for a, b in zip(jax.tree.leaves(imported.model.variables), jax.tree.leaves(model.variables)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_module_mapping_for_a_custom_model():
+  import flax.linen as nn
+
+  class Tiny(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      x = nn.relu(nn.Conv(4, (3, 3), padding="VALID")(x))
+      return nn.Dense(5, name="head")(x.reshape(x.shape[0], -1))
+
+  variables = Tiny().init(jax.random.key(0), jnp.zeros((1, 6, 6, 2)))
+  mapping = interop.module_mapping(variables, [("0", "Conv_0", "conv"), ("3", "head", "dense", (4, 4, 4))])
+  assert [e.name for e in mapping.entries] == ["0.weight", "0.bias", "3.weight", "3.bias"]
+  with pytest.raises(ValueError, match="no module 'Dense_0'"):
+    interop.module_mapping(variables, [("0", "Conv_0", "conv"), ("3", "Dense_0", "dense")])
+  with pytest.raises(ValueError, match="unmapped"):
+    interop.module_mapping(variables, [("0", "Conv_0", "conv")])
+
+
+# --- malformed files -----------------------------------------------------------------------------
+
+@pytest.fixture
+def lenet_files(tmp_path, photos):
+  model = _model("lenet_zhu")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([4]))
+  mapping = interop.zoo_mapping(model)
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  interop.save_observation(tmp_path / "g.safetensors", obs, mapping, model)
+  return tmp_path / "w.safetensors", tmp_path / "g.safetensors"
+
+
+def _rewrite(src, dst, change):
+  f = interop.read(src)
+  tensors, meta = change(dict(f.tensors), dict(f.metadata))
+  interop.write(dst, tensors, meta)
+  return dst
+
+
+def _nan(t, m):
+  t["body.2.bias"] = t["body.2.bias"].copy()
+  t["body.2.bias"][1] = np.nan
+  return t, m
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda t, m: ({k: v for k, v in t.items() if k != "body.2.weight"}, m), "missing tensor 'body.2.weight'"),
+    (lambda t, m: ({**t, "body.9.weight": t["body.0.weight"]}, m), "unexpected tensor 'body.9.weight'"),
+    (lambda t, m: ({**t, "body.4.weight": t["body.4.weight"][:, :, :3]}, m), r"'body.4.weight' has shape \(12, 12, 3, 5\)"),
+    (lambda t, m: ({**t, "fc.0.bias": t["fc.0.bias"].astype(np.int32)}, m), "'fc.0.bias' has dtype int32"),
+    (_nan, "'body.2.bias' contains NaN"),
+    (lambda t, m: (t, {**m, "kind": "delta"}), "kind 'delta'"),
+    (lambda t, m: (t, {**m, "labels": "1,2", "num_samples": "1"}), "2 labels for 1 samples"),
+    (lambda t, m: (t, {**m, "labels": "x"}), "comma-separated integers"),
+    (lambda t, m: (t, {**m, "layout": "gradjax"}), "layout 'gradjax'"),
+])
+def test_malformed_observation_one_line(lenet_files, tmp_path, change, message):
+  w, g = lenet_files
+  bad = _rewrite(g, tmp_path / "bad.safetensors", change)
+  with pytest.raises(ValueError, match=message) as e:
+    interop.load(w, bad)
+  assert "\n" not in str(e.value)
+
+
+def _torch_save_like(path):
+  with zipfile.ZipFile(path, "w") as z:
+    z.writestr("archive/data.pkl", pickle.dumps({"a": 1}))
+    z.writestr("archive/version", "3")
+
+
+def _truncate(src, dst, keep):
+  data = open(src, "rb").read()
+  open(dst, "wb").write(data[:keep(len(data))])
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda src, dst: open(dst, "wb").write(pickle.dumps({"fc.0.bias": np.zeros(10)})), "refusing to unpickle"),
+    (lambda src, dst: _torch_save_like(dst), "torch.save archive"),
+    (lambda src, dst: _truncate(src, dst, lambda n: n - 100), "truncated"),
+    (lambda src, dst: _truncate(src, dst, lambda n: 50), "truncated"),
+    (lambda src, dst: open(dst, "wb").write(b"hello world, not tensors"), "neither a safetensors nor an .npz"),
+    (lambda src, dst: np.savez(open(dst, "wb"), x=np.array([{"a": 1}], dtype=object)), "Python objects"),
+    (lambda src, dst: open(dst, "wb").write(open(str(src).replace("g.safetensors", "g.npz"), "rb").read()[:300]), "corrupt or truncated"),
+])
+def test_corrupt_files_one_line(lenet_files, tmp_path, make, message):
+  w, g = lenet_files
+  interop.write(tmp_path / "g.npz", interop.read(g).tensors, interop.read(g).metadata)
+  bad = tmp_path / "bad.bin"
+  make(g, bad)
+  with pytest.raises(ValueError, match=message) as e:
+    interop.load(w, bad)
+  assert "\n" not in str(e.value)
+
+
+def test_directory_and_wrong_model(lenet_files, tmp_path):
+  w, g = lenet_files
+  with pytest.raises(ValueError, match="is a directory"):
+    interop.load(tmp_path, g)
+  with pytest.raises(ValueError, match="missing tensor 'linear.weight'.*resnet20 state_dict"):
+    interop.load(w, g, model="resnet20")
+
+
+# --- PyTorch itself ------------------------------------------------------------------------------
+
+TORCH_SNIPPET = '''
+import torch, torch.nn.functional as F
+from safetensors.torch import save_file
+
+def export(model, x, y, weights_path, gradient_path, gradjax_model):
+    """x: (N, C, H, W) float images as the model takes them; y: (N,) int64 labels."""
+    model.eval()                       # train(): BatchNorm on batch statistics; then train="true"
+    names, params = zip(*model.named_parameters())
+    loss = F.cross_entropy(model(x), y)               # the mean over the batch
+    grads = torch.autograd.grad(loss, params)
+    meta = {"model": gradjax_model, "input_shape": ",".join(map(str, [*x.shape[2:], x.shape[1]]))}
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, weights_path,
+              metadata=meta)
+    save_file({n: g.contiguous() for n, g in zip(names, grads)}, gradient_path,
+              metadata={"kind": "gradient", "num_samples": str(len(y)),
+                        "labels": ",".join(map(str, y.tolist())), "train": "false"})
+'''
+
+
+def _torch_models():
+  torch = pytest.importorskip("torch")
+  nn, F = torch.nn, torch.nn.functional
+
+  class LeNet(nn.Module):  # mit-han-lab/dlg's LeNet, with a class count
+    def __init__(self, classes):
+      super().__init__()
+      self.body = nn.Sequential(nn.Conv2d(3, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+                                nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+                                nn.Conv2d(12, 12, 5, padding=2, stride=1), nn.Sigmoid())
+      self.fc = nn.Sequential(nn.Linear(768, classes))
+
+    def forward(self, x):
+      return self.fc(self.body(x).flatten(1))
+
+  class Block(nn.Module):  # kuangliu/pytorch-cifar's BasicBlock
+    def __init__(self, cin, cout, stride):
+      super().__init__()
+      self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+      self.bn1 = nn.BatchNorm2d(cout)
+      self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+      self.bn2 = nn.BatchNorm2d(cout)
+      self.shortcut = nn.Sequential()
+      if stride != 1 or cin != cout:
+        self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+      out = F.relu(self.bn1(self.conv1(x)))
+      return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+  class ResNet(nn.Module):  # CIFAR ResNet-(6n+2): 3 stages of n blocks, widths b, 2b, 4b
+    def __init__(self, n, base, classes):
+      super().__init__()
+      self.conv1 = nn.Conv2d(3, base, 3, 1, 1, bias=False)
+      self.bn1 = nn.BatchNorm2d(base)
+      cin = base
+      for s in range(3):
+        blocks = []
+        for b in range(n):
+          blocks.append(Block(cin, base * 2**s, 2 if s > 0 and b == 0 else 1))
+          cin = base * 2**s
+        setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
+      self.linear = nn.Linear(cin, classes)
+
+    def forward(self, x):
+      out = F.relu(self.bn1(self.conv1(x)))
+      out = self.layer3(self.layer2(self.layer1(out)))
+      return self.linear(out.mean(dim=(2, 3)))
+
+  return torch, LeNet, ResNet
+
+
+def _export_with_snippet(torch, model, x_nhwc, y, tmp_path, name):
+  namespace = {}
+  exec(TORCH_SNIPPET, namespace)
+  x = torch.tensor(np.transpose(x_nhwc, (0, 3, 1, 2)))
+  w, g = tmp_path / f"{name}_w.safetensors", tmp_path / f"{name}_g.safetensors"
+  namespace["export"](model, x, torch.tensor(y, dtype=torch.int64), str(w), str(g), name)
+  return w, g
+
+
+@pytest.mark.parametrize("which", ["lenet_zhu", "resnet8-2"])
+def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
+  torch, LeNet, ResNet = _torch_models()
+  torch.manual_seed(0)
+  net = LeNet(10) if which == "lenet_zhu" else ResNet(1, 32, 10)
+  if which != "lenet_zhu":  # trained-looking BatchNorm statistics and affine parameters
+    for m in net.modules():
+      if isinstance(m, torch.nn.BatchNorm2d):
+        m.running_mean.uniform_(-0.2, 0.2), m.running_var.uniform_(0.5, 1.5)
+        m.weight.data.uniform_(0.8, 1.2), m.bias.data.uniform_(-0.1, 0.1)
+  x, y = photos[:2], np.array([3, 5])
+  w, g = _export_with_snippet(torch, net, x, y, tmp_path, which)
+  imported = interop.load(w, g, conv="xla")
+  model = imported.model
+  with torch.no_grad():
+    want = net.eval()(torch.tensor(np.transpose(x, (0, 3, 1, 2)))).numpy()
+  np.testing.assert_allclose(np.asarray(model.apply_fn(model.variables, jnp.asarray(x))), want,
+                             rtol=1e-4, atol=1e-4)
+  own = clients.fedsgd(model.apply_fn, model.variables, x, y)
+  for path, a, b in zip(jax.tree_util.tree_leaves_with_path(own.gradient),
+                        jax.tree.leaves(own.gradient), jax.tree.leaves(imported.observation.gradient)):
+    scale = float(np.abs(np.asarray(a)).max()) + 1e-12
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=2e-5 * scale + 1e-7,
+                               err_msg=jax.tree_util.keystr(path[0]))
+  np.testing.assert_array_equal(np.asarray(imported.observation.labels), y)
+
+
+def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
+  from gradjax import attacks, metrics
+  torch, LeNet, _ = _torch_models()
+  torch.manual_seed(1)
+  net = LeNet(10)
+  for p in net.parameters():  # DLG's weights_init: U(-0.5, 0.5)
+    p.data.uniform_(-0.5, 0.5)
+  x, y = photos[5:6], np.array([2])
+  w, g = _export_with_snippet(torch, net, x, y, tmp_path, "lenet_zhu")
+  imported = interop.load(w, g)
+  obs = imported.observation.replace(labels=None)  # the gradient alone
+  rec = attacks.reconstruct(attacks.get_attack("dlg"), imported.model.apply_fn, obs,
+                            jax.random.key(0), input_shape=(32, 32, 3))
+  psnr = metrics.score(np.clip(np.asarray(rec.x), 0, 1), x)["psnr"]
+  print(f"DLG from a PyTorch gradient: {psnr:.2f} dB")
+  assert psnr >= 30
