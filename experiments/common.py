@@ -7,7 +7,7 @@ import sys
 import jax
 from absl import flags, logging
 
-from gradjax import attacks, data, models, solvers
+from gradjax import attacks, data, models, pipeline, solvers
 from gradjax.pipeline import Config
 
 MATMUL_PRECISIONS = ("bfloat16", "tensorfloat32", "float32", "default", "high", "highest")
@@ -18,11 +18,16 @@ def define_flags():
   d = Config()
   flags.DEFINE_string("attack", d.attack, f"Attack preset: {', '.join(attacks.PRESETS)}.")
   flags.DEFINE_string("model", d.model, f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
+  flags.DEFINE_string("weights", d.weights, "Captured server weights to attack (a PyTorch state_dict as safetensors or .npz; see the README's file format).")
+  flags.DEFINE_string("observation", d.observation, "Captured client gradient, update or weights after local training, against --weights (same format).")
+  flags.DEFINE_enum("layout", "torch", ["torch"], "Tensor layout of --weights and --observation files.")
+  flags.DEFINE_string("rename", d.rename, "Regex rules for the captured files' tensor names, pattern=replacement, comma separated (e.g. 'downsample=shortcut,^fc\\.=linear.' for torchvision ResNets).")
+  flags.DEFINE_integer("num_samples", d.num_samples, "Captured: examples behind the update (the file's num_samples or labels if unset, else 1).")
   flags.DEFINE_string("checkpoint", d.checkpoint, "Attack the model of this checkpoint (experiments/train.py) instead of a fresh --model (its model, init and activation come from the checkpoint).")
   flags.DEFINE_string("init", d.init, "Model init: uniform, xavier_normal, default (model's own if unset).")
   flags.DEFINE_string("act", d.act, "Activation for models that take one (relu, sigmoid, ...).")
   flags.DEFINE_integer("num_classes", d.num_classes, "Model classes (the dataset's if unset).")
-  flags.DEFINE_string("dataset", d.dataset, f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
+  flags.DEFINE_string("dataset", d.dataset, f"Data source: {', '.join(data.DATASETS)} or tfds:<name>. With --observation: the client's images for scoring, if given (else no ground truth).")
   flags.DEFINE_string("data_dir", d.data_dir, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
   flags.DEFINE_integer("index", d.index, "First image of the client's batch.")
   flags.DEFINE_integer("batch_size", d.batch_size, "Client batch size.")
@@ -63,14 +68,20 @@ def define_flags():
   flags.DEFINE_string("matmul_precision", None, "jax_default_matmul_precision: bfloat16, tensorfloat32, float32 (accelerators; no effect on CPU).")
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_integer("seed", d.seed, "PRNG seed (model and dummy initialisation).")
+  flags.DEFINE_enum("lpips", d.lpips, list(pipeline.LPIPS), "LPIPS network for scoring (auto: alex when the lpips extra is installed, else none).")
   flags.DEFINE_integer("chunk", d.chunk, "Iterations per jitted chunk between progress reports.")
 
 
 def config_from_flags(**overrides) -> Config:
   f = flags.FLAGS
-  values = dict(attack=f.attack, model=f.model, checkpoint=f.checkpoint, init=f.init, act=f.act,
+  captured = bool(f.weights or f.observation)
+  values = dict(attack=f.attack, checkpoint=f.checkpoint, init=f.init, act=f.act,
+                model=None if captured and not f["model"].present else f.model,
+                weights=f.weights, observation=f.observation, rename=f.rename,
+                num_samples=f.num_samples,
                 num_classes=f.num_classes,
-                dataset=f.dataset, data_dir=f.data_dir, index=f.index, batch_size=f.batch_size,
+                dataset=None if captured and not f["dataset"].present else f.dataset,
+                data_dir=f.data_dir, index=f.index, batch_size=f.batch_size,
                 image_size=f.image_size, channels=f.channels, normalization=f.normalization,
                 train_mode=f.train_mode, client=f.client, local_epochs=f.local_epochs,
                 local_batch_size=f.local_batch_size, local_lr=f.local_lr,
@@ -82,9 +93,48 @@ def config_from_flags(**overrides) -> Config:
                 distance=f.distance, layer_weights=f.layer_weights, priors=f.priors, labels=f.labels,
                 schedule=f.schedule, box=f.box, dummy_init=f.dummy_init,
                 one_sample_per_step=f.one_sample_per_step, remat=f.remat, conv=f.conv,
-                seed=f.seed, chunk=f.chunk)
+                seed=f.seed, chunk=f.chunk, lpips=f.lpips)
   values.update(overrides)
   return Config(**values)
+
+
+def write_run(out: str, results: dict, images: dict, title: str) -> None:
+  """A run's files in ``out``: ``metrics.json``; ``reconstruction.npy`` (N, H, W, C) float32 in
+  [0, 1] (the ground truth's order when there is one); ``reconstruction.png`` (pixel grid, ground
+  truth above); ``grid.png`` (captioned with the per-image metrics); ``curves.png`` (objective and
+  PSNR against iterations) and ``report.html``, one self-contained page of all of it."""
+  import numpy as np
+  from gradjax import report
+  rec, truth = images["reconstruction"], images.get("ground_truth")
+  report.save_json(os.path.join(out, "metrics.json"), results)
+  report.atomic_write(os.path.join(out, "reconstruction.npy"),
+                      lambda fh: np.save(fh, np.asarray(rec, np.float32), allow_pickle=False), binary=True)
+  rows = [rec] if truth is None else [truth, rec]
+  report.save_png(os.path.join(out, "reconstruction.png"), report.image_grid(rows))
+  captions = report.per_image_captions(results)
+  report.reconstruction_figure(os.path.join(out, "grid.png"), rec, truth, captions, title)
+  figures = {"Reconstruction": os.path.join(out, "grid.png")}
+  if results.get("history"):
+    report.curves_figure(os.path.join(out, "curves.png"), results["history"], title)
+    figures["Objective and PSNR by iteration"] = os.path.join(out, "curves.png")
+  summary = {k: results[k] for k in ("model", "threat_model", "num_samples", "psnr", "ssim", "lpips",
+                                     "mse", "label_accuracy", "loss", "iterations", "evaluations",
+                                     "restarts", "restarts_diverged", "wall_time_s", "device")
+             if results.get(k) is not None}
+  table = []
+  for i in range(rec.shape[0]):
+    row = {"image": i}
+    for key in ("psnr", "ssim", "lpips", "mse"):
+      if results.get(f"{key}_per_image") is not None:
+        row[key] = results[f"{key}_per_image"][i]
+    if results.get("labels_true") is not None:
+      row["label"] = results["labels_true"][i]
+      row["recovered label"] = results["labels_reconstructed"][i]
+    elif results.get("labels_by_slot") is not None:
+      row["recovered label"] = results["labels_by_slot"][i]
+    table.append(row)
+  report.html_report(os.path.join(out, "report.html"), title, summary, table, figures,
+                     {"config": results.get("config"), "attack": results.get("attack")})
 
 
 def log_progress(p: solvers.Progress):

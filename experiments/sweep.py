@@ -2,8 +2,9 @@
 
 Each image (or batch) attacks a fresh random model, seeded by its index (see gradjax.pipeline), and
 is scored after batch-order matching. Writes ``results.json`` (per-image rows and the summary) and
-``results.md`` (a table) and ``reconstructions.png`` (ground truth above, reconstructions below) to
-``--output_dir``.
+``results.md`` (a table), ``results.csv`` (one row per experiment), ``reconstructions.png`` (ground
+truth above, reconstructions below) and ``psnr.png`` (PSNR per experiment) to ``--output_dir``. LPIPS
+is reported when the ``lpips`` extra is installed.
 
   python experiments/sweep.py --dataset=cifar10 --count=20 --iterations=2000
   python experiments/sweep.py --attack=idlg --dataset=cifar100 --start=0 --count=10
@@ -27,15 +28,21 @@ flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful re
 flags.DEFINE_string("output_dir", None, "Output folder (default runs/sweep_<attack>_<model>_<dataset>).")
 
 
+CSV_COLUMNS = ("index", "psnr", "ssim", "lpips", "mse", "label_accuracy", "iterations", "loss", "wall_time_s")
+
+
 def markdown(rows: list[dict], summary: dict, title: str) -> str:
-  lines = [f"# {title}", "", "| index | PSNR (dB) | SSIM | label acc. | iterations | loss | time (s) |",
-           "|---|---|---|---|---|---|---|"]
+  with_lpips = "lpips" in summary
+  lines = [f"# {title}", "", "| index | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "")
+           + "label acc. | iterations | loss | time (s) |", "|---|---|---|---|---|---|---|" + ("---|" if with_lpips else "")]
   for r in rows:
-    lines.append(f"| {r['index']} | {r['psnr']:.2f} | {r['ssim']:.3f} | {r['label_accuracy']:.2f} | "
-                 f"{r['iterations']} | {r['loss']:.2e} | {r['wall_time_s']:.1f} |")
+    lines.append(f"| {r['index']} | {r['psnr']:.2f} | {r['ssim']:.3f} | "
+                 + (f"{r['lpips']:.3f} | " if with_lpips else "")
+                 + f"{r['label_accuracy']:.2f} | {r['iterations']} | {r['loss']:.2e} | {r['wall_time_s']:.1f} |")
   s = summary
   lines += ["", f"PSNR {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} dB (median "
             f"{s['psnr']['median']:.2f}); SSIM {s['ssim']['mean']:.3f} ± {s['ssim']['std']:.3f}; "
+            + (f"LPIPS {s['lpips']['mean']:.3f} ± {s['lpips']['std']:.3f}; " if with_lpips else "") +
             f"label accuracy {s['label_accuracy']['mean']:.3f}; "
             f"{s['successes']}/{s['experiments']} at PSNR >= {s['psnr_threshold']:g} dB; "
             f"total {s['total_time_s']:.1f} s ({s['wall_time_s']['mean']:.1f} s per experiment, "
@@ -60,8 +67,10 @@ def main(argv):
       rows.append(results)
       truth.append(images["ground_truth"])
       recon.append(images["reconstruction"])
-      logging.info("index %d: PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s", cfg.index,
-                   results["psnr"], results["ssim"], results["label_accuracy"], results["wall_time_s"])
+      logging.info("image %d/%d (index %d): PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s, ETA %.0f s",
+                   k + 1, f.count, cfg.index, results["psnr"], results["ssim"],
+                   results["label_accuracy"], results["wall_time_s"],
+                   (time.perf_counter() - start) / (k + 1) * (f.count - k - 1))
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   summary = report.summarize(rows, f.psnr_threshold)
@@ -71,12 +80,15 @@ def main(argv):
   out = f.output_dir or os.path.join("runs", f"sweep_{base.attack}_{base.model}_{base.dataset}")
   report.save_json(os.path.join(out, "results.json"), {"summary": summary, "rows": rows})
   text = markdown(rows, summary, title)
-  with open(os.path.join(out, "results.md"), "w") as fh:
-    fh.write(text)
+  report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
+  report.save_csv(os.path.join(out, "results.csv"), rows, CSV_COLUMNS)
+  report.psnr_figure(os.path.join(out, "psnr.png"), [str(r["index"]) for r in rows],
+                     [r["psnr"] for r in rows], f.psnr_threshold, title)
   if len({t.shape[1:] for t in truth}) == 1:
     report.save_png(os.path.join(out, "reconstructions.png"),
                     report.image_grid([np.concatenate(truth), np.concatenate(recon)], scale=2))
   print(text)
+  print(f"wrote {out}: results.json, results.md, results.csv, psnr.png, reconstructions.png")
 
 
 if __name__ == "__main__":

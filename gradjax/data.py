@@ -342,6 +342,12 @@ def _unpickle_arrays(path: Path):
     raise ValueError(f"corrupt or truncated pickle {path}: {type(e).__name__}: {e}") from None
 
 
+def unpickle_arrays(path):
+  """A pickle of plain data and NumPy arrays (dicts, lists, arrays), read with an unpickler that
+  refuses every other global, so no code runs; a one-line ValueError otherwise."""
+  return _unpickle_arrays(Path(path))
+
+
 def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickle_key, classes):
   root = _data_dir(data_dir, name, f"{name}/{npz}")
   path = _find(root, [f"{name}/{npz}", npz, pickled], name)

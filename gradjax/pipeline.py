@@ -3,6 +3,12 @@
 The command-line programs in ``experiments/`` are thin wrappers around :func:`run`, so a single
 reconstruction, a sweep over an image range and a test all take the same path.
 
+Two sources of the observation: a simulated client (the default: ``dataset`` images through
+``client``), or files captured from a real system (``weights`` and ``observation``, PyTorch layout,
+:mod:`gradjax.interop`). For captured files the ground truth is optional: with a ``dataset`` the
+reconstruction is scored against images ``index .. index + N − 1``; without one the run reports the
+reconstruction and the objective only.
+
 Seeding (:func:`experiment_keys`). Experiment ``index`` uses ``jax.random.fold_in(key(seed), index)``
 split into a model key and an attack key (a defense's noise uses ``fold_in`` of it with 1), so every
 image of a sweep attacks a fresh random model (as the DLG / iDLG protocols do) and a single run of
@@ -16,9 +22,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, data, defenses, metrics, models
+from gradjax import attacks, checkpoint, clients, data, defenses, interop, lpips, metrics, models
 
 CLIENTS = ("fedsgd", "fedavg")
+LPIPS = ("auto", "none", *lpips.NETWORKS)  # auto: AlexNet when the lpips extra is installed
 SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known labels reveals
 
 
@@ -27,12 +34,16 @@ class Config:
   """Everything that defines one reconstruction experiment (``None`` = the preset's or source's default)."""
 
   attack: str = "dlg"
-  model: str = "lenet_zhu"
+  model: str | None = "lenet_zhu"   # None with captured files: the files' "model" metadata
   checkpoint: str | None = None
+  weights: str | None = None        # captured server weights (interop format)
+  observation: str | None = None    # captured gradient / update (interop format)
+  rename: str | None = None         # regex rules for the captured files' tensor names
+  num_samples: int | None = None    # captured: examples behind the update (the file's if unset)
   init: str | None = None
   act: str | None = None
   num_classes: int | None = None
-  dataset: str = "skimage"
+  dataset: str | None = "skimage"   # None: no ground truth (captured files only)
   data_dir: str | None = None
   index: int = 0
   batch_size: int = 1
@@ -71,8 +82,19 @@ class Config:
   conv: str = "auto"
   seed: int = 0
   chunk: int = 100
+  lpips: str = "auto"
 
   def __post_init__(self):
+    if bool(self.weights) != bool(self.observation):
+      raise ValueError("captured files need both --weights and --observation")
+    if self.weights and self.checkpoint:
+      raise ValueError("--checkpoint and --weights both name the model; give one")
+    if self.dataset is None and not self.observation:
+      raise ValueError("a simulated client needs a --dataset")
+    if self.model is None and not self.weights:
+      raise ValueError("no --model given")
+    if self.num_samples is not None and self.num_samples < 1:
+      raise ValueError(f"num_samples must be positive, got {self.num_samples}")
     if self.batch_size < 1:
       raise ValueError(f"batch_size must be positive, got {self.batch_size}")
     if self.index < 0:
@@ -81,6 +103,10 @@ class Config:
       raise ValueError(f"image_size must be positive, got {self.image_size}")
     if self.client not in CLIENTS:
       raise ValueError(f"unknown client {self.client!r}; choose one of {', '.join(CLIENTS)}")
+    if self.lpips not in LPIPS:
+      raise ValueError(f"unknown LPIPS network {self.lpips!r}; choose one of {', '.join(LPIPS)}")
+    if self.lpips in lpips.NETWORKS and not lpips.available(self.lpips):
+      raise ValueError(f"--lpips={self.lpips} needs the lpips extra: pip install 'gradjax[lpips]'")
     if self.conv not in models.CONVS:
       raise ValueError(f"unknown convolution implementation {self.conv!r}; choose one of "
                        f"{', '.join(models.CONVS)}")
@@ -134,24 +160,29 @@ def load_batch(cfg: Config) -> data.Dataset:
                    image_size=size, channels=cfg.channels)
 
 
-def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None
-        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-  """Runs experiment ``cfg``; returns (JSON-ready results, images).
+def _captured(cfg: Config, batch: data.Dataset | None):
+  """(model, observation) from the captured files of ``cfg``."""
+  input_shape = None
+  if batch is not None:
+    input_shape = batch.x.shape[1:]
+  elif cfg.image_size is not None:
+    input_shape = (cfg.image_size, cfg.image_size, cfg.channels or 3)
+  module_kwargs = dict(remat=bool(cfg.remat), conv=cfg.conv)
+  if cfg.act is not None:
+    module_kwargs["act"] = cfg.act
+  imported = interop.load(cfg.weights, cfg.observation, model=cfg.model, input_shape=input_shape,
+                          num_classes=cfg.num_classes, rename=interop.parse_renames(cfg.rename),
+                          num_samples=cfg.num_samples, train=cfg.train_mode or None,
+                          **module_kwargs)
+  return imported.model, imported.observation
 
-  ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,
-  scored after matching the batch order), ``wall_time_s`` of the attack (compilation included),
-  iteration and evaluation counts, the objective value, labels, the configuration and the device.
-  ``images`` holds ``ground_truth`` and ``reconstruction`` (N, H, W, C) in [0, 1] space, the
-  reconstruction already in the ground truth's order.
-  """
-  attack = get_attack(cfg)
-  batch = load_batch(cfg) if batch is None else batch
-  norm = data.normalization(cfg.normalization)
+
+def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
+  """(model, observation) of the simulated client of ``cfg`` on ``batch``."""
   num_classes = cfg.num_classes or batch.num_classes
   if int(batch.y.max()) >= num_classes:
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
   input_shape = batch.x.shape[1:]
-  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   if cfg.checkpoint:
     model = checkpoint.load_model(cfg.checkpoint, remat=bool(cfg.remat), conv=cfg.conv)
     saved = checkpoint.load(cfg.checkpoint)[1].get("normalization", "none")
@@ -165,37 +196,97 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   else:
     model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
                           init=cfg.init, act=cfg.act, remat=bool(cfg.remat), conv=cfg.conv)
-  x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
+  return model
+
+
+class Trace:
+  """The objective after every solver chunk, and the PSNR of the current best iterate when a ground
+  truth is given: ``rows`` of ``{"restart", "iteration", "loss"[, "psnr"]}`` (restart ``None`` when
+  all restarts advance together; then ``loss`` is the best over them).
+
+  Pass :meth:`progress` as the solver's ``callback`` and :meth:`monitor` as its ``monitor``.
+  """
+
+  def __init__(self, callback: Callable | None = None, truth: np.ndarray | None = None,
+               norm: data.Normalization | None = None):
+    self.rows: list[dict] = []
+    self._callback, self._truth, self._norm = callback, truth, norm
+
+  def progress(self, p) -> None:
+    self.rows.append({"restart": p.restart, "iteration": int(p.iteration), "loss": float(p.best_loss)})
+    if self._callback is not None:
+      self._callback(p)
+
+  def monitor(self, state) -> bool:
+    if self._truth is None or not self.rows:
+      return False
+    x = np.asarray(state.best_params["x"], np.float64)
+    if x.ndim == 5:  # stacked restarts: the best one
+      losses = np.asarray(state.best_loss, np.float64).reshape(-1)
+      x = x[int(np.argmin(np.where(np.isfinite(losses), losses, np.inf)))]
+    x = np.clip(np.asarray(data.denormalize(x, self._norm), np.float64), 0.0, 1.0)
+    if np.all(np.isfinite(x)):
+      order = metrics.match_order(x, self._truth) if x.shape[0] > 1 else np.arange(x.shape[0])
+      self.rows[-1]["psnr"] = float(np.mean(metrics.psnr(x[order], self._truth)))
+    return False
+
+
+def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None
+        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """Runs experiment ``cfg``; returns (JSON-ready results, images).
+
+  ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,
+  scored after matching the batch order; absent without ground truth), ``wall_time_s`` of the attack
+  (compilation included), iteration and evaluation counts, the objective value, labels, the
+  configuration and the device. ``images`` holds ``reconstruction`` (N, H, W, C) in [0, 1] space (in
+  the ground truth's order when there is one, else in the attack's slot order) and
+  ``ground_truth`` (or ``None``).
+  """
+  attack = get_attack(cfg)
+  norm = data.normalization(cfg.normalization)
+  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   share_labels = attack.labels == "known"
-  if share_labels and cfg.client == "fedavg":
-    share_labels = cfg.shared_labels
-  if cfg.client == "fedsgd":
-    observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y,
-                                 train=cfg.train_mode, share_labels=share_labels)
+  if cfg.observation:
+    if batch is None and cfg.dataset is not None:
+      # The ground truth for scoring: as many images as the capture says the client had.
+      n = cfg.num_samples or interop_num_samples(cfg)
+      batch = load_batch(dataclasses.replace(cfg, batch_size=n))
+    model, observation = _captured(cfg, batch)
+    if batch is not None and batch.x.shape[0] != observation.num_samples:
+      raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
+                       f"has {batch.x.shape[0]} images")
   else:
-    local = clients.LocalTraining(cfg.local_epochs, cfg.local_batch_size, cfg.local_lr,
-                                  cfg.local_momentum)
-    observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
-                                 train=cfg.train_mode, share_labels=share_labels)
+    batch = load_batch(cfg) if batch is None else batch
+    model = _simulated(cfg, batch, norm, key_model)
+    x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
+    if share_labels and cfg.client == "fedavg":
+      share_labels = cfg.shared_labels
+    if cfg.client == "fedsgd":
+      observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y,
+                                   train=cfg.train_mode, share_labels=share_labels)
+    else:
+      local = clients.LocalTraining(cfg.local_epochs, cfg.local_batch_size, cfg.local_lr,
+                                    cfg.local_momentum)
+      observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
+                                   train=cfg.train_mode, share_labels=share_labels)
+  input_shape = tuple(model.input_shape)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
 
+  trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm)
   start = time.perf_counter()
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
                             bounds=image_bounds(norm, input_shape[-1]),
                             restarts=cfg.restarts, strategy=cfg.strategy, chunk=cfg.chunk,
-                            map_batch_size=cfg.map_batch_size, callback=callback,
+                            map_batch_size=cfg.map_batch_size, callback=trace.progress,
                             permutations=cfg.permutations, halving_rounds=cfg.halving_rounds,
-                            halving_keep=cfg.halving_keep, shard=cfg.shard)
+                            halving_keep=cfg.halving_keep, shard=cfg.shard, monitor=trace.monitor)
   wall = time.perf_counter() - start
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
     raise FloatingPointError("the best reconstruction is not finite")
-  scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
-  order = np.asarray(scores["order"])
   results = dict(
-      scores,
       wall_time_s=wall,
       iterations=int(rec.iterations[rec.best_restart]),
       evaluations=int(rec.evaluations.sum()),
@@ -205,10 +296,11 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       candidates=int(rec.candidates.shape[0]),
       labels_by_slot=rec.labels.tolist(),  # the labels of dummy slots 0..N-1 (mini-batch order)
       loss=rec.loss,
+      history=trace.rows,
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
-      labels_true=batch.y.tolist(),
-      labels_reconstructed=rec.labels[order].tolist(),
       model=model.name,
+      num_samples=observation.num_samples,
+      threat_model=observation.threat_model,
       conv=models.resolve_conv(cfg.conv),
       attack=dataclasses.asdict(attack),
       config=dataclasses.asdict(cfg),
@@ -217,4 +309,32 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       backend=jax.default_backend(),
       jax_version=jax.__version__,
   )
+  if batch is None:
+    return results, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
+  scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
+  order = np.asarray(scores["order"])
+  results.update(scores, labels_true=batch.y.tolist(), labels_reconstructed=rec.labels[order].tolist())
+  results.update(lpips_scores(cfg.lpips, x_rec[order], batch.x))
   return results, {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
+
+
+def lpips_scores(net: str, x, x_true) -> dict:
+  """``{"lpips", "lpips_per_image", "lpips_net"}`` of images in [0, 1] (already in matching order), or
+  ``{}`` when ``net`` is "none", or "auto" without the lpips extra or with images too small for
+  AlexNet."""
+  if net == "auto":
+    net = "alex" if lpips.available("alex") and min(np.shape(x)[1:3]) >= lpips.MIN_SIZE["alex"] else "none"
+  if net == "none":
+    return {}
+  d = lpips.distance(lpips.load(net), x, x_true)
+  return {"lpips": float(d.mean()), "lpips_per_image": [float(v) for v in d], "lpips_net": net}
+
+
+def interop_num_samples(cfg: Config) -> int:
+  """How many examples the captured observation of ``cfg`` says the client had."""
+  meta = interop.read(cfg.observation).metadata
+  if "num_samples" in meta:
+    return int(meta["num_samples"])
+  if "labels" in meta:
+    return len(interop.parse_labels(meta["labels"]))
+  return 1

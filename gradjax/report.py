@@ -121,6 +121,19 @@ def _to_python(obj: Any, key: str) -> Any:
   raise ValueError(f"Unsupported type {type(obj).__name__} at key '{key}'.")
 
 
+def save_csv(path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+  """Writes ``rows`` (dicts) as CSV with a header of ``columns`` (missing values empty), atomically."""
+  import csv
+
+  def write(f):
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+      w.writerow(["" if r.get(c) is None else r.get(c) for c in columns])
+
+  atomic_write(path, write, binary=False)
+
+
 def save_json(path, obj: Any) -> None:
   """Writes ``obj`` as JSON (indent 2, sorted keys), atomically.
 
@@ -142,10 +155,13 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   """Mean, population std and median of each metric over experiments; successes at ``threshold`` dB.
 
   ``rows`` are :func:`gradjax.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
-  wall_time_s, iterations).
+  wall_time_s, iterations, and lpips, summarised when every row has it).
   """
   out = {"experiments": len(rows), "psnr_threshold": threshold}
-  for key in ("psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations"):
+  keys = ["psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations"]
+  if rows and all(r.get("lpips") is not None for r in rows):
+    keys.insert(2, "lpips")
+  for key in keys:
     v = np.array([r[key] for r in rows], np.float64)
     out[key] = {"mean": float(v.mean()), "std": float(v.std()), "median": float(np.median(v))}
   out["successes"] = int(sum(r["psnr"] >= threshold for r in rows))
@@ -263,3 +279,154 @@ def bar_chart(labels: Sequence[str], values: Sequence[float | None], *, title: s
     for x in range(CHART_LEFT, right + 1, 6):
       draw.line([(x, y), (min(x + 3, right), y)], fill=tuple(line_color))
   return np.asarray(img, np.uint8).copy()
+
+
+# --- figures and the HTML report (matplotlib) ------------------------------------------------------
+
+def _pyplot():
+  """matplotlib's pyplot on the non-interactive Agg backend (no display needed)."""
+  import matplotlib
+  matplotlib.use("Agg", force=True)
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def _save_figure(fig, path) -> None:
+  plt = _pyplot()
+  try:
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"), binary=True)
+  finally:
+    plt.close(fig)
+
+
+def per_image_captions(results: dict) -> list[str]:
+  """One caption per image from a results dict: PSNR, SSIM and LPIPS where present."""
+  n = len(results.get("psnr_per_image") or results.get("labels_by_slot") or [])
+  captions = []
+  for i in range(n):
+    parts = []
+    for key, fmt in (("psnr_per_image", "PSNR {:.2f} dB"), ("ssim_per_image", "SSIM {:.3f}"),
+                     ("lpips_per_image", "LPIPS {:.3f}")):
+      if results.get(key) is not None:
+        parts.append(fmt.format(results[key][i]))
+    captions.append("\n".join(parts))
+  return captions
+
+
+def reconstruction_figure(path, reconstruction: np.ndarray, ground_truth: np.ndarray | None = None,
+                          captions: Sequence[str] | None = None, title: str = "") -> None:
+  """A PNG grid: the ground truth (if any) above the reconstruction, one column per image, each
+  reconstruction captioned (e.g. with :func:`per_image_captions`).
+
+  Args:
+    reconstruction, ground_truth: (N, H, W, C) in [0, 1], C in {1, 3}.
+  """
+  plt = _pyplot()
+  rec = np.clip(np.asarray(reconstruction, np.float64), 0, 1)
+  if rec.ndim != 4 or rec.shape[-1] not in (1, 3):
+    raise ValueError(f"reconstruction must be (N, H, W, C) with C in {{1, 3}}, got {rec.shape}")
+  rows = [("reconstruction", rec)] if ground_truth is None else [
+      ("ground truth", np.clip(np.asarray(ground_truth, np.float64), 0, 1)), ("reconstruction", rec)]
+  n = rec.shape[0]
+  fig, axes = plt.subplots(len(rows), n, figsize=(1.6 * n + 0.6, 1.9 * len(rows) + 0.4), squeeze=False)
+  for r, (name, images) in enumerate(rows):
+    for i in range(n):
+      ax = axes[r, i]
+      img = images[i]
+      ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None,
+                vmin=0, vmax=1, interpolation="nearest")
+      ax.set_xticks([]), ax.set_yticks([])
+      if i == 0:
+        ax.set_ylabel(name, fontsize=8)
+      if name == "reconstruction" and captions:
+        ax.set_xlabel(captions[i], fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=9)
+  _save_figure(fig, path)
+
+
+def curves_figure(path, history: Sequence[dict], title: str = "") -> None:
+  """The objective (log scale) and, where recorded, the PSNR against iterations: one line per
+  restart. ``history`` rows are ``{"restart", "iteration", "loss"[, "psnr"]}``
+  (:class:`gradjax.pipeline.Trace`)."""
+  plt = _pyplot()
+  with_psnr = any("psnr" in r for r in history)
+  fig, axes = plt.subplots(1, 2 if with_psnr else 1, figsize=(9 if with_psnr else 5, 3.2), squeeze=False)
+  runs: dict = {}
+  for r in history:
+    runs.setdefault(r["restart"], []).append(r)
+  for restart, rows in runs.items():
+    label = "all restarts" if restart is None else f"restart {restart}"
+    its = [r["iteration"] for r in rows]
+    losses = [r["loss"] for r in rows]
+    positive = all(v > 0 for v in losses)
+    axes[0, 0].plot(its, losses, marker=".", label=label)
+    if positive:
+      axes[0, 0].set_yscale("log")
+    if with_psnr:
+      pts = [(r["iteration"], r["psnr"]) for r in rows if "psnr" in r]
+      if pts:
+        axes[0, 1].plot(*zip(*pts), marker=".", label=label)
+  axes[0, 0].set_xlabel("iteration"), axes[0, 0].set_ylabel("objective (best so far)")
+  if with_psnr:
+    axes[0, 1].set_xlabel("iteration"), axes[0, 1].set_ylabel("PSNR of the best iterate (dB)")
+  if 1 < len(runs) <= 8:
+    axes[0, 0].legend(fontsize=7)
+  for ax in axes[0]:
+    ax.grid(alpha=0.3)
+  if title:
+    fig.suptitle(title, fontsize=9)
+  _save_figure(fig, path)
+
+
+def psnr_figure(path, labels: Sequence[str], psnr: Sequence[float], threshold: float | None = None,
+                title: str = "") -> None:
+  """PSNR per experiment as bars, with the success threshold as a dashed line."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * len(labels) + 1.5), 3.0))
+  ax.bar(range(len(labels)), psnr, color="tab:blue")
+  ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90 if len(labels) > 12 else 0)
+  ax.set_xlabel("experiment"), ax.set_ylabel("PSNR (dB)")
+  if threshold is not None:
+    ax.axhline(threshold, color="tab:red", linestyle="--", linewidth=1, label=f"{threshold:g} dB")
+    ax.legend(fontsize=7)
+  ax.grid(axis="y", alpha=0.3)
+  if title:
+    ax.set_title(title, fontsize=9)
+  _save_figure(fig, path)
+
+
+def _cell(value) -> str:
+  import html
+  if isinstance(value, float):
+    return f"{value:.4g}"
+  return html.escape(str(value))
+
+
+def html_report(path, title: str, summary: dict, table: Sequence[dict], figures: dict[str, str],
+                config: dict) -> None:
+  """One self-contained HTML page (images embedded as data URIs): the summary, a per-image table,
+  the figures (caption -> PNG file) and the configuration."""
+  import base64
+  import html
+  parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+           "<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse}"
+           "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}"
+           "img{max-width:100%;border:1px solid #ddd}pre{background:#f7f7f7;padding:1em;overflow:auto}"
+           "</style></head><body>", f"<h1>{html.escape(title)}</h1>", "<table>"]
+  parts += [f"<tr><th>{html.escape(k)}</th><td>{_cell(v)}</td></tr>" for k, v in summary.items()]
+  parts.append("</table>")
+  if table:
+    keys = list(table[0])
+    parts.append("<h2>Per image</h2><table><tr>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>")
+    parts += ["<tr>" + "".join(f"<td>{_cell(row.get(k))}</td>" for k in keys) + "</tr>" for row in table]
+    parts.append("</table>")
+  for caption, png in figures.items():
+    with open(png, "rb") as fh:
+      data = base64.b64encode(fh.read()).decode("ascii")
+    parts.append(f"<h2>{html.escape(caption)}</h2><img alt='{html.escape(caption)}' "
+                 f"src='data:image/png;base64,{data}'>")
+  parts.append("<h2>Configuration</h2><pre>" + html.escape(json.dumps(_to_python(config, ""), indent=2,
+                                                                         sort_keys=True)) + "</pre>")
+  parts.append("</body></html>\n")
+  atomic_write(path, lambda f: f.write("\n".join(parts)), binary=False)
