@@ -248,23 +248,12 @@ def test_directory_and_wrong_model(lenet_files, tmp_path):
 
 # --- PyTorch itself ------------------------------------------------------------------------------
 
-TORCH_SNIPPET = '''
-import torch, torch.nn.functional as F
-from safetensors.torch import save_file
-
-def export(model, x, y, weights_path, gradient_path, gradjax_model):
-    """x: (N, C, H, W) float images as the model takes them; y: (N,) int64 labels."""
-    model.eval()                       # train(): BatchNorm on batch statistics; then train="true"
-    names, params = zip(*model.named_parameters())
-    loss = F.cross_entropy(model(x), y)               # the mean over the batch
-    grads = torch.autograd.grad(loss, params)
-    meta = {"model": gradjax_model, "input_shape": ",".join(map(str, [*x.shape[2:], x.shape[1]]))}
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, weights_path,
-              metadata=meta)
-    save_file({n: g.contiguous() for n, g in zip(names, grads)}, gradient_path,
-              metadata={"kind": "gradient", "num_samples": str(len(y)),
-                        "labels": ",".join(map(str, y.tolist())), "train": "false"})
-'''
+def readme_snippet() -> str:
+  """The PyTorch export snippet of the README (section "Auditing a PyTorch system"), run as written."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+  section = text[text.index("## Auditing a PyTorch system"):]
+  return section[section.index("```python\n") + 10:section.index("```\n", section.index("```python"))]
 
 
 def _torch_models():
@@ -321,7 +310,7 @@ def _torch_models():
 
 def _export_with_snippet(torch, model, x_nhwc, y, tmp_path, name):
   namespace = {}
-  exec(TORCH_SNIPPET, namespace)
+  exec(readme_snippet(), namespace)
   x = torch.tensor(np.transpose(x_nhwc, (0, 3, 1, 2)))
   w, g = tmp_path / f"{name}_w.safetensors", tmp_path / f"{name}_g.safetensors"
   namespace["export"](model, x, torch.tensor(y, dtype=torch.int64), str(w), str(g), name)
@@ -371,3 +360,59 @@ def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
   psnr = metrics.score(np.clip(np.asarray(rec.x), 0, 1), x)["psnr"]
   print(f"DLG from a PyTorch gradient: {psnr:.2f} dB")
   assert psnr >= 30
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+def _cli(*args):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(root, "experiments", "reconstruct.py"), *args],
+                        capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_attacks_captured_files(lenet_files, tmp_path, photos):
+  import skimage.metrics
+  w, g = lenet_files
+  out = tmp_path / "blind"
+  proc = _cli(f"--weights={w}", f"--observation={g}", "--iterations=200", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((out / "metrics.json").read_text())
+  assert "psnr" not in results and results["num_samples"] == 1 and results["model"] == "lenet_zhu"
+  assert "no ground truth" in proc.stdout and f"objective {results['loss']:.3e}" in proc.stdout
+  rec = np.load(out / "reconstruction.npy", allow_pickle=False)
+  assert rec.shape == (1, 32, 32, 3) and rec.dtype == np.float32 and 0 <= rec.min() <= rec.max() <= 1
+  page = (out / "report.html").read_text()
+  assert "data:image/png;base64," in page and f"{results['loss']:.4g}" in page
+  # With the client's image (the fixture's: skimage photo 0) as ground truth, the printed PSNR is
+  # scikit-image's on the written reconstruction.
+  out = tmp_path / "scored"
+  proc = _cli(f"--weights={w}", f"--observation={g}", "--iterations=200", "--dataset=skimage",
+              "--image_size=32", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((out / "metrics.json").read_text())
+  rec = np.load(out / "reconstruction.npy").astype(np.float64)
+  want = skimage.metrics.peak_signal_noise_ratio(photos[0].astype(np.float64), rec[0], data_range=1)
+  assert results["psnr"] == pytest.approx(want, rel=1e-6)
+  assert f"PSNR {results['psnr']:.2f} dB" in proc.stdout
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda w, g, bad: open(bad, "wb").write(pickle.dumps({"fc.0.bias": np.zeros(10)})), "refusing to unpickle"),
+    (lambda w, g, bad: open(bad, "wb").write(open(g, "rb").read()[:-50]), "truncated"),
+    (lambda w, g, bad: _rewrite(g, bad, _nan), "contains NaN"),
+    (lambda w, g, bad: _rewrite(g, bad, lambda t, m: ({k: v for k, v in t.items() if k != "fc.0.bias"}, m)),
+     "missing tensor 'fc.0.bias'"),
+    (lambda w, g, bad: os.mkdir(bad), "is a directory"),
+    (lambda w, g, bad: None, "No such file"),
+])
+def test_cli_bad_captured_files_exit_2(lenet_files, tmp_path, make, message):
+  w, g = lenet_files
+  bad = tmp_path / "bad.safetensors"
+  make(w, g, bad)
+  proc = _cli(f"--weights={w}", f"--observation={bad}", f"--output_dir={tmp_path / 'out'}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
