@@ -138,9 +138,11 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
 
 
 def log_progress(p: solvers.Progress):
+  """One progress line per chunk: a bar, the objective, restarts alive, rate and ETA."""
   where = "" if p.restart is None else f"restart {p.restart} "
-  logging.info("%siteration %d/%d  loss %.3e  alive %d  %.0f it/s  ETA %.1fs", where, p.iteration,
-               p.iterations, p.best_loss, p.alive, p.its_per_s, p.eta_s)
+  filled = round(20 * p.iteration / max(p.iterations, 1))
+  logging.info("%s[%s%s] %d/%d  loss %.3e  alive %d  %.0f it/s  ETA %.1fs", where, "#" * filled,
+               "." * (20 - filled), p.iteration, p.iterations, p.best_loss, p.alive, p.its_per_s, p.eta_s)
 
 
 def permutation_seed(value: int, flag: str) -> int | None:

@@ -112,25 +112,33 @@ def check_utility(parts: training.Split, cfg: UtilityConfig) -> None:
     raise ValueError("utility needs at least one test image")
 
 
-def _vstack(images):
-  """Images stacked top to bottom, each padded on the right with white to the widest."""
-  width = max(im.shape[1] for im in images)
-  return np.concatenate([np.pad(im, ((0, 0), (0, width - im.shape[1]), (0, 0)), constant_values=255)
-                         for im in images])
-
-
-def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str = "attack") -> np.ndarray:
-  """The PNG image: mean PSNR per defense (dashed line at the threshold) and, when the rows have a
-  ``"utility"`` entry, the utility test accuracy per defense below it (range [0, 1])."""
+def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str = "attack"):
+  """A matplotlib figure: mean PSNR per defense as bars (dashed line at the threshold) and, when the
+  rows have a ``"utility"`` entry, utility (test accuracy) against PSNR, one labelled point per
+  defense: the privacy/utility trade-off (lower PSNR and higher accuracy is better)."""
+  plt = report._pyplot()
   names = [row["defense"] for row in table]
   psnr = [row["summary"]["psnr"]["mean"] for row in table]
-  panels = [report.bar_chart(names, psnr, title=f"{attack} PSNR (dB), mean; dashed: {psnr_threshold:g} dB",
-                             line=psnr_threshold, value_format="{:.1f}")]
-  if all("utility" in row for row in table):
-    acc = [row["utility"]["accuracy"] for row in table]
-    panels.append(report.bar_chart(names, acc, title="utility: test accuracy", high=1.0,
-                                   color=(255, 127, 14)))
-  return _vstack(panels)
+  with_utility = all("utility" in row for row in table)
+  fig, axes = plt.subplots(1, 2 if with_utility else 1, squeeze=False,
+                           figsize=(max(5.0, 0.45 * len(names) + 2) + (5 if with_utility else 0), 3.6))
+  ax = axes[0, 0]
+  ax.bar(range(len(names)), psnr, color="tab:blue")
+  ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+  ax.axhline(psnr_threshold, color="tab:red", linestyle="--", linewidth=1, label=f"{psnr_threshold:g} dB")
+  ax.set_ylabel(f"{attack} PSNR (dB), mean"), ax.legend(fontsize=7), ax.grid(axis="y", alpha=0.3)
+  if with_utility:
+    ax = axes[0, 1]
+    points = [(p, row["utility"]["accuracy"], n) for p, row, n in zip(psnr, table, names)
+              if row["utility"]["accuracy"] is not None]
+    ax.scatter([p for p, _, _ in points], [a for _, a, _ in points], color="tab:orange")
+    for p, a, n in points:
+      ax.annotate(n, (p, a), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.axvline(psnr_threshold, color="tab:red", linestyle="--", linewidth=1)
+    ax.set_xlabel(f"{attack} PSNR (dB): leak"), ax.set_ylabel("utility: test accuracy")
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  return fig
 
 
 def main(argv):
@@ -177,8 +185,8 @@ def main(argv):
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "config": vars(base), "utility_config": utility_setup,
                     "total_time_s": time.perf_counter() - start})
-  report.save_png(os.path.join(out, "privacy_utility.png"),
-                  privacy_utility_plot(table, f.psnr_threshold, base.attack))
+  report._save_figure(privacy_utility_plot(table, f.psnr_threshold, base.attack),
+                      os.path.join(out, "privacy_utility.png"))
   extra = " utility acc. |" if f.utility else ""
   lines = [f"# {base.attack} on {base.model} against defenses, {base.dataset} {f.start}.."
            f"{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}", "",

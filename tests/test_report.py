@@ -132,66 +132,44 @@ def test_save_json_unsupported(tmp_path):
   assert not (tmp_path / "r.json").exists()
 
 
-# --- bar_chart ---------------------------------------------------------------------------------------
+# --- figures, CSV and the HTML report --------------------------------------------------------------
+
+def test_save_csv_round_trips(tmp_path):
+  import csv
+  rows = [{"index": 0, "psnr": 31.25, "lpips": None}, {"index": 1, "psnr": 12.5, "extra": "x"}]
+  report.save_csv(tmp_path / "r.csv", rows, ["index", "psnr", "lpips"])
+  with open(tmp_path / "r.csv", newline="") as fh:
+    got = list(csv.DictReader(fh))
+  assert got == [{"index": "0", "psnr": "31.25", "lpips": ""}, {"index": "1", "psnr": "12.5", "lpips": ""}]
 
 
-def _bar_rows(img, color):
-  """Per column, the rows whose pixel is exactly ``color``."""
-  mask = np.all(img == np.asarray(color, np.uint8), axis=-1)
-  return {x: np.flatnonzero(mask[:, x]).tolist() for x in np.flatnonzero(mask.any(axis=0))}
+def test_html_report_is_self_contained(tmp_path, photos):
+  import base64
+  import html.parser
+  results = {"psnr_per_image": [31.5, 12.25], "ssim_per_image": [0.9, 0.25], "lpips_per_image": None}
+  captions = report.per_image_captions(results)
+  assert captions == ["PSNR 31.50 dB\nSSIM 0.900", "PSNR 12.25 dB\nSSIM 0.250"]
+  report.reconstruction_figure(tmp_path / "grid.png", photos[:2], photos[2:4], captions, "t")
+  report.curves_figure(tmp_path / "curves.png", [{"restart": 0, "iteration": 10, "loss": 1.0, "psnr": 9.0},
+                                                 {"restart": 0, "iteration": 20, "loss": 0.5}], "t")
+  figures = {"grid": str(tmp_path / "grid.png"), "curves": str(tmp_path / "curves.png")}
+  report.html_report(tmp_path / "r.html", "A <title>", {"psnr": 21.875}, [{"image": 0, "psnr": 31.5}],
+                     figures, {"seed": 3})
+  page = (tmp_path / "r.html").read_text()
+  assert "A &lt;title&gt;" in page and "21.88" in page and "31.5" in page and "&quot;seed&quot;: 3" in page
 
+  class Images(html.parser.HTMLParser):
+    def __init__(self):
+      super().__init__()
+      self.sources = []
 
-def test_bar_chart_bars_have_the_expected_height_and_place():
-  color = (10, 200, 30)
-  labels = ["none", "gaussian:1e-2", "n/a", "over", "under"]
-  img = report.bar_chart(labels, [1.0, 2.0, None, 9.0, -1.0], high=4.0, color=color, plot_height=100,
-                         bar_width=6, gap=4)
-  assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3
-  assert img.shape[1] == report.CHART_LEFT + 4 + 5 * (6 + 4) + report.CHART_RIGHT
-  top = 20  # no title
-  y0 = top + 100
-  rows = _bar_rows(img, color)
-  # 1/4 and 2/4 of 100 rows, no bar for None, clipped to 100 rows above high and 0 below low.
-  for i, h in enumerate([25, 50, 0, 100, 0]):
-    x0 = report.CHART_LEFT + 4 + i * 10
-    for x in range(x0, x0 + 6):
-      assert rows.pop(x, []) == list(range(y0 - h, y0)), (i, x)
-  assert rows == {}  # nothing else has the bar colour
-  assert (img[y0, report.CHART_LEFT:report.CHART_LEFT + 54] == 0).all()  # the black baseline
-  # The value is written (black) just above its bar, and the label below the baseline.
-  x0 = report.CHART_LEFT + 4 + 10
-  assert (img[y0 - 50 - 13:y0 - 50, x0 - 8:x0 + 14] == 0).any()
-  assert (img[y0 + 6:, x0 - 2:x0 + 8] == 0).any()
+    def handle_starttag(self, tag, attrs):
+      if tag == "img":
+        self.sources.append(dict(attrs)["src"])
 
-
-def test_bar_chart_title_auto_range_and_line():
-  red = (214, 39, 40)
-  img = report.bar_chart(["a", "b"], [3.2, np.nan], title="PSNR", plot_height=50, bar_width=8, gap=2,
-                         line=2.5)
-  top = 34  # the title takes 14 rows
-  y0 = top + 50
-  # high = 5 (the smallest 1, 2, 2.5, 5 x 10^k >= 3.2): round(50 * 3.2 / 5) = 32 rows.
-  rows = _bar_rows(img, (31, 119, 180))
-  x0 = report.CHART_LEFT + 2
-  assert sorted(rows) == list(range(x0, x0 + 8))
-  line_row = y0 - round(50 * 2.5 / 5)
-  bar = set(range(y0 - 32, y0))
-  for x in rows:  # the dashed line is drawn over the bars
-    assert bar - {line_row} <= set(rows[x]) <= bar
-  assert (np.all(img[line_row] == red, axis=-1)).sum() >= 6
-  assert (img[:top - 20, :40] == 0).any()  # the title text
-  # The line's value counts for the range: a line above every value raises high.
-  img2 = report.bar_chart(["a"], [3.0], line=30.0, plot_height=100)
-  assert len(_bar_rows(img2, (31, 119, 180))[report.CHART_LEFT + 10]) == round(100 * 3 / 50)
-
-
-@pytest.mark.parametrize("labels, values, kwargs, message", [
-    ([], [], {}, "N >= 1"),
-    (["a", "b"], [1.0], {}, "N values"),
-    (["a"], [float("inf")], {}, "is inf"),
-    (["a"], [1.0], {"low": 2.0, "high": 1.0}, "low < high"),
-    (["a"], [1.0], {"bar_width": 0}, "bar_width"),
-])
-def test_bar_chart_errors(labels, values, kwargs, message):
-  with pytest.raises(ValueError, match=message):
-    report.bar_chart(labels, values, **kwargs)
+  parser = Images()
+  parser.feed(page)
+  assert len(parser.sources) == 2
+  for src, png in zip(parser.sources, figures.values()):
+    assert src.startswith("data:image/png;base64,")
+    assert base64.b64decode(src.split(",", 1)[1]) == open(png, "rb").read()
