@@ -127,6 +127,30 @@ def _parse_metadata(raw, where: str) -> dict:
   return metadata
 
 
+def npz_arrays(data: bytes, where: str) -> dict[str, np.ndarray]:
+  """Every entry of the ``.npz`` bytes ``data``, read with ``allow_pickle=False``.
+
+  Raises:
+    ValueError: (one line, prefixed by ``where``) an entry that holds Python objects (never
+      unpickled), or a corrupt or truncated archive.
+  """
+  out = {}
+  try:
+    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+      for key in npz.files:
+        try:
+          out[key] = npz[key]
+        except ValueError as e:
+          if "allow_pickle" in str(e) or "Object arrays" in str(e):
+            raise ValueError(f"{where}: entry {key!r} holds Python objects; refusing to unpickle") from None
+          raise ValueError(f"{where}: entry {key!r} is corrupt: {e}") from None
+        if not isinstance(out[key], np.ndarray):
+          raise ValueError(f"{where}: entry {key!r} is not a NumPy array")
+  except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
+    raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
+  return out
+
+
 def load(path) -> tuple[dict, dict]:
   """Reads a checkpoint written by :func:`save`.
 
@@ -147,26 +171,14 @@ def load(path) -> tuple[dict, dict]:
   if not zipfile.is_zipfile(io.BytesIO(data)):
     raise ValueError(f"{where} is not an .npz file (not a zip archive)")
   flat, metadata = {}, None
-  try:
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-      for key in npz.files:
-        try:
-          value = npz[key]
-        except ValueError as e:
-          if "allow_pickle" in str(e) or "Object arrays" in str(e):
-            raise ValueError(f"{where}: entry {key!r} holds Python objects; refusing to unpickle") from None
-          raise ValueError(f"{where}: entry {key!r} is corrupt: {e}") from None
-        if not isinstance(value, np.ndarray):
-          raise ValueError(f"{where}: entry {key!r} is not a NumPy array")
-        if key == METADATA_KEY:
-          metadata = _parse_metadata(value, where)
-          continue
-        if value.dtype.kind not in "biuf":
-          raise ValueError(f"{where}: entry {key!r} has unsupported dtype {value.dtype}")
-        _check_finite(key, value, where)
-        flat[key] = value
-  except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
-    raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
+  for key, value in npz_arrays(data, where).items():
+    if key == METADATA_KEY:
+      metadata = _parse_metadata(value, where)
+      continue
+    if value.dtype.kind not in "biuf":
+      raise ValueError(f"{where}: entry {key!r} has unsupported dtype {value.dtype}")
+    _check_finite(key, value, where)
+    flat[key] = value
   if metadata is None:
     raise ValueError(f"{where} has no {METADATA_KEY!r} entry")
   if not flat:

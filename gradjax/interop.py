@@ -372,31 +372,22 @@ def _read_npz(path: str, data: bytes) -> TensorFile:
   if any(n.endswith("data.pkl") for n in names):
     raise ValueError(f"{path} is a torch.save archive (pickled); refusing to unpickle: save it "
                      "with safetensors (see the README)")
+  from gradjax.checkpoint import npz_arrays
   tensors, metadata = {}, {}
-  try:
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-      for key in npz.files:
-        try:
-          value = npz[key]
-        except ValueError as e:
-          if "allow_pickle" in str(e) or "Object arrays" in str(e):
-            raise ValueError(f"{where}: entry {key!r} holds Python objects; refusing to unpickle") from None
-          raise ValueError(f"{where}: entry {key!r} is corrupt: {e}") from None
-        if key == METADATA_KEY:
-          if value.dtype.kind == "U" and value.ndim == 0:
-            text = str(value)
-          elif value.dtype == np.uint8 and value.ndim == 1:
-            text = value.tobytes().decode("utf-8", errors="strict")
-          else:
-            raise ValueError(f"{where}: {METADATA_KEY!r} must be a JSON string")
-          try:
-            metadata = _metadata_strings(json.loads(text), where)
-          except ValueError as e:
-            raise ValueError(f"{where}: invalid metadata: {e}") from None
-          continue
-        tensors[key] = value
-  except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError, UnicodeDecodeError) as e:
-    raise ValueError(f"{where} is corrupt or truncated: {type(e).__name__}: {e}") from None
+  for key, value in npz_arrays(data, where).items():
+    if key != METADATA_KEY:
+      tensors[key] = value
+      continue
+    try:
+      if value.dtype.kind == "U" and value.ndim == 0:
+        text = str(value)
+      elif value.dtype == np.uint8 and value.ndim == 1:
+        text = value.tobytes().decode("utf-8")
+      else:
+        raise ValueError(f"{METADATA_KEY!r} must be a JSON string")
+      metadata = _metadata_strings(json.loads(text), where)
+    except (UnicodeDecodeError, ValueError) as e:
+      raise ValueError(f"{where}: invalid metadata: {e}") from None
   return TensorFile(tensors, metadata)
 
 
