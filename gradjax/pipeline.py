@@ -280,7 +280,10 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
                             restarts=cfg.restarts, strategy=cfg.strategy, chunk=cfg.chunk,
                             map_batch_size=cfg.map_batch_size, callback=trace.progress,
                             permutations=cfg.permutations, halving_rounds=cfg.halving_rounds,
-                            halving_keep=cfg.halving_keep, shard=cfg.shard, monitor=trace.monitor)
+                            halving_keep=cfg.halving_keep, shard=cfg.shard,
+                            # PSNR per chunk needs a ground truth; sharded runs would gather the
+                            # whole solver state to the host for it, so they record the objective only.
+                            monitor=trace.monitor if batch is not None and not cfg.shard else None)
   wall = time.perf_counter() - start
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
