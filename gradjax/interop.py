@@ -71,7 +71,6 @@ from gradjax.observation import Observation, check_observation
 
 KINDS = ("gradient", "weights", "update")
 LAYOUTS = ("conv", "dense", "vector")
-FORMATS = ("safetensors", "npz")
 METADATA_KEY = "__metadata__"
 IGNORED_BUFFERS = ("num_batches_tracked",)  # PyTorch BatchNorm counters: no gradjax counterpart
 
@@ -453,8 +452,7 @@ def _to_tree(mapping: TorchMapping, tensors: dict[str, np.ndarray], like, entrie
   extra_ok = set(mapping.ignored) | set(allowed_extra)
   for name in tensors:
     if name not in known and name not in extra_ok:
-      raise ValueError(f"{where}: unexpected tensor {name!r} (the model has no such "
-                       f"{'parameter' if entries is not mapping.entries else 'tensor'})")
+      raise ValueError(f"{where}: unexpected tensor {name!r} (the model has no such tensor)")
   for name in mapping.ignored:
     if name in tensors:
       arr = tensors[name]
@@ -557,6 +555,15 @@ def parse_shape(text: str, where: str = "input_shape") -> tuple[int, int, int]:
   if len(shape) != 3 or min(shape) < 1:
     raise ValueError(f"{where} must be H,W,C with positive sizes, got {text!r}")
   return shape
+
+
+def metadata_num_samples(meta: dict[str, str], where: str = "observation") -> int | None:
+  """The number of examples an observation file's metadata state: ``num_samples``, else the count of
+  ``labels``, else ``None``."""
+  n = _int(meta, "num_samples", where)
+  if n is None and "labels" in meta:
+    n = len(parse_labels(meta["labels"], f"{where}: metadata labels"))
+  return n
 
 
 def observation_from_files(variables, params_tree_like, observation: TensorFile, mapping: TorchMapping,

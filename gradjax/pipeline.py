@@ -178,7 +178,7 @@ def _captured(cfg: Config, batch: data.Dataset | None):
 
 
 def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
-  """(model, observation) of the simulated client of ``cfg`` on ``batch``."""
+  """The model the simulated client of ``cfg`` trains: a fresh zoo model or a checkpoint's."""
   num_classes = cfg.num_classes or batch.num_classes
   if int(batch.y.max()) >= num_classes:
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
@@ -334,10 +334,5 @@ def lpips_scores(net: str, x, x_true) -> dict:
 
 
 def interop_num_samples(cfg: Config) -> int:
-  """How many examples the captured observation of ``cfg`` says the client had."""
-  meta = interop.read(cfg.observation).metadata
-  if "num_samples" in meta:
-    return int(meta["num_samples"])
-  if "labels" in meta:
-    return len(interop.parse_labels(meta["labels"]))
-  return 1
+  """How many examples the captured observation of ``cfg`` says the client had (1 if it is silent)."""
+  return interop.metadata_num_samples(interop.read(cfg.observation).metadata, cfg.observation) or 1
