@@ -67,6 +67,7 @@ def define_flags():
   flags.DEFINE_enum("conv", d.conv, list(models.CONVS), "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on XLA:CPU), auto (im2col on CPU).")
   flags.DEFINE_string("matmul_precision", None, "jax_default_matmul_precision: bfloat16, tensorfloat32, float32 (accelerators; no effect on CPU).")
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
+  flags.DEFINE_float("compilation_cache_min_secs", 0.2, "Cache only programs whose compilation took at least this many seconds (0 caches every program).")
   flags.DEFINE_integer("seed", d.seed, "PRNG seed (model and dummy initialisation).")
   flags.DEFINE_enum("lpips", d.lpips, list(pipeline.LPIPS), "LPIPS network for scoring (auto: alex when the lpips extra is installed, else none).")
   flags.DEFINE_integer("chunk", d.chunk, "Iterations per jitted chunk between progress reports.")
@@ -170,7 +171,7 @@ def parse_flags(argv):
   f = flags.FLAGS
   if "compilation_cache" in f and f.compilation_cache:
     jax.config.update("jax_compilation_cache_dir", f.compilation_cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", f.compilation_cache_min_secs)
   if "matmul_precision" in f and f.matmul_precision:
     if f.matmul_precision not in MATMUL_PRECISIONS:
       fail(f"unknown --matmul_precision {f.matmul_precision!r}; choose one of "
