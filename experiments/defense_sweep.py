@@ -171,6 +171,8 @@ def main(argv):
                    summary["successes"], f.count)
       table.append({"defense": spec, "summary": summary,
                     "psnr_per_image": [r["psnr"] for r in rows]})
+      if "lpips" in summary:
+        table[-1]["lpips_per_image"] = [r["lpips"] for r in rows]
       if f.utility:
         table[-1]["utility"] = utility(spec, parts, ucfg)
         logging.info("%s: utility accuracy %s", spec, table[-1]["utility"]["accuracy"])
@@ -188,10 +190,12 @@ def main(argv):
   report._save_figure(privacy_utility_plot(table, f.psnr_threshold, base.attack),
                       os.path.join(out, "privacy_utility.png"))
   extra = " utility acc. |" if f.utility else ""
+  with_lpips = all("lpips" in row["summary"] for row in table)
   lines = [f"# {base.attack} on {base.model} against defenses, {base.dataset} {f.start}.."
            f"{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}", "",
-           "| defense | PSNR (dB) | SSIM | label acc. | success (PSNR ≥ "
-           f"{f.psnr_threshold:g}) |{extra}", "|---|---|---|---|---|" + ("---|" if f.utility else "")]
+           "| defense | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "") + "label acc. | success (PSNR ≥ "
+           f"{f.psnr_threshold:g}) |{extra}",
+           "|---|---|---|---|---|" + ("---|" if with_lpips else "") + ("---|" if f.utility else "")]
   for row in table:
     s = row["summary"]
     cell = ""
@@ -199,7 +203,9 @@ def main(argv):
       acc = row["utility"]["accuracy"]
       cell = " diverged |" if acc is None else f" {acc:.3f} |"
     lines.append(f"| {row['defense']} | {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} | "
-                 f"{s['ssim']['mean']:.3f} | {s['label_accuracy']['mean']:.2f} | "
+                 f"{s['ssim']['mean']:.3f} | "
+                 + (f"{s['lpips']['mean']:.3f} | " if with_lpips else "")
+                 + f"{s['label_accuracy']['mean']:.2f} | "
                  f"{s['successes']}/{s['experiments']} |{cell}")
   if f.utility:
     lines += ["", f"Utility: {f.utility_model} trained {f.utility_epochs} epochs (batch "

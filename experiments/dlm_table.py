@@ -62,14 +62,17 @@ def run_method(name: str, overrides: dict, indices, std, threshold: float, base:
     results, images = pipeline.run(cfg)
     paper = float(metrics.psnr_std(images["reconstruction"], images["ground_truth"], std)[0])
     rows.append({"index": index, "psnr": results["psnr"], "psnr_paper": paper,
-                 "ssim": results["ssim"], "label_accuracy": results["label_accuracy"],
+                 "ssim": results["ssim"], "lpips": results.get("lpips"),
+                 "label_accuracy": results["label_accuracy"],
                  "loss": results["loss"], "gamma": results["gamma"],
                  "wall_time_s": results["wall_time_s"]})
     logging.info("%s image %d: PSNR %.2f dB (paper formula %.2f)%s", name, index, results["psnr"],
                  paper, "" if results["gamma"] is None else f", gamma {results['gamma']:.3g}")
   psnr = np.array([r["psnr"] for r in rows])
   paper = np.array([r["psnr_paper"] for r in rows])
+  lpips = [r["lpips"] for r in rows]
   return {"method": name, "config": overrides, "rows": rows,
+          "lpips_mean": float(np.mean(lpips)) if None not in lpips else None,
           "success": float(np.mean(psnr > threshold)),
           "success_paper": float(np.mean(paper > threshold)),
           "psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
@@ -78,12 +81,15 @@ def run_method(name: str, overrides: dict, indices, std, threshold: float, base:
 
 
 def markdown(table: list[dict], title: str, threshold: float, seconds: float) -> str:
+  """The table in Markdown; an LPIPS column when every method has LPIPS (the lpips extra)."""
+  with_lpips = all(t.get("lpips_mean") is not None for t in table)
   lines = [f"# {title}", "", f"| method | success (PSNR > {threshold:g}) | success, paper's PSNR | "
-           "PSNR mean (median) | SSIM | label acc. |", "|---|---|---|---|---|---|"]
+           "PSNR mean (median) | SSIM | " + ("LPIPS | " if with_lpips else "") + "label acc. |",
+           "|---|---|---|---|---|---|" + ("---|" if with_lpips else "")]
   for t in table:
     lines.append(f"| {t['method']} | {100 * t['success']:.0f} % | {100 * t['success_paper']:.0f} % | "
                  f"{t['psnr_mean']:.2f} ({t['psnr_median']:.2f}) | {t['ssim_mean']:.3f} | "
-                 f"{t['label_accuracy']:.2f} |")
+                 + (f"{t['lpips_mean']:.3f} | " if with_lpips else "") + f"{t['label_accuracy']:.2f} |")
   gammas = [r["gamma"] for t in table for r in t["rows"] if r["gamma"] is not None]
   if gammas:
     lines += ["", f"DLM's learned γ: median {np.median(gammas):.3g}, range {min(gammas):.3g} .. "

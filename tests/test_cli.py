@@ -11,7 +11,7 @@ import pytest
 import skimage.metrics
 from PIL import Image
 
-from gradjax import pipeline
+from gradjax import lpips, pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -148,12 +148,20 @@ def test_fedavg_client_and_defense_flags(tmp_path):
 
 def test_defense_sweep_table(tmp_path):
   proc = run_program("defense_sweep.py", "--defenses=none;prune:0.5", "--count=2", "--iterations=10",
-                     "--image_size=16", f"--output_dir={tmp_path}")
+                     "--image_size=32", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   table = json.loads((tmp_path / "results.json").read_text())["table"]
   assert [row["defense"] for row in table] == ["none", "prune:0.5"]
+  markdown = (tmp_path / "results.md").read_text()
   for row in table:
     np.testing.assert_allclose(row["summary"]["psnr"]["mean"], np.mean(row["psnr_per_image"]))
+  if lpips.available("alex"):  # 32x32 images are large enough for AlexNet's LPIPS
+    assert "| LPIPS |" in markdown
+    for row in table:
+      np.testing.assert_allclose(row["summary"]["lpips"]["mean"], np.mean(row["lpips_per_image"]))
+      assert f"| {row['summary']['lpips']['mean']:.3f} |" in markdown
+  else:
+    assert "LPIPS" not in markdown
   bad = run_program("defense_sweep.py", "--defenses=blur:3", "--count=1", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "unknown defense" in bad.stderr
 
