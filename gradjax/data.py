@@ -445,15 +445,29 @@ def _load_tfds(name, data_dir, indices):
   except ImportError:
     hint = "pip install tensorflow-datasets"
     raise ValueError(f"dataset 'tfds:{name}' requires tensorflow-datasets: {hint}") from None
-  builder = tfds.builder(name, data_dir=data_dir)
+  try:
+    builder = tfds.builder(name, data_dir=data_dir)
+  except Exception as e:  # tfds raises its own DatasetNotFoundError
+    raise ValueError(f"unknown tfds dataset {name!r}: {str(e).splitlines()[0]}") from None
   builder.download_and_prepare()
-  if "test" not in builder.info.splits:
-    raise ValueError(f"tfds dataset {name!r} has no 'test' split")
-  idx = _select(indices, builder.info.splits["test"].num_examples, f"tfds:{name}")
-  wanted, examples = set(idx.tolist()), {}
-  for i, example in enumerate(tfds.as_numpy(builder.as_dataset(split=f"test[:{idx.max() + 1}]"))):
-    if i in wanted:
-      examples[i] = example
+  splits = builder.info.splits
+  if splits and "test" not in splits:
+    raise ValueError(f"tfds dataset {name!r} has no 'test' split (it has {', '.join(splits)})")
+  if splits:  # the split's size is known (a prepared dataset): check the indices before reading
+    idx = _select(indices, splits["test"].num_examples, f"tfds:{name}")
+  elif indices is None:
+    raise ValueError(f"tfds dataset {name!r} does not state its size; pass the image indices")
+  else:  # the size shows while reading
+    idx = _select(indices, np.iinfo(np.int64).max, f"tfds:{name}")
+  wanted, examples, count = set(idx.tolist()), {}, 0
+  for count, example in enumerate(tfds.as_numpy(builder.as_dataset(split=f"test[:{idx.max() + 1}]")), 1):
+    if count - 1 in wanted:
+      examples[count - 1] = example
+    if count > idx.max():
+      break
+  missing = sorted(wanted - examples.keys())
+  if missing:
+    raise ValueError(f"index {missing[0]} out of range for dataset 'tfds:{name}' with {count} test images")
   images = [examples[i]["image"].astype(np.float32) / 255 for i in idx]
   label = builder.info.features["label"]
   return images, [examples[i]["label"] for i in idx], label.num_classes, tuple(label.names)

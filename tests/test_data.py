@@ -81,6 +81,45 @@ def test_tfds_missing():
     pytest.skip("tensorflow_datasets is installed (and needs internet)")
 
 
+def _mock_tfds():
+  """tfds and its mock_data context (random examples of the dataset's real features, no download)."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  return tfds, tfds.testing.mock_data
+
+
+def test_tfds_images_and_labels_as_tfds_gives_them():
+  tfds, mock_data = _mock_tfds()
+  with mock_data(num_examples=6):
+    ds = data.load("tfds:cifar10", indices=[0, 4])
+    raw = list(tfds.as_numpy(tfds.builder("cifar10").as_dataset(split="test")))[:5]
+    with pytest.raises(ValueError, match="index 7 out of range for dataset 'tfds:cifar10' with 6"):
+      data.load("tfds:cifar10", indices=[1, 7])
+    with pytest.raises(ValueError, match="pass the image indices"):
+      data.load("tfds:cifar10")
+  assert ds.x.shape == (2, 32, 32, 3) and ds.x.dtype == np.float32 and ds.num_classes == 10
+  np.testing.assert_array_equal(ds.x, np.stack([raw[0]["image"], raw[4]["image"]]) / np.float32(255))
+  assert ds.y.tolist() == [int(raw[0]["label"]), int(raw[4]["label"])]
+  assert len(ds.class_names) == 10
+
+
+def test_tfds_unknown_name():
+  _, mock_data = _mock_tfds()
+  with mock_data(num_examples=2), pytest.raises(ValueError, match="unknown tfds dataset 'no_such_set'"):
+    data.load("tfds:no_such_set", indices=0)
+
+
+def test_tfds_dataset_drives_an_attack():
+  """--dataset=tfds:mnist end to end (pipeline.Config is what the CLI builds from its flags)."""
+  _, mock_data = _mock_tfds()
+  from gradjax import pipeline
+  with mock_data(num_examples=3):
+    results, images = pipeline.run(pipeline.Config(dataset="tfds:mnist", index=2, iterations=5,
+                                                   image_size=16, lpips="none"))
+    truth = data.load("tfds:mnist", indices=2, image_size=(16, 16))
+  np.testing.assert_array_equal(images["ground_truth"], truth.x)
+  assert results["labels_true"] == truth.y.tolist() and np.isfinite(results["psnr"])
+
+
 # Errors.
 
 
