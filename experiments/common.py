@@ -99,45 +99,6 @@ def config_from_flags(**overrides) -> Config:
   return Config(**values)
 
 
-def write_run(out: str, results: dict, images: dict, title: str) -> None:
-  """A run's files in ``out``: ``metrics.json``; ``reconstruction.npy`` (N, H, W, C) float32 in
-  [0, 1] (the ground truth's order when there is one); ``reconstruction.png`` (pixel grid, ground
-  truth above); ``grid.png`` (captioned with the per-image metrics); ``curves.png`` (objective and
-  PSNR against iterations) and ``report.html``, one self-contained page of all of it."""
-  import numpy as np
-  from gradjax import report
-  rec, truth = images["reconstruction"], images.get("ground_truth")
-  report.save_json(os.path.join(out, "metrics.json"), results)
-  report.atomic_write(os.path.join(out, "reconstruction.npy"),
-                      lambda fh: np.save(fh, np.asarray(rec, np.float32), allow_pickle=False), binary=True)
-  rows = [rec] if truth is None else [truth, rec]
-  report.save_png(os.path.join(out, "reconstruction.png"), report.image_grid(rows))
-  captions = report.per_image_captions(results)
-  report.reconstruction_figure(os.path.join(out, "grid.png"), rec, truth, captions, title)
-  figures = {"Reconstruction": os.path.join(out, "grid.png")}
-  if results.get("history"):
-    report.curves_figure(os.path.join(out, "curves.png"), results["history"], title)
-    figures["Objective and PSNR by iteration"] = os.path.join(out, "curves.png")
-  summary = {k: results[k] for k in ("model", "threat_model", "num_samples", "psnr", "ssim", "lpips",
-                                     "mse", "label_accuracy", "loss", "iterations", "evaluations",
-                                     "restarts", "restarts_diverged", "wall_time_s", "device")
-             if results.get(k) is not None}
-  table = []
-  for i in range(rec.shape[0]):
-    row = {"image": i}
-    for key in ("psnr", "ssim", "lpips", "mse"):
-      if results.get(f"{key}_per_image") is not None:
-        row[key] = results[f"{key}_per_image"][i]
-    if results.get("labels_true") is not None:
-      row["label"] = results["labels_true"][i]
-      row["recovered label"] = results["labels_reconstructed"][i]
-    elif results.get("labels_by_slot") is not None:
-      row["recovered label"] = results["labels_by_slot"][i]
-    table.append(row)
-  report.html_report(os.path.join(out, "report.html"), title, summary, table, figures,
-                     {"config": results.get("config"), "attack": results.get("attack")})
-
-
 def log_progress(p: solvers.Progress):
   """One progress line per chunk: a bar, the objective, restarts alive, rate and ETA."""
   where = "" if p.restart is None else f"restart {p.restart} "

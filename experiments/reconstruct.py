@@ -18,7 +18,7 @@ import os
 from absl import app, flags, logging
 
 import common
-from gradjax import pipeline
+from gradjax import pipeline, report
 
 common.define_flags()
 flags.DEFINE_string("output_dir", None, "Output folder (default runs/<attack>_<model>_<dataset>_<index>).")
@@ -40,7 +40,7 @@ def main(argv):
     what = f"{cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]"
   out = flags.FLAGS.output_dir or os.path.join("runs", f"{cfg.attack}_{results['model']}_{source}")
   title = f"{cfg.attack} on {results['model']}, {what}"
-  common.write_run(out, results, images, title)
+  report.write_run(out, results, images, title)
   logging.info("wrote %s", out)
   if "psnr" in results:
     scores = (f"PSNR {results['psnr']:.2f} dB  SSIM {results['ssim']:.3f}  "

@@ -161,6 +161,26 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
                      local=local if share_local else None)
 
 
+def update_as_gradient(observation: Observation) -> Observation:
+  """A FedAvg update of one full-batch SGD step as the FedSGD gradient it scales.
+
+  With one local step, W_t − W_{t+1} = η ∇_W L(x, y) (momentum changes nothing on the first step,
+  PyTorch's buffer starts at the gradient), so ``gradient = (W_t − W_{t+1}) / η`` is exactly what DLG,
+  iDLG and the other gradient-matching attacks expect. Several local steps are no scaled gradient:
+  they need the replay, DLM or DLM+ objective, and this raises ``ValueError`` saying so.
+  """
+  local = observation.local
+  if observation.threat_model != "fedavg" or local is None:
+    raise ValueError(f"a {observation.threat_model} observation without a known local schedule is "
+                     "not a scaled gradient")
+  steps = local.steps(observation.num_samples)
+  if steps != 1:
+    raise ValueError(f"the update comes from {steps} local SGD steps, not one: match it with the "
+                     "replay, dlm or dlm_plus objective (e.g. attack inverting_gradients_fedavg)")
+  gradient = jax.tree.map(lambda u: u / local.learning_rate, observation.gradient)
+  return observation.replace(gradient=gradient, threat_model="fedsgd", local=None)
+
+
 def aggregate(observations) -> Observation:
   """The mean of K clients' updates, as the server sees them under secure aggregation.
 

@@ -59,6 +59,29 @@ def test_one_full_batch_step_is_lr_times_fedsgd(mlp64, photos):
     np.testing.assert_allclose(a, 0.01 * np.asarray(g), rtol=1e-12, atol=1e-16)
 
 
+def test_update_as_gradient(mlp64, photos, mlp_reference):
+  """One full-batch step (momentum too: its buffer starts at the gradient) divided by the lr is the
+  NumPy gradient; several steps are refused."""
+  apply_fn, variables = mlp64
+  x, y = np.asarray(photos[:2], np.float64), np.array([0, 5])
+  params64 = {k: {n: np.asarray(v, np.float64) for n, v in layer.items()}
+              for k, layer in variables["params"].items()}
+  _, want = mlp_reference(params64, x, y)
+  with jax.enable_x64(True):
+    one = clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(learning_rate=0.05,
+                                                                           momentum=0.9))
+    grad = clients.update_as_gradient(one)
+    two = clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(batch_size=1))
+  assert grad.threat_model == "fedsgd" and grad.local is None and grad.num_samples == 2
+  for k in want:
+    for n in want[k]:
+      np.testing.assert_allclose(grad.gradient[k][n], want[k][n], rtol=1e-9, atol=1e-14)
+  with pytest.raises(ValueError, match="2 local SGD steps, not one"):
+    clients.update_as_gradient(two)
+  with pytest.raises(ValueError, match="not a scaled gradient"):
+    clients.update_as_gradient(one.replace(local=None))
+
+
 def test_aggregate_is_the_mean(mlp64, photos):
   apply_fn, variables = mlp64
   local = clients.LocalTraining(epochs=1, batch_size=1, learning_rate=0.05)
