@@ -1,0 +1,397 @@
+"""Audits of recorded federated rounds: the capture folders a server writes, and the attacks on them.
+
+A server that records what it sends and receives (:mod:`gradjax.flower` does it for Flower) leaves
+one folder per round and client, in the import format of :mod:`gradjax.interop`::
+
+  AUDIT_DIR/round_001/weights.safetensors                   W_t, the global model sent in round 1
+  AUDIT_DIR/round_001/client_<id>/weights.safetensors       the same file (a hard link where possible)
+  AUDIT_DIR/round_001/client_<id>/observation.safetensors   W_{t+1}, the client's reply (kind weights)
+  AUDIT_DIR/round_001/client_<id>/capture.json              round, client, metadata, status
+
+Tensors keep their ``state_dict`` names and PyTorch layouts. The observation's metadata carry what
+the server knew: ``num_samples`` (the reply's example count), the local schedule (``local_lr``,
+``local_epochs``, ``local_batch_size``, ``local_momentum``), ``model`` and ``input_shape`` when
+given. ``capture.json`` adds the configuration sent, the reply's metrics and, for audits of one's own
+deployment, ``data_indices``: the dataset indices of the client's examples, used only to score. A
+malformed reply leaves ``capture.json`` with its ``error`` and no tensors. Every folder appears
+whole or not at all (written aside, then renamed).
+
+:func:`audit` attacks every capture with the attacks its metadata support (:func:`choose_attacks`)
+and writes, per capture and attack, the files of :func:`gradjax.report.write_run`, plus
+``index.json``, ``index.md`` and ``index.html`` over the whole federation.
+"""
+
+import html
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from gradjax import clients, data, interop, pipeline, report
+
+CAPTURE = "capture.json"
+WEIGHTS = "weights.safetensors"
+OBSERVATION = "observation.safetensors"
+AUTO = "auto"
+
+
+# --- recording -------------------------------------------------------------------------------------
+
+def unique_dir(path) -> str:
+  """``path`` when it does not exist or is an empty folder, else the first free ``path-1``,
+  ``path-2``, ...: a new federation run never mixes with, or replaces, an earlier one's files."""
+  path = os.path.abspath(os.fspath(path))
+  candidate, k = path, 0
+  while os.path.exists(candidate) and (not os.path.isdir(candidate) or os.listdir(candidate)):
+    k += 1
+    candidate = f"{path}-{k}"
+  return candidate
+
+
+def check_reply(sent: dict[str, np.ndarray], returned: dict[str, np.ndarray]) -> None:
+  """Raises ``ValueError`` naming the first way ``returned`` (a client's weights) does not fit the
+  ``sent`` ones: a missing or extra tensor, another shape or dtype, a NaN or infinity."""
+  for name, value in sent.items():
+    if name not in returned:
+      raise ValueError(f"missing tensor {name!r}")
+    got = returned[name]
+    if got.shape != value.shape:
+      raise ValueError(f"tensor {name!r} has shape {got.shape}, the server sent {value.shape}")
+    if got.dtype != value.dtype:
+      raise ValueError(f"tensor {name!r} has dtype {got.dtype}, the server sent {value.dtype}")
+    if got.dtype.kind == "f" and not np.all(np.isfinite(got)):
+      raise ValueError(f"tensor {name!r} holds NaN or infinity")
+  extra = sorted(set(returned) - set(sent))
+  if extra:
+    raise ValueError(f"unexpected tensor {extra[0]!r}")
+
+
+def _json_ready(value):
+  if isinstance(value, (np.generic,)):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  if isinstance(value, (list, tuple)):
+    return [_json_ready(v) for v in value]
+  if isinstance(value, dict):
+    return {str(k): _json_ready(v) for k, v in value.items()}
+  if isinstance(value, bytes):
+    return f"<{len(value)} bytes>"
+  return value
+
+
+def write_round_weights(round_dir, weights: dict[str, np.ndarray], metadata: dict[str, Any]) -> str:
+  """Writes the global model of a round (``kind=weights``) once; returns its path."""
+  path = os.path.join(os.fspath(round_dir), WEIGHTS)
+  interop.write(path, weights, {**metadata, "kind": "weights", "layout": "torch"})
+  return path
+
+
+def write_capture(folder, round_weights: str, returned: dict[str, np.ndarray] | None,
+                  info: dict[str, Any], metadata: dict[str, Any]) -> int:
+  """Writes one client's capture folder whole, or not at all; returns the bytes it takes.
+
+  Args:
+    folder: the capture folder to create (must not exist).
+    round_weights: the round's global weights file (linked, or copied where links fail).
+    returned: the client's weights (``None`` for a failed or malformed reply: only ``capture.json``).
+    info: JSON-ready facts for ``capture.json`` (round, client, config, metrics, data_indices, error).
+    metadata: the observation file's metadata (num_samples, local schedule, model, input_shape).
+  """
+  folder = os.path.abspath(os.fspath(folder))
+  tmp = os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}.{uuid.uuid4().hex}.tmp")
+  os.makedirs(tmp)
+  try:
+    if returned is not None:
+      try:
+        os.link(round_weights, os.path.join(tmp, WEIGHTS))
+      except OSError:
+        shutil.copyfile(round_weights, os.path.join(tmp, WEIGHTS))
+      interop.write(os.path.join(tmp, OBSERVATION), returned,
+                    {**metadata, "kind": "weights", "layout": "torch"})
+    report.save_json(os.path.join(tmp, CAPTURE), _json_ready({**info, "metadata": metadata}))
+    size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp) if f != WEIGHTS)
+    os.rename(tmp, folder)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return size
+
+
+class ScheduleKeys(NamedTuple):
+  """Where a federated app states the local schedule and the client's examples: keys of the
+  configuration the server sends (first key present wins) and of the metrics the client replies."""
+
+  local_lr: tuple[str, ...] = ("lr", "learning-rate", "learning_rate", "local-lr")
+  local_epochs: tuple[str, ...] = ("local-epochs", "local_epochs", "epochs")
+  local_batch_size: tuple[str, ...] = ("batch-size", "batch_size", "local-batch-size")
+  local_momentum: tuple[str, ...] = ("momentum", "local-momentum")
+  num_samples: tuple[str, ...] = ("num-examples", "num_examples")
+  data_indices: tuple[str, ...] = ("data-indices", "data_indices")
+
+
+def capture_metadata(static: dict[str, Any], config: dict[str, Any], metrics: dict[str, Any],
+                     keys: ScheduleKeys = ScheduleKeys()) -> dict[str, Any]:
+  """The observation metadata of one reply: the ``static`` facts the server gives (e.g. ``model``,
+  ``input_shape``, ``local_epochs`` read by the clients from their run config), then the schedule
+  found in the ``config`` sent, then ``num_samples`` from the reply's ``metrics``."""
+  meta = dict(static)
+  for field in ("local_lr", "local_epochs", "local_batch_size", "local_momentum"):
+    for key in getattr(keys, field):
+      if key in config:
+        meta[field] = config[key]
+        break
+  for key in keys.num_samples:
+    if key in metrics:
+      meta["num_samples"] = int(metrics[key])
+      break
+  return meta
+
+
+def data_indices(metrics: dict[str, Any], keys: ScheduleKeys = ScheduleKeys()) -> list[int] | None:
+  """The dataset indices a client reported in its metrics (audits of one's own deployment)."""
+  for key in keys.data_indices:
+    if key in metrics:
+      return [int(v) for v in np.atleast_1d(np.asarray(metrics[key]))]
+  return None
+
+
+# --- reading and attacking -------------------------------------------------------------------------
+
+class Capture(NamedTuple):
+  """One recorded client reply."""
+
+  round: int
+  client: str
+  folder: str
+  info: dict[str, Any]   # capture.json
+
+  @property
+  def error(self) -> str | None:
+    return self.info.get("error")
+
+
+def captures(audit_dir) -> list[Capture]:
+  """Every capture under ``audit_dir``, by round then client; ``ValueError`` when there is none."""
+  audit_dir = os.fspath(audit_dir)
+  if not os.path.isdir(audit_dir):
+    raise ValueError(f"audit folder {audit_dir} does not exist")
+  found = []
+  for rname in sorted(os.listdir(audit_dir)):
+    m = re.fullmatch(r"round_(\d+)", rname)
+    if not m or not os.path.isdir(os.path.join(audit_dir, rname)):
+      continue
+    for cname in sorted(os.listdir(os.path.join(audit_dir, rname))):
+      folder = os.path.join(audit_dir, rname, cname)
+      if not cname.startswith("client_") or not os.path.isfile(os.path.join(folder, CAPTURE)):
+        continue
+      try:
+        with open(os.path.join(folder, CAPTURE), encoding="utf-8") as fh:
+          info = json.load(fh)
+        if not isinstance(info, dict):
+          raise ValueError("not a JSON object")
+      except (OSError, ValueError) as e:
+        info = {"error": f"unreadable {CAPTURE}: {e}"}
+      found.append(Capture(int(m.group(1)), cname[len("client_"):], folder, info))
+  if not found:
+    raise ValueError(f"no captures (round_*/client_*/{CAPTURE}) under {audit_dir}")
+  return found
+
+
+def choose_attacks(metadata: dict[str, Any]) -> tuple[str, ...]:
+  """The attacks a capture's metadata support.
+
+  One full-batch local step with a known lr is lr times a gradient: iDLG for one example, DLG for
+  more. Several steps with a known schedule: the replayed local training (Inverting Gradients'
+  FedAvg attack) and DLM+. No known schedule: DLM+, which needs no learning rate.
+  """
+  def number(key, cast):
+    return None if metadata.get(key) is None else cast(metadata[key])
+  n = number("num_samples", int) or 1
+  lr = number("local_lr", float)
+  if lr is None:
+    return ("dlm_plus",)
+  local = clients.LocalTraining(epochs=number("local_epochs", int) or 1,
+                                batch_size=number("local_batch_size", int), learning_rate=lr,
+                                momentum=number("local_momentum", float) or 0.0)
+  if local.steps(n) == 1:
+    return ("idlg",) if n == 1 else ("dlg",)
+  return ("inverting_gradients_fedavg", "dlm_plus")
+
+
+class Settings(NamedTuple):
+  """How :func:`audit` attacks the captures.
+
+  attacks: attack names, or ``("auto",)`` for :func:`choose_attacks`.
+  model: zoo name (``None``: the captures' ``model`` metadata, else lenet_zhu).
+  dataset, data_dir: where the clients' examples are, to score captures that carry
+    ``data_indices`` (``None``: no scoring).
+  image_size, normalization: how the clients preprocessed those examples.
+  iterations, restarts, seed, lpips, rename: as in :class:`gradjax.pipeline.Config`.
+  """
+
+  attacks: tuple[str, ...] = (AUTO,)
+  model: str | None = None
+  dataset: str | None = None
+  data_dir: str | None = None
+  image_size: int | None = None
+  normalization: str = "none"
+  iterations: int | None = None
+  restarts: int = 1
+  seed: int = 0
+  lpips: str = "auto"
+  rename: str | None = None
+
+
+def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
+  indices = capture.info.get("data_indices")
+  if settings.dataset is None or not indices:
+    return None
+  size = None if settings.image_size is None else (settings.image_size, settings.image_size)
+  return data.load(settings.dataset, data_dir=settings.data_dir, indices=indices, image_size=size)
+
+
+SUMMARY_KEYS = ("loss", "psnr", "ssim", "lpips", "label_accuracy", "iterations", "wall_time_s")
+
+
+def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], None] = print
+                   ) -> list[dict[str, Any]]:
+  """Runs the attacks on one capture; writes each one's run files into ``<capture>/<attack>/``.
+
+  Returns one row per attack (round, client, attack, the summary metrics, the run folder, or
+  ``error``). A capture or an attack that fails gives a row with its one-line error, not an
+  exception: one bad client never stops an audit.
+  """
+  base = {"round": capture.round, "client": capture.client}
+  if capture.error:
+    return [{**base, "attack": None, "error": capture.error}]
+  names = settings.attacks
+  if tuple(names) == (AUTO,):
+    names = choose_attacks(capture.info.get("metadata", {}))
+  try:
+    truth = _truth(capture, settings)
+  except (ValueError, FileNotFoundError) as e:
+    log(f"round {capture.round} client {capture.client}: no ground truth ({e})")
+    truth = None
+  rows = []
+  for name in names:
+    row = {**base, "attack": name}
+    try:
+      cfg = pipeline.Config(
+          attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),
+          observation=os.path.join(capture.folder, OBSERVATION), rename=settings.rename,
+          dataset=None, normalization=settings.normalization, iterations=settings.iterations,
+          restarts=settings.restarts, seed=settings.seed, lpips=settings.lpips,
+          image_size=settings.image_size)
+      results, images = pipeline.run(cfg, batch=truth)
+      out = os.path.join(capture.folder, name)
+      report.write_run(out, results, images,
+                       f"{name}, round {capture.round}, client {capture.client}")
+      row.update({k: results.get(k) for k in SUMMARY_KEYS}, run=os.path.relpath(out, os.path.dirname(
+          os.path.dirname(capture.folder))), num_samples=results.get("num_samples"))
+      scored = "" if row["psnr"] is None else f", PSNR {row['psnr']:.2f} dB"
+      log(f"round {capture.round} client {capture.client} {name}: objective {row['loss']:.4g}{scored}")
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+      row["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+      log(f"round {capture.round} client {capture.client} {name}: error: {row['error']}")
+    rows.append(row)
+  return rows
+
+
+def audit(audit_dir, settings: Settings = Settings(), *, rounds: Sequence[int] | None = None,
+          index_dir=None, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+  """Attacks every capture under ``audit_dir`` (of ``rounds``, all when ``None``) and writes the
+  index of those (``index.json``, ``index.md``, ``index.html``) into ``index_dir`` (default
+  ``audit_dir``); returns its rows."""
+  found = [c for c in captures(audit_dir) if rounds is None or c.round in set(rounds)]
+  if not found:
+    raise ValueError(f"no captures of rounds {sorted(rounds)} under {audit_dir}")
+  start, rows = time.perf_counter(), []
+  for k, capture in enumerate(found):
+    rows.extend(attack_capture(capture, settings, log))
+    log(f"capture {k + 1}/{len(found)} done, {time.perf_counter() - start:.0f} s")
+  write_index(audit_dir if index_dir is None else index_dir, rows, settings, audit_dir)
+  return rows
+
+
+def attack_in_background(audit_dir, round_: int, settings: Settings) -> "subprocess.Popen":
+  """Starts :func:`audit` of one round in a separate Python process (its own session, its output in
+  ``round_<r>/audit.log``, its index in the round folder) and returns at once: the federation never
+  waits for, or fails with, the attack."""
+  import subprocess
+  import sys
+  round_dir = os.path.join(os.fspath(audit_dir), f"round_{round_:03d}")
+  code = ("import json, sys; from gradjax import audit; "
+          "audit.audit(sys.argv[1], audit.Settings(**json.loads(sys.argv[3])), "
+          "rounds=[int(sys.argv[2])], index_dir=sys.argv[4])")
+  log = open(os.path.join(round_dir, "audit.log"), "ab")
+  try:
+    return subprocess.Popen([sys.executable, "-c", code, os.fspath(audit_dir), str(round_),
+                             json.dumps(settings._asdict()), round_dir],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+  finally:
+    log.close()
+
+
+# --- the index over the federation -----------------------------------------------------------------
+
+def _fmt(value, spec: str) -> str:
+  return "–" if value is None else format(value, spec)
+
+
+def index_markdown(rows: list[dict[str, Any]]) -> str:
+  """Rows as a Markdown table: round, client, attack, objective, PSNR, SSIM, LPIPS, time, status."""
+  lines = ["| round | client | attack | objective | PSNR (dB) | SSIM | LPIPS | time (s) | status |",
+           "|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['round']} | {r['client']} | {r.get('attack') or '–'} | "
+                 f"{_fmt(r.get('loss'), '.4g')} | {_fmt(r.get('psnr'), '.2f')} | "
+                 f"{_fmt(r.get('ssim'), '.3f')} | {_fmt(r.get('lpips'), '.3f')} | "
+                 f"{_fmt(r.get('wall_time_s'), '.1f')} | {r.get('error') or 'ok'} |")
+  return "\n".join(lines) + "\n"
+
+
+def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit_dir=None) -> None:
+  """``index.json`` (rows and settings), ``index.md`` and ``index.html`` in ``index_dir``: one table
+  row per capture and attack, with the reconstruction as a thumbnail and a link to the run's
+  ``report.html`` (row ``run`` paths are relative to ``audit_dir``, default ``index_dir``)."""
+  index_dir = os.fspath(index_dir)
+  audit_dir = index_dir if audit_dir is None else os.fspath(audit_dir)
+  report.save_json(os.path.join(index_dir, "index.json"),
+                   {"rows": rows, "settings": settings._asdict()})
+  title = f"Audit of {os.path.basename(os.path.abspath(index_dir))}"
+  report.atomic_write(os.path.join(index_dir, "index.md"),
+                      lambda f: f.write(f"# {title}\n\n" + index_markdown(rows)), binary=False)
+  cells = []
+  for r in rows:
+    status = html.escape(r.get("error") or "ok")
+    image = link = ""
+    if r.get("run"):
+      run = os.path.relpath(os.path.join(audit_dir, r["run"]), index_dir)
+      run = html.escape(run.replace(os.sep, "/"))
+      image = f'<img src="{run}/reconstruction.png" alt="reconstruction">'
+      link = f'<a href="{run}/report.html">report</a>'
+    cells.append(
+        f"<tr><td>{r['round']}</td><td>{html.escape(str(r['client']))}</td>"
+        f"<td>{html.escape(r.get('attack') or '–')}</td><td>{_fmt(r.get('loss'), '.4g')}</td>"
+        f"<td>{_fmt(r.get('psnr'), '.2f')}</td><td>{_fmt(r.get('ssim'), '.3f')}</td>"
+        f"<td>{_fmt(r.get('lpips'), '.3f')}</td><td>{image}</td><td>{link}</td>"
+        f"<td>{status}</td></tr>")
+  page = (
+      "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+      f"<title>{html.escape(title)}</title><style>"
+      "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+      "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+      "img{image-rendering:pixelated;height:64px}</style></head><body>"
+      f"<h1>{html.escape(title)}</h1><p>What an honest-but-curious server reconstructs from each "
+      "recorded client update. PSNR, SSIM and LPIPS only where the client's examples were given "
+      "for scoring.</p><table><tr><th>round</th><th>client</th><th>attack</th><th>objective</th>"
+      "<th>PSNR (dB)</th><th>SSIM</th><th>LPIPS</th><th>reconstruction</th><th>run</th>"
+      "<th>status</th></tr>" + "".join(cells) + "</table></body></html>\n")
+  report.atomic_write(os.path.join(index_dir, "index.html"), lambda f: f.write(page), binary=False)

@@ -1,0 +1,203 @@
+"""Recording a live Flower federation for gradjax audits (the optional extra ``gradjax[flower]``).
+
+:class:`AuditStrategy` wraps any strategy of Flower's message API (``flwr.serverapp.strategy``:
+``FedAvg``, ``FedProx``, ``FedAdam``, ...). It passes every call through unchanged, so the model the
+strategy aggregates is the same bit for bit, and on the side writes, for each audited round and
+client, what an honest-but-curious server holds: the global arrays it sent, the arrays the client
+returned (named as in the client's ``state_dict``), the ``num-examples`` it reported and the
+training configuration it was sent, as the capture folders of :mod:`gradjax.audit`. In a ServerApp::
+
+  from flwr.serverapp.strategy import FedAvg
+  from gradjax.flower import AuditStrategy
+
+  strategy = AuditStrategy(FedAvg(fraction_evaluate=0.0), "audit",
+                           metadata={"model": "lenet_zhu", "input_shape": "32,32,3",
+                                     "local_epochs": 1})
+  strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3,
+                 train_config=ConfigRecord({"lr": 0.01, "batch-size": 1}))
+
+then ``python experiments/audit.py --audit_dir=audit`` (or ``attack=audit.Settings()`` here, which
+attacks each round in a separate process while the federation goes on). Recording never raises into
+the federation: a failure is logged and that reply is skipped.
+"""
+
+import logging
+import os
+from collections.abc import Collection, Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from gradjax import audit
+
+logger = logging.getLogger("gradjax.flower")
+
+
+def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
+  """An ``ArrayRecord``'s arrays by name, as NumPy (its keys are the ``state_dict`` names)."""
+  return {name: np.asarray(array.numpy()) for name, array in record.items()}
+
+
+def _plain(record) -> dict[str, Any]:
+  return {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(record).items()}
+
+
+class AuditStrategy(Strategy):
+  """``strategy`` with every audited round's messages recorded under ``audit_dir``.
+
+  Args:
+    strategy: the Flower strategy that does the federated learning (unchanged by the wrapper).
+    audit_dir: where to record; a folder that exists and is not empty is left alone and the next
+      free ``audit_dir-1``, ``-2``, ... is used instead (:attr:`audit_dir` says which).
+    rounds: the rounds to record (``None``: all).
+    clients: node ids to record, or an int: that many clients per round (the lowest node ids
+      among the replies); ``None``: all.
+    max_bytes: stop recording once the files would take more than this many bytes.
+    metadata: facts the server knows and the messages do not carry, for every capture (e.g.
+      ``model``, ``input_shape``, or ``local_epochs`` when clients read it from their run config).
+    keys: where the app puts the local schedule in its ``ConfigRecord`` and the example count and
+      data indices in its reply metrics (:class:`gradjax.audit.ScheduleKeys`).
+    attack: :class:`gradjax.audit.Settings` to attack each round as soon as it is recorded, in a
+      separate process; ``None`` (default) only records.
+  """
+
+  def __init__(self, strategy: Strategy, audit_dir, *, rounds: Collection[int] | None = None,
+               clients: int | Collection[int] | None = None, max_bytes: int | None = None,
+               metadata: dict[str, Any] | None = None,
+               keys: audit.ScheduleKeys = audit.ScheduleKeys(),
+               attack: audit.Settings | None = None):
+    if not isinstance(strategy, Strategy):
+      raise TypeError(f"AuditStrategy wraps a flwr.serverapp.strategy.Strategy, got "
+                      f"{type(strategy).__name__}")
+    if isinstance(clients, int) and clients < 1:
+      raise ValueError(f"clients must be positive, got {clients}")
+    if max_bytes is not None and max_bytes < 1:
+      raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+    self.strategy = strategy
+    self.audit_dir = audit.unique_dir(audit_dir)
+    self.rounds = None if rounds is None else frozenset(int(r) for r in rounds)
+    self.clients = clients if clients is None or isinstance(clients, int) else frozenset(clients)
+    self.max_bytes = max_bytes
+    self.metadata = dict(metadata or {})
+    self.keys = keys
+    self.attack = attack
+    self.bytes_written = 0
+    self.processes: list = []   # background attack processes (attack mode)
+    self._full = False
+    self._sent: dict[int, Any] = {}
+
+  # The Strategy interface: everything goes to the wrapped strategy.
+
+  def __getattr__(self, name):
+    return getattr(self.__dict__["strategy"], name)
+
+  def summary(self) -> None:
+    self.strategy.summary()
+
+  def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                      grid: Grid) -> Iterable[Message]:
+    messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+    self._sent = {}
+    if self._audited(server_round):
+      self._sent = {m.metadata.dst_node_id: m.content for m in messages}
+    return messages
+
+  def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+    replies = list(replies)
+    if self._sent:
+      try:
+        self._record(server_round, replies)
+      except Exception as e:  # noqa: BLE001 - the audit must never break the federation
+        logger.error("audit: recording round %d failed: %s", server_round, e)
+      self._sent = {}
+    return self.strategy.aggregate_train(server_round, replies)
+
+  def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                         grid: Grid) -> Iterable[Message]:
+    return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+  def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+    return self.strategy.aggregate_evaluate(server_round, replies)
+
+  # Recording.
+
+  def _audited(self, server_round: int) -> bool:
+    return not self._full and (self.rounds is None or server_round in self.rounds)
+
+  def _selected(self, replies: list[Message]) -> list[Message]:
+    if self.clients is None:
+      return replies
+    if isinstance(self.clients, int):
+      keep = set(sorted(m.metadata.src_node_id for m in replies)[:self.clients])
+    else:
+      keep = self.clients
+    return [m for m in replies if m.metadata.src_node_id in keep]
+
+  def _fits(self, size: int) -> bool:
+    if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
+      if not self._full:
+        logger.warning("audit: the %d-byte cap is reached after %d bytes; recording stops",
+                       self.max_bytes, self.bytes_written)
+      self._full = True
+    return not self._full
+
+  def _record(self, server_round: int, replies: list[Message]) -> None:
+    round_dir = os.path.join(self.audit_dir, f"round_{server_round:03d}")
+    array_key = getattr(self.strategy, "arrayrecord_key", "arrays")
+    config_key = getattr(self.strategy, "configrecord_key", "config")
+    written: dict[int, tuple[str, dict[str, np.ndarray]]] = {}  # sent ArrayRecord id -> file, arrays
+    recorded = 0
+    for reply in self._selected(replies):
+      node = reply.metadata.src_node_id
+      content = self._sent.get(node)
+      if content is None or array_key not in content:
+        logger.warning("audit: round %d: no message to node %d on record; reply skipped",
+                       server_round, node)
+        continue
+      sent_arrays = content[array_key]
+      config = _plain(content[config_key]) if config_key in content else {}
+      if id(sent_arrays) not in written:
+        arrays = arrays_to_numpy(sent_arrays)
+        if not self._fits(sum(a.nbytes for a in arrays.values())):
+          break
+        weights_file = os.path.join(round_dir, f"weights-{len(written)}.safetensors"
+                                    if written else audit.WEIGHTS)
+        os.makedirs(round_dir, exist_ok=True)
+        audit.interop.write(weights_file, arrays, {**self.metadata, "kind": "weights",
+                                                   "layout": "torch"})
+        self.bytes_written += os.path.getsize(weights_file)
+        written[id(sent_arrays)] = (weights_file, arrays)
+      weights_file, arrays = written[id(sent_arrays)]
+      info: dict[str, Any] = {"round": server_round, "client": node, "config": config}
+      returned, metrics = None, {}
+      if reply.has_error():
+        info["error"] = f"the client failed: {reply.error.reason}"
+      else:
+        for record in reply.content.metric_records.values():
+          metrics.update(_plain(record))
+        try:
+          if array_key not in reply.content:
+            raise ValueError(f"the reply holds no ArrayRecord {array_key!r}")
+          returned = arrays_to_numpy(reply.content[array_key])
+          audit.check_reply(arrays, returned)
+        except ValueError as e:
+          info["error"] = f"malformed reply: {e}"
+          returned = None
+      info["metrics"] = metrics
+      indices = audit.data_indices(metrics, self.keys)
+      if indices is not None:
+        info["data_indices"] = indices
+      meta = audit.capture_metadata(self.metadata, config, metrics, self.keys)
+      size = 0 if returned is None else sum(a.nbytes for a in returned.values())
+      if not self._fits(size):
+        break
+      if "error" in info:
+        logger.warning("audit: round %d client %d: %s", server_round, node, info["error"])
+      self.bytes_written += audit.write_capture(
+          os.path.join(round_dir, f"client_{node}"), weights_file, returned, info, meta)
+      recorded += 1
+    if recorded and self.attack is not None:
+      self.processes.append(audit.attack_in_background(self.audit_dir, server_round, self.attack))

@@ -1,0 +1,228 @@
+"""gradjax.flower and gradjax.audit: a Flower strategy recorded by AuditStrategy, against the plain
+strategy on the same replies, and the audit of what it recorded.
+
+The clients here are gradjax's own FedAvg clients behind an in-process grid (no network, no torch):
+each node gets the global ``state_dict`` arrays, takes one SGD step on one scikit-image photo and
+replies with its weights, ``num-examples`` and the photo's index.
+"""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+import skimage.metrics
+
+flwr = pytest.importorskip("flwr")
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from gradjax import attacks, audit, clients, data, interop, metrics, models, pipeline  # noqa: E402
+from gradjax.flower import AuditStrategy  # noqa: E402
+
+MODEL = "lenet_zhu"
+SHAPE = (32, 32, 3)
+LR = 0.1
+
+
+@pytest.fixture(autouse=True)
+def run_identity(monkeypatch):
+  """Messages need the run they belong to, which a real ServerApp process sets."""
+  monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+  monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+  monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+
+
+@pytest.fixture(scope="module")
+def net():
+  model = models.create(MODEL, jax.random.key(0), input_shape=SHAPE, num_classes=10)
+  return model, interop.zoo_mapping(model)
+
+
+def to_record(tensors):
+  return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in tensors.items()})
+
+
+class Grid:
+  """An in-process grid: nodes 11 and 12 (or ``nodes``), each a gradjax FedAvg client on photo
+  ``node % 16``; ``spoil`` changes a node's reply to test malformed ones."""
+
+  def __init__(self, net, nodes=(11, 12), spoil=None):
+    self.model, self.mapping = net
+    self.nodes, self.spoil = list(nodes), spoil or {}
+
+  def get_node_ids(self):
+    return list(self.nodes)
+
+  def reply(self, message):
+    node = message.metadata.dst_node_id
+    if self.spoil.get(node) == "error":
+      return Message(Error(code=0, reason="ClientApp crashed"), reply_to=message)
+    sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
+    lr = float(message.content["config"]["lr"])
+    variables = interop.variables_from_torch(sent, self.mapping, self.model.variables, "sent")
+    index = node % 16
+    photo = data.load("skimage", indices=[index], image_size=SHAPE[:2])
+    obs = clients.fedavg(self.model.apply_fn, variables, photo.x, photo.y,
+                         clients.LocalTraining(learning_rate=lr))
+    after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
+    returned = interop.params_to_torch(after, self.mapping)
+    if self.spoil.get(node) == "nan":
+      returned["fc.0.bias"] = np.full_like(returned["fc.0.bias"], np.nan)
+    if self.spoil.get(node) == "missing":
+      del returned["body.0.weight"]
+    if self.spoil.get(node) == "shape":
+      returned["fc.0.bias"] = returned["fc.0.bias"][:5]
+    content = RecordDict({"arrays": to_record(returned),
+                          "metrics": MetricRecord({"num-examples": 1, "data-indices": [index]})})
+    return Message(content, reply_to=message)
+
+  def send_and_receive(self, messages, timeout=None):
+    return [self.reply(m) for m in messages]
+
+
+def start(strategy, net, grid, rounds=2):
+  model, mapping = net
+  initial = to_record(interop.variables_to_torch(model.variables, mapping))
+  return strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
+                        train_config=ConfigRecord({"lr": LR}))
+
+
+def fedavg():
+  return FedAvg(fraction_evaluate=0.0)
+
+
+def test_aggregate_unchanged_and_files_exact(net, tmp_path):
+  grid = Grid(net)
+  plain = start(fedavg(), net, grid)
+  wrapped = AuditStrategy(fedavg(), tmp_path / "audit",
+                          metadata={"model": MODEL, "input_shape": "32,32,3"})
+  recorded = start(wrapped, net, grid)
+  want, got = plain.arrays, recorded.arrays
+  assert list(want.keys()) == list(got.keys())
+  for name in want.keys():
+    np.testing.assert_array_equal(got[name].numpy(), want[name].numpy())  # bit-identical
+
+  found = audit.captures(wrapped.audit_dir)
+  assert [(c.round, c.client) for c in found] == [(1, "11"), (1, "12"), (2, "11"), (2, "12")]
+  # Round 2's files hold exactly what round 1's aggregate was and what the clients replied.
+  model, mapping = net
+  sent = interop.read(os.path.join(found[2].folder, audit.WEIGHTS)).tensors
+  photo = data.load("skimage", indices=[11], image_size=SHAPE[:2])
+  variables = interop.variables_from_torch(sent, mapping, model.variables, "sent")
+  obs = clients.fedavg(model.apply_fn, variables, photo.x, photo.y, clients.LocalTraining(learning_rate=LR))
+  after = interop.params_to_torch(jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u),
+                                               variables["params"], obs.gradient), mapping)
+  observation = interop.read(os.path.join(found[2].folder, audit.OBSERVATION))
+  assert observation.tensors.keys() == after.keys()
+  for name, value in after.items():
+    np.testing.assert_array_equal(observation.tensors[name], value)
+  assert observation.metadata["kind"] == "weights" and observation.metadata["num_samples"] == "1"
+  assert float(observation.metadata["local_lr"]) == LR and observation.metadata["model"] == MODEL
+  assert found[2].info["data_indices"] == [11] and found[2].info["config"]["server-round"] == 2
+  # The import reads a capture back into the observation of one SGD step.
+  imported = interop.load(os.path.join(found[2].folder, audit.WEIGHTS),
+                          os.path.join(found[2].folder, audit.OBSERVATION))
+  assert imported.observation.local == clients.LocalTraining(learning_rate=LR)
+  for a, b in zip(jax.tree.leaves(imported.observation.gradient), jax.tree.leaves(obs.gradient)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+
+
+def test_existing_audit_dir_is_never_reused(net, tmp_path):
+  (tmp_path / "audit").mkdir()
+  (tmp_path / "audit" / "earlier.txt").write_text("a previous run")
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit")
+  assert strategy.audit_dir == str(tmp_path / "audit-1")
+  start(strategy, net, Grid(net), rounds=1)
+  assert (tmp_path / "audit" / "earlier.txt").read_text() == "a previous run"
+  assert len(audit.captures(tmp_path / "audit-1")) == 2
+
+
+class Keep(Strategy):
+  """A strategy that aggregates nothing: malformed replies reach the recorder as they are."""
+
+  def __init__(self):
+    self.inner = FedAvg(fraction_evaluate=0.0)
+
+  def configure_train(self, server_round, arrays, config, grid):
+    return self.inner.configure_train(server_round, arrays, config, grid)
+
+  def aggregate_train(self, server_round, replies):
+    return None, None
+
+  def configure_evaluate(self, server_round, arrays, config, grid):
+    return []
+
+  def aggregate_evaluate(self, server_round, replies):
+    return None
+
+  def summary(self):
+    pass
+
+
+def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
+  spoil = {11: "nan", 12: "missing", 13: "shape", 14: "error"}
+  grid = Grid(net, nodes=(11, 12, 13, 14, 15), spoil=spoil)
+  strategy = AuditStrategy(Keep(), tmp_path / "audit")
+  start(strategy, net, grid, rounds=1)
+  errors = {c.client: c.error for c in audit.captures(strategy.audit_dir)}
+  assert errors["11"] == "malformed reply: tensor 'fc.0.bias' holds NaN or infinity"
+  assert errors["12"] == "malformed reply: missing tensor 'body.0.weight'"
+  assert errors["13"] == "malformed reply: tensor 'fc.0.bias' has shape (5,), the server sent (10,)"
+  assert errors["14"] == "the client failed: ClientApp crashed"
+  assert errors["15"] is None
+  for client in ("11", "12", "13", "14"):
+    folder = os.path.join(strategy.audit_dir, "round_001", f"client_{client}")
+    assert sorted(os.listdir(folder)) == [audit.CAPTURE]
+  rows = audit.audit(strategy.audit_dir, audit.Settings(iterations=2), log=lambda s: None)
+  assert [r["client"] for r in rows if r.get("error")] == ["11", "12", "13", "14"]
+  assert [r["attack"] for r in rows if not r.get("error")] == ["idlg"]
+
+
+def test_rounds_clients_and_disk_cap(net, tmp_path):
+  strategy = AuditStrategy(fedavg(), tmp_path / "a", rounds=[2], clients=1)
+  start(strategy, net, Grid(net, nodes=(12, 11, 13)), rounds=2)
+  assert [(c.round, c.client) for c in audit.captures(strategy.audit_dir)] == [(2, "11")]
+  capped = AuditStrategy(fedavg(), tmp_path / "b", max_bytes=400_000)  # about 6.5 files of 61 kB
+  start(capped, net, Grid(net), rounds=3)
+  files = {os.stat(os.path.join(d, f)).st_ino: os.path.getsize(os.path.join(d, f))
+           for d, _, names in os.walk(capped.audit_dir) for f in names}  # hard links once
+  assert capped.bytes_written <= capped.max_bytes and sum(files.values()) <= capped.max_bytes
+  assert 0 < len(audit.captures(capped.audit_dir)) < 6
+  with pytest.raises(ValueError, match="clients must be positive"):
+    AuditStrategy(fedavg(), tmp_path / "c", clients=0)
+  with pytest.raises(TypeError, match="wraps a flwr.serverapp.strategy.Strategy"):
+    AuditStrategy(object(), tmp_path / "c")
+
+
+def test_attack_recorded_updates_in_background(net, tmp_path):
+  """One SGD step of batch 1 is lr times a gradient: iDLG from the recorded files alone, attacked in
+  a separate process while the federation goes on, scored on the photos the clients reported. It
+  must do as well as iDLG on the exact FedSGD gradient of the same model, photo and key."""
+  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none")  # iDLG's 2000 iterations
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", attack=settings,
+                           metadata={"model": MODEL, "input_shape": "32,32,3"})
+  nodes = (12, 14)
+  start(strategy, net, Grid(net, nodes=nodes), rounds=1)
+  assert len(strategy.processes) == 1
+  assert strategy.processes[0].wait(timeout=600) == 0
+  index = json.loads((tmp_path / "audit" / "round_001" / "index.json").read_text())["rows"]
+  assert [(r["client"], r["attack"]) for r in index] == [("12", "idlg"), ("14", "idlg")]
+  model, _ = net
+  for node, row in zip(nodes, index):
+    photo = data.load("skimage", indices=[node % 16], image_size=SHAPE[:2])
+    exact = clients.fedsgd(model.apply_fn, model.variables, photo.x, photo.y)
+    ref = attacks.reconstruct(attacks.get_attack("idlg"), model.apply_fn, exact,
+                              pipeline.experiment_keys(0, 0)[1], input_shape=SHAPE,
+                              bounds=pipeline.image_bounds(data.normalization("none"), 3))
+    want = float(metrics.psnr(np.clip(np.asarray(ref.x, np.float64), 0, 1), photo.x)[0])
+    assert row.get("error") is None and row["psnr"] > 20 and abs(row["psnr"] - want) < 1.0, (row, want)
+    run = tmp_path / "audit" / row["run"]
+    assert (run / "report.html").is_file() and (run / "reconstruction.npy").is_file()
+    rec = np.load(run / "reconstruction.npy").astype(np.float64)[0]
+    np.testing.assert_allclose(skimage.metrics.peak_signal_noise_ratio(photo.x[0].astype(np.float64), rec,
+                                                                       data_range=1.0), row["psnr"], atol=1e-3)
+  page = (tmp_path / "audit" / "round_001" / "index.html").read_text()
+  assert 'href="client_12/idlg/report.html"' in page
