@@ -1,0 +1,74 @@
+"""Attack what a server recorded of a federation (``gradjax.flower.AuditStrategy`` or any capture
+folders of :mod:`gradjax.audit`): every round and client, with the attacks its metadata support.
+
+  python experiments/audit.py --audit_dir=audit
+  python experiments/audit.py --audit_dir=audit --dataset=cifar10 --rounds=1,2   # scored
+  python experiments/audit.py --audit_dir=audit --attacks=dlm_plus --iterations=2000
+
+``--attacks=auto`` (default): one full-batch local step (a scaled gradient) gets iDLG for one
+example and DLG for more; several steps get the replayed local training (Inverting Gradients'
+FedAvg attack) and DLM+; an unknown schedule gets DLM+. With ``--dataset``, captures whose client
+reported its ``data_indices`` are scored (PSNR, SSIM, LPIPS). Writes per capture and attack
+``<round>/<client>/<attack>/`` (metrics.json, reconstruction.npy, report.html, ...) and over the
+federation ``index.json``, ``index.md`` and ``index.html``. A malformed capture or a failing attack
+is a row with its error; bad flags: one-line error, exit code 2.
+"""
+
+from absl import app, flags
+
+import common
+from gradjax import attacks, audit, data, pipeline
+
+flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
+flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(attacks.PRESETS)}) or auto.")
+flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
+flags.DEFINE_string("model", None, "Zoo model of the captures (default: their metadata, else lenet_zhu).")
+flags.DEFINE_string("rename", None, "Regex rules for the captured tensor names, as reconstruct.py's.")
+flags.DEFINE_string("dataset", None, f"Where the clients' examples are ({', '.join(data.DATASETS)}), to "
+                    "score captures that carry data_indices (default: no scoring).")
+flags.DEFINE_string("data_dir", None, "Data folder (default ../shared/data).")
+flags.DEFINE_integer("image_size", None, "Side the clients resized their examples to.")
+flags.DEFINE_string("normalization", "none", "The clients' input normalization (none, cifar10, ...).")
+flags.DEFINE_integer("iterations", None, "Iterations per attack (default: each preset's).")
+flags.DEFINE_integer("restarts", 1, "Random restarts per attack.")
+flags.DEFINE_integer("seed", 0, "PRNG seed.")
+flags.DEFINE_string("lpips", "auto", f"LPIPS network ({', '.join(pipeline.LPIPS)}).")
+flags.DEFINE_string("compilation_cache", "", "Persistent XLA compilation cache folder ('' to disable).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  f = flags.FLAGS
+  if not f.audit_dir:
+    common.fail("--audit_dir is required")
+  names = tuple(a.strip() for a in f.attacks.split(",") if a.strip())
+  unknown = [a for a in names if a != audit.AUTO and a not in attacks.PRESETS]
+  if not names or unknown or (audit.AUTO in names and len(names) > 1):
+    common.fail(f"--attacks takes 'auto' or names from {', '.join(attacks.PRESETS)}; got {f.attacks!r}")
+  if f.restarts < 1 or (f.iterations is not None and f.iterations < 1):
+    common.fail("--restarts and --iterations must be positive")
+  try:
+    data.normalization(f.normalization)
+  except ValueError as e:
+    common.fail(str(e))
+  if f.lpips not in pipeline.LPIPS:
+    common.fail(f"unknown --lpips {f.lpips!r}; choose one of {', '.join(pipeline.LPIPS)}")
+  try:
+    rounds = None if not f.rounds else [int(r) for r in f.rounds.split(",") if r.strip()]
+  except ValueError:
+    common.fail(f"--rounds takes comma-separated integers, got {f.rounds!r}")
+  settings = audit.Settings(attacks=names, model=f.model, dataset=f.dataset, data_dir=f.data_dir,
+                            image_size=f.image_size, normalization=f.normalization,
+                            iterations=f.iterations, restarts=f.restarts, seed=f.seed,
+                            lpips=f.lpips, rename=f.rename)
+  try:
+    rows = audit.audit(f.audit_dir, settings, rounds=rounds)
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(str(e))
+  print(audit.index_markdown(rows))
+  print(f"Wrote {f.audit_dir}/index.html, index.md and index.json.")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=common.parse_flags)
