@@ -1,0 +1,39 @@
+"""The ServerApp: FedAvg over the SuperNodes, wrapped by gradjax's AuditStrategy, which records every
+round's global model and every client's reply for the audit (``record = false``: plain FedAvg)."""
+
+import time
+
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from flower_audit import task
+from gradjax import audit
+from gradjax.flower import AuditStrategy
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+  cfg = context.run_config
+  net = task.build(cfg["model"], int(cfg["init-seed"]))
+  strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+  if cfg["record"]:
+    settings = None
+    if cfg["attack"]:
+      settings = audit.Settings(dataset=cfg["dataset"], data_dir=cfg["data-dir"] or None,
+                                image_size=32)
+    strategy = AuditStrategy(
+        strategy, cfg["audit-dir"], attack=settings,
+        # What the clients read from the run config, not from the messages:
+        metadata={"model": cfg["model"], "input_shape": "32,32,3",
+                  "local_epochs": int(cfg["local-epochs"]),
+                  "train": task.has_batchnorm(net)})
+  start = time.perf_counter()
+  strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()),
+                 num_rounds=int(cfg["num-server-rounds"]),
+                 train_config=ConfigRecord({"lr": float(cfg["lr"]),
+                                            "batch-size": int(cfg["batch-size"])}))
+  print(f"federation wall time {time.perf_counter() - start:.2f} s "
+        f"({'recording to ' + strategy.audit_dir if cfg['record'] else 'not recording'})")

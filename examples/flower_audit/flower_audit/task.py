@@ -1,0 +1,111 @@
+"""The PyTorch side: the models (state_dict names as gradjax's zoo twins expect), the clients' data
+and their local training."""
+
+import re
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gradjax import data
+
+
+class LeNet(nn.Module):
+  """DLG's LeNet (gradjax ``lenet_zhu``): three sigmoid convolutions and one linear layer."""
+
+  def __init__(self, classes: int = 10):
+    super().__init__()
+    self.body = nn.Sequential(nn.Conv2d(3, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+                              nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
+                              nn.Conv2d(12, 12, 5, padding=2, stride=1), nn.Sigmoid())
+    self.fc = nn.Sequential(nn.Linear(768, classes))
+
+  def forward(self, x):
+    return self.fc(self.body(x).flatten(1))
+
+
+class Block(nn.Module):
+  """A CIFAR ResNet basic block (kuangliu/pytorch-cifar's names)."""
+
+  def __init__(self, cin: int, cout: int, stride: int):
+    super().__init__()
+    self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+    self.bn1 = nn.BatchNorm2d(cout)
+    self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+    self.bn2 = nn.BatchNorm2d(cout)
+    self.shortcut = nn.Sequential()
+    if stride != 1 or cin != cout:
+      self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+  def forward(self, x):
+    out = F.relu(self.bn1(self.conv1(x)))
+    return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet(nn.Module):
+  """CIFAR ResNet-(6n+2) of width factor w (gradjax ``resnet{6n+2}-{w}``), with BatchNorm."""
+
+  def __init__(self, n: int, width: int, classes: int = 10):
+    super().__init__()
+    base = 16 * width
+    self.conv1 = nn.Conv2d(3, base, 3, 1, 1, bias=False)
+    self.bn1 = nn.BatchNorm2d(base)
+    cin = base
+    for s in range(3):
+      blocks = []
+      for b in range(n):
+        blocks.append(Block(cin, base * 2**s, 2 if s > 0 and b == 0 else 1))
+        cin = base * 2**s
+      setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
+    self.linear = nn.Linear(cin, classes)
+
+  def forward(self, x):
+    out = F.relu(self.bn1(self.conv1(x)))
+    out = self.layer3(self.layer2(self.layer1(out)))
+    return self.linear(out.mean(dim=(2, 3)))
+
+
+def build(name: str, seed: int) -> nn.Module:
+  """The global model: LeNet with DLG's U(-0.5, 0.5) init, or a ResNet with PyTorch's."""
+  torch.manual_seed(seed)
+  if name == "lenet_zhu":
+    net = LeNet()
+    with torch.no_grad():
+      for p in net.parameters():
+        p.uniform_(-0.5, 0.5)
+    return net
+  if m := re.fullmatch(r"resnet(\d+)-(\d+)", name):
+    depth, width = int(m[1]), int(m[2])
+    if (depth - 2) % 6:
+      raise ValueError(f"a CIFAR ResNet has depth 6n+2, got {depth}")
+    return ResNet((depth - 2) // 6, width)
+  raise ValueError(f"unknown model {name!r}; this app has lenet_zhu and resnet<6n+2>-<width>")
+
+
+def has_batchnorm(net: nn.Module) -> bool:
+  return any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
+
+
+def client_indices(partition: int, partitions: int, server_round: int, per_client: int) -> list[int]:
+  """Fresh examples every round: round r, partition p takes a block of ``per_client`` indices."""
+  start = ((server_round - 1) * partitions + partition) * per_client
+  return list(range(start, start + per_client))
+
+
+def load(dataset: str, data_dir: str | None, indices: list[int]):
+  """(x, y): NCHW float32 images in [0, 1] and int64 labels."""
+  ds = data.load(dataset, data_dir=data_dir or None, indices=indices, image_size=(32, 32), channels=3)
+  return (torch.tensor(np.transpose(ds.x, (0, 3, 1, 2)).copy()),
+          torch.tensor(np.asarray(ds.y), dtype=torch.int64))
+
+
+def train(net: nn.Module, x, y, epochs: int, batch_size: int, lr: float) -> None:
+  """Plain local SGD: ``epochs`` passes over (x, y) in order, mini-batches of ``batch_size``."""
+  net.train()
+  opt = torch.optim.SGD(net.parameters(), lr=lr)
+  for _ in range(epochs):
+    for start in range(0, len(x), batch_size):
+      opt.zero_grad()
+      F.cross_entropy(net(x[start:start + batch_size]), y[start:start + batch_size]).backward()
+      opt.step()
