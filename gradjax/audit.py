@@ -85,11 +85,10 @@ def _json_ready(value):
   return value
 
 
-def write_round_weights(round_dir, weights: dict[str, np.ndarray], metadata: dict[str, Any]) -> str:
-  """Writes the global model of a round (``kind=weights``) once; returns its path."""
-  path = os.path.join(os.fspath(round_dir), WEIGHTS)
+def write_round_weights(path, weights: dict[str, np.ndarray], metadata: dict[str, Any]) -> int:
+  """Writes a round's global model (``kind=weights``, atomically); returns the bytes it takes."""
   interop.write(path, weights, {**metadata, "kind": "weights", "layout": "torch"})
-  return path
+  return os.path.getsize(path)
 
 
 def write_capture(folder, round_weights: str, returned: dict[str, np.ndarray] | None,

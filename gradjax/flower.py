@@ -166,9 +166,7 @@ class AuditStrategy(Strategy):
         weights_file = os.path.join(round_dir, f"weights-{len(written)}.safetensors"
                                     if written else audit.WEIGHTS)
         os.makedirs(round_dir, exist_ok=True)
-        audit.interop.write(weights_file, arrays, {**self.metadata, "kind": "weights",
-                                                   "layout": "torch"})
-        self.bytes_written += os.path.getsize(weights_file)
+        self.bytes_written += audit.write_round_weights(weights_file, arrays, self.metadata)
         written[id(sent_arrays)] = (weights_file, arrays)
       weights_file, arrays = written[id(sent_arrays)]
       info: dict[str, Any] = {"round": server_round, "client": node, "config": config}

@@ -272,7 +272,8 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   input_shape = tuple(model.input_shape)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
-  if attack.objective == "gradient" and observation.threat_model == "fedavg" and observation.local:
+  if (attack.objective == "gradient" and observation.threat_model == "fedavg"
+      and observation.local is not None):
     # One local step is lr times a gradient: match that gradient (several steps raise, naming the
     # objectives that replay them).
     observation = clients.update_as_gradient(observation)
