@@ -257,55 +257,16 @@ def readme_snippet() -> str:
 
 
 def _torch_models():
+  """torch, and the PyTorch twins of lenet_zhu and the CIFAR ResNets that the Flower example's
+  clients train (examples/flower_audit/flower_audit/task.py): DLG's LeNet and kuangliu's names."""
   torch = pytest.importorskip("torch")
-  nn, F = torch.nn, torch.nn.functional
-
-  class LeNet(nn.Module):  # mit-han-lab/dlg's LeNet, with a class count
-    def __init__(self, classes):
-      super().__init__()
-      self.body = nn.Sequential(nn.Conv2d(3, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-                                nn.Conv2d(12, 12, 5, padding=2, stride=2), nn.Sigmoid(),
-                                nn.Conv2d(12, 12, 5, padding=2, stride=1), nn.Sigmoid())
-      self.fc = nn.Sequential(nn.Linear(768, classes))
-
-    def forward(self, x):
-      return self.fc(self.body(x).flatten(1))
-
-  class Block(nn.Module):  # kuangliu/pytorch-cifar's BasicBlock
-    def __init__(self, cin, cout, stride):
-      super().__init__()
-      self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-      self.bn1 = nn.BatchNorm2d(cout)
-      self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-      self.bn2 = nn.BatchNorm2d(cout)
-      self.shortcut = nn.Sequential()
-      if stride != 1 or cin != cout:
-        self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-      out = F.relu(self.bn1(self.conv1(x)))
-      return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
-
-  class ResNet(nn.Module):  # CIFAR ResNet-(6n+2): 3 stages of n blocks, widths b, 2b, 4b
-    def __init__(self, n, base, classes):
-      super().__init__()
-      self.conv1 = nn.Conv2d(3, base, 3, 1, 1, bias=False)
-      self.bn1 = nn.BatchNorm2d(base)
-      cin = base
-      for s in range(3):
-        blocks = []
-        for b in range(n):
-          blocks.append(Block(cin, base * 2**s, 2 if s > 0 and b == 0 else 1))
-          cin = base * 2**s
-        setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
-      self.linear = nn.Linear(cin, classes)
-
-    def forward(self, x):
-      out = F.relu(self.bn1(self.conv1(x)))
-      out = self.layer3(self.layer2(self.layer1(out)))
-      return self.linear(out.mean(dim=(2, 3)))
-
-  return torch, LeNet, ResNet
+  import importlib.util
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                      "flower_audit", "flower_audit", "task.py")
+  spec = importlib.util.spec_from_file_location("flower_audit_task", path)
+  task = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(task)
+  return torch, task.LeNet, task.ResNet
 
 
 def _export_with_snippet(torch, model, x_nhwc, y, tmp_path, name):
@@ -321,7 +282,7 @@ def _export_with_snippet(torch, model, x_nhwc, y, tmp_path, name):
 def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
   torch, LeNet, ResNet = _torch_models()
   torch.manual_seed(0)
-  net = LeNet(10) if which == "lenet_zhu" else ResNet(1, 32, 10)
+  net = LeNet(10) if which == "lenet_zhu" else ResNet(1, 2, 10)  # resnet8-2: n = 1, width 2
   if which != "lenet_zhu":  # trained-looking BatchNorm statistics and affine parameters
     for m in net.modules():
       if isinstance(m, torch.nn.BatchNorm2d):
