@@ -1,0 +1,148 @@
+"""End to end on Flower's Deployment Runtime: a SuperLink and two SuperNodes on 127.0.0.1 (free
+ports), the example App (examples/flower_audit: PyTorch LeNet clients, FedAvg wrapped by
+AuditStrategy) for two rounds, then the audit of what the server recorded.
+
+Needs flwr and torch (marker ``deployment``). Every process the test starts is stopped, whatever
+happens, by killing its process group (a SuperNode and the apps it launched).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+torch = pytest.importorskip("torch")
+
+from gradjax import audit, data, interop  # noqa: E402
+
+pytestmark = pytest.mark.deployment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APP = os.path.join(ROOT, "examples", "flower_audit")
+BIN = os.path.dirname(sys.executable)
+LR = 0.1
+
+
+def free_ports(n):
+  sockets = [socket.socket() for _ in range(n)]
+  try:
+    for s in sockets:
+      s.bind(("127.0.0.1", 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def wait_for_port(port, process, log, timeout=60.0):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if process.poll() is not None:
+      raise RuntimeError(f"exited with {process.returncode}: {open(log).read()[-2000:]}")
+    with socket.socket() as s:
+      if s.connect_ex(("127.0.0.1", port)) == 0:
+        return
+    time.sleep(0.2)
+  raise TimeoutError(f"nothing listens on {port} after {timeout:.0f} s: {open(log).read()[-2000:]}")
+
+
+def stop(processes):
+  """SIGTERM to every process group, then SIGKILL to whatever is left after 10 s."""
+  for p in processes:
+    if p.poll() is None:
+      os.killpg(p.pid, signal.SIGTERM)
+  deadline = time.monotonic() + 10
+  for p in processes:
+    try:
+      p.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      pass
+  for p in processes:
+    try:
+      os.killpg(p.pid, signal.SIGKILL)  # the group: apps a SuperNode launched too
+    except ProcessLookupError:
+      pass
+    p.wait(timeout=10)
+
+
+@pytest.fixture
+def federation(tmp_path):
+  """A running SuperLink and two SuperNodes; yields the environment for `flwr run`."""
+  link, node0, node1 = free_ports(3)
+  home = tmp_path / "flwr_home"
+  home.mkdir()
+  (home / "config.toml").write_text(
+      '[superlink]\ndefault = "local-deployment"\n\n[superlink.local-deployment]\n'
+      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
+  env = {**os.environ, "FLWR_HOME": str(home), "PATH": BIN + os.pathsep + os.environ.get("PATH", "")}
+  processes = []
+
+  def launch(name, *args):
+    log = tmp_path / f"{name}.log"
+    with open(log, "wb") as fh:
+      p = subprocess.Popen([os.path.join(BIN, args[0]), *args[1:]], stdout=fh, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL, env=env, cwd=tmp_path, start_new_session=True)
+    processes.append(p)
+    return p, str(log)
+
+  try:
+    p, log = launch("superlink", "flower-superlink", "--insecure", "--host", "127.0.0.1",
+                    "--port", str(link))
+    wait_for_port(link, p, log)
+    for k, port in enumerate((node0, node1)):
+      p, log = launch(f"supernode{k}", "flower-supernode", "--insecure", "--superlink",
+                      f"127.0.0.1:{link}", "--port", str(port),
+                      "--node-config", f"partition-id={k} num-partitions=2")
+      wait_for_port(port, p, log)
+    yield env
+  finally:
+    stop(processes)
+    assert all(p.poll() is not None for p in processes)
+
+
+def test_deployment_runtime_records_and_audits(federation, tmp_path):
+  audit_dir = tmp_path / "audit"
+  run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
+                "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu'")
+  proc = subprocess.run([os.path.join(BIN, "flwr"), "run", APP, "local-deployment", "--stream",
+                         "--run-config", run_config], env=federation, capture_output=True, text=True,
+                        timeout=420, cwd=tmp_path)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+  found = audit.captures(audit_dir)
+  assert [c.round for c in found] == [1, 1, 2, 2] and all(c.error is None for c in found)
+  assert sorted(i for c in found for i in c.info["data_indices"]) == [0, 1, 2, 3]
+  # Each recorded reply is exactly what one PyTorch SGD step from the recorded global model gives.
+  sys.path.insert(0, APP)
+  try:
+    from flower_audit import task
+  finally:
+    sys.path.remove(APP)
+  for c in found:
+    sent = interop.read(os.path.join(c.folder, audit.WEIGHTS)).tensors
+    net = task.build("lenet_zhu", 0)
+    net.load_state_dict({k: torch.tensor(v) for k, v in sent.items()})
+    x, y = task.load("skimage", None, c.info["data_indices"])
+    task.train(net, x, y, epochs=1, batch_size=1, lr=LR)
+    got = interop.read(os.path.join(c.folder, audit.OBSERVATION))
+    assert got.metadata["num_samples"] == "1" and float(got.metadata["local_lr"]) == LR
+    for name, value in net.state_dict().items():
+      np.testing.assert_array_equal(got.tensors[name], value.numpy())
+
+  rows = audit.audit(audit_dir, audit.Settings(dataset="skimage", image_size=32, lpips="none"),
+                     log=lambda s: None)
+  assert [r["attack"] for r in rows] == ["idlg"] * 4 and all(r.get("error") is None for r in rows)
+  assert all(r["label_accuracy"] == 1.0 for r in rows)
+  assert np.median([r["psnr"] for r in rows]) > 20, rows
+  index = json.loads((audit_dir / "index.json").read_text())["rows"]
+  assert [r["psnr"] for r in index] == [r["psnr"] for r in rows]
+  truth = data.load("skimage", indices=found[0].info["data_indices"], image_size=(32, 32))
+  rec = np.load(audit_dir / rows[0]["run"] / "reconstruction.npy")
+  assert rec.shape == truth.x.shape
