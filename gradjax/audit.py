@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import clients, data, interop, pipeline, report
+from gradjax import attacks, clients, data, interop, pipeline, report
 
 CAPTURE = "capture.json"
 WEIGHTS = "weights.safetensors"
@@ -277,16 +277,22 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   except (ValueError, FileNotFoundError) as e:
     log(f"round {capture.round} client {capture.client}: no ground truth ({e})")
     truth = None
+  meta = capture.info.get("metadata", {})
   rows = []
   for name in names:
     row = {**base, "attack": name}
     try:
+      labels = None
+      if attacks.get_attack(name).labels == "known" and "labels" not in meta:
+        # FedAvg clients do not share labels: infer them from the update's last layer (LLG counts
+        # duplicates; iDLG's sign rule for one example).
+        labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg"
       cfg = pipeline.Config(
           attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),
           observation=os.path.join(capture.folder, OBSERVATION), rename=settings.rename,
           dataset=None, normalization=settings.normalization, iterations=settings.iterations,
           restarts=settings.restarts, seed=settings.seed, lpips=settings.lpips,
-          image_size=settings.image_size)
+          image_size=settings.image_size, labels=labels)
       results, images = pipeline.run(cfg, batch=truth)
       out = os.path.join(capture.folder, name)
       report.write_run(out, results, images,

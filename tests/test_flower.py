@@ -49,9 +49,9 @@ class Grid:
   """An in-process grid: nodes 11 and 12 (or ``nodes``), each a gradjax FedAvg client on photo
   ``node % 16``; ``spoil`` changes a node's reply to test malformed ones."""
 
-  def __init__(self, net, nodes=(11, 12), spoil=None):
+  def __init__(self, net, nodes=(11, 12), spoil=None, samples=1):
     self.model, self.mapping = net
-    self.nodes, self.spoil = list(nodes), spoil or {}
+    self.nodes, self.spoil, self.samples = list(nodes), spoil or {}, samples
 
   def get_node_ids(self):
     return list(self.nodes)
@@ -61,12 +61,12 @@ class Grid:
     if self.spoil.get(node) == "error":
       return Message(Error(code=0, reason="ClientApp crashed"), reply_to=message)
     sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
-    lr = float(message.content["config"]["lr"])
+    config = message.content["config"]
+    local = clients.LocalTraining(batch_size=config.get("batch-size"), learning_rate=float(config["lr"]))
     variables = interop.variables_from_torch(sent, self.mapping, self.model.variables, "sent")
-    index = node % 16
-    photo = data.load("skimage", indices=[index], image_size=SHAPE[:2])
-    obs = clients.fedavg(self.model.apply_fn, variables, photo.x, photo.y,
-                         clients.LocalTraining(learning_rate=lr))
+    indices = [(node + k) % 16 for k in range(self.samples)]
+    photo = data.load("skimage", indices=indices, image_size=SHAPE[:2])
+    obs = clients.fedavg(self.model.apply_fn, variables, photo.x, photo.y, local)
     after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
     returned = interop.params_to_torch(after, self.mapping)
     if self.spoil.get(node) == "nan":
@@ -76,18 +76,19 @@ class Grid:
     if self.spoil.get(node) == "shape":
       returned["fc.0.bias"] = returned["fc.0.bias"][:5]
     content = RecordDict({"arrays": to_record(returned),
-                          "metrics": MetricRecord({"num-examples": 1, "data-indices": [index]})})
+                          "metrics": MetricRecord({"num-examples": self.samples,
+                                                   "data-indices": indices})})
     return Message(content, reply_to=message)
 
   def send_and_receive(self, messages, timeout=None):
     return [self.reply(m) for m in messages]
 
 
-def start(strategy, net, grid, rounds=2):
+def start(strategy, net, grid, rounds=2, **config):
   model, mapping = net
   initial = to_record(interop.variables_to_torch(model.variables, mapping))
   return strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
-                        train_config=ConfigRecord({"lr": LR}))
+                        train_config=ConfigRecord({"lr": LR, **config}))
 
 
 def fedavg():
@@ -253,3 +254,21 @@ def test_audit_program(net, tmp_path):
                         ([f"--audit_dir={strategy.audit_dir}", "--rounds=7"], "no captures of rounds")]:
     bad = run(*args)
     assert bad.returncode == 2 and message in bad.stderr.strip().splitlines()[-1], bad.stderr[-500:]
+
+
+def test_several_local_steps_get_replay_and_dlm_plus(net, tmp_path):
+  """Two photos in two local steps (batch 1): the capture states the schedule, so the audit replays
+  it (labels inferred with LLG: FedAvg clients share none) and runs DLM+; scored on both photos."""
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
+  start(strategy, net, Grid(net, nodes=(3,), samples=2), rounds=1, **{"batch-size": 1})
+  (capture,) = audit.captures(strategy.audit_dir)
+  meta = capture.info["metadata"]
+  assert (meta["num_samples"], meta["local_batch_size"]) == (2, 1)
+  assert audit.choose_attacks(meta) == ("inverting_gradients_fedavg", "dlm_plus")
+  rows = audit.attack_capture(capture, audit.Settings(dataset="skimage", image_size=32, iterations=5,
+                                                      lpips="none"), log=lambda s: None)
+  assert [r["attack"] for r in rows] == ["inverting_gradients_fedavg", "dlm_plus"]
+  for row in rows:
+    assert row.get("error") is None and row["num_samples"] == 2 and np.isfinite(row["psnr"]), row
+  metrics_ = json.loads((tmp_path / "audit" / rows[0]["run"] / "metrics.json").read_text())
+  assert metrics_["config"]["labels"] == "llg" and metrics_["threat_model"] == "fedavg"
