@@ -260,8 +260,8 @@ def test_several_local_steps_get_replay_and_dlm_plus(net, tmp_path):
   """Two photos in two local steps (batch 1): the capture states the schedule, so the audit replays
   it (labels inferred with LLG: FedAvg clients share none) and runs DLM+; scored on both photos."""
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
-  start(strategy, net, Grid(net, nodes=(3,), samples=2), rounds=1, **{"batch-size": 1})
-  (capture,) = audit.captures(strategy.audit_dir)
+  start(strategy, net, Grid(net, nodes=(3, 9), samples=2), rounds=1, **{"batch-size": 1})
+  capture = audit.captures(strategy.audit_dir)[0]
   meta = capture.info["metadata"]
   assert (meta["num_samples"], meta["local_batch_size"]) == (2, 1)
   assert audit.choose_attacks(meta) == ("inverting_gradients_fedavg", "dlm_plus")
