@@ -23,6 +23,7 @@ the federation: a failure is logged and that reply is skipped.
 
 import logging
 import os
+import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
@@ -85,6 +86,7 @@ class AuditStrategy(Strategy):
     self.keys = keys
     self.attack = attack
     self.bytes_written = 0
+    self.seconds_recording = 0.0  # time the federation waited for the recorder
     self.processes: list = []   # background attack processes (attack mode)
     self._full = False
     self._sent: dict[int, Any] = {}
@@ -108,11 +110,13 @@ class AuditStrategy(Strategy):
   def aggregate_train(self, server_round: int, replies: Iterable[Message]):
     replies = list(replies)
     if self._sent:
+      start = time.perf_counter()
       try:
         self._record(server_round, replies)
       except Exception as e:  # noqa: BLE001 - the audit must never break the federation
         logger.error("audit: recording round %d failed: %s", server_round, e)
       self._sent = {}
+      self.seconds_recording += time.perf_counter() - start
     return self.strategy.aggregate_train(server_round, replies)
 
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

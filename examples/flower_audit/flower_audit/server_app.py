@@ -35,5 +35,9 @@ def main(grid: Grid, context: Context) -> None:
                  num_rounds=int(cfg["num-server-rounds"]),
                  train_config=ConfigRecord({"lr": float(cfg["lr"]),
                                             "batch-size": int(cfg["batch-size"])}))
-  print(f"federation wall time {time.perf_counter() - start:.2f} s "
-        f"({'recording to ' + strategy.audit_dir if cfg['record'] else 'not recording'})")
+  wall = time.perf_counter() - start
+  if cfg["record"]:
+    print(f"federation wall time {wall:.2f} s, of which recording {strategy.seconds_recording:.3f} s "
+          f"({strategy.bytes_written} bytes to {strategy.audit_dir})")
+  else:
+    print(f"federation wall time {wall:.2f} s (not recording)")
