@@ -93,7 +93,9 @@ class AuditStrategy(Strategy):
 
   # The Strategy interface: everything goes to the wrapped strategy.
 
-  def __getattr__(self, name):
+  def __getattr__(self, name):  # the wrapped strategy's attributes (e.g. FedAvg's keys)
+    if "strategy" not in self.__dict__:
+      raise AttributeError(name)
     return getattr(self.__dict__["strategy"], name)
 
   def summary(self) -> None:
@@ -185,7 +187,7 @@ class AuditStrategy(Strategy):
             raise ValueError(f"the reply holds no ArrayRecord {array_key!r}")
           returned = arrays_to_numpy(reply.content[array_key])
           audit.check_reply(arrays, returned)
-        except ValueError as e:
+        except Exception as e:  # noqa: BLE001 - whatever a client sent, it is reported, not raised
           info["error"] = f"malformed reply: {e}"
           returned = None
       info["metrics"] = metrics
