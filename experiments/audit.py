@@ -29,7 +29,7 @@ flags.DEFINE_string("dataset", None, f"Where the clients' examples are ({', '.jo
 flags.DEFINE_string("data_dir", None, "Data folder (default ../shared/data).")
 flags.DEFINE_integer("image_size", None, "Side the clients resized their examples to.")
 flags.DEFINE_string("normalization", "none", "The clients' input normalization (none, cifar10, ...).")
-flags.DEFINE_integer("iterations", None, "Iterations per attack (default: each preset's).")
+flags.DEFINE_integer("iterations", None, "Iterations per attack (default: DLG and iDLG 6000, their papers' whole budget; others their preset's).")
 flags.DEFINE_integer("restarts", 1, "Random restarts per attack.")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
 flags.DEFINE_string("lpips", "auto", f"LPIPS network ({', '.join(pipeline.LPIPS)}).")

@@ -71,17 +71,20 @@ def check_reply(sent: dict[str, np.ndarray], returned: dict[str, np.ndarray]) ->
     raise ValueError(f"unexpected tensor {extra[0]!r}")
 
 
-def _json_ready(value):
-  if isinstance(value, (np.generic,)):
-    return value.item()
-  if isinstance(value, np.ndarray):
-    return value.tolist()
-  if isinstance(value, (list, tuple)):
-    return [_json_ready(v) for v in value]
-  if isinstance(value, dict):
-    return {str(k): _json_ready(v) for k, v in value.items()}
+def _recordable(value):
+  """A config or metric value as :func:`gradjax.report.save_json` takes it: bytes become a note of
+  their length, non-finite floats their name (``"nan"``, ``"inf"``), so that what a client replied
+  is kept as it was rather than refused."""
   if isinstance(value, bytes):
     return f"<{len(value)} bytes>"
+  if isinstance(value, dict):
+    return {k: _recordable(v) for k, v in value.items()}
+  if isinstance(value, np.ndarray):
+    return _recordable(value.tolist())
+  if isinstance(value, (list, tuple)):
+    return [_recordable(v) for v in value]
+  if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+    return str(float(value))
   return value
 
 
@@ -113,7 +116,7 @@ def write_capture(folder, round_weights: str, returned: dict[str, np.ndarray] | 
         shutil.copyfile(round_weights, os.path.join(tmp, WEIGHTS))
       interop.write(os.path.join(tmp, OBSERVATION), returned,
                     {**metadata, "kind": "weights", "layout": "torch"})
-    report.save_json(os.path.join(tmp, CAPTURE), _json_ready({**info, "metadata": metadata}))
+    report.save_json(os.path.join(tmp, CAPTURE), _recordable({**info, "metadata": metadata}))
     size = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp) if f != WEIGHTS)
     os.rename(tmp, folder)
   except BaseException:
@@ -223,6 +226,12 @@ def choose_attacks(metadata: dict[str, Any]) -> tuple[str, ...]:
   return ("inverting_gradients_fedavg", "dlm_plus")
 
 
+# An audit asks what a patient server recovers, so DLG and iDLG run their papers' whole budget: 300
+# PyTorch ``LBFGS.step()`` calls of up to 20 iterations each (mit-han-lab/dlg), where the presets run
+# a third of it (:mod:`gradjax.attacks`). Other attacks run their presets' budgets.
+AUDIT_ITERATIONS = {"dlg": 6000, "idlg": 6000}
+
+
 class Settings(NamedTuple):
   """How :func:`audit` attacks the captures.
 
@@ -231,7 +240,8 @@ class Settings(NamedTuple):
   dataset, data_dir: where the clients' examples are, to score captures that carry
     ``data_indices`` (``None``: no scoring).
   image_size, normalization: how the clients preprocessed those examples.
-  iterations, restarts, seed, lpips, rename: as in :class:`gradjax.pipeline.Config`.
+  iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
+  restarts, seed, lpips, rename: as in :class:`gradjax.pipeline.Config`.
   """
 
   attacks: tuple[str, ...] = (AUTO,)
@@ -290,7 +300,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
       cfg = pipeline.Config(
           attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),
           observation=os.path.join(capture.folder, OBSERVATION), rename=settings.rename,
-          dataset=None, normalization=settings.normalization, iterations=settings.iterations,
+          dataset=None, normalization=settings.normalization,
+          iterations=settings.iterations or AUDIT_ITERATIONS.get(name),
           restarts=settings.restarts, seed=settings.seed, lpips=settings.lpips,
           image_size=settings.image_size, labels=labels)
       results, images = pipeline.run(cfg, batch=truth)

@@ -191,17 +191,26 @@ class AuditStrategy(Strategy):
           info["error"] = f"malformed reply: {e}"
           returned = None
       info["metrics"] = metrics
-      indices = audit.data_indices(metrics, self.keys)
-      if indices is not None:
-        info["data_indices"] = indices
-      meta = audit.capture_metadata(self.metadata, config, metrics, self.keys)
+      meta = dict(self.metadata)
+      try:
+        indices = audit.data_indices(metrics, self.keys)
+        if indices is not None:
+          info["data_indices"] = indices
+        meta = audit.capture_metadata(self.metadata, config, metrics, self.keys)
+      except (TypeError, ValueError, OverflowError) as e:  # e.g. num-examples NaN
+        info.setdefault("error", f"malformed reply metrics: {e}")
+        returned = None
       size = 0 if returned is None else sum(a.nbytes for a in returned.values())
       if not self._fits(size):
         break
       if "error" in info:
         logger.warning("audit: round %d client %d: %s", server_round, node, info["error"])
-      self.bytes_written += audit.write_capture(
-          os.path.join(round_dir, f"client_{node}"), weights_file, returned, info, meta)
+      try:
+        self.bytes_written += audit.write_capture(
+            os.path.join(round_dir, f"client_{node}"), weights_file, returned, info, meta)
+      except Exception as e:  # noqa: BLE001 - one client's record failing leaves the others'
+        logger.error("audit: round %d client %d: not recorded: %s", server_round, node, e)
+        continue
       recorded += 1
     if recorded and self.attack is not None:
       self.processes.append(audit.attack_in_background(self.audit_dir, server_round, self.attack))

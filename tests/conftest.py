@@ -1,9 +1,38 @@
-"""Shared fixtures: real client images (scikit-image photos) and plain NumPy reference implementations."""
+"""Shared fixtures: real client images (scikit-image photos) and plain NumPy reference implementations.
+
+Tests marked ``isolated`` run in a Python process of their own: TensorFlow (tfds) must not share a
+process with PyTorch and jaxlib (with the three loaded, an XLA compilation segfaulted).
+"""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from gradjax import data
+
+_ISOLATED = "GRADJAX_TEST_ISOLATED"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+  """Runs an ``isolated`` test as ``python -m pytest <its node id>`` in a child process and reports
+  the child's outcome (pass, skip with its reason, or failure with its output)."""
+  if pyfuncitem.get_closest_marker("isolated") is None or os.environ.get(_ISOLATED):
+    return None
+  root = str(pyfuncitem.config.rootpath)
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", pyfuncitem.nodeid],
+      cwd=root, env={**os.environ, _ISOLATED: "1"}, capture_output=True, text=True, timeout=900)
+  out = proc.stdout + proc.stderr
+  if proc.returncode != 0:
+    pytest.fail(f"isolated run failed (exit {proc.returncode}):\n{out[-4000:]}", pytrace=False)
+  skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+  if skipped:
+    pytest.skip(skipped[0].split(": ", 1)[-1])
+  return True
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,7 @@ def test_digits():
   assert ds.x.shape == (10, 8, 8, 1) and ds.y.tolist() == list(range(10)) and ds.x.max() <= 1.0
 
 
+@pytest.mark.isolated
 def test_tfds_missing():
   try:
     import tensorflow_datasets  # noqa: F401
@@ -87,6 +88,7 @@ def _mock_tfds():
   return tfds, tfds.testing.mock_data
 
 
+@pytest.mark.isolated
 def test_tfds_images_and_labels_as_tfds_gives_them():
   tfds, mock_data = _mock_tfds()
   with mock_data(num_examples=6):
@@ -102,12 +104,14 @@ def test_tfds_images_and_labels_as_tfds_gives_them():
   assert len(ds.class_names) == 10
 
 
+@pytest.mark.isolated
 def test_tfds_unknown_name():
   _, mock_data = _mock_tfds()
   with mock_data(num_examples=2), pytest.raises(ValueError, match="unknown tfds dataset 'no_such_set'"):
     data.load("tfds:no_such_set", indices=0)
 
 
+@pytest.mark.isolated
 def test_tfds_dataset_drives_an_attack():
   """--dataset=tfds:mnist end to end (pipeline.Config is what the CLI builds from its flags)."""
   _, mock_data = _mock_tfds()

@@ -75,9 +75,12 @@ class Grid:
       del returned["body.0.weight"]
     if self.spoil.get(node) == "shape":
       returned["fc.0.bias"] = returned["fc.0.bias"][:5]
-    content = RecordDict({"arrays": to_record(returned),
-                          "metrics": MetricRecord({"num-examples": self.samples,
-                                                   "data-indices": indices})})
+    metrics = {"num-examples": self.samples, "data-indices": indices}
+    if self.spoil.get(node) == "nan-loss":  # a diverged client: kept as it replied
+      metrics["train-loss"] = float("nan")
+    if self.spoil.get(node) == "nan-count":
+      metrics["num-examples"] = float("nan")
+    content = RecordDict({"arrays": to_record(returned), "metrics": MetricRecord(metrics)})
     return Message(content, reply_to=message)
 
   def send_and_receive(self, messages, timeout=None):
@@ -164,8 +167,8 @@ class Keep(Strategy):
 
 
 def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
-  spoil = {11: "nan", 12: "missing", 13: "shape", 14: "error"}
-  grid = Grid(net, nodes=(11, 12, 13, 14, 15), spoil=spoil)
+  spoil = {11: "nan", 12: "missing", 13: "shape", 14: "error", 16: "nan-loss", 17: "nan-count"}
+  grid = Grid(net, nodes=(11, 12, 13, 14, 15, 16, 17), spoil=spoil)
   strategy = AuditStrategy(Keep(), tmp_path / "audit")
   start(strategy, net, grid, rounds=1)
   errors = {c.client: c.error for c in audit.captures(strategy.audit_dir)}
@@ -173,13 +176,16 @@ def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
   assert errors["12"] == "malformed reply: missing tensor 'body.0.weight'"
   assert errors["13"] == "malformed reply: tensor 'fc.0.bias' has shape (5,), the server sent (10,)"
   assert errors["14"] == "the client failed: ClientApp crashed"
-  assert errors["15"] is None
-  for client in ("11", "12", "13", "14"):
+  assert errors["15"] is None and errors["16"] is None
+  assert errors["17"].startswith("malformed reply metrics: ")
+  found = {c.client: c for c in audit.captures(strategy.audit_dir)}
+  assert found["16"].info["metrics"]["train-loss"] == "nan"
+  for client in ("11", "12", "13", "14", "17"):
     folder = os.path.join(strategy.audit_dir, "round_001", f"client_{client}")
     assert sorted(os.listdir(folder)) == [audit.CAPTURE]
   rows = audit.audit(strategy.audit_dir, audit.Settings(iterations=2), log=lambda s: None)
-  assert [r["client"] for r in rows if r.get("error")] == ["11", "12", "13", "14"]
-  assert [r["attack"] for r in rows if not r.get("error")] == ["idlg"]
+  assert [r["client"] for r in rows if r.get("error")] == ["11", "12", "13", "14", "17"]
+  assert [r["attack"] for r in rows if not r.get("error")] == ["idlg", "idlg"]
 
 
 def test_rounds_clients_and_disk_cap(net, tmp_path):
@@ -202,7 +208,7 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
   """One SGD step of batch 1 is lr times a gradient: iDLG from the recorded files alone, attacked in
   a separate process while the federation goes on, scored on the photos the clients reported. It
   must do as well as iDLG on the exact FedSGD gradient of the same model, photo and key."""
-  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none")  # iDLG's 2000 iterations
+  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none", iterations=2000)
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", attack=settings,
                            metadata={"model": MODEL, "input_shape": "32,32,3"})
   nodes = (12, 14)
@@ -215,7 +221,7 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
   for node, row in zip(nodes, index):
     photo = data.load("skimage", indices=[node % 16], image_size=SHAPE[:2])
     exact = clients.fedsgd(model.apply_fn, model.variables, photo.x, photo.y)
-    ref = attacks.reconstruct(attacks.get_attack("idlg"), model.apply_fn, exact,
+    ref = attacks.reconstruct(attacks.get_attack("idlg", iterations=2000), model.apply_fn, exact,
                               pipeline.experiment_keys(0, 0)[1], input_shape=SHAPE,
                               bounds=pipeline.image_bounds(data.normalization("none"), 3))
     want = float(metrics.psnr(np.clip(np.asarray(ref.x, np.float64), 0, 1), photo.x)[0])

@@ -136,7 +136,8 @@ def test_deployment_runtime_records_and_audits(federation, tmp_path):
     for name, value in net.state_dict().items():
       np.testing.assert_array_equal(got.tensors[name], value.numpy())
 
-  rows = audit.audit(audit_dir, audit.Settings(dataset="skimage", image_size=32, lpips="none"),
+  rows = audit.audit(audit_dir, audit.Settings(dataset="skimage", image_size=32, lpips="none",
+                                                iterations=2000),
                      log=lambda s: None)
   assert [r["attack"] for r in rows] == ["idlg"] * 4 and all(r.get("error") is None for r in rows)
   assert all(r["label_accuracy"] == 1.0 for r in rows)
