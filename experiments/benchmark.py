@@ -47,7 +47,7 @@ import numpy as np
 from absl import app, flags
 
 import benchmark_step as bs
-from gradjax import attacks, clients, data, distances, metrics, models, report
+from gradjax import attacks, clients, data, distances, metrics, models, report, solvers
 from gradjax.objectives import gradient_matching
 
 SECTIONS = ("steps", "ttq", "restarts", "linesearch")
@@ -189,7 +189,8 @@ def ttq_jax(model, obs, x_true, key, target: float, max_s: float) -> dict:
     return psnr >= target or time.perf_counter() - start > max_s
 
   rec = attacks.reconstruct(attack, model.apply_fn, obs, key, input_shape=x_true.shape[1:],
-                            chunk=CHECK_EVERY, monitor=monitor, strategy="sequential")
+                            execution=solvers.Execution("sequential", chunk=CHECK_EVERY,
+                                                        monitor=monitor))
   return dict(seconds=time.perf_counter() - start, reached=bool(reached and reached[-1] >= target),
               psnr=reached[-1] if reached else None, iterations=int(rec.iterations[0]),
               evaluations=int(rec.evaluations[0]))
@@ -202,7 +203,7 @@ def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
                         num_classes=bs.NUM_CLASSES)
   obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y, share_labels=True)
   attack = attacks.get_attack("inverting_gradients", iterations=iterations)
-  kw = dict(input_shape=images.x.shape[1:], strategy="sequential", chunk=iterations)
+  kw = dict(input_shape=images.x.shape[1:], execution=solvers.Execution("sequential", chunk=iterations))
   attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
   start = time.perf_counter()
   attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
@@ -242,8 +243,8 @@ def section_ttq(torch, seed: int) -> dict:
   warm = models.create("lenet_zhu", jax.random.key(999), input_shape=(32, 32, 3), num_classes=bs.NUM_CLASSES)
   warm_obs = clients.fedsgd(warm.apply_fn, warm.variables, images.x[:1], images.y[:1])
   attacks.reconstruct(attacks.get_attack("dlg", iterations=CHECK_EVERY), warm.apply_fn, warm_obs,
-                      jax.random.key(0), input_shape=(32, 32, 3), chunk=CHECK_EVERY,
-                      strategy="sequential")
+                      jax.random.key(0), input_shape=(32, 32, 3),
+                      execution=solvers.Execution("sequential", chunk=CHECK_EVERY))
   for i in range(len(images.x)):
     x, y = images.x[i:i + 1], images.y[i:i + 1]
     model = models.create("lenet_zhu", jax.random.key(seed + i), input_shape=(32, 32, 3),
@@ -283,8 +284,8 @@ def section_restarts(seed: int) -> list[dict]:
   for strategy in ("sequential", "vmap", "map"):
     base = None
     for r in map(int, _RESTART_COUNTS.value):
-      kw = dict(input_shape=(32, 32, 3), restarts=r, strategy=strategy, chunk=attack.iterations,
-                map_batch_size=min(_MAP_BATCH.value, r))
+      kw = dict(input_shape=(32, 32, 3), restarts=r, execution=solvers.Execution(
+          strategy, chunk=attack.iterations, map_batch_size=min(_MAP_BATCH.value, r)))
       attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
       start = time.perf_counter()
       rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
@@ -317,19 +318,20 @@ def section_linesearch(seed: int, restarts: int) -> list[dict]:
       return False
 
     # Accounting run: one iteration per chunk, the per-restart evaluation counters after each.
-    attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), strategy="vmap", chunk=1,
-                        monitor=monitor, **kw)
+    attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2),
+                        execution=solvers.Execution("vmap", chunk=1, monitor=monitor), **kw)
     per_iteration = np.diff(np.stack(counts), axis=0)  # (iterations - 1, restarts)
     row = dict(cap=cap, restarts=restarts, iterations=iterations,
                mean_evaluations=float(per_iteration.mean()),
                mean_max_evaluations=float(per_iteration.max(axis=1).mean()))
     row["efficiency"] = row["mean_evaluations"] / row["mean_max_evaluations"]
     for strategy in ("vmap", "sequential"):
-      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), strategy=strategy,
-                          chunk=iterations, **kw)  # compiles (vmap: one program per restart count)
+      execution = solvers.Execution(strategy, chunk=iterations)
+      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), execution=execution,
+                          **kw)  # compiles (vmap: one program per restart count)
       start = time.perf_counter()
-      rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), strategy=strategy,
-                                chunk=iterations, **kw)
+      rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), execution=execution,
+                                **kw)
       row[f"{strategy}_s"] = time.perf_counter() - start
     x_all = np.asarray(rec.x_restarts).reshape(restarts, *images.x.shape[1:])
     psnr = metrics.psnr(x_all, np.broadcast_to(images.x, x_all.shape))

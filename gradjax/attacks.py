@@ -244,8 +244,26 @@ def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
   return _solver_cached(key, apply_fn)
 
 
+class MatchingData(NamedTuple):
+  """What the solver's objective reads besides the dummy data (shared by every restart).
+
+  observation: the :class:`~gradjax.observation.Observation`.
+  labels: (N,) known or inferred int labels, or ``None`` when labels are optimised jointly.
+  bounds: (lo, hi), each (C,): the image box in the model's input space.
+  weights: per-leaf distance weights (:func:`layer_weights`) or ``None``.
+
+  Each restart also sees its own ``order`` (N,) of the labels (a permutation-search candidate):
+  the solver's data is ``(MatchingData, order)``.
+  """
+
+  observation: Observation
+  labels: jax.Array | None
+  bounds: tuple[jax.Array, jax.Array]
+  weights: dict | None
+
+
 def _clip_to_box(dummy, data):
-  (_, _, (lo, hi), _), _ = data
+  lo, hi = data[0].bounds
   return {**dummy, "x": jnp.clip(dummy["x"], lo, hi)}
 
 
@@ -257,10 +275,9 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
                                 mode=attack.objective, remat=attack.remat)
 
   def value_fn(dummy, data, step):
-    (observation, labels, _, weights), order = data
-    if labels is not None:
-      labels = labels[order]
-    return objective(dummy, observation, labels, step, weights)
+    shared, order = data
+    labels = None if shared.labels is None else shared.labels[order]
+    return objective(dummy, shared.observation, labels, step, shared.weights)
 
   return solvers.make_solver(value_fn, _optimizer(attack), tol=attack.tol,
                              project=_clip_to_box if attack.box else None)
@@ -319,11 +336,8 @@ def layer_weights(attack: Attack, observation: Observation):
 
 def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
                 input_shape: tuple[int, int, int], bounds=(0.0, 1.0), restarts: int = 1,
-                strategy: str = "auto", chunk: int = 50, map_batch_size: int | None = None,
-                unroll: int = 1, callback: Callable[[solvers.Progress], None] | None = None,
-                permutations: int = 1, permutation_seed: int = 0, halving_rounds: int = 1,
-                halving_keep: float = 0.5, shard: bool = False,
-                monitor: Callable[[solvers.SolverState], bool] | None = None) -> Reconstruction:
+                permutations: int = 1, permutation_seed: int = 0,
+                execution: solvers.Execution = solvers.Execution()) -> Reconstruction:
   """Reconstructs the client's data behind ``observation``.
 
   Args:
@@ -336,16 +350,13 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
       e.g. ((0 − mean) / std, (1 − mean) / std) for normalised inputs. Used by ``box`` and the
       ``uniform`` / ``constant`` initialisations.
     restarts: independent random initialisations; the one with the lowest objective is returned.
-    strategy, chunk, map_batch_size, unroll, callback: see :func:`gradjax.solvers.run`.
     permutations: permutation search: up to this many candidate orders of the known or inferred
       labels (:func:`gradjax.permutations.candidates`, for the client's local mini-batch size) are
       each run from every restart's initialisation, all in one solver run; the lowest objective
       wins. 1 = take the labels in the order given. Needs labels that are not optimised jointly.
     permutation_seed: seed of the candidate sample when there are more orders than ``permutations``.
-    halving_rounds, halving_keep: successive halving over the restarts × candidates
-      (:func:`gradjax.solvers.halving_schedule`).
-    shard: split the restarts × candidates over every device (:func:`gradjax.solvers.run`).
-    monitor: ``monitor(state) -> stop`` after every chunk (:func:`gradjax.solvers.run`).
+    execution: how the restarts × candidates run (:class:`gradjax.solvers.Execution`: strategy,
+      chunk, successive halving, sharding over devices, progress callback and monitor).
   """
   check_observation(observation)
   if restarts < 1:
@@ -389,12 +400,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
   init = jax.vmap(lambda kr: init_dummy(kr, attack.init, (n, *input_shape),
                                        num_classes if known is None else None, (lo, hi), dtype,
                                        gamma=attack.objective == "dlm"))(keys)
-  state = solvers.run(_solver(attack, apply_fn), init, (observation, known, (lo, hi), weights),
-                      iterations=attack.iterations, chunk=chunk, strategy=strategy,
-                      map_batch_size=map_batch_size, unroll=unroll, tol=attack.tol,
-                      callback=callback, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))),
-                      halving_rounds=halving_rounds, halving_keep=halving_keep, shard=shard,
-                      monitor=monitor)
+  state = solvers.run(_solver(attack, apply_fn), init, MatchingData(observation, known, (lo, hi), weights),
+                      iterations=attack.iterations, execution=execution,
+                      restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))
   state = solvers.fetch(state)
   losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
   if not np.isfinite(losses).any():

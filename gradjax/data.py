@@ -93,6 +93,9 @@ _NORMALIZATIONS = {
 }
 
 
+NORMALIZATION_NAMES = tuple(_NORMALIZATIONS)
+
+
 def normalization(name: str) -> Normalization:
   """Returns the named normalisation: "none", "cifar10", "cifar100", "mnist" or "imagenet"."""
   if name not in _NORMALIZATIONS:

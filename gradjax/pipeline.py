@@ -22,67 +22,160 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, data, defenses, interop, lpips, metrics, models
+from gradjax import attacks, checkpoint, clients, data, defenses, distances, interop, lpips, metrics, models
+from gradjax import labels as labels_lib
+from gradjax import priors as priors_lib
+from gradjax import solvers
 
 CLIENTS = ("fedsgd", "fedavg")
 LPIPS = ("auto", "none", *lpips.NETWORKS)  # auto: AlexNet when the lpips extra is installed
 SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known labels reveals
 
 
+def _field(default, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
+           attack: str | None = None, parse: Callable | None = None, execution: bool = False):
+  """A :class:`Config` field with its documentation, declared once. The experiment programs derive
+  their flags from these (``experiments/common.py``).
+
+  help: the flag's help text. flag: the flag's name when it is not the field's. choices: the only
+  values the flag takes. attack: the :class:`gradjax.attacks.Attack` field this one overrides when
+  set (``parse`` turns the flag's text into that field's value). execution: a field of
+  :class:`gradjax.solvers.Execution`.
+  """
+  return dataclasses.field(default=default, metadata=dict(
+      help=help, flag=flag, choices=choices, attack=attack, parse=parse, execution=execution))
+
+
+def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
+  """``"tv:1e-4,l2:1e-6:100"`` -> ``(("tv", 1e-4, 0), ("l2", 1e-6, 100))``; ``""`` -> no priors."""
+  out = []
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    parts = item.split(":")
+    try:
+      if len(parts) not in (2, 3):
+        raise ValueError
+      out.append((parts[0], float(parts[1]), int(parts[2]) if len(parts) == 3 else 0))
+    except ValueError:
+      raise ValueError(f"bad prior {item!r}: use name:weight[:start_step], e.g. tv:1e-4") from None
+  return tuple(out)
+
+
+def _names(registry) -> str:
+  return ", ".join(registry)
+
+
+_PRESET = " (the preset's if unset)"
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """Everything that defines one reconstruction experiment (``None`` = the preset's or source's default)."""
+  """Everything that defines one reconstruction experiment (``None`` = the preset's or source's
+  default). Each field carries its documentation (``dataclasses.fields(Config)[i].metadata["help"]``),
+  which is also its command-line flag's help."""
 
-  attack: str = "dlg"
-  model: str | None = "lenet_zhu"   # None with captured files: the files' "model" metadata
-  checkpoint: str | None = None
-  weights: str | None = None        # captured server weights (interop format)
-  observation: str | None = None    # captured gradient / update (interop format)
-  rename: str | None = None         # regex rules for the captured files' tensor names
-  num_samples: int | None = None    # captured: examples behind the update (the file's if unset)
-  init: str | None = None
-  act: str | None = None
-  num_classes: int | None = None
-  dataset: str | None = "skimage"   # None: no ground truth (captured files only)
-  data_dir: str | None = None
-  index: int = 0
-  batch_size: int = 1
-  image_size: int | None = None
-  channels: int | None = None
-  normalization: str = "none"
-  train_mode: bool = False
-  client: str = "fedsgd"
-  local_epochs: int = 1
-  local_batch_size: int | None = None
-  local_lr: float = 0.01
-  local_momentum: float = 0.0
-  shared_labels: str = "ordered"
-  defense: str | None = None
-  restarts: int = 1
-  permutations: int = 1
-  shard: bool = False
-  halving_rounds: int = 1
-  halving_keep: float = 0.5
-  strategy: str = "auto"
-  map_batch_size: int | None = None
-  iterations: int | None = None
-  objective: str | None = None
-  optimizer: str | None = None
-  learning_rate: float | None = None
-  tol: float | None = None
-  distance: str | None = None
-  layer_weights: str | None = None
-  priors: str | None = None
-  labels: str | None = None
-  schedule: str | None = None
-  box: bool | None = None
-  dummy_init: str | None = None
-  one_sample_per_step: bool | None = None
-  remat: bool | None = None
-  conv: str = "auto"
-  seed: int = 0
-  chunk: int = 100
-  lpips: str = "auto"
+  attack: str = _field("dlg", f"Attack preset: {_names(attacks.PRESETS)}.")
+  model: str | None = _field(
+      "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
+      "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
+  checkpoint: str | None = _field(
+      None, "Attack the model of this checkpoint (experiments/train.py) instead of a fresh --model "
+      "(its model, init and activation come from the checkpoint).")
+  weights: str | None = _field(
+      None, "Captured server weights to attack (a PyTorch state_dict as safetensors or .npz; see the "
+      "README's file format).")
+  observation: str | None = _field(
+      None, "Captured client gradient, update or weights after local training, against --weights "
+      "(same format).")
+  rename: str | None = _field(
+      None, "Regex rules for the captured files' tensor names, pattern=replacement, comma separated "
+      "(e.g. 'downsample=shortcut,^fc\\.=linear.' for torchvision ResNets).")
+  num_samples: int | None = _field(
+      None, "Captured: examples behind the update (the file's num_samples or labels if unset, else 1).")
+  init: str | None = _field(None, f"Model init: {_names(models.INITS)} (the model's own if unset).")
+  act: str | None = _field(
+      None, f"Activation for models that take one: {_names(models.ACTIVATIONS)}.")
+  num_classes: int | None = _field(None, "Model classes (the dataset's if unset).")
+  dataset: str | None = _field(
+      "skimage", f"Data source: {_names(data.DATASETS)} or tfds:<name>. With --observation: the "
+      "client's images for scoring, if given (else no ground truth).")
+  data_dir: str | None = _field(None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
+  index: int = _field(0, "First image of the client's batch.")
+  batch_size: int = _field(1, "Client batch size.")
+  image_size: int | None = _field(None, "Resize images to this square size (the source's if unset).")
+  channels: int | None = _field(None, "Convert images to 1 or 3 channels.")
+  normalization: str = _field("none", f"Input normalisation: {_names(data.NORMALIZATION_NAMES)}.")
+  train_mode: bool = _field(False, "Client runs the model in training mode (BatchNorm batch stats).")
+  client: str = _field("fedsgd", "Threat model: fedsgd (gradient) or fedavg (update after local "
+                       "training).")
+  local_epochs: int = _field(1, "FedAvg local epochs.")
+  local_batch_size: int | None = _field(None, "FedAvg local mini-batch size (whole batch if unset).")
+  local_lr: float = _field(0.01, "FedAvg local learning rate.")
+  local_momentum: float = _field(0.0, "FedAvg local SGD momentum.")
+  shared_labels: str = _field(
+      "ordered", "With known labels, what a FedAvg client reveals: ordered (labels per step) or "
+      "multiset (which labels, not which step).")
+  defense: str | None = _field(
+      None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
+      "clip:1,gaussian:1e-4.")
+  restarts: int = _field(1, "Random restarts; the lowest objective wins.")
+  permutations: int = _field(
+      1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
+  shard: bool = _field(
+      False, "Split restarts (x permutation candidates) over all devices, of all hosts with "
+      "--distributed.", execution=True)
+  halving_rounds: int = _field(
+      1, "Successive halving over restarts x candidates: rounds (1 = off).", execution=True)
+  halving_keep: float = _field(0.5, "Successive halving: fraction kept after each round.",
+                               execution=True)
+  strategy: str = _field("auto", "Restart strategy: auto (sequential on CPU, vmap on accelerators), "
+                         "tune, sequential, vmap, map.", execution=True)
+  map_batch_size: int | None = _field(None, "Restarts vectorised together by --strategy=map.",
+                                      execution=True)
+  iterations: int | None = _field(None, "Optimizer iterations" + _PRESET + ".", attack="iterations")
+  objective: str | None = _field(
+      None, f"What is matched{_PRESET}: {_names(attacks.MODES)}.", attack="objective")
+  optimizer: str | None = _field(
+      None, f"Optimizer{_PRESET}: {_names(solvers.OPTIMIZERS)}.", attack="optimizer")
+  learning_rate: float | None = _field(None, "Learning rate" + _PRESET + ".", flag="lr",
+                                       attack="learning_rate")
+  tol: float | None = _field(None, "Stop a restart once its objective is <= tol" + _PRESET + ".",
+                             attack="tol")
+  distance: str | None = _field(
+      None, f"Gradient distance{_PRESET}: {_names(distances.DISTANCES)}.", attack="distance")
+  layer_weights: str | None = _field(
+      None, f"Per-layer distance weights by depth: {_names(distances.SCHEDULES)}.",
+      attack="layer_weights")
+  priors: str | None = _field(
+      None, f"Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none; "
+      f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
+  labels: str | None = _field(
+      None, f"Label strategy: joint, known, or an inference method ({_names(labels_lib.METHODS)}).",
+      attack="labels")
+  schedule: str | None = _field(
+      None, f"Learning-rate schedule{_PRESET}: {_names(solvers.SCHEDULES)}.", attack="schedule")
+  box: bool | None = _field(None, "Clamp dummy data to the valid image range after every step.",
+                            attack="box")
+  dummy_init: str | None = _field(
+      None, f"Dummy-data init: {_names(attacks.DUMMY_INITS)}.", attack="init")
+  one_sample_per_step: bool | None = _field(
+      None, "DLG batch option: move one dummy example per step.", attack="one_sample_per_step")
+  remat: bool | None = _field(
+      None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
+      attack="remat")
+  conv: str = _field(
+      "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
+      "XLA:CPU), auto (im2col on CPU).", choices=models.CONVS)
+  seed: int = _field(0, "PRNG seed (model and dummy initialisation).")
+  chunk: int = _field(100, "Iterations per jitted chunk between progress reports.", execution=True)
+  lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
+                      "installed, else none).", choices=LPIPS)
+
+  def execution(self, callback: Callable | None = None, monitor: Callable | None = None
+                ) -> solvers.Execution:
+    """The :class:`gradjax.solvers.Execution` of this experiment's restarts."""
+    knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.metadata["execution"]}
+    return solvers.Execution(**knobs, callback=callback, monitor=monitor)
 
   def __post_init__(self):
     if bool(self.weights) != bool(self.observation):
@@ -113,30 +206,20 @@ class Config:
     if self.shared_labels not in SHARED_LABELS:
       raise ValueError(f"unknown label sharing {self.shared_labels!r}; choose one of "
                        f"{', '.join(SHARED_LABELS)}")
-
-
-def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
-  """``"tv:1e-4,l2:1e-6:100"`` -> ``(("tv", 1e-4, 0), ("l2", 1e-6, 100))``; ``""`` -> no priors."""
-  out = []
-  for item in filter(None, (s.strip() for s in spec.split(","))):
-    parts = item.split(":")
-    try:
-      if len(parts) not in (2, 3):
-        raise ValueError
-      out.append((parts[0], float(parts[1]), int(parts[2]) if len(parts) == 3 else 0))
-    except ValueError:
-      raise ValueError(f"bad prior {item!r}: use name:weight[:start_step], e.g. tv:1e-4") from None
-  return tuple(out)
+    for name in ("restarts", "permutations"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    self.execution()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
 
 
 def get_attack(cfg: Config) -> attacks.Attack:
   """The preset ``cfg.attack`` with the fields the configuration sets replaced."""
-  return attacks.get_attack(
-      cfg.attack, iterations=cfg.iterations, objective=cfg.objective, optimizer=cfg.optimizer, learning_rate=cfg.learning_rate,
-      tol=cfg.tol, distance=cfg.distance, layer_weights=cfg.layer_weights,
-      priors=None if cfg.priors is None else parse_priors(cfg.priors), labels=cfg.labels,
-      schedule=cfg.schedule, box=cfg.box, init=cfg.dummy_init,
-      one_sample_per_step=cfg.one_sample_per_step, remat=cfg.remat)
+  overrides = {}
+  for f in dataclasses.fields(cfg):
+    value, parse = getattr(cfg, f.name), f.metadata["parse"]
+    if f.metadata["attack"] and value is not None:
+      overrides[f.metadata["attack"]] = parse(value) if parse else value
+  return attacks.get_attack(cfg.attack, **overrides)
 
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -280,15 +363,13 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
 
   trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm)
   start = time.perf_counter()
-  rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
-                            bounds=image_bounds(norm, input_shape[-1]),
-                            restarts=cfg.restarts, strategy=cfg.strategy, chunk=cfg.chunk,
-                            map_batch_size=cfg.map_batch_size, callback=trace.progress,
-                            permutations=cfg.permutations, halving_rounds=cfg.halving_rounds,
-                            halving_keep=cfg.halving_keep, shard=cfg.shard,
-                            # PSNR per chunk needs a ground truth; sharded runs would gather the
-                            # whole solver state to the host for it, so they record the objective only.
+  # PSNR per chunk needs a ground truth; sharded runs would gather the whole solver state to the
+  # host for it, so they record the objective only.
+  execution = cfg.execution(callback=trace.progress,
                             monitor=trace.monitor if batch is not None and not cfg.shard else None)
+  rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
+                            bounds=image_bounds(norm, input_shape[-1]), restarts=cfg.restarts,
+                            permutations=cfg.permutations, execution=execution)
   wall = time.perf_counter() - start
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)

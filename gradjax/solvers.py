@@ -14,7 +14,7 @@ Divergence. A restart whose objective or iterate becomes NaN/inf is frozen at it
 and flagged ``alive=False``; other restarts continue. A restart whose best loss reaches ``tol`` is
 frozen too (converged).
 
-Restart strategies (``strategy``):
+Restart strategies (``Execution.strategy``):
 
 * ``"sequential"``: a Python loop over restarts, each jitted chain run alone. The CPU default: with
   L-BFGS (the DLG presets) the zoom line search is a while loop, which XLA:CPU runs slowly and which
@@ -30,10 +30,12 @@ Restart strategies (``strategy``):
 
 Scale. ``restart_data`` gives each restart its own data (a candidate label order); successive halving
 (``halving_rounds``) advances all restarts, keeps the best fraction by objective and continues, so many
-restarts cost little more than a few; ``shard=True`` splits the restarts over all devices (and hosts,
-after ``jax.distributed.initialize()``) with a ``NamedSharding`` on a 1-D ``"restarts"`` mesh.
+restarts cost little more than a few; ``shard`` splits the restarts over all devices (and hosts,
+after ``jax.distributed.initialize()``) with a ``NamedSharding`` on a 1-D ``"restarts"`` mesh. These
+knobs, with the progress ``callback`` and ``monitor``, travel together as one :class:`Execution`.
 """
 
+import dataclasses
 import functools
 import math
 import time
@@ -142,11 +144,14 @@ class SolverState(NamedTuple):
 
 
 class Solver(NamedTuple):
-  """Pure functions of one restart: ``init(params, data)``, ``step(state, data)``, ``finalize``."""
+  """Pure functions of one restart: ``init(params, data)``, ``step(state, data)``, ``finalize``, and
+  ``tol``: a restart whose best objective reaches it is frozen, and :func:`run` stops once every
+  live restart has (``None``: never)."""
 
   init: Callable[[PyTree, PyTree], SolverState]
   step: Callable[[SolverState, PyTree], SolverState]
   finalize: Callable[[SolverState, PyTree], SolverState]
+  tol: float | None = None
 
 
 def _all_finite(tree) -> jax.Array:
@@ -172,7 +177,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
       constraint) and to the initial iterate.
   """
   tx, linesearch = optimizer
-  tol = -jnp.inf if tol is None else tol
+  threshold = -jnp.inf if tol is None else tol
   value_and_grad = jax.value_and_grad(value_fn)
 
   def init(params, data):
@@ -211,7 +216,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
     best_params = _select(improved, state.params, state.best_params)
     best_loss = jnp.where(improved, value, state.best_loss)
     alive = state.alive & value_ok & _all_finite(params)
-    active = state.alive & (state.best_loss > tol)
+    active = state.alive & (state.best_loss > threshold)
     advanced = SolverState(params, opt_state, best_params, best_loss, state.iterations + 1,
                            state.evaluations + used, alive)
     # A restart that just went non-finite keeps its last finite iterate and best so far.
@@ -230,7 +235,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
                           best_loss=jnp.where(improved, value, state.best_loss),
                           evaluations=state.evaluations + 1)
 
-  return Solver(init, step, finalize)
+  return Solver(init, step, finalize, tol)
 
 
 class Progress(NamedTuple):
@@ -245,6 +250,53 @@ class Progress(NamedTuple):
   eta_s: float
 
 
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How :func:`run` executes the restarts: one record, built once and passed whole.
+
+  Attributes:
+    strategy: one of ``STRATEGIES`` (module docstring); ``"auto"``: sequential on CPU, vmap on
+      accelerators.
+    chunk: steps per jitted call between progress reports (and monitor calls).
+    map_batch_size: restarts vectorised together by the ``"map"`` strategy (``None``: all).
+    unroll: ``fori_loop`` unroll factor on accelerators (on CPU a chunk is a host loop of one-step
+      calls, see :func:`_compiled`).
+    halving_rounds, halving_keep: successive halving (:func:`halving_schedule`; 1 round: off). A
+      restart dropped after a round keeps the state it reached (its ``iterations`` say how far).
+    shard: split the restarts over every device (:func:`shard_restarts`; all hosts' devices after
+      ``jax.distributed.initialize()``) and run them with ``vmap``, each device advancing its share.
+      With halving, each round's survivors are gathered and split over the devices again.
+    callback: called on the host with a :class:`Progress` after every chunk.
+    monitor: called on the host with the (stacked, or one restart's) state after every chunk; a True
+      return stops the run there (e.g. once a reconstruction reaches a target PSNR).
+  """
+
+  strategy: str = "auto"
+  chunk: int = 50
+  map_batch_size: int | None = None
+  unroll: int = 1
+  halving_rounds: int = 1
+  halving_keep: float = 0.5
+  shard: bool = False
+  callback: Callable[[Progress], None] | None = None
+  monitor: Callable[[SolverState], bool] | None = None
+
+  def __post_init__(self):
+    if self.strategy not in STRATEGIES:
+      raise ValueError(f"unknown restart strategy {self.strategy!r}; choose one of "
+                       f"{', '.join(STRATEGIES)}")
+    if self.chunk < 1 or self.unroll < 1:
+      raise ValueError(f"chunk and unroll must be positive, got {self.chunk} and {self.unroll}")
+    if self.map_batch_size is not None and self.map_batch_size < 1:
+      raise ValueError(f"map_batch_size must be positive, got {self.map_batch_size}")
+    if self.halving_rounds < 1:
+      raise ValueError(f"halving rounds must be positive, got {self.halving_rounds}")
+    if not 0 < self.halving_keep <= 1:
+      raise ValueError(f"halving keep fraction must lie in (0, 1], got {self.halving_keep}")
+    if self.shard and self.strategy not in ("auto", "vmap"):
+      raise ValueError(f"sharded restarts run with vmap, not strategy {self.strategy!r}")
+
+
 def resolve_strategy(strategy: str) -> str:
   """``"auto"``: sequential on CPU, vmap on accelerators (see module docstring); ``"tune"`` is
   resolved by :func:`tune_strategy` inside :func:`run`."""
@@ -256,20 +308,21 @@ def resolve_strategy(strategy: str) -> str:
 
 
 def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: int = 5,
-                  map_batch_size: int | None = None, unroll: int = 1, restart_data: PyTree = None
+                  execution: Execution = Execution(), restart_data: PyTree = None
                   ) -> tuple[str, dict[str, float]]:
   """Measures ``steps`` iterations of every restart under each strategy and returns the fastest.
 
   Each strategy is compiled and run once untimed, then timed over the same ``steps`` from the same
-  start (so the figure is the per-chunk cost of a run, compilation excluded). With one restart only
-  ``"sequential"`` is considered. Returns (strategy, {strategy: seconds}). Nothing is cached: each
-  ``run(strategy="tune")`` measures again, so tune once and pass the winner for many short runs.
+  start (so the figure is the per-chunk cost of a run, compilation excluded), with ``execution``'s
+  ``map_batch_size`` and ``unroll``. With one restart only ``"sequential"`` is considered. Returns
+  (strategy, {strategy: seconds}). Nothing is cached: each ``run`` with strategy ``"tune"``
+  measures again, so tune once and pass the winner for many short runs.
   """
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   candidates = ("sequential",) if restarts == 1 else ("sequential", "vmap", "map")
   seconds = {}
   for strategy in candidates:
-    init, advance, _ = _compiled(solver, strategy, map_batch_size, unroll)
+    init, advance, _ = _compiled(solver, strategy, execution.map_batch_size, execution.unroll)
 
     def once():
       if strategy == "sequential":
@@ -376,69 +429,48 @@ def halving_schedule(iterations: int, restarts: int, rounds: int, keep: float
   return out
 
 
-def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int, chunk: int = 50,
-        strategy: str = "auto", map_batch_size: int | None = None, unroll: int = 1,
-        tol: float | None = None, callback: Callable[[Progress], None] | None = None,
-        restart_data: PyTree = None, halving_rounds: int = 1, halving_keep: float = 0.5,
-        shard: bool = False, monitor: Callable[[SolverState], bool] | None = None) -> SolverState:
+def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int,
+        execution: Execution = Execution(), restart_data: PyTree = None) -> SolverState:
   """Runs the restarts for ``iterations`` steps; returns the stacked final :class:`SolverState`.
 
   Args:
-    solver: from :func:`make_solver`.
+    solver: from :func:`make_solver` (its ``tol`` stops the run once every live restart reached it).
     init_params: initial dummy data with a leading restart axis R on every leaf.
     data: the observation-side arguments of the objective, shared by every restart.
     iterations: optimizer steps per restart (per surviving restart with halving).
-    chunk: steps per jitted call between progress reports.
-    strategy: one of ``STRATEGIES``.
-    map_batch_size: restarts vectorised together by the ``"map"`` strategy.
-    unroll: ``fori_loop`` unroll factor on accelerators (on CPU a chunk is a host loop of one-step
-      calls, see :func:`_compiled`).
-    tol: stop early once every live restart's best objective is <= tol (must match the solver's;
-      None: never).
-    callback: called with a :class:`Progress` after every chunk.
+    execution: how the restarts run (:class:`Execution`).
     restart_data: optional pytree with a leading axis R: restart r's solver then sees
       ``(data, restart_data[r])`` (e.g. its candidate label permutation).
-    halving_rounds, halving_keep: successive halving (:func:`halving_schedule`). A restart dropped
-      after a round keeps the state it reached (its ``iterations`` say how far it ran).
-    shard: split the restarts over every device (:func:`shard_restarts`; all hosts' devices after
-      ``jax.distributed.initialize()``) and run them with ``vmap``, each device advancing its share.
-      With halving, each round's survivors are gathered and split over the devices again.
-      The result is a global array sharded the same way (:func:`fetch` brings it to the host).
-    monitor: called on the host with the (stacked, or one restart's) state after every chunk; a
-      True return stops that run there (e.g. once a reconstruction reaches a target PSNR).
+
+  With ``execution.shard`` the result is a global array sharded over the devices (:func:`fetch`
+  brings it to the host).
   """
-  if iterations < 1 or chunk < 1:
-    raise ValueError(f"iterations and chunk must be positive, got {iterations} and {chunk}")
-  if shard:
-    if strategy not in ("auto", "vmap"):
-      raise ValueError(f"sharded restarts run with vmap, not strategy {strategy!r}")
-    restarts = jax.tree.leaves(init_params)[0].shape[0]
-    _check_restart_data(restart_data, restarts)  # before padding could hide a wrong count
-    mesh = restart_mesh()
-    init_params, restart_data = shard_restarts((init_params, restart_data), mesh)
-    state = _run(solver, init_params, data, iterations, chunk, "vmap", None, unroll, tol, callback,
-                 restart_data, halving_rounds, halving_keep, mesh, monitor, restarts)
-    return _slice(state, slice(0, restarts))
-  return _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
-              callback, restart_data, halving_rounds, halving_keep, None, monitor)
+  if iterations < 1:
+    raise ValueError(f"iterations must be positive, got {iterations}")
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+  _check_restart_data(restart_data, restarts)  # before padding could hide a wrong count
+  if not execution.shard:
+    return _run(solver, init_params, data, iterations, execution, restart_data, None, restarts)
+  mesh = restart_mesh()
+  init_params, restart_data = shard_restarts((init_params, restart_data), mesh)
+  state = _run(solver, init_params, data, iterations, dataclasses.replace(execution, strategy="vmap"),
+               restart_data, mesh, restarts)
+  return _slice(state, slice(0, restarts))
 
 
-def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size, unroll, tol,
-         callback, restart_data, halving_rounds, halving_keep, mesh, monitor, restarts=None):
+def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, execution: Execution,
+         restart_data: PyTree, mesh: jax.sharding.Mesh | None, restarts: int) -> SolverState:
   """The restart loop of :func:`run`. With a ``mesh`` the leading axis is padded to a multiple of
   the device count and ``restarts`` is the real count: halving ranks only those, and each later
   round's survivors are gathered on the host and sharded again (padded) over the mesh."""
-  padded = jax.tree.leaves(init_params)[0].shape[0]
-  restarts = padded if restarts is None else restarts
-  _check_restart_data(restart_data, padded)
-  schedule = halving_schedule(iterations, restarts, halving_rounds, halving_keep)
-  if resolve_strategy(strategy) == "tune":
-    strategy, _ = tune_strategy(solver, init_params, data, steps=min(chunk, iterations, 10),
-                                map_batch_size=map_batch_size, unroll=unroll,
-                                restart_data=restart_data)
-  strategy = resolve_strategy(strategy)
-  init, advance, finalize = _compiled(solver, strategy, map_batch_size, unroll, mesh)
-  tol = -jnp.inf if tol is None else tol
+  ex = execution
+  schedule = halving_schedule(iterations, restarts, ex.halving_rounds, ex.halving_keep)
+  strategy = resolve_strategy(ex.strategy)
+  if strategy == "tune":
+    strategy, _ = tune_strategy(solver, init_params, data, steps=min(ex.chunk, iterations, 10),
+                                execution=ex, restart_data=restart_data)
+  init, advance, finalize = _compiled(solver, strategy, ex.map_batch_size, ex.unroll, mesh)
+  tol = -jnp.inf if solver.tol is None else solver.tol
   stopped = False  # set once a monitor asks to stop: ends the whole run
 
   def drive(state, per, restart, done, n):
@@ -446,17 +478,17 @@ def _run(solver, init_params, data, iterations, chunk, strategy, map_batch_size,
     nonlocal stopped
     target, start, first = done + n, time.perf_counter(), done
     while done < target:
-      k = min(chunk, target - done)
+      k = min(ex.chunk, target - done)
       state = advance(state, data, per, k)
       done += k
       best, alive = fetch((state.best_loss, state.alive))
-      if callback is not None:
+      if ex.callback is not None:
         rate = (done - first) / max(time.perf_counter() - start, 1e-9)
-        callback(Progress(restart, done, iterations, float(best.min()), int(alive.sum()), rate,
-                          (iterations - done) / rate))
+        ex.callback(Progress(restart, done, iterations, float(best.min()), int(alive.sum()), rate,
+                             (iterations - done) / rate))
       if not (alive & (best > tol)).any():
         break
-      if monitor is not None and monitor(state if mesh is None else fetch(state)):
+      if ex.monitor is not None and ex.monitor(state if mesh is None else fetch(state)):
         stopped = True
         break
     return state

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import skimage.metrics
 
-from gradjax import attacks, clients, data, models
+from gradjax import attacks, clients, data, models, solvers
 
 
 def setup(index, image_size=16, channels=3, model="lenet_zhu", seed=0):
@@ -34,7 +34,7 @@ def test_restarts_pick_the_lowest_objective():
   batch, net, obs = setup(1)
   rec = attacks.reconstruct(attacks.get_attack("dlg", iterations=30), net.apply_fn, obs,
                             jax.random.key(0), input_shape=batch.x.shape[1:], restarts=3,
-                            strategy="vmap")
+                            execution=solvers.Execution("vmap"))
   assert rec.restart_losses.shape == (3,) and rec.x_restarts.shape == (3, 1, 16, 16, 3)
   assert rec.best_restart == int(np.argmin(rec.restart_losses))
   np.testing.assert_array_equal(rec.x, rec.x_restarts[rec.best_restart])

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -114,6 +115,40 @@ def test_attack_parts_from_flags(tmp_path):
   assert attack["init"] == "pattern" and attack["labels"] == "known"
   bad = run_program("reconstruct.py", "--priors=tv:abc", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "name:weight" in bad.stderr
+
+
+def test_flags_are_the_config_fields():
+  """Each Config field is one flag (same default, the field's help); parsed flags build the Config,
+  the attack overrides and the one Execution record."""
+  code = textwrap.dedent("""
+      import dataclasses, json, sys
+      sys.path.insert(0, "experiments")
+      import common
+      from absl import flags
+      from gradjax import pipeline
+      common.define_flags()
+      flags.FLAGS(["prog", "--lr=0.5", "--strategy=vmap", "--halving_rounds=2", "--chunk=7",
+                   "--iterations=9", "--dummy_init=uniform", "--priors=tv:1e-3", "--restarts=3"])
+      out = {"fields": [], "missing": []}
+      for f in dataclasses.fields(pipeline.Config):
+        flag = flags.FLAGS[common.flag_name(f)]
+        out["fields"].append([f.name, flag.name, flag.default == f.default, f.metadata["help"] in flag.help])
+      cfg = common.config_from_flags()
+      attack, ex = pipeline.get_attack(cfg), cfg.execution()
+      out["attack"] = [attack.learning_rate, attack.iterations, attack.init, list(map(list, attack.priors))]
+      out["execution"] = [ex.strategy, ex.chunk, ex.halving_rounds, ex.halving_keep, ex.shard]
+      out["restarts"] = cfg.restarts
+      print(json.dumps(out))
+      """)
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = json.loads(proc.stdout.splitlines()[-1])
+  assert all(same_default and same_help for _, _, same_default, same_help in out["fields"])
+  names = {name: flag for name, flag, _, _ in out["fields"]}
+  assert names["learning_rate"] == "lr" and all(n == f for n, f in names.items() if n != "learning_rate")
+  assert out["attack"] == [0.5, 9, "uniform", [["tv", 1e-3, 0]]]
+  assert out["execution"] == ["vmap", 7, 2, 0.5, False] and out["restarts"] == 3
 
 
 @pytest.mark.skipif(__import__("gradjax.data").data.default_data_dir() is None, reason="needs ../shared/data")

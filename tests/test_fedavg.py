@@ -160,7 +160,8 @@ def test_dlm_gamma_converges_to_one_over_lr_on_an_easy_case():
                                  solvers.make_optimizer("adam", 0.05))
     init = {"x": jnp.asarray(x + 0.05 * rng.normal(size=x.shape))[None],
             "log_gamma": jnp.zeros((1,))}
-    state = solvers.run(solver, init, None, iterations=3000, chunk=1000, strategy="sequential")
+    state = solvers.run(solver, init, None, iterations=3000,
+                        execution=solvers.Execution("sequential", chunk=1000))
   np.testing.assert_allclose(np.exp(state.best_params["log_gamma"][0]), 100.0, rtol=1e-4)
   np.testing.assert_allclose(state.best_params["x"][0], x, atol=1e-6)
 

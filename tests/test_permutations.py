@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import attacks, clients, models, permutations
+from gradjax import attacks, clients, models, permutations, solvers
 
 
 def blocks(seq, b):
@@ -63,7 +63,7 @@ def test_search_recovers_the_mini_batch_assignment():
     obs = clients.fedavg(model.apply_fn, model.variables, x, y, local, share_labels="multiset")
     np.testing.assert_array_equal(obs.labels, [0, 1, 2, 3])
     attack = attacks.Attack(objective="replay", labels="known", iterations=300)
-    kw = dict(input_shape=(5, 5, 1), strategy="vmap")
+    kw = dict(input_shape=(5, 5, 1), execution=solvers.Execution("vmap"))
     plain = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)
     search = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), permutations=6,
                                  **kw)

@@ -15,7 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
-    import json
+    import dataclasses, json
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     from gradjax import attacks, clients, models, solvers
@@ -26,19 +26,21 @@ SCRIPT = textwrap.dedent("""
     value = lambda p, data, step: jnp.sum((p["p"] - data[1]) ** 2)
     solver = solvers.make_solver(value, solvers.make_optimizer("adam", 0.1))
     init = {"p": jnp.zeros((8, 5))}
-    kw = dict(iterations=50, chunk=25, strategy="vmap", restart_data=targets)
-    sharded = solvers.run(solver, init, None, shard=True, **kw)
-    plain = solvers.run(solver, init, None, **kw)
+    kw = dict(iterations=50, restart_data=targets)
+    execution = solvers.Execution("vmap", chunk=25)
+    sharded = solvers.run(solver, init, None, execution=dataclasses.replace(execution, shard=True), **kw)
+    plain = solvers.run(solver, init, None, execution=execution, **kw)
     leaf = sharded.best_params["p"]
     out["shards"] = sorted((s.device.id, s.data.shape[0]) for s in leaf.addressable_shards)
     out["solver_max_diff"] = float(np.abs(np.asarray(leaf) - np.asarray(plain.best_params["p"])).max())
 
     # Successive halving over 6 restarts (padded to 8): 6 -> 3 -> 1 survivors, re-sharded per round.
-    kw = dict(iterations=40, chunk=10, strategy="vmap", restart_data=targets[:6] * jnp.arange(1, 7)[:, None],
-              halving_rounds=3, halving_keep=0.5)
+    kw = dict(iterations=40, restart_data=targets[:6] * jnp.arange(1, 7)[:, None])
+    execution = solvers.Execution("vmap", chunk=10, halving_rounds=3, halving_keep=0.5)
     init6 = {"p": jnp.zeros((6, 5))}
-    sharded = solvers.fetch(solvers.run(solver, init6, None, shard=True, **kw))
-    plain = solvers.run(solver, init6, None, **kw)
+    sharded = solvers.fetch(solvers.run(solver, init6, None,
+                                        execution=dataclasses.replace(execution, shard=True), **kw))
+    plain = solvers.run(solver, init6, None, execution=execution, **kw)
     out["halving_iterations"] = [np.asarray(sharded.iterations).tolist(), np.asarray(plain.iterations).tolist()]
     out["halving_max_diff"] = float(np.abs(np.asarray(sharded.best_params["p"])
                                            - np.asarray(plain.best_params["p"])).max())
@@ -50,9 +52,9 @@ SCRIPT = textwrap.dedent("""
     obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([2]))
     attack = attacks.get_attack("dlg", iterations=30)
     a = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(3), input_shape=(8, 8, 3),
-                            restarts=6, strategy="vmap", shard=True)
+                            restarts=6, execution=solvers.Execution("vmap", shard=True))
     b = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(3), input_shape=(8, 8, 3),
-                            restarts=6, strategy="vmap")
+                            restarts=6, execution=solvers.Execution("vmap"))
     out["restarts"] = len(a.restart_losses)
     out["attack_loss_rel_diff"] = float(np.max(np.abs(a.restart_losses - b.restart_losses)
                                                / np.abs(b.restart_losses)))

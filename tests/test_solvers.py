@@ -29,8 +29,8 @@ def stacked(*rows):
 def test_lbfgs_finds_closed_form_minimiser(strategy):
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs", 1.0, history=10))
   init = stacked(np.zeros(6), np.ones(6), -np.ones(6))
-  state = solvers.run(solver, init, jnp.asarray(C), iterations=30, chunk=7, strategy=strategy,
-                      map_batch_size=2)
+  state = solvers.run(solver, init, jnp.asarray(C), iterations=30,
+                      execution=solvers.Execution(strategy, chunk=7, map_batch_size=2))
   np.testing.assert_allclose(state.best_params["p"], np.broadcast_to(C, (3, 6)), atol=1e-8)
   assert np.all(state.best_loss < 1e-15)
   assert np.all(state.alive)
@@ -40,8 +40,8 @@ def test_lbfgs_finds_closed_form_minimiser(strategy):
 
 def test_adam_counts_one_evaluation_per_iteration_and_tracks_the_best():
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.1))
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=500, chunk=100,
-                      strategy="sequential")
+  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=500,
+                      execution=solvers.Execution("sequential", chunk=100))
   assert int(state.iterations[0]) == 500
   assert int(state.evaluations[0]) == 501  # 500 steps + the final evaluation
   np.testing.assert_allclose(state.best_params["p"][0], C, atol=1e-2)
@@ -53,8 +53,9 @@ def test_adam_counts_one_evaluation_per_iteration_and_tracks_the_best():
 def test_strategies_agree():
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.05))
   init = stacked(np.zeros(6), np.full(6, 2.0), np.linspace(-1, 1, 6))
-  results = [solvers.run(solver, init, jnp.asarray(C), iterations=40, chunk=15, strategy=s,
-                         map_batch_size=2) for s in ("sequential", "vmap", "map")]
+  results = [solvers.run(solver, init, jnp.asarray(C), iterations=40,
+                         execution=solvers.Execution(s, chunk=15, map_batch_size=2))
+             for s in ("sequential", "vmap", "map")]
   for other in results[1:]:
     np.testing.assert_allclose(other.best_params["p"], results[0].best_params["p"], rtol=1e-10)
     np.testing.assert_array_equal(other.iterations, results[0].iterations)
@@ -71,7 +72,8 @@ def test_diverging_restart_is_isolated(strategy):
   # SGD with lr 1 from p0 = 0.2: the step p0 - (1/p0 + 2 p0) jumps below zero, where log is NaN.
   solver = solvers.make_solver(log_objective, solvers.make_optimizer("sgd", 1.0))
   init = stacked(np.full(6, 0.2), np.full(6, -1.0))
-  state = jax.device_get(solvers.run(solver, init, None, iterations=20, chunk=5, strategy=strategy))
+  state = jax.device_get(solvers.run(solver, init, None, iterations=20,
+                                     execution=solvers.Execution(strategy, chunk=5)))
   # Restart 0 had one finite evaluation at its start, then diverged: frozen with that best.
   assert not state.alive[0] and not state.alive[1]
   np.testing.assert_allclose(state.best_loss[0], np.log(0.2) + 6 * 0.04, rtol=1e-12)
@@ -84,8 +86,8 @@ def test_diverging_restart_is_isolated(strategy):
 def test_tolerance_stops_early_and_progress_is_reported():
   reports = []
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs", 1.0), tol=1e-20)
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=1000, chunk=10,
-                      strategy="sequential", tol=1e-20, callback=reports.append)
+  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=1000,
+                      execution=solvers.Execution("sequential", chunk=10, callback=reports.append))
   assert int(state.iterations[0]) < 1000
   assert reports[-1].iteration < 1000 and reports[-1].iteration % 10 == 0
   assert [r.iteration for r in reports] == list(range(10, reports[-1].iteration + 1, 10))
@@ -102,6 +104,17 @@ def test_bad_arguments():
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.1))
   with pytest.raises(ValueError, match="positive"):
     solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=0)
+  for bad, message in [(dict(strategy="parallel"), "unknown restart strategy 'parallel'"),
+                       (dict(chunk=0), "chunk and unroll must be positive"),
+                       (dict(map_batch_size=0), "map_batch_size must be positive"),
+                       (dict(halving_rounds=0), "halving rounds must be positive"),
+                       (dict(halving_keep=1.5), "halving keep fraction"),
+                       (dict(strategy="map", shard=True), "sharded restarts run with vmap")]:
+    with pytest.raises(ValueError, match=message):
+      solvers.Execution(**bad)
+  with pytest.raises(ValueError, match="halving rounds must lie in"):
+    solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=2,
+                execution=solvers.Execution(halving_rounds=3))
 
 
 def test_step_schedule_matches_inverting_gradients_milestones():
@@ -145,7 +158,8 @@ def test_projection_keeps_iterates_in_the_box():
       quadratic, solvers.make_optimizer("adam", 0.5),
       project=lambda params, data: {"p": jnp.clip(params["p"], -0.25, 0.25)})
   init = stacked(np.full(6, 3.0))  # projected at init too
-  state = solvers.run(solver, init, jnp.asarray(C), iterations=200, chunk=50, strategy="sequential")
+  state = solvers.run(solver, init, jnp.asarray(C), iterations=200,
+                      execution=solvers.Execution("sequential", chunk=50))
   assert np.all(np.abs(state.best_params["p"]) <= 0.25)
   # The box-constrained minimiser of a quadratic: compare with a fine projected-gradient reference.
   ref = np.zeros(6)
@@ -164,8 +178,8 @@ def test_lbfgs_rejects_a_schedule():
 def test_fixed_step_lbfgs_solves_a_quadratic():
   """Unit L-BFGS steps without a line search (PyTorch's default) converge on an SPD quadratic."""
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs_fixed", 1.0, history=10))
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=60, chunk=20,
-                      strategy="sequential")
+  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=60,
+                      execution=solvers.Execution("sequential", chunk=20))
   np.testing.assert_allclose(state.best_params["p"][0], C, atol=1e-7)
   assert int(state.evaluations[0]) == 61  # one evaluation per step, plus the final one
 
@@ -192,9 +206,9 @@ def test_restart_data_and_successive_halving(strategy):
   offsets = jnp.asarray([5.0, 0.5, 3.0, 0.0, 4.0, 2.0])
   solver = solvers.make_solver(offset_quadratic, solvers.make_optimizer("adam", 0.05))
   init = {"p": jnp.zeros((r, 6))}
-  state = jax.device_get(solvers.run(solver, init, None, iterations=300, chunk=40, strategy=strategy,
-                                     map_batch_size=2, restart_data=(targets, offsets),
-                                     halving_rounds=3, halving_keep=0.5))
+  execution = solvers.Execution(strategy, chunk=40, map_batch_size=2, halving_rounds=3, halving_keep=0.5)
+  state = jax.device_get(solvers.run(solver, init, None, iterations=300, execution=execution,
+                                     restart_data=(targets, offsets)))
   # Rounds of 100 steps: 6 restarts, then the best 3 by objective (offsets 0, 0.5, 2), then 2.
   np.testing.assert_array_equal(state.iterations, [100, 300, 100, 300, 100, 200])
   assert np.argmin(state.best_loss) == 3
@@ -218,8 +232,8 @@ def test_monitor_stops_a_run_after_the_chunk_it_returns_true(strategy):
     seen.append(int(np.max(state.iterations)))
     return seen[-1] >= 30
 
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=100, chunk=10,
-                      strategy=strategy, monitor=monitor)
+  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=100,
+                      execution=solvers.Execution(strategy, chunk=10, monitor=monitor))
   assert seen == [10, 20, 30] and int(state.iterations[0]) == 30
 
 
@@ -231,12 +245,14 @@ def test_tune_times_every_strategy_and_picks_the_fastest():
   assert all(t > 0 for t in seconds.values())
   one, timed = solvers.tune_strategy(solver, stacked(np.zeros(6)), jnp.asarray(C), steps=3)
   assert one == "sequential" and set(timed) == {"sequential"}
-  state = solvers.run(solver, init, jnp.asarray(C), iterations=200, chunk=50, strategy="tune")
+  state = solvers.run(solver, init, jnp.asarray(C), iterations=200,
+                      execution=solvers.Execution("tune", chunk=50))
   np.testing.assert_allclose(state.best_params["p"], np.tile(C, (3, 1)), atol=1e-3)
 
 
 def test_monitor_stop_ends_every_round_of_halving():
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.01))
+  execution = solvers.Execution("vmap", chunk=25, halving_rounds=2, monitor=lambda state: True)
   state = solvers.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=200,
-                      chunk=25, strategy="vmap", halving_rounds=2, monitor=lambda state: True)
+                      execution=execution)
   np.testing.assert_array_equal(state.iterations, [25, 25])
