@@ -31,7 +31,6 @@ import time
 from typing import NamedTuple
 
 import jax
-import numpy as np
 from absl import app, flags, logging
 
 import common

@@ -61,6 +61,7 @@ from gradjax import labels as labels_lib
 from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import solvers
+from gradjax.compilation import once
 from gradjax.objectives import MODES, gradient_matching
 from gradjax.observation import Observation, check_observation
 
@@ -318,6 +319,14 @@ def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], num_classes: i
   return dummy
 
 
+@functools.partial(once, static_argnums=(1, 2, 3, 4, 5, 7, 8))
+def _init_restarts(key, restarts, candidates, init, shape, num_classes, bounds, dtype, gamma):
+  """Every run's initial dummy data, stacked (restart r's init repeated for each of the
+  ``candidates`` label orders, from ``jax.random.split(key, restarts)[r]``), as one program."""
+  keys = jnp.repeat(jax.random.split(key, restarts), candidates, axis=0)
+  return jax.vmap(lambda kr: init_dummy(kr, init, shape, num_classes, bounds, dtype, gamma=gamma))(keys)
+
+
 def layer_weights(attack: Attack, observation: Observation):
   """Per-leaf distance weights of ``attack`` (a pytree of scalars), or None for unweighted.
 
@@ -396,10 +405,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                                          permutations, permutation_seed)
   k = orders.shape[0]
   weights = layer_weights(attack, observation)
-  keys = jnp.repeat(jax.random.split(key, restarts), k, axis=0)
-  init = jax.vmap(lambda kr: init_dummy(kr, attack.init, (n, *input_shape),
-                                       num_classes if known is None else None, (lo, hi), dtype,
-                                       gamma=attack.objective == "dlm"))(keys)
+  init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),
+                        num_classes if known is None else None, (lo, hi), dtype,
+                        attack.objective == "dlm")
   state = solvers.run(_solver(attack, apply_fn), init, MatchingData(observation, known, (lo, hi), weights),
                       iterations=attack.iterations, execution=execution,
                       restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))

@@ -8,12 +8,14 @@
   update W_t − W_{t+1}. :func:`aggregate` averages several clients' updates (secure aggregation's view).
 """
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradjax.compilation import once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
@@ -51,13 +53,19 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     Observation with the gradient (same tree as ``variables["params"]``).
   """
   x, y = _check_client_data(apply_fn, variables, x, y)
+  gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
+  return Observation(gradient=gradient, variables=variables, labels=y if share_labels else None,
+                     num_samples=int(x.shape[0]), threat_model="fedsgd", train=train)
+
+
+@functools.partial(once, static_argnums=(3, 4, 5))
+def _gradient(variables, x, y, apply_fn, train, loss_fn):
+  """∇_θ loss_fn(f_θ(x), y) at ``variables["params"]``, as one program."""
 
   def loss(params):
     return loss_fn(apply_fn({**variables, "params": params}, x, train), y)
 
-  gradient = jax.grad(loss)(variables["params"])
-  return Observation(gradient=gradient, variables=variables, labels=y if share_labels else None,
-                     num_samples=int(x.shape[0]), threat_model="fedsgd", train=train)
+  return jax.grad(loss)(variables["params"])
 
 
 class LocalTraining(NamedTuple):

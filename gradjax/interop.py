@@ -58,7 +58,6 @@ import os
 import re
 import struct
 import zipfile
-import zlib
 from collections.abc import Mapping as MappingABC
 from typing import Any, NamedTuple, Sequence
 

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from gradjax.compilation import once
+
 NETWORKS = ("alex", "vgg")
 _FILES = {"alex": "alexnet.ckpt", "vgg": "vgg16.ckpt"}
 _SHIFT = np.array([-0.030, -0.088, -0.188], np.float32)
@@ -149,7 +151,7 @@ def _features(metric: Metric, x):
   return [f / (jnp.sqrt(jnp.sum(f * f, axis=-1, keepdims=True)) + 1e-10) for f in feats]
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@functools.partial(once, static_argnums=0)
 def _distance(net, params, lin, x, y):
   metric = Metric(net, params, lin)
   fx, fy = _features(metric, x), _features(metric, y)

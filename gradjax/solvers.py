@@ -47,6 +47,8 @@ import numpy as np
 import optax
 
 from gradjax import lbfgs
+from gradjax import compilation
+from gradjax.compilation import once
 
 PyTree = Any
 STRATEGIES = ("auto", "tune", "sequential", "vmap", "map")
@@ -324,7 +326,7 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
   for strategy in candidates:
     init, advance, _ = _compiled(solver, strategy, execution.map_batch_size, execution.unroll)
 
-    def once():
+    def chunk():
       if strategy == "sequential":
         return [advance(init(_slice(init_params, r), data,
                              None if restart_data is None else _slice(restart_data, r)),
@@ -332,9 +334,9 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
                 for r in range(restarts)]
       return advance(init(init_params, data, restart_data), data, restart_data, steps)
 
-    jax.block_until_ready(once())
+    jax.block_until_ready(chunk())
     start = time.perf_counter()
-    jax.block_until_ready(once())
+    jax.block_until_ready(chunk())
     seconds[strategy] = time.perf_counter() - start
   return min(seconds, key=seconds.get), seconds
 
@@ -381,9 +383,10 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
                              check_vma=False)(states, data, per)
       return sharded
     init, advance, finalize = per_device(init), per_device(advance), per_device(finalize)
-  # The state is donated to each chunk: its buffers are reused for the next state in place.
-  init, advance, finalize = (jax.jit(init), jax.jit(advance, static_argnums=3, donate_argnums=0),
-                             jax.jit(finalize))
+  # The state is donated to each chunk: its buffers are reused for the next state in place. The
+  # first and last evaluations run once: compiled fast, not optimised (gradjax.compilation).
+  init, advance, finalize = (once(init), jax.jit(advance, static_argnums=3, donate_argnums=0,
+                                                 compiler_options=compilation.STEP), once(finalize))
   if jax.default_backend() != "cpu":
     return init, advance, finalize
 
@@ -402,7 +405,8 @@ def _slice(tree, i):
 
 
 def _stack(trees):
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+  """Restart states stacked on the host (one NumPy call per leaf, nothing to compile)."""
+  return jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(trees))
 
 
 def _scatter(tree, index, sub):
@@ -494,7 +498,7 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
     return state
 
   per_of = (lambda i: None) if restart_data is None else (lambda i: _slice(restart_data, i))
-  survivors, done = jnp.arange(restarts), 0
+  survivors, done = np.arange(restarts), 0
   if strategy == "sequential":
     states = [init(_slice(init_params, r), data, per_of(r)) for r in range(restarts)]
     for count, n in schedule:
@@ -503,7 +507,7 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
         if not stopped:
           states[r] = drive(states[r], per_of(r), r, done, n)
       done += n
-      survivors = _rank(jnp.stack([s.best_loss for s in states]), survivors)
+      survivors = _rank(np.stack(jax.device_get([s.best_loss for s in states])), survivors)
     return _stack([finalize(s, data, per_of(r)) for r, s in enumerate(states)])
 
   state = init(init_params, data, restart_data)
@@ -526,7 +530,7 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
       sub = _slice(fetch(drive(sub, per, None, done, n)), slice(0, count))
       state = jax.tree.map(lambda x, s: _set_rows(x, index, s), state, sub)
     done += n
-    survivors = _rank(jnp.asarray(state.best_loss)[:restarts], survivors)
+    survivors = _rank(fetch(state.best_loss)[:restarts], survivors)
   if on_host:
     state, restart_data = shard_restarts((state, restart_data), mesh)
   return finalize(state, data, restart_data)
@@ -546,9 +550,10 @@ def _set_rows(x, index, rows):
 
 
 def _rank(best_loss, survivors):
-  """``survivors`` sorted by best objective (non-finite last), ties by index."""
-  loss = jnp.where(jnp.isfinite(best_loss), best_loss, jnp.inf)[survivors]
-  return survivors[jnp.argsort(loss, stable=True)]
+  """``survivors`` sorted by best objective (non-finite last), ties by index (on the host)."""
+  best_loss = np.asarray(jax.device_get(best_loss))
+  loss = np.where(np.isfinite(best_loss), best_loss, np.inf)[survivors]
+  return survivors[np.argsort(loss, kind="stable")]
 
 
 def restart_mesh(devices=None) -> jax.sharding.Mesh:

@@ -7,7 +7,6 @@ CHW flattening) on the file's tensors, and, when torch is installed, PyTorch its
 import json
 import os
 import pickle
-import struct
 import zipfile
 
 import jax

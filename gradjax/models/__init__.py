@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from gradjax.compilation import once
 from gradjax.models.convnet import ConvNet
 from gradjax.models.inits import INITS, get_initializers
 from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
@@ -134,5 +135,11 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
   )["params"]["head"]["kernel"].shape[0]
   if features == 0:
     raise ValueError(f"input {input_shape} is too small for {name}: its pooling leaves no features")
-  variables = module.init(key, jnp.zeros((1, *input_shape), dtype), train=False)
+  variables = _init(module, key, jnp.zeros((1, *input_shape), dtype))
   return Model(make_apply_fn(module), variables, name, input_shape, num_classes)
+
+
+@functools.partial(once, static_argnums=0)
+def _init(module: nn.Module, key: jax.Array, x: jax.Array):
+  """``module.init`` as one program (compiled once per module and input shape)."""
+  return module.init(key, x, train=False)
