@@ -1,7 +1,8 @@
 """Shared fixtures: real client images (scikit-image photos) and plain NumPy reference implementations.
 
-Tests marked ``isolated`` run in a Python process of their own: TensorFlow (tfds) must not share a
-process with PyTorch and jaxlib (with the three loaded, an XLA compilation segfaulted).
+Tests marked ``isolated`` run in a Python process of their own: those that import PyTorch or
+TensorFlow. With torch loaded into the pytest process, a later XLA compilation segfaulted (twice in
+CI, in tests/test_solvers.py); the session fails if either is found loaded in the main process.
 """
 
 import os
@@ -14,6 +15,15 @@ import pytest
 from gradjax import data
 
 _ISOLATED = "GRADJAX_TEST_ISOLATED"
+
+
+def pytest_sessionfinish(session, exitstatus):
+  """Fails the run if a test loaded PyTorch or TensorFlow into the main process (mark it isolated)."""
+  loaded = [m for m in ("torch", "tensorflow") if m in sys.modules]
+  if loaded and not os.environ.get(_ISOLATED):
+    print(f"\nerror: {' and '.join(loaded)} loaded in the main pytest process; mark the test that "
+          "imports it @pytest.mark.isolated", file=sys.stderr)
+    session.exitstatus = 1
 
 
 @pytest.hookimpl(tryfirst=True)

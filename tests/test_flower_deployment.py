@@ -14,15 +14,20 @@ import subprocess
 import sys
 import time
 
+import importlib.util
+
 import numpy as np
 import pytest
 
-pytest.importorskip("flwr")
-torch = pytest.importorskip("torch")
+from gradjax import audit, data, interop
 
-from gradjax import audit, data, interop  # noqa: E402
-
-pytestmark = pytest.mark.deployment
+# PyTorch is imported inside the test, which runs in a process of its own (marker ``isolated``):
+# with torch loaded, a later XLA compilation in the same pytest process segfaulted.
+pytestmark = [
+    pytest.mark.deployment, pytest.mark.isolated,
+    pytest.mark.skipif(importlib.util.find_spec("flwr") is None or importlib.util.find_spec("torch") is None,
+                       reason="needs flwr and torch"),
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "examples", "flower_audit")
@@ -108,6 +113,7 @@ def federation(tmp_path):
 
 
 def test_deployment_runtime_records_and_audits(federation, tmp_path):
+  import torch
   audit_dir = tmp_path / "audit"
   run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
                 "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu'")

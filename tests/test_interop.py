@@ -277,6 +277,7 @@ def _export_with_snippet(torch, model, x_nhwc, y, tmp_path, name):
   return w, g
 
 
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
 @pytest.mark.parametrize("which", ["lenet_zhu", "resnet8-2"])
 def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
   torch, LeNet, ResNet = _torch_models()
@@ -304,6 +305,7 @@ def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
   np.testing.assert_array_equal(np.asarray(imported.observation.labels), y)
 
 
+@pytest.mark.isolated  # imports torch
 def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
   from gradjax import attacks, metrics
   torch, LeNet, _ = _torch_models()
