@@ -408,9 +408,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
   init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),
                         num_classes if known is None else None, (lo, hi), dtype,
                         attack.objective == "dlm")
-  state = solvers.run(_solver(attack, apply_fn), init, MatchingData(observation, known, (lo, hi), weights),
-                      iterations=attack.iterations, execution=execution,
-                      restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))
+  data = MatchingData(observation, known, (lo, hi), weights)
+  state = solvers.run(_solver(attack, apply_fn), init, data, iterations=attack.iterations,
+                      execution=execution, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))
   state = solvers.fetch(state)
   losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
   if not np.isfinite(losses).any():

@@ -46,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradjax import lbfgs
 from gradjax import compilation
+from gradjax import lbfgs
 from gradjax.compilation import once
 
 PyTree = Any
