@@ -1,8 +1,10 @@
 """Shared fixtures: real client images (scikit-image photos) and plain NumPy reference implementations.
 
 Tests marked ``isolated`` run in a Python process of their own: those that import PyTorch or
-TensorFlow. With torch loaded into the pytest process, a later XLA compilation segfaulted (twice in
-CI, in tests/test_solvers.py); the session fails if either is found loaded in the main process.
+TensorFlow, which keeps their libraries, threads and memory out of the process that compiles JAX
+programs; the session fails if either is found loaded in the main process. (Segfaults of XLA
+compilations late in CI runs were first blamed on them; the cause was the number of memory mappings,
+see ``_release_compiled_programs``.)
 """
 
 import gc
