@@ -1,15 +1,21 @@
 """Flags shared by the experiment programs, and their translation into a ``pipeline.Config``."""
 
+import atexit
 import dataclasses
+import glob
+import logging as py_logging
 import os
 import sys
+import tempfile
 import typing
 
 import jax
 from absl import flags, logging
 
-from gradjax import solvers
+from gradjax import resume, solvers
 from gradjax.pipeline import Config
+
+STATE_FILE = "state.npz"
 
 MATMUL_PRECISIONS = ("bfloat16", "tensorfloat32", "float32", "default", "high", "highest")
 
@@ -60,11 +66,81 @@ def config_from_flags(**overrides) -> Config:
 
 
 def log_progress(p: solvers.Progress):
-  """One progress line per chunk: a bar, the objective, restarts alive, rate and ETA."""
-  where = "" if p.restart is None else f"restart {p.restart} "
-  filled = round(20 * p.iteration / max(p.iterations, 1))
-  logging.info("%s[%s%s] %d/%d  loss %.3e  alive %d  %.0f it/s  ETA %.1fs", where, "#" * filled,
-               "." * (20 - filled), p.iteration, p.iterations, p.best_loss, p.alive, p.its_per_s, p.eta_s)
+  """Logs :meth:`gradjax.solvers.Progress.line` after every chunk."""
+  logging.info("%s", p.line())
+
+
+def define_output_flags(default: str, resumable: bool = True):
+  """--output_dir (default ``runs/<default>``, suffixed -2, -3, ... when taken) and --overwrite; with
+  ``resumable`` also --resume and --save_every_s."""
+  flags.DEFINE_string("output_dir", None, f"Output folder (default runs/{default}, with -2, -3, ... "
+                      "appended when that folder holds another run).")
+  flags.DEFINE_bool("overwrite", False, "Write into an --output_dir that holds another run's files.")
+  if resumable:
+    flags.DEFINE_bool("resume", False, "Continue the interrupted run in --output_dir (without it: "
+                      "the latest default folder with a saved state).")
+    flags.DEFINE_float("save_every_s", 60.0, "Seconds between saves of the solver state, which "
+                       "--resume continues from (0: after every --chunk iterations).")
+
+
+def _holds_files(path: str) -> bool:
+  return os.path.isdir(path) and any(os.scandir(path))
+
+
+def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
+  """Claims the run's folder before any data is loaded or anything compiled, and checks that it is
+  writable. ``default``: the folder's name under ``runs/`` (from what is attacked). ``own``: glob
+  patterns of this program's files, removed from the folder with --overwrite.
+
+  A folder that holds files is never written into unless --overwrite or --resume says so; without
+  --output_dir the first free ``runs/<default>[-k]`` is taken (with --resume: the latest holding a
+  saved state)."""
+  f = flags.FLAGS
+  resuming = "resume" in f and f.resume
+  if "save_every_s" in f and f.save_every_s < 0:
+    fail(f"--save_every_s must be non-negative, got {f.save_every_s}")
+  if resuming and f.overwrite:
+    fail("--resume continues a run and --overwrite replaces one; give one of them")
+  if f.output_dir:
+    out = f.output_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+      fail(f"--output_dir {out} is a file, not a folder")
+    if _holds_files(out) and not (f.overwrite or resuming):
+      fail(f"--output_dir {out} holds another run's files; pass --overwrite to replace them"
+           + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
+  else:
+    base = os.path.join("runs", default)
+    taken = [base] + [f"{base}-{k}" for k in range(2, 10_000)]
+    if resuming:
+      saved = [d for d in taken[:len(glob.glob(base + "*")) + 1]
+               if glob.glob(os.path.join(d, "**", "*" + STATE_FILE), recursive=True)]
+      if not saved:
+        fail(f"--resume: no interrupted run under {base}[-k] holds a saved state; give --output_dir")
+      out = saved[-1]
+    else:
+      out = next(d for d in taken if not _holds_files(d))
+  if f.overwrite:
+    for pattern in own + (os.path.join("**", "*" + STATE_FILE),):
+      for path in glob.glob(os.path.join(out, pattern), recursive=True):
+        if os.path.isfile(path):
+          os.remove(path)
+  created = not os.path.exists(out)
+  try:
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryFile(dir=out):
+      pass
+  except OSError as e:
+    fail(f"cannot write to the output folder {out}: {e.strerror or e}")
+  if created:  # a run that fails before writing anything leaves no empty folder behind
+    atexit.register(lambda: os.path.isdir(out) and not any(os.scandir(out)) and os.rmdir(out))
+  logging.info("writing to %s", out)
+  return out
+
+
+def state_file(out: str, name: str = STATE_FILE) -> resume.StateFile:
+  """Where a run in ``out`` keeps its solver state, per the --save_every_s and --resume flags."""
+  f = flags.FLAGS
+  return resume.StateFile(os.path.join(out, name), f.save_every_s, f.resume)
 
 
 def permutation_seed(value: int, flag: str) -> int | None:
@@ -89,7 +165,13 @@ def parse_flags(argv):
     argv = flags.FLAGS(argv)
   except flags.Error as e:
     fail(str(e))
+  except SystemExit as e:  # --help and --helpfull print the flags, then absl exits 1
+    sys.exit(0 if any(a.split("=")[0] in ("--help", "-h", "--helpshort", "--helpfull", "-?")
+                      for a in argv[1:]) else e.code)
   f = flags.FLAGS
+  if "tpu" not in os.environ.get("JAX_PLATFORMS", "").split(","):
+    # JAX probes for a TPU runtime and logs "Unable to initialize backend 'tpu'" when there is none.
+    py_logging.getLogger("jax._src.xla_bridge").setLevel(py_logging.WARNING)
   if "compilation_cache" in f and f.compilation_cache:
     jax.config.update("jax_compilation_cache_dir", f.compilation_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", f.compilation_cache_min_secs)

@@ -45,7 +45,8 @@ flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('
 flags.DEFINE_integer("start", 0, "First image index.")
 flags.DEFINE_integer("count", 5, "Images per defense.")
 flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful reconstruction.")
-flags.DEFINE_string("output_dir", None, "Output folder (default runs/defenses_<attack>_<model>_<dataset>).")
+common.define_output_flags("defenses_<attack>_<model>_<dataset>", resumable=False)
+flags.adopt_module_key_flags(common)
 flags.DEFINE_bool("utility", False, "Also train a model under every defense and report its test accuracy.")
 flags.DEFINE_string("utility_model", "mlp", "Model trained for the utility column.")
 flags.DEFINE_string("utility_dataset", "mnist", "Dataset of the utility training (its test split, see gradjax.data).")
@@ -151,6 +152,12 @@ def main(argv):
   start = time.perf_counter()
   try:
     base = common.config_from_flags()
+    pipeline.check(base)
+    for spec in specs:
+      if spec != "none":
+        defenses.parse(spec)
+    out = common.output_folder(f"defenses_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}",
+                               own=("results.*", "privacy_utility.png"))
     if f.utility:
       seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")
       parts = training.split(data.load(f.utility_dataset, data_dir=base.data_dir),
@@ -177,7 +184,6 @@ def main(argv):
         logging.info("%s: utility accuracy %s", spec, table[-1]["utility"]["accuracy"])
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  out = f.output_dir or os.path.join("runs", f"defenses_{base.attack}_{base.model}_{base.dataset}")
   utility_setup = None
   if f.utility:
     utility_setup = {**ucfg._asdict(), "dataset": f.utility_dataset,

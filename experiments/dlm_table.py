@@ -52,7 +52,8 @@ flags.DEFINE_float("local_lr", 0.01, "The client's local learning rate (one SGD 
 flags.DEFINE_bool("box", False, "Clamp every attack's dummy image to [0, 1].")
 flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
-flags.DEFINE_string("output_dir", None, "Output folder (default runs/dlm_table[_box]).")
+common.define_output_flags("dlm_table[_box]", resumable=False)
+flags.adopt_module_key_flags(common)
 
 
 def run_method(name: str, overrides: dict, indices, std, threshold: float, base: dict) -> dict:
@@ -109,6 +110,7 @@ def main(argv):
   base = dict(model=f.model, dataset=f.dataset, data_dir=f.data_dir, client="fedavg",
               local_lr=f.local_lr, box=f.box, seed=f.seed, chunk=1000)
   std = data.normalization(f.dataset).std if f.dataset in ("cifar10", "cifar100") else (1.0,)
+  out = common.output_folder("dlm_table" + ("_box" if f.box else ""), own=("results.*",))
   start = time.perf_counter()
   try:
     table = [run_method(m, METHODS[m], range(f.start, f.start + f.count), std, f.psnr_threshold,
@@ -116,7 +118,6 @@ def main(argv):
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   seconds = time.perf_counter() - start
-  out = f.output_dir or os.path.join("runs", "dlm_table" + ("_box" if f.box else ""))
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "total_time_s": seconds, "box": f.box, "model": f.model,
                     "dataset": f.dataset, "images": [f.start, f.start + f.count - 1],

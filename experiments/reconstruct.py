@@ -6,11 +6,15 @@ With no flags: DLG (Zhu et al., 2019) against DLG's LeNet on a photo bundled wit
   python experiments/reconstruct.py --attack=idlg --dataset=cifar10 --index=3
   python experiments/reconstruct.py --dataset=mnist --batch_size=2 --iterations=3000
   python experiments/reconstruct.py --weights=W.safetensors --observation=G.safetensors   # captured
+  python experiments/reconstruct.py --attack=inverting_gradients --output_dir=runs/ig --resume
 
-Writes to ``--output_dir``: ``metrics.json`` (psnr, ssim, mse, label_accuracy when there is a ground
-truth; wall_time_s, iterations, restarts, the objective and its history, the configuration and the
-JAX device), ``reconstruction.npy`` ((N, H, W, C) float32 in [0, 1]), ``reconstruction.png``,
-``grid.png``, ``curves.png`` and ``report.html``. Bad flags or data: one-line error, exit code 2.
+Writes to ``--output_dir`` (default ``runs/<attack>_<model>_<source>``, suffixed when taken; a folder
+holding another run is refused unless ``--overwrite``): ``metrics.json`` (psnr, ssim, mse,
+label_accuracy when there is a ground truth; wall_time_s, iterations, restarts, the objective and its
+history, the configuration and the JAX device), ``reconstruction.npy`` ((N, H, W, C) float32 in
+[0, 1]), ``reconstruction.png``, ``grid.png``, ``curves.png`` and ``report.html``. While it runs,
+``state.npz`` holds the solver state (saved every ``--save_every_s``); ``--resume`` continues a killed
+run from it. Bad flags or data: one-line error, exit code 2.
 """
 
 import os
@@ -21,7 +25,8 @@ import common
 from gradjax import pipeline, report
 
 common.define_flags()
-flags.DEFINE_string("output_dir", None, "Output folder (default runs/<attack>_<model>_<dataset>_<index>).")
+common.define_output_flags("<attack>_<model>_<source>")
+flags.adopt_module_key_flags(common)  # --help lists the shared flags too
 
 
 def main(argv):
@@ -29,26 +34,44 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
     cfg = common.config_from_flags()
-    results, images = pipeline.run(cfg, callback=common.log_progress)
+    pipeline.check(cfg)
+    name = pipeline.run_name(cfg)
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(str(e))
+  out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",
+                                        "report.html"))
+  state = common.state_file(out)
+  if flags.FLAGS.resume and not os.path.exists(state.path):
+    if os.path.exists(os.path.join(out, "metrics.json")):
+      print(f"nothing to resume: {out} holds a finished run (metrics.json)")
+      return
+    logging.info("no saved state in %s: starting the run afresh", out)
+  try:
+    results, images = pipeline.run(cfg, callback=common.log_progress, state=state)
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  if cfg.observation:
-    source = os.path.splitext(os.path.basename(cfg.observation))[0]
-    what = f"captured {cfg.observation} ({results['num_samples']} samples)"
-  else:
-    source = f"{cfg.dataset.replace(':', '-')}_{cfg.index}"
-    what = f"{cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]"
-  out = flags.FLAGS.output_dir or os.path.join("runs", f"{cfg.attack}_{results['model']}_{source}")
+  what = (f"captured {cfg.observation} ({results['num_samples']} samples)" if cfg.observation
+          else f"{cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]")
   title = f"{cfg.attack} on {results['model']}, {what}"
-  report.write_run(out, results, images, title)
-  logging.info("wrote %s", out)
+  try:
+    report.write_run(out, results, images, title)
+  except OSError as e:
+    common.fail(f"cannot write the results to {out}: {e.strerror or e}; the solver state is kept in "
+                f"{state.path}, so --resume --output_dir={out} rewrites them without recomputing")
+  if os.path.exists(state.path):
+    os.remove(state.path)
   if "psnr" in results:
     scores = (f"PSNR {results['psnr']:.2f} dB  SSIM {results['ssim']:.3f}  "
               + (f"LPIPS {results['lpips']:.3f}  " if results.get("lpips") is not None else "")
               + f"label accuracy {results['label_accuracy']:.2f}")
   else:
     scores = f"objective {results['loss']:.3e}  labels {results['labels_by_slot']} (no ground truth)"
-  print(f"{title}: {scores}  {results['iterations']} iterations  {results['wall_time_s']:.1f} s  -> {out}")
+  if results["candidates"] < cfg.permutations:
+    scores += f"  ({results['candidates']} label orders exist; all were searched)"
+  print(f"{title}: {scores}  {results['iterations']} iterations  {results['wall_time_s']:.1f} s"
+        + ("  (resumed)" if results["resumed"] else ""))
+  print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.png"
+        + (", curves.png" if results.get("history") else ""))
 
 
 if __name__ == "__main__":

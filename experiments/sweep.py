@@ -6,12 +6,17 @@ is scored after batch-order matching. Writes ``results.json`` (per-image rows an
 truth above, reconstructions below) and ``psnr.png`` (PSNR per experiment) to ``--output_dir``. LPIPS
 is reported when the ``lpips`` extra is installed.
 
+Each finished experiment is kept in ``items/<index>.json`` and ``items/<index>.npz`` as it ends, and
+the running one saves its solver state to ``items/<index>.state.npz``: ``--resume`` skips finished
+experiments and continues the interrupted one.
+
   python experiments/sweep.py --dataset=cifar10 --count=20 --iterations=2000
   python experiments/sweep.py --attack=idlg --dataset=cifar100 --start=0 --count=10
 
 Summary statistics: mean ± population std, median, and how many images reach ``--psnr_threshold``.
 """
 
+import json
 import os
 import time
 
@@ -19,13 +24,14 @@ import numpy as np
 from absl import app, flags, logging
 
 import common
-from gradjax import pipeline, report
+from gradjax import checkpoint, pipeline, report
 
 common.define_flags()
 flags.DEFINE_integer("start", 0, "First image index.")
 flags.DEFINE_integer("count", 20, "Number of experiments (each uses batch_size consecutive images).")
 flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful reconstruction.")
-flags.DEFINE_string("output_dir", None, "Output folder (default runs/sweep_<attack>_<model>_<dataset>).")
+common.define_output_flags("sweep_<attack>_<model>_<dataset>_<start>-<end>")
+flags.adopt_module_key_flags(common)
 
 
 CSV_COLUMNS = ("index", "psnr", "ssim", "lpips", "mse", "label_accuracy", "iterations", "loss", "wall_time_s")
@@ -50,34 +56,80 @@ def markdown(rows: list[dict], summary: dict, title: str) -> str:
   return "\n".join(lines)
 
 
+def _finished(out: str, cfg) -> tuple[dict, dict] | None:
+  """Experiment ``cfg.index``'s saved row and images in ``out/items``, or None if it has not ended.
+  A row saved under other settings is an error (the folder belongs to another sweep)."""
+  path = os.path.join(out, "items", f"{cfg.index}.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as fh:
+      row = json.load(fh)
+    saved = {k: row["config"].get(k) for k in pipeline.fingerprint(cfg)}
+    with open(path[:-5] + ".npz", "rb") as fh:
+      arrays = checkpoint.npz_arrays(fh.read(), path[:-5] + ".npz")
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ValueError(f"{path} is unreadable ({e}); rerun with --overwrite") from None
+  if saved != pipeline.fingerprint(cfg):
+    raise ValueError(f"{path} was computed with other settings; rerun with --overwrite or another "
+                     "--output_dir")
+  return row, {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
+
+
+def _keep(out: str, row: dict, images: dict) -> None:
+  """Saves a finished experiment (arrays first: its JSON file marks it finished)."""
+  base = os.path.join(out, "items", str(row["index"]))
+  report.atomic_write(base + ".npz", lambda fh: np.savez(
+      fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
+      reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
+  report.save_json(base + ".json", row)
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   if f.count < 1:
     common.fail(f"count must be positive, got {f.count}")
-  rows, truth, recon = [], [], []
-  start = time.perf_counter()
   try:
     base = common.config_from_flags()
+    pipeline.check(base)
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(str(e))
+  last = f.start + f.count * base.batch_size - 1
+  out = common.output_folder(
+      f"sweep_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}_{f.start}-{last}",
+      own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz"))
+  rows, truth, recon = [], [], []
+  start, resumed, earlier = time.perf_counter(), 0, 0.0  # earlier: time of rows saved before
+  try:
     for k in range(f.count):
       cfg = common.replace(base, index=f.start + k * base.batch_size)
-      results, images = pipeline.run(cfg)
-      results["index"] = cfg.index
+      done = _finished(out, cfg) if f.resume else None
+      if done is None:
+        state = common.state_file(out, os.path.join("items", f"{cfg.index}.{common.STATE_FILE}"))
+        results, images = pipeline.run(cfg, state=state)
+        results["index"] = cfg.index
+        _keep(out, results, images)
+        if os.path.exists(state.path):
+          os.remove(state.path)
+      else:
+        (results, images), resumed = done, resumed + 1
+        earlier += results["wall_time_s"]
       rows.append(results)
       truth.append(images["ground_truth"])
       recon.append(images["reconstruction"])
-      logging.info("image %d/%d (index %d): PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s, ETA %.0f s",
+      logging.info("image %d/%d (index %d): PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s%s, ETA %.0f s",
                    k + 1, f.count, cfg.index, results["psnr"], results["ssim"],
                    results["label_accuracy"], results["wall_time_s"],
-                   (time.perf_counter() - start) / (k + 1) * (f.count - k - 1))
+                   " (saved earlier)" if done else "",
+                   (time.perf_counter() - start) / max(k + 1 - resumed, 1) * (f.count - k - 1))
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   summary = report.summarize(rows, f.psnr_threshold)
-  summary["total_time_s"] = time.perf_counter() - start
+  summary["total_time_s"] = earlier + time.perf_counter() - start
   title = f"{base.attack} on {base.model} (init {base.init or 'model default'}), {base.dataset} " \
           f"{f.start}..{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}"
-  out = f.output_dir or os.path.join("runs", f"sweep_{base.attack}_{base.model}_{base.dataset}")
   report.save_json(os.path.join(out, "results.json"), {"summary": summary, "rows": rows})
   text = markdown(rows, summary, title)
   report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)

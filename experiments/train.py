@@ -57,7 +57,8 @@ flags.DEFINE_float("local_lr", 0.02, "FedAvg local learning rate.")
 flags.DEFINE_float("local_momentum", 0.0, "FedAvg local SGD momentum.")
 flags.DEFINE_string("defense", "none", "Defense on every gradient / update, e.g. gaussian:1e-4, prune:0.3, clip:1,gaussian:1e-4.")
 flags.DEFINE_integer("seed", 0, "PRNG seed (model initialisation, shuffling, defense noise).")
-flags.DEFINE_string("output_dir", None, "Output folder (default runs/train_<model>_<dataset>_<client>).")
+common.define_output_flags("train_<model>_<dataset>_<client>", resumable=False)
+flags.adopt_module_key_flags(common)
 
 
 def load_split(f):
@@ -95,6 +96,12 @@ def main(argv):
     common.permutation_seed(f.data_seed, "data_seed")
   except ValueError as e:
     common.fail(str(e))
+  try:
+    defenses.parse(f.defense)
+  except ValueError as e:
+    common.fail(str(e))
+  out = common.output_folder(f"train_{f.model}_{f.dataset.replace(':', '-')}_{f.client}",
+                             own=("epoch_*.npz", "results.*"))
   start = time.perf_counter()
   try:
     defense = defenses.parse(f.defense)
@@ -113,8 +120,6 @@ def main(argv):
       clients.check_local_training(local, f.train_count // f.clients)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
-  out = f.output_dir or os.path.join(
-      "runs", f"train_{f.model}_{f.dataset.replace(':', '-')}_{f.client}")
   x_test, y_test = parts.test.x, parts.test.y
 
   def accuracy(variables):

@@ -115,7 +115,7 @@ def _reject_constant(name):
   raise ValueError(f"non-finite number {name}")
 
 
-def _parse_metadata(raw, where: str) -> dict:
+def parse_metadata(raw, where: str) -> dict:
   if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 1:
     raise ValueError(f"{where}: {METADATA_KEY!r} must be a 1-D uint8 array of JSON text")
   try:
@@ -173,7 +173,7 @@ def load(path) -> tuple[dict, dict]:
   flat, metadata = {}, None
   for key, value in npz_arrays(data, where).items():
     if key == METADATA_KEY:
-      metadata = _parse_metadata(value, where)
+      metadata = parse_metadata(value, where)
       continue
     if value.dtype.kind not in "biuf":
       raise ValueError(f"{where}: entry {key!r} has unsupported dtype {value.dtype}")
@@ -184,6 +184,29 @@ def load(path) -> tuple[dict, dict]:
   if not flat:
     raise ValueError(f"{where} holds no variables")
   return _unflatten(flat, where), metadata
+
+
+def read_metadata(path) -> dict:
+  """The metadata of the checkpoint ``path``, without reading its arrays.
+
+  Raises:
+    FileNotFoundError, or ValueError (one line) as :func:`load`."""
+  path = os.fspath(path)
+  where = f"checkpoint {path}"
+  if not zipfile.is_zipfile(path):
+    raise ValueError(f"{where} is not an .npz file (not a zip archive)")
+  try:
+    with np.load(path, allow_pickle=False) as npz:
+      raw = npz[METADATA_KEY] if METADATA_KEY in npz.files else None
+  except (zipfile.BadZipFile, zlib.error, EOFError, KeyError) as e:
+    raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
+  except ValueError as e:
+    if "allow_pickle" in str(e) or "Object arrays" in str(e):
+      raise ValueError(f"{where}: entry {METADATA_KEY!r} holds Python objects; refusing to unpickle") from None
+    raise ValueError(f"{where}: entry {METADATA_KEY!r} is corrupt: {e}") from None
+  if raw is None:
+    raise ValueError(f"{where} has no {METADATA_KEY!r} entry")
+  return parse_metadata(raw, where)
 
 
 def check_compatible(variables, like) -> None:

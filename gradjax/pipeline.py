@@ -16,6 +16,7 @@ image ``i`` reproduces row ``i`` of a sweep.
 """
 
 import dataclasses
+import os
 import time
 from typing import Any, Callable
 
@@ -25,7 +26,7 @@ import numpy as np
 from gradjax import attacks, checkpoint, clients, data, defenses, distances, interop, lpips, metrics, models
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
-from gradjax import solvers
+from gradjax import resume, solvers
 
 CLIENTS = ("fedsgd", "fedavg")
 LPIPS = ("auto", "none", *lpips.NETWORKS)  # auto: AlexNet when the lpips extra is installed
@@ -170,12 +171,12 @@ class Config:
   lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
                       "installed, else none).", choices=LPIPS)
 
-  def execution(self, callback: Callable | None = None, monitor: Callable | None = None
-                ) -> solvers.Execution:
+  def execution(self, callback: Callable | None = None, monitor: Callable | None = None,
+                checkpoint: solvers.Checkpoint | None = None) -> solvers.Execution:
     """The :class:`gradjax.solvers.Execution` of this experiment's restarts."""
     knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.metadata["execution"]}
-    return solvers.Execution(**knobs, callback=callback, monitor=monitor)
+    return solvers.Execution(**knobs, callback=callback, monitor=monitor, checkpoint=checkpoint)
 
   def __post_init__(self):
     if bool(self.weights) != bool(self.observation):
@@ -236,11 +237,73 @@ def image_bounds(norm: data.Normalization, channels: int) -> tuple[np.ndarray, n
   return lo, hi
 
 
+# Fields that change how a run is scored or where its data lie, not what it computes: a saved state
+# continues under other values of these.
+NOT_FINGERPRINTED = ("lpips", "data_dir")
+
+
+def fingerprint(cfg: Config) -> dict:
+  """What determines ``cfg``'s reconstruction (its fields but ``NOT_FINGERPRINTED``), for state files."""
+  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_FINGERPRINTED}
+
+
+def _input_file(path: str | None, flag: str) -> None:
+  if path is None:
+    return
+  if os.path.isdir(path):
+    raise ValueError(f"--{flag} {path} is a directory, not a file")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"--{flag} {path} does not exist")
+  if not os.access(path, os.R_OK):
+    raise ValueError(f"--{flag} {path} is not readable")
+
+
+def check(cfg: Config) -> attacks.Attack:
+  """Validates what ``cfg`` names without loading data or compiling anything: the attack and its
+  overrides, the defense, the model name, the dataset name and the input files. Returns the attack.
+  (Field values were checked when ``cfg`` was built.)"""
+  attack = get_attack(cfg)
+  if cfg.defense:
+    defenses.parse(cfg.defense)
+  if cfg.model is not None and not cfg.checkpoint:
+    models.get_module(cfg.model, num_classes=cfg.num_classes or 10, init=cfg.init, act=cfg.act,
+                      conv=cfg.conv)
+  if cfg.dataset is not None and not cfg.dataset.startswith("tfds:") and cfg.dataset not in data.DATASETS:
+    raise ValueError(f"unknown dataset {cfg.dataset!r}; expected one of {', '.join(data.DATASETS)} "
+                     "or tfds:<name>")
+  for flag in ("checkpoint", "weights", "observation"):
+    _input_file(getattr(cfg, flag), flag)
+  return attack
+
+
+def run_name(cfg: Config) -> str:
+  """``<attack>_<model>_<source>``: the run's default folder name, from what is attacked (the
+  checkpoint's or the capture's model when there is one). Reads file metadata only."""
+  model = cfg.model
+  if cfg.checkpoint:
+    model = checkpoint.read_metadata(cfg.checkpoint).get("model", model)
+  if cfg.observation:
+    if cfg.model is None:
+      model = interop.read(cfg.weights).metadata.get("model") or "captured"
+    source = os.path.splitext(os.path.basename(cfg.observation))[0]
+  else:
+    source = f"{cfg.dataset.replace(':', '-')}_{cfg.index}" + (
+        f"-{cfg.index + cfg.batch_size - 1}" if cfg.batch_size > 1 else "")
+  return f"{cfg.attack}_{model}_{source}".replace(os.sep, "-")
+
+
 def load_batch(cfg: Config) -> data.Dataset:
   """The client's private batch: images ``index .. index + batch_size - 1`` of the dataset."""
   size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
-  return data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(cfg.index, cfg.index + cfg.batch_size),
-                   image_size=size, channels=cfg.channels)
+  try:
+    return data.load(cfg.dataset, data_dir=cfg.data_dir,
+                     indices=range(cfg.index, cfg.index + cfg.batch_size), image_size=size,
+                     channels=cfg.channels)
+  except ValueError as e:
+    if "out of range" not in str(e):
+      raise
+    raise ValueError(f"--index {cfg.index} with --batch_size {cfg.batch_size} asks for images "
+                     f"{cfg.index}..{cfg.index + cfg.batch_size - 1}; {e}") from None
 
 
 def _captured(cfg: Config, batch: data.Dataset | None):
@@ -296,7 +359,8 @@ class Trace:
     self._callback, self._truth, self._norm = callback, truth, norm
 
   def progress(self, p) -> None:
-    self.rows.append({"restart": p.restart, "iteration": int(p.iteration), "loss": float(p.best_loss)})
+    if not p.compiling:
+      self.rows.append({"restart": p.restart, "iteration": int(p.iteration), "loss": float(p.best_loss)})
     if self._callback is not None:
       self._callback(p)
 
@@ -314,9 +378,13 @@ class Trace:
     return False
 
 
-def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None
-        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None,
+        state: resume.StateFile | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Runs experiment ``cfg``; returns (JSON-ready results, images).
+
+  ``state``: where the solver's state is saved every so often, and whether a saved one is continued
+  (:mod:`gradjax.resume`; the file is refused unless it was saved by a run of the same
+  :func:`fingerprint`). The caller deletes it once the results are written.
 
   ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,
   scored after matching the batch order; absent without ground truth), ``wall_time_s`` of the attack
@@ -325,7 +393,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   the ground truth's order when there is one, else in the attack's slot order) and
   ``ground_truth`` (or ``None``).
   """
-  attack = get_attack(cfg)
+  attack = check(cfg)
   norm = data.normalization(cfg.normalization)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   share_labels = attack.labels == "known"
@@ -363,14 +431,24 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
 
   trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm)
   start = time.perf_counter()
+  prior = {"wall_time_s": 0.0, "resumed": False}  # of the run this one continues
+  saver = None
+  if state is not None:
+    def restored(extra):
+      trace.rows = list(extra.get("history", []))
+      prior.update(wall_time_s=float(extra.get("wall_time_s", 0.0)), resumed=True)
+
+    saver = state.saver(fingerprint(cfg), on_restore=restored, extra=lambda: {
+        "history": trace.rows, "wall_time_s": prior["wall_time_s"] + time.perf_counter() - start})
   # PSNR per chunk needs a ground truth; sharded runs would gather the whole solver state to the
   # host for it, so they record the objective only.
   execution = cfg.execution(callback=trace.progress,
-                            monitor=trace.monitor if batch is not None and not cfg.shard else None)
+                            monitor=trace.monitor if batch is not None and not cfg.shard else None,
+                            checkpoint=saver)
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
                             bounds=image_bounds(norm, input_shape[-1]), restarts=cfg.restarts,
                             permutations=cfg.permutations, execution=execution)
-  wall = time.perf_counter() - start
+  wall = prior["wall_time_s"] + time.perf_counter() - start
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
@@ -380,6 +458,9 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       iterations=int(rec.iterations[rec.best_restart]),
       evaluations=int(rec.evaluations.sum()),
       restarts=cfg.restarts,
+      resumed=prior["resumed"],
+      state_saves=0 if saver is None else saver.saves,
+      state_save_s=0.0 if saver is None else saver.seconds,
       restarts_diverged=int((~rec.restart_alive).sum()),
       best_restart=rec.best_restart,
       candidates=int(rec.candidates.shape[0]),

@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -241,15 +241,63 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
 
 
 class Progress(NamedTuple):
-  """Reported after every chunk."""
+  """Reported before a run's first chunk (``compiling``) and after every chunk."""
 
   restart: int | None       # the restart being run (sequential strategy), else None (all at once)
   iteration: int
   iterations: int
   best_loss: float
   alive: int
-  its_per_s: float          # since the start of this run, so the first chunk's compilation is included
-  eta_s: float
+  its_per_s: float          # NaN for the run's first chunk, which includes the step's compilation
+  eta_s: float              # NaN with its_per_s
+  elapsed_s: float = 0.0    # since this restart (or these restarts) started advancing
+  compiling: bool = False   # True for the report sent before the first step is compiled
+
+  def line(self) -> str:
+    """One progress line: a bar, the objective, restarts alive, rate and ETA (the first chunk's
+    time includes compiling the step, so it gets no rate)."""
+    where = "" if self.restart is None else f"restart {self.restart} "
+    if self.compiling:
+      return f"{where}compiling the attack step..."
+    filled = round(20 * self.iteration / max(self.iterations, 1))
+    speed = (f"{self.elapsed_s:.1f}s with compilation" if math.isnan(self.its_per_s)
+             else f"{self.its_per_s:.0f} it/s  ETA {self.eta_s:.1f}s")
+    return (f"{where}[{'#' * filled}{'.' * (20 - filled)}] {self.iteration}/{self.iterations}  "
+            f"loss {self.best_loss:.3e}  alive {self.alive}  {speed}")
+
+
+class Snapshot(NamedTuple):
+  """Where a :func:`run` stands after a chunk: enough to continue it to the same result
+  (``Execution.checkpoint`` saves one, :mod:`gradjax.resume` writes it to a file).
+
+  state: every restart's :class:`SolverState` stacked on a leading (R,) axis, host arrays.
+  round: the successive-halving round being run (0 without halving).
+  survivors: (S,) int, the restarts this round advances, best first.
+  position: sequential strategy: how many of ``survivors`` have finished this round (else 0).
+  steps: steps the restart(s) being advanced have taken in this round.
+  stopped: whether the monitor ended the run.
+  strategy: the resolved restart strategy (a snapshot continues only under the same one).
+  """
+
+  state: SolverState
+  round: int
+  survivors: np.ndarray
+  position: int
+  steps: int
+  stopped: bool
+  strategy: str
+
+
+class Checkpoint(Protocol):
+  """What :func:`run` calls to save and restore its :class:`Snapshot` (:class:`gradjax.resume.Saver`
+  is the file-backed one)."""
+
+  def restore(self, like: Callable[[], SolverState]) -> Snapshot | None:
+    """The snapshot to continue from, or None to start afresh; ``like()`` gives the stacked state's
+    shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) to check it against."""
+
+  def __call__(self, snapshot: Callable[[], Snapshot], *, final: bool = False) -> None:
+    """Called after every chunk; saves ``snapshot()`` when it is due (always when ``final``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,6 +319,8 @@ class Execution:
     callback: called on the host with a :class:`Progress` after every chunk.
     monitor: called on the host with the (stacked, or one restart's) state after every chunk; a True
       return stops the run there (e.g. once a reconstruction reaches a target PSNR).
+    checkpoint: a :class:`Checkpoint`: asked for a snapshot to resume from before the run, and
+      offered one after every chunk (``gradjax.resume.Saver`` saves it to a file every so often).
   """
 
   strategy: str = "auto"
@@ -282,6 +332,7 @@ class Execution:
   shard: bool = False
   callback: Callable[[Progress], None] | None = None
   monitor: Callable[[SolverState], bool] | None = None
+  checkpoint: Checkpoint | None = None
 
   def __post_init__(self):
     if self.strategy not in STRATEGIES:
@@ -462,75 +513,159 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int,
   return _slice(state, slice(0, restarts))
 
 
+def _state_shapes(solver: Solver, init_params: PyTree, data: PyTree, restart_data: PyTree,
+                  restarts: int) -> SolverState:
+  """Shapes and dtypes of the first ``restarts`` rows of the stacked state (nothing is computed)."""
+  init = lambda p, per: solver.init(p, data if per is None else (data, per))
+  shapes = jax.eval_shape(jax.vmap(init, in_axes=(0, None if restart_data is None else 0)),
+                          init_params, restart_data)
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct((restarts, *s.shape[1:]), s.dtype), shapes)
+
+
 def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, execution: Execution,
          restart_data: PyTree, mesh: jax.sharding.Mesh | None, restarts: int) -> SolverState:
   """The restart loop of :func:`run`. With a ``mesh`` the leading axis is padded to a multiple of
   the device count and ``restarts`` is the real count: halving ranks only those, and each later
-  round's survivors are gathered on the host and sharded again (padded) over the mesh."""
+  round's survivors are gathered on the host and sharded again (padded) over the mesh.
+
+  The loop's position is a cursor (round, survivors, position, steps): a :class:`Snapshot` taken
+  after any chunk, handed back through ``execution.checkpoint``, continues from there with the same
+  chunk boundaries, so the steps that follow are the same programs on the same values."""
   ex = execution
   schedule = halving_schedule(iterations, restarts, ex.halving_rounds, ex.halving_keep)
+  snap = None
+  if ex.checkpoint is not None:
+    snap = ex.checkpoint.restore(
+        lambda: _state_shapes(solver, init_params, data, restart_data, restarts))
   strategy = resolve_strategy(ex.strategy)
-  if strategy == "tune":
+  if snap is not None:
+    if ex.strategy in ("tune", "auto") and snap.strategy in ("sequential", "vmap", "map"):
+      strategy = snap.strategy if (mesh is None or snap.strategy == "vmap") else strategy
+    if snap.strategy != strategy:
+      raise ValueError(f"the saved run used restart strategy {snap.strategy!r}, this one "
+                       f"{strategy!r}; resume with --strategy={snap.strategy}")
+    if (not 0 <= snap.round < len(schedule) or len(snap.survivors) != schedule[snap.round][0]
+        or not 0 <= snap.position <= len(snap.survivors)
+        or not 0 <= snap.steps <= schedule[snap.round][1]):
+      raise ValueError("the saved run's position does not fit this run's iterations and halving "
+                       "schedule")
+  elif strategy == "tune":
     strategy, _ = tune_strategy(solver, init_params, data, steps=min(ex.chunk, iterations, 10),
                                 execution=ex, restart_data=restart_data)
   init, advance, finalize = _compiled(solver, strategy, ex.map_batch_size, ex.unroll, mesh)
   tol = -jnp.inf if solver.tol is None else solver.tol
-  stopped = False  # set once a monitor asks to stop: ends the whole run
+  stopped = False if snap is None else bool(snap.stopped)  # a monitor asked to stop: ends the run
+  compiled = False  # whether a chunk has run (the first one compiles the step)
 
-  def drive(state, per, restart, done, n):
-    """Advances ``state`` by ``n`` steps from step ``done``; stops early once all converged."""
-    nonlocal stopped
+  def drive(state, per, restart, done, n, snapshot):
+    """Advances ``state`` by ``n`` steps from step ``done``; stops early once all converged.
+    ``snapshot(state, finished)`` is the run's :class:`Snapshot` with ``state`` in place."""
+    nonlocal stopped, compiled
     target, start, first = done + n, time.perf_counter(), done
+    began = start
+    if not compiled and ex.callback is not None and n > 0:
+      ex.callback(Progress(restart, done, iterations, math.inf, 0, math.nan, math.nan, 0.0, True))
     while done < target:
       k = min(ex.chunk, target - done)
       state = advance(state, data, per, k)
       done += k
       best, alive = fetch((state.best_loss, state.alive))
+      now = time.perf_counter()
+      if not compiled:  # rates from here on exclude the compilation
+        rate = math.nan
+        compiled, start, first = True, now, done
+      else:
+        rate = (done - first) / max(now - start, 1e-9)
       if ex.callback is not None:
-        rate = (done - first) / max(time.perf_counter() - start, 1e-9)
         ex.callback(Progress(restart, done, iterations, float(best.min()), int(alive.sum()), rate,
-                             (iterations - done) / rate))
-      if not (alive & (best > tol)).any():
-        break
-      if ex.monitor is not None and ex.monitor(state if mesh is None else fetch(state)):
-        stopped = True
+                             (iterations - done) / rate, now - began))
+      finished = not (alive & (best > tol)).any()
+      if not finished and ex.monitor is not None and ex.monitor(state if mesh is None else fetch(state)):
+        stopped = finished = True
+      if ex.checkpoint is not None:
+        ex.checkpoint(lambda: snapshot(state, target if finished else done))
+      if finished:
         break
     return state
 
+  def cursor(rnd, survivors, position, round_start):
+    """``snapshot(state, done)`` for :func:`drive`, given how to place ``state`` in the whole."""
+    def make(whole, done):
+      return Snapshot(whole, rnd, np.asarray(survivors), position, done - round_start, stopped,
+                      strategy)
+    return make
+
   per_of = (lambda i: None) if restart_data is None else (lambda i: _slice(restart_data, i))
-  survivors, done = np.arange(restarts), 0
+  survivors, done, first_round = np.arange(restarts), 0, 0
+  if snap is not None:
+    first_round, survivors = snap.round, np.asarray(snap.survivors, np.int64)
+    done = sum(n for _, n in schedule[:first_round])
+  last = None  # (round, its survivors[, its steps]) of the last round run, for the final snapshot
+
   if strategy == "sequential":
-    states = [init(_slice(init_params, r), data, per_of(r)) for r in range(restarts)]
-    for count, n in schedule:
+    if snap is None:
+      states = [init(_slice(init_params, r), data, per_of(r)) for r in range(restarts)]
+    else:
+      states = [jax.device_put(_slice(snap.state, r)) for r in range(restarts)]
+    for i in range(first_round, len(schedule)):
+      count, n = schedule[i]
+      resumed = snap is not None and i == first_round
       survivors = survivors[:count]
-      for r in map(int, survivors):
-        if not stopped:
-          states[r] = drive(states[r], per_of(r), r, done, n)
+      for j in range(snap.position if resumed else 0, count):
+        r = int(survivors[j])
+        taken = snap.steps if resumed and j == snap.position else 0
+        if stopped:
+          break
+        make = cursor(i, survivors, j, done)
+
+        def whole(state, finished, r=r, make=make):
+          return make(_stack(states[:r] + [state] + states[r + 1:]), finished)
+
+        states[r] = drive(states[r], per_of(r), r, done + taken, n - taken, whole)
       done += n
+      last = (i, survivors)
       survivors = _rank(np.stack(jax.device_get([s.best_loss for s in states])), survivors)
+    if ex.checkpoint is not None and last is not None:  # a crash writing the results loses nothing
+      i, s = last
+      ex.checkpoint(lambda: Snapshot(_stack(states), i, np.asarray(s), len(s), 0, stopped, strategy),
+                    final=True)
     return _stack([finalize(s, data, per_of(r)) for r, s in enumerate(states)])
 
-  state = init(init_params, data, restart_data)
+  if snap is None:
+    state = init(init_params, data, restart_data)
+  else:
+    state = shard_restarts(snap.state, mesh) if mesh is not None else jax.device_put(snap.state)
   on_host = False  # with a mesh: whether ``state`` was gathered to the host by a halving round
-  for count, n in schedule:
+  for i in range(first_round, len(schedule)):
     if stopped:
       break
+    count, n = schedule[i]
+    taken = snap.steps if snap is not None and i == first_round else 0
     survivors = survivors[:count]
-    whole = count == restarts
-    if whole:
-      state = drive(state, restart_data, None, done, n)
+    make = cursor(i, survivors, 0, done)
+    if count == restarts:
+      state = drive(state, restart_data, None, done + taken, n - taken,
+                    lambda s, d: make(_slice(fetch(s), slice(0, restarts)), d))
     elif mesh is None:
-      sub = drive(_slice(state, survivors), per_of(survivors), None, done, n)
+      sub = drive(_slice(state, survivors), per_of(survivors), None, done + taken, n - taken,
+                  lambda s, d: make(_set_rows(fetch(state), survivors, fetch(s)), d))
       state = _scatter(state, survivors, sub)
     else:
       if not on_host:
         state, restart_data, on_host = fetch(state), fetch(restart_data), True
       index = np.asarray(survivors)
       sub, per = shard_restarts((_slice(state, index), per_of(index)), mesh)
-      sub = _slice(fetch(drive(sub, per, None, done, n)), slice(0, count))
-      state = jax.tree.map(lambda x, s: _set_rows(x, index, s), state, sub)
+      full = lambda s, d: make(_slice(_set_rows(state, index, _slice(fetch(s), slice(0, count))),
+                                      slice(0, restarts)), d)
+      sub = _slice(fetch(drive(sub, per, None, done + taken, n - taken, full)), slice(0, count))
+      state = _set_rows(state, index, sub)
     done += n
+    last = (i, survivors, n)
     survivors = _rank(fetch(state.best_loss)[:restarts], survivors)
+  if ex.checkpoint is not None and last is not None:  # a crash writing the results loses nothing
+    i, s, n = last
+    ex.checkpoint(lambda: Snapshot(_slice(fetch(state), slice(0, restarts)), i, np.asarray(s), 0, n,
+                                   stopped, strategy), final=True)
   if on_host:
     state, restart_data = shard_restarts((state, restart_data), mesh)
   return finalize(state, data, restart_data)
@@ -543,10 +678,13 @@ def _check_restart_data(restart_data, restarts: int) -> None:
 
 
 def _set_rows(x, index, rows):
-  """A copy of host array ``x`` with ``x[index] = rows``."""
-  x = np.array(x)
-  x[index] = rows
-  return x
+  """A copy of host array ``x`` with ``x[index] = rows`` (of every leaf, for pytrees)."""
+  def put(a, r):
+    a = np.array(a)
+    a[index] = r
+    return a
+  return jax.tree.map(put, x, rows)
+
 
 
 def _rank(best_loss, survivors):

@@ -3,16 +3,20 @@
 import collections
 import json
 import os
+import pickle
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
+import jax
 import pytest
 import skimage.metrics
 from PIL import Image
 
-from gradjax import lpips, pipeline
+from gradjax import checkpoint, lpips, models, pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,10 +74,159 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
 ])
 def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):
   proc = run_program("reconstruct.py", *args, f"--output_dir={tmp_path}")
+  _assert_one_line_error(proc, message)
+
+
+def _assert_one_line_error(proc, message):
   assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
+
+
+def _bad_files(tmp_path):
+  """Files a user might hand the programs by mistake, keyed by what they are."""
+  model = models.create("mlp", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
+  good = tmp_path / "good.npz"
+  checkpoint.save(good, model.variables, {"model": "mlp", "init": None, "act": None,
+                                          "num_classes": 10, "input_shape": [32, 32, 3]})
+  (tmp_path / "truncated.npz").write_bytes(good.read_bytes()[:200])
+  with open(tmp_path / "pickled.npz", "wb") as f:
+    pickle.dump({"params": np.zeros(3)}, f)
+  np.savez(tmp_path / "objects.npz", __metadata__=np.array([{"a": 1}], dtype=object))
+  (tmp_path / "a_file").write_text("not a folder")
+  locked = tmp_path / "locked"
+  locked.mkdir()
+  os.chmod(locked, 0o500)
+  return tmp_path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--output_dir=/proc/nope"], "cannot write to the output folder /proc/nope"),
+    (["--output_dir={d}/a_file"], "is a file, not a folder"),
+    (["--checkpoint={d}"], "is a directory, not a file"),
+    (["--checkpoint={d}/missing.npz"], "does not exist"),
+    (["--checkpoint={d}/truncated.npz"], "not an .npz file"),
+    (["--checkpoint={d}/pickled.npz"], "not an .npz file"),
+    (["--checkpoint={d}/objects.npz"], "refusing to unpickle"),
+    (["--weights={d}/missing.safetensors", "--observation={d}/good.npz"], "does not exist"),
+    (["--weights={d}/good.npz"], "need both --weights and --observation"),
+    (["--batch_size=1000"], "--batch_size 1000 asks for images 0..999"),
+    (["--restarts=0"], "restarts must be positive"),
+    (["--defense=foo:1"], "unknown defense"),
+    (["--defense=gaussian:abc"], "gaussian"),
+    (["--priors=tv"], "bad prior"),
+    (["--distance=manhattan"], "unknown distance"),
+    (["--lpips=vgg16"], "lpips"),
+    (["--save_every_s=-1"], "save_every_s must be non-negative"),
+    (["--resume", "--overwrite"], "give one of them"),
+    (["--resume"], "no interrupted run"),
+    (["--iterations=0"], "iterations must be positive"),
+    (["--image_size=-3"], "image_size must be positive"),
+])
+def test_bad_input_table(args, message, tmp_path):
+  """The CLI's bad inputs (names, numbers, missing, wrong-kind, corrupt and pickled files,
+  unwritable folders) each give one line and exit 2 before anything is computed."""
+  d = _bad_files(tmp_path)
+  args = [a.format(d=d) for a in args]
+  if not any(a.startswith("--output_dir") for a in args) and "--resume" not in args:
+    args.append(f"--output_dir={d}/run")
+  proc = run_program("reconstruct.py", *args, cwd=d)
+  _assert_one_line_error(proc, message)
+  assert not (d / "run").exists()  # nothing left behind
+
+
+def test_locked_folder_and_sweep_errors(tmp_path):
+  d = _bad_files(tmp_path)
+  if os.geteuid() != 0:  # root writes anywhere
+    _assert_one_line_error(run_program("reconstruct.py", f"--output_dir={d}/locked/run"),
+                           "cannot write to the output folder")
+  _assert_one_line_error(run_program("sweep.py", "--count=0", f"--output_dir={d}/s"),
+                         "count must be positive")
+  _assert_one_line_error(run_program("sweep.py", "--model=vgg", f"--output_dir={d}/s"),
+                         "unknown model")
+
+
+def test_help_lists_the_programs_flags():
+  proc = run_program("reconstruct.py", "--help")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  text = proc.stdout + proc.stderr
+  for flag in ("--attack", "--model", "--resume", "--overwrite", "--output_dir", "--restarts"):
+    assert flag in text
+  assert "gaussian_kernel_mean" in text and "resnetD-W" in text  # choices from the registries
+
+
+def test_runs_never_overwrite_each_other(tmp_path):
+  """Default folders are named from what was attacked and made unique; an explicit folder holding
+  files is refused unless --overwrite."""
+  args = ["--iterations=5", "--image_size=16"]
+  first = run_program("reconstruct.py", *args, cwd=tmp_path)
+  second = run_program("reconstruct.py", *args, "--seed=1", cwd=tmp_path)
+  assert first.returncode == 0 and second.returncode == 0, second.stderr[-2000:]
+  runs = tmp_path / "runs"
+  assert sorted(p.name for p in runs.iterdir()) == ["dlg_lenet_zhu_skimage_0", "dlg_lenet_zhu_skimage_0-2"]
+  assert json.loads((runs / "dlg_lenet_zhu_skimage_0-2" / "metrics.json").read_text())["config"]["seed"] == 1
+  assert "wrote runs/dlg_lenet_zhu_skimage_0-2" in second.stdout
+  # A checkpoint's model names the folder (not the --model default).
+  d = _bad_files(tmp_path / "files")
+  ckpt = run_program("reconstruct.py", *args, f"--checkpoint={d}/good.npz", "--image_size=32",
+                     cwd=tmp_path)
+  assert ckpt.returncode == 0, ckpt.stderr[-2000:]
+  assert (runs / "dlg_mlp_skimage_0" / "metrics.json").exists()
+  again = run_program("reconstruct.py", *args, f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}")
+  _assert_one_line_error(again, "holds another run's files")
+  forced = run_program("reconstruct.py", *args, "--seed=2", "--overwrite",
+                       f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}")
+  assert forced.returncode == 0, forced.stderr[-2000:]
+  assert json.loads((runs / "dlg_lenet_zhu_skimage_0" / "metrics.json").read_text())["config"]["seed"] == 2
+
+
+def _killed_then_resumed(program, args, out, state_glob):
+  """Runs ``program`` until a state file matching ``state_glob`` appears in ``out``, SIGKILLs it,
+  then resumes it to the end; returns the resumed process."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments", program), *args],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+  deadline = time.monotonic() + 240
+  while not list(out.glob(state_glob)) and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+  return run_program(program, *args, "--resume")
+
+
+def test_killed_run_resumes_bit_for_bit(tmp_path):
+  args = ["--iterations=300", "--image_size=16", "--restarts=3", "--chunk=10", "--save_every_s=0"]
+  whole = run_program("reconstruct.py", *args, f"--output_dir={tmp_path / 'whole'}")
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  out = tmp_path / "killed"
+  resumed = _killed_then_resumed("reconstruct.py", [*args, f"--output_dir={out}"], out, "state.npz")
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "(resumed)" in resumed.stdout and not (out / "state.npz").exists()
+  np.testing.assert_array_equal(np.load(out / "reconstruction.npy"),
+                                np.load(tmp_path / "whole" / "reconstruction.npy"))
+  a, b = (json.loads((p / "metrics.json").read_text()) for p in (out, tmp_path / "whole"))
+  for key in ("psnr", "ssim", "loss", "labels_by_slot", "best_restart", "iterations", "evaluations"):
+    assert a[key] == b[key], key
+  assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
+  assert a["resumed"] and not b["resumed"]
+  again = run_program("reconstruct.py", *args, f"--output_dir={out}", "--resume")
+  assert again.returncode == 0 and "nothing to resume" in again.stdout
+
+
+def test_killed_sweep_resumes(tmp_path):
+  args = ["--count=3", "--iterations=600", "--image_size=16", "--chunk=10", "--save_every_s=0"]
+  whole = run_program("sweep.py", *args, f"--output_dir={tmp_path / 'whole'}")
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  out = tmp_path / "killed"
+  # Killed while the second image runs: the first is kept, the second continues from its state.
+  resumed = _killed_then_resumed("sweep.py", [*args, f"--output_dir={out}"], out, "items/1.state.npz")
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  a, b = (json.loads((p / "results.json").read_text()) for p in (out, tmp_path / "whole"))
+  assert [r["psnr"] for r in a["rows"]] == [r["psnr"] for r in b["rows"]]
+  assert [r["resumed"] for r in a["rows"]] == [False, True, False]
+  assert not list(out.glob("items/*state.npz"))
 
 
 def test_sweep_table(tmp_path):
@@ -224,6 +377,6 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
   assert first.returncode == 0, first.stderr[-2000:]
   entries = sorted(p.name for p in cache.iterdir())
   assert entries, "no compiled program was cached"
-  second = run_program("reconstruct.py", *args)
+  second = run_program("reconstruct.py", *args, "--overwrite")
   assert second.returncode == 0, second.stderr[-2000:]
   assert sorted(p.name for p in cache.iterdir()) == entries  # every program came from the cache

@@ -1,0 +1,189 @@
+"""Resumable runs: a solver's :class:`~gradjax.solvers.Snapshot` in a plain ``.npz`` file.
+
+A :class:`Saver` is a :class:`gradjax.solvers.Checkpoint`: passed as ``Execution(checkpoint=...)``,
+it writes the run's snapshot every ``every_s`` seconds (atomically: a temporary file renamed over the
+old one, so a kill at any moment leaves the previous snapshot or the new one), and with
+``resume=True`` hands the saved snapshot back to :func:`gradjax.solvers.run`, which continues from
+that chunk. The steps that follow are the same compiled programs on the same values, so on one
+machine a resumed run ends bit for bit where an uninterrupted one would.
+
+File layout: one array per leaf of the stacked solver state under ``"state/<i>"`` (i in
+``jax.tree.flatten`` order), ``"survivors"``, and ``"__metadata__"``: a uint8 array of JSON text
+with the cursor (round, position, steps, stopped, strategy), the run's ``fingerprint`` (e.g. its
+configuration) and the caller's ``extra`` (e.g. its progress history). It is read with
+``allow_pickle=False`` and refused, with a one-line error, when it is corrupt, when its fingerprint
+differs from the run's, or when its arrays do not have the shapes and dtypes of the run's state. PRNG
+keys are not stored: the run derives them from its configuration (the seed is in the fingerprint).
+
+Example::
+
+  saver = resume.Saver("run/state.npz", fingerprint={"seed": 0, "iterations": 2000}, resume=True)
+  rec = attacks.reconstruct(..., execution=solvers.Execution(checkpoint=saver))
+  saver.remove()   # once the results are written
+"""
+
+import dataclasses
+import io
+import json
+import os
+import time
+import zipfile
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from gradjax import checkpoint, report, solvers
+
+FORMAT = 1
+
+
+def _first_difference(saved: Any, current: Any, where: str = "") -> str | None:
+  """A phrase naming the first key whose value differs between two JSON trees, or None."""
+  if isinstance(saved, dict) and isinstance(current, dict):
+    for key in sorted(set(saved) | set(current)):
+      if key not in saved or key not in current:
+        return f"{where}{key} is set in only one of them"
+      found = _first_difference(saved[key], current[key], f"{where}{key}.")
+      if found:
+        return found
+    return None
+  if saved != current:
+    return f"{where.rstrip('.')} = {saved!r} there, {current!r} here"
+  return None
+
+
+class Saver:
+  """Saves a run's :class:`~gradjax.solvers.Snapshot` to ``path`` and restores it.
+
+  Args:
+    path: the ``.npz`` state file.
+    fingerprint: JSON-ready dict of everything that determines the run's result (its
+      configuration); a saved state with another fingerprint is refused.
+    every_s: seconds between saves (0: after every chunk of ``Execution.chunk`` iterations).
+    resume: whether :meth:`restore` reads ``path`` (if it exists) or the run starts afresh.
+    extra: called at every save; its JSON-ready dict is stored beside the state.
+    on_restore: called with that dict when a saved state is restored.
+
+  ``saves`` and ``seconds`` count the saves made and the time they took.
+  """
+
+  def __init__(self, path, *, fingerprint: dict, every_s: float = 60.0, resume: bool = False,
+               extra: Callable[[], dict] | None = None,
+               on_restore: Callable[[dict], None] | None = None):
+    if every_s < 0:
+      raise ValueError(f"seconds between saves must be non-negative, got {every_s}")
+    self.path, self.fingerprint, self.every_s, self.resume = os.fspath(path), fingerprint, every_s, resume
+    self._extra, self._on_restore = extra, on_restore
+    self._fingerprint_json = json.loads(json.dumps(fingerprint, sort_keys=True))
+    self._last = time.monotonic()
+    self.saves, self.seconds = 0, 0.0
+
+  def __call__(self, snapshot: Callable[[], solvers.Snapshot], *, final: bool = False) -> None:
+    if not final and time.monotonic() - self._last < self.every_s:
+      return
+    start = time.perf_counter()
+    save(self.path, snapshot(), self.fingerprint, {} if self._extra is None else self._extra())
+    self._last = time.monotonic()
+    self.saves += 1
+    self.seconds += time.perf_counter() - start
+
+  def restore(self, like: Callable[[], solvers.SolverState]) -> solvers.Snapshot | None:
+    if not self.resume or not os.path.exists(self.path):
+      return None
+    snap, extra = load(self.path, like(), self._fingerprint_json)
+    if self._on_restore is not None:
+      self._on_restore(extra)
+    self._last = time.monotonic()
+    return snap
+
+  def remove(self) -> None:
+    """Deletes the state file (the run's results are written)."""
+    if os.path.exists(self.path):
+      os.remove(self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateFile:
+  """Where a run keeps its state, how often it saves it, and whether it continues a saved one: what a
+  program hands :func:`gradjax.pipeline.run`, which builds the :class:`Saver` with its fingerprint."""
+
+  path: str
+  every_s: float = 60.0
+  resume: bool = False
+
+  def __post_init__(self):
+    if self.every_s < 0:
+      raise ValueError(f"seconds between state saves must be non-negative, got {self.every_s}")
+
+  def saver(self, fingerprint: dict, **kw) -> Saver:
+    return Saver(self.path, fingerprint=fingerprint, every_s=self.every_s, resume=self.resume, **kw)
+
+
+def save(path, snap: solvers.Snapshot, fingerprint: dict, extra: dict | None = None) -> None:
+  """Writes ``snap`` with ``fingerprint`` and ``extra`` (JSON-ready dicts) to ``path`` atomically."""
+  leaves = jax.tree.leaves(snap.state)
+  arrays = {f"state/{i:05d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
+  for key, value in arrays.items():
+    if value.dtype.kind not in "biuf":
+      raise ValueError(f"solver state leaf {key} has dtype {value.dtype}, which a state file cannot hold")
+  arrays["survivors"] = np.asarray(snap.survivors, np.int64)
+  header = {"format": FORMAT, "fingerprint": fingerprint, "extra": extra or {},
+            "cursor": {"round": int(snap.round), "position": int(snap.position),
+                       "steps": int(snap.steps), "stopped": bool(snap.stopped),
+                       "strategy": snap.strategy}}
+  text = json.dumps(report._to_python(header, ""), sort_keys=True, allow_nan=False)
+  arrays[checkpoint.METADATA_KEY] = np.frombuffer(text.encode("utf-8"), np.uint8)
+  report.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
+
+
+def load(path, like: solvers.SolverState, fingerprint: dict | None = None
+         ) -> tuple[solvers.Snapshot, dict]:
+  """Reads a state file against ``like`` (the run's stacked state, arrays or
+  ``jax.ShapeDtypeStruct``) and, when given, the run's ``fingerprint``; returns (snapshot, extra).
+
+  Raises:
+    ValueError: (one line) the file is corrupt, holds Python objects, is of another format, was saved
+      with another fingerprint, or its arrays differ in number, shape or dtype from ``like``'s.
+  """
+  path = os.fspath(path)
+  where = f"state file {path}"
+  try:
+    with open(path, "rb") as fh:
+      data = fh.read()
+  except IsADirectoryError:
+    raise ValueError(f"{where} is a directory") from None
+  if not zipfile.is_zipfile(io.BytesIO(data)):
+    raise ValueError(f"{where} is not an .npz file (truncated or corrupt)")
+  arrays = checkpoint.npz_arrays(data, where)
+  if checkpoint.METADATA_KEY not in arrays or "survivors" not in arrays:
+    raise ValueError(f"{where} is not a gradjax state file")
+  header = checkpoint.parse_metadata(arrays.pop(checkpoint.METADATA_KEY), where)
+  if header.get("format") != FORMAT or not isinstance(header.get("cursor"), dict):
+    raise ValueError(f"{where} has state format {header.get('format')!r}; this gradjax reads {FORMAT}")
+  if fingerprint is not None:
+    difference = _first_difference(header.get("fingerprint"), fingerprint)
+    if difference:
+      raise ValueError(f"{where} belongs to another run ({difference}); run with the saved "
+                       "settings, or start afresh without --resume")
+  want, treedef = jax.tree.flatten(like)
+  got = [arrays.get(f"state/{i:05d}") for i in range(len(want))]
+  if len(arrays) - 1 != len(want) or any(g is None for g in got):
+    raise ValueError(f"{where} holds {len(arrays) - 1} state arrays, this run's state has {len(want)}")
+  for i, (g, w) in enumerate(zip(got, want)):
+    if g.shape != tuple(w.shape) or g.dtype != w.dtype:
+      raise ValueError(f"{where}: state array {i} is {g.dtype}{list(g.shape)}, this run's is "
+                       f"{w.dtype}{list(w.shape)} (another model, batch or restart count?)")
+  c = header["cursor"]
+  try:
+    snap = solvers.Snapshot(jax.tree.unflatten(treedef, got), int(c["round"]), arrays["survivors"],
+                            int(c["position"]), int(c["steps"]), bool(c["stopped"]),
+                            str(c["strategy"]))
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"{where} has a malformed cursor: {e}") from None
+  restarts = jax.tree.leaves(like)[0].shape[0]
+  s = snap.survivors
+  if (s.ndim != 1 or s.dtype.kind not in "iu" or len(set(s.tolist())) != len(s)
+      or (len(s) and not (0 <= s.min() and s.max() < restarts))):
+    raise ValueError(f"{where} has malformed survivors {s.tolist()}")
+  return snap, header.get("extra", {})

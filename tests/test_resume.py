@@ -1,0 +1,113 @@
+"""Resumable runs: a run interrupted after any chunk and resumed from its state file ends bit for bit
+where the uninterrupted run does; state files are refused when they belong to another run or are
+corrupt, truncated or pickled."""
+
+import os
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import resume, solvers
+
+
+def _value(params, data, step):
+  return jnp.sum((params["x"] - data) ** 2 * jnp.arange(1, 7)) + 0.1 * jnp.sum(jnp.sin(3 * params["x"]))
+
+
+class Kill(Exception):
+  pass
+
+
+def _killed_after(calls: int):
+  seen = [0]
+
+  def callback(progress):
+    seen[0] += 1
+    if seen[0] == calls:
+      raise Kill
+  return callback
+
+
+def _run(solver, execution, **kw):
+  init = {"x": jax.random.normal(jax.random.key(0), (5, 6))}
+  return jax.device_get(solvers.run(solver, init, jnp.linspace(-1.0, 1.0, 6), iterations=60,
+                                    execution=execution, **kw))
+
+
+def _assert_same(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("optimizer, strategy, rounds", [
+    ("lbfgs", "sequential", 1), ("lbfgs", "sequential", 3), ("lbfgs", "vmap", 3),
+    ("adam", "map", 1), ("adam", "vmap", 3)])
+def test_interrupted_run_resumes_bit_for_bit(tmp_path, optimizer, strategy, rounds):
+  solver = solvers.make_solver(_value, solvers.make_optimizer(optimizer, 0.1 if optimizer == "adam" else 1.0))
+  plain = solvers.Execution(strategy=strategy, chunk=7, halving_rounds=rounds)
+  reference = _run(solver, plain)
+  path = tmp_path / "state.npz"
+  # Interrupted after the 1st (compilation notice: nothing saved yet), 3rd, 6th and 8th report.
+  for calls in (1, 3, 6, 8):
+    if path.exists():
+      path.unlink()
+    saver = resume.Saver(path, fingerprint={"run": 1}, every_s=0)
+    with pytest.raises(Kill):
+      _run(solver, solvers.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
+                                     callback=_killed_after(calls), checkpoint=saver))
+    assert path.exists() == (calls > 1)
+    again = resume.Saver(path, fingerprint={"run": 1}, every_s=0, resume=True)
+    _assert_same(_run(solver, solvers.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
+                                                checkpoint=again)), reference)
+
+
+def test_saves_are_spaced_by_time(tmp_path):
+  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
+  saver = resume.Saver(tmp_path / "s.npz", fingerprint={}, every_s=3600)
+  _run(solver, solvers.Execution(strategy="vmap", chunk=7, checkpoint=saver))
+  assert saver.saves == 1  # the final state only
+  every = resume.Saver(tmp_path / "s2.npz", fingerprint={}, every_s=0)
+  _run(solver, solvers.Execution(strategy="vmap", chunk=7, checkpoint=every))
+  assert every.saves == 10  # after each of the ceil(60 / 7) chunks, and the final state
+
+
+def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
+  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
+  path = tmp_path / "state.npz"
+  saver = resume.Saver(path, fingerprint={"iterations": 60, "seed": 0}, every_s=0,
+                       extra=lambda: {"history": [1.5, 2.5]})
+  _run(solver, solvers.Execution(strategy="vmap", chunk=30, checkpoint=saver))
+  restored = []
+  ok = resume.Saver(path, fingerprint={"iterations": 60, "seed": 0}, resume=True,
+                    on_restore=restored.append)
+  _run(solver, solvers.Execution(strategy="vmap", chunk=30, checkpoint=ok))
+  assert restored == [{"history": [1.5, 2.5]}]
+
+  def refused(fingerprint, match, strategy="vmap"):
+    s = resume.Saver(path, fingerprint=fingerprint, resume=True)
+    with pytest.raises(ValueError, match=match):
+      _run(solver, solvers.Execution(strategy=strategy, chunk=30, checkpoint=s))
+
+  refused({"iterations": 60, "seed": 1}, "another run .seed = 0 there, 1 here")
+  refused({"iterations": 60, "seed": 0}, "strategy 'vmap'", strategy="sequential")
+  good = path.read_bytes()
+  path.write_bytes(good[: len(good) // 2])
+  refused({"iterations": 60, "seed": 0}, "not an .npz file")
+  with open(path, "wb") as f:
+    pickle.dump({"x": 1}, f)
+  refused({"iterations": 60, "seed": 0}, "not an .npz file")
+  np.savez(path, **{"state/00000": np.array([object()], dtype=object), "survivors": np.arange(5),
+                    "__metadata__": np.frombuffer(b"{}", np.uint8)})
+  refused({"iterations": 60, "seed": 0}, "refusing to unpickle")
+  path.write_bytes(good)
+  with pytest.raises(ValueError, match="state array 0 is float32"):
+    other = {"x": jnp.zeros((5, 7))}
+    solvers.run(solver, other, jnp.zeros(7), iterations=60, execution=solvers.Execution(
+        strategy="vmap", checkpoint=resume.Saver(path, fingerprint={"iterations": 60, "seed": 0},
+                                                 resume=True)))
+  os.mkdir(tmp_path / "dir.npz")
+  with pytest.raises(ValueError, match="is a directory"):
+    resume.load(tmp_path / "dir.npz", None)
