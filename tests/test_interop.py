@@ -368,7 +368,7 @@ def test_cli_attacks_captured_files(lenet_files, tmp_path, photos):
     (lambda w, g, bad: _rewrite(g, bad, lambda t, m: ({k: v for k, v in t.items() if k != "fc.0.bias"}, m)),
      "missing tensor 'fc.0.bias'"),
     (lambda w, g, bad: os.mkdir(bad), "is a directory"),
-    (lambda w, g, bad: None, "No such file"),
+    (lambda w, g, bad: None, "does not exist"),
 ])
 def test_cli_bad_captured_files_exit_2(lenet_files, tmp_path, make, message):
   w, g = lenet_files

@@ -103,7 +103,7 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
                     "__metadata__": np.frombuffer(b"{}", np.uint8)})
   refused({"iterations": 60, "seed": 0}, "refusing to unpickle")
   path.write_bytes(good)
-  with pytest.raises(ValueError, match="state array 0 is float32"):
+  with pytest.raises(ValueError, match="state array 0 is float"):
     other = {"x": jnp.zeros((5, 7))}
     solvers.run(solver, other, jnp.zeros(7), iterations=60, execution=solvers.Execution(
         strategy="vmap", checkpoint=resume.Saver(path, fingerprint={"iterations": 60, "seed": 0},
@@ -111,3 +111,17 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   os.mkdir(tmp_path / "dir.npz")
   with pytest.raises(ValueError, match="is a directory"):
     resume.load(tmp_path / "dir.npz", None)
+
+
+def test_progress_says_compiling_and_rates_exclude_it():
+  """The first report announces the compilation; the first chunk (which includes it) gets no rate,
+  later ones a finite rate and an ETA consistent with it."""
+  reports = []
+  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
+  _run(solver, solvers.Execution(strategy="vmap", chunk=20, callback=reports.append))
+  assert [p.iteration for p in reports] == [0, 20, 40, 60]
+  assert reports[0].compiling and "compiling" in reports[0].line()
+  assert np.isnan(reports[1].its_per_s) and "with compilation" in reports[1].line()
+  for p in reports[2:]:
+    assert np.isfinite(p.its_per_s) and p.eta_s == pytest.approx((60 - p.iteration) / p.its_per_s)
+    assert f"{p.iteration}/60" in p.line() and "it/s" in p.line()
