@@ -31,6 +31,11 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 
   python experiments/benchmark.py --output_dir=experiments/results/benchmark_cpu
   python experiments/benchmark.py --sections=restarts --restart_counts=1,8,64   # on a GPU
+  python experiments/benchmark.py --suite=gpu --parts=steps,restarts --output_dir=experiments/results/gpu
+
+``--suite=gpu`` runs the accelerator suite instead (``accelerator_suite.py``: step time and memory,
+restarts 1-256, 64-restart DLG, matmul precisions, Inverting Gradients on ResNet20-4, the FedAvg
+replay), part by part; ``--quick`` shrinks it to a CPU smoke test.
 
 This builds on ``benchmark_step.py`` (its timing helpers, PyTorch ports and flags ``--models``,
 ``--repeats``, ``--warmup``, ``--max_seconds``, ``--torch`` and ``--seed``).
@@ -46,11 +51,21 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+import accelerator_suite
 import benchmark_step as bs
 from gradjax import attacks, clients, data, distances, metrics, models, report, solvers
 from gradjax.objectives import gradient_matching
 
 SECTIONS = ("steps", "ttq", "restarts", "linesearch")
+_SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
+                           "accelerator suite's --parts.")
+_PARTS = flags.DEFINE_list("parts", list(accelerator_suite.PARTS), "Accelerator suite parts: "
+                           f"{', '.join(accelerator_suite.PARTS)}.")
+_QUICK = flags.DEFINE_bool("quick", False, "Accelerator suite at toy sizes (a CPU smoke test).")
+_SUITE_DATASET = flags.DEFINE_string("suite_dataset", "cifar10", "Images of the accelerator suite's "
+                                     "ig and fedavg parts (CIFAR-10 test images 0-4 in the protocol).")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Accelerator suite: run parts already written again.")
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run: {', '.join(SECTIONS)}.")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes of the step section.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/benchmark", "Where benchmark.json/.md go.")
@@ -427,6 +442,17 @@ def main(argv):
             "positive, --linesearch_iterations at least 2")
   if (error := bs.check_flags()) is not None:
     bs.fail(error)
+  if _SUITE.value == "gpu":
+    unknown = [p for p in _PARTS.value if p not in accelerator_suite.PARTS]
+    if unknown or not _PARTS.value:
+      bs.fail(f"unknown parts {unknown}; choose from {', '.join(accelerator_suite.PARTS)}")
+    header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
+    print(accelerator_suite.run(_PARTS.value, _OUTPUT_DIR.value, quick=_QUICK.value,
+                                dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
+                                seed=bs._SEED.value, overwrite=_OVERWRITE.value, header=header,
+                                memory=step_memory))
+    print(f"wrote {_OUTPUT_DIR.value}: gpu.md and gpu_<part>.json/.md")
+    return
   torch = None if bs._TORCH.value == "off" else bs.import_torch()
   if torch is None and bs._TORCH.value == "on":
     bs.fail("--torch=on but torch is not importable")

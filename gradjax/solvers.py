@@ -539,8 +539,8 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
         lambda: _state_shapes(solver, init_params, data, restart_data, restarts))
   strategy = resolve_strategy(ex.strategy)
   if snap is not None:
-    if ex.strategy in ("tune", "auto") and snap.strategy in ("sequential", "vmap", "map"):
-      strategy = snap.strategy if (mesh is None or snap.strategy == "vmap") else strategy
+    if ex.strategy == "tune" and snap.strategy in ("sequential", "vmap", "map"):
+      strategy = snap.strategy  # what the timing chose then (it may choose otherwise now)
     if snap.strategy != strategy:
       raise ValueError(f"the saved run used restart strategy {snap.strategy!r}, this one "
                        f"{strategy!r}; resume with --strategy={snap.strategy}")

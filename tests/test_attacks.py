@@ -17,6 +17,7 @@ def setup(index, image_size=16, channels=3, model="lenet_zhu", seed=0):
 
 
 @pytest.mark.parametrize("name", ["dlg", "idlg"])
+@pytest.mark.slow
 def test_reconstructs_real_photos(name):
   attack = attacks.get_attack(name, iterations=500)
   for index in (0, 3, 7):
@@ -30,6 +31,7 @@ def test_reconstructs_real_photos(name):
     assert rec.loss < 1e-3
 
 
+@pytest.mark.slow
 def test_restarts_pick_the_lowest_objective():
   batch, net, obs = setup(1)
   rec = attacks.reconstruct(attacks.get_attack("dlg", iterations=30), net.apply_fn, obs,
@@ -67,6 +69,7 @@ def test_known_labels_and_errors():
     attacks.get_attack("dlg", distance="manhattan")
 
 
+@pytest.mark.slow
 def test_any_apply_fn_plugs_in():
   """A hand-written softmax regression (no Flax, no 'head') plugs into the attack, and the loss it
   reports is the gradient distance at the returned x, recomputed in NumPy from the closed form."""
@@ -99,6 +102,7 @@ def test_any_apply_fn_plugs_in():
   assert rec.loss < 1e-6  # the problem is well posed with the label known
 
 
+@pytest.mark.slow
 def test_dummy_initialisations():
   key = jax.random.key(0)
   shape = (2, 10, 9, 3)
@@ -118,6 +122,7 @@ def test_dummy_initialisations():
     attacks.init_dummy(key, "zeros", shape, None)
 
 
+@pytest.mark.slow
 def test_one_sample_per_step_moves_only_that_sample():
   from gradjax import distances, objectives
   two = data.load("skimage", indices=[0, 1], image_size=(16, 16))
@@ -136,6 +141,7 @@ def test_one_sample_per_step_moves_only_that_sample():
     assert not np.any(g["x"][other]) and not np.any(g["label_logits"][other])
 
 
+@pytest.mark.slow
 def test_box_keeps_reconstruction_in_range():
   batch, net, obs = setup(2)
   attack = attacks.get_attack("dlg", box=True, iterations=50, optimizer="adam", learning_rate=0.1)
@@ -148,6 +154,7 @@ def test_box_keeps_reconstruction_in_range():
 
 
 @pytest.mark.parametrize("label_method", ["known", "llg"])
+@pytest.mark.slow
 def test_batch_of_two_with_known_or_inferred_labels(label_method):
   """A batch-averaged gradient of two photos: both come back (after order matching) with their labels."""
   from gradjax import pipeline

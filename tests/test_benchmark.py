@@ -7,10 +7,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_benchmark_sections_write_consistent_tables(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
@@ -42,3 +44,31 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
     assert r["restarts"] == 2 and 0 <= r["reached"] <= 2 and r["vmap_s"] > 0 and r["sequential_s"] > 0
   text = (tmp_path / "benchmark.md").read_text()
   assert "## One step" in text and "## L-BFGS line search under vmap" in text
+
+
+@pytest.mark.slow
+def test_accelerator_suite_quick(tmp_path):
+  """``--suite=gpu --quick`` runs every part on CPU and writes consistent tables; a second call keeps
+  the parts already written."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, os.path.join(ROOT, "experiments", "benchmark.py"), "--suite=gpu", "--quick",
+         "--torch=off", f"--output_dir={tmp_path}"]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  parts = {p: json.loads((tmp_path / f"gpu_{p}.json").read_text())
+           for p in ("steps", "restarts", "dlg64", "precision", "ig", "fedavg")}
+  assert all(d["quick"] and d["rows"] for d in parts.values())
+  for r in parts["steps"]["rows"]:
+    np.testing.assert_allclose(r["match_over_plain"], r["match_ms"] / r["plain_ms"], rtol=1e-12)
+  runs = {(r["strategy"], r["restarts"]): r for r in parts["restarts"]["rows"]}
+  for s in ("vmap", "sequential"):
+    np.testing.assert_allclose(runs[s, 2]["over_one"], runs[s, 2]["seconds"] / runs[s, 1]["seconds"])
+  one, many = parts["dlg64"]["rows"]
+  np.testing.assert_allclose(many["time_over_one"], many["wall_time_s"] / one["wall_time_s"])
+  # The best of 2 restarts (restart 0 is the single run's start) is no worse than restart 0 alone.
+  assert many["loss"] <= one["loss"]
+  assert parts["fedavg"]["rows"][0]["candidates"] == 6  # 4 distinct labels in 2 steps of 2
+  text = (tmp_path / "gpu.md").read_text()
+  assert all(f"## {p}" in text for p in parts)
+  again = subprocess.run(cmd + ["--parts=ig"], capture_output=True, text=True, env=env, timeout=300)
+  assert again.returncode == 0 and "ig: kept" in again.stdout

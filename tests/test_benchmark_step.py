@@ -34,6 +34,7 @@ def _run(*args):
   return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_torch_ports_have_the_zoo_parameter_counts():
   names = ["lenet_zhu", "lenet5", "convnet-16", "mlp", "resnet8", "resnet20-4"]
   result = subprocess.run([sys.executable, "-c", _PARAM_COUNTS, EXPERIMENTS, *names], capture_output=True,
@@ -45,6 +46,7 @@ def test_torch_ports_have_the_zoo_parameter_counts():
   assert counts["lenet_zhu"][0] == 15826  # 912 + 2 * 3612 + 7690
 
 
+@pytest.mark.slow
 def test_runs_both_frameworks_and_writes_json(tmp_path):
   output = tmp_path / "bench.json"
   result = _run("--models=lenet_zhu", "--repeats=2", "--warmup=1", f"--output={output}")

@@ -187,6 +187,7 @@ def test_save_errors_leave_the_old_file(tmp_path, mlp):
   assert path.read_bytes() == before and os.listdir(tmp_path) == ["c.npz"]
 
 
+@pytest.mark.slow
 def test_pipeline_attacks_the_checkpointed_model(tmp_path):
   """Saving the model the pipeline would create and attacking it from the checkpoint gives the same
   run; a checkpoint for other inputs is refused in one line."""

@@ -27,6 +27,7 @@ def run_program(name, *args, cwd=None):
                         capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_pipeline_metrics_match_scikit_image():
   cfg = pipeline.Config(image_size=16, index=4, batch_size=2, iterations=40, attack="dlg")
   results, images = pipeline.run(cfg)
@@ -44,6 +45,7 @@ def test_pipeline_metrics_match_scikit_image():
   assert results["iterations"] == 40 and results["restarts"] == 1
 
 
+@pytest.mark.slow
 def test_reconstruct_writes_metrics_and_grid(tmp_path):
   out = tmp_path / "run"
   proc = run_program("reconstruct.py", "--iterations=30", "--image_size=16", f"--output_dir={out}")
@@ -72,6 +74,7 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
     (["--halving_rounds=0"], "halving rounds"),
     (["--matmul_precision=fp8"], "matmul_precision"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):
   proc = run_program("reconstruct.py", *args, f"--output_dir={tmp_path}")
   _assert_one_line_error(proc, message)
@@ -124,6 +127,7 @@ def _bad_files(tmp_path):
     (["--iterations=0"], "iterations must be positive"),
     (["--image_size=-3"], "image_size must be positive"),
 ])
+@pytest.mark.slow
 def test_bad_input_table(args, message, tmp_path):
   """The CLI's bad inputs (names, numbers, missing, wrong-kind, corrupt and pickled files,
   unwritable folders) each give one line and exit 2 before anything is computed."""
@@ -136,6 +140,7 @@ def test_bad_input_table(args, message, tmp_path):
   assert not (d / "run").exists()  # nothing left behind
 
 
+@pytest.mark.slow
 def test_locked_folder_and_sweep_errors(tmp_path):
   d = _bad_files(tmp_path)
   if os.geteuid() != 0:  # root writes anywhere
@@ -156,6 +161,7 @@ def test_help_lists_the_programs_flags():
   assert "gaussian_kernel_mean" in text and "resnetD-W" in text  # choices from the registries
 
 
+@pytest.mark.slow
 def test_runs_never_overwrite_each_other(tmp_path):
   """Default folders are named from what was attacked and made unique; an explicit folder holding
   files is refused unless --overwrite."""
@@ -196,6 +202,7 @@ def _killed_then_resumed(program, args, out, state_glob):
   return run_program(program, *args, "--resume")
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_bit_for_bit(tmp_path):
   args = ["--iterations=300", "--image_size=16", "--restarts=3", "--chunk=10", "--save_every_s=0"]
   whole = run_program("reconstruct.py", *args, f"--output_dir={tmp_path / 'whole'}")
@@ -215,6 +222,7 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
   assert again.returncode == 0 and "nothing to resume" in again.stdout
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes(tmp_path):
   args = ["--count=3", "--iterations=600", "--image_size=16", "--chunk=10", "--save_every_s=0"]
   whole = run_program("sweep.py", *args, f"--output_dir={tmp_path / 'whole'}")
@@ -229,6 +237,7 @@ def test_killed_sweep_resumes(tmp_path):
   assert not list(out.glob("items/*state.npz"))
 
 
+@pytest.mark.slow
 def test_sweep_table(tmp_path):
   proc = run_program("sweep.py", "--count=2", "--iterations=20", "--image_size=16",
                      f"--output_dir={tmp_path}")
@@ -257,6 +266,7 @@ def test_parse_priors_and_image_bounds():
   np.testing.assert_allclose(hi, (1 - mean) / std, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_attack_parts_from_flags(tmp_path):
   proc = run_program("reconstruct.py", "--attack=inverting_gradients", "--model=lenet_zhu",
                      "--image_size=16", "--iterations=20", "--normalization=cifar10",
@@ -305,6 +315,7 @@ def test_flags_are_the_config_fields():
 
 
 @pytest.mark.skipif(__import__("gradjax.data").data.default_data_dir() is None, reason="needs ../shared/data")
+@pytest.mark.slow
 def test_label_recovery_program(tmp_path):
   out = tmp_path / "labels.json"
   proc = run_program("label_recovery.py", "--count=2", f"--output={out}")
@@ -321,6 +332,7 @@ def test_label_recovery_program(tmp_path):
   assert result["distinct_label_upper_bound"] == pytest.approx(np.mean(distinct))
 
 
+@pytest.mark.slow
 def test_fedavg_client_and_defense_flags(tmp_path):
   proc = run_program("reconstruct.py", "--attack=inverting_gradients_fedavg", "--client=fedavg",
                      "--local_epochs=2", "--local_lr=0.1", "--batch_size=2", "--local_batch_size=1",
@@ -334,6 +346,7 @@ def test_fedavg_client_and_defense_flags(tmp_path):
   assert bad.returncode == 2 and "unknown client" in bad.stderr
 
 
+@pytest.mark.slow
 def test_defense_sweep_table(tmp_path):
   proc = run_program("defense_sweep.py", "--defenses=none;prune:0.5", "--count=2", "--iterations=10",
                      "--image_size=32", f"--output_dir={tmp_path}")
@@ -354,6 +367,7 @@ def test_defense_sweep_table(tmp_path):
   assert bad.returncode == 2 and "unknown defense" in bad.stderr
 
 
+@pytest.mark.slow
 def test_permutation_search_from_the_command_line(tmp_path):
   """FedAvg client with 2 images in 2 local steps, labels revealed as a multiset: 2 candidates."""
   proc = run_program("reconstruct.py", "--client=fedavg", "--batch_size=2", "--local_batch_size=1",
@@ -367,6 +381,7 @@ def test_permutation_search_from_the_command_line(tmp_path):
   assert sorted(metrics["labels_by_slot"]) == sorted(metrics["labels_true"])
 
 
+@pytest.mark.slow
 def test_compilation_cache_is_written_and_reused(tmp_path):
   cache = tmp_path / "cache"
   # Every program is cached (threshold 0), so the second run must find all of them; with the default

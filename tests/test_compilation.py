@@ -3,10 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gradjax import clients, compilation, models
 
 
+@pytest.mark.slow
 def test_model_init_as_one_program_equals_flax_init():
   model = models.create("lenet_zhu", jax.random.key(3), input_shape=(16, 16, 3), num_classes=5)
   module = models.get_module("lenet_zhu", num_classes=5)
@@ -14,6 +16,7 @@ def test_model_init_as_one_program_equals_flax_init():
   jax.tree.map(np.testing.assert_array_equal, model.variables, eager)  # threefry draws: exact
 
 
+@pytest.mark.slow
 def test_once_and_step_options_agree_with_default_jit(photos):
   model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3))
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], np.array([1, 2]))

@@ -89,6 +89,7 @@ def _mock_tfds():
 
 
 @pytest.mark.isolated
+@pytest.mark.slow
 def test_tfds_images_and_labels_as_tfds_gives_them():
   tfds, mock_data = _mock_tfds()
   with mock_data(num_examples=6):
@@ -112,6 +113,7 @@ def test_tfds_unknown_name():
 
 
 @pytest.mark.isolated
+@pytest.mark.slow
 def test_tfds_dataset_drives_an_attack():
   """--dataset=tfds:mnist end to end (pipeline.Config is what the CLI builds from its flags)."""
   _, mock_data = _mock_tfds()

@@ -38,6 +38,7 @@ def blobs():
   return training.split(data.Dataset(x, y, 3, "blobs"), 240, 120)
 
 
+@pytest.mark.slow
 def test_utility_is_the_accuracy_of_the_defended_training(sweep, blobs):
   cfg = sweep.UtilityConfig(model="mlp-16", epochs=2, batch_size=16, learning_rate=0.1, momentum=0.9)
   none = sweep.utility("none", blobs, cfg)
@@ -95,6 +96,7 @@ def run_sweep(*args):
                         capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_program_with_utility(tmp_path):
   proc = run_sweep("--defenses=none;clip:1e-6", "--count=1", "--iterations=5", "--image_size=16",
                    "--utility", "--utility_model=mlp", "--utility_dataset=lfw_subset",

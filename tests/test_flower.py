@@ -98,6 +98,7 @@ def fedavg():
   return FedAvg(fraction_evaluate=0.0)
 
 
+@pytest.mark.slow
 def test_aggregate_unchanged_and_files_exact(net, tmp_path):
   grid = Grid(net)
   plain = start(fedavg(), net, grid)
@@ -166,6 +167,7 @@ class Keep(Strategy):
     pass
 
 
+@pytest.mark.slow
 def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
   spoil = {11: "nan", 12: "missing", 13: "shape", 14: "error", 16: "nan-loss", 17: "nan-count"}
   grid = Grid(net, nodes=(11, 12, 13, 14, 15, 16, 17), spoil=spoil)
@@ -188,6 +190,7 @@ def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
   assert [r["attack"] for r in rows if not r.get("error")] == ["idlg", "idlg"]
 
 
+@pytest.mark.slow
 def test_rounds_clients_and_disk_cap(net, tmp_path):
   strategy = AuditStrategy(fedavg(), tmp_path / "a", rounds=[2], clients=1)
   start(strategy, net, Grid(net, nodes=(12, 11, 13)), rounds=2)
@@ -204,6 +207,7 @@ def test_rounds_clients_and_disk_cap(net, tmp_path):
     AuditStrategy(object(), tmp_path / "c")
 
 
+@pytest.mark.slow
 def test_attack_recorded_updates_in_background(net, tmp_path):
   """One SGD step of batch 1 is lr times a gradient: iDLG from the recorded files alone, attacked in
   a separate process while the federation goes on, scored on the photos the clients reported. It
@@ -235,6 +239,7 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
   assert 'href="client_12/idlg/report.html"' in page
 
 
+@pytest.mark.slow
 def test_audit_program(net, tmp_path):
   """experiments/audit.py over a recorded federation: the index, and one-line errors with exit 2."""
   import subprocess
@@ -262,6 +267,7 @@ def test_audit_program(net, tmp_path):
     assert bad.returncode == 2 and message in bad.stderr.strip().splitlines()[-1], bad.stderr[-500:]
 
 
+@pytest.mark.slow
 def test_several_local_steps_get_replay_and_dlm_plus(net, tmp_path):
   """Two photos in two local steps (batch 1): the capture states the schedule, so the audit replays
   it (labels inferred with LLG: FedAvg clients share none) and runs DLM+; scored on both photos."""

@@ -112,6 +112,7 @@ def federation(tmp_path):
     assert all(p.poll() is not None for p in processes)
 
 
+@pytest.mark.slow
 def test_deployment_runtime_records_and_audits(federation, tmp_path):
   import torch
   audit_dir = tmp_path / "audit"

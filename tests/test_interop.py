@@ -84,6 +84,7 @@ def test_chw_permutation_against_explicit_indices():
 
 
 @pytest.mark.parametrize("name, fmt", [(name, "safetensors") for name in ZOO] + [("convnet-2", "npz")])
+@pytest.mark.slow
 def test_round_trip_is_exact(tmp_path, name, fmt):
   model = _with_random_stats(_model(name))
   y = np.array([3, 7])
@@ -279,6 +280,7 @@ def _export_with_snippet(torch, model, x_nhwc, y, tmp_path, name):
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)
 @pytest.mark.parametrize("which", ["lenet_zhu", "resnet8-2"])
+@pytest.mark.slow
 def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
   torch, LeNet, ResNet = _torch_models()
   torch.manual_seed(0)
@@ -306,6 +308,7 @@ def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
 
 
 @pytest.mark.isolated  # imports torch
+@pytest.mark.slow
 def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
   from gradjax import attacks, metrics
   torch, LeNet, _ = _torch_models()
@@ -335,6 +338,7 @@ def _cli(*args):
                         capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_attacks_captured_files(lenet_files, tmp_path, photos):
   import skimage.metrics
   w, g = lenet_files

@@ -16,6 +16,7 @@ from gradjax.observation import Observation
 
 
 @pytest.mark.parametrize("num_classes,runs", [(10, 30), (100, 10)])
+@pytest.mark.slow
 def test_idlg_recovers_label_on_fresh_lenets(photos, num_classes, runs):
   rng = np.random.default_rng(num_classes)
   keys = jax.random.split(jax.random.key(num_classes), runs)

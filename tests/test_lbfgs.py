@@ -22,6 +22,7 @@ def _problem(seed=0):
 
 @pytest.mark.parametrize("memory_size", [1, 3, 10])
 @pytest.mark.parametrize("scale_init_precond", [True, False])
+@pytest.mark.slow
 def test_direction_equals_optax_two_loop_recursion(memory_size, scale_init_precond):
   """Same inputs every call for 15 calls (the circular memory wraps for sizes 1 and 3)."""
   with jax.enable_x64(True):

@@ -47,6 +47,7 @@ def test_every_model_traces_to_logits(name, input_shape, num_classes):
 
 
 @pytest.mark.parametrize("name", models.MODELS)
+@pytest.mark.slow
 def test_every_model_runs_finite(name, photos, photos28, fill_variables):
   """Real forward pass on real photos: (N, K) finite, non-constant logits.
 
@@ -376,6 +377,7 @@ def _np_conv_asym(x, w, stride, pads):
     ((1, 1), (2, 2), ((0, 0), (0, 0)), (8, 7)),      # ResNet projection shortcut
     ((3, 2), (1, 3), ((0, 2), (1, 0)), (6, 10)),     # asymmetric everything
 ])
+@pytest.mark.slow
 def test_im2col_conv_matches_numpy_and_xla(kernel, stride, pads, hw):
   """Values, first and second derivatives (float64) equal NumPy and ``lax.conv_general_dilated``."""
   from gradjax.models.layers import im2col_conv
@@ -423,6 +425,7 @@ def test_im2col_conv_defers_unsupported_cases_to_xla():
 
 @pytest.mark.parametrize("name,input_shape", [("lenet_zhu", (16, 16, 3)), ("lenet5", (8, 8, 1)),
                                               ("convnet-2", (9, 9, 3)), ("resnet8", (8, 8, 3))])
+@pytest.mark.slow
 def test_conv_implementations_compute_the_same_model(name, input_shape):
   """``conv="im2col"`` and ``conv="xla"`` have the same parameters, logits and DLG objective gradient."""
   from gradjax import clients, distances

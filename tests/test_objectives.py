@@ -136,6 +136,7 @@ def test_objective_joint_labels_matches_finite_differences(lenet64, photos):
                                float(objective(dummy, obs, None)), rtol=1e-14)
 
 
+@pytest.mark.slow
 def test_objective_zero_only_at_truth(lenet64, photos):
   apply_fn, variables, x, y, obs, objective = lenet64
   with jax.enable_x64(True):
@@ -200,6 +201,7 @@ def test_objective_value_matches_numpy_mlp(photos, fill_variables, mlp_reference
 
 
 @pytest.mark.parametrize("where", ["model", "replay"])
+@pytest.mark.slow
 def test_remat_changes_memory_not_values(where):
   """jax.checkpoint (ResNet blocks, or the replayed local steps) recomputes activations: value and
   gradient equal the plain objective's (float64)."""

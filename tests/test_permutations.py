@@ -49,6 +49,7 @@ def test_candidates_reject_bad_input(labels, b, count):
     permutations.candidates(np.asarray(labels), b, count)
 
 
+@pytest.mark.slow
 def test_search_recovers_the_mini_batch_assignment():
   """4 images in 2 local mini-batches, labels revealed only as a sorted multiset: the search over the
   6 assignments must pick one equivalent to the client's, with a lower objective than the given

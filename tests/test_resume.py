@@ -45,6 +45,7 @@ def _assert_same(a, b):
 @pytest.mark.parametrize("optimizer, strategy, rounds", [
     ("lbfgs", "sequential", 1), ("lbfgs", "sequential", 3), ("lbfgs", "vmap", 3),
     ("adam", "map", 1), ("adam", "vmap", 3)])
+@pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, optimizer, strategy, rounds):
   solver = solvers.make_solver(_value, solvers.make_optimizer(optimizer, 0.1 if optimizer == "adam" else 1.0))
   plain = solvers.Execution(strategy=strategy, chunk=7, halving_rounds=rounds)

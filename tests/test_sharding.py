@@ -75,6 +75,7 @@ def result():
   return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.slow
 def test_each_of_eight_devices_holds_one_restart(result):
   assert result["devices"] == 8
   assert result["shards"] == [[d, 1] for d in range(8)]

@@ -26,6 +26,7 @@ def stacked(*rows):
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "vmap", "map"])
+@pytest.mark.slow
 def test_lbfgs_finds_closed_form_minimiser(strategy):
   solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs", 1.0, history=10))
   init = stacked(np.zeros(6), np.ones(6), -np.ones(6))

@@ -282,6 +282,7 @@ def run_train(*args):
                         capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
   proc = run_train("--model=mlp", "--epochs=2", "--lr=0.05", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -301,6 +302,7 @@ def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
   assert f"test accuracy {result['history'][-1]['accuracy']:.4f}" in proc.stdout
 
 
+@pytest.mark.slow
 def test_train_program_fedavg_and_bad_flags(tmp_path):
   proc = run_train("--model=mlp", "--client=fedavg", "--clients=3", "--local_batch_size=10",
                    "--epochs=1", "--defense=clip:1.0", "--data_seed=-1", f"--output_dir={tmp_path}")

@@ -1,0 +1,198 @@
+"""The accelerator suite behind ``benchmark.py --suite=gpu``: every accelerator measurement, in parts
+that each run in well under 10 minutes on one GPU, so a lent machine can run them one call at a time.
+
+Parts (``--parts``), each written as ``gpu_<part>.json`` and ``gpu_<part>.md`` when it ends (a part
+already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles those present:
+
+* ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
+  compiled and peak memory), as ``benchmark.py``'s steps section.
+* ``restarts``: 100 DLG iterations on ``lenet_zhu`` for R = 1, 4, 16, 64, 256 under each strategy
+  (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1.
+* ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
+  one: wall time (compilation included) and the best restart's PSNR.
+* ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
+  (1000 iterations) under each ``jax_default_matmul_precision`` (float32, tensorfloat32, bfloat16):
+  wall time and PSNR, on the scikit-image photo.
+* ``ig``: Inverting Gradients (the preset: 4800 iterations) on ``resnet20-4``, CIFAR-10 test images
+  0-4 (``--suite_dataset``), one restart each: PSNR, SSIM, wall time.
+* ``fedavg``: the FedAvg replay (``inverting_gradients_fedavg``) on ``convnet`` at width 64, 4 images
+  in 2 local steps of 2, labels known as a multiset with the permutation search.
+
+``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
+runs in a CPU test and cannot rot; its numbers mean nothing.
+"""
+
+import os
+import time
+
+import jax
+import numpy as np
+
+import benchmark_step as bs
+from gradjax import attacks, clients, data, models, pipeline, report, solvers
+
+PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg")
+PRECISIONS = ("float32", "tensorfloat32", "bfloat16")
+
+
+def sizes(quick: bool, dataset: str) -> dict:
+  """Every size of the suite; ``quick``: the CPU test's."""
+  if quick:
+    # 32x32 everywhere, so the parts share compiled programs.
+    return dict(models=["lenet_zhu"], batch_sizes=[1, 2], restart_counts=[1, 2],
+                strategies=("vmap", "sequential"), restart_iterations=5, dlg_restarts=2,
+                dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
+                image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_iterations=10,
+                precisions=PRECISIONS[:2], precision_attacks=("dlg",),
+                timing=dict(repeats=2, warmup=0, max_seconds=5.0))
+  return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
+              restart_counts=[1, 4, 16, 64, 256], strategies=("vmap", "map", "sequential"),
+              restart_iterations=100, dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
+              ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
+              fedavg_model="convnet", fedavg_iterations=None, precisions=PRECISIONS,
+              precision_attacks=("dlg", "inverting_gradients"),
+              timing=dict(repeats=20, warmup=3, max_seconds=20.0))
+
+
+def _scores(results: dict) -> dict:
+  return {k: results.get(k) for k in ("psnr", "ssim", "label_accuracy", "wall_time_s", "iterations",
+                                      "loss")}
+
+
+def part_steps(s: dict, seed: int, memory) -> list[dict]:
+  rows = []
+  for batch in s["batch_sizes"]:
+    x = data.load("skimage", indices=[i % 16 for i in range(batch)], image_size=(32, 32)).x
+    y = np.arange(batch, dtype=np.int32) % bs.NUM_CLASSES
+    for name in s["models"]:
+      j = bs.benchmark_jax(name, x, y, seed=seed, **s["timing"])
+      rows.append(dict(model=name, batch_size=batch, conv=j["conv"], plain_ms=j["plain"]["median_ms"],
+                       match_ms=j["match"]["median_ms"], compile_match_s=j["compile_s"]["match"],
+                       match_over_plain=j["match"]["median_ms"] / j["plain"]["median_ms"],
+                       **memory(name, batch, seed)))
+      print(f"steps {rows[-1]}", flush=True)
+  return rows
+
+
+def part_restarts(s: dict, seed: int) -> list[dict]:
+  x = data.load("skimage", indices=[0], image_size=(32, 32))
+  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
+                        num_classes=bs.NUM_CLASSES)
+  obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
+  attack = attacks.get_attack("dlg", iterations=s["restart_iterations"])
+  rows = []
+  for strategy in s["strategies"]:
+    base = None
+    for r in s["restart_counts"]:
+      kw = dict(input_shape=(32, 32, 3), restarts=r, execution=solvers.Execution(
+          strategy, chunk=attack.iterations, map_batch_size=min(8, r)))
+      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
+      start = time.perf_counter()
+      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
+      seconds = time.perf_counter() - start
+      base = seconds if base is None else base
+      rows.append(dict(strategy=strategy, restarts=r, seconds=seconds,
+                       ms_per_iteration=1e3 * seconds / attack.iterations, over_one=seconds / base))
+      print(f"restarts {rows[-1]}", flush=True)
+  return rows
+
+
+def part_dlg64(s: dict, seed: int) -> list[dict]:
+  rows = []
+  for restarts in (1, s["dlg_restarts"]):
+    cfg = pipeline.Config(restarts=restarts, iterations=s["dlg_iterations"], strategy="vmap",
+                          image_size=s["image_size"], seed=seed, lpips="none")
+    results, _ = pipeline.run(cfg)
+    rows.append(dict(restarts=restarts, **_scores(results)))
+    print(f"dlg64 {rows[-1]}", flush=True)
+  rows[-1]["time_over_one"] = rows[-1]["wall_time_s"] / rows[0]["wall_time_s"]
+  return rows
+
+
+def part_precision(s: dict, seed: int) -> list[dict]:
+  runs = [("dlg", "lenet_zhu", s["dlg_iterations"]),
+          ("inverting_gradients", s["ig_model"], s["ig_iterations"] or 1000)]
+  runs = [r for r in runs if r[0] in s["precision_attacks"]]
+  rows = []
+  for attack, model, iterations in runs:
+    for precision in s["precisions"]:
+      with jax.default_matmul_precision(precision):
+        cfg = pipeline.Config(attack=attack, model=model, iterations=iterations,
+                              image_size=s["image_size"], seed=seed, lpips="none")
+        results, _ = pipeline.run(cfg)
+      rows.append(dict(attack=attack, model=model, precision=precision, **_scores(results)))
+      print(f"precision {rows[-1]}", flush=True)
+  return rows
+
+
+def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
+  rows = []
+  for index in s["ig_images"]:
+    cfg = pipeline.Config(attack="inverting_gradients", model=s["ig_model"], dataset=s["dataset"],
+                          data_dir=data_dir, index=index, image_size=s["image_size"],
+                          iterations=s["ig_iterations"],
+                          normalization=s["dataset"] if s["dataset"].startswith("cifar") else "none",
+                          seed=seed, lpips="none")
+    results, _ = pipeline.run(cfg)
+    rows.append(dict(index=index, **_scores(results)))
+    print(f"ig {rows[-1]}", flush=True)
+  return rows
+
+
+def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
+  cfg = pipeline.Config(attack="inverting_gradients_fedavg", model=s["fedavg_model"],
+                        dataset=s["dataset"], data_dir=data_dir, client="fedavg", batch_size=4,
+                        local_batch_size=2, shared_labels="multiset", permutations=6,
+                        image_size=s["image_size"], iterations=s["fedavg_iterations"], seed=seed,
+                        lpips="none")
+  results, _ = pipeline.run(cfg)
+  row = dict(model=s["fedavg_model"], images=4, local_steps=2, candidates=results["candidates"],
+             **_scores(results))
+  print(f"fedavg {row}", flush=True)
+  return [row]
+
+
+def table(rows: list[dict]) -> str:
+  """A Markdown table of ``rows`` (the union of their keys, in first-seen order)."""
+  keys = list(dict.fromkeys(k for r in rows for k in r))
+
+  def cell(v):
+    if isinstance(v, float):
+      return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+  return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+                   + ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows])
+
+
+def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
+        overwrite: bool, header: dict, memory) -> str:
+  """Runs ``parts`` into ``out`` (skipping those already written unless ``overwrite``); returns the
+  assembled Markdown. ``memory(model, batch, seed)``: the matching step's memory probe
+  (``benchmark.step_memory``)."""
+  s = sizes(quick, dataset)
+  run_part = dict(steps=lambda: part_steps(s, seed, memory), restarts=lambda: part_restarts(s, seed),
+                  dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
+                  ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir))
+  for part in parts:
+    path = os.path.join(out, f"gpu_{part}.json")
+    if os.path.exists(path) and not overwrite:
+      print(f"{part}: kept {path}", flush=True)
+      continue
+    start = time.perf_counter()
+    rows = run_part[part]()
+    result = dict(header, part=part, quick=quick, seconds=time.perf_counter() - start, rows=rows)
+    report.save_json(path, result)
+    text = (f"## {part}\n\n`{header['command']}` on {header['environment']['device_kind']}, "
+            f"{result['seconds']:.0f} s{' (quick sizes: not measurements)' if quick else ''}\n\n"
+            f"{table(rows)}\n")
+    report.atomic_write(path[:-5] + ".md", lambda fh: fh.write(text), binary=False)
+  assembled = ["# gradjax accelerator suite", ""]
+  for part in PARTS:
+    md = os.path.join(out, f"gpu_{part}.md")
+    if os.path.exists(md):
+      with open(md, encoding="utf-8") as fh:
+        assembled.append(fh.read())
+  text = "\n".join(assembled)
+  report.atomic_write(os.path.join(out, "gpu.md"), lambda fh: fh.write(text), binary=False)
+  return text
