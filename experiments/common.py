@@ -132,7 +132,10 @@ def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
   except OSError as e:
     fail(f"cannot write to the output folder {out}: {e.strerror or e}")
   if created:  # a run that fails before writing anything leaves no empty folder behind
-    atexit.register(lambda: os.path.isdir(out) and not any(os.scandir(out)) and os.rmdir(out))
+    def remove_if_empty():
+      if os.path.isdir(out) and not any(os.scandir(out)):
+        os.rmdir(out)
+    atexit.register(remove_if_empty)
   logging.info("writing to %s", out)
   return out
 

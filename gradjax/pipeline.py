@@ -461,6 +461,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       resumed=prior["resumed"],
       state_saves=0 if saver is None else saver.saves,
       state_save_s=0.0 if saver is None else saver.seconds,
+      state_save_error=None if saver is None else saver.error,
       restarts_diverged=int((~rec.restart_alive).sum()),
       best_restart=rec.best_restart,
       candidates=int(rec.candidates.shape[0]),

@@ -25,6 +25,7 @@ Example::
 import dataclasses
 import io
 import json
+import logging
 import os
 import time
 import zipfile
@@ -65,7 +66,9 @@ class Saver:
     extra: called at every save; its JSON-ready dict is stored beside the state.
     on_restore: called with that dict when a saved state is restored.
 
-  ``saves`` and ``seconds`` count the saves made and the time they took.
+  ``saves`` and ``seconds`` count the saves made and the time they took. A save that fails (a full
+  disk, a folder removed) is logged and remembered in ``error``; the run goes on, since losing the
+  ability to resume must not cost the run itself.
   """
 
   def __init__(self, path, *, fingerprint: dict, every_s: float = 60.0, resume: bool = False,
@@ -77,15 +80,21 @@ class Saver:
     self._extra, self._on_restore = extra, on_restore
     self._fingerprint_json = json.loads(json.dumps(fingerprint, sort_keys=True))
     self._last = time.monotonic()
-    self.saves, self.seconds = 0, 0.0
+    self.saves, self.seconds, self.error = 0, 0.0, None
 
   def __call__(self, snapshot: Callable[[], solvers.Snapshot], *, final: bool = False) -> None:
     if not final and time.monotonic() - self._last < self.every_s:
       return
     start = time.perf_counter()
-    save(self.path, snapshot(), self.fingerprint, {} if self._extra is None else self._extra())
+    try:
+      save(self.path, snapshot(), self.fingerprint, {} if self._extra is None else self._extra())
+      self.saves += 1
+    except OSError as e:
+      if self.error is None:
+        logging.getLogger(__name__).warning("cannot save the run's state to %s (%s); the run goes "
+                                            "on but cannot be resumed from here", self.path, e)
+      self.error = f"{type(e).__name__}: {e}"
     self._last = time.monotonic()
-    self.saves += 1
     self.seconds += time.perf_counter() - start
 
   def restore(self, like: Callable[[], solvers.SolverState]) -> solvers.Snapshot | None:

@@ -126,3 +126,13 @@ def test_progress_says_compiling_and_rates_exclude_it():
   for p in reports[2:]:
     assert np.isfinite(p.its_per_s) and p.eta_s == pytest.approx((60 - p.iteration) / p.its_per_s)
     assert f"{p.iteration}/60" in p.line() and "it/s" in p.line()
+
+
+def test_a_failing_save_is_reported_not_fatal(tmp_path):
+  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
+  reference = _run(solver, solvers.Execution(strategy="vmap", chunk=7))
+  blocked = tmp_path / "a_file"
+  blocked.write_text("")
+  saver = resume.Saver(blocked / "state.npz", fingerprint={}, every_s=0)  # its folder is a file
+  _assert_same(_run(solver, solvers.Execution(strategy="vmap", chunk=7, checkpoint=saver)), reference)
+  assert saver.saves == 0 and "a_file" in saver.error
