@@ -3,16 +3,19 @@
 import atexit
 import dataclasses
 import glob
+import json
 import logging as py_logging
 import os
+import re
 import sys
 import tempfile
 import typing
 
 import jax
+import numpy as np
 from absl import flags, logging
 
-from gradjax import resume, solvers
+from gradjax import checkpoint, pipeline, report, resume, solvers
 from gradjax.pipeline import Config
 
 STATE_FILE = "state.npz"
@@ -140,10 +143,56 @@ def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
   return out
 
 
-def state_file(out: str, name: str = STATE_FILE) -> resume.StateFile:
+def state_file(out: str) -> resume.StateFile:
   """Where a run in ``out`` keeps its solver state, per the --save_every_s and --resume flags."""
   f = flags.FLAGS
-  return resume.StateFile(os.path.join(out, name), f.save_every_s, f.resume)
+  return resume.StateFile(os.path.join(out, STATE_FILE), f.save_every_s, f.resume)
+
+
+class Items:
+  """A table program's experiments, each kept in ``<out>/items/<key>.json`` (its results) and
+  ``.npz`` (its images) as it ends. With --resume, :meth:`run` reads a finished experiment back
+  instead of running it again, and continues an interrupted one from ``items/<key>.state.npz``."""
+
+  def __init__(self, out: str):
+    self.out, self.resume = out, flags.FLAGS.resume
+    self.earlier_s = 0.0  # wall time of the experiments read back (their runs' own)
+
+  def _path(self, key: str) -> str:
+    return os.path.join(self.out, "items", re.sub(r"[^A-Za-z0-9._=+-]", "_", key))
+
+  def run(self, key: str, cfg: Config, **kw) -> tuple[dict, dict, bool]:
+    """(results, images, whether they were saved by an earlier run) of experiment ``cfg``."""
+    base = self._path(key)
+    if self.resume and os.path.exists(base + ".json"):
+      results, images = self._read(base, cfg)
+      self.earlier_s += float(results.get("wall_time_s", 0.0))
+      return results, images, True
+    state = resume.StateFile(f"{base}.{STATE_FILE}", flags.FLAGS.save_every_s, self.resume)
+    results, images = pipeline.run(cfg, state=state, **kw)
+    report.atomic_write(base + ".npz", lambda fh: np.savez(
+        fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
+        reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
+    report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
+    if os.path.exists(state.path):
+      os.remove(state.path)
+    return results, images, False
+
+  @staticmethod
+  def _read(base: str, cfg: Config) -> tuple[dict, dict]:
+    try:
+      with open(base + ".json", encoding="utf-8") as fh:
+        results = json.load(fh)
+      saved = {k: results["config"].get(k) for k in pipeline.fingerprint(cfg)}
+      with open(base + ".npz", "rb") as fh:
+        arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
+      images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"{base}.json is unreadable ({e}); rerun with --overwrite") from None
+    if saved != pipeline.fingerprint(cfg):
+      raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
+                       "another --output_dir")
+    return results, images
 
 
 def permutation_seed(value: int, flag: str) -> int | None:

@@ -3,7 +3,8 @@
 For every defense spec (see gradjax.defenses.parse) and every image, the client's update is defended
 and then attacked, exactly as ``reconstruct.py --defense=SPEC`` would. Writes ``results.json`` and
 ``results.md`` to ``--output_dir``: per defense, PSNR and SSIM (mean ± population std), label accuracy
-and the success rate (PSNR ≥ ``--psnr_threshold``).
+and the success rate (PSNR ≥ ``--psnr_threshold``). Each attack is kept in ``items/`` as it ends;
+``--resume`` reads those back and continues the interrupted one (the utility models are retrained).
 
   python experiments/defense_sweep.py --dataset=cifar10 --count=5
   python experiments/defense_sweep.py --defenses="none;gaussian:1e-2;prune:0.3" --count=10
@@ -45,7 +46,7 @@ flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('
 flags.DEFINE_integer("start", 0, "First image index.")
 flags.DEFINE_integer("count", 5, "Images per defense.")
 flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful reconstruction.")
-common.define_output_flags("defenses_<attack>_<model>_<dataset>", resumable=False)
+common.define_output_flags("defenses_<attack>_<model>_<dataset>")
 flags.adopt_module_key_flags(common)
 flags.DEFINE_bool("utility", False, "Also train a model under every defense and report its test accuracy.")
 flags.DEFINE_string("utility_model", "mlp", "Model trained for the utility column.")
@@ -157,7 +158,8 @@ def main(argv):
       if spec != "none":
         defenses.parse(spec)
     out = common.output_folder(f"defenses_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}",
-                               own=("results.*", "privacy_utility.png"))
+                               own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz"))
+    items = common.Items(out)
     if f.utility:
       seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")
       parts = training.split(data.load(f.utility_dataset, data_dir=base.data_dir),
@@ -170,7 +172,7 @@ def main(argv):
       for k in range(f.count):
         cfg = common.replace(base, defense=None if spec == "none" else spec,
                              index=f.start + k * base.batch_size)
-        results, _ = pipeline.run(cfg)
+        results, _, _ = items.run(f"{spec}_{cfg.index}", cfg)
         rows.append(results)
       summary = report.summarize(rows, f.psnr_threshold)
       logging.info("%s: PSNR %.2f dB, %d/%d successes", spec, summary["psnr"]["mean"],
@@ -191,7 +193,7 @@ def main(argv):
                      "data_seed": f.utility_data_seed}
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "config": vars(base), "utility_config": utility_setup,
-                    "total_time_s": time.perf_counter() - start})
+                    "total_time_s": items.earlier_s + time.perf_counter() - start})
   report._save_figure(privacy_utility_plot(table, f.psnr_threshold, base.attack),
                       os.path.join(out, "privacy_utility.png"))
   extra = " utility acc. |" if f.utility else ""

@@ -16,7 +16,8 @@ All four use Adam, 4000 iterations (lr 0.1; DLM+ 0.01, the paper's), one restart
 N(0, 1). ``--box`` clamps every attack's dummy image to [0, 1] after each step and ``--nobox`` (the
 default) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one protocol. Success is PSNR > 30
 dB with the standard formula and, separately, with the paper's (the error divided by the dataset's
-per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher).
+per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher). Each attack is kept in
+``items/`` as it ends; ``--resume`` reads those back and continues the interrupted one.
 
   python experiments/dlm_table.py --count=20
   python experiments/dlm_table.py --count=20 --box
@@ -52,15 +53,16 @@ flags.DEFINE_float("local_lr", 0.01, "The client's local learning rate (one SGD 
 flags.DEFINE_bool("box", False, "Clamp every attack's dummy image to [0, 1].")
 flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
-common.define_output_flags("dlm_table[_box]", resumable=False)
+common.define_output_flags("dlm_table[_box]")
 flags.adopt_module_key_flags(common)
 
 
-def run_method(name: str, overrides: dict, indices, std, threshold: float, base: dict) -> dict:
+def run_method(name: str, overrides: dict, indices, std, threshold: float, base: dict,
+               items: common.Items) -> dict:
   rows = []
   for index in indices:
     cfg = pipeline.Config(index=index, **base, **overrides)
-    results, images = pipeline.run(cfg)
+    results, images, _ = items.run(f"{name}_{index}", cfg)
     paper = float(metrics.psnr_std(images["reconstruction"], images["ground_truth"], std)[0])
     rows.append({"index": index, "psnr": results["psnr"], "psnr_paper": paper,
                  "ssim": results["ssim"], "lpips": results.get("lpips"),
@@ -110,14 +112,16 @@ def main(argv):
   base = dict(model=f.model, dataset=f.dataset, data_dir=f.data_dir, client="fedavg",
               local_lr=f.local_lr, box=f.box, seed=f.seed, chunk=1000)
   std = data.normalization(f.dataset).std if f.dataset in ("cifar10", "cifar100") else (1.0,)
-  out = common.output_folder("dlm_table" + ("_box" if f.box else ""), own=("results.*",))
+  out = common.output_folder("dlm_table" + ("_box" if f.box else ""),
+                             own=("results.*", "items/*.json", "items/*.npz"))
+  items = common.Items(out)
   start = time.perf_counter()
   try:
     table = [run_method(m, METHODS[m], range(f.start, f.start + f.count), std, f.psnr_threshold,
-                        base) for m in names]
+                        base, items) for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  seconds = time.perf_counter() - start
+  seconds = items.earlier_s + time.perf_counter() - start  # with the experiments read back
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "total_time_s": seconds, "box": f.box, "model": f.model,
                     "dataset": f.dataset, "images": [f.start, f.start + f.count - 1],

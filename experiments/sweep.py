@@ -16,7 +16,6 @@ experiments and continues the interrupted one.
 Summary statistics: mean ± population std, median, and how many images reach ``--psnr_threshold``.
 """
 
-import json
 import os
 import time
 
@@ -24,7 +23,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import common
-from gradjax import checkpoint, pipeline, report
+from gradjax import pipeline, report
 
 common.define_flags()
 flags.DEFINE_integer("start", 0, "First image index.")
@@ -56,35 +55,6 @@ def markdown(rows: list[dict], summary: dict, title: str) -> str:
   return "\n".join(lines)
 
 
-def _finished(out: str, cfg) -> tuple[dict, dict] | None:
-  """Experiment ``cfg.index``'s saved row and images in ``out/items``, or None if it has not ended.
-  A row saved under other settings is an error (the folder belongs to another sweep)."""
-  path = os.path.join(out, "items", f"{cfg.index}.json")
-  if not os.path.exists(path):
-    return None
-  try:
-    with open(path, encoding="utf-8") as fh:
-      row = json.load(fh)
-    saved = {k: row["config"].get(k) for k in pipeline.fingerprint(cfg)}
-    with open(path[:-5] + ".npz", "rb") as fh:
-      arrays = checkpoint.npz_arrays(fh.read(), path[:-5] + ".npz")
-  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-    raise ValueError(f"{path} is unreadable ({e}); rerun with --overwrite") from None
-  if saved != pipeline.fingerprint(cfg):
-    raise ValueError(f"{path} was computed with other settings; rerun with --overwrite or another "
-                     "--output_dir")
-  return row, {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
-
-
-def _keep(out: str, row: dict, images: dict) -> None:
-  """Saves a finished experiment (arrays first: its JSON file marks it finished)."""
-  base = os.path.join(out, "items", str(row["index"]))
-  report.atomic_write(base + ".npz", lambda fh: np.savez(
-      fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
-      reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
-  report.save_json(base + ".json", row)
-
-
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -100,22 +70,15 @@ def main(argv):
   out = common.output_folder(
       f"sweep_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}_{f.start}-{last}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz"))
+  items = common.Items(out)
   rows, truth, recon = [], [], []
-  start, resumed, earlier = time.perf_counter(), 0, 0.0  # earlier: time of rows saved before
+  start, resumed = time.perf_counter(), 0
   try:
     for k in range(f.count):
       cfg = common.replace(base, index=f.start + k * base.batch_size)
-      done = _finished(out, cfg) if f.resume else None
-      if done is None:
-        state = common.state_file(out, os.path.join("items", f"{cfg.index}.{common.STATE_FILE}"))
-        results, images = pipeline.run(cfg, state=state)
-        results["index"] = cfg.index
-        _keep(out, results, images)
-        if os.path.exists(state.path):
-          os.remove(state.path)
-      else:
-        (results, images), resumed = done, resumed + 1
-        earlier += results["wall_time_s"]
+      results, images, done = items.run(str(cfg.index), cfg)
+      results["index"] = cfg.index
+      resumed += done
       rows.append(results)
       truth.append(images["ground_truth"])
       recon.append(images["reconstruction"])
@@ -127,7 +90,7 @@ def main(argv):
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   summary = report.summarize(rows, f.psnr_threshold)
-  summary["total_time_s"] = earlier + time.perf_counter() - start
+  summary["total_time_s"] = items.earlier_s + time.perf_counter() - start
   title = f"{base.attack} on {base.model} (init {base.init or 'model default'}), {base.dataset} " \
           f"{f.start}..{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}"
   report.save_json(os.path.join(out, "results.json"), {"summary": summary, "rows": rows})

@@ -363,6 +363,12 @@ def test_defense_sweep_table(tmp_path):
       assert f"| {row['summary']['lpips']['mean']:.3f} |" in markdown
   else:
     assert "LPIPS" not in markdown
+  # Every attack was kept; --resume reads them back instead of attacking again.
+  assert len(list(tmp_path.glob("items/*.json"))) == 4 and not list(tmp_path.glob("items/*state*"))
+  again = run_program("defense_sweep.py", "--defenses=none;prune:0.5", "--count=2", "--iterations=10",
+                      "--image_size=32", f"--output_dir={tmp_path}", "--resume")
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert json.loads((tmp_path / "results.json").read_text())["table"] == table
   bad = run_program("defense_sweep.py", "--defenses=blur:3", "--count=1", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "unknown defense" in bad.stderr
 
