@@ -65,7 +65,8 @@ _QUICK = flags.DEFINE_bool("quick", False, "Accelerator suite at toy sizes (a CP
 _SUITE_DATASET = flags.DEFINE_string("suite_dataset", "cifar10", "Images of the accelerator suite's "
                                      "ig and fedavg parts (CIFAR-10 test images 0-4 in the protocol).")
 _DATA_DIR = flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Accelerator suite: run parts already written again.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an earlier benchmark in --output_dir (the "
+                                "accelerator suite: run parts already written again).")
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run: {', '.join(SECTIONS)}.")
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes of the step section.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/benchmark", "Where benchmark.json/.md go.")
@@ -453,6 +454,8 @@ def main(argv):
                                 memory=step_memory))
     print(f"wrote {_OUTPUT_DIR.value}: gpu.md and gpu_<part>.json/.md")
     return
+  if os.path.exists(os.path.join(_OUTPUT_DIR.value, "benchmark.json")) and not _OVERWRITE.value:
+    bs.fail(f"{_OUTPUT_DIR.value} holds an earlier benchmark; pass --overwrite or another --output_dir")
   torch = None if bs._TORCH.value == "off" else bs.import_torch()
   if torch is None and bs._TORCH.value == "on":
     bs.fail("--torch=on but torch is not importable")

@@ -224,6 +224,7 @@ def main(argv):
   with open(os.path.join(out, "results.md"), "w") as fh:
     fh.write(text)
   print(text)
+  print(f"wrote {out}: results.json, results.md, privacy_utility.png, items/")
 
 
 if __name__ == "__main__":
