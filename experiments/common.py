@@ -113,15 +113,16 @@ def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
            + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
   else:
     base = os.path.join("runs", default)
-    taken = [base] + [f"{base}-{k}" for k in range(2, 10_000)]
     if resuming:
-      saved = [d for d in taken[:len(glob.glob(base + "*")) + 1]
-               if glob.glob(os.path.join(d, "**", "*" + STATE_FILE), recursive=True)]
+      suffixed = sorted(glob.glob(glob.escape(base) + "-*"),
+                        key=lambda d: int(d[len(base) + 1:]) if d[len(base) + 1:].isdigit() else -1)
+      saved = [d for d in [base] + suffixed
+               if glob.glob(os.path.join(glob.escape(d), "**", "*" + STATE_FILE), recursive=True)]
       if not saved:
         fail(f"--resume: no interrupted run under {base}[-k] holds a saved state; give --output_dir")
       out = saved[-1]
     else:
-      out = next(d for d in taken if not _holds_files(d))
+      out = next(d for d in [base] + [f"{base}-{k}" for k in range(2, 10_000)] if not _holds_files(d))
   if f.overwrite:
     for pattern in own + (os.path.join("**", "*" + STATE_FILE),):
       for path in glob.glob(os.path.join(out, pattern), recursive=True):
@@ -174,8 +175,7 @@ class Items:
         fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
         reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
     report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
-    if os.path.exists(state.path):
-      os.remove(state.path)
+    state.remove()
     return results, images, False
 
   @staticmethod

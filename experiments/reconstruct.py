@@ -58,8 +58,7 @@ def main(argv):
   except OSError as e:
     common.fail(f"cannot write the results to {out}: {e.strerror or e}; the solver state is kept in "
                 f"{state.path}, so --resume --output_dir={out} rewrites them without recomputing")
-  if os.path.exists(state.path):
-    os.remove(state.path)
+  state.remove()
   if "psnr" in results:
     scores = (f"PSNR {results['psnr']:.2f} dB  SSIM {results['ssim']:.3f}  "
               + (f"LPIPS {results['lpips']:.3f}  " if results.get("lpips") is not None else "")

@@ -29,7 +29,7 @@ common.define_flags()
 flags.DEFINE_integer("start", 0, "First image index.")
 flags.DEFINE_integer("count", 20, "Number of experiments (each uses batch_size consecutive images).")
 flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful reconstruction.")
-common.define_output_flags("sweep_<attack>_<model>_<dataset>_<start>-<end>")
+common.define_output_flags("sweep_<attack>_<model>_<dataset>_<start>..<end>")
 flags.adopt_module_key_flags(common)
 
 
@@ -68,7 +68,7 @@ def main(argv):
     common.fail(str(e))
   last = f.start + f.count * base.batch_size - 1
   out = common.output_folder(
-      f"sweep_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}_{f.start}-{last}",
+      f"sweep_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}_{f.start}..{last}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz"))
   items = common.Items(out)
   rows, truth, recon = [], [], []

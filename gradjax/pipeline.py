@@ -287,8 +287,9 @@ def run_name(cfg: Config) -> str:
       model = interop.read(cfg.weights).metadata.get("model") or "captured"
     source = os.path.splitext(os.path.basename(cfg.observation))[0]
   else:
+    # Ranges as a..b: "-k" is the suffix of a taken folder (experiments/common.output_folder).
     source = f"{cfg.dataset.replace(':', '-')}_{cfg.index}" + (
-        f"-{cfg.index + cfg.batch_size - 1}" if cfg.batch_size > 1 else "")
+        f"..{cfg.index + cfg.batch_size - 1}" if cfg.batch_size > 1 else "")
   return f"{cfg.attack}_{model}_{source}".replace(os.sep, "-")
 
 

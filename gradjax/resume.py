@@ -17,9 +17,10 @@ keys are not stored: the run derives them from its configuration (the seed is in
 
 Example::
 
-  saver = resume.Saver("run/state.npz", fingerprint={"seed": 0, "iterations": 2000}, resume=True)
+  state = resume.StateFile("run/state.npz", every_s=60, resume=True)
+  saver = state.saver({"seed": 0, "iterations": 2000})   # the run's fingerprint
   rec = attacks.reconstruct(..., execution=solvers.Execution(checkpoint=saver))
-  saver.remove()   # once the results are written
+  state.remove()   # once the results are written
 """
 
 import dataclasses
@@ -106,11 +107,6 @@ class Saver:
     self._last = time.monotonic()
     return snap
 
-  def remove(self) -> None:
-    """Deletes the state file (the run's results are written)."""
-    if os.path.exists(self.path):
-      os.remove(self.path)
-
 
 @dataclasses.dataclass(frozen=True)
 class StateFile:
@@ -121,12 +117,13 @@ class StateFile:
   every_s: float = 60.0
   resume: bool = False
 
-  def __post_init__(self):
-    if self.every_s < 0:
-      raise ValueError(f"seconds between state saves must be non-negative, got {self.every_s}")
-
   def saver(self, fingerprint: dict, **kw) -> Saver:
     return Saver(self.path, fingerprint=fingerprint, every_s=self.every_s, resume=self.resume, **kw)
+
+  def remove(self) -> None:
+    """Deletes the state file, once the run's results are written."""
+    if os.path.exists(self.path):
+      os.remove(self.path)
 
 
 def save(path, snap: solvers.Snapshot, fingerprint: dict, extra: dict | None = None) -> None:
