@@ -26,10 +26,9 @@ import os
 import time
 
 import jax
-import numpy as np
 
 import benchmark_step as bs
-from gradjax import attacks, clients, data, models, pipeline, report, solvers
+from gradjax import pipeline, report
 
 PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg")
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16")
@@ -59,42 +58,23 @@ def _scores(results: dict) -> dict:
                                       "loss")}
 
 
-def part_steps(s: dict, seed: int, memory) -> list[dict]:
+def part_steps(s: dict, seed: int) -> list[dict]:
   rows = []
   for batch in s["batch_sizes"]:
-    x = data.load("skimage", indices=[i % 16 for i in range(batch)], image_size=(32, 32)).x
-    y = np.arange(batch, dtype=np.int32) % bs.NUM_CLASSES
+    images = bs.photos(batch)
+    x, y = images.x, images.y
     for name in s["models"]:
       j = bs.benchmark_jax(name, x, y, seed=seed, **s["timing"])
       rows.append(dict(model=name, batch_size=batch, conv=j["conv"], plain_ms=j["plain"]["median_ms"],
                        match_ms=j["match"]["median_ms"], compile_match_s=j["compile_s"]["match"],
                        match_over_plain=j["match"]["median_ms"] / j["plain"]["median_ms"],
-                       **memory(name, batch, seed)))
+                       **bs.step_memory(name, batch, seed)))
       print(f"steps {rows[-1]}", flush=True)
   return rows
 
 
 def part_restarts(s: dict, seed: int) -> list[dict]:
-  x = data.load("skimage", indices=[0], image_size=(32, 32))
-  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
-                        num_classes=bs.NUM_CLASSES)
-  obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
-  attack = attacks.get_attack("dlg", iterations=s["restart_iterations"])
-  rows = []
-  for strategy in s["strategies"]:
-    base = None
-    for r in s["restart_counts"]:
-      kw = dict(input_shape=(32, 32, 3), restarts=r, execution=solvers.Execution(
-          strategy, chunk=attack.iterations, map_batch_size=min(8, r)))
-      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
-      start = time.perf_counter()
-      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
-      seconds = time.perf_counter() - start
-      base = seconds if base is None else base
-      rows.append(dict(strategy=strategy, restarts=r, seconds=seconds,
-                       ms_per_iteration=1e3 * seconds / attack.iterations, over_one=seconds / base))
-      print(f"restarts {rows[-1]}", flush=True)
-  return rows
+  return bs.restart_timings(s["restart_counts"], s["restart_iterations"], s["strategies"], 8, seed)
 
 
 def part_dlg64(s: dict, seed: int) -> list[dict]:
@@ -166,12 +146,11 @@ def table(rows: list[dict]) -> str:
 
 
 def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
-        overwrite: bool, header: dict, memory) -> str:
+        overwrite: bool, header: dict) -> str:
   """Runs ``parts`` into ``out`` (skipping those already written unless ``overwrite``); returns the
-  assembled Markdown. ``memory(model, batch, seed)``: the matching step's memory probe
-  (``benchmark.step_memory``)."""
+  assembled Markdown."""
   s = sizes(quick, dataset)
-  run_part = dict(steps=lambda: part_steps(s, seed, memory), restarts=lambda: part_restarts(s, seed),
+  run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
                   ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir))
   for part in parts:

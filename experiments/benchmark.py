@@ -47,14 +47,12 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
 import accelerator_suite
 import benchmark_step as bs
-from gradjax import attacks, clients, data, distances, metrics, models, report, solvers
-from gradjax.objectives import gradient_matching
+from gradjax import attacks, clients, metrics, models, report, solvers
 
 SECTIONS = ("steps", "ttq", "restarts", "linesearch")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
@@ -85,39 +83,13 @@ _LS_ITERATIONS = flags.DEFINE_integer("linesearch_iterations", 200, "DLG iterati
 CHECK_EVERY = 10  # iterations between PSNR checks in the time-to-quality runs
 
 
-def photos(n: int, size=(32, 32)) -> data.Dataset:
-  return data.load("skimage", indices=[i % len(data.SKIMAGE_PHOTOS) for i in range(n)],
-                   image_size=size)
-
-
 # --- steps ----------------------------------------------------------------------------------------
-
-
-def step_memory(name: str, batch: int, seed: int) -> dict:
-  """The matching step's compiled memory footprint (bytes) and, where reported, the device peak."""
-  x = photos(batch).x
-  model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=bs.NUM_CLASSES)
-  obs = clients.fedsgd(model.apply_fn, model.variables, x, np.zeros(batch, np.int32))
-  step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
-  dummy = {"x": jnp.zeros(x.shape, jnp.float32),
-           "label_logits": jnp.zeros((batch, bs.NUM_CLASSES), jnp.float32)}
-  compiled = jax.jit(step).lower(dummy, obs).compile()
-  analysis = compiled.memory_analysis()
-  out = {"compiled_bytes": None, "peak_bytes_in_use": None}
-  if analysis is not None:
-    out["compiled_bytes"] = int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-                                + analysis.temp_size_in_bytes)
-  jax.block_until_ready(compiled(dummy, obs))
-  stats = jax.devices()[0].memory_stats() or {}
-  if "peak_bytes_in_use" in stats:
-    out["peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
-  return out
 
 
 def section_steps(torch, timing: dict, seed: int) -> list[dict]:
   rows = []
   for batch in map(int, _BATCH_SIZES.value):
-    images = photos(batch)
+    images = bs.photos(batch)
     for name in bs._MODELS.value:
       row = dict(model=name, batch_size=batch)
       j = bs.benchmark_jax(name, images.x, images.y, seed=seed, **timing)
@@ -128,7 +100,7 @@ def section_steps(torch, timing: dict, seed: int) -> list[dict]:
       row.update(jax_plain_ms=j["plain"]["median_ms"], jax_match_ms=j["match"]["median_ms"],
                  compile_plain_s=j["compile_s"]["plain"], compile_match_s=j["compile_s"]["match"],
                  match_over_plain=j["match"]["median_ms"] / j["plain"]["median_ms"],
-                 **step_memory(name, batch, seed))
+                 **bs.step_memory(name, batch, seed))
       if torch is not None:
         t = bs.benchmark_torch(name, images.x, images.y, seed=seed, **timing)
         row.update(torch_plain_ms=t["plain"]["median_ms"], torch_match_ms=t["match"]["median_ms"],
@@ -214,7 +186,7 @@ def ttq_jax(model, obs, x_true, key, target: float, max_s: float) -> dict:
 
 def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
   """Seconds for ``iterations`` Inverting-Gradients iterations (1 − cosine, TV 1e-4, signed Adam, box)."""
-  images = photos(1)
+  images = bs.photos(1)
   model = models.create(name, jax.random.key(seed), input_shape=images.x.shape[1:],
                         num_classes=bs.NUM_CLASSES)
   obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y, share_labels=True)
@@ -254,7 +226,7 @@ def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
 
 
 def section_ttq(torch, seed: int) -> dict:
-  images = photos(_TTQ_IMAGES.value)
+  images = bs.photos(_TTQ_IMAGES.value)
   rows = []
   warm = models.create("lenet_zhu", jax.random.key(999), input_shape=(32, 32, 3), num_classes=bs.NUM_CLASSES)
   warm_obs = clients.fedsgd(warm.apply_fn, warm.variables, images.x[:1], images.y[:1])
@@ -291,34 +263,15 @@ def section_ttq(torch, seed: int) -> dict:
 
 
 def section_restarts(seed: int) -> list[dict]:
-  images = photos(1)
-  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
-                        num_classes=bs.NUM_CLASSES)
-  obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y)
-  attack = attacks.get_attack("dlg", iterations=_RESTART_ITERATIONS.value)
-  rows = []
-  for strategy in ("sequential", "vmap", "map"):
-    base = None
-    for r in map(int, _RESTART_COUNTS.value):
-      kw = dict(input_shape=(32, 32, 3), restarts=r, execution=solvers.Execution(
-          strategy, chunk=attack.iterations, map_batch_size=min(_MAP_BATCH.value, r)))
-      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
-      start = time.perf_counter()
-      rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
-      seconds = time.perf_counter() - start
-      base = seconds if r == 1 else base
-      rows.append(dict(strategy=strategy, restarts=r, seconds=seconds,
-                       over_one=None if base is None else seconds / base,
-                       evaluations=int(rec.evaluations.sum())))
-      print(f"restarts {rows[-1]}", flush=True)
-  return rows
+  return bs.restart_timings([int(r) for r in _RESTART_COUNTS.value], _RESTART_ITERATIONS.value,
+                            ("sequential", "vmap", "map"), _MAP_BATCH.value, seed)
 
 
 # --- line search under vmap -----------------------------------------------------------------------
 
 
 def section_linesearch(seed: int, restarts: int) -> list[dict]:
-  images = photos(1)
+  images = bs.photos(1)
   model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
                         num_classes=bs.NUM_CLASSES)
   obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y)
@@ -450,8 +403,7 @@ def main(argv):
     header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
     print(accelerator_suite.run(_PARTS.value, _OUTPUT_DIR.value, quick=_QUICK.value,
                                 dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
-                                seed=bs._SEED.value, overwrite=_OVERWRITE.value, header=header,
-                                memory=step_memory))
+                                seed=bs._SEED.value, overwrite=_OVERWRITE.value, header=header))
     print(f"wrote {_OUTPUT_DIR.value}: gpu.md and gpu_<part>.json/.md")
     return
   if os.path.exists(os.path.join(_OUTPUT_DIR.value, "benchmark.json")) and not _OVERWRITE.value:

@@ -64,7 +64,7 @@ import numpy as np
 from absl import app, flags
 
 import gradjax
-from gradjax import clients, data, distances, models
+from gradjax import attacks, clients, data, distances, models, solvers
 from gradjax.losses import cross_entropy
 from gradjax.models.resnet import resnet_config
 from gradjax.objectives import gradient_matching
@@ -126,6 +126,61 @@ def measure(fn, **timing_kwargs) -> dict:
 
 # --------------------------------------------------------------------------------------------------
 # JAX.
+
+
+def photos(n: int, size=(32, 32)) -> data.Dataset:
+  """``n`` scikit-image photos (cycling through the 16) at ``size``, with their labels i % 10."""
+  return data.load("skimage", indices=[i % len(data.SKIMAGE_PHOTOS) for i in range(n)],
+                   image_size=size)
+
+
+def step_memory(name: str, batch: int, seed: int) -> dict:
+  """The matching step's compiled memory footprint (bytes) and, where reported, the device peak."""
+  x = photos(batch).x
+  model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=NUM_CLASSES)
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, np.zeros(batch, np.int32))
+  step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
+  dummy = {"x": jnp.zeros(x.shape, jnp.float32),
+           "label_logits": jnp.zeros((batch, NUM_CLASSES), jnp.float32)}
+  compiled = jax.jit(step).lower(dummy, obs).compile()
+  analysis = compiled.memory_analysis()
+  out = {"compiled_bytes": None, "peak_bytes_in_use": None}
+  if analysis is not None:
+    out["compiled_bytes"] = int(analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+                                + analysis.temp_size_in_bytes)
+  jax.block_until_ready(compiled(dummy, obs))
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    out["peak_bytes_in_use"] = int(stats["peak_bytes_in_use"])
+  return out
+
+
+def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int) -> list[dict]:
+  """Wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
+  and strategy, compilation excluded (a first, untimed run compiles), and the ratio to one restart
+  (``over_one``, None without a count of 1)."""
+  x = photos(1)
+  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
+                        num_classes=NUM_CLASSES)
+  obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
+  attack = attacks.get_attack("dlg", iterations=iterations)
+  rows = []
+  for strategy in strategies:
+    base = None
+    for r in counts:
+      kw = dict(input_shape=(32, 32, 3), restarts=r, execution=solvers.Execution(
+          strategy, chunk=iterations, map_batch_size=min(map_batch_size, r)))
+      attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
+      start = time.perf_counter()
+      rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
+      seconds = time.perf_counter() - start
+      base = seconds if r == 1 else base
+      rows.append(dict(strategy=strategy, restarts=r, seconds=seconds,
+                       ms_per_iteration=1e3 * seconds / iterations,
+                       over_one=None if base is None else seconds / base,
+                       evaluations=int(rec.evaluations.sum())))
+      print(f"restarts {rows[-1]}", flush=True)
+  return rows
 
 
 def count_params(tree) -> int:
