@@ -22,7 +22,12 @@ ONCE = {"xla_backend_optimization_level": 0}
 # Compiler options of the optimisation step, which runs thousands of times: LLVM's level 1. DLG's
 # step on lenet_zhu compiled in 6.9 s at level 1 against 8.7 s at level 2 (one core, jax 0.10.2)
 # and 2000 iterations ran in the same time; level 0 compiled in 3.7 s but ran 40 % slower.
-STEP = {"xla_backend_optimization_level": 1}
+#
+# ``xla_cpu_copy_insertion_use_region_analysis``: without it XLA:CPU copies every donated buffer
+# that a program both reads and updates in place (twice: L-BFGS's (m, ...) history, read by the
+# direction's products and given its newest pair by ``.at[slot].set``), a fifth of a DLG iteration
+# on LeNet and most of a vmapped one. Other backends ignore it.
+STEP = {"xla_backend_optimization_level": 1, "xla_cpu_copy_insertion_use_region_analysis": True}
 
 
 def once(fun=None, **jit_kwargs):
