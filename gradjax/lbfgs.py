@@ -70,9 +70,10 @@ class _Memory(NamedTuple):
   """The stored pairs after this call's pair enters slot ``slot``, read from the buffers of before.
 
   Every product below reads ``old`` (the state's buffers) and patches slot ``slot`` with ``new``, so
-  the buffers' only other use is the one ``.at[slot].set`` that becomes the next state: XLA updates
-  them in place. Products with the updated buffers made XLA copy every (m, ...) buffer several
-  times per call (measured on CPU: a fifth of one DLG iteration on LeNet, 2.4 MB per restart).
+  the buffers' only other use is the one ``.at[slot].set`` that becomes the next state: in a step
+  that donates its state and compiles with :data:`gradjax.compilation.STEP` XLA updates them in
+  place. Products with the updated buffers made XLA:CPU copy every (m, ...) buffer several times per
+  call (a fifth of one DLG iteration on LeNet, 2.4 MB per restart).
   """
 
   old: optax.Updates   # leaves (m, ...)

@@ -78,3 +78,31 @@ def test_lbfgs_with_line_search_follows_optax_iterates():
 def test_bad_memory_size():
   with pytest.raises(ValueError, match="memory_size"):
     lbfgs.scale_by_lbfgs(0)
+
+
+@pytest.mark.parametrize("restarts", [None, 3])
+def test_history_is_updated_in_place(restarts):
+  """The solver's step program (donated state, ``compilation.STEP``) does not copy L-BFGS's (m, ...)
+  history buffers, alone or vmapped over restarts: each copy reads and writes the whole history."""
+  from gradjax import compilation
+  tx = lbfgs.lbfgs(1.0, memory_size=7, linesearch=None)
+  params = {"x": jnp.ones((4, 5, 3), jnp.float32), "y": jnp.ones((6,), jnp.float32)}
+
+  def update(state, p):
+    g = jax.tree.map(jnp.sin, p)
+    u, state = tx.update(g, state, p)
+    return state, optax.apply_updates(p, u)
+
+  init = tx.init
+  if restarts is not None:
+    update, init = jax.vmap(update), jax.vmap(init)
+    params = jax.tree.map(lambda a: jnp.stack([a] * restarts), params)
+  state = jax.tree.map(jnp.copy, init(params))   # init shares one zeros buffer between leaves
+  step = jax.jit(update, donate_argnums=0, compiler_options=compilation.STEP)
+  hlo = step.lower(state, params).compile().as_text()
+  history = [f"f32[{'' if restarts is None else f'{restarts},'}7,4,5,3]",
+             f"f32[{'' if restarts is None else f'{restarts},'}7,6]"]
+  copies = [line for line in hlo.splitlines() if " copy(" in line and any(h in line for h in history)]
+  assert not copies, copies
+  state, params = step(state, params)   # and it runs
+  assert np.isfinite(np.asarray(params["x"])).all()
