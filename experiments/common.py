@@ -57,13 +57,17 @@ def define_flags():
 def config_from_flags(**overrides) -> Config:
   """The :class:`gradjax.pipeline.Config` of the parsed flags, with ``overrides`` replacing fields.
   With captured files (--weights/--observation) --model and --dataset default to the files'
-  metadata and to no ground truth unless given."""
+  metadata and to no ground truth unless given; with --modality=text to transformer and pydoc."""
   f = flags.FLAGS
   values = {field.name: f[flag_name(field)].value for field in dataclasses.fields(Config)}
   if f.weights or f.observation:
     for name in ("model", "dataset"):
       if not f[name].present:
         values[name] = None
+  if values["modality"] == "text":  # the text defaults: SAPAG's transformer on Python's docs
+    for name, default in (("model", "transformer"), ("dataset", "pydoc")):
+      if not f[name].present:
+        values[name] = default
   values.update(overrides)
   return Config(**values)
 

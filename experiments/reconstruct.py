@@ -1,4 +1,4 @@
-"""Reconstruct a client's private images from its gradient or update.
+"""Reconstruct a client's private images (or, with --modality=text, sentences) from its gradient or update.
 
 With no flags: DLG (Zhu et al., 2019) against DLG's LeNet on a photo bundled with scikit-image.
 
@@ -7,6 +7,7 @@ With no flags: DLG (Zhu et al., 2019) against DLG's LeNet on a photo bundled wit
   python experiments/reconstruct.py --dataset=mnist --batch_size=2 --iterations=3000
   python experiments/reconstruct.py --weights=W.safetensors --observation=G.safetensors   # captured
   python experiments/reconstruct.py --attack=inverting_gradients --output_dir=runs/ig --resume
+  python experiments/reconstruct.py --modality=text --attack=sapag       # a sentence of Python's docs
 
 Writes to ``--output_dir`` (default ``runs/<attack>_<model>_<source>``, suffixed when taken; a folder
 holding another run is refused unless ``--overwrite``): ``metrics.json`` (psnr, ssim, mse,
@@ -15,6 +16,11 @@ history, the configuration and the JAX device), ``reconstruction.npy`` ((N, H, W
 [0, 1]), ``reconstruction.png``, ``grid.png``, ``curves.png`` and ``report.html``. While it runs,
 ``state.npz`` holds the solver state (saved every ``--save_every_s``); ``--resume`` continues a killed
 run from it. Bad flags or data: one-line error, exit code 2.
+
+With ``--modality=text`` the client trains a Transformer language model (``--model=transformer``) on
+sentences of a corpus (``--dataset=pydoc``, the default, or ``wikitext2``) and the run writes
+``metrics.json`` (token accuracy and bag-of-words recall), ``sentences.txt`` (each recovered sentence
+under the true one), ``curves.png`` and ``report.html``.
 """
 
 import os
@@ -39,13 +45,15 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",
-                                        "report.html"))
+                                        "report.html", "sentences.txt"))
   state = common.state_file(out)
   if flags.FLAGS.resume and not os.path.exists(state.path):
     if os.path.exists(os.path.join(out, "metrics.json")):
       print(f"nothing to resume: {out} holds a finished run (metrics.json)")
       return
     logging.info("no saved state in %s: starting the run afresh", out)
+  if cfg.modality == "text":
+    return text_main(cfg, out, state)
   try:
     results, images = pipeline.run(cfg, callback=common.log_progress, state=state)
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
@@ -70,6 +78,29 @@ def main(argv):
   print(f"{title}: {scores}  {results['iterations']} iterations  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.png"
+        + (", curves.png" if results.get("history") else ""))
+
+
+def text_main(cfg, out, state):
+  """--modality=text: recover the client's sentences; print them beside the true ones."""
+  try:
+    results = pipeline.run_text(cfg, callback=common.log_progress, state=state)
+  except (ValueError, FileNotFoundError, FloatingPointError) as e:
+    common.fail(str(e))
+  title = (f"{cfg.attack} on {results['model']}, {cfg.dataset} sentences "
+           f"{cfg.index}..{cfg.index + cfg.batch_size - 1}")
+  try:
+    report.write_text_run(out, results, title)
+  except OSError as e:
+    common.fail(f"cannot write the results to {out}: {e.strerror or e}; the solver state is kept in "
+                f"{state.path}, so --resume --output_dir={out} rewrites them without recomputing")
+  state.remove()
+  print(report.sentence_table(results), end="")
+  print(f"{title}: token accuracy {results['token_accuracy']:.2f} (nearest "
+        f"{results['token_accuracy_nearest']:.2f})  bag recall {results['bag_recall']:.2f}  "
+        f"{results['iterations']} iterations  {results['wall_time_s']:.1f} s"
+        + ("  (resumed)" if results["resumed"] else ""))
+  print(f"wrote {out}: metrics.json, sentences.txt, report.html"
         + (", curves.png" if results.get("history") else ""))
 
 

@@ -252,6 +252,7 @@ class MatchingData(NamedTuple):
   labels: (N,) known or inferred int labels, or ``None`` when labels are optimised jointly.
   bounds: (lo, hi), each (C,): the image box in the model's input space.
   weights: per-leaf distance weights (:func:`layer_weights`) or ``None``.
+  label_mask: (K,) bool, the classes joint soft labels may take, or ``None`` for all.
 
   Each restart also sees its own ``order`` (N,) of the labels (a permutation-search candidate):
   the solver's data is ``(MatchingData, order)``.
@@ -261,6 +262,7 @@ class MatchingData(NamedTuple):
   labels: jax.Array | None
   bounds: tuple[jax.Array, jax.Array]
   weights: dict | None
+  label_mask: jax.Array | None = None
 
 
 def _clip_to_box(dummy, data):
@@ -278,22 +280,25 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
   def value_fn(dummy, data, step):
     shared, order = data
     labels = None if shared.labels is None else shared.labels[order]
-    return objective(dummy, shared.observation, labels, step, shared.weights)
+    return objective(dummy, shared.observation, labels, step, shared.weights,
+                     label_mask=shared.label_mask)
 
   return solvers.make_solver(value_fn, _optimizer(attack), tol=attack.tol,
                              project=_clip_to_box if attack.box else None)
 
 
-def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], num_classes: int | None,
+def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: int | tuple[int, ...] | None,
                bounds=(0.0, 1.0), dtype=jnp.float32, gamma: bool = False) -> dict:
-  """Initial dummy data ``{"x": shape, ["label_logits": (N, K) ~ N(0, 1)], ["log_gamma": 0]}``.
+  """Initial dummy data ``{"x": shape, ["label_logits": (N, *label_shape) ~ N(0, 1)], ["log_gamma": 0]}``.
 
   Args:
     key: PRNG key.
     init: one of :data:`DUMMY_INITS`.
-    shape: (N, H, W, C).
-    num_classes: K, or None when labels are not optimised.
-    bounds: (lo, hi) of the valid image range in the model's input space, scalars or (C,).
+    shape: (N, H, W, C) images, or (N, ..., C) any input whose last axis the bounds index (text:
+      (N, T, dim) embeddings); ``"pattern"`` needs images.
+    label_shape: the logits of one example, K or (K,) for a classifier, (T, V) for a language model;
+      None when labels are not optimised.
+    bounds: (lo, hi) of the valid input range in the model's input space, scalars or (C,).
     gamma: add DLM's scale γ = exp(log_gamma), initialised to 1.
   """
   kx, ky = jax.random.split(key)
@@ -305,6 +310,8 @@ def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], num_classes: i
   elif init == "constant":
     x = jnp.broadcast_to((lo + hi) / 2, shape).astype(dtype)
   elif init == "pattern":
+    if len(shape) != 4:
+      raise ValueError(f"the 'pattern' initialisation tiles images (N, H, W, C), not shape {shape}")
     n, h, w, c = shape
     tile = jax.random.normal(kx, (n, PATTERN_SIZE, PATTERN_SIZE, c), dtype)
     reps = (1, -(-h // PATTERN_SIZE), -(-w // PATTERN_SIZE), 1)
@@ -312,19 +319,20 @@ def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], num_classes: i
   else:
     raise ValueError(f"unknown dummy init {init!r}; choose one of {', '.join(DUMMY_INITS)}")
   dummy = {"x": x}
-  if num_classes is not None:
-    dummy["label_logits"] = jax.random.normal(ky, (shape[0], num_classes), dtype)
+  if label_shape is not None:
+    label_shape = (label_shape,) if isinstance(label_shape, int) else tuple(label_shape)
+    dummy["label_logits"] = jax.random.normal(ky, (shape[0], *label_shape), dtype)
   if gamma:
     dummy["log_gamma"] = jnp.zeros((), dtype)
   return dummy
 
 
 @functools.partial(once, static_argnums=(1, 2, 3, 4, 5, 7, 8))
-def _init_restarts(key, restarts, candidates, init, shape, num_classes, bounds, dtype, gamma):
+def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, dtype, gamma):
   """Every run's initial dummy data, stacked (restart r's init repeated for each of the
   ``candidates`` label orders, from ``jax.random.split(key, restarts)[r]``), as one program."""
   keys = jnp.repeat(jax.random.split(key, restarts), candidates, axis=0)
-  return jax.vmap(lambda kr: init_dummy(kr, init, shape, num_classes, bounds, dtype, gamma=gamma))(keys)
+  return jax.vmap(lambda kr: init_dummy(kr, init, shape, label_shape, bounds, dtype, gamma=gamma))(keys)
 
 
 def layer_weights(attack: Attack, observation: Observation):
@@ -344,8 +352,8 @@ def layer_weights(attack: Attack, observation: Observation):
 
 
 def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
-                input_shape: tuple[int, int, int], bounds=(0.0, 1.0), restarts: int = 1,
-                permutations: int = 1, permutation_seed: int = 0,
+                input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1,
+                permutations: int = 1, permutation_seed: int = 0, label_support=None,
                 execution: solvers.Execution = solvers.Execution()) -> Reconstruction:
   """Reconstructs the client's data behind ``observation``.
 
@@ -354,7 +362,8 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     apply_fn: the model, ``apply_fn(variables, x, train) -> logits``.
     observation: what the attacker observed (see :mod:`gradjax.clients`).
     key: PRNG key; restart r starts from ``jax.random.split(key, restarts)[r]``.
-    input_shape: (H, W, C) of one example, in the model's input space.
+    input_shape: (H, W, C) of one example, in the model's input space (any shape the model reads as
+      a float input, e.g. (T, dim) embeddings of a text model, :mod:`gradjax.text`).
     bounds: (lo, hi), scalars or per channel (C,): the valid image range in the model's input space,
       e.g. ((0 − mean) / std, (1 − mean) / std) for normalised inputs. Used by ``box`` and the
       ``uniform`` / ``constant`` initialisations.
@@ -364,19 +373,31 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
       each run from every restart's initialisation, all in one solver run; the lowest objective
       wins. 1 = take the labels in the order given. Needs labels that are not optimised jointly.
     permutation_seed: seed of the candidate sample when there are more orders than ``permutations``.
+    label_support: int class ids that joint soft labels may take (the others get probability 0), e.g.
+      the tokens an embedding gradient reveals (:func:`gradjax.text.token_bag`); ``None``: all.
     execution: how the restarts × candidates run (:class:`gradjax.solvers.Execution`: strategy,
       chunk, successive halving, sharding over devices, progress callback and monitor).
   """
   check_observation(observation)
   if restarts < 1:
     raise ValueError(f"restarts must be positive, got {restarts}")
-  if len(input_shape) != 3:
-    raise ValueError(f"input_shape must be (H, W, C), got {input_shape}")
+  if len(input_shape) < 1:
+    raise ValueError(f"input_shape must be the shape of one example, e.g. (H, W, C), got {input_shape}")
   n = observation.num_samples
   dtype = jnp.result_type(*jax.tree.leaves(observation.variables["params"]))
   logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
                                            observation.train))
   num_classes = logits.shape[-1]
+  label_mask = None
+  if label_support is not None:
+    if attack.labels != "joint":
+      raise ValueError("label_support restricts joint soft labels; this attack's labels are "
+                       f"{attack.labels!r}")
+    support = np.asarray(label_support).reshape(-1)
+    if support.size == 0 or not np.issubdtype(support.dtype, np.integer) or support.min() < 0 \
+        or support.max() >= num_classes:
+      raise ValueError(f"label_support must be a non-empty set of class ids in [0, {num_classes})")
+    label_mask = jnp.asarray(np.isin(np.arange(num_classes), support))
   if attack.labels == "joint":
     known = None
   elif attack.labels == "known":
@@ -397,7 +418,7 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     if attack.objective != "replay" or local is None or (local.batch_size or n) == n:
       raise ValueError("a permutation search needs the replay objective and a client with more than "
                        "one local mini-batch (the label order changes nothing otherwise)")
-  if known is None:
+  if known is None or known.ndim > 1:  # joint labels, or a language model's (N, T) targets
     orders = np.arange(n, dtype=np.int32)[None]
   else:
     local = observation.local
@@ -406,9 +427,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
   k = orders.shape[0]
   weights = layer_weights(attack, observation)
   init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),
-                        num_classes if known is None else None, (lo, hi), dtype,
+                        tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
                         attack.objective == "dlm")
-  data = MatchingData(observation, known, (lo, hi), weights)
+  data = MatchingData(observation, known, (lo, hi), weights, label_mask)
   state = solvers.run(_solver(attack, apply_fn), init, data, iterations=attack.iterations,
                       execution=execution, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))
   state = solvers.fetch(state)
@@ -419,7 +440,10 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
   x_restarts = np.asarray(state.best_params["x"])
   order = orders[best % k]
   if known is None:
-    labels = np.argmax(np.asarray(state.best_params["label_logits"][best]), axis=-1)
+    label_logits = np.asarray(state.best_params["label_logits"][best])
+    if label_mask is not None:
+      label_logits = np.where(np.asarray(label_mask), label_logits, -np.inf)
+    labels = np.argmax(label_logits, axis=-1)
   else:
     labels = np.asarray(known)[order]
   return Reconstruction(x=x_restarts[best], labels=labels, loss=float(losses[best]),

@@ -239,8 +239,9 @@ _CREATE_KEYS = {"init": "init", "act": "act", "init_scale": "init_scale", "strid
 def model_from_metadata(metadata: dict, key: jax.Array | None = None, **module_kwargs) -> models.Model:
   """A freshly initialised :class:`gradjax.models.Model` as described by checkpoint ``metadata``.
 
-  Reads ``model`` (registry name), ``num_classes``, ``input_shape`` ([H, W, C]), and if present
-  ``init``, ``act``, ``init_scale``, ``stride1`` and ``param_dtype`` (default "float32"); ``None``
+  Reads ``model`` (registry name), ``num_classes``, ``input_shape`` ([H, W, C], or [T] for text), and
+  if present ``init``, ``act``, ``init_scale``, ``stride1``, ``text_sizes`` (a dict of
+  :class:`gradjax.models.TextSizes`) and ``param_dtype`` (default "float32"); ``None``
   values mean the model's default. The variables are initialised from ``key`` (default
   ``jax.random.key(0)``). ``module_kwargs`` choose how the model is computed, not what it is
   (``remat``, ``conv``; see :func:`gradjax.models.get_module`).
@@ -259,6 +260,13 @@ def model_from_metadata(metadata: dict, key: jax.Array | None = None, **module_k
     raise ValueError(f"checkpoint metadata: input_shape must be a list of ints, got {shape!r}")
   if not isinstance(metadata["num_classes"], int) or not isinstance(metadata["model"], str):
     raise ValueError("checkpoint metadata: model must be a string and num_classes an int")
+  if metadata.get("text_sizes") is not None:
+    sizes = metadata["text_sizes"]
+    if not isinstance(sizes, dict) or set(sizes) != set(models.TextSizes._fields) \
+        or not all(isinstance(v, int) for v in sizes.values()):
+      raise ValueError(f"checkpoint metadata: text_sizes must map {', '.join(models.TextSizes._fields)} "
+                       "to ints")
+    kwargs["text_sizes"] = models.TextSizes(**sizes)
   key = jax.random.key(0) if key is None else key
   return models.create(metadata["model"], key, input_shape=tuple(shape),
                        num_classes=metadata["num_classes"], **kwargs, **module_kwargs)

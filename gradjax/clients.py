@@ -24,13 +24,19 @@ def _check_client_data(apply_fn, variables, x, y):
   """(x, y) as arrays, or a one-line ValueError for bad client data."""
   x = jnp.asarray(x)
   y = jnp.asarray(y)
-  if x.ndim != 4:
-    raise ValueError(f"client inputs must be (N, H, W, C), got shape {x.shape}")
-  if y.shape != (x.shape[0],) or not jnp.issubdtype(y.dtype, jnp.integer):
-    raise ValueError(f"client labels must be int ({x.shape[0]},), got {y.dtype} {y.shape}")
+  if x.ndim < 2:
+    raise ValueError(f"client inputs must be (N, H, W, C) images or (N, T) token ids, got shape {x.shape}")
   if not np.all(np.isfinite(np.asarray(x))):
     raise ValueError("client inputs contain NaN or inf")
-  num_classes = jax.eval_shape(lambda: apply_fn(variables, x[:1], False)).shape[-1]
+  try:
+    logits = jax.eval_shape(lambda: apply_fn(variables, x[:1], False)).shape
+  except Exception as e:  # a shape or dtype the model cannot read; Flax's own messages span pages
+    raise ValueError(f"client inputs of shape {tuple(x.shape)} ({x.dtype}) do not fit the model: "
+                     f"{str(e).splitlines()[0][:200]}") from None
+  want = (x.shape[0], *logits[1:-1])  # (N,) for a classifier, (N, T) for a language model
+  if y.shape != want or not jnp.issubdtype(y.dtype, jnp.integer):
+    raise ValueError(f"client labels must be int {want}, got {y.dtype} {y.shape}")
+  num_classes = logits[-1]
   if int(y.min()) < 0 or int(y.max()) >= num_classes:
     raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(y.min())}, {int(y.max())}]")
   return x, y
@@ -43,8 +49,8 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
     variables: ``{"params": θ, ...}`` as sent by the server.
-    x: (N, H, W, C) private inputs, in the model's input space.
-    y: (N,) int private labels.
+    x: (N, H, W, C) private inputs, in the model's input space, or (N, T) token ids.
+    y: (N,) int private labels, or (N, T) next tokens (:func:`gradjax.corpus.language_model_pairs`).
     train: run the model in training mode (BatchNorm uses the batch statistics).
     share_labels: whether the threat model also reveals the labels to the server.
     loss_fn: ``loss_fn(logits, y) -> scalar``; the mean cross entropy by default.

@@ -23,6 +23,8 @@ Conventions
   first aligns it to the ground truth with the Hungarian algorithm on the
   pairwise MSE (``match_order``).
 * Bad input (shape mismatch, empty batch, NaN/inf) raises ``ValueError``.
+* Text (:func:`score_text`): position-wise token accuracy and bag-of-words recall (multiset overlap)
+  per sentence of token ids, after the same assignment on token accuracy.
 """
 
 from collections import Counter
@@ -273,4 +275,79 @@ def score(
       "mse_per_image": [float(v) for v in m],
       "order": [int(i) for i in order],
       "label_accuracy": acc,
+  }
+
+
+# --- text -----------------------------------------------------------------------------------------
+
+
+def _sentences(pred, true) -> tuple[np.ndarray, np.ndarray]:
+  pred, true = np.asarray(pred), np.asarray(true)
+  for name, a in (("pred", pred), ("true", true)):
+    if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer):
+      raise ValueError(f"{name} must be (N, T) integer token ids, got {a.dtype} {a.shape}.")
+  if pred.shape != true.shape:
+    raise ValueError(f"Shape mismatch: pred {pred.shape} vs true {true.shape}.")
+  if true.size == 0:
+    raise ValueError("Empty sentences.")
+  return pred, true
+
+
+def token_accuracy(pred, true) -> np.ndarray:
+  """Position-wise token accuracy per sentence: ``acc_n = (1/T) Σ_t [pred_nt = true_nt]``.
+
+  Args:
+    pred, true: (N, T) integer token ids.
+
+  Returns:
+    (N,) float64 in [0, 1].
+  """
+  pred, true = _sentences(pred, true)
+  return np.mean(pred == true, axis=1, dtype=np.float64)
+
+
+def bag_recall(pred, true) -> np.ndarray:
+  """Bag-of-words recall per sentence, order-free and with multiplicity:
+  ``recall_n = Σ_v min(#v in pred_n, #v in true_n) / T``.
+
+  Example: pred [a, a, b], true [a, b, b] -> (1 + 1) / 3.
+
+  Args:
+    pred, true: (N, T) integer token ids.
+
+  Returns:
+    (N,) float64 in [0, 1].
+  """
+  pred, true = _sentences(pred, true)
+  return np.asarray([label_accuracy(p, t) for p, t in zip(pred, true)], np.float64)
+
+
+def score_text(pred, true, *, match: bool = True) -> dict[str, Any]:
+  """Text metrics of one attack, as JSON-serialisable Python types.
+
+  When ``match`` and N > 1, the recovered sentences are first put in the order that maximises the
+  total token accuracy (``scipy.optimize.linear_sum_assignment``), as :func:`score` does for images.
+
+  Args:
+    pred, true: (N, T) integer token ids.
+
+  Returns:
+    dict with "token_accuracy" and "bag_recall" (means over sentences), their per-sentence lists (in
+    ground-truth order), "exact" (sentences recovered entirely) and "order" (``pred[order]`` was
+    scored).
+  """
+  pred, true = _sentences(pred, true)
+  n = pred.shape[0]
+  order = np.arange(n)
+  if match and n > 1:
+    gain = np.stack([token_accuracy(pred, np.broadcast_to(t, pred.shape)) for t in true])
+    order = optimize.linear_sum_assignment(-gain)[1]
+  acc, recall = token_accuracy(pred[order], true), bag_recall(pred[order], true)
+  return {
+      "token_accuracy": float(acc.mean()),
+      "bag_recall": float(recall.mean()),
+      "token_accuracy_per_sentence": [float(v) for v in acc],
+      "bag_recall_per_sentence": [float(v) for v in recall],
+      "exact": int(np.sum(acc == 1.0)),
+      "order": [int(i) for i in order],
   }

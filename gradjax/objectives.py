@@ -72,24 +72,30 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       checkpoint inside the model instead (``gradjax.models.get_module(..., remat=True)``).
 
   The returned objective takes
-    dummy: ``{"x": (N, H, W, C)}`` plus ``"label_logits": (N, K)`` when labels are optimised jointly
+    dummy: ``{"x": (N, H, W, C)}`` (or any input the model reads, e.g. (N, T, dim) embeddings) plus
+      ``"label_logits": (N, K)`` ((N, T, V) for a language model) when labels are optimised jointly
       (DLG); then the targets are ``softmax(label_logits)``.
     observation: the :class:`~gradjax.observation.Observation` (gradient and variables).
     labels: int (N,) labels used when ``dummy`` has no ``"label_logits"`` (known or inferred).
     step: the optimizer step (int scalar), for scheduled priors and ``one_sample_per_step``.
     weights: optional per-leaf distance weights (see :func:`gradjax.distances.depth_weights`).
+    label_mask: optional (K,) bool: the classes soft labels may take; the others' logits are set to
+      the dtype's minimum, so they get probability 0 (and no gradient).
   """
 
   if mode not in MODES:
     raise ValueError(f"unknown objective mode {mode!r}; choose one of {', '.join(MODES)}")
 
-  def objective(dummy, observation: Observation, labels=None, step=0, weights=None):
+  def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None):
     x, logits = dummy["x"], dummy.get("label_logits")
+    if logits is not None and label_mask is not None:
+      logits = jnp.where(label_mask, logits, jnp.finfo(logits.dtype).min)
     if one_sample_per_step:
       active = jnp.arange(x.shape[0]) == step % x.shape[0]
-      x = jnp.where(active[:, None, None, None], x, jax.lax.stop_gradient(x))
+      x = jnp.where(active.reshape(-1, *[1] * (x.ndim - 1)), x, jax.lax.stop_gradient(x))
       if logits is not None:
-        logits = jnp.where(active[:, None], logits, jax.lax.stop_gradient(logits))
+        logits = jnp.where(active.reshape(-1, *[1] * (logits.ndim - 1)), logits,
+                           jax.lax.stop_gradient(logits))
     targets = labels if logits is None else jax.nn.softmax(logits, axis=-1)
     observed = observation.gradient
     if mode == "replay":

@@ -23,7 +23,8 @@ class Observation:
     gradient: the observed gradient (or update), same tree structure and shapes as
       ``variables["params"]``.
     variables: the model variables the server sent (``{"params": ..., [batch_stats]}``).
-    labels: int (N,) labels, when the threat model shares them; otherwise ``None``.
+    labels: int (N,) labels ((N, T) next tokens for a language model), when the threat model shares
+      them; otherwise ``None``.
     num_samples: N, the number of examples behind the update (static).
     threat_model: name of the client simulation that produced it (static), e.g. ``"fedsgd"``.
     train: whether the client ran the model in training mode (BatchNorm batch statistics) (static).
@@ -49,7 +50,7 @@ def check_observation(observation: Observation) -> None:
   """Raises ``ValueError`` (one line) unless the observation is usable by an attack.
 
   Checks that the gradient tree matches ``variables["params"]`` leaf for leaf (paths and shapes), that
-  every observed value is finite, and that the labels (if any) are (num_samples,) integers.
+  every observed value is finite, and that the labels (if any) are integers with num_samples rows.
   """
   if not isinstance(observation.variables, dict) or "params" not in observation.variables:
     raise ValueError("observation.variables must be a dict with a 'params' entry")
@@ -69,6 +70,7 @@ def check_observation(observation: Observation) -> None:
     raise ValueError(f"num_samples must be positive, got {observation.num_samples}")
   if observation.labels is not None:
     labels = np.asarray(observation.labels)
-    if labels.shape != (observation.num_samples,) or not np.issubdtype(labels.dtype, np.integer):
-      raise ValueError(f"labels must be int ({observation.num_samples},), got {labels.dtype} "
-                       f"{labels.shape}")
+    if (labels.ndim < 1 or labels.shape[0] != observation.num_samples
+        or not np.issubdtype(labels.dtype, np.integer)):
+      raise ValueError(f"labels must be int ({observation.num_samples},) (or (N, T) for text), got "
+                       f"{labels.dtype} {labels.shape}")

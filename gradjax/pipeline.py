@@ -18,17 +18,19 @@ image ``i`` reproduces row ``i`` of a sweep.
 import dataclasses
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, data, defenses, distances, interop, lpips, metrics, models
+from gradjax import attacks, checkpoint, clients, corpus, data, defenses, distances, interop, lpips, metrics
+from gradjax import models, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
 from gradjax import resume, solvers
 
 CLIENTS = ("fedsgd", "fedavg")
+MODALITIES = ("image", "text")
 LPIPS = ("auto", "none", *lpips.NETWORKS)  # auto: AlexNet when the lpips extra is installed
 SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known labels reveals
 
@@ -74,6 +76,10 @@ class Config:
   default). Each field carries its documentation (``dataclasses.fields(Config)[i].metadata["help"]``),
   which is also its command-line flag's help."""
 
+  modality: str = _field(
+      "image", "What the client trains: image (a classifier on --dataset images) or text (a language "
+      f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model transformer).",
+      choices=MODALITIES)
   attack: str = _field("dlg", f"Attack preset: {_names(attacks.PRESETS)}.")
   model: str | None = _field(
       "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
@@ -163,6 +169,18 @@ class Config:
   remat: bool | None = _field(
       None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
       attack="remat")
+  sequence_length: int = _field(
+      15, "Text: tokens per sentence; the client's sentences are the corpus's distinct sentences of "
+      "this length, from --index on.")
+  vocab_size: int | None = _field(
+      None, "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset).")
+  text_dim: int = _field(models.TextSizes().dim, "Text: transformer width (embedding size).")
+  text_heads: int = _field(models.TextSizes().heads, "Text: attention heads.")
+  text_ffn: int = _field(models.TextSizes().ffn, "Text: feed-forward width.")
+  text_layers: int = _field(models.TextSizes().layers, "Text: encoder layers.")
+  restrict_tokens: bool = _field(
+      True, "Text: decode, and let soft targets range, only over the tokens the embedding gradient "
+      "reveals (else the whole vocabulary).")
   conv: str = _field(
       "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
       "XLA:CPU), auto (im2col on CPU).", choices=models.CONVS)
@@ -178,7 +196,30 @@ class Config:
              if f.metadata["execution"]}
     return solvers.Execution(**knobs, callback=callback, monitor=monitor, checkpoint=checkpoint)
 
+  def text_sizes(self) -> models.TextSizes:
+    """The transformer's sizes of this experiment."""
+    return models.TextSizes(self.text_dim, self.text_heads, self.text_ffn, self.text_layers)
+
   def __post_init__(self):
+    if self.modality not in MODALITIES:
+      raise ValueError(f"unknown modality {self.modality!r}; choose one of {', '.join(MODALITIES)}")
+    if self.modality == "text":
+      if self.weights or self.observation:
+        raise ValueError("captured files hold image models; text runs simulate the client")
+      if self.client != "fedsgd":
+        raise ValueError("text runs simulate a FedSGD client (--client=fedsgd)")
+      if not self.checkpoint and not models.is_text(self.model or ""):
+        raise ValueError(f"--modality=text needs a text model ({', '.join(models.TEXT_MODELS)}), "
+                         f"not {self.model!r}")
+      if self.dataset not in corpus.CORPORA:
+        raise ValueError(f"--modality=text reads a corpus ({', '.join(corpus.CORPORA)}), not "
+                         f"{self.dataset!r}")
+      if self.sequence_length < 1:
+        raise ValueError(f"sequence_length must be positive, got {self.sequence_length}")
+      if min(self.text_sizes()) < 1:
+        raise ValueError(f"transformer sizes must be positive, got {self.text_sizes()}")
+    elif models.is_text(self.model or ""):
+      raise ValueError(f"model {self.model!r} reads text: add --modality=text")
     if bool(self.weights) != bool(self.observation):
       raise ValueError("captured files need both --weights and --observation")
     if self.weights and self.checkpoint:
@@ -267,8 +308,10 @@ def check(cfg: Config) -> attacks.Attack:
     defenses.parse(cfg.defense)
   if cfg.model is not None and not cfg.checkpoint:
     models.get_module(cfg.model, num_classes=cfg.num_classes or 10, init=cfg.init, act=cfg.act,
-                      conv=cfg.conv)
-  if cfg.dataset is not None and not cfg.dataset.startswith("tfds:") and cfg.dataset not in data.DATASETS:
+                      conv=cfg.conv, text_sizes=cfg.text_sizes())
+  if cfg.modality == "text":
+    pass  # the corpus name was checked with the configuration
+  elif cfg.dataset is not None and not cfg.dataset.startswith("tfds:") and cfg.dataset not in data.DATASETS:
     raise ValueError(f"unknown dataset {cfg.dataset!r}; expected one of {', '.join(data.DATASETS)} "
                      "or tfds:<name>")
   for flag in ("checkpoint", "weights", "observation"):
@@ -394,6 +437,8 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   the ground truth's order when there is one, else in the attack's slot order) and
   ``ground_truth`` (or ``None``).
   """
+  if cfg.modality != "image":
+    raise ValueError(f"run() attacks images; a {cfg.modality} experiment runs with run_text()")
   attack = check(cfg)
   norm = data.normalization(cfg.normalization)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
@@ -505,3 +550,146 @@ def lpips_scores(net: str, x, x_true) -> dict:
 def interop_num_samples(cfg: Config) -> int:
   """How many examples the captured observation of ``cfg`` says the client had (1 if it is silent)."""
   return interop.metadata_num_samples(interop.read(cfg.observation).metadata, cfg.observation) or 1
+
+
+# --- text -----------------------------------------------------------------------------------------
+
+
+class Sentences(NamedTuple):
+  """The client's private sentences: ``ids`` (N, T) int32 in ``vocabulary``; ``pool`` the number of
+  distinct corpus sentences of length T that ``index`` ranges over."""
+
+  ids: np.ndarray
+  vocabulary: corpus.Vocabulary
+  pool: int
+
+
+def text_vocabulary(cfg: Config, sentences: list[list[str]]) -> corpus.Vocabulary:
+  """The vocabulary of ``cfg``'s model: the checkpoint's (its token ids are the trained rows), else
+  built from the corpus (``vocab_size`` most frequent tokens)."""
+  if cfg.checkpoint:
+    tokens = checkpoint.read_metadata(cfg.checkpoint).get("vocabulary")
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+      raise ValueError(f"checkpoint {cfg.checkpoint} holds no text model's vocabulary")
+    if cfg.vocab_size is not None and cfg.vocab_size != len(tokens):
+      raise ValueError(f"checkpoint {cfg.checkpoint} has a vocabulary of {len(tokens)}, not "
+                       f"--vocab_size {cfg.vocab_size}")
+    return corpus.Vocabulary(tuple(tokens))
+  return corpus.Vocabulary.build(sentences, cfg.vocab_size)
+
+
+def load_sentences(cfg: Config) -> Sentences:
+  """Sentences ``index .. index + batch_size − 1`` of the corpus's distinct ``sequence_length``-token
+  sentences (:func:`gradjax.corpus.of_length`), as ids of :func:`text_vocabulary`."""
+  sentences = corpus.sentences(cfg.dataset, cfg.data_dir)
+  vocabulary = text_vocabulary(cfg, sentences)
+  pool = corpus.of_length(sentences, cfg.sequence_length)
+  if cfg.index + cfg.batch_size > len(pool):
+    raise ValueError(f"--index {cfg.index} with --batch_size {cfg.batch_size} asks for sentences "
+                     f"{cfg.index}..{cfg.index + cfg.batch_size - 1}, but corpus {cfg.dataset!r} has "
+                     f"{len(pool)} distinct sentences of {cfg.sequence_length} tokens")
+  chosen = pool[cfg.index:cfg.index + cfg.batch_size]
+  return Sentences(np.stack([vocabulary.encode(s) for s in chosen]), vocabulary, len(pool))
+
+
+def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.Model:
+  """A fresh ``cfg.model`` over ``vocabulary``, or the checkpoint's trained one."""
+  if cfg.checkpoint:
+    model = checkpoint.load_model(cfg.checkpoint)
+    if not models.is_text(model.name) or model.num_classes != len(vocabulary):
+      raise ValueError(f"checkpoint {cfg.checkpoint} does not hold a text model over its vocabulary")
+    return model
+  if cfg.num_classes is not None and cfg.num_classes != len(vocabulary):
+    raise ValueError(f"a language model's classes are its vocabulary ({len(vocabulary)}); drop "
+                     "--num_classes or set --vocab_size")
+  return models.create(cfg.model, key_model, input_shape=(cfg.sequence_length,),
+                       num_classes=len(vocabulary), init=cfg.init, text_sizes=cfg.text_sizes())
+
+
+def run_text(cfg: Config, *, callback: Callable | None = None,
+             state: resume.StateFile | None = None) -> dict[str, Any]:
+  """Runs text experiment ``cfg`` (``modality="text"``); returns JSON-ready results.
+
+  The client computes the FedSGD gradient of the next-token loss on its sentences
+  (:func:`gradjax.corpus.language_model_pairs`), a defense may act on it, and
+  :func:`gradjax.text.reconstruct` recovers the sentences. ``results`` holds ``token_accuracy`` and
+  ``bag_recall`` of the pseudo-inverse decoding (SAPAG's) and ``*_nearest`` of the nearest-neighbour
+  one (DLG's), ``exact`` sentences, ``sentences`` (true and recovered text side by side), the bag of
+  tokens the gradient revealed, counts, timing, configuration and device. ``state`` as :func:`run`.
+  """
+  attack = check(cfg)
+  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
+  batch = load_sentences(cfg)
+  vocabulary = batch.vocabulary
+  model = text_model(cfg, vocabulary, key_model)
+  x, y = corpus.language_model_pairs(batch.ids, vocabulary.eos)
+  observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
+                               share_labels=attack.labels == "known")
+  if cfg.defense:
+    observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+
+  trace = Trace(callback)
+  start = time.perf_counter()
+  prior = {"wall_time_s": 0.0, "resumed": False}
+  saver = None
+  if state is not None:
+    def restored(extra):
+      trace.rows = list(extra.get("history", []))
+      prior.update(wall_time_s=float(extra.get("wall_time_s", 0.0)), resumed=True)
+
+    saver = state.saver(fingerprint(cfg), on_restore=restored, extra=lambda: {
+        "history": trace.rows, "wall_time_s": prior["wall_time_s"] + time.perf_counter() - start})
+  execution = cfg.execution(callback=trace.progress, checkpoint=saver)
+  rec = text.reconstruct(attack, model.apply_fn, observation, key_attack, length=cfg.sequence_length,
+                         eos=vocabulary.eos, restrict=cfg.restrict_tokens, restarts=cfg.restarts,
+                         execution=execution)
+  wall = prior["wall_time_s"] + time.perf_counter() - start
+  inner = rec.reconstruction
+  pinv = metrics.score_text(rec.tokens_pinv, batch.ids)
+  nearest = metrics.score_text(rec.tokens_nearest, batch.ids)
+  rows = []
+  for i in range(batch.ids.shape[0]):
+    p, n = rec.tokens_pinv[pinv["order"][i]], rec.tokens_nearest[nearest["order"][i]]
+    rows.append({"true": corpus.detokenize(vocabulary.decode(batch.ids[i])),
+                 "recovered (pseudo-inverse)": corpus.detokenize(vocabulary.decode(p)),
+                 "recovered (nearest)": corpus.detokenize(vocabulary.decode(n)),
+                 "token_accuracy": pinv["token_accuracy_per_sentence"][i],
+                 "bag_recall": pinv["bag_recall_per_sentence"][i]})
+  return dict(
+      token_accuracy=pinv["token_accuracy"],
+      bag_recall=pinv["bag_recall"],
+      exact=pinv["exact"],
+      token_accuracy_nearest=nearest["token_accuracy"],
+      bag_recall_nearest=nearest["bag_recall"],
+      exact_nearest=nearest["exact"],
+      token_accuracy_per_sentence=pinv["token_accuracy_per_sentence"],
+      bag_recall_per_sentence=pinv["bag_recall_per_sentence"],
+      token_accuracy_nearest_per_sentence=nearest["token_accuracy_per_sentence"],
+      sentences=rows,
+      bag=vocabulary.decode(rec.bag),
+      bag_size=int(rec.bag.size),
+      sentence_pool=batch.pool,
+      vocabulary_size=len(vocabulary),
+      sequence_length=cfg.sequence_length,
+      wall_time_s=wall,
+      iterations=int(inner.iterations[inner.best_restart]),
+      evaluations=int(inner.evaluations.sum()),
+      restarts=cfg.restarts,
+      resumed=prior["resumed"],
+      state_saves=0 if saver is None else saver.saves,
+      state_save_s=0.0 if saver is None else saver.seconds,
+      state_save_error=None if saver is None else saver.error,
+      restarts_diverged=int((~inner.restart_alive).sum()),
+      best_restart=inner.best_restart,
+      loss=inner.loss,
+      history=trace.rows,
+      model=model.name,
+      num_samples=observation.num_samples,
+      threat_model=observation.threat_model,
+      attack=dataclasses.asdict(attack),
+      config=dataclasses.asdict(cfg),
+      device=str(jax.devices()[0]),
+      devices=jax.device_count() if cfg.shard else 1,
+      backend=jax.default_backend(),
+      jax_version=jax.__version__,
+  )

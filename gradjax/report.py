@@ -291,9 +291,9 @@ def _cell(value) -> str:
 
 
 def html_report(path, title: str, summary: dict, table: Sequence[dict], figures: dict[str, str],
-                config: dict) -> None:
-  """One self-contained HTML page (images embedded as data URIs): the summary, a per-image table,
-  the figures (caption -> PNG file) and the configuration."""
+                config: dict, table_title: str = "Per image") -> None:
+  """One self-contained HTML page (images embedded as data URIs): the summary, a per-item table
+  (strings left-aligned), the figures (caption -> PNG file) and the configuration."""
   import base64
   import html
   parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -305,8 +305,10 @@ def html_report(path, title: str, summary: dict, table: Sequence[dict], figures:
   parts.append("</table>")
   if table:
     keys = list(table[0])
-    parts.append("<h2>Per image</h2><table><tr>" + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>")
-    parts += ["<tr>" + "".join(f"<td>{_cell(row.get(k))}</td>" for k in keys) + "</tr>" for row in table]
+    parts.append(f"<h2>{html.escape(table_title)}</h2><table><tr>"
+                 + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>")
+    parts += ["<tr>" + "".join(("<td style='text-align:left'>" if isinstance(row.get(k), str) else "<td>")
+                               + f"{_cell(row.get(k))}</td>" for k in keys) + "</tr>" for row in table]
     parts.append("</table>")
   for caption, png in figures.items():
     with open(png, "rb") as fh:
@@ -354,3 +356,37 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
     table.append(row)
   html_report(os.path.join(out, "report.html"), title, summary, table, figures,
                      {"config": results.get("config"), "attack": results.get("attack")})
+
+
+def sentence_table(results: dict) -> str:
+  """The recovered sentences beside the true ones, one block per sentence, as plain text."""
+  lines = []
+  for i, row in enumerate(results["sentences"]):
+    lines.append(f"sentence {i}  token accuracy {row['token_accuracy']:.2f}  bag recall "
+                 f"{row['bag_recall']:.2f}")
+    width = max(len(k) for k in row if k.startswith(("true", "recovered")))
+    lines += [f"  {k:<{width}}  {v}" for k, v in row.items() if k.startswith(("true", "recovered"))]
+  return "\n".join(lines) + "\n"
+
+
+def write_text_run(out: str, results: dict, title: str) -> None:
+  """A text run's files in ``out``: ``metrics.json``; ``sentences.txt`` (each recovered sentence
+  under the true one, :func:`sentence_table`); ``curves.png`` (the objective against iterations) and
+  ``report.html`` with all of it."""
+  save_json(os.path.join(out, "metrics.json"), results)
+  atomic_write(os.path.join(out, "sentences.txt"), lambda f: f.write(sentence_table(results)),
+               binary=False)
+  figures = {}
+  if results.get("history"):
+    curves_figure(os.path.join(out, "curves.png"), results["history"], title)
+    figures["Objective by iteration"] = os.path.join(out, "curves.png")
+  summary = {k: results[k] for k in ("model", "vocabulary_size", "num_samples", "sequence_length",
+                                     "token_accuracy", "bag_recall", "token_accuracy_nearest",
+                                     "bag_recall_nearest", "exact", "bag_size", "loss", "iterations",
+                                     "evaluations", "restarts", "restarts_diverged", "wall_time_s",
+                                     "device")
+             if results.get(k) is not None}
+  table = [{"sentence": i, **{k: v for k, v in row.items()}} for i, row in enumerate(results["sentences"])]
+  html_report(os.path.join(out, "report.html"), title, summary, table, figures,
+              {"config": results.get("config"), "attack": results.get("attack")},
+              table_title="Sentences")

@@ -83,25 +83,27 @@ def _correct(apply_fn, variables, x, y):
 
 
 def evaluate(apply_fn, variables, x, y, batch_size: int = 500) -> float:
-  """Test accuracy (1/N) Σ_n [argmax_k f_θ(x_n)_k = y_n], the model in evaluation mode.
+  """Test accuracy (1/N) Σ_n [argmax_k f_θ(x_n)_k = y_n], the model in evaluation mode; for a
+  language model the next-token accuracy over every position of every sentence.
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
     variables: the model variables.
-    x: (N, H, W, C) inputs; y: (N,) int labels.
+    x: (N, H, W, C) inputs or (N, T) token ids; y: (N,) int labels or (N, T) next tokens.
     batch_size: examples per jitted forward pass (the last batch may be smaller).
 
   Ties in the logits go to the lowest class index (``argmax``).
   """
   x, y = np.asarray(x), np.asarray(y)
-  if x.ndim != 4 or y.shape != (len(x),) or len(x) == 0:
-    raise ValueError(f"evaluate needs x (N, H, W, C) and y (N,) with N >= 1, got {x.shape} and {y.shape}")
+  if x.ndim not in (2, 4) or y.shape != x.shape[:1 if x.ndim == 4 else 2] or len(x) == 0:
+    raise ValueError(f"evaluate needs x (N, H, W, C) and y (N,), or token ids x and y (N, T), with "
+                     f"N >= 1, got {x.shape} and {y.shape}")
   if batch_size < 1:
     raise ValueError(f"batch_size must be positive, got {batch_size}")
   correct = 0
   for start in range(0, len(x), batch_size):
     correct += int(_correct(apply_fn, variables, x[start:start + batch_size], y[start:start + batch_size]))
-  return correct / len(x)
+  return correct / y.size
 
 
 # --- FedSGD -------------------------------------------------------------------------------------
@@ -193,7 +195,7 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
     variables: initial ``{"params": θ_0, ...}``.
-    x: (N, H, W, C) training inputs; y: (N,) int labels.
+    x: (N, H, W, C) training inputs; y: (N,) int labels (or (N, T) token ids and next tokens).
     key: PRNG key (shuffling and the defense's noise).
     epochs: passes over the data, ≥ 1; each has ⌊N / B⌋ steps.
     batch_size: B, 1 ≤ B ≤ N.

@@ -11,8 +11,11 @@ Names::
   convnet[-W]          Geiping et al.'s ConvNet, width W (64)
   mlp[-H]              DLM MLP with one hidden layer of H units (32)
   resnetD[-W]          CIFAR ResNet: D = 18, 34 or 6n+2, width factor W (1); e.g. resnet20-4
+  transformer          SAPAG's Transformer language model (text; sizes from ``text_sizes``)
 
-Every model's last layer is a Dense named ``"head"`` (label inference reads its gradient).
+Every model's last layer is a Dense named ``"head"`` (label inference reads its gradient). Image models
+take (N, H, W, C) inputs; text models (:data:`TEXT_MODELS`) take token ids (N, T) or embeddings
+(N, T, dim) and return (N, T, V) logits.
 """
 
 import functools
@@ -30,8 +33,26 @@ from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
 from gradjax.models.lenet import LeNet5, LeNetZhu
 from gradjax.models.mlp import MLP
 from gradjax.models.resnet import ResNet, resnet_config
+from gradjax.models.transformer import TransformerLM
 
 MODELS = ("lenet_zhu", "lenet5", "convnet", "mlp", "resnet20-4", "resnet32-10", "resnet18", "resnet34")
+TEXT_MODELS = ("transformer",)
+
+
+class TextSizes(NamedTuple):
+  """Sizes of the ``transformer``: model width (embedding size), attention heads, feed-forward width,
+  encoder layers. The defaults are SAPAG's (4 heads, feed-forward 200, 2 encoder layers) with the
+  width of PyTorch's word_language_model example (200)."""
+
+  dim: int = 200
+  heads: int = 4
+  ffn: int = 200
+  layers: int = 2
+
+
+def is_text(name: str) -> bool:
+  """Whether model ``name`` reads token sequences rather than images."""
+  return name in TEXT_MODELS
 
 ApplyFn = Callable[..., jax.Array]
 
@@ -40,24 +61,25 @@ class Model(NamedTuple):
   """What an attack needs of a model.
 
   Attributes:
-    apply_fn: ``apply_fn(variables, x, train=False) -> logits``; ``x`` is (N, H, W, C).
+    apply_fn: ``apply_fn(variables, x, train=False) -> logits``; ``x`` is (N, H, W, C) images, or for
+      text models (N, T) token ids or (N, T, dim) embeddings.
     variables: Flax variables, ``{"params": ..., ["batch_stats": ...]}``.
     name: registry name.
-    input_shape: (H, W, C) of one example.
-    num_classes: number of logits.
+    input_shape: (H, W, C) of one example, or (T,) for text models.
+    num_classes: number of logits (the vocabulary size of text models).
   """
 
   apply_fn: ApplyFn
   variables: Any
   name: str
-  input_shape: tuple[int, int, int]
+  input_shape: tuple[int, ...]
   num_classes: int
 
 
 def get_module(name: str, *, num_classes: int, init: str | None = None, init_scale: float = 0.5,
                act: str | None = None, stride1: bool = False,
-               param_dtype: jnp.dtype = jnp.float32, remat: bool = False, conv: str = "auto"
-               ) -> nn.Module:
+               param_dtype: jnp.dtype = jnp.float32, remat: bool = False, conv: str = "auto",
+               text_sizes: TextSizes = TextSizes()) -> nn.Module:
   """The Flax module called ``name`` (see module docstring); ``init=None`` picks the model's default.
 
   ``remat`` (ResNets): ``jax.checkpoint`` each residual block, so the attack's double backward keeps
@@ -67,7 +89,9 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
   (``lax.conv_general_dilated``), ``"im2col"`` (patches times a matrix,
   :func:`gradjax.models.layers.im2col_conv`: gradient matching 2-3x faster on XLA:CPU, more memory,
   plain training steps of wide networks slower) or ``"auto"`` (im2col on CPU, xla on accelerators).
-  The parameters and the function computed are the same; only rounding differs."""
+  The parameters and the function computed are the same; only rounding differs.
+
+  ``text_sizes``: the ``transformer``'s sizes (:class:`TextSizes`)."""
   if init is not None and init not in INITS:
     get_initializers(init)  # raises the one-line error
   if act is not None and act not in ACTIVATIONS:
@@ -89,7 +113,13 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
   if m := re.fullmatch(r"resnet(\d+)(?:-([1-9]\d*))?", name):
     return ResNet(**resnet_config(int(m[1]), int(m[2] or 1)), stride1=stride1, weight_init=init or "default",
                   remat=remat, conv=resolve_conv(conv), **with_act, **common)
-  raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)} "
+  if name == "transformer":
+    if act is not None:
+      raise ValueError("model 'transformer' has a fixed GELU activation; drop --act")
+    if min(text_sizes) < 1:
+      raise ValueError(f"transformer sizes must be positive, got {text_sizes}")
+    return TransformerLM(**text_sizes._asdict(), weight_init=init or "default", **common)
+  raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS + TEXT_MODELS)} "
                    "(convnet-W, mlp-H, resnetD-W variants allowed, W and H positive)")
 
 
@@ -123,11 +153,16 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
     logits = model.apply_fn(model.variables, jnp.zeros((1, 32, 32, 3)))
   """
   input_shape = tuple(int(d) for d in input_shape)
-  if len(input_shape) != 3 or min(input_shape) < 1:
-    raise ValueError(f"input_shape must be (H, W, C) with positive sizes, got {input_shape}")
+  rank = 1 if is_text(name) else 3
+  if len(input_shape) != rank or min(input_shape) < 1:
+    raise ValueError(f"input_shape must be {'(T,)' if rank == 1 else '(H, W, C)'} with positive sizes "
+                     f"for {name}, got {input_shape}")
   if num_classes < 2:
     raise ValueError(f"num_classes must be at least 2, got {num_classes}")
   module = get_module(name, num_classes=num_classes, **module_kwargs)
+  if rank == 1:
+    variables = _init(module, key, jnp.zeros((1, *input_shape), jnp.int32))
+    return Model(make_apply_fn(module), variables, name, input_shape, num_classes)
   dtype = module_kwargs.get("param_dtype", jnp.float32)
   # Shape-only trace; the uniform init avoids fan-based initialisers dividing by a zero fan-in.
   features = jax.eval_shape(

@@ -1,0 +1,164 @@
+"""English text for the text attacks: sentences of a real corpus and a word-level vocabulary.
+
+Corpora (:data:`CORPORA`):
+
+* ``"pydoc"`` (the default; no download): the prose of the Python Language Reference as the standard
+  library ships it for ``help()`` (``pydoc_data.topics``). Indented blocks (grammar rules, code) and
+  section underlines are dropped; paragraphs are split into sentences at ``.``, ``!`` or ``?``
+  followed by a capital letter or a quote. With Python 3.11 that gives 2022 sentences of 55 913
+  tokens and 2449 distinct tokens (other Python versions ship a slightly different text).
+* ``"wikitext2"``: WikiText-2 (Merity et al. 2016), its validation split ``wiki.valid.txt.gz`` from the
+  data folder (``../shared/data/wikitext2``); one paragraph a line, already tokenised by the
+  dataset (heading lines `` = Title = `` are dropped), split into sentences at `` . ``.
+
+Tokens (:func:`tokenize`): lower-cased words (letters and digits, with an apostrophe suffix such as
+``'s``) and every other non-space character on its own, so "the "if" statement." gives
+``the " if " statement .``. :class:`Vocabulary` maps tokens to ids; ``<unk>`` (id 0) stands for a
+token outside it and ``<eos>`` (id 1) ends a sentence (the language model's last target).
+"""
+
+import collections
+import dataclasses
+import gzip
+import os
+import re
+from collections.abc import Iterable, Sequence
+import numpy as np
+
+CORPORA = ("pydoc", "wikitext2")
+UNK, EOS = "<unk>", "<eos>"
+
+_TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\w\s]")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+_UNDERLINE = re.compile(r"[*=\-~^]+")
+
+
+def tokenize(text: str) -> list[str]:
+  """Lower-cased words and single punctuation characters of ``text`` (see the module docstring)."""
+  return _TOKEN.findall(text.lower())
+
+
+def detokenize(tokens: Sequence[str]) -> str:
+  """The tokens joined by single spaces (``tokenize(detokenize(t)) == t`` for tokens of ``tokenize``)."""
+  return " ".join(tokens)
+
+
+def _pydoc_sentences() -> list[list[str]]:
+  try:
+    from pydoc_data import topics
+  except ImportError:  # some distributions strip it
+    raise ValueError("corpus 'pydoc' needs the standard library's pydoc_data, which this Python "
+                     "lacks; use --corpus=wikitext2 with a data folder") from None
+  out = []
+  for name in sorted(topics.topics):
+    for paragraph in re.split(r"\n\s*\n", topics.topics[name]):
+      lines = paragraph.split("\n")
+      if any(line.startswith(" ") for line in lines) or _UNDERLINE.fullmatch(lines[-1].strip() or "-"):
+        continue  # code, grammar, or a heading with its underline
+      text = " ".join(line.strip() for line in lines)
+      out.extend(t for t in map(tokenize, _SENTENCE_END.split(text)) if t)
+  return out
+
+
+def _wikitext_sentences(data_dir: str | None) -> list[list[str]]:
+  from gradjax.data import default_data_dir
+
+  root = data_dir or default_data_dir()
+  path = None if root is None else os.path.join(root, "wikitext2", "wiki.valid.txt.gz")
+  if path is None or not os.path.isfile(path):
+    raise FileNotFoundError(f"corpus 'wikitext2' needs {path or '<data_dir>/wikitext2/wiki.valid.txt.gz'}"
+                            " (give --data_dir)")
+  try:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+      lines = f.read().splitlines()
+  except (OSError, EOFError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not a readable gzip text file: {e}") from None
+  out = []
+  for line in lines:
+    line = line.strip()
+    if not line or line.startswith("="):
+      continue
+    for sentence in re.split(r"(?<= \.) ", line):
+      tokens = sentence.lower().split()
+      if tokens:
+        out.append(tokens)
+  return out
+
+
+def sentences(name: str, data_dir: str | None = None) -> list[list[str]]:
+  """The tokenised sentences of corpus ``name`` (one of :data:`CORPORA`), in corpus order."""
+  if name == "pydoc":
+    return _pydoc_sentences()
+  if name == "wikitext2":
+    return _wikitext_sentences(data_dir)
+  raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
+
+
+def of_length(corpus: Iterable[Sequence[str]], length: int) -> list[list[str]]:
+  """The distinct sentences of exactly ``length`` tokens, in order of first appearance."""
+  if length < 1:
+    raise ValueError(f"sentence length must be positive, got {length}")
+  seen, out = set(), []
+  for s in corpus:
+    if len(s) == length and tuple(s) not in seen:
+      seen.add(tuple(s))
+      out.append(list(s))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+  """A word-level vocabulary: ``tokens[i]`` is the token of id i; ids 0 and 1 are ``<unk>``, ``<eos>``."""
+
+  tokens: tuple[str, ...]
+  index: dict[str, int] = dataclasses.field(init=False, repr=False, compare=False)
+
+  def __post_init__(self):
+    tokens = tuple(self.tokens)
+    if tokens[:2] != (UNK, EOS) or len(set(tokens)) != len(tokens):
+      raise ValueError("a vocabulary starts with <unk>, <eos> and holds each token once")
+    object.__setattr__(self, "tokens", tokens)
+    object.__setattr__(self, "index", {t: i for i, t in enumerate(tokens)})
+
+  @classmethod
+  def build(cls, corpus: Iterable[Sequence[str]], max_size: int | None = None) -> "Vocabulary":
+    """The ``max_size`` (all if ``None``) most frequent tokens of ``corpus`` after ``<unk>`` and
+    ``<eos>``, by decreasing count, ties in alphabetical order."""
+    if max_size is not None and max_size < 3:
+      raise ValueError(f"a vocabulary needs room for <unk>, <eos> and a word, got size {max_size}")
+    counts = collections.Counter(t for s in corpus for t in s if t not in (UNK, EOS))
+    if not counts:
+      raise ValueError("the corpus holds no tokens")
+    words = sorted(counts, key=lambda t: (-counts[t], t))
+    if max_size is not None:
+      words = words[:max_size - 2]
+    return cls((UNK, EOS, *words))
+
+  def __len__(self) -> int:
+    return len(self.tokens)
+
+  @property
+  def eos(self) -> int:
+    """The id of ``<eos>``."""
+    return 1
+
+  def encode(self, tokens: Sequence[str]) -> np.ndarray:
+    """int32 (T,) ids of ``tokens``; a token outside the vocabulary becomes ``<unk>`` (0)."""
+    return np.asarray([self.index.get(t, 0) for t in tokens], np.int32)
+
+  def decode(self, ids) -> list[str]:
+    """The tokens of int ids (any shape flattened in order); raises on ids outside the vocabulary."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= len(self.tokens)):
+      raise ValueError(f"token ids must lie in [0, {len(self.tokens)}), got {ids.min()}..{ids.max()}")
+    return [self.tokens[int(i)] for i in ids]
+
+
+def language_model_pairs(ids: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
+  """(inputs, targets) of next-token prediction for sentences ``ids`` (N, T): the inputs are the
+  sentences, the targets the sentences shifted left by one with ``eos`` as the last target."""
+  ids = np.asarray(ids)
+  if ids.ndim != 2:
+    raise ValueError(f"sentences must be (N, T) ids, got shape {ids.shape}")
+  targets = np.concatenate([ids[:, 1:], np.full((ids.shape[0], 1), eos, ids.dtype)], axis=1)
+  return ids, targets

@@ -1,0 +1,97 @@
+"""A small Transformer language model: the text model of SAPAG (Wang et al.) and DLG's text experiments.
+
+SAPAG attacks "a Transformer with positional encoding, 2 encoder layers and 1 decoder layer, 4 heads,
+feed-forward 200, GELU". We read it as the language model of PyTorch's ``word_language_model``
+example, which SAPAG's text experiment builds on: token embedding, sinusoidal positional encoding,
+``layers`` post-norm encoder layers with a causal mask (x ← LN(x + MHA(x)), x ← LN(x + FFN(x)),
+FFN = Dense(ffn) – GELU – Dense(dim)), and one linear decoder from the model width to the vocabulary
+(the Dense ``"head"``). No dropout: a client's dropout mask is random, so no attacker could match it.
+
+Inputs are token ids (N, T) int, or embeddings (N, T, dim) float: the text attacks optimise dummy
+embeddings and feed them in place of the lookup, so both paths compute
+``h_0 = E[ids] + PE`` (or ``h_0 = e + PE``), with E the ``embed`` table (V, dim) initialised N(0, 1) as
+PyTorch's ``nn.Embedding``. Logits are (N, T, V): position t predicts token t + 1.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from gradjax.models.inits import get_initializers
+from gradjax.models.layers import head
+
+
+def positional_encoding(length: int, dim: int) -> np.ndarray:
+  """Vaswani et al.'s sinusoids, (length, dim): PE[t, 2i] = sin(t / 10000^(2i/dim)),
+  PE[t, 2i+1] = cos(t / 10000^(2i/dim))."""
+  position = np.arange(length, dtype=np.float64)[:, None]
+  rate = np.exp(-np.log(10000.0) * np.arange(0, dim, 2, dtype=np.float64) / dim)
+  pe = np.zeros((length, dim))
+  pe[:, 0::2] = np.sin(position * rate)
+  pe[:, 1::2] = np.cos(position * rate[: dim // 2])
+  return pe
+
+
+def _layer_norm(name: str, param_dtype) -> nn.LayerNorm:
+  """PyTorch's LayerNorm (epsilon 1e-5) with the two-pass variance, whose second derivative keeps its
+  precision (see :func:`gradjax.models.layers.batch_norm`)."""
+  return nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name=name, param_dtype=param_dtype,
+                      dtype=param_dtype)
+
+
+class EncoderLayer(nn.Module):
+  """Post-norm self-attention block with a causal mask (PyTorch's ``TransformerEncoderLayer``)."""
+
+  dim: int
+  heads: int
+  ffn: int
+  kernel_init: nn.initializers.Initializer
+  bias_init: nn.initializers.Initializer
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    kw = dict(kernel_init=self.kernel_init, bias_init=self.bias_init, param_dtype=self.param_dtype,
+              dtype=self.param_dtype)
+    mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+    attended = nn.MultiHeadDotProductAttention(num_heads=self.heads, name="attention", **kw)(
+        x, x, mask=mask)
+    x = _layer_norm("norm_0", self.param_dtype)(x + attended)
+    h = nn.Dense(self.ffn, name="ffn_0", **kw)(x)
+    h = nn.Dense(self.dim, name="ffn_1", **kw)(jax.nn.gelu(h, approximate=False))
+    return _layer_norm("norm_1", self.param_dtype)(x + h)
+
+
+class TransformerLM(nn.Module):
+  """``x``: ids (N, T) or embeddings (N, T, dim) -> next-token logits (N, T, num_classes).
+
+  ``num_classes`` is the vocabulary size V; ``weight_init`` initialises the attention, feed-forward and
+  decoder layers (:mod:`gradjax.models.inits`), the embedding is N(0, 1)."""
+
+  num_classes: int
+  dim: int = 200
+  heads: int = 4
+  ffn: int = 200
+  layers: int = 2
+  weight_init: str = "default"
+  init_scale: float = 0.5
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train
+    if self.dim % self.heads or self.dim % 2:
+      raise ValueError(f"the model width {self.dim} must be even and divisible by the {self.heads} heads")
+    inits = get_initializers(self.weight_init, self.init_scale)
+    embed = nn.Embed(self.num_classes, self.dim, embedding_init=nn.initializers.normal(1.0),
+                     param_dtype=self.param_dtype, dtype=self.param_dtype, name="embed")
+    if jnp.issubdtype(x.dtype, jnp.integer):
+      x = embed(x)
+    elif x.ndim != 3 or x.shape[-1] != self.dim:
+      raise ValueError(f"embeddings must be (N, T, {self.dim}), got {x.shape}")
+    h = x + jnp.asarray(positional_encoding(x.shape[1], self.dim), x.dtype)
+    for i in range(self.layers):
+      h = EncoderLayer(self.dim, self.heads, self.ffn, *inits, param_dtype=self.param_dtype,
+                       name=f"block_{i}")(h)
+    return head(self.num_classes, inits, self.param_dtype)(h)

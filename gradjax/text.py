@@ -1,0 +1,156 @@
+"""Token recovery from a language model's gradient (DLG, Zhu et al. 2019 §4.2; SAPAG, Wang et al.).
+
+The client trains a language model (:class:`gradjax.models.transformer.TransformerLM`) on sentences
+of token ids s (N, T) with the next-token loss, and sends g = ∇_θ L. Token ids are not
+differentiable, so the attack works in embedding space: it optimises dummy embeddings e' (N, T, dim),
+fed to the model in place of the lookup, and (DLG's joint labels) dummy soft targets (N, T, V), until
+the gradient of every parameter but the embedding table matches g (:func:`attack_view`), with any
+distance of :mod:`gradjax.distances` (DLG's Euclidean, SAPAG's Gaussian kernel, cosine). The
+recovered embeddings are then mapped back to tokens (:func:`nearest_tokens`, :func:`pinv_tokens`).
+
+The embedding table's own gradient leaks the bag of tokens: row v of ∂L/∂E is the sum of ∂L/∂e_t
+over the positions t where s_t = v, so the non-zero rows are exactly the tokens present
+(:func:`token_bag`; Melis et al. 2019 make the same observation). The attack restricts both the
+decoding and the soft targets to that bag (the targets are the sentence shifted by one, plus
+``<eos>``). A defense that adds noise to every entry hides the bag; then every token is a candidate.
+"""
+
+from typing import Callable, NamedTuple
+
+import jax
+import numpy as np
+
+from gradjax import attacks, solvers
+from gradjax.observation import Observation, check_observation
+
+EMBEDDING = ("embed", "embedding")  # where the transformer keeps its (V, dim) table
+
+
+def _table(params, path=EMBEDDING) -> np.ndarray:
+  node = params
+  for key in path:
+    if not isinstance(node, dict) or key not in node:
+      raise ValueError(f"the model has no embedding table at params/{'/'.join(path)}")
+    node = node[key]
+  table = np.asarray(node)
+  if table.ndim != 2:
+    raise ValueError(f"params/{'/'.join(path)} is not a (V, dim) table: shape {table.shape}")
+  return table
+
+
+def embedding_table(observation: Observation, path=EMBEDDING) -> np.ndarray:
+  """The (V, dim) embedding table of the model the server sent."""
+  return _table(observation.variables["params"], path)
+
+
+def token_bag(observation: Observation, path=EMBEDDING) -> np.ndarray:
+  """Sorted int ids of the tokens in the client's sentences: the rows of the observed embedding
+  gradient with a non-zero entry (exact for an undefended gradient; with noise on every entry, all)."""
+  grad = _table(observation.gradient, path)
+  return np.flatnonzero(np.any(grad != 0, axis=1)).astype(np.int32)
+
+
+def _drop(params, path):
+  head, *rest = path
+  if not rest:
+    return {k: v for k, v in params.items() if k != head}
+  inner = _drop(params[head], rest)
+  return {**{k: v for k, v in params.items() if k != head}, **({head: inner} if inner else {})}
+
+
+def attack_view(observation: Observation, path=EMBEDDING) -> Observation:
+  """The observation without the embedding table, in gradient and parameters.
+
+  Dummy embeddings bypass the lookup, so the dummy gradient of the table is zero whatever they are:
+  that leaf would only add a constant (Euclidean) or bias every other term (cosine, kernel). The
+  model reads no table when it is given embeddings, so the same ``apply_fn`` runs without it."""
+  check_observation(observation)
+  embedding_table(observation, path)
+  variables = {**observation.variables, "params": _drop(observation.variables["params"], path)}
+  return observation.replace(gradient=_drop(observation.gradient, path), variables=variables)
+
+
+def _candidates(table: np.ndarray, candidates) -> np.ndarray:
+  ids = np.arange(table.shape[0]) if candidates is None else np.asarray(candidates).reshape(-1)
+  if ids.size == 0 or ids.min() < 0 or ids.max() >= table.shape[0]:
+    raise ValueError(f"candidate token ids must be non-empty and lie in [0, {table.shape[0]})")
+  return ids
+
+
+def nearest_tokens(embeddings, table, candidates=None) -> np.ndarray:
+  """int (..., ) ids: for each embedding (..., dim) the candidate row of ``table`` (V, dim) at the
+  smallest Euclidean distance (DLG); ``candidates``: the ids allowed (all if None)."""
+  e, table = np.asarray(embeddings, np.float64), np.asarray(table, np.float64)
+  ids = _candidates(table, candidates)
+  rows = table[ids]
+  d2 = (np.sum(e * e, -1)[..., None] - 2 * e @ rows.T + np.sum(rows * rows, -1))
+  return ids[np.argmin(d2, axis=-1)].astype(np.int32)
+
+
+def pinv_tokens(embeddings, table, candidates=None) -> np.ndarray:
+  """int (...,) ids by the pseudo-inverse of the embedding matrix (SAPAG): an embedding e = Eᵀ c with
+  c one-hot, so c ≈ (Eᵀ)⁺ e over the candidate rows E (K, dim), and the token is argmax c. With K ≤ dim
+  linearly independent candidates (the bag of a sentence) this inverts exact embeddings exactly."""
+  e, table = np.asarray(embeddings, np.float64), np.asarray(table, np.float64)
+  ids = _candidates(table, candidates)
+  coefficients = e @ np.linalg.pinv(table[ids])  # (..., dim) @ (dim, K)
+  return ids[np.argmax(coefficients, axis=-1)].astype(np.int32)
+
+
+class TextReconstruction(NamedTuple):
+  """Result of :func:`reconstruct`.
+
+  Attributes:
+    embeddings: (N, T, dim) the best restart's dummy embeddings.
+    tokens_nearest: (N, T) int, the tokens by nearest embedding row.
+    tokens_pinv: (N, T) int, the tokens by the embedding matrix's pseudo-inverse.
+    targets: (N, T) int, argmax of the dummy soft targets (the sentence shifted by one), or the known
+      ones.
+    bag: int ids of the tokens the embedding gradient reveals (the candidates when restricted).
+    reconstruction: the underlying :class:`gradjax.attacks.Reconstruction` (losses, restarts, counts).
+  """
+
+  embeddings: np.ndarray
+  tokens_nearest: np.ndarray
+  tokens_pinv: np.ndarray
+  targets: np.ndarray
+  bag: np.ndarray
+  reconstruction: attacks.Reconstruction
+
+
+def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observation, key: jax.Array,
+                *, length: int, eos: int | None = None, restrict: bool = True, restarts: int = 1,
+                execution: solvers.Execution = solvers.Execution()) -> TextReconstruction:
+  """Recovers the client's sentences (N, ``length``) from a language model's gradient.
+
+  Args:
+    attack: an attack of :mod:`gradjax.attacks` (``dlg``, ``sapag``, or a cosine distance); its
+      ``box`` keeps the dummy embeddings within the per-dimension range of the embedding table, its
+      ``init`` draws them (``normal`` matches the table's N(0, 1) init).
+    apply_fn: the language model, reading (N, T, dim) embeddings.
+    observation: the client's gradient of the whole model (embedding table included).
+    key: PRNG key of the dummy data.
+    length: T, tokens per sentence.
+    eos: the end-of-sentence id, added to the targets' candidates (it is the last target but not an
+      input); ``None`` for none.
+    restrict: decode, and let soft targets range, only over the :func:`token_bag` (plus ``eos``);
+      ``False`` searches the whole vocabulary.
+    restarts, execution: as :func:`gradjax.attacks.reconstruct`.
+  """
+  if length < 1:
+    raise ValueError(f"sentence length must be positive, got {length}")
+  table = embedding_table(observation)
+  view = attack_view(observation)
+  bag = token_bag(observation)
+  if bag.size == 0:
+    raise ValueError("the observed embedding gradient is zero: no tokens to recover")
+  candidates = bag if restrict else None
+  support = None
+  if restrict and attack.labels == "joint":
+    support = np.union1d(bag, [] if eos is None else [eos]).astype(np.int32)
+  rec = attacks.reconstruct(attack, apply_fn, view, key, input_shape=(length, table.shape[1]),
+                            bounds=(table.min(axis=0), table.max(axis=0)), restarts=restarts,
+                            label_support=support, execution=execution)
+  e = np.asarray(rec.x, np.float64)
+  return TextReconstruction(e, nearest_tokens(e, table, candidates), pinv_tokens(e, table, candidates),
+                            np.asarray(rec.labels), bag, rec)
