@@ -156,7 +156,7 @@ def state_file(out: str) -> resume.StateFile:
 
 class Items:
   """A table program's experiments, each kept in ``<out>/items/<key>.json`` (its results) and
-  ``.npz`` (its images) as it ends. With --resume, :meth:`run` reads a finished experiment back
+  ``.npz`` (its images; text experiments have none) as it ends. With --resume, :meth:`run` reads a finished experiment back
   instead of running it again, and continues an interrupted one from ``items/<key>.state.npz``."""
 
   def __init__(self, out: str):
@@ -174,10 +174,13 @@ class Items:
       self.earlier_s += float(results.get("wall_time_s", 0.0))
       return results, images, True
     state = resume.StateFile(f"{base}.{STATE_FILE}", flags.FLAGS.save_every_s, self.resume)
-    results, images = pipeline.run(cfg, state=state, **kw)
-    report.atomic_write(base + ".npz", lambda fh: np.savez(
-        fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
-        reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
+    if cfg.modality == "text":  # the sentences are in the results
+      results, images = pipeline.run_text(cfg, state=state, **kw), {}
+    else:
+      results, images = pipeline.run(cfg, state=state, **kw)
+      report.atomic_write(base + ".npz", lambda fh: np.savez(
+          fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
+          reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
     report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
     state.remove()
     return results, images, False
@@ -188,9 +191,11 @@ class Items:
       with open(base + ".json", encoding="utf-8") as fh:
         results = json.load(fh)
       saved = {k: results["config"].get(k) for k in pipeline.fingerprint(cfg)}
-      with open(base + ".npz", "rb") as fh:
-        arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
-      images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
+      images = {}
+      if cfg.modality != "text":
+        with open(base + ".npz", "rb") as fh:
+          arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
+        images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
       raise ValueError(f"{base}.json is unreadable ({e}); rerun with --overwrite") from None
     if saved != pipeline.fingerprint(cfg):

@@ -2,6 +2,7 @@
 
   python experiments/train.py                      # lenet_zhu on scikit-image's lfw_subset (no data folder needed)
   python experiments/train.py --dataset=mnist --model=mlp --train_count=2000 --test_count=1000 --epochs=3
+  python experiments/train.py --modality=text --epochs=1 --lr=0.1   # the Transformer on Python's docs
   python experiments/train.py --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \
       --local_batch_size=20 --local_lr=0.05 --defense=clip:1.0,gaussian:1e-6
 
@@ -20,6 +21,14 @@ each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_
 on each client's update. Inputs are not normalised (metadata ``normalization: "none"``); the model runs
 in evaluation mode (BatchNorm statistics stay at their initial values).
 
+``--modality=text`` trains a language model (``--model=transformer``, SAPAG's sizes unless
+``--text_*`` say otherwise) on a corpus (``--dataset=pydoc``, Python's Language Reference as the
+standard library ships it, or ``wikitext2``): the corpus is one stream of tokens, each sentence
+followed by ``<eos>``, cut into windows of ``--sequence_length`` (gradjax.corpus.windows); the last
+tenth of the (permuted) windows are the test set unless ``--train_count`` / ``--test_count`` are given,
+and the accuracy is next-token accuracy. The checkpoint's metadata hold the vocabulary, so
+``reconstruct.py --modality=text --checkpoint=...`` attacks with the same token ids.
+
 Writes to ``--output_dir``: ``epoch_{E}.npz`` for E = 0 (the initial model) .. epochs, with metadata
 that rebuild the model (``gradjax.checkpoint.load_model``), and ``results.json`` (per-epoch test
 accuracy and training loss, the configuration, wall time). Bad flags or data: one-line error, exit 2.
@@ -32,7 +41,7 @@ import jax
 from absl import app, flags, logging
 
 import common
-from gradjax import checkpoint, clients, data, defenses, models, report, training
+from gradjax import checkpoint, clients, corpus, data, defenses, models, report, training
 
 flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
 flags.DEFINE_string("init", None, "Weight init: uniform, xavier_normal, default (the model's own if unset).")
@@ -61,11 +70,32 @@ common.define_output_flags("train_<model>_<dataset>_<client>", resumable=False)
 flags.adopt_module_key_flags(common)
 
 
+flags.DEFINE_enum("modality", "image", ["image", "text"], "image: a classifier on --dataset images; text: a language model (--model=transformer, the default then) on the corpus --dataset (pydoc, the default then, or wikitext2).")
+flags.DEFINE_integer("sequence_length", 15, "Text: tokens per training window.")
+flags.DEFINE_integer("vocab_size", None, "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset).")
+flags.DEFINE_integer("text_dim", models.TextSizes().dim, "Text: transformer width (embedding size).")
+flags.DEFINE_integer("text_heads", models.TextSizes().heads, "Text: attention heads.")
+flags.DEFINE_integer("text_ffn", models.TextSizes().ffn, "Text: feed-forward width.")
+flags.DEFINE_integer("text_layers", models.TextSizes().layers, "Text: encoder layers.")
+
+
 def load_split(f):
   """The train/test split of the flags' dataset (gradjax.training.split)."""
   size = None if f.image_size is None else (f.image_size, f.image_size)
   ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
   return training.split(ds, f.train_count, f.test_count, common.permutation_seed(f.data_seed, "data_seed"))
+
+
+def load_text_split(f):
+  """(split, vocabulary) of --modality=text: the corpus's windows (gradjax.corpus.windows), the last
+  tenth for testing unless --train_count / --test_count say otherwise."""
+  sentences = corpus.sentences(f.dataset, f.data_dir)
+  vocabulary = corpus.Vocabulary.build(sentences, f.vocab_size)
+  x, y = corpus.windows(sentences, vocabulary, f.sequence_length)
+  test = f.test_count if f["test_count"].present else len(x) // 10
+  train = f.train_count if f["train_count"].present else len(x) - test
+  ds = data.Dataset(x, y, len(vocabulary), f.dataset)
+  return training.split(ds, train, test, common.permutation_seed(f.data_seed, "data_seed")), vocabulary
 
 
 def fmt(accuracy):
@@ -76,6 +106,15 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
+  if f.modality == "text":
+    for name, default in (("model", "transformer"), ("dataset", "pydoc")):
+      if not f[name].present:
+        f[name].value = default
+    if not models.is_text(f.model) or f.dataset not in corpus.CORPORA:
+      common.fail(f"--modality=text trains a text model ({', '.join(models.TEXT_MODELS)}) on a corpus "
+                  f"({', '.join(corpus.CORPORA)}), not {f.model} on {f.dataset}")
+  elif models.is_text(f.model):
+    common.fail(f"model {f.model} reads text: add --modality=text")
   if f.client == "fedsgd" and f.clients != 1:
     common.fail("--clients is for --client=fedavg (FedSGD trains on one batch per step)")
   if f.client == "fedavg" and not 1 <= f.clients <= f.train_count:
@@ -106,15 +145,24 @@ def main(argv):
   try:
     defense = defenses.parse(f.defense)
     defense = None if defense.name == "none" else defense
-    parts = load_split(f)
+    text_meta = {}
+    if f.modality == "text":
+      parts, vocabulary = load_text_split(f)
+      text_meta = {"vocabulary": list(vocabulary.tokens), "sequence_length": f.sequence_length,
+                   "text_sizes": models.TextSizes(f.text_dim, f.text_heads, f.text_ffn,
+                                                  f.text_layers)._asdict()}
+    else:
+      parts = load_split(f)
     input_shape = tuple(int(d) for d in parts.train.x.shape[1:])
     metadata = {"model": f.model, "init": f.init, "act": f.act, "num_classes": parts.train.num_classes,
                 "input_shape": list(input_shape), "param_dtype": "float32", "normalization": "none",
                 "dataset": f.dataset, "image_size": f.image_size, "channels": f.channels,
-                "train_count": f.train_count, "test_count": f.test_count, "data_seed": f.data_seed,
-                "client": f.client, "defense": f.defense, "seed": f.seed}
+                "train_count": len(parts.train.x), "test_count": len(parts.test.x),
+                "data_seed": f.data_seed, "client": f.client, "defense": f.defense, "seed": f.seed,
+                **text_meta}
     model_key, train_key = jax.random.split(jax.random.key(f.seed))
-    model = checkpoint.model_from_metadata(metadata, model_key, conv=f.conv)  # what load_model rebuilds
+    model = checkpoint.model_from_metadata(metadata, model_key,  # what load_model rebuilds
+                                           **({} if f.modality == "text" else {"conv": f.conv}))
     local = clients.LocalTraining(f.local_epochs, f.local_batch_size, f.local_lr, f.local_momentum)
     if f.client == "fedavg":
       clients.check_local_training(local, f.train_count // f.clients)
@@ -165,7 +213,7 @@ def main(argv):
       "device": str(jax.devices()[0]), "train_indices": parts.train_indices,
       "test_indices": parts.test_indices})
   logging.info("wrote %s", out)
-  print(f"{f.model} on {f.dataset} ({f.train_count} train / {f.test_count} test), {f.client}, "
+  print(f"{f.model} on {f.dataset} ({len(parts.train.x)} train / {len(parts.test.x)} test), {f.client}, "
         f"defense {f.defense}: test accuracy {fmt(history[-1]['accuracy'])}  {wall:.1f} s  -> {out}")
 
 

@@ -162,3 +162,19 @@ def language_model_pairs(ids: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndar
     raise ValueError(f"sentences must be (N, T) ids, got shape {ids.shape}")
   targets = np.concatenate([ids[:, 1:], np.full((ids.shape[0], 1), eos, ids.dtype)], axis=1)
   return ids, targets
+
+
+def windows(corpus: Iterable[Sequence[str]], vocabulary: Vocabulary, length: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+  """Language-model training data: the corpus as one stream of ids, every sentence followed by
+  ``<eos>``, cut into consecutive non-overlapping windows (PyTorch's word_language_model batching):
+  inputs (M, T) = stream[iT : iT + T], targets (M, T) = stream[iT + 1 : iT + T + 1]."""
+  if length < 1:
+    raise ValueError(f"window length must be positive, got {length}")
+  stream = np.concatenate([np.append(vocabulary.encode(s), vocabulary.eos) for s in corpus])
+  m = (stream.size - 1) // length
+  if m < 1:
+    raise ValueError(f"the corpus has {stream.size} tokens, too few for one window of {length}")
+  inputs = stream[:m * length].reshape(m, length)
+  targets = stream[1:m * length + 1].reshape(m, length)
+  return inputs.astype(np.int32), targets.astype(np.int32)

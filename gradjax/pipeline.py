@@ -178,6 +178,10 @@ class Config:
   text_heads: int = _field(models.TextSizes().heads, "Text: attention heads.")
   text_ffn: int = _field(models.TextSizes().ffn, "Text: feed-forward width.")
   text_layers: int = _field(models.TextSizes().layers, "Text: encoder layers.")
+  text_search: str = _field(
+      "embeddings", "Text: what is optimised: embeddings (DLG, SAPAG: free dummy embeddings and soft "
+      "targets, decoded afterwards) or tokens (gradjax: a distribution over the revealed tokens per "
+      "position, the targets tied to the inputs).", choices=text.SEARCHES)
   restrict_tokens: bool = _field(
       True, "Text: decode, and let soft targets range, only over the tokens the embedding gradient "
       "reveals (else the whole vocabulary).")
@@ -214,6 +218,9 @@ class Config:
       if self.dataset not in corpus.CORPORA:
         raise ValueError(f"--modality=text reads a corpus ({', '.join(corpus.CORPORA)}), not "
                          f"{self.dataset!r}")
+      if self.text_search not in text.SEARCHES:
+        raise ValueError(f"unknown text search {self.text_search!r}; choose one of "
+                         f"{', '.join(text.SEARCHES)}")
       if self.sequence_length < 1:
         raise ValueError(f"sequence_length must be positive, got {self.sequence_length}")
       if min(self.text_sizes()) < 1:
@@ -642,7 +649,7 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
   execution = cfg.execution(callback=trace.progress, checkpoint=saver)
   rec = text.reconstruct(attack, model.apply_fn, observation, key_attack, length=cfg.sequence_length,
                          eos=vocabulary.eos, restrict=cfg.restrict_tokens, restarts=cfg.restarts,
-                         execution=execution)
+                         search=cfg.text_search, execution=execution)
   wall = prior["wall_time_s"] + time.perf_counter() - start
   inner = rec.reconstruction
   pinv = metrics.score_text(rec.tokens_pinv, batch.ids)

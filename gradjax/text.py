@@ -15,13 +15,19 @@ decoding and the soft targets to that bag (the targets are the sentence shifted 
 ``<eos>``). A defense that adds noise to every entry hides the bag; then every token is a candidate.
 """
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, solvers
+from gradjax import attacks, distances, solvers
+from gradjax.losses import cross_entropy
+from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation, check_observation
+
+SEARCHES = ("embeddings", "tokens")
 
 EMBEDDING = ("embed", "embedding")  # where the transformer keeps its (V, dim) table
 
@@ -118,8 +124,98 @@ class TextReconstruction(NamedTuple):
   reconstruction: attacks.Reconstruction
 
 
+class TokenData(NamedTuple):
+  """What the token search's objective reads: the observation without the embedding table, the
+  candidates' embedding rows (K, dim) and ids (K,), the ``eos`` id, per-leaf distance weights, and
+  which of the K slots hold a candidate (the bag is padded to N·T slots, so every sentence of a
+  length shares one compiled program)."""
+
+  observation: Observation
+  rows: jax.Array
+  ids: jax.Array
+  eos: jax.Array
+  weights: dict | None
+  valid: jax.Array | None = None
+
+
+def soft_tokens(z, data: TokenData, vocabulary: int):
+  """(embeddings, targets) of token logits ``z`` (N, T, K) over the candidates: with p = softmax(z),
+  the inputs are e_t = Σ_k p_tk E_k (N, T, dim), and the next-token targets (N, T, V) are p_{t+1}
+  placed at the candidates' ids, ``eos`` one-hot at the last position. Slots that are not
+  ``data.valid`` get probability 0."""
+  if data.valid is not None:
+    z = jnp.where(data.valid, z, jnp.finfo(z.dtype).min)
+  p = jax.nn.softmax(z, axis=-1)
+  e = p @ data.rows
+  n, t, _ = z.shape
+  shifted = jnp.zeros((n, t - 1, vocabulary), p.dtype).at[..., data.ids].add(p[:, 1:])
+  last = jnp.broadcast_to(jax.nn.one_hot(data.eos, vocabulary, dtype=p.dtype), (n, 1, vocabulary))
+  return e, jnp.concatenate([shifted, last], axis=1)
+
+
+@functools.lru_cache(maxsize=16)
+def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -> solvers.Solver:
+  distance = distances.get_distance(attack.distance)
+
+  def value_fn(dummy, data: TokenData, step):
+    del step
+    e, targets = soft_tokens(dummy["z"], data, vocabulary)
+    g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
+                       train=data.observation.train, loss_fn=cross_entropy)
+    if data.weights is None:
+      return distance(g, data.observation.gradient)
+    return distance(g, data.observation.gradient, weights=data.weights)
+
+  return solvers.make_solver(value_fn, attacks._optimizer(attack), tol=attack.tol)
+
+
+def _search_tokens(attack, apply_fn, observation, key, length, eos, candidates, restarts, execution):
+  """The token search of :func:`reconstruct`: (token ids (N, T), embeddings, Reconstruction)."""
+  if attack.labels != "joint" or attack.objective != "gradient" or attack.priors:
+    raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
+                     "inputs: it takes no label strategy, objective mode or image prior "
+                     f"(attack {attack.name!r} has labels={attack.labels!r}, "
+                     f"objective={attack.objective!r}, priors={attack.priors!r})")
+  if eos is None:
+    raise ValueError("the token search needs the end-of-sentence id (the last target)")
+  table = embedding_table(observation)
+  view = attack_view(observation)
+  vocabulary = table.shape[0]
+  n = observation.num_samples
+  ids = np.arange(vocabulary) if candidates is None else np.asarray(candidates)
+  slots = max(ids.size, n * length) if candidates is not None else ids.size
+  padded = np.concatenate([ids, np.full(slots - ids.size, ids[0])]).astype(np.int32)
+  valid = np.arange(slots) < ids.size
+  dtype = jnp.result_type(*jax.tree.leaves(view.variables["params"]))
+  data = TokenData(view, jnp.asarray(np.where(valid[:, None], table[padded], 0.0), dtype),
+                   jnp.asarray(padded), jnp.asarray(eos, jnp.int32), attacks.layer_weights(attack, view),
+                   jnp.asarray(valid))
+  keys = jax.random.split(key, restarts)
+  init = {"z": jax.vmap(lambda k: jax.random.normal(k, (n, length, slots), dtype))(keys)}
+  state = solvers.run(_token_solver(attack, apply_fn, vocabulary), init, data,
+                      iterations=attack.iterations, execution=execution)
+  state = solvers.fetch(state)
+  losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
+  if not np.isfinite(losses).any():
+    raise FloatingPointError("every restart diverged before its first finite objective value")
+  best = int(np.argmin(losses))
+  z = np.asarray(state.best_params["z"][best])[..., :ids.size]
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  tokens = ids[np.argmax(z, axis=-1)].astype(np.int32)
+  targets = np.concatenate([tokens[:, 1:], np.full((n, 1), eos, np.int32)], axis=1)
+  embeddings = p @ table[ids].astype(np.float64)
+  rec = attacks.Reconstruction(
+      x=embeddings, labels=targets, loss=float(losses[best]), best_restart=best, restart_losses=losses,
+      restart_alive=np.asarray(state.alive), x_restarts=np.asarray(state.best_params["z"]),
+      iterations=np.asarray(state.iterations), evaluations=np.asarray(state.evaluations),
+      dummy={"z": z}, permutation=np.arange(n), candidates=np.arange(n)[None])
+  return tokens, embeddings, rec
+
+
 def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observation, key: jax.Array,
                 *, length: int, eos: int | None = None, restrict: bool = True, restarts: int = 1,
+                search: str = "embeddings",
                 execution: solvers.Execution = solvers.Execution()) -> TextReconstruction:
   """Recovers the client's sentences (N, ``length``) from a language model's gradient.
 
@@ -135,6 +231,11 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
       input); ``None`` for none.
     restrict: decode, and let soft targets range, only over the :func:`token_bag` (plus ``eos``);
       ``False`` searches the whole vocabulary.
+    search: ``"embeddings"`` (DLG, SAPAG): free dummy embeddings (N, T, dim) and, with joint labels,
+      free soft targets (N, T, V), decoded afterwards. ``"tokens"`` (gradjax): logits z (N, T, K)
+      over the K candidate tokens, the inputs the softmax-weighted candidate embeddings and the
+      targets the same distributions shifted by one (:func:`soft_tokens`), so inputs and targets
+      stay one sentence; tokens are argmax z.
     restarts, execution: as :func:`gradjax.attacks.reconstruct`.
   """
   if length < 1:
@@ -145,6 +246,12 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
   if bag.size == 0:
     raise ValueError("the observed embedding gradient is zero: no tokens to recover")
   candidates = bag if restrict else None
+  if search == "tokens":
+    tokens, e, rec = _search_tokens(attack, apply_fn, observation, key, length, eos, candidates,
+                                    restarts, execution)
+    return TextReconstruction(e, tokens, tokens, rec.labels, bag, rec)
+  if search != "embeddings":
+    raise ValueError(f"unknown text search {search!r}; choose one of {', '.join(SEARCHES)}")
   support = None
   if restrict and attack.labels == "joint":
     support = np.union1d(bag, [] if eos is None else [eos]).astype(np.int32)

@@ -1,0 +1,298 @@
+"""Text: corpus and vocabulary, the Transformer language model, token recovery and its metrics.
+
+References are independent of the code under test: Counter-based multiset counts, plain loops,
+NumPy sinusoids, float64 least squares, and exact embeddings whose tokens are known.
+"""
+
+import collections
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import attacks, clients, corpus, metrics, models, text
+
+SMALL = models.TextSizes(dim=16, heads=2, ffn=16, layers=1)
+
+
+@pytest.fixture(scope="module")
+def pydoc():
+  return corpus.sentences("pydoc")
+
+
+@pytest.fixture(scope="module")
+def vocab(pydoc):
+  return corpus.Vocabulary.build(pydoc)
+
+
+# --- corpus and vocabulary ----------------------------------------------------------------------
+
+
+def test_pydoc_corpus_has_twenty_real_fifteen_token_sentences(pydoc):
+  assert len(pydoc) > 1000
+  fifteen = corpus.of_length(pydoc, 15)
+  assert len(fifteen) >= 20
+  assert len({tuple(s) for s in fifteen}) == len(fifteen)  # distinct
+  assert all(len(s) == 15 for s in fifteen)
+  # English prose: the most common words of English are among its tokens.
+  assert {"the", "of", "is", "a", "to"} <= {t for s in pydoc for t in s}
+
+
+def test_tokenizer_round_trip(pydoc, vocab):
+  for sentence in pydoc[:300]:
+    assert corpus.tokenize(corpus.detokenize(sentence)) == sentence
+    assert vocab.decode(vocab.encode(sentence)) == sentence  # every corpus token is in the vocabulary
+  assert corpus.tokenize('The "if" statement, isn\'t it?') == [
+      "the", '"', "if", '"', "statement", ",", "isn't", "it", "?"]
+
+
+def test_vocabulary_order_unknown_tokens_and_errors(pydoc):
+  counts = collections.Counter(t for s in pydoc for t in s)
+  small = corpus.Vocabulary.build(pydoc, max_size=12)
+  assert small.tokens[:2] == (corpus.UNK, corpus.EOS) and len(small) == 12
+  expected = sorted(counts, key=lambda t: (-counts[t], t))[:10]
+  assert list(small.tokens[2:]) == expected
+  assert small.encode(["the", "zzzz-not-a-word"]).tolist() == [small.tokens.index("the"), 0]
+  with pytest.raises(ValueError, match="lie in"):
+    small.decode([12])
+  with pytest.raises(ValueError, match="starts with"):
+    corpus.Vocabulary(("a", "b"))
+  with pytest.raises(ValueError, match="unknown corpus"):
+    corpus.sentences("shakespeare")
+
+
+def test_language_model_pairs_and_windows(vocab):
+  ids = np.array([[5, 6, 7], [8, 9, 10]], np.int32)
+  x, y = corpus.language_model_pairs(ids, vocab.eos)
+  np.testing.assert_array_equal(x, ids)
+  np.testing.assert_array_equal(y, [[6, 7, 1], [9, 10, 1]])
+  sentences = [["the", "if"], ["a", "b", "c"]]
+  v = corpus.Vocabulary.build(sentences)
+  stream = [v.index[t] for t in ("the", "if")] + [1] + [v.index[t] for t in ("a", "b", "c")] + [1]
+  xs, ys = corpus.windows(sentences, v, 3)
+  np.testing.assert_array_equal(xs, [stream[0:3], stream[3:6]])
+  np.testing.assert_array_equal(ys, [stream[1:4], stream[4:7]])
+
+
+def test_wikitext2_when_present():
+  try:
+    wiki = corpus.sentences("wikitext2")
+  except FileNotFoundError:
+    pytest.skip("no WikiText-2 in the data folder")
+  assert len(wiki) > 5000 and len(corpus.of_length(wiki, 15)) >= 20
+  assert all(not s[0].startswith("=") for s in wiki)
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+
+def test_positional_encoding_closed_form():
+  from gradjax.models.transformer import positional_encoding
+  pe = positional_encoding(7, 6)
+  for t, i in itertools.product(range(7), range(3)):
+    angle = t / 10000 ** (2 * i / 6)
+    assert pe[t, 2 * i] == pytest.approx(math.sin(angle), abs=1e-12)
+    assert pe[t, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-12)
+
+
+def test_transformer_reads_ids_or_embeddings_and_is_causal():
+  m = models.create("transformer", jax.random.key(0), input_shape=(6,), num_classes=30, text_sizes=SMALL)
+  ids = jnp.array([[3, 4, 5, 6, 7, 8]])
+  logits = m.apply_fn(m.variables, ids)
+  assert logits.shape == (1, 6, 30)
+  table = m.variables["params"]["embed"]["embedding"]
+  np.testing.assert_allclose(m.apply_fn(m.variables, table[ids]), logits, rtol=1e-6, atol=1e-6)
+  changed = m.apply_fn(m.variables, ids.at[0, 4].set(20))  # a later token cannot change earlier logits
+  np.testing.assert_allclose(changed[0, :4], logits[0, :4], rtol=1e-6, atol=1e-6)
+  assert not np.allclose(changed[0, 4:], logits[0, 4:])
+  assert set(m.variables["params"]) == {"embed", "block_0", "head"}
+  with pytest.raises(ValueError, match="input_shape"):
+    models.create("transformer", jax.random.key(0), input_shape=(6, 6, 1), num_classes=30)
+
+
+# --- gradient leakage -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client():
+  """A tiny model, the gradient of one 5-token sentence (a token repeated), and the sentence."""
+  m = models.create("transformer", jax.random.key(1), input_shape=(5,), num_classes=40, text_sizes=SMALL)
+  ids = np.array([[7, 12, 3, 12, 25]], np.int32)
+  x, y = corpus.language_model_pairs(ids, 1)
+  return m, clients.fedsgd(m.apply_fn, m.variables, x, y), ids
+
+
+def test_token_bag_is_the_set_of_input_tokens(client):
+  _, obs, ids = client
+  np.testing.assert_array_equal(text.token_bag(obs), sorted(set(ids.ravel().tolist())))
+
+
+def test_attack_view_drops_only_the_embedding(client):
+  m, obs, ids = client
+  view = text.attack_view(obs)
+  assert "embed" not in view.gradient and "embed" not in view.variables["params"]
+  assert set(view.gradient) == set(obs.gradient) - {"embed"}
+  # The true embeddings and next tokens reproduce the rest of the observed gradient exactly.
+  from gradjax.objectives import dummy_gradient
+  e = np.asarray(m.variables["params"]["embed"]["embedding"])[ids]
+  _, y = corpus.language_model_pairs(ids, 1)
+  g = dummy_gradient(m.apply_fn, view.variables, jnp.asarray(e), jnp.asarray(y))
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(view.gradient)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_exact_embeddings_decode_exactly():
+  rng = np.random.default_rng(0)
+  table = rng.normal(size=(50, 16))
+  ids = rng.integers(0, 50, size=(2, 9))
+  e = table[ids]
+  np.testing.assert_array_equal(text.nearest_tokens(e, table), ids)
+  bag = np.unique(ids)
+  np.testing.assert_array_equal(text.pinv_tokens(e, table, bag), ids)
+  # The pseudo-inverse against a float64 least-squares solve (an independent computation).
+  noisy = e + 0.3 * rng.normal(size=e.shape)
+  coeffs = np.linalg.lstsq(table[bag].T, noisy.reshape(-1, 16).T, rcond=None)[0].T
+  np.testing.assert_array_equal(text.pinv_tokens(noisy, table, bag).ravel(), bag[coeffs.argmax(-1)])
+  # Nearest neighbour against a plain loop.
+  want = [[min(bag, key=lambda v: np.sum((noisy[n, t] - table[v]) ** 2)) for t in range(9)]
+          for n in range(2)]
+  np.testing.assert_array_equal(text.nearest_tokens(noisy, table, bag), want)
+
+
+def test_soft_tokens_of_one_hot_logits_are_the_sentence(client):
+  m, _, ids = client
+  table = np.asarray(m.variables["params"]["embed"]["embedding"])
+  cand = np.unique(ids)
+  z = 1e4 * (ids[..., None] == cand).astype(np.float32)  # one-hot logits
+  # Padded with two empty slots (id 0), which must take no probability.
+  z = np.concatenate([z, np.full((*z.shape[:2], 2), 5e3, np.float32)], axis=-1)
+  rows = np.concatenate([table[cand], np.zeros((2, table.shape[1]))])
+  data = text.TokenData(None, jnp.asarray(rows), jnp.asarray(np.append(cand, [0, 0])), jnp.asarray(1),
+                        None, jnp.arange(cand.size + 2) < cand.size)
+  e, targets = text.soft_tokens(jnp.asarray(z), data, 40)
+  np.testing.assert_allclose(e, table[ids], atol=1e-6)
+  _, y = corpus.language_model_pairs(ids, 1)
+  np.testing.assert_array_equal(np.argmax(targets, -1), y)
+  np.testing.assert_allclose(np.sum(targets, -1), 1.0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search", text.SEARCHES)
+def test_attack_recovers_a_short_sentence_exactly(client, search):
+  m, obs, ids = client
+  if search == "embeddings":  # free embeddings with the targets known: the decoding is exact
+    obs = obs.replace(labels=jnp.asarray(corpus.language_model_pairs(ids, 1)[1]))
+    attack = attacks.get_attack("dlg", labels="known", iterations=150)
+  else:  # the token search, from the gradient alone
+    attack = attacks.get_attack("dlg", iterations=200)
+  rec = text.reconstruct(attack, m.apply_fn, obs, jax.random.key(0), length=5, eos=1, restarts=4,
+                         search=search)
+  np.testing.assert_array_equal(rec.tokens_pinv, ids)
+  np.testing.assert_array_equal(rec.tokens_nearest, ids)
+  assert rec.reconstruction.loss < 1e-6
+
+
+@pytest.mark.slow
+def test_joint_soft_targets_stay_in_the_bag(client):
+  m, obs, ids = client
+  rec = text.reconstruct(attacks.get_attack("dlg", iterations=3), m.apply_fn, obs, jax.random.key(0),
+                         length=5, eos=1)
+  assert set(rec.targets.ravel().tolist()) <= set(ids.ravel().tolist()) | {1}
+  assert set(rec.tokens_nearest.ravel().tolist()) <= set(ids.ravel().tolist())
+  with pytest.raises(ValueError, match="label_support restricts joint"):
+    attacks.reconstruct(attacks.get_attack("idlg"), m.apply_fn, text.attack_view(obs),
+                        jax.random.key(0), input_shape=(5, 16), label_support=[3])
+  with pytest.raises(ValueError, match="unknown text search"):
+    text.reconstruct(attacks.get_attack("dlg", iterations=1), m.apply_fn, obs, jax.random.key(0),
+                     length=5, eos=1, search="beam")
+
+
+def test_text_client_rejects_bad_targets(client):
+  m, _, ids = client
+  with pytest.raises(ValueError, match=r"client labels must be int \(1, 5\)"):
+    clients.fedsgd(m.apply_fn, m.variables, ids, ids[:, :3])
+  with pytest.raises(ValueError, match="lie in"):
+    clients.fedsgd(m.apply_fn, m.variables, ids, ids + 40)
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+
+def test_text_metrics_against_plain_references():
+  rng = np.random.default_rng(3)
+  true = rng.integers(0, 6, size=(4, 10))
+  pred = np.where(rng.random((4, 10)) < 0.5, true, rng.integers(0, 6, size=(4, 10)))
+  acc = [sum(int(p == t) for p, t in zip(pr, tr)) / 10 for pr, tr in zip(pred, true)]
+  recall = [sum((collections.Counter(pr.tolist()) & collections.Counter(tr.tolist())).values()) / 10
+            for pr, tr in zip(pred, true)]
+  np.testing.assert_allclose(metrics.token_accuracy(pred, true), acc)
+  np.testing.assert_allclose(metrics.bag_recall(pred, true), recall)
+  assert metrics.bag_recall([[1, 1, 2]], [[1, 2, 2]])[0] == pytest.approx(2 / 3)
+  # A batch returned in another order is matched back before scoring.
+  s = metrics.score_text(pred[::-1], true)
+  assert s["order"] == [3, 2, 1, 0] and s["token_accuracy"] == pytest.approx(np.mean(acc))
+  assert metrics.score_text(true, true)["exact"] == 4
+  with pytest.raises(ValueError, match="Shape mismatch"):
+    metrics.token_accuracy(pred[:, :5], true)
+  with pytest.raises(ValueError, match="integer token ids"):
+    metrics.bag_recall(pred.astype(float), true)
+
+
+# --- the programs -----------------------------------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--text_dim=16", "--text_heads=2", "--text_ffn=16", "--text_layers=1"]
+
+
+def run_program(name, *args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", name), *args],
+                        capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.slow
+def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
+  train = run_program("train.py", "--modality=text", "--epochs=1", "--lr=0.1", "--sequence_length=8",
+                      "--vocab_size=200", f"--output_dir={tmp_path / 'train'}", *TINY)
+  assert train.returncode == 0, train.stderr[-2000:]
+  saved = json.loads((tmp_path / "train" / "results.json").read_text())
+  assert saved["metadata"]["model"] == "transformer" and len(saved["metadata"]["vocabulary"]) == 200
+  assert saved["history"][1]["accuracy"] > saved["history"][0]["accuracy"]  # it learned something
+  out = tmp_path / "attack"
+  proc = run_program("reconstruct.py", "--modality=text", "--iterations=5", "--index=1",
+                     f"--checkpoint={tmp_path / 'train' / 'epoch_1.npz'}", "--sequence_length=8",
+                     f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((out / "metrics.json").read_text())
+  vocab = corpus.Vocabulary(tuple(saved["metadata"]["vocabulary"]))
+  true = corpus.of_length(pydoc, 8)[1]
+  assert results["sentences"][0]["true"] == " ".join(vocab.decode(vocab.encode(true)))
+  recovered = results["sentences"][0]["recovered (pseudo-inverse)"].split()
+  assert results["token_accuracy"] == pytest.approx(
+      np.mean([a == b for a, b in zip(recovered, results["sentences"][0]["true"].split())]))
+  assert results["vocabulary_size"] == 200 and results["iterations"] == 5
+  assert (out / "sentences.txt").read_text().startswith("sentence 0")
+  assert f"token accuracy {results['token_accuracy']:.2f}" in proc.stdout
+  assert (out / "report.html").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model=lenet_zhu"], "needs a text model"),
+    (["--dataset=mnist"], "reads a corpus"),
+    (["--client=fedavg"], "FedSGD client"),
+    (["--index=100000"], "distinct sentences of 15 tokens"),
+    (["--vocab_size=2"], "room for <unk>"),
+])
+def test_text_cli_errors_are_one_line(args, message, tmp_path):
+  proc = run_program("reconstruct.py", "--modality=text", "--iterations=1", *TINY, *args,
+                     f"--output_dir={tmp_path / 'x'}")
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  last = proc.stderr.strip().splitlines()[-1]  # after absl's log lines, if any
+  assert message in last and last.startswith("error:"), proc.stderr[-2000:]
