@@ -54,7 +54,7 @@ flags.DEFINE_integer("start", 0, "First sentence (of the corpus's distinct sente
 flags.DEFINE_integer("count", 20, "Sentences (one client each).")
 flags.DEFINE_integer("sequence_length", 15, "Tokens per sentence.")
 flags.DEFINE_integer("iterations", 500, "L-BFGS iterations of every attack.")
-flags.DEFINE_integer("restarts", 2, "Restarts of every attack (the lowest objective wins).")
+flags.DEFINE_integer("restarts", 1, "Restarts of every attack (the lowest objective wins).")
 flags.DEFINE_integer("examples", 2, "Example sentences printed per model.")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
 common.define_output_flags("text_table")

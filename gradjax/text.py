@@ -222,7 +222,8 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
   Args:
     attack: an attack of :mod:`gradjax.attacks` (``dlg``, ``sapag``, or a cosine distance); its
       ``box`` keeps the dummy embeddings within the per-dimension range of the embedding table, its
-      ``init`` draws them (``normal`` matches the table's N(0, 1) init).
+      ``init`` draws them (``normal`` matches the table's N(0, 1) init); the token search stays in
+      the candidates' convex hull by construction and draws its logits N(0, 1), so it reads neither.
     apply_fn: the language model, reading (N, T, dim) embeddings.
     observation: the client's gradient of the whole model (embedding table included).
     key: PRNG key of the dummy data.
@@ -240,6 +241,10 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
   """
   if length < 1:
     raise ValueError(f"sentence length must be positive, got {length}")
+  if attack.labels not in ("joint", "known") or attack.objective != "gradient":
+    raise ValueError("text attacks match a FedSGD gradient with joint soft targets or known next "
+                     f"tokens; attack {attack.name!r} has labels={attack.labels!r}, objective="
+                     f"{attack.objective!r} (label inference reads a classifier's head)")
   table = embedding_table(observation)
   view = attack_view(observation)
   bag = token_bag(observation)

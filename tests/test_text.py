@@ -209,6 +209,9 @@ def test_joint_soft_targets_stay_in_the_bag(client):
   with pytest.raises(ValueError, match="label_support restricts joint"):
     attacks.reconstruct(attacks.get_attack("idlg"), m.apply_fn, text.attack_view(obs),
                         jax.random.key(0), input_shape=(5, 16), label_support=[3])
+  with pytest.raises(ValueError, match="label inference reads a classifier"):
+    text.reconstruct(attacks.get_attack("idlg", iterations=1), m.apply_fn, obs, jax.random.key(0),
+                     length=5, eos=1)
   with pytest.raises(ValueError, match="unknown text search"):
     text.reconstruct(attacks.get_attack("dlg", iterations=1), m.apply_fn, obs, jax.random.key(0),
                      length=5, eos=1, search="beam")
@@ -296,3 +299,15 @@ def test_text_cli_errors_are_one_line(args, message, tmp_path):
   assert proc.returncode == 2, proc.stderr[-2000:]
   last = proc.stderr.strip().splitlines()[-1]  # after absl's log lines, if any
   assert message in last and last.startswith("error:"), proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_readme_text_example_runs(capsys):
+  """The README's text snippet (section "Text"), with 5 iterations instead of 500."""
+  readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+  section = readme[readme.index("### Text"):]
+  code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 9)]
+  assert "iterations=500" in code
+  exec(compile(code.replace("iterations=500", "iterations=5"), "README.md", "exec"), {})
+  printed = capsys.readouterr().out
+  assert printed.startswith("['") and "]" in printed
