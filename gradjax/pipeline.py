@@ -429,6 +429,53 @@ class Trace:
     return False
 
 
+class _Resumable:
+  """One experiment's wall time, counted across the runs that resumed it, and its solver-state
+  ``saver`` (``None`` without a state file); restoring a state restores the trace's rows too."""
+
+  def __init__(self, cfg: Config, state: resume.StateFile | None, trace: Trace):
+    self.start, self.earlier_s, self.resumed, self.saver = time.perf_counter(), 0.0, False, None
+    if state is not None:
+      def restored(extra):
+        trace.rows = list(extra.get("history", []))
+        self.earlier_s, self.resumed = float(extra.get("wall_time_s", 0.0)), True
+
+      self.saver = state.saver(fingerprint(cfg), on_restore=restored, extra=lambda: {
+          "history": trace.rows, "wall_time_s": self.wall_s()})
+
+  def wall_s(self) -> float:
+    return self.earlier_s + time.perf_counter() - self.start
+
+
+def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, model: models.Model,
+            observation, trace: Trace, timing: _Resumable) -> dict[str, Any]:
+  """The results every experiment reports: timing, counts, the objective, configuration, device."""
+  saver = timing.saver
+  return dict(
+      wall_time_s=timing.wall_s(),
+      iterations=int(rec.iterations[rec.best_restart]),
+      evaluations=int(rec.evaluations.sum()),
+      restarts=cfg.restarts,
+      resumed=timing.resumed,
+      state_saves=0 if saver is None else saver.saves,
+      state_save_s=0.0 if saver is None else saver.seconds,
+      state_save_error=None if saver is None else saver.error,
+      restarts_diverged=int((~rec.restart_alive).sum()),
+      best_restart=rec.best_restart,
+      loss=rec.loss,
+      history=trace.rows,
+      model=model.name,
+      num_samples=observation.num_samples,
+      threat_model=observation.threat_model,
+      attack=dataclasses.asdict(attack),
+      config=dataclasses.asdict(cfg),
+      device=str(jax.devices()[0]),
+      devices=jax.device_count() if cfg.shard else 1,
+      backend=jax.default_backend(),
+      jax_version=jax.__version__,
+  )
+
+
 def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None,
         state: resume.StateFile | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Runs experiment ``cfg``; returns (JSON-ready results, images).
@@ -483,55 +530,25 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     observation = clients.update_as_gradient(observation)
 
   trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm)
-  start = time.perf_counter()
-  prior = {"wall_time_s": 0.0, "resumed": False}  # of the run this one continues
-  saver = None
-  if state is not None:
-    def restored(extra):
-      trace.rows = list(extra.get("history", []))
-      prior.update(wall_time_s=float(extra.get("wall_time_s", 0.0)), resumed=True)
-
-    saver = state.saver(fingerprint(cfg), on_restore=restored, extra=lambda: {
-        "history": trace.rows, "wall_time_s": prior["wall_time_s"] + time.perf_counter() - start})
+  timing = _Resumable(cfg, state, trace)
   # PSNR per chunk needs a ground truth; sharded runs would gather the whole solver state to the
   # host for it, so they record the objective only.
   execution = cfg.execution(callback=trace.progress,
                             monitor=trace.monitor if batch is not None and not cfg.shard else None,
-                            checkpoint=saver)
+                            checkpoint=timing.saver)
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
                             bounds=image_bounds(norm, input_shape[-1]), restarts=cfg.restarts,
                             permutations=cfg.permutations, execution=execution)
-  wall = prior["wall_time_s"] + time.perf_counter() - start
+  results = _record(cfg, attack, rec, model, observation, trace, timing)
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
     raise FloatingPointError("the best reconstruction is not finite")
-  results = dict(
-      wall_time_s=wall,
-      iterations=int(rec.iterations[rec.best_restart]),
-      evaluations=int(rec.evaluations.sum()),
-      restarts=cfg.restarts,
-      resumed=prior["resumed"],
-      state_saves=0 if saver is None else saver.saves,
-      state_save_s=0.0 if saver is None else saver.seconds,
-      state_save_error=None if saver is None else saver.error,
-      restarts_diverged=int((~rec.restart_alive).sum()),
-      best_restart=rec.best_restart,
+  results.update(
       candidates=int(rec.candidates.shape[0]),
       labels_by_slot=rec.labels.tolist(),  # the labels of dummy slots 0..N-1 (mini-batch order)
-      loss=rec.loss,
-      history=trace.rows,
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
-      model=model.name,
-      num_samples=observation.num_samples,
-      threat_model=observation.threat_model,
       conv=models.resolve_conv(cfg.conv),
-      attack=dataclasses.asdict(attack),
-      config=dataclasses.asdict(cfg),
-      device=str(jax.devices()[0]),
-      devices=jax.device_count() if cfg.shard else 1,
-      backend=jax.default_backend(),
-      jax_version=jax.__version__,
   )
   if batch is None:
     return results, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
@@ -636,22 +653,12 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
 
   trace = Trace(callback)
-  start = time.perf_counter()
-  prior = {"wall_time_s": 0.0, "resumed": False}
-  saver = None
-  if state is not None:
-    def restored(extra):
-      trace.rows = list(extra.get("history", []))
-      prior.update(wall_time_s=float(extra.get("wall_time_s", 0.0)), resumed=True)
-
-    saver = state.saver(fingerprint(cfg), on_restore=restored, extra=lambda: {
-        "history": trace.rows, "wall_time_s": prior["wall_time_s"] + time.perf_counter() - start})
-  execution = cfg.execution(callback=trace.progress, checkpoint=saver)
+  timing = _Resumable(cfg, state, trace)
+  execution = cfg.execution(callback=trace.progress, checkpoint=timing.saver)
   rec = text.reconstruct(attack, model.apply_fn, observation, key_attack, length=cfg.sequence_length,
                          eos=vocabulary.eos, restrict=cfg.restrict_tokens, restarts=cfg.restarts,
                          search=cfg.text_search, execution=execution)
-  wall = prior["wall_time_s"] + time.perf_counter() - start
-  inner = rec.reconstruction
+  results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing)
   pinv = metrics.score_text(rec.tokens_pinv, batch.ids)
   nearest = metrics.score_text(rec.tokens_nearest, batch.ids)
   rows = []
@@ -662,7 +669,7 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
                  "recovered (nearest)": corpus.detokenize(vocabulary.decode(n)),
                  "token_accuracy": pinv["token_accuracy_per_sentence"][i],
                  "bag_recall": pinv["bag_recall_per_sentence"][i]})
-  return dict(
+  results.update(
       token_accuracy=pinv["token_accuracy"],
       bag_recall=pinv["bag_recall"],
       exact=pinv["exact"],
@@ -678,25 +685,5 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
       sentence_pool=batch.pool,
       vocabulary_size=len(vocabulary),
       sequence_length=cfg.sequence_length,
-      wall_time_s=wall,
-      iterations=int(inner.iterations[inner.best_restart]),
-      evaluations=int(inner.evaluations.sum()),
-      restarts=cfg.restarts,
-      resumed=prior["resumed"],
-      state_saves=0 if saver is None else saver.saves,
-      state_save_s=0.0 if saver is None else saver.seconds,
-      state_save_error=None if saver is None else saver.error,
-      restarts_diverged=int((~inner.restart_alive).sum()),
-      best_restart=inner.best_restart,
-      loss=inner.loss,
-      history=trace.rows,
-      model=model.name,
-      num_samples=observation.num_samples,
-      threat_model=observation.threat_model,
-      attack=dataclasses.asdict(attack),
-      config=dataclasses.asdict(cfg),
-      device=str(jax.devices()[0]),
-      devices=jax.device_count() if cfg.shard else 1,
-      backend=jax.default_backend(),
-      jax_version=jax.__version__,
   )
+  return results
