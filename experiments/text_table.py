@@ -24,6 +24,7 @@ sentences recovered exactly; example sentences as in the papers' tables. Each at
 
 import os
 import platform
+import shlex
 import sys
 import time
 
@@ -141,7 +142,7 @@ def main(argv):
                 for s in searches for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  info = {"command": " ".join(["python", "experiments/text_table.py", *sys.argv[1:]]),
+  info = {"command": shlex.join(["python", "experiments/text_table.py", *sys.argv[1:]]),
           "device": str(jax.devices()[0]), "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "python": platform.python_version(), "dataset": f.dataset,
           "count": f.count, "sequence_length": f.sequence_length, "iterations": f.iterations,
