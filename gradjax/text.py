@@ -169,8 +169,9 @@ def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -
   return solvers.make_solver(value_fn, attacks._optimizer(attack), tol=attack.tol)
 
 
-def _search_tokens(attack, apply_fn, observation, key, length, eos, candidates, restarts, execution):
-  """The token search of :func:`reconstruct`: (token ids (N, T), embeddings, Reconstruction)."""
+def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, restarts, execution):
+  """The token search of :func:`reconstruct` on the ``view`` of :func:`attack_view`, with the
+  embedding ``table`` (V, dim): (token ids (N, T), embeddings, Reconstruction)."""
   if attack.labels != "joint" or attack.objective != "gradient" or attack.priors:
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
                      "inputs: it takes no label strategy, objective mode or image prior "
@@ -178,10 +179,8 @@ def _search_tokens(attack, apply_fn, observation, key, length, eos, candidates, 
                      f"objective={attack.objective!r}, priors={attack.priors!r})")
   if eos is None:
     raise ValueError("the token search needs the end-of-sentence id (the last target)")
-  table = embedding_table(observation)
-  view = attack_view(observation)
   vocabulary = table.shape[0]
-  n = observation.num_samples
+  n = view.num_samples
   ids = np.arange(vocabulary) if candidates is None else np.asarray(candidates)
   slots = max(ids.size, n * length) if candidates is not None else ids.size
   padded = np.concatenate([ids, np.full(slots - ids.size, ids[0])]).astype(np.int32)
@@ -252,7 +251,7 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
     raise ValueError("the observed embedding gradient is zero: no tokens to recover")
   candidates = bag if restrict else None
   if search == "tokens":
-    tokens, e, rec = _search_tokens(attack, apply_fn, observation, key, length, eos, candidates,
+    tokens, e, rec = _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates,
                                     restarts, execution)
     return TextReconstruction(e, tokens, tokens, rec.labels, bag, rec)
   if search != "embeddings":
