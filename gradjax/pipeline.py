@@ -316,9 +316,8 @@ def check(cfg: Config) -> attacks.Attack:
   if cfg.model is not None and not cfg.checkpoint:
     models.get_module(cfg.model, num_classes=cfg.num_classes or 10, init=cfg.init, act=cfg.act,
                       conv=cfg.conv, text_sizes=cfg.text_sizes())
-  if cfg.modality == "text":
-    pass  # the corpus name was checked with the configuration
-  elif cfg.dataset is not None and not cfg.dataset.startswith("tfds:") and cfg.dataset not in data.DATASETS:
+  if (cfg.modality == "image" and cfg.dataset is not None and not cfg.dataset.startswith("tfds:")
+      and cfg.dataset not in data.DATASETS):  # a text corpus was checked with the configuration
     raise ValueError(f"unknown dataset {cfg.dataset!r}; expected one of {', '.join(data.DATASETS)} "
                      "or tfds:<name>")
   for flag in ("checkpoint", "weights", "observation"):
