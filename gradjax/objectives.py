@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from gradjax.clients import local_sgd
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
+from gradjax.priors import Network
 
 MODES = ("gradient", "replay", "dlm", "dlm_plus")
 
@@ -62,8 +63,9 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
     distance: ``distance(dummy_gradient, observed_gradient) -> scalar``.
     loss_fn: the client's loss, ``loss_fn(logits, targets)``; targets are int labels or soft labels.
-    prior: optional image prior ``prior(x, step) -> scalar`` (weights included), e.g.
-      :func:`gradjax.priors.combine`.
+    prior: optional image prior ``prior(x, step, network) -> scalar`` (weights included), e.g.
+      :func:`gradjax.priors.combine`; ``network`` is the attacked model with the observation's
+      variables (:class:`gradjax.priors.Network`), read by priors such as the BatchNorm prior.
     one_sample_per_step: DLG's batch option: at step t only dummy example t mod N receives a
       gradient (the others are held by ``stop_gradient``); the objective value is unchanged.
     remat: ``"replay"`` only: ``jax.checkpoint`` each replayed local step, so differentiating through
@@ -117,7 +119,8 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
     else:
       value = distance(g, observed, weights=weights)
     if prior is not None:
-      value = value + prior(dummy["x"], step)
+      network = Network(apply_fn, observation.variables, observation.train)
+      value = value + prior(dummy["x"], step, network)
     return value
 
   return objective

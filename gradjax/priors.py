@@ -2,7 +2,11 @@
 
 ``x`` is an NHWC batch (N, H, W, C). Priors are weighted by a schedule ``weight_fn(step) -> scalar``
 (``step`` a jnp int, so the schedules work under ``jit`` / ``vmap`` / ``lax.scan``); :func:`combine`
-sums several into one ``fn(x, step)``.
+sums several into one ``fn(x, step, network)``.
+
+Most priors read the image alone. A :class:`NetworkPrior` also reads the attacked model
+(:class:`Network`): the BatchNorm statistics prior of GradInversion (:func:`batch_norm_prior`)
+compares the dummy batch's feature moments with the running statistics of the server's model.
 
 Conventions (they change published numbers, so they are explicit):
 
@@ -15,11 +19,13 @@ Conventions (they change published numbers, so they are explicit):
   a flat image region gets no TV gradient.
 """
 
+import dataclasses
 import functools
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 
 PriorFn = Callable[..., jax.Array]
 WeightFn = Callable[[jax.Array], jax.Array]
@@ -75,6 +81,140 @@ def l2_norm(x) -> jax.Array:
   return jnp.sum(jnp.square(x)) / x.shape[0]
 
 
+# --- priors that read the network -----------------------------------------------------------------
+
+
+class Network(NamedTuple):
+  """The attacked model as a network prior sees it: ``apply_fn(variables, x, train) -> logits``, the
+  server's ``variables`` (with ``"batch_stats"`` for BatchNorm models) and the client's mode."""
+
+  apply_fn: Callable
+  variables: Any
+  train: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPrior:
+  """A prior ``fn(x, network) -> scalar`` that reads the model as well as the image."""
+
+  fn: Callable[[jax.Array, Network], jax.Array]
+
+  def __call__(self, x, network: Network) -> jax.Array:
+    return self.fn(x, network)
+
+
+class BatchStatistics(NamedTuple):
+  """Per BatchNorm layer, in call order: ``paths`` (module paths, e.g. ("BasicBlock_0", "BatchNorm_1")),
+  ``means`` and ``variances`` ((C,) each) of the layer's input over the batch and spatial axes; and
+  the model's ``logits`` from the same forward pass."""
+
+  paths: tuple[tuple[str, ...], ...]
+  means: tuple[jax.Array, ...]
+  variances: tuple[jax.Array, ...]
+  logits: jax.Array
+
+
+_COLLECTION = "batch_norm_inputs"
+
+
+def _moments(h):
+  """Mean and biased (two-pass) variance of h over every axis but the last (features)."""
+  axes = tuple(range(h.ndim - 1))
+  mean = jnp.mean(h, axis=axes)
+  return mean, jnp.mean(jnp.square(h - mean), axis=axes)
+
+
+def batch_statistics(network: Network, x) -> BatchStatistics:
+  """The input moments of every BatchNorm layer when ``network`` runs on ``x``.
+
+  For layer l with input h_l (N, H_l, W_l, C_l)::
+
+    μ_l = mean_{n,i,j} h_l[n, i, j, :],   σ²_l = mean_{n,i,j} (h_l[n, i, j, :] − μ_l)²   (C_l,)
+
+  (biased, two-pass), the quantities BatchNorm normalises by in training mode. A linen method
+  interceptor sees each ``nn.BatchNorm.__call__``, so any model works unchanged and its outputs are
+  not touched. With a gradjax model (``apply_fn.module`` set by :func:`gradjax.models.make_apply_fn`)
+  the moments are ``sow``-n into a collection, which also works inside ``nn.remat``; any other
+  ``apply_fn`` is traced with the moments collected on the side, which works unless a layer sits
+  inside a lifted transform.
+
+  Raises ValueError when the model has no BatchNorm layer.
+  """
+  order: list[tuple[str, ...]] = []
+  side: dict[tuple[str, ...], tuple[jax.Array, jax.Array]] = {}
+  module = getattr(network.apply_fn, "module", None)
+
+  def interceptor(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.BatchNorm) and context.method_name == "__call__":
+      path = tuple(context.module.path)
+      if path not in order:  # a remat'ed block is traced more than once
+        order.append(path)
+      mean, var = _moments(args[0])
+      if module is None:
+        side[path] = (mean, var)
+      else:
+        context.module.sow(_COLLECTION, "moments", (mean, var),
+                           init_fn=lambda: None, reduce_fn=lambda _, new: new)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    if module is None:
+      logits = network.apply_fn(network.variables, x, network.train)
+      found = side
+    else:
+      mutable = [_COLLECTION, "batch_stats"] if network.train else [_COLLECTION]
+      logits, state = module.apply(network.variables, x, train=network.train, mutable=mutable)
+      found = {}
+      for path in order:
+        node = state[_COLLECTION]
+        for key in path:
+          node = node[key]
+        found[path] = node["moments"]
+  if not order:
+    raise ValueError("the BatchNorm prior needs a model with BatchNorm layers; this one has none")
+  return BatchStatistics(tuple(order), tuple(found[p][0] for p in order),
+                         tuple(found[p][1] for p in order), logits)
+
+
+def _running(variables, path):
+  node = variables.get("batch_stats") if hasattr(variables, "get") else None
+  for key in path:
+    if node is None or key not in node:
+      raise ValueError(f"no running statistics for BatchNorm layer {'/'.join(path)} in the model's "
+                       "batch_stats")
+    node = node[key]
+  return node["mean"], node["var"]
+
+
+def batch_norm_prior(x, network: Network, *, multipliers: Sequence[float] = (10.0,)) -> jax.Array:
+  """GradInversion's BatchNorm statistics prior (DeepInversion's feature-distribution term)::
+
+    R_BN(x) = Σ_l α_l (‖μ_l(x) − μ̂_l‖₂ + ‖σ²_l(x) − σ̂²_l‖₂)
+
+  with μ_l, σ²_l the dummy batch's input moments of BatchNorm layer l (:func:`batch_statistics`),
+  μ̂_l, σ̂²_l the running mean and variance in the server's ``batch_stats``; α_l = ``multipliers[l]``
+  for the first layers in call order and 1 for the rest. Norms are plain (unsquared) L2 norms over
+  channels.
+
+  ``x``: the dummy batch (N, H, W, C); returns a scalar.
+  Multipliers: (10,) is DeepInversion's ``first_bn_multiplier``; HFGInv (Ye et al., AAAI 2024, their
+  code) weighs the stem ×1.3 and the next layer ×3.
+  Reference: Yin et al., "See through Gradients: Image Batch Recovery via GradInversion", CVPR 2021,
+  eq. (7); Yin et al., "Dreaming to Distill" (DeepInversion), CVPR 2020, eq. (4).
+  """
+  stats = batch_statistics(network, x)
+  total = jnp.zeros((), jnp.result_type(x))
+  try:
+    for i, (path, mean, var) in enumerate(zip(stats.paths, stats.means, stats.variances)):
+      running_mean, running_var = _running(network.variables, path)
+      term = jnp.linalg.norm(mean - running_mean) + jnp.linalg.norm(var - running_var)
+      total = total + (multipliers[i] if i < len(multipliers) else 1.0) * term
+  except jax.errors.UnexpectedTracerError:
+    raise ValueError("a BatchNorm layer runs inside a lifted transform (nn.remat, nn.scan): build "
+                     "apply_fn with gradjax.models.make_apply_fn so its moments can be sown") from None
+  return total
+
+
 # --- weight schedules -----------------------------------------------------------------------------
 
 
@@ -101,8 +241,9 @@ class Prior(NamedTuple):
   weight_fn: WeightFn | float
 
 
-def combine(priors: Sequence[Prior]) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """``fn(x, step) = Σ_k weight_fn_k(step) · fn_k(x)`` over ``(fn, weight_fn)`` pairs; 0 if empty."""
+def combine(priors: Sequence[Prior]) -> Callable[..., jax.Array]:
+  """``fn(x, step, network=None) = Σ_k weight_fn_k(step) · fn_k(x)`` over ``(fn, weight_fn)`` pairs
+  (``fn_k(x, network)`` for a :class:`NetworkPrior`, which then needs ``network``); 0 if empty."""
   pairs = []
   for item in priors:
     if not (isinstance(item, tuple) and len(item) == 2 and callable(item[0])):
@@ -110,8 +251,16 @@ def combine(priors: Sequence[Prior]) -> Callable[[jax.Array, jax.Array], jax.Arr
     fn, weight_fn = item
     pairs.append((fn, weight_fn if callable(weight_fn) else constant(weight_fn)))
 
-  def prior(x, step):
-    return sum((w(step) * fn(x) for fn, w in pairs), jnp.zeros((), jnp.result_type(x)))
+  def prior(x, step, network: Network | None = None):
+    total = jnp.zeros((), jnp.result_type(x))
+    for fn, w in pairs:
+      if isinstance(fn, NetworkPrior):
+        if network is None:
+          raise ValueError("a network prior (e.g. bn) needs the attacked model: pass network=")
+        total = total + w(step) * fn(x, network)
+      else:
+        total = total + w(step) * fn(x)
+    return total
 
   return prior
 
@@ -120,13 +269,20 @@ PRIORS: dict[str, PriorFn] = {
     "tv": total_variation,                                          # Inverting Gradients' mean form
     "tv_isotropic": functools.partial(total_variation, form="isotropic"),
     "l2": l2_norm,
+    "bn": NetworkPrior(batch_norm_prior),                           # GradInversion, first layer ×10
+    "bn_hfginv": NetworkPrior(functools.partial(batch_norm_prior, multipliers=(1.3, 3.0))),
 }
 
 
 def get_prior(name: str, **kwargs) -> PriorFn:
-  """``prior(x)``: the prior registered as ``name`` with ``kwargs`` bound."""
+  """``prior(x)`` (``prior(x, network)`` for a :class:`NetworkPrior`): the prior registered as
+  ``name`` with ``kwargs`` bound."""
   try:
     fn = PRIORS[name]
   except KeyError:
     raise ValueError(f"unknown prior {name!r}; choose one of {', '.join(PRIORS)}") from None
-  return functools.partial(fn, **kwargs) if kwargs else fn
+  if not kwargs:
+    return fn
+  if isinstance(fn, NetworkPrior):
+    return NetworkPrior(functools.partial(fn.fn, **kwargs))
+  return functools.partial(fn, **kwargs)

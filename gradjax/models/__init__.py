@@ -131,7 +131,8 @@ def make_apply_fn(module: nn.Module) -> ApplyFn:
   and the attacks compiled for it are reused across fresh random initialisations.
 
   With ``train=True`` BatchNorm uses the batch statistics (as a client does during local training);
-  the updated running statistics are discarded so the function stays pure.
+  the updated running statistics are discarded so the function stays pure. ``apply_fn.module`` is the
+  module, for code that needs Flax's own ``apply`` (e.g. collections, :mod:`gradjax.priors`).
   """
 
   def apply_fn(variables, x, train: bool = False):
@@ -140,6 +141,7 @@ def make_apply_fn(module: nn.Module) -> ApplyFn:
       return logits
     return module.apply(variables, x, train=train)
 
+  apply_fn.module = module
   return apply_fn
 
 

@@ -1,0 +1,124 @@
+"""Tests for the BatchNorm statistics prior (gradjax.priors.batch_statistics / batch_norm_prior).
+
+References: the moments of each BatchNorm layer's input computed in NumPy (float64) from the inputs
+Flax itself records (``capture_intermediates``: the output of the convolution that feeds the layer),
+and the GradInversion formula written out in NumPy.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from gradjax import attacks, clients, models, priors
+
+
+def _numpy_moments(h):
+  h = np.asarray(h, np.float64).reshape(-1, h.shape[-1])
+  mean = h.mean(axis=0)
+  return mean, ((h - mean) ** 2).mean(axis=0)
+
+
+def _perturbed_stats(variables, seed=0):
+  """The model's batch_stats moved off their initial values (mean + U(0, 0.3), var · U(0.5, 1.5))."""
+  rng = np.random.default_rng(seed)
+  def move(path, v):
+    v = np.asarray(v)
+    if path[-1].key == "mean":
+      return jnp.asarray(v + rng.uniform(0, 0.3, v.shape), v.dtype)
+    return jnp.asarray(v * rng.uniform(0.5, 1.5, v.shape), v.dtype)
+  return {**variables, "batch_stats": jax.tree_util.tree_map_with_path(move, variables["batch_stats"])}
+
+
+def _reference_prior(module, variables, x, train, multipliers):
+  """Σ_l α_l (‖μ_l − μ̂_l‖ + ‖σ²_l − σ̂²_l‖) in NumPy, with each layer's input taken as the captured
+  output of the convolution feeding it (every zoo BatchNorm_k follows Conv_k of the same module)."""
+  _, state = module.apply(variables, x, train=train, capture_intermediates=True,
+                          mutable=["intermediates", "batch_stats"])
+  inter = state["intermediates"]
+  order = []  # (path of the BN) in call order: the stem, then block by block
+  order.append(("BatchNorm_0",))
+  blocks = sorted((k for k in variables["batch_stats"] if k.startswith("BasicBlock_")),
+                  key=lambda k: int(k.split("_")[1]))
+  for b in blocks:
+    order += [(b, k) for k in sorted(variables["batch_stats"][b])]
+  total = 0.0
+  for i, path in enumerate(order):
+    node, stats = inter, variables["batch_stats"]
+    for key in path[:-1]:
+      node, stats = node[key], stats[key]
+    conv = "Conv_" + path[-1].split("_")[1]
+    mean, var = _numpy_moments(node[conv]["__call__"][0])
+    running = stats[path[-1]]
+    term = (np.linalg.norm(mean - np.asarray(running["mean"], np.float64))
+            + np.linalg.norm(var - np.asarray(running["var"], np.float64)))
+    total += (multipliers[i] if i < len(multipliers) else 1.0) * term
+  return total, order
+
+
+@pytest.mark.parametrize("remat,train", [(False, False), (True, False), (False, True)])
+def test_prior_equals_numpy_moments(remat, train):
+  with jax.enable_x64(True):
+    model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3), remat=remat,
+                          param_dtype=jnp.float64)
+    variables = _perturbed_stats(model.variables)
+    x = jax.random.normal(jax.random.key(1), (3, 8, 8, 3), jnp.float64)
+    network = priors.Network(model.apply_fn, variables, train)
+    want, order = _reference_prior(model.apply_fn.module, variables, x, train, (2.0, 0.5, 3.0))
+    stats = priors.batch_statistics(network, x)
+    assert stats.paths == tuple(order)
+    got = jax.jit(lambda x: priors.batch_norm_prior(x, network, multipliers=(2.0, 0.5, 3.0)))(x)
+    np.testing.assert_allclose(float(got), want, rtol=1e-7)
+    # The registered priors: GradInversion's first layer ×10, HFGInv's ×1.3 and ×3.
+    for name, multipliers in (("bn", (10.0,)), ("bn_hfginv", (1.3, 3.0))):
+      want, _ = _reference_prior(model.apply_fn.module, variables, x, train, multipliers)
+      np.testing.assert_allclose(float(priors.PRIORS[name](x, network)), want, rtol=1e-7)
+
+
+def test_moments_of_a_first_layer_batch_norm_are_the_inputs_moments():
+  """A model whose first layer is BatchNorm: its input moments are those of x itself."""
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      x = nn.BatchNorm(use_running_average=not train, use_fast_variance=False)(x)
+      return nn.Dense(3, name="head")(x.reshape(x.shape[0], -1))
+
+  module = Net()
+  x = np.random.default_rng(0).normal(1.5, 2.0, (5, 4, 4, 2)).astype(np.float32)
+  variables = module.init(jax.random.key(0), x)
+  apply_fn = lambda v, x, train: module.apply(v, x, train=train, mutable=False) if not train \
+      else module.apply(v, x, train=True, mutable=["batch_stats"])[0]
+  stats = priors.batch_statistics(priors.Network(apply_fn, variables, False), x)  # no .module
+  mean, var = _numpy_moments(x)
+  np.testing.assert_allclose(np.asarray(stats.means[0]), mean, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(stats.variances[0]), var, rtol=1e-5)
+  want = 2.0 * (np.linalg.norm(mean - 0.0) + np.linalg.norm(var - 1.0))  # initial running stats 0, 1
+  got = priors.batch_norm_prior(x, priors.Network(apply_fn, variables, False), multipliers=(2.0,))
+  np.testing.assert_allclose(float(got), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_interceptor_leaves_outputs_unchanged(train):
+  model = models.create("resnet8", jax.random.key(2), input_shape=(8, 8, 3))
+  x = jax.random.uniform(jax.random.key(3), (2, 8, 8, 3))
+  stats = priors.batch_statistics(priors.Network(model.apply_fn, model.variables, train), x)
+  np.testing.assert_array_equal(np.asarray(stats.logits),
+                                np.asarray(model.apply_fn(model.variables, x, train)))
+
+
+def test_bn_prior_in_an_attack_and_its_errors():
+  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 4]), share_labels=True)
+  attack = attacks.get_attack("inverting_gradients", priors=(("tv", 1e-4, 0), ("bn", 1e-3, 2)),
+                              iterations=4)
+  rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
+  assert rec.x.shape == (2, 8, 8, 3) and np.isfinite(rec.loss)
+  lenet = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3))
+  obs = clients.fedsgd(lenet.apply_fn, lenet.variables, x, jnp.array([1, 4]), share_labels=True)
+  with pytest.raises(ValueError, match="BatchNorm"):
+    attacks.reconstruct(attack, lenet.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
+  with pytest.raises(ValueError, match="network prior"):
+    priors.combine([priors.Prior(priors.PRIORS["bn"], 1.0)])(x, 0)
