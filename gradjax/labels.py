@@ -20,6 +20,9 @@ llg             any      no    yes            yes          Wainakh et al. 2022 (
                                                            :func:`llg_statistics`)
 bias_counts     any      yes   no             yes          Geng et al. 2021 count estimate, on the
                                                            bias: exact given the batch-mean softmax
+hfginv          any      no    yes            yes          Ye et al. 2024 (HFGInv): counts by an
+                                                           evolutionary search against the sorted
+                                                           features of auxiliary images
 ==============  =======  ====  =============  ===========  ========================================
 
 "features ≥ 0": the head's inputs must be non-negative (a ReLU or sigmoid before the head, true for
@@ -29,15 +32,17 @@ trained: the positive terms p_nc a_nj/N must stay small next to the negative one
 probability p̄_c of a present class below its share k_c/N. ``bias_counts`` drops that assumption
 when the batch-mean probabilities are known.
 
-The attacker-side helpers :func:`llg_statistics` and :func:`mean_probs` run the model on
-auxiliary or dummy inputs to estimate what LLG+ / LLG* and Geng et al. need.
+The attacker-side helpers :func:`llg_statistics`, :func:`mean_probs` and :func:`feature_profile` run
+the model on auxiliary or dummy inputs to estimate what LLG+ / LLG*, Geng et al. and HFGInv need.
 """
 
 import functools
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
 
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
@@ -312,6 +317,181 @@ def mean_probs(apply_fn: Callable, variables, x, *, train: bool = False) -> jax.
   if x.ndim != 4 or x.shape[0] < 1:
     raise ValueError(f"inputs must be (M, H, W, C) with M ≥ 1, got shape {x.shape}")
   return jnp.mean(jax.nn.softmax(apply_fn(variables, x, train), axis=-1), axis=0)
+
+
+# --- HFGInv: counts by an evolutionary search -------------------------------------------------------
+
+
+class FeatureProfile(NamedTuple):
+  """What HFGInv learns from auxiliary images about the head's input features.
+
+  Each auxiliary image's feature vector a_m (F,) is sorted ascending, s_m = sort(a_m); over the M
+  images, position i has mean s̄_i and coefficient of variation CV_i = std_m(s_mi) / s̄_i (std with
+  M − 1). ``mean``: s̄ (F,); ``positions``: the P positions of lowest CV, (P,) int, most stable first.
+  """
+
+  mean: jax.Array
+  positions: jax.Array
+
+
+def head_inputs(apply_fn: Callable, variables, x, *, train: bool = False, name: str = "head") -> jax.Array:
+  """The input of the Dense layer called ``name`` when the model runs on ``x``: (M, F).
+
+  Read with a linen method interceptor, so the model is not changed."""
+  found = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.Dense) and context.module.name == name \
+        and context.method_name == "__call__":
+      found.append(args[0])
+    return next_fun(*args, **kwargs)
+
+  def run(x):
+    with nn.intercept_methods(interceptor):
+      apply_fn(variables, x, train)
+    if not found:
+      raise ValueError(f"the model has no Dense layer named {name!r}")
+    return found[-1]
+
+  return run(jnp.asarray(x))
+
+
+def feature_profile(apply_fn: Callable, variables, x, *, positions: int = 20,
+                    train: bool = False) -> FeatureProfile:
+  """HFGInv's reference profile from M ≥ 2 auxiliary (public) inputs ``x`` (M, H, W, C).
+
+  Ye et al. use 40 web images and the 20 lowest-CV positions of a ResNet-34's 512 pooled features.
+  """
+  x = jnp.asarray(x)
+  if x.ndim != 4 or x.shape[0] < 2:
+    raise ValueError(f"auxiliary inputs must be (M, H, W, C) with M ≥ 2, got shape {x.shape}")
+  s = np.sort(np.asarray(head_inputs(apply_fn, variables, x, train=train), np.float64), axis=1)
+  if not 1 <= positions <= s.shape[1]:
+    raise ValueError(f"positions must be in [1, {s.shape[1]}] (the head's inputs), got {positions}")
+  mean = s.mean(axis=0)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    cv = np.where(mean > 0, s.std(axis=0, ddof=1) / mean, np.inf)
+  if not np.isfinite(cv).any():
+    raise ValueError("the auxiliary features are never positive: HFGInv needs non-negative head "
+                     "inputs with some spread (a ReLU before the head)")
+  order = np.argsort(cv, kind="stable")[:positions]
+  return FeatureProfile(jnp.asarray(mean, jnp.float32), jnp.asarray(order, jnp.int32))
+
+
+def count_fitness(counts, target, profile_values, n: int):
+  """HFGInv's fitness of per-class counts: cos(v, g) with v_c = (k_c / N) · s̄[P] and g_c the sorted
+  |∂L/∂W[:, c]| at P, both stacked over the candidate classes.
+
+  ``counts``: (K,) (0 off the candidates); ``target``: (K, P) (0 off the candidates);
+  ``profile_values``: s̄[P], (P,). Returns a scalar in [−1, 1].
+  """
+  v = (counts / n)[:, None] * profile_values[None, :]
+  return jnp.sum(v * target) / (jnp.linalg.norm(v) * jnp.linalg.norm(target) + 1e-30)
+
+
+def _repair(counts, candidates, n: int):
+  """Positive integer counts on the candidates summing to n: 1 each, plus n − |C| shared in
+  proportion to (counts − 1)⁺ by the largest-remainder rule (evenly when that is all zero)."""
+  spare = n - jnp.sum(candidates)
+  extra = jnp.where(candidates, jnp.maximum(counts - 1.0, 0.0), 0.0)
+  total = jnp.sum(extra)
+  share = jnp.where(total > 0, extra / jnp.where(total > 0, total, 1.0),
+                    candidates / jnp.sum(candidates)) * spare
+  base = jnp.floor(share)
+  left = (spare - jnp.sum(base)).astype(jnp.int32)
+  order = jnp.argsort(jnp.where(candidates, -(share - base), jnp.inf), stable=True)
+  bonus = jnp.zeros(counts.shape[0]).at[order].set((jnp.arange(counts.shape[0]) < left).astype(base.dtype))
+  return jnp.where(candidates, 1.0 + base + bonus, 0.0)
+
+
+def _mutate(key, counts, candidates):
+  """Moves one count from a random candidate holding more than one to another random candidate."""
+  k_src, k_dst = jax.random.split(key)
+  source_ok = candidates & (counts > 1)
+  src = jnp.argmax(jnp.where(source_ok, jax.random.uniform(k_src, counts.shape), -1.0))
+  dst_ok = candidates & (jnp.arange(counts.shape[0]) != src)
+  dst = jnp.argmax(jnp.where(dst_ok, jax.random.uniform(k_dst, counts.shape), -1.0))
+  move = jnp.any(source_ok) & jnp.any(dst_ok)
+  return counts.at[src].add(jnp.where(move, -1.0, 0.0)).at[dst].add(jnp.where(move, 1.0, 0.0))
+
+
+@functools.partial(jax.jit, static_argnames=("n", "population", "generations"))
+def evolve_counts(key, target, profile_values, candidates, *, n: int, population: int = 20,
+                  generations: int = 199):
+  """HFGInv's evolutionary search for per-class counts maximising :func:`count_fitness`.
+
+  Individuals are count vectors (K,) with k_c ≥ 1 on the candidates, 0 elsewhere, Σ k_c = n.
+  Generation: every individual i mates with a random partner (a random permutation of the population),
+  uniform crossover (each gene from either parent with probability 0.5), repaired to a valid count
+  vector (:func:`_repair`), then mutated by moving one count between two candidates; the child replaces
+  its parent when its fitness is strictly higher. The population's fitness is one ``vmap``.
+
+  Args:
+    key: PRNG key. target: (K, P) sorted |gradient| rows at the profile positions (0 off candidates).
+    profile_values: (P,). candidates: (K,) bool, at most n of them. n: the batch size.
+    population: individuals (HFGInv: 20). generations: (HFGInv: fewer than 200).
+
+  Returns:
+    ``(counts (K,) float, fitness)`` of the fittest individual of the last generation.
+  """
+  k = candidates.shape[0]
+  fitness = jax.vmap(lambda c: count_fitness(c, target, profile_values, n))
+  init_key, key = jax.random.split(key)
+  raw = jax.random.randint(init_key, (population, k), 1, n + 2).astype(jnp.float32)
+  pop = jax.vmap(lambda c: _repair(c, candidates, n))(raw)
+  fit = fitness(pop)
+
+  def generation(carry, gen_key):
+    pop, fit = carry
+    k_perm, k_mask, k_mut = jax.random.split(gen_key, 3)
+    partners = pop[jax.random.permutation(k_perm, population)]
+    mask = jax.random.bernoulli(k_mask, 0.5, pop.shape)
+    children = jax.vmap(lambda c: _repair(c, candidates, n))(jnp.where(mask, pop, partners))
+    children = jax.vmap(_mutate, in_axes=(0, 0, None))(jax.random.split(k_mut, population), children,
+                                                         candidates)
+    child_fit = fitness(children)
+    better = child_fit > fit
+    return (jnp.where(better[:, None], children, pop), jnp.where(better, child_fit, fit)), None
+
+  (pop, fit), _ = jax.lax.scan(generation, (pop, fit), jax.random.split(key, generations))
+  best = jnp.argmax(fit)
+  return pop[best], fit[best]
+
+
+def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array | None = None, *,
+           population: int = 20, generations: int = 199, path: tuple[str, ...] = HEAD) -> jax.Array:
+  """HFGInv's duplicate-aware labels, int (N,) sorted by class.
+
+  1. Candidates: the classes whose head-kernel gradient column has a negative mean,
+     mean_j ∂L/∂W[j, c] < 0 (a present class's column carries −(1 − p) a_nj / N per example); if more
+     than N, the N most negative.
+  2. Target: g_c = sort_j |∂L/∂W[j, c]| at the profile's P stable positions, per candidate.
+  3. Counts: :func:`evolve_counts` maximises cos(stack_c (k_c / N) s̄[P], stack_c g_c), the sorted
+     feature profile of one example (auxiliary images, :func:`feature_profile`) scaled by each class's
+     share of the batch.
+
+  Needs: non-negative head inputs, a model whose features of different images have similar sorted
+  profiles (a trained network), auxiliary images from a similar distribution.
+  Reference: Ye et al., "High-Fidelity Gradient Inversion in Distributed Learning", AAAI 2024 (§ label
+  restoration; their code: 20 individuals, 200 generations, one-to-one replacement).
+  """
+  g = jnp.asarray(last_layer_gradient(observation.gradient, path))
+  n, k = observation.num_samples, g.shape[1]
+  positions = jnp.asarray(profile.positions)
+  if profile.mean.shape[0] != g.shape[0] or positions.ndim != 1:
+    raise ValueError(f"the feature profile has {profile.mean.shape[0]} features, the head "
+                     f"{g.shape[0]}: build it with feature_profile on this model")
+  means = jnp.mean(g, axis=0)
+  negative = int(jnp.sum(means < 0))
+  if negative == 0:
+    raise ValueError("no class has a negative mean head gradient: HFGInv finds no candidate class")
+  ranked = np.argsort(np.asarray(means), kind="stable")[:min(negative, n)]
+  candidates = jnp.asarray(np.isin(np.arange(k), ranked))
+  target = jnp.where(candidates[:, None], jnp.sort(jnp.abs(g), axis=0).T[:, positions], 0.0)
+  key = jax.random.key(0) if key is None else key
+  counts, _ = evolve_counts(key, target.astype(jnp.float32), profile.mean[positions], candidates,
+                            n=n, population=population, generations=generations)
+  return jnp.repeat(jnp.arange(k), counts.astype(jnp.int32), total_repeat_length=n)
 
 
 METHODS: dict[str, Callable[[Observation], jax.Array]] = {

@@ -4,6 +4,7 @@ The reference is the client's true label (Zhao et al. report 100 % for iDLG on L
 """
 
 import dataclasses
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -327,3 +328,80 @@ def test_errors():
       method(too_many)
   with pytest.raises(ValueError, match="M, H, W, C"):
     labels.mean_probs(lambda v, x, t: x, {}, np.zeros((3, 4)))
+
+
+# --- HFGInv: counts by an evolutionary search ----------------------------------------------------------
+
+
+def _profile_case(rng, y, num_classes=10, features=64, aux=40, noise=0.05):
+  """A trained-model case built by hand: every image's features are one sorted profile in a random
+  order (times 1 ± noise), the model gives 0.9 + 0.01 to the true class and 0.01 to the others."""
+  prof = np.sort(rng.gamma(2.0, 0.5, features))
+  draw = lambda m: np.stack([rng.permutation(prof) * (1 + noise * rng.normal(size=features))
+                             for _ in range(m)])
+  n = len(y)
+  onehot = np.eye(num_classes)[y]
+  kernel = draw(n).T @ (0.9 * onehot + 0.01 - onehot) / n  # ∂L/∂W = (1/N) Σ_n a_n (p_n − y_n)ᵀ
+  return _hand_obs(n, kernel=kernel), draw(aux)
+
+
+def _numpy_profile(features, positions):
+  s = np.sort(np.asarray(features, np.float64), axis=1)
+  mean = s.mean(axis=0)
+  with np.errstate(divide="ignore", invalid="ignore"):  # ReLU features that are always 0
+    cv = np.where(mean > 0, s.std(axis=0, ddof=1) / mean, np.inf)
+  return mean, np.argsort(cv, kind="stable")[:positions]
+
+
+def test_hfginv_finds_known_counts_with_duplicates():
+  rng = np.random.default_rng(0)
+  for trial in range(6):
+    y = rng.choice(rng.choice(10, 3, replace=False), 8)  # 8 labels from 3 classes: repeats
+    obs, aux = _profile_case(rng, y)
+    mean, positions = _numpy_profile(aux, 20)
+    profile = labels.FeatureProfile(jnp.asarray(mean, jnp.float32), jnp.asarray(positions))
+    got = np.asarray(labels.hfginv(obs, profile, jax.random.key(trial)))
+    assert got.tolist() == sorted(y.tolist()), trial
+
+
+def test_evolve_counts_reaches_the_brute_force_optimum():
+  """On random targets the search ends at the best of all count vectors (enumerated in NumPy)."""
+  rng = np.random.default_rng(1)
+  n, k, p = 9, 6, 5
+  candidates = np.array([True, False, True, True, False, True])
+  c = np.flatnonzero(candidates)
+  for trial in range(3):
+    target = np.where(candidates[:, None], rng.uniform(0.1, 1.0, (k, p)), 0.0)
+    values = rng.uniform(0.5, 1.5, p)
+    best = -np.inf
+    for split in itertools.product(range(1, n + 1), repeat=len(c)):
+      if sum(split) != n:
+        continue
+      v = np.zeros((k, p))
+      v[c] = np.asarray(split)[:, None] / n * values
+      best = max(best, float(np.sum(v * target) / (np.linalg.norm(v) * np.linalg.norm(target))))
+    counts, fit = labels.evolve_counts(jax.random.key(trial), jnp.asarray(target, jnp.float32),
+                                       jnp.asarray(values, jnp.float32), jnp.asarray(candidates), n=n)
+    counts = np.asarray(counts)
+    assert counts.sum() == n and np.all(counts[c] >= 1) and np.all(counts[~candidates] == 0)
+    assert float(fit) == pytest.approx(best, rel=1e-5)
+
+
+def test_feature_profile_matches_numpy(photos):
+  model = models.create("convnet-4", jax.random.key(0), input_shape=photos.shape[1:])
+  x = photos[:6]
+  feats = labels.head_inputs(model.apply_fn, model.variables, x)
+  # The head's input, independently: the head applied to it gives the logits.
+  head = model.variables["params"]["head"]
+  np.testing.assert_allclose(np.asarray(feats) @ np.asarray(head["kernel"]) + np.asarray(head["bias"]),
+                             model.apply_fn(model.variables, x), rtol=1e-4, atol=1e-5)
+  profile = labels.feature_profile(model.apply_fn, model.variables, x, positions=7)
+  mean, positions = _numpy_profile(feats, 7)
+  np.testing.assert_allclose(np.asarray(profile.mean), mean, rtol=1e-5)
+  assert np.asarray(profile.positions).tolist() == positions.tolist()
+  with pytest.raises(ValueError, match="M ≥ 2"):
+    labels.feature_profile(model.apply_fn, model.variables, x[:1])
+  with pytest.raises(ValueError, match="positions"):
+    labels.feature_profile(model.apply_fn, model.variables, x, positions=10_000)
+  with pytest.raises(ValueError, match="profile has"):
+    labels.hfginv(_hand_obs(2, kernel=np.ones((3, 10))), profile)
