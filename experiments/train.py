@@ -5,12 +5,15 @@
   python experiments/train.py --modality=text --epochs=1 --lr=0.1   # the Transformer on Python's docs
   python experiments/train.py --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \
       --local_batch_size=20 --local_lr=0.05 --defense=clip:1.0,gaussian:1e-6
+  python experiments/train.py --model=resnet20 --dataset=cifar10_train --train_count=50000 \
+      --test_dataset=cifar10 --test_count=1017 --train_mode --batch_size=128 --lr=0.1 --epochs=5
 
 Data: the images of ``--dataset`` are permuted with ``--data_seed`` (``--data_seed=-1`` keeps the file
 order); the first ``--train_count`` train the model and the following ``--test_count`` measure its
 accuracy. The indices of both sets (into the source) are in results.json. The bundled data folder holds
-only the *test* splits of MNIST and CIFAR (MNIST's 10000, CIFAR-10's first 1017), so training and test
-images both come from that split, disjoint. The default dataset, ``lfw_subset`` (scikit-image's 200
+the *test* splits of MNIST and CIFAR (MNIST's 10000, CIFAR-10's first 1017) and CIFAR-10's 50000
+training images as JPEG (``cifar10_train``); with ``--test_dataset`` the test images are the first
+``--test_count`` of that dataset instead (e.g. train on ``cifar10_train``, test on ``cifar10``). The default dataset, ``lfw_subset`` (scikit-image's 200
 25×25 face / non-face patches, sorted by class, hence the permutation), needs no data folder;
 scikit-learn's ``digits`` would be the natural default but needs scikit-learn.
 
@@ -19,7 +22,9 @@ Training (gradjax.training): ``--client=fedsgd``: ``--epochs`` passes of shuffle
 ``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--clients`` equal shards,
 each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_lr`` and the defense acts
 on each client's update. Inputs are not normalised (metadata ``normalization: "none"``); the model runs
-in evaluation mode (BatchNorm statistics stay at their initial values).
+in evaluation mode (BatchNorm statistics stay at their initial values) unless ``--train_mode`` (FedSGD
+only): then BatchNorm normalises by each mini-batch and its running statistics are trained, as a
+BatchNorm network is normally trained; GradInversion's and HFGInv's BatchNorm prior needs them.
 
 ``--modality=text`` trains a language model (``--model=transformer``, SAPAG's sizes unless
 ``--text_*`` say otherwise) on a corpus (``--dataset=pydoc``, Python's Language Reference as the
@@ -38,6 +43,7 @@ import os
 import time
 
 import jax
+import numpy as np
 from absl import app, flags, logging
 
 import common
@@ -54,6 +60,8 @@ flags.DEFINE_integer("channels", None, "Convert images to 1 or 3 channels (the s
 flags.DEFINE_integer("train_count", 150, "Training images: the first N of the (permuted) dataset.")
 flags.DEFINE_integer("test_count", 50, "Test images: the M following the training images.")
 flags.DEFINE_integer("data_seed", 0, "Permutation of the dataset before the split; -1 keeps the file order.")
+flags.DEFINE_string("test_dataset", None, "Test on the first --test_count images of this dataset (default: the --test_count images after the training ones).")
+flags.DEFINE_bool("train_mode", False, "FedSGD: train in training mode (BatchNorm uses batch statistics and updates its running statistics).")
 flags.DEFINE_integer("epochs", 10, "Epochs (FedSGD) or communication rounds (FedAvg).")
 flags.DEFINE_integer("batch_size", 32, "FedSGD mini-batch size.")
 flags.DEFINE_float("lr", 0.02, "FedSGD learning rate.")
@@ -83,7 +91,17 @@ def load_split(f):
   """The train/test split of the flags' dataset (gradjax.training.split)."""
   size = None if f.image_size is None else (f.image_size, f.image_size)
   ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
-  return training.split(ds, f.train_count, f.test_count, common.permutation_seed(f.data_seed, "data_seed"))
+  seed = common.permutation_seed(f.data_seed, "data_seed")
+  if f.test_dataset is None:
+    return training.split(ds, f.train_count, f.test_count, seed)
+  parts = training.split(ds, f.train_count, 0, seed)
+  test = data.load(f.test_dataset, data_dir=f.data_dir, indices=range(f.test_count), image_size=size,
+                   channels=f.channels) if f.test_count else parts.test
+  if test.x.shape[1:] != parts.train.x.shape[1:] or test.num_classes != parts.train.num_classes:
+    raise ValueError(f"--test_dataset={f.test_dataset} gives {test.x.shape[1:]} images of "
+                     f"{test.num_classes} classes, --dataset={f.dataset} {parts.train.x.shape[1:]} of "
+                     f"{parts.train.num_classes}")
+  return parts._replace(test=test, test_indices=np.arange(len(test.x)))
 
 
 def load_text_split(f):
@@ -117,6 +135,10 @@ def main(argv):
     common.fail(f"model {f.model} reads text: add --modality=text")
   if f.client == "fedsgd" and f.clients != 1:
     common.fail("--clients is for --client=fedavg (FedSGD trains on one batch per step)")
+  if f.train_mode and f.client != "fedsgd":
+    common.fail("--train_mode is for --client=fedsgd (FedAvg clients train in evaluation mode)")
+  if f.test_dataset is not None and f.modality == "text":
+    common.fail("--test_dataset is for images (text tests on held-out windows of the corpus)")
   if f.client == "fedavg" and not 1 <= f.clients <= f.train_count:
     common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
   if f.epochs < 1:
@@ -159,7 +181,7 @@ def main(argv):
                 "dataset": f.dataset, "image_size": f.image_size, "channels": f.channels,
                 "train_count": len(parts.train.x), "test_count": len(parts.test.x),
                 "data_seed": f.data_seed, "client": f.client, "defense": f.defense, "seed": f.seed,
-                **text_meta}
+                "train_mode": f.train_mode, "test_dataset": f.test_dataset, **text_meta}
     model_key, train_key = jax.random.split(jax.random.key(f.seed))
     model = checkpoint.model_from_metadata(metadata, model_key,  # what load_model rebuilds
                                            **({} if f.modality == "text" else {"conv": f.conv}))
@@ -195,7 +217,7 @@ def main(argv):
       _, records = training.train_fedsgd(
           model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
           epochs=f.epochs, batch_size=f.batch_size, learning_rate=f.lr, momentum=f.momentum,
-          defense=defense, callback=callback)
+          defense=defense, train_mode=f.train_mode, callback=callback)
     else:
       _, records = training.train_fedavg(
           model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
@@ -207,7 +229,8 @@ def main(argv):
   config = {name: getattr(f, name) for name in (
       "model", "init", "act", "dataset", "data_dir", "image_size", "channels", "train_count",
       "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "client", "clients",
-      "local_epochs", "local_batch_size", "local_lr", "local_momentum", "defense", "seed")}
+      "local_epochs", "local_batch_size", "local_lr", "local_momentum", "defense", "seed",
+      "train_mode", "test_dataset")}
   report.save_json(os.path.join(out, "results.json"), {
       "config": config, "metadata": metadata, "history": history, "wall_time_s": wall,
       "device": str(jax.devices()[0]), "train_indices": parts.train_indices,

@@ -13,10 +13,13 @@ the privacy/utility trade-off.
 A defense that is applied during training is "the model trained with that defense": its test accuracy
 (:func:`evaluate`) is the utility to set against the attack's PSNR.
 
-BatchNorm: the model always runs in evaluation mode (``train=False``), as the attacked clients do by
-default; ``batch_stats`` (present in convnet and the ResNets, absent from lenet_zhu, lenet5 and mlp)
-are kept unchanged, so BatchNorm acts as a fixed affine map with the initial running statistics and
-only ``params`` are trained.
+BatchNorm (convnet and the ResNets; lenet_zhu, lenet5 and mlp have none): by default the model runs in
+evaluation mode (``train=False``), as the attacked clients do by default, and ``batch_stats`` are kept
+unchanged, so BatchNorm acts as a fixed affine map with the initial running statistics and only
+``params`` are trained. :func:`train_fedsgd` with ``train_mode=True`` trains as usual for such
+networks: every step normalises by the mini-batch's statistics and updates the running ones
+(μ̂ ← 0.9 μ̂ + 0.1 μ_B, PyTorch's momentum), so the checkpoint carries the running statistics that the
+BatchNorm prior of :mod:`gradjax.priors` reads.
 """
 
 import functools
@@ -128,23 +131,41 @@ def _defended(defense, gradient, variables, num_samples, key, threat_model, loca
   return defense.apply(observation, key).gradient
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "defense"))
-def _sgd_epoch(apply_fn, defense, variables, velocity, x, y, order, step0, defense_key, lr, momentum):
-  """One epoch of defended SGD steps as a ``lax.scan`` over the rows of ``order``."""
+def _module(apply_fn):
+  module = getattr(apply_fn, "module", None)
+  if module is None:
+    raise ValueError("training in train mode needs a gradjax model's apply_fn (apply_fn.module, "
+                     "gradjax.models.make_apply_fn) to update the BatchNorm statistics")
+  return module
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "defense", "train_mode"))
+def _sgd_epoch(apply_fn, defense, train_mode, variables, velocity, x, y, order, step0, defense_key, lr,
+               momentum):
+  """One epoch of defended SGD steps as a ``lax.scan`` over the rows of ``order``; returns the new
+  variables (params and, in train mode, the updated ``batch_stats``), velocity and step losses."""
 
   def step(carry, idx):
-    params, velocity, t = carry
+    current, velocity, t = carry
     xb, yb = x[idx], y[idx]
-    loss_fn = lambda p: cross_entropy(apply_fn({**variables, "params": p}, xb, False), yb)
-    loss, grad = jax.value_and_grad(loss_fn)(params)
-    grad = _defended(defense, grad, {**variables, "params": params}, idx.shape[0],
-                     jax.random.fold_in(defense_key, t), "fedsgd")
-    velocity = jax.tree.map(lambda v, g: momentum * v + g, velocity, grad)
-    params = jax.tree.map(lambda p, v: p - lr * v, params, velocity)
-    return (params, velocity, t + 1), loss
 
-  (params, velocity, _), losses = jax.lax.scan(step, (variables["params"], velocity, step0), order)
-  return params, velocity, losses
+    def loss_fn(p):
+      if train_mode:
+        logits, state = _module(apply_fn).apply({**current, "params": p}, xb, train=True,
+                                                mutable=["batch_stats"])
+        return cross_entropy(logits, yb), state["batch_stats"]
+      return cross_entropy(apply_fn({**current, "params": p}, xb, False), yb), None
+
+    (loss, stats), grad = jax.value_and_grad(loss_fn, has_aux=True)(current["params"])
+    grad = _defended(defense, grad, current, idx.shape[0], jax.random.fold_in(defense_key, t), "fedsgd")
+    velocity = jax.tree.map(lambda v, g: momentum * v + g, velocity, grad)
+    new = {**current, "params": jax.tree.map(lambda p, v: p - lr * v, current["params"], velocity)}
+    if train_mode:  # Flax keeps running statistics in float32 whatever the parameters' dtype
+      new["batch_stats"] = jax.tree.map(lambda a, b: a.astype(b.dtype), stats, current["batch_stats"])
+    return (new, velocity, t + 1), loss
+
+  (variables, velocity, _), losses = jax.lax.scan(step, (variables, velocity, step0), order)
+  return variables, velocity, losses
 
 
 def _check_data(apply_fn, variables, x, y):
@@ -180,7 +201,7 @@ def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: flo
 
 def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batch_size: int,
                  learning_rate: float, momentum: float = 0.0, defense: Defense | None = None,
-                 callback: Callback | None = None):
+                 train_mode: bool = False, callback: Callback | None = None):
   """Central / FedSGD training with a defense on every step's gradient.
 
   Epoch e (1-based) visits the mini-batches of :func:`batch_order` ``(fold_in(key, 0), e, N, B)``;
@@ -190,7 +211,8 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
 
     v_{t+1} = μ v_t + D(g_t),   θ_{t+1} = θ_t − η v_{t+1},   v_0 = 0
 
-  (PyTorch's SGD with momentum, dampening 0). ``batch_stats`` are left unchanged (module docstring).
+  (PyTorch's SGD with momentum, dampening 0). ``batch_stats`` are left unchanged unless ``train_mode``
+  (module docstring).
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
@@ -201,6 +223,9 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
     batch_size: B, 1 ≤ B ≤ N.
     learning_rate: η > 0. momentum: μ ∈ [0, 1).
     defense: applied to every step's gradient; ``None`` for none.
+    train_mode: run the model in training mode: BatchNorm normalises by each mini-batch's statistics
+      and updates its running statistics (needs ``apply_fn.module``; a model without ``batch_stats``
+      is unaffected).
     callback: ``callback(epoch, variables, record) -> dict | None`` after every epoch; a returned dict
       is merged into that epoch's history record (e.g. ``{"accuracy": evaluate(...)}``).
 
@@ -216,16 +241,18 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   check_sgd(n, epochs, batch_size, learning_rate, momentum)
   shuffle_key, defense_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
   velocity = jax.tree.map(jnp.zeros_like, variables["params"])
+  train_mode = bool(train_mode) and "batch_stats" in variables
+  if train_mode:
+    _module(apply_fn)
   history, step = [], 0
   for epoch in range(1, epochs + 1):
     start = time.perf_counter()
     order = batch_order(shuffle_key, epoch, n, batch_size)
-    params, velocity, losses = _sgd_epoch(apply_fn, defense, variables, velocity, x, y, order,
-                                          jnp.asarray(step, jnp.uint32), defense_key,
-                                          learning_rate, momentum)
+    variables, velocity, losses = _sgd_epoch(apply_fn, defense, train_mode, dict(variables), velocity,
+                                             x, y, order, jnp.asarray(step, jnp.uint32), defense_key,
+                                             learning_rate, momentum)
     step += order.shape[0]
-    _check_finite(params, f"epoch {epoch}")
-    variables = {**variables, "params": params}
+    _check_finite(variables, f"epoch {epoch}")
     record = {"epoch": epoch, "steps": step, "train_loss": float(jnp.mean(losses)),
               "time_s": time.perf_counter() - start}
     _run_callback(callback, epoch, variables, record, history)
