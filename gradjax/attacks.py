@@ -46,6 +46,20 @@ Presets and where their defaults come from:
   replayed on the dummy data and W_t − W'_{t+1} matched to the observed update with 1 − cosine, TV
   1e-4, signed Adam lr 1 with step decay, 4800 iterations, box, labels known; needs the schedule in
   ``observation.local``.
+* ``hfginv`` (Ye et al., "High-Fidelity Gradient Inversion in Distributed Learning", AAAI 2024; the
+  schedule from their code, ResNet-34 protocol): one cosine over a growing set of layers, deep to
+  shallow, with gradient dropout 0.3 (:class:`gradjax.objectives.Stepwise`: the deepest tenth of the
+  parameter tensors at first, a tenth more every 500 iterations, up to the deepest 86/110); TV 0.01
+  from iteration 3000 (the paper; their code 5e-3) and the BatchNorm prior 1e-4 from 5000 (stem ×1.3,
+  next layer ×3); Adam lr 0.1 on the quantised sign (:func:`gradjax.solvers.scale_by_quantized_sign`),
+  ×0.33 at 3/8, 5/8 and 7/8 of 15 000 iterations; box; labels known or from
+  :func:`gradjax.labels.hfginv`. The best iterate is taken from iteration 4000 on, once the layer set
+  has stopped growing (their code resets its best every 500). :func:`rescaled` shrinks the budget.
+* ``gradinversion``: the baseline HFGInv is compared with, as its ablation builds it: the same cosine
+  over every layer with TV 0.01 and GradInversion's BatchNorm prior 1e-4 (first layer ×10, after
+  DeepInversion) from the start, signed Adam lr 0.1 with Inverting Gradients' step decay, 15 000
+  iterations, box, labels known (Yin et al., CVPR 2021, who also add an l2 prior and group consistency
+  over restarts).
 """
 
 import dataclasses
@@ -62,7 +76,7 @@ from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import solvers
 from gradjax.compilation import once
-from gradjax.objectives import MODES, gradient_matching
+from gradjax.objectives import MODES, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
 
 DUMMY_INITS = ("normal", "uniform", "constant", "pattern")
@@ -127,6 +141,11 @@ class Attack:
     tol: a restart stops once its objective is <= tol.
     remat: ``jax.checkpoint`` each replayed local step (objective ``"replay"``): memory grows with
       one parameter set per local step instead of every step's activations.
+    stepwise: HFGInv's growing set of matched layers with gradient dropout
+      (:class:`gradjax.objectives.Stepwise`), or ``None`` to match every layer.
+    track_from: the reconstruction is the lowest-objective iterate from this iteration on (0: the
+      whole run); with ``stepwise``, objective values are comparable only once the layer set stops
+      growing.
   """
 
   name: str = "custom"
@@ -148,6 +167,8 @@ class Attack:
   init: str = "normal"
   tol: float = 0.0
   remat: bool = False
+  stepwise: Stepwise | None = None
+  track_from: int = 0
 
   def __post_init__(self):
     if self.objective not in MODES:
@@ -163,6 +184,10 @@ class Attack:
       raise ValueError(f"iterations must be positive, got {self.iterations}")
     if self.tol < 0:
       raise ValueError(f"tol must be non-negative, got {self.tol}")
+    if self.stepwise is not None and not isinstance(self.stepwise, Stepwise):
+      raise ValueError(f"stepwise must be an objectives.Stepwise or None, got {self.stepwise!r}")
+    if self.track_from < 0:
+      raise ValueError(f"track_from must be non-negative, got {self.track_from}")
     _optimizer(self)
 
 
@@ -191,7 +216,30 @@ PRESETS: dict[str, Attack] = {
     "sapag": Attack(name="sapag", distance="gaussian_kernel_mean", iterations=500, box=True),
     "sapag_adamw": Attack(name="sapag_adamw", distance="gaussian_kernel_mean", optimizer="adamw",
                           learning_rate=1e-3, iterations=20_000, box=True),
+    "gradinversion": Attack(
+        name="gradinversion", distance="cosine", priors=(("tv", 1e-2, 0), ("bn", 1e-4, 0)),
+        labels="known", optimizer="signed_adam", learning_rate=0.1, schedule="step",
+        iterations=15_000, box=True),
+    "hfginv": Attack(
+        name="hfginv", distance="cosine", priors=(("tv", 1e-2, 3000), ("bn_hfginv", 1e-4, 5000)),
+        labels="known", optimizer="quantized_adam", learning_rate=0.1, schedule="step_hfginv",
+        iterations=15_000, box=True, stepwise=Stepwise(), track_from=4000),
 }
+
+
+def rescaled(attack: Attack, iterations: int) -> Attack:
+  """``attack`` with its budget set to ``iterations`` and every step count of its schedule scaled by
+  iterations / attack.iterations: prior start steps, the stepwise period and ``track_from`` (the
+  learning-rate schedules are already fractions of the budget). ``hfginv`` at 3000 iterations switches
+  TV on at 600 and the BatchNorm prior at 1000, grows its layer set every 100 steps."""
+  if iterations < 1:
+    raise ValueError(f"iterations must be positive, got {iterations}")
+  r = iterations / attack.iterations
+  stepwise = attack.stepwise and dataclasses.replace(attack.stepwise,
+                                                     period=max(1, round(attack.stepwise.period * r)))
+  return dataclasses.replace(
+      attack, iterations=iterations, stepwise=stepwise, track_from=round(attack.track_from * r),
+      priors=tuple((name, weight, round(start * r)) for name, weight, start in attack.priors))
 
 
 def get_attack(name: str, **overrides) -> Attack:
@@ -253,6 +301,8 @@ class MatchingData(NamedTuple):
   bounds: (lo, hi), each (C,): the image box in the model's input space.
   weights: per-leaf distance weights (:func:`layer_weights`) or ``None``.
   label_mask: (K,) bool, the classes joint soft labels may take, or ``None`` for all.
+  positions: per-leaf depth positions for stepwise matching
+    (:func:`gradjax.distances.leaf_positions`), or ``None``.
 
   Each restart also sees its own ``order`` (N,) of the labels (a permutation-search candidate):
   the solver's data is ``(MatchingData, order)``.
@@ -263,6 +313,7 @@ class MatchingData(NamedTuple):
   bounds: tuple[jax.Array, jax.Array]
   weights: dict | None
   label_mask: jax.Array | None = None
+  positions: dict | None = None
 
 
 def _clip_to_box(dummy, data):
@@ -275,16 +326,17 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
   objective = gradient_matching(apply_fn, distances.get_distance(attack.distance),
                                 prior=_prior(attack.priors),
                                 one_sample_per_step=attack.one_sample_per_step,
-                                mode=attack.objective, remat=attack.remat)
+                                mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise)
 
   def value_fn(dummy, data, step):
     shared, order = data
     labels = None if shared.labels is None else shared.labels[order]
     return objective(dummy, shared.observation, labels, step, shared.weights,
-                     label_mask=shared.label_mask)
+                     label_mask=shared.label_mask, positions=shared.positions)
 
   return solvers.make_solver(value_fn, _optimizer(attack), tol=attack.tol,
-                             project=_clip_to_box if attack.box else None)
+                             project=_clip_to_box if attack.box else None,
+                             track_from=attack.track_from)
 
 
 def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: int | tuple[int, ...] | None,
@@ -426,10 +478,18 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                                          permutations, permutation_seed)
   k = orders.shape[0]
   weights = layer_weights(attack, observation)
+  if any(name.startswith("bn") for name, _, _ in attack.priors) and \
+      "batch_stats" not in observation.variables:
+    raise ValueError("the BatchNorm prior needs a model with BatchNorm running statistics "
+                     "(variables['batch_stats']); this one has none")
+  positions = None
+  if attack.stepwise is not None:
+    positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
+                             distances.leaf_positions(observation.variables["params"]))
   init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),
                         tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
                         attack.objective == "dlm")
-  data = MatchingData(observation, known, (lo, hi), weights, label_mask)
+  data = MatchingData(observation, known, (lo, hi), weights, label_mask, positions)
   state = solvers.run(_solver(attack, apply_fn), init, data, iterations=attack.iterations,
                       execution=execution, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))
   state = solvers.fetch(state)

@@ -151,6 +151,14 @@ def layer_index(params) -> PyTree:
   return _map_paths(lambda path: index[path[:-1]], params)
 
 
+def leaf_positions(params) -> PyTree:
+  """Tree of ``params``' structure holding each leaf's position 0..L−1 in depth order (one per
+  parameter tensor, as PyTorch's ``model.parameters()`` counts them; :func:`layer_index` counts
+  modules). Pass the model's parameters, whose dicts are in call order."""
+  index = {path: i for i, path in enumerate(layer_paths(params))}
+  return _map_paths(lambda path: index[path], params)
+
+
 SCHEDULES = ("inverse", "linear", "exp")
 
 

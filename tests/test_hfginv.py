@@ -1,0 +1,139 @@
+"""Tests for HFGInv's image side: stepwise matching with gradient dropout, the quantised sign update,
+its step schedule, best-iterate tracking from a given step, and the presets.
+
+References: the layer table of Ye et al.'s code (ResNet-34, 110 tensors), NumPy re-computations of the
+quantiser and of the masked cosine (float64), closed forms of the schedules.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from gradjax import attacks, clients, distances, models, objectives, solvers
+
+
+def test_stepwise_layer_counts_follow_the_authors_table():
+  """ResNet-34 (110 tensors): tensors 100..110 first, 10 more every 500 iterations, floor tensor 25."""
+  sw = objectives.Stepwise()
+  steps = [0, 498, 499, 500, 999, 1000, 3499, 3500, 3999, 4000, 14_999]
+  want = [11, 11, 11, 21, 21, 31, 71, 81, 81, 86, 86]
+  assert [int(sw.matched(110, t)) for t in steps] == want
+  assert int(objectives.Stepwise(first=0.01, grow=0.0).matched(20, 10_000)) == 1  # at least one leaf
+  for bad in (dict(first=0.0), dict(first=0.5, last=0.4), dict(period=0), dict(dropout=1.0)):
+    with pytest.raises(ValueError, match="stepwise"):
+      objectives.Stepwise(**bad)
+
+
+def test_stepwise_masks_select_deep_leaves_and_drop_entries():
+  params = {"a": {"kernel": jnp.ones((40, 50))}, "b": {"kernel": jnp.ones((30, 30))},
+            "c": {"kernel": jnp.ones((60, 70))}, "d": {"bias": jnp.ones((5000,))}}
+  positions = distances.leaf_positions(params)
+  assert jax.tree.leaves(positions) == [0, 1, 2, 3]
+  other = jax.tree.map(lambda v: 2.0 * v, params)
+  sw = objectives.Stepwise(first=0.5, grow=0.25, last=0.75, period=10, dropout=0.0)
+  kept = lambda tree: {k: float(jnp.mean(v[next(iter(v))])) for k, v in tree.items()}
+  a, b = sw.apply(positions, 0, params, other)
+  assert kept(a) == {"a": 0.0, "b": 0.0, "c": 1.0, "d": 1.0} and kept(b) == {"a": 0.0, "b": 0.0, "c": 2.0, "d": 2.0}
+  a, _ = sw.apply(positions, 25, params, other)
+  assert kept(a) == {"a": 0.0, "b": 1.0, "c": 1.0, "d": 1.0}
+  drop = dataclasses.replace(sw, dropout=0.3)
+  a, b = drop.apply(positions, 7, params, other)
+  np.testing.assert_array_equal(2.0 * np.asarray(a["d"]["bias"]), np.asarray(b["d"]["bias"]))  # one mask
+  assert abs(float(jnp.mean(a["d"]["bias"])) - 0.7) < 0.03
+  again, _ = drop.apply(positions, 7, params, other)
+  later, _ = drop.apply(positions, 8, params, other)
+  np.testing.assert_array_equal(np.asarray(a["d"]["bias"]), np.asarray(again["d"]["bias"]))
+  assert not np.array_equal(np.asarray(a["d"]["bias"]), np.asarray(later["d"]["bias"]))
+  assert float(jnp.max(a["a"]["kernel"])) == 0.0  # unmatched leaves stay zero under dropout
+
+
+def test_stepwise_objective_is_the_cosine_of_the_deepest_leaves():
+  """Without dropout the objective is 1 − cos over the matched leaves (NumPy, float64)."""
+  with jax.enable_x64(True):
+    model = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3), param_dtype=jnp.float64)
+    x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3), jnp.float64)
+    obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 4]))
+    sw = objectives.Stepwise(first=0.25, grow=0.25, last=0.75, period=3, dropout=0.0)
+    objective = objectives.gradient_matching(model.apply_fn, distances.cosine, stepwise=sw)
+    dummy = {"x": jax.random.normal(jax.random.key(2), x.shape, jnp.float64)}
+    labels = jnp.array([1, 4])
+    positions = distances.leaf_positions(model.variables["params"])
+    g = objectives.dummy_gradient(model.apply_fn, model.variables, dummy["x"], labels)
+    paths = distances.layer_paths(model.variables["params"])
+    get = lambda tree, path: np.asarray(tree[path[0]][path[1]], np.float64).ravel()
+    for step in (0, 3, 6, 100):
+      n = int(sw.matched(len(paths), step))
+      deep = paths[len(paths) - n:]
+      u = np.concatenate([get(g, p) for p in deep])
+      v = np.concatenate([get(obs.gradient, p) for p in deep])
+      want = 1 - u @ v / (np.linalg.norm(u) * np.linalg.norm(v))
+      got = objective(dummy, obs, labels, step, positions=positions)
+      np.testing.assert_allclose(float(got), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="positions"):
+      objective(dummy, obs, labels, 0)
+
+
+def test_quantized_sign_matches_numpy():
+  rng = np.random.default_rng(0)
+  g = rng.normal(size=(3, 5, 5, 2)) * np.exp(rng.normal(size=(3, 5, 5, 2)))
+  g[0, 0, 0, 0] = 0.0
+  tx = solvers.scale_by_quantized_sign()
+  state = tx.init(jnp.zeros(1))
+  s = 2.0 / (np.median(np.abs(g)) + 1e-10)
+  want = 0.8 * np.clip(np.round(s * g) / 2, -1, 1) + 0.2 * np.sign(g)
+  assert set(np.round(np.abs(want), 6).ravel()) <= {0.0, 0.2, 0.6, 1.0}
+  for step in range(103):
+    out, state = tx.update(jnp.asarray(g), state)
+    np.testing.assert_allclose(np.asarray(out), want * (2.0 if step <= 100 else 1.0), rtol=1e-6)
+
+
+def test_hfginv_step_schedule():
+  lr = solvers.learning_rate_schedule(0.1, "step_hfginv", iterations=15_000)
+  for step, want in ((0, 0.1), (5623, 0.1), (5624, 0.033), (9374, 0.01089), (13_133, 0.01089),
+                     (13_134, 0.0035937)):
+    assert float(lr(step)) == pytest.approx(want, rel=1e-5), step
+
+
+def test_best_iterate_is_tracked_from_track_from():
+  """Early iterations score an artificially low objective; with track_from they cannot win."""
+  value_fn = lambda p, data, step: jnp.sum((p["x"] - 1.0) ** 2) - jnp.where(step < 5, 100.0, 0.0)
+  opt = solvers.Optimizer(optax.with_extra_args_support(optax.sgd(0.1)), False)
+  for track_from in (0, 5):
+    solver = solvers.make_solver(value_fn, opt, track_from=track_from)
+    state = solver.init({"x": jnp.zeros(2)}, None)
+    for _ in range(8):
+      state = solver.step(state, None)
+    state = solver.finalize(state, None)
+    if track_from == 0:
+      # step 4's iterate, the last with the −100 offset: x = 1 − 0.8⁴
+      assert float(state.best_loss) == pytest.approx(2 * 0.8 ** 8 - 100.0, rel=1e-6)
+    else:  # the lowest from step 5 on: the final iterate after 8 steps of x ← x + 0.2 (1 − x)
+      final = 1.0 - 0.8 ** 8
+      np.testing.assert_allclose(np.asarray(state.best_params["x"]), [final, final], rtol=1e-6)
+
+
+def test_presets_and_rescaled():
+  hf = attacks.get_attack("hfginv")
+  assert hf.stepwise == objectives.Stepwise() and hf.iterations == 15_000 and hf.track_from == 4000
+  assert hf.priors == (("tv", 1e-2, 3000), ("bn_hfginv", 1e-4, 5000))
+  small = attacks.rescaled(hf, 3000)
+  assert small.priors == (("tv", 1e-2, 600), ("bn_hfginv", 1e-4, 1000))
+  assert small.stepwise.period == 100 and small.track_from == 800 and small.iterations == 3000
+  gi = attacks.get_attack("gradinversion")
+  assert gi.stepwise is None and ("bn", 1e-4, 0) in gi.priors
+  with pytest.raises(ValueError, match="iterations"):
+    attacks.rescaled(hf, 0)
+
+
+def test_hfginv_runs_on_a_batch_norm_network():
+  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 1]), share_labels=True)
+  attack = attacks.rescaled(attacks.get_attack("hfginv"), 30)
+  rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
+  assert rec.x.shape == x.shape and np.isfinite(rec.loss) and int(rec.iterations[0]) == 30
+  assert float(rec.x.min()) >= 0.0 and float(rec.x.max()) <= 1.0  # the box
