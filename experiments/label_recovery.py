@@ -64,25 +64,6 @@ NEEDS = {
 }
 
 
-def sample_batches(y_pool, num_classes, count, batch_size, classes_per_batch, rng):
-  """Index arrays (count, batch_size) into the pool: labels from a few classes, with replacement."""
-  by_class = {c: np.flatnonzero(y_pool == c) for c in range(num_classes)}
-  usable = np.array([c for c in range(num_classes) if len(by_class[c]) >= batch_size])
-  if len(usable) < classes_per_batch:
-    raise ValueError(f"only {len(usable)} classes have {batch_size} images in the pool; lower "
-                     "--classes_per_batch or --batch_size, or raise --pool")
-  batches = []
-  for _ in range(count):
-    classes = rng.choice(usable, classes_per_batch, replace=False)
-    y = rng.choice(classes, batch_size)
-    idx = np.empty(batch_size, np.int64)
-    for c in np.unique(y):
-      slots = np.flatnonzero(y == c)
-      idx[slots] = rng.choice(by_class[c], len(slots), replace=False)
-    batches.append(idx)
-  return np.stack(batches)
-
-
 def attack(method, obs, model, x, dummy, log_softmax):
   """Labels of ``obs`` by the experiment's method name (registry names and the three variants)."""
   if method == "llg* (dummy)":
@@ -125,7 +106,8 @@ def main(argv):
     norm = data.normalization(f.normalization)
     init = models.get_module(f.model, num_classes=num_classes, init=f.init, act=f.act).weight_init
     rng = np.random.default_rng(f.seed)
-    batches = sample_batches(pool_y, num_classes, f.count, f.batch_size, f.classes_per_batch, rng)
+    batches = data.duplicate_label_batches(pool_y, num_classes, f.count, f.batch_size,
+                                           f.classes_per_batch, rng)
     methods = (["idlg"] if f.batch_size == 1 else []) + ["negative_bias", "yin", "llg", "bias_counts"]
     if f.aux_size:
       methods += ["llg* (dummy)", "bias_counts (dummy p̂)"]

@@ -519,3 +519,30 @@ _SOURCES = {
   "lfw": _load_lfw,
   "folder": _load_folder,
 }
+
+
+def duplicate_label_batches(y, num_classes: int, count: int, batch_size: int, classes_per_batch: int,
+                            rng: np.random.Generator) -> np.ndarray:
+  """Index arrays (count, batch_size) into images labelled ``y`` for batches WITH repeated labels.
+
+  Batch b: ``classes_per_batch`` distinct classes drawn from those with at least ``batch_size`` images,
+  ``batch_size`` labels drawn from them with replacement (so with classes_per_batch < batch_size some
+  class always repeats), then for each label a distinct image of that class; all from ``rng`` in that
+  order. The protocol of label-recovery and batch-inversion tables with duplicates.
+  """
+  y = np.asarray(y)
+  by_class = {c: np.flatnonzero(y == c) for c in range(num_classes)}
+  usable = np.array([c for c in range(num_classes) if len(by_class[c]) >= batch_size])
+  if len(usable) < classes_per_batch:
+    raise ValueError(f"only {len(usable)} classes have {batch_size} images in the pool; lower "
+                     "the classes per batch or the batch size, or raise the pool")
+  batches = []
+  for _ in range(count):
+    classes = rng.choice(usable, classes_per_batch, replace=False)
+    labels = rng.choice(classes, batch_size)
+    idx = np.empty(batch_size, np.int64)
+    for c in np.unique(labels):
+      slots = np.flatnonzero(labels == c)
+      idx[slots] = rng.choice(by_class[c], len(slots), replace=False)
+    batches.append(idx)
+  return np.stack(batches)
