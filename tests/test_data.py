@@ -387,3 +387,31 @@ def test_lfw_tar_rejects_unsafe_names(tmp_path):
     tar.add(jpeg, arcname="../Eileen_Collins_0002.jpg")
   with pytest.raises(ValueError, match="unsafe member name '../Eileen_Collins_0002.jpg'"):
     data.load("lfw", data_dir=str(tmp_path))
+
+
+@needs_data
+def test_cifar10_train_jpegs_in_canonical_order():
+  """The documented first training labels (6, 9, 9, 4, 1, 1), JPEG members mapped through the order
+  file, and each image's class folder agreeing with its label."""
+  ds = data.load("cifar10_train", indices=[0, 1, 2, 3, 4, 5, 49_999])
+  assert ds.x.shape == (7, 32, 32, 3) and ds.x.dtype == np.float32 and ds.num_classes == 10
+  assert ds.y[:6].tolist() == [6, 9, 9, 4, 1, 1]
+  assert 0.0 <= ds.x.min() and ds.x.max() <= 1.0 and ds.x.std() > 0.05
+  with np.load(Path(DATA_DIR) / "cifar10" / "cifar10_train_labels.npz") as f:
+    assert ds.y[-1] == f["labels_all"][49_999]
+  with pytest.raises(ValueError, match="out of range"):
+    data.load("cifar10_train", indices=[50_000])
+
+
+def test_duplicate_label_batches():
+  y = np.repeat(np.arange(6), 10)
+  rng = np.random.default_rng(0)
+  batches = data.duplicate_label_batches(y, 6, count=20, batch_size=8, classes_per_batch=3, rng=rng)
+  assert batches.shape == (20, 8)
+  for idx in batches:
+    assert len(set(idx.tolist())) == 8                  # distinct images
+    assert len(np.unique(y[idx])) <= 3                   # from 3 classes, so some label repeats
+  again = data.duplicate_label_batches(y, 6, 20, 8, 3, np.random.default_rng(0))
+  np.testing.assert_array_equal(batches, again)
+  with pytest.raises(ValueError, match="classes have"):
+    data.duplicate_label_batches(y, 6, 1, 11, 3, rng)

@@ -137,3 +137,73 @@ def test_hfginv_runs_on_a_batch_norm_network():
   rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
   assert rec.x.shape == x.shape and np.isfinite(rec.loss) and int(rec.iterations[0]) == 30
   assert float(rec.x.min()) >= 0.0 and float(rec.x.max()) <= 1.0  # the box
+
+
+@pytest.mark.slow
+def test_readme_batch_example_runs(capsys):
+  """The README's batch snippet (section "Batches on a trained BatchNorm network"), 3 iterations."""
+  import os
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+  section = readme[readme.index("### Batches on a trained BatchNorm network"):]
+  start = section.index("```python") + len("```python")
+  code = section[start:section.index("```", start)]
+  assert "rescaled(attacks.get_attack(\"hfginv\"), 3000)" in code
+  exec(compile(code.replace("3000)", "3)"), "README.md", "exec"), {})
+  printed = capsys.readouterr().out
+  assert printed.startswith("[") and len(printed.split("]")[0].split()) == 8
+
+
+@pytest.mark.slow
+def test_train_and_batch_table_programs(tmp_path):
+  """train.py --train_mode on the CIFAR-10 training JPEGs, then batch_table.py on that checkpoint:
+  the printed label accuracies and PSNRs recomputed from what the program saved (scikit-image PSNR
+  of the saved reconstructions, order-free label accuracy of the saved labels)."""
+  import json
+  import os
+  import subprocess
+  import sys
+
+  import skimage.metrics
+
+  from gradjax import checkpoint, data, metrics
+  if data.default_data_dir() is None:
+    pytest.skip("no shared data folder")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  run = lambda name, *args: subprocess.run([sys.executable, os.path.join(root, "experiments", name), *args],
+                                           capture_output=True, text=True, env=env, timeout=600)
+  train_dir, table_dir = tmp_path / "train", tmp_path / "table"
+  proc = run("train.py", "--model=resnet8", "--conv=im2col", "--dataset=cifar10_train", "--train_count=64",
+             "--test_dataset=cifar10", "--test_count=32", "--train_mode", "--batch_size=32", "--epochs=1",
+             f"--output_dir={train_dir}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  ckpt = train_dir / "epoch_1.npz"
+  variables, meta = checkpoint.load(ckpt)
+  assert meta["train_mode"] and meta["test_dataset"] == "cifar10"
+  first = variables["batch_stats"]["BatchNorm_0"]["mean"]
+  assert np.any(np.asarray(first) != 0)  # running statistics were trained
+  bad = run("train.py", "--train_mode", "--client=fedavg", f"--output_dir={tmp_path / 'bad'}")
+  assert bad.returncode == 2 and "--train_mode is for --client=fedsgd" in bad.stderr
+  proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4",
+             "--classes_per_batch=2", "--pool=100", "--aux=8", "--iterations=3", "--variants=tv,hfginv",
+             f"--output_dir={table_dir}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((table_dir / "results.json").read_text())
+  images = data.load("cifar10", indices=range(100))
+  for summary in result["labels"]:
+    rows = result["label_rows"][summary["method"]]
+    want = [metrics.label_accuracy(r["labels"], images.y[idx]) if "labels" in r else 0.0
+            for r, idx in zip(rows, result["batches"])]
+    assert summary["accuracy_mean"] == pytest.approx(np.mean(want))
+    assert f"| {summary['method']}" in proc.stdout
+  for summary in result["ablation"]:
+    psnr = []
+    for b, idx in enumerate(result["batches"]):
+      rec = np.load(table_dir / "items" / f"{summary['key']}_{b}.npz")["reconstruction"]
+      psnr += [skimage.metrics.peak_signal_noise_ratio(images.x[i].astype(np.float64), r.astype(np.float64),
+                                                       data_range=1) for i, r in zip(idx, rec)]
+    assert summary["psnr_mean"] == pytest.approx(np.mean(np.asarray(psnr).reshape(2, 4).mean(1)), rel=1e-5)
+    assert f"{summary['psnr_mean']:.2f}" in proc.stdout
+  bad = run("batch_table.py", "--count=1", f"--output_dir={tmp_path / 'bad2'}")
+  assert bad.returncode == 2 and "--checkpoint is required" in bad.stderr
