@@ -4,7 +4,10 @@ Each of ``--count`` clients holds a batch of ``--batch_size`` CIFAR-10 test imag
 (``--classes_per_batch`` classes drawn per batch, labels drawn from them with replacement, images of
 those classes from the first ``--pool`` test images; seeded) and sends one FedSGD gradient of the
 trained model (``--checkpoint``, e.g. ``experiments/train.py --model=resnet20 --train_mode ...``),
-which runs in evaluation mode as the server sent it.
+which runs in evaluation mode as the server sent it. ``--head=fresh`` (the default) replaces its last
+layer by a new random one, as HFGInv's protocol does (an ImageNet ResNet-34 with a new 1000-class
+head); ``--head=trained`` keeps the checkpoint's, where confidently classified examples leave their
+class almost no trace in the head's gradient.
 
 Two tables, on the same batches:
 
@@ -55,7 +58,8 @@ flags.DEFINE_integer("aux", 40, "Auxiliary images for HFGInv's feature profile: 
 flags.DEFINE_integer("iterations", 1500, "Iterations of every ablation variant (the presets' 15 000, scaled).")
 flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's variant keys "
                     "(tv, bn, stepwise, hfginv), or all; none skips the ablation.")
-flags.DEFINE_integer("seed", 0, "Seed of the batch sampler, the label search and the dummy data.")
+flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
+flags.DEFINE_integer("seed", 0, "Seed of the batch sampler, the label search, the fresh head and the dummy data.")
 common.define_output_flags("batch_table")
 flags.adopt_module_key_flags(common)
 
@@ -93,6 +97,11 @@ def main(argv):
   try:
     model = checkpoint.load_model(f.checkpoint, conv="auto")
     meta = checkpoint.read_metadata(f.checkpoint)
+    if f.head == "fresh":  # a new random head, initialised as the model initialises its own
+      fresh = checkpoint.model_from_metadata(meta, jax.random.fold_in(jax.random.key(f.seed), 10**6),
+                                             conv="auto")
+      params = {**model.variables["params"], "head": fresh.variables["params"]["head"]}
+      model = model._replace(variables={**model.variables, "params": params})
     if "batch_stats" not in model.variables:
       raise ValueError(f"{f.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode")
     norm = data.normalization(meta.get("normalization", "none"))
@@ -157,7 +166,7 @@ def main(argv):
           "device": str(jax.devices()[0]), "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "python": platform.python_version(),
           "checkpoint": f.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
-          "test_accuracy": meta.get("accuracy"), "count": f.count, "batch_size": f.batch_size,
+          "test_accuracy": meta.get("accuracy"), "head": f.head, "count": f.count, "batch_size": f.batch_size,
           "classes_per_batch": f.classes_per_batch, "iterations": f.iterations,
           "batches": batches.tolist(), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
@@ -189,9 +198,10 @@ def main(argv):
 
 
 def markdown(label_summary, ablation_summary, info) -> str:
+  head = "a fresh random head" if info["head"] == "fresh" else "its trained head"
   lines = [f"# Batch inversion on a trained {info['model']} (epoch {info['epoch']}, test accuracy "
-           f"{info['test_accuracy']}): {info['count']} CIFAR-10 batches of {info['batch_size']} with "
-           f"labels from {info['classes_per_batch']} classes", "", f"`{info['command']}`", "",
+           f"{info['test_accuracy']}) with {head}: {info['count']} CIFAR-10 batches of "
+           f"{info['batch_size']} with labels from {info['classes_per_batch']} classes", "", f"`{info['command']}`", "",
            f"{info['device']}; jax {info['jax']}, flax {info['flax']}, optax {info['optax']}, Python "
            f"{info['python']}; {info['wall_time_s']:.0f} s.", "", "## Labels", "",
            "| method | label accuracy (mean) | exact batches |", "|---|---|---|"]
