@@ -138,7 +138,9 @@ class Config:
                          "tune, sequential, vmap, map.", execution=True)
   map_batch_size: int | None = _field(None, "Restarts vectorised together by --strategy=map.",
                                       execution=True)
-  iterations: int | None = _field(None, "Optimizer iterations" + _PRESET + ".", attack="iterations")
+  iterations: int | None = _field(
+      None, "Optimizer iterations" + _PRESET + "; the preset's step counts (hfginv's prior starts and "
+      "layer schedule) scale with it.", attack="iterations")
   objective: str | None = _field(
       None, f"What is matched{_PRESET}: {_names(attacks.MODES)}.", attack="objective")
   optimizer: str | None = _field(
@@ -262,13 +264,18 @@ class Config:
 
 
 def get_attack(cfg: Config) -> attacks.Attack:
-  """The preset ``cfg.attack`` with the fields the configuration sets replaced."""
+  """The preset ``cfg.attack`` with the fields the configuration sets replaced. A new iteration
+  budget scales the preset's own step counts with it (:func:`gradjax.attacks.rescaled`: prior starts,
+  the stepwise period; no preset but ``hfginv`` has any), before the other fields are replaced."""
   overrides = {}
   for f in dataclasses.fields(cfg):
     value, parse = getattr(cfg, f.name), f.metadata["parse"]
     if f.metadata["attack"] and value is not None:
       overrides[f.metadata["attack"]] = parse(value) if parse else value
-  return attacks.get_attack(cfg.attack, **overrides)
+  preset = attacks.get_attack(cfg.attack)
+  if "iterations" in overrides:
+    preset = attacks.rescaled(preset, overrides["iterations"])
+  return dataclasses.replace(preset, **overrides)
 
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:

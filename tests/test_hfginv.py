@@ -127,6 +127,14 @@ def test_presets_and_rescaled():
   assert gi.stepwise is None and ("bn", 1e-4, 0) in gi.priors
   with pytest.raises(ValueError, match="iterations"):
     attacks.rescaled(hf, 0)
+  # The command line's --iterations scales the preset's steps; explicit --priors are taken as given.
+  from gradjax import pipeline
+  assert pipeline.get_attack(pipeline.Config(attack="hfginv", iterations=3000)) == small
+  assert pipeline.get_attack(pipeline.Config(attack="hfginv", iterations=3000,
+                                             priors="tv:0.1:7")).priors == (("tv", 0.1, 7),)
+  ig = attacks.get_attack("inverting_gradients")
+  assert pipeline.get_attack(pipeline.Config(attack="inverting_gradients", iterations=100)) == \
+      dataclasses.replace(ig, iterations=100)
 
 
 def test_hfginv_runs_on_a_batch_norm_network():
