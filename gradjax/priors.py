@@ -176,6 +176,13 @@ def batch_statistics(network: Network, x) -> BatchStatistics:
                          tuple(found[p][1] for p in order), logits)
 
 
+def _norm(d):
+  """‖d‖₂ with gradient 0 (not NaN) where d = 0, as PyTorch's ``norm`` backward gives."""
+  s = jnp.sum(jnp.square(d))
+  positive = s > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, s, 1.0)), 0.0)
+
+
 def _running(variables, path):
   node = variables.get("batch_stats") if hasattr(variables, "get") else None
   for key in path:
@@ -207,7 +214,7 @@ def batch_norm_prior(x, network: Network, *, multipliers: Sequence[float] = (10.
   try:
     for i, (path, mean, var) in enumerate(zip(stats.paths, stats.means, stats.variances)):
       running_mean, running_var = _running(network.variables, path)
-      term = jnp.linalg.norm(mean - running_mean) + jnp.linalg.norm(var - running_var)
+      term = _norm(mean - running_mean) + _norm(var - running_var)
       total = total + (multipliers[i] if i < len(multipliers) else 1.0) * term
   except jax.errors.UnexpectedTracerError:
     raise ValueError("a BatchNorm layer runs inside a lifted transform (nn.remat, nn.scan): build "

@@ -122,3 +122,22 @@ def test_bn_prior_in_an_attack_and_its_errors():
     attacks.reconstruct(attack, lenet.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
   with pytest.raises(ValueError, match="network prior"):
     priors.combine([priors.Prior(priors.PRIORS["bn"], 1.0)])(x, 0)
+
+
+def test_gradient_is_finite_where_the_moments_equal_the_running_statistics():
+  """A batch whose first-layer moments equal the running ones exactly: the norm's gradient there is
+  0, not NaN (sqrt at 0)."""
+
+  class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      x = nn.BatchNorm(use_running_average=not train, use_fast_variance=False)(x)
+      return nn.Dense(2, name="head")(x.reshape(x.shape[0], -1))
+
+  module = Net()
+  x = jnp.array([[[[1.0]]], [[[-1.0]]]])  # mean 0, biased variance 1: the initial running statistics
+  variables = module.init(jax.random.key(0), x)
+  network = priors.Network(lambda v, x, t: module.apply(v, x, train=t), variables, False)
+  assert float(priors.batch_norm_prior(x, network)) == 0.0
+  grad = jax.grad(lambda x: priors.batch_norm_prior(x, network))(x)
+  np.testing.assert_array_equal(np.asarray(grad), 0.0)
