@@ -199,8 +199,9 @@ def main(argv):
 
 def markdown(label_summary, ablation_summary, info) -> str:
   head = "a fresh random head" if info["head"] == "fresh" else "its trained head"
+  accuracy = "n/a" if info["test_accuracy"] is None else f"{info['test_accuracy']:.1%}"
   lines = [f"# Batch inversion on a trained {info['model']} (epoch {info['epoch']}, test accuracy "
-           f"{info['test_accuracy']}) with {head}: {info['count']} CIFAR-10 batches of "
+           f"{accuracy}) with {head}: {info['count']} CIFAR-10 batches of "
            f"{info['batch_size']} with labels from {info['classes_per_batch']} classes", "", f"`{info['command']}`", "",
            f"{info['device']}; jax {info['jax']}, flax {info['flax']}, optax {info['optax']}, Python "
            f"{info['python']}; {info['wall_time_s']:.0f} s.", "", "## Labels", "",
