@@ -76,16 +76,18 @@ def test_prior_equals_numpy_moments(remat, train):
       np.testing.assert_allclose(float(priors.PRIORS[name](x, network)), want, rtol=1e-7)
 
 
+class FirstLayerBatchNorm(nn.Module):
+  """BatchNorm on the input, then the head: the layer's input moments are the input's own."""
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    x = nn.BatchNorm(use_running_average=not train, use_fast_variance=False)(x)
+    return nn.Dense(3, name="head")(x.reshape(x.shape[0], -1))
+
+
 def test_moments_of_a_first_layer_batch_norm_are_the_inputs_moments():
   """A model whose first layer is BatchNorm: its input moments are those of x itself."""
-
-  class Net(nn.Module):
-    @nn.compact
-    def __call__(self, x, train=False):
-      x = nn.BatchNorm(use_running_average=not train, use_fast_variance=False)(x)
-      return nn.Dense(3, name="head")(x.reshape(x.shape[0], -1))
-
-  module = Net()
+  module = FirstLayerBatchNorm()
   x = np.random.default_rng(0).normal(1.5, 2.0, (5, 4, 4, 2)).astype(np.float32)
   variables = module.init(jax.random.key(0), x)
   apply_fn = lambda v, x, train: module.apply(v, x, train=train, mutable=False) if not train \
@@ -127,14 +129,7 @@ def test_bn_prior_in_an_attack_and_its_errors():
 def test_gradient_is_finite_where_the_moments_equal_the_running_statistics():
   """A batch whose first-layer moments equal the running ones exactly: the norm's gradient there is
   0, not NaN (sqrt at 0)."""
-
-  class Net(nn.Module):
-    @nn.compact
-    def __call__(self, x, train=False):
-      x = nn.BatchNorm(use_running_average=not train, use_fast_variance=False)(x)
-      return nn.Dense(2, name="head")(x.reshape(x.shape[0], -1))
-
-  module = Net()
+  module = FirstLayerBatchNorm()
   x = jnp.array([[[[1.0]]], [[[-1.0]]]])  # mean 0, biased variance 1: the initial running statistics
   variables = module.init(jax.random.key(0), x)
   network = priors.Network(lambda v, x, t: module.apply(v, x, train=t), variables, False)
