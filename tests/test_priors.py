@@ -128,7 +128,7 @@ def test_errors():
   with pytest.raises(ValueError, match="eps"):
     priors.total_variation(x, form="isotropic", eps=-1.0)
   with pytest.raises(ValueError, match="unknown prior"):
-    priors.get_prior("bn")
+    priors.get_prior("group_consistency")
   with pytest.raises(ValueError, match="integer"):
     priors.step_on(1.0, 2.5)
   with pytest.raises(ValueError, match="pairs"):
