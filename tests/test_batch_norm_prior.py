@@ -124,6 +124,11 @@ def test_bn_prior_in_an_attack_and_its_errors():
     attacks.reconstruct(attack, lenet.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
   with pytest.raises(ValueError, match="network prior"):
     priors.combine([priors.Prior(priors.PRIORS["bn"], 1.0)])(x, 0)
+  bound = priors.get_prior("bn", multipliers=(1.0,))  # keywords bound, still a network prior
+  assert isinstance(bound, priors.NetworkPrior)
+  network = priors.Network(model.apply_fn, model.variables)
+  np.testing.assert_allclose(float(bound(x, network)),
+                             float(priors.batch_norm_prior(x, network, multipliers=(1.0,))), rtol=1e-6)
 
 
 def test_gradient_is_finite_where_the_moments_equal_the_running_statistics():
