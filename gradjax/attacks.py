@@ -483,9 +483,10 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     raise ValueError("the BatchNorm prior needs a model with BatchNorm running statistics "
                      "(variables['batch_stats']); this one has none")
   positions = None
-  if attack.stepwise is not None:
+  if attack.stepwise is not None:  # depth from the model's call order, not the dicts' (sorted) order
+    order = distances.module_call_order(apply_fn, observation.variables, jnp.zeros((1, *input_shape), dtype))
     positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
-                             distances.leaf_positions(observation.variables["params"]))
+                             distances.leaf_positions(observation.variables["params"], order))
   init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),
                         tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
                         attack.objective == "dlm")

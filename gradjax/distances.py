@@ -151,11 +151,43 @@ def layer_index(params) -> PyTree:
   return _map_paths(lambda path: index[path[:-1]], params)
 
 
-def leaf_positions(params) -> PyTree:
+def module_call_order(apply_fn: Callable, variables, x) -> list[tuple[str, ...]]:
+  """Module paths in the order the model calls them on ``x`` (each at its first call): the depth
+  order of its layers whatever the order of the dicts in ``variables`` (a tree that went through
+  ``jit`` comes back with sorted keys: "BasicBlock_0" before the stem's "Conv_0"). Read by a linen
+  method interceptor during ``jax.eval_shape``, so nothing is computed."""
+  from flax import linen as nn  # noqa: PLC0415 (only this function needs Flax)
+  order = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.method_name == "__call__":
+      path = tuple(context.module.path)
+      if path not in order:
+        order.append(path)
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    jax.eval_shape(lambda v, x: apply_fn(v, x, False), variables, x)
+  return order
+
+
+_WEIGHT_FIRST = {"kernel": 0, "scale": 0, "embedding": 0, "bias": 1}
+
+
+def leaf_positions(params, order: Sequence[tuple[str, ...]] | None = None) -> PyTree:
   """Tree of ``params``' structure holding each leaf's position 0..L−1 in depth order (one per
   parameter tensor, as PyTorch's ``model.parameters()`` counts them; :func:`layer_index` counts
-  modules). Pass the model's parameters, whose dicts are in call order."""
-  index = {path: i for i, path in enumerate(layer_paths(params))}
+  modules).
+
+  ``order``: the modules' call order (:func:`module_call_order`); leaves follow their module's place in it,
+  and within a module the weight (kernel, scale, embedding) comes before the bias. Without it, the
+  dicts' insertion order is taken, which is the call order only for a tree that never went through a
+  JAX transformation."""
+  paths = layer_paths(params)
+  if order is not None:
+    rank = {path: i for i, path in enumerate(order)}
+    paths = sorted(paths, key=lambda p: (rank.get(p[:-1], len(rank)), _WEIGHT_FIRST.get(p[-1], 2), p[-1]))
+  index = {path: i for i, path in enumerate(paths)}
   return _map_paths(lambda path: index[path], params)
 
 

@@ -215,3 +215,21 @@ def test_train_and_batch_table_programs(tmp_path):
     assert f"{summary['psnr_mean']:.2f}" in proc.stdout
   bad = run("batch_table.py", "--count=1", f"--output_dir={tmp_path / 'bad2'}")
   assert bad.returncode == 2 and "--checkpoint is required" in bad.stderr
+
+
+def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():
+  """A created model's params come back from jit with sorted keys ("BasicBlock_0" before the stem's
+  "Conv_0"); the call order puts the leaves as PyTorch's model.parameters() lists them."""
+  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  order = distances.module_call_order(model.apply_fn, model.variables, jnp.zeros((1, 8, 8, 3)))
+  positions = distances.leaf_positions(model.variables["params"], order)
+  flat = sorted((int(v), "/".join(str(k.key) for k in path))
+                for path, v in jax.tree_util.tree_flatten_with_path(positions)[0])
+  names = [name for _, name in flat]
+  want = ["Conv_0/kernel", "BatchNorm_0/scale", "BatchNorm_0/bias"]
+  for b, shortcut in ((0, False), (1, True), (2, True)):
+    for k in (0, 1) + ((2,) if shortcut else ()):
+      want += [f"BasicBlock_{b}/Conv_{k}/kernel", f"BasicBlock_{b}/BatchNorm_{k}/scale",
+               f"BasicBlock_{b}/BatchNorm_{k}/bias"]
+  assert names == want + ["head/kernel", "head/bias"]
+  assert [v for v, _ in flat] == list(range(len(want) + 2))
