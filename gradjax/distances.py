@@ -20,12 +20,14 @@ Conventions (they change published numbers, so they are explicit):
 * ``gaussian_kernel``: SAPAG's Σ_l Q_l (1 − exp(−‖Δ_l‖² / σ_l²)), σ_l² the population variance of
   the observed leaf.
 
-Depth order: ``jax.tree`` flattening (and so ``jax.grad`` and ``jax.tree.map`` outputs) sorts dict
-keys, so "Conv_10" comes before "Conv_2" and "BatchNorm_0" before "Conv_0". :func:`layer_paths`
-instead follows the dicts' insertion order, which for ``model.variables["params"]`` is the order in
-which Flax created the modules, i.e. call order. Build depth weights from the model's parameters
-outside ``jit`` (a tree passed through ``jit`` is sorted too), or, for a gradient tree, through
-:func:`call_order`, which recovers the order from the module names where they determine it.
+Depth order: ``jax.tree`` flattening (and so ``jax.grad``, ``jax.jit`` and ``jax.tree.map`` outputs)
+sorts dict keys, so "Conv_10" comes before "Conv_2" and "BatchNorm_0" before "Conv_0". :func:`layer_paths`
+follows the dicts' insertion order, which is Flax's creation (call) order only for a tree that never
+went through a transformation; ``models.create`` initialises in a compiled program, so its
+``variables["params"]`` are sorted. :func:`module_call_order` reads the true call order from the model
+itself (:func:`leaf_positions` takes it); :func:`call_order` recovers it from the module names where
+they determine it (the LeNets, the MLP). :func:`depth_weights` still reads the insertion order: right
+for the LeNets and the MLP, not for models that interleave Conv_k and BatchNorm_k.
 """
 
 import functools
