@@ -478,10 +478,11 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                                          permutations, permutation_seed)
   k = orders.shape[0]
   weights = layer_weights(attack, observation)
-  if any(name.startswith("bn") for name, _, _ in attack.priors) and \
-      "batch_stats" not in observation.variables:
-    raise ValueError("the BatchNorm prior needs a model with BatchNorm running statistics "
-                     "(variables['batch_stats']); this one has none")
+  for name, _, _ in attack.priors:
+    missing = [c for c in getattr(priors_lib.PRIORS[name], "needs", ()) if c not in observation.variables]
+    if missing:
+      raise ValueError(f"prior {name!r} reads the model's {', '.join(missing)} (a BatchNorm network's "
+                       "running statistics); this model has none")
   positions = None
   if attack.stepwise is not None:  # depth from the model's call order, not the dicts' (sorted) order
     order = distances.module_call_order(apply_fn, observation.variables, jnp.zeros((1, *input_shape), dtype))

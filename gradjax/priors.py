@@ -95,9 +95,11 @@ class Network(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class NetworkPrior:
-  """A prior ``fn(x, network) -> scalar`` that reads the model as well as the image."""
+  """A prior ``fn(x, network) -> scalar`` that reads the model as well as the image; ``needs``: the
+  variable collections it reads besides ``params`` (checked before an attack compiles)."""
 
   fn: Callable[[jax.Array, Network], jax.Array]
+  needs: tuple[str, ...] = ()
 
   def __call__(self, x, network: Network) -> jax.Array:
     return self.fn(x, network)
@@ -276,8 +278,9 @@ PRIORS: dict[str, PriorFn] = {
     "tv": total_variation,                                          # Inverting Gradients' mean form
     "tv_isotropic": functools.partial(total_variation, form="isotropic"),
     "l2": l2_norm,
-    "bn": NetworkPrior(batch_norm_prior),                           # GradInversion, first layer ×10
-    "bn_hfginv": NetworkPrior(functools.partial(batch_norm_prior, multipliers=(1.3, 3.0))),
+    "bn": NetworkPrior(batch_norm_prior, ("batch_stats",)),         # GradInversion, first layer ×10
+    "bn_hfginv": NetworkPrior(functools.partial(batch_norm_prior, multipliers=(1.3, 3.0)),
+                              ("batch_stats",)),
 }
 
 
@@ -291,5 +294,5 @@ def get_prior(name: str, **kwargs) -> PriorFn:
   if not kwargs:
     return fn
   if isinstance(fn, NetworkPrior):
-    return NetworkPrior(functools.partial(fn.fn, **kwargs))
+    return NetworkPrior(functools.partial(fn.fn, **kwargs), fn.needs)
   return functools.partial(fn, **kwargs)
