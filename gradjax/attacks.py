@@ -387,19 +387,24 @@ def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, 
   return jax.vmap(lambda kr: init_dummy(kr, init, shape, label_shape, bounds, dtype, gamma=gamma))(keys)
 
 
-def layer_weights(attack: Attack, observation: Observation):
+def weight_schedule(attack: Attack) -> str | None:
+  """The :func:`gradjax.distances.depth_weights` schedule ``attack`` weights its layers by, or None."""
+  if attack.layer_weights is None and attack.distance.startswith("gaussian_kernel"):
+    return "inverse"  # SAPAG's Q_l = 1/(l+1)
+  return attack.layer_weights
+
+
+def layer_weights(attack: Attack, observation: Observation, order=None):
   """Per-leaf distance weights of ``attack`` (a pytree of scalars), or None for unweighted.
 
-  Depth is read from ``observation.variables["params"]``, whose dict insertion order is Flax's module
-  creation (call) order; it is computed here, outside ``jit``, because trees that pass through JAX
-  transformations come back with sorted keys. ``gaussian_kernel`` defaults to SAPAG's Q_l = 1/(l+1).
+  Depth is the modules' call ``order`` (:func:`gradjax.distances.module_call_order`; without it, the
+  insertion order of ``observation.variables["params"]``, which a model built under ``jit`` has
+  lost); computed here, outside ``jit``. ``gaussian_kernel`` defaults to SAPAG's Q_l = 1/(l+1).
   """
-  schedule = attack.layer_weights
-  if schedule is None and attack.distance.startswith("gaussian_kernel"):
-    schedule = "inverse"
+  schedule = weight_schedule(attack)
   if schedule is None:
     return None
-  w = distances.depth_weights(observation.variables["params"], schedule)
+  w = distances.depth_weights(observation.variables["params"], schedule, order=order)
   return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
 
 
@@ -477,15 +482,17 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     orders = permutations_lib.candidates(np.asarray(known), local and local.batch_size,
                                          permutations, permutation_seed)
   k = orders.shape[0]
-  weights = layer_weights(attack, observation)
+  order = None  # depth from the model's call order, not the dicts' (sorted) order
+  if attack.stepwise is not None or weight_schedule(attack) is not None:
+    order = distances.module_call_order(apply_fn, observation.variables, jnp.zeros((1, *input_shape), dtype))
+  weights = layer_weights(attack, observation, order)
   for name, _, _ in attack.priors:
     missing = [c for c in getattr(priors_lib.PRIORS[name], "needs", ()) if c not in observation.variables]
     if missing:
       raise ValueError(f"prior {name!r} reads the model's {', '.join(missing)} (a BatchNorm network's "
                        "running statistics); this model has none")
   positions = None
-  if attack.stepwise is not None:  # depth from the model's call order, not the dicts' (sorted) order
-    order = distances.module_call_order(apply_fn, observation.variables, jnp.zeros((1, *input_shape), dtype))
+  if attack.stepwise is not None:
     positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
                              distances.leaf_positions(observation.variables["params"], order))
   init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),

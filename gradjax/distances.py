@@ -25,9 +25,8 @@ sorts dict keys, so "Conv_10" comes before "Conv_2" and "BatchNorm_0" before "Co
 follows the dicts' insertion order, which is Flax's creation (call) order only for a tree that never
 went through a transformation; ``models.create`` initialises in a compiled program, so its
 ``variables["params"]`` are sorted. :func:`module_call_order` reads the true call order from the model
-itself (:func:`leaf_positions` takes it); :func:`call_order` recovers it from the module names where
-they determine it (the LeNets, the MLP). :func:`depth_weights` still reads the insertion order: right
-for the LeNets and the MLP, not for models that interleave Conv_k and BatchNorm_k.
+itself (:func:`layer_index`, :func:`leaf_positions` and :func:`depth_weights` take it);
+:func:`call_order` recovers it from the module names where they determine it (the LeNets, the MLP).
 """
 
 import functools
@@ -139,17 +138,26 @@ def _map_paths(fn, params):
   return jax.tree_util.tree_map_with_path(lambda p, _: fn(_key(p)), params)
 
 
-def layer_index(params) -> PyTree:
+def _module_ranks(paths, order) -> dict:
+  """Module path -> depth rank: the modules' place in ``order`` (their call order), or the dicts'
+  insertion order without one; modules ``order`` does not name keep their insertion order after it."""
+  modules = list(dict.fromkeys(path[:-1] for path in paths))
+  if order:
+    rank = {path: i for i, path in enumerate(order)}
+    modules.sort(key=lambda m: rank.get(m, len(rank)))
+  return {m: i for i, m in enumerate(modules)}
+
+
+def layer_index(params, order: Sequence[tuple[str, ...]] | None = None) -> PyTree:
   """Tree of ``params``' structure holding each leaf's layer index l = 0, 1, ... in depth order.
 
   A layer is a module: the leaves of one dict (``Conv_0/kernel`` and ``Conv_0/bias``) share an index;
-  nested modules count separately in creation order (ResNet: Conv_0, BatchNorm_0,
-  BasicBlock_0/Conv_0, BasicBlock_0/BatchNorm_0, ...). The last index is L − 1 ("head" for gradjax
-  models).
+  nested modules count separately (ResNet: Conv_0, BatchNorm_0, BasicBlock_0/Conv_0,
+  BasicBlock_0/BatchNorm_0, ...). The last index is L − 1 ("head" for gradjax models). ``order``: the
+  modules' call order (:func:`module_call_order`); without it the dicts' insertion order is taken,
+  which is the call order only for a tree that never went through a JAX transformation.
   """
-  index = {}
-  for path in layer_paths(params):
-    index.setdefault(path[:-1], len(index))
+  index = _module_ranks(layer_paths(params), order)
   return _map_paths(lambda path: index[path[:-1]], params)
 
 
@@ -186,9 +194,9 @@ def leaf_positions(params, order: Sequence[tuple[str, ...]] | None = None) -> Py
   dicts' insertion order is taken, which is the call order only for a tree that never went through a
   JAX transformation."""
   paths = layer_paths(params)
-  if order is not None:
-    rank = {path: i for i, path in enumerate(order)}
-    paths = sorted(paths, key=lambda p: (rank.get(p[:-1], len(rank)), _WEIGHT_FIRST.get(p[-1], 2), p[-1]))
+  if order:
+    rank = _module_ranks(paths, order)
+    paths = sorted(paths, key=lambda p: (rank[p[:-1]], _WEIGHT_FIRST.get(p[-1], 2), p[-1]))
   index = {path: i for i, path in enumerate(paths)}
   return _map_paths(lambda path: index[path], params)
 
@@ -196,25 +204,26 @@ def leaf_positions(params, order: Sequence[tuple[str, ...]] | None = None) -> Py
 SCHEDULES = ("inverse", "linear", "exp")
 
 
-def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5) -> PyTree:
+def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5,
+                  order: Sequence[tuple[str, ...]] | None = None) -> PyTree:
   """Per-leaf weights Q_l decreasing with depth, as a tree of ``params``' structure (Python floats).
 
-  With l the layer index of :func:`layer_index` (insertion order of ``params``) and L the number of
-  layers::
+  With l the layer index of :func:`layer_index` (in the modules' call ``order``, or the insertion
+  order of ``params`` without one) and L the number of layers::
 
     inverse  Q_l = 1 / (l + 1)     (SAPAG-style default of :func:`gaussian_kernel`)
     linear   Q_l = (L − l) / L
     exp      Q_l = decay ** l
 
-  Pass the model's parameters (``model.variables["params"]``), whose dicts are in call order; a
-  gradient from ``jax.grad`` has its keys sorted. Combine with :func:`select_layers` by
+  Pass the model's parameters with ``order=module_call_order(...)`` (a model built under ``jit``, as
+  ``models.create`` does, and any gradient from ``jax.grad`` have their keys sorted). Combine with :func:`select_layers` by
   ``jax.tree.map(operator.mul, q, s)``.
   """
   if schedule not in SCHEDULES:
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
   if not (np.isfinite(decay) and decay > 0):
     raise ValueError(f"decay must be positive, got {decay}")
-  index = layer_index(params)
+  index = layer_index(params, order)
   num = max(jax.tree.leaves(index), default=-1) + 1
   rule = {"inverse": lambda l: 1.0 / (l + 1), "linear": lambda l: (num - l) / num,
           "exp": lambda l: float(decay) ** l}[schedule]
@@ -269,7 +278,7 @@ def call_order(tree):
   matches = {k: _AUTO_NAME.fullmatch(k) for k, _ in children if k != "head"}
   if not all(matches.values()) or len({m[1] for m in matches.values()}) > 1:
     raise ValueError(f"cannot infer the depth order of modules {sorted(matches)[:4]} from a "
-                     "gradient tree (JAX sorts keys); pass weights=depth_weights(params)")
+                     "gradient tree (JAX sorts keys); pass weights=depth_weights(params, order=...)")
   order = sorted(matches, key=lambda k: int(matches[k][2])) + (["head"] if "head" in tree else [])
   key = {str(k): k for k in tree}
   return {key[k]: call_order(tree[key[k]]) for k in order}
@@ -335,7 +344,8 @@ def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False) -
     "inverse"). The depth order is then inferred from the module names by :func:`call_order`, which
     only works when each module's submodules are one auto-named class (Conv_0, Conv_1, ..., then
     "head": the LeNets, the MLP) and raises otherwise; then pass
-    ``weights=depth_weights(model.variables["params"])``, built outside ``jit``.
+    ``weights=depth_weights(params, order=module_call_order(apply_fn, variables, x))``, built
+    outside ``jit``.
 
   Each term lies in [0, Q_l), so D is bounded and the gradient of a far-off layer vanishes. With
   the literal width (``per_entry=False``, s_l = 1) a random start has ‖Δ_l‖² ≈ n_l σ_l² for a leaf of

@@ -233,3 +233,42 @@ def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():
                f"BasicBlock_{b}/BatchNorm_{k}/bias"]
   assert names == want + ["head/kernel", "head/bias"]
   assert [v for v, _ in flat] == list(range(len(want) + 2))
+
+
+def test_depth_weights_follow_the_call_order():
+  """SAPAG's Q_l = 1/(l+1) over modules in the order the model calls them (stem first, head last),
+  not in the jit-sorted key order, and the attack builds them that way for a ResNet."""
+  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  order = distances.module_call_order(model.apply_fn, model.variables, jnp.zeros((1, 8, 8, 3)))
+  modules = ["Conv_0", "BatchNorm_0"]
+  for b, shortcut in ((0, False), (1, True), (2, True)):
+    for k in (0, 1) + ((2,) if shortcut else ()):
+      modules += [f"BasicBlock_{b}/Conv_{k}", f"BasicBlock_{b}/BatchNorm_{k}"]
+  modules.append("head")
+  want = {m: 1.0 / (i + 1) for i, m in enumerate(modules)}
+  for q in (distances.depth_weights(model.variables["params"], order=order),
+            attacks.layer_weights(attacks.get_attack("sapag"), clients.Observation(
+                gradient=model.variables["params"], variables=model.variables), order)):
+    got = {"/".join(str(k.key) for k in path[:-1]): float(v)
+           for path, v in jax.tree_util.tree_flatten_with_path(q)[0]}
+    assert got == pytest.approx(want)
+  sorted_q = distances.depth_weights(model.variables["params"])  # the sorted keys: the stem is not first
+  assert float(sorted_q["Conv_0"]["kernel"]) != 1.0
+
+
+def test_reconstruct_weights_layers_in_call_order(monkeypatch):
+  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  obs = clients.fedsgd(model.apply_fn, model.variables, jnp.full((1, 8, 8, 3), 0.5), jnp.array([1]))
+  seen = {}
+
+  def stop(solver, init, data, **kwargs):
+    seen["weights"] = data.weights
+    raise RuntimeError("stop")
+
+  monkeypatch.setattr(attacks.solvers, "run", stop)
+  with pytest.raises(RuntimeError, match="stop"):
+    attacks.reconstruct(attacks.get_attack("sapag"), model.apply_fn, obs, jax.random.key(1),
+                        input_shape=(8, 8, 3))
+  assert float(seen["weights"]["Conv_0"]["kernel"]) == 1.0
+  assert float(seen["weights"]["BatchNorm_0"]["scale"]) == 0.5
+  assert float(seen["weights"]["head"]["kernel"]) == pytest.approx(1 / 19)  # 18 modules before it
