@@ -17,12 +17,20 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   0-4 (``--suite_dataset``), one restart each: PSNR, SSIM, wall time.
 * ``fedavg``: the FedAvg replay (``inverting_gradients_fedavg``) on ``convnet`` at width 64, 4 images
   in 2 local steps of 2, labels known as a multiset with the permutation search.
+* ``batch``: issue 12's batch inversion at the papers' budget, which the CPU cannot afford: GradInversion
+  against HFGInv at 15 000 iterations on 10 CIFAR-10 batches of 8 with repeated labels, on the
+  committed trained ResNet-20 (``batch_table.py --variants=bn,hfginv``). Its attacks are kept as they
+  end; a call that reaches the 9-minute mark stops there and the next call of the part goes on.
+  Needs the CIFAR-10 test images (``--data_dir``).
 
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
 runs in a CPU test and cannot rot; its numbers mean nothing.
 """
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -30,7 +38,9 @@ import jax
 import benchmark_step as bs
 from gradjax import pipeline, report
 
-PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg")
+PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch")
+CHECKPOINT = os.path.join(os.path.dirname(__file__), "results", "train_resnet20_cifar10", "epoch_5.npz")
+BATCH_SECONDS = 540.0  # a call of the batch part stops here; the next one resumes
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16")
 
 
@@ -43,6 +53,8 @@ def sizes(quick: bool, dataset: str) -> dict:
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_iterations=10,
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
+                batch=["--count=1", "--batch_size=2", "--classes_per_batch=1", "--pool=40",
+                       "--aux=4", "--iterations=3"],
                 timing=dict(repeats=2, warmup=0, max_seconds=5.0))
   return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
               restart_counts=[1, 4, 16, 64, 256], strategies=("vmap", "map", "sequential"),
@@ -50,6 +62,7 @@ def sizes(quick: bool, dataset: str) -> dict:
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
               fedavg_model="convnet", fedavg_iterations=None, precisions=PRECISIONS,
               precision_attacks=("dlg", "inverting_gradients"),
+              batch=["--count=10", "--batch_size=8", "--iterations=15000"],
               timing=dict(repeats=20, warmup=3, max_seconds=20.0))
 
 
@@ -132,6 +145,29 @@ def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
   return [row]
 
 
+def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict] | None:
+  """The ablation's two last rows at full budget; None when this call ran out of time (the
+  attacks done so far are kept in ``out``/batch/items and the next call resumes)."""
+  folder = os.path.join(out, "batch")
+  cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "batch_table.py"),
+         f"--checkpoint={CHECKPOINT}", "--variants=bn,hfginv", f"--seed={seed}", "--resume",
+         f"--output_dir={folder}", *s["batch"]] + ([f"--data_dir={data_dir}"] if data_dir else [])
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BATCH_SECONDS)
+  except subprocess.TimeoutExpired:
+    print(f"batch: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
+    return None
+  if proc.returncode != 0:
+    raise RuntimeError(f"batch_table.py failed: {proc.stderr.strip().splitlines()[-1:]}")
+  with open(os.path.join(folder, "results.json"), encoding="utf-8") as fh:
+    result = json.load(fh)
+  rows = [dict(variant=r["variant"], iterations=result["iterations"], batches=result["count"],
+               psnr_mean=r["psnr_mean"], psnr_std=r["psnr_std"], ssim_mean=r["ssim_mean"],
+               lpips_mean=r.get("lpips_mean"), time_s=r["time_s"]) for r in result["ablation"]]
+  print(f"batch {rows}", flush=True)
+  return rows
+
+
 def table(rows: list[dict]) -> str:
   """A Markdown table of ``rows`` (the union of their keys, in first-seen order)."""
   keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -152,7 +188,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   s = sizes(quick, dataset)
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
-                  ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir))
+                  ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),
+                  batch=lambda: part_batch(s, seed, data_dir, out))
   for part in parts:
     path = os.path.join(out, f"gpu_{part}.json")
     if os.path.exists(path) and not overwrite:
@@ -160,6 +197,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
       continue
     start = time.perf_counter()
     rows = run_part[part]()
+    if rows is None:  # out of time: nothing to write yet
+      continue
     result = dict(header, part=part, quick=quick, seconds=time.perf_counter() - start, rows=rows)
     report.save_json(path, result)
     text = (f"## {part}\n\n`{header['command']}` on {header['environment']['device_kind']}, "

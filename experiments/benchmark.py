@@ -35,7 +35,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 
 ``--suite=gpu`` runs the accelerator suite instead (``accelerator_suite.py``: step time and memory,
 restarts 1-256, 64-restart DLG, matmul precisions, Inverting Gradients on ResNet20-4, the FedAvg
-replay), part by part; ``--quick`` shrinks it to a CPU smoke test.
+replay, GradInversion against HFGInv at 15 000 iterations), part by part; ``--quick`` shrinks it to a CPU smoke test.
 
 This builds on ``benchmark_step.py`` (its timing helpers, PyTorch ports and flags ``--models``,
 ``--repeats``, ``--warmup``, ``--max_seconds``, ``--torch`` and ``--seed``).

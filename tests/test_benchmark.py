@@ -50,13 +50,17 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
 def test_accelerator_suite_quick(tmp_path):
   """``--suite=gpu --quick`` runs every part on CPU and writes consistent tables; a second call keeps
   the parts already written."""
+  from gradjax import data
+  names = ["steps", "restarts", "dlg64", "precision", "ig", "fedavg"]
+  if data.default_data_dir() is not None:  # the batch part attacks CIFAR-10 test images
+    names.append("batch")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, os.path.join(ROOT, "experiments", "benchmark.py"), "--suite=gpu", "--quick",
          "--torch=off", f"--output_dir={tmp_path}"]
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+  proc = subprocess.run(cmd + [f"--parts={','.join(names)}"], capture_output=True, text=True, env=env,
+                        timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  parts = {p: json.loads((tmp_path / f"gpu_{p}.json").read_text())
-           for p in ("steps", "restarts", "dlg64", "precision", "ig", "fedavg")}
+  parts = {p: json.loads((tmp_path / f"gpu_{p}.json").read_text()) for p in names}
   assert all(d["quick"] and d["rows"] for d in parts.values())
   for r in parts["steps"]["rows"]:
     np.testing.assert_allclose(r["match_over_plain"], r["match_ms"] / r["plain_ms"], rtol=1e-12)
@@ -68,6 +72,11 @@ def test_accelerator_suite_quick(tmp_path):
   # The best of 2 restarts (restart 0 is the single run's start) is no worse than restart 0 alone.
   assert many["loss"] <= one["loss"]
   assert parts["fedavg"]["rows"][0]["candidates"] == 6  # 4 distinct labels in 2 steps of 2
+  if "batch" in parts:  # the rows are batch_table.py's, read back from its own items
+    items = [json.loads((tmp_path / "batch" / "items" / f"{key}_0.json").read_text()) for key in ("bn", "hfginv")]
+    assert [r["variant"] for r in parts["batch"]["rows"]] == ["+ BN prior (gradinversion)", "+ schedule (hfginv)"]
+    for row, item in zip(parts["batch"]["rows"], items):
+      assert row["psnr_mean"] == pytest.approx(item["psnr"]) and row["iterations"] == 3
   text = (tmp_path / "gpu.md").read_text()
   assert all(f"## {p}" in text for p in parts)
   again = subprocess.run(cmd + ["--parts=ig"], capture_output=True, text=True, env=env, timeout=300)
