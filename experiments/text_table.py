@@ -16,7 +16,9 @@ Both restrict tokens to the bag the embedding gradient reveals. The model is unt
 random one per sentence) and, with ``--checkpoint``, trained (``experiments/train.py --modality=text``;
 the same model for every sentence). Metrics: position-wise token accuracy, bag-of-words recall,
 sentences recovered exactly; example sentences as in the papers' tables. Each attack is kept in
-``items/`` as it ends; ``--resume`` reads them back.
+``items/`` as it ends; ``--resume`` reads them back. ``--methods`` also takes two other readings of
+SAPAG, to see what its row depends on: ``SAPAG-literal`` (the kernel width σ_l² as written, not per
+entry) and ``SAPAG-uniform`` (every layer weighted alike instead of Q_l = 1/(l+1)).
 
   python experiments/text_table.py --count=20
   python experiments/text_table.py --count=20 --checkpoint=runs/train_transformer_pydoc_fedsgd/epoch_1.npz
@@ -41,9 +43,13 @@ METHODS = {
     "DLG": dict(attack="dlg"),
     "SAPAG": dict(attack="sapag"),
     "cosine": dict(attack="dlg", distance="cosine"),
+    # Readings of SAPAG, to find out what its row depends on (not in the default table):
+    "SAPAG-literal": dict(attack="sapag", distance="gaussian_kernel"),  # σ_l² literal, not per entry
+    "SAPAG-uniform": dict(attack="sapag", layer_weights="uniform"),     # Q_l = 1, no depth weights
 }
+TABLE = ("DLG", "SAPAG", "cosine")
 
-flags.DEFINE_string("methods", ";".join(METHODS), f"Semicolon-separated subset of {'; '.join(METHODS)}.")
+flags.DEFINE_string("methods", ";".join(TABLE), f"Semicolon-separated subset of {'; '.join(METHODS)}.")
 flags.DEFINE_string("searches", ",".join(text.SEARCHES), "Comma-separated subset of "
                     f"{', '.join(text.SEARCHES)}.")
 flags.DEFINE_string("dataset", "pydoc", f"Corpus: {', '.join(corpus.CORPORA)}.")

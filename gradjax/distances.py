@@ -201,7 +201,7 @@ def leaf_positions(params, order: Sequence[tuple[str, ...]] | None = None) -> Py
   return _map_paths(lambda path: index[path], params)
 
 
-SCHEDULES = ("inverse", "linear", "exp")
+SCHEDULES = ("inverse", "linear", "exp", "uniform")
 
 
 def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5,
@@ -214,6 +214,7 @@ def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5,
     inverse  Q_l = 1 / (l + 1)     (SAPAG-style default of :func:`gaussian_kernel`)
     linear   Q_l = (L − l) / L
     exp      Q_l = decay ** l
+    uniform  Q_l = 1               (every layer alike: the unweighted distance, kept explicit)
 
   Pass the model's parameters with ``order=module_call_order(...)`` (a model built under ``jit``, as
   ``models.create`` does, and any gradient from ``jax.grad`` have their keys sorted). Combine with :func:`select_layers` by
@@ -226,7 +227,7 @@ def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5,
   index = layer_index(params, order)
   num = max(jax.tree.leaves(index), default=-1) + 1
   rule = {"inverse": lambda l: 1.0 / (l + 1), "linear": lambda l: (num - l) / num,
-          "exp": lambda l: float(decay) ** l}[schedule]
+          "exp": lambda l: float(decay) ** l, "uniform": lambda l: 1.0}[schedule]
   return jax.tree.map(lambda l: float(rule(l)), index)
 
 

@@ -219,7 +219,7 @@ def test_depth_order_lenet5(lenet5_params):
   index = distances.layer_index(lenet5_params)
   assert {k: set(v.values()) for k, v in index.items()} == {k: {i} for i, k in enumerate(CALL_ORDER)}
   for schedule, rule in [("inverse", lambda l: 1 / (l + 1)), ("linear", lambda l: (5 - l) / 5),
-                         ("exp", lambda l: 0.3**l)]:
+                         ("exp", lambda l: 0.3**l), ("uniform", lambda l: 1.0)]:
     q = distances.depth_weights(lenet5_params, schedule, decay=0.3)
     assert jax.tree.structure(q) == jax.tree.structure(lenet5_params)
     for l, k in enumerate(CALL_ORDER):
