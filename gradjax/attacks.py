@@ -84,9 +84,11 @@ PATTERN_SIZE = 4  # side of the random tile repeated by the "pattern" initialisa
 
 
 def label_strategies() -> tuple[str, ...]:
-  """``"joint"`` (optimise soft labels, DLG), ``"known"`` (shared by the threat model), or any
-  inference method of :data:`gradjax.labels.METHODS`."""
-  return ("joint", "known", *labels_lib.METHODS)
+  """``"joint"`` (optimise soft labels, DLG), ``"known"`` (shared by the threat model), any
+  inference method of :data:`gradjax.labels.METHODS`, or ``"hfginv"`` (HFGInv's duplicate-aware counts,
+  which read auxiliary images: infer them with :func:`gradjax.labels.hfginv` and attack with the
+  labels known, as ``pipeline.run`` does for ``--labels=hfginv``)."""
+  return ("joint", "known", *labels_lib.METHODS, "hfginv")
 
 
 def _check_distance(name: str, layer_weights: str | None) -> None:
@@ -461,6 +463,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     if observation.labels is None:
       raise ValueError("attack uses known labels but the observation carries none")
     known = jnp.asarray(observation.labels)
+  elif attack.labels == "hfginv":
+    raise ValueError("labels 'hfginv' read auxiliary images: infer them with gradjax.labels.hfginv, "
+                     "then attack observation.replace(labels=...) with labels='known'")
   else:
     known = jnp.asarray(labels_lib.infer(observation, attack.labels))
   lo, hi = (jnp.broadcast_to(jnp.asarray(b, dtype), input_shape[-1:]) for b in bounds)

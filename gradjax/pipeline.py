@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from gradjax import attacks, checkpoint, clients, corpus, data, defenses, distances, interop, lpips, metrics
@@ -158,8 +159,10 @@ class Config:
       None, f"Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none; "
       f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
   labels: str | None = _field(
-      None, f"Label strategy: joint, known, or an inference method ({_names(labels_lib.METHODS)}).",
-      attack="labels")
+      None, f"Label strategy: joint, known, an inference method ({_names(labels_lib.METHODS)}) or "
+      "hfginv (duplicate-aware counts from --aux images).", attack="labels")
+  aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
+                    "dataset's images after the attacked batch (Ye et al. use 40).")
   schedule: str | None = _field(
       None, f"Learning-rate schedule{_PRESET}: {_names(solvers.SCHEDULES)}.", attack="schedule")
   box: bool | None = _field(None, "Clamp dummy data to the valid image range after every step.",
@@ -363,6 +366,28 @@ def load_batch(cfg: Config) -> data.Dataset:
                      f"{cfg.index}..{cfg.index + cfg.batch_size - 1}; {e}") from None
 
 
+def hfginv_labels(cfg: Config, model, observation, norm, key) -> jax.Array:
+  """HFGInv's labels of ``observation`` (:func:`gradjax.labels.hfginv`), its feature profile from
+  ``cfg.aux`` images of the dataset after the attacked batch, which the client does not hold."""
+  if cfg.dataset is None:
+    raise ValueError("--labels=hfginv reads auxiliary images of --dataset; none is given")
+  if cfg.aux < 2:
+    raise ValueError(f"--aux must be at least 2 images, got {cfg.aux}")
+  start = cfg.index + observation.num_samples
+  size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
+  try:
+    aux = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(start, start + cfg.aux),
+                    image_size=size, channels=cfg.channels)
+  except ValueError as e:
+    if "out of range" not in str(e):
+      raise
+    raise ValueError(f"--labels=hfginv takes --aux {cfg.aux} images after the batch, "
+                     f"{start}..{start + cfg.aux - 1}; {e}") from None
+  profile = labels_lib.feature_profile(model.apply_fn, model.variables,
+                                       jnp.asarray(data.normalize(aux.x, norm), np.float32))
+  return labels_lib.hfginv(observation, profile, key)
+
+
 def _captured(cfg: Config, batch: data.Dataset | None):
   """(model, observation) from the captured files of ``cfg``."""
   input_shape = None
@@ -534,6 +559,11 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     # One local step is lr times a gradient: match that gradient (several steps raise, naming the
     # objectives that replay them).
     observation = clients.update_as_gradient(observation)
+
+  if attack.labels == "hfginv":  # inferred here, where the auxiliary images are, then attacked as known
+    observation = observation.replace(
+        labels=hfginv_labels(cfg, model, observation, norm, jax.random.fold_in(key_attack, 1)))
+    attack = dataclasses.replace(attack, labels="known")
 
   trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm)
   timing = _Resumable(cfg, state, trace)

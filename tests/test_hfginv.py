@@ -272,3 +272,23 @@ def test_reconstruct_weights_layers_in_call_order(monkeypatch):
   assert float(seen["weights"]["Conv_0"]["kernel"]) == 1.0
   assert float(seen["weights"]["BatchNorm_0"]["scale"]) == 0.5
   assert float(seen["weights"]["head"]["kernel"]) == pytest.approx(1 / 19)  # 18 modules before it
+
+
+def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
+  """--labels=hfginv: the profile from --aux images after the batch, the labels HFGInv's, then the
+  attack with them known; too few images is a one-line error."""
+  from gradjax import data, labels, pipeline
+  cfg = pipeline.Config(model="resnet8", batch_size=2, index=3, aux=4, labels="hfginv", iterations=2,
+                        lpips="none")
+  results, _ = pipeline.run(cfg)
+  batch = data.load("skimage", indices=range(3, 5))
+  aux = data.load("skimage", indices=range(5, 9))
+  key_model, key_attack, _ = pipeline.experiment_keys(cfg.seed, cfg.index)
+  model = models.create("resnet8", key_model, input_shape=batch.x.shape[1:], num_classes=batch.num_classes)
+  obs = clients.fedsgd(model.apply_fn, model.variables, jnp.asarray(batch.x), jnp.asarray(batch.y))
+  want = labels.hfginv(obs, labels.feature_profile(model.apply_fn, model.variables, jnp.asarray(aux.x)),
+                       jax.random.fold_in(key_attack, 1))
+  assert sorted(results["labels_reconstructed"]) == sorted(np.asarray(want).tolist())
+  assert results["config"]["labels"] == "hfginv"
+  with pytest.raises(ValueError, match="--aux 40 images after the batch"):
+    pipeline.run(dataclasses.replace(cfg, aux=40))
