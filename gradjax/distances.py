@@ -217,8 +217,8 @@ def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5,
     uniform  Q_l = 1               (every layer alike: the unweighted distance, kept explicit)
 
   Pass the model's parameters with ``order=module_call_order(...)`` (a model built under ``jit``, as
-  ``models.create`` does, and any gradient from ``jax.grad`` have their keys sorted). Combine with :func:`select_layers` by
-  ``jax.tree.map(operator.mul, q, s)``.
+  ``models.create`` does, and any gradient from ``jax.grad`` have their keys sorted). Combine with
+  :func:`select_layers` by ``jax.tree.map(operator.mul, q, s)``.
   """
   if schedule not in SCHEDULES:
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
