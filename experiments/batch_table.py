@@ -6,8 +6,8 @@ those classes from the first ``--pool`` test images; seeded) and sends one FedSG
 trained model (``--checkpoint``, e.g. ``experiments/train.py --model=resnet20 --train_mode ...``),
 which runs in evaluation mode as the server sent it. ``--head=fresh`` (the default) replaces its last
 layer by a new random one, as HFGInv's protocol does (an ImageNet ResNet-34 with a new 1000-class
-head); ``--head=trained`` keeps the checkpoint's, where confidently classified examples leave their
-class almost no trace in the head's gradient.
+head; ``--head_classes`` sets the new head's width); ``--head=trained`` keeps the checkpoint's, where
+confidently classified examples leave their class almost no trace in the head's gradient.
 
 Two tables, on the same batches:
 
@@ -59,6 +59,7 @@ flags.DEFINE_integer("iterations", 1500, "Iterations of every ablation variant (
 flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's variant keys "
                     "(tv, bn, stepwise, hfginv), or all; none skips the ablation.")
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
+flags.DEFINE_integer("head_classes", None, "--head=fresh: classes of the new head (default: the checkpoint's; HFGInv's protocol has 1000). Labels stay CIFAR-10's 0-9: more classes only thin out every class's share of the softmax.")
 flags.DEFINE_integer("seed", 0, "Seed of the batch sampler, the label search, the fresh head and the dummy data.")
 common.define_output_flags("batch_table")
 flags.adopt_module_key_flags(common)
@@ -97,11 +98,15 @@ def main(argv):
   try:
     model = checkpoint.load_model(f.checkpoint, conv="auto")
     meta = checkpoint.read_metadata(f.checkpoint)
+    if f.head_classes is not None and (f.head != "fresh" or f.head_classes < 10):
+      raise ValueError(f"--head_classes needs --head=fresh and at least CIFAR-10's 10 classes, got "
+                       f"{f.head_classes}")
     if f.head == "fresh":  # a new random head, initialised as the model initialises its own
-      fresh = checkpoint.model_from_metadata(meta, jax.random.fold_in(jax.random.key(f.seed), 10**6),
-                                             conv="auto")
+      fresh = checkpoint.model_from_metadata(
+          {**meta, "num_classes": f.head_classes or meta["num_classes"]},
+          jax.random.fold_in(jax.random.key(f.seed), 10**6), conv="auto")
       params = {**model.variables["params"], "head": fresh.variables["params"]["head"]}
-      model = model._replace(variables={**model.variables, "params": params})
+      model = fresh._replace(variables={**model.variables, "params": params})
     if "batch_stats" not in model.variables:
       raise ValueError(f"{f.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode")
     norm = data.normalization(meta.get("normalization", "none"))
@@ -166,7 +171,8 @@ def main(argv):
           "device": str(jax.devices()[0]), "jax": jax.__version__, "flax": flax.__version__,
           "optax": optax.__version__, "python": platform.python_version(),
           "checkpoint": f.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
-          "test_accuracy": meta.get("accuracy"), "head": f.head, "count": f.count, "batch_size": f.batch_size,
+          "test_accuracy": meta.get("accuracy"), "head": f.head,
+          "head_classes": int(model.num_classes), "count": f.count, "batch_size": f.batch_size,
           "classes_per_batch": f.classes_per_batch, "iterations": f.iterations,
           "batches": batches.tolist(), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
@@ -198,7 +204,8 @@ def main(argv):
 
 
 def markdown(label_summary, ablation_summary, info) -> str:
-  head = "a fresh random head" if info["head"] == "fresh" else "its trained head"
+  head = (f"a fresh random {info['head_classes']}-class head" if info["head"] == "fresh"
+          else "its trained head")
   accuracy = "n/a" if info["test_accuracy"] is None else f"{info['test_accuracy']:.1%}"
   lines = [f"# Batch inversion on a trained {info['model']} (epoch {info['epoch']}, test accuracy "
            f"{accuracy}) with {head}: {info['count']} CIFAR-10 batches of "

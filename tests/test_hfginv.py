@@ -215,6 +215,8 @@ def test_train_and_batch_table_programs(tmp_path):
     assert f"{summary['psnr_mean']:.2f}" in proc.stdout
   bad = run("batch_table.py", "--count=1", f"--output_dir={tmp_path / 'bad2'}")
   assert bad.returncode == 2 and "--checkpoint is required" in bad.stderr
+  bad = run("batch_table.py", f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}")
+  assert bad.returncode == 2 and "--head_classes needs --head=fresh and at least" in bad.stderr
 
 
 def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():
