@@ -56,6 +56,8 @@ flags.DEFINE_integer("classes_per_batch", 4, "Distinct classes the labels are dr
 flags.DEFINE_integer("pool", 500, "Batches take their images from the first POOL CIFAR-10 test images.")
 flags.DEFINE_integer("aux", 40, "Auxiliary images for HFGInv's feature profile: the test images after the pool.")
 flags.DEFINE_integer("iterations", 1500, "Iterations of every ablation variant (the presets' 15 000, scaled).")
+flags.DEFINE_list("batches", None, "Attack only these batch numbers (0-based) in this call, e.g. to "
+                  "share the ablation between processes; a later --resume call without it reads them back.")
 flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's variant keys "
                     "(tv, bn, stepwise, hfginv), or all; none skips the ablation.")
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
@@ -92,6 +94,12 @@ def main(argv):
       [k.strip() for k in f.variants.split(",") if k.strip()]
   if any(k not in table for k in keys):
     common.fail(f"--variants: choose from {', '.join(table)}, all or none; got {f.variants!r}")
+  try:
+    only = None if f.batches is None else {int(b) for b in f.batches}
+  except ValueError:
+    common.fail(f"--batches must be batch numbers, got {f.batches}")
+  if only is not None and not only <= set(range(f.count)):
+    common.fail(f"--batches must lie in 0..{f.count - 1}, got {sorted(only)}")
   out = common.output_folder("batch_table", own=("results.*", "items/*", "batch_0.png"))
   os.makedirs(os.path.join(out, "items"), exist_ok=True)
   start = time.perf_counter()
@@ -138,7 +146,7 @@ def main(argv):
                                    "exact": sorted(got.tolist()) == sorted(y.tolist())})
       except ValueError as e:
         label_rows[method].append({"batch": b, "error": str(e), "accuracy": 0.0, "exact": False})
-    for key in keys:
+    for key in keys if only is None or b in only else ():
       name, attack = table[key]
       path = os.path.join(out, "items", f"{key}_{b}")
       if f.resume and os.path.exists(path + ".json"):
@@ -174,7 +182,7 @@ def main(argv):
           "test_accuracy": meta.get("accuracy"), "head": f.head,
           "head_classes": int(model.num_classes), "count": f.count, "batch_size": f.batch_size,
           "classes_per_batch": f.classes_per_batch, "iterations": f.iterations,
-          "batches": batches.tolist(), "wall_time_s": wall}
+          "batches": batches.tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
                     "exact": int(sum(r["exact"] for r in rows)), "batches": len(rows),
                     "error": next((r["error"] for r in rows if "error" in r), None)}
@@ -217,7 +225,9 @@ def markdown(label_summary, ablation_summary, info) -> str:
     note = f" ({r['error']})" if r["error"] else ""
     lines.append(f"| {r['method']}{note} | {r['accuracy_mean']:.3f} | {r['exact']}/{r['batches']} |")
   if ablation_summary:
-    lines += ["", f"## Ablation ({info['iterations']} iterations each, true labels)", "",
+    attacked = ("" if len(info["attacked"]) == info["count"]
+                else f", batches {', '.join(map(str, info['attacked']))} only")
+    lines += ["", f"## Ablation ({info['iterations']} iterations each, true labels{attacked})", "",
               "| variant | PSNR (dB), mean ± std | SSIM | LPIPS | time (s) |", "|---|---|---|---|---|"]
     for r in ablation_summary:
       lp = f"{r['lpips_mean']:.3f}" if "lpips_mean" in r else "n/a"

@@ -213,6 +213,16 @@ def test_train_and_batch_table_programs(tmp_path):
                                                        data_range=1) for i, r in zip(idx, rec)]
     assert summary["psnr_mean"] == pytest.approx(np.mean(np.asarray(psnr).reshape(2, 4).mean(1)), rel=1e-5)
     assert f"{summary['psnr_mean']:.2f}" in proc.stdout
+  # One batch of the same table, read back from items/: its row is that batch's alone.
+  proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4", "--classes_per_batch=2",
+             "--pool=100", "--aux=8", "--iterations=3", "--variants=tv", "--batches=1", "--resume",
+             f"--output_dir={table_dir}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  part = json.loads((table_dir / "results.json").read_text())
+  assert part["attacked"] == [1] and "batches 1 only" in proc.stdout
+  tv = next(r for r in result["ablation_rows"]["tv"] if r["batch"] == 1)
+  assert [r["batch"] for r in part["ablation_rows"]["tv"]] == [1]
+  assert part["ablation"][0]["psnr_mean"] == pytest.approx(tv["psnr"])
   bad = run("batch_table.py", "--count=1", f"--output_dir={tmp_path / 'bad2'}")
   assert bad.returncode == 2 and "--checkpoint is required" in bad.stderr
   bad = run("batch_table.py", f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}")
