@@ -190,7 +190,9 @@ class Items:
     try:
       with open(base + ".json", encoding="utf-8") as fh:
         results = json.load(fh)
-      saved = {k: results["config"].get(k) for k in pipeline.fingerprint(cfg)}
+      # A field the saved configuration lacks was added since, with the default that keeps what it did.
+      defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+      saved = {k: results["config"].get(k, defaults[k]) for k in pipeline.fingerprint(cfg)}
       images = {}
       if cfg.modality != "text":
         with open(base + ".npz", "rb") as fh:

@@ -136,3 +136,29 @@ def test_a_failing_save_is_reported_not_fatal(tmp_path):
   saver = resume.Saver(blocked / "state.npz", fingerprint={}, every_s=0)  # its folder is a file
   _assert_same(_run(solver, solvers.Execution(strategy="vmap", chunk=7, checkpoint=saver)), reference)
   assert saver.saves == 0 and "a_file" in saver.error
+
+
+def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
+  """A table's item saved before a Config field was added (its config lacks the key) is read back
+  when the field has its default, and refused when it does not."""
+  import dataclasses
+  import importlib
+  import json
+  import os
+  import sys
+
+  from gradjax import pipeline
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+  sys.path.insert(0, root)
+  try:
+    common = sys.modules.get("common") or importlib.import_module("common")
+  finally:
+    sys.path.remove(root)
+  cfg = pipeline.Config(modality="text", model="transformer", dataset="pydoc", iterations=3)
+  saved = pipeline.fingerprint(cfg)
+  del saved["aux"]  # a field added after this item was saved
+  (tmp_path / "item.json").write_text(json.dumps({"config": saved, "wall_time_s": 1.0}))
+  results, images = common.Items._read(str(tmp_path / "item"), cfg)
+  assert results["wall_time_s"] == 1.0 and images == {}
+  with pytest.raises(ValueError, match="computed with other settings"):
+    common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, aux=8))
