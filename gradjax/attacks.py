@@ -122,8 +122,8 @@ class Attack:
       ``"gradient"`` (FedSGD), ``"replay"`` (FedAvg, local training replayed), ``"dlm"``, ``"dlm_plus"``.
     distance: a name in :data:`gradjax.distances.DISTANCES`.
     layer_weights: ``None`` (the distance's default) or a depth schedule of
-      :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``) used as
-      per-layer weights.
+      :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``,
+      ``"uniform"``) used as per-layer weights.
     priors: ``((name, weight, start_step), ...)`` image priors of :data:`gradjax.priors.PRIORS`,
       each switched on from ``start_step``.
     labels: one of :func:`label_strategies`.
@@ -389,11 +389,19 @@ def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, 
   return jax.vmap(lambda kr: init_dummy(kr, init, shape, label_shape, bounds, dtype, gamma=gamma))(keys)
 
 
-def weight_schedule(attack: Attack) -> str | None:
+def _weight_schedule(attack: Attack) -> str | None:
   """The :func:`gradjax.distances.depth_weights` schedule ``attack`` weights its layers by, or None."""
   if attack.layer_weights is None and attack.distance.startswith("gaussian_kernel"):
     return "inverse"  # SAPAG's Q_l = 1/(l+1)
   return attack.layer_weights
+
+
+def depth_order(attack: Attack, apply_fn: Callable, observation: Observation, example):
+  """The modules' call order (:func:`gradjax.distances.module_call_order` on ``example``, one input of
+  shape (1, ...)) when ``attack`` weighs its layers by depth or matches them stepwise, else None."""
+  if attack.stepwise is None and _weight_schedule(attack) is None:
+    return None
+  return distances.module_call_order(apply_fn, observation.variables, example)
 
 
 def layer_weights(attack: Attack, observation: Observation, order=None):
@@ -403,7 +411,7 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
   insertion order of ``observation.variables["params"]``, which a model built under ``jit`` has
   lost); computed here, outside ``jit``. ``gaussian_kernel`` defaults to SAPAG's Q_l = 1/(l+1).
   """
-  schedule = weight_schedule(attack)
+  schedule = _weight_schedule(attack)
   if schedule is None:
     return None
   w = distances.depth_weights(observation.variables["params"], schedule, order=order)
@@ -487,9 +495,8 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     orders = permutations_lib.candidates(np.asarray(known), local and local.batch_size,
                                          permutations, permutation_seed)
   k = orders.shape[0]
-  order = None  # depth from the model's call order, not the dicts' (sorted) order
-  if attack.stepwise is not None or weight_schedule(attack) is not None:
-    order = distances.module_call_order(apply_fn, observation.variables, jnp.zeros((1, *input_shape), dtype))
+  # Depth from the model's call order, not the dicts' (sorted) order.
+  order = depth_order(attack, apply_fn, observation, jnp.zeros((1, *input_shape), dtype))
   weights = layer_weights(attack, observation, order)
   for name, _, _ in attack.priors:
     missing = [c for c in getattr(priors_lib.PRIORS[name], "needs", ()) if c not in observation.variables]

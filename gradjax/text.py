@@ -186,9 +186,7 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
   padded = np.concatenate([ids, np.full(slots - ids.size, ids[0])]).astype(np.int32)
   valid = np.arange(slots) < ids.size
   dtype = jnp.result_type(*jax.tree.leaves(view.variables["params"]))
-  order = None
-  if attacks.weight_schedule(attack) is not None:
-    order = distances.module_call_order(apply_fn, view.variables, jnp.zeros((1, length, table.shape[1]), dtype))
+  order = attacks.depth_order(attack, apply_fn, view, jnp.zeros((1, length, table.shape[1]), dtype))
   weights = attacks.layer_weights(attack, view, order)
   data = TokenData(view, jnp.asarray(np.where(valid[:, None], table[padded], 0.0), dtype),
                    jnp.asarray(padded), jnp.asarray(eos, jnp.int32), weights, jnp.asarray(valid))
