@@ -19,8 +19,13 @@ dB with the standard formula and, separately, with the paper's (the error divide
 per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher). Each attack is kept in
 ``items/`` as it ends; ``--resume`` reads those back and continues the interrupted one.
 
+The paper states neither how γ starts nor how it learns; ``--methods='DLM;gamma'`` runs DLM with
+each reading of those details (:class:`gradjax.objectives.Gamma`: γ from 1/lr, on an Adam of its own,
+held for the first steps) and with γ held at 1/lr throughout, the bound any γ rule can reach.
+
   python experiments/dlm_table.py --count=20
   python experiments/dlm_table.py --count=20 --box
+  python experiments/dlm_table.py --count=20 --box --methods='DLM;gamma' --output_dir=experiments/results/dlm_gamma_box
 """
 
 import os
@@ -42,8 +47,23 @@ METHODS = {
     "DLM+": dict(attack="dlm_plus"),
     "DLM+ (iDLG labels)": dict(attack="dlm_plus", labels="idlg"),
 }
+# DLM's unstated details (issue 14): how γ starts and learns; {inv_lr} is 1 / --local_lr.
+GAMMA_VARIANTS = {
+    "DLM, γ from 1/lr": dict(attack="dlm", gamma="init={inv_lr}"),
+    "DLM, γ on Adam lr 0.01": dict(attack="dlm", gamma="lr=0.01"),
+    "DLM, γ on Adam lr 1": dict(attack="dlm", gamma="lr=1"),
+    "DLM, γ held 500 steps": dict(attack="dlm", gamma="frozen=500"),
+    "DLM, γ from 1/lr, held 500 steps": dict(attack="dlm", gamma="init={inv_lr},frozen=500"),
+    "DLM, γ from 1/lr on Adam lr 0.001": dict(attack="dlm", gamma="init={inv_lr},lr=0.001"),
+    "DLM, γ from 1/lr, joint labels": dict(attack="dlm", labels="joint", gamma="init={inv_lr}"),
+    # γ never moves from 1/lr: iDLG on the gradient ΔW / lr, the bound any γ rule can reach.
+    "DLM, γ = 1/lr throughout": dict(attack="dlm", gamma="init={inv_lr},frozen=1000000"),
+}
+ALL_METHODS = {**METHODS, **GAMMA_VARIANTS}
 
-flags.DEFINE_string("methods", ";".join(METHODS), f"Semicolon-separated subset of {'; '.join(METHODS)}.")
+flags.DEFINE_string("methods", ";".join(METHODS),
+                    f"Semicolon-separated subset of {'; '.join(METHODS)}; or of DLM's γ variants: "
+                    f"{'; '.join(GAMMA_VARIANTS)}; 'gamma' for all of those.")
 flags.DEFINE_string("dataset", "cifar100", "Data source (the paper: CIFAR-100).")
 flags.DEFINE_string("data_dir", None, "Data folder (default ../shared/data).")
 flags.DEFINE_string("model", "mlp", "Model (the paper: mlp = 3072-32-ReLU-100).")
@@ -74,7 +94,9 @@ def run_method(name: str, overrides: dict, indices, std, threshold: float, base:
   psnr = np.array([r["psnr"] for r in rows])
   paper = np.array([r["psnr_paper"] for r in rows])
   lpips = [r["lpips"] for r in rows]
+  gammas = [r["gamma"] for r in rows if r["gamma"] is not None]
   return {"method": name, "config": overrides, "rows": rows,
+          "gamma_median": float(np.median(gammas)) if gammas else None,
           "lpips_mean": float(np.mean(lpips)) if None not in lpips else None,
           "success": float(np.mean(psnr > threshold)),
           "success_paper": float(np.mean(paper > threshold)),
@@ -93,10 +115,10 @@ def markdown(table: list[dict], title: str, threshold: float, seconds: float) ->
     lines.append(f"| {t['method']} | {100 * t['success']:.0f} % | {100 * t['success_paper']:.0f} % | "
                  f"{t['psnr_mean']:.2f} ({t['psnr_median']:.2f}) | {t['ssim_mean']:.3f} | "
                  + (f"{t['lpips_mean']:.3f} | " if with_lpips else "") + f"{t['label_accuracy']:.2f} |")
-  gammas = [r["gamma"] for t in table for r in t["rows"] if r["gamma"] is not None]
+  gammas = [f"{t['method']} {t['gamma_median']:.3g}" for t in table if t.get("gamma_median") is not None]
   if gammas:
-    lines += ["", f"DLM's learned γ: median {np.median(gammas):.3g}, range {min(gammas):.3g} .. "
-              f"{max(gammas):.3g} (1 / lr = {1 / flags.FLAGS.local_lr:g})."]
+    lines += ["", f"DLM's learned γ, median over the images (1 / lr = {1 / flags.FLAGS.local_lr:g}): "
+              + "; ".join(gammas) + "."]
   lines += ["", f"Total {seconds:.0f} s.", ""]
   return "\n".join(lines)
 
@@ -106,9 +128,13 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   names = [m.strip() for m in f.methods.split(";") if m.strip()]
-  unknown = [m for m in names if m not in METHODS]
+  if "gamma" in names:
+    names = [m for m in names if m != "gamma"] + list(GAMMA_VARIANTS)
+  unknown = [m for m in names if m not in ALL_METHODS]
   if unknown or not names or f.count < 1:
-    common.fail(f"need a positive --count and methods from {', '.join(METHODS)}; got {f.methods!r}")
+    common.fail(f"need a positive --count and methods from {'; '.join(ALL_METHODS)}; got {f.methods!r}")
+  methods = {m: {k: v.format(inv_lr=1 / f.local_lr) if k == "gamma" else v
+                 for k, v in ALL_METHODS[m].items()} for m in names}
   base = dict(model=f.model, dataset=f.dataset, data_dir=f.data_dir, client="fedavg",
               local_lr=f.local_lr, box=f.box, seed=f.seed, chunk=1000)
   std = data.normalization(f.dataset).std if f.dataset in ("cifar10", "cifar100") else (1.0,)
@@ -117,7 +143,7 @@ def main(argv):
   items = common.Items(out)
   start = time.perf_counter()
   try:
-    table = [run_method(m, METHODS[m], range(f.start, f.start + f.count), std, f.psnr_threshold,
+    table = [run_method(m, methods[m], range(f.start, f.start + f.count), std, f.psnr_threshold,
                         base, items) for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))

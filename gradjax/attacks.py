@@ -64,11 +64,13 @@ Presets and where their defaults come from:
 
 import dataclasses
 import functools
+import math
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from gradjax import distances
 from gradjax import labels as labels_lib
@@ -76,7 +78,7 @@ from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import solvers
 from gradjax.compilation import once
-from gradjax.objectives import MODES, Stepwise, gradient_matching
+from gradjax.objectives import MODES, Gamma, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
 
 DUMMY_INITS = ("normal", "uniform", "constant", "pattern")
@@ -148,6 +150,7 @@ class Attack:
     track_from: the reconstruction is the lowest-objective iterate from this iteration on (0: the
       whole run); with ``stepwise``, objective values are comparable only once the layer set stops
       growing.
+    gamma: objective ``"dlm"`` only: how its scale γ starts and learns (:class:`gradjax.objectives.Gamma`).
   """
 
   name: str = "custom"
@@ -171,6 +174,7 @@ class Attack:
   remat: bool = False
   stepwise: Stepwise | None = None
   track_from: int = 0
+  gamma: Gamma = Gamma()
 
   def __post_init__(self):
     if self.objective not in MODES:
@@ -190,14 +194,28 @@ class Attack:
       raise ValueError(f"stepwise must be an objectives.Stepwise or None, got {self.stepwise!r}")
     if self.track_from < 0:
       raise ValueError(f"track_from must be non-negative, got {self.track_from}")
+    if not isinstance(self.gamma, Gamma):
+      raise ValueError(f"gamma must be an objectives.Gamma, got {self.gamma!r}")
+    if self.gamma != Gamma() and self.objective != "dlm":
+      raise ValueError(f"gamma settings apply to the 'dlm' objective only, not {self.objective!r}")
     _optimizer(self)
 
 
 def _optimizer(attack: "Attack") -> solvers.Optimizer:
-  return solvers.make_optimizer(
+  optimizer = solvers.make_optimizer(
       attack.optimizer, attack.learning_rate, history=attack.history,
       max_linesearch_steps=attack.max_linesearch_steps, schedule=attack.schedule,
       iterations=attack.iterations, warmup=attack.warmup, weight_decay=attack.weight_decay)
+  if attack.gamma.learning_rate is None:
+    return optimizer
+  if optimizer.linesearch or attack.optimizer == "lbfgs_fixed":
+    raise ValueError("a learning rate of gamma's own needs a first-order optimizer (adam, sgd, ...), "
+                     f"not {attack.optimizer!r}, whose direction couples every variable")
+  # DLM's log γ on Adam of its own; the dummy data and labels keep the attack's optimizer.
+  tx = optax.multi_transform(
+      {"data": optimizer.tx, "gamma": optax.adam(attack.gamma.learning_rate)},
+      lambda params: {k: "gamma" if k == "log_gamma" else "data" for k in params})
+  return solvers.Optimizer(optax.with_extra_args_support(tx), False)
 
 
 PRESETS: dict[str, Attack] = {
@@ -328,7 +346,8 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
   objective = gradient_matching(apply_fn, distances.get_distance(attack.distance),
                                 prior=_prior(attack.priors),
                                 one_sample_per_step=attack.one_sample_per_step,
-                                mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise)
+                                mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise,
+                                gamma_frozen=attack.gamma.frozen)
 
   def value_fn(dummy, data, step):
     shared, order = data
@@ -342,8 +361,8 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
 
 
 def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: int | tuple[int, ...] | None,
-               bounds=(0.0, 1.0), dtype=jnp.float32, gamma: bool = False) -> dict:
-  """Initial dummy data ``{"x": shape, ["label_logits": (N, *label_shape) ~ N(0, 1)], ["log_gamma": 0]}``.
+               bounds=(0.0, 1.0), dtype=jnp.float32, gamma: float | None = None) -> dict:
+  """Initial dummy data ``{"x": shape, ["label_logits": (N, *label_shape) ~ N(0, 1)], ["log_gamma"]}``.
 
   Args:
     key: PRNG key.
@@ -353,7 +372,7 @@ def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: i
     label_shape: the logits of one example, K or (K,) for a classifier, (T, V) for a language model;
       None when labels are not optimised.
     bounds: (lo, hi) of the valid input range in the model's input space, scalars or (C,).
-    gamma: add DLM's scale γ = exp(log_gamma), initialised to 1.
+    gamma: DLM's initial scale γ: adds ``log_gamma`` = log γ (``None``: no γ).
   """
   kx, ky = jax.random.split(key)
   lo, hi = (jnp.broadcast_to(jnp.asarray(b, dtype), shape[-1:]) for b in bounds)
@@ -376,8 +395,8 @@ def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: i
   if label_shape is not None:
     label_shape = (label_shape,) if isinstance(label_shape, int) else tuple(label_shape)
     dummy["label_logits"] = jax.random.normal(ky, (shape[0], *label_shape), dtype)
-  if gamma:
-    dummy["log_gamma"] = jnp.zeros((), dtype)
+  if gamma is not None:
+    dummy["log_gamma"] = jnp.full((), math.log(gamma), dtype)
   return dummy
 
 
@@ -509,7 +528,7 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                              distances.leaf_positions(observation.variables["params"], order))
   init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),
                         tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
-                        attack.objective == "dlm")
+                        attack.gamma.init if attack.objective == "dlm" else None)
   data = MatchingData(observation, known, (lo, hi), weights, label_mask, positions)
   state = solvers.run(_solver(attack, apply_fn), init, data, iterations=attack.iterations,
                       execution=execution, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))

@@ -27,6 +27,35 @@ MODES = ("gradient", "replay", "dlm", "dlm_plus")
 
 
 @dataclasses.dataclass(frozen=True)
+class Gamma:
+  """How DLM learns its scale γ in ‖∇W' − γ (W_t − W_{t+1})‖² (objective mode ``"dlm"``).
+
+  The paper optimises γ jointly with the data and expects γ ≈ 1 / lr after one local SGD step; it
+  states neither γ's start nor its step size. γ = exp(s) with s optimised, so it stays positive.
+
+  Attributes:
+    init: γ at the start (s = log init); 1 by default, 1 / lr starts it at the answer.
+    learning_rate: a learning rate for s of its own (Adam, constant), or ``None``: s moves with the
+      dummy data under the attack's optimizer.
+    frozen: γ is held at ``init`` for this many steps (no gradient reaches s), so the data first
+      moves towards the observation's direction.
+  Reference: Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning", 2022.
+  """
+
+  init: float = 1.0
+  learning_rate: float | None = None
+  frozen: int = 0
+
+  def __post_init__(self):
+    if not (self.init > 0 and math.isfinite(self.init)):
+      raise ValueError(f"DLM's initial gamma must be positive and finite, got {self.init}")
+    if self.learning_rate is not None and not self.learning_rate > 0:
+      raise ValueError(f"gamma's learning rate must be positive, got {self.learning_rate}")
+    if self.frozen < 0:
+      raise ValueError(f"gamma's frozen steps must be non-negative, got {self.frozen}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Stepwise:
   """HFGInv's stepwise matching: a growing set of layers, deep to shallow, with gradient dropout.
 
@@ -103,7 +132,7 @@ def _unit(tree, eps=1e-12):
 def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
                       prior: Callable | None = None, one_sample_per_step: bool = False,
                       mode: str = "gradient", remat: bool = False,
-                      stepwise: Stepwise | None = None) -> Callable:
+                      stepwise: Stepwise | None = None, gamma_frozen: int = 0) -> Callable:
   """Returns ``objective(dummy, observation, labels=None, step=0, weights=None) -> scalar``:
 
       D(u(x', y'), v) + R(x', step)
@@ -135,6 +164,7 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       checkpoint inside the model instead (``gradjax.models.get_module(..., remat=True)``).
     stepwise: HFGInv's schedule of matched layers and gradient dropout (:class:`Stepwise`), applied
       to u and v before the distance; the objective then needs ``positions``.
+    gamma_frozen: ``"dlm"`` only: no gradient reaches γ before this step (:attr:`Gamma.frozen`).
 
   The returned objective takes
     dummy: ``{"x": (N, H, W, C)}`` (or any input the model reads, e.g. (N, T, dim) embeddings) plus
@@ -177,7 +207,10 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       g = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train,
                          loss_fn=loss_fn)
     if mode == "dlm":
-      observed = jax.tree.map(lambda o: jnp.exp(dummy["log_gamma"]) * o, observed)
+      log_gamma = dummy["log_gamma"]
+      if gamma_frozen:
+        log_gamma = jnp.where(step < gamma_frozen, jax.lax.stop_gradient(log_gamma), log_gamma)
+      observed = jax.tree.map(lambda o: jnp.exp(log_gamma) * o, observed)
     elif mode == "dlm_plus":
       g, observed = _unit(g), _unit(observed)
     if stepwise is not None:

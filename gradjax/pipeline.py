@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import attacks, checkpoint, clients, corpus, data, defenses, distances, interop, lpips, metrics
-from gradjax import models, text
+from gradjax import models, objectives, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
 from gradjax import resume, solvers
@@ -62,6 +62,25 @@ def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
     except ValueError:
       raise ValueError(f"bad prior {item!r}: use name:weight[:start_step], e.g. tv:1e-4") from None
   return tuple(out)
+
+
+_GAMMA_KEYS = {"init": "init", "lr": "learning_rate", "frozen": "frozen"}
+
+
+def parse_gamma(spec: str) -> objectives.Gamma:
+  """``"init=100,lr=0.01,frozen=500"`` -> ``objectives.Gamma(100.0, 0.01, 500)``; unset keys keep
+  their defaults (γ starts at 1, moves with the data's optimizer, from step 0)."""
+  fields = {}
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    key, _, value = item.partition("=")
+    if key.strip() not in _GAMMA_KEYS or not value:
+      raise ValueError(f"bad gamma setting {item!r}: use init=G,lr=L,frozen=T (any of them)")
+    name = _GAMMA_KEYS[key.strip()]
+    try:
+      fields[name] = int(value) if name == "frozen" else float(value)
+    except ValueError:
+      raise ValueError(f"bad gamma setting {item!r}: {key.strip()} needs a number") from None
+  return objectives.Gamma(**fields)
 
 
 def _names(registry) -> str:
@@ -171,6 +190,10 @@ class Config:
       None, f"Dummy-data init: {_names(attacks.DUMMY_INITS)}.", attack="init")
   one_sample_per_step: bool | None = _field(
       None, "DLG batch option: move one dummy example per step.", attack="one_sample_per_step")
+  gamma: str | None = _field(
+      None, "DLM's scale γ (--attack=dlm): init=G (start, default 1), lr=L (Adam of its own), "
+      "frozen=T (held for T steps), comma separated, e.g. init=100,frozen=500.", attack="gamma",
+      parse=parse_gamma)
   remat: bool | None = _field(
       None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
       attack="remat")

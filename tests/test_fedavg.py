@@ -177,3 +177,52 @@ def test_labels_shared_as_a_multiset_are_sorted(mlp64, photos):
       clients.fedavg(apply_fn, variables, x, y, local, share_labels="some")
   np.testing.assert_array_equal(ordered.labels, y)
   np.testing.assert_array_equal(multiset.labels, [1, 1, 3, 7])
+
+
+
+def test_dlm_gamma_held_then_released_matches_the_closed_form(mlp64, photos, mlp_reference):
+  """d/ds ‖g' − e^s v‖² = −2 e^s ⟨g' − e^s v, v⟩ (NumPy, float64) from step ``frozen`` on; 0 before."""
+  from gradjax import distances, objectives
+  apply_fn, variables = mlp64
+  x, y = np.asarray(photos[:1], np.float64), np.array([2])
+  x_dummy = np.asarray(photos[1:2], np.float64)
+  s = np.log(7.0)
+  with jax.enable_x64(True):
+    obs = clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(learning_rate=0.01))
+    objective = objectives.gradient_matching(apply_fn, distances.euclidean, mode="dlm",
+                                             gamma_frozen=5)
+    grad = lambda step: float(jax.grad(lambda d: objective(d, obs, jnp.asarray(y), step))(
+        {"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(s)})["log_gamma"])
+    before, after = grad(4), grad(5)
+  v = _flat(obs.gradient)
+  g = _flat(mlp_reference(variables["params"], x_dummy, y)[1])
+  assert before == 0.0
+  np.testing.assert_allclose(after, -2 * np.exp(s) * np.dot(g - np.exp(s) * v, v), rtol=1e-9)
+
+
+def test_dlm_gamma_start_and_learning_rate_of_its_own():
+  """γ starts at Gamma.init; with a learning rate of its own, log γ's first Adam step is −lr·sign(∂)
+  while the data's is the attack's lr (Adam's first step is lr·g/(|g| + ε))."""
+  from gradjax import attacks, objectives
+  dummy = attacks.init_dummy(jax.random.key(0), "normal", (1, 4, 4, 3), None, gamma=100.0)
+  np.testing.assert_allclose(float(dummy["log_gamma"]), np.log(100.0), rtol=1e-6)
+  attack = attacks.get_attack("dlm", gamma=objectives.Gamma(init=100.0, learning_rate=1e-3))
+  tx = attacks._optimizer(attack).tx
+  params = {"x": jnp.ones((1, 2)), "log_gamma": jnp.zeros(())}
+  grads = {"x": jnp.array([[3.0, -0.5]]), "log_gamma": jnp.asarray(-2.0)}
+  updates, _ = tx.update(grads, tx.init(params), params)
+  np.testing.assert_allclose(updates["x"], [[-0.1, 0.1]], rtol=1e-5)
+  np.testing.assert_allclose(float(updates["log_gamma"]), 1e-3, rtol=1e-5)
+
+
+def test_dlm_gamma_settings_are_checked():
+  from gradjax import attacks, objectives, pipeline
+  assert pipeline.parse_gamma("init=100, lr=0.01,frozen=500") == objectives.Gamma(100.0, 0.01, 500)
+  assert pipeline.parse_gamma("") == objectives.Gamma()
+  for bad in ("init=0", "frozen=-1", "lr=0", "gamma=3", "init=", "frozen=1.5"):
+    with pytest.raises(ValueError, match="gamma"):
+      pipeline.parse_gamma(bad)
+  with pytest.raises(ValueError, match="'dlm' objective only"):
+    attacks.get_attack("dlg", gamma=objectives.Gamma(init=2.0))
+  with pytest.raises(ValueError, match="first-order"):
+    attacks.get_attack("dlm", optimizer="lbfgs", gamma=objectives.Gamma(learning_rate=0.1))
