@@ -14,9 +14,6 @@ Writes results.json and results.md to --output_dir.
 """
 
 import os
-import platform
-import shlex
-import sys
 import time
 
 import jax
@@ -80,9 +77,7 @@ def main(argv):
         rows.append(row)
         print(f"{name} batch {batch} remat {remat}: {row['compiled_mb']:.0f} MB "
               f"(compiled in {row['compile_s']:.0f} s)", flush=True)
-  info = {"command": shlex.join(["python", "experiments/batch_memory.py", *sys.argv[1:]]),
-          "device": str(jax.devices()[0]), "jax": jax.__version__, "python": platform.python_version(),
-          "image_size": f.image_size}
+  info = {**common.provenance(), "image_size": f.image_size}
   report.save_json(os.path.join(out, "results.json"), {"rows": rows, **info})
   lines = [f"# Compiled memory of the hfginv matching step ({f.image_size}×{f.image_size})", "",
            f"`{info['command']}`", "", f"{info['device']}; jax {info['jax']}.", "",

@@ -33,16 +33,11 @@ results.md, results.csv (the ablation), results.json and a grid of the first bat
 import dataclasses
 import json
 import os
-import platform
-import shlex
-import sys
 import time
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import app, flags, logging
 
 import common
@@ -175,10 +170,7 @@ def main(argv):
         grid = [x_true] if grid is None else grid
         grid.append(x_rec)
   wall = time.perf_counter() - start
-  info = {"command": shlex.join(["python", "experiments/batch_table.py", *sys.argv[1:]]),
-          "device": str(jax.devices()[0]), "jax": jax.__version__, "flax": flax.__version__,
-          "optax": optax.__version__, "python": platform.python_version(),
-          "checkpoint": f.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
+  info = {**common.provenance(), "checkpoint": f.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
           "test_accuracy": meta.get("accuracy"), "head": f.head,
           "head_classes": int(model.num_classes), "count": f.count, "batch_size": f.batch_size,
           "classes_per_batch": f.classes_per_batch, "iterations": f.iterations,

@@ -2,11 +2,14 @@
 
 import atexit
 import dataclasses
+import datetime
 import glob
 import json
 import logging as py_logging
 import os
+import platform
 import re
+import shlex
 import sys
 import tempfile
 import typing
@@ -21,6 +24,34 @@ from gradjax.pipeline import Config
 STATE_FILE = "state.npz"
 
 MATMUL_PRECISIONS = ("bfloat16", "tensorfloat32", "float32", "default", "high", "highest")
+
+
+def cpu_model() -> str:
+  """The CPU's model name (``/proc/cpuinfo``; ``platform`` where that is missing)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def provenance() -> dict:
+  """Where a table comes from, for its results.json: the command line as typed (``python
+  experiments/NAME.py flags...``), the device, the cores the process may use, the versions and the
+  UTC date. ``experiments/results_md.py`` prints it under the table in RESULTS.md."""
+  import flax
+  import optax
+  device = jax.devices()[0]
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  program = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.join(os.path.dirname(__file__), ".."))
+  return {"command": shlex.join(["python", program, *sys.argv[1:]]),
+          "device": device.device_kind if device.platform != "cpu" else f"CPU ({cpu_model()})",
+          "platform": device.platform, "cores": cores, "jax": jax.__version__,
+          "flax": flax.__version__, "optax": optax.__version__, "python": platform.python_version(),
+          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
 
 def flag_name(field: dataclasses.Field) -> str:

@@ -151,7 +151,7 @@ def main(argv):
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "total_time_s": seconds, "box": f.box, "model": f.model,
                     "dataset": f.dataset, "images": [f.start, f.start + f.count - 1],
-                    "local_lr": f.local_lr, "std": list(std)})
+                    "local_lr": f.local_lr, "std": list(std), **common.provenance()})
   title = (f"Attacks on one FedAvg step (lr {f.local_lr:g}), {f.model}, {f.dataset} "
            f"{f.start}..{f.start + f.count - 1}{', dummy clamped to [0, 1]' if f.box else ''}")
   text = markdown(table, title, f.psnr_threshold, seconds)

@@ -10,7 +10,6 @@ attacks the same model as image ``i`` of a sweep.
 
 import time
 
-import jax
 import numpy as np
 from absl import app, flags
 
@@ -49,7 +48,7 @@ def main(argv):
   acc = float(np.mean(correct))
   result = {"method": "idlg", "dataset": cfg.dataset, "model": cfg.model, "init": cfg.init,
             "start": f.start, "count": f.count, "accuracy": acc, "correct": correct,
-            "wall_time_s": time.perf_counter() - start, "device": str(jax.devices()[0])}
+            "wall_time_s": time.perf_counter() - start, **common.provenance()}
   if f.output:
     report.save_json(f.output, result)
   print(f"iDLG label accuracy on {cfg.dataset}[{f.start}:{f.start + f.count}] with fresh "

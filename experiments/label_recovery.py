@@ -34,7 +34,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from common import fail, parse_flags
+from common import fail, parse_flags, provenance
 from gradjax import clients, data, labels, metrics, models, report
 
 flags.DEFINE_string("dataset", "cifar10", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
@@ -170,7 +170,7 @@ def main(argv):
                    "classes_per_batch": f.classes_per_batch, "aux_size": f.aux_size, "seed": f.seed},
         "batches": {"indices": batches, "labels": pool_y[batches], "distinct": distinct},
         "distinct_label_upper_bound": upper,
-        "methods": summary, "wall_time_s": wall, "device": str(jax.devices()[0]),
+        "methods": summary, "wall_time_s": wall, **provenance(),
     })
 
 

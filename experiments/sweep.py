@@ -93,7 +93,8 @@ def main(argv):
   summary["total_time_s"] = items.earlier_s + time.perf_counter() - start
   title = f"{base.attack} on {base.model} (init {base.init or 'model default'}), {base.dataset} " \
           f"{f.start}..{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}"
-  report.save_json(os.path.join(out, "results.json"), {"summary": summary, "rows": rows})
+  report.save_json(os.path.join(out, "results.json"),
+                   {"summary": summary, "rows": rows, "title": title, **common.provenance()})
   text = markdown(rows, summary, title)
   report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
   report.save_csv(os.path.join(out, "results.csv"), rows, CSV_COLUMNS)

@@ -25,15 +25,9 @@ entry) and ``SAPAG-uniform`` (every layer weighted alike instead of Q_l = 1/(l+1
 """
 
 import os
-import platform
-import shlex
-import sys
 import time
 
-import flax
-import jax
 import numpy as np
-import optax
 from absl import app, flags, logging
 
 import common
@@ -148,9 +142,7 @@ def main(argv):
                 for s in searches for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  info = {"command": shlex.join(["python", "experiments/text_table.py", *sys.argv[1:]]),
-          "device": str(jax.devices()[0]), "jax": jax.__version__, "flax": flax.__version__,
-          "optax": optax.__version__, "python": platform.python_version(), "dataset": f.dataset,
+  info = {**common.provenance(), "dataset": f.dataset,
           "count": f.count, "sequence_length": f.sequence_length, "iterations": f.iterations,
           "restarts": f.restarts, "checkpoint": f.checkpoint,
           "total_time_s": items.earlier_s + time.perf_counter() - start}

@@ -13,7 +13,7 @@ Presets and where their defaults come from:
   (up to 6000 objective evaluations). Here one iteration is one L-BFGS update with a zoom line search
   (about 1.05 evaluations on average for this objective), and the default is 2000 iterations, a third
   of the original evaluation budget: on CIFAR-10 test images 0-19 it gives PSNR >= 30 dB on 15 of 20
-  (README, "Measured"). See :mod:`gradjax.solvers` on counting.
+  (RESULTS.md). See :mod:`gradjax.solvers` on counting.
 * ``idlg`` (Zhao et al., 2020): as ``dlg`` but the label is inferred first from the last layer's
   gradient (:func:`gradjax.labels.idlg`, batch 1) and only the data is optimised.
 * ``adam_dlg``: the Euclidean distance driven by AdamW lr 1e-3 for 20 000 iterations, the "Adam-DLG"
@@ -36,7 +36,7 @@ Presets and where their defaults come from:
   (the paper: 4000-5000). DLM infers labels by iDLG (the sign pattern of the update is that of the
   gradient): with DLG's joint soft labels the dummy gradient can vanish (soft label = prediction)
   and γ with it. That trivial minimum (γ → 0, ∇W' → 0) also attracts DLM with fixed labels from a
-  random start; γ reaches 1/lr only from a start near the data (README, "Measured"). DLM+ is
+  random start; γ reaches 1/lr only from a start near the data (RESULTS.md). DLM+ is
   scale-free, so it optimises labels jointly as DLG does, and clamps the dummy image to the box:
   on CIFAR-100 images 0-19 (mlp, lr 0.01) that gives 65 % over 30 dB (90 % with the paper's PSNR,
   which reports 92 %) against 15 % with iDLG labels and 5 % without the box

@@ -1,0 +1,63 @@
+"""RESULTS.md is what experiments/results_md.py makes of the committed outputs, and its renderers
+print what a hand-written result file says."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def results_md():
+  spec = importlib.util.spec_from_file_location(
+      "results_md", os.path.join(ROOT, "experiments", "results_md.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_committed_results_md_is_generated_from_the_outputs(results_md):
+  with open(os.path.join(ROOT, "RESULTS.md")) as f:
+    committed = f.read()
+  assert committed == results_md.render(), (
+      "RESULTS.md is stale: run python experiments/results_md.py and commit it")
+
+
+def _write(folder, name, payload):
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, name), "w") as f:
+    json.dump(payload, f)
+
+
+def test_sweep_row_and_provenance_from_a_hand_written_output(results_md, tmp_path, monkeypatch):
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  stats = lambda mean, median, std: {"mean": mean, "median": median, "std": std}
+  _write(tmp_path / results_md.RESULTS / "run", "results.json", {
+      "summary": {"experiments": 4, "successes": 3, "psnr": stats(31.256, 30.5, 2.004),
+                  "ssim": stats(0.9125, 0.9, 0.01), "label_accuracy": stats(0.75, 1.0, 0.4),
+                  "wall_time_s": stats(3.0, 2.54, 1.0), "total_time_s": 150.0},
+      "rows": [], "command": "python experiments/sweep.py --count=4", "device": "CPU (X)",
+      "cores": 1, "jax": "1.2", "flax": "0.3", "optax": "0.4", "date": "2026-01-02"})
+  table = results_md.sweep_rows([("mine", "run")], paper={"mine": "29.0"}).splitlines()
+  assert table[2] == "| mine | 4 | 3 / 4 | 31.26 ± 2.00 | 30.50 | 0.912 | 75 % | 2.5 s | 29.0 |"
+  assert results_md.provenance("run") == (
+      "Run: `python experiments/sweep.py --count=4`; CPU (X), 1 core; jax 1.2; flax 0.3; optax 0.4; "
+      "2026-01-02; wall time 2.5 min.")
+  # An output written before the programs kept their command line: the section's record of it.
+  _write(tmp_path / results_md.RESULTS / "old", "metrics.json", {"wall_time_s": 7200.0})
+  assert results_md.provenance("old", "python x.py") == (
+      "Run: `python x.py`; device not recorded (written before the programs kept it); "
+      "wall time 2.0 h.")
+  assert results_md.load("absent") is None
+  assert "Not measured yet" in results_md.dlg_batch_table()
+
+
+def test_program_table_keeps_the_body_and_captions_the_title(results_md, tmp_path, monkeypatch):
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  folder = tmp_path / results_md.RESULTS / "t"
+  os.makedirs(folder)
+  (folder / "results.md").write_text("# A title\n\n| a |\n|---|\n| 1 |\n\n## Part\n")
+  assert results_md.program_table("t") == "*A title*\n\n| a |\n|---|\n| 1 |\n\n### Part"
