@@ -39,7 +39,9 @@ import optax
 class ScaleByLBFGSState(NamedTuple):
   """State of :func:`scale_by_lbfgs`: optax's fields (``count``, ``params``, ``updates``, the
   circular ``diff_params_memory`` / ``diff_updates_memory`` of (m, ...) leaves, ``weights_memory``
-  ρ) and ``gram`` (m, m), ``gram[i, j] = s_i · y_j`` for the slots i, j of the buffers."""
+  ρ), ``gram`` (m, m), ``gram[i, j] = s_i · y_j`` for the slots i, j of the buffers, and
+  ``identity_scale`` γ of the newest stored pair. ``count`` counts the stored pairs (plus the first
+  call): a pair skipped by the curvature test leaves it unchanged."""
 
   count: jax.Array
   params: optax.Params
@@ -48,6 +50,7 @@ class ScaleByLBFGSState(NamedTuple):
   diff_updates_memory: optax.Updates
   weights_memory: jax.Array
   gram: jax.Array
+  identity_scale: jax.Array
 
 
 def _stacked_dots(stacked, trees) -> jax.Array:
@@ -121,13 +124,20 @@ def precondition(updates, s_g, s_memory: _Memory, y_memory: _Memory, weights_mem
   return optax.tree.cast_like(optax.tree.add(r0, s_memory.combine(diff)), updates)
 
 
-def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> optax.GradientTransformation:
+def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True,
+                   min_curvature: float | None = None) -> optax.GradientTransformation:
   """``optax.scale_by_lbfgs`` with the direction from :func:`precondition` (dense products).
 
   Same arguments and semantics: the pair (s, y) = (params − previous params, updates − previous
   updates) enters the memory at every call after the first, ρ = 1 / (y · s) (0 where y · s = 0),
   and γ = (s · y) / (y · y) of the newest pair (min(1, 1 / ‖g‖) at the first call) when
   ``scale_init_precond``, else 1. Real parameters only.
+
+  ``min_curvature``: a pair enters the memory only if s · y > min_curvature; otherwise the direction
+  uses the memory (and γ) as they were. PyTorch's ``torch.optim.LBFGS`` does this with 1e-10: without
+  a line search that enforces the Wolfe conditions, a pair of negative curvature would make the
+  inverse-Hessian estimate indefinite and the next step an ascent of unbounded length. ``None``
+  (optax's behaviour) stores every pair.
   """
   if memory_size < 1:
     raise ValueError("memory_size must be >= 1")
@@ -139,17 +149,25 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> op
         count=jnp.zeros((), jnp.int32), params=optax.tree.zeros_like(params),
         updates=optax.tree.zeros_like(params), diff_params_memory=stacked,
         diff_updates_memory=stacked, weights_memory=jnp.zeros(memory_size, dtype),
-        gram=jnp.zeros((memory_size, memory_size), dtype))
+        gram=jnp.zeros((memory_size, memory_size), dtype), identity_scale=jnp.ones((), dtype))
 
   def update_fn(updates, state, params):
-    memory_idx = state.count % memory_size
     slot = (state.count - 1) % memory_size              # where the newest pair goes
     first = state.count == 0
     s = optax.tree.sub(params, state.params)
     y = optax.tree.sub(updates, state.updates)
     s_y = optax.tree.vdot(y, s)
+    y_y = optax.tree.norm(y, squared=True)
     weight = jnp.where(s_y == 0.0, 0.0, 1.0 / s_y)
     s, y, weight = jax.tree.map(lambda a: jnp.where(first, jnp.zeros_like(a), a), (s, y, weight))
+    keep = jnp.asarray(True) if min_curvature is None else first | (s_y > min_curvature)
+    if min_curvature is not None:
+      # A skipped pair: its slot keeps what it held and the recursion reads the memory in the order
+      # of the last stored pair, so the direction is the one of the memory as it was.
+      s, y = (jax.tree.map(lambda new, old: jnp.where(keep, new, old[slot]), v, buffer)
+              for v, buffer in ((s, state.diff_params_memory), (y, state.diff_updates_memory)))
+      weight = jnp.where(keep, weight, state.weights_memory[slot])
+    memory_idx = jnp.where(keep, state.count, state.count - 1) % memory_size  # the oldest slot
     s_memory = _Memory(state.diff_params_memory, s, slot)
     y_memory = _Memory(state.diff_updates_memory, y, slot)
     weights_memory = state.weights_memory.at[slot].set(weight.astype(state.weights_memory.dtype))
@@ -159,26 +177,27 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True) -> op
     col = s_dots[:, 0].astype(state.gram.dtype)
     gram = state.gram.at[slot, :].set(row).at[:, slot].set(col)
     if scale_init_precond:
-      y_y = optax.tree.norm(y, squared=True)
       identity_scale = jnp.where(y_y > 0.0, s_y / y_y, 1.0)  # the first call's is replaced below
+      identity_scale = jnp.where(keep, identity_scale, state.identity_scale)
       capped = jnp.minimum(1.0, 1.0 / optax.tree.norm(jax.lax.stop_gradient(updates)))
-      identity_scale = jnp.where(first, capped, identity_scale)
+      identity_scale = jnp.where(first, capped, identity_scale).astype(state.identity_scale.dtype)
     else:
-      identity_scale = 1.0
+      identity_scale = jnp.ones_like(state.identity_scale)
     direction = precondition(updates, s_dots[:, 1], s_memory, y_memory, weights_memory, gram,
                              identity_scale, memory_idx)
     return direction, ScaleByLBFGSState(
-        count=optax.safe_increment(state.count), params=params, updates=updates,
-        diff_params_memory=s_memory.stored(), diff_updates_memory=y_memory.stored(),
-        weights_memory=weights_memory, gram=gram)
+        count=jnp.where(keep, optax.safe_increment(state.count), state.count), params=params,
+        updates=updates, diff_params_memory=s_memory.stored(), diff_updates_memory=y_memory.stored(),
+        weights_memory=weights_memory, gram=gram, identity_scale=identity_scale)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
 def lbfgs(learning_rate: float | None = None, memory_size: int = 10, scale_init_precond: bool = True,
-          linesearch: optax.GradientTransformation | None = None) -> optax.GradientTransformation:
+          linesearch: optax.GradientTransformation | None = None,
+          min_curvature: float | None = None) -> optax.GradientTransformation:
   """``optax.lbfgs`` with :func:`scale_by_lbfgs`: the direction, −``learning_rate`` (−1 if None),
   then ``linesearch`` (none if None), chained as optax chains them."""
   scaling = optax.scale(-1.0) if learning_rate is None else optax.scale_by_learning_rate(learning_rate)
-  return optax.chain(scale_by_lbfgs(memory_size, scale_init_precond), scaling,
+  return optax.chain(scale_by_lbfgs(memory_size, scale_init_precond, min_curvature), scaling,
                      optax.identity() if linesearch is None else linesearch)

@@ -88,6 +88,10 @@ def scale_by_quantized_sign(boost_steps: int = 101, boost: float = 2.0) -> optax
   return optax.GradientTransformation(init, update)
 
 
+# torch.optim.LBFGS stores a curvature pair only when y · s exceeds this.
+PYTORCH_MIN_CURVATURE = 1e-10
+
+
 class Optimizer(NamedTuple):
   """An optax transformation and whether it carries a line search that stores value and gradient."""
 
@@ -135,7 +139,8 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
     the line search picks the step (DLG: lr 1, history 100). No schedule.
   * ``"lbfgs_fixed"``: L-BFGS steps of fixed size ``learning_rate`` without a line search, as
     PyTorch's ``torch.optim.LBFGS`` runs by default (the DLG code); it can diverge where ``"lbfgs"``
-    backtracks. optax scales the first direction by min(1, 1/‖g‖) (PyTorch: by min(1, 1/‖g‖₁)).
+    backtracks. As PyTorch, a pair (s, y) enters the memory only if s · y > 1e-10. optax scales the
+    first direction by min(1, 1/‖g‖) (PyTorch: by min(1, 1/‖g‖₁)).
   * ``"adam"``, ``"sgd"``: with the learning-rate ``schedule``.
   * ``"adamw"``: Adam with decoupled weight decay ``weight_decay`` (0.01 is PyTorch's default; SAPAG
     attacks ResNet-18 with AdamW lr 1e-3).
@@ -156,7 +161,8 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
     if history < 1 or schedule != "constant" or warmup:
       raise ValueError("fixed-step L-BFGS needs history >= 1 and takes no learning-rate schedule")
     return Optimizer(optax.with_extra_args_support(
-        lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=None)), False)
+        lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=None,
+                    min_curvature=PYTORCH_MIN_CURVATURE)), False)
   lr = learning_rate_schedule(learning_rate, schedule, iterations=iterations, warmup=warmup)
   if name == "adam":
     tx = optax.adam(lr)

@@ -81,11 +81,12 @@ def test_bad_memory_size():
 
 
 @pytest.mark.parametrize("restarts", [None, 3])
-def test_history_is_updated_in_place(restarts):
+@pytest.mark.parametrize("min_curvature", [None, 1e-10])
+def test_history_is_updated_in_place(restarts, min_curvature):
   """The solver's step program (donated state, ``compilation.STEP``) does not copy L-BFGS's (m, ...)
   history buffers, alone or vmapped over restarts: each copy reads and writes the whole history."""
   from gradjax import compilation
-  tx = lbfgs.lbfgs(1.0, memory_size=7, linesearch=None)
+  tx = lbfgs.lbfgs(1.0, memory_size=7, linesearch=None, min_curvature=min_curvature)
   params = {"x": jnp.ones((4, 5, 3), jnp.float32), "y": jnp.ones((6,), jnp.float32)}
 
   def update(state, p):
@@ -106,3 +107,58 @@ def test_history_is_updated_in_place(restarts):
   assert not copies, copies
   state, params = step(state, params)   # and it runs
   assert np.isfinite(np.asarray(params["x"])).all()
+
+
+def _numpy_lbfgs_skipping(grad, x, iterations, memory_size, lr, min_curvature):
+  """Fixed-step L-BFGS as torch.optim.LBFGS runs it, in float64 NumPy: the two-loop recursion over
+  the stored pairs, a pair stored only if s·y > min_curvature, γ = s·y / y·y of the newest stored
+  pair (min(1, 1/‖g‖) before any), x ← x − lr · H g."""
+  pairs, gamma, prev, skipped, xs = [], None, None, 0, []
+  for _ in range(iterations):
+    g = grad(x)
+    if prev is None:
+      gamma = min(1.0, 1.0 / np.linalg.norm(g))
+    else:
+      s, y = x - prev[0], g - prev[1]
+      if s @ y > min_curvature:
+        pairs = (pairs + [(s, y)])[-memory_size:]
+        gamma = (s @ y) / (y @ y)
+      else:
+        skipped += 1
+    q, alphas = g.copy(), []
+    for s, y in reversed(pairs):
+      a = (s @ q) / (y @ s)
+      alphas.append(a)
+      q -= a * y
+    r = gamma * q
+    for (s, y), a in zip(pairs, reversed(alphas)):
+      r += s * (a - (y @ r) / (y @ s))
+    prev = (x, g)
+    x = x - lr * r
+    xs.append(x)
+  return np.array(xs), skipped
+
+
+def test_fixed_step_skips_pairs_of_negative_curvature_as_pytorch():
+  """On a nonconvex function, where fixed steps meet negative curvature, the iterates equal a NumPy
+  L-BFGS that skips pairs with s·y <= 1e-10 (torch.optim.LBFGS's rule); optax's store-every-pair
+  rule gives other iterates."""
+  f = lambda x: jnp.sum(0.5 * x ** 2 + 3.0 * jnp.sin(4.0 * x))
+  x0 = np.linspace(-1.3, 1.7, 6)
+  with jax.enable_x64(True):
+    grad = jax.grad(f)
+    want, skipped = _numpy_lbfgs_skipping(lambda x: np.asarray(grad(jnp.asarray(x))), x0, 25, 4, 1.0,
+                                          1e-10)
+    assert skipped >= 2
+    got = {}
+    for rule in (1e-10, None):
+      tx = lbfgs.lbfgs(1.0, memory_size=4, linesearch=None, min_curvature=rule)
+      x, state, xs = jnp.asarray(x0), None, []
+      state = tx.init(x)
+      for _ in range(25):
+        u, state = tx.update(grad(x), state, x)
+        x = optax.apply_updates(x, u)
+        xs.append(np.asarray(x))
+      got[rule] = np.array(xs)
+  np.testing.assert_allclose(got[1e-10], want, rtol=1e-9, atol=1e-12)
+  assert np.abs(got[None] - want).max() > 1e-3
