@@ -81,6 +81,20 @@ def _duration(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h"
 
 
+def command_from_config(config: dict) -> str:
+  """``experiments/reconstruct.py``'s command line for a metrics.json's ``config``: the fields that
+  differ from :class:`gradjax.pipeline.Config`'s defaults, as their flags."""
+  from gradjax import pipeline
+  parts = ["python", "experiments/reconstruct.py"]
+  for field in dataclasses.fields(pipeline.Config):
+    if field.name in config and config[field.name] != field.default:
+      value = config[field.name]
+      flag = field.metadata["flag"] or field.name
+      parts.append(f"--{flag}" if value is True else f"--no{flag}" if value is False
+                   else f"--{flag}={value}")
+  return " ".join(parts)
+
+
 def provenance(rel: str, command: str | None = None) -> str:
   """One line: how ``rel`` was made. ``command`` is the section's record of it for outputs written
   before the programs kept their command line."""
@@ -90,6 +104,8 @@ def provenance(rel: str, command: str | None = None) -> str:
   cmd = d.get("command") if isinstance(d.get("command"), str) else command
   if cmd:
     parts.append(f"`{cmd}`")
+  elif isinstance(d.get("config"), dict) and "attack" in d["config"]:
+    parts.append(f"`{command_from_config(d['config'])}` (rebuilt from its recorded configuration)")
   if "cores" in d:
     parts.append(f"{d['device']}, {d['cores']} core{'s' if d['cores'] != 1 else ''}")
   elif "cpu_model" in d:
@@ -179,14 +195,20 @@ def idlg_table() -> str:
   return "\n".join(lines)
 
 
-def dlg_batch_table(sizes=(1, 2, 4, 8), paper=(270, 602, 1173, 2711)) -> str:
+def dlg_batch_table(runs=tuple((b, "all examples every step", f"dlg_batch_{b}", p) for b, p in
+                               zip((1, 2, 4, 8), (270, 602, 1173, 2711)))
+                    + ((2, "one sample per step", "dlg_batch_2_one_sample", 602),
+                       (4, "one sample per step", "dlg_batch_4_one_sample", 1173),
+                       (2, "fixed-step L-BFGS", "dlg_batch_2_fixed", 602),
+                       (4, "fixed-step L-BFGS", "dlg_batch_4_fixed", 1173))) -> str:
   """Iterations to converge per batch size from ``experiments/sweep.py --batch_size=B --tol=...``
-  (a run has converged once its objective reaches tol; one that never does counts its whole budget)."""
-  lines = ["| batch | batches | converged | iterations, median (mean) | PSNR mean ± std | label acc. | "
-           "time / batch | paper |", "|---|---|---|---|---|---|---|---|"]
+  (a run has converged once its objective reaches tol; one that never does counts its whole budget).
+  ``runs``: (batch size, variant, folder, the paper's iterations)."""
+  lines = ["| batch | variant | batches | converged | iterations, median (mean) | PSNR mean ± std | "
+           "label acc. | time / batch | paper |", "|---|---|---|---|---|---|---|---|---|"]
   any_row = False
-  for b, p in zip(sizes, paper):
-    d = load(f"dlg_batch_{b}")
+  for b, variant, rel, p in runs:
+    d = load(rel)
     if d is None:
       continue
     any_row = True
@@ -194,13 +216,30 @@ def dlg_batch_table(sizes=(1, 2, 4, 8), paper=(270, 602, 1173, 2711)) -> str:
     budget = max(r["iterations"] for r in rows)
     tol = _flag(d.get("command", ""), "tol")
     done = sum(r["loss"] <= float(tol) for r in rows) if tol else None
-    lines.append(f"| {b} | {len(rows)} | {done if done is not None else '?'} / {len(rows)} | "
+    lines.append(f"| {b} | {variant} | {len(rows)} | {done if done is not None else '?'} / {len(rows)} | "
                  f"{s['iterations']['median']:.0f} ({s['iterations']['mean']:.0f}) of {budget} | "
                  f"{s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} | "
                  f"{100 * s['label_accuracy']['mean']:.0f} % | {s['wall_time_s']['median']:.1f} s | {p} |")
   if not any_row:
     return missing("experiments/sweep.py --batch_size=B --tol=T", "No batch-size runs.")
   return "\n".join(lines)
+
+
+def dlg_batch_note() -> str:
+  """Where the unconverged batch runs stop: their final objectives against the tolerance."""
+  stalled = []
+  for b in (2, 4, 8):
+    d = load(f"dlg_batch_{b}")
+    tol = d and _flag(d.get("command", ""), "tol")
+    if tol:
+      stalled += [r["loss"] for r in d["rows"] if r["loss"] > float(tol)]
+  if not stalled:
+    return ""
+  return (f"The runs that do not converge stall: their final objectives lie between "
+          f"{min(stalled):.1e} and {max(stalled):.1e}, far above the tolerance, and their images "
+          f"are noise. The rows with one sample moved per step (DLG's batch option) and with "
+          f"fixed-step L-BFGS (the paper's optimizer) test the two differences from the paper's "
+          f"runs.")
 
 
 def _flag(command: str, name: str) -> str | None:
@@ -299,11 +338,12 @@ SECTIONS = (
         "DLG: iterations to converge by batch size",
         "Batch 1 / 2 / 4 / 8: 270 / 602 / 1173 / 2711 iterations (LeNet, CIFAR-10).",
         lambda: _join(
-            dlg_batch_table(),
+            dlg_batch_table(), dlg_batch_note(),
             "Converged: the objective reached the run's `--tol` (in each command below). Iterations "
             "are optax L-BFGS iterations with a line search (about one evaluation each); the paper "
             "counts PyTorch L-BFGS iterations without one. Labels are optimised jointly."),
-        tuple((f"dlg_batch_{b}", None) for b in (1, 2, 4, 8))),
+        tuple((f"dlg_batch_{b}", None) for b in (1, 2, 4, 8))
+        + tuple((f"dlg_batch_{b}_{v}", None) for v in ("one_sample", "fixed") for b in (2, 4))),
     Section(
         "DLG: defenses",
         "Gaussian or Laplacian noise of variance ≥ 1e-2 defends, 1e-3 and 1e-4 do not; fp16 does not "
@@ -338,9 +378,9 @@ SECTIONS = (
                           "19.83 ± 2.96 (mean of 0–99)"),
                          ("proposed, resnet20 (width 16), untrained, image 2", "ig_resnet20_cifar10_2",
                           "")]),
-            "ResNet20-4 costs about 16× the FLOPs of width 16: one image is about 40 minutes on one "
-            "core of this CPU, so the width-16 network stands in for the table and the paper's "
-            "network is run on one image; the full table is a GPU job. " +
+            "ResNet20-4 (base width 64) has 16 times the FLOPs of width 16 (see the time column), so "
+            "the width-16 network stands in for the table and the paper's network is run on one "
+            "image; the full table is a GPU job. " +
             missing("experiments/sweep.py --attack=inverting_gradients --model=lenet_zhu",
                     "The LeNet(Zhu) columns, the Euclidean + L-BFGS row and the trained models.")),
         (("ig_resnet20_cifar10_0-4",
@@ -360,12 +400,16 @@ SECTIONS = (
                  "16.92 ± 2.10"),
                 ("same, labels as a sorted multiset", "fedavg_replay_4img_b2_multiset", ""),
                 ("same, multiset with the permutation search", "fedavg_replay_4img_b2_search", "")]),
-            "All on an untrained `convnet-8` (width 8: one iteration at width 64 costs 0.4–1 s here) "
-            "with a half or a quarter of the iterations: none converges on this budget, so these rows "
+            "All on an untrained `convnet-8` (width 8, as width 64 is too slow for this CPU) with a "
+            "half or a quarter of the iterations: none converges on this budget, so these rows "
             "check the machinery, not the paper's numbers. The width-64, 4800-iteration runs are in "
             "the accelerator suite (`python experiments/benchmark.py --suite=gpu`)."),
-        tuple((f, None) for f in ("fedavg_replay_1img_5steps", "fedavg_replay_4img_b2_ordered",
-                                  "fedavg_replay_4img_b2_multiset", "fedavg_replay_4img_b2_search"))),
+        (("fedavg_replay_1img_5steps",
+          "python experiments/reconstruct.py --attack=inverting_gradients_fedavg --model=convnet-8 "
+          "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
+          "--local_epochs=5 --local_batch_size=1 --iterations=2400"),)
+        + tuple((f, None) for f in ("fedavg_replay_4img_b2_ordered", "fedavg_replay_4img_b2_multiset",
+                                    "fedavg_replay_4img_b2_search"))),
     Section(
         "SAPAG: Table I (LeNet-5)",
         "PSNR DLG → SAPAG, Xavier-normal init: MNIST −0.41 → 45.60, CIFAR-100 3.75 → 32.43, "

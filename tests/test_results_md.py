@@ -61,3 +61,11 @@ def test_program_table_keeps_the_body_and_captions_the_title(results_md, tmp_pat
   os.makedirs(folder)
   (folder / "results.md").write_text("# A title\n\n| a |\n|---|\n| 1 |\n\n## Part\n")
   assert results_md.program_table("t") == "*A title*\n\n| a |\n|---|\n| 1 |\n\n### Part"
+
+
+def test_command_rebuilt_from_a_recorded_configuration(results_md):
+  """Fields at Config's defaults are left out; the rest become their flags (learning_rate is --lr)."""
+  config = {"attack": "dlg", "model": "lenet_zhu", "learning_rate": 0.5, "box": True,
+            "dataset": "cifar10", "one_sample_per_step": False}
+  assert results_md.command_from_config(config) == (
+      "python experiments/reconstruct.py --dataset=cifar10 --lr=0.5 --box --noone_sample_per_step")
