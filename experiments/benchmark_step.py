@@ -63,6 +63,8 @@ import jaxlib
 import numpy as np
 from absl import app, flags
 
+from common import cpu_model
+
 import gradjax
 from gradjax import attacks, clients, data, distances, models, solvers
 from gradjax.losses import cross_entropy
@@ -366,17 +368,6 @@ def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **tim
 
 # --------------------------------------------------------------------------------------------------
 # Reporting.
-
-
-def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def environment(torch) -> dict:

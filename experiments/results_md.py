@@ -400,6 +400,20 @@ SECTIONS = (
         "Euclidean + L-BFGS (16 restarts LeNet, 8 ResNet): 46.25 ± 12.66, 13.24 ± 5.44, 10.29 ± 5.38, "
         "6.90 ± 2.80.",
         lambda: _join(
+            "LeNet(Zhu), one model for all images (untrained: `train.py`'s epoch 0; trained: "
+            + training_record("train_lenet_zhu_cifar10") + " The checkpoints take [0, 1] pixels, "
+            "where the paper normalises by the CIFAR-10 mean and std):",
+            sweep_rows([("proposed, untrained, images 0–19", "ig_lenet_zhu_epoch0_cifar10_0-19"),
+                        ("proposed, trained 2 epochs, images 0–19", "ig_lenet_zhu_epoch2_cifar10_0-19"),
+                        ("Euclidean + L-BFGS, 16 restarts, untrained, images 0–9",
+                         "euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9"),
+                        ("Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–9",
+                         "euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9")],
+                       paper={"proposed, untrained, images 0–19": "18.00 ± 3.33",
+                              "proposed, trained 2 epochs, images 0–19": "18.08 ± 4.27",
+                              "Euclidean + L-BFGS, 16 restarts, untrained, images 0–9": "46.25 ± 12.66",
+                              "Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–9": "13.24 ± 5.44"}),
+            "ResNet20-4:",
             sweep_rows([("proposed, resnet20 (width 16), untrained, images 0–4",
                          "ig_resnet20_cifar10_0-4")]),
             single_runs([("proposed, resnet20-4, untrained, image 2", "ig_resnet20-4_cifar10_2",
@@ -409,9 +423,12 @@ SECTIONS = (
             "ResNet20-4 (base width 64) has 16 times the FLOPs of width 16 (see the time column), so "
             "the width-16 network stands in for the table and the paper's network is run on one "
             "image; the full table is a GPU job. " +
-            missing("experiments/sweep.py --attack=inverting_gradients --model=lenet_zhu",
-                    "The LeNet(Zhu) columns, the Euclidean + L-BFGS row and the trained models.")),
-        (("ig_resnet20_cifar10_0-4",
+            missing("experiments/sweep.py --attack=inverting_gradients --checkpoint=...",
+                    "Images 20–99, the trained ResNet20-4 column and the ResNet Euclidean row.")),
+        (("train_lenet_zhu_cifar10", None), ("ig_lenet_zhu_epoch0_cifar10_0-19", None),
+         ("ig_lenet_zhu_epoch2_cifar10_0-19", None), ("euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9", None),
+         ("euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9", None),
+         ("ig_resnet20_cifar10_0-4",
           "python experiments/sweep.py --attack=inverting_gradients --model=resnet20 --dataset=cifar10 "
           "--normalization=cifar10 --count=5"),
          ("ig_resnet20-4_cifar10_2",
