@@ -2,7 +2,8 @@
 
 Every figure in RESULTS.md is read from a program's output (results.json, metrics.json, results.md);
 what is typed here is the papers' published numbers (from ../shared/PROTOCOLS.md, with their source),
-the section structure, and prose that carries no measured figure of its own. A table not measured yet
+the section structure and prose; where prose cites a measured figure (the SAPAG, DLM and batch
+verdicts), a function computes it from the same outputs. A table not measured yet
 is listed as such with the program that measures it. Under each table: the command, device, cores,
 versions, date and wall time that the program recorded (``common.provenance``); results written
 before programs recorded their device say so.
@@ -309,13 +310,17 @@ SAPAG_COMMANDS = {  # written before the programs kept their command line
     for attack in ("sapag", "dlg")}
 
 
+def _ig_lenet(variant: str) -> tuple[str, ...]:
+  """The sweep folders of one LeNet(Zhu) row of Inverting Gradients' Table 1: images 0–19, 20–99."""
+  return tuple(f"ig_lenet_zhu_{variant}_cifar10_{images}" for images in ("0-19", "20-99"))
+
+
 def ig_lenet_note() -> str:
   """The input-scale comparison of the proposed method on the untrained LeNet(Zhu)."""
-  raw = load("ig_lenet_zhu_epoch0_cifar10_0-19")
-  normalized = load("ig_lenet_zhu_fresh_normalized_cifar10_0-19")
+  raw, normalized = _pooled_summary(_ig_lenet("epoch0")), _pooled_summary(_ig_lenet("fresh_normalized"))
   if raw is None or normalized is None:
     return ""
-  a, b = raw["summary"]["psnr"], normalized["summary"]["psnr"]
+  a, b = raw["psnr"], normalized["psnr"]
   return (f"In CIFAR-10-normalised input space (the paper's; with a fresh model per image, since "
           f"`train.py` checkpoints take [0, 1] pixels) the proposed method reaches {b['mean']:.2f} ± "
           f"{b['std']:.2f} dB against {a['mean']:.2f} ± {a['std']:.2f} dB on [0, 1] pixels with one "
@@ -418,18 +423,18 @@ SECTIONS = (
             "LeNet(Zhu), one model for all images (untrained: `train.py`'s epoch 0; trained: "
             + training_record("train_lenet_zhu_cifar10") + " The checkpoints take [0, 1] pixels, "
             "where the paper normalises by the CIFAR-10 mean and std):",
-            sweep_rows([("proposed, untrained, images 0–19", "ig_lenet_zhu_epoch0_cifar10_0-19"),
-                        ("proposed, trained 2 epochs, images 0–19", "ig_lenet_zhu_epoch2_cifar10_0-19"),
+            sweep_rows([("proposed, untrained", _ig_lenet("epoch0")),
+                        ("proposed, trained 2 epochs", _ig_lenet("epoch2")),
                         ("proposed, untrained, a fresh model per image, CIFAR-10 normalisation",
-                         "ig_lenet_zhu_fresh_normalized_cifar10_0-19"),
+                         _ig_lenet("fresh_normalized")),
                         ("Euclidean + L-BFGS, 16 restarts, untrained, images 0–9",
                          "euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9"),
                         ("Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–9",
                          "euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9")],
-                       paper={"proposed, untrained, images 0–19": "18.00 ± 3.33",
+                       paper={"proposed, untrained": "18.00 ± 3.33",
                               "proposed, untrained, a fresh model per image, CIFAR-10 normalisation":
                                   "18.00 ± 3.33",
-                              "proposed, trained 2 epochs, images 0–19": "18.08 ± 4.27",
+                              "proposed, trained 2 epochs": "18.08 ± 4.27",
                               "Euclidean + L-BFGS, 16 restarts, untrained, images 0–9": "46.25 ± 12.66",
                               "Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–9": "13.24 ± 5.44"}),
             ig_lenet_note(),
@@ -444,9 +449,11 @@ SECTIONS = (
             "the width-16 network stands in for the table and the paper's network is run on one "
             "image; the full table is a GPU job. " +
             missing("experiments/sweep.py --attack=inverting_gradients --checkpoint=...",
-                    "Images 20–99, the trained ResNet20-4 column and the ResNet Euclidean row.")),
-        (("train_lenet_zhu_cifar10", None), ("ig_lenet_zhu_epoch0_cifar10_0-19", None),
-         ("ig_lenet_zhu_epoch2_cifar10_0-19", None), ("ig_lenet_zhu_fresh_normalized_cifar10_0-19", None), ("euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9", None),
+                    "The Euclidean + L-BFGS rows on images 10–99, a LeNet(Zhu) trained to "
+                    "convergence, the trained ResNet20-4 column and the ResNet Euclidean row.")),
+        (("train_lenet_zhu_cifar10", None),)
+        + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized") for rel in _ig_lenet(v))
+        + (("euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9", None),
          ("euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9", None),
          ("ig_resnet20_cifar10_0-4",
           "python experiments/sweep.py --attack=inverting_gradients --model=resnet20 --dataset=cifar10 "
