@@ -587,9 +587,8 @@ def render() -> str:
   out += ["## Contents", ""] + [f"- {s.title}" for s in SECTIONS] + [""]
   for s in SECTIONS:
     out += [f"## {s.title}", "", f"**Published.** {s.paper}", "", s.body().strip(), ""]
-    seen = [rel for rel, _ in s.sources if load(rel) is not None or program_table(rel) is not None]
     for rel, command in s.sources:
-      if rel in seen:
+      if load(rel) is not None or program_table(rel) is not None:
         out += [f"- `{os.path.join(RESULTS, rel)}`: {provenance(rel, command)}"]
     out.append("")
   return "\n".join(out).rstrip() + "\n"

@@ -211,7 +211,7 @@ def _optimizer(attack: "Attack") -> solvers.Optimizer:
       iterations=attack.iterations, warmup=attack.warmup, weight_decay=attack.weight_decay)
   if attack.gamma.learning_rate is None:
     return optimizer
-  if optimizer.linesearch or attack.optimizer == "lbfgs_fixed":
+  if attack.optimizer.startswith("lbfgs"):
     raise ValueError("a learning rate of gamma's own needs a first-order optimizer (adam, sgd, ...), "
                      f"not {attack.optimizer!r}, whose direction couples every variable")
   # DLM's log γ on Adam of its own; the dummy data and labels keep the attack's optimizer.
@@ -350,7 +350,7 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
                                 prior=_prior(attack.priors),
                                 one_sample_per_step=attack.one_sample_per_step,
                                 mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise,
-                                gamma_frozen=attack.gamma.frozen)
+                                gamma=attack.gamma)
 
   def value_fn(dummy, data, step):
     shared, order = data

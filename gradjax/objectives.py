@@ -132,7 +132,7 @@ def _unit(tree, eps=1e-12):
 def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
                       prior: Callable | None = None, one_sample_per_step: bool = False,
                       mode: str = "gradient", remat: bool = False,
-                      stepwise: Stepwise | None = None, gamma_frozen: int = 0) -> Callable:
+                      stepwise: Stepwise | None = None, gamma: Gamma = Gamma()) -> Callable:
   """Returns ``objective(dummy, observation, labels=None, step=0, weights=None) -> scalar``:
 
       D(u(x', y'), v) + R(x', step)
@@ -164,7 +164,9 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       checkpoint inside the model instead (``gradjax.models.get_module(..., remat=True)``).
     stepwise: HFGInv's schedule of matched layers and gradient dropout (:class:`Stepwise`), applied
       to u and v before the distance; the objective then needs ``positions``.
-    gamma_frozen: ``"dlm"`` only: no gradient reaches γ before this step (:attr:`Gamma.frozen`).
+    gamma: ``"dlm"`` only: how γ learns (:class:`Gamma`); the objective holds it (no gradient)
+      before step ``gamma.frozen``. Its start and learning rate belong to the initialisation and the
+      optimizer.
 
   The returned objective takes
     dummy: ``{"x": (N, H, W, C)}`` (or any input the model reads, e.g. (N, T, dim) embeddings) plus
@@ -208,8 +210,8 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
                          loss_fn=loss_fn)
     if mode == "dlm":
       log_gamma = dummy["log_gamma"]
-      if gamma_frozen:
-        log_gamma = jnp.where(step < gamma_frozen, jax.lax.stop_gradient(log_gamma), log_gamma)
+      if gamma.frozen:
+        log_gamma = jnp.where(step < gamma.frozen, jax.lax.stop_gradient(log_gamma), log_gamma)
       observed = jax.tree.map(lambda o: jnp.exp(log_gamma) * o, observed)
     elif mode == "dlm_plus":
       g, observed = _unit(g), _unit(observed)

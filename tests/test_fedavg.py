@@ -190,7 +190,7 @@ def test_dlm_gamma_held_then_released_matches_the_closed_form(mlp64, photos, mlp
   with jax.enable_x64(True):
     obs = clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(learning_rate=0.01))
     objective = objectives.gradient_matching(apply_fn, distances.euclidean, mode="dlm",
-                                             gamma_frozen=5)
+                                             gamma=objectives.Gamma(frozen=5))
     grad = lambda step: float(jax.grad(lambda d: objective(d, obs, jnp.asarray(y), step))(
         {"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(s)})["log_gamma"])
     before, after = grad(4), grad(5)

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,3 +70,17 @@ def test_command_rebuilt_from_a_recorded_configuration(results_md):
             "dataset": "cifar10", "one_sample_per_step": False}
   assert results_md.command_from_config(config) == (
       "python experiments/reconstruct.py --dataset=cifar10 --lr=0.5 --box --noone_sample_per_step")
+
+
+def test_split_runs_are_pooled_over_their_images(results_md, tmp_path, monkeypatch):
+  """Images 0-1 and 2-3 run apart: one row with the statistics of all four (NumPy by hand: PSNR
+  20, 30, 40, 10 -> mean 25, population std sqrt(125), median 25; 2 of 4 at >= 30 dB)."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  row = lambda psnr, ssim, acc, t: {"psnr": psnr, "ssim": ssim, "label_accuracy": acc, "wall_time_s": t}
+  for rel, rows in (("a", [row(20.0, 0.5, 1.0, 2.0), row(30.0, 0.7, 1.0, 4.0)]),
+                    ("b", [row(40.0, 0.9, 0.0, 6.0), row(10.0, 0.1, 1.0, 8.0)])):
+    _write(tmp_path / results_md.RESULTS / rel, "results.json",
+           {"rows": rows, "summary": {"psnr_threshold": 30.0}})
+  table = results_md.sweep_rows([("both", ("a", "b"))]).splitlines()
+  assert table[2] == (f"| both | 4 | 2 / 4 | 25.00 ± {np.sqrt(125.0):.2f} | 25.00 | 0.550 | 75 % | "
+                      "5.0 s |")
