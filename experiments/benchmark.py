@@ -20,7 +20,12 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   1 − cosine + TV with signed Adam, in JAX and in PyTorch eager.
 * ``restarts``: wall time of ``--restart_iterations`` DLG iterations on ``lenet_zhu`` for each
   restart count in ``--restart_counts`` and each strategy (sequential, vmap, map with
-  ``--map_batch_size``), compilation excluded, as a ratio to one restart.
+  ``--map_batch_size``), compilation excluded, as a ratio to one restart, and the FLOP rate of the
+  objective evaluations the run made.
+* ``profile``: where a vmapped DLG iteration's time goes, per restart count: the R vmapped
+  evaluations of the objective (time, GFLOP/s by XLA's cost analysis, fraction of the core's measured
+  float32 matmul peak), the R L-BFGS updates alone, the size of their stored pairs and the time two
+  passes over them take at the measured memory bandwidth (``benchmark_step.restart_profile``).
 * ``linesearch``: what L-BFGS's zoom line search costs under ``vmap``: a vmapped while loop runs until
   the slowest restart's search ends, so every iteration costs the maximum over restarts of the
   objective evaluations. ``--restart_counts``' largest count of DLG restarts on ``lenet_zhu``, for each
@@ -54,7 +59,7 @@ import accelerator_suite
 import benchmark_step as bs
 from gradjax import attacks, clients, metrics, models, report, solvers
 
-SECTIONS = ("steps", "ttq", "restarts", "linesearch")
+SECTIONS = ("steps", "ttq", "restarts", "profile", "linesearch")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
 _PARTS = flags.DEFINE_list("parts", list(accelerator_suite.PARTS), "Accelerator suite parts: "
@@ -73,7 +78,7 @@ _TTQ_PSNR = flags.DEFINE_float("ttq_psnr", 30.0, "Target PSNR (dB) of the time-t
 _TTQ_MAX_S = flags.DEFINE_float("ttq_max_seconds", 120.0, "Give up a time-to-quality run after this.")
 _IG_MODEL = flags.DEFINE_string("ig_model", "resnet20-4", "Model of the fixed-budget IG measurement.")
 _IG_ITERATIONS = flags.DEFINE_integer("ig_iterations", 20, "Iterations of the fixed-budget IG run.")
-_RESTART_COUNTS = flags.DEFINE_list("restart_counts", ["1", "4", "16", "64"], "Restart counts.")
+_RESTART_COUNTS = flags.DEFINE_list("restart_counts", ["1", "4", "16", "64", "256"], "Restart counts.")
 _RESTART_ITERATIONS = flags.DEFINE_integer("restart_iterations", 100, "DLG iterations per timing.")
 _MAP_BATCH = flags.DEFINE_integer("map_batch_size", 8, "Restarts vectorised together by lax.map.")
 _LS_CAPS = flags.DEFINE_list("linesearch_caps", ["20", "8", "4", "2"],
@@ -267,6 +272,10 @@ def section_restarts(seed: int) -> list[dict]:
                             ("sequential", "vmap", "map"), _MAP_BATCH.value, seed)
 
 
+def section_profile(seed: int) -> dict:
+  return bs.restart_profile([int(r) for r in _RESTART_COUNTS.value], seed)
+
+
 # --- line search under vmap -----------------------------------------------------------------------
 
 
@@ -362,6 +371,27 @@ def markdown(result: dict) -> str:
       cells = [f"{r['seconds']:.2f} ({_f(r['over_one'], '{:.1f}')}×)" for r in result["restarts"]
                if r["strategy"] == strategy]
       lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    lines += ["", "The objective's FLOP rate in those runs (GFLOP/s: evaluations × XLA's count for one "
+              "over the wall time):", "",
+              "| strategy | " + " | ".join(f"R={r}" for r in result["config"]["restart_counts"]) + " |",
+              "|---|" + "---|" * len(result["config"]["restart_counts"])]
+    for strategy in ("sequential", "vmap", "map"):
+      cells = [f"{r['gflops']:.1f}" for r in result["restarts"] if r["strategy"] == strategy]
+      lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    lines.append("")
+  if "profile" in result:
+    p = result["profile"]
+    lines += ["## Where a vmapped DLG iteration goes on lenet_zhu", "",
+              f"Measured here: float32 matmul peak {p['peak_flops'] / 1e9:.1f} GFLOP/s (`jnp.dot` "
+              f"1024²), memory read bandwidth {p['bandwidth'] / 1e9:.1f} GB/s (a sum over 256 MB); one "
+              f"evaluation {p['flops_per_evaluation'] / 1e6:.2f} MFLOP (XLA's cost analysis); L-BFGS "
+              f"history {p['history']}.", "",
+              "| R | evaluations: ms | GFLOP/s | of peak | L-BFGS updates: ms | stored pairs MB | "
+              "two passes at the bandwidth: ms |", "|---|---|---|---|---|---|---|"]
+    for r in p["rows"]:
+      lines.append(f"| {r['restarts']} | {r['step_ms']:.2f} | {r['gflops']:.1f} | "
+                   f"{100 * r['peak_fraction']:.0f} % | {r['lbfgs_ms']:.2f} | {r['history_mb']:.1f} | "
+                   f"{r['floor_ms']:.2f} |")
     lines.append("")
   if "linesearch" in result:
     rows = result["linesearch"]
@@ -424,6 +454,8 @@ def main(argv):
     result["ttq"] = section_ttq(torch, seed)
   if "restarts" in _SECTIONS.value:
     result["restarts"] = section_restarts(seed)
+  if "profile" in _SECTIONS.value:
+    result["profile"] = section_profile(seed)
   if "linesearch" in _SECTIONS.value:
     result["linesearch"] = section_linesearch(seed, max(counts))
   text = markdown(result)

@@ -66,7 +66,7 @@ from absl import app, flags
 from common import cpu_model
 
 import gradjax
-from gradjax import attacks, clients, data, distances, models, solvers
+from gradjax import attacks, clients, compilation, data, distances, lbfgs, models, solvers
 from gradjax.losses import cross_entropy
 from gradjax.models.resnet import resnet_config
 from gradjax.objectives import gradient_matching
@@ -157,14 +157,116 @@ def step_memory(name: str, batch: int, seed: int) -> dict:
   return out
 
 
-def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int) -> list[dict]:
-  """Wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
-  and strategy, compilation excluded (a first, untimed run compiles), and the ratio to one restart
-  (``over_one``, None without a count of 1)."""
+def matmul_peak(size: int = 1024, repeats: int = 10) -> float:
+  """The device's measured float32 matrix-product rate (FLOP/s): the fastest of ``repeats`` calls of
+  a jitted ``jnp.dot`` of two ``size`` × ``size`` matrices (2 size³ flops)."""
+  a = jax.random.normal(jax.random.key(0), (size, size), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  seconds = time_calls(lambda: jax.block_until_ready(dot(a, a)), repeats=repeats, warmup=2,
+                       max_seconds=10.0)
+  return 2.0 * size**3 / float(seconds.min())
+
+
+def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+  """Bytes per second of one pass over a float32 buffer of ``megabytes`` (far larger than the
+  caches): the fastest of ``repeats`` calls of a jitted sum."""
+  a = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  seconds = time_calls(lambda: jax.block_until_ready(total(a)), repeats=repeats, warmup=1,
+                       max_seconds=10.0)
+  return a.nbytes / float(seconds.min())
+
+
+def _dlg_problem(seed: int):
+  """DLG on ``lenet_zhu`` and one photo: (model, observation)."""
   x = photos(1)
   model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
                         num_classes=NUM_CLASSES)
-  obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
+  return model, clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
+
+
+def _flops(compiled) -> float:
+  analysis = compiled.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  return float(analysis["flops"])
+
+
+def dlg_evaluation_flops(seed: int) -> float:
+  """XLA's cost analysis of one evaluation of DLG's objective and its gradient (one restart)."""
+  model, obs = _dlg_problem(seed)
+  step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
+  dummy = {"x": jnp.zeros((1, 32, 32, 3), jnp.float32), "label_logits": jnp.zeros((1, NUM_CLASSES))}
+  return _flops(jax.jit(step).lower(dummy, obs).compile())
+
+
+def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float = 10.0) -> dict:
+  """Where a vmapped DLG iteration on ``lenet_zhu`` spends its time, per restart count R.
+
+  * ``step_ms``: R vmapped evaluations of the objective and its gradient (one jitted program,
+    compiled as the solver's step is), median; ``gflops``: XLA's cost analysis of that program over
+    its time, and ``peak_fraction`` over the measured :func:`matmul_peak`.
+  * ``lbfgs_ms``: R vmapped L-BFGS updates alone (:func:`gradjax.lbfgs.scale_by_lbfgs` with the
+    ``dlg`` preset's history m, on a quadratic so that pairs are stored): the direction's products
+    and the memory update, median.
+  * ``history_mb``: the R restarts' stored pairs, 2 m n float32 values each (n the dummy's size);
+    ``floor_ms``: two passes over them (the direction reads S and Y before it can combine them) at
+    the measured :func:`read_bandwidth`, a lower bound on ``lbfgs_ms`` once the history leaves
+    the caches.
+
+  Returns ``{"peak_flops", "bandwidth", "flops_per_evaluation", "history", "rows": [...]}``.
+  """
+  model, obs = _dlg_problem(seed)
+  attack = attacks.get_attack("dlg")
+  objective = gradient_matching(model.apply_fn, distances.get_distance(attack.distance))
+  step = jax.vmap(jax.value_and_grad(objective), in_axes=(0, None))
+  tx = lbfgs.scale_by_lbfgs(memory_size=attack.history)
+
+  def lbfgs_update(state, params, target):
+    updates, state = tx.update(params - target, state, params)
+    return state, params + updates
+
+  update = jax.vmap(lbfgs_update)
+  peak, bandwidth = matmul_peak(), read_bandwidth()
+  flops_one = dlg_evaluation_flops(seed)
+  size = 32 * 32 * 3 + NUM_CLASSES
+  timing = dict(repeats=repeats, warmup=2, max_seconds=max_seconds)
+  rows = []
+  for r in counts:
+    key = jax.random.key(r)
+    dummy = {"x": jax.random.normal(key, (r, 1, 32, 32, 3)),
+             "label_logits": jax.random.normal(key, (r, 1, NUM_CLASSES))}
+    compiled = jax.jit(step, compiler_options=compilation.STEP).lower(dummy, obs).compile()
+    step_s = np.median(time_calls(lambda: jax.block_until_ready(compiled(dummy, obs)), **timing))
+    params = jax.random.normal(key, (r, size))
+    target = jax.random.normal(jax.random.fold_in(key, 1), (r, size))
+    state = jax.vmap(tx.init)(params)
+    run = jax.jit(update, donate_argnums=(0, 1), compiler_options=compilation.STEP)
+    holder = [state, params]
+
+    def one_update():
+      holder[0], holder[1] = run(holder[0], holder[1], target)
+      jax.block_until_ready(holder[1])
+
+    lbfgs_s = np.median(time_calls(one_update, **timing))
+    history = r * 2 * attack.history * size * 4
+    flops = _flops(compiled)
+    rows.append(dict(restarts=r, step_ms=1e3 * step_s, gflops=flops / step_s / 1e9,
+                     peak_fraction=flops / step_s / peak, flops_over_one=flops / flops_one,
+                     lbfgs_ms=1e3 * lbfgs_s, history_mb=history / 2**20,
+                     floor_ms=1e3 * 2 * history / bandwidth))
+    print(f"restart profile {rows[-1]}", flush=True)
+  return dict(peak_flops=peak, bandwidth=bandwidth, flops_per_evaluation=flops_one,
+              history=attack.history, rows=rows)
+
+
+def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int) -> list[dict]:
+  """Wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
+  and strategy, compilation excluded (a first, untimed run compiles), and the ratio to one restart
+  (``over_one``, None without a count of 1). ``gflops``: the objective evaluations the run made
+  (line-search ones included) times XLA's count for one (:func:`dlg_evaluation_flops`), over the
+  wall time."""
+  model, obs = _dlg_problem(seed)
+  flops_one = dlg_evaluation_flops(seed)
   attack = attacks.get_attack("dlg", iterations=iterations)
   rows = []
   for strategy in strategies:
@@ -180,7 +282,8 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
       rows.append(dict(strategy=strategy, restarts=r, seconds=seconds,
                        ms_per_iteration=1e3 * seconds / iterations,
                        over_one=None if base is None else seconds / base,
-                       evaluations=int(rec.evaluations.sum())))
+                       evaluations=int(rec.evaluations.sum()),
+                       gflops=int(rec.evaluations.sum()) * flops_one / seconds / 1e9))
       print(f"restarts {rows[-1]}", flush=True)
   return rows
 

@@ -137,7 +137,8 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True,
   uses the memory (and γ) as they were. PyTorch's ``torch.optim.LBFGS`` does this with 1e-10: without
   a line search that enforces the Wolfe conditions, a pair of negative curvature would make the
   inverse-Hessian estimate indefinite and the next step an ascent of unbounded length. ``None``
-  (optax's behaviour) stores every pair.
+  (optax's behaviour) stores every finite pair; a pair with a non-finite s · y (a diverged run)
+  is skipped in either case, where optax would store it and every later direction would be NaN.
   """
   if memory_size < 1:
     raise ValueError("memory_size must be >= 1")
@@ -160,13 +161,13 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True,
     y_y = optax.tree.norm(y, squared=True)
     weight = jnp.where(s_y == 0.0, 0.0, 1.0 / s_y)
     s, y, weight = jax.tree.map(lambda a: jnp.where(first, jnp.zeros_like(a), a), (s, y, weight))
-    keep = jnp.asarray(True) if min_curvature is None else first | (s_y > min_curvature)
-    if min_curvature is not None:
-      # A skipped pair: its slot keeps what it held and the recursion reads the memory in the order
-      # of the last stored pair, so the direction is the one of the memory as it was.
-      s, y = (jax.tree.map(lambda new, old: jnp.where(keep, new, old[slot]), v, buffer)
-              for v, buffer in ((s, state.diff_params_memory), (y, state.diff_updates_memory)))
-      weight = jnp.where(keep, weight, state.weights_memory[slot])
+    # A non-finite pair (s · y is NaN or inf: a restart that diverged) never enters the memory.
+    keep = first | (jnp.isfinite(s_y) if min_curvature is None else s_y > min_curvature)
+    # A skipped pair: its slot keeps what it held and the recursion reads the memory in the order
+    # of the last stored pair, so the direction is the one of the memory as it was.
+    s, y = (jax.tree.map(lambda new, old: jnp.where(keep, new, old[slot]), v, buffer)
+            for v, buffer in ((s, state.diff_params_memory), (y, state.diff_updates_memory)))
+    weight = jnp.where(keep, weight, state.weights_memory[slot])
     memory_idx = jnp.where(keep, state.count, state.count - 1) % memory_size  # the oldest slot
     s_memory = _Memory(state.diff_params_memory, s, slot)
     y_memory = _Memory(state.diff_updates_memory, y, slot)

@@ -210,6 +210,26 @@ def _select(pred, on_true, on_false):
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
+def _flat_unless(live, f):
+  """``f`` where ``live``; elsewhere the constant 0 with a zero gradient, free of any NaN that ``f``'s
+  value or derivatives hold there (a ``custom_vjp``: a plain ``jnp.where`` would send a zero
+  cotangent through ``f``'s backward pass, and 0 · NaN is NaN)."""
+
+  @jax.custom_vjp
+  def flat(params, live):
+    return jnp.where(live, f(params), 0.0)
+
+  def forward(params, live):
+    value, grad = jax.value_and_grad(f)(params)
+    return jnp.where(live, value, 0.0), _select(live, grad, optax.tree.zeros_like(grad))
+
+  def backward(grad, cotangent):
+    return optax.tree.scale(cotangent, grad), None
+
+  flat.defvjp(forward, backward)
+  return lambda params: flat(params, live)
+
+
 def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], optimizer: Optimizer, *,
                 tol: float | None = None,
                 project: Callable[[PyTree, PyTree], PyTree] | None = None,
@@ -249,14 +269,24 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
 
   def step(state, data):
     f = functools.partial(value_fn, data=data, step=state.iterations)
+    active = state.alive & (state.best_loss > threshold)
     if linesearch:
       value, grad = optax.tree.get(state.opt_state, "value"), optax.tree.get(state.opt_state, "grad")
       used = jnp.zeros((), jnp.int32)
+      # A frozen restart (converged, diverged, or about to be found so) is handed a flat problem: a
+      # zero gradient, so a zero direction, on an objective that is 0 everywhere. Its line search
+      # then accepts the first trial: under vmap the search runs until every restart's ends, and
+      # one restart searching on NaN to the cap made all of them pay the cap at every iteration.
+      live = active & jnp.isfinite(value) & _all_finite(grad)
+      value_ls = jnp.where(live, value, 0.0).astype(value.dtype)
+      grad_ls = _select(live, grad, optax.tree.zeros_like(grad))
+      updates, opt_state = tx.update(grad_ls, state.opt_state, state.params, value=value_ls,
+                                     grad=grad_ls, value_fn=_flat_unless(live, f))
     else:
       value, grad = value_and_grad(state.params, data, state.iterations)
       used = jnp.ones((), jnp.int32)
-    updates, opt_state = tx.update(grad, state.opt_state, state.params, value=value, grad=grad,
-                                   value_fn=f)
+      updates, opt_state = tx.update(grad, state.opt_state, state.params, value=value, grad=grad,
+                                     value_fn=f)
     params = optax.apply_updates(state.params, updates)
     if project is not None:
       params = project(params, data)
@@ -268,7 +298,6 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
     best_params = _select(improved, state.params, state.best_params)
     best_loss = jnp.where(improved, value, state.best_loss)
     alive = state.alive & value_ok & _all_finite(params)
-    active = state.alive & (state.best_loss > threshold)
     advanced = SolverState(params, opt_state, best_params, best_loss, state.iterations + 1,
                            state.evaluations + used, alive)
     # A restart that just went non-finite keeps its last finite iterate and best so far.

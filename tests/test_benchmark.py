@@ -36,6 +36,22 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
   assert set(runs) == {(s, n) for s in ("sequential", "vmap", "map") for n in (1, 2)}
   for s in ("sequential", "vmap", "map"):
     np.testing.assert_allclose(runs[s, 2]["over_one"], runs[s, 2]["seconds"] / runs[s, 1]["seconds"])
+  profile = result["profile"]
+  flops = profile["flops_per_evaluation"]
+  for s in ("sequential", "vmap", "map"):
+    for n in (1, 2):
+      r = runs[s, n]
+      np.testing.assert_allclose(r["gflops"], r["evaluations"] * flops / r["seconds"] / 1e9, rtol=1e-9)
+  assert [r["restarts"] for r in profile["rows"]] == [1, 2] and profile["history"] == 100
+  for r in profile["rows"]:
+    # 2 m n float32 values per restart, n = 32·32·3 + 10 dummy values; two passes at the bandwidth.
+    np.testing.assert_allclose(r["history_mb"], r["restarts"] * 2 * 100 * 3082 * 4 / 2**20)
+    np.testing.assert_allclose(r["floor_ms"], 2e3 * r["history_mb"] * 2**20 / profile["bandwidth"])
+    np.testing.assert_allclose(r["gflops"], r["flops_over_one"] * flops / r["step_ms"] / 1e6, rtol=1e-9)
+    np.testing.assert_allclose(r["peak_fraction"], 1e9 * r["gflops"] / profile["peak_flops"], rtol=1e-9)
+    # The vmapped program does R restarts' work (XLA's count, up to its bookkeeping).
+    np.testing.assert_allclose(r["flops_over_one"], r["restarts"], rtol=0.05)
+    assert r["step_ms"] > 0 and r["lbfgs_ms"] > 0
   assert [r["cap"] for r in result["linesearch"]] == [3]
   for r in result["linesearch"]:
     # L-BFGS evaluates at least once per iteration; the vmapped loop pays the per-iteration maximum.
@@ -44,6 +60,7 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
     assert r["restarts"] == 2 and 0 <= r["reached"] <= 2 and r["vmap_s"] > 0 and r["sequential_s"] > 0
   text = (tmp_path / "benchmark.md").read_text()
   assert "## One step" in text and "## L-BFGS line search under vmap" in text
+  assert "## Where a vmapped DLG iteration goes" in text
 
 
 @pytest.mark.slow

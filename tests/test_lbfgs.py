@@ -162,3 +162,25 @@ def test_fixed_step_skips_pairs_of_negative_curvature_as_pytorch():
       got[rule] = np.array(xs)
   np.testing.assert_allclose(got[1e-10], want, rtol=1e-9, atol=1e-12)
   assert np.abs(got[None] - want).max() > 1e-3
+
+
+@pytest.mark.parametrize("min_curvature", [None, 1e-10])
+def test_non_finite_pair_never_enters_the_memory(min_curvature):
+  """A NaN gradient (a diverged restart) leaves the stored pairs, their weights, the Gram matrix and
+  the pair count as they were; a later finite call's direction is then finite."""
+  f, p = _problem()
+  grad = jax.grad(f)
+  tx = lbfgs.scale_by_lbfgs(memory_size=3, min_curvature=min_curvature)
+  state = tx.init(p)
+  for _ in range(4):
+    u, state = tx.update(grad(p), state, p)
+    p = optax.apply_updates(p, optax.tree.scale(-0.1, u))
+  before = state
+  nan = jax.tree.map(lambda g: jnp.full_like(g, jnp.nan), grad(p))
+  _, state = tx.update(nan, state, p)
+  for name in ("diff_params_memory", "diff_updates_memory", "weights_memory", "gram"):
+    jax.tree.map(np.testing.assert_array_equal, getattr(state, name), getattr(before, name))
+  assert int(state.count) == int(before.count) and state.identity_scale == before.identity_scale
+  u, state = tx.update(grad(p), state, p)   # the pair against the NaN gradient is skipped too
+  u, state = tx.update(grad(p), state, optax.apply_updates(p, optax.tree.scale(-0.1, u)))
+  assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves((u, state)))

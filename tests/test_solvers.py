@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from gradjax import solvers
@@ -82,6 +83,36 @@ def test_diverging_restart_is_isolated(strategy):
   assert np.isinf(state.best_loss[1])  # never finite
   assert np.all(np.isfinite(state.params["p"]))
   assert int(state.iterations[0]) == 1 and int(state.iterations[1]) == 0
+
+
+def guarded_quadratic(params, data, step=0):
+  """The quadratic, NaN wherever p0 < C0 − 10 (log of a negative number)."""
+  return quadratic(params, data) + 0.0 * jnp.log(params["p"][0] - (C[0] - 10.0))
+
+
+def test_frozen_restart_costs_its_vmapped_neighbours_one_line_search_evaluation():
+  # Restart 0 starts where the objective is NaN, restart 2 at the minimiser (frozen by tol at once):
+  # each is handed a flat problem, so its line search ends at its first trial. Before, restart 0's
+  # search ran to the cap (20) at every iteration, and under vmap every restart paid for it.
+  solver = solvers.make_solver(guarded_quadratic, solvers.make_optimizer("lbfgs", 1.0, history=5),
+                               tol=1e-20)
+  init = stacked(np.full(6, C[0] - 11.0), C + 1.0, C)
+  searches = []
+
+  def monitor(state):
+    searches.append(np.asarray(optax.tree.get(state.opt_state, "num_linesearch_steps")))
+    return False
+
+  state = jax.device_get(solvers.run(solver, init, jnp.asarray(C), iterations=12,
+                                     execution=solvers.Execution("vmap", chunk=1, monitor=monitor)))
+  assert [bool(a) for a in state.alive] == [False, True, True]
+  np.testing.assert_array_equal(np.stack(searches)[:, [0, 2]], 1)
+  # The live restart is untouched by its neighbours: the same iterates as when run alone.
+  alone = jax.device_get(solvers.run(solver, stacked(C + 1.0), jnp.asarray(C), iterations=12,
+                                     execution=solvers.Execution("sequential")))
+  np.testing.assert_allclose(state.best_params["p"][1], alone.best_params["p"][0], rtol=1e-12)
+  np.testing.assert_array_equal(state.iterations[1], alone.iterations[0])
+  assert state.best_loss[1] < 1e-10 and state.best_loss[2] == 0.0
 
 
 def test_tolerance_stops_early_and_progress_is_reported():
