@@ -24,10 +24,12 @@ Methods (see gradjax.labels):
   python experiments/label_recovery.py --model=mlp
   python experiments/label_recovery.py --dataset=mnist --count=100 --output=labels.json
 
-Prints a Markdown table; ``--output`` writes per-batch results as JSON. Bad flags or data: one-line
+Prints a Markdown table; ``--output=X.json`` writes the per-batch results as JSON and the table
+beside it as ``X.md``. Bad flags or data: one-line
 error, exit code 2.
 """
 
+import os
 import time
 
 import jax
@@ -140,15 +142,15 @@ def main(argv):
 
   wall = time.perf_counter() - start
   distinct = [len(np.unique(pool_y[idx])) for idx in batches]
-  print(f"Label recovery on {f.count} {f.dataset} batches of {f.batch_size} (labels from "
-        f"{f.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
-        f"fresh {f.model} (init {init}) per batch, seed {f.seed}:\n")
-  print("| method | needs | label accuracy (mean ± std) | exact batches | ms / batch (median) |")
-  print("|---|---|---|---|---|")
+  lines = [f"Label recovery on {f.count} {f.dataset} batches of {f.batch_size} (labels from "
+           f"{f.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
+           f"fresh {f.model} (init {init}) per batch, seed {f.seed}:", "",
+           "| method | needs | label accuracy (mean ± std) | exact batches | ms / batch (median) |",
+           "|---|---|---|---|---|"]
   summary = {}
   for method, r in results.items():
     if r["error"]:
-      print(f"| {method} | {NEEDS[method]} | n/a: {r['error']} | | |")
+      lines.append(f"| {method} | {NEEDS[method]} | n/a: {r['error']} | | |")
       summary[method] = {"error": r["error"]}
       continue
     acc = np.asarray(r["accuracy"])
@@ -157,11 +159,13 @@ def main(argv):
         "exact_batches": int(np.sum(r["exact"])), "median_time_ms": float(np.median(r["time_s"]) * 1e3),
         "accuracy_per_batch": acc, "exact_per_batch": r["exact"], "labels_per_batch": r["labels"],
     }
-    print(f"| {method} | {NEEDS[method]} | {acc.mean():.3f} ± {acc.std():.3f} | "
-          f"{int(np.sum(r['exact']))}/{len(acc)} | {np.median(r['time_s']) * 1e3:.1f} |")
+    lines.append(f"| {method} | {NEEDS[method]} | {acc.mean():.3f} ± {acc.std():.3f} | "
+                 f"{int(np.sum(r['exact']))}/{len(acc)} | {np.median(r['time_s']) * 1e3:.1f} |")
   upper = float(np.mean(np.asarray(distinct) / f.batch_size))
-  print(f"\nDistinct-label methods can reach at most {upper:.3f} here (distinct classes / batch size). "
-        f"Std is the population std over batches. Wall time {wall:.1f} s on {jax.devices()[0]}.")
+  lines += ["", f"Distinct-label methods can reach at most {upper:.3f} here (distinct classes / batch "
+            f"size). Std is the population std over batches. Wall time {wall:.1f} s on {jax.devices()[0]}."]
+  table = "\n".join(lines) + "\n"
+  print(table, end="")
   if f.output:
     report.save_json(f.output, {
         "config": {"dataset": f.dataset, "pool": int(len(pool_y)), "normalization": f.normalization,
@@ -172,6 +176,9 @@ def main(argv):
         "distinct_label_upper_bound": upper,
         "methods": summary, "wall_time_s": wall, **provenance(),
     })
+    markdown = os.path.splitext(f.output)[0] + ".md"
+    report.atomic_write(markdown, lambda fh: fh.write(table), binary=False)
+    print(f"wrote {f.output} and {markdown}")
 
 
 if __name__ == "__main__":

@@ -330,6 +330,11 @@ def test_label_recovery_program(tmp_path):
   assert result["methods"]["bias_counts (oracle p̄)"]["accuracy_mean"] == 1.0
   distinct = [len(set(y)) / len(y) for y in result["batches"]["labels"]]
   assert result["distinct_label_upper_bound"] == pytest.approx(np.mean(distinct))
+  # The table beside the JSON is the one printed, its rows the JSON's figures.
+  table = (tmp_path / "labels.md").read_text()
+  assert table in proc.stdout
+  oracle = result["methods"]["bias_counts (oracle p̄)"]
+  assert f"| 1.000 ± 0.000 | {oracle['exact_batches']}/2 |" in table
 
 
 @pytest.mark.slow
