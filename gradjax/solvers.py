@@ -12,7 +12,9 @@ evaluations (one evaluation = one value-and-gradient of ``value_fn``) so budgets
 
 Divergence. A restart whose objective or iterate becomes NaN/inf is frozen at its last finite state
 and flagged ``alive=False``; other restarts continue. A restart whose best loss reaches ``tol`` is
-frozen too (converged).
+frozen too (converged). A frozen restart's L-BFGS line search is handed a flat problem (zero
+gradient, objective 0) and ends at its first trial, so under ``vmap`` the live restarts never wait
+on a search that runs to its cap on NaN.
 
 Restart strategies (``Execution.strategy``):
 
