@@ -84,3 +84,19 @@ def test_split_runs_are_pooled_over_their_images(results_md, tmp_path, monkeypat
   table = results_md.sweep_rows([("both", ("a", "b"))]).splitlines()
   assert table[2] == (f"| both | 4 | 2 / 4 | 25.00 ± {np.sqrt(125.0):.2f} | 25.00 | 0.550 | 75 % | "
                       "5.0 s |")
+
+
+def test_hfginv_note_pairs_the_batches(results_md, tmp_path, monkeypatch):
+  """Three batches, by hand: PSNR differences +1, −0.5, +2 (mean 0.833, population std
+  sqrt(((1/6)² + (4/3)² + (7/6)²) / 3) = 1.027), SSIM +0.1, +0.1, −0.1, LPIPS −0.1, +0.2, −0.2."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  row = lambda b, p, s, l: {"batch": b, "psnr": p, "ssim": s, "lpips": l}
+  _write(tmp_path / results_md.RESULTS / "ablation", "results.json", {"ablation_rows": {
+      "bn": [row(0, 10.0, 0.2, 0.5), row(1, 11.0, 0.2, 0.4), row(2, 9.0, 0.4, 0.7)],
+      "hfginv": [row(2, 11.0, 0.3, 0.5), row(0, 11.0, 0.3, 0.4), row(1, 10.5, 0.3, 0.6)]}})
+  note = results_md.hfginv_note("ablation")
+  diff = np.array([1.0, -0.5, 2.0])
+  assert f"PSNR +0.83 ± {diff.std():.2f} dB (higher on 2 of 3)" in note and f"{diff.std():.2f}" == "1.03"
+  assert "SSIM +0.033 (higher on 2 of 3)" in note and "LPIPS -0.033 (lower on 2 of 3)" in note
+  assert note.endswith("HFGInv beats the GradInversion baseline on PSNR.")
+  assert results_md.hfginv_note("absent") == ""
