@@ -24,7 +24,8 @@ Two tables, on the same batches:
   the BN prior from 1/3 of the run, quantised sign, ×0.33 step decay). PSNR, SSIM and LPIPS (AlexNet,
   when the ``lpips`` extra is installed) after matching the batch order, mean over the batches.
 
-Every attack is kept in ``items/`` as it ends; ``--resume`` reads finished ones back. Writes
+Every attack is kept in ``items/`` as it ends (its row as JSON, its reconstruction as .npz);
+``--resume`` reads finished rows back, and the reconstruction only for the first batch's grid. Writes
 results.md, results.csv (the ablation), results.json and a grid of the first batch.
 
   python experiments/batch_table.py --checkpoint=runs/train_resnet20_cifar10/epoch_5.npz
@@ -147,8 +148,10 @@ def main(argv):
       if f.resume and os.path.exists(path + ".json"):
         with open(path + ".json", encoding="utf-8") as fh:
           row = json.load(fh)
-        with open(path + ".npz", "rb") as fh:
-          x_rec = checkpoint.npz_arrays(fh.read(), path + ".npz")["reconstruction"]
+        x_rec = None  # the reconstruction is only needed for the first batch's grid
+        if b == 0:
+          with open(path + ".npz", "rb") as fh:
+            x_rec = checkpoint.npz_arrays(fh.read(), path + ".npz")["reconstruction"]
       else:
         t = time.perf_counter()
         rec = attacks.reconstruct(attack, model.apply_fn, obs,

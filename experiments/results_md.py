@@ -407,6 +407,11 @@ class Section:
   sources: tuple[tuple[str, str | None], ...] = ()  # (output, command if the output lacks one)
 
 
+def _captioned(caption: str, table: str | None) -> str | None:
+  """``caption`` above ``table``, or None where the table has not been measured."""
+  return None if table is None else f"{caption}\n\n{table}"
+
+
 def _join(*parts) -> str:
   return "\n\n".join(p for p in parts if p)
 
@@ -601,8 +606,12 @@ SECTIONS = (
             "is faster than XLA's convolution (the `other conv` column), at the price of memory and "
             "of the plain step on wide networks, so `experiments/train.py` keeps XLA's convolution "
             "(`--conv`). The accelerator suite (`python experiments/benchmark.py --suite=gpu`) has "
-            "not run yet: no GPU has been lent to this work."),
-        (("benchmark_cpu_1core", None),)),
+            "not run yet: no GPU has been lent to this work.",
+            _captioned("Restarts on one core, with the profile of a vmapped DLG iteration (the "
+                       "objective's FLOP rate against the measured matmul peak; L-BFGS's stored "
+                       "pairs against the measured memory bandwidth):",
+                       program_table("benchmark_restarts_1core/benchmark.md"))),
+        (("benchmark_cpu_1core", None), ("benchmark_restarts_1core", None))),
 )
 
 
