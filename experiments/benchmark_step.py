@@ -136,12 +136,17 @@ def photos(n: int, size=(32, 32)) -> data.Dataset:
                    image_size=size)
 
 
+def _dlg_evaluation(model):
+  """One evaluation of DLG's objective and its gradient w.r.t. the dummy, ``(dummy, obs)``."""
+  return jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
+
+
 def step_memory(name: str, batch: int, seed: int) -> dict:
   """The matching step's compiled memory footprint (bytes) and, where reported, the device peak."""
   x = photos(batch).x
   model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=NUM_CLASSES)
   obs = clients.fedsgd(model.apply_fn, model.variables, x, np.zeros(batch, np.int32))
-  step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
+  step = _dlg_evaluation(model)
   dummy = {"x": jnp.zeros(x.shape, jnp.float32),
            "label_logits": jnp.zeros((batch, NUM_CLASSES), jnp.float32)}
   compiled = jax.jit(step).lower(dummy, obs).compile()
@@ -191,12 +196,10 @@ def _flops(compiled) -> float:
   return float(analysis["flops"])
 
 
-def dlg_evaluation_flops(seed: int) -> float:
+def dlg_evaluation_flops(model, obs) -> float:
   """XLA's cost analysis of one evaluation of DLG's objective and its gradient (one restart)."""
-  model, obs = _dlg_problem(seed)
-  step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
   dummy = {"x": jnp.zeros((1, 32, 32, 3), jnp.float32), "label_logits": jnp.zeros((1, NUM_CLASSES))}
-  return _flops(jax.jit(step).lower(dummy, obs).compile())
+  return _flops(jax.jit(_dlg_evaluation(model)).lower(dummy, obs).compile())
 
 
 def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float = 10.0) -> dict:
@@ -217,8 +220,7 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
   """
   model, obs = _dlg_problem(seed)
   attack = attacks.get_attack("dlg")
-  objective = gradient_matching(model.apply_fn, distances.get_distance(attack.distance))
-  step = jax.vmap(jax.value_and_grad(objective), in_axes=(0, None))
+  step = jax.vmap(_dlg_evaluation(model), in_axes=(0, None))
   tx = lbfgs.scale_by_lbfgs(memory_size=attack.history)
 
   def lbfgs_update(state, params, target):
@@ -227,7 +229,7 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
 
   update = jax.vmap(lbfgs_update)
   peak, bandwidth = matmul_peak(), read_bandwidth()
-  flops_one = dlg_evaluation_flops(seed)
+  flops_one = dlg_evaluation_flops(model, obs)
   size = 32 * 32 * 3 + NUM_CLASSES
   timing = dict(repeats=repeats, warmup=2, max_seconds=max_seconds)
   rows = []
@@ -266,7 +268,7 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
   (line-search ones included) times XLA's count for one (:func:`dlg_evaluation_flops`), over the
   wall time."""
   model, obs = _dlg_problem(seed)
-  flops_one = dlg_evaluation_flops(seed)
+  flops_one = dlg_evaluation_flops(model, obs)
   attack = attacks.get_attack("dlg", iterations=iterations)
   rows = []
   for strategy in strategies:
@@ -314,7 +316,7 @@ def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, conv: s
     return jax.value_and_grad(loss)(variables["params"])
 
   observation = clients.fedsgd(model.apply_fn, model.variables, x, y)
-  match_step = jax.value_and_grad(gradient_matching(model.apply_fn, distances.euclidean))
+  match_step = _dlg_evaluation(model)
   key_x, key_label = jax.random.split(jax.random.key(seed + 1))
   dummy = {"x": jax.random.normal(key_x, x.shape, x.dtype),
            "label_logits": jax.random.normal(key_label, (x.shape[0], NUM_CLASSES), x.dtype)}
