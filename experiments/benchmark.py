@@ -12,7 +12,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   (ported in ``benchmark_step.py``) and the ratio torch / JAX.
 * ``ttq``: time-to-quality of DLG on ``lenet_zhu`` (U(−0.5, 0.5) init, ``--ttq_images`` scikit-image
   photos at 32×32, batch 1): wall time until the best iterate's PSNR reaches ``--ttq_psnr``, checked
-  every 10 iterations; the JAX run uses the ``dlg`` preset (optax L-BFGS, zoom line search) after a
+  every 10 iterations; the JAX run uses the ``dlg`` preset (L-BFGS, zoom line search) after a
   warm-up that compiles it. PyTorch runs ``torch.optim.LBFGS`` (lr 1, history 100) on the same weights
   and starting point, both as the DLG reference code does (20 fixed-size inner iterations per step)
   and with ``line_search_fn="strong_wolfe"``; the objective counts as checked after each ``step``.

@@ -543,7 +543,8 @@ SECTIONS = (
                         ("DLG, fixed-step L-BFGS", "dlg_fixed_lenet5_xavier_mnist_0-9")],
                        paper={"SAPAG, line-search L-BFGS (the preset)": "45.60",
                               "DLG, fixed-step L-BFGS": "−0.41"}),
-            "Line-search L-BFGS is optax's (zoom line search, strong Wolfe); fixed-step L-BFGS is "
+            "Line-search L-BFGS runs optax's zoom line search (strong Wolfe; gradjax.linesearch "
+            "evaluates the objective once per trial); fixed-step L-BFGS is "
             "PyTorch's default, which the papers ran (lr 1, no line search, a curvature pair kept "
             "only if s·y > 1e-10). A restart whose objective or iterate turns non-finite is frozen "
             "at its best iterate, so a row's iterations can end early. SAPAG's kernel as printed, "

@@ -19,12 +19,11 @@ on a search that runs to its cap on NaN.
 Restart strategies (``Execution.strategy``):
 
 * ``"sequential"``: a Python loop over restarts, each jitted chain run alone. The CPU default: with
-  L-BFGS (the DLG presets) the zoom line search is a while loop, which XLA:CPU runs slowly and which
-  under ``vmap`` runs until the slowest restart's search ends (measured on one core, 16 DLG restarts
-  on LeNet: 0.69 ms per restart and iteration sequentially, 1.48 ms vmapped). Without a line search
-  ``vmap`` is as fast or faster on CPU too (fixed-step L-BFGS 0.65 vs 0.67 ms, Adam 0.33 vs 0.26 ms),
-  provided convolutions run as im2col (``gradjax.models``): XLA's native ones turn into grouped
-  convolutions under ``vmap`` (6.5 vs 0.22 ms per restart for one LeNet matching step).
+  L-BFGS (the DLG presets) the zoom line search is a while loop, which under ``vmap`` runs until the
+  slowest restart's search ends, and the restarts' L-BFGS memories outgrow the CPU's caches (the
+  restart tables and profile in RESULTS.md). Without a line search ``vmap`` is as fast or faster on
+  CPU too, provided convolutions run as im2col (``gradjax.models``): XLA's native ones turn into
+  grouped convolutions under ``vmap``.
 * ``"vmap"``: all restarts advance together in one vectorised program (the accelerator default).
 * ``"map"``: ``lax.map`` over restarts with ``map_batch_size`` vectorised at a time.
 * ``"tune"``: time a few iterations of each on the actual problem and run the fastest
@@ -50,6 +49,7 @@ import optax
 
 from gradjax import compilation
 from gradjax import lbfgs
+from gradjax import linesearch
 from gradjax.compilation import once
 
 PyTree = Any
@@ -137,7 +137,8 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
                    warmup: int = 0, weight_decay: float = 0.01) -> Optimizer:
   """An optimizer for dummy data.
 
-  * ``"lbfgs"``: optax L-BFGS with a zoom line search; ``learning_rate`` scales the direction before
+  * ``"lbfgs"``: L-BFGS (:mod:`gradjax.lbfgs`) with the zoom line search of :mod:`gradjax.linesearch`
+    (optax's, with one objective evaluation per trial); ``learning_rate`` scales the direction before
     the line search picks the step (DLG: lr 1, history 100). No schedule.
   * ``"lbfgs_fixed"``: L-BFGS steps of fixed size ``learning_rate`` without a line search, as
     PyTorch's ``torch.optim.LBFGS`` runs by default (the DLG code); it can diverge where ``"lbfgs"``
@@ -156,9 +157,9 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
       raise ValueError("L-BFGS needs history >= 1 and max_linesearch_steps >= 1")
     if schedule != "constant" or warmup:
       raise ValueError("L-BFGS takes no learning-rate schedule (its line search sets the step)")
-    linesearch = optax.scale_by_zoom_linesearch(max_linesearch_steps=max_linesearch_steps,
-                                                initial_guess_strategy="one")
-    return Optimizer(lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=linesearch), True)
+    search = linesearch.scale_by_zoom_linesearch(max_linesearch_steps,
+                                                 initial_guess_strategy="one")
+    return Optimizer(lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=search), True)
   if name == "lbfgs_fixed":
     if history < 1 or schedule != "constant" or warmup:
       raise ValueError("fixed-step L-BFGS needs history >= 1 and takes no learning-rate schedule")
@@ -250,7 +251,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
       final one): for objectives whose terms change over the run (a growing set of matched layers),
       whose early values are not comparable with the late ones.
   """
-  tx, linesearch = optimizer
+  tx, searched = optimizer
   threshold = -jnp.inf if tol is None else tol
   value_and_grad = jax.value_and_grad(value_fn)
 
@@ -259,7 +260,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
       params = project(params, data)
     opt_state = tx.init(params)
     evaluations = jnp.zeros((), jnp.int32)
-    if linesearch:
+    if searched:
       # Seed the line search's stored value and gradient so every step can read them without a
       # lax.cond (which under vmap would evaluate the objective a second time).
       value, grad = value_and_grad(params, data, jnp.zeros((), jnp.int32))
@@ -272,7 +273,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
   def step(state, data):
     f = functools.partial(value_fn, data=data, step=state.iterations)
     active = state.alive & (state.best_loss > threshold)
-    if linesearch:
+    if searched:
       value, grad = optax.tree.get(state.opt_state, "value"), optax.tree.get(state.opt_state, "grad")
       used = jnp.zeros((), jnp.int32)
       # A frozen restart (converged, diverged, or about to be found so) is handed a flat problem: a
@@ -292,7 +293,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
     params = optax.apply_updates(state.params, updates)
     if project is not None:
       params = project(params, data)
-    if linesearch:
+    if searched:
       used = optax.tree.get(opt_state, "num_linesearch_steps").astype(jnp.int32)
     # ``value`` is the objective at ``state.params`` (before this update).
     value_ok = jnp.isfinite(value)
