@@ -219,12 +219,13 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: fl
                            stepsize_precision=stepsize_precision)
 
   def init_fn(params):
+    # Typed as update_fn's output (not weakly typed, as optax's are): a jitted step that takes
+    # either state then compiles once.
     real = jnp.real(jnp.empty((), jax.tree.leaves(params)[0].dtype)).dtype
-    inf = jnp.asarray(jnp.inf)
+    inf = jnp.asarray(jnp.inf, real)
     return ScaleByZoomLinesearchState(
-        learning_rate=jnp.asarray(1.0, real), value=jnp.asarray(jnp.inf, real),
-        grad=optax.tree.zeros_like(params),
-        info=ZoomLinesearchInfo(num_linesearch_steps=jnp.asarray(0), decrease_error=inf,
+        learning_rate=jnp.asarray(1.0, real), value=inf, grad=optax.tree.zeros_like(params),
+        info=ZoomLinesearchInfo(num_linesearch_steps=jnp.zeros((), jnp.int32), decrease_error=inf,
                                 curvature_error=inf))
 
   def update_fn(updates, state, params, *, value, grad, value_fn: Callable[..., Any],

@@ -161,3 +161,16 @@ def test_vmapped_searches_equal_their_runs_alone():
 def test_bad_guess_strategy():
   with pytest.raises(ValueError, match="initial guess strategy"):
     linesearch.scale_by_zoom_linesearch(20, initial_guess_strategy="double")
+
+
+def test_state_keeps_its_types():
+  """init_fn's state has update_fn's types (no weak types), so a jitted step taking either compiles
+  once."""
+  search = linesearch.scale_by_zoom_linesearch(20)
+  x = jnp.asarray(_X, jnp.float32)
+  value, grad = jax.value_and_grad(_quadratic)(x)
+  state = search.init(x)
+  _, new = jax.jit(lambda s: search.update(-grad, s, x, value=value, grad=grad,
+                                           value_fn=_quadratic))(state)
+  aval = lambda a: (a.shape, a.dtype, a.weak_type)
+  assert jax.tree.map(aval, state) == jax.tree.map(aval, new)
