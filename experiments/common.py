@@ -82,7 +82,7 @@ def define_flags():
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host: pods, SLURM, Open MPI clusters).")
   flags.DEFINE_string("matmul_precision", None, "jax_default_matmul_precision: bfloat16, tensorfloat32, float32 (accelerators; no effect on CPU).")
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
-  flags.DEFINE_float("compilation_cache_min_secs", 0.2, "Cache only programs whose compilation took at least this many seconds (0 caches every program).")
+  flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
 
 
 def config_from_flags(**overrides) -> Config:

@@ -395,8 +395,9 @@ def test_permutation_search_from_the_command_line(tmp_path):
 @pytest.mark.slow
 def test_compilation_cache_is_written_and_reused(tmp_path):
   cache = tmp_path / "cache"
-  # Every program is cached (threshold 0), so the second run must find all of them; with the default
-  # threshold, which programs pass it depends on the machine's load.
+  # Every program is cached (threshold 0, the default, passed to keep the test independent of it),
+  # so the second run must find all of them; with a positive threshold, which programs pass it
+  # would depend on the machine's load.
   args = ["--iterations=5", "--image_size=8", f"--compilation_cache={cache}",
           "--compilation_cache_min_secs=0", f"--output_dir={tmp_path / 'run'}"]
   first = run_program("reconstruct.py", *args)
