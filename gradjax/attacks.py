@@ -498,9 +498,10 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                      "then attack observation.replace(labels=...) with labels='known'")
   else:
     known = jnp.asarray(labels_lib.infer(observation, attack.labels))
-  lo, hi = (jnp.broadcast_to(jnp.asarray(b, dtype), input_shape[-1:]) for b in bounds)
-  if not bool(jnp.all(lo < hi)):
+  lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
+  if not np.all(lo < hi):
     raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
+  lo, hi = jnp.asarray(lo), jnp.asarray(hi)
   if permutations < 1:
     raise ValueError(f"permutations must be positive, got {permutations}")
   if permutations > 1:
@@ -518,7 +519,7 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                                          permutations, permutation_seed)
   k = orders.shape[0]
   # Depth from the model's call order, not the dicts' (sorted) order.
-  order = depth_order(attack, apply_fn, observation, jnp.zeros((1, *input_shape), dtype))
+  order = depth_order(attack, apply_fn, observation, np.zeros((1, *input_shape), dtype))
   weights = layer_weights(attack, observation, order)
   for name, _, _ in attack.priors:
     missing = [c for c in getattr(priors_lib.PRIORS[name], "needs", ()) if c not in observation.variables]

@@ -37,8 +37,9 @@ def _check_client_data(apply_fn, variables, x, y):
   if y.shape != want or not jnp.issubdtype(y.dtype, jnp.integer):
     raise ValueError(f"client labels must be int {want}, got {y.dtype} {y.shape}")
   num_classes = logits[-1]
-  if int(y.min()) < 0 or int(y.max()) >= num_classes:
-    raise ValueError(f"labels must lie in [0, {num_classes}), got [{int(y.min())}, {int(y.max())}]")
+  low, high = int(np.min(np.asarray(y))), int(np.max(np.asarray(y)))
+  if low < 0 or high >= num_classes:
+    raise ValueError(f"labels must lie in [0, {num_classes}), got [{low}, {high}]")
   return x, y
 
 

@@ -141,8 +141,10 @@ def load(net: str = "alex", path: str | None = None) -> Metric:
     if kernel.shape != shapes[name]["kernel"].shape or bias.shape != shapes[name]["bias"].shape:
       raise ValueError(f"{path}: {name} has shape {kernel.shape}, LPIPS {net} expects "
                        f"{shapes[name]['kernel'].shape}")
-    params[name] = {"kernel": jnp.asarray(kernel), "bias": jnp.asarray(bias)}
-  return Metric(net, params, tuple(jnp.asarray(w) for w in lin))
+    params[name] = {"kernel": kernel, "bias": bias}
+  # Host arrays: copied in at each call of the jitted distance; as device arrays each shape's copy
+  # compiled a program of its own.
+  return Metric(net, params, lin)
 
 
 def _features(metric: Metric, x):

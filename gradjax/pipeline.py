@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, corpus, data, defenses, distances, interop, lpips, metrics
+from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, distances, interop, lpips, metrics
 from gradjax import models, objectives, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
@@ -306,6 +306,12 @@ def get_attack(cfg: Config) -> attacks.Attack:
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
+  return _experiment_keys(seed, index)
+
+
+@compilation.once
+def _experiment_keys(seed, index):
+  # One program: derived eagerly, each of the five operations was a program of its own.
   base = jax.random.fold_in(jax.random.key(seed), index)
   key_model, key_attack = jax.random.split(base)
   return key_model, key_attack, jax.random.fold_in(base, 1)

@@ -685,8 +685,12 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
   last = None  # (round, its survivors[, its steps]) of the last round run, for the final snapshot
 
   if strategy == "sequential":
+    # Each restart's rows are sliced on the host once: slicing a device array compiles a program
+    # per leaf.
+    host_params, host_per = jax.device_get((init_params, restart_data))
+    pers = [None if host_per is None else jax.device_put(_slice(host_per, r)) for r in range(restarts)]
     if snap is None:
-      states = [init(_slice(init_params, r), data, per_of(r)) for r in range(restarts)]
+      states = [init(_slice(host_params, r), data, pers[r]) for r in range(restarts)]
     else:
       states = [jax.device_put(_slice(snap.state, r)) for r in range(restarts)]
     for i in range(first_round, len(schedule)):
@@ -703,7 +707,7 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
         def whole(state, finished, r=r, make=make):
           return make(_stack(states[:r] + [state] + states[r + 1:]), finished)
 
-        states[r] = drive(states[r], per_of(r), r, done + taken, n - taken, whole)
+        states[r] = drive(states[r], pers[r], r, done + taken, n - taken, whole)
       done += n
       last = (i, survivors)
       survivors = _rank(np.stack(jax.device_get([s.best_loss for s in states])), survivors)
@@ -711,7 +715,7 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
       i, s = last
       ex.checkpoint(lambda: Snapshot(_stack(states), i, np.asarray(s), len(s), 0, stopped, strategy),
                     final=True)
-    return _stack([finalize(s, data, per_of(r)) for r, s in enumerate(states)])
+    return _stack([finalize(s, data, pers[r]) for r, s in enumerate(states)])
 
   if snap is None:
     state = init(init_params, data, restart_data)

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from gradjax.compilation import once
@@ -172,7 +173,7 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
   )["params"]["head"]["kernel"].shape[0]
   if features == 0:
     raise ValueError(f"input {input_shape} is too small for {name}: its pooling leaves no features")
-  variables = _init(module, key, jnp.zeros((1, *input_shape), dtype))
+  variables = _init(module, key, np.zeros((1, *input_shape), dtype))
   return Model(make_apply_fn(module), variables, name, input_shape, num_classes)
 
 
