@@ -242,7 +242,8 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
   Args:
     value_fn: scalar objective; ``step`` (int32 scalar, the iteration about to be taken) lets an
       objective schedule its terms (a prior switched on at step T). With L-BFGS the value the line
-      search stored at the end of iteration k is reused at iteration k + 1.
+      search stored at the end of iteration k is reused at iteration k + 1 (and, for the last
+      iterate, by ``finalize`` when there is no ``project``).
     optimizer: from :func:`make_optimizer`.
     tol: a restart stops (is frozen) once its best objective is <= tol; None never stops early.
     project: optional ``project(params, data)`` applied to the iterate after every update (e.g. a box
@@ -309,15 +310,25 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
     # The optimizer state is taken as advanced even for a restart that is frozen (converged or
     # diverged), whose state is never read again: selecting it would copy every buffer each step
     # (L-BFGS's history is (m, ...) per restart), which under vmap on CPU cost more than the step.
+    # Only the line search's value and gradient at the iterate are kept (finalize reads them).
+    if searched:
+      opt_state = optax.tree.set(
+          opt_state, value=jnp.where(active, optax.tree.get(opt_state, "value"), value),
+          grad=_select(active, optax.tree.get(opt_state, "grad"), grad))
     return new._replace(opt_state=opt_state)
 
   def finalize(state, data):
-    """Scores the final iterate too, so the best covers every point the run reached."""
-    value = value_fn(state.params, data, state.iterations)
+    """Scores the final iterate too, so the best covers every point the run reached. With L-BFGS
+    and no projection, the line search's value there (as ``step`` reads it); otherwise one more
+    evaluation (a projected iterate is not the point the search evaluated)."""
+    if searched and project is None:
+      value, evaluated = optax.tree.get(state.opt_state, "value"), 0
+    else:
+      value, evaluated = value_fn(state.params, data, state.iterations), 1
     improved = state.alive & jnp.isfinite(value) & (value < state.best_loss)
     return state._replace(best_params=_select(improved, state.params, state.best_params),
                           best_loss=jnp.where(improved, value, state.best_loss),
-                          evaluations=state.evaluations + 1)
+                          evaluations=state.evaluations + evaluated)
 
   return Solver(init, step, finalize, tol)
 

@@ -36,8 +36,26 @@ def test_lbfgs_finds_closed_form_minimiser(strategy):
   np.testing.assert_allclose(state.best_params["p"], np.broadcast_to(C, (3, 6)), atol=1e-8)
   assert np.all(state.best_loss < 1e-15)
   assert np.all(state.alive)
-  # Every iteration evaluates the objective at least once (line search), plus init and finalize.
-  assert np.all(state.evaluations >= state.iterations + 2)
+  # Every iteration evaluates the objective at least once (line search), plus init; finalize reads
+  # the line search's value at the last iterate.
+  assert np.all(state.evaluations >= state.iterations + 1)
+
+
+@pytest.mark.parametrize("tol", [None, 1e-6])
+def test_lbfgs_best_loss_is_the_objective_at_the_best_params(tol):
+  """With the line search's stored values (no final evaluation), the recorded best loss is still
+  the objective at the recorded best params, also for a restart frozen by ``tol`` (whose last
+  search's value is kept while its optimizer state runs on); unlike Adam's, L-BFGS's best is
+  scored at the last iterate too."""
+  solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs", 1.0, history=10), tol=tol)
+  init = stacked(np.zeros(6), np.full(6, 3.0))
+  state = solvers.run(solver, init, jnp.asarray(C), iterations=12,
+                      execution=solvers.Execution("sequential", chunk=5))
+  for r in range(2):
+    np.testing.assert_allclose(state.best_loss[r], quadratic({"p": state.best_params["p"][r]}, C),
+                               rtol=1e-9, atol=1e-30)
+    if tol is not None:
+      assert state.best_loss[r] <= tol
 
 
 def test_adam_counts_one_evaluation_per_iteration_and_tracks_the_best():
