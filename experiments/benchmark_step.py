@@ -237,12 +237,13 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
     key = jax.random.key(r)
     dummy = {"x": jax.random.normal(key, (r, 1, 32, 32, 3)),
              "label_logits": jax.random.normal(key, (r, 1, NUM_CLASSES))}
-    compiled = jax.jit(step, compiler_options=compilation.STEP).lower(dummy, obs).compile()
+    options = compilation.options(compilation.BATCHED_STEP)
+    compiled = jax.jit(step, compiler_options=options).lower(dummy, obs).compile()
     step_s = np.median(time_calls(lambda: jax.block_until_ready(compiled(dummy, obs)), **timing))
     params = jax.random.normal(key, (r, size))
     target = jax.random.normal(jax.random.fold_in(key, 1), (r, size))
     state = jax.vmap(tx.init)(params)
-    run = jax.jit(update, donate_argnums=(0, 1), compiler_options=compilation.STEP)
+    run = jax.jit(update, donate_argnums=(0, 1), compiler_options=options)
     holder = [state, params]
 
     def one_update():

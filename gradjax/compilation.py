@@ -1,33 +1,60 @@
-"""Programs that run once per experiment, compiled for a short compilation rather than a fast run.
+"""Compiler options: short compilation for the programs that run once, a fast one for the step.
 
 XLA hands every program to LLVM with its backend optimisation level (2 by default). For a program
 that runs once, the optimisation costs more than it saves: on XLA:CPU (jax 0.10.2) the threefry draw
 of one 5×5×3×12 uniform kernel took 2.8 s to compile at level 2 and 0.3 s at level 0. Code that is
 not jitted at all is no cheaper: each primitive becomes a program of its own (a LeNet gradient taken
 eagerly compiled some hundred of them). So the set-up of an experiment (the model's initialisation,
-the client's gradient, the dummy data, the solver's first and last evaluations, the LPIPS network)
-is jitted whole with :func:`once`; the optimisation step that runs thousands of times gets
-an optimisation level that compiles faster for the same speed (:data:`STEP`). The level changes how
-fast the machine code runs and, through fused multiply-adds, the last bits of some results (XLA:CPU
-runs without fast-math), so a long optimisation is reproducible at one level, not across levels
-(the README's DLG run: PSNR 43.58 dB with every program at level 0, 43.65 dB at levels 1 and 2).
+the client's gradient, the dummy data, the solver's first evaluation, the LPIPS network) is jitted
+whole with :func:`once`; the optimisation step that runs thousands of times gets the options of
+:data:`STEP`. Both turn off XLA:CPU's MLIR fusion emitters (``xla_cpu_use_fusion_emitters``) for its
+older LLVM IR emitters, which compile the same fusions several times faster into code as fast.
+
+The options change the machine code and, through fused multiply-adds, the last bits of some results
+(XLA:CPU runs without fast-math), so a long optimisation is reproducible under one set of options,
+not across them. :func:`options` drops any option the installed XLA does not know.
 """
 
 import functools
 
 import jax
+import numpy as np
 
-# Compiler options of a program that runs once (``jax.jit(..., compiler_options=...)``).
-ONCE = {"xla_backend_optimization_level": 0}
-# Compiler options of the optimisation step, which runs thousands of times: LLVM's level 1. DLG's
-# step on lenet_zhu compiled in 6.9 s at level 1 against 8.7 s at level 2 (one core, jax 0.10.2)
-# and 2000 iterations ran in the same time; level 0 compiled in 3.7 s but ran 40 % slower.
+# Compiler options of a program that runs once (``jax.jit(..., compiler_options=...)``). DLG's first
+# evaluation on lenet_zhu (value and gradient) compiled in 1.85 s at level 0 with the fusion
+# emitters, 0.32 s without (one core, jax 0.10.2).
+ONCE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+# Compiler options of the optimisation step, which runs thousands of times: LLVM's level 1 (level 2
+# compiled longer for the same speed, level 0 ran several times slower), without the fusion emitters
+# (DLG's step on lenet_zhu: compiled in about half the time, and ran as fast or faster).
 #
 # ``xla_cpu_copy_insertion_use_region_analysis``: without it XLA:CPU copies every donated buffer
 # that a program both reads and updates in place (twice: L-BFGS's (m, ...) history, read by the
 # direction's products and given its newest pair by ``.at[slot].set``), a fifth of a DLG iteration
-# on LeNet and most of a vmapped one. Other backends ignore it.
-STEP = {"xla_backend_optimization_level": 1, "xla_cpu_copy_insertion_use_region_analysis": True}
+# on LeNet and most of a vmapped one. Other backends ignore the ``xla_cpu_`` options.
+STEP = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": False,
+        "xla_cpu_copy_insertion_use_region_analysis": True}
+# The step of restarts batched in one program (vmap): with the fusion emitters, whose batched
+# update of L-BFGS's history (a scatter under vmap) stays in place; the older emitters copy it.
+BATCHED_STEP = {**STEP, "xla_cpu_use_fusion_emitters": True}
+
+
+@functools.cache
+def _known(name: str, value) -> bool:
+  """Whether the default backend's compiler takes option ``name`` (one tiny compilation)."""
+  try:
+    jax.jit(lambda x: x, compiler_options={name: value}).lower(np.float32(0)).compile()
+  except jax.errors.JaxRuntimeError as e:
+    if "compile option" not in str(e):
+      raise
+    return False
+  return True
+
+
+def options(wanted: dict) -> dict:
+  """``wanted`` (:data:`ONCE`, :data:`STEP` or :data:`BATCHED_STEP`) less the options this XLA does not know: debug
+  options come and go between versions, and an unknown one fails every compilation."""
+  return {k: v for k, v in wanted.items() if _known(k, v)}
 
 
 def once(fun=None, **jit_kwargs):
@@ -39,15 +66,17 @@ def once(fun=None, **jit_kwargs):
   """
   if fun is None:
     return functools.partial(once, **jit_kwargs)
-  fast = jax.jit(fun, compiler_options=ONCE, **jit_kwargs)
   plain = jax.jit(fun, **jit_kwargs)
+  fast = []  # jitted at the first call: probing the compiler's options starts the backend
 
   @functools.wraps(fun)
   def call(*args, **kwargs):
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
       return plain(*args, **kwargs)
+    if not fast:
+      fast.append(jax.jit(fun, compiler_options=options(ONCE), **jit_kwargs))
     try:
-      return fast(*args, **kwargs)
+      return fast[0](*args, **kwargs)
     except ValueError as e:  # inside a trace that none of the arguments shows
       if "compiler_options" not in str(e):
         raise

@@ -74,8 +74,8 @@ class _Memory(NamedTuple):
 
   Every product below reads ``old`` (the state's buffers) and patches slot ``slot`` with ``new``, so
   the buffers' only other use is the one ``.at[slot].set`` that becomes the next state: in a step
-  that donates its state and compiles with :data:`gradjax.compilation.STEP` XLA updates them in
-  place. Products with the updated buffers made XLA:CPU copy every (m, ...) buffer several times per
+  that donates its state and compiles with :data:`gradjax.compilation.STEP` (``BATCHED_STEP`` under
+  ``vmap``) XLA updates them in place. Products with the updated buffers made XLA:CPU copy every (m, ...) buffer several times per
   call (a fifth of one DLG iteration on LeNet, 2.4 MB per restart).
   """
 

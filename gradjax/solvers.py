@@ -529,8 +529,10 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
     init, advance, finalize = per_device(init), per_device(advance), per_device(finalize)
   # The state is donated to each chunk: its buffers are reused for the next state in place. The
   # first and last evaluations run once: compiled fast, not optimised (gradjax.compilation).
-  init, advance, finalize = (once(init), jax.jit(advance, static_argnums=3, donate_argnums=0,
-                                                 compiler_options=compilation.STEP), once(finalize))
+  step_options = compilation.STEP if strategy == "sequential" else compilation.BATCHED_STEP
+  advance = jax.jit(advance, static_argnums=3, donate_argnums=0,
+                    compiler_options=compilation.options(step_options))
+  init, finalize = once(init), once(finalize)
   if jax.default_backend() != "cpu":
     return init, advance, finalize
 

@@ -31,7 +31,7 @@ def test_once_and_step_options_agree_with_default_jit(photos):
   # of each result.
   close = lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=3e-4 * np.abs(b).max())
   for options in (compilation.ONCE, compilation.STEP):
-    got = jax.jit(fn, compiler_options=options)(photos[2:4])
+    got = jax.jit(fn, compiler_options=compilation.options(options))(photos[2:4])
     jax.tree.map(close, got, want)
   got = compilation.once(fn)(photos[2:4])
   jax.tree.map(close, got, want)
@@ -47,3 +47,8 @@ def test_once_inside_other_transformations():
   shapes = jax.eval_shape(
       lambda: models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3)).variables)
   assert shapes["params"]["head"]["kernel"].shape == (12 * 2 * 2, 10)
+
+
+def test_options_drops_what_the_compiler_does_not_know():
+  wanted = {"xla_backend_optimization_level": 0, "xla_no_such_option_anywhere": True}
+  assert compilation.options(wanted) == {"xla_backend_optimization_level": 0}

@@ -83,8 +83,9 @@ def test_bad_memory_size():
 @pytest.mark.parametrize("restarts", [None, 3])
 @pytest.mark.parametrize("min_curvature", [None, 1e-10])
 def test_history_is_updated_in_place(restarts, min_curvature):
-  """The solver's step program (donated state, ``compilation.STEP``) does not copy L-BFGS's (m, ...)
-  history buffers, alone or vmapped over restarts: each copy reads and writes the whole history."""
+  """The solver's step program (donated state, ``compilation.STEP``; ``BATCHED_STEP`` vmapped) does
+  not copy L-BFGS's (m, ...) history buffers, alone or vmapped over restarts: each copy reads and
+  writes the whole history."""
   from gradjax import compilation
   tx = lbfgs.lbfgs(1.0, memory_size=7, linesearch=None, min_curvature=min_curvature)
   params = {"x": jnp.ones((4, 5, 3), jnp.float32), "y": jnp.ones((6,), jnp.float32)}
@@ -99,7 +100,8 @@ def test_history_is_updated_in_place(restarts, min_curvature):
     update, init = jax.vmap(update), jax.vmap(init)
     params = jax.tree.map(lambda a: jnp.stack([a] * restarts), params)
   state = jax.tree.map(jnp.copy, init(params))   # init shares one zeros buffer between leaves
-  step = jax.jit(update, donate_argnums=0, compiler_options=compilation.STEP)
+  options = compilation.STEP if restarts is None else compilation.BATCHED_STEP
+  step = jax.jit(update, donate_argnums=0, compiler_options=compilation.options(options))
   hlo = step.lower(state, params).compile().as_text()
   history = [f"f32[{'' if restarts is None else f'{restarts},'}7,4,5,3]",
              f"f32[{'' if restarts is None else f'{restarts},'}7,6]"]
