@@ -7,9 +7,15 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   the dummy data and labels), their ratio, the compile time of each, and the matching step's device
   memory: XLA's compiled footprint (arguments + outputs + temporaries, ``memory_analysis``) and, on
   devices that report it, the peak bytes in use. All with the backend's default convolutions
-  (``conv="auto"``: im2col on CPU, XLA's on accelerators); the matching step is also timed with the
+  (``conv="auto"``: mixed on CPU, XLA's on accelerators); the matching step is also timed with the
   other implementation, and the ratio given. With PyTorch installed the same step in PyTorch eager
   (ported in ``benchmark_step.py``) and the ratio torch / JAX.
+* ``ops``: the same matching step op by op (``op_profile.py``): XLA:CPU's thunks under
+  ``jax.profiler`` and PyTorch's ATen ops under ``torch.profiler``, each filed as matmul, reduction,
+  data movement or elementwise, with the matrix products' FLOP rate.
+* ``convs``: one layer's share of a matching step per layer shape (``--conv_shapes``) with each CPU
+  convolution (im2col, split, mixed), and which one ``mixed`` takes: the measurement behind
+  ``gradjax.models.layers.mixed_conv``'s rule.
 * ``ttq``: time-to-quality of DLG on ``lenet_zhu`` (U(−0.5, 0.5) init, ``--ttq_images`` scikit-image
   photos at 32×32, batch 1): wall time until the best iterate's PSNR reaches ``--ttq_psnr``, checked
   every 10 iterations; the JAX run uses the ``dlg`` preset (L-BFGS, zoom line search) after a
@@ -52,14 +58,16 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
 import accelerator_suite
 import benchmark_step as bs
+import op_profile
 from gradjax import attacks, clients, metrics, models, report, solvers
 
-SECTIONS = ("steps", "ttq", "restarts", "profile", "linesearch")
+SECTIONS = ("steps", "ops", "convs", "ttq", "restarts", "profile", "linesearch")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
 _PARTS = flags.DEFINE_list("parts", list(accelerator_suite.PARTS), "Accelerator suite parts: "
@@ -83,6 +91,15 @@ _RESTART_ITERATIONS = flags.DEFINE_integer("restart_iterations", 100, "DLG itera
 _MAP_BATCH = flags.DEFINE_integer("map_batch_size", 8, "Restarts vectorised together by lax.map.")
 _LS_CAPS = flags.DEFINE_list("linesearch_caps", ["20", "8", "4", "2"],
                              "max_linesearch_steps values of the linesearch section.")
+# One layer each, N:H:C:O:k:stride (batch, input size, channels in and out, kernel, stride): LeNet's
+# and the CIFAR ResNets' and ConvNet's layers at batches 1 and 8.
+CONV_SHAPES = ("1:32:3:12:5:2", "1:16:12:12:5:1", "8:32:3:12:5:2", "8:16:12:12:5:1", "1:32:3:64:3:1",
+               "1:32:64:64:3:1", "1:16:128:128:3:1", "1:8:256:256:3:1", "1:4:512:512:3:1",
+               "1:32:64:128:3:2", "1:32:64:128:1:2", "8:32:3:64:3:1", "8:32:64:64:3:1",
+               "8:16:128:128:3:1", "8:8:256:256:3:1", "8:4:512:512:3:1", "8:32:64:128:3:2",
+               "8:32:64:128:1:2")
+_CONV_SHAPES = flags.DEFINE_list("conv_shapes", list(CONV_SHAPES), "Layer shapes of the convs "
+                                 "section, N:H:C:O:k:stride.")
 _LS_ITERATIONS = flags.DEFINE_integer("linesearch_iterations", 200, "DLG iterations of the linesearch section.")
 
 CHECK_EVERY = 10  # iterations between PSNR checks in the time-to-quality runs
@@ -112,6 +129,63 @@ def section_steps(torch, timing: dict, seed: int) -> list[dict]:
                    torch_over_jax=t["match"]["median_ms"] / j["match"]["median_ms"])
       print(f"steps {name} batch {batch}: {row}", flush=True)
       rows.append(row)
+  return rows
+
+
+# --- ops ------------------------------------------------------------------------------------------
+
+
+def section_ops(torch, seed: int) -> list[dict]:
+  """The matching step of each model and batch size, op by op (``op_profile``), in JAX and, with
+  PyTorch installed, in PyTorch eager."""
+  rows = []
+  for batch in map(int, _BATCH_SIZES.value):
+    images = bs.photos(batch)
+    for name in bs._MODELS.value:
+      _, _, _, match_step, match_args = bs.jax_steps(name, images.x, images.y, seed=seed)
+      compiled, _ = bs.compile_ahead(match_step, *match_args)
+      row = dict(model=name, batch_size=batch, jax=op_profile.jax_profile(compiled, match_args))
+      if torch is not None:
+        _, torch_match, _ = bs.torch_steps(name, images.x, images.y, seed=seed)
+        row["torch"] = op_profile.torch_profile(torch_match)
+      print(f"ops {name} batch {batch}: {row}", flush=True)
+      rows.append(row)
+  return rows
+
+
+# --- convs ----------------------------------------------------------------------------------------
+
+
+def section_convs(timing: dict, seed: int) -> list[dict]:
+  """Per layer shape, one layer's share of a matching step with each CPU convolution: value and
+  gradient w.r.t. x of ``||d/dW sum(tanh(conv(x, W))) - G||²`` (the weight gradient differentiated
+  in the input, as gradient matching does), for im2col, split and mixed (and which one mixed took)."""
+  rows = []
+  dn = ("NHWC", "HWIO", "NHWC")
+  for spec in _CONV_SHAPES.value:
+    n, h, c, o, k, stride = map(int, spec.split(":"))
+    keys = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(keys[0], (n, h, h, c))
+    w = 0.05 * jax.random.normal(keys[1], (k, k, c, o))
+    target = jax.random.normal(keys[2], w.shape)
+    row = dict(shape=spec)
+    for name in ("im2col", "split", "mixed"):
+      conv = models.layers.conv_general_dilated(name)
+
+      def objective(x, w, target, conv=conv):
+        grad = jax.grad(lambda w: jnp.sum(jnp.tanh(conv(x, w, (stride, stride), "SAME",
+                                                        dimension_numbers=dn))))(w)
+        return jnp.sum((grad - target) ** 2)
+
+      compiled, _ = bs.compile_ahead(jax.value_and_grad(objective), x, w, target)
+      row[f"{name}_ms"] = bs.measure(lambda: jax.block_until_ready(compiled(x, w, target)),
+                                     **timing)["median_ms"]
+    jaxpr = str(jax.make_jaxpr(lambda x, w: models.layers.mixed_conv(
+        x, w, (stride, stride), "SAME", dimension_numbers=dn))(x, w))
+    row.update(split_over_im2col=row["split_ms"] / row["im2col_ms"],
+               mixed_takes="split" if "custom_vjp_call" in jaxpr else "im2col")
+    print(f"convs {row}", flush=True)
+    rows.append(row)
   return rows
 
 
@@ -347,6 +421,29 @@ def markdown(result: dict) -> str:
                    f"{r['other_conv_match_ms']:.3f} ({r['other_over_default']:.2f}×) | "
                    f"{_f(r.get('torch_match_ms'), '{:.3f}')} | {_f(r.get('torch_over_jax'))}× |")
     lines.append("")
+  if "ops" in result:
+    lines += ["## The matching step op by op (ms per step; share of the profiled ops)", "",
+              "XLA:CPU's thunks (jax.profiler) and PyTorch's ATen ops (torch.profiler, self time), "
+              "filed by `experiments/op_profile.py`: matmul (dots, convolutions), reduction, data "
+              "movement (pad, slice, concatenate, copy, transpose: im2col's patches and their "
+              "transpose), elementwise. matmul GFLOP/s: the dots' FLOPs from the HLO shapes over "
+              "their time.", "", op_profile.markdown(result["ops"]), "", "Slowest ops:", ""]
+    for r in result["ops"]:
+      for framework in ("jax", "torch"):
+        if framework in r:
+          ops = "; ".join(f"{o['op']}{' (' + '/'.join(o['source']) + ')' if o.get('source') else ''} "
+                          f"{o['ms']:.1f}" for o in r[framework]["top"][:5])
+          lines.append(f"- {r['model']}, batch {r['batch_size']}, {framework}: {ops}")
+    lines.append("")
+  if "convs" in result:
+    lines += ["## One layer's matching step per convolution (median ms)", "",
+              "Value and gradient w.r.t. x of ‖∂/∂W Σ tanh(conv(x, W)) − G‖² for one layer of shape "
+              "N:H:C:O:k:stride ('SAME' padding).", "",
+              "| shape | im2col | split | split/im2col | mixed | mixed takes |", "|---|---|---|---|---|---|"]
+    for r in result["convs"]:
+      lines.append(f"| {r['shape']} | {r['im2col_ms']:.2f} | {r['split_ms']:.2f} | "
+                   f"{r['split_over_im2col']:.2f} | {r['mixed_ms']:.2f} | {r['mixed_takes']} |")
+    lines.append("")
   if "ttq" in result:
     lines += [f"## Time to PSNR ≥ {result['config']['ttq_psnr']:g} dB, DLG on lenet_zhu (s)", "",
               "| image | JAX (iterations) | PyTorch reference LBFGS (steps) | PyTorch strong-Wolfe LBFGS (steps) |",
@@ -450,6 +547,10 @@ def main(argv):
                             linesearch_iterations=_LS_ITERATIONS.value, seed=seed))
   if "steps" in _SECTIONS.value:
     result["steps"] = section_steps(torch, timing, seed)
+  if "ops" in _SECTIONS.value:
+    result["ops"] = section_ops(torch, seed)
+  if "convs" in _SECTIONS.value:
+    result["convs"] = section_convs(timing, seed)
   if "ttq" in _SECTIONS.value:
     result["ttq"] = section_ttq(torch, seed)
   if "restarts" in _SECTIONS.value:

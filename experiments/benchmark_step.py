@@ -302,10 +302,10 @@ def compile_ahead(fn, *args):
   return compiled, time.perf_counter() - t0
 
 
-def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, conv: str = "auto",
-                  **timing_kwargs) -> dict:
-  """Times the plain and the gradient-matching step of zoo model ``name`` in JAX, with convolutions
-  computed by ``conv`` (``gradjax.models.CONVS``)."""
+def jax_steps(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, conv: str = "auto"):
+  """Zoo model ``name``'s plain and gradient-matching steps in JAX with their arguments:
+  ``(model, plain_step, plain_args, match_step, match_args)``, convolutions computed by ``conv``
+  (``gradjax.models.CONVS``)."""
   model = models.create(name, jax.random.key(seed), input_shape=x.shape[1:], num_classes=NUM_CLASSES,
                         conv=conv)
   x, y = jnp.asarray(x), jnp.asarray(y)
@@ -321,8 +321,14 @@ def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, conv: s
   key_x, key_label = jax.random.split(jax.random.key(seed + 1))
   dummy = {"x": jax.random.normal(key_x, x.shape, x.dtype),
            "label_logits": jax.random.normal(key_label, (x.shape[0], NUM_CLASSES), x.dtype)}
+  return model, plain_step, (model.variables, x, y), match_step, (dummy, observation)
 
-  plain_args, match_args = (model.variables, x, y), (dummy, observation)
+
+def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, conv: str = "auto",
+                  **timing_kwargs) -> dict:
+  """Times the plain and the gradient-matching step of zoo model ``name`` in JAX, with convolutions
+  computed by ``conv`` (``gradjax.models.CONVS``)."""
+  model, plain_step, plain_args, match_step, match_args = jax_steps(name, x, y, seed=seed, conv=conv)
   plain, plain_compile_s = compile_ahead(plain_step, *plain_args)
   match, match_compile_s = compile_ahead(match_step, *match_args)
   value, _ = match(*match_args)
@@ -438,8 +444,9 @@ def torch_dlg_objective(model, params, observed, dummy_x, dummy_label):
   return grad_diff
 
 
-def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timing_kwargs) -> dict:
-  """Times the plain and the gradient-matching step of the PyTorch port of ``name`` in eager mode."""
+def torch_steps(name: str, x: np.ndarray, y: np.ndarray, *, seed: int):
+  """The PyTorch port of ``name`` in eager mode: ``(plain_step, match_step, number of parameters)``,
+  each step a no-argument callable."""
   import torch  # pylint: disable=g-import-not-at-top
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
 
@@ -463,9 +470,15 @@ def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **tim
 
   if not torch.isfinite(match_step()):
     raise RuntimeError(f"{name}: the PyTorch matching objective is not finite")
+  return plain_step, match_step, sum(p.numel() for p in params)
+
+
+def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timing_kwargs) -> dict:
+  """Times the plain and the gradient-matching step of the PyTorch port of ``name`` in eager mode."""
+  plain_step, match_step, num_params = torch_steps(name, x, y, seed=seed)
   return dict(
       framework="torch",
-      num_params=sum(p.numel() for p in params),
+      num_params=num_params,
       plain=measure(plain_step, **timing_kwargs),
       match=measure(match_step, **timing_kwargs),
       compile_s=None,

@@ -215,7 +215,9 @@ class Config:
       "reveals (else the whole vocabulary).")
   conv: str = _field(
       "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
-      "XLA:CPU), auto (im2col on CPU).", choices=models.CONVS)
+      "XLA:CPU), split (lax.conv with the slow second derivative recast as a convolution), mixed "
+      "(split on large feature maps, im2col elsewhere), auto (mixed on CPU, xla elsewhere).",
+      choices=models.CONVS)
   seed: int = _field(0, "PRNG seed (model and dummy initialisation).")
   chunk: int = _field(100, "Iterations per jitted chunk between progress reports.", execution=True)
   lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "

@@ -22,8 +22,9 @@ Restart strategies (``Execution.strategy``):
   L-BFGS (the DLG presets) the zoom line search is a while loop, which under ``vmap`` runs until the
   slowest restart's search ends, and the restarts' L-BFGS memories outgrow the CPU's caches (the
   restart tables and profile in RESULTS.md). Without a line search ``vmap`` is as fast or faster on
-  CPU too, provided convolutions run as im2col (``gradjax.models``): XLA's native ones turn into
-  grouped convolutions under ``vmap``.
+  CPU too, provided convolutions run as im2col (``conv="im2col"``, ``gradjax.models``): XLA's
+  native ones, which the CPU default ``"mixed"`` takes for large feature maps, turn into grouped
+  convolutions under ``vmap``.
 * ``"vmap"``: all restarts advance together in one vectorised program (the accelerator default).
 * ``"map"``: ``lax.map`` over restarts with ``map_batch_size`` vectorised at a time.
 * ``"tune"``: time a few iterations of each on the actual problem and run the fastest

@@ -20,7 +20,7 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
        "--models=lenet_zhu", "--batch_sizes=1,2", "--repeats=2", "--warmup=0", "--ttq_images=1",
        "--ttq_psnr=8", "--ttq_max_seconds=30", "--ig_model=convnet-4", "--ig_iterations=2",
        "--restart_counts=1,2", "--restart_iterations=5", "--linesearch_iterations=5",
-       "--linesearch_caps=3", f"--output_dir={tmp_path}"],
+       "--linesearch_caps=3", "--conv_shapes=1:8:3:4:3:1,1:16:16:4:3:1", f"--output_dir={tmp_path}"],
       capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads((tmp_path / "benchmark.json").read_text())
@@ -28,8 +28,23 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
   for r in result["steps"]:
     np.testing.assert_allclose(r["match_over_plain"], r["jax_match_ms"] / r["jax_plain_ms"], rtol=1e-12)
     np.testing.assert_allclose(r["other_over_default"], r["other_conv_match_ms"] / r["jax_match_ms"], rtol=1e-12)
-    assert {r["conv"], r["other_conv"]} == {"xla", "im2col"}
+    assert (r["conv"], r["other_conv"]) == ("mixed", "im2col")
     assert r["compiled_bytes"] > 0 and r["compile_match_s"] > 0
+  assert [(r["model"], r["batch_size"]) for r in result["ops"]] == [("lenet_zhu", 1), ("lenet_zhu", 2)]
+  for r in result["ops"]:
+    ops = r["jax"]
+    np.testing.assert_allclose(sum(ops["categories"].values()), ops["ops_ms"], rtol=1e-9)
+    assert ops["categories"]["matmul"] > 0 and ops["matmul_flops"] > 0
+    np.testing.assert_allclose(ops["matmul_gflops"],
+                               ops["matmul_flops"] / ops["categories"]["matmul"] / 1e6, rtol=1e-9)
+  # im2col on lenet_zhu: per conv layer one patches x kernel product (2·N·Ho·Wo·(kh·kw·C)·O FLOPs
+  # forward), all counted from the HLO; batch 2 has twice batch 1's products.
+  np.testing.assert_allclose(result["ops"][1]["jax"]["matmul_flops"],
+                             2 * result["ops"][0]["jax"]["matmul_flops"], rtol=0.05)
+  assert [(r["shape"], r["mixed_takes"]) for r in result["convs"]] == [("1:8:3:4:3:1", "im2col"),
+                                                                       ("1:16:16:4:3:1", "split")]
+  for r in result["convs"]:
+    np.testing.assert_allclose(r["split_over_im2col"], r["split_ms"] / r["im2col_ms"], rtol=1e-12)
   ttq = result["ttq"]["dlg"][0]["jax"]
   assert ttq["reached"] and ttq["psnr"] >= 8 and ttq["iterations"] % 10 == 0
   runs = {(r["strategy"], r["restarts"]): r for r in result["restarts"]}

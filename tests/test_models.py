@@ -377,10 +377,12 @@ def _np_conv_asym(x, w, stride, pads):
     ((1, 1), (2, 2), ((0, 0), (0, 0)), (8, 7)),      # ResNet projection shortcut
     ((3, 2), (1, 3), ((0, 2), (1, 0)), (6, 10)),     # asymmetric everything
 ])
+@pytest.mark.parametrize("impl", ["im2col_conv", "split_conv", "mixed_conv"])
 @pytest.mark.slow
-def test_im2col_conv_matches_numpy_and_xla(kernel, stride, pads, hw):
+def test_conv_implementations_match_numpy_and_xla(kernel, stride, pads, hw, impl):
   """Values, first and second derivatives (float64) equal NumPy and ``lax.conv_general_dilated``."""
-  from gradjax.models.layers import im2col_conv
+  from gradjax.models import layers
+  im2col_conv = getattr(layers, impl)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, *hw, 3))
   w = rng.normal(size=(*kernel, 3, 4))
@@ -397,6 +399,24 @@ def test_im2col_conv_matches_numpy_and_xla(kernel, stride, pads, hw):
 
     np.testing.assert_allclose(np.asarray(second_order(im2col_conv)),
                                np.asarray(second_order(jax.lax.conv_general_dilated)), rtol=1e-10, atol=1e-12)
+
+
+def test_mixed_conv_splits_large_maps_with_enough_channels():
+  """mixed_conv takes split_conv (a custom VJP) for a 3x3 kernel on 16 channels and a 16x16 output,
+  im2col_conv for fewer channels, a smaller map or a 1x1 kernel; all equal lax's convolution."""
+  from gradjax.models.layers import mixed_conv
+  dn = ("NHWC", "HWIO", "NHWC")
+  for shape, kernel, stride, split in (((1, 16, 16, 16), (3, 3, 16, 8), (1, 1), True),
+                                       ((1, 32, 32, 16), (3, 3, 16, 8), (2, 2), True),
+                                       ((1, 16, 16, 15), (3, 3, 15, 8), (1, 1), False),
+                                       ((1, 15, 16, 16), (3, 3, 16, 8), (1, 1), False),
+                                       ((1, 16, 16, 16), (1, 1, 16, 8), (1, 1), False)):
+    x, w = jnp.ones(shape), jnp.ones(kernel)
+    jaxpr = str(jax.make_jaxpr(lambda x, w: mixed_conv(x, w, stride, "SAME", dimension_numbers=dn))(x, w))
+    assert ("custom_vjp_call" in jaxpr) == split, (shape, kernel, stride)
+    np.testing.assert_allclose(np.asarray(mixed_conv(x, w, stride, "SAME", dimension_numbers=dn)),
+                               np.asarray(jax.lax.conv_general_dilated(x, w, stride, "SAME", dimension_numbers=dn)),
+                               rtol=1e-6)
 
 
 def test_im2col_conv_defers_unsupported_cases_to_xla():
@@ -423,18 +443,21 @@ def test_im2col_conv_defers_unsupported_cases_to_xla():
                                 np.asarray(lax_conv(x_nchw, w_oihw, (1, 1), "SAME")))
 
 
+@pytest.mark.parametrize("conv", ["im2col", "split", "mixed"])
 @pytest.mark.parametrize("name,input_shape", [("lenet_zhu", (16, 16, 3)), ("lenet5", (8, 8, 1)),
-                                              ("convnet-2", (9, 9, 3)), ("resnet8", (8, 8, 3))])
+                                              ("convnet-2", (9, 9, 3)), ("resnet8", (8, 8, 3)),
+                                              ("resnet8", (16, 16, 3))])
 @pytest.mark.slow
-def test_conv_implementations_compute_the_same_model(name, input_shape):
-  """``conv="im2col"`` and ``conv="xla"`` have the same parameters, logits and DLG objective gradient."""
+def test_conv_implementations_compute_the_same_model(name, input_shape, conv):
+  """``conv`` and ``conv="xla"`` have the same parameters, logits and DLG objective gradient (resnet8
+  at 16x16: mixed splits its first stage, 16 channels on 16x16 maps)."""
   from gradjax import clients, distances
   from gradjax.objectives import gradient_matching
   rng = np.random.default_rng(2)
   with jax.enable_x64(True):
     kw = dict(input_shape=input_shape, num_classes=10, param_dtype=jnp.float64)
     native = models.create(name, KEY, conv="xla", **kw)
-    im2col = models.create(name, KEY, conv="im2col", **kw)
+    im2col = models.create(name, KEY, conv=conv, **kw)
     assert jax.tree.structure(native.variables) == jax.tree.structure(im2col.variables)
     chex_equal = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
                               native.variables, im2col.variables)
@@ -454,7 +477,7 @@ def test_conv_implementations_compute_the_same_model(name, input_shape):
 
 def test_conv_auto_resolves_per_backend():
   from gradjax.models.layers import resolve_conv
-  assert resolve_conv("auto") == ("im2col" if jax.default_backend() == "cpu" else "xla")
+  assert resolve_conv("auto") == ("mixed" if jax.default_backend() == "cpu" else "xla")
   assert resolve_conv("xla") == "xla"
   with pytest.raises(ValueError, match="unknown convolution implementation"):
     models.create("lenet_zhu", KEY, conv="winograd")

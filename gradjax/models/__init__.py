@@ -88,8 +88,12 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
 
   ``conv`` (models with convolutions): how convolutions are computed, one of ``CONVS``: ``"xla"``
   (``lax.conv_general_dilated``), ``"im2col"`` (patches times a matrix,
-  :func:`gradjax.models.layers.im2col_conv`: gradient matching 2-3x faster on XLA:CPU, more memory,
-  plain training steps of wide networks slower) or ``"auto"`` (im2col on CPU, xla on accelerators).
+  :func:`gradjax.models.layers.im2col_conv`: gradient matching 2-3x faster than xla on XLA:CPU,
+  more memory, plain training steps of wide networks slower), ``"split"`` (XLA's convolutions with
+  the second derivatives XLA:CPU computes slowly given as ordinary convolutions,
+  :func:`gradjax.models.layers.split_conv`), ``"mixed"`` (split on large feature maps, im2col
+  elsewhere, :func:`gradjax.models.layers.mixed_conv`) or ``"auto"`` (mixed on CPU, xla on
+  accelerators).
   The parameters and the function computed are the same; only rounding differs.
 
   ``text_sizes``: the ``transformer``'s sizes (:class:`TextSizes`)."""
