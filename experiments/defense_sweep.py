@@ -117,12 +117,11 @@ def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str =
   """A matplotlib figure: mean PSNR per defense as bars (dashed line at the threshold) and, when the
   rows have a ``"utility"`` entry, utility (test accuracy) against PSNR, one labelled point per
   defense: the privacy/utility trade-off (lower PSNR and higher accuracy is better)."""
-  plt = report._pyplot()
   names = [row["defense"] for row in table]
   psnr = [row["summary"]["psnr"]["mean"] for row in table]
   with_utility = all("utility" in row for row in table)
-  fig, axes = plt.subplots(1, 2 if with_utility else 1, squeeze=False,
-                           figsize=(max(5.0, 0.45 * len(names) + 2) + (5 if with_utility else 0), 3.6))
+  fig, axes = report.subplots(1, 2 if with_utility else 1, squeeze=False,
+                              figsize=(max(5.0, 0.45 * len(names) + 2) + (5 if with_utility else 0), 3.6))
   ax = axes[0, 0]
   ax.bar(range(len(names)), psnr, color="tab:blue")
   ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)

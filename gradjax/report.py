@@ -170,20 +170,16 @@ def summarize(rows: list[dict], threshold: float) -> dict:
 
 # --- figures and the HTML report (matplotlib) ------------------------------------------------------
 
-def _pyplot():
-  """matplotlib's pyplot on the non-interactive Agg backend (no display needed)."""
-  import matplotlib
-  matplotlib.use("Agg", force=True)
-  import matplotlib.pyplot as plt
-  return plt
+def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
+  """``(figure, axes)`` like ``pyplot.subplots``, from matplotlib's object-oriented API: no pyplot
+  (its import, global figure registry and backend selection), rendered by Agg when saved."""
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=kwargs.pop("figsize", None))
+  return fig, fig.subplots(nrows, ncols, **kwargs)
 
 
 def _save_figure(fig, path) -> None:
-  plt = _pyplot()
-  try:
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"), binary=True)
-  finally:
-    plt.close(fig)
+  atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"), binary=True)
 
 
 def per_image_captions(results: dict) -> list[str]:
@@ -208,14 +204,13 @@ def reconstruction_figure(path, reconstruction: np.ndarray, ground_truth: np.nda
   Args:
     reconstruction, ground_truth: (N, H, W, C) in [0, 1], C in {1, 3}.
   """
-  plt = _pyplot()
   rec = np.clip(np.asarray(reconstruction, np.float64), 0, 1)
   if rec.ndim != 4 or rec.shape[-1] not in (1, 3):
     raise ValueError(f"reconstruction must be (N, H, W, C) with C in {{1, 3}}, got {rec.shape}")
   rows = [("reconstruction", rec)] if ground_truth is None else [
       ("ground truth", np.clip(np.asarray(ground_truth, np.float64), 0, 1)), ("reconstruction", rec)]
   n = rec.shape[0]
-  fig, axes = plt.subplots(len(rows), n, figsize=(1.6 * n + 0.6, 1.9 * len(rows) + 0.4), squeeze=False)
+  fig, axes = subplots(len(rows), n, figsize=(1.6 * n + 0.6, 1.9 * len(rows) + 0.4), squeeze=False)
   for r, (name, images) in enumerate(rows):
     for i in range(n):
       ax = axes[r, i]
@@ -236,9 +231,8 @@ def curves_figure(path, history: Sequence[dict], title: str = "") -> None:
   """The objective (log scale) and, where recorded, the PSNR against iterations: one line per
   restart. ``history`` rows are ``{"restart", "iteration", "loss"[, "psnr"]}``
   (:class:`gradjax.pipeline.Trace`)."""
-  plt = _pyplot()
   with_psnr = any("psnr" in r for r in history)
-  fig, axes = plt.subplots(1, 2 if with_psnr else 1, figsize=(9 if with_psnr else 5, 3.2), squeeze=False)
+  fig, axes = subplots(1, 2 if with_psnr else 1, figsize=(9 if with_psnr else 5, 3.2), squeeze=False)
   runs: dict = {}
   for r in history:
     runs.setdefault(r["restart"], []).append(r)
@@ -269,8 +263,7 @@ def curves_figure(path, history: Sequence[dict], title: str = "") -> None:
 def psnr_figure(path, labels: Sequence[str], psnr: Sequence[float], threshold: float | None = None,
                 title: str = "") -> None:
   """PSNR per experiment as bars, with the success threshold as a dashed line."""
-  plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * len(labels) + 1.5), 3.0))
+  fig, ax = subplots(figsize=(max(4.0, 0.35 * len(labels) + 1.5), 3.0))
   ax.bar(range(len(labels)), psnr, color="tab:blue")
   ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90 if len(labels) > 12 else 0)
   ax.set_xlabel("experiment"), ax.set_ylabel("PSNR (dB)")
