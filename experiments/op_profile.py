@@ -7,7 +7,8 @@ events per instruction, and files each instruction in one category by the opcode
 (itself and the computations it calls, e.g. a fusion's body):
 
 * ``matmul``: a ``dot`` or ``convolution`` (its FLOPs, ``2 · prod(output) · prod(contracted)``
-  per dot, are counted from the HLO shapes, so the matrix products' own FLOP rate can be read);
+  per dot and ``2 · prod(output) · prod(kernel) / output features`` per convolution, are counted
+  from the HLO shapes, so the products' own FLOP rate can be read);
 * ``reduction``: ``reduce``, ``reduce-window``, ``scatter``, ``select-and-scatter``;
 * ``data movement``: ``pad``, ``slice``, ``concatenate``, ``copy``, ``transpose``,
   ``dynamic-slice``, ``dynamic-update-slice``, ``gather`` (im2col's patches and their transpose);
@@ -59,6 +60,8 @@ class Instruction:
                                            for c in found.split(",")]
     contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
     self.lhs_contracting = tuple(int(d) for d in contracting.group(1).split(",") if d) if contracting else ()
+    labels = re.search(r"dim_labels=\w+_(\w+)->", rest)
+    self.rhs_labels = labels.group(1) if labels else ""
     op_name = _OP_NAME.search(rest)
     self.op_name = op_name.group(1) if op_name else ""
 
@@ -82,6 +85,21 @@ def parse_hlo(text: str) -> tuple[dict[str, dict[str, Instruction]], str]:
   return computations, entry
 
 
+def _flops(instruction, symbols) -> float:
+  """2 x multiply-adds of a ``dot`` (output size x contracted size) or a ``convolution`` (output size
+  x the kernel's size over its output features); 0 for other ops or unknown operand shapes."""
+  if instruction.opcode not in _MATMUL or len(instruction.operands) < 2 or instruction.dims is None:
+    return 0.0
+  lhs, rhs = (symbols.get(name) for name in instruction.operands[:2])
+  if instruction.opcode == "dot":
+    if lhs is None or lhs.dims is None:
+      return 0.0
+    return 2.0 * math.prod(instruction.dims) * math.prod(lhs.dims[d] for d in instruction.lhs_contracting)
+  if rhs is None or rhs.dims is None or "o" not in instruction.rhs_labels:
+    return 0.0
+  return 2.0 * math.prod(instruction.dims) * math.prod(rhs.dims) / rhs.dims[instruction.rhs_labels.index("o")]
+
+
 def _walk(computations, instruction, seen=None):
   """(opcodes, dot FLOPs) of an instruction and of every computation it calls, recursively."""
   seen = set() if seen is None else seen
@@ -92,10 +110,7 @@ def _walk(computations, instruction, seen=None):
     seen.add(name)
     body = computations[name]
     for inner in body.values():
-      if inner.opcode == "dot":
-        lhs = body.get(inner.operands[0]) if inner.operands else None
-        if lhs is not None and lhs.dims is not None and inner.dims is not None:
-          flops += 2.0 * math.prod(inner.dims) * math.prod(lhs.dims[d] for d in inner.lhs_contracting)
+      flops += _flops(inner, body)
       sub_opcodes, sub_flops = _walk(computations, inner, seen)
       opcodes |= sub_opcodes
       flops += sub_flops
@@ -114,7 +129,8 @@ def categorize(opcodes) -> str:
 def entry_instructions(hlo_text: str) -> dict[str, dict]:
   """Every entry-computation instruction -> {"category", "flops", "op_name"} (the thunks XLA:CPU runs).
 
-  A top-level ``dot`` counts its own FLOPs, a fusion the FLOPs of the dots in its body."""
+  A top-level ``dot`` or ``convolution`` counts its own FLOPs, a fusion those of the products in its
+  body."""
   computations, entry = parse_hlo(hlo_text)
   body = computations[entry]
   out = {}
@@ -122,11 +138,7 @@ def entry_instructions(hlo_text: str) -> dict[str, dict]:
     if instruction.opcode in ("parameter", "constant", "bitcast", "tuple", "get-tuple-element"):
       continue
     opcodes, flops = _walk(computations, instruction)
-    if instruction.opcode == "dot" and instruction.operands:
-      lhs = body.get(instruction.operands[0])
-      if lhs is not None and lhs.dims is not None and instruction.dims is not None:
-        flops += 2.0 * math.prod(instruction.dims) * math.prod(
-            lhs.dims[d] for d in instruction.lhs_contracting)
+    flops += _flops(instruction, body)
     out[name] = dict(category=categorize(opcodes), flops=flops, op_name=instruction.op_name)
   return out
 

@@ -30,6 +30,27 @@ def test_batched_dot_flops_count_the_batch():
   assert sum(v["flops"] for v in found.values() if v["category"] == "matmul") == 2 * 3 * 16 * 8 * 5
 
 
+@pytest.mark.parametrize("stride,dn", [((1, 1), ("NHWC", "HWIO", "NHWC")), ((2, 2), ("NCHW", "OIHW", "NCHW"))])
+def test_convolution_flops_are_two_macs_per_output_and_kernel_entry(stride, dn):
+  """XLA's convolution (and its weight and input gradients) count 2 · N·Ho·Wo·O · kh·kw·C FLOPs."""
+  n, h, c, o, k = 2, 8, 3, 5, 3
+  nhwc = dn[0] == "NHWC"
+  x = jnp.ones((n, h, h, c) if nhwc else (n, c, h, h))
+  w = jnp.ones((k, k, c, o) if nhwc else (o, c, k, k))
+  conv = lambda x, w: jax.lax.conv_general_dilated(x, w, stride, "SAME", dimension_numbers=dn)
+  ho = -(-h // stride[0])
+  macs = n * ho * ho * o * k * k * c
+  found = _instructions(conv, x, w)
+  assert sum(v["flops"] for v in found.values() if v["category"] == "matmul") == 2 * macs
+  dy = jnp.ones(conv(x, w).shape)
+  weight_grad = lambda x, w, dy: jax.vjp(lambda w: conv(x, w), w)[1](dy)[0]
+  input_grad = lambda x, w, dy: jax.vjp(lambda x: conv(x, w), x)[1](dy)[0]
+  counted = [sum(v["flops"] for v in _instructions(f, x, w, dy).values() if v["category"] == "matmul")
+             for f in (weight_grad, input_grad)]
+  # The input gradient of a stride-s convolution runs on dy dilated by s: s² times the products.
+  assert counted == [2 * macs, 2 * macs * stride[0] * stride[1]]
+
+
 @pytest.mark.parametrize("fn, category", [
     (lambda x: jnp.concatenate([x[:, 1:], x[:, :1]], axis=1) * 1.0, "data movement"),
     (lambda x: jnp.pad(x, 2), "data movement"),
