@@ -426,13 +426,13 @@ def markdown(result: dict) -> str:
               "XLA:CPU's thunks (jax.profiler) and PyTorch's ATen ops (torch.profiler, self time), "
               "filed by `experiments/op_profile.py`: matmul (dots, convolutions), reduction, data "
               "movement (pad, slice, concatenate, copy, transpose: im2col's patches and their "
-              "transpose), elementwise. matmul GFLOP/s: the dots' FLOPs from the HLO shapes over "
-              "their time.", "", op_profile.markdown(result["ops"]), "", "Slowest ops:", ""]
+              "transpose), elementwise. matmul GFLOP/s: the dots' and convolutions' FLOPs from the "
+              "HLO shapes over their time.", "", op_profile.markdown(result["ops"]), "", "Slowest ops:", ""]
     for r in result["ops"]:
       for framework in ("jax", "torch"):
         if framework in r:
           ops = "; ".join(f"{o['op']}{' (' + '/'.join(o['source']) + ')' if o.get('source') else ''} "
-                          f"{o['ms']:.1f}" for o in r[framework]["top"][:5])
+                          f"{o['ms']:.3g}" for o in r[framework]["top"][:3])
           lines.append(f"- {r['model']}, batch {r['batch_size']}, {framework}: {ops}")
     lines.append("")
   if "convs" in result:

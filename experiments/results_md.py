@@ -362,6 +362,11 @@ def _ig_lenet(variant: str) -> tuple[str, ...]:
   return tuple(f"ig_lenet_zhu_{variant}_cifar10_{images}" for images in ("0-19", "20-99"))
 
 
+def _euclid_lenet(variant: str) -> tuple[str, ...]:
+  """The sweep folders of one Euclidean + L-BFGS (16 restarts) row of Table 1: images 0–9, 10–19."""
+  return tuple(f"euclid_lbfgs16_lenet_zhu_{variant}_cifar10_{images}" for images in ("0-9", "10-19"))
+
+
 def ig_lenet_note() -> str:
   """The input-scale comparison of the proposed method on the untrained LeNet(Zhu)."""
   raw, normalized = _pooled_summary(_ig_lenet("epoch0")), _pooled_summary(_ig_lenet("fresh_normalized"))
@@ -476,6 +481,60 @@ def _captioned(caption: str, table: str | None) -> str | None:
   return None if table is None else f"{caption}\n\n{table}"
 
 
+def speed_note(rel: str = "benchmark_steps_1core") -> str:
+  """The matching step against PyTorch eager per conv net at the largest batch, and against the
+  previous CPU default (im2col), from the step benchmark's JSON; with the op profile's split of the
+  JAX step where it was measured."""
+  d = load(rel)
+  if not d or not d.get("steps") or "torch_over_jax" not in d["steps"][0]:
+    return ""
+  batch = max(r["batch_size"] for r in d["steps"])
+  rows = [r for r in d["steps"] if r["batch_size"] == batch and r["model"] != "lenet_zhu"]
+  ratios = "; ".join(f"{r['model']} {r['torch_over_jax']:.2f}× ({r['other_over_default']:.2f}× "
+                     f"faster than im2col)" for r in rows)
+  ops = {(r["model"], r["batch_size"]): r for r in d.get("ops", [])}
+  shares = "; ".join(
+      f"{m} {o['jax']['categories']['data movement'] / o['jax']['ops_ms']:.0%} against "
+      f"{o['torch']['categories']['data movement'] / o['torch']['ops_ms']:.0%}"
+      for (m, b), o in ops.items() if b == batch and "torch" in o and m != "lenet_zhu")
+  text = (f"Batch {batch}, PyTorch eager's matching step over gradjax's (above 1: gradjax faster): "
+          f"{ratios}.")
+  if shares:
+    text += (f" Share of the profiled step spent moving data (pads, slices, concatenations, "
+             f"copies), gradjax against PyTorch: {shares}.")
+  return text
+
+
+def restarts_note(rel: str = "benchmark_restarts_1core", restarts: int = 64,
+                  target: float = 16.0) -> str:
+  """From the restart benchmark: one restart's iteration against its matching step, and the floor
+  under ``restarts`` restarts' iteration (their evaluations at the measured matmul peak plus two
+  passes over their L-BFGS pairs at the measured bandwidth) against ``target`` times one restart's
+  iteration."""
+  d = load(rel)
+  if not d or "restarts" not in d or "profile" not in d:
+    return ""
+  p = d["profile"]
+  one = next(r for r in d["restarts"] if r["strategy"] == "sequential" and r["restarts"] == 1)
+  step = next(r for r in p["rows"] if r["restarts"] == 1)["step_ms"]
+  text = (f"One restart's DLG iteration takes {one['ms_per_iteration']:.2f} ms against "
+          f"{step:.2f} ms for its matching step alone ({one['ms_per_iteration'] / step:.2f}×).")
+  r = next((x for x in p["rows"] if x["restarts"] == restarts), None)
+  if r is None:
+    return text
+  compute = 1e3 * restarts * p["flops_per_evaluation"] / p["peak_flops"]
+  floor, budget = compute + r["floor_ms"], target * one["ms_per_iteration"]
+  text += (f" At R={restarts}, the evaluations at the measured matmul peak take {compute:.1f} ms and "
+           f"two passes over the restarts' L-BFGS pairs ({r['history_mb']:.0f} MB) at the measured "
+           f"bandwidth {r['floor_ms']:.1f} ms: {floor:.1f} ms per iteration at the least, against "
+           f"{target:g}× one restart's iteration, {budget:.1f} ms.")
+  if floor > budget:
+    text += (f" With L-BFGS's history of {p['history']} pairs, {restarts} restarts cannot cost "
+             f"{target:g}× one on this core whatever the objective's FLOP rate; the sequential "
+             f"strategy, the CPU default, keeps one restart's pairs in cache at a time.")
+  return text
+
+
 def _join(*parts) -> str:
   return "\n\n".join(p for p in parts if p)
 
@@ -539,16 +598,16 @@ SECTIONS = (
                         ("proposed, trained 2 epochs", _ig_lenet("epoch2")),
                         ("proposed, untrained, a fresh model per image, CIFAR-10 normalisation",
                          _ig_lenet("fresh_normalized")),
-                        ("Euclidean + L-BFGS, 16 restarts, untrained, images 0–9",
-                         "euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9"),
-                        ("Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–9",
-                         "euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9")],
+                        ("Euclidean + L-BFGS, 16 restarts, untrained, images 0–19",
+                         _euclid_lenet("epoch0")),
+                        ("Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–19",
+                         _euclid_lenet("epoch2"))],
                        paper={"proposed, untrained": "18.00 ± 3.33",
                               "proposed, untrained, a fresh model per image, CIFAR-10 normalisation":
                                   "18.00 ± 3.33",
                               "proposed, trained 2 epochs": "18.08 ± 4.27",
-                              "Euclidean + L-BFGS, 16 restarts, untrained, images 0–9": "46.25 ± 12.66",
-                              "Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–9": "13.24 ± 5.44"}),
+                              "Euclidean + L-BFGS, 16 restarts, untrained, images 0–19": "46.25 ± 12.66",
+                              "Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–19": "13.24 ± 5.44"}),
             ig_lenet_note(),
             "ResNet20-4:",
             sweep_rows([("proposed, resnet20 (width 16), untrained, images 0–4",
@@ -561,13 +620,12 @@ SECTIONS = (
             "the width-16 network stands in for the table and the paper's network is run on one "
             "image; the full table is a GPU job. " +
             missing("experiments/sweep.py --attack=inverting_gradients --checkpoint=...",
-                    "The Euclidean + L-BFGS rows on images 10–99, a LeNet(Zhu) trained to "
+                    "The Euclidean + L-BFGS rows on images 20–99, a LeNet(Zhu) trained to "
                     "convergence, the trained ResNet20-4 column and the ResNet Euclidean row.")),
         (("train_lenet_zhu_cifar10", None),)
         + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized") for rel in _ig_lenet(v))
-        + (("euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9", None),
-         ("euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9", None),
-         ("ig_resnet20_cifar10_0-4",
+        + tuple((rel, None) for v in ("epoch0", "epoch2") for rel in _euclid_lenet(v))
+        + (("ig_resnet20_cifar10_0-4",
           "python experiments/sweep.py --attack=inverting_gradients --model=resnet20 --dataset=cifar10 "
           "--normalization=cifar10 --count=5"),
          ("ig_resnet20-4_cifar10_2",
@@ -668,17 +726,25 @@ SECTIONS = (
         "Speed against PyTorch eager (CPU)",
         "No paper: gradjax against the same attacks in PyTorch 2.13 eager, in the same script.",
         lambda: _join(
-            program_table("benchmark_cpu_1core/benchmark.md"),
-            "On CPU, gradjax computes convolutions as patches × matrix (im2col): its double backward "
-            "is faster than XLA's convolution (the `other conv` column), at the price of memory and "
-            "of the plain step on wide networks, so `experiments/train.py` keeps XLA's convolution "
-            "(`--conv`). The accelerator suite (`python experiments/benchmark.py --suite=gpu`) has "
-            "not run yet: no GPU has been lent to this work.",
+            program_table("benchmark_steps_1core/benchmark.md"), speed_note(),
+            "On CPU, convolutions run as `mixed_conv` by default (`--conv`): XLA's own convolutions "
+            "on layers with at least 16 input channels and 16×16 outputs, with the one second "
+            "derivative XLA:CPU computes slowly (the weight gradient's, w.r.t. the input) recast as "
+            "an ordinary convolution (`split_conv`), and patches × matrix (`im2col_conv`) elsewhere; "
+            "the `other conv` column is im2col alone, the default before, and the per-layer table "
+            "is the measurement behind the rule. lenet_zhu runs the same program under both (all "
+            "its layers take im2col), so its two columns differ by timing noise only. The "
+            "accelerator suite (`python experiments/benchmark.py --suite=gpu`) has not run yet: "
+            "no GPU has been lent to this work.",
+            _captioned("Time to quality against PyTorch eager:",
+                       program_table("benchmark_ttq_1core/benchmark.md")),
             _captioned("Restarts on one core, with the profile of a vmapped DLG iteration (the "
                        "objective's FLOP rate against the measured matmul peak; L-BFGS's stored "
-                       "pairs against the measured memory bandwidth):",
-                       program_table("benchmark_restarts_1core/benchmark.md"))),
-        (("benchmark_cpu_1core", None), ("benchmark_restarts_1core", None))),
+                       "pairs against the measured memory bandwidth), measured while another "
+                       "single-core job ran on the machine's second core:",
+                       program_table("benchmark_restarts_1core/benchmark.md")), restarts_note()),
+        (("benchmark_steps_1core", None), ("benchmark_ttq_1core", None),
+         ("benchmark_restarts_1core", None))),
 )
 
 

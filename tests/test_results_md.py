@@ -100,3 +100,32 @@ def test_hfginv_note_pairs_the_batches(results_md, tmp_path, monkeypatch):
   assert "SSIM +0.033 (higher on 2 of 3)" in note and "LPIPS -0.033 (lower on 2 of 3)" in note
   assert note.endswith("HFGInv beats the GradInversion baseline on PSNR.")
   assert results_md.hfginv_note("absent") == ""
+
+
+def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, monkeypatch):
+  """By hand: one restart 1.0 ms per iteration, its step 0.5 ms (2.00×); R=64 at a 100 GFLOP/s peak,
+  10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  _write(tmp_path / results_md.RESULTS / "bench", "benchmark.json", {
+      "restarts": [{"strategy": "sequential", "restarts": 1, "ms_per_iteration": 1.0}],
+      "profile": {"peak_flops": 1e11, "flops_per_evaluation": 1e7, "history": 100,
+                  "rows": [{"restarts": 1, "step_ms": 0.5, "history_mb": 2.0, "floor_ms": 0.2},
+                           {"restarts": 64, "step_ms": 30.0, "history_mb": 150.0, "floor_ms": 12.0}]}})
+  note = results_md.restarts_note("bench")
+  assert "takes 1.00 ms against 0.50 ms for its matching step alone (2.00×)" in note
+  assert "take 6.4 ms" in note and "18.4 ms per iteration at the least" in note and "16.0 ms." in note
+  assert "cannot cost 16× one" in note
+  assert "cannot" not in results_md.restarts_note("bench", target=20.0)
+  assert results_md.restarts_note("absent") == ""
+
+
+def test_speed_note_reads_the_largest_batch(results_md, tmp_path, monkeypatch):
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  step = lambda m, b, t, o: {"model": m, "batch_size": b, "torch_over_jax": t, "other_over_default": o}
+  ops = lambda moved, total: {"categories": {"data movement": moved}, "ops_ms": total}
+  _write(tmp_path / results_md.RESULTS / "steps", "benchmark.json", {
+      "steps": [step("convnet", 1, 0.5, 1.0), step("convnet", 8, 1.04, 1.26), step("lenet_zhu", 8, 2.0, 1.0)],
+      "ops": [{"model": "convnet", "batch_size": 8, "jax": ops(3.0, 100.0), "torch": ops(1.0, 100.0)}]})
+  note = results_md.speed_note("steps")
+  assert note.startswith("Batch 8,") and "convnet 1.04× (1.26× faster than im2col)." in note
+  assert "lenet_zhu" not in note and "convnet 3% against 1%" in note

@@ -161,7 +161,7 @@ def split_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=No
   input): since ``dW`` is bilinear, ``<dW(x, dy), C> = <conv(x, C), dy>`` for any kernel-shaped
   ``C``, so it is ``conv(., C)ᵀ dy`` (an input gradient) and the derivative w.r.t. ``dy`` is
   ``conv(x, C)`` (a forward convolution). XLA's own transpose of the weight-gradient convolution
-  runs an order of magnitude slower on XLA:CPU than either (a dilated convolution with batch and
+  runs far slower on XLA:CPU than either (a dilated convolution with batch and
   features swapped). Same arguments as ``jax.lax.conv_general_dilated``; differentiable in reverse
   mode to any order, not in forward mode (``jax.custom_vjp``).
   """
@@ -183,9 +183,8 @@ def mixed_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=No
 
   Split when the kernel is larger than 1x1, the input has at least 16 channels and the output at
   least 256 positions per example (16x16): there XLA:CPU's own convolutions beat patches times a
-  matrix in the matching step (by up to 2.5x at 32x32, batch 8), while im2col wins on small maps,
-  few channels and 1x1 kernels (``experiments/benchmark.py --sections=convs`` measures both per
-  layer shape).
+  matrix in the matching step, while im2col wins on small maps, few channels and 1x1 kernels
+  (``experiments/benchmark.py --sections=convs`` measures both per layer shape; RESULTS.md).
   """
   kwargs = dict(lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
                 dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
