@@ -253,7 +253,7 @@ def dlg_batch_note() -> str:
       tried.append(variant)
   if not stalled:
     return ""
-  listed = ", ".join(tried[:-1]) + (" nor " if len(tried) > 1 else "") + tried[-1] if tried else ""
+  listed = " nor ".join(filter(None, (", ".join(tried[:-1]), tried[-1] if tried else "")))
   verdict = (f"Neither {listed} changes that" if converged == 0 and tried else
              f"{converged} of {runs} batch runs converge over all variants")
   return (f"Batches of 2 and more stall: the final objectives of the {len(stalled)} runs that do not "

@@ -52,8 +52,9 @@ def _known(name: str, value) -> bool:
 
 
 def options(wanted: dict) -> dict:
-  """``wanted`` (:data:`ONCE`, :data:`STEP` or :data:`BATCHED_STEP`) less the options this XLA does not know: debug
-  options come and go between versions, and an unknown one fails every compilation."""
+  """``wanted`` (:data:`ONCE`, :data:`STEP` or :data:`BATCHED_STEP`) less the options this XLA
+  does not know: debug options come and go between versions, and an unknown one fails every
+  compilation."""
   return {k: v for k, v in wanted.items() if _known(k, v)}
 
 

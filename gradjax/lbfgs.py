@@ -75,8 +75,9 @@ class _Memory(NamedTuple):
   Every product below reads ``old`` (the state's buffers) and patches slot ``slot`` with ``new``, so
   the buffers' only other use is the one ``.at[slot].set`` that becomes the next state: in a step
   that donates its state and compiles with :data:`gradjax.compilation.STEP` (``BATCHED_STEP`` under
-  ``vmap``) XLA updates them in place. Products with the updated buffers made XLA:CPU copy every (m, ...) buffer several times per
-  call (a fifth of one DLG iteration on LeNet, 2.4 MB per restart).
+  ``vmap``) XLA updates them in place. Products with the updated buffers made XLA:CPU copy every
+  (m, ...) buffer several times per call (a fifth of one DLG iteration on LeNet, 2.4 MB per
+  restart).
   """
 
   old: optax.Updates   # leaves (m, ...)

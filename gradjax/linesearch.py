@@ -66,6 +66,11 @@ class _Trial(NamedTuple):
   safe_grad: optax.Updates
 
 
+def _real_dtype(params):
+  """The real dtype of ``params``' first leaf (float32 for complex64): the search's scalars."""
+  return jnp.real(jnp.empty((), jax.tree.leaves(params)[0].dtype)).dtype
+
+
 def cubic_minimiser(a, fa, fpa, b, fb, c, fc):
   """Critical point a + (−B + √(B² − 3AC)) / (3A) of the cubic A(x−a)³ + B(x−a)² + C(x−a) + D through
   (a, fa), (b, fb), (c, fc) with slope ``fpa`` at a (NaN where it has none)."""
@@ -170,7 +175,7 @@ def zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | Non
                       grad=optax.tree.where(safe, t.safe_grad, t.grad))
 
   def search(value_and_grad_fn, params, updates, value_init, grad_init, guess):
-    real = jnp.real(jnp.empty((), jax.tree.leaves(params)[0].dtype)).dtype
+    real = _real_dtype(params)
     scalar = lambda x: jnp.asarray(x, real)
     value_init = scalar(value_init)
     slope_init = scalar(optax.tree.real(optax.tree.vdot(updates, grad_init)))
@@ -221,7 +226,7 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: fl
   def init_fn(params):
     # Typed as update_fn's output (not weakly typed, as optax's are): a jitted step that takes
     # either state then compiles once.
-    real = jnp.real(jnp.empty((), jax.tree.leaves(params)[0].dtype)).dtype
+    real = _real_dtype(params)
     inf = jnp.asarray(jnp.inf, real)
     return ScaleByZoomLinesearchState(
         learning_rate=jnp.asarray(1.0, real), value=inf, grad=optax.tree.zeros_like(params),
