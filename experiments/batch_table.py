@@ -137,11 +137,12 @@ def main(argv):
         got = labels.hfginv(obs, profile, jax.random.fold_in(jax.random.key(f.seed), b)) \
             if method == "hfginv" else labels.infer(obs, method)
         got = np.asarray(got)
-        label_rows[method].append({"batch": b, "labels": sorted(got.tolist()),
+        label_rows[method].append({"batch": b, "labels": sorted(got.tolist()), "truth": sorted(y.tolist()),
                                    "accuracy": metrics.label_accuracy(got, y),
                                    "exact": sorted(got.tolist()) == sorted(y.tolist())})
       except ValueError as e:
-        label_rows[method].append({"batch": b, "error": str(e), "accuracy": 0.0, "exact": False})
+        label_rows[method].append({"batch": b, "truth": sorted(y.tolist()), "error": str(e), "accuracy": 0.0,
+                                   "exact": False})
     for key in keys if only is None or b in only else ():
       name, attack = table[key]
       path = os.path.join(out, "items", f"{key}_{b}")
@@ -176,7 +177,7 @@ def main(argv):
   info = {**common.provenance(), "checkpoint": f.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
           "test_accuracy": meta.get("accuracy"), "head": f.head,
           "head_classes": int(model.num_classes), "count": f.count, "batch_size": f.batch_size,
-          "classes_per_batch": f.classes_per_batch, "iterations": f.iterations,
+          "classes_per_batch": f.classes_per_batch, "pool": f.pool, "aux": f.aux, "iterations": f.iterations,
           "batches": batches.tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
                     "exact": int(sum(r["exact"] for r in rows)), "batches": len(rows),
@@ -212,7 +213,8 @@ def markdown(label_summary, ablation_summary, info) -> str:
   accuracy = "n/a" if info["test_accuracy"] is None else f"{info['test_accuracy']:.1%}"
   lines = [f"# Batch inversion on a trained {info['model']} (epoch {info['epoch']}, test accuracy "
            f"{accuracy}) with {head}: {info['count']} CIFAR-10 batches of "
-           f"{info['batch_size']} with labels from {info['classes_per_batch']} classes", "", f"`{info['command']}`", "",
+           f"{info['batch_size']} with labels from {info['classes_per_batch']} classes; HFGInv's profile from "
+           f"{info['aux']} auxiliary images", "", f"`{info['command']}`", "",
            f"{info['device']}; jax {info['jax']}, flax {info['flax']}, optax {info['optax']}, Python "
            f"{info['python']}; {info['wall_time_s']:.0f} s.", "", "## Labels", "",
            "| method | label accuracy (mean) | exact batches |", "|---|---|---|"]

@@ -199,11 +199,13 @@ def test_train_and_batch_table_programs(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((table_dir / "results.json").read_text())
   images = data.load("cifar10", indices=range(100))
+  assert (result["pool"], result["aux"]) == (100, 8)
   for summary in result["labels"]:
     rows = result["label_rows"][summary["method"]]
     want = [metrics.label_accuracy(r["labels"], images.y[idx]) if "labels" in r else 0.0
             for r, idx in zip(rows, result["batches"])]
     assert summary["accuracy_mean"] == pytest.approx(np.mean(want))
+    assert [r["truth"] for r in rows] == [sorted(images.y[idx].tolist()) for idx in result["batches"]]
     assert f"| {summary['method']}" in proc.stdout
   for summary in result["ablation"]:
     psnr = []

@@ -102,6 +102,34 @@ def test_hfginv_note_pairs_the_batches(results_md, tmp_path, monkeypatch):
   assert results_md.hfginv_note("absent") == ""
 
 
+def test_batch_labels_table_and_hfginv_note_count_by_hand(results_md, tmp_path, monkeypatch):
+  """Two runs of batch_table.py by hand. Protocol run: HFGInv exact on batches 0 and 1, batch 2 with
+  the classes right and the counts wrong ({1, 2} both ways); 2 of 3 exact is most. Second run: batch 0
+  exact, batch 1 misses class 3, batch 2 has the counts wrong; 1 of 3."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  row = lambda b, got, truth: {"batch": b, "labels": got, "truth": truth, "exact": got == truth,
+                               "accuracy": 1.0}
+  truths = ([0, 0, 1], [2, 3, 3], [1, 1, 2])
+  runs = {"p": ([0, 0, 1], [2, 3, 3], [1, 2, 2]), "q": ([0, 0, 1], [2, 2, 2], [1, 2, 2])}
+  for rel, got in runs.items():
+    _write(tmp_path / results_md.RESULTS / rel, "results.json", {
+        "aux": 40 if rel == "p" else 300,
+        "labels": [{"method": "llg", "exact": 1, "batches": 3, "accuracy_mean": 0.5},
+                   {"method": "hfginv", "exact": sum(g == t for g, t in zip(got, truths)), "batches": 3,
+                    "accuracy_mean": 0.25}],
+        "label_rows": {"hfginv": [row(b, g, t) for b, (g, t) in enumerate(zip(got, truths))]}})
+  runs = (("p", "protocol"), ("q", "other"), ("absent", "none"))
+  table = results_md.batch_labels_table(runs).splitlines()
+  assert table[2] == "| head | auxiliary images | llg | hfginv |"
+  assert table[4:] == ["| protocol | 40 | 1/3 (0.500) | 2/3 (0.250) |",
+                       "| other | 300 | 1/3 (0.500) | 1/3 (0.250) |"]
+  note = results_md.hfginv_labels_note(runs)
+  assert note.startswith("On HFGInv's protocol its counts are exact on 2 of 3 batches (most of them).")
+  assert "| protocol | 40 | 2 | 1 | 0 |" in note and "| other | 300 | 1 | 1 | 1 |" in note
+  assert results_md.batch_labels_table((("absent", "none"),)) is None
+  assert results_md.hfginv_labels_note((("absent", "none"),)) == ""
+
+
 def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, monkeypatch):
   """By hand: one restart 1.0 ms per iteration, its step 0.5 ms (2.00×); R=64 at a 100 GFLOP/s peak,
   10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms."""
