@@ -838,9 +838,11 @@ SECTIONS = (
                        "objective's FLOP rate against the measured matmul peak; L-BFGS's stored "
                        "pairs against the measured memory bandwidth), measured while another "
                        "single-core job ran on the machine's second core:",
-                       program_table("benchmark_restarts_1core/benchmark.md")), restarts_note()),
+                       program_table("benchmark_restarts_1core/benchmark.md")), restarts_note(),
+            _captioned("Start-up, on one core of an otherwise idle machine:",
+                       program_table("benchmark_startup_1core/benchmark.md"))),
         (("benchmark_steps_1core", None), ("benchmark_ttq_1core", None),
-         ("benchmark_restarts_1core", None))),
+         ("benchmark_restarts_1core", None), ("benchmark_startup_1core", None))),
 )
 
 

@@ -31,7 +31,7 @@ from collections import Counter
 from typing import Any, Optional, Sequence
 
 import numpy as np
-from scipy import ndimage, optimize
+from scipy import ndimage
 
 PSNR_CAP = 100.0
 
@@ -201,6 +201,13 @@ def label_accuracy(pred, true) -> float:
   return sum(min(n, cp[c]) for c, n in ct.items()) / len(true)
 
 
+def _linear_sum_assignment(cost):
+  """``scipy.optimize.linear_sum_assignment``, imported on first use: scipy.optimize is slow to
+  import and a batch of one, the command line's default, never needs it."""
+  from scipy.optimize import linear_sum_assignment
+  return linear_sum_assignment(cost)
+
+
 def match_order(x, x_true, metric: str = "mse") -> np.ndarray:
   """Permutation aligning a batch of reconstructions with the ground truth.
 
@@ -227,7 +234,7 @@ def match_order(x, x_true, metric: str = "mse") -> np.ndarray:
   cost = np.stack([np.mean((x - t) ** 2, axis=(1, 2, 3)) for t in x_true])
   if metric == "psnr":
     cost = -_psnr_from_mse(cost)
-  _, perm = optimize.linear_sum_assignment(cost)
+  _, perm = _linear_sum_assignment(cost)
   return perm.astype(np.int64)
 
 
@@ -341,7 +348,7 @@ def score_text(pred, true, *, match: bool = True) -> dict[str, Any]:
   order = np.arange(n)
   if match and n > 1:
     gain = np.stack([token_accuracy(pred, np.broadcast_to(t, pred.shape)) for t in true])
-    order = optimize.linear_sum_assignment(-gain)[1]
+    order = _linear_sum_assignment(-gain)[1]
   acc, recall = token_accuracy(pred[order], true), bag_recall(pred[order], true)
   return {
       "token_accuracy": float(acc.mean()),

@@ -20,7 +20,8 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
        "--models=lenet_zhu", "--batch_sizes=1,2", "--repeats=2", "--warmup=0", "--ttq_images=1",
        "--ttq_psnr=8", "--ttq_max_seconds=30", "--ig_model=convnet-4", "--ig_iterations=2",
        "--restart_counts=1,2", "--restart_iterations=5", "--linesearch_iterations=5",
-       "--linesearch_caps=3", "--conv_shapes=1:8:3:4:3:1,1:16:16:4:3:1", f"--output_dir={tmp_path}"],
+       "--linesearch_caps=3", "--conv_shapes=1:8:3:4:3:1,1:16:16:4:3:1", "--startup_runs=1",
+       f"--output_dir={tmp_path}"],
       capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads((tmp_path / "benchmark.json").read_text())
@@ -73,7 +74,13 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
     assert 1 <= r["mean_evaluations"] <= r["mean_max_evaluations"] <= r["cap"] + 1
     np.testing.assert_allclose(r["efficiency"], r["mean_evaluations"] / r["mean_max_evaluations"])
     assert r["restarts"] == 2 and 0 <= r["reached"] <= 2 and r["vmap_s"] > 0 and r["sequential_s"] > 0
+  startup = result["startup"]
+  # One run on an empty cache, one on the cache it filled; the attack is part of each process.
+  assert len(startup["process_s"]) == len(startup["attack_s"]) == 2
+  assert all(0 < a < p for a, p in zip(startup["attack_s"], startup["process_s"]))
+  assert startup["psnr"] > 30 and startup["cores"] >= 1
   text = (tmp_path / "benchmark.md").read_text()
+  assert f"| warm | 1 | {startup['process_s'][1]:.2f} |" in text
   assert "## One step" in text and "## L-BFGS line search under vmap" in text
   assert "## Where a vmapped DLG iteration goes" in text
 
