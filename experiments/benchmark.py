@@ -201,26 +201,6 @@ def section_convs(timing: dict, seed: int) -> list[dict]:
 # --- time to quality ------------------------------------------------------------------------------
 
 
-def torch_lenet(model, torch):
-  """The PyTorch port of ``lenet_zhu`` carrying the JAX model's weights (HWIO -> OIHW; the head's
-  rows reordered from NHWC to NCHW flattening); checked to give the same logits."""
-  net = bs.build_torch_model("lenet_zhu", model.input_shape, model.num_classes)
-  params = model.variables["params"]
-  convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
-  dense = [m for m in net.modules() if isinstance(m, torch.nn.Linear)][0]
-  conv_params = [params[k] for k in params if "Conv" in k]
-  head = [params[k] for k in params if "Conv" not in k][0]
-  with torch.no_grad():
-    for m, p in zip(convs, conv_params):
-      m.weight.copy_(torch.from_numpy(np.asarray(p["kernel"]).transpose(3, 2, 0, 1).copy()))
-      m.bias.copy_(torch.from_numpy(np.array(p["bias"])))
-    h, w = model.input_shape[0] // 4, model.input_shape[1] // 4
-    kernel = np.asarray(head["kernel"]).reshape(h, w, 12, -1).transpose(2, 0, 1, 3).reshape(h * w * 12, -1)
-    dense.weight.copy_(torch.from_numpy(kernel.T.copy()))
-    dense.bias.copy_(torch.from_numpy(np.array(head["bias"])))
-  return net
-
-
 def ttq_torch(torch, net, x_true, y, init: dict, line_search: str | None, target: float,
               max_s: float) -> dict:
   """DLG in PyTorch eager until PSNR >= target: the reference loop with ``optimizer.step(closure)``."""
@@ -329,7 +309,7 @@ def section_ttq(torch, seed: int) -> dict:
     key = jax.random.key(seed + 100 + i)
     row = dict(image=i, jax=ttq_jax(model, obs, x, key, _TTQ_PSNR.value, _TTQ_MAX_S.value))
     if torch is not None:
-      net = torch_lenet(model, torch)
+      net = bs.torch_lenet(model, torch)
       with torch.no_grad():
         t_logits = net(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).numpy()
       j_logits = np.asarray(model.apply_fn(model.variables, x, False))

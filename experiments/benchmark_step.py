@@ -428,6 +428,26 @@ def build_torch_model(name: str, input_shape, num_classes: int):
   raise ValueError(f"no PyTorch port of model {name!r}")
 
 
+def torch_lenet(model, torch):
+  """The PyTorch port of ``lenet_zhu`` carrying the JAX model's weights (HWIO -> OIHW; the head's
+  rows reordered from NHWC to NCHW flattening); checked to give the same logits."""
+  net = build_torch_model("lenet_zhu", model.input_shape, model.num_classes)
+  params = model.variables["params"]
+  convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+  dense = [m for m in net.modules() if isinstance(m, torch.nn.Linear)][0]
+  conv_params = [params[k] for k in params if "Conv" in k]
+  head = [params[k] for k in params if "Conv" not in k][0]
+  with torch.no_grad():
+    for m, p in zip(convs, conv_params):
+      m.weight.copy_(torch.from_numpy(np.asarray(p["kernel"]).transpose(3, 2, 0, 1).copy()))
+      m.bias.copy_(torch.from_numpy(np.array(p["bias"])))
+    h, w = model.input_shape[0] // 4, model.input_shape[1] // 4
+    kernel = np.asarray(head["kernel"]).reshape(h, w, 12, -1).transpose(2, 0, 1, 3).reshape(h * w * 12, -1)
+    dense.weight.copy_(torch.from_numpy(kernel.T.copy()))
+    dense.bias.copy_(torch.from_numpy(np.array(head["bias"])))
+  return net
+
+
 def torch_dlg_objective(model, params, observed, dummy_x, dummy_label):
   """The DLG objective in PyTorch eager, as the reference code computes it, with its gradient
   accumulated into ``dummy_x.grad`` and ``dummy_label.grad``: soft-label cross entropy
