@@ -130,6 +130,23 @@ def test_batch_labels_table_and_hfginv_note_count_by_hand(results_md, tmp_path, 
   assert results_md.hfginv_labels_note((("absent", "none"),)) == ""
 
 
+def test_dlg_torch_note_counts_the_reference_runs(results_md, tmp_path, monkeypatch):
+  """Batch 1 converges at steps 80 and 100 (median 90), batch 2 never in 1204 steps (2.0× the paper's
+  602): the reference stalls as gradjax does. With one batch-2 run converged it does not."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  row = lambda step: {"converged_step": step}
+  rows = {"1": [row(80), row(100)], "2": [row(None), row(None)]}
+  _write(tmp_path / results_md.RESULTS / "ref", "results.json", {"steps": 1204, "rows": rows})
+  note = results_md.dlg_torch_note("ref")
+  assert "batch 1: 2 of 2 in a median 90 steps (paper: 270); batch 2: 0 of 2 (paper: 602)." in note
+  assert "with 2.0× the paper's count at batch 2:" in note and note.endswith("not this implementation's.")
+  rows["2"][1] = row(700)
+  _write(tmp_path / results_md.RESULTS / "ref", "results.json", {"steps": 1204, "rows": rows})
+  note = results_md.dlg_torch_note("ref")
+  assert "batch 2: 1 of 2 in a median 700 steps" in note and "stall" not in note
+  assert results_md.dlg_torch_note("absent") == ""
+
+
 def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, monkeypatch):
   """By hand: one restart 1.0 ms per iteration, its step 0.5 ms (2.00×); R=64 at a 100 GFLOP/s peak,
   10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms."""
