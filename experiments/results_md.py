@@ -267,20 +267,20 @@ def dlg_torch_note(rel: str = "dlg_torch_batch") -> str:
   if _reference_stalls(d):
     budget = ", ".join(f"{d['steps'] / DLG_BATCH_PAPER[b]:.1f}× the paper's count at batch {b}"
                        for b in counts if b > 1 and b in DLG_BATCH_PAPER)
-    text += (f" It reaches the data at batch 1 and stalls at every larger batch as gradjax does, with "
-             f"{budget}: the published counts for batches of 2 and more do not reproduce with DLG's own "
+    text += (f" It reaches the data on most batches of 1 and stalls at every larger batch as gradjax "
+             f"does, with {budget}: the published counts for batches of 2 and more do not reproduce with DLG's own "
              f"loop on these batches either, so the stall is the method's (on these images and models), "
              f"not this implementation's.")
   return text
 
 
 def _reference_stalls(d: dict | None) -> bool:
-  """Whether a dlg_torch_batch.py run converged on every batch of 1 and on no larger batch."""
+  """Whether a dlg_torch_batch.py run converged on most batches of 1 and on no larger batch."""
   if d is None:
     return False
   counts = _torch_batch_counts(d)
   one, larger = counts.get(1, (0, 0, None)), [n for b, (n, _, _) in counts.items() if b > 1]
-  return one[0] == one[1] > 0 and bool(larger) and not any(larger)
+  return 2 * one[0] > one[1] and bool(larger) and not any(larger)
 
 
 def dlg_batch_note() -> str:

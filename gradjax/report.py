@@ -179,8 +179,8 @@ def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
 
 
 def _plain_log_ticks(axis) -> None:
-  """Labels a log axis's decades as plain numbers (1e-05) and its minor ticks not at all: the default
-  labels are typeset as mathtext (10⁻⁵), which is most of a small figure's drawing time."""
+  """Labels a log axis's decades as plain numbers (1e-05) and its minor ticks not at all, where the
+  default typesets every label as mathtext (10⁻⁵), slow to draw."""
   from matplotlib import ticker
   axis.set_major_formatter(ticker.LogFormatter())
   axis.set_minor_formatter(ticker.NullFormatter())
