@@ -148,6 +148,22 @@ def test_dlg_torch_note_counts_the_reference_runs(results_md, tmp_path, monkeypa
   assert results_md.dlg_torch_note("absent") == ""
 
 
+def test_ig_resnet_note_compares_the_widths(results_md, tmp_path, monkeypatch):
+  """Width 64 at 25 dB, width 16 at 17 dB on one image (+8.00); the width-16 row at 15 dB pooled over
+  two folders, 4.83 dB under the paper's 19.83."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  _write(tmp_path / results_md.RESULTS / "wide", "results.json", {"psnr": 25.0})
+  _write(tmp_path / results_md.RESULTS / "narrow", "results.json", {"psnr": 17.0})
+  for rel, psnr in zip(results_md._IG_RESNET["untrained"], (14.0, 16.0)):
+    _write(tmp_path / results_md.RESULTS / rel, "results.json", {
+        "rows": [{"psnr": psnr, "ssim": 0.5, "label_accuracy": 1.0, "wall_time_s": 1.0}],
+        "summary": {"psnr_threshold": 30.0}})
+  note = results_md.ig_resnet_note("wide", "narrow")
+  assert note.startswith("On image 2 the paper's ResNet20-4 reaches 25.00 dB where width 16 reaches "
+                         "17.00 dB (+8.00 dB); the width-16 row's mean, 15.00 dB, is 4.83 dB under")
+  assert results_md.ig_resnet_note("absent", "narrow") == ""
+
+
 def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, monkeypatch):
   """By hand: one restart 1.0 ms per iteration, its step 0.5 ms (2.00×); R=64 at a 100 GFLOP/s peak,
   10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms."""
