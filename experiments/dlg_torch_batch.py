@@ -48,8 +48,8 @@ def attack(torch, net, x_true: np.ndarray, y: np.ndarray, *, steps: int, tol: fl
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
   params = list(net.parameters())
   x = torch.from_numpy(np.ascontiguousarray(x_true.transpose(0, 3, 1, 2)))
-  loss = F.cross_entropy(net(x), torch.from_numpy(y))
-  observed = [g.detach() for g in torch.autograd.grad(loss, params)]
+  client_loss = F.cross_entropy(net(x), torch.from_numpy(y))
+  observed = [g.detach() for g in torch.autograd.grad(client_loss, params)]
   torch.manual_seed(seed)
   dummy_x = torch.randn(x.shape).requires_grad_(True)
   dummy_y = torch.randn((len(y), net(x).shape[-1])).requires_grad_(True)
@@ -69,17 +69,18 @@ def attack(torch, net, x_true: np.ndarray, y: np.ndarray, *, steps: int, tol: fl
     loss = float(bs.torch_dlg_objective(net, params, observed, dummy_x, dummy_y))
     if not np.isfinite(loss):
       break
-    if converged_at is None and loss <= tol:
+    if loss <= tol:
       converged_at, converged_evaluations = step, evaluations
       break
   rec = np.clip(dummy_x.detach().numpy().transpose(0, 2, 3, 1), 0.0, 1.0)
   finite = bool(np.all(np.isfinite(rec)))
   scores = metrics.score(rec, x_true) if finite else None
   labels = dummy_y.detach().numpy().argmax(-1)
-  return rec, dict(converged_step=converged_at, converged_evaluations=converged_evaluations,
-              steps=step, evaluations=evaluations, loss=loss, finite=finite,
-              psnr=scores["psnr"] if scores else None, ssim=scores["ssim"] if scores else None,
-              label_accuracy=metrics.label_accuracy(labels, y), wall_time_s=time.perf_counter() - start)
+  row = dict(converged_step=converged_at, converged_evaluations=converged_evaluations, steps=step,
+             evaluations=evaluations, loss=loss, finite=finite,
+             psnr=scores["psnr"] if scores else None, ssim=scores["ssim"] if scores else None,
+             label_accuracy=metrics.label_accuracy(labels, y), wall_time_s=time.perf_counter() - start)
+  return rec, row
 
 
 def markdown(result: dict) -> str:
