@@ -158,9 +158,8 @@ def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict]
     print(f"batch: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
     return None
   if proc.returncode != 0:
-    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
     raise RuntimeError(f"batch_table.py exited with status {proc.returncode} (negative: killed by that "
-                       f"signal); its last line: {last}")
+                       f"signal); its last line: {bs.last_line(proc.stderr)}")
   with open(os.path.join(folder, "results.json"), encoding="utf-8") as fh:
     result = json.load(fh)
   rows = [dict(variant=r["variant"], iterations=result["iterations"], batches=result["count"],

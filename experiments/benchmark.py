@@ -309,12 +309,7 @@ def section_ttq(torch, seed: int) -> dict:
     key = jax.random.key(seed + 100 + i)
     row = dict(image=i, jax=ttq_jax(model, obs, x, key, _TTQ_PSNR.value, _TTQ_MAX_S.value))
     if torch is not None:
-      net = bs.torch_lenet(model, torch)
-      with torch.no_grad():
-        t_logits = net(torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))).numpy()
-      j_logits = np.asarray(model.apply_fn(model.variables, x, False))
-      if not np.allclose(t_logits, j_logits, rtol=1e-4, atol=1e-4):
-        raise RuntimeError("the PyTorch port of lenet_zhu does not reproduce the JAX logits")
+      net, _ = bs.torch_lenet(model, torch, x)
       init = jax.device_get(attacks.init_dummy(jax.random.split(key, 1)[0], "normal", x.shape,
                                                bs.NUM_CLASSES))
       init = {k: np.asarray(v, np.float32) for k, v in init.items()}
@@ -400,7 +395,7 @@ def section_startup(runs: int) -> dict:
       out["process_s"].append(time.perf_counter() - start)
       if proc.returncode != 0:
         raise RuntimeError(f"reconstruct.py exited with status {proc.returncode}: "
-                           f"{(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+                           f"{bs.last_line(proc.stderr)}")
       with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
         metrics_json = json.load(fh)
       out["attack_s"].append(metrics_json["wall_time_s"])

@@ -428,9 +428,11 @@ def build_torch_model(name: str, input_shape, num_classes: int):
   raise ValueError(f"no PyTorch port of model {name!r}")
 
 
-def torch_lenet(model, torch):
+def torch_lenet(model, torch, x: np.ndarray, tolerance: float = 1e-4):
   """The PyTorch port of ``lenet_zhu`` carrying the JAX model's weights (HWIO -> OIHW; the head's
-  rows reordered from NHWC to NCHW flattening); checked to give the same logits."""
+  rows reordered from NHWC to NCHW flattening), checked on the images ``x`` (N, H, W, C): returns
+  ``(net, gap)``, gap the largest difference between its logits and the JAX model's; a gap above
+  ``tolerance`` is a ValueError."""
   net = build_torch_model("lenet_zhu", model.input_shape, model.num_classes)
   params = model.variables["params"]
   convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
@@ -445,7 +447,16 @@ def torch_lenet(model, torch):
     kernel = np.asarray(head["kernel"]).reshape(h, w, 12, -1).transpose(2, 0, 1, 3).reshape(h * w * 12, -1)
     dense.weight.copy_(torch.from_numpy(kernel.T.copy()))
     dense.bias.copy_(torch.from_numpy(np.array(head["bias"])))
-  return net
+    logits = net(torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.float32).transpose(0, 3, 1, 2))))
+  gap = float(np.max(np.abs(logits.numpy() - np.asarray(model.apply_fn(model.variables, x, False)))))
+  if not gap <= tolerance:
+    raise ValueError(f"the PyTorch port of lenet_zhu misses the JAX logits by {gap:.1e}")
+  return net, gap
+
+
+def last_line(text: str) -> str:
+  """The last non-empty line of a process's output, for a one-line error."""
+  return (text.strip().splitlines() or ["no output"])[-1]
 
 
 def torch_dlg_objective(model, params, observed, dummy_x, dummy_label):

@@ -264,21 +264,19 @@ def dlg_torch_note(rel: str = "dlg_torch_batch") -> str:
   text = (f"DLG's reference loop in PyTorch eager (`experiments/dlg_torch_batch.py`: torch.optim.LBFGS, "
           f"lr 1, history 100, 20 evaluations per step, as DLG's code runs it) on the same batches and "
           f"models, {d['steps']} steps at most, converges on {'; '.join(parts)}.")
-  if _reference_stalls(d):
+  if _reference_stalls(counts):
     budget = ", ".join(f"{d['steps'] / DLG_BATCH_PAPER[b]:.1f}× the paper's count at batch {b}"
                        for b in counts if b > 1 and b in DLG_BATCH_PAPER)
     text += (f" It reaches the data on most batches of 1 and stalls at every larger batch as gradjax "
-             f"does, with {budget}: the published counts for batches of 2 and more do not reproduce with DLG's own "
-             f"loop on these batches either, so the stall is the method's (on these images and models), "
-             f"not this implementation's.")
+             f"does, with {budget}: the published counts for batches of 2 and more do not reproduce "
+             f"with DLG's own loop on these batches either, so the stall is the method's (on these "
+             f"images and models), not this implementation's.")
   return text
 
 
-def _reference_stalls(d: dict | None) -> bool:
-  """Whether a dlg_torch_batch.py run converged on most batches of 1 and on no larger batch."""
-  if d is None:
-    return False
-  counts = _torch_batch_counts(d)
+def _reference_stalls(counts: dict[int, tuple[int, int, float | None]]) -> bool:
+  """Whether a dlg_torch_batch.py run (its :func:`_torch_batch_counts`) converged on most batches
+  of 1 and on no larger batch."""
   one, larger = counts.get(1, (0, 0, None)), [n for b, (n, _, _) in counts.items() if b > 1]
   return 2 * one[0] > one[1] and bool(larger) and not any(larger)
 
@@ -308,7 +306,8 @@ def dlg_batch_note() -> str:
           f"converge lie between {min(stalled):.1e} and {max(stalled):.1e}, far above the tolerance, "
           f"and their images are noise. {verdict}. "
           + ("DLG's reference loop in PyTorch stalls on the same batches (below)."
-             if _reference_stalls(load("dlg_torch_batch")) else
+             if (reference := load("dlg_torch_batch")) and _reference_stalls(_torch_batch_counts(reference))
+             else
              "Why the paper's batches converge and these do not is open: the same objective, distance "
              "and model reach the data at batch 1.")
           if converged == 0 else
@@ -480,19 +479,21 @@ def _ig_lenet(variant: str) -> tuple[str, ...]:
   return tuple(f"ig_lenet_zhu_{variant}_cifar10_{images}" for images in ("0-19", "20-99"))
 
 
-def _euclid_lenet(variant: str) -> tuple[str, ...]:
-  """The sweep folders of one Euclidean + L-BFGS (16 restarts) row of Table 1: images 0–9, 10–19."""
-  return tuple(f"euclid_lbfgs16_lenet_zhu_{variant}_cifar10_{images}" for images in ("0-9", "10-19"))
+def _euclid_lenet(variant: str, budget: str = "") -> tuple[str, ...]:
+  """The sweep folders of one Euclidean + L-BFGS (16 restarts) row of Table 1: images 0–9, 10–19;
+  ``budget`` tags a run at other than the preset's iterations (``"_6000"``)."""
+  return tuple(f"euclid_lbfgs16{budget}_lenet_zhu_{variant}_cifar10_{images}" for images in ("0-9", "10-19"))
 
 
 _EUCLID_FRESH = _euclid_lenet("fresh_normalized")
-_EUCLID_FRESH_6000 = tuple(f"euclid_lbfgs16_6000_lenet_zhu_fresh_normalized_cifar10_{images}"
-                           for images in ("0-9", "10-19"))
+_EUCLID_FRESH_6000 = _euclid_lenet("fresh_normalized", "_6000")
 
 
 _IG_RESNET = {"untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
               "trained": ("ig_resnet20_epoch5_cifar10_0-4", "ig_resnet20_epoch5_cifar10_5-19")}
 """The sweep folders of the proposed method's ResNet-20 (width 16) rows of Table 1."""
+IG_RESNET_PAPER = {"untrained": (19.83, 2.96), "trained": (13.95, 3.38)}
+"""Inverting Gradients' Table 1, proposed method on ResNet20-4: PSNR mean and std (dB)."""
 
 
 def ig_resnet_note(wide: str = "ig_resnet20-4_cifar10_2", narrow: str = "ig_resnet20_cifar10_2") -> str:
@@ -501,11 +502,12 @@ def ig_resnet_note(wide: str = "ig_resnet20-4_cifar10_2", narrow: str = "ig_resn
   a, b, row = load(wide), load(narrow), _pooled_summary(_IG_RESNET["untrained"])
   if a is None or b is None or row is None:
     return ""
+  paper = IG_RESNET_PAPER["untrained"][0]
   return (f"On image 2 the paper's ResNet20-4 reaches {a['psnr']:.2f} dB where width 16 reaches "
           f"{b['psnr']:.2f} dB ({a['psnr'] - b['psnr']:+.2f} dB); the width-16 row's mean, "
-          f"{row['psnr']['mean']:.2f} dB, is {19.83 - row['psnr']['mean']:.2f} dB under the paper's "
-          f"19.83. On the one image both widths ran, the narrower network "
-          + ("costs more than that gap." if a["psnr"] - b["psnr"] >= 19.83 - row["psnr"]["mean"] else
+          f"{row['psnr']['mean']:.2f} dB, is {paper - row['psnr']['mean']:.2f} dB under the paper's "
+          f"{paper:.2f}. On the one image both widths ran, the narrower network "
+          + ("costs more than that gap." if a["psnr"] - b["psnr"] >= paper - row["psnr"]["mean"] else
              "costs less than that gap."))
 
 
@@ -793,9 +795,9 @@ SECTIONS = (
                         ("proposed, resnet20 (width 16), trained 5 epochs, one model, [0, 1] pixels",
                          _IG_RESNET["trained"])],
                        paper={"proposed, resnet20 (width 16), untrained, a fresh model per image, "
-                              "CIFAR-10 normalisation": "19.83 ± 2.96",
+                              "CIFAR-10 normalisation": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["untrained"]),
                               "proposed, resnet20 (width 16), trained 5 epochs, one model, [0, 1] "
-                              "pixels": "13.95 ± 3.38"}),
+                              "pixels": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["trained"])}),
             single_runs([("proposed, resnet20-4, untrained, image 2", "ig_resnet20-4_cifar10_2",
                           "19.83 ± 2.96 (mean of 0–99)"),
                          ("proposed, resnet20 (width 16), untrained, image 2", "ig_resnet20_cifar10_2",
