@@ -21,7 +21,9 @@ Training (gradjax.training): ``--client=fedsgd``: ``--epochs`` passes of shuffle
 ``--batch_size``, SGD with ``--lr`` and ``--momentum``, the defense on every step's gradient.
 ``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--clients`` equal shards,
 each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_lr`` and the defense acts
-on each client's update. Inputs are not normalised (metadata ``normalization: "none"``); the model runs
+on each client's update. Inputs are normalised by ``--normalization`` (per-channel mean and std, e.g.
+``cifar10``, Inverting Gradients' input space; ``none`` by default), which the checkpoint's metadata
+keep, so an attack on the checkpoint must name the same ``--normalization``. The model runs
 in evaluation mode (BatchNorm statistics stay at their initial values) unless ``--train_mode`` (FedSGD
 only): then BatchNorm normalises by each mini-batch and its running statistics are trained, as a
 BatchNorm network is normally trained; GradInversion's and HFGInv's BatchNorm prior needs them.
@@ -57,6 +59,7 @@ flags.DEFINE_string("dataset", "lfw_subset", f"Data source: {', '.join(data.DATA
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
 flags.DEFINE_integer("image_size", None, "Resize images to this square size (the source's if unset).")
 flags.DEFINE_integer("channels", None, "Convert images to 1 or 3 channels (the source's if unset).")
+flags.DEFINE_string("normalization", "none", f"Input normalisation of the training and test images: {', '.join(data.NORMALIZATION_NAMES)}; kept in the checkpoint, so an attack on it takes the same --normalization.")
 flags.DEFINE_integer("train_count", 150, "Training images: the first N of the (permuted) dataset.")
 flags.DEFINE_integer("test_count", 50, "Test images: the M following the training images.")
 flags.DEFINE_integer("data_seed", 0, "Permutation of the dataset before the split; -1 keeps the file order.")
@@ -88,7 +91,17 @@ flags.DEFINE_integer("text_layers", models.TextSizes().layers, "Text: encoder la
 
 
 def load_split(f):
-  """The train/test split of the flags' dataset (gradjax.training.split)."""
+  """The train/test split of the flags' dataset (gradjax.training.split), normalised by
+  --normalization."""
+  parts = _load_split(f)
+  if f.normalization == "none":
+    return parts
+  norm = data.normalization(f.normalization)
+  return parts._replace(train=parts.train._replace(x=data.normalize(parts.train.x, norm)),
+                        test=parts.test._replace(x=data.normalize(parts.test.x, norm)))
+
+
+def _load_split(f):
   size = None if f.image_size is None else (f.image_size, f.image_size)
   ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
   seed = common.permutation_seed(f.data_seed, "data_seed")
@@ -139,6 +152,12 @@ def main(argv):
     common.fail("--train_mode is for --client=fedsgd (FedAvg clients train in evaluation mode)")
   if f.test_dataset is not None and f.modality == "text":
     common.fail("--test_dataset is for images (text tests on held-out windows of the corpus)")
+  if f.normalization != "none" and f.modality == "text":
+    common.fail("--normalization is for images (text is token ids)")
+  try:
+    data.normalization(f.normalization)
+  except ValueError as e:
+    common.fail(str(e))
   if f.client == "fedavg" and not 1 <= f.clients <= f.train_count:
     common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
   if f.epochs < 1:
@@ -177,7 +196,7 @@ def main(argv):
       parts = load_split(f)
     input_shape = tuple(int(d) for d in parts.train.x.shape[1:])
     metadata = {"model": f.model, "init": f.init, "act": f.act, "num_classes": parts.train.num_classes,
-                "input_shape": list(input_shape), "param_dtype": "float32", "normalization": "none",
+                "input_shape": list(input_shape), "param_dtype": "float32", "normalization": f.normalization,
                 "dataset": f.dataset, "image_size": f.image_size, "channels": f.channels,
                 "train_count": len(parts.train.x), "test_count": len(parts.test.x),
                 "data_seed": f.data_seed, "client": f.client, "defense": f.defense, "seed": f.seed,
@@ -230,7 +249,7 @@ def main(argv):
       "model", "init", "act", "dataset", "data_dir", "image_size", "channels", "train_count",
       "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "client", "clients",
       "local_epochs", "local_batch_size", "local_lr", "local_momentum", "defense", "seed",
-      "train_mode", "test_dataset")}
+      "train_mode", "test_dataset", "normalization")}
   report.save_json(os.path.join(out, "results.json"), {
       "config": config, "metadata": metadata, "history": history, "wall_time_s": wall,
       "device": str(jax.devices()[0]), "train_indices": parts.train_indices,

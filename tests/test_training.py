@@ -321,6 +321,42 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
+def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
+  """--normalization: the model trains and is tested on (x - mean) / std (its recorded accuracy equals
+  a NumPy-normalised evaluation of the checkpoint), the checkpoint keeps the name, an attack on it
+  must name the same one, and a normalisation that does not fit the images is a one-line error."""
+  out = tmp_path / "run"
+  proc = run_train("--model=mlp", "--epochs=1", "--lr=0.05", "--normalization=mnist", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((out / "results.json").read_text())
+  assert result["config"]["normalization"] == "mnist"
+  ds = data.load("lfw_subset")
+  test_idx = np.array(result["test_indices"])
+  x_test = ((ds.x[test_idx].astype(np.float64) - 0.1307) / 0.3081).astype(np.float32)
+  model = checkpoint.load_model(out / "epoch_1.npz")
+  assert checkpoint.load(out / "epoch_1.npz")[1]["normalization"] == "mnist"
+  acc = training.evaluate(model.apply_fn, model.variables, x_test, ds.y[test_idx])
+  assert acc == result["history"][-1]["accuracy"]
+  raw = training.evaluate(model.apply_fn, model.variables, ds.x[test_idx], ds.y[test_idx])
+  assert raw != acc  # the [0, 1] images are not what it was tested on
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  attack = [sys.executable, os.path.join(ROOT, "experiments", "reconstruct.py"),
+            f"--checkpoint={out / 'epoch_1.npz'}", "--dataset=lfw_subset", "--iterations=2",
+            "--lpips=none", f"--output_dir={tmp_path / 'attack'}"]
+  bad = subprocess.run(attack, capture_output=True, text=True, env=env, timeout=300)
+  assert bad.returncode == 2 and "was trained with normalization 'mnist', not 'none'" in bad.stderr
+  good = subprocess.run(attack + ["--normalization=mnist"], capture_output=True, text=True, env=env,
+                        timeout=300)
+  assert good.returncode == 0, good.stderr[-2000:]
+  for args, message in [(["--normalization=cifar10"], "3 channel values but x has 1 channels"),
+                        (["--normalization=zca"], "unknown normalization 'zca'")]:
+    bad = run_train("--model=mlp", *args, f"--output_dir={tmp_path / 'bad'}")
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
+    assert not (tmp_path / "bad").exists()
+
+
 def test_train_mode_updates_batch_norm_running_statistics():
   """One step in train mode: the running mean and variance of every BatchNorm move by PyTorch's
   momentum toward the batch's moments (NumPy, from the captured inputs of each layer); the
