@@ -425,7 +425,9 @@ def training_record(rel: str) -> str:
     return missing("experiments/train.py", "No training record.")
   cfg, hist = d["config"], d["history"]
   last = hist[-1]
-  return (f"{cfg['model']} on {cfg['dataset']} ({cfg['train_count']} images), {cfg['epochs']} epochs "
+  norm = cfg.get("normalization", "none")
+  inputs = "" if norm == "none" else f", inputs normalised by the {norm.upper()} mean and std"
+  return (f"{cfg['model']} on {cfg['dataset']} ({cfg['train_count']} images{inputs}), {cfg['epochs']} epochs "
           f"of batch {cfg['batch_size']}, SGD lr {cfg['lr']} momentum {cfg['momentum']}: test accuracy "
           f"{100 * last['accuracy']:.1f} % on {cfg['test_dataset']} test images 0–{cfg['test_count'] - 1} "
           f"(per epoch: " + ", ".join(f"{100 * h['accuracy']:.1f} %" for h in hist[1:]) + ").")
@@ -480,13 +482,55 @@ def _ig_lenet(variant: str) -> tuple[str, ...]:
 
 
 def _euclid_lenet(variant: str, budget: str = "") -> tuple[str, ...]:
-  """The sweep folders of one Euclidean + L-BFGS (16 restarts) row of Table 1: images 0–9, 10–19;
-  ``budget`` tags a run at other than the preset's iterations (``"_6000"``)."""
-  return tuple(f"euclid_lbfgs16{budget}_lenet_zhu_{variant}_cifar10_{images}" for images in ("0-9", "10-19"))
+  """The sweep folders of one Euclidean + L-BFGS (16 restarts) row of Table 1: images 0–9, 10–19,
+  20–99; ``budget`` tags a run at other than the preset's iterations (``"_6000"``)."""
+  return tuple(f"euclid_lbfgs16{budget}_lenet_zhu_{variant}_cifar10_{images}"
+               for images in ("0-9", "10-19", "20-99"))
 
 
 _EUCLID_FRESH = _euclid_lenet("fresh_normalized")
 _EUCLID_FRESH_6000 = _euclid_lenet("fresh_normalized", "_6000")
+
+
+LENET_TRAINED = ("train_lenet_zhu_cifar10_normalized", 20)
+"""(training folder, epoch) of the LeNet(Zhu) trained on CIFAR-10-normalised images, the paper's
+input space (``train.py --normalization=cifar10``), whose checkpoint the trained rows attack."""
+
+
+def _lenet_normalized(epoch: int) -> str:
+  """The sweep-folder tag of an attack on ``LENET_TRAINED``'s checkpoint at ``epoch`` (0: untrained)."""
+  return f"normalized_epoch{epoch}"
+
+
+_LENET_NORMALIZED = (_lenet_normalized(0), _lenet_normalized(LENET_TRAINED[1]))
+
+
+def ig_lenet_table() -> str:
+  """Table 1's LeNet(Zhu) rows, each labelled with the images it ran on, beside the paper's PSNR.
+  "one model, CIFAR-10 normalisation" is the paper's protocol: one initialisation shared by all images
+  (``LENET_TRAINED``'s epoch 0, or its trained epoch) in the paper's input space."""
+  (untrained, trained), epochs = _LENET_NORMALIZED, LENET_TRAINED[1]
+  paper_model, euclid = "one model, CIFAR-10 normalisation", "Euclidean + L-BFGS, 16 restarts"
+  rows = [("proposed, untrained", _ig_lenet("epoch0"), "18.00 ± 3.33"),
+          ("proposed, trained 2 epochs", _ig_lenet("epoch2"), "18.08 ± 4.27"),
+          ("proposed, untrained, a fresh model per image, CIFAR-10 normalisation",
+           _ig_lenet("fresh_normalized"), "18.00 ± 3.33"),
+          (f"proposed, untrained, {paper_model}", _ig_lenet(untrained), "18.00 ± 3.33"),
+          (f"proposed, trained {epochs} epochs, {paper_model}", _ig_lenet(trained), "18.08 ± 4.27"),
+          (f"{euclid}, untrained", _euclid_lenet("epoch0"), "46.25 ± 12.66"),
+          (f"{euclid}, trained 2 epochs", _euclid_lenet("epoch2"), "13.24 ± 5.44"),
+          (f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation", _EUCLID_FRESH,
+           "46.25 ± 12.66"),
+          ("same, 6000 iterations", _EUCLID_FRESH_6000, "46.25 ± 12.66"),
+          (f"{euclid}, untrained, {paper_model}", _euclid_lenet(untrained), "46.25 ± 12.66"),
+          (f"{euclid}, trained {epochs} epochs, {paper_model}", _euclid_lenet(trained), "13.24 ± 5.44")]
+  labelled = []
+  for label, folders, paper in rows:
+    ran = [r for d in map(load, folders) if d for r in d["rows"]]
+    if ran:
+      labelled.append((f"{label}, images {_index_range(ran)}", folders, paper))
+  return sweep_rows([(label, folders) for label, folders, _ in labelled],
+                    paper={label: paper for label, _, paper in labelled})
 
 
 _IG_RESNET = {"untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
@@ -545,7 +589,7 @@ def ig_lenet_note() -> str:
     return ""
   a, b = raw["psnr"], normalized["psnr"]
   return (f"In CIFAR-10-normalised input space (the paper's; with a fresh model per image, since "
-          f"`train.py` checkpoints take [0, 1] pixels) the proposed method reaches {b['mean']:.2f} ± "
+          f"the untrained checkpoint takes [0, 1] pixels) the proposed method reaches {b['mean']:.2f} ± "
           f"{b['std']:.2f} dB against {a['mean']:.2f} ± {a['std']:.2f} dB on [0, 1] pixels with one "
           f"model: the input scale, or the model drawn per image, accounts for part of the gap. "
           f"Signed Adam moves every pixel by the learning rate whatever the scale, so lr 0.1 is a "
@@ -765,29 +809,11 @@ SECTIONS = (
         "Euclidean + L-BFGS (16 restarts LeNet, 8 ResNet): 46.25 ± 12.66, 13.24 ± 5.44, 10.29 ± 5.38, "
         "6.90 ± 2.80.",
         lambda: _join(
-            "LeNet(Zhu), one model for all images (untrained: `train.py`'s epoch 0; trained: "
-            + training_record("train_lenet_zhu_cifar10") + " The checkpoints take [0, 1] pixels, "
-            "where the paper normalises by the CIFAR-10 mean and std):",
-            sweep_rows([("proposed, untrained", _ig_lenet("epoch0")),
-                        ("proposed, trained 2 epochs", _ig_lenet("epoch2")),
-                        ("proposed, untrained, a fresh model per image, CIFAR-10 normalisation",
-                         _ig_lenet("fresh_normalized")),
-                        ("Euclidean + L-BFGS, 16 restarts, untrained, images 0–19",
-                         _euclid_lenet("epoch0")),
-                        ("Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–19",
-                         _euclid_lenet("epoch2")),
-                        ("Euclidean + L-BFGS, 16 restarts, untrained, a fresh model per image, "
-                         "CIFAR-10 normalisation, images 0–19", _EUCLID_FRESH),
-                        ("same, 6000 iterations", _EUCLID_FRESH_6000)],
-                       paper={"proposed, untrained": "18.00 ± 3.33",
-                              "proposed, untrained, a fresh model per image, CIFAR-10 normalisation":
-                                  "18.00 ± 3.33",
-                              "proposed, trained 2 epochs": "18.08 ± 4.27",
-                              "Euclidean + L-BFGS, 16 restarts, untrained, images 0–19": "46.25 ± 12.66",
-                              "Euclidean + L-BFGS, 16 restarts, trained 2 epochs, images 0–19": "13.24 ± 5.44",
-                              "Euclidean + L-BFGS, 16 restarts, untrained, a fresh model per image, "
-                              "CIFAR-10 normalisation, images 0–19": "46.25 ± 12.66",
-                              "same, 6000 iterations": "46.25 ± 12.66"}),
+            "LeNet(Zhu), one model for all images (untrained: `train.py`'s epoch 0; trained 2 epochs: "
+            + training_record("train_lenet_zhu_cifar10") + " These two checkpoints take [0, 1] pixels, "
+            "where the paper normalises by the CIFAR-10 mean and std. Trained in the paper's input "
+            "space: " + training_record(LENET_TRAINED[0]) + "):",
+            ig_lenet_table(),
             ig_lenet_note(), euclid_note(),
             "ResNet20-4:",
             sweep_rows([("proposed, resnet20 (width 16), untrained, a fresh model per image, CIFAR-10 "
@@ -812,9 +838,10 @@ SECTIONS = (
                     "The Euclidean + L-BFGS rows on images 20–99, a LeNet(Zhu) trained to "
                     "convergence, ResNet20-4 itself beyond image 2 and the ResNet Euclidean row "
                     "(8 restarts of 2000 L-BFGS iterations on ResNet-20: a GPU job).")),
-        (("train_lenet_zhu_cifar10", None),)
-        + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized") for rel in _ig_lenet(v))
-        + tuple((rel, None) for v in ("epoch0", "epoch2") for rel in _euclid_lenet(v))
+        (("train_lenet_zhu_cifar10", None), (LENET_TRAINED[0], None))
+        + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized", *_LENET_NORMALIZED)
+                for rel in _ig_lenet(v))
+        + tuple((rel, None) for v in ("epoch0", "epoch2", *_LENET_NORMALIZED) for rel in _euclid_lenet(v))
         + tuple((rel, None) for rel in _EUCLID_FRESH + _EUCLID_FRESH_6000)
         + (("ig_resnet20_cifar10_0-4",
           "python experiments/sweep.py --attack=inverting_gradients --model=resnet20 --dataset=cifar10 "

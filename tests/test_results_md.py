@@ -209,3 +209,22 @@ def test_euclid_note_pairs_images_by_index(results_md, tmp_path, monkeypatch):
   note = results_md.euclid_note()
   assert "images 0–1 reach 25.00 ± 5.00 dB at 2000 iterations and 29.50 ± 10.50 dB at 6000" in note
   assert "higher on 1 of 2 images, by +4.50 dB on average" in note and "accounts for part" in note
+
+
+def test_ig_lenet_table_labels_each_row_with_its_images(results_md, tmp_path, monkeypatch):
+  """A row pools its folders (images 0 and 1 from the 0–9 folder of the paper's-protocol Euclidean row,
+  image 20 from its 20–99 folder: listed, not a range, as images are missing; PSNR 40, 20, 30 by hand);
+  rows with no output are left out."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  row = lambda i, psnr: {"index": i, "psnr": psnr, "ssim": 0.5, "label_accuracy": 1.0, "wall_time_s": 2.0}
+  untrained = results_md._lenet_normalized(0)
+  first, _, rest = results_md._euclid_lenet(untrained)
+  _write(tmp_path / results_md.RESULTS / first, "results.json",
+         {"rows": [row(0, 40.0), row(1, 20.0)], "summary": {"psnr_threshold": 30.0}})
+  _write(tmp_path / results_md.RESULTS / rest, "results.json",
+         {"rows": [row(20, 30.0)], "summary": {"psnr_threshold": 30.0}})
+  table = results_md.ig_lenet_table().splitlines()
+  assert len(table) == 3
+  assert table[2] == ("| Euclidean + L-BFGS, 16 restarts, untrained, one model, CIFAR-10 normalisation, "
+                      f"images 0, 1, 20 | 3 | 2 / 3 | 30.00 ± {np.sqrt(200 / 3):.2f} | 30.00 | 0.500 | "
+                      "100 % | 2.0 s | 46.25 ± 12.66 |")
