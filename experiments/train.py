@@ -18,7 +18,8 @@ training images as JPEG (``cifar10_train``); with ``--test_dataset`` the test im
 scikit-learn's ``digits`` would be the natural default but needs scikit-learn.
 
 Training (gradjax.training): ``--client=fedsgd``: ``--epochs`` passes of shuffled mini-batches of
-``--batch_size``, SGD with ``--lr`` and ``--momentum``, the defense on every step's gradient.
+``--batch_size``, SGD with ``--lr``, ``--momentum`` and ``--weight_decay``, the defense on every step's
+gradient (the decay is added after it: it is the client's optimiser, not what it shares).
 ``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--clients`` equal shards,
 each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_lr`` and the defense acts
 on each client's update. Inputs are normalised by ``--normalization`` (per-channel mean and std, e.g.
@@ -69,6 +70,7 @@ flags.DEFINE_integer("epochs", 10, "Epochs (FedSGD) or communication rounds (Fed
 flags.DEFINE_integer("batch_size", 32, "FedSGD mini-batch size.")
 flags.DEFINE_float("lr", 0.02, "FedSGD learning rate.")
 flags.DEFINE_float("momentum", 0.9, "FedSGD heavy-ball momentum (PyTorch form).")
+flags.DEFINE_float("weight_decay", 0.0, "FedSGD weight decay λ on every parameter (PyTorch's SGD: λθ added to the step's gradient, after the defense).")
 flags.DEFINE_enum("client", "fedsgd", ["fedsgd", "fedavg"], "Training protocol.")
 flags.DEFINE_integer("clients", 1, "FedAvg clients (equal shards of the training images).")
 flags.DEFINE_integer("local_epochs", 1, "FedAvg local epochs.")
@@ -162,16 +164,16 @@ def main(argv):
     common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
   if f.epochs < 1:
     common.fail(f"--epochs must be >= 1, got {f.epochs}")
-  other = ({"batch_size", "lr", "momentum"} if f.client == "fedavg" else
+  other = ({"batch_size", "lr", "momentum", "weight_decay"} if f.client == "fedavg" else
            {"local_epochs", "local_batch_size", "local_lr", "local_momentum"})
   ignored = sorted(name for name in other if f[name].present)
   if ignored:
     common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client}")
   if f.client == "fedsgd":
     try:
-      training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum)
+      training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum, f.weight_decay)
     except ValueError as e:
-      common.fail(f"--epochs, --batch_size, --lr, --momentum: {e}")
+      common.fail(f"--epochs, --batch_size, --lr, --momentum, --weight_decay: {e}")
   try:
     common.permutation_seed(f.data_seed, "data_seed")
   except ValueError as e:
@@ -236,7 +238,7 @@ def main(argv):
       _, records = training.train_fedsgd(
           model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
           epochs=f.epochs, batch_size=f.batch_size, learning_rate=f.lr, momentum=f.momentum,
-          defense=defense, train_mode=f.train_mode, callback=callback)
+          weight_decay=f.weight_decay, defense=defense, train_mode=f.train_mode, callback=callback)
     else:
       _, records = training.train_fedavg(
           model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
@@ -247,7 +249,7 @@ def main(argv):
   wall = time.perf_counter() - start
   config = {name: getattr(f, name) for name in (
       "model", "init", "act", "dataset", "data_dir", "image_size", "channels", "train_count",
-      "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "client", "clients",
+      "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "weight_decay", "client", "clients",
       "local_epochs", "local_batch_size", "local_lr", "local_momentum", "defense", "seed",
       "train_mode", "test_dataset", "normalization")}
   report.save_json(os.path.join(out, "results.json"), {

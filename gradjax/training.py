@@ -141,7 +141,7 @@ def _module(apply_fn):
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "defense", "train_mode"))
 def _sgd_epoch(apply_fn, defense, train_mode, variables, velocity, x, y, order, step0, defense_key, lr,
-               momentum):
+               momentum, weight_decay):
   """One epoch of defended SGD steps as a ``lax.scan`` over the rows of ``order``; returns the new
   variables (params and, in train mode, the updated ``batch_stats``), velocity and step losses."""
 
@@ -158,7 +158,8 @@ def _sgd_epoch(apply_fn, defense, train_mode, variables, velocity, x, y, order, 
 
     (loss, stats), grad = jax.value_and_grad(loss_fn, has_aux=True)(current["params"])
     grad = _defended(defense, grad, current, idx.shape[0], jax.random.fold_in(defense_key, t), "fedsgd")
-    velocity = jax.tree.map(lambda v, g: momentum * v + g, velocity, grad)
+    velocity = jax.tree.map(lambda v, g, p: momentum * v + g + weight_decay * p, velocity, grad,
+                            current["params"])
     new = {**current, "params": jax.tree.map(lambda p, v: p - lr * v, current["params"], velocity)}
     if train_mode:  # Flax keeps running statistics in float32 whatever the parameters' dtype
       new["batch_stats"] = jax.tree.map(lambda a, b: a.astype(b.dtype), stats, current["batch_stats"])
@@ -189,7 +190,7 @@ def _run_callback(callback, index, variables, record, history):
 
 
 def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: float,
-              momentum: float) -> None:
+              momentum: float, weight_decay: float = 0.0) -> None:
   """One-line ValueError unless the SGD settings are usable on ``num_samples`` training images."""
   if epochs < 1 or not 1 <= batch_size <= num_samples:
     raise ValueError(f"need epochs >= 1 and 1 <= batch size <= {num_samples}, got {epochs} and "
@@ -197,11 +198,14 @@ def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: flo
   if not learning_rate > 0 or not 0 <= momentum < 1:
     raise ValueError(f"learning rate must be positive and momentum in [0, 1), got {learning_rate} "
                      f"and {momentum}")
+  if not weight_decay >= 0:
+    raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
 
 
 def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batch_size: int,
-                 learning_rate: float, momentum: float = 0.0, defense: Defense | None = None,
-                 train_mode: bool = False, callback: Callback | None = None):
+                 learning_rate: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 defense: Defense | None = None, train_mode: bool = False,
+                 callback: Callback | None = None):
   """Central / FedSGD training with a defense on every step's gradient.
 
   Epoch e (1-based) visits the mini-batches of :func:`batch_order` ``(fold_in(key, 0), e, N, B)``;
@@ -209,9 +213,10 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   at the current parameters θ_t (model in evaluation mode), defends it with
   ``defense.apply(Observation(g_t, ...), fold_in(fold_in(key, 1), t))`` and updates
 
-    v_{t+1} = μ v_t + D(g_t),   θ_{t+1} = θ_t − η v_{t+1},   v_0 = 0
+    v_{t+1} = μ v_t + D(g_t) + λ θ_t,   θ_{t+1} = θ_t − η v_{t+1},   v_0 = 0
 
-  (PyTorch's SGD with momentum, dampening 0). ``batch_stats`` are left unchanged unless ``train_mode``
+  (PyTorch's SGD with momentum and weight decay λ on every parameter, dampening 0; the decay is the
+  client's own, not part of the gradient it shares, so the defense does not see it). ``batch_stats`` are left unchanged unless ``train_mode``
   (module docstring).
 
   Args:
@@ -221,7 +226,7 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
     key: PRNG key (shuffling and the defense's noise).
     epochs: passes over the data, ≥ 1; each has ⌊N / B⌋ steps.
     batch_size: B, 1 ≤ B ≤ N.
-    learning_rate: η > 0. momentum: μ ∈ [0, 1).
+    learning_rate: η > 0. momentum: μ ∈ [0, 1). weight_decay: λ ≥ 0.
     defense: applied to every step's gradient; ``None`` for none.
     train_mode: run the model in training mode: BatchNorm normalises by each mini-batch's statistics
       and updates its running statistics (needs ``apply_fn.module``; a model without ``batch_stats``
@@ -238,7 +243,7 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   """
   x, y = _check_data(apply_fn, variables, x, y)
   n = x.shape[0]
-  check_sgd(n, epochs, batch_size, learning_rate, momentum)
+  check_sgd(n, epochs, batch_size, learning_rate, momentum, weight_decay)
   shuffle_key, defense_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
   velocity = jax.tree.map(jnp.zeros_like, variables["params"])
   train_mode = bool(train_mode) and "batch_stats" in variables
@@ -250,7 +255,7 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
     order = batch_order(shuffle_key, epoch, n, batch_size)
     variables, velocity, losses = _sgd_epoch(apply_fn, defense, train_mode, dict(variables), velocity,
                                              x, y, order, jnp.asarray(step, jnp.uint32), defense_key,
-                                             learning_rate, momentum)
+                                             learning_rate, momentum, weight_decay)
     step += order.shape[0]
     _check_finite(variables, f"epoch {epoch}")
     record = {"epoch": epoch, "steps": step, "train_loss": float(jnp.mean(losses)),

@@ -34,8 +34,8 @@ def np_params(params):
   return {k: {n: np.asarray(v, np.float64) for n, v in layer.items()} for k, layer in params.items()}
 
 
-def np_sgd(params, x, y, orders, lr, momentum, grads_fn, defend=None):
-  """Plain loop over the given batch orders: v = μv + D(g), W = W − ηv; returns (params, losses)."""
+def np_sgd(params, x, y, orders, lr, momentum, grads_fn, defend=None, weight_decay=0.0):
+  """Plain loop over the given batch orders: v = μv + D(g) + λW, W = W − ηv; returns (params, losses)."""
   params = np_params(params)
   velocity = {k: {n: np.zeros_like(v) for n, v in layer.items()} for k, layer in params.items()}
   losses, t = [], 0
@@ -47,7 +47,7 @@ def np_sgd(params, x, y, orders, lr, momentum, grads_fn, defend=None):
       losses.append(loss)
       for k in params:
         for n in params[k]:
-          velocity[k][n] = momentum * velocity[k][n] + g[k][n]
+          velocity[k][n] = momentum * velocity[k][n] + g[k][n] + weight_decay * params[k][n]
           params[k][n] = params[k][n] - lr * velocity[k][n]
       t += 1
   return params, losses
@@ -75,15 +75,16 @@ def test_batch_order_is_a_fresh_permutation_per_epoch():
                                 .reshape(3, 3))
 
 
-@pytest.mark.parametrize("epochs, momentum", [(1, 0.0), (2, 0.9)])
-def test_fedsgd_equals_numpy_sgd_loop(mlp64, mlp_reference, epochs, momentum):
+@pytest.mark.parametrize("epochs, momentum, weight_decay", [(1, 0.0, 0.0), (2, 0.9, 0.0), (2, 0.9, 0.05)])
+def test_fedsgd_equals_numpy_sgd_loop(mlp64, mlp_reference, epochs, momentum, weight_decay):
   apply_fn, variables, x, y = mlp64
   key = jax.random.key(7)
   with jax.enable_x64(True):
     got, history = training.train_fedsgd(apply_fn, variables, x, y, key=key, epochs=epochs,
-                                         batch_size=3, learning_rate=0.2, momentum=momentum)
+                                         batch_size=3, learning_rate=0.2, momentum=momentum,
+                                         weight_decay=weight_decay)
   want, losses = np_sgd(variables["params"], x, y, orders_for(key, epochs, 11, 3), 0.2, momentum,
-                        mlp_reference)
+                        mlp_reference, weight_decay=weight_decay)
   assert_params_close(got["params"], want)
   assert [r["epoch"] for r in history] == list(range(1, epochs + 1))
   assert [r["steps"] for r in history] == [3 * e for e in range(1, epochs + 1)]
@@ -237,7 +238,7 @@ def test_batch_stats_are_kept_and_divergence_is_reported():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(epochs=0), "epochs"), (dict(batch_size=12), "batch size"), (dict(learning_rate=0.0), "learning rate"),
-    (dict(momentum=1.0), "momentum"),
+    (dict(momentum=1.0), "momentum"), (dict(weight_decay=-1e-4), "weight decay"),
 ])
 def test_bad_fedsgd_settings(mlp64, kwargs, message):
   apply_fn, variables, x, y = mlp64
