@@ -504,14 +504,18 @@ def _lenet_normalized(epoch: int) -> str:
   return f"normalized_epoch{epoch}"
 
 
-_LENET_NORMALIZED = (_lenet_normalized(0), _lenet_normalized(LENET_TRAINED[1]))
+LENET_WD = ("train_lenet_zhu_cifar10_normalized_wd", 20)
+"""(training folder, epoch) of the LeNet(Zhu) trained as ``LENET_TRAINED`` plus the paper's weight decay
+5e-4 (``train.py --weight_decay=5e-4``)."""
+_LENET_NORMALIZED = (_lenet_normalized(0), _lenet_normalized(LENET_TRAINED[1]),
+                     f"normalized_wd_epoch{LENET_WD[1]}")
 
 
 def ig_lenet_table() -> str:
   """Table 1's LeNet(Zhu) rows, each labelled with the images it ran on, beside the paper's PSNR.
   "one model, CIFAR-10 normalisation" is the paper's protocol: one initialisation shared by all images
   (``LENET_TRAINED``'s epoch 0, or its trained epoch) in the paper's input space."""
-  (untrained, trained), epochs = _LENET_NORMALIZED, LENET_TRAINED[1]
+  (untrained, trained, wd), epochs = _LENET_NORMALIZED, LENET_TRAINED[1]
   paper_model, euclid = "one model, CIFAR-10 normalisation", "Euclidean + L-BFGS, 16 restarts"
   rows = [("proposed, untrained", _ig_lenet("epoch0"), "18.00 ± 3.33"),
           ("proposed, trained 2 epochs", _ig_lenet("epoch2"), "18.08 ± 4.27"),
@@ -519,13 +523,17 @@ def ig_lenet_table() -> str:
            _ig_lenet("fresh_normalized"), "18.00 ± 3.33"),
           (f"proposed, untrained, {paper_model}", _ig_lenet(untrained), "18.00 ± 3.33"),
           (f"proposed, trained {epochs} epochs, {paper_model}", _ig_lenet(trained), "18.08 ± 4.27"),
+          (f"proposed, trained {LENET_WD[1]} epochs with weight decay, {paper_model}", _ig_lenet(wd),
+           "18.08 ± 4.27"),
           (f"{euclid}, untrained", _euclid_lenet("epoch0"), "46.25 ± 12.66"),
           (f"{euclid}, trained 2 epochs", _euclid_lenet("epoch2"), "13.24 ± 5.44"),
           (f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation", _EUCLID_FRESH,
            "46.25 ± 12.66"),
           ("same, 6000 iterations", _EUCLID_FRESH_6000, "46.25 ± 12.66"),
           (f"{euclid}, untrained, {paper_model}", _euclid_lenet(untrained), "46.25 ± 12.66"),
-          (f"{euclid}, trained {epochs} epochs, {paper_model}", _euclid_lenet(trained), "13.24 ± 5.44")]
+          (f"{euclid}, trained {epochs} epochs, {paper_model}", _euclid_lenet(trained), "13.24 ± 5.44"),
+          (f"{euclid}, trained {LENET_WD[1]} epochs with weight decay, {paper_model}", _euclid_lenet(wd),
+           "13.24 ± 5.44")]
   labelled = []
   for label, folders, paper in rows:
     ran = [r for d in map(load, folders) if d for r in d["rows"]]
@@ -535,9 +543,11 @@ def ig_lenet_table() -> str:
                     paper={label: paper for label, _, paper in labelled})
 
 
-_IG_RESNET = {"untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
+_IG_RESNET = {"wide": ("ig_resnet20-4_cifar10_0-2", "ig_resnet20-4_cifar10_3-4"),
+              "untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
               "trained": ("ig_resnet20_epoch5_cifar10_0-4", "ig_resnet20_epoch5_cifar10_5-19")}
-"""The sweep folders of the proposed method's ResNet-20 (width 16) rows of Table 1."""
+"""The sweep folders of the proposed method's ResNet rows of Table 1: ResNet20-4 (``wide``) and
+ResNet-20 at width 16."""
 IG_RESNET_PAPER = {"untrained": (19.83, 2.96), "trained": (13.95, 3.38)}
 """Inverting Gradients' Table 1, proposed method on ResNet20-4: PSNR mean and std (dB)."""
 
@@ -581,16 +591,16 @@ def euclid_note() -> str:
 def _index_range(rows) -> str:
   """The images of sweep rows as a range, "0–19" (or a list where they are not consecutive)."""
   idx = sorted(r["index"] for r in rows)
+  if len(idx) == 1:
+    return str(idx[0])
   return f"{idx[0]}–{idx[-1]}" if idx == list(range(idx[0], idx[-1] + 1)) else ", ".join(map(str, idx))
 
 
-LENET_WD = ("train_lenet_zhu_cifar10_normalized_wd", 20)
-"""(training folder, epoch) of the LeNet(Zhu) trained as ``LENET_TRAINED`` plus the paper's weight decay
-5e-4 (``train.py --weight_decay=5e-4``)."""
 LENET_EPOCHS = (0, 1, 2, 5, 10, 15, 20)
 """The epochs of ``LENET_TRAINED`` the proposed method attacks on images 0–19."""
 LENET_TV = ("1e-3", "1e-2", "1e-1")
-"""TV weights other than the paper's 1e-4 tried on ``LENET_TRAINED``'s last epoch, images 0–19."""
+"""TV weights other than the paper's 1e-4 tried on ``LENET_TRAINED``'s first and last epochs, images
+0–19."""
 
 
 def _accuracy(rel: str, epoch: int) -> float | None:
@@ -599,76 +609,93 @@ def _accuracy(rel: str, epoch: int) -> float | None:
   return None if d is None else next((h["accuracy"] for h in d["history"] if h["epoch"] == epoch), None)
 
 
-def _ig_training_runs() -> list[tuple[str, str, float | None, str]]:
-  """(attacked model, its training folder's epoch accuracy, TV weight, sweep folder) of the proposed
-  method on images 0–19 of the trained-LeNet diagnosis."""
+def _ig_training_runs() -> list[tuple[str, float | None, str, int, str]]:
+  """(attacked model, its test accuracy, TV weight, iterations, sweep folder) of the proposed method on
+  images 0–19 of the trained-LeNet diagnosis."""
   (rel, last), (wd_rel, wd_last) = LENET_TRAINED, LENET_WD
-  runs = [(f"epoch {e}" + (" (untrained)" if e == 0 else ""), _accuracy(rel, e), "1e-4",
-           f"ig_lenet_zhu_{_lenet_normalized(e)}_cifar10_0-19") for e in LENET_EPOCHS]
-  runs += [(f"epoch {last}", _accuracy(rel, last), w, f"ig_tv{w}_lenet_zhu_{_lenet_normalized(last)}_cifar10_0-19")
-           for w in LENET_TV]
-  runs.append((f"epoch {wd_last}, weight decay 5e-4", _accuracy(wd_rel, wd_last), "1e-4",
-               f"ig_lenet_zhu_normalized_wd_epoch{wd_last}_cifar10_0-19"))
+  runs = []
+  for e in LENET_EPOCHS:
+    model, accuracy = f"epoch {e}" + (" (untrained)" if e == 0 else ""), _accuracy(rel, e)
+    tag = _lenet_normalized(e)
+    runs.append((model, accuracy, "1e-4", 4800, f"ig_lenet_zhu_{tag}_cifar10_0-19"))
+    if e == 0:
+      runs.append((model, accuracy, "1e-4", 24_000, f"ig_24000_lenet_zhu_{tag}_cifar10_0-19"))
+    if e in (0, last):
+      runs += [(model, accuracy, w, 4800, f"ig_tv{w}_lenet_zhu_{tag}_cifar10_0-19") for w in LENET_TV]
+  runs.append((f"epoch {wd_last}, weight decay 5e-4", _accuracy(wd_rel, wd_last), "1e-4", 4800,
+               f"ig_lenet_zhu_{_LENET_NORMALIZED[2]}_cifar10_0-19"))
   return runs
 
 
 def ig_training_table() -> str:
   """The proposed method against the training of the attacked LeNet(Zhu) (CIFAR-10 normalisation,
-  one model, images 0–19): by epoch, by TV weight on the last epoch, and with weight decay."""
-  lines = ["| attacked model | test accuracy | TV weight | PSNR mean ± std | median | SSIM |",
-           "|---|---|---|---|---|---|"]
-  for model, accuracy, tv, rel in _ig_training_runs():
+  one model, images 0–19): by epoch, by TV weight on the first and last epochs, with the authors'
+  command-line budget, and with weight decay."""
+  lines = ["| attacked model | test accuracy | TV weight | iterations | PSNR mean ± std | median | SSIM |",
+           "|---|---|---|---|---|---|---|"]
+  for model, accuracy, tv, iterations, rel in _ig_training_runs():
     s = _pooled_summary((rel,))
     if s is None or accuracy is None:
       continue
-    lines.append(f"| {model} | {100 * accuracy:.1f} % | {tv} | {s['psnr']['mean']:.2f} ± "
+    lines.append(f"| {model} | {100 * accuracy:.1f} % | {tv} | {iterations} | {s['psnr']['mean']:.2f} ± "
                  f"{s['psnr']['std']:.2f} | {s['psnr']['median']:.2f} | {s['ssim']['mean']:.3f} |")
   return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def ig_training_note() -> str:
-  """What the diagnosis table says about the trained LeNet rows: the loss by training, the TV weight
-  that recovers the image, and the weight decay of the paper's recipe."""
-  runs = {(model, tv): _pooled_summary((rel,)) for model, _, tv, rel in _ig_training_runs()}
+  """What the diagnosis table says about Table 1's LeNet rows: the loss by training at the paper's TV
+  weight, the weight that recovers each model, the budget, and the weight decay of the paper's recipe."""
+  runs = {(model, tv, its): _pooled_summary((rel,)) for model, _, tv, its, rel in _ig_training_runs()}
   psnr = {key: s["psnr"]["mean"] for key, s in runs.items() if s is not None}
   last = LENET_TRAINED[1]
-  first, one, end = psnr.get(("epoch 0 (untrained)", "1e-4")), psnr.get(("epoch 1", "1e-4")), \
-      psnr.get((f"epoch {last}", "1e-4"))
+  untrained, trained = "epoch 0 (untrained)", f"epoch {last}"
+  first, one, end = (psnr.get((m, "1e-4", 4800)) for m in (untrained, "epoch 1", trained))
   if None in (first, one, end):
     return ""
-  paper = 18.08
-  text = (f"The trained rows fall short of the paper's {paper:.2f} dB because of the attacked model, not "
-          f"the attack's machinery: on the same 20 images, with the paper's TV weight 1e-4, one epoch of "
-          f"training costs the proposed method {first - one:.2f} dB and {last} epochs {first - end:.2f} dB, "
-          f"down to noise level (SSIM {runs[(f'epoch {last}', '1e-4')]['ssim']['mean']:.3f}).")
-  tvs = [(float(w), psnr[(f"epoch {last}", w)]) for w in LENET_TV if (f"epoch {last}", w) in psnr]
-  if tvs:
-    w, best = max(tvs, key=lambda t: t[1])
-    text += (f" A larger TV weight recovers the image: {w:g} gives {best:.2f} dB on the {last}-epoch "
-             f"model ({best - end:+.2f} dB): the trained model's gradient leaves more of the image to "
-             f"the prior.")
-  wd = psnr.get((f"epoch {LENET_WD[1]}, weight decay 5e-4", "1e-4"))
+  text = (f"With the paper's TV weight 1e-4, one epoch of training costs the proposed method "
+          f"{first - one:.2f} dB and {last} epochs {first - end:.2f} dB, down to noise level (SSIM "
+          f"{runs[(trained, '1e-4', 4800)]['ssim']['mean']:.3f}).")
+  best = {}
+  for model in (untrained, trained):
+    tried = [(float(w), psnr[(model, w, 4800)]) for w in LENET_TV if (model, w, 4800) in psnr]
+    if tried:
+      best[model] = max(tried, key=lambda t: t[1])
+  long = psnr.get((untrained, "1e-4", 24_000))
+  if long is not None:
+    text += (f" The authors' command line runs 24 000 iterations, not the paper's 4800: on the untrained "
+             f"model that gives {long:.2f} dB at TV 1e-4 ({long - first:+.2f} dB).")
+  if len(best) == 2 and best[untrained][1] > first and best[trained][1] > end:
+    (w0, b0), (w1, b1) = best[untrained], best[trained]
+    text += (f" A larger TV weight lifts both models: {w0:g} gives {b0:.2f} dB on the untrained one "
+             f"({b0 - first:+.2f} dB; paper 18.00), {w1:g} gives {b1:.2f} dB on the {last}-epoch one "
+             f"({b1 - end:+.2f} dB; paper 18.08). The authors' released code "
+             "(JonasGeiping/invertinggradients) computes what the preset does (1 − cosine over all "
+             "parameters, TV mean|dx| + mean|dy| on the normalised image with weight 1e-4 by default, "
+             "Adam on the gradient's sign, the step schedule, the box), so on our models the stated "
+             "weight leaves the image under-constrained" + (", the trained model most." if w1 > w0 else "."))
+  wd = psnr.get((f"epoch {LENET_WD[1]}, weight decay 5e-4", "1e-4", 4800))
   if wd is not None:
     text += (f" Training with the weight decay of the paper's recipe (5e-4; ours had none) gives "
              f"{wd:.2f} dB at TV 1e-4 ({wd - end:+.2f} dB against the model without it): weight decay "
-             + ("accounts for much of the drop." if wd - end >= 0.5 * (first - end) else
-                "does not account for the drop; the rest of the paper's recipe (120 epochs, a step "
-                "schedule, data augmentation) was not tried."))
+             + ("accounts for much of the training's cost." if wd - end >= 0.5 * (first - end) else
+                "does not account for the training's cost; the rest of the paper's recipe (120 epochs, "
+                "a step schedule, data augmentation) was not tried."))
   return text
 
 
 def ig_lenet_note() -> str:
-  """The input-scale comparison of the proposed method on the untrained LeNet(Zhu)."""
-  raw, normalized = _pooled_summary(_ig_lenet("epoch0")), _pooled_summary(_ig_lenet("fresh_normalized"))
-  if raw is None or normalized is None:
+  """The input space and the model draw of the proposed method on the untrained LeNet(Zhu)."""
+  raw, one, fresh = (_pooled_summary(_ig_lenet(v)) for v in ("epoch0", _lenet_normalized(0),
+                                                             "fresh_normalized"))
+  if None in (raw, one, fresh):
     return ""
-  a, b = raw["psnr"], normalized["psnr"]
-  return (f"In CIFAR-10-normalised input space (the paper's; with a fresh model per image, since "
-          f"the untrained checkpoint takes [0, 1] pixels) the proposed method reaches {b['mean']:.2f} ± "
-          f"{b['std']:.2f} dB against {a['mean']:.2f} ± {a['std']:.2f} dB on [0, 1] pixels with one "
-          f"model: the input scale, or the model drawn per image, accounts for part of the gap. "
-          f"Signed Adam moves every pixel by the learning rate whatever the scale, so lr 0.1 is a "
-          f"step about four times larger on [0, 1] pixels than in units of the CIFAR-10 std.")
+  a, b, c = raw["psnr"], one["psnr"], fresh["psnr"]
+  return (f"Untrained, images 0–99: one model on [0, 1] pixels gives {a['mean']:.2f} ± {a['std']:.2f} dB, "
+          f"the same model in CIFAR-10-normalised space (the paper's) {b['mean']:.2f} ± {b['std']:.2f} dB "
+          f"({b['mean'] - a['mean']:+.2f} dB), and a fresh model per image {c['mean']:.2f} ± "
+          f"{c['std']:.2f} dB. Signed Adam moves every pixel by the learning rate whatever the scale, "
+          f"so lr 0.1 is a step about four times larger on [0, 1] pixels than in units of the CIFAR-10 "
+          f"std.")
 
 
 # SAPAG's Table I beyond CIFAR-100 with Xavier-normal init: (dataset and init, model init flag,
@@ -887,7 +914,8 @@ SECTIONS = (
             "LeNet(Zhu), one model for all images (untrained: `train.py`'s epoch 0; trained 2 epochs: "
             + training_record("train_lenet_zhu_cifar10") + " These two checkpoints take [0, 1] pixels, "
             "where the paper normalises by the CIFAR-10 mean and std. Trained in the paper's input "
-            "space: " + training_record(LENET_TRAINED[0]) + "):",
+            "space: " + training_record(LENET_TRAINED[0]) + " With weight decay, as the paper's recipe: "
+            + training_record(LENET_WD[0]) + "):",
             ig_lenet_table(),
             ig_lenet_note(), euclid_note(),
             "The proposed method against the training of the attacked LeNet (one model, CIFAR-10 "
@@ -895,11 +923,15 @@ SECTIONS = (
             "`sweep.py --attack=inverting_gradients`, `--priors=tv:W` for other TV weights):",
             ig_training_table(), ig_training_note(),
             "ResNet20-4:",
-            sweep_rows([("proposed, resnet20 (width 16), untrained, a fresh model per image, CIFAR-10 "
+            sweep_rows([("proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 "
+                         "normalisation", _IG_RESNET["wide"]),
+                        ("proposed, resnet20 (width 16), untrained, a fresh model per image, CIFAR-10 "
                          "normalisation", _IG_RESNET["untrained"]),
                         ("proposed, resnet20 (width 16), trained 5 epochs, one model, [0, 1] pixels",
                          _IG_RESNET["trained"])],
-                       paper={"proposed, resnet20 (width 16), untrained, a fresh model per image, "
+                       paper={"proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 "
+                              "normalisation": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["untrained"]),
+                              "proposed, resnet20 (width 16), untrained, a fresh model per image, "
                               "CIFAR-10 normalisation": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["untrained"]),
                               "proposed, resnet20 (width 16), trained 5 epochs, one model, [0, 1] "
                               "pixels": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["trained"])}),
@@ -909,14 +941,17 @@ SECTIONS = (
                           "")]),
             ig_resnet_note(),
             "ResNet20-4 (base width 64) has 16 times the FLOPs of width 16, so the width-16 network "
-            "stands in for the table and the paper's network is run on one image; the full table is a "
-            "GPU job. The trained row attacks the BatchNorm ResNet-20 of the HFGInv section below "
-            "(`train_resnet20_cifar10`, epoch 5) in evaluation mode, on the [0, 1] pixels it was "
-            "trained on. Images 0–4 of the untrained row ran on an earlier, slower gradjax. " +
+            "stands in for the table and the paper's network runs on images "
+            + _index_range([r for d in map(load, _IG_RESNET["wide"]) if d for r in d["rows"]] or
+                           [{"index": 2}])
+            + "; the full table is a GPU job. The trained row attacks the BatchNorm ResNet-20 of the "
+            "HFGInv section below (`train_resnet20_cifar10`, epoch 5) in evaluation mode, on the [0, 1] "
+            "pixels it was trained on. Images 0–4 of the width-16 untrained row ran on an earlier, "
+            "slower gradjax. " +
             missing("experiments/sweep.py --attack=dlg --labels=known --restarts=8 --model=resnet20",
-                    "The Euclidean + L-BFGS rows on images 20–99, a LeNet(Zhu) trained to "
-                    "convergence, ResNet20-4 itself beyond image 2 and the ResNet Euclidean row "
-                    "(8 restarts of 2000 L-BFGS iterations on ResNet-20: a GPU job).")),
+                    "The Euclidean + L-BFGS rows of the trained LeNets on images 20–99, ResNet20-4 on "
+                    "the other images and trained, and the ResNet Euclidean row (8 restarts of 2000 "
+                    "L-BFGS iterations on ResNet-20: a GPU job).")),
         (("train_lenet_zhu_cifar10", None), (LENET_TRAINED[0], None), (LENET_WD[0], None))
         + tuple((rel, None) for *_, rel in _ig_training_runs())
         + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized", *_LENET_NORMALIZED)
@@ -926,7 +961,7 @@ SECTIONS = (
         + (("ig_resnet20_cifar10_0-4",
           "python experiments/sweep.py --attack=inverting_gradients --model=resnet20 --dataset=cifar10 "
           "--normalization=cifar10 --count=5"),
-           *((rel, None) for rel in _IG_RESNET["untrained"][1:] + _IG_RESNET["trained"]),
+           *((rel, None) for rel in _IG_RESNET["untrained"][1:] + _IG_RESNET["trained"] + _IG_RESNET["wide"]),
          ("ig_resnet20-4_cifar10_2",
           "python experiments/reconstruct.py --attack=inverting_gradients --model=resnet20-4 "
           "--dataset=cifar10 --normalization=cifar10 --index=2"))),

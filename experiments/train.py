@@ -254,7 +254,7 @@ def main(argv):
       "train_mode", "test_dataset", "normalization")}
   report.save_json(os.path.join(out, "results.json"), {
       "config": config, "metadata": metadata, "history": history, "wall_time_s": wall,
-      "device": str(jax.devices()[0]), "train_indices": parts.train_indices,
+      **common.provenance(), "train_indices": parts.train_indices,
       "test_indices": parts.test_indices})
   logging.info("wrote %s", out)
   print(f"{f.model} on {f.dataset} ({len(parts.train.x)} train / {len(parts.test.x)} test), {f.client}, "

@@ -231,27 +231,33 @@ def test_ig_lenet_table_labels_each_row_with_its_images(results_md, tmp_path, mo
 
 
 def test_ig_training_note_reads_the_diagnosis_runs(results_md, tmp_path, monkeypatch):
-  """Hand-written runs: untrained 20 dB, epoch 1 15 dB, last epoch 10 dB (SSIM 0.05); TV 1e-2 12 dB and
-  1e-1 16 dB on the last epoch; the weight-decay model 17 dB, which recovers 7 of the 10 dB lost."""
+  """Hand-written runs at TV 1e-4: untrained 20 dB (24 000 iterations: 21 dB), epoch 1 15 dB, last
+  epoch 10 dB (SSIM 0.05); other TV weights: untrained 1e-2 22 dB, last epoch 1e-2 12 dB and 1e-1
+  16 dB; the weight-decay model 17 dB, which recovers 7 of the 10 dB training cost."""
   monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
   (rel, last), (wd_rel, wd_last) = results_md.LENET_TRAINED, results_md.LENET_WD
   for folder, epochs in ((rel, range(last + 1)), (wd_rel, range(wd_last + 1))):
     _write(tmp_path / results_md.RESULTS / folder, "results.json",
            {"history": [{"epoch": e, "accuracy": 0.1 + 0.01 * e} for e in epochs]})
   stats = lambda v: {"mean": v, "median": v, "std": 0.0}
-  psnr = {("epoch 0 (untrained)", "1e-4"): 20.0, ("epoch 1", "1e-4"): 15.0,
-          (f"epoch {last}", "1e-4"): 10.0, (f"epoch {last}", "1e-2"): 12.0,
-          (f"epoch {last}", "1e-1"): 16.0, (f"epoch {wd_last}, weight decay 5e-4", "1e-4"): 17.0}
-  for model, _, tv, folder in results_md._ig_training_runs():
-    if (model, tv) in psnr:
+  untrained, trained = "epoch 0 (untrained)", f"epoch {last}"
+  psnr = {(untrained, "1e-4", 4800): 20.0, (untrained, "1e-4", 24_000): 21.0,
+          (untrained, "1e-2", 4800): 22.0, ("epoch 1", "1e-4", 4800): 15.0,
+          (trained, "1e-4", 4800): 10.0, (trained, "1e-2", 4800): 12.0, (trained, "1e-1", 4800): 16.0,
+          (f"epoch {wd_last}, weight decay 5e-4", "1e-4", 4800): 17.0}
+  for model, _, tv, iterations, folder in results_md._ig_training_runs():
+    if (model, tv, iterations) in psnr:
       _write(tmp_path / results_md.RESULTS / folder, "results.json",
-             {"rows": [], "summary": {"psnr": stats(psnr[model, tv]), "ssim": stats(0.05)}})
+             {"rows": [], "summary": {"psnr": stats(psnr[model, tv, iterations]), "ssim": stats(0.05)}})
   note = results_md.ig_training_note()
   assert f"one epoch of training costs the proposed method 5.00 dB and {last} epochs 10.00 dB" in note
   assert "(SSIM 0.050)" in note
-  assert f"0.1 gives 16.00 dB on the {last}-epoch model (+6.00 dB)" in note
+  assert "that gives 21.00 dB at TV 1e-4 (+1.00 dB)" in note
+  assert ("0.01 gives 22.00 dB on the untrained one (+2.00 dB; paper 18.00), 0.1 gives 16.00 dB on the "
+          f"{last}-epoch one (+6.00 dB; paper 18.08)") in note
+  assert note.count("the trained model most") == 1
   assert "gives 17.00 dB at TV 1e-4 (+7.00 dB against the model without it)" in note
-  assert "weight decay accounts for much of the drop" in note
+  assert "weight decay accounts for much of the training's cost" in note
   table = results_md.ig_training_table().splitlines()
   assert len(table) == 2 + len(psnr)
-  assert table[3] == "| epoch 1 | 11.0 % | 1e-4 | 15.00 ± 0.00 | 15.00 | 0.050 |"
+  assert table[5] == "| epoch 1 | 11.0 % | 1e-4 | 4800 | 15.00 ± 0.00 | 15.00 | 0.050 |"

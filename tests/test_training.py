@@ -331,7 +331,8 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
   proc = run_train("--model=mlp", "--epochs=1", "--lr=0.05", "--normalization=mnist", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
-  assert result["config"]["normalization"] == "mnist"
+  assert result["config"]["normalization"] == "mnist" and result["cores"] >= 1
+  assert result["command"].startswith("python experiments/train.py --model=mlp")
   ds = data.load("lfw_subset")
   test_idx = np.array(result["test_indices"])
   x_test = ((ds.x[test_idx].astype(np.float64) - 0.1307) / 0.3081).astype(np.float32)
