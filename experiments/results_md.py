@@ -511,34 +511,46 @@ _LENET_NORMALIZED = (_lenet_normalized(0), _lenet_normalized(LENET_TRAINED[1]),
                      f"normalized_wd_epoch{LENET_WD[1]}")
 
 
+IG_LENET_PAPER = {"untrained": (18.00, 3.33), "trained": (18.08, 4.27)}
+"""Inverting Gradients' Table 1, proposed method on LeNet(Zhu): PSNR mean and std (dB)."""
+EUCLID_LENET_PAPER = {"untrained": (46.25, 12.66), "trained": (13.24, 5.44)}
+"""Inverting Gradients' Table 1, Euclidean + L-BFGS (16 restarts) on LeNet(Zhu): PSNR mean and std."""
+
+
+def _published(table: dict, model: str) -> str:
+  return "{:.2f} ± {:.2f}".format(*table[model])
+
+
+def _ran(folders) -> list[dict]:
+  """The rows of the sweep folders that exist."""
+  return [r for d in map(load, folders) if d for r in d["rows"]]
+
+
 def ig_lenet_table() -> str:
   """Table 1's LeNet(Zhu) rows, each labelled with the images it ran on, beside the paper's PSNR.
   "one model, CIFAR-10 normalisation" is the paper's protocol: one initialisation shared by all images
   (``LENET_TRAINED``'s epoch 0, or its trained epoch) in the paper's input space."""
   (untrained, trained, wd), epochs = _LENET_NORMALIZED, LENET_TRAINED[1]
   paper_model, euclid = "one model, CIFAR-10 normalisation", "Euclidean + L-BFGS, 16 restarts"
-  rows = [("proposed, untrained", _ig_lenet("epoch0"), "18.00 ± 3.33"),
-          ("proposed, trained 2 epochs", _ig_lenet("epoch2"), "18.08 ± 4.27"),
+  ig_u, ig_t = _published(IG_LENET_PAPER, "untrained"), _published(IG_LENET_PAPER, "trained")
+  eu_u, eu_t = _published(EUCLID_LENET_PAPER, "untrained"), _published(EUCLID_LENET_PAPER, "trained")
+  with_wd = f"trained {LENET_WD[1]} epochs with weight decay, {paper_model}"
+  rows = [("proposed, untrained", _ig_lenet("epoch0"), ig_u),
+          ("proposed, trained 2 epochs", _ig_lenet("epoch2"), ig_t),
           ("proposed, untrained, a fresh model per image, CIFAR-10 normalisation",
-           _ig_lenet("fresh_normalized"), "18.00 ± 3.33"),
-          (f"proposed, untrained, {paper_model}", _ig_lenet(untrained), "18.00 ± 3.33"),
-          (f"proposed, trained {epochs} epochs, {paper_model}", _ig_lenet(trained), "18.08 ± 4.27"),
-          (f"proposed, trained {LENET_WD[1]} epochs with weight decay, {paper_model}", _ig_lenet(wd),
-           "18.08 ± 4.27"),
-          (f"{euclid}, untrained", _euclid_lenet("epoch0"), "46.25 ± 12.66"),
-          (f"{euclid}, trained 2 epochs", _euclid_lenet("epoch2"), "13.24 ± 5.44"),
-          (f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation", _EUCLID_FRESH,
-           "46.25 ± 12.66"),
-          ("same, 6000 iterations", _EUCLID_FRESH_6000, "46.25 ± 12.66"),
-          (f"{euclid}, untrained, {paper_model}", _euclid_lenet(untrained), "46.25 ± 12.66"),
-          (f"{euclid}, trained {epochs} epochs, {paper_model}", _euclid_lenet(trained), "13.24 ± 5.44"),
-          (f"{euclid}, trained {LENET_WD[1]} epochs with weight decay, {paper_model}", _euclid_lenet(wd),
-           "13.24 ± 5.44")]
-  labelled = []
-  for label, folders, paper in rows:
-    ran = [r for d in map(load, folders) if d for r in d["rows"]]
-    if ran:
-      labelled.append((f"{label}, images {_index_range(ran)}", folders, paper))
+           _ig_lenet("fresh_normalized"), ig_u),
+          (f"proposed, untrained, {paper_model}", _ig_lenet(untrained), ig_u),
+          (f"proposed, trained {epochs} epochs, {paper_model}", _ig_lenet(trained), ig_t),
+          (f"proposed, {with_wd}", _ig_lenet(wd), ig_t),
+          (f"{euclid}, untrained", _euclid_lenet("epoch0"), eu_u),
+          (f"{euclid}, trained 2 epochs", _euclid_lenet("epoch2"), eu_t),
+          (f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation", _EUCLID_FRESH, eu_u),
+          ("same, 6000 iterations", _EUCLID_FRESH_6000, eu_u),
+          (f"{euclid}, untrained, {paper_model}", _euclid_lenet(untrained), eu_u),
+          (f"{euclid}, trained {epochs} epochs, {paper_model}", _euclid_lenet(trained), eu_t),
+          (f"{euclid}, {with_wd}", _euclid_lenet(wd), eu_t)]
+  labelled = [(f"{label}, images {_index_range(_ran(folders))}", folders, paper)
+              for label, folders, paper in rows if _ran(folders)]
   return sweep_rows([(label, folders) for label, folders, _ in labelled],
                     paper={label: paper for label, _, paper in labelled})
 
@@ -570,22 +582,20 @@ def ig_resnet_note(wide: str = "ig_resnet20-4_cifar10_2", narrow: str = "ig_resn
 def euclid_note() -> str:
   """The Euclidean + L-BFGS rows on the paper's input space at the preset's and at a longer budget,
   on the images both ran (paired by index): the two means (population std) and the per-image change."""
-  short = {r["index"]: r["psnr"] for d in map(load, _EUCLID_FRESH) if d for r in d["rows"]}
-  pairs = [(short[r["index"]], r["psnr"], r) for d in map(load, _EUCLID_FRESH_6000) if d
-           for r in d["rows"] if r["index"] in short]
+  short = {r["index"]: r["psnr"] for r in _ran(_EUCLID_FRESH)}
+  pairs = [(short[r["index"]], r["psnr"], r) for r in _ran(_EUCLID_FRESH_6000) if r["index"] in short]
   if not pairs:
     return ""
   a, b = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
-  gains = b - a
+  gains, paper = b - a, EUCLID_LENET_PAPER["untrained"][0]
   return (f"The Euclidean rows stop at the `dlg` preset's 2000 L-BFGS iterations. On the paper's "
           f"input space (a fresh model per image, CIFAR-10 normalisation), images "
           f"{_index_range([p[2] for p in pairs])} reach {a.mean():.2f} ± {a.std():.2f} dB at 2000 "
           f"iterations and {b.mean():.2f} ± {b.std():.2f} dB at 6000 (higher on "
           f"{int(np.sum(gains > 0))} of {len(pairs)} images, by {gains.mean():+.2f} dB on average): "
           "the budget "
-          + ("accounts for the gap to the paper's 46.25 dB." if b.mean() >= 46.25 else
-             "accounts for part of the gap to the paper's 46.25 dB." if b.mean() > a.mean() + 1 else
-             "does not account for the gap to the paper's 46.25 dB."))
+          + ("accounts for" if b.mean() >= paper else "accounts for part of" if b.mean() > a.mean() + 1
+             else "does not account for") + f" the gap to the paper's {paper:.2f} dB.")
 
 
 def _index_range(rows) -> str:
@@ -659,7 +669,8 @@ def ig_training_note() -> str:
   if wd is not None:
     text += (f" Training with the weight decay of the paper's recipe (5e-4; ours had none) gives "
              f"{wd:.2f} dB at TV 1e-4 ({wd - end:+.2f} dB against the model without it, {wd - first:+.2f} dB "
-             f"against the untrained one, where the paper's trained model is +0.08 dB): weight decay "
+             f"against the untrained one, where the paper's trained model is "
+             f"{IG_LENET_PAPER['trained'][0] - IG_LENET_PAPER['untrained'][0]:+.2f} dB): weight decay "
              + ("accounts for much of the training's cost." if wd - end >= 0.5 * (first - end) else
                 "does not account for the training's cost; the rest of the paper's recipe (120 epochs, "
                 "a step schedule, data augmentation) was not tried."))
@@ -675,8 +686,9 @@ def ig_training_note() -> str:
   if len(best) == 2 and best[untrained][1] > first and best[trained][1] > end:
     (w0, b0), (w1, b1) = best[untrained], best[trained]
     text += (f" A larger TV weight lifts both models: {w0:g} gives {b0:.2f} dB on the untrained one "
-             f"({b0 - first:+.2f} dB; paper 18.00), {w1:g} gives {b1:.2f} dB on the {last}-epoch one "
-             f"({b1 - end:+.2f} dB; paper 18.08). The authors' released code "
+             f"({b0 - first:+.2f} dB; paper {IG_LENET_PAPER['untrained'][0]:.2f}), {w1:g} gives {b1:.2f} dB "
+             f"on the {last}-epoch one ({b1 - end:+.2f} dB; paper {IG_LENET_PAPER['trained'][0]:.2f}). "
+             "The authors' released code "
              "(JonasGeiping/invertinggradients) computes what the preset does (1 − cosine over all "
              "parameters, TV mean|dx| + mean|dy| on the normalised image with weight 1e-4 by default, "
              "Adam on the gradient's sign, the step schedule, the box), so on our models the stated "
@@ -942,9 +954,8 @@ SECTIONS = (
                           "")]),
             ig_resnet_note(),
             "ResNet20-4 (base width 64) has 16 times the FLOPs of width 16, so the width-16 network "
-            "stands in for the table and the paper's network runs on images "
-            + _index_range([r for d in map(load, _IG_RESNET["wide"]) if d for r in d["rows"]] or
-                           [{"index": 2}])
+            "stands in for the table and the paper's network runs on "
+            + (f"images {_index_range(_ran(_IG_RESNET['wide']))}" if _ran(_IG_RESNET["wide"]) else "image 2")
             + "; the full table is a GPU job. The trained row attacks the BatchNorm ResNet-20 of the "
             "HFGInv section below (`train_resnet20_cifar10`, epoch 5) in evaluation mode, on the [0, 1] "
             "pixels it was trained on. Images 0–4 of the width-16 untrained row ran on an earlier, "
