@@ -104,6 +104,7 @@ def load_split(f):
 
 
 def _load_split(f):
+  """The flags' dataset split as loaded, before normalisation."""
   size = None if f.image_size is None else (f.image_size, f.image_size)
   ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
   seed = common.permutation_seed(f.data_seed, "data_seed")

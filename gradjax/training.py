@@ -216,8 +216,8 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
     v_{t+1} = μ v_t + D(g_t) + λ θ_t,   θ_{t+1} = θ_t − η v_{t+1},   v_0 = 0
 
   (PyTorch's SGD with momentum and weight decay λ on every parameter, dampening 0; the decay is the
-  client's own, not part of the gradient it shares, so the defense does not see it). ``batch_stats`` are left unchanged unless ``train_mode``
-  (module docstring).
+  client's own, not part of the gradient it shares, so the defense does not see it). ``batch_stats``
+  are left unchanged unless ``train_mode`` (module docstring).
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
