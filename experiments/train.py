@@ -55,7 +55,7 @@ from gradjax import checkpoint, clients, corpus, data, defenses, models, report,
 flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
 flags.DEFINE_string("init", None, "Weight init: uniform, xavier_normal, default (the model's own if unset).")
 flags.DEFINE_string("act", None, "Activation for models that take one (relu, sigmoid, ...).")
-flags.DEFINE_enum("conv", "xla", list(models.CONVS), "Convolutions (gradjax.models): xla is faster for a plain training step on most models; im2col, split and mixed (the attacks' CPU default) speed up double backward passes.")
+flags.DEFINE_enum("conv", "split", list(models.CONVS), "Convolutions (gradjax.models): split writes the backward pass as forward-layout convolutions, which XLA:CPU runs at full speed inside the epoch's lax.scan, where xla's own transposed forms compile to loop nests tens of times slower; im2col and mixed (the attacks' CPU default) are the other choices.")
 flags.DEFINE_string("dataset", "lfw_subset", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
 flags.DEFINE_integer("image_size", None, "Resize images to this square size (the source's if unset).")

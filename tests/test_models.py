@@ -401,6 +401,68 @@ def test_conv_implementations_match_numpy_and_xla(kernel, stride, pads, hw, impl
                                np.asarray(second_order(jax.lax.conv_general_dilated)), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel,stride,pads,hw", [
+    ((3, 3), (1, 1), "SAME", (8, 8)),
+    ((3, 3), (2, 2), ((1, 1), (1, 1)), (9, 8)),      # odd size: rows the strided window never reaches
+    ((5, 5), (2, 2), ((2, 2), (2, 2)), (12, 12)),
+    ((3, 2), (1, 3), ((0, 2), (1, 0)), (6, 10)),
+])
+def test_split_conv_third_order_through_two_layers(kernel, stride, pads, hw):
+  """Two stacked split convolutions: the gradient-matching gradient (which runs the second layer's
+  input gradient and its own derivatives) and its derivative w.r.t. the weights equal lax's in float64."""
+  from gradjax.models.layers import split_conv
+  rng = np.random.default_rng(1)
+  dn = ("NHWC", "HWIO", "NHWC")
+  x = rng.normal(size=(2, *hw, 3))
+  w1, w2 = rng.normal(size=(*kernel, 3, 4)), rng.normal(size=(*kernel, 4, 2))
+  with jax.enable_x64(True):
+    def matching(conv):
+      def loss(ws, x):
+        h = jnp.tanh(conv(x, ws[0], stride, pads, dimension_numbers=dn))
+        return jnp.sum(jnp.tanh(conv(h, ws[1], (1, 1), "SAME", dimension_numbers=dn)) ** 2)
+
+      def objective(x, ws):  # a matching objective of the dummy input, its weights differentiable too
+        return sum(jnp.sum(g ** 2) for g in jax.grad(loss)(ws, x))
+      return jax.grad(objective, argnums=(0, 1))
+
+    args = jnp.asarray(x), (jnp.asarray(w1), jnp.asarray(w2))
+    for got, want in zip(jax.tree.leaves(matching(split_conv)(*args)),
+                         jax.tree.leaves(matching(jax.lax.conv_general_dilated)(*args))):
+      np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
+
+
+def test_split_conv_derivatives_are_forward_layout_convolutions():
+  """Every convolution in split_conv's first, second and third derivatives has the forward NHWC/HWIO
+  layout: XLA:CPU turns its own transposed forms into that layout at a program's top level but not
+  inside a loop body (a ``lax.scan`` of training steps, a line search's ``while_loop``), where it
+  compiles them to slow loop nests."""
+  from gradjax.models.layers import split_conv
+  dn = ("NHWC", "HWIO", "NHWC")
+  forward = jax.lax.conv_dimension_numbers((1, 9, 9, 3), (3, 3, 3, 4), dn)
+  x, w = jnp.ones((2, 9, 9, 3)), jnp.ones((3, 3, 3, 4))
+
+  def loss(x, w):
+    return jnp.sum(jnp.tanh(split_conv(x, w, (2, 2), "SAME", dimension_numbers=dn)) ** 2)
+
+  def matching(x, w):
+    return jnp.sum(jax.grad(loss, argnums=1)(x, w) ** 2)
+
+  def convolutions(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "conv_general_dilated":
+        yield eqn.params["dimension_numbers"]
+      for value in eqn.params.values():
+        for inner in value if isinstance(value, (tuple, list)) else (value,):
+          inner = getattr(inner, "jaxpr", inner)
+          if hasattr(inner, "eqns"):
+            yield from convolutions(inner)
+
+  for fn in (jax.grad(loss, argnums=(0, 1)), jax.grad(matching, argnums=(0, 1)),
+             jax.grad(lambda x, w: jnp.sum(jax.grad(matching)(x, w) ** 2))):
+    found = list(convolutions(jax.make_jaxpr(fn)(x, w).jaxpr))
+    assert found and all(d == forward for d in found), found
+
+
 def test_mixed_conv_splits_large_maps_with_enough_channels():
   """mixed_conv takes split_conv (a custom VJP) for a 3x3 kernel on 16 channels and a 16x16 output,
   im2col_conv for fewer channels, a smaller map or a 1x1 kernel; all equal lax's convolution."""

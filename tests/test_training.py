@@ -394,3 +394,21 @@ def test_train_mode_updates_batch_norm_running_statistics():
                                       batch_size=6, learning_rate=0.1)
     for a, b in zip(jax.tree.leaves(frozen["batch_stats"]), jax.tree.leaves(model.variables["batch_stats"])):
       np.testing.assert_array_equal(a, b)
+
+
+def test_split_convolutions_train_as_xla_convolutions():
+  """Two epochs of momentum SGD in train mode on a strided BatchNorm ResNet (the epoch is a
+  ``lax.scan``): ``conv="split"``, the training program's default, gives XLA's parameters and
+  running statistics (float64)."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(0)
+    x, y = rng.random((8, 9, 9, 3)), rng.integers(0, 10, 8)
+    runs = {}
+    for conv in ("split", "xla"):
+      model = models.create("resnet8", jax.random.key(0), input_shape=(9, 9, 3), param_dtype=jnp.float64,
+                            conv=conv)
+      runs[conv], _ = training.train_fedsgd(model.apply_fn, model.variables, x, y, key=jax.random.key(1),
+                                            epochs=2, batch_size=4, learning_rate=0.1, momentum=0.9,
+                                            train_mode=True)
+    for a, b in zip(jax.tree.leaves(runs["split"]), jax.tree.leaves(runs["xla"])):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)

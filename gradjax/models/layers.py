@@ -117,21 +117,86 @@ def _split_fwd(lhs, rhs, spec):
 
 def _split_bwd(spec, residuals, cotangent):
   lhs, rhs = residuals
-  conv = functools.partial(jax.lax.conv_general_dilated, **dict(spec))
-  lhs_grad, = jax.linear_transpose(lambda x: conv(x, rhs), lhs)(cotangent)
-  return lhs_grad, _weight_gradient(lhs, cotangent, spec, jax.ShapeDtypeStruct(rhs.shape, rhs.dtype))
+  return (_input_gradient(cotangent, rhs, spec, _like(lhs)),
+          _weight_gradient(lhs, cotangent, spec, _like(rhs)))
 
 
 _split.defvjp(_split_fwd, _split_bwd)
 
 
+def _like(a) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(a.shape, a.dtype)
+
+
+def _explicit_pads(spec: dict, hw, kernel_hw):
+  pads = spec["padding"]
+  if isinstance(pads, str):
+    return tuple(jax.lax.padtype_to_pads(hw, kernel_hw, spec["window_strides"], pads))
+  return tuple(tuple(p) for p in pads)
+
+
+def _forward_layout(lhs_ndim: int, spec: dict) -> bool:
+  """Whether the derivatives of ``conv(lhs, .)`` can be written as convolutions in the forward
+  NHWC/HWIO layout: a 2-D convolution without dilation or groups."""
+  return (lhs_ndim == 4 and spec["dimension_numbers"] == _NHWC_HWIO
+          and spec["feature_group_count"] == 1 and spec["batch_group_count"] == 1
+          and all(d == 1 for d in spec["lhs_dilation"] or ())
+          and all(d == 1 for d in spec["rhs_dilation"] or ()))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _input_gradient(cotangent, rhs, spec, lhs_like):
+  """The input gradient of ``conv(lhs, rhs)`` at output cotangent ``cotangent``.
+
+  Forward layout: dx = conv(dy dilated by the strides, W flipped in space with its channels swapped)
+  with padding (k - 1 - p_before, k - 1 - p_after + r) per side, r = H + p_before + p_after - k -
+  s (Ho - 1) the input rows the strided window never reached."""
+  s = dict(spec)
+  if not _forward_layout(len(lhs_like.shape), s):
+    grad, = jax.linear_transpose(lambda x: jax.lax.conv_general_dilated(x, rhs, **s), lhs_like)(cotangent)
+    return grad
+  kernel_hw = rhs.shape[:2]
+  in_hw, out_hw = lhs_like.shape[1:3], cotangent.shape[1:3]
+  pads = tuple((k - 1 - before, size + before - stride * (out - 1) - 1)
+               for (before, _), k, size, out, stride in zip(
+                   _explicit_pads(s, in_hw, kernel_hw), kernel_hw, in_hw, out_hw, s["window_strides"]))
+  grad = jax.lax.conv_general_dilated(
+      cotangent, jnp.transpose(jnp.flip(rhs, (0, 1)), (0, 1, 3, 2)), (1, 1), pads,
+      lhs_dilation=s["window_strides"], dimension_numbers=("NHWC", "HWIO", "NHWC"),
+      precision=s["precision"], preferred_element_type=s["preferred_element_type"])
+  return grad.astype(lhs_like.dtype)
+
+
+def _input_gradient_fwd(cotangent, rhs, spec, lhs_like):
+  return _input_gradient(cotangent, rhs, spec, lhs_like), (cotangent, rhs)
+
+
+def _input_gradient_bwd(spec, lhs_like, residuals, c):
+  # <dx(dy, W), C> = <dy, conv(C, W)> = <dW(C, dy), W>.
+  cotangent, rhs = residuals
+  return _split(c, rhs, spec), _weight_gradient(c, cotangent, spec, _like(rhs))
+
+
+_input_gradient.defvjp(_input_gradient_fwd, _input_gradient_bwd)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _weight_gradient(lhs, cotangent, spec, rhs_like):
-  """The kernel gradient of ``conv(lhs, rhs)`` at output cotangent ``cotangent`` (XLA's transposed
-  convolution)."""
-  conv = functools.partial(jax.lax.conv_general_dilated, **dict(spec))
-  grad, = jax.linear_transpose(lambda w: conv(lhs, w), rhs_like)(cotangent)
-  return grad
+  """The kernel gradient of ``conv(lhs, rhs)`` at output cotangent ``cotangent``."""
+  s = dict(spec)
+  if not _forward_layout(lhs.ndim, s):
+    grad, = jax.linear_transpose(lambda w: jax.lax.conv_general_dilated(lhs, w, **s), rhs_like)(cotangent)
+    return grad
+  # dW[a, b, c, o] = sum_{n, i, j} x_pad[n, s_h i + a, s_w j + b, c] dy[n, i, j, o]: a convolution of
+  # x with channels as its batch and the batch as its features, by dy dilated by the strides, cut
+  # to the kernel's extent.
+  kh, kw = rhs_like.shape[:2]
+  grad = jax.lax.conv_general_dilated(
+      jnp.transpose(lhs, (3, 1, 2, 0)), jnp.transpose(cotangent, (1, 2, 0, 3)), (1, 1),
+      _explicit_pads(s, lhs.shape[1:3], (kh, kw)), rhs_dilation=s["window_strides"],
+      dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=s["precision"],
+      preferred_element_type=s["preferred_element_type"])
+  return jnp.transpose(grad[:, :kh, :kw, :], (1, 2, 0, 3)).astype(rhs_like.dtype)
 
 
 def _weight_gradient_fwd(lhs, cotangent, spec, rhs_like):
@@ -142,9 +207,7 @@ def _weight_gradient_bwd(spec, rhs_like, residuals, c):
   # <dW(x, dy), C> = <conv(x, C), dy>: so d/dy = conv(x, C) and d/dx = conv(., C)'s transpose at dy,
   # both ordinary convolutions (XLA's own derivative of dW w.r.t. x is not).
   lhs, cotangent = residuals
-  conv = functools.partial(jax.lax.conv_general_dilated, **dict(spec))
-  lhs_grad, = jax.linear_transpose(lambda x: conv(x, c), lhs)(cotangent)
-  return lhs_grad, _split(lhs, c, spec)
+  return _input_gradient(cotangent, c, spec, _like(lhs)), _split(lhs, c, spec)
 
 
 _weight_gradient.defvjp(_weight_gradient_fwd, _weight_gradient_bwd)
@@ -153,17 +216,20 @@ _weight_gradient.defvjp(_weight_gradient_fwd, _weight_gradient_bwd)
 def split_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
                dimension_numbers=None, feature_group_count: int = 1, batch_group_count: int = 1,
                precision=None, preferred_element_type=None):
-  """``jax.lax.conv_general_dilated`` whose second derivatives are ordinary convolutions.
+  """``jax.lax.conv_general_dilated`` whose derivatives, to any order, are ordinary convolutions.
 
-  The value and the first derivatives are XLA's: ``y = conv(x, W)``, ``dx = conv(., W)ᵀ dy`` and
-  ``dW = conv(x, .)ᵀ dy``. What changes is the derivative of ``dW`` w.r.t. ``x``, which the
-  gradient-matching objective needs (it differentiates the observed weight gradient w.r.t. the dummy
-  input): since ``dW`` is bilinear, ``<dW(x, dy), C> = <conv(x, C), dy>`` for any kernel-shaped
-  ``C``, so it is ``conv(., C)ᵀ dy`` (an input gradient) and the derivative w.r.t. ``dy`` is
-  ``conv(x, C)`` (a forward convolution). XLA's own transpose of the weight-gradient convolution
-  runs far slower on XLA:CPU than either (a dilated convolution with batch and
-  features swapped). Same arguments as ``jax.lax.conv_general_dilated``; differentiable in reverse
-  mode to any order, not in forward mode (``jax.custom_vjp``).
+  The value is XLA's ``y = conv(x, W)``. The input gradient ``dx = conv(dy dilated by the strides,
+  W flipped with its channels swapped)`` and the weight gradient ``dW = conv(x with batch and
+  channels swapped, dy dilated by the strides)`` are written as forward convolutions in the same
+  NHWC/HWIO layout, and so are all their derivatives, since the three maps are bilinear:
+  ``<dW(x, dy), C> = <conv(x, C), dy> = <x, dx(dy, C)>``. The gradient-matching objective
+  differentiates ``dW`` w.r.t. the dummy input, which XLA's own rules give as a dilated convolution
+  with batch and features swapped that XLA:CPU runs far slower; and inside a loop body (a
+  ``lax.scan`` of training steps, a line search's ``while_loop``) XLA:CPU leaves even the first
+  derivatives in their transposed layouts and compiles them to plain loop nests, tens of times
+  slower than at a program's top level. Same arguments as ``jax.lax.conv_general_dilated`` (the
+  derivatives take XLA's own rules for dilated, grouped or other-layout convolutions);
+  differentiable in reverse mode to any order, not in forward mode (``jax.custom_vjp``).
   """
   spec = dict(window_strides=tuple(window_strides),
               padding=padding if isinstance(padding, str) else tuple(map(tuple, padding)),
