@@ -16,6 +16,10 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 * ``convs``: one layer's share of a matching step per layer shape (``--conv_shapes``) with each CPU
   convolution (im2col, split, mixed), and which one ``mixed`` takes: the measurement behind
   ``gradjax.models.layers.mixed_conv``'s rule.
+* ``loops``: each step at a program's top level against the same step inside a loop (a
+  ``lax.scan`` of ``--loop_steps`` steps, as a training epoch or a line search's ``while_loop`` runs
+  it), per model (``--loop_models``) and convolution (xla, split, mixed): an SGD step at batch
+  ``--loop_batch_size`` and a DLG evaluation (value and gradient w.r.t. the dummy) at batch 1.
 * ``ttq``: time-to-quality of DLG on ``lenet_zhu`` (U(−0.5, 0.5) init, ``--ttq_images`` scikit-image
   photos at 32×32, batch 1): wall time until the best iterate's PSNR reaches ``--ttq_psnr``, checked
   every 10 iterations; the JAX run uses the ``dlg`` preset (L-BFGS, zoom line search) after a
@@ -75,7 +79,7 @@ import benchmark_step as bs
 import op_profile
 from gradjax import attacks, clients, metrics, models, report, solvers
 
-SECTIONS = ("steps", "ops", "convs", "ttq", "restarts", "profile", "linesearch", "startup")
+SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "profile", "linesearch", "startup")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
 _PARTS = flags.DEFINE_list("parts", list(accelerator_suite.PARTS), "Accelerator suite parts: "
@@ -108,6 +112,10 @@ CONV_SHAPES = ("1:32:3:12:5:2", "1:16:12:12:5:1", "8:32:3:12:5:2", "8:16:12:12:5
                "8:32:64:128:1:2")
 _CONV_SHAPES = flags.DEFINE_list("conv_shapes", list(CONV_SHAPES), "Layer shapes of the convs "
                                  "section, N:H:C:O:k:stride.")
+_LOOP_MODELS = flags.DEFINE_list("loop_models", ["lenet_zhu", "resnet20", "resnet20-4"], "Models of "
+                                 "the loops section.")
+_LOOP_BATCH = flags.DEFINE_integer("loop_batch_size", 8, "Batch of the loops section's training step.")
+_LOOP_STEPS = flags.DEFINE_integer("loop_steps", 3, "Steps per loop in the loops section.")
 _STARTUP_RUNS = flags.DEFINE_integer("startup_runs", 3, "Warm-cache runs of the startup section.")
 _LS_ITERATIONS = flags.DEFINE_integer("linesearch_iterations", 200, "DLG iterations of the linesearch section.")
 
@@ -195,6 +203,41 @@ def section_convs(timing: dict, seed: int) -> list[dict]:
                mixed_takes="split" if "custom_vjp_call" in jaxpr else "im2col")
     print(f"convs {row}", flush=True)
     rows.append(row)
+  return rows
+
+
+# --- loops ----------------------------------------------------------------------------------------
+
+
+def section_loops(timing: dict, seed: int) -> list[dict]:
+  """Per model and convolution, the median ms of an SGD step (batch ``--loop_batch_size``) and of a
+  DLG evaluation (batch 1), each at a program's top level and per step inside a ``lax.scan`` of
+  ``--loop_steps`` steps that feeds every step's result to the next."""
+  rows, k = [], _LOOP_STEPS.value
+  for name in _LOOP_MODELS.value:
+    for conv in ("xla", "split", "mixed"):
+      row = dict(model=name, conv=conv)
+      for kind, batch in (("sgd", _LOOP_BATCH.value), ("dlg", 1)):
+        x = bs.photos(batch)
+        _, plain, (variables, xb, yb), match, (dummy, obs) = bs.jax_steps(name, x.x, x.y, seed=seed, conv=conv)
+        if kind == "sgd":
+          def step(params, _, plain=plain, variables=variables, xb=xb, yb=yb):
+            _, grad = plain({**variables, "params": params}, xb, yb)
+            return jax.tree.map(lambda p, g: p - 1e-3 * g, params, grad), None
+          start = variables["params"]
+        else:
+          def step(d, _, match=match, obs=obs):
+            _, grad = match(d, obs)
+            return jax.tree.map(lambda a, g: a - 1e-3 * g, d, grad), None
+          start = dummy
+        top, _ = bs.compile_ahead(lambda s: step(s, None)[0], start)
+        loop, _ = bs.compile_ahead(lambda s: jax.lax.scan(step, s, None, length=k)[0], start)
+        row[f"{kind}_top_ms"] = bs.measure(lambda: jax.block_until_ready(top(start)), **timing)["median_ms"]
+        row[f"{kind}_loop_ms"] = bs.measure(lambda: jax.block_until_ready(loop(start)),
+                                            **timing)["median_ms"] / k
+        row[f"{kind}_loop_over_top"] = row[f"{kind}_loop_ms"] / row[f"{kind}_top_ms"]
+      print(f"loops {row}", flush=True)
+      rows.append(row)
   return rows
 
 
@@ -452,6 +495,17 @@ def markdown(result: dict) -> str:
       lines.append(f"| {r['shape']} | {r['im2col_ms']:.2f} | {r['split_ms']:.2f} | "
                    f"{r['split_over_im2col']:.2f} | {r['mixed_ms']:.2f} | {r['mixed_takes']} |")
     lines.append("")
+  if "loops" in result:
+    lines += ["## Top level against inside a loop (median ms per step)", "",
+              f"An SGD step at batch {result['config']['loop_batch_size']} and a DLG evaluation at batch 1, "
+              f"each compiled alone and as a `lax.scan` of {result['config']['loop_steps']} steps.", "",
+              "| model | convolutions | SGD step: top | in a loop | loop/top | DLG evaluation: top | "
+              "in a loop | loop/top |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["loops"]:
+      lines.append(f"| {r['model']} | {r['conv']} | {r['sgd_top_ms']:.2f} | {r['sgd_loop_ms']:.2f} | "
+                   f"{r['sgd_loop_over_top']:.1f}× | {r['dlg_top_ms']:.2f} | {r['dlg_loop_ms']:.2f} | "
+                   f"{r['dlg_loop_over_top']:.1f}× |")
+    lines.append("")
   if "ttq" in result:
     lines += [f"## Time to PSNR ≥ {result['config']['ttq_psnr']:g} dB, DLG on lenet_zhu (s)", "",
               "| image | JAX (iterations) | PyTorch reference LBFGS (steps) | PyTorch strong-Wolfe LBFGS (steps) |",
@@ -538,9 +592,11 @@ def main(argv):
   except ValueError:
     bs.fail("--batch_sizes, --restart_counts and --linesearch_caps take integers")
   if (min(batch_sizes + counts + caps) < 1 or _TTQ_IMAGES.value < 1 or _IG_ITERATIONS.value < 1
-      or _LS_ITERATIONS.value < 2 or _STARTUP_RUNS.value < 0):
+      or _LS_ITERATIONS.value < 2 or _STARTUP_RUNS.value < 0 or _LOOP_BATCH.value < 1
+      or _LOOP_STEPS.value < 1):
     bs.fail("batch sizes, restart counts, line-search caps, --ttq_images and --ig_iterations must be "
-            "positive, --linesearch_iterations at least 2, --startup_runs not negative")
+            "positive, --linesearch_iterations at least 2, --startup_runs not negative, --loop_batch_size and "
+            "--loop_steps positive")
   if (error := bs.check_flags()) is not None:
     bs.fail(error)
   if _SUITE.value == "gpu":
@@ -564,13 +620,16 @@ def main(argv):
                 config=dict(models=bs._MODELS.value, batch_sizes=batch_sizes, ttq_psnr=_TTQ_PSNR.value,
                             ttq_images=_TTQ_IMAGES.value, restart_counts=counts,
                             restart_iterations=_RESTART_ITERATIONS.value, linesearch_caps=caps,
-                            linesearch_iterations=_LS_ITERATIONS.value, seed=seed))
+                            linesearch_iterations=_LS_ITERATIONS.value, loop_models=_LOOP_MODELS.value,
+                            loop_batch_size=_LOOP_BATCH.value, loop_steps=_LOOP_STEPS.value, seed=seed))
   if "steps" in _SECTIONS.value:
     result["steps"] = section_steps(torch, timing, seed)
   if "ops" in _SECTIONS.value:
     result["ops"] = section_ops(torch, seed)
   if "convs" in _SECTIONS.value:
     result["convs"] = section_convs(timing, seed)
+  if "loops" in _SECTIONS.value:
+    result["loops"] = section_loops(timing, seed)
   if "ttq" in _SECTIONS.value:
     result["ttq"] = section_ttq(torch, seed)
   if "restarts" in _SECTIONS.value:

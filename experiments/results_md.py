@@ -835,6 +835,31 @@ def speed_note(rel: str = "benchmark_steps_1core") -> str:
   return text
 
 
+def loops_note(rel: str = "benchmark_loops_1core") -> str:
+  """From the loops benchmark: per model, what a loop body costs XLA's own convolutions against the
+  same step at a program's top level, and split's cost in the loop against XLA's."""
+  d = load(rel)
+  if not d or not d.get("loops"):
+    return ""
+  rows = {(r["model"], r["conv"]): r for r in d["loops"]}
+  parts = []
+  for model in dict.fromkeys(r["model"] for r in d["loops"]):
+    xla, split = rows.get((model, "xla")), rows.get((model, "split"))
+    if xla and split:
+      parts.append(f"{model} {xla['sgd_loop_over_top']:.1f}× (SGD step) and {xla['dlg_loop_over_top']:.1f}× "
+                   f"(DLG evaluation), and in the loop split is {xla['sgd_loop_ms'] / split['sgd_loop_ms']:.1f}× "
+                   f"and {xla['dlg_loop_ms'] / split['dlg_loop_ms']:.1f}× faster")
+  if not parts:
+    return ""
+  return ("Inside a loop, a step with XLA's own convolutions takes this many times its top-level time: " + "; ".join(parts)
+          + ". XLA:CPU rewrites the transposed convolutions of a backward pass into the forward layout "
+          "at a program's top level but not inside a loop body, where it compiles them to plain loop "
+          "nests; `split_conv` writes every derivative in the forward layout itself. Training "
+          "(`train.py`, an epoch is a `lax.scan`) runs `--conv=split` by default, and the attacks' "
+          "line searches (a `while_loop` of objective evaluations) and FedAvg replays (a `lax.scan` "
+          "of local steps) run `mixed`, whose large layers are split.")
+
+
 def restarts_note(rel: str = "benchmark_restarts_1core", restarts: int = 64,
                   target: float = 16.0) -> str:
   """From the restart benchmark: one restart's iteration against its matching step, and the floor
@@ -960,10 +985,11 @@ SECTIONS = (
             "HFGInv section below (`train_resnet20_cifar10`, epoch 5) in evaluation mode, on the [0, 1] "
             "pixels it was trained on. Images 0–4 of the width-16 untrained row ran on an earlier, "
             "slower gradjax. " +
-            missing("experiments/sweep.py --attack=dlg --labels=known --restarts=8 --model=resnet20",
-                    "The Euclidean + L-BFGS rows of the trained LeNets on images 20–99, ResNet20-4 on "
-                    "the other images and trained, and the ResNet Euclidean row (8 restarts of 2000 "
-                    "L-BFGS iterations on ResNet-20: a GPU job).")),
+            missing("experiments/sweep.py --attack=dlg --labels=known --restarts=8 --model=resnet20-4",
+                    "ResNet20-4 on the other images, and the ResNet Euclidean row: 8 restarts of 2000 "
+                    "L-BFGS iterations on ResNet20-4, 0.21 s per iteration on one core "
+                    "(`reconstruct.py --attack=dlg --model=resnet20-4`, 25 against 5 iterations), "
+                    "about an hour per image.")),
         (("train_lenet_zhu_cifar10", None), (LENET_TRAINED[0], None), (LENET_WD[0], None))
         + tuple((rel, None) for *_, rel in _ig_training_runs())
         + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized", *_LENET_NORMALIZED)
@@ -1072,10 +1098,13 @@ SECTIONS = (
         "No paper: gradjax against the same attacks in PyTorch 2.13 eager, in the same script.",
         lambda: _join(
             program_table("benchmark_steps_1core/benchmark.md"), speed_note(),
+            _captioned("The same steps at a program's top level and inside a loop, on one core:",
+                       program_table("benchmark_loops_1core/benchmark.md")), loops_note(),
             "On CPU, convolutions run as `mixed_conv` by default (`--conv`): XLA's own convolutions "
-            "on layers with at least 16 input channels and 16×16 outputs, with the one second "
-            "derivative XLA:CPU computes slowly (the weight gradient's, w.r.t. the input) recast as "
-            "an ordinary convolution (`split_conv`), and patches × matrix (`im2col_conv`) elsewhere; "
+            "on layers with at least 16 input channels and 16×16 outputs, with every derivative "
+            "written as an ordinary convolution (`split_conv`: XLA:CPU computes the weight "
+            "gradient's derivative w.r.t. the input slowly, and inside a loop body every transposed "
+            "form, below), and patches × matrix (`im2col_conv`) elsewhere; "
             "the `other conv` column is im2col alone, the default before, and the per-layer table "
             "is the measurement behind the rule. lenet_zhu runs the same program under both (all "
             "its layers take im2col), so its two columns differ by timing noise only. The "
@@ -1090,7 +1119,7 @@ SECTIONS = (
                        program_table("benchmark_restarts_1core/benchmark.md")), restarts_note(),
             _captioned("Start-up, on one core of an otherwise idle machine:",
                        program_table("benchmark_startup_1core/benchmark.md"))),
-        (("benchmark_steps_1core", None), ("benchmark_ttq_1core", None),
+        (("benchmark_steps_1core", None), ("benchmark_loops_1core", None), ("benchmark_ttq_1core", None),
          ("benchmark_restarts_1core", None), ("benchmark_startup_1core", None))),
 )
 

@@ -21,6 +21,7 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
        "--ttq_psnr=8", "--ttq_max_seconds=30", "--ig_model=convnet-4", "--ig_iterations=2",
        "--restart_counts=1,2", "--restart_iterations=5", "--linesearch_iterations=5",
        "--linesearch_caps=3", "--conv_shapes=1:8:3:4:3:1,1:16:16:4:3:1", "--startup_runs=1",
+       "--loop_models=lenet_zhu", "--loop_batch_size=2", "--loop_steps=2",
        f"--output_dir={tmp_path}"],
       capture_output=True, text=True, env=env, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -46,6 +47,10 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
                                                                        ("1:16:16:4:3:1", "split")]
   for r in result["convs"]:
     np.testing.assert_allclose(r["split_over_im2col"], r["split_ms"] / r["im2col_ms"], rtol=1e-12)
+  assert [(r["model"], r["conv"]) for r in result["loops"]] == [("lenet_zhu", c) for c in ("xla", "split", "mixed")]
+  for r in result["loops"]:
+    for kind in ("sgd", "dlg"):
+      np.testing.assert_allclose(r[f"{kind}_loop_over_top"], r[f"{kind}_loop_ms"] / r[f"{kind}_top_ms"], rtol=1e-12)
   ttq = result["ttq"]["dlg"][0]["jax"]
   assert ttq["reached"] and ttq["psnr"] >= 8 and ttq["iterations"] % 10 == 0
   runs = {(r["strategy"], r["restarts"]): r for r in result["restarts"]}
@@ -82,7 +87,7 @@ def test_benchmark_sections_write_consistent_tables(tmp_path):
   text = (tmp_path / "benchmark.md").read_text()
   assert f"| warm | 1 | {startup['process_s'][1]:.2f} |" in text
   assert "## One step" in text and "## L-BFGS line search under vmap" in text
-  assert "## Where a vmapped DLG iteration goes" in text
+  assert "## Where a vmapped DLG iteration goes" in text and "## Top level against inside a loop" in text
 
 
 @pytest.mark.slow

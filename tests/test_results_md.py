@@ -193,6 +193,23 @@ def test_speed_note_reads_the_largest_batch(results_md, tmp_path, monkeypatch):
   assert "lenet_zhu" not in note and "convnet 3% against 1%" in note
 
 
+def test_loops_note_divides_by_hand(results_md, tmp_path, monkeypatch):
+  """By hand: xla 40 ms in the loop against 2 ms at the top (20.0×), split 4 ms in the loop (10.0×
+  less); DLG 6 against 3 (2.0×), split 2 (3.0× less); a model without an xla row is left out."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  row = lambda m, c, st, sl, dt, dl: {"model": m, "conv": c, "sgd_top_ms": st, "sgd_loop_ms": sl,
+                                      "sgd_loop_over_top": sl / st, "dlg_top_ms": dt, "dlg_loop_ms": dl,
+                                      "dlg_loop_over_top": dl / dt}
+  _write(tmp_path / results_md.RESULTS / "loops", "benchmark.json", {"loops": [
+      row("resnet20", "xla", 2.0, 40.0, 3.0, 6.0), row("resnet20", "split", 2.0, 4.0, 3.0, 2.0),
+      row("lenet_zhu", "split", 1.0, 1.0, 1.0, 1.0)]})
+  note = results_md.loops_note("loops")
+  assert note.startswith("Inside a loop, a step with XLA's own convolutions takes this many times its top-level time: "
+                         "resnet20 20.0× (SGD step) and 2.0× (DLG evaluation), and in the loop split is 10.0× "
+                         "and 3.0× faster. ")
+  assert "lenet_zhu" not in note and results_md.loops_note("absent") == ""
+
+
 def test_euclid_note_pairs_images_by_index(results_md, tmp_path, monkeypatch):
   """Two images, listed in opposite orders: 30 -> 40 dB and 20 -> 19 dB (gains +10 and -1); a third
   with no longer run is left out."""
