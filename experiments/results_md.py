@@ -430,7 +430,8 @@ def training_record(rel: str) -> str:
   inputs = "" if norm == "none" else f", inputs normalised by the {name} mean and std"
   return (f"{cfg['model']} on {cfg['dataset']} ({cfg['train_count']} images{inputs}), {cfg['epochs']} epochs "
           f"of batch {cfg['batch_size']}, SGD lr {cfg['lr']} momentum {cfg['momentum']}"
-          + (f" weight decay {cfg['weight_decay']:g}" if cfg.get("weight_decay") else "") + ": test accuracy "
+          + (f" weight decay {cfg['weight_decay']:g}" if cfg.get("weight_decay") else "")
+          + (", BatchNorm in training mode" if cfg.get("train_mode") else "") + ": test accuracy "
           f"{100 * last['accuracy']:.1f} % on {cfg['test_dataset']} test images 0–{cfg['test_count'] - 1} "
           f"(per epoch: " + ", ".join(f"{100 * h['accuracy']:.1f} %" for h in hist[1:]) + ").")
 
@@ -555,13 +556,36 @@ def ig_lenet_table() -> str:
                     paper={label: paper for label, _, paper in labelled})
 
 
+RESNET_WD = ("train_resnet20-4_cifar10_normalized_wd", 1)
+"""(training folder, epoch) of the ResNet20-4 trained on CIFAR-10-normalised images with BatchNorm in
+training mode and weight decay 5e-4, whose checkpoint the trained ResNet20-4 row attacks."""
 _IG_RESNET = {"wide": ("ig_resnet20-4_cifar10_0-2", "ig_resnet20-4_cifar10_3-4"),
+              "wide_trained": (f"ig_resnet20-4_normalized_wd_epoch{RESNET_WD[1]}_cifar10_0-1",),
               "untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
               "trained": ("ig_resnet20_epoch5_cifar10_0-4", "ig_resnet20_epoch5_cifar10_5-19")}
-"""The sweep folders of the proposed method's ResNet rows of Table 1: ResNet20-4 (``wide``) and
-ResNet-20 at width 16."""
+"""The sweep folders of the proposed method's ResNet rows of Table 1: ResNet20-4 (``wide``, untrained
+and trained) and ResNet-20 at width 16."""
 IG_RESNET_PAPER = {"untrained": (19.83, 2.96), "trained": (13.95, 3.38)}
 """Inverting Gradients' Table 1, proposed method on ResNet20-4: PSNR mean and std (dB)."""
+
+
+def ig_resnet_table() -> str:
+  """Table 1's ResNet rows beside the paper's PSNR; the trained ResNet20-4 row is labelled with the
+  images it ran on."""
+  untrained, trained = _published(IG_RESNET_PAPER, "untrained"), _published(IG_RESNET_PAPER, "trained")
+  wide_trained = _ran(_IG_RESNET["wide_trained"])
+  epochs = f"{RESNET_WD[1]} epoch{'s' if RESNET_WD[1] > 1 else ''}"
+  rows = [("proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 normalisation",
+           _IG_RESNET["wide"], untrained),
+          (f"proposed, resnet20-4, trained {epochs} with weight decay, one model, CIFAR-10 "
+           f"normalisation, images {_index_range(wide_trained) if wide_trained else '-'}",
+           _IG_RESNET["wide_trained"], trained),
+          ("proposed, resnet20 (width 16), untrained, a fresh model per image, CIFAR-10 normalisation",
+           _IG_RESNET["untrained"], untrained),
+          ("proposed, resnet20 (width 16), trained 5 epochs, one model, [0, 1] pixels",
+           _IG_RESNET["trained"], trained)]
+  return sweep_rows([(label, folders) for label, folders, _ in rows],
+                    paper={label: paper for label, _, paper in rows})
 
 
 def ig_resnet_note(wide: str = "ig_resnet20-4_cifar10_2", narrow: str = "ig_resnet20_cifar10_2") -> str:
@@ -960,19 +984,9 @@ SECTIONS = (
             "normalisation, images 0–19, each row a `train.py` checkpoint attacked with "
             "`sweep.py --attack=inverting_gradients`, `--priors=tv:W` for other TV weights):",
             ig_training_table(), ig_training_note(),
-            "ResNet20-4:",
-            sweep_rows([("proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 "
-                         "normalisation", _IG_RESNET["wide"]),
-                        ("proposed, resnet20 (width 16), untrained, a fresh model per image, CIFAR-10 "
-                         "normalisation", _IG_RESNET["untrained"]),
-                        ("proposed, resnet20 (width 16), trained 5 epochs, one model, [0, 1] pixels",
-                         _IG_RESNET["trained"])],
-                       paper={"proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 "
-                              "normalisation": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["untrained"]),
-                              "proposed, resnet20 (width 16), untrained, a fresh model per image, "
-                              "CIFAR-10 normalisation": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["untrained"]),
-                              "proposed, resnet20 (width 16), trained 5 epochs, one model, [0, 1] "
-                              "pixels": "{:.2f} ± {:.2f}".format(*IG_RESNET_PAPER["trained"])}),
+            "ResNet20-4" + (" (trained: " + training_record(RESNET_WD[0]) + ")"
+                            if load(RESNET_WD[0]) else "") + ":",
+            ig_resnet_table(),
             single_runs([("proposed, resnet20-4, untrained, image 2", "ig_resnet20-4_cifar10_2",
                           "19.83 ± 2.96 (mean of 0–99)"),
                          ("proposed, resnet20 (width 16), untrained, image 2", "ig_resnet20_cifar10_2",
@@ -981,12 +995,12 @@ SECTIONS = (
             "ResNet20-4 (base width 64) has 16 times the FLOPs of width 16, so the width-16 network "
             "stands in for the table and the paper's network runs on "
             + (f"images {_index_range(_ran(_IG_RESNET['wide']))}" if _ran(_IG_RESNET["wide"]) else "image 2")
-            + "; the full table is a GPU job. The trained row attacks the BatchNorm ResNet-20 of the "
+            + "; the full table is a GPU job. The trained width-16 row attacks the BatchNorm ResNet-20 of the "
             "HFGInv section below (`train_resnet20_cifar10`, epoch 5) in evaluation mode, on the [0, 1] "
             "pixels it was trained on. Images 0–4 of the width-16 untrained row ran on an earlier, "
             "slower gradjax. " +
             missing("experiments/sweep.py --attack=dlg --labels=known --restarts=8 --model=resnet20-4",
-                    "ResNet20-4 on the other images, and the ResNet Euclidean row: 8 restarts of 2000 "
+                    "ResNet20-4 on the other images (the trained model's too), and the ResNet Euclidean row: 8 restarts of 2000 "
                     "L-BFGS iterations on ResNet20-4, 0.21 s per iteration on one core "
                     "(`reconstruct.py --attack=dlg --model=resnet20-4`, 25 against 5 iterations), "
                     "about an hour per image.")),
@@ -999,7 +1013,8 @@ SECTIONS = (
         + (("ig_resnet20_cifar10_0-4",
           "python experiments/sweep.py --attack=inverting_gradients --model=resnet20 --dataset=cifar10 "
           "--normalization=cifar10 --count=5"),
-           *((rel, None) for rel in _IG_RESNET["untrained"][1:] + _IG_RESNET["trained"] + _IG_RESNET["wide"]),
+           *((rel, None) for rel in _IG_RESNET["untrained"][1:] + _IG_RESNET["trained"] + _IG_RESNET["wide"]
+             + (RESNET_WD[0],) + _IG_RESNET["wide_trained"]),
          ("ig_resnet20-4_cifar10_2",
           "python experiments/reconstruct.py --attack=inverting_gradients --model=resnet20-4 "
           "--dataset=cifar10 --normalization=cifar10 --index=2"))),
