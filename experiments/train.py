@@ -55,7 +55,7 @@ from gradjax import checkpoint, clients, corpus, data, defenses, models, report,
 flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
 flags.DEFINE_string("init", None, "Weight init: uniform, xavier_normal, default (the model's own if unset).")
 flags.DEFINE_string("act", None, "Activation for models that take one (relu, sigmoid, ...).")
-flags.DEFINE_enum("conv", "split", list(models.CONVS), "Convolutions (gradjax.models): split writes the backward pass as forward-layout convolutions, which XLA:CPU runs at full speed inside the epoch's lax.scan, where xla's own transposed forms compile to loop nests tens of times slower; im2col and mixed (the attacks' CPU default) are the other choices.")
+flags.DEFINE_enum("conv", None, list(models.CONVS), "Convolutions (gradjax.models; default split on CPU, xla on accelerators): split writes the backward pass as forward-layout convolutions, which XLA:CPU runs at full speed inside the epoch's lax.scan, where xla's own transposed forms compile to loop nests tens of times slower; im2col and mixed (the attacks' CPU default) are the other choices.")
 flags.DEFINE_string("dataset", "lfw_subset", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
 flags.DEFINE_integer("image_size", None, "Resize images to this square size (the source's if unset).")
@@ -136,6 +136,13 @@ def fmt(accuracy):
   return "n/a" if accuracy is None else f"{accuracy:.4f}"
 
 
+def _conv(name: str | None) -> str:
+  """``--conv``, or split on CPU and XLA's own convolutions on accelerators when unset."""
+  if name is not None:
+    return name
+  return "split" if jax.default_backend() == "cpu" else "xla"
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -206,7 +213,7 @@ def main(argv):
                 "train_mode": f.train_mode, "test_dataset": f.test_dataset, **text_meta}
     model_key, train_key = jax.random.split(jax.random.key(f.seed))
     model = checkpoint.model_from_metadata(metadata, model_key,  # what load_model rebuilds
-                                           **({} if f.modality == "text" else {"conv": f.conv}))
+                                           **({} if f.modality == "text" else {"conv": _conv(f.conv)}))
     local = clients.LocalTraining(f.local_epochs, f.local_batch_size, f.local_lr, f.local_momentum)
     if f.client == "fedavg":
       clients.check_local_training(local, f.train_count // f.clients)
