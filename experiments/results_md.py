@@ -428,7 +428,8 @@ def training_record(rel: str) -> str:
   norm = cfg.get("normalization", "none")
   name = {"imagenet": "ImageNet"}.get(norm, norm.upper().replace("CIFAR", "CIFAR-"))
   inputs = "" if norm == "none" else f", inputs normalised by the {name} mean and std"
-  return (f"{cfg['model']} on {cfg['dataset']} ({cfg['train_count']} images{inputs}), {cfg['epochs']} epochs "
+  return (f"{cfg['model']} on {cfg['dataset']} ({cfg['train_count']} images{inputs}), {cfg['epochs']} "
+          f"epoch{'' if cfg['epochs'] == 1 else 's'} "
           f"of batch {cfg['batch_size']}, SGD lr {cfg['lr']} momentum {cfg['momentum']}"
           + (f" weight decay {cfg['weight_decay']:g}" if cfg.get("weight_decay") else "")
           + (", BatchNorm in training mode" if cfg.get("train_mode") else "") + ": test accuracy "
@@ -560,7 +561,8 @@ RESNET_WD = ("train_resnet20-4_cifar10_normalized_wd", 1)
 """(training folder, epoch) of the ResNet20-4 trained on CIFAR-10-normalised images with BatchNorm in
 training mode and weight decay 5e-4, whose checkpoint the trained ResNet20-4 row attacks."""
 _IG_RESNET = {"wide": ("ig_resnet20-4_cifar10_0-2", "ig_resnet20-4_cifar10_3-4"),
-              "wide_trained": (f"ig_resnet20-4_normalized_wd_epoch{RESNET_WD[1]}_cifar10_0-1",),
+              "wide_trained": tuple(f"ig_resnet20-4_normalized_wd_epoch{RESNET_WD[1]}_cifar10_{i}"
+                                    for i in (0, 1)),
               "untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
               "trained": ("ig_resnet20_epoch5_cifar10_0-4", "ig_resnet20_epoch5_cifar10_5-19")}
 """The sweep folders of the proposed method's ResNet rows of Table 1: ResNet20-4 (``wide``, untrained
