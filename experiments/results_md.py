@@ -872,13 +872,14 @@ def loops_note(rel: str = "benchmark_loops_1core") -> str:
   for model in dict.fromkeys(r["model"] for r in d["loops"]):
     xla, split = rows.get((model, "xla")), rows.get((model, "split"))
     if xla and split:
-      parts.append(f"{model} {xla['sgd_loop_over_top']:.1f}× (SGD step) and {xla['dlg_loop_over_top']:.1f}× "
-                   f"(DLG evaluation), and in the loop split is {xla['sgd_loop_ms'] / split['sgd_loop_ms']:.1f}× "
-                   f"and {xla['dlg_loop_ms'] / split['dlg_loop_ms']:.1f}× faster")
+      parts.append(f"{model} {xla['sgd_loop_over_top']:.1f}× (SGD step) and "
+                   f"{xla['dlg_loop_over_top']:.1f}× (DLG evaluation), and in the loop split is "
+                   f"{xla['sgd_loop_ms'] / split['sgd_loop_ms']:.1f}× and "
+                   f"{xla['dlg_loop_ms'] / split['dlg_loop_ms']:.1f}× faster")
   if not parts:
     return ""
-  return ("Inside a loop, a step with XLA's own convolutions takes this many times its top-level time: " + "; ".join(parts)
-          + ". XLA:CPU rewrites the transposed convolutions of a backward pass into the forward layout "
+  return ("Inside a loop, a step with XLA's own convolutions takes this many times its top-level "
+          "time: " + "; ".join(parts) + ". XLA:CPU rewrites the transposed convolutions of a backward pass into the forward layout "
           "at a program's top level but not inside a loop body, where it compiles them to plain loop "
           "nests; `split_conv` writes every derivative in the forward layout itself. Training "
           "(`train.py`, an epoch is a `lax.scan`) runs `--conv=split` by default, and the attacks' "

@@ -52,6 +52,13 @@ _NHWC_HWIO = jax.lax.ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2,
                                           out_spec=(0, 3, 1, 2))
 
 
+def _explicit_pads(padding, hw, kernel_hw, strides) -> tuple:
+  """((before, after), ...) per spatial dimension for ``padding`` ('SAME', 'VALID' or explicit)."""
+  if isinstance(padding, str):
+    return tuple(jax.lax.padtype_to_pads(hw, kernel_hw, strides, padding))
+  return tuple(tuple(p) for p in padding)
+
+
 def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
                 dimension_numbers=None, feature_group_count: int = 1, precision=None,
                 preferred_element_type=None):
@@ -90,9 +97,7 @@ def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=N
   n, h, w, c = lhs.shape
   kh, kw, _, out = rhs.shape
   sh, sw = window_strides
-  if isinstance(padding, str):
-    padding = jax.lax.padtype_to_pads((h, w), (kh, kw), (sh, sw), padding)
-  (top, bottom), (left, right) = padding
+  (top, bottom), (left, right) = _explicit_pads(padding, (h, w), (kh, kw), (sh, sw))
   ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
   x = jax.lax.pad(lhs, jnp.zeros((), lhs.dtype),
                   ((0, 0, 0), (top, bottom, 0), (left, right, 0), (0, 0, 0)))
@@ -128,13 +133,6 @@ def _like(a) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(a.shape, a.dtype)
 
 
-def _explicit_pads(spec: dict, hw, kernel_hw):
-  pads = spec["padding"]
-  if isinstance(pads, str):
-    return tuple(jax.lax.padtype_to_pads(hw, kernel_hw, spec["window_strides"], pads))
-  return tuple(tuple(p) for p in pads)
-
-
 def _forward_layout(lhs_ndim: int, spec: dict) -> bool:
   """Whether the derivatives of ``conv(lhs, .)`` can be written as convolutions in the forward
   NHWC/HWIO layout: a 2-D convolution without dilation or groups."""
@@ -159,7 +157,8 @@ def _input_gradient(cotangent, rhs, spec, lhs_like):
   in_hw, out_hw = lhs_like.shape[1:3], cotangent.shape[1:3]
   pads = tuple((k - 1 - before, size + before - stride * (out - 1) - 1)
                for (before, _), k, size, out, stride in zip(
-                   _explicit_pads(s, in_hw, kernel_hw), kernel_hw, in_hw, out_hw, s["window_strides"]))
+                   _explicit_pads(s["padding"], in_hw, kernel_hw, s["window_strides"]), kernel_hw, in_hw,
+                   out_hw, s["window_strides"]))
   grad = jax.lax.conv_general_dilated(
       cotangent, jnp.transpose(jnp.flip(rhs, (0, 1)), (0, 1, 3, 2)), (1, 1), pads,
       lhs_dilation=s["window_strides"], dimension_numbers=("NHWC", "HWIO", "NHWC"),
@@ -193,7 +192,8 @@ def _weight_gradient(lhs, cotangent, spec, rhs_like):
   kh, kw = rhs_like.shape[:2]
   grad = jax.lax.conv_general_dilated(
       jnp.transpose(lhs, (3, 1, 2, 0)), jnp.transpose(cotangent, (1, 2, 0, 3)), (1, 1),
-      _explicit_pads(s, lhs.shape[1:3], (kh, kw)), rhs_dilation=s["window_strides"],
+      _explicit_pads(s["padding"], lhs.shape[1:3], (kh, kw), s["window_strides"]),
+      rhs_dilation=s["window_strides"],
       dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=s["precision"],
       preferred_element_type=s["preferred_element_type"])
   return jnp.transpose(grad[:, :kh, :kw, :], (1, 2, 0, 3)).astype(rhs_like.dtype)
@@ -259,8 +259,7 @@ def mixed_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=No
   if lhs.ndim == 4 and numbers == _NHWC_HWIO:
     _, h, w, c = lhs.shape
     kh, kw = rhs.shape[:2]
-    pads = (jax.lax.padtype_to_pads((h, w), (kh, kw), window_strides, padding)
-            if isinstance(padding, str) else padding)
+    pads = _explicit_pads(padding, (h, w), (kh, kw), window_strides)
     ho, wo = ((size + sum(pad) - k) // stride + 1
               for size, pad, k, stride in zip((h, w), pads, (kh, kw), window_strides))
     if kh * kw > 1 and c >= 16 and ho * wo >= 256:
