@@ -18,8 +18,12 @@ training images as JPEG (``cifar10_train``); with ``--test_dataset`` the test im
 scikit-learn's ``digits`` would be the natural default but needs scikit-learn.
 
 Training (gradjax.training): ``--client=fedsgd``: ``--epochs`` passes of shuffled mini-batches of
-``--batch_size``, SGD with ``--lr``, ``--momentum`` and ``--weight_decay``, the defense on every step's
-gradient (the decay is added after it: it is the client's optimiser, not what it shares).
+``--batch_size``, SGD with ``--lr``, ``--momentum`` (``--nesterov``) and ``--weight_decay``, the learning
+rate multiplied by ``--lr_gamma`` after each epoch of ``--lr_milestones``, the defense on every step's
+gradient (the decay is added after it: it is the client's optimiser, not what it shares); ``--augment``
+crops and flips every batch's images afresh. Inverting Gradients' recipe for its trained models
+(``inversefed``'s "conservative" strategy) is ``--batch_size=128 --lr=0.1 --momentum=0.9 --nesterov
+--weight_decay=5e-4 --epochs=120 --lr_milestones=44,75,105 --augment``.
 ``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--clients`` equal shards,
 each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_lr`` and the defense acts
 on each client's update. Inputs are normalised by ``--normalization`` (per-channel mean and std, e.g.
@@ -71,6 +75,10 @@ flags.DEFINE_integer("batch_size", 32, "FedSGD mini-batch size.")
 flags.DEFINE_float("lr", 0.02, "FedSGD learning rate.")
 flags.DEFINE_float("momentum", 0.9, "FedSGD heavy-ball momentum (PyTorch form).")
 flags.DEFINE_float("weight_decay", 0.0, "FedSGD weight decay λ on every parameter (PyTorch's SGD: λθ added to the step's gradient, after the defense).")
+flags.DEFINE_bool("nesterov", False, "FedSGD: Nesterov's momentum (PyTorch's SGD(nesterov=True)).")
+flags.DEFINE_list("lr_milestones", [], "FedSGD: epochs after which the learning rate is multiplied by --lr_gamma (PyTorch's MultiStepLR, stepped per epoch); Inverting Gradients trains 120 epochs with 44,75,105.")
+flags.DEFINE_float("lr_gamma", 0.1, "FedSGD: the learning rate's factor at each of --lr_milestones.")
+flags.DEFINE_bool("augment", False, "FedSGD on images: random crops of the image padded by 4 black pixels and horizontal flips, drawn afresh for every step (the usual CIFAR augmentation, Inverting Gradients' training).")
 flags.DEFINE_enum("client", "fedsgd", ["fedsgd", "fedavg"], "Training protocol.")
 flags.DEFINE_integer("clients", 1, "FedAvg clients (equal shards of the training images).")
 flags.DEFINE_integer("local_epochs", 1, "FedAvg local epochs.")
@@ -172,16 +180,23 @@ def main(argv):
     common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
   if f.epochs < 1:
     common.fail(f"--epochs must be >= 1, got {f.epochs}")
-  other = ({"batch_size", "lr", "momentum", "weight_decay"} if f.client == "fedavg" else
+  other = ({"batch_size", "lr", "momentum", "weight_decay", "nesterov", "lr_milestones", "lr_gamma",
+            "augment"} if f.client == "fedavg" else
            {"local_epochs", "local_batch_size", "local_lr", "local_momentum"})
   ignored = sorted(name for name in other if f[name].present)
   if ignored:
     common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client}")
+  if f.augment and f.modality == "text":
+    common.fail("--augment is for images (text windows are not cropped or flipped)")
   if f.client == "fedsgd":
     try:
       training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum, f.weight_decay)
+      milestones = tuple(int(m) for m in f.lr_milestones)
+      if milestones:
+        training.step_decay(f.lr, milestones, 1, f.lr_gamma)
     except ValueError as e:
-      common.fail(f"--epochs, --batch_size, --lr, --momentum, --weight_decay: {e}")
+      common.fail(f"--epochs, --batch_size, --lr, --momentum, --weight_decay, --lr_milestones, "
+                  f"--lr_gamma: {e}")
   try:
     common.permutation_seed(f.data_seed, "data_seed")
   except ValueError as e:
@@ -243,10 +258,15 @@ def main(argv):
 
   try:
     if f.client == "fedsgd":
+      steps = len(parts.train.x) // f.batch_size
+      lr = training.step_decay(f.lr, milestones, steps, f.lr_gamma) if milestones else f.lr
+      black = data.normalize(np.zeros(parts.train.x.shape[-1]), data.normalization(f.normalization))
+      augmentation = training.Augmentation(4, True, tuple(black)) if f.augment else None
       _, records = training.train_fedsgd(
           model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
-          epochs=f.epochs, batch_size=f.batch_size, learning_rate=f.lr, momentum=f.momentum,
-          weight_decay=f.weight_decay, defense=defense, train_mode=f.train_mode, callback=callback)
+          epochs=f.epochs, batch_size=f.batch_size, learning_rate=lr, momentum=f.momentum,
+          weight_decay=f.weight_decay, nesterov=f.nesterov, defense=defense, train_mode=f.train_mode,
+          augmentation=augmentation, callback=callback)
     else:
       _, records = training.train_fedavg(
           model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
@@ -257,7 +277,8 @@ def main(argv):
   wall = time.perf_counter() - start
   config = {name: getattr(f, name) for name in (
       "model", "init", "act", "dataset", "data_dir", "image_size", "channels", "train_count",
-      "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "weight_decay", "client", "clients",
+      "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "weight_decay", "nesterov",
+      "lr_milestones", "lr_gamma", "augment", "client", "clients",
       "local_epochs", "local_batch_size", "local_lr", "local_momentum", "defense", "seed",
       "train_mode", "test_dataset", "normalization")}
   report.save_json(os.path.join(out, "results.json"), {

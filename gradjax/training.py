@@ -4,7 +4,9 @@ the privacy/utility trade-off.
 * :func:`train_fedsgd`: central / FedSGD training. Step t takes one mini-batch B_t of a per-epoch
   shuffle, computes the client's gradient g_t = ∇_θ (1/|B_t|) Σ_{n∈B_t} L(f_θ(x_n), y_n) (the mean cross
   entropy, as :func:`gradjax.clients.fedsgd`), applies the defense to that observation, and updates
-  with SGD and heavy-ball momentum in PyTorch's form: v ← μ v + D(g_t), θ ← θ − η v.
+  with SGD and heavy-ball momentum in PyTorch's form: v ← μ v + D(g_t), θ ← θ − η v (Nesterov's form,
+  a learning-rate schedule and weight decay as options). Training images can be augmented
+  (:class:`Augmentation`: random crops and horizontal flips, the usual CIFAR recipe).
 * :func:`train_fedavg`: FedAvg (McMahan et al., 2017) with K clients holding equal shards; each round
   every client runs :func:`gradjax.clients.local_sgd` from the global θ, sends its update
   Δ_k = θ − θ_k, the defense acts on each Δ_k, and the server steps θ ← θ − (1/K) Σ_k D(Δ_k)
@@ -22,6 +24,7 @@ networks: every step normalises by the mini-batch's statistics and updates the r
 BatchNorm prior of :mod:`gradjax.priors` reads.
 """
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -30,6 +33,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from gradjax import clients as client_lib
 from gradjax.data import Dataset
@@ -109,6 +113,62 @@ def evaluate(apply_fn, variables, x, y, batch_size: int = 500) -> float:
   return correct / y.size
 
 
+# --- augmentation -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Augmentation:
+  """Random crops and horizontal flips of training images: torchvision's ``RandomCrop(H,
+  padding)`` followed by ``RandomHorizontalFlip()``, the CIFAR augmentation of He et al. (2016) that
+  Inverting Gradients' trained models use (``inversefed/data/data_processing.py``: padding 4).
+
+  Attributes:
+    padding: p ≥ 0 pixels of ``fill`` added on every side before an H × W window is cut at a
+      uniformly drawn offset.
+    flip: mirror left-right with probability 1/2.
+    fill: the padding's value in the data's space, one float or one per channel. torchvision pads
+      the [0, 1] image with black before normalising, so for normalised data this is black
+      normalised, (0 − mean) / std per channel.
+  """
+
+  padding: int = 4
+  flip: bool = True
+  fill: float | tuple[float, ...] = 0.0
+
+  def __post_init__(self):
+    if isinstance(self.padding, bool) or not isinstance(self.padding, (int, np.integer)) or self.padding < 0:
+      raise ValueError(f"augmentation padding must be an integer >= 0, got {self.padding!r}")
+    fill = np.atleast_1d(np.asarray(self.fill, np.float64))
+    if fill.ndim != 1 or not np.all(np.isfinite(fill)):
+      raise ValueError(f"augmentation fill must be finite, one value or one per channel, got {self.fill!r}")
+    object.__setattr__(self, "fill", tuple(float(v) for v in fill) if fill.size > 1 else float(fill[0]))
+
+
+def augment(x: jax.Array, key: jax.Array, augmentation: Augmentation) -> jax.Array:
+  """One draw of ``augmentation`` on a batch: x (B, H, W, C) → (B, H, W, C).
+
+  Example n is padded by p on every side with ``fill``, cut to rows o_n0 … o_n0 + H − 1 and columns
+  o_n1 … o_n1 + W − 1 of the padded image, then mirrored (column j ← column W − 1 − j) where f_n, with
+
+    o = jax.random.randint(fold_in(key, 0), (B, 2), 0, 2p + 1),
+    f = jax.random.bernoulli(fold_in(key, 1), 0.5, (B,))   (all False unless ``augmentation.flip``).
+  """
+  if x.ndim != 4:
+    raise ValueError(f"augment needs images (B, H, W, C), got shape {x.shape}")
+  b, h, w, c = x.shape
+  fill = jnp.asarray(augmentation.fill, x.dtype)
+  if fill.size not in (1, c):
+    raise ValueError(f"augmentation fill has {fill.size} values for {c} channels")
+  p = augmentation.padding
+  padded = jnp.broadcast_to(fill, (b, h + 2 * p, w + 2 * p, c)).at[:, p:p + h, p:p + w].set(x)
+  offsets = jax.random.randint(jax.random.fold_in(key, 0), (b, 2), 0, 2 * p + 1)
+  crop = jax.vmap(lambda img, o: jax.lax.dynamic_slice(img, (o[0], o[1], 0), (h, w, c)))(padded, offsets)
+  if not augmentation.flip:
+    return crop
+  flips = jax.random.bernoulli(jax.random.fold_in(key, 1), 0.5, (b,))
+  return jnp.where(flips[:, None, None, None], crop[:, :, ::-1], crop)
+
+
 # --- FedSGD -------------------------------------------------------------------------------------
 
 
@@ -139,15 +199,48 @@ def _module(apply_fn):
   return module
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "defense", "train_mode"))
-def _sgd_epoch(apply_fn, defense, train_mode, variables, velocity, x, y, order, step0, defense_key, lr,
-               momentum, weight_decay):
+def sgd(learning_rate: float | optax.Schedule, momentum: float = 0.0, weight_decay: float = 0.0,
+        nesterov: bool = False) -> optax.GradientTransformation:
+  """PyTorch's ``torch.optim.SGD`` (dampening 0) as an optax transformation. With d_t = g_t + λ θ_t
+  (weight decay λ added to the gradient), v_{t+1} = μ v_t + d_t (v_0 = 0) and
+
+    θ_{t+1} = θ_t − η_t v_{t+1}              (heavy ball)
+    θ_{t+1} = θ_t − η_t (d_t + μ v_{t+1})    (``nesterov``),
+
+  where η_t = ``learning_rate(t)`` for an optax schedule (t counts updates from 0), else constant.
+  """
+  return optax.chain(optax.add_decayed_weights(weight_decay) if weight_decay else optax.identity(),
+                     optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov))
+
+
+def step_decay(learning_rate: float, milestones: tuple[int, ...], steps_per_epoch: int,
+               gamma: float = 0.1) -> optax.Schedule:
+  """PyTorch's ``MultiStepLR`` stepped once per epoch, as a schedule over steps: η_t =
+  ``learning_rate`` · γ^k for step t of epoch ⌊t / S⌋ + 1 (S = ``steps_per_epoch``), where k counts the
+  milestones m with m ≤ ⌊t / S⌋, i.e. the rate drops by γ after epoch m. Inverting Gradients' training
+  drops by 0.1 after epochs 44, 75 and 105 of 120 (``inversefed/training/training_routine.py``)."""
+  if steps_per_epoch < 1 or not learning_rate > 0 or not 0 < gamma:
+    raise ValueError(f"step decay needs steps_per_epoch >= 1, learning rate > 0 and gamma > 0, got "
+                     f"{steps_per_epoch}, {learning_rate} and {gamma}")
+  if any(m < 1 for m in milestones) or list(milestones) != sorted(set(milestones)):
+    raise ValueError(f"milestones must be increasing epochs >= 1, got {list(milestones)}")
+  # optax scales from the step count equal to a boundary on: step m·S is the first of epoch m + 1.
+  return optax.piecewise_constant_schedule(learning_rate, {m * steps_per_epoch: gamma for m in milestones})
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "optimizer", "defense", "train_mode",
+                                             "augmentation"))
+def _sgd_epoch(apply_fn, optimizer, defense, train_mode, augmentation, variables, opt_state, x, y,
+               order, step0, defense_key, augment_key):
   """One epoch of defended SGD steps as a ``lax.scan`` over the rows of ``order``; returns the new
-  variables (params and, in train mode, the updated ``batch_stats``), velocity and step losses."""
+  variables (params and, in train mode, the updated ``batch_stats``), optimizer state and step
+  losses."""
 
   def step(carry, idx):
-    current, velocity, t = carry
+    current, opt_state, t = carry
     xb, yb = x[idx], y[idx]
+    if augmentation is not None:
+      xb = augment(xb, jax.random.fold_in(augment_key, t), augmentation)
 
     def loss_fn(p):
       if train_mode:
@@ -158,15 +251,14 @@ def _sgd_epoch(apply_fn, defense, train_mode, variables, velocity, x, y, order, 
 
     (loss, stats), grad = jax.value_and_grad(loss_fn, has_aux=True)(current["params"])
     grad = _defended(defense, grad, current, idx.shape[0], jax.random.fold_in(defense_key, t), "fedsgd")
-    velocity = jax.tree.map(lambda v, g, p: momentum * v + g + weight_decay * p, velocity, grad,
-                            current["params"])
-    new = {**current, "params": jax.tree.map(lambda p, v: p - lr * v, current["params"], velocity)}
+    updates, opt_state = optimizer.update(grad, opt_state, current["params"])
+    new = {**current, "params": optax.apply_updates(current["params"], updates)}
     if train_mode:  # Flax keeps running statistics in float32 whatever the parameters' dtype
       new["batch_stats"] = jax.tree.map(lambda a, b: a.astype(b.dtype), stats, current["batch_stats"])
-    return (new, velocity, t + 1), loss
+    return (new, opt_state, t + 1), loss
 
-  (variables, velocity, _), losses = jax.lax.scan(step, (variables, velocity, step0), order)
-  return variables, velocity, losses
+  (variables, opt_state, _), losses = jax.lax.scan(step, (variables, opt_state, step0), order)
+  return variables, opt_state, losses
 
 
 def _check_data(apply_fn, variables, x, y):
@@ -189,48 +281,56 @@ def _run_callback(callback, index, variables, record, history):
   history.append(record)
 
 
-def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: float,
+def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: float | optax.Schedule,
               momentum: float, weight_decay: float = 0.0) -> None:
-  """One-line ValueError unless the SGD settings are usable on ``num_samples`` training images."""
+  """One-line ValueError unless the SGD settings are usable on ``num_samples`` training images (a
+  schedule is checked at its first step)."""
   if epochs < 1 or not 1 <= batch_size <= num_samples:
     raise ValueError(f"need epochs >= 1 and 1 <= batch size <= {num_samples}, got {epochs} and "
                      f"{batch_size}")
-  if not learning_rate > 0 or not 0 <= momentum < 1:
-    raise ValueError(f"learning rate must be positive and momentum in [0, 1), got {learning_rate} "
+  first = float(learning_rate(0)) if callable(learning_rate) else learning_rate
+  if not first > 0 or not 0 <= momentum < 1:
+    raise ValueError(f"learning rate must be positive and momentum in [0, 1), got {first} "
                      f"and {momentum}")
   if not weight_decay >= 0:
     raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
 
 
 def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batch_size: int,
-                 learning_rate: float, momentum: float = 0.0, weight_decay: float = 0.0,
-                 defense: Defense | None = None, train_mode: bool = False,
+                 learning_rate: float | optax.Schedule, momentum: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, defense: Defense | None = None,
+                 train_mode: bool = False, augmentation: Augmentation | None = None,
                  callback: Callback | None = None):
   """Central / FedSGD training with a defense on every step's gradient.
 
   Epoch e (1-based) visits the mini-batches of :func:`batch_order` ``(fold_in(key, 0), e, N, B)``;
   step t (0-based, counted over all epochs) computes the mean cross-entropy gradient g_t of its batch
-  at the current parameters θ_t (model in evaluation mode), defends it with
-  ``defense.apply(Observation(g_t, ...), fold_in(fold_in(key, 1), t))`` and updates
+  at the current parameters θ_t (model in evaluation mode), on the batch's images augmented by
+  :func:`augment` with key ``fold_in(fold_in(key, 2), t)`` when ``augmentation`` is given, defends it
+  with ``defense.apply(Observation(g_t, ...), fold_in(fold_in(key, 1), t))`` and updates
 
-    v_{t+1} = μ v_t + D(g_t) + λ θ_t,   θ_{t+1} = θ_t − η v_{t+1},   v_0 = 0
+    v_{t+1} = μ v_t + D(g_t) + λ θ_t,   θ_{t+1} = θ_t − η_t v_{t+1},   v_0 = 0
 
-  (PyTorch's SGD with momentum and weight decay λ on every parameter, dampening 0; the decay is the
-  client's own, not part of the gradient it shares, so the defense does not see it). ``batch_stats``
-  are left unchanged unless ``train_mode`` (module docstring).
+  (:func:`sgd`: PyTorch's SGD with momentum and weight decay λ on every parameter, dampening 0;
+  ``nesterov`` steps by D(g_t) + λ θ_t + μ v_{t+1} instead; the decay is the client's own, not part of
+  the gradient it shares, so the defense does not see it). ``batch_stats`` are left unchanged unless
+  ``train_mode`` (module docstring).
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
     variables: initial ``{"params": θ_0, ...}``.
     x: (N, H, W, C) training inputs; y: (N,) int labels (or (N, T) token ids and next tokens).
-    key: PRNG key (shuffling and the defense's noise).
+    key: PRNG key (shuffling, the augmentation and the defense's noise).
     epochs: passes over the data, ≥ 1; each has ⌊N / B⌋ steps.
     batch_size: B, 1 ≤ B ≤ N.
-    learning_rate: η > 0. momentum: μ ∈ [0, 1). weight_decay: λ ≥ 0.
+    learning_rate: η > 0, or an optax schedule t ↦ η_t over the steps (e.g. the step decay of
+      :func:`step_decay`). momentum: μ ∈ [0, 1). weight_decay: λ ≥ 0. nesterov: Nesterov's momentum.
     defense: applied to every step's gradient; ``None`` for none.
     train_mode: run the model in training mode: BatchNorm normalises by each mini-batch's statistics
       and updates its running statistics (needs ``apply_fn.module``; a model without ``batch_stats``
       is unaffected).
+    augmentation: random crops and flips of every batch's images (:class:`Augmentation`); ``None``
+      trains on the images as they are.
     callback: ``callback(epoch, variables, record) -> dict | None`` after every epoch; a returned dict
       is merged into that epoch's history record (e.g. ``{"accuracy": evaluate(...)}``).
 
@@ -244,8 +344,11 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   x, y = _check_data(apply_fn, variables, x, y)
   n = x.shape[0]
   check_sgd(n, epochs, batch_size, learning_rate, momentum, weight_decay)
+  if augmentation is not None and (not isinstance(augmentation, Augmentation) or x.ndim != 4):
+    raise ValueError("augmentation must be a training.Augmentation, on images (N, H, W, C)")
   shuffle_key, defense_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
-  velocity = jax.tree.map(jnp.zeros_like, variables["params"])
+  optimizer = sgd(learning_rate, momentum, weight_decay, nesterov)
+  opt_state = optimizer.init(variables["params"])
   train_mode = bool(train_mode) and "batch_stats" in variables
   if train_mode:
     _module(apply_fn)
@@ -253,9 +356,10 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   for epoch in range(1, epochs + 1):
     start = time.perf_counter()
     order = batch_order(shuffle_key, epoch, n, batch_size)
-    variables, velocity, losses = _sgd_epoch(apply_fn, defense, train_mode, dict(variables), velocity,
-                                             x, y, order, jnp.asarray(step, jnp.uint32), defense_key,
-                                             learning_rate, momentum, weight_decay)
+    variables, opt_state, losses = _sgd_epoch(apply_fn, optimizer, defense, train_mode, augmentation,
+                                              dict(variables), opt_state, x, y, order,
+                                              jnp.asarray(step, jnp.uint32), defense_key,
+                                              jax.random.fold_in(key, 2))
     step += order.shape[0]
     _check_finite(variables, f"epoch {epoch}")
     record = {"epoch": epoch, "steps": step, "train_loss": float(jnp.mean(losses)),

@@ -34,23 +34,47 @@ def np_params(params):
   return {k: {n: np.asarray(v, np.float64) for n, v in layer.items()} for k, layer in params.items()}
 
 
-def np_sgd(params, x, y, orders, lr, momentum, grads_fn, defend=None, weight_decay=0.0):
-  """Plain loop over the given batch orders: v = μv + D(g) + λW, W = W − ηv; returns (params, losses)."""
+def np_sgd(params, x, y, orders, lr, momentum, grads_fn, defend=None, weight_decay=0.0,
+           nesterov=False, augment=None):
+  """Plain loop over the given batch orders: d = D(g) + λW, v = μv + d, W = W − η_t v (Nesterov:
+  W = W − η_t (d + μv)); ``lr`` a float or a function of the step t, ``augment(xb, t)`` the batch's
+  augmentation; returns (params, losses)."""
   params = np_params(params)
   velocity = {k: {n: np.zeros_like(v) for n, v in layer.items()} for k, layer in params.items()}
   losses, t = [], 0
   for order in orders:
     for idx in order:
-      loss, g = grads_fn(params, x[idx], y[idx])
+      xb = x[idx] if augment is None else augment(x[idx], t)
+      loss, g = grads_fn(params, xb, y[idx])
       if defend is not None:
         g = defend(g, t)
       losses.append(loss)
+      eta = lr(t) if callable(lr) else lr
       for k in params:
         for n in params[k]:
-          velocity[k][n] = momentum * velocity[k][n] + g[k][n] + weight_decay * params[k][n]
-          params[k][n] = params[k][n] - lr * velocity[k][n]
+          d = g[k][n] + weight_decay * params[k][n]
+          velocity[k][n] = momentum * velocity[k][n] + d
+          params[k][n] = params[k][n] - eta * (d + momentum * velocity[k][n] if nesterov else velocity[k][n])
       t += 1
   return params, losses
+
+
+def np_augment(x, key, padding, flip, fill):
+  """Pad, crop and flip in NumPy with the draws ``training.augment`` documents."""
+  b, h, w, c = x.shape
+  offsets = np.asarray(jax.random.randint(jax.random.fold_in(key, 0), (b, 2), 0, 2 * padding + 1))
+  flips = (np.asarray(jax.random.bernoulli(jax.random.fold_in(key, 1), 0.5, (b,))) if flip
+           else np.zeros(b, bool))
+  out = np.empty_like(x)
+  for n in range(b):
+    padded = np.empty((h + 2 * padding, w + 2 * padding, c))
+    padded[...] = np.broadcast_to(np.asarray(fill, np.float64), (c,))
+    padded[padding:padding + h, padding:padding + w] = x[n]
+    (i, j) = offsets[n]
+    out[n] = padded[i:i + h, j:j + w]
+    if flips[n]:
+      out[n] = out[n][:, ::-1]
+  return out
 
 
 def assert_params_close(got, want, rtol=1e-10):
@@ -92,6 +116,66 @@ def test_fedsgd_equals_numpy_sgd_loop(mlp64, mlp_reference, epochs, momentum, we
     np.testing.assert_allclose(r["train_loss"], np.mean(losses[3 * e:3 * e + 3]), rtol=1e-10)
   # The first step moves the weights by exactly −η g on the first batch (no momentum yet).
   assert not np.allclose(np.asarray(got["params"]["head"]["kernel"]), variables["params"]["head"]["kernel"])
+
+
+@pytest.mark.parametrize("padding, flip, fill", [(2, True, (0.25, -0.5, 1.5)), (3, False, -1.0), (0, True, 0.0)])
+def test_augment_equals_numpy_pad_crop_flip(padding, flip, fill):
+  x = np.random.default_rng(1).random((9, 5, 6, 3))
+  key = jax.random.key(4)
+  aug = training.Augmentation(padding=padding, flip=flip, fill=fill)
+  with jax.enable_x64(True):
+    got = np.asarray(training.augment(jnp.asarray(x), key, aug))
+    want = np_augment(x, key, padding, flip, fill)
+  np.testing.assert_array_equal(got, want)
+  if padding:  # some crop reaches into the padding, and a fresh key draws other crops
+    assert np.any(np.isin(got, np.atleast_1d(fill))) and not np.array_equal(
+        got, np.asarray(training.augment(jnp.asarray(x), jax.random.key(5), aug)))
+  if not padding and flip:  # only flips: every image is itself or its mirror, and both occur
+    mirrored = [np.array_equal(g, xi[:, ::-1]) and not np.array_equal(g, xi) for g, xi in zip(got, x)]
+    assert any(mirrored) and not all(mirrored)
+
+
+def test_step_decay_is_multistep_lr_per_epoch():
+  schedule = training.step_decay(0.1, (2, 5), steps_per_epoch=3, gamma=0.5)
+  for t in range(24):
+    epoch = t // 3  # 0-based epoch, PyTorch's MultiStepLR stepped after every epoch
+    np.testing.assert_allclose(float(schedule(t)), 0.1 * 0.5 ** sum(epoch >= m for m in (2, 5)), rtol=1e-6)
+  for bad in (dict(milestones=(3, 2)), dict(milestones=(0,)), dict(steps_per_epoch=0), dict(gamma=0.0)):
+    with pytest.raises(ValueError):
+      training.step_decay(**{**dict(learning_rate=0.1, milestones=(2,), steps_per_epoch=3), **bad})
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_fedsgd_with_schedule_nesterov_and_augmentation_equals_numpy(mlp64, mlp_reference, nesterov):
+  apply_fn, variables, x, y = mlp64
+  key = jax.random.key(9)
+  aug = training.Augmentation(padding=1, flip=True, fill=-0.5)
+  schedule = training.step_decay(0.3, (1, 2), steps_per_epoch=3, gamma=0.2)
+  with jax.enable_x64(True):
+    got, _ = training.train_fedsgd(apply_fn, variables, x, y, key=key, epochs=3, batch_size=3,
+                                   learning_rate=schedule, momentum=0.9, weight_decay=0.01,
+                                   nesterov=nesterov, augmentation=aug)
+    augment_key = jax.random.fold_in(key, 2)
+    want, _ = np_sgd(variables["params"], x, y, orders_for(key, 3, 11, 3),
+                     lambda t: 0.3 * 0.2 ** (t // 3), 0.9, mlp_reference, weight_decay=0.01,
+                     nesterov=nesterov,
+                     augment=lambda xb, t: np_augment(xb, jax.random.fold_in(augment_key, t), 1, True, -0.5))
+  assert_params_close(got["params"], want)
+  with jax.enable_x64(True):  # the augmentation acts: without it the parameters differ
+    plain, _ = training.train_fedsgd(apply_fn, variables, x, y, key=key, epochs=3, batch_size=3,
+                                     learning_rate=schedule, momentum=0.9, weight_decay=0.01,
+                                     nesterov=nesterov)
+  assert not np.allclose(np.asarray(plain["params"]["head"]["kernel"]), want["head"]["kernel"])
+
+
+def test_bad_augmentations():
+  for kwargs in (dict(padding=-1), dict(padding=1.5), dict(fill=np.nan), dict(fill=((1.0, 2.0),))):
+    with pytest.raises(ValueError, match="augmentation"):
+      training.Augmentation(**kwargs)
+  with pytest.raises(ValueError, match="fill has 2 values for 3 channels"):
+    training.augment(jnp.zeros((1, 4, 4, 3)), jax.random.key(0), training.Augmentation(fill=(0.0, 1.0)))
+  with pytest.raises(ValueError, match=r"images \(B, H, W, C\)"):
+    training.augment(jnp.zeros((4, 4, 3)), jax.random.key(0), training.Augmentation())
 
 
 def test_defense_is_applied_to_every_step_with_its_key(mlp64, mlp_reference):
@@ -316,6 +400,40 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
                         (["--local_lr=0.5"], "--local_lr do not apply to --client=fedsgd"),
                         (["--client=fedavg", "--lr=0.5", "--momentum=0.5"],
                          "--lr, --momentum do not apply to --client=fedavg")]:
+    bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_train_program_recipe_flags_train_as_the_library(tmp_path):
+  """--nesterov, --lr_milestones, --lr_gamma and --augment reach gradjax.training as the step decay,
+  Nesterov's SGD and the crops padded with normalised black (the library's own NumPy checks are
+  above); they are recorded, and misused they are one-line errors."""
+  out = tmp_path / "run"
+  proc = run_train("--model=mlp", "--epochs=2", "--lr=0.05", "--momentum=0.9", "--nesterov",
+                   "--lr_milestones=1", "--lr_gamma=0.5", "--augment", "--normalization=mnist",
+                   f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads((out / "results.json").read_text())
+  config = result["config"]
+  assert (config["nesterov"], config["lr_milestones"], config["lr_gamma"], config["augment"]) == (
+      True, ["1"], 0.5, True)
+  ds = data.load("lfw_subset")
+  x = ((ds.x[result["train_indices"]].astype(np.float64) - 0.1307) / 0.3081).astype(np.float32)
+  model = checkpoint.load_model(out / "epoch_0.npz")
+  want, _ = training.train_fedsgd(
+      model.apply_fn, model.variables, x, ds.y[result["train_indices"]],
+      key=jax.random.split(jax.random.key(0))[1], epochs=2, batch_size=32,
+      learning_rate=training.step_decay(0.05, (1,), 150 // 32, 0.5), momentum=0.9, nesterov=True,
+      augmentation=training.Augmentation(4, True, -0.1307 / 0.3081))
+  got = checkpoint.load_model(out / "epoch_2.npz").variables
+  for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+  for args, message in [(["--client=fedavg", "--augment"], "--augment do not apply to --client=fedavg"),
+                        (["--lr_milestones=3,2"], "milestones must be increasing"),
+                        (["--modality=text", "--augment"], "--augment is for images")]:
     bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
