@@ -428,13 +428,19 @@ def training_record(rel: str) -> str:
   norm = cfg.get("normalization", "none")
   name = {"imagenet": "ImageNet"}.get(norm, norm.upper().replace("CIFAR", "CIFAR-"))
   inputs = "" if norm == "none" else f", inputs normalised by the {name} mean and std"
+  milestones = cfg.get("lr_milestones") or []
+  shown = hist[1:] if len(hist) <= 21 else [h for h in hist[1:] if h["epoch"] % 10 == 0]
   return (f"{cfg['model']} on {cfg['dataset']} ({cfg['train_count']} images{inputs}), {cfg['epochs']} "
           f"epoch{'' if cfg['epochs'] == 1 else 's'} "
-          f"of batch {cfg['batch_size']}, SGD lr {cfg['lr']} momentum {cfg['momentum']}"
+          f"of batch {cfg['batch_size']}, SGD lr {cfg['lr']} "
+          + ("Nesterov " if cfg.get("nesterov") else "") + f"momentum {cfg['momentum']}"
           + (f" weight decay {cfg['weight_decay']:g}" if cfg.get("weight_decay") else "")
+          + (f", lr ×{cfg['lr_gamma']:g} after epochs {', '.join(map(str, milestones))}" if milestones else "")
+          + (", random crops and flips" if cfg.get("augment") else "")
           + (", BatchNorm in training mode" if cfg.get("train_mode") else "") + ": test accuracy "
           f"{100 * last['accuracy']:.1f} % on {cfg['test_dataset']} test images 0–{cfg['test_count'] - 1} "
-          f"(per epoch: " + ", ".join(f"{100 * h['accuracy']:.1f} %" for h in hist[1:]) + ").")
+          + ("(per epoch: " if len(shown) == len(hist) - 1 else "(every 10 epochs: ")
+          + ", ".join(f"{100 * h['accuracy']:.1f} %" for h in shown) + ").")
 
 
 def dlm_gamma_note(rel: str) -> str:
@@ -509,6 +515,10 @@ def _lenet_normalized(epoch: int) -> str:
 LENET_WD = ("train_lenet_zhu_cifar10_normalized_wd", 20)
 """(training folder, epoch) of the LeNet(Zhu) trained as ``LENET_TRAINED`` plus the paper's weight decay
 5e-4 (``train.py --weight_decay=5e-4``)."""
+LENET_RECIPE = ("train_lenet_zhu_cifar10_recipe", 120)
+"""(training folder, epoch) of the LeNet(Zhu) trained with Inverting Gradients' own recipe (Nesterov SGD
+lr 0.1, weight decay 5e-4, batch 128, 120 epochs, step decay after 44, 75 and 105, crops and flips;
+``inversefed``'s "conservative" strategy) on CIFAR-10-normalised images."""
 _LENET_NORMALIZED = (_lenet_normalized(0), _lenet_normalized(LENET_TRAINED[1]),
                      f"normalized_wd_epoch{LENET_WD[1]}")
 
@@ -537,6 +547,8 @@ def ig_lenet_table() -> str:
   ig_u, ig_t = _published(IG_LENET_PAPER, "untrained"), _published(IG_LENET_PAPER, "trained")
   eu_u, eu_t = _published(EUCLID_LENET_PAPER, "untrained"), _published(EUCLID_LENET_PAPER, "trained")
   with_wd = f"trained {LENET_WD[1]} epochs with weight decay, {paper_model}"
+  recipe = f"trained {LENET_RECIPE[1]} epochs with the paper's recipe, {paper_model}"
+  recipe_variant = f"recipe_epoch{LENET_RECIPE[1]}"
   rows = [("proposed, untrained", _ig_lenet("epoch0"), ig_u),
           ("proposed, trained 2 epochs", _ig_lenet("epoch2"), ig_t),
           ("proposed, untrained, a fresh model per image, CIFAR-10 normalisation",
@@ -544,13 +556,15 @@ def ig_lenet_table() -> str:
           (f"proposed, untrained, {paper_model}", _ig_lenet(untrained), ig_u),
           (f"proposed, trained {epochs} epochs, {paper_model}", _ig_lenet(trained), ig_t),
           (f"proposed, {with_wd}", _ig_lenet(wd), ig_t),
+          (f"proposed, {recipe}", _ig_lenet(recipe_variant), ig_t),
           (f"{euclid}, untrained", _euclid_lenet("epoch0"), eu_u),
           (f"{euclid}, trained 2 epochs", _euclid_lenet("epoch2"), eu_t),
           (f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation", _EUCLID_FRESH, eu_u),
           ("same, 6000 iterations", _EUCLID_FRESH_6000, eu_u),
           (f"{euclid}, untrained, {paper_model}", _euclid_lenet(untrained), eu_u),
           (f"{euclid}, trained {epochs} epochs, {paper_model}", _euclid_lenet(trained), eu_t),
-          (f"{euclid}, {with_wd}", _euclid_lenet(wd), eu_t)]
+          (f"{euclid}, {with_wd}", _euclid_lenet(wd), eu_t),
+          (f"{euclid}, {recipe}", _euclid_lenet(recipe_variant), eu_t)]
   labelled = [(f"{label}, images {_index_range(_ran(folders))}", folders, paper)
               for label, folders, paper in rows if _ran(folders)]
   return sweep_rows([(label, folders) for label, folders, _ in labelled],
@@ -562,25 +576,38 @@ RESNET_WD = ("train_resnet20-4_cifar10_normalized_wd", 1)
 training mode and weight decay 5e-4, whose checkpoint the trained ResNet20-4 row attacks."""
 _IG_RESNET = {"wide": ("ig_resnet20-4_cifar10_0-2", "ig_resnet20-4_cifar10_3-4"),
               "wide_trained": tuple(f"ig_resnet20-4_normalized_wd_epoch{RESNET_WD[1]}_cifar10_{i}"
-                                    for i in (0, 1)),
+                                    for i in range(100)),
               "untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
               "trained": ("ig_resnet20_epoch5_cifar10_0-4", "ig_resnet20_epoch5_cifar10_5-19")}
 """The sweep folders of the proposed method's ResNet rows of Table 1: ResNet20-4 (``wide``, untrained
 and trained) and ResNet-20 at width 16."""
 IG_RESNET_PAPER = {"untrained": (19.83, 2.96), "trained": (13.95, 3.38)}
 """Inverting Gradients' Table 1, proposed method on ResNet20-4: PSNR mean and std (dB)."""
+_EUCLID_RESNET = {"untrained": tuple(f"euclid_lbfgs8_resnet20-4_cifar10_{i}" for i in range(100)),
+                  "trained": tuple(f"euclid_lbfgs8_resnet20-4_normalized_wd_epoch{RESNET_WD[1]}_cifar10_{i}"
+                                   for i in range(100))}
+"""The Euclidean + L-BFGS rows on ResNet20-4, one sweep folder per image (those that ran count)."""
+EUCLID_RESNET_PAPER = {"untrained": (10.29, 5.38), "trained": (6.90, 2.80)}
+"""Inverting Gradients' Table 1, Euclidean + L-BFGS (8 restarts) on ResNet20-4: PSNR mean and std."""
 
 
 def ig_resnet_table() -> str:
   """Table 1's ResNet rows beside the paper's PSNR; the trained ResNet20-4 row is labelled with the
   images it ran on."""
   untrained, trained = _published(IG_RESNET_PAPER, "untrained"), _published(IG_RESNET_PAPER, "trained")
-  wide_trained = _ran(_IG_RESNET["wide_trained"])
   epochs = f"{RESNET_WD[1]} epoch{'s' if RESNET_WD[1] > 1 else ''}"
-  rows = [("proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 normalisation",
+  images = lambda folders: _index_range(_ran(folders)) if _ran(folders) else "-"
+  euclid = "Euclidean + L-BFGS, 8 restarts, resnet20-4"
+  rows = [(f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation, images "
+           f"{images(_EUCLID_RESNET['untrained'])}", _EUCLID_RESNET["untrained"],
+           _published(EUCLID_RESNET_PAPER, "untrained")),
+          (f"{euclid}, trained {epochs} with weight decay, one model, CIFAR-10 normalisation, images "
+           f"{images(_EUCLID_RESNET['trained'])}", _EUCLID_RESNET["trained"],
+           _published(EUCLID_RESNET_PAPER, "trained")),
+          ("proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 normalisation",
            _IG_RESNET["wide"], untrained),
           (f"proposed, resnet20-4, trained {epochs} with weight decay, one model, CIFAR-10 "
-           f"normalisation, images {_index_range(wide_trained) if wide_trained else '-'}",
+           f"normalisation, images {images(_IG_RESNET['wide_trained'])}",
            _IG_RESNET["wide_trained"], trained),
           ("proposed, resnet20 (width 16), untrained, a fresh model per image, CIFAR-10 normalisation",
            _IG_RESNET["untrained"], untrained),
@@ -980,7 +1007,9 @@ SECTIONS = (
             + training_record("train_lenet_zhu_cifar10") + " These two checkpoints take [0, 1] pixels, "
             "where the paper normalises by the CIFAR-10 mean and std. Trained in the paper's input "
             "space: " + training_record(LENET_TRAINED[0]) + " With weight decay, as the paper's recipe: "
-            + training_record(LENET_WD[0]) + "):",
+            + training_record(LENET_WD[0])
+            + (" With the paper's whole recipe: " + training_record(LENET_RECIPE[0]) if load(LENET_RECIPE[0])
+               else "") + "):",
             ig_lenet_table(),
             ig_lenet_note(), euclid_note(),
             "The proposed method against the training of the attacked LeNet (one model, CIFAR-10 "
@@ -1007,17 +1036,20 @@ SECTIONS = (
                     "L-BFGS iterations on ResNet20-4, 0.21 s per iteration on one core "
                     "(`reconstruct.py --attack=dlg --model=resnet20-4`, 25 against 5 iterations), "
                     "about an hour per image.")),
-        (("train_lenet_zhu_cifar10", None), (LENET_TRAINED[0], None), (LENET_WD[0], None))
+        (("train_lenet_zhu_cifar10", None), (LENET_TRAINED[0], None), (LENET_WD[0], None),
+         (LENET_RECIPE[0], None))
         + tuple((rel, None) for *_, rel in _ig_training_runs())
-        + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized", *_LENET_NORMALIZED)
-                for rel in _ig_lenet(v))
-        + tuple((rel, None) for v in ("epoch0", "epoch2", *_LENET_NORMALIZED) for rel in _euclid_lenet(v))
+        + tuple((rel, None) for v in ("epoch0", "epoch2", "fresh_normalized", *_LENET_NORMALIZED,
+                                      f"recipe_epoch{LENET_RECIPE[1]}") for rel in _ig_lenet(v))
+        + tuple((rel, None) for v in ("epoch0", "epoch2", *_LENET_NORMALIZED, f"recipe_epoch{LENET_RECIPE[1]}")
+                for rel in _euclid_lenet(v))
         + tuple((rel, None) for rel in _EUCLID_FRESH + _EUCLID_FRESH_6000)
         + (("ig_resnet20_cifar10_0-4",
           "python experiments/sweep.py --attack=inverting_gradients --model=resnet20 --dataset=cifar10 "
           "--normalization=cifar10 --count=5"),
            *((rel, None) for rel in _IG_RESNET["untrained"][1:] + _IG_RESNET["trained"] + _IG_RESNET["wide"]
-             + (RESNET_WD[0],) + _IG_RESNET["wide_trained"]),
+             + (RESNET_WD[0],) + _IG_RESNET["wide_trained"] + _EUCLID_RESNET["untrained"]
+             + _EUCLID_RESNET["trained"]),
          ("ig_resnet20-4_cifar10_2",
           "python experiments/reconstruct.py --attack=inverting_gradients --model=resnet20-4 "
           "--dataset=cifar10 --normalization=cifar10 --index=2"))),

@@ -278,3 +278,42 @@ def test_ig_training_note_reads_the_diagnosis_runs(results_md, tmp_path, monkeyp
   table = results_md.ig_training_table().splitlines()
   assert len(table) == 2 + len(psnr)
   assert table[5] == "| epoch 1 | 11.0 % | 1e-4 | 4800 | 15.00 ± 0.00 | 15.00 | 0.050 |"
+
+
+def test_training_record_names_the_recipe_and_thins_long_histories(results_md, tmp_path, monkeypatch):
+  """A 30-epoch run with Nesterov, a step decay and augmentation: every option named, the accuracy
+  listed every 10 epochs; a 2-epoch run without them lists each epoch and names none."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  config = {"model": "lenet_zhu", "dataset": "cifar10_train", "train_count": 50000, "epochs": 30,
+            "batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True,
+            "lr_milestones": ["11", "22"], "lr_gamma": 0.1, "augment": True, "normalization": "cifar10",
+            "test_dataset": "cifar10", "test_count": 1017}
+  history = [{"epoch": e, "accuracy": e / 100} for e in range(31)]
+  _write(tmp_path / results_md.RESULTS / "long", "results.json", {"config": config, "history": history})
+  assert results_md.training_record("long") == (
+      "lenet_zhu on cifar10_train (50000 images, inputs normalised by the CIFAR-10 mean and std), 30 "
+      "epochs of batch 128, SGD lr 0.1 Nesterov momentum 0.9 weight decay 0.0005, lr ×0.1 after epochs "
+      "11, 22, random crops and flips: test accuracy 30.0 % on cifar10 test images 0–1016 (every 10 "
+      "epochs: 10.0 %, 20.0 %, 30.0 %).")
+  plain = {**config, "epochs": 2, "nesterov": False, "lr_milestones": [], "augment": False,
+           "weight_decay": 0.0, "normalization": "none"}
+  _write(tmp_path / results_md.RESULTS / "short", "results.json",
+         {"config": plain, "history": history[:3]})
+  assert results_md.training_record("short") == (
+      "lenet_zhu on cifar10_train (50000 images), 2 epochs of batch 128, SGD lr 0.1 momentum 0.9: test "
+      "accuracy 2.0 % on cifar10 test images 0–1016 (per epoch: 1.0 %, 2.0 %).")
+
+
+def test_ig_resnet_table_pools_the_per_image_euclidean_folders(results_md, tmp_path, monkeypatch):
+  """The Euclidean ResNet20-4 rows pool one folder per image (images 3 and 4 at 10 and 14 dB by hand)
+  beside the paper's 10.29 ± 5.38; rows with no output are left out."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  for i, psnr in ((3, 10.0), (4, 14.0)):
+    _write(tmp_path / results_md.RESULTS / results_md._EUCLID_RESNET["untrained"][i], "results.json", {
+        "rows": [{"index": i, "psnr": psnr, "ssim": 0.2, "label_accuracy": 1.0, "wall_time_s": 3600.0}],
+        "summary": {"psnr_threshold": 30.0}})
+  table = results_md.ig_resnet_table().splitlines()
+  assert len(table) == 3
+  assert table[2] == ("| Euclidean + L-BFGS, 8 restarts, resnet20-4, untrained, a fresh model per image, "
+                      "CIFAR-10 normalisation, images 3–4 | 2 | 0 / 2 | 12.00 ± 2.00 | 12.00 | 0.200 | "
+                      "100 % | 3600.0 s | 10.29 ± 5.38 |")
