@@ -190,13 +190,14 @@ def main(argv):
     common.fail("--augment is for images (text windows are not cropped or flipped)")
   if f.client == "fedsgd":
     try:
-      training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum, f.weight_decay)
+      training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum, f.weight_decay,
+                         f.nesterov)
       milestones = tuple(int(m) for m in f.lr_milestones)
       if milestones:
         training.step_decay(f.lr, milestones, 1, f.lr_gamma)
     except ValueError as e:
-      common.fail(f"--epochs, --batch_size, --lr, --momentum, --weight_decay, --lr_milestones, "
-                  f"--lr_gamma: {e}")
+      common.fail(f"--epochs, --batch_size, --lr, --momentum, --weight_decay, --nesterov, "
+                  f"--lr_milestones, --lr_gamma: {e}")
   try:
     common.permutation_seed(f.data_seed, "data_seed")
   except ValueError as e:

@@ -282,7 +282,7 @@ def _run_callback(callback, index, variables, record, history):
 
 
 def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: float | optax.Schedule,
-              momentum: float, weight_decay: float = 0.0) -> None:
+              momentum: float, weight_decay: float = 0.0, nesterov: bool = False) -> None:
   """One-line ValueError unless the SGD settings are usable on ``num_samples`` training images (a
   schedule is checked at its first step)."""
   if epochs < 1 or not 1 <= batch_size <= num_samples:
@@ -294,6 +294,8 @@ def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: flo
                      f"and {momentum}")
   if not weight_decay >= 0:
     raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+  if nesterov and not momentum > 0:
+    raise ValueError("Nesterov's momentum needs momentum > 0")
 
 
 def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batch_size: int,
@@ -343,7 +345,7 @@ def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batc
   """
   x, y = _check_data(apply_fn, variables, x, y)
   n = x.shape[0]
-  check_sgd(n, epochs, batch_size, learning_rate, momentum, weight_decay)
+  check_sgd(n, epochs, batch_size, learning_rate, momentum, weight_decay, nesterov)
   if augmentation is not None and (not isinstance(augmentation, Augmentation) or x.ndim != 4):
     raise ValueError("augmentation must be a training.Augmentation, on images (N, H, W, C)")
   shuffle_key, defense_key = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)

@@ -323,6 +323,7 @@ def test_batch_stats_are_kept_and_divergence_is_reported():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(epochs=0), "epochs"), (dict(batch_size=12), "batch size"), (dict(learning_rate=0.0), "learning rate"),
     (dict(momentum=1.0), "momentum"), (dict(weight_decay=-1e-4), "weight decay"),
+    (dict(nesterov=True), "Nesterov's momentum needs momentum > 0"),
 ])
 def test_bad_fedsgd_settings(mlp64, kwargs, message):
   apply_fn, variables, x, y = mlp64
