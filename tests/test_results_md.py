@@ -323,6 +323,6 @@ def test_ig_resnet_table_pools_the_per_image_euclidean_folders(results_md, tmp_p
         "summary": {"psnr_threshold": 30.0}})
   table = results_md.ig_resnet_table().splitlines()
   assert len(table) == 3
-  assert table[2] == ("| Euclidean + L-BFGS, 8 restarts, resnet20-4, untrained, a fresh model per image, "
+  assert table[2] == ("| Euclidean + fixed-step L-BFGS, 8 restarts, resnet20-4, untrained, a fresh model per image, "
                       "CIFAR-10 normalisation, images 3–4 | 2 | 0 / 2 | 12.00 ± 2.00 | 12.00 | 0.200 | "
                       "100 % | 3600.0 s | 10.29 ± 5.38 |")
