@@ -424,11 +424,12 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
   ds = data.load("lfw_subset")
   x = ((ds.x[result["train_indices"]].astype(np.float64) - 0.1307) / 0.3081).astype(np.float32)
   model = checkpoint.load_model(out / "epoch_0.npz")
-  want, _ = training.train_fedsgd(
-      model.apply_fn, model.variables, x, ds.y[result["train_indices"]],
-      key=jax.random.split(jax.random.key(0))[1], epochs=2, batch_size=32,
-      learning_rate=training.step_decay(0.05, (1,), 150 // 32, 0.5), momentum=0.9, nesterov=True,
-      augmentation=training.Augmentation(4, True, -0.1307 / 0.3081))
+  with jax.enable_x64(False):  # the program's mode (test_solvers turns x64 on for the session)
+    want, _ = training.train_fedsgd(
+        model.apply_fn, model.variables, x, ds.y[result["train_indices"]],
+        key=jax.random.split(jax.random.key(0))[1], epochs=2, batch_size=32,
+        learning_rate=training.step_decay(0.05, (1,), 150 // 32, 0.5), momentum=0.9, nesterov=True,
+        augmentation=training.Augmentation(4, True, -0.1307 / 0.3081))
   got = checkpoint.load_model(out / "epoch_2.npz").variables
   for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
