@@ -597,18 +597,21 @@ def ig_resnet_table() -> str:
   images it ran on."""
   untrained, trained = _published(IG_RESNET_PAPER, "untrained"), _published(IG_RESNET_PAPER, "trained")
   epochs = f"{RESNET_WD[1]} epoch{'s' if RESNET_WD[1] > 1 else ''}"
-  images = lambda folders: _index_range(_ran(folders)) if _ran(folders) else "-"
+  def images(folders):
+    rows = _ran(folders)
+    return f"image{'s' if len(rows) > 1 else ''} {_index_range(rows)}" if rows else "no images"
+
   euclid = "Euclidean + fixed-step L-BFGS, 8 restarts, resnet20-4"
-  rows = [(f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation, images "
+  rows = [(f"{euclid}, untrained, a fresh model per image, CIFAR-10 normalisation, "
            f"{images(_EUCLID_RESNET['untrained'])}", _EUCLID_RESNET["untrained"],
            _published(EUCLID_RESNET_PAPER, "untrained")),
-          (f"{euclid}, trained {epochs} with weight decay, one model, CIFAR-10 normalisation, images "
+          (f"{euclid}, trained {epochs} with weight decay, one model, CIFAR-10 normalisation, "
            f"{images(_EUCLID_RESNET['trained'])}", _EUCLID_RESNET["trained"],
            _published(EUCLID_RESNET_PAPER, "trained")),
           ("proposed, resnet20-4, untrained, a fresh model per image, CIFAR-10 normalisation",
            _IG_RESNET["wide"], untrained),
           (f"proposed, resnet20-4, trained {epochs} with weight decay, one model, CIFAR-10 "
-           f"normalisation, images {images(_IG_RESNET['wide_trained'])}",
+           f"normalisation, {images(_IG_RESNET['wide_trained'])}",
            _IG_RESNET["wide_trained"], trained),
           ("proposed, resnet20 (width 16), untrained, a fresh model per image, CIFAR-10 normalisation",
            _IG_RESNET["untrained"], untrained),
