@@ -67,8 +67,9 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   last = f.start + f.count * base.batch_size - 1
+  model = pipeline.attacked_model(base)
   out = common.output_folder(
-      f"sweep_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}_{f.start}..{last}",
+      f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{f.start}..{last}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz"))
   items = common.Items(out)
   rows, truth, recon = [], [], []
@@ -91,7 +92,9 @@ def main(argv):
     common.fail(str(e))
   summary = report.summarize(rows, f.psnr_threshold)
   summary["total_time_s"] = items.earlier_s + time.perf_counter() - start
-  title = f"{base.attack} on {base.model} (init {base.init or 'model default'}), {base.dataset} " \
+  weights = (f"checkpoint {os.path.basename(base.checkpoint)}" if base.checkpoint
+             else f"init {base.init or 'model default'}")
+  title = f"{base.attack} on {model} ({weights}), {base.dataset} " \
           f"{f.start}..{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}"
   report.save_json(os.path.join(out, "results.json"),
                    {"summary": summary, "rows": rows, "title": title, **common.provenance()})

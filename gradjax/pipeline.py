@@ -366,15 +366,22 @@ def check(cfg: Config) -> attacks.Attack:
   return attack
 
 
-def run_name(cfg: Config) -> str:
-  """``<attack>_<model>_<source>``: the run's default folder name, from what is attacked (the
-  checkpoint's or the capture's model when there is one). Reads file metadata only."""
+def attacked_model(cfg: Config) -> str:
+  """The name of the model ``cfg`` attacks: ``--model``, or the checkpoint's or the capture's
+  model when there is one ("captured" when a capture names none). Reads file metadata only."""
   model = cfg.model
   if cfg.checkpoint:
     model = checkpoint.read_metadata(cfg.checkpoint).get("model", model)
+  if cfg.observation and cfg.model is None:
+    model = interop.read(cfg.weights).metadata.get("model") or "captured"
+  return model
+
+
+def run_name(cfg: Config) -> str:
+  """``<attack>_<model>_<source>``: the run's default folder name, from what is attacked
+  (:func:`attacked_model`). Reads file metadata only."""
+  model = attacked_model(cfg)
   if cfg.observation:
-    if cfg.model is None:
-      model = interop.read(cfg.weights).metadata.get("model") or "captured"
     source = os.path.splitext(os.path.basename(cfg.observation))[0]
   else:
     # Ranges as a..b: "-k" is the suffix of a taken folder (experiments/common.output_folder).

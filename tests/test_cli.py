@@ -179,6 +179,11 @@ def test_runs_never_overwrite_each_other(tmp_path):
                      cwd=tmp_path)
   assert ckpt.returncode == 0, ckpt.stderr[-2000:]
   assert (runs / "dlg_mlp_skimage_0" / "metrics.json").exists()
+  sweep = run_program("sweep.py", *args, "--count=1", f"--checkpoint={d}/good.npz",
+                      "--image_size=32", cwd=tmp_path)
+  assert sweep.returncode == 0, sweep.stderr[-2000:]
+  title = json.loads((runs / "sweep_dlg_mlp_skimage_0..0" / "results.json").read_text())["title"]
+  assert title.startswith("dlg on mlp (checkpoint good.npz), skimage 0..0"), title
   again = run_program("reconstruct.py", *args, f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}")
   _assert_one_line_error(again, "holds another run's files")
   forced = run_program("reconstruct.py", *args, "--seed=2", "--overwrite",
