@@ -941,10 +941,10 @@ def loops_note(rel: str = "benchmark_loops_1core") -> str:
 
 def restarts_note(rel: str = "benchmark_restarts_1core", restarts: int = 64,
                   target: float = 16.0) -> str:
-  """From the restart benchmark: one restart's iteration against its matching step, and the floor
+  """From the restart benchmark: one restart's iteration against its matching step, the floor
   under ``restarts`` restarts' iteration (their evaluations at the measured matmul peak plus two
   passes over their L-BFGS pairs at the measured bandwidth) against ``target`` times one restart's
-  iteration."""
+  iteration, and the FLOP rate that budget asks of the evaluations against the best one measured."""
   d = load(rel)
   if not d or "restarts" not in d or "profile" not in d:
     return ""
@@ -962,6 +962,13 @@ def restarts_note(rel: str = "benchmark_restarts_1core", restarts: int = 64,
            f"two passes over the restarts' L-BFGS pairs ({r['history_mb']:.0f} MB) at the measured "
            f"bandwidth {r['floor_ms']:.1f} ms: {floor:.1f} ms per iteration at the least, against "
            f"{target:g}× one restart's iteration, {budget:.1f} ms.")
+  rate = lambda x: x["restarts"] * p["flops_per_evaluation"] / (1e-3 * x["step_ms"])
+  best = max(p["rows"], key=rate)
+  need = restarts * p["flops_per_evaluation"] / (1e-3 * budget)
+  text += (f" Even with no L-BFGS work at all, {target:g}× one restart's iteration asks the "
+           f"{restarts} evaluations for {need / 1e9:.1f} GFLOP/s ({need / p['peak_flops']:.0%} of the "
+           f"peak), {need / rate(best):.1f}× the best rate the objective reaches here "
+           f"({rate(best) / 1e9:.1f} GFLOP/s, at R={best['restarts']}).")
   if floor > budget:
     text += (f" With L-BFGS's history of {p['history']} pairs, {restarts} restarts cannot cost "
              f"{target:g}× one on this core whatever the objective's FLOP rate; the sequential "

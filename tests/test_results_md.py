@@ -166,7 +166,8 @@ def test_ig_resnet_note_compares_the_widths(results_md, tmp_path, monkeypatch):
 
 def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, monkeypatch):
   """By hand: one restart 1.0 ms per iteration, its step 0.5 ms (2.00×); R=64 at a 100 GFLOP/s peak,
-  10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms."""
+  10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms; the
+  16 ms budget asks 64 × 10 MFLOP of 40 GFLOP/s."""
   monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
   _write(tmp_path / results_md.RESULTS / "bench", "benchmark.json", {
       "restarts": [{"strategy": "sequential", "restarts": 1, "ms_per_iteration": 1.0}],
@@ -177,6 +178,9 @@ def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, 
   assert "takes 1.00 ms against 0.50 ms for its matching step alone (2.00×)" in note
   assert "take 6.4 ms" in note and "18.4 ms per iteration at the least" in note and "16.0 ms." in note
   assert "cannot cost 16× one" in note
+  # 64 × 10 MFLOP in 16 ms: 40 GFLOP/s, 40 % of the peak; the best rate is R=64's 64e7 / 30 ms.
+  assert ("asks the 64 evaluations for 40.0 GFLOP/s (40% of the peak), 1.9× the best rate the "
+          "objective reaches here (21.3 GFLOP/s, at R=64)") in note
   assert "cannot" not in results_md.restarts_note("bench", target=20.0)
   assert results_md.restarts_note("absent") == ""
 
