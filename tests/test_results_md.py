@@ -331,3 +331,24 @@ def test_ig_resnet_table_pools_the_per_image_euclidean_folders(results_md, tmp_p
   assert table[2] == ("| Euclidean + fixed-step L-BFGS, 8 restarts, resnet20-4, untrained, a fresh model per image, "
                       "CIFAR-10 normalisation, images 3–4 | 2 | 0 / 2 | 12.00 ± 2.00 | 12.00 | 0.200 | "
                       "100 % | 3600.0 s | 10.29 ± 5.38 |")
+
+
+def test_ig_resnet_wide_note_against_the_paper(results_md, tmp_path, monkeypatch):
+  """By hand: Euclidean untrained images at 20 and 30 dB, mean 25 − 10.29 = +14.71 (2 images); the
+  proposed trained row's one image at 10 dB is 13.95 − 10 = 3.95 dB under, more than the paper's
+  std 3.38; the rows that did not run are left out."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  assert results_md.ig_resnet_wide_note() == ""
+  def sweep(rel, psnrs):
+    _write(tmp_path / results_md.RESULTS / rel, "results.json", {
+        "rows": [{"psnr": p, "ssim": 0.5, "label_accuracy": 1.0, "wall_time_s": 1.0} for p in psnrs],
+        "summary": {"psnr_threshold": 30.0}})
+  sweep(results_md._EUCLID_RESNET["untrained"][0], [20.0])
+  sweep(results_md._EUCLID_RESNET["untrained"][7], [30.0])
+  sweep(results_md._IG_RESNET["wide_trained"][3], [10.0])
+  note = results_md.ig_resnet_wide_note()
+  assert "Euclidean, untrained +14.71 dB (2 images); proposed, trained -3.95 dB (1 image)." in note
+  assert "Euclidean, trained" not in note and "proposed, untrained" not in note
+  assert note.endswith("more than its standard deviation: proposed, trained.")
+  sweep(results_md._IG_RESNET["wide_trained"][3], [11.0])  # 2.95 under: within the std
+  assert results_md.ig_resnet_wide_note().endswith("by more than the paper's standard deviation.")
