@@ -352,3 +352,16 @@ def test_ig_resnet_wide_note_against_the_paper(results_md, tmp_path, monkeypatch
   assert note.endswith("more than its standard deviation: proposed, trained.")
   sweep(results_md._IG_RESNET["wide_trained"][3], [11.0])  # 2.95 under: within the std
   assert results_md.ig_resnet_wide_note().endswith("by more than the paper's standard deviation.")
+
+
+def test_fedavg_note_compares_the_wide_run_with_the_paper(results_md, tmp_path, monkeypatch):
+  """By hand: 21.55 dB on image 0 against the paper's 25.05 is -3.50 dB; 5400 s is 90.0 min."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  assert "**Not measured yet.**" in results_md.fedavg_note()
+  _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE, "metrics.json",
+         {"psnr": 21.55, "wall_time_s": 5400.0, "config": {"index": 0}})
+  note = results_md.fedavg_note()
+  assert note.startswith("The width-64 row is one experiment (image 0) of the paper's 100 on its "
+                         "protocol: 21.55 dB against the paper's mean 25.05 (-3.50 dB; its std "
+                         "3.28), in 90.0 min on one core.")
+  assert "Not measured" not in note
