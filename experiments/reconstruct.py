@@ -12,7 +12,8 @@ With no flags: DLG (Zhu et al., 2019) against DLG's LeNet on a photo bundled wit
 Writes to ``--output_dir`` (default ``runs/<attack>_<model>_<source>``, suffixed when taken; a folder
 holding another run is refused unless ``--overwrite``): ``metrics.json`` (psnr, ssim, mse,
 label_accuracy when there is a ground truth; wall_time_s, iterations, restarts, the objective and its
-history, the configuration and the JAX device), ``reconstruction.npy`` ((N, H, W, C) float32 in
+history, the configuration, the command as typed, the device, its cores and the versions),
+``reconstruction.npy`` ((N, H, W, C) float32 in
 [0, 1]), ``reconstruction.png``, ``grid.png``, ``curves.png`` and ``report.html``. While it runs,
 ``state.npz`` holds the solver state (saved every ``--save_every_s``); ``--resume`` continues a killed
 run from it. Bad flags or data: one-line error, exit code 2.
@@ -58,6 +59,7 @@ def main(argv):
     results, images = pipeline.run(cfg, callback=common.log_progress, state=state)
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
+  results = {**results, **common.provenance()}  # the command as typed, the device and its cores
   what = (f"captured {cfg.observation} ({results['num_samples']} samples)" if cfg.observation
           else f"{cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]")
   title = f"{cfg.attack} on {results['model']}, {what}"
@@ -87,6 +89,7 @@ def text_main(cfg, out, state):
     results = pipeline.run_text(cfg, callback=common.log_progress, state=state)
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
+  results = {**results, **common.provenance()}
   title = (f"{cfg.attack} on {results['model']}, {cfg.dataset} sentences "
            f"{cfg.index}..{cfg.index + cfg.batch_size - 1}")
   try:

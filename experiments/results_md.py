@@ -642,7 +642,8 @@ def fedavg_note() -> str:
         "iterations (the accelerator suite, `python experiments/benchmark.py --suite=gpu`, runs it).")
   return (f"The width-64 row is one experiment (image {d['config']['index']}) of the paper's 100 on "
           f"its protocol: {d['psnr']:.2f} dB against the paper's mean 25.05 ({d['psnr'] - 25.05:+.2f} "
-          f"dB; its std 3.28), in {_duration(d['wall_time_s'])} on one core. " + text)
+          f"dB; its std 3.28), in {_duration(d['wall_time_s'])}"
+          + (f" on {d['cores']} core{'s' * (d['cores'] > 1)}" if d.get("cores") else "") + ". " + text)
 
 
 def ig_resnet_wide_note() -> str:

@@ -1,10 +1,11 @@
 """Run one attack over a range of images and tabulate the results.
 
 Each image (or batch) attacks a fresh random model, seeded by its index (see gradjax.pipeline), or
-the one model of ``--checkpoint``, and is scored after batch-order matching. Writes ``results.json`` (per-image rows and the summary) and
-``results.md`` (a table), ``results.csv`` (one row per experiment), ``reconstructions.png`` (ground
-truth above, reconstructions below) and ``psnr.png`` (PSNR per experiment) to ``--output_dir``. LPIPS
-is reported when the ``lpips`` extra is installed.
+the one model of ``--checkpoint``, and is scored after batch-order matching. Writes
+``results.json`` (per-image rows and the summary) and ``results.md`` (a table), ``results.csv``
+(one row per experiment), ``reconstructions.png`` (ground truth above, reconstructions below) and
+``psnr.png`` (PSNR per experiment) to ``--output_dir``. LPIPS is reported when the ``lpips`` extra
+is installed.
 
 Each finished experiment is kept in ``items/<index>.json`` and ``items/<index>.npz`` as it ends, and
 the running one saves its solver state to ``items/<index>.state.npz``: ``--resume`` skips finished

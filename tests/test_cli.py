@@ -55,6 +55,9 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
               "config", "device"):
     assert key in metrics
   assert metrics["config"]["model"] == "lenet_zhu" and metrics["iterations"] == 30
+  # The command as typed and the cores, for RESULTS.md's provenance lines.
+  assert metrics["command"] == f"python experiments/reconstruct.py --iterations=30 --image_size=16 --output_dir={out}"
+  assert metrics["cores"] >= 1 and metrics["device"].startswith("CPU (")
   assert f"PSNR {metrics['psnr']:.2f} dB" in proc.stdout
   grid = np.asarray(Image.open(out / "reconstruction.png"))
   assert grid.shape == (2 * (16 * 4 + 2) + 2, 16 * 4 + 2 + 2, 3)

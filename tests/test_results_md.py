@@ -359,7 +359,7 @@ def test_fedavg_note_compares_the_wide_run_with_the_paper(results_md, tmp_path, 
   monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
   assert "**Not measured yet.**" in results_md.fedavg_note()
   _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE, "metrics.json",
-         {"psnr": 21.55, "wall_time_s": 5400.0, "config": {"index": 0}})
+         {"psnr": 21.55, "wall_time_s": 5400.0, "config": {"index": 0}, "cores": 1})
   note = results_md.fedavg_note()
   assert note.startswith("The width-64 row is one experiment (image 0) of the paper's 100 on its "
                          "protocol: 21.55 dB against the paper's mean 25.05 (-3.50 dB; its std "

@@ -281,6 +281,7 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
   assert results["token_accuracy"] == pytest.approx(
       np.mean([a == b for a, b in zip(recovered, results["sentences"][0]["true"].split())]))
   assert results["vocabulary_size"] == 200 and results["iterations"] == 5
+  assert results["command"].startswith("python experiments/reconstruct.py --modality=text")
   assert (out / "sentences.txt").read_text().startswith("sentence 0")
   assert f"token accuracy {results['token_accuracy']:.2f}" in proc.stdout
   assert (out / "report.html").exists()
