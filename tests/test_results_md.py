@@ -363,5 +363,5 @@ def test_fedavg_note_compares_the_wide_run_with_the_paper(results_md, tmp_path, 
   note = results_md.fedavg_note()
   assert note.startswith("The width-64 row is one experiment (image 0) of the paper's 100 on its "
                          "protocol: 21.55 dB against the paper's mean 25.05 (-3.50 dB; its std "
-                         "3.28), in 90.0 min on one core.")
+                         "3.28), in 90.0 min on 1 core.")
   assert "The other rows run an untrained `convnet-8`" in note and "Not measured" not in note
