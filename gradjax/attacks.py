@@ -48,7 +48,8 @@ Presets and where their defaults come from:
 * ``inverting_gradients_fedavg`` (Geiping et al. 2020 §6, FedAvg): the client's local training is
   replayed on the dummy data and W_t − W'_{t+1} matched to the observed update with 1 − cosine, TV
   1e-4, signed Adam lr 1 with step decay, 4800 iterations, box, labels known; needs the schedule in
-  ``observation.local``.
+  ``observation.local``. The lr is the paper's; the authors' ``rec_mult.py`` runs 0.1 unless ``--lr``
+  is given (``--lr=0.1``; RESULTS.md measures both).
 * ``hfginv`` (Ye et al., "High-Fidelity Gradient Inversion in Distributed Learning", AAAI 2024; the
   schedule from their code, ResNet-34 protocol): one cosine over a growing set of layers, deep to
   shallow, with gradient dropout 0.3 (:class:`gradjax.objectives.Stepwise`: the deepest tenth of the
