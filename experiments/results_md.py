@@ -647,6 +647,14 @@ def _first_cut(d: dict) -> str:
           "iterations later.")
 
 
+def _where(run: dict) -> str:
+  """' on N cores', or for a run continued from saved states (``--resume``) the cores of its last part."""
+  if not run.get("cores"):
+    return ""
+  cores = f"{run['cores']} core{'s' * (run['cores'] > 1)}"
+  return f" resumed from saved states (the last part on {cores})" if run.get("resumed") else f" on {cores}"
+
+
 def fedavg_note() -> str:
   """What the FedAvg rows measure: the width-64 rows (when they ran) against the paper's mean, the
   attack's learning rate as the paper states it (1) and as the authors' code runs it (0.1), and the
@@ -670,8 +678,7 @@ def fedavg_note() -> str:
     parts.append(
         f"With {what}: {run['psnr']:.2f} dB on image {run['config']['index']} against the paper's "
         f"mean 25.05 ({run['psnr'] - 25.05:+.2f} dB; its std 3.28), in {_duration(run['wall_time_s'])}"
-        + (f" on {run['cores']} core{'s' * (run['cores'] > 1)}" if run.get("cores") else "") + ". "
-        + _first_cut(run))
+        + _where(run) + ". " + _first_cut(run))
   if d is not None and lr is not None:
     gain = lr["psnr"] - d["psnr"]
     parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"

@@ -373,10 +373,12 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   assert "**Not measured yet**, attack lr 0.1" in note and f"{results_md.FEDAVG_PROGRAM} --lr=0.1`" in note
   assert "The other rows run an untrained `convnet-8`" in note
   _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE_LR, "metrics.json",
-         {"psnr": 24.05, "wall_time_s": 600.0, "config": {"index": 0}, "cores": 2, "iterations": 1600})
+         {"psnr": 24.05, "wall_time_s": 600.0, "config": {"index": 0}, "cores": 2, "iterations": 1600,
+          "resumed": True})
   note = results_md.fedavg_note()
   assert "Not measured" not in note
   assert ("With attack lr 0.1 as the authors' code runs it (`rec_mult.py`, `--lr` unset): 24.05 dB on "
-          "image 0 against the paper's mean 25.05 (-1.00 dB; its std 3.28), in 10.0 min on 2 cores.") in note
+          "image 0 against the paper's mean 25.05 (-1.00 dB; its std 3.28), in 10.0 min resumed from saved "
+          "states (the last part on 2 cores).") in note
   assert ("The authors' lr 0.1 gives +2.50 dB on the same image, so lr 1 as stated accounts for that "
           "much of the gap to the paper.") in note
