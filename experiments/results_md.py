@@ -121,7 +121,9 @@ def provenance(rel: str, command: str | None = None) -> str:
     parts.append(d["date"])
   wall = _wall(d)
   if wall is not None:
-    parts.append(f"wall time {_duration(wall)}")
+    parts.append(f"wall time {_duration(wall)}"
+                 + (" over several processes (`--resume`; the device, cores and date are the last's)"
+                    if d.get("resumed") is True else ""))
   return "Run: " + "; ".join(parts) + "."
 
 

@@ -52,6 +52,13 @@ def test_sweep_row_and_provenance_from_a_hand_written_output(results_md, tmp_pat
   assert results_md.provenance("old", "python x.py") == (
       "Run: `python x.py`; device not recorded (written before the programs kept it); "
       "wall time 2.0 h.")
+  # A run continued from saved states: its time spans processes, its device line is the last one's.
+  _write(tmp_path / results_md.RESULTS / "resumed", "metrics.json",
+         {"wall_time_s": 7200.0, "resumed": True, "command": "python r.py --resume", "device": "CPU (X)",
+          "cores": 2})
+  assert results_md.provenance("resumed") == (
+      "Run: `python r.py --resume`; CPU (X), 2 cores; wall time 2.0 h over several processes "
+      "(`--resume`; the device, cores and date are the last's).")
   assert results_md.load("absent") is None
   assert "Not measured yet" in results_md.dlg_batch_table()
 
