@@ -354,8 +354,10 @@ class Progress(NamedTuple):
     if self.compiling:
       return f"{where}compiling the attack step..."
     filled = round(20 * self.iteration / max(self.iterations, 1))
-    speed = (f"{self.elapsed_s:.1f}s with compilation" if math.isnan(self.its_per_s)
-             else f"{self.its_per_s:.0f} it/s  ETA {self.eta_s:.1f}s")
+    rate = self.its_per_s
+    speed = (f"{self.elapsed_s:.1f}s with compilation" if math.isnan(rate)
+             else f"{rate:.{0 if rate >= 10 else 1}f} it/s  ETA {self.eta_s:.1f}s" if rate >= 1
+             else f"{1 / rate:.1f} s/it  ETA {self.eta_s:.1f}s" if rate > 0 else "stalled")
     return (f"{where}[{'#' * filled}{'.' * (20 - filled)}] {self.iteration}/{self.iterations}  "
             f"loss {self.best_loss:.3e}  alive {self.alive}  {speed}")
 

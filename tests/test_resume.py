@@ -125,7 +125,16 @@ def test_progress_says_compiling_and_rates_exclude_it():
   assert np.isnan(reports[1].its_per_s) and "with compilation" in reports[1].line()
   for p in reports[2:]:
     assert np.isfinite(p.its_per_s) and p.eta_s == pytest.approx((60 - p.iteration) / p.its_per_s)
-    assert f"{p.iteration}/60" in p.line() and "it/s" in p.line()
+    assert f"{p.iteration}/60" in p.line() and ("it/s" in p.line() or "s/it" in p.line())
+
+
+def test_progress_gives_a_slow_step_in_seconds():
+  """By hand: 0.25 it/s is 4.0 s per iteration (not "0 it/s"); 2.34 it/s keeps a decimal."""
+  p = solvers.Progress(restart=None, iteration=10, iterations=20, best_loss=1.0, alive=1,
+                       its_per_s=0.25, eta_s=40.0)
+  assert p.line().endswith("alive 1  4.0 s/it  ETA 40.0s")
+  assert p._replace(its_per_s=2.34).line().endswith("alive 1  2.3 it/s  ETA 40.0s")
+  assert p._replace(its_per_s=1234.6).line().endswith("alive 1  1235 it/s  ETA 40.0s")
 
 
 def test_a_failing_save_is_reported_not_fatal(tmp_path):
