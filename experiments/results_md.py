@@ -686,8 +686,8 @@ def fedavg_note() -> str:
     parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"
                  + (", so lr 1 as stated accounts for that much of the gap to the paper."
                     if gain > 0 and d["psnr"] < 25.05 else "."))
-  head = "The width-64 rows are experiments of the paper's 100 on its protocol (ConvNet width 64, " \
-         "5 local steps of lr 1e-4 on 1 image, 4800 iterations)."
+  head = ("The width-64 rows are experiments of the paper's 100 on its protocol (ConvNet width 64, "
+          "5 local steps of lr 1e-4 on 1 image, 4800 iterations).")
   return " ".join([head, *(p.strip() for p in parts), text])
 
 
