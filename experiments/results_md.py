@@ -637,13 +637,17 @@ FEDAVG_PROGRAM = (
 
 def _first_cut(d: dict) -> str:
   """What a run's PSNR history shows about its steps before the first cut of the step schedule
-  (×0.1 at 3/8 of the budget): the range up to the cut and the first value after it."""
+  (×0.1 at 3/8 of the budget): the range up to the cut (a plateau when it spans under 2 dB, else
+  its first and last value) and the first value after it."""
   cut = int(d["iterations"] * 3 / 8)
   before = [h["psnr"] for h in d.get("history", ()) if h["iteration"] <= cut]
   after = [h for h in d.get("history", ()) if h["iteration"] > cut]
   if not before or not after:
     return ""
-  return (f"Its PSNR stays between {min(before):.2f} and {max(before):.2f} dB over the "
+  low, high = min(before), max(before)
+  spread = (f"stays between {low:.2f} and {high:.2f} dB" if high - low < 2 else
+            f"goes from {before[0]:.2f} to {before[-1]:.2f} dB")
+  return (f"Its PSNR {spread} over the "
           f"{len(before)} reports up to iteration {cut}, where the step schedule first cuts the "
           f"learning rate to a tenth, and reads {after[0]['psnr']:.2f} dB {after[0]['iteration'] - cut} "
           "iterations later.")
@@ -686,6 +690,10 @@ def fedavg_note() -> str:
     parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"
                  + (", so lr 1 as stated accounts for that much of the gap to the paper."
                     if gain > 0 and d["psnr"] < 25.05 else "."))
+    passed = next((h["iteration"] for h in lr.get("history", ()) if h["psnr"] >= d["psnr"]), None)
+    if passed is not None:
+      parts.append(f"lr 0.1 passes lr 1's final {d['psnr']:.2f} dB at iteration {passed} of "
+                   f"{lr['iterations']}.")
   head = ("The width-64 rows are experiments of the paper's 100 on its protocol (ConvNet width 64, "
           "5 local steps of lr 1e-4 on 1 image, 4800 iterations).")
   return " ".join([head, *(p.strip() for p in parts), text])
