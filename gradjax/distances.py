@@ -18,7 +18,11 @@ Conventions (they change published numbers, so they are explicit):
 * ``cosine``: 1 − cosine similarity with inner products and norms pooled over all selected layers
   (Geiping et al., "Inverting Gradients", 2020); ``cosine_per_layer`` averages per-leaf cosines.
 * ``gaussian_kernel``: SAPAG's Σ_l Q_l (1 − exp(−‖Δ_l‖² / σ_l²)), σ_l² the population variance of
-  the observed leaf.
+  the observed leaf (``gaussian_kernel_mean`` divides by n_l σ_l², ``gaussian_kernel_annealed`` goes
+  from that width to σ_l² over the first steps).
+
+A distance that reads the optimizer step takes a keyword ``step`` (:func:`takes_step`); the objective
+passes it.
 
 Depth order: ``jax.tree`` flattening (and so ``jax.grad``, ``jax.jit`` and ``jax.tree.map`` outputs)
 sorts dict keys, so "Conv_10" comes before "Conv_2" and "BatchNorm_0" before "Conv_0". :func:`layer_paths`
@@ -329,8 +333,9 @@ def cosine_per_layer(dummy, observed, *, eps: float = EPS, weights=None) -> jax.
   return total / sum(w for w, _, _ in terms)
 
 
-def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False) -> jax.Array:
-  """SAPAG's distance D = Σ_l Q_l · (1 − exp(−‖g'_l − g_l‖² / (s_l σ_l²))), s_l = 1 or n_l.
+def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False, anneal: int = 0,
+                    step=0) -> jax.Array:
+  """SAPAG's distance D = Σ_l Q_l · (1 − exp(−‖g'_l − g_l‖² / (s_l σ_l²))), s_l = 1, n_l or n_l^e(t).
 
   Wang et al., "SAPAG: A Self-Adaptive Privacy Attack From Gradients", arXiv:2009.06228, 2020: σ_l
   from the variance of the observed gradient of layer l, Q_l decreasing with depth. Choices made here
@@ -353,13 +358,37 @@ def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False) -
   n_l entries, so exp(−‖Δ_l‖²/σ_l²) underflows for all but the smallest leaves and only those steer
   the attack. ``per_entry=True`` (s_l = n_l, registered as ``"gaussian_kernel_mean"``) compares the
   mean squared difference with σ_l², which keeps every term in its sensitive range.
+
+  ``anneal`` = T > 0 narrows the kernel over the optimizer's first T steps (registered as
+  ``"gaussian_kernel_annealed"``, T = 250, half of SAPAG's LeNet-5 budget): s_l = n_l^e(t) with
+  e(t) = max(0, 1 − t/T), the per-entry width at ``step`` 0, the literal one from step T on. A wide
+  kernel first draws every layer in, the printed one then weighs the residual as the paper does.
   """
+  if anneal < 0:
+    raise ValueError(f"the kernel's annealing steps must be non-negative, got {anneal}")
+  if anneal and per_entry:
+    raise ValueError("an annealed kernel starts at the per-entry width itself; leave per_entry off")
   if weights is None:
     weights = depth_weights(call_order(observed))
+
+  def width(o):  # s_l
+    if anneal:
+      exponent = jnp.maximum(0.0, 1.0 - jnp.asarray(step, o.dtype) / anneal)
+      return jnp.asarray(o.size, o.dtype) ** exponent
+    return o.size if per_entry else 1
+
   terms = _terms(dummy, observed, weights)
   return sum(w * (1.0 - jnp.exp(-jnp.sum(jnp.square(d - o))
-                                / ((o.size if per_entry else 1) * jnp.maximum(jnp.var(o), VAR_FLOOR))))
+                                / (width(o) * jnp.maximum(jnp.var(o), VAR_FLOOR))))
              for w, d, o in terms)
+
+
+def takes_step(distance: Distance) -> bool:
+  """Whether ``distance`` reads the optimizer step (keyword ``step``), as an annealed kernel does."""
+  try:
+    return "step" in inspect.signature(distance).parameters
+  except (TypeError, ValueError):
+    return False
 
 
 DISTANCES: dict[str, Distance] = {
@@ -370,6 +399,7 @@ DISTANCES: dict[str, Distance] = {
     "cosine_per_layer": cosine_per_layer,
     "gaussian_kernel": gaussian_kernel,  # SAPAG
     "gaussian_kernel_mean": functools.partial(gaussian_kernel, per_entry=True),
+    "gaussian_kernel_annealed": functools.partial(gaussian_kernel, anneal=250),
 }
 
 

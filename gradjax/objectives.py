@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from gradjax.clients import local_sgd
+from gradjax.distances import takes_step
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 from gradjax.priors import Network
@@ -151,7 +152,8 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
-    distance: ``distance(dummy_gradient, observed_gradient) -> scalar``.
+    distance: ``distance(dummy_gradient, observed_gradient) -> scalar``; one with a keyword
+      ``step`` (an annealed kernel, :func:`gradjax.distances.takes_step`) is given the step.
     loss_fn: the client's loss, ``loss_fn(logits, targets)``; targets are int labels or soft labels.
     prior: optional image prior ``prior(x, step, network) -> scalar`` (weights included), e.g.
       :func:`gradjax.priors.combine`; ``network`` is the attacked model with the observation's
@@ -184,6 +186,7 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
 
   if mode not in MODES:
     raise ValueError(f"unknown objective mode {mode!r}; choose one of {', '.join(MODES)}")
+  with_step = takes_step(distance)
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
                 positions=None):
@@ -219,10 +222,10 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       if positions is None:
         raise ValueError("stepwise matching needs the leaves' depth positions (positions=)")
       g, observed = stepwise.apply(positions, step, g, observed)
-    if weights is None:
-      value = distance(g, observed)
-    else:
-      value = distance(g, observed, weights=weights)
+    kwargs = {} if weights is None else {"weights": weights}
+    if with_step:
+      kwargs["step"] = step
+    value = distance(g, observed, **kwargs)
     if prior is not None:
       network = Network(apply_fn, observation.variables, observation.train)
       value = value + prior(dummy["x"], step, network)

@@ -157,14 +157,16 @@ def soft_tokens(z, data: TokenData, vocabulary: int):
 def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -> solvers.Solver:
   distance = distances.get_distance(attack.distance)
 
+  with_step = distances.takes_step(distance)
+
   def value_fn(dummy, data: TokenData, step):
-    del step
     e, targets = soft_tokens(dummy["z"], data, vocabulary)
     g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
                        train=data.observation.train, loss_fn=cross_entropy)
-    if data.weights is None:
-      return distance(g, data.observation.gradient)
-    return distance(g, data.observation.gradient, weights=data.weights)
+    kwargs = {} if data.weights is None else {"weights": data.weights}
+    if with_step:
+      kwargs["step"] = step
+    return distance(g, data.observation.gradient, **kwargs)
 
   return solvers.make_solver(value_fn, attacks._optimizer(attack), tol=attack.tol)
 

@@ -17,7 +17,7 @@ from flax import linen as nn
 from gradjax import distances, models
 
 NAMES = ("euclidean", "euclidean_half", "l1", "cosine", "cosine_per_layer", "gaussian_kernel",
-         "gaussian_kernel_mean")
+         "gaussian_kernel_mean", "gaussian_kernel_annealed")
 CALL_ORDER = ("Conv_0", "Conv_1", "Conv_2", "Conv_3", "head")  # LeNet-5's modules, as Flax creates them
 
 
@@ -48,8 +48,8 @@ def _trees(seed, near=True):
   return dummy, obs, weights
 
 
-def _np_reference(name, dummy, obs, weights):
-  """The distance in NumPy, leaf by leaf in jax.tree order."""
+def _np_reference(name, dummy, obs, weights, step=0):
+  """The distance in NumPy, leaf by leaf in jax.tree order (``step``: the annealed kernel's, T = 250)."""
   d, o = jax.tree.leaves(dummy), jax.tree.leaves(obs)
   if weights is None and name.startswith("gaussian_kernel"):
     w = [1.0 / (1 + CALL_ORDER.index(p[0].key)) for p, _ in jax.tree_util.tree_flatten_with_path(obs)[0]]
@@ -72,6 +72,10 @@ def _np_reference(name, dummy, obs, weights):
     return sum(wl * (1 - np.exp(-np.sum((a - b) ** 2) / np.var(b))) for wl, a, b in zip(w, d, o))
   if name == "gaussian_kernel_mean":
     return sum(wl * (1 - np.exp(-np.mean((a - b) ** 2) / np.var(b))) for wl, a, b in zip(w, d, o))
+  if name == "gaussian_kernel_annealed":  # width n_l^(1 - t/T) σ_l², then σ_l² from t = T on
+    e = max(0.0, 1.0 - step / 250)
+    return sum(wl * (1 - np.exp(-np.sum((a - b) ** 2) / (a.size ** e * np.var(b))))
+               for wl, a, b in zip(w, d, o))
   raise AssertionError(name)
 
 
@@ -119,6 +123,28 @@ def test_distance_gradient_matches_finite_differences(name):
       fd = (shifted(h) - shifted(-h)) / (2 * h)
       analytic = grad @ _flat(v)
       assert abs(fd - analytic) <= 1e-6 * abs(analytic), (fd, analytic)
+
+
+def test_annealed_kernel_narrows_from_per_entry_to_printed_width():
+  dummy, obs, weights = _trees(12, near=True)
+  far, _, _ = _trees(13, near=False)
+  dist = distances.get_distance("gaussian_kernel_annealed", weights=weights)
+  with jax.enable_x64(True):
+    for d in (dummy, far):
+      for step in (0, 1, 100, 249, 250, 400):
+        want = _np_reference("gaussian_kernel_annealed", d, obs, weights, step=step)
+        got = jax.jit(dist)(_jnp(d), _jnp(obs), step=jnp.asarray(step))
+        np.testing.assert_allclose(float(got), want, rtol=1e-11)
+      # The two ends are the other registered widths.
+      np.testing.assert_allclose(float(dist(_jnp(d), _jnp(obs), step=0)),
+                                 _np_reference("gaussian_kernel_mean", d, obs, weights), rtol=1e-11)
+      np.testing.assert_allclose(float(dist(_jnp(d), _jnp(obs), step=900)),
+                                 _np_reference("gaussian_kernel", d, obs, weights), rtol=1e-11)
+  assert distances.takes_step(dist) and not distances.takes_step(distances.cosine)
+  with pytest.raises(ValueError, match="non-negative"):
+    distances.gaussian_kernel(_jnp(obs), _jnp(obs), anneal=-1)
+  with pytest.raises(ValueError, match="per_entry"):
+    distances.gaussian_kernel(_jnp(obs), _jnp(obs), anneal=10, per_entry=True)
 
 
 def test_closed_form_gradients():
@@ -174,7 +200,8 @@ def test_weights_equal_dropping_leaves():
   sel = distances.select_layers(obs, exclude=["head", "Conv_0/bias"])
   sub = lambda t: {k: ({"kernel": v["kernel"]} if k == "Conv_0" else v) for k, v in t.items() if k != "head"}
   with jax.enable_x64(True):
-    for name in NAMES[:-2]:  # the Gaussian kernels weight by depth, which dropping leaves changes
+    for name in [n for n in NAMES if not n.startswith("gaussian_kernel")]:  # these weight by depth,
+      # which dropping leaves changes
       got = distances.get_distance(name, weights=sel)(_jnp(dummy), _jnp(obs))
       want = distances.get_distance(name)(_jnp(sub(dummy)), _jnp(sub(obs)))
       np.testing.assert_allclose(float(got), float(want), rtol=1e-12)

@@ -223,3 +223,30 @@ def test_remat_changes_memory_not_values(where):
       out.append(jax.value_and_grad(objective)(dummy, obs, jnp.asarray(y)))
   np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-12)
   np.testing.assert_allclose(out[1][1]["x"], out[0][1]["x"], rtol=1e-10, atol=1e-14)
+
+
+def test_objective_passes_its_step_to_an_annealed_kernel(photos, fill_variables, mlp_reference):
+  """SAPAG's annealed kernel (width n_l^(1 - t/250) σ_l², Q_l = 1/(l+1)) inside the objective, against
+  NumPy on the MLP's hand-derived gradients: the objective hands the distance its step."""
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=3, dtype=np.float64, scale=0.05)
+    apply_fn = models.make_apply_fn(module)
+    x_true, y = photos[[4, 7]].astype(np.float64), np.array([1, 5])
+    obs = clients.fedsgd(apply_fn, variables, x_true, y)
+    x_dummy = x_true + 0.02 * np.random.default_rng(5).standard_normal(x_true.shape)
+    objective = jax.jit(objectives.gradient_matching(
+        apply_fn, distances.get_distance("gaussian_kernel_annealed")))
+    _, g_true = mlp_reference(variables["params"], x_true, y)
+    _, g_dummy = mlp_reference(variables["params"], x_dummy, y)
+    depth = {"Dense_0": 0, "head": 1}
+    values = []
+    for step in (0, 125, 250, 1000):
+      e = max(0.0, 1 - step / 250)
+      want = sum((1 / (1 + depth[layer])) * (1 - np.exp(-np.sum((g_dummy[layer][k] - g_true[layer][k]) ** 2)
+                                                        / (g_true[layer][k].size ** e * np.var(g_true[layer][k]))))
+                 for layer in depth for k in ("kernel", "bias"))
+      got = float(objective({"x": jnp.asarray(x_dummy)}, obs, jnp.asarray(y), jnp.asarray(step)))
+      np.testing.assert_allclose(got, want, rtol=1e-9)
+      values.append(got)
+  assert values[0] < values[1] < values[2] == values[3]  # the kernel narrows, then stays
