@@ -394,3 +394,62 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   assert ("Its PSNR goes from 12.00 to 18.00 dB over the 2 reports up to iteration 600, where the step "
           "schedule first cuts the learning rate to a tenth, and reads 21.55 dB 200 iterations later.") in note
   assert "lr 0.1 passes lr 1's final 21.55 dB at iteration 800 of 1600." in note
+
+
+def _sapag_rows(rel_dir, rows, threshold=30.0):
+  """A sweep output of ``rows`` (index, psnr, and optional fields) with its summary by NumPy."""
+  psnr = [r["psnr"] for r in rows]
+  stat = lambda v: {"mean": float(np.mean(v)), "median": float(np.median(v)), "std": float(np.std(v))}
+  full = [{"ssim": 0.5, "label_accuracy": 1.0, "wall_time_s": 1.0, **r} for r in rows]
+  _write(rel_dir, "results.json", {"rows": full, "summary": {
+      "experiments": len(rows), "successes": sum(p >= threshold for p in psnr), "psnr": stat(psnr),
+      "ssim": stat([0.5] * len(rows)), "label_accuracy": stat([1.0] * len(rows)),
+      "wall_time_s": stat([1.0] * len(rows)), "psnr_threshold": threshold}})
+
+
+def test_sapag_budget_note_pairs_images_and_counts_how_runs_ended(results_md, tmp_path, monkeypatch):
+  """Three images at 2000 iterations (PSNR 40, 36, 5: mean 27, population std sqrt(((13² + 9² + 22²) / 3)
+  = 15.25, median 36, 2 of 3 >= 30) against 500 iterations split over two folders (20, 25, 6): gains
+  +20, +11, −1, mean +10.00, higher on 2. Ended: one at objective 0, one at the budget, one diverged;
+  evaluations 900, 5000, 300 -> median 900."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  base = tmp_path / results_md.RESULTS
+  (long,), (short_a, short_b) = results_md._runs(results_md.SAPAG_PRESET), results_md._runs(results_md.SAPAG_500)
+  _sapag_rows(base / long, [
+      {"index": 2, "psnr": 5.0, "iterations": 300, "loss": 0.9, "restarts_diverged": 1, "evaluations": 300},
+      {"index": 0, "psnr": 40.0, "iterations": 800, "loss": 0.0, "restarts_diverged": 0, "evaluations": 900},
+      {"index": 1, "psnr": 36.0, "iterations": 2000, "loss": 1e-6, "restarts_diverged": 0,
+       "evaluations": 5000}])
+  _sapag_rows(base / short_a, [{"index": 0, "psnr": 20.0}, {"index": 1, "psnr": 25.0}])
+  _sapag_rows(base / short_b, [{"index": 2, "psnr": 6.0}])
+  note = results_md.sapag_budget_note()
+  std = np.sqrt((13 ** 2 + 9 ** 2 + 22 ** 2) / 3)
+  assert f"reaches 27.00 ± {std:.2f} dB (median 36.00, 2 of 3 images ≥ 30 dB), below the paper's" in note
+  assert "500 iterations give 17.00 dB on the same images; it is higher on 2 of 3 images, by +10.00 dB" in note
+  assert "1 ended with the objective at 0 in float32" in note
+  assert "1 used the whole budget and 1 diverged" in note and "a median of 900 objective evaluations" in note
+
+
+def test_sapag_other_note_compares_on_the_images_both_ran(results_md, tmp_path, monkeypatch):
+  """MNIST Xavier: SAPAG at 2000 iterations on images 0–2 (PSNR 50, 10, 46: median 46), DLG on 0–1
+  and 5 (90, 20, 70): the pair is images 0–1, medians 30 and 55, DLG higher, 1 of 2 DLG images >= 30;
+  500 iterations on image 0 and 1 (20, 12): gains +30, −2, mean +14.00, higher on 1. LFW Xavier:
+  SAPAG only at 500 iterations (35 on image 0) against DLG 31: SAPAG higher, and at or above the
+  paper's 30.72."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  base = tmp_path / results_md.RESULTS
+  mnist = results_md._sapag_other_folders("xavier", "mnist", ("0-9",))
+  lfw = results_md._sapag_other_folders("xavier", "lfw", ("0-9",))
+  _sapag_rows(base / mnist["2000"][0], [{"index": 0, "psnr": 50.0}, {"index": 1, "psnr": 10.0},
+                                        {"index": 2, "psnr": 46.0}])
+  _sapag_rows(base / mnist["500"][0], [{"index": 0, "psnr": 20.0}, {"index": 1, "psnr": 12.0}])
+  _sapag_rows(base / mnist["dlg"][0], [{"index": 0, "psnr": 90.0}, {"index": 1, "psnr": 20.0},
+                                       {"index": 5, "psnr": 70.0}])
+  _sapag_rows(base / lfw["500"][0], [{"index": 0, "psnr": 35.0}])
+  _sapag_rows(base / lfw["dlg"][0], [{"index": 0, "psnr": 31.0}])
+  note = results_md.sapag_other_note()
+  assert ("MNIST, Xavier normal 30.00 / 55.00 dB (2 images); LFW, Xavier normal 35.00 / 31.00 dB "
+          "(1 image, SAPAG at 500 iterations)") in note
+  assert "higher on 1 of 2 dataset and init pairs" in note and "paper's SAPAG figure on 1 of 2" in note
+  assert "MNIST, Xavier normal: 1 of 2 images ≥ 30 dB; LFW, Xavier normal: 1 of 1 images" in note
+  assert "change SAPAG by +14.00 dB on average over these 2 images (higher on 1)" in note
