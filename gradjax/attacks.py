@@ -156,7 +156,8 @@ class Attack:
       (:class:`gradjax.objectives.Stepwise`), or ``None`` to match every layer.
     track_from: the reconstruction is the lowest-objective iterate from this iteration on (0: the
       whole run); with ``stepwise``, objective values are comparable only once the layer set stops
-      growing.
+      growing. An annealed distance raises it to the step it settles at
+      (:func:`gradjax.distances.settled_from`).
     gamma: objective ``"dlm"`` only: how its scale γ starts and learns (:class:`gradjax.objectives.Gamma`).
   """
 
@@ -350,7 +351,8 @@ def _clip_to_box(dummy, data):
 
 @functools.lru_cache(maxsize=32)
 def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
-  objective = gradient_matching(apply_fn, distances.get_distance(attack.distance),
+  distance = distances.get_distance(attack.distance)
+  objective = gradient_matching(apply_fn, distance,
                                 prior=_prior(attack.priors),
                                 one_sample_per_step=attack.one_sample_per_step,
                                 mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise,
@@ -364,7 +366,7 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
 
   return solvers.make_solver(value_fn, _optimizer(attack), tol=attack.tol,
                              project=_clip_to_box if attack.box else None,
-                             track_from=attack.track_from)
+                             track_from=max(attack.track_from, distances.settled_from(distance)))
 
 
 def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: int | tuple[int, ...] | None,

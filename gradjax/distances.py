@@ -383,6 +383,15 @@ def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False, a
              for w, d, o in terms)
 
 
+def settled_from(distance: Distance) -> int:
+  """The first step from which ``distance`` no longer changes with the step: the annealed kernel's
+  ``anneal``, 0 for the others. Objective values of earlier steps are not comparable with later ones,
+  so an attack tracks its best iterate from there on (:class:`gradjax.attacks.Attack`)."""
+  if isinstance(distance, functools.partial) and distance.func is gaussian_kernel:
+    return int(distance.keywords.get("anneal", 0))
+  return 0
+
+
 def takes_step(distance: Distance) -> bool:
   """Whether ``distance`` reads the optimizer step (keyword ``step``), as an annealed kernel does."""
   try:

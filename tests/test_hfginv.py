@@ -116,6 +116,18 @@ def test_best_iterate_is_tracked_from_track_from():
       np.testing.assert_allclose(np.asarray(state.best_params["x"]), [final, final], rtol=1e-6)
 
 
+def test_an_annealed_distance_tracks_the_best_iterate_once_it_settles(monkeypatch):
+  """The annealed kernel's values before step 250 are not comparable with later ones: the solver is
+  built with track_from 250 (or the attack's own, where later)."""
+  seen = []
+  monkeypatch.setattr(attacks.solvers, "make_solver", lambda *a, track_from, **k: seen.append(track_from))
+  apply_fn = lambda variables, x, train: x
+  for distance, track_from, want in (("gaussian_kernel_annealed", 0, 250), ("gaussian_kernel_annealed", 400, 400),
+                                     ("gaussian_kernel_mean", 0, 0)):
+    attacks._solver_cached(attacks.get_attack("sapag", distance=distance, track_from=track_from), apply_fn)
+    assert seen[-1] == want, distance
+
+
 def test_presets_and_rescaled():
   hf = attacks.get_attack("hfginv")
   assert hf.stepwise == objectives.Stepwise() and hf.iterations == 15_000 and hf.track_from == 4000
