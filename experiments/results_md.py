@@ -1050,7 +1050,8 @@ def sapag_note() -> str:
   base = found.get(SAPAG_500)
   if annealed is not None and base is not None:
     text += (f" Annealing the kernel from the per-entry width to the printed σ_l² over the first 250 "
-             f"of 500 iterations (distance `gaussian_kernel_annealed`) gives a median of "
+             f"of 500 iterations (distance `gaussian_kernel_annealed`; the best iterate is taken from "
+             f"step 250 on, where the kernel has settled) gives a median of "
              f"{annealed['psnr']['median']:.2f} dB against {base['psnr']['median']:.2f} dB with the "
              f"per-entry width throughout.")
   return text
