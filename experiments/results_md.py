@@ -1044,8 +1044,19 @@ def sapag_note() -> str:
              f"≥ 30 dB on {long_fixed['summary']['successes']}.")
   dlg_long = found.get("DLG, fixed step, 10 000 iterations")
   if dlg_long is not None:
+    long, short = (_sweep_items(_runs(k)) for k in ("DLG, fixed step, 10 000 iterations",
+                                                      "DLG, fixed-step L-BFGS"))
+    both = sorted(set(long) & set(short))
+    stalled = [i for i in both if max(long[i]["psnr"], short[i]["psnr"]) < 30]
+    late = sum(long[i]["psnr"] >= 30 > short[i]["psnr"] for i in both)
     text += (f" DLG given the same 10 000 fixed steps has a median of {dlg_long['psnr']['median']:.2f} "
-             f"dB ({dlg_long['successes']} of {dlg_long['experiments']} images ≥ 30 dB; paper 3.75).")
+             f"dB ({dlg_long['successes']} of {dlg_long['experiments']} images ≥ 30 dB; paper 3.75): "
+             f"{late} of the images under 30 dB at 500 steps reach{'es' * (late == 1)} it by 10 000")
+    if stalled:
+      median = lambda rows: float(np.median([rows[i]["loss"] for i in stalled]))
+      text += (f", and the {len(stalled)} that stay under it stall, their objective at a median of "
+               f"{median(short):.3g} after 500 steps and {median(long):.3g} after 10 000")
+    text += "."
   annealed = found.get("SAPAG, line search, kernel annealed from n_l σ_l² to σ_l²")
   base = found.get(SAPAG_500)
   if annealed is not None and base is not None:

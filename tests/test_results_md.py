@@ -453,3 +453,33 @@ def test_sapag_other_note_compares_on_the_images_both_ran(results_md, tmp_path, 
   assert "higher on 1 of 2 dataset and init pairs" in note and "paper's SAPAG figure on 1 of 2" in note
   assert "MNIST, Xavier normal: 1 of 2 images ≥ 30 dB; LFW, Xavier normal: 1 of 1 images" in note
   assert "change SAPAG by +14.00 dB on average over these 2 images (higher on 1)" in note
+
+
+def test_sapag_note_counts_what_the_longer_budgets_change(results_md, tmp_path, monkeypatch):
+  """DLG fixed-step at 500 steps: images 0–2 at 40, 5, 6 dB; at 10 000: 41, 35, 6.5 dB, so image 1
+  reaches 30 dB late and image 2 stalls (objective 0.04 then 0.03). SAPAG at 10 000 fixed steps:
+  image 0 diverged, 1 of 2 >= 30 dB. The annealed kernel's median (8, 12 -> 10) against 500
+  iterations' (20, 30 -> 25)."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  base = tmp_path / results_md.RESULTS
+  runs = results_md._runs
+  _sapag_rows(base / runs(results_md.SAPAG_PRESET)[0], [{"index": 0, "psnr": 45.0}])
+  _sapag_rows(base / runs(results_md.SAPAG_500)[0], [{"index": 0, "psnr": 20.0}, {"index": 1, "psnr": 30.0}])
+  _sapag_rows(base / runs("SAPAG, line search, kernel annealed from n_l σ_l² to σ_l²")[0],
+              [{"index": 0, "psnr": 8.0}, {"index": 1, "psnr": 12.0}])
+  _sapag_rows(base / runs("SAPAG, fixed step, 10 000 iterations")[0], [
+      {"index": 0, "psnr": 5.0, "restarts_diverged": 1}, {"index": 1, "psnr": 31.0, "restarts_diverged": 0}])
+  _sapag_rows(base / runs("DLG, line-search L-BFGS")[0], [{"index": 0, "psnr": 80.0}])
+  _sapag_rows(base / runs("DLG, fixed-step L-BFGS")[0], [
+      {"index": 0, "psnr": 40.0, "loss": 1e-11}, {"index": 1, "psnr": 5.0, "loss": 0.05},
+      {"index": 2, "psnr": 6.0, "loss": 0.04}])
+  _sapag_rows(base / runs("DLG, fixed step, 10 000 iterations")[0], [
+      {"index": 2, "psnr": 6.5, "loss": 0.03}, {"index": 0, "psnr": 41.0, "loss": 1e-11},
+      {"index": 1, "psnr": 35.0, "loss": 1e-11}])
+  note = results_md.sapag_note()
+  assert "The best SAPAG reading by median is \"" + results_md.SAPAG_PRESET + "\" (45.00 dB" in note
+  assert "(10 000 fixed steps), it diverges on 1 of 2 images and reaches ≥ 30 dB on 1." in note
+  assert ("has a median of 35.00 dB (2 of 3 images ≥ 30 dB; paper 3.75): 1 of the images under 30 dB at "
+          "500 steps reaches it by 10 000, and the 1 that stay under it stall, their objective at a median of "
+          "0.04 after 500 steps and 0.03 after 10 000.") in note
+  assert "gives a median of 10.00 dB against 25.00 dB with the per-entry width throughout." in note
