@@ -483,3 +483,24 @@ def test_sapag_note_counts_what_the_longer_budgets_change(results_md, tmp_path, 
           "500 steps reaches it by 10 000, and the 1 that stay under it stall, their objective at a median of "
           "0.04 after 500 steps and 0.03 after 10 000.") in note
   assert "gives a median of 10.00 dB against 25.00 dB with the per-entry width throughout." in note
+
+
+def test_sapag_box_note_compares_the_same_images(results_md, tmp_path, monkeypatch):
+  """MNIST Xavier: without the box images 0–2 at 50, 40, 20 dB (image 2 absent with the box); with
+  it images 0, 1, 5 at 10, 12, 11: on images 0–1, 45.00 (median 45.00, 2 of 2 >= 30) against 11.00
+  (median 11.00). DLG with the box: 80, 90 -> median 85.00, 2 of 2."""
+  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
+  base = tmp_path / results_md.RESULTS
+  _sapag_rows(base / results_md.SAPAG_BOX[0][1][0], [{"index": 0, "psnr": 50.0}, {"index": 1, "psnr": 40.0},
+                                                     {"index": 2, "psnr": 20.0}])
+  boxed = results_md._sapag_other_folders("xavier", "mnist", ("0-9", "10-19"))["2000"]
+  _sapag_rows(base / boxed[0], [{"index": 0, "psnr": 10.0}, {"index": 1, "psnr": 12.0}])
+  _sapag_rows(base / boxed[1], [{"index": 15, "psnr": 11.0}])
+  _sapag_rows(base / results_md.SAPAG_BOX[2][1][0], [{"index": 0, "psnr": 80.0}, {"index": 1, "psnr": 90.0}])
+  note = results_md.sapag_box_note()
+  assert ("MNIST, Xavier normal: 45.00 dB (median 45.00, 2 of 2 images ≥ 30 dB; paper 45.60) without the "
+          "box against 11.00 dB (median 11.00) with it.") in note
+  assert "DLG with the same box still converges (median 85.00 dB, 2 of 2 images ≥ 30 dB)" in note
+  assert "MNIST, uniform" not in note  # no run without the box there
+  table = results_md.sapag_box_table()
+  assert table.count("\n| MNIST") == 2
