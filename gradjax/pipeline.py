@@ -16,6 +16,7 @@ image ``i`` reproduces row ``i`` of a sweep.
 """
 
 import dataclasses
+import math
 import os
 import time
 from typing import Any, Callable, NamedTuple
@@ -468,7 +469,8 @@ def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
 class Trace:
   """The objective after every solver chunk, and the PSNR of the current best iterate when a ground
   truth is given: ``rows`` of ``{"restart", "iteration", "loss"[, "psnr"]}`` (restart ``None`` when
-  all restarts advance together; then ``loss`` is the best over them).
+  all restarts advance together; then ``loss`` is the best over them), from the first report with a
+  best iterate (an attack's ``track_from`` delays it).
 
   Pass :meth:`progress` as the solver's ``callback`` and :meth:`monitor` as its ``monitor``.
   """
@@ -477,15 +479,18 @@ class Trace:
                norm: data.Normalization | None = None):
     self.rows: list[dict] = []
     self._callback, self._truth, self._norm = callback, truth, norm
+    self._recorded = False  # whether the last report made a row (monitor scores that row)
 
   def progress(self, p) -> None:
-    if not p.compiling:
+    # No row before there is a best iterate (its objective is inf until the attack's track_from).
+    self._recorded = not p.compiling and math.isfinite(p.best_loss)
+    if self._recorded:
       self.rows.append({"restart": p.restart, "iteration": int(p.iteration), "loss": float(p.best_loss)})
     if self._callback is not None:
       self._callback(p)
 
   def monitor(self, state) -> bool:
-    if self._truth is None or not self.rows:
+    if self._truth is None or not self._recorded:
       return False
     x = np.asarray(state.best_params["x"], np.float64)
     if x.ndim == 5:  # stacked restarts: the best one

@@ -171,3 +171,26 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
   assert results["wall_time_s"] == 1.0 and images == {}
   with pytest.raises(ValueError, match="computed with other settings"):
     common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, aux=8))
+
+
+def test_trace_rows_start_at_the_first_best_iterate(tmp_path):
+  """Before an attack's ``track_from`` its best objective is inf: the trace makes no row for it (the
+  rows go into JSON state files, which refuse inf) and scores none. PSNR of a 0.5 image against 0:
+  10 log10(1 / 0.25) = 6.0206 dB."""
+  from types import SimpleNamespace
+
+  from gradjax import data, pipeline, report
+  trace = pipeline.Trace(truth=np.zeros((1, 2, 2, 1)), norm=data.Normalization((0.0,), (1.0,)))
+  state = SimpleNamespace(best_params={"x": np.full((1, 2, 2, 1), 0.5)}, best_loss=np.array(np.inf))
+  for iteration, best in ((100, np.inf), (200, np.inf)):
+    trace.progress(solvers.Progress(None, iteration, 300, best, 1, 1.0, 1.0))
+    trace.monitor(state)
+  assert trace.rows == []
+  trace.progress(solvers.Progress(None, 300, 300, 0.25, 1, 1.0, 1.0))
+  trace.monitor(state)
+  assert trace.rows[0]["iteration"] == 300 and trace.rows[0]["loss"] == 0.25
+  assert trace.rows[0]["psnr"] == pytest.approx(10 * np.log10(4.0), rel=1e-12)
+  trace.progress(solvers.Progress(None, 400, 300, np.inf, 0, 1.0, 1.0))  # every restart diverged
+  trace.monitor(state)
+  assert len(trace.rows) == 1
+  report.save_json(tmp_path / "history.json", {"history": trace.rows})
