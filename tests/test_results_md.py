@@ -502,5 +502,15 @@ def test_sapag_box_note_compares_the_same_images(results_md, tmp_path, monkeypat
           "box against 11.00 dB (median 11.00) with it.") in note
   assert "DLG with the same box still converges (median 85.00 dB, 2 of 2 images ≥ 30 dB)" in note
   assert "MNIST, uniform" not in note  # no run without the box there
+  assert "On CIFAR-100" not in note  # not run there yet
+  # CIFAR-100 images 0–2: with the box (the preset) 40, 30, 10; without 20, 35, 5 (image 3 without
+  # only): medians 30 and 20, higher with the box on 2 of 3.
+  _sapag_rows(base / results_md._runs(results_md.SAPAG_PRESET)[0],
+              [{"index": 0, "psnr": 40.0}, {"index": 1, "psnr": 30.0}, {"index": 2, "psnr": 10.0}])
+  _sapag_rows(base / results_md._runs("SAPAG, line search, 2000 iterations, no box")[0],
+              [{"index": 0, "psnr": 20.0}, {"index": 1, "psnr": 35.0}, {"index": 2, "psnr": 5.0},
+               {"index": 3, "psnr": 50.0}])
+  assert ("On CIFAR-100 (images 0–2) the box helps instead: median 30.00 dB with it, 20.00 dB without, "
+          "higher with it on 2 of 3 images; so the preset keeps the box") in results_md.sapag_box_note()
   table = results_md.sapag_box_table()
   assert table.count("\n| MNIST") == 2
