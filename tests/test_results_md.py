@@ -502,6 +502,12 @@ def test_sapag_box_note_compares_the_same_images(results_md, tmp_path, monkeypat
           "box against 11.00 dB (median 11.00) with it.") in note
   assert "DLG with the same box still converges (median 85.00 dB, 2 of 2 images ≥ 30 dB)" in note
   assert "MNIST, uniform" not in note  # no run without the box there
+  # MNIST uniform: no box 60 dB on image 0; with it only at 500 iterations, 12 dB.
+  _sapag_rows(base / results_md.SAPAG_BOX[1][1][0], [{"index": 0, "psnr": 60.0}])
+  _sapag_rows(base / results_md._sapag_other_folders("uniform", "mnist", ("0-9",))["500"][0],
+              [{"index": 0, "psnr": 12.0}])
+  assert ("MNIST, uniform: 60.00 dB (median 60.00, 1 of 1 images ≥ 30 dB; paper 78.23) without the box "
+          "against 12.00 dB (median 12.00) with it at 500 iterations.") in results_md.sapag_box_note()
   assert "On CIFAR-100" not in note  # not run there yet
   # CIFAR-100 images 0–2: with the box (the preset) 40, 30, 10; without 20, 35, 5 (image 3 without
   # only): medians 30 and 20, higher with the box on 2 of 3.
@@ -512,5 +518,4 @@ def test_sapag_box_note_compares_the_same_images(results_md, tmp_path, monkeypat
                {"index": 3, "psnr": 50.0}])
   assert ("On CIFAR-100 (images 0–2) the box helps instead: median 30.00 dB with it, 20.00 dB without, "
           "higher with it on 2 of 3 images; so the preset keeps the box") in results_md.sapag_box_note()
-  table = results_md.sapag_box_table()
-  assert table.count("\n| MNIST") == 2
+  assert results_md.sapag_box_table().count("\n| MNIST") == 3
