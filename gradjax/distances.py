@@ -362,7 +362,8 @@ def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False, a
   ``anneal`` = T > 0 narrows the kernel over the optimizer's first T steps (registered as
   ``"gaussian_kernel_annealed"``, T = 250, half of SAPAG's LeNet-5 budget): s_l = n_l^e(t) with
   e(t) = max(0, 1 − t/T), the per-entry width at ``step`` 0, the literal one from step T on. A wide
-  kernel first draws every layer in, the printed one then weighs the residual as the paper does.
+  kernel first draws every layer in, the printed one then weighs the residual as the paper does
+  (a reading we measured, not a recommendation: on CIFAR-100 it falls below the per-entry width, RESULTS.md).
   """
   if anneal < 0:
     raise ValueError(f"the kernel's annealing steps must be non-negative, got {anneal}")
