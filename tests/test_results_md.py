@@ -431,28 +431,38 @@ def test_sapag_budget_note_pairs_images_and_counts_how_runs_ended(results_md, tm
 
 
 def test_sapag_other_note_compares_on_the_images_both_ran(results_md, tmp_path, monkeypatch):
-  """MNIST Xavier: SAPAG at 2000 iterations on images 0–2 (PSNR 50, 10, 46: median 46), DLG on 0–1
-  and 5 (90, 20, 70): the pair is images 0–1, medians 30 and 55, DLG higher, 1 of 2 DLG images >= 30;
-  500 iterations on image 0 and 1 (20, 12): gains +30, −2, mean +14.00, higher on 1. LFW Xavier:
-  SAPAG only at 500 iterations (35 on image 0) against DLG 31: SAPAG higher, and at or above the
-  paper's 30.72."""
+  """MNIST Xavier: the preset there runs without the box, at 2000 iterations on images 0–2 (PSNR 50,
+  10, 46), DLG on 0–1 and 5 (90, 20, 70): the pair is images 0–1, medians 30 and 55, DLG higher, 1 of
+  2 DLG images >= 30; its 500-iteration runs (with the box) count in no gain. LFW Xavier: SAPAG only
+  at 500 iterations (35 on image 0) against DLG 31: SAPAG higher, and at or above the paper's 30.72.
+  CIFAR-100 uniform, with the box: 2000 iterations 40, 30 against 500's 20, 32 (gains +20, −2: mean
+  +9.00, higher on 1); DLG 10, 50: medians 35 and 30, SAPAG higher, below the paper's 55.91."""
   monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
   base = tmp_path / results_md.RESULTS
   mnist = results_md._sapag_other_folders("xavier", "mnist", ("0-9",))
   lfw = results_md._sapag_other_folders("xavier", "lfw", ("0-9",))
-  _sapag_rows(base / mnist["2000"][0], [{"index": 0, "psnr": 50.0}, {"index": 1, "psnr": 10.0},
-                                        {"index": 2, "psnr": 46.0}])
+  cifar = results_md._sapag_other_folders("uniform", "cifar100", ("0-9",))
+  _sapag_rows(base / mnist["2000_nobox"][0], [{"index": 0, "psnr": 50.0}, {"index": 1, "psnr": 10.0},
+                                              {"index": 2, "psnr": 46.0}])
+  _sapag_rows(base / mnist["2000"][0], [{"index": 0, "psnr": 1.0}, {"index": 1, "psnr": 1.0}])
   _sapag_rows(base / mnist["500"][0], [{"index": 0, "psnr": 20.0}, {"index": 1, "psnr": 12.0}])
   _sapag_rows(base / mnist["dlg"][0], [{"index": 0, "psnr": 90.0}, {"index": 1, "psnr": 20.0},
                                        {"index": 5, "psnr": 70.0}])
   _sapag_rows(base / lfw["500"][0], [{"index": 0, "psnr": 35.0}])
   _sapag_rows(base / lfw["dlg"][0], [{"index": 0, "psnr": 31.0}])
+  _sapag_rows(base / cifar["2000"][0], [{"index": 0, "psnr": 40.0}, {"index": 1, "psnr": 30.0}])
+  _sapag_rows(base / cifar["500"][0], [{"index": 0, "psnr": 20.0}, {"index": 1, "psnr": 32.0}])
+  _sapag_rows(base / cifar["dlg"][0], [{"index": 0, "psnr": 10.0}, {"index": 1, "psnr": 50.0}])
   note = results_md.sapag_other_note()
-  assert ("MNIST, Xavier normal 30.00 / 55.00 dB (2 images); LFW, Xavier normal 35.00 / 31.00 dB "
-          "(1 image, SAPAG at 500 iterations)") in note
-  assert "higher on 1 of 2 dataset and init pairs" in note and "paper's SAPAG figure on 1 of 2" in note
+  assert ("MNIST, Xavier normal 30.00 / 55.00 dB (2 images, SAPAG without the box); LFW, Xavier normal "
+          "35.00 / 31.00 dB (1 image, SAPAG at 500 iterations); CIFAR-100, uniform 35.00 / 30.00 dB "
+          "(2 images)") in note
+  assert "higher on 2 of 3 dataset and init pairs" in note and "paper's SAPAG figure on 1 of 3" in note
   assert "MNIST, Xavier normal: 1 of 2 images ≥ 30 dB; LFW, Xavier normal: 1 of 1 images" in note
-  assert "change SAPAG by +14.00 dB on average over these 2 images (higher on 1)" in note
+  assert "2000 iterations against 500 change SAPAG by +9.00 dB on average over these 2 images (higher on 1)" in note
+  table = results_md.sapag_other_table()
+  assert "| MNIST, Xavier normal: SAPAG, 2000 iterations (the preset, --nobox) | 3 |" in table
+  assert "| CIFAR-100, uniform: SAPAG, 2000 iterations (the preset) | 2 |" in table
 
 
 def test_sapag_note_counts_what_the_longer_budgets_change(results_md, tmp_path, monkeypatch):
@@ -486,14 +496,15 @@ def test_sapag_note_counts_what_the_longer_budgets_change(results_md, tmp_path, 
 
 
 def test_sapag_box_note_compares_the_same_images(results_md, tmp_path, monkeypatch):
-  """MNIST Xavier: without the box images 0–2 at 50, 40, 20 dB (image 2 absent with the box); with
-  it images 0, 1, 5 at 10, 12, 11: on images 0–1, 45.00 (median 45.00, 2 of 2 >= 30) against 11.00
-  (median 11.00). DLG with the box: 80, 90 -> median 85.00, 2 of 2."""
+  """MNIST Xavier: without the box (the preset there) images 0–2 at 50, 40, 20 dB (image 2 absent with
+  the box); with it images 0, 1, 15 at 10, 12, 11: on images 0–1, 45.00 (median 45.00, 2 of 2 >= 30)
+  against 11.00 (median 11.00). DLG with the box: 80, 90 -> median 85.00, 2 of 2."""
   monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
   base = tmp_path / results_md.RESULTS
-  _sapag_rows(base / results_md.SAPAG_BOX[0][1][0], [{"index": 0, "psnr": 50.0}, {"index": 1, "psnr": 40.0},
-                                                     {"index": 2, "psnr": 20.0}])
-  boxed = results_md._sapag_other_folders("xavier", "mnist", ("0-9", "10-19"))["2000"]
+  free = results_md._sapag_other_folders("xavier", "mnist", ("0-9", "10-19"))["2000_nobox"]
+  _sapag_rows(base / free[0], [{"index": 0, "psnr": 50.0}, {"index": 1, "psnr": 40.0},
+                               {"index": 2, "psnr": 20.0}])
+  boxed = results_md.SAPAG_BOX[0][1]
   _sapag_rows(base / boxed[0], [{"index": 0, "psnr": 10.0}, {"index": 1, "psnr": 12.0}])
   _sapag_rows(base / boxed[1], [{"index": 15, "psnr": 11.0}])
   _sapag_rows(base / results_md.SAPAG_BOX[2][1][0], [{"index": 0, "psnr": 80.0}, {"index": 1, "psnr": 90.0}])
@@ -503,11 +514,16 @@ def test_sapag_box_note_compares_the_same_images(results_md, tmp_path, monkeypat
   assert "DLG with the same box still converges (median 85.00 dB, 2 of 2 images ≥ 30 dB)" in note
   assert "MNIST, uniform" not in note  # no run without the box there
   # MNIST uniform: no box 60 dB on image 0; with it only at 500 iterations, 12 dB.
-  _sapag_rows(base / results_md.SAPAG_BOX[1][1][0], [{"index": 0, "psnr": 60.0}])
+  _sapag_rows(base / results_md._sapag_other_folders("uniform", "mnist", ("0-9",))["2000_nobox"][0],
+              [{"index": 0, "psnr": 60.0}])
   _sapag_rows(base / results_md._sapag_other_folders("uniform", "mnist", ("0-9",))["500"][0],
               [{"index": 0, "psnr": 12.0}])
   assert ("MNIST, uniform: 60.00 dB (median 60.00, 1 of 1 images ≥ 30 dB; paper 78.23) without the box "
           "against 12.00 dB (median 12.00) with it at 500 iterations.") in results_md.sapag_box_note()
+  # With the box at 2000 iterations (15 dB), that run replaces the 500-iteration one.
+  _sapag_rows(base / results_md.SAPAG_BOX[1][1][0], [{"index": 0, "psnr": 15.0}])
+  assert ("MNIST, uniform: 60.00 dB (median 60.00, 1 of 1 images ≥ 30 dB; paper 78.23) without the box "
+          "against 15.00 dB (median 15.00) with it.") in results_md.sapag_box_note()
   assert "On CIFAR-100" not in note  # not run there yet
   # CIFAR-100 images 0–2: with the box (the preset) 40, 30, 10; without 20, 35, 5 (image 3 without
   # only): medians 30 and 20, higher with the box on 2 of 3.
