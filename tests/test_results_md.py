@@ -380,10 +380,13 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
           "rate to a tenth, and reads 15.25 dB 200 iterations later.") in note
   assert "**Not measured yet**, attack lr 0.1" in note and f"{results_md.FEDAVG_PROGRAM} --lr=0.1`" in note
   assert "The other rows run an untrained `convnet-8`" in note
+  assert f"the paper's 4 images in batches of 2 at width 64 (one local epoch, two steps of lr 1e-4): " \
+         f"`{results_md.FEDAVG_WIDE_4_PROGRAM}`" in note
   history = [{"iteration": i, "psnr": p} for i, p in ((200, 12.0), (600, 18.0), (800, 21.55), (1600, 24.05))]
   _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE_LR, "metrics.json",
          {"psnr": 24.05, "wall_time_s": 600.0, "config": {"index": 0}, "cores": 2, "iterations": 1600,
           "resumed": True, "history": history})
+  _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE_4, "metrics.json", {"psnr": 15.0})
   note = results_md.fedavg_note()
   assert "Not measured" not in note
   assert ("With attack lr 0.1 as the authors' code runs it (`rec_mult.py`, `--lr` unset): 24.05 dB on "
