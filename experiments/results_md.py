@@ -667,6 +667,20 @@ def _first_cut(d: dict) -> str:
           "iterations later.")
 
 
+def _last_gain(d: dict) -> str:
+  """When a run's best objective last fell: its history reports the best objective so far, so the
+  first report equal to the last is where the run's result comes from."""
+  history = d.get("history", ())
+  if not history:
+    return ""
+  last = history[-1]["loss"]
+  since = next(h["iteration"] for h in history if h["loss"] == last)
+  if since == history[-1]["iteration"]:
+    return f"Its objective was still falling at the end ({last:.4f} at iteration {since})."
+  return (f"Its best objective, {last:.4f}, dates from iteration {since}: the last "
+          f"{d['iterations'] - since} iterations found none lower.")
+
+
 def _where(run: dict) -> str:
   """' on N cores', or for a run continued from saved states (``--resume``) the cores of its last part."""
   if not run.get("cores"):
@@ -698,7 +712,7 @@ def fedavg_note() -> str:
     parts.append(
         f"With {what}: {run['psnr']:.2f} dB on image {run['config']['index']} against the paper's "
         f"mean 25.05 ({run['psnr'] - 25.05:+.2f} dB; its std 3.28), in {_duration(run['wall_time_s'])}"
-        + _where(run) + ". " + _first_cut(run))
+        + _where(run) + ". " + _first_cut(run) + " " + _last_gain(run))
   if d is not None and lr is not None:
     gain = lr["psnr"] - d["psnr"]
     parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"

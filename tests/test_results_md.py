@@ -369,7 +369,8 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
   note = results_md.fedavg_note()
   assert "**Not measured yet.**" in note and results_md.FEDAVG_PROGRAM in note
-  history = [{"iteration": i, "psnr": p} for i, p in ((200, 10.0), (400, 11.5), (600, 10.5), (800, 15.25))]
+  history = [{"iteration": i, "psnr": p, "loss": l}
+             for i, p, l in ((200, 10.0, 0.3), (400, 11.5, 0.25), (600, 10.5, 0.2), (800, 15.25, 0.1))]
   _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE, "metrics.json",
          {"psnr": 21.55, "wall_time_s": 5400.0, "config": {"index": 0}, "cores": 1, "iterations": 1600,
           "history": history})
@@ -377,12 +378,14 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   assert ("With attack lr 1 as the paper states it: 21.55 dB on image 0 against the paper's mean 25.05 "
           "(-3.50 dB; its std 3.28), in 90.0 min on 1 core. Its PSNR stays between 10.00 and 11.50 dB "
           "over the 3 reports up to iteration 600, where the step schedule first cuts the learning "
-          "rate to a tenth, and reads 15.25 dB 200 iterations later.") in note
+          "rate to a tenth, and reads 15.25 dB 200 iterations later. Its objective was still falling "
+          "at the end (0.1000 at iteration 800).") in note
   assert "**Not measured yet**, attack lr 0.1" in note and f"{results_md.FEDAVG_PROGRAM} --lr=0.1`" in note
   assert "The other rows run an untrained `convnet-8`" in note
   assert f"the paper's 4 images in batches of 2 at width 64 (one local epoch, two steps of lr 1e-4): " \
          f"`{results_md.FEDAVG_WIDE_4_PROGRAM}`" in note
-  history = [{"iteration": i, "psnr": p} for i, p in ((200, 12.0), (600, 18.0), (800, 21.55), (1600, 24.05))]
+  history = [{"iteration": i, "psnr": p, "loss": l}
+             for i, p, l in ((200, 12.0, 0.3), (600, 18.0, 0.2), (800, 21.55, 0.05), (1600, 24.05, 0.05))]
   _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE_LR, "metrics.json",
          {"psnr": 24.05, "wall_time_s": 600.0, "config": {"index": 0}, "cores": 2, "iterations": 1600,
           "resumed": True, "history": history})
@@ -397,6 +400,8 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   assert ("Its PSNR goes from 12.00 to 18.00 dB over the 2 reports up to iteration 600, where the step "
           "schedule first cuts the learning rate to a tenth, and reads 21.55 dB 200 iterations later.") in note
   assert "lr 0.1 passes lr 1's final 21.55 dB at iteration 800 of 1600." in note
+  assert ("Its best objective, 0.0500, dates from iteration 800: the last 800 iterations found none "
+          "lower.") in note
 
 
 def _sapag_rows(rel_dir, rows, threshold=30.0):
