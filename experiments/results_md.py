@@ -642,7 +642,8 @@ at lr 1e-4, 4800 iterations, attack lr 1 (:data:`FEDAVG_WIDE_4_PROGRAM`)."""
 FEDAVG_WIDE_4_PROGRAM = (
     "experiments/reconstruct.py --attack=inverting_gradients_fedavg --model=convnet "
     "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
-    "--batch_size=4 --local_batch_size=2 --iterations=4800 --chunk=200")
+    "--batch_size=4 --local_batch_size=2 --iterations=4800 --chunk=200 "
+    f"--output_dir=experiments/results/{FEDAVG_WIDE_4}")
 FEDAVG_PROGRAM = (
     "experiments/reconstruct.py --attack=inverting_gradients_fedavg --model=convnet "
     "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
