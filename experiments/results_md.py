@@ -717,8 +717,8 @@ def fedavg_note() -> str:
   if d is not None and lr is not None:
     gain = lr["psnr"] - d["psnr"]
     parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"
-                 + (", so lr 1 as stated accounts for that much of the gap to the paper."
-                    if gain > 0 and d["psnr"] < 25.05 else "."))
+                 + (f", so the learning rate accounts for {gain:.2f} dB of the {25.05 - d['psnr']:.2f} "
+                    "dB gap to the paper." if gain > 0 and d["psnr"] < 25.05 else "."))
     passed = next((h["iteration"] for h in lr.get("history", ()) if h["psnr"] >= d["psnr"]), None)
     if passed is not None:
       parts.append(f"lr 0.1 passes lr 1's final {d['psnr']:.2f} dB at iteration {passed} of "

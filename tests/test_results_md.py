@@ -395,8 +395,8 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   assert ("With attack lr 0.1 as the authors' code runs it (`rec_mult.py`, `--lr` unset): 24.05 dB on "
           "image 0 against the paper's mean 25.05 (-1.00 dB; its std 3.28), in 10.0 min resumed from saved "
           "states (the last part on 2 cores).") in note
-  assert ("The authors' lr 0.1 gives +2.50 dB on the same image, so lr 1 as stated accounts for that "
-          "much of the gap to the paper.") in note
+  assert ("The authors' lr 0.1 gives +2.50 dB on the same image, so the learning rate accounts for "
+          "2.50 dB of the 3.50 dB gap to the paper.") in note
   assert ("Its PSNR goes from 12.00 to 18.00 dB over the 2 reports up to iteration 600, where the step "
           "schedule first cuts the learning rate to a tenth, and reads 21.55 dB 200 iterations later.") in note
   assert "lr 0.1 passes lr 1's final 21.55 dB at iteration 800 of 1600." in note
