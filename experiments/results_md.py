@@ -583,7 +583,7 @@ RESNET_WD = ("train_resnet20-4_cifar10_normalized_wd", 1)
 """(training folder, epoch) of the ResNet20-4 trained on CIFAR-10-normalised images with BatchNorm in
 training mode and weight decay 5e-4, whose checkpoint the trained ResNet20-4 row attacks."""
 _IG_RESNET = {"wide": ("ig_resnet20-4_cifar10_0-2", "ig_resnet20-4_cifar10_3-4",
-                       "ig_resnet20-4_cifar10_5-9"),
+                       *(f"ig_resnet20-4_cifar10_{i}" for i in range(5, 100))),
               "wide_trained": tuple(f"ig_resnet20-4_normalized_wd_epoch{RESNET_WD[1]}_cifar10_{i}"
                                     for i in range(100)),
               "untrained": ("ig_resnet20_cifar10_0-4", "ig_resnet20_cifar10_5-19"),
