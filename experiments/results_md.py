@@ -1048,7 +1048,7 @@ def sapag_other_note() -> str:
       continue
     a = float(np.median([sapag[i]["psnr"] for i in common]))
     b = float(np.median([dlg[i]["psnr"] for i in common]))
-    how = ("" if long else ", SAPAG at 500 iterations") + ("" if box or not long else ", SAPAG without the box")
+    how = ", SAPAG at 500 iterations" if not long else "" if box else ", SAPAG without the box"
     pairs.append((f"{name} {a:.2f} / {b:.2f} dB ({len(common)} image{'s' * (len(common) != 1)}{how})",
                   a > b))
     reached += a >= float(sapag_paper)
