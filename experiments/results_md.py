@@ -723,12 +723,23 @@ def fedavg_note() -> str:
     if passed is not None:
       parts.append(f"lr 0.1 passes lr 1's final {d['psnr']:.2f} dB at iteration {passed} of "
                    f"{lr['iterations']}.")
+  four = load(FEDAVG_WIDE_4)
   head = ("The width-64 rows are experiments of the paper's 100 on its protocol (ConvNet width 64, "
-          "5 local steps of lr 1e-4 on 1 image, 4800 iterations).")
-  if load(FEDAVG_WIDE_4) is None:
+          "4800 iterations, local lr 1e-4): 5 local steps on 1 image"
+          + (", and one local epoch of 4 images in batches of 2 (two steps)." if four else "."))
+  if four is None:
     text += (" **Not measured yet**, the paper's 4 images in batches of 2 at width 64 (one local "
              f"epoch, two steps of lr 1e-4): `{FEDAVG_WIDE_4_PROGRAM}` (`--resume` continues it from "
              "its saved state).")
+  else:
+    first = four["config"]["index"]
+    per_image = ", ".join(f"{p:.2f}" for p in four.get("psnr_per_image", ()))
+    parts.append(
+        f"With 4 images in batches of 2 (attack lr 1): {four['psnr']:.2f} dB on images {first}–"
+        f"{first + 3} (the PSNR of their mean squared error"
+        + (f"; per image {per_image}" if per_image else "") + ") against the paper's mean 16.92 "
+        f"({four['psnr'] - 16.92:+.2f} dB; its std 2.10), in {_duration(four['wall_time_s'])}"
+        + _where(four) + ". " + _first_cut(four) + " " + _last_gain(four))
   return " ".join([head, *(p.strip() for p in parts), text])
 
 
