@@ -736,10 +736,17 @@ def fedavg_note() -> str:
     per_image = ", ".join(f"{p:.2f}" for p in four.get("psnr_per_image", ()))
     parts.append(
         f"With 4 images in batches of 2 (attack lr 1): {four['psnr']:.2f} dB on images {first}–"
-        f"{first + 3} (the PSNR of their mean squared error"
-        + (f"; per image {per_image}" if per_image else "") + ") against the paper's mean 16.92 "
+        f"{first + 3}" + (f" (the mean of the images' PSNRs {per_image})" if per_image else "") + " against the paper's mean 16.92 "
         f"({four['psnr'] - 16.92:+.2f} dB; its std 2.10), in {_duration(four['wall_time_s'])}"
         + _where(four) + ". " + _first_cut(four) + " " + _last_gain(four))
+  spread = [f"{abs(run['psnr'] - mean) / std:.2f} ({label})"
+            for label, run, mean, std in (("1 image, lr 1", d, 25.05, 3.28),
+                                          ("1 image, lr 0.1", lr, 25.05, 3.28),
+                                          ("4 images", four, 16.92, 2.10)) if run is not None]
+  if spread:
+    parts.append("Each width-64 row is one experiment, so it is a draw from the spread of the paper's "
+                 "100, not a mean: its distance to the paper's mean, in the paper's standard "
+                 f"deviations, is {', '.join(spread)}.")
   return " ".join([head, *(p.strip() for p in parts), text])
 
 

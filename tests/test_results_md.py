@@ -366,7 +366,9 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   iterations put the first cut at 600: reports 10.00, 11.50, 10.50 up to it, 15.25 at 800. The lr-0.1
   run's 24.05 dB is 2.50 dB above 21.55; its history (12.00, 18.00 up to the cut, then 21.55, 24.05)
   first reaches 21.55 at iteration 800. The 4-image run's 15.00 dB is 1.92 under 16.92; 7200 s is
-  2.0 h; per image 15.125 prints 15.12 (round half to even)."""
+  2.0 h; per image 15.375 and 15.125 print 15.38 and 15.12 (round half to even). In the paper's
+  standard deviations: |21.55 − 25.05| / 3.28 = 1.07, |24.05 − 25.05| / 3.28 = 0.30,
+  |15.00 − 16.92| / 2.10 = 0.91."""
   monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
   note = results_md.fedavg_note()
   assert "**Not measured yet.**" in note and results_md.FEDAVG_PROGRAM in note
@@ -395,19 +397,22 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
   history = [{"iteration": i, "psnr": p, "loss": l}
              for i, p, l in ((400, 9.0, 0.5), (600, 9.5, 0.4), (800, 14.0, 0.3), (1600, 15.0, 0.3))]
   _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE_4, "metrics.json",
-         {"psnr": 15.0, "psnr_per_image": [14.0, 15.5, 16.25, 15.125], "wall_time_s": 7200.0,
+         {"psnr": 15.0, "psnr_per_image": [14.0, 15.5, 15.375, 15.125], "wall_time_s": 7200.0,
           "config": {"index": 4}, "cores": 1, "iterations": 1600, "history": history})
   note = results_md.fedavg_note()
   assert "Not measured" not in note
   assert note.startswith("The width-64 rows are experiments of the paper's 100 on its protocol "
                          "(ConvNet width 64, 4800 iterations, local lr 1e-4): 5 local steps on 1 image, "
                          "and one local epoch of 4 images in batches of 2 (two steps). ")
-  assert ("With 4 images in batches of 2 (attack lr 1): 15.00 dB on images 4–7 (the PSNR of their mean "
-          "squared error; per image 14.00, 15.50, 16.25, 15.12) against the paper's mean 16.92 "
+  assert ("With 4 images in batches of 2 (attack lr 1): 15.00 dB on images 4–7 (the mean of the "
+          "images' PSNRs 14.00, 15.50, 15.38, 15.12) against the paper's mean 16.92 "
           "(-1.92 dB; its std 2.10), in 2.0 h on 1 core. Its PSNR stays between 9.00 and 9.50 dB "
           "over the 2 reports up to iteration 600, where the step schedule first cuts the learning rate "
           "to a tenth, and reads 14.00 dB 200 iterations later.") in note
   assert "Its best objective, 0.3000, dates from iteration 800: the last 800 iterations found none lower." in note
+  assert ("Each width-64 row is one experiment, so it is a draw from the spread of the paper's 100, not a "
+          "mean: its distance to the paper's mean, in the paper's standard deviations, is 1.07 (1 image, "
+          "lr 1), 0.30 (1 image, lr 0.1), 0.91 (4 images).") in note
   assert ("With attack lr 0.1 as the authors' code runs it (`rec_mult.py`, `--lr` unset): 24.05 dB on "
           "image 0 against the paper's mean 25.05 (-1.00 dB; its std 3.28), in 10.0 min resumed from saved "
           "states (the last part on 2 cores).") in note
