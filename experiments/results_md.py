@@ -644,6 +644,9 @@ FEDAVG_WIDE_4_PROGRAM = (
     "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
     "--batch_size=4 --local_batch_size=2 --iterations=4800 --chunk=200 "
     f"--output_dir=experiments/results/{FEDAVG_WIDE_4}")
+FEDAVG_PAPER = {1: (25.05, 3.28), 4: (16.92, 2.10)}
+"""The paper's PSNR mean and std over its 100 experiments (§6), by the number of images per client:
+5 local steps on 1 image, one local epoch of 4 images in batches of 2."""
 FEDAVG_PROGRAM = (
     "experiments/reconstruct.py --attack=inverting_gradients_fedavg --model=convnet "
     "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
@@ -691,14 +694,16 @@ def _where(run: dict) -> str:
 
 
 def fedavg_note() -> str:
-  """What the FedAvg rows measure: the width-64 rows (when they ran) against the paper's mean, the
-  attack's learning rate as the paper states it (1) and as the authors' code runs it (0.1), and the
-  ``convnet-8`` rows as a check of the machinery."""
-  d, lr = load(FEDAVG_WIDE), load(FEDAVG_WIDE_LR)
-  text = (f"The {'other ' if d or lr else ''}rows run an untrained `convnet-8` (width 8) with a half or "
-          "a quarter of the iterations: none converges on this budget, so they check the machinery, "
+  """What the FedAvg rows measure: the width-64 rows (when they ran) against the paper's mean and
+  std (:data:`FEDAVG_PAPER`), the attack's learning rate as the paper states it (1) and as the
+  authors' code runs it (0.1) on 1 image, the 4-image protocol, and the ``convnet-8`` rows as a check
+  of the machinery."""
+  d, lr, four = load(FEDAVG_WIDE), load(FEDAVG_WIDE_LR), load(FEDAVG_WIDE_4)
+  (mean1, std1), (mean4, std4) = FEDAVG_PAPER[1], FEDAVG_PAPER[4]
+  text = (f"The {'other ' if d or lr or four else ''}rows run an untrained `convnet-8` (width 8) "
+          "with a half or a quarter of the iterations: none converges on this budget, so they check the machinery, "
           "not the paper's numbers.")
-  if d is None and lr is None:
+  if d is None and lr is None and four is None:
     return text + " " + missing(
         FEDAVG_PROGRAM,
         "The paper's width 64: about 3.7 s per iteration on one core, 5 hours for one image's 4800 "
@@ -712,18 +717,17 @@ def fedavg_note() -> str:
       continue
     parts.append(
         f"With {what}: {run['psnr']:.2f} dB on image {run['config']['index']} against the paper's "
-        f"mean 25.05 ({run['psnr'] - 25.05:+.2f} dB; its std 3.28), in {_duration(run['wall_time_s'])}"
+        f"mean {mean1:.2f} ({run['psnr'] - mean1:+.2f} dB; its std {std1:.2f}), in {_duration(run['wall_time_s'])}"
         + _where(run) + ". " + _first_cut(run) + " " + _last_gain(run))
   if d is not None and lr is not None:
     gain = lr["psnr"] - d["psnr"]
     parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"
-                 + (f", so the learning rate accounts for {gain:.2f} dB of the {25.05 - d['psnr']:.2f} "
-                    "dB gap to the paper." if gain > 0 and d["psnr"] < 25.05 else "."))
+                 + (f", so the learning rate accounts for {gain:.2f} dB of the {mean1 - d['psnr']:.2f} "
+                    "dB gap to the paper." if gain > 0 and d["psnr"] < mean1 else "."))
     passed = next((h["iteration"] for h in lr.get("history", ()) if h["psnr"] >= d["psnr"]), None)
     if passed is not None:
       parts.append(f"lr 0.1 passes lr 1's final {d['psnr']:.2f} dB at iteration {passed} of "
                    f"{lr['iterations']}.")
-  four = load(FEDAVG_WIDE_4)
   head = ("The width-64 rows are experiments of the paper's 100 on its protocol (ConvNet width 64, "
           "4800 iterations, local lr 1e-4): 5 local steps on 1 image"
           + (", and one local epoch of 4 images in batches of 2 (two steps)." if four else "."))
@@ -736,13 +740,14 @@ def fedavg_note() -> str:
     per_image = ", ".join(f"{p:.2f}" for p in four.get("psnr_per_image", ()))
     parts.append(
         f"With 4 images in batches of 2 (attack lr 1): {four['psnr']:.2f} dB on images {first}–"
-        f"{first + 3}" + (f" (the mean of the images' PSNRs {per_image})" if per_image else "") + " against the paper's mean 16.92 "
-        f"({four['psnr'] - 16.92:+.2f} dB; its std 2.10), in {_duration(four['wall_time_s'])}"
-        + _where(four) + ". " + _first_cut(four) + " " + _last_gain(four))
+        f"{first + 3}" + (f" (the mean of the images' PSNRs {per_image})" if per_image else "")
+        + f" against the paper's mean {mean4:.2f} ({four['psnr'] - mean4:+.2f} dB; its std "
+        f"{std4:.2f}), in {_duration(four['wall_time_s'])}" + _where(four) + ". " + _first_cut(four)
+        + " " + _last_gain(four))
   spread = [f"{abs(run['psnr'] - mean) / std:.2f} ({label})"
-            for label, run, mean, std in (("1 image, lr 1", d, 25.05, 3.28),
-                                          ("1 image, lr 0.1", lr, 25.05, 3.28),
-                                          ("4 images", four, 16.92, 2.10)) if run is not None]
+            for label, run, (mean, std) in (("1 image, lr 1", d, FEDAVG_PAPER[1]),
+                                            ("1 image, lr 0.1", lr, FEDAVG_PAPER[1]),
+                                            ("4 images", four, FEDAVG_PAPER[4])) if run is not None]
   if spread:
     parts.append("Each width-64 row is one experiment, so it is a draw from the spread of the paper's "
                  "100, not a mean: its distance to the paper's mean, in the paper's standard "
