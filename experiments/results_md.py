@@ -693,16 +693,30 @@ def _where(run: dict) -> str:
   return f" resumed from saved states (the last part on {cores})" if run.get("resumed") else f" on {cores}"
 
 
+def _fedavg_run(run: dict, what: str, paper: tuple[float, float]) -> str:
+  """One width-64 FedAvg run against the paper's (mean, std): its PSNR on the images it attacked
+  (with each image's when it attacked several), its time, and what its history shows."""
+  first, n = run["config"]["index"], run["config"].get("batch_size", 1)
+  images = f"image {first}" if n == 1 else f"images {first}–{first + n - 1}"
+  per_image = ", ".join(f"{p:.2f}" for p in run.get("psnr_per_image", ()))
+  if n > 1 and per_image:
+    images += f" (the mean of the images' PSNRs {per_image})"
+  mean, std = paper
+  return (f"With {what}: {run['psnr']:.2f} dB on {images} against the paper's mean {mean:.2f} "
+          f"({run['psnr'] - mean:+.2f} dB; its std {std:.2f}), in {_duration(run['wall_time_s'])}"
+          + _where(run) + ". " + _first_cut(run) + " " + _last_gain(run))
+
+
 def fedavg_note() -> str:
   """What the FedAvg rows measure: the width-64 rows (when they ran) against the paper's mean and
   std (:data:`FEDAVG_PAPER`), the attack's learning rate as the paper states it (1) and as the
   authors' code runs it (0.1) on 1 image, the 4-image protocol, and the ``convnet-8`` rows as a check
   of the machinery."""
   d, lr, four = load(FEDAVG_WIDE), load(FEDAVG_WIDE_LR), load(FEDAVG_WIDE_4)
-  (mean1, std1), (mean4, std4) = FEDAVG_PAPER[1], FEDAVG_PAPER[4]
+  mean1 = FEDAVG_PAPER[1][0]
   text = (f"The {'other ' if d or lr or four else ''}rows run an untrained `convnet-8` (width 8) "
-          "with a half or a quarter of the iterations: none converges on this budget, so they check the machinery, "
-          "not the paper's numbers.")
+          "with a half or a quarter of the iterations: none converges on this budget, so they check "
+          "the machinery, not the paper's numbers.")
   if d is None and lr is None and four is None:
     return text + " " + missing(
         FEDAVG_PROGRAM,
@@ -715,10 +729,7 @@ def fedavg_note() -> str:
       parts.append(f"**Not measured yet**, {what}: `{FEDAVG_PROGRAM}"
                    + (" --lr=0.1`." if run is lr else "`."))
       continue
-    parts.append(
-        f"With {what}: {run['psnr']:.2f} dB on image {run['config']['index']} against the paper's "
-        f"mean {mean1:.2f} ({run['psnr'] - mean1:+.2f} dB; its std {std1:.2f}), in {_duration(run['wall_time_s'])}"
-        + _where(run) + ". " + _first_cut(run) + " " + _last_gain(run))
+    parts.append(_fedavg_run(run, what, FEDAVG_PAPER[1]))
   if d is not None and lr is not None:
     gain = lr["psnr"] - d["psnr"]
     parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"
@@ -736,14 +747,7 @@ def fedavg_note() -> str:
              f"epoch, two steps of lr 1e-4): `{FEDAVG_WIDE_4_PROGRAM}` (`--resume` continues it from "
              "its saved state).")
   else:
-    first = four["config"]["index"]
-    per_image = ", ".join(f"{p:.2f}" for p in four.get("psnr_per_image", ()))
-    parts.append(
-        f"With 4 images in batches of 2 (attack lr 1): {four['psnr']:.2f} dB on images {first}–"
-        f"{first + 3}" + (f" (the mean of the images' PSNRs {per_image})" if per_image else "")
-        + f" against the paper's mean {mean4:.2f} ({four['psnr'] - mean4:+.2f} dB; its std "
-        f"{std4:.2f}), in {_duration(four['wall_time_s'])}" + _where(four) + ". " + _first_cut(four)
-        + " " + _last_gain(four))
+    parts.append(_fedavg_run(four, "4 images in batches of 2 (attack lr 1)", FEDAVG_PAPER[4]))
   spread = [f"{abs(run['psnr'] - mean) / std:.2f} ({label})"
             for label, run, (mean, std) in (("1 image, lr 1", d, FEDAVG_PAPER[1]),
                                             ("1 image, lr 0.1", lr, FEDAVG_PAPER[1]),

@@ -398,7 +398,8 @@ def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path,
              for i, p, l in ((400, 9.0, 0.5), (600, 9.5, 0.4), (800, 14.0, 0.3), (1600, 15.0, 0.3))]
   _write(tmp_path / results_md.RESULTS / results_md.FEDAVG_WIDE_4, "metrics.json",
          {"psnr": 15.0, "psnr_per_image": [14.0, 15.5, 15.375, 15.125], "wall_time_s": 7200.0,
-          "config": {"index": 4}, "cores": 1, "iterations": 1600, "history": history})
+          "config": {"index": 4, "batch_size": 4}, "cores": 1, "iterations": 1600,
+          "history": history})
   note = results_md.fedavg_note()
   assert "Not measured" not in note
   assert note.startswith("The width-64 rows are experiments of the paper's 100 on its protocol "
