@@ -79,8 +79,14 @@ def main(argv):
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
   print(f"{title}: {scores}  {results['iterations']} iterations  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
+  print(verdict_line(results))
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.png"
         + (", curves.png" if results.get("history") else ""))
+
+
+def verdict_line(results: dict) -> str:
+  """``verdict: leak: <reason>``."""
+  return f"verdict: {results['verdict']['status']}: {results['verdict']['reason']}"
 
 
 def text_main(cfg, out, state):
@@ -103,6 +109,7 @@ def text_main(cfg, out, state):
         f"{results['token_accuracy_nearest']:.2f})  bag recall {results['bag_recall']:.2f}  "
         f"{results['iterations']} iterations  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
+  print(verdict_line(results))
   print(f"wrote {out}: metrics.json, sentences.txt, report.html"
         + (", curves.png" if results.get("history") else ""))
 

@@ -97,11 +97,28 @@ _NORMALIZATIONS = {
 NORMALIZATION_NAMES = tuple(_NORMALIZATIONS)
 
 
-def normalization(name: str) -> Normalization:
-  """Returns the named normalisation: "none", "cifar10", "cifar100", "mnist" or "imagenet"."""
-  if name not in _NORMALIZATIONS:
-    raise ValueError(f"unknown normalization {name!r}; expected one of {', '.join(_NORMALIZATIONS)}")
-  return _NORMALIZATIONS[name]
+def normalization(spec: str) -> Normalization:
+  """The normalisation ``spec`` names: "none", "cifar10", "cifar100", "mnist" or "imagenet", or a
+  client's own per-channel statistics as ``"MEAN/STD"``, comma-separated values each (one value
+  applies to every channel), e.g. ``"0.5,0.5,0.5/0.5,0.5,0.5"`` for PyTorch's
+  ``transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))``."""
+  spec = str(spec).strip()
+  if spec in _NORMALIZATIONS:
+    return _NORMALIZATIONS[spec]
+  if "/" not in spec:
+    raise ValueError(f"unknown normalization {spec!r}; expected one of {', '.join(_NORMALIZATIONS)} "
+                     "or MEAN/STD, e.g. 0.5,0.5,0.5/0.25,0.25,0.25")
+  mean, std = spec.split("/", 1)
+  try:
+    values = [tuple(float(v) for v in part.split(",")) for part in (mean, std)]
+  except ValueError:
+    raise ValueError(f"normalization {spec!r}: MEAN/STD takes comma-separated numbers") from None
+  norm = Normalization(*values)
+  if len(norm.mean) != len(norm.std):
+    raise ValueError(f"normalization {spec!r} has {len(norm.mean)} means but {len(norm.std)} stds")
+  if not all(np.isfinite(norm.mean)) or not all(np.isfinite(v) and v > 0 for v in norm.std):
+    raise ValueError(f"normalization {spec!r}: means must be finite and stds positive")
+  return norm
 
 
 def _stats(norm: Normalization, channels: int):

@@ -444,6 +444,18 @@ def parse_renames(spec: str | None) -> tuple[tuple[str, str], ...]:
   return tuple(out)
 
 
+def _names_list(names, most: int = 6) -> str:
+  names = sorted(names)
+  shown = ", ".join(names[:most])
+  return shown + (f" and {len(names) - most} more" if len(names) > most else "") if names else "none"
+
+
+def _name_mismatch(expected: set, found: set) -> str:
+  """The model's names the file lacks and the file's names the model lacks, for a --rename."""
+  return (f"the model expects {_names_list(expected - found)}, the file has "
+          f"{_names_list(found - expected)} instead (--rename maps names)")
+
+
 def _to_tree(mapping: TorchMapping, tensors: dict[str, np.ndarray], like, entries, where: str,
              allowed_extra: Sequence[str] = ()):
   """The variables tree of ``entries`` read from ``tensors`` (validated against ``like``)."""
@@ -451,7 +463,8 @@ def _to_tree(mapping: TorchMapping, tensors: dict[str, np.ndarray], like, entrie
   extra_ok = set(mapping.ignored) | set(allowed_extra)
   for name in tensors:
     if name not in known and name not in extra_ok:
-      raise ValueError(f"{where}: unexpected tensor {name!r} (the model has no such tensor)")
+      raise ValueError(f"{where}: unexpected tensor {name!r} (the model has no such tensor); "
+                       + _name_mismatch(known, set(tensors) - extra_ok))
   for name in mapping.ignored:
     if name in tensors:
       arr = tensors[name]
@@ -460,7 +473,8 @@ def _to_tree(mapping: TorchMapping, tensors: dict[str, np.ndarray], like, entrie
   tree: dict = {}
   for e in entries:
     if e.name not in tensors:
-      raise ValueError(f"{where}: missing tensor {e.name!r}")
+      raise ValueError(f"{where}: missing tensor {e.name!r}; "
+                       + _name_mismatch(known, set(tensors) - extra_ok))
     arr = tensors[e.name]
     ref = _get(like, e.path)
     want = torch_shape(e, np.shape(ref))
@@ -610,6 +624,14 @@ def observation_from_files(variables, params_tree_like, observation: TensorFile,
                                   batch_size=_int(meta, "local_batch_size", where),
                                   learning_rate=lr,
                                   momentum=_float(meta, "local_momentum", where) or 0.0)
+  reduction = meta.get("loss_reduction", "mean")
+  if reduction not in ("mean", "sum"):
+    raise ValueError(f"{where}: metadata loss_reduction must be mean or sum, got {reduction!r}")
+  if reduction == "sum":  # Σ_n L_n is N times the mean: the mean's gradient, or a larger step
+    if kind == "gradient":
+      tree = jax.tree.map(lambda g: np.asarray(g) / n, tree)
+    elif local is not None:
+      local = local._replace(learning_rate=local.learning_rate * (local.batch_size or n))
   if local is not None:
     clients.check_local_training(local, n)
   obs = Observation(gradient=jax.tree.map(jnp.asarray, tree),
@@ -664,6 +686,8 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
     raise ValueError(f"{weights_path} is marked kind={weights.metadata['kind']!r}; the weights file "
                      "must hold the model the server sent")
   name = model or meta.get("model") or "lenet_zhu"
+  if "act" in meta and "act" not in module_kwargs:
+    module_kwargs["act"] = meta["act"]
   if input_shape is None and "input_shape" in meta:
     input_shape = parse_shape(meta["input_shape"], f"{weights_path}: metadata input_shape")
   # A throw-away instance names the tensors; the head's rows and the first layer's input channels
@@ -700,6 +724,11 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
       variables, net.variables["params"], obs_file, mapping,
       where=f"observation {os.fspath(observation_path)}", num_samples=num_samples, labels=labels,
       train=train, local=local)
+  if observation.labels is not None:
+    bad = [int(v) for v in np.asarray(observation.labels) if not 0 <= v < net.num_classes]
+    if bad:
+      raise ValueError(f"observation {os.fspath(observation_path)}: label {bad[0]} is not a class of "
+                       f"the model, which has {net.num_classes} (0..{net.num_classes - 1})")
   return Imported(net, mapping, observation, meta)
 
 

@@ -16,6 +16,7 @@ image ``i`` reproduces row ``i`` of a sweep.
 """
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -25,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, distances, interop, lpips, metrics
-from gradjax import models, objectives, text
+from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, distances, fidelity
+from gradjax import interop, lpips, metrics, models, objectives, text, verdict
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
 from gradjax import resume, solvers
@@ -131,8 +132,14 @@ class Config:
   batch_size: int = _field(1, "Client batch size.")
   image_size: int | None = _field(None, "Resize images to this square size (the source's if unset).")
   channels: int | None = _field(None, "Convert images to 1 or 3 channels.")
-  normalization: str = _field("none", f"Input normalisation: {_names(data.NORMALIZATION_NAMES)}.")
+  normalization: str | None = _field(
+      None, f"The client's input normalisation: {_names(data.NORMALIZATION_NAMES)}, or its own "
+      "per-channel MEAN/STD, e.g. 0.5,0.5,0.5/0.25,0.25,0.25 (with captured files: their metadata's "
+      "if unset; else none).")
   train_mode: bool = _field(False, "Client runs the model in training mode (BatchNorm batch stats).")
+  force: bool = _field(
+      False, "Attack a capture that fails its checks (the update recomputed from --dataset's images, "
+      "the activation read off the last layer); its verdict is then inconclusive.")
   client: str = _field("fedsgd", "Threat model: fedsgd (gradient) or fedavg (update after local "
                        "training).")
   local_epochs: int = _field(1, "FedAvg local epochs.")
@@ -258,6 +265,18 @@ class Config:
         raise ValueError(f"transformer sizes must be positive, got {self.text_sizes()}")
     elif models.is_text(self.model or ""):
       raise ValueError(f"model {self.model!r} reads text: add --modality=text")
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"--{f.metadata['flag'] or f.name} must be a finite number, got {value}")
+    for name in ("learning_rate", "local_lr"):
+      if getattr(self, name) is not None and getattr(self, name) <= 0:
+        raise ValueError(f"--{'lr' if name == 'learning_rate' else name} must be positive, got "
+                         f"{getattr(self, name)}")
+    if not 0 <= self.local_momentum < 1:
+      raise ValueError(f"--local_momentum must lie in [0, 1), got {self.local_momentum}")
+    if self.normalization is not None:
+      data.normalization(self.normalization)
     if bool(self.weights) != bool(self.observation):
       raise ValueError("captured files need both --weights and --observation")
     if self.weights and self.checkpoint:
@@ -428,7 +447,7 @@ def hfginv_labels(cfg: Config, model, observation, norm, key) -> jax.Array:
 
 
 def _captured(cfg: Config, batch: data.Dataset | None):
-  """(model, observation) from the captured files of ``cfg``."""
+  """(model, observation, metadata) from the captured files of ``cfg``."""
   input_shape = None
   if batch is not None:
     input_shape = batch.x.shape[1:]
@@ -441,7 +460,7 @@ def _captured(cfg: Config, batch: data.Dataset | None):
                           num_classes=cfg.num_classes, rename=interop.parse_renames(cfg.rename),
                           num_samples=cfg.num_samples, train=cfg.train_mode or None,
                           **module_kwargs)
-  return imported.model, imported.observation
+  return imported.model, imported.observation, imported.metadata
 
 
 def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
@@ -453,9 +472,9 @@ def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
   if cfg.checkpoint:
     model = checkpoint.load_model(cfg.checkpoint, remat=bool(cfg.remat), conv=cfg.conv)
     saved = checkpoint.load(cfg.checkpoint)[1].get("normalization", "none")
-    if saved != cfg.normalization:
+    if saved != (cfg.normalization or "none"):
       raise ValueError(f"checkpoint {cfg.checkpoint} was trained with normalization {saved!r}, "
-                       f"not {cfg.normalization!r}")
+                       f"not {cfg.normalization or 'none'!r}")
     if tuple(model.input_shape) != tuple(input_shape) or model.num_classes < batch.num_classes:
       raise ValueError(f"checkpoint {cfg.checkpoint} holds a model for {tuple(model.input_shape)} "
                        f"inputs and {model.num_classes} classes; the data is {tuple(input_shape)} "
@@ -568,19 +587,25 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   if cfg.modality != "image":
     raise ValueError(f"run() attacks images; a {cfg.modality} experiment runs with run_text()")
   attack = check(cfg)
-  norm = data.normalization(cfg.normalization)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   share_labels = attack.labels == "known"
+  checks, problems = {}, []
   if cfg.observation:
     if batch is None and cfg.dataset is not None:
       # The ground truth for scoring: as many images as the capture says the client had.
       n = cfg.num_samples or interop_num_samples(cfg)
       batch = load_batch(dataclasses.replace(cfg, batch_size=n))
-    model, observation = _captured(cfg, batch)
+    model, observation, meta = _captured(cfg, batch)
+    norm = data.normalization(cfg.normalization or meta.get("normalization") or "none")
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
                        f"has {batch.x.shape[0]} images")
+    checks, problems = capture_checks(model, observation, batch, norm)
+    if problems and not cfg.force:
+      raise CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
+                            + " (--force attacks it anyway; its verdict is then inconclusive)")
   else:
+    norm = data.normalization(cfg.normalization or "none")
     batch = load_batch(cfg) if batch is None else batch
     model = _simulated(cfg, batch, norm, key_model)
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
@@ -628,14 +653,125 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
       labels_by_slot=rec.labels.tolist(),  # the labels of dummy slots 0..N-1 (mini-batch order)
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
       conv=models.resolve_conv(cfg.conv),
+      normalization={"mean": list(norm.mean), "std": list(norm.std)},
+      checks=checks,
   )
+  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, mode=attack.objective)
+  findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
+  if batch is not None:
+    scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
+    order = np.asarray(scores["order"])
+    results.update(scores, labels_true=batch.y.tolist(),
+                   labels_reconstructed=rec.labels[order].tolist())
+    results.update(lpips_scores(cfg.lpips, x_rec[order], batch.x))
+    results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
+    findings = verdict.image_findings(results, labels_inferred=attack.labels not in ("known",),
+                                      num_classes=model.num_classes)
+    images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
+  if results.get("lpips") is None:
+    results["lpips_absent"] = lpips_absent(cfg.lpips, batch, input_shape)
+  results.update(_verdict(results, residual, findings, problems, cfg))
+  return results, images
+
+
+def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:
+  """``verdict``, ``residual`` and ``thresholds`` of a run's results (:mod:`gradjax.verdict`)."""
+  budget = verdict.budget(cfg.attack, results["iterations"], cfg.restarts)
+  improving = verdict.still_improving(results["history"], results["iterations"])
+  return {"verdict": verdict.decide(findings=findings, residual=residual, improving=improving,
+                                    budget=budget, problems=problems),
+          "residual": None if residual is None else residual.as_dict(),
+          "still_improving": improving, "thresholds": verdict.THRESHOLDS.as_dict()}
+
+
+def lpips_absent(net: str, batch, input_shape) -> str:
+  """Why a run reports no LPIPS (one phrase)."""
   if batch is None:
-    return results, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
-  scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
-  order = np.asarray(scores["order"])
-  results.update(scores, labels_true=batch.y.tolist(), labels_reconstructed=rec.labels[order].tolist())
-  results.update(lpips_scores(cfg.lpips, x_rec[order], batch.x))
-  return results, {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
+    return "no ground truth to compare with"
+  if net == "none":
+    return "switched off (--lpips=none)"
+  if not lpips.available("alex"):
+    return "the lpips extra is not installed (pip install 'gradjax[lpips]')"
+  return (f"images of {input_shape[0]}x{input_shape[1]} pixels are smaller than AlexNet's "
+          f"{lpips.MIN_SIZE['alex']}")
+
+
+class CaptureMismatch(ValueError):
+  """A captured update that the declared model and recipe do not reproduce."""
+
+
+def capture_checks(model: models.Model, observation, batch: data.Dataset | None,
+                   norm: data.Normalization) -> tuple[dict, list[str]]:
+  """Checks a captured ``observation`` against the declared ``model`` before any attack
+  (:mod:`gradjax.fidelity`): the activation the last layer's gradient reveals (a gradient or a
+  one-step update), and, with the client's examples ``batch``, the update recomputed from them.
+  Returns (``checks`` for the results, ``problems``: one phrase per failed check, naming the likely
+  cause)."""
+  checks, problems = {}, []
+  module = getattr(model.apply_fn, "module", None)
+  act = getattr(module, "act", None)
+  local = observation.local
+  scaled_gradient = observation.threat_model == "fedsgd" or (
+      local is not None and local.steps(observation.num_samples) == 1)
+  if act in fidelity.ACTIVATION_RANGES and scaled_gradient:
+    why = fidelity.activation_check(observation, act)
+    checks["activation"] = {"declared": act, "ok": why is None, "explained": why}
+    if why:
+      problems.append(f"{why} (declare the client's activation: --act or the metadata's act)")
+  if batch is None:
+    return checks, problems
+  if observation.labels is not None and sorted(np.asarray(observation.labels).tolist()) != sorted(
+      batch.y.tolist()):
+    problems.append(f"the capture's labels {np.asarray(observation.labels).tolist()} are not the "
+                    f"ground truth's {batch.y.tolist()} (are --dataset and --index the client's?)")
+  if observation.threat_model != "fedsgd" and local is None:
+    checks["fidelity"] = {"ok": None, "explained": "not checked: the local schedule is unknown"}
+    return checks, problems
+  declared = fidelity.Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm),
+                             observation.train, local)
+  result = fidelity.check(observation, declared, batch.x, batch.y,
+                          alternatives=lambda c: _alternatives(declared, module, observation, norm,
+                                                               batch.x.shape[-1], c))
+  checks["fidelity"] = result.as_dict()
+  if not result.ok:
+    problems.append(f"the update recomputed from the ground truth differs: {result.explained}")
+  return checks, problems
+
+
+def _alternatives(declared: fidelity.Recipe, module, observation, norm: data.Normalization,
+                  channels: int, comparison: fidelity.Comparison) -> dict[str, fidelity.Recipe]:
+  """Recipes that differ from ``declared`` in one known way, named by what to declare instead."""
+  alts = {}
+  act = getattr(module, "act", None)
+  if act is not None:
+    for name in models.ACTIVATIONS:
+      if name != act:
+        alts[f"activation {name} (declare act={name})"] = declared._replace(
+            apply_fn=models.make_apply_fn(module.clone(act=name)))
+  if "batch_stats" in observation.variables:
+    mode = not declared.train
+    alts[f"BatchNorm in {'training' if mode else 'evaluation'} mode (declare train="
+         f"{str(mode).lower()})"] = declared._replace(train=mode)
+  alts["a summed loss (declare loss_reduction=sum)"] = declared._replace(reduction="sum")
+  for name in data.NORMALIZATION_NAMES:
+    other = data.normalization(name)
+    if other != norm and len(other.mean) in (1, channels):
+      alts[f"normalisation {name} (declare normalization={name})"] = declared._replace(
+          normalize=functools.partial(data.normalize, norm=other))
+  local = declared.local
+  if local is not None:
+    lr = local.learning_rate * comparison.scale
+    alts[f"local learning rate {lr:.4g} (declare local_lr={lr:.4g})"] = declared._replace(
+        local=local._replace(learning_rate=lr))
+    n = observation.num_samples
+    for epochs in range(1, 6):
+      for b in (d for d in range(1, n + 1) if n % d == 0):
+        if (epochs, b) != (local.epochs, local.batch_size or n):
+          alts[f"{epochs} local epochs in batches of {b} (declare local_epochs={epochs}, "
+               f"local_batch_size={b})"] = declared._replace(
+                   local=local._replace(epochs=epochs, batch_size=b))
+  return alts
+
 
 
 def lpips_scores(net: str, x, x_true) -> dict:
@@ -765,4 +901,9 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
       vocabulary_size=len(vocabulary),
       sequence_length=cfg.sequence_length,
   )
+  residual = None
+  if "x" in rec.reconstruction.dummy and cfg.text_search == "embeddings":
+    residual = verdict.residual(model.apply_fn, observation, rec.reconstruction.dummy,
+                                rec.reconstruction.labels)
+  results.update(_verdict(results, residual, verdict.text_findings(results), [], cfg))
   return results

@@ -331,7 +331,7 @@ def test_apply_fn_train_mode_is_pure(convnet, photos):
     ("convnet", {"init": "kaiming"}),
     ("mlp", {"act": "swish"}),
     ("resnet18", {"act": "Relu"}),
-    ("lenet_zhu", {"act": "relu"}),  # LeNets have a fixed sigmoid.
+    ("lenet_zhu", {"act": "Relu"}),
     ("lenet_zhu", {"input_shape": (32, 32)}),
     ("lenet_zhu", {"input_shape": (0, 32, 3)}),
     ("lenet_zhu", {"num_classes": 1}),

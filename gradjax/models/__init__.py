@@ -106,10 +106,8 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
   common = dict(num_classes=num_classes, init_scale=init_scale, param_dtype=param_dtype)
   with_act = {} if act is None else dict(act=act)
   if name == "lenet_zhu" or name == "lenet5":
-    if act is not None:
-      raise ValueError(f"model {name!r} has a fixed sigmoid activation; drop --act")
     cls = LeNetZhu if name == "lenet_zhu" else LeNet5
-    return cls(weight_init=init or "uniform", conv=resolve_conv(conv), **common)
+    return cls(weight_init=init or "uniform", conv=resolve_conv(conv), **with_act, **common)
   if m := re.fullmatch(r"convnet(?:-([1-9]\d*))?", name):
     return ConvNet(width=int(m[1] or 64), weight_init=init or "default", conv=resolve_conv(conv),
                    **with_act, **common)

@@ -10,6 +10,9 @@ ReLU's zero second derivative starves the gradient-matching objective.
 
 ``LeNet5`` (Wang et al., SAPAG): four Conv(12, 5x5, pad 2, stride 1) - sigmoid, then one Dense.
 
+Both papers use sigmoid; ``act`` swaps it for another ``jax.nn`` activation (e.g. ``"relu"``, the
+common PyTorch LeNet), so a captured update of such a client is attacked as the network it came from.
+
 Inputs are NHWC. Flattening is in HWC order (PyTorch flattens CHW); for randomly initialised models this
 is only a relabelling of the head's rows.
 """
@@ -18,7 +21,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import conv_general_dilated, head
+from gradjax.models.layers import activation, conv_general_dilated, head
 
 
 class LeNetZhu(nn.Module):
@@ -29,6 +32,7 @@ class LeNetZhu(nn.Module):
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
   conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
+  act: str = "sigmoid"
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -37,7 +41,7 @@ class LeNetZhu(nn.Module):
     kw = dict(kernel_size=(5, 5), padding=2, param_dtype=self.param_dtype, dtype=self.param_dtype,
               conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())
     for stride in (2, 2, 1):
-      x = nn.sigmoid(nn.Conv(12, strides=stride, **kw)(x))
+      x = activation(self.act)(nn.Conv(12, strides=stride, **kw)(x))
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)
 
@@ -50,13 +54,14 @@ class LeNet5(nn.Module):
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
   conv: str = "xla"
+  act: str = "sigmoid"
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train
     inits = get_initializers(self.weight_init, self.init_scale)
     for _ in range(4):
-      x = nn.sigmoid(nn.Conv(12, (5, 5), strides=1, padding=2, param_dtype=self.param_dtype,
+      x = activation(self.act)(nn.Conv(12, (5, 5), strides=1, padding=2, param_dtype=self.param_dtype,
                              dtype=self.param_dtype, conv_general_dilated=conv_general_dilated(self.conv),
                              **inits._asdict())(x))
     x = x.reshape(x.shape[0], -1)

@@ -1,0 +1,260 @@
+"""Fidelity of a captured update: does the declared model and recipe reproduce what the client sent?
+
+An attack on a captured update is only as good as the auditor's description of the client: a ReLU
+network attacked as a sigmoid one, inputs normalised by the client but not by the attack, BatchNorm in
+the other mode, a summed loss, another learning rate or number of local steps. Each of these leaves
+an attack that cannot match the update, which reads as "no leak" though the system leaks. This
+module checks the description before any attack runs:
+
+* :func:`check` (the auditor holds the client's examples, e.g. its own deployment): recompute the
+  update in JAX from the imported weights and the declared recipe (:class:`Recipe`) and compare it
+  with the captured one leaf by leaf (:func:`compare`: relative error ‖u − c‖ / ‖c‖ and cosine). Beyond
+  :data:`TOLERANCE` the check fails; :func:`diagnose` then recomputes the update under each
+  alternative recipe it is given and names the ones that reproduce the capture.
+* :func:`head_features` (no data needed): for one example, or the zeros of a batch, the inputs of
+  the last dense layer read off its weight and bias gradients (∂L/∂W_jc = h_j δ_c, ∂L/∂b_c = δ_c, so
+  h = ∂L/∂W_:c / ∂L/∂b_c, Geiping et al. 2020, Prop. 3.1); :func:`activation_check` tests them
+  against the range of the activation the model declares before its head (a sigmoid never gives 0
+  or 1.3, a ReLU never −0.2).
+"""
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradjax import clients
+from gradjax.losses import cross_entropy
+from gradjax.observation import Observation
+
+# A recomputed update reproduces a capture when the relative error over all leaves is at most
+# TOLERANCE[0] and in every leaf at most TOLERANCE[1]. PyTorch and XLA differ by float32 rounding:
+# measured (tests/test_fidelity.py) at most 1e-4 over all leaves for a gradient and a few local steps;
+# each mismatch the module names moves it above 0.1.
+TOLERANCE = (1e-2, 5e-2)
+
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+class Recipe(NamedTuple):
+  """How the client computed its update from its examples.
+
+  apply_fn: the model, ``apply_fn(variables, x, train) -> logits``, its input in the client's
+    normalised space.
+  normalize: maps [0, 1] images (N, H, W, C) to the model's input (the client's normalisation).
+  train: BatchNorm on batch statistics (training mode).
+  local: FedAvg's local schedule (:class:`gradjax.clients.LocalTraining`), or ``None`` for a FedSGD
+    gradient.
+  reduction: the loss over the batch: ``"mean"`` (PyTorch's default) or ``"sum"``.
+  """
+
+  apply_fn: Callable
+  normalize: Callable
+  train: bool = False
+  local: clients.LocalTraining | None = None
+  reduction: str = "mean"
+
+
+def simulate(recipe: Recipe, variables, x, y):
+  """The update the client of ``recipe`` sends for images ``x`` (N, H, W, C) in [0, 1] and int labels
+  ``y`` (N,): the gradient (FedSGD), or W_t − W_{t+1} after local SGD (FedAvg)."""
+  if recipe.reduction not in LOSS_REDUCTIONS:
+    raise ValueError(f"unknown loss reduction {recipe.reduction!r}; choose one of "
+                     f"{', '.join(LOSS_REDUCTIONS)}")
+  loss_fn = cross_entropy
+  if recipe.reduction == "sum":
+    loss_fn = lambda logits, t: cross_entropy(logits, t) * logits.shape[0]  # noqa: E731
+  inputs = jnp.asarray(recipe.normalize(jnp.asarray(x, jnp.float32)), jnp.float32)
+  if recipe.local is None:
+    return clients.fedsgd(recipe.apply_fn, variables, inputs, y, train=recipe.train,
+                          loss_fn=loss_fn).gradient
+  return clients.fedavg(recipe.apply_fn, variables, inputs, y, recipe.local, train=recipe.train,
+                        loss_fn=loss_fn).gradient
+
+
+def _path(p) -> str:
+  return jax.tree_util.keystr(p)
+
+
+class Comparison(NamedTuple):
+  """A recomputed update against the captured one.
+
+  relative_error: ‖u − c‖ / ‖c‖ over all leaves (u recomputed, c captured).
+  cosine: ⟨u, c⟩ / (‖u‖ ‖c‖) over all leaves.
+  scale: ‖c‖ / ‖u‖ (a learning rate or loss reduction off by a factor shows as cosine 1, scale ≠ 1).
+  layers: per leaf (its key path), ``{"relative_error", "cosine"}``.
+  """
+
+  relative_error: float
+  cosine: float
+  scale: float
+  layers: dict
+
+  def within(self, tolerance: tuple[float, float] = TOLERANCE) -> bool:
+    """Whether the recomputation reproduces the capture within ``(overall, per leaf)`` tolerances."""
+    return (self.relative_error <= tolerance[0]
+            and all(v["relative_error"] <= tolerance[1] for v in self.layers.values()))
+
+  def worst_layer(self) -> tuple[str, float]:
+    """(key path, relative error) of the leaf reproduced worst."""
+    path = max(self.layers, key=lambda k: self.layers[k]["relative_error"])
+    return path, self.layers[path]["relative_error"]
+
+  def as_dict(self) -> dict:
+    return {"relative_error": self.relative_error, "cosine": self.cosine, "scale": self.scale,
+            "layers": self.layers}
+
+
+def _stats(u: np.ndarray, c: np.ndarray) -> tuple[float, float, float, float]:
+  """(‖u − c‖², ‖c‖², ‖u‖², ⟨u, c⟩) in float64."""
+  u, c = np.asarray(u, np.float64).ravel(), np.asarray(c, np.float64).ravel()
+  return float(np.sum((u - c) ** 2)), float(c @ c), float(u @ u), float(u @ c)
+
+
+def _ratio(num: float, den: float) -> float:
+  """num / den with 0/0 = 0 and x/0 = a large finite number (results stay JSON-ready)."""
+  if den > 0:
+    return num / den
+  return 0.0 if num == 0 else 1e30
+
+
+def compare(recomputed, captured) -> Comparison:
+  """:class:`Comparison` of two trees of the same structure (float64 sums)."""
+  leaves_u = jax.tree_util.tree_leaves_with_path(recomputed)
+  leaves_c = jax.tree.leaves(captured)
+  if len(leaves_u) != len(leaves_c):
+    raise ValueError("the recomputed and the captured update have different trees")
+  total, layers = np.zeros(4), {}
+  for (path, u), c in zip(leaves_u, leaves_c):
+    s = _stats(u, c)
+    total += s
+    layers[_path(path)] = {"relative_error": float(np.sqrt(_ratio(s[0], s[1]))),
+                           "cosine": float(_ratio(s[3], np.sqrt(s[1] * s[2])))}
+  diff, cc, uu, uc = total
+  return Comparison(relative_error=float(np.sqrt(_ratio(diff, cc))),
+                    cosine=float(_ratio(uc, np.sqrt(cc * uu))),
+                    scale=float(np.sqrt(_ratio(cc, uu))), layers=layers)
+
+
+class Check(NamedTuple):
+  """The outcome of :func:`check`: ``ok``, the declared recipe's :class:`Comparison`, the
+  ``tolerance`` and, when it failed, ``causes``: the alternatives that reproduce the capture
+  (name -> their Comparison), best first, and ``explained``: a one-line account."""
+
+  ok: bool
+  comparison: Comparison
+  tolerance: tuple[float, float]
+  causes: dict
+  explained: str
+
+  def as_dict(self) -> dict:
+    return {"ok": self.ok, "tolerance": list(self.tolerance), **self.comparison.as_dict(),
+            "causes": {k: {"relative_error": v.relative_error, "cosine": v.cosine}
+                       for k, v in self.causes.items()},
+            "explained": self.explained}
+
+
+def diagnose(observation: Observation, alternatives: dict[str, Recipe], x, y,
+             tolerance: tuple[float, float] = TOLERANCE) -> dict[str, Comparison]:
+  """The alternatives (name -> :class:`Recipe`) whose recomputed update reproduces the capture
+  within ``tolerance``, best first. A recipe that cannot run (e.g. a schedule that does not divide
+  the batch) is skipped."""
+  found = {}
+  for name, recipe in alternatives.items():
+    try:
+      comparison = compare(simulate(recipe, observation.variables, x, y), observation.gradient)
+    except ValueError:
+      continue
+    if comparison.within(tolerance):
+      found[name] = comparison
+  return dict(sorted(found.items(), key=lambda kv: kv[1].relative_error))
+
+
+def check(observation: Observation, declared: Recipe, x, y,
+          alternatives: Callable[[Comparison], dict[str, Recipe]] | None = None,
+          tolerance: tuple[float, float] = TOLERANCE) -> Check:
+  """Recomputes the captured ``observation`` from the client's examples under the ``declared``
+  recipe, and, when that fails, under each of the alternatives (name -> Recipe, the name a phrase
+  such as ``"activation relu (declare act=relu)"``).
+
+  Args:
+    observation: the captured update (its ``variables`` are the server's weights).
+    declared: the recipe the auditor declared.
+    x: (N, H, W, C) the client's images in [0, 1]; y: (N,) their int labels.
+    alternatives: given the declared recipe's :class:`Comparison` (whose ``scale`` suggests a
+      learning rate), the recipes that differ from ``declared`` in one known way; built only when
+      the check fails.
+    tolerance: (over all leaves, per leaf) bounds on the relative error.
+  """
+  comparison = compare(simulate(declared, observation.variables, x, y), observation.gradient)
+  if comparison.within(tolerance):
+    return Check(True, comparison, tolerance, {}, "")
+  causes = diagnose(observation, alternatives(comparison) if alternatives else {}, x, y, tolerance)
+  path, err = comparison.worst_layer()
+  what = (f"relative error {comparison.relative_error:.3g} over all layers (cosine "
+          f"{comparison.cosine:.3f}), {err:.3g} in {path}")
+  if causes:
+    explained = f"{what}; reproduced by: " + "; ".join(
+        f"{name} (relative error {c.relative_error:.2g})" for name, c in causes.items())
+  elif comparison.cosine > 1 - 1e-4:
+    explained = (f"{what}; the update is {comparison.scale:.4g} times the recomputed one in the same "
+                 "direction: a learning rate or loss scale other than declared")
+  else:
+    explained = (f"{what}; no single known mismatch (activation, BatchNorm mode, loss reduction, "
+                 "normalisation, learning rate, local steps) explains it: check the model against "
+                 "its PyTorch twin (README), the tensor layouts, --rename, and that the images and "
+                 "labels are the client's")
+  return Check(False, comparison, tolerance, causes, explained)
+
+
+# --- without data: the head's inputs ---------------------------------------------------------------
+
+# The values each activation can output (a ReLU's zeros are exact; a sigmoid's or tanh's bounds are
+# never reached in float32 short of saturation).
+ACTIVATION_RANGES = {"sigmoid": (0.0, 1.0), "tanh": (-1.0, 1.0), "relu": (0.0, np.inf),
+                     "softplus": (0.0, np.inf), "elu": (-1.0, np.inf), "gelu": (-0.17, np.inf),
+                     "leaky_relu": (-np.inf, np.inf)}
+EXACT_ZEROS = ("relu",)  # activations that output exact zeros for a finite share of inputs
+
+
+def head_features(observation: Observation, head: str = "head") -> tuple[np.ndarray | None, float]:
+  """What the last dense layer's gradient reveals of its inputs, without data.
+
+  Returns ``(h, zero_fraction)``: ``h`` (F,) the head's input features for a batch of one
+  (h = ∂L/∂W_:c / ∂L/∂b_c for the class c with the largest |∂L/∂b_c|), else ``None``;
+  ``zero_fraction`` the share of the F inputs whose weight-gradient rows are exactly zero for every
+  class (an input that is 0 for every example of the batch, as a ReLU gives).
+  Only meaningful for a gradient, or an update of one local step (a scaled gradient).
+  """
+  params = observation.gradient
+  if head not in params or "kernel" not in params[head]:
+    return None, 0.0
+  kernel = np.asarray(params[head]["kernel"], np.float64)  # (F, K)
+  zero_fraction = float(np.mean(np.all(kernel == 0.0, axis=1)))
+  h = None
+  if observation.num_samples == 1 and "bias" in params[head]:
+    bias = np.asarray(params[head]["bias"], np.float64)
+    c = int(np.argmax(np.abs(bias)))
+    if abs(bias[c]) > 0:
+      h = kernel[:, c] / bias[c]
+  return h, zero_fraction
+
+
+def activation_check(observation: Observation, act: str) -> str | None:
+  """``None`` when the head's inputs (:func:`head_features`) can come from activation ``act``, else
+  a one-line account of why not. For models whose head reads the activation's output directly
+  (flattened or pooled), a gradient or one-step update."""
+  low, high = ACTIVATION_RANGES[act]
+  h, zeros = head_features(observation)
+  if zeros >= 0.05 and act not in EXACT_ZEROS:
+    return (f"{zeros:.0%} of the last layer's inputs are exactly zero for the whole batch, as after a "
+            f"ReLU; a {act} never outputs 0")
+  if h is not None:
+    span = max(1.0, float(np.max(np.abs(h))))
+    slack = 1e-3 * span
+    lo, hi = float(np.min(h)), float(np.max(h))
+    if lo < low - slack or hi > high + slack:
+      return (f"the last layer's inputs, read off its gradient, span [{lo:.3g}, {hi:.3g}]; a {act} "
+              f"outputs only values in [{low:g}, {high:g}]")
+  return None
