@@ -5,9 +5,9 @@ A number alone is no audit's answer, and an attack that failed says nothing abou
 
 * ``leak``: the reconstruction is recognisable against the ground truth (:func:`image_findings`,
   :func:`text_findings`), or, without a ground truth, the attack matched the update
-  (:func:`residual` at most :data:`MATCHED`): data that reproduce the update were found.
+  (:func:`residual` within :attr:`Thresholds.matched`): data that reproduce the update were found.
 * ``inconclusive``: a check of the capture failed and the run was forced, or the attack did not
-  match the update (the residual above :data:`MATCHED` overall or in some layer), saying whether the
+  match the update (the residual above :attr:`Thresholds.matched` overall or :attr:`Thresholds.matched_layer` in some layer), saying whether the
   objective was still falling when the budget ran out (:func:`still_improving`).
 * ``no_leak_found``: the attack matched the update and still recovered nothing recognisable; the
   reason names the attack and its budget ("no leak found by dlg with 2000 iterations and 1
@@ -15,13 +15,15 @@ A number alone is no audit's answer, and an attack that failed says nothing abou
 
 Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` reproduces them):
 
-* An image is recognisable at PSNR >= 20 dB (RMSE <= 0.1 on [0, 1] pixels), SSIM >= 0.5 or
-  LPIPS (AlexNet) <= 0.3. Trivial images stay below all three on CIFAR-10 test images 0-99: the
-  image's own mean colour (PSNR 14.2 dB on average, at most 18.9; SSIM at most 0.09) and its
-  4×4-pixel block average, the shape without the detail (PSNR 21.6 on average: a leak, as it should be).
-  Inverting Gradients' reconstructions at 18-20 dB (their Table 1) are recognisable to a reader;
-  SSIM 0.5 and LPIPS 0.3 are where the HFGInv/GradInversion reconstructions that reader recognises
-  lie (LPIPS 0.33-0.39, SSIM 0.44-0.49, Ye et al. 2024, Table 1) made slightly stricter.
+* An image is recognisable when it tells more than its own mean colour (PSNR at least 1 dB above
+  that flat image's, :func:`mean_colour_psnr`) and reaches PSNR >= 20 dB (RMSE <= 0.1 on [0, 1]
+  pixels), SSIM >= 0.5 or LPIPS (AlexNet) <= 0.2. Measured on CIFAR-10 test images 0-99: the mean
+  colour alone reaches 23.5 dB and SSIM 0.81 on flat images (14.2 dB on average), hence the
+  baseline; an 8×8 thumbnail (4×4-pixel blocks; 20.1 dB, SSIM 0.59, LPIPS 0.11 on average), a
+  recognisable picture, is counted for 94 images by PSNR and SSIM alone; a 4×4 thumbnail (8×8-pixel
+  blocks; 17.5 dB, SSIM 0.30), barely more than a colour layout, for 13. Inverting Gradients'
+  reconstructions at 18-20 dB (their Table 1) are recognisable to a reader, which the SSIM and LPIPS
+  thresholds catch where PSNR misses.
 * Labels leak when the attack inferred them (the threat model did not share them) and recovered
   all N, where a uniform guess of N labels among K classes gets the multiset right with probability
   under 1 % (N! / Π m_c! / K^N; one label of 10 classes: 10 %, not evidence).

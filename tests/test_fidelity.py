@@ -1,0 +1,155 @@
+"""Checks of captured updates (gradjax.fidelity and pipeline.capture_checks).
+
+References: NumPy float64 (relative errors and cosines; DLG's LeNet forward written the PyTorch way
+for the head's inputs), and clients simulated with a known mismatch, whose cause the check must name.
+The PyTorch clients are in tests/test_verdict_pytorch.py.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import clients, data, fidelity, interop, models, pipeline
+from gradjax.losses import cross_entropy
+
+from test_interop import np_lenet_zhu
+
+
+def _model(name, act=None, key=0):
+  kw = {} if act is None else {"act": act}
+  return models.create(name, jax.random.key(key), input_shape=(32, 32, 3), num_classes=10,
+                       conv="xla", **kw)
+
+
+def test_compare_against_numpy():
+  rng = np.random.default_rng(0)
+  c = {"a": rng.normal(size=(3, 4)), "b": {"k": rng.normal(size=5)}}
+  u = {"a": c["a"] + 0.1 * rng.normal(size=(3, 4)), "b": {"k": 2.0 * c["b"]["k"]}}
+  got = fidelity.compare(u, c)
+  uf = np.concatenate([u["a"].ravel(), u["b"]["k"]])
+  cf = np.concatenate([c["a"].ravel(), c["b"]["k"]])
+  assert got.relative_error == pytest.approx(np.linalg.norm(uf - cf) / np.linalg.norm(cf), rel=1e-12)
+  assert got.cosine == pytest.approx(uf @ cf / np.linalg.norm(uf) / np.linalg.norm(cf), rel=1e-12)
+  assert got.scale == pytest.approx(np.linalg.norm(cf) / np.linalg.norm(uf), rel=1e-12)
+  assert got.layers["['b']['k']"]["relative_error"] == pytest.approx(1.0, rel=1e-12)
+  assert got.layers["['b']['k']"]["cosine"] == pytest.approx(1.0, rel=1e-12)
+  assert got.worst_layer()[0] == "['b']['k']" and not got.within()
+  assert fidelity.compare(c, c).within()
+
+
+def test_head_features_are_the_flattened_activations(photos):
+  """h = ∂L/∂W_:c / ∂L/∂b_c equals the head's input from a float64 NumPy forward pass."""
+  model = _model("lenet_zhu")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([3]))
+  tensors = interop.variables_to_torch(model.variables, interop.zoo_mapping(model))
+  t = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
+  h = np.transpose(np.asarray(photos[:1], np.float64), (0, 3, 1, 2))
+  sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+  from test_interop import np_conv_nchw
+  for i, stride in zip((0, 2, 4), (2, 2, 1)):
+    h = sig(np_conv_nchw(h, t[f"body.{i}.weight"], t[f"body.{i}.bias"], stride, 2))
+  want = np.transpose(h, (0, 2, 3, 1)).reshape(-1)  # gradjax flattens HWC
+  got, zeros = fidelity.head_features(obs)
+  np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-5)
+  assert zeros == 0.0
+  np.testing.assert_allclose(np_lenet_zhu(t, photos[:1]),
+                             np.asarray(model.apply_fn(model.variables, photos[:1])), atol=1e-4)
+
+
+@pytest.mark.parametrize("client_act, declared, fits", [
+    ("sigmoid", "sigmoid", True), ("relu", "sigmoid", False), ("relu", "relu", True),
+    ("tanh", "sigmoid", False), ("sigmoid", "relu", True),  # a sigmoid's outputs lie in a ReLU's range
+])
+def test_activation_check(photos, client_act, declared, fits):
+  model = _model("lenet_zhu", client_act)
+  for n in (1, 3):  # one example (the features' values) and a batch (their zeros)
+    obs = clients.fedsgd(model.apply_fn, model.variables, photos[:n], np.arange(n))
+    why = fidelity.activation_check(obs, declared)
+    if n == 1 or client_act != "tanh":
+      assert (why is None) == fits, why
+
+
+# --- each mismatch named ---------------------------------------------------------------------------
+
+def _capture(tmp_path, model, obs, **meta):
+  """Writes ``obs`` as a captured client would, its metadata updated by ``meta`` (None: dropped)."""
+  mapping = interop.zoo_mapping(model)
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  metadata = {k: v for k, v in {**interop.observation_metadata(obs, model), **meta}.items()
+              if v is not None}
+  interop.write(tmp_path / "g.safetensors", interop.params_to_torch(obs.gradient, mapping), metadata)
+  return interop.load(tmp_path / "w.safetensors", tmp_path / "g.safetensors", conv="xla")
+
+
+def _checks(imported, photos, n, norm="none"):
+  batch = data.Dataset(photos[:n], np.arange(n) + 2, 10, "skimage")
+  norm = data.normalization(imported.metadata.get("normalization", norm))
+  return pipeline.capture_checks(imported.model, imported.observation, batch, norm)
+
+
+def _sum_loss(logits, y):
+  return cross_entropy(logits, y) * logits.shape[0]
+
+
+CASES = {
+    # name: (model, client act, what the client does, metadata declared, the cause's declaration)
+    "activation": ("lenet_zhu", "relu", {}, {"act": "sigmoid"}, "act=relu"),
+    "normalisation": ("lenet_zhu", None, {"norm": "cifar10"}, {}, "normalization=cifar10"),
+    "batchnorm": ("resnet8", None, {"train": True}, {"train": "false"}, "train=true"),
+    "batchnorm eval": ("resnet8", None, {"train": False}, {"train": "true"}, "train=false"),
+    "reduction": ("lenet_zhu", None, {"loss_fn": _sum_loss, "loss_reduction": "sum"},
+                  {"loss_reduction": None}, "loss_reduction=sum"),
+    "learning rate": ("lenet_zhu", None, {"local": clients.LocalTraining(1, None, 0.1)},
+                      {"local_lr": "0.05"}, "local_lr=0.1"),
+    "local steps": ("lenet_zhu", None, {"local": clients.LocalTraining(2, 1, 0.1)},
+                    {"local_epochs": "1"}, "local_epochs=2"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_mismatch_is_named(tmp_path, photos, case):
+  name, act, client, declared, cause = CASES[case]
+  model = _with_stats(_model(name, act))
+  n = 2
+  x = photos[:n]
+  if "norm" in client:
+    x = data.normalize(x, data.normalization(client["norm"]))
+  y = np.arange(n) + 2
+  if "local" in client:
+    obs = clients.fedavg(model.apply_fn, model.variables, x, y, client["local"])
+  else:
+    obs = clients.fedsgd(model.apply_fn, model.variables, x, y, train=client.get("train", False),
+                         loss_fn=client.get("loss_fn", cross_entropy))
+  # Declared right: the recomputed update is the capture to float32 rounding.
+  right = _capture(tmp_path, model, obs, normalization=client.get("norm"), act=act,
+                   loss_reduction=client.get("loss_reduction"))
+  checks, problems = _checks(right, photos, n)
+  assert problems == [] and checks["fidelity"]["ok"]
+  assert checks["fidelity"]["relative_error"] < 1e-5
+  # Declared wrong: refused, the cause named among those that reproduce the capture.
+  wrong = _capture(tmp_path, model, obs, **{"act": act, **declared})
+  checks, problems = _checks(wrong, photos, n)
+  assert problems and checks["fidelity"]["ok"] is False
+  assert any(cause in c for c in checks["fidelity"]["causes"]), checks["fidelity"]["causes"]
+
+
+def _with_stats(model):
+  """Non-trivial BatchNorm statistics, so the two modes differ."""
+  if "batch_stats" not in model.variables:
+    return model
+  rng = np.random.default_rng(0)
+  stats = jax.tree_util.tree_map_with_path(
+      lambda p, v: jnp.asarray(rng.uniform(-0.2, 0.2, v.shape) if p[-1].key == "mean"
+                               else rng.uniform(0.5, 1.5, v.shape), v.dtype),
+      model.variables["batch_stats"])
+  return model._replace(variables={**model.variables, "batch_stats": stats})
+
+
+def test_labels_not_the_ground_truths(tmp_path, photos):
+  model = _model("lenet_zhu")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], np.array([2, 3]),
+                       share_labels=True)
+  imported = _capture(tmp_path, model, obs, labels="5,6")
+  checks, problems = _checks(imported, photos, 2)
+  assert len(problems) == 1 and checks["fidelity"]["ok"]  # the update is the images' with [2, 3]

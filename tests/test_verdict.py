@@ -1,0 +1,137 @@
+"""Verdicts (gradjax.verdict): the residual against NumPy float64, the label chance against an
+enumeration, the mean-colour baseline against scikit-image, and the decision on hand-made inputs."""
+
+import itertools
+import os
+
+import jax
+import numpy as np
+import pytest
+import skimage.metrics
+
+from gradjax import clients, data, fidelity, models, verdict
+
+
+def _lenet():
+  return models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10,
+                       conv="xla")
+
+
+def test_residual_is_the_sine_to_the_observation(photos):
+  """The residual at the best common scale equals sin ∠(u, c) from NumPy, and is 0 for the data
+  themselves even when the observation is scaled (DLM's and cosine distances leave it free)."""
+  model = _lenet()
+  y = np.array([1, 4])
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], y)
+  scaled = obs.replace(gradient=jax.tree.map(lambda g: 7.0 * g, obs.gradient))
+  assert verdict.residual(model.apply_fn, scaled, {"x": photos[:2]}, y).relative_error < 1e-5
+  other = photos[2:4]
+  got = verdict.residual(model.apply_fn, obs, {"x": other}, y)
+  u = np.concatenate([np.ravel(g) for g in jax.tree.leaves(
+      clients.fedsgd(model.apply_fn, model.variables, other, y).gradient)]).astype(np.float64)
+  c = np.concatenate([np.ravel(g) for g in jax.tree.leaves(obs.gradient)]).astype(np.float64)
+  cos = u @ c / np.linalg.norm(u) / np.linalg.norm(c)
+  assert got.relative_error == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-4)
+  # Soft labels: the residual uses softmax(label_logits), as DLG's objective does.
+  logits = np.where(np.arange(10) == y[:, None], 30.0, 0.0).astype(np.float32)
+  assert verdict.residual(model.apply_fn, obs, {"x": photos[:2], "label_logits": logits},
+                          None).relative_error < 1e-4
+
+
+def test_residual_of_replayed_local_training(photos):
+  model = _lenet()
+  local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
+  y = np.array([3, 5])
+  obs = clients.fedavg(model.apply_fn, model.variables, photos[:2], y, local)
+  assert verdict.residual(model.apply_fn, obs, {"x": photos[:2]}, y,
+                          mode="replay").relative_error < 1e-5
+  assert verdict.residual(model.apply_fn, obs, {"x": photos[2:4]}, y,
+                          mode="replay").relative_error > verdict.THRESHOLDS.matched
+
+
+@pytest.mark.parametrize("labels, k", [([3], 10), ([1, 2], 3), ([0, 0, 2], 3), ([1, 1, 1, 0], 2)])
+def test_label_chance_against_enumeration(labels, k):
+  want = sorted(labels)
+  hits = sum(sorted(g) == want for g in itertools.product(range(k), repeat=len(labels)))
+  assert verdict.label_chance(labels, k) == pytest.approx(hits / k ** len(labels), rel=1e-12)
+
+
+def test_mean_colour_psnr_against_skimage(photos):
+  got = verdict.mean_colour_psnr(photos[:3])
+  for i in range(3):
+    flat = np.broadcast_to(photos[i].astype(np.float64).mean(axis=(0, 1)), photos[i].shape)
+    want = skimage.metrics.peak_signal_noise_ratio(photos[i].astype(np.float64), flat, data_range=1)
+    assert got[i] == pytest.approx(want, rel=1e-9)
+
+
+def _scores(psnr, ssim, lpips=None, flat=None, acc=None, labels=None):
+  return {"psnr_per_image": psnr, "ssim_per_image": ssim, "lpips_per_image": lpips,
+          "psnr_mean_colour_per_image": flat, "label_accuracy": acc, "labels_true": labels}
+
+
+def test_image_findings():
+  t = verdict.THRESHOLDS
+  none = dict(labels_inferred=False, num_classes=10)
+  assert verdict.image_findings(_scores([t.psnr - 1], [t.ssim - 0.1]), **none) == []
+  assert len(verdict.image_findings(_scores([12.0, t.psnr], [0.1, 0.1]), **none)) == 1
+  assert len(verdict.image_findings(_scores([12.0], [t.ssim]), **none)) == 1
+  assert len(verdict.image_findings(_scores([12.0], [0.1], lpips=[t.lpips]), **none)) == 1
+  # No better than the image's own mean colour: not recognisable, whatever the thresholds say.
+  assert verdict.image_findings(_scores([23.0], [0.8], flat=[22.5]), **none) == []
+  # Labels: all recovered and a guess unlikely to get them (3 distinct of 10: 0.6 %), if inferred.
+  labels = _scores([10.0] * 3, [0.0] * 3, acc=1.0, labels=[1, 2, 3])
+  assert len(verdict.image_findings(labels, labels_inferred=True, num_classes=10)) == 1
+  assert verdict.image_findings(labels, **none) == []
+  one = _scores([10.0], [0.0], acc=1.0, labels=[4])  # one label of 10: a guess gets it 10 % of the time
+  assert verdict.image_findings(one, labels_inferred=True, num_classes=10) == []
+
+
+def test_still_improving():
+  flat = [{"iteration": i, "loss": 1.0} for i in range(100, 1001, 100)]
+  falling = [{"iteration": i, "loss": 1.0 / i} for i in range(100, 1001, 100)]
+  assert not verdict.still_improving(flat, 1000)
+  assert verdict.still_improving(falling, 1000)
+  assert not verdict.still_improving(falling[:1], 1000)
+
+
+def _comparison(overall, layer):
+  return fidelity.Comparison(overall, 1.0, 1.0, {"['head']['kernel']": {"relative_error": layer,
+                                                                          "cosine": 1.0}})
+
+
+@pytest.mark.parametrize("findings, residual, problems, status", [
+    (["x"], _comparison(0.9, 0.9), ["p"], "leak"),            # recognisable: a leak, whatever else
+    ([], _comparison(0.01, 0.01), [], "no_leak_found"),        # matched, nothing recognisable
+    ([], _comparison(0.5, 0.5), [], "inconclusive"),           # not matched
+    ([], _comparison(0.01, 0.9), [], "inconclusive"),          # one layer not matched
+    ([], _comparison(0.01, 0.01), ["p"], "inconclusive"),      # forced past a failed check
+    (None, _comparison(0.01, 0.01), [], "leak"),               # no truth, matched
+    (None, _comparison(0.5, 0.5), [], "inconclusive"),         # no truth, not matched
+    (None, None, [], "inconclusive"),
+])
+def test_decide(findings, residual, problems, status):
+  got = verdict.decide(findings=findings, residual=residual, improving=False,
+                       budget=verdict.budget("dlg", 2000, 1), problems=problems)
+  assert got["status"] == status and got["reason"]
+
+
+CIFAR = os.path.join(data.default_data_dir() or "", "cifar10")
+
+
+@pytest.mark.skipif(not os.path.isdir(CIFAR), reason="needs ../shared/data/cifar10")
+def test_thresholds_against_trivial_images():
+  """The measurements the thresholds rest on (the module docstring): on CIFAR-10 test images 0-99
+  an image's mean colour is never recognisable, its 8×8 thumbnail (4×4-pixel blocks) mostly is."""
+  x = data.load("cifar10", indices=range(100)).x.astype(np.float64)
+  flat = np.broadcast_to(x.mean(axis=(1, 2), keepdims=True), x.shape)
+  blocks = np.broadcast_to(x.reshape(100, 8, 4, 8, 4, 3).mean(axis=(2, 4), keepdims=True),
+                           (100, 8, 4, 8, 4, 3)).reshape(x.shape)
+  baseline = verdict.mean_colour_psnr(x).tolist()
+  none = dict(labels_inferred=False, num_classes=10)
+  from gradjax import metrics
+  for candidate, least, most in ((flat, 0, 0), (blocks, 80, 100)):
+    recognised = sum(bool(verdict.image_findings(_scores(
+        [float(metrics.psnr(candidate[i:i + 1], x[i:i + 1])[0])],
+        [float(metrics.ssim(candidate[i:i + 1], x[i:i + 1])[0])], flat=[baseline[i]]), **none))
+        for i in range(100))
+    assert least <= recognised <= most
