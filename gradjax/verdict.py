@@ -9,7 +9,8 @@ A number alone is no audit's answer, and an attack that failed says nothing abou
 * ``inconclusive``: a check of the capture failed and the run was forced, or the attack did not
   match the update (the residual above :attr:`Thresholds.matched` overall or :attr:`Thresholds.matched_layer` in some layer), saying whether the
   objective was still falling when the budget ran out (:func:`still_improving`).
-* ``no_leak_found``: the attack matched the update and still recovered nothing recognisable; the
+* ``no_leak_found``: the attack matched the update, its objective stopped falling, and it still
+  recovered nothing recognisable; the
   reason names the attack and its budget ("no leak found by dlg with 2000 iterations and 1
   restart"). Never "safe": a stronger attack or a larger budget may find what this one did not.
 
@@ -28,9 +29,14 @@ Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` repro
   all N, where a uniform guess of N labels among K classes gets the multiset right with probability
   under 1 % (N! / Π m_c! / K^N; one label of 10 classes: 10 %, not evidence).
 * The attack matched the update when the relative residual of its reconstruction's update, at the
-  best common scale (:func:`residual`), is at most 0.1 over all layers and at most 0.5 in every layer
-  (a successful DLG on DLG's LeNet leaves under 1e-3; the same attack on a ReLU network's gradient
-  read as sigmoid 0.9).
+  best common scale (:func:`residual`), is at most 5e-4 over all layers and 1e-2 in every layer.
+  Measured with DLG and iDLG on DLG's LeNet, CIFAR-10 test images 0-7 (2000 iterations): the
+  successes (28-53 dB) leave 2e-5 to 3.7e-4 over all layers and at most 1.3e-3 in a layer (a
+  PyTorch client's gradient of scikit-image photo 5: 4.2e-4 and 5.8e-3 at 32 dB); DLG
+  against a client that normalises its inputs (photo 5, 2000 and 6000 iterations) leaves 3.3e-3 and
+  7.8e-4 at 17.5 and 20.4 dB, still falling; the same attack on a ReLU network's gradient read as
+  sigmoid 0.87. A small residual is necessary for a faithful reconstruction, not sufficient: so
+  ``no_leak_found`` also needs the objective to have stopped falling.
 """
 
 import math
@@ -55,8 +61,8 @@ class Thresholds(NamedTuple):
   ssim: float = 0.5           # per image, at least
   lpips: float = 0.2          # per image, at most
   label_chance: float = 0.01  # labels leak when a guess gets them all right less often than this
-  matched: float = 0.1        # residual over all layers, at most
-  matched_layer: float = 0.5  # residual in every layer, at most
+  matched: float = 5e-4       # residual over all layers, at most
+  matched_layer: float = 1e-2  # residual in every layer, at most
   improving: float = 0.05     # relative fall of the objective over the last tenth of the run
 
   def as_dict(self) -> dict:
@@ -224,5 +230,9 @@ def decide(*, findings: list[str] | None, residual: fidelity.Comparison | None,
   if findings is None:
     return {"status": "leak", "reason": f"{budget} found data that reproduce the update ({res}, "
             f"bound {thresholds.matched:g}); no ground truth to score them against"}
+  if improving:
+    return {"status": "inconclusive", "reason": f"{budget} matched the update ({res}) without "
+            "recovering anything recognisable, but its objective was still falling when the budget "
+            "ran out: more iterations may recover the data"}
   return {"status": "no_leak_found", "reason": f"no leak found by {budget}: it matched the update "
           f"({res}) but recovered nothing recognisable; a stronger attack or a larger budget may"}

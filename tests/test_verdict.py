@@ -101,18 +101,22 @@ def _comparison(overall, layer):
 
 @pytest.mark.parametrize("findings, residual, problems, status", [
     (["x"], _comparison(0.9, 0.9), ["p"], "leak"),            # recognisable: a leak, whatever else
-    ([], _comparison(0.01, 0.01), [], "no_leak_found"),        # matched, nothing recognisable
-    ([], _comparison(0.5, 0.5), [], "inconclusive"),           # not matched
-    ([], _comparison(0.01, 0.9), [], "inconclusive"),          # one layer not matched
-    ([], _comparison(0.01, 0.01), ["p"], "inconclusive"),      # forced past a failed check
-    (None, _comparison(0.01, 0.01), [], "leak"),               # no truth, matched
-    (None, _comparison(0.5, 0.5), [], "inconclusive"),         # no truth, not matched
+    ([], _comparison(1e-4, 1e-4), [], "no_leak_found"),        # matched, nothing recognisable
+    ([], _comparison(1e-3, 1e-3), [], "inconclusive"),         # not matched
+    ([], _comparison(1e-4, 2e-2), [], "inconclusive"),         # one layer not matched
+    ([], _comparison(1e-4, 1e-4), ["p"], "inconclusive"),      # forced past a failed check
+    (None, _comparison(1e-4, 1e-4), [], "leak"),               # no truth, matched
+    (None, _comparison(1e-3, 1e-3), [], "inconclusive"),       # no truth, not matched
     (None, None, [], "inconclusive"),
 ])
 def test_decide(findings, residual, problems, status):
   got = verdict.decide(findings=findings, residual=residual, improving=False,
                        budget=verdict.budget("dlg", 2000, 1), problems=problems)
   assert got["status"] == status and got["reason"]
+  # An objective still falling never gives "no leak found".
+  still = verdict.decide(findings=findings, residual=residual, improving=True,
+                         budget=verdict.budget("dlg", 2000, 1), problems=problems)
+  assert still["status"] == ("inconclusive" if status == "no_leak_found" else status)
 
 
 CIFAR = os.path.join(data.default_data_dir() or "", "cifar10")
