@@ -11,8 +11,12 @@ FedAvg attack) and DLM+; an unknown schedule gets DLM+. With ``--dataset``, capt
 reported its ``data_indices`` are scored (PSNR, SSIM, LPIPS). Writes per capture and attack
 ``<round>/<client>/<attack>/`` (metrics.json, reconstruction.npy, report.html, ...) and over the
 federation ``index.json``, ``index.md`` and ``index.html``. A malformed capture or a failing attack
-is a row with its error; bad flags: one-line error, exit code 2.
+is a row with its error, and the program then ends with one line and exit code 1 once the index
+is written; bad flags or a --dataset that cannot be loaded: one-line error, exit code 2. The index
+merges with an earlier one in the folder: rows of rounds not attacked again are kept.
 """
+
+import sys
 
 from absl import app, flags
 
@@ -28,7 +32,7 @@ flags.DEFINE_string("dataset", None, f"Where the clients' examples are ({', '.jo
                     "score captures that carry data_indices (default: no scoring).")
 flags.DEFINE_string("data_dir", None, "Data folder (default ../shared/data).")
 flags.DEFINE_integer("image_size", None, "Side the clients resized their examples to.")
-flags.DEFINE_string("normalization", "none", "The clients' input normalization (none, cifar10, ...).")
+flags.DEFINE_string("normalization", None, "The clients' input normalization: a name (none, cifar10, ...) or their own MEAN/STD (default: the captures' metadata, else none).")
 flags.DEFINE_integer("iterations", None, "Iterations per attack (default: DLG and iDLG 6000, their papers' whole budget; others their preset's).")
 flags.DEFINE_integer("restarts", 1, "Random restarts per attack.")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
@@ -49,9 +53,12 @@ def main(argv):
   if f.restarts < 1 or (f.iterations is not None and f.iterations < 1):
     common.fail("--restarts and --iterations must be positive")
   try:
-    data.normalization(f.normalization)
-  except ValueError as e:
-    common.fail(str(e))
+    if f.normalization is not None:
+      data.normalization(f.normalization)
+    if f.dataset:  # asked for: it must load, or every score would be blank
+      data.load(f.dataset, data_dir=f.data_dir, indices=[0])
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(f"--dataset={f.dataset}: {e}" if f.dataset and "normalization" not in str(e) else str(e))
   if f.lpips not in pipeline.LPIPS:
     common.fail(f"unknown --lpips {f.lpips!r}; choose one of {', '.join(pipeline.LPIPS)}")
   try:
@@ -68,6 +75,11 @@ def main(argv):
     common.fail(str(e))
   print(audit.index_markdown(rows))
   print(f"Wrote {f.audit_dir}/index.html, index.md and index.json.")
+  failed = audit.failed_rows(rows)
+  if failed:  # written, and still not a success: a failed client or attack is never silent
+    print(f"error: {len(failed)} of {len(rows)} rows failed (first: round {failed[0]['round']} "
+          f"client {failed[0]['client']}: {failed[0]['error']})", file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,12 @@ def provenance() -> dict:
   device = jax.devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   program = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.join(os.path.dirname(__file__), ".."))
-  return {"command": shlex.join(["python", program, *sys.argv[1:]]),
+  import importlib.metadata
+  try:
+    version = importlib.metadata.version("gradjax")
+  except importlib.metadata.PackageNotFoundError:
+    version = None
+  return {"command": shlex.join(["python", program, *sys.argv[1:]]), "gradjax": version,
           "device": device.device_kind if device.platform != "cpu" else f"CPU ({cpu_model()})",
           "platform": device.platform, "cores": cores, "jax": jax.__version__,
           "flax": flax.__version__, "optax": optax.__version__, "python": platform.python_version(),

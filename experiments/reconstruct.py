@@ -60,7 +60,8 @@ def main(argv):
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   results = {**results, **common.provenance()}  # the command as typed, the device and its cores
-  what = (f"captured {cfg.observation} ({results['num_samples']} samples)" if cfg.observation
+  n = results["num_samples"]
+  what = (f"captured {cfg.observation} ({n} sample{'' if n == 1 else 's'})" if cfg.observation
           else f"{cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]")
   title = f"{cfg.attack} on {results['model']}, {what}"
   try:

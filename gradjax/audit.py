@@ -7,6 +7,7 @@ one folder per round and client, in the import format of :mod:`gradjax.interop`:
   AUDIT_DIR/round_001/client_<id>/weights.safetensors       the same file (a hard link where possible)
   AUDIT_DIR/round_001/client_<id>/observation.safetensors   W_{t+1}, the client's reply (kind weights)
   AUDIT_DIR/round_001/client_<id>/capture.json              round, client, metadata, status
+  AUDIT_DIR/round_001/round.json                            clients sent work, and which failed
 
 Tensors keep their ``state_dict`` names and PyTorch layouts. The observation's metadata carry what
 the server knew: ``num_samples`` (the reply's example count), the local schedule (``local_lr``,
@@ -125,6 +126,33 @@ def write_capture(folder, round_weights: str, returned: dict[str, np.ndarray] | 
   return size
 
 
+ROUND_SUMMARY = "round.json"
+
+
+def write_round_summary(round_dir, server_round: int, clients_sent: int,
+                        failures: dict[Any, str]) -> None:
+  """``round.json`` of a recorded round: how many clients were sent work and which failed (node ->
+  why: the ClientApp raised, a malformed reply, no reply)."""
+  report.save_json(os.path.join(os.fspath(round_dir), ROUND_SUMMARY),
+                   {"round": server_round, "clients_sent": clients_sent,
+                    "failures": {str(k): v for k, v in failures.items()}})
+
+
+def round_failures(audit_dir) -> dict[int, dict[str, str]]:
+  """Round -> client -> why it failed, from the recorded rounds' ``round.json``."""
+  out = {}
+  for rname in sorted(os.listdir(os.fspath(audit_dir))):
+    path = os.path.join(os.fspath(audit_dir), rname, ROUND_SUMMARY)
+    m = re.fullmatch(r"round_(\d+)", rname)
+    if m and os.path.isfile(path):
+      try:
+        with open(path, encoding="utf-8") as fh:
+          out[int(m.group(1))] = dict(json.load(fh).get("failures", {}))
+      except (OSError, ValueError, AttributeError):
+        continue
+  return out
+
+
 class ScheduleKeys(NamedTuple):
   """Where a federated app states the local schedule and the client's examples: keys of the
   configuration the server sends (first key present wins) and of the metrics the client replies."""
@@ -239,7 +267,8 @@ class Settings(NamedTuple):
   model: zoo name (``None``: the captures' ``model`` metadata, else lenet_zhu).
   dataset, data_dir: where the clients' examples are, to score captures that carry
     ``data_indices`` (``None``: no scoring).
-  image_size, normalization: how the clients preprocessed those examples.
+  image_size, normalization: how the clients preprocessed those examples (normalization ``None``:
+    the captures' metadata, else none).
   iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
   restarts, seed, lpips, rename: as in :class:`gradjax.pipeline.Config`.
   """
@@ -249,7 +278,7 @@ class Settings(NamedTuple):
   dataset: str | None = None
   data_dir: str | None = None
   image_size: int | None = None
-  normalization: str = "none"
+  normalization: str | None = None
   iterations: int | None = None
   restarts: int = 1
   seed: int = 0
@@ -284,9 +313,10 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     names = choose_attacks(capture.info.get("metadata", {}))
   try:
     truth = _truth(capture, settings)
-  except (ValueError, FileNotFoundError) as e:
-    log(f"round {capture.round} client {capture.client}: no ground truth ({e})")
-    truth = None
+  except (ValueError, FileNotFoundError) as e:  # asked for and not loaded: an error, not a blank score
+    error = f"ground truth from {settings.dataset} not loaded: {str(e).splitlines()[0]}"
+    log(f"round {capture.round} client {capture.client}: error: {error}")
+    return [{**base, "attack": None, "error": error}]
   meta = capture.info.get("metadata", {})
   rows = []
   for name in names:
@@ -309,9 +339,11 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
       report.write_run(out, results, images,
                        f"{name}, round {capture.round}, client {capture.client}")
       row.update({k: results.get(k) for k in SUMMARY_KEYS}, run=os.path.relpath(out, os.path.dirname(
-          os.path.dirname(capture.folder))), num_samples=results.get("num_samples"))
+          os.path.dirname(capture.folder))), num_samples=results.get("num_samples"),
+                 verdict=results["verdict"]["status"], reason=results["verdict"]["reason"])
       scored = "" if row["psnr"] is None else f", PSNR {row['psnr']:.2f} dB"
-      log(f"round {capture.round} client {capture.client} {name}: objective {row['loss']:.4g}{scored}")
+      log(f"round {capture.round} client {capture.client} {name}: objective {row['loss']:.4g}{scored}"
+          f", verdict {row['verdict']}")
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
       row["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
       log(f"round {capture.round} client {capture.client} {name}: error: {row['error']}")
@@ -331,8 +363,35 @@ def audit(audit_dir, settings: Settings = Settings(), *, rounds: Sequence[int] |
   for k, capture in enumerate(found):
     rows.extend(attack_capture(capture, settings, log))
     log(f"capture {k + 1}/{len(found)} done, {time.perf_counter() - start:.0f} s")
-  write_index(audit_dir if index_dir is None else index_dir, rows, settings, audit_dir)
+  recorded = {(c.round, c.client) for c in found}
+  for r, failed in round_failures(audit_dir).items():  # clients that never replied: no capture
+    if rounds is None or r in set(rounds):
+      rows += [{"round": r, "client": str(client), "attack": None, "error": why}
+               for client, why in failed.items() if (r, str(client)) not in recorded]
+  index_dir = audit_dir if index_dir is None else index_dir
+  rows = merged_rows(read_index(index_dir), rows)
+  write_index(index_dir, rows, settings, audit_dir)
   return rows
+
+
+def read_index(index_dir) -> list[dict[str, Any]]:
+  """The rows of an earlier ``index.json`` in ``index_dir`` ([] when there is none or it is not an
+  index)."""
+  path = os.path.join(os.fspath(index_dir), "index.json")
+  try:
+    with open(path, encoding="utf-8") as fh:
+      rows = json.load(fh).get("rows", [])
+  except (OSError, ValueError, AttributeError):
+    return []
+  return [r for r in rows if isinstance(r, dict) and "round" in r and "client" in r]
+
+
+def merged_rows(earlier: list[dict], new: list[dict]) -> list[dict]:
+  """``new`` rows, with the ``earlier`` index's rows of every (round, client) that ``new`` does not
+  cover kept: auditing some rounds again never drops the others. Sorted by round, then client."""
+  covered = {(r["round"], str(r["client"])) for r in new}
+  kept = [r for r in earlier if (r["round"], str(r["client"])) not in covered]
+  return sorted(kept + new, key=lambda r: (r["round"], str(r["client"])))
 
 
 def attack_in_background(audit_dir, round_: int, settings: Settings) -> "subprocess.Popen":
@@ -362,15 +421,23 @@ def _fmt(value, spec: str) -> str:
 
 
 def index_markdown(rows: list[dict[str, Any]]) -> str:
-  """Rows as a Markdown table: round, client, attack, objective, PSNR, SSIM, LPIPS, time, status."""
-  lines = ["| round | client | attack | objective | PSNR (dB) | SSIM | LPIPS | time (s) | status |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  """Rows as a Markdown table: round, client, attack, verdict, objective, PSNR, SSIM, LPIPS, time,
+  status."""
+  lines = ["| round | client | attack | verdict | objective | PSNR (dB) | SSIM | LPIPS | time (s) | "
+           "status |", "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(f"| {r['round']} | {r['client']} | {r.get('attack') or '–'} | "
+                 f"{r.get('verdict') or '–'} | "
                  f"{_fmt(r.get('loss'), '.4g')} | {_fmt(r.get('psnr'), '.2f')} | "
                  f"{_fmt(r.get('ssim'), '.3f')} | {_fmt(r.get('lpips'), '.3f')} | "
                  f"{_fmt(r.get('wall_time_s'), '.1f')} | {r.get('error') or 'ok'} |")
   return "\n".join(lines) + "\n"
+
+
+def failed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """The rows of captures that failed (a client that failed or sent a malformed reply, no reply,
+  a ground truth not loaded) or attacks that raised."""
+  return [r for r in rows if r.get("error")]
 
 
 def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit_dir=None) -> None:
@@ -382,11 +449,20 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
   report.save_json(os.path.join(index_dir, "index.json"),
                    {"rows": rows, "settings": settings._asdict()})
   title = f"Audit of {os.path.basename(os.path.abspath(index_dir))}"
+  failed = failed_rows(rows)
+  note = (f"{len(failed)} of {len(rows)} rows failed (see their status)" if failed else "")
   report.atomic_write(os.path.join(index_dir, "index.md"),
-                      lambda f: f.write(f"# {title}\n\n" + index_markdown(rows)), binary=False)
+                      lambda f: f.write(f"# {title}\n\n" + (f"**{note}**\n\n" if note else "")
+                                        + index_markdown(rows)), binary=False)
+  failures = f"<p style='color:#b00020'><b>{html.escape(note)}</b></p>" if note else ""
   cells = []
   for r in rows:
     status = html.escape(r.get("error") or "ok")
+    verdict = r.get("verdict")
+    verdict_cell = "–" if not verdict else (
+        f"<b style='color:{report.VERDICT_COLOURS.get(verdict, '#333')}'>"
+        f"{html.escape(verdict.replace('_', ' '))}</b><br><small>{html.escape(r.get('reason', ''))}"
+        "</small>")
     image = link = ""
     if r.get("run"):
       run = os.path.relpath(os.path.join(audit_dir, r["run"]), index_dir)
@@ -395,7 +471,8 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
       link = f'<a href="{run}/report.html">report</a>'
     cells.append(
         f"<tr><td>{r['round']}</td><td>{html.escape(str(r['client']))}</td>"
-        f"<td>{html.escape(r.get('attack') or '–')}</td><td>{_fmt(r.get('loss'), '.4g')}</td>"
+        f"<td>{html.escape(r.get('attack') or '–')}</td><td style='text-align:left;max-width:28em'>"
+        f"{verdict_cell}</td><td>{_fmt(r.get('loss'), '.4g')}</td>"
         f"<td>{_fmt(r.get('psnr'), '.2f')}</td><td>{_fmt(r.get('ssim'), '.3f')}</td>"
         f"<td>{_fmt(r.get('lpips'), '.3f')}</td><td>{image}</td><td>{link}</td>"
         f"<td>{status}</td></tr>")
@@ -407,7 +484,11 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
       "img{image-rendering:pixelated;height:64px}</style></head><body>"
       f"<h1>{html.escape(title)}</h1><p>What an honest-but-curious server reconstructs from each "
       "recorded client update. PSNR, SSIM and LPIPS only where the client's examples were given "
-      "for scoring.</p><table><tr><th>round</th><th>client</th><th>attack</th><th>objective</th>"
+      "for scoring. The verdict: <i>leak</i> (a recognisable reconstruction, or without ground "
+      "truth data that reproduce the update), <i>inconclusive</i> (the attack did not match the "
+      "update, or the capture failed its checks) or <i>no leak found</i> (by that attack and "
+      f"budget; never a proof of safety).</p>{failures}"
+      "<table><tr><th>round</th><th>client</th><th>attack</th><th>verdict</th><th>objective</th>"
       "<th>PSNR (dB)</th><th>SSIM</th><th>LPIPS</th><th>reconstruction</th><th>run</th>"
       "<th>status</th></tr>" + "".join(cells) + "</table></body></html>\n")
   report.atomic_write(os.path.join(index_dir, "index.html"), lambda f: f.write(page), binary=False)

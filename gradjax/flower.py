@@ -19,6 +19,12 @@ training configuration it was sent, as the capture folders of :mod:`gradjax.audi
 then ``python experiments/audit.py --audit_dir=audit`` (or ``attack=audit.Settings()`` here, which
 attacks each round in a separate process while the federation goes on). Recording never raises into
 the federation: a failure is logged and that reply is skipped.
+
+Failed clients are never silent: at the end of every round the strategy logs (through Flower's
+logger, so ``flwr run --stream`` shows it) how many of the clients sent work failed and why (the
+ClientApp raised, a malformed reply, no reply), keeps them in :attr:`AuditStrategy.failures`, and
+writes them to ``round_NNN/round.json`` of the recorded rounds, which the audit's index reports.
+:meth:`AuditStrategy.raise_if_failed` ends a ServerApp with an error when a round lost every client.
 """
 
 import logging
@@ -34,7 +40,7 @@ from flwr.serverapp.strategy import Strategy
 
 from gradjax import audit
 
-logger = logging.getLogger("gradjax.flower")
+logger = logging.getLogger("flwr.gradjax")  # a child of Flower's logger: in the ServerApp's log
 
 
 def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -90,6 +96,9 @@ class AuditStrategy(Strategy):
     self.processes: list = []   # background attack processes (attack mode)
     self._full = False
     self._sent: dict[int, Any] = {}
+    self._expected: list[int] = []  # the nodes sent work this round
+    self.failures: dict[int, dict[int, str]] = {}  # round -> node -> why it failed
+    self.clients_sent: dict[int, int] = {}  # round -> clients sent work
 
   # The Strategy interface: everything goes to the wrapped strategy.
 
@@ -105,12 +114,19 @@ class AuditStrategy(Strategy):
                       grid: Grid) -> Iterable[Message]:
     messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
     self._sent = {}
+    self._expected = [m.metadata.dst_node_id for m in messages]
     if self._audited(server_round):
       self._sent = {m.metadata.dst_node_id: m.content for m in messages}
     return messages
 
   def aggregate_train(self, server_round: int, replies: Iterable[Message]):
     replies = list(replies)
+    failed = {m.metadata.src_node_id: f"the client failed: {m.error.reason}"
+              for m in replies if m.has_error()}
+    replied = {m.metadata.src_node_id for m in replies}
+    failed.update({node: "no reply" for node in self._expected if node not in replied})
+    self.failures[server_round] = failed
+    self.clients_sent[server_round] = len(self._expected)
     if self._sent:
       start = time.perf_counter()
       try:
@@ -119,7 +135,35 @@ class AuditStrategy(Strategy):
         logger.error("audit: recording round %d failed: %s", server_round, e)
       self._sent = {}
       self.seconds_recording += time.perf_counter() - start
+    self._report(server_round)
     return self.strategy.aggregate_train(server_round, replies)
+
+  def _report(self, server_round: int) -> None:
+    """Logs the round's failed clients (every round), and writes them to its ``round.json`` (the
+    recorded rounds)."""
+    failed, sent = self.failures[server_round], self.clients_sent[server_round]
+    if failed:
+      first = sorted(failed.items())[0]
+      logger.warning("round %d: %d of %d clients failed (node %s: %s)", server_round, len(failed),
+                     sent, first[0], first[1])
+    else:
+      logger.info("round %d: all %d clients replied", server_round, sent)
+    round_dir = os.path.join(self.audit_dir, f"round_{server_round:03d}")
+    if os.path.isdir(round_dir):
+      try:
+        audit.write_round_summary(round_dir, server_round, sent, failed)
+      except OSError as e:
+        logger.error("audit: round %d: summary not written: %s", server_round, e)
+
+  def raise_if_failed(self) -> None:
+    """Raises ``RuntimeError`` (one line) when some round lost every client it sent work to: a
+    federation that trained on nothing must not end as a success."""
+    lost = [r for r, failed in sorted(self.failures.items())
+            if failed and len(failed) >= self.clients_sent.get(r, 0)]
+    if lost:
+      reason = sorted(self.failures[lost[0]].items())[0][1]
+      raise RuntimeError(f"every client failed in round(s) {', '.join(map(str, lost))} (e.g. "
+                         f"{reason})")
 
   def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                          grid: Grid) -> Iterable[Message]:
@@ -205,6 +249,7 @@ class AuditStrategy(Strategy):
         break
       if "error" in info:
         logger.warning("audit: round %d client %d: %s", server_round, node, info["error"])
+        self.failures[server_round].setdefault(node, info["error"])
       try:
         self.bytes_written += audit.write_capture(
             os.path.join(round_dir, f"client_{node}"), weights_file, returned, info, meta)

@@ -292,42 +292,160 @@ def _cell(value) -> str:
   return html.escape(str(value))
 
 
-def html_report(path, title: str, summary: dict, table: Sequence[dict], figures: dict[str, str],
-                config: dict, table_title: str = "Per image") -> None:
-  """One self-contained HTML page (images embedded as data URIs): the summary, a per-item table
-  (strings left-aligned), the figures (caption -> PNG file) and the configuration."""
+# What a run's numbers are: key -> (label, unit, meaning). The report prints each beside its value.
+QUANTITIES = {
+    "psnr": ("PSNR", "dB", "peak signal-to-noise ratio of the reconstruction against the client's "
+             "image, images clamped to [0, 1], mean over images; higher is closer (20 dB: an error "
+             "of 0.1 per pixel)"),
+    "ssim": ("SSIM", "", "structural similarity (scikit-image's), mean over images; 1 is identical, "
+             "0 unrelated"),
+    "lpips": ("LPIPS", "", "learned perceptual distance (AlexNet, v0.1), mean over images; 0 is "
+              "identical, lower is closer"),
+    "mse": ("MSE", "", "mean squared pixel error on [0, 1] images"),
+    "label_accuracy": ("label accuracy", "", "share of the client's labels recovered (as a "
+                       "multiset)"),
+    "token_accuracy": ("token accuracy", "", "share of tokens recovered in place (pseudo-inverse "
+                       "decoding)"),
+    "bag_recall": ("bag-of-words recall", "", "share of the sentences' tokens recovered anywhere"),
+    "loss": ("objective", "", "the attack's objective at its best iterate (its distance to the "
+             "update, plus priors)"),
+    "residual": ("relative residual", "", "‖α·u − c‖ / ‖c‖: how far the update of the "
+                 "reconstruction (u, at the best scale α) is from the observed one (c); 0 is a "
+                 "perfect match"),
+    "iterations": ("iterations", "", "optimizer iterations of the best restart"),
+    "evaluations": ("evaluations", "", "objective evaluations over all restarts"),
+    "restarts": ("restarts", "", "random initialisations run; the lowest objective wins"),
+    "restarts_diverged": ("restarts diverged", "", "restarts dropped for NaN or inf"),
+    "wall_time_s": ("wall time", "s", "of the attack, compilation included"),
+    "model": ("model", "", "the attacked network"),
+    "threat_model": ("threat model", "", "what the client sent: fedsgd (a gradient) or fedavg (an "
+                     "update after local training)"),
+    "num_samples": ("examples", "", "behind the update"),
+    "device": ("device", "", ""),
+}
+
+VERDICT_COLOURS = {"leak": "#b00020", "no_leak_found": "#1b5e20", "inconclusive": "#8a6d00"}
+
+
+def summary_rows(results: dict, keys) -> list[tuple[str, str, str]]:
+  """(label, value with its unit, meaning) of each key of ``keys`` present in ``results``."""
+  rows = []
+  for key in keys:
+    value = results.get(key)
+    if key == "residual" and isinstance(value, dict):
+      value = value.get("relative_error")
+    if value is None:
+      continue
+    label, unit, meaning = QUANTITIES.get(key, (key, "", ""))
+    rows.append((label, _cell(value) + (f" {unit}" if unit else ""), meaning))
+  return rows
+
+
+def html_report(path, title: str, summary, table: Sequence[dict], figures: dict[str, str],
+                config: dict, table_title: str = "Per image", *, verdict: dict | None = None,
+                notes: Sequence[str] = (), sections: Sequence[tuple[str, Sequence[dict]]] = (),
+                provenance: dict | None = None) -> None:
+  """One self-contained HTML page (images embedded as data URIs): the ``verdict`` (status and
+  reason) and ``notes`` on top, the summary (a dict, or (label, value, meaning) rows), a per-item
+  table (strings left-aligned), further ``sections`` (heading, rows), the figures (caption -> PNG
+  file), how the run was made (``provenance``: command, versions, device) and the configuration."""
   import base64
   import html
   parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
            "<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse}"
            "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}th{background:#f3f3f3}"
+           "td.m{text-align:left;color:#555;font-size:90%}"
+           ".verdict{border:2px solid;padding:.6em 1em;margin:1em 0}.verdict b{font-size:120%}"
            "img{max-width:100%;border:1px solid #ddd}pre{background:#f7f7f7;padding:1em;overflow:auto}"
-           "</style></head><body>", f"<h1>{html.escape(title)}</h1>", "<table>"]
-  parts += [f"<tr><th>{html.escape(k)}</th><td>{_cell(v)}</td></tr>" for k, v in summary.items()]
+           "</style></head><body>", f"<h1>{html.escape(title)}</h1>"]
+  if verdict:
+    colour = VERDICT_COLOURS.get(verdict.get("status"), "#333")
+    parts.append(f"<div class='verdict' style='border-color:{colour}'><b style='color:{colour}'>"
+                 f"Verdict: {html.escape(str(verdict.get('status')).replace('_', ' '))}</b><br>"
+                 f"{html.escape(str(verdict.get('reason', '')))}</div>")
+  parts += [f"<p>{html.escape(n)}</p>" for n in notes]
+  parts.append("<table>")
+  if isinstance(summary, dict):
+    parts += [f"<tr><th>{html.escape(k)}</th><td>{_cell(v)}</td></tr>" for k, v in summary.items()]
+  else:
+    parts += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td><td class='m'>"
+              f"{html.escape(m)}</td></tr>" for k, v, m in summary]
   parts.append("</table>")
+
+  def rows_table(heading, rows):
+    keys = list(rows[0])
+    out = [f"<h2>{html.escape(heading)}</h2><table><tr>"
+           + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>"]
+    out += ["<tr>" + "".join(("<td style='text-align:left'>" if isinstance(row.get(k), str) else "<td>")
+                             + f"{_cell(row.get(k))}</td>" for k in keys) + "</tr>" for row in rows]
+    out.append("</table>")
+    return out
+
   if table:
-    keys = list(table[0])
-    parts.append(f"<h2>{html.escape(table_title)}</h2><table><tr>"
-                 + "".join(f"<th>{html.escape(k)}</th>" for k in keys) + "</tr>")
-    parts += ["<tr>" + "".join(("<td style='text-align:left'>" if isinstance(row.get(k), str) else "<td>")
-                               + f"{_cell(row.get(k))}</td>" for k in keys) + "</tr>" for row in table]
-    parts.append("</table>")
+    parts += rows_table(table_title, table)
+  for heading, rows in sections:
+    if rows:
+      parts += rows_table(heading, rows)
   for caption, png in figures.items():
     with open(png, "rb") as fh:
       data = base64.b64encode(fh.read()).decode("ascii")
     parts.append(f"<h2>{html.escape(caption)}</h2><img alt='{html.escape(caption)}' "
                  f"src='data:image/png;base64,{data}'>")
+  if provenance:
+    parts.append("<h2>How this run was made</h2><table>")
+    parts += [f"<tr><th>{html.escape(k)}</th><td style='text-align:left'><code>{html.escape(str(v))}"
+              "</code></td></tr>" for k, v in provenance.items() if v is not None]
+    parts.append("</table>")
   parts.append("<h2>Configuration</h2><pre>" + html.escape(json.dumps(_to_python(config, ""), indent=2,
                                                                          sort_keys=True)) + "</pre>")
   parts.append("</body></html>\n")
   atomic_write(path, lambda f: f.write("\n".join(parts)), binary=False)
 
 
+PROVENANCE_KEYS = ("command", "date", "device", "cores", "gradjax", "jax", "flax",
+                   "optax", "python")
+
+
+def _provenance(results: dict) -> dict:
+  return {k: results[k] for k in PROVENANCE_KEYS if results.get(k) is not None}
+
+
+def check_rows(results: dict) -> list[dict]:
+  """The checks of a captured update (:func:`gradjax.pipeline.capture_checks`) as table rows."""
+  rows = []
+  checks = results.get("checks") or {}
+  if "activation" in checks:
+    a = checks["activation"]
+    rows.append({"check": f"activation (declared {a['declared']}) read off the last layer's gradient",
+                 "result": "passed" if a["ok"] else "failed", "detail": a["explained"] or ""})
+  if "fidelity" in checks:
+    f = checks["fidelity"]
+    if f.get("ok") is None:
+      rows.append({"check": "update recomputed from the ground truth", "result": "not run",
+                   "detail": f["explained"]})
+    else:
+      detail = (f"relative error {f['relative_error']:.3g}, cosine {f['cosine']:.6f} (tolerance "
+                f"{f['tolerance'][0]:g} over all layers, {f['tolerance'][1]:g} per layer)")
+      if f.get("explained"):
+        detail = f["explained"]
+      rows.append({"check": "update recomputed from the ground truth",
+                   "result": "passed" if f["ok"] else "failed", "detail": detail})
+  return rows
+
+
+def residual_rows(results: dict) -> list[dict]:
+  """The relative residual per layer (:func:`gradjax.verdict.residual`) as table rows."""
+  residual = results.get("residual") or {}
+  return [{"layer": k, "relative residual": v["relative_error"], "cosine": v["cosine"]}
+          for k, v in (residual.get("layers") or {}).items()]
+
+
 def write_run(out: str, results: dict, images: dict, title: str) -> None:
   """A run's files in ``out``: ``metrics.json``; ``reconstruction.npy`` (N, H, W, C) float32 in
   [0, 1] (the ground truth's order when there is one); ``reconstruction.png`` (pixel grid, ground
-  truth above); ``grid.png`` (captioned with the per-image metrics); ``curves.png`` (objective and
-  PSNR against iterations) and ``report.html``, one self-contained page of all of it."""
+  truth above); ``grid.png`` (captioned with the per-image metrics); ``curves.png`` (objective, and
+  PSNR where there is a ground truth, against iterations) and ``report.html``, one self-contained
+  page of all of it with the verdict on top."""
   rec, truth = images["reconstruction"], images.get("ground_truth")
   save_json(os.path.join(out, "metrics.json"), results)
   atomic_write(os.path.join(out, "reconstruction.npy"),
@@ -336,20 +454,29 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
   save_png(os.path.join(out, "reconstruction.png"), image_grid(rows))
   captions = per_image_captions(results)
   reconstruction_figure(os.path.join(out, "grid.png"), rec, truth, captions, title)
-  figures = {"Reconstruction": os.path.join(out, "grid.png")}
+  figures = {"Reconstruction" + (" (ground truth above)" if truth is not None else
+                                 " (no ground truth)"): os.path.join(out, "grid.png")}
   if results.get("history"):
     curves_figure(os.path.join(out, "curves.png"), results["history"], title)
-    figures["Objective and PSNR by iteration"] = os.path.join(out, "curves.png")
-  summary = {k: results[k] for k in ("model", "threat_model", "num_samples", "psnr", "ssim", "lpips",
-                                     "mse", "label_accuracy", "loss", "iterations", "evaluations",
-                                     "restarts", "restarts_diverged", "wall_time_s", "device")
-             if results.get(k) is not None}
+    with_psnr = any("psnr" in r for r in results["history"])
+    figures["Objective and PSNR by iteration" if with_psnr else "Objective by iteration"] = \
+        os.path.join(out, "curves.png")
+  summary = summary_rows(results, ("psnr", "ssim", "lpips", "mse", "label_accuracy", "loss",
+                                   "residual", "model", "threat_model", "num_samples", "iterations",
+                                   "evaluations", "restarts", "restarts_diverged", "wall_time_s"))
+  notes = []
+  if truth is None:
+    notes.append("No ground truth was given (--dataset with the client's images scores the "
+                 "reconstruction): the objective and the residual per layer say how closely the "
+                 "attack matched the update.")
+  elif results.get("lpips") is None and results.get("lpips_absent"):
+    notes.append(f"LPIPS is not reported: {results['lpips_absent']}.")
   table = []
   for i in range(rec.shape[0]):
     row = {"image": i}
-    for key in ("psnr", "ssim", "lpips", "mse"):
+    for key, label in (("psnr", "PSNR (dB)"), ("ssim", "SSIM"), ("lpips", "LPIPS"), ("mse", "MSE")):
       if results.get(f"{key}_per_image") is not None:
-        row[key] = results[f"{key}_per_image"][i]
+        row[label] = results[f"{key}_per_image"][i]
     if results.get("labels_true") is not None:
       row["label"] = results["labels_true"][i]
       row["recovered label"] = results["labels_reconstructed"][i]
@@ -357,7 +484,11 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
       row["recovered label"] = results["labels_by_slot"][i]
     table.append(row)
   html_report(os.path.join(out, "report.html"), title, summary, table, figures,
-                     {"config": results.get("config"), "attack": results.get("attack")})
+              {"config": results.get("config"), "attack": results.get("attack")},
+              verdict=results.get("verdict"), notes=notes,
+              sections=[("Checks of the captured update", check_rows(results)),
+                        ("Residual per layer", residual_rows(results))],
+              provenance=_provenance(results))
 
 
 def sentence_table(results: dict) -> str:
@@ -382,13 +513,15 @@ def write_text_run(out: str, results: dict, title: str) -> None:
   if results.get("history"):
     curves_figure(os.path.join(out, "curves.png"), results["history"], title)
     figures["Objective by iteration"] = os.path.join(out, "curves.png")
-  summary = {k: results[k] for k in ("model", "vocabulary_size", "num_samples", "sequence_length",
-                                     "token_accuracy", "bag_recall", "token_accuracy_nearest",
-                                     "bag_recall_nearest", "exact", "bag_size", "loss", "iterations",
-                                     "evaluations", "restarts", "restarts_diverged", "wall_time_s",
-                                     "device")
-             if results.get(k) is not None}
+  summary = summary_rows(results, ("token_accuracy", "bag_recall", "loss", "residual", "model",
+                                   "num_samples", "iterations", "evaluations", "restarts",
+                                   "restarts_diverged", "wall_time_s"))
+  summary += [(k.replace("_", " "), _cell(results[k]), "") for k in
+              ("vocabulary_size", "sequence_length", "token_accuracy_nearest", "bag_recall_nearest",
+               "exact", "bag_size") if results.get(k) is not None]
   table = [{"sentence": i, **{k: v for k, v in row.items()}} for i, row in enumerate(results["sentences"])]
   html_report(os.path.join(out, "report.html"), title, summary, table, figures,
               {"config": results.get("config"), "attack": results.get("attack")},
-              table_title="Sentences")
+              table_title="Sentences", verdict=results.get("verdict"),
+              sections=[("Residual per layer", residual_rows(results))],
+              provenance=_provenance(results))

@@ -76,6 +76,8 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
     (["--permutations=2"], "permutation search"),
     (["--halving_rounds=0"], "halving rounds"),
     (["--matmul_precision=fp8"], "matmul_precision"),
+    (["--lr=nan"], "--lr must be a finite number"),
+    (["--normalization=0.5,0.5/0.2"], "2 means but 1 stds"),
 ])
 @pytest.mark.slow
 def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):

@@ -84,7 +84,7 @@ class Grid:
     return Message(content, reply_to=message)
 
   def send_and_receive(self, messages, timeout=None):
-    return [self.reply(m) for m in messages]
+    return [self.reply(m) for m in messages if self.spoil.get(m.metadata.dst_node_id) != "silent"]
 
 
 def start(strategy, net, grid, rounds=2, **config):
@@ -286,3 +286,58 @@ def test_several_local_steps_get_replay_and_dlm_plus(net, tmp_path):
     assert row.get("error") is None and row["num_samples"] == 2 and np.isfinite(row["psnr"]), row
   metrics_ = json.loads((tmp_path / "audit" / rows[0]["run"] / "metrics.json").read_text())
   assert metrics_["config"]["labels"] == "llg" and metrics_["threat_model"] == "fedavg"
+
+
+@pytest.mark.slow
+def test_failed_clients_are_counted_reported_and_fail_the_audit(net, tmp_path):
+  """Failed clients: counted per round in the strategy and round.json, a ServerApp that lost every
+  client raises, and the audit's index lists them and audit.py ends with exit 1 (one line)."""
+  import subprocess
+  import sys
+  grid = Grid(net, nodes=(11, 12, 13), spoil={12: "error", 13: "silent"})
+  strategy = AuditStrategy(Keep(), tmp_path / "audit")
+  start(strategy, net, grid, rounds=1)
+  assert strategy.failures == {1: {12: "the client failed: ClientApp crashed", 13: "no reply"}}
+  summary = json.loads((tmp_path / "audit" / "round_001" / audit.ROUND_SUMMARY).read_text())
+  assert summary == {"round": 1, "clients_sent": 3,
+                     "failures": {"12": "the client failed: ClientApp crashed", "13": "no reply"}}
+  strategy.raise_if_failed()  # one client trained: not a lost round
+  program = os.path.join(os.path.dirname(__file__), "..", "experiments", "audit.py")
+  proc = subprocess.run([sys.executable, program, f"--audit_dir={strategy.audit_dir}",
+                         "--iterations=3", "--lpips=none"], capture_output=True, text=True, timeout=600)
+  rows = json.loads((tmp_path / "audit" / "index.json").read_text())["rows"]
+  assert [(r["client"], r.get("error")) for r in rows] == [
+      ("11", None), ("12", "the client failed: ClientApp crashed"), ("13", "no reply")]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert proc.returncode == 1 and len(errors) == 1 and "2 of 3 rows failed" in errors[0]
+  lost = AuditStrategy(Keep(), tmp_path / "lost")
+  start(lost, net, Grid(net, spoil={11: "error", 12: "error"}), rounds=1)
+  with pytest.raises(RuntimeError, match="every client failed in round"):
+    lost.raise_if_failed()
+
+
+@pytest.mark.slow
+def test_audit_merges_into_the_index_and_needs_its_dataset(net, tmp_path):
+  """Auditing one round again keeps the other rounds' rows; a --dataset that cannot be loaded is a
+  one-line error (exit 2) before any attack, and a ground truth not loaded is a row's error."""
+  import subprocess
+  import sys
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
+  start(strategy, net, Grid(net), rounds=2)
+  settings = audit.Settings(iterations=3, lpips="none")
+  audit.audit(strategy.audit_dir, settings, log=lambda s: None)
+  rows = audit.audit(strategy.audit_dir, settings, rounds=[2], log=lambda s: None)
+  assert [(r["round"], r["client"]) for r in rows] == [(1, "11"), (1, "12"), (2, "11"), (2, "12")]
+  index = json.loads((tmp_path / "audit" / "index.json").read_text())["rows"]
+  assert [(r["round"], r["client"]) for r in index] == [(r["round"], r["client"]) for r in rows]
+  assert all(r["verdict"] in ("leak", "inconclusive", "no_leak_found") for r in index)
+  program = os.path.join(os.path.dirname(__file__), "..", "experiments", "audit.py")
+  proc = subprocess.run([sys.executable, program, f"--audit_dir={strategy.audit_dir}",
+                         "--dataset=cifar10", f"--data_dir={tmp_path / 'nowhere'}"],
+                        capture_output=True, text=True, timeout=600)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert proc.returncode == 2 and len(errors) == 1 and "--dataset=cifar10" in errors[0], proc.stderr
+  rows = audit.attack_capture(audit.captures(strategy.audit_dir)[0],
+                              audit.Settings(dataset="cifar10", data_dir=str(tmp_path / "nowhere"),
+                                             iterations=3), log=lambda s: None)
+  assert rows[0]["attack"] is None and rows[0]["error"].startswith("ground truth from cifar10")

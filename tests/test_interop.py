@@ -169,7 +169,8 @@ def test_module_mapping_for_a_custom_model():
 @pytest.fixture
 def lenet_files(tmp_path, photos):
   model = _model("lenet_zhu")
-  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([4]))
+  # Photo 0 with its label in that source, so --dataset=skimage is this client's ground truth.
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([0]))
   mapping = interop.zoo_mapping(model)
   interop.save_weights(tmp_path / "w.safetensors", model)
   interop.save_observation(tmp_path / "g.safetensors", obs, mapping, model)
@@ -199,6 +200,10 @@ def _nan(t, m):
     (lambda t, m: (t, {**m, "labels": "1,2", "num_samples": "1"}), "2 labels for 1 samples"),
     (lambda t, m: (t, {**m, "labels": "x"}), "comma-separated integers"),
     (lambda t, m: (t, {**m, "layout": "gradjax"}), "layout 'gradjax'"),
+    (lambda t, m: (t, {**m, "labels": "42"}), "label 42 is not a class of the model, which has 10"),
+    (lambda t, m: (t, {**m, "loss_reduction": "max"}), "loss_reduction must be mean or sum"),
+    (lambda t, m: ({("fc.1" + k[4:] if k.startswith("fc.0") else k): v for k, v in t.items()}, m),
+     "the model expects fc.0.bias, fc.0.weight, the file has fc.1.bias, fc.1.weight instead"),
 ])
 def test_malformed_observation_one_line(lenet_files, tmp_path, change, message):
   w, g = lenet_files
