@@ -39,5 +39,6 @@ def main(grid: Grid, context: Context) -> None:
   if cfg["record"]:
     print(f"federation wall time {wall:.2f} s, of which recording {strategy.seconds_recording:.3f} s "
           f"({strategy.bytes_written} bytes to {strategy.audit_dir})")
+    strategy.raise_if_failed()  # a round whose every client failed ends the run as failed
   else:
     print(f"federation wall time {wall:.2f} s (not recording)")
