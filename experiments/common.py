@@ -268,6 +268,10 @@ def parse_flags(argv):
     sys.exit(0 if any(a.split("=")[0] in ("--help", "-h", "--helpshort", "--helpfull", "-?")
                       for a in argv[1:]) else e.code)
   f = flags.FLAGS
+  for name in f:  # every float flag of every program: a NaN or inf is caught here, not after a run
+    value = f[name].value
+    if isinstance(value, float) and not np.isfinite(value):
+      fail(f"--{name} must be a finite number, got {value}")
   if "tpu" not in os.environ.get("JAX_PLATFORMS", "").split(","):
     # JAX probes for a TPU runtime and logs "Unable to initialize backend 'tpu'" when there is none.
     py_logging.getLogger("jax._src.xla_bridge").setLevel(py_logging.WARNING)

@@ -32,7 +32,7 @@ def main(argv):
     size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
     batch = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(f.start, f.start + f.count),
                       image_size=size, channels=cfg.channels)
-    x = data.normalize(batch.x, data.normalization(cfg.normalization))
+    x = data.normalize(batch.x, data.normalization(cfg.normalization or "none"))
     num_classes = cfg.num_classes or batch.num_classes
     correct = []
     for k in range(f.count):

@@ -34,17 +34,25 @@ common.define_output_flags("sweep_<attack>_<model>_<dataset>_<start>..<end>")
 flags.adopt_module_key_flags(common)
 
 
-CSV_COLUMNS = ("index", "psnr", "ssim", "lpips", "mse", "label_accuracy", "iterations", "loss", "wall_time_s")
+CSV_COLUMNS = ("index", "psnr", "ssim", "lpips", "mse", "label_accuracy", "iterations", "loss", "wall_time_s",
+               "verdict")
+
+
+def verdict_of(row: dict) -> str:
+  """A row's verdict status (runs saved before verdicts existed: "–")."""
+  return (row.get("verdict") or {}).get("status", "–")
 
 
 def markdown(rows: list[dict], summary: dict, title: str) -> str:
   with_lpips = "lpips" in summary
   lines = [f"# {title}", "", "| index | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "")
-           + "label acc. | iterations | loss | time (s) |", "|---|---|---|---|---|---|---|" + ("---|" if with_lpips else "")]
+           + "label acc. | iterations | loss | time (s) | verdict |",
+           "|---|---|---|---|---|---|---|---|" + ("---|" if with_lpips else "")]
   for r in rows:
     lines.append(f"| {r['index']} | {r['psnr']:.2f} | {r['ssim']:.3f} | "
                  + (f"{r['lpips']:.3f} | " if with_lpips else "")
-                 + f"{r['label_accuracy']:.2f} | {r['iterations']} | {r['loss']:.2e} | {r['wall_time_s']:.1f} |")
+                 + f"{r['label_accuracy']:.2f} | {r['iterations']} | {r['loss']:.2e} | "
+                 f"{r['wall_time_s']:.1f} | {verdict_of(r)} |")
   s = summary
   lines += ["", f"PSNR {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} dB (median "
             f"{s['psnr']['median']:.2f}); SSIM {s['ssim']['mean']:.3f} ± {s['ssim']['std']:.3f}; "
@@ -101,7 +109,8 @@ def main(argv):
                    {"summary": summary, "rows": rows, "title": title, **common.provenance()})
   text = markdown(rows, summary, title)
   report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
-  report.save_csv(os.path.join(out, "results.csv"), rows, CSV_COLUMNS)
+  report.save_csv(os.path.join(out, "results.csv"), [{**r, "verdict": verdict_of(r)} for r in rows],
+                  CSV_COLUMNS)
   report.psnr_figure(os.path.join(out, "psnr.png"), [str(r["index"]) for r in rows],
                      [r["psnr"] for r in rows], f.psnr_threshold, title)
   if len({t.shape[1:] for t in truth}) == 1:

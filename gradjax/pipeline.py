@@ -348,7 +348,7 @@ def image_bounds(norm: data.Normalization, channels: int) -> tuple[np.ndarray, n
 
 # Fields that change how a run is scored or where its data lie, not what it computes: a saved state
 # continues under other values of these.
-NOT_FINGERPRINTED = ("lpips", "data_dir")
+NOT_FINGERPRINTED = ("lpips", "data_dir", "force")
 
 
 def fingerprint(cfg: Config) -> dict:
