@@ -16,15 +16,19 @@ module checks the description before any attack runs:
   h = ∂L/∂W_:c / ∂L/∂b_c, Geiping et al. 2020, Prop. 3.1); :func:`activation_check` tests them
   against the range of the activation the model declares before its head (a sigmoid never gives 0
   or 1.3, a ReLU never −0.2).
+* :func:`check_capture` runs both on a captured update before an attack, with the alternatives a
+  zoo model offers (:func:`alternatives`); the pipeline refuses a capture that fails
+  (:class:`CaptureMismatch`) unless forced.
 """
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients
+from gradjax import clients, data, models
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
@@ -258,3 +262,86 @@ def activation_check(observation: Observation, act: str) -> str | None:
       return (f"the last layer's inputs, read off its gradient, span [{lo:.3g}, {hi:.3g}]; a {act} "
               f"outputs only values in [{low:g}, {high:g}]")
   return None
+
+
+# --- a captured update, before an attack ---------------------------------------------------------
+
+class CaptureMismatch(ValueError):
+  """A captured update that the declared model and recipe do not reproduce."""
+
+
+def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
+                  norm: data.Normalization) -> tuple[dict, list[str]]:
+  """Checks a captured ``observation`` against the declared ``model`` (its activation) and input
+  normalisation ``norm`` before any attack: :func:`activation_check` (a gradient or a one-step
+  update), and, with the client's examples ``batch``, :func:`check` against the recipe's
+  alternatives (:func:`alternatives`). Returns (``checks`` for the run's results, ``problems``: one
+  phrase per failed check, naming the likely cause)."""
+  checks, problems = {}, []
+  module = getattr(model.apply_fn, "module", None)
+  act = getattr(module, "act", None)
+  local = observation.local
+  scaled_gradient = observation.threat_model == "fedsgd" or (
+      local is not None and local.steps(observation.num_samples) == 1)
+  if act in ACTIVATION_RANGES and scaled_gradient:
+    why = activation_check(observation, act)
+    checks["activation"] = {"declared": act, "ok": why is None, "explained": why}
+    if why:
+      problems.append(f"{why} (declare the client's activation: --act or the metadata's act)")
+  if batch is None:
+    return checks, problems
+  if observation.labels is not None and sorted(np.asarray(observation.labels).tolist()) != sorted(
+      batch.y.tolist()):
+    problems.append(f"the capture's labels {np.asarray(observation.labels).tolist()} are not the "
+                    f"ground truth's {batch.y.tolist()} (are --dataset and --index the client's?)")
+  if observation.threat_model != "fedsgd" and local is None:
+    checks["fidelity"] = {"ok": None, "explained": "not checked: the local schedule is unknown"}
+    return checks, problems
+  declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm),
+                             observation.train, local)
+  result = check(observation, declared, batch.x, batch.y,
+                 alternatives=lambda c: alternatives(declared, module, observation, norm,
+                                                     batch.x.shape[-1], c))
+  checks["fidelity"] = result.as_dict()
+  if not result.ok:
+    problems.append(f"the update recomputed from the ground truth differs: {result.explained}")
+  return checks, problems
+
+
+def alternatives(declared: Recipe, module, observation: Observation, norm: data.Normalization,
+                 channels: int, comparison: Comparison) -> dict[str, Recipe]:
+  """Recipes that differ from ``declared`` in one known way, each named by what to declare instead:
+  every other activation of ``module`` (a Flax module with an ``act`` field), the other BatchNorm
+  mode, a summed loss, every named normalisation that fits the ``channels``, and for FedAvg the
+  local learning rate that ``comparison.scale`` suggests and 1-5 epochs in every batch size that
+  divides the examples."""
+  alts = {}
+  act = getattr(module, "act", None)
+  if act is not None:
+    for name in models.ACTIVATIONS:
+      if name != act:
+        alts[f"activation {name} (declare act={name})"] = declared._replace(
+            apply_fn=models.make_apply_fn(module.clone(act=name)))
+  if "batch_stats" in observation.variables:
+    mode = not declared.train
+    alts[f"BatchNorm in {'training' if mode else 'evaluation'} mode (declare train="
+         f"{str(mode).lower()})"] = declared._replace(train=mode)
+  alts["a summed loss (declare loss_reduction=sum)"] = declared._replace(reduction="sum")
+  for name in data.NORMALIZATION_NAMES:
+    other = data.normalization(name)
+    if other != norm and len(other.mean) in (1, channels):
+      alts[f"normalisation {name} (declare normalization={name})"] = declared._replace(
+          normalize=functools.partial(data.normalize, norm=other))
+  local = declared.local
+  if local is not None:
+    lr = local.learning_rate * comparison.scale
+    alts[f"local learning rate {lr:.4g} (declare local_lr={lr:.4g})"] = declared._replace(
+        local=local._replace(learning_rate=lr))
+    n = observation.num_samples
+    for epochs in range(1, 6):
+      for b in (d for d in range(1, n + 1) if n % d == 0):
+        if (epochs, b) != (local.epochs, local.batch_size or n):
+          alts[f"{epochs} local epochs in batches of {b} (declare local_epochs={epochs}, "
+               f"local_batch_size={b})"] = declared._replace(
+                   local=local._replace(epochs=epochs, batch_size=b))
+  return alts

@@ -16,7 +16,6 @@ image ``i`` reproduces row ``i`` of a sweep.
 """
 
 import dataclasses
-import functools
 import math
 import os
 import time
@@ -588,7 +587,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     raise ValueError(f"run() attacks images; a {cfg.modality} experiment runs with run_text()")
   attack = check(cfg)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
-  share_labels = attack.labels == "known"
+  share_labels = attack.labels == "known"  # else inferred (hfginv's too) or optimised: a finding
   checks, problems = {}, []
   if cfg.observation:
     if batch is None and cfg.dataset is not None:
@@ -600,9 +599,9 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
                        f"has {batch.x.shape[0]} images")
-    checks, problems = capture_checks(model, observation, batch, norm)
+    checks, problems = fidelity.check_capture(model, observation, batch, norm)
     if problems and not cfg.force:
-      raise CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
+      raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--force attacks it anyway; its verdict is then inconclusive)")
   else:
     norm = data.normalization(cfg.normalization or "none")
@@ -665,7 +664,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
                    labels_reconstructed=rec.labels[order].tolist())
     results.update(lpips_scores(cfg.lpips, x_rec[order], batch.x))
     results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
-    findings = verdict.image_findings(results, labels_inferred=attack.labels not in ("known",),
+    findings = verdict.image_findings(results, labels_inferred=not share_labels,
                                       num_classes=model.num_classes)
     images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
   if results.get("lpips") is None:
@@ -694,84 +693,6 @@ def lpips_absent(net: str, batch, input_shape) -> str:
     return "the lpips extra is not installed (pip install 'gradjax[lpips]')"
   return (f"images of {input_shape[0]}x{input_shape[1]} pixels are smaller than AlexNet's "
           f"{lpips.MIN_SIZE['alex']}")
-
-
-class CaptureMismatch(ValueError):
-  """A captured update that the declared model and recipe do not reproduce."""
-
-
-def capture_checks(model: models.Model, observation, batch: data.Dataset | None,
-                   norm: data.Normalization) -> tuple[dict, list[str]]:
-  """Checks a captured ``observation`` against the declared ``model`` before any attack
-  (:mod:`gradjax.fidelity`): the activation the last layer's gradient reveals (a gradient or a
-  one-step update), and, with the client's examples ``batch``, the update recomputed from them.
-  Returns (``checks`` for the results, ``problems``: one phrase per failed check, naming the likely
-  cause)."""
-  checks, problems = {}, []
-  module = getattr(model.apply_fn, "module", None)
-  act = getattr(module, "act", None)
-  local = observation.local
-  scaled_gradient = observation.threat_model == "fedsgd" or (
-      local is not None and local.steps(observation.num_samples) == 1)
-  if act in fidelity.ACTIVATION_RANGES and scaled_gradient:
-    why = fidelity.activation_check(observation, act)
-    checks["activation"] = {"declared": act, "ok": why is None, "explained": why}
-    if why:
-      problems.append(f"{why} (declare the client's activation: --act or the metadata's act)")
-  if batch is None:
-    return checks, problems
-  if observation.labels is not None and sorted(np.asarray(observation.labels).tolist()) != sorted(
-      batch.y.tolist()):
-    problems.append(f"the capture's labels {np.asarray(observation.labels).tolist()} are not the "
-                    f"ground truth's {batch.y.tolist()} (are --dataset and --index the client's?)")
-  if observation.threat_model != "fedsgd" and local is None:
-    checks["fidelity"] = {"ok": None, "explained": "not checked: the local schedule is unknown"}
-    return checks, problems
-  declared = fidelity.Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm),
-                             observation.train, local)
-  result = fidelity.check(observation, declared, batch.x, batch.y,
-                          alternatives=lambda c: _alternatives(declared, module, observation, norm,
-                                                               batch.x.shape[-1], c))
-  checks["fidelity"] = result.as_dict()
-  if not result.ok:
-    problems.append(f"the update recomputed from the ground truth differs: {result.explained}")
-  return checks, problems
-
-
-def _alternatives(declared: fidelity.Recipe, module, observation, norm: data.Normalization,
-                  channels: int, comparison: fidelity.Comparison) -> dict[str, fidelity.Recipe]:
-  """Recipes that differ from ``declared`` in one known way, named by what to declare instead."""
-  alts = {}
-  act = getattr(module, "act", None)
-  if act is not None:
-    for name in models.ACTIVATIONS:
-      if name != act:
-        alts[f"activation {name} (declare act={name})"] = declared._replace(
-            apply_fn=models.make_apply_fn(module.clone(act=name)))
-  if "batch_stats" in observation.variables:
-    mode = not declared.train
-    alts[f"BatchNorm in {'training' if mode else 'evaluation'} mode (declare train="
-         f"{str(mode).lower()})"] = declared._replace(train=mode)
-  alts["a summed loss (declare loss_reduction=sum)"] = declared._replace(reduction="sum")
-  for name in data.NORMALIZATION_NAMES:
-    other = data.normalization(name)
-    if other != norm and len(other.mean) in (1, channels):
-      alts[f"normalisation {name} (declare normalization={name})"] = declared._replace(
-          normalize=functools.partial(data.normalize, norm=other))
-  local = declared.local
-  if local is not None:
-    lr = local.learning_rate * comparison.scale
-    alts[f"local learning rate {lr:.4g} (declare local_lr={lr:.4g})"] = declared._replace(
-        local=local._replace(learning_rate=lr))
-    n = observation.num_samples
-    for epochs in range(1, 6):
-      for b in (d for d in range(1, n + 1) if n % d == 0):
-        if (epochs, b) != (local.epochs, local.batch_size or n):
-          alts[f"{epochs} local epochs in batches of {b} (declare local_epochs={epochs}, "
-               f"local_batch_size={b})"] = declared._replace(
-                   local=local._replace(epochs=epochs, batch_size=b))
-  return alts
-
 
 
 def lpips_scores(net: str, x, x_true) -> dict:

@@ -411,7 +411,7 @@ def _provenance(results: dict) -> dict:
 
 
 def check_rows(results: dict) -> list[dict]:
-  """The checks of a captured update (:func:`gradjax.pipeline.capture_checks`) as table rows."""
+  """The checks of a captured update (:func:`gradjax.fidelity.check_capture`) as table rows."""
   rows = []
   checks = results.get("checks") or {}
   if "activation" in checks:

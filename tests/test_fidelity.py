@@ -1,4 +1,4 @@
-"""Checks of captured updates (gradjax.fidelity and pipeline.capture_checks).
+"""Checks of captured updates (gradjax.fidelity and fidelity.check_capture).
 
 References: NumPy float64 (relative errors and cosines; DLG's LeNet forward written the PyTorch way
 for the head's inputs), and clients simulated with a known mismatch, whose cause the check must name.
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import clients, data, fidelity, interop, models, pipeline
+from gradjax import clients, data, fidelity, interop, models
 from gradjax.losses import cross_entropy
 
 from test_interop import np_lenet_zhu
@@ -85,7 +85,7 @@ def _capture(tmp_path, model, obs, **meta):
 def _checks(imported, photos, n, norm="none"):
   batch = data.Dataset(photos[:n], np.arange(n) + 2, 10, "skimage")
   norm = data.normalization(imported.metadata.get("normalization", norm))
-  return pipeline.capture_checks(imported.model, imported.observation, batch, norm)
+  return fidelity.check_capture(imported.model, imported.observation, batch, norm)
 
 
 def _sum_loss(logits, y):

@@ -130,7 +130,7 @@ def test_normalising_client(tmp_path):
   from gradjax import data, pipeline
   truth = data.load("cifar10", indices=[0])
   w, g = _export(torch, _lenet(torch, "sigmoid"), truth.x, truth.y, tmp_path, normalize=CIFAR10)
-  with pytest.raises(pipeline.CaptureMismatch, match="normalization=cifar10"):
+  with pytest.raises(fidelity.CaptureMismatch, match="normalization=cifar10"):
     _run(w, g, attack="idlg", **CIFAR_TRUTH)
   for declared in ("cifar10", CIFAR10):  # the named statistics, or the client's own
     results = _run(w, g, attack="idlg", normalization=declared, **CIFAR_TRUTH)
@@ -159,7 +159,7 @@ def test_resnet_batchnorm_modes(tmp_path, photos, train):
   batch = data.Dataset(x, y, 10, "skimage")
   for declared in (train, not train):
     imported = interop.load(w, g, train=declared, conv="xla")
-    checks, problems = pipeline.capture_checks(imported.model, imported.observation, batch,
+    checks, problems = fidelity.check_capture(imported.model, imported.observation, batch,
                                                data.normalization("none"))
     print(f"train={train} declared {declared}: relative error "
           f"{checks['fidelity']['relative_error']:.3g}")
