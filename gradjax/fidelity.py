@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, data, models
+from gradjax import clients, data, interop, models
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
@@ -51,6 +51,9 @@ class Recipe(NamedTuple):
   local: FedAvg's local schedule (:class:`gradjax.clients.LocalTraining`), or ``None`` for a FedSGD
     gradient.
   reduction: the loss over the batch: ``"mean"`` (PyTorch's default) or ``"sum"``.
+  relayout: another reading of the captured files' layouts, a function of a params tree applied to
+    the server's parameters and to the captured update alike before they are compared (e.g. a
+    linear layer's inputs flattened in another order); ``None``: as imported.
   """
 
   apply_fn: Callable
@@ -58,6 +61,16 @@ class Recipe(NamedTuple):
   train: bool = False
   local: clients.LocalTraining | None = None
   reduction: str = "mean"
+  relayout: Callable | None = None
+
+
+def _recompute(recipe: Recipe, observation: Observation, x, y) -> "Comparison":
+  """:func:`simulate` under ``recipe`` against the capture, both read with ``recipe.relayout``."""
+  variables, captured = observation.variables, observation.gradient
+  if recipe.relayout is not None:
+    variables = {**variables, "params": recipe.relayout(variables["params"])}
+    captured = recipe.relayout(captured)
+  return compare(simulate(recipe, variables, x, y), captured)
 
 
 def simulate(recipe: Recipe, variables, x, y):
@@ -167,7 +180,7 @@ def diagnose(observation: Observation, alternatives: dict[str, Recipe], x, y,
   found = {}
   for name, recipe in alternatives.items():
     try:
-      comparison = compare(simulate(recipe, observation.variables, x, y), observation.gradient)
+      comparison = _recompute(recipe, observation, x, y)
     except ValueError:
       continue
     if comparison.within(tolerance):
@@ -191,7 +204,7 @@ def check(observation: Observation, declared: Recipe, x, y,
       the check fails.
     tolerance: (over all leaves, per leaf) bounds on the relative error.
   """
-  comparison = compare(simulate(declared, observation.variables, x, y), observation.gradient)
+  comparison = _recompute(declared, observation, x, y)
   if comparison.within(tolerance):
     return Check(True, comparison, tolerance, {}, "")
   causes = diagnose(observation, alternatives(comparison) if alternatives else {}, x, y, tolerance)
@@ -300,21 +313,32 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm),
                              observation.train, local)
   result = check(observation, declared, batch.x, batch.y,
-                 alternatives=lambda c: alternatives(declared, module, observation, norm,
-                                                     batch.x.shape[-1], c))
+                 alternatives=lambda c: alternatives(
+                     declared, module, observation, norm, batch.x.shape[-1], c,
+                     interop.flatten_chw(model.name, model.input_shape)))
   checks["fidelity"] = result.as_dict()
   if not result.ok:
     problems.append(f"the update recomputed from the ground truth differs: {result.explained}")
   return checks, problems
 
 
+def _flattened_hwc(params, chw):
+  """``params`` with the head's kernel rows read as an (H, W, C) flattening where the import took
+  PyTorch's (C, H, W) (:func:`gradjax.interop.to_gradjax` undone for the rows)."""
+  head = params["head"]
+  kernel = np.asarray(head["kernel"])[np.argsort(interop.chw_permutation(chw))]
+  return {**params, "head": {**head, "kernel": jnp.asarray(kernel)}}
+
+
 def alternatives(declared: Recipe, module, observation: Observation, norm: data.Normalization,
-                 channels: int, comparison: Comparison) -> dict[str, Recipe]:
+                 channels: int, comparison: Comparison,
+                 flatten_chw: tuple[int, int, int] | None = None) -> dict[str, Recipe]:
   """Recipes that differ from ``declared`` in one known way, each named by what to declare instead:
   every other activation of ``module`` (a Flax module with an ``act`` field), the other BatchNorm
-  mode, a summed loss, every named normalisation that fits the ``channels``, and for FedAvg the
-  local learning rate that ``comparison.scale`` suggests and 1-5 epochs in every batch size that
-  divides the examples."""
+  mode, a summed loss, the head's inputs flattened in the other order (for a model that flattens a
+  ``flatten_chw`` = (C, H, W) map), every named normalisation that fits the ``channels``, and for
+  FedAvg the local learning rate that ``comparison.scale`` suggests and 1-5 epochs in every batch
+  size that divides the examples."""
   alts = {}
   act = getattr(module, "act", None)
   if act is not None:
@@ -327,6 +351,10 @@ def alternatives(declared: Recipe, module, observation: Observation, norm: data.
     alts[f"BatchNorm in {'training' if mode else 'evaluation'} mode (declare train="
          f"{str(mode).lower()})"] = declared._replace(train=mode)
   alts["a summed loss (declare loss_reduction=sum)"] = declared._replace(reduction="sum")
+  if flatten_chw is not None:
+    alts["the last layer's inputs flattened in (H, W, C) order, not PyTorch's (C, H, W) (a layout: "
+         "permute the linear layer's columns when exporting)"] = declared._replace(
+             relayout=functools.partial(_flattened_hwc, chw=flatten_chw))
   for name in data.NORMALIZATION_NAMES:
     other = data.normalization(name)
     if other != norm and len(other.mean) in (1, channels):

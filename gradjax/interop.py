@@ -99,7 +99,7 @@ class TorchMapping(NamedTuple):
 
 # --- layouts -------------------------------------------------------------------------------------
 
-def _chw_permutation(chw) -> np.ndarray:
+def chw_permutation(chw) -> np.ndarray:
   """perm[j] = the NCHW flat index of NHWC flat index j, for a (C, H, W) map."""
   c, h, w = chw
   return np.arange(c * h * w).reshape(c, h, w).transpose(1, 2, 0).reshape(-1)
@@ -111,7 +111,7 @@ def to_gradjax(entry: Entry, array: np.ndarray) -> np.ndarray:
     return np.transpose(array, (2, 3, 1, 0))
   if entry.layout == "dense":
     kernel = np.transpose(array)
-    return kernel if entry.chw is None else kernel[_chw_permutation(entry.chw)]
+    return kernel if entry.chw is None else kernel[chw_permutation(entry.chw)]
   return array
 
 
@@ -122,7 +122,7 @@ def to_torch(entry: Entry, array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.transpose(array, (3, 2, 0, 1)))
   if entry.layout == "dense":
     if entry.chw is not None:
-      array = array[np.argsort(_chw_permutation(entry.chw))]
+      array = array[np.argsort(chw_permutation(entry.chw))]
     return np.ascontiguousarray(np.transpose(array))
   return np.ascontiguousarray(array)
 

@@ -153,3 +153,22 @@ def test_labels_not_the_ground_truths(tmp_path, photos):
   imported = _capture(tmp_path, model, obs, labels="5,6")
   checks, problems = _checks(imported, photos, 2)
   assert len(problems) == 1 and checks["fidelity"]["ok"]  # the update is the images' with [2, 3]
+
+
+def test_flatten_order_is_named(tmp_path, photos):
+  """A client whose linear layer reads its features flattened (H, W, C), e.g. after
+  ``x.permute(0, 2, 3, 1).flatten(1)``, exported as is: the import's (C, H, W) reading is named."""
+  model = _model("lenet_zhu")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([2]))
+  mapping = interop.zoo_mapping(model)
+  weights = interop.variables_to_torch(model.variables, mapping)
+  gradient = interop.params_to_torch(obs.gradient, mapping)
+  weights["fc.0.weight"] = np.asarray(model.variables["params"]["head"]["kernel"]).T.copy()
+  gradient["fc.0.weight"] = np.asarray(obs.gradient["head"]["kernel"]).T.copy()
+  interop.write(tmp_path / "w.safetensors", weights, {"model": "lenet_zhu"})
+  interop.write(tmp_path / "g.safetensors", gradient, {"kind": "gradient"})
+  imported = interop.load(tmp_path / "w.safetensors", tmp_path / "g.safetensors", conv="xla")
+  batch = data.Dataset(photos[:1], np.array([2]), 10, "skimage")
+  checks, problems = fidelity.check_capture(imported.model, imported.observation, batch,
+                                            data.normalization("none"))
+  assert problems and any("(H, W, C) order" in c for c in checks["fidelity"]["causes"])

@@ -72,7 +72,7 @@ def test_lenet_import_matches_numpy_pytorch_forward(tmp_path, photos):
 
 def test_chw_permutation_against_explicit_indices():
   c, h, w = 3, 2, 4
-  perm = interop._chw_permutation((c, h, w))
+  perm = interop.chw_permutation((c, h, w))
   for hh in range(h):
     for ww in range(w):
       for cc in range(c):
