@@ -151,6 +151,11 @@ def test_deployment_runtime_records_and_audits(federation, tmp_path):
   assert np.median([r["psnr"] for r in rows]) > 20, rows
   index = json.loads((audit_dir / "index.json").read_text())["rows"]
   assert [r["psnr"] for r in index] == [r["psnr"] for r in rows]
+  # The update recomputed in JAX from the reported examples is the PyTorch client's.
+  for r in rows:
+    checks = json.loads((audit_dir / r["run"] / "metrics.json").read_text())["checks"]
+    assert checks["fidelity"]["ok"] and checks["fidelity"]["relative_error"] < 1e-4, checks
+    assert r["verdict"] in ("leak", "no_leak_found", "inconclusive")
   truth = data.load("skimage", indices=found[0].info["data_indices"], image_size=(32, 32))
   rec = np.load(audit_dir / rows[0]["run"] / "reconstruction.npy")
   assert rec.shape == truth.x.shape
