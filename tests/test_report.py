@@ -173,3 +173,27 @@ def test_html_report_is_self_contained(tmp_path, photos):
   for src, png in zip(parser.sources, figures.values()):
     assert src.startswith("data:image/png;base64,")
     assert base64.b64decode(src.split(",", 1)[1]) == open(png, "rb").read()
+
+
+def test_run_report_leads_with_the_verdict(tmp_path, photos):
+  """report.html: the verdict first, every number with its unit, why LPIPS is absent, the checks,
+  the residual per layer and how the run was made; without ground truth no PSNR curve."""
+  results = {"verdict": {"status": "inconclusive", "reason": "R<1>"}, "psnr": 12.5, "ssim": 0.25,
+             "psnr_per_image": [12.5], "ssim_per_image": [0.25], "lpips_absent": "L<2>",
+             "loss": 0.5, "iterations": 10, "wall_time_s": 1.5, "command": "python x.py --a=1",
+             "jax": "0.10.2", "history": [{"restart": 0, "iteration": 10, "loss": 0.5}],
+             "residual": {"relative_error": 0.25, "layers": {"['head']['kernel']": {
+                 "relative_error": 0.25, "cosine": 0.9}}},
+             "checks": {"activation": {"declared": "sigmoid", "ok": False, "explained": "A<3>"}}}
+  report.write_run(str(tmp_path), results, {"reconstruction": photos[:1], "ground_truth": photos[1:2]},
+                   "t")
+  page = (tmp_path / "report.html").read_text()
+  assert page.index("inconclusive") < page.index("12.5 dB") < page.index("1.5 s")
+  for text in ("R&lt;1&gt;", "L&lt;2&gt;", "A&lt;3&gt;", "python x.py --a=1", "0.10.2", "0.9"):
+    assert text in page
+  out = tmp_path / "no_truth"
+  report.write_run(str(out), {**results, "psnr_per_image": None, "ssim_per_image": None, "psnr": None,
+                              "ssim": None}, {"reconstruction": photos[:1]}, "t")
+  page = (out / "report.html").read_text()
+  headings = [h.split("</h2>")[0] for h in page.split("<h2>")[1:]]
+  assert not any("PSNR" in h for h in headings) and "<th>PSNR</th>" not in page
