@@ -127,7 +127,7 @@ def test_normalising_client(tmp_path):
   (CIFAR-10 test image 0; iDLG from N(0, 1) in normalised space reaches 30-34 dB on images 0 and 3,
   18-23 dB on scikit-image photos 0 and 5 at this budget.)"""
   import torch
-  from gradjax import data, pipeline
+  from gradjax import data, fidelity
   truth = data.load("cifar10", indices=[0])
   w, g = _export(torch, _lenet(torch, "sigmoid"), truth.x, truth.y, tmp_path, normalize=CIFAR10)
   with pytest.raises(fidelity.CaptureMismatch, match="normalization=cifar10"):
@@ -145,7 +145,7 @@ def test_resnet_batchnorm_modes(tmp_path, photos, train):
   """The CIFAR ResNet of the Flower example (BatchNorm, trained-looking statistics): the update
   recomputed in JAX matches PyTorch's when the mode is declared right; the other mode is named."""
   import torch
-  from gradjax import data, interop, pipeline
+  from gradjax import data, fidelity, interop
   from test_interop import _torch_models
   _, _, ResNet = _torch_models()
   torch.manual_seed(0)
