@@ -37,6 +37,7 @@ flags.DEFINE_integer("iterations", None, "Iterations per attack (default: DLG an
 flags.DEFINE_integer("restarts", 1, "Random restarts per attack.")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
 flags.DEFINE_string("lpips", "auto", f"LPIPS network ({', '.join(pipeline.LPIPS)}).")
+flags.DEFINE_bool("force", False, "Attack captures that fail their checks (their verdict is then inconclusive); without it they are rows with the named cause.")
 flags.DEFINE_string("compilation_cache", "", "Persistent XLA compilation cache folder ('' to disable).")
 
 
@@ -68,7 +69,7 @@ def main(argv):
   settings = audit.Settings(attacks=names, model=f.model, dataset=f.dataset, data_dir=f.data_dir,
                             image_size=f.image_size, normalization=f.normalization,
                             iterations=f.iterations, restarts=f.restarts, seed=f.seed,
-                            lpips=f.lpips, rename=f.rename)
+                            lpips=f.lpips, rename=f.rename, force=f.force)
   try:
     rows = audit.audit(f.audit_dir, settings, rounds=rounds)
   except (ValueError, FileNotFoundError) as e:

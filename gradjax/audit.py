@@ -270,7 +270,8 @@ class Settings(NamedTuple):
   image_size, normalization: how the clients preprocessed those examples (normalization ``None``:
     the captures' metadata, else none).
   iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
-  restarts, seed, lpips, rename: as in :class:`gradjax.pipeline.Config`.
+  restarts, seed, lpips, rename, force: as in :class:`gradjax.pipeline.Config` (without ``force`` a
+    capture that fails its checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
   """
 
   attacks: tuple[str, ...] = (AUTO,)
@@ -284,6 +285,7 @@ class Settings(NamedTuple):
   seed: int = 0
   lpips: str = "auto"
   rename: str | None = None
+  force: bool = False
 
 
 def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
@@ -333,7 +335,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
           dataset=None, normalization=settings.normalization,
           iterations=settings.iterations or AUDIT_ITERATIONS.get(name),
           restarts=settings.restarts, seed=settings.seed, lpips=settings.lpips,
-          image_size=settings.image_size, labels=labels)
+          image_size=settings.image_size, labels=labels, force=settings.force)
       results, images = pipeline.run(cfg, batch=truth)
       out = os.path.join(capture.folder, name)
       report.write_run(out, results, images,

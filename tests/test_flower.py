@@ -341,3 +341,19 @@ def test_audit_merges_into_the_index_and_needs_its_dataset(net, tmp_path):
                               audit.Settings(dataset="cifar10", data_dir=str(tmp_path / "nowhere"),
                                              iterations=3), log=lambda s: None)
   assert rows[0]["attack"] is None and rows[0]["error"].startswith("ground truth from cifar10")
+
+
+@pytest.mark.slow
+def test_audit_refuses_a_misdeclared_capture_unless_forced(net, tmp_path):
+  """The clients did not normalise their inputs; an audit told they did (CIFAR-10's statistics)
+  finds the recomputed update differs and names the normalisation that reproduces it; forced, the
+  attack runs and its verdict is inconclusive."""
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
+  start(strategy, net, Grid(net, nodes=(11,)), rounds=1)
+  capture = audit.captures(strategy.audit_dir)[0]
+  settings = audit.Settings(dataset="skimage", image_size=32, normalization="cifar10", iterations=3,
+                            lpips="none")
+  row, = audit.attack_capture(capture, settings, log=lambda s: None)
+  assert "verdict" not in row and "declare normalization=none" in row["error"], row
+  row, = audit.attack_capture(capture, settings._replace(force=True), log=lambda s: None)
+  assert row.get("error") is None and row["verdict"] == "inconclusive"
