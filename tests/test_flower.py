@@ -349,7 +349,7 @@ def test_audit_refuses_a_misdeclared_capture_unless_forced(net, tmp_path):
   finds the recomputed update differs and names the normalisation that reproduces it; forced, the
   attack runs and its verdict is inconclusive."""
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
-  start(strategy, net, Grid(net, nodes=(11,)), rounds=1)
+  start(strategy, net, Grid(net), rounds=1)
   capture = audit.captures(strategy.audit_dir)[0]
   settings = audit.Settings(dataset="skimage", image_size=32, normalization="cifar10", iterations=3,
                             lpips="none")
