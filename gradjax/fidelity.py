@@ -310,16 +310,25 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   if observation.threat_model != "fedsgd" and local is None:
     checks["fidelity"] = {"ok": None, "explained": "not checked: the local schedule is unknown"}
     return checks, problems
-  declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm),
-                             observation.train, local)
+  declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm), observation.train,
+                    local)
   result = check(observation, declared, batch.x, batch.y,
-                 alternatives=lambda c: alternatives(
-                     declared, module, observation, norm, batch.x.shape[-1], c,
-                     interop.flatten_chw(model.name, model.input_shape)))
+                 alternatives=lambda c: alternatives(declared, module, observation, norm,
+                                                     batch.x.shape[-1], c, _head_chw(model)))
   checks["fidelity"] = result.as_dict()
   if not result.ok:
     problems.append(f"the update recomputed from the ground truth differs: {result.explained}")
   return checks, problems
+
+
+def _head_chw(model: models.Model) -> tuple[int, int, int] | None:
+  """(C, H, W) of the map a zoo model flattens into its head (``None``: its head reads no flattened
+  map, or the model has no PyTorch naming)."""
+  try:
+    mapping = interop.zoo_mapping(model)
+  except ValueError:
+    return None
+  return next(e.chw for e in mapping.entries if e.path == ("params", "head", "kernel"))
 
 
 def _flattened_hwc(params, chw):
