@@ -19,7 +19,7 @@ import importlib.util
 import numpy as np
 import pytest
 
-from gradjax import audit, data, interop
+from gradjax import audit, data, interop, verdict
 
 # PyTorch is imported inside the test, which runs in a process of its own (marker ``isolated``):
 # with torch loaded, a later XLA compilation in the same pytest process segfaulted.
@@ -155,7 +155,7 @@ def test_deployment_runtime_records_and_audits(federation, tmp_path):
   for r in rows:
     checks = json.loads((audit_dir / r["run"] / "metrics.json").read_text())["checks"]
     assert checks["fidelity"]["ok"] and checks["fidelity"]["relative_error"] < 1e-4, checks
-    assert r["verdict"] in ("leak", "no_leak_found", "inconclusive")
+    assert r["verdict"] in verdict.STATUSES
   truth = data.load("skimage", indices=found[0].info["data_indices"], image_size=(32, 32))
   rec = np.load(audit_dir / rows[0]["run"] / "reconstruction.npy")
   assert rec.shape == truth.x.shape
