@@ -50,7 +50,6 @@ Caveats:
 import json
 import os
 import platform
-import re
 import shlex
 import sys
 import time
@@ -381,8 +380,9 @@ def build_torch_model(name: str, input_shape, num_classes: int):
       c = 12
     return with_head(nn.Sequential(*layers), uniform_init=True)
 
-  if m := re.fullmatch(r"convnet(?:-(\d+))?", name):
-    w = int(m[1] or 64)
+  zoo = models.parse_name(name) or models.ZooName("")
+  if zoo.family == "convnet":
+    w = zoo.width
     layers, c = [], channels
     for i, out in enumerate((w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)):
       layers += [nn.Conv2d(c, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU()]
@@ -391,13 +391,13 @@ def build_torch_model(name: str, input_shape, num_classes: int):
       c = out
     return with_head(nn.Sequential(*layers))
 
-  if m := re.fullmatch(r"mlp(?:-(\d+))?", name):
-    hidden = int(m[1] or 32)
+  if zoo.family == "mlp":
+    hidden = zoo.width
     return nn.Sequential(nn.Flatten(), nn.Linear(height * width * channels, hidden), nn.ReLU(),
                          nn.Linear(hidden, num_classes))
 
-  if m := re.fullmatch(r"resnet(\d+)(?:-(\d+))?", name):
-    config = resnet_config(int(m[1]), int(m[2] or 1))
+  if zoo.family == "resnet":
+    config = resnet_config(zoo.depth, zoo.width)
 
     class BasicBlock(nn.Module):
       """conv3x3-BN-ReLU-conv3x3-BN, plus the (projected where the shape changes) input, then ReLU."""

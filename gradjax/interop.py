@@ -230,13 +230,14 @@ def flatten_chw(name: str, input_shape) -> tuple[int, int, int] | None:
   input itself. ResNets pool globally and flatten nothing.
   """
   h, w, c = (int(d) for d in input_shape)
-  if name == "lenet_zhu":
+  zoo = models.parse_name(name) or models.ZooName("")
+  if zoo.family == "lenet_zhu":
     return (12, -(-h // 4), -(-w // 4))
-  if name == "lenet5":
+  if zoo.family == "lenet5":
     return (12, h, w)
-  if m := re.fullmatch(r"convnet(?:-([1-9]\d*))?", name):
-    return (4 * int(m[1] or 64), h // 3 // 3, w // 3 // 3)
-  if re.fullmatch(r"mlp(?:-([1-9]\d*))?", name):
+  if zoo.family == "convnet":
+    return (4 * zoo.width, h // 3 // 3, w // 3 // 3)
+  if zoo.family == "mlp":
     return (c, h, w)
   return None
 
@@ -249,23 +250,24 @@ def zoo_mapping(model: models.Model) -> TorchMapping:
   """
   name, params = model.name, model.variables["params"]
   chw = flatten_chw(name, model.input_shape)
+  zoo = models.parse_name(name) or models.ZooName("")
   rows: list[tuple] = []
-  if name in ("lenet_zhu", "lenet5"):
+  if zoo.family in ("lenet_zhu", "lenet5"):
     convs = sorted((k for k in params if k.startswith("Conv_")), key=lambda k: int(k[5:]))
     rows = [(f"body.{2 * i}", k, "conv") for i, k in enumerate(convs)]
     rows.append(("fc.0", "head", "dense", chw))
-  elif re.fullmatch(r"convnet(?:-([1-9]\d*))?", name):
+  elif zoo.family == "convnet":
     for i in range(8):
       rows += [(f"model.conv{i}", f"Conv_{i}", "conv"), (f"model.bn{i}", f"BatchNorm_{i}", "batch_norm")]
     rows.append(("model.linear", "head", "dense", chw))
-  elif re.fullmatch(r"mlp(?:-([1-9]\d*))?", name):
+  elif zoo.family == "mlp":
     hidden = sorted((k for k in params if k.startswith("Dense_")), key=lambda k: int(k[6:]))
     for i, k in enumerate(hidden):
       rows.append((f"fc{i + 1}", k, "dense", chw if i == 0 else None))
     rows.append((f"fc{len(hidden) + 1}", "head", "dense", None if hidden else chw))
-  elif m := re.fullmatch(r"resnet(\d+)(?:-([1-9]\d*))?", name):
+  elif zoo.family == "resnet":
     from gradjax.models.resnet import resnet_config
-    stages = resnet_config(int(m[1]), int(m[2] or 1))["stage_sizes"]
+    stages = resnet_config(zoo.depth, zoo.width)["stage_sizes"]
     rows = [("conv1", "Conv_0", "conv"), ("bn1", "BatchNorm_0", "batch_norm")]
     block = 0
     for s, count in enumerate(stages):

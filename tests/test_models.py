@@ -543,3 +543,15 @@ def test_conv_auto_resolves_per_backend():
   assert resolve_conv("xla") == "xla"
   with pytest.raises(ValueError, match="unknown convolution implementation"):
     models.create("lenet_zhu", KEY, conv="winograd")
+
+
+@pytest.mark.parametrize("name, want", [
+    ("lenet_zhu", models.ZooName("lenet_zhu")), ("convnet", models.ZooName("convnet", width=64)),
+    ("convnet-8", models.ZooName("convnet", width=8)), ("mlp", models.ZooName("mlp", width=32)),
+    ("mlp-16", models.ZooName("mlp", width=16)), ("resnet20-4", models.ZooName("resnet", 20, 4)),
+    ("resnet18", models.ZooName("resnet", 18, 1)), ("convnet-0", None), ("convnet-08", None),
+    ("resnet", None), ("resnet0", None), ("alexnet", None),
+])
+def test_one_name_grammar(name, want):
+  """models.parse_name is the grammar get_module, interop and the benchmark's PyTorch twins read."""
+  assert models.parse_name(name) == want

@@ -77,6 +77,34 @@ class Model(NamedTuple):
   num_classes: int
 
 
+class ZooName(NamedTuple):
+  """A zoo model's name, read (:func:`parse_name`): its ``family`` (``"lenet_zhu"``, ``"lenet5"``,
+  ``"convnet"``, ``"mlp"``, ``"resnet"``, ``"transformer"``), a ResNet's ``depth``, and ``width``:
+  the ConvNet's W (64 when unnamed), the MLP's hidden units H (32), the ResNet's width factor (1)."""
+
+  family: str
+  depth: int | None = None
+  width: int | None = None
+
+
+# The grammar of zoo names, written once: family -> (pattern, default width).
+_NAMES = {"convnet": (r"convnet(?:-([1-9]\d*))?", 64), "mlp": (r"mlp(?:-([1-9]\d*))?", 32),
+          "resnet": (r"resnet([1-9]\d*)(?:-([1-9]\d*))?", 1)}
+
+
+def parse_name(name: str) -> ZooName | None:
+  """The :class:`ZooName` of a zoo name (``"resnet20-4"`` -> ``ZooName("resnet", 20, 4)``), or
+  ``None`` for a name outside the grammar (the ResNet depth itself is checked when it is built)."""
+  if name in ("lenet_zhu", "lenet5", "transformer"):
+    return ZooName(name)
+  for family, (pattern, default) in _NAMES.items():
+    if m := re.fullmatch(pattern, name):
+      if family == "resnet":
+        return ZooName(family, int(m[1]), int(m[2] or default))
+      return ZooName(family, width=int(m[1] or default))
+  return None
+
+
 def get_module(name: str, *, num_classes: int, init: str | None = None, init_scale: float = 0.5,
                act: str | None = None, stride1: bool = False,
                param_dtype: jnp.dtype = jnp.float32, remat: bool = False, conv: str = "auto",
@@ -105,18 +133,19 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
     resolve_conv(conv)  # raises the one-line error
   common = dict(num_classes=num_classes, init_scale=init_scale, param_dtype=param_dtype)
   with_act = {} if act is None else dict(act=act)
-  if name == "lenet_zhu" or name == "lenet5":
-    cls = LeNetZhu if name == "lenet_zhu" else LeNet5
+  zoo = parse_name(name) or ZooName("")
+  if zoo.family in ("lenet_zhu", "lenet5"):
+    cls = LeNetZhu if zoo.family == "lenet_zhu" else LeNet5
     return cls(weight_init=init or "uniform", conv=resolve_conv(conv), **with_act, **common)
-  if m := re.fullmatch(r"convnet(?:-([1-9]\d*))?", name):
-    return ConvNet(width=int(m[1] or 64), weight_init=init or "default", conv=resolve_conv(conv),
+  if zoo.family == "convnet":
+    return ConvNet(width=zoo.width, weight_init=init or "default", conv=resolve_conv(conv),
                    **with_act, **common)
-  if m := re.fullmatch(r"mlp(?:-([1-9]\d*))?", name):
-    return MLP(hidden=(int(m[1] or 32),), weight_init=init or "default", **with_act, **common)
-  if m := re.fullmatch(r"resnet(\d+)(?:-([1-9]\d*))?", name):
-    return ResNet(**resnet_config(int(m[1]), int(m[2] or 1)), stride1=stride1, weight_init=init or "default",
+  if zoo.family == "mlp":
+    return MLP(hidden=(zoo.width,), weight_init=init or "default", **with_act, **common)
+  if zoo.family == "resnet":
+    return ResNet(**resnet_config(zoo.depth, zoo.width), stride1=stride1, weight_init=init or "default",
                   remat=remat, conv=resolve_conv(conv), **with_act, **common)
-  if name == "transformer":
+  if zoo.family == "transformer":
     if act is not None:
       raise ValueError("model 'transformer' has a fixed GELU activation; drop --act")
     if min(text_sizes) < 1:
