@@ -208,10 +208,12 @@ class Attack:
       raise ValueError(f"gamma must be an objectives.Gamma, got {self.gamma!r}")
     if self.gamma != Gamma() and self.objective != "dlm":
       raise ValueError(f"gamma settings apply to the 'dlm' objective only, not {self.objective!r}")
-    _optimizer(self)
+    build_optimizer(self)
 
 
-def _optimizer(attack: "Attack") -> solvers.Optimizer:
+def build_optimizer(attack: "Attack") -> solvers.Optimizer:
+  """The :class:`gradjax.solvers.Optimizer` ``attack`` names (optimizer, learning rate, schedule),
+  with DLM's γ on an Adam of its own when ``attack.gamma`` has a learning rate."""
   optimizer = solvers.make_optimizer(
       attack.optimizer, attack.learning_rate, history=attack.history,
       max_linesearch_steps=attack.max_linesearch_steps, schedule=attack.schedule,
@@ -366,9 +368,16 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
     return objective(dummy, shared.observation, labels, step, shared.weights,
                      label_mask=shared.label_mask, positions=shared.positions)
 
-  return solvers.make_solver(value_fn, _optimizer(attack), tol=attack.tol,
+  return solvers.make_solver(value_fn, build_optimizer(attack), tol=attack.tol,
                              project=_clip_to_box if attack.box else None,
-                             track_from=max(attack.track_from, distances.settled_from(distance)))
+                             track_from=track_from(attack, distance))
+
+
+def track_from(attack: Attack, distance: Callable) -> int:
+  """The first iteration whose objective counts for the best iterate: the attack's ``track_from``,
+  or later while ``distance`` still anneals (:func:`gradjax.distances.settled_from`: earlier values
+  are not comparable with later ones)."""
+  return max(attack.track_from, distances.settled_from(distance))
 
 
 def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: int | tuple[int, ...] | None,

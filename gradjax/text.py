@@ -168,7 +168,8 @@ def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -
       kwargs["step"] = step
     return distance(g, data.observation.gradient, **kwargs)
 
-  return solvers.make_solver(value_fn, attacks._optimizer(attack), tol=attack.tol)
+  return solvers.make_solver(value_fn, attacks.build_optimizer(attack), tol=attack.tol,
+                             track_from=attacks.track_from(attack, distance))
 
 
 def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, restarts, execution):

@@ -207,7 +207,7 @@ def test_dlm_gamma_start_and_learning_rate_of_its_own():
   dummy = attacks.init_dummy(jax.random.key(0), "normal", (1, 4, 4, 3), None, gamma=100.0)
   np.testing.assert_allclose(float(dummy["log_gamma"]), np.log(100.0), rtol=1e-6)
   attack = attacks.get_attack("dlm", gamma=objectives.Gamma(init=100.0, learning_rate=1e-3))
-  tx = attacks._optimizer(attack).tx
+  tx = attacks.build_optimizer(attack).tx
   params = {"x": jnp.ones((1, 2)), "log_gamma": jnp.zeros(())}
   grads = {"x": jnp.array([[3.0, -0.5]]), "log_gamma": jnp.asarray(-2.0)}
   updates, _ = tx.update(grads, tx.init(params), params)

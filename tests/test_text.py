@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import attacks, clients, corpus, metrics, models, text
+from gradjax import attacks, clients, corpus, metrics, models, solvers, text
 
 SMALL = models.TextSizes(dim=16, heads=2, ffn=16, layers=1)
 
@@ -312,3 +312,17 @@ def test_readme_text_example_runs(capsys):
   exec(compile(code.replace("iterations=500", "iterations=5"), "README.md", "exec"), {})
   printed = capsys.readouterr().out
   assert printed.startswith("['") and "]" in printed
+
+
+@pytest.mark.parametrize("search", text.SEARCHES)
+def test_best_iterate_tracked_from_the_attacks_track_from(client, search):
+  """Both text searches take the best iterate from ``track_from`` on, as the image attacks do
+  (the token search once tracked from step 0: an annealed distance's early values would win)."""
+  m, obs, ids = client
+  rows = []
+  execution = solvers.Execution(chunk=1, callback=lambda p: rows.append((p.iteration, p.best_loss))
+                                if not p.compiling else None)
+  text.reconstruct(attacks.get_attack("dlg", iterations=5, track_from=3), m.apply_fn, obs,
+                   jax.random.key(0), length=5, eos=1, search=search, execution=execution)
+  # The report after k iterations has seen the iterates of steps 0..k-1: step 3 first counts at 4.
+  assert [i for i, loss in rows if math.isfinite(loss)] == [4, 5], rows
