@@ -113,10 +113,16 @@ def matched(comparison: fidelity.Comparison, thresholds: Thresholds = THRESHOLDS
 def still_improving(history: Sequence[dict], iterations: int,
                     thresholds: Thresholds = THRESHOLDS) -> bool:
   """Whether the best objective fell by more than ``thresholds.improving`` (relative) over the last
-  tenth of the ``iterations`` (``history`` rows ``{"iteration", "loss"}`` of the best so far)."""
-  rows = [r for r in history if r.get("loss") is not None and math.isfinite(r["loss"])]
-  if len(rows) < 2:
+  tenth of the ``iterations``. ``history``: rows ``{"restart", "iteration", "loss"}`` of the best so
+  far (:class:`gradjax.pipeline.Trace`); restarts run one after another are read apart, and the one
+  that ends lowest decides."""
+  runs: dict = {}
+  for r in history:
+    if r.get("loss") is not None and math.isfinite(r["loss"]):
+      runs.setdefault(r.get("restart"), []).append(r)
+  if not runs:
     return False
+  rows = min(runs.values(), key=lambda rs: rs[-1]["loss"])
   last = rows[-1]
   earlier = [r for r in rows if r["iteration"] <= last["iteration"] - max(1, iterations // 10)]
   if not earlier:

@@ -92,6 +92,11 @@ def test_still_improving():
   assert not verdict.still_improving(flat, 1000)
   assert verdict.still_improving(falling, 1000)
   assert not verdict.still_improving(falling[:1], 1000)
+  # Restarts run one after another: the one that ends lowest decides, whatever came before it.
+  stalled = [{**r, "restart": 1, "loss": 10.0} for r in flat]
+  assert verdict.still_improving([{**r, "restart": 0} for r in falling] + stalled, 1000)
+  assert not verdict.still_improving([{**r, "restart": 0, "loss": 100.0} for r in falling] + stalled,
+                                     1000)
 
 
 def _comparison(overall, layer):
