@@ -6,14 +6,13 @@ The PyTorch clients are in tests/test_verdict_pytorch.py.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from gradjax import clients, data, fidelity, interop, models
 from gradjax.losses import cross_entropy
 
-from test_interop import np_lenet_zhu
+from test_interop import _with_random_stats, np_conv_nchw, np_lenet_zhu
 
 
 def _model(name, act=None, key=0):
@@ -46,7 +45,6 @@ def test_head_features_are_the_flattened_activations(photos):
   t = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
   h = np.transpose(np.asarray(photos[:1], np.float64), (0, 3, 1, 2))
   sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
-  from test_interop import np_conv_nchw
   for i, stride in zip((0, 2, 4), (2, 2, 1)):
     h = sig(np_conv_nchw(h, t[f"body.{i}.weight"], t[f"body.{i}.bias"], stride, 2))
   want = np.transpose(h, (0, 2, 3, 1)).reshape(-1)  # gradjax flattens HWC
@@ -111,7 +109,7 @@ CASES = {
     pytest.param(c, marks=pytest.mark.slow) if "local" in CASES[c][2] else c for c in CASES])
 def test_each_mismatch_is_named(tmp_path, photos, case):
   name, act, client, declared, cause = CASES[case]
-  model = _with_stats(_model(name, act))
+  model = _with_random_stats(_model(name, act))  # so the two BatchNorm modes differ
   n = 2
   x = photos[:n]
   if "norm" in client:
@@ -133,18 +131,6 @@ def test_each_mismatch_is_named(tmp_path, photos, case):
   checks, problems = _checks(wrong, photos, n)
   assert problems and checks["fidelity"]["ok"] is False
   assert any(cause in c for c in checks["fidelity"]["causes"]), checks["fidelity"]["causes"]
-
-
-def _with_stats(model):
-  """Non-trivial BatchNorm statistics, so the two modes differ."""
-  if "batch_stats" not in model.variables:
-    return model
-  rng = np.random.default_rng(0)
-  stats = jax.tree_util.tree_map_with_path(
-      lambda p, v: jnp.asarray(rng.uniform(-0.2, 0.2, v.shape) if p[-1].key == "mean"
-                               else rng.uniform(0.5, 1.5, v.shape), v.dtype),
-      model.variables["batch_stats"])
-  return model._replace(variables={**model.variables, "batch_stats": stats})
 
 
 def test_labels_not_the_ground_truths(tmp_path, photos):
