@@ -118,10 +118,6 @@ class Comparison(NamedTuple):
     path = max(self.layers, key=lambda k: self.layers[k]["relative_error"])
     return path, self.layers[path]["relative_error"]
 
-  def as_dict(self) -> dict:
-    return {"relative_error": self.relative_error, "cosine": self.cosine, "scale": self.scale,
-            "layers": self.layers}
-
 
 def _stats(u: np.ndarray, c: np.ndarray) -> tuple[float, float, float, float]:
   """(‖u − c‖², ‖c‖², ‖u‖², ⟨u, c⟩) in float64."""
@@ -166,7 +162,7 @@ class Check(NamedTuple):
   explained: str
 
   def as_dict(self) -> dict:
-    return {"ok": self.ok, "tolerance": list(self.tolerance), **self.comparison.as_dict(),
+    return {"ok": self.ok, "tolerance": list(self.tolerance), **self.comparison._asdict(),
             "causes": {k: {"relative_error": v.relative_error, "cosine": v.cosine}
                        for k, v in self.causes.items()},
             "explained": self.explained}

@@ -679,8 +679,8 @@ def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:
   improving = verdict.still_improving(results["history"], results["iterations"])
   return {"verdict": verdict.decide(findings=findings, residual=residual, improving=improving,
                                     budget=budget, problems=problems),
-          "residual": None if residual is None else residual.as_dict(),
-          "still_improving": improving, "thresholds": verdict.THRESHOLDS.as_dict()}
+          "residual": None if residual is None else residual._asdict(),
+          "still_improving": improving, "thresholds": verdict.THRESHOLDS._asdict()}
 
 
 def lpips_absent(net: str, batch, input_shape) -> str:

@@ -65,9 +65,6 @@ class Thresholds(NamedTuple):
   matched_layer: float = 1e-2  # residual in every layer, at most
   improving: float = 0.05     # relative fall of the objective over the last tenth of the run
 
-  def as_dict(self) -> dict:
-    return self._asdict()
-
 
 THRESHOLDS = Thresholds()
 
