@@ -21,10 +21,10 @@ import sys
 from absl import app, flags
 
 import common
-from gradjax import attacks, audit, data, pipeline
+from gradjax import audit, data, pipeline, presets
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
-flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(attacks.PRESETS)}) or auto.")
+flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(presets.PRESETS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
 flags.DEFINE_string("model", None, "Zoo model of the captures (default: their metadata, else lenet_zhu).")
 flags.DEFINE_string("rename", None, "Regex rules for the captured tensor names, as reconstruct.py's.")
@@ -48,9 +48,9 @@ def main(argv):
   if not f.audit_dir:
     common.fail("--audit_dir is required")
   names = tuple(a.strip() for a in f.attacks.split(",") if a.strip())
-  unknown = [a for a in names if a != audit.AUTO and a not in attacks.PRESETS]
+  unknown = [a for a in names if a != audit.AUTO and a not in presets.PRESETS]
   if not names or unknown or (audit.AUTO in names and len(names) > 1):
-    common.fail(f"--attacks takes 'auto' or names from {', '.join(attacks.PRESETS)}; got {f.attacks!r}")
+    common.fail(f"--attacks takes 'auto' or names from {', '.join(presets.PRESETS)}; got {f.attacks!r}")
   if f.restarts < 1 or (f.iterations is not None and f.iterations < 1):
     common.fail("--restarts and --iterations must be positive")
   try:

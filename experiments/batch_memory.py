@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import common
-from gradjax import attacks, clients, distances, models, report
+from gradjax import attacks, clients, distances, models, presets, report
 
 flags.DEFINE_string("models", "resnet18", "Comma-separated models.")
 flags.DEFINE_string("batches", "8,16,32,64", "Comma-separated batch sizes.")
@@ -36,7 +36,7 @@ def compiled_mb(name: str, batch: int, size: int, remat: bool) -> dict:
   x = jnp.zeros((batch, size, size, 3))
   y = jnp.arange(batch) % 10
   obs = clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True)
-  attack = attacks.get_attack("hfginv")
+  attack = presets.hfginv()
   solver = attacks._solver(attack, model.apply_fn)
   data = attacks.MatchingData(obs, y, (jnp.zeros(3), jnp.ones(3)), None, None,
                               jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),

@@ -17,7 +17,7 @@ Two tables, on the same batches:
   sorted features of ``--aux`` auxiliary images: test images after the pool, never in a batch).
   Order-free label accuracy and exact batches.
 * **ablation**: the image side with the true labels (so that label errors do not blur it), at
-  ``--iterations`` for every variant (each preset scaled by :func:`gradjax.attacks.rescaled`):
+  ``--iterations`` for every variant (each preset's step counts scaled by :func:`gradjax.attacks.rescaled`):
   ``cosine + TV`` (one cosine over every layer, TV 0.01, signed Adam lr 0.1, step decay), ``+ BN prior``
   (= the ``gradinversion`` preset: GradInversion's BatchNorm statistics prior 1e-4), ``+ stepwise``
   (HFGInv's growing layer set with gradient dropout) and ``+ schedule`` (= ``hfginv``: TV from 1/5 and
@@ -42,7 +42,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import common
-from gradjax import attacks, checkpoint, clients, data, labels, metrics, pipeline, report
+from gradjax import attacks, checkpoint, clients, data, labels, metrics, pipeline, presets, report
 
 flags.DEFINE_string("checkpoint", None, "The trained BatchNorm model to attack (required).")
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
@@ -67,9 +67,9 @@ LABEL_METHODS = ("negative_bias", "yin", "llg", "bias_counts", "hfginv")
 
 def variants(iterations: int) -> dict[str, tuple[str, attacks.Attack]]:
   """The ablation, key -> (row name, attack), each built on the previous one."""
-  hf = attacks.rescaled(attacks.get_attack("hfginv"), iterations)
-  gi = attacks.rescaled(attacks.get_attack("gradinversion"), iterations)
-  tv = dataclasses.replace(gi, name="cosine_tv", priors=(("tv", 1e-2, 0),))
+  hf = presets.hfginv(iterations)
+  gi = attacks.rescaled(presets.gradinversion(), iterations)
+  tv = dataclasses.replace(gi, name="cosine_tv", priors=gi.priors[:1])
   stepwise = dataclasses.replace(gi, name="gradinversion_stepwise", stepwise=hf.stepwise,
                                  track_from=hf.track_from)
   return {"tv": ("cosine + TV", tv), "bn": ("+ BN prior (gradinversion)", gi),

@@ -61,6 +61,7 @@ This builds on ``benchmark_step.py`` (its timing helpers, PyTorch ports and flag
 ``--repeats``, ``--warmup``, ``--max_seconds``, ``--torch`` and ``--seed``).
 """
 
+import dataclasses
 import json
 import os
 import shlex
@@ -77,7 +78,7 @@ from absl import app, flags
 import accelerator_suite
 import benchmark_step as bs
 import op_profile
-from gradjax import attacks, clients, metrics, models, report, solvers
+from gradjax import attacks, clients, dummy, metrics, models, presets, report, solvers
 
 SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "profile", "linesearch", "startup")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
@@ -278,7 +279,7 @@ def ttq_torch(torch, net, x_true, y, init: dict, line_search: str | None, target
 
 
 def ttq_jax(model, obs, x_true, key, target: float, max_s: float) -> dict:
-  attack = attacks.get_attack("dlg", iterations=10_000)
+  attack = presets.dlg(10_000)
   start = time.perf_counter()
   reached = []
 
@@ -301,7 +302,7 @@ def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
   model = models.create(name, jax.random.key(seed), input_shape=images.x.shape[1:],
                         num_classes=bs.NUM_CLASSES)
   obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y, share_labels=True)
-  attack = attacks.get_attack("inverting_gradients", iterations=iterations)
+  attack = presets.inverting_gradients(iterations)
   kw = dict(input_shape=images.x.shape[1:], execution=solvers.Execution("sequential", chunk=iterations))
   attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
   start = time.perf_counter()
@@ -341,7 +342,7 @@ def section_ttq(torch, seed: int) -> dict:
   rows = []
   warm = models.create("lenet_zhu", jax.random.key(999), input_shape=(32, 32, 3), num_classes=bs.NUM_CLASSES)
   warm_obs = clients.fedsgd(warm.apply_fn, warm.variables, images.x[:1], images.y[:1])
-  attacks.reconstruct(attacks.get_attack("dlg", iterations=CHECK_EVERY), warm.apply_fn, warm_obs,
+  attacks.reconstruct(presets.dlg(CHECK_EVERY), warm.apply_fn, warm_obs,
                       jax.random.key(0), input_shape=(32, 32, 3),
                       execution=solvers.Execution("sequential", chunk=CHECK_EVERY))
   for i in range(len(images.x)):
@@ -353,7 +354,7 @@ def section_ttq(torch, seed: int) -> dict:
     row = dict(image=i, jax=ttq_jax(model, obs, x, key, _TTQ_PSNR.value, _TTQ_MAX_S.value))
     if torch is not None:
       net, _ = bs.torch_lenet(model, torch, x)
-      init = jax.device_get(attacks.init_dummy(jax.random.split(key, 1)[0], "normal", x.shape,
+      init = jax.device_get(dummy.init_dummy(jax.random.split(key, 1)[0], dummy.normal, x.shape,
                                                bs.NUM_CLASSES))
       init = {k: np.asarray(v, np.float32) for k, v in init.items()}
       for label, ls in (("torch_reference", None), ("torch_strong_wolfe", "strong_wolfe")):
@@ -388,7 +389,9 @@ def section_linesearch(seed: int, restarts: int) -> list[dict]:
   iterations = _LS_ITERATIONS.value
   rows = []
   for cap in map(int, _LS_CAPS.value):
-    attack = attacks.get_attack("dlg", iterations=iterations, max_linesearch_steps=cap)
+    attack = presets.dlg(iterations)
+    attack = dataclasses.replace(attack, optimizer=dataclasses.replace(attack.optimizer,
+                                                                       max_linesearch_steps=cap))
     kw = dict(input_shape=(32, 32, 3), restarts=restarts)
     counts = []
 

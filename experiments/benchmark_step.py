@@ -65,7 +65,7 @@ from absl import app, flags
 from common import cpu_model
 
 import gradjax
-from gradjax import attacks, clients, compilation, data, distances, lbfgs, models, solvers
+from gradjax import attacks, clients, compilation, data, distances, lbfgs, models, presets, solvers
 from gradjax.losses import cross_entropy
 from gradjax.models.resnet import resnet_config
 from gradjax.objectives import gradient_matching
@@ -218,9 +218,9 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
   Returns ``{"peak_flops", "bandwidth", "flops_per_evaluation", "history", "rows": [...]}``.
   """
   model, obs = _dlg_problem(seed)
-  attack = attacks.get_attack("dlg")
+  memory_size = presets.dlg().optimizer.history
   step = jax.vmap(_dlg_evaluation(model), in_axes=(0, None))
-  tx = lbfgs.scale_by_lbfgs(memory_size=attack.history)
+  tx = lbfgs.scale_by_lbfgs(memory_size=memory_size)
 
   def lbfgs_update(state, params, target):
     updates, state = tx.update(params - target, state, params)
@@ -250,7 +250,7 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
       jax.block_until_ready(holder[1])
 
     lbfgs_s = np.median(time_calls(one_update, **timing))
-    history = r * 2 * attack.history * size * 4
+    history = r * 2 * memory_size * size * 4
     flops = _flops(compiled)
     rows.append(dict(restarts=r, step_ms=1e3 * step_s, gflops=flops / step_s / 1e9,
                      peak_fraction=flops / step_s / peak, flops_over_one=flops / flops_one,
@@ -258,7 +258,7 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
                      floor_ms=1e3 * 2 * history / bandwidth))
     print(f"restart profile {rows[-1]}", flush=True)
   return dict(peak_flops=peak, bandwidth=bandwidth, flops_per_evaluation=flops_one,
-              history=attack.history, rows=rows)
+              history=memory_size, rows=rows)
 
 
 def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int) -> list[dict]:
@@ -269,7 +269,7 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
   wall time."""
   model, obs = _dlg_problem(seed)
   flops_one = dlg_evaluation_flops(model, obs)
-  attack = attacks.get_attack("dlg", iterations=iterations)
+  attack = presets.dlg(iterations)
   rows = []
   for strategy in strategies:
     base = None

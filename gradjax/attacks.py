@@ -1,79 +1,31 @@
-"""Named attacks: presets that compose distance, priors, label strategy, optimizer and initialisation.
+"""Gradient-matching attacks composed of built parts, and the restart search that runs them.
 
-An :class:`Attack` is a frozen record of choices (hashable, so compiled programs are cached per attack
-and reused across images). :func:`reconstruct` runs it against an Observation. Every part is also
-usable on its own (:mod:`gradjax.distances`, :mod:`gradjax.priors`, :mod:`gradjax.labels`,
-:mod:`gradjax.solvers`, :mod:`gradjax.objectives`).
+An :class:`Attack` holds objects, as an optax chain does: a distance (any function
+``(dummy_grads, observed_grads) -> scalar``, or a :class:`gradjax.distances.Distance` that says how it
+weighs layers and when it settles), image priors (:class:`gradjax.priors.Prior`, each built with its
+weight and start), an optimizer (any optax ``GradientTransformation``, or a
+:class:`gradjax.optimizers.Named` one built at the attack's budget), a label strategy (a function of
+the observation, :mod:`gradjax.labels`) and a dummy initialisation (:mod:`gradjax.dummy`). The attack
+is frozen and hashable, so its compiled programs are cached per attack and reused across images.
+:mod:`gradjax.presets` builds the papers' attacks; names are resolved only at the configuration
+boundary (``gradjax.pipeline``).
 
-Presets and where their defaults come from:
+:func:`reconstruct` runs an attack against an Observation in three parts, each public: :func:`prepare`
+(labels, label-order candidates, layer weights and order, every restart's start), the restart driver
+(:func:`gradjax.solvers.run` on the solver of :func:`make_solver`), and :func:`select` (the best
+restart, its labels and candidate). The text attack (:mod:`gradjax.text`) reuses them.
 
-* ``dlg`` (Zhu et al., NeurIPS 2019; mit-han-lab/dlg): distance Σ‖g' − g‖² (no 0.5), dummy data and
-  dummy label logits ~ N(0, 1) optimised jointly with soft labels softmax(z'), L-BFGS lr 1 with
-  history 100. Budget: the paper runs 300 PyTorch ``LBFGS.step()`` calls of up to 20 inner iterations
-  (up to 6000 objective evaluations). Here one iteration is one L-BFGS update with a zoom line search
-  (about 1.05 evaluations on average for this objective), and the default is 2000 iterations, a third
-  of the original evaluation budget: on CIFAR-10 test images 0-19 it gives PSNR >= 30 dB on 15 of 20
-  (RESULTS.md). See :mod:`gradjax.solvers` on counting.
-* ``idlg`` (Zhao et al., 2020): as ``dlg`` but the label is inferred first from the last layer's
-  gradient (:func:`gradjax.labels.idlg`, batch 1) and only the data is optimised.
-* ``adam_dlg``: the Euclidean distance driven by AdamW lr 1e-3 for 20 000 iterations, the "Adam-DLG"
-  baseline of SAPAG (Wang et al.), i.e. SAPAG's ResNet-18 optimiser with DLG's distance.
-* ``inverting_gradients`` (Geiping et al., NeurIPS 2020, Table 1 protocol): 1 − cosine over all layers,
-  total variation mean|dx| + mean|dy| with weight 1e-4, Adam lr 0.1 on the sign of the gradient, lr
-  ×0.1 at 3/8, 5/8, 7/8 of 4800 iterations, iterates clamped to the image box, init N(0, 1) in
-  normalised space, labels known. (The paper's README example runs 24 000 iterations.)
-* ``sapag`` (Wang et al., "SAPAG", LeNet-5 protocol): Gaussian-kernel distance
-  Σ_l Q_l (1 − exp(−‖Δ_l‖² / (n_l σ_l²))) with σ_l² = Var(observed ∇W_l), n_l the leaf's size and
-  Q_l = 1/(l+1), L-BFGS lr 1, dummy data kept in [0, 1] (clamped after every step), labels optimised
-  jointly as in DLG. Two readings are ours. The kernel width n_l σ_l²: with the literal ‖Δ_l‖² / σ_l²
-  (distance ``"gaussian_kernel"``) every large leaf's term underflows at a random start; on CIFAR-100
-  images 1 and 2 (LeNet-5, Xavier normal) that gave 6.3 and 9.3 dB against 28.7 and 19.8 dB with the
-  per-entry width. The budget, 2000 iterations: the paper's "500 iterations" are PyTorch
-  ``LBFGS.step()`` calls of up to 20 iterations each (see ``dlg``), and 500 optax iterations left
-  the preset about 10 dB under the paper's mean on CIFAR-100 images 0-19, 2000 above it (RESULTS.md,
-  which also measures the fixed step, the printed width, an annealed width, uniform Q_l and the box).
-  The box helps on CIFAR-100 and stalls the attack on MNIST, whose digits lie on its lower edge:
-  there ``box=False`` (``--nobox``) reaches the paper's figure.
-* ``sapag_adamw``: SAPAG's ResNet-18 protocol: the same distance with AdamW lr 1e-3, 20 000 iterations.
-* ``dlm`` / ``dlm_plus`` (Zhao, Luo, Ding, weights-only leakage in FedAvg; MLP protocol): from
-  W_t and W_{t+1} after one local SGD step, ‖∇W' − γ (W_t − W_{t+1})‖² with γ learned (init 1,
-  optimised as log γ), Adam lr 0.1; DLM+: ‖∇W'/‖∇W'‖ − ΔW/‖ΔW‖‖², Adam lr 0.01; 4000 iterations
-  (the paper: 4000-5000). DLM infers labels by iDLG (the sign pattern of the update is that of the
-  gradient): with DLG's joint soft labels the dummy gradient can vanish (soft label = prediction)
-  and γ with it. That trivial minimum (γ → 0, ∇W' → 0) also attracts DLM with fixed labels from a
-  random start; γ reaches 1/lr only from a start near the data (RESULTS.md). The paper leaves γ's
-  start and step size unstated: :class:`gradjax.objectives.Gamma` sets them (``--gamma``), and none of
-  the readings measured (start at 1/lr, an Adam of its own, held for the first steps) reaches the
-  paper's 68 %; γ held at 1/lr throughout does not either. DLM+ is
-  scale-free, so it optimises labels jointly as DLG does, and clamps the dummy image to the box:
-  on CIFAR-100 images 0-19 (mlp, lr 0.01) that gives 65 % over 30 dB (90 % with the paper's PSNR,
-  which reports 92 %) against 15 % with iDLG labels and 5 % without the box
-  (``experiments/dlm_table.py``). For LeNet the paper uses L-BFGS lr 1, 200 iterations
-  (``--optimizer=lbfgs --lr=1 --iterations=200``).
-* ``inverting_gradients_fedavg`` (Geiping et al. 2020 §6, FedAvg): the client's local training is
-  replayed on the dummy data and W_t − W'_{t+1} matched to the observed update with 1 − cosine, TV
-  1e-4, signed Adam lr 1 with step decay, 4800 iterations, box, labels known; needs the schedule in
-  ``observation.local``. The lr is the paper's; the authors' ``rec_mult.py`` runs 0.1 unless ``--lr``
-  is given (``--lr=0.1``; RESULTS.md measures both).
-* ``hfginv`` (Ye et al., "High-Fidelity Gradient Inversion in Distributed Learning", AAAI 2024; the
-  schedule from their code, ResNet-34 protocol): one cosine over a growing set of layers, deep to
-  shallow, with gradient dropout 0.3 (:class:`gradjax.objectives.Stepwise`: the deepest tenth of the
-  parameter tensors at first, a tenth more every 500 iterations, up to the deepest 86/110); TV 0.01
-  from iteration 3000 (the paper; their code 5e-3) and the BatchNorm prior 1e-4 from 5000 (stem ×1.3,
-  next layer ×3); Adam lr 0.1 on the quantised sign (:func:`gradjax.solvers.scale_by_quantized_sign`),
-  ×0.33 at 3/8, 5/8 and 7/8 of 15 000 iterations; box; labels known or from
-  :func:`gradjax.labels.hfginv`. The best iterate is taken from iteration 4000 on, once the layer set
-  has stopped growing (their code resets its best every 500). :func:`rescaled` shrinks the budget.
-* ``gradinversion``: the baseline HFGInv is compared with, as its ablation builds it: the same cosine
-  over every layer with TV 0.01 and GradInversion's BatchNorm prior 1e-4 (first layer ×10, after
-  DeepInversion) from the start, signed Adam lr 0.1 with Inverting Gradients' step decay, 15 000
-  iterations, box, labels known (Yin et al., CVPR 2021, who also add an l2 prior and group consistency
-  over restarts).
+Example::
+
+  import optax
+  def euclidean(dummy, observed):
+    return sum(jnp.sum((d - o) ** 2) for d, o in zip(jax.tree.leaves(dummy), jax.tree.leaves(observed)))
+  attack = attacks.Attack(distance=euclidean, optimizer=optax.adam(0.1), iterations=500)
+  rec = attacks.reconstruct(attack, apply_fn, observation, jax.random.key(0), input_shape=(32, 32, 3))
 """
 
 import dataclasses
 import functools
-import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -82,7 +34,9 @@ import numpy as np
 import optax
 
 from gradjax import distances
+from gradjax import dummy as dummy_lib
 from gradjax import labels as labels_lib
+from gradjax import optimizers
 from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import solvers
@@ -90,67 +44,31 @@ from gradjax.compilation import once
 from gradjax.objectives import MODES, Gamma, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
 
-DUMMY_INITS = ("normal", "uniform", "constant", "pattern")
-PATTERN_SIZE = 4  # side of the random tile repeated by the "pattern" initialisation
-
-
-def label_strategies() -> tuple[str, ...]:
-  """``"joint"`` (optimise soft labels, DLG), ``"known"`` (shared by the threat model), any
-  inference method of :data:`gradjax.labels.METHODS`, or ``"hfginv"`` (HFGInv's duplicate-aware counts,
-  which read auxiliary images: infer them with :func:`gradjax.labels.hfginv` and attack with the
-  labels known, as ``pipeline.run`` does for ``--labels=hfginv``)."""
-  return ("joint", "known", *labels_lib.METHODS, "hfginv")
-
-
-def _check_distance(name: str, layer_weights: str | None) -> None:
-  distances.get_distance(name)
-  if layer_weights is not None and layer_weights not in distances.SCHEDULES:
-    raise ValueError(f"unknown layer-weight schedule {layer_weights!r}; choose one of "
-                     f"{', '.join(distances.SCHEDULES)}")
-
-
-def _prior(spec: tuple[tuple[str, float, int], ...]) -> Callable | None:
-  if not spec:
-    return None
-  parts = []
-  for item in spec:
-    if len(item) != 3:
-      raise ValueError(f"a prior is (name, weight, start_step), got {item!r}")
-    name, weight, start = item
-    if name not in priors_lib.PRIORS:
-      raise ValueError(f"unknown prior {name!r}; choose one of {', '.join(priors_lib.PRIORS)}")
-    parts.append(priors_lib.Prior(priors_lib.PRIORS[name], priors_lib.step_on(weight, start)))
-  return priors_lib.combine(parts)
-
 
 @dataclasses.dataclass(frozen=True)
 class Attack:
-  """A gradient-matching attack.
+  """A gradient-matching attack, built from objects.
 
   Attributes:
-    name: preset name.
+    distance: ``distance(dummy_grads, observed_grads) -> scalar``, any function (taken as
+      ``distances.Distance(fn)``: unweighted, step-free), or a :class:`gradjax.distances.Distance`
+      (:data:`gradjax.distances.DISTANCES` holds the built-in ones).
+    optimizer: any optax ``GradientTransformation`` (e.g. ``optax.adam(0.1)``,
+      :func:`gradjax.optimizers.lbfgs`), or a :class:`gradjax.optimizers.Named` one, whose schedule
+      is spread over ``iterations``.
+    iterations: optimizer iterations per restart.
+    priors: :class:`gradjax.priors.Prior` terms added to the objective.
+    labels: the label strategy, ``labels(observation) -> (N,) int labels``, or
+      :func:`gradjax.labels.joint` (labels optimised with the data, DLG); see
+      :data:`gradjax.labels.STRATEGIES`.
+    dummy_init: ``init(key, shape, lo, hi, dtype) -> x``, where the dummy data start
+      (:data:`gradjax.dummy.INITS`).
     objective: what is matched, a mode of :func:`gradjax.objectives.gradient_matching`:
       ``"gradient"`` (FedSGD), ``"replay"`` (FedAvg, local training replayed), ``"dlm"``, ``"dlm_plus"``.
-    distance: a name in :data:`gradjax.distances.DISTANCES`.
-    layer_weights: ``None`` (the distance's default) or a depth schedule of
-      :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``,
-      ``"uniform"``) used as per-layer weights.
-    priors: ``((name, weight, start_step), ...)`` image priors of :data:`gradjax.priors.PRIORS`,
-      each switched on from ``start_step``.
-    labels: one of :func:`label_strategies`.
-    optimizer: a name in :data:`gradjax.solvers.OPTIMIZERS`.
-    learning_rate: optimizer learning rate (peak, with a schedule).
-    schedule: learning-rate schedule, ``"constant"``, ``"step"`` or ``"cosine"``.
-    warmup: linear warm-up steps.
-    weight_decay: AdamW's decoupled weight decay.
-    iterations: optimizer iterations per restart.
-    history: L-BFGS memory.
-    max_linesearch_steps: zoom line-search evaluations per L-BFGS iteration at most.
-    box: clamp the dummy data to the valid image range after every step.
+    layer_weights: ``None`` (the distance's own, ``distance.layer_weights``) or a depth schedule of
+      :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``, ``"uniform"``).
+    box: clamp the dummy data to the valid input range after every step.
     one_sample_per_step: DLG's batch option, only example t mod N moves at step t.
-    init: dummy-data initialisation: ``"normal"`` N(0, 1), ``"uniform"`` U(lo, hi) over the image
-      box, ``"constant"`` the box's midpoint (mid-grey), ``"pattern"`` a random N(0, 1) 4×4 tile
-      repeated over the image.
     tol: a restart stops once its objective is <= tol.
     remat: ``jax.checkpoint`` each replayed local step (objective ``"replay"``): memory grows with
       one parameter set per local step instead of every step's activations.
@@ -158,44 +76,42 @@ class Attack:
       (:class:`gradjax.objectives.Stepwise`), or ``None`` to match every layer.
     track_from: the reconstruction is the lowest-objective iterate from this iteration on (0: the
       whole run); with ``stepwise``, objective values are comparable only once the layer set stops
-      growing. An annealed distance raises it to the step it settles at
-      (:func:`gradjax.distances.settled_from`).
+      growing. A distance that settles later raises it (``distance.settled_from``).
     gamma: objective ``"dlm"`` only: how its scale γ starts and learns (:class:`gradjax.objectives.Gamma`).
+    name: what reports call the attack (a preset's name, or ``"custom"``).
   """
 
-  name: str = "custom"
-  objective: str = "gradient"
-  distance: str = "euclidean"
-  layer_weights: str | None = None
-  priors: tuple[tuple[str, float, int], ...] = ()
-  labels: str = "joint"
-  optimizer: str = "lbfgs"
-  learning_rate: float = 1.0
-  schedule: str = "constant"
-  warmup: int = 0
-  weight_decay: float = 0.01
+  distance: Callable = distances.DISTANCES["euclidean"]
+  optimizer: optimizers.Optimizer = optimizers.Named()
   iterations: int = 300
-  history: int = 100
-  max_linesearch_steps: int = 20
+  priors: tuple[priors_lib.Prior, ...] = ()
+  labels: labels_lib.LabelStrategy = labels_lib.joint
+  dummy_init: dummy_lib.DummyInit = dummy_lib.normal
+  objective: str = "gradient"
+  layer_weights: str | None = None
   box: bool = False
   one_sample_per_step: bool = False
-  init: str = "normal"
   tol: float = 0.0
   remat: bool = False
   stepwise: Stepwise | None = None
   track_from: int = 0
   gamma: Gamma = Gamma()
+  name: str = "custom"
 
   def __post_init__(self):
+    object.__setattr__(self, "distance", distances.as_distance(self.distance))
+    object.__setattr__(self, "priors", tuple(self.priors))
     if self.objective not in MODES:
       raise ValueError(f"unknown objective {self.objective!r}; choose one of {', '.join(MODES)}")
-    _check_distance(self.distance, self.layer_weights)
-    _prior(self.priors)
-    if self.labels not in label_strategies():
-      raise ValueError(f"unknown label strategy {self.labels!r}; choose one of "
-                       f"{', '.join(label_strategies())}")
-    if self.init not in DUMMY_INITS:
-      raise ValueError(f"unknown dummy init {self.init!r}; choose one of {', '.join(DUMMY_INITS)}")
+    if self.layer_weights is not None and self.layer_weights not in distances.SCHEDULES:
+      raise ValueError(f"unknown layer-weight schedule {self.layer_weights!r}; choose one of "
+                       f"{', '.join(distances.SCHEDULES)}")
+    bad = [p for p in self.priors if not isinstance(p, priors_lib.Prior)]
+    if bad:
+      raise ValueError(f"priors are priors.Prior records (function, weight, start), got {bad[0]!r}")
+    for name in ("labels", "dummy_init"):
+      if not callable(getattr(self, name)):
+        raise ValueError(f"{name} must be a function, got {getattr(self, name)!r}")
     if self.iterations < 1:
       raise ValueError(f"iterations must be positive, got {self.iterations}")
     if self.tol < 0:
@@ -210,60 +126,54 @@ class Attack:
       raise ValueError(f"gamma settings apply to the 'dlm' objective only, not {self.objective!r}")
     build_optimizer(self)
 
+  @property
+  def optimises_labels(self) -> bool:
+    """Whether the labels are optimised with the data (DLG's joint soft labels)."""
+    return self.labels is labels_lib.joint
 
-def build_optimizer(attack: "Attack") -> solvers.Optimizer:
-  """The :class:`gradjax.solvers.Optimizer` ``attack`` names (optimizer, learning rate, schedule),
-  with DLM's γ on an Adam of its own when ``attack.gamma`` has a learning rate."""
-  optimizer = solvers.make_optimizer(
-      attack.optimizer, attack.learning_rate, history=attack.history,
-      max_linesearch_steps=attack.max_linesearch_steps, schedule=attack.schedule,
-      iterations=attack.iterations, warmup=attack.warmup, weight_decay=attack.weight_decay)
+
+def _couples_variables(optimizer) -> bool:
+  if isinstance(optimizer, optimizers.Named):
+    return optimizer.couples_variables
+  return optimizers.stores_value(jax.eval_shape(optimizer.init, {"x": jnp.zeros((1,))}))
+
+
+def build_optimizer(attack: Attack) -> optax.GradientTransformationExtraArgs:
+  """The transformation ``attack`` runs (:func:`gradjax.optimizers.build` at its budget), with DLM's
+  γ on an Adam of its own when ``attack.gamma`` has a learning rate."""
+  tx = optimizers.build(attack.optimizer, attack.iterations)
   if attack.gamma.learning_rate is None:
-    return optimizer
-  if attack.optimizer.startswith("lbfgs"):
+    return tx
+  if _couples_variables(attack.optimizer):
     raise ValueError("a learning rate of gamma's own needs a first-order optimizer (adam, sgd, ...), "
-                     f"not {attack.optimizer!r}, whose direction couples every variable")
+                     "not L-BFGS, whose direction couples every variable")
   # DLM's log γ on Adam of its own; the dummy data and labels keep the attack's optimizer.
   tx = optax.multi_transform(
-      {"data": optimizer.tx, "gamma": optax.adam(attack.gamma.learning_rate)},
+      {"data": tx, "gamma": optax.adam(attack.gamma.learning_rate)},
       lambda params: {k: "gamma" if k == "log_gamma" else "data" for k in params})
-  return solvers.Optimizer(optax.with_extra_args_support(tx), False)
+  return optax.with_extra_args_support(tx)
 
 
-PRESETS: dict[str, Attack] = {
-    "dlg": Attack(name="dlg", iterations=2000),
-    "idlg": Attack(name="idlg", labels="idlg", iterations=2000),
-    "adam_dlg": Attack(name="adam_dlg", optimizer="adamw", learning_rate=1e-3, iterations=20_000),
-    "inverting_gradients": Attack(
-        name="inverting_gradients", distance="cosine", priors=(("tv", 1e-4, 0),), labels="known",
-        optimizer="signed_adam", learning_rate=0.1, schedule="step", iterations=4800, box=True),
-    "dlm": Attack(name="dlm", objective="dlm", labels="idlg", optimizer="adam", learning_rate=0.1,
-                  iterations=4000),
-    "dlm_plus": Attack(name="dlm_plus", objective="dlm_plus", optimizer="adam",
-                       learning_rate=0.01, iterations=4000, box=True),
-    "inverting_gradients_fedavg": Attack(
-        name="inverting_gradients_fedavg", objective="replay", distance="cosine",
-        priors=(("tv", 1e-4, 0),), labels="known", optimizer="signed_adam", learning_rate=1.0,
-        schedule="step", iterations=4800, box=True),
-    "sapag": Attack(name="sapag", distance="gaussian_kernel_mean", iterations=2000, box=True),
-    "sapag_adamw": Attack(name="sapag_adamw", distance="gaussian_kernel_mean", optimizer="adamw",
-                          learning_rate=1e-3, iterations=20_000, box=True),
-    "gradinversion": Attack(
-        name="gradinversion", distance="cosine", priors=(("tv", 1e-2, 0), ("bn", 1e-4, 0)),
-        labels="known", optimizer="signed_adam", learning_rate=0.1, schedule="step",
-        iterations=15_000, box=True),
-    "hfginv": Attack(
-        name="hfginv", distance="cosine", priors=(("tv", 1e-2, 3000), ("bn_hfginv", 1e-4, 5000)),
-        labels="known", optimizer="quantized_adam", learning_rate=0.1, schedule="step_hfginv",
-        iterations=15_000, box=True, stepwise=Stepwise(), track_from=4000),
-}
+def track_from(attack: Attack) -> int:
+  """The first iteration whose objective counts for the best iterate: the attack's ``track_from``,
+  or later while its distance still changes with the step (``distance.settled_from``: earlier values
+  are not comparable with later ones)."""
+  return max(attack.track_from, attack.distance.settled_from)
+
+
+def make_solver(attack: Attack, value_fn: Callable, project: Callable | None = None) -> solvers.Solver:
+  """The solver of ``value_fn(dummy, data, step)`` under ``attack``'s optimizer, stopping tolerance
+  and best-iterate rule (:func:`gradjax.solvers.make_solver`); ``project``: e.g. the box."""
+  return solvers.make_solver(value_fn, build_optimizer(attack), tol=attack.tol, project=project,
+                             track_from=track_from(attack))
 
 
 def rescaled(attack: Attack, iterations: int) -> Attack:
   """``attack`` with its budget set to ``iterations`` and every step count of its schedule scaled by
-  iterations / attack.iterations: prior start steps, the stepwise period and ``track_from`` (the
-  learning-rate schedules are already fractions of the budget). ``hfginv`` at 3000 iterations switches
-  TV on at 600 and the BatchNorm prior at 1000, grows its layer set every 100 steps."""
+  iterations / attack.iterations: prior start steps, the stepwise period and ``track_from`` (a
+  :class:`gradjax.optimizers.Named` schedule is already a fraction of the budget). ``hfginv`` at 3000
+  iterations switches TV on at 600 and the BatchNorm prior at 1000, grows its layer set every 100
+  steps."""
   if iterations < 1:
     raise ValueError(f"iterations must be positive, got {iterations}")
   r = iterations / attack.iterations
@@ -271,14 +181,34 @@ def rescaled(attack: Attack, iterations: int) -> Attack:
                                                      period=max(1, round(attack.stepwise.period * r)))
   return dataclasses.replace(
       attack, iterations=iterations, stepwise=stepwise, track_from=round(attack.track_from * r),
-      priors=tuple((name, weight, round(start * r)) for name, weight, start in attack.priors))
+      priors=tuple(dataclasses.replace(p, start=round(p.start * r)) for p in attack.priors))
 
 
-def get_attack(name: str, **overrides) -> Attack:
-  """Preset ``name`` with fields replaced by ``overrides`` (``None`` values are ignored)."""
-  if name not in PRESETS:
-    raise ValueError(f"unknown attack {name!r}; choose one of {', '.join(PRESETS)}")
-  return dataclasses.replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+def _name_in(registry: dict, obj) -> str:
+  """``obj``'s name in ``registry``, else its function's ``__name__``, else its type's name."""
+  for name, value in registry.items():
+    if value is obj or (type(value) is type(obj) and value == obj):
+      return name
+  fn = obj.fn if isinstance(obj, distances.Distance) else obj
+  return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def describe(attack: Attack) -> dict:
+  """``attack`` as JSON-ready names and numbers (for results files): a registered part by its
+  registry name, any other by its function name or repr."""
+  opt = attack.optimizer
+  return dict(
+      name=attack.name, objective=attack.objective,
+      distance=_name_in(distances.DISTANCES, attack.distance),
+      layer_weights=attack.layer_weights,
+      priors=[[_name_in(priors_lib.PRIORS, p.fn), p.weight if not callable(p.weight) else repr(p.weight),
+               p.start] for p in attack.priors],
+      labels=_name_in(labels_lib.STRATEGIES, attack.labels),
+      optimizer=(dataclasses.asdict(opt) if isinstance(opt, optimizers.Named) else {"name": "optax"}),
+      iterations=attack.iterations, box=attack.box, one_sample_per_step=attack.one_sample_per_step,
+      dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol, remat=attack.remat,
+      stepwise=None if attack.stepwise is None else dataclasses.asdict(attack.stepwise),
+      track_from=attack.track_from, gamma=dataclasses.asdict(attack.gamma))
 
 
 class Reconstruction(NamedTuple):
@@ -318,19 +248,12 @@ class Reconstruction(NamedTuple):
   candidates: np.ndarray | None = None
 
 
-def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
-  """The solver of ``attack``; ``init`` and, for constant schedules, ``iterations`` do not recompile."""
-  key = dataclasses.replace(attack, name="", init="normal",
-                            iterations=attack.iterations if attack.schedule != "constant" else 1)
-  return _solver_cached(key, apply_fn)
-
-
 class MatchingData(NamedTuple):
   """What the solver's objective reads besides the dummy data (shared by every restart).
 
   observation: the :class:`~gradjax.observation.Observation`.
   labels: (N,) known or inferred int labels, or ``None`` when labels are optimised jointly.
-  bounds: (lo, hi), each (C,): the image box in the model's input space.
+  bounds: (lo, hi), each (C,): the valid input range in the model's input space.
   weights: per-leaf distance weights (:func:`layer_weights`) or ``None``.
   label_mask: (K,) bool, the classes joint soft labels may take, or ``None`` for all.
   positions: per-leaf depth positions for stepwise matching
@@ -348,16 +271,40 @@ class MatchingData(NamedTuple):
   positions: dict | None = None
 
 
+class Problem(NamedTuple):
+  """What :func:`prepare` sets up for the restart driver.
+
+  data: the :class:`MatchingData` every run shares.
+  orders: (K, N) int, the label orders searched (K = 1 without a permutation search).
+  init: every run's starting dummy variables, stacked on a leading (R·K,) axis, run r·K + k being
+    restart r with candidate k.
+  restart_data: (R·K, N) int, each run's label order.
+  """
+
+  data: MatchingData
+  orders: np.ndarray
+  init: dict
+  restart_data: jax.Array
+
+
 def _clip_to_box(dummy, data):
   lo, hi = data[0].bounds
   return {**dummy, "x": jnp.clip(dummy["x"], lo, hi)}
 
 
+def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
+  """The solver of ``attack``; the name, the dummy initialisation and, unless a named optimizer's
+  schedule is spread over it, the budget do not recompile."""
+  spread = isinstance(attack.optimizer, optimizers.Named) and attack.optimizer.schedule != "constant"
+  key = dataclasses.replace(attack, name="", dummy_init=dummy_lib.normal,
+                            iterations=attack.iterations if spread else 1)
+  return _solver_cached(key, apply_fn)
+
+
 @functools.lru_cache(maxsize=32)
 def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
-  distance = distances.get_distance(attack.distance)
-  objective = gradient_matching(apply_fn, distance,
-                                prior=_prior(attack.priors),
+  objective = gradient_matching(apply_fn, attack.distance,
+                                prior=priors_lib.combine(attack.priors) if attack.priors else None,
                                 one_sample_per_step=attack.one_sample_per_step,
                                 mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise,
                                 gamma=attack.gamma)
@@ -368,56 +315,7 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
     return objective(dummy, shared.observation, labels, step, shared.weights,
                      label_mask=shared.label_mask, positions=shared.positions)
 
-  return solvers.make_solver(value_fn, build_optimizer(attack), tol=attack.tol,
-                             project=_clip_to_box if attack.box else None,
-                             track_from=track_from(attack, distance))
-
-
-def track_from(attack: Attack, distance: Callable) -> int:
-  """The first iteration whose objective counts for the best iterate: the attack's ``track_from``,
-  or later while ``distance`` still anneals (:func:`gradjax.distances.settled_from`: earlier values
-  are not comparable with later ones)."""
-  return max(attack.track_from, distances.settled_from(distance))
-
-
-def init_dummy(key: jax.Array, init: str, shape: tuple[int, ...], label_shape: int | tuple[int, ...] | None,
-               bounds=(0.0, 1.0), dtype=jnp.float32, gamma: float | None = None) -> dict:
-  """Initial dummy data ``{"x": shape, ["label_logits": (N, *label_shape) ~ N(0, 1)], ["log_gamma"]}``.
-
-  Args:
-    key: PRNG key.
-    init: one of :data:`DUMMY_INITS`.
-    shape: (N, H, W, C) images, or (N, ..., C) any input whose last axis the bounds index (text:
-      (N, T, dim) embeddings); ``"pattern"`` needs images.
-    label_shape: the logits of one example, K or (K,) for a classifier, (T, V) for a language model;
-      None when labels are not optimised.
-    bounds: (lo, hi) of the valid input range in the model's input space, scalars or (C,).
-    gamma: DLM's initial scale γ: adds ``log_gamma`` = log γ (``None``: no γ).
-  """
-  kx, ky = jax.random.split(key)
-  lo, hi = (jnp.broadcast_to(jnp.asarray(b, dtype), shape[-1:]) for b in bounds)
-  if init == "normal":
-    x = jax.random.normal(kx, shape, dtype)
-  elif init == "uniform":
-    x = lo + (hi - lo) * jax.random.uniform(kx, shape, dtype)
-  elif init == "constant":
-    x = jnp.broadcast_to((lo + hi) / 2, shape).astype(dtype)
-  elif init == "pattern":
-    if len(shape) != 4:
-      raise ValueError(f"the 'pattern' initialisation tiles images (N, H, W, C), not shape {shape}")
-    n, h, w, c = shape
-    tile = jax.random.normal(kx, (n, PATTERN_SIZE, PATTERN_SIZE, c), dtype)
-    reps = (1, -(-h // PATTERN_SIZE), -(-w // PATTERN_SIZE), 1)
-    x = jnp.tile(tile, reps)[:, :h, :w, :]
-  else:
-    raise ValueError(f"unknown dummy init {init!r}; choose one of {', '.join(DUMMY_INITS)}")
-  dummy = {"x": x}
-  if label_shape is not None:
-    label_shape = (label_shape,) if isinstance(label_shape, int) else tuple(label_shape)
-    dummy["label_logits"] = jax.random.normal(ky, (shape[0], *label_shape), dtype)
-  if gamma is not None:
-    dummy["log_gamma"] = jnp.full((), math.log(gamma), dtype)
-  return dummy
+  return make_solver(attack, value_fn, project=_clip_to_box if attack.box else None)
 
 
 @functools.partial(once, static_argnums=(1, 2, 3, 4, 5, 7, 8))
@@ -425,14 +323,13 @@ def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, 
   """Every run's initial dummy data, stacked (restart r's init repeated for each of the
   ``candidates`` label orders, from ``jax.random.split(key, restarts)[r]``), as one program."""
   keys = jnp.repeat(jax.random.split(key, restarts), candidates, axis=0)
-  return jax.vmap(lambda kr: init_dummy(kr, init, shape, label_shape, bounds, dtype, gamma=gamma))(keys)
+  return jax.vmap(lambda kr: dummy_lib.init_dummy(kr, init, shape, label_shape, bounds, dtype,
+                                                  gamma=gamma))(keys)
 
 
 def _weight_schedule(attack: Attack) -> str | None:
   """The :func:`gradjax.distances.depth_weights` schedule ``attack`` weights its layers by, or None."""
-  if attack.layer_weights is None and attack.distance.startswith("gaussian_kernel"):
-    return "inverse"  # SAPAG's Q_l = 1/(l+1)
-  return attack.layer_weights
+  return attack.layer_weights if attack.layer_weights is not None else attack.distance.layer_weights
 
 
 def depth_order(attack: Attack, apply_fn: Callable, observation: Observation, example):
@@ -448,7 +345,7 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
 
   Depth is the modules' call ``order`` (:func:`gradjax.distances.module_call_order`; without it, the
   insertion order of ``observation.variables["params"]``, which a model built under ``jit`` has
-  lost); computed here, outside ``jit``. ``gaussian_kernel`` defaults to SAPAG's Q_l = 1/(l+1).
+  lost); computed here, outside ``jit``. SAPAG's kernel defaults to Q_l = 1/(l+1).
   """
   schedule = _weight_schedule(attack)
   if schedule is None:
@@ -457,14 +354,132 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
   return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
 
 
+def _known_labels(attack: Attack, observation: Observation):
+  labels = attack.labels(observation)
+  return None if labels is None else jnp.asarray(labels)
+
+
+# Nine parameters: the attack, what it attacks and its key, then the search's independent options
+# (the input space, how many restarts and label orders), each with a default but the input shape.
+def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
+            input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1, permutations: int = 1,
+            permutation_seed: int = 0) -> Problem:
+  """Everything the restart driver needs: labels (known, inferred or none), the label-order
+  candidates, the layers' weights and depth positions, every restart's start. Arguments as
+  :func:`reconstruct`'s."""
+  check_observation(observation)
+  if restarts < 1:
+    raise ValueError(f"restarts must be positive, got {restarts}")
+  if len(input_shape) < 1:
+    raise ValueError(f"input_shape must be the shape of one example, e.g. (H, W, C), got {input_shape}")
+  n = observation.num_samples
+  dtype = jnp.result_type(*jax.tree.leaves(observation.variables["params"]))
+  logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
+                                           observation.train))
+  known = _known_labels(attack, observation)
+  lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
+  if not np.all(lo < hi):
+    raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
+  lo, hi = jnp.asarray(lo), jnp.asarray(hi)
+  if permutations < 1:
+    raise ValueError(f"permutations must be positive, got {permutations}")
+  local = observation.local
+  if permutations > 1:
+    if known is None:
+      raise ValueError("a permutation search needs known or inferred labels, not joint ones")
+    if attack.objective != "replay" or local is None or (local.batch_size or n) == n:
+      raise ValueError("a permutation search needs the replay objective and a client with more than "
+                       "one local mini-batch (the label order changes nothing otherwise)")
+  if known is None or known.ndim > 1:  # joint labels, or a language model's (N, T) targets
+    orders = np.arange(n, dtype=np.int32)[None]
+  else:
+    orders = permutations_lib.candidates(np.asarray(known), local and local.batch_size,
+                                         permutations, permutation_seed)
+  # Depth from the model's call order, not the dicts' (sorted) order.
+  order = depth_order(attack, apply_fn, observation, np.zeros((1, *input_shape), dtype))
+  weights = layer_weights(attack, observation, order)
+  for prior in attack.priors:
+    missing = [c for c in prior.needs if c not in observation.variables]
+    if missing:
+      raise ValueError(f"prior {_name_in(priors_lib.PRIORS, prior.fn)!r} reads the model's "
+                       f"{', '.join(missing)} (a BatchNorm network's running statistics); this model "
+                       "has none")
+  positions = None
+  if attack.stepwise is not None:
+    positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
+                             distances.leaf_positions(observation.variables["params"], order))
+  init = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
+                        tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
+                        attack.gamma.init if attack.objective == "dlm" else None)
+  data = MatchingData(observation, known, (lo, hi), weights, None, positions)
+  return Problem(data, orders, init, jnp.asarray(np.tile(orders, (restarts, 1))))
+
+
+def restrict_labels(problem: Problem, support, num_classes: int) -> Problem:
+  """``problem`` with joint soft labels restricted to the class ids ``support`` (the others get
+  probability 0), e.g. the tokens an embedding gradient reveals (:func:`gradjax.text.token_bag`)."""
+  if problem.data.labels is not None:
+    raise ValueError("a label support restricts joint soft labels; this attack's labels are fixed")
+  support = np.asarray(support).reshape(-1)
+  if support.size == 0 or not np.issubdtype(support.dtype, np.integer) or support.min() < 0 \
+      or support.max() >= num_classes:
+    raise ValueError(f"a label support must be a non-empty set of class ids in [0, {num_classes})")
+  mask = jnp.asarray(np.isin(np.arange(num_classes), support))
+  return problem._replace(data=problem.data._replace(label_mask=mask))
+
+
+def best_restart(state: solvers.SolverState) -> tuple[int, np.ndarray]:
+  """(the run with the lowest objective, every run's best objective with inf for a run that never had
+  a finite one), from a fetched :class:`gradjax.solvers.SolverState` stacked over runs."""
+  losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
+  if not np.isfinite(losses).any():
+    raise FloatingPointError("every restart diverged before its first finite objective value")
+  return int(np.argmin(losses)), losses
+
+
+def select(problem: Problem, state: solvers.SolverState) -> "Reconstruction":
+  """The best run of a finished search (fetched ``state``): its reconstruction, labels (the argmax
+  of its soft labels, or the known ones in its candidate order) and candidate."""
+  best, losses = best_restart(state)
+  k = problem.orders.shape[0]
+  order = problem.orders[best % k]
+  if problem.data.labels is None:
+    label_logits = np.asarray(state.best_params["label_logits"][best])
+    if problem.data.label_mask is not None:
+      label_logits = np.where(np.asarray(problem.data.label_mask), label_logits, -np.inf)
+    labels = np.argmax(label_logits, axis=-1)
+  else:
+    labels = np.asarray(problem.data.labels)[order]
+  x_restarts = np.asarray(state.best_params["x"])
+  return Reconstruction(x=x_restarts[best], labels=labels, loss=float(losses[best]),
+                        best_restart=best, restart_losses=losses,
+                        restart_alive=np.asarray(state.alive), x_restarts=x_restarts,
+                        iterations=np.asarray(state.iterations),
+                        evaluations=np.asarray(state.evaluations),
+                        dummy=jax.tree.map(lambda v: np.asarray(v[best]), state.best_params),
+                        permutation=order, candidates=problem.orders)
+
+
+def solve(attack: Attack, apply_fn: Callable, problem: Problem,
+          execution: solvers.Execution = solvers.Execution()) -> solvers.SolverState:
+  """Runs every restart × candidate of ``problem`` (:func:`gradjax.solvers.run`); the final state,
+  fetched to the host."""
+  state = solvers.run(_solver(attack, apply_fn), problem.init, problem.data,
+                      iterations=attack.iterations, execution=execution,
+                      restart_data=problem.restart_data)
+  return solvers.fetch(state)
+
+
+# Ten parameters: those of prepare() and the execution record (see prepare).
 def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
                 input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1,
-                permutations: int = 1, permutation_seed: int = 0, label_support=None,
+                permutations: int = 1, permutation_seed: int = 0,
                 execution: solvers.Execution = solvers.Execution()) -> Reconstruction:
-  """Reconstructs the client's data behind ``observation``.
+  """Reconstructs the client's data behind ``observation``: :func:`prepare`, :func:`solve`,
+  :func:`select`.
 
   Args:
-    attack: e.g. ``get_attack("dlg")``.
+    attack: e.g. ``presets.dlg()``, or an :class:`Attack` of one's own parts.
     apply_fn: the model, ``apply_fn(variables, x, train) -> logits``.
     observation: what the attacker observed (see :mod:`gradjax.clients`).
     key: PRNG key; restart r starts from ``jax.random.split(key, restarts)[r]``.
@@ -479,98 +494,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
       each run from every restart's initialisation, all in one solver run; the lowest objective
       wins. 1 = take the labels in the order given. Needs labels that are not optimised jointly.
     permutation_seed: seed of the candidate sample when there are more orders than ``permutations``.
-    label_support: int class ids that joint soft labels may take (the others get probability 0), e.g.
-      the tokens an embedding gradient reveals (:func:`gradjax.text.token_bag`); ``None``: all.
     execution: how the restarts × candidates run (:class:`gradjax.solvers.Execution`: strategy,
       chunk, successive halving, sharding over devices, progress callback and monitor).
   """
-  check_observation(observation)
-  if restarts < 1:
-    raise ValueError(f"restarts must be positive, got {restarts}")
-  if len(input_shape) < 1:
-    raise ValueError(f"input_shape must be the shape of one example, e.g. (H, W, C), got {input_shape}")
-  n = observation.num_samples
-  dtype = jnp.result_type(*jax.tree.leaves(observation.variables["params"]))
-  logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
-                                           observation.train))
-  num_classes = logits.shape[-1]
-  label_mask = None
-  if label_support is not None:
-    if attack.labels != "joint":
-      raise ValueError("label_support restricts joint soft labels; this attack's labels are "
-                       f"{attack.labels!r}")
-    support = np.asarray(label_support).reshape(-1)
-    if support.size == 0 or not np.issubdtype(support.dtype, np.integer) or support.min() < 0 \
-        or support.max() >= num_classes:
-      raise ValueError(f"label_support must be a non-empty set of class ids in [0, {num_classes})")
-    label_mask = jnp.asarray(np.isin(np.arange(num_classes), support))
-  if attack.labels == "joint":
-    known = None
-  elif attack.labels == "known":
-    if observation.labels is None:
-      raise ValueError("attack uses known labels but the observation carries none")
-    known = jnp.asarray(observation.labels)
-  elif attack.labels == "hfginv":
-    raise ValueError("labels 'hfginv' read auxiliary images: infer them with gradjax.labels.hfginv, "
-                     "then attack observation.replace(labels=...) with labels='known'")
-  else:
-    known = jnp.asarray(labels_lib.infer(observation, attack.labels))
-  lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
-  if not np.all(lo < hi):
-    raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
-  lo, hi = jnp.asarray(lo), jnp.asarray(hi)
-  if permutations < 1:
-    raise ValueError(f"permutations must be positive, got {permutations}")
-  if permutations > 1:
-    local = observation.local
-    if known is None:
-      raise ValueError("a permutation search needs known or inferred labels, not joint ones")
-    if attack.objective != "replay" or local is None or (local.batch_size or n) == n:
-      raise ValueError("a permutation search needs the replay objective and a client with more than "
-                       "one local mini-batch (the label order changes nothing otherwise)")
-  if known is None or known.ndim > 1:  # joint labels, or a language model's (N, T) targets
-    orders = np.arange(n, dtype=np.int32)[None]
-  else:
-    local = observation.local
-    orders = permutations_lib.candidates(np.asarray(known), local and local.batch_size,
-                                         permutations, permutation_seed)
-  k = orders.shape[0]
-  # Depth from the model's call order, not the dicts' (sorted) order.
-  order = depth_order(attack, apply_fn, observation, np.zeros((1, *input_shape), dtype))
-  weights = layer_weights(attack, observation, order)
-  for name, _, _ in attack.priors:
-    missing = [c for c in getattr(priors_lib.PRIORS[name], "needs", ()) if c not in observation.variables]
-    if missing:
-      raise ValueError(f"prior {name!r} reads the model's {', '.join(missing)} (a BatchNorm network's "
-                       "running statistics); this model has none")
-  positions = None
-  if attack.stepwise is not None:
-    positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
-                             distances.leaf_positions(observation.variables["params"], order))
-  init = _init_restarts(key, restarts, k, attack.init, (n, *input_shape),
-                        tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
-                        attack.gamma.init if attack.objective == "dlm" else None)
-  data = MatchingData(observation, known, (lo, hi), weights, label_mask, positions)
-  state = solvers.run(_solver(attack, apply_fn), init, data, iterations=attack.iterations,
-                      execution=execution, restart_data=jnp.asarray(np.tile(orders, (restarts, 1))))
-  state = solvers.fetch(state)
-  losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
-  if not np.isfinite(losses).any():
-    raise FloatingPointError("every restart diverged before its first finite objective value")
-  best = int(np.argmin(losses))
-  x_restarts = np.asarray(state.best_params["x"])
-  order = orders[best % k]
-  if known is None:
-    label_logits = np.asarray(state.best_params["label_logits"][best])
-    if label_mask is not None:
-      label_logits = np.where(np.asarray(label_mask), label_logits, -np.inf)
-    labels = np.argmax(label_logits, axis=-1)
-  else:
-    labels = np.asarray(known)[order]
-  return Reconstruction(x=x_restarts[best], labels=labels, loss=float(losses[best]),
-                        best_restart=best, restart_losses=losses,
-                        restart_alive=np.asarray(state.alive), x_restarts=x_restarts,
-                        iterations=np.asarray(state.iterations),
-                        evaluations=np.asarray(state.evaluations),
-                        dummy=jax.tree.map(lambda v: np.asarray(v[best]), state.best_params),
-                        permutation=order, candidates=orders)
+  problem = prepare(attack, apply_fn, observation, key, input_shape=input_shape, bounds=bounds,
+                    restarts=restarts, permutations=permutations, permutation_seed=permutation_seed)
+  return select(problem, solve(attack, apply_fn, problem, execution))

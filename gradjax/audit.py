@@ -33,7 +33,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import attacks, clients, data, interop, pipeline, report
+from gradjax import clients, data, interop, pipeline, presets, report
+from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
 WEIGHTS = "weights.safetensors"
@@ -325,7 +326,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     row = {**base, "attack": name}
     try:
       labels = None
-      if attacks.get_attack(name).labels == "known" and "labels" not in meta:
+      if presets.get_preset(name)().labels is labels_lib.known and "labels" not in meta:
         # FedAvg clients do not share labels: infer them from the update's last layer (LLG counts
         # duplicates; iDLG's sign rule for one example).
         labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg"

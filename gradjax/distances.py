@@ -21,8 +21,9 @@ Conventions (they change published numbers, so they are explicit):
   the observed leaf (``gaussian_kernel_mean`` divides by n_l σ_l², ``gaussian_kernel_annealed`` goes
   from that width to σ_l² over the first steps).
 
-A distance that reads the optimizer step takes a keyword ``step`` (:func:`takes_step`); the objective
-passes it.
+What an attack needs to know about a distance travels with it in a :class:`Distance` record: the
+layer weights it is defined with, whether it reads the optimizer step (a keyword ``step``, which the
+objective passes), and from which step its values are comparable. :data:`DISTANCES` names them.
 
 Depth order: ``jax.tree`` flattening (and so ``jax.grad``, ``jax.jit`` and ``jax.tree.map`` outputs)
 sorts dict keys, so "Conv_10" comes before "Conv_2" and "BatchNorm_0" before "Conv_0". :func:`layer_paths`
@@ -33,6 +34,7 @@ itself (:func:`layer_index`, :func:`leaf_positions` and :func:`depth_weights` ta
 :func:`call_order` recovers it from the module names where they determine it (the LeNets, the MLP).
 """
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -44,7 +46,6 @@ import jax.numpy as jnp
 import numpy as np
 
 PyTree = Any
-Distance = Callable[..., jax.Array]
 
 EPS = 1e-12
 VAR_FLOOR = 1e-30  # σ² floor of gaussian_kernel; 1/VAR_FLOOR is finite in float32.
@@ -384,49 +385,79 @@ def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False, a
              for w, d, o in terms)
 
 
-def settled_from(distance: Distance) -> int:
-  """The first step from which ``distance`` no longer changes with the step: the annealed kernel's
-  ``anneal``, 0 for the others. Objective values of earlier steps are not comparable with later ones,
-  so an attack tracks its best iterate from there on (:class:`gradjax.attacks.Attack`)."""
-  if isinstance(distance, functools.partial) and distance.func is gaussian_kernel:
-    return int(distance.keywords.get("anneal", 0))
-  return 0
+@dataclasses.dataclass(frozen=True)
+class Distance:
+  """A distance and what an attack needs to know about it, travelling together.
+
+  Attributes:
+    fn: ``fn(dummy, observed) -> scalar``; it may take a keyword ``weights`` (per-leaf weights, see
+      above), and a keyword ``step`` when ``reads_step``.
+    layer_weights: the depth schedule (:func:`depth_weights`) an attack weighs the layers by when it
+      names none: SAPAG's kernel is defined with Q_l = 1/(l + 1) (``"inverse"``); ``None``: unweighted.
+    reads_step: ``fn`` takes the optimizer step (keyword ``step``), as an annealed kernel does.
+    settled_from: the first step from which ``fn``'s value no longer changes with the step (an
+      annealed kernel's T); objective values of earlier steps are not comparable with later ones, so
+      an attack tracks its best iterate from there on.
+
+  Calling it, ``distance(dummy, observed, weights=None, step=0)``, passes ``fn`` only what it takes.
+  Any plain function is one (:func:`as_distance`).
+  """
+
+  fn: Callable[..., jax.Array]
+  layer_weights: str | None = None
+  reads_step: bool = False
+  settled_from: int = 0
+
+  def __post_init__(self):
+    if not callable(self.fn):
+      raise ValueError(f"a distance is a function (dummy, observed) -> scalar, got {self.fn!r}")
+    if self.layer_weights is not None and self.layer_weights not in SCHEDULES:
+      raise ValueError(f"unknown layer-weight schedule {self.layer_weights!r}; choose one of "
+                       f"{', '.join(SCHEDULES)}")
+    if self.settled_from < 0:
+      raise ValueError(f"settled_from must be non-negative, got {self.settled_from}")
+
+  def __call__(self, dummy, observed, *, weights=None, step=0) -> jax.Array:
+    kwargs = {} if weights is None else {"weights": weights}
+    if self.reads_step:
+      kwargs["step"] = step
+    return self.fn(dummy, observed, **kwargs)
 
 
-def takes_step(distance: Distance) -> bool:
-  """Whether ``distance`` reads the optimizer step (keyword ``step``), as an annealed kernel does."""
-  try:
-    return "step" in inspect.signature(distance).parameters
-  except (TypeError, ValueError):
-    return False
+def as_distance(fn: Callable | Distance) -> Distance:
+  """``fn`` as a :class:`Distance` (a plain function: unweighted by default, step-free)."""
+  return fn if isinstance(fn, Distance) else Distance(fn)
 
 
 DISTANCES: dict[str, Distance] = {
-    "euclidean": euclidean,            # DLG code: Σ‖g' − g‖²
-    "euclidean_half": euclidean_half,  # breaching: 0.5·Σ‖g' − g‖²
-    "l1": l1,
-    "cosine": cosine,                  # Inverting Gradients
-    "cosine_per_layer": cosine_per_layer,
-    "gaussian_kernel": gaussian_kernel,  # SAPAG
-    "gaussian_kernel_mean": functools.partial(gaussian_kernel, per_entry=True),
-    "gaussian_kernel_annealed": functools.partial(gaussian_kernel, anneal=250),
+    "euclidean": Distance(euclidean),            # DLG code: Σ‖g' − g‖²
+    "euclidean_half": Distance(euclidean_half),  # breaching: 0.5·Σ‖g' − g‖²
+    "l1": Distance(l1),
+    "cosine": Distance(cosine),                  # Inverting Gradients
+    "cosine_per_layer": Distance(cosine_per_layer),
+    "gaussian_kernel": Distance(gaussian_kernel, layer_weights="inverse"),  # SAPAG, Q_l = 1/(l+1)
+    "gaussian_kernel_mean": Distance(functools.partial(gaussian_kernel, per_entry=True),
+                                     layer_weights="inverse"),
+    "gaussian_kernel_annealed": Distance(functools.partial(gaussian_kernel, anneal=250),
+                                         layer_weights="inverse", reads_step=True, settled_from=250),
 }
 
 
 def get_distance(name: str, **kwargs) -> Distance:
-  """``distance(dummy, observed)``: the distance registered as ``name`` with ``kwargs`` bound.
+  """The :class:`Distance` registered as ``name``, with ``kwargs`` bound to its function.
 
   Example: ``get_distance("cosine", weights=select_layers(params, exclude=["head"]))``. Without
-  kwargs the registered function itself is returned (stable identity for caches).
+  kwargs the registered record itself is returned (stable identity for caches).
   """
   try:
-    fn = DISTANCES[name]
+    distance = DISTANCES[name]
   except KeyError:
     raise ValueError(f"unknown distance {name!r}; choose one of {', '.join(DISTANCES)}") from None
   if not kwargs:
-    return fn
-  allowed = [p for p in inspect.signature(fn).parameters if p not in ("dummy", "observed")]
+    return distance
+  allowed = [p for p in inspect.signature(distance.fn).parameters
+             if p not in ("dummy", "observed", "step")]
   unknown = sorted(set(kwargs) - set(allowed))
   if unknown:
     raise ValueError(f"distance {name!r} takes no {unknown}; its options are {allowed}")
-  return functools.partial(fn, **kwargs)
+  return dataclasses.replace(distance, fn=functools.partial(distance.fn, **kwargs))

@@ -675,7 +675,7 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   Example::
 
     imported = interop.load("W.safetensors", "G.safetensors", model="lenet_zhu")
-    rec = attacks.reconstruct(attacks.get_attack("dlg"), imported.model.apply_fn,
+    rec = attacks.reconstruct(presets.dlg(), imported.model.apply_fn,
                               imported.observation, jax.random.key(0),
                               input_shape=imported.model.input_shape)
   """

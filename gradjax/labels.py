@@ -509,3 +509,34 @@ def infer(observation: Observation, method: str) -> jax.Array:
   if method not in METHODS:
     raise ValueError(f"unknown label method {method!r}; choose one of {', '.join(METHODS)}")
   return METHODS[method](observation)
+
+
+# --- label strategies of an attack ---------------------------------------------------------------
+
+
+def joint(observation: Observation) -> None:
+  """The label strategy of DLG: no labels are fixed; the attack optimises soft labels softmax(z')
+  with the data (Zhu et al. 2019). Returns None."""
+  del observation
+
+
+def known(observation: Observation) -> jax.Array:
+  """The label strategy of a threat model that shares the labels (Inverting Gradients' protocol):
+  the observation's own, (N,) int."""
+  if observation.labels is None:
+    raise ValueError("attack uses known labels but the observation carries none")
+  return jnp.asarray(observation.labels)
+
+
+LabelStrategy = Callable[[Observation], jax.Array | None]
+
+STRATEGIES: dict[str, LabelStrategy] = {"joint": joint, "known": known, **METHODS}
+"""An attack's labels by name: :func:`joint` (optimised, returns None), :func:`known`, or inferred by
+a method of :data:`METHODS`. Any function of the observation returning (N,) int labels is one."""
+
+
+def get_strategy(name: str) -> LabelStrategy:
+  """The label strategy registered as ``name``."""
+  if name not in STRATEGIES:
+    raise ValueError(f"unknown label strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+  return STRATEGIES[name]

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from gradjax.clients import local_sgd
-from gradjax.distances import takes_step
+from gradjax.distances import Distance, as_distance
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 from gradjax.priors import Network
@@ -130,7 +130,7 @@ def _unit(tree, eps=1e-12):
   return jax.tree.map(lambda x: x / norm, tree)
 
 
-def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
+def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_entropy,
                       prior: Callable | None = None, one_sample_per_step: bool = False,
                       mode: str = "gradient", remat: bool = False,
                       stepwise: Stepwise | None = None, gamma: Gamma = Gamma()) -> Callable:
@@ -152,8 +152,8 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
-    distance: ``distance(dummy_gradient, observed_gradient) -> scalar``; one with a keyword
-      ``step`` (an annealed kernel, :func:`gradjax.distances.takes_step`) is given the step.
+    distance: ``distance(dummy_gradient, observed_gradient) -> scalar``, or a
+      :class:`gradjax.distances.Distance` (one that reads the step, an annealed kernel, is given it).
     loss_fn: the client's loss, ``loss_fn(logits, targets)``; targets are int labels or soft labels.
     prior: optional image prior ``prior(x, step, network) -> scalar`` (weights included), e.g.
       :func:`gradjax.priors.combine`; ``network`` is the attacked model with the observation's
@@ -186,7 +186,7 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
 
   if mode not in MODES:
     raise ValueError(f"unknown objective mode {mode!r}; choose one of {', '.join(MODES)}")
-  with_step = takes_step(distance)
+  distance = as_distance(distance)
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
                 positions=None):
@@ -222,10 +222,7 @@ def gradient_matching(apply_fn, distance: Callable, *, loss_fn=cross_entropy,
       if positions is None:
         raise ValueError("stepwise matching needs the leaves' depth positions (positions=)")
       g, observed = stepwise.apply(positions, step, g, observed)
-    kwargs = {} if weights is None else {"weights": weights}
-    if with_step:
-      kwargs["step"] = step
-    value = distance(g, observed, **kwargs)
+    value = distance(g, observed, weights=weights, step=step)
     if prior is not None:
       network = Network(apply_fn, observation.variables, observation.train)
       value = value + prior(dummy["x"], step, network)

@@ -29,7 +29,7 @@ from gradjax import attacks, checkpoint, clients, compilation, corpus, data, def
 from gradjax import interop, lpips, metrics, models, objectives, text, verdict
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
-from gradjax import resume, solvers
+from gradjax import dummy, optimizers, presets, resume, solvers
 
 CLIENTS = ("fedsgd", "fedavg")
 MODALITIES = ("image", "text")
@@ -44,25 +44,33 @@ def _field(default, help: str, *, flag: str | None = None, choices: tuple[str, .
 
   help: the flag's help text. flag: the flag's name when it is not the field's. choices: the only
   values the flag takes. attack: the :class:`gradjax.attacks.Attack` field this one overrides when
-  set (``parse`` turns the flag's text into that field's value). execution: a field of
+  set, ``"optimizer.<field>"`` for a field of its :class:`gradjax.optimizers.Named` optimizer
+  (``parse`` turns the flag's text into that field's value: names resolve to objects here). execution: a field of
   :class:`gradjax.solvers.Execution`.
   """
   return dataclasses.field(default=default, metadata=dict(
       help=help, flag=flag, choices=choices, attack=attack, parse=parse, execution=execution))
 
 
-def parse_priors(spec: str) -> tuple[tuple[str, float, int], ...]:
-  """``"tv:1e-4,l2:1e-6:100"`` -> ``(("tv", 1e-4, 0), ("l2", 1e-6, 100))``; ``""`` -> no priors."""
+def parse_priors(spec: str) -> tuple[priors_lib.Prior, ...]:
+  """``"tv:1e-4,l2:1e-6:100"`` -> ``(Prior(PRIORS["tv"], 1e-4, 0), Prior(PRIORS["l2"], 1e-6, 100))``;
+  ``""`` -> no priors."""
   out = []
   for item in filter(None, (s.strip() for s in spec.split(","))):
     parts = item.split(":")
     try:
       if len(parts) not in (2, 3):
         raise ValueError
-      out.append((parts[0], float(parts[1]), int(parts[2]) if len(parts) == 3 else 0))
+      weight, start = float(parts[1]), int(parts[2]) if len(parts) == 3 else 0
     except ValueError:
       raise ValueError(f"bad prior {item!r}: use name:weight[:start_step], e.g. tv:1e-4") from None
+    out.append(priors_lib.Prior(priors_lib.get_prior(parts[0]), weight, start))
   return tuple(out)
+
+
+def _label_strategy(name: str):
+  # hfginv's counts read auxiliary images: run() infers them and attacks them as known labels.
+  return labels_lib.known if name == "hfginv" else labels_lib.get_strategy(name)
 
 
 _GAMMA_KEYS = {"init": "init", "lr": "learning_rate", "frozen": "frozen"}
@@ -101,7 +109,7 @@ class Config:
       "image", "What the client trains: image (a classifier on --dataset images) or text (a language "
       f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model transformer).",
       choices=MODALITIES)
-  attack: str = _field("dlg", f"Attack preset: {_names(attacks.PRESETS)}.")
+  attack: str = _field("dlg", f"Attack preset: {_names(presets.PRESETS)}.")
   model: str | None = _field(
       "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
       "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
@@ -169,15 +177,16 @@ class Config:
       None, "Optimizer iterations" + _PRESET + "; the preset's step counts (hfginv's prior starts and "
       "layer schedule) scale with it.", attack="iterations")
   objective: str | None = _field(
-      None, f"What is matched{_PRESET}: {_names(attacks.MODES)}.", attack="objective")
+      None, f"What is matched{_PRESET}: {_names(objectives.MODES)}.", attack="objective")
   optimizer: str | None = _field(
-      None, f"Optimizer{_PRESET}: {_names(solvers.OPTIMIZERS)}.", attack="optimizer")
+      None, f"Optimizer{_PRESET}: {_names(optimizers.OPTIMIZERS)}.", attack="optimizer.name")
   learning_rate: float | None = _field(None, "Learning rate" + _PRESET + ".", flag="lr",
-                                       attack="learning_rate")
+                                       attack="optimizer.learning_rate")
   tol: float | None = _field(None, "Stop a restart once its objective is <= tol" + _PRESET + ".",
                              attack="tol")
   distance: str | None = _field(
-      None, f"Gradient distance{_PRESET}: {_names(distances.DISTANCES)}.", attack="distance")
+      None, f"Gradient distance{_PRESET}: {_names(distances.DISTANCES)}.", attack="distance",
+      parse=distances.get_distance)
   layer_weights: str | None = _field(
       None, f"Per-layer distance weights by depth: {_names(distances.SCHEDULES)}.",
       attack="layer_weights")
@@ -186,15 +195,17 @@ class Config:
       f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
   labels: str | None = _field(
       None, f"Label strategy: joint, known, an inference method ({_names(labels_lib.METHODS)}) or "
-      "hfginv (duplicate-aware counts from --aux images).", attack="labels")
+      "hfginv (duplicate-aware counts from --aux images).", attack="labels", parse=_label_strategy)
   aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
                     "dataset's images after the attacked batch (Ye et al. use 40).")
   schedule: str | None = _field(
-      None, f"Learning-rate schedule{_PRESET}: {_names(solvers.SCHEDULES)}.", attack="schedule")
+      None, f"Learning-rate schedule{_PRESET}: {_names(optimizers.SCHEDULES)}.",
+      attack="optimizer.schedule")
   box: bool | None = _field(None, "Clamp dummy data to the valid image range after every step.",
                             attack="box")
   dummy_init: str | None = _field(
-      None, f"Dummy-data init: {_names(attacks.DUMMY_INITS)}.", attack="init")
+      None, f"Dummy-data init: {_names(dummy.INITS)}.", attack="dummy_init",
+      parse=dummy.get_init)
   one_sample_per_step: bool | None = _field(
       None, "DLG batch option: move one dummy example per step.", attack="one_sample_per_step")
   gamma: str | None = _field(
@@ -311,18 +322,24 @@ class Config:
 
 
 def get_attack(cfg: Config) -> attacks.Attack:
-  """The preset ``cfg.attack`` with the fields the configuration sets replaced. A new iteration
-  budget scales the preset's own step counts with it (:func:`gradjax.attacks.rescaled`: prior starts,
-  the stepwise period; no preset but ``hfginv`` has any), before the other fields are replaced."""
-  overrides = {}
+  """The preset ``cfg.attack`` built at ``cfg.iterations`` (the preset's own step counts, hfginv's
+  prior starts and layer schedule, scale with it), with the parts the configuration names replaced:
+  the one place where the names of distances, priors, label strategies, dummy initialisations and
+  optimizers become objects."""
+  overrides, optimizer = {}, {}
   for f in dataclasses.fields(cfg):
-    value, parse = getattr(cfg, f.name), f.metadata["parse"]
-    if f.metadata["attack"] and value is not None:
-      overrides[f.metadata["attack"]] = parse(value) if parse else value
-  preset = attacks.get_attack(cfg.attack)
-  if "iterations" in overrides:
-    preset = attacks.rescaled(preset, overrides["iterations"])
-  return dataclasses.replace(preset, **overrides)
+    value, parse, target = getattr(cfg, f.name), f.metadata["parse"], f.metadata["attack"]
+    if target and target != "iterations" and value is not None:
+      value = parse(value) if parse else value
+      if target.startswith("optimizer."):
+        optimizer[target.removeprefix("optimizer.")] = value
+      else:
+        overrides[target] = value
+  preset = presets.get_preset(cfg.attack)
+  attack = preset() if cfg.iterations is None else preset(iterations=cfg.iterations)
+  if optimizer:
+    overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
+  return dataclasses.replace(attack, **overrides)
 
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -559,7 +576,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       model=model.name,
       num_samples=observation.num_samples,
       threat_model=observation.threat_model,
-      attack=dataclasses.asdict(attack),
+      attack=attacks.describe(attack),
       config=dataclasses.asdict(cfg),
       device=str(jax.devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,
@@ -587,7 +604,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     raise ValueError(f"run() attacks images; a {cfg.modality} experiment runs with run_text()")
   attack = check(cfg)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
-  share_labels = attack.labels == "known"  # else inferred (hfginv's too) or optimised: a finding
+  share_labels = cfg.labels != "hfginv" and attack.labels is labels_lib.known  # else a finding
   checks, problems = {}, []
   if cfg.observation:
     if batch is None and cfg.dataset is not None:
@@ -627,10 +644,9 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     # objectives that replay them).
     observation = clients.update_as_gradient(observation)
 
-  if attack.labels == "hfginv":  # inferred here, where the auxiliary images are, then attacked as known
+  if cfg.labels == "hfginv":  # inferred here, where the auxiliary images are, then attacked as known
     observation = observation.replace(
         labels=hfginv_labels(cfg, model, observation, norm, jax.random.fold_in(key_attack, 1)))
-    attack = dataclasses.replace(attack, labels="known")
 
   trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm)
   timing = _Resumable(cfg, state, trace)
@@ -784,7 +800,7 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
   model = text_model(cfg, vocabulary, key_model)
   x, y = corpus.language_model_pairs(batch.ids, vocabulary.eos)
   observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
-                               share_labels=attack.labels == "known")
+                               share_labels=attack.labels is labels_lib.known)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
 

@@ -1,8 +1,9 @@
 """Image priors: regularisers ``prior(x) -> scalar`` added to the gradient-matching objective.
 
 ``x`` is an NHWC batch (N, H, W, C). Priors are weighted by a schedule ``weight_fn(step) -> scalar``
-(``step`` a jnp int, so the schedules work under ``jit`` / ``vmap`` / ``lax.scan``); :func:`combine`
-sums several into one ``fn(x, step, network)``.
+(``step`` a jnp int, so the schedules work under ``jit`` / ``vmap`` / ``lax.scan``). A :class:`Prior`
+is one built term (the function, its weight and the step it starts at); :func:`combine` sums several
+into one ``fn(x, step, network)``.
 
 Most priors read the image alone. A :class:`NetworkPrior` also reads the attacked model
 (:class:`Network`): the BatchNorm statistics prior of GradInversion (:func:`batch_norm_prior`)
@@ -243,32 +244,56 @@ def step_on(weight: float, start: int) -> WeightFn:
   return lambda step: jnp.where(jnp.asarray(step) >= start, jnp.asarray(weight, float), 0.0)
 
 
-class Prior(NamedTuple):
-  """A prior and its weight schedule; ``weight_fn`` may also be a number (a constant weight)."""
+@dataclasses.dataclass(frozen=True)
+class Prior:
+  """An image prior with its weight, switched on at step ``start``: a term of the objective::
+
+    term(x, step) = w(step) · fn(x)      for step >= start, else 0
+
+  with w = ``weight`` (a number, or a schedule ``weight_fn(step)``); ``fn(x, network)`` for a
+  :class:`NetworkPrior`, which reads the attacked model too (``needs``: its variable collections).
+  Example: ``Prior(total_variation, 1e-4)`` (Inverting Gradients), ``Prior(PRIORS["bn_hfginv"], 1e-4,
+  start=5000)`` (HFGInv).
+  """
 
   fn: PriorFn
-  weight_fn: WeightFn | float
+  weight: float | WeightFn = 1.0
+  start: int = 0
+
+  def __post_init__(self):
+    if not callable(self.fn):
+      raise ValueError(f"a prior is a function of the images, got {self.fn!r}")
+    if int(self.start) != self.start or self.start < 0:
+      raise ValueError(f"a prior's start must be a non-negative integer step, got {self.start}")
+
+  @property
+  def needs(self) -> tuple[str, ...]:
+    """The model's variable collections ``fn`` reads besides ``params``."""
+    return getattr(self.fn, "needs", ())
+
+  def __call__(self, x, step, network: Network | None = None) -> jax.Array:
+    w = self.weight(step) if callable(self.weight) else jnp.asarray(self.weight, float)
+    if self.start:
+      w = jnp.where(jnp.asarray(step) >= self.start, w, 0.0)
+    if isinstance(self.fn, NetworkPrior):
+      if network is None:
+        raise ValueError("a network prior (e.g. bn) needs the attacked model: pass network=")
+      return w * self.fn(x, network)
+    return w * self.fn(x)
 
 
 def combine(priors: Sequence[Prior]) -> Callable[..., jax.Array]:
-  """``fn(x, step, network=None) = Σ_k weight_fn_k(step) · fn_k(x)`` over ``(fn, weight_fn)`` pairs
-  (``fn_k(x, network)`` for a :class:`NetworkPrior`, which then needs ``network``); 0 if empty."""
-  pairs = []
+  """``fn(x, step, network=None) = Σ_k prior_k(x, step, network)`` over :class:`Prior` records;
+  0 if empty."""
   for item in priors:
-    if not (isinstance(item, tuple) and len(item) == 2 and callable(item[0])):
-      raise ValueError("combine takes (fn, weight_fn) pairs, e.g. Prior(total_variation, 1e-4)")
-    fn, weight_fn = item
-    pairs.append((fn, weight_fn if callable(weight_fn) else constant(weight_fn)))
+    if not isinstance(item, Prior):
+      raise ValueError("combine takes Prior records, e.g. Prior(total_variation, 1e-4)")
+  priors = tuple(priors)
 
   def prior(x, step, network: Network | None = None):
     total = jnp.zeros((), jnp.result_type(x))
-    for fn, w in pairs:
-      if isinstance(fn, NetworkPrior):
-        if network is None:
-          raise ValueError("a network prior (e.g. bn) needs the attacked model: pass network=")
-        total = total + w(step) * fn(x, network)
-      else:
-        total = total + w(step) * fn(x)
+    for p in priors:
+      total = total + p(x, step, network)
     return total
 
   return prior

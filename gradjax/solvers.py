@@ -49,138 +49,11 @@ import numpy as np
 import optax
 
 from gradjax import compilation
-from gradjax import lbfgs
-from gradjax import linesearch
+from gradjax import optimizers
 from gradjax.compilation import once
 
 PyTree = Any
 STRATEGIES = ("auto", "tune", "sequential", "vmap", "map")
-OPTIMIZERS = ("lbfgs", "lbfgs_fixed", "adam", "adamw", "signed_adam", "quantized_adam", "sgd")
-SCHEDULES = ("constant", "step", "step_hfginv", "cosine")
-
-
-class QuantizedSignState(NamedTuple):
-  count: jax.Array
-
-
-def scale_by_quantized_sign(boost_steps: int = 101, boost: float = 2.0) -> optax.GradientTransformation:
-  """HFGInv's quantised sign of the gradient, per leaf g::
-
-    s = 2 / (median|g| + 1e-10),   q = 0.8 · clip(round(s g) / 2, −1, 1) + 0.2 · sign(g)
-
-  so every entry becomes one of ±0.2, ±0.6, ±1 (0 where g is 0): a sign that keeps three magnitude
-  levels around the median. The first ``boost_steps`` updates are multiplied by ``boost`` (their code:
-  ×2 while the iteration is ≤ 100). Reference: Ye et al., AAAI 2024, and their code (``hard_quantify``).
-  """
-
-  def init(params):
-    del params
-    return QuantizedSignState(jnp.zeros((), jnp.int32))
-
-  def update(updates, state, params=None):
-    del params
-    factor = jnp.where(state.count < boost_steps, boost, 1.0)
-
-    def quantize(g):
-      s = 2.0 / (jnp.median(jnp.abs(g)) + 1e-10)
-      q = 0.8 * jnp.clip(jnp.round(s * g) / 2, -1.0, 1.0) + 0.2 * jnp.sign(g)
-      return (factor * q).astype(g.dtype)
-
-    return jax.tree.map(quantize, updates), QuantizedSignState(state.count + 1)
-
-  return optax.GradientTransformation(init, update)
-
-
-# torch.optim.LBFGS stores a curvature pair only when y · s exceeds this.
-PYTORCH_MIN_CURVATURE = 1e-10
-
-
-class Optimizer(NamedTuple):
-  """An optax transformation and whether it carries a line search that stores value and gradient."""
-
-  tx: optax.GradientTransformationExtraArgs
-  linesearch: bool
-
-
-def learning_rate_schedule(learning_rate: float, schedule: str = "constant", *, iterations: int = 1,
-                           warmup: int = 0) -> optax.Schedule:
-  """Learning rate as a function of the step.
-
-  * ``"constant"``.
-  * ``"step"``: ×0.1 at 3/8, 5/8 and 7/8 of ``iterations`` (Inverting Gradients, Geiping et al. 2020).
-  * ``"step_hfginv"``: ×0.33 at ⌊iterations / 2.667⌋, ⌊iterations / 1.6⌋ and ⌊iterations / 1.142⌋
-    (HFGInv's code: 5624, 9374 and 13 134 of 15 000).
-  * ``"cosine"``: cosine decay from ``learning_rate`` to 0 over ``iterations``.
-
-  ``warmup`` > 0 prepends a linear ramp from 0 over that many steps (the main schedule then starts).
-  """
-  if schedule == "constant":
-    main = optax.constant_schedule(learning_rate)
-  elif schedule == "step":
-    main = optax.piecewise_constant_schedule(
-        learning_rate, {int(iterations * f): 0.1 for f in (3 / 8, 5 / 8, 7 / 8)})
-  elif schedule == "step_hfginv":
-    main = optax.piecewise_constant_schedule(
-        learning_rate, {int(iterations // d): 0.33 for d in (2.667, 1.6, 1.142)})
-  elif schedule == "cosine":
-    main = optax.cosine_decay_schedule(learning_rate, max(iterations - warmup, 1))
-  else:
-    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-  if warmup < 0:
-    raise ValueError(f"warmup must be non-negative, got {warmup}")
-  if warmup == 0:
-    return main
-  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup), main], [warmup])
-
-
-def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
-                   max_linesearch_steps: int = 20, schedule: str = "constant", iterations: int = 1,
-                   warmup: int = 0, weight_decay: float = 0.01) -> Optimizer:
-  """An optimizer for dummy data.
-
-  * ``"lbfgs"``: L-BFGS (:mod:`gradjax.lbfgs`) with the zoom line search of :mod:`gradjax.linesearch`
-    (optax's, with one objective evaluation per trial); ``learning_rate`` scales the direction before
-    the line search picks the step (DLG: lr 1, history 100). No schedule.
-  * ``"lbfgs_fixed"``: L-BFGS steps of fixed size ``learning_rate`` without a line search, as
-    PyTorch's ``torch.optim.LBFGS`` runs by default (the DLG code); it can diverge where ``"lbfgs"``
-    backtracks. As PyTorch, a pair (s, y) enters the memory only if s · y > 1e-10. optax scales the
-    first direction by min(1, 1/‖g‖) (PyTorch: by min(1, 1/‖g‖₁)).
-  * ``"adam"``, ``"sgd"``: with the learning-rate ``schedule``.
-  * ``"adamw"``: Adam with decoupled weight decay ``weight_decay`` (0.01 is PyTorch's default; SAPAG
-    attacks ResNet-18 with AdamW lr 1e-3).
-  * ``"signed_adam"``: Adam applied to sign(∇) (Inverting Gradients, Geiping et al. 2020).
-  * ``"quantized_adam"``: Adam applied to HFGInv's quantised sign (:func:`scale_by_quantized_sign`).
-  """
-  if learning_rate <= 0:
-    raise ValueError(f"learning rate must be positive, got {learning_rate}")
-  if name == "lbfgs":
-    if history < 1 or max_linesearch_steps < 1:
-      raise ValueError("L-BFGS needs history >= 1 and max_linesearch_steps >= 1")
-    if schedule != "constant" or warmup:
-      raise ValueError("L-BFGS takes no learning-rate schedule (its line search sets the step)")
-    search = linesearch.scale_by_zoom_linesearch(max_linesearch_steps,
-                                                 initial_guess_strategy="one")
-    return Optimizer(lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=search), True)
-  if name == "lbfgs_fixed":
-    if history < 1 or schedule != "constant" or warmup:
-      raise ValueError("fixed-step L-BFGS needs history >= 1 and takes no learning-rate schedule")
-    return Optimizer(optax.with_extra_args_support(
-        lbfgs.lbfgs(learning_rate, memory_size=history, linesearch=None,
-                    min_curvature=PYTORCH_MIN_CURVATURE)), False)
-  lr = learning_rate_schedule(learning_rate, schedule, iterations=iterations, warmup=warmup)
-  if name == "adam":
-    tx = optax.adam(lr)
-  elif name == "adamw":
-    tx = optax.adamw(lr, weight_decay=weight_decay)
-  elif name == "signed_adam":
-    tx = optax.chain(optax.scale_by_sign(), optax.adam(lr))
-  elif name == "quantized_adam":
-    tx = optax.chain(scale_by_quantized_sign(), optax.adam(lr))
-  elif name == "sgd":
-    tx = optax.sgd(lr)
-  else:
-    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
-  return Optimizer(optax.with_extra_args_support(tx), False)
 
 
 class SolverState(NamedTuple):
@@ -234,7 +107,8 @@ def _flat_unless(live, f):
   return lambda params: flat(params, live)
 
 
-def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], optimizer: Optimizer, *,
+def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
+                optimizer: optax.GradientTransformation, *,
                 tol: float | None = None,
                 project: Callable[[PyTree, PyTree], PyTree] | None = None,
                 track_from: int = 0) -> Solver:
@@ -245,7 +119,9 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
       objective schedule its terms (a prior switched on at step T). With L-BFGS the value the line
       search stored at the end of iteration k is reused at iteration k + 1 (and, for the last
       iterate, by ``finalize`` when there is no ``project``).
-    optimizer: from :func:`make_optimizer`.
+    optimizer: any optax transformation (:mod:`gradjax.optimizers`). One whose state holds a zoom
+      line search's value and gradient (:func:`gradjax.optimizers.stores_value`: gradjax's and optax's
+      L-BFGS) is handed them, so each step evaluates the objective only in its line search.
     tol: a restart stops (is frozen) once its best objective is <= tol; None never stops early.
     project: optional ``project(params, data)`` applied to the iterate after every update (e.g. a box
       constraint) and to the initial iterate.
@@ -253,7 +129,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
       final one): for objectives whose terms change over the run (a growing set of matched layers),
       whose early values are not comparable with the late ones.
   """
-  tx, searched = optimizer
+  tx = optax.with_extra_args_support(optimizer)
   threshold = -jnp.inf if tol is None else tol
   value_and_grad = jax.value_and_grad(value_fn)
 
@@ -262,7 +138,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
       params = project(params, data)
     opt_state = tx.init(params)
     evaluations = jnp.zeros((), jnp.int32)
-    if searched:
+    if optimizers.stores_value(opt_state):
       # Seed the line search's stored value and gradient so every step can read them without a
       # lax.cond (which under vmap would evaluate the objective a second time).
       value, grad = value_and_grad(params, data, jnp.zeros((), jnp.int32))
@@ -275,6 +151,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
   def step(state, data):
     f = functools.partial(value_fn, data=data, step=state.iterations)
     active = state.alive & (state.best_loss > threshold)
+    searched = optimizers.stores_value(state.opt_state)
     if searched:
       value, grad = optax.tree.get(state.opt_state, "value"), optax.tree.get(state.opt_state, "grad")
       used = jnp.zeros((), jnp.int32)
@@ -322,7 +199,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array], opti
     """Scores the final iterate too, so the best covers every point the run reached. With L-BFGS
     and no projection, the line search's value there (as ``step`` reads it); otherwise one more
     evaluation (a projected iterate is not the point the search evaluated)."""
-    if searched and project is None:
+    if optimizers.stores_value(state.opt_state) and project is None:
       value, evaluated = optax.tree.get(state.opt_state, "value"), 0
     else:
       value, evaluated = value_fn(state.params, data, state.iterations), 1

@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, distances, solvers
+from gradjax import attacks, solvers
+from gradjax import labels as labels_lib
 from gradjax.losses import cross_entropy
 from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation, check_observation
@@ -155,31 +156,25 @@ def soft_tokens(z, data: TokenData, vocabulary: int):
 
 @functools.lru_cache(maxsize=16)
 def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -> solvers.Solver:
-  distance = distances.get_distance(attack.distance)
-
-  with_step = distances.takes_step(distance)
 
   def value_fn(dummy, data: TokenData, step):
     e, targets = soft_tokens(dummy["z"], data, vocabulary)
     g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
                        train=data.observation.train, loss_fn=cross_entropy)
-    kwargs = {} if data.weights is None else {"weights": data.weights}
-    if with_step:
-      kwargs["step"] = step
-    return distance(g, data.observation.gradient, **kwargs)
+    return attack.distance(g, data.observation.gradient, weights=data.weights, step=step)
 
-  return solvers.make_solver(value_fn, attacks.build_optimizer(attack), tol=attack.tol,
-                             track_from=attacks.track_from(attack, distance))
+  return attacks.make_solver(attack, value_fn)
 
 
 def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, restarts, execution):
   """The token search of :func:`reconstruct` on the ``view`` of :func:`attack_view`, with the
   embedding ``table`` (V, dim): (token ids (N, T), embeddings, Reconstruction)."""
-  if attack.labels != "joint" or attack.objective != "gradient" or attack.priors:
+  if not attack.optimises_labels or attack.objective != "gradient" or attack.priors:
+    described = attacks.describe(attack)
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
                      "inputs: it takes no label strategy, objective mode or image prior "
-                     f"(attack {attack.name!r} has labels={attack.labels!r}, "
-                     f"objective={attack.objective!r}, priors={attack.priors!r})")
+                     f"(attack {attack.name!r} has labels={described['labels']!r}, "
+                     f"objective={attack.objective!r}, priors={described['priors']!r})")
   if eos is None:
     raise ValueError("the token search needs the end-of-sentence id (the last target)")
   vocabulary = table.shape[0]
@@ -198,10 +193,7 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
   state = solvers.run(_token_solver(attack, apply_fn, vocabulary), init, data,
                       iterations=attack.iterations, execution=execution)
   state = solvers.fetch(state)
-  losses = np.where(np.isfinite(state.best_loss), state.best_loss, np.inf)
-  if not np.isfinite(losses).any():
-    raise FloatingPointError("every restart diverged before its first finite objective value")
-  best = int(np.argmin(losses))
+  best, losses = attacks.best_restart(state)
   z = np.asarray(state.best_params["z"][best])[..., :ids.size]
   p = np.exp(z - z.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
@@ -225,7 +217,7 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
   Args:
     attack: an attack of :mod:`gradjax.attacks` (``dlg``, ``sapag``, or a cosine distance); its
       ``box`` keeps the dummy embeddings within the per-dimension range of the embedding table, its
-      ``init`` draws them (``normal`` matches the table's N(0, 1) init); the token search stays in
+      ``dummy_init`` draws them (``normal`` matches the table's N(0, 1) init); the token search stays in
       the candidates' convex hull by construction and draws its logits N(0, 1), so it reads neither.
     apply_fn: the language model, reading (N, T, dim) embeddings.
     observation: the client's gradient of the whole model (embedding table included).
@@ -244,10 +236,10 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
   """
   if length < 1:
     raise ValueError(f"sentence length must be positive, got {length}")
-  if attack.labels not in ("joint", "known") or attack.objective != "gradient":
+  if attack.labels not in (labels_lib.joint, labels_lib.known) or attack.objective != "gradient":
     raise ValueError("text attacks match a FedSGD gradient with joint soft targets or known next "
-                     f"tokens; attack {attack.name!r} has labels={attack.labels!r}, objective="
-                     f"{attack.objective!r} (label inference reads a classifier's head)")
+                     f"tokens; attack {attack.name!r} has labels={attacks.describe(attack)['labels']!r}, "
+                     f"objective={attack.objective!r} (label inference reads a classifier's head)")
   table = embedding_table(observation)
   view = attack_view(observation)
   bag = token_bag(observation)
@@ -260,12 +252,12 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
     return TextReconstruction(e, tokens, tokens, rec.labels, bag, rec)
   if search != "embeddings":
     raise ValueError(f"unknown text search {search!r}; choose one of {', '.join(SEARCHES)}")
-  support = None
-  if restrict and attack.labels == "joint":
+  problem = attacks.prepare(attack, apply_fn, view, key, input_shape=(length, table.shape[1]),
+                            bounds=(table.min(axis=0), table.max(axis=0)), restarts=restarts)
+  if restrict and attack.optimises_labels:
     support = np.union1d(bag, [] if eos is None else [eos]).astype(np.int32)
-  rec = attacks.reconstruct(attack, apply_fn, view, key, input_shape=(length, table.shape[1]),
-                            bounds=(table.min(axis=0), table.max(axis=0)), restarts=restarts,
-                            label_support=support, execution=execution)
+    problem = attacks.restrict_labels(problem, support, table.shape[0])
+  rec = attacks.select(problem, attacks.solve(attack, apply_fn, problem, execution))
   e = np.asarray(rec.x, np.float64)
   return TextReconstruction(e, nearest_tokens(e, table, candidates), pinv_tokens(e, table, candidates),
                             np.asarray(rec.labels), bag, rec)

@@ -1,0 +1,206 @@
+"""Optimizers of dummy data: optax transformations, and the named ones of the presets and flags.
+
+An attack's optimizer is any ``optax.GradientTransformation`` (``optax.adam(0.1)``, a chain of
+one's own). The solver reads what it needs from the transformation's state: a zoom line search
+(:func:`gradjax.linesearch.scale_by_zoom_linesearch`, or optax's own) stores the objective's value and
+gradient at the iterate, which the next step reuses (:func:`stores_value`).
+
+The optimizers of the papers are built here by function (:func:`lbfgs`, :func:`signed_adam`, ...), and
+by name through :func:`make_optimizer`. A :class:`Named` optimizer is a name and its numbers, built
+once the attack's iteration budget is known: its learning-rate schedule's steps are fractions of that
+budget, so a preset keeps its schedule when the budget changes, and a flag can change one number of a
+preset's optimizer (``--lr=0.5``) without restating the others.
+"""
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from gradjax import lbfgs as lbfgs_lib
+from gradjax import linesearch
+
+OPTIMIZERS = ("lbfgs", "lbfgs_fixed", "adam", "adamw", "signed_adam", "quantized_adam", "sgd")
+SCHEDULES = ("constant", "step", "step_hfginv", "cosine")
+
+# torch.optim.LBFGS stores a curvature pair only when y · s exceeds this.
+PYTORCH_MIN_CURVATURE = 1e-10
+
+
+class QuantizedSignState(NamedTuple):
+  count: jax.Array
+
+
+def scale_by_quantized_sign(boost_steps: int = 101, boost: float = 2.0) -> optax.GradientTransformation:
+  """HFGInv's quantised sign of the gradient, per leaf g::
+
+    s = 2 / (median|g| + 1e-10),   q = 0.8 · clip(round(s g) / 2, −1, 1) + 0.2 · sign(g)
+
+  so every entry becomes one of ±0.2, ±0.6, ±1 (0 where g is 0): a sign that keeps three magnitude
+  levels around the median. The first ``boost_steps`` updates are multiplied by ``boost`` (their code:
+  ×2 while the iteration is ≤ 100). Reference: Ye et al., AAAI 2024, and their code (``hard_quantify``).
+  """
+
+  def init(params):
+    del params
+    return QuantizedSignState(jnp.zeros((), jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    factor = jnp.where(state.count < boost_steps, boost, 1.0)
+
+    def quantize(g):
+      s = 2.0 / (jnp.median(jnp.abs(g)) + 1e-10)
+      q = 0.8 * jnp.clip(jnp.round(s * g) / 2, -1.0, 1.0) + 0.2 * jnp.sign(g)
+      return (factor * q).astype(g.dtype)
+
+    return jax.tree.map(quantize, updates), QuantizedSignState(state.count + 1)
+
+  return optax.GradientTransformation(init, update)
+
+
+def learning_rate_schedule(learning_rate: float, schedule: str = "constant", *, iterations: int = 1,
+                           warmup: int = 0) -> optax.Schedule:
+  """Learning rate as a function of the step.
+
+  * ``"constant"``.
+  * ``"step"``: ×0.1 at 3/8, 5/8 and 7/8 of ``iterations`` (Inverting Gradients, Geiping et al. 2020).
+  * ``"step_hfginv"``: ×0.33 at ⌊iterations / 2.667⌋, ⌊iterations / 1.6⌋ and ⌊iterations / 1.142⌋
+    (HFGInv's code: 5624, 9374 and 13 134 of 15 000).
+  * ``"cosine"``: cosine decay from ``learning_rate`` to 0 over ``iterations``.
+
+  ``warmup`` > 0 prepends a linear ramp from 0 over that many steps (the main schedule then starts).
+  """
+  if schedule == "constant":
+    main = optax.constant_schedule(learning_rate)
+  elif schedule == "step":
+    main = optax.piecewise_constant_schedule(
+        learning_rate, {int(iterations * f): 0.1 for f in (3 / 8, 5 / 8, 7 / 8)})
+  elif schedule == "step_hfginv":
+    main = optax.piecewise_constant_schedule(
+        learning_rate, {int(iterations // d): 0.33 for d in (2.667, 1.6, 1.142)})
+  elif schedule == "cosine":
+    main = optax.cosine_decay_schedule(learning_rate, max(iterations - warmup, 1))
+  else:
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+  if warmup < 0:
+    raise ValueError(f"warmup must be non-negative, got {warmup}")
+  if warmup == 0:
+    return main
+  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup), main], [warmup])
+
+
+def lbfgs(learning_rate: float = 1.0, *, history: int = 100,
+          max_linesearch_steps: int = 20) -> optax.GradientTransformationExtraArgs:
+  """L-BFGS (:mod:`gradjax.lbfgs`) with the zoom line search of :mod:`gradjax.linesearch` (optax's,
+  with one objective evaluation per trial); ``learning_rate`` scales the direction before the line
+  search picks the step. DLG: lr 1, history 100 (Zhu et al. 2019, their code)."""
+  if history < 1 or max_linesearch_steps < 1:
+    raise ValueError("L-BFGS needs history >= 1 and max_linesearch_steps >= 1")
+  search = linesearch.scale_by_zoom_linesearch(max_linesearch_steps, initial_guess_strategy="one")
+  return lbfgs_lib.lbfgs(learning_rate, memory_size=history, linesearch=search)
+
+
+def lbfgs_fixed(learning_rate: float = 1.0, *, history: int = 100) -> optax.GradientTransformationExtraArgs:
+  """L-BFGS steps of fixed size ``learning_rate`` without a line search, as PyTorch's
+  ``torch.optim.LBFGS`` runs by default (the DLG code); it can diverge where :func:`lbfgs`
+  backtracks. As PyTorch, a pair (s, y) enters the memory only if s · y > 1e-10. optax scales the
+  first direction by min(1, 1/‖g‖) (PyTorch: by min(1, 1/‖g‖₁))."""
+  if history < 1:
+    raise ValueError("fixed-step L-BFGS needs history >= 1")
+  return optax.with_extra_args_support(lbfgs_lib.lbfgs(
+      learning_rate, memory_size=history, linesearch=None, min_curvature=PYTORCH_MIN_CURVATURE))
+
+
+def signed_adam(learning_rate) -> optax.GradientTransformation:
+  """Adam applied to sign(∇) (Inverting Gradients, Geiping et al. 2020); ``learning_rate`` a number
+  or an optax schedule."""
+  return optax.chain(optax.scale_by_sign(), optax.adam(learning_rate))
+
+
+def quantized_adam(learning_rate) -> optax.GradientTransformation:
+  """Adam applied to HFGInv's quantised sign (:func:`scale_by_quantized_sign`; Ye et al. 2024)."""
+  return optax.chain(scale_by_quantized_sign(), optax.adam(learning_rate))
+
+
+def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
+                   max_linesearch_steps: int = 20, schedule: str = "constant", iterations: int = 1,
+                   warmup: int = 0, weight_decay: float = 0.01) -> optax.GradientTransformationExtraArgs:
+  """The optimizer ``name`` of :data:`OPTIMIZERS`, built.
+
+  * ``"lbfgs"`` (:func:`lbfgs`), ``"lbfgs_fixed"`` (:func:`lbfgs_fixed`): no schedule.
+  * ``"adam"``, ``"sgd"``, ``"signed_adam"`` (:func:`signed_adam`), ``"quantized_adam"``
+    (:func:`quantized_adam`): with the learning-rate ``schedule`` over ``iterations``
+    (:func:`learning_rate_schedule`).
+  * ``"adamw"``: Adam with decoupled weight decay ``weight_decay`` (0.01 is PyTorch's default; SAPAG
+    attacks ResNet-18 with AdamW lr 1e-3).
+  """
+  if not learning_rate > 0:
+    raise ValueError(f"learning rate must be positive, got {learning_rate}")
+  if name in ("lbfgs", "lbfgs_fixed"):
+    if schedule != "constant" or warmup:
+      raise ValueError("L-BFGS takes no learning-rate schedule (its line search sets the step)")
+    if name == "lbfgs":
+      return lbfgs(learning_rate, history=history, max_linesearch_steps=max_linesearch_steps)
+    return lbfgs_fixed(learning_rate, history=history)
+  if name not in OPTIMIZERS:
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+  lr = learning_rate_schedule(learning_rate, schedule, iterations=iterations, warmup=warmup)
+  tx = {"adam": lambda: optax.adam(lr), "adamw": lambda: optax.adamw(lr, weight_decay=weight_decay),
+        "signed_adam": lambda: signed_adam(lr), "quantized_adam": lambda: quantized_adam(lr),
+        "sgd": lambda: optax.sgd(lr)}[name]()
+  return optax.with_extra_args_support(tx)
+
+
+@dataclasses.dataclass(frozen=True)
+class Named:
+  """An optimizer of :data:`OPTIMIZERS` by name and numbers, built at an attack's iteration budget
+  (:meth:`build`). The presets' optimizers are these; the fields mean what
+  :func:`make_optimizer`'s arguments do."""
+
+  name: str = "lbfgs"
+  learning_rate: float = 1.0
+  schedule: str = "constant"
+  warmup: int = 0
+  weight_decay: float = 0.01
+  history: int = 100
+  max_linesearch_steps: int = 20
+
+  def __post_init__(self):
+    self.build(1)  # checks the name and the numbers
+
+  def build(self, iterations: int) -> optax.GradientTransformationExtraArgs:
+    """The transformation, its schedule spread over ``iterations``."""
+    return make_optimizer(self.name, self.learning_rate, history=self.history,
+                          max_linesearch_steps=self.max_linesearch_steps, schedule=self.schedule,
+                          iterations=iterations, warmup=self.warmup, weight_decay=self.weight_decay)
+
+  @property
+  def couples_variables(self) -> bool:
+    """Whether one update direction mixes every variable (L-BFGS), so no variable can have an
+    optimizer of its own."""
+    return self.name.startswith("lbfgs")
+
+
+Optimizer = optax.GradientTransformation | Named
+
+
+def build(optimizer: Optimizer, iterations: int) -> optax.GradientTransformationExtraArgs:
+  """``optimizer`` as a transformation that takes the solver's extra arguments (value, grad,
+  value_fn): a :class:`Named` one built at ``iterations``, an optax one as it is."""
+  if isinstance(optimizer, Named):
+    return optimizer.build(iterations)
+  if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+    raise ValueError(f"an optimizer is an optax GradientTransformation or optimizers.Named, got "
+                     f"{optimizer!r}")
+  return optax.with_extra_args_support(optimizer)
+
+
+def stores_value(opt_state) -> bool:
+  """Whether an optimizer state holds a zoom line search's value and gradient at the iterate
+  (``optax.ScaleByZoomLinesearchState``): the solver then evaluates the objective once per trial
+  and reuses the search's last one. Read at trace time from the state's structure."""
+  found = jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(s, optax.ScaleByZoomLinesearchState))
+  return any(isinstance(s, optax.ScaleByZoomLinesearchState) for s in found)
