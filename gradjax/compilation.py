@@ -1,14 +1,14 @@
 """Compiler options: short compilation for the programs that run once, a fast one for the step.
 
 XLA hands every program to LLVM with its backend optimisation level (2 by default). For a program
-that runs once, the optimisation costs more than it saves: on XLA:CPU (jax 0.10.2) the threefry draw
-of one 5×5×3×12 uniform kernel took 2.8 s to compile at level 2 and 0.3 s at level 0. Code that is
-not jitted at all is no cheaper: each primitive becomes a program of its own (a LeNet gradient taken
-eagerly compiled some hundred of them). So the set-up of an experiment (the model's initialisation,
+that runs once, the optimisation costs more than it saves (on XLA:CPU a random draw of one small
+kernel compiles several times faster at level 0). Code that is not jitted at all is no cheaper: each
+primitive becomes a program of its own. So the set-up of an experiment (the model's initialisation,
 the client's gradient, the dummy data, the solver's first evaluation, the LPIPS network) is jitted
 whole with :func:`once`; the optimisation step that runs thousands of times gets the options of
 :data:`STEP`. Both turn off XLA:CPU's MLIR fusion emitters (``xla_cpu_use_fusion_emitters``) for its
-older LLVM IR emitters, which compile the same fusions several times faster into code as fast.
+older LLVM IR emitters, which compile the same fusions faster into code as fast
+(``experiments/benchmark.py``, startup section).
 
 The options change the machine code and, through fused multiply-adds, the last bits of some results
 (XLA:CPU runs without fast-math), so a long optimisation is reproducible under one set of options,
@@ -20,13 +20,12 @@ import functools
 import jax
 import numpy as np
 
-# Compiler options of a program that runs once (``jax.jit(..., compiler_options=...)``). DLG's first
-# evaluation on lenet_zhu (value and gradient) compiled in 1.85 s at level 0 with the fusion
-# emitters, 0.32 s without (one core, jax 0.10.2).
+# Compiler options of a program that runs once (``jax.jit(..., compiler_options=...)``): LLVM's level
+# 0, without the fusion emitters, which compile a program of DLG's set-up several times longer.
 ONCE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 # Compiler options of the optimisation step, which runs thousands of times: LLVM's level 1 (level 2
-# compiled longer for the same speed, level 0 ran several times slower), without the fusion emitters
-# (DLG's step on lenet_zhu: compiled in about half the time, and ran as fast or faster).
+# compiles longer for the same speed, level 0 runs slower), without the fusion emitters (DLG's step
+# compiles faster and runs as fast).
 #
 # ``xla_cpu_copy_insertion_use_region_analysis``: without it XLA:CPU copies every donated buffer
 # that a program both reads and updates in place (twice: L-BFGS's (m, ...) history, read by the

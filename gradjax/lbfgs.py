@@ -3,10 +3,9 @@ r"""L-BFGS's inverse-Hessian product as a few matrix products: no loop over the 
 ``optax.scale_by_lbfgs`` computes the L-BFGS direction with the two-loop recursion (Nocedal & Wright,
 "Numerical Optimization", 2nd ed., Algorithm 7.4): two ``lax.scan`` of ``memory_size`` steps, each
 reading one stored pair (s_i, y_i) at a traced index. Under ``vmap`` over restarts that index is
-batched, every read becomes a gather, and the loop runs as ``2 m`` dependent steps: measured on one
-CPU core, DLG on ``lenet_zhu`` with history 100 took 2.3 ms per restart and iteration with 16
-vmapped restarts against 0.72 ms for the same restarts one after another; with Adam, which has no
-such loop, vmap was the faster of the two (``experiments/benchmark.py``, linesearch section).
+batched, every read becomes a gather, and the loop runs as ``2 m`` dependent steps: vmapped restarts
+of DLG ran slower per restart than the same restarts one after another, where Adam, which has no
+such loop, gains from ``vmap`` (``experiments/benchmark.py``, linesearch section, in RESULTS.md).
 
 :func:`scale_by_lbfgs` is a drop-in replacement with the same state updates, the same
 preconditioner and the same result up to rounding, written with dense products. With the stored
@@ -76,8 +75,7 @@ class _Memory(NamedTuple):
   the buffers' only other use is the one ``.at[slot].set`` that becomes the next state: in a step
   that donates its state and compiles with :data:`gradjax.compilation.STEP` (``BATCHED_STEP`` under
   ``vmap``) XLA updates them in place. Products with the updated buffers made XLA:CPU copy every
-  (m, ...) buffer several times per call (a fifth of one DLG iteration on LeNet, 2.4 MB per
-  restart).
+  (m, ...) buffer several times per call.
   """
 
   old: optax.Updates   # leaves (m, ...)

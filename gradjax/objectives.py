@@ -162,7 +162,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       gradient (the others are held by ``stop_gradient``); the objective value is unchanged.
     remat: ``"replay"`` only: ``jax.checkpoint`` each replayed local step, so differentiating through
       the local training keeps one parameter set per step and recomputes the step's activations
-      (ResNet-20 with 64 local steps: 354 -> 75 MB of XLA temporaries). For the gradient itself,
+      (XLA's temporaries then grow with the parameters, not the activations). For the gradient itself,
       checkpoint inside the model instead (``gradjax.models.get_module(..., remat=True)``).
     stepwise: HFGInv's schedule of matched layers and gradient dropout (:class:`Stepwise`), applied
       to u and v before the distance; the objective then needs ``positions``.

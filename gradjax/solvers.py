@@ -418,7 +418,7 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
 
   def host_loop(states, data, per, n):
     """On CPU a chunk is n calls of the one-step program: XLA:CPU runs a step inside a while loop
-    1.6x (LeNet) to 5.4x (ResNet20-4) slower than the same step as its own program."""
+    slower than the same step as its own program (``experiments/benchmark.py``, loops section)."""
     for _ in range(n):
       states = advance(states, data, per, 1)
     return states

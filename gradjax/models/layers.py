@@ -76,7 +76,7 @@ def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=N
   Why: the gradient-matching objective differentiates a convolution twice. XLA:CPU compiles the
   resulting transposed and dilated convolutions (input and weight gradients of a strided
   convolution, with batch and feature dimensions swapped) far slower than plain ones, while slices,
-  pads and matrix products are cheap: the matching step runs 2-3x faster this way on CPU (the
+  pads and matrix products are cheap: the matching step runs faster this way on CPU (the
   ``other conv`` column of ``experiments/benchmark.py``'s step table, in RESULTS.md). The price: the
   patches take kh kw times the input's memory, and a plain forward+backward of a wide network can
   be slower. On GPUs and TPUs the native convolution is the better choice. The result equals
