@@ -67,7 +67,6 @@ from common import cpu_model
 import gradjax
 from gradjax import attacks, clients, compilation, data, distances, lbfgs, models, presets, solvers
 from gradjax.losses import cross_entropy
-from gradjax.models.resnet import resnet_config
 from gradjax.objectives import gradient_matching
 
 _MODELS = flags.DEFINE_list("models", ["lenet_zhu", "resnet20-4"],
@@ -357,75 +356,14 @@ def import_torch():
 
 
 def build_torch_model(name: str, input_shape, num_classes: int):
-  """PyTorch port of zoo model ``name`` (same layers and parameter count; independent weights)."""
+  """PyTorch port of zoo model ``name`` (same layers and parameter count; independent weights): its
+  :class:`gradjax.models.spec.Spec`'s ``torch_module``."""
   import torch  # pylint: disable=g-import-not-at-top
-  from torch import nn  # pylint: disable=g-import-not-at-top
 
-  height, width, channels = input_shape
-
-  def with_head(features: nn.Module, uniform_init: bool = False) -> nn.Module:
-    with torch.no_grad():
-      num_features = features(torch.zeros(1, channels, height, width)).numel()
-    model = nn.Sequential(features, nn.Flatten(), nn.Linear(num_features, num_classes))
-    if uniform_init:  # The DLG code's weights_init: every weight and bias ~ U(-0.5, 0.5).
-      for p in model.parameters():
-        nn.init.uniform_(p, -0.5, 0.5)
-    return model
-
-  if name in ("lenet_zhu", "lenet5"):
-    strides = (2, 2, 1) if name == "lenet_zhu" else (1, 1, 1, 1)
-    layers, c = [], channels
-    for stride in strides:
-      layers += [nn.Conv2d(c, 12, 5, stride=stride, padding=2), nn.Sigmoid()]
-      c = 12
-    return with_head(nn.Sequential(*layers), uniform_init=True)
-
-  zoo = models.parse_name(name) or models.ZooName("")
-  if zoo.family == "convnet":
-    w = zoo.width
-    layers, c = [], channels
-    for i, out in enumerate((w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)):
-      layers += [nn.Conv2d(c, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU()]
-      if i in (5, 7):
-        layers.append(nn.MaxPool2d(3))
-      c = out
-    return with_head(nn.Sequential(*layers))
-
-  if zoo.family == "mlp":
-    hidden = zoo.width
-    return nn.Sequential(nn.Flatten(), nn.Linear(height * width * channels, hidden), nn.ReLU(),
-                         nn.Linear(hidden, num_classes))
-
-  if zoo.family == "resnet":
-    config = resnet_config(zoo.depth, zoo.width)
-
-    class BasicBlock(nn.Module):
-      """conv3x3-BN-ReLU-conv3x3-BN, plus the (projected where the shape changes) input, then ReLU."""
-
-      def __init__(self, c_in, c_out, stride):
-        super().__init__()
-        self.residual = nn.Sequential(
-            nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(c_out),
-            nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out))
-        self.shortcut = nn.Identity()
-        if stride != 1 or c_in != c_out:
-          self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
-                                        nn.BatchNorm2d(c_out))
-
-      def forward(self, x):
-        return torch.relu(self.shortcut(x) + self.residual(x))
-
-    base = config["base_channels"]
-    layers = [nn.Conv2d(channels, base, 3, padding=1, bias=False), nn.BatchNorm2d(base), nn.ReLU()]
-    c = base
-    for stage, blocks in enumerate(config["stage_sizes"]):
-      for block in range(blocks):
-        stride = 2 if stage > 0 and block == 0 else 1
-        layers.append(BasicBlock(c, base * 2**stage, stride))
-        c = base * 2**stage
-    return with_head(nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1)))
-
-  raise ValueError(f"no PyTorch port of model {name!r}")
+  spec = models.family(name)
+  if spec is None or spec.torch_module is None:
+    raise ValueError(f"no PyTorch port of model {name!r}")
+  return spec.torch_module(spec.parse(name), torch, tuple(input_shape), num_classes)
 
 
 def torch_lenet(model, torch, x: np.ndarray, tolerance: float = 1e-4):

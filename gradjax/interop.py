@@ -223,68 +223,26 @@ def _check_covers(mapping: TorchMapping, variables) -> None:
 
 
 def flatten_chw(name: str, input_shape) -> tuple[int, int, int] | None:
-  """(C, H, W) of the map that zoo model ``name`` flattens before a dense layer, or ``None``.
-
-  ``lenet_zhu``: three 5×5 convolutions with padding 2 and strides 2, 2, 1 give ⌈H/4⌉ × ⌈W/4⌉ × 12;
-  ``lenet5``: H × W × 12; ``convnet-W``: two 3×3 max-pools, ⌊⌊H/3⌋/3⌋ × ⌊⌊W/3⌋/3⌋ × 4W; ``mlp``: the
-  input itself. ResNets pool globally and flatten nothing.
-  """
-  h, w, c = (int(d) for d in input_shape)
-  zoo = models.parse_name(name) or models.ZooName("")
-  if zoo.family == "lenet_zhu":
-    return (12, -(-h // 4), -(-w // 4))
-  if zoo.family == "lenet5":
-    return (12, h, w)
-  if zoo.family == "convnet":
-    return (4 * zoo.width, h // 3 // 3, w // 3 // 3)
-  if zoo.family == "mlp":
-    return (c, h, w)
-  return None
+  """(C, H, W) of the map that zoo model ``name`` flattens before a dense layer (its
+  :class:`~gradjax.models.spec.Spec`'s ``flatten_chw``), or ``None``: the LeNets flatten their last
+  convolution's map, the ConvNet its second pooling's, the MLP its input; ResNets pool globally."""
+  spec = models.family(name)
+  return None if spec is None else spec.flatten_chw(spec.parse(name), tuple(input_shape))
 
 
 def zoo_mapping(model: models.Model) -> TorchMapping:
-  """The PyTorch names of a zoo model (see the module docstring for the naming).
+  """The PyTorch names of a zoo model (its :class:`~gradjax.models.spec.Spec`'s ``torch_rows``; see
+  the module docstring for the naming).
 
   Args:
     model: a :class:`gradjax.models.Model` (its ``name``, ``input_shape`` and ``variables``).
   """
-  name, params = model.name, model.variables["params"]
-  chw = flatten_chw(name, model.input_shape)
-  zoo = models.parse_name(name) or models.ZooName("")
-  rows: list[tuple] = []
-  if zoo.family in ("lenet_zhu", "lenet5"):
-    convs = sorted((k for k in params if k.startswith("Conv_")), key=lambda k: int(k[5:]))
-    rows = [(f"body.{2 * i}", k, "conv") for i, k in enumerate(convs)]
-    rows.append(("fc.0", "head", "dense", chw))
-  elif zoo.family == "convnet":
-    for i in range(8):
-      rows += [(f"model.conv{i}", f"Conv_{i}", "conv"), (f"model.bn{i}", f"BatchNorm_{i}", "batch_norm")]
-    rows.append(("model.linear", "head", "dense", chw))
-  elif zoo.family == "mlp":
-    hidden = sorted((k for k in params if k.startswith("Dense_")), key=lambda k: int(k[6:]))
-    for i, k in enumerate(hidden):
-      rows.append((f"fc{i + 1}", k, "dense", chw if i == 0 else None))
-    rows.append((f"fc{len(hidden) + 1}", "head", "dense", None if hidden else chw))
-  elif zoo.family == "resnet":
-    from gradjax.models.resnet import resnet_config
-    stages = resnet_config(zoo.depth, zoo.width)["stage_sizes"]
-    rows = [("conv1", "Conv_0", "conv"), ("bn1", "BatchNorm_0", "batch_norm")]
-    block = 0
-    for s, count in enumerate(stages):
-      for b in range(count):
-        prefix, path = f"layer{s + 1}.{b}", f"BasicBlock_{block}"
-        rows += [(f"{prefix}.conv1", f"{path}/Conv_0", "conv"),
-                 (f"{prefix}.bn1", f"{path}/BatchNorm_0", "batch_norm"),
-                 (f"{prefix}.conv2", f"{path}/Conv_1", "conv"),
-                 (f"{prefix}.bn2", f"{path}/BatchNorm_1", "batch_norm")]
-        if "Conv_2" in params[path]:
-          rows += [(f"{prefix}.shortcut.0", f"{path}/Conv_2", "conv"),
-                   (f"{prefix}.shortcut.1", f"{path}/BatchNorm_2", "batch_norm")]
-        block += 1
-    rows.append(("linear", "head", "dense"))
-  else:
-    raise ValueError(f"no PyTorch naming for model {name!r}; build one with "
+  spec = models.family(model.name)
+  if spec is None or spec.torch_rows is None:
+    raise ValueError(f"no PyTorch naming for model {model.name!r}; build one with "
                      "gradjax.interop.module_mapping")
+  rows = spec.torch_rows(spec.parse(model.name), model.variables["params"],
+                         flatten_chw(model.name, model.input_shape))
   return module_mapping(model.variables, rows)
 
 

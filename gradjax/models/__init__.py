@@ -19,7 +19,6 @@ take (N, H, W, C) inputs; text models (:data:`TEXT_MODELS`) take token ids (N, T
 """
 
 import functools
-import re
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -28,16 +27,16 @@ import numpy as np
 from flax import linen as nn
 
 from gradjax.compilation import once
-from gradjax.models.convnet import ConvNet
+from gradjax.models import convnet, lenet, mlp, resnet, transformer
 from gradjax.models.inits import INITS, get_initializers
 from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
-from gradjax.models.lenet import LeNet5, LeNetZhu
-from gradjax.models.mlp import MLP
-from gradjax.models.resnet import ResNet, resnet_config
-from gradjax.models.transformer import TransformerLM
+from gradjax.models.spec import Options, Spec, ZooName
 
-MODELS = ("lenet_zhu", "lenet5", "convnet", "mlp", "resnet20-4", "resnet32-10", "resnet18", "resnet34")
-TEXT_MODELS = ("transformer",)
+# The zoo: one Spec per family (gradjax.models.spec), in the order names are tried.
+FAMILIES: tuple[Spec, ...] = (lenet.LENET_ZHU, lenet.LENET5, convnet.SPEC, mlp.SPEC, resnet.SPEC,
+                              transformer.SPEC)
+MODELS = tuple(n for f in FAMILIES if not f.text for n in f.examples)
+TEXT_MODELS = tuple(n for f in FAMILIES if f.text for n in f.examples)
 
 
 class TextSizes(NamedTuple):
@@ -53,7 +52,8 @@ class TextSizes(NamedTuple):
 
 def is_text(name: str) -> bool:
   """Whether model ``name`` reads token sequences rather than images."""
-  return name in TEXT_MODELS
+  spec = family(name)
+  return spec is not None and spec.text
 
 ApplyFn = Callable[..., jax.Array]
 
@@ -77,32 +77,16 @@ class Model(NamedTuple):
   num_classes: int
 
 
-class ZooName(NamedTuple):
-  """A zoo model's name, read (:func:`parse_name`): its ``family`` (``"lenet_zhu"``, ``"lenet5"``,
-  ``"convnet"``, ``"mlp"``, ``"resnet"``, ``"transformer"``), a ResNet's ``depth``, and ``width``:
-  the ConvNet's W (64 when unnamed), the MLP's hidden units H (32), the ResNet's width factor (1)."""
-
-  family: str
-  depth: int | None = None
-  width: int | None = None
-
-
-# The grammar of zoo names, written once: family -> (pattern, default width).
-_NAMES = {"convnet": (r"convnet(?:-([1-9]\d*))?", 64), "mlp": (r"mlp(?:-([1-9]\d*))?", 32),
-          "resnet": (r"resnet([1-9]\d*)(?:-([1-9]\d*))?", 1)}
+def family(name: str) -> Spec | None:
+  """The :class:`~gradjax.models.spec.Spec` of the family that answers to ``name``, or None."""
+  return next((f for f in FAMILIES if f.parse(name)), None)
 
 
 def parse_name(name: str) -> ZooName | None:
   """The :class:`ZooName` of a zoo name (``"resnet20-4"`` -> ``ZooName("resnet", 20, 4)``), or
   ``None`` for a name outside the grammar (the ResNet depth itself is checked when it is built)."""
-  if name in ("lenet_zhu", "lenet5", "transformer"):
-    return ZooName(name)
-  for family, (pattern, default) in _NAMES.items():
-    if m := re.fullmatch(pattern, name):
-      if family == "resnet":
-        return ZooName(family, int(m[1]), int(m[2] or default))
-      return ZooName(family, width=int(m[1] or default))
-  return None
+  spec = family(name)
+  return None if spec is None else spec.parse(name)
 
 
 def get_module(name: str, *, num_classes: int, init: str | None = None, init_scale: float = 0.5,
@@ -131,28 +115,13 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
     raise ValueError(f"unknown activation {act!r}; choose one of {', '.join(ACTIVATIONS)}")
   if conv not in CONVS:
     resolve_conv(conv)  # raises the one-line error
-  common = dict(num_classes=num_classes, init_scale=init_scale, param_dtype=param_dtype)
-  with_act = {} if act is None else dict(act=act)
-  zoo = parse_name(name) or ZooName("")
-  if zoo.family in ("lenet_zhu", "lenet5"):
-    cls = LeNetZhu if zoo.family == "lenet_zhu" else LeNet5
-    return cls(weight_init=init or "uniform", conv=resolve_conv(conv), **with_act, **common)
-  if zoo.family == "convnet":
-    return ConvNet(width=zoo.width, weight_init=init or "default", conv=resolve_conv(conv),
-                   **with_act, **common)
-  if zoo.family == "mlp":
-    return MLP(hidden=(zoo.width,), weight_init=init or "default", **with_act, **common)
-  if zoo.family == "resnet":
-    return ResNet(**resnet_config(zoo.depth, zoo.width), stride1=stride1, weight_init=init or "default",
-                  remat=remat, conv=resolve_conv(conv), **with_act, **common)
-  if zoo.family == "transformer":
-    if act is not None:
-      raise ValueError("model 'transformer' has a fixed GELU activation; drop --act")
-    if min(text_sizes) < 1:
-      raise ValueError(f"transformer sizes must be positive, got {text_sizes}")
-    return TransformerLM(**text_sizes._asdict(), weight_init=init or "default", **common)
-  raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS + TEXT_MODELS)} "
-                   "(convnet-W, mlp-H, resnetD-W variants allowed, W and H positive)")
+  spec = family(name)
+  if spec is None:
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS + TEXT_MODELS)} "
+                     "(convnet-W, mlp-H, resnetD-W variants allowed, W and H positive)")
+  return spec.build(spec.parse(name), Options(
+      num_classes=num_classes, init=init, init_scale=init_scale, act=act, stride1=stride1,
+      param_dtype=param_dtype, remat=remat, conv=resolve_conv(conv), text_sizes=text_sizes))
 
 
 @functools.lru_cache(maxsize=64)

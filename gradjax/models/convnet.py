@@ -10,6 +10,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head
+from gradjax.models.spec import Options, Spec, ZooName
 
 
 class ConvNet(nn.Module):
@@ -36,3 +37,42 @@ class ConvNet(nn.Module):
         x = nn.max_pool(x, (3, 3), strides=(3, 3))
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)
+
+
+# --- zoo entry -------------------------------------------------------------------------------------
+
+
+def _build(zoo: ZooName, o: Options) -> nn.Module:
+  act = {} if o.act is None else {"act": o.act}
+  return ConvNet(num_classes=o.num_classes, width=zoo.width, weight_init=o.init or "default",
+                 init_scale=o.init_scale, param_dtype=o.param_dtype, conv=o.conv, **act)
+
+
+def _torch_rows(zoo: ZooName, params, chw) -> list:
+  """model.conv{i}, model.bn{i} (i = 0..7), model.linear (Geiping et al.'s naming)."""
+  del zoo, params
+  rows = []
+  for i in range(8):
+    rows += [(f"model.conv{i}", f"Conv_{i}", "conv"), (f"model.bn{i}", f"BatchNorm_{i}", "batch_norm")]
+  return rows + [("model.linear", "head", "dense", chw)]
+
+
+def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
+  nn_ = torch.nn
+  h, w, c = input_shape
+  layers = []
+  for i, out in enumerate(zoo.width * m for m in (1, 2, 2, 4, 4, 4, 4, 4)):
+    layers += [nn_.Conv2d(c, out, 3, padding=1), nn_.BatchNorm2d(out), nn_.ReLU()]
+    if i in (5, 7):
+      layers.append(nn_.MaxPool2d(3))
+    c = out
+  features = nn_.Sequential(*layers)
+  with torch.no_grad():
+    size = features(torch.zeros(1, input_shape[2], h, w)).numel()
+  return nn_.Sequential(features, nn_.Flatten(), nn_.Linear(size, num_classes))
+
+
+# Two 3×3 max-pools: ⌊⌊H/3⌋/3⌋ × ⌊⌊W/3⌋/3⌋ × 4W flattened.
+SPEC = Spec("convnet", r"convnet(?:-([1-9]\d*))?", ("convnet",), _build, _torch_rows,
+            lambda zoo, shape: (4 * zoo.width, int(shape[0]) // 3 // 3, int(shape[1]) // 3 // 3),
+            _torch_module, default_width=64)

@@ -22,6 +22,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, conv_general_dilated, head
+from gradjax.models.spec import Options, Spec, ZooName
 
 
 class LeNetZhu(nn.Module):
@@ -66,3 +67,51 @@ class LeNet5(nn.Module):
                              **inits._asdict())(x))
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)
+
+
+# --- zoo entries -----------------------------------------------------------------------------------
+
+
+def _build(cls):
+  def build(zoo: ZooName, o: Options) -> nn.Module:
+    del zoo
+    act = {} if o.act is None else {"act": o.act}
+    return cls(num_classes=o.num_classes, weight_init=o.init or "uniform", init_scale=o.init_scale,
+               param_dtype=o.param_dtype, conv=o.conv, **act)
+  return build
+
+
+def _torch_rows(zoo: ZooName, params, chw) -> list:
+  """body.{0,2,4[,6]} (convolutions between activations), fc.0 (the head) of a Sequential twin."""
+  del zoo
+  convs = sorted((k for k in params if k.startswith("Conv_")), key=lambda k: int(k[5:]))
+  return [(f"body.{2 * i}", k, "conv") for i, k in enumerate(convs)] + [("fc.0", "head", "dense", chw)]
+
+
+def _torch_module(strides):
+  def torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
+    """Sigmoid convolutions of 12 channels, then the head; every weight and bias ~ U(-0.5, 0.5) (the
+    DLG code's ``weights_init``)."""
+    del zoo
+    nn_ = torch.nn
+    h, w, c = input_shape
+    layers = []
+    for stride in strides:
+      layers += [nn_.Conv2d(c, 12, 5, stride=stride, padding=2), nn_.Sigmoid()]
+      c = 12
+    features = nn_.Sequential(*layers)
+    with torch.no_grad():
+      size = features(torch.zeros(1, input_shape[2], h, w)).numel()
+    model = nn_.Sequential(features, nn_.Flatten(), nn_.Linear(size, num_classes))
+    for p in model.parameters():
+      nn_.init.uniform_(p, -0.5, 0.5)
+    return model
+  return torch_module
+
+
+# lenet_zhu: strides 2, 2, 1 give ⌈H/4⌉ × ⌈W/4⌉ × 12; lenet5: H × W × 12.
+LENET_ZHU = Spec("lenet_zhu", "lenet_zhu", ("lenet_zhu",), _build(LeNetZhu), _torch_rows,
+                 lambda zoo, shape: (12, -(-int(shape[0]) // 4), -(-int(shape[1]) // 4)),
+                 _torch_module((2, 2, 1)))
+LENET5 = Spec("lenet5", "lenet5", ("lenet5",), _build(LeNet5), _torch_rows,
+              lambda zoo, shape: (12, int(shape[0]), int(shape[1])), _torch_module((1, 1, 1, 1)))

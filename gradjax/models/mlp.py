@@ -10,6 +10,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, head
+from gradjax.models.spec import Options, Spec, ZooName
 
 
 class MLP(nn.Module):
@@ -31,3 +32,33 @@ class MLP(nn.Module):
     for width in self.hidden:
       x = activation(self.act)(nn.Dense(width, **kw)(x))
     return head(self.num_classes, inits, self.param_dtype)(x)
+
+
+# --- zoo entry -------------------------------------------------------------------------------------
+
+
+def _build(zoo: ZooName, o: Options) -> nn.Module:
+  act = {} if o.act is None else {"act": o.act}
+  return MLP(num_classes=o.num_classes, hidden=(zoo.width,), weight_init=o.init or "default",
+             init_scale=o.init_scale, param_dtype=o.param_dtype, **act)
+
+
+def _torch_rows(zoo: ZooName, params, chw) -> list:
+  """fc1 .. fc{k} (hidden layers), fc{k+1} (the head)."""
+  del zoo
+  hidden = sorted((k for k in params if k.startswith("Dense_")), key=lambda k: int(k[6:]))
+  rows = [(f"fc{i + 1}", k, "dense", chw if i == 0 else None) for i, k in enumerate(hidden)]
+  return rows + [(f"fc{len(hidden) + 1}", "head", "dense", None if hidden else chw)]
+
+
+def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
+  nn_ = torch.nn
+  h, w, c = input_shape
+  return nn_.Sequential(nn_.Flatten(), nn_.Linear(h * w * c, zoo.width), nn_.ReLU(),
+                        nn_.Linear(zoo.width, num_classes))
+
+
+# The input itself is flattened: (C, H, W).
+SPEC = Spec("mlp", r"mlp(?:-([1-9]\d*))?", ("mlp",), _build, _torch_rows,
+            lambda zoo, shape: (int(shape[2]), int(shape[0]), int(shape[1])), _torch_module,
+            default_width=32)

@@ -20,6 +20,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head
+from gradjax.models.spec import Options, Spec, ZooName
 
 
 class BasicBlock(nn.Module):
@@ -92,3 +93,75 @@ def resnet_config(depth: int, width: int) -> dict:
     n = (depth - 2) // 6
     return dict(stage_sizes=(n, n, n), base_channels=16 * width)
   raise ValueError(f"unsupported ResNet depth {depth}: use 18, 34 or 6n+2 (20, 32, 44, 56, 110)")
+
+
+# --- zoo entry -------------------------------------------------------------------------------------
+
+
+def _build(zoo: ZooName, o: Options) -> nn.Module:
+  act = {} if o.act is None else {"act": o.act}
+  return ResNet(**resnet_config(zoo.depth, zoo.width), num_classes=o.num_classes, stride1=o.stride1,
+                weight_init=o.init or "default", init_scale=o.init_scale, param_dtype=o.param_dtype,
+                remat=o.remat, conv=o.conv, **act)
+
+
+def _torch_rows(zoo: ZooName, params, chw) -> list:
+  """conv1, bn1, layer{s}.{b}.{conv1,bn1,conv2,bn2,shortcut.0,shortcut.1}, linear (the CIFAR
+  ResNets of kuangliu/pytorch-cifar and Geiping et al.)."""
+  del chw
+  rows = [("conv1", "Conv_0", "conv"), ("bn1", "BatchNorm_0", "batch_norm")]
+  block = 0
+  for s, count in enumerate(resnet_config(zoo.depth, zoo.width)["stage_sizes"]):
+    for b in range(count):
+      prefix, path = f"layer{s + 1}.{b}", f"BasicBlock_{block}"
+      rows += [(f"{prefix}.conv1", f"{path}/Conv_0", "conv"),
+               (f"{prefix}.bn1", f"{path}/BatchNorm_0", "batch_norm"),
+               (f"{prefix}.conv2", f"{path}/Conv_1", "conv"),
+               (f"{prefix}.bn2", f"{path}/BatchNorm_1", "batch_norm")]
+      if "Conv_2" in params[path]:
+        rows += [(f"{prefix}.shortcut.0", f"{path}/Conv_2", "conv"),
+                 (f"{prefix}.shortcut.1", f"{path}/BatchNorm_2", "batch_norm")]
+      block += 1
+  return rows + [("linear", "head", "dense")]
+
+
+def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
+  """Stem, basic blocks (projected shortcuts where the shape changes), global pooling, head; the
+  stages stride 2 after the first."""
+  nn_ = torch.nn
+
+  class TorchBasicBlock(nn_.Module):
+    """conv3x3-BN-ReLU-conv3x3-BN, plus the (projected where the shape changes) input, then ReLU."""
+
+    def __init__(self, c_in, c_out, stride):
+      super().__init__()
+      self.residual = nn_.Sequential(
+          nn_.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn_.BatchNorm2d(c_out),
+          nn_.ReLU(), nn_.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn_.BatchNorm2d(c_out))
+      self.shortcut = nn_.Identity()
+      if stride != 1 or c_in != c_out:
+        self.shortcut = nn_.Sequential(nn_.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
+                                       nn_.BatchNorm2d(c_out))
+
+    def forward(self, x):
+      return torch.relu(self.shortcut(x) + self.residual(x))
+
+  h, w, c = input_shape
+  config = resnet_config(zoo.depth, zoo.width)
+  base = config["base_channels"]
+  layers = [nn_.Conv2d(c, base, 3, padding=1, bias=False), nn_.BatchNorm2d(base), nn_.ReLU()]
+  c = base
+  for stage, blocks in enumerate(config["stage_sizes"]):
+    for block in range(blocks):
+      layers.append(TorchBasicBlock(c, base * 2**stage, 2 if stage > 0 and block == 0 else 1))
+      c = base * 2**stage
+  features = nn_.Sequential(*layers, nn_.AdaptiveAvgPool2d(1))
+  with torch.no_grad():
+    size = features(torch.zeros(1, input_shape[2], h, w)).numel()
+  return nn_.Sequential(features, nn_.Flatten(), nn_.Linear(size, num_classes))
+
+
+# Global pooling: nothing is flattened spatially.
+SPEC = Spec("resnet", r"resnet([1-9]\d*)(?:-([1-9]\d*))?",
+            ("resnet20-4", "resnet32-10", "resnet18", "resnet34"), _build, _torch_rows,
+            torch_module=_torch_module, default_width=1, depth_and_width=True)

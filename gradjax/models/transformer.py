@@ -20,6 +20,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import head
+from gradjax.models.spec import Options, Spec, ZooName
 
 
 def positional_encoding(length: int, dim: int) -> np.ndarray:
@@ -95,3 +96,20 @@ class TransformerLM(nn.Module):
       h = EncoderLayer(self.dim, self.heads, self.ffn, *inits, param_dtype=self.param_dtype,
                        name=f"block_{i}")(h)
     return head(self.num_classes, inits, self.param_dtype)(h)
+
+
+# --- zoo entry -------------------------------------------------------------------------------------
+
+
+def _build(zoo: ZooName, o: Options) -> nn.Module:
+  del zoo
+  if o.act is not None:
+    raise ValueError("model 'transformer' has a fixed GELU activation; drop --act")
+  if min(o.text_sizes) < 1:
+    raise ValueError(f"transformer sizes must be positive, got {o.text_sizes}")
+  return TransformerLM(num_classes=o.num_classes, **o.text_sizes._asdict(),
+                       weight_init=o.init or "default", init_scale=o.init_scale,
+                       param_dtype=o.param_dtype)
+
+
+SPEC = Spec("transformer", "transformer", ("transformer",), _build, text=True)
