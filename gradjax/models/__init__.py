@@ -168,9 +168,9 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
     return Model(make_apply_fn(module), variables, name, input_shape, num_classes)
   dtype = module_kwargs.get("param_dtype", jnp.float32)
   # Shape-only trace; the uniform init avoids fan-based initialisers dividing by a zero fan-in.
+  traced = module.clone(weight_init="uniform") if hasattr(module, "weight_init") else module
   features = jax.eval_shape(
-      lambda: module.clone(weight_init="uniform").init(key, jnp.zeros((1, *input_shape), dtype))
-  )["params"]["head"]["kernel"].shape[0]
+      lambda: traced.init(key, jnp.zeros((1, *input_shape), dtype)))["params"]["head"]["kernel"].shape[0]
   if features == 0:
     raise ValueError(f"input {input_shape} is too small for {name}: its pooling leaves no features")
   variables = _init(module, key, np.zeros((1, *input_shape), dtype))
