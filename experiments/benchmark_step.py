@@ -357,7 +357,7 @@ def import_torch():
 
 def build_torch_model(name: str, input_shape, num_classes: int):
   """PyTorch port of zoo model ``name`` (same layers and parameter count; independent weights): its
-  :class:`gradjax.models.spec.Spec`'s ``torch_module``."""
+  :class:`gradjax.models.spec.ModelSpec`'s ``torch_module``."""
   import torch  # pylint: disable=g-import-not-at-top
 
   spec = models.family(name)

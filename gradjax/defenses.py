@@ -339,7 +339,7 @@ def chain(*defenses: Defense) -> Defense:
 
   Order matters: ``chain(clip(1.0), gaussian_noise(1e-4))`` clips then adds noise (the result can exceed
   the norm C), the reverse clips the noisy gradient. With ``key=None`` every defense gets ``None`` (fine
-  when all are deterministic). Spec: the names joined by commas.
+  when all are deterministic). ModelSpec: the names joined by commas.
   """
   for d in defenses:
     if not isinstance(d, Defense):

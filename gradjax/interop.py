@@ -224,14 +224,14 @@ def _check_covers(mapping: TorchMapping, variables) -> None:
 
 def flatten_chw(name: str, input_shape) -> tuple[int, int, int] | None:
   """(C, H, W) of the map that zoo model ``name`` flattens before a dense layer (its
-  :class:`~gradjax.models.spec.Spec`'s ``flatten_chw``), or ``None``: the LeNets flatten their last
+  :class:`~gradjax.models.spec.ModelSpec`'s ``flatten_chw``), or ``None``: the LeNets flatten their last
   convolution's map, the ConvNet its second pooling's, the MLP its input; ResNets pool globally."""
   spec = models.family(name)
   return None if spec is None else spec.flatten_chw(spec.parse(name), tuple(input_shape))
 
 
 def zoo_mapping(model: models.Model) -> TorchMapping:
-  """The PyTorch names of a zoo model (its :class:`~gradjax.models.spec.Spec`'s ``torch_rows``; see
+  """The PyTorch names of a zoo model (its :class:`~gradjax.models.spec.ModelSpec`'s ``torch_rows``; see
   the module docstring for the naming).
 
   Args:

@@ -122,7 +122,7 @@ class TwoLayer(nn.Module):
     return nn.Dense(self.num_classes, name="head")(h)
 
 
-TWO_LAYER = spec.Spec(
+TWO_LAYER = spec.ModelSpec(
     "two_layer", r"two_layer(?:-([1-9]\d*))?", ("two_layer",),
     lambda zoo, o: TwoLayer(o.num_classes, zoo.width),
     torch_rows=lambda zoo, params, chw: [("fc1", "Dense_0", "dense", chw), ("fc2", "head", "dense")],
@@ -130,7 +130,7 @@ TWO_LAYER = spec.Spec(
 
 
 def test_a_model_is_one_spec(monkeypatch):
-  """A family added by one Spec in models.FAMILIES: named, built, attacked and mapped to PyTorch
+  """A family added by one ModelSpec in models.FAMILIES: named, built, attacked and mapped to PyTorch
   names (fc1.weight is (hidden, C·H·W) in PyTorch's layout)."""
   monkeypatch.setattr(models, "FAMILIES", models.FAMILIES + (TWO_LAYER,))
   assert models.parse_name("two_layer-8") == models.ZooName("two_layer", width=8)

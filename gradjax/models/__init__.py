@@ -30,10 +30,10 @@ from gradjax.compilation import once
 from gradjax.models import convnet, lenet, mlp, resnet, transformer
 from gradjax.models.inits import INITS, get_initializers
 from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
-from gradjax.models.spec import Options, Spec, ZooName
+from gradjax.models.spec import Options, ModelSpec, ZooName
 
-# The zoo: one Spec per family (gradjax.models.spec), in the order names are tried.
-FAMILIES: tuple[Spec, ...] = (lenet.LENET_ZHU, lenet.LENET5, convnet.SPEC, mlp.SPEC, resnet.SPEC,
+# The zoo: one ModelSpec per family (gradjax.models.spec), in the order names are tried.
+FAMILIES: tuple[ModelSpec, ...] = (lenet.LENET_ZHU, lenet.LENET5, convnet.SPEC, mlp.SPEC, resnet.SPEC,
                               transformer.SPEC)
 MODELS = tuple(n for f in FAMILIES if not f.text for n in f.examples)
 TEXT_MODELS = tuple(n for f in FAMILIES if f.text for n in f.examples)
@@ -77,8 +77,8 @@ class Model(NamedTuple):
   num_classes: int
 
 
-def family(name: str) -> Spec | None:
-  """The :class:`~gradjax.models.spec.Spec` of the family that answers to ``name``, or None."""
+def family(name: str) -> ModelSpec | None:
+  """The :class:`~gradjax.models.spec.ModelSpec` of the family that answers to ``name``, or None."""
   return next((f for f in FAMILIES if f.parse(name)), None)
 
 

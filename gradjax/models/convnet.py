@@ -10,7 +10,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head
-from gradjax.models.spec import Options, Spec, ZooName
+from gradjax.models.spec import Options, ModelSpec, ZooName
 
 
 class ConvNet(nn.Module):
@@ -73,6 +73,6 @@ def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
 
 
 # Two 3×3 max-pools: ⌊⌊H/3⌋/3⌋ × ⌊⌊W/3⌋/3⌋ × 4W flattened.
-SPEC = Spec("convnet", r"convnet(?:-([1-9]\d*))?", ("convnet",), _build, _torch_rows,
+SPEC = ModelSpec("convnet", r"convnet(?:-([1-9]\d*))?", ("convnet",), _build, _torch_rows,
             lambda zoo, shape: (4 * zoo.width, int(shape[0]) // 3 // 3, int(shape[1]) // 3 // 3),
             _torch_module, default_width=64)

@@ -22,7 +22,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, conv_general_dilated, head
-from gradjax.models.spec import Options, Spec, ZooName
+from gradjax.models.spec import Options, ModelSpec, ZooName
 
 
 class LeNetZhu(nn.Module):
@@ -110,8 +110,8 @@ def _torch_module(strides):
 
 
 # lenet_zhu: strides 2, 2, 1 give ⌈H/4⌉ × ⌈W/4⌉ × 12; lenet5: H × W × 12.
-LENET_ZHU = Spec("lenet_zhu", "lenet_zhu", ("lenet_zhu",), _build(LeNetZhu), _torch_rows,
+LENET_ZHU = ModelSpec("lenet_zhu", "lenet_zhu", ("lenet_zhu",), _build(LeNetZhu), _torch_rows,
                  lambda zoo, shape: (12, -(-int(shape[0]) // 4), -(-int(shape[1]) // 4)),
                  _torch_module((2, 2, 1)))
-LENET5 = Spec("lenet5", "lenet5", ("lenet5",), _build(LeNet5), _torch_rows,
+LENET5 = ModelSpec("lenet5", "lenet5", ("lenet5",), _build(LeNet5), _torch_rows,
               lambda zoo, shape: (12, int(shape[0]), int(shape[1])), _torch_module((1, 1, 1, 1)))

@@ -10,7 +10,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, head
-from gradjax.models.spec import Options, Spec, ZooName
+from gradjax.models.spec import Options, ModelSpec, ZooName
 
 
 class MLP(nn.Module):
@@ -59,6 +59,6 @@ def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
 
 
 # The input itself is flattened: (C, H, W).
-SPEC = Spec("mlp", r"mlp(?:-([1-9]\d*))?", ("mlp",), _build, _torch_rows,
+SPEC = ModelSpec("mlp", r"mlp(?:-([1-9]\d*))?", ("mlp",), _build, _torch_rows,
             lambda zoo, shape: (int(shape[2]), int(shape[0]), int(shape[1])), _torch_module,
             default_width=32)

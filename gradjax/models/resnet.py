@@ -20,7 +20,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head
-from gradjax.models.spec import Options, Spec, ZooName
+from gradjax.models.spec import Options, ModelSpec, ZooName
 
 
 class BasicBlock(nn.Module):
@@ -162,6 +162,6 @@ def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
 
 
 # Global pooling: nothing is flattened spatially.
-SPEC = Spec("resnet", r"resnet([1-9]\d*)(?:-([1-9]\d*))?",
+SPEC = ModelSpec("resnet", r"resnet([1-9]\d*)(?:-([1-9]\d*))?",
             ("resnet20-4", "resnet32-10", "resnet18", "resnet34"), _build, _torch_rows,
             torch_module=_torch_module, default_width=1, depth_and_width=True)

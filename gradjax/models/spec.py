@@ -1,6 +1,6 @@
-"""What the zoo knows of one model family, in one record: :class:`Spec`.
+"""What the zoo knows of one model family, in one record: :class:`ModelSpec`.
 
-A family's file (``lenet.py``, ``convnet.py``, ...) holds its Flax module and its :class:`Spec`: the
+A family's file (``lenet.py``, ``convnet.py``, ...) holds its Flax module and its :class:`ModelSpec`: the
 names it answers to, how it is built from them, how a PyTorch twin names its tensors (read by
 :mod:`gradjax.interop`), and the twin itself (built for the benchmarks' PyTorch baseline, with the
 ``torch`` module handed in: gradjax never imports torch). :data:`gradjax.models.FAMILIES` lists the
@@ -50,7 +50,7 @@ def _no_flatten(zoo: ZooName, input_shape) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Spec:
+class ModelSpec:
   """One zoo family.
 
   Attributes:

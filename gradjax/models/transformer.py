@@ -20,7 +20,7 @@ from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import head
-from gradjax.models.spec import Options, Spec, ZooName
+from gradjax.models.spec import Options, ModelSpec, ZooName
 
 
 def positional_encoding(length: int, dim: int) -> np.ndarray:
@@ -112,4 +112,4 @@ def _build(zoo: ZooName, o: Options) -> nn.Module:
                        param_dtype=o.param_dtype)
 
 
-SPEC = Spec("transformer", "transformer", ("transformer",), _build, text=True)
+SPEC = ModelSpec("transformer", "transformer", ("transformer",), _build, text=True)
