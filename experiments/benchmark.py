@@ -78,7 +78,7 @@ from absl import app, flags
 import accelerator_suite
 import benchmark_step as bs
 import op_profile
-from gradjax import attacks, clients, dummy, metrics, models, presets, report, solvers
+from gradjax import attacks, clients, driver, dummy, metrics, models, presets, report
 
 SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "profile", "linesearch", "startup")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
@@ -289,7 +289,7 @@ def ttq_jax(model, obs, x_true, key, target: float, max_s: float) -> dict:
     return psnr >= target or time.perf_counter() - start > max_s
 
   rec = attacks.reconstruct(attack, model.apply_fn, obs, key, input_shape=x_true.shape[1:],
-                            execution=solvers.Execution("sequential", chunk=CHECK_EVERY,
+                            execution=driver.Execution("sequential", chunk=CHECK_EVERY,
                                                         monitor=monitor))
   return dict(seconds=time.perf_counter() - start, reached=bool(reached and reached[-1] >= target),
               psnr=reached[-1] if reached else None, iterations=int(rec.iterations[0]),
@@ -303,7 +303,7 @@ def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
                         num_classes=bs.NUM_CLASSES)
   obs = clients.fedsgd(model.apply_fn, model.variables, images.x, images.y, share_labels=True)
   attack = presets.inverting_gradients(iterations)
-  kw = dict(input_shape=images.x.shape[1:], execution=solvers.Execution("sequential", chunk=iterations))
+  kw = dict(input_shape=images.x.shape[1:], execution=driver.Execution("sequential", chunk=iterations))
   attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
   start = time.perf_counter()
   attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
@@ -344,7 +344,7 @@ def section_ttq(torch, seed: int) -> dict:
   warm_obs = clients.fedsgd(warm.apply_fn, warm.variables, images.x[:1], images.y[:1])
   attacks.reconstruct(presets.dlg(CHECK_EVERY), warm.apply_fn, warm_obs,
                       jax.random.key(0), input_shape=(32, 32, 3),
-                      execution=solvers.Execution("sequential", chunk=CHECK_EVERY))
+                      execution=driver.Execution("sequential", chunk=CHECK_EVERY))
   for i in range(len(images.x)):
     x, y = images.x[i:i + 1], images.y[i:i + 1]
     model = models.create("lenet_zhu", jax.random.key(seed + i), input_shape=(32, 32, 3),
@@ -401,14 +401,14 @@ def section_linesearch(seed: int, restarts: int) -> list[dict]:
 
     # Accounting run: one iteration per chunk, the per-restart evaluation counters after each.
     attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2),
-                        execution=solvers.Execution("vmap", chunk=1, monitor=monitor), **kw)
+                        execution=driver.Execution("vmap", chunk=1, monitor=monitor), **kw)
     per_iteration = np.diff(np.stack(counts), axis=0)  # (iterations - 1, restarts)
     row = dict(cap=cap, restarts=restarts, iterations=iterations,
                mean_evaluations=float(per_iteration.mean()),
                mean_max_evaluations=float(per_iteration.max(axis=1).mean()))
     row["efficiency"] = row["mean_evaluations"] / row["mean_max_evaluations"]
     for strategy in ("vmap", "sequential"):
-      execution = solvers.Execution(strategy, chunk=iterations)
+      execution = driver.Execution(strategy, chunk=iterations)
       attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), execution=execution,
                           **kw)  # compiles (vmap: one program per restart count)
       start = time.perf_counter()

@@ -65,7 +65,7 @@ from absl import app, flags
 from common import cpu_model
 
 import gradjax
-from gradjax import attacks, clients, compilation, data, distances, lbfgs, models, presets, solvers
+from gradjax import attacks, clients, compilation, data, distances, driver, lbfgs, models, presets
 from gradjax.losses import cross_entropy
 from gradjax.objectives import gradient_matching
 
@@ -273,7 +273,7 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
   for strategy in strategies:
     base = None
     for r in counts:
-      kw = dict(input_shape=(32, 32, 3), restarts=r, execution=solvers.Execution(
+      kw = dict(input_shape=(32, 32, 3), restarts=r, execution=driver.Execution(
           strategy, chunk=iterations, map_batch_size=min(map_batch_size, r)))
       attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
       start = time.perf_counter()

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from gradjax import checkpoint, pipeline, report, resume, solvers
+from gradjax import checkpoint, pipeline, progress, report, resume
 from gradjax.pipeline import Config
 
 STATE_FILE = "state.npz"
@@ -108,8 +108,8 @@ def config_from_flags(**overrides) -> Config:
   return Config(**values)
 
 
-def log_progress(p: solvers.Progress):
-  """Logs :meth:`gradjax.solvers.Progress.line` after every chunk."""
+def log_progress(p: progress.Progress):
+  """Logs :meth:`gradjax.progress.Progress.line` after every chunk."""
   logging.info("%s", p.line())
 
 

@@ -12,7 +12,7 @@ boundary (``gradjax.pipeline``).
 
 :func:`reconstruct` runs an attack against an Observation in three parts, each public: :func:`prepare`
 (labels, label-order candidates, layer weights and order, every restart's start), the restart driver
-(:func:`gradjax.solvers.run` on the solver of :func:`make_solver`), and :func:`select` (the best
+(:func:`gradjax.driver.run` on the solver of :func:`make_solver`), and :func:`select` (the best
 restart, its labels and candidate). The text attack (:mod:`gradjax.text`) reuses them.
 
 Example::
@@ -39,7 +39,7 @@ from gradjax import labels as labels_lib
 from gradjax import optimizers
 from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
-from gradjax import solvers
+from gradjax import driver, sharding, solvers
 from gradjax.compilation import once
 from gradjax.objectives import MODES, Gamma, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
@@ -461,20 +461,20 @@ def select(problem: Problem, state: solvers.SolverState) -> "Reconstruction":
 
 
 def solve(attack: Attack, apply_fn: Callable, problem: Problem,
-          execution: solvers.Execution = solvers.Execution()) -> solvers.SolverState:
-  """Runs every restart × candidate of ``problem`` (:func:`gradjax.solvers.run`); the final state,
+          execution: driver.Execution = driver.Execution()) -> solvers.SolverState:
+  """Runs every restart × candidate of ``problem`` (:func:`gradjax.driver.run`); the final state,
   fetched to the host."""
-  state = solvers.run(_solver(attack, apply_fn), problem.init, problem.data,
+  state = driver.run(_solver(attack, apply_fn), problem.init, problem.data,
                       iterations=attack.iterations, execution=execution,
                       restart_data=problem.restart_data)
-  return solvers.fetch(state)
+  return sharding.fetch(state)
 
 
 # Ten parameters: those of prepare() and the execution record (see prepare).
 def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
                 input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1,
                 permutations: int = 1, permutation_seed: int = 0,
-                execution: solvers.Execution = solvers.Execution()) -> Reconstruction:
+                execution: driver.Execution = driver.Execution()) -> Reconstruction:
   """Reconstructs the client's data behind ``observation``: :func:`prepare`, :func:`solve`,
   :func:`select`.
 
@@ -494,7 +494,7 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
       each run from every restart's initialisation, all in one solver run; the lowest objective
       wins. 1 = take the labels in the order given. Needs labels that are not optimised jointly.
     permutation_seed: seed of the candidate sample when there are more orders than ``permutations``.
-    execution: how the restarts × candidates run (:class:`gradjax.solvers.Execution`: strategy,
+    execution: how the restarts × candidates run (:class:`gradjax.driver.Execution`: strategy,
       chunk, successive halving, sharding over devices, progress callback and monitor).
   """
   problem = prepare(attack, apply_fn, observation, key, input_shape=input_shape, bounds=bounds,

@@ -29,7 +29,7 @@ from gradjax import attacks, checkpoint, clients, compilation, corpus, data, def
 from gradjax import interop, lpips, metrics, models, objectives, text, verdict
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
-from gradjax import dummy, optimizers, presets, resume, solvers
+from gradjax import driver, dummy, optimizers, presets, resume
 
 CLIENTS = ("fedsgd", "fedavg")
 MODALITIES = ("image", "text")
@@ -46,7 +46,7 @@ def _field(default, help: str, *, flag: str | None = None, choices: tuple[str, .
   values the flag takes. attack: the :class:`gradjax.attacks.Attack` field this one overrides when
   set, ``"optimizer.<field>"`` for a field of its :class:`gradjax.optimizers.Named` optimizer
   (``parse`` turns the flag's text into that field's value: names resolve to objects here). execution: a field of
-  :class:`gradjax.solvers.Execution`.
+  :class:`gradjax.driver.Execution`.
   """
   return dataclasses.field(default=default, metadata=dict(
       help=help, flag=flag, choices=choices, attack=attack, parse=parse, execution=execution))
@@ -242,11 +242,11 @@ class Config:
                       "installed, else none).", choices=LPIPS)
 
   def execution(self, callback: Callable | None = None, monitor: Callable | None = None,
-                checkpoint: solvers.Checkpoint | None = None) -> solvers.Execution:
-    """The :class:`gradjax.solvers.Execution` of this experiment's restarts."""
+                checkpoint: driver.Checkpoint | None = None) -> driver.Execution:
+    """The :class:`gradjax.driver.Execution` of this experiment's restarts."""
     knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.metadata["execution"]}
-    return solvers.Execution(**knobs, callback=callback, monitor=monitor, checkpoint=checkpoint)
+    return driver.Execution(**knobs, callback=callback, monitor=monitor, checkpoint=checkpoint)
 
   def text_sizes(self) -> models.TextSizes:
     """The transformer's sizes of this experiment."""

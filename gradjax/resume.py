@@ -1,9 +1,9 @@
-"""Resumable runs: a solver's :class:`~gradjax.solvers.Snapshot` in a plain ``.npz`` file.
+"""Resumable runs: a solver's :class:`~gradjax.driver.Snapshot` in a plain ``.npz`` file.
 
-A :class:`Saver` is a :class:`gradjax.solvers.Checkpoint`: passed as ``Execution(checkpoint=...)``,
+A :class:`Saver` is a :class:`gradjax.driver.Checkpoint`: passed as ``Execution(checkpoint=...)``,
 it writes the run's snapshot every ``every_s`` seconds (atomically: a temporary file renamed over the
 old one, so a kill at any moment leaves the previous snapshot or the new one), and with
-``resume=True`` hands the saved snapshot back to :func:`gradjax.solvers.run`, which continues from
+``resume=True`` hands the saved snapshot back to :func:`gradjax.driver.run`, which continues from
 that chunk. The steps that follow are the same compiled programs on the same values, so on one
 machine a resumed run ends bit for bit where an uninterrupted one would.
 
@@ -19,7 +19,7 @@ Example::
 
   state = resume.StateFile("run/state.npz", every_s=60, resume=True)
   saver = state.saver({"seed": 0, "iterations": 2000})   # the run's fingerprint
-  rec = attacks.reconstruct(..., execution=solvers.Execution(checkpoint=saver))
+  rec = attacks.reconstruct(..., execution=driver.Execution(checkpoint=saver))
   state.remove()   # once the results are written
 """
 
@@ -35,7 +35,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import checkpoint, report, solvers
+from gradjax import checkpoint, driver, report, solvers
 
 FORMAT = 1
 
@@ -56,7 +56,7 @@ def _first_difference(saved: Any, current: Any, where: str = "") -> str | None:
 
 
 class Saver:
-  """Saves a run's :class:`~gradjax.solvers.Snapshot` to ``path`` and restores it.
+  """Saves a run's :class:`~gradjax.driver.Snapshot` to ``path`` and restores it.
 
   Args:
     path: the ``.npz`` state file.
@@ -83,7 +83,7 @@ class Saver:
     self._last = time.monotonic()
     self.saves, self.seconds, self.error = 0, 0.0, None
 
-  def __call__(self, snapshot: Callable[[], solvers.Snapshot], *, final: bool = False) -> None:
+  def __call__(self, snapshot: Callable[[], driver.Snapshot], *, final: bool = False) -> None:
     if not final and time.monotonic() - self._last < self.every_s:
       return
     start = time.perf_counter()
@@ -98,7 +98,7 @@ class Saver:
     self._last = time.monotonic()
     self.seconds += time.perf_counter() - start
 
-  def restore(self, like: Callable[[], solvers.SolverState]) -> solvers.Snapshot | None:
+  def restore(self, like: Callable[[], solvers.SolverState]) -> driver.Snapshot | None:
     if not self.resume or not os.path.exists(self.path):
       return None
     snap, extra = load(self.path, like(), self._fingerprint_json)
@@ -126,7 +126,7 @@ class StateFile:
       os.remove(self.path)
 
 
-def save(path, snap: solvers.Snapshot, fingerprint: dict, extra: dict | None = None) -> None:
+def save(path, snap: driver.Snapshot, fingerprint: dict, extra: dict | None = None) -> None:
   """Writes ``snap`` with ``fingerprint`` and ``extra`` (JSON-ready dicts) to ``path`` atomically."""
   leaves = jax.tree.leaves(snap.state)
   arrays = {f"state/{i:05d}": np.asarray(leaf) for i, leaf in enumerate(leaves)}
@@ -144,7 +144,7 @@ def save(path, snap: solvers.Snapshot, fingerprint: dict, extra: dict | None = N
 
 
 def load(path, like: solvers.SolverState, fingerprint: dict | None = None
-         ) -> tuple[solvers.Snapshot, dict]:
+         ) -> tuple[driver.Snapshot, dict]:
   """Reads a state file against ``like`` (the run's stacked state, arrays or
   ``jax.ShapeDtypeStruct``) and, when given, the run's ``fingerprint``; returns (snapshot, extra).
 
@@ -182,7 +182,7 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None
                        f"{w.dtype}{list(w.shape)} (another model, batch or restart count?)")
   c = header["cursor"]
   try:
-    snap = solvers.Snapshot(jax.tree.unflatten(treedef, got), int(c["round"]), arrays["survivors"],
+    snap = driver.Snapshot(jax.tree.unflatten(treedef, got), int(c["round"]), arrays["survivors"],
                             int(c["position"]), int(c["steps"]), bool(c["stopped"]),
                             str(c["strategy"]))
   except (KeyError, TypeError, ValueError) as e:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, solvers
+from gradjax import attacks, driver, sharding, solvers
 from gradjax import labels as labels_lib
 from gradjax.losses import cross_entropy
 from gradjax.objectives import dummy_gradient
@@ -190,9 +190,9 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
                    jnp.asarray(padded), jnp.asarray(eos, jnp.int32), weights, jnp.asarray(valid))
   keys = jax.random.split(key, restarts)
   init = {"z": jax.vmap(lambda k: jax.random.normal(k, (n, length, slots), dtype))(keys)}
-  state = solvers.run(_token_solver(attack, apply_fn, vocabulary), init, data,
+  state = driver.run(_token_solver(attack, apply_fn, vocabulary), init, data,
                       iterations=attack.iterations, execution=execution)
-  state = solvers.fetch(state)
+  state = sharding.fetch(state)
   best, losses = attacks.best_restart(state)
   z = np.asarray(state.best_params["z"][best])[..., :ids.size]
   p = np.exp(z - z.max(-1, keepdims=True))
@@ -211,7 +211,7 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
 def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observation, key: jax.Array,
                 *, length: int, eos: int | None = None, restrict: bool = True, restarts: int = 1,
                 search: str = "embeddings",
-                execution: solvers.Execution = solvers.Execution()) -> TextReconstruction:
+                execution: driver.Execution = driver.Execution()) -> TextReconstruction:
   """Recovers the client's sentences (N, ``length``) from a language model's gradient.
 
   Args:

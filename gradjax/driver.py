@@ -1,0 +1,509 @@
+"""The restart driver: many restarts of one solver (:mod:`gradjax.solvers`), run by a strategy, with
+successive halving, sharding over devices, progress reports and resumable snapshots.
+
+Restart strategies (``Execution.strategy``):
+
+* ``"sequential"``: a Python loop over restarts, each jitted chain run alone. The CPU default: with
+  L-BFGS (the DLG presets) the zoom line search is a while loop, which under ``vmap`` runs until the
+  slowest restart's search ends, and the restarts' L-BFGS memories outgrow the CPU's caches (the
+  restart tables and profile in RESULTS.md). Without a line search ``vmap`` is as fast or faster on
+  CPU too, provided convolutions run as im2col (``conv="im2col"``, ``gradjax.models``): XLA's
+  native ones, which the CPU default ``"mixed"`` takes for large feature maps, turn into grouped
+  convolutions under ``vmap``.
+* ``"vmap"``: all restarts advance together in one vectorised program (the accelerator default).
+* ``"map"``: ``lax.map`` over restarts with ``map_batch_size`` vectorised at a time.
+* ``"tune"``: time a few iterations of each on the actual problem and run the fastest
+  (:func:`tune_strategy`; costs the extra compilations, worth it for long runs).
+
+Scale. ``restart_data`` gives each restart its own data (a candidate label order); successive halving
+(``halving_rounds``) advances all restarts, keeps the best fraction by objective and continues, so many
+restarts cost little more than a few; ``shard`` splits the restarts over all devices (and hosts,
+after ``jax.distributed.initialize()``) with a ``NamedSharding`` on a 1-D ``"restarts"`` mesh. These
+knobs, with the progress ``callback`` and ``monitor``, travel together as one :class:`Execution`.
+"""
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Callable, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gradjax import compilation
+from gradjax.compilation import once
+from gradjax.progress import Progress
+from gradjax.sharding import fetch, restart_mesh, shard_restarts
+from gradjax.solvers import Solver, SolverState
+
+PyTree = Any
+STRATEGIES = ("auto", "tune", "sequential", "vmap", "map")
+
+
+class Snapshot(NamedTuple):
+  """Where a :func:`run` stands after a chunk: enough to continue it to the same result
+  (``Execution.checkpoint`` saves one, :mod:`gradjax.resume` writes it to a file).
+
+  state: every restart's :class:`SolverState` stacked on a leading (R,) axis, host arrays.
+  round: the successive-halving round being run (0 without halving).
+  survivors: (S,) int, the restarts this round advances, best first.
+  position: sequential strategy: how many of ``survivors`` have finished this round (else 0).
+  steps: steps the restart(s) being advanced have taken in this round.
+  stopped: whether the monitor ended the run.
+  strategy: the resolved restart strategy (a snapshot continues only under the same one).
+  """
+
+  state: SolverState
+  round: int
+  survivors: np.ndarray
+  position: int
+  steps: int
+  stopped: bool
+  strategy: str
+
+
+class Checkpoint(Protocol):
+  """What :func:`run` calls to save and restore its :class:`Snapshot` (:class:`gradjax.resume.Saver`
+  is the file-backed one)."""
+
+  def restore(self, like: Callable[[], SolverState]) -> Snapshot | None:
+    """The snapshot to continue from, or None to start afresh; ``like()`` gives the stacked state's
+    shapes and dtypes (``jax.ShapeDtypeStruct`` leaves) to check it against."""
+
+  def __call__(self, snapshot: Callable[[], Snapshot], *, final: bool = False) -> None:
+    """Called after every chunk; saves ``snapshot()`` when it is due (always when ``final``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  """How :func:`run` executes the restarts: one record, built once and passed whole.
+
+  Attributes:
+    strategy: one of ``STRATEGIES`` (module docstring); ``"auto"``: sequential on CPU, vmap on
+      accelerators.
+    chunk: steps per jitted call between progress reports (and monitor calls).
+    map_batch_size: restarts vectorised together by the ``"map"`` strategy (``None``: all).
+    unroll: ``fori_loop`` unroll factor on accelerators (on CPU a chunk is a host loop of one-step
+      calls, see :func:`_compiled`).
+    halving_rounds, halving_keep: successive halving (:func:`halving_schedule`; 1 round: off). A
+      restart dropped after a round keeps the state it reached (its ``iterations`` say how far).
+    shard: split the restarts over every device (:func:`shard_restarts`; all hosts' devices after
+      ``jax.distributed.initialize()``) and run them with ``vmap``, each device advancing its share.
+      With halving, each round's survivors are gathered and split over the devices again.
+    callback: called on the host with a :class:`Progress` after every chunk.
+    monitor: called on the host with the (stacked, or one restart's) state after every chunk; a True
+      return stops the run there (e.g. once a reconstruction reaches a target PSNR).
+    checkpoint: a :class:`Checkpoint`: asked for a snapshot to resume from before the run, and
+      offered one after every chunk (``gradjax.resume.Saver`` saves it to a file every so often).
+  """
+
+  strategy: str = "auto"
+  chunk: int = 50
+  map_batch_size: int | None = None
+  unroll: int = 1
+  halving_rounds: int = 1
+  halving_keep: float = 0.5
+  shard: bool = False
+  callback: Callable[[Progress], None] | None = None
+  monitor: Callable[[SolverState], bool] | None = None
+  checkpoint: Checkpoint | None = None
+
+  def __post_init__(self):
+    if self.strategy not in STRATEGIES:
+      raise ValueError(f"unknown restart strategy {self.strategy!r}; choose one of "
+                       f"{', '.join(STRATEGIES)}")
+    if self.chunk < 1 or self.unroll < 1:
+      raise ValueError(f"chunk and unroll must be positive, got {self.chunk} and {self.unroll}")
+    if self.map_batch_size is not None and self.map_batch_size < 1:
+      raise ValueError(f"map_batch_size must be positive, got {self.map_batch_size}")
+    if self.halving_rounds < 1:
+      raise ValueError(f"halving rounds must be positive, got {self.halving_rounds}")
+    if not 0 < self.halving_keep <= 1:
+      raise ValueError(f"halving keep fraction must lie in (0, 1], got {self.halving_keep}")
+    if self.shard and self.strategy not in ("auto", "vmap"):
+      raise ValueError(f"sharded restarts run with vmap, not strategy {self.strategy!r}")
+
+
+def resolve_strategy(strategy: str) -> str:
+  """``"auto"``: sequential on CPU, vmap on accelerators (see module docstring); ``"tune"`` is
+  resolved by :func:`tune_strategy` inside :func:`run`."""
+  if strategy not in STRATEGIES:
+    raise ValueError(f"unknown restart strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+  if strategy == "auto":
+    return "sequential" if jax.default_backend() == "cpu" else "vmap"
+  return strategy
+
+
+def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: int = 5,
+                  execution: Execution = Execution(), restart_data: PyTree = None
+                  ) -> tuple[str, dict[str, float]]:
+  """Measures ``steps`` iterations of every restart under each strategy and returns the fastest.
+
+  Each strategy is compiled and run once untimed, then timed over the same ``steps`` from the same
+  start (so the figure is the per-chunk cost of a run, compilation excluded), with ``execution``'s
+  ``map_batch_size`` and ``unroll``. With one restart only ``"sequential"`` is considered. Returns
+  (strategy, {strategy: seconds}). Nothing is cached: each ``run`` with strategy ``"tune"``
+  measures again, so tune once and pass the winner for many short runs.
+  """
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+  candidates = ("sequential",) if restarts == 1 else ("sequential", "vmap", "map")
+  seconds = {}
+  for strategy in candidates:
+    init, advance, _ = _compiled(solver, strategy, execution.map_batch_size, execution.unroll)
+
+    def chunk():
+      if strategy == "sequential":
+        return [advance(init(_slice(init_params, r), data,
+                             None if restart_data is None else _slice(restart_data, r)),
+                        data, None if restart_data is None else _slice(restart_data, r), steps)
+                for r in range(restarts)]
+      return advance(init(init_params, data, restart_data), data, restart_data, steps)
+
+    jax.block_until_ready(chunk())
+    start = time.perf_counter()
+    jax.block_until_ready(chunk())
+    seconds[strategy] = time.perf_counter() - start
+  return min(seconds, key=seconds.get), seconds
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll: int,
+              mesh: jax.sharding.Mesh | None = None):
+  """Jitted (init, advance, finalize) for one solver and strategy, cached across calls.
+
+  Each takes ``(state(s), data, per_restart, ...)``; the solver sees ``data`` alone when
+  ``per_restart`` is None and ``(data, per_restart)`` otherwise. With a ``mesh`` the vmapped
+  functions run under ``shard_map``: each device advances its own block of restarts with a local
+  program, and ``data`` is replicated. (``check_vma=False``: the dummy gradient is taken w.r.t. the
+  replicated parameters, and with the check on, its transpose would sum it over devices. Plain
+  ``jit`` auto-partitioning of the same vmapped program returned wrong values for the batched conv
+  weight gradient on XLA:CPU in jax 0.10.2, hence the explicit per-device program.)
+  """
+
+  def bind(fn):
+    return lambda s, data, per, *a: fn(s, data if per is None else (data, per), *a)
+
+  def advance_one(state, data, n):
+    if n == 1:
+      return solver.step(state, data)
+    return jax.lax.fori_loop(0, n, lambda _, s: solver.step(s, data), state, unroll=unroll)
+
+  init, advance, finalize = bind(solver.init), bind(advance_one), bind(solver.finalize)
+  if strategy == "vmap":
+    init = jax.vmap(init, in_axes=(0, None, 0))
+    advance = jax.vmap(advance, in_axes=(0, None, 0, None))
+    finalize = jax.vmap(finalize, in_axes=(0, None, 0))
+  elif strategy == "map":
+    def lift(fn):
+      return lambda states, data, per, *a: jax.lax.map(lambda sp: fn(sp[0], data, sp[1], *a),
+                                                       (states, per), batch_size=map_batch_size)
+    init, advance, finalize = lift(init), lift(advance), lift(finalize)
+  if mesh is not None:
+    spec, replicated = jax.sharding.PartitionSpec("restarts"), jax.sharding.PartitionSpec()
+
+    def per_device(fn):
+      def sharded(states, data, per, *a):
+        local = lambda s, d, p: fn(s, d, p, *a)
+        return jax.shard_map(local, mesh=mesh, in_specs=(spec, replicated, spec), out_specs=spec,
+                             check_vma=False)(states, data, per)
+      return sharded
+    init, advance, finalize = per_device(init), per_device(advance), per_device(finalize)
+  # The state is donated to each chunk: its buffers are reused for the next state in place. The
+  # first and last evaluations run once: compiled fast, not optimised (gradjax.compilation).
+  step_options = compilation.STEP if strategy == "sequential" else compilation.BATCHED_STEP
+  advance = jax.jit(advance, static_argnums=3, donate_argnums=0,
+                    compiler_options=compilation.options(step_options))
+  init, finalize = once(init), once(finalize)
+  if jax.default_backend() != "cpu":
+    return init, advance, finalize
+
+  def host_loop(states, data, per, n):
+    """On CPU a chunk is n calls of the one-step program: XLA:CPU runs a step inside a while loop
+    slower than the same step as its own program (``experiments/benchmark.py``, loops section)."""
+    for _ in range(n):
+      states = advance(states, data, per, 1)
+    return states
+
+  return init, host_loop, finalize
+
+
+def _slice(tree, i):
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def _stack(trees):
+  """Restart states stacked on the host (one NumPy call per leaf, nothing to compile)."""
+  return jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(trees))
+
+
+def _scatter(tree, index, sub):
+  return jax.tree.map(lambda x, s: x.at[index].set(s), tree, sub)
+
+
+def halving_schedule(iterations: int, restarts: int, rounds: int, keep: float
+                     ) -> list[tuple[int, int]]:
+  """Successive halving: ``[(survivors, steps), ...]`` per round.
+
+  Round i advances its survivors by ``iterations·(i+1)/rounds − iterations·i/rounds`` steps, then
+  keeps the best ⌈keep · survivors⌉ (at least 1) by objective, so every final survivor runs the full
+  ``iterations`` and the total is about ``iterations · R · (1 + keep + keep² ...) / rounds``
+  (Jamieson & Talwalkar 2016; Li et al., Hyperband, 2018). ``rounds = 1`` runs every restart fully.
+  """
+  if rounds < 1 or rounds > iterations:
+    raise ValueError(f"halving rounds must lie in [1, iterations = {iterations}], got {rounds}")
+  if not 0 < keep <= 1:
+    raise ValueError(f"halving keep fraction must lie in (0, 1], got {keep}")
+  out, alive = [], restarts
+  for i in range(rounds):
+    out.append((alive, iterations * (i + 1) // rounds - iterations * i // rounds))
+    alive = max(1, math.ceil(alive * keep))
+  return out
+
+
+def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int,
+        execution: Execution = Execution(), restart_data: PyTree = None) -> SolverState:
+  """Runs the restarts for ``iterations`` steps; returns the stacked final :class:`SolverState`.
+
+  Args:
+    solver: from :func:`make_solver` (its ``tol`` stops the run once every live restart reached it).
+    init_params: initial dummy data with a leading restart axis R on every leaf.
+    data: the observation-side arguments of the objective, shared by every restart.
+    iterations: optimizer steps per restart (per surviving restart with halving).
+    execution: how the restarts run (:class:`Execution`).
+    restart_data: optional pytree with a leading axis R: restart r's solver then sees
+      ``(data, restart_data[r])`` (e.g. its candidate label permutation).
+
+  With ``execution.shard`` the result is a global array sharded over the devices (:func:`fetch`
+  brings it to the host).
+  """
+  if iterations < 1:
+    raise ValueError(f"iterations must be positive, got {iterations}")
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+  _check_restart_data(restart_data, restarts)  # before padding could hide a wrong count
+  if not execution.shard:
+    return _run(solver, init_params, data, iterations, execution, restart_data, None, restarts)
+  mesh = restart_mesh()
+  init_params, restart_data = shard_restarts((init_params, restart_data), mesh)
+  state = _run(solver, init_params, data, iterations, dataclasses.replace(execution, strategy="vmap"),
+               restart_data, mesh, restarts)
+  return _slice(state, slice(0, restarts))
+
+
+def _state_shapes(solver: Solver, init_params: PyTree, data: PyTree, restart_data: PyTree,
+                  restarts: int) -> SolverState:
+  """Shapes and dtypes of the first ``restarts`` rows of the stacked state (nothing is computed)."""
+  init = lambda p, per: solver.init(p, data if per is None else (data, per))
+  shapes = jax.eval_shape(jax.vmap(init, in_axes=(0, None if restart_data is None else 0)),
+                          init_params, restart_data)
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct((restarts, *s.shape[1:]), s.dtype), shapes)
+
+
+class _Search:
+  """One call of :func:`run`, what every strategy's loop shares: the compiled step, the schedule, the
+  saved position (``snap``) and :meth:`drive`, which advances a state chunk by chunk.
+
+  The loop's position is a cursor (round, survivors, position, steps): a :class:`Snapshot` taken after
+  any chunk, handed back through ``execution.checkpoint``, continues from there with the same chunk
+  boundaries, so the steps that follow are the same programs on the same values."""
+
+  def __init__(self, solver: Solver, data: PyTree, iterations: int, execution: Execution,
+               strategy: str, mesh, restarts: int, schedule, snap: Snapshot | None):
+    self.solver, self.data, self.iterations, self.ex = solver, data, iterations, execution
+    self.strategy, self.mesh, self.restarts, self.schedule, self.snap = (
+        strategy, mesh, restarts, schedule, snap)
+    self.init, self.advance, self.finalize = _compiled(solver, strategy, execution.map_batch_size,
+                                                       execution.unroll, mesh)
+    self.tol = -jnp.inf if solver.tol is None else solver.tol
+    self.stopped = False if snap is None else bool(snap.stopped)  # a monitor ended the run
+    self.compiled = False  # whether a chunk has run (the first one compiles the step)
+
+  def start(self) -> tuple[np.ndarray, int, int]:
+    """(survivors, steps done, first round) where the run starts: afresh, or at the snapshot."""
+    if self.snap is None:
+      return np.arange(self.restarts), 0, 0
+    first = self.snap.round
+    return (np.asarray(self.snap.survivors, np.int64), sum(n for _, n in self.schedule[:first]),
+            first)
+
+  def drive(self, state, per, restart, done, n, snapshot):
+    """Advances ``state`` by ``n`` steps from step ``done``; stops early once all converged.
+    ``snapshot(state, finished)`` is the run's :class:`Snapshot` with ``state`` in place."""
+    ex, iterations = self.ex, self.iterations
+    target, start, first = done + n, time.perf_counter(), done
+    began = start
+    if not self.compiled and ex.callback is not None and n > 0:
+      ex.callback(Progress(restart, done, iterations, math.inf, 0, math.nan, math.nan, 0.0, True))
+    while done < target:
+      k = min(ex.chunk, target - done)
+      state = self.advance(state, self.data, per, k)
+      done += k
+      best, alive = fetch((state.best_loss, state.alive))
+      now = time.perf_counter()
+      if not self.compiled:  # rates from here on exclude the compilation
+        rate = math.nan
+        self.compiled, start, first = True, now, done
+      else:
+        rate = (done - first) / max(now - start, 1e-9)
+      if ex.callback is not None:
+        ex.callback(Progress(restart, done, iterations, float(best.min()), int(alive.sum()), rate,
+                             (iterations - done) / rate, now - began))
+      finished = not (alive & (best > self.tol)).any()
+      if (not finished and ex.monitor is not None
+          and ex.monitor(state if self.mesh is None else fetch(state))):
+        self.stopped = finished = True
+      if ex.checkpoint is not None:
+        ex.checkpoint(lambda: snapshot(state, target if finished else done))
+      if finished:
+        break
+    return state
+
+  def cursor(self, rnd, survivors, position, round_start):
+    """``snapshot(state, done)`` for :meth:`drive`, given how to place ``state`` in the whole."""
+    def make(whole, done):
+      return Snapshot(whole, rnd, np.asarray(survivors), position, done - round_start, self.stopped,
+                      self.strategy)
+    return make
+
+  def save_final(self, state, rnd, survivors, position, steps):
+    """The last snapshot, saved whatever the interval: a crash writing the results loses nothing."""
+    if self.ex.checkpoint is not None:
+      self.ex.checkpoint(lambda: Snapshot(state, rnd, np.asarray(survivors), position, steps,
+                                          self.stopped, self.strategy), final=True)
+
+
+def _sequential(search: _Search, init_params: PyTree, restart_data: PyTree) -> SolverState:
+  """The ``"sequential"`` strategy: each restart advanced alone, one after another in each round."""
+  snap, data, restarts = search.snap, search.data, search.restarts
+  survivors, done, first_round = search.start()
+  # Each restart's rows are sliced on the host once: slicing a device array compiles a program
+  # per leaf.
+  host_params, host_per = jax.device_get((init_params, restart_data))
+  pers = [None if host_per is None else jax.device_put(_slice(host_per, r)) for r in range(restarts)]
+  if snap is None:
+    states = [search.init(_slice(host_params, r), data, pers[r]) for r in range(restarts)]
+  else:
+    states = [jax.device_put(_slice(snap.state, r)) for r in range(restarts)]
+  last = None  # (round, its survivors) of the last round run
+  for i in range(first_round, len(search.schedule)):
+    count, n = search.schedule[i]
+    resumed = snap is not None and i == first_round
+    survivors = survivors[:count]
+    for j in range(snap.position if resumed else 0, count):
+      r = int(survivors[j])
+      taken = snap.steps if resumed and j == snap.position else 0
+      if search.stopped:
+        break
+      make = search.cursor(i, survivors, j, done)
+
+      def whole(state, finished, r=r, make=make):
+        return make(_stack(states[:r] + [state] + states[r + 1:]), finished)
+
+      states[r] = search.drive(states[r], pers[r], r, done + taken, n - taken, whole)
+    done += n
+    last = (i, survivors)
+    survivors = _rank(np.stack(jax.device_get([s.best_loss for s in states])), survivors)
+  if last is not None:
+    search.save_final(_stack(states), last[0], last[1], len(last[1]), 0)
+  return _stack([search.finalize(s, data, pers[r]) for r, s in enumerate(states)])
+
+
+def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> SolverState:
+  """The ``"vmap"`` and ``"map"`` strategies, sharded over a mesh or not: every survivor of a round
+  advanced in one program. With a mesh the leading axis is padded to a multiple of the device count
+  (``search.restarts`` is the real count): halving ranks only those, and each later round's
+  survivors are gathered on the host and sharded again (padded) over the mesh."""
+  snap, data, restarts, mesh = search.snap, search.data, search.restarts, search.mesh
+  survivors, done, first_round = search.start()
+  per_of = (lambda i: None) if restart_data is None else (lambda i: _slice(restart_data, i))
+  if snap is None:
+    state = search.init(init_params, data, restart_data)
+  else:
+    state = shard_restarts(snap.state, mesh) if mesh is not None else jax.device_put(snap.state)
+  on_host = False  # with a mesh: whether ``state`` was gathered to the host by a halving round
+  last = None  # (round, its survivors, its steps) of the last round run
+  for i in range(first_round, len(search.schedule)):
+    if search.stopped:
+      break
+    count, n = search.schedule[i]
+    taken = snap.steps if snap is not None and i == first_round else 0
+    survivors = survivors[:count]
+    make = search.cursor(i, survivors, 0, done)
+    if count == restarts:
+      state = search.drive(state, restart_data, None, done + taken, n - taken,
+                           lambda s, d: make(_slice(fetch(s), slice(0, restarts)), d))
+    elif mesh is None:
+      sub = search.drive(_slice(state, survivors), per_of(survivors), None, done + taken, n - taken,
+                         lambda s, d: make(_set_rows(fetch(state), survivors, fetch(s)), d))
+      state = _scatter(state, survivors, sub)
+    else:
+      if not on_host:
+        state, restart_data, on_host = fetch(state), fetch(restart_data), True
+      index = np.asarray(survivors)
+      sub, per = shard_restarts((_slice(state, index), per_of(index)), mesh)
+      full = lambda s, d: make(_slice(_set_rows(state, index, _slice(fetch(s), slice(0, count))),
+                                      slice(0, restarts)), d)
+      sub = _slice(fetch(search.drive(sub, per, None, done + taken, n - taken, full)), slice(0, count))
+      state = _set_rows(state, index, sub)
+    done += n
+    last = (i, survivors, n)
+    survivors = _rank(fetch(state.best_loss)[:restarts], survivors)
+  if last is not None:
+    search.save_final(_slice(fetch(state), slice(0, restarts)), last[0], last[1], 0, last[2])
+  if on_host:
+    state, restart_data = shard_restarts((state, restart_data), mesh)
+  return search.finalize(state, data, restart_data)
+
+
+def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, execution: Execution,
+         restart_data: PyTree, mesh: jax.sharding.Mesh | None, restarts: int) -> SolverState:
+  """The restart search of :func:`run`: the schedule, the snapshot to continue from, the strategy
+  (tuned, or the snapshot's), then the strategy's loop."""
+  ex = execution
+  schedule = halving_schedule(iterations, restarts, ex.halving_rounds, ex.halving_keep)
+  snap = None
+  if ex.checkpoint is not None:
+    snap = ex.checkpoint.restore(
+        lambda: _state_shapes(solver, init_params, data, restart_data, restarts))
+  strategy = resolve_strategy(ex.strategy)
+  if snap is not None:
+    if ex.strategy == "tune" and snap.strategy in ("sequential", "vmap", "map"):
+      strategy = snap.strategy  # what the timing chose then (it may choose otherwise now)
+    if snap.strategy != strategy:
+      raise ValueError(f"the saved run used restart strategy {snap.strategy!r}, this one "
+                       f"{strategy!r}; resume with --strategy={snap.strategy}")
+    if (not 0 <= snap.round < len(schedule) or len(snap.survivors) != schedule[snap.round][0]
+        or not 0 <= snap.position <= len(snap.survivors)
+        or not 0 <= snap.steps <= schedule[snap.round][1]):
+      raise ValueError("the saved run's position does not fit this run's iterations and halving "
+                       "schedule")
+  elif strategy == "tune":
+    strategy, _ = tune_strategy(solver, init_params, data, steps=min(ex.chunk, iterations, 10),
+                                execution=ex, restart_data=restart_data)
+  search = _Search(solver, data, iterations, ex, strategy, mesh, restarts, schedule, snap)
+  loop = _sequential if strategy == "sequential" else _together
+  return loop(search, init_params, restart_data)
+
+
+def _check_restart_data(restart_data, restarts: int) -> None:
+  for leaf in jax.tree.leaves(restart_data):
+    if leaf.shape[:1] != (restarts,):
+      raise ValueError(f"restart_data needs a leading axis of {restarts} restarts, got {leaf.shape}")
+
+
+def _set_rows(x, index, rows):
+  """A copy of host array ``x`` with ``x[index] = rows`` (of every leaf, for pytrees)."""
+  def put(a, r):
+    a = np.array(a)
+    a[index] = r
+    return a
+  return jax.tree.map(put, x, rows)
+
+
+
+def _rank(best_loss, survivors):
+  """``survivors`` sorted by best objective (non-finite last), ties by index (on the host)."""
+  best_loss = np.asarray(jax.device_get(best_loss))
+  loss = np.where(np.isfinite(best_loss), best_loss, np.inf)[survivors]
+  return survivors[np.argsort(loss, kind="stable")]
