@@ -145,6 +145,8 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
 LABEL_SHARING = (False, True, "ordered", "multiset")
 
 
+# Nine parameters: fedsgd's client (model, data, mode, loss, what it shares) plus its local training
+# and whether the schedule is shared; each keyword has a default.
 def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
            train: bool = False, share_labels: bool | str = False, share_local: bool = True,
            loss_fn=cross_entropy) -> Observation:

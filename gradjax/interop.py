@@ -539,6 +539,8 @@ def metadata_num_samples(meta: dict[str, str], where: str = "observation") -> in
   return n
 
 
+# Nine parameters: the server's variables and the file, then one keyword per metadata key the caller
+# may override (None: the file's).
 def observation_from_files(variables, params_tree_like, observation: TensorFile, mapping: TorchMapping,
                            *, where: str = "observation", num_samples: int | None = None,
                            labels=None, train: bool | None = None,
@@ -612,6 +614,8 @@ class Imported(NamedTuple):
   metadata: dict[str, str]   # the observation file's, then the weights file's metadata
 
 
+# Eleven parameters: the two files, then one keyword per metadata key a caller may override (None: the
+# files'), as the command line's flags do.
 def load(weights_path, observation_path, *, model: str | None = None, input_shape=None,
          num_classes: int | None = None, rename: Sequence[tuple[str, str]] = (),
          num_samples: int | None = None, labels=None, train: bool | None = None,

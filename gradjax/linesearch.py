@@ -200,6 +200,7 @@ def zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | Non
   return search
 
 
+# Nine parameters: optax.scale_by_zoom_linesearch's own, so it stays a drop-in replacement.
 def scale_by_zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | None = None,
                              tol: float = 0.0, increase_factor: float = 2.0,
                              slope_rtol: float = 1e-4, curv_rtol: float = 0.9,

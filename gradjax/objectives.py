@@ -130,6 +130,8 @@ def _unit(tree, eps=1e-12):
   return jax.tree.map(lambda x: x / norm, tree)
 
 
+# Nine parameters: the model and the distance, then one keyword per term or mode of the objective, each
+# with the plain DLG objective's default.
 def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_entropy,
                       prior: Callable | None = None, one_sample_per_step: bool = False,
                       mode: str = "gradient", remat: bool = False,

@@ -341,6 +341,8 @@ def summary_rows(results: dict, keys) -> list[tuple[str, str, str]]:
   return rows
 
 
+# Eleven parameters: the page's parts (title, summary, table, figures, configuration, verdict, notes,
+# sections, provenance), each optional but the first ones; a record would only rename them.
 def html_report(path, title: str, summary, table: Sequence[dict], figures: dict[str, str],
                 config: dict, table_title: str = "Per image", *, verdict: dict | None = None,
                 notes: Sequence[str] = (), sections: Sequence[tuple[str, Sequence[dict]]] = (),

@@ -208,6 +208,8 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
   return tokens, embeddings, rec
 
 
+# Ten parameters: attacks.reconstruct's (attack, model, observation, key, restarts, execution) and the
+# text's own (sentence length, end token, token restriction, search).
 def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observation, key: jax.Array,
                 *, length: int, eos: int | None = None, restrict: bool = True, restarts: int = 1,
                 search: str = "embeddings",

@@ -298,6 +298,8 @@ def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: flo
     raise ValueError("Nesterov's momentum needs momentum > 0")
 
 
+# Fifteen parameters: the model and data, then one keyword per training hyper-parameter, as the train
+# program's flags set them (a configuration record comes with the config-files issue).
 def train_fedsgd(apply_fn, variables, x, y, *, key: jax.Array, epochs: int, batch_size: int,
                  learning_rate: float | optax.Schedule, momentum: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, defense: Defense | None = None,
@@ -381,6 +383,8 @@ def _client_update(apply_fn, local, defense, variables, x, y, key):
   return _defended(defense, update, variables, x.shape[0], key, "fedavg", local)
 
 
+# Ten parameters: the model and data, the federation (rounds, clients, local training), the defense
+# and the callback.
 def train_fedavg(apply_fn, variables, x, y, *, key: jax.Array, rounds: int, clients: int,
                  local: client_lib.LocalTraining, defense: Defense | None = None,
                  callback: Callback | None = None):

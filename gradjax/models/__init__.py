@@ -89,6 +89,7 @@ def parse_name(name: str) -> ZooName | None:
   return None if spec is None else spec.parse(name)
 
 
+# Ten parameters: the name, then the fields of models.spec.Options, each a keyword with a default.
 def get_module(name: str, *, num_classes: int, init: str | None = None, init_scale: float = 0.5,
                act: str | None = None, stride1: bool = False,
                param_dtype: jnp.dtype = jnp.float32, remat: bool = False, conv: str = "auto",

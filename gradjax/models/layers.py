@@ -59,6 +59,7 @@ def _explicit_pads(padding, hw, kernel_hw, strides) -> tuple:
   return tuple(tuple(p) for p in padding)
 
 
+# Ten parameters: jax.lax.conv_general_dilated's, so it replaces it unchanged.
 def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
                 dimension_numbers=None, feature_group_count: int = 1, precision=None,
                 preferred_element_type=None):
@@ -213,6 +214,7 @@ def _weight_gradient_bwd(spec, rhs_like, residuals, c):
 _weight_gradient.defvjp(_weight_gradient_fwd, _weight_gradient_bwd)
 
 
+# Eleven parameters: jax.lax.conv_general_dilated's, so it replaces it unchanged.
 def split_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
                dimension_numbers=None, feature_group_count: int = 1, batch_group_count: int = 1,
                precision=None, preferred_element_type=None):
@@ -241,6 +243,7 @@ def split_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=No
   return _split(lhs, rhs, tuple(sorted(spec.items())))
 
 
+# Ten parameters: jax.lax.conv_general_dilated's, so it replaces it unchanged.
 def mixed_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
                dimension_numbers=None, feature_group_count: int = 1, precision=None,
                preferred_element_type=None):
