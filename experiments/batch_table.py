@@ -164,7 +164,7 @@ def main(argv):
         row = {"batch": b, "indices": idx.tolist(), "labels": y.tolist(), "psnr": scores["psnr"],
                "ssim": scores["ssim"], "psnr_per_image": scores["psnr_per_image"],
                **pipeline.lpips_scores("auto", x_rec, x_true), "loss": rec.loss,
-               "wall_time_s": time.perf_counter() - t, "attack": dataclasses.asdict(attack)}
+               "wall_time_s": time.perf_counter() - t, "attack": attacks.describe(attack)}
         report.atomic_write(path + ".npz", lambda fh: np.savez(fh, reconstruction=x_rec.astype(np.float32)),
                             binary=True)
         report.save_json(path + ".json", row)

@@ -1,12 +1,14 @@
 """DLG and iDLG end to end on real images, and the attack's input checks."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import skimage.metrics
 
-from gradjax import attacks, clients, data, models, solvers
+from gradjax import attacks, clients, data, distances, driver, dummy, labels, models, optimizers, presets
 
 
 def setup(index, image_size=16, channels=3, model="lenet_zhu", seed=0):
@@ -19,7 +21,7 @@ def setup(index, image_size=16, channels=3, model="lenet_zhu", seed=0):
 @pytest.mark.parametrize("name", ["dlg", "idlg"])
 @pytest.mark.slow
 def test_reconstructs_real_photos(name):
-  attack = attacks.get_attack(name, iterations=500)
+  attack = presets.get_preset(name)(iterations=500)
   for index in (0, 3, 7):
     batch, net, obs = setup(index)
     rec = attacks.reconstruct(attack, net.apply_fn, obs, jax.random.key(100 + index),
@@ -34,9 +36,9 @@ def test_reconstructs_real_photos(name):
 @pytest.mark.slow
 def test_restarts_pick_the_lowest_objective():
   batch, net, obs = setup(1)
-  rec = attacks.reconstruct(attacks.get_attack("dlg", iterations=30), net.apply_fn, obs,
+  rec = attacks.reconstruct(presets.dlg(iterations=30), net.apply_fn, obs,
                             jax.random.key(0), input_shape=batch.x.shape[1:], restarts=3,
-                            execution=solvers.Execution("vmap"))
+                            execution=driver.Execution("vmap"))
   assert rec.restart_losses.shape == (3,) and rec.x_restarts.shape == (3, 1, 16, 16, 3)
   assert rec.best_restart == int(np.argmin(rec.restart_losses))
   np.testing.assert_array_equal(rec.x, rec.x_restarts[rec.best_restart])
@@ -47,26 +49,28 @@ def test_restarts_pick_the_lowest_objective():
 def test_known_labels_and_errors():
   batch, net, obs = setup(2)
   with pytest.raises(ValueError, match="carries none"):
-    attacks.reconstruct(attacks.get_attack("dlg", labels="known"), net.apply_fn, obs,
+    attacks.reconstruct(dataclasses.replace(presets.dlg(), labels=labels.known), net.apply_fn, obs,
                         jax.random.key(0), input_shape=(16, 16, 3))
   two = data.load("skimage", indices=[0, 1], image_size=(16, 16))
   obs2 = clients.fedsgd(net.apply_fn, net.variables, two.x, two.y)
   with pytest.raises(ValueError, match="batch 1"):
-    attacks.reconstruct(attacks.get_attack("idlg"), net.apply_fn, obs2, jax.random.key(0),
+    attacks.reconstruct(presets.idlg(), net.apply_fn, obs2, jax.random.key(0),
                         input_shape=(16, 16, 3))
   bad = obs.replace(gradient=jax.tree.map(lambda g: g.at[(0,) * g.ndim].set(jnp.nan), obs.gradient))
   with pytest.raises(ValueError, match="NaN"):
-    attacks.reconstruct(attacks.get_attack("dlg"), net.apply_fn, bad, jax.random.key(0),
+    attacks.reconstruct(presets.dlg(), net.apply_fn, bad, jax.random.key(0),
                         input_shape=(16, 16, 3))
   other = models.create("mlp", jax.random.key(0), input_shape=(16, 16, 3))
   mixed = obs.replace(variables=other.variables)
   with pytest.raises(ValueError, match="does not match"):
-    attacks.reconstruct(attacks.get_attack("dlg"), net.apply_fn, mixed, jax.random.key(0),
+    attacks.reconstruct(presets.dlg(), net.apply_fn, mixed, jax.random.key(0),
                         input_shape=(16, 16, 3))
   with pytest.raises(ValueError, match="unknown attack"):
-    attacks.get_attack("deepleak")
+    presets.get_preset("deepleak")
   with pytest.raises(ValueError, match="unknown distance"):
-    attacks.get_attack("dlg", distance="manhattan")
+    distances.get_distance("manhattan")
+  with pytest.raises(ValueError, match="a distance is a function"):  # names resolve at the boundary only
+    dataclasses.replace(presets.dlg(), distance="manhattan")
 
 
 @pytest.mark.slow
@@ -84,8 +88,8 @@ def test_any_apply_fn_plugs_in():
   variables = {"params": {"w": rng.uniform(-0.05, 0.05, (625, 3)).astype(np.float32),
                           "b": rng.uniform(-0.5, 0.5, 3).astype(np.float32)}}
   obs = clients.fedsgd(apply_fn, variables, batch.x, np.array([2]), share_labels=True)
-  rec = attacks.reconstruct(attacks.get_attack("dlg", labels="known", iterations=100), apply_fn, obs,
-                            jax.random.key(0), input_shape=batch.x.shape[1:])
+  attack = dataclasses.replace(presets.dlg(iterations=100), labels=labels.known)
+  rec = attacks.reconstruct(attack, apply_fn, obs, jax.random.key(0), input_shape=batch.x.shape[1:])
   assert rec.labels.tolist() == [2]
 
   def numpy_gradient(x):
@@ -107,34 +111,38 @@ def test_dummy_initialisations():
   key = jax.random.key(0)
   shape = (2, 10, 9, 3)
   lo, hi = np.array([-1.0, -2.0, 0.0]), np.array([1.0, 0.0, 4.0])
-  x = attacks.init_dummy(key, "uniform", shape, None, (lo, hi))["x"]
+  x = dummy.init_dummy(key, dummy.uniform, shape, None, (lo, hi))["x"]
   assert x.shape == shape and np.all(x >= lo) and np.all(x <= hi)
-  c = attacks.init_dummy(key, "constant", shape, None, (lo, hi))["x"]
+  c = dummy.init_dummy(key, dummy.constant, shape, None, (lo, hi))["x"]
   np.testing.assert_allclose(c, np.broadcast_to((lo + hi) / 2, shape))
-  p = np.asarray(attacks.init_dummy(key, "pattern", shape, 5)["x"])
-  size = attacks.PATTERN_SIZE
+  p = np.asarray(dummy.init_dummy(key, dummy.pattern, shape, 5)["x"])
+  size = dummy.PATTERN_SIZE
   np.testing.assert_array_equal(p[:, size:2 * size], p[:, :size])      # repeats down
   np.testing.assert_array_equal(p[:, :, size:2 * size], p[:, :, :size])  # and across
   assert not np.allclose(p[0], p[1])                                     # one tile per example
-  d = attacks.init_dummy(key, "normal", shape, 5)
+  d = dummy.init_dummy(key, dummy.normal, shape, 5)
   assert d["label_logits"].shape == (2, 5)
   with pytest.raises(ValueError, match="dummy init"):
-    attacks.init_dummy(key, "zeros", shape, None)
+    dummy.get_init("zeros")
+  with pytest.raises(ValueError, match="images"):  # the pattern tiles images only
+    dummy.init_dummy(key, dummy.pattern, (2, 10, 3), None)
+  with pytest.raises(ValueError, match="dummy_init must be a function"):
+    attacks.Attack(dummy_init="zeros")
 
 
 @pytest.mark.slow
 def test_one_sample_per_step_moves_only_that_sample():
-  from gradjax import distances, objectives
+  from gradjax import objectives
   two = data.load("skimage", indices=[0, 1], image_size=(16, 16))
   net = models.create("lenet_zhu", jax.random.key(0), input_shape=(16, 16, 3))
   obs = clients.fedsgd(net.apply_fn, net.variables, two.x, two.y)
   full = objectives.gradient_matching(net.apply_fn, distances.euclidean)
   masked = objectives.gradient_matching(net.apply_fn, distances.euclidean, one_sample_per_step=True)
-  dummy = attacks.init_dummy(jax.random.key(1), "normal", (2, 16, 16, 3), 10)
-  g_full = jax.grad(full)(dummy, obs)
+  start = dummy.init_dummy(jax.random.key(1), dummy.normal, (2, 16, 16, 3), 10)
+  g_full = jax.grad(full)(start, obs)
   for step in (0, 1, 2, 3):
-    value, g = jax.value_and_grad(masked)(dummy, obs, None, step)
-    np.testing.assert_allclose(value, full(dummy, obs), rtol=1e-6)
+    value, g = jax.value_and_grad(masked)(start, obs, None, step)
+    np.testing.assert_allclose(value, full(start, obs), rtol=1e-6)
     i, other = step % 2, 1 - step % 2
     np.testing.assert_allclose(g["x"][i], g_full["x"][i], rtol=1e-5, atol=1e-8)
     np.testing.assert_allclose(g["label_logits"][i], g_full["label_logits"][i], rtol=1e-5, atol=1e-8)
@@ -144,7 +152,7 @@ def test_one_sample_per_step_moves_only_that_sample():
 @pytest.mark.slow
 def test_box_keeps_reconstruction_in_range():
   batch, net, obs = setup(2)
-  attack = attacks.get_attack("dlg", box=True, iterations=50, optimizer="adam", learning_rate=0.1)
+  attack = dataclasses.replace(presets.dlg(iterations=50), box=True, optimizer=optimizers.Named("adam", 0.1))
   rec = attacks.reconstruct(attack, net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
                             bounds=(0.2, 0.7))
   assert rec.x.min() >= 0.2 and rec.x.max() <= 0.7
@@ -164,3 +172,35 @@ def test_batch_of_two_with_known_or_inferred_labels(label_method):
           for g, r in zip(images["ground_truth"], images["reconstruction"])]
   assert min(psnr) > 30, psnr
   assert sorted(results["labels_reconstructed"]) == sorted(results["labels_true"])
+
+
+def test_describe_names_the_parts():
+  """describe() gives a results file's JSON record: registered parts by their registry names, one's
+  own parts by their function names."""
+  import json
+
+  import optax
+
+  from gradjax import objectives, priors
+  ig = attacks.describe(presets.inverting_gradients(iterations=100))
+  assert json.loads(json.dumps(ig)) == ig
+  assert ig == dict(
+      name="inverting_gradients", objective="gradient", distance="cosine", layer_weights=None,
+      priors=[["tv", 1e-4, 0]], labels="known",
+      optimizer=dict(name="signed_adam", learning_rate=0.1, schedule="step", warmup=0, weight_decay=0.01,
+                     history=100, max_linesearch_steps=20),
+      iterations=100, box=True, one_sample_per_step=False, dummy_init="normal", tol=0.0, remat=False,
+      stepwise=None, track_from=0, gamma=dataclasses.asdict(objectives.Gamma()))
+  hf = attacks.describe(presets.hfginv(3000))
+  assert hf["priors"] == [["tv", 1e-2, 600], ["bn_hfginv", 1e-4, 1000]] and hf["track_from"] == 800
+  assert hf["stepwise"] == dataclasses.asdict(objectives.Stepwise(period=100))
+
+  def my_distance(dummy_grads, observed_grads):
+    return distances.euclidean(dummy_grads, observed_grads)
+
+  own = attacks.Attack(distance=my_distance, optimizer=optax.adam(0.1), labels=labels.llg,
+                       dummy_init=dummy.uniform, priors=(priors.Prior(priors.l2_norm, 1e-6, 5),))
+  d = attacks.describe(own)
+  assert (d["name"], d["distance"], d["labels"]) == ("custom", "my_distance", "llg")
+  assert d["dummy_init"] == "uniform"
+  assert d["priors"] == [["l2", 1e-6, 5]] and set(d["optimizer"]) == {"name"}

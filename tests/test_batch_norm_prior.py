@@ -5,13 +5,15 @@ Flax itself records (``capture_intermediates``: the output of the convolution th
 and the GradInversion formula written out in NumPy.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
 
-from gradjax import attacks, clients, models, priors
+from gradjax import attacks, clients, models, presets, priors
 
 
 def _numpy_moments(h):
@@ -114,8 +116,9 @@ def test_bn_prior_in_an_attack_and_its_errors():
   model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))
   obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 4]), share_labels=True)
-  attack = attacks.get_attack("inverting_gradients", priors=(("tv", 1e-4, 0), ("bn", 1e-3, 2)),
-                              iterations=4)
+  attack = dataclasses.replace(presets.inverting_gradients(iterations=4),
+                               priors=(priors.Prior(priors.PRIORS["tv"], 1e-4, 0),
+                                       priors.Prior(priors.PRIORS["bn"], 1e-3, 2)))
   rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
   assert rec.x.shape == (2, 8, 8, 3) and np.isfinite(rec.loss)
   lenet = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3))

@@ -264,10 +264,14 @@ def test_sweep_table(tmp_path):
 
 
 def test_parse_priors_and_image_bounds():
-  assert pipeline.parse_priors("tv:1e-4, l2:0.5:100") == (("tv", 1e-4, 0), ("l2", 0.5, 100))
+  from gradjax import priors
+  assert pipeline.parse_priors("tv:1e-4, l2:0.5:100") == (priors.Prior(priors.PRIORS["tv"], 1e-4, 0),
+                                                          priors.Prior(priors.PRIORS["l2"], 0.5, 100))
   assert pipeline.parse_priors("") == ()
   with pytest.raises(ValueError, match="name:weight"):
     pipeline.parse_priors("tv")
+  with pytest.raises(ValueError, match="unknown prior"):
+    pipeline.parse_priors("blur:1e-4")
   from gradjax import data
   norm = data.normalization("cifar10")
   lo, hi = pipeline.image_bounds(norm, 3)
@@ -284,10 +288,38 @@ def test_attack_parts_from_flags(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   attack = json.loads((tmp_path / "metrics.json").read_text())["attack"]
   assert attack["priors"] == [["tv", 1e-3, 0], ["l2", 1e-6, 10]]
-  assert attack["distance"] == "cosine" and attack["optimizer"] == "signed_adam" and attack["box"]
-  assert attack["init"] == "pattern" and attack["labels"] == "known"
+  assert attack["distance"] == "cosine" and attack["box"] and attack["name"] == "inverting_gradients"
+  assert attack["optimizer"] == {"name": "signed_adam", "learning_rate": 0.1, "schedule": "step", "warmup": 0,
+                                 "weight_decay": 0.01, "history": 100, "max_linesearch_steps": 20}
+  assert attack["dummy_init"] == "pattern" and attack["labels"] == "known" and attack["iterations"] == 20
   bad = run_program("reconstruct.py", "--priors=tv:abc", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "name:weight" in bad.stderr
+
+
+def test_config_names_resolve_to_the_attacks_parts():
+  """pipeline.get_attack: the preset built at the budget, each name the configuration sets turned
+  into its object, the optimizer's numbers replaced one by one."""
+  import dataclasses
+
+  from gradjax import distances, dummy, labels, optimizers, presets
+  assert pipeline.get_attack(pipeline.Config(attack="dlg")) == presets.dlg()
+  cfg = pipeline.Config(attack="sapag", iterations=50, distance="cosine", labels="llg", dummy_init="uniform",
+                        optimizer="adam", learning_rate=0.01, schedule="cosine", box=False, tol=1e-9)
+  attack = pipeline.get_attack(cfg)
+  assert attack.distance is distances.DISTANCES["cosine"] and attack.labels is labels.llg
+  assert attack.dummy_init is dummy.uniform and not attack.box and attack.tol == 1e-9
+  assert attack.optimizer == optimizers.Named("adam", 0.01, schedule="cosine") and attack.iterations == 50
+  assert attack == dataclasses.replace(presets.sapag(50), distance=distances.DISTANCES["cosine"],
+                                       labels=labels.llg, dummy_init=dummy.uniform, box=False, tol=1e-9,
+                                       optimizer=optimizers.Named("adam", 0.01, schedule="cosine"))
+  # The learning rate alone keeps the preset's optimizer; hfginv's labels are inferred, then known.
+  ig = pipeline.get_attack(pipeline.Config(attack="inverting_gradients", learning_rate=0.5))
+  assert ig.optimizer == optimizers.Named("signed_adam", 0.5, schedule="step")
+  assert pipeline.get_attack(pipeline.Config(attack="dlg", labels="hfginv")).labels is labels.known
+  with pytest.raises(ValueError, match="unknown distance"):
+    pipeline.get_attack(pipeline.Config(distance="manhattan"))
+  with pytest.raises(ValueError, match="dummy init"):
+    pipeline.get_attack(pipeline.Config(dummy_init="zeros"))
 
 
 def test_flags_are_the_config_fields():
@@ -298,7 +330,7 @@ def test_flags_are_the_config_fields():
       sys.path.insert(0, "experiments")
       import common
       from absl import flags
-      from gradjax import pipeline
+      from gradjax import dummy, pipeline, priors
       common.define_flags()
       flags.FLAGS(["prog", "--lr=0.5", "--strategy=vmap", "--halving_rounds=2", "--chunk=7",
                    "--iterations=9", "--dummy_init=uniform", "--priors=tv:1e-3", "--restarts=3"])
@@ -308,7 +340,9 @@ def test_flags_are_the_config_fields():
         out["fields"].append([f.name, flag.name, flag.default == f.default, f.metadata["help"] in flag.help])
       cfg = common.config_from_flags()
       attack, ex = pipeline.get_attack(cfg), cfg.execution()
-      out["attack"] = [attack.learning_rate, attack.iterations, attack.init, list(map(list, attack.priors))]
+      out["attack"] = [attack.optimizer.name, attack.optimizer.learning_rate, attack.iterations,
+                       attack.dummy_init is dummy.uniform,
+                       attack.priors == (priors.Prior(priors.PRIORS["tv"], 1e-3, 0),)]
       out["execution"] = [ex.strategy, ex.chunk, ex.halving_rounds, ex.halving_keep, ex.shard]
       out["restarts"] = cfg.restarts
       print(json.dumps(out))
@@ -320,7 +354,7 @@ def test_flags_are_the_config_fields():
   assert all(same_default and same_help for _, _, same_default, same_help in out["fields"])
   names = {name: flag for name, flag, _, _ in out["fields"]}
   assert names["learning_rate"] == "lr" and all(n == f for n, f in names.items() if n != "learning_rate")
-  assert out["attack"] == [0.5, 9, "uniform", [["tv", 1e-3, 0]]]
+  assert out["attack"] == ["lbfgs", 0.5, 9, True, True]
   assert out["execution"] == ["vmap", 7, 2, 0.5, False] and out["restarts"] == 3
 
 

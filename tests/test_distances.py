@@ -140,10 +140,12 @@ def test_annealed_kernel_narrows_from_per_entry_to_printed_width():
                                  _np_reference("gaussian_kernel_mean", d, obs, weights), rtol=1e-11)
       np.testing.assert_allclose(float(dist(_jnp(d), _jnp(obs), step=900)),
                                  _np_reference("gaussian_kernel", d, obs, weights), rtol=1e-11)
-  assert distances.takes_step(dist) and not distances.takes_step(distances.cosine)
-  assert distances.settled_from(dist) == 250
-  assert distances.settled_from(distances.get_distance("gaussian_kernel_mean")) == 0
-  assert distances.settled_from(distances.cosine) == 0
+  # Binding the weights keeps what the record says of the distance.
+  assert dist.reads_step and not distances.get_distance("cosine").reads_step
+  assert not distances.as_distance(distances.cosine).reads_step
+  assert dist.settled_from == 250 and dist.layer_weights == "inverse"
+  assert distances.get_distance("gaussian_kernel_mean").settled_from == 0
+  assert distances.as_distance(distances.cosine).settled_from == 0
   with pytest.raises(ValueError, match="non-negative"):
     distances.gaussian_kernel(_jnp(obs), _jnp(obs), anneal=-1)
   with pytest.raises(ValueError, match="per_entry"):

@@ -1,5 +1,7 @@
 """FedAvg clients against a hand-written NumPy loop of SGD steps (float64)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,7 +150,7 @@ def test_dlm_gamma_converges_to_one_over_lr_on_an_easy_case():
   """One full-batch SGD step (lr 0.01) of a small MLP; dummy data started 0.05 from the client's
   image, γ from 1: Adam on (x', log γ) drives γ to 1/lr = 100 and x' to the image. (From a random
   start γ collapses towards 0 instead: the objective's trivial minimum, see the README.)"""
-  from gradjax import distances, objectives, solvers
+  from gradjax import distances, driver, objectives, optimizers, solvers
   with jax.enable_x64(True):
     model = models.create("mlp-16", jax.random.key(0), input_shape=(4, 4, 3), num_classes=5,
                           param_dtype=jnp.float64)
@@ -157,11 +159,11 @@ def test_dlm_gamma_converges_to_one_over_lr_on_an_easy_case():
     obs = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(learning_rate=0.01))
     objective = objectives.gradient_matching(model.apply_fn, distances.euclidean, mode="dlm")
     solver = solvers.make_solver(lambda d, data, step: objective(d, obs, jnp.asarray(y), step),
-                                 solvers.make_optimizer("adam", 0.05))
+                                 optimizers.make_optimizer("adam", 0.05))
     init = {"x": jnp.asarray(x + 0.05 * rng.normal(size=x.shape))[None],
             "log_gamma": jnp.zeros((1,))}
-    state = solvers.run(solver, init, None, iterations=3000,
-                        execution=solvers.Execution("sequential", chunk=1000))
+    state = driver.run(solver, init, None, iterations=3000,
+                        execution=driver.Execution("sequential", chunk=1000))
   np.testing.assert_allclose(np.exp(state.best_params["log_gamma"][0]), 100.0, rtol=1e-4)
   np.testing.assert_allclose(state.best_params["x"][0], x, atol=1e-6)
 
@@ -203,11 +205,11 @@ def test_dlm_gamma_held_then_released_matches_the_closed_form(mlp64, photos, mlp
 def test_dlm_gamma_start_and_learning_rate_of_its_own():
   """γ starts at Gamma.init; with a learning rate of its own, log γ's first Adam step is −lr·sign(∂)
   while the data's is the attack's lr (Adam's first step is lr·g/(|g| + ε))."""
-  from gradjax import attacks, objectives
-  dummy = attacks.init_dummy(jax.random.key(0), "normal", (1, 4, 4, 3), None, gamma=100.0)
-  np.testing.assert_allclose(float(dummy["log_gamma"]), np.log(100.0), rtol=1e-6)
-  attack = attacks.get_attack("dlm", gamma=objectives.Gamma(init=100.0, learning_rate=1e-3))
-  tx = attacks.build_optimizer(attack).tx
+  from gradjax import attacks, dummy, objectives, presets
+  start = dummy.init_dummy(jax.random.key(0), dummy.normal, (1, 4, 4, 3), None, gamma=100.0)
+  np.testing.assert_allclose(float(start["log_gamma"]), np.log(100.0), rtol=1e-6)
+  attack = presets.dlm(gamma=objectives.Gamma(init=100.0, learning_rate=1e-3))
+  tx = attacks.build_optimizer(attack)
   params = {"x": jnp.ones((1, 2)), "log_gamma": jnp.zeros(())}
   grads = {"x": jnp.array([[3.0, -0.5]]), "log_gamma": jnp.asarray(-2.0)}
   updates, _ = tx.update(grads, tx.init(params), params)
@@ -216,13 +218,17 @@ def test_dlm_gamma_start_and_learning_rate_of_its_own():
 
 
 def test_dlm_gamma_settings_are_checked():
-  from gradjax import attacks, objectives, pipeline
+  from gradjax import objectives, optimizers, pipeline, presets
   assert pipeline.parse_gamma("init=100, lr=0.01,frozen=500") == objectives.Gamma(100.0, 0.01, 500)
   assert pipeline.parse_gamma("") == objectives.Gamma()
   for bad in ("init=0", "frozen=-1", "lr=0", "gamma=3", "init=", "frozen=1.5"):
     with pytest.raises(ValueError, match="gamma"):
       pipeline.parse_gamma(bad)
   with pytest.raises(ValueError, match="'dlm' objective only"):
-    attacks.get_attack("dlg", gamma=objectives.Gamma(init=2.0))
+    dataclasses.replace(presets.dlg(), gamma=objectives.Gamma(init=2.0))
   with pytest.raises(ValueError, match="first-order"):
-    attacks.get_attack("dlm", optimizer="lbfgs", gamma=objectives.Gamma(learning_rate=0.1))
+    dataclasses.replace(presets.dlm(gamma=objectives.Gamma(learning_rate=0.1)),
+                        optimizer=optimizers.Named("lbfgs", 0.1))
+  with pytest.raises(ValueError, match="first-order"):  # any transformation that stores the value
+    dataclasses.replace(presets.dlm(gamma=objectives.Gamma(learning_rate=0.1)),
+                        optimizer=optimizers.lbfgs(1.0))

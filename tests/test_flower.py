@@ -19,7 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from gradjax import attacks, audit, clients, data, interop, metrics, models, pipeline, verdict  # noqa: E402
+from gradjax import attacks, audit, clients, data, interop, metrics, models, pipeline, presets, verdict  # noqa: E402
 from gradjax.flower import AuditStrategy  # noqa: E402
 
 MODEL = "lenet_zhu"
@@ -225,7 +225,7 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
   for node, row in zip(nodes, index):
     photo = data.load("skimage", indices=[node % 16], image_size=SHAPE[:2])
     exact = clients.fedsgd(model.apply_fn, model.variables, photo.x, photo.y)
-    ref = attacks.reconstruct(attacks.get_attack("idlg", iterations=2000), model.apply_fn, exact,
+    ref = attacks.reconstruct(presets.idlg(iterations=2000), model.apply_fn, exact,
                               pipeline.experiment_keys(0, 0)[1], input_shape=SHAPE,
                               bounds=pipeline.image_bounds(data.normalization("none"), 3))
     want = float(metrics.psnr(np.clip(np.asarray(ref.x, np.float64), 0, 1), photo.x)[0])

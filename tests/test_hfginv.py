@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from gradjax import attacks, clients, distances, models, objectives, solvers
+from gradjax import attacks, clients, distances, models, objectives, optimizers, presets, priors, solvers
 
 
 def test_stepwise_layer_counts_follow_the_authors_table():
@@ -81,7 +81,7 @@ def test_quantized_sign_matches_numpy():
   rng = np.random.default_rng(0)
   g = rng.normal(size=(3, 5, 5, 2)) * np.exp(rng.normal(size=(3, 5, 5, 2)))
   g[0, 0, 0, 0] = 0.0
-  tx = solvers.scale_by_quantized_sign()
+  tx = optimizers.scale_by_quantized_sign()
   state = tx.init(jnp.zeros(1))
   s = 2.0 / (np.median(np.abs(g)) + 1e-10)
   want = 0.8 * np.clip(np.round(s * g) / 2, -1, 1) + 0.2 * np.sign(g)
@@ -92,7 +92,7 @@ def test_quantized_sign_matches_numpy():
 
 
 def test_hfginv_step_schedule():
-  lr = solvers.learning_rate_schedule(0.1, "step_hfginv", iterations=15_000)
+  lr = optimizers.learning_rate_schedule(0.1, "step_hfginv", iterations=15_000)
   for step, want in ((0, 0.1), (5623, 0.1), (5624, 0.033), (9374, 0.01089), (13_133, 0.01089),
                      (13_134, 0.0035937)):
     assert float(lr(step)) == pytest.approx(want, rel=1e-5), step
@@ -101,7 +101,7 @@ def test_hfginv_step_schedule():
 def test_best_iterate_is_tracked_from_track_from():
   """Early iterations score an artificially low objective; with track_from they cannot win."""
   value_fn = lambda p, data, step: jnp.sum((p["x"] - 1.0) ** 2) - jnp.where(step < 5, 100.0, 0.0)
-  opt = solvers.Optimizer(optax.with_extra_args_support(optax.sgd(0.1)), False)
+  opt = optax.sgd(0.1)
   for track_from in (0, 5):
     solver = solvers.make_solver(value_fn, opt, track_from=track_from)
     state = solver.init({"x": jnp.zeros(2)}, None)
@@ -122,29 +122,35 @@ def test_an_annealed_distance_tracks_the_best_iterate_once_it_settles(monkeypatc
   seen = []
   monkeypatch.setattr(attacks.solvers, "make_solver", lambda *a, track_from, **k: seen.append(track_from))
   apply_fn = lambda variables, x, train: x
-  for distance, track_from, want in (("gaussian_kernel_annealed", 0, 250), ("gaussian_kernel_annealed", 400, 400),
-                                     ("gaussian_kernel_mean", 0, 0)):
-    attacks._solver_cached(attacks.get_attack("sapag", distance=distance, track_from=track_from), apply_fn)
-    assert seen[-1] == want, distance
+  own = distances.Distance(distances.euclidean, settled_from=7)  # a distance of one's own settling at 7
+  for distance, track_from, want in ((distances.DISTANCES["gaussian_kernel_annealed"], 0, 250),
+                                     (distances.DISTANCES["gaussian_kernel_annealed"], 400, 400),
+                                     (distances.DISTANCES["gaussian_kernel_mean"], 0, 0),
+                                     (own, 0, 7), (own, 9, 9)):
+    attack = dataclasses.replace(presets.sapag(), distance=distance, track_from=track_from)
+    attacks._solver_cached(attack, apply_fn)
+    assert seen[-1] == want == attacks.track_from(attack), distance
 
 
 def test_presets_and_rescaled():
-  hf = attacks.get_attack("hfginv")
+  tv, bn, bn_hfginv = priors.PRIORS["tv"], priors.PRIORS["bn"], priors.PRIORS["bn_hfginv"]
+  hf = presets.hfginv()
   assert hf.stepwise == objectives.Stepwise() and hf.iterations == 15_000 and hf.track_from == 4000
-  assert hf.priors == (("tv", 1e-2, 3000), ("bn_hfginv", 1e-4, 5000))
+  assert hf.priors == (priors.Prior(tv, 1e-2, 3000), priors.Prior(bn_hfginv, 1e-4, 5000))
   small = attacks.rescaled(hf, 3000)
-  assert small.priors == (("tv", 1e-2, 600), ("bn_hfginv", 1e-4, 1000))
+  assert small.priors == (priors.Prior(tv, 1e-2, 600), priors.Prior(bn_hfginv, 1e-4, 1000))
   assert small.stepwise.period == 100 and small.track_from == 800 and small.iterations == 3000
-  gi = attacks.get_attack("gradinversion")
-  assert gi.stepwise is None and ("bn", 1e-4, 0) in gi.priors
+  assert presets.hfginv(3000) == small  # the preset's budget scales its step counts
+  gi = presets.gradinversion()
+  assert gi.stepwise is None and priors.Prior(bn, 1e-4, 0) in gi.priors
   with pytest.raises(ValueError, match="iterations"):
     attacks.rescaled(hf, 0)
   # The command line's --iterations scales the preset's steps; explicit --priors are taken as given.
   from gradjax import pipeline
   assert pipeline.get_attack(pipeline.Config(attack="hfginv", iterations=3000)) == small
   assert pipeline.get_attack(pipeline.Config(attack="hfginv", iterations=3000,
-                                             priors="tv:0.1:7")).priors == (("tv", 0.1, 7),)
-  ig = attacks.get_attack("inverting_gradients")
+                                             priors="tv:0.1:7")).priors == (priors.Prior(tv, 0.1, 7),)
+  ig = presets.inverting_gradients()
   assert pipeline.get_attack(pipeline.Config(attack="inverting_gradients", iterations=100)) == \
       dataclasses.replace(ig, iterations=100)
 
@@ -153,7 +159,7 @@ def test_hfginv_runs_on_a_batch_norm_network():
   model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))
   obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 1]), share_labels=True)
-  attack = attacks.rescaled(attacks.get_attack("hfginv"), 30)
+  attack = presets.hfginv(30)
   rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
   assert rec.x.shape == x.shape and np.isfinite(rec.loss) and int(rec.iterations[0]) == 30
   assert float(rec.x.min()) >= 0.0 and float(rec.x.max()) <= 1.0  # the box
@@ -168,7 +174,7 @@ def test_readme_batch_example_runs(capsys):
   section = readme[readme.index("### Batches on a trained BatchNorm network"):]
   start = section.index("```python") + len("```python")
   code = section[start:section.index("```", start)]
-  assert "rescaled(attacks.get_attack(\"hfginv\"), 3000)" in code
+  assert "presets.hfginv(3000)" in code
   exec(compile(code.replace("3000)", "3)"), "README.md", "exec"), {})
   printed = capsys.readouterr().out
   assert printed.startswith("[") and len(printed.split("]")[0].split()) == 8
@@ -273,7 +279,7 @@ def test_depth_weights_follow_the_call_order():
   modules.append("head")
   want = {m: 1.0 / (i + 1) for i, m in enumerate(modules)}
   for q in (distances.depth_weights(model.variables["params"], order=order),
-            attacks.layer_weights(attacks.get_attack("sapag"), clients.Observation(
+            attacks.layer_weights(presets.sapag(), clients.Observation(
                 gradient=model.variables["params"], variables=model.variables), order)):
     got = {"/".join(str(k.key) for k in path[:-1]): float(v)
            for path, v in jax.tree_util.tree_flatten_with_path(q)[0]}
@@ -291,9 +297,9 @@ def test_reconstruct_weights_layers_in_call_order(monkeypatch):
     seen["weights"] = data.weights
     raise RuntimeError("stop")
 
-  monkeypatch.setattr(attacks.solvers, "run", stop)
+  monkeypatch.setattr(attacks.driver, "run", stop)
   with pytest.raises(RuntimeError, match="stop"):
-    attacks.reconstruct(attacks.get_attack("sapag"), model.apply_fn, obs, jax.random.key(1),
+    attacks.reconstruct(presets.sapag(), model.apply_fn, obs, jax.random.key(1),
                         input_shape=(8, 8, 3))
   assert float(seen["weights"]["Conv_0"]["kernel"]) == 1.0
   assert float(seen["weights"]["BatchNorm_0"]["scale"]) == 0.5

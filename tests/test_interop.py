@@ -315,7 +315,7 @@ def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
 @pytest.mark.isolated  # imports torch
 @pytest.mark.slow
 def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
-  from gradjax import attacks, metrics
+  from gradjax import attacks, metrics, presets
   torch, LeNet, _ = _torch_models()
   torch.manual_seed(1)
   net = LeNet(10)
@@ -325,7 +325,7 @@ def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
   w, g = _export_with_snippet(torch, net, x, y, tmp_path, "lenet_zhu")
   imported = interop.load(w, g)
   obs = imported.observation.replace(labels=None)  # the gradient alone
-  rec = attacks.reconstruct(attacks.get_attack("dlg"), imported.model.apply_fn, obs,
+  rec = attacks.reconstruct(presets.dlg(), imported.model.apply_fn, obs,
                             jax.random.key(0), input_shape=(32, 32, 3))
   psnr = metrics.score(np.clip(np.asarray(rec.x), 0, 1), x)["psnr"]
   print(f"DLG from a PyTorch gradient: {psnr:.2f} dB")

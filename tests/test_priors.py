@@ -113,6 +113,12 @@ def test_combine(images):
   # Differentiable in x, and vmappable over steps.
   assert np.all(np.isfinite(np.asarray(jax.grad(combined)(x, jnp.asarray(10)))))
   assert jax.vmap(combined, in_axes=(None, 0))(x, jnp.arange(8, 12)).shape == (4,)
+  # A Prior's own start switches it on as the step_on schedule does.
+  started = jax.jit(priors.combine([priors.Prior(priors.total_variation, 0.5, 10),
+                                    priors.Prior(priors.l2_norm, 1e-3)]))
+  for step in (0, 9, 10, 11):
+    want = float(combined(x, jnp.asarray(step)))
+    assert float(started(x, jnp.asarray(step))) == pytest.approx(want, rel=1e-6)
 
 
 def test_errors():
@@ -131,5 +137,12 @@ def test_errors():
     priors.get_prior("group_consistency")
   with pytest.raises(ValueError, match="integer"):
     priors.step_on(1.0, 2.5)
-  with pytest.raises(ValueError, match="pairs"):
+  with pytest.raises(ValueError, match="Prior records"):
     priors.combine([priors.total_variation])
+  with pytest.raises(ValueError, match="Prior records"):
+    priors.combine([(priors.total_variation, 1e-4)])  # a (fn, weight) pair is not a Prior
+  for start in (-1, 2.5):
+    with pytest.raises(ValueError, match="non-negative integer step"):
+      priors.Prior(priors.total_variation, 1.0, start)
+  with pytest.raises(ValueError, match="function of the images"):
+    priors.Prior("tv", 1e-4)

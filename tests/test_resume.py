@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import resume, solvers
+from gradjax import driver, optimizers, progress, resume, solvers
 
 
 def _value(params, data, step):
@@ -33,7 +33,7 @@ def _killed_after(calls: int):
 
 def _run(solver, execution, **kw):
   init = {"x": jax.random.normal(jax.random.key(0), (5, 6))}
-  return jax.device_get(solvers.run(solver, init, jnp.linspace(-1.0, 1.0, 6), iterations=60,
+  return jax.device_get(driver.run(solver, init, jnp.linspace(-1.0, 1.0, 6), iterations=60,
                                     execution=execution, **kw))
 
 
@@ -47,8 +47,9 @@ def _assert_same(a, b):
     ("adam", "map", 1), ("adam", "vmap", 3)])
 @pytest.mark.slow
 def test_interrupted_run_resumes_bit_for_bit(tmp_path, optimizer, strategy, rounds):
-  solver = solvers.make_solver(_value, solvers.make_optimizer(optimizer, 0.1 if optimizer == "adam" else 1.0))
-  plain = solvers.Execution(strategy=strategy, chunk=7, halving_rounds=rounds)
+  tx = optimizers.make_optimizer(optimizer, 0.1 if optimizer == "adam" else 1.0)
+  solver = solvers.make_solver(_value, tx)
+  plain = driver.Execution(strategy=strategy, chunk=7, halving_rounds=rounds)
   reference = _run(solver, plain)
   path = tmp_path / "state.npz"
   # Interrupted after the 1st (compilation notice: nothing saved yet), 3rd, 6th and 8th report.
@@ -57,40 +58,40 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, optimizer, strategy, roun
       path.unlink()
     saver = resume.Saver(path, fingerprint={"run": 1}, every_s=0)
     with pytest.raises(Kill):
-      _run(solver, solvers.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
+      _run(solver, driver.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
                                      callback=_killed_after(calls), checkpoint=saver))
     assert path.exists() == (calls > 1)
     again = resume.Saver(path, fingerprint={"run": 1}, every_s=0, resume=True)
-    _assert_same(_run(solver, solvers.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
+    _assert_same(_run(solver, driver.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
                                                 checkpoint=again)), reference)
 
 
 def test_saves_are_spaced_by_time(tmp_path):
-  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
+  solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
   saver = resume.Saver(tmp_path / "s.npz", fingerprint={}, every_s=3600)
-  _run(solver, solvers.Execution(strategy="vmap", chunk=7, checkpoint=saver))
+  _run(solver, driver.Execution(strategy="vmap", chunk=7, checkpoint=saver))
   assert saver.saves == 1  # the final state only
   every = resume.Saver(tmp_path / "s2.npz", fingerprint={}, every_s=0)
-  _run(solver, solvers.Execution(strategy="vmap", chunk=7, checkpoint=every))
+  _run(solver, driver.Execution(strategy="vmap", chunk=7, checkpoint=every))
   assert every.saves == 10  # after each of the ceil(60 / 7) chunks, and the final state
 
 
 def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
-  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
+  solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
   path = tmp_path / "state.npz"
   saver = resume.Saver(path, fingerprint={"iterations": 60, "seed": 0}, every_s=0,
                        extra=lambda: {"history": [1.5, 2.5]})
-  _run(solver, solvers.Execution(strategy="vmap", chunk=30, checkpoint=saver))
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, checkpoint=saver))
   restored = []
   ok = resume.Saver(path, fingerprint={"iterations": 60, "seed": 0}, resume=True,
                     on_restore=restored.append)
-  _run(solver, solvers.Execution(strategy="vmap", chunk=30, checkpoint=ok))
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, checkpoint=ok))
   assert restored == [{"history": [1.5, 2.5]}]
 
   def refused(fingerprint, match, strategy="vmap"):
     s = resume.Saver(path, fingerprint=fingerprint, resume=True)
     with pytest.raises(ValueError, match=match):
-      _run(solver, solvers.Execution(strategy=strategy, chunk=30, checkpoint=s))
+      _run(solver, driver.Execution(strategy=strategy, chunk=30, checkpoint=s))
 
   refused({"iterations": 60, "seed": 1}, "another run .seed = 0 there, 1 here")
   refused({"iterations": 60, "seed": 0}, "strategy 'vmap'", strategy="sequential")
@@ -106,7 +107,7 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   path.write_bytes(good)
   with pytest.raises(ValueError, match="state array 0 is float"):
     other = {"x": jnp.zeros((5, 7))}
-    solvers.run(solver, other, jnp.zeros(7), iterations=60, execution=solvers.Execution(
+    driver.run(solver, other, jnp.zeros(7), iterations=60, execution=driver.Execution(
         strategy="vmap", checkpoint=resume.Saver(path, fingerprint={"iterations": 60, "seed": 0},
                                                  resume=True)))
   os.mkdir(tmp_path / "dir.npz")
@@ -118,8 +119,8 @@ def test_progress_says_compiling_and_rates_exclude_it():
   """The first report announces the compilation; the first chunk (which includes it) gets no rate,
   later ones a finite rate and an ETA consistent with it."""
   reports = []
-  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
-  _run(solver, solvers.Execution(strategy="vmap", chunk=20, callback=reports.append))
+  solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
+  _run(solver, driver.Execution(strategy="vmap", chunk=20, callback=reports.append))
   assert [p.iteration for p in reports] == [0, 20, 40, 60]
   assert reports[0].compiling and "compiling" in reports[0].line()
   assert np.isnan(reports[1].its_per_s) and "with compilation" in reports[1].line()
@@ -130,7 +131,7 @@ def test_progress_says_compiling_and_rates_exclude_it():
 
 def test_progress_gives_a_slow_step_in_seconds():
   """By hand: 0.25 it/s is 4.0 s per iteration (not "0 it/s"); 2.34 it/s keeps a decimal."""
-  p = solvers.Progress(restart=None, iteration=10, iterations=20, best_loss=1.0, alive=1,
+  p = progress.Progress(restart=None, iteration=10, iterations=20, best_loss=1.0, alive=1,
                        its_per_s=0.25, eta_s=40.0)
   assert p.line().endswith("alive 1  4.0 s/it  ETA 40.0s")
   assert p._replace(its_per_s=2.34).line().endswith("alive 1  2.3 it/s  ETA 40.0s")
@@ -138,12 +139,12 @@ def test_progress_gives_a_slow_step_in_seconds():
 
 
 def test_a_failing_save_is_reported_not_fatal(tmp_path):
-  solver = solvers.make_solver(_value, solvers.make_optimizer("adam", 0.1))
-  reference = _run(solver, solvers.Execution(strategy="vmap", chunk=7))
+  solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
+  reference = _run(solver, driver.Execution(strategy="vmap", chunk=7))
   blocked = tmp_path / "a_file"
   blocked.write_text("")
   saver = resume.Saver(blocked / "state.npz", fingerprint={}, every_s=0)  # its folder is a file
-  _assert_same(_run(solver, solvers.Execution(strategy="vmap", chunk=7, checkpoint=saver)), reference)
+  _assert_same(_run(solver, driver.Execution(strategy="vmap", chunk=7, checkpoint=saver)), reference)
   assert saver.saves == 0 and "a_file" in saver.error
 
 
@@ -183,14 +184,14 @@ def test_trace_rows_start_at_the_first_best_iterate(tmp_path):
   trace = pipeline.Trace(truth=np.zeros((1, 2, 2, 1)), norm=data.Normalization((0.0,), (1.0,)))
   state = SimpleNamespace(best_params={"x": np.full((1, 2, 2, 1), 0.5)}, best_loss=np.array(np.inf))
   for iteration, best in ((100, np.inf), (200, np.inf)):
-    trace.progress(solvers.Progress(None, iteration, 300, best, 1, 1.0, 1.0))
+    trace.progress(progress.Progress(None, iteration, 300, best, 1, 1.0, 1.0))
     trace.monitor(state)
   assert trace.rows == []
-  trace.progress(solvers.Progress(None, 300, 300, 0.25, 1, 1.0, 1.0))
+  trace.progress(progress.Progress(None, 300, 300, 0.25, 1, 1.0, 1.0))
   trace.monitor(state)
   assert trace.rows[0]["iteration"] == 300 and trace.rows[0]["loss"] == 0.25
   assert trace.rows[0]["psnr"] == pytest.approx(10 * np.log10(4.0), rel=1e-12)
-  trace.progress(solvers.Progress(None, 400, 300, np.inf, 0, 1.0, 1.0))  # every restart diverged
+  trace.progress(progress.Progress(None, 400, 300, np.inf, 0, 1.0, 1.0))  # every restart diverged
   trace.monitor(state)
   assert len(trace.rows) == 1
   report.save_json(tmp_path / "history.json", {"history": trace.rows})

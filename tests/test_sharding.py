@@ -18,29 +18,29 @@ SCRIPT = textwrap.dedent("""
     import dataclasses, json
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
-    from gradjax import attacks, clients, models, solvers
+    from gradjax import attacks, clients, driver, models, optimizers, presets, sharding, solvers
     out = {"devices": jax.device_count()}
 
     # The solver on a quadratic with per-restart targets: placement and equality.
     targets = jnp.asarray(np.random.default_rng(0).normal(size=(8, 5)))
     value = lambda p, data, step: jnp.sum((p["p"] - data[1]) ** 2)
-    solver = solvers.make_solver(value, solvers.make_optimizer("adam", 0.1))
+    solver = solvers.make_solver(value, optimizers.make_optimizer("adam", 0.1))
     init = {"p": jnp.zeros((8, 5))}
     kw = dict(iterations=50, restart_data=targets)
-    execution = solvers.Execution("vmap", chunk=25)
-    sharded = solvers.run(solver, init, None, execution=dataclasses.replace(execution, shard=True), **kw)
-    plain = solvers.run(solver, init, None, execution=execution, **kw)
+    execution = driver.Execution("vmap", chunk=25)
+    sharded = driver.run(solver, init, None, execution=dataclasses.replace(execution, shard=True), **kw)
+    plain = driver.run(solver, init, None, execution=execution, **kw)
     leaf = sharded.best_params["p"]
     out["shards"] = sorted((s.device.id, s.data.shape[0]) for s in leaf.addressable_shards)
     out["solver_max_diff"] = float(np.abs(np.asarray(leaf) - np.asarray(plain.best_params["p"])).max())
 
     # Successive halving over 6 restarts (padded to 8): 6 -> 3 -> 1 survivors, re-sharded per round.
     kw = dict(iterations=40, restart_data=targets[:6] * jnp.arange(1, 7)[:, None])
-    execution = solvers.Execution("vmap", chunk=10, halving_rounds=3, halving_keep=0.5)
+    execution = driver.Execution("vmap", chunk=10, halving_rounds=3, halving_keep=0.5)
     init6 = {"p": jnp.zeros((6, 5))}
-    sharded = solvers.fetch(solvers.run(solver, init6, None,
+    sharded = sharding.fetch(driver.run(solver, init6, None,
                                         execution=dataclasses.replace(execution, shard=True), **kw))
-    plain = solvers.run(solver, init6, None, execution=execution, **kw)
+    plain = driver.run(solver, init6, None, execution=execution, **kw)
     out["halving_iterations"] = [np.asarray(sharded.iterations).tolist(), np.asarray(plain.iterations).tolist()]
     out["halving_max_diff"] = float(np.abs(np.asarray(sharded.best_params["p"])
                                            - np.asarray(plain.best_params["p"])).max())
@@ -50,11 +50,11 @@ SCRIPT = textwrap.dedent("""
                           param_dtype=jnp.float64)
     x = np.random.default_rng(1).uniform(size=(1, 8, 8, 3))
     obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([2]))
-    attack = attacks.get_attack("dlg", iterations=30)
+    attack = presets.dlg(iterations=30)
     a = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(3), input_shape=(8, 8, 3),
-                            restarts=6, execution=solvers.Execution("vmap", shard=True))
+                            restarts=6, execution=driver.Execution("vmap", shard=True))
     b = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(3), input_shape=(8, 8, 3),
-                            restarts=6, execution=solvers.Execution("vmap"))
+                            restarts=6, execution=driver.Execution("vmap"))
     out["restarts"] = len(a.restart_losses)
     out["attack_loss_rel_diff"] = float(np.max(np.abs(a.restart_losses - b.restart_losses)
                                                / np.abs(b.restart_losses)))

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from gradjax import solvers
+from gradjax import driver, optimizers, solvers
 
 jax.config.update("jax_enable_x64", True)
 
@@ -29,10 +29,10 @@ def stacked(*rows):
 @pytest.mark.parametrize("strategy", ["sequential", "vmap", "map"])
 @pytest.mark.slow
 def test_lbfgs_finds_closed_form_minimiser(strategy):
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs", 1.0, history=10))
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("lbfgs", 1.0, history=10))
   init = stacked(np.zeros(6), np.ones(6), -np.ones(6))
-  state = solvers.run(solver, init, jnp.asarray(C), iterations=30,
-                      execution=solvers.Execution(strategy, chunk=7, map_batch_size=2))
+  state = driver.run(solver, init, jnp.asarray(C), iterations=30,
+                      execution=driver.Execution(strategy, chunk=7, map_batch_size=2))
   np.testing.assert_allclose(state.best_params["p"], np.broadcast_to(C, (3, 6)), atol=1e-8)
   assert np.all(state.best_loss < 1e-15)
   assert np.all(state.alive)
@@ -47,10 +47,10 @@ def test_lbfgs_best_loss_is_the_objective_at_the_best_params(tol):
   the objective at the recorded best params, also for a restart frozen by ``tol`` (whose last
   search's value is kept while its optimizer state runs on); unlike Adam's, L-BFGS's best is
   scored at the last iterate too."""
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs", 1.0, history=10), tol=tol)
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("lbfgs", 1.0, history=10), tol=tol)
   init = stacked(np.zeros(6), np.full(6, 3.0))
-  state = solvers.run(solver, init, jnp.asarray(C), iterations=12,
-                      execution=solvers.Execution("sequential", chunk=5))
+  state = driver.run(solver, init, jnp.asarray(C), iterations=12,
+                      execution=driver.Execution("sequential", chunk=5))
   for r in range(2):
     np.testing.assert_allclose(state.best_loss[r], quadratic({"p": state.best_params["p"][r]}, C),
                                rtol=1e-9, atol=1e-30)
@@ -59,9 +59,9 @@ def test_lbfgs_best_loss_is_the_objective_at_the_best_params(tol):
 
 
 def test_adam_counts_one_evaluation_per_iteration_and_tracks_the_best():
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.1))
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=500,
-                      execution=solvers.Execution("sequential", chunk=100))
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
+  state = driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=500,
+                      execution=driver.Execution("sequential", chunk=100))
   assert int(state.iterations[0]) == 500
   assert int(state.evaluations[0]) == 501  # 500 steps + the final evaluation
   np.testing.assert_allclose(state.best_params["p"][0], C, atol=1e-2)
@@ -71,10 +71,10 @@ def test_adam_counts_one_evaluation_per_iteration_and_tracks_the_best():
 
 
 def test_strategies_agree():
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.05))
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.05))
   init = stacked(np.zeros(6), np.full(6, 2.0), np.linspace(-1, 1, 6))
-  results = [solvers.run(solver, init, jnp.asarray(C), iterations=40,
-                         execution=solvers.Execution(s, chunk=15, map_batch_size=2))
+  results = [driver.run(solver, init, jnp.asarray(C), iterations=40,
+                         execution=driver.Execution(s, chunk=15, map_batch_size=2))
              for s in ("sequential", "vmap", "map")]
   for other in results[1:]:
     np.testing.assert_allclose(other.best_params["p"], results[0].best_params["p"], rtol=1e-10)
@@ -90,10 +90,10 @@ def log_objective(params, data, step=0):
 @pytest.mark.parametrize("strategy", ["sequential", "vmap"])
 def test_diverging_restart_is_isolated(strategy):
   # SGD with lr 1 from p0 = 0.2: the step p0 - (1/p0 + 2 p0) jumps below zero, where log is NaN.
-  solver = solvers.make_solver(log_objective, solvers.make_optimizer("sgd", 1.0))
+  solver = solvers.make_solver(log_objective, optimizers.make_optimizer("sgd", 1.0))
   init = stacked(np.full(6, 0.2), np.full(6, -1.0))
-  state = jax.device_get(solvers.run(solver, init, None, iterations=20,
-                                     execution=solvers.Execution(strategy, chunk=5)))
+  state = jax.device_get(driver.run(solver, init, None, iterations=20,
+                                     execution=driver.Execution(strategy, chunk=5)))
   # Restart 0 had one finite evaluation at its start, then diverged: frozen with that best.
   assert not state.alive[0] and not state.alive[1]
   np.testing.assert_allclose(state.best_loss[0], np.log(0.2) + 6 * 0.04, rtol=1e-12)
@@ -112,7 +112,7 @@ def test_frozen_restart_costs_its_vmapped_neighbours_one_line_search_evaluation(
   # Restart 0 starts where the objective is NaN, restart 2 at the minimiser (frozen by tol at once):
   # each is handed a flat problem, so its line search ends at its first trial. Before, restart 0's
   # search ran to the cap (20) at every iteration, and under vmap every restart paid for it.
-  solver = solvers.make_solver(guarded_quadratic, solvers.make_optimizer("lbfgs", 1.0, history=5),
+  solver = solvers.make_solver(guarded_quadratic, optimizers.make_optimizer("lbfgs", 1.0, history=5),
                                tol=1e-20)
   init = stacked(np.full(6, C[0] - 11.0), C + 1.0, C)
   searches = []
@@ -121,13 +121,13 @@ def test_frozen_restart_costs_its_vmapped_neighbours_one_line_search_evaluation(
     searches.append(np.asarray(optax.tree.get(state.opt_state, "num_linesearch_steps")))
     return False
 
-  state = jax.device_get(solvers.run(solver, init, jnp.asarray(C), iterations=12,
-                                     execution=solvers.Execution("vmap", chunk=1, monitor=monitor)))
+  state = jax.device_get(driver.run(solver, init, jnp.asarray(C), iterations=12,
+                                     execution=driver.Execution("vmap", chunk=1, monitor=monitor)))
   assert [bool(a) for a in state.alive] == [False, True, True]
   np.testing.assert_array_equal(np.stack(searches)[:, [0, 2]], 1)
   # The live restart is untouched by its neighbours: the same iterates as when run alone.
-  alone = jax.device_get(solvers.run(solver, stacked(C + 1.0), jnp.asarray(C), iterations=12,
-                                     execution=solvers.Execution("sequential")))
+  alone = jax.device_get(driver.run(solver, stacked(C + 1.0), jnp.asarray(C), iterations=12,
+                                     execution=driver.Execution("sequential")))
   np.testing.assert_allclose(state.best_params["p"][1], alone.best_params["p"][0], rtol=1e-12)
   np.testing.assert_array_equal(state.iterations[1], alone.iterations[0])
   assert state.best_loss[1] < 1e-10 and state.best_loss[2] == 0.0
@@ -135,9 +135,9 @@ def test_frozen_restart_costs_its_vmapped_neighbours_one_line_search_evaluation(
 
 def test_tolerance_stops_early_and_progress_is_reported():
   reports = []
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs", 1.0), tol=1e-20)
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=1000,
-                      execution=solvers.Execution("sequential", chunk=10, callback=reports.append))
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("lbfgs", 1.0), tol=1e-20)
+  state = driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=1000,
+                      execution=driver.Execution("sequential", chunk=10, callback=reports.append))
   assert int(state.iterations[0]) < 1000
   assert reports[-1].iteration < 1000 and reports[-1].iteration % 10 == 0
   assert reports[0].compiling and reports[0].iteration == 0  # announced before compiling
@@ -147,14 +147,14 @@ def test_tolerance_stops_early_and_progress_is_reported():
 
 def test_bad_arguments():
   with pytest.raises(ValueError, match="unknown optimizer"):
-    solvers.make_optimizer("rmsprop", 1.0)
+    optimizers.make_optimizer("rmsprop", 1.0)
   with pytest.raises(ValueError, match="learning rate"):
-    solvers.make_optimizer("adam", 0.0)
+    optimizers.make_optimizer("adam", 0.0)
   with pytest.raises(ValueError, match="restart strategy"):
-    solvers.resolve_strategy("parallel")
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.1))
+    driver.resolve_strategy("parallel")
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
   with pytest.raises(ValueError, match="positive"):
-    solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=0)
+    driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=0)
   for bad, message in [(dict(strategy="parallel"), "unknown restart strategy 'parallel'"),
                        (dict(chunk=0), "chunk and unroll must be positive"),
                        (dict(map_batch_size=0), "map_batch_size must be positive"),
@@ -162,14 +162,14 @@ def test_bad_arguments():
                        (dict(halving_keep=1.5), "halving keep fraction"),
                        (dict(strategy="map", shard=True), "sharded restarts run with vmap")]:
     with pytest.raises(ValueError, match=message):
-      solvers.Execution(**bad)
+      driver.Execution(**bad)
   with pytest.raises(ValueError, match="halving rounds must lie in"):
-    solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=2,
-                execution=solvers.Execution(halving_rounds=3))
+    driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=2,
+                execution=driver.Execution(halving_rounds=3))
 
 
 def test_step_schedule_matches_inverting_gradients_milestones():
-  lr = solvers.learning_rate_schedule(0.1, "step", iterations=4800)
+  lr = optimizers.learning_rate_schedule(0.1, "step", iterations=4800)
   # ×0.1 at 3/8, 5/8 and 7/8 of 4800 = steps 1800, 3000, 4200.
   for step, expected in [(0, 0.1), (1799, 0.1), (1800, 0.01), (2999, 0.01), (3000, 1e-3),
                          (4199, 1e-3), (4200, 1e-4), (4799, 1e-4)]:
@@ -177,7 +177,7 @@ def test_step_schedule_matches_inverting_gradients_milestones():
 
 
 def test_cosine_and_warmup_closed_forms():
-  lr = solvers.learning_rate_schedule(2.0, "cosine", iterations=110, warmup=10)
+  lr = optimizers.learning_rate_schedule(2.0, "cosine", iterations=110, warmup=10)
   for step in (0, 5, 10):
     np.testing.assert_allclose(lr(step), 2.0 * step / 10, rtol=1e-6)
   for step in (10, 35, 60, 110):
@@ -188,14 +188,14 @@ def test_cosine_and_warmup_closed_forms():
 def test_signed_adam_is_adam_on_the_sign():
   """First step of Adam on sign(g) moves every coordinate by lr·sign(g) (bias-corrected m/sqrt(v) = ±1);
   later steps follow a NumPy Adam run on sign(g)."""
-  opt = solvers.make_optimizer("signed_adam", 0.1)
+  opt = optimizers.make_optimizer("signed_adam", 0.1)
   params = {"p": jnp.asarray(np.linspace(-2.0, 3.0, 6))}
-  state = opt.tx.init(params)
+  state = opt.init(params)
   m = v = np.zeros(6)
   p = np.asarray(params["p"])
   for t in range(1, 6):
     g = np.asarray(jax.grad(lambda q: quadratic(q, jnp.asarray(C)))(params)["p"])
-    updates, state = opt.tx.update({"p": jnp.asarray(g)}, state, params)
+    updates, state = opt.update({"p": jnp.asarray(g)}, state, params)
     params = {"p": params["p"] + updates["p"]}
     s = np.sign(g)
     m = 0.9 * m + 0.1 * s
@@ -206,11 +206,11 @@ def test_signed_adam_is_adam_on_the_sign():
 
 def test_projection_keeps_iterates_in_the_box():
   solver = solvers.make_solver(
-      quadratic, solvers.make_optimizer("adam", 0.5),
+      quadratic, optimizers.make_optimizer("adam", 0.5),
       project=lambda params, data: {"p": jnp.clip(params["p"], -0.25, 0.25)})
   init = stacked(np.full(6, 3.0))  # projected at init too
-  state = solvers.run(solver, init, jnp.asarray(C), iterations=200,
-                      execution=solvers.Execution("sequential", chunk=50))
+  state = driver.run(solver, init, jnp.asarray(C), iterations=200,
+                      execution=driver.Execution("sequential", chunk=50))
   assert np.all(np.abs(state.best_params["p"]) <= 0.25)
   # The box-constrained minimiser of a quadratic: compare with a fine projected-gradient reference.
   ref = np.zeros(6)
@@ -221,27 +221,41 @@ def test_projection_keeps_iterates_in_the_box():
 
 def test_lbfgs_rejects_a_schedule():
   with pytest.raises(ValueError, match="schedule"):
-    solvers.make_optimizer("lbfgs", 1.0, schedule="step", iterations=10)
+    optimizers.make_optimizer("lbfgs", 1.0, schedule="step", iterations=10)
   with pytest.raises(ValueError, match="unknown schedule"):
-    solvers.learning_rate_schedule(0.1, "exponential")
+    optimizers.learning_rate_schedule(0.1, "exponential")
 
 
 def test_fixed_step_lbfgs_solves_a_quadratic():
   """Unit L-BFGS steps without a line search (PyTorch's default) converge on an SPD quadratic."""
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("lbfgs_fixed", 1.0, history=10))
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=60,
-                      execution=solvers.Execution("sequential", chunk=20))
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("lbfgs_fixed", 1.0, history=10))
+  state = driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=60,
+                      execution=driver.Execution("sequential", chunk=20))
   np.testing.assert_allclose(state.best_params["p"][0], C, atol=1e-7)
   assert int(state.evaluations[0]) == 61  # one evaluation per step, plus the final one
 
 
+def test_any_optax_transformation_plugs_in():
+  """A plain optax transformation runs as the named one does; only a line search's state stores the
+  objective's value (so L-BFGS evaluates only in its search)."""
+  runs = [driver.run(solvers.make_solver(quadratic, tx), stacked(np.zeros(6)), jnp.asarray(C), iterations=50,
+                     execution=driver.Execution("sequential", chunk=25))
+          for tx in (optax.sgd(0.05), optimizers.make_optimizer("sgd", 0.05))]
+  np.testing.assert_allclose(runs[0].best_params["p"], runs[1].best_params["p"], rtol=1e-12)
+  assert int(runs[0].evaluations[0]) == 51
+  params = {"p": jnp.zeros(6)}
+  assert optimizers.stores_value(optimizers.make_optimizer("lbfgs", 1.0).init(params))
+  assert not optimizers.stores_value(optimizers.make_optimizer("lbfgs_fixed", 1.0).init(params))
+  assert not optimizers.stores_value(optax.adam(0.1).init(params))
+
+
 def test_halving_schedule_counts():
-  assert solvers.halving_schedule(100, 8, 3, 0.5) == [(8, 33), (4, 33), (2, 34)]
-  assert solvers.halving_schedule(10, 5, 1, 0.5) == [(5, 10)]
-  assert solvers.halving_schedule(9, 3, 3, 0.1) == [(3, 3), (1, 3), (1, 3)]
+  assert driver.halving_schedule(100, 8, 3, 0.5) == [(8, 33), (4, 33), (2, 34)]
+  assert driver.halving_schedule(10, 5, 1, 0.5) == [(5, 10)]
+  assert driver.halving_schedule(9, 3, 3, 0.1) == [(3, 3), (1, 3), (1, 3)]
   for bad in [(10, 4, 0, 0.5), (10, 4, 11, 0.5), (10, 4, 2, 0.0), (10, 4, 2, 1.5)]:
     with pytest.raises(ValueError):
-      solvers.halving_schedule(*bad)
+      driver.halving_schedule(*bad)
 
 
 def offset_quadratic(params, data, step=0):
@@ -255,10 +269,10 @@ def test_restart_data_and_successive_halving(strategy):
   r = 6
   targets = jnp.asarray(_RNG.normal(size=(r, 6)))
   offsets = jnp.asarray([5.0, 0.5, 3.0, 0.0, 4.0, 2.0])
-  solver = solvers.make_solver(offset_quadratic, solvers.make_optimizer("adam", 0.05))
+  solver = solvers.make_solver(offset_quadratic, optimizers.make_optimizer("adam", 0.05))
   init = {"p": jnp.zeros((r, 6))}
-  execution = solvers.Execution(strategy, chunk=40, map_batch_size=2, halving_rounds=3, halving_keep=0.5)
-  state = jax.device_get(solvers.run(solver, init, None, iterations=300, execution=execution,
+  execution = driver.Execution(strategy, chunk=40, map_batch_size=2, halving_rounds=3, halving_keep=0.5)
+  state = jax.device_get(driver.run(solver, init, None, iterations=300, execution=execution,
                                      restart_data=(targets, offsets)))
   # Rounds of 100 steps: 6 restarts, then the best 3 by objective (offsets 0, 0.5, 2), then 2.
   np.testing.assert_array_equal(state.iterations, [100, 300, 100, 300, 100, 200])
@@ -268,42 +282,42 @@ def test_restart_data_and_successive_halving(strategy):
 
 
 def test_restart_data_needs_a_leading_restart_axis():
-  solver = solvers.make_solver(offset_quadratic, solvers.make_optimizer("adam", 0.05))
+  solver = solvers.make_solver(offset_quadratic, optimizers.make_optimizer("adam", 0.05))
   with pytest.raises(ValueError, match="leading axis"):
-    solvers.run(solver, {"p": jnp.zeros((3, 6))}, None, iterations=5,
+    driver.run(solver, {"p": jnp.zeros((3, 6))}, None, iterations=5,
                 restart_data=(jnp.zeros((2, 6)), jnp.zeros(2)))
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "vmap"])
 def test_monitor_stops_a_run_after_the_chunk_it_returns_true(strategy):
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.01))
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.01))
   seen = []
 
   def monitor(state):
     seen.append(int(np.max(state.iterations)))
     return seen[-1] >= 30
 
-  state = solvers.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=100,
-                      execution=solvers.Execution(strategy, chunk=10, monitor=monitor))
+  state = driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=100,
+                      execution=driver.Execution(strategy, chunk=10, monitor=monitor))
   assert seen == [10, 20, 30] and int(state.iterations[0]) == 30
 
 
 def test_tune_times_every_strategy_and_picks_the_fastest():
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.1))
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
   init = stacked(np.zeros(6), np.ones(6), -np.ones(6))
-  best, seconds = solvers.tune_strategy(solver, init, jnp.asarray(C), steps=3)
+  best, seconds = driver.tune_strategy(solver, init, jnp.asarray(C), steps=3)
   assert set(seconds) == {"sequential", "vmap", "map"} and best == min(seconds, key=seconds.get)
   assert all(t > 0 for t in seconds.values())
-  one, timed = solvers.tune_strategy(solver, stacked(np.zeros(6)), jnp.asarray(C), steps=3)
+  one, timed = driver.tune_strategy(solver, stacked(np.zeros(6)), jnp.asarray(C), steps=3)
   assert one == "sequential" and set(timed) == {"sequential"}
-  state = solvers.run(solver, init, jnp.asarray(C), iterations=200,
-                      execution=solvers.Execution("tune", chunk=50))
+  state = driver.run(solver, init, jnp.asarray(C), iterations=200,
+                      execution=driver.Execution("tune", chunk=50))
   np.testing.assert_allclose(state.best_params["p"], np.tile(C, (3, 1)), atol=1e-3)
 
 
 def test_monitor_stop_ends_every_round_of_halving():
-  solver = solvers.make_solver(quadratic, solvers.make_optimizer("adam", 0.01))
-  execution = solvers.Execution("vmap", chunk=25, halving_rounds=2, monitor=lambda state: True)
-  state = solvers.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=200,
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.01))
+  execution = driver.Execution("vmap", chunk=25, halving_rounds=2, monitor=lambda state: True)
+  state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=200,
                       execution=execution)
   np.testing.assert_array_equal(state.iterations, [25, 25])

@@ -5,6 +5,7 @@ NumPy sinusoids, float64 least squares, and exact embeddings whose tokens are kn
 """
 
 import collections
+import dataclasses
 import itertools
 import json
 import math
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import attacks, clients, corpus, metrics, models, solvers, text
+from gradjax import attacks, clients, corpus, driver, labels, metrics, models, presets, text
 
 SMALL = models.TextSizes(dim=16, heads=2, ffn=16, layers=1)
 
@@ -189,9 +190,9 @@ def test_attack_recovers_a_short_sentence_exactly(client, search):
   m, obs, ids = client
   if search == "embeddings":  # free embeddings with the targets known: the decoding is exact
     obs = obs.replace(labels=jnp.asarray(corpus.language_model_pairs(ids, 1)[1]))
-    attack = attacks.get_attack("dlg", labels="known", iterations=150)
+    attack = dataclasses.replace(presets.dlg(iterations=150), labels=labels.known)
   else:  # the token search, from the gradient alone
-    attack = attacks.get_attack("dlg", iterations=200)
+    attack = presets.dlg(iterations=200)
   rec = text.reconstruct(attack, m.apply_fn, obs, jax.random.key(0), length=5, eos=1, restarts=4,
                          search=search)
   np.testing.assert_array_equal(rec.tokens_pinv, ids)
@@ -202,18 +203,19 @@ def test_attack_recovers_a_short_sentence_exactly(client, search):
 @pytest.mark.slow
 def test_joint_soft_targets_stay_in_the_bag(client):
   m, obs, ids = client
-  rec = text.reconstruct(attacks.get_attack("dlg", iterations=3), m.apply_fn, obs, jax.random.key(0),
+  rec = text.reconstruct(presets.dlg(iterations=3), m.apply_fn, obs, jax.random.key(0),
                          length=5, eos=1)
   assert set(rec.targets.ravel().tolist()) <= set(ids.ravel().tolist()) | {1}
   assert set(rec.tokens_nearest.ravel().tolist()) <= set(ids.ravel().tolist())
-  with pytest.raises(ValueError, match="label_support restricts joint"):
-    attacks.reconstruct(attacks.get_attack("idlg"), m.apply_fn, text.attack_view(obs),
-                        jax.random.key(0), input_shape=(5, 16), label_support=[3])
+  problem = attacks.prepare(presets.idlg(), m.apply_fn, text.attack_view(obs), jax.random.key(0),
+                            input_shape=(5, 16))
+  with pytest.raises(ValueError, match="label support restricts joint"):
+    attacks.restrict_labels(problem, [3], text.embedding_table(obs).shape[0])
   with pytest.raises(ValueError, match="label inference reads a classifier"):
-    text.reconstruct(attacks.get_attack("idlg", iterations=1), m.apply_fn, obs, jax.random.key(0),
+    text.reconstruct(presets.idlg(iterations=1), m.apply_fn, obs, jax.random.key(0),
                      length=5, eos=1)
   with pytest.raises(ValueError, match="unknown text search"):
-    text.reconstruct(attacks.get_attack("dlg", iterations=1), m.apply_fn, obs, jax.random.key(0),
+    text.reconstruct(presets.dlg(iterations=1), m.apply_fn, obs, jax.random.key(0),
                      length=5, eos=1, search="beam")
 
 
@@ -308,8 +310,8 @@ def test_readme_text_example_runs(capsys):
   readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
   section = readme[readme.index("### Text"):]
   code = section[section.index("```python") + len("```python"):section.index("```", section.index("```python") + 9)]
-  assert "iterations=500" in code
-  exec(compile(code.replace("iterations=500", "iterations=5"), "README.md", "exec"), {})
+  assert "presets.dlg(500)" in code
+  exec(compile(code.replace("presets.dlg(500)", "presets.dlg(5)"), "README.md", "exec"), {})
   printed = capsys.readouterr().out
   assert printed.startswith("['") and "]" in printed
 
@@ -320,9 +322,9 @@ def test_best_iterate_tracked_from_the_attacks_track_from(client, search):
   (the token search once tracked from step 0: an annealed distance's early values would win)."""
   m, obs, ids = client
   rows = []
-  execution = solvers.Execution(chunk=1, callback=lambda p: rows.append((p.iteration, p.best_loss))
+  execution = driver.Execution(chunk=1, callback=lambda p: rows.append((p.iteration, p.best_loss))
                                 if not p.compiling else None)
-  text.reconstruct(attacks.get_attack("dlg", iterations=5, track_from=3), m.apply_fn, obs,
+  text.reconstruct(dataclasses.replace(presets.dlg(iterations=5), track_from=3), m.apply_fn, obs,
                    jax.random.key(0), length=5, eos=1, search=search, execution=execution)
   # The report after k iterations has seen the iterates of steps 0..k-1: step 3 first counts at 4.
   assert [i for i, loss in rows if math.isfinite(loss)] == [4, 5], rows
