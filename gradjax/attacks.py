@@ -4,7 +4,7 @@ An :class:`Attack` holds objects, as an optax chain does: a distance (any functi
 ``(dummy_grads, observed_grads) -> scalar``, or a :class:`gradjax.distances.Distance` that says how it
 weighs layers and when it settles), image priors (:class:`gradjax.priors.Prior`, each built with its
 weight and start), an optimizer (any optax ``GradientTransformation``, or a
-:class:`gradjax.optimizers.Named` one built at the attack's budget), a label strategy (a function of
+:class:`gradjax.optimizers.Named` one built at the attack's budget), a label source (a function of
 the observation, :mod:`gradjax.labels`) and a dummy initialisation (:mod:`gradjax.dummy`). The attack
 is frozen and hashable, so its compiled programs are cached per attack and reused across images.
 :mod:`gradjax.presets` builds the papers' attacks; names are resolved only at the configuration
@@ -58,14 +58,14 @@ class Attack:
       is spread over ``iterations``.
     iterations: optimizer iterations per restart.
     priors: :class:`gradjax.priors.Prior` terms added to the objective.
-    labels: the label strategy, ``labels(observation) -> (N,) int labels``, or
+    labels: the label source, ``labels(observation) -> (N,) int labels``, or
       :func:`gradjax.labels.joint` (labels optimised with the data, DLG); see
-      :data:`gradjax.labels.STRATEGIES`.
+      :data:`gradjax.labels.SOURCES`.
     dummy_init: ``init(key, shape, lo, hi, dtype) -> x``, where the dummy data start
       (:data:`gradjax.dummy.INITS`).
     objective: what is matched, a mode of :func:`gradjax.objectives.gradient_matching`:
       ``"gradient"`` (FedSGD), ``"replay"`` (FedAvg, local training replayed), ``"dlm"``, ``"dlm_plus"``.
-    layer_weights: ``None`` (the distance's own, ``distance.layer_weights``) or a depth schedule of
+    layer_weights: ``None`` (the distance's own, ``distance.layer_weights``) or a depth rule of
       :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``, ``"uniform"``).
     box: clamp the dummy data to the valid input range after every step.
     one_sample_per_step: DLG's batch option, only example t mod N moves at step t.
@@ -85,7 +85,7 @@ class Attack:
   optimizer: optimizers.Optimizer = optimizers.Named()
   iterations: int = 300
   priors: tuple[priors_lib.Prior, ...] = ()
-  labels: labels_lib.LabelStrategy = labels_lib.joint
+  labels: labels_lib.LabelSource = labels_lib.joint
   dummy_init: dummy_lib.DummyInit = dummy_lib.normal
   objective: str = "gradient"
   layer_weights: str | None = None
@@ -103,9 +103,9 @@ class Attack:
     object.__setattr__(self, "priors", tuple(self.priors))
     if self.objective not in MODES:
       raise ValueError(f"unknown objective {self.objective!r}; choose one of {', '.join(MODES)}")
-    if self.layer_weights is not None and self.layer_weights not in distances.SCHEDULES:
-      raise ValueError(f"unknown layer-weight schedule {self.layer_weights!r}; choose one of "
-                       f"{', '.join(distances.SCHEDULES)}")
+    if self.layer_weights is not None and self.layer_weights not in distances.DEPTH_RULES:
+      raise ValueError(f"unknown depth rule {self.layer_weights!r}; choose one of "
+                       f"{', '.join(distances.DEPTH_RULES)}")
     bad = [p for p in self.priors if not isinstance(p, priors_lib.Prior)]
     if bad:
       raise ValueError(f"priors are priors.Prior records (function, weight, start), got {bad[0]!r}")
@@ -203,7 +203,7 @@ def describe(attack: Attack) -> dict:
       layer_weights=attack.layer_weights,
       priors=[[_name_in(priors_lib.PRIORS, p.fn), p.weight if not callable(p.weight) else repr(p.weight),
                p.start] for p in attack.priors],
-      labels=_name_in(labels_lib.STRATEGIES, attack.labels),
+      labels=_name_in(labels_lib.SOURCES, attack.labels),
       optimizer=(dataclasses.asdict(opt) if isinstance(opt, optimizers.Named) else {"name": "optax"}),
       iterations=attack.iterations, box=attack.box, one_sample_per_step=attack.one_sample_per_step,
       dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol, remat=attack.remat,
@@ -327,7 +327,7 @@ def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, 
                                                   gamma=gamma))(keys)
 
 
-def _weight_schedule(attack: Attack) -> str | None:
+def _depth_rule(attack: Attack) -> str | None:
   """The :func:`gradjax.distances.depth_weights` schedule ``attack`` weights its layers by, or None."""
   return attack.layer_weights if attack.layer_weights is not None else attack.distance.layer_weights
 
@@ -335,7 +335,7 @@ def _weight_schedule(attack: Attack) -> str | None:
 def depth_order(attack: Attack, apply_fn: Callable, observation: Observation, example):
   """The modules' call order (:func:`gradjax.distances.module_call_order` on ``example``, one input of
   shape (1, ...)) when ``attack`` weighs its layers by depth or matches them stepwise, else None."""
-  if attack.stepwise is None and _weight_schedule(attack) is None:
+  if attack.stepwise is None and _depth_rule(attack) is None:
     return None
   return distances.module_call_order(apply_fn, observation.variables, example)
 
@@ -347,10 +347,10 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
   insertion order of ``observation.variables["params"]``, which a model built under ``jit`` has
   lost); computed here, outside ``jit``. SAPAG's kernel defaults to Q_l = 1/(l+1).
   """
-  schedule = _weight_schedule(attack)
-  if schedule is None:
+  rule = _depth_rule(attack)
+  if rule is None:
     return None
-  w = distances.depth_weights(observation.variables["params"], schedule, order=order)
+  w = distances.depth_weights(observation.variables["params"], rule, order=order)
   return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
 
 

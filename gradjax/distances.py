@@ -206,10 +206,10 @@ def leaf_positions(params, order: Sequence[tuple[str, ...]] | None = None) -> Py
   return _map_paths(lambda path: index[path], params)
 
 
-SCHEDULES = ("inverse", "linear", "exp", "uniform")
+DEPTH_RULES = ("inverse", "linear", "exp", "uniform")
 
 
-def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5,
+def depth_weights(params, rule: str = "inverse", *, decay: float = 0.5,
                   order: Sequence[tuple[str, ...]] | None = None) -> PyTree:
   """Per-leaf weights Q_l decreasing with depth, as a tree of ``params``' structure (Python floats).
 
@@ -225,14 +225,14 @@ def depth_weights(params, schedule: str = "inverse", *, decay: float = 0.5,
   ``models.create`` does, and any gradient from ``jax.grad`` have their keys sorted). Combine with
   :func:`select_layers` by ``jax.tree.map(operator.mul, q, s)``.
   """
-  if schedule not in SCHEDULES:
-    raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+  if rule not in DEPTH_RULES:
+    raise ValueError(f"unknown depth rule {rule!r}; choose one of {', '.join(DEPTH_RULES)}")
   if not (np.isfinite(decay) and decay > 0):
     raise ValueError(f"decay must be positive, got {decay}")
   index = layer_index(params, order)
   num = max(jax.tree.leaves(index), default=-1) + 1
   rule = {"inverse": lambda l: 1.0 / (l + 1), "linear": lambda l: (num - l) / num,
-          "exp": lambda l: float(decay) ** l, "uniform": lambda l: 1.0}[schedule]
+          "exp": lambda l: float(decay) ** l, "uniform": lambda l: 1.0}[rule]
   return jax.tree.map(lambda l: float(rule(l)), index)
 
 
@@ -392,7 +392,7 @@ class Distance:
   Attributes:
     fn: ``fn(dummy, observed) -> scalar``; it may take a keyword ``weights`` (per-leaf weights, see
       above), and a keyword ``step`` when ``reads_step``.
-    layer_weights: the depth schedule (:func:`depth_weights`) an attack weighs the layers by when it
+    layer_weights: the depth rule (:func:`depth_weights`) an attack weighs the layers by when it
       names none: SAPAG's kernel is defined with Q_l = 1/(l + 1) (``"inverse"``); ``None``: unweighted.
     reads_step: ``fn`` takes the optimizer step (keyword ``step``), as an annealed kernel does.
     settled_from: the first step from which ``fn``'s value no longer changes with the step (an
@@ -411,9 +411,9 @@ class Distance:
   def __post_init__(self):
     if not callable(self.fn):
       raise ValueError(f"a distance is a function (dummy, observed) -> scalar, got {self.fn!r}")
-    if self.layer_weights is not None and self.layer_weights not in SCHEDULES:
-      raise ValueError(f"unknown layer-weight schedule {self.layer_weights!r}; choose one of "
-                       f"{', '.join(SCHEDULES)}")
+    if self.layer_weights is not None and self.layer_weights not in DEPTH_RULES:
+      raise ValueError(f"unknown depth rule {self.layer_weights!r}; choose one of "
+                       f"{', '.join(DEPTH_RULES)}")
     if self.settled_from < 0:
       raise ValueError(f"settled_from must be non-negative, got {self.settled_from}")
 

@@ -44,7 +44,7 @@ STRATEGIES = ("auto", "tune", "sequential", "vmap", "map")
 
 class Snapshot(NamedTuple):
   """Where a :func:`run` stands after a chunk: enough to continue it to the same result
-  (``Execution.checkpoint`` saves one, :mod:`gradjax.resume` writes it to a file).
+  (``Execution.saver`` saves one, :mod:`gradjax.resume` writes it to a file).
 
   state: every restart's :class:`SolverState` stacked on a leading (R,) axis, host arrays.
   round: the successive-halving round being run (0 without halving).
@@ -64,7 +64,7 @@ class Snapshot(NamedTuple):
   strategy: str
 
 
-class Checkpoint(Protocol):
+class Saver(Protocol):
   """What :func:`run` calls to save and restore its :class:`Snapshot` (:class:`gradjax.resume.Saver`
   is the file-backed one)."""
 
@@ -87,7 +87,7 @@ class Execution:
     map_batch_size: restarts vectorised together by the ``"map"`` strategy (``None``: all).
     unroll: ``fori_loop`` unroll factor on accelerators (on CPU a chunk is a host loop of one-step
       calls, see :func:`_compiled`).
-    halving_rounds, halving_keep: successive halving (:func:`halving_schedule`; 1 round: off). A
+    halving_rounds, halving_keep: successive halving (:func:`halving_plan`; 1 round: off). A
       restart dropped after a round keeps the state it reached (its ``iterations`` say how far).
     shard: split the restarts over every device (:func:`shard_restarts`; all hosts' devices after
       ``jax.distributed.initialize()``) and run them with ``vmap``, each device advancing its share.
@@ -95,7 +95,7 @@ class Execution:
     callback: called on the host with a :class:`Progress` after every chunk.
     monitor: called on the host with the (stacked, or one restart's) state after every chunk; a True
       return stops the run there (e.g. once a reconstruction reaches a target PSNR).
-    checkpoint: a :class:`Checkpoint`: asked for a snapshot to resume from before the run, and
+    saver: a :class:`Saver`: asked for a snapshot to resume from before the run, and
       offered one after every chunk (``gradjax.resume.Saver`` saves it to a file every so often).
   """
 
@@ -108,7 +108,7 @@ class Execution:
   shard: bool = False
   callback: Callable[[Progress], None] | None = None
   monitor: Callable[[SolverState], bool] | None = None
-  checkpoint: Checkpoint | None = None
+  saver: Saver | None = None
 
   def __post_init__(self):
     if self.strategy not in STRATEGIES:
@@ -242,7 +242,7 @@ def _scatter(tree, index, sub):
   return jax.tree.map(lambda x, s: x.at[index].set(s), tree, sub)
 
 
-def halving_schedule(iterations: int, restarts: int, rounds: int, keep: float
+def halving_plan(iterations: int, restarts: int, rounds: int, keep: float
                      ) -> list[tuple[int, int]]:
   """Successive halving: ``[(survivors, steps), ...]`` per round.
 
@@ -301,18 +301,18 @@ def _state_shapes(solver: Solver, init_params: PyTree, data: PyTree, restart_dat
 
 
 class _Search:
-  """One call of :func:`run`, what every strategy's loop shares: the compiled step, the schedule, the
+  """One call of :func:`run`, what every strategy's loop shares: the compiled step, the plan, the
   saved position (``snap``) and :meth:`drive`, which advances a state chunk by chunk.
 
   The loop's position is a cursor (round, survivors, position, steps): a :class:`Snapshot` taken after
-  any chunk, handed back through ``execution.checkpoint``, continues from there with the same chunk
+  any chunk, handed back through ``execution.saver``, continues from there with the same chunk
   boundaries, so the steps that follow are the same programs on the same values."""
 
   def __init__(self, solver: Solver, data: PyTree, iterations: int, execution: Execution,
-               strategy: str, mesh, restarts: int, schedule, snap: Snapshot | None):
+               strategy: str, mesh, restarts: int, plan, snap: Snapshot | None):
     self.solver, self.data, self.iterations, self.ex = solver, data, iterations, execution
-    self.strategy, self.mesh, self.restarts, self.schedule, self.snap = (
-        strategy, mesh, restarts, schedule, snap)
+    self.strategy, self.mesh, self.restarts, self.plan, self.snap = (
+        strategy, mesh, restarts, plan, snap)
     self.init, self.advance, self.finalize = _compiled(solver, strategy, execution.map_batch_size,
                                                        execution.unroll, mesh)
     self.tol = -jnp.inf if solver.tol is None else solver.tol
@@ -324,7 +324,7 @@ class _Search:
     if self.snap is None:
       return np.arange(self.restarts), 0, 0
     first = self.snap.round
-    return (np.asarray(self.snap.survivors, np.int64), sum(n for _, n in self.schedule[:first]),
+    return (np.asarray(self.snap.survivors, np.int64), sum(n for _, n in self.plan[:first]),
             first)
 
   def drive(self, state, per, restart, done, n, snapshot):
@@ -353,8 +353,8 @@ class _Search:
       if (not finished and ex.monitor is not None
           and ex.monitor(state if self.mesh is None else fetch(state))):
         self.stopped = finished = True
-      if ex.checkpoint is not None:
-        ex.checkpoint(lambda: snapshot(state, target if finished else done))
+      if ex.saver is not None:
+        ex.saver(lambda: snapshot(state, target if finished else done))
       if finished:
         break
     return state
@@ -368,8 +368,8 @@ class _Search:
 
   def save_final(self, state, rnd, survivors, position, steps):
     """The last snapshot, saved whatever the interval: a crash writing the results loses nothing."""
-    if self.ex.checkpoint is not None:
-      self.ex.checkpoint(lambda: Snapshot(state, rnd, np.asarray(survivors), position, steps,
+    if self.ex.saver is not None:
+      self.ex.saver(lambda: Snapshot(state, rnd, np.asarray(survivors), position, steps,
                                           self.stopped, self.strategy), final=True)
 
 
@@ -386,8 +386,8 @@ def _sequential(search: _Search, init_params: PyTree, restart_data: PyTree) -> S
   else:
     states = [jax.device_put(_slice(snap.state, r)) for r in range(restarts)]
   last = None  # (round, its survivors) of the last round run
-  for i in range(first_round, len(search.schedule)):
-    count, n = search.schedule[i]
+  for i in range(first_round, len(search.plan)):
+    count, n = search.plan[i]
     resumed = snap is not None and i == first_round
     survivors = survivors[:count]
     for j in range(snap.position if resumed else 0, count):
@@ -423,10 +423,10 @@ def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> Sol
     state = shard_restarts(snap.state, mesh) if mesh is not None else jax.device_put(snap.state)
   on_host = False  # with a mesh: whether ``state`` was gathered to the host by a halving round
   last = None  # (round, its survivors, its steps) of the last round run
-  for i in range(first_round, len(search.schedule)):
+  for i in range(first_round, len(search.plan)):
     if search.stopped:
       break
-    count, n = search.schedule[i]
+    count, n = search.plan[i]
     taken = snap.steps if snap is not None and i == first_round else 0
     survivors = survivors[:count]
     make = search.cursor(i, survivors, 0, done)
@@ -458,13 +458,13 @@ def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> Sol
 
 def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, execution: Execution,
          restart_data: PyTree, mesh: jax.sharding.Mesh | None, restarts: int) -> SolverState:
-  """The restart search of :func:`run`: the schedule, the snapshot to continue from, the strategy
+  """The restart search of :func:`run`: the plan, the snapshot to continue from, the strategy
   (tuned, or the snapshot's), then the strategy's loop."""
   ex = execution
-  schedule = halving_schedule(iterations, restarts, ex.halving_rounds, ex.halving_keep)
+  plan = halving_plan(iterations, restarts, ex.halving_rounds, ex.halving_keep)
   snap = None
-  if ex.checkpoint is not None:
-    snap = ex.checkpoint.restore(
+  if ex.saver is not None:
+    snap = ex.saver.restore(
         lambda: _state_shapes(solver, init_params, data, restart_data, restarts))
   strategy = resolve_strategy(ex.strategy)
   if snap is not None:
@@ -473,15 +473,15 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
     if snap.strategy != strategy:
       raise ValueError(f"the saved run used restart strategy {snap.strategy!r}, this one "
                        f"{strategy!r}; resume with --strategy={snap.strategy}")
-    if (not 0 <= snap.round < len(schedule) or len(snap.survivors) != schedule[snap.round][0]
+    if (not 0 <= snap.round < len(plan) or len(snap.survivors) != plan[snap.round][0]
         or not 0 <= snap.position <= len(snap.survivors)
-        or not 0 <= snap.steps <= schedule[snap.round][1]):
+        or not 0 <= snap.steps <= plan[snap.round][1]):
       raise ValueError("the saved run's position does not fit this run's iterations and halving "
-                       "schedule")
+                       "plan")
   elif strategy == "tune":
     strategy, _ = tune_strategy(solver, init_params, data, steps=min(ex.chunk, iterations, 10),
                                 execution=ex, restart_data=restart_data)
-  search = _Search(solver, data, iterations, ex, strategy, mesh, restarts, schedule, snap)
+  search = _Search(solver, data, iterations, ex, strategy, mesh, restarts, plan, snap)
   loop = _sequential if strategy == "sequential" else _together
   return loop(search, init_params, restart_data)
 

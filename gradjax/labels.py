@@ -117,7 +117,7 @@ def negative_bias(observation: Observation, path: tuple[str, ...] = BIAS) -> jax
   p̄_c < 1/N for the present classes; a batch with duplicates always loses its repeats.
 
   Needs: a bias in the last layer, N ≤ K. No assumption on the features.
-  Reference: the sign rule of iDLG applied to the bias (e.g. the "analytic" label strategy of
+  Reference: the sign rule of iDLG applied to the bias (e.g. the "analytic" label inference of
   Geiping et al.'s breaching library).
   """
   gb = last_layer_bias_gradient(observation.gradient, path)
@@ -511,32 +511,32 @@ def infer(observation: Observation, method: str) -> jax.Array:
   return METHODS[method](observation)
 
 
-# --- label strategies of an attack ---------------------------------------------------------------
+# --- label sources of an attack ---------------------------------------------------------------
 
 
 def joint(observation: Observation) -> None:
-  """The label strategy of DLG: no labels are fixed; the attack optimises soft labels softmax(z')
+  """The label source of DLG: no labels are fixed; the attack optimises soft labels softmax(z')
   with the data (Zhu et al. 2019). Returns None."""
   del observation
 
 
 def known(observation: Observation) -> jax.Array:
-  """The label strategy of a threat model that shares the labels (Inverting Gradients' protocol):
+  """The label source of a threat model that shares the labels (Inverting Gradients' protocol):
   the observation's own, (N,) int."""
   if observation.labels is None:
     raise ValueError("attack uses known labels but the observation carries none")
   return jnp.asarray(observation.labels)
 
 
-LabelStrategy = Callable[[Observation], jax.Array | None]
+LabelSource = Callable[[Observation], jax.Array | None]
 
-STRATEGIES: dict[str, LabelStrategy] = {"joint": joint, "known": known, **METHODS}
+SOURCES: dict[str, LabelSource] = {"joint": joint, "known": known, **METHODS}
 """An attack's labels by name: :func:`joint` (optimised, returns None), :func:`known`, or inferred by
 a method of :data:`METHODS`. Any function of the observation returning (N,) int labels is one."""
 
 
-def get_strategy(name: str) -> LabelStrategy:
-  """The label strategy registered as ``name``."""
-  if name not in STRATEGIES:
-    raise ValueError(f"unknown label strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
-  return STRATEGIES[name]
+def get_source(name: str) -> LabelSource:
+  """The label source registered as ``name``."""
+  if name not in SOURCES:
+    raise ValueError(f"unknown label source {name!r}; choose one of {', '.join(SOURCES)}")
+  return SOURCES[name]

@@ -205,7 +205,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
     observed = observation.gradient
     if mode == "replay":
       if observation.local is None:
-        raise ValueError("replay needs the client's local training schedule (observation.local)")
+        raise ValueError("replay needs the client's local training (observation.local)")
       params = observation.variables["params"]
       new = local_sgd(apply_fn, observation.variables, x, targets, observation.local,
                       train=observation.train, loss_fn=loss_fn, remat=remat)

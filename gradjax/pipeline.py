@@ -68,9 +68,9 @@ def parse_priors(spec: str) -> tuple[priors_lib.Prior, ...]:
   return tuple(out)
 
 
-def _label_strategy(name: str):
+def _label_source(name: str):
   # hfginv's counts read auxiliary images: run() infers them and attacks them as known labels.
-  return labels_lib.known if name == "hfginv" else labels_lib.get_strategy(name)
+  return labels_lib.known if name == "hfginv" else labels_lib.get_source(name)
 
 
 _GAMMA_KEYS = {"init": "init", "lr": "learning_rate", "frozen": "frozen"}
@@ -188,14 +188,14 @@ class Config:
       None, f"Gradient distance{_PRESET}: {_names(distances.DISTANCES)}.", attack="distance",
       parse=distances.get_distance)
   layer_weights: str | None = _field(
-      None, f"Per-layer distance weights by depth: {_names(distances.SCHEDULES)}.",
+      None, f"Per-layer distance weights by depth: {_names(distances.DEPTH_RULES)}.",
       attack="layer_weights")
   priors: str | None = _field(
       None, f"Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none; "
       f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
   labels: str | None = _field(
-      None, f"Label strategy: joint, known, an inference method ({_names(labels_lib.METHODS)}) or "
-      "hfginv (duplicate-aware counts from --aux images).", attack="labels", parse=_label_strategy)
+      None, f"Labels: joint, known, an inference method ({_names(labels_lib.METHODS)}) or "
+      "hfginv (duplicate-aware counts from --aux images).", attack="labels", parse=_label_source)
   aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
                     "dataset's images after the attacked batch (Ye et al. use 40).")
   schedule: str | None = _field(
@@ -242,11 +242,11 @@ class Config:
                       "installed, else none).", choices=LPIPS)
 
   def execution(self, callback: Callable | None = None, monitor: Callable | None = None,
-                checkpoint: driver.Checkpoint | None = None) -> driver.Execution:
+                saver: driver.Saver | None = None) -> driver.Execution:
     """The :class:`gradjax.driver.Execution` of this experiment's restarts."""
     knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.metadata["execution"]}
-    return driver.Execution(**knobs, callback=callback, monitor=monitor, checkpoint=checkpoint)
+    return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver)
 
   def text_sizes(self) -> models.TextSizes:
     """The transformer's sizes of this experiment."""
@@ -324,7 +324,7 @@ class Config:
 def get_attack(cfg: Config) -> attacks.Attack:
   """The preset ``cfg.attack`` built at ``cfg.iterations`` (the preset's own step counts, hfginv's
   prior starts and layer schedule, scale with it), with the parts the configuration names replaced:
-  the one place where the names of distances, priors, label strategies, dummy initialisations and
+  the one place where the names of distances, priors, label sources, dummy initialisations and
   optimizers become objects."""
   overrides, optimizer = {}, {}
   for f in dataclasses.fields(cfg):
@@ -654,7 +654,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   # host for it, so they record the objective only.
   execution = cfg.execution(callback=trace.progress,
                             monitor=trace.monitor if batch is not None and not cfg.shard else None,
-                            checkpoint=timing.saver)
+                            saver=timing.saver)
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
                             bounds=image_bounds(norm, input_shape[-1]), restarts=cfg.restarts,
                             permutations=cfg.permutations, execution=execution)
@@ -806,7 +806,7 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
 
   trace = Trace(callback)
   timing = _Resumable(cfg, state, trace)
-  execution = cfg.execution(callback=trace.progress, checkpoint=timing.saver)
+  execution = cfg.execution(callback=trace.progress, saver=timing.saver)
   rec = text.reconstruct(attack, model.apply_fn, observation, key_attack, length=cfg.sequence_length,
                          eos=vocabulary.eos, restrict=cfg.restrict_tokens, restarts=cfg.restarts,
                          search=cfg.text_search, execution=execution)

@@ -225,7 +225,7 @@ def batch_norm_prior(x, network: Network, *, multipliers: Sequence[float] = (10.
   return total
 
 
-# --- weight schedules -----------------------------------------------------------------------------
+# --- weights by step -------------------------------------------------------------------------------
 
 
 def constant(weight: float) -> WeightFn:

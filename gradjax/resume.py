@@ -1,6 +1,6 @@
 """Resumable runs: a solver's :class:`~gradjax.driver.Snapshot` in a plain ``.npz`` file.
 
-A :class:`Saver` is a :class:`gradjax.driver.Checkpoint`: passed as ``Execution(checkpoint=...)``,
+A :class:`Saver` is a :class:`gradjax.driver.Saver`: passed as ``Execution(saver=...)``,
 it writes the run's snapshot every ``every_s`` seconds (atomically: a temporary file renamed over the
 old one, so a kill at any moment leaves the previous snapshot or the new one), and with
 ``resume=True`` hands the saved snapshot back to :func:`gradjax.driver.run`, which continues from
@@ -19,7 +19,7 @@ Example::
 
   state = resume.StateFile("run/state.npz", every_s=60, resume=True)
   saver = state.saver({"seed": 0, "iterations": 2000})   # the run's fingerprint
-  rec = attacks.reconstruct(..., execution=driver.Execution(checkpoint=saver))
+  rec = attacks.reconstruct(..., execution=driver.Execution(saver=saver))
   state.remove()   # once the results are written
 """
 

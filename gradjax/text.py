@@ -172,7 +172,7 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
   if not attack.optimises_labels or attack.objective != "gradient" or attack.priors:
     described = attacks.describe(attack)
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
-                     "inputs: it takes no label strategy, objective mode or image prior "
+                     "inputs: it takes no label source, objective mode or image prior "
                      f"(attack {attack.name!r} has labels={described['labels']!r}, "
                      f"objective={attack.objective!r}, priors={described['priors']!r})")
   if eos is None:

@@ -1,4 +1,4 @@
-"""Tests for gradjax.distances: weighted distances, depth schedules and layer selection.
+"""Tests for gradjax.distances: weighted distances, depth rules and layer selection.
 
 References: plain NumPy formulas on random trees shaped like LeNet-5's gradient (float64), float64
 central finite differences along random directions, closed-form gradients (euclidean, l1), and the
@@ -353,7 +353,7 @@ def test_errors(lenet5_params):
     distances.get_distance("manhattan")
   with pytest.raises(ValueError, match="takes no"):
     distances.get_distance("l1", eps=1e-8)
-  with pytest.raises(ValueError, match="schedule"):
+  with pytest.raises(ValueError, match="depth rule"):
     distances.depth_weights(lenet5_params, "cosine")
   with pytest.raises(ValueError, match="decay"):
     distances.depth_weights(lenet5_params, "exp", decay=0.0)

@@ -59,20 +59,20 @@ def test_interrupted_run_resumes_bit_for_bit(tmp_path, optimizer, strategy, roun
     saver = resume.Saver(path, fingerprint={"run": 1}, every_s=0)
     with pytest.raises(Kill):
       _run(solver, driver.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
-                                     callback=_killed_after(calls), checkpoint=saver))
+                                     callback=_killed_after(calls), saver=saver))
     assert path.exists() == (calls > 1)
     again = resume.Saver(path, fingerprint={"run": 1}, every_s=0, resume=True)
     _assert_same(_run(solver, driver.Execution(strategy=strategy, chunk=7, halving_rounds=rounds,
-                                                checkpoint=again)), reference)
+                                                saver=again)), reference)
 
 
 def test_saves_are_spaced_by_time(tmp_path):
   solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
   saver = resume.Saver(tmp_path / "s.npz", fingerprint={}, every_s=3600)
-  _run(solver, driver.Execution(strategy="vmap", chunk=7, checkpoint=saver))
+  _run(solver, driver.Execution(strategy="vmap", chunk=7, saver=saver))
   assert saver.saves == 1  # the final state only
   every = resume.Saver(tmp_path / "s2.npz", fingerprint={}, every_s=0)
-  _run(solver, driver.Execution(strategy="vmap", chunk=7, checkpoint=every))
+  _run(solver, driver.Execution(strategy="vmap", chunk=7, saver=every))
   assert every.saves == 10  # after each of the ceil(60 / 7) chunks, and the final state
 
 
@@ -81,17 +81,17 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   path = tmp_path / "state.npz"
   saver = resume.Saver(path, fingerprint={"iterations": 60, "seed": 0}, every_s=0,
                        extra=lambda: {"history": [1.5, 2.5]})
-  _run(solver, driver.Execution(strategy="vmap", chunk=30, checkpoint=saver))
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=saver))
   restored = []
   ok = resume.Saver(path, fingerprint={"iterations": 60, "seed": 0}, resume=True,
                     on_restore=restored.append)
-  _run(solver, driver.Execution(strategy="vmap", chunk=30, checkpoint=ok))
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=ok))
   assert restored == [{"history": [1.5, 2.5]}]
 
   def refused(fingerprint, match, strategy="vmap"):
     s = resume.Saver(path, fingerprint=fingerprint, resume=True)
     with pytest.raises(ValueError, match=match):
-      _run(solver, driver.Execution(strategy=strategy, chunk=30, checkpoint=s))
+      _run(solver, driver.Execution(strategy=strategy, chunk=30, saver=s))
 
   refused({"iterations": 60, "seed": 1}, "another run .seed = 0 there, 1 here")
   refused({"iterations": 60, "seed": 0}, "strategy 'vmap'", strategy="sequential")
@@ -108,7 +108,7 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   with pytest.raises(ValueError, match="state array 0 is float"):
     other = {"x": jnp.zeros((5, 7))}
     driver.run(solver, other, jnp.zeros(7), iterations=60, execution=driver.Execution(
-        strategy="vmap", checkpoint=resume.Saver(path, fingerprint={"iterations": 60, "seed": 0},
+        strategy="vmap", saver=resume.Saver(path, fingerprint={"iterations": 60, "seed": 0},
                                                  resume=True)))
   os.mkdir(tmp_path / "dir.npz")
   with pytest.raises(ValueError, match="is a directory"):
@@ -144,7 +144,7 @@ def test_a_failing_save_is_reported_not_fatal(tmp_path):
   blocked = tmp_path / "a_file"
   blocked.write_text("")
   saver = resume.Saver(blocked / "state.npz", fingerprint={}, every_s=0)  # its folder is a file
-  _assert_same(_run(solver, driver.Execution(strategy="vmap", chunk=7, checkpoint=saver)), reference)
+  _assert_same(_run(solver, driver.Execution(strategy="vmap", chunk=7, saver=saver)), reference)
   assert saver.saves == 0 and "a_file" in saver.error
 
 

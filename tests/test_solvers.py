@@ -249,13 +249,13 @@ def test_any_optax_transformation_plugs_in():
   assert not optimizers.stores_value(optax.adam(0.1).init(params))
 
 
-def test_halving_schedule_counts():
-  assert driver.halving_schedule(100, 8, 3, 0.5) == [(8, 33), (4, 33), (2, 34)]
-  assert driver.halving_schedule(10, 5, 1, 0.5) == [(5, 10)]
-  assert driver.halving_schedule(9, 3, 3, 0.1) == [(3, 3), (1, 3), (1, 3)]
+def test_halving_plan_counts():
+  assert driver.halving_plan(100, 8, 3, 0.5) == [(8, 33), (4, 33), (2, 34)]
+  assert driver.halving_plan(10, 5, 1, 0.5) == [(5, 10)]
+  assert driver.halving_plan(9, 3, 3, 0.1) == [(3, 3), (1, 3), (1, 3)]
   for bad in [(10, 4, 0, 0.5), (10, 4, 11, 0.5), (10, 4, 2, 0.0), (10, 4, 2, 1.5)]:
     with pytest.raises(ValueError):
-      driver.halving_schedule(*bad)
+      driver.halving_plan(*bad)
 
 
 def offset_quadratic(params, data, step=0):
