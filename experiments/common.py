@@ -109,8 +109,9 @@ def config_from_flags(**overrides) -> Config:
 
 
 def log_progress(p: progress.Progress):
-  """Logs :meth:`gradjax.progress.Progress.line` after every chunk."""
-  logging.info("%s", p.line())
+  """Prints :meth:`gradjax.progress.Progress.line` on stderr after every chunk (plain: no log
+  prefix)."""
+  print(p.line(), file=sys.stderr, flush=True)
 
 
 def define_output_flags(default: str, resumable: bool = True):
@@ -210,10 +211,14 @@ class Items:
       self.earlier_s += float(results.get("wall_time_s", 0.0))
       return results, images, True
     state = resume.StateFile(f"{base}.{STATE_FILE}", flags.FLAGS.save_every_s, self.resume)
-    if cfg.modality == "text":  # the sentences are in the results
-      results, images = pipeline.run_text(cfg, state=state, **kw), {}
-    else:
-      results, images = pipeline.run(cfg, state=state, **kw)
+    resume.stop_on_signals()
+    try:
+      if cfg.modality == "text":  # the sentences are in the results
+        results, images = pipeline.run_text(cfg, state=state, **kw), {}
+      else:
+        results, images = pipeline.run(cfg, state=state, **kw)
+    except resume.Interrupted as e:
+      interrupted(e, self.out)
       report.atomic_write(base + ".npz", lambda fh: np.savez(
           fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
           reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
@@ -250,6 +255,43 @@ def permutation_seed(value: int, flag: str) -> int | None:
   return None if value == -1 else value
 
 
+def resume_command(out: str) -> str:
+  """The command line as typed, made to continue the run in ``out``: ``--resume --output_dir=out``
+  in place of any --resume, --overwrite or --output_dir given."""
+  program = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.join(os.path.dirname(__file__), ".."))
+  args, skip = [], False
+  for a in sys.argv[1:]:
+    name = a.split("=")[0]
+    if skip:
+      skip = False
+    elif name in ("--resume", "--noresume", "--overwrite", "--nooverwrite"):
+      continue
+    elif name == "--output_dir":
+      skip = "=" not in a
+    else:
+      args.append(a)
+  return shlex.join(["python", program, *args, "--resume", f"--output_dir={out}"])
+
+
+def interrupted(e: resume.Interrupted, out: str):
+  """One line for a run a signal stopped, naming the command that continues it, and exit code
+  128 + the signal's number (130 for Ctrl-C)."""
+  if e.path is None:
+    print(f"interrupted at iteration {e.iteration}; the state could not be saved, so the run starts "
+          "afresh next time", file=sys.stderr)
+  else:
+    print(f"interrupted at iteration {e.iteration}; resume with: {resume_command(out)}",
+          file=sys.stderr)
+  sys.exit(128 + e.signum)
+
+
+def _one_line_keyboard_interrupt(kind, value, tb):
+  if issubclass(kind, KeyboardInterrupt):
+    print("interrupted", file=sys.stderr)
+    return
+  sys.__excepthook__(kind, value, tb)
+
+
 def fail(message: str):
   """One-line error on stderr and exit code 2 (bad flags or data)."""
   print(f"error: {message}", file=sys.stderr)
@@ -267,6 +309,7 @@ def parse_flags(argv):
   except SystemExit as e:  # --help and --helpfull print the flags, then absl exits 1
     sys.exit(0 if any(a.split("=")[0] in ("--help", "-h", "--helpshort", "--helpfull", "-?")
                       for a in argv[1:]) else e.code)
+  sys.excepthook = _one_line_keyboard_interrupt  # Ctrl-C where nothing is saved: no traceback
   f = flags.FLAGS
   for name in f:  # every float flag of every program: a NaN or inf is caught here, not after a run
     value = f[name].value

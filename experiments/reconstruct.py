@@ -26,10 +26,10 @@ under the true one), ``curves.png`` and ``report.html``.
 
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
 
 import common
-from gradjax import pipeline, report
+from gradjax import pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags("<attack>_<model>_<source>")
@@ -52,13 +52,17 @@ def main(argv):
     if os.path.exists(os.path.join(out, "metrics.json")):
       print(f"nothing to resume: {out} holds a finished run (metrics.json)")
       return
-    logging.info("no saved state in %s: starting the run afresh", out)
+    common.fail(f"--resume: {out} holds no saved state ({os.path.basename(state.path)}) to continue; "
+                "run without --resume to start afresh")
+  resume.stop_on_signals()  # Ctrl-C or SIGTERM: save after the chunk being run, then stop
   if cfg.modality == "text":
     return text_main(cfg, out, state)
   try:
     results, images = pipeline.run(cfg, callback=common.log_progress, state=state)
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
+  except resume.Interrupted as e:
+    common.interrupted(e, out)
   results = {**results, **common.provenance()}  # the command as typed, the device and its cores
   n = results["num_samples"]
   what = (f"captured {cfg.observation} ({n} sample{'' if n == 1 else 's'})" if cfg.observation
@@ -96,6 +100,8 @@ def text_main(cfg, out, state):
     results = pipeline.run_text(cfg, callback=common.log_progress, state=state)
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
+  except resume.Interrupted as e:
+    common.interrupted(e, out)
   results = {**results, **common.provenance()}
   title = (f"{cfg.attack} on {results['model']}, {cfg.dataset} sentences "
            f"{cfg.index}..{cfg.index + cfg.batch_size - 1}")

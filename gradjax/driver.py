@@ -318,6 +318,14 @@ class _Search:
     self.tol = -jnp.inf if solver.tol is None else solver.tol
     self.stopped = False if snap is None else bool(snap.stopped)  # a monitor ended the run
     self.compiled = False  # whether a chunk has run (the first one compiles the step)
+    # Restart-steps the whole run still has to take (every survivor of every round), for the ETA.
+    self.left = sum(count * n for count, n in plan)
+    if snap is not None:
+      done_rounds = sum(count * n for count, n in plan[:snap.round])
+      count, n = plan[snap.round]
+      this_round = (snap.position * n + snap.steps if strategy == "sequential"
+                    else count * snap.steps)
+      self.left -= done_rounds + this_round
 
   def start(self) -> tuple[np.ndarray, int, int]:
     """(survivors, steps done, first round) where the run starts: afresh, or at the snapshot."""
@@ -327,9 +335,10 @@ class _Search:
     return (np.asarray(self.snap.survivors, np.int64), sum(n for _, n in self.plan[:first]),
             first)
 
-  def drive(self, state, per, restart, done, n, snapshot):
-    """Advances ``state`` by ``n`` steps from step ``done``; stops early once all converged.
-    ``snapshot(state, finished)`` is the run's :class:`Snapshot` with ``state`` in place."""
+  def drive(self, state, per, restart, done, n, snapshot, width=1):
+    """Advances ``state`` (``width`` restarts) by ``n`` steps from step ``done``; stops early once
+    all converged. ``snapshot(state, finished)`` is the run's :class:`Snapshot` with ``state`` in
+    place. The ETA reported covers the whole run: every restart and halving round still to come."""
     ex, iterations = self.ex, self.iterations
     target, start, first = done + n, time.perf_counter(), done
     began = start
@@ -339,6 +348,7 @@ class _Search:
       k = min(ex.chunk, target - done)
       state = self.advance(state, self.data, per, k)
       done += k
+      self.left -= k * width
       best, alive = fetch((state.best_loss, state.alive))
       now = time.perf_counter()
       if not self.compiled:  # rates from here on exclude the compilation
@@ -348,7 +358,7 @@ class _Search:
         rate = (done - first) / max(now - start, 1e-9)
       if ex.callback is not None:
         ex.callback(Progress(restart, done, iterations, float(best.min()), int(alive.sum()), rate,
-                             (iterations - done) / rate, now - began))
+                             max(self.left, 0) / (rate * width), now - began))
       finished = not (alive & (best > self.tol)).any()
       if (not finished and ex.monitor is not None
           and ex.monitor(state if self.mesh is None else fetch(state))):
@@ -432,10 +442,10 @@ def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> Sol
     make = search.cursor(i, survivors, 0, done)
     if count == restarts:
       state = search.drive(state, restart_data, None, done + taken, n - taken,
-                           lambda s, d: make(_slice(fetch(s), slice(0, restarts)), d))
+                           lambda s, d: make(_slice(fetch(s), slice(0, restarts)), d), count)
     elif mesh is None:
       sub = search.drive(_slice(state, survivors), per_of(survivors), None, done + taken, n - taken,
-                         lambda s, d: make(_set_rows(fetch(state), survivors, fetch(s)), d))
+                         lambda s, d: make(_set_rows(fetch(state), survivors, fetch(s)), d), count)
       state = _scatter(state, survivors, sub)
     else:
       if not on_host:
@@ -444,7 +454,8 @@ def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> Sol
       sub, per = shard_restarts((_slice(state, index), per_of(index)), mesh)
       full = lambda s, d: make(_slice(_set_rows(state, index, _slice(fetch(s), slice(0, count))),
                                       slice(0, restarts)), d)
-      sub = _slice(fetch(search.drive(sub, per, None, done + taken, n - taken, full)), slice(0, count))
+      sub = _slice(fetch(search.drive(sub, per, None, done + taken, n - taken, full, count)),
+                   slice(0, count))
       state = _set_rows(state, index, sub)
     done += n
     last = (i, survivors, n)

@@ -13,7 +13,7 @@ class Progress(NamedTuple):
   best_loss: float
   alive: int
   its_per_s: float          # NaN for the run's first chunk, which includes the step's compilation
-  eta_s: float              # NaN with its_per_s
+  eta_s: float              # seconds the whole run has left (every restart and round); NaN with its_per_s
   elapsed_s: float = 0.0    # since this restart (or these restarts) started advancing
   compiling: bool = False   # True for the report sent before the first step is compiled
 

@@ -15,6 +15,11 @@ configuration) and the caller's ``extra`` (e.g. its progress history). It is rea
 differs from the run's, or when its arrays do not have the shapes and dtypes of the run's state. PRNG
 keys are not stored: the run derives them from its configuration (the seed is in the fingerprint).
 
+Stopping. The first save comes after the first chunk (whose time includes compiling the step), later
+ones every ``every_s``. After :func:`stop_on_signals`, SIGINT or SIGTERM asks every saver to save at
+the end of the chunk being run and raise :class:`Interrupted`; nothing computed before that chunk is
+lost, and a second signal stops at once.
+
 Example::
 
   state = resume.StateFile("run/state.npz", every_s=60, resume=True)
@@ -28,6 +33,7 @@ import io
 import json
 import logging
 import os
+import signal
 import time
 import zipfile
 from typing import Any, Callable
@@ -55,6 +61,38 @@ def _first_difference(saved: Any, current: Any, where: str = "") -> str | None:
   return None
 
 
+class Interrupted(Exception):
+  """A run stopped by a signal once its state was saved (``path``; None if the save failed):
+  ``iteration``, the furthest restart's; ``signum``, the signal."""
+
+  def __init__(self, iteration: int, signum: int, path: str | None):
+    super().__init__(f"interrupted at iteration {iteration}")
+    self.iteration, self.signum, self.path = iteration, signum, path
+
+
+_stop_requested: list[int] = []  # the signals received since stop_on_signals()
+
+
+def stop_on_signals(signums=(signal.SIGINT, signal.SIGTERM)) -> None:
+  """Makes the first of ``signums`` ask the running :class:`Saver` to save and stop (raising
+  :class:`Interrupted` after the chunk being run); the signal's default action comes back, so a
+  second one stops at once. For programs whose runs save their state."""
+
+  def handler(signum, frame):
+    del frame
+    _stop_requested.append(signum)
+    for s in signums:
+      signal.signal(s, signal.SIG_DFL if s == signal.SIGTERM else signal.default_int_handler)
+
+  for s in signums:
+    signal.signal(s, handler)
+
+
+def stop_requested() -> int | None:
+  """The signal that asked the run to stop, or None."""
+  return _stop_requested[0] if _stop_requested else None
+
+
 class Saver:
   """Saves a run's :class:`~gradjax.driver.Snapshot` to ``path`` and restores it.
 
@@ -69,7 +107,9 @@ class Saver:
 
   ``saves`` and ``seconds`` count the saves made and the time they took. A save that fails (a full
   disk, a folder removed) is logged and remembered in ``error``; the run goes on, since losing the
-  ability to resume must not cost the run itself.
+  ability to resume must not cost the run itself. The first save comes at the first call (after the
+  first chunk), the next ones every ``every_s``; once a stop is requested (:func:`stop_on_signals`)
+  the next call saves and raises :class:`Interrupted`.
   """
 
   def __init__(self, path, *, fingerprint: dict, every_s: float = 60.0, resume: bool = False,
@@ -81,15 +121,20 @@ class Saver:
     self._extra, self._on_restore = extra, on_restore
     self._fingerprint_json = json.loads(json.dumps(fingerprint, sort_keys=True))
     self._last = time.monotonic()
+    self._called = False
     self.saves, self.seconds, self.error = 0, 0.0, None
 
   def __call__(self, snapshot: Callable[[], driver.Snapshot], *, final: bool = False) -> None:
-    if not final and time.monotonic() - self._last < self.every_s:
+    signum = stop_requested()
+    first, self._called = not self._called, True
+    if not (final or first or signum is not None or time.monotonic() - self._last >= self.every_s):
       return
     start = time.perf_counter()
+    snap, saved = None, False
     try:
-      save(self.path, snapshot(), self.fingerprint, {} if self._extra is None else self._extra())
-      self.saves += 1
+      snap = snapshot()
+      save(self.path, snap, self.fingerprint, {} if self._extra is None else self._extra())
+      self.saves, saved = self.saves + 1, True
     except OSError as e:
       if self.error is None:
         logging.getLogger(__name__).warning("cannot save the run's state to %s (%s); the run goes "
@@ -97,6 +142,9 @@ class Saver:
       self.error = f"{type(e).__name__}: {e}"
     self._last = time.monotonic()
     self.seconds += time.perf_counter() - start
+    if signum is not None:
+      iteration = -1 if snap is None else int(np.max(snap.state.iterations))
+      raise Interrupted(iteration, signum, self.path if saved else None)
 
   def restore(self, like: Callable[[], solvers.SolverState]) -> driver.Snapshot | None:
     if not self.resume or not os.path.exists(self.path):

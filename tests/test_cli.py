@@ -4,6 +4,7 @@ import collections
 import json
 import os
 import pickle
+import shlex
 import signal
 import subprocess
 import sys
@@ -230,6 +231,57 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
   assert a["resumed"] and not b["resumed"]
   again = run_program("reconstruct.py", *args, f"--output_dir={out}", "--resume")
   assert again.returncode == 0 and "nothing to resume" in again.stdout
+
+
+def _interrupted(args, wait_for: str):
+  """Runs reconstruct.py until its stderr shows ``wait_for``, sends SIGINT, and returns (exit code,
+  stderr)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments", "reconstruct.py"), *args],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+  seen = []
+  try:
+    for line in proc.stderr:
+      seen.append(line)
+      if wait_for in line:
+        proc.send_signal(signal.SIGINT)
+        break
+    seen += proc.stderr.readlines()
+    proc.wait(timeout=240)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  return proc.returncode, "".join(seen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["compiling", "[####"], ids=["before_first_save", "after_it"])
+def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, moment):
+  """SIGINT before the first save (while the step compiles) and after it: the run saves, exits 130
+  with one line naming the command that continues it, and that command ends where an uninterrupted
+  run does."""
+  args = ["--iterations=200", "--image_size=16", "--restarts=2", "--chunk=10", "--save_every_s=3600"]
+  whole = run_program("reconstruct.py", *args, f"--output_dir={tmp_path / 'whole'}")
+  assert whole.returncode == 0, whole.stderr[-2000:]
+  out = tmp_path / "stopped"
+  code, stderr = _interrupted([*args, f"--output_dir={out}"], moment)
+  last = stderr.strip().splitlines()[-1]
+  assert code == 130 and last.startswith("interrupted at iteration "), stderr[-2000:]
+  assert "Traceback" not in stderr and (out / "state.npz").exists()
+  command = shlex.split(last.split("resume with: ", 1)[1])
+  assert command[:2] == ["python", "experiments/reconstruct.py"] and "--resume" in command
+  resumed = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, cwd=ROOT,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
+  np.testing.assert_array_equal(np.load(out / "reconstruction.npy"),
+                                np.load(tmp_path / "whole" / "reconstruction.npy"))
+
+
+def test_resume_of_a_folder_without_state_is_an_error(tmp_path):
+  proc = run_program("reconstruct.py", "--iterations=5", "--image_size=16", "--resume",
+                     f"--output_dir={tmp_path / 'mistyped'}")
+  assert proc.returncode == 2 and "holds no saved state" in proc.stderr
+  assert "start afresh" in proc.stderr and not (tmp_path / "mistyped").exists()
 
 
 @pytest.mark.slow
