@@ -70,7 +70,7 @@ def test_saves_are_spaced_by_time(tmp_path):
   solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
   saver = resume.Saver(tmp_path / "s.npz", fingerprint={}, every_s=3600)
   _run(solver, driver.Execution(strategy="vmap", chunk=7, saver=saver))
-  assert saver.saves == 1  # the final state only
+  assert saver.saves == 2  # after the first chunk, then the final state
   every = resume.Saver(tmp_path / "s2.npz", fingerprint={}, every_s=0)
   _run(solver, driver.Execution(strategy="vmap", chunk=7, saver=every))
   assert every.saves == 10  # after each of the ceil(60 / 7) chunks, and the final state
