@@ -219,6 +219,7 @@ class Items:
         results, images = pipeline.run(cfg, state=state, **kw)
     except resume.Interrupted as e:
       interrupted(e, self.out)
+    if cfg.modality != "text":
       report.atomic_write(base + ".npz", lambda fh: np.savez(
           fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
           reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
