@@ -321,3 +321,22 @@ def test_monitor_stop_ends_every_round_of_halving():
   state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=200,
                       execution=execution)
   np.testing.assert_array_equal(state.iterations, [25, 25])
+
+
+@pytest.mark.parametrize("strategy, restarts", [("sequential", 3), ("vmap", 4)])
+def test_progress_eta_covers_the_whole_run(strategy, restarts):
+  """The ETA is the restart-steps the whole run has left over the measured rate: every later restart
+  of a sequential run counts, and vmapped restarts advance together."""
+  reports = []
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.01))
+  init = stacked(*[np.ones(len(A)) * (r + 1) for r in range(restarts)])
+  driver.run(solver, init, jnp.zeros(len(A), jnp.float64), iterations=40,
+             execution=driver.Execution(strategy=strategy, chunk=10, callback=reports.append))
+  timed = [p for p in reports if not p.compiling and np.isfinite(p.its_per_s)]
+  assert timed
+  for p in timed:
+    if strategy == "sequential":
+      left, width = (restarts - p.restart - 1) * 40 + 40 - p.iteration, 1
+    else:
+      left, width = restarts * (40 - p.iteration), restarts
+    np.testing.assert_allclose(p.eta_s * p.its_per_s * width, left, rtol=1e-9)
