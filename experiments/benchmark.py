@@ -76,6 +76,7 @@ import numpy as np
 from absl import app, flags
 
 import accelerator_suite
+import common
 import benchmark_step as bs
 import op_profile
 from gradjax import attacks, clients, driver, dummy, metrics, models, presets, report
@@ -651,4 +652,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=common.parse_flags)

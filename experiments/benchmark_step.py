@@ -63,6 +63,7 @@ import numpy as np
 from absl import app, flags
 
 from common import cpu_model
+import common
 
 import gradjax
 from gradjax import attacks, clients, compilation, data, distances, driver, lbfgs, models, presets
@@ -579,4 +580,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=common.parse_flags)
