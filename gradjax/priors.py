@@ -1,9 +1,9 @@
 """Image priors: regularisers ``prior(x) -> scalar`` added to the gradient-matching objective.
 
-``x`` is an NHWC batch (N, H, W, C). Priors are weighted by a schedule ``weight_fn(step) -> scalar``
-(``step`` a jnp int, so the schedules work under ``jit`` / ``vmap`` / ``lax.scan``). A :class:`Prior`
-is one built term (the function, its weight and the step it starts at); :func:`combine` sums several
-into one ``fn(x, step, network)``.
+``x`` is an NHWC batch (N, H, W, C). A :class:`Prior` is one built term of the objective: the
+function, its weight (a number, or a function of the step) and the step it starts at, evaluated for a
+traced step under ``jit`` / ``vmap`` / ``lax.scan``; :func:`combine` sums several into one
+``fn(x, step, network)``.
 
 Most priors read the image alone. A :class:`NetworkPrior` also reads the attacked model
 (:class:`Network`): the BatchNorm statistics prior of GradInversion (:func:`batch_norm_prior`)
@@ -225,23 +225,7 @@ def batch_norm_prior(x, network: Network, *, multipliers: Sequence[float] = (10.
   return total
 
 
-# --- weights by step -------------------------------------------------------------------------------
-
-
-def constant(weight: float) -> WeightFn:
-  """``weight_fn(step) = weight`` at every step."""
-  return lambda step: jnp.asarray(weight, float)
-
-
-def step_on(weight: float, start: int) -> WeightFn:
-  """``weight_fn(step) = 0`` for step < ``start``, ``weight`` from ``start`` on (steps count from 0).
-
-  The prior "switched on at step T" of HFGInv (TV from 3000, BN from 5000). ``jnp.where``, so a traced
-  step works under ``jit`` and ``vmap``.
-  """
-  if int(start) != start:
-    raise ValueError(f"start must be an integer step, got {start}")
-  return lambda step: jnp.where(jnp.asarray(step) >= start, jnp.asarray(weight, float), 0.0)
+# --- built priors ---------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +234,8 @@ class Prior:
 
     term(x, step) = w(step) · fn(x)      for step >= start, else 0
 
-  with w = ``weight`` (a number, or a schedule ``weight_fn(step)``); ``fn(x, network)`` for a
+  with w = ``weight`` (a number, or a function of the step ``weight_fn(step)``, which must work on a
+  traced step under ``jit`` and ``vmap``); ``fn(x, network)`` for a
   :class:`NetworkPrior`, which reads the attacked model too (``needs``: its variable collections).
   Example: ``Prior(total_variation, 1e-4)`` (Inverting Gradients), ``Prior(PRIORS["bn_hfginv"], 1e-4,
   start=5000)`` (HFGInv).

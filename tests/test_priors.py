@@ -94,17 +94,23 @@ def test_l2_norm(images):
     np.testing.assert_allclose(np.asarray(jax.grad(priors.l2_norm)(x)), images, rtol=1e-13)  # 2x / N
 
 
-def test_step_on_switches_at_start_under_jit():
-  weight = jax.jit(priors.step_on(0.01, 3000))
-  assert [float(weight(jnp.asarray(s))) for s in (0, 2999, 3000, 3001)] == [0.0, 0.0] + [np.float32(0.01)] * 2
-  np.testing.assert_allclose(np.asarray(jax.vmap(weight)(jnp.arange(2998, 3003))),
-                             [0, 0, 0.01, 0.01, 0.01], rtol=1e-6)
-  assert float(jax.jit(priors.constant(1e-4))(jnp.asarray(7))) == pytest.approx(1e-4)
+def test_prior_switches_on_at_its_start_under_jit_and_vmap(images):
+  """HFGInv's "switched on at step T": 0 before, weight · fn(x) from T on, for a traced step."""
+  x = jnp.asarray(images, jnp.float32)
+  tv = float(priors.total_variation(x))
+  prior = jax.jit(priors.Prior(priors.total_variation, 0.01, 3000))
+  got = [float(prior(x, jnp.asarray(s))) for s in (0, 2999, 3000, 3001)]
+  np.testing.assert_allclose(got, [0.0, 0.0, 0.01 * tv, 0.01 * tv], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(jax.vmap(prior, in_axes=(None, 0))(x, jnp.arange(2998, 3003))),
+                             [0, 0, 0.01 * tv, 0.01 * tv, 0.01 * tv], rtol=1e-6)
+  ramp = priors.Prior(priors.total_variation, lambda step: 1e-3 * step, 5)  # a weight by step
+  np.testing.assert_allclose([float(ramp(x, jnp.asarray(s))) for s in (4, 5, 6)],
+                             [0.0, 5e-3 * tv, 6e-3 * tv], rtol=1e-6)
 
 
 def test_combine(images):
   x = jnp.asarray(images, jnp.float32)
-  combined = jax.jit(priors.combine([priors.Prior(priors.total_variation, priors.step_on(0.5, 10)),
+  combined = jax.jit(priors.combine([priors.Prior(priors.total_variation, 0.5, 10),
                                      priors.Prior(priors.l2_norm, 1e-3)]))
   tv, l2 = float(priors.total_variation(x)), float(priors.l2_norm(x))
   assert float(combined(x, jnp.asarray(9))) == pytest.approx(1e-3 * l2, rel=1e-6)
@@ -113,12 +119,6 @@ def test_combine(images):
   # Differentiable in x, and vmappable over steps.
   assert np.all(np.isfinite(np.asarray(jax.grad(combined)(x, jnp.asarray(10)))))
   assert jax.vmap(combined, in_axes=(None, 0))(x, jnp.arange(8, 12)).shape == (4,)
-  # A Prior's own start switches it on as the step_on schedule does.
-  started = jax.jit(priors.combine([priors.Prior(priors.total_variation, 0.5, 10),
-                                    priors.Prior(priors.l2_norm, 1e-3)]))
-  for step in (0, 9, 10, 11):
-    want = float(combined(x, jnp.asarray(step)))
-    assert float(started(x, jnp.asarray(step))) == pytest.approx(want, rel=1e-6)
 
 
 def test_errors():
@@ -135,8 +135,6 @@ def test_errors():
     priors.total_variation(x, form="isotropic", eps=-1.0)
   with pytest.raises(ValueError, match="unknown prior"):
     priors.get_prior("group_consistency")
-  with pytest.raises(ValueError, match="integer"):
-    priors.step_on(1.0, 2.5)
   with pytest.raises(ValueError, match="Prior records"):
     priors.combine([priors.total_variation])
   with pytest.raises(ValueError, match="Prior records"):
