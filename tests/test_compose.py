@@ -144,3 +144,19 @@ def test_a_model_is_one_spec(monkeypatch):
   rec = attacks.reconstruct(presets.idlg(20), model.apply_fn, obs, jax.random.key(0),
                             input_shape=(4, 4, 3))
   assert rec.labels.tolist() == [1]
+
+
+def test_the_readme_library_snippets_run():
+  """The README's "As a library" snippets, run as written but for their budgets: a preset, then an
+  attack of a distance written inline and optax's Adam."""
+  import os
+  import re
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  text = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+  section = text[text.index("## As a library"):text.index("### Text")]
+  blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+  assert len(blocks) == 2 and "optax.adam(0.1)" in blocks[1] and "def squared_error" in blocks[1]
+  scope = {}
+  exec(compile(blocks[0].replace("presets.dlg()", "presets.dlg(20)"), "README.md", "exec"), scope)
+  exec(compile(blocks[1].replace("iterations=1000", "iterations=20"), "README.md", "exec"), scope)
+  assert scope["rec"].x.shape == (1, 32, 32, 3) and np.isfinite(scope["rec"].loss)
