@@ -11,7 +11,7 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR.
 * ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
-  (1000 iterations) under each ``jax_default_matmul_precision`` (float32, tensorfloat32, bfloat16):
+  (1000 iterations) under each ``--matmul_precision`` (float32, tensorfloat32, bfloat16, JAX's default):
   wall time and PSNR, on the scikit-image photo.
 * ``ig``: Inverting Gradients (the preset: 4800 iterations) on ``resnet20-4``, CIFAR-10 test images
   0-4 (``--suite_dataset``), one restart each: PSNR, SSIM, wall time.
@@ -33,15 +33,13 @@ import subprocess
 import sys
 import time
 
-import jax
-
 import benchmark_step as bs
-from gradjax import pipeline, report
+from gradjax import driver, pipeline, report
 
 PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch")
 CHECKPOINT = os.path.join(os.path.dirname(__file__), "results", "train_resnet20_cifar10", "epoch_5.npz")
 BATCH_SECONDS = 540.0  # a call of the batch part stops here; the next one resumes
-PRECISIONS = ("float32", "tensorfloat32", "bfloat16")
+PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
 
 
 def sizes(quick: bool, dataset: str) -> dict:
@@ -72,6 +70,11 @@ def _scores(results: dict) -> dict:
 
 
 def part_steps(s: dict, seed: int) -> list[dict]:
+  with driver.precision_scope("float32"):  # as the attacks run (gradjax.driver, Precision)
+    return _steps(s, seed)
+
+
+def _steps(s: dict, seed: int) -> list[dict]:
   rows = []
   for batch in s["batch_sizes"]:
     images = bs.photos(batch)
@@ -109,10 +112,10 @@ def part_precision(s: dict, seed: int) -> list[dict]:
   rows = []
   for attack, model, iterations in runs:
     for precision in s["precisions"]:
-      with jax.default_matmul_precision(precision):
-        cfg = pipeline.Config(attack=attack, model=model, iterations=iterations,
-                              image_size=s["image_size"], seed=seed, lpips="none")
-        results, _ = pipeline.run(cfg)
+      cfg = pipeline.Config(attack=attack, model=model, iterations=iterations,
+                            matmul_precision=precision,
+                            image_size=s["image_size"], seed=seed, lpips="none")
+      results, _ = pipeline.run(cfg)
       rows.append(dict(attack=attack, model=model, precision=precision, **_scores(results)))
       print(f"precision {rows[-1]}", flush=True)
   return rows

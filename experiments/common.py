@@ -23,7 +23,6 @@ from gradjax.pipeline import Config
 
 STATE_FILE = "state.npz"
 
-MATMUL_PRECISIONS = ("bfloat16", "tensorfloat32", "float32", "default", "high", "highest")
 
 
 def cpu_model() -> str:
@@ -74,7 +73,7 @@ def _flag_type(field: dataclasses.Field) -> type:
 
 def define_flags():
   """Defines one flag per :class:`gradjax.pipeline.Config` field (its name, default and help come
-  from the field), then the process settings (compilation cache, matmul precision, multi-host)."""
+  from the field), then the process settings (compilation cache, multi-host)."""
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
   for field in dataclasses.fields(Config):
@@ -85,7 +84,6 @@ def define_flags():
       define[_flag_type(field)](flag_name(field), field.default, help_text)
   flags.DEFINE_enum("layout", "torch", ["torch"], "Tensor layout of --weights and --observation files.")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host: pods, SLURM, Open MPI clusters).")
-  flags.DEFINE_string("matmul_precision", None, "jax_default_matmul_precision: bfloat16, tensorfloat32, float32 (accelerators; no effect on CPU).")
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
 
@@ -301,7 +299,7 @@ def fail(message: str):
 
 def parse_flags(argv):
   """absl flag parser that reports bad flags in one line with exit code 2, then applies the process
-  settings: the persistent compilation cache, the matmul precision, and the multi-host runtime
+  settings: the persistent compilation cache and the multi-host runtime
   (``--distributed``)."""
   try:
     argv = flags.FLAGS(argv)
@@ -322,11 +320,6 @@ def parse_flags(argv):
   if "compilation_cache" in f and f.compilation_cache:
     jax.config.update("jax_compilation_cache_dir", f.compilation_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", f.compilation_cache_min_secs)
-  if "matmul_precision" in f and f.matmul_precision:
-    if f.matmul_precision not in MATMUL_PRECISIONS:
-      fail(f"unknown --matmul_precision {f.matmul_precision!r}; choose one of "
-           f"{', '.join(MATMUL_PRECISIONS)}")
-    jax.config.update("jax_default_matmul_precision", f.matmul_precision)
   if "distributed" in f and f.distributed:
     try:
       jax.distributed.initialize()

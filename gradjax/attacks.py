@@ -497,6 +497,7 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     execution: how the restarts × candidates run (:class:`gradjax.driver.Execution`: strategy,
       chunk, successive halving, sharding over devices, progress callback and monitor).
   """
-  problem = prepare(attack, apply_fn, observation, key, input_shape=input_shape, bounds=bounds,
-                    restarts=restarts, permutations=permutations, permutation_seed=permutation_seed)
-  return select(problem, solve(attack, apply_fn, problem, execution))
+  with driver.precision_scope(execution.matmul_precision):
+    problem = prepare(attack, apply_fn, observation, key, input_shape=input_shape, bounds=bounds,
+                      restarts=restarts, permutations=permutations, permutation_seed=permutation_seed)
+    return select(problem, solve(attack, apply_fn, problem, execution))

@@ -20,8 +20,14 @@ Scale. ``restart_data`` gives each restart its own data (a candidate label order
 restarts cost little more than a few; ``shard`` splits the restarts over all devices (and hosts,
 after ``jax.distributed.initialize()``) with a ``NamedSharding`` on a 1-D ``"restarts"`` mesh. These
 knobs, with the progress ``callback`` and ``monitor``, travel together as one :class:`Execution`.
+
+Precision. Every program of a run is traced at ``Execution.matmul_precision`` for matrix products and
+convolutions (``jax.default_matmul_precision``), float32 unless asked otherwise: matching gradients of
+gradients must drive a residual to ~1e-6, which float32 products rounded as JAX's default precision
+lets a GPU round them (to TensorFloat-32 or bfloat16) cannot (``experiments/results/gpu_h100``).
 """
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -76,6 +82,17 @@ class Saver(Protocol):
     """Called after every chunk; saves ``snapshot()`` when it is due (always when ``final``)."""
 
 
+PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")
+
+
+def precision_scope(precision: str):
+  """A context in which JAX traces matrix products and convolutions at ``precision`` (one of
+  ``PRECISIONS``; ``"default"``: JAX's default, left as the caller set it)."""
+  if precision not in PRECISIONS:
+    raise ValueError(f"unknown matmul precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+  return contextlib.nullcontext() if precision == "default" else jax.default_matmul_precision(precision)
+
+
 @dataclasses.dataclass(frozen=True)
 class Execution:
   """How :func:`run` executes the restarts: one record, built once and passed whole.
@@ -97,6 +114,8 @@ class Execution:
       return stops the run there (e.g. once a reconstruction reaches a target PSNR).
     saver: a :class:`Saver`: asked for a snapshot to resume from before the run, and
       offered one after every chunk (``gradjax.resume.Saver`` saves it to a file every so often).
+    matmul_precision: one of ``PRECISIONS``: the precision of matrix products and convolutions
+      the run's programs are traced at (:func:`precision_scope`); ``"default"``: JAX's own.
   """
 
   strategy: str = "auto"
@@ -109,8 +128,12 @@ class Execution:
   callback: Callable[[Progress], None] | None = None
   monitor: Callable[[SolverState], bool] | None = None
   saver: Saver | None = None
+  matmul_precision: str = "float32"
 
   def __post_init__(self):
+    if self.matmul_precision not in PRECISIONS:
+      raise ValueError(f"unknown matmul precision {self.matmul_precision!r}; choose one of "
+                       f"{', '.join(PRECISIONS)}")
     if self.strategy not in STRATEGIES:
       raise ValueError(f"unknown restart strategy {self.strategy!r}; choose one of "
                        f"{', '.join(STRATEGIES)}")
@@ -282,6 +305,11 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int,
     raise ValueError(f"iterations must be positive, got {iterations}")
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   _check_restart_data(restart_data, restarts)  # before padding could hide a wrong count
+  with precision_scope(execution.matmul_precision):
+    return _run_all(solver, init_params, data, iterations, execution, restart_data, restarts)
+
+
+def _run_all(solver, init_params, data, iterations, execution, restart_data, restarts):
   if not execution.shard:
     return _run(solver, init_params, data, iterations, execution, restart_data, None, restarts)
   mesh = restart_mesh()

@@ -238,6 +238,10 @@ class Config:
       choices=models.CONVS)
   seed: int = _field(0, "PRNG seed (model and dummy initialisation).")
   chunk: int = _field(100, "Iterations per jitted chunk between progress reports.", execution=True)
+  matmul_precision: str = _field(
+      "float32", "Matmul and convolution precision of the client's update and the attack: float32, "
+      "tensorfloat32, bfloat16, or default (JAX's, which lets GPUs round float32 products and "
+      "ruins gradient matching there).", choices=driver.PRECISIONS, execution=True)
   lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
                       "installed, else none).", choices=LPIPS)
 
@@ -602,6 +606,11 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   """
   if cfg.modality != "image":
     raise ValueError(f"run() attacks images; a {cfg.modality} experiment runs with run_text()")
+  with driver.precision_scope(cfg.matmul_precision):  # the client's update as well as the attack
+    return _run_image(cfg, callback, batch, state)
+
+
+def _run_image(cfg: Config, callback, batch, state):
   attack = check(cfg)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   share_labels = cfg.labels != "hfginv" and attack.labels is labels_lib.known  # else a finding
@@ -793,6 +802,11 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
   one (DLG's), ``exact`` sentences, ``sentences`` (true and recovered text side by side), the bag of
   tokens the gradient revealed, counts, timing, configuration and device. ``state`` as :func:`run`.
   """
+  with driver.precision_scope(cfg.matmul_precision):
+    return _run_text(cfg, callback, state)
+
+
+def _run_text(cfg: Config, callback, state):
   attack = check(cfg)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   batch = load_sentences(cfg)

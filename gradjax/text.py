@@ -236,6 +236,12 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
       stay one sentence; tokens are argmax z.
     restarts, execution: as :func:`gradjax.attacks.reconstruct`.
   """
+  with driver.precision_scope(execution.matmul_precision):
+    return _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, restarts, search,
+                        execution)
+
+
+def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, restarts, search, execution):
   if length < 1:
     raise ValueError(f"sentence length must be positive, got {length}")
   if attack.labels not in (labels_lib.joint, labels_lib.known) or attack.objective != "gradient":
