@@ -34,7 +34,7 @@ import sys
 import time
 
 import benchmark_step as bs
-from gradjax import driver, pipeline, report
+from gradjax import config, driver, pipeline, report
 
 PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch")
 CHECKPOINT = os.path.join(os.path.dirname(__file__), "results", "train_resnet20_cifar10", "epoch_5.npz")
@@ -96,7 +96,7 @@ def part_restarts(s: dict, seed: int) -> list[dict]:
 def part_dlg64(s: dict, seed: int) -> list[dict]:
   rows = []
   for restarts in (1, s["dlg_restarts"]):
-    cfg = pipeline.Config(restarts=restarts, iterations=s["dlg_iterations"], strategy="vmap",
+    cfg = config.Config(restarts=restarts, iterations=s["dlg_iterations"], strategy="vmap",
                           image_size=s["image_size"], seed=seed, lpips="none")
     results, _ = pipeline.run(cfg)
     rows.append(dict(restarts=restarts, **_scores(results)))
@@ -112,7 +112,7 @@ def part_precision(s: dict, seed: int) -> list[dict]:
   rows = []
   for attack, model, iterations in runs:
     for precision in s["precisions"]:
-      cfg = pipeline.Config(attack=attack, model=model, iterations=iterations,
+      cfg = config.Config(attack=attack, model=model, iterations=iterations,
                             matmul_precision=precision,
                             image_size=s["image_size"], seed=seed, lpips="none")
       results, _ = pipeline.run(cfg)
@@ -124,7 +124,7 @@ def part_precision(s: dict, seed: int) -> list[dict]:
 def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
   rows = []
   for index in s["ig_images"]:
-    cfg = pipeline.Config(attack="inverting_gradients", model=s["ig_model"], dataset=s["dataset"],
+    cfg = config.Config(attack="inverting_gradients", model=s["ig_model"], dataset=s["dataset"],
                           data_dir=data_dir, index=index, image_size=s["image_size"],
                           iterations=s["ig_iterations"],
                           normalization=s["dataset"] if s["dataset"].startswith("cifar") else "none",
@@ -136,7 +136,7 @@ def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
 
 
 def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
-  cfg = pipeline.Config(attack="inverting_gradients_fedavg", model=s["fedavg_model"],
+  cfg = config.Config(attack="inverting_gradients_fedavg", model=s["fedavg_model"],
                         dataset=s["dataset"], data_dir=data_dir, client="fedavg", batch_size=4,
                         local_batch_size=2, shared_labels="multiset", permutations=6,
                         image_size=s["image_size"], iterations=s["fedavg_iterations"], seed=seed,

@@ -21,7 +21,7 @@ import sys
 from absl import app, flags
 
 import common
-from gradjax import audit, data, pipeline, presets
+from gradjax import audit, config, data, presets
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(presets.PRESETS)}) or auto.")
@@ -36,7 +36,7 @@ flags.DEFINE_string("normalization", None, "The clients' input normalization: a 
 flags.DEFINE_integer("iterations", None, "Iterations per attack (default: DLG and iDLG 6000, their papers' whole budget; others their preset's).")
 flags.DEFINE_integer("restarts", 1, "Random restarts per attack.")
 flags.DEFINE_integer("seed", 0, "PRNG seed.")
-flags.DEFINE_string("lpips", "auto", f"LPIPS network ({', '.join(pipeline.LPIPS)}).")
+flags.DEFINE_string("lpips", "auto", f"LPIPS network ({', '.join(config.LPIPS)}).")
 flags.DEFINE_bool("force", False, "Attack captures that fail their checks (their verdict is then inconclusive); without it they are rows with the named cause.")
 flags.DEFINE_string("compilation_cache", "", "Persistent XLA compilation cache folder ('' to disable).")
 
@@ -60,8 +60,8 @@ def main(argv):
       data.load(f.dataset, data_dir=f.data_dir, indices=[0])
   except (ValueError, FileNotFoundError) as e:
     common.fail(f"--dataset={f.dataset}: {e}" if f.dataset and "normalization" not in str(e) else str(e))
-  if f.lpips not in pipeline.LPIPS:
-    common.fail(f"unknown --lpips {f.lpips!r}; choose one of {', '.join(pipeline.LPIPS)}")
+  if f.lpips not in config.LPIPS:
+    common.fail(f"unknown --lpips {f.lpips!r}; choose one of {', '.join(config.LPIPS)}")
   try:
     rounds = None if not f.rounds else [int(r) for r in f.rounds.split(",") if r.strip()]
   except ValueError:

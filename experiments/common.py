@@ -1,4 +1,4 @@
-"""Flags shared by the experiment programs, and their translation into a ``pipeline.Config``."""
+"""Flags shared by the experiment programs, and their translation into a ``config.Config``."""
 
 import atexit
 import dataclasses
@@ -18,8 +18,8 @@ import jax
 import numpy as np
 from absl import flags, logging
 
-from gradjax import checkpoint, pipeline, progress, report, resume
-from gradjax.pipeline import Config
+from gradjax import checkpoint, config, pipeline, progress, report, resume
+from gradjax.config import Config
 
 STATE_FILE = "state.npz"
 
@@ -59,7 +59,7 @@ def provenance() -> dict:
 
 
 def flag_name(field: dataclasses.Field) -> str:
-  """The command-line flag of a :class:`gradjax.pipeline.Config` field."""
+  """The command-line flag of a :class:`gradjax.config.Config` field."""
   return field.metadata["flag"] or field.name
 
 
@@ -72,7 +72,7 @@ def _flag_type(field: dataclasses.Field) -> type:
 
 
 def define_flags():
-  """Defines one flag per :class:`gradjax.pipeline.Config` field (its name, default and help come
+  """Defines one flag per :class:`gradjax.config.Config` field (its name, default and help come
   from the field), then the process settings (compilation cache, multi-host)."""
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
@@ -89,7 +89,7 @@ def define_flags():
 
 
 def config_from_flags(**overrides) -> Config:
-  """The :class:`gradjax.pipeline.Config` of the parsed flags, with ``overrides`` replacing fields.
+  """The :class:`gradjax.config.Config` of the parsed flags, with ``overrides`` replacing fields.
   With captured files (--weights/--observation) --model and --dataset default to the files'
   metadata and to no ground truth unless given; with --modality=text to transformer and pydoc."""
   f = flags.FLAGS
@@ -232,7 +232,7 @@ class Items:
         results = json.load(fh)
       # A field the saved configuration lacks was added since, with the default that keeps what it did.
       defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-      saved = {k: results["config"].get(k, defaults[k]) for k in pipeline.fingerprint(cfg)}
+      saved = {k: results["config"].get(k, defaults[k]) for k in config.fingerprint(cfg)}
       images = {}
       if cfg.modality != "text":
         with open(base + ".npz", "rb") as fh:
@@ -240,7 +240,7 @@ class Items:
         images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
       raise ValueError(f"{base}.json is unreadable ({e}); rerun with --overwrite") from None
-    if saved != pipeline.fingerprint(cfg):
+    if saved != config.fingerprint(cfg):
       raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
                        "another --output_dir")
     return results, images

@@ -35,7 +35,7 @@ import jax
 from absl import app, flags, logging
 
 import common
-from gradjax import data, defenses, models, pipeline, report, training
+from gradjax import config, data, defenses, models, report, training
 
 DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gaussian:1e-2;gaussian:1e-1;"
              "laplacian:1e-8;laplacian:1e-6;laplacian:1e-4;laplacian:1e-2;fp16;int8;prune:0.01;"
@@ -152,7 +152,7 @@ def main(argv):
   start = time.perf_counter()
   try:
     base = common.config_from_flags()
-    pipeline.check(base)
+    config.check(base)
     for spec in specs:
       if spec != "none":
         defenses.parse(spec)

@@ -35,7 +35,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import common
-from gradjax import data, metrics, pipeline, report
+from gradjax import config, data, metrics, report
 
 METHODS = {
     "DLG": dict(attack="dlg", objective="replay", optimizer="adam", learning_rate=0.1,
@@ -81,7 +81,7 @@ def run_method(name: str, overrides: dict, indices, std, threshold: float, base:
                items: common.Items) -> dict:
   rows = []
   for index in indices:
-    cfg = pipeline.Config(index=index, **base, **overrides)
+    cfg = config.Config(index=index, **base, **overrides)
     results, images, _ = items.run(f"{name}_{index}", cfg)
     paper = float(metrics.psnr_std(images["reconstruction"], images["ground_truth"], std)[0])
     rows.append({"index": index, "psnr": results["psnr"], "psnr_paper": paper,

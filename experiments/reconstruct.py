@@ -29,7 +29,7 @@ import os
 from absl import app, flags
 
 import common
-from gradjax import pipeline, report, resume
+from gradjax import config, pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags("<attack>_<model>_<source>")
@@ -41,8 +41,8 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
     cfg = common.config_from_flags()
-    pipeline.check(cfg)
-    name = pipeline.run_name(cfg)
+    config.check(cfg)
+    name = config.run_name(cfg)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",

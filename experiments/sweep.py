@@ -24,7 +24,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import common
-from gradjax import pipeline, report
+from gradjax import config, report
 
 common.define_flags()
 flags.DEFINE_integer("start", 0, "First image index.")
@@ -72,11 +72,11 @@ def main(argv):
     common.fail(f"count must be positive, got {f.count}")
   try:
     base = common.config_from_flags()
-    pipeline.check(base)
+    config.check(base)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   last = f.start + f.count * base.batch_size - 1
-  model = pipeline.attacked_model(base)
+  model = config.attacked_model(base)
   out = common.output_folder(
       f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{f.start}..{last}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz"))

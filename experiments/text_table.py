@@ -31,7 +31,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import common
-from gradjax import corpus, pipeline, report, text
+from gradjax import config, corpus, report, text
 
 METHODS = {
     "DLG": dict(attack="dlg"),
@@ -66,7 +66,7 @@ def run_rows(model: str, method: str, search: str, base: dict, indices, items: c
   """One row of the table: ``method`` with ``search`` on every sentence of ``indices``."""
   rows = []
   for index in indices:
-    cfg = pipeline.Config(index=index, text_search=search, **base, **METHODS[method])
+    cfg = config.Config(index=index, text_search=search, **base, **METHODS[method])
     results, _, _ = items.run(f"{model}_{method}_{search}_{index}", cfg)
     rows.append({"index": index, "token_accuracy": results["token_accuracy"],
                  "token_accuracy_nearest": results["token_accuracy_nearest"],

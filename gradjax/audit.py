@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import clients, data, interop, pipeline, presets, report
+from gradjax import clients, config, data, interop, pipeline, presets, report
 from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
@@ -271,7 +271,7 @@ class Settings(NamedTuple):
   image_size, normalization: how the clients preprocessed those examples (normalization ``None``:
     the captures' metadata, else none).
   iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
-  restarts, seed, lpips, rename, force: as in :class:`gradjax.pipeline.Config` (without ``force`` a
+  restarts, seed, lpips, rename, force: as in :class:`gradjax.config.Config` (without ``force`` a
     capture that fails its checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
   """
 
@@ -330,7 +330,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
         # FedAvg clients do not share labels: infer them from the update's last layer (LLG counts
         # duplicates; iDLG's sign rule for one example).
         labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg"
-      cfg = pipeline.Config(
+      cfg = config.Config(
           attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),
           observation=os.path.join(capture.folder, OBSERVATION), rename=settings.rename,
           dataset=None, normalization=settings.normalization,

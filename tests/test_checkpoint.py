@@ -191,15 +191,15 @@ def test_save_errors_leave_the_old_file(tmp_path, mlp):
 def test_pipeline_attacks_the_checkpointed_model(tmp_path):
   """Saving the model the pipeline would create and attacking it from the checkpoint gives the same
   run; a checkpoint for other inputs is refused in one line."""
-  from gradjax import models, pipeline
-  cfg = pipeline.Config(image_size=16, index=1, iterations=15)
+  from gradjax import config, models, pipeline
+  cfg = config.Config(image_size=16, index=1, iterations=15)
   key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.index)
   model = models.create("lenet_zhu", key_model, input_shape=(16, 16, 3), num_classes=10)
   path = tmp_path / "same.npz"
   checkpoint.save(path, model.variables, {"model": "lenet_zhu", "num_classes": 10,
                                           "input_shape": [16, 16, 3]})
   fresh, _ = pipeline.run(cfg)
-  loaded, _ = pipeline.run(pipeline.Config(image_size=16, index=1, iterations=15,
+  loaded, _ = pipeline.run(config.Config(image_size=16, index=1, iterations=15,
                                            checkpoint=str(path), model="mlp"))
   assert loaded["model"] == "lenet_zhu"
   np.testing.assert_allclose(loaded["loss"], fresh["loss"], rtol=1e-6)
@@ -208,9 +208,9 @@ def test_pipeline_attacks_the_checkpointed_model(tmp_path):
   checkpoint.save(tmp_path / "other.npz", other.variables,
                   {"model": "lenet_zhu", "num_classes": 10, "input_shape": [8, 8, 3]})
   with pytest.raises(ValueError, match="holds a model for"):
-    pipeline.run(pipeline.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "other.npz")))
+    pipeline.run(config.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "other.npz")))
   checkpoint.save(tmp_path / "norm.npz", model.variables,
                   {"model": "lenet_zhu", "num_classes": 10, "input_shape": [16, 16, 3],
                    "normalization": "cifar10"})
   with pytest.raises(ValueError, match="normalization 'cifar10'"):
-    pipeline.run(pipeline.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "norm.npz")))
+    pipeline.run(config.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "norm.npz")))

@@ -17,7 +17,7 @@ import pytest
 import skimage.metrics
 from PIL import Image
 
-from gradjax import checkpoint, lpips, models, pipeline
+from gradjax import checkpoint, config, lpips, models, pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +30,7 @@ def run_program(name, *args, cwd=None):
 
 @pytest.mark.slow
 def test_pipeline_metrics_match_scikit_image():
-  cfg = pipeline.Config(image_size=16, index=4, batch_size=2, iterations=40, attack="dlg")
+  cfg = config.Config(image_size=16, index=4, batch_size=2, iterations=40, attack="dlg")
   results, images = pipeline.run(cfg)
   gt, rec = images["ground_truth"].astype(np.float64), images["reconstruction"]
   psnr = [skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in zip(gt, rec)]
@@ -317,13 +317,13 @@ def test_sweep_table(tmp_path):
 
 def test_parse_priors_and_image_bounds():
   from gradjax import priors
-  assert pipeline.parse_priors("tv:1e-4, l2:0.5:100") == (priors.Prior(priors.PRIORS["tv"], 1e-4, 0),
+  assert config.parse_priors("tv:1e-4, l2:0.5:100") == (priors.Prior(priors.PRIORS["tv"], 1e-4, 0),
                                                           priors.Prior(priors.PRIORS["l2"], 0.5, 100))
-  assert pipeline.parse_priors("") == ()
+  assert config.parse_priors("") == ()
   with pytest.raises(ValueError, match="name:weight"):
-    pipeline.parse_priors("tv")
+    config.parse_priors("tv")
   with pytest.raises(ValueError, match="unknown prior"):
-    pipeline.parse_priors("blur:1e-4")
+    config.parse_priors("blur:1e-4")
   from gradjax import data
   norm = data.normalization("cifar10")
   lo, hi = pipeline.image_bounds(norm, 3)
@@ -349,15 +349,15 @@ def test_attack_parts_from_flags(tmp_path):
 
 
 def test_config_names_resolve_to_the_attacks_parts():
-  """pipeline.get_attack: the preset built at the budget, each name the configuration sets turned
+  """config.get_attack: the preset built at the budget, each name the configuration sets turned
   into its object, the optimizer's numbers replaced one by one."""
   import dataclasses
 
   from gradjax import distances, dummy, labels, optimizers, presets
-  assert pipeline.get_attack(pipeline.Config(attack="dlg")) == presets.dlg()
-  cfg = pipeline.Config(attack="sapag", iterations=50, distance="cosine", labels="llg", dummy_init="uniform",
+  assert config.get_attack(config.Config(attack="dlg")) == presets.dlg()
+  cfg = config.Config(attack="sapag", iterations=50, distance="cosine", labels="llg", dummy_init="uniform",
                         optimizer="adam", learning_rate=0.01, schedule="cosine", box=False, tol=1e-9)
-  attack = pipeline.get_attack(cfg)
+  attack = config.get_attack(cfg)
   assert attack.distance is distances.DISTANCES["cosine"] and attack.labels is labels.llg
   assert attack.dummy_init is dummy.uniform and not attack.box and attack.tol == 1e-9
   assert attack.optimizer == optimizers.Named("adam", 0.01, schedule="cosine") and attack.iterations == 50
@@ -365,13 +365,13 @@ def test_config_names_resolve_to_the_attacks_parts():
                                        labels=labels.llg, dummy_init=dummy.uniform, box=False, tol=1e-9,
                                        optimizer=optimizers.Named("adam", 0.01, schedule="cosine"))
   # The learning rate alone keeps the preset's optimizer; hfginv's labels are inferred, then known.
-  ig = pipeline.get_attack(pipeline.Config(attack="inverting_gradients", learning_rate=0.5))
+  ig = config.get_attack(config.Config(attack="inverting_gradients", learning_rate=0.5))
   assert ig.optimizer == optimizers.Named("signed_adam", 0.5, schedule="step")
-  assert pipeline.get_attack(pipeline.Config(attack="dlg", labels="hfginv")).labels is labels.known
+  assert config.get_attack(config.Config(attack="dlg", labels="hfginv")).labels is labels.known
   with pytest.raises(ValueError, match="unknown distance"):
-    pipeline.get_attack(pipeline.Config(distance="manhattan"))
+    config.get_attack(config.Config(distance="manhattan"))
   with pytest.raises(ValueError, match="dummy init"):
-    pipeline.get_attack(pipeline.Config(dummy_init="zeros"))
+    config.get_attack(config.Config(dummy_init="zeros"))
 
 
 def test_flags_are_the_config_fields():
@@ -382,16 +382,16 @@ def test_flags_are_the_config_fields():
       sys.path.insert(0, "experiments")
       import common
       from absl import flags
-      from gradjax import dummy, pipeline, priors
+      from gradjax import config, dummy, priors
       common.define_flags()
       flags.FLAGS(["prog", "--lr=0.5", "--strategy=vmap", "--halving_rounds=2", "--chunk=7",
                    "--iterations=9", "--dummy_init=uniform", "--priors=tv:1e-3", "--restarts=3"])
       out = {"fields": [], "missing": []}
-      for f in dataclasses.fields(pipeline.Config):
+      for f in dataclasses.fields(config.Config):
         flag = flags.FLAGS[common.flag_name(f)]
         out["fields"].append([f.name, flag.name, flag.default == f.default, f.metadata["help"] in flag.help])
       cfg = common.config_from_flags()
-      attack, ex = pipeline.get_attack(cfg), cfg.execution()
+      attack, ex = config.get_attack(cfg), cfg.execution()
       out["attack"] = [attack.optimizer.name, attack.optimizer.learning_rate, attack.iterations,
                        attack.dummy_init is dummy.uniform,
                        attack.priors == (priors.Prior(priors.PRIORS["tv"], 1e-3, 0),)]

@@ -115,11 +115,11 @@ def test_tfds_unknown_name():
 @pytest.mark.isolated
 @pytest.mark.slow
 def test_tfds_dataset_drives_an_attack():
-  """--dataset=tfds:mnist end to end (pipeline.Config is what the CLI builds from its flags)."""
+  """--dataset=tfds:mnist end to end (config.Config is what the CLI builds from its flags)."""
   _, mock_data = _mock_tfds()
-  from gradjax import pipeline
+  from gradjax import config, pipeline
   with mock_data(num_examples=3):
-    results, images = pipeline.run(pipeline.Config(dataset="tfds:mnist", index=2, iterations=5,
+    results, images = pipeline.run(config.Config(dataset="tfds:mnist", index=2, iterations=5,
                                                    image_size=16, lpips="none"))
     truth = data.load("tfds:mnist", indices=2, image_size=(16, 16))
   np.testing.assert_array_equal(images["ground_truth"], truth.x)

@@ -218,12 +218,12 @@ def test_dlm_gamma_start_and_learning_rate_of_its_own():
 
 
 def test_dlm_gamma_settings_are_checked():
-  from gradjax import objectives, optimizers, pipeline, presets
-  assert pipeline.parse_gamma("init=100, lr=0.01,frozen=500") == objectives.Gamma(100.0, 0.01, 500)
-  assert pipeline.parse_gamma("") == objectives.Gamma()
+  from gradjax import config, objectives, optimizers, presets
+  assert config.parse_gamma("init=100, lr=0.01,frozen=500") == objectives.Gamma(100.0, 0.01, 500)
+  assert config.parse_gamma("") == objectives.Gamma()
   for bad in ("init=0", "frozen=-1", "lr=0", "gamma=3", "init=", "frozen=1.5"):
     with pytest.raises(ValueError, match="gamma"):
-      pipeline.parse_gamma(bad)
+      config.parse_gamma(bad)
   with pytest.raises(ValueError, match="'dlm' objective only"):
     dataclasses.replace(presets.dlg(), gamma=objectives.Gamma(init=2.0))
   with pytest.raises(ValueError, match="first-order"):

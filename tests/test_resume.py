@@ -157,15 +157,15 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
   import os
   import sys
 
-  from gradjax import pipeline
+  from gradjax import config
   root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
   sys.path.insert(0, root)
   try:
     common = sys.modules.get("common") or importlib.import_module("common")
   finally:
     sys.path.remove(root)
-  cfg = pipeline.Config(modality="text", model="transformer", dataset="pydoc", iterations=3)
-  saved = pipeline.fingerprint(cfg)
+  cfg = config.Config(modality="text", model="transformer", dataset="pydoc", iterations=3)
+  saved = config.fingerprint(cfg)
   del saved["aux"]  # a field added after this item was saved
   (tmp_path / "item.json").write_text(json.dumps({"config": saved, "wall_time_s": 1.0}))
   results, images = common.Items._read(str(tmp_path / "item"), cfg)

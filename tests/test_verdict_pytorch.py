@@ -69,8 +69,8 @@ def _cli(*args):
 
 
 def _run(w, g, **kw):
-  from gradjax import pipeline
-  cfg = pipeline.Config(weights=str(w), observation=str(g), model=None, lpips="none",
+  from gradjax import config, pipeline
+  cfg = config.Config(weights=str(w), observation=str(g), model=None, lpips="none",
                         **{"dataset": None, **kw})
   return pipeline.run(cfg)[0]
 

@@ -1,0 +1,394 @@
+"""The configuration of one experiment: the :class:`Config` schema (every option with its
+documentation, declared once; the command-line programs derive their flags from it) and the one place
+where the names it holds become objects (:func:`get_attack`, :func:`check`).
+
+The runner, :mod:`gradjax.pipeline`, reads a built :class:`Config`; nothing below it reads names.
+"""
+
+import dataclasses
+import math
+import os
+from typing import Callable
+
+from gradjax import attacks, checkpoint, corpus, data, defenses, distances, driver, dummy, interop, lpips
+from gradjax import models, objectives, optimizers, presets, text
+from gradjax import labels as labels_lib
+from gradjax import priors as priors_lib
+
+CLIENTS = ("fedsgd", "fedavg")
+MODALITIES = ("image", "text")
+LPIPS = ("auto", "none", *lpips.NETWORKS)  # auto: AlexNet when the lpips extra is installed
+SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known labels reveals
+
+
+def _field(default, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
+           attack: str | None = None, parse: Callable | None = None, execution: bool = False):
+  """A :class:`Config` field with its documentation, declared once. The experiment programs derive
+  their flags from these (``experiments/common.py``).
+
+  help: the flag's help text. flag: the flag's name when it is not the field's. choices: the only
+  values the flag takes. attack: the :class:`gradjax.attacks.Attack` field this one overrides when
+  set, ``"optimizer.<field>"`` for a field of its :class:`gradjax.optimizers.Named` optimizer
+  (``parse`` turns the flag's text into that field's value: names resolve to objects here). execution: a field of
+  :class:`gradjax.driver.Execution`.
+  """
+  return dataclasses.field(default=default, metadata=dict(
+      help=help, flag=flag, choices=choices, attack=attack, parse=parse, execution=execution))
+
+
+def parse_priors(spec: str) -> tuple[priors_lib.Prior, ...]:
+  """``"tv:1e-4,l2:1e-6:100"`` -> ``(Prior(PRIORS["tv"], 1e-4, 0), Prior(PRIORS["l2"], 1e-6, 100))``;
+  ``""`` -> no priors."""
+  out = []
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    parts = item.split(":")
+    try:
+      if len(parts) not in (2, 3):
+        raise ValueError
+      weight, start = float(parts[1]), int(parts[2]) if len(parts) == 3 else 0
+    except ValueError:
+      raise ValueError(f"bad prior {item!r}: use name:weight[:start_step], e.g. tv:1e-4") from None
+    out.append(priors_lib.Prior(priors_lib.get_prior(parts[0]), weight, start))
+  return tuple(out)
+
+
+def _label_source(name: str):
+  # hfginv's counts read auxiliary images: run() infers them and attacks them as known labels.
+  return labels_lib.known if name == "hfginv" else labels_lib.get_source(name)
+
+
+_GAMMA_KEYS = {"init": "init", "lr": "learning_rate", "frozen": "frozen"}
+
+
+def parse_gamma(spec: str) -> objectives.Gamma:
+  """``"init=100,lr=0.01,frozen=500"`` -> ``objectives.Gamma(100.0, 0.01, 500)``; unset keys keep
+  their defaults (γ starts at 1, moves with the data's optimizer, from step 0)."""
+  fields = {}
+  for item in filter(None, (s.strip() for s in spec.split(","))):
+    key, _, value = item.partition("=")
+    if key.strip() not in _GAMMA_KEYS or not value:
+      raise ValueError(f"bad gamma setting {item!r}: use init=G,lr=L,frozen=T (any of them)")
+    name = _GAMMA_KEYS[key.strip()]
+    try:
+      fields[name] = int(value) if name == "frozen" else float(value)
+    except ValueError:
+      raise ValueError(f"bad gamma setting {item!r}: {key.strip()} needs a number") from None
+  return objectives.Gamma(**fields)
+
+
+def _names(registry) -> str:
+  return ", ".join(registry)
+
+
+_PRESET = " (the preset's if unset)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Everything that defines one reconstruction experiment (``None`` = the preset's or source's
+  default). Each field carries its documentation (``dataclasses.fields(Config)[i].metadata["help"]``),
+  which is also its command-line flag's help."""
+
+  modality: str = _field(
+      "image", "What the client trains: image (a classifier on --dataset images) or text (a language "
+      f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model transformer).",
+      choices=MODALITIES)
+  attack: str = _field("dlg", f"Attack preset: {_names(presets.PRESETS)}.")
+  model: str | None = _field(
+      "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
+      "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
+  checkpoint: str | None = _field(
+      None, "Attack the model of this checkpoint (experiments/train.py) instead of a fresh --model "
+      "(its model, init and activation come from the checkpoint).")
+  weights: str | None = _field(
+      None, "Captured server weights to attack (a PyTorch state_dict as safetensors or .npz; see the "
+      "README's file format).")
+  observation: str | None = _field(
+      None, "Captured client gradient, update or weights after local training, against --weights "
+      "(same format).")
+  rename: str | None = _field(
+      None, "Regex rules for the captured files' tensor names, pattern=replacement, comma separated "
+      "(e.g. 'downsample=shortcut,^fc\\.=linear.' for torchvision ResNets).")
+  num_samples: int | None = _field(
+      None, "Captured: examples behind the update (the file's num_samples or labels if unset, else 1).")
+  init: str | None = _field(None, f"Model init: {_names(models.INITS)} (the model's own if unset).")
+  act: str | None = _field(
+      None, f"Activation for models that take one: {_names(models.ACTIVATIONS)}.")
+  num_classes: int | None = _field(None, "Model classes (the dataset's if unset).")
+  dataset: str | None = _field(
+      "skimage", f"Data source: {_names(data.DATASETS)} or tfds:<name>. With --observation: the "
+      "client's images for scoring, if given (else no ground truth).")
+  data_dir: str | None = _field(None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
+  index: int = _field(0, "First image of the client's batch.")
+  batch_size: int = _field(1, "Client batch size.")
+  image_size: int | None = _field(None, "Resize images to this square size (the source's if unset).")
+  channels: int | None = _field(None, "Convert images to 1 or 3 channels.")
+  normalization: str | None = _field(
+      None, f"The client's input normalisation: {_names(data.NORMALIZATION_NAMES)}, or its own "
+      "per-channel MEAN/STD, e.g. 0.5,0.5,0.5/0.25,0.25,0.25 (with captured files: their metadata's "
+      "if unset; else none).")
+  train_mode: bool = _field(False, "Client runs the model in training mode (BatchNorm batch stats).")
+  force: bool = _field(
+      False, "Attack a capture that fails its checks (the update recomputed from --dataset's images, "
+      "the activation read off the last layer); its verdict is then inconclusive.")
+  client: str = _field("fedsgd", "Threat model: fedsgd (gradient) or fedavg (update after local "
+                       "training).")
+  local_epochs: int = _field(1, "FedAvg local epochs.")
+  local_batch_size: int | None = _field(None, "FedAvg local mini-batch size (whole batch if unset).")
+  local_lr: float = _field(0.01, "FedAvg local learning rate.")
+  local_momentum: float = _field(0.0, "FedAvg local SGD momentum.")
+  shared_labels: str = _field(
+      "ordered", "With known labels, what a FedAvg client reveals: ordered (labels per step) or "
+      "multiset (which labels, not which step).")
+  defense: str | None = _field(
+      None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
+      "clip:1,gaussian:1e-4.")
+  restarts: int = _field(1, "Random restarts; the lowest objective wins.")
+  permutations: int = _field(
+      1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
+  shard: bool = _field(
+      False, "Split restarts (x permutation candidates) over all devices, of all hosts with "
+      "--distributed.", execution=True)
+  halving_rounds: int = _field(
+      1, "Successive halving over restarts x candidates: rounds (1 = off).", execution=True)
+  halving_keep: float = _field(0.5, "Successive halving: fraction kept after each round.",
+                               execution=True)
+  strategy: str = _field("auto", "Restart strategy: auto (sequential on CPU, vmap on accelerators), "
+                         "tune, sequential, vmap, map.", execution=True)
+  map_batch_size: int | None = _field(None, "Restarts vectorised together by --strategy=map.",
+                                      execution=True)
+  iterations: int | None = _field(
+      None, "Optimizer iterations" + _PRESET + "; the preset's step counts (hfginv's prior starts and "
+      "layer schedule) scale with it.", attack="iterations")
+  objective: str | None = _field(
+      None, f"What is matched{_PRESET}: {_names(objectives.MODES)}.", attack="objective")
+  optimizer: str | None = _field(
+      None, f"Optimizer{_PRESET}: {_names(optimizers.OPTIMIZERS)}.", attack="optimizer.name")
+  learning_rate: float | None = _field(None, "Learning rate" + _PRESET + ".", flag="lr",
+                                       attack="optimizer.learning_rate")
+  tol: float | None = _field(None, "Stop a restart once its objective is <= tol" + _PRESET + ".",
+                             attack="tol")
+  distance: str | None = _field(
+      None, f"Gradient distance{_PRESET}: {_names(distances.DISTANCES)}.", attack="distance",
+      parse=distances.get_distance)
+  layer_weights: str | None = _field(
+      None, f"Per-layer distance weights by depth: {_names(distances.DEPTH_RULES)}.",
+      attack="layer_weights")
+  priors: str | None = _field(
+      None, f"Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none; "
+      f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
+  labels: str | None = _field(
+      None, f"Labels: joint, known, an inference method ({_names(labels_lib.METHODS)}) or "
+      "hfginv (duplicate-aware counts from --aux images).", attack="labels", parse=_label_source)
+  aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
+                    "dataset's images after the attacked batch (Ye et al. use 40).")
+  schedule: str | None = _field(
+      None, f"Learning-rate schedule{_PRESET}: {_names(optimizers.SCHEDULES)}.",
+      attack="optimizer.schedule")
+  box: bool | None = _field(None, "Clamp dummy data to the valid image range after every step.",
+                            attack="box")
+  dummy_init: str | None = _field(
+      None, f"Dummy-data init: {_names(dummy.INITS)}.", attack="dummy_init",
+      parse=dummy.get_init)
+  one_sample_per_step: bool | None = _field(
+      None, "DLG batch option: move one dummy example per step.", attack="one_sample_per_step")
+  gamma: str | None = _field(
+      None, "DLM's scale γ (--attack=dlm): init=G (start, default 1), lr=L (Adam of its own), "
+      "frozen=T (held for T steps), comma separated, e.g. init=100,frozen=500.", attack="gamma",
+      parse=parse_gamma)
+  remat: bool | None = _field(
+      None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
+      attack="remat")
+  sequence_length: int = _field(
+      15, "Text: tokens per sentence; the client's sentences are the corpus's distinct sentences of "
+      "this length, from --index on.")
+  vocab_size: int | None = _field(
+      None, "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset).")
+  text_dim: int = _field(models.TextSizes().dim, "Text: transformer width (embedding size).")
+  text_heads: int = _field(models.TextSizes().heads, "Text: attention heads.")
+  text_ffn: int = _field(models.TextSizes().ffn, "Text: feed-forward width.")
+  text_layers: int = _field(models.TextSizes().layers, "Text: encoder layers.")
+  text_search: str = _field(
+      "embeddings", "Text: what is optimised: embeddings (DLG, SAPAG: free dummy embeddings and soft "
+      "targets, decoded afterwards) or tokens (gradjax: a distribution over the revealed tokens per "
+      "position, the targets tied to the inputs).", choices=text.SEARCHES)
+  restrict_tokens: bool = _field(
+      True, "Text: decode, and let soft targets range, only over the tokens the embedding gradient "
+      "reveals (else the whole vocabulary).")
+  conv: str = _field(
+      "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
+      "XLA:CPU), split (lax.conv with the slow second derivative recast as a convolution), mixed "
+      "(split on large feature maps, im2col elsewhere), auto (mixed on CPU, xla elsewhere).",
+      choices=models.CONVS)
+  seed: int = _field(0, "PRNG seed (model and dummy initialisation).")
+  chunk: int = _field(100, "Iterations per jitted chunk between progress reports.", execution=True)
+  matmul_precision: str = _field(
+      "float32", "Matmul and convolution precision of the client's update and the attack: float32, "
+      "tensorfloat32, bfloat16, or default (JAX's, which lets GPUs round float32 products and "
+      "ruins gradient matching there).", choices=driver.PRECISIONS, execution=True)
+  lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
+                      "installed, else none).", choices=LPIPS)
+
+  def execution(self, callback: Callable | None = None, monitor: Callable | None = None,
+                saver: driver.Saver | None = None) -> driver.Execution:
+    """The :class:`gradjax.driver.Execution` of this experiment's restarts."""
+    knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.metadata["execution"]}
+    return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver)
+
+  def text_sizes(self) -> models.TextSizes:
+    """The transformer's sizes of this experiment."""
+    return models.TextSizes(self.text_dim, self.text_heads, self.text_ffn, self.text_layers)
+
+  def __post_init__(self):
+    if self.modality not in MODALITIES:
+      raise ValueError(f"unknown modality {self.modality!r}; choose one of {', '.join(MODALITIES)}")
+    if self.modality == "text":
+      if self.weights or self.observation:
+        raise ValueError("captured files hold image models; text runs simulate the client")
+      if self.client != "fedsgd":
+        raise ValueError("text runs simulate a FedSGD client (--client=fedsgd)")
+      if not self.checkpoint and not models.is_text(self.model or ""):
+        raise ValueError(f"--modality=text needs a text model ({', '.join(models.TEXT_MODELS)}), "
+                         f"not {self.model!r}")
+      if self.dataset not in corpus.CORPORA:
+        raise ValueError(f"--modality=text reads a corpus ({', '.join(corpus.CORPORA)}), not "
+                         f"{self.dataset!r}")
+      if self.text_search not in text.SEARCHES:
+        raise ValueError(f"unknown text search {self.text_search!r}; choose one of "
+                         f"{', '.join(text.SEARCHES)}")
+      if self.sequence_length < 1:
+        raise ValueError(f"sequence_length must be positive, got {self.sequence_length}")
+      if min(self.text_sizes()) < 1:
+        raise ValueError(f"transformer sizes must be positive, got {self.text_sizes()}")
+    elif models.is_text(self.model or ""):
+      raise ValueError(f"model {self.model!r} reads text: add --modality=text")
+    for f in dataclasses.fields(self):
+      value = getattr(self, f.name)
+      if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"--{f.metadata['flag'] or f.name} must be a finite number, got {value}")
+    for name in ("learning_rate", "local_lr"):
+      if getattr(self, name) is not None and getattr(self, name) <= 0:
+        raise ValueError(f"--{'lr' if name == 'learning_rate' else name} must be positive, got "
+                         f"{getattr(self, name)}")
+    if not 0 <= self.local_momentum < 1:
+      raise ValueError(f"--local_momentum must lie in [0, 1), got {self.local_momentum}")
+    if self.normalization is not None:
+      data.normalization(self.normalization)
+    if bool(self.weights) != bool(self.observation):
+      raise ValueError("captured files need both --weights and --observation")
+    if self.weights and self.checkpoint:
+      raise ValueError("--checkpoint and --weights both name the model; give one")
+    if self.dataset is None and not self.observation:
+      raise ValueError("a simulated client needs a --dataset")
+    if self.model is None and not self.weights:
+      raise ValueError("no --model given")
+    if self.num_samples is not None and self.num_samples < 1:
+      raise ValueError(f"num_samples must be positive, got {self.num_samples}")
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+    if self.index < 0:
+      raise ValueError(f"index must be non-negative, got {self.index}")
+    if self.image_size is not None and self.image_size < 1:
+      raise ValueError(f"image_size must be positive, got {self.image_size}")
+    if self.client not in CLIENTS:
+      raise ValueError(f"unknown client {self.client!r}; choose one of {', '.join(CLIENTS)}")
+    if self.lpips not in LPIPS:
+      raise ValueError(f"unknown LPIPS network {self.lpips!r}; choose one of {', '.join(LPIPS)}")
+    if self.lpips in lpips.NETWORKS and not lpips.available(self.lpips):
+      raise ValueError(f"--lpips={self.lpips} needs the lpips extra: pip install 'gradjax[lpips]'")
+    if self.conv not in models.CONVS:
+      raise ValueError(f"unknown convolution implementation {self.conv!r}; choose one of "
+                       f"{', '.join(models.CONVS)}")
+    if self.shared_labels not in SHARED_LABELS:
+      raise ValueError(f"unknown label sharing {self.shared_labels!r}; choose one of "
+                       f"{', '.join(SHARED_LABELS)}")
+    for name in ("restarts", "permutations"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    self.execution()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
+
+
+def get_attack(cfg: Config) -> attacks.Attack:
+  """The preset ``cfg.attack`` built at ``cfg.iterations`` (the preset's own step counts, hfginv's
+  prior starts and layer schedule, scale with it), with the parts the configuration names replaced:
+  the one place where the names of distances, priors, label sources, dummy initialisations and
+  optimizers become objects."""
+  overrides, optimizer = {}, {}
+  for f in dataclasses.fields(cfg):
+    value, parse, target = getattr(cfg, f.name), f.metadata["parse"], f.metadata["attack"]
+    if target and target != "iterations" and value is not None:
+      value = parse(value) if parse else value
+      if target.startswith("optimizer."):
+        optimizer[target.removeprefix("optimizer.")] = value
+      else:
+        overrides[target] = value
+  preset = presets.get_preset(cfg.attack)
+  attack = preset() if cfg.iterations is None else preset(iterations=cfg.iterations)
+  if optimizer:
+    overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
+  return dataclasses.replace(attack, **overrides)
+
+
+# Fields that change how a run is scored or where its data lie, not what it computes: a saved state
+# continues under other values of these.
+NOT_FINGERPRINTED = ("lpips", "data_dir", "force")
+
+
+def fingerprint(cfg: Config) -> dict:
+  """What determines ``cfg``'s reconstruction (its fields but ``NOT_FINGERPRINTED``), for state files."""
+  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_FINGERPRINTED}
+
+
+def _input_file(path: str | None, flag: str) -> None:
+  if path is None:
+    return
+  if os.path.isdir(path):
+    raise ValueError(f"--{flag} {path} is a directory, not a file")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"--{flag} {path} does not exist")
+  if not os.access(path, os.R_OK):
+    raise ValueError(f"--{flag} {path} is not readable")
+
+
+def check(cfg: Config) -> attacks.Attack:
+  """Validates what ``cfg`` names without loading data or compiling anything: the attack and its
+  overrides, the defense, the model name, the dataset name and the input files. Returns the attack.
+  (Field values were checked when ``cfg`` was built.)"""
+  attack = get_attack(cfg)
+  if cfg.defense:
+    defenses.parse(cfg.defense)
+  if cfg.model is not None and not cfg.checkpoint:
+    models.get_module(cfg.model, num_classes=cfg.num_classes or 10, init=cfg.init, act=cfg.act,
+                      conv=cfg.conv, text_sizes=cfg.text_sizes())
+  if (cfg.modality == "image" and cfg.dataset is not None and not cfg.dataset.startswith("tfds:")
+      and cfg.dataset not in data.DATASETS):  # a text corpus was checked with the configuration
+    raise ValueError(f"unknown dataset {cfg.dataset!r}; expected one of {', '.join(data.DATASETS)} "
+                     "or tfds:<name>")
+  for flag in ("checkpoint", "weights", "observation"):
+    _input_file(getattr(cfg, flag), flag)
+  return attack
+
+
+def attacked_model(cfg: Config) -> str:
+  """The name of the model ``cfg`` attacks: ``--model``, or the checkpoint's or the capture's
+  model when there is one ("captured" when a capture names none). Reads file metadata only."""
+  model = cfg.model
+  if cfg.checkpoint:
+    model = checkpoint.read_metadata(cfg.checkpoint).get("model", model)
+  if cfg.observation and cfg.model is None:
+    model = interop.read(cfg.weights).metadata.get("model") or "captured"
+  return model
+
+
+def run_name(cfg: Config) -> str:
+  """``<attack>_<model>_<source>``: the run's default folder name, from what is attacked
+  (:func:`attacked_model`). Reads file metadata only."""
+  model = attacked_model(cfg)
+  if cfg.observation:
+    source = os.path.splitext(os.path.basename(cfg.observation))[0]
+  else:
+    # Ranges as a..b: "-k" is the suffix of a taken folder (experiments/common.output_folder).
+    source = f"{cfg.dataset.replace(':', '-')}_{cfg.index}" + (
+        f"..{cfg.index + cfg.batch_size - 1}" if cfg.batch_size > 1 else "")
+  return f"{cfg.attack}_{model}_{source}".replace(os.sep, "-")
