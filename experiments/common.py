@@ -12,13 +12,13 @@ import re
 import shlex
 import sys
 import tempfile
-import typing
 
 import jax
 import numpy as np
 from absl import flags, logging
+from ml_collections import config_flags
 
-from gradjax import checkpoint, config, pipeline, progress, report, resume
+from gradjax import checkpoint, config, configs, pipeline, progress, report, resume
 from gradjax.config import Config
 
 STATE_FILE = "state.npz"
@@ -63,25 +63,29 @@ def flag_name(field: dataclasses.Field) -> str:
   return field.metadata["flag"] or field.name
 
 
-def _flag_type(field: dataclasses.Field) -> type:
-  """int, float, bool or str: the field's type without ``| None``."""
-  kinds = [t for t in typing.get_args(field.type) or (field.type,) if t is not type(None)]
-  if len(kinds) != 1 or kinds[0] not in (int, float, bool, str):
-    raise TypeError(f"Config field {field.name} has type {field.type}, which no flag takes")
-  return kinds[0]
-
-
 def define_flags():
   """Defines one flag per :class:`gradjax.config.Config` field (its name, default and help come
-  from the field), then the process settings (compilation cache, multi-host)."""
+  from the field; ``--help`` lists them by section of the nested schema), ``--config`` (a
+  configuration file, :mod:`gradjax.config`; ``--config.<section>.<key>=...`` overrides one of its
+  options), ``--print_config``, then the process settings (compilation cache, multi-host)."""
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
+  paths = config.paths()
   for field in dataclasses.fields(Config):
     help_text, choices = field.metadata["help"], field.metadata["choices"]
+    help_text += f" [--config.{paths[field.name]}]"
+    group = f"{config.section(field.name) or 'experiment'} options"
     if choices is not None:
-      flags.DEFINE_enum(flag_name(field), field.default, list(choices), help_text)
+      flags.DEFINE_enum(flag_name(field), field.default, list(choices), help_text, module_name=group)
     else:
-      define[_flag_type(field)](flag_name(field), field.default, help_text)
+      define[config.field_type(field)](flag_name(field), field.default, help_text, module_name=group)
+  config_flags.DEFINE_config_file(
+      "config", None, "Configuration: a packaged one's name (" + ", ".join(configs.NAMES) + ") or a "
+      "Python file whose get_config() returns the nested options (gradjax.config; a run folder's "
+      "config.py reproduces that run). Short flags given beside it override its options.",
+      lock_config=True)
+  flags.DEFINE_bool("print_config", False, "Print the resolved configuration (as a configuration "
+                    "file) and exit before anything runs.")
   flags.DEFINE_enum("layout", "torch", ["torch"], "Tensor layout of --weights and --observation files.")
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host: pods, SLURM, Open MPI clusters).")
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
@@ -89,21 +93,44 @@ def define_flags():
 
 
 def config_from_flags(**overrides) -> Config:
-  """The :class:`gradjax.config.Config` of the parsed flags, with ``overrides`` replacing fields.
-  With captured files (--weights/--observation) --model and --dataset default to the files'
-  metadata and to no ground truth unless given; with --modality=text to transformer and pydoc."""
+  """The :class:`gradjax.config.Config` of the parsed flags: the defaults, then ``--config``'s
+  options, then the short flags given, then ``overrides``. With captured files (--weights/--observation)
+  --model and --dataset default to the files' metadata and to no ground truth unless given; with
+  --modality=text to transformer and pydoc. With ``--print_config``: prints the result and exits 0."""
   f = flags.FLAGS
-  values = {field.name: f[flag_name(field)].value for field in dataclasses.fields(Config)}
-  if f.weights or f.observation:
+  fields = dataclasses.fields(Config)
+  values = {field.name: field.default for field in fields}
+  chosen = set()  # options set by the configuration file or a flag
+  if f.config is not None:
+    from_file = config.given(f.config)
+    chosen |= {name for name, value in from_file.items() if value != values[name]}
+    values.update(from_file)
+  for field in fields:
+    if f[flag_name(field)].present:
+      values[field.name] = f[flag_name(field)].value
+      chosen.add(field.name)
+  if values["weights"] or values["observation"]:
     for name in ("model", "dataset"):
-      if not f[name].present:
+      if name not in chosen:
         values[name] = None
   if values["modality"] == "text":  # the text defaults: SAPAG's transformer on Python's docs
     for name, default in (("model", "transformer"), ("dataset", "pydoc")):
-      if not f[name].present:
+      if name not in chosen:
         values[name] = default
   values.update(overrides)
-  return Config(**values)
+  cfg = Config(**values)
+  if f.print_config:
+    print(config.to_python(cfg, comment="The resolved configuration (--print_config)."), end="")
+    sys.exit(0)
+  return cfg
+
+
+def write_config(out: str, cfg: Config) -> None:
+  """Writes ``cfg`` as ``<out>/config.py``, which ``--config`` reads to reproduce the run."""
+  command = shlex.join(["python", *sys.argv]).replace("\n", "\\n")
+  text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
+                          f"reproduces it.\nCommand: {command}")
+  report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 
 def log_progress(p: progress.Progress):
@@ -301,15 +328,23 @@ def parse_flags(argv):
   """absl flag parser that reports bad flags in one line with exit code 2, then applies the process
   settings: the persistent compilation cache and the multi-host runtime
   (``--distributed``)."""
+  argv = [_config_path(a) for a in argv]
+  if any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:]):
+    print(grouped_help())
+    sys.exit(0)
   try:
     argv = flags.FLAGS(argv)
+    f = flags.FLAGS
+    if "config" in f and f.config is not None:
+      f.config.to_dict()  # config_flags reads the file (and applies --config.<path>) only when asked
   except flags.Error as e:
     fail(str(e))
-  except SystemExit as e:  # --help and --helpfull print the flags, then absl exits 1
-    sys.exit(0 if any(a.split("=")[0] in ("--help", "-h", "--helpshort", "--helpfull", "-?")
-                      for a in argv[1:]) else e.code)
+  except (OSError, AttributeError, KeyError, TypeError, ValueError) as e:  # --config or an override
+    text = str(e).replace("\\n", "\n").replace("\\'", "'").replace("config_config", "")
+    fail("--config: " + " ".join(line.strip().strip("'") for line in text.splitlines() if line.strip()))
+  except SystemExit as e:  # --helpfull prints every module's flags, then absl exits 1
+    sys.exit(0 if "--helpfull" in argv[1:] else e.code)
   sys.excepthook = _one_line_keyboard_interrupt  # Ctrl-C where nothing is saved: no traceback
-  f = flags.FLAGS
   for name in f:  # every float flag of every program: a NaN or inf is caught here, not after a run
     value = f[name].value
     if isinstance(value, float) and not np.isfinite(value):
@@ -326,6 +361,33 @@ def parse_flags(argv):
     except (RuntimeError, ValueError) as e:
       fail(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}")
   return argv
+
+
+def _config_path(arg: str) -> str:
+  """``--config=dlg`` -> ``--config=<gradjax/configs/dlg.py>`` (a packaged configuration's name);
+  other arguments as they are."""
+  name = arg.removeprefix("--config=")
+  if name != arg and name in configs.NAMES and not os.path.exists(name):
+    return f"--config={configs.path(name)}"
+  return arg
+
+
+def grouped_help() -> str:
+  """``--help``: the program's docstring, then its options grouped by section of the configuration
+  (:mod:`gradjax.config`), then the program's own flags and the process settings."""
+  by_module = flags.FLAGS.flags_by_module_dict()
+  sections = [f"{name} options" for name in ("experiment", *config.SECTIONS)]
+  main = sys.argv[0]
+  groups = [g for g in sections if g in by_module]
+  groups += [g for g in by_module if g not in groups and not g.startswith("absl")
+             and g != __name__ and g != main] + [g for g in (main, __name__) if g in by_module]
+  titles = {main: "program options", __name__: "run settings"}
+  parts = [(sys.modules["__main__"].__doc__ or "").strip(), ""]
+  for group in groups:
+    body = flags.FLAGS.module_help(group).strip("\n").split("\n", 1)[1]
+    parts += [f"{titles.get(group, group)}:", body, ""]
+  parts.append("--helpfull lists absl's own flags too.")
+  return "\n".join(parts)
 
 
 def replace(cfg: Config, **kw) -> Config:

@@ -157,7 +157,9 @@ def main(argv):
       if spec != "none":
         defenses.parse(spec)
     out = common.output_folder(f"defenses_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}",
-                               own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz"))
+                               own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz",
+                                    "config.py"))
+    common.write_config(out, base)  # without the defense: each row sets its own
     items = common.Items(out)
     if f.utility:
       seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")

@@ -8,13 +8,14 @@ With no flags: DLG (Zhu et al., 2019) against DLG's LeNet on a photo bundled wit
   python experiments/reconstruct.py --weights=W.safetensors --observation=G.safetensors   # captured
   python experiments/reconstruct.py --attack=inverting_gradients --output_dir=runs/ig --resume
   python experiments/reconstruct.py --modality=text --attack=sapag       # a sentence of Python's docs
+  python experiments/reconstruct.py --config=configs/inverting_gradients.py --config.attack.iterations=500
 
 Writes to ``--output_dir`` (default ``runs/<attack>_<model>_<source>``, suffixed when taken; a folder
 holding another run is refused unless ``--overwrite``): ``metrics.json`` (psnr, ssim, mse,
 label_accuracy when there is a ground truth; wall_time_s, iterations, restarts, the objective and its
 history, the configuration, the command as typed, the device, its cores and the versions),
-``reconstruction.npy`` ((N, H, W, C) float32 in
-[0, 1]), ``reconstruction.png``, ``grid.png``, ``curves.png`` and ``report.html``. While it runs,
+``config.py`` (the resolved configuration: ``--config=<it>`` reproduces the run),
+``reconstruction.npy`` ((N, H, W, C) float32 in [0, 1]), ``reconstruction.png``, ``grid.png``, ``curves.png`` and ``report.html``. While it runs,
 ``state.npz`` holds the solver state (saved every ``--save_every_s``); ``--resume`` continues a killed
 run from it. Bad flags or data: one-line error, exit code 2.
 
@@ -46,7 +47,7 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",
-                                        "report.html", "sentences.txt"))
+                                        "report.html", "sentences.txt", "config.py"))
   state = common.state_file(out)
   if flags.FLAGS.resume and not os.path.exists(state.path):
     if os.path.exists(os.path.join(out, "metrics.json")):
@@ -54,6 +55,7 @@ def main(argv):
       return
     common.fail(f"--resume: {out} holds no saved state ({os.path.basename(state.path)}) to continue; "
                 "run without --resume to start afresh")
+  common.write_config(out, cfg)
   resume.stop_on_signals()  # Ctrl-C or SIGTERM: save after the chunk being run, then stop
   if cfg.modality == "text":
     return text_main(cfg, out, state)

@@ -79,7 +79,8 @@ def main(argv):
   model = config.attacked_model(base)
   out = common.output_folder(
       f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{f.start}..{last}",
-      own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz"))
+      own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
+  common.write_config(out, base)  # the sweep's base configuration (each image sets its index)
   items = common.Items(out)
   rows, truth, recon = [], [], []
   start, resumed = time.perf_counter(), 0

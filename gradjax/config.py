@@ -2,13 +2,31 @@
 documentation, declared once; the command-line programs derive their flags from it) and the one place
 where the names it holds become objects (:func:`get_attack`, :func:`check`).
 
+Configuration files (big_vision's style) hold the same options in one nested schema, ``SECTIONS``:
+a file ``get_config()`` returns an ``ml_collections.ConfigDict`` built from :func:`defaults`::
+
+  from gradjax import config
+
+  def get_config():
+    c = config.defaults()
+    c.attack.preset = "inverting_gradients"
+    c.model.name = "resnet20-4"
+    return c
+
+read with ``--config=that_file.py`` (``--config.attack.iterations=6000`` overrides one option; each
+option's short flag, ``--iterations``, is its alias). :func:`from_dict` builds the :class:`Config`;
+:func:`to_python` writes a resolved one back as such a file, which reproduces the run.
+
 The runner, :mod:`gradjax.pipeline`, reads a built :class:`Config`; nothing below it reads names.
 """
 
 import dataclasses
 import math
 import os
-from typing import Callable
+import typing
+from typing import Any, Callable
+
+from ml_collections import config_dict
 
 from gradjax import attacks, checkpoint, corpus, data, defenses, distances, driver, dummy, interop, lpips
 from gradjax import models, objectives, optimizers, presets, text
@@ -392,3 +410,116 @@ def run_name(cfg: Config) -> str:
     source = f"{cfg.dataset.replace(':', '-')}_{cfg.index}" + (
         f"..{cfg.index + cfg.batch_size - 1}" if cfg.batch_size > 1 else "")
   return f"{cfg.attack}_{model}_{source}".replace(os.sep, "-")
+
+
+# The nested schema: section -> {key: Config field}. Keys are the fields' names but where a field names
+# the section's main choice (--attack is attack.preset). ``seed`` stands alone, at the top.
+SECTIONS = {
+    "data": ("modality", "dataset", "data_dir", "index", "batch_size", "image_size", "channels",
+             "normalization", "sequence_length", "vocab_size"),
+    "model": ("model", "checkpoint", "weights", "rename", "init", "act", "num_classes", "conv",
+              "text_dim", "text_heads", "text_ffn", "text_layers"),
+    "client": ("client", "train_mode", "local_epochs", "local_batch_size", "local_lr",
+               "local_momentum", "shared_labels", "observation", "num_samples", "force"),
+    "defense": ("defense",),
+    "attack": ("attack", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",
+               "distance", "layer_weights", "priors", "labels", "aux", "box", "dummy_init",
+               "one_sample_per_step", "gamma", "restarts", "permutations", "text_search",
+               "restrict_tokens"),
+    "execution": ("strategy", "map_batch_size", "halving_rounds", "halving_keep", "shard", "chunk",
+                  "matmul_precision", "remat"),
+    "output": ("lpips",),
+}
+TOP = ("seed",)
+_KEYS = {"model": "name", "client": "name", "defense": "spec", "attack": "preset"}
+
+
+def field_type(field: dataclasses.Field) -> type:
+  """int, float, bool or str: a :class:`Config` field's type without ``| None``."""
+  kinds = [t for t in typing.get_args(field.type) or (field.type,) if t is not type(None)]
+  if len(kinds) != 1 or kinds[0] not in (int, float, bool, str):
+    raise TypeError(f"Config field {field.name} has type {field.type}, which no option takes")
+  return kinds[0]
+
+
+def paths() -> dict[str, str]:
+  """Config field -> its dotted path in the nested schema (``"iterations"`` -> ``"attack.iterations"``)."""
+  out = {name: name for name in TOP}
+  for section, names in SECTIONS.items():
+    for name in names:
+      out[name] = f"{section}.{_KEYS[name] if name == section else name}"
+  return out
+
+
+def section(field_name: str) -> str:
+  """The section of a :class:`Config` field (``""`` for the top-level ``seed``)."""
+  return paths()[field_name].rpartition(".")[0]
+
+
+def defaults() -> config_dict.ConfigDict:
+  """The nested configuration with every option at its default; a config file starts from it.
+  Options that default to ``None`` are typed placeholders, so ``--config.<path>=...`` can set them."""
+  return _nested({f.name: f.default for f in dataclasses.fields(Config)})
+
+
+def to_dict(cfg: "Config") -> config_dict.ConfigDict:
+  """``cfg`` in the nested schema."""
+  return _nested(dataclasses.asdict(cfg))
+
+
+def _nested(values: dict[str, Any]) -> config_dict.ConfigDict:
+  fields = {f.name: f for f in dataclasses.fields(Config)}
+  tree: dict[str, Any] = {}
+  for name, path in paths().items():
+    value = values[name]
+    if value is None:
+      value = config_dict.placeholder(field_type(fields[name]))
+    *sections, key = path.split(".")
+    node = tree
+    for sec in sections:
+      node = node.setdefault(sec, {})
+    node[key] = value
+  return config_dict.ConfigDict(tree)
+
+
+def from_dict(tree) -> "Config":
+  """The :class:`Config` of a nested configuration (a ``ConfigDict`` or plain dicts); options it
+  leaves out keep their defaults. Raises ValueError naming an option the schema does not have."""
+  return Config(**given(tree))
+
+
+def given(tree) -> dict[str, Any]:
+  """Config field -> value of every option ``tree`` holds (ValueError for one the schema lacks)."""
+  plain = tree.to_dict() if isinstance(tree, config_dict.ConfigDict) else dict(tree)
+  by_path = {path: name for name, path in paths().items()}
+  out, unknown = {}, []
+
+  def walk(node, prefix):
+    for key, value in node.items():
+      path = f"{prefix}{key}"
+      if isinstance(value, dict):
+        walk(value, path + ".")
+      elif path in by_path:
+        out[by_path[path]] = value
+      else:
+        unknown.append(path)
+
+  walk(plain, "")
+  if unknown:
+    raise ValueError(f"unknown configuration option{'s' if len(unknown) > 1 else ''} "
+                     f"{', '.join(sorted(unknown))}; the sections are {', '.join(SECTIONS)} "
+                     "(and seed)")
+  return out
+
+
+def to_python(cfg: "Config", *, comment: str = "") -> str:
+  """A configuration file that sets every option of ``cfg`` (defaults too, so it reproduces the run
+  whatever later defaults become): ``--config=<file>``. ``comment``: lines put first, as comments."""
+  lines = [f"# {line}" for line in comment.splitlines()]
+  lines += ['"""A gradjax configuration (gradjax.config)."""', "", "from gradjax import config", "", "",
+            "def get_config():", "  c = config.defaults()"]
+  values = dataclasses.asdict(cfg)
+  for name, path in paths().items():
+    lines.append(f"  c.{path} = {values[name]!r}")
+  lines += ["  return c", ""]
+  return "\n".join(lines)

@@ -79,6 +79,8 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
     (["--matmul_precision=fp8"], "matmul_precision"),
     (["--lr=nan"], "--lr must be a finite number"),
     (["--normalization=0.5,0.5/0.2"], "2 means but 1 stds"),
+    (["--config=dlg", "--config.attack.iterationz=1"], "iterationz"),
+    (["--config=/nonexistent/dlg.py"], "/nonexistent/dlg.py"),
 ])
 @pytest.mark.slow
 def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):
@@ -503,3 +505,35 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
   second = run_program("reconstruct.py", *args, "--overwrite")
   assert second.returncode == 0, second.stderr[-2000:]
   assert sorted(p.name for p in cache.iterdir()) == entries  # every program came from the cache
+
+
+@pytest.mark.slow
+def test_a_run_folder_config_reproduces_the_run(tmp_path):
+  """--config=<name> with short flags beside it; the run's config.py, read with --config, gives the
+  same configuration and the same reconstruction; --config.<path> overrides an option;
+  --print_config shows the resolved options and runs nothing; --help groups them by section."""
+  first, second = tmp_path / "first", tmp_path / "second"
+  proc = run_program("reconstruct.py", "--config=dlg", "--dataset=skimage", "--image_size=16",
+                     "--iterations=20", f"--output_dir={first}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  proc = run_program("reconstruct.py", f"--config={first / 'config.py'}", f"--output_dir={second}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  options = [(d / "config.py").read_text().split('"""', 1)[1] for d in (first, second)]
+  assert options[0] == options[1]
+  runs = [json.loads((d / "metrics.json").read_text()) for d in (first, second)]
+  assert runs[0]["config"] == runs[1]["config"] and runs[0]["config"]["iterations"] == 20
+  assert runs[0]["psnr"] == runs[1]["psnr"]
+
+  proc = run_program("reconstruct.py", f"--config={first / 'config.py'}",
+                     "--config.attack.iterations=5", "--lr=0.5", "--print_config",
+                     f"--output_dir={tmp_path / 'never'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "c.attack.iterations = 5" in proc.stdout and "c.attack.learning_rate = 0.5" in proc.stdout
+  assert not (tmp_path / "never").exists()
+
+  proc = run_program("reconstruct.py", "--help")
+  assert proc.returncode == 0
+  headers = [line for line in proc.stdout.splitlines() if line.endswith(" options:")]
+  assert headers[:3] == ["experiment options:", "data options:", "model options:"], headers
+  assert "attack options:" in headers and "--config.attack.iterations" in proc.stdout
+

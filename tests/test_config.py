@@ -1,0 +1,59 @@
+"""The nested configuration schema (gradjax.config) and the packaged configuration files."""
+
+import dataclasses
+import importlib.util
+
+import pytest
+
+from gradjax import config, configs
+
+
+def test_every_option_has_one_place_in_the_schema():
+  names = [f.name for f in dataclasses.fields(config.Config)]
+  placed = [*config.TOP, *(n for section in config.SECTIONS.values() for n in section)]
+  assert sorted(placed) == sorted(names)  # each field once, none left out
+  paths = config.paths()
+  assert len(set(paths.values())) == len(paths)  # one option, one path
+  assert paths["attack"] == "attack.preset" and paths["iterations"] == "attack.iterations"
+
+
+def test_defaults_build_the_default_config():
+  assert config.from_dict(config.defaults()) == config.Config()
+  assert config.from_dict({}) == config.Config()  # options left out keep their defaults
+
+
+def test_a_written_config_reads_back_as_the_same_config():
+  cfg = config.Config(attack="inverting_gradients", model="resnet20-4", iterations=7, image_size=16,
+                      learning_rate=0.25, box=True, priors="tv:1e-4", halving_keep=0.3,
+                      normalization="0.5,0.5,0.5/0.25,0.25,0.25", seed=3, index=2)
+  namespace = {}
+  exec(config.to_python(cfg, comment="a comment\nover two lines"), namespace)
+  assert config.from_dict(namespace["get_config"]()) == cfg
+
+
+def test_an_unknown_option_is_named():
+  with pytest.raises(ValueError, match=r"attack\.iterationz"):
+    config.from_dict({"attack": {"iterationz": 3}})
+  with pytest.raises(ValueError, match=r"optimiser\.lr"):
+    config.from_dict({"optimiser": {"lr": 3}})
+
+
+def test_placeholders_take_a_value_of_their_type():
+  c = config.defaults()
+  c.data.image_size = 32
+  c.attack.learning_rate = 0.5
+  cfg = config.from_dict(c)
+  assert (cfg.image_size, cfg.learning_rate) == (32, 0.5)
+  with pytest.raises(TypeError):
+    c.data.image_size = "big"
+
+
+@pytest.mark.parametrize("name", configs.NAMES)
+def test_each_packaged_config_is_a_valid_experiment(name):
+  spec = importlib.util.spec_from_file_location(name, configs.path(name))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  cfg = config.from_dict(module.get_config())
+  assert cfg.attack == name  # each packaged configuration is its preset's protocol
+  config.check(cfg)  # names resolve: preset, model, dataset
+  assert module.__doc__  # says where its settings come from
