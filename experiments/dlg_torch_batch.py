@@ -25,8 +25,8 @@ import time
 import numpy as np
 from absl import app, flags
 
-import benchmark_step as bs
-import common
+from gradjax.cli import benchmark_step as bs
+from gradjax.cli import common
 from gradjax import data, metrics, models, pipeline, report
 
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")

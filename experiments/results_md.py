@@ -83,11 +83,11 @@ def _duration(seconds: float) -> str:
 
 
 def command_from_config(config: dict) -> str:
-  """``experiments/reconstruct.py``'s command line for a metrics.json's ``config``: the fields that
+  """``gradjax reconstruct``'s command line for a metrics.json's ``config``: the fields that
   differ from :class:`gradjax.config.Config`'s defaults, as their flags."""
-  from gradjax import config
-  parts = ["python", "experiments/reconstruct.py"]
-  for field in dataclasses.fields(config.Config):
+  from gradjax import config as config_lib
+  parts = ["gradjax", "reconstruct"]
+  for field in dataclasses.fields(config_lib.Config):
     if field.name in config and config[field.name] != field.default:
       value = config[field.name]
       flag = field.metadata["flag"] or field.name

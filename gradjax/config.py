@@ -42,7 +42,7 @@ SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known label
 def _field(default, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
            attack: str | None = None, parse: Callable | None = None, execution: bool = False):
   """A :class:`Config` field with its documentation, declared once. The experiment programs derive
-  their flags from these (``experiments/common.py``).
+  their flags from these (``gradjax/cli/common.py``).
 
   help: the flag's help text. flag: the flag's name when it is not the field's. choices: the only
   values the flag takes. attack: the :class:`gradjax.attacks.Attack` field this one overrides when
@@ -116,7 +116,7 @@ class Config:
       "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
       "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
   checkpoint: str | None = _field(
-      None, "Attack the model of this checkpoint (experiments/train.py) instead of a fresh --model "
+      None, "Attack the model of this checkpoint (gradjax train) instead of a fresh --model "
       "(its model, init and activation come from the checkpoint).")
   weights: str | None = _field(
       None, "Captured server weights to attack (a PyTorch state_dict as safetensors or .npz; see the "

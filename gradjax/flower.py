@@ -16,7 +16,7 @@ training configuration it was sent, as the capture folders of :mod:`gradjax.audi
   strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3,
                  train_config=ConfigRecord({"lr": 0.01, "batch-size": 1}))
 
-then ``python experiments/audit.py --audit_dir=audit`` (or ``attack=audit.Settings()`` here, which
+then ``gradjax audit --audit_dir=audit`` (or ``attack=audit.Settings()`` here, which
 attacks each round in a separate process while the federation goes on). Recording never raises into
 the federation: a failure is logged and that reply is skipped.
 

@@ -1,4 +1,4 @@
-"""Smoke test of experiments/benchmark.py without PyTorch: every section runs and its ratios are the
+"""Smoke test of gradjax benchmark without PyTorch: every section runs and its ratios are the
 quotients of the times it reports."""
 
 import json
@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_benchmark_sections_write_consistent_tables(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "experiments", "benchmark.py"), "--torch=off",
+      [sys.executable, "-m", "gradjax", "benchmark", "--torch=off",
        "--models=lenet_zhu", "--batch_sizes=1,2", "--repeats=2", "--warmup=0", "--ttq_images=1",
        "--ttq_psnr=8", "--ttq_max_seconds=30", "--ig_model=convnet-4", "--ig_iterations=2",
        "--restart_counts=1,2", "--restart_iterations=5", "--linesearch_iterations=5",
@@ -99,7 +99,7 @@ def test_accelerator_suite_quick(tmp_path):
   if data.default_data_dir() is not None:  # the batch part attacks CIFAR-10 test images
     names.append("batch")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, os.path.join(ROOT, "experiments", "benchmark.py"), "--suite=gpu", "--quick",
+  cmd = [sys.executable, "-m", "gradjax", "benchmark", "--suite=gpu", "--quick",
          "--torch=off", f"--output_dir={tmp_path}"]
   proc = subprocess.run(cmd + [f"--parts={','.join(names)}"], capture_output=True, text=True, env=env,
                         timeout=900)

@@ -1,8 +1,7 @@
-"""Smoke test of experiments/benchmark_step.py (needs PyTorch for its eager baseline)."""
+"""Smoke test of gradjax benchmark-step (needs PyTorch for its eager baseline)."""
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -10,18 +9,14 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
 
-EXPERIMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "experiments")
-SCRIPT = os.path.join(EXPERIMENTS, "benchmark_step.py")
-
-# Run in a subprocess: importing the script defines absl flags, which must not clash with other scripts'.
+# Run in a subprocess: importing the command defines absl flags, which must not clash with other commands'.
 _PARAM_COUNTS = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
 import jax
-import benchmark_step
 from gradjax import models
+from gradjax.cli import benchmark_step
 counts = {}
-for name in sys.argv[2:]:
+for name in sys.argv[1:]:
   variables = jax.eval_shape(lambda key: models.create(name, key).variables, jax.random.key(0))
   torch_model = benchmark_step.build_torch_model(name, (32, 32, 3), 10)
   counts[name] = [benchmark_step.count_params(variables["params"]),
@@ -31,13 +26,14 @@ print(json.dumps(counts))
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
+  return subprocess.run([sys.executable, "-m", "gradjax", "benchmark-step", *args], capture_output=True,
+                        text=True, timeout=120)
 
 
 @pytest.mark.slow
 def test_torch_ports_have_the_zoo_parameter_counts():
   names = ["lenet_zhu", "lenet5", "convnet-16", "mlp", "resnet8", "resnet20-4"]
-  result = subprocess.run([sys.executable, "-c", _PARAM_COUNTS, EXPERIMENTS, *names], capture_output=True,
+  result = subprocess.run([sys.executable, "-c", _PARAM_COUNTS, *names], capture_output=True,
                           text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   counts = json.loads(result.stdout.strip().splitlines()[-1])

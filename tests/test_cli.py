@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_program(name, *args, cwd=None):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", name), *args],
+  return subprocess.run([sys.executable, "-m", "gradjax", name.removesuffix(".py").replace("_", "-"), *args],
                         capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
@@ -57,7 +57,7 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
     assert key in metrics
   assert metrics["config"]["model"] == "lenet_zhu" and metrics["iterations"] == 30
   # The command as typed and the cores, for RESULTS.md's provenance lines.
-  assert metrics["command"] == f"python experiments/reconstruct.py --iterations=30 --image_size=16 --output_dir={out}"
+  assert metrics["command"] == f"gradjax reconstruct --iterations=30 --image_size=16 --output_dir={out}"
   assert metrics["cores"] >= 1 and metrics["device"].startswith("CPU (")
   assert f"PSNR {metrics['psnr']:.2f} dB" in proc.stdout
   grid = np.asarray(Image.open(out / "reconstruction.png"))
@@ -204,7 +204,7 @@ def _killed_then_resumed(program, args, out, state_glob):
   """Runs ``program`` until a state file matching ``state_glob`` appears in ``out``, SIGKILLs it,
   then resumes it to the end; returns the resumed process."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments", program), *args],
+  proc = subprocess.Popen([sys.executable, "-m", "gradjax", program.removesuffix(".py").replace("_", "-"), *args],
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
   deadline = time.monotonic() + 240
   while not list(out.glob(state_glob)) and proc.poll() is None and time.monotonic() < deadline:
@@ -239,7 +239,7 @@ def _interrupted(args, wait_for: str):
   """Runs reconstruct.py until its stderr shows ``wait_for``, sends SIGINT, and returns (exit code,
   stderr)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments", "reconstruct.py"), *args],
+  proc = subprocess.Popen([sys.executable, "-m", "gradjax", "reconstruct", *args],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
   seen = []
   try:
@@ -271,7 +271,7 @@ def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, moment):
   assert code == 130 and last.startswith("interrupted at iteration "), stderr[-2000:]
   assert "Traceback" not in stderr and (out / "state.npz").exists()
   command = shlex.split(last.split("resume with: ", 1)[1])
-  assert command[:2] == ["python", "experiments/reconstruct.py"] and "--resume" in command
+  assert command[:2] == ["gradjax", "reconstruct"] and "--resume" in command
   resumed = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, cwd=ROOT,
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
@@ -381,8 +381,7 @@ def test_flags_are_the_config_fields():
   the attack overrides and the one Execution record."""
   code = textwrap.dedent("""
       import dataclasses, json, sys
-      sys.path.insert(0, "experiments")
-      import common
+      from gradjax.cli import common
       from absl import flags
       from gradjax import config, dummy, priors
       common.define_flags()

@@ -1,4 +1,4 @@
-"""experiments/defense_sweep.py: the utility column (a model trained under each defense) and the
+"""gradjax defense-sweep: the utility column (a model trained under each defense) and the
 privacy/utility plot, through the program's functions and end to end."""
 
 import importlib
@@ -20,11 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture(scope="module")
 def sweep():
   """The program as a module (defines its absl flags once per process)."""
-  sys.path.insert(0, os.path.join(ROOT, "experiments"))
-  try:
-    return sys.modules.get("defense_sweep") or importlib.import_module("defense_sweep")
-  finally:
-    sys.path.remove(os.path.join(ROOT, "experiments"))
+  return importlib.import_module("gradjax.cli.defense_sweep")
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +88,7 @@ def test_privacy_utility_plot(sweep):
 
 def run_sweep(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "defense_sweep.py"), *args],
+  return subprocess.run([sys.executable, "-m", "gradjax", "defense-sweep", *args],
                         capture_output=True, text=True, env=env, timeout=300)
 
 

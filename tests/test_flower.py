@@ -243,15 +243,15 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
 
 @pytest.mark.slow
 def test_audit_program(net, tmp_path):
-  """experiments/audit.py over a recorded federation: the index, and one-line errors with exit 2."""
+  """gradjax audit over a recorded federation: the index, and one-line errors with exit 2."""
   import subprocess
   import sys
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
   start(strategy, net, Grid(net), rounds=2)
-  program = os.path.join(os.path.dirname(__file__), "..", "experiments", "audit.py")
+  program = ["-m", "gradjax", "audit"]
 
   def run(*args):
-    return subprocess.run([sys.executable, program, *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, *program, *args], capture_output=True, text=True, timeout=600)
 
   proc = run(f"--audit_dir={strategy.audit_dir}", "--rounds=2", "--attacks=dlg,dlm_plus",
              "--iterations=3", "--lpips=none")
@@ -302,8 +302,8 @@ def test_failed_clients_are_counted_reported_and_fail_the_audit(net, tmp_path):
   assert summary == {"round": 1, "clients_sent": 3,
                      "failures": {"12": "the client failed: ClientApp crashed", "13": "no reply"}}
   strategy.raise_if_failed()  # one client trained: not a lost round
-  program = os.path.join(os.path.dirname(__file__), "..", "experiments", "audit.py")
-  proc = subprocess.run([sys.executable, program, f"--audit_dir={strategy.audit_dir}",
+  program = ["-m", "gradjax", "audit"]
+  proc = subprocess.run([sys.executable, *program, f"--audit_dir={strategy.audit_dir}",
                          "--iterations=3", "--lpips=none"], capture_output=True, text=True, timeout=600)
   rows = json.loads((tmp_path / "audit" / "index.json").read_text())["rows"]
   assert [(r["client"], r.get("error")) for r in rows] == [
@@ -331,8 +331,8 @@ def test_audit_merges_into_the_index_and_needs_its_dataset(net, tmp_path):
   index = json.loads((tmp_path / "audit" / "index.json").read_text())["rows"]
   assert [(r["round"], r["client"]) for r in index] == [(r["round"], r["client"]) for r in rows]
   assert all(r["verdict"] in verdict.STATUSES for r in index)
-  program = os.path.join(os.path.dirname(__file__), "..", "experiments", "audit.py")
-  proc = subprocess.run([sys.executable, program, f"--audit_dir={strategy.audit_dir}",
+  program = ["-m", "gradjax", "audit"]
+  proc = subprocess.run([sys.executable, *program, f"--audit_dir={strategy.audit_dir}",
                          "--dataset=cifar10", f"--data_dir={tmp_path / 'nowhere'}"],
                         capture_output=True, text=True, timeout=600)
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

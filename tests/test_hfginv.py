@@ -195,10 +195,10 @@ def test_train_and_batch_table_programs(tmp_path):
   from gradjax import checkpoint, data, metrics
   if data.default_data_dir() is None:
     pytest.skip("no shared data folder")
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  run = lambda name, *args: subprocess.run([sys.executable, os.path.join(root, "experiments", name), *args],
-                                           capture_output=True, text=True, env=env, timeout=600)
+  run = lambda name, *args: subprocess.run(
+      [sys.executable, "-m", "gradjax", name.removesuffix(".py").replace("_", "-"), *args],
+      capture_output=True, text=True, env=env, timeout=600)
   train_dir, table_dir = tmp_path / "train", tmp_path / "table"
   proc = run("train.py", "--model=resnet8", "--conv=im2col", "--dataset=cifar10_train", "--train_count=64",
              "--test_dataset=cifar10", "--test_count=32", "--train_mode", "--batch_size=32", "--epochs=1",

@@ -337,9 +337,8 @@ def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
 def _cli(*args):
   import subprocess
   import sys
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(root, "experiments", "reconstruct.py"), *args],
+  return subprocess.run([sys.executable, "-m", "gradjax", "reconstruct", *args],
                         capture_output=True, text=True, env=env, timeout=300)
 
 

@@ -1,16 +1,12 @@
-"""experiments/op_profile.py: the HLO parser counts a product's FLOPs in closed form, files ops in the
+"""gradjax op-profile: the HLO parser counts a product's FLOPs in closed form, files ops in the
 right category, and the profile's figures are the sums and quotients of its per-op times."""
-
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
-import op_profile  # noqa: E402
+from gradjax.cli import op_profile
 
 
 def _instructions(fn, *args):

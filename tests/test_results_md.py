@@ -40,12 +40,12 @@ def test_sweep_row_and_provenance_from_a_hand_written_output(results_md, tmp_pat
       "summary": {"experiments": 4, "successes": 3, "psnr": stats(31.256, 30.5, 2.004),
                   "ssim": stats(0.9125, 0.9, 0.01), "label_accuracy": stats(0.75, 1.0, 0.4),
                   "wall_time_s": stats(3.0, 2.54, 1.0), "total_time_s": 150.0},
-      "rows": [], "command": "python experiments/sweep.py --count=4", "device": "CPU (X)",
+      "rows": [], "command": "gradjax sweep --count=4", "device": "CPU (X)",
       "cores": 1, "jax": "1.2", "flax": "0.3", "optax": "0.4", "date": "2026-01-02"})
   table = results_md.sweep_rows([("mine", "run")], paper={"mine": "29.0"}).splitlines()
   assert table[2] == "| mine | 4 | 3 / 4 | 31.26 ± 2.00 | 30.50 | 0.912 | 75 % | 2.5 s | 29.0 |"
   assert results_md.provenance("run") == (
-      "Run: `python experiments/sweep.py --count=4`; CPU (X), 1 core; jax 1.2; flax 0.3; optax 0.4; "
+      "Run: `gradjax sweep --count=4`; CPU (X), 1 core; jax 1.2; flax 0.3; optax 0.4; "
       "2026-01-02; wall time 2.5 min.")
   # An output written before the programs kept their command line: the section's record of it.
   _write(tmp_path / results_md.RESULTS / "old", "metrics.json", {"wall_time_s": 7200.0})
@@ -76,7 +76,7 @@ def test_command_rebuilt_from_a_recorded_configuration(results_md):
   config = {"attack": "dlg", "model": "lenet_zhu", "learning_rate": 0.5, "box": True,
             "dataset": "cifar10", "one_sample_per_step": False}
   assert results_md.command_from_config(config) == (
-      "python experiments/reconstruct.py --dataset=cifar10 --lr=0.5 --box --noone_sample_per_step")
+      "gradjax reconstruct --dataset=cifar10 --lr=0.5 --box --noone_sample_per_step")
 
 
 def test_split_runs_are_pooled_over_their_images(results_md, tmp_path, monkeypatch):

@@ -152,18 +152,10 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
   """A table's item saved before a Config field was added (its config lacks the key) is read back
   when the field has its default, and refused when it does not."""
   import dataclasses
-  import importlib
   import json
-  import os
-  import sys
 
   from gradjax import config
-  root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
-  sys.path.insert(0, root)
-  try:
-    common = sys.modules.get("common") or importlib.import_module("common")
-  finally:
-    sys.path.remove(root)
+  from gradjax.cli import common
   cfg = config.Config(modality="text", model="transformer", dataset="pydoc", iterations=3)
   saved = config.fingerprint(cfg)
   del saved["aux"]  # a field added after this item was saved

@@ -258,7 +258,7 @@ TINY = ["--text_dim=16", "--text_heads=2", "--text_ffn=16", "--text_layers=1"]
 
 def run_program(name, *args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", name), *args],
+  return subprocess.run([sys.executable, "-m", "gradjax", name.removesuffix(".py").replace("_", "-"), *args],
                         capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -283,7 +283,7 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
   assert results["token_accuracy"] == pytest.approx(
       np.mean([a == b for a, b in zip(recovered, results["sentences"][0]["true"].split())]))
   assert results["vocabulary_size"] == 200 and results["iterations"] == 5
-  assert results["command"].startswith("python experiments/reconstruct.py --modality=text")
+  assert results["command"].startswith("gradjax reconstruct --modality=text")
   assert (out / "sentences.txt").read_text().startswith("sentence 0")
   assert f"token accuracy {results['token_accuracy']:.2f}" in proc.stdout
   assert (out / "report.html").exists()

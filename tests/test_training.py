@@ -1,4 +1,4 @@
-"""gradjax.training against hand-written NumPy SGD loops (float64), and experiments/train.py end to end."""
+"""gradjax.training against hand-written NumPy SGD loops (float64), and gradjax train end to end."""
 
 import json
 import os
@@ -359,12 +359,12 @@ def test_split():
     training.split(ds, 8, 3)
 
 
-# --- experiments/train.py ---------------------------------------------------------------------
+# --- gradjax train ---------------------------------------------------------------------
 
 
 def run_train(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "train.py"), *args],
+  return subprocess.run([sys.executable, "-m", "gradjax", "train", *args],
                         capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -452,7 +452,7 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
   assert result["config"]["normalization"] == "mnist" and result["cores"] >= 1
-  assert result["command"].startswith("python experiments/train.py --model=mlp")
+  assert result["command"].startswith("gradjax train --model=mlp")
   ds = data.load("lfw_subset")
   test_idx = np.array(result["test_indices"])
   x_test = ((ds.x[test_idx].astype(np.float64) - 0.1307) / 0.3081).astype(np.float32)
@@ -463,7 +463,7 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
   raw = training.evaluate(model.apply_fn, model.variables, ds.x[test_idx], ds.y[test_idx])
   assert raw != acc  # the [0, 1] images are not what it was tested on
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  attack = [sys.executable, os.path.join(ROOT, "experiments", "reconstruct.py"),
+  attack = [sys.executable, "-m", "gradjax", "reconstruct",
             f"--checkpoint={out / 'epoch_1.npz'}", "--dataset=lfw_subset", "--iterations=2",
             "--lpips=none", f"--output_dir={tmp_path / 'attack'}"]
   bad = subprocess.run(attack, capture_output=True, text=True, env=env, timeout=300)

@@ -63,7 +63,7 @@ def _export(torch, net, x_nhwc, y, folder, normalize=None, model="lenet_zhu", tr
 
 def _cli(*args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "reconstruct.py"),
+  return subprocess.run([sys.executable, "-m", "gradjax", "reconstruct",
                          "--compilation_cache=", *map(str, args)],
                         capture_output=True, text=True, env=env, timeout=600)
 

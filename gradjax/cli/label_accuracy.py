@@ -4,8 +4,8 @@ The iDLG protocol (Zhao et al., 2020): one image per client, a freshly initialis
 label = argmin_c Σ_j ∂L/∂W_last[j, c]. Models and seeds follow gradjax.pipeline, so run ``i`` here
 attacks the same model as image ``i`` of a sweep.
 
-  python experiments/label_accuracy.py --dataset=cifar10 --count=50
-  python experiments/label_accuracy.py --dataset=mnist --count=1000
+  gradjax label-accuracy --dataset=cifar10 --count=50
+  gradjax label-accuracy --dataset=mnist --count=1000
 """
 
 import time
@@ -13,7 +13,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-import common
+from gradjax.cli import common
 from gradjax import clients, data, labels, models, pipeline, report
 
 common.define_flags()

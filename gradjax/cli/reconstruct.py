@@ -2,13 +2,13 @@
 
 With no flags: DLG (Zhu et al., 2019) against DLG's LeNet on a photo bundled with scikit-image.
 
-  python experiments/reconstruct.py
-  python experiments/reconstruct.py --attack=idlg --dataset=cifar10 --index=3
-  python experiments/reconstruct.py --dataset=mnist --batch_size=2 --iterations=3000
-  python experiments/reconstruct.py --weights=W.safetensors --observation=G.safetensors   # captured
-  python experiments/reconstruct.py --attack=inverting_gradients --output_dir=runs/ig --resume
-  python experiments/reconstruct.py --modality=text --attack=sapag       # a sentence of Python's docs
-  python experiments/reconstruct.py --config=configs/inverting_gradients.py --config.attack.iterations=500
+  gradjax reconstruct
+  gradjax reconstruct --attack=idlg --dataset=cifar10 --index=3
+  gradjax reconstruct --dataset=mnist --batch_size=2 --iterations=3000
+  gradjax reconstruct --weights=W.safetensors --observation=G.safetensors   # captured
+  gradjax reconstruct --attack=inverting_gradients --output_dir=runs/ig --resume
+  gradjax reconstruct --modality=text --attack=sapag       # a sentence of Python's docs
+  gradjax reconstruct --config=configs/inverting_gradients.py --config.attack.iterations=500
 
 Writes to ``--output_dir`` (default ``runs/<attack>_<model>_<source>``, suffixed when taken; a folder
 holding another run is refused unless ``--overwrite``): ``metrics.json`` (psnr, ssim, mse,
@@ -29,7 +29,7 @@ import os
 
 from absl import app, flags
 
-import common
+from gradjax.cli import common
 from gradjax import config, pipeline, report, resume
 
 common.define_flags()

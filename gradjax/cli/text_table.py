@@ -13,15 +13,15 @@ searches:
   the inputs (:func:`gradjax.text.soft_tokens`).
 
 Both restrict tokens to the bag the embedding gradient reveals. The model is untrained (a fresh
-random one per sentence) and, with ``--checkpoint``, trained (``experiments/train.py --modality=text``;
+random one per sentence) and, with ``--checkpoint``, trained (``gradjax train --modality=text``;
 the same model for every sentence). Metrics: position-wise token accuracy, bag-of-words recall,
 sentences recovered exactly; example sentences as in the papers' tables. Each attack is kept in
 ``items/`` as it ends; ``--resume`` reads them back. ``--methods`` also takes two other readings of
 SAPAG, to see what its row depends on: ``SAPAG-literal`` (the kernel width σ_l² as written, not per
 entry) and ``SAPAG-uniform`` (every layer weighted alike instead of Q_l = 1/(l+1)).
 
-  python experiments/text_table.py --count=20
-  python experiments/text_table.py --count=20 --checkpoint=runs/train_transformer_pydoc_fedsgd/epoch_1.npz
+  gradjax text-table --count=20
+  gradjax text-table --count=20 --checkpoint=runs/train_transformer_pydoc_fedsgd/epoch_1.npz
 """
 
 import os
@@ -30,7 +30,7 @@ import time
 import numpy as np
 from absl import app, flags, logging
 
-import common
+from gradjax.cli import common
 from gradjax import config, corpus, report, text
 
 METHODS = {
@@ -48,7 +48,7 @@ flags.DEFINE_string("searches", ",".join(text.SEARCHES), "Comma-separated subset
                     f"{', '.join(text.SEARCHES)}.")
 flags.DEFINE_string("dataset", "pydoc", f"Corpus: {', '.join(corpus.CORPORA)}.")
 flags.DEFINE_string("data_dir", None, "Data folder (for wikitext2; default ../shared/data).")
-flags.DEFINE_string("checkpoint", None, "A trained text model (experiments/train.py --modality=text): "
+flags.DEFINE_string("checkpoint", None, "A trained text model (gradjax train --modality=text): "
                     "its rows are added beside the untrained ones.")
 flags.DEFINE_bool("untrained", True, "Attack fresh random models too.")
 flags.DEFINE_integer("start", 0, "First sentence (of the corpus's distinct sentences of that length).")

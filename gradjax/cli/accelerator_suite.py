@@ -1,11 +1,11 @@
-"""The accelerator suite behind ``benchmark.py --suite=gpu``: every accelerator measurement, in parts
+"""The accelerator suite behind ``gradjax benchmark --suite=gpu``: every accelerator measurement, in parts
 that each run in well under 10 minutes on one GPU, so a lent machine can run them one call at a time.
 
 Parts (``--parts``), each written as ``gpu_<part>.json`` and ``gpu_<part>.md`` when it ends (a part
 already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles those present:
 
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
-  compiled and peak memory), as ``benchmark.py``'s steps section.
+  compiled and peak memory), as ``gradjax benchmark``'s steps section.
 * ``restarts``: 100 DLG iterations on ``lenet_zhu`` for R = 1, 4, 16, 64, 256 under each strategy
   (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1.
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
@@ -19,7 +19,7 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   in 2 local steps of 2, labels known as a multiset with the permutation search.
 * ``batch``: issue 12's batch inversion at the papers' budget, which the CPU cannot afford: GradInversion
   against HFGInv at 15 000 iterations on 10 CIFAR-10 batches of 8 with repeated labels, on the
-  committed trained ResNet-20 (``batch_table.py --variants=bn,hfginv``). Its attacks are kept as they
+  committed trained ResNet-20 (``gradjax batch-table --variants=bn,hfginv``). Its attacks are kept as they
   end; a call that reaches the 9-minute mark stops there and the next call of the part goes on.
   Needs the CIFAR-10 test images (``--data_dir``).
 
@@ -33,11 +33,12 @@ import subprocess
 import sys
 import time
 
-import benchmark_step as bs
+from gradjax.cli import benchmark_step as bs
 from gradjax import config, driver, pipeline, report
 
 PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch")
-CHECKPOINT = os.path.join(os.path.dirname(__file__), "results", "train_resnet20_cifar10", "epoch_5.npz")
+# The committed trained ResNet-20, read from the clone's root (where the suite runs).
+CHECKPOINT = os.path.join("experiments", "results", "train_resnet20_cifar10", "epoch_5.npz")
 BATCH_SECONDS = 540.0  # a call of the batch part stops here; the next one resumes
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
 
@@ -152,7 +153,9 @@ def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict]
   """The ablation's two last rows at full budget; None when this call ran out of time (the
   attacks done so far are kept in ``out``/batch/items and the next call resumes)."""
   folder = os.path.join(out, "batch")
-  cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "batch_table.py"),
+  if not os.path.exists(CHECKPOINT):
+    raise FileNotFoundError(f"the batch part attacks {CHECKPOINT}: run it from the clone's root")
+  cmd = [sys.executable, "-m", "gradjax", "batch-table",
          f"--checkpoint={CHECKPOINT}", "--variants=bn,hfginv", f"--seed={seed}", "--resume",
          f"--output_dir={folder}", *s["batch"]] + ([f"--data_dir={data_dir}"] if data_dir else [])
   try:
@@ -161,7 +164,7 @@ def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict]
     print(f"batch: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
     return None
   if proc.returncode != 0:
-    raise RuntimeError(f"batch_table.py exited with status {proc.returncode} (negative: killed by that "
+    raise RuntimeError(f"gradjax batch-table exited with status {proc.returncode} (negative: killed by that "
                        f"signal); its last line: {bs.last_line(proc.stderr)}")
   with open(os.path.join(folder, "results.json"), encoding="utf-8") as fh:
     result = json.load(fh)

@@ -23,9 +23,9 @@ The paper states neither how γ starts nor how it learns; ``--methods='DLM;gamma
 each reading of those details (:class:`gradjax.objectives.Gamma`: γ from 1/lr, on an Adam of its own,
 held for the first steps) and with γ held at 1/lr throughout, the bound any γ rule can reach.
 
-  python experiments/dlm_table.py --count=20
-  python experiments/dlm_table.py --count=20 --box
-  python experiments/dlm_table.py --count=20 --box --methods='DLM;gamma' --output_dir=experiments/results/dlm_gamma_box
+  gradjax dlm-table --count=20
+  gradjax dlm-table --count=20 --box
+  gradjax dlm-table --count=20 --box --methods='DLM;gamma' --output_dir=experiments/results/dlm_gamma_box
 """
 
 import os
@@ -34,7 +34,7 @@ import time
 import numpy as np
 from absl import app, flags, logging
 
-import common
+from gradjax.cli import common
 from gradjax import config, data, metrics, report
 
 METHODS = {

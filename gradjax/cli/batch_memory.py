@@ -7,8 +7,8 @@ ResNet block (``models.get_module(..., remat=True)``): the double backward pass 
 activation per block and recomputes the rest. Nothing is run, so a GPU's figure can be read without
 the memory it reports. The issue's target: ResNet-18, batch 32 at 32×32, within a 16 GB GPU.
 
-  python experiments/batch_memory.py
-  python experiments/batch_memory.py --models=resnet18 --batches=8,16,32,64
+  gradjax batch-memory
+  gradjax batch-memory --models=resnet18 --batches=8,16,32,64
 
 Writes results.json and results.md to --output_dir.
 """
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-import common
+from gradjax.cli import common
 from gradjax import attacks, clients, distances, models, presets, report
 
 flags.DEFINE_string("models", "resnet18", "Comma-separated models.")

@@ -1,9 +1,9 @@
 """Attack what a server recorded of a federation (``gradjax.flower.AuditStrategy`` or any capture
 folders of :mod:`gradjax.audit`): every round and client, with the attacks its metadata support.
 
-  python experiments/audit.py --audit_dir=audit
-  python experiments/audit.py --audit_dir=audit --dataset=cifar10 --rounds=1,2   # scored
-  python experiments/audit.py --audit_dir=audit --attacks=dlm_plus --iterations=2000
+  gradjax audit --audit_dir=audit
+  gradjax audit --audit_dir=audit --dataset=cifar10 --rounds=1,2   # scored
+  gradjax audit --audit_dir=audit --attacks=dlm_plus --iterations=2000
 
 ``--attacks=auto`` (default): one full-batch local step (a scaled gradient) gets iDLG for one
 example and DLG for more; several steps get the replayed local training (Inverting Gradients'
@@ -20,14 +20,14 @@ import sys
 
 from absl import app, flags
 
-import common
+from gradjax.cli import common
 from gradjax import audit, config, data, presets
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(presets.PRESETS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
 flags.DEFINE_string("model", None, "Zoo model of the captures (default: their metadata, else lenet_zhu).")
-flags.DEFINE_string("rename", None, "Regex rules for the captured tensor names, as reconstruct.py's.")
+flags.DEFINE_string("rename", None, "Regex rules for the captured tensor names, as gradjax reconstruct's.")
 flags.DEFINE_string("dataset", None, f"Where the clients' examples are ({', '.join(data.DATASETS)}), to "
                     "score captures that carry data_indices (default: no scoring).")
 flags.DEFINE_string("data_dir", None, "Data folder (default ../shared/data).")

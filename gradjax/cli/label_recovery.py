@@ -20,9 +20,9 @@ Methods (see gradjax.labels):
   bias_counts (oracle)  p̄ of the client's own batch: exact by construction (a check, not an attack)
   idlg                  only with --batch_size=1
 
-  python experiments/label_recovery.py
-  python experiments/label_recovery.py --model=mlp
-  python experiments/label_recovery.py --dataset=mnist --count=100 --output=labels.json
+  gradjax label-recovery
+  gradjax label-recovery --model=mlp
+  gradjax label-recovery --dataset=mnist --count=100 --output=labels.json
 
 Prints a Markdown table; ``--output=X.json`` writes the per-batch results as JSON and the table
 beside it as ``X.md``. Bad flags or data: one-line
@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from common import fail, parse_flags, provenance
+from gradjax.cli.common import fail, parse_flags, provenance
 from gradjax import clients, data, labels, metrics, models, report
 
 flags.DEFINE_string("dataset", "cifar10", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")

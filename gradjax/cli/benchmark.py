@@ -9,8 +9,8 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   devices that report it, the peak bytes in use. All with the backend's default convolutions
   (``conv="auto"``: mixed on CPU, XLA's on accelerators); the matching step is also timed with the
   other implementation, and the ratio given. With PyTorch installed the same step in PyTorch eager
-  (ported in ``benchmark_step.py``) and the ratio torch / JAX.
-* ``ops``: the same matching step op by op (``op_profile.py``): XLA:CPU's thunks under
+  (ported in ``gradjax benchmark-step``) and the ratio torch / JAX.
+* ``ops``: the same matching step op by op (``gradjax op-profile``): XLA:CPU's thunks under
   ``jax.profiler`` and PyTorch's ATen ops under ``torch.profiler``, each filed as matmul, reduction,
   data movement or elementwise, with the matrix products' FLOP rate.
 * ``convs``: one layer's share of a matching step per layer shape (``--conv_shapes``) with each CPU
@@ -44,20 +44,20 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   after every iteration), the wall time of the vmapped run, and the quality reached (best PSNR, and
   restarts at ≥ ``--ttq_psnr`` dB).
 
-* ``startup``: the README's main job (``reconstruct.py``, LPIPS off as on a fresh install) as a whole
+* ``startup``: the README's main job (``gradjax reconstruct``, LPIPS off as on a fresh install) as a whole
   process, timed from outside: once on an empty compilation cache, then ``--startup_runs`` times on
   the cache it filled, with the attack's own ``wall_time_s`` and PSNR beside. The processes inherit
   this one's CPU affinity (pin the benchmark with ``taskset`` for one core).
 
-  python experiments/benchmark.py --output_dir=experiments/results/benchmark_cpu
-  python experiments/benchmark.py --sections=restarts --restart_counts=1,8,64   # on a GPU
-  python experiments/benchmark.py --suite=gpu --parts=steps,restarts --output_dir=experiments/results/gpu
+  gradjax benchmark --output_dir=experiments/results/benchmark_cpu
+  gradjax benchmark --sections=restarts --restart_counts=1,8,64   # on a GPU
+  gradjax benchmark --suite=gpu --parts=steps,restarts --output_dir=experiments/results/gpu
 
 ``--suite=gpu`` runs the accelerator suite instead (``accelerator_suite.py``: step time and memory,
 restarts 1-256, 64-restart DLG, matmul precisions, Inverting Gradients on ResNet20-4, the FedAvg
 replay, GradInversion against HFGInv at 15 000 iterations), part by part; ``--quick`` shrinks it to a CPU smoke test.
 
-This builds on ``benchmark_step.py`` (its timing helpers, PyTorch ports and flags ``--models``,
+This builds on ``gradjax benchmark-step`` (its timing helpers, PyTorch ports and flags ``--models``,
 ``--repeats``, ``--warmup``, ``--max_seconds``, ``--torch`` and ``--seed``).
 """
 
@@ -75,11 +75,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-import accelerator_suite
-import common
-import benchmark_step as bs
-import op_profile
 from gradjax import attacks, clients, driver, dummy, metrics, models, presets, report
+from gradjax.cli import accelerator_suite, common, op_profile
+from gradjax.cli import benchmark_step as bs
 
 SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "profile", "linesearch", "startup")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
@@ -431,17 +429,16 @@ def section_startup(runs: int) -> dict:
   """The README's main job as a whole process: once on an empty compilation cache (cold), then
   ``runs`` times on the cache it filled (warm); each process's wall time from outside, its attack's
   own ``wall_time_s`` and the PSNR it reports."""
-  script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reconstruct.py")
-  out = dict(command="python experiments/reconstruct.py --lpips=none", process_s=[], attack_s=[])
+  out = dict(command="gradjax reconstruct --lpips=none", process_s=[], attack_s=[])
   with tempfile.TemporaryDirectory() as tmp:
-    cmd = [sys.executable, script, "--lpips=none", f"--compilation_cache={os.path.join(tmp, 'cache')}",
+    cmd = [sys.executable, "-m", "gradjax", "reconstruct", "--lpips=none", f"--compilation_cache={os.path.join(tmp, 'cache')}",
            f"--output_dir={os.path.join(tmp, 'run')}", "--overwrite"]
     for _ in range(1 + runs):
       start = time.perf_counter()
       proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
       out["process_s"].append(time.perf_counter() - start)
       if proc.returncode != 0:
-        raise RuntimeError(f"reconstruct.py exited with status {proc.returncode}: "
+        raise RuntimeError(f"gradjax reconstruct exited with status {proc.returncode}: "
                            f"{bs.last_line(proc.stderr)}")
       with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
         metrics_json = json.load(fh)
@@ -479,7 +476,7 @@ def markdown(result: dict) -> str:
   if "ops" in result:
     lines += ["## The matching step op by op (ms per step; share of the profiled ops)", "",
               "XLA:CPU's thunks (jax.profiler) and PyTorch's ATen ops (torch.profiler, self time), "
-              "filed by `experiments/op_profile.py`: matmul (dots, convolutions), reduction, data "
+              "filed by `gradjax op-profile`: matmul (dots, convolutions), reduction, data "
               "movement (pad, slice, concatenate, copy, transpose: im2col's patches and their "
               "transpose), elementwise. matmul GFLOP/s: the dots' and convolutions' FLOPs from the "
               "HLO shapes over their time.", "", op_profile.markdown(result["ops"]), "", "Slowest ops:", ""]

@@ -1,4 +1,5 @@
-"""Flags shared by the experiment programs, and their translation into a ``config.Config``."""
+"""Flags shared by the ``gradjax`` commands (and the study scripts), and their translation into a
+``config.Config``."""
 
 import atexit
 import dataclasses
@@ -37,21 +38,31 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+# The command as typed: gradjax.cli.main sets ["gradjax", "<command>"] and the command's docstring; a
+# module run as a script (a study in experiments/) is "python <its path>".
+PROGRAM: list[str] = []
+PROGRAM_DOC: list[str] = []
+
+
+def program() -> list[str]:
+  """The command that runs this program, without its flags (``["gradjax", "sweep"]``)."""
+  return list(PROGRAM) or ["python", os.path.relpath(os.path.abspath(sys.argv[0]))]
+
+
 def provenance() -> dict:
-  """Where a table comes from, for its results.json: the command line as typed (``python
-  experiments/NAME.py flags...``), the device, the cores the process may use, the versions and the
+  """Where a table comes from, for its results.json: the command line as typed (``gradjax NAME
+  flags...``), the device, the cores the process may use, the versions and the
   UTC date. ``experiments/results_md.py`` prints it under the table in RESULTS.md."""
   import flax
   import optax
   device = jax.devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  program = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.join(os.path.dirname(__file__), ".."))
   import importlib.metadata
   try:
     version = importlib.metadata.version("gradjax")
   except importlib.metadata.PackageNotFoundError:
     version = None
-  return {"command": shlex.join(["python", program, *sys.argv[1:]]), "gradjax": version,
+  return {"command": shlex.join([*program(), *sys.argv[1:]]), "gradjax": version,
           "device": device.device_kind if device.platform != "cpu" else f"CPU ({cpu_model()})",
           "platform": device.platform, "cores": cores, "jax": jax.__version__,
           "flax": flax.__version__, "optax": optax.__version__, "python": platform.python_version(),
@@ -127,7 +138,7 @@ def config_from_flags(**overrides) -> Config:
 
 def write_config(out: str, cfg: Config) -> None:
   """Writes ``cfg`` as ``<out>/config.py``, which ``--config`` reads to reproduce the run."""
-  command = shlex.join(["python", *sys.argv]).replace("\n", "\\n")
+  command = shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n")
   text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
                           f"reproduces it.\nCommand: {command}")
   report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
@@ -284,7 +295,6 @@ def permutation_seed(value: int, flag: str) -> int | None:
 def resume_command(out: str) -> str:
   """The command line as typed, made to continue the run in ``out``: ``--resume --output_dir=out``
   in place of any --resume, --overwrite or --output_dir given."""
-  program = os.path.relpath(os.path.abspath(sys.argv[0]), os.path.join(os.path.dirname(__file__), ".."))
   args, skip = [], False
   for a in sys.argv[1:]:
     name = a.split("=")[0]
@@ -296,7 +306,7 @@ def resume_command(out: str) -> str:
       skip = "=" not in a
     else:
       args.append(a)
-  return shlex.join(["python", program, *args, "--resume", f"--output_dir={out}"])
+  return shlex.join([*program(), *args, "--resume", f"--output_dir={out}"])
 
 
 def interrupted(e: resume.Interrupted, out: str):
@@ -377,15 +387,14 @@ def grouped_help() -> str:
   (:mod:`gradjax.config`), then the program's own flags and the process settings."""
   by_module = flags.FLAGS.flags_by_module_dict()
   sections = [f"{name} options" for name in ("experiment", *config.SECTIONS)]
-  main = sys.argv[0]
-  groups = [g for g in sections if g in by_module]
-  groups += [g for g in by_module if g not in groups and not g.startswith("absl")
-             and g != __name__ and g != main] + [g for g in (main, __name__) if g in by_module]
-  titles = {main: "program options", __name__: "run settings"}
-  parts = [(sys.modules["__main__"].__doc__ or "").strip(), ""]
-  for group in groups:
-    body = flags.FLAGS.module_help(group).strip("\n").split("\n", 1)[1]
-    parts += [f"{titles.get(group, group)}:", body, ""]
+  own = [g for g in by_module if g not in sections and not g.startswith("absl") and g != __name__]
+  doc = PROGRAM_DOC[0] if PROGRAM_DOC else sys.modules["__main__"].__doc__
+  parts = [(doc or "").strip(), ""]
+  for group in [g for g in sections if g in by_module] + own + [__name__]:
+    if group in by_module:
+      body = flags.FLAGS.module_help(group).strip("\n").split("\n", 1)[1]
+      title = group if group in sections else "run settings" if group == __name__ else "program options"
+      parts += [f"{title}:", body, ""]
   parts.append("--helpfull lists absl's own flags too.")
   return "\n".join(parts)
 

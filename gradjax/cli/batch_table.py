@@ -3,7 +3,7 @@
 Each of ``--count`` clients holds a batch of ``--batch_size`` CIFAR-10 test images WITH repeated labels
 (``--classes_per_batch`` classes drawn per batch, labels drawn from them with replacement, images of
 those classes from the first ``--pool`` test images; seeded) and sends one FedSGD gradient of the
-trained model (``--checkpoint``, e.g. ``experiments/train.py --model=resnet20 --train_mode ...``),
+trained model (``--checkpoint``, e.g. ``gradjax train --model=resnet20 --train_mode ...``),
 which runs in evaluation mode as the server sent it. ``--head=fresh`` (the default) replaces its last
 layer by a new random one, as HFGInv's protocol does (an ImageNet ResNet-34 with a new 1000-class
 head; ``--head_classes`` sets the new head's width); ``--head=trained`` keeps the checkpoint's, where
@@ -28,7 +28,7 @@ Every attack is kept in ``items/`` as it ends (its row as JSON, its reconstructi
 ``--resume`` reads finished rows back, and the reconstruction only for the first batch's grid. Writes
 results.md, results.csv (the ablation), results.json and a grid of the first batch.
 
-  python experiments/batch_table.py --checkpoint=runs/train_resnet20_cifar10/epoch_5.npz
+  gradjax batch-table --checkpoint=runs/train_resnet20_cifar10/epoch_5.npz
 """
 
 import dataclasses
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-import common
+from gradjax.cli import common
 from gradjax import attacks, checkpoint, clients, data, labels, metrics, pipeline, presets, report
 
 flags.DEFINE_string("checkpoint", None, "The trained BatchNorm model to attack (required).")
@@ -81,7 +81,7 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   if not f.checkpoint:
-    common.fail("--checkpoint is required (a trained BatchNorm model, experiments/train.py --train_mode)")
+    common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --train_mode)")
   for name in ("count", "batch_size", "classes_per_batch", "pool", "aux", "iterations"):
     if getattr(f, name) < 1:
       common.fail(f"--{name} must be positive, got {getattr(f, name)}")

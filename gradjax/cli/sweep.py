@@ -11,8 +11,8 @@ Each finished experiment is kept in ``items/<index>.json`` and ``items/<index>.n
 the running one saves its solver state to ``items/<index>.state.npz``: ``--resume`` skips finished
 experiments and continues the interrupted one.
 
-  python experiments/sweep.py --dataset=cifar10 --count=20 --iterations=2000
-  python experiments/sweep.py --attack=idlg --dataset=cifar100 --start=0 --count=10
+  gradjax sweep --dataset=cifar10 --count=20 --iterations=2000
+  gradjax sweep --attack=idlg --dataset=cifar100 --start=0 --count=10
 
 Summary statistics: mean ± population std, median, and how many images reach ``--psnr_threshold``.
 """
@@ -23,7 +23,7 @@ import time
 import numpy as np
 from absl import app, flags, logging
 
-import common
+from gradjax.cli import common
 from gradjax import config, report
 
 common.define_flags()

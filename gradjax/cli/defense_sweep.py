@@ -1,13 +1,13 @@
 """Run one attack against a grid of defenses and tabulate how much each one leaks.
 
 For every defense spec (see gradjax.defenses.parse) and every image, the client's update is defended
-and then attacked, exactly as ``reconstruct.py --defense=SPEC`` would. Writes ``results.json`` and
+and then attacked, exactly as ``gradjax reconstruct --defense=SPEC`` would. Writes ``results.json`` and
 ``results.md`` to ``--output_dir``: per defense, PSNR and SSIM (mean ± population std), label accuracy
 and the success rate (PSNR ≥ ``--psnr_threshold``). Each attack is kept in ``items/`` as it ends;
 ``--resume`` reads those back and continues the interrupted one (the utility models are retrained).
 
-  python experiments/defense_sweep.py --dataset=cifar10 --count=5
-  python experiments/defense_sweep.py --defenses="none;gaussian:1e-2;prune:0.3" --count=10
+  gradjax defense-sweep --dataset=cifar10 --count=5
+  gradjax defense-sweep --defenses="none;gaussian:1e-2;prune:0.3" --count=10
 
 The default grid is the DLG paper's defense table (Zhu et al. 2019, §5): Gaussian and Laplacian
 noise, fp16, int8, and magnitude pruning of 1 % .. 70 %. The paper calls its noise levels 1e-4 ..
@@ -24,7 +24,7 @@ epochs of mini-batch SGD with momentum on the first ``--utility_train_count`` im
 from the same initial model and the same batch order (``--seed``). ``privacy_utility.png`` shows the
 mean attack PSNR per defense and, with ``--utility``, the utility accuracy below it.
 
-  python experiments/defense_sweep.py --defenses="none;gaussian:1e-3;gaussian:1e-2;prune:0.5" --utility
+  gradjax defense-sweep --defenses="none;gaussian:1e-3;gaussian:1e-2;prune:0.5" --utility
 """
 
 import os
@@ -34,7 +34,7 @@ from typing import NamedTuple
 import jax
 from absl import app, flags, logging
 
-import common
+from gradjax.cli import common
 from gradjax import config, data, defenses, models, report, training
 
 DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gaussian:1e-2;gaussian:1e-1;"

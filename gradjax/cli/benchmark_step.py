@@ -26,8 +26,8 @@ Both frameworks run the models in inference mode: BatchNorm normalises with its 
 
 Run::
 
-  python experiments/benchmark_step.py
-  python experiments/benchmark_step.py --models=lenet_zhu,convnet,resnet20-4 --batch_size=4 \
+  gradjax benchmark-step
+  gradjax benchmark-step --models=lenet_zhu,convnet,resnet20-4 --batch_size=4 \
       --repeats=50 --output=/tmp/bench.json --torch=on
 
 Caveats:
@@ -62,8 +62,8 @@ import jaxlib
 import numpy as np
 from absl import app, flags
 
-from common import cpu_model
-import common
+from gradjax.cli.common import cpu_model
+from gradjax.cli import common
 
 import gradjax
 from gradjax import attacks, clients, compilation, data, distances, driver, lbfgs, models, presets

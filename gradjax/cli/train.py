@@ -1,11 +1,11 @@
 """Train a model (FedSGD or FedAvg, optionally under a defense) and save a checkpoint after every epoch.
 
-  python experiments/train.py                      # lenet_zhu on scikit-image's lfw_subset (no data folder needed)
-  python experiments/train.py --dataset=mnist --model=mlp --train_count=2000 --test_count=1000 --epochs=3
-  python experiments/train.py --modality=text --epochs=1 --lr=0.1   # the Transformer on Python's docs
-  python experiments/train.py --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \
+  gradjax train                      # lenet_zhu on scikit-image's lfw_subset (no data folder needed)
+  gradjax train --dataset=mnist --model=mlp --train_count=2000 --test_count=1000 --epochs=3
+  gradjax train --modality=text --epochs=1 --lr=0.1   # the Transformer on Python's docs
+  gradjax train --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \
       --local_batch_size=20 --local_lr=0.05 --defense=clip:1.0,gaussian:1e-6
-  python experiments/train.py --model=resnet20 --dataset=cifar10_train --train_count=50000 \
+  gradjax train --model=resnet20 --dataset=cifar10_train --train_count=50000 \
       --test_dataset=cifar10 --test_count=1017 --train_mode --batch_size=128 --lr=0.1 --epochs=5
 
 Data: the images of ``--dataset`` are permuted with ``--data_seed`` (``--data_seed=-1`` keeps the file
@@ -39,7 +39,7 @@ standard library ships it, or ``wikitext2``): the corpus is one stream of tokens
 followed by ``<eos>``, cut into windows of ``--sequence_length`` (gradjax.corpus.windows); the last
 tenth of the (permuted) windows are the test set unless ``--train_count`` / ``--test_count`` are given,
 and the accuracy is next-token accuracy. The checkpoint's metadata hold the vocabulary, so
-``reconstruct.py --modality=text --checkpoint=...`` attacks with the same token ids.
+``gradjax reconstruct --modality=text --checkpoint=...`` attacks with the same token ids.
 
 Writes to ``--output_dir``: ``epoch_{E}.npz`` for E = 0 (the initial model) .. epochs, with metadata
 that rebuild the model (``gradjax.checkpoint.load_model``), and ``results.json`` (per-epoch test
@@ -53,7 +53,7 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-import common
+from gradjax.cli import common
 from gradjax import checkpoint, clients, corpus, data, defenses, models, report, training
 
 flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")

@@ -1,0 +1,54 @@
+"""The ``gradjax`` command: ``gradjax <command> [flags]`` (also ``python -m gradjax``).
+
+Each command is a module of this package with a ``main(argv)``, its flags defined when it is
+imported; only the command asked for is imported, so each has its own flags and ``--help``.
+"""
+
+import importlib
+import sys
+
+# command -> (module, one line on what it does)
+COMMANDS = {
+    "reconstruct": ("reconstruct", "reconstruct a client's images or sentences from its update"),
+    "sweep": ("sweep", "one attack over a range of images, as a table"),
+    "audit": ("audit", "attack every update a recorded federation or a capture folder holds"),
+    "defense-sweep": ("defense_sweep", "one attack against a grid of defenses: leak and utility"),
+    "train": ("train", "train a model (FedSGD or FedAvg, under a defense) and save checkpoints"),
+    "label-accuracy": ("label_accuracy", "iDLG's label inference over many fresh models"),
+    "label-recovery": ("label_recovery", "batch label recovery rules on real images"),
+    "dlm-table": ("dlm_table", "DLG, cosine, DLM and DLM+ on FedAvg weights (DLM's Table 1)"),
+    "text-table": ("text_table", "token recovery from a language model's gradient"),
+    "batch-table": ("batch_table", "batch inversion on a trained BatchNorm network"),
+    "benchmark": ("benchmark", "the benchmark suite (CPU sections, or the accelerator suite)"),
+    "benchmark-step": ("benchmark_step", "one attack step against one training step, JAX and PyTorch"),
+    "op-profile": ("op_profile", "where one compiled step's time goes, op by op"),
+    "batch-memory": ("batch_memory", "compiled memory of large-batch matching, with and without remat"),
+}
+
+
+def usage() -> str:
+  width = max(map(len, COMMANDS))
+  lines = ["usage: gradjax <command> [flags]   (gradjax <command> --help lists its flags)", "",
+           "commands:"]
+  lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+  """Runs ``gradjax <command> [flags]``: the command's module's ``main`` under absl."""
+  argv = sys.argv if argv is None else argv
+  if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+    print(usage())
+    sys.exit(0 if len(argv) >= 2 else 2)
+  name = argv[1]
+  if name not in COMMANDS:
+    print(f"error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+    sys.exit(2)
+  from absl import app
+
+  from gradjax.cli import common
+  module = importlib.import_module(f"gradjax.cli.{COMMANDS[name][0]}")
+  common.PROGRAM[:] = ["gradjax", name]
+  common.PROGRAM_DOC[:] = [module.__doc__ or ""]
+  sys.argv = [f"gradjax {name}", *argv[2:]]
+  app.run(module.main, argv=sys.argv, flags_parser=common.parse_flags)
