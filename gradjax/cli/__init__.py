@@ -21,7 +21,6 @@ COMMANDS = {
     "batch-table": ("batch_table", "batch inversion on a trained BatchNorm network"),
     "benchmark": ("benchmark", "the benchmark suite (CPU sections, or the accelerator suite)"),
     "benchmark-step": ("benchmark_step", "one attack step against one training step, JAX and PyTorch"),
-    "op-profile": ("op_profile", "where one compiled step's time goes, op by op"),
     "batch-memory": ("batch_memory", "compiled memory of large-batch matching, with and without remat"),
 }
 
