@@ -536,3 +536,43 @@ def test_a_run_folder_config_reproduces_the_run(tmp_path):
   assert headers[:3] == ["experiment options:", "data options:", "model options:"], headers
   assert "attack options:" in headers and "--config.attack.iterations" in proc.stdout
 
+
+
+@pytest.mark.slow
+def test_the_gradjax_command_and_its_subcommands():
+  """python -m gradjax: the list of commands (exit 0 with --help, 2 without a command), an unknown
+  command in one line with exit 2, and every command's --help exits 0 with its options grouped."""
+  from gradjax import cli
+  gradjax = [sys.executable, "-m", "gradjax"]
+  listed = subprocess.run([*gradjax, "--help"], capture_output=True, text=True, timeout=60)
+  assert listed.returncode == 0 and all(name in listed.stdout for name in cli.COMMANDS)
+  assert subprocess.run(gradjax, capture_output=True, text=True, timeout=60).returncode == 2
+  proc = subprocess.run([*gradjax, "reconstruc"], capture_output=True, text=True, timeout=60)
+  _assert_one_line_error(proc, "unknown command 'reconstruc'")
+  for name in cli.COMMANDS:
+    proc = subprocess.run([*gradjax, name, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (name, proc.stderr[-1000:])
+    assert "run settings:" in proc.stdout or "program options:" in proc.stdout, name
+    assert "Traceback" not in proc.stderr, name
+
+
+@pytest.mark.slow
+def test_an_installed_package_runs_without_the_clone(tmp_path):
+  """A non-editable build of the package (its wheel's files only, configs included) runs the README's
+  main job's configuration from a folder outside the clone."""
+  site = tmp_path / "site"
+  build = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                          f"--target={site}", ROOT], capture_output=True, text=True, timeout=600)
+  if build.returncode != 0 and "No matching distribution" in build.stderr:
+    pytest.skip("no package index to fetch the build backend from")
+  assert build.returncode == 0, build.stderr[-2000:]
+  assert not (site / "experiments").exists() and (site / "gradjax" / "configs" / "dlg.py").exists()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(site))
+  proc = subprocess.run([sys.executable, "-m", "gradjax", "reconstruct", "--config=dlg", "--dataset=skimage",
+                         "--print_config"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                        timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "c.attack.preset = 'dlg'" in proc.stdout
+  imported = subprocess.run([sys.executable, "-c", "import gradjax.cli; print(gradjax.cli.__file__)"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+  assert imported.stdout.strip().startswith(str(site)), imported.stdout
