@@ -36,7 +36,7 @@ flags.DEFINE_integer("count", 5, "Batches per batch size.")
 flags.DEFINE_integer("steps", 1200, "LBFGS.step calls per batch (DLG's code: 300; the paper's batch "
                      "table: 270 / 602 / 1173 / 2711 for batches of 1 / 2 / 4 / 8).")
 flags.DEFINE_float("tol", 1e-5, "The objective that counts as converged (as the gradjax batch table).")
-common.define_output_flags("dlg_torch_batch")
+common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
 

@@ -272,7 +272,7 @@ def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, moment):
   assert "Traceback" not in stderr and (out / "state.npz").exists()
   command = shlex.split(last.split("resume with: ", 1)[1])
   assert command[:2] == ["gradjax", "reconstruct"] and "--resume" in command
-  resumed = subprocess.run([sys.executable, *command[1:]], capture_output=True, text=True, cwd=ROOT,
+  resumed = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=ROOT,
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
   np.testing.assert_array_equal(np.load(out / "reconstruction.npy"),
@@ -576,3 +576,60 @@ def test_an_installed_package_runs_without_the_clone(tmp_path):
   imported = subprocess.run([sys.executable, "-c", "import gradjax.cli; print(gradjax.cli.__file__)"],
                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
   assert imported.stdout.strip().startswith(str(site)), imported.stdout
+
+
+# Commands that still declare their own flags for options of the configuration (a training schema,
+# the audit's, the batch tables' and the benchmarks' own): each option there may differ in default or
+# help from the same option elsewhere. The others read the one schema (gradjax.config).
+OWN_FLAGS = {"train", "audit", "label-recovery", "batch-table", "benchmark", "benchmark-step",
+             "batch-memory"}
+# --config's default names each table's protocol (its packaged configuration): a default by design.
+PER_PROGRAM = {"config"}
+
+_FLAGS_OF = """
+import importlib, json, sys
+from absl import flags
+from gradjax import cli
+importlib.import_module("gradjax.cli." + cli.COMMANDS[sys.argv[1]][0])
+print(json.dumps({f.name: [repr(f.default), f.help] for module, fl in flags.FLAGS.flags_by_module_dict().items()
+                  if not module.startswith("absl") for f in fl}))
+"""
+
+
+@pytest.mark.slow
+def test_each_option_has_one_name_default_and_help_across_commands():
+  from gradjax import cli
+  seen = {}  # option -> (default, help) -> commands
+  for name in sorted(set(cli.COMMANDS) - OWN_FLAGS):
+    proc = subprocess.run([sys.executable, "-c", _FLAGS_OF, name], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    for option, (default, help_text) in json.loads(proc.stdout).items():
+      if option not in PER_PROGRAM:
+        seen.setdefault(option, {}).setdefault((default, help_text), []).append(name)
+  differ = {option: list(v.values()) for option, v in seen.items() if len(v) > 1}
+  assert not differ, differ
+  assert {"start", "count", "iterations", "dataset", "output_dir"} <= set(seen)
+
+
+@pytest.mark.slow
+def test_the_tables_take_their_protocol_from_a_configuration(tmp_path):
+  """dlm-table and text-table read their packaged configuration unless given another; short flags
+  override it; each writes the rows' common configuration."""
+  proc = run_program("dlm_table.py", "--count=1", "--methods=DLM+", "--iterations=3", "--dataset=skimage",
+                     "--print_config")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "c.client.name = 'fedavg'" in proc.stdout and "c.model.name = 'mlp'" in proc.stdout
+  assert "c.data.dataset = 'skimage'" in proc.stdout and "c.attack.iterations = 3" in proc.stdout
+  out = tmp_path / "text"
+  proc = run_program("text_table.py", "--count=1", "--methods=DLG", "--searches=embeddings",
+                     "--iterations=2", "--sequence_length=8", "--text_dim=16", "--text_heads=2",
+                     "--text_ffn=16", "--text_layers=1", f"--output_dir={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((out / "results.json").read_text())
+  assert [(t["method"], len(t["rows"])) for t in results["table"]] == [("DLG", 1)]
+  assert results["iterations"] == 2 and results["dataset"] == "pydoc"
+  assert "c.data.modality = 'text'" in (out / "config.py").read_text()
+  bad = run_program("text_table.py", "--modality=image", "--model=lenet_zhu", "--dataset=skimage",
+                    f"--output_dir={tmp_path / 'bad'}")
+  _assert_one_line_error(bad, "text")

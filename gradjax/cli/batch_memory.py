@@ -26,7 +26,7 @@ from gradjax import attacks, clients, distances, models, presets, report
 flags.DEFINE_string("models", "resnet18", "Comma-separated models.")
 flags.DEFINE_string("batches", "8,16,32,64", "Comma-separated batch sizes.")
 flags.DEFINE_integer("image_size", 32, "Square image size.")
-common.define_output_flags("batch_memory", resumable=False)
+common.define_output_flags(resumable=False)
 flags.adopt_module_key_flags(common)
 
 

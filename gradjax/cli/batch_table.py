@@ -59,7 +59,7 @@ flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
 flags.DEFINE_integer("head_classes", None, "--head=fresh: classes of the new head (default: the checkpoint's; HFGInv's protocol has 1000). Labels stay CIFAR-10's 0-9: more classes only thin out every class's share of the softmax.")
 flags.DEFINE_integer("seed", 0, "Seed of the batch sampler, the label search, the fresh head and the dummy data.")
-common.define_output_flags("batch_table")
+common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
 LABEL_METHODS = ("negative_bias", "yin", "llg", "bias_counts", "hfginv")

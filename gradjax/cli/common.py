@@ -38,6 +38,8 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine()
 
 
+DEFAULT_CONFIG: list[str] = []  # the program's default configuration (define_flags)
+
 # The command as typed: gradjax.cli.main sets ["gradjax", "<command>"] and the command's docstring; a
 # module run as a script (a study in experiments/) is "python <its path>".
 PROGRAM: list[str] = []
@@ -74,11 +76,16 @@ def flag_name(field: dataclasses.Field) -> str:
   return field.metadata["flag"] or field.name
 
 
-def define_flags():
+def define_flags(default_config: str | None = None):
   """Defines one flag per :class:`gradjax.config.Config` field (its name, default and help come
   from the field; ``--help`` lists them by section of the nested schema), ``--config`` (a
   configuration file, :mod:`gradjax.config`; ``--config.<section>.<key>=...`` overrides one of its
-  options), ``--print_config``, then the process settings (compilation cache, multi-host)."""
+  options), ``--print_config``, then the process settings (compilation cache, multi-host).
+
+  ``default_config``: a packaged configuration (``gradjax.configs``) read when no ``--config`` is
+  given: a table program's protocol (its options keep their one default; the protocol's values
+  come from the configuration, which ``--print_config`` shows)."""
+  DEFAULT_CONFIG[:] = [default_config] if default_config else []
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
   paths = config.paths()
@@ -91,7 +98,7 @@ def define_flags():
     else:
       define[config.field_type(field)](flag_name(field), field.default, help_text, module_name=group)
   config_flags.DEFINE_config_file(
-      "config", None, "Configuration: a packaged one's name (" + ", ".join(configs.NAMES) + ") or a "
+      "config", configs.path(default_config) if default_config else None, "Configuration: a packaged one's name (" + ", ".join(configs.NAMES) + ") or a "
       "Python file whose get_config() returns the nested options (gradjax.config; a run folder's "
       "config.py reproduces that run). Short flags given beside it override its options.",
       lock_config=True)
@@ -144,17 +151,30 @@ def write_config(out: str, cfg: Config) -> None:
   report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 
+def define_table_flags(psnr: bool = True, methods: bool = False):
+  """--start, --count, (``psnr``) --psnr_threshold and (``methods``) --methods of the table programs
+  (one definition, one default)."""
+  if methods:
+    flags.DEFINE_string("methods", "", "Semicolon-separated rows of the table, from those its "
+                        "description lists (empty: its default rows).")
+  flags.DEFINE_integer("start", 0, "First item of the table (an image, a client's batch or a "
+                       "sentence: one client each).")
+  flags.DEFINE_integer("count", 10, "Items in the table (one client each).")
+  if psnr:
+    flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")
+
+
 def log_progress(p: progress.Progress):
   """Prints :meth:`gradjax.progress.Progress.line` on stderr after every chunk (plain: no log
   prefix)."""
   print(p.line(), file=sys.stderr, flush=True)
 
 
-def define_output_flags(default: str, resumable: bool = True):
-  """--output_dir (default ``runs/<default>``, suffixed -2, -3, ... when taken) and --overwrite; with
-  ``resumable`` also --resume and --save_every_s."""
-  flags.DEFINE_string("output_dir", None, f"Output folder (default runs/{default}, with -2, -3, ... "
-                      "appended when that folder holds another run).")
+def define_output_flags(resumable: bool = True):
+  """--output_dir (default ``runs/<the run's name>``, :func:`output_folder`, suffixed -2, -3, ...
+  when taken) and --overwrite; with ``resumable`` also --resume and --save_every_s."""
+  flags.DEFINE_string("output_dir", None, "Output folder (default: runs/<the run's name>, with -2, "
+                      "-3, ... appended when that folder holds another run).")
   flags.DEFINE_bool("overwrite", False, "Write into an --output_dir that holds another run's files.")
   if resumable:
     flags.DEFINE_bool("resume", False, "Continue the interrupted run in --output_dir (without it: "
@@ -390,6 +410,9 @@ def grouped_help() -> str:
   own = [g for g in by_module if g not in sections and not g.startswith("absl") and g != __name__]
   doc = PROGRAM_DOC[0] if PROGRAM_DOC else sys.modules["__main__"].__doc__
   parts = [(doc or "").strip(), ""]
+  if DEFAULT_CONFIG:
+    parts += [f"Options not given take the values of --config={DEFAULT_CONFIG[0]} "
+              f"({configs.path(DEFAULT_CONFIG[0])}); --print_config shows them.", ""]
   for group in [g for g in sections if g in by_module] + own + [__name__]:
     if group in by_module:
       body = flags.FLAGS.module_help(group).strip("\n").split("\n", 1)[1]

@@ -42,11 +42,9 @@ DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gauss
              "prune:0.1;prune:0.2;prune:0.3;prune:0.5;prune:0.7")
 
 common.define_flags()
+common.define_table_flags()
 flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('none' = undefended).")
-flags.DEFINE_integer("start", 0, "First image index.")
-flags.DEFINE_integer("count", 5, "Images per defense.")
-flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful reconstruction.")
-common.define_output_flags("defenses_<attack>_<model>_<dataset>")
+common.define_output_flags()
 flags.adopt_module_key_flags(common)
 flags.DEFINE_bool("utility", False, "Also train a model under every defense and report its test accuracy.")
 flags.DEFINE_string("utility_model", "mlp", "Model trained for the utility column.")
@@ -159,7 +157,6 @@ def main(argv):
     out = common.output_folder(f"defenses_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}",
                                own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz",
                                     "config.py"))
-    common.write_config(out, base)  # without the defense: each row sets its own
     items = common.Items(out)
     if f.utility:
       seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")
@@ -192,6 +189,7 @@ def main(argv):
     utility_setup = {**ucfg._asdict(), "dataset": f.utility_dataset,
                      "train_count": f.utility_train_count, "test_count": f.utility_test_count,
                      "data_seed": f.utility_data_seed}
+  common.write_config(out, base)  # without the defense: each row sets its own
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "config": vars(base), "utility_config": utility_setup,
                     "total_time_s": items.earlier_s + time.perf_counter() - start,

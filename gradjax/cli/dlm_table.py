@@ -14,7 +14,8 @@ preset's joint labels and with iDLG labels.
 
 All four use Adam, 4000 iterations (lr 0.1; DLM+ 0.01, the paper's), one restart, dummy data
 N(0, 1). ``--box`` clamps every attack's dummy image to [0, 1] after each step and ``--nobox`` (the
-default) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one protocol. Success is PSNR > 30
+``dlm`` configuration's) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one
+protocol. Model, data and client come from ``--config=dlm`` (the default; flags override it). Success is PSNR > 30
 dB with the standard formula and, separately, with the paper's (the error divided by the dataset's
 per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher). Each attack is kept in
 ``items/`` as it ends; ``--resume`` reads those back and continues the interrupted one.
@@ -23,11 +24,15 @@ The paper states neither how γ starts nor how it learns; ``--methods='DLM;gamma
 each reading of those details (:class:`gradjax.objectives.Gamma`: γ from 1/lr, on an Adam of its own,
 held for the first steps) and with γ held at 1/lr throughout, the bound any γ rule can reach.
 
+Rows (``--methods``): ``DLG``, ``cosine``, ``DLM``, ``DLM (joint labels)``, ``DLM+``, ``DLM+ (iDLG
+labels)`` (the default), the γ variants (``gamma`` for all of them).
+
   gradjax dlm-table --count=20
   gradjax dlm-table --count=20 --box
   gradjax dlm-table --count=20 --box --methods='DLM;gamma' --output_dir=experiments/results/dlm_gamma_box
 """
 
+import dataclasses
 import os
 import time
 
@@ -61,19 +66,9 @@ GAMMA_VARIANTS = {
 }
 ALL_METHODS = {**METHODS, **GAMMA_VARIANTS}
 
-flags.DEFINE_string("methods", ";".join(METHODS),
-                    f"Semicolon-separated subset of {'; '.join(METHODS)}; or of DLM's γ variants: "
-                    f"{'; '.join(GAMMA_VARIANTS)}; 'gamma' for all of those.")
-flags.DEFINE_string("dataset", "cifar100", "Data source (the paper: CIFAR-100).")
-flags.DEFINE_string("data_dir", None, "Data folder (default ../shared/data).")
-flags.DEFINE_string("model", "mlp", "Model (the paper: mlp = 3072-32-ReLU-100).")
-flags.DEFINE_integer("start", 0, "First image index.")
-flags.DEFINE_integer("count", 20, "Images (one client each).")
-flags.DEFINE_float("local_lr", 0.01, "The client's local learning rate (one SGD step).")
-flags.DEFINE_bool("box", False, "Clamp every attack's dummy image to [0, 1].")
-flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")
-flags.DEFINE_integer("seed", 0, "PRNG seed.")
-common.define_output_flags("dlm_table[_box]")
+common.define_flags("dlm")  # the paper's protocol: gradjax/configs/dlm.py
+common.define_table_flags(methods=True)
+common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
 
@@ -81,7 +76,7 @@ def run_method(name: str, overrides: dict, indices, std, threshold: float, base:
                items: common.Items) -> dict:
   rows = []
   for index in indices:
-    cfg = config.Config(index=index, **base, **overrides)
+    cfg = config.Config(**{**base, **overrides, "index": index})
     results, images, _ = items.run(f"{name}_{index}", cfg)
     paper = float(metrics.psnr_std(images["reconstruction"], images["ground_truth"], std)[0])
     rows.append({"index": index, "psnr": results["psnr"], "psnr_paper": paper,
@@ -105,7 +100,7 @@ def run_method(name: str, overrides: dict, indices, std, threshold: float, base:
           "label_accuracy": float(np.mean([r["label_accuracy"] for r in rows]))}
 
 
-def markdown(table: list[dict], title: str, threshold: float, seconds: float) -> str:
+def markdown(table: list[dict], title: str, threshold: float, seconds: float, local_lr: float) -> str:
   """The table in Markdown; an LPIPS column when every method has LPIPS (the lpips extra)."""
   with_lpips = all(t.get("lpips_mean") is not None for t in table)
   lines = [f"# {title}", "", f"| method | success (PSNR > {threshold:g}) | success, paper's PSNR | "
@@ -117,7 +112,7 @@ def markdown(table: list[dict], title: str, threshold: float, seconds: float) ->
                  + (f"{t['lpips_mean']:.3f} | " if with_lpips else "") + f"{t['label_accuracy']:.2f} |")
   gammas = [f"{t['method']} {t['gamma_median']:.3g}" for t in table if t.get("gamma_median") is not None]
   if gammas:
-    lines += ["", f"DLM's learned γ, median over the images (1 / lr = {1 / flags.FLAGS.local_lr:g}): "
+    lines += ["", f"DLM's learned γ, median over the images (1 / lr = {1 / local_lr:g}): "
               + "; ".join(gammas) + "."]
   lines += ["", f"Total {seconds:.0f} s.", ""]
   return "\n".join(lines)
@@ -127,19 +122,26 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  names = [m.strip() for m in f.methods.split(";") if m.strip()]
+  names = [m.strip() for m in (f.methods or ";".join(METHODS)).split(";") if m.strip()]
   if "gamma" in names:
     names = [m for m in names if m != "gamma"] + list(GAMMA_VARIANTS)
   unknown = [m for m in names if m not in ALL_METHODS]
   if unknown or not names or f.count < 1:
     common.fail(f"need a positive --count and methods from {'; '.join(ALL_METHODS)}; got {f.methods!r}")
-  methods = {m: {k: v.format(inv_lr=1 / f.local_lr) if k == "gamma" else v
-                 for k, v in ALL_METHODS[m].items()} for m in names}
-  base = dict(model=f.model, dataset=f.dataset, data_dir=f.data_dir, client="fedavg",
-              local_lr=f.local_lr, box=f.box, seed=f.seed, chunk=1000)
-  std = data.normalization(f.dataset).std if f.dataset in ("cifar10", "cifar100") else (1.0,)
-  out = common.output_folder("dlm_table" + ("_box" if f.box else ""),
-                             own=("results.*", "items/*.json", "items/*.npz"))
+  try:
+    cfg = common.config_from_flags(chunk=1000)
+    if cfg.client != "fedavg" or cfg.box is None:
+      raise ValueError("the table attacks one FedAvg step (--client=fedavg), every row with one --box")
+    methods = {m: {k: v.format(inv_lr=1 / cfg.local_lr) if k == "gamma" else v
+                   for k, v in ALL_METHODS[m].items()} for m in names}
+    for m in names:
+      config.check(dataclasses.replace(cfg, **methods[m]))
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(str(e))
+  base = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "index"}
+  std = data.normalization(cfg.dataset).std if cfg.dataset in ("cifar10", "cifar100") else (1.0,)
+  out = common.output_folder("dlm_table" + ("_box" if cfg.box else ""),
+                             own=("results.*", "items/*.json", "items/*.npz", "config.py"))
   items = common.Items(out)
   start = time.perf_counter()
   try:
@@ -148,13 +150,14 @@ def main(argv):
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   seconds = items.earlier_s + time.perf_counter() - start  # with the experiments read back
+  common.write_config(out, cfg)  # the rows' common configuration (each row sets its attack)
   report.save_json(os.path.join(out, "results.json"),
-                   {"table": table, "total_time_s": seconds, "box": f.box, "model": f.model,
-                    "dataset": f.dataset, "images": [f.start, f.start + f.count - 1],
-                    "local_lr": f.local_lr, "std": list(std), **common.provenance()})
-  title = (f"Attacks on one FedAvg step (lr {f.local_lr:g}), {f.model}, {f.dataset} "
-           f"{f.start}..{f.start + f.count - 1}{', dummy clamped to [0, 1]' if f.box else ''}")
-  text = markdown(table, title, f.psnr_threshold, seconds)
+                   {"table": table, "total_time_s": seconds, "box": cfg.box, "model": cfg.model,
+                    "dataset": cfg.dataset, "images": [f.start, f.start + f.count - 1],
+                    "local_lr": cfg.local_lr, "std": list(std), **common.provenance()})
+  title = (f"Attacks on one FedAvg step (lr {cfg.local_lr:g}), {cfg.model}, {cfg.dataset} "
+           f"{f.start}..{f.start + f.count - 1}{', dummy clamped to [0, 1]' if cfg.box else ''}")
+  text = markdown(table, title, f.psnr_threshold, seconds, cfg.local_lr)
   with open(os.path.join(out, "results.md"), "w") as fh:
     fh.write(text)
   print(text)

@@ -17,8 +17,7 @@ from gradjax.cli import common
 from gradjax import clients, data, labels, models, pipeline, report
 
 common.define_flags()
-flags.DEFINE_integer("start", 0, "First image index.")
-flags.DEFINE_integer("count", 50, "Number of single-image clients.")
+common.define_table_flags(psnr=False)
 flags.DEFINE_string("output", None, "Optional JSON file for the per-image results.")
 
 

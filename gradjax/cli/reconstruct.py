@@ -33,7 +33,7 @@ from gradjax.cli import common
 from gradjax import config, pipeline, report, resume
 
 common.define_flags()
-common.define_output_flags("<attack>_<model>_<source>")
+common.define_output_flags()
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too
 
 
@@ -55,7 +55,6 @@ def main(argv):
       return
     common.fail(f"--resume: {out} holds no saved state ({os.path.basename(state.path)}) to continue; "
                 "run without --resume to start afresh")
-  common.write_config(out, cfg)
   resume.stop_on_signals()  # Ctrl-C or SIGTERM: save after the chunk being run, then stop
   if cfg.modality == "text":
     return text_main(cfg, out, state)
@@ -72,6 +71,7 @@ def main(argv):
   title = f"{cfg.attack} on {results['model']}, {what}"
   try:
     report.write_run(out, results, images, title)
+    common.write_config(out, cfg)
   except OSError as e:
     common.fail(f"cannot write the results to {out}: {e.strerror or e}; the solver state is kept in "
                 f"{state.path}, so --resume --output_dir={out} rewrites them without recomputing")
@@ -109,6 +109,7 @@ def text_main(cfg, out, state):
            f"{cfg.index}..{cfg.index + cfg.batch_size - 1}")
   try:
     report.write_text_run(out, results, title)
+    common.write_config(out, cfg)
   except OSError as e:
     common.fail(f"cannot write the results to {out}: {e.strerror or e}; the solver state is kept in "
                 f"{state.path}, so --resume --output_dir={out} rewrites them without recomputing")

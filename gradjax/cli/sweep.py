@@ -27,10 +27,8 @@ from gradjax.cli import common
 from gradjax import config, report
 
 common.define_flags()
-flags.DEFINE_integer("start", 0, "First image index.")
-flags.DEFINE_integer("count", 20, "Number of experiments (each uses batch_size consecutive images).")
-flags.DEFINE_float("psnr_threshold", 30.0, "PSNR (dB) counted as a successful reconstruction.")
-common.define_output_flags("sweep_<attack>_<model>_<dataset>_<start>..<end>")
+common.define_table_flags()
+common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
 
@@ -80,7 +78,6 @@ def main(argv):
   out = common.output_folder(
       f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{f.start}..{last}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
-  common.write_config(out, base)  # the sweep's base configuration (each image sets its index)
   items = common.Items(out)
   rows, truth, recon = [], [], []
   start, resumed = time.perf_counter(), 0
@@ -106,6 +103,7 @@ def main(argv):
              else f"init {base.init or 'model default'}")
   title = f"{base.attack} on {model} ({weights}), {base.dataset} " \
           f"{f.start}..{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}"
+  common.write_config(out, base)  # the sweep's base configuration (each image sets its index)
   report.save_json(os.path.join(out, "results.json"),
                    {"summary": summary, "rows": rows, "title": title, **common.provenance()})
   text = markdown(rows, summary, title)

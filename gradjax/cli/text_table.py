@@ -14,7 +14,9 @@ searches:
 
 Both restrict tokens to the bag the embedding gradient reveals. The model is untrained (a fresh
 random one per sentence) and, with ``--checkpoint``, trained (``gradjax train --modality=text``;
-the same model for every sentence). Metrics: position-wise token accuracy, bag-of-words recall,
+the same model for every sentence). The model, corpus and budget come from ``--config=sapag_text``
+(the default; flags override it). Rows (``--methods``): ``DLG``, ``SAPAG``, ``cosine`` (the default),
+``SAPAG-literal``, ``SAPAG-uniform``. Metrics: position-wise token accuracy, bag-of-words recall,
 sentences recovered exactly; example sentences as in the papers' tables. Each attack is kept in
 ``items/`` as it ends; ``--resume`` reads them back. ``--methods`` also takes two other readings of
 SAPAG, to see what its row depends on: ``SAPAG-literal`` (the kernel width σ_l² as written, not per
@@ -24,6 +26,7 @@ entry) and ``SAPAG-uniform`` (every layer weighted alike instead of Q_l = 1/(l+1
   gradjax text-table --count=20 --checkpoint=runs/train_transformer_pydoc_fedsgd/epoch_1.npz
 """
 
+import dataclasses
 import os
 import time
 
@@ -31,7 +34,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import config, corpus, report, text
+from gradjax import config, report, text
 
 METHODS = {
     "DLG": dict(attack="dlg"),
@@ -43,22 +46,14 @@ METHODS = {
 }
 TABLE = ("DLG", "SAPAG", "cosine")
 
-flags.DEFINE_string("methods", ";".join(TABLE), f"Semicolon-separated subset of {'; '.join(METHODS)}.")
 flags.DEFINE_string("searches", ",".join(text.SEARCHES), "Comma-separated subset of "
                     f"{', '.join(text.SEARCHES)}.")
-flags.DEFINE_string("dataset", "pydoc", f"Corpus: {', '.join(corpus.CORPORA)}.")
-flags.DEFINE_string("data_dir", None, "Data folder (for wikitext2; default ../shared/data).")
-flags.DEFINE_string("checkpoint", None, "A trained text model (gradjax train --modality=text): "
-                    "its rows are added beside the untrained ones.")
-flags.DEFINE_bool("untrained", True, "Attack fresh random models too.")
-flags.DEFINE_integer("start", 0, "First sentence (of the corpus's distinct sentences of that length).")
-flags.DEFINE_integer("count", 20, "Sentences (one client each).")
-flags.DEFINE_integer("sequence_length", 15, "Tokens per sentence.")
-flags.DEFINE_integer("iterations", 500, "L-BFGS iterations of every attack.")
-flags.DEFINE_integer("restarts", 1, "Restarts of every attack (the lowest objective wins).")
+flags.DEFINE_bool("untrained", True, "Attack fresh random models too (with --checkpoint, its rows "
+                  "are added beside the untrained ones).")
 flags.DEFINE_integer("examples", 2, "Example sentences printed per model.")
-flags.DEFINE_integer("seed", 0, "PRNG seed.")
-common.define_output_flags("text_table")
+common.define_flags("sapag_text")  # the papers' protocol: gradjax/configs/sapag_text.py
+common.define_table_flags(psnr=False, methods=True)
+common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
 
@@ -66,7 +61,7 @@ def run_rows(model: str, method: str, search: str, base: dict, indices, items: c
   """One row of the table: ``method`` with ``search`` on every sentence of ``indices``."""
   rows = []
   for index in indices:
-    cfg = config.Config(index=index, text_search=search, **base, **METHODS[method])
+    cfg = config.Config(**{**base, **METHODS[method], "index": index, "text_search": search})
     results, _, _ = items.run(f"{model}_{method}_{search}_{index}", cfg)
     rows.append({"index": index, "token_accuracy": results["token_accuracy"],
                  "token_accuracy_nearest": results["token_accuracy_nearest"],
@@ -119,33 +114,40 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  names = [m.strip() for m in f.methods.split(";") if m.strip()]
+  names = [m.strip() for m in (f.methods or ";".join(TABLE)).split(";") if m.strip()]
   searches = [s.strip() for s in f.searches.split(",") if s.strip()]
   if (not names or any(m not in METHODS for m in names) or not searches
       or any(s not in text.SEARCHES for s in searches) or f.count < 1):
     common.fail(f"need a positive --count, methods from {', '.join(METHODS)} and searches from "
                 f"{', '.join(text.SEARCHES)}; got {f.methods!r} and {f.searches!r}")
+  try:
+    cfg = common.config_from_flags()
+    if cfg.modality != "text":
+      raise ValueError("the table attacks text models (--modality=text)")
+    for m in names:
+      config.check(dataclasses.replace(cfg, **METHODS[m]))
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(str(e))
   models = ([("untrained", None)] if f.untrained else []) + (
-      [("trained", f.checkpoint)] if f.checkpoint else [])
+      [("trained", cfg.checkpoint)] if cfg.checkpoint else [])
   if not models:
     common.fail("nothing to attack: --nountrained needs a --checkpoint")
-  out = common.output_folder("text_table", own=("results.*", "items/*.json"))
+  out = common.output_folder("text_table", own=("results.*", "items/*.json", "config.py"))
   items = common.Items(out)
   start = time.perf_counter()
   table = []
   try:
     for model, path in models:
-      base = dict(modality="text", model="transformer", dataset=f.dataset, data_dir=f.data_dir,
-                  checkpoint=path, sequence_length=f.sequence_length, iterations=f.iterations,
-                  restarts=f.restarts, seed=f.seed, lpips="none")
+      base = {**dataclasses.asdict(cfg), "checkpoint": path}
       table += [run_rows(model, m, s, base, range(f.start, f.start + f.count), items)
                 for s in searches for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  info = {**common.provenance(), "dataset": f.dataset,
-          "count": f.count, "sequence_length": f.sequence_length, "iterations": f.iterations,
-          "restarts": f.restarts, "checkpoint": f.checkpoint,
+  info = {**common.provenance(), "dataset": cfg.dataset,
+          "count": f.count, "sequence_length": cfg.sequence_length, "iterations": cfg.iterations,
+          "restarts": cfg.restarts, "checkpoint": cfg.checkpoint,
           "total_time_s": items.earlier_s + time.perf_counter() - start}
+  common.write_config(out, cfg)  # the rows' common configuration (each row sets its attack)
   report.save_json(os.path.join(out, "results.json"), {"table": table, **info})
   columns = ("model", "method", "search", "token_accuracy_mean", "token_accuracy_std",
              "token_accuracy_median", "token_accuracy_nearest_mean", "bag_recall_mean", "exact",

@@ -87,7 +87,7 @@ flags.DEFINE_float("local_lr", 0.02, "FedAvg local learning rate.")
 flags.DEFINE_float("local_momentum", 0.0, "FedAvg local SGD momentum.")
 flags.DEFINE_string("defense", "none", "Defense on every gradient / update, e.g. gaussian:1e-4, prune:0.3, clip:1,gaussian:1e-4.")
 flags.DEFINE_integer("seed", 0, "PRNG seed (model initialisation, shuffling, defense noise).")
-common.define_output_flags("train_<model>_<dataset>_<client>", resumable=False)
+common.define_output_flags(resumable=False)
 flags.adopt_module_key_flags(common)
 
 

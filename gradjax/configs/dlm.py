@@ -12,4 +12,5 @@ def get_config():
   c.data.dataset = "cifar100"
   c.client.name = "fedavg"
   c.client.local_lr = 0.01
+  c.attack.box = False  # as the paper's rows: no clamp (the dlm_plus preset clamps)
   return c
