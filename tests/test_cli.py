@@ -522,6 +522,8 @@ def test_a_run_folder_config_reproduces_the_run(tmp_path):
   runs = [json.loads((d / "metrics.json").read_text()) for d in (first, second)]
   assert runs[0]["config"] == runs[1]["config"] and runs[0]["config"]["iterations"] == 20
   assert runs[0]["psnr"] == runs[1]["psnr"]
+  np.testing.assert_array_equal(np.load(first / "reconstruction.npy"),
+                                np.load(second / "reconstruction.npy"))  # bit for bit
 
   proc = run_program("reconstruct.py", f"--config={first / 'config.py'}",
                      "--config.attack.iterations=5", "--lr=0.5", "--print_config",
