@@ -76,7 +76,7 @@ def flag_name(field: dataclasses.Field) -> str:
   return field.metadata["flag"] or field.name
 
 
-def define_flags(default_config: str | None = None):
+def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None):
   """Defines one flag per :class:`gradjax.config.Config` field (its name, default and help come
   from the field; ``--help`` lists them by section of the nested schema), ``--config`` (a
   configuration file, :mod:`gradjax.config`; ``--config.<section>.<key>=...`` overrides one of its
@@ -84,12 +84,16 @@ def define_flags(default_config: str | None = None):
 
   ``default_config``: a packaged configuration (``gradjax.configs``) read when no ``--config`` is
   given: a table program's protocol (its options keep their one default; the protocol's values
-  come from the configuration, which ``--print_config`` shows)."""
+  come from the configuration, which ``--print_config`` shows). ``sections``: only the options of
+  these sections (and ``seed``) become flags, for programs that read no others (a configuration
+  file may still set any option; the others keep their defaults)."""
   DEFAULT_CONFIG[:] = [default_config] if default_config else []
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
   paths = config.paths()
   for field in dataclasses.fields(Config):
+    if sections is not None and config.section(field.name) not in ("", *sections):
+      continue
     help_text, choices = field.metadata["help"], field.metadata["choices"]
     help_text += f" [--config.{paths[field.name]}]"
     group = f"{config.section(field.name) or 'experiment'} options"
@@ -124,7 +128,7 @@ def config_from_flags(**overrides) -> Config:
     chosen |= {name for name, value in from_file.items() if value != values[name]}
     values.update(from_file)
   for field in fields:
-    if f[flag_name(field)].present:
+    if flag_name(field) in f and f[flag_name(field)].present:
       values[field.name] = f[flag_name(field)].value
       chosen.add(field.name)
   if values["weights"] or values["observation"]:
@@ -149,6 +153,12 @@ def write_config(out: str, cfg: Config) -> None:
   text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
                           f"reproduces it.\nCommand: {command}")
   report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
+
+
+def define_results_file_flag():
+  """--output: the optional JSON file of a table program that writes no run folder."""
+  flags.DEFINE_string("output", None, "Optional JSON file for the per-item results (a Markdown table "
+                      "beside it where the program prints one).")
 
 
 def define_table_flags(psnr: bool = True, methods: bool = False):

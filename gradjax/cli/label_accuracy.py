@@ -16,9 +16,9 @@ from absl import app, flags
 from gradjax.cli import common
 from gradjax import clients, data, labels, models, pipeline, report
 
-common.define_flags()
+common.define_flags(sections=("data", "model", "client"))
 common.define_table_flags(psnr=False)
-flags.DEFINE_string("output", None, "Optional JSON file for the per-image results.")
+common.define_results_file_flag()
 
 
 def main(argv):

@@ -24,7 +24,8 @@ Methods (see gradjax.labels):
   gradjax label-recovery --model=mlp
   gradjax label-recovery --dataset=mnist --count=100 --output=labels.json
 
-Prints a Markdown table; ``--output=X.json`` writes the per-batch results as JSON and the table
+Data and model come from ``--config=batch_labels`` (the default; flags override it). Prints a
+Markdown table; ``--output=X.json`` writes the per-batch results as JSON and the table
 beside it as ``X.md``. Bad flags or data: one-line
 error, exit code 2.
 """
@@ -36,23 +37,16 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from gradjax.cli import common
 from gradjax.cli.common import fail, parse_flags, provenance
 from gradjax import clients, data, labels, metrics, models, report
 
-flags.DEFINE_string("dataset", "cifar10", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
-flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
+common.define_flags("batch_labels", sections=("data", "model"))  # gradjax/configs/batch_labels.py
+common.define_table_flags(psnr=False)
 flags.DEFINE_integer("pool", 1000, "Draw the batches' images from the first POOL images of the dataset.")
-flags.DEFINE_string("normalization", "none", "Input normalisation: none, cifar10, cifar100, mnist, imagenet.")
-flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
-flags.DEFINE_string("init", None, "Model init: uniform, xavier_normal, default (the model's own if unset).")
-flags.DEFINE_string("act", None, "Activation for models that take one (relu, sigmoid, ...).")
-flags.DEFINE_integer("num_classes", None, "Model classes (the dataset's if unset).")
-flags.DEFINE_integer("count", 20, "Number of client batches.")
-flags.DEFINE_integer("batch_size", 8, "Images per client batch.")
 flags.DEFINE_integer("classes_per_batch", 4, "Distinct classes the batch's labels are drawn from (with replacement).")
 flags.DEFINE_integer("aux_size", 16, "Dummy images for the LLG* and p̂ estimates (0: skip those rows).")
-flags.DEFINE_integer("seed", 0, "Seed of the batch sampler, the models and the dummy images.")
-flags.DEFINE_string("output", None, "Optional JSON file for the per-batch results.")
+common.define_results_file_flag()
 
 NEEDS = {
     "idlg": "batch 1, features ≥ 0",
@@ -88,7 +82,11 @@ def main(argv):
   if len(argv) > 1:
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  for name in ("count", "batch_size", "classes_per_batch", "pool"):
+  try:
+    cfg = common.config_from_flags()
+  except ValueError as e:
+    fail(str(e))
+  for name in ("count", "classes_per_batch", "pool"):
     if getattr(f, name) < 1:
       fail(f"--{name} must be positive, got {getattr(f, name)}")
   if f.aux_size < 0:
@@ -96,29 +94,31 @@ def main(argv):
   start = time.perf_counter()
   try:
     try:
-      pool = data.load(f.dataset, data_dir=f.data_dir, indices=range(f.pool))
+      size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
+      pool = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(f.pool), image_size=size,
+                       channels=cfg.channels)
     except ValueError as e:
       raise ValueError(f"{e} (lower --pool)" if "out of range" in str(e) else str(e)) from None
     pool_x, pool_y = pool.x, pool.y
-    num_classes = f.num_classes or pool.num_classes
+    num_classes = cfg.num_classes or pool.num_classes
     if int(pool_y.max()) >= num_classes:
       raise ValueError(f"--num_classes={num_classes} but the data has label {int(pool_y.max())}")
     if f.classes_per_batch > num_classes:
       raise ValueError(f"--classes_per_batch={f.classes_per_batch} exceeds the {num_classes} classes")
-    norm = data.normalization(f.normalization)
-    init = models.get_module(f.model, num_classes=num_classes, init=f.init, act=f.act).weight_init
-    rng = np.random.default_rng(f.seed)
-    batches = data.duplicate_label_batches(pool_y, num_classes, f.count, f.batch_size,
+    norm = data.normalization(cfg.normalization or "none")
+    init = models.get_module(cfg.model, num_classes=num_classes, init=cfg.init, act=cfg.act).weight_init
+    rng = np.random.default_rng(cfg.seed)
+    batches = data.duplicate_label_batches(pool_y, num_classes, f.count, cfg.batch_size,
                                            f.classes_per_batch, rng)
-    methods = (["idlg"] if f.batch_size == 1 else []) + ["negative_bias", "yin", "llg", "bias_counts"]
+    methods = (["idlg"] if cfg.batch_size == 1 else []) + ["negative_bias", "yin", "llg", "bias_counts"]
     if f.aux_size:
       methods += ["llg* (dummy)", "bias_counts (dummy p̂)"]
     methods += ["bias_counts (oracle p̄)"]
     results = {m: {"accuracy": [], "exact": [], "time_s": [], "labels": [], "error": None} for m in methods}
     for b, idx in enumerate(batches):
-      key_model, key_dummy = jax.random.split(jax.random.fold_in(jax.random.key(f.seed), b))
-      model = models.create(f.model, key_model, input_shape=pool_x.shape[1:], num_classes=num_classes,
-                            init=f.init, act=f.act)
+      key_model, key_dummy = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), b))
+      model = models.create(cfg.model, key_model, input_shape=pool_x.shape[1:], num_classes=num_classes,
+                            init=cfg.init, act=cfg.act)
       x = data.normalize(pool_x[idx], norm)
       y = pool_y[idx]
       obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
@@ -142,9 +142,9 @@ def main(argv):
 
   wall = time.perf_counter() - start
   distinct = [len(np.unique(pool_y[idx])) for idx in batches]
-  lines = [f"Label recovery on {f.count} {f.dataset} batches of {f.batch_size} (labels from "
+  lines = [f"Label recovery on {f.count} {cfg.dataset} batches of {cfg.batch_size} (labels from "
            f"{f.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
-           f"fresh {f.model} (init {init}) per batch, seed {f.seed}:", "",
+           f"fresh {cfg.model} (init {init}) per batch, seed {cfg.seed}:", "",
            "| method | needs | label accuracy (mean ± std) | exact batches | ms / batch (median) |",
            "|---|---|---|---|---|"]
   summary = {}
@@ -161,17 +161,17 @@ def main(argv):
     }
     lines.append(f"| {method} | {NEEDS[method]} | {acc.mean():.3f} ± {acc.std():.3f} | "
                  f"{int(np.sum(r['exact']))}/{len(acc)} | {np.median(r['time_s']) * 1e3:.1f} |")
-  upper = float(np.mean(np.asarray(distinct) / f.batch_size))
+  upper = float(np.mean(np.asarray(distinct) / cfg.batch_size))
   lines += ["", f"Distinct-label methods can reach at most {upper:.3f} here (distinct classes / batch "
             f"size). Std is the population std over batches. Wall time {wall:.1f} s on {jax.devices()[0]}."]
   table = "\n".join(lines) + "\n"
   print(table, end="")
   if f.output:
     report.save_json(f.output, {
-        "config": {"dataset": f.dataset, "pool": int(len(pool_y)), "normalization": f.normalization,
-                   "model": f.model, "init": init, "act": f.act, "num_classes": num_classes,
-                   "count": f.count, "batch_size": f.batch_size,
-                   "classes_per_batch": f.classes_per_batch, "aux_size": f.aux_size, "seed": f.seed},
+        "config": {"dataset": cfg.dataset, "pool": int(len(pool_y)), "normalization": cfg.normalization,
+                   "model": cfg.model, "init": init, "act": cfg.act, "num_classes": num_classes,
+                   "count": f.count, "batch_size": cfg.batch_size,
+                   "classes_per_batch": f.classes_per_batch, "aux_size": f.aux_size, "seed": cfg.seed},
         "batches": {"indices": batches, "labels": pool_y[batches], "distinct": distinct},
         "distinct_label_upper_bound": upper,
         "methods": summary, "wall_time_s": wall, **provenance(),
