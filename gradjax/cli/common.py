@@ -25,7 +25,6 @@ from gradjax.config import Config
 STATE_FILE = "state.npz"
 
 
-
 def cpu_model() -> str:
   """The CPU's model name (``/proc/cpuinfo``; ``platform`` where that is missing)."""
   try:
@@ -102,7 +101,8 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
     else:
       define[config.field_type(field)](flag_name(field), field.default, help_text, module_name=group)
   config_flags.DEFINE_config_file(
-      "config", configs.path(default_config) if default_config else None, "Configuration: a packaged one's name (" + ", ".join(configs.NAMES) + ") or a "
+      "config", configs.path(default_config) if default_config else None,
+      f"Configuration: a packaged one's name ({', '.join(configs.NAMES)}) or a "
       "Python file whose get_config() returns the nested options (gradjax.config; a run folder's "
       "config.py reproduces that run). Short flags given beside it override its options.",
       lock_config=True)
