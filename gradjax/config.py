@@ -236,7 +236,8 @@ class Config:
   conv: str = _field(
       "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
       "XLA:CPU), split (lax.conv with the slow second derivative recast as a convolution), mixed "
-      "(split on large feature maps, im2col elsewhere), auto (mixed on CPU, xla elsewhere).",
+      "(split on large feature maps, im2col elsewhere), auto (on CPU mixed for attacks and split for "
+      "gradjax train, whose epochs run in a lax.scan; xla elsewhere).",
       choices=models.CONVS)
   seed: int = _field(0, "PRNG seed (model and dummy initialisation).")
   chunk: int = _field(100, "Iterations per jitted chunk between progress reports.", execution=True)
@@ -246,6 +247,36 @@ class Config:
       "ruins gradient matching there).", choices=driver.PRECISIONS, execution=True)
   lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
                       "installed, else none).", choices=LPIPS)
+  # Training a model (gradjax train; gradjax.training): FedSGD steps on --batch_size examples, or
+  # FedAvg rounds of the client options' local training.
+  train_count: int | None = _field(
+      150, "Training examples: the first N of the (permuted) dataset (text: every window but the "
+      "test ones unless given).")
+  test_count: int | None = _field(
+      50, "Test examples: the M after the training ones, or the first M of --test_dataset (text: "
+      "the last tenth of the windows unless given).")
+  data_seed: int = _field(0, "Permutation of the dataset before the split; -1 keeps the file order.")
+  test_dataset: str | None = _field(
+      None, "Test on the first --test_count images of this dataset (default: the --test_count "
+      "images after the training ones).")
+  epochs: int = _field(10, "Epochs (FedSGD) or communication rounds (FedAvg).")
+  train_lr: float = _field(0.02, "FedSGD: the learning rate of the model's SGD.")
+  momentum: float = _field(0.9, "FedSGD: heavy-ball momentum (PyTorch's form).")
+  weight_decay: float = _field(
+      0.0, "FedSGD: weight decay λ on every parameter (PyTorch's SGD: λθ added to the step's "
+      "gradient, after the defense).")
+  nesterov: bool = _field(False, "FedSGD: Nesterov's momentum (PyTorch's SGD(nesterov=True)).")
+  lr_milestones: str = _field(
+      "", "FedSGD: comma-separated epochs after which the learning rate is multiplied by "
+      "--lr_gamma (PyTorch's MultiStepLR, stepped per epoch); Inverting Gradients trains 120 "
+      "epochs with 44,75,105.")
+  lr_gamma: float = _field(0.1, "FedSGD: the learning rate's factor at each of --lr_milestones.")
+  augment: bool = _field(
+      False, "FedSGD on images: random crops of the image padded by 4 black pixels and horizontal "
+      "flips, drawn afresh for every step (the usual CIFAR augmentation, Inverting Gradients' "
+      "training).")
+  clients: int = _field(1, "FedAvg: clients, each training on an equal shard of the training "
+                        "examples.")
 
   def execution(self, callback: Callable | None = None, monitor: Callable | None = None,
                 saver: driver.Saver | None = None) -> driver.Execution:
@@ -285,10 +316,16 @@ class Config:
       value = getattr(self, f.name)
       if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"--{f.metadata['flag'] or f.name} must be a finite number, got {value}")
-    for name in ("learning_rate", "local_lr"):
+    for name in ("learning_rate", "local_lr", "train_lr"):
       if getattr(self, name) is not None and getattr(self, name) <= 0:
         raise ValueError(f"--{'lr' if name == 'learning_rate' else name} must be positive, got "
                          f"{getattr(self, name)}")
+    for name in ("epochs", "clients"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+    for name in ("train_count", "test_count"):
+      if getattr(self, name) is not None and getattr(self, name) < 0:
+        raise ValueError(f"--{name} must be non-negative, got {getattr(self, name)}")
     if not 0 <= self.local_momentum < 1:
       raise ValueError(f"--local_momentum must lie in [0, 1), got {self.local_momentum}")
     if self.normalization is not None:
@@ -354,8 +391,10 @@ NOT_FINGERPRINTED = ("lpips", "data_dir", "force")
 
 
 def fingerprint(cfg: Config) -> dict:
-  """What determines ``cfg``'s reconstruction (its fields but ``NOT_FINGERPRINTED``), for state files."""
-  return {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_FINGERPRINTED}
+  """What determines ``cfg``'s reconstruction (its fields but ``NOT_FINGERPRINTED`` and the training
+  section's), for state files."""
+  return {k: v for k, v in dataclasses.asdict(cfg).items()
+          if k not in NOT_FINGERPRINTED and section(k) != "training"}
 
 
 def _input_file(path: str | None, flag: str) -> None:
@@ -429,9 +468,16 @@ SECTIONS = {
     "execution": ("strategy", "map_batch_size", "halving_rounds", "halving_keep", "shard", "chunk",
                   "matmul_precision", "remat"),
     "output": ("lpips",),
+    "training": ("train_count", "test_count", "data_seed", "test_dataset", "epochs", "train_lr",
+                 "momentum", "weight_decay", "nesterov", "lr_milestones", "lr_gamma", "augment",
+                 "clients"),
 }
 TOP = ("seed",)
-_KEYS = {"model": "name", "client": "name", "defense": "spec", "attack": "preset"}
+# The sections of an attack's configuration (``training`` is gradjax train's).
+ATTACK_SECTIONS = tuple(s for s in SECTIONS if s != "training")
+# Keys that are not their field's name: a section's own field, and training.lr (--train_lr, apart
+# from the attack's --lr).
+_KEYS = {"model": "name", "client": "name", "defense": "spec", "attack": "preset", "train_lr": "lr"}
 
 
 def field_type(field: dataclasses.Field) -> type:
@@ -447,7 +493,7 @@ def paths() -> dict[str, str]:
   out = {name: name for name in TOP}
   for section, names in SECTIONS.items():
     for name in names:
-      out[name] = f"{section}.{_KEYS[name] if name == section else name}"
+      out[name] = f"{section}.{_KEYS.get(name, name)}"
   return out
 
 
@@ -460,6 +506,19 @@ def defaults() -> config_dict.ConfigDict:
   """The nested configuration with every option at its default; a config file starts from it.
   Options that default to ``None`` are typed placeholders, so ``--config.<path>=...`` can set them."""
   return _nested({f.name: f.default for f in dataclasses.fields(Config)})
+
+
+def names(sections: tuple[str, ...] = ATTACK_SECTIONS, omit: tuple[str, ...] = ()) -> tuple[str, ...]:
+  """The :class:`Config` fields in ``sections`` (and ``seed``) but ``omit``: what a program reads."""
+  return tuple(f.name for f in dataclasses.fields(Config)
+               if section(f.name) in ("", *sections) and f.name not in omit)
+
+
+def options(cfg: "Config", fields: tuple[str, ...] | None = None) -> dict[str, Any]:
+  """Config field -> value of ``cfg``'s ``fields`` (default: an attack's, :func:`names`): what a
+  run records."""
+  fields = names() if fields is None else fields
+  return {k: v for k, v in dataclasses.asdict(cfg).items() if k in fields}
 
 
 def to_dict(cfg: "Config") -> config_dict.ConfigDict:
@@ -512,14 +571,16 @@ def given(tree) -> dict[str, Any]:
   return out
 
 
-def to_python(cfg: "Config", *, comment: str = "") -> str:
-  """A configuration file that sets every option of ``cfg`` (defaults too, so it reproduces the run
-  whatever later defaults become): ``--config=<file>``. ``comment``: lines put first, as comments."""
+def to_python(cfg: "Config", *, comment: str = "", fields: tuple[str, ...] | None = None) -> str:
+  """A configuration file that sets every option of ``cfg`` (or its ``fields``; defaults too, so it
+  reproduces the run whatever later defaults become): ``--config=<file>``. ``comment``: lines put
+  first, as comments."""
   lines = [f"# {line}" for line in comment.splitlines()]
   lines += ['"""A gradjax configuration (gradjax.config)."""', "", "from gradjax import config", "", "",
             "def get_config():", "  c = config.defaults()"]
   values = dataclasses.asdict(cfg)
   for name, path in paths().items():
-    lines.append(f"  c.{path} = {values[name]!r}")
+    if fields is None or name in fields:
+      lines.append(f"  c.{path} = {values[name]!r}")
   lines += ["  return c", ""]
   return "\n".join(lines)

@@ -28,7 +28,7 @@ import numpy as np
 from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, driver, fidelity
 from gradjax import interop, lpips, metrics, models, resume, text, verdict
 from gradjax import labels as labels_lib
-from gradjax.config import Config, check, fingerprint
+from gradjax.config import Config, check, fingerprint, options
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
@@ -201,7 +201,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       num_samples=observation.num_samples,
       threat_model=observation.threat_model,
       attack=attacks.describe(attack),
-      config=dataclasses.asdict(cfg),
+      config=options(cfg),
       device=str(jax.devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,
       backend=jax.default_backend(),

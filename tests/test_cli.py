@@ -384,7 +384,7 @@ def test_flags_are_the_config_fields():
       from gradjax.cli import common
       from absl import flags
       from gradjax import config, dummy, priors
-      common.define_flags()
+      common.define_flags(sections=tuple(config.SECTIONS))  # the attack's and the training's
       flags.FLAGS(["prog", "--lr=0.5", "--strategy=vmap", "--halving_rounds=2", "--chunk=7",
                    "--iterations=9", "--dummy_init=uniform", "--priors=tv:1e-3", "--restarts=3"])
       out = {"fields": [], "missing": []}
@@ -406,7 +406,8 @@ def test_flags_are_the_config_fields():
   out = json.loads(proc.stdout.splitlines()[-1])
   assert all(same_default and same_help for _, _, same_default, same_help in out["fields"])
   names = {name: flag for name, flag, _, _ in out["fields"]}
-  assert names["learning_rate"] == "lr" and all(n == f for n, f in names.items() if n != "learning_rate")
+  assert names["learning_rate"] == "lr" and names["train_lr"] == "train_lr"
+  assert all(n == f for n, f in names.items() if n != "learning_rate")
   assert out["attack"] == ["lbfgs", 0.5, 9, True, True]
   assert out["execution"] == ["vmap", 7, 2, 0.5, False] and out["restarts"] == 3
 
@@ -583,7 +584,7 @@ def test_an_installed_package_runs_without_the_clone(tmp_path):
 # Commands that still declare their own flags for options of the configuration (a training schema,
 # the audit's, the batch tables' and the benchmarks' own): each option there may differ in default or
 # help from the same option elsewhere. The others read the one schema (gradjax.config).
-OWN_FLAGS = {"train", "audit", "batch-table", "benchmark", "benchmark-step", "batch-memory"}
+OWN_FLAGS = {"audit", "batch-table", "benchmark", "benchmark-step", "batch-memory"}
 # --config's default names each table's protocol (its packaged configuration): a default by design.
 PER_PROGRAM = {"config"}
 

@@ -264,7 +264,7 @@ def run_program(name, *args):
 
 @pytest.mark.slow
 def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
-  train = run_program("train.py", "--modality=text", "--epochs=1", "--lr=0.1", "--sequence_length=8",
+  train = run_program("train.py", "--modality=text", "--epochs=1", "--train_lr=0.1", "--sequence_length=8",
                       "--vocab_size=200", f"--output_dir={tmp_path / 'train'}", *TINY)
   assert train.returncode == 0, train.stderr[-2000:]
   saved = json.loads((tmp_path / "train" / "results.json").read_text())

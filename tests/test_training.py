@@ -370,10 +370,11 @@ def run_train(*args):
 
 @pytest.mark.slow
 def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
-  proc = run_train("--model=mlp", "--epochs=2", "--lr=0.05", f"--output_dir={tmp_path}")
+  proc = run_train("--model=mlp", "--epochs=2", "--train_lr=0.05", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((tmp_path / "results.json").read_text())
-  assert sorted(os.listdir(tmp_path)) == ["epoch_0.npz", "epoch_1.npz", "epoch_2.npz", "results.json"]
+  assert sorted(os.listdir(tmp_path)) == ["config.py", "epoch_0.npz", "epoch_1.npz", "epoch_2.npz",
+                                         "results.json"]
   ds = data.load("lfw_subset")
   test_idx = np.array(result["test_indices"])
   assert len(test_idx) == 50 and not set(test_idx) & set(result["train_indices"])
@@ -386,6 +387,13 @@ def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
     assert acc == record["accuracy"] == meta["accuracy"]
   assert result["history"][-1]["accuracy"] > 0.8
   assert f"test accuracy {result['history'][-1]['accuracy']:.4f}" in proc.stdout
+  # Its config.py trains the same model again, bit for bit.
+  again = run_train(f"--config={tmp_path / 'config.py'}", f"--output_dir={tmp_path / 'again'}")
+  assert again.returncode == 0, again.stderr[-2000:]
+  first, _ = checkpoint.load(tmp_path / "epoch_2.npz")
+  second, _ = checkpoint.load(tmp_path / "again" / "epoch_2.npz")
+  for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(second), strict=True):
+    np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.slow
@@ -399,8 +407,8 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
                         (["--train_count=190"], "train + test count"),
                         (["--data_seed=-2"], "--data_seed must be >= 0 or -1"),
                         (["--local_lr=0.5"], "--local_lr do not apply to --client=fedsgd"),
-                        (["--client=fedavg", "--lr=0.5", "--momentum=0.5"],
-                         "--lr, --momentum do not apply to --client=fedavg")]:
+                        (["--client=fedavg", "--train_lr=0.5", "--momentum=0.5"],
+                         "--momentum, --train_lr do not apply to --client=fedavg")]:
     bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
@@ -413,14 +421,14 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
   Nesterov's SGD and the crops padded with normalised black (the library's own NumPy checks are
   above); they are recorded, and misused they are one-line errors."""
   out = tmp_path / "run"
-  proc = run_train("--model=mlp", "--epochs=2", "--lr=0.05", "--momentum=0.9", "--nesterov",
+  proc = run_train("--model=mlp", "--epochs=2", "--train_lr=0.05", "--momentum=0.9", "--nesterov",
                    "--lr_milestones=1", "--lr_gamma=0.5", "--augment", "--normalization=mnist",
                    f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
   config = result["config"]
   assert (config["nesterov"], config["lr_milestones"], config["lr_gamma"], config["augment"]) == (
-      True, ["1"], 0.5, True)
+      True, "1", 0.5, True)
   ds = data.load("lfw_subset")
   x = ((ds.x[result["train_indices"]].astype(np.float64) - 0.1307) / 0.3081).astype(np.float32)
   model = checkpoint.load_model(out / "epoch_0.npz")
@@ -448,7 +456,7 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
   a NumPy-normalised evaluation of the checkpoint), the checkpoint keeps the name, an attack on it
   must name the same one, and a normalisation that does not fit the images is a one-line error."""
   out = tmp_path / "run"
-  proc = run_train("--model=mlp", "--epochs=1", "--lr=0.05", "--normalization=mnist", f"--output_dir={out}")
+  proc = run_train("--model=mlp", "--epochs=1", "--train_lr=0.05", "--normalization=mnist", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
   assert result["config"]["normalization"] == "mnist" and result["cores"] >= 1

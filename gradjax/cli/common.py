@@ -38,6 +38,7 @@ def cpu_model() -> str:
 
 
 DEFAULT_CONFIG: list[str] = []  # the program's default configuration (define_flags)
+FIELDS: list[str] = []  # the options of the schema the program reads (define_flags)
 
 # The command as typed: gradjax.cli.main sets ["gradjax", "<command>"] and the command's docstring; a
 # module run as a script (a study in experiments/) is "python <its path>".
@@ -75,7 +76,8 @@ def flag_name(field: dataclasses.Field) -> str:
   return field.metadata["flag"] or field.name
 
 
-def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None):
+def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None,
+                 omit: tuple[str, ...] = ()):
   """Defines one flag per :class:`gradjax.config.Config` field (its name, default and help come
   from the field; ``--help`` lists them by section of the nested schema), ``--config`` (a
   configuration file, :mod:`gradjax.config`; ``--config.<section>.<key>=...`` overrides one of its
@@ -85,13 +87,16 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   given: a table program's protocol (its options keep their one default; the protocol's values
   come from the configuration, which ``--print_config`` shows). ``sections``: only the options of
   these sections (and ``seed``) become flags, for programs that read no others (a configuration
-  file may still set any option; the others keep their defaults)."""
+  file may still set any option; the others keep their defaults); by default an attack's sections
+  (``config.ATTACK_SECTIONS``). ``omit``: options of those sections the program does not read."""
   DEFAULT_CONFIG[:] = [default_config] if default_config else []
+  sections = config.ATTACK_SECTIONS if sections is None else sections
+  FIELDS[:] = config.names(sections, omit)
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
   paths = config.paths()
   for field in dataclasses.fields(Config):
-    if sections is not None and config.section(field.name) not in ("", *sections):
+    if field.name not in FIELDS:
       continue
     help_text, choices = field.metadata["help"], field.metadata["choices"]
     help_text += f" [--config.{paths[field.name]}]"
@@ -114,35 +119,55 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
 
 
-def config_from_flags(**overrides) -> Config:
-  """The :class:`gradjax.config.Config` of the parsed flags: the defaults, then ``--config``'s
-  options, then the short flags given, then ``overrides``. With captured files (--weights/--observation)
-  --model and --dataset default to the files' metadata and to no ground truth unless given; with
-  --modality=text to transformer and pydoc. With ``--print_config``: prints the result and exits 0."""
+def _values_given() -> tuple[dict, set[str]]:
+  """(Config field -> value, the fields the user chose) of the parsed flags: set by a flag given, or
+  by ``--config`` or ``--config.<path>`` to another value than the program's default (the schema's,
+  with the program's default configuration over it)."""
   f = flags.FLAGS
   fields = dataclasses.fields(Config)
   values = {field.name: field.default for field in fields}
-  chosen = set()  # options set by the configuration file or a flag
+  chosen = set()
   if f.config is not None:
+    baseline = dict(values)
+    if DEFAULT_CONFIG and not f["config"].present:
+      baseline.update(config.given(configs.get(DEFAULT_CONFIG[0])))
     from_file = config.given(f.config)
-    chosen |= {name for name, value in from_file.items() if value != values[name]}
+    chosen |= {name for name, value in from_file.items() if value != baseline[name]}
     values.update(from_file)
   for field in fields:
     if flag_name(field) in f and f[flag_name(field)].present:
       values[field.name] = f[flag_name(field)].value
       chosen.add(field.name)
+  return values, chosen
+
+
+def options_given() -> set[str]:
+  """The :class:`gradjax.config.Config` fields that ``--config`` or a flag set (to check options a
+  protocol does not use)."""
+  return _values_given()[1]
+
+
+def config_from_flags(**overrides) -> Config:
+  """The :class:`gradjax.config.Config` of the parsed flags: the defaults, then ``--config``'s
+  options, then the short flags given, then ``overrides``. With captured files (--weights/--observation)
+  --model and --dataset default to the files' metadata and to no ground truth unless given; with
+  --modality=text to transformer and pydoc (and the training split to the corpus's last tenth).
+  With ``--print_config``: prints the result and exits 0."""
+  values, chosen = _values_given()
   if values["weights"] or values["observation"]:
     for name in ("model", "dataset"):
       if name not in chosen:
         values[name] = None
   if values["modality"] == "text":  # the text defaults: SAPAG's transformer on Python's docs
-    for name, default in (("model", "transformer"), ("dataset", "pydoc")):
+    for name, default in (("model", "transformer"), ("dataset", "pydoc"), ("train_count", None),
+                          ("test_count", None)):
       if name not in chosen:
         values[name] = default
   values.update(overrides)
   cfg = Config(**values)
-  if f.print_config:
-    print(config.to_python(cfg, comment="The resolved configuration (--print_config)."), end="")
+  if flags.FLAGS.print_config:
+    print(config.to_python(cfg, comment="The resolved configuration (--print_config).",
+                           fields=tuple(FIELDS)), end="")
     sys.exit(0)
   return cfg
 
@@ -151,7 +176,7 @@ def write_config(out: str, cfg: Config) -> None:
   """Writes ``cfg`` as ``<out>/config.py``, which ``--config`` reads to reproduce the run."""
   command = shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n")
   text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
-                          f"reproduces it.\nCommand: {command}")
+                          f"reproduces it.\nCommand: {command}", fields=tuple(FIELDS))
   report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 

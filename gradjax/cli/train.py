@@ -2,11 +2,11 @@
 
   gradjax train                      # lenet_zhu on scikit-image's lfw_subset (no data folder needed)
   gradjax train --dataset=mnist --model=mlp --train_count=2000 --test_count=1000 --epochs=3
-  gradjax train --modality=text --epochs=1 --lr=0.1   # the Transformer on Python's docs
-  gradjax train --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \
+  gradjax train --modality=text --epochs=1 --train_lr=0.1   # the Transformer on Python's docs
+  gradjax train --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \\
       --local_batch_size=20 --local_lr=0.05 --defense=clip:1.0,gaussian:1e-6
-  gradjax train --model=resnet20 --dataset=cifar10_train --train_count=50000 \
-      --test_dataset=cifar10 --test_count=1017 --train_mode --batch_size=128 --lr=0.1 --epochs=5
+  gradjax train --model=resnet20 --dataset=cifar10_train --train_count=50000 \\
+      --test_dataset=cifar10 --test_count=1017 --train_mode --batch_size=128 --train_lr=0.1 --epochs=5
 
 Data: the images of ``--dataset`` are permuted with ``--data_seed`` (``--data_seed=-1`` keeps the file
 order); the first ``--train_count`` train the model and the following ``--test_count`` measure its
@@ -18,11 +18,11 @@ training images as JPEG (``cifar10_train``); with ``--test_dataset`` the test im
 scikit-learn's ``digits`` would be the natural default but needs scikit-learn.
 
 Training (gradjax.training): ``--client=fedsgd``: ``--epochs`` passes of shuffled mini-batches of
-``--batch_size``, SGD with ``--lr``, ``--momentum`` (``--nesterov``) and ``--weight_decay``, the learning
+``--batch_size``, SGD with ``--train_lr``, ``--momentum`` (``--nesterov``) and ``--weight_decay``, the learning
 rate multiplied by ``--lr_gamma`` after each epoch of ``--lr_milestones``, the defense on every step's
 gradient (the decay is added after it: it is the client's optimiser, not what it shares); ``--augment``
 crops and flips every batch's images afresh. Inverting Gradients' recipe for its trained models
-(``inversefed``'s "conservative" strategy) is ``--batch_size=128 --lr=0.1 --momentum=0.9 --nesterov
+(``inversefed``'s "conservative" strategy) is ``--batch_size=128 --train_lr=0.1 --momentum=0.9 --nesterov
 --weight_decay=5e-4 --epochs=120 --lr_milestones=44,75,105 --augment``.
 ``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--clients`` equal shards,
 each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_lr`` and the defense acts
@@ -41,11 +41,15 @@ tenth of the (permuted) windows are the test set unless ``--train_count`` / ``--
 and the accuracy is next-token accuracy. The checkpoint's metadata hold the vocabulary, so
 ``gradjax reconstruct --modality=text --checkpoint=...`` attacks with the same token ids.
 
-Writes to ``--output_dir``: ``epoch_{E}.npz`` for E = 0 (the initial model) .. epochs, with metadata
-that rebuild the model (``gradjax.checkpoint.load_model``), and ``results.json`` (per-epoch test
+Options: the data, model, client (FedAvg's local training), defense and training sections of
+``gradjax.config``; the defaults are ``gradjax/configs/train.py`` (``--print_config`` shows them,
+``--config=<file>`` reads others). Writes to ``--output_dir``: ``epoch_{E}.npz`` for E = 0 (the
+initial model) .. epochs, with metadata that rebuild the model (``gradjax.checkpoint.load_model``),
+``config.py`` (``--config=`` it trains the same model again) and ``results.json`` (per-epoch test
 accuracy and training loss, the configuration, wall time). Bad flags or data: one-line error, exit 2.
 """
 
+import dataclasses
 import os
 import time
 
@@ -54,65 +58,35 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import checkpoint, clients, corpus, data, defenses, models, report, training
+from gradjax import checkpoint, clients, config, corpus, data, defenses, models, report, training
 
-flags.DEFINE_string("model", "lenet_zhu", f"Model: {', '.join(models.MODELS)} (see gradjax.models).")
-flags.DEFINE_string("init", None, "Weight init: uniform, xavier_normal, default (the model's own if unset).")
-flags.DEFINE_string("act", None, "Activation for models that take one (relu, sigmoid, ...).")
-flags.DEFINE_enum("conv", None, list(models.CONVS), "Convolutions (gradjax.models; default split on CPU, xla on accelerators): split writes the backward pass as forward-layout convolutions, which XLA:CPU runs at full speed inside the epoch's lax.scan, where xla's own transposed forms compile to loop nests tens of times slower; im2col and mixed (the attacks' CPU default) are the other choices.")
-flags.DEFINE_string("dataset", "lfw_subset", f"Data source: {', '.join(data.DATASETS)} or tfds:<name>.")
-flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
-flags.DEFINE_integer("image_size", None, "Resize images to this square size (the source's if unset).")
-flags.DEFINE_integer("channels", None, "Convert images to 1 or 3 channels (the source's if unset).")
-flags.DEFINE_string("normalization", "none", f"Input normalisation of the training and test images: {', '.join(data.NORMALIZATION_NAMES)}; kept in the checkpoint, so an attack on it takes the same --normalization.")
-flags.DEFINE_integer("train_count", 150, "Training images: the first N of the (permuted) dataset.")
-flags.DEFINE_integer("test_count", 50, "Test images: the M following the training images.")
-flags.DEFINE_integer("data_seed", 0, "Permutation of the dataset before the split; -1 keeps the file order.")
-flags.DEFINE_string("test_dataset", None, "Test on the first --test_count images of this dataset (default: the --test_count images after the training ones).")
-flags.DEFINE_bool("train_mode", False, "FedSGD: train in training mode (BatchNorm uses batch statistics and updates its running statistics).")
-flags.DEFINE_integer("epochs", 10, "Epochs (FedSGD) or communication rounds (FedAvg).")
-flags.DEFINE_integer("batch_size", 32, "FedSGD mini-batch size.")
-flags.DEFINE_float("lr", 0.02, "FedSGD learning rate.")
-flags.DEFINE_float("momentum", 0.9, "FedSGD heavy-ball momentum (PyTorch form).")
-flags.DEFINE_float("weight_decay", 0.0, "FedSGD weight decay λ on every parameter (PyTorch's SGD: λθ added to the step's gradient, after the defense).")
-flags.DEFINE_bool("nesterov", False, "FedSGD: Nesterov's momentum (PyTorch's SGD(nesterov=True)).")
-flags.DEFINE_list("lr_milestones", [], "FedSGD: epochs after which the learning rate is multiplied by --lr_gamma (PyTorch's MultiStepLR, stepped per epoch); Inverting Gradients trains 120 epochs with 44,75,105.")
-flags.DEFINE_float("lr_gamma", 0.1, "FedSGD: the learning rate's factor at each of --lr_milestones.")
-flags.DEFINE_bool("augment", False, "FedSGD on images: random crops of the image padded by 4 black pixels and horizontal flips, drawn afresh for every step (the usual CIFAR augmentation, Inverting Gradients' training).")
-flags.DEFINE_enum("client", "fedsgd", ["fedsgd", "fedavg"], "Training protocol.")
-flags.DEFINE_integer("clients", 1, "FedAvg clients (equal shards of the training images).")
-flags.DEFINE_integer("local_epochs", 1, "FedAvg local epochs.")
-flags.DEFINE_integer("local_batch_size", None, "FedAvg local mini-batch size (a client's whole shard if unset).")
-flags.DEFINE_float("local_lr", 0.02, "FedAvg local learning rate.")
-flags.DEFINE_float("local_momentum", 0.0, "FedAvg local SGD momentum.")
-flags.DEFINE_string("defense", "none", "Defense on every gradient / update, e.g. gaussian:1e-4, prune:0.3, clip:1,gaussian:1e-4.")
-flags.DEFINE_integer("seed", 0, "PRNG seed (model initialisation, shuffling, defense noise).")
+# The options of the schema it reads (gradjax.config): data, model, client (FedAvg's local
+# training), defense, training and seed; its default configuration is gradjax/configs/train.py.
+common.define_flags(default_config="train",
+                    sections=("data", "model", "client", "defense", "training"),
+                    omit=("index", "checkpoint", "weights", "rename", "num_classes", "shared_labels",
+                          "observation", "num_samples", "force"))
 common.define_output_flags(resumable=False)
 flags.adopt_module_key_flags(common)
 
 
-flags.DEFINE_enum("modality", "image", ["image", "text"], "image: a classifier on --dataset images; text: a language model (--model=transformer, the default then) on the corpus --dataset (pydoc, the default then, or wikitext2).")
-flags.DEFINE_integer("sequence_length", 15, "Text: tokens per training window.")
-flags.DEFINE_integer("vocab_size", None, "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset).")
-flags.DEFINE_integer("text_dim", models.TextSizes().dim, "Text: transformer width (embedding size).")
-flags.DEFINE_integer("text_heads", models.TextSizes().heads, "Text: attention heads.")
-flags.DEFINE_integer("text_ffn", models.TextSizes().ffn, "Text: feed-forward width.")
-flags.DEFINE_integer("text_layers", models.TextSizes().layers, "Text: encoder layers.")
-
-
 def load_split(f):
-  """The train/test split of the flags' dataset (gradjax.training.split), normalised by
+  """The train/test split of the configuration's dataset (gradjax.training.split), normalised by
   --normalization."""
   parts = _load_split(f)
-  if f.normalization == "none":
+  if _normalization(f) == "none":
     return parts
-  norm = data.normalization(f.normalization)
+  norm = data.normalization(_normalization(f))
   return parts._replace(train=parts.train._replace(x=data.normalize(parts.train.x, norm)),
                         test=parts.test._replace(x=data.normalize(parts.test.x, norm)))
 
 
+def _normalization(f) -> str:
+  return f.normalization or "none"
+
+
 def _load_split(f):
-  """The flags' dataset split as loaded, before normalisation."""
+  """The configuration's dataset split as loaded, before normalisation."""
   size = None if f.image_size is None else (f.image_size, f.image_size)
   ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
   seed = common.permutation_seed(f.data_seed, "data_seed")
@@ -130,12 +104,12 @@ def _load_split(f):
 
 def load_text_split(f):
   """(split, vocabulary) of --modality=text: the corpus's windows (gradjax.corpus.windows), the last
-  tenth for testing unless --train_count / --test_count say otherwise."""
+  tenth for testing unless --train_count / --test_count say otherwise (None: not given)."""
   sentences = corpus.sentences(f.dataset, f.data_dir)
   vocabulary = corpus.Vocabulary.build(sentences, f.vocab_size)
   x, y = corpus.windows(sentences, vocabulary, f.sequence_length)
-  test = f.test_count if f["test_count"].present else len(x) // 10
-  train = f.train_count if f["train_count"].present else len(x) - test
+  test = f.test_count if f.test_count is not None else len(x) // 10
+  train = f.train_count if f.train_count is not None else len(x) - test
   ds = data.Dataset(x, y, len(vocabulary), f.dataset)
   return training.split(ds, train, test, common.permutation_seed(f.data_seed, "data_seed")), vocabulary
 
@@ -144,9 +118,10 @@ def fmt(accuracy):
   return "n/a" if accuracy is None else f"{accuracy:.4f}"
 
 
-def _conv(name: str | None) -> str:
-  """``--conv``, or split on CPU and XLA's own convolutions on accelerators when unset."""
-  if name is not None:
+def _conv(name: str) -> str:
+  """``--conv``, with auto: split on CPU (the epoch's lax.scan runs XLA's transposed convolutions
+  as slow loop nests there) and XLA's own convolutions on accelerators."""
+  if name != "auto":
     return name
   return "split" if jax.default_backend() == "cpu" else "xla"
 
@@ -154,63 +129,54 @@ def _conv(name: str | None) -> str:
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  f = flags.FLAGS
-  if f.modality == "text":
-    for name, default in (("model", "transformer"), ("dataset", "pydoc")):
-      if not f[name].present:
-        f[name].value = default
-    if not models.is_text(f.model) or f.dataset not in corpus.CORPORA:
-      common.fail(f"--modality=text trains a text model ({', '.join(models.TEXT_MODELS)}) on a corpus "
-                  f"({', '.join(corpus.CORPORA)}), not {f.model} on {f.dataset}")
-  elif models.is_text(f.model):
-    common.fail(f"model {f.model} reads text: add --modality=text")
+  try:
+    f = common.config_from_flags()
+  except ValueError as e:
+    common.fail(str(e))
+  given = common.options_given()
+  if f.modality == "text" and f.dataset not in corpus.CORPORA:
+    common.fail(f"--modality=text trains a text model ({', '.join(models.TEXT_MODELS)}) on a corpus "
+                f"({', '.join(corpus.CORPORA)}), not {f.model} on {f.dataset}")
   if f.client == "fedsgd" and f.clients != 1:
     common.fail("--clients is for --client=fedavg (FedSGD trains on one batch per step)")
   if f.train_mode and f.client != "fedsgd":
     common.fail("--train_mode is for --client=fedsgd (FedAvg clients train in evaluation mode)")
   if f.test_dataset is not None and f.modality == "text":
     common.fail("--test_dataset is for images (text tests on held-out windows of the corpus)")
-  if f.normalization != "none" and f.modality == "text":
+  if _normalization(f) != "none" and f.modality == "text":
     common.fail("--normalization is for images (text is token ids)")
-  try:
-    data.normalization(f.normalization)
-  except ValueError as e:
-    common.fail(str(e))
   if f.client == "fedavg" and not 1 <= f.clients <= f.train_count:
     common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
-  if f.epochs < 1:
-    common.fail(f"--epochs must be >= 1, got {f.epochs}")
-  other = ({"batch_size", "lr", "momentum", "weight_decay", "nesterov", "lr_milestones", "lr_gamma",
-            "augment"} if f.client == "fedavg" else
+  flag = {field.name: common.flag_name(field) for field in dataclasses.fields(config.Config)}
+  other = ({"batch_size", "train_lr", "momentum", "weight_decay", "nesterov", "lr_milestones",
+            "lr_gamma", "augment"} if f.client == "fedavg" else
            {"local_epochs", "local_batch_size", "local_lr", "local_momentum"})
-  ignored = sorted(name for name in other if f[name].present)
+  ignored = sorted(flag[name] for name in other & given)
   if ignored:
     common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client}")
   if f.augment and f.modality == "text":
     common.fail("--augment is for images (text windows are not cropped or flipped)")
+  milestones = ()
   if f.client == "fedsgd":
     try:
-      training.check_sgd(f.train_count, f.epochs, f.batch_size, f.lr, f.momentum, f.weight_decay,
-                         f.nesterov)
-      milestones = tuple(int(m) for m in f.lr_milestones)
+      training.check_sgd(f.batch_size if f.train_count is None else f.train_count, f.epochs, f.batch_size, f.train_lr, f.momentum,
+                         f.weight_decay, f.nesterov)
+      milestones = tuple(int(m) for m in f.lr_milestones.split(",") if m.strip())
       if milestones:
-        training.step_decay(f.lr, milestones, 1, f.lr_gamma)
+        training.step_decay(f.train_lr, milestones, 1, f.lr_gamma)
     except ValueError as e:
-      common.fail(f"--epochs, --batch_size, --lr, --momentum, --weight_decay, --nesterov, "
+      common.fail(f"--epochs, --batch_size, --train_lr, --momentum, --weight_decay, --nesterov, "
                   f"--lr_milestones, --lr_gamma: {e}")
   try:
     common.permutation_seed(f.data_seed, "data_seed")
-  except ValueError as e:
-    common.fail(str(e))
-  try:
-    defenses.parse(f.defense)
+    defenses.parse(f.defense or "none")
   except ValueError as e:
     common.fail(str(e))
   out = common.output_folder(f"train_{f.model}_{f.dataset.replace(':', '-')}_{f.client}",
-                             own=("epoch_*.npz", "results.*"))
+                             own=("epoch_*.npz", "results.*", "config.py"))
   start = time.perf_counter()
   try:
-    defense = defenses.parse(f.defense)
+    defense = defenses.parse(f.defense or "none")
     defense = None if defense.name == "none" else defense
     text_meta = {}
     if f.modality == "text":
@@ -222,10 +188,10 @@ def main(argv):
       parts = load_split(f)
     input_shape = tuple(int(d) for d in parts.train.x.shape[1:])
     metadata = {"model": f.model, "init": f.init, "act": f.act, "num_classes": parts.train.num_classes,
-                "input_shape": list(input_shape), "param_dtype": "float32", "normalization": f.normalization,
+                "input_shape": list(input_shape), "param_dtype": "float32", "normalization": _normalization(f),
                 "dataset": f.dataset, "image_size": f.image_size, "channels": f.channels,
                 "train_count": len(parts.train.x), "test_count": len(parts.test.x),
-                "data_seed": f.data_seed, "client": f.client, "defense": f.defense, "seed": f.seed,
+                "data_seed": f.data_seed, "client": f.client, "defense": f.defense or "none", "seed": f.seed,
                 "train_mode": f.train_mode, "test_dataset": f.test_dataset, **text_meta}
     model_key, train_key = jax.random.split(jax.random.key(f.seed))
     model = checkpoint.model_from_metadata(metadata, model_key,  # what load_model rebuilds
@@ -235,6 +201,7 @@ def main(argv):
       clients.check_local_training(local, f.train_count // f.clients)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
+  common.write_config(out, f)
   x_test, y_test = parts.test.x, parts.test.y
 
   def accuracy(variables):
@@ -260,8 +227,8 @@ def main(argv):
   try:
     if f.client == "fedsgd":
       steps = len(parts.train.x) // f.batch_size
-      lr = training.step_decay(f.lr, milestones, steps, f.lr_gamma) if milestones else f.lr
-      black = data.normalize(np.zeros(parts.train.x.shape[-1]), data.normalization(f.normalization))
+      lr = training.step_decay(f.train_lr, milestones, steps, f.lr_gamma) if milestones else f.train_lr
+      black = data.normalize(np.zeros(parts.train.x.shape[-1]), data.normalization(_normalization(f)))
       augmentation = training.Augmentation(4, True, tuple(black)) if f.augment else None
       _, records = training.train_fedsgd(
           model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
@@ -276,19 +243,13 @@ def main(argv):
     common.fail(str(e))
   history += records
   wall = time.perf_counter() - start
-  config = {name: getattr(f, name) for name in (
-      "model", "init", "act", "dataset", "data_dir", "image_size", "channels", "train_count",
-      "test_count", "data_seed", "epochs", "batch_size", "lr", "momentum", "weight_decay", "nesterov",
-      "lr_milestones", "lr_gamma", "augment", "client", "clients",
-      "local_epochs", "local_batch_size", "local_lr", "local_momentum", "defense", "seed",
-      "train_mode", "test_dataset", "normalization")}
   report.save_json(os.path.join(out, "results.json"), {
-      "config": config, "metadata": metadata, "history": history, "wall_time_s": wall,
+      "config": config.options(f, tuple(common.FIELDS)), "metadata": metadata, "history": history, "wall_time_s": wall,
       **common.provenance(), "train_indices": parts.train_indices,
       "test_indices": parts.test_indices})
   logging.info("wrote %s", out)
   print(f"{f.model} on {f.dataset} ({len(parts.train.x)} train / {len(parts.test.x)} test), {f.client}, "
-        f"defense {f.defense}: test accuracy {fmt(history[-1]['accuracy'])}  {wall:.1f} s  -> {out}")
+        f"defense {f.defense or 'none'}: test accuracy {fmt(history[-1]['accuracy'])}  {wall:.1f} s  -> {out}")
 
 
 if __name__ == "__main__":

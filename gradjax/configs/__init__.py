@@ -4,6 +4,7 @@ Each module's ``get_config()`` returns the nested options of :mod:`gradjax.confi
 :func:`gradjax.config.defaults`, and says where its settings come from.
 """
 
+import importlib
 import os
 
 FOLDER = os.path.dirname(__file__)
@@ -15,3 +16,9 @@ def path(name: str) -> str:
   if name not in NAMES:
     raise ValueError(f"unknown configuration {name!r}; choose one of {', '.join(NAMES)} or give a file")
   return os.path.join(FOLDER, f"{name}.py")
+
+
+def get(name: str):
+  """The ``ConfigDict`` of packaged configuration ``name``."""
+  path(name)
+  return importlib.import_module(f"{__name__}.{name}").get_config()
