@@ -571,16 +571,17 @@ def given(tree) -> dict[str, Any]:
   return out
 
 
-def to_python(cfg: "Config", *, comment: str = "", fields: tuple[str, ...] | None = None) -> str:
-  """A configuration file that sets every option of ``cfg`` (or its ``fields``; defaults too, so it
-  reproduces the run whatever later defaults become): ``--config=<file>``. ``comment``: lines put
-  first, as comments."""
+def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
+              fields: tuple[str, ...] | None = None) -> str:
+  """A configuration file that sets every option of ``cfg`` (a :class:`Config`, or field -> value;
+  or only its ``fields``; defaults too, so it reproduces the run whatever later defaults become):
+  ``--config=<file>``. ``comment``: lines put first, as comments."""
   lines = [f"# {line}" for line in comment.splitlines()]
   lines += ['"""A gradjax configuration (gradjax.config)."""', "", "from gradjax import config", "", "",
             "def get_config():", "  c = config.defaults()"]
-  values = dataclasses.asdict(cfg)
+  values = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
   for name, path in paths().items():
-    if fields is None or name in fields:
+    if (fields is None or name in fields) and name in values:
       lines.append(f"  c.{path} = {values[name]!r}")
   lines += ["  return c", ""]
   return "\n".join(lines)

@@ -14,6 +14,11 @@ federation ``index.json``, ``index.md`` and ``index.html``. A malformed capture 
 is a row with its error, and the program then ends with one line and exit code 1 once the index
 is written; bad flags or a --dataset that cannot be loaded: one-line error, exit code 2. The index
 merges with an earlier one in the folder: rows of rounds not attacked again are kept.
+
+Options: those of ``gradjax.config`` that attacking captured files takes (``--config=<file>`` sets
+them too; ``--print_config`` shows them): ``--model`` and ``--normalization`` default to the
+captures' metadata, ``--dataset`` to no scoring, unless given; with ``--iterations`` unset DLG and
+iDLG run 6000 iterations (their papers' whole budget), the other attacks their preset's.
 """
 
 import sys
@@ -26,19 +31,11 @@ from gradjax import audit, config, data, presets
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(presets.PRESETS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
-flags.DEFINE_string("model", None, "Zoo model of the captures (default: their metadata, else lenet_zhu).")
-flags.DEFINE_string("rename", None, "Regex rules for the captured tensor names, as gradjax reconstruct's.")
-flags.DEFINE_string("dataset", None, f"Where the clients' examples are ({', '.join(data.DATASETS)}), to "
-                    "score captures that carry data_indices (default: no scoring).")
-flags.DEFINE_string("data_dir", None, "Data folder (default ../shared/data).")
-flags.DEFINE_integer("image_size", None, "Side the clients resized their examples to.")
-flags.DEFINE_string("normalization", None, "The clients' input normalization: a name (none, cifar10, ...) or their own MEAN/STD (default: the captures' metadata, else none).")
-flags.DEFINE_integer("iterations", None, "Iterations per attack (default: DLG and iDLG 6000, their papers' whole budget; others their preset's).")
-flags.DEFINE_integer("restarts", 1, "Random restarts per attack.")
-flags.DEFINE_integer("seed", 0, "PRNG seed.")
-flags.DEFINE_string("lpips", "auto", f"LPIPS network ({', '.join(config.LPIPS)}).")
-flags.DEFINE_bool("force", False, "Attack captures that fail their checks (their verdict is then inconclusive); without it they are rows with the named cause.")
-flags.DEFINE_string("compilation_cache", "", "Persistent XLA compilation cache folder ('' to disable).")
+# The options of the schema it reads (gradjax.config), as for any captured files: --model and
+# --normalization default to the captures' metadata, --dataset (scoring) to none.
+common.define_flags(fields=("model", "rename", "dataset", "data_dir", "image_size", "normalization",
+                            "iterations", "restarts", "lpips", "force"))
+flags.adopt_module_key_flags(common)
 
 
 def main(argv):
@@ -51,25 +48,29 @@ def main(argv):
   unknown = [a for a in names if a != audit.AUTO and a not in presets.PRESETS]
   if not names or unknown or (audit.AUTO in names and len(names) > 1):
     common.fail(f"--attacks takes 'auto' or names from {', '.join(presets.PRESETS)}; got {f.attacks!r}")
-  if f.restarts < 1 or (f.iterations is not None and f.iterations < 1):
+  try:
+    o = common.options_from_flags(captured=True)
+  except ValueError as e:
+    common.fail(str(e))
+  common.print_config(o)
+  if o["restarts"] < 1 or (o["iterations"] is not None and o["iterations"] < 1):
     common.fail("--restarts and --iterations must be positive")
   try:
-    if f.normalization is not None:
-      data.normalization(f.normalization)
-    if f.dataset:  # asked for: it must load, or every score would be blank
-      data.load(f.dataset, data_dir=f.data_dir, indices=[0])
+    if o["normalization"] is not None:
+      data.normalization(o["normalization"])
+    if o["dataset"]:  # asked for: it must load, or every score would be blank
+      data.load(o["dataset"], data_dir=o["data_dir"], indices=[0])
   except (ValueError, FileNotFoundError) as e:
-    common.fail(f"--dataset={f.dataset}: {e}" if f.dataset and "normalization" not in str(e) else str(e))
-  if f.lpips not in config.LPIPS:
-    common.fail(f"unknown --lpips {f.lpips!r}; choose one of {', '.join(config.LPIPS)}")
+    common.fail(f"--dataset={o['dataset']}: {e}" if o["dataset"] and "normalization" not in str(e)
+                else str(e))
+  if o["lpips"] not in config.LPIPS:
+    common.fail(f"unknown --lpips {o['lpips']!r}; choose one of {', '.join(config.LPIPS)}")
   try:
     rounds = None if not f.rounds else [int(r) for r in f.rounds.split(",") if r.strip()]
   except ValueError:
     common.fail(f"--rounds takes comma-separated integers, got {f.rounds!r}")
-  settings = audit.Settings(attacks=names, model=f.model, dataset=f.dataset, data_dir=f.data_dir,
-                            image_size=f.image_size, normalization=f.normalization,
-                            iterations=f.iterations, restarts=f.restarts, seed=f.seed,
-                            lpips=f.lpips, rename=f.rename, force=f.force)
+  settings = audit.Settings(attacks=names, **{name: o[name] for name in audit.Settings._fields
+                                              if name != "attacks"})
   try:
     rows = audit.audit(f.audit_dir, settings, rounds=rounds)
   except (ValueError, FileNotFoundError) as e:

@@ -13,6 +13,7 @@ import re
 import shlex
 import sys
 import tempfile
+from typing import Any
 
 import jax
 import numpy as np
@@ -77,7 +78,7 @@ def flag_name(field: dataclasses.Field) -> str:
 
 
 def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None,
-                 omit: tuple[str, ...] = ()):
+                 omit: tuple[str, ...] = (), fields: tuple[str, ...] | None = None):
   """Defines one flag per :class:`gradjax.config.Config` field (its name, default and help come
   from the field; ``--help`` lists them by section of the nested schema), ``--config`` (a
   configuration file, :mod:`gradjax.config`; ``--config.<section>.<key>=...`` overrides one of its
@@ -88,10 +89,12 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   come from the configuration, which ``--print_config`` shows). ``sections``: only the options of
   these sections (and ``seed``) become flags, for programs that read no others (a configuration
   file may still set any option; the others keep their defaults); by default an attack's sections
-  (``config.ATTACK_SECTIONS``). ``omit``: options of those sections the program does not read."""
+  (``config.ATTACK_SECTIONS``). ``omit``: options of those sections the program does not read.
+  ``fields``: instead of sections, the options it reads (and ``seed``)."""
   DEFAULT_CONFIG[:] = [default_config] if default_config else []
   sections = config.ATTACK_SECTIONS if sections is None else sections
-  FIELDS[:] = config.names(sections, omit)
+  FIELDS[:] = (config.names(sections, omit) if fields is None else
+               [name for name in config.names(tuple(config.SECTIONS)) if name in ("seed", *fields)])
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
   paths = config.paths()
@@ -147,14 +150,14 @@ def options_given() -> set[str]:
   return _values_given()[1]
 
 
-def config_from_flags(**overrides) -> Config:
-  """The :class:`gradjax.config.Config` of the parsed flags: the defaults, then ``--config``'s
-  options, then the short flags given, then ``overrides``. With captured files (--weights/--observation)
-  --model and --dataset default to the files' metadata and to no ground truth unless given; with
-  --modality=text to transformer and pydoc (and the training split to the corpus's last tenth).
-  With ``--print_config``: prints the result and exits 0."""
+def options_from_flags(captured: bool = False, **overrides) -> dict[str, Any]:
+  """Config field -> value of the parsed flags: the defaults, then ``--config``'s options, then the
+  short flags given, then ``overrides``. With captured files (--weights/--observation, or
+  ``captured``: the program attacks captures) --model and --dataset default to the files' metadata
+  and to no ground truth unless given; with --modality=text to transformer and pydoc (and the
+  training split to the corpus's last tenth)."""
   values, chosen = _values_given()
-  if values["weights"] or values["observation"]:
+  if captured or values["weights"] or values["observation"]:
     for name in ("model", "dataset"):
       if name not in chosen:
         values[name] = None
@@ -164,12 +167,24 @@ def config_from_flags(**overrides) -> Config:
       if name not in chosen:
         values[name] = default
   values.update(overrides)
-  cfg = Config(**values)
+  return values
+
+
+def config_from_flags(**overrides) -> Config:
+  """The :class:`gradjax.config.Config` of :func:`options_from_flags`. With ``--print_config``:
+  prints it and exits 0."""
+  cfg = Config(**options_from_flags(**overrides))
+  print_config(cfg)
+  return cfg
+
+
+def print_config(options: Config | dict[str, Any]) -> None:
+  """With ``--print_config``: prints ``options`` (the program's fields) as a configuration file and
+  exits 0."""
   if flags.FLAGS.print_config:
-    print(config.to_python(cfg, comment="The resolved configuration (--print_config).",
+    print(config.to_python(options, comment="The resolved configuration (--print_config).",
                            fields=tuple(FIELDS)), end="")
     sys.exit(0)
-  return cfg
 
 
 def write_config(out: str, cfg: Config) -> None:
