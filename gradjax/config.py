@@ -239,7 +239,8 @@ class Config:
       "(split on large feature maps, im2col elsewhere), auto (on CPU mixed for attacks and split for "
       "gradjax train, whose epochs run in a lax.scan; xla elsewhere).",
       choices=models.CONVS)
-  seed: int = _field(0, "PRNG seed (model and dummy initialisation).")
+  seed: int = _field(0, "PRNG seed of everything the program draws (model and dummy "
+                     "initialisation; batches, shuffling and noise where it draws them).")
   chunk: int = _field(100, "Iterations per jitted chunk between progress reports.", execution=True)
   matmul_precision: str = _field(
       "float32", "Matmul and convolution precision of the client's update and the attack: float32, "
@@ -247,6 +248,11 @@ class Config:
       "ruins gradient matching there).", choices=driver.PRECISIONS, execution=True)
   lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
                       "installed, else none).", choices=LPIPS)
+  # Batches with repeated labels (gradjax label-recovery, batch-table; data.duplicate_label_batches).
+  pool: int = _field(1000, "Batches draw their images from the first POOL images of the dataset.")
+  classes_per_batch: int = _field(
+      4, "Distinct classes each batch's labels are drawn from (with replacement, so classes repeat "
+      "when fewer than --batch_size).")
   # Training a model (gradjax train; gradjax.training): FedSGD steps on --batch_size examples, or
   # FedAvg rounds of the client options' local training.
   train_count: int | None = _field(
@@ -320,7 +326,7 @@ class Config:
       if getattr(self, name) is not None and getattr(self, name) <= 0:
         raise ValueError(f"--{'lr' if name == 'learning_rate' else name} must be positive, got "
                          f"{getattr(self, name)}")
-    for name in ("epochs", "clients"):
+    for name in ("epochs", "clients", "pool", "classes_per_batch"):
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
     for name in ("train_count", "test_count"):
@@ -391,10 +397,10 @@ NOT_FINGERPRINTED = ("lpips", "data_dir", "force")
 
 
 def fingerprint(cfg: Config) -> dict:
-  """What determines ``cfg``'s reconstruction (its fields but ``NOT_FINGERPRINTED`` and the training
-  section's), for state files."""
+  """What determines ``cfg``'s reconstruction (its attack sections' fields but
+  ``NOT_FINGERPRINTED``), for state files."""
   return {k: v for k, v in dataclasses.asdict(cfg).items()
-          if k not in NOT_FINGERPRINTED and section(k) != "training"}
+          if k not in NOT_FINGERPRINTED and section(k) in ("", *ATTACK_SECTIONS)}
 
 
 def _input_file(path: str | None, flag: str) -> None:
@@ -468,13 +474,15 @@ SECTIONS = {
     "execution": ("strategy", "map_batch_size", "halving_rounds", "halving_keep", "shard", "chunk",
                   "matmul_precision", "remat"),
     "output": ("lpips",),
+    "sampling": ("pool", "classes_per_batch"),
     "training": ("train_count", "test_count", "data_seed", "test_dataset", "epochs", "train_lr",
                  "momentum", "weight_decay", "nesterov", "lr_milestones", "lr_gamma", "augment",
                  "clients"),
 }
 TOP = ("seed",)
-# The sections of an attack's configuration (``training`` is gradjax train's).
-ATTACK_SECTIONS = tuple(s for s in SECTIONS if s != "training")
+# The sections of an attack's configuration (``sampling`` is the batch tables', ``training`` gradjax
+# train's).
+ATTACK_SECTIONS = tuple(s for s in SECTIONS if s not in ("sampling", "training"))
 # Keys that are not their field's name: a section's own field, and training.lr (--train_lr, apart
 # from the attack's --lr).
 _KEYS = {"model": "name", "client": "name", "defense": "spec", "attack": "preset", "train_lr": "lr"}

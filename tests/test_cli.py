@@ -584,7 +584,7 @@ def test_an_installed_package_runs_without_the_clone(tmp_path):
 # Commands that still declare their own flags for options of the configuration (a training schema,
 # the audit's, the batch tables' and the benchmarks' own): each option there may differ in default or
 # help from the same option elsewhere. The others read the one schema (gradjax.config).
-OWN_FLAGS = {"batch-table", "benchmark", "benchmark-step", "batch-memory"}
+OWN_FLAGS = {"benchmark", "benchmark-step", "batch-memory"}
 # --config's default names each table's protocol (its packaged configuration): a default by design.
 PER_PROGRAM = {"config"}
 

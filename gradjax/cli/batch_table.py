@@ -44,21 +44,16 @@ from absl import app, flags, logging
 from gradjax.cli import common
 from gradjax import attacks, checkpoint, clients, data, labels, metrics, pipeline, presets, report
 
-flags.DEFINE_string("checkpoint", None, "The trained BatchNorm model to attack (required).")
-flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
-flags.DEFINE_integer("count", 10, "Client batches.")
-flags.DEFINE_integer("batch_size", 8, "Images per batch.")
-flags.DEFINE_integer("classes_per_batch", 4, "Distinct classes the labels are drawn from (with replacement).")
-flags.DEFINE_integer("pool", 500, "Batches take their images from the first POOL CIFAR-10 test images.")
-flags.DEFINE_integer("aux", 40, "Auxiliary images for HFGInv's feature profile: the test images after the pool.")
-flags.DEFINE_integer("iterations", 1500, "Iterations of every ablation variant (the presets' 15 000, scaled).")
+# The options of the schema it reads (gradjax.config); its protocol is gradjax/configs/batch_table.py.
+common.define_flags("batch_table", fields=("checkpoint", "data_dir", "batch_size", "pool",
+                                           "classes_per_batch", "aux", "iterations"))
+common.define_table_flags(psnr=False, start=False)
 flags.DEFINE_list("batches", None, "Attack only these batch numbers (0-based) in this call, e.g. to "
                   "share the ablation between processes; a later --resume call without it reads them back.")
 flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's variant keys "
                     "(tv, bn, stepwise, hfginv), or all; none skips the ablation.")
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
 flags.DEFINE_integer("head_classes", None, "--head=fresh: classes of the new head (default: the checkpoint's; HFGInv's protocol has 1000). Labels stay CIFAR-10's 0-9: more classes only thin out every class's share of the softmax.")
-flags.DEFINE_integer("seed", 0, "Seed of the batch sampler, the label search, the fresh head and the dummy data.")
 common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
@@ -80,12 +75,16 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  if not f.checkpoint:
+  try:
+    cfg = common.config_from_flags()
+  except ValueError as e:
+    common.fail(str(e))
+  if not cfg.checkpoint:
     common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --train_mode)")
-  for name in ("count", "batch_size", "classes_per_batch", "pool", "aux", "iterations"):
-    if getattr(f, name) < 1:
-      common.fail(f"--{name} must be positive, got {getattr(f, name)}")
-  table = variants(f.iterations)
+  if f.count < 1 or cfg.aux < 1 or cfg.iterations is None or cfg.iterations < 1:
+    common.fail(f"--count, --aux and --iterations must be positive, got {f.count}, {cfg.aux} and "
+                f"{cfg.iterations}")
+  table = variants(cfg.iterations)
   keys = list(table) if f.variants == "all" else [] if f.variants == "none" else \
       [k.strip() for k in f.variants.split(",") if k.strip()]
   if any(k not in table for k in keys):
@@ -96,33 +95,34 @@ def main(argv):
     common.fail(f"--batches must be batch numbers, got {f.batches}")
   if only is not None and not only <= set(range(f.count)):
     common.fail(f"--batches must lie in 0..{f.count - 1}, got {sorted(only)}")
-  out = common.output_folder("batch_table", own=("results.*", "items/*", "batch_0.png"))
+  out = common.output_folder("batch_table", own=("results.*", "items/*", "batch_0.png", "config.py"))
   os.makedirs(os.path.join(out, "items"), exist_ok=True)
   start = time.perf_counter()
   try:
-    model = checkpoint.load_model(f.checkpoint, conv="auto")
-    meta = checkpoint.read_metadata(f.checkpoint)
+    model = checkpoint.load_model(cfg.checkpoint, conv="auto")
+    meta = checkpoint.read_metadata(cfg.checkpoint)
     if f.head_classes is not None and (f.head != "fresh" or f.head_classes < 10):
       raise ValueError(f"--head_classes needs --head=fresh and at least CIFAR-10's 10 classes, got "
                        f"{f.head_classes}")
     if f.head == "fresh":  # a new random head, initialised as the model initialises its own
       fresh = checkpoint.model_from_metadata(
           {**meta, "num_classes": f.head_classes or meta["num_classes"]},
-          jax.random.fold_in(jax.random.key(f.seed), 10**6), conv="auto")
+          jax.random.fold_in(jax.random.key(cfg.seed), 10**6), conv="auto")
       params = {**model.variables["params"], "head": fresh.variables["params"]["head"]}
       model = fresh._replace(variables={**model.variables, "params": params})
     if "batch_stats" not in model.variables:
-      raise ValueError(f"{f.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode")
+      raise ValueError(f"{cfg.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode")
     norm = data.normalization(meta.get("normalization", "none"))
-    source = data.load("cifar10", data_dir=f.data_dir, indices=range(f.pool + f.aux))
-    pool_y = source.y[:f.pool]
-    rng = np.random.default_rng(f.seed)
-    batches = data.duplicate_label_batches(pool_y, source.num_classes, f.count, f.batch_size,
-                                           f.classes_per_batch, rng)
-    aux = jnp.asarray(data.normalize(source.x[f.pool:], norm))
+    source = data.load("cifar10", data_dir=cfg.data_dir, indices=range(cfg.pool + cfg.aux))
+    pool_y = source.y[:cfg.pool]
+    rng = np.random.default_rng(cfg.seed)
+    batches = data.duplicate_label_batches(pool_y, source.num_classes, f.count, cfg.batch_size,
+                                           cfg.classes_per_batch, rng)
+    aux = jnp.asarray(data.normalize(source.x[cfg.pool:], norm))
     profile = labels.feature_profile(model.apply_fn, model.variables, aux)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
+  common.write_config(out, cfg)
   input_shape = tuple(source.x.shape[1:])
   bounds = pipeline.image_bounds(norm, input_shape[-1])
   label_rows = {m: [] for m in LABEL_METHODS}
@@ -134,7 +134,7 @@ def main(argv):
                          jnp.asarray(y), share_labels=True)
     for method in LABEL_METHODS:
       try:
-        got = labels.hfginv(obs, profile, jax.random.fold_in(jax.random.key(f.seed), b)) \
+        got = labels.hfginv(obs, profile, jax.random.fold_in(jax.random.key(cfg.seed), b)) \
             if method == "hfginv" else labels.infer(obs, method)
         got = np.asarray(got)
         label_rows[method].append({"batch": b, "labels": sorted(got.tolist()), "truth": sorted(y.tolist()),
@@ -156,7 +156,7 @@ def main(argv):
       else:
         t = time.perf_counter()
         rec = attacks.reconstruct(attack, model.apply_fn, obs,
-                                  jax.random.fold_in(jax.random.key(f.seed + 1), b),
+                                  jax.random.fold_in(jax.random.key(cfg.seed + 1), b),
                                   input_shape=input_shape, bounds=bounds)
         x_rec = np.clip(np.asarray(data.denormalize(rec.x, norm)), 0.0, 1.0)
         scores = metrics.score(x_rec, x_true)
@@ -174,10 +174,10 @@ def main(argv):
         grid = [x_true] if grid is None else grid
         grid.append(x_rec)
   wall = time.perf_counter() - start
-  info = {**common.provenance(), "checkpoint": f.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
+  info = {**common.provenance(), "checkpoint": cfg.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
           "test_accuracy": meta.get("accuracy"), "head": f.head,
-          "head_classes": int(model.num_classes), "count": f.count, "batch_size": f.batch_size,
-          "classes_per_batch": f.classes_per_batch, "pool": f.pool, "aux": f.aux, "iterations": f.iterations,
+          "head_classes": int(model.num_classes), "count": f.count, "batch_size": cfg.batch_size,
+          "classes_per_batch": cfg.classes_per_batch, "pool": cfg.pool, "aux": cfg.aux, "iterations": cfg.iterations,
           "batches": batches.tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
                     "exact": int(sum(r["exact"] for r in rows)), "batches": len(rows),

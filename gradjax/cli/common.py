@@ -201,14 +201,15 @@ def define_results_file_flag():
                       "beside it where the program prints one).")
 
 
-def define_table_flags(psnr: bool = True, methods: bool = False):
-  """--start, --count, (``psnr``) --psnr_threshold and (``methods``) --methods of the table programs
-  (one definition, one default)."""
+def define_table_flags(psnr: bool = True, methods: bool = False, start: bool = True):
+  """(``start``) --start, --count, (``psnr``) --psnr_threshold and (``methods``) --methods of the
+  table programs (one definition, one default)."""
   if methods:
     flags.DEFINE_string("methods", "", "Semicolon-separated rows of the table, from those its "
                         "description lists (empty: its default rows).")
-  flags.DEFINE_integer("start", 0, "First item of the table (an image, a client's batch or a "
-                       "sentence: one client each).")
+  if start:
+    flags.DEFINE_integer("start", 0, "First item of the table (an image, a client's batch or a "
+                         "sentence: one client each).")
   flags.DEFINE_integer("count", 10, "Items in the table (one client each).")
   if psnr:
     flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")

@@ -41,10 +41,8 @@ from gradjax.cli import common
 from gradjax.cli.common import fail, parse_flags, provenance
 from gradjax import clients, data, labels, metrics, models, report
 
-common.define_flags("batch_labels", sections=("data", "model"))  # gradjax/configs/batch_labels.py
+common.define_flags("batch_labels", sections=("data", "model", "sampling"))  # configs/batch_labels.py
 common.define_table_flags(psnr=False)
-flags.DEFINE_integer("pool", 1000, "Draw the batches' images from the first POOL images of the dataset.")
-flags.DEFINE_integer("classes_per_batch", 4, "Distinct classes the batch's labels are drawn from (with replacement).")
 flags.DEFINE_integer("aux_size", 16, "Dummy images for the LLG* and p̂ estimates (0: skip those rows).")
 common.define_results_file_flag()
 
@@ -95,7 +93,7 @@ def main(argv):
   try:
     try:
       size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
-      pool = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(f.pool), image_size=size,
+      pool = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(cfg.pool), image_size=size,
                        channels=cfg.channels)
     except ValueError as e:
       raise ValueError(f"{e} (lower --pool)" if "out of range" in str(e) else str(e)) from None
@@ -103,13 +101,13 @@ def main(argv):
     num_classes = cfg.num_classes or pool.num_classes
     if int(pool_y.max()) >= num_classes:
       raise ValueError(f"--num_classes={num_classes} but the data has label {int(pool_y.max())}")
-    if f.classes_per_batch > num_classes:
-      raise ValueError(f"--classes_per_batch={f.classes_per_batch} exceeds the {num_classes} classes")
+    if cfg.classes_per_batch > num_classes:
+      raise ValueError(f"--classes_per_batch={cfg.classes_per_batch} exceeds the {num_classes} classes")
     norm = data.normalization(cfg.normalization or "none")
     init = models.get_module(cfg.model, num_classes=num_classes, init=cfg.init, act=cfg.act).weight_init
     rng = np.random.default_rng(cfg.seed)
     batches = data.duplicate_label_batches(pool_y, num_classes, f.count, cfg.batch_size,
-                                           f.classes_per_batch, rng)
+                                           cfg.classes_per_batch, rng)
     methods = (["idlg"] if cfg.batch_size == 1 else []) + ["negative_bias", "yin", "llg", "bias_counts"]
     if f.aux_size:
       methods += ["llg* (dummy)", "bias_counts (dummy p̂)"]
@@ -143,7 +141,7 @@ def main(argv):
   wall = time.perf_counter() - start
   distinct = [len(np.unique(pool_y[idx])) for idx in batches]
   lines = [f"Label recovery on {f.count} {cfg.dataset} batches of {cfg.batch_size} (labels from "
-           f"{f.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
+           f"{cfg.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
            f"fresh {cfg.model} (init {init}) per batch, seed {cfg.seed}:", "",
            "| method | needs | label accuracy (mean ± std) | exact batches | ms / batch (median) |",
            "|---|---|---|---|---|"]
@@ -171,7 +169,7 @@ def main(argv):
         "config": {"dataset": cfg.dataset, "pool": int(len(pool_y)), "normalization": cfg.normalization,
                    "model": cfg.model, "init": init, "act": cfg.act, "num_classes": num_classes,
                    "count": f.count, "batch_size": cfg.batch_size,
-                   "classes_per_batch": f.classes_per_batch, "aux_size": f.aux_size, "seed": cfg.seed},
+                   "classes_per_batch": cfg.classes_per_batch, "aux_size": f.aux_size, "seed": cfg.seed},
         "batches": {"indices": batches, "labels": pool_y[batches], "distinct": distinct},
         "distinct_label_upper_bound": upper,
         "methods": summary, "wall_time_s": wall, **provenance(),
