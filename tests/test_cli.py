@@ -4,6 +4,7 @@ import collections
 import json
 import os
 import pickle
+import re
 import shlex
 import signal
 import subprocess
@@ -581,10 +582,6 @@ def test_an_installed_package_runs_without_the_clone(tmp_path):
   assert imported.stdout.strip().startswith(str(site)), imported.stdout
 
 
-# Commands that still declare their own flags for options of the configuration (a training schema,
-# the audit's, the batch tables' and the benchmarks' own): each option there may differ in default or
-# help from the same option elsewhere. The others read the one schema (gradjax.config).
-OWN_FLAGS = {"benchmark", "benchmark-step", "batch-memory"}
 # --config's default names each table's protocol (its packaged configuration): a default by design.
 PER_PROGRAM = {"config"}
 
@@ -600,14 +597,17 @@ print(json.dumps({f.name: [repr(f.default), f.help] for module, fl in flags.FLAG
 
 @pytest.mark.slow
 def test_each_option_has_one_name_default_and_help_across_commands():
+  """Every command's options: one default and one help per name (the help's pointer to the option's
+  place in a configuration file, on the commands that read one, aside)."""
   from gradjax import cli
   seen = {}  # option -> (default, help) -> commands
-  for name in sorted(set(cli.COMMANDS) - OWN_FLAGS):
+  for name in sorted(cli.COMMANDS):
     proc = subprocess.run([sys.executable, "-c", _FLAGS_OF, name], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-1000:]
     for option, (default, help_text) in json.loads(proc.stdout).items():
       if option not in PER_PROGRAM:
+        help_text = re.sub(r" \[--config\.[\w.]+\]$", "", help_text)
         seen.setdefault(option, {}).setdefault((default, help_text), []).append(name)
   differ = {option: list(v.values()) for option, v in seen.items() if len(v) > 1}
   assert not differ, differ

@@ -5,14 +5,15 @@ cosine objective with TV and the BatchNorm prior, labels known) is compiled for 
 and XLA's memory analysis read: arguments + outputs + temporaries, in MB. ``remat`` checkpoints every
 ResNet block (``models.get_module(..., remat=True)``): the double backward pass then keeps one
 activation per block and recomputes the rest. Nothing is run, so a GPU's figure can be read without
-the memory it reports. The issue's target: ResNet-18, batch 32 at 32×32, within a 16 GB GPU.
+the memory it reports (a model without BatchNorm: the step without the BatchNorm prior, the rows'
+``bn_prior`` false). The issue's target: ResNet-18, batch 32 at 32×32, within a 16 GB GPU.
 
-  gradjax batch-memory
-  gradjax batch-memory --models=resnet18 --batches=8,16,32,64
+  gradjax batch-memory --models=resnet18 --batch_sizes=8,16,32,64   # the issue's measurement
 
 Writes results.json and results.md to --output_dir.
 """
 
+import dataclasses
 import os
 import time
 
@@ -21,11 +22,11 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import attacks, clients, distances, models, presets, report
+from gradjax import attacks, clients, distances, models, presets, priors, report
 
-flags.DEFINE_string("models", "resnet18", "Comma-separated models.")
-flags.DEFINE_string("batches", "8,16,32,64", "Comma-separated batch sizes.")
-flags.DEFINE_integer("image_size", 32, "Square image size.")
+common.define_models_flag()
+common.define_batch_sizes_flag()
+flags.DEFINE_integer("input_size", 32, "Side of the square inputs (zeros: nothing is run).")
 common.define_output_flags(resumable=False)
 flags.adopt_module_key_flags(common)
 
@@ -37,6 +38,10 @@ def compiled_mb(name: str, batch: int, size: int, remat: bool) -> dict:
   y = jnp.arange(batch) % 10
   obs = clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True)
   attack = presets.hfginv()
+  missing = [p for p in attack.priors if isinstance(p.fn, priors.NetworkPrior)
+             and not set(p.fn.needs) <= set(model.variables)]
+  if missing:  # a model without BatchNorm: the step without the BatchNorm prior
+    attack = dataclasses.replace(attack, priors=tuple(p for p in attack.priors if p not in missing))
   solver = attacks._solver(attack, model.apply_fn)
   data = attacks.MatchingData(obs, y, (jnp.zeros(3), jnp.ones(3)), None, None,
                               jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
@@ -48,10 +53,10 @@ def compiled_mb(name: str, batch: int, size: int, remat: bool) -> dict:
   seconds = time.perf_counter() - start
   analysis = compiled.memory_analysis()
   if analysis is None:
-    return {"compiled_mb": None, "temp_mb": None, "compile_s": seconds}
+    return {"compiled_mb": None, "temp_mb": None, "compile_s": seconds, "bn_prior": not missing}
   total = analysis.argument_size_in_bytes + analysis.output_size_in_bytes + analysis.temp_size_in_bytes
   return {"compiled_mb": total / 2**20, "temp_mb": analysis.temp_size_in_bytes / 2**20,
-          "compile_s": seconds}
+          "compile_s": seconds, "bn_prior": not missing}
 
 
 def main(argv):
@@ -59,12 +64,12 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   try:
-    names = [m.strip() for m in f.models.split(",") if m.strip()]
-    batches = [int(b) for b in f.batches.split(",") if b.strip()]
+    names = [m.strip() for m in f.models if m.strip()]
+    batches = [int(b) for b in f.batch_sizes if b.strip()]
     for name in names:
       models.get_module(name, num_classes=10)
-    if not names or not batches or min(batches) < 1 or f.image_size < 8:
-      raise ValueError("need models, positive batch sizes and --image_size >= 8")
+    if not names or not batches or min(batches) < 1 or f.input_size < 8:
+      raise ValueError("need models, positive batch sizes and --input_size >= 8")
   except ValueError as e:
     common.fail(str(e))
   out = common.output_folder("batch_memory", own=("results.*",))
@@ -73,13 +78,13 @@ def main(argv):
     for batch in batches:
       for remat in (False, True):
         row = {"model": name, "batch": batch, "remat": remat,
-               **compiled_mb(name, batch, f.image_size, remat)}
+               **compiled_mb(name, batch, f.input_size, remat)}
         rows.append(row)
         print(f"{name} batch {batch} remat {remat}: {row['compiled_mb']:.0f} MB "
               f"(compiled in {row['compile_s']:.0f} s)", flush=True)
-  info = {**common.provenance(), "image_size": f.image_size}
+  info = {**common.provenance(), "input_size": f.input_size}
   report.save_json(os.path.join(out, "results.json"), {"rows": rows, **info})
-  lines = [f"# Compiled memory of the hfginv matching step ({f.image_size}×{f.image_size})", "",
+  lines = [f"# Compiled memory of the hfginv matching step ({f.input_size}×{f.input_size})", "",
            f"`{info['command']}`", "", f"{info['device']}; jax {info['jax']}.", "",
            "| model | batch | MB, plain | MB, remat | remat / plain |", "|---|---|---|---|---|"]
   for name in names:

@@ -30,7 +30,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   1 − cosine + TV with signed Adam, in JAX and in PyTorch eager.
 * ``restarts``: wall time of ``--restart_iterations`` DLG iterations on ``lenet_zhu`` for each
   restart count in ``--restart_counts`` and each strategy (sequential, vmap, map with
-  ``--map_batch_size``), compilation excluded, as a ratio to one restart, and the FLOP rate of the
+  ``--restart_map_batch_size``), compilation excluded, as a ratio to one restart, and the FLOP rate of the
   objective evaluations the run made.
 * ``profile``: where a vmapped DLG iteration's time goes, per restart count: the R vmapped
   evaluations of the objective (time, GFLOP/s by XLA's cost analysis, fraction of the core's measured
@@ -56,6 +56,8 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 ``--suite=gpu`` runs the accelerator suite instead (``accelerator_suite.py``: step time and memory,
 restarts 1-256, 64-restart DLG, matmul precisions, Inverting Gradients on ResNet20-4, the FedAvg
 replay, GradInversion against HFGInv at 15 000 iterations), part by part; ``--quick`` shrinks it to a CPU smoke test.
+Its parts accumulate in one folder (``--output_dir``, default ``runs/benchmark_gpu``), call after call:
+a part already written there is skipped unless ``--overwrite``.
 
 This builds on ``gradjax benchmark-step`` (its timing helpers, PyTorch ports and flags ``--models``,
 ``--repeats``, ``--warmup``, ``--max_seconds``, ``--torch`` and ``--seed``).
@@ -79,6 +81,7 @@ from gradjax import attacks, clients, driver, dummy, metrics, models, presets, r
 from gradjax.cli import accelerator_suite, common, op_profile
 from gradjax.cli import benchmark_step as bs
 
+GPU_FOLDER = "runs/benchmark_gpu"  # --suite=gpu without --output_dir
 SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "profile", "linesearch", "startup")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
@@ -87,12 +90,10 @@ _PARTS = flags.DEFINE_list("parts", list(accelerator_suite.PARTS), "Accelerator 
 _QUICK = flags.DEFINE_bool("quick", False, "Accelerator suite at toy sizes (a CPU smoke test).")
 _SUITE_DATASET = flags.DEFINE_string("suite_dataset", "cifar10", "Images of the accelerator suite's "
                                      "ig and fedavg parts (CIFAR-10 test images 0-4 in the protocol).")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an earlier benchmark in --output_dir (the "
-                                "accelerator suite: run parts already written again).")
+_DATA_DIR = common.define_fields("data_dir")["data_dir"]
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run: {', '.join(SECTIONS)}.")
-_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes of the step section.")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", "runs/benchmark", "Where benchmark.json/.md go.")
+_BATCH_SIZES = common.define_batch_sizes_flag()  # of the steps section
+common.define_output_flags(resumable=False)
 _TTQ_IMAGES = flags.DEFINE_integer("ttq_images", 3, "Photos for the time-to-quality runs.")
 _TTQ_PSNR = flags.DEFINE_float("ttq_psnr", 30.0, "Target PSNR (dB) of the time-to-quality runs.")
 _TTQ_MAX_S = flags.DEFINE_float("ttq_max_seconds", 120.0, "Give up a time-to-quality run after this.")
@@ -100,7 +101,7 @@ _IG_MODEL = flags.DEFINE_string("ig_model", "resnet20-4", "Model of the fixed-bu
 _IG_ITERATIONS = flags.DEFINE_integer("ig_iterations", 20, "Iterations of the fixed-budget IG run.")
 _RESTART_COUNTS = flags.DEFINE_list("restart_counts", ["1", "4", "16", "64", "256"], "Restart counts.")
 _RESTART_ITERATIONS = flags.DEFINE_integer("restart_iterations", 100, "DLG iterations per timing.")
-_MAP_BATCH = flags.DEFINE_integer("map_batch_size", 8, "Restarts vectorised together by lax.map.")
+_MAP_BATCH = flags.DEFINE_integer("restart_map_batch_size", 8, "Restarts vectorised together by lax.map in the restarts section.")
 _LS_CAPS = flags.DEFINE_list("linesearch_caps", ["20", "8", "4", "2"],
                              "max_linesearch_steps values of the linesearch section.")
 # One layer each, N:H:C:O:k:stride (batch, input size, channels in and out, kernel, stride): LeNet's
@@ -605,13 +606,13 @@ def main(argv):
     if unknown or not _PARTS.value:
       bs.fail(f"unknown parts {unknown}; choose from {', '.join(accelerator_suite.PARTS)}")
     header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
-    print(accelerator_suite.run(_PARTS.value, _OUTPUT_DIR.value, quick=_QUICK.value,
+    out = flags.FLAGS.output_dir or GPU_FOLDER  # its parts accumulate there, call after call
+    print(accelerator_suite.run(_PARTS.value, out, quick=_QUICK.value,
                                 dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
-                                seed=bs._SEED.value, overwrite=_OVERWRITE.value, header=header))
-    print(f"wrote {_OUTPUT_DIR.value}: gpu.md and gpu_<part>.json/.md")
+                                seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header))
+    print(f"wrote {out}: gpu.md and gpu_<part>.json/.md")
     return
-  if os.path.exists(os.path.join(_OUTPUT_DIR.value, "benchmark.json")) and not _OVERWRITE.value:
-    bs.fail(f"{_OUTPUT_DIR.value} holds an earlier benchmark; pass --overwrite or another --output_dir")
+  out = common.output_folder("benchmark", own=("benchmark.*",))
   torch = None if bs._TORCH.value == "off" else bs.import_torch()
   if torch is None and bs._TORCH.value == "on":
     bs.fail("--torch=on but torch is not importable")
@@ -642,8 +643,8 @@ def main(argv):
   if "startup" in _SECTIONS.value:
     result["startup"] = section_startup(_STARTUP_RUNS.value)
   text = markdown(result)
-  report.save_json(os.path.join(_OUTPUT_DIR.value, "benchmark.json"), result)
-  with open(os.path.join(_OUTPUT_DIR.value, "benchmark.md"), "w") as fh:
+  report.save_json(os.path.join(out, "benchmark.json"), result)
+  with open(os.path.join(out, "benchmark.md"), "w") as fh:
     fh.write(text)
   print(text)
 

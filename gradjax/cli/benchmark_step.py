@@ -70,19 +70,17 @@ from gradjax import attacks, clients, compilation, data, distances, driver, lbfg
 from gradjax.losses import cross_entropy
 from gradjax.objectives import gradient_matching
 
-_MODELS = flags.DEFINE_list("models", ["lenet_zhu", "resnet20-4"],
-                            "Zoo models to time (gradjax.models names).")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 1,
-                                   "Images per batch (scikit-image photos, repeated past 16).")
+_MODELS = common.define_models_flag()
+_FIELDS = common.define_fields("batch_size", "seed")  # batch_size photos, repeated past 16
+_BATCH_SIZE, _SEED = _FIELDS["batch_size"], _FIELDS["seed"]
 _REPEATS = flags.DEFINE_integer("repeats", 20, "Timed calls per measurement (after warm-up).")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed calls before each measurement.")
 _MAX_SECONDS = flags.DEFINE_float("max_seconds", 10.0,
                                   "Stop a measurement after this many seconds even if fewer than --repeats "
                                   "calls were timed (at least 3 are).")
-_OUTPUT = flags.DEFINE_string("output", None, "Write every number to this JSON file.")
+_OUTPUT = common.define_results_file_flag()
 _TORCH = flags.DEFINE_enum("torch", "auto", ["auto", "on", "off"],
                            "PyTorch eager baseline: auto = when importable, on = required, off = skip.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and the dummy data.")
 
 NUM_CLASSES = 10
 IMAGE_SIZE = (32, 32)

@@ -195,10 +195,37 @@ def write_config(out: str, cfg: Config) -> None:
   report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 
-def define_results_file_flag():
-  """--output: the optional JSON file of a table program that writes no run folder."""
-  flags.DEFINE_string("output", None, "Optional JSON file for the per-item results (a Markdown table "
-                      "beside it where the program prints one).")
+def define_fields(*names: str) -> dict[str, flags.FlagHolder]:
+  """Flags for these :class:`gradjax.config.Config` fields (their names, defaults and help), for
+  programs that measure rather than run an experiment (no ``--config``); field -> its flag."""
+  define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
+            str: flags.DEFINE_string}
+  out = {}
+  for field in dataclasses.fields(Config):
+    if field.name in names:
+      choices = field.metadata["choices"]
+      out[field.name] = (
+          flags.DEFINE_enum(flag_name(field), field.default, list(choices), field.metadata["help"])
+          if choices is not None else
+          define[config.field_type(field)](flag_name(field), field.default, field.metadata["help"]))
+  return out
+
+
+def define_results_file_flag() -> flags.FlagHolder:
+  """--output: the optional JSON file of a program that writes no run folder."""
+  return flags.DEFINE_string("output", None, "Optional JSON file of the results (and, where the "
+                             "program prints a table, that table as Markdown beside it).")
+
+
+def define_models_flag() -> flags.FlagHolder:
+  """--models of the measuring programs (benchmark, benchmark-step, batch-memory)."""
+  return flags.DEFINE_list("models", ["lenet_zhu", "resnet20-4"],
+                           "Zoo models to measure (gradjax.models names).")
+
+
+def define_batch_sizes_flag() -> flags.FlagHolder:
+  """--batch_sizes of the measuring programs (benchmark, batch-memory)."""
+  return flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes to measure.")
 
 
 def define_table_flags(psnr: bool = True, methods: bool = False, start: bool = True):
