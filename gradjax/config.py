@@ -15,7 +15,12 @@ a file ``get_config()`` returns an ``ml_collections.ConfigDict`` built from :fun
 
 read with ``--config=that_file.py`` (``--config.attack.iterations=6000`` overrides one option; each
 option's short flag, ``--iterations``, is its alias). :func:`from_dict` builds the :class:`Config`;
-:func:`to_python` writes a resolved one back as such a file, which reproduces the run.
+:func:`to_python` writes a resolved one back as such a file, which reproduces the run. A file may
+declare a sweep, which ``gradjax sweep`` runs one experiment per item of::
+
+  def get_sweep():
+    return config.product(config.sweep("data.index", range(10)),
+                          config.sweep("defense.spec", [None, "prune:0.2"]))
 
 The runner, :mod:`gradjax.pipeline`, reads a built :class:`Config`; nothing below it reads names.
 """
@@ -579,11 +584,41 @@ def given(tree) -> dict[str, Any]:
   return out
 
 
+def sweep(path: str, values) -> list[dict[str, Any]]:
+  """One option's values as sweep items: ``sweep("data.index", range(3))`` ->
+  ``[{"data.index": 0}, {"data.index": 1}, {"data.index": 2}]``. ``path``: a dotted path of the
+  nested schema (:func:`paths`)."""
+  if path not in paths().values():
+    raise ValueError(f"unknown option {path!r} in a sweep")
+  return [{path: value} for value in values]
+
+
+def product(*sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Every combination of the sweeps' items, the last varying fastest:
+  ``product(sweep("data.index", [0, 1]), sweep("attack.restarts", [1, 4]))`` has 4 items."""
+  out = [{}]
+  for items in sweeps:
+    out = [{**a, **b} for a in out for b in items]
+  return out
+
+
+def with_options(cfg: "Config", item: dict[str, Any]) -> "Config":
+  """``cfg`` with a sweep item's options (dotted paths) set; ValueError for a path the schema lacks
+  or a value its checks refuse."""
+  by_path = {path: name for name, path in paths().items()}
+  unknown = sorted(set(item) - set(by_path))
+  if unknown:
+    raise ValueError(f"unknown option {unknown[0]!r} in a sweep item; options are dotted paths such "
+                     "as data.index")
+  return dataclasses.replace(cfg, **{by_path[path]: value for path, value in item.items()})
+
+
 def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
-              fields: tuple[str, ...] | None = None) -> str:
+              fields: tuple[str, ...] | None = None, sweep: list[dict[str, Any]] | None = None) -> str:
   """A configuration file that sets every option of ``cfg`` (a :class:`Config`, or field -> value;
   or only its ``fields``; defaults too, so it reproduces the run whatever later defaults become):
-  ``--config=<file>``. ``comment``: lines put first, as comments."""
+  ``--config=<file>``. ``comment``: lines put first, as comments. ``sweep``: its items, as the
+  file's ``get_sweep()`` (``gradjax sweep`` runs one experiment per item)."""
   lines = [f"# {line}" for line in comment.splitlines()]
   lines += ['"""A gradjax configuration (gradjax.config)."""', "", "from gradjax import config", "", "",
             "def get_config():", "  c = config.defaults()"]
@@ -592,4 +627,8 @@ def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
     if (fields is None or name in fields) and name in values:
       lines.append(f"  c.{path} = {values[name]!r}")
   lines += ["  return c", ""]
+  if sweep is not None:
+    lines += ["", "def get_sweep():", "  return ["]
+    lines += [f"      {item!r}," for item in sweep]
+    lines += ["  ]", ""]
   return "\n".join(lines)

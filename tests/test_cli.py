@@ -508,6 +508,56 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
   assert sorted(p.name for p in cache.iterdir()) == entries  # every program came from the cache
 
 
+SWEEP_CONFIG = """
+from gradjax import config
+
+def get_config():
+  c = config.defaults()
+  c.data.image_size = 8
+  c.attack.iterations = 4
+  c.output.lpips = "none"
+  return c
+
+def get_sweep():
+  return config.product(config.sweep("data.index", [0, 1]),
+                        config.sweep("defense.spec", [None, "prune:0.5"]))
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_declared_in_a_config_file(tmp_path):
+  """gradjax sweep runs one experiment per item of the file's get_sweep(), each equal to the single
+  run of its options (reconstruct with them as flags); its config.py declares the sweep and runs it
+  again to the same table; misused, one line and exit 2."""
+  (tmp_path / "grid.py").write_text(SWEEP_CONFIG)
+  first = tmp_path / "first"
+  proc = run_program("sweep", f"--config={tmp_path / 'grid.py'}", f"--output_dir={first}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = json.loads((first / "results.json").read_text())["rows"]
+  assert [r["options"] for r in rows] == [
+      {"data.index": i, "defense.spec": d} for i in (0, 1) for d in (None, "prune:0.5")]
+  assert [(r["config"]["index"], r["config"]["defense"]) for r in rows] == [
+      (i, d) for i in (0, 1) for d in (None, "prune:0.5")]
+  single = tmp_path / "single"
+  proc = run_program("reconstruct", f"--config={tmp_path / 'grid.py'}", "--index=1",
+                     "--defense=prune:0.5", f"--output_dir={single}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads((single / "metrics.json").read_text())["psnr"] == rows[3]["psnr"]
+  proc = run_program("sweep", f"--config={first / 'config.py'}", f"--output_dir={tmp_path / 'again'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  again = json.loads((tmp_path / "again" / "results.json").read_text())["rows"]
+  assert [r["psnr"] for r in again] == [r["psnr"] for r in rows]
+  (tmp_path / "bad.py").write_text(SWEEP_CONFIG.replace('"defense.spec", [None', '"defense.nope", [None'))
+  (tmp_path / "twice.py").write_text(SWEEP_CONFIG.replace('[0, 1]', '[0, 0]'))
+  for args, message in [([f"--config={tmp_path / 'grid.py'}", "--count=3"], "declares its own sweep"),
+                        ([f"--config={tmp_path / 'bad.py'}"], "unknown option 'defense.nope'"),
+                        ([f"--config={tmp_path / 'twice.py'}"], "repeats an experiment")]:
+    bad = run_program("sweep", *args, f"--output_dir={tmp_path / 'bad'}")
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.slow
 def test_a_run_folder_config_reproduces_the_run(tmp_path):
   """--config=<name> with short flags beside it; the run's config.py, read with --config, gives the

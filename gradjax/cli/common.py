@@ -187,11 +187,33 @@ def print_config(options: Config | dict[str, Any]) -> None:
     sys.exit(0)
 
 
-def write_config(out: str, cfg: Config) -> None:
-  """Writes ``cfg`` as ``<out>/config.py``, which ``--config`` reads to reproduce the run."""
+def declared_sweep() -> list[dict[str, Any]] | None:
+  """The items of the ``--config`` file's ``get_sweep()`` (:func:`gradjax.config.sweep`), or None
+  when it declares none. ValueError for a sweep that is not a non-empty list of option dicts."""
+  f = flags.FLAGS
+  if f.config is None:
+    return None
+  import importlib.util
+  path = config_flags.get_config_filename(f["config"])
+  spec = importlib.util.spec_from_file_location("_gradjax_sweep_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_sweep"):
+    return None
+  items = module.get_sweep()
+  if (not isinstance(items, (list, tuple)) or not items
+      or not all(isinstance(i, dict) and all(isinstance(k, str) for k in i) for i in items)):
+    raise ValueError(f"{path}: get_sweep() must return a non-empty list of dicts of options "
+                     "(config.sweep, config.product)")
+  return [dict(i) for i in items]
+
+
+def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = None) -> None:
+  """Writes ``cfg`` (and its ``sweep``) as ``<out>/config.py``, which ``--config`` reads to
+  reproduce the run."""
   command = shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n")
   text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
-                          f"reproduces it.\nCommand: {command}", fields=tuple(FIELDS))
+                          f"reproduces it.\nCommand: {command}", fields=tuple(FIELDS), sweep=sweep)
   report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 

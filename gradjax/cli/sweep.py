@@ -13,6 +13,13 @@ experiments and continues the interrupted one.
 
   gradjax sweep --dataset=cifar10 --count=20 --iterations=2000
   gradjax sweep --attack=idlg --dataset=cifar100 --start=0 --count=10
+  gradjax sweep --config=my_sweep.py      # the sweep its get_sweep() declares (gradjax.config)
+
+The experiments are images ``--start``, ``--start + --batch_size``, ... (``--count`` of them), or the
+items of the configuration file's ``get_sweep()``, each a dict of options set over the file's
+configuration, e.g. ``config.product(config.sweep("data.index", range(5)),
+config.sweep("attack.restarts", [1, 4]))``. The ``config.py`` written with the results declares
+the sweep that ran, so ``--config=<it>`` runs it again.
 
 Summary statistics: mean ± population std, median, and how many images reach ``--psnr_threshold``.
 """
@@ -22,6 +29,7 @@ import time
 
 import numpy as np
 from absl import app, flags, logging
+from ml_collections import config_flags
 
 from gradjax.cli import common
 from gradjax import config, report
@@ -41,13 +49,16 @@ def verdict_of(row: dict) -> str:
   return (row.get("verdict") or {}).get("status", "–")
 
 
-def markdown(rows: list[dict], summary: dict, title: str) -> str:
+def markdown(rows: list[dict], summary: dict, title: str, labels: list[str] | None = None,
+             header: str = "index") -> str:
+  """The table: one row per experiment, labelled by ``labels`` (default: its image index)."""
   with_lpips = "lpips" in summary
-  lines = [f"# {title}", "", "| index | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "")
+  labels = [str(r["index"]) for r in rows] if labels is None else labels
+  lines = [f"# {title}", "", f"| {header} | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "")
            + "label acc. | iterations | loss | time (s) | verdict |",
            "|---|---|---|---|---|---|---|---|" + ("---|" if with_lpips else "")]
-  for r in rows:
-    lines.append(f"| {r['index']} | {r['psnr']:.2f} | {r['ssim']:.3f} | "
+  for r, label in zip(rows, labels):
+    lines.append(f"| {label} | {r['psnr']:.2f} | {r['ssim']:.3f} | "
                  + (f"{r['lpips']:.3f} | " if with_lpips else "")
                  + f"{r['label_accuracy']:.2f} | {r['iterations']} | {r['loss']:.2e} | "
                  f"{r['wall_time_s']:.1f} | {verdict_of(r)} |")
@@ -66,52 +77,79 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  if f.count < 1:
-    common.fail(f"count must be positive, got {f.count}")
   try:
     base = common.config_from_flags()
     config.check(base)
+    declared = common.declared_sweep()
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
-  last = f.start + f.count * base.batch_size - 1
+  if declared is None:
+    if f.count < 1:
+      common.fail(f"count must be positive, got {f.count}")
+    sweep = [{"data.index": f.start + k * base.batch_size} for k in range(f.count)]
+  elif f["start"].present or f["count"].present:
+    common.fail("--start and --count choose the images of an image sweep; the configuration "
+                "declares its own sweep (get_sweep)")
+  else:
+    sweep = declared
+  try:
+    cfgs = [config.with_options(base, item) for item in sweep]
+    for cfg in cfgs:
+      config.check(cfg)
+  except (ValueError, FileNotFoundError, TypeError) as e:
+    common.fail(f"a sweep item: {e}")
+  images = all(set(item) == {"data.index"} for item in sweep)  # an image sweep: rows by index
+  labels = [str(cfg.index) if images else ", ".join(f"{k}={v}" for k, v in item.items())
+            for cfg, item in zip(cfgs, sweep)]
+  keys = labels if images else ["_".join(f"{k}={v}" for k, v in item.items()) for item in sweep]
+  if len(set(keys)) != len(keys):
+    common.fail(f"the sweep repeats an experiment: {next(k for k in keys if keys.count(k) > 1)}")
   model = config.attacked_model(base)
+  if images:
+    first, last = cfgs[0].index, cfgs[-1].index + base.batch_size - 1
+    span = f"{first}..{last}"
+  else:
+    span = os.path.splitext(os.path.basename(config_flags.get_config_filename(f["config"])))[0]
   out = common.output_folder(
-      f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{f.start}..{last}",
+      f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{span}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
   items = common.Items(out)
   rows, truth, recon = [], [], []
   start, resumed = time.perf_counter(), 0
   try:
-    for k in range(f.count):
-      cfg = common.replace(base, index=f.start + k * base.batch_size)
-      results, images, done = items.run(str(cfg.index), cfg)
+    for k, (cfg, item, key, label) in enumerate(zip(cfgs, sweep, keys, labels)):
+      results, pictures, done = items.run(key, cfg)
       results["index"] = cfg.index
+      if not images:
+        results["options"] = item
       resumed += done
       rows.append(results)
-      truth.append(images["ground_truth"])
-      recon.append(images["reconstruction"])
-      logging.info("image %d/%d (index %d): PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s%s, ETA %.0f s",
-                   k + 1, f.count, cfg.index, results["psnr"], results["ssim"],
+      truth.append(pictures["ground_truth"])
+      recon.append(pictures["reconstruction"])
+      logging.info("experiment %d/%d (%s): PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s%s, ETA %.0f s",
+                   k + 1, len(cfgs), label, results["psnr"], results["ssim"],
                    results["label_accuracy"], results["wall_time_s"],
                    " (saved earlier)" if done else "",
-                   (time.perf_counter() - start) / max(k + 1 - resumed, 1) * (f.count - k - 1))
+                   (time.perf_counter() - start) / max(k + 1 - resumed, 1) * (len(cfgs) - k - 1))
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   summary = report.summarize(rows, f.psnr_threshold)
   summary["total_time_s"] = items.earlier_s + time.perf_counter() - start
   weights = (f"checkpoint {os.path.basename(base.checkpoint)}" if base.checkpoint
              else f"init {base.init or 'model default'}")
-  title = f"{base.attack} on {model} ({weights}), {base.dataset} " \
-          f"{f.start}..{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}"
-  common.write_config(out, base)  # the sweep's base configuration (each image sets its index)
+  title = (f"{base.attack} on {model} ({weights}), {base.dataset} {span}, batch {base.batch_size}"
+           if images else f"{base.attack} on {model} ({weights}), {base.dataset}: sweep {span} "
+           f"({len(cfgs)} experiments)")
+  common.write_config(out, base, sweep)  # the base configuration and the sweep over it
   report.save_json(os.path.join(out, "results.json"),
                    {"summary": summary, "rows": rows, "title": title, **common.provenance()})
-  text = markdown(rows, summary, title)
+  text = markdown(rows, summary, title, labels, "index" if images else "options")
   report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
-  report.save_csv(os.path.join(out, "results.csv"), [{**r, "verdict": verdict_of(r)} for r in rows],
-                  CSV_COLUMNS)
-  report.psnr_figure(os.path.join(out, "psnr.png"), [str(r["index"]) for r in rows],
-                     [r["psnr"] for r in rows], f.psnr_threshold, title)
+  report.save_csv(os.path.join(out, "results.csv"),
+                  [{**r, "verdict": verdict_of(r), "options": label} for r, label in zip(rows, labels)],
+                  CSV_COLUMNS if images else ("options", *CSV_COLUMNS))
+  report.psnr_figure(os.path.join(out, "psnr.png"), labels, [r["psnr"] for r in rows],
+                     f.psnr_threshold, title)
   if len({t.shape[1:] for t in truth}) == 1:
     report.save_png(os.path.join(out, "reconstructions.png"),
                     report.image_grid([np.concatenate(truth), np.concatenate(recon)], scale=2))
