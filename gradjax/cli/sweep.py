@@ -7,7 +7,8 @@ the one model of ``--checkpoint``, and is scored after batch-order matching. Wri
 ``psnr.png`` (PSNR per experiment) to ``--output_dir``. LPIPS is reported when the ``lpips`` extra
 is installed.
 
-Each finished experiment is kept in ``items/<index>.json`` and ``items/<index>.npz`` as it ends, and
+Each finished experiment is kept in ``items/<index>.json`` (with its restarts' per-iteration
+history, which results.json leaves out) and ``items/<index>.npz`` as it ends, and
 the running one saves its solver state to ``items/<index>.state.npz``: ``--resume`` skips finished
 experiments and continues the interrupted one.
 
@@ -141,8 +142,10 @@ def main(argv):
            if images else f"{base.attack} on {model} ({weights}), {base.dataset}: sweep {span} "
            f"({len(cfgs)} experiments)")
   common.write_config(out, base, sweep)  # the base configuration and the sweep over it
+  # Per-experiment metrics; each restart's per-iteration history stays in items/<key>.json.
+  table_rows = [{k: v for k, v in r.items() if k != "history"} for r in rows]
   report.save_json(os.path.join(out, "results.json"),
-                   {"summary": summary, "rows": rows, "title": title, **common.provenance()})
+                   {"summary": summary, "rows": table_rows, "title": title, **common.provenance()})
   text = markdown(rows, summary, title, labels, "index" if images else "options")
   report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
   report.save_csv(os.path.join(out, "results.csv"),
