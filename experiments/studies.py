@@ -31,6 +31,7 @@ import numpy as np
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 STUDIES = os.path.join("experiments", "studies")
 OUTPUT = "RESULTS.md"
+LEGACY = os.path.join("experiments", "results_legacy.md")  # experiments/results_md.py's, until it empties
 
 STATISTICS = {
     "mean": np.mean,
@@ -127,13 +128,44 @@ def render(root: str = ROOT) -> str:
   lines += ["", "## Studies", ""]
   for folder, study in studies(root):
     lines.append(f"- [{study['title']}]({folder}/analysis.md): {study['source']}")
+  if os.path.exists(os.path.join(root, LEGACY)):
+    lines += ["", f"Results not yet moved into a study: [{LEGACY}]({LEGACY})."]
   return "\n".join(lines) + "\n"
+
+
+def config_of(folder: str) -> str:
+  """A configuration file that runs a recorded sweep again (``gradjax sweep --config=<it>``): the
+  options its rows recorded (options added since at their defaults, which keep what a run did) and
+  a sweep over the rows' images. ValueError when the rows differ in more than their image."""
+  from gradjax import config
+  rows = run_rows(folder)
+  fields = config.names()
+  defaults = config.options(config.Config(), fields)
+
+  def options(row):
+    return {**defaults, **{k: v for k, v in row["config"].items() if k in fields}}
+
+  base = options(rows[0])
+  for row in rows[1:]:
+    differ = sorted(k for k, v in options(row).items() if v != base[k] and k != "index")
+    if differ:
+      raise ValueError(f"{folder}: rows differ in {', '.join(differ)}, not only in their image")
+  sweep = [{"data.index": row["config"]["index"]} for row in rows]
+  command = _read_json(os.path.join(folder, "results.json")).get("command", "")
+  return config.to_python(base, comment=f"Runs {os.path.relpath(folder, ROOT)} again: gradjax sweep "
+                          f"--config=<this file>.\nRecorded command: {command}", fields=fields,
+                          sweep=sweep)
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--check", action="store_true", help="exit 1 if RESULTS.md is stale")
+  parser.add_argument("--config_of", metavar="RUN", help="print a configuration file that runs "
+                      "the recorded sweep RUN again, and exit")
   args = parser.parse_args(argv)
+  if args.config_of:
+    print(config_of(args.config_of), end="")
+    return
   text = render()
   path = os.path.join(ROOT, OUTPUT)
   if args.check:

@@ -1,5 +1,5 @@
-"""RESULTS.md is what experiments/results_md.py makes of the committed outputs, and its renderers
-print what a hand-written result file says."""
+"""experiments/results_legacy.md is what experiments/results_md.py makes of the committed outputs,
+and its renderers print what a hand-written result file says."""
 
 import importlib.util
 import json
@@ -21,10 +21,10 @@ def results_md():
 
 
 def test_committed_results_md_is_generated_from_the_outputs(results_md):
-  with open(os.path.join(ROOT, "RESULTS.md")) as f:
+  with open(os.path.join(ROOT, results_md.LEGACY)) as f:
     committed = f.read()
   assert committed == results_md.render(), (
-      "RESULTS.md is stale: run python experiments/results_md.py and commit it")
+      f"{results_md.LEGACY} is stale: run python experiments/results_md.py and commit it")
 
 
 def _write(folder, name, payload):

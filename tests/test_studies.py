@@ -1,0 +1,73 @@
+"""RESULTS.md is what experiments/studies.py makes of the studies, and its numbers are the runs'
+(recomputed here with NumPy from hand-written run files); every study has its analysis and data."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def studies():
+  spec = importlib.util.spec_from_file_location("studies", os.path.join(ROOT, "experiments", "studies.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _write(path, payload):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as fh:
+    json.dump(payload, fh)
+
+
+def test_committed_results_md_is_generated_from_the_studies(studies):
+  with open(os.path.join(ROOT, "RESULTS.md")) as fh:
+    assert fh.read() == studies.render(), "RESULTS.md is stale: run python experiments/studies.py"
+
+
+def test_every_study_has_its_analysis_data_and_runs(studies):
+  found = studies.studies()
+  assert found
+  for folder, study in found:
+    assert os.path.exists(os.path.join(ROOT, folder, "analysis.md")), folder
+    assert study["title"] and study["source"] and study["rows"], folder
+    for row in study["rows"]:
+      spec = row["ours"]
+      paths = [spec["file"]] if "file" in spec else spec["runs"]
+      assert all(os.path.exists(os.path.join(ROOT, folder, p)) for p in paths), (folder, paths)
+
+
+def test_headline_numbers_from_hand_written_runs(studies, tmp_path):
+  """Pooled rows of two sweeps and a single run, one number read by path; the table's cells."""
+  study = tmp_path / studies.STUDIES / "toy"
+  psnr_a, psnr_b, single = [31.0, 12.5, 40.25], [29.5, 35.0], 18.0
+  _write(study / "runs" / "a" / "results.json", {"rows": [{"psnr": p} for p in psnr_a]})
+  _write(study / "runs" / "b" / "results.json", {"rows": [{"psnr": p} for p in psnr_b]})
+  _write(study / "runs" / "c" / "metrics.json", {"psnr": single})
+  _write(study / "runs" / "d" / "results.json", {"table": [{"x": 1}, {"acc": 0.875}]})
+  _write(study / "study.json", {"title": "Toy", "source": "Someone 2020", "rows": [
+      {"quantity": "PSNR mean", "setting": "s", "published": 30.0, "where": "Table 1",
+       "ours": {"runs": ["runs/a", "runs/b", "runs/c"], "field": "psnr", "statistic": "mean"}},
+      {"quantity": "PSNR std", "published": None, "digits": 3,
+       "ours": {"runs": ["runs/a", "runs/b"], "field": "psnr", "statistic": "std"}},
+      {"quantity": "success", "published": 0.5,
+       "ours": {"runs": ["runs/a", "runs/b"], "field": "psnr", "statistic": "fraction_at_least",
+                "threshold": 30.0}},
+      {"quantity": "accuracy", "published": 0.9, "ours": {"file": "runs/d/results.json",
+                                                          "path": "table.1.acc"}}]})
+  rows = studies.headline_rows(str(tmp_path))
+  pooled = np.array(psnr_a + psnr_b + [single])
+  assert rows[0]["ours"] == pytest.approx(pooled.mean()) and rows[0]["gap"] == pytest.approx(pooled.mean() - 30)
+  assert rows[1]["ours"] == pytest.approx(np.array(psnr_a + psnr_b).std()) and rows[1]["gap"] is None
+  assert rows[2]["ours"] == pytest.approx(3 / 5)
+  assert rows[3]["ours"] == 0.875
+  table = studies.render(str(tmp_path)).splitlines()
+  first = next(line for line in table if "PSNR mean" in line)
+  assert first.split(" | ")[3:] == ["30.00 (Table 1)", f"{pooled.mean():.2f}", f"{pooled.mean() - 30:+.2f} |"]
+  second = next(line for line in table if "PSNR std" in line)
+  assert second.split(" | ")[3:] == ["–", f"{np.array(psnr_a + psnr_b).std():.3f}", "– |"]
