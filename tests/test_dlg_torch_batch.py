@@ -1,4 +1,4 @@
-"""experiments/dlg_torch_batch.py: DLG's reference loop in PyTorch eager on gradjax's batches."""
+"""experiments/studies/dlg_batch/dlg_torch_batch.py: DLG's reference loop in PyTorch eager on gradjax's batches."""
 
 import importlib.util
 import json
@@ -21,7 +21,7 @@ def test_dlg_torch_batch_scores_its_reconstructions(tmp_path):
   from gradjax import data
   if data.default_data_dir() is None:
     pytest.skip("needs ../shared/data (CIFAR-10)")
-  script = os.path.join(ROOT, "experiments", "dlg_torch_batch.py")
+  script = os.path.join(ROOT, "experiments", "studies", "dlg_batch", "dlg_torch_batch.py")
   proc = subprocess.run([sys.executable, script, "--batch_sizes=2", "--count=2", "--steps=3",
                          "--tol=1e-30", f"--output_dir={tmp_path}"], capture_output=True, text=True,
                         timeout=300)

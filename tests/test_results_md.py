@@ -60,7 +60,6 @@ def test_sweep_row_and_provenance_from_a_hand_written_output(results_md, tmp_pat
       "Run: `python r.py --resume`; CPU (X), 2 cores; wall time 2.0 h over several processes "
       "(`--resume`; the device, cores and date are the last's).")
   assert results_md.load("absent") is None
-  assert "Not measured yet" in results_md.dlg_batch_table()
 
 
 def test_program_table_keeps_the_body_and_captions_the_title(results_md, tmp_path, monkeypatch):
@@ -135,24 +134,6 @@ def test_batch_labels_table_and_hfginv_note_count_by_hand(results_md, tmp_path, 
   assert "| protocol | 40 | 2 | 1 | 0 |" in note and "| other | 300 | 1 | 1 | 1 |" in note
   assert results_md.batch_labels_table((("absent", "none"),)) is None
   assert results_md.hfginv_labels_note((("absent", "none"),)) == ""
-
-
-def test_dlg_torch_note_counts_the_reference_runs(results_md, tmp_path, monkeypatch):
-  """Batch 1 converges at steps 80 and 100 (median 90) and not on a third, batch 2 never in 1204 steps
-  (2.0× the paper's 602): the reference stalls as gradjax does. With one batch-2 run converged it does
-  not."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  row = lambda step: {"converged_step": step}
-  rows = {"1": [row(80), row(None), row(100)], "2": [row(None), row(None)]}
-  _write(tmp_path / results_md.RESULTS / "ref", "results.json", {"steps": 1204, "rows": rows})
-  note = results_md.dlg_torch_note("ref")
-  assert "batch 1: 2 of 3 in a median 90 steps (paper: 270); batch 2: 0 of 2 (paper: 602)." in note
-  assert "with 2.0× the paper's count at batch 2:" in note and note.endswith("not this implementation's.")
-  rows["2"][1] = row(700)
-  _write(tmp_path / results_md.RESULTS / "ref", "results.json", {"steps": 1204, "rows": rows})
-  note = results_md.dlg_torch_note("ref")
-  assert "batch 2: 1 of 2 in a median 700 steps" in note and "stall" not in note
-  assert results_md.dlg_torch_note("absent") == ""
 
 
 def test_ig_resnet_note_compares_the_widths(results_md, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ batch-order matching.
 Writes ``results.json``, ``results.md`` and ``reconstructions.npz`` (batch B at index i as ``"B_i"``,
 (B, H, W, C) in [0, 1]); needs PyTorch (``pip install torch``).
 
-  python experiments/dlg_torch_batch.py --batch_sizes=1,2,4 --count=5 --steps=1200
+  python experiments/studies/dlg_batch/dlg_torch_batch.py --batch_sizes=1,2,4 --count=5 --steps=1200
 """
 
 import os
