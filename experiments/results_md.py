@@ -1197,18 +1197,6 @@ def _join(*parts) -> str:
 
 SECTIONS = (
     Section(
-        "DLG: defenses",
-        "Gaussian or Laplacian noise of variance ≥ 1e-2 defends, 1e-3 and 1e-4 do not; fp16 does not "
-        "defend; int8 does; pruning defends above about 20 %.",
-        lambda: _join(
-            program_table("defense_sweep_dlg_lenet_zhu"),
-            "![privacy against utility](results/defense_sweep_dlg_lenet_zhu/privacy_utility.png)",
-            "The published pattern appears when the paper's noise levels are read as standard "
-            "deviations rather than variances: DLG fits Gaussian noise whose total energy nσ² is "
-            "below the gradient's own, so small variances leak."),
-        (("defense_sweep_dlg_lenet_zhu",
-          "python experiments/defense_sweep.py --dataset=cifar10 --count=5 --utility"),)),
-    Section(
         "iDLG: label accuracy",
         "Label accuracy over 1000 runs with a fresh LeNet each: iDLG 100 % on MNIST, CIFAR-100 and LFW "
         "(DLG 89.9 / 83.3 / 79.1 %). CIFAR-100 here has 148 test images (../shared/data), so 148 runs.",
