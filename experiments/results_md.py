@@ -187,19 +187,6 @@ def single_runs(runs: list[tuple[str, str, str]]) -> str:
   return "\n".join(lines)
 
 
-def idlg_table() -> str:
-  paper = {"mnist": "100 % (DLG 89.9 %)", "cifar100": "100 % (DLG 83.3 %)", "lfw": "100 % (DLG 79.1 %)",
-           "cifar10": ""}
-  lines = ["| dataset | runs (images) | iDLG accuracy | time | paper (1000 runs) |", "|---|---|---|---|---|"]
-  for name in ("mnist", "cifar100", "lfw", "cifar10"):
-    files = sorted(f for f in os.listdir(_path("")) if f.startswith(f"idlg_labels_{name}_"))
-    for rel in files:
-      d = load(rel)
-      lines.append(f"| {name} | {d['count']} ({d['start']}–{d['start'] + d['count'] - 1}) | "
-                   f"{100 * d['accuracy']:.1f} % | {_duration(d['wall_time_s'])} | {paper[name]} |")
-  return "\n".join(lines)
-
-
 def hfginv_note(rel: str = "batch_table") -> str:
   """HFGInv (``hfginv``) against GradInversion (``bn``) batch by batch on the ablation's batches:
   the mean and population std of the per-batch PSNR difference, the batches it wins, and the same
@@ -1196,14 +1183,6 @@ def _join(*parts) -> str:
 
 
 SECTIONS = (
-    Section(
-        "iDLG: label accuracy",
-        "Label accuracy over 1000 runs with a fresh LeNet each: iDLG 100 % on MNIST, CIFAR-100 and LFW "
-        "(DLG 89.9 / 83.3 / 79.1 %). CIFAR-100 here has 148 test images (../shared/data), so 148 runs.",
-        idlg_table,
-        tuple((f, "python experiments/label_accuracy.py --dataset=D --count=N")
-              for f in ("idlg_labels_mnist_1000.json", "idlg_labels_cifar100_148.json",
-                        "idlg_labels_lfw_1000.json", "idlg_labels_cifar10_50.json"))),
     Section(
         "Inverting Gradients: Table 1",
         "CIFAR-10 validation images 0–99, labels known, PSNR mean ± std. Proposed (cosine + TV 1e-4, "
