@@ -136,22 +136,6 @@ def test_batch_labels_table_and_hfginv_note_count_by_hand(results_md, tmp_path, 
   assert results_md.hfginv_labels_note((("absent", "none"),)) == ""
 
 
-def test_ig_resnet_note_compares_the_widths(results_md, tmp_path, monkeypatch):
-  """Width 64 at 25 dB, width 16 at 17 dB on one image (+8.00); the width-16 row at 15 dB pooled over
-  two folders, 4.83 dB under the paper's 19.83."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  _write(tmp_path / results_md.RESULTS / "wide", "results.json", {"psnr": 25.0})
-  _write(tmp_path / results_md.RESULTS / "narrow", "results.json", {"psnr": 17.0})
-  for rel, psnr in zip(results_md._IG_RESNET["untrained"], (14.0, 16.0)):
-    _write(tmp_path / results_md.RESULTS / rel, "results.json", {
-        "rows": [{"psnr": psnr, "ssim": 0.5, "label_accuracy": 1.0, "wall_time_s": 1.0}],
-        "summary": {"psnr_threshold": 30.0}})
-  note = results_md.ig_resnet_note("wide", "narrow")
-  assert note.startswith("On image 2 the paper's ResNet20-4 reaches 25.00 dB where width 16 reaches "
-                         "17.00 dB (+8.00 dB); the width-16 row's mean, 15.00 dB, is 4.83 dB under")
-  assert results_md.ig_resnet_note("absent", "narrow") == ""
-
-
 def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, monkeypatch):
   """By hand: one restart 1.0 ms per iteration, its step 0.5 ms (2.00×); R=64 at a 100 GFLOP/s peak,
   10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms; the
@@ -202,86 +186,6 @@ def test_loops_note_divides_by_hand(results_md, tmp_path, monkeypatch):
   assert "lenet_zhu" not in note and results_md.loops_note("absent") == ""
 
 
-def test_euclid_note_pairs_images_by_index(results_md, tmp_path, monkeypatch):
-  """Two images, listed in opposite orders: 30 -> 40 dB and 20 -> 19 dB (gains +10 and -1); a third
-  with no longer run is left out."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  stats = lambda v: {"mean": float(np.mean(v)), "median": float(np.median(v)), "std": float(np.std(v))}
-  def write(rel, psnr):
-    rows = [{"index": i, "psnr": p} for i, p in psnr.items()]
-    _write(tmp_path / results_md.RESULTS / rel, "results.json",
-           {"rows": rows, "summary": {"psnr": stats(list(psnr.values()))}})
-  short, long = results_md._EUCLID_FRESH, results_md._EUCLID_FRESH_6000
-  write(short[0], {0: 30.0, 1: 20.0})
-  write(short[1], {10: 50.0})  # no longer run: left out of the pairs
-  write(long[0], {1: 19.0, 0: 40.0})
-  note = results_md.euclid_note()
-  assert "images 0–1 reach 25.00 ± 5.00 dB at 2000 iterations and 29.50 ± 10.50 dB at 6000" in note
-  assert "higher on 1 of 2 images, by +4.50 dB on average" in note and "accounts for part" in note
-
-
-def test_ig_lenet_table_labels_each_row_with_its_images(results_md, tmp_path, monkeypatch):
-  """A row pools its folders (images 0 and 1 from the 0–9 folder of the paper's-protocol Euclidean row,
-  image 20 from its 20–99 folder: listed, not a range, as images are missing; PSNR 40, 20, 30 by hand);
-  rows with no output are left out."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  row = lambda i, psnr: {"index": i, "psnr": psnr, "ssim": 0.5, "label_accuracy": 1.0, "wall_time_s": 2.0}
-  untrained = results_md._lenet_normalized(0)
-  first, _, rest = results_md._euclid_lenet(untrained)
-  _write(tmp_path / results_md.RESULTS / first, "results.json",
-         {"rows": [row(0, 40.0), row(1, 20.0)], "summary": {"psnr_threshold": 30.0}})
-  _write(tmp_path / results_md.RESULTS / rest, "results.json",
-         {"rows": [row(20, 30.0)], "summary": {"psnr_threshold": 30.0}})
-  table = results_md.ig_lenet_table().splitlines()
-  assert len(table) == 3
-  assert table[2] == ("| Euclidean + L-BFGS, 16 restarts, untrained, one model, CIFAR-10 normalisation, "
-                      f"images 0, 1, 20 | 3 | 2 / 3 | 30.00 ± {np.sqrt(200 / 3):.2f} | 30.00 | 0.500 | "
-                      "100 % | 2.0 s | 46.25 ± 12.66 |")
-
-
-def test_ig_training_note_reads_the_diagnosis_runs(results_md, tmp_path, monkeypatch):
-  """Hand-written runs at TV 1e-4: untrained 20 dB (24 000 iterations: 21 dB), epoch 1 15 dB, last
-  epoch 10 dB (SSIM 0.05); other TV weights: untrained 1e-2 22 dB, last epoch 1e-2 12 dB and 1e-1
-  16 dB; the weight-decay model 17 dB, which recovers 7 of the 10 dB training cost; the recipe's model
-  (accuracy 0.1 + 0.01 · 120 = 130 %, by hand) 18 dB at 1e-4 and 19 dB at 1e-1: 2 dB under the
-  untrained one, where the paper's gains 0.08."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  (rel, last), (wd_rel, wd_last) = results_md.LENET_TRAINED, results_md.LENET_WD
-  recipe_rel, recipe_last = results_md.LENET_RECIPE
-  for folder, epochs in ((rel, range(last + 1)), (wd_rel, range(wd_last + 1)),
-                         (recipe_rel, range(recipe_last + 1))):
-    _write(tmp_path / results_md.RESULTS / folder, "results.json",
-           {"history": [{"epoch": e, "accuracy": 0.1 + 0.01 * e} for e in epochs]})
-  stats = lambda v: {"mean": v, "median": v, "std": 0.0}
-  untrained, trained = "epoch 0 (untrained)", f"epoch {last}"
-  psnr = {(untrained, "1e-4", 4800): 20.0, (untrained, "1e-4", 24_000): 21.0,
-          (untrained, "1e-2", 4800): 22.0, ("epoch 1", "1e-4", 4800): 15.0,
-          (trained, "1e-4", 4800): 10.0, (trained, "1e-2", 4800): 12.0, (trained, "1e-1", 4800): 16.0,
-          (f"epoch {wd_last}, weight decay 5e-4", "1e-4", 4800): 17.0,
-          (f"epoch {recipe_last}, the paper's recipe", "1e-4", 4800): 18.0,
-          (f"epoch {recipe_last}, the paper's recipe", "1e-1", 4800): 19.0}
-  for model, _, tv, iterations, folder in results_md._ig_training_runs():
-    if (model, tv, iterations) in psnr:
-      _write(tmp_path / results_md.RESULTS / folder, "results.json",
-             {"rows": [], "summary": {"psnr": stats(psnr[model, tv, iterations]), "ssim": stats(0.05)}})
-  note = results_md.ig_training_note()
-  assert f"one epoch of training costs the proposed method 5.00 dB and {last} epochs 10.00 dB" in note
-  assert "(SSIM 0.050)" in note
-  assert "that gives 21.00 dB at TV 1e-4 (+1.00 dB)" in note
-  assert ("0.01 gives 22.00 dB on the untrained one (+2.00 dB; paper 18.00), 0.1 gives 16.00 dB on the "
-          f"{last}-epoch one (+6.00 dB; paper 18.08)") in note
-  assert note.count(f"the {last}-epoch model without weight decay most") == 1
-  assert "gives 17.00 dB at TV 1e-4 (+7.00 dB against the model without it, -3.00 dB against" in note
-  assert "weight decay accounts for much of the training's cost" in note
-  assert (f"crops and flips; {100 * (0.1 + 0.01 * recipe_last):.1f} % test accuracy) gives 18.00 dB at "
-          "TV 1e-4 (-2.00 dB against the untrained model). At TV 0.1 it gives 19.00 dB, -3.00 dB against "
-          "the untrained model at its best weight (22.00 dB at 0.01; the paper's trained model is +0.08 "
-          "dB against its untrained one): training costs the attack even at its best weight.") in note
-  table = results_md.ig_training_table().splitlines()
-  assert len(table) == 2 + len(psnr)
-  assert table[5] == "| epoch 1 | 11.0 % | 1e-4 | 4800 | 15.00 ± 0.00 | 15.00 | 0.050 |"
-
-
 def test_training_record_names_the_recipe_and_thins_long_histories(results_md, tmp_path, monkeypatch):
   """A 30-epoch run with Nesterov, a step decay and augmentation: every option named, the accuracy
   listed every 10 epochs; a 2-epoch run without them lists each epoch and names none."""
@@ -304,42 +208,6 @@ def test_training_record_names_the_recipe_and_thins_long_histories(results_md, t
   assert results_md.training_record("short") == (
       "lenet_zhu on cifar10_train (50000 images), 2 epochs of batch 128, SGD lr 0.1 momentum 0.9: test "
       "accuracy 2.0 % on cifar10 test images 0–1016 (per epoch: 1.0 %, 2.0 %).")
-
-
-def test_ig_resnet_table_pools_the_per_image_euclidean_folders(results_md, tmp_path, monkeypatch):
-  """The Euclidean ResNet20-4 rows pool one folder per image (images 3 and 4 at 10 and 14 dB by hand)
-  beside the paper's 10.29 ± 5.38; rows with no output are left out."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  for i, psnr in ((3, 10.0), (4, 14.0)):
-    _write(tmp_path / results_md.RESULTS / results_md._EUCLID_RESNET["untrained"][i], "results.json", {
-        "rows": [{"index": i, "psnr": psnr, "ssim": 0.2, "label_accuracy": 1.0, "wall_time_s": 3600.0}],
-        "summary": {"psnr_threshold": 30.0}})
-  table = results_md.ig_resnet_table().splitlines()
-  assert len(table) == 3
-  assert table[2] == ("| Euclidean + fixed-step L-BFGS, 8 restarts, resnet20-4, untrained, a fresh model per image, "
-                      "CIFAR-10 normalisation, images 3–4 | 2 | 0 / 2 | 12.00 ± 2.00 | 12.00 | 0.200 | "
-                      "100 % | 3600.0 s | 10.29 ± 5.38 |")
-
-
-def test_ig_resnet_wide_note_against_the_paper(results_md, tmp_path, monkeypatch):
-  """By hand: Euclidean untrained images at 20 and 30 dB, mean 25 − 10.29 = +14.71 (2 images); the
-  proposed trained row's one image at 10 dB is 13.95 − 10 = 3.95 dB under, more than the paper's
-  std 3.38; the rows that did not run are left out."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  assert results_md.ig_resnet_wide_note() == ""
-  def sweep(rel, psnrs):
-    _write(tmp_path / results_md.RESULTS / rel, "results.json", {
-        "rows": [{"psnr": p, "ssim": 0.5, "label_accuracy": 1.0, "wall_time_s": 1.0} for p in psnrs],
-        "summary": {"psnr_threshold": 30.0}})
-  sweep(results_md._EUCLID_RESNET["untrained"][0], [20.0])
-  sweep(results_md._EUCLID_RESNET["untrained"][7], [30.0])
-  sweep(results_md._IG_RESNET["wide_trained"][3], [10.0])
-  note = results_md.ig_resnet_wide_note()
-  assert "Euclidean, untrained +14.71 dB (2 images); proposed, trained -3.95 dB (1 image)." in note
-  assert "Euclidean, trained" not in note and "proposed, untrained" not in note
-  assert note.endswith("more than its standard deviation: proposed, trained.")
-  sweep(results_md._IG_RESNET["wide_trained"][3], [11.0])  # 2.95 under: within the std
-  assert results_md.ig_resnet_wide_note().endswith("by more than the paper's standard deviation.")
 
 
 def test_fedavg_note_compares_the_wide_runs_with_the_paper(results_md, tmp_path, monkeypatch):
