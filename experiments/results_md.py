@@ -174,19 +174,6 @@ def sweep_rows(runs: list[tuple[str, str | tuple[str, ...]]], paper: dict | None
   return "\n".join(lines)
 
 
-def single_runs(runs: list[tuple[str, str, str]]) -> str:
-  """One row per ``experiments/reconstruct.py`` folder (metrics.json): (label, folder, paper)."""
-  lines = ["| run | iterations | final objective | PSNR (dB) | SSIM | time | paper |",
-           "|---|---|---|---|---|---|---|"]
-  for label, rel, paper in runs:
-    d = load(rel)
-    if d is None:
-      continue
-    lines.append(f"| {label} | {d['iterations']} | {d['loss']:.3g} | {d['psnr']:.2f} | "
-                 f"{d['ssim']:.3f} | {_duration(d['wall_time_s'])} | {paper} |")
-  return "\n".join(lines)
-
-
 def hfginv_note(rel: str = "batch_table") -> str:
   """HFGInv (``hfginv``) against GradInversion (``bn``) batch by batch on the ablation's batches:
   the mean and population std of the per-batch PSNR difference, the batches it wins, and the same
@@ -357,12 +344,6 @@ SAPAG_COMMANDS = {  # written before the programs kept their command line
     for attack in ("sapag", "dlg")}
 
 
-FEDAVG_WIDE = "fedavg_replay_1img_5steps_convnet64"
-"""The FedAvg attack on the paper's protocol: ConvNet width 64, 1 image, 5 local steps of lr 1e-4,
-4800 iterations (``experiments/reconstruct.py --attack=inverting_gradients_fedavg --model=convnet``)."""
-FEDAVG_WIDE_LR = "fedavg_replay_1img_5steps_convnet64_lr0.1"
-"""The same with the attack's learning rate 0.1, the default of the authors' ``rec_mult.py``
-(``--lr`` unset gives 0.1 for their method; their FedAvg notebook also runs 0.1)."""
 FEDAVG_WIDE_4 = "fedavg_replay_4img_b2_convnet64"
 """The paper's second FedAvg protocol: ConvNet width 64, one local epoch of 4 images in batches of 2
 at lr 1e-4, 4800 iterations, attack lr 1 (:data:`FEDAVG_WIDE_4_PROGRAM`)."""
@@ -371,119 +352,6 @@ FEDAVG_WIDE_4_PROGRAM = (
     "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
     "--batch_size=4 --local_batch_size=2 --iterations=4800 --chunk=200 "
     f"--output_dir=experiments/results/{FEDAVG_WIDE_4}")
-FEDAVG_PAPER = {1: (25.05, 3.28), 4: (16.92, 2.10)}
-"""The paper's PSNR mean and std over its 100 experiments (§6), by the number of images per client:
-5 local steps on 1 image, one local epoch of 4 images in batches of 2."""
-FEDAVG_PROGRAM = (
-    "experiments/reconstruct.py --attack=inverting_gradients_fedavg --model=convnet "
-    "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
-    "--local_epochs=5 --local_batch_size=1 --iterations=4800")
-
-
-def _first_cut(d: dict) -> str:
-  """What a run's PSNR history shows about its steps before the first cut of the step schedule
-  (×0.1 at 3/8 of the budget): the range up to the cut (a plateau when it spans under 2 dB, else
-  its first and last value) and the first value after it."""
-  cut = int(d["iterations"] * 3 / 8)
-  before = [h["psnr"] for h in d.get("history", ()) if h["iteration"] <= cut]
-  after = [h for h in d.get("history", ()) if h["iteration"] > cut]
-  if not before or not after:
-    return ""
-  low, high = min(before), max(before)
-  spread = (f"stays between {low:.2f} and {high:.2f} dB" if high - low < 2 else
-            f"goes from {before[0]:.2f} to {before[-1]:.2f} dB")
-  return (f"Its PSNR {spread} over the "
-          f"{len(before)} reports up to iteration {cut}, where the step schedule first cuts the "
-          f"learning rate to a tenth, and reads {after[0]['psnr']:.2f} dB {after[0]['iteration'] - cut} "
-          "iterations later.")
-
-
-def _last_gain(d: dict) -> str:
-  """When a run's best objective last fell: its history reports the best objective so far, so the
-  first report equal to the last is where the run's result comes from."""
-  history = d.get("history", ())
-  if not history:
-    return ""
-  last = history[-1]["loss"]
-  since = next(h["iteration"] for h in history if h["loss"] == last)
-  if since == history[-1]["iteration"]:
-    return f"Its objective was still falling at the end ({last:.4f} at iteration {since})."
-  return (f"Its best objective, {last:.4f}, dates from iteration {since}: the last "
-          f"{d['iterations'] - since} iterations found none lower.")
-
-
-def _where(run: dict) -> str:
-  """' on N cores', or for a run continued from saved states (``--resume``) the cores of its last part."""
-  if not run.get("cores"):
-    return ""
-  cores = f"{run['cores']} core{'s' * (run['cores'] > 1)}"
-  return f" resumed from saved states (the last part on {cores})" if run.get("resumed") else f" on {cores}"
-
-
-def _fedavg_run(run: dict, what: str, paper: tuple[float, float]) -> str:
-  """One width-64 FedAvg run against the paper's (mean, std): its PSNR on the images it attacked
-  (with each image's when it attacked several), its time, and what its history shows."""
-  first, n = run["config"]["index"], run["config"].get("batch_size", 1)
-  images = f"image {first}" if n == 1 else f"images {first}–{first + n - 1}"
-  per_image = ", ".join(f"{p:.2f}" for p in run.get("psnr_per_image", ()))
-  if n > 1 and per_image:
-    images += f" (the mean of the images' PSNRs {per_image})"
-  mean, std = paper
-  return (f"With {what}: {run['psnr']:.2f} dB on {images} against the paper's mean {mean:.2f} "
-          f"({run['psnr'] - mean:+.2f} dB; its std {std:.2f}), in {_duration(run['wall_time_s'])}"
-          + _where(run) + ". " + _first_cut(run) + " " + _last_gain(run))
-
-
-def fedavg_note() -> str:
-  """What the FedAvg rows measure: the width-64 rows (when they ran) against the paper's mean and
-  std (:data:`FEDAVG_PAPER`), the attack's learning rate as the paper states it (1) and as the
-  authors' code runs it (0.1) on 1 image, the 4-image protocol, and the ``convnet-8`` rows as a check
-  of the machinery."""
-  d, lr, four = load(FEDAVG_WIDE), load(FEDAVG_WIDE_LR), load(FEDAVG_WIDE_4)
-  mean1 = FEDAVG_PAPER[1][0]
-  text = (f"The {'other ' if d or lr or four else ''}rows run an untrained `convnet-8` (width 8) "
-          "with a half or a quarter of the iterations: none converges on this budget, so they check "
-          "the machinery, not the paper's numbers.")
-  if d is None and lr is None and four is None:
-    return text + " " + missing(
-        FEDAVG_PROGRAM,
-        "The paper's width 64: about 3.7 s per iteration on one core, 5 hours for one image's 4800 "
-        "iterations (the accelerator suite, `python experiments/benchmark.py --suite=gpu`, runs it).")
-  parts = []
-  for run, what in ((d, "attack lr 1 as the paper states it"),
-                    (lr, "attack lr 0.1 as the authors' code runs it (`rec_mult.py`, `--lr` unset)")):
-    if run is None:
-      parts.append(f"**Not measured yet**, {what}: `{FEDAVG_PROGRAM}"
-                   + (" --lr=0.1`." if run is lr else "`."))
-      continue
-    parts.append(_fedavg_run(run, what, FEDAVG_PAPER[1]))
-  if d is not None and lr is not None:
-    gain = lr["psnr"] - d["psnr"]
-    parts.append(f"The authors' lr 0.1 gives {gain:+.2f} dB on the same image"
-                 + (f", so the learning rate accounts for {gain:.2f} dB of the {mean1 - d['psnr']:.2f} "
-                    "dB gap to the paper." if gain > 0 and d["psnr"] < mean1 else "."))
-    passed = next((h["iteration"] for h in lr.get("history", ()) if h["psnr"] >= d["psnr"]), None)
-    if passed is not None:
-      parts.append(f"lr 0.1 passes lr 1's final {d['psnr']:.2f} dB at iteration {passed} of "
-                   f"{lr['iterations']}.")
-  head = ("The width-64 rows are experiments of the paper's 100 on its protocol (ConvNet width 64, "
-          "4800 iterations, local lr 1e-4): 5 local steps on 1 image"
-          + (", and one local epoch of 4 images in batches of 2 (two steps)." if four else "."))
-  if four is None:
-    text += (" **Not measured yet**, the paper's 4 images in batches of 2 at width 64 (one local "
-             f"epoch, two steps of lr 1e-4): `{FEDAVG_WIDE_4_PROGRAM}` (`--resume` continues it from "
-             "its saved state).")
-  else:
-    parts.append(_fedavg_run(four, "4 images in batches of 2 (attack lr 1)", FEDAVG_PAPER[4]))
-  spread = [f"{abs(run['psnr'] - mean) / std:.2f} ({label})"
-            for label, run, (mean, std) in (("1 image, lr 1", d, FEDAVG_PAPER[1]),
-                                            ("1 image, lr 0.1", lr, FEDAVG_PAPER[1]),
-                                            ("4 images", four, FEDAVG_PAPER[4])) if run is not None]
-  if spread:
-    parts.append("Each width-64 row is one experiment, so it is a draw from the spread of the paper's "
-                 "100, not a mean: its distance to the paper's mean, in the paper's standard "
-                 f"deviations, is {', '.join(spread)}.")
-  return " ".join([head, *(p.strip() for p in parts), text])
 
 
 # SAPAG's Table I beyond CIFAR-100 with Xavier-normal init: (dataset and init, model init flag,
@@ -850,30 +718,6 @@ def _join(*parts) -> str:
 
 
 SECTIONS = (
-    Section(
-        "Inverting Gradients: FedAvg (§6)",
-        "Untrained ConvNet width 64, attack lr 1, 4800 iterations, 100 experiments, PSNR: 5 local "
-        "steps on 1 image 25.05 ± 3.28; 1 epoch of 4 images in batches of 2 16.92 ± 2.10.",
-        lambda: _join(
-            single_runs([
-                ("1 image, 5 local steps, width 64 (the paper's protocol)", FEDAVG_WIDE,
-                 "25.05 ± 3.28"),
-                ("same, attack lr 0.1 (the authors' code)", FEDAVG_WIDE_LR, ""),
-                ("4 images, batches of 2, width 64 (the paper's protocol)", FEDAVG_WIDE_4,
-                 "16.92 ± 2.10"),
-                ("1 image, 5 local steps (2400 its)", "fedavg_replay_1img_5steps", "25.05 ± 3.28"),
-                ("4 images, batches of 2, labels in order (1200 its)", "fedavg_replay_4img_b2_ordered",
-                 "16.92 ± 2.10"),
-                ("same, labels as a sorted multiset", "fedavg_replay_4img_b2_multiset", ""),
-                ("same, multiset with the permutation search", "fedavg_replay_4img_b2_search", "")]),
-            fedavg_note()),
-        ((FEDAVG_WIDE, None), (FEDAVG_WIDE_LR, None), (FEDAVG_WIDE_4, None),
-         ("fedavg_replay_1img_5steps",
-          "python experiments/reconstruct.py --attack=inverting_gradients_fedavg --model=convnet-8 "
-          "--dataset=cifar10 --normalization=cifar10 --client=fedavg --local_lr=1e-4 --labels=known "
-          "--local_epochs=5 --local_batch_size=1 --iterations=2400"),)
-        + tuple((f, None) for f in ("fedavg_replay_4img_b2_ordered", "fedavg_replay_4img_b2_multiset",
-                                    "fedavg_replay_4img_b2_search"))),
     Section(
         "SAPAG: Table I (LeNet-5)",
         "PSNR DLG → SAPAG, Xavier-normal init: MNIST −0.41 → 45.60, CIFAR-100 3.75 → 32.43, "
