@@ -1,0 +1,99 @@
+# runs/dlg_fixed_lenet5_xavier_mnist_0-9, runs/dlg_fixed_lenet5_xavier_mnist_10-19 again: gradjax sweep --config=<this file>.
+# Recorded: python experiments/sweep.py --attack=dlg --model=lenet5 --init=xavier_normal --iterations=500 --count=10 --dataset=mnist --optimizer=lbfgs_fixed --output_dir=experiments/results/dlg_fixed_lenet5_xavier_mnist_0-9 --overwrite
+#           python experiments/sweep.py --model=lenet5 --count=10 --iterations=500 --attack=dlg --init=xavier_normal --dataset=mnist --start=10 --optimizer=lbfgs_fixed --output_dir=experiments/results/dlg_fixed_lenet5_xavier_mnist_10-19 --overwrite
+"""A gradjax configuration (gradjax.config)."""
+
+from gradjax import config
+
+
+def get_config():
+  c = config.defaults()
+  c.seed = 0
+  c.data.modality = 'image'
+  c.data.dataset = 'mnist'
+  c.data.data_dir = None
+  c.data.index = 0
+  c.data.batch_size = 1
+  c.data.image_size = None
+  c.data.channels = None
+  c.data.normalization = 'none'
+  c.data.sequence_length = 15
+  c.data.vocab_size = None
+  c.model.name = 'lenet5'
+  c.model.checkpoint = None
+  c.model.weights = None
+  c.model.rename = None
+  c.model.init = 'xavier_normal'
+  c.model.act = None
+  c.model.num_classes = None
+  c.model.conv = 'auto'
+  c.model.text_dim = 200
+  c.model.text_heads = 4
+  c.model.text_ffn = 200
+  c.model.text_layers = 2
+  c.client.name = 'fedsgd'
+  c.client.train_mode = False
+  c.client.local_epochs = 1
+  c.client.local_batch_size = None
+  c.client.local_lr = 0.01
+  c.client.local_momentum = 0.0
+  c.client.shared_labels = 'ordered'
+  c.client.observation = None
+  c.client.num_samples = None
+  c.client.force = False
+  c.defense.spec = None
+  c.attack.preset = 'dlg'
+  c.attack.iterations = 500
+  c.attack.objective = None
+  c.attack.optimizer = 'lbfgs_fixed'
+  c.attack.learning_rate = None
+  c.attack.schedule = None
+  c.attack.tol = None
+  c.attack.distance = None
+  c.attack.layer_weights = None
+  c.attack.priors = None
+  c.attack.labels = None
+  c.attack.aux = 40
+  c.attack.box = None
+  c.attack.dummy_init = None
+  c.attack.one_sample_per_step = None
+  c.attack.gamma = None
+  c.attack.restarts = 1
+  c.attack.permutations = 1
+  c.attack.text_search = 'embeddings'
+  c.attack.restrict_tokens = True
+  c.execution.strategy = 'auto'
+  c.execution.map_batch_size = None
+  c.execution.halving_rounds = 1
+  c.execution.halving_keep = 0.5
+  c.execution.shard = False
+  c.execution.chunk = 100
+  c.execution.matmul_precision = 'float32'
+  c.execution.remat = None
+  c.output.lpips = 'auto'
+  return c
+
+
+def get_sweep():
+  return [
+      {'data.index': 0},
+      {'data.index': 1},
+      {'data.index': 2},
+      {'data.index': 3},
+      {'data.index': 4},
+      {'data.index': 5},
+      {'data.index': 6},
+      {'data.index': 7},
+      {'data.index': 8},
+      {'data.index': 9},
+      {'data.index': 10},
+      {'data.index': 11},
+      {'data.index': 12},
+      {'data.index': 13},
+      {'data.index': 14},
+      {'data.index': 15},
+      {'data.index': 16},
+      {'data.index': 17},
+      {'data.index': 18},
+      {'data.index': 19},
+  ]
