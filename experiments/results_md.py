@@ -258,29 +258,6 @@ def training_record(rel: str) -> str:
           + ", ".join(f"{100 * h['accuracy']:.1f} %" for h in shown) + ").")
 
 
-def dlm_gamma_note(rel: str) -> str:
-  d = load(rel)
-  if d is None:
-    return ""
-  rows = {t["method"]: t for t in d["table"]}
-  base, oracle = rows.get("DLM"), rows.get("DLM, γ = 1/lr throughout")
-  if base is None or oracle is None:
-    return ""
-  learned = [t for name, t in rows.items() if name not in ("DLM", "DLM, γ = 1/lr throughout")]
-  best = max(learned, key=lambda t: (t["success"], t["success_paper"])) if learned else None
-  return (f"No reading of γ's start or step size reproduces the paper's 68 %: the best learned-γ "
-          f"variant ({best['method']}) succeeds on {100 * best['success']:.0f} % "
-          f"({100 * best['success_paper']:.0f} % with the paper's PSNR), and even γ held at 1/lr for "
-          f"the whole run, which is iDLG on the gradient ΔW/lr, reaches only "
-          f"{100 * oracle['success']:.0f} % ({100 * oracle['success_paper']:.0f} %). γ's collapse is "
-          f"the first failure (preset: median γ {base['gamma_median']:.3g} against 1/lr = "
-          f"{1 / d['local_lr']:g}): ∂/∂γ ‖∇W′ − γΔW‖² = 0 at γ = ⟨∇W′, ΔW⟩/‖ΔW‖², near 0 while the "
-          f"dummy gradient is unrelated to the update, and with γ small the dummy gradient shrinks "
-          f"towards the trivial minimum. But the Euclidean distance driven by Adam at lr 0.1 from "
-          f"N(0, 1) is weak on this network even with the right γ; the scale-free distances "
-          f"(cosine, DLM+) are what succeed here.") if best else ""
-
-
 # SAPAG's Table I row on CIFAR-100, one reading per row: (label, sweep folders, the paper's PSNR).
 
 
@@ -414,23 +391,6 @@ def _join(*parts) -> str:
 
 
 SECTIONS = (
-    Section(
-        "DLM and DLM+: Table 1 (FedAvg weights)",
-        "A fresh MLP 3072→32→100 per CIFAR-100 image, one local SGD step at lr 0.01, success = PSNR > "
-        "30 dB with their PSNR (error divided by the dataset std): DLG 64 %, cosine 90 %, DLM 68 %, "
-        "DLM+ 92 %.",
-        lambda: _join(
-            "Dummy image clamped to [0, 1]:", program_table("dlm_table_box"),
-            "Without the clamp:", program_table("dlm_table"),
-            "DLM's unstated details: how γ starts and learns (`--methods='DLM;gamma'`), clamped:",
-            program_table("dlm_gamma_box"), "Without the clamp:", program_table("dlm_gamma"),
-            dlm_gamma_note("dlm_gamma_box"),
-            "DLM+'s ‖u/‖u‖ − v/‖v‖‖² equals 2(1 − cos(u, v)): it is the cosine attack with Adam lr "
-            "0.01 instead of 0.1. Rows name their labels: iDLG's inferred label, or soft labels "
-            "optimised jointly."),
-        (("dlm_table_box", "python experiments/dlm_table.py --count=20 --box"),
-         ("dlm_table", "python experiments/dlm_table.py --count=20"),
-         ("dlm_gamma_box", None), ("dlm_gamma", None))),
     Section(
         "Labels of batches with duplicates (LeNet, untrained)",
         "No single paper's table: the methods of iDLG's successors (negative bias, Yin et al.'s "
