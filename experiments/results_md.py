@@ -392,12 +392,6 @@ def _join(*parts) -> str:
 
 SECTIONS = (
     Section(
-        "Labels of batches with duplicates (LeNet, untrained)",
-        "No single paper's table: the methods of iDLG's successors (negative bias, Yin et al.'s "
-        "GradInversion rule, LLG, bias counts) on the same batches.",
-        lambda: program_table("label_recovery_lenet_zhu_cifar10_b8.md"),
-        (("label_recovery_lenet_zhu_cifar10_b8.json", "python experiments/label_recovery.py"),)),
-    Section(
         "HFGInv and GradInversion: batches of 8 on a trained ResNet",
         "Pretrained ResNet-34, 224 px, batch 8, Table 1: HFGInv LPIPS 0.33, PSNR 15.12, SSIM 0.49; "
         "GradInversion 0.39 / 13.22 / 0.44; Inverting Gradients 0.58 / 11.99 / 0.31.",
