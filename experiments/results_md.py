@@ -19,7 +19,6 @@ import os
 import sys
 from typing import Callable
 
-import numpy as np
 from absl import app, flags
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
@@ -129,133 +128,8 @@ def provenance(rel: str, command: str | None = None) -> str:
   return "Run: " + "; ".join(parts) + "."
 
 
-def missing(program: str, why: str) -> str:
-  return f"**Not measured yet.** {why} Program: `{program}`."
-
-
 # ---------------------------------------------------------------------------------------------------
 # Renderers for outputs without a table of their own.
-
-
-def hfginv_note(rel: str = "batch_table") -> str:
-  """HFGInv (``hfginv``) against GradInversion (``bn``) batch by batch on the ablation's batches:
-  the mean and population std of the per-batch PSNR difference, the batches it wins, and the same
-  for SSIM and LPIPS (lower is better)."""
-  d = load(rel)
-  rows = d and d.get("ablation_rows", {})
-  if not rows or not rows.get("hfginv") or not rows.get("bn"):
-    return ""
-  bn = {r["batch"]: r for r in rows["bn"]}
-  pairs = [(r, bn[r["batch"]]) for r in rows["hfginv"] if r["batch"] in bn]
-  n = len(pairs)
-
-  def paired(key, lower_better=False):
-    diff = np.array([a[key] - b[key] for a, b in pairs])
-    wins = int(np.sum(diff < 0 if lower_better else diff > 0))
-    return diff, wins
-
-  psnr, psnr_wins = paired("psnr")
-  ssim, ssim_wins = paired("ssim")
-  parts = [f"PSNR {psnr.mean():+.2f} ± {psnr.std():.2f} dB (higher on {psnr_wins} of {n})",
-           f"SSIM {ssim.mean():+.3f} (higher on {ssim_wins} of {n})"]
-  if all("lpips" in a and "lpips" in b for a, b in pairs):
-    lp, lp_wins = paired("lpips", lower_better=True)
-    parts.append(f"LPIPS {lp.mean():+.3f} (lower on {lp_wins} of {n})")
-  verdict = ("HFGInv beats the GradInversion baseline on PSNR" if 2 * psnr_wins > n and psnr.mean() > 0
-             else "HFGInv does not beat the GradInversion baseline on PSNR")
-  return (f"HFGInv against GradInversion on the same {n} batches, batch by batch (HFGInv − "
-          f"GradInversion, mean ± std over batches): {'; '.join(parts)}. {verdict}.")
-
-
-BATCH_LABEL_RUNS = (
-    ("batch_labels_fresh1000_aux40", "fresh, 1000 classes (HFGInv's protocol)"),
-    ("batch_labels_fresh1000_aux300", "fresh, 1000 classes"),
-    ("batch_labels_fresh100", "fresh, 100 classes"),
-    ("batch_labels_fresh", "fresh, 10 classes"),
-    ("batch_labels_trained", "trained, 10 classes"),
-)
-"""batch_table.py --variants=none runs (folder, the head the server sends), one table row each."""
-
-
-def batch_labels_table(runs=BATCH_LABEL_RUNS) -> str | None:
-  """Every label rule's exact batches and mean label accuracy, one row per run of batch_table.py
-  (the head the server sends and HFGInv's auxiliary images); None when no run is there."""
-  found = [(load(rel), head) for rel, head in runs]
-  found = [(d, head) for d, head in found if d and d.get("labels")]
-  if not found:
-    return None
-  methods = [m["method"] for m in found[0][0]["labels"]]
-  lines = ["| head | auxiliary images | " + " | ".join(methods) + " |",
-           "|---|---|" + "---|" * len(methods)]
-  for d, head in found:
-    summary = {m["method"]: m for m in d["labels"]}
-    cells = [f"{summary[m]['exact']}/{summary[m]['batches']} ({summary[m]['accuracy_mean']:.3f})"
-             if m in summary else "n/a" for m in methods]
-    lines.append(f"| {head} | {d.get('aux', 40)} | " + " | ".join(cells) + " |")
-  return ("Exact batches (mean label accuracy) of every rule on the same batches of 8 with labels from 4 "
-          "classes:\n\n" + "\n".join(lines))
-
-
-def _label_misses(rows) -> tuple[int, int, int]:
-  """(exact, classes right but counts wrong, classes wrong) over a rule's rows (each with the
-  sorted ``labels`` it returned and the sorted ``truth``)."""
-  exact = sum(r["exact"] for r in rows)
-  classes = sum(not r["exact"] and set(r.get("labels", ())) == set(r["truth"]) for r in rows)
-  return exact, classes, len(rows) - exact - classes
-
-
-def hfginv_labels_note(runs=BATCH_LABEL_RUNS) -> str:
-  """Where HFGInv's labels go wrong, run by run (the classes right but the counts wrong, or a class
-  missed), and whether its counts are exact on most batches on its own protocol (the first run)."""
-  lines, verdict = [], ""
-  for i, (rel, head) in enumerate(runs):
-    d = load(rel)
-    rows = d and d.get("label_rows", {}).get("hfginv")
-    if not rows or any("truth" not in r for r in rows):
-      continue
-    exact, counts, classes = _label_misses(rows)
-    lines.append(f"| {head} | {d.get('aux', 40)} | {exact} | {counts} | {classes} |")
-    if i == 0:
-      most = "most" if 2 * exact > len(rows) else "not most"
-      verdict = (f"On HFGInv's protocol its counts are exact on {exact} of {len(rows)} batches ({most} of "
-                 f"them). ")
-  if not lines:
-    return ""
-  return (verdict + "Where they go wrong (batches):\n\n"
-          "| head | auxiliary images | exact | classes right, counts wrong | a class wrong |\n"
-          "|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n"
-          "A class goes missing when the softmax's positive terms p_nc·a_n/N outweigh its examples' "
-          "negative ones: HFGInv's candidate rule (a negative mean of the class's head-kernel column) "
-          "leaves them out. A fresh head gives p_nc ≈ 1/K, negligible with HFGInv's 1000 classes; with "
-          "10, a class holding one example of 8 has a column whose expected sign is set by "
-          "1 − 8·p̄_c ≈ 0.2. A trained head's confident predictions (p_nc → 1) erase their class's "
-          "column. Counts go wrong with the classes right because the fitness models a class's column, "
-          "the sum of its k_c examples' features, as k_c times one mean sorted profile; the "
-          "profile's stable positions, chosen from more auxiliary images, fit better (second row).")
-
-
-def training_record(rel: str) -> str:
-  d = load(rel)
-  if d is None:
-    return missing("experiments/train.py", "No training record.")
-  cfg, hist = d["config"], d["history"]
-  last = hist[-1]
-  norm = cfg.get("normalization", "none")
-  name = {"imagenet": "ImageNet"}.get(norm, norm.upper().replace("CIFAR", "CIFAR-"))
-  inputs = "" if norm == "none" else f", inputs normalised by the {name} mean and std"
-  milestones = cfg.get("lr_milestones") or []
-  shown = hist[1:] if len(hist) <= 21 else [h for h in hist[1:] if h["epoch"] % 10 == 0]
-  return (f"{cfg['model']} on {cfg['dataset']} ({cfg['train_count']} images{inputs}), {cfg['epochs']} "
-          f"epoch{'' if cfg['epochs'] == 1 else 's'} "
-          f"of batch {cfg['batch_size']}, SGD lr {cfg['lr']} "
-          + ("Nesterov " if cfg.get("nesterov") else "") + f"momentum {cfg['momentum']}"
-          + (f" weight decay {cfg['weight_decay']:g}" if cfg.get("weight_decay") else "")
-          + (f", lr ×{cfg['lr_gamma']:g} after epochs {', '.join(map(str, milestones))}" if milestones else "")
-          + (", random crops and flips" if cfg.get("augment") else "")
-          + (", BatchNorm in training mode" if cfg.get("train_mode") else "") + ": test accuracy "
-          f"{100 * last['accuracy']:.1f} % on {cfg['test_dataset']} test images 0–{cfg['test_count'] - 1} "
-          + ("(per epoch: " if len(shown) == len(hist) - 1 else "(every 10 epochs: ")
-          + ", ".join(f"{100 * h['accuracy']:.1f} %" for h in shown) + ").")
 
 
 # SAPAG's Table I row on CIFAR-100, one reading per row: (label, sweep folders, the paper's PSNR).
@@ -391,19 +265,6 @@ def _join(*parts) -> str:
 
 
 SECTIONS = (
-    Section(
-        "HFGInv and GradInversion: batches of 8 on a trained ResNet",
-        "Pretrained ResNet-34, 224 px, batch 8, Table 1: HFGInv LPIPS 0.33, PSNR 15.12, SSIM 0.49; "
-        "GradInversion 0.39 / 13.22 / 0.44; Inverting Gradients 0.58 / 11.99 / 0.31.",
-        lambda: _join(
-            "The ResNet-20 attacked: " + training_record("train_resnet20_cifar10"),
-            "Labels, by the head the server sends (a fresh random one, as HFGInv's protocol: a "
-            "pretrained network with a new 1000-class head; or the checkpoint's own):",
-            batch_labels_table(), hfginv_labels_note(),
-            "Ablation:", program_table("batch_table"), hfginv_note(),
-            "Compiled memory:", program_table("batch_memory")),
-        (("train_resnet20_cifar10", "python experiments/train.py --model=resnet20 --epochs=5"),
-         *((rel, None) for rel, _ in BATCH_LABEL_RUNS), ("batch_table", None), ("batch_memory", None))),
     Section(
         "Text: 15-token sentences (SAPAG's Transformer)",
         "SAPAG recovers most words of 15-word sentences, DLG fewer (no numbers published).",

@@ -49,50 +49,6 @@ def test_command_rebuilt_from_a_recorded_configuration(results_md):
       "gradjax reconstruct --dataset=cifar10 --lr=0.5 --box --noone_sample_per_step")
 
 
-def test_hfginv_note_pairs_the_batches(results_md, tmp_path, monkeypatch):
-  """Three batches, by hand: PSNR differences +1, −0.5, +2 (mean 0.833, population std
-  sqrt(((1/6)² + (4/3)² + (7/6)²) / 3) = 1.027), SSIM +0.1, +0.1, −0.1, LPIPS −0.1, +0.2, −0.2."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  row = lambda b, p, s, l: {"batch": b, "psnr": p, "ssim": s, "lpips": l}
-  _write(tmp_path / results_md.RESULTS / "ablation", "results.json", {"ablation_rows": {
-      "bn": [row(0, 10.0, 0.2, 0.5), row(1, 11.0, 0.2, 0.4), row(2, 9.0, 0.4, 0.7)],
-      "hfginv": [row(2, 11.0, 0.3, 0.5), row(0, 11.0, 0.3, 0.4), row(1, 10.5, 0.3, 0.6)]}})
-  note = results_md.hfginv_note("ablation")
-  diff = np.array([1.0, -0.5, 2.0])
-  assert f"PSNR +0.83 ± {diff.std():.2f} dB (higher on 2 of 3)" in note and f"{diff.std():.2f}" == "1.03"
-  assert "SSIM +0.033 (higher on 2 of 3)" in note and "LPIPS -0.033 (lower on 2 of 3)" in note
-  assert note.endswith("HFGInv beats the GradInversion baseline on PSNR.")
-  assert results_md.hfginv_note("absent") == ""
-
-
-def test_batch_labels_table_and_hfginv_note_count_by_hand(results_md, tmp_path, monkeypatch):
-  """Two runs of batch_table.py by hand. Protocol run: HFGInv exact on batches 0 and 1, batch 2 with
-  the classes right and the counts wrong ({1, 2} both ways); 2 of 3 exact is most. Second run: batch 0
-  exact, batch 1 misses class 3, batch 2 has the counts wrong; 1 of 3."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  row = lambda b, got, truth: {"batch": b, "labels": got, "truth": truth, "exact": got == truth,
-                               "accuracy": 1.0}
-  truths = ([0, 0, 1], [2, 3, 3], [1, 1, 2])
-  runs = {"p": ([0, 0, 1], [2, 3, 3], [1, 2, 2]), "q": ([0, 0, 1], [2, 2, 2], [1, 2, 2])}
-  for rel, got in runs.items():
-    _write(tmp_path / results_md.RESULTS / rel, "results.json", {
-        "aux": 40 if rel == "p" else 300,
-        "labels": [{"method": "llg", "exact": 1, "batches": 3, "accuracy_mean": 0.5},
-                   {"method": "hfginv", "exact": sum(g == t for g, t in zip(got, truths)), "batches": 3,
-                    "accuracy_mean": 0.25}],
-        "label_rows": {"hfginv": [row(b, g, t) for b, (g, t) in enumerate(zip(got, truths))]}})
-  runs = (("p", "protocol"), ("q", "other"), ("absent", "none"))
-  table = results_md.batch_labels_table(runs).splitlines()
-  assert table[2] == "| head | auxiliary images | llg | hfginv |"
-  assert table[4:] == ["| protocol | 40 | 1/3 (0.500) | 2/3 (0.250) |",
-                       "| other | 300 | 1/3 (0.500) | 1/3 (0.250) |"]
-  note = results_md.hfginv_labels_note(runs)
-  assert note.startswith("On HFGInv's protocol its counts are exact on 2 of 3 batches (most of them).")
-  assert "| protocol | 40 | 2 | 1 | 0 |" in note and "| other | 300 | 1 | 1 | 1 |" in note
-  assert results_md.batch_labels_table((("absent", "none"),)) is None
-  assert results_md.hfginv_labels_note((("absent", "none"),)) == ""
-
-
 def test_restarts_note_compares_the_floor_with_the_target(results_md, tmp_path, monkeypatch):
   """By hand: one restart 1.0 ms per iteration, its step 0.5 ms (2.00×); R=64 at a 100 GFLOP/s peak,
   10 MFLOP per evaluation: 6.4 ms, plus the pairs' 12.0 ms floor = 18.4 ms > 16 × 1.0 ms; the
@@ -141,30 +97,6 @@ def test_loops_note_divides_by_hand(results_md, tmp_path, monkeypatch):
                          "resnet20 20.0× (SGD step) and 2.0× (DLG evaluation), and in the loop split is 10.0× "
                          "and 3.0× faster. ")
   assert "lenet_zhu" not in note and results_md.loops_note("absent") == ""
-
-
-def test_training_record_names_the_recipe_and_thins_long_histories(results_md, tmp_path, monkeypatch):
-  """A 30-epoch run with Nesterov, a step decay and augmentation: every option named, the accuracy
-  listed every 10 epochs; a 2-epoch run without them lists each epoch and names none."""
-  monkeypatch.setattr(results_md, "ROOT", str(tmp_path))
-  config = {"model": "lenet_zhu", "dataset": "cifar10_train", "train_count": 50000, "epochs": 30,
-            "batch_size": 128, "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True,
-            "lr_milestones": ["11", "22"], "lr_gamma": 0.1, "augment": True, "normalization": "cifar10",
-            "test_dataset": "cifar10", "test_count": 1017}
-  history = [{"epoch": e, "accuracy": e / 100} for e in range(31)]
-  _write(tmp_path / results_md.RESULTS / "long", "results.json", {"config": config, "history": history})
-  assert results_md.training_record("long") == (
-      "lenet_zhu on cifar10_train (50000 images, inputs normalised by the CIFAR-10 mean and std), 30 "
-      "epochs of batch 128, SGD lr 0.1 Nesterov momentum 0.9 weight decay 0.0005, lr ×0.1 after epochs "
-      "11, 22, random crops and flips: test accuracy 30.0 % on cifar10 test images 0–1016 (every 10 "
-      "epochs: 10.0 %, 20.0 %, 30.0 %).")
-  plain = {**config, "epochs": 2, "nesterov": False, "lr_milestones": [], "augment": False,
-           "weight_decay": 0.0, "normalization": "none"}
-  _write(tmp_path / results_md.RESULTS / "short", "results.json",
-         {"config": plain, "history": history[:3]})
-  assert results_md.training_record("short") == (
-      "lenet_zhu on cifar10_train (50000 images), 2 epochs of batch 128, SGD lr 0.1 momentum 0.9: test "
-      "accuracy 2.0 % on cifar10 test images 0–1016 (per epoch: 1.0 %, 2.0 %).")
 
 
 def _sapag_rows(rel_dir, rows, threshold=30.0):

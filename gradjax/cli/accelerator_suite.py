@@ -38,7 +38,8 @@ from gradjax import config, driver, pipeline, report
 
 PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
-CHECKPOINT = os.path.join("experiments", "results", "train_resnet20_cifar10", "epoch_5.npz")
+CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
+                          "epoch_5.npz")
 BATCH_SECONDS = 540.0  # a call of the batch part stops here; the next one resumes
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
 

@@ -1,6 +1,6 @@
 # runs/ig_resnet20_epoch5_cifar10_0-4, runs/ig_resnet20_epoch5_cifar10_5-19 again: gradjax sweep --config=<this file>.
-# Recorded: python experiments/sweep.py --attack=inverting_gradients --checkpoint=experiments/results/train_resnet20_cifar10/epoch_5.npz --dataset=cifar10 --count=5 --output_dir=experiments/results/ig_resnet20_epoch5_cifar10_0-4 --overwrite
-#           python experiments/sweep.py --attack=inverting_gradients --checkpoint=experiments/results/train_resnet20_cifar10/epoch_5.npz --dataset=cifar10 --start=5 --count=15 --output_dir=experiments/results/ig_resnet20_epoch5_cifar10_5-19 --overwrite
+# Recorded: python experiments/sweep.py --attack=inverting_gradients --checkpoint=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz --dataset=cifar10 --count=5 --output_dir=experiments/results/ig_resnet20_epoch5_cifar10_0-4 --overwrite
+#           python experiments/sweep.py --attack=inverting_gradients --checkpoint=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz --dataset=cifar10 --start=5 --count=15 --output_dir=experiments/results/ig_resnet20_epoch5_cifar10_5-19 --overwrite
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config
@@ -20,7 +20,7 @@ def get_config():
   c.data.sequence_length = 15
   c.data.vocab_size = None
   c.model.name = 'lenet_zhu'
-  c.model.checkpoint = 'experiments/results/train_resnet20_cifar10/epoch_5.npz'
+  c.model.checkpoint = 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz'
   c.model.weights = None
   c.model.rename = None
   c.model.init = None

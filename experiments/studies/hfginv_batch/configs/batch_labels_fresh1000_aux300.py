@@ -1,0 +1,18 @@
+# runs/batch_labels_fresh1000_aux300 again: gradjax batch-table --config=<this file> --count=30 --variants=none --head_classes=1000
+# Recorded: python experiments/batch_table.py --checkpoint=experiments/results/train_resnet20_cifar10/epoch_5.npz --count=30 --variants=none --head_classes=1000 --aux=300 --output_dir=experiments/results/batch_labels_fresh1000_aux300 --overwrite
+"""A gradjax configuration (gradjax.config)."""
+
+from gradjax import config
+
+
+def get_config():
+  c = config.defaults()
+  c.seed = 0
+  c.data.data_dir = None
+  c.data.batch_size = 8
+  c.model.checkpoint = 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz'
+  c.attack.iterations = 1500
+  c.attack.aux = 300
+  c.sampling.pool = 500
+  c.sampling.classes_per_batch = 4
+  return c
