@@ -266,12 +266,6 @@ def _join(*parts) -> str:
 
 SECTIONS = (
     Section(
-        "Text: 15-token sentences (SAPAG's Transformer)",
-        "SAPAG recovers most words of 15-word sentences, DLG fewer (no numbers published).",
-        lambda: _join(program_table("text_table"), "Three readings of SAPAG's kernel:",
-                      program_table("text_sapag_readings")),
-        (("text_table", None), ("text_sapag_readings", None))),
-    Section(
         "Speed against PyTorch eager (CPU)",
         "No paper: gradjax against the same attacks in PyTorch 2.13 eager, in the same script.",
         lambda: _join(
