@@ -31,7 +31,6 @@ import numpy as np
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 STUDIES = os.path.join("experiments", "studies")
 OUTPUT = "RESULTS.md"
-LEGACY = os.path.join("experiments", "results_legacy.md")  # experiments/results_md.py's, until it empties
 
 STATISTICS = {
     "mean": np.mean,
@@ -128,8 +127,6 @@ def render(root: str = ROOT) -> str:
   lines += ["", "## Studies", ""]
   for folder, study in studies(root):
     lines.append(f"- [{study['title']}]({folder}/analysis.md): {study['source']}")
-  if os.path.exists(os.path.join(root, LEGACY)):
-    lines += ["", f"Results not yet moved into a study: [{LEGACY}]({LEGACY})."]
   return "\n".join(lines) + "\n"
 
 

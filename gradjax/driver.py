@@ -24,7 +24,7 @@ knobs, with the progress ``callback`` and ``monitor``, travel together as one :c
 Precision. Every program of a run is traced at ``Execution.matmul_precision`` for matrix products and
 convolutions (``jax.default_matmul_precision``), float32 unless asked otherwise: matching gradients of
 gradients must drive a residual to ~1e-6, which float32 products rounded as JAX's default precision
-lets a GPU round them (to TensorFloat-32 or bfloat16) cannot (``experiments/results/gpu_h100``).
+lets a GPU round them (to TensorFloat-32 or bfloat16) cannot (``experiments/studies/accelerator_h100``).
 """
 
 import contextlib

@@ -57,7 +57,7 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
               "config", "device"):
     assert key in metrics
   assert metrics["config"]["model"] == "lenet_zhu" and metrics["iterations"] == 30
-  # The command as typed and the cores, for RESULTS.md's provenance lines.
+  # The command as typed and the cores, which the studies quote.
   assert metrics["command"] == f"gradjax reconstruct --iterations=30 --image_size=16 --output_dir={out}"
   assert metrics["cores"] >= 1 and metrics["device"].startswith("CPU (")
   assert f"PSNR {metrics['psnr']:.2f} dB" in proc.stdout

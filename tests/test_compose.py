@@ -166,7 +166,7 @@ def test_the_readme_library_snippets_run():
                                                ("default", None)])
 def test_attacks_trace_at_float32_matmul_precision_unless_told(problem, precision, traced):
   """On a GPU, JAX's default precision rounds float32 products and DLG fell from 45 to 16 dB
-  (experiments/results/gpu_h100): the attack's programs are traced at float32 unless told."""
+  (experiments/studies/accelerator_h100): the attack's programs are traced at float32 unless told."""
   model, obs = problem
   seen = []
 

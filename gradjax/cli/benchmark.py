@@ -49,9 +49,9 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   the cache it filled, with the attack's own ``wall_time_s`` and PSNR beside. The processes inherit
   this one's CPU affinity (pin the benchmark with ``taskset`` for one core).
 
-  gradjax benchmark --output_dir=experiments/results/benchmark_cpu
+  gradjax benchmark --output_dir=runs/benchmark_cpu
   gradjax benchmark --sections=restarts --restart_counts=1,8,64   # on a GPU
-  gradjax benchmark --suite=gpu --parts=steps,restarts --output_dir=experiments/results/gpu
+  gradjax benchmark --suite=gpu --parts=steps,restarts --output_dir=runs/gpu
 
 ``--suite=gpu`` runs the accelerator suite instead (``accelerator_suite.py``: step time and memory,
 restarts 1-256, 64-restart DLG, matmul precisions, Inverting Gradients on ResNet20-4, the FedAvg

@@ -55,7 +55,7 @@ def program() -> list[str]:
 def provenance() -> dict:
   """Where a table comes from, for its results.json: the command line as typed (``gradjax NAME
   flags...``), the device, the cores the process may use, the versions and the
-  UTC date. ``experiments/results_md.py`` prints it under the table in RESULTS.md."""
+  UTC date (the studies quote it)."""
   import flax
   import optax
   device = jax.devices()[0]

@@ -29,7 +29,7 @@ labels)`` (the default), the γ variants (``gamma`` for all of them).
 
   gradjax dlm-table --count=20
   gradjax dlm-table --count=20 --box
-  gradjax dlm-table --count=20 --box --methods='DLM;gamma' --output_dir=experiments/results/dlm_gamma_box
+  gradjax dlm-table --count=20 --box --methods='DLM;gamma' --output_dir=runs/dlm_gamma_box
 """
 
 import dataclasses
