@@ -71,3 +71,21 @@ def test_headline_numbers_from_hand_written_runs(studies, tmp_path):
   assert first.split(" | ")[3:] == ["30.00 (Table 1)", f"{pooled.mean():.2f}", f"{pooled.mean() - 30:+.2f} |"]
   second = next(line for line in table if "PSNR std" in line)
   assert second.split(" | ")[3:] == ["–", f"{np.array(psnr_a + psnr_b).std():.3f}", "– |"]
+
+
+def test_config_of_a_recorded_sweep_runs_it_again(studies, tmp_path):
+  """The written file sets the rows' recorded options (options recorded before they existed take
+  their defaults) and declares the sweep over their images; rows that differ otherwise: an error."""
+  import types
+  from gradjax import config
+  rows = [{"config": {"attack": "idlg", "dataset": "cifar10", "index": i, "restarts": 3}} for i in (4, 6)]
+  _write(tmp_path / "run" / "results.json", {"rows": rows, "command": "gradjax sweep ..."})
+  module = types.ModuleType("written")
+  exec(studies.config_of(str(tmp_path / "run")), module.__dict__)
+  cfg = config.from_dict(module.get_config())
+  assert (cfg.attack, cfg.dataset, cfg.restarts, cfg.iterations) == ("idlg", "cifar10", 3, None)
+  assert module.get_sweep() == [{"data.index": 4}, {"data.index": 6}]
+  rows[1]["config"]["restarts"] = 1
+  _write(tmp_path / "run" / "results.json", {"rows": rows})
+  with pytest.raises(ValueError, match="differ in restarts"):
+    studies.config_of(str(tmp_path / "run"))
