@@ -59,6 +59,7 @@ def _reference_prior(module, variables, x, train, multipliers):
   return total, order
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat,train", [(False, False), (True, False), (False, True)])
 def test_prior_equals_numpy_moments(remat, train):
   with jax.enable_x64(True):
@@ -103,6 +104,7 @@ def test_moments_of_a_first_layer_batch_norm_are_the_inputs_moments():
   np.testing.assert_allclose(float(got), want, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [False, True])
 def test_interceptor_leaves_outputs_unchanged(train):
   model = models.create("resnet8", jax.random.key(2), input_shape=(8, 8, 3))
@@ -112,6 +114,7 @@ def test_interceptor_leaves_outputs_unchanged(train):
                                 np.asarray(model.apply_fn(model.variables, x, train)))
 
 
+@pytest.mark.slow
 def test_bn_prior_in_an_attack_and_its_errors():
   model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))

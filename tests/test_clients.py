@@ -113,6 +113,7 @@ def test_fedsgd_share_labels(mlp64, photos):
   check_observation(hidden)
 
 
+@pytest.mark.slow
 def test_fedsgd_train_mode_batchnorm_matches_finite_differences(photos, fill_variables):
   """Train-mode FedSGD on a BatchNorm ResNet: <g, d> equals the float64 central difference of the
   train-mode mean loss along random parameter directions d.

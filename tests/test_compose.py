@@ -29,6 +29,7 @@ def squared_error(dummy_grads, observed_grads):
              zip(jax.tree.leaves(dummy_grads), jax.tree.leaves(observed_grads)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", [optax.adam(0.05), optimizers.Named("lbfgs", 1.0)],
                          ids=["optax_adam", "lbfgs"])
 def test_a_hand_written_distance_gives_the_built_in_reconstruction(problem, optimizer):
@@ -45,6 +46,7 @@ def test_a_hand_written_distance_gives_the_built_in_reconstruction(problem, opti
   assert a.labels.tolist() == [3]  # iDLG's label
 
 
+@pytest.mark.slow
 def test_optax_own_lbfgs_is_driven_with_its_line_search(problem):
   """optax.lbfgs keeps a zoom line search's value in its state: the solver reuses it, so each
   iteration costs the line search's evaluations only (about one), not one more."""
@@ -58,6 +60,7 @@ def test_optax_own_lbfgs_is_driven_with_its_line_search(problem):
   assert np.isfinite(rec.loss)
 
 
+@pytest.mark.slow
 def test_a_prior_of_ones_own(problem):
   """A prior written here, switched on at step 5: its term is weight · fn(x) from then on (NumPy),
   and an attack carrying it runs."""
@@ -146,6 +149,7 @@ def test_a_model_is_one_spec(monkeypatch):
   assert rec.labels.tolist() == [1]
 
 
+@pytest.mark.slow
 def test_the_readme_library_snippets_run():
   """The README's "As a library" snippets, run as written but for their budgets: a preset, then an
   attack of a distance written inline and optax's Adam."""

@@ -13,6 +13,7 @@ import skimage.metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
 def test_dlg_torch_batch_scores_its_reconstructions(tmp_path):
   """DLG's reference loop in PyTorch on two CIFAR-10 batches of 2 (a subprocess: torch stays out of

@@ -182,6 +182,7 @@ def test_labels_shared_as_a_multiset_are_sorted(mlp64, photos):
 
 
 
+@pytest.mark.slow
 def test_dlm_gamma_held_then_released_matches_the_closed_form(mlp64, photos, mlp_reference):
   """d/ds ‖g' − e^s v‖² = −2 e^s ⟨g' − e^s v, v⟩ (NumPy, float64) from step ``frozen`` on; 0 before."""
   from gradjax import distances, objectives

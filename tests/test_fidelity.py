@@ -105,8 +105,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", [  # the FedAvg cases compile one local training per alternative
-    pytest.param(c, marks=pytest.mark.slow) if "local" in CASES[c][2] else c for c in CASES])
+@pytest.mark.parametrize("case", [  # the FedAvg and BatchNorm cases compile more (slow)
+    pytest.param(c, marks=pytest.mark.slow) if "local" in CASES[c][2] or "batchnorm" in c else c
+    for c in CASES])
 def test_each_mismatch_is_named(tmp_path, photos, case):
   name, act, client, declared, cause = CASES[case]
   model = _with_random_stats(_model(name, act))  # so the two BatchNorm modes differ

@@ -135,6 +135,7 @@ def test_aggregate_unchanged_and_files_exact(net, tmp_path):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_existing_audit_dir_is_never_reused(net, tmp_path):
   (tmp_path / "audit").mkdir()
   (tmp_path / "audit" / "earlier.txt").write_text("a previous run")

@@ -51,6 +51,7 @@ def test_stepwise_masks_select_deep_leaves_and_drop_entries():
   assert float(jnp.max(a["a"]["kernel"])) == 0.0  # unmatched leaves stay zero under dropout
 
 
+@pytest.mark.slow
 def test_stepwise_objective_is_the_cosine_of_the_deepest_leaves():
   """Without dropout the objective is 1 − cos over the matched leaves (NumPy, float64)."""
   with jax.enable_x64(True):
@@ -155,6 +156,7 @@ def test_presets_and_rescaled():
       dataclasses.replace(ig, iterations=100)
 
 
+@pytest.mark.slow
 def test_hfginv_runs_on_a_batch_norm_network():
   model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))
@@ -306,6 +308,7 @@ def test_reconstruct_weights_layers_in_call_order(monkeypatch):
   assert float(seen["weights"]["head"]["kernel"]) == pytest.approx(1 / 19)  # 18 modules before it
 
 
+@pytest.mark.slow
 def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
   """--labels=hfginv: the profile from --aux images after the batch, the labels HFGInv's, then the
   attack with them known; too few images is a one-line error."""

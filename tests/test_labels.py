@@ -353,6 +353,7 @@ def _numpy_profile(features, positions):
   return mean, np.argsort(cv, kind="stable")[:positions]
 
 
+@pytest.mark.slow
 def test_hfginv_finds_known_counts_with_duplicates():
   rng = np.random.default_rng(0)
   for trial in range(6):

@@ -45,6 +45,7 @@ def test_direction_equals_optax_two_loop_recursion(memory_size, scale_init_preco
     np.testing.assert_allclose(np.asarray(s_new.gram), s_mem @ y_mem.T, rtol=1e-10, atol=1e-13)
 
 
+@pytest.mark.slow
 def test_lbfgs_with_line_search_follows_optax_iterates():
   """The full optimizer (direction, lr, zoom line search) gives optax.lbfgs's iterates on Rosenbrock."""
   def rosenbrock(p):
@@ -141,6 +142,7 @@ def _numpy_lbfgs_skipping(grad, x, iterations, memory_size, lr, min_curvature):
   return np.array(xs), skipped
 
 
+@pytest.mark.slow
 def test_fixed_step_skips_pairs_of_negative_curvature_as_pytorch():
   """On a nonconvex function, where fixed steps meet negative curvature, the iterates equal a NumPy
   L-BFGS that skips pairs with s·y <= 1e-10 (torch.optim.LBFGS's rule); optax's store-every-pair
@@ -166,6 +168,7 @@ def test_fixed_step_skips_pairs_of_negative_curvature_as_pytorch():
   assert np.abs(got[None] - want).max() > 1e-3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("min_curvature", [None, 1e-10])
 def test_non_finite_pair_never_enters_the_memory(min_curvature):
   """A NaN gradient (a diverged restart) leaves the stored pairs, their weights, the Gram matrix and

@@ -89,6 +89,7 @@ def test_zoom_on_a_quadratic_lands_on_the_line_minimum():
   assert int(state.info.num_linesearch_steps) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guess", ["one", "keep"])
 def test_lbfgs_iterates_equal_optax(guess):
   """L-BFGS with either search follows the same path on Rosenbrock for 40 iterations."""

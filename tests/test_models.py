@@ -401,6 +401,7 @@ def test_conv_implementations_match_numpy_and_xla(kernel, stride, pads, hw, impl
                                np.asarray(second_order(jax.lax.conv_general_dilated)), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel,stride,pads,hw", [
     ((3, 3), (1, 1), "SAME", (8, 8)),
     ((3, 3), (2, 2), ((1, 1), (1, 1)), (9, 8)),      # odd size: rows the strided window never reaches

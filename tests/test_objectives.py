@@ -113,6 +113,7 @@ def _fd_check(objective, dummy, obs, labels, keys, seed, h=1e-5, tol=1e-6):
     assert abs(got - fd) <= tol * abs(fd), (got, fd)
 
 
+@pytest.mark.slow
 def test_objective_gradient_wrt_x_matches_finite_differences(lenet64, photos):
   _, _, x, y, obs, objective = lenet64
   with jax.enable_x64(True):
@@ -123,6 +124,7 @@ def test_objective_gradient_wrt_x_matches_finite_differences(lenet64, photos):
     _fd_check(objective, near, obs, y, ("x",), seed=1)
 
 
+@pytest.mark.slow
 def test_objective_joint_labels_matches_finite_differences(lenet64, photos):
   _, _, _, _, obs, objective = lenet64
   rng = np.random.default_rng(2)
@@ -155,6 +157,7 @@ def test_objective_zero_only_at_truth(lenet64, photos):
     assert float(objective(sharp, obs)) < 1e-25
 
 
+@pytest.mark.slow
 def test_objective_vmaps_over_restarts(lenet64, photos):
   _, _, _, y, obs, objective = lenet64
   with jax.enable_x64(True):

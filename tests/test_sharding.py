@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # one subprocess with 8 CPU devices compiles every case (~20 s)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
@@ -81,6 +83,7 @@ def test_each_of_eight_devices_holds_one_restart(result):
   assert result["shards"] == [[d, 1] for d in range(8)]
 
 
+@pytest.mark.slow
 def test_sharded_runs_equal_single_device_runs(result):
   assert result["solver_max_diff"] < 1e-12
   assert result["restarts"] == 6 and result["best"][0] == result["best"][1]

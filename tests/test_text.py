@@ -135,6 +135,7 @@ def test_token_bag_is_the_set_of_input_tokens(client):
   np.testing.assert_array_equal(text.token_bag(obs), sorted(set(ids.ravel().tolist())))
 
 
+@pytest.mark.slow
 def test_attack_view_drops_only_the_embedding(client):
   m, obs, ids = client
   view = text.attack_view(obs)
@@ -316,6 +317,7 @@ def test_readme_text_example_runs(capsys):
   assert printed.startswith("['") and "]" in printed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", text.SEARCHES)
 def test_best_iterate_tracked_from_the_attacks_track_from(client, search):
   """Both text searches take the best iterate from ``track_from`` on, as the image attacks do

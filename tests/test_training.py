@@ -202,6 +202,7 @@ def _scale(c):
                  f"scale:{c}")
 
 
+@pytest.mark.slow
 def test_zero_strength_defenses_change_nothing_and_the_defense_acts(mlp64):
   apply_fn, variables, x, y = mlp64
   kw = dict(key=jax.random.key(1), epochs=2, batch_size=5, learning_rate=0.3)
@@ -487,6 +488,7 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_train_mode_updates_batch_norm_running_statistics():
   """One step in train mode: the running mean and variance of every BatchNorm move by PyTorch's
   momentum toward the batch's moments (NumPy, from the captured inputs of each layer); the
@@ -524,6 +526,7 @@ def test_train_mode_updates_batch_norm_running_statistics():
       np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_split_convolutions_train_as_xla_convolutions():
   """Two epochs of momentum SGD in train mode on a strided BatchNorm ResNet (the epoch is a
   ``lax.scan``): ``conv="split"``, the training program's default, gives XLA's parameters and

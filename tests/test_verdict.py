@@ -17,6 +17,7 @@ def _lenet():
                        conv="xla")
 
 
+@pytest.mark.slow
 def test_residual_is_the_sine_to_the_observation(photos):
   """The residual at the best common scale equals sin ∠(u, c) from NumPy, and is 0 for the data
   themselves even when the observation is scaled (DLM's and cosine distances leave it free)."""
