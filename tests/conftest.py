@@ -32,12 +32,6 @@ def _release_compiled_programs():
   gc.collect()
 
 
-def pytest_collection_modifyitems(session, config, items):
-  """The tests marked slow first (in their order): with ``-n`` workers take them while the queue is
-  long, and the short ones fill the end, so no worker idles behind a long test."""
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pytest_sessionfinish(session, exitstatus):
   """Fails the run if a test loaded PyTorch or TensorFlow into the main process (mark it isolated)."""
   loaded = [m for m in ("torch", "tensorflow") if m in sys.modules]
