@@ -549,7 +549,9 @@ def test_a_sweep_declared_in_a_config_file(tmp_path):
   assert [r["psnr"] for r in again] == [r["psnr"] for r in rows]
   (tmp_path / "bad.py").write_text(SWEEP_CONFIG.replace('"defense.spec", [None', '"defense.nope", [None'))
   (tmp_path / "twice.py").write_text(SWEEP_CONFIG.replace('[0, 1]', '[0, 0]'))
+  (tmp_path / "broken.py").write_text(SWEEP_CONFIG.replace("return config.product(", "return 1 / 0 + ("))
   for args, message in [([f"--config={tmp_path / 'grid.py'}", "--count=3"], "declares its own sweep"),
+                        ([f"--config={tmp_path / 'broken.py'}"], "get_sweep() failed: ZeroDivisionError"),
                         ([f"--config={tmp_path / 'bad.py'}"], "unknown option 'defense.nope'"),
                         ([f"--config={tmp_path / 'twice.py'}"], "repeats an experiment")]:
     bad = run_program("sweep", *args, f"--output_dir={tmp_path / 'bad'}")

@@ -197,10 +197,13 @@ def declared_sweep() -> list[dict[str, Any]] | None:
   path = config_flags.get_config_filename(f["config"])
   spec = importlib.util.spec_from_file_location("_gradjax_sweep_config", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  spec.loader.exec_module(module)  # config_flags ran it already: it loads
   if not hasattr(module, "get_sweep"):
     return None
-  items = module.get_sweep()
+  try:
+    items = module.get_sweep()
+  except Exception as e:  # the user's code: one line, not a traceback
+    raise ValueError(f"{path}: get_sweep() failed: {type(e).__name__}: {e}") from None
   if (not isinstance(items, (list, tuple)) or not items
       or not all(isinstance(i, dict) and all(isinstance(k, str) for k in i) for i in items)):
     raise ValueError(f"{path}: get_sweep() must return a non-empty list of dicts of options "
