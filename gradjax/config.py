@@ -628,7 +628,20 @@ def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
       lines.append(f"  c.{path} = {values[name]!r}")
   lines += ["  return c", ""]
   if sweep is not None:
-    lines += ["", "def get_sweep():", "  return ["]
-    lines += [f"      {item!r}," for item in sweep]
-    lines += ["  ]", ""]
+    lines += ["", "def get_sweep():"] + _sweep_source(sweep)
   return "\n".join(lines)
+
+
+def _sweep_source(sweep: list[dict[str, Any]]) -> list[str]:
+  """``get_sweep()``'s body: ``config.sweep(path, range(...))`` when the items step one integer
+  option evenly (an image sweep), else the items one per line."""
+  keys = {tuple(item) for item in sweep}
+  values = [next(iter(item.values())) for item in sweep]
+  if (len(keys) == 1 and len(next(iter(keys))) == 1 and len(values) >= 2
+      and all(type(v) is int for v in values)):
+    step = values[1] - values[0]
+    if step > 0 and all(b - a == step for a, b in zip(values, values[1:])):
+      stop = values[-1] + 1
+      steps = "" if step == 1 else f", {step}"
+      return [f"  return config.sweep({next(iter(keys))[0]!r}, range({values[0]}, {stop}{steps}))", ""]
+  return ["  return ["] + [f"      {item!r}," for item in sweep] + ["  ]", ""]

@@ -58,3 +58,16 @@ def test_each_packaged_config_is_a_valid_experiment(name):
   assert name.startswith(cfg.attack) or name in ("batch_labels", "batch_table", "train")
   config.check(cfg)  # names resolve: preset, model, dataset
   assert module.__doc__  # says where its settings come from
+
+
+@pytest.mark.parametrize("sweep", [
+    [{"data.index": i} for i in range(0, 100)],            # written as config.sweep(..., range(0, 100))
+    [{"data.index": i} for i in (0, 2, 4, 6, 8)],          # range(0, 9, 2)
+    [{"data.index": i} for i in (0, 1, 5)],                # uneven: one item per line
+    [{"data.index": i, "attack.restarts": 1} for i in (0, 1, 2)],
+    [{"defense.spec": d} for d in (None, "prune:0.2")]])
+def test_a_written_sweep_reads_back_as_the_same_items(sweep):
+  import types
+  module = types.ModuleType("written")
+  exec(config.to_python(config.Config(), sweep=sweep), module.__dict__)
+  assert module.get_sweep() == sweep

@@ -74,10 +74,4 @@ def get_config():
 
 
 def get_sweep():
-  return [
-      {'data.index': 0},
-      {'data.index': 2},
-      {'data.index': 4},
-      {'data.index': 6},
-      {'data.index': 8},
-  ]
+  return config.sweep('data.index', range(0, 9, 2))

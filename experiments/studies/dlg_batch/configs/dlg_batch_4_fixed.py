@@ -74,10 +74,4 @@ def get_config():
 
 
 def get_sweep():
-  return [
-      {'data.index': 0},
-      {'data.index': 4},
-      {'data.index': 8},
-      {'data.index': 12},
-      {'data.index': 16},
-  ]
+  return config.sweep('data.index', range(0, 17, 4))

@@ -74,10 +74,4 @@ def get_config():
 
 
 def get_sweep():
-  return [
-      {'data.index': 0},
-      {'data.index': 8},
-      {'data.index': 16},
-      {'data.index': 24},
-      {'data.index': 32},
-  ]
+  return config.sweep('data.index', range(0, 33, 8))

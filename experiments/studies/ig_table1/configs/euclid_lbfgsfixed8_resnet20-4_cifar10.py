@@ -75,7 +75,4 @@ def get_config():
 
 
 def get_sweep():
-  return [
-      {'data.index': 0},
-      {'data.index': 1},
-  ]
+  return config.sweep('data.index', range(0, 2))

@@ -76,11 +76,4 @@ def get_config():
 
 
 def get_sweep():
-  return [
-      {'data.index': 0},
-      {'data.index': 1},
-      {'data.index': 2},
-      {'data.index': 3},
-      {'data.index': 4},
-      {'data.index': 5},
-  ]
+  return config.sweep('data.index', range(0, 6))

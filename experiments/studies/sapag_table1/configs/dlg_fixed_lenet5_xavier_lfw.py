@@ -74,15 +74,4 @@ def get_config():
 
 
 def get_sweep():
-  return [
-      {'data.index': 0},
-      {'data.index': 1},
-      {'data.index': 2},
-      {'data.index': 3},
-      {'data.index': 4},
-      {'data.index': 5},
-      {'data.index': 6},
-      {'data.index': 7},
-      {'data.index': 8},
-      {'data.index': 9},
-  ]
+  return config.sweep('data.index', range(0, 10))
