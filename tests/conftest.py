@@ -9,8 +9,10 @@ see ``_release_compiled_programs``.)
 
 import gc
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -19,6 +21,22 @@ import pytest
 from gradjax import data
 
 _ISOLATED = "GRADJAX_TEST_ISOLATED"
+
+# One persistent XLA compilation cache per test run, shared by its pytest-xdist workers and isolated
+# child processes: a program compiled by one test module is loaded, not compiled again, by the next
+# (jax.clear_caches() after every module empties only the in-memory cache). The quick loop on one
+# core: 4:30 without it, 4:07 with it. Removed when the run ends.
+_CACHE = os.environ.setdefault(
+    "GRADJAX_TEST_XLA_CACHE",
+    os.path.join(tempfile.gettempdir(),
+                 f"gradjax-tests-xla-{os.getpid()}"))  # workers inherit the run's folder
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def pytest_unconfigure(config):
+  if not hasattr(config, "workerinput") and not os.environ.get(_ISOLATED):  # the run's own process
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True, scope="module")
