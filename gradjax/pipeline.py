@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, driver, fidelity
-from gradjax import interop, lpips, metrics, models, resume, text, verdict
+from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, distributed, driver
+from gradjax import fidelity, interop, lpips, metrics, models, resume, text, verdict
 from gradjax import labels as labels_lib
 from gradjax.config import Config, check, fingerprint, options
 
@@ -173,7 +173,11 @@ class _Resumable:
         trace.rows = list(extra.get("history", []))
         self.earlier_s, self.resumed = float(extra.get("wall_time_s", 0.0)), True
 
-      self.saver = state.saver(fingerprint(cfg), on_restore=restored, extra=lambda: {
+      spread = cfg.shard and distributed.process_count() > 1  # one attack over every process
+      saved_with = fingerprint(cfg)
+      if cfg.shard:  # the restarts' split over devices shapes the vmapped programs' values
+        saved_with.update(processes=distributed.process_count(), devices=jax.device_count())
+      self.saver = state.saver(saved_with, on_restore=restored, collective=spread, extra=lambda: {
           "history": trace.rows, "wall_time_s": self.wall_s()})
 
   def wall_s(self) -> float:
@@ -204,6 +208,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       config=options(cfg),
       device=str(jax.devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,
+      processes=distributed.process_count() if cfg.shard else 1,
       backend=jax.default_backend(),
       jax_version=jax.__version__,
   )

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import checkpoint, driver, report, solvers
+from gradjax import checkpoint, distributed, driver, report, solvers
 
 FORMAT = 1
 
@@ -104,6 +104,11 @@ class Saver:
     resume: whether :meth:`restore` reads ``path`` (if it exists) or the run starts afresh.
     extra: called at every save; its JSON-ready dict is stored beside the state.
     on_restore: called with that dict when a saved state is restored.
+    collective: whether every process of a run over several processes runs this saver together
+      (one attack sharded over all of them, :mod:`gradjax.distributed`): then they decide each save
+      together (a save is due when it is due on any of them, and a signal to any stops them all),
+      every process takes the snapshot (gathering the sharded state is a collective) and process 0
+      alone writes the file. Every process reads it to resume.
 
   ``saves`` and ``seconds`` count the saves made and the time they took. A save that fails (a full
   disk, a folder removed) is logged and remembered in ``error``; the run goes on, since losing the
@@ -114,11 +119,11 @@ class Saver:
 
   def __init__(self, path, *, fingerprint: dict, every_s: float = 60.0, resume: bool = False,
                extra: Callable[[], dict] | None = None,
-               on_restore: Callable[[dict], None] | None = None):
+               on_restore: Callable[[dict], None] | None = None, collective: bool = False):
     if every_s < 0:
       raise ValueError(f"seconds between saves must be non-negative, got {every_s}")
     self.path, self.fingerprint, self.every_s, self.resume = os.fspath(path), fingerprint, every_s, resume
-    self._extra, self._on_restore = extra, on_restore
+    self._extra, self._on_restore, self.collective = extra, on_restore, collective
     self._fingerprint_json = json.loads(json.dumps(fingerprint, sort_keys=True))
     self._last = time.monotonic()
     self._called = False
@@ -127,13 +132,19 @@ class Saver:
   def __call__(self, snapshot: Callable[[], driver.Snapshot], *, final: bool = False) -> None:
     signum = stop_requested()
     first, self._called = not self._called, True
-    if not (final or first or signum is not None or time.monotonic() - self._last >= self.every_s):
+    due = final or first or signum is not None or time.monotonic() - self._last >= self.every_s
+    if self.collective:
+      each = distributed.allgather_ints([int(due), -1 if signum is None else signum])
+      due, signum = bool(each[:, 0].any()), (int(each[:, 1].max()) if each[:, 1].max() >= 0 else None)
+      due = due or signum is not None
+    if not due:
       return
     start = time.perf_counter()
     snap, saved = None, False
     try:
       snap = snapshot()
-      save(self.path, snap, self.fingerprint, {} if self._extra is None else self._extra())
+      if not self.collective or distributed.is_writer():
+        save(self.path, snap, self.fingerprint, {} if self._extra is None else self._extra())
       self.saves, saved = self.saves + 1, True
     except OSError as e:
       if self.error is None:
@@ -169,8 +180,9 @@ class StateFile:
     return Saver(self.path, fingerprint=fingerprint, every_s=self.every_s, resume=self.resume, **kw)
 
   def remove(self) -> None:
-    """Deletes the state file, once the run's results are written."""
-    if os.path.exists(self.path):
+    """Deletes the state file, once the run's results are written (by process 0 alone, in a run over
+    several processes)."""
+    if distributed.is_writer() and os.path.exists(self.path):
       os.remove(self.path)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from gradjax import checkpoint, config, configs, pipeline, progress, report, resume
+from gradjax import checkpoint, config, configs, distributed, pipeline, progress, report, resume
 from gradjax.config import Config
 
 STATE_FILE = "state.npz"
@@ -117,9 +117,68 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   flags.DEFINE_bool("print_config", False, "Print the resolved configuration (as a configuration "
                     "file) and exit before anything runs.")
   flags.DEFINE_enum("layout", "torch", ["torch"], "Tensor layout of --weights and --observation files.")
-  flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host: pods, SLURM, Open MPI clusters).")
+  define_launch_flags()
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
+
+
+def define_launch_flags():
+  """The flags that start a run over several processes (:mod:`gradjax.distributed`)."""
+  group = "launch over several processes"
+  flags.DEFINE_bool("distributed", False, "Join a run over several processes whose arguments JAX "
+                    "detects (SLURM, Open MPI, TPU pods); implied by the flags below.",
+                    module_name=group)
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0, where the processes "
+                      "meet (the same on every process).", module_name=group)
+  flags.DEFINE_integer("num_processes", None, "Processes in the run (the same on every process).",
+                       lower_bound=1, module_name=group)
+  flags.DEFINE_integer("process_id", None, "This process's number, 0 .. --num_processes - 1 "
+                       "(process 0 writes the results).", lower_bound=0, module_name=group)
+  flags.DEFINE_list("local_device_ids", None, "Accelerators this process uses (e.g. 0,1; default: "
+                    "all it sees).", module_name=group)
+  flags.DEFINE_integer("initialization_timeout_s", 300, "Seconds to wait for every process to "
+                       "join before giving up.", lower_bound=1, module_name=group)
+  flags.DEFINE_integer("heartbeat_timeout_s", 60, "Seconds without a heartbeat after which a "
+                       "process counts as stopped and the others exit, naming it.", lower_bound=1,
+                       module_name=group)
+
+
+def _launch() -> None:
+  """Joins a run over several processes when the launch flags ask for one."""
+  f = flags.FLAGS
+  if "distributed" not in f:
+    return
+  given = [f.coordinator_address, f.num_processes, f.process_id, f.local_device_ids]
+  if not f.distributed and all(v is None for v in given):
+    return
+  try:
+    ids = None if f.local_device_ids is None else [int(i) for i in f.local_device_ids]
+  except ValueError:
+    fail(f"--local_device_ids must be integers, got {','.join(f.local_device_ids)}")
+  if f.num_processes is not None and f.process_id is not None and f.process_id >= f.num_processes:
+    fail(f"--process_id must lie in 0 .. {f.num_processes - 1} (--num_processes={f.num_processes}), "
+         f"got {f.process_id}")
+  try:
+    distributed.initialize(f.coordinator_address, f.num_processes, f.process_id, ids,
+                           initialization_timeout_s=f.initialization_timeout_s,
+                           heartbeat_timeout_s=f.heartbeat_timeout_s)
+  except distributed.Error as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    os._exit(2)  # JAX's shutdown at exit would wait for the run that did not form
+  sys.excepthook = _excepthook_over_processes
+
+
+def _excepthook_over_processes(kind, value, tb):
+  """An uncaught exception in a run over several processes: a collective whose peer is gone names
+  that process (:func:`distributed.lost_peer`); anything else is printed, posted to the other
+  processes, and ends this one without JAX's shutdown barrier."""
+  if issubclass(kind, KeyboardInterrupt):
+    print("interrupted", file=sys.stderr)
+    distributed.fail("interrupted", 130)
+  if distributed.is_collective_failure(value):
+    distributed.lost_peer(value)
+  sys.__excepthook__(kind, value, tb)
+  distributed.fail(f"{kind.__name__}: {value}", 1)
 
 
 def _values_given() -> tuple[dict, set[str]]:
@@ -269,8 +328,9 @@ def define_table_flags(psnr: bool = True, methods: bool = False, start: bool = T
 
 def log_progress(p: progress.Progress):
   """Prints :meth:`gradjax.progress.Progress.line` on stderr after every chunk (plain: no log
-  prefix)."""
-  print(p.line(), file=sys.stderr, flush=True)
+  prefix; in a run over several processes, the process's number first)."""
+  who = f"[process {distributed.process_index()}] " if distributed.process_count() > 1 else ""
+  print(who + p.line(), file=sys.stderr, flush=True)
 
 
 def define_output_flags(resumable: bool = True):
@@ -297,7 +357,12 @@ def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
 
   A folder that holds files is never written into unless --overwrite or --resume says so; without
   --output_dir the first free ``runs/<default>[-k]`` is taken (with --resume: the latest holding a
-  saved state)."""
+  saved state). In a run over several processes process 0 claims it and the others take its choice
+  (:func:`gradjax.distributed.agree`)."""
+  return distributed.agree(lambda: _claim_output_folder(default, own))
+
+
+def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
   f = flags.FLAGS
   resuming = "resume" in f and f.resume
   if "save_every_s" in f and f.save_every_s < 0:
@@ -452,15 +517,21 @@ def _one_line_keyboard_interrupt(kind, value, tb):
 
 
 def fail(message: str):
-  """One-line error on stderr and exit code 2 (bad flags or data)."""
+  """One-line error on stderr and exit code 2 (bad flags or data). In a run over several processes a
+  collective that failed because another process stopped names that process instead (exit 1), and
+  any other error is posted to the other processes, which stop naming this one."""
+  if distributed.process_count() > 1 and distributed.is_collective_failure(message):
+    distributed.lost_peer(message)
   print(f"error: {message}", file=sys.stderr)
+  if distributed.process_count() > 1:
+    distributed.fail(message, 2)
   sys.exit(2)
 
 
 def parse_flags(argv):
   """absl flag parser that reports bad flags in one line with exit code 2, then applies the process
-  settings: the persistent compilation cache and the multi-host runtime
-  (``--distributed``)."""
+  settings: the persistent compilation cache and the run over several processes (the launch flags,
+  :mod:`gradjax.distributed`)."""
   argv = [_config_path(a) for a in argv]
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:]):
     print(grouped_help())
@@ -488,11 +559,7 @@ def parse_flags(argv):
   if "compilation_cache" in f and f.compilation_cache:
     jax.config.update("jax_compilation_cache_dir", f.compilation_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", f.compilation_cache_min_secs)
-  if "distributed" in f and f.distributed:
-    try:
-      jax.distributed.initialize()
-    except (RuntimeError, ValueError) as e:
-      fail(f"jax.distributed.initialize() failed: {str(e).splitlines()[0]}")
+  _launch()
   return argv
 
 

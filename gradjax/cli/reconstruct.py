@@ -30,7 +30,7 @@ import os
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import config, pipeline, report, resume
+from gradjax import config, distributed, pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags()
@@ -46,6 +46,9 @@ def main(argv):
     name = config.run_name(cfg)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
+  if distributed.process_count() > 1 and not cfg.shard:
+    common.fail(f"{distributed.process_count()} processes run one attack together when its "
+                "restarts are split over them: add --shard")
   out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",
                                         "report.html", "sentences.txt", "config.py"))
   state = common.state_file(out)
@@ -64,6 +67,8 @@ def main(argv):
     common.fail(str(e))
   except resume.Interrupted as e:
     common.interrupted(e, out)
+  if not distributed.is_writer():
+    return  # process 0 writes the results
   results = {**results, **common.provenance()}  # the command as typed, the device and its cores
   n = results["num_samples"]
   what = (f"captured {cfg.observation} ({n} sample{'' if n == 1 else 's'})" if cfg.observation
@@ -104,6 +109,8 @@ def text_main(cfg, out, state):
     common.fail(str(e))
   except resume.Interrupted as e:
     common.interrupted(e, out)
+  if not distributed.is_writer():
+    return  # process 0 writes the results
   results = {**results, **common.provenance()}
   title = (f"{cfg.attack} on {results['model']}, {cfg.dataset} sentences "
            f"{cfg.index}..{cfg.index + cfg.batch_size - 1}")

@@ -1,0 +1,309 @@
+"""One run over several processes: ``jax.distributed`` with CPU collectives, one writer, agreement
+between processes, and faults that end every process in bounded time with one line.
+
+A run over P processes is the same command started P times with the same flags, each with its
+``--process_id`` (or none of the launch flags where JAX detects the cluster: SLURM, Open MPI, TPU
+pods). After :func:`initialize` every device of every process is in ``jax.devices()``:
+
+* one attack (``--shard``) splits its restarts and permutation candidates over all of them
+  (:mod:`gradjax.sharding`); every process computes the same host values, and only process 0
+  (:func:`is_writer`) writes results, reports and the resume state;
+* a campaign (``sweep``, the table programs) splits its experiments over the processes
+  (:class:`gradjax.cli.common.Items`): each process runs and writes its own, reads the others' back
+  when they are written, and process 0 writes the table.
+
+Every process must see the output folder (one machine, or a shared filesystem): process 0 chooses it
+(:func:`agree`), the others read the state files and experiments written there.
+
+Faults. The processes watch each other through JAX's coordination service: a process that dies
+stops sending heartbeats, and after ``heartbeat_timeout_s`` every other process prints one line
+naming it and exits (code 1); one that fails with an error of its own (a bad file, say) posts that
+error first, so the others name it at once. A collective whose peer is gone fails at once (gloo
+reports the closed connection), and the process waiting in it exits the same way. Nothing is left
+half-written: every file gradjax writes is written to a temporary name and renamed. Rerunning the same
+commands with ``--resume`` continues from the last saved state and skips finished experiments.
+"""
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+EXIT_FAULT = 1  # another process stopped; rerun with --resume
+_FAILED = "gradjax/failed/"  # coordination-service keys: process -> the error it stopped with
+_settings = {"heartbeat_timeout_s": 60.0}
+
+
+class Error(Exception):
+  """A run over several processes could not start (one line)."""
+
+
+def process_count() -> int:
+  return jax.process_count() if _initialized() else 1
+
+
+def process_index() -> int:
+  return jax.process_index() if _initialized() else 0
+
+
+def is_writer() -> bool:
+  """Whether this process writes the run's results (process 0, or the only one)."""
+  return process_index() == 0
+
+
+def _initialized() -> bool:
+  from jax._src import distributed as jd
+  return jd.global_state.client is not None
+
+
+def _client():
+  from jax._src import distributed as jd
+  return jd.global_state.client
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, local_device_ids: list[int] | None = None, *,
+               initialization_timeout_s: int = 300, heartbeat_timeout_s: int = 60) -> None:
+  """Joins the run: ``jax.distributed.initialize`` with its arguments (detected from the cluster's
+  environment where omitted) and CPU collectives over gloo. Call before anything touches a device.
+
+  JAX's coordination service, which process 0 hosts, runs here in a child process of process 0
+  (:func:`_serve`), in JAX's recoverable mode: when a process dies (process 0 too), the service
+  outlives it and the others learn which one is gone (:func:`lost_peer`), instead of being
+  aborted by JAX with a C++ stack trace. The child ignores Ctrl-C (the processes save their state
+  on it) and exits a few seconds after process 0 has.
+
+  Raises:
+    Error: the arguments are incomplete and no cluster was detected, the run did not form within
+      ``initialization_timeout_s`` (the coordinator cannot be reached, a process is missing), or
+      the process was already initialized.
+  """
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_enable_recoverability", True)
+  _settings["heartbeat_timeout_s"] = float(heartbeat_timeout_s)
+  from jax._src import distributed as jd
+  runtime = getattr(jd, "_jax", None)
+  start_service = getattr(runtime, "get_distributed_runtime_service", None)
+  if start_service is not None:  # JAX offers no public way to host its service elsewhere
+    runtime.get_distributed_runtime_service = _service_in_child
+  try:
+    jax.distributed.initialize(coordinator_address, num_processes, process_id, local_device_ids,
+                               initialization_timeout=int(initialization_timeout_s),
+                               heartbeat_timeout_seconds=int(heartbeat_timeout_s))
+  except (RuntimeError, ValueError, TypeError) as e:
+    text = " ".join(str(e).split())
+    if "should be defined" in text or "must be defined" in text:
+      raise Error("no cluster detected (SLURM, Open MPI, TPU): give --coordinator_address, "
+                  "--num_processes and --process_id") from None
+    if "DEADLINE_EXCEEDED" in text or "timed out" in text.lower() or "registration" in text:
+      raise Error(f"process {process_id} of {num_processes}: the run did not form within "
+                  f"{initialization_timeout_s} s: the coordinator at {coordinator_address} cannot "
+                  "be reached, or not every process started (the same --coordinator_address and "
+                  "--num_processes on each, --process_id 0 .. n-1)") from None
+    raise Error(f"jax.distributed.initialize failed: {_short(text, 300)}") from None
+  finally:
+    if start_service is not None:
+      runtime.get_distributed_runtime_service = start_service
+
+
+class _ChildService:
+  """What process 0 keeps in place of JAX's service object: the child process that hosts it."""
+
+  def __init__(self, proc):
+    self.proc = proc
+
+  def shutdown(self):
+    pass  # the child leaves by itself once this process has exited (_serve)
+
+
+def _service_in_child(address: str, num_nodes: int, heartbeat_timeout: int | None = None,
+                      shutdown_timeout: int | None = None, recoverable: bool | None = None,
+                      **kw) -> _ChildService:
+  """Stands in for ``get_distributed_runtime_service`` in process 0: starts :func:`_serve`."""
+  import subprocess
+  del recoverable, kw
+  cmd = [sys.executable, "-m", "gradjax.distributed", address, str(num_nodes),
+         str(heartbeat_timeout or 60), str(shutdown_timeout or 300), str(os.getpid())]
+  return _ChildService(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+
+
+def _serve(address: str, num_nodes: int, heartbeat_timeout: int, shutdown_timeout: int,
+           parent: int, grace_s: float = 5.0) -> None:
+  """The child of process 0 that hosts JAX's coordination service, until ``grace_s`` after process
+  0 (``parent``) has exited."""
+  import signal
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  from jax._src import distributed as jd
+  service = jd._jax.get_distributed_runtime_service(  # pylint: disable=protected-access
+      address, num_nodes, heartbeat_timeout=heartbeat_timeout, shutdown_timeout=shutdown_timeout,
+      recoverable=True)
+  while os.getppid() == parent:  # re-parented once process 0 is gone
+    time.sleep(0.2)
+  time.sleep(grace_s)
+  del service
+  os._exit(0)
+
+
+def _live() -> list[int] | None:
+  """The processes the coordination service counts alive (None if it cannot be asked)."""
+  try:
+    return sorted(_client().get_live_nodes(list(range(process_count()))))
+  except Exception:  # noqa: BLE001
+    return None
+
+
+def _short(text: str, width: int = 160) -> str:
+  return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _exit(what: str, code: int = EXIT_FAULT, resume_hint: bool = True) -> None:
+  """``error: process i of P: <what>; ...`` on stderr and exit, skipping JAX's shutdown (which
+  would wait for the lost process)."""
+  hint = ": rerun the same commands with --resume to continue" if resume_hint else ""
+  print(f"error: process {process_index()} of {process_count()}: {what}; every process of the run "
+        f"stops{hint}", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(code)
+
+
+def _check_peers() -> None:
+  """Exits naming the process that posted its failure, or that the service no longer counts."""
+  posted = _posted_failures()
+  if posted:
+    _exit_naming(posted)
+  live = _live()
+  if live is not None and len(live) < process_count():
+    gone = sorted(set(range(process_count())) - set(live))
+    _exit(f"process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} stopped "
+          f"(no heartbeat for {_settings['heartbeat_timeout_s']:g} s)")
+
+
+def _posted_failures() -> dict[int, str]:
+  """{process: its error} posted by processes that stopped with an error of their own."""
+  try:
+    entries = _client().key_value_dir_get(_FAILED)
+  except Exception:  # the coordinator itself is gone  # noqa: BLE001
+    return {}
+  out = {}
+  for key, value in entries:
+    try:
+      out[int(key.rsplit("/", 1)[-1])] = value
+    except ValueError:
+      continue
+  return out
+
+
+def _exit_naming(posted: dict[int, str]) -> None:
+  """Exits naming the first process that posted an error of its own (with that error's code)."""
+  k = min(posted)
+  code, _, message = posted[k].partition(":")
+  _exit(f"process {k} stopped with an error: {_short(message.strip())}", int(code),
+        resume_hint=False)
+
+
+def fail(message: str, code: int) -> None:
+  """Ends this process after an error of its own (``message``, already printed): posts it, so the
+  other processes name it at once, and exits with ``code`` without JAX's shutdown barrier."""
+  try:
+    _client().key_value_set(f"{_FAILED}{process_index()}", f"{code}: {message}")
+  except Exception:  # noqa: BLE001
+    pass
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
+
+
+def is_collective_failure(e: BaseException) -> bool:
+  """Whether ``e`` is a collective that failed because a peer process is gone."""
+  text = str(e)
+  return process_count() > 1 and any(s in text for s in ("Gloo", "gloo", "Connection closed",
+                                                         "Connection reset", "UNAVAILABLE"))
+
+
+def lost_peer(e: BaseException) -> None:
+  """After a collective failed (``e``): waits up to the heartbeat timeout for the coordination
+  service to say which process is gone, and exits naming it."""
+  deadline = time.monotonic() + _settings["heartbeat_timeout_s"] + 10
+  while time.monotonic() < deadline:
+    _check_peers()
+    time.sleep(0.5)
+  _exit(f"a collective failed ({_short(' '.join(str(e).split()))})")
+
+
+def wait_for(ready: Callable[[], bool], poll_s: float = 0.2) -> None:
+  """Blocks until ``ready()``; exits naming a process that stopped meanwhile."""
+  checked = time.monotonic()
+  while not ready():
+    if time.monotonic() - checked > 1.0:
+      _check_peers()
+      checked = time.monotonic()
+    time.sleep(poll_s)
+
+
+def agree(fn: Callable[[], Any]) -> Any:
+  """``fn()``'s JSON-ready result as process 0 computed it, on every process (``fn`` runs on process
+  0 only). A ``SystemExit`` of ``fn`` (a one-line error) ends every process with the same code."""
+  if process_count() == 1:
+    return fn()
+  _counter[0] += 1
+  key = f"gradjax/agree/{_counter[0]}"
+  if is_writer():
+    try:
+      value = {"value": fn()}
+    except SystemExit as e:
+      value = {"exit": e.code if isinstance(e.code, int) else 1}
+    _client().key_value_set(key, json.dumps(value))
+  else:
+    value = json.loads(_get(key))
+  if "exit" in value:
+    if not is_writer():
+      print(f"error: process {process_index()} of {process_count()}: process 0 stopped with an "
+            "error (on its stderr)", file=sys.stderr)
+    fail("stopped with process 0", value["exit"])
+  return value["value"]
+
+
+_counter = [0]  # agreements and barriers so far: every process passes the same ones in order
+
+
+def _get(key: str) -> str:
+  """The coordination service's value of ``key`` once some process set it."""
+  client, found = _client(), []
+
+  def ready():
+    try:
+      found.append(client.key_value_try_get(key))
+      return True
+    except Exception:  # noqa: BLE001  (not set yet)
+      return False
+
+  wait_for(ready, poll_s=0.05)
+  return found[0]
+
+
+def barrier() -> None:
+  """Waits until every process reached this barrier (the n-th call on each process meets the n-th
+  on the others); exits naming a process that posted a failure meanwhile."""
+  if process_count() == 1:
+    return
+  _counter[0] += 1
+  prefix, client = f"gradjax/barrier/{_counter[0]}/", _client()
+  client.key_value_set(f"{prefix}{process_index()}", "1")
+  wait_for(lambda: len(client.key_value_dir_get(prefix)) == process_count(), poll_s=0.05)
+
+
+def allgather_ints(values: list[int]) -> np.ndarray:
+  """(P, len(values)) int32: every process's ``values`` (a collective: every process must call it)."""
+  row = np.asarray(values, np.int32)[None]
+  if process_count() == 1:
+    return row
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(row[0])).reshape(process_count(), -1)
+
+
+if __name__ == "__main__":  # the child of process 0 that hosts the coordination service
+  _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
