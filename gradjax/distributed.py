@@ -35,6 +35,7 @@ import numpy as np
 
 EXIT_FAULT = 1  # another process stopped; rerun with --resume
 _FAILED = "gradjax/failed/"  # coordination-service keys: process -> the error it stopped with
+_FINISHED = "gradjax/finished/"  # process -> "1" once it has done its part and leaves
 _settings = {"heartbeat_timeout_s": 60.0}
 
 
@@ -177,9 +178,24 @@ def _check_peers() -> None:
     _exit_naming(posted)
   live = _live()
   if live is not None and len(live) < process_count():
-    gone = sorted(set(range(process_count())) - set(live))
-    _exit(f"process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} stopped "
-          f"(no heartbeat for {_settings['heartbeat_timeout_s']:g} s)")
+    gone = sorted(set(range(process_count())) - set(live) - _finished())
+    if gone:
+      _exit(f"process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} stopped "
+            f"(no heartbeat for {_settings['heartbeat_timeout_s']:g} s)")
+
+
+def finished() -> None:
+  """Tells the other processes that this one has done its part and leaves: its leaving is then no
+  fault (:func:`_check_peers`)."""
+  if process_count() > 1:
+    _client().key_value_set(f"{_FINISHED}{process_index()}", "1")
+
+
+def _finished() -> set[int]:
+  try:
+    return {int(key.rsplit("/", 1)[-1]) for key, _ in _client().key_value_dir_get(_FINISHED)}
+  except Exception:  # noqa: BLE001
+    return set()
 
 
 def _posted_failures() -> dict[int, str]:

@@ -206,7 +206,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       threat_model=observation.threat_model,
       attack=attacks.describe(attack),
       config=options(cfg),
-      device=str(jax.devices()[0]),
+      device=str(jax.local_devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,
       processes=distributed.process_count() if cfg.shard else 1,
       backend=jax.default_backend(),

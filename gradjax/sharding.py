@@ -40,8 +40,10 @@ def shard_restarts(tree: PyTree, mesh: jax.sharding.Mesh | None = None) -> PyTre
 
 
 def fetch(tree: PyTree) -> PyTree:
-  """``tree`` as host NumPy arrays, gathering the shards of other processes when there are any."""
-  if jax.process_count() > 1:
+  """``tree`` as host NumPy arrays, gathering the shards of other processes where a leaf has some
+  (a collective then: every process must call it). Leaves this process holds whole, e.g. of an
+  experiment it runs alone, are read locally."""
+  if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(tree)):
     from jax.experimental import multihost_utils
     return multihost_utils.process_allgather(tree, tiled=True)
   return jax.device_get(tree)

@@ -54,11 +54,11 @@ def program() -> list[str]:
 
 def provenance() -> dict:
   """Where a table comes from, for its results.json: the command line as typed (``gradjax NAME
-  flags...``), the device, the cores the process may use, the versions and the
+  flags...``), the device, the cores the process may use, the processes of the run, the versions and the
   UTC date (the studies quote it)."""
   import flax
   import optax
-  device = jax.devices()[0]
+  device = jax.local_devices()[0]
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   import importlib.metadata
   try:
@@ -67,7 +67,8 @@ def provenance() -> dict:
     version = None
   return {"command": shlex.join([*program(), *sys.argv[1:]]), "gradjax": version,
           "device": device.device_kind if device.platform != "cpu" else f"CPU ({cpu_model()})",
-          "platform": device.platform, "cores": cores, "jax": jax.__version__,
+          "platform": device.platform, "cores": cores, "processes": distributed.process_count(),
+          "jax": jax.__version__,
           "flax": flax.__version__, "optax": optax.__version__, "python": platform.python_version(),
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
@@ -423,13 +424,47 @@ class Items:
   def __init__(self, out: str):
     self.out, self.resume = out, flags.FLAGS.resume
     self.earlier_s = 0.0  # wall time of the experiments read back (their runs' own)
+    self._owner: dict[str, int] = {}  # over several processes: experiment -> the process running it
+    self._ran: dict[str, tuple[dict, dict]] = {}  # this process's share, run ahead by plan()
 
   def _path(self, key: str) -> str:
     return os.path.join(self.out, "items", re.sub(r"[^A-Za-z0-9._=+-]", "_", key))
 
+  def plan(self, experiments: list[tuple[str, Config]]) -> bool:
+    """Over several processes, experiment k of ``experiments`` (every experiment the program will
+    :meth:`run`, in order) belongs to process k mod P: each process runs its share here, writing
+    each experiment as it ends; returns whether this process goes on to assemble the table
+    (process 0, whose :meth:`run` then waits for the others' experiments to be written and reads
+    them back). One process: runs nothing ahead, returns True."""
+    count, me = distributed.process_count(), distributed.process_index()
+    if count == 1:
+      return True
+    if any(cfg.shard for _, cfg in experiments):
+      fail(f"over {count} processes each experiment of the table runs on one process; --shard "
+           "would split each over all of them (drop --shard)")
+    self._owner = {key: k % count for k, (key, _) in enumerate(experiments)}
+    for k, (key, cfg) in enumerate(experiments):
+      if k % count == me:
+        results, images, done = self.run(key, cfg)
+        self._ran[key] = (results, images)
+        logging.info("experiment %d/%d (%s) on process %d%s", k + 1, len(experiments), key, me,
+                     " (saved earlier)" if done else "")
+    if not distributed.is_writer():
+      distributed.finished()
+      logging.info("process %d: its %d experiments are written; process 0 writes the table", me,
+                   sum(owner == me for owner in self._owner.values()))
+      return False
+    return True
+
   def run(self, key: str, cfg: Config, **kw) -> tuple[dict, dict, bool]:
     """(results, images, whether they were saved by an earlier run) of experiment ``cfg``."""
     base = self._path(key)
+    if key in self._ran:  # run ahead by plan()
+      return (*self._ran[key], False)
+    owner = self._owner.get(key, distributed.process_index())
+    if owner != distributed.process_index():  # another process's: read once it is written
+      distributed.wait_for(lambda: os.path.exists(base + ".json"))
+      return (*self._read(base, cfg), False)
     if self.resume and os.path.exists(base + ".json"):
       results, images = self._read(base, cfg)
       self.earlier_s += float(results.get("wall_time_s", 0.0))

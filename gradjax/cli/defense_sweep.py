@@ -165,13 +165,16 @@ def main(argv):
       ucfg = UtilityConfig(f.utility_model, f.utility_epochs, f.utility_batch_size, f.utility_lr,
                            f.utility_momentum, base.seed)
       check_utility(parts, ucfg)
-    for spec in specs:
-      rows = []
+    def experiments(spec):
       for k in range(f.count):
         cfg = common.replace(base, defense=None if spec == "none" else spec,
                              index=f.start + k * base.batch_size)
-        results, _, _ = items.run(f"{spec}_{cfg.index}", cfg)
-        rows.append(results)
+        yield f"{spec}_{cfg.index}", cfg
+
+    if not items.plan([e for spec in specs for e in experiments(spec)]):
+      return  # over several processes: this one's experiments are written, process 0 goes on
+    for spec in specs:
+      rows = [items.run(key, cfg)[0] for key, cfg in experiments(spec)]
       summary = report.summarize(rows, f.psnr_threshold)
       logging.info("%s: PSNR %.2f dB, %d/%d successes", spec, summary["psnr"]["mean"],
                    summary["successes"], f.count)

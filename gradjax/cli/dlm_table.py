@@ -72,12 +72,17 @@ common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
 
+def experiments(name: str, overrides: dict, indices, base: dict) -> list[tuple[str, config.Config]]:
+  """(key, configuration) of ``name``'s experiment on each image of ``indices``."""
+  return [(f"{name}_{index}", config.Config(**{**base, **overrides, "index": index}))
+          for index in indices]
+
+
 def run_method(name: str, overrides: dict, indices, std, threshold: float, base: dict,
                items: common.Items) -> dict:
   rows = []
-  for index in indices:
-    cfg = config.Config(**{**base, **overrides, "index": index})
-    results, images, _ = items.run(f"{name}_{index}", cfg)
+  for (key, cfg), index in zip(experiments(name, overrides, indices, base), indices):
+    results, images, _ = items.run(key, cfg)
     paper = float(metrics.psnr_std(images["reconstruction"], images["ground_truth"], std)[0])
     rows.append({"index": index, "psnr": results["psnr"], "psnr_paper": paper,
                  "ssim": results["ssim"], "lpips": results.get("lpips"),
@@ -144,9 +149,11 @@ def main(argv):
                              own=("results.*", "items/*.json", "items/*.npz", "config.py"))
   items = common.Items(out)
   start = time.perf_counter()
+  indices = range(f.start, f.start + f.count)
   try:
-    table = [run_method(m, methods[m], range(f.start, f.start + f.count), std, f.psnr_threshold,
-                        base, items) for m in names]
+    if not items.plan([e for m in names for e in experiments(m, methods[m], indices, base)]):
+      return  # over several processes: this one's experiments are written, process 0 goes on
+    table = [run_method(m, methods[m], indices, std, f.psnr_threshold, base, items) for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   seconds = items.earlier_s + time.perf_counter() - start  # with the experiments read back

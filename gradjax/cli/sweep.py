@@ -115,8 +115,10 @@ def main(argv):
       f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{span}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
   items = common.Items(out)
-  rows, truth, recon = [], [], []
   start, resumed = time.perf_counter(), 0
+  if not items.plan(list(zip(keys, cfgs))):
+    return  # over several processes: this one's experiments are written, process 0 writes the table
+  rows, truth, recon = [], [], []
   try:
     for k, (cfg, item, key, label) in enumerate(zip(cfgs, sweep, keys, labels)):
       results, pictures, done = items.run(key, cfg)

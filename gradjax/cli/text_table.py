@@ -57,12 +57,19 @@ common.define_output_flags()
 flags.adopt_module_key_flags(common)
 
 
+def experiments(model: str, method: str, search: str, base: dict, indices
+                ) -> list[tuple[str, config.Config]]:
+  """(key, configuration) of one row's experiment on each sentence of ``indices``."""
+  return [(f"{model}_{method}_{search}_{index}",
+           config.Config(**{**base, **METHODS[method], "index": index, "text_search": search}))
+          for index in indices]
+
+
 def run_rows(model: str, method: str, search: str, base: dict, indices, items: common.Items) -> dict:
   """One row of the table: ``method`` with ``search`` on every sentence of ``indices``."""
   rows = []
-  for index in indices:
-    cfg = config.Config(**{**base, **METHODS[method], "index": index, "text_search": search})
-    results, _, _ = items.run(f"{model}_{method}_{search}_{index}", cfg)
+  for (key, cfg), index in zip(experiments(model, method, search, base, indices), indices):
+    results, _, _ = items.run(key, cfg)
     rows.append({"index": index, "token_accuracy": results["token_accuracy"],
                  "token_accuracy_nearest": results["token_accuracy_nearest"],
                  "bag_recall": results["bag_recall"], "exact": results["exact"],
@@ -136,11 +143,14 @@ def main(argv):
   items = common.Items(out)
   start = time.perf_counter()
   table = []
+  indices = range(f.start, f.start + f.count)
+  bases = {model: {**dataclasses.asdict(cfg), "checkpoint": path} for model, path in models}
   try:
-    for model, path in models:
-      base = {**dataclasses.asdict(cfg), "checkpoint": path}
-      table += [run_rows(model, m, s, base, range(f.start, f.start + f.count), items)
-                for s in searches for m in names]
+    if not items.plan([e for model, _ in models for s in searches for m in names
+                       for e in experiments(model, m, s, bases[model], indices)]):
+      return  # over several processes: this one's experiments are written, process 0 goes on
+    for model, _ in models:
+      table += [run_rows(model, m, s, bases[model], indices, items) for s in searches for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   info = {**common.provenance(), "dataset": cfg.dataset,
