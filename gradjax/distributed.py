@@ -91,9 +91,16 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   start_service = getattr(runtime, "get_distributed_runtime_service", None)
   if start_service is not None:  # JAX offers no public way to host its service elsewhere
     runtime.get_distributed_runtime_service = _service_in_child
+  # JAX aborts a process whose run does not form in time (a C++ fatal error, a stack trace): this
+  # timer says so in one line first.
+  import threading
+  timer = threading.Timer(initialization_timeout_s, _not_formed,
+                          (coordinator_address, num_processes, process_id, initialization_timeout_s))
+  timer.daemon = True
+  timer.start()
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id, local_device_ids,
-                               initialization_timeout=int(initialization_timeout_s),
+                               initialization_timeout=int(initialization_timeout_s) + 60,
                                heartbeat_timeout_seconds=int(heartbeat_timeout_s))
   except (RuntimeError, ValueError, TypeError) as e:
     text = " ".join(str(e).split())
@@ -107,8 +114,17 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                   "--num_processes on each, --process_id 0 .. n-1)") from None
     raise Error(f"jax.distributed.initialize failed: {_short(text, 300)}") from None
   finally:
+    timer.cancel()
     if start_service is not None:
       runtime.get_distributed_runtime_service = start_service
+
+
+def _not_formed(coordinator_address, num_processes, process_id, timeout_s) -> None:
+  print(f"error: process {process_id} of {num_processes}: the run did not form within {timeout_s} s: "
+        f"the coordinator at {coordinator_address} cannot be reached, or not every process started "
+        "(the same --coordinator_address and --num_processes on each, --process_id 0 .. n-1)",
+        file=sys.stderr, flush=True)
+  os._exit(2)
 
 
 class _ChildService:
@@ -147,6 +163,27 @@ def _serve(address: str, num_nodes: int, heartbeat_timeout: int, shutdown_timeou
   time.sleep(grace_s)
   del service
   os._exit(0)
+
+
+def watch(every_s: float = 1.0) -> None:
+  """Starts a thread that checks the other processes every ``every_s`` and ends this one, naming
+  the process, once one posted an error or stopped without saying it finished: so a process
+  blocked in a collective or in gloo's rendezvous with a process that is gone never hangs."""
+  import threading
+
+  def loop():
+    while True:
+      time.sleep(every_s)
+      if not _settings.get("stopping"):
+        _check_peers()
+
+  threading.Thread(target=loop, name="gradjax-peers", daemon=True).start()
+
+
+def stopping() -> None:
+  """This run is stopping on a signal (every process saves its state and exits): the others'
+  leaving is then no fault."""
+  _settings["stopping"] = True
 
 
 def _live() -> list[int] | None:

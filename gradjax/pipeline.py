@@ -176,7 +176,8 @@ class _Resumable:
       spread = cfg.shard and distributed.process_count() > 1  # one attack over every process
       saved_with = fingerprint(cfg)
       if cfg.shard:  # the restarts' split over devices shapes the vmapped programs' values
-        saved_with.update(processes=distributed.process_count(), devices=jax.device_count())
+        saved_with["restarts_split_over"] = (f"{jax.device_count()} devices of "
+                                             f"{distributed.process_count()} processes")
       self.saver = state.saver(saved_with, on_restore=restored, collective=spread, extra=lambda: {
           "history": trace.rows, "wall_time_s": self.wall_s()})
 

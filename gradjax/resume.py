@@ -137,6 +137,8 @@ class Saver:
       each = distributed.allgather_ints([int(due), -1 if signum is None else signum])
       due, signum = bool(each[:, 0].any()), (int(each[:, 1].max()) if each[:, 1].max() >= 0 else None)
       due = due or signum is not None
+      if signum is not None:
+        distributed.stopping()
     if not due:
       return
     start = time.perf_counter()

@@ -118,13 +118,14 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   flags.DEFINE_bool("print_config", False, "Print the resolved configuration (as a configuration "
                     "file) and exit before anything runs.")
   flags.DEFINE_enum("layout", "torch", ["torch"], "Tensor layout of --weights and --observation files.")
-  define_launch_flags()
   flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
 
 
 def define_launch_flags():
-  """The flags that start a run over several processes (:mod:`gradjax.distributed`)."""
+  """The flags that start a run over several processes (:mod:`gradjax.distributed`), for the
+  programs that split their work over processes: one attack's restarts (``reconstruct --shard``) or
+  a table's experiments (:meth:`Items.plan`)."""
   group = "launch over several processes"
   flags.DEFINE_bool("distributed", False, "Join a run over several processes whose arguments JAX "
                     "detects (SLURM, Open MPI, TPU pods); implied by the flags below.",
@@ -167,6 +168,7 @@ def _launch() -> None:
     print(f"error: {e}", file=sys.stderr, flush=True)
     os._exit(2)  # JAX's shutdown at exit would wait for the run that did not form
   sys.excepthook = _excepthook_over_processes
+  distributed.watch()
 
 
 def _excepthook_over_processes(kind, value, tb):

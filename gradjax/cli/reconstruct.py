@@ -34,6 +34,7 @@ from gradjax import config, distributed, pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags()
+common.define_launch_flags()  # restarts split over processes (--shard)
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too
 
 
@@ -68,6 +69,7 @@ def main(argv):
   except resume.Interrupted as e:
     common.interrupted(e, out)
   if not distributed.is_writer():
+    distributed.finished()
     return  # process 0 writes the results
   results = {**results, **common.provenance()}  # the command as typed, the device and its cores
   n = results["num_samples"]
@@ -110,6 +112,7 @@ def text_main(cfg, out, state):
   except resume.Interrupted as e:
     common.interrupted(e, out)
   if not distributed.is_writer():
+    distributed.finished()
     return  # process 0 writes the results
   results = {**results, **common.provenance()}
   title = (f"{cfg.attack} on {results['model']}, {cfg.dataset} sentences "

@@ -1,0 +1,160 @@
+"""Runs over several processes on this machine: two ``gradjax`` processes on 127.0.0.1 (free ports,
+gloo CPU collectives) against the same run in one process; a killed process; a run that never forms.
+Every process a test starts is stopped when it ends, whether it passed or not."""
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _gradjax(args, **kw):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.Popen([sys.executable, "-m", "gradjax", *args, "--compilation_cache="],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True, **kw)
+
+
+@contextlib.contextmanager
+def _processes(args, n=2, heartbeat_s=60, per_process=None):
+  """``n`` processes of ``gradjax args`` joined at a free port; yields the Popen objects; kills every
+  one still running (and its process group: process 0's coordination-service child) at the end."""
+  port = _free_port()
+  procs = []
+  try:
+    for k in range(n):
+      launch = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={n}",
+                f"--process_id={k}", f"--heartbeat_timeout_s={heartbeat_s}",
+                "--initialization_timeout_s=60"]
+      procs.append(_gradjax([*args, *launch, *((per_process or {}).get(k, []))]))
+    yield procs
+  finally:
+    for p in procs:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+      with contextlib.suppress(Exception):
+        p.communicate(timeout=10)
+
+
+def _finish(procs, timeout=300):
+  return [(p.wait(timeout=timeout), *p.communicate()) for p in procs]
+
+
+def _service_children(port_hint: str) -> list[str]:
+  out = subprocess.run(["pgrep", "-af", "gradjax.distributed"], capture_output=True, text=True).stdout
+  return [line for line in out.splitlines() if port_hint in line]
+
+
+def test_one_sharded_attack_over_two_processes_equals_one_process(tmp_path):
+  args = ["reconstruct", "--iterations=40", "--restarts=4", "--shard", "--lpips=none", "--seed=3"]
+  with _processes([*args, f"--output_dir={tmp_path / 'two'}"]) as procs:
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
+  assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
+  assert "wrote" in out0 and "wrote" not in out1  # process 0 alone writes
+  # One process with two CPU devices runs the same programs on the same per-device restarts.
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+                        f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                XLA_FLAGS="--xla_force_host_platform_device_count=2"), timeout=300)
+  assert one.returncode == 0, one.stderr[-2000:]
+  two, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("two", "one"))
+  assert (two["devices"], two["processes"], single["devices"], single["processes"]) == (2, 2, 2, 1)
+  assert two["best_restart"] == single["best_restart"]
+  np.testing.assert_allclose([two["psnr"], two["loss"]], [single["psnr"], single["loss"]],
+                             rtol=1e-6)
+  np.testing.assert_allclose(np.load(tmp_path / "two" / "reconstruction.npy"),
+                             np.load(tmp_path / "one" / "reconstruction.npy"), atol=1e-6)
+
+
+def test_sweep_splits_its_images_over_two_processes(tmp_path):
+  args = ["sweep", "--count=2", "--iterations=20", "--lpips=none"]
+  with _processes([*args, f"--output_dir={tmp_path / 'two'}"]) as procs:
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
+  assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
+  assert "experiment 2/2 (1) on process 1" in err1 and "writes the table" in err1
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+                        f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert one.returncode == 0, one.stderr[-2000:]
+  two, single = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("two", "one"))
+  assert two["processes"] == 2 and single["processes"] == 1
+  for a, b in zip(two["rows"], single["rows"], strict=True):  # each image ran alone on a process
+    assert a["index"] == b["index"]
+    np.testing.assert_allclose([a["psnr"], a["loss"]], [b["psnr"], b["loss"]], rtol=1e-6)
+
+
+def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
+  out = tmp_path / "run"
+  args = ["reconstruct", "--iterations=1000", "--chunk=10", "--restarts=2", "--shard",
+          "--lpips=none", "--save_every_s=0", f"--output_dir={out}"]
+  with _processes(args, heartbeat_s=3) as procs:
+    deadline = time.monotonic() + 120
+    while not (out / "state.npz").exists():
+      assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[1][-2000:]
+      time.sleep(0.1)
+    port = [a for a in procs[0].args if a.startswith("--coordinator_address")][0].rsplit(":", 1)[1]
+    os.killpg(procs[1].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    rc, _, err = _finish(procs[:1], timeout=60)[0]
+    took = time.monotonic() - killed
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    print(f"process 0 exited {took:.1f} s after process 1 was killed: {errors}")
+    assert rc == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert errors[0].startswith("error: process 0 of 2: process 1 stopped") and "--resume" in errors[0]
+    assert took < 3 + 15
+    time.sleep(6)  # process 0's coordination-service child leaves a few seconds after it
+    assert not _service_children(f"127.0.0.1:{port}")
+  assert (out / "state.npz").exists() and not (out / "metrics.json").exists()
+  # Another number of processes would split the restarts otherwise: refused in one line.
+  alone = subprocess.run([sys.executable, "-m", "gradjax", *args, "--resume", "--compilation_cache="],
+                         capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                         timeout=300)
+  assert alone.returncode == 2 and "'2 devices of 2 processes' there, '1 devices of 1 processes' here" in alone.stderr, alone.stderr[-2000:]
+  with _processes([*args, "--resume"]) as procs:
+    (rc0, out0, err0), (rc1, _, err1) = _finish(procs)
+  assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
+  results = json.loads((out / "metrics.json").read_text())
+  assert results["resumed"] and results["iterations"] == 1000 and not (out / "state.npz").exists()
+
+
+def test_an_error_on_one_process_is_named_by_the_others(tmp_path):
+  with _processes(["reconstruct", "--iterations=5", "--shard", f"--output_dir={tmp_path}"],
+                  per_process={1: ["--dataset=cifar10", "--data_dir=/nonexistent"]}) as procs:
+    (rc0, _, err0), (rc1, _, err1) = _finish(procs, timeout=120)
+  assert rc1 == 2 and err1.strip().splitlines()[-1].startswith("error:"), err1[-2000:]
+  last = err0.strip().splitlines()[-1]
+  assert rc0 == 2 and last.startswith("error: process 0 of 2: process 1 stopped with an error:"), err0
+  assert "Traceback" not in err0 + err1
+
+
+@pytest.mark.parametrize("process_id", [0, 1])  # the coordinator's, or one that cannot reach it
+def test_a_run_that_does_not_form_is_one_line(process_id):
+  port = _free_port()
+  proc = _gradjax(["reconstruct", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                   f"--process_id={process_id}", "--initialization_timeout_s=3"])
+  try:
+    rc = proc.wait(timeout=120)
+    _, err = proc.communicate()
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(proc.pid, signal.SIGKILL)
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert rc == 2 and len(errors) == 1 and "did not form within 3 s" in errors[0], err[-2000:]
+  assert "Traceback" not in err
+  time.sleep(6)  # process 0's coordination-service child leaves a few seconds after it
+  assert not _service_children(f"127.0.0.1:{port}")
