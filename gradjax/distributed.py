@@ -24,9 +24,11 @@ half-written: every file gradjax writes is written to a temporary name and renam
 commands with ``--resume`` continues from the last saved state and skips finished experiments.
 """
 
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -37,6 +39,7 @@ EXIT_FAULT = 1  # another process stopped; rerun with --resume
 _FAILED = "gradjax/failed/"  # coordination-service keys: process -> the error it stopped with
 _FINISHED = "gradjax/finished/"  # process -> "1" once it has done its part and leaves
 _settings = {"heartbeat_timeout_s": 60.0}
+_exiting = threading.Lock()  # held by the thread that ends the process (one line, once)
 
 
 class Error(Exception):
@@ -93,7 +96,6 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     runtime.get_distributed_runtime_service = _service_in_child
   # JAX aborts a process whose run does not form in time (a C++ fatal error, a stack trace): this
   # timer says so in one line first.
-  import threading
   timer = threading.Timer(initialization_timeout_s, _not_formed,
                           (coordinator_address, num_processes, process_id, initialization_timeout_s))
   timer.daemon = True
@@ -145,7 +147,16 @@ def _service_in_child(address: str, num_nodes: int, heartbeat_timeout: int | Non
   del recoverable, kw
   cmd = [sys.executable, "-m", "gradjax.distributed", address, str(num_nodes),
          str(heartbeat_timeout or 60), str(shutdown_timeout or 300), str(os.getpid())]
-  return _ChildService(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
+  # Its output goes nowhere (it holds no terminal or pipe of this process open after it exits),
+  # but for its first line: "ready", or why the service could not start.
+  proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
+  first = proc.stdout.readline().strip()
+  proc.stdout.close()
+  if first != "ready":
+    raise Error(f"the coordination service could not start on {address}: "
+                f"{first or 'it exited (is the port in use?)'}")
+  return _ChildService(proc)
 
 
 def _serve(address: str, num_nodes: int, heartbeat_timeout: int, shutdown_timeout: int,
@@ -155,9 +166,16 @@ def _serve(address: str, num_nodes: int, heartbeat_timeout: int, shutdown_timeou
   import signal
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   from jax._src import distributed as jd
-  service = jd._jax.get_distributed_runtime_service(  # pylint: disable=protected-access
-      address, num_nodes, heartbeat_timeout=heartbeat_timeout, shutdown_timeout=shutdown_timeout,
-      recoverable=True)
+  try:
+    service = jd._jax.get_distributed_runtime_service(  # pylint: disable=protected-access
+        address, num_nodes, heartbeat_timeout=heartbeat_timeout, shutdown_timeout=shutdown_timeout,
+        recoverable=True)
+  except Exception as e:  # noqa: BLE001  (e.g. the port is taken)
+    print(_short(" ".join(str(e).split()), 300), flush=True)
+    os._exit(2)
+  print("ready", flush=True)
+  with contextlib.suppress(OSError):
+    sys.stdout.close()
   while os.getppid() == parent:  # re-parented once process 0 is gone
     time.sleep(0.2)
   time.sleep(grace_s)
@@ -169,8 +187,6 @@ def watch(every_s: float = 1.0) -> None:
   """Starts a thread that checks the other processes every ``every_s`` and ends this one, naming
   the process, once one posted an error or stopped without saying it finished: so a process
   blocked in a collective or in gloo's rendezvous with a process that is gone never hangs."""
-  import threading
-
   def loop():
     while True:
       time.sleep(every_s)
@@ -201,6 +217,9 @@ def _short(text: str, width: int = 160) -> str:
 def _exit(what: str, code: int = EXIT_FAULT, resume_hint: bool = True) -> None:
   """``error: process i of P: <what>; ...`` on stderr and exit, skipping JAX's shutdown (which
   would wait for the lost process)."""
+  if not _exiting.acquire(blocking=False):  # another thread is printing its line and exiting
+    while True:
+      time.sleep(1)
   hint = ": rerun the same commands with --resume to continue" if resume_hint else ""
   print(f"error: process {process_index()} of {process_count()}: {what}; every process of the run "
         f"stops{hint}", file=sys.stderr, flush=True)
@@ -224,8 +243,12 @@ def _check_peers() -> None:
 def finished() -> None:
   """Tells the other processes that this one has done its part and leaves: its leaving is then no
   fault (:func:`_check_peers`)."""
-  if process_count() > 1:
-    _client().key_value_set(f"{_FINISHED}{process_index()}", "1")
+  if process_count() > 1 and not _settings.get("finished"):
+    _settings["finished"] = True
+    try:
+      _client().key_value_set(f"{_FINISHED}{process_index()}", "1")
+    except Exception:  # noqa: BLE001  (the coordinator is gone: nobody is left to tell)
+      pass
 
 
 def _finished() -> set[int]:
@@ -258,9 +281,15 @@ def _exit_naming(posted: dict[int, str]) -> None:
         resume_hint=False)
 
 
-def fail(message: str, code: int) -> None:
-  """Ends this process after an error of its own (``message``, already printed): posts it, so the
-  other processes name it at once, and exits with ``code`` without JAX's shutdown barrier."""
+def fail(message: str, code: int, line: str | None = None) -> None:
+  """Ends this process after an error of its own: prints ``line`` (if given) on stderr, posts
+  ``message``, so the other processes name it at once, and exits with ``code`` without JAX's
+  shutdown barrier."""
+  if not _exiting.acquire(blocking=False):  # the peers watchdog is ending the process
+    while True:
+      time.sleep(1)
+  if line is not None:
+    print(line, file=sys.stderr, flush=True)
   try:
     _client().key_value_set(f"{_FAILED}{process_index()}", f"{code}: {message}")
   except Exception:  # noqa: BLE001

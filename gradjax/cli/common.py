@@ -168,6 +168,7 @@ def _launch() -> None:
     print(f"error: {e}", file=sys.stderr, flush=True)
     os._exit(2)  # JAX's shutdown at exit would wait for the run that did not form
   sys.excepthook = _excepthook_over_processes
+  atexit.register(distributed.finished)  # a normal exit (errors and faults leave by os._exit)
   distributed.watch()
 
 
@@ -543,6 +544,8 @@ def interrupted(e: resume.Interrupted, out: str):
   else:
     print(f"interrupted at iteration {e.iteration}; resume with: {resume_command(out)}",
           file=sys.stderr)
+  if distributed.process_count() > 1:  # the others stop too (a process waiting for this one's work)
+    distributed.fail(f"interrupted at iteration {e.iteration}", 128 + e.signum)
   sys.exit(128 + e.signum)
 
 
@@ -559,9 +562,9 @@ def fail(message: str):
   any other error is posted to the other processes, which stop naming this one."""
   if distributed.process_count() > 1 and distributed.is_collective_failure(message):
     distributed.lost_peer(message)
-  print(f"error: {message}", file=sys.stderr)
   if distributed.process_count() > 1:
-    distributed.fail(message, 2)
+    distributed.fail(message, 2, line=f"error: {message}")
+  print(f"error: {message}", file=sys.stderr)
   sys.exit(2)
 
 
