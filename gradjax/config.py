@@ -170,8 +170,8 @@ class Config:
   permutations: int = _field(
       1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
   shard: bool = _field(
-      False, "Split restarts (x permutation candidates) over all devices, of all hosts with "
-      "--distributed.", execution=True)
+      False, "Split restarts (x permutation candidates) over all devices, of every process of a "
+      "run over several processes (--num_processes).", execution=True)
   halving_rounds: int = _field(
       1, "Successive halving over restarts x candidates: rounds (1 = off).", execution=True)
   halving_keep: float = _field(0.5, "Successive halving: fraction kept after each round.",

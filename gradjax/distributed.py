@@ -79,7 +79,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   (:func:`_serve`), in JAX's recoverable mode: when a process dies (process 0 too), the service
   outlives it and the others learn which one is gone (:func:`lost_peer`), instead of being
   aborted by JAX with a C++ stack trace. The child ignores Ctrl-C (the processes save their state
-  on it) and exits a few seconds after process 0 has.
+  on it) and exits a second after process 0 has.
 
   Raises:
     Error: the arguments are incomplete and no cluster was detected, the run did not form within
@@ -160,7 +160,7 @@ def _service_in_child(address: str, num_nodes: int, heartbeat_timeout: int | Non
 
 
 def _serve(address: str, num_nodes: int, heartbeat_timeout: int, shutdown_timeout: int,
-           parent: int, grace_s: float = 5.0) -> None:
+           parent: int, grace_s: float = 1.0) -> None:
   """The child of process 0 that hosts JAX's coordination service, until ``grace_s`` after process
   0 (``parent``) has exited."""
   import signal
@@ -242,13 +242,22 @@ def _check_peers() -> None:
 
 def finished() -> None:
   """Tells the other processes that this one has done its part and leaves: its leaving is then no
-  fault (:func:`_check_peers`)."""
+  fault (:func:`_check_peers`). Process 0, whose child hosts the coordination service, then waits
+  (up to the heartbeat timeout) until the others have left, so that their own shutdown, which
+  goes through the service, finds it there."""
   if process_count() > 1 and not _settings.get("finished"):
     _settings["finished"] = True
     try:
       _client().key_value_set(f"{_FINISHED}{process_index()}", "1")
     except Exception:  # noqa: BLE001  (the coordinator is gone: nobody is left to tell)
-      pass
+      return
+    if process_index() == 0:  # hosts the service: the others shut down through it first
+      deadline = time.monotonic() + _settings["heartbeat_timeout_s"] + 5
+      while time.monotonic() < deadline:
+        live = _live()
+        if live is None or set(live) <= {0}:
+          break
+        time.sleep(0.1)
 
 
 def _finished() -> set[int]:
