@@ -46,11 +46,18 @@ class Error(Exception):
   """A run over several processes could not start (one line)."""
 
 
+_own = {}  # without collectives: the coordination-service client, process count and index
+
+
 def process_count() -> int:
+  if _own:
+    return _own["count"]
   return jax.process_count() if _initialized() else 1
 
 
 def process_index() -> int:
+  if _own:
+    return _own["index"]
   return jax.process_index() if _initialized() else 0
 
 
@@ -65,15 +72,25 @@ def _initialized() -> bool:
 
 
 def _client():
+  if _own:
+    return _own["client"]
   from jax._src import distributed as jd
   return jd.global_state.client
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, local_device_ids: list[int] | None = None, *,
-               initialization_timeout_s: int = 300, heartbeat_timeout_s: int = 60) -> None:
+               initialization_timeout_s: int = 300, heartbeat_timeout_s: int = 60,
+               collectives: bool = True) -> None:
   """Joins the run: ``jax.distributed.initialize`` with its arguments (detected from the cluster's
   environment where omitted) and CPU collectives over gloo. Call before anything touches a device.
+
+  ``collectives=False`` (a campaign: every experiment runs on one process): the processes share the
+  coordination service (who runs what, failures, liveness) but JAX stays one process per process,
+  its devices the local ones. Then every process reads and writes the persistent compilation cache
+  (JAX's multi-process runtime writes it from process 0 alone, and the other processes' programs,
+  placed on their own devices, never match process 0's entries: measured, each of them compiled
+  every program again in every run).
 
   JAX's coordination service, which process 0 hosts, runs here in a child process of process 0
   (:func:`_serve`), in JAX's recoverable mode: when a process dies (process 0 too), the service
@@ -86,9 +103,12 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       ``initialization_timeout_s`` (the coordinator cannot be reached, a process is missing), or
       the process was already initialized.
   """
+  _settings["heartbeat_timeout_s"] = float(heartbeat_timeout_s)
+  if not collectives:
+    return _coordinate_only(coordinator_address, num_processes, process_id, local_device_ids,
+                            initialization_timeout_s, heartbeat_timeout_s)
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.config.update("jax_enable_recoverability", True)
-  _settings["heartbeat_timeout_s"] = float(heartbeat_timeout_s)
   from jax._src import distributed as jd
   runtime = getattr(jd, "_jax", None)
   start_service = getattr(runtime, "get_distributed_runtime_service", None)
@@ -119,6 +139,47 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     timer.cancel()
     if start_service is not None:
       runtime.get_distributed_runtime_service = start_service
+
+
+def _coordinate_only(coordinator_address, num_processes, process_id, local_device_ids,
+                     initialization_timeout_s, heartbeat_timeout_s) -> None:
+  """:func:`initialize` without collectives: the coordination service and a client of it, as JAX
+  would start them, kept here."""
+  from jax._src import clusters
+  from jax._src import distributed as jd
+  coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if None in (coordinator_address, num_processes, process_id):
+    coordinator_address, num_processes, process_id, local_device_ids = (
+        clusters.ClusterEnv.auto_detect_unset_distributed_params(
+            coordinator_address, num_processes, process_id, local_device_ids, None,
+            initialization_timeout_s))
+  if None in (coordinator_address, num_processes, process_id):
+    raise Error("no cluster detected (SLURM, Open MPI, TPU): give --coordinator_address, "
+                "--num_processes and --process_id")
+  if not 0 <= process_id < num_processes:
+    raise Error(f"--process_id must lie in 0 .. {num_processes - 1}, got {process_id}")
+  if local_device_ids:
+    ids = ",".join(str(i) for i in local_device_ids)
+    jax.config.update("jax_cuda_visible_devices", ids)
+    jax.config.update("jax_rocm_visible_devices", ids)
+  service = None
+  if process_id == 0:
+    service = _service_in_child("[::]:" + coordinator_address.rsplit(":", 1)[1], num_processes,
+                                heartbeat_timeout_s, 300)
+  timer = threading.Timer(initialization_timeout_s, _not_formed,
+                          (coordinator_address, num_processes, process_id, initialization_timeout_s))
+  timer.daemon = True
+  timer.start()
+  client = jd._jax.get_distributed_runtime_client(  # pylint: disable=protected-access
+      coordinator_address, process_id, init_timeout=int(initialization_timeout_s) + 60,
+      heartbeat_timeout=int(heartbeat_timeout_s), use_compression=True)
+  try:
+    client.connect()
+  except Exception as e:  # noqa: BLE001
+    raise Error(f"cannot join the run at {coordinator_address}: {_short(' '.join(str(e).split()))}") from None
+  finally:
+    timer.cancel()
+  _own.update(client=client, count=int(num_processes), index=int(process_id), service=service)
 
 
 def _not_formed(coordinator_address, num_processes, process_id, timeout_s) -> None:
@@ -188,12 +249,25 @@ def watch(every_s: float = 1.0) -> None:
   the process, once one posted an error or stopped without saying it finished: so a process
   blocked in a collective or in gloo's rendezvous with a process that is gone never hangs."""
   def loop():
-    while True:
-      time.sleep(every_s)
+    while not _watch_done.wait(every_s):
       if not _settings.get("stopping"):
         _check_peers()
 
-  threading.Thread(target=loop, name="gradjax-peers", daemon=True).start()
+  thread = threading.Thread(target=loop, name="gradjax-peers", daemon=True)
+  thread.start()
+  _settings["watch"] = thread
+
+
+_watch_done = threading.Event()
+
+
+def _stop_watching() -> None:
+  """Ends the watchdog thread before the interpreter does (a daemon thread caught inside a call
+  into the coordination service at exit aborts the process)."""
+  _watch_done.set()
+  thread = _settings.get("watch")
+  if thread is not None and thread is not threading.current_thread():
+    thread.join(timeout=30)
 
 
 def stopping() -> None:
@@ -247,6 +321,7 @@ def finished() -> None:
   goes through the service, finds it there."""
   if process_count() > 1 and not _settings.get("finished"):
     _settings["finished"] = True
+    _stop_watching()
     try:
       _client().key_value_set(f"{_FINISHED}{process_index()}", "1")
     except Exception:  # noqa: BLE001  (the coordinator is gone: nobody is left to tell)
@@ -258,6 +333,9 @@ def finished() -> None:
         if live is None or set(live) <= {0}:
           break
         time.sleep(0.1)
+    if _own:  # JAX shuts its own client down at exit; this one is ours
+      with contextlib.suppress(Exception):
+        _own["client"].shutdown()
 
 
 def _finished() -> set[int]:

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, distributed, driver
+from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, driver
 from gradjax import fidelity, interop, lpips, metrics, models, resume, text, verdict
 from gradjax import labels as labels_lib
 from gradjax.config import Config, check, fingerprint, options
@@ -173,11 +173,11 @@ class _Resumable:
         trace.rows = list(extra.get("history", []))
         self.earlier_s, self.resumed = float(extra.get("wall_time_s", 0.0)), True
 
-      spread = cfg.shard and distributed.process_count() > 1  # one attack over every process
+      spread = cfg.shard and jax.process_count() > 1  # one attack over every process's devices
       saved_with = fingerprint(cfg)
       if cfg.shard:  # the restarts' split over devices shapes the vmapped programs' values
         saved_with["restarts_split_over"] = (f"{jax.device_count()} devices of "
-                                             f"{distributed.process_count()} processes")
+                                             f"{jax.process_count()} processes")
       self.saver = state.saver(saved_with, on_restore=restored, collective=spread, extra=lambda: {
           "history": trace.rows, "wall_time_s": self.wall_s()})
 
@@ -209,7 +209,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       config=options(cfg),
       device=str(jax.local_devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,
-      processes=distributed.process_count() if cfg.shard else 1,
+      processes=jax.process_count() if cfg.shard else 1,
       backend=jax.default_backend(),
       jax_version=jax.__version__,
   )

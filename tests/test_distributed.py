@@ -69,7 +69,10 @@ def _service_children(port_hint: str, wait_s: float = 10) -> list[str]:
 
 
 def test_one_sharded_attack_over_two_processes_equals_one_process(tmp_path):
-  args = ["reconstruct", "--iterations=40", "--restarts=4", "--shard", "--lpips=none", "--seed=3"]
+  # Successive halving too: after 20 iterations the best 2 of 4 restarts (ranked on every process
+  # from the gathered objectives) continue, split over the devices again.
+  args = ["reconstruct", "--iterations=40", "--restarts=4", "--shard", "--halving_rounds=2",
+          "--lpips=none", "--seed=3"]
   with _processes([*args, f"--output_dir={tmp_path / 'two'}"]) as procs:
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]

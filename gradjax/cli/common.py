@@ -122,10 +122,12 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
 
 
-def define_launch_flags():
+def define_launch_flags(collectives: bool):
   """The flags that start a run over several processes (:mod:`gradjax.distributed`), for the
-  programs that split their work over processes: one attack's restarts (``reconstruct --shard``) or
-  a table's experiments (:meth:`Items.plan`)."""
+  programs that split their work over processes: one attack's restarts (``reconstruct --shard``;
+  ``collectives``: JAX's multi-process runtime, one mesh over every process's devices) or a table's
+  experiments (:meth:`Items.plan`; without collectives, each process its own JAX)."""
+  _COLLECTIVES[:] = [collectives]
   group = "launch over several processes"
   flags.DEFINE_bool("distributed", False, "Join a run over several processes whose arguments JAX "
                     "detects (SLURM, Open MPI, TPU pods); implied by the flags below.",
@@ -143,6 +145,9 @@ def define_launch_flags():
   flags.DEFINE_integer("heartbeat_timeout_s", 60, "Seconds without a heartbeat after which a "
                        "process counts as stopped and the others exit, naming it.", lower_bound=1,
                        module_name=group)
+
+
+_COLLECTIVES: list[bool] = []
 
 
 def _launch() -> None:
@@ -163,7 +168,7 @@ def _launch() -> None:
   try:
     distributed.initialize(f.coordinator_address, f.num_processes, f.process_id, ids,
                            initialization_timeout_s=f.initialization_timeout_s,
-                           heartbeat_timeout_s=f.heartbeat_timeout_s)
+                           heartbeat_timeout_s=f.heartbeat_timeout_s, collectives=_COLLECTIVES[0])
   except distributed.Error as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     os._exit(2)  # JAX's shutdown at exit would wait for the run that did not form
@@ -442,9 +447,6 @@ class Items:
     count, me = distributed.process_count(), distributed.process_index()
     if count == 1:
       return True
-    if any(cfg.shard for _, cfg in experiments):
-      fail(f"over {count} processes each experiment of the table runs on one process; --shard "
-           "would split each over all of them (drop --shard)")
     self._owner = {key: k % count for k, (key, _) in enumerate(experiments)}
     for k, (key, cfg) in enumerate(experiments):
       if k % count == me:

@@ -45,7 +45,7 @@ common.define_flags()
 common.define_table_flags()
 flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('none' = undefended).")
 common.define_output_flags()
-common.define_launch_flags()  # experiments split over processes
+common.define_launch_flags(collectives=False)  # experiments split over processes
 flags.adopt_module_key_flags(common)
 flags.DEFINE_bool("utility", False, "Also train a model under every defense and report its test accuracy.")
 flags.DEFINE_string("utility_model", "mlp", "Model trained for the utility column.")

@@ -69,7 +69,7 @@ ALL_METHODS = {**METHODS, **GAMMA_VARIANTS}
 common.define_flags("dlm")  # the paper's protocol: gradjax/configs/dlm.py
 common.define_table_flags(methods=True)
 common.define_output_flags()
-common.define_launch_flags()  # experiments split over processes
+common.define_launch_flags(collectives=False)  # experiments split over processes
 flags.adopt_module_key_flags(common)
 
 

@@ -34,7 +34,7 @@ from gradjax import config, distributed, pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags()
-common.define_launch_flags()  # restarts split over processes (--shard)
+common.define_launch_flags(collectives=True)  # restarts split over processes (--shard)
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too
 
 

@@ -38,7 +38,7 @@ from gradjax import config, report
 common.define_flags()
 common.define_table_flags()
 common.define_output_flags()
-common.define_launch_flags()  # experiments split over processes
+common.define_launch_flags(collectives=False)  # experiments split over processes
 flags.adopt_module_key_flags(common)
 
 

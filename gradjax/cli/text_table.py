@@ -54,7 +54,7 @@ flags.DEFINE_integer("examples", 2, "Example sentences printed per model.")
 common.define_flags("sapag_text")  # the papers' protocol: gradjax/configs/sapag_text.py
 common.define_table_flags(psnr=False, methods=True)
 common.define_output_flags()
-common.define_launch_flags()  # experiments split over processes
+common.define_launch_flags(collectives=False)  # experiments split over processes
 flags.adopt_module_key_flags(common)
 
 
