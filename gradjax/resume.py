@@ -182,9 +182,8 @@ class StateFile:
     return Saver(self.path, fingerprint=fingerprint, every_s=self.every_s, resume=self.resume, **kw)
 
   def remove(self) -> None:
-    """Deletes the state file, once the run's results are written (by process 0 alone, in a run over
-    several processes)."""
-    if distributed.is_writer() and os.path.exists(self.path):
+    """Deletes the state file, once the run's results are written."""
+    if os.path.exists(self.path):
       os.remove(self.path)
 
 

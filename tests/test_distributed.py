@@ -98,6 +98,7 @@ def test_sweep_splits_its_images_over_two_processes(tmp_path):
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
   assert "experiment 2/2 (1) on process 1" in err1 and "writes the table" in err1
+  assert not list((tmp_path / "two" / "items").glob("*state*"))  # each process removed its states
   one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
                         f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
