@@ -3,14 +3,16 @@ between processes, and faults that end every process in bounded time with one li
 
 A run over P processes is the same command started P times with the same flags, each with its
 ``--process_id`` (or none of the launch flags where JAX detects the cluster: SLURM, Open MPI, TPU
-pods). After :func:`initialize` every device of every process is in ``jax.devices()``:
+pods). Two kinds of runs:
 
-* one attack (``--shard``) splits its restarts and permutation candidates over all of them
-  (:mod:`gradjax.sharding`); every process computes the same host values, and only process 0
+* one attack (``--shard``) splits its restarts and permutation candidates over every device of
+  every process (after :func:`initialize` they are all in ``jax.devices()``, :mod:`gradjax.sharding`); every process computes the same host values, and only process 0
   (:func:`is_writer`) writes results, reports and the resume state;
 * a campaign (``sweep``, the table programs) splits its experiments over the processes
-  (:class:`gradjax.cli.common.Items`): each process runs and writes its own, reads the others' back
-  when they are written, and process 0 writes the table.
+  (:class:`gradjax.cli.common.Items`): each process runs and writes its own, and process 0 reads the
+  others' back as they are written and writes the table. Its processes share JAX's coordination
+  service only (``initialize(collectives=False)``): each is a JAX of its own, with its own devices
+  and the persistent compilation cache.
 
 Every process must see the output folder (one machine, or a shared filesystem): process 0 chooses it
 (:func:`agree`), the others read the state files and experiments written there.
@@ -415,28 +417,19 @@ def wait_for(ready: Callable[[], bool], poll_s: float = 0.2) -> None:
 
 def agree(fn: Callable[[], Any]) -> Any:
   """``fn()``'s JSON-ready result as process 0 computed it, on every process (``fn`` runs on process
-  0 only). A ``SystemExit`` of ``fn`` (a one-line error) ends every process with the same code."""
+  0 only)."""
   if process_count() == 1:
     return fn()
   _counter[0] += 1
   key = f"gradjax/agree/{_counter[0]}"
-  if is_writer():
-    try:
-      value = {"value": fn()}
-    except SystemExit as e:
-      value = {"exit": e.code if isinstance(e.code, int) else 1}
+  if is_writer():  # an error in fn() is posted by common.fail; the others' wait names it
+    value = fn()
     _client().key_value_set(key, json.dumps(value))
-  else:
-    value = json.loads(_get(key))
-  if "exit" in value:
-    if not is_writer():
-      print(f"error: process {process_index()} of {process_count()}: process 0 stopped with an "
-            "error (on its stderr)", file=sys.stderr)
-    fail("stopped with process 0", value["exit"])
-  return value["value"]
+    return value
+  return json.loads(_get(key))
 
 
-_counter = [0]  # agreements and barriers so far: every process passes the same ones in order
+_counter = [0]  # agreements so far: every process makes the same ones in order
 
 
 def _get(key: str) -> str:
@@ -452,17 +445,6 @@ def _get(key: str) -> str:
 
   wait_for(ready, poll_s=0.05)
   return found[0]
-
-
-def barrier() -> None:
-  """Waits until every process reached this barrier (the n-th call on each process meets the n-th
-  on the others); exits naming a process that posted a failure meanwhile."""
-  if process_count() == 1:
-    return
-  _counter[0] += 1
-  prefix, client = f"gradjax/barrier/{_counter[0]}/", _client()
-  client.key_value_set(f"{prefix}{process_index()}", "1")
-  wait_for(lambda: len(client.key_value_dir_get(prefix)) == process_count(), poll_s=0.05)
 
 
 def allgather_ints(values: list[int]) -> np.ndarray:
