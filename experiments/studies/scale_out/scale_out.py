@@ -25,6 +25,7 @@ tables, ratios against the one-process runs of the same script).
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -98,9 +99,13 @@ def attack(out, restarts, iterations, seed):
           ("two processes, one core each (--shard)", over(2, [*base, "--shard"]))]
   for name, commands in runs:
     folder = os.path.join(out, "attack", f"run_{len(rows)}")
-    seconds, _ = timed(commands, f"--output_dir={folder}")
+    seconds, outs = timed(commands, f"--output_dir={folder}")
     metrics = json.load(open(os.path.join(folder, "metrics.json"), encoding="utf-8"))
+    # Process 0's last progress line: iterations per second of all its restarts together, after the
+    # first chunk (which compiles the step); the sequential strategy reports one restart at a time.
+    rates = re.findall(r"(\d+(?:\.\d+)?) it/s", outs[0][2])
     rows.append({"run": name, "seconds": seconds, "attack_s": metrics["wall_time_s"],
+                 "iterations_per_s": float(rates[-1]) if rates and "sequential" not in name else None,
                  "psnr": metrics["psnr"], "loss": metrics["loss"],
                  "best_restart": metrics["best_restart"], "devices": metrics["devices"],
                  "processes": metrics["processes"],
@@ -110,6 +115,8 @@ def attack(out, restarts, iterations, seed):
   for r in rows:
     r["speedup_over_sequential"] = rows[0]["seconds"] / r["seconds"]
     r["speedup_over_vmap"] = rows[1]["seconds"] / r["seconds"]
+    if r["iterations_per_s"] is not None:
+      r["rate_over_vmap"] = r["iterations_per_s"] / rows[1]["iterations_per_s"]
   # The same runs at half the iterations (same programs: the cache is warm): the difference of the
   # two wall times is the cost of the second half of the iterations alone, without start-up and
   # compilation. (Far beyond convergence L-BFGS's line search runs ever more evaluations: 8000
@@ -190,12 +197,15 @@ def fault(out, heartbeat_s):
 def markdown(result) -> str:
   lines = [f"# Two processes against one ({result['machine']})", "",
            f"`{result['command']}`", "", "## One attack: 8 restarts of DLG", "",
-           "| run | wall s (process) | attack s | PSNR (dB) | best restart | × sequential | × vmap |",
-           "|---|---|---|---|---|---|---|"]
+           "| run | wall s (process) | attack s | PSNR (dB) | best restart | × sequential | × vmap "
+           "| iterations/s after compiling | × vmap |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for r in result["attack"]:
+    rate = ("– | –" if r["iterations_per_s"] is None
+            else f"{r['iterations_per_s']:.0f} | {r['rate_over_vmap']:.2f}")
     lines.append(f"| {r['run']} | {r['seconds']:.1f} | {r['attack_s']:.1f} | {r['psnr']:.4f} | "
                  f"{r['best_restart']} | {r['speedup_over_sequential']:.2f} | "
-                 f"{r['speedup_over_vmap']:.2f} |")
+                 f"{r['speedup_over_vmap']:.2f} | {rate} |")
   lines += ["", "The iterations alone: each run again at half the iterations; the difference of "
             "the two wall times (the second half of the iterations, start-up and compilation "
             "cancelling):", "",

@@ -1,5 +1,5 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax reconstruct --iterations=1000 --chunk=10 --restarts=2 --shard --lpips=none --save_every_s=0 --heartbeat_timeout_s=10 --output_dir=experiments/studies/scale_out/runs/cpu_2cores/fault --coordinator_address=127.0.0.1:56251 --num_processes=2 --process_id=0 --resume --compilation_cache=/tmp/scale_out_xxz17wfw
+# Command: gradjax reconstruct --iterations=1000 --chunk=10 --restarts=2 --shard --lpips=none --save_every_s=0 --heartbeat_timeout_s=10 --output_dir=experiments/studies/scale_out/runs/cpu_2cores/fault --coordinator_address=127.0.0.1:42467 --num_processes=2 --process_id=0 --resume --compilation_cache=/tmp/scale_out_1k_0em26
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config

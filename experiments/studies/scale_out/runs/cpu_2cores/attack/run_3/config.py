@@ -1,5 +1,5 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax reconstruct --restarts=8 --iterations=2000 --seed=0 --lpips=none --shard --coordinator_address=127.0.0.1:41665 --num_processes=2 --process_id=0 --output_dir=experiments/studies/scale_out/runs/cpu_2cores/attack/run_3 --compilation_cache=/tmp/scale_out_xxz17wfw
+# Command: gradjax reconstruct --restarts=8 --iterations=2000 --seed=0 --lpips=none --shard --coordinator_address=127.0.0.1:44031 --num_processes=2 --process_id=0 --output_dir=experiments/studies/scale_out/runs/cpu_2cores/attack/run_3 --compilation_cache=/tmp/scale_out_1k_0em26
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config

@@ -1,5 +1,5 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax sweep --count=10 --iterations=2000 --lpips=none --output_dir=experiments/studies/scale_out/runs/cpu_2cores/sweep/run_1 --compilation_cache=/tmp/scale_out_xxz17wfw
+# Command: gradjax sweep --count=10 --iterations=2000 --lpips=none --output_dir=experiments/studies/scale_out/runs/cpu_2cores/sweep/run_1 --compilation_cache=/tmp/scale_out_1k_0em26
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config

@@ -1,5 +1,5 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax sweep --count=10 --iterations=2000 --lpips=none --coordinator_address=127.0.0.1:50997 --num_processes=2 --process_id=0 --output_dir=experiments/studies/scale_out/runs/cpu_2cores/sweep/run_2 --compilation_cache=/tmp/scale_out_xxz17wfw
+# Command: gradjax sweep --count=10 --iterations=2000 --lpips=none --coordinator_address=127.0.0.1:52783 --num_processes=2 --process_id=0 --output_dir=experiments/studies/scale_out/runs/cpu_2cores/sweep/run_2 --compilation_cache=/tmp/scale_out_1k_0em26
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config
