@@ -116,12 +116,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   start_service = getattr(runtime, "get_distributed_runtime_service", None)
   if start_service is not None:  # JAX offers no public way to host its service elsewhere
     runtime.get_distributed_runtime_service = _service_in_child
-  # JAX aborts a process whose run does not form in time (a C++ fatal error, a stack trace): this
-  # timer says so in one line first.
-  timer = threading.Timer(initialization_timeout_s, _not_formed,
-                          (coordinator_address, num_processes, process_id, initialization_timeout_s))
-  timer.daemon = True
-  timer.start()
+  timer = _formation_deadline(coordinator_address, num_processes, process_id,
+                              initialization_timeout_s)
   try:
     jax.distributed.initialize(coordinator_address, num_processes, process_id, local_device_ids,
                                initialization_timeout=int(initialization_timeout_s) + 60,
@@ -129,13 +125,10 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   except (RuntimeError, ValueError, TypeError) as e:
     text = " ".join(str(e).split())
     if "should be defined" in text or "must be defined" in text:
-      raise Error("no cluster detected (SLURM, Open MPI, TPU): give --coordinator_address, "
-                  "--num_processes and --process_id") from None
+      raise Error(_NO_CLUSTER) from None
     if "DEADLINE_EXCEEDED" in text or "timed out" in text.lower() or "registration" in text:
-      raise Error(f"process {process_id} of {num_processes}: the run did not form within "
-                  f"{initialization_timeout_s} s: the coordinator at {coordinator_address} cannot "
-                  "be reached, or not every process started (the same --coordinator_address and "
-                  "--num_processes on each, --process_id 0 .. n-1)") from None
+      raise Error(_not_formed_message(coordinator_address, num_processes, process_id,
+                                      initialization_timeout_s)) from None
     raise Error(f"jax.distributed.initialize failed: {_short(text, 300)}") from None
   finally:
     timer.cancel()
@@ -156,8 +149,7 @@ def _coordinate_only(coordinator_address, num_processes, process_id, local_devic
             coordinator_address, num_processes, process_id, local_device_ids, None,
             initialization_timeout_s))
   if None in (coordinator_address, num_processes, process_id):
-    raise Error("no cluster detected (SLURM, Open MPI, TPU): give --coordinator_address, "
-                "--num_processes and --process_id")
+    raise Error(_NO_CLUSTER)
   if not 0 <= process_id < num_processes:
     raise Error(f"--process_id must lie in 0 .. {num_processes - 1}, got {process_id}")
   if local_device_ids:
@@ -168,10 +160,8 @@ def _coordinate_only(coordinator_address, num_processes, process_id, local_devic
   if process_id == 0:
     service = _service_in_child("[::]:" + coordinator_address.rsplit(":", 1)[1], num_processes,
                                 heartbeat_timeout_s, 300)
-  timer = threading.Timer(initialization_timeout_s, _not_formed,
-                          (coordinator_address, num_processes, process_id, initialization_timeout_s))
-  timer.daemon = True
-  timer.start()
+  timer = _formation_deadline(coordinator_address, num_processes, process_id,
+                              initialization_timeout_s)
   client = jd._jax.get_distributed_runtime_client(  # pylint: disable=protected-access
       coordinator_address, process_id, init_timeout=int(initialization_timeout_s) + 60,
       heartbeat_timeout=int(heartbeat_timeout_s), use_compression=True)
@@ -184,12 +174,30 @@ def _coordinate_only(coordinator_address, num_processes, process_id, local_devic
   _own.update(client=client, count=int(num_processes), index=int(process_id), service=service)
 
 
-def _not_formed(coordinator_address, num_processes, process_id, timeout_s) -> None:
-  print(f"error: process {process_id} of {num_processes}: the run did not form within {timeout_s} s: "
-        f"the coordinator at {coordinator_address} cannot be reached, or not every process started "
-        "(the same --coordinator_address and --num_processes on each, --process_id 0 .. n-1)",
-        file=sys.stderr, flush=True)
-  os._exit(2)
+_NO_CLUSTER = ("no cluster detected (SLURM, Open MPI, TPU): give --coordinator_address, "
+               "--num_processes and --process_id")
+
+
+def _not_formed_message(coordinator_address, num_processes, process_id, timeout_s) -> str:
+  return (f"process {process_id} of {num_processes}: the run did not form within {timeout_s} s: "
+          f"the coordinator at {coordinator_address} cannot be reached, or not every process "
+          "started (the same --coordinator_address and --num_processes on each, --process_id "
+          "0 .. n-1)")
+
+
+def _formation_deadline(*where) -> threading.Timer:
+  """A started timer that, unless cancelled within the timeout (``where``'s last item), prints
+  :func:`_not_formed_message` and exits 2: JAX itself aborts a process whose run does not form in
+  time, with a C++ fatal error and a stack trace."""
+
+  def expire():
+    print(f"error: {_not_formed_message(*where)}", file=sys.stderr, flush=True)
+    os._exit(2)
+
+  timer = threading.Timer(where[-1], expire)
+  timer.daemon = True
+  timer.start()
+  return timer
 
 
 class _ChildService:

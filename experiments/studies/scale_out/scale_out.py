@@ -36,6 +36,11 @@ import time
 GRADJAX = [sys.executable, "-m", "gradjax"]
 
 
+def read_json(path):
+  with open(path, encoding="utf-8") as fh:
+    return json.load(fh)
+
+
 def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -100,7 +105,7 @@ def attack(out, restarts, iterations, seed):
   for name, commands in runs:
     folder = os.path.join(out, "attack", f"run_{len(rows)}")
     seconds, outs = timed(commands, f"--output_dir={folder}")
-    metrics = json.load(open(os.path.join(folder, "metrics.json"), encoding="utf-8"))
+    metrics = read_json(os.path.join(folder, "metrics.json"))
     # Process 0's last progress line: iterations per second of all its restarts together, after the
     # first chunk (which compiles the step); the sequential strategy reports one restart at a time.
     rates = re.findall(r"(\d+(?:\.\d+)?) it/s", outs[0][2])
@@ -155,7 +160,7 @@ def sweep(out, count, iterations):
   for name, commands in runs:
     folder = os.path.join(out, "sweep", f"run_{len(rows)}")
     seconds, _ = timed(commands, f"--output_dir={folder}")
-    result = json.load(open(os.path.join(folder, "results.json"), encoding="utf-8"))
+    result = read_json(os.path.join(folder, "results.json"))
     rows.append({"run": name, "seconds": seconds, "psnr": [r["psnr"] for r in result["rows"]],
                  "psnr_mean": result["summary"]["psnr"]["mean"],
                  "commands": [shlex.join(["taskset", "-c", ",".join(map(str, c)), "gradjax", *a])
@@ -185,7 +190,7 @@ def fault(out, heartbeat_s):
   procs[1].communicate()
   errors = [line for line in err.splitlines() if line.startswith("error:")]
   resumed_s, _ = run_all([([*a, "--resume"], c, e) for a, c, e in over(2, args)])
-  metrics = json.load(open(os.path.join(folder, "metrics.json"), encoding="utf-8"))
+  metrics = read_json(os.path.join(folder, "metrics.json"))
   row = {"heartbeat_timeout_s": heartbeat_s, "exit_s_after_kill": exit_s, "exit_code": rc,
          "stderr_errors": errors, "resume_s": resumed_s, "resumed": metrics["resumed"],
          "iterations": metrics["iterations"], "psnr": metrics["psnr"],
