@@ -359,18 +359,43 @@ def audit(audit_dir, settings: Settings = Settings(), *, rounds: Sequence[int] |
   """Attacks every capture under ``audit_dir`` (of ``rounds``, all when ``None``) and writes the
   index of those (``index.json``, ``index.md``, ``index.html``) into ``index_dir`` (default
   ``audit_dir``); returns its rows."""
+  found = select(audit_dir, rounds)
+  return index(audit_dir, attack_captures(found, settings, log), settings, found, rounds=rounds,
+               index_dir=index_dir)
+
+
+def select(audit_dir, rounds: Sequence[int] | None = None) -> list[Capture]:
+  """The captures under ``audit_dir`` of ``rounds`` (all when ``None``), ordered by round and client.
+
+  Raises:
+    ValueError: there are none.
+  """
   found = [c for c in captures(audit_dir) if rounds is None or c.round in set(rounds)]
   if not found:
     raise ValueError(f"no captures of rounds {sorted(rounds)} under {audit_dir}")
+  return found
+
+
+def attack_captures(found: Sequence[Capture], settings: Settings,
+                    log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+  """:func:`attack_capture` of each capture in turn: their rows."""
   start, rows = time.perf_counter(), []
   for k, capture in enumerate(found):
     rows.extend(attack_capture(capture, settings, log))
     log(f"capture {k + 1}/{len(found)} done, {time.perf_counter() - start:.0f} s")
+  return rows
+
+
+def index(audit_dir, rows: list[dict[str, Any]], settings: Settings, found: Sequence[Capture], *,
+          rounds: Sequence[int] | None = None, index_dir=None) -> list[dict[str, Any]]:
+  """Writes the index of an audit's ``rows`` (of the captures ``found``) into ``index_dir``
+  (default ``audit_dir``): with a row for every client of ``rounds`` that never replied (no
+  capture), merged with the rows of an earlier index there (:func:`merged_rows`). Returns its rows."""
   recorded = {(c.round, c.client) for c in found}
   for r, failed in round_failures(audit_dir).items():  # clients that never replied: no capture
     if rounds is None or r in set(rounds):
-      rows += [{"round": r, "client": str(client), "attack": None, "error": why}
-               for client, why in failed.items() if (r, str(client)) not in recorded]
+      rows = rows + [{"round": r, "client": str(client), "attack": None, "error": why}
+                     for client, why in failed.items() if (r, str(client)) not in recorded]
   index_dir = audit_dir if index_dir is None else index_dir
   rows = merged_rows(read_index(index_dir), rows)
   write_index(index_dir, rows, settings, audit_dir)

@@ -110,6 +110,86 @@ def test_sweep_splits_its_images_over_two_processes(tmp_path):
     np.testing.assert_allclose([a["psnr"], a["loss"]], [b["psnr"], b["loss"]], rtol=1e-6)
 
 
+def _recorded_federation(folder, clients_=(11, 12, 13), lost=14, lr=0.1):
+  """A recorded round 1 (the capture format of :mod:`gradjax.audit`): lenet_zhu's initial weights,
+  and from each of ``clients_`` the weights after one SGD step on scikit-image photo ``client %
+  16``; client ``lost`` never replied."""
+  import jax
+  from gradjax import audit, clients, data, interop, models
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
+  mapping = interop.zoo_mapping(model)
+  round_dir = folder / "round_001"
+  round_dir.mkdir(parents=True)
+  weights = str(round_dir / "weights.safetensors")
+  audit.write_round_weights(weights, interop.variables_to_torch(model.variables, mapping),
+                            {"model": "lenet_zhu"})
+  for node in clients_:
+    photo = data.load("skimage", indices=[node % 16], image_size=(32, 32))
+    obs = clients.fedavg(model.apply_fn, model.variables, photo.x, photo.y,
+                         clients.LocalTraining(learning_rate=lr))
+    after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), model.variables["params"],
+                         obs.gradient)
+    audit.write_capture(round_dir / f"client_{node}", weights, interop.params_to_torch(after, mapping),
+                        {"round": 1, "client": str(node), "data_indices": [node % 16]},
+                        {"model": "lenet_zhu", "num_samples": 1, "local_lr": lr, "local_epochs": 1,
+                         "input_shape": "32,32,3"})
+  audit.write_round_summary(round_dir, 1, len(clients_) + 1, {lost: "no reply"})
+
+
+def test_audit_splits_its_captures_over_two_processes(tmp_path):
+  """Captures 0 and 2 on process 0, capture 1 on process 1: the index process 0 writes equals the
+  one-process audit's, the client that never replied is a failed row there too (exit 1)."""
+  for name in ("one", "two"):
+    _recorded_federation(tmp_path / name)
+  args = ["audit", "--attacks=dlg", "--iterations=20", "--lpips=none", "--dataset=skimage",
+          "--image_size=32"]
+  with _processes([*args, f"--audit_dir={tmp_path / 'two'}"]) as procs:
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
+  assert rc1 == 0 and "attacked 1 of 3 captures" in out1, err1[-2000:]
+  assert rc0 == 1 and "1 of 4 rows failed" in err0.strip().splitlines()[-1], err0[-2000:]
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+                        f"--audit_dir={tmp_path / 'one'}"], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert one.returncode == 1, one.stderr[-2000:]
+  two, single = (json.loads((tmp_path / d / "index.json").read_text())["rows"] for d in ("two", "one"))
+  assert [(r["client"], r["attack"]) for r in two] == [("11", "dlg"), ("12", "dlg"), ("13", "dlg"),
+                                                       ("14", None)]
+  assert [(r["client"], r["attack"], r.get("error")) for r in two] == \
+      [(r["client"], r["attack"], r.get("error")) for r in single]
+  for a, b in zip(two[:3], single[:3]):  # each capture attacked alone on its process
+    np.testing.assert_allclose([a["psnr"], a["loss"]], [b["psnr"], b["loss"]], rtol=1e-6)
+    assert (tmp_path / "two" / a["run"] / "report.html").is_file()
+
+
+def test_batch_table_splits_its_attacks_over_two_processes(tmp_path):
+  """The ablation's attacks (batch 0 and 1, variants tv and hfginv: tv on process 0, hfginv on
+  process 1) over two processes: the tables process 0 writes equal the one-process run's."""
+  import jax
+  from gradjax import checkpoint, data, models
+  if data.default_data_dir() is None:
+    pytest.skip("no shared data folder (CIFAR-10)")
+  meta = {"model": "resnet8", "num_classes": 10, "input_shape": [32, 32, 3], "normalization": "none"}
+  model = models.create("resnet8", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
+  checkpoint.save(tmp_path / "resnet8.npz", model.variables, meta)  # BatchNorm statistics at init
+  args = ["batch-table", f"--checkpoint={tmp_path / 'resnet8.npz'}", "--count=2", "--batch_size=2",
+          "--classes_per_batch=1", "--pool=40", "--aux=4", "--iterations=3", "--variants=tv,hfginv"]
+  with _processes([*args, f"--output_dir={tmp_path / 'two'}"]) as procs:
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
+  assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
+  assert "process 0 writes the tables" in err1
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+                        f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert one.returncode == 0, one.stderr[-2000:]
+  two, single = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("two", "one"))
+  assert two["labels"] == single["labels"] and two["batches"] == single["batches"]
+  for key in ("tv", "hfginv"):
+    a, b = two["ablation_rows"][key], single["ablation_rows"][key]
+    assert [r["batch"] for r in a] == [r["batch"] for r in b] == [0, 1]
+    np.testing.assert_allclose([r["psnr"] for r in a], [r["psnr"] for r in b], rtol=1e-6)
+    np.testing.assert_allclose([r["loss"] for r in a], [r["loss"] for r in b], rtol=1e-6)
+
+
 def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
   out = tmp_path / "run"
   args = ["reconstruct", "--iterations=300", "--chunk=10", "--restarts=2", "--shard",

@@ -15,6 +15,10 @@ is a row with its error, and the program then ends with one line and exit code 1
 is written; bad flags or a --dataset that cannot be loaded: one-line error, exit code 2. The index
 merges with an earlier one in the folder: rows of rounds not attacked again are kept.
 
+Over several processes (the launch flags, :mod:`gradjax.distributed`; every process sees the
+recorded folder): capture k is attacked by process k mod P, each writing its captures' run folders,
+and process 0 writes the index of all of them.
+
 Options: those of ``gradjax.config`` that attacking captured files takes (``--config=<file>`` sets
 them too; ``--print_config`` shows them): ``--model`` and ``--normalization`` default to the
 captures' metadata, ``--dataset`` to no scoring, unless given; with ``--iterations`` unset DLG and
@@ -26,7 +30,7 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import audit, config, data, presets
+from gradjax import audit, config, data, distributed, presets
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(presets.PRESETS)}) or auto.")
@@ -35,6 +39,7 @@ flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: 
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
 common.define_flags(fields=("model", "rename", "dataset", "data_dir", "image_size", "normalization",
                             "iterations", "restarts", "lpips", "force"))
+common.define_launch_flags(collectives=False)  # captures split over processes
 flags.adopt_module_key_flags(common)
 
 
@@ -72,7 +77,20 @@ def main(argv):
   settings = audit.Settings(attacks=names, **{name: o[name] for name in audit.Settings._fields
                                               if name != "attacks"})
   try:
-    rows = audit.audit(f.audit_dir, settings, rounds=rounds)
+    found = audit.select(f.audit_dir, rounds)
+  except (ValueError, FileNotFoundError) as e:
+    common.fail(str(e))
+  count, me = distributed.process_count(), distributed.process_index()
+  rows = audit.attack_captures(found[me::count], settings)  # process k: captures k, k + P, ...
+  shares = distributed.gather(rows)
+  if shares is None:  # not process 0, which writes the index
+    distributed.finished()
+    print(f"process {me}: attacked {len(found[me::count])} of {len(found)} captures; process 0 "
+          "writes the index")
+    return
+  try:
+    rows = audit.index(f.audit_dir, [r for share in shares for r in share], settings, found,
+                       rounds=rounds)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   print(audit.index_markdown(rows))

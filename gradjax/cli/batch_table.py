@@ -26,7 +26,9 @@ Two tables, on the same batches:
 
 Every attack is kept in ``items/`` as it ends (its row as JSON, its reconstruction as .npz);
 ``--resume`` reads finished rows back, and the reconstruction only for the first batch's grid. Writes
-results.md, results.csv (the ablation), results.json and a grid of the first batch.
+results.md, results.csv (the ablation), results.json and a grid of the first batch. Over several
+processes (the launch flags, :mod:`gradjax.distributed`), attack k of the ablation (batches in
+order, the variants of each) runs on process k mod P, and process 0 writes the tables.
 
   gradjax batch-table --checkpoint=runs/train_resnet20_cifar10/epoch_5.npz
 """
@@ -42,7 +44,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import attacks, checkpoint, clients, data, labels, metrics, pipeline, presets, report
+from gradjax import (attacks, checkpoint, clients, data, distributed, labels, metrics, pipeline,
+                     presets, report)
 
 # The options of the schema it reads (gradjax.config); its protocol is gradjax/configs/batch_table.py.
 common.define_flags("batch_table", fields=("checkpoint", "data_dir", "batch_size", "pool",
@@ -55,6 +58,7 @@ flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
 flags.DEFINE_integer("head_classes", None, "--head=fresh: classes of the new head (default: the checkpoint's; HFGInv's protocol has 1000). Labels stay CIFAR-10's 0-9: more classes only thin out every class's share of the softmax.")
 common.define_output_flags()
+common.define_launch_flags(collectives=False)  # the ablation's attacks split over processes
 flags.adopt_module_key_flags(common)
 
 LABEL_METHODS = ("negative_bias", "yin", "llg", "bias_counts", "hfginv")
@@ -125,13 +129,51 @@ def main(argv):
   common.write_config(out, cfg)
   input_shape = tuple(source.x.shape[1:])
   bounds = pipeline.image_bounds(norm, input_shape[-1])
+
+  def observe(b):
+    x_true, y = source.x[batches[b]], source.y[batches[b]]
+    return x_true, y, clients.fedsgd(model.apply_fn, model.variables,
+                                     jnp.asarray(data.normalize(x_true, norm)), jnp.asarray(y),
+                                     share_labels=True)
+
+  def item(key, b):
+    return os.path.join(out, "items", f"{key}_{b}")
+
+  # The ablation's attacks: attack k by process k mod P (one process: all), each written to items/
+  # as it ends; process 0 then reads them all back for the tables.
+  attacked = [(key, b) for b in range(f.count) if only is None or b in only for key in keys]
+  count, me = distributed.process_count(), distributed.process_index()
+  for k, (key, b) in enumerate(attacked):
+    path = item(key, b)
+    if k % count != me or (f.resume and os.path.exists(path + ".json")):
+      continue
+    x_true, y, obs = observe(b)
+    name, attack = table[key]
+    t = time.perf_counter()
+    rec = attacks.reconstruct(attack, model.apply_fn, obs,
+                              jax.random.fold_in(jax.random.key(cfg.seed + 1), b),
+                              input_shape=input_shape, bounds=bounds)
+    x_rec = np.clip(np.asarray(data.denormalize(rec.x, norm)), 0.0, 1.0)
+    scores = metrics.score(x_rec, x_true)
+    x_rec = x_rec[np.asarray(scores["order"])]
+    row = {"batch": b, "indices": batches[b].tolist(), "labels": y.tolist(), "psnr": scores["psnr"],
+           "ssim": scores["ssim"], "psnr_per_image": scores["psnr_per_image"],
+           **pipeline.lpips_scores("auto", x_rec, x_true), "loss": rec.loss,
+           "wall_time_s": time.perf_counter() - t, "attack": attacks.describe(attack)}
+    report.atomic_write(path + ".npz", lambda fh: np.savez(fh, reconstruction=x_rec.astype(np.float32)),
+                        binary=True)
+    report.save_json(path + ".json", row)  # last: its presence marks the attack finished
+    logging.info("batch %d %s: PSNR %.2f SSIM %.3f", b, name, row["psnr"], row["ssim"])
+  if not distributed.is_writer():
+    distributed.finished()
+    logging.info("process %d: its attacks are written; process 0 writes the tables", me)
+    return
+
   label_rows = {m: [] for m in LABEL_METHODS}
   ablation = {k: [] for k in keys}
   grid = None
-  for b, idx in enumerate(batches):
-    x_true, y = source.x[idx], source.y[idx]
-    obs = clients.fedsgd(model.apply_fn, model.variables, jnp.asarray(data.normalize(x_true, norm)),
-                         jnp.asarray(y), share_labels=True)
+  for b in range(f.count):
+    x_true, y, obs = observe(b)
     for method in LABEL_METHODS:
       try:
         got = labels.hfginv(obs, profile, jax.random.fold_in(jax.random.key(cfg.seed), b)) \
@@ -144,33 +186,13 @@ def main(argv):
         label_rows[method].append({"batch": b, "truth": sorted(y.tolist()), "error": str(e), "accuracy": 0.0,
                                    "exact": False})
     for key in keys if only is None or b in only else ():
-      name, attack = table[key]
-      path = os.path.join(out, "items", f"{key}_{b}")
-      if f.resume and os.path.exists(path + ".json"):
-        with open(path + ".json", encoding="utf-8") as fh:
-          row = json.load(fh)
-        x_rec = None  # the reconstruction is only needed for the first batch's grid
-        if b == 0:
-          with open(path + ".npz", "rb") as fh:
-            x_rec = checkpoint.npz_arrays(fh.read(), path + ".npz")["reconstruction"]
-      else:
-        t = time.perf_counter()
-        rec = attacks.reconstruct(attack, model.apply_fn, obs,
-                                  jax.random.fold_in(jax.random.key(cfg.seed + 1), b),
-                                  input_shape=input_shape, bounds=bounds)
-        x_rec = np.clip(np.asarray(data.denormalize(rec.x, norm)), 0.0, 1.0)
-        scores = metrics.score(x_rec, x_true)
-        x_rec = x_rec[np.asarray(scores["order"])]
-        row = {"batch": b, "indices": idx.tolist(), "labels": y.tolist(), "psnr": scores["psnr"],
-               "ssim": scores["ssim"], "psnr_per_image": scores["psnr_per_image"],
-               **pipeline.lpips_scores("auto", x_rec, x_true), "loss": rec.loss,
-               "wall_time_s": time.perf_counter() - t, "attack": attacks.describe(attack)}
-        report.atomic_write(path + ".npz", lambda fh: np.savez(fh, reconstruction=x_rec.astype(np.float32)),
-                            binary=True)
-        report.save_json(path + ".json", row)
-      ablation[key].append(row)
-      logging.info("batch %d %s: PSNR %.2f SSIM %.3f", b, name, row["psnr"], row["ssim"])
-      if b == 0:
+      path = item(key, b)
+      distributed.wait_for(lambda: os.path.exists(path + ".json"))  # another process's: once written
+      with open(path + ".json", encoding="utf-8") as fh:
+        ablation[key].append(json.load(fh))
+      if b == 0:  # the reconstruction is only needed for the first batch's grid
+        with open(path + ".npz", "rb") as fh:
+          x_rec = checkpoint.npz_arrays(fh.read(), path + ".npz")["reconstruction"]
         grid = [x_true] if grid is None else grid
         grid.append(x_rec)
   wall = time.perf_counter() - start

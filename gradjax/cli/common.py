@@ -281,7 +281,9 @@ def declared_sweep() -> list[dict[str, Any]] | None:
 
 def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = None) -> None:
   """Writes ``cfg`` (and its ``sweep``) as ``<out>/config.py``, which ``--config`` reads to
-  reproduce the run."""
+  reproduce the run (process 0 of a run over several processes; the others write nothing)."""
+  if not distributed.is_writer():
+    return
   command = shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n")
   text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
                           f"reproduces it.\nCommand: {command}", fields=tuple(FIELDS), sweep=sweep)
