@@ -190,6 +190,33 @@ def test_batch_table_splits_its_attacks_over_two_processes(tmp_path):
     np.testing.assert_allclose([r["loss"] for r in a], [r["loss"] for r in b], rtol=1e-6)
 
 
+@pytest.mark.parametrize("program", ["label-accuracy", "label-recovery"])
+def test_label_programs_split_their_clients_over_two_processes(program, tmp_path):
+  """Clients (batches) k on process k mod 2: process 0 writes what one process writes."""
+  args = [program, "--count=5"] + (["--dataset=skimage"] if program == "label-accuracy" else
+                                   ["--aux_size=2"])
+  with _processes([*args, f"--output={tmp_path / 'two.json'}"]) as procs:
+    (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
+  assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
+  assert out1 == ""  # process 0 prints the result
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+                        f"--output={tmp_path / 'one.json'}"], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert one.returncode == 0, one.stderr[-2000:]
+  two, single = (json.loads((tmp_path / f"{d}.json").read_text()) for d in ("two", "one"))
+  if program == "label-accuracy":
+    assert two["correct"] == single["correct"] and len(two["correct"]) == 5
+    assert two["accuracy"] == single["accuracy"]
+  else:
+    assert two["methods"].keys() == single["methods"].keys()
+    for method, r in two["methods"].items():
+      want = single["methods"][method]
+      assert r.get("error") == want.get("error"), method
+      if "error" not in r:
+        assert r["labels_per_batch"] == want["labels_per_batch"] and len(r["labels_per_batch"]) == 5
+        assert r["accuracy_per_batch"] == want["accuracy_per_batch"]
+
+
 def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
   out = tmp_path / "run"
   args = ["reconstruct", "--iterations=300", "--chunk=10", "--restarts=2", "--shard",

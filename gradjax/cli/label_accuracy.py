@@ -6,6 +6,9 @@ attacks the same model as image ``i`` of a sweep.
 
   gradjax label-accuracy --dataset=cifar10 --count=50
   gradjax label-accuracy --dataset=mnist --count=1000
+
+Over several processes (the launch flags, :mod:`gradjax.distributed`), client k runs on process
+k mod P and process 0 prints and writes the result.
 """
 
 import time
@@ -14,11 +17,12 @@ import numpy as np
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import clients, data, labels, models, pipeline, report
+from gradjax import clients, data, distributed, labels, models, pipeline, report
 
 common.define_flags(sections=("data", "model", "client"))
 common.define_table_flags(psnr=False)
 common.define_results_file_flag()
+common.define_launch_flags(collectives=False)  # clients split over processes
 
 
 def main(argv):
@@ -33,17 +37,22 @@ def main(argv):
                       image_size=size, channels=cfg.channels)
     x = data.normalize(batch.x, data.normalization(cfg.normalization or "none"))
     num_classes = cfg.num_classes or batch.num_classes
-    correct = []
-    for k in range(f.count):
+    correct = {}
+    for k in range(distributed.process_index(), f.count, distributed.process_count()):
       index = f.start + k
       key_model, _, _ = pipeline.experiment_keys(cfg.seed, index)
       model = models.create(cfg.model, key_model, input_shape=batch.x.shape[1:],
                             num_classes=num_classes, init=cfg.init, act=cfg.act, conv=cfg.conv)
       obs = clients.fedsgd(model.apply_fn, model.variables, x[k:k + 1], batch.y[k:k + 1],
                            train=cfg.train_mode)
-      correct.append(int(labels.idlg(obs)[0]) == int(batch.y[k]))
+      correct[k] = int(labels.idlg(obs)[0]) == int(batch.y[k])
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
+  shares = distributed.gather(sorted(correct.items()))
+  if shares is None:  # not process 0, which prints and writes the result
+    distributed.finished()
+    return
+  correct = [hit for _, hit in sorted(kv for share in shares for kv in share)]
   acc = float(np.mean(correct))
   result = {"method": "idlg", "dataset": cfg.dataset, "model": cfg.model, "init": cfg.init,
             "start": f.start, "count": f.count, "accuracy": acc, "correct": correct,

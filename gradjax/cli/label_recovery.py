@@ -24,6 +24,9 @@ Methods (see gradjax.labels):
   gradjax label-recovery --model=mlp
   gradjax label-recovery --dataset=mnist --count=100 --output=labels.json
 
+Over several processes (the launch flags, :mod:`gradjax.distributed`), batch b runs on process
+b mod P and process 0 prints and writes the table.
+
 Data and model come from ``--config=batch_labels`` (the default; flags override it). Prints a
 Markdown table; ``--output=X.json`` writes the per-batch results as JSON and the table
 beside it as ``X.md``. Bad flags or data: one-line
@@ -39,12 +42,13 @@ from absl import app, flags
 
 from gradjax.cli import common
 from gradjax.cli.common import fail, parse_flags, provenance
-from gradjax import clients, data, labels, metrics, models, report
+from gradjax import clients, data, distributed, labels, metrics, models, report
 
 common.define_flags("batch_labels", sections=("data", "model", "sampling"))  # configs/batch_labels.py
 common.define_table_flags(psnr=False)
 flags.DEFINE_integer("aux_size", 16, "Dummy images for the LLG* and p̂ estimates (0: skip those rows).")
 common.define_results_file_flag()
+common.define_launch_flags(collectives=False)  # batches split over processes
 
 NEEDS = {
     "idlg": "batch 1, features ≥ 0",
@@ -112,8 +116,9 @@ def main(argv):
     if f.aux_size:
       methods += ["llg* (dummy)", "bias_counts (dummy p̂)"]
     methods += ["bias_counts (oracle p̄)"]
-    results = {m: {"accuracy": [], "exact": [], "time_s": [], "labels": [], "error": None} for m in methods}
-    for b, idx in enumerate(batches):
+    per_batch = {}  # this process's batches: b -> method -> (labels, seconds) or the method's error
+    for b in range(distributed.process_index(), f.count, distributed.process_count()):
+      idx = batches[b]
       key_model, key_dummy = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), b))
       model = models.create(cfg.model, key_model, input_shape=pool_x.shape[1:], num_classes=num_classes,
                             init=cfg.init, act=cfg.act)
@@ -121,22 +126,35 @@ def main(argv):
       y = pool_y[idx]
       obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
       dummy = data.normalize(np.asarray(jax.random.uniform(key_dummy, (f.aux_size, *pool_x.shape[1:]))), norm)
+      per_batch[b] = {}
       for method in methods:
-        r = results[method]
-        if r["error"]:
-          continue
         t = time.perf_counter()
         try:
           got = np.asarray(attack(method, obs, model, x, dummy, _log_softmax))
         except ValueError as e:  # The method does not apply to this setting (e.g. batch > classes).
-          r["error"] = str(e)
+          per_batch[b][method] = str(e)
           continue
-        r["time_s"].append(time.perf_counter() - t)
-        r["labels"].append(got)
-        r["accuracy"].append(metrics.label_accuracy(got, y))
-        r["exact"].append(sorted(got.tolist()) == sorted(y.tolist()))
+        per_batch[b][method] = (got.tolist(), time.perf_counter() - t)
   except (ValueError, FileNotFoundError) as e:
     fail(str(e))
+  shares = distributed.gather(sorted(per_batch.items()))
+  if shares is None:  # not process 0, which prints and writes the table
+    distributed.finished()
+    return
+  results = {m: {"accuracy": [], "exact": [], "time_s": [], "labels": [], "error": None} for m in methods}
+  for b, outcome in sorted((b, outcome) for share in shares for b, outcome in share):
+    y = pool_y[batches[b]]
+    for method, r in results.items():
+      if r["error"]:  # a method that does not apply to one batch is reported as not applying
+        continue
+      if isinstance(outcome[method], str):
+        r["error"] = outcome[method]
+        continue
+      got, seconds = np.asarray(outcome[method][0]), outcome[method][1]
+      r["time_s"].append(seconds)
+      r["labels"].append(got)
+      r["accuracy"].append(metrics.label_accuracy(got, y))
+      r["exact"].append(sorted(got.tolist()) == sorted(y.tolist()))
 
   wall = time.perf_counter() - start
   distinct = [len(np.unique(pool_y[idx])) for idx in batches]
