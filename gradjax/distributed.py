@@ -8,9 +8,9 @@ pods). Two kinds of runs:
 * one attack (``--shard``) splits its restarts and permutation candidates over every device of
   every process (after :func:`initialize` they are all in ``jax.devices()``, :mod:`gradjax.sharding`); every process computes the same host values, and only process 0
   (:func:`is_writer`) writes results, reports and the resume state;
-* a campaign (``sweep``, the table programs) splits its experiments over the processes
-  (:class:`gradjax.cli.common.Items`): each process runs and writes its own, and process 0 reads the
-  others' back as they are written and writes the table. Its processes share JAX's coordination
+* a campaign (``sweep``, the table programs, ``audit``) splits its experiments over the processes
+  (:class:`gradjax.cli.common.Items`, :func:`gather`): each process runs and writes its own, and
+  process 0 reads the others' back as they are written and writes the table. Its processes share JAX's coordination
   service only (``initialize(collectives=False)``): each is a JAX of its own, with its own devices
   and the persistent compilation cache.
 
@@ -89,10 +89,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
   ``collectives=False`` (a campaign: every experiment runs on one process): the processes share the
   coordination service (who runs what, failures, liveness) but JAX stays one process per process,
-  its devices the local ones. Then every process reads and writes the persistent compilation cache
-  (JAX's multi-process runtime writes it from process 0 alone, and the other processes' programs,
-  placed on their own devices, never match process 0's entries: measured, each of them compiled
-  every program again in every run).
+  its devices the local ones, and no process waits in a collective for another's experiment.
 
   JAX's coordination service, which process 0 hosts, runs here in a child process of process 0
   (:func:`_serve`), in JAX's recoverable mode: when a process dies (process 0 too), the service
