@@ -1,5 +1,5 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax reconstruct --restarts=8 --iterations=2000 --seed=0 --lpips=none --shard --output_dir=experiments/studies/scale_out/runs/cpu_2cores/attack/run_2 --compilation_cache=/tmp/scale_out_1k_0em26
+# Command: gradjax reconstruct --restarts=8 --iterations=2000 --seed=0 --lpips=none --shard --output_dir=experiments/studies/scale_out/runs/cpu_2cores/attack/run_2 --compilation_cache=/tmp/scale_out_b0d5n8xg
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config

@@ -1,5 +1,5 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax sweep --count=10 --iterations=2000 --lpips=none --output_dir=experiments/studies/scale_out/runs/cpu_2cores/sweep/run_1 --compilation_cache=/tmp/scale_out_1k_0em26
+# Command: gradjax sweep --count=10 --iterations=2000 --lpips=none --output_dir=experiments/studies/scale_out/runs/cpu_2cores/sweep/run_1 --compilation_cache=/tmp/scale_out_b0d5n8xg
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config
@@ -42,6 +42,7 @@ def get_config():
   c.client.force = False
   c.defense.spec = None
   c.attack.preset = 'dlg'
+  c.attack.adaptive = False
   c.attack.iterations = 2000
   c.attack.objective = None
   c.attack.optimizer = None
