@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ml_collections import config_dict
 
-from gradjax import attacks, checkpoint, corpus, data, defenses, distances, driver, dummy, interop, lpips
+from gradjax import adaptive, attacks, checkpoint, corpus, data, defenses, distances, driver, dummy, interop, lpips
 from gradjax import models, objectives, optimizers, presets, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
@@ -166,6 +166,9 @@ class Config:
   defense: str | None = _field(
       None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
       "clip:1,gaussian:1e-4.")
+  adaptive: bool = _field(
+      False, "Adapt the attack to the declared --defense: its objective models what the defense "
+      "did to the update (gradjax.adaptive).")
   restarts: int = _field(1, "Random restarts; the lowest objective wins.")
   permutations: int = _field(
       1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
@@ -393,7 +396,12 @@ def get_attack(cfg: Config) -> attacks.Attack:
   attack = preset() if cfg.iterations is None else preset(iterations=cfg.iterations)
   if optimizer:
     overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
-  return dataclasses.replace(attack, **overrides)
+  attack = dataclasses.replace(attack, **overrides)
+  if cfg.adaptive:
+    if not cfg.defense:
+      raise ValueError("--adaptive adapts the attack to the client's --defense; none is given")
+    attack = adaptive.adapt(attack, cfg.defense)
+  return attack
 
 
 # Fields that change how a run is scored or where its data lie, not what it computes: a saved state
@@ -472,7 +480,7 @@ SECTIONS = {
     "client": ("client", "train_mode", "local_epochs", "local_batch_size", "local_lr",
                "local_momentum", "shared_labels", "observation", "num_samples", "force"),
     "defense": ("defense",),
-    "attack": ("attack", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",
+    "attack": ("attack", "adaptive", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",
                "distance", "layer_weights", "priors", "labels", "aux", "box", "dummy_init",
                "one_sample_per_step", "gamma", "restarts", "permutations", "text_search",
                "restrict_tokens"),

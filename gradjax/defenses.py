@@ -175,7 +175,9 @@ def laplacian_noise(variance: float) -> Defense:
 
 
 @functools.partial(jax.jit, static_argnames=("per_layer",))
-def _clip_leaves(leaves, max_norm, *, per_layer):
+def clip_leaves(leaves, max_norm, *, per_layer):
+  """The leaves (a list of arrays) clipped as :func:`clip` clips a gradient; differentiable (an
+  attack adapted to clipping applies it to its dummy gradient, :mod:`gradjax.adaptive`)."""
   wide = [_wide(g) for g in leaves]
   squares = [jnp.sum(jnp.square(w)) for w in wide]
   if not per_layer:
@@ -191,7 +193,7 @@ def _clip_leaves(leaves, max_norm, *, per_layer):
 
 
 def _clip_gradient(observation: Observation, max_norm: float, per_layer: bool) -> Observation:
-  return _transform(observation, _clip_leaves, max_norm, per_layer=per_layer)
+  return _transform(observation, clip_leaves, max_norm, per_layer=per_layer)
 
 
 def clip(max_norm: float, per_layer: bool = True) -> Defense:

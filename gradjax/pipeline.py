@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, checkpoint, clients, compilation, corpus, data, defenses, driver
+from gradjax import adaptive, attacks, checkpoint, clients, compilation, corpus, data, defenses, driver
 from gradjax import fidelity, interop, lpips, metrics, models, resume, text, verdict
 from gradjax import labels as labels_lib
 from gradjax.config import Config, check, fingerprint, options
@@ -206,6 +206,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       num_samples=observation.num_samples,
       threat_model=observation.threat_model,
       attack=attacks.describe(attack),
+      adaptation=(adaptive.assumptions(defenses.parse(cfg.defense)) if cfg.adaptive else None),
       config=options(cfg),
       device=str(jax.local_devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,

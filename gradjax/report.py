@@ -155,7 +155,8 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   """Mean, population std and median of each metric over experiments; successes at ``threshold`` dB.
 
   ``rows`` are :func:`gradjax.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
-  wall_time_s, iterations, and lpips, summarised when every row has it).
+  wall_time_s, iterations, and lpips, summarised when every row has it); ``leaks``: the rows whose
+  verdict (:mod:`gradjax.verdict`) is a leak.
   """
   out = {"experiments": len(rows), "psnr_threshold": threshold}
   keys = ["psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations"]
@@ -165,6 +166,7 @@ def summarize(rows: list[dict], threshold: float) -> dict:
     v = np.array([r[key] for r in rows], np.float64)
     out[key] = {"mean": float(v.mean()), "std": float(v.std()), "median": float(np.median(v))}
   out["successes"] = int(sum(r["psnr"] >= threshold for r in rows))
+  out["leaks"] = int(sum((r.get("verdict") or {}).get("status") == "leak" for r in rows))
   return out
 
 

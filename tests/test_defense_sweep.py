@@ -112,3 +112,44 @@ def test_program_with_utility(tmp_path):
                   "--utility_test_count=50", f"--output_dir={tmp_path / 'bad'}")
   errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
   assert bad.returncode == 2 and len(errors) == 1 and "unknown model" in errors[0], bad.stderr[-2000:]
+
+
+def test_the_plot_shows_each_defense_s_stronger_attack(sweep):
+  table = _table([20.0, 40.0, 10.0])
+  table[0]["adaptive"] = {"summary": {"psnr": {"mean": 25.0}}}  # stronger than the plain attack
+  table[1]["adaptive"] = {"summary": {"psnr": {"mean": 35.0}}}  # weaker
+  assert [sweep.stronger(r) for r in table] == ["adaptive", "plain", "plain"]
+  bars = sweep.privacy_utility_plot(table, 30.0, "dlg").axes[0].patches
+  assert [b.get_height() for b in bars] == [25.0, 40.0, 10.0]
+  assert [bool(b.get_hatch()) for b in bars] == [True, False, False]
+
+
+@pytest.mark.slow
+def test_program_with_the_adaptive_attack(tmp_path):
+  """--adaptive: every defense's row attacked plainly and adapted to it on the same images; the
+  adapted attack's PSNR recomputed from its saved reconstruction (scikit-image)."""
+  import skimage.metrics
+  proc = run_sweep("--defenses=none;prune:0.5", "--count=1", "--iterations=20", "--image_size=16",
+                   "--adaptive", "--lpips=none", f"--output_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  none, pruned = json.loads((tmp_path / "results.json").read_text())["table"]
+  assert "adaptive" not in none and none["stronger"] == "plain"
+  item = json.loads((tmp_path / "items" / "prune_0.5_adaptive_0.json").read_text())
+  assert item["attack"]["name"] == "dlg+adaptive" and item["attack"]["distance"] == "euclidean|prune:0.5"
+  assert item["adaptation"] and item["config"]["adaptive"] and item["config"]["defense"] == "prune:0.5"
+  plain = json.loads((tmp_path / "items" / "prune_0.5_0.json").read_text())
+  assert plain["adaptation"] is None and plain["attack"]["name"] == "dlg"
+  saved = np.load(tmp_path / "items" / "prune_0.5_adaptive_0.npz")
+  want = skimage.metrics.peak_signal_noise_ratio(saved["ground_truth"].astype(np.float64),
+                                                 saved["reconstruction"].astype(np.float64),
+                                                 data_range=1.0)
+  assert pruned["adaptive"]["psnr_per_image"][0] == pytest.approx(want, abs=1e-3)
+  want_stronger = ("adaptive" if pruned["adaptive"]["summary"]["psnr"]["mean"]
+                   > pruned["summary"]["psnr"]["mean"] else "plain")
+  assert pruned["stronger"] == want_stronger
+  assert "adaptive PSNR (dB)" in (tmp_path / "results.md").read_text()
+  bad = subprocess.run([sys.executable, "-m", "gradjax", "reconstruct", "--adaptive",
+                        f"--output_dir={tmp_path / 'bad'}"], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+  assert bad.returncode == 2 and len(errors) == 1 and "--adaptive adapts the attack" in errors[0]

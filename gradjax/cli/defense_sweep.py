@@ -8,6 +8,12 @@ and the success rate (PSNR ≥ ``--psnr_threshold``). Each attack is kept in ``i
 
   gradjax defense-sweep --dataset=cifar10 --count=5
   gradjax defense-sweep --defenses="none;gaussian:1e-2;prune:0.3" --count=10
+  gradjax defense-sweep --defenses="none;prune:0.2;prune:0.5" --count=3 --adaptive
+
+With ``--adaptive`` every defense is attacked twice on the same images: by the plain attack, and by
+the attack adapted to that defense (:mod:`gradjax.adaptive`: its objective models what the defense
+did); the table has both, with the images each gave a leak verdict, and the plot each defense's
+stronger attack. A defense is only as safe as the stronger of the two says.
 
 The default grid is the DLG paper's defense table (Zhu et al. 2019, §5): Gaussian and Laplacian
 noise, fp16, int8, and magnitude pruning of 1 % .. 70 %. The paper calls its noise levels 1e-4 ..
@@ -112,17 +118,35 @@ def check_utility(parts: training.Split, cfg: UtilityConfig) -> None:
     raise ValueError("utility needs at least one test image")
 
 
+def stronger(row: dict) -> str:
+  """Which attack of a table row recovers more, by mean PSNR: ``"plain"``, or ``"adaptive"`` when
+  the row has the adapted attack's results and they are higher."""
+  if "adaptive" in row and row["adaptive"]["summary"]["psnr"]["mean"] > row["summary"]["psnr"]["mean"]:
+    return "adaptive"
+  return "plain"
+
+
+def strongest_summary(row: dict) -> dict:
+  """The summary of a row's stronger attack (:func:`stronger`)."""
+  return row["adaptive"]["summary"] if stronger(row) == "adaptive" else row["summary"]
+
+
 def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str = "attack"):
   """A matplotlib figure: mean PSNR per defense as bars (dashed line at the threshold) and, when the
   rows have a ``"utility"`` entry, utility (test accuracy) against PSNR, one labelled point per
-  defense: the privacy/utility trade-off (lower PSNR and higher accuracy is better)."""
+  defense: the privacy/utility trade-off (lower PSNR and higher accuracy is better). A defense's
+  PSNR is its stronger attack's (plain or adapted to it, :func:`stronger`); a hatched bar is the
+  adapted one's."""
   names = [row["defense"] for row in table]
-  psnr = [row["summary"]["psnr"]["mean"] for row in table]
+  psnr = [strongest_summary(row)["psnr"]["mean"] for row in table]
   with_utility = all("utility" in row for row in table)
   fig, axes = report.subplots(1, 2 if with_utility else 1, squeeze=False,
                               figsize=(max(5.0, 0.45 * len(names) + 2) + (5 if with_utility else 0), 3.6))
   ax = axes[0, 0]
-  ax.bar(range(len(names)), psnr, color="tab:blue")
+  bars = ax.bar(range(len(names)), psnr, color="tab:blue")
+  for bar, row in zip(bars, table):
+    if stronger(row) == "adaptive":
+      bar.set_hatch("//")
   ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
   ax.axhline(psnr_threshold, color="tab:red", linestyle="--", linewidth=1, label=f"{psnr_threshold:g} dB")
   ax.set_ylabel(f"{attack} PSNR (dB), mean"), ax.legend(fontsize=7), ax.grid(axis="y", alpha=0.3)
@@ -151,6 +175,8 @@ def main(argv):
   start = time.perf_counter()
   try:
     base = common.config_from_flags()
+    adaptive = base.adaptive  # every defense's row also with the attack adapted to it
+    base = common.replace(base, adaptive=False)
     config.check(base)
     for spec in specs:
       if spec != "none":
@@ -166,23 +192,32 @@ def main(argv):
       ucfg = UtilityConfig(f.utility_model, f.utility_epochs, f.utility_batch_size, f.utility_lr,
                            f.utility_momentum, base.seed)
       check_utility(parts, ucfg)
-    def experiments(spec):
+    def experiments(spec, adapted=False):
       for k in range(f.count):
-        cfg = common.replace(base, defense=None if spec == "none" else spec,
+        cfg = common.replace(base, defense=None if spec == "none" else spec, adaptive=adapted,
                              index=f.start + k * base.batch_size)
-        yield f"{spec}_{cfg.index}", cfg
+        yield f"{spec}{'_adaptive' if adapted else ''}_{cfg.index}", cfg
 
-    if not items.plan([e for spec in specs for e in experiments(spec)]):
+    attacked = [(spec, False) for spec in specs] + [(spec, True) for spec in specs
+                                                    if adaptive and spec != "none"]
+    if not items.plan([e for spec, adapted in attacked for e in experiments(spec, adapted)]):
       return  # over several processes: this one's experiments are written, process 0 goes on
-    for spec in specs:
-      rows = [items.run(key, cfg)[0] for key, cfg in experiments(spec)]
+
+    def attack_row(spec, adapted):
+      rows = [items.run(key, cfg)[0] for key, cfg in experiments(spec, adapted)]
       summary = report.summarize(rows, f.psnr_threshold)
-      logging.info("%s: PSNR %.2f dB, %d/%d successes", spec, summary["psnr"]["mean"],
-                   summary["successes"], f.count)
-      table.append({"defense": spec, "summary": summary,
-                    "psnr_per_image": [r["psnr"] for r in rows]})
+      logging.info("%s%s: PSNR %.2f dB, %d/%d successes", spec, " (adaptive)" if adapted else "",
+                   summary["psnr"]["mean"], summary["successes"], f.count)
+      row = {"summary": summary, "psnr_per_image": [r["psnr"] for r in rows]}
       if "lpips" in summary:
-        table[-1]["lpips_per_image"] = [r["lpips"] for r in rows]
+        row["lpips_per_image"] = [r["lpips"] for r in rows]
+      return row
+
+    for spec in specs:
+      table.append({"defense": spec, **attack_row(spec, False)})
+      if adaptive and spec != "none":
+        table[-1]["adaptive"] = attack_row(spec, True)
+      table[-1]["stronger"] = stronger(table[-1])
       if f.utility:
         table[-1]["utility"] = utility(spec, parts, ucfg)
         logging.info("%s: utility accuracy %s", spec, table[-1]["utility"]["accuracy"])
@@ -205,19 +240,30 @@ def main(argv):
   lines = [f"# {base.attack} on {base.model} against defenses, {base.dataset} {f.start}.."
            f"{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}", "",
            "| defense | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "") + "label acc. | success (PSNR ≥ "
-           f"{f.psnr_threshold:g}) |{extra}",
-           "|---|---|---|---|---|" + ("---|" if with_lpips else "") + ("---|" if f.utility else "")]
+           f"{f.psnr_threshold:g}) | leak verdicts |"
+           + (" adaptive PSNR (dB) | adaptive SSIM | adaptive success | adaptive leak verdicts |"
+              if adaptive else "") + extra,
+           "|---|---|---|---|---|---|" + ("---|" if with_lpips else "") + ("---|" * 4 if adaptive else "")
+           + ("---|" if f.utility else "")]
   for row in table:
     s = row["summary"]
     cell = ""
+    if adaptive:
+      a = row.get("adaptive", {}).get("summary")
+      cell += (" – | – | – | – |" if a is None else
+               f" {a['psnr']['mean']:.2f} ± {a['psnr']['std']:.2f} | {a['ssim']['mean']:.3f} | "
+               f"{a['successes']}/{a['experiments']} | {a['leaks']}/{a['experiments']} |")
     if f.utility:
       acc = row["utility"]["accuracy"]
-      cell = " diverged |" if acc is None else f" {acc:.3f} |"
+      cell += " diverged |" if acc is None else f" {acc:.3f} |"
     lines.append(f"| {row['defense']} | {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} | "
                  f"{s['ssim']['mean']:.3f} | "
                  + (f"{s['lpips']['mean']:.3f} | " if with_lpips else "")
                  + f"{s['label_accuracy']['mean']:.2f} | "
-                 f"{s['successes']}/{s['experiments']} |{cell}")
+                 f"{s['successes']}/{s['experiments']} | {s['leaks']}/{s['experiments']} |{cell}")
+  if adaptive:
+    lines += ["", "Adaptive: the attack's objective models the row's defense (gradjax.adaptive); "
+              "the plot shows each defense's stronger attack (hatched: the adaptive one)."]
   if f.utility:
     lines += ["", f"Utility: {f.utility_model} trained {f.utility_epochs} epochs (batch "
               f"{f.utility_batch_size}, lr {f.utility_lr:g}, momentum {f.utility_momentum:g}) on "

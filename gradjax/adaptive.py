@@ -1,0 +1,229 @@
+"""Attacks adapted to a declared defense: the objective models what the defense did to the update.
+
+A defense T turns the client's update g into the observed v = T(g) (:mod:`gradjax.defenses`). The
+plain attack matches D(g', v), as if v were g; against pruning it then drives the pruned entries of
+its dummy gradient g' to 0, against clipping to a rescaled gradient, against noise into the noise.
+The adapted attack matches
+
+    D(F(g'), P(F(g')))      with weights w(v)
+
+where F applies to g' the defense's deterministic parts that it can model exactly (clipping with the
+declared bound; pruning's mask, read from the zeros of v), P projects onto the set of updates that
+the last part maps to v (v itself but for an interval per entry after pruning or rounding: the
+dummy is penalised only for leaving that interval), and w weighs each leaf by its share of signal
+under declared noise. Each part says what it assumes the attacker knows (:func:`assumptions`); the
+server in these threat models knows the defense its clients run (it is part of the protocol).
+
+=================  ==========================================================================
+part               adaptation
+=================  ==========================================================================
+``prune:r``        last part: entries of v that are 0 may hold any value of magnitude up to the
+                   smallest kept |v| of their leaf (of the tree, ``:global``), the others are
+                   exact; before another deterministic part: F zeroes the dummy where v is 0.
+                   Assumes the pruned entries are the zeros of v (r is not needed).
+``int8``           last part: g lies in [v − s/2, v + s/2], s = max|v_l| / 127 (the quantiser's
+                   step, read from v); before another part: straight through (F = identity).
+``fp16``, ``bf16`` last part: g lies in v's rounding cell (half-way to its neighbours in that
+                   format); before another part: straight through.
+``clip:C``         F clips the dummy as the client clipped g (per leaf, or ``:global``): exact.
+``gaussian:v``,    w_l = max(‖v_l‖² − n_l·var, 0) / ‖v_l‖²: a leaf's estimated share of signal,
+``laplacian:v``    so leaves the noise drowns stop pulling the dummy (var declared). Parts
+                   before the noise are modelled by F only where they are clipping: the noise
+                   hides pruning's zeros and rounding's cells.
+``dp:C:z``         clipping (F), then noise of variance (z·C)² (w).
+=================  ==========================================================================
+
+The adaptation needs only the observed update, which the distance receives as ``observed`` at run
+time: an adapted attack is built once per defense and compiles once for every observation.
+
+Example::
+
+  attack = gradjax.adaptive.adapt(gradjax.presets.dlg(), gradjax.defenses.parse("prune:0.5"))
+"""
+
+import dataclasses
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from gradjax import attacks, defenses, distances
+
+_ROUNDING = {"int8", "fp16", "bf16"}
+_NOISE = {"gaussian", "laplacian"}
+_LOW = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
+
+
+class Part(NamedTuple):
+  """One part of a defense spec (:func:`defenses.parse`'s canonical ``name``): its head, numbers
+  and whether it acts over the whole tree (``:global``)."""
+
+  head: str
+  numbers: tuple[float, ...]
+  whole_tree: bool
+
+
+def parts(defense: defenses.Defense) -> list[Part]:
+  """The parts of ``defense`` in the order it applies them (``dp`` as clipping, then its noise)."""
+  found = []
+  for spec in defense.name.split(","):
+    fields = spec.split(":")
+    head, rest = fields[0], fields[1:]
+    numbers = tuple(float(f) for f in rest if f not in ("global", "gaussian", "laplacian"))
+    whole = "global" in rest
+    if head == "dp":
+      c, z = numbers
+      found += [Part("clip", (c,), whole),
+                Part("laplacian" if "laplacian" in rest else "gaussian", ((z * c) ** 2,), False)]
+    elif head != "none":
+      found.append(Part(head, numbers, whole))
+  return found
+
+
+def assumptions(defense: defenses.Defense) -> list[str]:
+  """What the adapted attack assumes the attacker knows, one line per part of ``defense``."""
+  ps, lines = parts(defense), []
+  noisy_after = [any(q.head in _NOISE for q in ps[i + 1:]) for i in range(len(ps))]
+  for i, p in enumerate(ps):
+    last = i == len(ps) - 1
+    if p.head == "clip":
+      lines.append(f"clip: the bound C = {p.numbers[0]:g}" + (" over the whole update" if p.whole_tree
+                                                             else " per leaf") + " (declared)")
+    elif p.head in _NOISE:
+      lines.append(f"{p.head} noise: its variance {p.numbers[0]:g} (declared)")
+    elif noisy_after[i]:
+      lines.append(f"{p.head}: not modelled (the noise after it hides what it did)")
+    elif p.head == "prune":
+      lines.append("prune: the pruned entries are the zeros of the update" + (
+          ", and they were smaller than the smallest kept one" if last else ""))
+    else:
+      lines.append(f"{p.head}: " + ("the rounding grid, read from the update" if last
+                                    else "straight through (not modelled)"))
+  return lines
+
+
+# --- what each part does to the dummy gradient and where the true one lies ---------------------------
+
+
+def _mask_zeros(u, v):
+  return [jnp.where(b == 0, 0.0, a) for a, b in zip(u, v)]
+
+
+def _clip(u, v, *, max_norm, whole_tree):
+  del v
+  return defenses.clip_leaves(u, max_norm, per_layer=not whole_tree)
+
+
+def _prune_interval(v, *, whole_tree):
+  """(lo, hi) per leaf: 0 entries within ± the smallest kept magnitude, the others exact."""
+  big = jnp.finfo(jnp.float32).max
+
+  def smallest_kept(leaf):
+    a = jnp.abs(leaf)
+    return jnp.min(jnp.where(a > 0, a, big))
+
+  tops = [smallest_kept(leaf) for leaf in v]
+  if whole_tree:
+    tops = [jnp.min(jnp.stack(tops))] * len(v)
+  tops = [jnp.where(t < big, t, 0.0) for t in tops]  # an all-zero leaf: nothing kept, no bound known
+  lo = [jnp.where(leaf == 0, -t, leaf) for leaf, t in zip(v, tops)]
+  hi = [jnp.where(leaf == 0, t, leaf) for leaf, t in zip(v, tops)]
+  return lo, hi
+
+
+def _int8_interval(v, *, whole_tree):
+  scales = [jnp.max(jnp.abs(leaf)) / 127 for leaf in v]
+  if whole_tree:
+    scales = [jnp.max(jnp.stack(scales))] * len(v)
+  return [leaf - s / 2 for leaf, s in zip(v, scales)], [leaf + s / 2 for leaf, s in zip(v, scales)]
+
+
+def _cast_interval(v, *, low):
+  lo, hi = [], []
+  for leaf in v:
+    x = leaf.astype(low)
+    down = jnp.nextafter(x, jnp.asarray(-jnp.inf, low)).astype(leaf.dtype)
+    up = jnp.nextafter(x, jnp.asarray(jnp.inf, low)).astype(leaf.dtype)
+    lo.append((leaf + down) / 2)
+    hi.append((leaf + up) / 2)
+  return lo, hi
+
+
+def _signal_share(v, variance):
+  """max(‖v_l‖² − n_l·var, 0) / ‖v_l‖² per leaf: the share of leaf l's energy that is not noise."""
+  shares = []
+  for leaf in v:
+    energy = jnp.sum(jnp.square(leaf))
+    shares.append(jnp.where(energy > 0, jnp.maximum(energy - leaf.size * variance, 0.0)
+                            / jnp.where(energy > 0, energy, 1.0), 0.0))
+  return shares
+
+
+class _Model(NamedTuple):
+  forward: tuple[Callable, ...]         # (u_leaves, v_leaves) -> u_leaves, in order
+  interval: Callable | None             # v_leaves -> (lo_leaves, hi_leaves)
+  variance: float                       # declared noise variance per entry (summed)
+
+
+def _model(defense: defenses.Defense) -> _Model:
+  ps = parts(defense)
+  forward, interval, variance = [], None, 0.0
+  for i, p in enumerate(ps):
+    last = i == len(ps) - 1
+    noisy_after = any(q.head in _NOISE for q in ps[i + 1:])
+    if p.head == "clip":
+      forward.append(functools.partial(_clip, max_norm=p.numbers[0], whole_tree=p.whole_tree))
+    elif p.head in _NOISE:
+      variance += p.numbers[0]
+    elif noisy_after:
+      continue  # its traces are under the noise
+    elif p.head == "prune":
+      if last:
+        interval = functools.partial(_prune_interval, whole_tree=p.whole_tree)
+      else:
+        forward.append(_mask_zeros)
+    elif p.head == "int8" and last:
+      interval = functools.partial(_int8_interval, whole_tree=p.whole_tree)
+    elif p.head in _LOW and last:
+      interval = functools.partial(_cast_interval, low=_LOW[p.head])
+    elif p.head not in _ROUNDING:
+      raise ValueError(f"no adaptation is known for the defense part {p.head!r}")
+  return _Model(tuple(forward), interval, variance)
+
+
+def distance(base: distances.Distance, defense: defenses.Defense) -> distances.Distance:
+  """``base`` adapted to ``defense``: D(F(g'), P(F(g'))) with the leaves weighted by their signal
+  share (module docstring); the same as ``base`` for ``defenses.identity()``."""
+  base = distances.as_distance(base)
+  model = _model(defense)
+
+  def adapted(dummy, observed, weights=None, step=0):
+    treedef = jax.tree.structure(observed)
+    u, v = jax.tree.leaves(dummy), jax.tree.leaves(observed)
+    for f in model.forward:
+      u = f(u, v)
+    target = v
+    if model.interval is not None:
+      lo, hi = model.interval(v)
+      target = [jnp.clip(a, low, high) for a, low, high in zip(u, lo, hi)]
+    if model.variance > 0:
+      share = jax.tree.unflatten(treedef, _signal_share(v, model.variance))
+      weights = share if weights is None else jax.tree.map(jnp.multiply, weights, share)
+    return base(jax.tree.unflatten(treedef, u), jax.tree.unflatten(treedef, target),
+                weights=weights, step=step)
+
+  fn = base.fn.func if isinstance(base.fn, functools.partial) else base.fn
+  adapted.__name__ = f"{getattr(fn, '__name__', type(fn).__name__)}|{defense.name}"  # in reports
+  return distances.Distance(adapted, layer_weights=base.layer_weights, reads_step=True,
+                            settled_from=base.settled_from)
+
+
+@functools.lru_cache(maxsize=None)
+def adapt(attack: attacks.Attack, defense_spec: str) -> attacks.Attack:
+  """``attack`` with its distance adapted to the defense ``defense_spec`` (a spec of
+  :func:`gradjax.defenses.parse`), named ``<attack>+adaptive``. Built once per attack and spec, so
+  that runs against the same defense share their compiled programs."""
+  defense = defenses.parse(defense_spec)
+  return dataclasses.replace(attack, distance=distance(attack.distance, defense),
+                             name=f"{attack.name}+adaptive")

@@ -1,0 +1,153 @@
+"""Attacks adapted to a declared defense (gradjax.adaptive): the adapted objective against closed
+forms in NumPy, zero at the client's true gradient, and float64 finite differences."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import adaptive, config, defenses, distances, presets
+from gradjax.observation import Observation
+
+
+def _tree(seed=0, scale=1.0):
+  rng = np.random.default_rng(seed)
+  return {"dense": {"kernel": (scale * rng.normal(size=(6, 5))).astype(np.float32),
+                    "bias": (scale * rng.normal(size=(5,))).astype(np.float32)},
+          "head": {"kernel": (scale * rng.normal(size=(5, 3))).astype(np.float32)}}
+
+
+def _defended(tree, spec, key=None):
+  obs = Observation(gradient=jax.tree.map(jnp.asarray, tree), variables={}, labels=None)
+  return jax.tree.map(np.asarray, defenses.parse(spec).apply(obs, key).gradient)
+
+
+def _euclidean(spec):
+  return adaptive.distance(distances.DISTANCES["euclidean"], defenses.parse(spec))
+
+
+def test_parts_of_a_chain_and_dp():
+  got = adaptive.parts(defenses.parse("dp:2.0:0.5:global,prune:0.3"))
+  assert got == [adaptive.Part("clip", (2.0,), True), adaptive.Part("gaussian", (1.0,), False),
+                 adaptive.Part("prune", (0.3,), False)]
+  assert adaptive.parts(defenses.parse("none")) == []
+  assert len(adaptive.assumptions(defenses.parse("prune:0.5,gaussian:1e-4"))) == 2
+
+
+@pytest.mark.parametrize("spec", ["prune:0.5", "prune:0.5:global", "int8", "int8:global", "fp16",
+                                  "bf16", "clip:0.5", "clip:1.0:global", "clip:0.5,prune:0.4"])
+def test_the_true_gradient_explains_the_defended_update(spec):
+  """The client's own gradient is consistent with what the defense made of it: adapted objective 0
+  (to rounding), where the plain objective is not."""
+  g = _tree(1)
+  v = _defended(g, spec)
+  plain = float(distances.euclidean(g, v))
+  assert plain > 1e-6
+  assert float(_euclidean(spec)(g, v)) <= 1e-9 * plain
+
+
+def _leaves(tree):
+  return [np.asarray(x, np.float64) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("whole_tree", [False, True])
+def test_pruned_entries_are_penalised_outside_the_smallest_kept_magnitude(whole_tree):
+  g, u = _tree(2), _tree(3)
+  spec = "prune:0.5" + (":global" if whole_tree else "")
+  v = _defended(g, spec)
+  vs = _leaves(v)
+  bounds = [np.min(np.abs(x[x != 0])) for x in vs]
+  if whole_tree:
+    bounds = [min(bounds)] * len(vs)
+  want = 0.0
+  for a, b, t in zip(_leaves(u), vs, bounds):
+    gap = np.where(b == 0, np.maximum(np.abs(a) - t, 0.0), a - b)
+    want += np.sum(gap ** 2)
+  np.testing.assert_allclose(float(_euclidean(spec)(u, v)), want, rtol=1e-5)
+
+
+def test_int8_and_fp16_cells_from_numpy():
+  g, u = _tree(4), _tree(5, scale=1.01)
+  v = _defended(g, "int8")
+  want = 0.0
+  for a, b in zip(_leaves(u), _leaves(v)):
+    s = np.max(np.abs(b)) / 127
+    want += np.sum(np.maximum(np.abs(a - b) - s / 2, 0.0) ** 2)
+  np.testing.assert_allclose(float(_euclidean("int8")(u, v)), want, rtol=1e-4)
+  v = _defended(g, "fp16")
+  want = 0.0
+  for a, b in zip(_leaves(u), _leaves(v)):
+    h = b.astype(np.float16)
+    lo = (b + np.nextafter(h, np.float16(-np.inf)).astype(np.float64)) / 2
+    hi = (b + np.nextafter(h, np.float16(np.inf)).astype(np.float64)) / 2
+    want += np.sum((a - np.clip(a, lo, hi)) ** 2)
+  np.testing.assert_allclose(float(_euclidean("fp16")(u, v)), want, rtol=1e-4)
+
+
+def test_clipping_is_applied_to_the_dummy():
+  g, u = _tree(6, scale=3.0), _tree(7, scale=3.0)
+  v = _defended(g, "clip:1.0")
+  want = 0.0
+  for a, b in zip(_leaves(u), _leaves(v)):
+    want += np.sum((a * min(1.0, 1.0 / np.linalg.norm(a)) - b) ** 2)
+  np.testing.assert_allclose(float(_euclidean("clip:1.0")(u, v)), want, rtol=1e-5)
+
+
+def test_noise_weighs_each_leaf_by_its_signal_share():
+  g, u = _tree(8), _tree(9)
+  spec = "gaussian:0.5"
+  v = _defended(g, spec, jax.random.key(0))
+  want = 0.0
+  for a, b in zip(_leaves(u), _leaves(v)):
+    energy = np.sum(b ** 2)
+    want += max(energy - b.size * 0.5, 0.0) / energy * np.sum((a - b) ** 2)
+  np.testing.assert_allclose(float(_euclidean(spec)(u, v)), want, rtol=1e-5)
+  # Noise hides pruning's zeros: pruning before it is not modelled, clipping still is.
+  assert adaptive.parts(defenses.parse("prune:0.5,gaussian:0.5"))[0].head == "prune"
+  both = _euclidean("clip:1.0,prune:0.5,gaussian:0.5")
+  clipped_only = _euclidean("clip:1.0,gaussian:0.5")
+  np.testing.assert_allclose(float(both(u, v)), float(clipped_only(u, v)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["prune:0.5", "int8", "clip:0.8", "dp:0.8:0.1"])
+def test_gradient_against_float64_finite_differences(spec):
+  g, u = _tree(10), _tree(11)
+  v = _defended(g, spec, jax.random.key(1))
+  with jax.enable_x64(True):
+    fn = adaptive.distance(distances.DISTANCES["euclidean"], defenses.parse(spec))
+    u64, v64 = (jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), t) for t in (u, v))
+    grad = jax.grad(lambda t: fn(t, v64))(u64)
+    leaf = ("dense", "kernel")
+    direction = np.random.default_rng(0).normal(size=u[leaf[0]][leaf[1]].shape)
+    h = 1e-6
+
+    def at(s):
+      moved = jax.tree.map(lambda x: x, u64)
+      moved[leaf[0]] = {**moved[leaf[0]], leaf[1]: u64[leaf[0]][leaf[1]] + s * direction}
+      return float(fn(moved, v64))
+
+    numeric = (at(h) - at(-h)) / (2 * h)
+    analytic = float(np.sum(np.asarray(grad[leaf[0]][leaf[1]]) * direction))
+  np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-9)
+
+
+def test_identity_is_the_base_distance_and_cosine_bases_work():
+  g, u = _tree(12), _tree(13)
+  for name in ("euclidean", "cosine"):
+    base = distances.DISTANCES[name]
+    np.testing.assert_allclose(float(adaptive.distance(base, defenses.parse("none"))(u, g)),
+                               float(base(u, g)), rtol=1e-6)
+  v = _defended(g, "prune:0.3")
+  assert float(adaptive.distance(distances.DISTANCES["cosine"], defenses.parse("prune:0.3"))(g, v)) \
+      < 1e-6
+
+
+def test_configuration_adapts_the_preset_and_needs_a_defense():
+  cfg = config.Config(attack="dlg", defense="prune:0.2", adaptive=True)
+  attack = config.get_attack(cfg)
+  assert attack.name == "dlg+adaptive" and attack.optimizer == presets.dlg().optimizer
+  assert config.get_attack(cfg) is attack  # one adapted attack per preset and defense: compiled once
+  with pytest.raises(ValueError, match="--adaptive adapts the attack"):
+    config.get_attack(dataclasses.replace(cfg, defense=None))
