@@ -8,7 +8,10 @@ layer. Combining all units by least squares (min_x Σ_i ‖∂L/∂W[:, i] − x
   x = Σ_i ∂L/∂W[:, i] ∂L/∂b_i / Σ_i (∂L/∂b_i)²
 
 which is exact for one example and weights each unit by |∂L/∂b_i|, so units with tiny bias
-gradients (dead ReLUs, rounding noise) barely count.
+gradients (dead ReLUs, rounding noise) barely count. The sums run, for each input j, over the units
+whose entry ∂L/∂W[j, i] is not 0: an update that pruning or sparsification thinned (a defense of
+:mod:`gradjax.defenses`) still gives x_j exactly from any entry it kept, and 0 where it kept none
+(the entries pruning drops are the smallest |x_j ∂L/∂b_i|, so those x_j are small).
 
 For a batch of N examples the gradient of the mean loss is a sum of N such rank-one terms, and the
 same formula returns a mixture Σ_n w_n x_n of the inputs (weights from the examples' bias
@@ -53,7 +56,10 @@ def dense_input(kernel_grad, bias_grad, *, min_abs: float = DEFAULT_MIN_ABS) -> 
     raise ValueError(f"every bias gradient is ≤ {min_abs:g} in magnitude (max {float(scale):.3g}); "
                      "the layer's input cannot be recovered from it")
   u = gb / scale  # rescaled so Σ u² cannot underflow
-  return (gw @ u) / (scale * jnp.sum(u * u))
+  # Per input j, only the units whose entry gW[j, i] is not 0 (a pruned or sparsified update zeroes
+  # entries; unpruned, gW[j, i] = 0 only where x_j = 0 or gb_i = 0, which add nothing either way).
+  kept = jnp.sum(jnp.where(gw != 0, u * u, 0.0), axis=1)
+  return jnp.where(kept > 0, (gw @ u) / (scale * jnp.where(kept > 0, kept, 1.0)), 0.0).astype(gw.dtype)
 
 
 def _dense_layer(gradient, name: str):

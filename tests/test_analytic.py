@@ -118,3 +118,17 @@ def test_batches_and_bad_layers_are_refused(photos):
   obs = clients.fedsgd(lenet.apply_fn, lenet.variables, photos[:1], np.array([1]))
   with pytest.raises(ValueError, match="not a dense layer"):
     analytic.mlp_input(obs, (32, 32, 3), first_layer="Conv_0")
+
+
+def test_mlp_input_through_pruning(photos):
+  """A pruned update (90 % of every leaf's entries zeroed): each pixel with a kept entry comes back
+  exactly; a pixel with none is 0, and such pixels are the darkest (pruning drops small |x_j gb_i|)."""
+  from gradjax import defenses
+  model = models.create("mlp", jax.random.key(1), num_classes=10)
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[2:3], np.array([3]))
+  pruned = defenses.parse("prune:0.9").apply(obs)
+  x = np.asarray(analytic.mlp_input(pruned, photos.shape[1:]))
+  kept = np.asarray(pruned.gradient["Dense_0"]["kernel"] != 0).any(axis=1).reshape(photos.shape[1:])
+  assert kept.mean() > 0.5
+  np.testing.assert_allclose(x[kept], photos[2][kept], atol=1e-5)
+  assert np.all(x[~kept] == 0) and np.max(photos[2][~kept], initial=0) <= np.median(photos[2][kept])
