@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ml_collections import config_dict
 
-from gradjax import adaptive, attacks, checkpoint, corpus, data, defenses, distances, driver, dummy, interop, lpips
+from gradjax import attacks, checkpoint, corpus, data, defenses, distances, driver, dummy, interop, lpips
 from gradjax import models, objectives, optimizers, presets, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
@@ -167,8 +167,8 @@ class Config:
       None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
       "clip:1,gaussian:1e-4.")
   adaptive: bool = _field(
-      False, "Adapt the attack to the declared --defense: its objective models what the defense "
-      "did to the update (gradjax.adaptive).")
+      False, "Adapt the attack to the client's defense (--defense, after the one a capture's "
+      "metadata declare): its objective models what the defense did (gradjax.adaptive).")
   restarts: int = _field(1, "Random restarts; the lowest objective wins.")
   permutations: int = _field(
       1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
@@ -396,12 +396,7 @@ def get_attack(cfg: Config) -> attacks.Attack:
   attack = preset() if cfg.iterations is None else preset(iterations=cfg.iterations)
   if optimizer:
     overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
-  attack = dataclasses.replace(attack, **overrides)
-  if cfg.adaptive:
-    if not cfg.defense:
-      raise ValueError("--adaptive adapts the attack to the client's --defense; none is given")
-    attack = adaptive.adapt(attack, cfg.defense)
-  return attack
+  return dataclasses.replace(attack, **overrides)
 
 
 # Fields that change how a run is scored or where its data lie, not what it computes: a saved state
@@ -434,6 +429,9 @@ def check(cfg: Config) -> attacks.Attack:
   attack = get_attack(cfg)
   if cfg.defense:
     defenses.parse(cfg.defense)
+  if cfg.adaptive and not (cfg.defense or cfg.observation):
+    raise ValueError("--adaptive adapts the attack to the client's defense: give --defense (or a "
+                     "capture whose metadata declare its 'defense')")
   if cfg.model is not None and not cfg.checkpoint:
     models.get_module(cfg.model, num_classes=cfg.num_classes or 10, init=cfg.init, act=cfg.act,
                       conv=cfg.conv, text_sizes=cfg.text_sizes())

@@ -26,7 +26,9 @@ Metadata keys (all optional, values as strings in safetensors): ``kind`` (defaul
 ``num_samples``, ``labels`` (``"3,8,8"``), ``label_order`` (``ordered`` or ``multiset``), ``train``
 (``true`` when the client ran BatchNorm in training mode), ``local_lr``, ``local_epochs``,
 ``local_batch_size``, ``local_momentum`` (FedAvg schedule), ``model`` (gradjax registry name),
-``input_shape`` (``"32,32,3"``, H, W, C), ``layout`` (only ``torch`` is read).
+``input_shape`` (``"32,32,3"``, H, W, C), ``layout`` (only ``torch`` is read), ``defense`` (the
+spec of the defense the client applied to what it sent, :func:`gradjax.defenses.parse`: what an
+attack adapts to, :mod:`gradjax.adaptive`).
 
 Layouts (PyTorch -> gradjax, :class:`Entry`)
 --------------------------------------------

@@ -186,8 +186,9 @@ class _Resumable:
 
 
 def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, model: models.Model,
-            observation, trace: Trace, timing: _Resumable) -> dict[str, Any]:
-  """The results every experiment reports: timing, counts, the objective, configuration, device."""
+            observation, trace: Trace, timing: _Resumable, adapted_to: str | None) -> dict[str, Any]:
+  """The results every experiment reports: timing, counts, the objective, configuration, device;
+  ``adaptation``: what the attack adapted to the defense ``adapted_to`` assumes (else None)."""
   saver = timing.saver
   return dict(
       wall_time_s=timing.wall_s(),
@@ -206,7 +207,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       num_samples=observation.num_samples,
       threat_model=observation.threat_model,
       attack=attacks.describe(attack),
-      adaptation=(adaptive.assumptions(defenses.parse(cfg.defense)) if cfg.adaptive else None),
+      adaptation=(adaptive.assumptions(defenses.parse(adapted_to)) if adapted_to else None),
       config=options(cfg),
       device=str(jax.local_devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,
@@ -237,6 +238,17 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     return _run_image(cfg, callback, batch, state)
 
 
+def adapted(cfg: Config, attack: attacks.Attack, declared: str | None) -> attacks.Attack:
+  """``attack`` adapted to the ``declared`` defense spec (what a capture's metadata declare, then
+  ``cfg.defense``) when ``cfg.adaptive`` (:func:`gradjax.adaptive.adapt`); else ``attack``."""
+  if not cfg.adaptive:
+    return attack
+  if not declared:
+    raise ValueError("--adaptive: no defense to adapt to (the capture's metadata declare none and "
+                     "--defense is not given)")
+  return adaptive.adapt(attack, declared)
+
+
 def _run_image(cfg: Config, callback, batch, state):
   attack = check(cfg)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
@@ -257,6 +269,7 @@ def _run_image(cfg: Config, callback, batch, state):
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--force attacks it anyway; its verdict is then inconclusive)")
   else:
+    meta = {}
     norm = data.normalization(cfg.normalization or "none")
     batch = load_batch(cfg) if batch is None else batch
     model = _simulated(cfg, batch, norm, key_model)
@@ -274,6 +287,8 @@ def _run_image(cfg: Config, callback, batch, state):
   input_shape = tuple(model.input_shape)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+  declared = ",".join(d for d in (meta.get("defense"), cfg.defense) if d and d != "none")
+  attack = adapted(cfg, attack, declared)
   if (attack.objective == "gradient" and observation.threat_model == "fedavg"
       and observation.local is not None):
     # One local step is lr times a gradient: match that gradient (several steps raise, naming the
@@ -294,7 +309,8 @@ def _run_image(cfg: Config, callback, batch, state):
   rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
                             bounds=image_bounds(norm, input_shape[-1]), restarts=cfg.restarts,
                             permutations=cfg.permutations, execution=execution)
-  results = _record(cfg, attack, rec, model, observation, trace, timing)
+  results = _record(cfg, attack, rec, model, observation, trace, timing,
+                    declared if cfg.adaptive else None)
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
@@ -444,6 +460,7 @@ def _run_text(cfg: Config, callback, state):
                                share_labels=attack.labels is labels_lib.known)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+  attack = adapted(cfg, attack, cfg.defense)
 
   trace = Trace(callback)
   timing = _Resumable(cfg, state, trace)
@@ -451,7 +468,8 @@ def _run_text(cfg: Config, callback, state):
   rec = text.reconstruct(attack, model.apply_fn, observation, key_attack, length=cfg.sequence_length,
                          eos=vocabulary.eos, restrict=cfg.restrict_tokens, restarts=cfg.restarts,
                          search=cfg.text_search, execution=execution)
-  results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing)
+  results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing,
+                    cfg.defense if cfg.adaptive else None)
   pinv = metrics.score_text(rec.tokens_pinv, batch.ids)
   nearest = metrics.score_text(rec.tokens_nearest, batch.ids)
   rows = []

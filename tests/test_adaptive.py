@@ -141,10 +141,12 @@ def test_identity_is_the_base_distance_and_cosine_bases_work():
       < 1e-6
 
 
-def test_configuration_adapts_the_preset_and_needs_a_defense():
-  cfg = config.Config(attack="dlg", defense="prune:0.2", adaptive=True)
-  attack = config.get_attack(cfg)
+def test_one_adapted_attack_per_preset_and_defense_and_the_configuration_needs_a_defense():
+  attack = adaptive.adapt(presets.dlg(), "prune:0.2")
   assert attack.name == "dlg+adaptive" and attack.optimizer == presets.dlg().optimizer
-  assert config.get_attack(cfg) is attack  # one adapted attack per preset and defense: compiled once
+  assert adaptive.adapt(presets.dlg(), "prune:0.2") is attack  # compiled once for every observation
+  assert attack.distance.fn.__name__ == "euclidean|prune:0.2"
+  cfg = config.Config(attack="dlg", adaptive=True)
   with pytest.raises(ValueError, match="--adaptive adapts the attack"):
-    config.get_attack(dataclasses.replace(cfg, defense=None))
+    config.check(cfg)
+  config.check(dataclasses.replace(cfg, defense="prune:0.2"))
