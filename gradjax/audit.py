@@ -273,6 +273,8 @@ class Settings(NamedTuple):
   iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
   restarts, seed, lpips, rename, force: as in :class:`gradjax.config.Config` (without ``force`` a
     capture that fails its checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
+  adaptive: attack a capture whose metadata declare the client's ``defense`` with the attack
+    adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked plainly.
   """
 
   attacks: tuple[str, ...] = (AUTO,)
@@ -287,6 +289,7 @@ class Settings(NamedTuple):
   lpips: str = "auto"
   rename: str | None = None
   force: bool = False
+  adaptive: bool = False
 
 
 def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
@@ -300,9 +303,12 @@ def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
 SUMMARY_KEYS = ("loss", "psnr", "ssim", "lpips", "label_accuracy", "iterations", "wall_time_s")
 
 
-def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], None] = print
-                   ) -> list[dict[str, Any]]:
+def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], None] = print, *,
+                   truth: data.Dataset | None = None) -> list[dict[str, Any]]:
   """Runs the attacks on one capture; writes each one's run files into ``<capture>/<attack>/``.
+
+  ``truth``: the client's examples to score against (images in [0, 1]); default: loaded from
+  ``settings.dataset`` at the capture's ``data_indices``.
 
   Returns one row per attack (round, client, attack, the summary metrics, the run folder, or
   ``error``). A capture or an attack that fails gives a row with its one-line error, not an
@@ -315,7 +321,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   if tuple(names) == (AUTO,):
     names = choose_attacks(capture.info.get("metadata", {}))
   try:
-    truth = _truth(capture, settings)
+    truth = _truth(capture, settings) if truth is None else truth
   except (ValueError, FileNotFoundError) as e:  # asked for and not loaded: an error, not a blank score
     error = f"ground truth from {settings.dataset} not loaded: {str(e).splitlines()[0]}"
     log(f"round {capture.round} client {capture.client}: error: {error}")
@@ -336,7 +342,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
           dataset=None, normalization=settings.normalization,
           iterations=settings.iterations or AUDIT_ITERATIONS.get(name),
           restarts=settings.restarts, seed=settings.seed, lpips=settings.lpips,
-          image_size=settings.image_size, labels=labels, force=settings.force)
+          image_size=settings.image_size, labels=labels, force=settings.force,
+          adaptive=settings.adaptive and bool(meta.get("defense")))
       results, images = pipeline.run(cfg, batch=truth)
       out = os.path.join(capture.folder, name)
       report.write_run(out, results, images,
@@ -420,6 +427,55 @@ def merged_rows(earlier: list[dict], new: list[dict]) -> list[dict]:
   covered = {(r["round"], str(r["client"])) for r in new}
   kept = [r for r in earlier if (r["round"], str(r["client"])) not in covered]
   return sorted(kept + new, key=lambda r: (r["round"], str(r["client"])))
+
+
+TRUTH = "truth.npz"  # the client's own examples, written beside a capture by a client auditing itself
+
+
+def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None = None,
+                      timeout_s: float | None = None) -> list[dict[str, Any]]:
+  """:func:`attack_capture` of the capture in ``folder``, run in a Python process of its own (a
+  client's process holds PyTorch, whose company a JAX compilation has not always survived) that is
+  killed after ``timeout_s``; its rows.
+
+  ``truth``: the client's examples to score against, passed through ``folder/truth.npz``.
+
+  Raises:
+    TimeoutError: the attack did not finish within ``timeout_s``.
+    RuntimeError: the process failed (its last line of output).
+  """
+  import subprocess
+  import sys
+  folder = os.fspath(folder)
+  if truth is not None:
+    np.savez(os.path.join(folder, TRUTH), x=np.asarray(truth.x, np.float32),
+             y=np.asarray(truth.y, np.int64), num_classes=np.int64(truth.num_classes))
+  code = ("import json, sys; from gradjax import audit; "
+          "print(json.dumps(audit._attack_folder(sys.argv[1], audit.Settings(**json.loads(sys.argv[2])))))")
+  try:
+    proc = subprocess.run([sys.executable, "-c", code, folder, json.dumps(settings._asdict())],
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+  except subprocess.TimeoutExpired:
+    raise TimeoutError(f"the attack took longer than {timeout_s:g} s") from None
+  if proc.returncode != 0:
+    raise RuntimeError((proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1])
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _attack_folder(folder: str, settings: Settings) -> list[dict[str, Any]]:
+  """:func:`attack_capture` of the capture in ``folder``, scored on its ``truth.npz`` when there
+  is one; the log goes to stderr (stdout carries the rows)."""
+  import sys
+  with open(os.path.join(folder, CAPTURE), encoding="utf-8") as fh:
+    info = json.load(fh)
+  capture = Capture(int(info.get("round", 0)), str(info.get("client", "")), folder, info)
+  truth = None
+  if os.path.exists(os.path.join(folder, TRUTH)):
+    with open(os.path.join(folder, TRUTH), "rb") as fh:
+      arrays = np.load(fh, allow_pickle=False)
+      truth = data.Dataset(arrays["x"], arrays["y"], int(arrays["num_classes"]), "client")
+  rows = attack_capture(capture, settings, lambda line: print(line, file=sys.stderr), truth=truth)
+  return json.loads(json.dumps(rows, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 
 def attack_in_background(audit_dir, round_: int, settings: Settings) -> "subprocess.Popen":

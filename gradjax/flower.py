@@ -259,3 +259,149 @@ class AuditStrategy(Strategy):
       recorded += 1
     if recorded and self.attack is not None:
       self.processes.append(audit.attack_in_background(self.audit_dir, server_round, self.attack))
+
+
+# --- the client side: a mod that holds back updates that leak ---------------------------------------
+
+GATE_METRICS = ("gradjax-audited", "gradjax-leak-db", "gradjax-psnr", "gradjax-leak")
+
+
+def gray_baseline_psnr(x: np.ndarray) -> float:
+  """Mean PSNR (dB) of a uniform 0.5 gray image against the images ``x`` (N, H, W, C) in [0, 1]:
+  what a reconstruction that knows nothing of the data scores on them."""
+  from gradjax import metrics
+  return float(np.mean(metrics.psnr(np.full_like(np.asarray(x, np.float64), 0.5), x)))
+
+
+def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] | None = None,
+                defense=None, threshold_db: float = 10.0, rounds=None, attack: str = "auto",
+                iterations: int | None = None, restarts: int = 1, time_budget_s: float = 120.0,
+                normalization: str | None = None, keys: audit.ScheduleKeys = audit.ScheduleKeys()):
+  """A ClientApp mod (``ClientApp(mods=[leakage_mod(...)])``) that attacks the client's own outgoing
+  update and withholds it when the attack recovers the client's examples.
+
+  On the training rounds it audits, after the ClientApp has replied: the update (the weights the
+  server sent against those the client returns, with the schedule the server's config and the
+  reply's metrics state, as :class:`AuditStrategy` records it) is attacked as a server would attack
+  it (:func:`gradjax.audit.attack_capture`, in a process of its own, the attack adapted to the
+  client's ``defense``), the best reconstruction is scored against the client's examples, and
+  its leak score is its PSNR minus what a uniform gray image scores on the same examples
+  (:func:`gray_baseline_psnr`: dB above knowing nothing, so one threshold means the same on any
+  data). At or above ``threshold_db`` the reply is replaced by an error (code
+  ``MOD_FAILED_PRECONDITION``, reason ``gradjax leakage_mod: update withheld ...``): the strategy
+  counts a failed client and the update never leaves. Otherwise the reply goes out with
+  :data:`GATE_METRICS` added to its metrics (audited 1 or 0, leak score and PSNR in dB, leak
+  verdict 1 or 0 of :mod:`gradjax.verdict`). An attack that fails or runs past ``time_budget_s``
+  passes the update with ``gradjax-audited = 0`` and a warning in the log: the mod never fails a
+  client or holds a round beyond its budget.
+
+  Args:
+    examples: ``examples(message, context) -> (x, y)``: the examples the client trained on in this
+      round, images (N, H, W, C) in [0, 1] before any normalisation, and their labels.
+    model: the gradjax zoo twin of the client's model (default: ``metadata["model"]``).
+    metadata: capture metadata (:mod:`gradjax.interop`: ``input_shape``, ``normalization``, the
+      local schedule where the server's config does not state it).
+    defense: the defense the client applies to its update (a spec of
+      :func:`gradjax.defenses.parse`), or ``defense(context) -> spec or None``.
+    threshold_db: leak score (dB above the gray image) from which an update is withheld.
+    rounds: the server rounds to audit (a collection), every k-th (an int), or all (``None``).
+    attack: a preset name or ``"auto"`` (:func:`gradjax.audit.choose_attacks`; the first).
+    iterations, restarts, normalization: the attack's (:class:`gradjax.audit.Settings`).
+    time_budget_s: the attack's wall-time budget per round, start-up and compilation included.
+    keys: where the server's config and the reply's metrics state the schedule.
+  """
+  import shutil
+  import tempfile
+  from flwr.app import Error, MessageType
+  from flwr.common.constant import ErrorCode
+  from gradjax import data
+
+  static = dict(metadata or {})
+  if model is not None:
+    static["model"] = model
+
+  def audited(server_round: int) -> bool:
+    if rounds is None:
+      return True
+    if isinstance(rounds, int):
+      return rounds > 0 and server_round % rounds == 0
+    return server_round in set(rounds)
+
+  def score(msg, reply, context, config, server_round):
+    metrics: dict[str, Any] = {}
+    for record in reply.content.metric_records.values():
+      metrics.update(_plain(record))
+    spec = defense(context) if callable(defense) else defense
+    meta = audit.capture_metadata({**static, **({"defense": spec} if spec else {})}, config,
+                                  metrics, keys)
+    sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
+    returned = arrays_to_numpy(next(iter(reply.content.array_records.values())))
+    x, y = examples(msg, context)
+    x = np.asarray(x, np.float32)
+    truth = data.Dataset(x, np.asarray(y, np.int64), int(max(np.max(y) + 1, 10)), "client")
+    tmp = tempfile.mkdtemp(prefix="gradjax_gate_")
+    try:
+      weights = os.path.join(tmp, audit.WEIGHTS)
+      audit.write_round_weights(weights, sent, static)
+      folder = os.path.join(tmp, "capture")
+      audit.write_capture(folder, weights, returned, {"round": server_round, "client": "self",
+                                                       "config": config}, meta)
+      settings = audit.Settings(
+          attacks=(attack,) if attack != audit.AUTO else (audit.choose_attacks(meta)[0],),
+          model=static.get("model"), iterations=iterations, restarts=restarts,
+          normalization=normalization, lpips="none", adaptive=True)
+      rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=time_budget_s)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    scored = [r for r in rows if r.get("psnr") is not None]
+    if not scored:
+      raise RuntimeError(next((r["error"] for r in rows if r.get("error")), "no attack was scored"))
+    best = max(scored, key=lambda r: r["psnr"])
+    return best, best["psnr"] - gray_baseline_psnr(x)
+
+  def mod(msg, context, call_next):
+    reply = call_next(msg, context)
+    if msg.metadata.message_type != MessageType.TRAIN or reply.has_error():
+      return reply
+    config = {}
+    for record in msg.content.config_records.values():
+      config.update(_plain(record))
+    server_round = int(config.get("server-round", 0))
+    if not audited(server_round):
+      return reply
+    start = time.monotonic()
+    try:
+      best, leak_db = score(msg, reply, context, config, server_round)
+    except Exception as e:  # noqa: BLE001 - the gate never fails the client: the update passes
+      logger.warning("leakage_mod: round %d: not audited (%s); the update passes", server_round,
+                     " ".join(str(e).split())[:300])
+      _add_metrics(reply, {"gradjax-audited": 0, "gradjax-leak-db": 0.0, "gradjax-psnr": 0.0,
+                           "gradjax-leak": 0})
+      return reply
+    seconds = time.monotonic() - start
+    leak = int(best.get("verdict") == "leak")
+    if leak_db >= threshold_db:
+      reason = (f"gradjax leakage_mod: update withheld: {best['attack']} recovers the client's "
+                f"examples at {best['psnr']:.1f} dB, {leak_db:.1f} dB above a gray image "
+                f"(threshold {threshold_db:g} dB; verdict {best.get('verdict')})")
+      logger.warning("round %d: %s (%.0f s)", server_round, reason, seconds)
+      return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
+    logger.info("leakage_mod: round %d: update passes: %s at %.1f dB, %.1f dB above a gray image "
+                "(threshold %g dB; %.0f s)", server_round, best["attack"], best["psnr"], leak_db,
+                threshold_db, seconds)
+    _add_metrics(reply, {"gradjax-audited": 1, "gradjax-leak-db": float(leak_db),
+                         "gradjax-psnr": float(best["psnr"]), "gradjax-leak": leak})
+    return reply
+
+  return mod
+
+
+def _add_metrics(reply, values: dict[str, float]) -> None:
+  """``values`` added to the reply's (first) MetricRecord, or to a new one named ``metrics``."""
+  records = reply.content.metric_records
+  if records:
+    record = next(iter(records.values()))
+    for k, v in values.items():
+      record[k] = v
+  else:
+    reply.content["metrics"] = MetricRecord(values)

@@ -264,7 +264,7 @@ def _run_image(cfg: Config, callback, batch, state):
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
                        f"has {batch.x.shape[0]} images")
-    checks, problems = fidelity.check_capture(model, observation, batch, norm)
+    checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"))
     if problems and not cfg.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--force attacks it anyway; its verdict is then inconclusive)")

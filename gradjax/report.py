@@ -420,8 +420,10 @@ def check_rows(results: dict) -> list[dict]:
   checks = results.get("checks") or {}
   if "activation" in checks:
     a = checks["activation"]
-    rows.append({"check": f"activation (declared {a['declared']}) read off the last layer's gradient",
-                 "result": "passed" if a["ok"] else "failed", "detail": a["explained"] or ""})
+    declared = f" (declared {a['declared']})" if "declared" in a else ""
+    rows.append({"check": f"activation{declared} read off the last layer's gradient",
+                 "result": "not run" if a["ok"] is None else "passed" if a["ok"] else "failed",
+                 "detail": a["explained"] or ""})
   if "fidelity" in checks:
     f = checks["fidelity"]
     if f.get("ok") is None:

@@ -38,7 +38,7 @@ flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: 
 # The options of the schema it reads (gradjax.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
 common.define_flags(fields=("model", "rename", "dataset", "data_dir", "image_size", "normalization",
-                            "iterations", "restarts", "lpips", "force"))
+                            "iterations", "restarts", "lpips", "force", "adaptive"))
 common.define_launch_flags(collectives=False)  # captures split over processes
 flags.adopt_module_key_flags(common)
 

@@ -1,0 +1,117 @@
+"""gradjax.flower.leakage_mod: a ClientApp mod that attacks the client's own update and withholds
+it when the attack recovers the client's example; the gray-image baseline against scikit-image."""
+
+import jax
+import numpy as np
+import pytest
+import skimage.metrics
+
+flwr = pytest.importorskip("flwr")
+from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType,  # noqa: E402
+                      MetricRecord, RecordDict)
+
+from gradjax import clients, data, defenses, interop, models  # noqa: E402
+from gradjax.flower import GATE_METRICS, gray_baseline_psnr, leakage_mod  # noqa: E402
+
+pytestmark = pytest.mark.slow
+MODEL, SHAPE, LR = "lenet_zhu", (32, 32, 3), 0.1
+
+
+@pytest.fixture(autouse=True)
+def run_identity(monkeypatch):
+  """The run and task a Message is created in (a SuperNode sets them; here, outside one)."""
+  from flwr.supercore.task_identity import TaskIdentity
+  monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+  monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+  monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+
+
+@pytest.fixture(scope="module")
+def net():
+  model = models.create(MODEL, jax.random.key(0), input_shape=SHAPE, num_classes=10)
+  return model, interop.zoo_mapping(model)
+
+
+def _record(tensors):
+  return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in tensors.items()})
+
+
+def _photo():
+  return data.load("skimage", indices=[5], image_size=SHAPE[:2])
+
+
+def _client(net, defense=None):
+  """``call_next`` of a ClientApp: one SGD step on scikit-image photo 5, the update pruned by
+  ``defense`` (applied to W_t − W_{t+1}, as gradjax.defenses applies it to a FedAvg update)."""
+  model, mapping = net
+
+  def call_next(msg, context):
+    sent = {k: a.numpy() for k, a in msg.content["arrays"].items()}
+    variables = interop.variables_from_torch(sent, mapping, model.variables, "sent")
+    photo = _photo()
+    obs = clients.fedavg(model.apply_fn, variables, photo.x, photo.y,
+                         clients.LocalTraining(learning_rate=LR))
+    if defense:
+      obs = defenses.parse(defense).apply(obs)
+    after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
+    content = RecordDict({"arrays": _record(interop.params_to_torch(after, mapping)),
+                          "metrics": MetricRecord({"num-examples": 1})})
+    return Message(content, reply_to=msg)
+
+  return call_next
+
+
+def _train_message(net, server_round=1):
+  model, mapping = net
+  content = RecordDict({"arrays": _record(interop.variables_to_torch(model.variables, mapping)),
+                        "config": ConfigRecord({"lr": LR, "server-round": server_round})})
+  return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
+
+
+def _context():
+  return Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config={})
+
+
+def _examples(msg, context):
+  photo = _photo()
+  return photo.x, photo.y
+
+
+def test_gray_baseline_against_scikit_image():
+  x = _photo().x
+  want = skimage.metrics.peak_signal_noise_ratio(x[0].astype(np.float64), np.full(x[0].shape, 0.5),
+                                                 data_range=1.0)
+  assert gray_baseline_psnr(x) == pytest.approx(want, rel=1e-9)
+
+
+def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
+  gate = leakage_mod(_examples, model=MODEL, iterations=2000, threshold_db=10.0)
+  reply = gate(_train_message(net), _context(), _client(net))
+  assert reply.has_error() and "gradjax leakage_mod: update withheld" in reply.error.reason, \
+      reply.error.reason if reply.has_error() else dict(reply.content["metrics"])
+  # Pruned at 70 %: the attack adapted to it does not recover the photo; the update goes out with
+  # the score in its metrics.
+  gate = leakage_mod(_examples, model=MODEL, iterations=2000, threshold_db=10.0, defense="prune:0.7")
+  reply = gate(_train_message(net), _context(), _client(net, "prune:0.7"))
+  assert not reply.has_error()
+  metrics = dict(reply.content["metrics"])
+  assert set(GATE_METRICS) <= set(metrics) and metrics["gradjax-audited"] == 1
+  assert metrics["gradjax-leak-db"] < 10.0
+  assert metrics["gradjax-leak-db"] == pytest.approx(metrics["gradjax-psnr"]
+                                                     - gray_baseline_psnr(_photo().x), abs=1e-6)
+
+
+def test_unaudited_rounds_and_failures_pass_the_update(net):
+  gate = leakage_mod(_examples, model=MODEL, iterations=300, rounds=2)
+  reply = gate(_train_message(net, server_round=1), _context(), _client(net))
+  assert not reply.has_error() and "gradjax-audited" not in dict(reply.content["metrics"])
+
+  def broken(msg, context):
+    raise OSError("no data here")
+
+  gate = leakage_mod(broken, model=MODEL, iterations=300)
+  reply = gate(_train_message(net), _context(), _client(net))
+  assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
+  gate = leakage_mod(_examples, model=MODEL, iterations=300, time_budget_s=0.5)
+  reply = gate(_train_message(net), _context(), _client(net))
+  assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
