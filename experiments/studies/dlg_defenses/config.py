@@ -1,6 +1,5 @@
 # The attack of runs/defense_sweep_dlg_lenet_zhu (each row sets its defense): gradjax defense-sweep
-# --config=<this file> --count=5 --utility runs it again (recorded as python
-# experiments/defense_sweep.py --dataset=cifar10 --count=5 --utility).
+# --config=<this file> --count=5 --utility --adaptive runs it again (as recorded in its results.json).
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config
