@@ -1,26 +1,70 @@
 """The ClientApp: trains the global model on this node's CIFAR-10 examples and replies with its
-weights (``state_dict`` names), the example count and, for scoring the audit, the examples' indices."""
+weights (``state_dict`` names), the example count and, for scoring the audit, the examples' indices.
 
-import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+A node whose config sets ``defense`` (``prune:R``) prunes its update before replying. With the run
+option ``gate = true`` every client audits its own update before it leaves
+(``gradjax.flower.leakage_mod``, the attack adapted to the node's defense) and withholds it when
+the attack recovers its examples ``gate-threshold`` dB above a gray image."""
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from flower_audit import task
+from gradjax import data
+from gradjax.flower import leakage_mod
 
-app = ClientApp()
+
+def _indices(msg: Message, context: Context) -> list[int]:
+  return task.client_indices(int(context.node_config["partition-id"]),
+                             int(context.node_config["num-partitions"]),
+                             int(msg.content["config"]["server-round"]),
+                             int(context.run_config["samples-per-client"]))
+
+
+def _defense(context: Context) -> str | None:
+  return str(context.node_config.get("defense") or "") or None
+
+
+def _examples(msg: Message, context: Context):
+  """What the client trained on this round, as the gate scores it: NHWC images in [0, 1]."""
+  cfg = context.run_config
+  ds = data.load(cfg["dataset"], data_dir=cfg["data-dir"] or None, indices=_indices(msg, context),
+                 image_size=(32, 32), channels=3)
+  return ds.x, ds.y
+
+
+def gate(msg: Message, context: Context, call_next) -> Message:
+  """The leakage gate when the run asks for it (``gate = true``), else the ClientApp as it is."""
+  cfg = context.run_config
+  if not cfg.get("gate"):
+    return call_next(msg, context)
+  mod = leakage_mod(_examples, model=cfg["model"], metadata={"input_shape": "32,32,3",
+                                                            "local_epochs": int(cfg["local-epochs"])},
+                    defense=_defense, threshold_db=float(cfg["gate-threshold"]),
+                    iterations=int(cfg["gate-iterations"]) or None,
+                    time_budget_s=float(cfg["gate-budget-s"]))
+  return mod(msg, context, call_next)
+
+
+app = ClientApp(mods=[gate])
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
   cfg = context.run_config
   net = task.build(cfg["model"], int(cfg["init-seed"]))
-  net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+  sent_record = msg.content["arrays"]
+  net.load_state_dict(sent_record.to_torch_state_dict())
   sent = msg.content["config"]
-  indices = task.client_indices(int(context.node_config["partition-id"]),
-                                int(context.node_config["num-partitions"]),
-                                int(sent["server-round"]), int(cfg["samples-per-client"]))
+  indices = _indices(msg, context)
   x, y = task.load(cfg["dataset"], cfg["data-dir"], indices)
   task.train(net, x, y, int(cfg["local-epochs"]), int(sent["batch-size"]), float(sent["lr"]))
+  weights = ArrayRecord(net.state_dict())
+  if _defense(context):
+    before = {k: np.asarray(a.numpy()) for k, a in sent_record.items()}
+    after = {k: np.asarray(a.numpy()) for k, a in weights.items()}
+    weights = ArrayRecord({k: Array(np.ascontiguousarray(v))
+                           for k, v in task.defended(before, after, _defense(context)).items()})
   metrics = MetricRecord({"num-examples": len(indices), "data-indices": indices})
-  return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}),
-                 reply_to=msg)
+  return Message(RecordDict({"arrays": weights, "metrics": metrics}), reply_to=msg)

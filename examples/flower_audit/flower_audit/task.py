@@ -109,3 +109,21 @@ def train(net: nn.Module, x, y, epochs: int, batch_size: int, lr: float) -> None
       opt.zero_grad()
       F.cross_entropy(net(x[start:start + batch_size]), y[start:start + batch_size]).backward()
       opt.step()
+
+
+def defended(sent: dict, trained: dict, spec: str) -> dict:
+  """The weights a client replies when it applies the defense ``spec`` to its update W_t − W_{t+1}:
+  ``prune:R`` zeroes the ⌊R·n⌋ entries of smallest magnitude of every tensor's update, ties by
+  position (gradjax.defenses.prune's rule, written in NumPy here: the ClientApp runs PyTorch and
+  leaves JAX to the gradjax process that audits it)."""
+  head, _, ratio = spec.partition(":")
+  if head != "prune" or not ratio:
+    raise ValueError(f"this app's clients apply prune:R only, got defense {spec!r}")
+  r = float(ratio)
+  out = {}
+  for name, w in sent.items():
+    update = (w - trained[name]).ravel()
+    k = min(update.size, int(np.floor(round(r * update.size, 9))))
+    update[np.argsort(np.abs(update), kind="stable")[:k]] = 0
+    out[name] = (w - update.reshape(w.shape)).astype(w.dtype)
+  return out
