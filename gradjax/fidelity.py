@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, data, interop, models
+from gradjax import clients, data, defenses, interop, models
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
@@ -54,6 +54,9 @@ class Recipe(NamedTuple):
   relayout: another reading of the captured files' layouts, a function of a params tree applied to
     the server's parameters and to the captured update alike before they are compared (e.g. a
     linear layer's inputs flattened in another order); ``None``: as imported.
+  defense: the deterministic defense the client applied to its update
+    (:class:`gradjax.defenses.Defense`: pruning, clipping, rounding), applied to the recomputed
+    update too; ``None``: none.
   """
 
   apply_fn: Callable
@@ -62,6 +65,7 @@ class Recipe(NamedTuple):
   local: clients.LocalTraining | None = None
   reduction: str = "mean"
   relayout: Callable | None = None
+  defense: Callable | None = None
 
 
 def _recompute(recipe: Recipe, observation: Observation, x, y) -> "Comparison":
@@ -84,10 +88,14 @@ def simulate(recipe: Recipe, variables, x, y):
     loss_fn = lambda logits, t: cross_entropy(logits, t) * logits.shape[0]  # noqa: E731
   inputs = jnp.asarray(recipe.normalize(jnp.asarray(x, jnp.float32)), jnp.float32)
   if recipe.local is None:
-    return clients.fedsgd(recipe.apply_fn, variables, inputs, y, train=recipe.train,
-                          loss_fn=loss_fn).gradient
-  return clients.fedavg(recipe.apply_fn, variables, inputs, y, recipe.local, train=recipe.train,
-                        loss_fn=loss_fn).gradient
+    observation = clients.fedsgd(recipe.apply_fn, variables, inputs, y, train=recipe.train,
+                                 loss_fn=loss_fn)
+  else:
+    observation = clients.fedavg(recipe.apply_fn, variables, inputs, y, recipe.local,
+                                 train=recipe.train, loss_fn=loss_fn)
+  if recipe.defense is not None:
+    observation = recipe.defense(observation)
+  return observation.gradient
 
 
 def _path(p) -> str:
@@ -279,6 +287,9 @@ class CaptureMismatch(ValueError):
   """A captured update that the declared model and recipe do not reproduce."""
 
 
+_NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no recomputation matches
+
+
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
                   norm: data.Normalization, defense: str | None = None) -> tuple[dict, list[str]]:
   """Checks a captured ``observation`` against the declared ``model`` (its activation) and input
@@ -287,18 +298,25 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   alternatives (:func:`alternatives`). Returns (``checks`` for the run's results, ``problems``: one
   phrase per failed check, naming the likely cause).
 
-  ``defense``: the spec of a defense the capture declares its client applied: pruning's zeros and
-  noise defeat both checks, which are then reported as not run."""
+  ``defense``: the spec of a defense the capture declares its client applied. The activation is
+  then not read off the update (pruning's zeros and noise hide it); a deterministic defense
+  (pruning, clipping, rounding) is applied to the recomputed update before the comparison, and
+  under noise the update is not recomputed."""
   checks, problems = {}, []
+  applied = None
   if defense:
-    why = f"not checked: the client declares the defense {defense}, which changed its update"
-    return {"activation": {"ok": None, "explained": why}, "fidelity": {"ok": None, "explained": why}}, []
+    why = f"not checked: the client declares the defense {defense}, which changes its update"
+    checks["activation"] = {"ok": None, "explained": why}
+    if any(p.split(":")[0] in _NOISY for p in defense.split(",")):
+      checks["fidelity"] = {"ok": None, "explained": why + " at random"}
+      return checks, problems
+    applied = defenses.parse(defense)
   module = getattr(model.apply_fn, "module", None)
   act = getattr(module, "act", None)
   local = observation.local
   scaled_gradient = observation.threat_model == "fedsgd" or (
       local is not None and local.steps(observation.num_samples) == 1)
-  if act in ACTIVATION_RANGES and scaled_gradient:
+  if act in ACTIVATION_RANGES and scaled_gradient and not defense:
     why = activation_check(observation, act)
     checks["activation"] = {"declared": act, "ok": why is None, "explained": why}
     if why:
@@ -313,7 +331,7 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
     checks["fidelity"] = {"ok": None, "explained": "not checked: the local schedule is unknown"}
     return checks, problems
   declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm), observation.train,
-                    local)
+                    local, defense=applied)
   result = check(observation, declared, batch.x, batch.y,
                  alternatives=lambda c: alternatives(declared, module, observation, norm,
                                                      batch.x.shape[-1], c, _head_chw(model)))

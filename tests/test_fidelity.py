@@ -160,3 +160,22 @@ def test_flatten_order_is_named(tmp_path, photos):
   checks, problems = fidelity.check_capture(imported.model, imported.observation, batch,
                                             data.normalization("none"))
   assert problems and any("(H, W, C) order" in c for c in checks["fidelity"]["causes"])
+
+
+def test_a_declared_deterministic_defense_is_applied_to_the_recomputed_update():
+  """A one-step update pruned by 70 % whose capture declares it: the update recomputed from the
+  client's photo and pruned the same way matches; declared without its defense, the check fails;
+  under declared noise nothing is recomputed."""
+  from gradjax import defenses
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
+  photo = data.load("skimage", indices=[5], image_size=(32, 32))
+  obs = clients.fedavg(model.apply_fn, model.variables, photo.x, photo.y,
+                       clients.LocalTraining(learning_rate=0.1))
+  pruned = defenses.parse("prune:0.7").apply(obs)
+  norm = data.normalization("none")
+  checks, problems = fidelity.check_capture(model, pruned, photo, norm, "prune:0.7")
+  assert problems == [] and checks["fidelity"]["ok"] and checks["activation"]["ok"] is None
+  assert fidelity.check_capture(model, pruned, photo, norm)[1]
+  noisy = defenses.parse("gaussian:1e-4").apply(obs, jax.random.key(0))
+  checks, problems = fidelity.check_capture(model, noisy, photo, norm, "gaussian:1e-4")
+  assert problems == [] and checks["fidelity"]["ok"] is None

@@ -115,3 +115,4 @@ def test_unaudited_rounds_and_failures_pass_the_update(net):
   gate = leakage_mod(_examples, model=MODEL, iterations=300, time_budget_s=0.5)
   reply = gate(_train_message(net), _context(), _client(net))
   assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
+
