@@ -162,6 +162,7 @@ def test_flatten_order_is_named(tmp_path, photos):
   assert problems and any("(H, W, C) order" in c for c in checks["fidelity"]["causes"])
 
 
+@pytest.mark.slow
 def test_a_declared_deterministic_defense_is_applied_to_the_recomputed_update():
   """A one-step update pruned by 70 % whose capture declares it: the update recomputed from the
   client's photo and pruned the same way matches; declared without its defense, the check fails;
