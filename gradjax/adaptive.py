@@ -36,7 +36,11 @@ part               adaptation
 =================  ==========================================================================
 
 The adaptation needs only the observed update, which the distance receives as ``observed`` at run
-time: an adapted attack is built once per defense and compiles once for every observation.
+time: an adapted attack is built once per defense and compiles once for every observation. Where
+the defense acted on a multiple of what is matched (a one-step FedAvg update, lr times the
+gradient it is matched as), the model runs at the defense's scale (``update_scale``); objectives
+that learn the update's scale (DLM, DLM+) leave the parts bound to a scale (clipping, noise,
+rounding cells) unmodelled. :func:`assumptions` lists what each part assumes.
 
 Example::
 
@@ -83,26 +87,54 @@ def parts(defense: defenses.Defense) -> list[Part]:
   return found
 
 
-def assumptions(defense: defenses.Defense) -> list[str]:
-  """What the adapted attack assumes the attacker knows, one line per part of ``defense``."""
-  ps, lines = parts(defense), []
-  noisy_after = [any(q.head in _NOISE for q in ps[i + 1:]) for i in range(len(ps))]
+# Objectives that rescale the observed update by a learned factor (DLM's γ, DLM+'s norm): what a
+# defense did at a scale (a clipping bound, a noise level, a rounding grid) is not modelled there.
+LEARNED_SCALE = ("dlm", "dlm_plus")
+
+_SAYS = {  # role of a part -> what the adapted attack assumes of it
+    "clip": "{head}: the bound C = {number:g}{where} (declared); the dummy is clipped the same way",
+    "noise": "{head} noise: its variance {number:g} (declared); each leaf weighed by its signal share",
+    "mask": "prune: the pruned entries are the zeros of the update",
+    "bound": "prune: the pruned entries are the zeros of the update, each smaller than the smallest "
+             "kept one{where}",
+    "cells": "{head}: the update's values are rounded to the format's grid",
+    "straight": "{head}: straight through (matched as it is)",
+    "hidden": "{head}: not modelled (the noise after it hides what it did)",
+    "unscaled": "{head}: not modelled (the objective learns the update's scale)",
+}
+
+
+def roles(defense: defenses.Defense, objective: str = "gradient") -> list[tuple[Part, str]]:
+  """Each part of ``defense`` with how the adapted attack treats it (a key of the module's table:
+  clip, noise, mask, bound, cells, straight, hidden, unscaled)."""
+  ps, found = parts(defense), []
   for i, p in enumerate(ps):
-    last = i == len(ps) - 1
-    if p.head == "clip":
-      lines.append(f"clip: the bound C = {p.numbers[0]:g}" + (" over the whole update" if p.whole_tree
-                                                             else " per leaf") + " (declared)")
+    last, noisy_after = i == len(ps) - 1, any(q.head in _NOISE for q in ps[i + 1:])
+    scaled = objective not in LEARNED_SCALE
+    if p.head == "prune":
+      role = "hidden" if noisy_after else "bound" if last else "mask"
+    elif p.head == "clip":
+      role = "clip" if scaled else "unscaled"
     elif p.head in _NOISE:
-      lines.append(f"{p.head} noise: its variance {p.numbers[0]:g} (declared)")
-    elif noisy_after[i]:
-      lines.append(f"{p.head}: not modelled (the noise after it hides what it did)")
-    elif p.head == "prune":
-      lines.append("prune: the pruned entries are the zeros of the update" + (
-          ", and they were smaller than the smallest kept one" if last else ""))
+      role = "noise" if scaled else "unscaled"
+    elif p.head in _ROUNDING:
+      if noisy_after:
+        role = "hidden"
+      elif last and p.head in _LOW:
+        role = "cells" if scaled else "unscaled"
+      else:
+        role = "straight"
     else:
-      lines.append(f"{p.head}: " + ("the rounding grid of the format" if last and p.head in _LOW
-                                    else "straight through (not modelled)"))
-  return lines
+      raise ValueError(f"no adaptation is known for the defense part {p.head!r}")
+    found.append((p, role))
+  return found
+
+
+def assumptions(defense: defenses.Defense, objective: str = "gradient") -> list[str]:
+  """What the attack adapted to ``defense`` assumes the attacker knows, one line per part."""
+  return [_SAYS[role].format(head=p.head, number=p.numbers[0] if p.numbers else 0.0,
+                             where=" over the whole update" if p.whole_tree else " per leaf")
+          for p, role in roles(defense, objective)]
 
 
 # --- what each part does to the dummy gradient and where the true one lies ---------------------------
@@ -161,39 +193,41 @@ class _Model(NamedTuple):
   variance: float                       # declared noise variance per entry (summed)
 
 
-def _model(defense: defenses.Defense) -> _Model:
-  ps = parts(defense)
+def _model(defense: defenses.Defense, objective: str) -> _Model:
   forward, interval, variance = [], None, 0.0
-  for i, p in enumerate(ps):
-    last = i == len(ps) - 1
-    noisy_after = any(q.head in _NOISE for q in ps[i + 1:])
-    if p.head == "clip":
+  for p, role in roles(defense, objective):
+    if role == "clip":
       forward.append(functools.partial(_clip, max_norm=p.numbers[0], whole_tree=p.whole_tree))
-    elif p.head in _NOISE:
+    elif role == "noise":
       variance += p.numbers[0]
-    elif noisy_after:
-      continue  # its traces are under the noise
-    elif p.head == "prune":
-      if last:
-        interval = functools.partial(_prune_interval, whole_tree=p.whole_tree)
-      else:
-        forward.append(_mask_zeros)
-    elif p.head in _LOW and last:
+    elif role == "mask":
+      forward.append(_mask_zeros)
+    elif role == "bound":
+      interval = functools.partial(_prune_interval, whole_tree=p.whole_tree)
+    elif role == "cells":
       interval = functools.partial(_cast_interval, low=_LOW[p.head])
-    elif p.head not in _ROUNDING:
-      raise ValueError(f"no adaptation is known for the defense part {p.head!r}")
   return _Model(tuple(forward), interval, variance)
 
 
-def distance(base: distances.Distance, defense: defenses.Defense) -> distances.Distance:
+def distance(base: distances.Distance, defense: defenses.Defense, *, update_scale: float = 1.0,
+             objective: str = "gradient") -> distances.Distance:
   """``base`` adapted to ``defense``: D(F(g'), P(F(g'))) with the leaves weighted by their signal
-  share (module docstring); the same as ``base`` for ``defenses.identity()``."""
+  share (module docstring); the same as ``base`` for ``defenses.identity()``.
+
+  ``update_scale``: k where the defense acted on k times what the distance compares (the learning
+  rate, when a one-step FedAvg update is matched as the gradient it scales): the model runs on
+  k·g' and k·v and compares the results divided by k. ``objective``: the attack's
+  (:data:`LEARNED_SCALE` objectives leave the scale-bound parts unmodelled).
+  """
   base = distances.as_distance(base)
-  model = _model(defense)
+  model = _model(defense, objective)
+  k = float(update_scale)
 
   def adapted(dummy, observed, weights=None, step=0):
     treedef = jax.tree.structure(observed)
     u, v = jax.tree.leaves(dummy), jax.tree.leaves(observed)
+    if k != 1.0:  # into the space the defense acted in
+      u, v = [k * a for a in u], [k * b for b in v]
     for f in model.forward:
       u = f(u, v)
     target = v
@@ -203,6 +237,8 @@ def distance(base: distances.Distance, defense: defenses.Defense) -> distances.D
     if model.variance > 0:
       share = jax.tree.unflatten(treedef, _signal_share(v, model.variance))
       weights = share if weights is None else jax.tree.map(jnp.multiply, weights, share)
+    if k != 1.0:
+      u, target = [a / k for a in u], [b / k for b in target]
     return base(jax.tree.unflatten(treedef, u), jax.tree.unflatten(treedef, target),
                 weights=weights, step=step)
 
@@ -213,10 +249,13 @@ def distance(base: distances.Distance, defense: defenses.Defense) -> distances.D
 
 
 @functools.lru_cache(maxsize=None)
-def adapt(attack: attacks.Attack, defense_spec: str) -> attacks.Attack:
+def adapt(attack: attacks.Attack, defense_spec: str, update_scale: float = 1.0) -> attacks.Attack:
   """``attack`` with its distance adapted to the defense ``defense_spec`` (a spec of
-  :func:`gradjax.defenses.parse`), named ``<attack>+adaptive``. Built once per attack and spec, so
-  that runs against the same defense share their compiled programs."""
+  :func:`gradjax.defenses.parse`; ``update_scale`` as in :func:`distance`), named
+  ``<attack>+adaptive``. Built once per attack, spec and scale, so that runs against the same
+  defense share their compiled programs."""
   defense = defenses.parse(defense_spec)
-  return dataclasses.replace(attack, distance=distance(attack.distance, defense),
-                             name=f"{attack.name}+adaptive")
+  return dataclasses.replace(
+      attack, distance=distance(attack.distance, defense, update_scale=update_scale,
+                                objective=attack.objective),
+      name=f"{attack.name}+adaptive")

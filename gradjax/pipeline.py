@@ -207,7 +207,8 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       num_samples=observation.num_samples,
       threat_model=observation.threat_model,
       attack=attacks.describe(attack),
-      adaptation=(adaptive.assumptions(defenses.parse(adapted_to)) if adapted_to else None),
+      adaptation=(adaptive.assumptions(defenses.parse(adapted_to), attack.objective)
+                  if adapted_to else None),
       config=options(cfg),
       device=str(jax.local_devices()[0]),
       devices=jax.device_count() if cfg.shard else 1,
@@ -238,15 +239,17 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
     return _run_image(cfg, callback, batch, state)
 
 
-def adapted(cfg: Config, attack: attacks.Attack, declared: str | None) -> attacks.Attack:
+def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
+            update_scale: float = 1.0) -> attacks.Attack:
   """``attack`` adapted to the ``declared`` defense spec (what a capture's metadata declare, then
-  ``cfg.defense``) when ``cfg.adaptive`` (:func:`gradjax.adaptive.adapt`); else ``attack``."""
+  ``cfg.defense``) when ``cfg.adaptive`` (:func:`gradjax.adaptive.adapt`, the defense having acted
+  on ``update_scale`` times what is matched); else ``attack``."""
   if not cfg.adaptive:
     return attack
   if not declared:
     raise ValueError("--adaptive: no defense to adapt to (the capture's metadata declare none and "
                      "--defense is not given)")
-  return adaptive.adapt(attack, declared)
+  return adaptive.adapt(attack, declared, update_scale)
 
 
 def _run_image(cfg: Config, callback, batch, state):
@@ -288,11 +291,13 @@ def _run_image(cfg: Config, callback, batch, state):
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
   declared = ",".join(d for d in (meta.get("defense"), cfg.defense) if d and d != "none")
-  attack = adapted(cfg, attack, declared)
-  if (attack.objective == "gradient" and observation.threat_model == "fedavg"
-      and observation.local is not None):
+  as_gradient = (attack.objective == "gradient" and observation.threat_model == "fedavg"
+                 and observation.local is not None)
+  attack = adapted(cfg, attack, declared,
+                   observation.local.learning_rate if as_gradient else 1.0)
+  if as_gradient:
     # One local step is lr times a gradient: match that gradient (several steps raise, naming the
-    # objectives that replay them).
+    # objectives that replay them); the defense acted on the update, lr times it.
     observation = clients.update_as_gradient(observation)
 
   if cfg.labels == "hfginv":  # inferred here, where the auxiliary images are, then attacked as known

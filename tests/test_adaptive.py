@@ -150,3 +150,19 @@ def test_one_adapted_attack_per_preset_and_defense_and_the_configuration_needs_a
   with pytest.raises(ValueError, match="--adaptive adapts the attack"):
     config.check(cfg)
   config.check(dataclasses.replace(cfg, defense="prune:0.2"))
+
+
+def test_a_defense_on_the_update_is_modelled_at_the_update_s_scale():
+  """A one-step FedAvg update U = lr·g, clipped and rounded to fp16 as an update, is matched as the
+  gradient U / lr: with update_scale = lr the client's true gradient still has objective 0."""
+  lr, g = 0.05, _tree(14, scale=30.0)
+  update = jax.tree.map(lambda x: lr * x, g)
+  for spec in ("clip:0.5", "fp16", "clip:0.5,prune:0.5"):
+    v = jax.tree.map(lambda x: np.asarray(x) / lr, _defended(update, spec))
+    fn = adaptive.distance(distances.DISTANCES["euclidean"], defenses.parse(spec), update_scale=lr)
+    plain = float(distances.euclidean(g, v))
+    assert float(fn(g, v)) <= 1e-6 * plain, spec  # float32 rounding of lr·(U / lr) at the cells' edges
+  # DLM learns the update's scale: clipping and rounding cells are not modelled there.
+  assert [r for _, r in adaptive.roles(defenses.parse("clip:1.0,fp16"), "dlm")] == ["unscaled"] * 2
+  assert [r for _, r in adaptive.roles(defenses.parse("clip:1.0,prune:0.5"), "dlm_plus")] == \
+      ["unscaled", "bound"]
