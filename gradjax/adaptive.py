@@ -21,10 +21,10 @@ part               adaptation
                    smallest kept |v| of their leaf (of the tree, ``:global``), the others are
                    exact; before another deterministic part: F zeroes the dummy where v is 0.
                    Assumes the pruned entries are the zeros of v (r is not needed).
-``int8``           straight through (F = identity, v matched as it is). Its cells [v − s/2,
-                   v + s/2] (s = max|v_l| / 127) as intervals matched worse: 16.0 against 24.5 dB
-                   on DLG's LeNet, CIFAR-10 images 0-2 (most entries fall in the cell around 0,
-                   which then stops pulling them toward it; 19.2 dB with that cell as the point 0).
+``int8``           straight through (F = identity, v matched as it is): its cells [v − s/2,
+                   v + s/2] (s = max|v_l| / 127) as intervals match worse, most entries falling in
+                   the cell around 0, which then stops pulling them toward it
+                   (experiments/studies/dlg_defenses).
 ``fp16``, ``bf16`` last part: g lies in v's rounding cell (half-way to its neighbours in that
                    format); before another part: straight through.
 ``clip:C``         F clips the dummy as the client clipped g (per leaf, or ``:global``): exact.
@@ -44,7 +44,7 @@ rounding cells) unmodelled. :func:`assumptions` lists what each part assumes.
 
 Example::
 
-  attack = gradjax.adaptive.adapt(gradjax.presets.dlg(), gradjax.defenses.parse("prune:0.5"))
+  attack = gradjax.adaptive.adapt(gradjax.presets.dlg(), "prune:0.5")
 """
 
 import dataclasses
