@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import clients, config, data, interop, pipeline, presets, report
+from gradjax import clients, compilation, config, data, interop, pipeline, presets, report
 from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
@@ -433,12 +433,15 @@ TRUTH = "truth.npz"  # the client's own examples, written beside a capture by a 
 
 
 def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None = None,
-                      timeout_s: float | None = None) -> list[dict[str, Any]]:
+                      timeout_s: float | None = None,
+                      compilation_cache: str = compilation.DEFAULT_CACHE) -> list[dict[str, Any]]:
   """:func:`attack_capture` of the capture in ``folder``, run in a Python process of its own (a
   client's process holds PyTorch, whose company a JAX compilation has not always survived) that is
   killed after ``timeout_s``; its rows.
 
   ``truth``: the client's examples to score against, passed through ``folder/truth.npz``.
+  ``compilation_cache``: the persistent compilation cache of that process ('' : none), so that
+  attacks after the first load their programs.
 
   Raises:
     TimeoutError: the attack did not finish within ``timeout_s``.
@@ -450,10 +453,12 @@ def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None 
   if truth is not None:
     np.savez(os.path.join(folder, TRUTH), x=np.asarray(truth.x, np.float32),
              y=np.asarray(truth.y, np.int64), num_classes=np.int64(truth.num_classes))
-  code = ("import json, sys; from gradjax import audit; "
+  code = ("import json, sys; from gradjax import audit, compilation; "
+          "compilation.use_persistent_cache(sys.argv[3]); "
           "print(json.dumps(audit._attack_folder(sys.argv[1], audit.Settings(**json.loads(sys.argv[2])))))")
   try:
-    proc = subprocess.run([sys.executable, "-c", code, folder, json.dumps(settings._asdict())],
+    proc = subprocess.run([sys.executable, "-c", code, folder, json.dumps(settings._asdict()),
+                           compilation_cache],
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
   except subprocess.TimeoutExpired:
     raise TimeoutError(f"the attack took longer than {timeout_s:g} s") from None

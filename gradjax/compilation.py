@@ -16,9 +16,23 @@ not across them. :func:`options` drops any option the installed XLA does not kno
 """
 
 import functools
+import os
 
 import jax
 import numpy as np
+
+# The persistent XLA compilation cache gradjax's programs use unless told otherwise: repeated runs
+# load what an earlier one compiled.
+DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla")
+
+
+def use_persistent_cache(folder: str, min_compile_secs: float = 0.0) -> None:
+  """Compiled programs are kept in ``folder`` and loaded from it by later runs ('' : none); only
+  those whose compilation took at least ``min_compile_secs`` (0: every program, loading even a small
+  one being faster than compiling it)."""
+  if folder:
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_secs)
 
 # Compiler options of a program that runs once (``jax.jit(..., compiler_options=...)``): LLVM's level
 # 0, without the fusion emitters, which compile a program of DLG's set-up several times longer.

@@ -276,7 +276,8 @@ def gray_baseline_psnr(x: np.ndarray) -> float:
 def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] | None = None,
                 defense=None, threshold_db: float = 10.0, rounds=None, attack: str = "auto",
                 iterations: int | None = None, restarts: int = 1, time_budget_s: float = 120.0,
-                normalization: str | None = None, keys: audit.ScheduleKeys = audit.ScheduleKeys()):
+                normalization: str | None = None, keys: audit.ScheduleKeys = audit.ScheduleKeys(),
+                compilation_cache: str | None = None):
   """A ClientApp mod (``ClientApp(mods=[leakage_mod(...)])``) that attacks the client's own outgoing
   update and withholds it when the attack recovers the client's examples.
 
@@ -309,12 +310,15 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     iterations, restarts, normalization: the attack's (:class:`gradjax.audit.Settings`).
     time_budget_s: the attack's wall-time budget per round, start-up and compilation included.
     keys: where the server's config and the reply's metrics state the schedule.
+    compilation_cache: the attack's persistent compilation cache (default gradjax's, the
+      command line's; '' : none): rounds after the first load the attack's programs.
   """
   import shutil
   import tempfile
   from flwr.app import Error, MessageType
   from flwr.common.constant import ErrorCode
-  from gradjax import data
+  from gradjax import compilation, data
+  cache = compilation.DEFAULT_CACHE if compilation_cache is None else compilation_cache
 
   static = dict(metadata or {})
   if model is not None:
@@ -350,7 +354,8 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
           attacks=(attack,) if attack != audit.AUTO else (audit.choose_attacks(meta)[0],),
           model=static.get("model"), iterations=iterations, restarts=restarts,
           normalization=normalization, lpips="none", adaptive=True)
-      rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=time_budget_s)
+      rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=time_budget_s,
+                                     compilation_cache=cache)
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
     scored = [r for r in rows if r.get("psnr") is not None]

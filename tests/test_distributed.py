@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.slow
+# The test run's persistent compilation cache (conftest): each process, the one-process comparison
+# runs too, loads what another compiled (every process writes its own entries, gradjax.distributed).
+CACHE = os.environ.get("GRADJAX_TEST_XLA_CACHE", "")
 
 
 def _free_port() -> int:
@@ -25,7 +28,7 @@ def _free_port() -> int:
 
 def _gradjax(args, **kw):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.Popen([sys.executable, "-m", "gradjax", *args, "--compilation_cache="],
+  return subprocess.Popen([sys.executable, "-m", "gradjax", *args, f"--compilation_cache={CACHE}"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           start_new_session=True, **kw)
 
@@ -78,7 +81,7 @@ def test_one_sharded_attack_over_two_processes_equals_one_process(tmp_path):
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
   assert "wrote" in out0 and "wrote" not in out1  # process 0 alone writes
   # One process with two CPU devices runs the same programs on the same per-device restarts.
-  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, f"--compilation_cache={CACHE}",
                         f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu",
                                 XLA_FLAGS="--xla_force_host_platform_device_count=2"), timeout=300)
@@ -99,7 +102,7 @@ def test_sweep_splits_its_images_over_two_processes(tmp_path):
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
   assert "experiment 2/2 (1) on process 1" in err1 and "writes the table" in err1
   assert not list((tmp_path / "two" / "items").glob("*state*"))  # each process removed its states
-  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, f"--compilation_cache={CACHE}",
                         f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
@@ -147,7 +150,7 @@ def test_audit_splits_its_captures_over_two_processes(tmp_path):
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
   assert rc1 == 0 and "attacked 1 of 3 captures" in out1, err1[-2000:]
   assert rc0 == 1 and "1 of 4 rows failed" in err0.strip().splitlines()[-1], err0[-2000:]
-  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, f"--compilation_cache={CACHE}",
                         f"--audit_dir={tmp_path / 'one'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert one.returncode == 1, one.stderr[-2000:]
@@ -177,7 +180,7 @@ def test_batch_table_splits_its_attacks_over_two_processes(tmp_path):
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
   assert "process 0 writes the tables" in err1
-  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, f"--compilation_cache={CACHE}",
                         f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
@@ -199,7 +202,7 @@ def test_label_programs_split_their_clients_over_two_processes(program, tmp_path
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
   assert out1 == ""  # process 0 prints the result
-  one = subprocess.run([sys.executable, "-m", "gradjax", *args, "--compilation_cache=",
+  one = subprocess.run([sys.executable, "-m", "gradjax", *args, f"--compilation_cache={CACHE}",
                         f"--output={tmp_path / 'one.json'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
@@ -239,7 +242,8 @@ def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
     assert not _service_children(f"127.0.0.1:{port}")
   assert (out / "state.npz").exists() and not (out / "metrics.json").exists()
   # Another number of processes would split the restarts otherwise: refused in one line.
-  alone = subprocess.run([sys.executable, "-m", "gradjax", *args, "--resume", "--compilation_cache="],
+  alone = subprocess.run([sys.executable, "-m", "gradjax", *args, "--resume",
+                          f"--compilation_cache={CACHE}"],
                          capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                          timeout=300)
   assert alone.returncode == 2 and "'2 devices of 2 processes' there, '1 devices of 1 processes' here" in alone.stderr, alone.stderr[-2000:]

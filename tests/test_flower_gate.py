@@ -1,6 +1,8 @@
 """gradjax.flower.leakage_mod: a ClientApp mod that attacks the client's own update and withholds
 it when the attack recovers the client's example; the gray-image baseline against scikit-image."""
 
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from gradjax.flower import GATE_METRICS, gray_baseline_psnr, leakage_mod  # noqa
 
 pytestmark = pytest.mark.slow
 MODEL, SHAPE, LR = "lenet_zhu", (32, 32, 3), 0.1
+CACHE = os.environ.get("GRADJAX_TEST_XLA_CACHE", "")  # the test run's compilation cache (conftest)
 
 
 @pytest.fixture(autouse=True)
@@ -85,13 +88,15 @@ def test_gray_baseline_against_scikit_image():
 
 
 def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
-  gate = leakage_mod(_examples, model=MODEL, iterations=2000, threshold_db=10.0)
+  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=2000,
+                     threshold_db=10.0)
   reply = gate(_train_message(net), _context(), _client(net))
   assert reply.has_error() and "gradjax leakage_mod: update withheld" in reply.error.reason, \
       reply.error.reason if reply.has_error() else dict(reply.content["metrics"])
   # Pruned at 70 %: the attack adapted to it does not recover the photo; the update goes out with
   # the score in its metrics.
-  gate = leakage_mod(_examples, model=MODEL, iterations=2000, threshold_db=10.0, defense="prune:0.7")
+  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=2000,
+                     threshold_db=10.0, defense="prune:0.7")
   reply = gate(_train_message(net), _context(), _client(net, "prune:0.7"))
   assert not reply.has_error()
   metrics = dict(reply.content["metrics"])
@@ -102,17 +107,18 @@ def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
 
 
 def test_unaudited_rounds_and_failures_pass_the_update(net):
-  gate = leakage_mod(_examples, model=MODEL, iterations=300, rounds=2)
+  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=300, rounds=2)
   reply = gate(_train_message(net, server_round=1), _context(), _client(net))
   assert not reply.has_error() and "gradjax-audited" not in dict(reply.content["metrics"])
 
   def broken(msg, context):
     raise OSError("no data here")
 
-  gate = leakage_mod(broken, model=MODEL, iterations=300)
+  gate = leakage_mod(broken, compilation_cache=CACHE, model=MODEL, iterations=300)
   reply = gate(_train_message(net), _context(), _client(net))
   assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
-  gate = leakage_mod(_examples, model=MODEL, iterations=300, time_budget_s=0.5)
+  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=300,
+                     time_budget_s=0.5)
   reply = gate(_train_message(net), _context(), _client(net))
   assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
 

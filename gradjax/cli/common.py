@@ -20,7 +20,8 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from gradjax import checkpoint, config, configs, distributed, pipeline, progress, report, resume
+from gradjax import checkpoint, compilation, config, configs, distributed, pipeline, progress
+from gradjax import report, resume
 from gradjax.config import Config
 
 STATE_FILE = "state.npz"
@@ -118,7 +119,7 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   flags.DEFINE_bool("print_config", False, "Print the resolved configuration (as a configuration "
                     "file) and exit before anything runs.")
   flags.DEFINE_enum("layout", "torch", ["torch"], "Tensor layout of --weights and --observation files.")
-  flags.DEFINE_string("compilation_cache", os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"), "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
+  flags.DEFINE_string("compilation_cache", compilation.DEFAULT_CACHE, "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
 
 
@@ -600,9 +601,8 @@ def parse_flags(argv):
   if "tpu" not in os.environ.get("JAX_PLATFORMS", "").split(","):
     # JAX probes for a TPU runtime and logs "Unable to initialize backend 'tpu'" when there is none.
     py_logging.getLogger("jax._src.xla_bridge").setLevel(py_logging.WARNING)
-  if "compilation_cache" in f and f.compilation_cache:
-    jax.config.update("jax_compilation_cache_dir", f.compilation_cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", f.compilation_cache_min_secs)
+  if "compilation_cache" in f:
+    compilation.use_persistent_cache(f.compilation_cache, f.compilation_cache_min_secs)
   _launch()
   return argv
 
