@@ -121,15 +121,20 @@ def _federation(tmp_path, node_configs=("", "")):
     assert all(p.poll() is not None for p in processes)
 
 
+def flwr_run(env, run_config, cwd):
+  """``flwr run`` of the example App on the federation of ``env``; its completed process."""
+  return subprocess.run([os.path.join(BIN, "flwr"), "run", APP, "local-deployment", "--stream",
+                         "--run-config", run_config], env=env, capture_output=True, text=True,
+                        timeout=480, cwd=cwd)
+
+
 @pytest.mark.slow
 def test_deployment_runtime_records_and_audits(federation, tmp_path):
   import torch
   audit_dir = tmp_path / "audit"
   run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
                 "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu'")
-  proc = subprocess.run([os.path.join(BIN, "flwr"), "run", APP, "local-deployment", "--stream",
-                         "--run-config", run_config], env=federation, capture_output=True, text=True,
-                        timeout=420, cwd=tmp_path)
+  proc = flwr_run(federation, run_config, tmp_path)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
   found = audit.captures(audit_dir)
@@ -182,9 +187,7 @@ def test_the_leakage_gate_withholds_the_leaking_client_and_passes_the_pruned_one
     run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=1 lr={LR} "
                   "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu' gate=true "
                   "gate-threshold=10.0 gate-iterations=2000 gate-budget-s=240.0")
-    proc = subprocess.run([os.path.join(BIN, "flwr"), "run", APP, "local-deployment", "--stream",
-                           "--run-config", run_config], env=env, capture_output=True, text=True,
-                          timeout=480, cwd=tmp_path)
+    proc = flwr_run(env, run_config, tmp_path)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   found = audit.captures(audit_dir)
   assert len(found) == 2

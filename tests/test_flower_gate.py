@@ -9,34 +9,15 @@ import pytest
 import skimage.metrics
 
 flwr = pytest.importorskip("flwr")
-from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType,  # noqa: E402
-                      MetricRecord, RecordDict)
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
 
-from gradjax import clients, data, defenses, interop, models  # noqa: E402
+from gradjax import clients, data, defenses, interop  # noqa: E402
 from gradjax.flower import GATE_METRICS, gray_baseline_psnr, leakage_mod  # noqa: E402
 
+from test_flower import LR, MODEL, SHAPE, net, run_identity, to_record  # noqa: E402,F401
+
 pytestmark = pytest.mark.slow
-MODEL, SHAPE, LR = "lenet_zhu", (32, 32, 3), 0.1
 CACHE = os.environ.get("GRADJAX_TEST_XLA_CACHE", "")  # the test run's compilation cache (conftest)
-
-
-@pytest.fixture(autouse=True)
-def run_identity(monkeypatch):
-  """The run and task a Message is created in (a SuperNode sets them; here, outside one)."""
-  from flwr.supercore.task_identity import TaskIdentity
-  monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-  monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-  monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
-@pytest.fixture(scope="module")
-def net():
-  model = models.create(MODEL, jax.random.key(0), input_shape=SHAPE, num_classes=10)
-  return model, interop.zoo_mapping(model)
-
-
-def _record(tensors):
-  return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in tensors.items()})
 
 
 def _photo():
@@ -57,7 +38,7 @@ def _client(net, defense=None):
     if defense:
       obs = defenses.parse(defense).apply(obs)
     after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
-    content = RecordDict({"arrays": _record(interop.params_to_torch(after, mapping)),
+    content = RecordDict({"arrays": to_record(interop.params_to_torch(after, mapping)),
                           "metrics": MetricRecord({"num-examples": 1})})
     return Message(content, reply_to=msg)
 
@@ -66,7 +47,7 @@ def _client(net, defense=None):
 
 def _train_message(net, server_round=1):
   model, mapping = net
-  content = RecordDict({"arrays": _record(interop.variables_to_torch(model.variables, mapping)),
+  content = RecordDict({"arrays": to_record(interop.variables_to_torch(model.variables, mapping)),
                         "config": ConfigRecord({"lr": LR, "server-round": server_round})})
   return Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)
 
