@@ -15,19 +15,25 @@ whose entry ∂L/∂W[j, i] is not 0: an update that pruning or sparsification t
 
 For a batch of N examples the gradient of the mean loss is a sum of N such rank-one terms, and the
 same formula returns a mixture Σ_n w_n x_n of the inputs (weights from the examples' bias
-gradients), not any one input; the functions here therefore refuse batches.
+gradients), not any one input; :func:`dense_input` and its callers therefore refuse batches.
+:func:`exclusive_neurons` separates a batch where the layer is followed by a ReLU: a unit that only
+one example activates is a batch-1 layer of its own.
 
 References: Phong et al., "Privacy-Preserving Deep Learning via Additively Homomorphic
 Encryption", 2017 (input of a biased neuron from its gradients); Geiping et al., "Inverting
 Gradients - How easy is it to break privacy in federated learning?", NeurIPS 2020, Prop. 3.1
-(the input to any fully connected layer with bias is recoverable analytically).
+(the input to any fully connected layer with bias is recoverable analytically); Pan et al.,
+"Exploring the Security Boundary of Data Reconstruction via Neuron Exclusivity Analysis", USENIX
+Security 2022 (exclusively activated neurons).
 """
 
+import functools
 from math import prod
-from typing import Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gradjax.observation import Observation
 
@@ -136,3 +142,208 @@ def dense_inputs_of(observation: Observation, *, min_abs: float = DEFAULT_MIN_AB
 
   walk(observation.gradient, ())
   return found
+
+
+# --- batches through a ReLU dense layer -----------------------------------------------------------
+
+
+class Separation(NamedTuple):
+  """What :func:`exclusive_neurons` recovered of a batch.
+
+  Attributes:
+    inputs: (k, *input_shape) the recovered examples (the layer's inputs), in the order found.
+    labels: (k,) int, each one's label (the one whose gradient the update holds).
+    rounds: (k,) int, the round that found each: 0 by its exclusively activated neurons alone, r > 0
+      once the examples of rounds < r were taken off the update.
+    rank: the numerical rank of the layer's augmented gradient [∂L/∂W; ∂L/∂b] (in + 1, out): how
+      many examples reached the layer (at most the batch size).
+    singular_values: its largest min(out, N + 1) singular values, relative to the largest.
+    residual: ‖what is left of the augmented gradient‖ / ‖the augmented gradient‖ after the
+      recovered examples' terms are taken off (about 1e-6 when all were found, float32 rounding).
+  """
+
+  inputs: np.ndarray
+  labels: np.ndarray
+  rounds: np.ndarray
+  rank: int
+  singular_values: np.ndarray
+  residual: float
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "layer"))
+def _bias_gradients(apply_fn, variables, layer: str, x, scale):
+  """(M, K, out): scale · ∂L(f(x_m), k)/∂b for every candidate x_m (M, *input_shape) and every label
+  k, b the bias of ``layer``, L the cross entropy. One forward per candidate; the K labels share it
+  (∂L/∂logits = softmax(z) − e_k, so K backward passes of the part after ``layer``)."""
+  params = variables["params"]
+
+  def one(xm):
+    def logits_of(bias):
+      tree = {**params, layer: {**params[layer], "bias": bias}}
+      return apply_fn({**variables, "params": tree}, xm[None], False)[0]
+
+    logits, pullback = jax.vjp(logits_of, params[layer]["bias"])
+    p = jax.nn.softmax(logits)
+    cotangents = p[None, :] - jnp.eye(p.shape[0], dtype=p.dtype)
+    return jax.vmap(lambda c: pullback(c)[0])(cotangents) * scale
+
+  return jax.vmap(one)(x)
+
+
+def _rank(s: np.ndarray, floor: float) -> int:
+  return int(np.sum(s > floor))
+
+
+def exclusive_neurons(observation: Observation, apply_fn: Callable, input_shape, *,
+                      layer: str = "Dense_0", rank_tol: float = 1e-5, tol: float = 1e-3,
+                      chunk: int = 128, max_rounds: int | None = None) -> Separation:
+  """The examples of a batch, exactly, from the gradient of a biased dense layer followed by a ReLU.
+
+  The layer y = relu(x W + b) sees examples x_n (n = 1..N); its gradient is a sum over them,
+  [∂L/∂W; ∂L/∂b] = Σ_n x̃_n δ_nᵀ with x̃_n = (x_n, 1) and δ_n = ∂L/∂b (out,) of example n alone,
+  which is 0 at every unit the example leaves inactive. Unit i's column is Σ_{n active at i} x̃_n δ_ni,
+  so a unit that only example n activates (an exclusively activated neuron, Pan et al.) gives x_n as
+  ∂L/∂W[:, i] / ∂L/∂b_i. No column says whether its unit is exclusive; the candidate x from each
+  column is accepted only if the update holds that example's own gradient, which the attacker can
+  compute from the model it sent (for every label k: δ(x, k) = ∂L(f(x), k)/∂b / N): G − x̃ δᵀ must
+  lose one rank, that is δ lies in the row space of G = U S Vᵀ (rank r) and wᵀ c = 1 for the w with
+  wᵀ (Uᵀ G) = δᵀ and c = Uᵀ x̃. A mixture of examples or a wrong label fails this (its δ lies in an
+  r-dimensional subspace of R^out only by accident). The accepted examples' terms x̃ δᵀ are taken
+  off and the search repeats: a unit that one remaining example activates beside recovered ones is
+  exclusive now. This peeling is gradjax's; the acceptance test plays the role of SPEAR's sparsity
+  filter (Dimitrov et al., NeurIPS 2024, who also use the gradient's low rank). It stops when every
+  example reaching the layer is found or a round finds none.
+
+  What it needs: the client's loss is the mean cross entropy over N = ``observation.num_samples``
+  examples, each example's gradient is its own (no BatchNorm batch statistics: ``observation.train``
+  is refused), the model is the one sent. It recovers nothing where no unit is exclusive, which is
+  the secure side of Pan et al.'s boundary: inputs centred by normalisation make each unit active
+  for about half the batch, so from batch 16 on a random 1024-unit layer has no exclusive unit.
+
+  Args:
+    observation: a FedSGD gradient (or a one-step FedAvg update read as one).
+    apply_fn: the model, ``apply_fn(variables, x, train) -> logits``.
+    input_shape: the shape of one example, e.g. (32, 32, 3); the layer reads it flattened.
+    layer: the dense layer's name in the parameter tree (gradjax's ``mlp``: ``Dense_0``).
+    rank_tol: singular values at most ``rank_tol`` times the largest one of the update are rounding
+      (float32 gradients: about 1e-8 measured; the smallest example's at batch 128 on ``mlp-1024``
+      about 1e-3).
+    tol: the acceptance test's bound on ‖δ − its projection on the row space‖ / ‖δ‖ and on |wᵀc − 1|.
+    chunk: candidates checked per call of the compiled program (one program for every round).
+    max_rounds: at most this many rounds (default N).
+
+  Returns:
+    :class:`Separation`.
+  """
+  if observation.train:
+    raise ValueError("exclusive_neurons needs each example's gradient to be its own; a client in "
+                     "training mode (BatchNorm batch statistics) couples them")
+  shape = tuple(int(d) for d in input_shape)
+  gw, gb = _dense_layer(observation.gradient, layer)
+  if jnp.shape(gw)[0] != prod(shape):
+    raise ValueError(f"layer {layer!r} takes {jnp.shape(gw)[0]} inputs, but input_shape {shape} has "
+                     f"{prod(shape)} values; is it the first layer?")
+  n = int(observation.num_samples)
+  g = np.vstack([np.asarray(gw, np.float64), np.asarray(gb, np.float64)[None]])  # (in + 1, out)
+  total = float(np.linalg.norm(g))
+  if total == 0.0:
+    raise ValueError(f"layer {layer!r} has an all-zero gradient: no example reached it")
+  s0 = np.linalg.svd(g, compute_uv=False)
+  floor = rank_tol * s0[0]
+  rank = _rank(s0, floor)
+  dtype = np.asarray(gw).dtype
+  found_x, found_y, found_round = [], [], []
+  for round_ in range(n if max_rounds is None else max_rounds):
+    left = n - len(found_x)
+    norms = np.linalg.norm(g, axis=0)
+    live = np.flatnonzero(norms > floor)  # columns with an example not yet taken off
+    if left == 0 or live.size == 0:
+      break
+    u, s, vt = np.linalg.svd(g[:, live], full_matrices=False)
+    r = min(_rank(s, floor), left)
+    if r == 0:
+      break
+    u, s, vt = u[:, :r], s[:r], vt[:r]
+    coords = u.T @ g[:, live]  # (r, live)
+    candidates = _distinct_columns(coords, g[-1, live])
+    if candidates.size == 0:
+      break
+    xs = g[:-1, live[candidates]] / g[-1, live[candidates]]  # (in, M)
+    xt = np.vstack([xs, np.ones((1, xs.shape[1]))])
+    c = u.T @ xt  # (r, M)
+    accepted, score_of = [], {}
+
+    def _delta(mk):
+      m, k = mk
+      return np.asarray(_bias_gradients(apply_fn, observation.variables, layer,
+                                        jnp.asarray(xs[:, m].reshape(1, *shape), dtype), 1.0 / n),
+                        np.float64)[0, k]
+
+    for start in range(0, xs.shape[1], chunk):
+      block = xs[:, start:start + chunk].T
+      pad = chunk - block.shape[0]
+      batch = np.concatenate([block, np.zeros((pad, block.shape[1]))]).reshape(chunk, *shape)
+      deltas = np.asarray(_bias_gradients(apply_fn, observation.variables, layer,
+                                          jnp.asarray(batch, dtype), 1.0 / n), np.float64)
+      deltas = deltas[:block.shape[0], :, live]  # (m, K, live)
+      proj = deltas @ vt.T  # (m, K, r)
+      off = np.linalg.norm(deltas - proj @ vt, axis=-1) / np.maximum(
+          np.linalg.norm(deltas, axis=-1), 1e-300)
+      w = proj / s  # wᵀ (S Vᵀ) = δᵀ
+      one = np.abs(np.einsum("mkr,rm->mk", w, c[:, start:start + chunk]) - 1.0)
+      score = np.maximum(off, one)
+      for m in range(block.shape[0]):
+        k = int(np.argmin(score[m]))
+        if score[m, k] <= tol:
+          accepted.append((start + m, k))
+          score_of[(start + m, k)] = float(score[m, k])
+    accepted.sort(key=lambda mk: score_of[mk])
+    new = _distinct_examples(xs, accepted, found_x)
+    if not new:
+      break
+    terms = {mk: np.outer(xt[:, mk[0]], _delta(mk)) for mk in new}
+    # Each accepted example takes one rank off; if together they do not, keep only the best one.
+    left_rank = _rank(np.linalg.svd(u.T @ (g[:, live] - sum(terms.values())[:, live]),
+                                    compute_uv=False), floor)
+    if left_rank > r - len(new):
+      new = new[:1]
+    for m, k in new:
+      g = g - terms[(m, k)]
+      found_x.append(xs[:, m].reshape(shape))
+      found_y.append(k)
+      found_round.append(round_)
+  inputs = (np.stack(found_x) if found_x else np.zeros((0, *shape))).astype(dtype)
+  top = s0[:min(s0.size, n + 1)] / s0[0]
+  return Separation(inputs, np.asarray(found_y, np.int64), np.asarray(found_round, np.int64), rank,
+                    top, float(np.linalg.norm(g)) / total)
+
+
+def _distinct_columns(coords: np.ndarray, bias: np.ndarray, *, parallel: float = 1e-4) -> np.ndarray:
+  """Indices of the columns of ``coords`` (r, M) worth a candidate: one per set of parallel columns
+  (|sin| below ``parallel``: units activated by the same examples in proportion, among them every
+  exclusive unit of one example), the one with the largest |bias| (the homogeneous coordinate
+  divided by), and none whose bias gradient is 0."""
+  scale = np.max(np.abs(bias))
+  ok = np.flatnonzero(np.abs(bias) > 1e-6 * scale)
+  if ok.size == 0:
+    return ok
+  d = coords[:, ok] / np.linalg.norm(coords[:, ok], axis=0)
+  cos = np.abs(d.T @ d)
+  same = np.sqrt(np.clip(1.0 - cos * cos, 0.0, None)) < parallel
+  keep, taken = [], np.zeros(ok.size, bool)
+  for i in np.argsort(-np.abs(bias[ok])):
+    if not taken[i]:
+      keep.append(ok[i])
+      taken |= same[i]
+  return np.asarray(keep, np.int64)
+
+
+def _distinct_examples(xs: np.ndarray, accepted: list, found: list, *, rtol: float = 1e-3) -> list:
+  """``accepted`` (candidate, label) pairs less those within ``rtol`` of an earlier one or of an
+  example ``found`` in an earlier round (two units that isolate the same example)."""
+  out, seen = [], [np.ravel(f) for f in found]
+  for m, k in accepted:
+    if all(np.linalg.norm(xs[:, m] - v) > rtol * np.linalg.norm(v) for v in seen):
+      out.append((m, k))
+      seen.append(xs[:, m])
+  return out

@@ -132,3 +132,78 @@ def test_mlp_input_through_pruning(photos):
   assert kept.mean() > 0.5
   np.testing.assert_allclose(x[kept], photos[2][kept], atol=1e-5)
   assert np.all(x[~kept] == 0) and np.max(photos[2][~kept], initial=0) <= np.median(photos[2][kept])
+
+
+# --- exclusive_neurons: batches through a ReLU dense layer ------------------------------------------
+
+
+def _numpy_observation(model, x, y, mlp_reference):
+  """The update of the mean cross entropy over (x, y), computed by NumPy in float64 and sent as float32."""
+  grad = mlp_reference(model.variables["params"], x, y)[1]
+  return Observation(gradient=jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), grad),
+                     variables=model.variables, num_samples=len(x))
+
+
+def _matched(found, truth):
+  """Each found example's distance to its nearest true one (max abs), and which one that is."""
+  d = np.abs(found.reshape(len(found), 1, -1) - truth.reshape(1, len(truth), -1)).max(-1)
+  return d.min(1), d.argmin(1)
+
+
+def test_exclusive_neurons_separates_a_numpy_batch(photos, mlp_reference):
+  """Batch 16 of the scikit-image photos through a 1024-unit ReLU layer: every example and its label
+  back to float32 rounding."""
+  model = models.create("mlp-1024", jax.random.key(11), num_classes=10)
+  y = np.arange(16) % 10
+  sep = analytic.exclusive_neurons(_numpy_observation(model, photos, y, mlp_reference),
+                                   model.apply_fn, photos.shape[1:])
+  assert sep.inputs.shape == (16, 32, 32, 3) and sep.rank == 16
+  err, which = _matched(sep.inputs, photos)
+  assert sorted(which) == list(range(16)) and err.max() <= 1e-4
+  np.testing.assert_array_equal(sep.labels, y[which])
+  assert sep.residual <= 1e-5 and sep.singular_values[16] <= 1e-6
+
+
+def test_exclusive_neurons_peels_what_no_unit_isolates(photos, mlp_reference):
+  """The photos centred on their mean make units active for about half the batch: at batch 12 the
+  first round finds two examples by their exclusive units, later rounds the rest once those are
+  taken off."""
+  x = photos[:12] - photos.mean(axis=(0, 1, 2))
+  y = np.arange(12) % 10
+  model = models.create("mlp-1024", jax.random.key(12), num_classes=10)
+  obs = _numpy_observation(model, x, y, mlp_reference)
+  sep = analytic.exclusive_neurons(obs, model.apply_fn, x.shape[1:])
+  err, which = _matched(sep.inputs, x)
+  assert sorted(which) == list(range(12)) and err.max() <= 1e-4
+  np.testing.assert_array_equal(sep.labels, y[which])
+  assert sep.rounds.max() >= 1 and np.sum(sep.rounds == 0) < 12
+  # Stopped after one round, the peeling's share is missing, and the residual says so.
+  first = analytic.exclusive_neurons(obs, model.apply_fn, x.shape[1:], max_rounds=1)
+  assert len(first.inputs) == np.sum(sep.rounds == 0) and first.residual > 1e-2
+  # At batch 16 no unit is exclusive (the secure side of Pan et al.'s boundary): nothing is claimed.
+  none = analytic.exclusive_neurons(_numpy_observation(model, photos - photos.mean(axis=(0, 1, 2)),
+                                                       np.arange(16) % 10, mlp_reference),
+                                    model.apply_fn, x.shape[1:])
+  assert none.inputs.shape[0] == 0 and none.rank == 16 and none.residual == 1.0
+
+
+def test_exclusive_neurons_accepts_no_mixture(photos):
+  """A sigmoid layer has no inactive unit, so every column mixes the whole batch: nothing passes."""
+  model = models.create("mlp-256", jax.random.key(13), num_classes=10, act="sigmoid")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:8], np.arange(8))
+  sep = analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:])
+  assert sep.inputs.shape == (0, 32, 32, 3) and sep.rank == 8 and sep.residual == 1.0
+
+
+def test_exclusive_neurons_refuses(photos):
+  model = models.create("mlp-64", jax.random.key(14), num_classes=10)
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], np.array([1, 2]))
+  with pytest.raises(ValueError, match="training mode"):
+    analytic.exclusive_neurons(obs.replace(train=True), model.apply_fn, photos.shape[1:])
+  with pytest.raises(ValueError, match="first layer"):
+    analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:], layer="head")
+  with pytest.raises(ValueError, match="no layer"):
+    analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:], layer="Conv_0")
+  zero = obs.replace(gradient=jax.tree.map(jnp.zeros_like, obs.gradient))
+  with pytest.raises(ValueError, match="all-zero"):
+    analytic.exclusive_neurons(zero, model.apply_fn, photos.shape[1:])
