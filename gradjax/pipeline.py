@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import adaptive, attacks, checkpoint, clients, compilation, corpus, data, defenses, driver
+from gradjax import adaptive, analytic, attacks, checkpoint, clients, compilation, corpus, data, defenses, driver
 from gradjax import fidelity, interop, lpips, metrics, models, resume, text, verdict
 from gradjax import labels as labels_lib
 from gradjax.config import Config, check, fingerprint, options
@@ -206,7 +206,8 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       model=model.name,
       num_samples=observation.num_samples,
       threat_model=observation.threat_model,
-      attack=attacks.describe(attack),
+      attack=(attacks.describe(attack) if isinstance(attack, attacks.Attack)
+              else {"closed_form": dataclasses.asdict(attack)}),
       adaptation=(adaptive.assumptions(defenses.parse(adapted_to), attack.objective)
                   if adapted_to else None),
       config=options(cfg),
@@ -254,8 +255,9 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
 
 def _run_image(cfg: Config, callback, batch, state):
   attack = check(cfg)
+  closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.analytic) infers labels
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
-  share_labels = cfg.labels != "hfginv" and attack.labels is labels_lib.known  # else a finding
+  share_labels = not closed and cfg.labels != "hfginv" and attack.labels is labels_lib.known
   checks, problems = {}, []
   if cfg.observation:
     if batch is None and cfg.dataset is not None:
@@ -291,7 +293,8 @@ def _run_image(cfg: Config, callback, batch, state):
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
   declared = ",".join(d for d in (meta.get("defense"), cfg.defense) if d and d != "none")
-  as_gradient = (attack.objective == "gradient" and observation.threat_model == "fedavg"
+  objective = "gradient" if closed else attack.objective
+  as_gradient = (objective == "gradient" and observation.threat_model == "fedavg"
                  and observation.local is not None)
   attack = adapted(cfg, attack, declared,
                    observation.local.learning_rate if as_gradient else 1.0)
@@ -311,9 +314,15 @@ def _run_image(cfg: Config, callback, batch, state):
   execution = cfg.execution(callback=trace.progress,
                             monitor=trace.monitor if batch is not None and not cfg.shard else None,
                             saver=timing.saver)
-  rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack, input_shape=input_shape,
-                            bounds=image_bounds(norm, input_shape[-1]), restarts=cfg.restarts,
-                            permutations=cfg.permutations, execution=execution)
+  separation = None
+  if closed:
+    rec, separation = analytic.reconstruct(attack, model.apply_fn, observation, input_shape,
+                                           image_bounds(norm, input_shape[-1]))
+  else:
+    rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack,
+                              input_shape=input_shape, bounds=image_bounds(norm, input_shape[-1]),
+                              restarts=cfg.restarts, permutations=cfg.permutations,
+                              execution=execution)
   results = _record(cfg, attack, rec, model, observation, trace, timing,
                     declared if cfg.adaptive else None)
 
@@ -327,8 +336,12 @@ def _run_image(cfg: Config, callback, batch, state):
       conv=models.resolve_conv(cfg.conv),
       normalization={"mean": list(norm.mean), "std": list(norm.std)},
       checks=checks,
+      separation=None if separation is None else {
+          "recovered": int(separation.inputs.shape[0]), "rank": separation.rank,
+          "rounds": separation.rounds.tolist(), "residual": separation.residual,
+          "singular_values": separation.singular_values.tolist()},
   )
-  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, mode=attack.objective)
+  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, mode=objective)
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
@@ -348,7 +361,9 @@ def _run_image(cfg: Config, callback, batch, state):
 
 def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:
   """``verdict``, ``residual`` and ``thresholds`` of a run's results (:mod:`gradjax.verdict`)."""
-  budget = verdict.budget(cfg.attack, results["iterations"], cfg.restarts)
+  budget = (verdict.closed_form_budget(cfg.attack, results["iterations"])
+            if cfg.attack in analytic.CLOSED_FORMS
+            else verdict.budget(cfg.attack, results["iterations"], cfg.restarts))
   improving = verdict.still_improving(results["history"], results["iterations"])
   return {"verdict": verdict.decide(findings=findings, residual=residual, improving=improving,
                                     budget=budget, problems=problems),

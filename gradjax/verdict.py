@@ -199,6 +199,11 @@ def budget(attack: str, iterations: int, restarts: int) -> str:
           + ("s" if restarts != 1 else ""))
 
 
+def closed_form_budget(attack: str, rounds: int) -> str:
+  """"exclusive_neurons (a closed form, 3 rounds)"."""
+  return f"{attack} (a closed form, {rounds} round" + ("s)" if rounds != 1 else ")")
+
+
 def decide(*, findings: list[str] | None, residual: fidelity.Comparison | None,
            improving: bool, budget: str, problems: Sequence[str] = (),
            thresholds: Thresholds = THRESHOLDS) -> dict:

@@ -91,7 +91,9 @@ def main(argv):
     scores = f"objective {results['loss']:.3e}  labels {results['labels_by_slot']} (no ground truth)"
   if results["candidates"] < cfg.permutations:
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
-  print(f"{title}: {scores}  {results['iterations']} iterations  {results['wall_time_s']:.1f} s"
+  steps = (f"{results['iterations']} rounds (closed form)" if results.get("separation")
+           else f"{results['iterations']} iterations")
+  print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
   print(verdict_line(results))
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.png"
