@@ -352,6 +352,7 @@ def _run_image(cfg: Config, callback, batch, state):
     results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
     findings = verdict.image_findings(results, labels_inferred=not share_labels,
                                       num_classes=model.num_classes)
+    results["findings"] = findings
     images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.lpips, batch, input_shape)
@@ -521,5 +522,6 @@ def _run_text(cfg: Config, callback, state):
   if "x" in rec.reconstruction.dummy and cfg.text_search == "embeddings":
     residual = verdict.residual(model.apply_fn, observation, rec.reconstruction.dummy,
                                 rec.reconstruction.labels)
-  results.update(_verdict(results, residual, verdict.text_findings(results), [], cfg))
+  results["findings"] = verdict.text_findings(results)
+  results.update(_verdict(results, residual, results["findings"], [], cfg))
   return results

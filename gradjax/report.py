@@ -152,7 +152,9 @@ def save_json(path, obj: Any) -> None:
 
 
 def summarize(rows: list[dict], threshold: float) -> dict:
-  """Mean, population std and median of each metric over experiments; successes at ``threshold`` dB.
+  """Mean, population std and median of each metric over experiments; successes at ``threshold`` dB;
+  ``recognisable`` of ``images``: the images the verdict's rule calls recognisable (where every row
+  has ``findings``).
 
   ``rows`` are :func:`gradjax.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
   wall_time_s, iterations, and lpips, summarised when every row has it); ``leaks``: the rows whose
@@ -166,6 +168,10 @@ def summarize(rows: list[dict], threshold: float) -> dict:
     v = np.array([r[key] for r in rows], np.float64)
     out[key] = {"mean": float(v.mean()), "std": float(v.std()), "median": float(np.median(v))}
   out["successes"] = int(sum(r["psnr"] >= threshold for r in rows))
+  images = [(r.get("findings") or {}).get("images") for r in rows]
+  if rows and all(images):  # the verdict's rule (gradjax.verdict.image_findings)
+    out["recognisable"] = int(sum(i["recognisable"] for i in images))
+    out["images"] = int(sum(i["of"] for i in images))
   out["leaks"] = int(sum((r.get("verdict") or {}).get("status") == "leak" for r in rows))
   return out
 
@@ -193,7 +199,8 @@ def _save_figure(fig, path) -> None:
 
 
 def per_image_captions(results: dict) -> list[str]:
-  """One caption per image from a results dict: PSNR, SSIM and LPIPS where present."""
+  """One caption per image from a results dict: PSNR, SSIM and LPIPS where present, and whether the
+  verdict's rule calls it recognisable."""
   n = len(results.get("psnr_per_image") or results.get("labels_by_slot") or [])
   captions = []
   for i in range(n):
@@ -202,6 +209,9 @@ def per_image_captions(results: dict) -> list[str]:
                      ("lpips_per_image", "LPIPS {:.3f}")):
       if results.get(key) is not None:
         parts.append(fmt.format(results[key][i]))
+    images = (results.get("findings") or {}).get("images")
+    if images:
+      parts.append("recognisable" if images["per_image"][i]["recognisable"] else "not recognisable")
     captions.append("\n".join(parts))
   return captions
 

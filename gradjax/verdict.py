@@ -39,6 +39,7 @@ Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` repro
   ``no_leak_found`` also needs the objective to have stopped falling.
 """
 
+import collections
 import math
 from typing import NamedTuple, Sequence
 
@@ -145,52 +146,141 @@ def mean_colour_psnr(x_true) -> np.ndarray:
   return metrics.psnr(flat, x_true)
 
 
-def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int,
-                   thresholds: Thresholds = THRESHOLDS) -> list[str]:
-  """What a scored image reconstruction reveals: one phrase per kind of leak, empty when none.
+def composition_chance(true_labels: Sequence[int], num_classes: int) -> float:
+  """The probability that N labels drawn uniformly from ``num_classes`` hit exactly the classes of
+  ``true_labels`` (m distinct): the onto maps of N draws onto those m classes over K^N,
+  Σ_j (−1)^j C(m, j) (m − j)^N / K^N."""
+  n, m = len(true_labels), len(set(int(c) for c in true_labels))
+  onto = sum((-1) ** j * math.comb(m, j) * (m - j) ** n for j in range(m + 1))
+  return onto / num_classes ** n
 
-  An image is recognisable when its PSNR beats the image's own mean colour
-  (``psnr_mean_colour_per_image``, :func:`mean_colour_psnr`) by at least 1 dB and it meets one of
-  the thresholds. ``scores``: ``psnr_per_image``, ``ssim_per_image``, optional
-  ``lpips_per_image``, ``label_accuracy`` and ``labels_true`` (:func:`gradjax.metrics.score` and the
-  pipeline's results).
+
+RULE = "recognisable: PSNR >= {psnr:g} dB, SSIM >= {ssim:g} or LPIPS <= {lpips:g}, and 1 dB above its own mean colour"
+
+
+def _image_rule(p, s, l, f, t: Thresholds) -> tuple[bool, str]:
+  """(recognisable, the rule that decided) of one image's scores (PSNR, SSIM, LPIPS or None, the
+  PSNR of its mean colour)."""
+  if p < f + 1.0:
+    return False, f"PSNR {p:.1f} dB is within 1 dB of its mean colour's {f:.1f} dB"
+  why = [f"PSNR {p:.1f} dB >= {t.psnr:g}"] if p >= t.psnr else []
+  why += [f"SSIM {s:.2f} >= {t.ssim:g}"] if s >= t.ssim else []
+  why += [f"LPIPS {l:.2f} <= {t.lpips:g}"] if l is not None and l <= t.lpips else []
+  if why:
+    return True, ", ".join(why)
+  return False, (f"PSNR {p:.1f} dB < {t.psnr:g}, SSIM {s:.2f} < {t.ssim:g}"
+                 + (f", LPIPS {l:.2f} > {t.lpips:g}" if l is not None else ""))
+
+
+def _multiset_difference(a, b) -> dict:
+  """{class: count} of the labels in ``a`` beyond those in ``b`` (multisets)."""
+  extra = collections.Counter(int(c) for c in a) - collections.Counter(int(c) for c in b)
+  return {str(c): k for c, k in sorted(extra.items())}
+
+
+def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int,
+                   thresholds: Thresholds = THRESHOLDS) -> dict:
+  """What a scored image reconstruction reveals, one finding per kind of leak.
+
+  ``scores``: ``psnr_per_image``, ``ssim_per_image``, optional ``lpips_per_image`` and
+  ``psnr_mean_colour_per_image`` (:func:`mean_colour_psnr`), in ground-truth order after the optimal
+  assignment (:func:`gradjax.metrics.score`); ``label_accuracy``, ``labels_true`` and
+  ``labels_reconstructed`` where labels were scored.
+
+  Returns ``{"images": ..., "labels": ..., "composition": ...}``, each with ``leak`` (bool) and
+  ``reason`` (the rule that decided):
+
+  * ``images``: each image is recognisable by :data:`RULE` (``per_image``: its verdict and the rule
+    that decided it); ``recognisable`` (count), ``of``, ``share``, ``median_psnr``,
+    ``median_ssim`` (and ``median_lpips``), ``below_mean_colour`` (images no better than their own
+    mean colour); a leak when at least one image is recognisable.
+  * ``labels`` (when labels were inferred, not shared by the threat model): the multiset of labels
+    recovered whole where a uniform guess gets it with probability below ``label_chance``
+    (:func:`label_chance`); ``missing`` and ``extra``: {class: count} of the true labels not recovered
+    and of the recovered labels that contradict them.
+  * ``composition``: the classes present, recovered exactly (every class and no other), where a
+    guess hits that set with probability below ``label_chance`` (:func:`composition_chance`): what an
+    attacker learns even when the counts are off.
   """
+  t = thresholds
   n = len(scores["psnr_per_image"])
   lpips = scores.get("lpips_per_image") or [None] * n
   flat = scores.get("psnr_mean_colour_per_image") or [-np.inf] * n
-  hits = []
-  for i, (p, s, l, f) in enumerate(zip(scores["psnr_per_image"], scores["ssim_per_image"], lpips,
-                                       flat)):
-    if p < f + 1.0:
-      continue
-    why = [f"PSNR {p:.1f} dB >= {thresholds.psnr:g}"] if p >= thresholds.psnr else []
-    why += [f"SSIM {s:.2f} >= {thresholds.ssim:g}"] if s >= thresholds.ssim else []
-    why += [f"LPIPS {l:.2f} <= {thresholds.lpips:g}"] if l is not None and l <= thresholds.lpips else []
-    if why:
-      hits.append((i, why))
-  findings = []
+  per_image = []
+  for p, s, l, f in zip(scores["psnr_per_image"], scores["ssim_per_image"], lpips, flat):
+    ok, rule = _image_rule(p, s, l, f, t)
+    per_image.append({"recognisable": ok, "rule": rule})
+  hits = [i for i, r in enumerate(per_image) if r["recognisable"]]
+  below = [i for i, r in enumerate(per_image) if "mean colour" in r["rule"] and not r["recognisable"]]
+  images = {"leak": bool(hits), "recognisable": len(hits), "of": n, "share": len(hits) / n,
+            "median_psnr": float(np.median(scores["psnr_per_image"])),
+            "median_ssim": float(np.median(scores["ssim_per_image"])),
+            "below_mean_colour": len(below), "rule": RULE.format(**t._asdict()),
+            "per_image": per_image}
+  if lpips[0] is not None:
+    images["median_lpips"] = float(np.median(lpips))
+  median = f"median PSNR {images['median_psnr']:.1f} dB, SSIM {images['median_ssim']:.2f}"
   if hits:
-    i, why = hits[0]
-    findings.append(f"{len(hits)} of {n} images recognisable (image {i}: {', '.join(why)})")
-  if labels_inferred and scores.get("label_accuracy") == 1.0 and scores.get("labels_true") is not None:
-    chance = label_chance(scores["labels_true"], num_classes)
-    if chance < thresholds.label_chance:
-      findings.append(f"all {n} labels recovered (a guess: {chance:.2g})")
-  return findings
+    images["reason"] = (f"{len(hits)} of {n} images recognisable ({median}; image {hits[0]}: "
+                        f"{per_image[hits[0]]['rule']})")
+  else:
+    images["reason"] = (f"no image recognisable ({median}" + (
+        f"; {len(below)} of {n} no better than their own mean colour, e.g. image {below[0]}: "
+        f"{per_image[below[0]]['rule']}" if below else "") + ")")
+
+  truth, got = scores.get("labels_true"), scores.get("labels_reconstructed")
+  out = {"images": images}
+  if truth is None or got is None:
+    return out
+  if not labels_inferred:
+    out["labels"] = {"leak": False, "inferred": False, "reason": "labels shared by the threat model"}
+    return out
+  chance = label_chance(truth, num_classes)
+  whole = scores.get("label_accuracy") == 1.0
+  missing, extra = _multiset_difference(truth, got), _multiset_difference(got, truth)
+  labels = {"leak": bool(whole and chance < t.label_chance), "inferred": True,
+            "accuracy": scores.get("label_accuracy"), "chance": chance, "missing": missing,
+            "extra": extra}
+  if labels["leak"]:
+    labels["reason"] = f"all {n} labels recovered (a guess: {chance:.2g})"
+  elif whole:
+    labels["reason"] = f"all {n} labels recovered, but a guess gets them {chance:.2g} of the time"
+  else:
+    labels["reason"] = (f"{sum(missing.values())} of {n} labels wrong (recovered but not there: "
+                        f"{extra or 'none'})")
+  out["labels"] = labels
+  classes = sorted(set(int(c) for c in truth))
+  hit = sorted(set(int(c) for c in got)) == classes
+  cchance = composition_chance(truth, num_classes)
+  out["composition"] = {"leak": bool(hit and cchance < t.label_chance), "classes": classes,
+                        "recovered": sorted(set(int(c) for c in got)), "chance": cchance,
+                        "reason": (f"the classes present, {classes}, recovered exactly (a guess: {cchance:.2g})"
+                                   if hit else "the classes present not recovered exactly")}
+  return out
 
 
-def text_findings(results: dict) -> list[str]:
-  """What a text reconstruction reveals: sentences with at least half their tokens in place, and
-  the bag of words (recall >= 0.5) the embedding gradient gives away."""
-  findings = []
+def text_findings(results: dict) -> dict:
+  """What a text reconstruction reveals: ``sentences`` with at least half their tokens in place,
+  and the ``bag`` of words (recall >= 0.5) the embedding gradient gives away; each with ``leak``
+  and ``reason``."""
   acc = results.get("token_accuracy_per_sentence") or []
   good = [i for i, a in enumerate(acc) if a >= 0.5]
-  if good:
-    findings.append(f"{len(good)} of {len(acc)} sentences with at least half their tokens in place "
-                    f"(sentence {good[0]}: {acc[good[0]]:.2f})")
-  if results.get("bag_recall", 0.0) >= 0.5:
-    findings.append(f"the sentences' words (bag-of-words recall {results['bag_recall']:.2f})")
-  return findings
+  out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": (
+      f"{len(good)} of {len(acc)} sentences with at least half their tokens in place "
+      f"(sentence {good[0]}: {acc[good[0]]:.2f})" if good else
+      "no sentence with half its tokens in place")}}
+  recall = results.get("bag_recall", 0.0)
+  out["bag"] = {"leak": recall >= 0.5, "recall": recall, "reason": (
+      f"the sentences' words (bag-of-words recall {recall:.2f})" if recall >= 0.5 else
+      f"bag-of-words recall {recall:.2f} < 0.5")}
+  return out
+
+
+def leaks(findings: dict | None) -> list[str]:
+  """The kinds of leak among ``findings`` (:func:`image_findings`, :func:`text_findings`), e.g.
+  ``["images", "labels"]``; labels subsume the composition."""
+  kinds = [k for k, v in (findings or {}).items() if v.get("leak")]
+  return [k for k in kinds if not (k == "composition" and "labels" in kinds)]
 
 
 def budget(attack: str, iterations: int, restarts: int) -> str:
@@ -204,10 +294,11 @@ def closed_form_budget(attack: str, rounds: int) -> str:
   return f"{attack} (a closed form, {rounds} round" + ("s)" if rounds != 1 else ")")
 
 
-def decide(*, findings: list[str] | None, residual: fidelity.Comparison | None,
+def decide(*, findings: dict | None, residual: fidelity.Comparison | None,
            improving: bool, budget: str, problems: Sequence[str] = (),
            thresholds: Thresholds = THRESHOLDS) -> dict:
-  """``{"status", "reason"}`` of a run (see the module docstring).
+  """``{"status", "reason", "leaks"}`` of a run (see the module docstring); ``leaks``: the kinds of
+  leak found (:func:`leaks`).
 
   Args:
     findings: :func:`image_findings` or :func:`text_findings` when there is a ground truth, else
@@ -217,13 +308,25 @@ def decide(*, findings: list[str] | None, residual: fidelity.Comparison | None,
     budget: :func:`budget` of the run.
     problems: checks of the capture that failed (the run was forced past them).
   """
-  if findings:
-    return {"status": "leak", "reason": f"{budget} recovered " + "; ".join(findings)}
+  kinds = leaks(findings)
+  out = _decide(findings, kinds, residual, improving, budget, problems, thresholds)
+  return {**out, "leaks": kinds}
+
+
+def _decide(findings, kinds, residual, improving, budget, problems, thresholds) -> dict:
+  if kinds:
+    reason = f"{budget} recovered " + "; ".join(findings[k]["reason"] for k in kinds)
+    if "images" in findings and "images" not in kinds:
+      reason += f"; {findings['images']['reason']}"
+    return {"status": "leak", "reason": reason}
+  # Nothing leaked: what the images scored says why, beside what the attack did.
+  seen = f"; {findings['images']['reason']}" if findings and "images" in findings else ""
   if problems:
     return {"status": "inconclusive", "reason": "the capture failed its checks, so the attack ran "
-            "against a model that did not produce it: " + "; ".join(problems)}
+            "against a model that did not produce it: " + "; ".join(problems) + seen}
   if residual is None:
-    return {"status": "inconclusive", "reason": "the reconstruction's update could not be recomputed"}
+    return {"status": "inconclusive",
+            "reason": "the reconstruction's update could not be recomputed" + seen}
   res = f"relative residual {residual.relative_error:.2g}"
   if not matched(residual, thresholds):
     path, err = residual.worst_layer()
@@ -234,13 +337,13 @@ def decide(*, findings: list[str] | None, residual: fidelity.Comparison | None,
     else:
       why += ("; a stronger attack, more restarts, or a model or recipe other than declared "
               "(a defense also keeps attacks from matching)")
-    return {"status": "inconclusive", "reason": why}
+    return {"status": "inconclusive", "reason": why + seen}
   if findings is None:
     return {"status": "leak", "reason": f"{budget} found data that reproduce the update ({res}, "
             f"bound {thresholds.matched:g}); no ground truth to score them against"}
   if improving:
     return {"status": "inconclusive", "reason": f"{budget} matched the update ({res}) without "
             "recovering anything recognisable, but its objective was still falling when the budget "
-            "ran out: more iterations may recover the data"}
+            "ran out: more iterations may recover the data" + seen}
   return {"status": "no_leak_found", "reason": f"no leak found by {budget}: it matched the update "
-          f"({res}) but recovered nothing recognisable; a stronger attack or a larger budget may"}
+          f"({res}) but recovered nothing recognisable{seen}; a stronger attack or a larger budget may"}

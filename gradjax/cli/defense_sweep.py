@@ -3,7 +3,8 @@
 For every defense spec (see gradjax.defenses.parse) and every image, the client's update is defended
 and then attacked, exactly as ``gradjax reconstruct --defense=SPEC`` would. Writes ``results.json`` and
 ``results.md`` to ``--output_dir``: per defense, PSNR and SSIM (mean ± population std), label accuracy
-and the success rate (PSNR ≥ ``--psnr_threshold``). Each attack is kept in ``items/`` as it ends;
+and the images recognisable by the verdict's rule (:mod:`gradjax.verdict`: PSNR ≥ 20 dB, SSIM ≥ 0.5 or
+LPIPS ≤ 0.2, above the image's own mean colour), the verdicts that were leaks. Each attack is kept in ``items/`` as it ends;
 ``--resume`` reads those back and continues the interrupted one (the utility models are retrained).
 
   gradjax defense-sweep --dataset=cifar10 --count=5
@@ -41,14 +42,14 @@ import jax
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import config, data, defenses, models, report, training
+from gradjax import config, data, defenses, models, report, training, verdict
 
 DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gaussian:1e-2;gaussian:1e-1;"
              "laplacian:1e-8;laplacian:1e-6;laplacian:1e-4;laplacian:1e-2;fp16;int8;prune:0.01;"
              "prune:0.1;prune:0.2;prune:0.3;prune:0.5;prune:0.7")
 
 common.define_flags()
-common.define_table_flags()
+common.define_table_flags(psnr=False)  # success is the verdict's rule
 flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('none' = undefended).")
 common.define_output_flags()
 common.define_launch_flags(collectives=False)  # experiments split over processes
@@ -148,7 +149,8 @@ def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str =
     if stronger(row) == "adaptive":
       bar.set_hatch("//")
   ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-  ax.axhline(psnr_threshold, color="tab:red", linestyle="--", linewidth=1, label=f"{psnr_threshold:g} dB")
+  ax.axhline(psnr_threshold, color="tab:red", linestyle="--", linewidth=1,
+             label=f"recognisable from {psnr_threshold:g} dB (the verdict's PSNR rule)")
   ax.set_ylabel(f"{attack} PSNR (dB), mean"), ax.legend(fontsize=7), ax.grid(axis="y", alpha=0.3)
   if with_utility:
     ax = axes[0, 1]
@@ -205,9 +207,10 @@ def main(argv):
 
     def attack_row(spec, adapted):
       rows = [items.run(key, cfg)[0] for key, cfg in experiments(spec, adapted)]
-      summary = report.summarize(rows, f.psnr_threshold)
-      logging.info("%s%s: PSNR %.2f dB, %d/%d successes", spec, " (adaptive)" if adapted else "",
-                   summary["psnr"]["mean"], summary["successes"], f.count)
+      summary = report.summarize(rows, verdict.THRESHOLDS.psnr)
+      logging.info("%s%s: PSNR %.2f dB, %d/%d images recognisable", spec,
+                   " (adaptive)" if adapted else "", summary["psnr"]["mean"],
+                   summary["recognisable"], summary["images"])
       row = {"summary": summary, "psnr_per_image": [r["psnr"] for r in rows]}
       if "lpips" in summary:
         row["lpips_per_image"] = [r["lpips"] for r in rows]
@@ -233,15 +236,15 @@ def main(argv):
                    {"table": table, "config": vars(base), "utility_config": utility_setup,
                     "total_time_s": items.earlier_s + time.perf_counter() - start,
                     **common.provenance()})
-  report._save_figure(privacy_utility_plot(table, f.psnr_threshold, base.attack),
+  report._save_figure(privacy_utility_plot(table, verdict.THRESHOLDS.psnr, base.attack),
                       os.path.join(out, "privacy_utility.png"))
   extra = " utility acc. |" if f.utility else ""
   with_lpips = all("lpips" in row["summary"] for row in table)
   lines = [f"# {base.attack} on {base.model} against defenses, {base.dataset} {f.start}.."
            f"{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}", "",
-           "| defense | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "") + "label acc. | success (PSNR ≥ "
-           f"{f.psnr_threshold:g}) | leak verdicts |"
-           + (" adaptive PSNR (dB) | adaptive SSIM | adaptive success | adaptive leak verdicts |"
+           "| defense | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "") + "label acc. | images recognisable | "
+           "leak verdicts |"
+           + (" adaptive PSNR (dB) | adaptive SSIM | adaptive recognisable | adaptive leak verdicts |"
               if adaptive else "") + extra,
            "|---|---|---|---|---|---|" + ("---|" if with_lpips else "") + ("---|" * 4 if adaptive else "")
            + ("---|" if f.utility else "")]
@@ -252,7 +255,7 @@ def main(argv):
       a = row.get("adaptive", {}).get("summary")
       cell += (" – | – | – | – |" if a is None else
                f" {a['psnr']['mean']:.2f} ± {a['psnr']['std']:.2f} | {a['ssim']['mean']:.3f} | "
-               f"{a['successes']}/{a['experiments']} | {a['leaks']}/{a['experiments']} |")
+               f"{a['recognisable']}/{a['images']} | {a['leaks']}/{a['experiments']} |")
     if f.utility:
       acc = row["utility"]["accuracy"]
       cell += " diverged |" if acc is None else f" {acc:.3f} |"
@@ -260,7 +263,7 @@ def main(argv):
                  f"{s['ssim']['mean']:.3f} | "
                  + (f"{s['lpips']['mean']:.3f} | " if with_lpips else "")
                  + f"{s['label_accuracy']['mean']:.2f} | "
-                 f"{s['successes']}/{s['experiments']} | {s['leaks']}/{s['experiments']} |{cell}")
+                 f"{s['recognisable']}/{s['images']} | {s['leaks']}/{s['experiments']} |{cell}")
   if adaptive:
     lines += ["", "Adaptive: the attack's objective models the row's defense (gradjax.adaptive); "
               "the plot shows each defense's stronger attack (hatched: the adaptive one)."]
