@@ -33,7 +33,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import clients, compilation, config, data, interop, pipeline, presets, report
+from gradjax import analytic, clients, compilation, config, data, interop, models, pipeline, presets
+from gradjax import report
 from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
@@ -234,12 +235,15 @@ def captures(audit_dir) -> list[Capture]:
   return found
 
 
-def choose_attacks(metadata: dict[str, Any]) -> tuple[str, ...]:
+def choose_attacks(metadata: dict[str, Any], model: str | None = None) -> tuple[str, ...]:
   """The attacks a capture's metadata support.
 
   One full-batch local step with a known lr is lr times a gradient: iDLG for one example, DLG for
-  more. Several steps with a known schedule: the replayed local training (Inverting Gradients'
-  FedAvg attack) and DLM+. No known schedule: DLM+, which needs no learning rate.
+  more, and first, where the ``model`` (default: the metadata's) reads its input with a ReLU dense
+  layer (``mlp``), the closed form that separates a batch there (``exclusive_neurons``,
+  :mod:`gradjax.analytic`). Several steps with a known schedule: the replayed local training
+  (Inverting Gradients' FedAvg attack) and DLM+. No known schedule: DLM+, which needs no learning
+  rate.
   """
   def number(key, cast):
     return None if metadata.get(key) is None else cast(metadata[key])
@@ -251,7 +255,9 @@ def choose_attacks(metadata: dict[str, Any]) -> tuple[str, ...]:
                                 batch_size=number("local_batch_size", int), learning_rate=lr,
                                 momentum=number("local_momentum", float) or 0.0)
   if local.steps(n) == 1:
-    return ("idlg",) if n == 1 else ("dlg",)
+    family = models.family(model or metadata.get("model") or "")
+    dense_relu = family is not None and family.family == "mlp" and metadata.get("act") in (None, "relu")
+    return ("exclusive_neurons",) * dense_relu + (("idlg",) if n == 1 else ("dlg",))
   return ("inverting_gradients_fedavg", "dlm_plus")
 
 
@@ -319,7 +325,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     return [{**base, "attack": None, "error": capture.error}]
   names = settings.attacks
   if tuple(names) == (AUTO,):
-    names = choose_attacks(capture.info.get("metadata", {}))
+    names = choose_attacks(capture.info.get("metadata", {}), settings.model)
   try:
     truth = _truth(capture, settings) if truth is None else truth
   except (ValueError, FileNotFoundError) as e:  # asked for and not loaded: an error, not a blank score
@@ -332,18 +338,20 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     row = {**base, "attack": name}
     try:
       labels = None
-      if presets.get_preset(name)().labels is labels_lib.known and "labels" not in meta:
+      if (name not in analytic.CLOSED_FORMS and presets.get_preset(name)().labels is labels_lib.known
+          and "labels" not in meta):
         # FedAvg clients do not share labels: infer them from the update's last layer (LLG counts
         # duplicates; iDLG's sign rule for one example).
         labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg"
+      closed = name in analytic.CLOSED_FORMS  # no budget, restarts or adaptation to set
       cfg = config.Config(
           attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),
           observation=os.path.join(capture.folder, OBSERVATION), rename=settings.rename,
           dataset=None, normalization=settings.normalization,
-          iterations=settings.iterations or AUDIT_ITERATIONS.get(name),
-          restarts=settings.restarts, seed=settings.seed, lpips=settings.lpips,
+          iterations=None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
+          restarts=1 if closed else settings.restarts, seed=settings.seed, lpips=settings.lpips,
           image_size=settings.image_size, labels=labels, force=settings.force,
-          adaptive=settings.adaptive and bool(meta.get("defense")))
+          adaptive=not closed and settings.adaptive and bool(meta.get("defense")))
       results, images = pipeline.run(cfg, batch=truth)
       out = os.path.join(capture.folder, name)
       report.write_run(out, results, images,

@@ -351,7 +351,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
       audit.write_capture(folder, weights, returned, {"round": server_round, "client": "self",
                                                        "config": config}, meta)
       settings = audit.Settings(
-          attacks=(attack,) if attack != audit.AUTO else (audit.choose_attacks(meta)[0],),
+          attacks=(attack,) if attack != audit.AUTO else (audit.choose_attacks(meta, static.get("model"))[0],),
           model=static.get("model"), iterations=iterations, restarts=restarts,
           normalization=normalization, lpips="none", adaptive=True)
       rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=time_budget_s,

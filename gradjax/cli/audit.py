@@ -30,10 +30,11 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import audit, config, data, distributed, presets
+from gradjax import analytic, audit, config, data, distributed, presets
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
-flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(presets.PRESETS)}) or auto.")
+ATTACKS = (*presets.PRESETS, *analytic.CLOSED_FORMS)
+flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(ATTACKS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
 # The options of the schema it reads (gradjax.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
@@ -50,9 +51,9 @@ def main(argv):
   if not f.audit_dir:
     common.fail("--audit_dir is required")
   names = tuple(a.strip() for a in f.attacks.split(",") if a.strip())
-  unknown = [a for a in names if a != audit.AUTO and a not in presets.PRESETS]
+  unknown = [a for a in names if a != audit.AUTO and a not in ATTACKS]
   if not names or unknown or (audit.AUTO in names and len(names) > 1):
-    common.fail(f"--attacks takes 'auto' or names from {', '.join(presets.PRESETS)}; got {f.attacks!r}")
+    common.fail(f"--attacks takes 'auto' or names from {', '.join(ATTACKS)}; got {f.attacks!r}")
   try:
     o = common.options_from_flags(captured=True)
   except ValueError as e:
