@@ -1,0 +1,92 @@
+"""Batches through a ReLU dense layer: gradjax's exclusive_neurons (gradjax.analytic) against an
+untrained MLP (flatten - Dense(W) - ReLU - Dense(10), Flax's default init, a fresh model per
+batch) on CIFAR-10 test images, inputs in [0, 1] or normalised with CIFAR-10's statistics.
+
+  python experiments/studies/batches/exclusive_neurons.py            # runs what is missing, writes the table
+  python experiments/studies/batches/exclusive_neurons.py --table    # the table from the runs there
+
+Each row is a ``gradjax sweep`` of this folder's ``mlp.py`` (its command is in the run's
+results.json) into ``runs/exclusive_neurons/<row>/``; the table, ``runs/exclusive_neurons/table.md``,
+gives per row the batches, the images recovered (PSNR >= 30 dB after the optimal assignment), the
+labels recovered, the verdicts and the seconds per batch. Each run keeps results.json (per batch: the
+per-image scores, the separation's rank, rounds and residual), results.md, psnr.png and, for the rows
+in FIGURES, reconstructions.png. Rows: the development images 0-499 (where
+the acceptance tolerance was chosen, on images 0-127) and the unseen images from 500 on.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+RUNS = os.path.join(HERE, "runs", "exclusive_neurons")
+# The rows whose reconstructions.png is kept (the others' are a few MB together and say the same).
+FIGURES = ("mlp1024_none_b32_unseen", "mlp1024_cifar10_b16_unseen", "mlp1024_none_b128_unseen")
+CONFIG = os.path.join("experiments", "studies", "batches", "mlp.py")
+
+# (row, width, normalisation, batch size, first image, batches)
+ROWS = [(f"mlp{w}_{norm}_b{b}_{part}", w, norm, b, start, count)
+        for w, norm in ((1024, "none"), (1024, "cifar10"), (256, "none"))
+        for b, dev, unseen in ((8, 5, 5), (16, 5, 5), (32, 5, 3), (64, 5, 1), (128, 3, 1))
+        for part, start, count in (("dev", 0, dev), ("unseen", 500, unseen))
+        if not (w == 256 and b == 128)]
+
+
+def run(row, width, norm, batch, start, count, data_dir):
+  out = os.path.join(RUNS, row)
+  if os.path.exists(os.path.join(out, "results.json")):
+    return
+  command = ["gradjax", "sweep", f"--config={CONFIG}", f"--config.model.name=mlp-{width}",
+             f"--normalization={norm}", f"--batch_size={batch}", f"--start={start}", f"--count={count}",
+             f"--output_dir={os.path.relpath(out, ROOT)}"]
+  if data_dir:
+    command.append(f"--data_dir={data_dir}")
+  print(" ".join(command), flush=True)
+  subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+  shutil.rmtree(os.path.join(out, "items"))  # per-experiment arrays, in results.json's rows already
+  if row not in FIGURES:
+    os.remove(os.path.join(out, "reconstructions.png"))
+
+
+def table() -> str:
+  lines = ["| width | normalisation | batch | images | batches | recovered (PSNR >= 30 dB) | PSNR min (dB) "
+           "| labels | verdict leak | rounds, median | s per batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for row, width, norm, batch, start, count in ROWS:
+    path = os.path.join(RUNS, row, "results.json")
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding="utf-8") as fh:
+      rows = json.load(fh)["rows"]
+    psnr = [p for r in rows for p in r["psnr_per_image"]]
+    found = sum(p >= 30 for p in psnr)
+    labels = sum(r["label_accuracy"] * batch for r in rows)
+    leaks = sum((r.get("verdict") or {}).get("status") == "leak" for r in rows)
+    rounds = sorted(r["iterations"] for r in rows)[len(rows) // 2]
+    seconds = sum(r["wall_time_s"] for r in rows) / len(rows)
+    last = start + batch * len(rows) - 1
+    lines.append(f"| {width} | {norm} | {batch} | {start}..{last} | {len(rows)} | {found} / {len(psnr)} | "
+                 f"{min(psnr):.1f} | {labels:.0f} / {len(psnr)} | {leaks} / {len(rows)} | {rounds} | "
+                 f"{seconds:.1f} |")
+  return "\n".join(lines) + "\n"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--table", action="store_true", help="only write the table from the runs there")
+  parser.add_argument("--data_dir", default=None, help="where the CIFAR-10 files are (gradjax's default)")
+  args = parser.parse_args()
+  if not args.table:
+    for spec in ROWS:
+      run(*spec, args.data_dir)
+  os.makedirs(RUNS, exist_ok=True)
+  with open(os.path.join(RUNS, "table.md"), "w", encoding="utf-8") as fh:
+    fh.write(table())
+  print(f"wrote {os.path.relpath(os.path.join(RUNS, 'table.md'), ROOT)}")
+
+
+if __name__ == "__main__":
+  sys.exit(main())
