@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import analytic, clients, compilation, config, data, interop, models, pipeline, presets
+from gradjax import clients, closed_forms, compilation, config, data, interop, models, pipeline, presets
 from gradjax import report
 from gradjax import labels as labels_lib
 
@@ -241,7 +241,7 @@ def choose_attacks(metadata: dict[str, Any], model: str | None = None) -> tuple[
   One full-batch local step with a known lr is lr times a gradient: iDLG for one example, DLG for
   more, and first, where the ``model`` (default: the metadata's) reads its input with a ReLU dense
   layer (``mlp``), the closed form that separates a batch there (``exclusive_neurons``,
-  :mod:`gradjax.analytic`). Several steps with a known schedule: the replayed local training
+  :mod:`gradjax.closed_forms`). Several steps with a known schedule: the replayed local training
   (Inverting Gradients' FedAvg attack) and DLM+. No known schedule: DLM+, which needs no learning
   rate.
   """
@@ -338,12 +338,12 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     row = {**base, "attack": name}
     try:
       labels = None
-      if (name not in analytic.CLOSED_FORMS and presets.get_preset(name)().labels is labels_lib.known
+      if (name not in closed_forms.CLOSED_FORMS and presets.get_preset(name)().labels is labels_lib.known
           and "labels" not in meta):
         # FedAvg clients do not share labels: infer them from the update's last layer (LLG counts
         # duplicates; iDLG's sign rule for one example).
         labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg"
-      closed = name in analytic.CLOSED_FORMS  # no budget, restarts or adaptation to set
+      closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
       cfg = config.Config(
           attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),
           observation=os.path.join(capture.folder, OBSERVATION), rename=settings.rename,

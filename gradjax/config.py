@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 from ml_collections import config_dict
 
-from gradjax import analytic, attacks, checkpoint, corpus, data, defenses, distances, driver, dummy, interop, lpips
-from gradjax import models, objectives, optimizers, presets, text
+from gradjax import attacks, checkpoint, closed_forms, corpus, data, defenses, distances, driver, dummy
+from gradjax import interop, lpips, models, objectives, optimizers, presets, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
 
@@ -117,7 +117,7 @@ class Config:
       f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model transformer).",
       choices=MODALITIES)
   attack: str = _field("dlg", f"Attack preset: {_names(presets.PRESETS)}; or a closed form: "
-                       f"{_names(analytic.CLOSED_FORMS)}.")
+                       f"{_names(closed_forms.CLOSED_FORMS)}.")
   model: str | None = _field(
       "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
       "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
@@ -379,19 +379,19 @@ class Config:
     self.execution()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
 
 
-def get_attack(cfg: Config) -> "attacks.Attack | analytic.ExclusiveNeurons":
+def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ExclusiveNeurons":
   """The preset ``cfg.attack`` built at ``cfg.iterations`` (the preset's own step counts, hfginv's
   prior starts and layer schedule, scale with it), with the parts the configuration names replaced:
   the one place where the names of distances, priors, label sources, dummy initialisations and
-  optimizers become objects. A closed form (:data:`gradjax.analytic.CLOSED_FORMS`) optimises
+  optimizers become objects. A closed form (:data:`gradjax.closed_forms.CLOSED_FORMS`) optimises
   nothing: an option of the optimisation attacks set beside it is refused."""
-  if cfg.attack in analytic.CLOSED_FORMS:
+  if cfg.attack in closed_forms.CLOSED_FORMS:
     given = [f.name for f in dataclasses.fields(cfg)
              if f.metadata["attack"] and getattr(cfg, f.name) is not None]
     if given:
       raise ValueError(f"--attack={cfg.attack} is a closed form: it optimises nothing, so "
                        f"{', '.join('--' + g for g in given)} do not apply")
-    return analytic.CLOSED_FORMS[cfg.attack]()
+    return closed_forms.CLOSED_FORMS[cfg.attack]()
   overrides, optimizer = {}, {}
   for f in dataclasses.fields(cfg):
     value, parse, target = getattr(cfg, f.name), f.metadata["parse"], f.metadata["attack"]
@@ -436,7 +436,7 @@ def check(cfg: Config) -> attacks.Attack:
   overrides, the defense, the model name, the dataset name and the input files. Returns the attack.
   (Field values were checked when ``cfg`` was built.)"""
   attack = get_attack(cfg)
-  if cfg.attack in analytic.CLOSED_FORMS:
+  if cfg.attack in closed_forms.CLOSED_FORMS:
     if cfg.adaptive:
       raise ValueError(f"--adaptive adapts an optimisation attack's objective; --attack={cfg.attack} "
                        "is a closed form")

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import adaptive, analytic, attacks, checkpoint, clients, compilation, corpus, data, defenses, driver
+from gradjax import adaptive, attacks, checkpoint, clients, closed_forms, compilation, corpus, data, defenses
+from gradjax import driver
 from gradjax import fidelity, interop, lpips, metrics, models, resume, text, verdict
 from gradjax import labels as labels_lib
 from gradjax.config import Config, check, fingerprint, options
@@ -255,7 +256,7 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
 
 def _run_image(cfg: Config, callback, batch, state):
   attack = check(cfg)
-  closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.analytic) infers labels
+  closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
   share_labels = not closed and cfg.labels != "hfginv" and attack.labels is labels_lib.known
   checks, problems = {}, []
@@ -316,7 +317,7 @@ def _run_image(cfg: Config, callback, batch, state):
                             saver=timing.saver)
   separation = None
   if closed:
-    rec, separation = analytic.reconstruct(attack, model.apply_fn, observation, input_shape,
+    rec, separation = closed_forms.reconstruct(attack, model.apply_fn, observation, input_shape,
                                            image_bounds(norm, input_shape[-1]))
   else:
     rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack,
@@ -363,7 +364,7 @@ def _run_image(cfg: Config, callback, batch, state):
 def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:
   """``verdict``, ``residual`` and ``thresholds`` of a run's results (:mod:`gradjax.verdict`)."""
   budget = (verdict.closed_form_budget(cfg.attack, results["iterations"])
-            if cfg.attack in analytic.CLOSED_FORMS
+            if cfg.attack in closed_forms.CLOSED_FORMS
             else verdict.budget(cfg.attack, results["iterations"], cfg.restarts))
   improving = verdict.still_improving(results["history"], results["iterations"])
   return {"verdict": verdict.decide(findings=findings, residual=residual, improving=improving,

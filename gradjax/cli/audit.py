@@ -30,10 +30,10 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import analytic, audit, config, data, distributed, presets
+from gradjax import audit, closed_forms, config, data, distributed, presets
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
-ATTACKS = (*presets.PRESETS, *analytic.CLOSED_FORMS)
+ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(ATTACKS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
 # The options of the schema it reads (gradjax.config), as for any captured files: --model and
