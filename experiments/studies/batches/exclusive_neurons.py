@@ -6,7 +6,7 @@ batch) on CIFAR-10 test images, inputs in [0, 1] or normalised with CIFAR-10's s
   python experiments/studies/batches/exclusive_neurons.py --table    # the table from the runs there
 
 Each row is a ``gradjax sweep`` of this folder's ``mlp.py`` (its command is in the run's
-results.json) into ``runs/exclusive_neurons/<row>/``; the table, ``runs/exclusive_neurons/table.md``,
+results.json) into ``runs/exclusive_neurons/<row>/``; the table, ``runs/exclusive_neurons/table.md`` (its numbers in ``table.json``),
 gives per row the batches, the images recovered (PSNR >= 30 dB after the optimal assignment), the
 labels recovered, the verdicts and the seconds per batch. Each run keeps results.json (per batch: the
 per-image scores, the separation's rank, rounds and residual), results.md, psnr.png and, for the rows
@@ -52,7 +52,9 @@ def run(row, width, norm, batch, start, count, data_dir):
     os.remove(os.path.join(out, "reconstructions.png"))
 
 
-def table() -> str:
+def table() -> tuple[str, dict]:
+  """The table (markdown) and its numbers by row ({row: {recovered, images, share, ...}})."""
+  numbers = {}
   lines = ["| width | normalisation | batch | images | batches | recovered (PSNR >= 30 dB) | PSNR min (dB) "
            "| labels | verdict leak | rounds, median | s per batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for row, width, norm, batch, start, count in ROWS:
@@ -68,10 +70,13 @@ def table() -> str:
     rounds = sorted(r["iterations"] for r in rows)[len(rows) // 2]
     seconds = sum(r["wall_time_s"] for r in rows) / len(rows)
     last = start + batch * len(rows) - 1
+    numbers[row] = {"recovered": int(found), "images": len(psnr), "share": found / len(psnr),
+                    "labels": int(round(labels)), "leaks": int(leaks), "batches": len(rows),
+                    "seconds_per_batch": seconds}
     lines.append(f"| {width} | {norm} | {batch} | {start}..{last} | {len(rows)} | {found} / {len(psnr)} | "
                  f"{min(psnr):.1f} | {labels:.0f} / {len(psnr)} | {leaks} / {len(rows)} | {rounds} | "
                  f"{seconds:.1f} |")
-  return "\n".join(lines) + "\n"
+  return "\n".join(lines) + "\n", numbers
 
 
 def main():
@@ -83,8 +88,11 @@ def main():
     for spec in ROWS:
       run(*spec, args.data_dir)
   os.makedirs(RUNS, exist_ok=True)
+  text, numbers = table()
   with open(os.path.join(RUNS, "table.md"), "w", encoding="utf-8") as fh:
-    fh.write(table())
+    fh.write(text)
+  with open(os.path.join(RUNS, "table.json"), "w", encoding="utf-8") as fh:
+    json.dump(numbers, fh, indent=1)
   print(f"wrote {os.path.relpath(os.path.join(RUNS, 'table.md'), ROOT)}")
 
 
