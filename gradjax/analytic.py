@@ -347,3 +347,88 @@ def _distinct_examples(xs: np.ndarray, accepted: list, found: list, *, rtol: flo
       out.append((m, k))
       seen.append(xs[:, m])
   return out
+
+
+# --- the dense head's input, per class ------------------------------------------------------------
+
+
+class HeadInputs(NamedTuple):
+  """What :func:`head_inputs` recovered of the features a dense head saw.
+
+  Attributes:
+    classes: (C,) the classes present in the batch.
+    counts: (C,) how many examples of each.
+    features: (C, F) the mean head input of each class's examples (the example's own for a class of
+      one).
+    own: (C,) m_c − Σ_n p_nc = −N ∂L/∂b_c: the weight of the class's own examples in its column of
+      the gradient, less what the other examples' predictions of class c put there.
+    usable: (C,) a class of one example whose column its own example dominates (``own`` at least
+      ``min_own``): its feature row is that example's head input.
+    residual: ‖H̄ᵀE(H̄) − ∂L/∂W‖ / ‖∂L/∂W‖ at the solution (0 when the examples of every class share
+      their predictions, in particular when every class has one).
+  """
+
+  classes: np.ndarray
+  counts: np.ndarray
+  features: np.ndarray
+  own: np.ndarray
+  usable: np.ndarray
+  residual: float
+
+
+def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int = 200,
+                nonnegative: bool = True, min_own: float = 0.5) -> HeadInputs:
+  """The input of a dense head z = hᵀW + b per class present in a batch, from its gradient.
+
+  With the mean cross entropy over N examples, ∂L/∂W = Σ_n h_n (p_n − e_{y_n})ᵀ / N with
+  p_n = softmax(Wᵀh_n + b). Grouping the examples by class c (m_c of them, mean input h̄_c) and taking
+  their predictions as equal, ∂L/∂W = H̄ᵀE(H̄) with E_c = m_c (softmax(Wᵀh̄_c + b) − e_c) / N (C × K):
+  exact for classes of one example. With C ≤ K classes the rows of E are generically independent and
+  H̄ᵀ = ∂L/∂W E⁺ is the fixed point iterated here, from each class's column over its bias gradient
+  (∂L/∂W[:, c] / ∂L/∂b_c, the batch-1 closed form, which the other examples' p_nc perturb).
+  The fixed point is not unique where a class's own examples barely enter its column (the model
+  already predicts c for them, or others predict c too): ``own`` and ``usable`` say where the row can
+  be trusted as the example's features. A batch with more classes than K gives the class means only
+  through a rank-K gradient, and is refused.
+
+  Args:
+    kernel, bias: the head's weights W (F, K) and bias b (K,), as the server sent them.
+    kernel_grad, bias_grad: their gradients (F, K), (K,).
+    labels: (N,) int, the batch's labels (known or inferred, e.g. :mod:`gradjax.labels`).
+    iterations: fixed-point steps.
+    nonnegative: clip the features at 0 (a head after a ReLU, a sigmoid or a pooling of them).
+    min_own: ``usable`` needs ``own`` at least this.
+
+  Returns:
+    :class:`HeadInputs`.
+
+  Reference: the per-class recovery of the last layer's input under softmax and cross entropy is
+  the first step of R-GAP's recursion (Zhu and Blaschko, ICLR 2021) and of feature-level attacks; the
+  fixed point and the trust test are gradjax's.
+  """
+  w, b = np.asarray(kernel, np.float64), np.asarray(bias, np.float64)
+  gw, gb = np.asarray(kernel_grad, np.float64), np.asarray(bias_grad, np.float64)
+  y = np.asarray(labels).astype(np.int64)
+  n, k = y.shape[0], w.shape[1]
+  if gw.shape != w.shape or gb.shape != (k,) or b.shape != (k,):
+    raise ValueError(f"a dense head's kernel (F, K), bias (K,) and their gradients, got {w.shape}, "
+                     f"{b.shape}, {gw.shape}, {gb.shape}")
+  if y.ndim != 1 or n == 0 or y.min() < 0 or y.max() >= k:
+    raise ValueError(f"labels must be (N,) classes of the head's {k}, got {y}")
+  classes, counts = np.unique(y, return_counts=True)
+  onehot = np.eye(k)[classes]
+
+  def errors(h):
+    z = h @ w + b
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    return counts[:, None] * (p / p.sum(axis=1, keepdims=True) - onehot) / n
+
+  scale = np.where(gb[classes] != 0, gb[classes], 1.0)
+  h = (gw[:, classes] / scale).T
+  for _ in range(iterations):
+    h = (gw @ np.linalg.pinv(errors(h))).T
+    if nonnegative:
+      h = np.maximum(h, 0.0)
+  residual = float(np.linalg.norm(h.T @ errors(h) - gw) / max(np.linalg.norm(gw), 1e-300))
+  own = -n * gb[classes]
+  return HeadInputs(classes, counts, h, own, (counts == 1) & (own >= min_own), residual)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradjax import distances
+from gradjax import analytic, distances, objectives
 from gradjax import dummy as dummy_lib
 from gradjax import labels as labels_lib
 from gradjax import optimizers
@@ -78,6 +78,10 @@ class Attack:
       whole run); with ``stepwise``, objective values are comparable only once the layer set stops
       growing. A distance that settles later raises it (``distance.settled_from``).
     gamma: objective ``"dlm"`` only: how its scale γ starts and learns (:class:`gradjax.objectives.Gamma`).
+    head_features: the weight of the pull of each example's head input towards the one the head's
+      gradient gives for its label (:func:`gradjax.analytic.head_inputs`; only where that class has
+      one example that dominates its column), 0 for none; needs known or inferred labels and the
+      ``"gradient"`` objective (:func:`gradjax.objectives.gradient_matching`).
     name: what reports call the attack (a preset's name, or ``"custom"``).
   """
 
@@ -96,6 +100,7 @@ class Attack:
   stepwise: Stepwise | None = None
   track_from: int = 0
   gamma: Gamma = Gamma()
+  head_features: float = 0.0
   name: str = "custom"
 
   def __post_init__(self):
@@ -124,6 +129,10 @@ class Attack:
       raise ValueError(f"gamma must be an objectives.Gamma, got {self.gamma!r}")
     if self.gamma != Gamma() and self.objective != "dlm":
       raise ValueError(f"gamma settings apply to the 'dlm' objective only, not {self.objective!r}")
+    if not self.head_features >= 0:
+      raise ValueError(f"head_features must be a non-negative weight, got {self.head_features}")
+    if self.head_features and (self.objective != "gradient" or self.labels is labels_lib.joint):
+      raise ValueError("head features need known or inferred labels and the 'gradient' objective")
     build_optimizer(self)
 
   @property
@@ -208,7 +217,8 @@ def describe(attack: Attack) -> dict:
       iterations=attack.iterations, box=attack.box, one_sample_per_step=attack.one_sample_per_step,
       dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol, remat=attack.remat,
       stepwise=None if attack.stepwise is None else dataclasses.asdict(attack.stepwise),
-      track_from=attack.track_from, gamma=dataclasses.asdict(attack.gamma))
+      track_from=attack.track_from, gamma=dataclasses.asdict(attack.gamma),
+      head_features=attack.head_features)
 
 
 class Reconstruction(NamedTuple):
@@ -258,6 +268,8 @@ class MatchingData(NamedTuple):
   label_mask: (K,) bool, the classes joint soft labels may take, or ``None`` for all.
   positions: per-leaf depth positions for stepwise matching
     (:func:`gradjax.distances.leaf_positions`), or ``None``.
+  head_targets: (t (N, F), w (N,)): each example's head-input target and its weight, in the labels'
+    order (:func:`head_targets`), or ``None``.
 
   Each restart also sees its own ``order`` (N,) of the labels (a permutation-search candidate):
   the solver's data is ``(MatchingData, order)``.
@@ -269,6 +281,7 @@ class MatchingData(NamedTuple):
   weights: dict | None
   label_mask: jax.Array | None = None
   positions: dict | None = None
+  head_targets: tuple[jax.Array, jax.Array] | None = None
 
 
 class Problem(NamedTuple):
@@ -307,13 +320,14 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
                                 prior=priors_lib.combine(attack.priors) if attack.priors else None,
                                 one_sample_per_step=attack.one_sample_per_step,
                                 mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise,
-                                gamma=attack.gamma)
+                                gamma=attack.gamma, head_features=attack.head_features)
 
   def value_fn(dummy, data, step):
     shared, order = data
     labels = None if shared.labels is None else shared.labels[order]
+    targets = None if shared.head_targets is None else tuple(a[order] for a in shared.head_targets)
     return objective(dummy, shared.observation, labels, step, shared.weights,
-                     label_mask=shared.label_mask, positions=shared.positions)
+                     label_mask=shared.label_mask, positions=shared.positions, head_targets=targets)
 
   return make_solver(attack, value_fn, project=_clip_to_box if attack.box else None)
 
@@ -352,6 +366,22 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
     return None
   w = distances.depth_weights(observation.variables["params"], rule, order=order)
   return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
+
+
+def head_targets(observation: Observation, labels, dtype) -> tuple[jax.Array, jax.Array]:
+  """(t (N, F), w (N,)): each example's head-input target, from the dense head's gradient for its
+  label (:func:`gradjax.analytic.head_inputs`), with weight 1 where that class's row is the
+  example's own (``usable``) and 0 elsewhere."""
+  params, grads = observation.variables["params"], observation.gradient
+  head = objectives.HEAD
+  if head not in params or "kernel" not in params[head] or jnp.ndim(params[head]["kernel"]) != 2:
+    raise ValueError(f"head features need a dense head named {head!r} in the model")
+  found = analytic.head_inputs(params[head]["kernel"], params[head]["bias"], grads[head]["kernel"],
+                               grads[head]["bias"], np.asarray(labels))
+  row = {int(c): i for i, c in enumerate(found.classes)}
+  slots = np.asarray([row[int(c)] for c in np.asarray(labels)])
+  return (jnp.asarray(found.features[slots], dtype),
+          jnp.asarray(found.usable[slots], dtype))
 
 
 def _known_labels(attack: Attack, observation: Observation):
@@ -411,7 +441,12 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   init = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
                         tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
                         attack.gamma.init if attack.objective == "dlm" else None)
-  data = MatchingData(observation, known, (lo, hi), weights, None, positions)
+  targets = None
+  if attack.head_features:
+    if known is None or known.ndim != 1:
+      raise ValueError("head features need known or inferred labels of images")
+    targets = head_targets(observation, known, dtype)
+  data = MatchingData(observation, known, (lo, hi), weights, None, positions, targets)
   return Problem(data, orders, init, jnp.asarray(np.tile(orders, (restarts, 1))))
 
 

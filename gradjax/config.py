@@ -223,6 +223,9 @@ class Config:
       None, "DLM's scale γ (--attack=dlm): init=G (start, default 1), lr=L (Adam of its own), "
       "frozen=T (held for T steps), comma separated, e.g. init=100,frozen=500.", attack="gamma",
       parse=parse_gamma)
+  head_features: float | None = _field(
+      None, "Weight of the pull of each image's head input towards the one the dense head's gradient "
+      "gives for its label (0: off; needs known or inferred labels).", attack="head_features")
   remat: bool | None = _field(
       None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
       attack="remat")
@@ -496,7 +499,7 @@ SECTIONS = {
     "defense": ("defense",),
     "attack": ("attack", "adaptive", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",
                "distance", "layer_weights", "priors", "labels", "aux", "box", "dummy_init",
-               "one_sample_per_step", "gamma", "restarts", "permutations", "text_search",
+               "one_sample_per_step", "gamma", "head_features", "restarts", "permutations", "text_search",
                "restrict_tokens"),
     "execution": ("strategy", "map_batch_size", "halving_rounds", "halving_keep", "shard", "chunk",
                   "matmul_precision", "remat"),

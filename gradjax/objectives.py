@@ -6,7 +6,8 @@ x' (and, in DLG, dummy soft labels y' = softmax(z'))
     D(∇_θ L(f_θ(x'), y'), g)
 
 where D is a distance on parameter pytrees (:mod:`gradjax.distances`), optionally plus image priors
-R(x', t) (:mod:`gradjax.priors`). ``jax.grad`` of the client's
+R(x', t) (:mod:`gradjax.priors`) and a pull of each example's head input towards the one the head's
+gradient gives for its label (:func:`head_input`, :func:`gradjax.analytic.head_inputs`). ``jax.grad`` of the client's
 loss gives the dummy gradient; differentiating the objective again w.r.t. x' (and z') drives the
 optimizer, so the objective is one pure function that ``jit`` and ``vmap`` transform as a whole.
 """
@@ -17,6 +18,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from flax import linen as nn
 
 from gradjax.clients import local_sgd
 from gradjax.distances import Distance, as_distance
@@ -130,15 +132,39 @@ def _unit(tree, eps=1e-12):
   return jax.tree.map(lambda x: x / norm, tree)
 
 
-# Nine parameters: the model and the distance, then one keyword per term or mode of the objective, each
+HEAD = "head"  # the dense head's module name in gradjax's models (and their captured twins)
+
+
+def head_input(apply_fn, variables, x, train: bool = False, *, layer: str = HEAD) -> jax.Array:
+  """(N, F): the input of the module named ``layer`` (the model's dense head) when the model runs on
+  ``x``, read by a linen method interceptor, so the model runs unchanged.
+
+  Raises ValueError when no module of that name is called.
+  """
+  seen = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.module.name == layer and context.method_name == "__call__":
+      seen.append(args[0])
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    apply_fn(variables, x, train)
+  if not seen:
+    raise ValueError(f"the model calls no module named {layer!r} (its dense head)")
+  return seen[-1].reshape(x.shape[0], -1)
+
+
+# Ten parameters: the model and the distance, then one keyword per term or mode of the objective, each
 # with the plain DLG objective's default.
 def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_entropy,
                       prior: Callable | None = None, one_sample_per_step: bool = False,
                       mode: str = "gradient", remat: bool = False,
-                      stepwise: Stepwise | None = None, gamma: Gamma = Gamma()) -> Callable:
+                      stepwise: Stepwise | None = None, gamma: Gamma = Gamma(),
+                      head_features: float = 0.0) -> Callable:
   """Returns ``objective(dummy, observation, labels=None, step=0, weights=None) -> scalar``:
 
-      D(u(x', y'), v) + R(x', step)
+      D(u(x', y'), v) + R(x', step) + λ Σ_n w_n ‖h(x'_n) − t_n‖² / Σ_n w_n ‖t_n‖²
 
   where, by ``mode``, with g' = ∇_θ L(f_θ(x'), y') the dummy gradient and g the observation:
 
@@ -171,6 +197,9 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
     gamma: ``"dlm"`` only: how γ learns (:class:`Gamma`); the objective holds it (no gradient)
       before step ``gamma.frozen``. Its start and learning rate belong to the initialisation and the
       optimizer.
+    head_features: λ, the weight of the last term: each example's head input h(x'_n)
+      (:func:`head_input`) against a target t_n with weight w_n (``head_targets``, from the head's
+      gradient for that example's label, :func:`gradjax.analytic.head_inputs`); 0: no such term.
 
   The returned objective takes
     dummy: ``{"x": (N, H, W, C)}`` (or any input the model reads, e.g. (N, T, dim) embeddings) plus
@@ -184,6 +213,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       the dtype's minimum, so they get probability 0 (and no gradient).
     positions: with ``stepwise``, every parameter leaf's depth position 0..L−1 (a tree of ints of the
       gradient's structure, :func:`gradjax.distances.leaf_positions`).
+    head_targets: with ``head_features``, (t (N, F), w (N,)) in the examples' order.
   """
 
   if mode not in MODES:
@@ -191,7 +221,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
   distance = as_distance(distance)
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
-                positions=None):
+                positions=None, head_targets=None):
     x, logits = dummy["x"], dummy.get("label_logits")
     if logits is not None and label_mask is not None:
       logits = jnp.where(label_mask, logits, jnp.finfo(logits.dtype).min)
@@ -228,6 +258,13 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
     if prior is not None:
       network = Network(apply_fn, observation.variables, observation.train)
       value = value + prior(dummy["x"], step, network)
+    if head_features:
+      if head_targets is None:
+        raise ValueError("the head-feature term needs its targets (head_targets=)")
+      t, w = head_targets
+      h = head_input(apply_fn, observation.variables, dummy["x"], observation.train)
+      value = value + head_features * jnp.sum(w[:, None] * jnp.square(h - t)) / (
+          jnp.sum(w[:, None] * jnp.square(t)) + 1e-12)
     return value
 
   return objective

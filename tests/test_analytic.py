@@ -207,3 +207,66 @@ def test_exclusive_neurons_refuses(photos):
   zero = obs.replace(gradient=jax.tree.map(jnp.zeros_like, obs.gradient))
   with pytest.raises(ValueError, match="all-zero"):
     analytic.exclusive_neurons(zero, model.apply_fn, photos.shape[1:])
+
+
+# --- head_inputs: the dense head's input per class --------------------------------------------------
+
+
+def _numpy_head(h, y, w, b):
+  """∂L/∂W (F, K) and ∂L/∂b (K,) of the mean cross entropy of z = h W + b over the rows of h, in float64."""
+  z = h @ w + b
+  p = np.exp(z - z.max(axis=1, keepdims=True))
+  p /= p.sum(axis=1, keepdims=True)
+  e = (p - np.eye(w.shape[1])[y]) / len(y)
+  return h.T @ e, e.sum(0)
+
+
+def test_head_inputs_of_distinct_classes_are_exact():
+  """Six examples of six classes through a random 10-class head: every example's input back exactly,
+  from the fixed point started at the batch-1 closed form (which the others' predictions perturb)."""
+  rng = np.random.default_rng(5)
+  h = rng.uniform(0, 1, size=(6, 40))
+  w, b = rng.normal(size=(40, 10)) * 0.3, rng.normal(size=10) * 0.1
+  y = np.array([3, 0, 7, 1, 9, 4])
+  gw, gb = _numpy_head(h, y, w, b)
+  found = analytic.head_inputs(w, b, gw, gb, y)
+  np.testing.assert_array_equal(found.classes, np.sort(y))
+  order = np.argsort(y)
+  np.testing.assert_allclose(found.features, h[order], rtol=1e-8, atol=1e-10)
+  np.testing.assert_allclose(found.own, -6 * gb[found.classes])
+  np.testing.assert_array_equal(found.usable, found.own >= 0.5)  # the trust test, conservative here
+  assert found.usable.sum() >= 3 and found.residual < 1e-10
+  start = gw[:, found.classes] / gb[found.classes]
+  assert np.max(np.abs(start.T - h[order])) > 1e-3  # the closed form alone is not exact
+
+
+def test_head_inputs_of_repeated_classes_are_their_means():
+  """Two examples of one class with the same prediction: the class's row is their mean, and not
+  usable as either one's; a class its own example barely enters (the model already predicts it)
+  is not usable either."""
+  rng = np.random.default_rng(6)
+  w, b = rng.normal(size=(30, 10)) * 0.3, rng.normal(size=10) * 0.1
+  h = rng.uniform(0, 1, size=(4, 30))
+  shift = rng.normal(size=30)
+  shift -= (shift @ w) @ np.linalg.pinv(w)  # moves an input without changing its logits
+  h[1] = h[0] + 0.05 * shift
+  y = np.array([2, 2, 5, 8])
+  gw, gb = _numpy_head(h, y, w, b)
+  found = analytic.head_inputs(w, b, gw, gb, y, nonnegative=False)
+  np.testing.assert_allclose(found.features[0], (h[0] + h[1]) / 2, rtol=1e-7, atol=1e-9)
+  np.testing.assert_allclose(found.features[1:], h[2:], rtol=1e-7, atol=1e-9)
+  np.testing.assert_array_equal(found.usable, [False, True, True])
+  # Example 3's class made certain: its own share of the column vanishes.
+  b2 = b.copy()
+  b2[8] = 30.0 - h[3] @ w[:, 8]
+  gw, gb = _numpy_head(h, y, w, b2)
+  found = analytic.head_inputs(w, b2, gw, gb, y, nonnegative=False)
+  assert not found.usable[2] and found.own[2] < 0.5
+
+
+def test_head_inputs_refuses():
+  w, b = np.zeros((4, 3)), np.zeros(3)
+  with pytest.raises(ValueError, match="labels"):
+    analytic.head_inputs(w, b, w, b, np.array([3]))
+  with pytest.raises(ValueError, match="dense head"):
+    analytic.head_inputs(w, b, w[:, :2], b, np.array([0]))

@@ -204,3 +204,23 @@ def test_describe_names_the_parts():
   assert (d["name"], d["distance"], d["labels"]) == ("custom", "my_distance", "llg")
   assert d["dummy_init"] == "uniform"
   assert d["priors"] == [["l2", 1e-6, 5]] and set(d["optimizer"]) == {"name"}
+
+
+def test_head_targets_follow_the_labels(photos):
+  """Each slot's target is its label's row of analytic.head_inputs, weighted 1 where that row is
+  usable; the attack refuses head features with joint labels or another objective."""
+  from gradjax import analytic
+  model = models.create("lenet_zhu", jax.random.key(9), num_classes=10)
+  y = np.array([5, 2, 5, 9])
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:4], y, share_labels=True)
+  t, w = attacks.head_targets(obs, y, jnp.float32)
+  p, g = model.variables["params"]["head"], obs.gradient["head"]
+  found = analytic.head_inputs(p["kernel"], p["bias"], g["kernel"], g["bias"], y)
+  rows = [list(found.classes).index(c) for c in y]
+  np.testing.assert_allclose(t, found.features[rows], rtol=1e-6)
+  np.testing.assert_array_equal(w, found.usable[rows].astype(np.float32))
+  assert w[0] == 0 and w[2] == 0  # class 5 twice: a mean, no one's own
+  with pytest.raises(ValueError, match="known or inferred labels"):
+    dataclasses.replace(presets.dlg(), head_features=1.0)
+  with pytest.raises(ValueError, match="non-negative"):
+    dataclasses.replace(presets.inverting_gradients(), head_features=-1.0)

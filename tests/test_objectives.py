@@ -253,3 +253,38 @@ def test_objective_passes_its_step_to_an_annealed_kernel(photos, fill_variables,
       np.testing.assert_allclose(got, want, rtol=1e-9)
       values.append(got)
   assert values[0] < values[1] < values[2] == values[3]  # the kernel narrows, then stays
+
+
+# --- the head-feature term ----------------------------------------------------------------------------
+
+
+def test_head_input_is_the_hidden_layer(photos, mlp_reference):
+  """The head's input read by the interceptor is relu(x W1 + b1), computed by NumPy."""
+  model = models.create("mlp-16", jax.random.key(2), num_classes=10)
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), model.variables["params"])
+  want = np.maximum(photos[:3].reshape(3, -1) @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"], 0)
+  got = objectives.head_input(model.apply_fn, model.variables, photos[:3])
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="no module named 'fc'"):
+    objectives.head_input(model.apply_fn, model.variables, photos[:3], layer="fc")
+
+
+def test_head_feature_term(photos):
+  """λ Σ w ‖h(x') − t‖² / Σ w ‖t‖²: zero at the client's data with its own head inputs as targets,
+  NumPy's value elsewhere; only the weighted examples count."""
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
+  x, y = photos[:3], np.array([1, 4, 7])
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
+  plain = objectives.gradient_matching(model.apply_fn, distances.euclidean)
+  term = objectives.gradient_matching(model.apply_fn, distances.euclidean, head_features=10.0)
+  t = objectives.head_input(model.apply_fn, model.variables, x)
+  w = jnp.asarray([1.0, 0.0, 1.0])
+  assert float(term({"x": x}, obs, y, head_targets=(t, w))) == pytest.approx(0.0, abs=1e-9)
+  other = photos[3:6]
+  h = np.asarray(objectives.head_input(model.apply_fn, model.variables, other), np.float64)
+  tn, wn = np.asarray(t, np.float64), np.asarray(w, np.float64)
+  want = 10.0 * np.sum(wn[:, None] * (h - tn) ** 2) / np.sum(wn[:, None] * tn ** 2)
+  got = float(term({"x": other}, obs, y, head_targets=(t, w))) - float(plain({"x": other}, obs, y))
+  assert got == pytest.approx(want, rel=1e-4)
+  with pytest.raises(ValueError, match="targets"):
+    term({"x": other}, obs, y)
