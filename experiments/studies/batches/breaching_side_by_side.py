@@ -1,0 +1,128 @@
+"""Side by side with breaching 0.1.2's Inverting Gradients attacker on the batches study's LeNet rows.
+
+The same batches (CIFAR-10 test images 900.. and 500.., batch 4 and 8, five each), the same model
+weights (each batch's fresh DLG LeNet, as ``gradjax sweep`` draws it, exported in PyTorch layout by
+gradjax.interop), labels known, the same budget (2000 iterations) and TV weight (0.2, breaching's
+default), one thread. Three steps, the second in an environment with breaching and torch (gradjax
+itself never imports them):
+
+  python experiments/studies/batches/breaching_side_by_side.py export     # gradjax: runs/breaching/inputs/*.npz
+  /path/to/breaching-env/bin/python experiments/studies/batches/breaching_side_by_side.py attack
+  python experiments/studies/batches/breaching_side_by_side.py table      # gradjax scores both: table.md
+
+``attack`` writes each batch's reconstruction and seconds to ``runs/breaching/outputs/``; ``table``
+scores them with gradjax.metrics (per-image PSNR after the optimal assignment, as the sweeps do) beside
+the head_features runs of the same batches.
+"""
+
+import glob
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNS = os.path.join(HERE, "runs", "breaching")
+BATCHES = [(b, start + k * b) for b in (4, 8) for start in (900, 500) for k in range(5)]
+ITERATIONS, TV = 2000, 0.2
+
+
+def export():
+  import jax
+  from gradjax import config, data, interop, models, pipeline
+  os.makedirs(os.path.join(RUNS, "inputs"), exist_ok=True)
+  for b, index in BATCHES:
+    key_model = pipeline.experiment_keys(0, index)[0]  # the sweep's model of this batch (seed 0)
+    batch = data.load("cifar10", indices=range(index, index + b))
+    model = models.create("lenet_zhu", key_model, input_shape=batch.x.shape[1:], num_classes=10)
+    weights = interop.variables_to_torch(model.variables, interop.zoo_mapping(model))
+    np.savez(os.path.join(RUNS, "inputs", f"b{b}_{index}.npz"), x=batch.x, y=batch.y,
+             **{f"w:{k}": v for k, v in weights.items()})
+  del config, jax
+
+
+def attack():
+  import breaching
+  import torch
+  torch.set_num_threads(1)
+
+  class LeNetZhu(torch.nn.Module):  # gradjax's lenet_zhu in PyTorch layout (names from its export)
+    def __init__(self):
+      super().__init__()
+      self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 12, 5, 2, 2), torch.nn.Sigmoid(),
+                                      torch.nn.Conv2d(12, 12, 5, 2, 2), torch.nn.Sigmoid(),
+                                      torch.nn.Conv2d(12, 12, 5, 1, 2), torch.nn.Sigmoid())
+      self.fc = torch.nn.Sequential(torch.nn.Linear(768, 10))
+
+    def forward(self, x):
+      return self.fc(self.body(x).flatten(1))
+
+  class Shape:  # the data description breaching's attacker reads
+    shape, modality, mean, std = (3, 32, 32), "vision", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+
+  cfg = breaching.get_attack_config("invertinggradients")
+  cfg.optim.max_iterations = ITERATIONS
+  cfg.optim.callback = ITERATIONS
+  cfg.regularization.total_variation.scale = TV
+  os.makedirs(os.path.join(RUNS, "outputs"), exist_ok=True)
+  for path in sorted(glob.glob(os.path.join(RUNS, "inputs", "*.npz"))):
+    out = os.path.join(RUNS, "outputs", os.path.basename(path))
+    if os.path.exists(out):
+      continue
+    saved = np.load(path)
+    model = LeNetZhu()
+    model.load_state_dict({k[2:]: torch.as_tensor(saved[k]) for k in saved.files if k.startswith("w:")})
+    x = torch.as_tensor(saved["x"]).permute(0, 3, 1, 2).contiguous()
+    y = torch.as_tensor(saved["y"]).long()
+    loss = torch.nn.CrossEntropyLoss()
+    grads = torch.autograd.grad(loss(model(x), y), list(model.parameters()))
+    attacker = breaching.attacks.prepare_attack(model, loss, cfg, dict(dtype=torch.float,
+                                                                          device=torch.device("cpu")))
+    payload = [dict(parameters=[p.detach() for p in model.parameters()], buffers=None, metadata=Shape)]
+    shared = [dict(gradients=[g.detach() for g in grads], buffers=None,
+                   metadata=dict(num_data_points=len(y), labels=y, local_hyperparams=None))]
+    start = time.perf_counter()
+    rec, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
+    seconds = time.perf_counter() - start
+    np.savez(out, x=rec["data"].detach().permute(0, 2, 3, 1).numpy(), seconds=seconds,
+             versions=json.dumps({"breaching": "0.1.2", "torch": torch.__version__}))
+    print(f"{os.path.basename(path)}: {seconds:.1f} s", flush=True)
+
+
+def table():
+  from gradjax import metrics
+  rows, numbers = [], {}
+  for b in (4, 8):
+    for start in (900, 500):
+      ours = json.load(open(os.path.join(HERE, "runs", "head_features", f"b{b}_{start}_hf", "results.json")))
+      plain = json.load(open(os.path.join(HERE, "runs", "head_features", f"b{b}_{start}_plain", "results.json")))
+      theirs, seconds = [], []
+      for k in range(5):
+        index = start + k * b
+        got = np.load(os.path.join(RUNS, "outputs", f"b{b}_{index}.npz"))
+        truth = np.load(os.path.join(RUNS, "inputs", f"b{b}_{index}.npz"))["x"]
+        theirs += metrics.score(np.clip(got["x"], 0, 1), truth)["psnr_per_image"]
+        seconds.append(float(got["seconds"]))
+      mean = lambda rs: float(np.mean([p for r in rs for p in r["psnr_per_image"]]))
+      row = {"breaching": float(np.mean(theirs)), "gradjax_plain": mean(plain["rows"]),
+             "gradjax_head_features": mean(ours["rows"]),
+             "breaching_s": float(np.mean(seconds)),
+             "gradjax_head_features_s": float(np.mean([r["wall_time_s"] for r in ours["rows"]]))}
+      numbers[f"b{b}_{start}"] = row
+      rows.append(f"| {b} | {start}..{start + 5 * b - 1} | {row['breaching']:.2f} ({row['breaching_s']:.1f} s) | "
+                  f"{row['gradjax_plain']:.2f} | {row['gradjax_head_features']:.2f} "
+                  f"({row['gradjax_head_features_s']:.1f} s) | "
+                  f"{row['gradjax_head_features'] - row['breaching']:+.2f} |")
+  text = ("| batch | images | breaching IG, PSNR (s per batch) | gradjax IG | gradjax IG + head features "
+          "(s per batch) | gain over breaching (dB) |\n|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+  with open(os.path.join(RUNS, "table.md"), "w", encoding="utf-8") as fh:
+    fh.write(text)
+  with open(os.path.join(RUNS, "table.json"), "w", encoding="utf-8") as fh:
+    json.dump(numbers, fh, indent=1)
+  print(text)
+
+
+if __name__ == "__main__":
+  {"export": export, "attack": attack, "table": table}[sys.argv[1]]()
