@@ -208,9 +208,9 @@ def main(argv):
     def attack_row(spec, adapted):
       rows = [items.run(key, cfg)[0] for key, cfg in experiments(spec, adapted)]
       summary = report.summarize(rows, verdict.THRESHOLDS.psnr)
-      logging.info("%s%s: PSNR %.2f dB, %d/%d images recognisable", spec,
+      logging.info("%s%s: PSNR %.2f dB, %s/%s images recognisable", spec,
                    " (adaptive)" if adapted else "", summary["psnr"]["mean"],
-                   summary["recognisable"], summary["images"])
+                   summary.get("recognisable", "–"), summary.get("images", "–"))
       row = {"summary": summary, "psnr_per_image": [r["psnr"] for r in rows]}
       if "lpips" in summary:
         row["lpips_per_image"] = [r["lpips"] for r in rows]
@@ -255,7 +255,7 @@ def main(argv):
       a = row.get("adaptive", {}).get("summary")
       cell += (" – | – | – | – |" if a is None else
                f" {a['psnr']['mean']:.2f} ± {a['psnr']['std']:.2f} | {a['ssim']['mean']:.3f} | "
-               f"{a['recognisable']}/{a['images']} | {a['leaks']}/{a['experiments']} |")
+               f"{a.get('recognisable', '–')}/{a.get('images', '–')} | {a['leaks']}/{a['experiments']} |")
     if f.utility:
       acc = row["utility"]["accuracy"]
       cell += " diverged |" if acc is None else f" {acc:.3f} |"
@@ -263,7 +263,7 @@ def main(argv):
                  f"{s['ssim']['mean']:.3f} | "
                  + (f"{s['lpips']['mean']:.3f} | " if with_lpips else "")
                  + f"{s['label_accuracy']['mean']:.2f} | "
-                 f"{s['recognisable']}/{s['images']} | {s['leaks']}/{s['experiments']} |{cell}")
+                 f"{s.get('recognisable', '–')}/{s.get('images', '–')} | {s['leaks']}/{s['experiments']} |{cell}")
   if adaptive:
     lines += ["", "Adaptive: the attack's objective models the row's defense (gradjax.adaptive); "
               "the plot shows each defense's stronger attack (hatched: the adaptive one)."]
