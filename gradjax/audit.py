@@ -17,7 +17,7 @@ deployment, ``data_indices``: the dataset indices of the client's examples, used
 malformed reply leaves ``capture.json`` with its ``error`` and no tensors. Every folder appears
 whole or not at all (written aside, then renamed).
 
-:func:`audit` attacks every capture with the attacks its metadata support (:func:`choose_attacks`)
+:func:`audit` attacks every capture with the attacks its metadata support (:func:`gradjax.auto.for_metadata`)
 and writes, per capture and attack, the files of :func:`gradjax.report.write_run`, plus
 ``index.json``, ``index.md`` and ``index.html`` over the whole federation.
 """
@@ -33,14 +33,12 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import clients, closed_forms, compilation, config, data, interop, models, pipeline, presets
-from gradjax import report
+from gradjax import auto, closed_forms, compilation, config, data, interop, pipeline, presets, report
 from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
 WEIGHTS = "weights.safetensors"
 OBSERVATION = "observation.safetensors"
-AUTO = "auto"
 
 
 # --- recording -------------------------------------------------------------------------------------
@@ -235,32 +233,6 @@ def captures(audit_dir) -> list[Capture]:
   return found
 
 
-def choose_attacks(metadata: dict[str, Any], model: str | None = None) -> tuple[str, ...]:
-  """The attacks a capture's metadata support.
-
-  One full-batch local step with a known lr is lr times a gradient: iDLG for one example, DLG for
-  more, and first, where the ``model`` (default: the metadata's) reads its input with a ReLU dense
-  layer (``mlp``), the closed form that separates a batch there (``exclusive_neurons``,
-  :mod:`gradjax.closed_forms`). Several steps with a known schedule: the replayed local training
-  (Inverting Gradients' FedAvg attack) and DLM+. No known schedule: DLM+, which needs no learning
-  rate.
-  """
-  def number(key, cast):
-    return None if metadata.get(key) is None else cast(metadata[key])
-  n = number("num_samples", int) or 1
-  lr = number("local_lr", float)
-  if lr is None:
-    return ("dlm_plus",)
-  local = clients.LocalTraining(epochs=number("local_epochs", int) or 1,
-                                batch_size=number("local_batch_size", int), learning_rate=lr,
-                                momentum=number("local_momentum", float) or 0.0)
-  if local.steps(n) == 1:
-    family = models.family(model or metadata.get("model") or "")
-    dense_relu = family is not None and family.family == "mlp" and metadata.get("act") in (None, "relu")
-    return ("exclusive_neurons",) * dense_relu + (("idlg",) if n == 1 else ("dlg",))
-  return ("inverting_gradients_fedavg", "dlm_plus")
-
-
 # An audit asks what a patient server recovers, so DLG and iDLG run their papers' whole budget: 300
 # PyTorch ``LBFGS.step()`` calls of up to 20 iterations each (mit-han-lab/dlg), where the presets run
 # a third of it (:mod:`gradjax.attacks`). Other attacks run their presets' budgets.
@@ -270,7 +242,7 @@ AUDIT_ITERATIONS = {"dlg": 6000, "idlg": 6000}
 class Settings(NamedTuple):
   """How :func:`audit` attacks the captures.
 
-  attacks: attack names, or ``("auto",)`` for :func:`choose_attacks`.
+  attacks: attack names, or ``("auto",)`` for :func:`gradjax.auto.for_metadata`.
   model: zoo name (``None``: the captures' ``model`` metadata, else lenet_zhu).
   dataset, data_dir: where the clients' examples are, to score captures that carry
     ``data_indices`` (``None``: no scoring).
@@ -283,7 +255,7 @@ class Settings(NamedTuple):
     adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked plainly.
   """
 
-  attacks: tuple[str, ...] = (AUTO,)
+  attacks: tuple[str, ...] = (auto.AUTO,)
   model: str | None = None
   dataset: str | None = None
   data_dir: str | None = None
@@ -324,8 +296,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   if capture.error:
     return [{**base, "attack": None, "error": capture.error}]
   names = settings.attacks
-  if tuple(names) == (AUTO,):
-    names = choose_attacks(capture.info.get("metadata", {}), settings.model)
+  if tuple(names) == (auto.AUTO,):
+    names = auto.for_metadata(capture.info.get("metadata", {}), settings.model)
   try:
     truth = _truth(capture, settings) if truth is None else truth
   except (ValueError, FileNotFoundError) as e:  # asked for and not loaded: an error, not a blank score

@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from ml_collections import config_dict
 
-from gradjax import attacks, checkpoint, closed_forms, corpus, data, defenses, distances, driver, dummy
+from gradjax import attacks, auto, checkpoint, closed_forms, corpus, data, defenses, distances, driver, dummy
 from gradjax import interop, lpips, models, objectives, optimizers, presets, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
@@ -117,7 +117,8 @@ class Config:
       f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model transformer).",
       choices=MODALITIES)
   attack: str = _field("dlg", f"Attack preset: {_names(presets.PRESETS)}; or a closed form: "
-                       f"{_names(closed_forms.CLOSED_FORMS)}.")
+                       f"{_names(closed_forms.CLOSED_FORMS)}; or auto (every attack the update and "
+                       "the model support, the one that matches the update best kept: gradjax.auto).")
   model: str | None = _field(
       "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
       "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
@@ -436,9 +437,10 @@ def _input_file(path: str | None, flag: str) -> None:
 
 def check(cfg: Config) -> attacks.Attack:
   """Validates what ``cfg`` names without loading data or compiling anything: the attack and its
-  overrides, the defense, the model name, the dataset name and the input files. Returns the attack.
+  overrides, the defense, the model name, the dataset name and the input files. Returns the attack
+  (``None`` for auto, whose attacks :func:`gradjax.pipeline.run` builds one by one).
   (Field values were checked when ``cfg`` was built.)"""
-  attack = get_attack(cfg)
+  attack = None if cfg.attack == auto.AUTO else get_attack(cfg)
   if cfg.attack in closed_forms.CLOSED_FORMS:
     if cfg.adaptive:
       raise ValueError(f"--adaptive adapts an optimisation attack's objective; --attack={cfg.attack} "

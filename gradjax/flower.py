@@ -38,7 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gradjax import audit
+from gradjax import audit, auto
 
 logger = logging.getLogger("flwr.gradjax")  # a child of Flower's logger: in the ServerApp's log
 
@@ -306,7 +306,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
       :func:`gradjax.defenses.parse`), or ``defense(context) -> spec or None``.
     threshold_db: leak score (dB above the gray image) from which an update is withheld.
     rounds: the server rounds to audit (a collection), every k-th (an int), or all (``None``).
-    attack: a preset name or ``"auto"`` (:func:`gradjax.audit.choose_attacks`; the first).
+    attack: a preset name or ``"auto"`` (:func:`gradjax.auto.for_metadata`; the first).
     iterations, restarts, normalization: the attack's (:class:`gradjax.audit.Settings`).
     time_budget_s: the attack's wall-time budget per round, start-up and compilation included.
     keys: where the server's config and the reply's metrics state the schedule.
@@ -351,7 +351,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
       audit.write_capture(folder, weights, returned, {"round": server_round, "client": "self",
                                                        "config": config}, meta)
       settings = audit.Settings(
-          attacks=(attack,) if attack != audit.AUTO else (audit.choose_attacks(meta, static.get("model"))[0],),
+          attacks=(attack,) if attack != auto.AUTO else (auto.for_metadata(meta, static.get("model"))[0],),
           model=static.get("model"), iterations=iterations, restarts=restarts,
           normalization=normalization, lpips="none", adaptive=True)
       rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=time_budget_s,

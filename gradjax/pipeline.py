@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import adaptive, attacks, checkpoint, clients, closed_forms, compilation, corpus, data, defenses
+from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, data, defenses
 from gradjax import driver
 from gradjax import fidelity, interop, lpips, metrics, models, resume, text, verdict
 from gradjax import labels as labels_lib
-from gradjax.config import Config, check, fingerprint, options
+from gradjax.config import Config, attacked_model, check, fingerprint, options
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
@@ -237,8 +237,59 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   """
   if cfg.modality != "image":
     raise ValueError(f"run() attacks images; a {cfg.modality} experiment runs with run_text()")
+  if cfg.attack == auto.AUTO:
+    return _run_auto(cfg, callback, batch)
   with driver.precision_scope(cfg.matmul_precision):  # the client's update as well as the attack
     return _run_image(cfg, callback, batch, state)
+
+
+def auto_attacks(cfg: Config) -> tuple[str, ...]:
+  """The attacks ``--attack=auto`` tries on ``cfg``'s update (:func:`gradjax.auto.choose`): from a
+  capture's metadata, or from the simulated client."""
+  model = attacked_model(cfg)
+  if cfg.observation:
+    meta = dict(interop.read(cfg.observation).metadata)
+    if cfg.num_samples:
+      meta["num_samples"] = cfg.num_samples
+    return auto.for_metadata({**meta, **({"act": cfg.act} if cfg.act else {})}, model)
+  steps = 1
+  if cfg.client == "fedavg":
+    steps = clients.LocalTraining(cfg.local_epochs, cfg.local_batch_size, cfg.local_lr,
+                                  cfg.local_momentum).steps(cfg.batch_size)
+  return auto.choose(num_samples=cfg.batch_size, steps=steps, model=model, act=cfg.act)
+
+
+def _run_auto(cfg: Config, callback, batch):
+  """The attacks of :func:`auto_attacks` in turn (no solver state: a run is not resumed midway),
+  until one matches the update (:func:`gradjax.verdict.matched`: data that reproduce it were found,
+  no later attack can match it better); the results of the one whose reconstruction matches the
+  update best (the lowest relative residual, :func:`gradjax.verdict.residual`), with ``auto``
+  naming every attack tried and the time of all of them."""
+  names, tried, best = auto_attacks(cfg), [], None
+  start = time.perf_counter()
+  for name in names:
+    step = dataclasses.replace(cfg, attack=name)
+    if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
+      step = dataclasses.replace(step, restarts=1, permutations=1, **{
+          f.name: None for f in dataclasses.fields(cfg) if f.metadata["attack"]})
+    results, images = run(step, callback=callback, batch=batch)
+    residual = (results.get("residual") or {}).get("relative_error", math.inf)
+    tried.append({"attack": name, "residual": residual, "verdict": results["verdict"]["status"],
+                  "psnr": results.get("psnr"), "wall_time_s": results["wall_time_s"]})
+    if best is None or residual < best[0]:
+      best = (residual, results, images)
+    if results.get("residual") and verdict.matched(fidelity.Comparison(**results["residual"])):
+      break
+  _, results, images = best
+  chosen = results["attack"].get("name") or results["attack"]["closed_form"]["name"]
+  results = {**results, "wall_time_s": time.perf_counter() - start,
+             "auto": {"tried": tried, "chosen": chosen}}
+  ran = [t["attack"] for t in tried]
+  rest = [n for n in names if n not in ran]
+  results["verdict"] = {**results["verdict"], "tried": ran, "reason": (
+      f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: it stops once an attack matches "
+      "the update)" if rest else "") + f" and kept {chosen}; " + results["verdict"]["reason"])}
+  return results, images
 
 
 def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,

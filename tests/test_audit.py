@@ -7,21 +7,23 @@ import jax
 import numpy as np
 import pytest
 
-from gradjax import audit, clients, interop, models
+from gradjax import audit, auto, clients, config, interop, models, pipeline
 
 
 @pytest.mark.parametrize("metadata, model, attacks", [
     ({"num_samples": 1, "local_lr": "0.1"}, "lenet_zhu", ("idlg",)),
-    ({"num_samples": 8, "local_lr": "0.1"}, "lenet_zhu", ("dlg",)),
-    ({"num_samples": 8, "local_lr": "0.1", "model": "mlp-1024"}, None, ("exclusive_neurons", "dlg")),
+    ({"num_samples": 8, "local_lr": "0.1"}, "lenet_zhu", ("inverting_gradients_batch",)),
+    ({"num_samples": 8, "local_lr": "0.1", "model": "mlp-1024"}, None,
+     ("exclusive_neurons", "inverting_gradients_batch")),
     ({"num_samples": 1, "local_lr": "0.1"}, "mlp", ("exclusive_neurons", "idlg")),
-    ({"num_samples": 8, "local_lr": "0.1", "act": "sigmoid"}, "mlp-64", ("dlg",)),
+    ({"num_samples": 8, "local_lr": "0.1", "act": "sigmoid"}, "mlp-64", ("inverting_gradients_batch",)),
+    ({"num_samples": 8, "kind": "gradient"}, "lenet_zhu", ("inverting_gradients_batch",)),
     ({"num_samples": 8, "local_lr": "0.1", "local_batch_size": 4}, "mlp-64",
      ("inverting_gradients_fedavg", "dlm_plus")),
     ({"num_samples": 8}, "mlp-64", ("dlm_plus",)),
 ])
 def test_auto_picks_by_the_update_and_the_model(metadata, model, attacks):
-  assert audit.choose_attacks(metadata, model) == attacks
+  assert auto.for_metadata(metadata, model) == attacks
 
 
 @pytest.mark.slow
@@ -43,10 +45,35 @@ def test_an_mlp_client_at_batch_16_leaks_every_image(photos, tmp_path):
                       {"round": 1, "client": "7", "data_indices": list(range(16))}, meta)
   rows = audit.audit(tmp_path / "audit", audit.Settings(dataset="skimage", image_size=32, iterations=3,
                                                          lpips="none"), log=lambda s: None)
-  assert [r["attack"] for r in rows] == ["exclusive_neurons", "dlg"]
+  assert [r["attack"] for r in rows] == ["exclusive_neurons", "inverting_gradients_batch"]
   first = rows[0]
   assert first.get("error") is None and first["verdict"] == "leak" and first["psnr"] > 60, first
   assert first["label_accuracy"] == 1.0 and first["num_samples"] == 16
   metrics = json.loads((tmp_path / "audit" / first["run"] / "metrics.json").read_text())
   assert metrics["findings"]["images"]["recognisable"] == 16
   assert metrics["verdict"]["leaks"] == ["images", "labels"]
+
+
+@pytest.mark.slow
+def test_reconstruct_auto_stops_at_the_first_match_and_keeps_the_best(photos):
+  """--attack=auto on a simulated client: an mlp-1024 batch is matched by the closed form, so nothing
+  else runs; through a sigmoid layer the closed form recovers nothing, the next attack runs and the
+  one with the lower residual is kept; the verdict names what was tried."""
+  cfg = config.Config(attack="auto", model="mlp-1024", batch_size=8, iterations=5, lpips="none")
+  results, _ = pipeline.run(cfg)
+  assert [t["attack"] for t in results["auto"]["tried"]] == ["exclusive_neurons"]
+  assert results["auto"]["chosen"] == "exclusive_neurons" and results["verdict"]["status"] == "leak"
+  assert results["verdict"]["tried"] == ["exclusive_neurons"] and results["psnr"] > 60
+
+  # Inputs centred by the client: no unit is exclusive at batch 16, the closed form matches nothing,
+  # and the batch attack runs after it; the lower residual is kept.
+  assert pipeline.auto_attacks(config.Config(attack="auto", model="mlp-64", act="sigmoid",
+                                             batch_size=2)) == ("inverting_gradients_batch",)
+  centred = config.Config(attack="auto", model="mlp-1024", batch_size=16, iterations=5, lpips="none",
+                          normalization="0.45,0.45,0.45/0.25,0.25,0.25")
+  results, _ = pipeline.run(centred)
+  tried = results["auto"]["tried"]
+  assert [t["attack"] for t in tried] == ["exclusive_neurons", "inverting_gradients_batch"]
+  assert tried[0]["residual"] > 0.5 and results["verdict"]["tried"] == [t["attack"] for t in tried]
+  assert results["auto"]["chosen"] == min(tried, key=lambda t: t["residual"])["attack"]
+  assert results["wall_time_s"] >= sum(t["wall_time_s"] for t in tried)

@@ -19,7 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from gradjax import attacks, audit, clients, data, interop, metrics, models, pipeline, presets, verdict  # noqa: E402
+from gradjax import attacks, audit, auto, clients, data, interop, metrics, models, pipeline, presets, verdict  # noqa: E402
 from gradjax.flower import AuditStrategy  # noqa: E402
 
 MODEL = "lenet_zhu"
@@ -279,7 +279,7 @@ def test_several_local_steps_get_replay_and_dlm_plus(net, tmp_path):
   capture = audit.captures(strategy.audit_dir)[0]
   meta = capture.info["metadata"]
   assert (meta["num_samples"], meta["local_batch_size"]) == (2, 1)
-  assert audit.choose_attacks(meta) == ("inverting_gradients_fedavg", "dlm_plus")
+  assert auto.for_metadata(meta) == ("inverting_gradients_fedavg", "dlm_plus")
   rows = audit.attack_capture(capture, audit.Settings(dataset="skimage", image_size=32, iterations=5,
                                                       lpips="none"), log=lambda s: None)
   assert [r["attack"] for r in rows] == ["inverting_gradients_fedavg", "dlm_plus"]

@@ -30,7 +30,7 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import audit, closed_forms, config, data, distributed, presets
+from gradjax import audit, auto, closed_forms, config, data, distributed, presets
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
@@ -51,8 +51,8 @@ def main(argv):
   if not f.audit_dir:
     common.fail("--audit_dir is required")
   names = tuple(a.strip() for a in f.attacks.split(",") if a.strip())
-  unknown = [a for a in names if a != audit.AUTO and a not in ATTACKS]
-  if not names or unknown or (audit.AUTO in names and len(names) > 1):
+  unknown = [a for a in names if a != auto.AUTO and a not in ATTACKS]
+  if not names or unknown or (auto.AUTO in names and len(names) > 1):
     common.fail(f"--attacks takes 'auto' or names from {', '.join(ATTACKS)}; got {f.attacks!r}")
   try:
     o = common.options_from_flags(captured=True)
