@@ -16,11 +16,10 @@ from gradjax.attacks import Reconstruction
 from gradjax.observation import Observation
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ExclusiveNeurons:
-  """The closed-form attack of :func:`gradjax.analytic.exclusive_neurons` as the pipeline runs it: its settings (the
-  defaults are :func:`gradjax.analytic.exclusive_neurons`'s; nothing is optimised, so there is no budget)."""
+  """The closed-form attack of :func:`gradjax.analytic.exclusive_neurons` as the pipeline runs it:
+  its settings (that function's defaults; nothing is optimised, so there is no budget)."""
 
   layer: str = "Dense_0"
   tol: float = 1e-3
@@ -44,8 +43,8 @@ def reconstruct(attack: ExclusiveNeurons, apply_fn: Callable, observation: Obser
   if not isinstance(tree, Mapping) or attack.layer not in tree:
     raise ValueError(f"{attack.name} needs a model whose first layer is a biased dense layer "
                      f"followed by a ReLU (such as mlp-H); the gradient has no layer {attack.layer!r}")
-  sep = analytic.exclusive_neurons(observation, apply_fn, input_shape, layer=attack.layer, tol=attack.tol,
-                          rank_tol=attack.rank_tol)
+  sep = analytic.exclusive_neurons(observation, apply_fn, input_shape, layer=attack.layer,
+                                   tol=attack.tol, rank_tol=attack.rank_tol)
   n, k = int(observation.num_samples), sep.inputs.shape[0]
   lo, hi = (np.asarray(b, np.float32) for b in bounds)
   x = np.broadcast_to((lo + hi) / 2, (n, *tuple(input_shape))).astype(sep.inputs.dtype).copy()

@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, data, defenses
-from gradjax import driver
-from gradjax import fidelity, interop, lpips, metrics, models, resume, text, verdict
+from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus
+from gradjax import data, defenses, driver, fidelity, interop, lpips, metrics, models, resume, text
+from gradjax import verdict
 from gradjax import labels as labels_lib
 from gradjax.config import Config, attacked_model, check, fingerprint, options
 
@@ -277,11 +277,10 @@ def _run_auto(cfg: Config, callback, batch):
     tried.append({"attack": name, "residual": residual, "verdict": results["verdict"]["status"],
                   "psnr": results.get("psnr"), "wall_time_s": results["wall_time_s"]})
     if best is None or residual < best[0]:
-      best = (residual, results, images)
+      best = (residual, name, results, images)
     if results.get("residual") and verdict.matched(fidelity.Comparison(**results["residual"])):
       break
-  _, results, images = best
-  chosen = results["attack"].get("name") or results["attack"]["closed_form"]["name"]
+  _, chosen, results, images = best
   results = {**results, "wall_time_s": time.perf_counter() - start,
              "auto": {"tried": tried, "chosen": chosen}}
   ran = [t["attack"] for t in tried]
@@ -369,7 +368,7 @@ def _run_image(cfg: Config, callback, batch, state):
   separation = None
   if closed:
     rec, separation = closed_forms.reconstruct(attack, model.apply_fn, observation, input_shape,
-                                           image_bounds(norm, input_shape[-1]))
+                                               image_bounds(norm, input_shape[-1]))
   else:
     rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack,
                               input_shape=input_shape, bounds=image_bounds(norm, input_shape[-1]),

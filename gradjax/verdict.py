@@ -155,7 +155,8 @@ def composition_chance(true_labels: Sequence[int], num_classes: int) -> float:
   return onto / num_classes ** n
 
 
-RULE = "recognisable: PSNR >= {psnr:g} dB, SSIM >= {ssim:g} or LPIPS <= {lpips:g}, and 1 dB above its own mean colour"
+RULE = ("recognisable: PSNR >= {psnr:g} dB, SSIM >= {ssim:g} or LPIPS <= {lpips:g}, and 1 dB above its "
+        "own mean colour")
 
 
 def _image_rule(p, s, l, f, t: Thresholds) -> tuple[bool, str]:
@@ -206,12 +207,13 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int,
   n = len(scores["psnr_per_image"])
   lpips = scores.get("lpips_per_image") or [None] * n
   flat = scores.get("psnr_mean_colour_per_image") or [-np.inf] * n
-  per_image = []
-  for p, s, l, f in zip(scores["psnr_per_image"], scores["ssim_per_image"], lpips, flat):
+  per_image, below = [], []
+  for i, (p, s, l, f) in enumerate(zip(scores["psnr_per_image"], scores["ssim_per_image"], lpips, flat)):
     ok, rule = _image_rule(p, s, l, f, t)
     per_image.append({"recognisable": ok, "rule": rule})
+    if p < f + 1.0:
+      below.append(i)
   hits = [i for i, r in enumerate(per_image) if r["recognisable"]]
-  below = [i for i, r in enumerate(per_image) if "mean colour" in r["rule"] and not r["recognisable"]]
   images = {"leak": bool(hits), "recognisable": len(hits), "of": n, "share": len(hits) / n,
             "median_psnr": float(np.median(scores["psnr_per_image"])),
             "median_ssim": float(np.median(scores["ssim_per_image"])),
@@ -254,8 +256,8 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int,
   cchance = composition_chance(truth, num_classes)
   out["composition"] = {"leak": bool(hit and cchance < t.label_chance), "classes": classes,
                         "recovered": sorted(set(int(c) for c in got)), "chance": cchance,
-                        "reason": (f"the classes present, {classes}, recovered exactly (a guess: {cchance:.2g})"
-                                   if hit else "the classes present not recovered exactly")}
+                        "reason": (f"the classes present, {classes}, recovered exactly (a guess: "
+                                   f"{cchance:.2g})" if hit else "the classes present not recovered exactly")}
   return out
 
 
