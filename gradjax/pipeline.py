@@ -270,7 +270,7 @@ def _run_auto(cfg: Config, callback, batch):
   for name in names:
     step = dataclasses.replace(cfg, attack=name)
     if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
-      step = dataclasses.replace(step, restarts=1, permutations=1, **{
+      step = dataclasses.replace(step, restarts=1, permutations=1, adaptive=False, **{
           f.name: None for f in dataclasses.fields(cfg) if f.metadata["attack"]})
     results, images = run(step, callback=callback, batch=batch)
     residual = (results.get("residual") or {}).get("relative_error", math.inf)
