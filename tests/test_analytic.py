@@ -165,25 +165,24 @@ def test_exclusive_neurons_separates_a_numpy_batch(photos, mlp_reference):
 
 
 def test_exclusive_neurons_peels_what_no_unit_isolates(photos, mlp_reference):
-  """The photos centred on their mean make units active for about half the batch: at batch 12 the
-  first round finds two examples by their exclusive units, later rounds the rest once those are
-  taken off."""
-  x = photos[:12] - photos.mean(axis=(0, 1, 2))
-  y = np.arange(12) % 10
-  model = models.create("mlp-1024", jax.random.key(12), num_classes=10)
-  obs = _numpy_observation(model, x, y, mlp_reference)
-  sep = analytic.exclusive_neurons(obs, model.apply_fn, x.shape[1:])
-  err, which = _matched(sep.inputs, x)
-  assert sorted(which) == list(range(12)) and err.max() <= 1e-4
+  """A narrower layer (256 units) isolates fewer examples: at batch 16 the first round finds some by
+  their exclusive units, later rounds the rest once those are taken off."""
+  y = np.arange(16) % 10
+  model = models.create("mlp-256", jax.random.key(11), num_classes=10)
+  obs = _numpy_observation(model, photos, y, mlp_reference)
+  sep = analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:])
+  err, which = _matched(sep.inputs, photos)
+  assert sorted(which) == list(range(16)) and err.max() <= 1e-4
   np.testing.assert_array_equal(sep.labels, y[which])
-  assert sep.rounds.max() >= 1 and np.sum(sep.rounds == 0) < 12
+  assert sep.rounds.max() >= 1 and np.sum(sep.rounds == 0) < 16
   # Stopped after one round, the peeling's share is missing, and the residual says so.
-  first = analytic.exclusive_neurons(obs, model.apply_fn, x.shape[1:], max_rounds=1)
+  first = analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:], max_rounds=1)
   assert len(first.inputs) == np.sum(sep.rounds == 0) and first.residual > 1e-2
-  # At batch 16 no unit is exclusive (the secure side of Pan et al.'s boundary): nothing is claimed.
+  # Inputs centred on their mean leave no unit exclusive (the secure side of Pan et al.'s
+  # boundary): nothing is claimed.
   none = analytic.exclusive_neurons(_numpy_observation(model, photos - photos.mean(axis=(0, 1, 2)),
-                                                       np.arange(16) % 10, mlp_reference),
-                                    model.apply_fn, x.shape[1:])
+                                                       y, mlp_reference),
+                                    model.apply_fn, photos.shape[1:])
   assert none.inputs.shape[0] == 0 and none.rank == 16 and none.residual == 1.0
 
 

@@ -49,9 +49,9 @@ def test_pipeline_metrics_match_scikit_image():
 
 @pytest.mark.slow
 def test_a_closed_form_attack_runs_like_the_others():
-  """--attack=exclusive_neurons on a batch of 16 photos through mlp-1024: scored like any attack
+  """--attack=exclusive_neurons on a batch of 16 photos through mlp-256: scored like any attack
   (PSNR against scikit-image's), each image and label exact, the verdict a leak, no optimisation."""
-  cfg = config.Config(attack="exclusive_neurons", model="mlp-1024", batch_size=16, lpips="none")
+  cfg = config.Config(attack="exclusive_neurons", model="mlp-256", batch_size=16, lpips="none")
   results, images = pipeline.run(cfg)
   gt, rec = images["ground_truth"].astype(np.float64), images["reconstruction"]
   psnr = [skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in zip(gt, rec)]
