@@ -383,13 +383,15 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   With the mean cross entropy over N examples, ∂L/∂W = Σ_n h_n (p_n − e_{y_n})ᵀ / N with
   p_n = softmax(Wᵀh_n + b). Grouping the examples by class c (m_c of them, mean input h̄_c) and taking
   their predictions as equal, ∂L/∂W = H̄ᵀE(H̄) with E_c = m_c (softmax(Wᵀh̄_c + b) − e_c) / N (C × K):
-  exact for classes of one example. With C ≤ K classes the rows of E are generically independent and
-  H̄ᵀ = ∂L/∂W E⁺ is the fixed point iterated here, from each class's column over its bias gradient
+  exact for classes of one example. The rows of E each sum to 0; with C < K classes they are
+  generically independent and H̄ᵀ = ∂L/∂W E⁺ is the fixed point iterated here (with all K classes
+  present they span K − 1 dimensions, and one direction is left as the start had it), from each
+  class's column over its bias gradient
   (∂L/∂W[:, c] / ∂L/∂b_c, the batch-1 closed form, which the other examples' p_nc perturb).
   The fixed point is not unique where a class's own examples barely enter its column (the model
   already predicts c for them, or others predict c too): ``own`` and ``usable`` say where the row can
-  be trusted as the example's features. A batch with more classes than K gives the class means only
-  through a rank-K gradient, and is refused.
+  be trusted as the example's features. A batch larger than K repeats classes: its rows are class
+  means, and no example's own.
 
   Args:
     kernel, bias: the head's weights W (F, K) and bias b (K,), as the server sent them.
