@@ -385,7 +385,8 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   their predictions as equal, ∂L/∂W = H̄ᵀE(H̄) with E_c = m_c (softmax(Wᵀh̄_c + b) − e_c) / N (C × K):
   exact for classes of one example. The rows of E each sum to 0; with C < K classes they are
   generically independent and H̄ᵀ = ∂L/∂W E⁺ is the fixed point iterated here (with all K classes
-  present they span K − 1 dimensions, and one direction is left as the start had it), from each
+  present they span K − 1 dimensions, and along the one combination of classes the gradient leaves
+  free the pseudo-inverse takes the least-norm rows), from each
   class's column over its bias gradient
   (∂L/∂W[:, c] / ∂L/∂b_c, the batch-1 closed form, which the other examples' p_nc perturb).
   The fixed point is not unique where a class's own examples barely enter its column (the model
