@@ -271,21 +271,15 @@ def exclusive_neurons(observation: Observation, apply_fn: Callable, input_shape,
     xs = g[:-1, live[candidates]] / g[-1, live[candidates]]  # (in, M)
     xt = np.vstack([xs, np.ones((1, xs.shape[1]))])
     c = u.T @ xt  # (r, M)
-    accepted, score_of = [], {}
-
-    def _delta(mk):
-      m, k = mk
-      return np.asarray(_bias_gradients(apply_fn, observation.variables, layer,
-                                        jnp.asarray(xs[:, m].reshape(1, *shape), dtype), 1.0 / n),
-                        np.float64)[0, k]
-
+    accepted, score_of, delta_of = [], {}, {}
     for start in range(0, xs.shape[1], chunk):
       block = xs[:, start:start + chunk].T
       pad = chunk - block.shape[0]
       batch = np.concatenate([block, np.zeros((pad, block.shape[1]))]).reshape(chunk, *shape)
       deltas = np.asarray(_bias_gradients(apply_fn, observation.variables, layer,
                                           jnp.asarray(batch, dtype), 1.0 / n), np.float64)
-      deltas = deltas[:block.shape[0], :, live]  # (m, K, live)
+      full = deltas[:block.shape[0]]  # (m, K, out): an accepted example's term is x̃ δᵀ
+      deltas = full[:, :, live]
       proj = deltas @ vt.T  # (m, K, r)
       off = np.linalg.norm(deltas - proj @ vt, axis=-1) / np.maximum(
           np.linalg.norm(deltas, axis=-1), 1e-300)
@@ -297,11 +291,12 @@ def exclusive_neurons(observation: Observation, apply_fn: Callable, input_shape,
         if score[m, k] <= tol:
           accepted.append((start + m, k))
           score_of[(start + m, k)] = float(score[m, k])
+          delta_of[(start + m, k)] = full[m, k]
     accepted.sort(key=lambda mk: score_of[mk])
     new = _distinct_examples(xs, accepted, found_x)
     if not new:
       break
-    terms = {mk: np.outer(xt[:, mk[0]], _delta(mk)) for mk in new}
+    terms = {mk: np.outer(xt[:, mk[0]], delta_of[mk]) for mk in new}
     # Each accepted example takes one rank off; if together they do not, keep only the best one.
     left_rank = _rank(np.linalg.svd(u.T @ (g[:, live] - sum(terms.values())[:, live]),
                                     compute_uv=False), floor)
