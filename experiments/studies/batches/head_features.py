@@ -45,6 +45,7 @@ def run(row, batch, start, count, weight, data_dir):
     command.append(f"--data_dir={data_dir}")
   print(" ".join(command), flush=True)
   subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+  os.remove(os.path.join(out, "config.py"))  # the command is in results.json
   shutil.rmtree(os.path.join(out, "items"))  # per-experiment arrays and histories
 
 
