@@ -135,12 +135,9 @@ def _unit(tree, eps=1e-12):
 HEAD = "head"  # the dense head's module name in gradjax's models (and their captured twins)
 
 
-def head_input(apply_fn, variables, x, train: bool = False, *, layer: str = HEAD) -> jax.Array:
-  """(N, F): the input of the module named ``layer`` (the model's dense head) when the model runs on
-  ``x``, read by a linen method interceptor, so the model runs unchanged.
-
-  Raises ValueError when no module of that name is called.
-  """
+def _with_head_input(apply_fn, variables, x, train: bool, layer: str = HEAD):
+  """(logits, (N, F) input of the module named ``layer``) of one forward pass, read by a linen method
+  interceptor (the model runs unchanged). Raises ValueError when no module of that name is called."""
   seen = []
 
   def interceptor(next_fun, args, kwargs, context):
@@ -149,10 +146,27 @@ def head_input(apply_fn, variables, x, train: bool = False, *, layer: str = HEAD
     return next_fun(*args, **kwargs)
 
   with nn.intercept_methods(interceptor):
-    apply_fn(variables, x, train)
+    logits = apply_fn(variables, x, train)
   if not seen:
     raise ValueError(f"the model calls no module named {layer!r} (its dense head)")
-  return seen[-1].reshape(x.shape[0], -1)
+  return logits, seen[-1].reshape(x.shape[0], -1)
+
+
+def head_input(apply_fn, variables, x, train: bool = False, *, layer: str = HEAD) -> jax.Array:
+  """(N, F): the input of the module named ``layer`` (the model's dense head) when the model runs on
+  ``x``. Raises ValueError when no module of that name is called."""
+  return _with_head_input(apply_fn, variables, x, train, layer)[1]
+
+
+def _gradient_and_head_input(apply_fn, variables, x, targets, train, loss_fn):
+  """(∇_θ L(f_θ(x), targets), head input of x) from one forward pass: the head-feature term reads
+  the activations the dummy gradient computes anyway."""
+
+  def loss(params):
+    logits, h = _with_head_input(apply_fn, {**variables, "params": params}, x, train)
+    return loss_fn(logits, targets), h
+
+  return jax.grad(loss, has_aux=True)(variables["params"])
 
 
 # Ten parameters: the model and the distance, then one keyword per term or mode of the objective, each
@@ -218,6 +232,8 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
 
   if mode not in MODES:
     raise ValueError(f"unknown objective mode {mode!r}; choose one of {', '.join(MODES)}")
+  if head_features and mode == "replay":
+    raise ValueError("the head-feature term reads the dummy gradient's forward pass; replay has none")
   distance = as_distance(distance)
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
@@ -240,6 +256,9 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       new = local_sgd(apply_fn, observation.variables, x, targets, observation.local,
                       train=observation.train, loss_fn=loss_fn, remat=remat)
       g = jax.tree.map(jnp.subtract, params, new)
+    elif head_features:
+      g, h = _gradient_and_head_input(apply_fn, observation.variables, x, targets, observation.train,
+                                      loss_fn)
     else:
       g = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train,
                          loss_fn=loss_fn)
@@ -262,7 +281,6 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       if head_targets is None:
         raise ValueError("the head-feature term needs its targets (head_targets=)")
       t, w = head_targets
-      h = head_input(apply_fn, observation.variables, dummy["x"], observation.train)
       value = value + head_features * jnp.sum(w[:, None] * jnp.square(h - t)) / (
           jnp.sum(w[:, None] * jnp.square(t)) + 1e-12)
     return value
