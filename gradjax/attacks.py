@@ -136,6 +136,12 @@ class Attack:
     build_optimizer(self)
 
   @property
+  def couples_restarts(self) -> bool:
+    """Whether a prior reads the other restarts (GradInversion's group consistency): the restarts
+    then run together, vmapped, all of one label order."""
+    return any(p.couples_restarts for p in self.priors)
+
+  @property
   def optimises_labels(self) -> bool:
     """Whether the labels are optimised with the data (DLG's joint soft labels)."""
     return self.labels is labels_lib.joint
@@ -413,6 +419,10 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   lo, hi = jnp.asarray(lo), jnp.asarray(hi)
   if permutations < 1:
     raise ValueError(f"permutations must be positive, got {permutations}")
+  if attack.couples_restarts and (restarts < 2 or permutations > 1):
+    raise ValueError("group consistency compares restarts of one label order: it needs several "
+                     f"restarts and no permutation search, got {restarts} restart(s) and "
+                     f"{permutations} label order(s)")
   local = observation.local
   if permutations > 1:
     if known is None:
@@ -498,11 +508,24 @@ def select(problem: Problem, state: solvers.SolverState) -> "Reconstruction":
 def solve(attack: Attack, apply_fn: Callable, problem: Problem,
           execution: driver.Execution = driver.Execution()) -> solvers.SolverState:
   """Runs every restart × candidate of ``problem`` (:func:`gradjax.driver.run`); the final state,
-  fetched to the host."""
+  fetched to the host. An attack that couples its restarts (:attr:`Attack.couples_restarts`) runs them
+  vmapped: the ``"auto"`` strategy becomes ``"vmap"``, another one is refused."""
+  if attack.couples_restarts:
+    execution = coupled_execution(execution)
   state = driver.run(_solver(attack, apply_fn), problem.init, problem.data,
                       iterations=attack.iterations, execution=execution,
                       restart_data=problem.restart_data)
   return sharding.fetch(state)
+
+
+def coupled_execution(execution: driver.Execution) -> driver.Execution:
+  """``execution`` for restarts that read each other: all advance in one vmapped program on one
+  device (the consensus is taken over the vmapped axis, :data:`gradjax.sharding.RESTART_AXIS`)."""
+  if execution.strategy not in ("auto", "vmap") or execution.shard:
+    raise ValueError("group consistency runs the restarts together on one device (strategy 'vmap', "
+                     f"unsharded), not strategy {execution.strategy!r}"
+                     + (" sharded" if execution.shard else ""))
+  return dataclasses.replace(execution, strategy="vmap")
 
 
 # Ten parameters: those of prepare() and the execution record (see prepare).

@@ -42,7 +42,7 @@ import numpy as np
 from gradjax import compilation
 from gradjax.compilation import once
 from gradjax.progress import Progress
-from gradjax.sharding import fetch, restart_mesh, shard_restarts
+from gradjax.sharding import RESTART_AXIS, fetch, restart_mesh, shard_restarts
 from gradjax.solvers import Solver, SolverState
 
 PyTree = Any
@@ -217,9 +217,10 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
 
   init, advance, finalize = bind(solver.init), bind(advance_one), bind(solver.finalize)
   if strategy == "vmap":
-    init = jax.vmap(init, in_axes=(0, None, 0))
-    advance = jax.vmap(advance, in_axes=(0, None, 0, None))
-    finalize = jax.vmap(finalize, in_axes=(0, None, 0))
+    # The restarts are a named axis: an objective may reduce over them (a group-consistency prior).
+    init = jax.vmap(init, in_axes=(0, None, 0), axis_name=RESTART_AXIS)
+    advance = jax.vmap(advance, in_axes=(0, None, 0, None), axis_name=RESTART_AXIS)
+    finalize = jax.vmap(finalize, in_axes=(0, None, 0), axis_name=RESTART_AXIS)
   elif strategy == "map":
     def lift(fn):
       return lambda states, data, per, *a: jax.lax.map(lambda sp: fn(sp[0], data, sp[1], *a),

@@ -8,6 +8,8 @@ traced step under ``jit`` / ``vmap`` / ``lax.scan``; :func:`combine` sums severa
 Most priors read the image alone. A :class:`NetworkPrior` also reads the attacked model
 (:class:`Network`): the BatchNorm statistics prior of GradInversion (:func:`batch_norm_prior`)
 compares the dummy batch's feature moments with the running statistics of the server's model.
+GradInversion's group consistency (:func:`group_consistency`) reads the other restarts: it pulls each
+restart towards their mean, over the restart driver's vmapped axis.
 
 Conventions (they change published numbers, so they are explicit):
 
@@ -27,6 +29,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+
+from gradjax.sharding import RESTART_AXIS
 
 PriorFn = Callable[..., jax.Array]
 WeightFn = Callable[[jax.Array], jax.Array]
@@ -80,6 +84,31 @@ def l2_norm(x) -> jax.Array:
   """Squared L2 norm per image, averaged over the batch: (1/N) Σ_{n,i,j,c} x[n,i,j,c]². ``x``: NHWC."""
   _check_images(x)
   return jnp.sum(jnp.square(x)) / x.shape[0]
+
+
+def group_consistency(x) -> jax.Array:
+  """GradInversion's group consistency (Yin et al., CVPR 2021, §3.3): each restart's images pulled
+  towards the restarts' consensus, their pixel-wise mean x̄ = (1/R) Σ_r x_r, as a squared L2 norm per
+  image averaged over the batch::
+
+    R_group(x_r) = (1/N) Σ_n ‖x_{r,n} − sg(x̄_n)‖²
+
+  x̄ is a constant of each step (stop-gradient), recomputed from the restarts' current images every
+  evaluation. ``x``: one restart's (N, H, W, C) images; the mean is taken over the restart driver's
+  vmapped restart axis (:data:`gradjax.sharding.RESTART_AXIS`), so the prior runs only there: several
+  restarts under the ``"vmap"`` strategy, all of one label order. The paper registers every restart to
+  the mean first (RANSAC-flow); here the slots are compared in place, without registration.
+  """
+  _check_images(x)
+  try:
+    mean = jax.lax.pmean(jax.lax.stop_gradient(x), RESTART_AXIS)
+  except NameError:
+    raise ValueError("the group-consistency prior compares restarts: it runs only inside vmapped "
+                     "restarts (several restarts, strategy 'vmap')") from None
+  return jnp.sum(jnp.square(x - mean)) / x.shape[0]
+
+
+group_consistency.couples_restarts = True
 
 
 # --- priors that read the network -----------------------------------------------------------------
@@ -252,6 +281,11 @@ class Prior:
       raise ValueError(f"a prior's start must be a non-negative integer step, got {self.start}")
 
   @property
+  def couples_restarts(self) -> bool:
+    """Whether ``fn`` reads the other restarts (:func:`group_consistency`)."""
+    return getattr(self.fn, "couples_restarts", False)
+
+  @property
   def needs(self) -> tuple[str, ...]:
     """The model's variable collections ``fn`` reads besides ``params``."""
     return getattr(self.fn, "needs", ())
@@ -288,6 +322,7 @@ PRIORS: dict[str, PriorFn] = {
     "tv": total_variation,                                          # Inverting Gradients' mean form
     "tv_isotropic": functools.partial(total_variation, form="isotropic"),
     "l2": l2_norm,
+    "group": group_consistency,                                     # GradInversion, over restarts
     "bn": NetworkPrior(batch_norm_prior, ("batch_stats",)),         # GradInversion, first layer ×10
     "bn_hfginv": NetworkPrior(functools.partial(batch_norm_prior, multipliers=(1.3, 3.0)),
                               ("batch_stats",)),

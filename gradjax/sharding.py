@@ -8,6 +8,11 @@ import numpy as np
 
 PyTree = Any
 
+# The name of the vmapped restart axis inside the restart driver's programs (gradjax.driver, strategy
+# "vmap"): an objective reduces over the restarts with e.g. ``jax.lax.pmean(x, RESTART_AXIS)``
+# (gradjax.priors.group_consistency).
+RESTART_AXIS = "restart"
+
 
 def restart_mesh(devices=None) -> jax.sharding.Mesh:
   """A 1-D mesh named ``"restarts"`` over ``devices`` (default: every device of every process)."""

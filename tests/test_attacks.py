@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import skimage.metrics
 
-from gradjax import attacks, clients, data, distances, driver, dummy, labels, models, optimizers, presets
+from gradjax import (attacks, clients, data, distances, driver, dummy, labels, models, optimizers,
+                     presets, priors)
 
 
 def setup(index, image_size=16, channels=3, model="lenet_zhu", seed=0):
@@ -44,6 +45,30 @@ def test_restarts_pick_the_lowest_objective():
   np.testing.assert_array_equal(rec.x, rec.x_restarts[rec.best_restart])
   assert len(set(np.round(rec.restart_losses, 8))) == 3  # independent initialisations
   assert np.all(rec.iterations == 30)
+
+
+def test_group_consistency_draws_the_restarts_together():
+  """The group prior couples the restarts (one vmapped program, under the "auto" strategy too): from
+  the same starts, the restarts end closer to their mean than without it; it refuses what cannot
+  compare restarts."""
+  batch, net, _ = setup(4)
+  obs = clients.fedsgd(net.apply_fn, net.variables, batch.x, batch.y, share_labels=True)
+  base = presets.inverting_gradients(iterations=20)
+  grouped = dataclasses.replace(base, priors=base.priors + (priors.Prior(priors.PRIORS["group"], 0.05),))
+  assert grouped.couples_restarts and not base.couples_restarts
+  kw = dict(input_shape=batch.x.shape[1:], restarts=4)
+
+  def spread(attack, execution):
+    x = attacks.reconstruct(attack, net.apply_fn, obs, jax.random.key(5), execution=execution,
+                            **kw).x_restarts
+    return float(np.mean((x - x.mean(axis=0)) ** 2))
+
+  assert spread(grouped, driver.Execution()) < 0.2 * spread(base, driver.Execution("vmap"))
+  with pytest.raises(ValueError, match="several restarts"):
+    attacks.reconstruct(grouped, net.apply_fn, obs, jax.random.key(5), input_shape=batch.x.shape[1:])
+  with pytest.raises(ValueError, match="strategy 'vmap'"):
+    attacks.reconstruct(grouped, net.apply_fn, obs, jax.random.key(5),
+                        execution=driver.Execution("sequential"), **kw)
 
 
 def test_known_labels_and_errors():
