@@ -172,6 +172,10 @@ class Config:
       False, "Adapt the attack to the client's defense (--defense, after the one a capture's "
       "metadata declare): its objective models what the defense did (gradjax.adaptive).")
   restarts: int = _field(1, "Random restarts; the lowest objective wins.")
+  budget: float | None = _field(
+      None, "--attack=auto: seconds for all its attacks. Each candidate runs once while time is left; "
+      "the rest goes to more restarts of the one that matches the update best, under successive "
+      "halving by the matching objective (unset: each candidate once).")
   permutations: int = _field(
       1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
   shard: bool = _field(
@@ -380,6 +384,9 @@ class Config:
     for name in ("restarts", "permutations"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+    if self.budget is not None and not (self.budget > 0 and self.attack == auto.AUTO):
+      raise ValueError(f"--budget is the time of --attack=auto's attacks, a positive number of seconds; "
+                       f"got {self.budget} with --attack={self.attack}")
     self.execution()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
 
 
@@ -501,7 +508,7 @@ SECTIONS = {
     "defense": ("defense",),
     "attack": ("attack", "adaptive", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",
                "distance", "layer_weights", "priors", "labels", "aux", "box", "dummy_init",
-               "one_sample_per_step", "gamma", "head_features", "restarts", "permutations", "text_search",
+               "one_sample_per_step", "gamma", "head_features", "restarts", "budget", "permutations", "text_search",
                "restrict_tokens"),
     "execution": ("strategy", "map_batch_size", "halving_rounds", "halving_keep", "shard", "chunk",
                   "matmul_precision", "remat"),

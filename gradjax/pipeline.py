@@ -259,35 +259,96 @@ def auto_attacks(cfg: Config) -> tuple[str, ...]:
   return auto.choose(num_samples=cfg.batch_size, steps=steps, model=model, act=cfg.act)
 
 
+# Successive halving of the restarts a budget buys (rounds, fraction kept): a third of the steps in
+# each round, half the restarts going on, so R restarts cost about 0.58 R single runs.
+BUDGET_HALVING = (3, 0.5)
+BUDGET_MAX_RESTARTS = 64
+
+
+def budget_restarts(seconds_left: float, seconds_per_restart: float, iterations: int) -> int:
+  """How many restarts under :data:`BUDGET_HALVING` fit in ``seconds_left`` when one restart run
+  alone takes ``seconds_per_restart`` (0 when fewer than two fit; at most
+  :data:`BUDGET_MAX_RESTARTS`)."""
+  rounds, keep = BUDGET_HALVING
+
+  def cost(r):
+    return sum(count * n for count, n in driver.halving_plan(iterations, r, rounds, keep)) / iterations
+
+  fits = [r for r in range(2, BUDGET_MAX_RESTARTS + 1)
+          if cost(r) * seconds_per_restart <= seconds_left]
+  return max(fits, default=0)
+
+
 def _run_auto(cfg: Config, callback, batch):
   """The attacks of :func:`auto_attacks` in turn (no solver state: a run is not resumed midway),
   until one matches the update (:func:`gradjax.verdict.matched`: data that reproduce it were found,
-  no later attack can match it better); the results of the one whose reconstruction matches the
-  update best (the lowest relative residual, :func:`gradjax.verdict.residual`), with ``auto``
-  naming every attack tried and the time of all of them."""
-  names, tried, best = auto_attacks(cfg), [], None
+  no later attack can match it better) or ``cfg.budget`` seconds are spent; with time left, the
+  optimisation attack that matched best again with as many more restarts as fit
+  (:func:`budget_restarts`), the best by the matching objective going on. The results of the run
+  whose reconstruction matches the update best (the lowest relative residual,
+  :func:`gradjax.verdict.residual`), with ``auto`` naming every run and the time of all of them."""
+  names, tried, best, matched = auto_attacks(cfg), [], None, False
   start = time.perf_counter()
+  elapsed = lambda: time.perf_counter() - start
+  step_s = {}  # attack -> seconds per restart step once compiled (from the progress reports)
+  took = {}  # attack -> seconds its (last) run took
+
+  def attempt(name, step):
+    nonlocal best, matched
+
+    def watch(p):
+      if p.its_per_s > 0:  # NaN for the chunk that compiled
+        step_s[name] = 1.0 / (p.its_per_s * max(p.alive, 1))
+      if callback is not None:
+        callback(p)
+
+    began = time.perf_counter()
+    results, images = run(step, callback=watch, batch=batch)
+    took[name] = time.perf_counter() - began  # with loading the model and scoring
+    residual = (results.get("residual") or {}).get("relative_error", math.inf)
+    tried.append({"attack": name, "restarts": step.restarts, "residual": residual,
+                  "verdict": results["verdict"]["status"], "psnr": results.get("psnr"),
+                  "wall_time_s": results["wall_time_s"]})
+    if best is None or residual < best[0]:
+      best = (residual, name, results, images, step)
+    matched = bool(results.get("residual")) and verdict.matched(
+        fidelity.Comparison(**results["residual"]))
+
   for name in names:
-    step = dataclasses.replace(cfg, attack=name)
+    if tried and cfg.budget is not None and elapsed() >= cfg.budget:
+      break
+    step = dataclasses.replace(cfg, attack=name, budget=None)
     if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
       step = dataclasses.replace(step, restarts=1, permutations=1, adaptive=False, **{
           f.name: None for f in dataclasses.fields(cfg) if f.metadata["attack"]})
-    results, images = run(step, callback=callback, batch=batch)
-    residual = (results.get("residual") or {}).get("relative_error", math.inf)
-    tried.append({"attack": name, "residual": residual, "verdict": results["verdict"]["status"],
-                  "psnr": results.get("psnr"), "wall_time_s": results["wall_time_s"]})
-    if best is None or residual < best[0]:
-      best = (residual, name, results, images)
-    if results.get("residual") and verdict.matched(fidelity.Comparison(**results["residual"])):
+    attempt(name, step)
+    if matched:
       break
-  _, chosen, results, images = best
-  results = {**results, "wall_time_s": time.perf_counter() - start,
-             "auto": {"tried": tried, "chosen": chosen}}
-  ran = [t["attack"] for t in tried]
-  rest = [n for n in names if n not in ran]
-  results["verdict"] = {**results["verdict"], "tried": ran, "reason": (
-      f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: it stops once an attack matches "
-      "the update)" if rest else "") + f" and kept {chosen}; " + results["verdict"]["reason"])}
+  _, chosen, _, _, chosen_step = best
+  if cfg.budget is not None and not matched and chosen not in closed_forms.CLOSED_FORMS:
+    once = next(t for t in tried if t["attack"] == chosen)
+    iterations = best[2]["attack"]["iterations"]
+    per_restart = iterations * step_s.get(chosen, once["wall_time_s"] / chosen_step.restarts / iterations)
+    # What the run spent outside the attack (loading, simulating, scoring) is counted again, though
+    # the programs it compiled are cached by then.
+    overhead = max(took[chosen] - once["wall_time_s"], 0.0)
+    more = budget_restarts(cfg.budget - elapsed() - overhead, per_restart, iterations)
+    if more > chosen_step.restarts:
+      rounds, keep = BUDGET_HALVING
+      attempt(chosen, dataclasses.replace(chosen_step, restarts=more, halving_rounds=rounds,
+                                          halving_keep=keep))
+  _, chosen, results, images, chosen_step = best
+  results = {**results, "wall_time_s": elapsed(),
+             "auto": {"tried": tried, "chosen": chosen, "restarts": chosen_step.restarts,
+                      "budget_s": cfg.budget}}
+  ran = [t["attack"] + (f" ({t['restarts']} restarts)" if t["restarts"] > 1 else "") for t in tried]
+  rest = [n for n in names if n not in {t["attack"] for t in tried}]
+  why = ("it stops once an attack matches the update" if matched
+         else f"the budget of {cfg.budget or 0:g} s was spent")
+  results["verdict"] = {**results["verdict"], "tried": [t["attack"] for t in tried], "reason": (
+      f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: {why})" if rest else "")
+      + f" and kept {chosen}" + (f" ({chosen_step.restarts} restarts)" if chosen_step.restarts > 1 else "")
+      + "; " + results["verdict"]["reason"])}
   return results, images
 
 

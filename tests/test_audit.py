@@ -77,3 +77,28 @@ def test_reconstruct_auto_stops_at_the_first_match_and_keeps_the_best(photos):
   assert tried[0]["residual"] > 0.5 and results["verdict"]["tried"] == [t["attack"] for t in tried]
   assert results["auto"]["chosen"] == min(tried, key=lambda t: t["residual"])["attack"]
   assert results["wall_time_s"] >= sum(t["wall_time_s"] for t in tried)
+
+
+def test_budget_restarts_fit_the_halving_plan():
+  """Restarts a budget buys: R restarts under 3 rounds of halving (keep 1/2) cost Σ count·steps of
+  the plan, by hand: R = 8 of 300 steps runs (8 + 4 + 2)·100 steps = 14/3 single runs."""
+  assert pipeline.budget_restarts(14.0, 3.0, 300) == 8       # 8: 14.0 s; 9: (9 + 5 + 3)/3·3 = 17 s
+  assert pipeline.budget_restarts(5.0, 3.0, 300) == 2        # 2: (2 + 1 + 1)/3·3 = 4 s; 3: 6 s
+  assert pipeline.budget_restarts(3.9, 3.0, 300) == 0        # not even two
+  assert pipeline.budget_restarts(1e9, 3.0, 300) == pipeline.BUDGET_MAX_RESTARTS
+
+
+@pytest.mark.slow
+def test_auto_spends_its_budget_on_restarts_of_the_best_attack():
+  """--budget: after each candidate ran once, the time left buys restarts of the one that matched
+  best; its run is kept only if it matches the update better; the verdict names both runs."""
+  with pytest.raises(ValueError, match="--attack=auto"):
+    config.Config(attack="dlg", budget=10.0)
+  cfg = config.Config(attack="auto", batch_size=2, iterations=200, lpips="none", budget=60.0)
+  results, _ = pipeline.run(cfg)
+  tried = results["auto"]["tried"]
+  assert [t["attack"] for t in tried] == ["inverting_gradients_batch"] * 2
+  assert tried[0]["restarts"] == 1 and tried[1]["restarts"] >= 2
+  kept = min(tried, key=lambda t: t["residual"])
+  assert results["auto"]["restarts"] == kept["restarts"] and results["restarts"] == kept["restarts"]
+  assert results["wall_time_s"] <= 60.0 * 1.2 and results["verdict"]["tried"] == [t["attack"] for t in tried]
