@@ -33,7 +33,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import auto, closed_forms, compilation, config, data, interop, pipeline, presets, report
+from gradjax import auto, closed_forms, compilation, config, data, fidelity, interop, pipeline, presets
+from gradjax import report
 from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
@@ -290,7 +291,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
 
   Returns one row per attack (round, client, attack, the summary metrics, the run folder, or
   ``error``). A capture or an attack that fails gives a row with its one-line error, not an
-  exception: one bad client never stops an audit.
+  exception: one bad client never stops an audit. An update that carries nothing
+  (:func:`gradjax.fidelity.zero_update`) gives one row, ``no_leak_found`` with ``zero_update``.
   """
   base = {"round": capture.round, "client": capture.client}
   if capture.error:
@@ -334,6 +336,11 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
       scored = "" if row["psnr"] is None else f", PSNR {row['psnr']:.2f} dB"
       log(f"round {capture.round} client {capture.client} {name}: objective {row['loss']:.4g}{scored}"
           f", verdict {row['verdict']}")
+    except fidelity.ZeroUpdate as e:  # a finding of the capture, not an attack's: one row for all
+      rows.append({**base, "attack": None, "verdict": "no_leak_found", "reason": str(e),
+                   "zero_update": True})
+      log(f"round {capture.round} client {capture.client}: {e}")
+      break
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
       row["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
       log(f"round {capture.round} client {capture.client} {name}: error: {row['error']}")

@@ -96,6 +96,15 @@ _NORMALIZATIONS = {
 
 NORMALIZATION_NAMES = tuple(_NORMALIZATIONS)
 
+# Constants clients commonly use that differ from the named ones (as MEAN/STD specs), which a check
+# of a capture tries as well (gradjax.fidelity.alternatives).
+COMMON_NORMALIZATIONS = (
+    "0.4914,0.4822,0.4465/0.2023,0.1994,0.2010",  # CIFAR-10 with the std of kuangliu/pytorch-cifar
+    "0.5,0.5,0.5/0.5,0.5,0.5",                    # PyTorch's CIFAR-10 tutorial: [-1, 1]
+    "0.5/0.5",                                    # the same for one channel (MNIST tutorials)
+    "0.5071,0.4867,0.4408/0.2675,0.2565,0.2761",  # CIFAR-100 as widely copied
+)
+
 
 def normalization(spec: str) -> Normalization:
   """The normalisation ``spec`` names: "none", "cifar10", "cifar100", "mnist" or "imagenet", or a

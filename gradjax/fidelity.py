@@ -223,9 +223,11 @@ def check(observation: Observation, declared: Recipe, x, y,
                  "direction: a learning rate or loss scale other than declared")
   else:
     explained = (f"{what}; no single known mismatch (activation, BatchNorm mode, loss reduction, "
-                 "normalisation, learning rate, local steps) explains it: check the model against "
-                 "its PyTorch twin (README), the tensor layouts, --rename, and that the images and "
-                 "labels are the client's")
+                 "the named and common normalisations, learning rate, local steps) explains it. Not "
+                 "tested: a defense the client applied without declaring it (declare defense=), other "
+                 "normalisation constants (declare normalization=MEAN/STD), data augmentation, "
+                 "several mismatches at once. Check the model against its PyTorch twin (README), the "
+                 "tensor layouts, --rename, and that the images and labels are the client's")
   return Check(False, comparison, tolerance, causes, explained)
 
 
@@ -287,6 +289,37 @@ class CaptureMismatch(ValueError):
   """A captured update that the declared model and recipe do not reproduce."""
 
 
+class ZeroUpdate(ValueError):
+  """A captured update that carries nothing about the data (:func:`zero_update`)."""
+
+
+def zero_update(observation: Observation) -> str | None:
+  """``None``, or why the captured update carries nothing about the client's data: a gradient whose
+  every value is 0, or a weight update W_t − W_{t+1} whose every value is 0 or within float32
+  rounding of its weight (|u| <= ε₃₂ |w|, ε₃₂ = 2⁻²³: the weights came back as they were sent, up
+  to a cast). Checked before anything reads the update: its zeros are no activation's."""
+  return zero_arrays(jax.tree.leaves(observation.gradient),
+                     jax.tree.leaves(observation.variables["params"]),
+                     gradient=observation.threat_model == "fedsgd")
+
+
+def zero_arrays(updates, weights, *, gradient: bool = False) -> str | None:
+  """:func:`zero_update` on matching lists of arrays: ``updates`` (gradients when ``gradient``,
+  else W_t − W_{t+1}) and the ``weights`` W_t."""
+  if any(np.any(np.asarray(u) != 0) for u in updates):
+    if gradient:
+      return None
+    eps = float(np.finfo(np.float32).eps)
+    if any(np.any(np.abs(np.asarray(u, np.float64)) > eps * np.abs(np.asarray(w, np.float64)))
+           for u, w in zip(updates, weights, strict=True)):
+      return None
+    return ("the update is zero up to float32 rounding of the weights: the client sent back the "
+            "weights it received; nothing to attack")
+  what = "gradient" if gradient else "update"
+  return (f"the {what} is zero in every tensor: the client sent back the weights it received (or "
+          "trained on nothing); nothing to attack")
+
+
 _NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no recomputation matches
 
 
@@ -301,7 +334,12 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   ``defense``: the spec of a defense the capture declares its client applied. The activation is
   then not read off the update (pruning's zeros and noise hide it); a deterministic defense
   (pruning, clipping, rounding) is applied to the recomputed update before the comparison, and
-  under noise the update is not recomputed."""
+  under noise the update is not recomputed.
+
+  Raises :class:`ZeroUpdate` for an update that carries nothing (:func:`zero_update`)."""
+  zero = zero_update(observation)
+  if zero:
+    raise ZeroUpdate(zero)
   checks, problems = {}, []
   applied = None
   if defense:
@@ -365,7 +403,8 @@ def alternatives(declared: Recipe, module, observation: Observation, norm: data.
   """Recipes that differ from ``declared`` in one known way, each named by what to declare instead:
   every other activation of ``module`` (a Flax module with an ``act`` field), the other BatchNorm
   mode, a summed loss, the head's inputs flattened in the other order (for a model that flattens a
-  ``flatten_chw`` = (C, H, W) map), every named normalisation that fits the ``channels``, and for
+  ``flatten_chw`` = (C, H, W) map), every named and common normalisation
+  (:data:`gradjax.data.COMMON_NORMALIZATIONS`) that fits the ``channels``, and for
   FedAvg the local learning rate that ``comparison.scale`` suggests and 1-5 epochs in every batch
   size that divides the examples."""
   alts = {}
@@ -384,7 +423,7 @@ def alternatives(declared: Recipe, module, observation: Observation, norm: data.
     alts["the last layer's inputs flattened in (H, W, C) order, not PyTorch's (C, H, W) (a layout: "
          "permute the linear layer's columns when exporting)"] = declared._replace(
              relayout=functools.partial(_flattened_hwc, chw=flatten_chw))
-  for name in data.NORMALIZATION_NAMES:
+  for name in data.NORMALIZATION_NAMES + data.COMMON_NORMALIZATIONS:
     other = data.normalization(name)
     if other != norm and len(other.mean) in (1, channels):
       alts[f"normalisation {name} (declare normalization={name})"] = declared._replace(

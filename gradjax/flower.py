@@ -38,7 +38,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gradjax import audit, auto
+from gradjax import audit, auto, fidelity
 
 logger = logging.getLogger("flwr.gradjax")  # a child of Flower's logger: in the ServerApp's log
 
@@ -292,7 +292,9 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
   ``MOD_FAILED_PRECONDITION``, reason ``gradjax leakage_mod: update withheld ...``): the strategy
   counts a failed client and the update never leaves. Otherwise the reply goes out with
   :data:`GATE_METRICS` added to its metrics (audited 1 or 0, leak score and PSNR in dB, leak
-  verdict 1 or 0 of :mod:`gradjax.verdict`). An attack that fails or runs past ``time_budget_s``
+  verdict 1 or 0 of :mod:`gradjax.verdict`). An update that carries nothing (the weights come back
+  as sent, :func:`gradjax.fidelity.zero_arrays`) passes unattacked, audited, with a leak score of 0.
+  An attack that fails or runs past ``time_budget_s``
   passes the update with ``gradjax-audited = 0`` and a warning in the log: the mod never fails a
   client or holds a round beyond its budget.
 
@@ -340,6 +342,10 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
                                   metrics, keys)
     sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
     returned = arrays_to_numpy(next(iter(reply.content.array_records.values())))
+    if sent.keys() == returned.keys():
+      zero = fidelity.zero_arrays([sent[k] - returned[k] for k in sent], list(sent.values()))
+      if zero:  # nothing to attack, and no activation to read off zeros
+        return {"attack": None, "psnr": None, "verdict": "no_leak_found", "reason": zero}, None
     x, y = examples(msg, context)
     x = np.asarray(x, np.float32)
     truth = data.Dataset(x, np.asarray(y, np.int64), int(max(np.max(y) + 1, 10)), "client")
@@ -384,6 +390,11 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
                            "gradjax-leak": 0})
       return reply
     seconds = time.monotonic() - start
+    if leak_db is None:
+      logger.info("leakage_mod: round %d: update passes: %s", server_round, best["reason"])
+      _add_metrics(reply, {"gradjax-audited": 1, "gradjax-leak-db": 0.0, "gradjax-psnr": 0.0,
+                           "gradjax-leak": 0})
+      return reply
     leak = int(best.get("verdict") == "leak")
     if leak_db >= threshold_db:
       reason = (f"gradjax leakage_mod: update withheld: {best['attack']} recovers the client's "

@@ -26,6 +26,23 @@ def test_auto_picks_by_the_update_and_the_model(metadata, model, attacks):
   assert auto.for_metadata(metadata, model) == attacks
 
 
+def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
+  """A client that sent back the weights it received: one row, no error, ``no_leak_found`` with
+  ``zero_update``; no attack runs (the capture needs no ground truth)."""
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
+  mapping = interop.zoo_mapping(model)
+  weights = tmp_path / "round_weights.safetensors"
+  interop.save_weights(weights, model, mapping)
+  folder = tmp_path / "audit" / "round_2" / "client_4"
+  folder.parent.mkdir(parents=True)
+  audit.write_capture(folder, str(weights), interop.params_to_torch(model.variables["params"], mapping),
+                      {"round": 2, "client": "4"}, {"num_samples": 8, "local_lr": 0.1,
+                                                   "model": "lenet_zhu"})
+  rows = audit.audit(tmp_path / "audit", audit.Settings(iterations=3, lpips="none"), log=lambda s: None)
+  assert len(rows) == 1 and rows[0].get("error") is None and rows[0]["zero_update"], rows
+  assert rows[0]["verdict"] == "no_leak_found" and audit.failed_rows(rows) == []
+
+
 @pytest.mark.slow
 def test_an_mlp_client_at_batch_16_leaks_every_image(photos, tmp_path):
   """One local step of an mlp-1024 client on 16 photos, captured as the recorder does: ``auto`` runs

@@ -68,6 +68,27 @@ def test_activation_check(photos, client_act, declared, fits):
       assert (why is None) == fits, why
 
 
+def test_a_zero_update_is_its_own_finding(photos):
+  """An update that carries nothing is found before the activation test reads its zeros: a zero
+  gradient, and FedAvg weights sent back as received or cast to float16 and back (|u| <= 2⁻²³|w|
+  fails there: the cast moves weights by up to 2⁻¹¹|w|, so it is an update) or to float64 and back."""
+  model = _model("lenet_zhu", "relu")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], np.arange(2))
+  assert fidelity.zero_update(obs) is None
+  zero = obs.replace(gradient=jax.tree.map(np.zeros_like, obs.gradient))
+  assert "zero" in fidelity.zero_update(zero)
+  with pytest.raises(fidelity.ZeroUpdate):  # declared sigmoid: no "as after a ReLU" diagnosis
+    fidelity.check_capture(_model("lenet_zhu", "sigmoid"), zero, None, data.normalization("none"))
+  w = [np.asarray(v, np.float32) for v in jax.tree.leaves(model.variables["params"])]
+  assert fidelity.zero_arrays([np.zeros_like(v) for v in w], w)
+  assert fidelity.zero_arrays([v - v.astype(np.float64).astype(np.float32) for v in w], w)
+  assert fidelity.zero_arrays([v - v.astype(np.float16).astype(np.float32) for v in w], w) is None
+  eps = np.finfo(np.float32).eps
+  assert fidelity.zero_arrays([v * eps for v in w], w)  # within one rounding of every weight
+  assert fidelity.zero_arrays([v * 4 * eps for v in w], w) is None
+  assert fidelity.zero_arrays([v * eps for v in w], w, gradient=True) is None  # a small gradient
+
+
 # --- each mismatch named ---------------------------------------------------------------------------
 
 def _capture(tmp_path, model, obs, **meta):
@@ -94,6 +115,9 @@ CASES = {
     # name: (model, client act, what the client does, metadata declared, the cause's declaration)
     "activation": ("lenet_zhu", "relu", {}, {"act": "sigmoid"}, "act=relu"),
     "normalisation": ("lenet_zhu", None, {"norm": "cifar10"}, {}, "normalization=cifar10"),
+    # The widely copied CIFAR-10 std (0.2023, ...), declared as gradjax's cifar10 (0.2470, ...).
+    "common std": ("lenet_zhu", None, {"norm": data.COMMON_NORMALIZATIONS[0]},
+                   {"normalization": "cifar10"}, f"normalization={data.COMMON_NORMALIZATIONS[0]}"),
     "batchnorm": ("resnet8", None, {"train": True}, {"train": "false"}, "train=true"),
     "batchnorm eval": ("resnet8", None, {"train": False}, {"train": "true"}, "train=false"),
     "reduction": ("lenet_zhu", None, {"loss_fn": _sum_loss, "loss_reduction": "sum"},

@@ -103,3 +103,19 @@ def test_unaudited_rounds_and_failures_pass_the_update(net):
   reply = gate(_train_message(net), _context(), _client(net))
   assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
 
+
+
+def test_a_zero_update_passes_audited_without_an_attack(net):
+  """A client that sends back the weights it received (a round with nothing trained): the gate
+  finds nothing to attack (not a ReLU's zeros), and the update passes, audited, with no leak."""
+  def unchanged(msg, context):
+    content = RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})})
+    return Message(content, reply_to=msg)
+
+  def no_data(msg, context):
+    raise AssertionError("a zero update needs no examples")
+
+  gate = leakage_mod(no_data, compilation_cache=CACHE, model=MODEL, iterations=300)
+  reply = gate(_train_message(net), _context(), unchanged)
+  metrics = dict(reply.content["metrics"])
+  assert not reply.has_error() and metrics["gradjax-audited"] == 1 and metrics["gradjax-leak"] == 0
