@@ -38,6 +38,9 @@ from gradjax import report
 from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
+# How a client's leakage gate (gradjax.flower.leakage_mod) says it withheld its update: the server
+# records a failed client with this in its reason, and an audit lists the round as withheld.
+WITHHELD = "gradjax leakage_mod: update withheld"
 WEIGHTS = "weights.safetensors"
 OBSERVATION = "observation.safetensors"
 
@@ -291,10 +294,13 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
 
   Returns one row per attack (round, client, attack, the summary metrics, the run folder, or
   ``error``). A capture or an attack that fails gives a row with its one-line error, not an
-  exception: one bad client never stops an audit. An update that carries nothing
+  exception: one bad client never stops an audit. An update its client's gate withheld
+  (:data:`WITHHELD`) gives one row with ``withheld``, not an error. An update that carries nothing
   (:func:`gradjax.fidelity.zero_update`) gives one row, ``no_leak_found`` with ``zero_update``.
   """
   base = {"round": capture.round, "client": capture.client}
+  if capture.error and WITHHELD in capture.error:  # the client's gate kept it: nothing was sent
+    return [{**base, "attack": None, "withheld": True, "reason": capture.error}]
   if capture.error:
     return [{**base, "attack": None, "error": capture.error}]
   names = settings.attacks
@@ -496,6 +502,10 @@ def _fmt(value, spec: str) -> str:
   return "–" if value is None else format(value, spec)
 
 
+def _status(row: dict[str, Any]) -> str:
+  return row.get("error") or ("withheld by the client's gate" if row.get("withheld") else "ok")
+
+
 def index_markdown(rows: list[dict[str, Any]]) -> str:
   """Rows as a Markdown table: round, client, attack, verdict, objective, PSNR, SSIM, LPIPS, time,
   status."""
@@ -506,13 +516,13 @@ def index_markdown(rows: list[dict[str, Any]]) -> str:
                  f"{r.get('verdict') or '–'} | "
                  f"{_fmt(r.get('loss'), '.4g')} | {_fmt(r.get('psnr'), '.2f')} | "
                  f"{_fmt(r.get('ssim'), '.3f')} | {_fmt(r.get('lpips'), '.3f')} | "
-                 f"{_fmt(r.get('wall_time_s'), '.1f')} | {r.get('error') or 'ok'} |")
+                 f"{_fmt(r.get('wall_time_s'), '.1f')} | {_status(r)} |")
   return "\n".join(lines) + "\n"
 
 
 def failed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """The rows of captures that failed (a client that failed or sent a malformed reply, no reply,
-  a ground truth not loaded) or attacks that raised."""
+  a ground truth not loaded) or attacks that raised; not the updates a client's gate withheld."""
   return [r for r in rows if r.get("error")]
 
 
@@ -533,7 +543,7 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
   failures = f"<p style='color:#b00020'><b>{html.escape(note)}</b></p>" if note else ""
   cells = []
   for r in rows:
-    status = html.escape(r.get("error") or "ok")
+    status = html.escape(_status(r))
     verdict = r.get("verdict")
     verdict_cell = "–" if not verdict else (
         f"<b style='color:{report.VERDICT_COLOURS.get(verdict, '#333')}'>"

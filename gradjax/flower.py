@@ -25,6 +25,12 @@ logger, so ``flwr run --stream`` shows it) how many of the clients sent work fai
 ClientApp raised, a malformed reply, no reply), keeps them in :attr:`AuditStrategy.failures`, and
 writes them to ``round_NNN/round.json`` of the recorded rounds, which the audit's index reports.
 :meth:`AuditStrategy.raise_if_failed` ends a ServerApp with an error when a round lost every client.
+
+What the server cannot see in an update, a client declares in its reply: a ``ConfigRecord`` under
+:data:`DECLARATIONS` (:func:`declarations` builds it) with its model variant, normalisation, loss
+reduction, local recipe and defense. :class:`AuditStrategy` records them with each capture (they take
+precedence over the server's ``metadata`` and config), so ``gradjax audit --adaptive`` adapts to
+each client's own defense, and :func:`leakage_mod` reads the same record on the client.
 """
 
 import logging
@@ -50,6 +56,40 @@ def arrays_to_numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 def _plain(record) -> dict[str, Any]:
   return {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(record).items()}
+
+
+DECLARATIONS = "gradjax-declarations"  # the reply's ConfigRecord of what the client declares
+# What a client may declare: capture metadata keys (gradjax.interop's file format).
+DECLARABLE = ("model", "act", "normalization", "loss_reduction", "train", "defense", "local_lr",
+              "local_epochs", "local_batch_size", "local_momentum", "input_shape", "num_classes")
+
+
+def _check_declared(facts: dict[str, Any]) -> dict[str, Any]:
+  unknown = sorted(set(facts) - set(DECLARABLE))
+  if unknown:
+    raise ValueError(f"unknown declaration(s) {', '.join(unknown)}; a client declares "
+                     f"{', '.join(DECLARABLE)}")
+  bad = [k for k, v in facts.items() if not isinstance(v, (str, int, float, bool))]
+  if bad:
+    raise ValueError(f"declaration {bad[0]!r} must be a string, number or bool, got "
+                     f"{facts[bad[0]]!r} (an input shape is written '32,32,3')")
+  return facts
+
+
+def declarations(**facts) -> ConfigRecord:
+  """A client's declarations for its reply: ``reply.content[DECLARATIONS] = declarations(
+  model="lenet_zhu", normalization="cifar10", defense="prune:0.7")``. Keys: :data:`DECLARABLE`
+  (``None`` values are left out); values are strings, numbers or bools. A PyTorch client that does
+  not import gradjax writes the same ``ConfigRecord`` itself."""
+  return ConfigRecord(_check_declared({k: v for k, v in facts.items() if v is not None}))
+
+
+def declared(content) -> dict[str, Any]:
+  """The declarations in a reply's ``content`` (a ``RecordDict``; empty without them). Raises
+  ``ValueError`` for keys or values :func:`declarations` would refuse."""
+  if DECLARATIONS not in content.config_records:
+    return {}
+  return _check_declared(_plain(content.config_records[DECLARATIONS]))
 
 
 class AuditStrategy(Strategy):
@@ -244,6 +284,13 @@ class AuditStrategy(Strategy):
       except (TypeError, ValueError, OverflowError) as e:  # e.g. num-examples NaN
         info.setdefault("error", f"malformed reply metrics: {e}")
         returned = None
+      if not reply.has_error():
+        try:  # what the client declares of itself comes last: it knows what it did
+          info["declarations"] = declared(reply.content)
+          meta.update(info["declarations"])
+        except ValueError as e:
+          info.setdefault("error", f"malformed declarations: {e}")
+          returned = None
       size = 0 if returned is None else sum(a.nbytes for a in returned.values())
       if not self._fits(size):
         break
@@ -305,7 +352,8 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     metadata: capture metadata (:mod:`gradjax.interop`: ``input_shape``, ``normalization``, the
       local schedule where the server's config does not state it).
     defense: the defense the client applies to its update (a spec of
-      :func:`gradjax.defenses.parse`), or ``defense(context) -> spec or None``.
+      :func:`gradjax.defenses.parse`), or ``defense(context) -> spec or None``; a defense the
+      reply declares (:data:`DECLARATIONS`) takes precedence.
     threshold_db: leak score (dB above the gray image) from which an update is withheld.
     rounds: the server rounds to audit (a collection), every k-th (an int), or all (``None``).
     attack: a preset name or ``"auto"`` (:func:`gradjax.auto.for_metadata`; the first).
@@ -337,9 +385,11 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     metrics: dict[str, Any] = {}
     for record in reply.content.metric_records.values():
       metrics.update(_plain(record))
-    spec = defense(context) if callable(defense) else defense
+    own = declared(reply.content)  # what the server's record holds too
+    spec = own.get("defense") or (defense(context) if callable(defense) else defense)
     meta = audit.capture_metadata({**static, **({"defense": spec} if spec else {})}, config,
                                   metrics, keys)
+    meta.update(own)
     sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
     returned = arrays_to_numpy(next(iter(reply.content.array_records.values())))
     if sent.keys() == returned.keys():
@@ -356,9 +406,10 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
       folder = os.path.join(tmp, "capture")
       audit.write_capture(folder, weights, returned, {"round": server_round, "client": "self",
                                                        "config": config}, meta)
+      chosen = attack if attack != auto.AUTO else auto.for_metadata(meta, meta.get("model"))[0]
       settings = audit.Settings(
-          attacks=(attack,) if attack != auto.AUTO else (auto.for_metadata(meta, static.get("model"))[0],),
-          model=static.get("model"), iterations=iterations, restarts=restarts,
+          attacks=(chosen,),
+          model=meta.get("model"), iterations=iterations, restarts=restarts,
           normalization=normalization, lpips="none", adaptive=True)
       rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=time_budget_s,
                                      compilation_cache=cache)
@@ -397,7 +448,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
       return reply
     leak = int(best.get("verdict") == "leak")
     if leak_db >= threshold_db:
-      reason = (f"gradjax leakage_mod: update withheld: {best['attack']} recovers the client's "
+      reason = (f"{audit.WITHHELD}: {best['attack']} recovers the client's "
                 f"examples at {best['psnr']:.1f} dB, {leak_db:.1f} dB above a gray image "
                 f"(threshold {threshold_db:g} dB; verdict {best.get('verdict')})")
       logger.warning("round %d: %s (%.0f s)", server_round, reason, seconds)

@@ -19,8 +19,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from gradjax import attacks, audit, auto, clients, data, interop, metrics, models, pipeline, presets, verdict  # noqa: E402
-from gradjax.flower import AuditStrategy  # noqa: E402
+from gradjax import (attacks, audit, auto, clients, data, defenses, interop, metrics, models,  # noqa: E402
+                     pipeline, presets, verdict)
+from gradjax.flower import DECLARATIONS, AuditStrategy, declarations, declared  # noqa: E402
 
 MODEL = "lenet_zhu"
 SHAPE = (32, 32, 3)
@@ -49,9 +50,10 @@ class Grid:
   """An in-process grid: nodes 11 and 12 (or ``nodes``), each a gradjax FedAvg client on photo
   ``node % 16``; ``spoil`` changes a node's reply to test malformed ones."""
 
-  def __init__(self, net, nodes=(11, 12), spoil=None, samples=1):
+  def __init__(self, net, nodes=(11, 12), spoil=None, samples=1, defenses=None):
     self.model, self.mapping = net
     self.nodes, self.spoil, self.samples = list(nodes), spoil or {}, samples
+    self.defenses = defenses or {}  # node -> the defense it applies to its update and declares
 
   def get_node_ids(self):
     return list(self.nodes)
@@ -67,6 +69,8 @@ class Grid:
     indices = [(node + k) % 16 for k in range(self.samples)]
     photo = data.load("skimage", indices=indices, image_size=SHAPE[:2])
     obs = clients.fedavg(self.model.apply_fn, variables, photo.x, photo.y, local)
+    if node in self.defenses:
+      obs = defenses.parse(self.defenses[node]).apply(obs)
     after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
     returned = interop.params_to_torch(after, self.mapping)
     if self.spoil.get(node) == "nan":
@@ -81,6 +85,10 @@ class Grid:
     if self.spoil.get(node) == "nan-count":
       metrics["num-examples"] = float("nan")
     content = RecordDict({"arrays": to_record(returned), "metrics": MetricRecord(metrics)})
+    if node in self.defenses:
+      content[DECLARATIONS] = declarations(defense=self.defenses[node])
+    if self.spoil.get(node) == "declarations":
+      content[DECLARATIONS] = ConfigRecord({"defence": "prune:0.5"})
     return Message(content, reply_to=message)
 
   def send_and_receive(self, messages, timeout=None):
@@ -168,10 +176,44 @@ class Keep(Strategy):
     pass
 
 
+def test_declarations_are_checked():
+  record = declarations(model="lenet_zhu", defense="prune:0.7", local_lr=0.1, train=None)
+  assert dict(record) == {"model": "lenet_zhu", "defense": "prune:0.7", "local_lr": 0.1}
+  assert declared(RecordDict({DECLARATIONS: record})) == dict(record)
+  assert declared(RecordDict({"config": ConfigRecord({"defense": "prune:0.7"})})) == {}
+  with pytest.raises(ValueError, match="unknown declaration"):
+    declarations(defence="prune:0.7")
+  with pytest.raises(ValueError, match="input shape is written"):
+    declarations(input_shape=(32, 32, 3))
+
+
+@pytest.mark.slow
+def test_each_client_declares_its_defense_and_the_audit_adapts_to_it(net, tmp_path):
+  """Two clients, one pruning its update at 70 % and declaring it in its reply: the server records
+  each client's own declaration (in its capture's files too), the pruned capture passes its fidelity
+  check with the declared defense applied, and ``--adaptive`` adapts that row alone."""
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
+  start(strategy, net, Grid(net, defenses={12: "prune:0.7"}), rounds=1)
+  found = {c.client: c for c in audit.captures(strategy.audit_dir)}
+  assert found["12"].info["declarations"] == {"defense": "prune:0.7"}
+  assert found["12"].info["metadata"]["defense"] == "prune:0.7"
+  observation = interop.read(os.path.join(found["12"].folder, audit.OBSERVATION))
+  assert observation.metadata["defense"] == "prune:0.7"
+  assert "defense" not in found["11"].info["metadata"] and found["11"].info["declarations"] == {}
+  settings = audit.Settings(dataset="skimage", image_size=32, iterations=5, lpips="none",
+                            adaptive=True)
+  rows = {r["client"]: r for r in audit.audit(strategy.audit_dir, settings, log=lambda s: None)}
+  assert all(r.get("error") is None and r["verdict"] in verdict.STATUSES for r in rows.values()), rows
+  adaptation = {c: json.loads((tmp_path / "audit" / r["run"] / "metrics.json").read_text())["adaptation"]
+                for c, r in rows.items()}
+  assert adaptation["11"] is None and adaptation["12"], adaptation
+
+
 @pytest.mark.slow
 def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
-  spoil = {11: "nan", 12: "missing", 13: "shape", 14: "error", 16: "nan-loss", 17: "nan-count"}
-  grid = Grid(net, nodes=(11, 12, 13, 14, 15, 16, 17), spoil=spoil)
+  spoil = {11: "nan", 12: "missing", 13: "shape", 14: "error", 16: "nan-loss", 17: "nan-count",
+           18: "declarations"}
+  grid = Grid(net, nodes=(11, 12, 13, 14, 15, 16, 17, 18), spoil=spoil)
   strategy = AuditStrategy(Keep(), tmp_path / "audit")
   start(strategy, net, grid, rounds=1)
   errors = {c.client: c.error for c in audit.captures(strategy.audit_dir)}
@@ -181,13 +223,14 @@ def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
   assert errors["14"] == "the client failed: ClientApp crashed"
   assert errors["15"] is None and errors["16"] is None
   assert errors["17"].startswith("malformed reply metrics: ")
+  assert errors["18"].startswith("malformed declarations: unknown declaration(s) defence")
   found = {c.client: c for c in audit.captures(strategy.audit_dir)}
   assert found["16"].info["metrics"]["train-loss"] == "nan"
-  for client in ("11", "12", "13", "14", "17"):
+  for client in ("11", "12", "13", "14", "17", "18"):
     folder = os.path.join(strategy.audit_dir, "round_001", f"client_{client}")
     assert sorted(os.listdir(folder)) == [audit.CAPTURE]
   rows = audit.audit(strategy.audit_dir, audit.Settings(iterations=2), log=lambda s: None)
-  assert [r["client"] for r in rows if r.get("error")] == ["11", "12", "13", "14", "17"]
+  assert [r["client"] for r in rows if r.get("error")] == ["11", "12", "13", "14", "17", "18"]
   assert [r["attack"] for r in rows if not r.get("error")] == ["idlg", "idlg"]
 
 

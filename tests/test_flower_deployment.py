@@ -177,27 +177,40 @@ def test_deployment_runtime_records_and_audits(federation, tmp_path):
 
 @pytest.mark.slow
 def test_the_leakage_gate_withholds_the_leaking_client_and_passes_the_pruned_one(tmp_path):
-  """Two SuperNodes, the second pruning 70 % of its update: with ``gate = true`` each client attacks
-  its own update (gradjax.flower.leakage_mod); the undefended client's reply is withheld (the
-  server records a failed client and its reason), the pruned one's goes out with its score
-  (without the gate both replies arrive: test_deployment_runtime_records_and_audits). Every
-  process started is stopped."""
+  """Two SuperNodes, the second pruning 70 % of its update and declaring it: with ``gate = true``
+  each client attacks its own update (gradjax.flower.leakage_mod) over two rounds; the undefended
+  client's replies are withheld (the server records a failed client and its reason) unless they
+  carry nothing, the pruned one's go out with their score (without the gate both replies arrive:
+  test_deployment_runtime_records_and_audits). Then ``audit --adaptive``: no row fails, the
+  withheld updates are listed as withheld, every other row has a verdict and the pruned client's
+  rows are adapted to its declared defense. Every process started is stopped."""
   with _federation(tmp_path, ("", "defense='prune:0.7'")) as env:
     audit_dir = tmp_path / "audit"
-    run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=1 lr={LR} "
+    run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
                   "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu' gate=true "
                   "gate-threshold=10.0 gate-iterations=2000 gate-budget-s=240.0")
     proc = flwr_run(env, run_config, tmp_path)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   found = audit.captures(audit_dir)
-  assert len(found) == 2
-  # Partition 1 (the pruning node) trains on example 1 in round 1; the other node's reply is a
-  # capture without data indices when it was withheld.
-  pruned = next(c for c in found if c.info.get("data_indices") == [1])
-  other = next(c for c in found if c is not pruned)
-  assert pruned.error is None
-  assert other.error and "gradjax leakage_mod: update withheld" in other.error, other.info
-  metrics = pruned.info["metrics"]
-  assert metrics["gradjax-audited"] == 1 and metrics["gradjax-leak-db"] < 10.0, metrics
+  assert sorted(c.round for c in found) == [1, 1, 2, 2]
+  pruned = [c for c in found if c.info.get("declarations", {}).get("defense") == "prune:0.7"]
+  assert [c.round for c in pruned] == [1, 2] and all(c.error is None for c in pruned)
+  for c in pruned:
+    assert c.info["metrics"]["gradjax-audited"] == 1 and c.info["metrics"]["gradjax-leak-db"] < 10.0
+  other = next(c for c in found if c.round == 1 and c not in pruned)
+  assert other.error and audit.WITHHELD in other.error, other.info
   failures = json.loads((audit_dir / "round_001" / "round.json").read_text())["failures"]
-  assert len(failures) == 1 and "withheld" in next(iter(failures.values()))
+  assert len(failures) == 1 and audit.WITHHELD in next(iter(failures.values()))
+
+  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none", iterations=300,
+                            adaptive=True)
+  rows = audit.audit(audit_dir, settings, log=lambda s: None)
+  assert audit.failed_rows(rows) == [], rows
+  withheld = [r for r in rows if r.get("withheld")]
+  assert (1, "withheld") in {(r["round"], "withheld") for r in withheld}
+  assert all(r["verdict"] in verdict.STATUSES for r in rows if not r.get("withheld")), rows
+  for r in rows:
+    if r.get("run"):
+      metrics = json.loads((audit_dir / r["run"] / "metrics.json").read_text())
+      client = next(c for c in found if (c.round, c.client) == (r["round"], r["client"]))
+      assert bool(metrics["adaptation"]) == (client in pruned), (r, metrics["adaptation"])

@@ -1,7 +1,8 @@
 """The ClientApp: trains the global model on this node's CIFAR-10 examples and replies with its
 weights (``state_dict`` names), the example count and, for scoring the audit, the examples' indices.
 
-A node whose config sets ``defense`` (``prune:R``) prunes its update before replying. With the run
+A node whose config sets ``defense`` (``prune:R``) prunes its update before replying, and declares it
+in the reply (``gradjax.flower.declarations``), where the server's record and the gate read it. With the run
 option ``gate = true`` every client audits its own update before it leaves
 (``gradjax.flower.leakage_mod``, the attack adapted to the node's defense) and withholds it when
 the attack recovers its examples ``gate-threshold`` dB above a gray image."""
@@ -12,7 +13,7 @@ from flwr.clientapp import ClientApp
 
 from flower_audit import task
 from gradjax import data
-from gradjax.flower import leakage_mod
+from gradjax.flower import DECLARATIONS, declarations, leakage_mod
 
 
 def _indices(msg: Message, context: Context) -> list[int]:
@@ -67,4 +68,6 @@ def train(msg: Message, context: Context) -> Message:
     weights = ArrayRecord({k: Array(np.ascontiguousarray(v))
                            for k, v in task.defended(before, after, _defense(context)).items()})
   metrics = MetricRecord({"num-examples": len(indices), "data-indices": indices})
-  return Message(RecordDict({"arrays": weights, "metrics": metrics}), reply_to=msg)
+  content = RecordDict({"arrays": weights, "metrics": metrics,
+                        DECLARATIONS: declarations(model=cfg["model"], defense=_defense(context))})
+  return Message(content, reply_to=msg)
