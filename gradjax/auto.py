@@ -9,6 +9,9 @@ What decides (no ground truth is used, so an audit of a real system chooses the 
 * **The model.** A first layer that is dense and followed by a ReLU (``mlp``): first the closed form
   that separates a batch there (``exclusive_neurons``, :mod:`gradjax.closed_forms`; exact up to
   batch 64 on an untrained ``mlp-1024``, ``experiments/studies/batches``).
+* **A ReLU chain at batch 1** (``lenet_zhu`` or ``lenet5`` with ``act=relu``): R-GAP's recursion
+  (``rgap``, :mod:`gradjax.rgap`), where DLG, iDLG and Inverting Gradients reach 6-11 dB
+  (``experiments/studies/batches``).
 * **The batch size.** One example: iDLG (labels from the last layer's sign, then DLG's L-BFGS
   matching). Several: Inverting Gradients with each image pulled towards its label's head input
   (``inverting_gradients_batch``), where DLG never converges (``experiments/studies/dlg_batch``).
@@ -36,8 +39,10 @@ def choose(*, num_samples: int, steps: int | None, model: str | None = None,
     return ("inverting_gradients_fedavg", "dlm_plus")
   family = models.family(model or "")
   dense_relu = family is not None and family.family == "mlp" and act in (None, "relu")
-  return ("exclusive_neurons",) * dense_relu + (
-      ("idlg",) if num_samples == 1 else ("inverting_gradients_batch",))
+  relu_chain = family is not None and family.family in ("lenet_zhu", "lenet5") and act == "relu"
+  if num_samples == 1:
+    return ("exclusive_neurons",) * dense_relu + ("rgap",) * relu_chain + ("idlg",)
+  return ("exclusive_neurons",) * dense_relu + ("inverting_gradients_batch",)
 
 
 def for_metadata(metadata: dict[str, Any], model: str | None = None) -> tuple[str, ...]:

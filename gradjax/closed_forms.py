@@ -6,13 +6,15 @@ The mathematics is in :mod:`gradjax.analytic`.
 """
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import analytic
+from gradjax import analytic, rgap
 from gradjax.attacks import Reconstruction
+from gradjax.models.lenet import LeNet5, LeNetZhu
+from gradjax.models.mlp import MLP
 from gradjax.observation import Observation
 
 
@@ -27,18 +29,52 @@ class ExclusiveNeurons:
   name: str = "exclusive_neurons"
 
 
+@dataclasses.dataclass(frozen=True)
+class RGap:
+  """R-GAP through a ReLU chain (:func:`gradjax.rgap.rgap`) as the pipeline runs it: one example, a
+  zoo model that is a chain of convolutions or dense layers, each followed by a ReLU, then a dense
+  head (:func:`chain`: ``lenet_zhu``, ``lenet5`` or ``mlp-H`` with ``act=relu``). ``tv``: τ of the
+  input layer's problem, chosen on CIFAR-10 test images 0-9 (``experiments/studies/batches``)."""
+
+  tv: float = 0.03
+  name: str = "rgap"
+
+
 # The attacks that are closed forms, by name (``--attack``): built with no arguments.
-CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons}
+CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons, "rgap": RGap}
+ClosedForm = ExclusiveNeurons | RGap
 
 
-def reconstruct(attack: ExclusiveNeurons, apply_fn: Callable, observation: Observation,
-                input_shape, bounds) -> tuple[Reconstruction, analytic.Separation]:
-  """``attack`` on ``observation`` as a :class:`gradjax.attacks.Reconstruction` of all N slots.
+def chain(module) -> tuple[rgap.Layer, ...]:
+  """The ReLU chain of a zoo model's Flax ``module`` (its layers below the head), for R-GAP; raises
+  ``ValueError`` for a model that is not one."""
+  if getattr(module, "act", None) != "relu":
+    raise ValueError(f"R-GAP inverts ReLU chains; the model's activation is "
+                     f"{getattr(module, 'act', None)!r} (declare act=relu if the client's is)")
+  pad = ((2, 2), (2, 2))
+  if isinstance(module, LeNetZhu):
+    return tuple(rgap.Layer(f"Conv_{i}", (s, s), pad) for i, s in enumerate((2, 2, 1)))
+  if isinstance(module, LeNet5):
+    return tuple(rgap.Layer(f"Conv_{i}", (1, 1), pad) for i in range(4))
+  if isinstance(module, MLP) and module.hidden:
+    return tuple(rgap.Layer(f"Dense_{i}") for i in range(len(module.hidden)))
+  raise ValueError(f"R-GAP here knows the ReLU chains lenet_zhu, lenet5 and mlp-H, not "
+                   f"{type(module).__name__}")
 
-  The recovered examples fill the first slots with their labels; a slot with nothing recovered
-  holds the middle of the input box ``bounds`` ((lo, hi), (C,) each: a flat gray image) and the
-  label −1 (none). ``loss`` is the separation's residual, ``iterations`` its rounds.
+
+def reconstruct(attack: ClosedForm, apply_fn: Callable, observation: Observation,
+                input_shape, bounds) -> tuple[Reconstruction, dict[str, Any]]:
+  """``attack`` on ``observation`` as a :class:`gradjax.attacks.Reconstruction` of all N slots, and
+  what the closed form found, JSON-ready (``separation`` or ``recursion``).
+
+  :class:`ExclusiveNeurons`: the recovered examples fill the first slots with their labels; a slot
+  with nothing recovered holds the middle of the input box ``bounds`` ((lo, hi), (C,) each: a flat
+  gray image) and the label −1 (none). ``loss`` is the separation's residual, ``iterations`` its
+  rounds. :class:`RGap`: the one example and its label; ``loss`` is the input layer's residual,
+  ``iterations`` the layers inverted.
   """
+  if isinstance(attack, RGap):
+    return _rgap(attack, apply_fn, observation, input_shape, bounds)
   tree = observation.gradient
   if not isinstance(tree, Mapping) or attack.layer not in tree:
     raise ValueError(f"{attack.name} needs a model whose first layer is a biased dense layer "
@@ -57,4 +93,18 @@ def reconstruct(attack: ExclusiveNeurons, apply_fn: Callable, observation: Obser
                        x_restarts=x[None], iterations=np.array([rounds]),
                        evaluations=np.array([rounds]), dummy={"x": jnp.asarray(x)},
                        permutation=np.arange(n), candidates=np.arange(n)[None])
-  return rec, sep
+  return rec, {"separation": {
+      "recovered": k, "rank": sep.rank, "rounds": sep.rounds.tolist(), "residual": sep.residual,
+      "singular_values": sep.singular_values.tolist()}}
+
+
+def _rgap(attack: RGap, apply_fn, observation, input_shape, bounds):
+  found = rgap.rgap(observation, chain(getattr(apply_fn, "module", None)), input_shape,
+                    bounds=bounds, tv=attack.tv)
+  x, residual, depth = found.x, found.layers[0]["residual"], len(found.layers)
+  rec = Reconstruction(x=x, labels=np.array([found.label]), loss=residual, best_restart=0,
+                       restart_losses=np.array([residual]), restart_alive=np.array([True]),
+                       x_restarts=x[None], iterations=np.array([depth]),
+                       evaluations=np.array([depth]), dummy={"x": jnp.asarray(x)},
+                       permutation=np.arange(1), candidates=np.arange(1)[None])
+  return rec, {"recursion": found.layers}

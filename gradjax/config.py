@@ -390,7 +390,7 @@ class Config:
     self.execution()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
 
 
-def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ExclusiveNeurons":
+def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
   """The preset ``cfg.attack`` built at ``cfg.iterations`` (the preset's own step counts, hfginv's
   prior starts and layer schedule, scale with it), with the parts the configuration names replaced:
   the one place where the names of distances, priors, label sources, dummy initialisations and

@@ -426,10 +426,10 @@ def _run_image(cfg: Config, callback, batch, state):
   execution = cfg.execution(callback=trace.progress,
                             monitor=trace.monitor if batch is not None and not cfg.shard else None,
                             saver=timing.saver)
-  separation = None
+  found = {}  # what a closed form found besides the reconstruction
   if closed:
-    rec, separation = closed_forms.reconstruct(attack, model.apply_fn, observation, input_shape,
-                                               image_bounds(norm, input_shape[-1]))
+    rec, found = closed_forms.reconstruct(attack, model.apply_fn, observation, input_shape,
+                                          image_bounds(norm, input_shape[-1]))
   else:
     rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack,
                               input_shape=input_shape, bounds=image_bounds(norm, input_shape[-1]),
@@ -448,10 +448,8 @@ def _run_image(cfg: Config, callback, batch, state):
       conv=models.resolve_conv(cfg.conv),
       normalization={"mean": list(norm.mean), "std": list(norm.std)},
       checks=checks,
-      separation=None if separation is None else {
-          "recovered": int(separation.inputs.shape[0]), "rank": separation.rank,
-          "rounds": separation.rounds.tolist(), "residual": separation.residual,
-          "singular_values": separation.singular_values.tolist()},
+      separation=found.get("separation"),
+      recursion=found.get("recursion"),
   )
   residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, mode=objective)
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}

@@ -292,8 +292,9 @@ def budget(attack: str, iterations: int, restarts: int) -> str:
 
 
 def closed_form_budget(attack: str, rounds: int) -> str:
-  """"exclusive_neurons (a closed form, 3 rounds)"."""
-  return f"{attack} (a closed form, {rounds} round" + ("s)" if rounds != 1 else ")")
+  """"exclusive_neurons (a closed form, 3 rounds)"; "rgap (a closed form, 3 layers)"."""
+  unit = "layer" if attack == "rgap" else "round"
+  return f"{attack} (a closed form, {rounds} {unit}" + ("s)" if rounds != 1 else ")")
 
 
 def decide(*, findings: dict | None, residual: fidelity.Comparison | None,
