@@ -357,8 +357,10 @@ class HeadInputs(NamedTuple):
       one).
     own: (C,) m_c − Σ_n p_nc = −N ∂L/∂b_c: the weight of the class's own examples in its column of
       the gradient, less what the other examples' predictions of class c put there.
-    usable: (C,) a class of one example whose column its own example dominates (``own`` at least
-      ``min_own``): its feature row is that example's head input.
+    dominance: (C,) |E_cc| / max_{k≠c} |E_kc| at the solution: how much more the class's own
+      examples weigh in its column than any other class's (∞ for a batch of one class).
+    usable: (C,) a class of one example whose column it dominates (``dominance`` at least
+      ``min_dominance``): its feature row is that example's head input.
     residual: ‖H̄ᵀE(H̄) − ∂L/∂W‖ / ‖∂L/∂W‖ at the solution (0 when the examples of every class share
       their predictions, in particular when every class has one).
   """
@@ -367,12 +369,13 @@ class HeadInputs(NamedTuple):
   counts: np.ndarray
   features: np.ndarray
   own: np.ndarray
+  dominance: np.ndarray
   usable: np.ndarray
   residual: float
 
 
 def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int = 200,
-                nonnegative: bool = True, min_own: float = 0.5) -> HeadInputs:
+                nonnegative: bool = True, min_dominance: float = 3.0) -> HeadInputs:
   """The input of a dense head z = hᵀW + b per class present in a batch, from its gradient.
 
   With the mean cross entropy over N examples, ∂L/∂W = Σ_n h_n (p_n − e_{y_n})ᵀ / N with
@@ -385,8 +388,12 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   class's column over its bias gradient
   (∂L/∂W[:, c] / ∂L/∂b_c, the batch-1 closed form, which the other examples' p_nc perturb).
   The fixed point is not unique where a class's own examples barely enter its column (the model
-  already predicts c for them, or others predict c too): ``own`` and ``usable`` say where the row can
-  be trusted as the example's features. A batch larger than K repeats classes: its rows are class
+  already predicts c for them, or another example predicts c as surely): ``dominance`` and
+  ``usable`` say where the row can be trusted as the example's features. (Chosen on CIFAR-10 test
+  images 0-159 in batches of 8, the rows of classes of one example: with dominance >= 3, 50 of 65
+  rows within 10 % of the truth (relative to the batch's spread) on DLG's LeNet, worst 0.44, and
+  68 of 68 on an untrained convnet-16, whose near-uniform predictions keep ``own`` near 0.2 while
+  its rows are exact; ``own`` >= 0.5 kept 49 of 65 on LeNet, worst 0.53, and none of convnet-16's.) A batch larger than K repeats classes: its rows are class
   means, and no example's own.
 
   Args:
@@ -395,7 +402,7 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
     labels: (N,) int, the batch's labels (known or inferred, e.g. :mod:`gradjax.labels`).
     iterations: fixed-point steps.
     nonnegative: clip the features at 0 (a head after a ReLU, a sigmoid or a pooling of them).
-    min_own: ``usable`` needs ``own`` at least this.
+    min_dominance: ``usable`` needs ``dominance`` at least this.
 
   Returns:
     :class:`HeadInputs`.
@@ -427,6 +434,12 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
     h = (gw @ np.linalg.pinv(errors(h))).T
     if nonnegative:
       h = np.maximum(h, 0.0)
-  residual = float(np.linalg.norm(h.T @ errors(h) - gw) / max(np.linalg.norm(gw), 1e-300))
+  e = errors(h)
+  residual = float(np.linalg.norm(h.T @ e - gw) / max(np.linalg.norm(gw), 1e-300))
   own = -n * gb[classes]
-  return HeadInputs(classes, counts, h, own, (counts == 1) & (own >= min_own), residual)
+  column = np.abs(e[:, classes])  # column i: class i's column, one row per class present
+  others = np.where(np.eye(len(classes), dtype=bool), 0.0, column).max(axis=0)
+  mine = np.diag(column)
+  dominance = np.divide(mine, others, out=np.full(len(classes), np.inf), where=others > 0)
+  return HeadInputs(classes, counts, h, own, dominance, (counts == 1) & (dominance >= min_dominance),
+                    residual)

@@ -233,7 +233,12 @@ def test_head_inputs_of_distinct_classes_are_exact():
   order = np.argsort(y)
   np.testing.assert_allclose(found.features, h[order], rtol=1e-8, atol=1e-10)
   np.testing.assert_allclose(found.own, -6 * gb[found.classes])
-  np.testing.assert_array_equal(found.usable, found.own >= 0.5)  # the trust test, conservative here
+  z = h[order] @ w + b  # the trust test from NumPy's own predictions: |E_cc| / max_k |E_kc|
+  p = np.exp(z - z.max(axis=1, keepdims=True))
+  e = np.abs(p / p.sum(axis=1, keepdims=True) - np.eye(10)[np.sort(y)])[:, np.sort(y)]
+  dominance = [e[i, i] / np.delete(e[:, i], i).max() for i in range(6)]
+  np.testing.assert_allclose(found.dominance, dominance, rtol=1e-8)
+  np.testing.assert_array_equal(found.usable, np.asarray(dominance) >= 3)
   assert found.usable.sum() >= 3 and found.residual < 1e-10
   start = gw[:, found.classes] / gb[found.classes]
   assert np.max(np.abs(start.T - h[order])) > 1e-3  # the closed form alone is not exact
@@ -260,7 +265,21 @@ def test_head_inputs_of_repeated_classes_are_their_means():
   b2[8] = 30.0 - h[3] @ w[:, 8]
   gw, gb = _numpy_head(h, y, w, b2)
   found = analytic.head_inputs(w, b2, gw, gb, y, nonnegative=False)
-  assert not found.usable[2] and found.own[2] < 0.5
+  assert not found.usable[2] and found.own[2] < 0.5 and found.dominance[2] < 1
+
+
+def test_head_inputs_with_uniform_predictions_are_usable():
+  """An untrained network predicts every class about equally (small logits): each class's column
+  holds about 1 − N/K of its own example, little by ``own``, but more than any other class's
+  share: the rows are exact and usable."""
+  rng = np.random.default_rng(7)
+  h = rng.uniform(0, 1, size=(8, 50))
+  w, b = rng.normal(size=(50, 10)) * 0.01, np.zeros(10)
+  y = np.array([0, 1, 2, 3, 4, 5, 6, 7])
+  gw, gb = _numpy_head(h, y, w, b)
+  found = analytic.head_inputs(w, b, gw, gb, y)
+  np.testing.assert_allclose(found.features, h, rtol=1e-6, atol=1e-8)
+  assert np.all(found.own < 0.5) and np.all(found.usable)
 
 
 def test_head_inputs_refuses():
