@@ -404,6 +404,10 @@ def _run_image(cfg: Config, callback, batch, state):
   input_shape = tuple(model.input_shape)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+  # Nothing to attack: e.g. an example the model already fits with certainty, or pruned away.
+  zero = fidelity.zero_update(observation)
+  if zero:
+    raise fidelity.ZeroUpdate(zero)
   declared = ",".join(d for d in (meta.get("defense"), cfg.defense) if d and d != "none")
   objective = "gradient" if closed else attack.objective
   as_gradient = (objective == "gradient" and observation.threat_model == "fedavg"

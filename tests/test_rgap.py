@@ -3,6 +3,11 @@
 References: the chain's forward pass in NumPy float64 (PyTorch's convolution written out,
 tests/test_interop.py), the photos themselves (scikit-image's PSNR)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -86,3 +91,27 @@ def test_auto_runs_rgap_first_on_a_relu_lenet():
   assert results["psnr"] == pytest.approx(psnr, rel=1e-6) and psnr > 25
   assert results["verdict"]["status"] == "leak" and results["label_accuracy"] == 1.0
   assert [d["name"] for d in results["recursion"]] == ["Conv_0", "Conv_1", "Conv_2"]
+
+
+CIFAR = os.path.join(data.default_data_dir() or "", "cifar10")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(CIFAR), reason="needs ../shared/data/cifar10")
+def test_a_sweep_skips_an_update_that_is_zero(tmp_path):
+  """CIFAR-10 test image 7 through the sweep's ReLU LeNet: the model gives its label probability 1
+  in float32, so the gradient is zero in every tensor (checked here against NumPy's softmax of the
+  model's logits); the sweep says so, skips it and attacks image 8."""
+  from gradjax.pipeline import experiment_keys
+  image = data.load("cifar10", indices=[7])
+  model = models.create("lenet_zhu", experiment_keys(0, 7)[0], input_shape=(32, 32, 3), act="relu")
+  logits = np.asarray(model.apply_fn(model.variables, image.x, False), np.float64)[0]
+  assert np.argmax(logits) == image.y[0] and np.sort(logits)[-1] - np.sort(logits)[-2] > 104
+  proc = subprocess.run([sys.executable, "-m", "gradjax", "sweep", "--attack=rgap", "--act=relu",
+                         "--dataset=cifar10", "--start=7", "--count=2", "--lpips=none",
+                         f"--output_dir={tmp_path / 'sweep'}"], capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((tmp_path / "sweep" / "results.json").read_text())
+  assert [r["index"] for r in results["rows"]] == [8]
+  assert [s["experiment"] for s in results["skipped"]] == ["7"]

@@ -33,7 +33,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from gradjax.cli import common
-from gradjax import config, report
+from gradjax import config, fidelity, report
 
 common.define_flags()
 common.define_table_flags()
@@ -119,15 +119,21 @@ def main(argv):
   start, resumed = time.perf_counter(), 0
   if not items.plan(list(zip(keys, cfgs))):
     return  # over several processes: this one's experiments are written, process 0 writes the table
-  rows, truth, recon = [], [], []
+  rows, truth, recon, skipped, kept = [], [], [], [], []
   try:
     for k, (cfg, item, key, label) in enumerate(zip(cfgs, sweep, keys, labels)):
-      results, pictures, done = items.run(key, cfg)
+      try:
+        results, pictures, done = items.run(key, cfg)
+      except fidelity.ZeroUpdate as e:  # nothing to attack: said, and the sweep goes on
+        skipped.append({"experiment": label, "reason": str(e)})
+        logging.warning("experiment %d/%d (%s): skipped: %s", k + 1, len(cfgs), label, e)
+        continue
       results["index"] = cfg.index
       if not images:
         results["options"] = item
       resumed += done
       rows.append(results)
+      kept.append(label)
       truth.append(pictures["ground_truth"])
       recon.append(pictures["reconstruction"])
       logging.info("experiment %d/%d (%s): PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s%s, ETA %.0f s",
@@ -137,6 +143,9 @@ def main(argv):
                    (time.perf_counter() - start) / max(k + 1 - resumed, 1) * (len(cfgs) - k - 1))
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
+  if not rows:
+    common.fail(f"no experiment had an update to attack ({skipped[0]['reason']})")
+  labels = kept  # the experiments in the table
   summary = report.summarize(rows, f.psnr_threshold)
   summary["total_time_s"] = items.earlier_s + time.perf_counter() - start
   weights = (f"checkpoint {os.path.basename(base.checkpoint)}" if base.checkpoint
@@ -148,7 +157,8 @@ def main(argv):
   # Per-experiment metrics; each restart's per-iteration history stays in items/<key>.json.
   table_rows = [{k: v for k, v in r.items() if k != "history"} for r in rows]
   report.save_json(os.path.join(out, "results.json"),
-                   {"summary": summary, "rows": table_rows, "title": title, **common.provenance()})
+                   {"summary": summary, "rows": table_rows, "skipped": skipped, "title": title,
+                    **common.provenance()})
   text = markdown(rows, summary, title, labels, "index" if images else "options")
   report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
   report.save_csv(os.path.join(out, "results.csv"),
