@@ -21,8 +21,8 @@ from gradjax import audit, auto, clients, config, interop, models, pipeline
     ({"num_samples": 8, "local_lr": "0.1", "local_batch_size": 4}, "mlp-64",
      ("inverting_gradients_fedavg", "dlm_plus")),
     ({"num_samples": 8}, "mlp-64", ("dlm_plus",)),
-    ({"num_samples": 1, "kind": "gradient", "act": "relu"}, "lenet_zhu", ("rgap", "idlg")),
-    ({"num_samples": 1, "kind": "gradient", "act": "relu"}, "lenet5", ("rgap", "idlg")),
+    ({"num_samples": 1, "kind": "gradient", "act": "relu"}, "lenet_zhu", ("rgap", "inverting_gradients_batch")),
+    ({"num_samples": 1, "kind": "gradient", "act": "relu"}, "lenet5", ("rgap", "inverting_gradients_batch")),
     ({"num_samples": 2, "kind": "gradient", "act": "relu"}, "lenet_zhu", ("inverting_gradients_batch",)),
 ])
 def test_auto_picks_by_the_update_and_the_model(metadata, model, attacks):

@@ -79,12 +79,13 @@ def test_refusals(photos):
 def test_auto_runs_rgap_first_on_a_relu_lenet():
   """--attack=auto at batch 1 on DLG's LeNet with ReLU: R-GAP runs first; its input, regularised
   where the first layer leaves it free, does not reproduce the update to the matching bound, so
-  iDLG runs after it, and the reconstruction that matches the update better is kept (R-GAP's);
+  Inverting Gradients runs after it, and the reconstruction that matches the update better is kept
+  (R-GAP's);
   scored against scikit-image's PSNR, the verdict a leak."""
   from gradjax import config, pipeline
   results, images = pipeline.run(config.Config(attack="auto", act="relu", index=2, lpips="none"))
   tried = results["auto"]["tried"]
-  assert [t["attack"] for t in tried] == ["rgap", "idlg"]
+  assert [t["attack"] for t in tried] == ["rgap", "inverting_gradients_batch"]
   assert results["auto"]["chosen"] == min(tried, key=lambda t: t["residual"])["attack"] == "rgap"
   psnr = skimage.metrics.peak_signal_noise_ratio(images["ground_truth"][0].astype(np.float64),
                                                  images["reconstruction"][0], data_range=1.0)
