@@ -14,16 +14,12 @@ in FIGURES, reconstructions.png. Rows: the development images 0-499 (where
 the acceptance tolerance was chosen, on images 0-127) and the unseen images from 500 on.
 """
 
-import argparse
 import json
 import os
-import shutil
-import subprocess
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
-RUNS = os.path.join(HERE, "runs", "exclusive_neurons")
+import sweeps
+
+RUNS = os.path.join(sweeps.HERE, "runs", "exclusive_neurons")
 # The rows whose reconstructions.png is kept (the others' are a few MB together and say the same).
 FIGURES = ("mlp1024_none_b32_unseen", "mlp1024_cifar10_b16_unseen", "mlp1024_none_b128_unseen")
 CONFIG = os.path.join("experiments", "studies", "batches", "mlp.py")
@@ -37,20 +33,10 @@ ROWS = [(f"mlp{w}_{norm}_b{b}_{part}", w, norm, b, start, count)
 
 
 def run(row, width, norm, batch, start, count, data_dir):
-  out = os.path.join(RUNS, row)
-  if os.path.exists(os.path.join(out, "results.json")):
-    return
-  command = ["gradjax", "sweep", f"--config={CONFIG}", f"--config.model.name=mlp-{width}",
-             f"--normalization={norm}", f"--batch_size={batch}", f"--start={start}", f"--count={count}",
-             f"--output_dir={os.path.relpath(out, ROOT)}"]
-  if data_dir:
-    command.append(f"--data_dir={data_dir}")
-  print(" ".join(command), flush=True)
-  subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-  os.remove(os.path.join(out, "config.py"))  # the command is in results.json
-  shutil.rmtree(os.path.join(out, "items"))  # per-experiment arrays, in results.json's rows already
-  if row not in FIGURES:
-    os.remove(os.path.join(out, "reconstructions.png"))
+  sweeps.sweep(os.path.join(RUNS, row), [f"--config={CONFIG}", f"--config.model.name=mlp-{width}",
+                                         f"--normalization={norm}", f"--batch_size={batch}",
+                                         f"--start={start}", f"--count={count}"], data_dir,
+               ("reconstructions.png",) if row in FIGURES else ())
 
 
 def table() -> tuple[str, dict]:
@@ -80,22 +66,5 @@ def table() -> tuple[str, dict]:
   return "\n".join(lines) + "\n", numbers
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--table", action="store_true", help="only write the table from the runs there")
-  parser.add_argument("--data_dir", default=None, help="where the CIFAR-10 files are (gradjax's default)")
-  args = parser.parse_args()
-  if not args.table:
-    for spec in ROWS:
-      run(*spec, args.data_dir)
-  os.makedirs(RUNS, exist_ok=True)
-  text, numbers = table()
-  with open(os.path.join(RUNS, "table.md"), "w", encoding="utf-8") as fh:
-    fh.write(text)
-  with open(os.path.join(RUNS, "table.json"), "w", encoding="utf-8") as fh:
-    json.dump(numbers, fh, indent=1)
-  print(f"wrote {os.path.relpath(os.path.join(RUNS, 'table.md'), ROOT)}")
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  sweeps.main(__doc__, RUNS, ROWS, run, table)

@@ -1,0 +1,52 @@
+"""What the batches study's programs share: a row is a ``gradjax sweep`` into ``runs/<part>/<row>/``
+(run only where its results.json is missing), and a part's table is written as ``table.md`` and
+``table.json`` beside its rows."""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+
+
+def sweep(out: str, flags: list[str], data_dir: str | None, keep: tuple[str, ...] = ()) -> None:
+  """``gradjax sweep FLAGS --output_dir=OUT``, unless ``out`` holds its results; keeps results.json
+  (which records the command), results.md, psnr.png and the files named in ``keep`` of the rest
+  (reconstructions.png); drops config.py and the per-experiment arrays."""
+  if os.path.exists(os.path.join(out, "results.json")):
+    return
+  command = ["gradjax", "sweep", *flags, f"--output_dir={os.path.relpath(out, ROOT)}"]
+  if data_dir:
+    command.append(f"--data_dir={data_dir}")
+  print(" ".join(command), flush=True)
+  subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+  os.remove(os.path.join(out, "config.py"))
+  shutil.rmtree(os.path.join(out, "items"))
+  if "reconstructions.png" not in keep and os.path.exists(os.path.join(out, "reconstructions.png")):
+    os.remove(os.path.join(out, "reconstructions.png"))
+
+
+def main(doc: str, runs: str, rows: list, run, table) -> None:
+  """The command line of a part: ``--table`` (only the table), ``--rows`` (a comma-separated subset
+  to run), ``--data_dir``; runs ``run(*row, data_dir)`` for the rows wanted, then writes
+  ``table()`` (markdown, numbers) into ``runs``."""
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+  parser.add_argument("--table", action="store_true", help="only write the table from the runs there")
+  parser.add_argument("--rows", default="", help="comma-separated rows to run (default: all)")
+  parser.add_argument("--data_dir", default=None, help="where the CIFAR-10 files are (gradjax's default)")
+  args = parser.parse_args()
+  if not args.table:
+    wanted = set(filter(None, args.rows.split(",")))
+    for row in rows:
+      if not wanted or row[0] in wanted:
+        run(*row, args.data_dir)
+  os.makedirs(runs, exist_ok=True)
+  text, numbers = table()
+  with open(os.path.join(runs, "table.md"), "w", encoding="utf-8") as fh:
+    fh.write(text)
+  with open(os.path.join(runs, "table.json"), "w", encoding="utf-8") as fh:
+    json.dump(numbers, fh, indent=1)
+  print(f"wrote {os.path.relpath(os.path.join(runs, 'table.md'), ROOT)}")
