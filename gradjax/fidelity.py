@@ -315,8 +315,10 @@ def zero_arrays(updates, weights, *, gradient: bool = False) -> str | None:
       return None
     return ("the update is zero up to float32 rounding of the weights: the client sent back the "
             "weights it received; nothing to attack")
-  what = "gradient" if gradient else "update"
-  return (f"the {what} is zero in every tensor: the client sent back the weights it received (or "
+  if gradient:
+    return ("the gradient is zero in every tensor (the model fits the examples with certainty in "
+            "float32, or nothing was trained); nothing to attack")
+  return ("the update is zero in every tensor: the client sent back the weights it received (or "
           "trained on nothing); nothing to attack")
 
 
