@@ -14,7 +14,6 @@ in FIGURES, reconstructions.png. Rows: the development images 0-499 (where
 the acceptance tolerance was chosen, on images 0-127) and the unseen images from 500 on.
 """
 
-import json
 import os
 
 import sweeps
@@ -45,11 +44,9 @@ def table() -> tuple[str, dict]:
   lines = ["| width | normalisation | batch | images | batches | recovered (PSNR >= 30 dB) | PSNR min (dB) "
            "| labels | verdict leak | rounds, median | s per batch |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for row, width, norm, batch, start, count in ROWS:
-    path = os.path.join(RUNS, row, "results.json")
-    if not os.path.exists(path):
+    rows = sweeps.rows(RUNS, row)
+    if rows is None:
       continue
-    with open(path, encoding="utf-8") as fh:
-      rows = json.load(fh)["rows"]
     psnr = [p for r in rows for p in r["psnr_per_image"]]
     found = sum(p >= 30 for p in psnr)
     labels = sum(r["label_accuracy"] * batch for r in rows)

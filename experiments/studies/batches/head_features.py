@@ -16,7 +16,6 @@ batch 8 with eight restarts (``--restarts=8``: the best by the matching objectiv
 without GradInversion's group consistency (``--priors=...,group:1e-3:500``).
 """
 
-import json
 import os
 
 import numpy as np
@@ -52,11 +51,9 @@ def table() -> tuple[str, dict]:
            "SSIM, mean | recognisable (verdict's rule) | leak verdicts | s per batch |",
            "|---|---|---|---|---|---|---|---|---|---|"]
   for row, batch, start, count, weight, extra in ROWS:
-    path = os.path.join(RUNS, row, "results.json")
-    if not os.path.exists(path):
+    rows = sweeps.rows(RUNS, row)
+    if rows is None:
       continue
-    with open(path, encoding="utf-8") as fh:
-      rows = json.load(fh)["rows"]
     psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
     ssim = np.array([s for r in rows for s in r["ssim_per_image"]])
     seen = sum(r["findings"]["images"]["recognisable"] for r in rows)

@@ -14,7 +14,6 @@ image. R-GAP's TV weight (0.03) was chosen on images 0-2 (τ 0.01-0.1 within 1 d
 500.. are unseen.
 """
 
-import json
 import os
 
 import numpy as np
@@ -41,11 +40,9 @@ def table() -> tuple[str, dict]:
   lines = ["| attack | images | PSNR mean (dB) | median | min | recognisable (verdict's rule) | "
            "leak verdicts | labels | s per image |", "|---|---|---|---|---|---|---|---|---|"]
   for row, attack, start, count in ROWS:
-    path = os.path.join(RUNS, row, "results.json")
-    if not os.path.exists(path):
+    rows = sweeps.rows(RUNS, row)
+    if rows is None:
       continue
-    with open(path, encoding="utf-8") as fh:
-      rows = json.load(fh)["rows"]
     psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
     seen = sum(r["findings"]["images"]["recognisable"] for r in rows)
     leaks = sum(r["verdict"]["status"] == "leak" for r in rows)
@@ -54,7 +51,8 @@ def table() -> tuple[str, dict]:
     numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
                     "psnr_min": float(psnr.min()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "labels": float(labels), "seconds_per_image": seconds}
-    lines.append(f"| {attack} | {start}..{start + len(rows) - 1} | {psnr.mean():.2f} | "
+    images = f"{rows[0]['index']}..{rows[-1]['index']}"  # a skipped experiment leaves a gap
+    lines.append(f"| {attack} | {images} | {psnr.mean():.2f} | "
                  f"{np.median(psnr):.2f} | {psnr.min():.2f} | {seen} / {psnr.size} | {leaks} / {len(rows)} | "
                  f"{labels:.0f} / {len(rows)} | {seconds:.1f} |")
   return "\n".join(lines) + "\n", numbers

@@ -29,6 +29,15 @@ def sweep(out: str, flags: list[str], data_dir: str | None, keep: tuple[str, ...
     os.remove(os.path.join(out, "reconstructions.png"))
 
 
+def rows(runs: str, row: str) -> list[dict] | None:
+  """The per-experiment rows of ``runs/<row>/results.json``, or ``None`` before that row ran."""
+  path = os.path.join(runs, row, "results.json")
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as fh:
+    return json.load(fh)["rows"]
+
+
 def main(doc: str, runs: str, rows: list, run, table) -> None:
   """The command line of a part: ``--table`` (only the table), ``--rows`` (a comma-separated subset
   to run), ``--data_dir``; runs ``run(*row, data_dir)`` for the rows wanted, then writes
