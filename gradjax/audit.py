@@ -7,7 +7,8 @@ one folder per round and client, in the import format of :mod:`gradjax.interop`:
   AUDIT_DIR/round_001/client_<id>/weights.safetensors       the same file (a hard link where possible)
   AUDIT_DIR/round_001/client_<id>/observation.safetensors   W_{t+1}, the client's reply (kind weights)
   AUDIT_DIR/round_001/client_<id>/capture.json              round, client, metadata, status
-  AUDIT_DIR/round_001/round.json                            clients sent work, and which failed
+  AUDIT_DIR/round_001/round.json                            nodes sent work, which failed, replied twice
+  AUDIT_DIR/round_001/client_<id>/rows.json                 an audit's rows of it (written as it ends)
 
 Tensors keep their ``state_dict`` names and PyTorch layouts. The observation's metadata carry what
 the server knew: ``num_samples`` (the reply's example count), the local schedule (``local_lr``,
@@ -19,7 +20,10 @@ whole or not at all (written aside, then renamed).
 
 :func:`audit` attacks every capture with the attacks its metadata support (:func:`gradjax.auto.for_metadata`)
 and writes, per capture and attack, the files of :func:`gradjax.report.write_run`, plus
-``index.json``, ``index.md`` and ``index.html`` over the whole federation.
+``index.json``, ``index.md`` and ``index.html`` over the whole federation: a row per capture and
+attack, and a row per recorded round (clients sent work, failed, withheld, replying twice, nodes new
+or gone). An audit stopped between captures (:class:`Stopped`) continues with ``resume``: the
+captures whose ``rows.json`` holds rows of the same settings are read back, not attacked again.
 """
 
 import html
@@ -134,16 +138,24 @@ ROUND_SUMMARY = "round.json"
 
 
 def write_round_summary(round_dir, server_round: int, clients_sent: int,
-                        failures: dict[Any, str]) -> None:
+                        failures: dict[Any, str], *, nodes: Sequence[Any] | None = None,
+                        duplicates: dict[Any, int] | None = None) -> None:
   """``round.json`` of a recorded round: how many clients were sent work and which failed (node ->
-  why: the ClientApp raised, a malformed reply, no reply)."""
-  report.save_json(os.path.join(os.fspath(round_dir), ROUND_SUMMARY),
-                   {"round": server_round, "clients_sent": clients_sent,
-                    "failures": {str(k): v for k, v in failures.items()}})
+  why: the ClientApp raised, a malformed reply, no reply); ``nodes``, the nodes sent work, and
+  ``duplicates``, node -> replies for a node that replied more than once (each reply is recorded:
+  ``client_<node>`` and ``client_<node>-reply<k>``)."""
+  summary = {"round": server_round, "clients_sent": clients_sent,
+             "failures": {str(k): v for k, v in failures.items()}}
+  if nodes is not None:
+    summary["nodes"] = [str(n) for n in nodes]
+  if duplicates:
+    summary["duplicates"] = {str(k): int(v) for k, v in duplicates.items()}
+  report.save_json(os.path.join(os.fspath(round_dir), ROUND_SUMMARY), summary)
 
 
-def round_failures(audit_dir) -> dict[int, dict[str, str]]:
-  """Round -> client -> why it failed, from the recorded rounds' ``round.json``."""
+def round_summaries(audit_dir) -> dict[int, dict[str, Any]]:
+  """Round -> its ``round.json`` (:func:`write_round_summary`), for the recorded rounds that have
+  one (an unreadable one is left out)."""
   out = {}
   for rname in sorted(os.listdir(os.fspath(audit_dir))):
     path = os.path.join(os.fspath(audit_dir), rname, ROUND_SUMMARY)
@@ -151,10 +163,48 @@ def round_failures(audit_dir) -> dict[int, dict[str, str]]:
     if m and os.path.isfile(path):
       try:
         with open(path, encoding="utf-8") as fh:
-          out[int(m.group(1))] = dict(json.load(fh).get("failures", {}))
-      except (OSError, ValueError, AttributeError):
+          summary = json.load(fh)
+        if not isinstance(summary, dict):
+          continue
+      except (OSError, ValueError):
         continue
+      out[int(m.group(1))] = summary
   return out
+
+
+def round_failures(audit_dir) -> dict[int, dict[str, str]]:
+  """Round -> client -> why it failed, from the recorded rounds' ``round.json``."""
+  out = {}
+  for r, summary in round_summaries(audit_dir).items():
+    failures = summary.get("failures", {})
+    out[r] = dict(failures) if isinstance(failures, dict) else {}
+  return out
+
+
+def membership(audit_dir) -> list[dict[str, Any]]:
+  """What happened in each recorded round, from its ``round.json``: clients sent work, failed,
+  withheld by their gate, nodes that replied more than once, and the nodes new or gone since the
+  previous recorded round (a SuperNode restarted between rounds registers again, under a new node
+  id: one node gone, one new). Rounds recorded without node lists leave those fields out."""
+  rows, previous = [], None
+  for r, summary in sorted(round_summaries(audit_dir).items()):
+    failures = summary.get("failures", {})
+    failures = failures if isinstance(failures, dict) else {}
+    row = {"round": r, "clients_sent": summary.get("clients_sent"),
+           "failed": sorted(str(k) for k, v in failures.items() if WITHHELD not in str(v)),
+           "withheld": sorted(str(k) for k, v in failures.items() if WITHHELD in str(v)),
+           "duplicates": dict(summary.get("duplicates") or {})}
+    nodes = summary.get("nodes")
+    if isinstance(nodes, list):
+      nodes = [str(n) for n in nodes]
+      row["nodes"] = nodes
+      if previous is not None:
+        row["new"] = sorted(set(nodes) - set(previous[1]))
+        row["gone"] = sorted(set(previous[1]) - set(nodes))
+        row["since"] = previous[0]
+      previous = (r, nodes)
+    rows.append(row)
+  return rows
 
 
 class ScheduleKeys(NamedTuple):
@@ -299,6 +349,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   (:func:`gradjax.fidelity.zero_update`) gives one row, ``no_leak_found`` with ``zero_update``.
   """
   base = {"round": capture.round, "client": capture.client}
+  if capture.info.get("reply"):  # the k-th reply of a node that replied more than once
+    base["reply"] = capture.info["reply"]
   if capture.error and WITHHELD in capture.error:  # the client's gate kept it: nothing was sent
     return [{**base, "attack": None, "withheld": True, "reason": capture.error}]
   if capture.error:
@@ -355,13 +407,15 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
 
 
 def audit(audit_dir, settings: Settings = Settings(), *, rounds: Sequence[int] | None = None,
-          index_dir=None, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+          index_dir=None, log: Callable[[str], None] = print,
+          resume: bool = False) -> list[dict[str, Any]]:
   """Attacks every capture under ``audit_dir`` (of ``rounds``, all when ``None``) and writes the
   index of those (``index.json``, ``index.md``, ``index.html``) into ``index_dir`` (default
-  ``audit_dir``); returns its rows."""
+  ``audit_dir``); returns its rows. ``resume``: captures already attacked with these ``settings``
+  are read back (:func:`attack_captures`)."""
   found = select(audit_dir, rounds)
-  return index(audit_dir, attack_captures(found, settings, log), settings, found, rounds=rounds,
-               index_dir=index_dir)
+  return index(audit_dir, attack_captures(found, settings, log, resume=resume), settings, found,
+               rounds=rounds, index_dir=index_dir)
 
 
 def select(audit_dir, rounds: Sequence[int] | None = None) -> list[Capture]:
@@ -376,12 +430,61 @@ def select(audit_dir, rounds: Sequence[int] | None = None) -> list[Capture]:
   return found
 
 
+ROWS = "rows.json"  # a capture's rows and the settings they were attacked with, as each capture ends
+
+
+class Stopped(Exception):
+  """An audit a signal stopped between captures: ``rows`` of the ``done`` captures of ``total``
+  (each also kept in its ``rows.json``, so ``resume`` reads them back); ``signum``, the signal."""
+
+  def __init__(self, rows: list[dict[str, Any]], done: int, total: int, signum: int):
+    super().__init__(f"stopped after {done} of {total} captures (signal {signum})")
+    self.rows, self.done, self.total, self.signum = rows, done, total, signum
+
+
+def _settings_json(settings: Settings) -> dict[str, Any]:
+  return json.loads(json.dumps(settings._asdict()))
+
+
+def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | None:
+  """The rows an earlier audit with the same ``settings`` left in the capture's ``rows.json``
+  (``None``: none, other settings, or unreadable)."""
+  try:
+    with open(os.path.join(capture.folder, ROWS), encoding="utf-8") as fh:
+      kept = json.load(fh)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(kept, dict) or kept.get("settings") != _settings_json(settings):
+    return None
+  rows = kept.get("rows")
+  return rows if isinstance(rows, list) and all(isinstance(r, dict) for r in rows) else None
+
+
 def attack_captures(found: Sequence[Capture], settings: Settings,
-                    log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-  """:func:`attack_capture` of each capture in turn: their rows."""
+                    log: Callable[[str], None] = print, *, resume: bool = False,
+                    stop: Callable[[], int | None] = lambda: None) -> list[dict[str, Any]]:
+  """:func:`attack_capture` of each capture in turn: their rows. Each capture's rows are kept in
+  its ``rows.json`` as it ends; with ``resume``, a capture whose ``rows.json`` holds rows of the
+  same ``settings`` is not attacked again. ``stop`` is asked between captures: a signal number
+  raises :class:`Stopped` with the rows so far."""
   start, rows = time.perf_counter(), []
   for k, capture in enumerate(found):
-    rows.extend(attack_capture(capture, settings, log))
+    signum = stop()
+    if signum is not None:
+      raise Stopped(rows, k, len(found), signum)
+    kept = kept_rows(capture, settings) if resume else None
+    if kept is not None:
+      rows.extend(kept)
+      log(f"capture {k + 1}/{len(found)} (round {capture.round} client {capture.client}): kept "
+          f"from its {ROWS}")
+      continue
+    new = attack_capture(capture, settings, log)
+    try:
+      report.save_json(os.path.join(capture.folder, ROWS),
+                       {"settings": _settings_json(settings), "rows": new})
+    except OSError as e:  # the rows still reach the index; only a resume would attack it again
+      log(f"round {capture.round} client {capture.client}: {ROWS} not written: {e}")
+    rows.extend(new)
     log(f"capture {k + 1}/{len(found)} done, {time.perf_counter() - start:.0f} s")
   return rows
 
@@ -390,7 +493,8 @@ def index(audit_dir, rows: list[dict[str, Any]], settings: Settings, found: Sequ
           rounds: Sequence[int] | None = None, index_dir=None) -> list[dict[str, Any]]:
   """Writes the index of an audit's ``rows`` (of the captures ``found``) into ``index_dir``
   (default ``audit_dir``): with a row for every client of ``rounds`` that never replied (no
-  capture), merged with the rows of an earlier index there (:func:`merged_rows`). Returns its rows."""
+  capture), merged with the rows of an earlier index there (:func:`merged_rows`), and what
+  happened in each recorded round (:func:`membership`). Returns its rows."""
   recorded = {(c.round, c.client) for c in found}
   for r, failed in round_failures(audit_dir).items():  # clients that never replied: no capture
     if rounds is None or r in set(rounds):
@@ -398,7 +502,7 @@ def index(audit_dir, rows: list[dict[str, Any]], settings: Settings, found: Sequ
                      for client, why in failed.items() if (r, str(client)) not in recorded]
   index_dir = audit_dir if index_dir is None else index_dir
   rows = merged_rows(read_index(index_dir), rows)
-  write_index(index_dir, rows, settings, audit_dir)
+  write_index(index_dir, rows, settings, audit_dir, rounds=membership(audit_dir))
   return rows
 
 
@@ -526,20 +630,56 @@ def failed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return [r for r in rows if r.get("error")]
 
 
-def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit_dir=None) -> None:
-  """``index.json`` (rows and settings), ``index.md`` and ``index.html`` in ``index_dir``: one table
-  row per capture and attack, with the reconstruction as a thumbnail and a link to the run's
-  ``report.html`` (row ``run`` paths are relative to ``audit_dir``, default ``index_dir``)."""
+def _nodes(values) -> str:
+  return ", ".join(values) if values else "–"
+
+
+ROUND_COLUMNS = ("round", "clients sent", "failed", "withheld", "replied twice or more",
+                 "new nodes", "nodes gone")
+
+
+def _round_cells(r: dict[str, Any]) -> list[str]:
+  since = f" (since round {r['since']})" if "since" in r else ""
+  return [str(r["round"]), _fmt(r.get("clients_sent"), "d"), _nodes(r["failed"]), _nodes(r["withheld"]),
+          _nodes([f"{n} ({k} replies)" for n, k in sorted(r["duplicates"].items())]),
+          _nodes(r.get("new")) + (since if r.get("new") else ""),
+          _nodes(r.get("gone")) + (since if r.get("gone") else "")]
+
+
+def rounds_markdown(rounds: list[dict[str, Any]]) -> str:
+  """:func:`membership` as a Markdown table."""
+  lines = ["| " + " | ".join(ROUND_COLUMNS) + " |", "|" + "---|" * len(ROUND_COLUMNS)]
+  lines += ["| " + " | ".join(_round_cells(r)) + " |" for r in rounds]
+  return "\n".join(lines) + "\n"
+
+
+def _rounds_html(rounds: list[dict[str, Any]]) -> str:
+  if not rounds:
+    return ""
+  head = "".join(f"<th>{c}</th>" for c in ROUND_COLUMNS)
+  body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _round_cells(r)) + "</tr>"
+                 for r in rounds)
+  return f"<h2>Rounds</h2><table><tr>{head}</tr>{body}</table>"
+
+
+def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit_dir=None, *,
+                rounds: list[dict[str, Any]] | None = None) -> None:
+  """``index.json`` (rows, settings and ``rounds``), ``index.md`` and ``index.html`` in
+  ``index_dir``: one table row per capture and attack, with the reconstruction as a thumbnail and a
+  link to the run's ``report.html`` (row ``run`` paths are relative to ``audit_dir``, default
+  ``index_dir``), then one row per recorded round (:func:`membership`)."""
   index_dir = os.fspath(index_dir)
   audit_dir = index_dir if audit_dir is None else os.fspath(audit_dir)
+  rounds = rounds or []
   report.save_json(os.path.join(index_dir, "index.json"),
-                   {"rows": rows, "settings": settings._asdict()})
+                   {"rows": rows, "settings": settings._asdict(), "rounds": rounds})
   title = f"Audit of {os.path.basename(os.path.abspath(index_dir))}"
   failed = failed_rows(rows)
   note = (f"{len(failed)} of {len(rows)} rows failed (see their status)" if failed else "")
+  round_table = f"\n## Rounds\n\n{rounds_markdown(rounds)}" if rounds else ""
   report.atomic_write(os.path.join(index_dir, "index.md"),
                       lambda f: f.write(f"# {title}\n\n" + (f"**{note}**\n\n" if note else "")
-                                        + index_markdown(rows)), binary=False)
+                                        + index_markdown(rows) + round_table), binary=False)
   failures = f"<p style='color:#b00020'><b>{html.escape(note)}</b></p>" if note else ""
   cells = []
   for r in rows:
@@ -576,5 +716,6 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
       f"budget; never a proof of safety).</p>{failures}"
       "<table><tr><th>round</th><th>client</th><th>attack</th><th>verdict</th><th>objective</th>"
       "<th>PSNR (dB)</th><th>SSIM</th><th>LPIPS</th><th>reconstruction</th><th>run</th>"
-      "<th>status</th></tr>" + "".join(cells) + "</table></body></html>\n")
+      "<th>status</th></tr>" + "".join(cells) + "</table>" + _rounds_html(rounds)
+      + "</body></html>\n")
   report.atomic_write(os.path.join(index_dir, "index.html"), lambda f: f.write(page), binary=False)

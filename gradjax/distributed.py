@@ -80,9 +80,27 @@ def _client():
   return jd.global_state.client
 
 
+# Seconds without a heartbeat after which a process counts as stopped: a run whose coordinator is on
+# this machine (127.0.0.1, localhost) notices a lost process in seconds; a cluster's network and
+# schedulers get JAX's minute.
+LOCAL_HEARTBEAT_TIMEOUT_S = 10
+CLUSTER_HEARTBEAT_TIMEOUT_S = 60
+
+
+def heartbeat_timeout(coordinator_address: str | None) -> int:
+  """:data:`LOCAL_HEARTBEAT_TIMEOUT_S` for a coordinator on the loopback interface (``127.*``,
+  ``localhost``, ``::1``), else :data:`CLUSTER_HEARTBEAT_TIMEOUT_S` (also when the cluster is
+  detected: ``None``)."""
+  if not coordinator_address:
+    return CLUSTER_HEARTBEAT_TIMEOUT_S
+  host = coordinator_address.rsplit(":", 1)[0].strip("[]").lower()
+  local = host == "localhost" or host.startswith("127.") or host == "::1"
+  return LOCAL_HEARTBEAT_TIMEOUT_S if local else CLUSTER_HEARTBEAT_TIMEOUT_S
+
+
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, local_device_ids: list[int] | None = None, *,
-               initialization_timeout_s: int = 300, heartbeat_timeout_s: int = 60,
+               initialization_timeout_s: int = 300, heartbeat_timeout_s: int | None = None,
                collectives: bool = True) -> None:
   """Joins the run: ``jax.distributed.initialize`` with its arguments (detected from the cluster's
   environment where omitted) and CPU collectives over gloo. Call before anything touches a device.
@@ -97,11 +115,16 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   aborted by JAX with a C++ stack trace. The child ignores Ctrl-C (the processes save their state
   on it) and exits a second after process 0 has.
 
+  ``heartbeat_timeout_s``: seconds without a heartbeat after which a process counts as stopped
+  (``None``: :func:`heartbeat_timeout` of the coordinator's address).
+
   Raises:
     Error: the arguments are incomplete and no cluster was detected, the run did not form within
       ``initialization_timeout_s`` (the coordinator cannot be reached, a process is missing), or
       the process was already initialized.
   """
+  if heartbeat_timeout_s is None:
+    heartbeat_timeout_s = heartbeat_timeout(coordinator_address)
   _settings["heartbeat_timeout_s"] = float(heartbeat_timeout_s)
   if not collectives:
     return _coordinate_only(coordinator_address, num_processes, process_id, local_device_ids,

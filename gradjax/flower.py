@@ -25,6 +25,11 @@ logger, so ``flwr run --stream`` shows it) how many of the clients sent work fai
 ClientApp raised, a malformed reply, no reply), keeps them in :attr:`AuditStrategy.failures`, and
 writes them to ``round_NNN/round.json`` of the recorded rounds, which the audit's index reports.
 :meth:`AuditStrategy.raise_if_failed` ends a ServerApp with an error when a round lost every client.
+Neither are the other faults of a federation: a node that replies more than once in a round has each
+reply recorded as a capture of its own (``client_<node>-reply2``, never merged into the first) and
+named in ``round.json``; the nodes sent work each round are kept there too, so a SuperNode restarted
+between rounds (it registers again, under a new node id) shows as a node gone and a new one in the
+audit's round table (:func:`gradjax.audit.membership`).
 
 What the server cannot see in an update, a client declares in its reply: a ``ConfigRecord`` under
 :data:`DECLARATIONS` (:func:`declarations` builds it) with its model variant, normalisation, loss
@@ -33,6 +38,7 @@ precedence over the server's ``metadata`` and config), so ``gradjax audit --adap
 each client's own defense, and :func:`leakage_mod` reads the same record on the client.
 """
 
+import collections
 import logging
 import os
 import time
@@ -139,6 +145,8 @@ class AuditStrategy(Strategy):
     self._expected: list[int] = []  # the nodes sent work this round
     self.failures: dict[int, dict[int, str]] = {}  # round -> node -> why it failed
     self.clients_sent: dict[int, int] = {}  # round -> clients sent work
+    self.nodes: dict[int, list[int]] = {}  # round -> the nodes sent work
+    self.duplicates: dict[int, dict[int, int]] = {}  # round -> node -> replies, where more than one
 
   # The Strategy interface: everything goes to the wrapped strategy.
 
@@ -167,6 +175,9 @@ class AuditStrategy(Strategy):
     failed.update({node: "no reply" for node in self._expected if node not in replied})
     self.failures[server_round] = failed
     self.clients_sent[server_round] = len(self._expected)
+    self.nodes[server_round] = sorted(self._expected)
+    counts = collections.Counter(m.metadata.src_node_id for m in replies)
+    self.duplicates[server_round] = {node: k for node, k in sorted(counts.items()) if k > 1}
     if self._sent:
       start = time.perf_counter()
       try:
@@ -188,10 +199,21 @@ class AuditStrategy(Strategy):
                      sent, first[0], first[1])
     else:
       logger.info("round %d: all %d clients replied", server_round, sent)
+    for node, k in self.duplicates[server_round].items():
+      logger.warning("round %d: node %d replied %d times; each reply is recorded, and the wrapped "
+                     "strategy aggregates every one", server_round, node, k)
+    earlier = [r for r in self.nodes if r < server_round]
+    if earlier:  # a SuperNode that restarted registers again: a node gone and a new one
+      before, now = set(self.nodes[max(earlier)]), set(self.nodes[server_round])
+      if before != now:
+        logger.info("round %d: nodes new since round %d: %s; gone: %s", server_round, max(earlier),
+                    sorted(now - before) or "none", sorted(before - now) or "none")
     round_dir = os.path.join(self.audit_dir, f"round_{server_round:03d}")
     if os.path.isdir(round_dir):
       try:
-        audit.write_round_summary(round_dir, server_round, sent, failed)
+        audit.write_round_summary(round_dir, server_round, sent, failed,
+                                  nodes=self.nodes[server_round],
+                                  duplicates=self.duplicates[server_round])
       except OSError as e:
         logger.error("audit: round %d: summary not written: %s", server_round, e)
 
@@ -240,8 +262,10 @@ class AuditStrategy(Strategy):
     config_key = getattr(self.strategy, "configrecord_key", "config")
     written: dict[int, tuple[str, dict[str, np.ndarray]]] = {}  # sent ArrayRecord id -> file, arrays
     recorded = 0
+    replies_of: collections.Counter = collections.Counter()  # node -> its replies so far
     for reply in self._selected(replies):
       node = reply.metadata.src_node_id
+      replies_of[node] += 1
       content = self._sent.get(node)
       if content is None or array_key not in content:
         logger.warning("audit: round %d: no message to node %d on record; reply skipped",
@@ -260,6 +284,10 @@ class AuditStrategy(Strategy):
         written[id(sent_arrays)] = (weights_file, arrays)
       weights_file, arrays = written[id(sent_arrays)]
       info: dict[str, Any] = {"round": server_round, "client": node, "config": config}
+      name = f"client_{node}"
+      if replies_of[node] > 1:  # recorded as its own capture, never merged into the first
+        info["reply"] = replies_of[node]
+        name = f"client_{node}-reply{replies_of[node]}"
       returned, metrics = None, {}
       if reply.has_error():
         info["error"] = f"the client failed: {reply.error.reason}"
@@ -299,7 +327,7 @@ class AuditStrategy(Strategy):
         self.failures[server_round].setdefault(node, info["error"])
       try:
         self.bytes_written += audit.write_capture(
-            os.path.join(round_dir, f"client_{node}"), weights_file, returned, info, meta)
+            os.path.join(round_dir, name), weights_file, returned, info, meta)
       except Exception as e:  # noqa: BLE001 - one client's record failing leaves the others'
         logger.error("audit: round %d client %d: not recorded: %s", server_round, node, e)
         continue

@@ -14,6 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from gradjax import distributed
+
 pytestmark = pytest.mark.slow
 # The test run's persistent compilation cache (conftest): each process, the one-process comparison
 # runs too, loads what another compiled (every process writes its own entries, gradjax.distributed).
@@ -34,7 +36,7 @@ def _gradjax(args, **kw):
 
 
 @contextlib.contextmanager
-def _processes(args, n=2, heartbeat_s=60, per_process=None):
+def _processes(args, n=2, heartbeat_s=None, per_process=None):
   """``n`` processes of ``gradjax args`` joined at a free port; yields the Popen objects; kills every
   one still running (and its process group: process 0's coordination-service child) at the end."""
   port = _free_port()
@@ -42,8 +44,8 @@ def _processes(args, n=2, heartbeat_s=60, per_process=None):
   try:
     for k in range(n):
       launch = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={n}",
-                f"--process_id={k}", f"--heartbeat_timeout_s={heartbeat_s}",
-                "--initialization_timeout_s=60"]
+                f"--process_id={k}", "--initialization_timeout_s=60",
+                *([] if heartbeat_s is None else [f"--heartbeat_timeout_s={heartbeat_s}"])]
       procs.append(_gradjax([*args, *launch, *((per_process or {}).get(k, []))]))
     yield procs
   finally:
@@ -220,11 +222,19 @@ def test_label_programs_split_their_clients_over_two_processes(program, tmp_path
         assert r["accuracy_per_batch"] == want["accuracy_per_batch"]
 
 
+def test_a_run_on_one_machine_notices_a_lost_process_in_seconds():
+  assert distributed.heartbeat_timeout("127.0.0.1:1234") == distributed.LOCAL_HEARTBEAT_TIMEOUT_S == 10
+  for local in ("localhost:80", "127.0.1.1:5", "[::1]:7"):
+    assert distributed.heartbeat_timeout(local) == 10
+  for cluster in ("node-3:1234", "10.0.0.7:80", None):  # None: SLURM, Open MPI or a TPU pod detected
+    assert distributed.heartbeat_timeout(cluster) == distributed.CLUSTER_HEARTBEAT_TIMEOUT_S == 60
+
+
 def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
   out = tmp_path / "run"
   args = ["reconstruct", "--iterations=300", "--chunk=10", "--restarts=2", "--shard",
           "--lpips=none", "--save_every_s=0", f"--output_dir={out}"]
-  with _processes(args, heartbeat_s=3) as procs:
+  with _processes(args) as procs:  # the default heartbeat timeout of a run on one machine
     deadline = time.monotonic() + 120
     while not (out / "state.npz").exists():
       assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[1][-2000:]
@@ -238,7 +248,7 @@ def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
     print(f"process 0 exited {took:.1f} s after process 1 was killed: {errors}")
     assert rc == 1 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
     assert errors[0].startswith("error: process 0 of 2: process 1 stopped") and "--resume" in errors[0]
-    assert took < 3 + 15
+    assert took < distributed.LOCAL_HEARTBEAT_TIMEOUT_S + 10
     assert not _service_children(f"127.0.0.1:{port}")
   assert (out / "state.npz").exists() and not (out / "metrics.json").exists()
   # Another number of processes would split the restarts otherwise: refused in one line.

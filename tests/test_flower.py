@@ -50,10 +50,11 @@ class Grid:
   """An in-process grid: nodes 11 and 12 (or ``nodes``), each a gradjax FedAvg client on photo
   ``node % 16``; ``spoil`` changes a node's reply to test malformed ones."""
 
-  def __init__(self, net, nodes=(11, 12), spoil=None, samples=1, defenses=None):
+  def __init__(self, net, nodes=(11, 12), spoil=None, samples=1, defenses=None, restarts=None):
     self.model, self.mapping = net
     self.nodes, self.spoil, self.samples = list(nodes), spoil or {}, samples
     self.defenses = defenses or {}  # node -> the defense it applies to its update and declares
+    self.restarts = restarts or {}  # node -> the id it registers under after the first round
 
   def get_node_ids(self):
     return list(self.nodes)
@@ -92,7 +93,14 @@ class Grid:
     return Message(content, reply_to=message)
 
   def send_and_receive(self, messages, timeout=None):
-    return [self.reply(m) for m in messages if self.spoil.get(m.metadata.dst_node_id) != "silent"]
+    replies = []
+    for m in messages:
+      node = m.metadata.dst_node_id
+      if self.spoil.get(node) != "silent":
+        replies += [self.reply(m)] * (2 if self.spoil.get(node) == "twice" else 1)
+    # A SuperNode restarted between rounds registers again, under a new node id.
+    self.nodes = [self.restarts.get(n, n) for n in self.nodes]
+    return replies
 
 
 def start(strategy, net, grid, rounds=2, **config):
@@ -343,7 +351,7 @@ def test_failed_clients_are_counted_reported_and_fail_the_audit(net, tmp_path):
   start(strategy, net, grid, rounds=1)
   assert strategy.failures == {1: {12: "the client failed: ClientApp crashed", 13: "no reply"}}
   summary = json.loads((tmp_path / "audit" / "round_001" / audit.ROUND_SUMMARY).read_text())
-  assert summary == {"round": 1, "clients_sent": 3,
+  assert summary == {"round": 1, "clients_sent": 3, "nodes": ["11", "12", "13"],
                      "failures": {"12": "the client failed: ClientApp crashed", "13": "no reply"}}
   strategy.raise_if_failed()  # one client trained: not a lost round
   program = ["-m", "gradjax", "audit"]
@@ -401,3 +409,75 @@ def test_audit_refuses_a_misdeclared_capture_unless_forced(net, tmp_path):
   assert "verdict" not in row and "declare normalization=none" in row["error"], row
   row, = audit.attack_capture(capture, settings._replace(force=True), log=lambda s: None)
   assert row.get("error") is None and row["verdict"] == "inconclusive"
+
+
+@pytest.mark.slow
+def test_a_node_that_replies_twice_and_a_restarted_node_are_recorded_not_merged(net, tmp_path):
+  """Node 12 replies twice in each round: both replies are captures of their own, named in
+  round.json and the index; node 12 then restarts between rounds under id 13: the round table
+  shows node 12 gone and node 13 new. (Flower's FedAvg aggregates every reply it is given.)"""
+  grid = Grid(net, spoil={12: "twice"}, restarts={12: 13})
+  strategy = AuditStrategy(Keep(), tmp_path / "audit")
+  start(strategy, net, grid, rounds=2)
+  found = audit.captures(strategy.audit_dir)
+  assert [(c.round, c.client, c.info.get("reply")) for c in found] == [
+      (1, "11", None), (1, "12", None), (1, "12-reply2", 2), (2, "11", None), (2, "13", None)]
+  first, second = (interop.read(os.path.join(c.folder, audit.OBSERVATION)).tensors for c in found[1:3])
+  for name in first:  # the same reply twice, each kept whole
+    np.testing.assert_array_equal(first[name], second[name])
+  assert strategy.duplicates == {1: {12: 2}, 2: {}} and strategy.nodes == {1: [11, 12], 2: [11, 13]}
+  summary = json.loads((tmp_path / "audit" / "round_001" / audit.ROUND_SUMMARY).read_text())
+  assert summary["duplicates"] == {"12": 2} and summary["nodes"] == ["11", "12"]
+  rounds = audit.membership(strategy.audit_dir)
+  assert [(r["round"], r["duplicates"], r.get("new"), r.get("gone"), r.get("since")) for r in rounds] == [
+      (1, {"12": 2}, None, None, None), (2, {}, ["13"], ["12"], 1)]
+  rows = audit.audit(strategy.audit_dir, audit.Settings(attacks=("idlg",), iterations=3, lpips="none"),
+                     log=lambda s: None)
+  assert [(r["round"], r["client"], r.get("reply")) for r in rows] == [
+      (1, "11", None), (1, "12", None), (1, "12-reply2", 2), (2, "11", None), (2, "13", None)]
+  index = json.loads((tmp_path / "audit" / "index.json").read_text())
+  assert index["rounds"] == rounds
+  table = (tmp_path / "audit" / "index.md").read_text()
+  assert "| 1 | 2 | – | – | 12 (2 replies) | – | – |" in table
+  assert "| 2 | 2 | – | – | – | 13 (since round 1) | 12 (since round 1) |" in table
+
+
+@pytest.mark.slow
+def test_an_interrupted_audit_resumes_where_it_stopped(net, tmp_path):
+  """Ctrl-C during ``gradjax audit``: the capture under attack finishes, the index holds the
+  captures done, one line names the command that continues (exit 130); that command reads the
+  finished captures back (their run files untouched) and attacks the rest."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
+  start(strategy, net, Grid(net, nodes=(11, 12, 13, 14)), rounds=1)
+  args = [sys.executable, "-m", "gradjax", "audit", f"--audit_dir={strategy.audit_dir}",
+          "--attacks=idlg", "--iterations=50", "--lpips=none"]
+  proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  first = tmp_path / "audit" / "round_001" / "client_11" / audit.ROWS
+  deadline = time.monotonic() + 300
+  while not first.exists():
+    assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1][-2000:]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=300)
+  lines = [line for line in err.splitlines() if line.startswith("interrupted")]
+  assert proc.returncode == 130 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+  done = sorted(p.parent.name for p in (tmp_path / "audit" / "round_001").glob(f"client_*/{audit.ROWS}"))
+  assert 1 <= len(done) < 4 and lines[0].startswith(f"interrupted after {len(done)} of 4 captures")
+  indexed = json.loads((tmp_path / "audit" / "index.json").read_text())["rows"]
+  assert [f"client_{r['client']}" for r in indexed] == done
+  kept = {name: (tmp_path / "audit" / "round_001" / name / "idlg" / "metrics.json").stat().st_mtime_ns
+          for name in done}
+  command = lines[0].split("resume with: ", 1)[1]
+  assert command.endswith(" --resume")
+  again = subprocess.run([sys.executable, "-m", "gradjax", *command.split()[1:]], capture_output=True,
+                         text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert again.stdout.count(f"kept from its {audit.ROWS}") == len(done)
+  rows = json.loads((tmp_path / "audit" / "index.json").read_text())["rows"]
+  assert [r["client"] for r in rows] == ["11", "12", "13", "14"] and all(r["verdict"] for r in rows)
+  for name, mtime in kept.items():
+    assert (tmp_path / "audit" / "round_001" / name / "idlg" / "metrics.json").stat().st_mtime_ns == mtime

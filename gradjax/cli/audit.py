@@ -13,7 +13,11 @@ reported its ``data_indices`` are scored (PSNR, SSIM, LPIPS). Writes per capture
 federation ``index.json``, ``index.md`` and ``index.html``. A malformed capture or a failing attack
 is a row with its error, and the program then ends with one line and exit code 1 once the index
 is written; bad flags or a --dataset that cannot be loaded: one-line error, exit code 2. The index
-merges with an earlier one in the folder: rows of rounds not attacked again are kept.
+merges with an earlier one in the folder: rows of rounds not attacked again are kept. The first
+Ctrl-C or SIGTERM stops the audit after the capture being attacked: the index holds the captures
+done, one line names the command that continues (``--resume``: captures whose ``rows.json`` holds
+rows of the same options are read back), exit code 128 + the signal (130 for Ctrl-C); a second one
+stops at once.
 
 Over several processes (the launch flags, :mod:`gradjax.distributed`; every process sees the
 recorded folder): capture k is attacked by process k mod P, each writing its captures' run folders,
@@ -30,18 +34,33 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import audit, auto, closed_forms, config, data, distributed, presets
+from gradjax import audit, auto, closed_forms, config, data, distributed, presets, resume
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(ATTACKS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
+flags.DEFINE_bool("resume", False, common.RESUME_HELP)  # captures with rows.json of the same options
 # The options of the schema it reads (gradjax.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
 common.define_flags(fields=("model", "rename", "dataset", "data_dir", "image_size", "normalization",
                             "iterations", "restarts", "lpips", "force", "adaptive"))
 common.define_launch_flags(collectives=False)  # captures split over processes
 flags.adopt_module_key_flags(common)
+
+
+def _stopped(e: audit.Stopped, found, settings: audit.Settings, rounds) -> None:
+  """One line for an audit a signal stopped, naming the command that continues it; the index holds
+  the captures attacked so far (process 0 of a run over several processes: its own); exit code
+  128 + the signal's number."""
+  line = (f"interrupted after {e.done} of {e.total} captures; resume with: "
+          f"{common.resume_command(None)}")
+  if distributed.process_count() > 1:  # the others stop too
+    distributed.fail(line, 128 + e.signum)
+  if e.rows:
+    audit.index(flags.FLAGS.audit_dir, e.rows, settings, found, rounds=rounds)
+  print(line, file=sys.stderr)
+  sys.exit(128 + e.signum)
 
 
 def main(argv):
@@ -82,7 +101,12 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   count, me = distributed.process_count(), distributed.process_index()
-  rows = audit.attack_captures(found[me::count], settings)  # process k: captures k, k + P, ...
+  resume.stop_on_signals()  # the first Ctrl-C or SIGTERM stops after the capture being attacked
+  try:  # process k: captures k, k + P, ...
+    rows = audit.attack_captures(found[me::count], settings, resume=f.resume,
+                                 stop=resume.stop_requested)
+  except audit.Stopped as e:
+    _stopped(e, found, settings, rounds)
   shares = distributed.gather(rows)
   if shares is None:  # not process 0, which writes the index
     distributed.finished()

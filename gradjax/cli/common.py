@@ -143,9 +143,11 @@ def define_launch_flags(collectives: bool):
                     "all it sees).", module_name=group)
   flags.DEFINE_integer("initialization_timeout_s", 300, "Seconds to wait for every process to "
                        "join before giving up.", lower_bound=1, module_name=group)
-  flags.DEFINE_integer("heartbeat_timeout_s", 60, "Seconds without a heartbeat after which a "
-                       "process counts as stopped and the others exit, naming it.", lower_bound=1,
-                       module_name=group)
+  flags.DEFINE_integer("heartbeat_timeout_s", None, "Seconds without a heartbeat after which a "
+                       "process counts as stopped and the others exit, naming it (default: "
+                       f"{distributed.LOCAL_HEARTBEAT_TIMEOUT_S} with a coordinator on this machine, "
+                       f"127.0.0.1 or localhost; else {distributed.CLUSTER_HEARTBEAT_TIMEOUT_S}).",
+                       lower_bound=1, module_name=group)
 
 
 _COLLECTIVES: list[bool] = []
@@ -345,6 +347,11 @@ def log_progress(p: progress.Progress):
   print(who + p.line(), file=sys.stderr, flush=True)
 
 
+RESUME_HELP = ("Continue an interrupted run, reading back what it finished: in --output_dir (without "
+               "it: the latest default folder with a saved state); audit: in --audit_dir, the "
+               "captures attacked with the same options.")
+
+
 def define_output_flags(resumable: bool = True):
   """--output_dir (default ``runs/<the run's name>``, :func:`output_folder`, suffixed -2, -3, ...
   when taken) and --overwrite; with ``resumable`` also --resume and --save_every_s."""
@@ -352,8 +359,7 @@ def define_output_flags(resumable: bool = True):
                       "-3, ... appended when that folder holds another run).")
   flags.DEFINE_bool("overwrite", False, "Write into an --output_dir that holds another run's files.")
   if resumable:
-    flags.DEFINE_bool("resume", False, "Continue the interrupted run in --output_dir (without it: "
-                      "the latest default folder with a saved state).")
+    flags.DEFINE_bool("resume", False, RESUME_HELP)
     flags.DEFINE_float("save_every_s", 60.0, "Seconds between saves of the solver state, which "
                        "--resume continues from (0: after every --chunk iterations).")
 
@@ -523,9 +529,10 @@ def permutation_seed(value: int, flag: str) -> int | None:
   return None if value == -1 else value
 
 
-def resume_command(out: str) -> str:
+def resume_command(out: str | None) -> str:
   """The command line as typed, made to continue the run in ``out``: ``--resume --output_dir=out``
-  in place of any --resume, --overwrite or --output_dir given."""
+  in place of any --resume, --overwrite or --output_dir given (``out`` None: ``--resume`` only, for
+  a program that writes into a folder of its input, like ``audit``)."""
   args, skip = [], False
   for a in sys.argv[1:]:
     name = a.split("=")[0]
@@ -533,11 +540,11 @@ def resume_command(out: str) -> str:
       skip = False
     elif name in ("--resume", "--noresume", "--overwrite", "--nooverwrite"):
       continue
-    elif name == "--output_dir":
+    elif name == "--output_dir" and out is not None:
       skip = "=" not in a
     else:
       args.append(a)
-  return shlex.join([*program(), *args, "--resume", f"--output_dir={out}"])
+  return shlex.join([*program(), *args, "--resume", *([] if out is None else [f"--output_dir={out}"])])
 
 
 def interrupted(e: resume.Interrupted, out: str):
