@@ -78,13 +78,6 @@ def stop(processes):
     p.wait(timeout=10)
 
 
-@pytest.fixture
-def federation(tmp_path):
-  """A running SuperLink and two SuperNodes; yields the environment for `flwr run`."""
-  with _federation(tmp_path) as env:
-    yield env
-
-
 @contextlib.contextmanager
 def _federation(tmp_path, node_configs=("", "")):
   """A SuperLink and a SuperNode per entry of ``node_configs`` (extra node config of that node:
@@ -129,69 +122,71 @@ def flwr_run(env, run_config, cwd):
 
 
 @pytest.mark.slow
-def test_deployment_runtime_records_and_audits(federation, tmp_path):
+def test_a_federation_recorded_audited_and_gated(tmp_path):
+  """Two SuperNodes, the second pruning 70 % of its update and declaring it. First without the gate:
+  every reply is recorded, and each is exactly what one PyTorch SGD step (then the pruning) from the
+  recorded global model gives; the audit reproduces every update in JAX and recovers the undefended
+  client's examples. Then with ``gate = true``, where each client attacks its own update
+  (gradjax.flower.leakage_mod) over two rounds: the undefended client's replies are withheld (the
+  server records a failed client and its reason) unless they carry nothing, the pruned one's go
+  out with their score; ``audit --adaptive``: no row fails, the withheld updates are listed as
+  withheld, every other row has a verdict and the pruned client's rows are adapted to its declared
+  defense. Every process started is stopped, by its process group."""
   import torch
-  audit_dir = tmp_path / "audit"
-  run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
-                "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu'")
-  proc = flwr_run(federation, run_config, tmp_path)
-  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-
-  found = audit.captures(audit_dir)
-  assert [c.round for c in found] == [1, 1, 2, 2] and all(c.error is None for c in found)
-  assert sorted(i for c in found for i in c.info["data_indices"]) == [0, 1, 2, 3]
-  # Each recorded reply is exactly what one PyTorch SGD step from the recorded global model gives.
   sys.path.insert(0, APP)
   try:
     from flower_audit import task
   finally:
     sys.path.remove(APP)
+  with _federation(tmp_path, ("", "defense='prune:0.7'")) as env:
+    audit_dir = tmp_path / "audit"
+    common = (f"dataset='skimage' num-server-rounds=2 lr={LR} batch-size=1 samples-per-client=1 "
+              "local-epochs=1 model='lenet_zhu'")
+    proc = flwr_run(env, f"audit-dir='{audit_dir}' {common}", tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    gate_dir = tmp_path / "audit-gate"
+    gated = flwr_run(env, f"audit-dir='{gate_dir}' {common} gate=true gate-threshold=10.0 "
+                     "gate-iterations=2000 gate-budget-s=240.0", tmp_path)
+    assert gated.returncode == 0, (gated.stdout + gated.stderr)[-3000:]
+
+  # Without the gate.
+  found = audit.captures(audit_dir)
+  assert [c.round for c in found] == [1, 1, 2, 2] and all(c.error is None for c in found)
+  assert sorted(i for c in found for i in c.info["data_indices"]) == [0, 1, 2, 3]
+  pruned = [c for c in found if c.info.get("declarations", {}).get("defense") == "prune:0.7"]
+  assert [c.round for c in pruned] == [1, 2]
   for c in found:
     sent = interop.read(os.path.join(c.folder, audit.WEIGHTS)).tensors
     net = task.build("lenet_zhu", 0)
     net.load_state_dict({k: torch.tensor(v) for k, v in sent.items()})
     x, y = task.load("skimage", None, c.info["data_indices"])
     task.train(net, x, y, epochs=1, batch_size=1, lr=LR)
+    want = {k: v.numpy() for k, v in net.state_dict().items()}
+    if c in pruned:
+      want = task.defended(sent, want, "prune:0.7")
     got = interop.read(os.path.join(c.folder, audit.OBSERVATION))
     assert got.metadata["num_samples"] == "1" and float(got.metadata["local_lr"]) == LR
-    for name, value in net.state_dict().items():
-      np.testing.assert_array_equal(got.tensors[name], value.numpy())
-
+    for name, value in want.items():
+      np.testing.assert_array_equal(got.tensors[name], value)
   rows = audit.audit(audit_dir, audit.Settings(dataset="skimage", image_size=32, lpips="none",
-                                                iterations=2000),
-                     log=lambda s: None)
-  assert [r["attack"] for r in rows] == ["idlg"] * 4 and all(r.get("error") is None for r in rows)
-  assert all(r["label_accuracy"] == 1.0 for r in rows)
-  assert np.median([r["psnr"] for r in rows]) > 20, rows
-  index = json.loads((audit_dir / "index.json").read_text())["rows"]
-  assert [r["psnr"] for r in index] == [r["psnr"] for r in rows]
-  # The update recomputed in JAX from the reported examples is the PyTorch client's.
+                                                iterations=2000), log=lambda s: None)
+  assert [r["attack"] for r in rows] == ["idlg"] * 4 and audit.failed_rows(rows) == [], rows
+  assert all(r["label_accuracy"] == 1.0 and r["verdict"] in verdict.STATUSES for r in rows)
+  plain = [r for r in rows if (r["round"], r["client"]) not in {(c.round, c.client) for c in pruned}]
+  assert min(r["psnr"] for r in plain) > 20, rows
+  index = json.loads((audit_dir / "index.json").read_text())
+  assert [r["psnr"] for r in index["rows"]] == [r["psnr"] for r in rows]
+  assert [(r["round"], r["failed"], r["withheld"]) for r in index["rounds"]] == [(1, [], []), (2, [], [])]
+  # Every update, the pruned ones with their declared pruning, is the one recomputed in JAX.
   for r in rows:
     checks = json.loads((audit_dir / r["run"] / "metrics.json").read_text())["checks"]
     assert checks["fidelity"]["ok"] and checks["fidelity"]["relative_error"] < 1e-4, checks
-    assert r["verdict"] in verdict.STATUSES
   truth = data.load("skimage", indices=found[0].info["data_indices"], image_size=(32, 32))
   rec = np.load(audit_dir / rows[0]["run"] / "reconstruction.npy")
   assert rec.shape == truth.x.shape
 
-
-@pytest.mark.slow
-def test_the_leakage_gate_withholds_the_leaking_client_and_passes_the_pruned_one(tmp_path):
-  """Two SuperNodes, the second pruning 70 % of its update and declaring it: with ``gate = true``
-  each client attacks its own update (gradjax.flower.leakage_mod) over two rounds; the undefended
-  client's replies are withheld (the server records a failed client and its reason) unless they
-  carry nothing, the pruned one's go out with their score (without the gate both replies arrive:
-  test_deployment_runtime_records_and_audits). Then ``audit --adaptive``: no row fails, the
-  withheld updates are listed as withheld, every other row has a verdict and the pruned client's
-  rows are adapted to its declared defense. Every process started is stopped."""
-  with _federation(tmp_path, ("", "defense='prune:0.7'")) as env:
-    audit_dir = tmp_path / "audit"
-    run_config = (f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
-                  "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu' gate=true "
-                  "gate-threshold=10.0 gate-iterations=2000 gate-budget-s=240.0")
-    proc = flwr_run(env, run_config, tmp_path)
-  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-  found = audit.captures(audit_dir)
+  # With the gate.
+  found = audit.captures(gate_dir)
   assert sorted(c.round for c in found) == [1, 1, 2, 2]
   pruned = [c for c in found if c.info.get("declarations", {}).get("defense") == "prune:0.7"]
   assert [c.round for c in pruned] == [1, 2] and all(c.error is None for c in pruned)
@@ -199,18 +194,20 @@ def test_the_leakage_gate_withholds_the_leaking_client_and_passes_the_pruned_one
     assert c.info["metrics"]["gradjax-audited"] == 1 and c.info["metrics"]["gradjax-leak-db"] < 10.0
   other = next(c for c in found if c.round == 1 and c not in pruned)
   assert other.error and audit.WITHHELD in other.error, other.info
-  failures = json.loads((audit_dir / "round_001" / "round.json").read_text())["failures"]
+  failures = json.loads((gate_dir / "round_001" / "round.json").read_text())["failures"]
   assert len(failures) == 1 and audit.WITHHELD in next(iter(failures.values()))
 
   settings = audit.Settings(dataset="skimage", image_size=32, lpips="none", iterations=300,
                             adaptive=True)
-  rows = audit.audit(audit_dir, settings, log=lambda s: None)
+  rows = audit.audit(gate_dir, settings, log=lambda s: None)
   assert audit.failed_rows(rows) == [], rows
   withheld = [r for r in rows if r.get("withheld")]
   assert (1, "withheld") in {(r["round"], "withheld") for r in withheld}
   assert all(r["verdict"] in verdict.STATUSES for r in rows if not r.get("withheld")), rows
+  rounds = json.loads((gate_dir / "index.json").read_text())["rounds"]
+  assert rounds[0]["withheld"] == [other.client] and rounds[0]["failed"] == []
   for r in rows:
     if r.get("run"):
-      metrics = json.loads((audit_dir / r["run"] / "metrics.json").read_text())
+      metrics = json.loads((gate_dir / r["run"] / "metrics.json").read_text())
       client = next(c for c in found if (c.round, c.client) == (r["round"], r["client"]))
       assert bool(metrics["adaptation"]) == (client in pruned), (r, metrics["adaptation"])

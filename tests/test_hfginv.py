@@ -169,15 +169,17 @@ def test_hfginv_runs_on_a_batch_norm_network():
 
 @pytest.mark.slow
 def test_readme_batch_example_runs(capsys):
-  """The README's batch snippet (section "Batches on a trained BatchNorm network"), 3 iterations."""
+  """The README's batch snippet (section "Batches on a trained BatchNorm network"), 3 iterations, on
+  resnet8 for its resnet20 (the same code; half the compilation)."""
   import os
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
   section = readme[readme.index("### Batches on a trained BatchNorm network"):]
   start = section.index("```python") + len("```python")
   code = section[start:section.index("```", start)]
-  assert "presets.hfginv(3000)" in code
-  exec(compile(code.replace("3000)", "3)"), "README.md", "exec"), {})
+  assert "presets.hfginv(3000)" in code and '"resnet20"' in code
+  code = code.replace("3000)", "3)").replace('"resnet20"', '"resnet8"')
+  exec(compile(code, "README.md", "exec"), {})
   printed = capsys.readouterr().out
   assert printed.startswith("[") and len(printed.split("]")[0].split()) == 8
 

@@ -506,36 +506,39 @@ def test_im2col_conv_defers_unsupported_cases_to_xla():
                                 np.asarray(lax_conv(x_nchw, w_oihw, (1, 1), "SAME")))
 
 
-@pytest.mark.parametrize("conv", ["im2col", "split", "mixed"])
 @pytest.mark.parametrize("name,input_shape", [("lenet_zhu", (16, 16, 3)), ("lenet5", (8, 8, 1)),
                                               ("convnet-2", (9, 9, 3)), ("resnet8", (8, 8, 3)),
                                               ("resnet8", (16, 16, 3))])
 @pytest.mark.slow
-def test_conv_implementations_compute_the_same_model(name, input_shape, conv):
-  """``conv`` and ``conv="xla"`` have the same parameters, logits and DLG objective gradient (resnet8
-  at 16x16: mixed splits its first stage, 16 channels on 16x16 maps)."""
+def test_conv_implementations_compute_the_same_model(name, input_shape):
+  """Each of im2col, split and mixed and ``conv="xla"`` have the same parameters, logits and DLG
+  objective gradient (resnet8 at 16x16: mixed splits its first stage, 16 channels on 16x16 maps)."""
   from gradjax import clients, distances
   from gradjax.objectives import gradient_matching
   rng = np.random.default_rng(2)
   with jax.enable_x64(True):
     kw = dict(input_shape=input_shape, num_classes=10, param_dtype=jnp.float64)
     native = models.create(name, KEY, conv="xla", **kw)
-    im2col = models.create(name, KEY, conv=conv, **kw)
-    assert jax.tree.structure(native.variables) == jax.tree.structure(im2col.variables)
-    chex_equal = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
-                              native.variables, im2col.variables)
-    assert all(jax.tree.leaves(chex_equal))
     x = jnp.asarray(rng.uniform(size=(2, *input_shape)))
-    np.testing.assert_allclose(np.asarray(jax.jit(im2col.apply_fn)(im2col.variables, x)),
-                               np.asarray(jax.jit(native.apply_fn)(native.variables, x)), rtol=1e-10, atol=1e-12)
     dummy = {"x": jnp.asarray(rng.normal(size=x.shape)),
              "label_logits": jnp.asarray(rng.normal(size=(2, 10)))}
-    grads = []
-    for model in (native, im2col):
+
+    def outputs(model):
       obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([1, 7]))
-      grads.append(jax.jit(jax.grad(gradient_matching(model.apply_fn, distances.euclidean)))(dummy, obs))
-    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
-      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-12)
+      return (np.asarray(jax.jit(model.apply_fn)(model.variables, x)),
+              jax.jit(jax.grad(gradient_matching(model.apply_fn, distances.euclidean)))(dummy, obs))
+
+    logits, grads = outputs(native)
+    for conv in ("im2col", "split", "mixed"):
+      other = models.create(name, KEY, conv=conv, **kw)
+      assert jax.tree.structure(native.variables) == jax.tree.structure(other.variables)
+      same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)),
+                          native.variables, other.variables)
+      assert all(jax.tree.leaves(same)), conv
+      other_logits, other_grads = outputs(other)
+      np.testing.assert_allclose(other_logits, logits, rtol=1e-10, atol=1e-12, err_msg=conv)
+      for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-12, err_msg=conv)
 
 
 def test_conv_auto_resolves_per_backend():

@@ -223,7 +223,7 @@ def test_remat_changes_memory_not_values(where):
       objective = objectives.gradient_matching(
           model.apply_fn, distances.cosine, mode="gradient" if where == "model" else "replay",
           remat=remat and where == "replay")
-      out.append(jax.value_and_grad(objective)(dummy, obs, jnp.asarray(y)))
+      out.append(jax.jit(jax.value_and_grad(objective))(dummy, obs, jnp.asarray(y)))
   np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-12)
   np.testing.assert_allclose(out[1][1]["x"], out[0][1]["x"], rtol=1e-10, atol=1e-14)
 

@@ -98,7 +98,7 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and cause in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "refused")
-  proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", "--force",
+  proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", "--force", "--iterations=300",
               f"--output_dir={tmp_path / 'forced'}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((tmp_path / "forced" / "metrics.json").read_text())
@@ -106,7 +106,7 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
   assert f"verdict: inconclusive: {results['verdict']['reason']}" in proc.stdout
   # The ReLU network declared as such: the update is reproduced, and DLG's verdict is not "no leak"
   # (ReLU starves its objective: Zhu et al.).
-  declared = _run(*relu, act="relu", **TRUTH)
+  declared = _run(*relu, act="relu", iterations=300, **TRUTH)
   assert declared["checks"]["fidelity"]["ok"]
   assert declared["verdict"]["status"] in ("leak", "inconclusive")
   # The sigmoid client: a leak, with and without ground truth, at an audit's budget for DLG.
