@@ -31,7 +31,7 @@ MARK = "+@"  # bash's trace prefix: "+@<epoch seconds> <command>"
 def blocks(readme: str) -> dict[str, list[str]]:
   """The README's ```bash blocks, by the heading of the section they stand in."""
   out, heading = {}, ""
-  for m in re.finditer(r"^(#+ .*)$|^```bash\n(.*?)^```", readme, re.M | re.S):
+  for m in re.finditer(r"^(#+ [^\n]*)$|^```bash\n(.*?)^```", readme, re.M | re.S):
     if m.group(1):
       heading = m.group(1).lstrip("#").strip()
     else:
