@@ -34,6 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APP = os.path.join(ROOT, "examples", "flower_audit")
 BIN = os.path.dirname(sys.executable)
 LR = 0.1
+NO_INSTALL = "--disable-runtime-dependency-installation"
 
 
 def free_ports(n):
@@ -100,11 +101,13 @@ def _federation(tmp_path, node_configs=("", "")):
     return p, str(log)
 
   try:
-    p, log = launch("superlink", "flower-superlink", "--insecure", "--host", "127.0.0.1",
+    # The apps run in this environment: Flower would install the App's dependencies (the latest
+    # torch) into a new one for every run (examples/flower_audit/README.md).
+    p, log = launch("superlink", "flower-superlink", "--insecure", NO_INSTALL, "--host", "127.0.0.1",
                     "--port", str(link))
     wait_for_port(link, p, log)
     for k, port in enumerate(nodes):
-      p, log = launch(f"supernode{k}", "flower-supernode", "--insecure", "--superlink",
+      p, log = launch(f"supernode{k}", "flower-supernode", "--insecure", NO_INSTALL, "--superlink",
                       f"127.0.0.1:{link}", "--port", str(port), "--node-config",
                       f"partition-id={k} num-partitions={len(nodes)} {node_configs[k]}".strip())
       wait_for_port(port, p, log)

@@ -111,7 +111,12 @@ def main():
       audits[name] = {"rows": [{k: r.get(k) for k in ("round", "client", "attack", "verdict", "psnr",
                                                        "withheld", "zero_update", "error")}
                                for r in kept["rows"]], "rounds": kept.get("rounds")}
-  left = subprocess.run(["pgrep", "-af", "flower-super|flwr-"], capture_output=True, text=True).stdout
+  deadline = time.monotonic() + 30  # the stop block's SIGTERMs take a few seconds to end them
+  while True:
+    left = subprocess.run(["pgrep", "-af", "flower-super|flwr-"], capture_output=True, text=True).stdout
+    if not left.strip() or time.monotonic() > deadline:
+      break
+    time.sleep(0.5)
   result = {"steps": rows, "failed": [{"exit": int(c), "command": cmd} for c, cmd in failed],
             "wall_s": round(wall, 1), "audits": audits, "versions": versions(),
             "left_running": [line for line in left.splitlines() if "pgrep" not in line]}
