@@ -101,13 +101,13 @@ def _federation(tmp_path, node_configs=("", "")):
     return p, str(log)
 
   try:
-    # The apps run in this environment: Flower would install the App's dependencies (the latest
-    # torch) into a new one for every run (examples/flower_audit/README.md).
+    # The ServerApp runs in this environment: the SuperLink would install the App's dependencies
+    # (the latest torch) into a new one for every run (examples/flower_audit/README.md).
     p, log = launch("superlink", "flower-superlink", "--insecure", NO_INSTALL, "--host", "127.0.0.1",
                     "--port", str(link))
     wait_for_port(link, p, log)
     for k, port in enumerate(nodes):
-      p, log = launch(f"supernode{k}", "flower-supernode", "--insecure", NO_INSTALL, "--superlink",
+      p, log = launch(f"supernode{k}", "flower-supernode", "--insecure", "--superlink",
                       f"127.0.0.1:{link}", "--port", str(port), "--node-config",
                       f"partition-id={k} num-partitions={len(nodes)} {node_configs[k]}".strip())
       wait_for_port(port, p, log)
