@@ -318,8 +318,9 @@ def zero_arrays(updates, weights, *, gradient: bool = False) -> str | None:
   if gradient:
     return ("the gradient is zero in every tensor (the model fits the examples with certainty in "
             "float32, or nothing was trained); nothing to attack")
-  return ("the update is zero in every tensor: the client sent back the weights it received (or "
-          "trained on nothing); nothing to attack")
+  return ("the update is zero in every tensor: the client sent back the weights it received, trained "
+          "on nothing, or its step fell below the float32 rounding of its weights (a model that already "
+          "fits its examples with certainty); nothing to attack")
 
 
 _NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no recomputation matches
