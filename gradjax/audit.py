@@ -172,13 +172,14 @@ def round_summaries(audit_dir) -> dict[int, dict[str, Any]]:
   return out
 
 
+def _failures(summary: dict[str, Any]) -> dict[str, str]:
+  failures = summary.get("failures", {})
+  return dict(failures) if isinstance(failures, dict) else {}
+
+
 def round_failures(audit_dir) -> dict[int, dict[str, str]]:
   """Round -> client -> why it failed, from the recorded rounds' ``round.json``."""
-  out = {}
-  for r, summary in round_summaries(audit_dir).items():
-    failures = summary.get("failures", {})
-    out[r] = dict(failures) if isinstance(failures, dict) else {}
-  return out
+  return {r: _failures(summary) for r, summary in round_summaries(audit_dir).items()}
 
 
 def membership(audit_dir) -> list[dict[str, Any]]:
@@ -188,8 +189,7 @@ def membership(audit_dir) -> list[dict[str, Any]]:
   id: one node gone, one new). Rounds recorded without node lists leave those fields out."""
   rows, previous = [], None
   for r, summary in sorted(round_summaries(audit_dir).items()):
-    failures = summary.get("failures", {})
-    failures = failures if isinstance(failures, dict) else {}
+    failures = _failures(summary)
     row = {"round": r, "clients_sent": summary.get("clients_sent"),
            "failed": sorted(str(k) for k, v in failures.items() if WITHHELD not in str(v)),
            "withheld": sorted(str(k) for k, v in failures.items() if WITHHELD in str(v)),
