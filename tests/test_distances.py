@@ -152,6 +152,25 @@ def test_annealed_kernel_narrows_from_per_entry_to_printed_width():
     distances.gaussian_kernel(_jnp(obs), _jnp(obs), anneal=10, per_entry=True)
 
 
+def test_gaussian_kernel_keeps_its_precision_in_float32_near_convergence():
+  # An attack that converges drives every term's exponent x_l toward 0; in float32, 1 − exp(−x)
+  # rounds to 0 below x ≈ 6e-8 and carries an absolute error of ~6e-8 above, which stopped SAPAG's
+  # L-BFGS at ~40 dB. The value must keep float32's relative precision down to x ~ 1e-12. Both trees
+  # are float32 values and the reference takes those very values to float64, so the only error left
+  # is the kernel's own arithmetic.
+  _, obs, weights = _trees(14, near=True)
+  obs = jax.tree.map(lambda o: o.astype(np.float32), obs)
+  rng = np.random.default_rng(15)
+  for scale in (1e-2, 1e-4, 1e-6):  # Δ_l ~ scale · σ_l: x_l ~ scale² per entry
+    dummy = jax.tree.map(lambda o: (o + (rng.normal(size=o.shape) * o.std() * scale)).astype(np.float32),
+                         obs)
+    for name in ("gaussian_kernel", "gaussian_kernel_mean"):
+      want = _np_reference(name, jax.tree.map(np.float64, dummy), jax.tree.map(np.float64, obs), weights)
+      got = distances.get_distance(name, weights=weights)(_jnp(dummy), _jnp(obs))
+      assert got.dtype == jnp.float32 and want > 0
+      np.testing.assert_allclose(float(got), want, rtol=1e-4)
+
+
 def test_closed_form_gradients():
   dummy, obs, weights = _trees(4, near=False)
   w = np.concatenate([np.full(np.size(x), wl)
