@@ -51,7 +51,7 @@ def test_headline_numbers_from_hand_written_runs(studies, tmp_path):
   _write(study / "runs" / "c" / "metrics.json", {"psnr": single})
   _write(study / "runs" / "d" / "results.json", {"table": [{"x": 1}, {"acc": 0.875}]})
   _write(study / "study.json", {"title": "Toy", "source": "Someone 2020", "rows": [
-      {"quantity": "PSNR mean", "setting": "s", "published": 30.0, "where": "Table 1",
+      {"quantity": "PSNR mean", "setting": "s", "published": 30.0, "where": "Table 1", "images": "unseen",
        "ours": {"runs": ["runs/a", "runs/b", "runs/c"], "field": "psnr", "statistic": "mean"}},
       {"quantity": "PSNR std", "published": None, "digits": 3,
        "ours": {"runs": ["runs/a", "runs/b"], "field": "psnr", "statistic": "std"}},
@@ -68,9 +68,11 @@ def test_headline_numbers_from_hand_written_runs(studies, tmp_path):
   assert rows[3]["ours"] == 0.875
   table = studies.render(str(tmp_path)).splitlines()
   first = next(line for line in table if "PSNR mean" in line)
-  assert first.split(" | ")[3:] == ["30.00 (Table 1)", f"{pooled.mean():.2f}", f"{pooled.mean() - 30:+.2f} |"]
-  second = next(line for line in table if "PSNR std" in line)
-  assert second.split(" | ")[3:] == ["–", f"{np.array(psnr_a + psnr_b).std():.3f}", "– |"]
+  assert first.split(" | ")[3:] == ["unseen", "30.00 (Table 1)", f"{pooled.mean():.2f}",
+                                    f"{np.median(pooled):.2f}, {pooled.std():.2f} (6)",
+                                    f"{pooled.mean() - 30:+.2f} |"]
+  second = next(line for line in table if "PSNR std" in line)  # not a mean: no spread, no range
+  assert second.split(" | ")[3:] == ["–", "–", f"{np.array(psnr_a + psnr_b).std():.3f}", "–", "– |"]
 
 
 def test_config_of_a_recorded_sweep_runs_it_again(studies, tmp_path):
