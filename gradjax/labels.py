@@ -101,7 +101,8 @@ def idlg(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
   """
   if observation.num_samples != 1:
     raise ValueError(f"iDLG label inference needs batch 1, the observation has "
-                     f"{observation.num_samples} samples")
+                     f"{observation.num_samples} samples; for a batch choose another label source "
+                     "(joint, negative_bias, bias_counts, llg, hfginv)")
   g = last_layer_gradient(observation.gradient, path)
   return jnp.argmin(jnp.sum(g, axis=0))[None]
 
