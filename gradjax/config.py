@@ -414,6 +414,11 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
         overrides[target] = value
   preset = presets.get_preset(cfg.attack)
   attack = preset() if cfg.iterations is None else preset(iterations=cfg.iterations)
+  if (cfg.modality == "text" and "labels" not in overrides
+      and attack.labels not in (labels_lib.joint, labels_lib.known)):
+    # A preset's label inference (SAPAG's iDLG) reads a classifier's head; a language model's
+    # next-token targets are optimised jointly, as DLG and SAPAG do for text.
+    overrides["labels"] = labels_lib.joint
   if optimizer:
     overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
   return dataclasses.replace(attack, **overrides)

@@ -389,6 +389,10 @@ def test_config_names_resolve_to_the_attacks_parts():
   ig = config.get_attack(config.Config(attack="inverting_gradients", learning_rate=0.5))
   assert ig.optimizer == optimizers.Named("signed_adam", 0.5, schedule="step")
   assert config.get_attack(config.Config(attack="dlg", labels="hfginv")).labels is labels.known
+  # SAPAG reads its image label by iDLG; a language model's targets have no head to read: joint.
+  assert config.get_attack(config.Config(attack="sapag")).labels is labels.idlg
+  assert config.get_attack(config.Config(attack="sapag", modality="text", model="transformer", dataset="pydoc")).labels is labels.joint
+  assert config.get_attack(config.Config(attack="sapag", modality="text", model="transformer", dataset="pydoc", labels="known")).labels is labels.known
   with pytest.raises(ValueError, match="unknown distance"):
     config.get_attack(config.Config(distance="manhattan"))
   with pytest.raises(ValueError, match="dummy init"):
