@@ -391,8 +391,9 @@ def test_config_names_resolve_to_the_attacks_parts():
   assert config.get_attack(config.Config(attack="dlg", labels="hfginv")).labels is labels.known
   # SAPAG reads its image label by iDLG; a language model's targets have no head to read: joint.
   assert config.get_attack(config.Config(attack="sapag")).labels is labels.idlg
-  assert config.get_attack(config.Config(attack="sapag", modality="text", model="transformer", dataset="pydoc")).labels is labels.joint
-  assert config.get_attack(config.Config(attack="sapag", modality="text", model="transformer", dataset="pydoc", labels="known")).labels is labels.known
+  text = dict(attack="sapag", modality="text", model="transformer", dataset="pydoc")
+  assert config.get_attack(config.Config(**text)).labels is labels.joint
+  assert config.get_attack(config.Config(**text, labels="known")).labels is labels.known
   with pytest.raises(ValueError, match="unknown distance"):
     config.get_attack(config.Config(distance="manhattan"))
   with pytest.raises(ValueError, match="dummy init"):
