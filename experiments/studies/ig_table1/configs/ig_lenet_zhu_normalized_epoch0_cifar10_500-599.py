@@ -1,5 +1,5 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax sweep --attack=inverting_gradients --checkpoint=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz --normalization=cifar10 --dataset=cifar10 --start=500 --count=100 --lpips=none --resume --output_dir=/tmp/exp/ig_lenet_zhu_normalized_epoch0_cifar10_500-599
+# Command: gradjax sweep --attack=inverting_gradients --checkpoint=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz --normalization=cifar10 --dataset=cifar10 --start=500 --count=100 --lpips=none --resume
 """A gradjax configuration (gradjax.config)."""
 
 from gradjax import config
