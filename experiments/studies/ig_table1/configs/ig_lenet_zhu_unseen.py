@@ -1,7 +1,8 @@
 """Inverting Gradients' proposed attack (the preset) on LeNet(Zhu), normalised CIFAR-10, the unseen
 images 500-599 (../shared/PROTOCOLS.md): runs/ig_lenet_zhu_{normalized_epoch0,recipe_epoch120}_cifar10_500-599.
 
-  gradjax sweep --config=configs/ig_lenet_zhu_unseen.py:untrained   # or :trained (the paper's recipe)
+  gradjax sweep --config=configs/ig_lenet_zhu_unseen.py:untrained --start=500 --count=100
+  (or :trained, the paper's recipe)
 """
 
 from gradjax import config
@@ -21,6 +22,3 @@ def get_config(model="untrained"):
   c.attack.preset = "inverting_gradients"
   return c
 
-
-def get_sweep():
-  return config.sweep("data.index", range(500, 600))
