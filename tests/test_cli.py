@@ -710,3 +710,17 @@ def test_the_tables_take_their_protocol_from_a_configuration(tmp_path):
   bad = run_program("text_table.py", "--modality=image", "--model=lenet_zhu", "--dataset=skimage",
                     f"--output_dir={tmp_path / 'bad'}")
   _assert_one_line_error(bad, "text")
+
+
+def test_config_file_of_a_variant_is_the_file(tmp_path):
+  """``--config=file.py:arg`` (get_config(arg)'s variant): sweep reads get_sweep() from file.py."""
+  from absl import flags
+  from ml_collections import config_flags
+  from gradjax.cli import common
+  path = tmp_path / "variants.py"
+  path.write_text("from gradjax import config\n\n\ndef get_config(v='a'):\n  return config.defaults()\n")
+  for value in (str(path), f"{path}:b"):
+    holder = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=holder)
+    holder(["prog", f"--config={value}"])
+    assert common.config_file(holder["config"]) == str(path)

@@ -265,7 +265,7 @@ def declared_sweep() -> list[dict[str, Any]] | None:
   if f.config is None:
     return None
   import importlib.util
-  path = config_flags.get_config_filename(f["config"])
+  path = config_file(f["config"])
   spec = importlib.util.spec_from_file_location("_gradjax_sweep_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)  # config_flags ran it already: it loads
@@ -280,6 +280,13 @@ def declared_sweep() -> list[dict[str, Any]] | None:
     raise ValueError(f"{path}: get_sweep() must return a non-empty list of dicts of options "
                      "(config.sweep, config.product)")
   return [dict(i) for i in items]
+
+
+def config_file(flag) -> str:
+  """The file of a ``--config`` flag: ``file.py`` of ``file.py:arg`` (``get_config(arg)``'s variant),
+  which ml_collections' ``get_config_filename`` returns with the argument still attached."""
+  path = config_flags.get_config_filename(flag)
+  return path if os.path.exists(path) or ":" not in path else path.rsplit(":", 1)[0]
 
 
 def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = None) -> None:

@@ -30,7 +30,6 @@ import time
 
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from gradjax.cli import common
 from gradjax import config, fidelity, report
@@ -111,7 +110,7 @@ def main(argv):
     first, last = cfgs[0].index, cfgs[-1].index + base.batch_size - 1
     span = f"{first}..{last}"
   else:
-    span = os.path.splitext(os.path.basename(config_flags.get_config_filename(f["config"])))[0]
+    span = os.path.splitext(os.path.basename(common.config_file(f["config"])))[0]
   out = common.output_folder(
       f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{span}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
