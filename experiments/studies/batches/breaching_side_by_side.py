@@ -19,7 +19,6 @@ import glob
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -44,49 +43,21 @@ def export():
 
 
 def attack():
-  import breaching
   import torch
+  sys.path.insert(0, os.path.dirname(HERE))
+  import breaching_lenet
   torch.set_num_threads(1)
-
-  class LeNetZhu(torch.nn.Module):  # gradjax's lenet_zhu in PyTorch layout (names from its export)
-    def __init__(self):
-      super().__init__()
-      self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 12, 5, 2, 2), torch.nn.Sigmoid(),
-                                      torch.nn.Conv2d(12, 12, 5, 2, 2), torch.nn.Sigmoid(),
-                                      torch.nn.Conv2d(12, 12, 5, 1, 2), torch.nn.Sigmoid())
-      self.fc = torch.nn.Sequential(torch.nn.Linear(768, 10))
-
-    def forward(self, x):
-      return self.fc(self.body(x).flatten(1))
-
-  class Shape:  # the data description breaching's attacker reads
-    shape, modality, mean, std = (3, 32, 32), "vision", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-
-  cfg = breaching.get_attack_config("invertinggradients")
-  cfg.optim.max_iterations = ITERATIONS
-  cfg.optim.callback = ITERATIONS
-  cfg.regularization.total_variation.scale = TV
+  cfg = breaching_lenet.attack_config(ITERATIONS, TV)
   os.makedirs(os.path.join(RUNS, "outputs"), exist_ok=True)
   for path in sorted(glob.glob(os.path.join(RUNS, "inputs", "*.npz"))):
     out = os.path.join(RUNS, "outputs", os.path.basename(path))
     if os.path.exists(out):
       continue
     saved = np.load(path)
-    model = LeNetZhu()
-    model.load_state_dict({k[2:]: torch.as_tensor(saved[k]) for k in saved.files if k.startswith("w:")})
     x = torch.as_tensor(saved["x"]).permute(0, 3, 1, 2).contiguous()
     y = torch.as_tensor(saved["y"]).long()
-    loss = torch.nn.CrossEntropyLoss()
-    grads = torch.autograd.grad(loss(model(x), y), list(model.parameters()))
-    attacker = breaching.attacks.prepare_attack(model, loss, cfg, dict(dtype=torch.float,
-                                                                          device=torch.device("cpu")))
-    payload = [dict(parameters=[p.detach() for p in model.parameters()], buffers=None, metadata=Shape)]
-    shared = [dict(gradients=[g.detach() for g in grads], buffers=None,
-                   metadata=dict(num_data_points=len(y), labels=y, local_hyperparams=None))]
-    start = time.perf_counter()
-    rec, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
-    seconds = time.perf_counter() - start
-    np.savez(out, x=rec["data"].detach().permute(0, 2, 3, 1).numpy(), seconds=seconds,
+    rec, seconds = breaching_lenet.reconstruct(breaching_lenet.lenet_zhu(saved), x, y, cfg)
+    np.savez(out, x=rec.permute(0, 2, 3, 1).numpy(), seconds=seconds,
              versions=json.dumps({"breaching": "0.1.2", "torch": torch.__version__}))
     print(f"{os.path.basename(path)}: {seconds:.1f} s", flush=True)
 

@@ -7,7 +7,7 @@ exported in PyTorch layout by gradjax.interop), inputs normalised by the CIFAR-1
 known, the paper's budget and weights: 4800 iterations of signed Adam lr 0.1 with the step decay, 1 −
 cosine over all parameters, TV 1e-4, one restart, the box. breaching's TV is the mean over pixels and
 channels of |dx| + |dy| times its scale, which is gradjax's mean |dx| + mean |dy| up to the border, so
-the scale is the same 1e-4. One thread. Three steps, the second in an environment with breaching and
+the scale is the same 1e-4. One thread (the attacker: ../breaching_lenet.py, shared with batches/). Three steps, the second in an environment with breaching and
 torch (gradjax itself never imports them):
 
   python experiments/studies/ig_table1/breaching_side_by_side.py export      # runs/breaching/inputs
@@ -23,7 +23,6 @@ import glob
 import json
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -52,55 +51,27 @@ def export():
 
 
 def attack():
-  import breaching
   import torch
+  sys.path.insert(0, os.path.dirname(HERE))
+  import breaching_lenet
   torch.set_num_threads(1)
-
-  class LeNetZhu(torch.nn.Module):  # gradjax's lenet_zhu in PyTorch layout (names from its export)
-    def __init__(self):
-      super().__init__()
-      self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 12, 5, 2, 2), torch.nn.Sigmoid(),
-                                      torch.nn.Conv2d(12, 12, 5, 2, 2), torch.nn.Sigmoid(),
-                                      torch.nn.Conv2d(12, 12, 5, 1, 2), torch.nn.Sigmoid())
-      self.fc = torch.nn.Sequential(torch.nn.Linear(768, 10))
-
-    def forward(self, x):
-      return self.fc(self.body(x).flatten(1))
-
-  cfg = breaching.get_attack_config("invertinggradients")
-  cfg.optim.max_iterations = ITERATIONS
-  cfg.optim.callback = ITERATIONS
-  cfg.regularization.total_variation.scale = TV
+  cfg = breaching_lenet.attack_config(ITERATIONS, TV)
   os.makedirs(os.path.join(RUNS, "outputs"), exist_ok=True)
   for path in sorted(glob.glob(os.path.join(RUNS, "inputs", "*.npz"))):
     saved = np.load(path)
     name = os.path.basename(path)[:-4]
     mean, std = (torch.as_tensor(saved[k], dtype=torch.float).view(1, 3, 1, 1) for k in ("mean", "std"))
-
-    class Shape:  # the data description breaching's attacker reads: normalised inputs
-      shape, modality = (3, 32, 32), "vision"
-
-    Shape.mean, Shape.std = tuple(saved["mean"].tolist()), tuple(saved["std"].tolist())
-    model = LeNetZhu()
-    model.load_state_dict({k[2:]: torch.as_tensor(saved[k]) for k in saved.files if k.startswith("w:")})
-    loss = torch.nn.CrossEntropyLoss()
+    model = breaching_lenet.lenet_zhu(saved)
     for j, index in enumerate(saved["index"]):
       out = os.path.join(RUNS, "outputs", f"{name}_{index}.npz")
       if os.path.exists(out):
         continue
       x = (torch.as_tensor(saved["x"][j:j + 1]).permute(0, 3, 1, 2) - mean) / std
       y = torch.as_tensor(saved["y"][j:j + 1]).long()
-      grads = torch.autograd.grad(loss(model(x), y), list(model.parameters()))
-      attacker = breaching.attacks.prepare_attack(model, loss, cfg, dict(dtype=torch.float,
-                                                                            device=torch.device("cpu")))
-      payload = [dict(parameters=[p.detach() for p in model.parameters()], buffers=None, metadata=Shape)]
-      shared = [dict(gradients=[g.detach() for g in grads], buffers=None,
-                     metadata=dict(num_data_points=1, labels=y, local_hyperparams=None))]
       torch.manual_seed(int(index))
-      start = time.perf_counter()
-      rec, _ = attacker.reconstruct(payload, shared, {}, dryrun=False)
-      seconds = time.perf_counter() - start
-      pixels = (rec["data"].detach() * std + mean).permute(0, 2, 3, 1).numpy()
+      rec, seconds = breaching_lenet.reconstruct(model, x, y, cfg, saved["mean"].tolist(),
+                                                 saved["std"].tolist())
+      pixels = (rec * std + mean).permute(0, 2, 3, 1).numpy()
       np.savez(out, x=pixels, seconds=seconds,
                versions=json.dumps({"breaching": "0.1.2", "torch": torch.__version__}))
       print(f"{name} {index}: {seconds:.1f} s", flush=True)
