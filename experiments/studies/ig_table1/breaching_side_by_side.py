@@ -7,8 +7,9 @@ exported in PyTorch layout by gradjax.interop), inputs normalised by the CIFAR-1
 known, the paper's budget and weights: 4800 iterations of signed Adam lr 0.1 with the step decay, 1 −
 cosine over all parameters, TV 1e-4, one restart, the box. breaching's TV is the mean over pixels and
 channels of |dx| + |dy| times its scale, which is gradjax's mean |dx| + mean |dy| up to the border, so
-the scale is the same 1e-4. One thread (the attacker: ../breaching_lenet.py, shared with batches/). Three steps, the second in an environment with breaching and
-torch (gradjax itself never imports them):
+the scale is the same 1e-4. One thread; the attacker is ../breaching_lenet.py, shared with batches/.
+Three steps, the second in an environment with breaching and torch (gradjax itself never imports
+them):
 
   python experiments/studies/ig_table1/breaching_side_by_side.py export      # runs/breaching/inputs
   /path/to/breaching-env/bin/python experiments/studies/ig_table1/breaching_side_by_side.py attack
