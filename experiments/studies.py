@@ -150,8 +150,9 @@ def render(root: str = ROOT) -> str:
 
 def config_of(folder: str) -> str:
   """A configuration file that runs a recorded sweep again (``gradjax sweep --config=<it>``): the
-  options its rows recorded (options added since at their defaults, which keep what a run did) and
-  a sweep over the rows' images. ValueError when the rows differ in more than their image."""
+  options its rows recorded that differ from today's defaults (options added since take their
+  defaults, which keep what a run did) and a sweep over the rows' images; a study's ``config.py``
+  takes them as one variant's options. ValueError when the rows differ in more than their image."""
   from gradjax import config
   rows = run_rows(folder)
   fields = config.names()
@@ -166,6 +167,7 @@ def config_of(folder: str) -> str:
     if differ:
       raise ValueError(f"{folder}: rows differ in {', '.join(differ)}, not only in their image")
   sweep = [{"data.index": row["config"]["index"]} for row in rows]
+  fields = tuple(k for k in fields if base[k] != defaults[k] and k != "index")  # a recipe, not a dump
   command = _read_json(os.path.join(folder, "results.json")).get("command", "")
   return config.to_python(base, comment=f"Runs {os.path.relpath(folder, ROOT)} again: gradjax sweep "
                           f"--config=<this file>.\nRecorded command: {command}", fields=fields,

@@ -560,6 +560,24 @@ def defaults() -> config_dict.ConfigDict:
   return _nested({f.name: f.default for f in dataclasses.fields(Config)})
 
 
+def overridden(options: dict[str, Any]) -> config_dict.ConfigDict:
+  """:func:`defaults` with ``options`` (dotted path -> value) set: a study's recipe
+  (``experiments/studies/*/config.py``) is its options over the defaults. ValueError for a path the
+  schema lacks."""
+  c = defaults()
+  known = set(paths().values())
+  for path, value in options.items():
+    if path not in known:
+      raise ValueError(f"unknown configuration option {path!r}; options are dotted paths such as "
+                       "data.index")
+    *sections, key = path.split(".")
+    node = c
+    for sec in sections:
+      node = node[sec]
+    node[key] = value
+  return c
+
+
 def names(sections: tuple[str, ...] = ATTACK_SECTIONS, omit: tuple[str, ...] = ()) -> tuple[str, ...]:
   """The :class:`Config` fields in ``sections`` (and ``seed``) but ``omit``: what a program reads."""
   return tuple(f.name for f in dataclasses.fields(Config)

@@ -573,7 +573,7 @@ def test_a_sweep_declared_in_a_config_file(tmp_path):
   (tmp_path / "bad.py").write_text(SWEEP_CONFIG.replace('"defense.spec", [None', '"defense.nope", [None'))
   (tmp_path / "twice.py").write_text(SWEEP_CONFIG.replace('[0, 1]', '[0, 0]'))
   (tmp_path / "broken.py").write_text(SWEEP_CONFIG.replace("return config.product(", "return 1 / 0 + ("))
-  for args, message in [([f"--config={tmp_path / 'grid.py'}", "--count=3"], "declares its own sweep"),
+  for args, message in [([f"--config={tmp_path / 'grid.py'}", "--count=3"], "a sweep over other options"),
                         ([f"--config={tmp_path / 'broken.py'}"], "get_sweep() failed: ZeroDivisionError"),
                         ([f"--config={tmp_path / 'bad.py'}"], "unknown option 'defense.nope'"),
                         ([f"--config={tmp_path / 'twice.py'}"], "repeats an experiment")]:
@@ -724,3 +724,34 @@ def test_config_file_of_a_variant_is_the_file(tmp_path):
     config_flags.DEFINE_config_file("config", flag_values=holder)
     holder(["prog", f"--config={value}"])
     assert common.config_file(holder["config"]) == str(path)
+    assert common.config_variant(holder["config"]) == (None if value == str(path) else "b")
+
+
+VARIANT_CONFIG = """
+from gradjax import config
+
+
+def get_config(variant):
+  return config.overridden({"data.dataset": "skimage", "data.image_size": 16, "attack.iterations": 2,
+                            "output.lpips": "none", "attack.preset": variant.split("-")[0]})
+
+
+def get_sweep(variant):
+  return config.sweep("data.index", [0, 1]) if variant.endswith("-both") else None
+"""
+
+
+@pytest.mark.slow
+def test_a_study_recipe_variant_chooses_its_sweep(tmp_path):
+  """``--config=file.py:arg`` gives ``arg`` to get_sweep as to get_config; a variant without a sweep
+  (None) takes --start/--count, and --start/--count replace a declared sweep over images."""
+  path = tmp_path / "recipe.py"
+  path.write_text(VARIANT_CONFIG)
+  for variant, extra, indices, attack in [("idlg-both", [], [0, 1], "idlg"),
+                                          ("idlg-both", ["--start=1", "--count=1"], [1], "idlg"),
+                                          ("dlg-none", ["--count=1"], [0], "dlg")]:
+    out = tmp_path / f"{variant}{len(extra)}"
+    proc = run_program("sweep", f"--config={path}:{variant}", *extra, f"--output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["index"] for r in rows] == indices and rows[0]["config"]["attack"] == attack

@@ -71,3 +71,14 @@ def test_a_written_sweep_reads_back_as_the_same_items(sweep):
   module = types.ModuleType("written")
   exec(config.to_python(config.Config(), sweep=sweep), module.__dict__)
   assert module.get_sweep() == sweep
+
+
+def test_a_recipe_is_its_options_over_the_defaults():
+  """config.overridden: the defaults with dotted options set (what a study's config.py returns);
+  an option the schema lacks is refused by name."""
+  c = config.overridden({"attack.preset": "sapag", "data.image_size": 32, "model.num_classes": 100})
+  cfg = config.from_dict(c)
+  assert (cfg.attack, cfg.image_size, cfg.num_classes) == ("sapag", 32, 100)
+  assert cfg.iterations == config.Config().iterations and cfg.dataset == config.Config().dataset
+  with pytest.raises(ValueError, match="'attack.nope'"):
+    config.overridden({"attack.nope": 1})

@@ -1,9 +1,14 @@
 """RESULTS.md is what experiments/studies.py makes of the studies, and its numbers are the runs'
 (recomputed here with NumPy from hand-written run files); every study has its analysis and data."""
 
+import glob
 import importlib.util
 import json
 import os
+import runpy
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -91,3 +96,75 @@ def test_config_of_a_recorded_sweep_runs_it_again(studies, tmp_path):
   _write(tmp_path / "run" / "results.json", {"rows": rows})
   with pytest.raises(ValueError, match="differ in restarts"):
     studies.config_of(str(tmp_path / "run"))
+
+
+RECIPES = sorted(glob.glob(os.path.join(ROOT, "experiments", "studies", "*", "config.py")))
+
+
+def _study(path):
+  return os.path.basename(os.path.dirname(path))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=_study)
+def test_a_study_recipe_names_every_run_and_the_schema_takes_it(path):
+  """Each variant of a study's config.py names a gradjax command, its options are the schema's and
+  its sweep is over images; every run in runs/ is a variant's (or a study program's) output."""
+  from gradjax import cli, config
+  module = runpy.run_path(path)
+  variants, programs = module["VARIANTS"], module.get("PROGRAMS", {})
+  for name, (command, images, _) in variants.items():
+    assert command.split()[0] in cli.COMMANDS, (name, command)
+    config.from_dict(module["get_config"](name))  # raises for an option the schema lacks
+    sweep = module["get_sweep"](name)
+    assert sweep is None or (command.split()[0] == "sweep" and sweep == config.sweep("data.index", images))
+  folder = os.path.dirname(path)
+  scripts = [f[:-3] for f in os.listdir(folder) if f.endswith(".py") and f != "config.py"]
+  for run in os.listdir(os.path.join(folder, "runs")):
+    stem = run.split(".")[0]
+    assert (any(stem == v or stem.startswith(v + "_") for v in variants) or stem in programs
+            or any(s.startswith(stem) for s in scripts)), f"{_study(path)}: runs/{run} is no variant's"
+
+
+# A small run of each program (its recorded arguments come first; these override them).
+SMALL = {
+    "sweep": ["--count=1", "--config.attack.iterations=2", "--config.attack.restarts=1",
+              "--lpips=none"],
+    "reconstruct": ["--config.attack.iterations=2", "--lpips=none"],
+    "dlm-table": ["--count=1", "--config.attack.iterations=2", "--methods=DLG"],
+    "label-accuracy": ["--count=2"],
+    "label-recovery": ["--count=1", "--aux_size=2"],
+    "defense-sweep": ["--count=1", "--config.attack.iterations=2", "--defenses=none", "--noutility"],
+    "batch-table": ["--count=1", "--config.attack.iterations=2", "--config.data.batch_size=2",
+                    "--classes_per_batch=1", "--pool=40", "--config.attack.aux=4"],
+    "text-table": ["--count=1", "--config.attack.iterations=2", "--methods=SAPAG",
+                   "--searches=tokens"],
+}
+
+
+def _small_variant(module):
+  """The study's first variant whose program has a small run and whose checkpoint is kept."""
+  for name, (command, _, options) in module["VARIANTS"].items():
+    kept = options.get("model.checkpoint") is None or os.path.exists(
+        os.path.join(ROOT, options["model.checkpoint"]))
+    if command.split()[0] in SMALL and kept:
+      return name, shlex.split(command)
+  return None, None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", RECIPES, ids=_study)
+def test_a_study_variant_runs_again_from_its_recipe(path, tmp_path):
+  """One variant per study, its command as the recipe names it at a tiny budget, from the clone's
+  root: the recipe still drives today's command line to results."""
+  name, command = _small_variant(runpy.run_path(path))
+  if name is None:
+    pytest.skip("no variant with a small run")
+  program, args = command[0], command[1:]
+  out = ["--output=" + str(tmp_path / "out.json")] if program.startswith("label-") else [
+      "--output_dir=" + str(tmp_path / "out")]
+  argv = [sys.executable, "-m", "gradjax", program, *args,
+          f"--config={os.path.relpath(path, ROOT)}:{name}", *SMALL[program], *out]
+  proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, (argv, proc.stderr[-2000:])
+  written = os.listdir(tmp_path / "out") if not program.startswith("label-") else ["out.json"]
+  assert any(f.startswith("results") or f.endswith(".json") for f in written), written

@@ -260,26 +260,40 @@ def print_config(options: Config | dict[str, Any]) -> None:
 
 def declared_sweep() -> list[dict[str, Any]] | None:
   """The items of the ``--config`` file's ``get_sweep()`` (:func:`gradjax.config.sweep`), or None
-  when it declares none. ValueError for a sweep that is not a non-empty list of option dicts."""
+  when it declares none. With ``--config=file.py:arg`` a ``get_sweep(arg)`` that takes an argument
+  gets it, as ``get_config(arg)`` does (a study's variant), and may return None (the variant declares
+  no sweep). ValueError for a sweep that is not a non-empty list of option dicts."""
   f = flags.FLAGS
   if f.config is None:
     return None
   import importlib.util
+  import inspect
   path = config_file(f["config"])
+  arg = config_variant(f["config"])
   spec = importlib.util.spec_from_file_location("_gradjax_sweep_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)  # config_flags ran it already: it loads
   if not hasattr(module, "get_sweep"):
     return None
+  takes_arg = bool(inspect.signature(module.get_sweep).parameters)
   try:
-    items = module.get_sweep()
+    items = module.get_sweep(arg) if takes_arg and arg is not None else module.get_sweep()
   except Exception as e:  # the user's code: one line, not a traceback
     raise ValueError(f"{path}: get_sweep() failed: {type(e).__name__}: {e}") from None
+  if items is None and takes_arg:
+    return None
   if (not isinstance(items, (list, tuple)) or not items
       or not all(isinstance(i, dict) and all(isinstance(k, str) for k in i) for i in items)):
     raise ValueError(f"{path}: get_sweep() must return a non-empty list of dicts of options "
                      "(config.sweep, config.product)")
   return [dict(i) for i in items]
+
+
+def config_variant(flag) -> str | None:
+  """``arg`` of a ``--config=file.py:arg`` flag (``get_config(arg)``'s variant), else None."""
+  name = config_flags.get_config_filename(flag)
+  path = config_file(flag)
+  return name[len(path) + 1:] if name != path else None
 
 
 def config_file(flag) -> str:

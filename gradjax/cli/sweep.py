@@ -20,7 +20,10 @@ The experiments are images ``--start``, ``--start + --batch_size``, ... (``--cou
 items of the configuration file's ``get_sweep()``, each a dict of options set over the file's
 configuration, e.g. ``config.product(config.sweep("data.index", range(5)),
 config.sweep("attack.restarts", [1, 4]))``. The ``config.py`` written with the results declares
-the sweep that ran, so ``--config=<it>`` runs it again.
+the sweep that ran, so ``--config=<it>`` runs it again. With ``--config=file.py:arg`` a
+``get_sweep(arg)`` gets the variant as ``get_config(arg)`` does (a study's recipe,
+``experiments/studies/*/config.py``); ``--start``/``--count`` replace a declared image sweep by
+other images.
 
 Summary statistics: mean ± population std, median, and how many images reach ``--psnr_threshold``.
 """
@@ -84,13 +87,15 @@ def main(argv):
     declared = common.declared_sweep()
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
-  if declared is None:
+  chosen = f["start"].present or f["count"].present
+  image_sweep = declared is not None and all(set(i) == {"data.index"} for i in declared)
+  if declared is None or (chosen and image_sweep):  # --start/--count choose other images
     if f.count < 1:
       common.fail(f"count must be positive, got {f.count}")
     sweep = [{"data.index": f.start + k * base.batch_size} for k in range(f.count)]
-  elif f["start"].present or f["count"].present:
+  elif chosen:
     common.fail("--start and --count choose the images of an image sweep; the configuration "
-                "declares its own sweep (get_sweep)")
+                "declares a sweep over other options (get_sweep)")
   else:
     sweep = declared
   try:
@@ -110,7 +115,8 @@ def main(argv):
     first, last = cfgs[0].index, cfgs[-1].index + base.batch_size - 1
     span = f"{first}..{last}"
   else:
-    span = os.path.splitext(os.path.basename(common.config_file(f["config"])))[0]
+    span = (common.config_variant(f["config"])
+            or os.path.splitext(os.path.basename(common.config_file(f["config"])))[0])
   out = common.output_folder(
       f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{span}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))

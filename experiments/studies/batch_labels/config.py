@@ -1,36 +1,35 @@
-# runs/label_recovery_lenet_zhu_cifar10_b8.json again: gradjax label-recovery --config=<this file>
-# --count=20 --aux_size=16 --output=<file>.json
-# Recorded: python experiments/label_recovery.py --output=experiments/results/label_recovery_lenet_zhu_cifar10_b8.json
-"""A gradjax configuration (gradjax.config)."""
+"""The recipes of this study's runs: ``--config=experiments/studies/batch_labels/config.py:VARIANT``
+runs VARIANT again (analysis.md says what each shows), with the command and arguments its
+entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
+others. Each run's resolved configuration is its folder's ``config.py``.
+"""
 
 from gradjax import config
 
+BASE = {}  # options every variant sets (over gradjax.config.defaults())
 
-def get_config():
-  c = config.defaults()
-  c.seed = 0
-  c.data.modality = 'image'
-  c.data.dataset = 'cifar10'
-  c.data.data_dir = None
-  c.data.index = 0
-  c.data.batch_size = 8
-  c.data.image_size = None
-  c.data.channels = None
-  c.data.normalization = 'none'
-  c.data.sequence_length = 15
-  c.data.vocab_size = None
-  c.model.name = 'lenet_zhu'
-  c.model.checkpoint = None
-  c.model.weights = None
-  c.model.rename = None
-  c.model.init = 'uniform'
-  c.model.act = None
-  c.model.num_classes = 10
-  c.model.conv = 'auto'
-  c.model.text_dim = 200
-  c.model.text_heads = 4
-  c.model.text_ffn = 200
-  c.model.text_layers = 2
-  c.sampling.pool = 1000
-  c.sampling.classes_per_batch = 4
-  return c
+# VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
+# comment names the runs/ folders it made.
+VARIANTS = {
+    # runs/label_recovery_lenet_zhu_cifar10_b8.json
+    'label_recovery_lenet_zhu_cifar10_b8': (
+        'label-recovery --count=20 --aux_size=16 --output=experiments/studies/batch_labels/runs/label_recovery_lenet_zhu_cifar10_b8.json',
+        None, {
+        'data.batch_size': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+        'model.init': 'uniform',
+        'model.num_classes': 10,
+    }),
+}
+
+
+def get_config(variant):
+  if variant not in VARIANTS:
+    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+  return config.overridden({**BASE, **VARIANTS[variant][2]})
+
+
+def get_sweep(variant):
+  images = VARIANTS[variant][1]
+  return None if images is None else config.sweep("data.index", images)

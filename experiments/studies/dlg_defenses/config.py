@@ -1,73 +1,30 @@
-# The attack of runs/defense_sweep_dlg_lenet_zhu (each row sets its defense): gradjax defense-sweep
-# --config=<this file> --count=5 --utility --adaptive runs it again (as recorded in its results.json).
-"""A gradjax configuration (gradjax.config)."""
+"""The recipes of this study's runs: ``--config=experiments/studies/dlg_defenses/config.py:VARIANT``
+runs VARIANT again (analysis.md says what each shows), with the command and arguments its
+entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
+others. Each run's resolved configuration is its folder's ``config.py``.
+"""
 
 from gradjax import config
 
+BASE = {}  # options every variant sets (over gradjax.config.defaults())
 
-def get_config():
-  c = config.defaults()
-  c.seed = 0
-  c.data.modality = 'image'
-  c.data.dataset = 'cifar10'
-  c.data.data_dir = None
-  c.data.index = 0
-  c.data.batch_size = 1
-  c.data.image_size = None
-  c.data.channels = None
-  c.data.normalization = 'none'
-  c.data.sequence_length = 15
-  c.data.vocab_size = None
-  c.model.name = 'lenet_zhu'
-  c.model.checkpoint = None
-  c.model.weights = None
-  c.model.rename = None
-  c.model.init = None
-  c.model.act = None
-  c.model.num_classes = None
-  c.model.conv = 'auto'
-  c.model.text_dim = 200
-  c.model.text_heads = 4
-  c.model.text_ffn = 200
-  c.model.text_layers = 2
-  c.client.name = 'fedsgd'
-  c.client.train_mode = False
-  c.client.local_epochs = 1
-  c.client.local_batch_size = None
-  c.client.local_lr = 0.01
-  c.client.local_momentum = 0.0
-  c.client.shared_labels = 'ordered'
-  c.client.observation = None
-  c.client.num_samples = None
-  c.client.force = False
-  c.defense.spec = None
-  c.attack.preset = 'dlg'
-  c.attack.iterations = None
-  c.attack.objective = None
-  c.attack.optimizer = None
-  c.attack.learning_rate = None
-  c.attack.schedule = None
-  c.attack.tol = None
-  c.attack.distance = None
-  c.attack.layer_weights = None
-  c.attack.priors = None
-  c.attack.labels = None
-  c.attack.aux = 40
-  c.attack.box = None
-  c.attack.dummy_init = None
-  c.attack.one_sample_per_step = None
-  c.attack.gamma = None
-  c.attack.restarts = 1
-  c.attack.permutations = 1
-  c.attack.text_search = 'embeddings'
-  c.attack.restrict_tokens = True
-  c.execution.strategy = 'auto'
-  c.execution.map_batch_size = None
-  c.execution.halving_rounds = 1
-  c.execution.halving_keep = 0.5
-  c.execution.shard = False
-  c.execution.chunk = 100
-  c.execution.matmul_precision = 'float32'
-  c.execution.remat = None
-  c.output.lpips = 'auto'
-  return c
+# VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
+# comment names the runs/ folders it made.
+VARIANTS = {
+    # runs/defense_sweep_dlg_lenet_zhu
+    'defense_sweep_dlg_lenet_zhu': ('defense-sweep --count=5 --utility --adaptive', None, {
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+    }),
+}
+
+
+def get_config(variant):
+  if variant not in VARIANTS:
+    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+  return config.overridden({**BASE, **VARIANTS[variant][2]})
+
+
+def get_sweep(variant):
+  images = VARIANTS[variant][1]
+  return None if images is None else config.sweep("data.index", images)

@@ -1,0 +1,91 @@
+"""The recipes of this study's runs: ``--config=experiments/studies/hfginv_batch/config.py:VARIANT``
+runs VARIANT again (analysis.md says what each shows), with the command and arguments its
+entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
+others. Each run's resolved configuration is its folder's ``config.py``.
+"""
+
+from gradjax import config
+
+BASE = {}  # options every variant sets (over gradjax.config.defaults())
+
+# VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
+# comment names the runs/ folders it made.
+VARIANTS = {
+    # runs/batch_labels_fresh
+    'batch_labels_fresh': ('batch-table --count=30 --variants=none --head=fresh', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
+    # runs/batch_labels_fresh100
+    'batch_labels_fresh100': ('batch-table --count=30 --variants=none --head_classes=100', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
+    # runs/batch_labels_fresh1000_aux300
+    'batch_labels_fresh1000_aux300': (
+        'batch-table --count=30 --variants=none --head_classes=1000',
+        None, {
+        'attack.aux': 300,
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
+    # runs/batch_labels_fresh1000_aux40
+    'batch_labels_fresh1000_aux40': (
+        'batch-table --count=30 --variants=none --head_classes=1000',
+        None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
+    # runs/batch_labels_trained
+    'batch_labels_trained': ('batch-table --count=30 --variants=none --head=trained', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
+    # runs/batch_table
+    'batch_table': ('batch-table --count=10', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
+    # runs/train_resnet20_cifar10
+    'train_resnet20_cifar10': (
+        'train --output_dir=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10',
+        None, {
+        'client.local_lr': 0.02,
+        'client.train_mode': True,
+        'data.batch_size': 128,
+        'data.dataset': 'cifar10_train',
+        'model.name': 'resnet20',
+        'training.epochs': 5,
+        'training.lr': 0.1,
+        'training.test_count': 1017,
+        'training.test_dataset': 'cifar10',
+        'training.train_count': 50000,
+    }),
+}
+
+# Runs of programs that take no configuration: run -> the command that made it.
+PROGRAMS = {"batch_memory": "gradjax batch-memory --models=resnet18 --batch_sizes=8,16,32,64 "
+                            "--output_dir=experiments/studies/hfginv_batch/runs/batch_memory"}
+
+
+def get_config(variant):
+  if variant not in VARIANTS:
+    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+  return config.overridden({**BASE, **VARIANTS[variant][2]})
+
+
+def get_sweep(variant):
+  images = VARIANTS[variant][1]
+  return None if images is None else config.sweep("data.index", images)

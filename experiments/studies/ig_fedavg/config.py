@@ -1,0 +1,95 @@
+"""The recipes of this study's runs: ``--config=experiments/studies/ig_fedavg/config.py:VARIANT``
+runs VARIANT again (analysis.md says what each shows), with the command and arguments its
+entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
+others. Each run's resolved configuration is its folder's ``config.py``.
+"""
+
+from gradjax import config
+
+# Options every variant sets (over gradjax.config.defaults()).
+BASE = {
+    'attack.labels': 'known',
+    'attack.preset': 'inverting_gradients_fedavg',
+    'client.name': 'fedavg',
+    'data.dataset': 'cifar10',
+    'data.normalization': 'cifar10',
+    'execution.chunk': 200,
+}
+
+# VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
+# comment names the runs/ folders it made.
+VARIANTS = {
+    # runs/fedavg_replay_1img_5steps
+    'fedavg_replay_1img_5steps': ('reconstruct', None, {
+        'attack.iterations': 2400,
+        'client.local_batch_size': 1,
+        'client.local_epochs': 5,
+        'client.local_lr': 0.0001,
+        'model.name': 'convnet-8',
+    }),
+    # runs/fedavg_replay_1img_5steps_convnet64
+    'fedavg_replay_1img_5steps_convnet64': ('reconstruct', None, {
+        'attack.iterations': 4800,
+        'client.local_batch_size': 1,
+        'client.local_epochs': 5,
+        'client.local_lr': 0.0001,
+        'model.name': 'convnet',
+    }),
+    # runs/fedavg_replay_1img_5steps_convnet64_lr0.1
+    'fedavg_replay_1img_5steps_convnet64_lr0.1': ('reconstruct', None, {
+        'attack.iterations': 4800,
+        'attack.learning_rate': 0.1,
+        'client.local_batch_size': 1,
+        'client.local_epochs': 5,
+        'client.local_lr': 0.0001,
+        'model.name': 'convnet',
+    }),
+    # runs/fedavg_replay_4img_b2_convnet64
+    'fedavg_replay_4img_b2_convnet64': ('reconstruct', None, {
+        'attack.iterations': 4800,
+        'client.local_batch_size': 2,
+        'client.local_lr': 0.0001,
+        'data.batch_size': 4,
+        'model.name': 'convnet',
+    }),
+    # runs/fedavg_replay_4img_b2_multiset
+    'fedavg_replay_4img_b2_multiset': ('reconstruct', None, {
+        'attack.iterations': 1200,
+        'client.local_batch_size': 2,
+        'client.local_lr': 0.1,
+        'client.shared_labels': 'multiset',
+        'data.batch_size': 4,
+        'model.name': 'convnet-8',
+    }),
+    # runs/fedavg_replay_4img_b2_ordered
+    'fedavg_replay_4img_b2_ordered': ('reconstruct', None, {
+        'attack.iterations': 1200,
+        'client.local_batch_size': 2,
+        'client.local_lr': 0.1,
+        'data.batch_size': 4,
+        'model.name': 'convnet-8',
+    }),
+    # runs/fedavg_replay_4img_b2_search
+    'fedavg_replay_4img_b2_search': ('reconstruct', None, {
+        'attack.iterations': 1200,
+        'attack.permutations': 6,
+        'client.local_batch_size': 2,
+        'client.local_lr': 0.1,
+        'client.shared_labels': 'multiset',
+        'data.batch_size': 4,
+        'execution.halving_keep': 0.2,
+        'execution.halving_rounds': 3,
+        'model.name': 'convnet-8',
+    }),
+}
+
+
+def get_config(variant):
+  if variant not in VARIANTS:
+    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+  return config.overridden({**BASE, **VARIANTS[variant][2]})
+
+
+def get_sweep(variant):
+  images = VARIANTS[variant][1]
+  return None if images is None else config.sweep("data.index", images)

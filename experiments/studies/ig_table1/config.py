@@ -1,0 +1,395 @@
+"""The recipes of this study's runs: ``--config=experiments/studies/ig_table1/config.py:VARIANT``
+runs VARIANT again (analysis.md says what each shows), with the command and arguments its
+entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
+others. Each run's resolved configuration is its folder's ``config.py``. The unseen rows
+(runs/*_cifar10_500-599, *_500-549) are the development rows' variants with --start=500:
+ig_lenet_zhu_normalized_epoch0_cifar10 (untrained), ig_lenet_zhu_recipe_epoch120_cifar10 (trained, the
+paper's recipe) and their euclid_lbfgs16_* twins.
+"""
+
+from gradjax import config
+
+BASE = {}  # options every variant sets (over gradjax.config.defaults())
+
+# VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
+# comment names the runs/ folders it made.
+VARIANTS = {
+    # runs/euclid_lbfgs16_6000_lenet_zhu_fresh_normalized_cifar10_0-9, runs/euclid_lbfgs16_6000_lenet_zhu_fresh_normalized_cifar10_10-19
+    'euclid_lbfgs16_6000_lenet_zhu_fresh_normalized_cifar10': ('sweep', range(0, 20), {
+        'attack.iterations': 6000,
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+    }),
+    # runs/euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_epoch0_cifar10_10-19
+    'euclid_lbfgs16_lenet_zhu_epoch0_cifar10': ('sweep', range(0, 20), {
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10/epoch_0.npz',
+    }),
+    # runs/euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_epoch2_cifar10_10-19
+    'euclid_lbfgs16_lenet_zhu_epoch2_cifar10': ('sweep', range(0, 20), {
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10/epoch_2.npz',
+    }),
+    # runs/euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10_20-99
+    'euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10': ('sweep', range(0, 100), {
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+    }),
+    # runs/euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10_20-99
+    'euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 100), {
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
+    }),
+    # runs/euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10_20-99
+    'euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10': ('sweep', range(0, 100), {
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized_wd/epoch_20.npz',
+    }),
+    # runs/euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10_20-99
+    'euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(0, 100), {
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
+    }),
+    # runs/euclid_lbfgsfixed8_resnet20-4_cifar10_0, runs/euclid_lbfgsfixed8_resnet20-4_cifar10_1
+    'euclid_lbfgsfixed8_resnet20-4_cifar10': ('sweep', range(0, 2), {
+        'attack.labels': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.name': 'resnet20-4',
+    }),
+    # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0
+    'euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
+        'attack.labels': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
+    }),
+    # runs/ig_24000_lenet_zhu_normalized_epoch0_cifar10_0-19
+    'ig_24000_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 20), {
+        'attack.iterations': 24000,
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
+    }),
+    # runs/ig_lenet_zhu_epoch0_cifar10_0-19, runs/ig_lenet_zhu_epoch0_cifar10_20-99
+    'ig_lenet_zhu_epoch0_cifar10': ('sweep', range(0, 100), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10/epoch_0.npz',
+    }),
+    # runs/ig_lenet_zhu_epoch2_cifar10_0-19, runs/ig_lenet_zhu_epoch2_cifar10_20-99
+    'ig_lenet_zhu_epoch2_cifar10': ('sweep', range(0, 100), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10/epoch_2.npz',
+    }),
+    # runs/ig_lenet_zhu_fresh_normalized_cifar10_0-19, runs/ig_lenet_zhu_fresh_normalized_cifar10_20-99
+    'ig_lenet_zhu_fresh_normalized_cifar10': ('sweep', range(0, 100), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+    }),
+    # runs/ig_lenet_zhu_normalized_epoch0_cifar10_0-19, runs/ig_lenet_zhu_normalized_epoch0_cifar10_20-99
+    'ig_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 100), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
+    }),
+    # runs/ig_lenet_zhu_normalized_epoch10_cifar10_0-19
+    'ig_lenet_zhu_normalized_epoch10_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_10.npz',
+    }),
+    # runs/ig_lenet_zhu_normalized_epoch15_cifar10_0-19
+    'ig_lenet_zhu_normalized_epoch15_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_15.npz',
+    }),
+    # runs/ig_lenet_zhu_normalized_epoch1_cifar10_0-19
+    'ig_lenet_zhu_normalized_epoch1_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_1.npz',
+    }),
+    # runs/ig_lenet_zhu_normalized_epoch20_cifar10_0-19, runs/ig_lenet_zhu_normalized_epoch20_cifar10_20-99
+    'ig_lenet_zhu_normalized_epoch20_cifar10': ('sweep', range(0, 100), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz',
+    }),
+    # runs/ig_lenet_zhu_normalized_epoch2_cifar10_0-19
+    'ig_lenet_zhu_normalized_epoch2_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_2.npz',
+    }),
+    # runs/ig_lenet_zhu_normalized_epoch5_cifar10_0-19
+    'ig_lenet_zhu_normalized_epoch5_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_5.npz',
+    }),
+    # runs/ig_lenet_zhu_normalized_wd_epoch20_cifar10_0-19, runs/ig_lenet_zhu_normalized_wd_epoch20_cifar10_20-99
+    'ig_lenet_zhu_normalized_wd_epoch20_cifar10': ('sweep', range(0, 100), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized_wd/epoch_20.npz',
+    }),
+    # runs/ig_lenet_zhu_recipe_epoch120_cifar10_0-19, runs/ig_lenet_zhu_recipe_epoch120_cifar10_20-99
+    'ig_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(0, 100), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
+    }),
+    # runs/ig_resnet20-4_cifar10_0-2, runs/ig_resnet20-4_cifar10_3-4, runs/ig_resnet20-4_cifar10_5
+    'ig_resnet20-4_cifar10': ('sweep', range(0, 6), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.name': 'resnet20-4',
+    }),
+    # runs/ig_resnet20-4_cifar10_2
+    'ig_resnet20-4_cifar10_2': ('reconstruct', None, {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.index': 2,
+        'data.normalization': 'cifar10',
+        'execution.chunk': 200,
+        'model.name': 'resnet20-4',
+    }),
+    # runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_0, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_1, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_2, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_3, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_4, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_5, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_6, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_7, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_8, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_9
+    'ig_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', range(0, 10), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
+    }),
+    # runs/ig_resnet20_cifar10_0-4
+    'ig_resnet20_cifar10_0-4': ('sweep', range(0, 5), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'execution.chunk': 200,
+        'model.name': 'resnet20',
+    }),
+    # runs/ig_resnet20_cifar10_2
+    'ig_resnet20_cifar10_2': ('reconstruct', None, {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.index': 2,
+        'data.normalization': 'cifar10',
+        'execution.chunk': 400,
+        'model.name': 'resnet20',
+    }),
+    # runs/ig_resnet20_cifar10_5-19
+    'ig_resnet20_cifar10_5-19': ('sweep', range(5, 20), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.name': 'resnet20',
+    }),
+    # runs/ig_resnet20_epoch5_cifar10_0-4, runs/ig_resnet20_epoch5_cifar10_5-19
+    'ig_resnet20_epoch5_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+    }),
+    # runs/ig_tv1e-1_lenet_zhu_normalized_epoch0_cifar10_0-19
+    'ig_tv1e-1_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-1',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
+    }),
+    # runs/ig_tv1e-1_lenet_zhu_normalized_epoch20_cifar10_0-19
+    'ig_tv1e-1_lenet_zhu_normalized_epoch20_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-1',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz',
+    }),
+    # runs/ig_tv1e-1_lenet_zhu_recipe_epoch120_cifar10_0-19
+    'ig_tv1e-1_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-1',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
+    }),
+    # runs/ig_tv1e-2_lenet_zhu_normalized_epoch0_cifar10_0-19
+    'ig_tv1e-2_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-2',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
+    }),
+    # runs/ig_tv1e-2_lenet_zhu_normalized_epoch20_cifar10_0-19
+    'ig_tv1e-2_lenet_zhu_normalized_epoch20_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-2',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz',
+    }),
+    # runs/ig_tv1e-2_lenet_zhu_recipe_epoch120_cifar10_0-19
+    'ig_tv1e-2_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-2',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
+    }),
+    # runs/ig_tv1e-3_lenet_zhu_normalized_epoch0_cifar10_0-19
+    'ig_tv1e-3_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-3',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
+    }),
+    # runs/ig_tv1e-3_lenet_zhu_normalized_epoch20_cifar10_0-19
+    'ig_tv1e-3_lenet_zhu_normalized_epoch20_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-3',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz',
+    }),
+    # runs/ig_tv1e-3_lenet_zhu_recipe_epoch120_cifar10_0-19
+    'ig_tv1e-3_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(0, 20), {
+        'attack.preset': 'inverting_gradients',
+        'attack.priors': 'tv:1e-3',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
+    }),
+    # runs/train_lenet_zhu_cifar10
+    'train_lenet_zhu_cifar10': (
+        'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10',
+        None, {
+        'client.local_lr': 0.02,
+        'data.batch_size': 128,
+        'data.dataset': 'cifar10_train',
+        'training.epochs': 2,
+        'training.lr': 0.1,
+        'training.test_count': 1017,
+        'training.test_dataset': 'cifar10',
+        'training.train_count': 50000,
+    }),
+    # runs/train_lenet_zhu_cifar10_normalized
+    'train_lenet_zhu_cifar10_normalized': (
+        'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized',
+        None, {
+        'client.local_lr': 0.02,
+        'data.batch_size': 128,
+        'data.dataset': 'cifar10_train',
+        'data.normalization': 'cifar10',
+        'training.epochs': 20,
+        'training.lr': 0.1,
+        'training.test_count': 1017,
+        'training.test_dataset': 'cifar10',
+        'training.train_count': 50000,
+    }),
+    # runs/train_lenet_zhu_cifar10_normalized_wd
+    'train_lenet_zhu_cifar10_normalized_wd': (
+        'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized_wd',
+        None, {
+        'client.local_lr': 0.02,
+        'data.batch_size': 128,
+        'data.dataset': 'cifar10_train',
+        'data.normalization': 'cifar10',
+        'training.epochs': 20,
+        'training.lr': 0.1,
+        'training.test_count': 1017,
+        'training.test_dataset': 'cifar10',
+        'training.train_count': 50000,
+        'training.weight_decay': 0.0005,
+    }),
+    # runs/train_lenet_zhu_cifar10_recipe
+    'train_lenet_zhu_cifar10_recipe': (
+        'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe',
+        None, {
+        'client.local_lr': 0.02,
+        'data.batch_size': 128,
+        'data.dataset': 'cifar10_train',
+        'data.normalization': 'cifar10',
+        'training.augment': True,
+        'training.epochs': 120,
+        'training.lr': 0.1,
+        'training.lr_milestones': '44,75,105',
+        'training.nesterov': True,
+        'training.test_count': 1017,
+        'training.test_dataset': 'cifar10',
+        'training.train_count': 50000,
+        'training.weight_decay': 0.0005,
+    }),
+    # runs/train_resnet20-4_cifar10_normalized_wd
+    'train_resnet20-4_cifar10_normalized_wd': (
+        'train --output_dir=experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd',
+        None, {
+        'client.local_lr': 0.02,
+        'client.train_mode': True,
+        'data.batch_size': 128,
+        'data.dataset': 'cifar10_train',
+        'data.normalization': 'cifar10',
+        'model.name': 'resnet20-4',
+        'training.epochs': 1,
+        'training.lr': 0.1,
+        'training.test_count': 1017,
+        'training.test_dataset': 'cifar10',
+        'training.train_count': 50000,
+        'training.weight_decay': 0.0005,
+    }),
+}
+
+
+def get_config(variant):
+  if variant not in VARIANTS:
+    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+  return config.overridden({**BASE, **VARIANTS[variant][2]})
+
+
+def get_sweep(variant):
+  images = VARIANTS[variant][1]
+  return None if images is None else config.sweep("data.index", images)

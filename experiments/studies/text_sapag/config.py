@@ -1,0 +1,56 @@
+"""The recipes of this study's runs: ``--config=experiments/studies/text_sapag/config.py:VARIANT``
+runs VARIANT again (analysis.md says what each shows), with the command and arguments its
+entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
+others. Each run's resolved configuration is its folder's ``config.py``.
+"""
+
+from gradjax import config
+
+# Options every variant sets (over gradjax.config.defaults()).
+BASE = {
+    'data.dataset': 'pydoc',
+    'data.modality': 'text',
+    'model.name': 'transformer',
+}
+
+# VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
+# comment names the runs/ folders it made.
+VARIANTS = {
+    # runs/text_sapag_readings
+    'text_sapag_readings': (
+        "text-table '--methods=SAPAG;SAPAG-literal;SAPAG-uniform' --searches=tokens --count=3",
+        None, {
+        'attack.iterations': 500,
+        'attack.preset': 'sapag',
+        'output.lpips': 'none',
+    }),
+    # runs/text_table
+    'text_table': ('text-table --count=20', None, {
+        'attack.iterations': 500,
+        'attack.preset': 'sapag',
+        'model.checkpoint': 'experiments/studies/text_sapag/runs/train_transformer_pydoc_fedsgd/epoch_1.npz',
+        'output.lpips': 'none',
+    }),
+    # runs/train_transformer_pydoc_fedsgd (not kept: its epoch_1.npz, 5.9 MB, takes 16 s on one core)
+    'train_transformer_pydoc': (
+        'train --output_dir=experiments/studies/text_sapag/runs/train_transformer_pydoc_fedsgd',
+        None, {
+        'client.local_lr': 0.02,
+        'data.batch_size': 32,
+        'training.epochs': 1,
+        'training.lr': 0.1,
+        'training.test_count': None,
+        'training.train_count': None,
+    }),
+}
+
+
+def get_config(variant):
+  if variant not in VARIANTS:
+    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+  return config.overridden({**BASE, **VARIANTS[variant][2]})
+
+
+def get_sweep(variant):
+  images = VARIANTS[variant][1]
+  return None if images is None else config.sweep("data.index", images)
