@@ -8,7 +8,7 @@ the client's gradient, the dummy data, the solver's first evaluation, the LPIPS 
 whole with :func:`once`; the optimisation step that runs thousands of times gets the options of
 :data:`STEP`. Both turn off XLA:CPU's MLIR fusion emitters (``xla_cpu_use_fusion_emitters``) for its
 older LLVM IR emitters, which compile the same fusions faster into code as fast
-(``gradjax benchmark``, startup section).
+(``python -m benchmarks suite``, startup section).
 
 The options change the machine code and, through fused multiply-adds, the last bits of some results
 (XLA:CPU runs without fast-math), so a long optimisation is reproducible under one set of options,

@@ -247,7 +247,7 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
 
   def host_loop(states, data, per, n):
     """On CPU a chunk is n calls of the one-step program: XLA:CPU runs a step inside a while loop
-    slower than the same step as its own program (``gradjax benchmark``, loops section)."""
+    slower than the same step as its own program (``python -m benchmarks suite``, loops section)."""
     for _ in range(n):
       states = advance(states, data, per, 1)
     return states

@@ -5,7 +5,7 @@ r"""L-BFGS's inverse-Hessian product as a few matrix products: no loop over the 
 reading one stored pair (s_i, y_i) at a traced index. Under ``vmap`` over restarts that index is
 batched, every read becomes a gather, and the loop runs as ``2 m`` dependent steps: vmapped restarts
 of DLG ran slower per restart than the same restarts one after another, where Adam, which has no
-such loop, gains from ``vmap`` (``gradjax benchmark``, linesearch section, in RESULTS.md).
+such loop, gains from ``vmap`` (``python -m benchmarks suite``, linesearch section).
 
 :func:`scale_by_lbfgs` is a drop-in replacement with the same state updates, the same
 preconditioner and the same result up to rounding, written with dense products. With the stored

@@ -1,4 +1,4 @@
-"""Smoke test of gradjax benchmark without PyTorch: every section runs and its ratios are the
+"""Smoke test of the benchmark suite (python -m benchmarks suite) without PyTorch: every section runs and its ratios are the
 quotients of the times it reports."""
 
 import json
@@ -12,18 +12,29 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
+  """python -m benchmarks (from the clone's root): its programs, an unknown one in one line, exit 2."""
+  import benchmarks
+  harness = [sys.executable, "-m", "benchmarks"]
+  listed = subprocess.run([*harness, "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+  assert listed.returncode == 0 and all(name in listed.stdout for name in benchmarks.PROGRAMS)
+  bad = subprocess.run([*harness, "suit"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+      f"error: unknown command 'suit'; choose one of {', '.join(benchmarks.PROGRAMS)}"]
+
+
 @pytest.mark.slow
 def test_benchmark_sections_write_consistent_tables(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "-m", "gradjax", "benchmark", "--torch=off",
+      [sys.executable, "-m", "benchmarks", "suite", "--torch=off",
        "--models=lenet_zhu", "--batch_sizes=1,2", "--repeats=2", "--warmup=0", "--ttq_images=1",
        "--ttq_psnr=8", "--ttq_max_seconds=30", "--ig_model=convnet-4", "--ig_iterations=2",
        "--restart_counts=1,2", "--restart_iterations=5", "--linesearch_iterations=5",
        "--linesearch_caps=3", "--conv_shapes=1:8:3:4:3:1,1:16:16:4:3:1", "--startup_runs=1",
        "--loop_models=lenet_zhu", "--loop_batch_size=2", "--loop_steps=2",
        f"--output_dir={tmp_path}"],
-      capture_output=True, text=True, env=env, timeout=600)
+      capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads((tmp_path / "benchmark.json").read_text())
   assert [(r["model"], r["batch_size"]) for r in result["steps"]] == [("lenet_zhu", 1), ("lenet_zhu", 2)]
@@ -99,10 +110,10 @@ def test_accelerator_suite_quick(tmp_path):
   if data.default_data_dir() is not None:  # the batch part attacks CIFAR-10 test images
     names.append("batch")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "gradjax", "benchmark", "--suite=gpu", "--quick",
+  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick",
          "--torch=off", f"--output_dir={tmp_path}"]
   proc = subprocess.run(cmd + [f"--parts={','.join(names)}"], capture_output=True, text=True, env=env,
-                        timeout=900)
+                        timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   parts = {p: json.loads((tmp_path / f"gpu_{p}.json").read_text()) for p in names}
   assert all(d["quick"] and d["rows"] for d in parts.values())
@@ -123,5 +134,6 @@ def test_accelerator_suite_quick(tmp_path):
       assert row["psnr_mean"] == pytest.approx(item["psnr"]) and row["iterations"] == 3
   text = (tmp_path / "gpu.md").read_text()
   assert all(f"## {p}" in text for p in parts)
-  again = subprocess.run(cmd + ["--parts=ig"], capture_output=True, text=True, env=env, timeout=300)
+  again = subprocess.run(cmd + ["--parts=ig"], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=ROOT)
   assert again.returncode == 0 and "ig: kept" in again.stdout

@@ -1,12 +1,14 @@
-"""Smoke test of gradjax benchmark-step (needs PyTorch for its eager baseline)."""
+"""Smoke test of python -m benchmarks step (needs PyTorch for its eager baseline)."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # python -m benchmarks runs here
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch")
 
 # Run in a subprocess: importing the command defines absl flags, which must not clash with other commands'.
@@ -14,7 +16,7 @@ _PARAM_COUNTS = """
 import json, sys
 import jax
 from gradjax import models
-from gradjax.cli import benchmark_step
+from benchmarks import step as benchmark_step
 counts = {}
 for name in sys.argv[1:]:
   variables = jax.eval_shape(lambda key: models.create(name, key).variables, jax.random.key(0))
@@ -26,15 +28,15 @@ print(json.dumps(counts))
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, "-m", "gradjax", "benchmark-step", *args], capture_output=True,
-                        text=True, timeout=120)
+  return subprocess.run([sys.executable, "-m", "benchmarks", "step", *args], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT)
 
 
 @pytest.mark.slow
 def test_torch_ports_have_the_zoo_parameter_counts():
   names = ["lenet_zhu", "lenet5", "convnet-16", "mlp", "resnet8", "resnet20-4"]
   result = subprocess.run([sys.executable, "-c", _PARAM_COUNTS, *names], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=ROOT)
   assert result.returncode == 0, result.stderr
   counts = json.loads(result.stdout.strip().splitlines()[-1])
   for name in names:

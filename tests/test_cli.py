@@ -646,6 +646,7 @@ def test_an_installed_package_runs_without_the_clone(tmp_path):
     pytest.skip("no package index to fetch the build backend from")
   assert build.returncode == 0, build.stderr[-2000:]
   assert not (site / "experiments").exists() and (site / "gradjax" / "configs" / "dlg.py").exists()
+  assert not (site / "benchmarks").exists()  # measurements live in the clone, not in the wheel
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(site))
   proc = subprocess.run([sys.executable, "-m", "gradjax", "reconstruct", "--config=dlg", "--dataset=skimage",
                          "--print_config"], capture_output=True, text=True, env=env, cwd=tmp_path,
@@ -663,8 +664,7 @@ PER_PROGRAM = {"config"}
 _FLAGS_OF = """
 import importlib, json, sys
 from absl import flags
-from gradjax import cli
-importlib.import_module("gradjax.cli." + cli.COMMANDS[sys.argv[1]][0])
+importlib.import_module(sys.argv[1])
 print(json.dumps({f.name: [repr(f.default), f.help] for module, fl in flags.FLAGS.flags_by_module_dict().items()
                   if not module.startswith("absl") for f in fl}))
 """
@@ -672,13 +672,16 @@ print(json.dumps({f.name: [repr(f.default), f.help] for module, fl in flags.FLAG
 
 @pytest.mark.slow
 def test_each_option_has_one_name_default_and_help_across_commands():
-  """Every command's options: one default and one help per name (the help's pointer to the option's
-  place in a configuration file, on the commands that read one, aside)."""
+  """Every command's options, the benchmark programs' too: one default and one help per name (the
+  help's pointer to the option's place in a configuration file, on the commands that read one, aside)."""
+  import benchmarks
   from gradjax import cli
   seen = {}  # option -> (default, help) -> commands
-  for name in sorted(cli.COMMANDS):
-    proc = subprocess.run([sys.executable, "-c", _FLAGS_OF, name], capture_output=True, text=True,
-                          timeout=120)
+  modules = {name: f"gradjax.cli.{m}" for name, (m, _) in cli.COMMANDS.items()}
+  modules.update({f"benchmarks {name}": f"benchmarks.{m}" for name, (m, _) in benchmarks.PROGRAMS.items()})
+  for name in sorted(modules):
+    proc = subprocess.run([sys.executable, "-c", _FLAGS_OF, modules[name]], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-1000:]
     for option, (default, help_text) in json.loads(proc.stdout).items():
       if option not in PER_PROGRAM:

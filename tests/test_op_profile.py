@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax.cli import op_profile
+from benchmarks import op_profile
 
 
 def _instructions(fn, *args):

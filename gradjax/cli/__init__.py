@@ -19,35 +19,34 @@ COMMANDS = {
     "dlm-table": ("dlm_table", "DLG, cosine, DLM and DLM+ on FedAvg weights (DLM's Table 1)"),
     "text-table": ("text_table", "token recovery from a language model's gradient"),
     "batch-table": ("batch_table", "batch inversion on a trained BatchNorm network"),
-    "benchmark": ("benchmark", "the benchmark suite (CPU sections, or the accelerator suite)"),
-    "benchmark-step": ("benchmark_step", "one attack step against one training step, JAX and PyTorch"),
-    "batch-memory": ("batch_memory", "compiled memory of large-batch matching, with and without remat"),
 }
 
 
-def usage() -> str:
-  width = max(map(len, COMMANDS))
-  lines = ["usage: gradjax <command> [flags]   (gradjax <command> --help lists its flags)", "",
+def usage(program: str = "gradjax", commands: dict = COMMANDS) -> str:
+  width = max(map(len, commands))
+  lines = [f"usage: {program} <command> [flags]   ({program} <command> --help lists its flags)", "",
            "commands:"]
-  lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+  lines += [f"  {name:<{width}}  {what}" for name, (_, what) in commands.items()]
   return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-  """Runs ``gradjax <command> [flags]``: the command's module's ``main`` under absl."""
+def main(argv: list[str] | None = None, *, program: str = "gradjax", commands: dict = COMMANDS,
+         package: str = "gradjax.cli") -> None:
+  """Runs ``<program> <command> [flags]``: the command's module (in ``package``) ``main`` under
+  absl. The benchmark programs, outside the installed package, share it (``python -m benchmarks``)."""
   argv = sys.argv if argv is None else argv
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
-    print(usage())
+    print(usage(program, commands))
     sys.exit(0 if len(argv) >= 2 else 2)
   name = argv[1]
-  if name not in COMMANDS:
-    print(f"error: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+  if name not in commands:
+    print(f"error: unknown command {name!r}; choose one of {', '.join(commands)}", file=sys.stderr)
     sys.exit(2)
   from absl import app
 
   from gradjax.cli import common
-  module = importlib.import_module(f"gradjax.cli.{COMMANDS[name][0]}")
-  common.PROGRAM[:] = ["gradjax", name]
+  module = importlib.import_module(f"{package}.{commands[name][0]}")
+  common.PROGRAM[:] = [program, name]
   common.PROGRAM_DOC[:] = [module.__doc__ or ""]
-  sys.argv = [f"gradjax {name}", *argv[2:]]
+  sys.argv = [f"{program} {name}", *argv[2:]]
   app.run(module.main, argv=sys.argv, flags_parser=common.parse_flags)

@@ -4,11 +4,11 @@ gradjax's stalls?
 For each batch size B in ``--batch_sizes`` and ``--count`` batches (batch i holds CIFAR-10 test
 images ``start + i·B`` to ``start + (i+1)·B − 1``, as ``sweep.py --batch_size=B`` takes them), the
 same LeNet(Zhu) that ``sweep.py`` attacks for that experiment (gradjax's model for its index, its
-weights copied into ``benchmark_step``'s PyTorch port, whose logits are checked against gradjax's on
+weights copied into ``benchmarks.step``'s PyTorch port, whose logits are checked against gradjax's on
 the batch: ``logit_gap``, the largest difference) is attacked with DLG's reference loop: dummy data
 and label logits N(0, 1) (``torch.manual_seed(seed + index)``, ``--seed``), ``torch.optim.LBFGS``
 with lr 1, history 100 and 20 evaluations per step without a line search, ``--steps`` calls of
-``step``; the objective is ``benchmark_step.torch_dlg_objective`` (soft-label cross entropy, Σ‖∇W' −
+``step``; the objective is ``benchmarks.step.torch_dlg_objective`` (soft-label cross entropy, Σ‖∇W' −
 ∇W‖²). Each batch records the steps until the objective first reached ``--tol`` (what the paper
 counts), the evaluations that took, the final objective, and the PSNR and label accuracy after
 batch-order matching.
@@ -20,14 +20,16 @@ Writes ``results.json``, ``results.md`` and ``reconstructions.npz`` (batch B at 
 """
 
 import os
+import sys
 import time
 
 import numpy as np
 from absl import app, flags
 
-from gradjax.cli import benchmark_step as bs
-from gradjax.cli import common
-from gradjax import data, metrics, models, pipeline, report
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+from benchmarks import step as bs  # noqa: E402  (the clone's benchmark programs: its PyTorch ports)
+from gradjax.cli import common  # noqa: E402
+from gradjax import data, metrics, models, pipeline, report  # noqa: E402
 
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
 flags.DEFINE_list("batch_sizes", ["1", "2", "4"], "Batch sizes.")

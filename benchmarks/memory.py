@@ -8,7 +8,7 @@ activation per block and recomputes the rest. Nothing is run, so a GPU's figure 
 the memory it reports (a model without BatchNorm: the step without the BatchNorm prior, the rows'
 ``bn_prior`` false). The issue's target: ResNet-18, batch 32 at 32×32, within a 16 GB GPU.
 
-  gradjax batch-memory --models=resnet18 --batch_sizes=8,16,32,64   # the issue's measurement
+  python -m benchmarks memory --models=resnet18 --batch_sizes=8,16,32,64   # the issue's measurement
 
 Writes results.json and results.md to --output_dir.
 """

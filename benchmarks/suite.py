@@ -9,7 +9,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   devices that report it, the peak bytes in use. All with the backend's default convolutions
   (``conv="auto"``: mixed on CPU, XLA's on accelerators); the matching step is also timed with the
   other implementation, and the ratio given. With PyTorch installed the same step in PyTorch eager
-  (ported in ``gradjax benchmark-step``) and the ratio torch / JAX.
+  (ported in ``python -m benchmarks step``) and the ratio torch / JAX.
 * ``ops``: the same matching step op by op (``gradjax op-profile``): XLA:CPU's thunks under
   ``jax.profiler`` and PyTorch's ATen ops under ``torch.profiler``, each filed as matmul, reduction,
   data movement or elementwise, with the matrix products' FLOP rate.
@@ -35,7 +35,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 * ``profile``: where a vmapped DLG iteration's time goes, per restart count: the R vmapped
   evaluations of the objective (time, GFLOP/s by XLA's cost analysis, fraction of the core's measured
   float32 matmul peak), the R L-BFGS updates alone, the size of their stored pairs and the time two
-  passes over them take at the measured memory bandwidth (``benchmark_step.restart_profile``).
+  passes over them take at the measured memory bandwidth (``step.restart_profile``).
 * ``linesearch``: what L-BFGS's zoom line search costs under ``vmap``: a vmapped while loop runs until
   the slowest restart's search ends, so every iteration costs the maximum over restarts of the
   objective evaluations. ``--restart_counts``' largest count of DLG restarts on ``lenet_zhu``, for each
@@ -49,17 +49,17 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   the cache it filled, with the attack's own ``wall_time_s`` and PSNR beside. The processes inherit
   this one's CPU affinity (pin the benchmark with ``taskset`` for one core).
 
-  gradjax benchmark --output_dir=runs/benchmark_cpu
-  gradjax benchmark --sections=restarts --restart_counts=1,8,64   # on a GPU
-  gradjax benchmark --suite=gpu --parts=steps,restarts --output_dir=runs/gpu
+  python -m benchmarks suite --output_dir=runs/benchmark_cpu
+  python -m benchmarks suite --sections=restarts --restart_counts=1,8,64   # on a GPU
+  python -m benchmarks suite --suite=gpu --parts=steps,restarts --output_dir=runs/gpu
 
-``--suite=gpu`` runs the accelerator suite instead (``accelerator_suite.py``: step time and memory,
+``--suite=gpu`` runs the accelerator suite instead (``accelerator.py``: step time and memory,
 restarts 1-256, 64-restart DLG, matmul precisions, Inverting Gradients on ResNet20-4, the FedAvg
 replay, GradInversion against HFGInv at 15 000 iterations), part by part; ``--quick`` shrinks it to a CPU smoke test.
 Its parts accumulate in one folder (``--output_dir``, default ``runs/benchmark_gpu``), call after call:
 a part already written there is skipped unless ``--overwrite``.
 
-This builds on ``gradjax benchmark-step`` (its timing helpers, PyTorch ports and flags ``--models``,
+This builds on ``python -m benchmarks step`` (its timing helpers, PyTorch ports and flags ``--models``,
 ``--repeats``, ``--warmup``, ``--max_seconds``, ``--torch`` and ``--seed``).
 """
 
@@ -77,16 +77,17 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from benchmarks import accelerator, op_profile
+from benchmarks import step as bs
 from gradjax import attacks, clients, driver, dummy, metrics, models, presets, report
-from gradjax.cli import accelerator_suite, common, op_profile
-from gradjax.cli import benchmark_step as bs
+from gradjax.cli import common
 
 GPU_FOLDER = "runs/benchmark_gpu"  # --suite=gpu without --output_dir
 SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "profile", "linesearch", "startup")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
-_PARTS = flags.DEFINE_list("parts", list(accelerator_suite.PARTS), "Accelerator suite parts: "
-                           f"{', '.join(accelerator_suite.PARTS)}.")
+_PARTS = flags.DEFINE_list("parts", list(accelerator.PARTS), "Accelerator suite parts: "
+                           f"{', '.join(accelerator.PARTS)}.")
 _QUICK = flags.DEFINE_bool("quick", False, "Accelerator suite at toy sizes (a CPU smoke test).")
 _SUITE_DATASET = flags.DEFINE_string("suite_dataset", "cifar10", "Images of the accelerator suite's "
                                      "ig and fedavg parts (CIFAR-10 test images 0-4 in the protocol).")
@@ -602,12 +603,12 @@ def main(argv):
   if (error := bs.check_flags()) is not None:
     bs.fail(error)
   if _SUITE.value == "gpu":
-    unknown = [p for p in _PARTS.value if p not in accelerator_suite.PARTS]
+    unknown = [p for p in _PARTS.value if p not in accelerator.PARTS]
     if unknown or not _PARTS.value:
-      bs.fail(f"unknown parts {unknown}; choose from {', '.join(accelerator_suite.PARTS)}")
+      bs.fail(f"unknown parts {unknown}; choose from {', '.join(accelerator.PARTS)}")
     header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
     out = flags.FLAGS.output_dir or GPU_FOLDER  # its parts accumulate there, call after call
-    print(accelerator_suite.run(_PARTS.value, out, quick=_QUICK.value,
+    print(accelerator.run(_PARTS.value, out, quick=_QUICK.value,
                                 dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
                                 seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header))
     print(f"wrote {out}: gpu.md and gpu_<part>.json/.md")
@@ -624,24 +625,18 @@ def main(argv):
                             restart_iterations=_RESTART_ITERATIONS.value, linesearch_caps=caps,
                             linesearch_iterations=_LS_ITERATIONS.value, loop_models=_LOOP_MODELS.value,
                             loop_batch_size=_LOOP_BATCH.value, loop_steps=_LOOP_STEPS.value, seed=seed))
-  if "steps" in _SECTIONS.value:
-    result["steps"] = section_steps(torch, timing, seed)
-  if "ops" in _SECTIONS.value:
-    result["ops"] = section_ops(torch, seed)
-  if "convs" in _SECTIONS.value:
-    result["convs"] = section_convs(timing, seed)
-  if "loops" in _SECTIONS.value:
-    result["loops"] = section_loops(timing, seed)
-  if "ttq" in _SECTIONS.value:
-    result["ttq"] = section_ttq(torch, seed)
-  if "restarts" in _SECTIONS.value:
-    result["restarts"] = section_restarts(seed)
-  if "profile" in _SECTIONS.value:
-    result["profile"] = section_profile(seed)
-  if "linesearch" in _SECTIONS.value:
-    result["linesearch"] = section_linesearch(seed, max(counts))
-  if "startup" in _SECTIONS.value:
-    result["startup"] = section_startup(_STARTUP_RUNS.value)
+  run_section = dict(
+      steps=lambda: section_steps(torch, timing, seed), ops=lambda: section_ops(torch, seed),
+      convs=lambda: section_convs(timing, seed), loops=lambda: section_loops(timing, seed),
+      ttq=lambda: section_ttq(torch, seed), restarts=lambda: section_restarts(seed),
+      profile=lambda: section_profile(seed), linesearch=lambda: section_linesearch(seed, max(counts)),
+      startup=lambda: section_startup(_STARTUP_RUNS.value))
+  result["section_seconds"] = {}
+  for section in SECTIONS:  # in the suite's order, whatever order --sections names them
+    if section in _SECTIONS.value:
+      start = time.perf_counter()
+      result[section] = run_section[section]()
+      result["section_seconds"][section] = time.perf_counter() - start
   text = markdown(result)
   report.save_json(os.path.join(out, "benchmark.json"), result)
   with open(os.path.join(out, "benchmark.md"), "w") as fh:

@@ -1,11 +1,11 @@
-"""The accelerator suite behind ``gradjax benchmark --suite=gpu``: every accelerator measurement, in parts
+"""The accelerator suite behind ``python -m benchmarks suite --suite=gpu``: every accelerator measurement, in parts
 that each run in well under 10 minutes on one GPU, so a lent machine can run them one call at a time.
 
 Parts (``--parts``), each written as ``gpu_<part>.json`` and ``gpu_<part>.md`` when it ends (a part
 already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles those present:
 
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
-  compiled and peak memory), as ``gradjax benchmark``'s steps section.
+  compiled and peak memory), as the suite's steps section.
 * ``restarts``: 100 DLG iterations on ``lenet_zhu`` for R = 1, 4, 16, 64, 256 under each strategy
   (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1.
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from gradjax.cli import benchmark_step as bs
+from benchmarks import step as bs
 from gradjax import config, driver, pipeline, report
 
 PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch")

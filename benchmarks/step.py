@@ -26,8 +26,8 @@ Both frameworks run the models in inference mode: BatchNorm normalises with its 
 
 Run::
 
-  gradjax benchmark-step
-  gradjax benchmark-step --models=lenet_zhu,convnet,resnet20-4 --batch_size=4 \\
+  python -m benchmarks step
+  python -m benchmarks step --models=lenet_zhu,convnet,resnet20-4 --batch_size=4 \\
       --repeats=50 --output=/tmp/bench.json --torch=on
 
 Caveats:

@@ -18,7 +18,7 @@ The first that applies wins, in that order. :func:`torch_profile` does the same 
 callable with ``torch.profiler``: self CPU time per ATen op, filed as ``matmul`` (convolutions and
 matrix products), ``reduction``, ``data movement`` or ``elementwise`` by the op's name.
 
-Use: ``gradjax benchmark --sections=ops`` (the conv nets' batch-8 matching step).
+Use: ``python -m benchmarks suite --sections=ops`` (the conv nets' batch-8 matching step).
 """
 
 import collections
