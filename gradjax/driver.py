@@ -18,7 +18,7 @@ Restart strategies (``Execution.strategy``):
 Scale. ``restart_data`` gives each restart its own data (a candidate label order); successive halving
 (``halving_rounds``) advances all restarts, keeps the best fraction by objective and continues, so many
 restarts cost little more than a few; ``shard`` splits the restarts over all devices (of every
-process, in a run over several: :mod:`gradjax.distributed`) with a ``NamedSharding`` on a 1-D
+process, in a run over several: :mod:`gradjax.cli.distributed`) with a ``NamedSharding`` on a 1-D
 ``"restarts"`` mesh. These
 knobs, with the progress ``callback`` and ``monitor``, travel together as one :class:`Execution`.
 
@@ -108,7 +108,7 @@ class Execution:
     halving_rounds, halving_keep: successive halving (:func:`halving_plan`; 1 round: off). A
       restart dropped after a round keeps the state it reached (its ``iterations`` say how far).
     shard: split the restarts over every device (:func:`shard_restarts`; in a run over several
-      processes, every process's: :mod:`gradjax.distributed`) and run them with ``vmap``, each
+      processes, every process's: :mod:`gradjax.cli.distributed`) and run them with ``vmap``, each
       device advancing its share.
       With halving, each round's survivors are gathered and split over the devices again.
     callback: called on the host with a :class:`Progress` after every chunk.

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import checkpoint, distributed, driver, report, solvers
+from gradjax import checkpoint, driver, processes, report, solvers
 
 FORMAT = 1
 
@@ -105,7 +105,7 @@ class Saver:
     extra: called at every save; its JSON-ready dict is stored beside the state.
     on_restore: called with that dict when a saved state is restored.
     collective: whether every process of a run over several processes runs this saver together
-      (one attack sharded over all of them, :mod:`gradjax.distributed`): then they decide each save
+      (one attack sharded over all of them, :mod:`gradjax.cli.distributed`): then they decide each save
       together (a save is due when it is due on any of them, and a signal to any stops them all),
       every process takes the snapshot (gathering the sharded state is a collective) and process 0
       alone writes the file. Every process reads it to resume.
@@ -134,18 +134,18 @@ class Saver:
     first, self._called = not self._called, True
     due = final or first or signum is not None or time.monotonic() - self._last >= self.every_s
     if self.collective:
-      each = distributed.allgather_ints([int(due), -1 if signum is None else signum])
+      each = processes.allgather_ints([int(due), -1 if signum is None else signum])
       due, signum = bool(each[:, 0].any()), (int(each[:, 1].max()) if each[:, 1].max() >= 0 else None)
       due = due or signum is not None
       if signum is not None:
-        distributed.stopping()
+        processes.stopping()
     if not due:
       return
     start = time.perf_counter()
     snap, saved = None, False
     try:
       snap = snapshot()
-      if not self.collective or distributed.is_writer():
+      if not self.collective or processes.is_writer():
         save(self.path, snap, self.fingerprint, {} if self._extra is None else self._extra())
       self.saves, saved = self.saves + 1, True
     except OSError as e:

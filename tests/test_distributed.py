@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from gradjax import distributed
+from gradjax.cli import distributed
 
 pytestmark = pytest.mark.slow
 # The test run's persistent compilation cache (conftest): each process, the one-process comparison
@@ -65,7 +65,7 @@ def _service_children(port_hint: str, wait_s: float = 10) -> list[str]:
   after process 0)."""
   deadline = time.monotonic() + wait_s
   while True:
-    out = subprocess.run(["pgrep", "-af", "gradjax.distributed"], capture_output=True,
+    out = subprocess.run(["pgrep", "-af", "gradjax.cli.distributed"], capture_output=True,
                          text=True).stdout
     left = [line for line in out.splitlines() if port_hint in line]
     if not left or time.monotonic() > deadline:

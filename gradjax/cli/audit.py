@@ -19,7 +19,7 @@ done, one line names the command that continues (``--resume``: captures whose ``
 rows of the same options are read back), exit code 128 + the signal (130 for Ctrl-C); a second one
 stops at once.
 
-Over several processes (the launch flags, :mod:`gradjax.distributed`; every process sees the
+Over several processes (the launch flags, :mod:`gradjax.cli.distributed`; every process sees the
 recorded folder): capture k is attacked by process k mod P, each writing its captures' run folders,
 and process 0 writes the index of all of them.
 
@@ -33,8 +33,8 @@ import sys
 
 from absl import app, flags
 
-from gradjax.cli import common
-from gradjax import audit, auto, closed_forms, config, data, distributed, presets, resume
+from gradjax.cli import common, distributed
+from gradjax import audit, auto, closed_forms, config, data, presets, resume
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)

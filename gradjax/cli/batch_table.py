@@ -27,7 +27,7 @@ Two tables, on the same batches:
 Every attack is kept in ``items/`` as it ends (its row as JSON, its reconstruction as .npz);
 ``--resume`` reads finished rows back, and the reconstruction only for the first batch's grid. Writes
 results.md, results.csv (the ablation), results.json and a grid of the first batch. Over several
-processes (the launch flags, :mod:`gradjax.distributed`), attack k of the ablation (batches in
+processes (the launch flags, :mod:`gradjax.cli.distributed`), attack k of the ablation (batches in
 order, the variants of each) runs on process k mod P, and process 0 writes the tables.
 
   gradjax batch-table --checkpoint=runs/train_resnet20_cifar10/epoch_5.npz
@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from gradjax.cli import common
-from gradjax import (attacks, checkpoint, clients, data, distributed, labels, metrics, pipeline,
+from gradjax.cli import common, distributed
+from gradjax import (attacks, checkpoint, clients, data, labels, metrics, pipeline,
                      presets, report)
 
 # The options of the schema it reads (gradjax.config); its protocol is gradjax/configs/batch_table.py.

@@ -20,9 +20,10 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from gradjax import checkpoint, compilation, config, configs, distributed, pipeline, progress
+from gradjax import checkpoint, compilation, config, configs, pipeline, progress
 from gradjax import report, resume
 from gradjax.config import Config
+from gradjax.cli import distributed
 
 STATE_FILE = "state.npz"
 
@@ -124,7 +125,7 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
 
 
 def define_launch_flags(collectives: bool):
-  """The flags that start a run over several processes (:mod:`gradjax.distributed`), for the
+  """The flags that start a run over several processes (:mod:`gradjax.cli.distributed`), for the
   programs that split their work over processes: one attack's restarts (``reconstruct --shard``;
   ``collectives``: JAX's multi-process runtime, one mesh over every process's devices) or a table's
   experiments (:meth:`Items.plan`; without collectives, each process its own JAX)."""
@@ -397,7 +398,7 @@ def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
   A folder that holds files is never written into unless --overwrite or --resume says so; without
   --output_dir the first free ``runs/<default>[-k]`` is taken (with --resume: the latest holding a
   saved state). In a run over several processes process 0 claims it and the others take its choice
-  (:func:`gradjax.distributed.agree`)."""
+  (:func:`gradjax.cli.distributed.agree`)."""
   return distributed.agree(lambda: _claim_output_folder(default, own))
 
 
@@ -604,7 +605,7 @@ def fail(message: str):
 def parse_flags(argv):
   """absl flag parser that reports bad flags in one line with exit code 2, then applies the process
   settings: the persistent compilation cache and the run over several processes (the launch flags,
-  :mod:`gradjax.distributed`)."""
+  :mod:`gradjax.cli.distributed`)."""
   argv = [_config_path(a) for a in argv]
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:]):
     print(grouped_help())

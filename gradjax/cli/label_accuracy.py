@@ -7,7 +7,7 @@ attacks the same model as image ``i`` of a sweep.
   gradjax label-accuracy --dataset=cifar10 --count=50
   gradjax label-accuracy --dataset=mnist --count=1000
 
-Over several processes (the launch flags, :mod:`gradjax.distributed`), client k runs on process
+Over several processes (the launch flags, :mod:`gradjax.cli.distributed`), client k runs on process
 k mod P and process 0 prints and writes the result.
 """
 
@@ -16,8 +16,8 @@ import time
 import numpy as np
 from absl import app, flags
 
-from gradjax.cli import common
-from gradjax import clients, data, distributed, labels, models, pipeline, report
+from gradjax.cli import common, distributed
+from gradjax import clients, data, labels, models, pipeline, report
 
 common.define_flags(sections=("data", "model", "client"))
 common.define_table_flags(psnr=False)

@@ -24,7 +24,7 @@ Methods (see gradjax.labels):
   gradjax label-recovery --model=mlp
   gradjax label-recovery --dataset=mnist --count=100 --output=labels.json
 
-Over several processes (the launch flags, :mod:`gradjax.distributed`), batch b runs on process
+Over several processes (the launch flags, :mod:`gradjax.cli.distributed`), batch b runs on process
 b mod P and process 0 prints and writes the table.
 
 Data and model come from ``--config=batch_labels`` (the default; flags override it). Prints a
@@ -40,9 +40,9 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from gradjax.cli import common
+from gradjax.cli import common, distributed
 from gradjax.cli.common import fail, parse_flags, provenance
-from gradjax import clients, data, distributed, labels, metrics, models, report
+from gradjax import clients, data, labels, metrics, models, report
 
 common.define_flags("batch_labels", sections=("data", "model", "sampling"))  # configs/batch_labels.py
 common.define_table_flags(psnr=False)

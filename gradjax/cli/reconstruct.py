@@ -29,8 +29,8 @@ import os
 
 from absl import app, flags
 
-from gradjax.cli import common
-from gradjax import config, distributed, pipeline, report, resume
+from gradjax.cli import common, distributed
+from gradjax import config, pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags()

@@ -35,7 +35,9 @@ import time
 from typing import Any, Callable
 
 import jax
-import numpy as np
+
+from gradjax import processes
+from gradjax.processes import is_writer, process_count, process_index  # noqa: F401  (re-exported)
 
 EXIT_FAULT = 1  # another process stopped; rerun with --resume
 _FAILED = "gradjax/failed/"  # coordination-service keys: process -> the error it stopped with
@@ -48,34 +50,13 @@ class Error(Exception):
   """A run over several processes could not start (one line)."""
 
 
-_own = {}  # without collectives: the coordination-service client, process count and index
-
-
-def process_count() -> int:
-  if _own:
-    return _own["count"]
-  return jax.process_count() if _initialized() else 1
-
-
-def process_index() -> int:
-  if _own:
-    return _own["index"]
-  return jax.process_index() if _initialized() else 0
-
-
-def is_writer() -> bool:
-  """Whether this process writes the run's results (process 0, or the only one)."""
-  return process_index() == 0
-
-
 def _initialized() -> bool:
-  from jax._src import distributed as jd
-  return jd.global_state.client is not None
+  return jax.distributed.is_initialized()
 
 
 def _client():
-  if _own:
-    return _own["client"]
+  if processes.launched:
+    return processes.launched["client"]
   from jax._src import distributed as jd
   return jd.global_state.client
 
@@ -221,7 +202,8 @@ def _coordinate_only(coordinator_address, num_processes, process_id, local_devic
     raise Error(f"cannot join the run at {coordinator_address}: {_short(' '.join(str(e).split()))}") from None
   finally:
     timer.cancel()
-  _own.update(client=client, count=int(num_processes), index=int(process_id), service=service)
+  processes.launched.update(client=client, count=int(num_processes), index=int(process_id),
+                            service=service)
 
 
 _NO_CLUSTER = ("no cluster detected (SLURM, Open MPI, TPU): give --coordinator_address, "
@@ -266,7 +248,7 @@ def _service_in_child(address: str, num_nodes: int, heartbeat_timeout: int | Non
   """Stands in for ``get_distributed_runtime_service`` in process 0: starts :func:`_serve`."""
   import subprocess
   del recoverable, kw
-  cmd = [sys.executable, "-m", "gradjax.distributed", address, str(num_nodes),
+  cmd = [sys.executable, "-m", "gradjax.cli.distributed", address, str(num_nodes),
          str(heartbeat_timeout or 60), str(shutdown_timeout or 300), str(os.getpid())]
   # Its output goes nowhere (it holds no terminal or pipe of this process open after it exits),
   # but for its first line: "ready", or why the service could not start.
@@ -310,7 +292,7 @@ def watch(every_s: float = 1.0) -> None:
   blocked in a collective or in gloo's rendezvous with a process that is gone never hangs."""
   def loop():
     while not _watch_done.wait(every_s):
-      if not _settings.get("stopping"):
+      if not processes.state["stopping"]:
         _check_peers()
 
   thread = threading.Thread(target=loop, name="gradjax-peers", daemon=True)
@@ -328,12 +310,6 @@ def _stop_watching() -> None:
   thread = _settings.get("watch")
   if thread is not None and thread is not threading.current_thread():
     thread.join(timeout=30)
-
-
-def stopping() -> None:
-  """This run is stopping on a signal (every process saves its state and exits): the others'
-  leaving is then no fault."""
-  _settings["stopping"] = True
 
 
 def _live() -> list[int] | None:
@@ -393,9 +369,9 @@ def finished() -> None:
         if live is None or set(live) <= {0}:
           break
         time.sleep(0.1)
-    if _own:  # JAX shuts its own client down at exit; this one is ours
+    if processes.launched:  # JAX shuts its own client down at exit; this one is ours
       with contextlib.suppress(Exception):
-        _own["client"].shutdown()
+        processes.launched["client"].shutdown()
 
 
 def _finished() -> set[int]:
@@ -517,15 +493,6 @@ def _get(key: str) -> str:
 
   wait_for(ready, poll_s=0.05)
   return found[0]
-
-
-def allgather_ints(values: list[int]) -> np.ndarray:
-  """(P, len(values)) int32: every process's ``values`` (a collective: every process must call it)."""
-  row = np.asarray(values, np.int32)[None]
-  if process_count() == 1:
-    return row
-  from jax.experimental import multihost_utils
-  return np.asarray(multihost_utils.process_allgather(row[0])).reshape(process_count(), -1)
 
 
 if __name__ == "__main__":  # the child of process 0 that hosts the coordination service
