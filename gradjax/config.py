@@ -374,7 +374,7 @@ class Config:
     if self.lpips not in LPIPS:
       raise ValueError(f"unknown LPIPS network {self.lpips!r}; choose one of {', '.join(LPIPS)}")
     if self.lpips in lpips.NETWORKS and not lpips.available(self.lpips):
-      raise ValueError(f"--lpips={self.lpips} needs the lpips extra: pip install 'gradjax[lpips]'")
+      raise ValueError(f"--lpips={self.lpips} needs the lpips extra: {lpips.INSTALL}")
     if self.conv not in models.CONVS:
       raise ValueError(f"unknown convolution implementation {self.conv!r}; choose one of "
                        f"{', '.join(models.CONVS)}")

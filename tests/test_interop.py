@@ -386,3 +386,18 @@ def test_cli_bad_captured_files_exit_2(lenet_files, tmp_path, make, message):
   assert proc.returncode == 2, proc.stderr[-2000:]
   lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photos):
+  """--channels=1 on a capture of a 3-channel model: refused by name, not ignored and recorded."""
+  from gradjax import config, pipeline
+  model = _model("lenet_zhu")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([1]))
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  interop.save_observation(tmp_path / "g.safetensors", obs, interop.zoo_mapping(model), model)
+  cfg = config.Config(weights=str(tmp_path / "w.safetensors"), observation=str(tmp_path / "g.safetensors"),
+                      channels=1)
+  with pytest.raises(ValueError, match="--channels=1, but the captured model takes 3-channel inputs"):
+    pipeline._captured(cfg, None)
+  assert pipeline._captured(config.Config(weights=cfg.weights, observation=cfg.observation, channels=3),
+                            None)[0].input_shape[-1] == 3

@@ -607,6 +607,15 @@ def parse_flags(argv):
   settings: the persistent compilation cache and the run over several processes (the launch flags,
   :mod:`gradjax.cli.distributed`)."""
   argv = [_config_path(a) for a in argv]
+  given = [a.removeprefix("--config=") for a in argv[1:] if a.startswith("--config=")]
+  if given:  # file.py, or file.py:arg (get_config(arg)'s variant)
+    file = given[-1] if os.path.exists(given[-1]) or ":" not in given[-1] else given[-1].rpartition(":")[0]
+    if not os.path.exists(file):
+      fail(f"--config: no file {file} (from {os.getcwd()}); give a packaged configuration's name "
+           f"({', '.join(configs.NAMES)}) or a Python file's path")
+  if (not given and any(a.startswith("--config.") for a in argv[1:]) and "config" in flags.FLAGS
+      and flags.FLAGS["config"].default is None):  # --config.<path> overrides the defaults
+    argv = [argv[0], f"--config={configs.path('defaults')}", *argv[1:]]
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:]):
     print(grouped_help())
     sys.exit(0)

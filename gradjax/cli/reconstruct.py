@@ -8,7 +8,7 @@ With no flags: DLG (Zhu et al., 2019) against DLG's LeNet on a photo bundled wit
   gradjax reconstruct --weights=W.safetensors --observation=G.safetensors   # captured
   gradjax reconstruct --attack=inverting_gradients --output_dir=runs/ig --resume
   gradjax reconstruct --modality=text --attack=sapag       # a sentence of Python's docs
-  gradjax reconstruct --config=configs/inverting_gradients.py --config.attack.iterations=500
+  gradjax reconstruct --config=inverting_gradients --config.attack.iterations=500
 
 Writes to ``--output_dir`` (default ``runs/<attack>_<model>_<source>``, suffixed when taken; a folder
 holding another run is refused unless ``--overwrite``): ``metrics.json`` (psnr, ssim, mse,
