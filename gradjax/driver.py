@@ -377,7 +377,11 @@ class _Search:
       ex.callback(Progress(restart, done, iterations, math.inf, 0, math.nan, math.nan, 0.0, True))
     while done < target:
       k = min(ex.chunk, target - done)
-      state = self.advance(state, self.data, per, k)
+      if k in (ex.chunk, 1):
+        state = self.advance(state, self.data, per, k)
+      else:  # a budget's remainder in single steps: the same two programs serve every budget
+        for _ in range(k):
+          state = self.advance(state, self.data, per, 1)
       done += k
       self.left -= k * width
       best, alive = fetch((state.best_loss, state.alive))

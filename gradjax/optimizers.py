@@ -61,35 +61,71 @@ def scale_by_quantized_sign(boost_steps: int = 101, boost: float = 2.0) -> optax
   return optax.GradientTransformation(init, update)
 
 
+def _budget(schedule: str, iterations: int, warmup: int) -> tuple[tuple[int, ...], float, int]:
+  """(boundaries, scale, length) of ``schedule`` at ``iterations``: the steps after the warmup at
+  which a step schedule multiplies by ``scale``, and a cosine schedule's decay steps."""
+  if schedule == "step":  # Inverting Gradients: ×0.1 at 3/8, 5/8 and 7/8 of the budget
+    return tuple(int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)), 0.1, 1
+  if schedule == "step_hfginv":  # HFGInv's code: 5624, 9374 and 13 134 of 15 000
+    return tuple(int(iterations // d) for d in (2.667, 1.6, 1.142)), 0.33, 1
+  return (), 1.0, max(iterations - warmup, 1)
+
+
+class ScheduleState(NamedTuple):
+  """The step and the schedule's budget-dependent numbers, as data: one compiled step serves every
+  budget (a program with them as constants compiles again whenever ``--iterations`` changes)."""
+  count: jax.Array       # int32: updates so far
+  boundaries: jax.Array  # int32 (k,): where a step schedule scales the rate (after the warmup)
+  length: jax.Array      # int32: a cosine schedule's decay steps
+
+
 def learning_rate_schedule(learning_rate: float, schedule: str = "constant", *, iterations: int = 1,
-                           warmup: int = 0) -> optax.Schedule:
-  """Learning rate as a function of the step.
+                           warmup: int = 0) -> optax.GradientTransformation:
+  """Scales updates by −(the learning rate at the current step): the last link of an optimizer's
+  chain, as ``optax.scale_by_learning_rate`` with a schedule, its budget held in its state.
 
   * ``"constant"``.
   * ``"step"``: ×0.1 at 3/8, 5/8 and 7/8 of ``iterations`` (Inverting Gradients, Geiping et al. 2020).
   * ``"step_hfginv"``: ×0.33 at ⌊iterations / 2.667⌋, ⌊iterations / 1.6⌋ and ⌊iterations / 1.142⌋
     (HFGInv's code: 5624, 9374 and 13 134 of 15 000).
-  * ``"cosine"``: cosine decay from ``learning_rate`` to 0 over ``iterations``.
+  * ``"cosine"``: cosine decay from ``learning_rate`` to 0 over ``iterations`` − ``warmup``.
 
-  ``warmup`` > 0 prepends a linear ramp from 0 over that many steps (the main schedule then starts).
+  ``warmup`` > 0 prepends a linear ramp from 0 over that many steps; the main schedule then starts
+  (its steps counted from the ramp's end), as ``optax.join_schedules`` joins them.
   """
-  if schedule == "constant":
-    main = optax.constant_schedule(learning_rate)
-  elif schedule == "step":
-    main = optax.piecewise_constant_schedule(
-        learning_rate, {int(iterations * f): 0.1 for f in (3 / 8, 5 / 8, 7 / 8)})
-  elif schedule == "step_hfginv":
-    main = optax.piecewise_constant_schedule(
-        learning_rate, {int(iterations // d): 0.33 for d in (2.667, 1.6, 1.142)})
-  elif schedule == "cosine":
-    main = optax.cosine_decay_schedule(learning_rate, max(iterations - warmup, 1))
-  else:
+  if schedule not in SCHEDULES:
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
   if warmup < 0:
     raise ValueError(f"warmup must be non-negative, got {warmup}")
-  if warmup == 0:
-    return main
-  return optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warmup), main], [warmup])
+  boundaries, scale, length = _budget(schedule, iterations, warmup)
+
+  def rate(state: ScheduleState) -> jax.Array:
+    after = state.count - warmup
+    if schedule == "cosine":
+      t = jnp.minimum(after, state.length) / state.length
+      main = learning_rate * 0.5 * (1 + jnp.cos(jnp.pi * t))
+    elif boundaries:
+      main = learning_rate * jnp.prod(jnp.where(after >= state.boundaries, scale, 1.0))
+    else:  # constant: a Python number, so the update keeps the gradient's precision (optax's way)
+      main = learning_rate
+    if warmup == 0:
+      return main
+    return jnp.where(state.count < warmup, learning_rate * state.count / warmup, main)
+
+  def init(params):
+    del params
+    # No zero-size leaves (the driver reshapes state leaves): one unreachable step stands for none.
+    return ScheduleState(jnp.zeros((), jnp.int32),
+                         jnp.asarray(boundaries or (jnp.iinfo(jnp.int32).max,), jnp.int32),
+                         jnp.asarray(length, jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    step = -rate(state)
+    updates = jax.tree.map(lambda g: (step * g).astype(g.dtype), updates)
+    return updates, state._replace(count=optax.safe_int32_increment(state.count))
+
+  return optax.GradientTransformation(init, update)
 
 
 def lbfgs(learning_rate: float = 1.0, *, history: int = 100,
@@ -114,15 +150,22 @@ def lbfgs_fixed(learning_rate: float = 1.0, *, history: int = 100) -> optax.Grad
       learning_rate, memory_size=history, linesearch=None, min_curvature=PYTORCH_MIN_CURVATURE))
 
 
+def _rate(learning_rate) -> optax.GradientTransformation:
+  """The learning-rate link of a chain: a number, an optax schedule, or :func:`learning_rate_schedule`'s."""
+  if isinstance(learning_rate, optax.GradientTransformation):
+    return learning_rate
+  return optax.scale_by_learning_rate(learning_rate)
+
+
 def signed_adam(learning_rate) -> optax.GradientTransformation:
-  """Adam applied to sign(∇) (Inverting Gradients, Geiping et al. 2020); ``learning_rate`` a number
-  or an optax schedule."""
-  return optax.chain(optax.scale_by_sign(), optax.adam(learning_rate))
+  """Adam applied to sign(∇) (Inverting Gradients, Geiping et al. 2020); ``learning_rate`` a number,
+  an optax schedule or :func:`learning_rate_schedule`'s transformation."""
+  return optax.chain(optax.scale_by_sign(), optax.scale_by_adam(), _rate(learning_rate))
 
 
 def quantized_adam(learning_rate) -> optax.GradientTransformation:
   """Adam applied to HFGInv's quantised sign (:func:`scale_by_quantized_sign`; Ye et al. 2024)."""
-  return optax.chain(scale_by_quantized_sign(), optax.adam(learning_rate))
+  return optax.chain(scale_by_quantized_sign(), optax.scale_by_adam(), _rate(learning_rate))
 
 
 def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
@@ -147,10 +190,12 @@ def make_optimizer(name: str, learning_rate: float, *, history: int = 100,
     return lbfgs_fixed(learning_rate, history=history)
   if name not in OPTIMIZERS:
     raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
+  # optax's adam, adamw and sgd, with the rate's link holding the budget as data.
   lr = learning_rate_schedule(learning_rate, schedule, iterations=iterations, warmup=warmup)
-  tx = {"adam": lambda: optax.adam(lr), "adamw": lambda: optax.adamw(lr, weight_decay=weight_decay),
+  tx = {"adam": lambda: optax.chain(optax.scale_by_adam(), lr),
+        "adamw": lambda: optax.chain(optax.scale_by_adam(), optax.add_decayed_weights(weight_decay), lr),
         "signed_adam": lambda: signed_adam(lr), "quantized_adam": lambda: quantized_adam(lr),
-        "sgd": lambda: optax.sgd(lr)}[name]()
+        "sgd": lambda: lr}[name]()
   return optax.with_extra_args_support(tx)
 
 

@@ -54,8 +54,10 @@ def test_each_packaged_config_is_a_valid_experiment(name):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   cfg = config.from_dict(module.get_config())
-  # a protocol of its preset (or of a program that runs no attack)
-  assert name.startswith(cfg.attack) or name in ("batch_labels", "batch_table", "train")
+  # a protocol of its preset (or of a program that runs no attack, or every default)
+  assert name.startswith(cfg.attack) or name in ("batch_labels", "batch_table", "train", "defaults")
+  if name == "defaults":
+    assert cfg == config.Config()
   config.check(cfg)  # names resolve: preset, model, dataset
   assert module.__doc__  # says where its settings come from
 

@@ -1,5 +1,7 @@
 """Solvers on problems with closed-form answers; divergence isolation; restart strategies agree."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -168,8 +170,14 @@ def test_bad_arguments():
                 execution=driver.Execution(halving_rounds=3))
 
 
+def rate_at(tx, step):
+  """The learning rate a schedule's transformation applies at ``step``: minus its update of 1."""
+  state = tx.init(None)._replace(count=jnp.asarray(step, jnp.int32))
+  return -float(tx.update(jnp.ones(()), state)[0])
+
+
 def test_step_schedule_matches_inverting_gradients_milestones():
-  lr = optimizers.learning_rate_schedule(0.1, "step", iterations=4800)
+  lr = functools.partial(rate_at, optimizers.learning_rate_schedule(0.1, "step", iterations=4800))
   # ×0.1 at 3/8, 5/8 and 7/8 of 4800 = steps 1800, 3000, 4200.
   for step, expected in [(0, 0.1), (1799, 0.1), (1800, 0.01), (2999, 0.01), (3000, 1e-3),
                          (4199, 1e-3), (4200, 1e-4), (4799, 1e-4)]:
@@ -177,7 +185,8 @@ def test_step_schedule_matches_inverting_gradients_milestones():
 
 
 def test_cosine_and_warmup_closed_forms():
-  lr = optimizers.learning_rate_schedule(2.0, "cosine", iterations=110, warmup=10)
+  lr = functools.partial(rate_at, optimizers.learning_rate_schedule(2.0, "cosine", iterations=110,
+                                                                   warmup=10))
   for step in (0, 5, 10):
     np.testing.assert_allclose(lr(step), 2.0 * step / 10, rtol=1e-6)
   for step in (10, 35, 60, 110):
@@ -340,3 +349,41 @@ def test_progress_eta_covers_the_whole_run(strategy, restarts):
     else:
       left, width = restarts * (40 - p.iteration), restarts
     np.testing.assert_allclose(p.eta_s * p.its_per_s * width, left, rtol=1e-9)
+
+
+@pytest.mark.parametrize("schedule, iterations, warmup", [
+    ("step", 4800, 0), ("step", 333, 7), ("step_hfginv", 15_000, 0), ("step_hfginv", 1001, 0),
+    ("cosine", 110, 10), ("cosine", 500, 0), ("constant", 50, 5)])
+def test_the_schedule_is_optaxs(schedule, iterations, warmup):
+  """The budget-carrying schedule gives optax's own schedule (piecewise constant, cosine decay, joined
+  to a linear warmup) at every step of the budget and past it."""
+  lr = 0.3
+  if schedule == "step":
+    main = optax.piecewise_constant_schedule(lr, {int(iterations * f): 0.1 for f in (3 / 8, 5 / 8, 7 / 8)})
+  elif schedule == "step_hfginv":
+    main = optax.piecewise_constant_schedule(lr, {int(iterations // d): 0.33 for d in (2.667, 1.6, 1.142)})
+  elif schedule == "cosine":
+    main = optax.cosine_decay_schedule(lr, max(iterations - warmup, 1))
+  else:
+    main = optax.constant_schedule(lr)
+  want = main if not warmup else optax.join_schedules(
+      [optax.linear_schedule(0.0, lr, warmup), main], [warmup])
+  tx = optimizers.learning_rate_schedule(lr, schedule, iterations=iterations, warmup=warmup)
+  steps = sorted(set(np.linspace(0, iterations + 5, 60).astype(int)) | {warmup, warmup + 1})
+  if schedule.startswith("step"):
+    steps += [b + warmup + d for b in optimizers._budget(schedule, iterations, warmup)[0] for d in (-1, 0)]
+  for step in steps:
+    np.testing.assert_allclose(rate_at(tx, step), float(want(step)), rtol=2e-6, atol=1e-7, err_msg=step)
+
+
+def test_one_compiled_step_serves_every_budget():
+  """An optimizer's step lowered at two budgets is the same program (the schedule's numbers are
+  state, not constants), so a run with another --iterations hits the compilation cache."""
+  params = {"x": jnp.ones((3,))}
+
+  def lowered(iterations):
+    tx = optimizers.make_optimizer("signed_adam", 0.1, schedule="step", iterations=iterations, warmup=2)
+    state = tx.init(params)
+    return jax.jit(lambda g, s: tx.update(g, s, params)).lower(params, state).as_text()
+
+  assert lowered(300) == lowered(4800)
