@@ -300,8 +300,12 @@ def config_variant(flag) -> str | None:
 def config_file(flag) -> str:
   """The file of a ``--config`` flag: ``file.py`` of ``file.py:arg`` (``get_config(arg)``'s variant),
   which ml_collections' ``get_config_filename`` returns with the argument still attached."""
-  path = config_flags.get_config_filename(flag)
-  return path if os.path.exists(path) or ":" not in path else path.rsplit(":", 1)[0]
+  return _file_of(config_flags.get_config_filename(flag))
+
+
+def _file_of(value: str) -> str:
+  """``file.py`` of a ``--config`` value ``file.py`` or ``file.py:arg``."""
+  return value if os.path.exists(value) or ":" not in value else value.rsplit(":", 1)[0]
 
 
 def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = None) -> None:
@@ -609,7 +613,7 @@ def parse_flags(argv):
   argv = [_config_path(a) for a in argv]
   given = [a.removeprefix("--config=") for a in argv[1:] if a.startswith("--config=")]
   if given:  # file.py, or file.py:arg (get_config(arg)'s variant)
-    file = given[-1] if os.path.exists(given[-1]) or ":" not in given[-1] else given[-1].rpartition(":")[0]
+    file = _file_of(given[-1])
     if not os.path.exists(file):
       fail(f"--config: no file {file} (from {os.getcwd()}); give a packaged configuration's name "
            f"({', '.join(configs.NAMES)}) or a Python file's path")
