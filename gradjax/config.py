@@ -578,6 +578,26 @@ def overridden(options: dict[str, Any]) -> config_dict.ConfigDict:
   return c
 
 
+def recipes(base: dict[str, Any], variants: dict[str, tuple]) -> tuple[Callable, Callable]:
+  """``get_config(variant)`` and ``get_sweep(variant)`` of a study's ``config.py``, whose
+  ``variants`` map a name to (the command and its arguments, the images of a sweep or None, options
+  over ``base``); ``base`` holds the options every variant sets over :func:`defaults`."""
+
+  def check(variant):
+    if variant not in variants:
+      raise ValueError(f"variant {variant!r}; choose one of {', '.join(variants)}")
+    return variants[variant]
+
+  def get_config(variant):
+    return overridden({**base, **check(variant)[2]})
+
+  def get_sweep(variant):
+    images = check(variant)[1]
+    return None if images is None else sweep("data.index", images)
+
+  return get_config, get_sweep
+
+
 def names(sections: tuple[str, ...] = ATTACK_SECTIONS, omit: tuple[str, ...] = ()) -> tuple[str, ...]:
   """The :class:`Config` fields in ``sections`` (and ``seed``) but ``omit``: what a program reads."""
   return tuple(f.name for f in dataclasses.fields(Config)

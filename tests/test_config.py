@@ -84,3 +84,9 @@ def test_a_recipe_is_its_options_over_the_defaults():
   assert cfg.iterations == config.Config().iterations and cfg.dataset == config.Config().dataset
   with pytest.raises(ValueError, match="'attack.nope'"):
     config.overridden({"attack.nope": 1})
+  get_config, get_sweep = config.recipes({"attack.preset": "idlg"}, {
+      "a": ("sweep", range(2, 4), {"attack.iterations": 7}), "b": ("reconstruct", None, {})})
+  assert (config.from_dict(get_config("a")).attack, config.from_dict(get_config("a")).iterations) == ("idlg", 7)
+  assert get_sweep("a") == [{"data.index": 2}, {"data.index": 3}] and get_sweep("b") is None
+  with pytest.raises(ValueError, match="variant 'c'; choose one of a, b"):
+    get_sweep("c")

@@ -1,7 +1,5 @@
-"""The recipes of this study's runs: ``--config=experiments/studies/hfginv_batch/config.py:VARIANT``
-runs VARIANT again (analysis.md says what each shows), with the command and arguments its
-entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
-others. Each run's resolved configuration is its folder's ``config.py``.
+"""The runs of this study, each a variant: ``--config=experiments/studies/hfginv_batch/config.py:VARIANT``
+(gradjax.config.recipes); analysis.md says what each shows.
 """
 
 from gradjax import config
@@ -80,12 +78,4 @@ PROGRAMS = {"batch_memory": "gradjax batch-memory --models=resnet18 --batch_size
                             "--output_dir=experiments/studies/hfginv_batch/runs/batch_memory"}
 
 
-def get_config(variant):
-  if variant not in VARIANTS:
-    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-  return config.overridden({**BASE, **VARIANTS[variant][2]})
-
-
-def get_sweep(variant):
-  images = VARIANTS[variant][1]
-  return None if images is None else config.sweep("data.index", images)
+get_config, get_sweep = config.recipes(BASE, VARIANTS)

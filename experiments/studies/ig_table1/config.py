@@ -1,10 +1,8 @@
-"""The recipes of this study's runs: ``--config=experiments/studies/ig_table1/config.py:VARIANT``
-runs VARIANT again (analysis.md says what each shows), with the command and arguments its
-entry names; a sweep's recorded images are its ``get_sweep``, and ``--start``/``--count`` choose
-others. Each run's resolved configuration is its folder's ``config.py``. The unseen rows
-(runs/*_cifar10_500-599, *_500-549) are the development rows' variants with --start=500:
-ig_lenet_zhu_normalized_epoch0_cifar10 (untrained), ig_lenet_zhu_recipe_epoch120_cifar10 (trained, the
-paper's recipe) and their euclid_lbfgs16_* twins.
+"""The runs of this study, each a variant: ``--config=experiments/studies/ig_table1/config.py:VARIANT``
+(gradjax.config.recipes); analysis.md says what each shows. The unseen rows (runs/*_cifar10_500-599,
+*_500-529) are the development rows' variants with --start=500: ig_lenet_zhu_normalized_epoch0_cifar10
+(untrained), ig_lenet_zhu_recipe_epoch120_cifar10 (trained, the paper's recipe) and their
+euclid_lbfgs16_* twins.
 """
 
 from gradjax import config
@@ -384,12 +382,4 @@ VARIANTS = {
 }
 
 
-def get_config(variant):
-  if variant not in VARIANTS:
-    raise ValueError(f"variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-  return config.overridden({**BASE, **VARIANTS[variant][2]})
-
-
-def get_sweep(variant):
-  images = VARIANTS[variant][1]
-  return None if images is None else config.sweep("data.index", images)
+get_config, get_sweep = config.recipes(BASE, VARIANTS)
