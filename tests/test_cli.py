@@ -783,8 +783,8 @@ def _examples():
       line = line.strip()
       if re.match(r"gradjax [a-z-]+( |$)", line):
         argv = shlex.split(line, comments=True)
-        if not any(p in a for a in argv for p in PLACEHOLDERS):
-          out.append((where, argv))
+        if not any(p in a for a in argv for p in PLACEHOLDERS) and argv not in [a for _, a in out]:
+          out.append((where, argv))  # an example shown twice runs once
   return out
 
 
