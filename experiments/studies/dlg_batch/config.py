@@ -1,5 +1,9 @@
 """The runs of this study, each a variant: ``--config=experiments/studies/dlg_batch/config.py:VARIANT``
 (gradjax.config.recipes); analysis.md says what each shows.
+
+DLG on CIFAR-10, five batches of B images (B = 1, 2, 4, 8: runs/dlg_batch_<B>), and at B = 2 and 4 one
+change each (runs/dlg_batch_<B>_<change>): CIFAR-100's 100 classes, fixed-step L-BFGS, labels known,
+one sample per step, and eight restarts (at B = 2 only).
 """
 
 from gradjax import config
@@ -8,73 +12,25 @@ from gradjax import config
 BASE = {
     'attack.iterations': 8000,
     'attack.tol': 1e-05,
+    'data.dataset': 'cifar10',
     'data.normalization': 'none',
 }
 
-# VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
-# comment names the runs/ folders it made.
-VARIANTS = {
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_1
-    'dlg_batch_1': ('sweep', range(0, 5), {'data.dataset': 'cifar10'}),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_2
-    'dlg_batch_2': ('sweep', range(0, 9, 2), {'data.batch_size': 2, 'data.dataset': 'cifar10'}),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_2_cifar100
-    'dlg_batch_2_cifar100': ('sweep', range(0, 9, 2), {
-        'data.batch_size': 2,
-        'data.dataset': 'cifar100',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_2_fixed
-    'dlg_batch_2_fixed': ('sweep', range(0, 9, 2), {
-        'attack.optimizer': 'lbfgs_fixed',
-        'data.batch_size': 2,
-        'data.dataset': 'cifar10',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_2_known
-    'dlg_batch_2_known': ('sweep', range(0, 9, 2), {
-        'attack.labels': 'known',
-        'data.batch_size': 2,
-        'data.dataset': 'cifar10',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_2_one_sample
-    'dlg_batch_2_one_sample': ('sweep', range(0, 9, 2), {
-        'attack.one_sample_per_step': True,
-        'data.batch_size': 2,
-        'data.dataset': 'cifar10',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_2_restarts8
-    'dlg_batch_2_restarts8': ('sweep', range(0, 9, 2), {
-        'attack.restarts': 8,
-        'data.batch_size': 2,
-        'data.dataset': 'cifar10',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_4
-    'dlg_batch_4': ('sweep', range(0, 17, 4), {'data.batch_size': 4, 'data.dataset': 'cifar10'}),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_4_cifar100
-    'dlg_batch_4_cifar100': ('sweep', range(0, 17, 4), {
-        'data.batch_size': 4,
-        'data.dataset': 'cifar100',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_4_fixed
-    'dlg_batch_4_fixed': ('sweep', range(0, 17, 4), {
-        'attack.optimizer': 'lbfgs_fixed',
-        'data.batch_size': 4,
-        'data.dataset': 'cifar10',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_4_known
-    'dlg_batch_4_known': ('sweep', range(0, 17, 4), {
-        'attack.labels': 'known',
-        'data.batch_size': 4,
-        'data.dataset': 'cifar10',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_4_one_sample
-    'dlg_batch_4_one_sample': ('sweep', range(0, 17, 4), {
-        'attack.one_sample_per_step': True,
-        'data.batch_size': 4,
-        'data.dataset': 'cifar10',
-    }),
-    # Runs experiments/studies/dlg_batch/runs/dlg_batch_8
-    'dlg_batch_8': ('sweep', range(0, 33, 8), {'data.batch_size': 8, 'data.dataset': 'cifar10'}),
+CHANGES = {
+    'cifar100': {'data.dataset': 'cifar100'},
+    'fixed': {'attack.optimizer': 'lbfgs_fixed'},
+    'known': {'attack.labels': 'known'},
+    'one_sample': {'attack.one_sample_per_step': True},
+    'restarts8': {'attack.restarts': 8},
 }
 
+# VARIANT: (the command and its arguments, the images of a sweep, options over BASE).
+VARIANTS = {f'dlg_batch_{b}': ('sweep', range(0, 5 * b, b), {'data.batch_size': b}) for b in (1, 2, 4, 8)}
+VARIANTS['dlg_batch_1'] = ('sweep', range(0, 5), {})  # batch 1 is the default
+for _b in (2, 4):
+  for _name, _options in CHANGES.items():
+    if _name == 'restarts8' and _b == 4:  # not run
+      continue
+    VARIANTS[f'dlg_batch_{_b}_{_name}'] = ('sweep', range(0, 5 * _b, _b), {'data.batch_size': _b, **_options})
 
 get_config, get_sweep = config.recipes(BASE, VARIANTS)
