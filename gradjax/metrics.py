@@ -329,32 +329,88 @@ def bag_recall(pred, true) -> np.ndarray:
   return np.asarray([label_accuracy(p, t) for p, t in zip(pred, true)], np.float64)
 
 
+def _ngrams(tokens, n: int) -> Counter:
+  return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+
+
+def _f1(overlap: float, predicted: int, reference: int) -> float:
+  if overlap == 0:
+    return 0.0
+  precision, recall = overlap / predicted, overlap / reference
+  return 2 * precision * recall / (precision + recall)
+
+
+def rouge_n(pred, true, n: int) -> float:
+  """ROUGE-n F-measure of one sentence (Lin 2004): with clipped n-gram overlap
+  O = Σ_g min(#g in pred, #g in true), P = O / #n-grams of pred, R = O / #n-grams of true,
+  F = 2PR / (P + R); 0 where either has no n-gram. ``pred``, ``true``: token sequences."""
+  pred, true = list(np.asarray(pred).tolist()), list(np.asarray(true).tolist())
+  a, b = _ngrams(pred, n), _ngrams(true, n)
+  return _f1(sum((a & b).values()), sum(a.values()), sum(b.values()))
+
+
+def rouge_l(pred, true) -> float:
+  """ROUGE-L F-measure of one sentence: the longest common subsequence L of the two token sequences,
+  P = L / len(pred), R = L / len(true), F = 2PR / (P + R)."""
+  pred, true = np.asarray(pred).tolist(), np.asarray(true).tolist()
+  row = [0] * (len(true) + 1)
+  for p in pred:  # dynamic programme over prefixes, one row at a time
+    previous = 0
+    for j, t in enumerate(true):
+      current = row[j + 1]
+      row[j + 1] = previous + 1 if p == t else max(row[j + 1], row[j])
+      previous = current
+  return _f1(row[-1], len(pred), len(true))
+
+
 def score_text(pred, true, *, match: bool = True) -> dict[str, Any]:
   """Text metrics of one attack, as JSON-serialisable Python types.
 
-  When ``match`` and N > 1, the recovered sentences are first put in the order that maximises the
-  total token accuracy (``scipy.optimize.linear_sum_assignment``), as :func:`score` does for images.
+  ``pred`` may hold another number of sentences K than ``true`` holds (N): an exact attack returns the
+  distinct sentences it found. When ``match`` and N > 1 or K != N, the recovered sentences are first
+  assigned to the true ones so that the total token accuracy is largest
+  (``scipy.optimize.linear_sum_assignment``, as :func:`score` does for images); a true sentence left
+  without one scores 0 and extra recovered sentences are counted, not scored.
 
   Args:
-    pred, true: (N, T) integer token ids.
+    pred: (K, T) integer token ids; true: (N, T).
 
   Returns:
-    dict with "token_accuracy" and "bag_recall" (means over sentences), their per-sentence lists (in
-    ground-truth order), "exact" (sentences recovered entirely) and "order" (``pred[order]`` was
-    scored).
+    dict with means over the true sentences of "token_accuracy", "bag_recall", "rouge1", "rouge2",
+    "rougeL" (F-measures), the per-sentence token accuracy and bag recall lists (in ground-truth
+    order), "exact" (true sentences recovered entirely), "unmatched" (recovered sentences assigned
+    to none) and "order" (``pred[order[j]]`` was scored against ``true[j]``, -1 for none).
   """
-  pred, true = _sentences(pred, true)
-  n = pred.shape[0]
-  order = np.arange(n)
-  if match and n > 1:
+  pred, true = np.asarray(pred), np.asarray(true)
+  for name, a in (("pred", pred), ("true", true)):
+    if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer):
+      raise ValueError(f"{name} must be (N, T) integer token ids, got {a.dtype} {a.shape}.")
+  if true.size == 0:
+    raise ValueError("Empty sentences.")
+  if pred.shape[1] != true.shape[1]:
+    raise ValueError(f"Length mismatch: pred {pred.shape} vs true {true.shape}.")
+  n, k = true.shape[0], pred.shape[0]
+  order = np.full(n, -1)
+  if k and match and (n > 1 or k != n):
     gain = np.stack([token_accuracy(pred, np.broadcast_to(t, pred.shape)) for t in true])
-    order = _linear_sum_assignment(-gain)[1]
-  acc, recall = token_accuracy(pred[order], true), bag_recall(pred[order], true)
+    rows, cols = _linear_sum_assignment(-gain)
+    order[rows] = cols
+  elif k:
+    order[:min(n, k)] = np.arange(min(n, k))
+  scored = order >= 0
+  def per(fn):
+    return np.asarray([fn(pred[order[j]], true[j]) if scored[j] else 0.0 for j in range(n)], np.float64)
+  acc = per(lambda p, t: float(np.mean(p == t)))
+  recall = per(lambda p, t: label_accuracy(p, t))
   return {
       "token_accuracy": float(acc.mean()),
       "bag_recall": float(recall.mean()),
+      "rouge1": float(per(lambda p, t: rouge_n(p, t, 1)).mean()),
+      "rouge2": float(per(lambda p, t: rouge_n(p, t, 2)).mean()),
+      "rougeL": float(per(rouge_l).mean()),
       "token_accuracy_per_sentence": [float(v) for v in acc],
       "bag_recall_per_sentence": [float(v) for v in recall],
       "exact": int(np.sum(acc == 1.0)),
+      "unmatched": int(k - scored.sum()),
       "order": [int(i) for i in order],
   }

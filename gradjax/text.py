@@ -104,6 +104,15 @@ def pinv_tokens(embeddings, table, candidates=None) -> np.ndarray:
   return ids[np.argmax(coefficients, axis=-1)].astype(np.int32)
 
 
+def _reads_embeddings_alone(apply_fn, view: Observation, dim: int, length: int) -> bool:
+  """Whether the model runs on embeddings without its table (the view's parameters)."""
+  try:
+    jax.eval_shape(lambda v: apply_fn(v, jnp.zeros((1, length, dim), jnp.float32)), view.variables)
+  except Exception:  # flax names the missing parameter in one of several error types
+    return False
+  return True
+
+
 class TextReconstruction(NamedTuple):
   """Result of :func:`reconstruct`.
 
@@ -253,6 +262,10 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, rest
   bag = token_bag(observation)
   if bag.size == 0:
     raise ValueError("the observed embedding gradient is zero: no tokens to recover")
+  if not _reads_embeddings_alone(apply_fn, view, table.shape[1], length):
+    raise ValueError("the model reads its embedding table for its logits too (tied, as GPT-2's): the "
+                     "optimisation attacks match an untied model's gradient; gradjax.dager reads "
+                     "this one")
   candidates = bag if restrict else None
   if search == "tokens":
     tokens, e, rec = _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates,

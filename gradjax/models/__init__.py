@@ -12,8 +12,9 @@ Names::
   mlp[-H]              DLM MLP with one hidden layer of H units (32)
   resnetD[-W]          CIFAR ResNet: D = 18, 34 or 6n+2, width factor W (1); e.g. resnet20-4
   transformer          SAPAG's Transformer language model (text; sizes from ``text_sizes``)
+  gpt                  a GPT-2-style decoder (text; sizes from ``text_sizes``, logits tied to the embedding)
 
-Every model's last layer is a Dense named ``"head"`` (label inference reads its gradient). Image models
+Every image model's last layer is a Dense named ``"head"`` (label inference reads its gradient). Image models
 take (N, H, W, C) inputs; text models (:data:`TEXT_MODELS`) take token ids (N, T) or embeddings
 (N, T, dim) and return (N, T, V) logits.
 """
@@ -27,14 +28,14 @@ import numpy as np
 from flax import linen as nn
 
 from gradjax.compilation import once
-from gradjax.models import convnet, lenet, mlp, resnet, transformer
+from gradjax.models import convnet, gpt, lenet, mlp, resnet, transformer
 from gradjax.models.inits import INITS, get_initializers
 from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
 from gradjax.models.spec import Options, ModelSpec, ZooName
 
 # The zoo: one ModelSpec per family (gradjax.models.spec), in the order names are tried.
 FAMILIES: tuple[ModelSpec, ...] = (lenet.LENET_ZHU, lenet.LENET5, convnet.SPEC, mlp.SPEC, resnet.SPEC,
-                              transformer.SPEC)
+                              transformer.SPEC, gpt.SPEC)
 MODELS = tuple(n for f in FAMILIES if not f.text for n in f.examples)
 TEXT_MODELS = tuple(n for f in FAMILIES if f.text for n in f.examples)
 

@@ -10,7 +10,9 @@ FFN = Dense(ffn) – GELU – Dense(dim)), and one linear decoder from the model
 Inputs are token ids (N, T) int, or embeddings (N, T, dim) float: the text attacks optimise dummy
 embeddings and feed them in place of the lookup, so both paths compute
 ``h_0 = E[ids] + PE`` (or ``h_0 = e + PE``), with E the ``embed`` table (V, dim) initialised N(0, 1) as
-PyTorch's ``nn.Embedding``. Logits are (N, T, V): position t predicts token t + 1.
+PyTorch's ``nn.Embedding``. Logits are (N, T, V): position t predicts token t + 1. With ``decode=True`` the module runs one position
+per call from a key/value cache (the ``cache`` collection, initialised with the full (N, T) shape as
+Flax's attention does), as :class:`gradjax.models.gpt.GPT` does.
 """
 
 import jax
@@ -50,14 +52,16 @@ class EncoderLayer(nn.Module):
   kernel_init: nn.initializers.Initializer
   bias_init: nn.initializers.Initializer
   param_dtype: jnp.dtype = jnp.float32
+  decode: bool = False
 
   @nn.compact
   def __call__(self, x):
     kw = dict(kernel_init=self.kernel_init, bias_init=self.bias_init, param_dtype=self.param_dtype,
               dtype=self.param_dtype)
-    mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-    attended = nn.MultiHeadDotProductAttention(num_heads=self.heads, name="attention", **kw)(
-        x, x, mask=mask)
+    stepping = self.decode and x.shape[1] == 1  # the cache masks the positions not yet written
+    mask = None if stepping else nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+    attended = nn.MultiHeadDotProductAttention(num_heads=self.heads, decode=self.decode,
+                                               name="attention", **kw)(x, x, mask=mask)
     x = _layer_norm("norm_0", self.param_dtype)(x + attended)
     h = nn.Dense(self.ffn, name="ffn_0", **kw)(x)
     h = nn.Dense(self.dim, name="ffn_1", **kw)(jax.nn.gelu(h, approximate=False))
@@ -78,6 +82,8 @@ class TransformerLM(nn.Module):
   weight_init: str = "default"
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
+  decode: bool = False
+  context: int = 512  # positions a decode cache may reach
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -91,10 +97,18 @@ class TransformerLM(nn.Module):
       x = embed(x)
     elif x.ndim != 3 or x.shape[-1] != self.dim:
       raise ValueError(f"embeddings must be (N, T, {self.dim}), got {x.shape}")
-    h = x + jnp.asarray(positional_encoding(x.shape[1], self.dim), x.dtype)
+    if self.decode and self.has_variable("cache", "position"):
+      position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      table = jnp.asarray(positional_encoding(self.context, self.dim), x.dtype)
+      h = x + jax.lax.dynamic_slice_in_dim(table, position.value, x.shape[1])
+      position.value = position.value + x.shape[1]
+    else:
+      if self.decode:  # initialising the cache: the next call is position 0
+        self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      h = x + jnp.asarray(positional_encoding(x.shape[1], self.dim), x.dtype)
     for i in range(self.layers):
       h = EncoderLayer(self.dim, self.heads, self.ffn, *inits, param_dtype=self.param_dtype,
-                       name=f"block_{i}")(h)
+                       decode=self.decode, name=f"block_{i}")(h)
     return head(self.num_classes, inits, self.param_dtype)(h)
 
 

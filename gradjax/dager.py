@@ -1,0 +1,454 @@
+"""Exact recovery of a batch of sentences by span checks (DAGER; Petrov et al., NeurIPS 2024).
+
+A transformer block projects each row x_i ∈ R^d of its input (i over the N·T positions of the batch)
+to a query, a key and a value, y_i = x_i W + b with W (d, m). The weight gradient is a sum of outer
+products,
+
+    ∇W = Σ_i x_i g_iᵀ = Xᵀ G,        X (N·T, d),  G = ∂L/∂Y (N·T, m),
+
+so its column space lies in span{x_i}, and is that span when G has full row rank (N·T ≤ m, and
+generic weights). Stacking the three projections' gradients, [∇W_q ∇W_k ∇W_v] (d, 3m), keeps the
+span and covers the first position of a causal model, whose query gradient is zero (a softmax over
+one key). A candidate vector z can be one of the block's inputs only if its relative distance to
+that span is zero:
+
+    δ(z) = ‖z − U Uᵀ z‖ / ‖z‖,       U (d, r) an orthonormal basis of the span (:func:`span`).
+
+**Rank and tolerance from the singular values** σ₁ ≥ σ₂ ≥ … of the stacked gradient: the rank r is
+where the ratio σ_r / σ_{r+1} is largest, the directions past it being the gradient's rounding E
+(‖E‖ ≈ σ_{r+1}). By Wedin's theorem the computed span is within an angle θ of the true one, with
+sin θ ≤ ‖E‖ / (σ_r − ‖E‖) = ρ / (1 − ρ), ρ = σ_{r+1} / σ_r, so every true input lies within
+τ = ρ / (1 − ρ) of it: τ is the tolerance. A random direction of the D-dimensional space that the
+candidates occupy (D = d, or d − 1 after a LayerNorm without offset: :func:`candidate_dimensions`)
+lies at about β = sqrt(1 − r/D); where β < :data:`SEPARATION` τ the check cannot tell members from
+others, which is the case when the inputs (less repeats) fill that space, or when some inputs reach
+the gradient with weights near its rounding: the span is then reported ``full``.
+
+**Layer 1** (:func:`first_layer_distances`): the first block's input at position t depends on the
+token at t alone (its embedding plus the position's, with the pre-norm's LayerNorm in GPT-2), so
+scoring every (token, position) pair of the vocabulary gives, for each position, the set of tokens
+that some sentence of the batch may hold there. With additive positions the span holds
+span{e_v} + span{p_t} as soon as the batch's (token, position) pairs connect its tokens and
+positions, so for a batch of several sentences each position's set is the batch's bag of tokens:
+layer 1 finds the tokens, the next checks their order.
+
+**Ordering** (:func:`recover`): in a causal model every later quantity at position t depends on the
+tokens at positions ≤ t only, so sentences grow position by position from the model's key/value
+cache: each kept prefix extended by each token of the position's set is kept when (i) the first
+block's attention output at the new position lies in the span of its output projection's gradient
+(one position's query, key and value: the cheap check) and (ii) the second block's input lies in
+the second block's span (the whole first block, on the few that pass (i)). A model with one block,
+or without a decode mode, is answered at batch 1 only (one token per position).
+
+Shapes: ``ids`` (N, T) int; first-layer distances (V, T); sentences (K, T) with K the number of
+distinct sentences found (the batch's, when every check holds).
+"""
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+SEPARATION = 10.0
+"""The least ratio β / τ (a random direction's distance over a member's largest) for a usable span."""
+
+PROJECTIONS = ("query", "key", "value")
+
+
+class Span(NamedTuple):
+  """The span of one block's inputs, read from its projections' gradient.
+
+  Attributes:
+    basis: (d, r) orthonormal columns U.
+    singular_values: (min(d, m),) σ of the stacked gradient, descending.
+    rank: r.
+    tolerance: τ = ρ / (1 − ρ), the largest relative distance of a member (Wedin).
+    member_level: ρ = σ_{r+1} / σ_r.
+    random_level: β = sqrt(1 − r/D), the distance expected of a random direction.
+    full: whether β < :data:`SEPARATION` τ (the check cannot separate members).
+  """
+
+  basis: jax.Array
+  singular_values: np.ndarray
+  rank: int
+  tolerance: float
+  member_level: float
+  random_level: float
+  full: bool
+
+
+def span(columns, rank: int | None = None, dimension: int | None = None) -> Span:
+  """The :class:`Span` of the columns (d, m) of a weight gradient; ``rank`` overrides the rank read
+  from the singular values (see the module docstring); ``dimension`` is that of the space the
+  candidates occupy (d if None; a LayerNorm without offset keeps its outputs in d − 1 dimensions,
+  :func:`candidate_dimensions`), against which a random direction's distance β is counted."""
+  columns = np.asarray(columns)
+  if columns.ndim != 2 or min(columns.shape) < 1:
+    raise ValueError(f"a span is read from a (d, m) matrix, got shape {columns.shape}")
+  d = columns.shape[0]
+  eps = float(np.finfo(columns.dtype).eps)
+  with jax.enable_x64(True):  # float32's SVD blurs singular values below about eps·σ₁
+    u, s, _ = _svd(jnp.asarray(np.asarray(columns, np.float64)))
+    u, s = u.astype(columns.dtype), np.asarray(s)
+  if not s[0] > 0:
+    raise ValueError("the gradient is zero: it spans nothing")
+  floor = s[0] * np.finfo(np.float64).eps  # no division by zero
+  if rank is None:
+    ratios = s[:-1] / np.maximum(s[1:], floor)
+    rank = int(np.argmax(ratios)) + 1 if ratios.size else 1
+  rank = int(min(max(rank, 1), s.size))
+  member = float(max(s[rank], floor) / s[rank - 1]) if rank < s.size else eps * s.size
+  random_level = float(np.sqrt(max(1.0 - rank / (dimension or d), 0.0)))
+  tolerance = member / (1.0 - member) if member < 1 else np.inf
+  full = random_level < SEPARATION * tolerance
+  return Span(u[:, :rank], s, rank, tolerance, member, random_level, full)
+
+
+@jax.jit
+def _svd(columns):
+  return jnp.linalg.svd(columns, full_matrices=False)
+
+
+def distances(basis, z) -> jax.Array:
+  """δ(z) = ‖z − U Uᵀ z‖ / ‖z‖ for z (..., d) and U (d, r) with orthonormal columns: (...)."""
+  residual = z - (z @ basis) @ basis.T
+  return jnp.linalg.norm(residual, axis=-1) / jnp.maximum(jnp.linalg.norm(z, axis=-1),
+                                                         jnp.finfo(z.dtype).tiny)
+
+
+# --- reading a model: its attention blocks' inputs and gradients -----------------------------------
+
+
+class _Enough(Exception):
+  """Stops a forward pass once the wanted inputs are captured."""
+
+
+def attention_inputs(apply_fn: Callable, variables, ids, count: int | None = None):
+  """[(path, input (N, T, d))] of the model's self-attention blocks (Flax's
+  ``MultiHeadDotProductAttention``) in the order the forward pass reaches them; ``count`` stops the
+  pass after that many. ``path`` is the block's place in the parameter tree."""
+  captured = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    module = context.module
+    if context.method_name == "__call__" and isinstance(module, nn.MultiHeadDotProductAttention):
+      captured.append((tuple(module.scope.path), args[0]))
+      if count is not None and len(captured) >= count:
+        raise _Enough
+    return next_fun(*args, **kwargs)
+
+  try:
+    with nn.intercept_methods(interceptor):
+      apply_fn(variables, ids)
+  except _Enough:
+    pass
+  return captured
+
+
+def projection_gradient(gradient, path) -> jax.Array:
+  """(d, 3m): the query, key and value kernels' gradients of the attention block at ``path`` in the
+  parameter tree, each reshaped (d, heads·head_dim), side by side."""
+  node = gradient["params"] if "params" in gradient else gradient
+  for key in path:
+    node = node[key]
+  kernels = [jnp.asarray(node[p]["kernel"]) for p in PROJECTIONS]
+  return jnp.concatenate([k.reshape(k.shape[0], -1) for k in kernels], axis=1)
+
+
+def attention_paths(apply_fn: Callable, variables, length: int) -> list[tuple[str, ...]]:
+  """The parameter paths of the model's attention blocks, in forward order (a shape-only trace)."""
+  paths = []
+
+  def trace():
+    paths.extend(p for p, _ in attention_inputs(apply_fn, variables, jnp.zeros((1, length), jnp.int32)))
+
+  jax.eval_shape(trace)
+  return paths
+
+
+def numerical_rank(vectors) -> int:
+  """The rank of (n, d) ``vectors`` at the relative tolerance sqrt(eps) of their dtype (float32:
+  3.5e-4 of the largest singular value): directions held only by rounding do not count."""
+  vectors = np.asarray(vectors, np.float64)
+  s = np.linalg.svd(vectors, compute_uv=False)
+  return int(np.sum(s > s[0] * np.sqrt(np.finfo(np.float32).eps))) if s.size and s[0] > 0 else 0
+
+
+def candidate_dimensions(apply_fn: Callable, variables, length: int, key: jax.Array,
+                         vocabulary: int) -> tuple[int, int, int]:
+  """The dimensions of the spaces that the checked vectors occupy, read off random sentences: the
+  first block's inputs, its attention outputs, the second block's inputs (0 where the model has no
+  second block). Enough sentences for at least twice the widest space's vectors."""
+  attention = attention_paths(apply_fn, variables, length)
+  d = int(np.asarray(variables["params"]["embed"]["embedding"]).shape[1])
+  count = -(-4 * d // length)
+  ids = jax.random.randint(key, (count, length), 0, vocabulary)
+  captured = {"input": [], "output": []}
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.method_name == "__call__":
+      if isinstance(context.module, nn.MultiHeadDotProductAttention):
+        captured["input"].append(args[0])
+      elif _is_output(context.module) and not captured["output"]:
+        captured["output"].append(args[0])
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    apply_fn(variables, ids)
+  flat = lambda x: np.asarray(x).reshape(count * length, -1)
+  first = numerical_rank(flat(captured["input"][0]))
+  output = numerical_rank(flat(captured["output"][0]))
+  second = numerical_rank(flat(captured["input"][1])) if len(attention) > 1 else 0
+  return first, output, second
+
+
+# --- layer 1: which token can sit at which position --------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "length", "chunk"))
+def _first_layer(apply_fn, variables, basis, tokens, length, chunk):
+  n = tokens.shape[0]
+  padded = jnp.concatenate([tokens, jnp.full((-n % chunk,), tokens[0], tokens.dtype)])
+
+  def one(block):
+    ids = jnp.broadcast_to(block[:, None], (chunk, length))
+    (_, z), = attention_inputs(apply_fn, variables, ids, count=1)
+    return distances(basis, z)
+
+  out = jax.lax.map(one, padded.reshape(-1, chunk))
+  return out.reshape(-1, length)[:n]
+
+
+def first_layer_distances(apply_fn: Callable, variables, basis, tokens, length: int,
+                          chunk: int = 128) -> jax.Array:
+  """δ of the first block's input for every candidate token at every position: (len(tokens), T).
+
+  Token v's input at position t is read from the model on the sentence of v repeated T times, which
+  holds only where that input depends on the token at t alone (embedding, position, LayerNorm), as in
+  every zoo language model."""
+  tokens = jnp.asarray(tokens, jnp.int32).reshape(-1)
+  return _first_layer(apply_fn, variables, basis, tokens, int(length), int(min(chunk, tokens.size)))
+
+
+# --- layer 2: sentences, position by position --------------------------------------------------------
+
+
+class Recovery(NamedTuple):
+  """Result of :func:`recover`.
+
+  Attributes:
+    sentences: (K, T) int, the distinct sentences found (K = N when every check holds).
+    distances: (K,) the largest ordering distance along each sentence (0 at batch 1 without one).
+    position_sets: T int arrays, the tokens the first block admits at each position.
+    spans: the :class:`Span` of the first block's input, then of the checks that order the tokens
+      (the first block's attention output, the second block's input) where the model has them.
+    stopped_at: the first position where no prefix could be extended, or None.
+    capped: whether more prefixes than ``max_prefixes`` were admitted at some position (the least
+      distant were kept).
+  """
+
+  sentences: np.ndarray
+  distances: np.ndarray
+  position_sets: list
+  spans: tuple
+  stopped_at: int | None
+  capped: bool
+
+
+def output_gradient(gradient, path) -> jax.Array:
+  """(heads·head_dim, d): the gradient of the output projection of the attention block at ``path``;
+  its columns span the block's attention outputs (the projection's inputs)."""
+  node = gradient["params"] if "params" in gradient else gradient
+  for key in path:
+    node = node[key]
+  kernel = jnp.asarray(node["out"]["kernel"])
+  return kernel.reshape(-1, kernel.shape[-1])
+
+
+def _decoder(apply_fn):
+  module = getattr(apply_fn, "module", None)
+  if module is None or not hasattr(module, "decode"):
+    return None
+  return module.clone(decode=True)
+
+
+def _is_output(module) -> bool:
+  return (isinstance(module, nn.DenseGeneral) and module.name == "out"
+          and isinstance(module.parent, nn.MultiHeadDotProductAttention))
+
+
+@functools.partial(jax.jit, static_argnames=("decoder",))
+def _output_distances(decoder, params, prefixes, rows, ids, basis):
+  """δ (n,) of the first block's attention output at the new position, for candidates ``ids`` (n,)
+  after the prefixes ``rows`` (n,) of the cache ``prefixes``: the projections and the attention of
+  one position, the cheap check. The pass stops at the output projection (its cache writes are
+  dropped)."""
+  captured = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if context.method_name == "__call__" and _is_output(context.module):
+      captured.append(args[0])
+      raise _Enough
+    return next_fun(*args, **kwargs)
+
+  try:
+    with nn.intercept_methods(interceptor):
+      decoder.apply({"params": params, "cache": _take(prefixes, rows)}, ids[:, None],
+                    mutable=["cache"])
+  except _Enough:
+    pass
+  return distances(basis, captured[0].reshape(ids.shape[0], -1))
+
+
+@functools.partial(jax.jit, static_argnames=("decoder",))
+def _step(decoder, params, prefixes, rows, ids, basis):
+  """One decoding step of candidates ``ids`` (n,) after the prefixes ``rows`` (n,) of the cache
+  ``prefixes``: (second-block δ (n,), the candidates' caches).
+
+  Once the second block's input is read, every later module call returns its input unchanged: the
+  rest of the step (the second block, the logits) is not needed, and the first block's cache is
+  already written (the zoo's blocks keep the width through every layer, so shapes still agree)."""
+  captured = []
+
+  def interceptor(next_fun, args, kwargs, context):
+    if len(captured) >= 2:
+      return args[0]
+    if context.method_name == "__call__" and isinstance(context.module, nn.MultiHeadDotProductAttention):
+      captured.append(args[0])
+      if len(captured) >= 2:
+        return args[0]
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    _, updated = decoder.apply({"params": params, "cache": _take(prefixes, rows)}, ids[:, None],
+                               mutable=["cache"])
+  return distances(basis, captured[1][:, 0]), updated["cache"]
+
+
+def _init_cache(decoder, length, first):
+  """The decoder's zero cache, batch 1, with only what the first block and the model's own position
+  counter hold (the second block's is never written: :func:`_step` stops before it)."""
+  shapes = jax.eval_shape(lambda: decoder.init(jax.random.key(0), jnp.zeros((1, length), jnp.int32)))
+  cache = {k: v for k, v in shapes["cache"].items() if k == first[0] or not isinstance(v, dict)}
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), cache)
+
+
+def _take(cache, rows):
+  return jax.tree.map(lambda c: c[rows] if c.ndim else c, cache)
+
+
+def _bucket(n: int) -> int:
+  return max(8, 1 << (n - 1).bit_length())
+
+
+def _chunked(fn, rows, ids, chunk):
+  """``fn(rows, ids)`` over chunks of at most ``chunk`` candidates, each padded to a power of two
+  (one program per size): the concatenated first outputs (n,), and the list of other outputs."""
+  size = min(chunk, _bucket(len(ids)))
+  delta, rest = [], []
+  for lo in range(0, len(ids), size):
+    r, i = rows[lo:lo + size], ids[lo:lo + size]
+    out = fn(jnp.asarray(np.pad(r, (0, size - len(r)))),
+             jnp.asarray(np.pad(i, (0, size - len(i)), constant_values=i[0])))
+    d, extra = (out, None) if not isinstance(out, tuple) else out
+    delta.append(np.asarray(d)[:len(r)])
+    rest.append(extra)
+  return np.concatenate(delta), rest
+
+
+def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None,
+            max_prefixes: int | None = None, rank: int | None = None, chunk: int = 512) -> Recovery:
+  """The client's sentences (K, ``length``) from the gradient of a transformer language model.
+
+  Args:
+    apply_fn: the language model (a zoo text model: ``apply_fn.module`` with a ``decode`` mode).
+    variables: the parameters the client received.
+    gradient: the client's gradient (same tree as ``variables``).
+    length: T, tokens per sentence.
+    tokens: candidate token ids (all of the vocabulary if None), e.g. the bag that an untied embedding
+      gradient shows (:func:`gradjax.text.token_bag`).
+    max_prefixes: the most prefixes kept at a position (the least distant), default 4 x the second
+      span's rank.
+    rank: the spans' rank (read from their singular values if None).
+    chunk: candidates per decoding step (memory: chunk x T x d x 2 floats of cache).
+
+  Sentences grow position by position (a causal model with a ``decode`` mode): each prefix extended
+  by each token of the position's set is first checked against the first block's attention-output
+  span (the query, key and value of one position: cheap), and the survivors against the second
+  block's input span (the whole first block). Without a decode mode, layer 1 alone answers (one
+  token per position, for a batch of one); a position whose set holds several tokens then keeps its
+  least distant.
+  """
+  attention = attention_paths(apply_fn, variables, length)
+  if not attention:
+    raise ValueError("the model has no self-attention block: the span attack reads a transformer")
+  vocabulary = _vocabulary_size(variables)
+  tokens = np.unique(np.arange(vocabulary) if tokens is None else np.asarray(tokens)).astype(np.int32)
+  if tokens.size == 0 or tokens[0] < 0 or tokens[-1] >= vocabulary:
+    raise ValueError(f"candidate token ids must be non-empty and lie in [0, {vocabulary})")
+  dimensions = candidate_dimensions(apply_fn, variables, length, jax.random.key(0), vocabulary)
+  first = span(projection_gradient(gradient, attention[0]), rank, dimensions[0])
+  if first.full:
+    raise ValueError(f"the first block's span is full (rank {first.rank} of {first.basis.shape[0]}): "
+                     "the batch holds about as many (token, position) pairs as the model's width, "
+                     "and the span check cannot tell its tokens from any others")
+  delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
+  sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
+  if any(s.size == 0 for s in sets):
+    t = next(t for t, s in enumerate(sets) if s.size == 0)
+    return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, (first,), t, False)
+  decoder = _decoder(apply_fn)
+  if decoder is None or len(attention) < 2:
+    best = [s[np.argmin(delta[np.searchsorted(tokens, s), t])] for t, s in enumerate(sets)]
+    return Recovery(np.asarray(best, np.int32)[None], np.zeros(1), sets, (first,), None, False)
+  output = span(output_gradient(gradient, attention[0]), rank, dimensions[1])
+  second = span(projection_gradient(gradient, attention[1]), rank, dimensions[2])
+  if second.full:
+    raise ValueError(f"the second block's span is full (rank {second.rank} of "
+                     f"{second.basis.shape[0]}): the batch holds about as many distinct prefixes as "
+                     "the model's width, and the check cannot order the tokens")
+  return _extend(decoder, variables["params"], (first, output, second), sets, length, max_prefixes,
+                 attention[0], chunk)
+
+
+def _vocabulary_size(variables) -> int:
+  params = variables["params"]
+  if "embed" not in params or "embedding" not in params["embed"]:
+    raise ValueError("the model has no token embedding at params/embed/embedding")
+  return int(params["embed"]["embedding"].shape[0])
+
+
+def _extend(decoder, params, spans, sets, length, max_prefixes, first, chunk):
+  """Sentences by extension (see :func:`recover`); ``spans``: the first block's input span, then the
+  attention-output span and the second block's input span (either may be missing)."""
+  _, output, second = spans
+  cap = max_prefixes or 4 * second.rank
+  cache = _init_cache(decoder, length, first)
+  prefixes, worst, capped = np.zeros((1, 0), np.int32), np.zeros(1), False
+  for t in range(length):
+    rows = np.repeat(np.arange(len(prefixes)), len(sets[t]))
+    ids = np.tile(sets[t], len(prefixes)).astype(np.int32)
+    distance = np.zeros(len(ids))
+    if not output.full:  # the cheap check first, on every candidate
+      d, _ = _chunked(lambda r, i: _output_distances(decoder, params, cache, r, i, output.basis),
+                      rows, ids, chunk)
+      alive = np.flatnonzero(d <= output.tolerance)
+      rows, ids, distance = rows[alive], ids[alive], d[alive]
+    if len(ids) == 0:
+      return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
+    d, caches = _chunked(lambda r, i: _step(decoder, params, cache, r, i, second.basis), rows, ids,
+                         chunk)
+    keep = np.flatnonzero(d <= second.tolerance)
+    if keep.size == 0:
+      return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
+    cache = jax.tree.map(lambda *c: jnp.concatenate(c) if c[0].ndim else c[0], *caches)
+    if keep.size > cap:
+      capped = True
+      keep = keep[np.argsort(d[keep], kind="stable")[:cap]]
+    cache = _take(cache, jnp.asarray(keep))
+    prefixes = np.concatenate([prefixes[rows[keep]], ids[keep, None]], axis=1)
+    worst = np.maximum(worst[rows[keep]], np.maximum(d[keep], distance[keep]))
+  return Recovery(prefixes.astype(np.int32), worst, sets, spans, None, capped)

@@ -1,0 +1,118 @@
+"""A GPT-2-style decoder language model (Radford et al. 2019), at the sizes given.
+
+GPT-2 small is width 768, 12 heads, feed-forward 3072, 12 blocks, 1024 positions and a 50 257-token
+byte-pair vocabulary. This module keeps its structure and lets the sizes be chosen (``text_sizes``):
+token embedding ``wte`` (V, dim) and learned positions ``wpe`` (context, dim), both N(0, 0.02²)
+and N(0, 0.01²) as GPT-2 initialises them; pre-norm blocks with a causal mask,
+
+    x ← x + MHA(LN(x)),     x ← x + W₂ GELU_tanh(W₁ LN(x)),
+
+a final LayerNorm and logits tied to the embedding, ``logits = LN(x) wteᵀ`` (no separate head, so
+the embedding's gradient is dense: it holds the output layer's too). Kernels N(0, 0.02²), biases zero,
+LayerNorm epsilon 1e-5, no dropout (a client's dropout mask is random, no attacker could match it).
+
+Inputs are token ids (N, T) int or embeddings (N, T, dim) float (the optimisation attacks), T at most
+``context``. With ``decode=True`` the module runs one position per call from a key/value cache in
+the ``cache`` collection (initialise it with the full (N, T) shape, as Flax's attention does), the
+way a language model generates; the span attack extends sentences that way
+(:mod:`gradjax.dager`).
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from gradjax.models.inits import get_initializers
+from gradjax.models.spec import Options, ModelSpec, ZooName
+
+CONTEXT = 128  # positions of the learned table (GPT-2: 1024); sentences here are at most 64 tokens
+
+
+def _layer_norm(name: str, param_dtype) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name=name, param_dtype=param_dtype,
+                      dtype=param_dtype)
+
+
+class Block(nn.Module):
+  """Pre-norm causal self-attention block with a GELU (tanh) feed-forward."""
+
+  dim: int
+  heads: int
+  ffn: int
+  kernel_init: nn.initializers.Initializer
+  bias_init: nn.initializers.Initializer
+  param_dtype: jnp.dtype = jnp.float32
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x):
+    kw = dict(kernel_init=self.kernel_init, bias_init=self.bias_init, param_dtype=self.param_dtype,
+              dtype=self.param_dtype)
+    stepping = self.decode and x.shape[1] == 1  # the cache masks the positions not yet written
+    mask = None if stepping else nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+    h = _layer_norm("norm_0", self.param_dtype)(x)
+    x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, decode=self.decode,
+                                            name="attention", **kw)(h, h, mask=mask)
+    h = nn.Dense(self.ffn, name="ffn_0", **kw)(_layer_norm("norm_1", self.param_dtype)(x))
+    return x + nn.Dense(self.dim, name="ffn_1", **kw)(jax.nn.gelu(h, approximate=True))
+
+
+class GPT(nn.Module):
+  """``x``: ids (N, T) or embeddings (N, T, dim) -> next-token logits (N, T, num_classes)."""
+
+  num_classes: int
+  dim: int = 768
+  heads: int = 12
+  ffn: int = 3072
+  layers: int = 2
+  context: int = CONTEXT
+  weight_init: str | None = None
+  init_scale: float = 0.5
+  param_dtype: jnp.dtype = jnp.float32
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train
+    if self.dim % self.heads:
+      raise ValueError(f"the model width {self.dim} must be divisible by the {self.heads} heads")
+    if self.weight_init is None:  # GPT-2's
+      inits = (nn.initializers.normal(0.02), nn.initializers.zeros)
+    else:
+      inits = tuple(get_initializers(self.weight_init, self.init_scale))
+    wte = nn.Embed(self.num_classes, self.dim, embedding_init=nn.initializers.normal(0.02),
+                   param_dtype=self.param_dtype, dtype=self.param_dtype, name="embed")
+    wpe = self.param("positions", nn.initializers.normal(0.01), (self.context, self.dim),
+                     self.param_dtype)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+      x = wte(x)
+    elif x.ndim != 3 or x.shape[-1] != self.dim:
+      raise ValueError(f"embeddings must be (N, T, {self.dim}), got {x.shape}")
+    t = x.shape[1]
+    if t > self.context:
+      raise ValueError(f"sentences of {t} tokens exceed the model's {self.context} positions")
+    if self.decode and self.has_variable("cache", "position"):
+      position = self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      h = x + jax.lax.dynamic_slice_in_dim(wpe, position.value, t)
+      position.value = position.value + t
+    else:
+      if self.decode:  # initialising the cache: the next call is position 0
+        self.variable("cache", "position", lambda: jnp.zeros((), jnp.int32))
+      h = x + wpe[:t]
+    for i in range(self.layers):
+      h = Block(self.dim, self.heads, self.ffn, *inits, param_dtype=self.param_dtype,
+                decode=self.decode, name=f"block_{i}")(h)
+    return wte.attend(_layer_norm("norm_f", self.param_dtype)(h))
+
+
+def _build(zoo: ZooName, o: Options) -> nn.Module:
+  del zoo
+  if o.act is not None:
+    raise ValueError("model 'gpt' has a fixed GELU activation; drop --act")
+  if min(o.text_sizes) < 1:
+    raise ValueError(f"gpt sizes must be positive, got {o.text_sizes}")
+  return GPT(num_classes=o.num_classes, **o.text_sizes._asdict(), weight_init=o.init,
+             init_scale=o.init_scale, param_dtype=o.param_dtype)
+
+
+SPEC = ModelSpec("gpt", "gpt", ("gpt",), _build, text=True)

@@ -1,0 +1,163 @@
+"""The span attack (gradjax.dager): its linear algebra against NumPy on matrices of known rank, the
+decode mode of the text models against their full forward pass, and exact recovery end to end."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import dager, metrics, models
+from gradjax.losses import cross_entropy
+
+
+def _low_rank(rng, d, m, k, n=None, noise=1e-7):
+  """Xᵀ G (d, m) with X (k, d) and G (k, m) Gaussian, plus noise of relative size ``noise``."""
+  x = rng.normal(size=(k, d))
+  g = rng.normal(size=(k, m))
+  a = x.T @ g
+  return (a + noise * np.linalg.norm(a, 2) * rng.normal(size=a.shape) / np.sqrt(d + m)).astype(np.float32), x
+
+
+@pytest.mark.parametrize("d,m,k", [(64, 96, 10), (64, 192, 40), (200, 600, 120)])
+def test_span_reads_the_rank_and_holds_the_inputs(d, m, k):
+  rng = np.random.default_rng(k)
+  a, x = _low_rank(rng, d, m, k)
+  s = dager.span(a)
+  assert s.rank == k and not s.full
+  # the basis spans the inputs: principal angles with NumPy's orthonormal basis of the rows of x
+  q, _ = np.linalg.qr(x.T)
+  cosines = np.linalg.svd(q.T @ np.asarray(s.basis, np.float64), compute_uv=False)
+  assert cosines.min() > 1 - 1e-6
+  members = np.asarray(dager.distances(s.basis, jnp.asarray(x, jnp.float32)))
+  assert members.max() <= s.tolerance
+  # NumPy's least-squares residual of random directions, relative: what distances computes
+  z = rng.normal(size=(50, d))
+  coef, *_ = np.linalg.lstsq(x.T, z.T, rcond=None)
+  reference = np.linalg.norm(z.T - x.T @ coef, axis=0) / np.linalg.norm(z, axis=1)
+  got = np.asarray(dager.distances(s.basis, jnp.asarray(z, jnp.float32)))
+  np.testing.assert_allclose(got, reference, rtol=1e-3, atol=1e-5)
+  assert got.min() > 10 * s.tolerance
+
+
+def test_a_span_that_fills_the_space_is_full():
+  rng = np.random.default_rng(0)
+  a, _ = _low_rank(rng, 32, 96, 40)  # 40 inputs in 32 dimensions
+  assert dager.span(a).full
+  with pytest.raises(ValueError, match="zero"):
+    dager.span(np.zeros((4, 6), np.float32))
+
+
+def _sentences(rng, vocabulary, batch, length):
+  return rng.integers(2, vocabulary, size=(batch, length)).astype(np.int32)
+
+
+def _gradient(model, ids):
+  targets = np.concatenate([ids[:, 1:], np.ones((len(ids), 1), np.int32)], axis=1)
+  loss = lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets)
+  return {"params": jax.grad(loss)(model.variables["params"])}
+
+
+def _model(name, vocabulary, length, dim=64):
+  sizes = models.TextSizes(dim, 4, 2 * dim, 2)
+  return models.create(name, jax.random.key(1), input_shape=(length,), num_classes=vocabulary,
+                       text_sizes=sizes)
+
+
+@pytest.mark.parametrize("name", ["gpt", "transformer"])
+def test_decode_mode_reproduces_the_full_forward_pass(name):
+  vocabulary, length = 50, 6
+  model = _model(name, vocabulary, length)
+  ids = _sentences(np.random.default_rng(0), vocabulary, 3, length)
+  full = np.asarray(model.apply_fn(model.variables, ids))
+  decoder = model.apply_fn.module.clone(decode=True)
+  cache = decoder.init(jax.random.key(0), jnp.zeros((3, length), jnp.int32))["cache"]
+  steps = []
+  for t in range(length):
+    logits, updated = decoder.apply({"params": model.variables["params"], "cache": cache},
+                                    ids[:, t:t + 1], mutable=["cache"])
+    cache = updated["cache"]
+    steps.append(np.asarray(logits)[:, 0])
+  np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt", "transformer"])
+def test_first_block_input_depends_on_its_own_token_only(name):
+  """The premise of the first-layer check: changing other positions leaves position t's input."""
+  model = _model(name, 50, 6)
+  rng = np.random.default_rng(0)
+  a = _sentences(rng, 50, 1, 6)
+  b = _sentences(rng, 50, 1, 6)
+  b[0, 3] = a[0, 3]
+  (_, xa), = dager.attention_inputs(model.apply_fn, model.variables, a, count=1)
+  (_, xb), = dager.attention_inputs(model.apply_fn, model.variables, b, count=1)
+  np.testing.assert_allclose(np.asarray(xa)[0, 3], np.asarray(xb)[0, 3], rtol=1e-6)
+  assert not np.allclose(np.asarray(xa)[0, 2], np.asarray(xb)[0, 2])
+
+
+def test_stacked_gradient_is_the_inputs_times_the_output_gradients():
+  """[∇W_q ∇W_k ∇W_v] = Xᵀ [G_q G_k G_v], X the captured inputs, G by jax.vjp of the projections."""
+  model = _model("gpt", 50, 5, dim=32)
+  ids = _sentences(np.random.default_rng(0), 50, 2, 5)
+  grad = _gradient(model, ids)
+  path = dager.attention_paths(model.apply_fn, model.variables, 5)[0]
+  (_, x), = dager.attention_inputs(model.apply_fn, model.variables, ids, count=1)
+  x = np.asarray(x, np.float64).reshape(-1, 32)
+  stacked = np.asarray(dager.projection_gradient(grad, path), np.float64)
+  # the column space of the stacked gradient is the span of the N·T inputs
+  q, _ = np.linalg.qr(x.T)
+  u = np.linalg.svd(stacked, full_matrices=False)[0][:, :x.shape[0]]
+  assert np.linalg.svd(q.T @ u, compute_uv=False).min() > 1 - 1e-4
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_gpt_batches_are_recovered_exactly(batch):
+  vocabulary, length = 300, 8
+  model = _model("gpt", vocabulary, length)
+  ids = _sentences(np.random.default_rng(batch), vocabulary, batch, length)
+  rec = dager.recover(model.apply_fn, model.variables, _gradient(model, ids), length=length)
+  assert rec.stopped_at is None
+  scores = metrics.score_text(rec.sentences, ids)
+  assert scores["exact"] == batch and scores["unmatched"] == 0 and scores["rouge2"] == 1.0
+  assert all(ids[b, t] in rec.position_sets[t] for b in range(batch) for t in range(length))
+
+
+def test_sapag_transformer_sentence_is_recovered_exactly():
+  vocabulary, length = 500, 15
+  model = models.create("transformer", jax.random.key(0), input_shape=(length,), num_classes=vocabulary)
+  ids = _sentences(np.random.default_rng(0), vocabulary, 1, length)
+  rec = dager.recover(model.apply_fn, model.variables, _gradient(model, ids), length=length)
+  np.testing.assert_array_equal(rec.sentences, ids)
+  assert [len(s) for s in rec.position_sets] == [1] * length  # sinusoids pin each token's position
+
+
+def test_a_batch_wider_than_the_model_is_refused():
+  model = _model("gpt", 300, 8, dim=16)
+  ids = _sentences(np.random.default_rng(0), 300, 6, 8)  # 48 (token, position) pairs in 16 dimensions
+  with pytest.raises(ValueError, match="span is full"):
+    dager.recover(model.apply_fn, model.variables, _gradient(model, ids), length=8)
+
+
+def test_rouge_agrees_with_rouge_score():
+  rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
+
+  class Words:  # token ids as words, no stemming or filtering
+    def tokenize(self, text):
+      return text.split()
+
+  scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], tokenizer=Words())
+  rng = np.random.default_rng(0)
+  for _ in range(30):
+    true = rng.integers(0, 6, size=rng.integers(1, 12))
+    pred = rng.integers(0, 6, size=rng.integers(1, 12))
+    ref = scorer.score(" ".join(f"w{v}" for v in true), " ".join(f"w{v}" for v in pred))
+    assert metrics.rouge_n(pred, true, 1) == pytest.approx(ref["rouge1"].fmeasure)
+    assert metrics.rouge_n(pred, true, 2) == pytest.approx(ref["rouge2"].fmeasure)
+    assert metrics.rouge_l(pred, true) == pytest.approx(ref["rougeL"].fmeasure)
+
+
+def test_text_scores_assign_fewer_or_more_sentences():
+  true = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+  s = metrics.score_text(true[[2, 0]], true)  # the middle sentence missed
+  assert s["exact"] == 2 and s["order"] == [1, -1, 0] and s["token_accuracy"] == pytest.approx(2 / 3)
+  s = metrics.score_text(np.concatenate([true, [[1, 2, 4]]]), true)  # one extra
+  assert s["exact"] == 3 and s["unmatched"] == 1 and s["rougeL"] == 1.0
