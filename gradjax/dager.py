@@ -280,27 +280,41 @@ def _is_output(module) -> bool:
           and isinstance(module.parent, nn.MultiHeadDotProductAttention))
 
 
-@functools.partial(jax.jit, static_argnames=("decoder",))
-def _output_distances(decoder, params, prefixes, rows, ids, basis):
-  """δ (n,) of the first block's attention output at the new position, for candidates ``ids`` (n,)
-  after the prefixes ``rows`` (n,) of the cache ``prefixes``: the projections and the attention of
-  one position, the cheap check. The pass stops at the output projection (its cache writes are
-  dropped)."""
-  captured = []
+def _node(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
 
-  def interceptor(next_fun, args, kwargs, context):
-    if context.method_name == "__call__" and _is_output(context.module):
-      captured.append(args[0])
-      raise _Enough
-    return next_fun(*args, **kwargs)
 
-  try:
-    with nn.intercept_methods(interceptor):
-      decoder.apply({"params": params, "cache": _take(prefixes, rows)}, ids[:, None],
-                    mutable=["cache"])
-  except _Enough:
-    pass
-  return distances(basis, captured[0].reshape(ids.shape[0], -1))
+@jax.jit
+def output_distances(attention, keys, values, position, x, basis) -> jax.Array:
+  """δ (P, S) of the first block's attention output at ``position`` t for each of P prefixes and S
+  candidate tokens, the cheap check of :func:`recover`.
+
+  The first block's input x (S, d) at t depends on the token alone, so its query, key and value are
+  computed once per token; the prefixes' keys and values (P, T, heads, head_dim) are read from the
+  decode cache (positions < t count). As Flax's ``MultiHeadDotProductAttention``: q = x W_q + b_q
+  per head, a = softmax(q kᵀ / sqrt(head_dim)) over the prefix's t keys and the token's own, output
+  o = Σ a v (heads·head_dim), the output projection's input. ``attention``: that block's parameters.
+  """
+  project = lambda name: (jnp.einsum("sd,dhk->shk", x, attention[name]["kernel"])
+                          + attention[name].get("bias", 0.0))
+  q, k, v = project("query"), project("key"), project("value")
+  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  before = jnp.einsum("shk,pjhk->pshj", q, keys)  # (P, S, heads, T)
+  before = jnp.where(jnp.arange(keys.shape[1]) < position, before, -jnp.inf)
+  own = jnp.broadcast_to(jnp.einsum("shk,shk->sh", q, k)[None, ..., None], before.shape[:-1] + (1,))
+  a = jax.nn.softmax(jnp.concatenate([before, own], axis=-1), axis=-1)
+  o = jnp.einsum("pshj,pjhk->pshk", a[..., :-1], values) + a[..., -1:] * v[None]
+  return distances(basis, o.reshape(*o.shape[:2], -1))
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "length"))
+def _inputs_at(apply_fn, variables, tokens, length, position):
+  """The first block's inputs (S, d) of ``tokens`` (S,) at ``position``."""
+  ids = jnp.broadcast_to(tokens[:, None], (tokens.shape[0], length))
+  (_, z), = attention_inputs(apply_fn, variables, ids, count=1)
+  return jax.lax.dynamic_index_in_dim(z, position, axis=1, keepdims=False)
 
 
 @functools.partial(jax.jit, static_argnames=("decoder",))
@@ -410,7 +424,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     raise ValueError(f"the second block's span is full (rank {second.rank} of "
                      f"{second.basis.shape[0]}): the batch holds about as many distinct prefixes as "
                      "the model's width, and the check cannot order the tokens")
-  return _extend(decoder, variables["params"], (first, output, second), sets, length, max_prefixes,
+  return _extend(apply_fn, variables, decoder, (first, output, second), sets, length, max_prefixes,
                  attention[0], chunk)
 
 
@@ -421,10 +435,11 @@ def _vocabulary_size(variables) -> int:
   return int(params["embed"]["embedding"].shape[0])
 
 
-def _extend(decoder, params, spans, sets, length, max_prefixes, first, chunk):
+def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, first, chunk):
   """Sentences by extension (see :func:`recover`); ``spans``: the first block's input span, then the
   attention-output span and the second block's input span (either may be missing)."""
   _, output, second = spans
+  params = variables["params"]
   cap = max_prefixes or 4 * second.rank
   cache = _init_cache(decoder, length, first)
   prefixes, worst, capped = np.zeros((1, 0), np.int32), np.zeros(1), False
@@ -432,9 +447,16 @@ def _extend(decoder, params, spans, sets, length, max_prefixes, first, chunk):
     rows = np.repeat(np.arange(len(prefixes)), len(sets[t]))
     ids = np.tile(sets[t], len(prefixes)).astype(np.int32)
     distance = np.zeros(len(ids))
-    if not output.full:  # the cheap check first, on every candidate
-      d, _ = _chunked(lambda r, i: _output_distances(decoder, params, cache, r, i, output.basis),
-                      rows, ids, chunk)
+    if not output.full:  # the cheap check first, on every prefix and token
+      tokens = sets[t]
+      n_p, n_s = _bucket(len(prefixes)), _bucket(len(tokens))
+      x = _inputs_at(apply_fn, variables, jnp.asarray(np.pad(tokens, (0, n_s - len(tokens)), mode="edge")),
+                     length, t)
+      attention_cache = _node(cache, first)
+      pad = jnp.asarray(np.pad(np.arange(len(prefixes)), (0, n_p - len(prefixes))))
+      d = np.asarray(output_distances(_node(params, first), attention_cache["cached_key"][pad],
+                                      attention_cache["cached_value"][pad], t, x, output.basis))
+      d = d[:len(prefixes), :len(tokens)].reshape(-1)  # row-major: prefix, then token, as rows/ids
       alive = np.flatnonzero(d <= output.tolerance)
       rows, ids, distance = rows[alive], ids[alive], d[alive]
     if len(ids) == 0:

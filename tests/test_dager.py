@@ -161,3 +161,41 @@ def test_text_scores_assign_fewer_or_more_sentences():
   assert s["exact"] == 2 and s["order"] == [1, -1, 0] and s["token_accuracy"] == pytest.approx(2 / 3)
   s = metrics.score_text(np.concatenate([true, [[1, 2, 4]]]), true)  # one extra
   assert s["exact"] == 3 and s["unmatched"] == 1 and s["rougeL"] == 1.0
+
+
+@pytest.mark.parametrize("name", ["gpt", "transformer"])
+def test_cheap_check_is_flax_attention_after_the_prefix(name):
+  """output_distances (tokens' projections shared across prefixes) against Flax's own decode step,
+  its attention output read at the output projection's input."""
+  from flax import linen as nn
+
+  vocabulary, length, t = 40, 6, 3
+  model = _model(name, vocabulary, length, dim=32)
+  params = model.variables["params"]
+  rng = np.random.default_rng(0)
+  prefixes, tokens = _sentences(rng, vocabulary, 3, t), np.array([2, 7, 11, 19], np.int32)
+  decoder = model.apply_fn.module.clone(decode=True)
+  cache = decoder.init(jax.random.key(0), jnp.zeros((3, length), jnp.int32))["cache"]
+  for j in range(t):
+    _, cache = decoder.apply({"params": params, "cache": cache}, prefixes[:, j:j + 1], mutable=["cache"])
+    cache = cache["cache"]
+  basis = jnp.asarray(np.linalg.qr(rng.normal(size=(32, 5)))[0], jnp.float32)
+  reference = np.zeros((3, 4))
+  for p in range(3):
+    for s, v in enumerate(tokens):
+      seen = []
+
+      def interceptor(next_fun, args, kwargs, context):
+        if isinstance(context.module, nn.DenseGeneral) and context.module.name == "out" and not seen:
+          seen.append(args[0])
+        return next_fun(*args, **kwargs)
+
+      row = jax.tree.map(lambda c: c[p:p + 1] if c.ndim else c, cache)
+      with nn.intercept_methods(interceptor):
+        decoder.apply({"params": params, "cache": row}, jnp.array([[v]]), mutable=["cache"])
+      reference[p, s] = float(dager.distances(basis, seen[0].reshape(1, -1))[0])
+  attention = cache["block_0"]["attention"]
+  x = dager._inputs_at(model.apply_fn, model.variables, jnp.asarray(tokens), length, t)
+  got = dager.output_distances(params["block_0"]["attention"], attention["cached_key"],
+                               attention["cached_value"], t, x, basis)
+  np.testing.assert_allclose(np.asarray(got), reference, rtol=1e-4, atol=1e-6)
