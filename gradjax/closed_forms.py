@@ -40,9 +40,22 @@ class RGap:
   name: str = "rgap"
 
 
+@dataclasses.dataclass(frozen=True)
+class Dager:
+  """The span attack on a language model's gradient (:func:`gradjax.dager.recover`; DAGER, Petrov
+  et al., NeurIPS 2024) as the pipeline runs it: nothing is optimised, each span's rank and tolerance
+  come from its singular values; ``max_prefixes`` and ``chunk`` bound its search and memory (that
+  function's defaults)."""
+
+  max_prefixes: int | None = None
+  chunk: int = 512
+  name: str = "dager"
+
+
 # The attacks that are closed forms, by name (``--attack``): built with no arguments.
-CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons, "rgap": RGap}
-ClosedForm = ExclusiveNeurons | RGap
+CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons, "rgap": RGap, "dager": Dager}
+TEXT_CLOSED_FORMS = ("dager",)  # the others recover images
+ClosedForm = ExclusiveNeurons | RGap | Dager
 
 
 def chain(module) -> tuple[rgap.Layer, ...]:

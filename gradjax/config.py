@@ -457,9 +457,10 @@ def check(cfg: Config) -> attacks.Attack:
     if cfg.adaptive:
       raise ValueError(f"--adaptive adapts an optimisation attack's objective; --attack={cfg.attack} "
                        "is a closed form")
-    if cfg.modality != "image" or cfg.restarts != 1 or cfg.permutations != 1:
-      raise ValueError(f"--attack={cfg.attack} recovers images in one pass: --modality=image, "
-                       "--restarts=1 and --permutations=1")
+    modality = "text" if cfg.attack in closed_forms.TEXT_CLOSED_FORMS else "image"
+    if cfg.modality != modality or cfg.restarts != 1 or cfg.permutations != 1:
+      raise ValueError(f"--attack={cfg.attack} recovers {'sentences' if modality == 'text' else 'images'}"
+                       f" in one pass: --modality={modality}, --restarts=1 and --permutations=1")
   if cfg.defense:
     defenses.parse(cfg.defense)
   if cfg.adaptive and not (cfg.defense or cfg.observation):

@@ -12,6 +12,7 @@ Corpora (:data:`CORPORA`):
   data folder (``../shared/data/wikitext2``); one paragraph a line, already tokenised by the
   dataset (heading lines `` = Title = `` are dropped), split into sentences at `` . ``: 8059
   sentences of 209 338 tokens, 12 024 distinct tokens, 221 distinct sentences of 15 tokens.
+  ``"wikitext2_test"``: its test split ``wiki.test.txt.gz``, read the same way.
 
 Tokens (:func:`tokenize`): lower-cased words (letters and digits, with an apostrophe suffix such as
 ``'s``) and every other non-space character on its own, so "the "if" statement." gives
@@ -27,7 +28,7 @@ import re
 from collections.abc import Iterable, Sequence
 import numpy as np
 
-CORPORA = ("pydoc", "wikitext2")
+CORPORA = ("pydoc", "wikitext2", "wikitext2_test")
 UNK, EOS = "<unk>", "<eos>"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\w\s]")
@@ -62,13 +63,14 @@ def _pydoc_sentences() -> list[list[str]]:
   return out
 
 
-def _wikitext_sentences(data_dir: str | None) -> list[list[str]]:
+def _wikitext_sentences(data_dir: str | None, split: str = "valid") -> list[list[str]]:
   from gradjax.data import default_data_dir
 
   root = data_dir or default_data_dir()
-  path = None if root is None else os.path.join(root, "wikitext2", "wiki.valid.txt.gz")
+  name = f"wiki.{split}.txt.gz"
+  path = None if root is None else os.path.join(root, "wikitext2", name)
   if path is None or not os.path.isfile(path):
-    raise FileNotFoundError(f"corpus 'wikitext2' needs {path or '<data_dir>/wikitext2/wiki.valid.txt.gz'}"
+    raise FileNotFoundError(f"WikiText-2's {split} split needs {path or '<data_dir>/wikitext2/' + name}"
                             " (give --data_dir)")
   try:
     with gzip.open(path, "rt", encoding="utf-8") as f:
@@ -93,6 +95,8 @@ def sentences(name: str, data_dir: str | None = None) -> list[list[str]]:
     return _pydoc_sentences()
   if name == "wikitext2":
     return _wikitext_sentences(data_dir)
+  if name == "wikitext2_test":
+    return _wikitext_sentences(data_dir, "test")
   raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
 
 

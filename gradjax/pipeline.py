@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus
+from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, dager
 from gradjax import data, defenses, driver, fidelity, interop, lpips, metrics, models, resume, text
 from gradjax import verdict
 from gradjax import labels as labels_lib
@@ -573,6 +573,47 @@ def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.
                        num_classes=len(vocabulary), init=cfg.init, text_sizes=cfg.text_sizes())
 
 
+def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation) -> dict:
+  """The span attack (:func:`gradjax.dager.recover`) on a text client's update: the sentences found,
+  scored against the true ones after an optimal assignment (ROUGE-1/2/L, exact sentences, token
+  accuracy), and the residual of the found batch's own gradient against the update when it holds
+  as many sentences as the client's (0 up to rounding when it is the client's batch)."""
+  vocabulary = batch.vocabulary
+  start = time.perf_counter()
+  rec = dager.recover(model.apply_fn, model.variables, observation.gradient,
+                      length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
+  seconds = time.perf_counter() - start
+  scores = metrics.score_text(rec.sentences, batch.ids)
+  rows = []
+  for i, j in enumerate(scores["order"]):
+    rows.append({"true": corpus.detokenize(vocabulary.decode(batch.ids[i])),
+                 "recovered": (corpus.detokenize(vocabulary.decode(rec.sentences[j])) if j >= 0
+                               else "(none)"),
+                 "token_accuracy": scores["token_accuracy_per_sentence"][i],
+                 "bag_recall": scores["bag_recall_per_sentence"][i]})
+  positions = cfg.sequence_length if rec.stopped_at is None else rec.stopped_at
+  results = dict(
+      wall_time_s=seconds, iterations=positions, evaluations=0, restarts=1, history=[],
+      model=model.name, num_samples=observation.num_samples, threat_model=observation.threat_model,
+      attack={"closed_form": dataclasses.asdict(attack)}, config=options(cfg),
+      device=str(jax.local_devices()[0]), backend=jax.default_backend(), jax_version=jax.__version__,
+      sentences=rows, found=int(len(rec.sentences)), stopped_at=rec.stopped_at, capped=rec.capped,
+      spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
+             for s in rec.spans],
+      position_set_sizes=[int(len(s)) for s in rec.position_sets],
+      vocabulary_size=len(vocabulary), sequence_length=cfg.sequence_length,
+      sentence_pool=batch.pool,
+      **{k: scores[k] for k in ("token_accuracy", "bag_recall", "rouge1", "rouge2", "rougeL", "exact",
+                                "unmatched", "token_accuracy_per_sentence", "bag_recall_per_sentence")})
+  residual = None
+  if len(rec.sentences) == batch.ids.shape[0]:
+    found, targets = corpus.language_model_pairs(rec.sentences, vocabulary.eos)
+    residual = verdict.residual(model.apply_fn, observation, {"x": found}, targets)
+  results["findings"] = verdict.text_findings(results)
+  results.update(_verdict(results, residual, results["findings"], [], cfg))
+  return results
+
+
 def run_text(cfg: Config, *, callback: Callable | None = None,
              state: resume.StateFile | None = None) -> dict[str, Any]:
   """Runs text experiment ``cfg`` (``modality="text"``); returns JSON-ready results.
@@ -596,9 +637,11 @@ def _run_text(cfg: Config, callback, state):
   model = text_model(cfg, vocabulary, key_model)
   x, y = corpus.language_model_pairs(batch.ids, vocabulary.eos)
   observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
-                               share_labels=attack.labels is labels_lib.known)
+                               share_labels=getattr(attack, "labels", None) is labels_lib.known)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+  if isinstance(attack, closed_forms.Dager):
+    return _run_spans(cfg, attack, batch, model, observation)
   attack = adapted(cfg, attack, cfg.defense)
 
   trace = Trace(callback)

@@ -316,9 +316,13 @@ QUANTITIES = {
     "mse": ("MSE", "", "mean squared pixel error on [0, 1] images"),
     "label_accuracy": ("label accuracy", "", "share of the client's labels recovered (as a "
                        "multiset)"),
-    "token_accuracy": ("token accuracy", "", "share of tokens recovered in place (pseudo-inverse "
-                       "decoding)"),
+    "token_accuracy": ("token accuracy", "", "share of tokens recovered in place (the optimisation "
+                       "attacks' by the pseudo-inverse decoding)"),
     "bag_recall": ("bag-of-words recall", "", "share of the sentences' tokens recovered anywhere"),
+    "rouge1": ("ROUGE-1", "", "unigram F-measure of each recovered sentence against its true one, "
+               "mean over the true sentences (0 for one without a recovered sentence)"),
+    "rouge2": ("ROUGE-2", "", "bigram F-measure, likewise"),
+    "rougeL": ("ROUGE-L", "", "longest-common-subsequence F-measure, likewise"),
     "loss": ("objective", "", "the attack's objective at its best iterate (its distance to the "
              "update, plus priors)"),
     "residual": ("relative residual", "", "‖α·u − c‖ / ‖c‖: how far the update of the "
@@ -529,7 +533,8 @@ def write_text_run(out: str, results: dict, title: str) -> None:
   if results.get("history"):
     curves_figure(os.path.join(out, "curves.png"), results["history"], title)
     figures["Objective by iteration"] = os.path.join(out, "curves.png")
-  summary = summary_rows(results, ("token_accuracy", "bag_recall", "loss", "residual", "model",
+  summary = summary_rows(results, ("token_accuracy", "rouge1", "rouge2", "rougeL", "bag_recall",
+                                   "loss", "residual", "model",
                                    "num_samples", "iterations", "evaluations", "restarts",
                                    "restarts_diverged", "wall_time_s"))
   summary += [(k.replace("_", " "), _cell(results[k]), "") for k in

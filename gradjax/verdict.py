@@ -292,8 +292,9 @@ def budget(attack: str, iterations: int, restarts: int) -> str:
 
 
 def closed_form_budget(attack: str, rounds: int) -> str:
-  """"exclusive_neurons (a closed form, 3 rounds)"; "rgap (a closed form, 3 layers)"."""
-  unit = "layer" if attack == "rgap" else "round"
+  """"exclusive_neurons (a closed form, 3 rounds)"; "rgap (a closed form, 3 layers)"; "dager (a
+  closed form, 32 positions)"."""
+  unit = {"rgap": "layer", "dager": "position"}.get(attack, "round")
   return f"{attack} (a closed form, {rounds} {unit}" + ("s)" if rounds != 1 else ")")
 
 

@@ -1,6 +1,8 @@
 """The span attack (gradjax.dager): its linear algebra against NumPy on matrices of known rank, the
 decode mode of the text models against their full forward pass, and exact recovery end to end."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,6 +65,7 @@ def _model(name, vocabulary, length, dim=64):
                        text_sizes=sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "transformer"])
 def test_decode_mode_reproduces_the_full_forward_pass(name):
   vocabulary, length = 50, 6
@@ -94,6 +97,7 @@ def test_first_block_input_depends_on_its_own_token_only(name):
   assert not np.allclose(np.asarray(xa)[0, 2], np.asarray(xb)[0, 2])
 
 
+@pytest.mark.slow
 def test_stacked_gradient_is_the_inputs_times_the_output_gradients():
   """[∇W_q ∇W_k ∇W_v] = Xᵀ [G_q G_k G_v], X the captured inputs, G by jax.vjp of the projections."""
   model = _model("gpt", 50, 5, dim=32)
@@ -109,8 +113,9 @@ def test_stacked_gradient_is_the_inputs_times_the_output_gradients():
   assert np.linalg.svd(q.T @ u, compute_uv=False).min() > 1 - 1e-4
 
 
-@pytest.mark.parametrize("batch", [1, 4])
-def test_gpt_batches_are_recovered_exactly(batch):
+@pytest.mark.slow
+def test_gpt_batches_are_recovered_exactly():
+  batch = 4
   vocabulary, length = 300, 8
   model = _model("gpt", vocabulary, length)
   ids = _sentences(np.random.default_rng(batch), vocabulary, batch, length)
@@ -121,6 +126,7 @@ def test_gpt_batches_are_recovered_exactly(batch):
   assert all(ids[b, t] in rec.position_sets[t] for b in range(batch) for t in range(length))
 
 
+@pytest.mark.slow
 def test_sapag_transformer_sentence_is_recovered_exactly():
   vocabulary, length = 500, 15
   model = models.create("transformer", jax.random.key(0), input_shape=(length,), num_classes=vocabulary)
@@ -130,6 +136,7 @@ def test_sapag_transformer_sentence_is_recovered_exactly():
   assert [len(s) for s in rec.position_sets] == [1] * length  # sinusoids pin each token's position
 
 
+@pytest.mark.slow
 def test_a_batch_wider_than_the_model_is_refused():
   model = _model("gpt", 300, 8, dim=16)
   ids = _sentences(np.random.default_rng(0), 300, 6, 8)  # 48 (token, position) pairs in 16 dimensions
@@ -163,6 +170,7 @@ def test_text_scores_assign_fewer_or_more_sentences():
   assert s["exact"] == 3 and s["unmatched"] == 1 and s["rougeL"] == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gpt", "transformer"])
 def test_cheap_check_is_flax_attention_after_the_prefix(name):
   """output_distances (tokens' projections shared across prefixes) against Flax's own decode step,
@@ -199,3 +207,17 @@ def test_cheap_check_is_flax_attention_after_the_prefix(name):
   got = dager.output_distances(params["block_0"]["attention"], attention["cached_key"],
                                attention["cached_value"], t, x, basis)
   np.testing.assert_allclose(np.asarray(got), reference, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
+  from gradjax import config, pipeline
+  cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", text_dim=64,
+                      text_heads=4, text_ffn=128, batch_size=3, sequence_length=10)
+  results = pipeline.run_text(cfg)
+  assert results["exact"] == 3 and results["rouge1"] == 1.0 and results["found"] == 3
+  assert results["residual"]["relative_error"] < 1e-5  # the found batch's gradient is the update
+  assert results["verdict"]["status"] == "leak"
+  for bad in (dict(modality="image", dataset="skimage", model="lenet_zhu"), dict(restarts=2)):
+    with pytest.raises(ValueError, match="dager"):
+      config.check(dataclasses.replace(cfg, **bad))

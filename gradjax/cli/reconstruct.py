@@ -127,10 +127,15 @@ def text_main(cfg, out, state):
                 f"{state.path}, so --resume --output_dir={out} rewrites them without recomputing")
   state.remove()
   print(report.sentence_table(results), end="")
-  print(f"{title}: token accuracy {results['token_accuracy']:.2f} (nearest "
-        f"{results['token_accuracy_nearest']:.2f})  bag recall {results['bag_recall']:.2f}  "
-        f"{results['iterations']} iterations  {results['wall_time_s']:.1f} s"
-        + ("  (resumed)" if results["resumed"] else ""))
+  if "rouge1" in results:  # the span attack: exact sentences, no iterations
+    print(f"{title}: {results['exact']} of {cfg.batch_size} sentences exact  ROUGE-1 "
+          f"{results['rouge1']:.3f}  ROUGE-2 {results['rouge2']:.3f}  token accuracy "
+          f"{results['token_accuracy']:.2f}  {results['wall_time_s']:.1f} s")
+  else:
+    print(f"{title}: token accuracy {results['token_accuracy']:.2f} (nearest "
+          f"{results['token_accuracy_nearest']:.2f})  bag recall {results['bag_recall']:.2f}  "
+          f"{results['iterations']} iterations  {results['wall_time_s']:.1f} s"
+          + ("  (resumed)" if results["resumed"] else ""))
   print(verdict_line(results))
   print(f"wrote {out}: metrics.json, sentences.txt, report.html"
         + (", curves.png" if results.get("history") else ""))
