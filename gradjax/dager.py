@@ -18,7 +18,9 @@ that span is zero:
 where the ratio σ_r / σ_{r+1} is largest, the directions past it being the gradient's rounding E
 (‖E‖ ≈ σ_{r+1}). By Wedin's theorem the computed span is within an angle θ of the true one, with
 sin θ ≤ ‖E‖ / (σ_r − ‖E‖) = ρ / (1 − ρ), ρ = σ_{r+1} / σ_r, so every true input lies within
-τ = ρ / (1 − ρ) of it: τ is the tolerance. A random direction of the D-dimensional space that the
+τ = ρ / (1 − ρ) of it. The candidates themselves are computed in the gradient's precision, by
+another sequence of operations than the client's (a decoding step, not a whole sentence), so τ is
+at least sqrt(ε) (3.5e-4 in float32: half the digits). A random direction of the D-dimensional space that the
 candidates occupy (D = d, or d − 1 after a LayerNorm without offset: :func:`candidate_dimensions`)
 lies at about β = sqrt(1 − r/D); where β < :data:`SEPARATION` τ the check cannot tell members from
 others, which is the case when the inputs (less repeats) fill that space, or when some inputs reach
@@ -65,7 +67,8 @@ class Span(NamedTuple):
     basis: (d, r) orthonormal columns U.
     singular_values: (min(d, m),) σ of the stacked gradient, descending.
     rank: r.
-    tolerance: τ = ρ / (1 − ρ), the largest relative distance of a member (Wedin).
+    tolerance: τ = max(ρ / (1 − ρ), sqrt(ε)), the largest relative distance of a member (Wedin's
+      bound, and the rounding of the candidates).
     member_level: ρ = σ_{r+1} / σ_r.
     random_level: β = sqrt(1 − r/D), the distance expected of a random direction.
     full: whether β < :data:`SEPARATION` τ (the check cannot separate members).
@@ -102,7 +105,7 @@ def span(columns, rank: int | None = None, dimension: int | None = None) -> Span
   rank = int(min(max(rank, 1), s.size))
   member = float(max(s[rank], floor) / s[rank - 1]) if rank < s.size else eps * s.size
   random_level = float(np.sqrt(max(1.0 - rank / (dimension or d), 0.0)))
-  tolerance = member / (1.0 - member) if member < 1 else np.inf
+  tolerance = max(member / (1.0 - member) if member < 1 else np.inf, float(np.sqrt(eps)))
   full = random_level < SEPARATION * tolerance
   return Span(u[:, :rank], s, rank, tolerance, member, random_level, full)
 
@@ -406,9 +409,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   dimensions = candidate_dimensions(apply_fn, variables, length, jax.random.key(0), vocabulary)
   first = span(projection_gradient(gradient, attention[0]), rank, dimensions[0])
   if first.full:
-    raise ValueError(f"the first block's span is full (rank {first.rank} of {first.basis.shape[0]}): "
-                     "the batch holds about as many (token, position) pairs as the model's width, "
-                     "and the span check cannot tell its tokens from any others")
+    raise ValueError(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
   sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
   if any(s.size == 0 for s in sets):
@@ -421,11 +422,22 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   output = span(output_gradient(gradient, attention[0]), rank, dimensions[1])
   second = span(projection_gradient(gradient, attention[1]), rank, dimensions[2])
   if second.full:
-    raise ValueError(f"the second block's span is full (rank {second.rank} of "
-                     f"{second.basis.shape[0]}): the batch holds about as many distinct prefixes as "
-                     "the model's width, and the check cannot order the tokens")
+    raise ValueError(_unusable("second block's input", second, dimensions[2]))
   return _extend(apply_fn, variables, decoder, (first, output, second), sets, length, max_prefixes,
                  attention[0], chunk)
+
+
+def _unusable(what: str, s: Span, dimension: int) -> str:
+  """Why the span of ``what`` cannot tell members from other vectors (one line)."""
+  if s.rank >= 0.9 * dimension:
+    cause = (f"its rank {s.rank} nearly fills the {dimension} dimensions the candidates occupy: the "
+             "batch holds about as many (token, position) pairs or prefixes as the model's width")
+  else:
+    cause = (f"its members reach the gradient with weights near its rounding (rank {s.rank} of "
+             f"{dimension}, σ_(r+1)/σ_r = {s.member_level:.1e}), as a saturated attention leaves "
+             "some positions out of it")
+  return (f"the span attack cannot read this update: the span of the {what} separates its members "
+          f"from other vectors by less than {SEPARATION:g}x ({cause})")
 
 
 def _vocabulary_size(variables) -> int:

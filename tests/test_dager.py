@@ -140,7 +140,7 @@ def test_sapag_transformer_sentence_is_recovered_exactly():
 def test_a_batch_wider_than_the_model_is_refused():
   model = _model("gpt", 300, 8, dim=16)
   ids = _sentences(np.random.default_rng(0), 300, 6, 8)  # 48 (token, position) pairs in 16 dimensions
-  with pytest.raises(ValueError, match="span is full"):
+  with pytest.raises(ValueError, match="nearly fills"):
     dager.recover(model.apply_fn, model.variables, _gradient(model, ids), length=8)
 
 
