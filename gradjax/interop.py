@@ -46,6 +46,9 @@ kuangliu/pytorch-cifar that DLG ships)::
   convnet-W          model.conv{i}.*, model.bn{i}.*  (i = 0..7), model.linear.*
   mlp-H              fc1.*, fc2.*  (hidden, head)
   resnetD-W          conv1, bn1, layer{s}.{b}.{conv1,bn1,conv2,bn2,shortcut.0,shortcut.1}, linear
+  gpt                embed, positions, blocks.{i}.{norm_0,attention.{query,key,value,out},norm_1,
+                     ffn_0,ffn_1}, norm_f (the twin of gradjax.models.gpt; four nn.Linear per
+                     attention, as Flax's heads: weight (heads·head_dim, d) <-> kernel (d, heads, head_dim))
 
 Other spellings of the same network (torchvision's ``downsample`` and ``fc``) are handled by
 ``rename`` rules, regular-expression substitutions applied to the file's names first, e.g.
@@ -71,7 +74,7 @@ from gradjax import clients, models, report
 from gradjax.observation import Observation, check_observation
 
 KINDS = ("gradient", "weights", "update")
-LAYOUTS = ("conv", "dense", "vector")
+LAYOUTS = ("conv", "dense", "vector", "heads_in", "heads_out", "heads_vector")
 METADATA_KEY = "__metadata__"
 IGNORED_BUFFERS = ("num_batches_tracked",)  # PyTorch BatchNorm counters: no gradjax counterpart
 
@@ -79,12 +82,14 @@ IGNORED_BUFFERS = ("num_batches_tracked",)  # PyTorch BatchNorm counters: no gra
 class Entry(NamedTuple):
   """One tensor: its PyTorch ``name``, the gradjax ``path`` in the variables (e.g. ``("params",
   "Conv_0", "kernel")``), its ``layout`` (one of :data:`LAYOUTS`) and, for a dense layer fed by a
-  flattened NCHW map, that map's ``chw`` = (C, H, W)."""
+  flattened NCHW map, that map's ``chw`` = (C, H, W); for an attention projection (``heads_*``
+  layouts), its gradjax ``shape``."""
 
   name: str
   path: tuple[str, ...]
   layout: str
   chw: tuple[int, int, int] | None = None
+  shape: tuple[int, ...] | None = None  # the gradjax shape, for the heads layouts
 
 
 class TorchMapping(NamedTuple):
@@ -109,6 +114,10 @@ def chw_permutation(chw) -> np.ndarray:
 
 def to_gradjax(entry: Entry, array: np.ndarray) -> np.ndarray:
   """``array`` in PyTorch layout -> gradjax layout (see the module docstring)."""
+  if entry.layout in ("heads_in", "heads_out"):  # a Linear's (out, in) -> Flax's DenseGeneral
+    return np.transpose(array).reshape(entry.shape)
+  if entry.layout == "heads_vector":
+    return np.reshape(array, entry.shape)
   if entry.layout == "conv":
     return np.transpose(array, (2, 3, 1, 0))
   if entry.layout == "dense":
@@ -120,6 +129,12 @@ def to_gradjax(entry: Entry, array: np.ndarray) -> np.ndarray:
 def to_torch(entry: Entry, array: np.ndarray) -> np.ndarray:
   """``array`` in gradjax layout -> PyTorch layout (the inverse of :func:`to_gradjax`)."""
   array = np.asarray(array)
+  if entry.layout == "heads_in":  # (in, heads, head_dim) -> (heads·head_dim, in)
+    return np.ascontiguousarray(array.reshape(array.shape[0], -1).T)
+  if entry.layout == "heads_out":  # (heads, head_dim, out) -> (out, heads·head_dim)
+    return np.ascontiguousarray(array.reshape(-1, array.shape[-1]).T)
+  if entry.layout == "heads_vector":
+    return np.ascontiguousarray(array.reshape(-1))
   if entry.layout == "conv":
     return np.ascontiguousarray(np.transpose(array, (3, 2, 0, 1)))
   if entry.layout == "dense":
@@ -132,6 +147,12 @@ def to_torch(entry: Entry, array: np.ndarray) -> np.ndarray:
 def torch_shape(entry: Entry, shape: Sequence[int]) -> tuple[int, ...]:
   """The PyTorch shape of a tensor whose gradjax shape is ``shape``."""
   shape = tuple(shape)
+  if entry.layout == "heads_in":
+    return (math.prod(shape[1:]), shape[0])
+  if entry.layout == "heads_out":
+    return (shape[-1], math.prod(shape[:-1]))
+  if entry.layout == "heads_vector":
+    return (math.prod(shape),)
   if entry.layout == "conv":
     return (shape[3], shape[2], shape[0], shape[1])
   if entry.layout == "dense":
@@ -141,7 +162,7 @@ def torch_shape(entry: Entry, shape: Sequence[int]) -> tuple[int, ...]:
 
 # --- mappings ------------------------------------------------------------------------------------
 
-MODULE_KINDS = ("conv", "dense", "batch_norm")
+MODULE_KINDS = ("conv", "dense", "batch_norm", "layer_norm", "embedding", "attention", "parameter")
 
 
 def module_mapping(variables, modules: Sequence[tuple], ignored: Sequence[str] = IGNORED_BUFFERS
@@ -179,6 +200,27 @@ def module_mapping(variables, modules: Sequence[tuple], ignored: Sequence[str] =
       if not isinstance(node, MappingABC) or part not in node:
         raise ValueError(f"mapping row {name!r}: the model has no module {'/'.join(path)!r}")
       node = node[part]
+    if kind == "layer_norm":
+      entries += [Entry(f"{name}.weight", ("params", *path, "scale"), "vector"),
+                  Entry(f"{name}.bias", ("params", *path, "bias"), "vector")]
+      continue
+    if kind == "embedding":
+      entries.append(Entry(f"{name}.weight", ("params", *path, "embedding"), "vector"))
+      continue
+    if kind == "parameter":  # a bare tensor (nn.Parameter), the same layout in both
+      entries.append(Entry(name, ("params", *path), "vector"))
+      continue
+    if kind == "attention":  # Flax's MultiHeadDotProductAttention; the twin's four nn.Linear
+      for part in ("query", "key", "value", "out"):
+        layout = "heads_out" if part == "out" else "heads_in"
+        entries.append(Entry(f"{name}.{part}.weight", ("params", *path, part, "kernel"), layout,
+                             shape=tuple(node[part]["kernel"].shape)))
+        if "bias" in node[part]:
+          bias = node[part]["bias"]
+          entries.append(Entry(f"{name}.{part}.bias", ("params", *path, part, "bias"),
+                               "vector" if part == "out" else "heads_vector",
+                               shape=tuple(bias.shape)))
+      continue
     if kind == "batch_norm":
       entries += [Entry(f"{name}.weight", ("params", *path, "scale"), "vector"),
                   Entry(f"{name}.bias", ("params", *path, "bias"), "vector"),

@@ -221,3 +221,46 @@ def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
   for bad in (dict(modality="image", dataset="skimage", model="lenet_zhu"), dict(restarts=2)):
     with pytest.raises(ValueError, match="dager"):
       config.check(dataclasses.replace(cfg, **bad))
+
+
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
+@pytest.mark.slow
+def test_a_captured_pytorch_update_of_the_decoder_gives_back_its_sentences(tmp_path):
+  """The zoo's GPT against its PyTorch twin: the server's weights are the twin's; the twin's gradient,
+  written and read as a capture, equals gradjax's to 1e-5 of each tensor's scale, and the span
+  attack on it returns the client's sentences."""
+  torch = pytest.importorskip("torch")
+  from gradjax import interop
+
+  vocabulary, length, batch = 60, 8, 3
+  sizes = dict(dim=32, heads=4, ffn=64, layers=2)
+  model = models.create("gpt", jax.random.key(0), input_shape=(length,), num_classes=vocabulary,
+                        text_sizes=models.TextSizes(**sizes))
+  mapping = interop.zoo_mapping(model)
+  torch.manual_seed(0)
+  twin = models.family("gpt").torch_module(None, torch, (length,), vocabulary, **sizes)
+  state = {k: v.detach().numpy() for k, v in twin.state_dict().items()}
+  interop.write(tmp_path / "w.safetensors", state)
+  variables = interop.variables_from_torch(interop.read(tmp_path / "w.safetensors").tensors, mapping,
+                                           model.variables)
+  ids = _sentences(np.random.default_rng(0), vocabulary, batch, length)
+  targets = np.concatenate([ids[:, 1:], np.ones((batch, 1), np.int32)], axis=1)
+  logits = twin(torch.tensor(ids, dtype=torch.int64))
+  np.testing.assert_allclose(logits.detach().numpy(), np.asarray(model.apply_fn(variables, ids)),
+                             rtol=1e-4, atol=1e-5)
+  torch.nn.functional.cross_entropy(logits.reshape(-1, vocabulary),
+                                    torch.tensor(targets, dtype=torch.int64).reshape(-1)).backward()
+  interop.write(tmp_path / "g.safetensors", {k: p.grad.numpy() for k, p in twin.named_parameters()})
+  captured = interop.params_from_torch(interop.read(tmp_path / "g.safetensors").tensors, mapping,
+                                       model.variables["params"])
+  own = jax.grad(lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets))(
+      variables["params"])
+  for path, a in jax.tree_util.tree_leaves_with_path(own):
+    b = captured
+    for key in path:
+      b = b[key.key]
+    scale = float(np.abs(np.asarray(a)).max()) + 1e-12
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * scale + 1e-9,  # + : the key biases, 0 but for rounding
+                               err_msg=jax.tree_util.keystr(path))
+  rec = dager.recover(model.apply_fn, variables, {"params": captured}, length=length)
+  assert metrics.score_text(rec.sentences, ids)["exact"] == batch

@@ -115,4 +115,71 @@ def _build(zoo: ZooName, o: Options) -> nn.Module:
              init_scale=o.init_scale, param_dtype=o.param_dtype)
 
 
-SPEC = ModelSpec("gpt", "gpt", ("gpt",), _build, text=True)
+def _torch_rows(zoo: ZooName, params, chw) -> list:
+  """embed, positions, blocks.{i}.{norm_0, attention.{query,key,value,out}, norm_1, ffn_0, ffn_1},
+  norm_f: the names of :func:`_torch_module`'s twin."""
+  del zoo, chw
+  blocks = sorted((k for k in params if k.startswith("block_")), key=lambda k: int(k[6:]))
+  rows = [("embed", "embed", "embedding"), ("positions", "positions", "parameter")]
+  for i, b in enumerate(blocks):
+    rows += [(f"blocks.{i}.norm_0", f"{b}/norm_0", "layer_norm"),
+             (f"blocks.{i}.attention", f"{b}/attention", "attention"),
+             (f"blocks.{i}.norm_1", f"{b}/norm_1", "layer_norm"),
+             (f"blocks.{i}.ffn_0", f"{b}/ffn_0", "dense"), (f"blocks.{i}.ffn_1", f"{b}/ffn_1", "dense")]
+  return rows + [("norm_f", "norm_f", "layer_norm")]
+
+
+def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int, *, dim: int = 768,
+                  heads: int = 12, ffn: int = 3072, layers: int = 2, context: int = CONTEXT):
+  """The PyTorch twin: the same blocks with four ``nn.Linear`` per attention (query, key, value,
+  out), tanh GELU, LayerNorm epsilon 1e-5, logits ``norm_f(h) @ embed.weight.T``; GPT-2's init."""
+  del zoo, input_shape
+  nn_ = torch.nn
+
+  class Attention(nn_.Module):
+    def __init__(self):
+      super().__init__()
+      self.query, self.key, self.value, self.out = (nn_.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x):
+      n, t, _ = x.shape
+      split = lambda y: y.view(n, t, heads, dim // heads).transpose(1, 2)  # (n, heads, t, hd)
+      q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+      scores = q @ k.transpose(-1, -2) / (dim // heads) ** 0.5
+      causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+      a = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+      return self.out((a @ v).transpose(1, 2).reshape(n, t, dim))
+
+  class Block(nn_.Module):
+    def __init__(self):
+      super().__init__()
+      self.norm_0, self.attention, self.norm_1 = nn_.LayerNorm(dim), Attention(), nn_.LayerNorm(dim)
+      self.ffn_0, self.ffn_1 = nn_.Linear(dim, ffn), nn_.Linear(ffn, dim)
+
+    def forward(self, x):
+      x = x + self.attention(self.norm_0(x))
+      return x + self.ffn_1(nn_.functional.gelu(self.ffn_0(self.norm_1(x)), approximate="tanh"))
+
+  class GPTTwin(nn_.Module):
+    def __init__(self):
+      super().__init__()
+      self.embed = nn_.Embedding(num_classes, dim)
+      self.positions = nn_.Parameter(torch.randn(context, dim) * 0.01)
+      self.blocks = nn_.ModuleList(Block() for _ in range(layers))
+      self.norm_f = nn_.LayerNorm(dim)
+      for m in self.modules():
+        if isinstance(m, (nn_.Linear, nn_.Embedding)):
+          nn_.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn_.Linear):
+          nn_.init.zeros_(m.bias)
+
+    def forward(self, ids):
+      h = self.embed(ids) + self.positions[:ids.shape[1]]
+      for block in self.blocks:
+        h = block(h)
+      return self.norm_f(h) @ self.embed.weight.T
+
+  return GPTTwin()
+
+
+SPEC = ModelSpec("gpt", "gpt", ("gpt",), _build, _torch_rows, torch_module=_torch_module, text=True)
