@@ -1,0 +1,170 @@
+"""Exact text from a transformer's gradient by span checks (gradjax.dager, after DAGER, Petrov et al.
+NeurIPS 2024), by model, sentence length and batch size.
+
+  python experiments/studies/text/spans.py --data_dir=../shared/data     # runs what is missing
+  python experiments/studies/text/spans.py --table                       # the table from the runs
+
+Models (random initialisation, a fresh draw per batch):
+* ``gpt``: the zoo's GPT-2-style decoder at GPT-2 small's width (768, 12 heads, feed-forward 3072),
+  2 blocks (the attack reads the first two; the others only add to the client's cost), logits tied to
+  the embedding; word vocabulary of WikiText-2's test split (12 483 tokens); sentences: the first T
+  tokens of the test split's sentences of at least T tokens, distinct, in corpus order, batch k
+  taking the k-th run of B.
+* ``transformer``: SAPAG's Transformer (width 200) on the pydoc corpus's 15-token sentences, the
+  sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.pipeline``'s keys and
+  vocabulary), so its rows sit beside that study's optimisation attacks.
+
+The client's update is the FedSGD gradient of the next-token loss; the attack searches the whole
+vocabulary (it does not use the embedding gradient's rows). Nothing is tuned: the rank and tolerance
+of each span are read from its singular values. Each batch's record (runs/spans/<row>.json) has the
+scores (ROUGE-1/2/L, exact sentences, token accuracy after assignment), the spans' ranks and
+tolerances, the sizes of the position sets, seconds (the first batch of a row includes compiling),
+or the reason the attack refused; table.md and table.json summarise the rows.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+from gradjax import clients, corpus, dager, metrics, models, pipeline
+from gradjax.config import Config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNS = os.path.join(HERE, "runs", "spans")
+GPT = models.TextSizes(768, 12, 3072, 2)
+
+# (row, model, T, B, batches)
+ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
+         for t, sizes in ((16, (1, 2, 4, 8, 16, 32, 64)), (32, (1, 2, 4, 8, 16, 32, 64)),
+                          (64, (1, 2, 4, 8, 16)))
+         for b in sizes]
+        + [("transformer_t15_b1", "transformer", 15, 1, 20)]
+        + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
+
+
+def _gpt_batches(data_dir, length, batch, count):
+  sentences = corpus.sentences("wikitext2_test", data_dir)
+  vocabulary = corpus.Vocabulary.build(sentences)
+  seen, pool = set(), []
+  for s in sentences:
+    if len(s) >= length and tuple(s[:length]) not in seen:
+      seen.add(tuple(s[:length]))
+      pool.append(s[:length])
+  for k in range(count):
+    chosen = pool[k * batch:(k + 1) * batch]
+    if len(chosen) < batch:
+      return
+    ids = np.stack([vocabulary.encode(s) for s in chosen]).astype(np.int32)
+    model = models.create("gpt", jax.random.key(k), input_shape=(length,),
+                          num_classes=len(vocabulary), text_sizes=GPT)
+    yield k, ids, model, vocabulary
+
+
+def _sapag_batches(data_dir, length, batch, count):
+  del data_dir
+  for k in range(count):
+    cfg = Config(dataset="pydoc", modality="text", model="transformer", sequence_length=length,
+                 batch_size=batch, index=k * batch)
+    key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.index)
+    sentences = pipeline.load_sentences(cfg)
+    model = pipeline.text_model(cfg, sentences.vocabulary, key_model)
+    yield k * batch, sentences.ids, model, sentences.vocabulary
+
+
+def run_row(row, model_name, length, batch, count, data_dir):
+  batches = (_gpt_batches if model_name == "gpt" else _sapag_batches)(data_dir, length, batch, count)
+  records = []
+  for index, ids, model, vocabulary in batches:
+    x, y = corpus.language_model_pairs(ids, vocabulary.eos)
+    observation = clients.fedsgd(model.apply_fn, model.variables, x, y)
+    start = time.perf_counter()
+    try:
+      rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length)
+    except ValueError as e:
+      records.append({"index": index, "refused": str(e), "seconds": time.perf_counter() - start})
+      print(f"{row} batch {index}: refused ({e})", flush=True)
+      continue
+    seconds = time.perf_counter() - start
+    scores = metrics.score_text(rec.sentences, ids)
+    records.append({
+        "index": index, "seconds": seconds, "stopped_at": rec.stopped_at, "capped": rec.capped,
+        "found": int(len(rec.sentences)), "distinct_true": int(len({tuple(s) for s in ids.tolist()})),
+        "set_sizes": [int(len(s)) for s in rec.position_sets],
+        "spans": [{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
+                  for s in rec.spans],
+        **{k: scores[k] for k in ("rouge1", "rouge2", "rougeL", "token_accuracy", "exact",
+                                  "unmatched")},
+        "example": {"true": " ".join(vocabulary.decode(ids[0])),
+                    "recovered": " ".join(vocabulary.decode(rec.sentences[scores["order"][0]]))
+                    if scores["order"][0] >= 0 else None}})
+    print(f"{row} batch {index}: exact {scores['exact']}/{batch}, ROUGE-1 {scores['rouge1']:.3f}, "
+          f"{seconds:.1f} s", flush=True)
+  return records
+
+
+def table():
+  numbers, lines = {}, [
+      "| model | T | B | batches | exact sentences | ROUGE-1 | ROUGE-2 | token accuracy | s per batch "
+      "(first) | ranks (input, output, second) | refused |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for row, model_name, length, batch, count in ROWS:
+    path = os.path.join(RUNS, f"{row}.json")
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:
+      records = json.load(f)
+    done = [r for r in records if "refused" not in r]
+    refused = len(records) - len(done)
+    n = {"batches": len(records), "refused": refused}
+    if done:
+      n.update(exact=sum(r["exact"] for r in done) / (batch * len(done)),
+               rouge1=float(np.mean([r["rouge1"] for r in done])),
+               rouge2=float(np.mean([r["rouge2"] for r in done])),
+               token_accuracy=float(np.mean([r["token_accuracy"] for r in done])),
+               seconds=float(np.median([r["seconds"] for r in done])),
+               seconds_first=done[0]["seconds"],
+               ranks=[int(np.median([r["spans"][i]["rank"] for r in done if len(r["spans"]) > i]))
+                      for i in range(max(len(r["spans"]) for r in done))])
+      lines.append(f"| {model_name} | {length} | {batch} | {len(records)} | {n['exact']:.2f} | "
+                   f"{n['rouge1']:.3f} | {n['rouge2']:.3f} | {n['token_accuracy']:.3f} | "
+                   f"{n['seconds']:.1f} ({n['seconds_first']:.1f}) | {', '.join(map(str, n['ranks']))} "
+                   f"| {refused} |")
+    else:
+      lines.append(f"| {model_name} | {length} | {batch} | {len(records)} | – | – | – | – | – | – | "
+                   f"{refused} |")
+    numbers[row] = n
+  return "\n".join(lines) + "\n", numbers
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--data_dir", default=None)
+  parser.add_argument("--table", action="store_true", help="only write the table from the runs")
+  parser.add_argument("--rows", default=None, help="comma-separated rows (all if omitted)")
+  args = parser.parse_args()
+  os.makedirs(RUNS, exist_ok=True)
+  wanted = None if args.rows is None else set(args.rows.split(","))
+  if not args.table:
+    for row, model_name, length, batch, count in ROWS:
+      path = os.path.join(RUNS, f"{row}.json")
+      if os.path.exists(path) or (wanted is not None and row not in wanted):
+        continue
+      records = run_row(row, model_name, length, batch, count, args.data_dir)
+      with open(path + ".tmp", "w") as f:
+        json.dump(records, f, indent=1)
+      os.replace(path + ".tmp", path)
+  text, numbers = table()
+  with open(os.path.join(RUNS, "table.md"), "w") as f:
+    f.write(text)
+  with open(os.path.join(RUNS, "table.json"), "w") as f:
+    json.dump(numbers, f, indent=1)
+  print(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
