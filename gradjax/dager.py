@@ -60,6 +60,16 @@ SEPARATION = 10.0
 PROJECTIONS = ("query", "key", "value")
 
 
+class Unreadable(ValueError):
+  """The span attack cannot read this update (a span that cannot separate its members); the message
+  says why. ``position_sets``: the tokens the first block admits at each position when that span
+  was readable (the batch's words, without their order), else None."""
+
+  def __init__(self, reason: str, position_sets: list | None = None):
+    super().__init__(reason)
+    self.position_sets = position_sets
+
+
 class Span(NamedTuple):
   """The span of one block's inputs, read from its projections' gradient.
 
@@ -392,6 +402,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     rank: the spans' rank (read from their singular values if None).
     chunk: candidates per decoding step (memory: chunk x T x d x 2 floats of cache).
 
+  Raises :class:`Unreadable` (a ValueError) where a span cannot separate its members.
+
   Sentences grow position by position (a causal model with a ``decode`` mode): each prefix extended
   by each token of the position's set is first checked against the first block's attention-output
   span (the query, key and value of one position: cheap), and the survivors against the second
@@ -409,7 +421,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   dimensions = candidate_dimensions(apply_fn, variables, length, jax.random.key(0), vocabulary)
   first = span(projection_gradient(gradient, attention[0]), rank, dimensions[0])
   if first.full:
-    raise ValueError(_unusable("first block's input", first, dimensions[0]))
+    raise Unreadable(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
   sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
   if any(s.size == 0 for s in sets):
@@ -422,7 +434,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   output = span(output_gradient(gradient, attention[0]), rank, dimensions[1])
   second = span(projection_gradient(gradient, attention[1]), rank, dimensions[2])
   if second.full:
-    raise ValueError(_unusable("second block's input", second, dimensions[2]))
+    raise Unreadable(_unusable("second block's input", second, dimensions[2]), sets)
   return _extend(apply_fn, variables, decoder, (first, output, second), sets, length, max_prefixes,
                  attention[0], chunk)
 

@@ -580,8 +580,11 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   as many sentences as the client's (0 up to rounding when it is the client's batch)."""
   vocabulary = batch.vocabulary
   start = time.perf_counter()
-  rec = dager.recover(model.apply_fn, model.variables, observation.gradient,
-                      length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
+  try:
+    rec = dager.recover(model.apply_fn, model.variables, observation.gradient,
+                        length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
+  except dager.Unreadable as e:
+    return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
   scores = metrics.score_text(rec.sentences, batch.ids)
   rows = []
@@ -612,6 +615,41 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   results["findings"] = verdict.text_findings(results)
   results.update(_verdict(results, residual, results["findings"], [], cfg))
   return results
+
+
+def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation,
+                      error, seconds: float) -> dict:
+  """The span attack's results where a span could not be read (``error``, a
+  :class:`gradjax.dager.Unreadable`): no sentence, and the batch's words when the first block's span
+  gave them (each true sentence's bag-of-words recall against their union); a leak of words, or
+  inconclusive with the reason."""
+  words = (np.unique(np.concatenate(error.position_sets)) if error.position_sets is not None
+           else np.zeros(0, np.int32))
+  recall = [float(np.isin(s, words).mean()) for s in batch.ids]
+  results = dict(
+      wall_time_s=seconds, iterations=0, evaluations=0, restarts=1, history=[], model=model.name,
+      num_samples=observation.num_samples, threat_model=observation.threat_model,
+      attack={"closed_form": dataclasses.asdict(attack)}, config=options(cfg),
+      device=str(jax.local_devices()[0]), backend=jax.default_backend(), jax_version=jax.__version__,
+      unreadable=str(error), found=0, words=vocabulary_words(batch.vocabulary, words),
+      word_precision=float(np.isin(words, batch.ids).mean()) if words.size else None,
+      sentences=[{"true": corpus.detokenize(batch.vocabulary.decode(s)), "recovered": "(none)",
+                  "token_accuracy": 0.0, "bag_recall": r} for s, r in zip(batch.ids, recall)],
+      token_accuracy=0.0, rouge1=0.0, rouge2=0.0, rougeL=0.0, exact=0,
+      token_accuracy_per_sentence=[0.0] * len(recall), bag_recall_per_sentence=recall,
+      bag_recall=float(np.mean(recall)), vocabulary_size=len(batch.vocabulary),
+      sequence_length=cfg.sequence_length, sentence_pool=batch.pool)
+  results["findings"] = verdict.text_findings(results)
+  decided = _verdict(results, None, results["findings"], [], cfg)
+  if decided["verdict"]["status"] != "leak":
+    decided["verdict"] = {"status": "inconclusive", "reason": str(error), "leaks": []}
+  results.update(decided)
+  return results
+
+
+def vocabulary_words(vocabulary: corpus.Vocabulary, ids) -> list[str]:
+  """The tokens of ``ids``, in id order."""
+  return list(vocabulary.decode(np.sort(np.asarray(ids, np.int64))))
 
 
 def run_text(cfg: Config, *, callback: Callable | None = None,

@@ -264,3 +264,18 @@ def test_a_captured_pytorch_update_of_the_decoder_gives_back_its_sentences(tmp_p
                                err_msg=jax.tree_util.keystr(path))
   rec = dager.recover(model.apply_fn, variables, {"params": captured}, length=length)
   assert metrics.score_text(rec.sentences, ids)["exact"] == batch
+
+
+@pytest.mark.slow
+def test_a_batch_too_long_to_order_still_leaks_its_words():
+  """gpt of width 200 at batch 16 of 15 tokens: 240 prefixes fill the second block's span, the
+  first block's still gives the batch's words; the verdict is a leak of the bag, not an error."""
+  from gradjax import config, pipeline
+  results = pipeline.run_text(config.Config(modality="text", dataset="pydoc", model="gpt",
+                                            attack="dager", batch_size=16))
+  sentences = pipeline.load_sentences(config.Config(modality="text", dataset="pydoc", model="gpt",
+                                                    batch_size=16))
+  words = set(sentences.vocabulary.decode(np.unique(sentences.ids)))
+  assert "nearly fills" in results["unreadable"] and results["found"] == 0
+  assert set(results["words"]) == words and results["word_precision"] == 1.0
+  assert results["verdict"]["status"] == "leak" and results["verdict"]["leaks"] == ["bag"]
