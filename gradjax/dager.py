@@ -445,9 +445,9 @@ def _unusable(what: str, s: Span, dimension: int) -> str:
     cause = (f"its rank {s.rank} nearly fills the {dimension} dimensions the candidates occupy: the "
              "batch holds about as many (token, position) pairs or prefixes as the model's width")
   else:
-    cause = (f"its members reach the gradient with weights near its rounding (rank {s.rank} of "
-             f"{dimension}, σ_(r+1)/σ_r = {s.member_level:.1e}), as a saturated attention leaves "
-             "some positions out of it")
+    cause = (f"its singular values fall off without a clear gap (rank read {s.rank} of {dimension}, "
+             f"σ_(r+1)/σ_r = {s.member_level:.1e}): noise or pruning on the update, or inputs that "
+             "reach the gradient with weights near its rounding, as a saturated attention leaves them")
   return (f"the span attack cannot read this update: the span of the {what} separates its members "
           f"from other vectors by less than {SEPARATION:g}x ({cause})")
 

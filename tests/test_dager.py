@@ -119,11 +119,18 @@ def test_gpt_batches_are_recovered_exactly():
   vocabulary, length = 300, 8
   model = _model("gpt", vocabulary, length)
   ids = _sentences(np.random.default_rng(batch), vocabulary, batch, length)
-  rec = dager.recover(model.apply_fn, model.variables, _gradient(model, ids), length=length)
+  gradient = _gradient(model, ids)
+  rec = dager.recover(model.apply_fn, model.variables, gradient, length=length)
   assert rec.stopped_at is None
   scores = metrics.score_text(rec.sentences, ids)
   assert scores["exact"] == batch and scores["unmatched"] == 0 and scores["rouge2"] == 1.0
   assert all(ids[b, t] in rec.position_sets[t] for b in range(batch) for t in range(length))
+  # Gaussian noise of 1e-4 on every entry (a defense) leaves no gap in the spectrum: refused, with why.
+  leaves, tree = jax.tree.flatten(gradient)
+  keys = jax.random.split(jax.random.key(0), len(leaves))
+  noisy = jax.tree.unflatten(tree, [g + 1e-4 * jax.random.normal(k, g.shape) for g, k in zip(leaves, keys)])
+  with pytest.raises(dager.Unreadable, match="without a clear gap"):
+    dager.recover(model.apply_fn, model.variables, noisy, length=length)
 
 
 @pytest.mark.slow

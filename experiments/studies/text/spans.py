@@ -10,6 +10,14 @@ Models (random initialisation, a fresh draw per batch):
   the embedding; word vocabulary of WikiText-2's test split (12 483 tokens); sentences: the first T
   tokens of the test split's sentences of at least T tokens, distinct, in corpus order, batch k
   taking the k-th run of B.
+* ``gpt_trained``: the same decoder after one epoch of FedSGD on WikiText-2's validation split in
+  windows of 32 tokens, its vocabulary (12 024 tokens; the test split's other words are ``<unk>``)::
+
+    gradjax train --modality=text --model=gpt --dataset=wikitext2 --data_dir=../shared/data \
+      --sequence_length=32 --text_dim=768 --text_heads=12 --text_ffn=3072 --epochs=1 \
+      --train_lr=0.1 --batch_size=32 --output_dir=<folder>
+
+  (the checkpoint, about 90 MB, is not kept; ``--trained=<folder>/epoch_1.npz``).
 * ``transformer``: SAPAG's Transformer (width 200) on the pydoc corpus's 15-token sentences, the
   sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.pipeline``'s keys and
   vocabulary), so its rows sit beside that study's optimisation attacks.
@@ -43,13 +51,20 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
          for t, sizes in ((16, (1, 2, 4, 8, 16, 32, 64)), (32, (1, 2, 4, 8, 16, 32, 64)),
                           (64, (1, 2, 4, 8, 16)))
          for b in sizes]
+        + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
         + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
 
 
-def _gpt_batches(data_dir, length, batch, count):
+def _gpt_batches(data_dir, length, batch, count, trained=None):
   sentences = corpus.sentences("wikitext2_test", data_dir)
-  vocabulary = corpus.Vocabulary.build(sentences)
+  if trained:  # the checkpoint's model and vocabulary (trained on the validation split)
+    cfg = Config(modality="text", dataset="wikitext2_test", model="gpt", checkpoint=trained,
+                 sequence_length=length)
+    vocabulary = pipeline.text_vocabulary(cfg, sentences)
+    model = pipeline.text_model(cfg, vocabulary, None)
+  else:
+    vocabulary = corpus.Vocabulary.build(sentences)
   seen, pool = set(), []
   for s in sentences:
     if len(s) >= length and tuple(s[:length]) not in seen:
@@ -60,8 +75,9 @@ def _gpt_batches(data_dir, length, batch, count):
     if len(chosen) < batch:
       return
     ids = np.stack([vocabulary.encode(s) for s in chosen]).astype(np.int32)
-    model = models.create("gpt", jax.random.key(k), input_shape=(length,),
-                          num_classes=len(vocabulary), text_sizes=GPT)
+    if not trained:
+      model = models.create("gpt", jax.random.key(k), input_shape=(length,),
+                            num_classes=len(vocabulary), text_sizes=GPT)
     yield k, ids, model, vocabulary
 
 
@@ -76,8 +92,14 @@ def _sapag_batches(data_dir, length, batch, count):
     yield k * batch, sentences.ids, model, sentences.vocabulary
 
 
-def run_row(row, model_name, length, batch, count, data_dir):
-  batches = (_gpt_batches if model_name == "gpt" else _sapag_batches)(data_dir, length, batch, count)
+def run_row(row, model_name, length, batch, count, data_dir, trained=None):
+  if model_name == "gpt_trained" and not trained:
+    print(f"{row}: skipped (give --trained=<checkpoint>)", flush=True)
+    return None
+  if model_name == "transformer":
+    batches = _sapag_batches(data_dir, length, batch, count)
+  else:
+    batches = _gpt_batches(data_dir, length, batch, count, trained if model_name == "gpt_trained" else None)
   records = []
   for index, ids, model, vocabulary in batches:
     x, y = corpus.language_model_pairs(ids, vocabulary.eos)
@@ -145,6 +167,8 @@ def main():
   parser.add_argument("--data_dir", default=None)
   parser.add_argument("--table", action="store_true", help="only write the table from the runs")
   parser.add_argument("--rows", default=None, help="comma-separated rows (all if omitted)")
+  parser.add_argument("--trained", default=None, help="the gpt_trained rows' checkpoint (see the "
+                      "module docstring)")
   args = parser.parse_args()
   os.makedirs(RUNS, exist_ok=True)
   wanted = None if args.rows is None else set(args.rows.split(","))
@@ -153,7 +177,9 @@ def main():
       path = os.path.join(RUNS, f"{row}.json")
       if os.path.exists(path) or (wanted is not None and row not in wanted):
         continue
-      records = run_row(row, model_name, length, batch, count, args.data_dir)
+      records = run_row(row, model_name, length, batch, count, args.data_dir, args.trained)
+      if records is None:
+        continue
       with open(path + ".tmp", "w") as f:
         json.dump(records, f, indent=1)
       os.replace(path + ".tmp", path)
