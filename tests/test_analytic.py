@@ -150,6 +150,7 @@ def _matched(found, truth):
   return d.min(1), d.argmin(1)
 
 
+@pytest.mark.slow
 def test_exclusive_neurons_separates_a_numpy_batch(photos, mlp_reference):
   """Batch 16 of the scikit-image photos through a 1024-unit ReLU layer: every example and its label
   back to float32 rounding."""

@@ -47,6 +47,7 @@ def test_restarts_pick_the_lowest_objective():
   assert np.all(rec.iterations == 30)
 
 
+@pytest.mark.slow
 def test_group_consistency_draws_the_restarts_together():
   """The group prior couples the restarts (one vmapped program, under the "auto" strategy too): from
   the same starts, the restarts end closer to their mean than without it; it refuses what cannot

@@ -365,6 +365,7 @@ def test_hfginv_finds_known_counts_with_duplicates():
     assert got.tolist() == sorted(y.tolist()), trial
 
 
+@pytest.mark.slow
 def test_evolve_counts_reaches_the_brute_force_optimum():
   """On random targets the search ends at the best of all count vectors (enumerated in NumPy)."""
   rng = np.random.default_rng(1)
@@ -388,6 +389,7 @@ def test_evolve_counts_reaches_the_brute_force_optimum():
     assert float(fit) == pytest.approx(best, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_feature_profile_matches_numpy(photos):
   model = models.create("convnet-4", jax.random.key(0), input_shape=photos.shape[1:])
   x = photos[:6]

@@ -77,7 +77,7 @@ def test_alexnet_reproduces_published_values():
   assert round(float(lpips.distance(metric, ref, _png("ex_p1.png"))[0]), 3) == 0.138
 
 
-@pytest.mark.parametrize("net, size", [("alex", 40), ("vgg", 32)])
+@pytest.mark.parametrize("net, size", [("alex", 40), pytest.param("vgg", 32, marks=pytest.mark.slow)])
 def test_matches_numpy_reimplementation(net, size):
   if not lpips.available(net):
     pytest.skip(f"no {net} weights")

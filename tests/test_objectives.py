@@ -269,6 +269,7 @@ def test_head_input_is_the_hidden_layer(photos, mlp_reference):
     objectives.head_input(model.apply_fn, model.variables, photos[:3], layer="fc")
 
 
+@pytest.mark.slow
 def test_head_feature_term(photos):
   """λ Σ w ‖h(x') − t‖² / Σ w ‖t‖²: zero at the client's data with its own head inputs as targets,
   NumPy's value elsewhere; only the weighted examples count."""

@@ -33,6 +33,7 @@ def _np_relu_lenet(params, x_nhwc):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [0, 5])
 def test_relu_lenet_hidden_layers_exact_and_the_photo_recognisable(index):
   """DLG's LeNet with ReLU, one 16×16 photo: every hidden activation comes back to float32 rounding
@@ -53,6 +54,7 @@ def test_relu_lenet_hidden_layers_exact_and_the_photo_recognisable(index):
   assert psnr > 20, psnr
 
 
+@pytest.mark.slow
 def test_relu_mlp_input_exact():
   """An MLP's dense ReLU layers are determined layer by layer: the photo comes back exactly."""
   photo = _photo(3, 16)

@@ -110,6 +110,7 @@ def guarded_quadratic(params, data, step=0):
   return quadratic(params, data) + 0.0 * jnp.log(params["p"][0] - (C[0] - 10.0))
 
 
+@pytest.mark.slow
 def test_frozen_restart_costs_its_vmapped_neighbours_one_line_search_evaluation():
   # Restart 0 starts where the objective is NaN, restart 2 at the minimiser (frozen by tol at once):
   # each is handed a flat problem, so its line search ends at its first trial. Before, restart 0's
