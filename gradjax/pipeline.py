@@ -587,31 +587,18 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
   scores = metrics.score_text(rec.sentences, batch.ids)
-  rows = []
-  for i, j in enumerate(scores["order"]):
-    rows.append({"true": corpus.detokenize(vocabulary.decode(batch.ids[i])),
-                 "recovered": (corpus.detokenize(vocabulary.decode(rec.sentences[j])) if j >= 0
-                               else "(none)"),
-                 "token_accuracy": scores["token_accuracy_per_sentence"][i],
-                 "bag_recall": scores["bag_recall_per_sentence"][i]})
-  positions = cfg.sequence_length if rec.stopped_at is None else rec.stopped_at
-  results = dict(
-      wall_time_s=seconds, iterations=positions, evaluations=0, restarts=1, history=[],
-      model=model.name, num_samples=observation.num_samples, threat_model=observation.threat_model,
-      attack={"closed_form": dataclasses.asdict(attack)}, config=options(cfg),
-      device=str(jax.local_devices()[0]), backend=jax.default_backend(), jax_version=jax.__version__,
-      sentences=rows, found=int(len(rec.sentences)), stopped_at=rec.stopped_at, capped=rec.capped,
+  found = [vocabulary.decode(rec.sentences[j]) if j >= 0 else None for j in scores["order"]]
+  results = _span_results(cfg, attack, batch, model, observation, seconds, found, scores)
+  results.update(
+      iterations=cfg.sequence_length if rec.stopped_at is None else rec.stopped_at,
+      found=int(len(rec.sentences)), stopped_at=rec.stopped_at, capped=rec.capped,
       spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
              for s in rec.spans],
-      position_set_sizes=[int(len(s)) for s in rec.position_sets],
-      vocabulary_size=len(vocabulary), sequence_length=cfg.sequence_length,
-      sentence_pool=batch.pool,
-      **{k: scores[k] for k in ("token_accuracy", "bag_recall", "rouge1", "rouge2", "rougeL", "exact",
-                                "unmatched", "token_accuracy_per_sentence", "bag_recall_per_sentence")})
+      position_set_sizes=[int(len(s)) for s in rec.position_sets])
   residual = None
   if len(rec.sentences) == batch.ids.shape[0]:
-    found, targets = corpus.language_model_pairs(rec.sentences, vocabulary.eos)
-    residual = verdict.residual(model.apply_fn, observation, {"x": found}, targets)
+    x, targets = corpus.language_model_pairs(rec.sentences, vocabulary.eos)
+    residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets)
   results["findings"] = verdict.text_findings(results)
   results.update(_verdict(results, residual, results["findings"], [], cfg))
   return results
@@ -626,19 +613,14 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   words = (np.unique(np.concatenate(error.position_sets)) if error.position_sets is not None
            else np.zeros(0, np.int32))
   recall = [float(np.isin(s, words).mean()) for s in batch.ids]
-  results = dict(
-      wall_time_s=seconds, iterations=0, evaluations=0, restarts=1, history=[], model=model.name,
-      num_samples=observation.num_samples, threat_model=observation.threat_model,
-      attack={"closed_form": dataclasses.asdict(attack)}, config=options(cfg),
-      device=str(jax.local_devices()[0]), backend=jax.default_backend(), jax_version=jax.__version__,
-      unreadable=str(error), found=0, words=vocabulary_words(batch.vocabulary, words),
-      word_precision=float(np.isin(words, batch.ids).mean()) if words.size else None,
-      sentences=[{"true": corpus.detokenize(batch.vocabulary.decode(s)), "recovered": "(none)",
-                  "token_accuracy": 0.0, "bag_recall": r} for s, r in zip(batch.ids, recall)],
-      token_accuracy=0.0, rouge1=0.0, rouge2=0.0, rougeL=0.0, exact=0,
-      token_accuracy_per_sentence=[0.0] * len(recall), bag_recall_per_sentence=recall,
-      bag_recall=float(np.mean(recall)), vocabulary_size=len(batch.vocabulary),
-      sequence_length=cfg.sequence_length, sentence_pool=batch.pool)
+  scores = {"token_accuracy": 0.0, "rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0, "exact": 0,
+            "unmatched": 0, "token_accuracy_per_sentence": [0.0] * len(recall),
+            "bag_recall_per_sentence": recall, "bag_recall": float(np.mean(recall))}
+  results = _span_results(cfg, attack, batch, model, observation, seconds, [None] * len(recall),
+                          scores)
+  results.update(iterations=0, found=0, unreadable=str(error),
+                 words=list(batch.vocabulary.decode(words)),
+                 word_precision=float(np.isin(words, batch.ids).mean()) if words.size else None)
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, None, results["findings"], [], cfg)
   if decided["verdict"]["status"] != "leak":
@@ -647,9 +629,25 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   return results
 
 
-def vocabulary_words(vocabulary: corpus.Vocabulary, ids) -> list[str]:
-  """The tokens of ``ids``, in id order."""
-  return list(vocabulary.decode(np.sort(np.asarray(ids, np.int64))))
+def _span_results(cfg: Config, attack, batch: Sentences, model: models.Model, observation,
+                  seconds: float, found: list, scores: dict) -> dict:
+  """What every span-attack run reports: timing, model, configuration, device, the scores of
+  :func:`gradjax.metrics.score_text` and each true sentence beside the one found for it (``found``:
+  token lists, None for none)."""
+  decode = lambda tokens: corpus.detokenize(tokens) if tokens is not None else "(none)"
+  rows = [{"true": decode(batch.vocabulary.decode(t)), "recovered": decode(f),
+           "token_accuracy": a, "bag_recall": r}
+          for t, f, a, r in zip(batch.ids, found, scores["token_accuracy_per_sentence"],
+                                scores["bag_recall_per_sentence"])]
+  return dict(
+      wall_time_s=seconds, evaluations=0, restarts=1, history=[], model=model.name,
+      num_samples=observation.num_samples, threat_model=observation.threat_model,
+      attack={"closed_form": dataclasses.asdict(attack)}, config=options(cfg),
+      device=str(jax.local_devices()[0]), backend=jax.default_backend(), jax_version=jax.__version__,
+      sentences=rows, vocabulary_size=len(batch.vocabulary), sequence_length=cfg.sequence_length,
+      sentence_pool=batch.pool,
+      **{k: scores[k] for k in ("token_accuracy", "bag_recall", "rouge1", "rouge2", "rougeL", "exact",
+                                "unmatched", "token_accuracy_per_sentence", "bag_recall_per_sentence")})
 
 
 def run_text(cfg: Config, *, callback: Callable | None = None,
