@@ -47,7 +47,7 @@ distinct sentences found (the batch's, when every check holds).
 """
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
