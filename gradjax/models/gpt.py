@@ -23,14 +23,10 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
+from gradjax.models.layers import causal_attention, layer_norm
 from gradjax.models.spec import Options, ModelSpec, ZooName
 
 CONTEXT = 128  # positions of the learned table (GPT-2: 1024); sentences here are at most 64 tokens
-
-
-def _layer_norm(name: str, param_dtype) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name=name, param_dtype=param_dtype,
-                      dtype=param_dtype)
 
 
 class Block(nn.Module):
@@ -48,12 +44,8 @@ class Block(nn.Module):
   def __call__(self, x):
     kw = dict(kernel_init=self.kernel_init, bias_init=self.bias_init, param_dtype=self.param_dtype,
               dtype=self.param_dtype)
-    stepping = self.decode and x.shape[1] == 1  # the cache masks the positions not yet written
-    mask = None if stepping else nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-    h = _layer_norm("norm_0", self.param_dtype)(x)
-    x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads, decode=self.decode,
-                                            name="attention", **kw)(h, h, mask=mask)
-    h = nn.Dense(self.ffn, name="ffn_0", **kw)(_layer_norm("norm_1", self.param_dtype)(x))
+    x = x + causal_attention(layer_norm("norm_0", self.param_dtype)(x), self.heads, self.decode, **kw)
+    h = nn.Dense(self.ffn, name="ffn_0", **kw)(layer_norm("norm_1", self.param_dtype)(x))
     return x + nn.Dense(self.dim, name="ffn_1", **kw)(jax.nn.gelu(h, approximate=True))
 
 
@@ -102,7 +94,7 @@ class GPT(nn.Module):
     for i in range(self.layers):
       h = Block(self.dim, self.heads, self.ffn, *inits, param_dtype=self.param_dtype,
                 decode=self.decode, name=f"block_{i}")(h)
-    return wte.attend(_layer_norm("norm_f", self.param_dtype)(h))
+    return wte.attend(layer_norm("norm_f", self.param_dtype)(h))
 
 
 def _build(zoo: ZooName, o: Options) -> nn.Module:

@@ -36,6 +36,23 @@ def batch_norm(train: bool, param_dtype) -> nn.BatchNorm:
                       use_fast_variance=False, param_dtype=param_dtype, dtype=param_dtype)
 
 
+def layer_norm(name: str, param_dtype) -> nn.LayerNorm:
+  """PyTorch's LayerNorm (epsilon 1e-5) with the two-pass variance, whose second derivative keeps its
+  precision (see :func:`batch_norm`)."""
+  return nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name=name, param_dtype=param_dtype,
+                      dtype=param_dtype)
+
+
+def causal_attention(x, heads: int, decode: bool, **kw):
+  """Causal multi-head self-attention of ``x`` (N, T, d), the module named ``"attention"``; with
+  ``decode``, one position per call from Flax's key/value cache (which masks the positions not yet
+  written, so a call of one position takes no mask)."""
+  stepping = decode and x.shape[1] == 1
+  mask = None if stepping else nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+  return nn.MultiHeadDotProductAttention(num_heads=heads, decode=decode, name="attention", **kw)(
+      x, x, mask=mask)
+
+
 def head(num_classes: int, inits, param_dtype) -> nn.Dense:
   """The zoo's last layer: a Dense named ``"head"`` (label inference and analytic recovery find it
   by that name)."""

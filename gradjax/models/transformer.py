@@ -21,7 +21,7 @@ import numpy as np
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import head
+from gradjax.models.layers import causal_attention, head, layer_norm
 from gradjax.models.spec import Options, ModelSpec, ZooName
 
 
@@ -34,13 +34,6 @@ def positional_encoding(length: int, dim: int) -> np.ndarray:
   pe[:, 0::2] = np.sin(position * rate)
   pe[:, 1::2] = np.cos(position * rate[: dim // 2])
   return pe
-
-
-def _layer_norm(name: str, param_dtype) -> nn.LayerNorm:
-  """PyTorch's LayerNorm (epsilon 1e-5) with the two-pass variance, whose second derivative keeps its
-  precision (see :func:`gradjax.models.layers.batch_norm`)."""
-  return nn.LayerNorm(epsilon=1e-5, use_fast_variance=False, name=name, param_dtype=param_dtype,
-                      dtype=param_dtype)
 
 
 class EncoderLayer(nn.Module):
@@ -58,14 +51,10 @@ class EncoderLayer(nn.Module):
   def __call__(self, x):
     kw = dict(kernel_init=self.kernel_init, bias_init=self.bias_init, param_dtype=self.param_dtype,
               dtype=self.param_dtype)
-    stepping = self.decode and x.shape[1] == 1  # the cache masks the positions not yet written
-    mask = None if stepping else nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-    attended = nn.MultiHeadDotProductAttention(num_heads=self.heads, decode=self.decode,
-                                               name="attention", **kw)(x, x, mask=mask)
-    x = _layer_norm("norm_0", self.param_dtype)(x + attended)
+    x = layer_norm("norm_0", self.param_dtype)(x + causal_attention(x, self.heads, self.decode, **kw))
     h = nn.Dense(self.ffn, name="ffn_0", **kw)(x)
     h = nn.Dense(self.dim, name="ffn_1", **kw)(jax.nn.gelu(h, approximate=False))
-    return _layer_norm("norm_1", self.param_dtype)(x + h)
+    return layer_norm("norm_1", self.param_dtype)(x + h)
 
 
 class TransformerLM(nn.Module):
