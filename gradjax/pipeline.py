@@ -600,7 +600,15 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
     x, targets = corpus.language_model_pairs(rec.sentences, vocabulary.eos)
     residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets)
   results["findings"] = verdict.text_findings(results)
-  results.update(_verdict(results, residual, results["findings"], [], cfg))
+  decided = _verdict(results, residual, results["findings"], [], cfg)
+  if residual is None and decided["verdict"]["status"] != "leak":  # say why, not "not recomputed"
+    why = (f"the span attack found {len(rec.sentences)} sentences for a batch of "
+           f"{batch.ids.shape[0]}")
+    if rec.stopped_at is not None:
+      why += (f": no prefix passed the ordering checks at position {rec.stopped_at} (a trained "
+              "model's update can hide inputs below float32's rounding)")
+    decided["verdict"] = {"status": "inconclusive", "reason": why, "leaks": []}
+  results.update(decided)
   return results
 
 

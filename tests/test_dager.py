@@ -286,3 +286,14 @@ def test_a_batch_too_long_to_order_still_leaks_its_words():
   assert "nearly fills" in results["unreadable"] and results["found"] == 0
   assert set(results["words"]) == words and results["word_precision"] == 1.0
   assert results["verdict"]["status"] == "leak" and results["verdict"]["leaks"] == ["bag"]
+
+
+@pytest.mark.slow
+def test_an_extension_that_stops_is_inconclusive_with_the_position(monkeypatch):
+  from gradjax import config, pipeline
+  stopped = lambda *a, **k: dager.Recovery(np.zeros((0, 15), np.int32), np.zeros(0), [], (), 3, False)
+  monkeypatch.setattr(dager, "recover", stopped)
+  results = pipeline.run_text(config.Config(modality="text", dataset="pydoc", model="gpt",
+                                            attack="dager", text_dim=64, text_heads=4, text_ffn=128))
+  assert results["found"] == 0 and results["verdict"]["status"] == "inconclusive"
+  assert "at position 3" in results["verdict"]["reason"]
