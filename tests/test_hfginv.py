@@ -217,12 +217,13 @@ def test_train_and_batch_table_programs(tmp_path):
   bad = run("train.py", "--train_mode", "--client=fedavg", f"--output_dir={tmp_path / 'bad'}")
   assert bad.returncode == 2 and "--train_mode is for --client=fedsgd" in bad.stderr
   proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4",
-             "--classes_per_batch=2", "--pool=100", "--aux=8", "--iterations=3", "--variants=tv,hfginv",
-             f"--output_dir={table_dir}")
+             "--classes_per_batch=2", "--start=20", "--pool=100", "--aux=8", "--iterations=3",
+             "--variants=tv,hfginv", f"--output_dir={table_dir}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((table_dir / "results.json").read_text())
-  images = data.load("cifar10", indices=range(100))
-  assert (result["pool"], result["aux"]) == (100, 8)
+  images = data.load("cifar10", indices=range(120))  # result["batches"] holds test-image indices
+  assert (result["start"], result["pool"], result["aux"]) == (20, 100, 8)
+  assert all(20 <= i < 120 for idx in result["batches"] for i in idx)
   for summary in result["labels"]:
     rows = result["label_rows"][summary["method"]]
     want = [metrics.label_accuracy(r["labels"], images.y[idx]) if "labels" in r else 0.0
@@ -240,7 +241,7 @@ def test_train_and_batch_table_programs(tmp_path):
     assert f"{summary['psnr_mean']:.2f}" in proc.stdout
   # One batch of the same table, read back from items/: its row is that batch's alone.
   proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4", "--classes_per_batch=2",
-             "--pool=100", "--aux=8", "--iterations=3", "--variants=tv", "--batches=1", "--resume",
+             "--start=20", "--pool=100", "--aux=8", "--iterations=3", "--variants=tv", "--batches=1", "--resume",
              f"--output_dir={table_dir}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   part = json.loads((table_dir / "results.json").read_text())
@@ -250,6 +251,8 @@ def test_train_and_batch_table_programs(tmp_path):
   assert part["ablation"][0]["psnr_mean"] == pytest.approx(tv["psnr"])
   bad = run("batch_table.py", "--count=1", f"--output_dir={tmp_path / 'bad2'}")
   assert bad.returncode == 2 and "--checkpoint is required" in bad.stderr
+  bad = run("batch_table.py", f"--checkpoint={ckpt}", "--start=-1", f"--output_dir={tmp_path / 'bad4'}")
+  assert bad.returncode == 2 and "--start must be a test image's index" in bad.stderr
   bad = run("batch_table.py", f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}")
   assert bad.returncode == 2 and "--head_classes needs --head=fresh and at least" in bad.stderr
 

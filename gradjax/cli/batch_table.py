@@ -2,7 +2,7 @@
 
 Each of ``--count`` clients holds a batch of ``--batch_size`` CIFAR-10 test images WITH repeated labels
 (``--classes_per_batch`` classes drawn per batch, labels drawn from them with replacement, images of
-those classes from the first ``--pool`` test images; seeded) and sends one FedSGD gradient of the
+those classes from the ``--pool`` test images from ``--start``; seeded) and sends one FedSGD gradient of the
 trained model (``--checkpoint``, e.g. ``gradjax train --model=resnet20 --train_mode ...``),
 which runs in evaluation mode as the server sent it. ``--head=fresh`` (the default) replaces its last
 layer by a new random one, as HFGInv's protocol does (an ImageNet ResNet-34 with a new 1000-class
@@ -14,7 +14,7 @@ Two tables, on the same batches:
 * **labels**: the label multiset from the gradient by every rule of :mod:`gradjax.labels`:
   ``negative_bias`` and ``yin`` (distinct labels only), ``llg`` and ``bias_counts`` (duplicate-aware)
   and ``hfginv`` (candidates from the head gradient, counts by the evolutionary search against the
-  sorted features of ``--aux`` auxiliary images: test images after the pool, never in a batch).
+  sorted features of ``--aux`` auxiliary images: the test images after the pool, never in a batch).
   Order-free label accuracy and exact batches.
 * **ablation**: the image side with the true labels (so that label errors do not blur it), at
   ``--iterations`` for every variant (each preset's step counts scaled by :func:`gradjax.attacks.rescaled`):
@@ -50,7 +50,7 @@ from gradjax import (attacks, checkpoint, clients, data, labels, metrics, pipeli
 # The options of the schema it reads (gradjax.config); its protocol is gradjax/configs/batch_table.py.
 common.define_flags("batch_table", fields=("checkpoint", "data_dir", "batch_size", "pool",
                                            "classes_per_batch", "aux", "iterations"))
-common.define_table_flags(psnr=False, start=False)
+common.define_table_flags(psnr=False)
 flags.DEFINE_list("batches", None, "Attack only these batch numbers (0-based) in this call, e.g. to "
                   "share the ablation between processes; a later --resume call without it reads them back.")
 flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's variant keys "
@@ -85,6 +85,8 @@ def main(argv):
     common.fail(str(e))
   if not cfg.checkpoint:
     common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --train_mode)")
+  if f.start < 0:
+    common.fail(f"--start must be a test image's index (>= 0), got {f.start}")
   if f.count < 1 or cfg.aux < 1 or cfg.iterations is None or cfg.iterations < 1:
     common.fail(f"--count, --aux and --iterations must be positive, got {f.count}, {cfg.aux} and "
                 f"{cfg.iterations}")
@@ -117,11 +119,12 @@ def main(argv):
     if "batch_stats" not in model.variables:
       raise ValueError(f"{cfg.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode")
     norm = data.normalization(meta.get("normalization", "none"))
-    source = data.load("cifar10", data_dir=cfg.data_dir, indices=range(cfg.pool + cfg.aux))
+    source = data.load("cifar10", data_dir=cfg.data_dir,
+                       indices=range(f.start, f.start + cfg.pool + cfg.aux))
     pool_y = source.y[:cfg.pool]
     rng = np.random.default_rng(cfg.seed)
     batches = data.duplicate_label_batches(pool_y, source.num_classes, f.count, cfg.batch_size,
-                                           cfg.classes_per_batch, rng)
+                                           cfg.classes_per_batch, rng)  # positions in source
     aux = jnp.asarray(data.normalize(source.x[cfg.pool:], norm))
     profile = labels.feature_profile(model.apply_fn, model.variables, aux)
   except (ValueError, FileNotFoundError) as e:
@@ -156,7 +159,7 @@ def main(argv):
     x_rec = np.clip(np.asarray(data.denormalize(rec.x, norm)), 0.0, 1.0)
     scores = metrics.score(x_rec, x_true)
     x_rec = x_rec[np.asarray(scores["order"])]
-    row = {"batch": b, "indices": batches[b].tolist(), "labels": y.tolist(), "psnr": scores["psnr"],
+    row = {"batch": b, "indices": (batches[b] + f.start).tolist(), "labels": y.tolist(), "psnr": scores["psnr"],
            "ssim": scores["ssim"], "psnr_per_image": scores["psnr_per_image"],
            **pipeline.lpips_scores("auto", x_rec, x_true), "loss": rec.loss,
            "wall_time_s": time.perf_counter() - t, "attack": attacks.describe(attack)}
@@ -199,8 +202,8 @@ def main(argv):
   info = {**common.provenance(), "checkpoint": cfg.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
           "test_accuracy": meta.get("accuracy"), "head": f.head,
           "head_classes": int(model.num_classes), "count": f.count, "batch_size": cfg.batch_size,
-          "classes_per_batch": cfg.classes_per_batch, "pool": cfg.pool, "aux": cfg.aux, "iterations": cfg.iterations,
-          "batches": batches.tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
+          "classes_per_batch": cfg.classes_per_batch, "start": f.start, "pool": cfg.pool, "aux": cfg.aux, "iterations": cfg.iterations,
+          "batches": (batches + f.start).tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
                     "exact": int(sum(r["exact"] for r in rows)), "batches": len(rows),
                     "error": next((r["error"] for r in rows if "error" in r), None)}
@@ -235,7 +238,8 @@ def markdown(label_summary, ablation_summary, info) -> str:
   accuracy = "n/a" if info["test_accuracy"] is None else f"{info['test_accuracy']:.1%}"
   lines = [f"# Batch inversion on a trained {info['model']} (epoch {info['epoch']}, test accuracy "
            f"{accuracy}) with {head}: {info['count']} CIFAR-10 batches of "
-           f"{info['batch_size']} with labels from {info['classes_per_batch']} classes; HFGInv's profile from "
+           f"{info['batch_size']} with labels from {info['classes_per_batch']} classes (test images "
+           f"{info['start']}-{info['start'] + info['pool'] - 1}); HFGInv's profile from "
            f"{info['aux']} auxiliary images", "", f"`{info['command']}`", "",
            f"{info['device']}; jax {info['jax']}, flax {info['flax']}, optax {info['optax']}, Python "
            f"{info['python']}; {info['wall_time_s']:.0f} s.", "", "## Labels", "",

@@ -56,6 +56,13 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 500,
     }),
+    # runs/batch_table_unseen: the two presets on batches from images no setting was chosen on
+    'batch_table_unseen': ('batch-table --count=5 --start=500 --variants=bn,hfginv', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 100,
+    }),
     # runs/train_resnet20_cifar10
     'train_resnet20_cifar10': (
         'train --output_dir=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10',
