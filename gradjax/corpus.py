@@ -160,6 +160,38 @@ class Vocabulary:
     return [self.tokens[int(i)] for i in ids]
 
 
+def unigram_guesses(sentences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """What a corpus alone lets an attacker guess of a T-token sentence, without any update: the chance
+  level of the text verdict (:func:`gradjax.verdict.text_findings`).
+
+  * the position guess g (T,): at each position t the token most frequent there,
+    argmax_v #{n : s_nt = v}, which maximises the expected token accuracy (1/T) Σ_t P(s_t = g_t);
+  * the bag guess (T,): the multiset B of T tokens maximising the expected bag-of-words recall
+    (1/T) Σ_v E[min(#v in B, #v in s)] = (1/T) Σ_v Σ_{k ≤ #v in B} P(#v in s ≥ k): the sum is
+    separable and each token's terms fall with k, so the T largest P(#v in s ≥ k) over all (v, k)
+    give the optimum.
+
+  Probabilities are frequencies over ``sentences`` (N, T) ids (e.g. the corpus's other sentences of
+  that length); ties go to the smaller id, then the smaller k. Returns (position guess, bag guess),
+  int32, the bag sorted by id."""
+  sentences = np.asarray(sentences)
+  if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
+    raise ValueError(f"a unigram guess needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
+  length = sentences.shape[1]
+  position = []
+  for column in sentences.T:
+    values, counts = np.unique(column, return_counts=True)
+    position.append(values[np.argmax(counts)])  # np.unique sorts: the first maximum has the smaller id
+  at_least = collections.Counter()  # (v, k) -> sentences holding v at least k times
+  for s in sentences:
+    values, counts = np.unique(s, return_counts=True)
+    for v, n in zip(values.tolist(), counts.tolist()):
+      for k in range(1, n + 1):
+        at_least[(v, k)] += 1
+  best = sorted(at_least, key=lambda vk: (-at_least[vk], vk))[:length]
+  return np.asarray(position, np.int32), np.sort(np.asarray([v for v, _ in best], np.int32))
+
+
 def language_model_pairs(ids: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
   """(inputs, targets) of next-token prediction for sentences ``ids`` (N, T): the inputs are the
   sentences, the targets the sentences shifted left by one with ``eos`` as the last target."""

@@ -524,11 +524,14 @@ def interop_num_samples(cfg: Config) -> int:
 
 class Sentences(NamedTuple):
   """The client's private sentences: ``ids`` (N, T) int32 in ``vocabulary``; ``pool`` the number of
-  distinct corpus sentences of length T that ``index`` ranges over."""
+  distinct corpus sentences of length T that ``index`` ranges over; ``others`` (pool − N, T) the
+  pool's other sentences, what an attacker may know of the corpus (the chance level,
+  :func:`chance`)."""
 
   ids: np.ndarray
   vocabulary: corpus.Vocabulary
   pool: int
+  others: np.ndarray
 
 
 def text_vocabulary(cfg: Config, sentences: list[list[str]]) -> corpus.Vocabulary:
@@ -555,8 +558,25 @@ def load_sentences(cfg: Config) -> Sentences:
     raise ValueError(f"--index {cfg.index} with --batch_size {cfg.batch_size} asks for sentences "
                      f"{cfg.index}..{cfg.index + cfg.batch_size - 1}, but corpus {cfg.dataset!r} has "
                      f"{len(pool)} distinct sentences of {cfg.sequence_length} tokens")
-  chosen = pool[cfg.index:cfg.index + cfg.batch_size]
-  return Sentences(np.stack([vocabulary.encode(s) for s in chosen]), vocabulary, len(pool))
+  ids = np.stack([vocabulary.encode(s) for s in pool]).astype(np.int32)
+  batch = np.arange(cfg.index, cfg.index + cfg.batch_size)
+  return Sentences(ids[batch], vocabulary, len(pool), np.delete(ids, batch, axis=0))
+
+
+def chance(batch: Sentences) -> dict:
+  """What the corpus alone gives of the batch (:func:`gradjax.corpus.unigram_guesses` over the pool's
+  other sentences): ``token_accuracy_chance_per_sentence`` of the position guess and
+  ``bag_recall_chance_per_sentence`` of the bag guess against each true sentence, with their means;
+  empty where the pool holds no other sentence."""
+  if batch.others.shape[0] == 0:
+    return {}
+  position, bag = corpus.unigram_guesses(batch.others)
+  n = batch.ids.shape[0]
+  accuracy = metrics.token_accuracy(np.broadcast_to(position, batch.ids.shape), batch.ids)
+  recall = metrics.bag_recall(np.broadcast_to(bag, (n, bag.size)), batch.ids)
+  return {"token_accuracy_chance": float(accuracy.mean()), "bag_recall_chance": float(recall.mean()),
+          "token_accuracy_chance_per_sentence": [float(a) for a in accuracy],
+          "bag_recall_chance_per_sentence": [float(r) for r in recall]}
 
 
 def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.Model:
@@ -653,7 +673,7 @@ def _span_results(cfg: Config, attack, batch: Sentences, model: models.Model, ob
       attack={"closed_form": dataclasses.asdict(attack)}, config=options(cfg),
       device=str(jax.local_devices()[0]), backend=jax.default_backend(), jax_version=jax.__version__,
       sentences=rows, vocabulary_size=len(batch.vocabulary), sequence_length=cfg.sequence_length,
-      sentence_pool=batch.pool,
+      sentence_pool=batch.pool, **chance(batch),
       **{k: scores[k] for k in ("token_accuracy", "bag_recall", "rouge1", "rouge2", "rougeL", "exact",
                                 "unmatched", "token_accuracy_per_sentence", "bag_recall_per_sentence")})
 
@@ -722,6 +742,7 @@ def _run_text(cfg: Config, callback, state):
       sentence_pool=batch.pool,
       vocabulary_size=len(vocabulary),
       sequence_length=cfg.sequence_length,
+      **chance(batch),
   )
   residual = None
   if "x" in rec.reconstruction.dummy and cfg.text_search == "embeddings":

@@ -261,20 +261,39 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int,
   return out
 
 
+def halfway(chance: float) -> float:
+  """The least score that counts as found, for a score in [0, 1] whose guess without the update
+  reaches ``chance``: halfway from chance to 1, (1 + chance) / 2, i.e. a chance-corrected score
+  (score − chance) / (1 − chance) of at least 1/2 (0.5 where nothing can be guessed)."""
+  return (1.0 + min(max(float(chance), 0.0), 1.0)) / 2.0
+
+
 def text_findings(results: dict) -> dict:
-  """What a text reconstruction reveals: ``sentences`` with at least half their tokens in place,
-  and the ``bag`` of words (recall >= 0.5) the embedding gradient gives away; each with ``leak``
-  and ``reason``."""
+  """What a text reconstruction reveals, each finding with ``leak`` and ``reason``:
+
+  * ``sentences``: those with their tokens in place at least :func:`halfway` from what the corpus's
+    position guess gets of them (``token_accuracy_chance_per_sentence``, from
+    :func:`gradjax.pipeline.chance`) to 1;
+  * ``bag``: the batch's words, when the bag-of-words recall is at least halfway from the corpus's
+    bag guess (``bag_recall_chance``) to 1.
+
+  Without chance levels in ``results`` the bar is 0.5 for both."""
   acc = results.get("token_accuracy_per_sentence") or []
-  good = [i for i, a in enumerate(acc) if a >= 0.5]
+  acc_chance = results.get("token_accuracy_chance_per_sentence") or [0.0] * len(acc)
+  bars = [halfway(c) for c in acc_chance]
+  good = [i for i, (a, bar) in enumerate(zip(acc, bars)) if a >= bar]
   out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": (
-      f"{len(good)} of {len(acc)} sentences with at least half their tokens in place "
-      f"(sentence {good[0]}: {acc[good[0]]:.2f})" if good else
-      "no sentence with half its tokens in place")}}
-  recall = results.get("bag_recall", 0.0)
-  out["bag"] = {"leak": recall >= 0.5, "recall": recall, "reason": (
-      f"the sentences' words (bag-of-words recall {recall:.2f})" if recall >= 0.5 else
-      f"bag-of-words recall {recall:.2f} < 0.5")}
+      f"{len(good)} of {len(acc)} sentences with their tokens in place (sentence {good[0]}: "
+      f"{acc[good[0]]:.2f} >= {bars[good[0]]:.2f}, halfway from the corpus's position guess, "
+      f"{acc_chance[good[0]]:.2f}, to 1)" if good else
+      "no sentence with its tokens in place halfway from the corpus's position guess to 1")}}
+  recall, chance = results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0)
+  bar = halfway(chance)
+  out["bag"] = {"leak": recall >= bar, "recall": recall, "chance": chance, "reason": (
+      f"the sentences' words (bag-of-words recall {recall:.2f} >= {bar:.2f}, halfway from the "
+      f"corpus's bag guess, {chance:.2f}, to 1)" if recall >= bar else
+      f"bag-of-words recall {recall:.2f} < {bar:.2f} (halfway from the corpus's bag guess, "
+      f"{chance:.2f}, to 1)")}
   return out
 
 

@@ -69,6 +69,52 @@ def test_vocabulary_order_unknown_tokens_and_errors(pydoc):
     corpus.sentences("shakespeare")
 
 
+def test_unigram_guesses_against_enumeration():
+  """The corpus's position and bag guesses reach the largest expected token accuracy and bag recall
+  of every guess, enumerated (all tokens per position; all multisets of T tokens), with the
+  expectations counted directly over the sentences."""
+  rng = np.random.default_rng(0)
+  sentences = rng.choice(5, size=(40, 4), p=[0.4, 0.25, 0.15, 0.12, 0.08])
+  position, bag = corpus.unigram_guesses(sentences)
+  for t in range(4):
+    counts = [int(np.sum(sentences[:, t] == v)) for v in range(5)]
+    assert counts[position[t]] == max(counts)
+
+  def expected_recall(guess):
+    g = collections.Counter(guess)
+    return np.mean([sum(min(g[v], n) for v, n in collections.Counter(s.tolist()).items()) / 4
+                    for s in sentences])
+
+  best = max(expected_recall(m) for m in itertools.combinations_with_replacement(range(5), 4))
+  assert len(bag) == 4 and expected_recall(bag.tolist()) == pytest.approx(best)
+  with pytest.raises(ValueError, match="needs"):
+    corpus.unigram_guesses(np.zeros((0, 4), np.int32))
+
+
+def test_chance_is_the_guess_from_the_other_sentences():
+  """pipeline.chance: the guesses are made from the pool without the client's sentences, and scored
+  against each of them (plain Counter arithmetic here)."""
+  from gradjax import config, pipeline
+  batch = pipeline.load_sentences(config.Config(modality="text", dataset="pydoc", model="transformer",
+                                                          batch_size=2, index=3))
+  assert batch.others.shape == (batch.pool - 2, 15)
+  assert not any((batch.others == s).all(1).any() for s in batch.ids)
+  got = pipeline.chance(batch)
+  columns = list(zip(*batch.others.tolist()))
+  counts = collections.Counter()
+  for s in batch.others.tolist():
+    for v, n in collections.Counter(s).items():
+      counts.update((v, k) for k in range(1, n + 1))
+  guess = collections.Counter(v for (v, _), _ in sorted(counts.items(), key=lambda x: (-x[1], x[0]))[:15])
+  for i, s in enumerate(batch.ids.tolist()):
+    top = [max(sorted(set(c)), key=c.count) for c in columns]
+    assert got["token_accuracy_chance_per_sentence"][i] == pytest.approx(
+        np.mean([a == b for a, b in zip(top, s)]))
+    assert got["bag_recall_chance_per_sentence"][i] == pytest.approx(
+        sum(min(guess[v], n) for v, n in collections.Counter(s).items()) / 15)
+  assert got["bag_recall_chance"] == pytest.approx(np.mean(got["bag_recall_chance_per_sentence"]))
+
+
 def test_language_model_pairs_and_windows(vocab):
   ids = np.array([[5, 6, 7], [8, 9, 10]], np.int32)
   x, y = corpus.language_model_pairs(ids, vocab.eos)

@@ -115,6 +115,20 @@ def test_image_findings():
   assert found["labels"]["missing"] == {"1": 1} and found["labels"]["extra"] == {"2": 1}
 
 
+def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
+  results = {"token_accuracy_per_sentence": [0.6, 0.9], "token_accuracy_chance_per_sentence": [0.3, 0.0],
+             "bag_recall": 0.6, "bag_recall_chance": 0.35}
+  found = verdict.text_findings(results)
+  # sentence 0: 0.6 < (1 + 0.3) / 2 = 0.65; sentence 1: 0.9 >= 0.5; the bag: 0.6 < 0.675
+  assert (found["sentences"]["leak"], found["sentences"]["count"]) == (True, 1)
+  assert "sentence 1: 0.90 >= 0.50" in found["sentences"]["reason"]
+  assert not found["bag"]["leak"] and "0.60 < 0.68" in found["bag"]["reason"]
+  assert verdict.text_findings({**results, "bag_recall": 0.7})["bag"]["leak"]
+  plain = verdict.text_findings({"token_accuracy_per_sentence": [0.5], "bag_recall": 0.5})
+  assert plain["sentences"]["leak"] and plain["bag"]["leak"]  # no chance known: the bar is 0.5
+  assert verdict.halfway(0.0) == 0.5 and verdict.halfway(1.0) == 1.0
+
+
 def test_still_improving():
   flat = [{"iteration": i, "loss": 1.0} for i in range(100, 1001, 100)]
   falling = [{"iteration": i, "loss": 1.0 / i} for i in range(100, 1001, 100)]
