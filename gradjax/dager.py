@@ -57,6 +57,9 @@ from flax import linen as nn
 SEPARATION = 10.0
 """The least ratio β / τ (a random direction's distance over a member's largest) for a usable span."""
 
+FLOOR = 10.0
+"""With ``drift`` (:func:`span`), the directions kept: singular values above this times the median."""
+
 PROJECTIONS = ("query", "key", "value")
 
 
@@ -81,7 +84,9 @@ class Span(NamedTuple):
       bound, and the rounding of the candidates).
     member_level: ρ = σ_{r+1} / σ_r.
     random_level: β = sqrt(1 − r/D), the distance expected of a random direction.
-    full: whether β < :data:`SEPARATION` τ (the check cannot separate members).
+    full: whether the check cannot separate members: β < :data:`SEPARATION` τ (with ``drift``: a
+      rank over half the singular values, where the median no longer reads rounding).
+    drift: read as a FedAvg update of several local steps (:func:`span`).
   """
 
   basis: jax.Array
@@ -91,13 +96,24 @@ class Span(NamedTuple):
   member_level: float
   random_level: float
   full: bool
+  drift: bool = False
 
 
-def span(columns, rank: int | None = None, dimension: int | None = None) -> Span:
+def span(columns, rank: int | None = None, dimension: int | None = None, *,
+         drift: bool = False) -> Span:
   """The :class:`Span` of the columns (d, m) of a weight gradient; ``rank`` overrides the rank read
   from the singular values (see the module docstring); ``dimension`` is that of the space the
   candidates occupy (d if None; a LayerNorm without offset keeps its outputs in d − 1 dimensions,
-  :func:`candidate_dimensions`), against which a random direction's distance β is counted."""
+  :func:`candidate_dimensions`), against which a random direction's distance β is counted.
+
+  ``drift``: the columns are a FedAvg update of several local steps, Σ_k η X_kᵀ G_k, whose inputs
+  X_k move a little from step to step: the singular values fall from the first step's inputs through
+  the later steps' drift to the rounding, on the zoo's decoder without one clear gap (the largest
+  ratio then reads a span too wide to use, or one that leaves out the drift), so the rank is every direction above
+  :data:`FLOOR` times the rounding level (the median singular value, which is rounding while the
+  inputs span less than half the columns), the received model's inputs X_1 lie in that span up to
+  rounding, and the tolerance is β / :data:`SEPARATION` (a member well inside, a random direction
+  well outside)."""
   columns = np.asarray(columns)
   if columns.ndim != 2 or min(columns.shape) < 1:
     raise ValueError(f"a span is read from a (d, m) matrix, got shape {columns.shape}")
@@ -109,6 +125,14 @@ def span(columns, rank: int | None = None, dimension: int | None = None) -> Span
   if not s[0] > 0:
     raise ValueError("the gradient is zero: it spans nothing")
   floor = s[0] * np.finfo(np.float64).eps  # no division by zero
+  if drift:
+    rank = int(np.sum(s > FLOOR * np.median(s))) if rank is None else rank
+    rank = int(min(max(rank, 1), s.size))
+    member = float(max(s[rank], floor) / s[rank - 1]) if rank < s.size else eps * s.size
+    random_level = float(np.sqrt(max(1.0 - rank / (dimension or d), 0.0)))
+    tolerance = random_level / SEPARATION
+    return Span(u[:, :rank], s, rank, tolerance, member, random_level,
+                full=bool(tolerance < np.sqrt(eps) or 2 * rank > s.size), drift=True)
   if rank is None:
     ratios = s[:-1] / np.maximum(s[1:], floor)
     rank = int(np.argmax(ratios)) + 1 if ratios.size else 1
@@ -387,7 +411,8 @@ def _chunked(fn, rows, ids, chunk):
 
 
 def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None,
-            max_prefixes: int | None = None, rank: int | None = None, chunk: int = 512) -> Recovery:
+            max_prefixes: int | None = None, rank: int | None = None, chunk: int = 512,
+            drift: bool = False) -> Recovery:
   """The client's sentences (K, ``length``) from the gradient of a transformer language model.
 
   Args:
@@ -401,6 +426,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
       span's rank.
     rank: the spans' rank (read from their singular values if None).
     chunk: candidates per decoding step (memory: chunk x T x d x 2 floats of cache).
+    drift: the gradient is a FedAvg update of several local steps over the same sentences (the spans
+      read as :func:`span` says); the sentences are those of the first step, the received model's.
 
   Raises :class:`Unreadable` (a ValueError) where a span cannot separate its members.
 
@@ -419,7 +446,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   if tokens.size == 0 or tokens[0] < 0 or tokens[-1] >= vocabulary:
     raise ValueError(f"candidate token ids must be non-empty and lie in [0, {vocabulary})")
   dimensions = candidate_dimensions(apply_fn, variables, length, jax.random.key(0), vocabulary)
-  first = span(projection_gradient(gradient, attention[0]), rank, dimensions[0])
+  first = span(projection_gradient(gradient, attention[0]), rank, dimensions[0], drift=drift)
   if first.full:
     raise Unreadable(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
@@ -431,8 +458,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   if decoder is None or len(attention) < 2:
     best = [s[np.argmin(delta[np.searchsorted(tokens, s), t])] for t, s in enumerate(sets)]
     return Recovery(np.asarray(best, np.int32)[None], np.zeros(1), sets, (first,), None, False)
-  output = span(output_gradient(gradient, attention[0]), rank, dimensions[1])
-  second = span(projection_gradient(gradient, attention[1]), rank, dimensions[2])
+  output = span(output_gradient(gradient, attention[0]), rank, dimensions[1], drift=drift)
+  second = span(projection_gradient(gradient, attention[1]), rank, dimensions[2], drift=drift)
   if second.full:
     raise Unreadable(_unusable("second block's input", second, dimensions[2]), sets)
   return _extend(apply_fn, variables, decoder, (first, output, second), sets, length, max_prefixes,
@@ -441,7 +468,10 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
 
 def _unusable(what: str, s: Span, dimension: int) -> str:
   """Why the span of ``what`` cannot tell members from other vectors (one line)."""
-  if s.rank >= 0.9 * dimension:
+  if s.drift and 2 * s.rank > len(s.singular_values):
+    cause = (f"its rank {s.rank} is over half of the update's {len(s.singular_values)} directions: "
+             "the local steps' drifting inputs fill it")
+  elif s.rank >= 0.9 * dimension:
     cause = (f"its rank {s.rank} nearly fills the {dimension} dimensions the candidates occupy: the "
              "batch holds about as many (token, position) pairs or prefixes as the model's width")
   else:

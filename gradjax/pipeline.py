@@ -602,7 +602,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   start = time.perf_counter()
   try:
     rec = dager.recover(model.apply_fn, model.variables, observation.gradient,
-                        length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
+                        length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk,
+                        drift=observation.threat_model == "fedavg" and cfg.local_epochs > 1)
   except dager.Unreadable as e:
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
@@ -618,7 +619,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   residual = None
   if len(rec.sentences) == batch.ids.shape[0]:
     x, targets = corpus.language_model_pairs(rec.sentences, vocabulary.eos)
-    residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets)
+    residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets,
+                                mode="replay" if observation.threat_model == "fedavg" else "gradient")
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, residual, results["findings"], [], cfg)
   if residual is None and decided["verdict"]["status"] != "leak":  # say why, not "not recomputed"
@@ -700,8 +702,12 @@ def _run_text(cfg: Config, callback, state):
   vocabulary = batch.vocabulary
   model = text_model(cfg, vocabulary, key_model)
   x, y = corpus.language_model_pairs(batch.ids, vocabulary.eos)
-  observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
-                               share_labels=getattr(attack, "labels", None) is labels_lib.known)
+  if cfg.client == "fedavg":  # the span attack's (Config checks): local steps over the whole batch
+    observation = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(
+        cfg.local_epochs, None, cfg.local_lr, cfg.local_momentum))
+  else:
+    observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
+                                 share_labels=getattr(attack, "labels", None) is labels_lib.known)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)
   if isinstance(attack, closed_forms.Dager):

@@ -49,6 +49,25 @@ def test_a_span_that_fills_the_space_is_full():
     dager.span(np.zeros((4, 6), np.float32))
 
 
+def test_a_drifting_span_keeps_the_first_steps_inputs():
+  """A FedAvg-like sum Σ_k X_kᵀ G_k whose inputs drift by 1e-3 a step: ``drift`` keeps every
+  singular value above 10x the median (counted by NumPy here), holds the first step's inputs within
+  β / 10 and leaves random directions near β."""
+  rng = np.random.default_rng(3)
+  d, m, k, steps = 200, 600, 20, 3
+  x = rng.normal(size=(k, d))
+  xs = [x + 1e-3 * s * rng.normal(size=(k, d)) for s in range(steps)]
+  a = sum(xi.T @ rng.normal(size=(k, m)) for xi in xs).astype(np.float32)
+  s = dager.span(a, drift=True)
+  sv = np.linalg.svd(a.astype(np.float64), compute_uv=False)
+  assert s.rank == int(np.sum(sv > 10 * np.median(sv))) and k < s.rank <= steps * k
+  assert s.random_level == pytest.approx(np.sqrt(1 - s.rank / d)) and not s.full
+  assert s.tolerance == pytest.approx(s.random_level / 10)
+  members = np.asarray(dager.distances(s.basis, jnp.asarray(x, jnp.float32)))
+  others = np.asarray(dager.distances(s.basis, jnp.asarray(rng.normal(size=(50, d)), jnp.float32)))
+  assert members.max() < 1e-3 * s.tolerance and others.min() > 0.8 * s.random_level
+
+
 def _sentences(rng, vocabulary, batch, length):
   return rng.integers(2, vocabulary, size=(batch, length)).astype(np.int32)
 
@@ -228,6 +247,24 @@ def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
   for bad in (dict(modality="image", dataset="skimage", model="lenet_zhu"), dict(restarts=2)):
     with pytest.raises(ValueError, match="dager"):
       config.check(dataclasses.replace(cfg, **bad))
+
+
+@pytest.mark.slow
+def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
+  """A FedAvg client of three full-batch local steps (lr 0.05): the span attack reads the drifting
+  spans, the sentences are exact, and replaying the client's training on them gives its update."""
+  from gradjax import config, pipeline
+  cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", text_dim=256,
+                      text_heads=4, text_ffn=512, batch_size=2, client="fedavg", local_epochs=3,
+                      local_lr=0.05)
+  results = pipeline.run_text(cfg)
+  assert results["exact"] == 2 and results["found"] == 2 and results["verdict"]["status"] == "leak"
+  assert results["residual"]["relative_error"] < 1e-5
+  assert results["spans"][0]["rank"] > 2 * 15  # the later steps' drift counted in the span
+  with pytest.raises(ValueError, match="local_batch_size"):
+    dataclasses.replace(cfg, local_batch_size=1)
+  with pytest.raises(ValueError, match="read by --attack=dager"):
+    dataclasses.replace(cfg, attack="sapag", model="transformer")
 
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)
