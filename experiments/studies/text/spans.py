@@ -22,7 +22,8 @@ Models (random initialisation, a fresh draw per batch):
   sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.pipeline``'s keys and
   vocabulary), so its rows sit beside that study's optimisation attacks.
 
-The client's update is the FedSGD gradient of the next-token loss; the attack searches the whole
+The client's update is the FedSGD gradient of the next-token loss (the ``gpt_fedavg*`` rows: a FedAvg
+client's update after E full-batch local SGD steps, :data:`LOCAL`); the attack searches the whole
 vocabulary (it does not use the embedding gradient's rows). Nothing is tuned: the rank and tolerance
 of each span are read from its singular values. Each batch's record (runs/spans/<row>.json) has the
 scores (ROUGE-1/2/L, exact sentences, token accuracy after assignment), the spans' ranks and
@@ -54,6 +55,11 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
         + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
         + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
+# FedAvg rows: the client's update after E full-batch local SGD steps at learning rate η (no
+# momentum), read with dager.recover(drift=True); row -> (E, η).
+LOCAL = {f"gpt_fedavg{e}_lr{lr}_t{t}_b{b}": (e, lr)
+         for t, b in ((16, 4), (16, 8), (16, 16), (32, 8)) for e, lr in ((2, 0.01), (5, 0.01), (5, 0.1))}
+ROWS += [(row, "gpt", int(row.split("_t")[1].split("_")[0]), int(row.split("_b")[1]), 2) for row in LOCAL]
 
 
 def _gpt_batches(data_dir, length, batch, count, trained=None):
@@ -103,10 +109,16 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None):
   records = []
   for index, ids, model, vocabulary in batches:
     x, y = corpus.language_model_pairs(ids, vocabulary.eos)
-    observation = clients.fedsgd(model.apply_fn, model.variables, x, y)
+    if row in LOCAL:
+      epochs, lr = LOCAL[row]
+      observation = clients.fedavg(model.apply_fn, model.variables, x, y,
+                                   clients.LocalTraining(epochs, None, lr))
+    else:
+      observation = clients.fedsgd(model.apply_fn, model.variables, x, y)
     start = time.perf_counter()
     try:
-      rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length)
+      rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length,
+                          drift=row in LOCAL)
     except ValueError as e:
       records.append({"index": index, "refused": str(e), "seconds": time.perf_counter() - start})
       print(f"{row} batch {index}: refused ({e})", flush=True)
@@ -131,8 +143,8 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None):
 
 def table():
   numbers, lines = {}, [
-      "| model | T | B | batches | exact sentences | ROUGE-1 | ROUGE-2 | token accuracy | s per batch "
-      "(first) | ranks (input, output, second) | refused |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+      "| model | client | T | B | batches | exact sentences | ROUGE-1 | ROUGE-2 | token accuracy | s per batch "
+      "(first) | ranks (input, output, second) | refused |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for row, model_name, length, batch, count in ROWS:
     path = os.path.join(RUNS, f"{row}.json")
     if not os.path.exists(path):
@@ -142,6 +154,7 @@ def table():
     done = [r for r in records if "refused" not in r]
     refused = len(records) - len(done)
     n = {"batches": len(records), "refused": refused}
+    client = "FedSGD" if row not in LOCAL else f"FedAvg, {LOCAL[row][0]} steps, lr {LOCAL[row][1]}"
     if done:
       n.update(exact=sum(r["exact"] for r in done) / (batch * len(done)),
                rouge1=float(np.mean([r["rouge1"] for r in done])),
@@ -151,12 +164,12 @@ def table():
                seconds_first=done[0]["seconds"],
                ranks=[int(np.median([r["spans"][i]["rank"] for r in done if len(r["spans"]) > i]))
                       for i in range(max(len(r["spans"]) for r in done))])
-      lines.append(f"| {model_name} | {length} | {batch} | {len(records)} | {n['exact']:.2f} | "
+      lines.append(f"| {model_name} | {client} | {length} | {batch} | {len(records)} | {n['exact']:.2f} | "
                    f"{n['rouge1']:.3f} | {n['rouge2']:.3f} | {n['token_accuracy']:.3f} | "
                    f"{n['seconds']:.1f} ({n['seconds_first']:.1f}) | {', '.join(map(str, n['ranks']))} "
                    f"| {refused} |")
     else:
-      lines.append(f"| {model_name} | {length} | {batch} | {len(records)} | – | – | – | – | – | – | "
+      lines.append(f"| {model_name} | {client} | {length} | {batch} | {len(records)} | – | – | – | – | – | – | "
                    f"{refused} |")
     numbers[row] = n
   return "\n".join(lines) + "\n", numbers
