@@ -39,6 +39,13 @@ def pytest_unconfigure(config):
     shutil.rmtree(_CACHE, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(config, items):
+  """The tests marked ``slow`` first, in their order, then the others: pytest-xdist hands tests out
+  in this order, so the longest start early and the run ends on short ones, not on one worker
+  finishing a two-minute test while the other waits."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
   """Clears JAX's compilation caches after every test module. Each XLA:CPU executable holds about

@@ -507,8 +507,7 @@ def test_im2col_conv_defers_unsupported_cases_to_xla():
 
 
 @pytest.mark.parametrize("name,input_shape", [("lenet_zhu", (16, 16, 3)), ("lenet5", (8, 8, 1)),
-                                              ("convnet-2", (9, 9, 3)), ("resnet8", (8, 8, 3)),
-                                              ("resnet8", (16, 16, 3))])
+                                              ("convnet-2", (9, 9, 3)), ("resnet8", (16, 16, 3))])
 @pytest.mark.slow
 def test_conv_implementations_compute_the_same_model(name, input_shape):
   """Each of im2col, split and mixed and ``conv="xla"`` have the same parameters, logits and DLG
