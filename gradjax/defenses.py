@@ -267,8 +267,9 @@ def _prune_leaves(leaves, *, ratio, per_layer):
 def prune(ratio: float, per_layer: bool = True) -> Defense:
   """Magnitude pruning (sparsification): zero the k = ⌊ratio · n_l⌋ entries of smallest |g| of each leaf.
 
-  DLG (Zhu et al. 2019, §5) prunes per layer; pruning above ~20 % defends LeNet. Ties are broken by
-  position: among equal |g| the entry with the lower row-major (C-order) index is pruned first, so exactly
+  DLG (Zhu et al. 2019, §5) prunes per layer and reports pruning above ~20 % defending LeNet; against
+  an attack that knows the pruning it does not (``experiments/studies/dlg_defenses``). Ties are broken
+  by position: among equal |g| the entry with the lower row-major (C-order) index is pruned first, so exactly
   k entries are zeroed (entries already 0 count among them). ``ratio`` ∈ [0, 1); ratio 0 is the identity.
   ``per_layer=False`` ranks all entries of the tree together (n = total size; ties by position in the
   concatenation of the leaves in ``jax.tree.leaves`` order, i.e. sorted keys). The product ratio · n is

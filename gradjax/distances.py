@@ -364,7 +364,7 @@ def gaussian_kernel(dummy, observed, *, weights=None, per_entry: bool = False, a
   ``"gaussian_kernel_annealed"``, T = 250, half of SAPAG's LeNet-5 budget): s_l = n_l^e(t) with
   e(t) = max(0, 1 − t/T), the per-entry width at ``step`` 0, the literal one from step T on. A wide
   kernel first draws every layer in, the printed one then weighs the residual as the paper does
-  (a reading we measured, not a recommendation: on CIFAR-100 it falls below the per-entry width, RESULTS.md).
+  (a reading we measured, not a recommendation: on CIFAR-100 it falls below the per-entry width, ``experiments/studies/sapag_table1``).
   """
   if anneal < 0:
     raise ValueError(f"the kernel's annealing steps must be non-negative, got {anneal}")

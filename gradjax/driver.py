@@ -6,7 +6,7 @@ Restart strategies (``Execution.strategy``):
 * ``"sequential"``: a Python loop over restarts, each jitted chain run alone. The CPU default: with
   L-BFGS (the DLG presets) the zoom line search is a while loop, which under ``vmap`` runs until the
   slowest restart's search ends, and the restarts' L-BFGS memories outgrow the CPU's caches (the
-  restart tables and profile in RESULTS.md). Without a line search ``vmap`` is as fast or faster on
+  restart tables and profile in ``experiments/studies/speed_cpu``). Without a line search ``vmap`` is as fast or faster on
   CPU too, provided convolutions run as im2col (``conv="im2col"``, ``gradjax.models``): XLA's
   native ones, which the CPU default ``"mixed"`` takes for large feature maps, turn into grouped
   convolutions under ``vmap``.

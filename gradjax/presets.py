@@ -1,7 +1,8 @@
 """The papers' attacks, each a function returning a built :class:`gradjax.attacks.Attack`.
 
-Every preset's docstring says where its defaults come from; RESULTS.md measures each against its
-paper. A preset's keyword arguments are the knobs its paper varies; anything else is changed with
+Every preset's docstring says where its defaults come from; the seed studies under
+``experiments/studies`` measure each against its paper (RESULTS.md gathers them). A preset's keyword
+arguments are the knobs its paper varies; anything else is changed with
 ``dataclasses.replace`` (``dataclasses.replace(presets.dlg(), labels=labels.known)``).
 
 Iterations. One iteration here is one optax update; with L-BFGS that is one direction and a zoom line
@@ -121,7 +122,7 @@ def dlm(iterations: int = 4000, *, gamma: Gamma = Gamma()) -> Attack:
   (:class:`gradjax.objectives.Gamma`: start 1, optimised as log γ), Adam lr 0.1, 4000 iterations (the
   paper: 4000-5000). Labels by iDLG: the sign pattern of the update is that of the gradient, and with
   DLG's joint soft labels the dummy gradient can vanish (soft label = prediction) and γ with it. The
-  paper leaves γ's start and step size unstated (``gamma``; RESULTS.md measures the readings). For
+  paper leaves γ's start and step size unstated (``gamma``; ``experiments/studies/dlm_table1`` measures the readings). For
   LeNet the paper uses L-BFGS lr 1, 200 iterations.
   """
   return Attack(objective="dlm", distance=_DISTANCE["euclidean"], labels=labels.idlg,
@@ -132,7 +133,7 @@ def dlm(iterations: int = 4000, *, gamma: Gamma = Gamma()) -> Attack:
 def dlm_plus(iterations: int = 4000) -> Attack:
   """DLM+ (same paper): ‖∇W'/‖∇W'‖ − ΔW/‖ΔW‖‖², learning-rate free, Adam lr 0.01, 4000 iterations.
   Scale-free, so it optimises labels jointly as DLG does; the dummy image is clamped to the box
-  (RESULTS.md measures both choices against iDLG labels and no box)."""
+  (``experiments/studies/dlm_table1`` measures both choices against iDLG labels and no box)."""
   return Attack(objective="dlm_plus", distance=_DISTANCE["euclidean"], labels=labels.joint,
                 optimizer=optimizers.Named("adam", 0.01), iterations=iterations, box=True,
                 name="dlm_plus")

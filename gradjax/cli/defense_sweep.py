@@ -20,7 +20,7 @@ The default grid is the DLG paper's defense table (Zhu et al. 2019, §5): Gaussi
 noise, fp16, int8, and magnitude pruning of 1 % .. 70 %. The paper calls its noise levels 1e-4 ..
 1e-1 variances; the grid also holds variances 1e-8 and 1e-6 (standard deviations 1e-4 and 1e-3),
 because the paper's pattern (1e-4 leaks, 1e-2 defends) is the one these give when its levels are
-read as standard deviations (RESULTS.md). Laplacian noise, which behaves like Gaussian noise
+read as standard deviations (``experiments/studies/dlg_defenses``). Laplacian noise, which behaves like Gaussian noise
 of the same variance, is sampled at every second level (1e-8, 1e-6, 1e-4, 1e-2).
 
 Utility (``--utility``): for every defense, a small model (``--utility_model``, mlp by default) is
