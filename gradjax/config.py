@@ -321,10 +321,6 @@ class Config:
       if self.client != "fedsgd" and self.attack != "dager":
         raise ValueError("text runs simulate a FedSGD client (--client=fedsgd); a FedAvg client's "
                          "update is read by --attack=dager")
-      if self.client == "fedavg" and self.local_batch_size not in (None, self.batch_size):
-        raise ValueError("the span attack reads FedAvg updates whose local steps each see the whole "
-                         "batch: leave --local_batch_size unset (later mini-batches start from weights "
-                         "the first one moved)")
       if not self.checkpoint and not models.is_text(self.model or ""):
         raise ValueError(f"--modality=text needs a text model ({', '.join(models.TEXT_MODELS)}), "
                          f"not {self.model!r}")

@@ -54,6 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from gradjax import clients, corpus
+
 SEPARATION = 10.0
 """The least ratio β / τ (a random direction's distance over a member's largest) for a usable span."""
 
@@ -285,6 +287,8 @@ class Recovery(NamedTuple):
     stopped_at: the first position where no prefix could be extended, or None.
     capped: whether more prefixes than ``max_prefixes`` were admitted at some position (the least
       distant were kept).
+    mini_batches: of a FedAvg update over mini-batches (:func:`recover_local`), those found in order;
+      None otherwise.
   """
 
   sentences: np.ndarray
@@ -293,6 +297,7 @@ class Recovery(NamedTuple):
   spans: tuple
   stopped_at: int | None
   capped: bool
+  mini_batches: int | None = None
 
 
 def output_gradient(gradient, path) -> jax.Array:
@@ -464,6 +469,58 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     raise Unreadable(_unusable("second block's input", second, dimensions[2]), sets)
   return _extend(apply_fn, variables, decoder, (first, output, second), sets, length, max_prefixes,
                  attention[0], chunk)
+
+
+def recover_local(apply_fn: Callable, variables, update, *, length: int, local, num_samples: int,
+                  eos: int, **kwargs) -> Recovery:
+  """The client's sentences from a FedAvg update W_0 − W_E of local SGD over mini-batches.
+
+  Step s of the first epoch trains on mini-batch s at weights W_s, so its inputs lie in the update's
+  span as computed from W_s (:func:`recover` with ``drift``), not from the W_0 the server sent. The
+  mini-batches are found in order: from W_0 the first one's b sentences; then W_1 by replaying the
+  client's first step on them (:func:`gradjax.clients.local_sgd`, its learning rate, momentum and
+  loss as ``local`` says, the next-token targets ending in ``eos``), from W_1 the second's (the
+  sentences found before set aside; of more than b new ones, the b nearest), and so on; later epochs
+  repeat the same mini-batches. Stops where a step finds fewer than b new sentences, since the next
+  weights would then be unknown.
+
+  Args:
+    apply_fn, variables, length: as :func:`recover`; ``update``: the client's W_0 − W_E (same tree as
+      ``variables``).
+    local: the client's :class:`gradjax.clients.LocalTraining` (the threat model reveals it).
+    num_samples: n, the client's sentences.
+    eos: the token id that ends every target sequence.
+    kwargs: passed to :func:`recover` (``tokens``, ``max_prefixes``, ``rank``, ``chunk``).
+
+  Returns:
+    :class:`Recovery` with the sentences in training order (mini-batch by mini-batch), the spans and
+    ``stopped_at`` of the last step read, and ``mini_batches`` found.
+  """
+  b = local.batch_size or num_samples
+  steps = num_samples // b
+  found = np.zeros((0, length), np.int32)
+  worst = np.zeros(0)
+  rec = None
+  drift = local.steps(num_samples) > 1
+  for s in range(steps):
+    if s == 0:
+      params = variables["params"]
+    else:  # W_s: the client's first s steps, replayed on the mini-batches found so far
+      x, y = corpus.language_model_pairs(found, eos)
+      replay = clients.LocalTraining(1, b, local.learning_rate, local.momentum)
+      params = clients.local_sgd(apply_fn, variables, jnp.asarray(x), jnp.asarray(y), replay)
+    rec = recover(apply_fn, {**variables, "params": params}, update, length=length, drift=drift,
+                  **kwargs)
+    new = np.asarray([i for i, row in enumerate(rec.sentences.tolist())
+                      if not any(row == f for f in found.tolist())], np.int64)
+    if new.size < b:
+      return rec._replace(sentences=found, distances=worst, mini_batches=s)
+    # Later mini-batches' inputs at W_s lie near the span too (their own steps' inputs drift from
+    # them); this step's own are in it up to rounding: the b nearest.
+    new = new[np.argsort(rec.distances[new], kind="stable")[:b]]
+    found = np.concatenate([found, rec.sentences[new]]).astype(np.int32)
+    worst = np.concatenate([worst, rec.distances[new]])
+  return rec._replace(sentences=found, distances=worst, mini_batches=steps)
 
 
 def _unusable(what: str, s: Span, dimension: int) -> str:

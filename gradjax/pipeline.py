@@ -601,9 +601,13 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   vocabulary = batch.vocabulary
   start = time.perf_counter()
   try:
-    rec = dager.recover(model.apply_fn, model.variables, observation.gradient,
-                        length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk,
-                        drift=observation.threat_model == "fedavg" and cfg.local_epochs > 1)
+    options = dict(length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
+    if observation.threat_model == "fedavg":  # mini-batch by mini-batch, replaying the client's steps
+      rec = dager.recover_local(model.apply_fn, model.variables, observation.gradient,
+                                local=observation.local, num_samples=observation.num_samples,
+                                eos=vocabulary.eos, **options)
+    else:
+      rec = dager.recover(model.apply_fn, model.variables, observation.gradient, **options)
   except dager.Unreadable as e:
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
@@ -613,6 +617,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   results.update(
       iterations=cfg.sequence_length if rec.stopped_at is None else rec.stopped_at,
       found=int(len(rec.sentences)), stopped_at=rec.stopped_at, capped=rec.capped,
+      mini_batches=rec.mini_batches,
       spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
              for s in rec.spans],
       position_set_sizes=[int(len(s)) for s in rec.position_sets])
@@ -626,9 +631,17 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   if residual is None and decided["verdict"]["status"] != "leak":  # say why, not "not recomputed"
     why = (f"the span attack found {len(rec.sentences)} sentences for a batch of "
            f"{batch.ids.shape[0]}")
+    causes = []
+    local = observation.local
+    steps = None if local is None else observation.num_samples // (local.batch_size or observation.num_samples)
+    if rec.mini_batches is not None and steps and rec.mini_batches < steps:
+      causes.append(f"{rec.mini_batches} of the client's {steps} mini-batches found in order (the "
+                    "next one's weights are those its predecessors' sentences give)")
     if rec.stopped_at is not None:
-      why += (f": no prefix passed the ordering checks at position {rec.stopped_at} (a trained "
-              "model's update can hide inputs below float32's rounding)")
+      causes.append(f"no prefix passed the ordering checks at position {rec.stopped_at} (a trained "
+                    "model's update can hide inputs below float32's rounding)")
+    if causes:
+      why += ": " + "; ".join(causes)
     decided["verdict"] = {"status": "inconclusive", "reason": why, "leaks": []}
   results.update(decided)
   return results
@@ -702,9 +715,9 @@ def _run_text(cfg: Config, callback, state):
   vocabulary = batch.vocabulary
   model = text_model(cfg, vocabulary, key_model)
   x, y = corpus.language_model_pairs(batch.ids, vocabulary.eos)
-  if cfg.client == "fedavg":  # the span attack's (Config checks): local steps over the whole batch
+  if cfg.client == "fedavg":  # the span attack's (Config checks)
     observation = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(
-        cfg.local_epochs, None, cfg.local_lr, cfg.local_momentum))
+        cfg.local_epochs, cfg.local_batch_size, cfg.local_lr, cfg.local_momentum))
   else:
     observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
                                  share_labels=getattr(attack, "labels", None) is labels_lib.known)

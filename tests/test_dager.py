@@ -249,10 +249,34 @@ def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
       config.check(dataclasses.replace(cfg, **bad))
 
 
+def test_local_recovery_replays_each_mini_batch_and_stops_where_one_is_missing(monkeypatch):
+  """recover_local reads mini-batch 2 from W_1 = W_0 − η ∇L(mini-batch 1) (the gradient taken here
+  directly), and stops, with the mini-batches found, where a step finds no new sentence."""
+  from gradjax import clients
+  model = _model("gpt", 20, 3)
+  seen = []
+
+  def fake(apply_fn, variables, update, **kwargs):
+    seen.append(variables["params"])
+    return dager.Recovery(np.array([[5, 6, 7]], np.int32), np.zeros(1), [], (), None, False)
+
+  monkeypatch.setattr(dager, "recover", fake)
+  rec = dager.recover_local(model.apply_fn, model.variables, model.variables, length=3, eos=1,
+                            local=clients.LocalTraining(1, 1, 0.1), num_samples=2)
+  assert rec.mini_batches == 1 and rec.sentences.tolist() == [[5, 6, 7]] and len(seen) == 2
+  ids, targets = np.array([[5, 6, 7]]), np.array([[6, 7, 1]])
+  grad = jax.grad(lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets))(
+      model.variables["params"])
+  for a, b, g in zip(jax.tree.leaves(seen[1]), jax.tree.leaves(model.variables["params"]),
+                     jax.tree.leaves(grad)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b) - 0.1 * np.asarray(g), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.slow
 def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
-  """A FedAvg client of three full-batch local steps (lr 0.05): the span attack reads the drifting
-  spans, the sentences are exact, and replaying the client's training on them gives its update."""
+  """A FedAvg client of three full-batch local steps (lr 0.05), then of two epochs over two
+  mini-batches: the span attack reads the drifting spans (mini-batch by mini-batch), the sentences
+  are exact, and replaying the client's training on them gives its update."""
   from gradjax import config, pipeline
   cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", text_dim=256,
                       text_heads=4, text_ffn=512, batch_size=2, client="fedavg", local_epochs=3,
@@ -261,8 +285,11 @@ def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
   assert results["exact"] == 2 and results["found"] == 2 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5
   assert results["spans"][0]["rank"] > 2 * 15  # the later steps' drift counted in the span
-  with pytest.raises(ValueError, match="local_batch_size"):
-    dataclasses.replace(cfg, local_batch_size=1)
+  # Mini-batches of 2 over 4 sentences, two epochs: the second mini-batch is read from the weights
+  # that replaying the first one's sentences gives.
+  results = pipeline.run_text(dataclasses.replace(cfg, batch_size=4, local_batch_size=2, local_epochs=2))
+  assert results["exact"] == 4 and results["mini_batches"] == 2 and results["verdict"]["status"] == "leak"
+  assert results["residual"]["relative_error"] < 1e-5
   with pytest.raises(ValueError, match="read by --attack=dager"):
     dataclasses.replace(cfg, attack="sapag", model="transformer")
 

@@ -3,7 +3,8 @@
 
 DLG on CIFAR-10, five batches of B images (B = 1, 2, 4, 8: runs/dlg_batch_<B>), and at B = 2 and 4 one
 change each (runs/dlg_batch_<B>_<change>): CIFAR-100's 100 classes, fixed-step L-BFGS, labels known,
-one sample per step, and eight restarts (at B = 2 only).
+one sample per step, and eight restarts (at B = 2 only); runs/dlg_batch_<B>_unseen: the same on images
+500.. (CIFAR-10 test), which no setting was chosen on.
 """
 
 from gradjax import config
@@ -32,5 +33,9 @@ for _b in (2, 4):
     if _name == 'restarts8' and _b == 4:  # not run
       continue
     VARIANTS[f'dlg_batch_{_b}_{_name}'] = ('sweep', range(0, 5 * _b, _b), {'data.batch_size': _b, **_options})
+
+# The same five batches per size on CIFAR-10 test images no setting was chosen on (500..).
+for _b in (1, 2, 4, 8):
+  VARIANTS[f'dlg_batch_{_b}_unseen'] = ('sweep', range(500, 500 + 5 * _b, _b), {'data.batch_size': _b})
 
 get_config, get_sweep = config.recipes(BASE, VARIANTS)

@@ -23,7 +23,7 @@ Models (random initialisation, a fresh draw per batch):
   vocabulary), so its rows sit beside that study's optimisation attacks.
 
 The client's update is the FedSGD gradient of the next-token loss (the ``gpt_fedavg*`` rows: a FedAvg
-client's update after E full-batch local SGD steps, :data:`LOCAL`); the attack searches the whole
+client's update after E epochs of local SGD, over the batch or mini-batches, :data:`LOCAL`); the attack searches the whole
 vocabulary (it does not use the embedding gradient's rows). Nothing is tuned: the rank and tolerance
 of each span are read from its singular values. Each batch's record (runs/spans/<row>.json) has the
 scores (ROUGE-1/2/L, exact sentences, token accuracy after assignment), the spans' ranks and
@@ -55,10 +55,12 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
         + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
         + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
-# FedAvg rows: the client's update after E full-batch local SGD steps at learning rate η (no
-# momentum), read with dager.recover(drift=True); row -> (E, η).
-LOCAL = {f"gpt_fedavg{e}_lr{lr}_t{t}_b{b}": (e, lr)
+# FedAvg rows: the client's update after E epochs of local SGD at learning rate η (no momentum), over
+# the whole batch or mini-batches of b (E · B / b steps), read with dager.recover_local; row -> (E, η, b).
+LOCAL = {f"gpt_fedavg{e}_lr{lr}_t{t}_b{b}": (e, lr, None)
          for t, b in ((16, 4), (16, 8), (16, 16), (32, 8)) for e, lr in ((2, 0.01), (5, 0.01), (5, 0.1))}
+LOCAL.update({f"gpt_fedavg{e}_lr{lr}_mb{m}_t16_b{b}": (e, lr, m)
+              for b, m in ((8, 4), (16, 4)) for e, lr in ((1, 0.01), (2, 0.01))})
 ROWS += [(row, "gpt", int(row.split("_t")[1].split("_")[0]), int(row.split("_b")[1]), 2) for row in LOCAL]
 
 
@@ -110,15 +112,18 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None):
   for index, ids, model, vocabulary in batches:
     x, y = corpus.language_model_pairs(ids, vocabulary.eos)
     if row in LOCAL:
-      epochs, lr = LOCAL[row]
+      epochs, lr, mini = LOCAL[row]
       observation = clients.fedavg(model.apply_fn, model.variables, x, y,
-                                   clients.LocalTraining(epochs, None, lr))
+                                   clients.LocalTraining(epochs, mini, lr))
     else:
       observation = clients.fedsgd(model.apply_fn, model.variables, x, y)
     start = time.perf_counter()
     try:
-      rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length,
-                          drift=row in LOCAL)
+      if row in LOCAL:
+        rec = dager.recover_local(model.apply_fn, model.variables, observation.gradient, length=length,
+                                  local=observation.local, num_samples=len(ids), eos=vocabulary.eos)
+      else:
+        rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length)
     except ValueError as e:
       records.append({"index": index, "refused": str(e), "seconds": time.perf_counter() - start})
       print(f"{row} batch {index}: refused ({e})", flush=True)
@@ -127,6 +132,7 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None):
     scores = metrics.score_text(rec.sentences, ids)
     records.append({
         "index": index, "seconds": seconds, "stopped_at": rec.stopped_at, "capped": rec.capped,
+        "mini_batches": rec.mini_batches,
         "found": int(len(rec.sentences)), "distinct_true": int(len({tuple(s) for s in ids.tolist()})),
         "set_sizes": [int(len(s)) for s in rec.position_sets],
         "spans": [{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
@@ -154,7 +160,11 @@ def table():
     done = [r for r in records if "refused" not in r]
     refused = len(records) - len(done)
     n = {"batches": len(records), "refused": refused}
-    client = "FedSGD" if row not in LOCAL else f"FedAvg, {LOCAL[row][0]} steps, lr {LOCAL[row][1]}"
+    if row in LOCAL:
+      e, lr, mini = LOCAL[row]
+      client = (f"FedAvg, {e} epochs, lr {lr}" + (f", mini-batches of {mini}" if mini else ""))
+    else:
+      client = "FedSGD"
     if done:
       n.update(exact=sum(r["exact"] for r in done) / (batch * len(done)),
                rouge1=float(np.mean([r["rouge1"] for r in done])),
