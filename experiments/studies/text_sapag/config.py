@@ -29,6 +29,13 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/text_sapag/runs/train_transformer_pydoc_fedsgd/epoch_1.npz',
         'output.lpips': 'none',
     }),
+    # runs/text_table_unseen: DLG with the token search (the table's best row) on sentences 20-39,
+    # which no setting was chosen on
+    'text_table_unseen': ("text-table --methods=DLG --searches=tokens --start=20 --count=20", None, {
+        'attack.iterations': 500,
+        'attack.preset': 'sapag',
+        'output.lpips': 'none',
+    }),
     # runs/train_transformer_pydoc_fedsgd (not kept: its epoch_1.npz, 5.9 MB, takes 16 s on one core)
     'train_transformer_pydoc': (
         'train --output_dir=experiments/studies/text_sapag/runs/train_transformer_pydoc_fedsgd',
