@@ -42,6 +42,11 @@ block's attention output at the new position lies in the span of its output proj
 the second block's span (the whole first block, on the few that pass (i)). A model with one block,
 or without a decode mode, is answered at batch 1 only (one token per position).
 
+**FedAvg** (:func:`recover_local`): an update W_0 − W_E of several local steps sums the steps'
+gradients, each at the weights its step started from; the first step's inputs are those the sent
+model gives, the later ones drift (``drift`` in :func:`span`). Over mini-batches, mini-batch s is read
+from W_s, which replaying the client's first s steps on the sentences already found gives.
+
 Shapes: ``ids`` (N, T) int; first-layer distances (V, T); sentences (K, T) with K the number of
 distinct sentences found (the batch's, when every check holds).
 """
