@@ -132,23 +132,21 @@ def span(columns, rank: int | None = None, dimension: int | None = None, *,
   if not s[0] > 0:
     raise ValueError("the gradient is zero: it spans nothing")
   floor = s[0] * np.finfo(np.float64).eps  # no division by zero
-  if drift:
-    rank = int(np.sum(s > FLOOR * np.median(s))) if rank is None else rank
-    rank = int(min(max(rank, 1), s.size))
-    member = float(max(s[rank], floor) / s[rank - 1]) if rank < s.size else eps * s.size
-    random_level = float(np.sqrt(max(1.0 - rank / (dimension or d), 0.0)))
-    tolerance = random_level / SEPARATION
-    return Span(u[:, :rank], s, rank, tolerance, member, random_level,
-                full=bool(tolerance < np.sqrt(eps) or 2 * rank > s.size), drift=True)
-  if rank is None:
+  if rank is None and drift:
+    rank = int(np.sum(s > FLOOR * np.median(s)))
+  elif rank is None:
     ratios = s[:-1] / np.maximum(s[1:], floor)
     rank = int(np.argmax(ratios)) + 1 if ratios.size else 1
   rank = int(min(max(rank, 1), s.size))
   member = float(max(s[rank], floor) / s[rank - 1]) if rank < s.size else eps * s.size
   random_level = float(np.sqrt(max(1.0 - rank / (dimension or d), 0.0)))
-  tolerance = max(member / (1.0 - member) if member < 1 else np.inf, float(np.sqrt(eps)))
-  full = random_level < SEPARATION * tolerance
-  return Span(u[:, :rank], s, rank, tolerance, member, random_level, full)
+  if drift:
+    tolerance = random_level / SEPARATION
+    full = tolerance < np.sqrt(eps) or 2 * rank > s.size
+  else:
+    tolerance = max(member / (1.0 - member) if member < 1 else np.inf, float(np.sqrt(eps)))
+    full = random_level < SEPARATION * tolerance
+  return Span(u[:, :rank], s, rank, tolerance, member, random_level, bool(full), drift)
 
 
 @jax.jit

@@ -632,8 +632,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
     why = (f"the span attack found {len(rec.sentences)} sentences for a batch of "
            f"{batch.ids.shape[0]}")
     causes = []
-    local = observation.local
-    steps = None if local is None else observation.num_samples // (local.batch_size or observation.num_samples)
+    local = observation.local  # mini-batches per epoch
+    steps = None if local is None else local.steps(observation.num_samples) // local.epochs
     if rec.mini_batches is not None and steps and rec.mini_batches < steps:
       causes.append(f"{rec.mini_batches} of the client's {steps} mini-batches found in order (the "
                     "next one's weights are those its predecessors' sentences give)")
