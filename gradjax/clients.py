@@ -37,7 +37,11 @@ def _check_client_data(apply_fn, variables, x, y):
   if y.shape != want or not jnp.issubdtype(y.dtype, jnp.integer):
     raise ValueError(f"client labels must be int {want}, got {y.dtype} {y.shape}")
   num_classes = logits[-1]
-  low, high = int(np.min(np.asarray(y))), int(np.max(np.asarray(y)))
+  y_np = np.asarray(y)
+  kept = y_np[y_np >= 0] if len(want) > 1 else y_np  # a language model's -1: a position without target
+  if kept.size == 0:
+    raise ValueError("every target is -1: the client's loss has no term")
+  low, high = int(np.min(kept)), int(np.max(kept))
   if low < 0 or high >= num_classes:
     raise ValueError(f"labels must lie in [0, {num_classes}), got [{low}, {high}]")
   return x, y

@@ -321,6 +321,10 @@ class Config:
       if self.client != "fedsgd" and self.attack != "dager":
         raise ValueError("text runs simulate a FedSGD client (--client=fedsgd); a FedAvg client's "
                          "update is read by --attack=dager")
+      if models.is_masked_lm(self.model or "") and (self.attack != "dager" or self.client != "fedsgd"):
+        raise ValueError(f"a masked language model's ({self.model}) FedSGD update is read by "
+                         "--attack=dager (the optimisation attacks and FedAvg replay train on "
+                         "next-token targets)")
       if not self.checkpoint and not models.is_text(self.model or ""):
         raise ValueError(f"--modality=text needs a text model ({', '.join(models.TEXT_MODELS)}), "
                          f"not {self.model!r}")

@@ -17,7 +17,9 @@ Corpora (:data:`CORPORA`):
 Tokens (:func:`tokenize`): lower-cased words (letters and digits, with an apostrophe suffix such as
 ``'s``) and every other non-space character on its own, so "the "if" statement." gives
 ``the " if " statement .``. :class:`Vocabulary` maps tokens to ids; ``<unk>`` (id 0) stands for a
-token outside it and ``<eos>`` (id 1) ends a sentence (the language model's last target).
+token outside it and ``<eos>`` (id 1) ends a sentence (the language model's last target). A masked
+language model's vocabulary also holds ``<mask>``, last (:meth:`Vocabulary.with_mask`), and its
+client's inputs and targets are :func:`masked_lm_pairs`.
 """
 
 import collections
@@ -29,7 +31,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 CORPORA = ("pydoc", "wikitext2", "wikitext2_test")
-UNK, EOS = "<unk>", "<eos>"
+UNK, EOS, MASK = "<unk>", "<eos>", "<mask>"
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\w\s]")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
@@ -148,6 +150,18 @@ class Vocabulary:
     """The id of ``<eos>``."""
     return 1
 
+  def with_mask(self) -> "Vocabulary":
+    """This vocabulary with ``<mask>`` after its last token (itself if it holds one): a masked
+    language model's, whose other ids stay those of this one."""
+    return self if MASK in self.index else Vocabulary((*self.tokens, MASK))
+
+  @property
+  def mask(self) -> int:
+    """The id of ``<mask>``; raises if the vocabulary has none."""
+    if MASK not in self.index:
+      raise ValueError("this vocabulary has no <mask> token (Vocabulary.with_mask)")
+    return self.index[MASK]
+
   def encode(self, tokens: Sequence[str]) -> np.ndarray:
     """int32 (T,) ids of ``tokens``; a token outside the vocabulary becomes ``<unk>`` (0)."""
     return np.asarray([self.index.get(t, 0) for t in tokens], np.int32)
@@ -200,6 +214,30 @@ def language_model_pairs(ids: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndar
     raise ValueError(f"sentences must be (N, T) ids, got shape {ids.shape}")
   targets = np.concatenate([ids[:, 1:], np.full((ids.shape[0], 1), eos, ids.dtype)], axis=1)
   return ids, targets
+
+
+def masked_lm_pairs(ids: np.ndarray, mask: int, rate: float = 0.15, seed: int = 0
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """(inputs, targets) of masked-token prediction for sentences ``ids`` (N, T) (BERT's objective,
+  Devlin et al. 2019): in each sentence max(1, round(rate·T)) positions drawn without replacement
+  (``numpy.random.default_rng(seed)``, sentence by sentence) hold ``mask`` in the inputs and their
+  token in the targets; the targets elsewhere are -1 (no loss there:
+  :func:`gradjax.losses.cross_entropy`). BERT replaces a tenth of the drawn tokens by a random one
+  and keeps another tenth; here every drawn token is masked."""
+  ids = np.asarray(ids)
+  if ids.ndim != 2:
+    raise ValueError(f"sentences must be (N, T) ids, got shape {ids.shape}")
+  if not 0 < rate <= 1:
+    raise ValueError(f"the masking rate must lie in (0, 1], got {rate}")
+  n, t = ids.shape
+  k = max(1, round(rate * t))
+  rng = np.random.default_rng(seed)
+  chosen = np.zeros((n, t), bool)
+  for i in range(n):
+    chosen[i, rng.choice(t, size=k, replace=False)] = True
+  inputs = np.where(chosen, mask, ids).astype(np.int32)
+  targets = np.where(chosen, ids, -1).astype(np.int32)
+  return inputs, targets
 
 
 def windows(corpus: Iterable[Sequence[str]], vocabulary: Vocabulary, length: int

@@ -47,6 +47,14 @@ gradients, each at the weights its step started from; the first step's inputs ar
 model gives, the later ones drift (``drift`` in :func:`span`). Over mini-batches, mini-batch s is read
 from W_s, which replaying the client's first s steps on the sentences already found gives.
 
+**Masked language models** (:func:`masked_targets`): an encoder attends both ways, so there is no
+decode mode and layer 1 answers a batch of one, ``<mask>`` included where the client masked. The
+targets at the M masked positions follow from the found input: the loss is linear in the targets,
+L = −(1/M) Σ_m log p_m[y_m], so the output bias's gradient (1/M) Σ_m (p_m − e_(y_m)) with the p_m
+that the found input gives counts the labels, and the gradient of the head's ``transform`` kernel,
+Σ_m Σ_l A_ml u_ml with u_ml that of −(1/M) log p_m[l], places them (A by least squares, then the
+assignment that respects the counts).
+
 Shapes: ``ids`` (N, T) int; first-layer distances (V, T); sentences (K, T) with K the number of
 distinct sentences found (the batch's, when every check holds).
 """
@@ -444,7 +452,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   span (the query, key and value of one position: cheap), and the survivors against the second
   block's input span (the whole first block). Without a decode mode, layer 1 alone answers (one
   token per position, for a batch of one); a position whose set holds several tokens then keeps its
-  least distant.
+  least distant; where the first span's rank shows a batch of several sentences (above T), it
+  raises :class:`Unreadable` with the position sets.
   """
   attention = attention_paths(apply_fn, variables, length)
   if not attention:
@@ -464,6 +473,13 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, (first,), t, False)
   decoder = _decoder(apply_fn)
   if decoder is None or len(attention) < 2:
+    if first.rank > length:  # several sentences' (token, position) pairs, no causal order to follow
+      raise Unreadable(
+          f"the span attack orders a batch of several sentences (the first block's span has rank "
+          f"{first.rank} > {length} positions) by decoding position by position, which a "
+          f"{'bidirectional' if decoder is None else 'one-block'} model does not allow: layer 1 "
+          f"gives each position's candidate tokens ({min(map(len, sets))} to "
+          f"{max(map(len, sets))} a position), not their sentences", sets)
     best = [s[np.argmin(delta[np.searchsorted(tokens, s), t])] for t, s in enumerate(sets)]
     return Recovery(np.asarray(best, np.int32)[None], np.zeros(1), sets, (first,), None, False)
   output = span(output_gradient(gradient, attention[0]), rank, dimensions[1], drift=drift)
@@ -524,6 +540,78 @@ def recover_local(apply_fn: Callable, variables, update, *, length: int, local, 
     found = np.concatenate([found, rec.sentences[new]]).astype(np.int32)
     worst = np.concatenate([worst, rec.distances[new]])
   return rec._replace(sentences=found, distances=worst, mini_batches=steps)
+
+
+def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
+                   ) -> tuple[np.ndarray, float]:
+  """The targets of a masked language model's client whose inputs are known (found by
+  :func:`recover`), read from its gradient (see the module docstring).
+
+  Args:
+    apply_fn, variables: the model (a zoo ``bert``: ``output_bias`` and the ``transform`` Dense).
+    gradient: the client's gradient (same tree as ``variables``), mean cross entropy over the masked
+      positions (:func:`gradjax.corpus.masked_lm_pairs`).
+    inputs: (N, T) int, the client's inputs, ``mask`` where it masked.
+    mask: the ``<mask>`` id.
+
+  Returns:
+    (targets (N, T) int, -1 where the input is not ``mask``; the relative residual
+    ‖Σ u_(m, y_m) − ∇W_t‖ / ‖∇W_t‖ of the transform kernel's gradient, ~1e-6 when the targets are
+    the client's).
+
+  Raises :class:`Unreadable` where the bias gradient does not count M labels (the inputs are not
+  the client's, or the update was defended).
+  """
+  inputs = np.asarray(inputs, np.int32)
+  where = np.argwhere(inputs == mask)
+  m = len(where)
+  if m == 0:
+    raise ValueError("the inputs hold no <mask>: nothing for a masked language model to predict")
+  node = gradient["params"] if "params" in gradient else gradient
+  if "output_bias" not in node or "transform" not in node:
+    raise ValueError("masked_targets reads a zoo 'bert' (params output_bias and transform)")
+  logits = np.asarray(apply_fn(variables, jnp.asarray(inputs)), np.float64)[where[:, 0], where[:, 1]]
+  p = np.exp(logits - logits.max(axis=1, keepdims=True))
+  p /= p.sum(axis=1, keepdims=True)
+  counts = p.sum(axis=0) - m * np.asarray(node["output_bias"], np.float64)
+  rounded = np.rint(counts)
+  if rounded.min() < 0 or rounded.sum() != m or np.abs(counts - rounded).max() > 0.1:
+    raise Unreadable(f"the output bias's gradient does not count the {m} masked labels (largest "
+                     f"distance of a count to an integer {np.abs(counts - rounded).max():.2f})")
+  bag = np.flatnonzero(rounded).astype(np.int32)
+  pairs = np.stack(np.meshgrid(np.arange(m), np.arange(len(bag)), indexing="ij"), -1).reshape(-1, 2)
+  units = np.asarray(_transform_units(apply_fn, variables, jnp.asarray(inputs),
+                                      jnp.asarray(where[pairs[:, 0]], jnp.int32),
+                                      jnp.asarray(bag[pairs[:, 1]]), m), np.float64)
+  target = np.asarray(node["transform"]["kernel"], np.float64).reshape(-1)
+  weights = np.linalg.lstsq(units.T, target, rcond=None)[0].reshape(m, len(bag))
+  slots = np.repeat(np.arange(len(bag)), rounded[bag].astype(int))  # one slot per label occurrence
+  from scipy.optimize import linear_sum_assignment
+  rows, cols = linear_sum_assignment(-weights[:, slots])
+  labels = bag[slots[cols[np.argsort(rows)]]]
+  chosen = (np.arange(m) * len(bag) + np.searchsorted(bag, labels))
+  residual = (np.linalg.norm(units[chosen].sum(axis=0) - target)
+              / max(np.linalg.norm(target), np.finfo(np.float64).tiny))
+  targets = np.full(inputs.shape, -1, np.int32)
+  targets[where[:, 0], where[:, 1]] = labels
+  return targets, float(residual)
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "m"))
+def _transform_units(apply_fn, variables, inputs, positions, labels, m):
+  """(K, d·d): the transform kernel's gradient of −(1/m) log p at (position, label), for each of
+  the K pairs (``positions`` (K, 2) rows of the batch and positions)."""
+  params = variables["params"]
+
+  def one(position, label):
+    def loss(kernel):
+      changed = {**params, "transform": {**params["transform"], "kernel": kernel}}
+      logits = apply_fn({**variables, "params": changed}, inputs)[position[0], position[1]]
+      return -jax.nn.log_softmax(logits)[label] / m
+
+    return jax.grad(loss)(params["transform"]["kernel"]).reshape(-1)
+
+  return jax.lax.map(lambda a: one(*a), (positions, labels))
 
 
 def _unusable(what: str, s: Span, dimension: int) -> str:

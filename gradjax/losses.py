@@ -9,17 +9,22 @@ import jax.numpy as jnp
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-  """Mean cross entropy: -(1/N) Σ_n Σ_k t_nk log softmax(z_n)_k.
+  """Mean cross entropy: -(1/M) Σ_n Σ_k t_nk log softmax(z_n)_k over the M kept rows.
 
   Args:
-    logits: (N, K).
-    targets: int labels (N,) or a probability (soft-label) matrix (N, K). DLG optimises soft labels
-      ``softmax(label_logits)`` (``cross_entropy_for_onehot`` of the DLG code).
+    logits: (..., K), e.g. (N, K) of a classifier or (N, T, K) of a language model.
+    targets: int labels (...), or a probability (soft-label) matrix (..., K). DLG optimises soft
+      labels ``softmax(label_logits)`` (``cross_entropy_for_onehot`` of the DLG code). A negative
+      int label marks a row without a target (the unmasked positions of a masked language model):
+      it is left out of the sum and of M, as PyTorch's ``cross_entropy(ignore_index=...)`` does.
+      With soft labels every row is kept.
 
   Returns:
-    Scalar loss.
+    Scalar loss (0 when no row is kept).
   """
   log_p = jax.nn.log_softmax(logits, axis=-1)
   if jnp.issubdtype(targets.dtype, jnp.integer):
-    targets = jax.nn.one_hot(targets, logits.shape[-1], dtype=log_p.dtype)
+    kept = jnp.sum(targets >= 0).astype(log_p.dtype)
+    targets = jax.nn.one_hot(targets, logits.shape[-1], dtype=log_p.dtype)  # zero rows where < 0
+    return -jnp.sum(targets * log_p) / jnp.maximum(kept, 1)
   return -jnp.mean(jnp.sum(targets * log_p, axis=-1))

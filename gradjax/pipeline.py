@@ -536,7 +536,8 @@ class Sentences(NamedTuple):
 
 def text_vocabulary(cfg: Config, sentences: list[list[str]]) -> corpus.Vocabulary:
   """The vocabulary of ``cfg``'s model: the checkpoint's (its token ids are the trained rows), else
-  built from the corpus (``vocab_size`` most frequent tokens)."""
+  built from the corpus (``vocab_size`` most frequent tokens, and ``<mask>`` after them for a masked
+  language model)."""
   if cfg.checkpoint:
     tokens = checkpoint.read_metadata(cfg.checkpoint).get("vocabulary")
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
@@ -545,7 +546,19 @@ def text_vocabulary(cfg: Config, sentences: list[list[str]]) -> corpus.Vocabular
       raise ValueError(f"checkpoint {cfg.checkpoint} has a vocabulary of {len(tokens)}, not "
                        f"--vocab_size {cfg.vocab_size}")
     return corpus.Vocabulary(tuple(tokens))
-  return corpus.Vocabulary.build(sentences, cfg.vocab_size)
+  vocabulary = corpus.Vocabulary.build(sentences, cfg.vocab_size)
+  return vocabulary.with_mask() if models.is_masked_lm(cfg.model or "") else vocabulary
+
+
+def client_pairs(cfg: Config, model: models.Model, ids: np.ndarray, vocabulary: corpus.Vocabulary
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """The text client's (inputs, targets) for sentences ``ids``: next-token prediction
+  (:func:`gradjax.corpus.language_model_pairs`), or for a masked language model 15 % of each
+  sentence's positions masked (BERT's rate; :func:`gradjax.corpus.masked_lm_pairs`, the positions
+  drawn from the experiment's seed and index)."""
+  if models.is_masked_lm(model.name):
+    return corpus.masked_lm_pairs(ids, vocabulary.mask, 0.15, seed=(cfg.seed, cfg.index))
+  return corpus.language_model_pairs(ids, vocabulary.eos)
 
 
 def load_sentences(cfg: Config) -> Sentences:
@@ -610,6 +623,15 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       rec = dager.recover(model.apply_fn, model.variables, observation.gradient, **options)
   except dager.Unreadable as e:
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
+  masked = pairs = None
+  if models.is_masked_lm(model.name) and len(rec.sentences):
+    try:  # the inputs hold <mask>: their targets from the gradient, the sentences with them
+      targets, masked = dager.masked_targets(model.apply_fn, model.variables, observation.gradient,
+                                             rec.sentences, vocabulary.mask)
+      pairs = (rec.sentences, targets)
+      rec = rec._replace(sentences=np.where(targets >= 0, targets, rec.sentences))
+    except dager.Unreadable as e:
+      return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
   scores = metrics.score_text(rec.sentences, batch.ids)
   found = [vocabulary.decode(rec.sentences[j]) if j >= 0 else None for j in scores["order"]]
@@ -621,9 +643,11 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
              for s in rec.spans],
       position_set_sizes=[int(len(s)) for s in rec.position_sets])
+  if masked is not None:
+    results["masked_targets_residual"] = masked
   residual = None
   if len(rec.sentences) == batch.ids.shape[0]:
-    x, targets = corpus.language_model_pairs(rec.sentences, vocabulary.eos)
+    x, targets = pairs or corpus.language_model_pairs(rec.sentences, vocabulary.eos)
     residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets,
                                 mode="replay" if observation.threat_model == "fedavg" else "gradient")
   results["findings"] = verdict.text_findings(results)
@@ -655,6 +679,8 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   inconclusive with the reason."""
   words = (np.unique(np.concatenate(error.position_sets)) if error.position_sets is not None
            else np.zeros(0, np.int32))
+  if models.is_masked_lm(model.name):  # <mask> is the client's input, not one of its words
+    words = words[words != batch.vocabulary.mask]
   recall = [float(np.isin(s, words).mean()) for s in batch.ids]
   scores = {"token_accuracy": 0.0, "rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0, "exact": 0,
             "unmatched": 0, "token_accuracy_per_sentence": [0.0] * len(recall),
@@ -714,7 +740,7 @@ def _run_text(cfg: Config, callback, state):
   batch = load_sentences(cfg)
   vocabulary = batch.vocabulary
   model = text_model(cfg, vocabulary, key_model)
-  x, y = corpus.language_model_pairs(batch.ids, vocabulary.eos)
+  x, y = client_pairs(cfg, model, batch.ids, vocabulary)
   if cfg.client == "fedavg":  # the span attack's (Config checks)
     observation = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(
         cfg.local_epochs, cfg.local_batch_size, cfg.local_lr, cfg.local_momentum))

@@ -37,6 +37,24 @@ def test_cross_entropy_soft_labels_matches_numpy(log_softmax_reference):
   np.testing.assert_allclose(got, want, rtol=1e-14)
 
 
+def test_cross_entropy_leaves_out_negative_labels_as_pytorch_ignore_index(log_softmax_reference):
+  """(N, T, K) logits with -1 at the unmasked positions: the mean over the kept positions only
+  (NumPy), and 0 with its zero gradient when none is kept."""
+  rng = np.random.default_rng(3)
+  with jax.enable_x64(True):
+    z = rng.normal(0, 2, (3, 5, 7))
+    y = rng.integers(0, 7, (3, 5))
+    y[rng.random((3, 5)) < 0.6] = -1
+    y[0, 0] = 4  # at least one kept
+    got = float(losses.cross_entropy(jnp.asarray(z), jnp.asarray(y)))
+    kept = y >= 0
+    want = -np.mean(log_softmax_reference(z[kept])[np.arange(kept.sum()), y[kept]])
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+    none = jnp.full((3, 5), -1)
+    assert float(losses.cross_entropy(jnp.asarray(z), none)) == 0.0
+    assert not np.any(np.asarray(jax.grad(losses.cross_entropy)(jnp.asarray(z), none)))
+
+
 def test_cross_entropy_int_equals_one_hot():
   rng = np.random.default_rng(2)
   z = jnp.asarray(rng.normal(0, 2, (6, 10)), jnp.float32)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import dager, metrics, models
+from gradjax import corpus, dager, metrics, models
 from gradjax.losses import cross_entropy
 
 
@@ -102,7 +102,7 @@ def test_decode_mode_reproduces_the_full_forward_pass(name):
   np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["gpt", "transformer"])
+@pytest.mark.parametrize("name", ["gpt", "transformer", "bert"])
 def test_first_block_input_depends_on_its_own_token_only(name):
   """The premise of the first-layer check: changing other positions leaves position t's input."""
   model = _model(name, 50, 6)
@@ -337,6 +337,51 @@ def test_a_captured_pytorch_update_of_the_decoder_gives_back_its_sentences(tmp_p
   assert metrics.score_text(rec.sentences, ids)["exact"] == batch
 
 
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
+@pytest.mark.slow
+def test_a_captured_pytorch_update_of_the_encoder_gives_back_its_sentence(tmp_path):
+  """The zoo's BERT against its PyTorch twin (masked-LM loss, PyTorch's ignore_index at the
+  unmasked positions): the twin's gradient, written and read as a capture, equals gradjax's to 1e-5
+  of each tensor's scale, and the span attack with the masked targets returns the sentence."""
+  torch = pytest.importorskip("torch")
+  from gradjax import interop
+
+  vocabulary, length = 60, 14
+  sizes = dict(dim=32, heads=4, ffn=64, layers=2)
+  model = models.create("bert", jax.random.key(0), input_shape=(length,), num_classes=vocabulary,
+                        text_sizes=models.TextSizes(**sizes))
+  mapping = interop.zoo_mapping(model)
+  torch.manual_seed(0)
+  twin = models.family("bert").torch_module(None, torch, (length,), vocabulary, **sizes)
+  interop.write(tmp_path / "w.safetensors", {k: v.detach().numpy() for k, v in twin.state_dict().items()})
+  variables = interop.variables_from_torch(interop.read(tmp_path / "w.safetensors").tensors, mapping,
+                                           model.variables)
+  ids = _sentences(np.random.default_rng(1), vocabulary - 1, 1, length)
+  x, y = corpus.masked_lm_pairs(ids, vocabulary - 1, 0.15, seed=2)
+  logits = twin(torch.tensor(x, dtype=torch.int64))
+  np.testing.assert_allclose(logits.detach().numpy(), np.asarray(model.apply_fn(variables, x)),
+                             rtol=1e-4, atol=1e-5)
+  torch.nn.functional.cross_entropy(logits.reshape(-1, vocabulary),
+                                    torch.tensor(y, dtype=torch.int64).reshape(-1),
+                                    ignore_index=-1).backward()
+  interop.write(tmp_path / "g.safetensors", {k: p.grad.numpy() for k, p in twin.named_parameters()})
+  captured = interop.params_from_torch(interop.read(tmp_path / "g.safetensors").tensors, mapping,
+                                       model.variables["params"])
+  own = jax.grad(lambda p: cross_entropy(model.apply_fn({"params": p}, x), y))(variables["params"])
+  for path, a in jax.tree_util.tree_leaves_with_path(own):
+    b = captured
+    for key in path:
+      b = b[key.key]
+    scale = float(np.abs(np.asarray(a)).max()) + 1e-12
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * scale + 1e-9,  # + : the key biases, 0 but for rounding
+                               err_msg=jax.tree_util.keystr(path))
+  rec = dager.recover(model.apply_fn, variables, {"params": captured}, length=length)
+  targets, residual = dager.masked_targets(model.apply_fn, variables, {"params": captured},
+                                           rec.sentences, vocabulary - 1)
+  np.testing.assert_array_equal(np.where(targets >= 0, targets, rec.sentences), ids)
+  assert residual < 1e-4
+
+
 @pytest.mark.slow
 def test_a_batch_too_long_to_order_still_leaks_its_words():
   """gpt of width 200 at batch 16 of 15 tokens: 240 prefixes fill the second block's span, the
@@ -350,6 +395,66 @@ def test_a_batch_too_long_to_order_still_leaks_its_words():
   assert "nearly fills" in results["unreadable"] and results["found"] == 0
   assert set(results["words"]) == words and results["word_precision"] == 1.0
   assert results["verdict"]["status"] == "leak" and results["verdict"]["leaks"] == ["bag"]
+
+
+def _masked_gradient(model, x, y):
+  loss = lambda p: cross_entropy(model.apply_fn({"params": p}, x), y)
+  return {"params": jax.grad(loss)(model.variables["params"])}
+
+
+@pytest.mark.slow
+def test_a_masked_language_models_sentence_and_its_masked_tokens():
+  """bert at batch 1, 20 tokens, three masked positions, two of them holding the same word: layer 1
+  gives the input, <mask> included; the output bias's gradient counts the labels (checked against
+  NumPy's softmax of the found input's logits) and the transform kernel's places them; inputs that
+  are not the client's leave a residual (or counts that are not integers)."""
+  vocabulary, length = 80, 20
+  model = _model("bert", vocabulary, length, dim=48)
+  mask = vocabulary - 1
+  ids = _sentences(np.random.default_rng(4), vocabulary - 1, 1, length)
+  x, y = corpus.masked_lm_pairs(ids, mask, 0.15, seed=0)
+  at = np.flatnonzero(x[0] == mask)
+  ids[0, at[1]] = ids[0, at[0]]  # a repeated label
+  y[0, at[1]] = y[0, at[0]]
+  g = _masked_gradient(model, x, y)
+  rec = dager.recover(model.apply_fn, model.variables, g, length=length)
+  np.testing.assert_array_equal(rec.sentences, x)
+  logits = np.asarray(model.apply_fn(model.variables, x), np.float64)[0, at]
+  p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+  counts = p.sum(axis=0) - 3 * np.asarray(g["params"]["output_bias"], np.float64)
+  np.testing.assert_allclose(counts, np.bincount(y[0, at], minlength=vocabulary), atol=1e-4)
+  targets, residual = dager.masked_targets(model.apply_fn, model.variables, g, rec.sentences, mask)
+  np.testing.assert_array_equal(targets, y)
+  assert residual < 1e-5
+  # <mask> at other positions: the labels cannot reproduce the transform kernel's gradient
+  shifted = np.roll(x, 1, axis=1)
+  try:
+    assert dager.masked_targets(model.apply_fn, model.variables, g, shifted, mask)[1] > 1e-2
+  except dager.Unreadable as e:
+    assert "does not count" in str(e)
+  with pytest.raises(ValueError, match="no <mask>"):
+    dager.masked_targets(model.apply_fn, model.variables, g, ids, mask)
+
+
+@pytest.mark.slow
+def test_the_pipeline_reads_a_masked_language_models_update():
+  """bert through the pipeline: batch 1 exact (its masked words from the gradient, the found input
+  and targets reproducing the update); batch 2 gives the words, not their sentences (an encoder
+  has no causal order to decode); the optimisation attacks are refused."""
+  from gradjax import config, pipeline
+  cfg = config.Config(modality="text", dataset="pydoc", model="bert", attack="dager", text_dim=64,
+                      text_heads=4, text_ffn=128, batch_size=1, sequence_length=15)
+  results = pipeline.run_text(cfg)
+  assert results["exact"] == 1 and results["rouge1"] == 1.0 and results["verdict"]["status"] == "leak"
+  assert results["residual"]["relative_error"] < 1e-5 and results["masked_targets_residual"] < 1e-5
+  results = pipeline.run_text(dataclasses.replace(cfg, batch_size=2))
+  sentences = pipeline.load_sentences(dataclasses.replace(cfg, batch_size=2))
+  assert "bidirectional" in results["unreadable"] and results["found"] == 0
+  assert results["word_precision"] == 1.0 and "<mask>" not in results["words"]
+  assert set(results["words"]) <= set(sentences.vocabulary.decode(np.unique(sentences.ids)))
+  assert results["bag_recall"] >= 0.8 and results["verdict"]["leaks"] == ["bag"]
+  with pytest.raises(ValueError, match="masked language model"):
+    dataclasses.replace(cfg, attack="sapag")
 
 
 @pytest.mark.slow

@@ -128,6 +128,25 @@ def test_language_model_pairs_and_windows(vocab):
   np.testing.assert_array_equal(ys, [stream[1:4], stream[4:7]])
 
 
+def test_masked_lm_pairs_and_the_mask_token(vocab):
+  """A masked language model's vocabulary adds <mask> last and keeps the other ids; its client masks
+  round(0.15 T) positions of each sentence, the targets being their tokens and -1 elsewhere."""
+  masked = vocab.with_mask()
+  assert masked.tokens[:-1] == vocab.tokens and masked.tokens[-1] == "<mask>"
+  assert masked.mask == len(vocab) and masked.with_mask() is masked
+  with pytest.raises(ValueError, match="no <mask>"):
+    vocab.mask
+  ids = np.random.default_rng(0).integers(2, len(vocab), (4, 20)).astype(np.int32)
+  x, y = corpus.masked_lm_pairs(ids, masked.mask, 0.15, seed=(0, 1))
+  chosen = x == masked.mask
+  assert (chosen.sum(axis=1) == 3).all()
+  np.testing.assert_array_equal(y, np.where(chosen, ids, -1))
+  np.testing.assert_array_equal(x[~chosen], ids[~chosen])
+  again, _ = corpus.masked_lm_pairs(ids, masked.mask, 0.15, seed=(0, 1))
+  np.testing.assert_array_equal(again, x)
+  assert (corpus.masked_lm_pairs(ids[:, :3], masked.mask, 0.15)[0] == masked.mask).sum() == 4
+
+
 def test_wikitext2_when_present():
   try:
     wiki = corpus.sentences("wikitext2")
@@ -317,6 +336,8 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
   saved = json.loads((tmp_path / "train" / "results.json").read_text())
   assert saved["metadata"]["model"] == "transformer" and len(saved["metadata"]["vocabulary"]) == 200
   assert saved["history"][1]["accuracy"] > saved["history"][0]["accuracy"]  # it learned something
+  refused = run_program("train.py", "--modality=text", "--model=bert", f"--output_dir={tmp_path / 'bert'}")
+  assert refused.returncode == 2 and "masked language model" in refused.stderr.strip().splitlines()[-1]
   out = tmp_path / "attack"
   proc = run_program("reconstruct.py", "--modality=text", "--iterations=5", "--index=1",
                      f"--checkpoint={tmp_path / 'train' / 'epoch_1.npz'}", "--sequence_length=8",
@@ -342,6 +363,7 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
     (["--client=fedavg"], "FedSGD client"),
     (["--index=100000"], "distinct sentences of 15 tokens"),
     (["--vocab_size=2"], "room for <unk>"),
+    (["--model=bert"], "masked language model"),  # the optimisation attacks read next-token models
 ])
 def test_text_cli_errors_are_one_line(args, message, tmp_path):
   proc = run_program("reconstruct.py", "--modality=text", "--iterations=1", *TINY, *args,

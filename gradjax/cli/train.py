@@ -170,6 +170,9 @@ def main(argv):
   try:
     common.permutation_seed(f.data_seed, "data_seed")
     defenses.parse(f.defense or "none")
+    if f.modality == "text" and models.is_masked_lm(f.model or ""):
+      raise ValueError(f"gradjax train fits next-token language models; {f.model} is a masked "
+                       "language model (attack it at its initialisation)")
   except ValueError as e:
     common.fail(str(e))
   out = common.output_folder(f"train_{f.model}_{f.dataset.replace(':', '-')}_{f.client}",

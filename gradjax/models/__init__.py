@@ -13,6 +13,7 @@ Names::
   resnetD[-W]          CIFAR ResNet: D = 18, 34 or 6n+2, width factor W (1); e.g. resnet20-4
   transformer          SAPAG's Transformer language model (text; sizes from ``text_sizes``)
   gpt                  a GPT-2-style decoder (text; sizes from ``text_sizes``, logits tied to the embedding)
+  bert                 a BERT-style encoder with a masked-LM head (text; sizes from ``text_sizes``)
 
 Every image model's last layer is a Dense named ``"head"`` (label inference reads its gradient). Image models
 take (N, H, W, C) inputs; text models (:data:`TEXT_MODELS`) take token ids (N, T) or embeddings
@@ -28,14 +29,14 @@ import numpy as np
 from flax import linen as nn
 
 from gradjax.compilation import once
-from gradjax.models import convnet, gpt, lenet, mlp, resnet, transformer
+from gradjax.models import bert, convnet, gpt, lenet, mlp, resnet, transformer
 from gradjax.models.inits import INITS, get_initializers
 from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
 from gradjax.models.spec import Options, ModelSpec, ZooName
 
 # The zoo: one ModelSpec per family (gradjax.models.spec), in the order names are tried.
 FAMILIES: tuple[ModelSpec, ...] = (lenet.LENET_ZHU, lenet.LENET5, convnet.SPEC, mlp.SPEC, resnet.SPEC,
-                              transformer.SPEC, gpt.SPEC)
+                              transformer.SPEC, gpt.SPEC, bert.SPEC)
 MODELS = tuple(n for f in FAMILIES if not f.text for n in f.examples)
 TEXT_MODELS = tuple(n for f in FAMILIES if f.text for n in f.examples)
 
@@ -55,6 +56,13 @@ def is_text(name: str) -> bool:
   """Whether model ``name`` reads token sequences rather than images."""
   spec = family(name)
   return spec is not None and spec.text
+
+
+def is_masked_lm(name: str) -> bool:
+  """Whether text model ``name`` predicts masked tokens (its client's targets are
+  :func:`gradjax.corpus.masked_lm_pairs`) rather than the next token."""
+  spec = family(name)
+  return spec is not None and spec.masked_lm
 
 ApplyFn = Callable[..., jax.Array]
 

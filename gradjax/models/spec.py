@@ -66,6 +66,7 @@ class ModelSpec:
     torch_module: ``torch_module(zoo, torch, (H, W, C), num_classes) -> torch.nn.Module``, the PyTorch
       twin (same layers and parameter count, its own weights), or None.
     text: reads token ids (N, T) rather than images.
+    masked_lm: a text model trained to predict masked tokens, not the next one.
     depth_and_width: the pattern's groups are (depth, width); else (width,).
   """
 
@@ -78,6 +79,7 @@ class ModelSpec:
   torch_module: Callable[..., Any] | None = None
   default_width: int | None = None
   text: bool = False
+  masked_lm: bool = False
   depth_and_width: bool = False
 
   def parse(self, name: str) -> ZooName | None:

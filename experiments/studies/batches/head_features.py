@@ -13,7 +13,8 @@ batch 4 and 8, with and without. Each row is a ``gradjax sweep`` into ``runs/hea
 ``table.md`` and ``table.json`` give per row the mean and median per-image PSNR, the images
 recognisable by the verdict's rule, the leak verdicts and the seconds per batch. The last rows run
 batch 8 with eight restarts (``--restarts=8``: the best by the matching objective kept), with and
-without GradInversion's group consistency (``--priors=...,group:1e-3:500``).
+without GradInversion's group consistency (``--priors=...,group:1e-3:500``); the last, the same
+attack on the issue's untrained ConvNet-16 (``--model=convnet-16``).
 """
 
 import os
@@ -35,7 +36,9 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     # Batch 8, the development images 0-39: one restart, eight, eight with group consistency.
     ("b8_0_hf", 8, 0, 5, WEIGHT, ()), ("b8_0_hf_r8", 8, 0, 5, WEIGHT, RESTARTS),
     ("b8_0_hf_r8_group", 8, 0, 5, WEIGHT, RESTARTS + GROUP),
-    ("b8_900_hf_r8", 8, 900, 5, WEIGHT, RESTARTS)]
+    ("b8_900_hf_r8", 8, 900, 5, WEIGHT, RESTARTS),
+    # The issue's ConvNet-16 (untrained, Flax's default init), the same attack, unseen images.
+    ("b8_500_hf_convnet16", 8, 500, 2, WEIGHT, ("--model=convnet-16",))]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
@@ -47,9 +50,9 @@ def run(row, batch, start, count, weight, extra, data_dir):
 def table() -> tuple[str, dict]:
   """The table (markdown) and its numbers by row."""
   numbers = {}
-  lines = ["| batch | images | head features | restarts, prior | PSNR per image, mean (dB) | median | "
+  lines = ["| model | batch | images | head features | restarts, prior | PSNR per image, mean (dB) | median | "
            "SSIM, mean | recognisable (verdict's rule) | leak verdicts | s per batch |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for row, batch, start, count, weight, extra in ROWS:
     rows = sweeps.rows(RUNS, row)
     if rows is None:
@@ -62,8 +65,9 @@ def table() -> tuple[str, dict]:
     numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "batches": len(rows), "seconds_per_batch": seconds}
-    setting = ("8" + (", group 1e-3 from 500" if GROUP[0] in extra else "")) if extra else "1"
-    lines.append(f"| {batch} | {start}..{start + batch * len(rows) - 1} | {weight:g} | {setting} | "
+    setting = ("8" + (", group 1e-3 from 500" if GROUP[0] in extra else "")) if RESTARTS[0] in extra else "1"
+    model = next((e.split("=", 1)[1] for e in extra if e.startswith("--model=")), "lenet_zhu")
+    lines.append(f"| {model} | {batch} | {start}..{start + batch * len(rows) - 1} | {weight:g} | {setting} | "
                  f"{psnr.mean():.2f} | "
                  f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | {leaks} / {len(rows)} | "
                  f"{seconds:.1f} |")

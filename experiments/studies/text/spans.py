@@ -18,6 +18,13 @@ Models (random initialisation, a fresh draw per batch):
       --train_lr=0.1 --batch_size=32 --output_dir=<folder>
 
   (the checkpoint, about 90 MB, is not kept; ``--trained=<folder>/epoch_1.npz``).
+* ``bert``: the zoo's BERT-style encoder with a masked-LM head at BERT-base's width (768, 12 heads,
+  feed-forward 3072), 2 blocks, the ``gpt`` rows' sentences and vocabulary with ``<mask>`` added;
+  the client masks 15 % of each sentence's positions (``corpus.masked_lm_pairs``, seed (0, batch))
+  and its update is the gradient of the loss at those positions. The attack reads the input,
+  ``<mask>`` included, from layer 1 and the masked words from the head's gradient
+  (``dager.masked_targets``); at batches of several sentences it keeps each position's candidate
+  words (``words_recall``: each true sentence's share of words among them).
 * ``transformer``: SAPAG's Transformer (width 200) on the pydoc corpus's 15-token sentences, the
   sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.pipeline``'s keys and
   vocabulary), so its rows sit beside that study's optimisation attacks.
@@ -53,6 +60,8 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
                           (64, (1, 2, 4, 8, 16)))
          for b in sizes]
         + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
+        + [(f"bert_t{t}_b1", "bert", t, 1, 5) for t in (16, 32, 64)]
+        + [(f"bert_t16_b{b}", "bert", 16, b, 3) for b in (2, 4)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
         + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
 # FedAvg rows: the client's update after E epochs of local SGD at learning rate η (no momentum), over
@@ -64,7 +73,7 @@ LOCAL.update({f"gpt_fedavg{e}_lr{lr}_mb{m}_t16_b{b}": (e, lr, m)
 ROWS += [(row, "gpt", int(row.split("_t")[1].split("_")[0]), int(row.split("_b")[1]), 2) for row in LOCAL]
 
 
-def _gpt_batches(data_dir, length, batch, count, trained=None):
+def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt"):
   sentences = corpus.sentences("wikitext2_test", data_dir)
   if trained:  # the checkpoint's model and vocabulary (trained on the validation split)
     cfg = Config(modality="text", dataset="wikitext2_test", model="gpt", checkpoint=trained,
@@ -73,6 +82,8 @@ def _gpt_batches(data_dir, length, batch, count, trained=None):
     model = pipeline.text_model(cfg, vocabulary, None)
   else:
     vocabulary = corpus.Vocabulary.build(sentences)
+    if models.is_masked_lm(name):
+      vocabulary = vocabulary.with_mask()
   seen, pool = set(), []
   for s in sentences:
     if len(s) >= length and tuple(s[:length]) not in seen:
@@ -84,7 +95,7 @@ def _gpt_batches(data_dir, length, batch, count, trained=None):
       return
     ids = np.stack([vocabulary.encode(s) for s in chosen]).astype(np.int32)
     if not trained:
-      model = models.create("gpt", jax.random.key(k), input_shape=(length,),
+      model = models.create(name, jax.random.key(k), input_shape=(length,),
                             num_classes=len(vocabulary), text_sizes=GPT)
     yield k, ids, model, vocabulary
 
@@ -107,10 +118,15 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None):
   if model_name == "transformer":
     batches = _sapag_batches(data_dir, length, batch, count)
   else:
-    batches = _gpt_batches(data_dir, length, batch, count, trained if model_name == "gpt_trained" else None)
+    batches = _gpt_batches(data_dir, length, batch, count, trained if model_name == "gpt_trained" else None,
+                           "bert" if model_name == "bert" else "gpt")
   records = []
   for index, ids, model, vocabulary in batches:
-    x, y = corpus.language_model_pairs(ids, vocabulary.eos)
+    masked = models.is_masked_lm(model.name)
+    if masked:
+      x, y = corpus.masked_lm_pairs(ids, vocabulary.mask, 0.15, seed=(0, index))
+    else:
+      x, y = corpus.language_model_pairs(ids, vocabulary.eos)
     if row in LOCAL:
       epochs, lr, mini = LOCAL[row]
       observation = clients.fedavg(model.apply_fn, model.variables, x, y,
@@ -124,8 +140,18 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None):
                                   local=observation.local, num_samples=len(ids), eos=vocabulary.eos)
       else:
         rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length)
+      extra = {}
+      if masked:
+        targets, extra["masked_residual"] = dager.masked_targets(
+            model.apply_fn, model.variables, observation.gradient, rec.sentences, vocabulary.mask)
+        rec = rec._replace(sentences=np.where(targets >= 0, targets, rec.sentences))
     except ValueError as e:
-      records.append({"index": index, "refused": str(e), "seconds": time.perf_counter() - start})
+      record = {"index": index, "refused": str(e), "seconds": time.perf_counter() - start}
+      sets = getattr(e, "position_sets", None)
+      if sets is not None:
+        words = np.unique(np.concatenate(sets))
+        record["words_recall"] = float(np.mean([np.isin(s, words).mean() for s in ids]))
+      records.append(record)
       print(f"{row} batch {index}: refused ({e})", flush=True)
       continue
     seconds = time.perf_counter() - start
@@ -133,7 +159,7 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None):
     records.append({
         "index": index, "seconds": seconds, "stopped_at": rec.stopped_at, "capped": rec.capped,
         "mini_batches": rec.mini_batches,
-        "found": int(len(rec.sentences)), "distinct_true": int(len({tuple(s) for s in ids.tolist()})),
+        **extra, "found": int(len(rec.sentences)), "distinct_true": int(len({tuple(s) for s in ids.tolist()})),
         "set_sizes": [int(len(s)) for s in rec.position_sets],
         "spans": [{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
                   for s in rec.spans],
@@ -160,6 +186,10 @@ def table():
     done = [r for r in records if "refused" not in r]
     refused = len(records) - len(done)
     n = {"batches": len(records), "refused": refused}
+    recalls = [r["words_recall"] for r in records if "words_recall" in r]
+    if recalls:  # the refused batches' words, from layer 1
+      n["words_recall"] = float(np.mean(recalls))
+      refused = f"{refused} (words {n['words_recall']:.2f})"
     if row in LOCAL:
       e, lr, mini = LOCAL[row]
       client = (f"FedAvg, {e} epochs, lr {lr}" + (f", mini-batches of {mini}" if mini else ""))
