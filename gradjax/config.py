@@ -321,10 +321,6 @@ class Config:
       if self.client != "fedsgd" and self.attack != "dager":
         raise ValueError("text runs simulate a FedSGD client (--client=fedsgd); a FedAvg client's "
                          "update is read by --attack=dager")
-      if models.is_masked_lm(self.model or "") and (self.attack != "dager" or self.client != "fedsgd"):
-        raise ValueError(f"a masked language model's ({self.model}) FedSGD update is read by "
-                         "--attack=dager (the optimisation attacks and FedAvg replay train on "
-                         "next-token targets)")
       if not self.checkpoint and not models.is_text(self.model or ""):
         raise ValueError(f"--modality=text needs a text model ({', '.join(models.TEXT_MODELS)}), "
                          f"not {self.model!r}")
@@ -466,6 +462,11 @@ def check(cfg: Config) -> attacks.Attack:
     if cfg.modality != modality or cfg.restarts != 1 or cfg.permutations != 1:
       raise ValueError(f"--attack={cfg.attack} recovers {'sentences' if modality == 'text' else 'images'}"
                        f" in one pass: --modality={modality}, --restarts=1 and --permutations=1")
+  if (cfg.modality == "text" and models.is_masked_lm(cfg.model or "")
+      and (cfg.attack != "dager" or cfg.client != "fedsgd")):
+    raise ValueError(f"a masked language model's ({cfg.model}) FedSGD update is read by "
+                     "--attack=dager (the optimisation attacks and FedAvg replay train on "
+                     "next-token targets)")
   if cfg.defense:
     defenses.parse(cfg.defense)
   if cfg.adaptive and not (cfg.defense or cfg.observation):

@@ -463,11 +463,22 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   if tokens.size == 0 or tokens[0] < 0 or tokens[-1] >= vocabulary:
     raise ValueError(f"candidate token ids must be non-empty and lie in [0, {vocabulary})")
   dimensions = candidate_dimensions(apply_fn, variables, length, jax.random.key(0), vocabulary)
-  first = span(projection_gradient(gradient, attention[0]), rank, dimensions[0], drift=drift)
+  columns = projection_gradient(gradient, attention[0])
+  first = span(columns, rank, dimensions[0], drift=drift)
   if first.full:
     raise Unreadable(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
   sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
+  if rank is None and not drift and any(s.size == 0 for s in sets):
+    for wider in _wider_ranks(first):  # inputs weighted near the rounding: a later gap, if any
+      candidate = span(columns, wider, dimensions[0])
+      if candidate.full:
+        break
+      d = np.asarray(first_layer_distances(apply_fn, variables, candidate.basis, tokens, length))
+      if all((d[:, t] <= candidate.tolerance).any() for t in range(length)):
+        first, delta = candidate, d
+        sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
+        break
   if any(s.size == 0 for s in sets):
     t = next(t for t, s in enumerate(sets) if s.size == 0)
     return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, (first,), t, False)
@@ -612,6 +623,18 @@ def _transform_units(apply_fn, variables, inputs, positions, labels, m):
     return jax.grad(loss)(params["transform"]["kernel"]).reshape(-1)
 
   return jax.lax.map(lambda a: one(*a), (positions, labels))
+
+
+def _wider_ranks(s: Span) -> list[int]:
+  """Ranks past ``s.rank`` where the singular values fall by at least :data:`SEPARATION` times,
+  widest gap first: where the largest gap leaves out inputs that reach the gradient with small
+  weights (a trained model's positions far from its loss), the span that holds every position is
+  at one of these."""
+  sv = np.maximum(s.singular_values, s.singular_values[0] * np.finfo(np.float64).eps)
+  ratios = sv[:-1] / sv[1:]
+  ranks = [r + 1 for r in np.argsort(-ratios, kind="stable")
+           if r + 1 > s.rank and ratios[r] >= SEPARATION]
+  return ranks
 
 
 def _unusable(what: str, s: Span, dimension: int) -> str:

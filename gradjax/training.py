@@ -91,7 +91,8 @@ def _correct(apply_fn, variables, x, y):
 
 def evaluate(apply_fn, variables, x, y, batch_size: int = 500) -> float:
   """Test accuracy (1/N) Σ_n [argmax_k f_θ(x_n)_k = y_n], the model in evaluation mode; for a
-  language model the next-token accuracy over every position of every sentence.
+  language model the next-token accuracy over every position of every sentence (a masked one's:
+  over the positions with a target, y ≥ 0).
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
@@ -110,7 +111,7 @@ def evaluate(apply_fn, variables, x, y, batch_size: int = 500) -> float:
   correct = 0
   for start in range(0, len(x), batch_size):
     correct += int(_correct(apply_fn, variables, x[start:start + batch_size], y[start:start + batch_size]))
-  return correct / y.size
+  return correct / max(int(np.sum(y >= 0)), 1)
 
 
 # --- augmentation -------------------------------------------------------------------------------

@@ -41,6 +41,24 @@ def test_span_reads_the_rank_and_holds_the_inputs(d, m, k):
   assert got.min() > 10 * s.tolerance
 
 
+def test_a_later_gap_is_offered_where_the_largest_leaves_inputs_out():
+  """Inputs weighted 1 and 1e-3 ... 2e-6 (a trained model's positions far from its loss): the
+  largest fall of the singular values (NumPy's) is after the first input, the wider ranks offered
+  are the later falls of at least SEPARATION, the one that holds every input first."""
+  rng = np.random.default_rng(5)
+  d, m, k = 64, 96, 6
+  x = rng.normal(size=(k, d))
+  weights = np.array([1, 1e-3, 5e-4, 2e-4, 1e-4, 2e-6])[:, None]
+  a = (x.T @ (weights * rng.normal(size=(k, m)))).astype(np.float32)
+  s = dager.span(a)
+  sv = np.linalg.svd(a.astype(np.float64), compute_uv=False)
+  assert s.rank == int(np.argmax(sv[:-1] / sv[1:])) + 1 == 1
+  wider = dager._wider_ranks(s)
+  assert wider[0] == k
+  t = dager.span(a, wider[0])
+  assert np.asarray(dager.distances(t.basis, jnp.asarray(x, jnp.float32))).max() <= t.tolerance
+
+
 def test_a_span_that_fills_the_space_is_full():
   rng = np.random.default_rng(0)
   a, _ = _low_rank(rng, 32, 96, 40)  # 40 inputs in 32 dimensions
@@ -454,7 +472,7 @@ def test_the_pipeline_reads_a_masked_language_models_update():
   assert set(results["words"]) <= set(sentences.vocabulary.decode(np.unique(sentences.ids)))
   assert results["bag_recall"] >= 0.8 and results["verdict"]["leaks"] == ["bag"]
   with pytest.raises(ValueError, match="masked language model"):
-    dataclasses.replace(cfg, attack="sapag")
+    config.check(dataclasses.replace(cfg, attack="sapag"))
 
 
 @pytest.mark.slow
