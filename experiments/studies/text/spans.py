@@ -18,6 +18,9 @@ Models (random initialisation, a fresh draw per batch):
       --train_lr=0.1 --batch_size=32 --output_dir=<folder>
 
   (the checkpoint, about 90 MB, is not kept; ``--trained=<folder>/epoch_1.npz``).
+* ``bert_trained``: the ``bert`` rows' encoder after one epoch on the same windows (``--model=bert``
+  in the command above, 15 % of each window's positions masked once), given with
+  ``--trained_bert=<folder>/epoch_1.npz``; the test split's other words are ``<unk>``.
 * ``bert``: the zoo's BERT-style encoder with a masked-LM head at BERT-base's width (768, 12 heads,
   feed-forward 3072), 2 blocks, the ``gpt`` rows' sentences and vocabulary with ``<mask>`` added;
   the client masks 15 % of each sentence's positions (``corpus.masked_lm_pairs``, seed (0, batch))
@@ -62,6 +65,7 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
         + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
         + [(f"bert_t{t}_b1", "bert", t, 1, 5) for t in (16, 32, 64)]
         + [(f"bert_t16_b{b}", "bert", 16, b, 3) for b in (2, 4)]
+        + [("bert_trained_t32_b1", "bert_trained", 32, 1, 5)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
         + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
 # FedAvg rows: the client's update after E epochs of local SGD at learning rate η (no momentum), over
@@ -76,7 +80,7 @@ ROWS += [(row, "gpt", int(row.split("_t")[1].split("_")[0]), int(row.split("_b")
 def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt"):
   sentences = corpus.sentences("wikitext2_test", data_dir)
   if trained:  # the checkpoint's model and vocabulary (trained on the validation split)
-    cfg = Config(modality="text", dataset="wikitext2_test", model="gpt", checkpoint=trained,
+    cfg = Config(modality="text", dataset="wikitext2_test", model=name, checkpoint=trained,
                  sequence_length=length)
     vocabulary = pipeline.text_vocabulary(cfg, sentences)
     model = pipeline.text_model(cfg, vocabulary, None)
@@ -111,15 +115,20 @@ def _sapag_batches(data_dir, length, batch, count):
     yield k * batch, sentences.ids, model, sentences.vocabulary
 
 
-def run_row(row, model_name, length, batch, count, data_dir, trained=None):
+def run_row(row, model_name, length, batch, count, data_dir, trained=None, trained_bert=None):
   if model_name == "gpt_trained" and not trained:
     print(f"{row}: skipped (give --trained=<checkpoint>)", flush=True)
     return None
+  if model_name == "bert_trained":
+    if not trained_bert:
+      print(f"{row}: skipped (give --trained_bert=<checkpoint>)", flush=True)
+      return None
+    trained = trained_bert
   if model_name == "transformer":
     batches = _sapag_batches(data_dir, length, batch, count)
   else:
-    batches = _gpt_batches(data_dir, length, batch, count, trained if model_name == "gpt_trained" else None,
-                           "bert" if model_name == "bert" else "gpt")
+    batches = _gpt_batches(data_dir, length, batch, count, trained if model_name.endswith("_trained") else None,
+                           "bert" if model_name.startswith("bert") else "gpt")
   records = []
   for index, ids, model, vocabulary in batches:
     masked = models.is_masked_lm(model.name)
@@ -222,6 +231,7 @@ def main():
   parser.add_argument("--rows", default=None, help="comma-separated rows (all if omitted)")
   parser.add_argument("--trained", default=None, help="the gpt_trained rows' checkpoint (see the "
                       "module docstring)")
+  parser.add_argument("--trained_bert", default=None, help="the bert_trained rows' checkpoint")
   args = parser.parse_args()
   os.makedirs(RUNS, exist_ok=True)
   wanted = None if args.rows is None else set(args.rows.split(","))
@@ -230,7 +240,8 @@ def main():
       path = os.path.join(RUNS, f"{row}.json")
       if os.path.exists(path) or (wanted is not None and row not in wanted):
         continue
-      records = run_row(row, model_name, length, batch, count, args.data_dir, args.trained)
+      records = run_row(row, model_name, length, batch, count, args.data_dir, args.trained,
+                        args.trained_bert)
       if records is None:
         continue
       with open(path + ".tmp", "w") as f:
