@@ -239,6 +239,10 @@ class Config:
       "this length, from --index on.")
   vocab_size: int | None = _field(
       None, "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset).")
+  tokenizer: str = _field(
+      "words", "Text: 'words' (the corpus's words) or 'bpe:N' (byte-pair pieces, N of them, learned "
+      "on the corpus read by SentencePiece; needs the sentencepiece package); --sequence_length "
+      "counts these tokens.")
   text_dim: int = _field(models.TextSizes().dim, "Text: transformer width (embedding size).")
   text_heads: int = _field(models.TextSizes().heads, "Text: attention heads.")
   text_ffn: int = _field(models.TextSizes().ffn, "Text: feed-forward width.")
@@ -332,6 +336,9 @@ class Config:
                          f"{', '.join(text.SEARCHES)}")
       if self.sequence_length < 1:
         raise ValueError(f"sequence_length must be positive, got {self.sequence_length}")
+      corpus.tokenizer_size(self.tokenizer)
+      if self.checkpoint and self.tokenizer != "words":
+        raise ValueError("a checkpoint's vocabulary is its training corpus's words: drop --tokenizer")
       if min(self.text_sizes()) < 1:
         raise ValueError(f"transformer sizes must be positive, got {self.text_sizes()}")
     elif models.is_text(self.model or ""):
@@ -512,7 +519,7 @@ def run_name(cfg: Config) -> str:
 # the section's main choice (--attack is attack.preset). ``seed`` stands alone, at the top.
 SECTIONS = {
     "data": ("modality", "dataset", "data_dir", "index", "batch_size", "image_size", "channels",
-             "normalization", "sequence_length", "vocab_size"),
+             "normalization", "sequence_length", "vocab_size", "tokenizer"),
     "model": ("model", "checkpoint", "weights", "rename", "init", "act", "num_classes", "conv",
               "text_dim", "text_heads", "text_ffn", "text_layers"),
     "client": ("client", "train_mode", "local_epochs", "local_batch_size", "local_lr",

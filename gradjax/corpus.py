@@ -14,6 +14,11 @@ Corpora (:data:`CORPORA`):
   sentences of 209 338 tokens, 12 024 distinct tokens, 221 distinct sentences of 15 tokens.
   ``"wikitext2_test"``: its test split ``wiki.test.txt.gz``, read the same way.
 
+Subwords (:func:`tokenized` with ``"bpe:N"``): the sentences' words cut into N byte-pair pieces
+(Sennrich et al. 2016; GPT-2's tokens are byte-pair pieces too) learned on the sentences read, by
+SentencePiece (the optional ``sentencepiece`` package, trained here on one thread: nothing is
+downloaded); a piece that starts a word carries SentencePiece's "▁".
+
 Tokens (:func:`tokenize`): lower-cased words (letters and digits, with an apostrophe suffix such as
 ``'s``) and every other non-space character on its own, so "the "if" statement." gives
 ``the " if " statement .``. :class:`Vocabulary` maps tokens to ids; ``<unk>`` (id 0) stands for a
@@ -44,8 +49,54 @@ def tokenize(text: str) -> list[str]:
 
 
 def detokenize(tokens: Sequence[str]) -> str:
-  """The tokens joined by single spaces (``tokenize(detokenize(t)) == t`` for tokens of ``tokenize``)."""
+  """The tokens joined by single spaces (``tokenize(detokenize(t)) == t`` for tokens of ``tokenize``);
+  byte-pair pieces (:func:`subwords`) joined into their words."""
+  if any(t.startswith(_WORD_START) for t in tokens):
+    return "".join(tokens).replace(_WORD_START, " ").strip()
   return " ".join(tokens)
+
+
+_WORD_START = "\u2581"  # SentencePiece's mark of a piece that starts a word
+
+
+def tokenizer_size(tokenizer: str) -> int | None:
+  """The number of pieces of ``"bpe:N"``, None for ``"words"``; a one-line ValueError otherwise."""
+  if tokenizer == "words":
+    return None
+  name, _, size = tokenizer.partition(":")
+  if name != "bpe" or not size.isdigit() or int(size) < 8:
+    raise ValueError(f"unknown tokenizer {tokenizer!r}; choose 'words' or 'bpe:N' (N >= 8 pieces)")
+  return int(size)
+
+
+def tokenized(sentences: Sequence[Sequence[str]], tokenizer: str) -> list[list[str]]:
+  """``sentences`` (of words) as ``tokenizer`` cuts them: unchanged for ``"words"``, their
+  :func:`subwords` for ``"bpe:N"``."""
+  size = tokenizer_size(tokenizer)
+  return [list(s) for s in sentences] if size is None else subwords(sentences, size)
+
+
+def subwords(sentences: Sequence[Sequence[str]], size: int) -> list[list[str]]:
+  """Each sentence as byte-pair pieces of a SentencePiece model of ``size`` pieces trained on these
+  sentences (their words joined by spaces; no normalisation, every character covered, one thread,
+  so the same sentences give the same pieces)."""
+  try:
+    import sentencepiece
+  except ImportError:
+    raise ValueError("--tokenizer=bpe:N needs the sentencepiece package (pip install "
+                     "sentencepiece)") from None
+  import io
+  text = [" ".join(s) for s in sentences]
+  model = io.BytesIO()
+  try:
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=model, vocab_size=size, model_type="bpe",
+        character_coverage=1.0, num_threads=1, normalization_rule_name="identity",
+        minloglevel=2, max_sentence_length=1 << 16)
+  except RuntimeError as e:  # e.g. more pieces asked than the text allows
+    raise ValueError(f"--tokenizer=bpe:{size}: {str(e).splitlines()[0]}") from None
+  processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+  return [processor.encode(t, out_type=str) for t in text]
 
 
 def _pydoc_sentences() -> list[list[str]]:

@@ -563,8 +563,9 @@ def client_pairs(cfg: Config, model: models.Model, ids: np.ndarray, vocabulary: 
 
 def load_sentences(cfg: Config) -> Sentences:
   """Sentences ``index .. index + batch_size − 1`` of the corpus's distinct ``sequence_length``-token
-  sentences (:func:`gradjax.corpus.of_length`), as ids of :func:`text_vocabulary`."""
-  sentences = corpus.sentences(cfg.dataset, cfg.data_dir)
+  sentences (:func:`gradjax.corpus.of_length`; tokens as ``cfg.tokenizer`` cuts them), as ids of
+  :func:`text_vocabulary`."""
+  sentences = corpus.tokenized(corpus.sentences(cfg.dataset, cfg.data_dir), cfg.tokenizer)
   vocabulary = text_vocabulary(cfg, sentences)
   pool = corpus.of_length(sentences, cfg.sequence_length)
   if cfg.index + cfg.batch_size > len(pool):

@@ -147,6 +147,36 @@ def test_masked_lm_pairs_and_the_mask_token(vocab):
   assert (corpus.masked_lm_pairs(ids[:, :3], masked.mask, 0.15)[0] == masked.mask).sum() == 4
 
 
+def test_byte_pair_pieces_rebuild_the_sentences(pydoc):
+  """--tokenizer=bpe:N: pieces that join back into each sentence's words, the same on a second
+  training, at most N distinct; the word tokenizer leaves sentences as they are; bad names refused."""
+  pytest.importorskip("sentencepiece")
+  pieces = corpus.tokenized(pydoc, "bpe:500")
+  assert len(pieces) == len(pydoc) and pieces == corpus.subwords(pydoc, 500)
+  assert all(corpus.detokenize(p) == " ".join(s) for p, s in zip(pieces, pydoc))
+  assert len({t for p in pieces for t in p}) <= 500
+  assert sum(map(len, pieces)) > sum(map(len, pydoc))  # rarer words take several pieces
+  assert corpus.tokenized(pydoc[:3], "words") == pydoc[:3]
+  for bad in ("bpe", "bpe:4", "wordpiece:100", "bpe:x"):
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+      corpus.tokenizer_size(bad)
+
+
+def test_a_text_client_reads_byte_pair_sentences():
+  """--tokenizer=bpe:N: the client's sentences are the corpus's distinct sentences of T pieces, as
+  ids of a vocabulary of those pieces; a checkpoint (a word vocabulary) with --tokenizer is refused."""
+  pytest.importorskip("sentencepiece")
+  from gradjax import config, pipeline
+  cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", batch_size=2,
+                      sequence_length=12, tokenizer="bpe:1000", index=3)
+  sentences = pipeline.load_sentences(cfg)
+  pool = corpus.of_length(corpus.subwords(corpus.sentences("pydoc"), 1000), 12)
+  assert sentences.pool == len(pool)
+  assert [sentences.vocabulary.decode(s) for s in sentences.ids] == pool[3:5]
+  with pytest.raises(ValueError, match="drop --tokenizer"):
+    dataclasses.replace(cfg, checkpoint="x.npz")
+
+
 def test_wikitext2_when_present():
   try:
     wiki = corpus.sentences("wikitext2")
@@ -399,6 +429,7 @@ def test_accuracy_of_a_masked_language_model_counts_its_targets_only():
     (["--index=100000"], "distinct sentences of 15 tokens"),
     (["--vocab_size=2"], "room for <unk>"),
     (["--model=bert"], "masked language model"),  # the optimisation attacks read next-token models
+    (["--tokenizer=bpe:3"], "unknown tokenizer"),
 ])
 def test_text_cli_errors_are_one_line(args, message, tmp_path):
   proc = run_program("reconstruct.py", "--modality=text", "--iterations=1", *TINY, *args,

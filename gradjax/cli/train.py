@@ -176,6 +176,9 @@ def main(argv):
   try:
     common.permutation_seed(f.data_seed, "data_seed")
     defenses.parse(f.defense or "none")
+    if f.modality == "text" and f.tokenizer != "words":
+      raise ValueError("gradjax train reads the corpus's words: --tokenizer=bpe:N learns its pieces "
+                       "on the corpus an attack reads, which a checkpoint's vocabulary cannot follow")
   except ValueError as e:
     common.fail(str(e))
   out = common.output_folder(f"train_{f.model}_{f.dataset.replace(':', '-')}_{f.client}",

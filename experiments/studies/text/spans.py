@@ -21,6 +21,8 @@ Models (random initialisation, a fresh draw per batch):
 * ``bert_trained``: the ``bert`` rows' encoder after one epoch on the same windows (``--model=bert``
   in the command above, 15 % of each window's positions masked once), given with
   ``--trained_bert=<folder>/epoch_1.npz``; the test split's other words are ``<unk>``.
+* ``gpt_bpe``: the ``gpt`` rows' decoder over byte-pair pieces instead of words: a SentencePiece
+  model of 8000 pieces learned on the test split (``corpus.subwords``), sentences of T pieces.
 * ``bert``: the zoo's BERT-style encoder with a masked-LM head at BERT-base's width (768, 12 heads,
   feed-forward 3072), 2 blocks, the ``gpt`` rows' sentences and vocabulary with ``<mask>`` added;
   the client masks 15 % of each sentence's positions (``corpus.masked_lm_pairs``, seed (0, batch))
@@ -63,6 +65,7 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
                           (64, (1, 2, 4, 8, 16)))
          for b in sizes]
         + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
+        + [(f"gpt_bpe_t32_b{b}", "gpt_bpe", 32, b, 3) for b in (1, 8, 16)]
         + [(f"bert_t{t}_b1", "bert", t, 1, 5) for t in (16, 32, 64)]
         + [(f"bert_t16_b{b}", "bert", 16, b, 3) for b in (2, 4)]
         + [("bert_trained_t32_b1", "bert_trained", 32, 1, 5)]
@@ -77,8 +80,13 @@ LOCAL.update({f"gpt_fedavg{e}_lr{lr}_mb{m}_t16_b{b}": (e, lr, m)
 ROWS += [(row, "gpt", int(row.split("_t")[1].split("_")[0]), int(row.split("_b")[1]), 2) for row in LOCAL]
 
 
+BPE = 8000  # the gpt_bpe rows' pieces
+
+
 def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt"):
   sentences = corpus.sentences("wikitext2_test", data_dir)
+  if name == "gpt_bpe":
+    sentences, name = corpus.subwords(sentences, BPE), "gpt"
   if trained:  # the checkpoint's model and vocabulary (trained on the validation split)
     cfg = Config(modality="text", dataset="wikitext2_test", model=name, checkpoint=trained,
                  sequence_length=length)
@@ -128,7 +136,7 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
     batches = _sapag_batches(data_dir, length, batch, count)
   else:
     batches = _gpt_batches(data_dir, length, batch, count, trained if model_name.endswith("_trained") else None,
-                           "bert" if model_name.startswith("bert") else "gpt")
+                           "bert" if model_name.startswith("bert") else model_name.removesuffix("_trained"))
   records = []
   for index, ids, model, vocabulary in batches:
     masked = models.is_masked_lm(model.name)
