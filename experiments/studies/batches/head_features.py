@@ -14,7 +14,8 @@ batch 4 and 8, with and without. Each row is a ``gradjax sweep`` into ``runs/hea
 recognisable by the verdict's rule, the leak verdicts and the seconds per batch. The last rows run
 batch 8 with eight restarts (``--restarts=8``: the best by the matching objective kept), with and
 without GradInversion's group consistency (``--priors=...,group:1e-3:500``); the last, the same
-attack on the issue's untrained ConvNet-16 (``--model=convnet-16``).
+attack on the issue's untrained ConvNet-16 (``--model=convnet-16``); and a FedAvg client's update
+(one local epoch over mini-batches of 4) attacked by Inverting Gradients' replay.
 """
 
 import os
@@ -29,6 +30,8 @@ WEIGHT = 100.0
 
 RESTARTS = ("--restarts=8", "--strategy=vmap")  # every restart run in full, the best by objective
 GROUP = ("--priors=tv:0.2,group:1e-3:500",)       # GradInversion's consensus from step 500
+FEDAVG = ("--attack=inverting_gradients_fedavg", "--lr=0.1", "--priors=tv:0.2", "--client=fedavg",
+          "--local_epochs=1", "--local_batch_size=4")
 
 # (row, batch size, first image, batches, head-feature weight, further flags)
 ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
@@ -38,7 +41,10 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     ("b8_0_hf_r8_group", 8, 0, 5, WEIGHT, RESTARTS + GROUP),
     ("b8_900_hf_r8", 8, 900, 5, WEIGHT, RESTARTS),
     # The issue's ConvNet-16 (untrained, Flax's default init), the same attack, unseen images.
-    ("b8_500_hf_convnet16", 8, 500, 2, WEIGHT, ("--model=convnet-16",))]
+    ("b8_500_hf_convnet16", 8, 500, 2, WEIGHT, ("--model=convnet-16",)),
+    # FedAvg: one local epoch over mini-batches of 4 (two SGD steps at 0.01), Inverting Gradients'
+    # replay of those steps on the dummy batch, the same TV and step size, no head features.
+    ("b8_500_fedavg_mb4", 8, 500, 5, 0.0, FEDAVG)]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
@@ -66,6 +72,8 @@ def table() -> tuple[str, dict]:
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "batches": len(rows), "seconds_per_batch": seconds}
     setting = ("8" + (", group 1e-3 from 500" if GROUP[0] in extra else "")) if RESTARTS[0] in extra else "1"
+    if FEDAVG[0] in extra:
+      setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"
     model = next((e.split("=", 1)[1] for e in extra if e.startswith("--model=")), "lenet_zhu")
     lines.append(f"| {model} | {batch} | {start}..{start + batch * len(rows) - 1} | {weight:g} | {setting} | "
                  f"{psnr.mean():.2f} | "
