@@ -1,0 +1,138 @@
+"""A server that cheats: it sends a model built to make the client's update give its data back.
+
+**Imprint** (Robbing the Fed; Fowl et al., ICLR 2022). In front of the model the client believes it
+trains, the server puts a block of k units that all measure one statistic of the input, s(x) = aᵀx
+(x flattened to D values; ``"mean"``: a = 1/D, the mean brightness), against graded thresholds
+c_0 < c_1 < … < c_(k−1):
+
+    h_i = ReLU(aᵀx − c_i),        x' = x + (Σ_i h_i) w,
+
+x' going on into the model (this residual pass-through is ours: the model still sees the image,
+moved along one direction w that the server makes small). The imprint kernel's columns are all a,
+its biases −c, and the block's output kernel has k equal rows w, so ∂L/∂h_(n,i) = g_n = ⟨∂L/∂x'_n, w⟩
+does not depend on i. For the client's mean loss over N examples (any model behind the block),
+
+    ∂L/∂W_i = (1/N) Σ_(n: s_n > c_i) g_n x_n,       ∂L/∂b_i = (1/N) Σ_(n: s_n > c_i) g_n,
+
+so the difference of two neighbouring units holds only the examples whose statistic falls in
+(c_i, c_(i+1)] (bin i; the last bin is (c_(k−1), ∞)), and a bin that holds one example gives it back
+exactly (:func:`imprint_recover`):
+
+    x_n = (∂L/∂W_i − ∂L/∂W_(i+1)) / (∂L/∂b_i − ∂L/∂b_(i+1)).
+
+A bin with several examples gives their g-weighted mean (a collision); examples below c_0 or with
+g_n = 0 give nothing. Gradients summed over clients (FedSGD aggregation, secure aggregation
+included) are sums over all their examples, so the same read-out works on the aggregate. The server
+places the thresholds at the quantiles of the statistic on data it has (:func:`imprint_thresholds`):
+with k equally likely bins an example is alone in its bin with probability (1 − 1/k)^(N−1).
+
+Shapes: inputs (N, H, W, C); the block's parameters ``imprint`` {kernel (D, k), bias (k,)} and
+``imprint_out`` {kernel (k, D)}, the model's own under ``model``.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from gradjax import models
+
+STATISTICS = ("mean", "random")
+
+
+class Imprinted(nn.Module):
+  """``model`` behind an imprint block of ``bins`` units: (N, H, W, C) -> the model's logits."""
+
+  model: nn.Module
+  bins: int
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    flat = x.reshape(x.shape[0], -1)
+    h = nn.relu(nn.Dense(self.bins, name="imprint", dtype=x.dtype, param_dtype=x.dtype)(flat))
+    back = nn.Dense(flat.shape[1], use_bias=False, name="imprint_out", dtype=x.dtype,
+                    param_dtype=x.dtype)(h)
+    return self.model(x + back.reshape(x.shape), train)
+
+
+def measurement(statistic: str, size: int, key: jax.Array | None = None) -> np.ndarray:
+  """The vector a (D,) of ``statistic``: ``"mean"`` (1/D each: the mean brightness) or ``"random"``
+  (a unit Gaussian direction drawn from ``key``)."""
+  if statistic == "mean":
+    return np.full(size, 1.0 / size)
+  if statistic == "random":
+    if key is None:
+      raise ValueError("the 'random' statistic needs a key")
+    a = np.asarray(jax.random.normal(key, (size,)), np.float64)
+    return a / np.linalg.norm(a)
+  raise ValueError(f"unknown imprint statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
+
+
+def imprint_thresholds(statistics, bins: int) -> np.ndarray:
+  """c (bins,): the quantiles (i + 1) / (bins + 1) of the statistic's values on the server's own
+  data (``statistics`` (M,)), so that an example falls in each bin, and below c_0, with equal
+  probability when its data are distributed as the server's."""
+  statistics = np.asarray(statistics, np.float64).reshape(-1)
+  if bins < 1 or statistics.size < 2:
+    raise ValueError(f"an imprint block needs bins >= 1 and at least 2 values, got {bins} and "
+                     f"{statistics.size}")
+  return np.quantile(statistics, np.arange(1, bins + 1) / (bins + 1))
+
+
+def imprint(model: models.Model, thresholds, *, statistic: str = "mean", scale: float = 1e-3,
+            key: jax.Array | None = None) -> models.Model:
+  """The model the server sends: ``model`` behind an imprint block with these ``thresholds``
+  (sorted ascending), measuring ``statistic``; its output direction w has entries ``scale`` (the
+  model's input moves by ``scale`` Σ_i h_i per pixel). The model's own variables are kept."""
+  thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
+  if models.is_text(model.name):
+    raise ValueError("an imprint block reads images")
+  size = int(np.prod(model.input_shape))
+  a = measurement(statistic, size, key)
+  dtype = jax.tree.leaves(model.variables)[0].dtype
+  bins = thresholds.size
+  block = Imprinted(model.apply_fn.module, bins)
+  params = {"imprint": {"kernel": jnp.asarray(np.repeat(a[:, None], bins, axis=1), dtype),
+                        "bias": jnp.asarray(-thresholds, dtype)},
+            "imprint_out": {"kernel": jnp.full((bins, size), scale, dtype)},
+            "model": model.variables["params"]}
+  variables = {k: ({"model": v} if k != "params" else params) for k, v in model.variables.items()}
+  variables["params"] = params
+  return models.Model(models.make_apply_fn(block), variables, f"imprint({model.name})",
+                      model.input_shape, model.num_classes)
+
+
+class Imprints(NamedTuple):
+  """What :func:`imprint_recover` reads.
+
+  Attributes:
+    x: (K, H, W, C) the bins' read-outs, one per bin that holds weight (an example alone in its bin
+      exactly; a collision's weighted mean otherwise).
+    bins: (K,) their bin indices.
+    weights: (K,) ∂L/∂b_i − ∂L/∂b_(i+1), the bin's Σ g_n / N.
+  """
+
+  x: np.ndarray
+  bins: np.ndarray
+  weights: np.ndarray
+
+
+def imprint_recover(gradient, input_shape, *, tolerance: float = 1e-6) -> Imprints:
+  """The examples of an imprinted model's update (FedSGD gradient, or a sum of them over clients),
+  bin by bin (see the module docstring); a bin counts when |∂b_i − ∂b_(i+1)| exceeds ``tolerance``
+  times the largest |∂b|. Computed in float64 from the update's values."""
+  params = gradient["params"] if "params" in gradient else gradient
+  if "imprint" not in params:
+    raise ValueError("the update holds no imprint block (params 'imprint')")
+  dw = np.asarray(params["imprint"]["kernel"], np.float64).T  # (k, D)
+  db = np.asarray(params["imprint"]["bias"], np.float64)      # (k,)
+  dw_bins = dw - np.concatenate([dw[1:], np.zeros_like(dw[:1])])
+  db_bins = db - np.concatenate([db[1:], [0.0]])
+  scale = np.abs(db).max()
+  if not scale > 0:
+    return Imprints(np.zeros((0, *input_shape)), np.zeros(0, np.int64), np.zeros(0))
+  held = np.flatnonzero(np.abs(db_bins) > tolerance * scale)
+  x = dw_bins[held] / db_bins[held, None]
+  return Imprints(x.reshape(len(held), *input_shape), held, db_bins[held])

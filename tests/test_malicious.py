@@ -1,0 +1,112 @@
+"""The malicious server's imprint block (gradjax.malicious): its forward pass and read-out against
+NumPy on inputs whose bins are known, alone, in collision and aggregated over clients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradjax import clients, malicious, models
+from gradjax.losses import cross_entropy
+
+SHAPE = (8, 8, 3)
+
+
+def _batch(means, seed=0):
+  """Images whose mean brightness is ``means`` (a centred pattern added to each)."""
+  rng = np.random.default_rng(seed)
+  pattern = rng.uniform(-0.2, 0.2, size=(len(means), *SHAPE))
+  pattern -= pattern.reshape(len(means), -1).mean(1)[:, None, None, None]
+  return (pattern + np.asarray(means)[:, None, None, None]).astype(np.float32)
+
+
+def _model():
+  return models.create("lenet_zhu", jax.random.key(0), input_shape=SHAPE)
+
+
+def test_the_imprinted_model_is_the_model_on_its_moved_input():
+  """logits = model(x + scale Σ_i ReLU(mean(x) − c_i)), h computed in NumPy."""
+  model = _model()
+  thresholds = np.array([0.2, 0.4, 0.6])
+  evil = malicious.imprint(model, thresholds, scale=1e-2)
+  x = _batch([0.3, 0.5, 0.7])
+  h = np.maximum(x.reshape(3, -1).astype(np.float64).mean(1)[:, None] - thresholds[None], 0)
+  moved = x + 1e-2 * h.sum(1)[:, None, None, None]
+  np.testing.assert_allclose(np.asarray(evil.apply_fn(evil.variables, x)),
+                             np.asarray(model.apply_fn(model.variables, moved.astype(np.float32))),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_an_example_alone_in_its_bin_comes_back_exactly_and_a_collision_as_its_weighted_mean():
+  """Means 0.25 | 0.45 | 0.62, 0.66 | 0.9 against thresholds 0.2, 0.4, 0.6, 0.8: three examples
+  alone (read to 1e-5), two in one bin (their mean weighted by g_n = ⟨∂L/∂x'_n, w⟩ / N, from the
+  model's own input gradient, NumPy for the mean), none below c_0."""
+  model = _model()
+  thresholds = np.array([0.2, 0.4, 0.6, 0.8])
+  scale = 1e-3
+  evil = malicious.imprint(model, thresholds, scale=scale)
+  x = _batch([0.25, 0.45, 0.62, 0.66, 0.9])
+  y = np.array([1, 2, 3, 4, 5])
+  observation = clients.fedsgd(evil.apply_fn, evil.variables, x, y)
+  rec = malicious.imprint_recover(observation.gradient, SHAPE)
+  assert rec.bins.tolist() == [0, 1, 2, 3]
+  for b, n in ((0, 0), (1, 1), (3, 4)):
+    np.testing.assert_allclose(rec.x[rec.bins.tolist().index(b)], x[n], rtol=1e-4, atol=1e-5)
+  # The collision: g_n from the gradient of the loss with respect to the model's input x'.
+  h = np.maximum(x.reshape(5, -1).astype(np.float64).mean(1)[:, None] - thresholds[None], 0)
+  moved = jnp.asarray(x + scale * h.sum(1)[:, None, None, None], jnp.float32)
+  dx = np.asarray(jax.grad(lambda z: cross_entropy(model.apply_fn(model.variables, z), y))(moved),
+                  np.float64)
+  g = dx.reshape(5, -1).sum(1) * scale
+  want = (g[2] * x[2] + g[3] * x[3]) / (g[2] + g[3])
+  np.testing.assert_allclose(rec.x[rec.bins.tolist().index(2)], want, rtol=1e-3, atol=1e-4)
+  np.testing.assert_allclose(rec.weights[rec.bins.tolist().index(2)], g[2] + g[3], rtol=1e-3)
+
+
+def test_the_read_out_works_on_updates_summed_over_clients():
+  """Two clients' FedSGD gradients added (what secure aggregation hands the server): each example
+  alone in its bin over both batches comes back."""
+  model = _model()
+  thresholds = np.linspace(0.1, 0.9, 9)
+  evil = malicious.imprint(model, thresholds)
+  a, b = _batch([0.15, 0.55], seed=1), _batch([0.35, 0.75], seed=2)
+  total = jax.tree.map(lambda u, v: u + v,
+                       clients.fedsgd(evil.apply_fn, evil.variables, a, np.array([0, 1])).gradient,
+                       clients.fedsgd(evil.apply_fn, evil.variables, b, np.array([2, 3])).gradient)
+  rec = malicious.imprint_recover(total, SHAPE)
+  truth = np.concatenate([a, b])
+  assert len(rec.x) == 4
+  for x in truth:
+    assert np.abs(rec.x - x).reshape(4, -1).max(1).min() < 1e-4
+
+
+def test_thresholds_and_bad_input():
+  stats = np.random.default_rng(0).normal(size=1000)
+  np.testing.assert_allclose(malicious.imprint_thresholds(stats, 3),
+                             np.quantile(stats, [0.25, 0.5, 0.75]))
+  with pytest.raises(ValueError, match="bins >= 1"):
+    malicious.imprint_thresholds(stats, 0)
+  with pytest.raises(ValueError, match="unknown imprint statistic"):
+    malicious.imprint(_model(), [0.5], statistic="median")
+  with pytest.raises(ValueError, match="no imprint block"):
+    malicious.imprint_recover(_model().variables, SHAPE)
+  a = malicious.measurement("random", 12, jax.random.key(1))
+  assert a.shape == (12,) and np.isclose(np.linalg.norm(a), 1.0)
+
+
+def test_the_readme_snippet_reads_the_photos_back(capsys):
+  """The README's section "A server that sends a malicious model", run as written: its read-outs
+  include photos recovered exactly (NumPy's distance to the nearest photo)."""
+  import os
+  from gradjax import data
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+  section = readme[readme.index("### A server that sends a malicious model"):]
+  start = section.index("```python") + len("```python")
+  scope = {}
+  exec(compile(section[start:section.index("```", start)], "README.md", "exec"), scope)
+  assert capsys.readouterr().out.endswith("read-outs for 16 photos\n")
+  photos = data.load("skimage", image_size=(32, 32)).x.reshape(16, -1).astype(np.float64)
+  found = scope["found"].x.reshape(len(scope["found"].x), -1)
+  nearest = np.abs(photos[:, None] - found[None]).max(-1).min(1)
+  assert np.sum(nearest < 1e-4) >= 12
