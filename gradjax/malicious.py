@@ -26,6 +26,12 @@ included) are sums over all their examples, so the same read-out works on the ag
 places the thresholds at the quantiles of the statistic on data it has (:func:`imprint_thresholds`):
 with k equally likely bins an example is alone in its bin with probability (1 − 1/k)^(N−1).
 
+**On the client** (:func:`inspect`): before it trains, a client can check what it received. Two
+signs of an imprint: parameters that its declared architecture does not have (a block added in
+front), and, inside a layer it does have, many units whose weight vectors point the same way
+(|cos| above :data:`PARALLEL`), which a freshly drawn or trained layer does not show: an imprint's k
+units all measure one statistic and differ only in their biases.
+
 Shapes: inputs (N, H, W, C); the block's parameters ``imprint`` {kernel (D, k), bias (k,)} and
 ``imprint_out`` {kernel (k, D)}, the model's own under ``model``.
 """
@@ -40,6 +46,12 @@ from flax import linen as nn
 from gradjax import models
 
 STATISTICS = ("mean", "random")
+
+PARALLEL = 0.999
+"""|cos| above which two units' weight vectors count as measuring one direction (:func:`inspect`)."""
+
+MIN_UNITS = 4
+"""Units of a layer sharing one direction from which :func:`inspect` calls the layer an imprint."""
 
 
 class Imprinted(nn.Module):
@@ -104,6 +116,33 @@ def imprint(model: models.Model, thresholds, *, statistic: str = "mean", scale: 
                       model.input_shape, model.num_classes)
 
 
+def imprint_layer(model: models.Model, thresholds, *, statistic: str = "mean",
+                  key: jax.Array | None = None) -> models.Model:
+  """The model the server sends with an imprint hidden in the declared architecture: the first k
+  units of an MLP's first layer (``Dense_0``, reading the flattened input, ReLU after it; k =
+  len(``thresholds``)) measure ``statistic`` against the thresholds, and the head's rows for those
+  units are made equal (their mean), so each unit's output gradient is the same g_n; the other
+  units and the shapes are the model's own. Read the update with
+  ``imprint_recover(..., layer="Dense_0", units=k)``."""
+  thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
+  params = model.variables["params"]
+  if set(params) != {"Dense_0", "head"}:
+    raise ValueError(f"imprint_layer rewrites a one-hidden-layer MLP (Dense_0, head), not {model.name}")
+  kernel = np.array(params["Dense_0"]["kernel"])
+  k = thresholds.size
+  if k > kernel.shape[1]:
+    raise ValueError(f"{k} bins do not fit the first layer's {kernel.shape[1]} units")
+  kernel[:, :k] = measurement(statistic, kernel.shape[0], key)[:, None]
+  bias = np.array(params["Dense_0"]["bias"])
+  bias[:k] = -thresholds
+  head = np.array(params["head"]["kernel"])
+  head[:k] = head[:k].mean(axis=0)
+  dtype = kernel.dtype
+  changed = {"Dense_0": {"kernel": jnp.asarray(kernel, dtype), "bias": jnp.asarray(bias, dtype)},
+             "head": {**params["head"], "kernel": jnp.asarray(head, dtype)}}
+  return model._replace(variables={**model.variables, "params": changed})
+
+
 class Imprints(NamedTuple):
   """What :func:`imprint_recover` reads.
 
@@ -119,15 +158,18 @@ class Imprints(NamedTuple):
   weights: np.ndarray
 
 
-def imprint_recover(gradient, input_shape, *, tolerance: float = 1e-6) -> Imprints:
+def imprint_recover(gradient, input_shape, *, layer: str = "imprint", units: int | None = None,
+                    tolerance: float = 1e-6) -> Imprints:
   """The examples of an imprinted model's update (FedSGD gradient, or a sum of them over clients),
-  bin by bin (see the module docstring); a bin counts when |∂b_i − ∂b_(i+1)| exceeds ``tolerance``
-  times the largest |∂b|. Computed in float64 from the update's values."""
+  bin by bin (see the module docstring), from the dense ``layer`` whose first ``units`` units (all
+  if None) are the imprint (:func:`imprint`: ``"imprint"``; :func:`imprint_layer`: ``"Dense_0"``
+  and its k); a bin counts when |∂b_i − ∂b_(i+1)| exceeds ``tolerance`` times the largest |∂b|.
+  Computed in float64 from the update's values."""
   params = gradient["params"] if "params" in gradient else gradient
-  if "imprint" not in params:
-    raise ValueError("the update holds no imprint block (params 'imprint')")
-  dw = np.asarray(params["imprint"]["kernel"], np.float64).T  # (k, D)
-  db = np.asarray(params["imprint"]["bias"], np.float64)      # (k,)
+  if layer not in params:
+    raise ValueError(f"the update holds no imprint block (params {layer!r})")
+  dw = np.asarray(params[layer]["kernel"], np.float64).T[:units]  # (k, D)
+  db = np.asarray(params[layer]["bias"], np.float64)[:units]      # (k,)
   dw_bins = dw - np.concatenate([dw[1:], np.zeros_like(dw[:1])])
   db_bins = db - np.concatenate([db[1:], [0.0]])
   scale = np.abs(db).max()
@@ -136,3 +178,77 @@ def imprint_recover(gradient, input_shape, *, tolerance: float = 1e-6) -> Imprin
   held = np.flatnonzero(np.abs(db_bins) > tolerance * scale)
   x = dw_bins[held] / db_bins[held, None]
   return Imprints(x.reshape(len(held), *input_shape), held, db_bins[held])
+
+
+class Finding(NamedTuple):
+  """One reason to think a received model was built to leak: ``path`` (a parameter path) and
+  ``reason`` (one line)."""
+
+  path: str
+  reason: str
+
+
+def inspect(received, declared=None) -> list[Finding]:
+  """What in the ``received`` variables (a Flax tree) looks built to leak (empty: nothing found).
+
+  Args:
+    received: the variables the server sent.
+    declared: the variables of the architecture the client declared (e.g. a fresh
+      :func:`gradjax.models.create` of it, or last round's model), or None to skip that check.
+
+  Returns one finding for the parameters that ``declared`` lacks, one for those it holds with
+  another shape, one for those missing, and one for every dense kernel (2-D, (inputs, units),
+  named ``kernel``) of which at least :data:`MIN_UNITS` units share one direction: units sorted by
+  their projection on a fixed random direction, each compared (|cos| ≥ :data:`PARALLEL`) with the
+  next three, the largest chain so linked counted (a layer's cost: one pass over its weights).
+  """
+  found = []
+  flat = {jax.tree_util.keystr(p): np.asarray(v) for p, v in
+          jax.tree_util.tree_leaves_with_path(received.get("params", received))}
+  if declared is not None:
+    want = {jax.tree_util.keystr(p): np.shape(v) for p, v in
+            jax.tree_util.tree_leaves_with_path(declared.get("params", declared))}
+    extra = [p for p in flat if p not in want]
+    reshaped = [p for p in flat if p in want and want[p] != flat[p].shape]
+    missing = sorted(set(want) - set(flat))
+    for paths, what in ((extra, "not in the declared architecture"),
+                        (reshaped, "shaped otherwise than in the declared architecture"),
+                        (missing, "of the declared architecture missing")):
+      if paths:
+        found.append(Finding(paths[0], f"{len(paths)} parameter(s) {what}, e.g. {paths[0]}"))
+  for path, value in flat.items():
+    if value.ndim != 2 or value.shape[1] < MIN_UNITS or not path.endswith("['kernel']"):
+      continue
+    shared = _largest_parallel_group(value.T)
+    if shared >= MIN_UNITS:
+      found.append(Finding(path, f"{shared} of its {value.shape[1]} units measure one direction "
+                           f"(|cos| >= {PARALLEL}): an imprint's bins"))
+  return found
+
+
+def _largest_parallel_group(units: np.ndarray, reach: int = 3) -> int:
+  """The size of the largest set of rows of ``units`` (n, d) linked by |cos| ≥ PARALLEL between
+  neighbours in the order of their projection on a fixed random direction (sign-folded)."""
+  units = np.asarray(units, np.float32)
+  norms = np.linalg.norm(units, axis=1)
+  units = units[norms > 0] / norms[norms > 0, None]
+  n = len(units)
+  if n < 2:
+    return n
+  direction = np.random.default_rng(0).normal(size=units.shape[1]).astype(np.float32)
+  projection = units @ direction
+  units = units * np.where(projection < 0, -1.0, 1.0).astype(np.float32)[:, None]  # ±u: one direction
+  units = units[np.argsort(np.abs(projection), kind="stable")]
+  parent = np.arange(n)
+
+  def root(i):
+    while parent[i] != i:
+      parent[i] = parent[parent[i]]
+      i = parent[i]
+    return i
+
+  for step in range(1, min(reach, n - 1) + 1):
+    close = np.flatnonzero(np.sum(units[:-step] * units[step:], axis=1) >= PARALLEL)
+    for i in close:
+      parent[root(i)] = root(i + step)
+  return int(np.bincount([root(i) for i in range(n)]).max())

@@ -110,3 +110,50 @@ def test_the_readme_snippet_reads_the_photos_back(capsys):
   found = scope["found"].x.reshape(len(scope["found"].x), -1)
   nearest = np.abs(photos[:, None] - found[None]).max(-1).min(1)
   assert np.sum(nearest < 1e-4) >= 12
+
+
+def test_an_imprint_hidden_in_an_mlps_first_layer_reads_like_the_block():
+  """imprint_layer on mlp-64: the shapes are the model's; the examples alone in their bins come
+  back exactly from Dense_0's first k units."""
+  model = models.create("mlp-64", jax.random.key(0), input_shape=SHAPE)
+  thresholds = np.linspace(0.1, 0.9, 9)
+  evil = malicious.imprint_layer(model, thresholds)
+  assert jax.tree.map(np.shape, evil.variables) == jax.tree.map(np.shape, model.variables)
+  x = _batch([0.15, 0.35, 0.55, 0.75])
+  gradient = clients.fedsgd(evil.apply_fn, evil.variables, x, np.array([0, 1, 2, 3])).gradient
+  rec = malicious.imprint_recover(gradient, SHAPE, layer="Dense_0", units=9)
+  assert len(rec.x) == 4
+  for example in x:
+    assert np.abs(rec.x - example).reshape(4, -1).max(1).min() < 1e-4
+  with pytest.raises(ValueError, match="one-hidden-layer MLP"):
+    malicious.imprint_layer(_model(), thresholds)
+
+
+@pytest.mark.parametrize("name", ["lenet_zhu", "lenet5", "convnet-16", "mlp-1024", "resnet20"])
+def test_inspect_flags_the_malicious_models_and_not_the_honest_ones(name):
+  """Fresh draws of the zoo model: nothing found. The imprint block in front: parameters outside
+  the declared architecture and its units sharing one direction. For the MLP, the imprint inside
+  its first layer: the shapes pass, the shared direction does not."""
+  shape = (32, 32, 3)
+  for seed in range(2):
+    honest = models.create(name, jax.random.key(seed), input_shape=shape)
+    assert malicious.inspect(honest.variables, honest.variables) == []
+  evil = malicious.imprint(honest, np.linspace(0.2, 0.8, 16))
+  found = malicious.inspect(evil.variables, honest.variables)
+  reasons = " ".join(f.reason for f in found)
+  assert "not in the declared architecture" in reasons and "16 of its 16 units" in reasons
+  if name.startswith("mlp"):
+    hidden = malicious.imprint_layer(honest, np.linspace(0.2, 0.8, 16))
+    found = malicious.inspect(hidden.variables, honest.variables)
+    assert [(f.path, f.reason.split(" of ")[0]) for f in found] == [("['Dense_0']['kernel']", "16")]
+
+
+@pytest.mark.slow
+def test_inspect_finds_nothing_in_the_committed_trained_checkpoints():
+  import os
+  from gradjax import checkpoint
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for path in ("experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz",
+               "experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz"):
+    model = checkpoint.load_model(os.path.join(root, path))
+    assert malicious.inspect(model.variables) == [], path

@@ -10,7 +10,11 @@ client's gradient of its mean cross entropy, summed over the clients (what secur
 the server); FedAvg: one client's W_0 − W_E after local SGD at 0.01. An example counts as recovered
 exactly when some read-out is within PSNR 60 dB of it (NumPy, data range 1); the expected share is
 (k/(k+1))^N for N examples in k + 1 equally likely cells (the lowest, below c_0, gives nothing).
-Writes runs/imprint/table.md and table.json.
+The ``layer_*`` rows hide the imprint in the first layer of an MLP of 1024 units
+(``malicious.imprint_layer``: its shapes are the declared model's). Writes runs/imprint/table.md and
+table.json; then the client-side check (``malicious.inspect``) on every malicious model built here
+and on honest ones (fresh zoo draws, five seeds each, and the trained checkpoints committed in other
+studies), with its time per model: runs/imprint/detection.md and detection.json.
 """
 
 import argparse
@@ -21,7 +25,7 @@ import time
 import jax
 import numpy as np
 
-from gradjax import clients, data, malicious, models
+from gradjax import checkpoint, clients, data, malicious, models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "imprint")
@@ -30,7 +34,13 @@ FIRST = 500
 # (row, batch per client, bins, clients, local training (epochs, mini-batch) or None for FedSGD)
 ROWS = ([(f"b{b}_k{k}", b, k, 1, None) for b in (8, 16, 32, 64, 128, 256) for k in (128, 256, 512, 1024)]
         + [(f"c4_b{b}_k{k}", b, k, 4, None) for b in (16, 64) for k in (512, 1024)]
-        + [(f"fedavg_e{e}_mb{m}_b64_k512", 64, 512, 1, (e, m)) for e, m in ((1, 16), (1, 64), (2, 64))])
+        + [(f"fedavg_e{e}_mb{m}_b64_k512", 64, 512, 1, (e, m)) for e, m in ((1, 16), (1, 64), (2, 64))]
+        + [(f"layer_b{b}_k512", b, 512, 1, None) for b in (64, 128)])
+ZOO = ("lenet_zhu", "lenet5", "convnet-16", "mlp-1024", "resnet20", "resnet20-4")
+TRAINED = ("experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz",
+           "experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz",
+           "experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_1.npz")
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 
 
 def psnr_to_nearest(truth, readouts):
@@ -46,8 +56,12 @@ def psnr_to_nearest(truth, readouts):
 
 def run(row, batch, bins, n_clients, local, thresholds, data_dir, key):
   images = data.load("cifar10", data_dir=data_dir, indices=range(FIRST, FIRST + batch * n_clients))
-  model = models.create("lenet_zhu", key, input_shape=images.x.shape[1:])
-  evil = malicious.imprint(model, thresholds)
+  if row.startswith("layer_"):  # the imprint inside an MLP's first layer
+    model = models.create("mlp-1024", key, input_shape=images.x.shape[1:])
+    evil, read = malicious.imprint_layer(model, thresholds), dict(layer="Dense_0", units=bins)
+  else:
+    model = models.create("lenet_zhu", key, input_shape=images.x.shape[1:])
+    evil, read = malicious.imprint(model, thresholds), {}
   start = time.perf_counter()
   total = None
   for c in range(n_clients):
@@ -60,13 +74,15 @@ def run(row, batch, bins, n_clients, local, thresholds, data_dir, key):
     total = update if total is None else jax.tree.map(lambda a, b: a + b, total, update)
   client_s = time.perf_counter() - start
   start = time.perf_counter()
-  rec = malicious.imprint_recover(total, images.x.shape[1:])
+  rec = malicious.imprint_recover(total, images.x.shape[1:], **read)
   attack_s = time.perf_counter() - start
   psnr = psnr_to_nearest(images.x, rec.x)
   n = batch * n_clients
   exact = int(np.sum(psnr >= 60))
-  return {"row": row, "batch": batch, "bins": bins, "clients": n_clients,
-          "client": "FedSGD" if local is None else f"FedAvg {local[0]} epoch(s), mini-batches of {local[1]}",
+  client = "FedSGD" if local is None else f"FedAvg {local[0]} epoch(s), mini-batches of {local[1]}"
+  if row.startswith("layer_"):
+    client += " (imprint in mlp-1024's first layer)"
+  return {"row": row, "batch": batch, "bins": bins, "clients": n_clients, "client": client,
           "examples": n, "exact": exact, "share": exact / n, "expected_share": (bins / (bins + 1)) ** n,
           "above_30db": int(np.sum(psnr >= 30)), "readouts": int(len(rec.x)),
           "median_psnr": float(np.median(np.minimum(psnr, 200))), "attack_s": attack_s,
@@ -80,6 +96,44 @@ def table(records):
     lines.append(f"| {r['client']} | {r['clients']} x {r['batch']} | {r['bins']} | {r['exact']} / "
                  f"{r['examples']} | {r['share']:.2f} | {r['expected_share']:.2f} | {r['above_30db']} | "
                  f"{r['readouts']} | {r['attack_s']:.3f} |")
+  return "\n".join(lines) + "\n"
+
+
+def _inspected(kind, name, variables, declared):
+  malicious.inspect(variables, declared)  # the first call converts the arrays
+  start = time.perf_counter()
+  found = malicious.inspect(variables, declared)
+  return {"kind": kind, "model": name, "flagged": bool(found), "reasons": [f.reason for f in found],
+          "ms": 1e3 * (time.perf_counter() - start)}
+
+
+def detection():
+  """malicious.inspect on honest and malicious models: one record each."""
+  records = []
+  thresholds = np.linspace(0.2, 0.8, 512)
+  for name in ZOO:
+    for seed in range(5):
+      honest = models.create(name, jax.random.key(seed), input_shape=(32, 32, 3))
+      records.append(_inspected("honest, fresh", name, honest.variables, honest.variables))
+    records.append(_inspected("imprint block in front", name,
+                              malicious.imprint(honest, thresholds).variables, honest.variables))
+    if name.startswith("mlp"):
+      records.append(_inspected("imprint in the first layer", name,
+                                malicious.imprint_layer(honest, thresholds).variables, honest.variables))
+  for path in TRAINED:
+    model = checkpoint.load_model(os.path.join(ROOT, path))
+    records.append(_inspected("honest, trained", path, model.variables, None))
+  return records
+
+
+def detection_table(records):
+  lines = ["| model | kind | models | flagged | ms (largest) |", "|---|---|---|---|---|"]
+  groups = {}
+  for r in records:
+    groups.setdefault((r["model"], r["kind"]), []).append(r)
+  for (name, kind), rs in groups.items():
+    lines.append(f"| {name} | {kind} | {len(rs)} | {sum(r['flagged'] for r in rs)} | "
+                 f"{max(r['ms'] for r in rs):.1f} |")
   return "\n".join(lines) + "\n"
 
 
@@ -101,6 +155,12 @@ def main():
   with open(os.path.join(RUNS, "table.md"), "w") as f:
     f.write(table(records))
   print(table(records))
+  found = detection()
+  with open(os.path.join(RUNS, "detection.json"), "w") as f:
+    json.dump(found, f, indent=1)
+  with open(os.path.join(RUNS, "detection.md"), "w") as f:
+    f.write(detection_table(found))
+  print(detection_table(found))
 
 
 if __name__ == "__main__":
