@@ -348,11 +348,36 @@ def gray_baseline_psnr(x: np.ndarray) -> float:
   return float(np.mean(metrics.psnr(np.full_like(np.asarray(x, np.float64), 0.5), x)))
 
 
+MODEL_REFUSED = "gradjax leakage_mod: model refused"
+"""The start of the error a gated client replies with when the model it received looks built to leak."""
+
+
+def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3)) -> list:
+  """What looks built to leak in the model a client received (:func:`gradjax.malicious.inspect`):
+  ``sent`` (PyTorch names -> arrays) against a fresh draw of the zoo twin ``model`` it declared
+  (its classes from the head's rows sent). Tensors that are not the declared model's are one
+  finding; otherwise its dense layers are checked for units sharing one direction."""
+  import jax
+  from gradjax import interop, malicious, models
+  probe = models.create(model, jax.random.key(0), input_shape=tuple(input_shape))
+  mapping = interop.zoo_mapping(probe)
+  head = next(e for e in mapping.entries if e.path == ("params", "head", "kernel"))
+  if head.name in sent and np.ndim(sent[head.name]) == 2 and sent[head.name].shape[0] != probe.num_classes:
+    probe = models.create(model, jax.random.key(0), input_shape=tuple(input_shape),
+                          num_classes=int(sent[head.name].shape[0]))
+    mapping = interop.zoo_mapping(probe)
+  try:
+    variables = interop.variables_from_torch(sent, mapping, probe.variables, "the received model")
+  except ValueError as e:
+    return [malicious.Finding("", f"not the declared {model}: {e}")]
+  return malicious.inspect(variables, probe.variables)
+
+
 def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] | None = None,
                 defense=None, threshold_db: float = 10.0, rounds=None, attack: str = "auto",
                 iterations: int | None = None, restarts: int = 1, time_budget_s: float = 120.0,
                 normalization: str | None = None, keys: audit.ScheduleKeys = audit.ScheduleKeys(),
-                compilation_cache: str | None = None):
+                compilation_cache: str | None = None, refuse_malicious: bool = True):
   """A ClientApp mod (``ClientApp(mods=[leakage_mod(...)])``) that attacks the client's own outgoing
   update and withholds it when the attack recovers the client's examples.
 
@@ -390,6 +415,10 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     keys: where the server's config and the reply's metrics state the schedule.
     compilation_cache: the attack's persistent compilation cache (default gradjax's, the
       command line's; '' : none): rounds after the first load the attack's programs.
+    refuse_malicious: before training, check the model the server sent (:func:`received_findings`:
+      tensors other than the declared model's, dense units that share one direction as an imprint's
+      do) and refuse to train on one that looks built to leak: the reply is an error naming why
+      (``gradjax leakage_mod: model refused ...``), on every training round.
   """
   import shutil
   import tempfile
@@ -450,6 +479,23 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     return best, best["psnr"] - gray_baseline_psnr(x)
 
   def mod(msg, context, call_next):
+    if (refuse_malicious and msg.metadata.message_type == MessageType.TRAIN
+        and static.get("model") and msg.content.array_records):
+      sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
+      try:
+        shape = static.get("input_shape") or (32, 32, 3)
+        if isinstance(shape, str):
+          from gradjax import interop
+          shape = interop.parse_shape(shape, "metadata input_shape")
+        findings = received_findings(sent, static["model"], shape)
+      except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client
+        logger.warning("leakage_mod: the received model was not checked (%s)", str(e)[:300])
+        findings = []
+      if findings:
+        reason = (f"{MODEL_REFUSED}: {findings[0].reason}"
+                  + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""))
+        logger.warning("%s", reason)
+        return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
     reply = call_next(msg, context)
     if msg.metadata.message_type != MessageType.TRAIN or reply.has_error():
       return reply

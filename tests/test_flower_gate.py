@@ -119,3 +119,39 @@ def test_a_zero_update_passes_audited_without_an_attack(net):
   reply = gate(_train_message(net), _context(), unchanged)
   metrics = dict(reply.content["metrics"])
   assert not reply.has_error() and metrics["gradjax-audited"] == 1 and metrics["gradjax-leak"] == 0
+
+
+def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(net):
+  """Before training, the mod checks what the server sent: an imprint block in front of the
+  declared LeNet (tensors the declared model lacks) is refused without training, the reply naming
+  why; the honest model trains (the mod's attack off: rounds=[]). received_findings on an MLP whose
+  first layer hides an imprint: its shared direction."""
+  from gradjax import malicious, models
+  from gradjax.flower import MODEL_REFUSED, received_findings
+  model, mapping = net
+  trained = []
+
+  def call_next(msg, context):
+    trained.append(msg)
+    return _client(net)(msg, context)
+
+  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, rounds=[])
+  evil = malicious.imprint(model, np.linspace(0.2, 0.8, 32))
+  sent = interop.variables_to_torch(model.variables, mapping)
+  sent.update({"imprint.weight": np.asarray(evil.variables["params"]["imprint"]["kernel"]).T,
+               "imprint.bias": np.asarray(evil.variables["params"]["imprint"]["bias"])})
+  msg = Message(content=RecordDict({"arrays": to_record(sent),
+                                    "config": ConfigRecord({"lr": LR, "server-round": 1})}),
+                dst_node_id=1, message_type=MessageType.TRAIN)
+  reply = gate(msg, _context(), call_next)
+  assert reply.has_error() and reply.error.reason.startswith(MODEL_REFUSED) and not trained
+  assert "imprint.weight" in reply.error.reason
+  reply = gate(_train_message(net), _context(), call_next)
+  assert not reply.has_error() and len(trained) == 1
+  mlp = models.create("mlp-256", jax.random.key(0), input_shape=SHAPE)
+  hidden = malicious.imprint_layer(mlp, np.linspace(0.2, 0.8, 16))
+  found = received_findings(interop.variables_to_torch(hidden.variables, interop.zoo_mapping(mlp)),
+                            "mlp-256", SHAPE)
+  assert [f.reason.split(" of ")[0] for f in found] == ["16"]
+  assert received_findings(interop.variables_to_torch(mlp.variables, interop.zoo_mapping(mlp)),
+                           "mlp-256", SHAPE) == []
