@@ -180,6 +180,26 @@ def imprint_recover(gradient, input_shape, *, layer: str = "imprint", units: int
   return Imprints(x.reshape(len(held), *input_shape), held, db_bins[held])
 
 
+AUDIT_BINS = 1024
+"""The imprint block an audit reports against (:func:`server_row`): two 3072 x 1024 matrices on
+CIFAR-sized images, about half a ResNet-18's weights."""
+
+
+def server_row(examples: int, bins: int = AUDIT_BINS) -> dict:
+  """The audit's row for a malicious server: of a client's N ``examples``, the number an imprint
+  block of k ``bins`` with equally likely bins recovers exactly in expectation,
+  N (k/(k+1))^N (an example is recovered when it lies above the lowest threshold and alone in its
+  bin: k + 1 cells, each with probability 1/(k+1))."""
+  if examples < 1 or bins < 1:
+    raise ValueError(f"examples and bins must be positive, got {examples} and {bins}")
+  expected = examples * (bins / (bins + 1)) ** examples
+  return {"attack": "imprint", "bins": bins, "examples": examples, "expected_exact": expected,
+          "reason": f"a server that sends an imprint block of {bins} bins (Robbing the Fed) in "
+                    f"front of this model recovers about {expected:.1f} of the client's {examples} "
+                    "examples exactly, summed over clients too; gradjax.flower.leakage_mod refuses "
+                    "such a model"}
+
+
 class Finding(NamedTuple):
   """One reason to think a received model was built to leak: ``path`` (a parameter path) and
   ``reason`` (one line)."""

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, dager
-from gradjax import data, defenses, driver, fidelity, interop, lpips, metrics, models, resume, text
+from gradjax import data, defenses, driver, fidelity, interop, lpips, malicious, metrics, models, resume, text
 from gradjax import verdict
 from gradjax import labels as labels_lib
 from gradjax.config import Config, attacked_model, check, fingerprint, options
@@ -475,6 +475,7 @@ def _run_image(cfg: Config, callback, batch, state):
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.lpips, batch, input_shape)
   results.update(_verdict(results, residual, findings, problems, cfg))
+  results["malicious_server"] = malicious.server_row(observation.num_samples)
   return results, images
 
 

@@ -157,3 +157,19 @@ def test_inspect_finds_nothing_in_the_committed_trained_checkpoints():
                "experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz"):
     model = checkpoint.load_model(os.path.join(root, path))
     assert malicious.inspect(model.variables) == [], path
+
+
+def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
+  """server_row's N (k/(k+1))^N against a NumPy simulation of N examples in k + 1 equally likely
+  cells (the lowest lost), 20 000 draws; and the row a run reports for its batch."""
+  rng = np.random.default_rng(0)
+  for n, k in ((8, 16), (64, 512), (128, 1024)):
+    cells = rng.integers(0, k + 1, size=(20_000, n))
+    counts = np.stack([np.bincount(c, minlength=k + 1) for c in cells])
+    alone = ((counts == 1)[:, 1:]).sum(axis=1).mean()
+    row = malicious.server_row(n, k)
+    assert row["expected_exact"] == pytest.approx(alone, rel=0.01) and row["examples"] == n
+  from gradjax import config, pipeline
+  results, _ = pipeline.run(config.Config(attack="dlg", iterations=2, batch_size=2, lpips="none"))
+  assert results["malicious_server"]["examples"] == 2
+  assert results["malicious_server"]["expected_exact"] == pytest.approx(2 * (1024 / 1025) ** 2)

@@ -96,6 +96,8 @@ def main(argv):
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
   print(verdict_line(results))
+  if results.get("malicious_server"):
+    print(f"malicious server: {results['malicious_server']['reason']}")
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.png"
         + (", curves.png" if results.get("history") else ""))
 
@@ -137,6 +139,8 @@ def text_main(cfg, out, state):
           f"{results['iterations']} iterations  {results['wall_time_s']:.1f} s"
           + ("  (resumed)" if results["resumed"] else ""))
   print(verdict_line(results))
+  if results.get("malicious_server"):
+    print(f"malicious server: {results['malicious_server']['reason']}")
   print(f"wrote {out}: metrics.json, sentences.txt, report.html"
         + (", curves.png" if results.get("history") else ""))
 
