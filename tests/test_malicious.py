@@ -173,3 +173,27 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
   results, _ = pipeline.run(config.Config(attack="dlg", iterations=2, batch_size=2, lpips="none"))
   assert results["malicious_server"]["examples"] == 2
   assert results["malicious_server"]["expected_exact"] == pytest.approx(2 * (1024 / 1025) ** 2)
+
+
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
+@pytest.mark.slow
+def test_no_honest_pytorch_model_is_flagged():
+  """PyTorch's own initialisation: the Flower example's LeNet, five draws as a client receives them
+  (state_dict arrays), passes received_findings; the LeNet with an imprint's tensors added does
+  not."""
+  import os
+  import sys
+  pytest.importorskip("torch")
+  pytest.importorskip("flwr")
+  from gradjax.flower import received_findings
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  sys.path.insert(0, os.path.join(root, "examples", "flower_audit"))
+  try:
+    from flower_audit import task
+  finally:
+    sys.path.pop(0)
+  for seed in range(5):
+    sent = {k: v.detach().numpy() for k, v in task.build("lenet_zhu", seed).state_dict().items()}
+    assert received_findings(sent, "lenet_zhu") == []
+  sent["imprint.weight"] = np.full((16, 3072), 1 / 3072, np.float32)
+  assert "not the declared lenet_zhu" in received_findings(sent, "lenet_zhu")[0].reason
