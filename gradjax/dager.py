@@ -570,14 +570,15 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
     ‖Σ u_(m, y_m) − ∇W_t‖ / ‖∇W_t‖ of the transform kernel's gradient, ~1e-6 when the targets are
     the client's).
 
-  Raises :class:`Unreadable` where the bias gradient does not count M labels (the inputs are not
-  the client's, or the update was defended).
+  Raises :class:`Unreadable` where the inputs hold no ``mask`` or the bias gradient does not count
+  M labels (the inputs are not the client's, or the update was defended).
   """
   inputs = np.asarray(inputs, np.int32)
   where = np.argwhere(inputs == mask)
   m = len(where)
   if m == 0:
-    raise ValueError("the inputs hold no <mask>: nothing for a masked language model to predict")
+    raise Unreadable("the inputs found hold no <mask>: nothing for a masked language model's "
+                     "targets to fill")
   node = gradient["params"] if "params" in gradient else gradient
   if "output_bias" not in node or "transform" not in node:
     raise ValueError("masked_targets reads a zoo 'bert' (params output_bias and transform)")

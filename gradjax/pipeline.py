@@ -625,11 +625,11 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       rec = dager.recover(model.apply_fn, model.variables, observation.gradient, **options)
   except dager.Unreadable as e:
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
-  masked = pairs = None
+  masked_residual = pairs = None
   if models.is_masked_lm(model.name) and len(rec.sentences):
     try:  # the inputs hold <mask>: their targets from the gradient, the sentences with them
-      targets, masked = dager.masked_targets(model.apply_fn, model.variables, observation.gradient,
-                                             rec.sentences, vocabulary.mask)
+      targets, masked_residual = dager.masked_targets(
+          model.apply_fn, model.variables, observation.gradient, rec.sentences, vocabulary.mask)
       pairs = (rec.sentences, targets)
       rec = rec._replace(sentences=np.where(targets >= 0, targets, rec.sentences))
     except dager.Unreadable as e:
@@ -645,8 +645,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
              for s in rec.spans],
       position_set_sizes=[int(len(s)) for s in rec.position_sets])
-  if masked is not None:
-    results["masked_targets_residual"] = masked
+  if masked_residual is not None:
+    results["masked_targets_residual"] = masked_residual
   residual = None
   if len(rec.sentences) == batch.ids.shape[0]:
     x, targets = pairs or corpus.language_model_pairs(rec.sentences, vocabulary.eos)

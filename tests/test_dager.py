@@ -450,7 +450,7 @@ def test_a_masked_language_models_sentence_and_its_masked_tokens():
     assert dager.masked_targets(model.apply_fn, model.variables, g, shifted, mask)[1] > 1e-2
   except dager.Unreadable as e:
     assert "does not count" in str(e)
-  with pytest.raises(ValueError, match="no <mask>"):
+  with pytest.raises(dager.Unreadable, match="no <mask>"):
     dager.masked_targets(model.apply_fn, model.variables, g, ids, mask)
 
 
