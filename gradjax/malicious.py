@@ -24,7 +24,9 @@ A bin with several examples gives their g-weighted mean (a collision); examples 
 g_n = 0 give nothing. Gradients summed over clients (FedSGD aggregation, secure aggregation
 included) are sums over all their examples, so the same read-out works on the aggregate. The server
 places the thresholds at the quantiles of the statistic on data it has (:func:`imprint_thresholds`):
-with k equally likely bins an example is alone in its bin with probability (1 − 1/k)^(N−1).
+with the k + 1 cells (below c_0, and the k bins) equally likely, an example lies above c_0 and alone
+in its bin with probability (k/(k+1))^N (:func:`server_row`). The same units can also hide inside
+the first layer of an MLP the client declared, every shape unchanged (:func:`imprint_layer`).
 
 **On the client** (:func:`inspect`): before it trains, a client can check what it received. Two
 signs of an imprint: parameters that its declared architecture does not have (a block added in
