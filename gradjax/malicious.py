@@ -145,6 +145,29 @@ def imprint_layer(model: models.Model, thresholds, *, statistic: str = "mean",
   return model._replace(variables={**model.variables, "params": changed})
 
 
+def trap_weights(model: models.Model, public, rate: float, key: jax.Array) -> models.Model:
+  """The model the server sends with trap weights in an MLP's first layer (after Boenisch et al.,
+  "When the Curious Abandon Honesty", EuroS&P 2023, who scale each unit's negative weights so that
+  few inputs activate it; here each unit keeps a fresh Gaussian direction and its bias is set so
+  that a share ``rate`` of the server's own ``public`` examples (M, H, W, C), as the client's model
+  reads them, activate it). With rate about 1/N, most units fire for one example of a batch of N or
+  none, and the update gives each such example back exactly
+  (:func:`gradjax.analytic.exclusive_neurons`); shapes are the model's own, and no two units share
+  a direction, so :func:`inspect` does not see it."""
+  params = model.variables["params"]
+  if set(params) != {"Dense_0", "head"}:
+    raise ValueError(f"trap_weights rewrites a one-hidden-layer MLP (Dense_0, head), not {model.name}")
+  if not 0 < rate < 1:
+    raise ValueError(f"the activation rate must lie in (0, 1), got {rate}")
+  kernel = np.asarray(jax.random.normal(key, params["Dense_0"]["kernel"].shape), np.float64)
+  kernel /= np.linalg.norm(kernel, axis=0, keepdims=True)
+  z = np.asarray(public, np.float64).reshape(len(public), -1) @ kernel  # (M, units)
+  bias = -np.quantile(z, 1 - rate, axis=0)
+  dtype = params["Dense_0"]["kernel"].dtype
+  changed = {**params, "Dense_0": {"kernel": jnp.asarray(kernel, dtype), "bias": jnp.asarray(bias, dtype)}}
+  return model._replace(variables={**model.variables, "params": changed})
+
+
 class Imprints(NamedTuple):
   """What :func:`imprint_recover` reads.
 

@@ -197,3 +197,28 @@ def test_no_honest_pytorch_model_is_flagged():
     assert received_findings(sent, "lenet_zhu") == []
   sent["imprint.weight"] = np.full((16, 3072), 1 / 3072, np.float32)
   assert "not the declared lenet_zhu" in received_findings(sent, "lenet_zhu")[0].reason
+
+
+def test_trap_weights_fire_for_their_share_of_the_servers_data_and_give_the_batch_back():
+  """Each unit of the trapped layer is active for a share `rate` of the server's public data
+  (NumPy), the shapes are the model's and inspect sees nothing; exclusive_neurons then reads most of
+  a batch of 8 back exactly."""
+  from gradjax import analytic
+  rng = np.random.default_rng(0)
+  public = rng.uniform(size=(400, *SHAPE)).astype(np.float32)
+  model = models.create("mlp-256", jax.random.key(0), input_shape=SHAPE)
+  sent = malicious.trap_weights(model, public, 1 / 8, jax.random.key(1))
+  params = sent.variables["params"]["Dense_0"]
+  z = public.reshape(400, -1).astype(np.float64) @ np.asarray(params["kernel"], np.float64)
+  active = (z + np.asarray(params["bias"], np.float64) > 0).mean(axis=0)
+  np.testing.assert_allclose(active, 1 / 8, atol=1 / 400 + 1e-9)
+  assert jax.tree.map(np.shape, sent.variables) == jax.tree.map(np.shape, model.variables)
+  assert malicious.inspect(sent.variables, model.variables) == []
+  x = rng.uniform(size=(8, *SHAPE)).astype(np.float32)
+  found = analytic.exclusive_neurons(clients.fedsgd(sent.apply_fn, sent.variables, x, np.arange(8)),
+                                     sent.apply_fn, SHAPE)
+  got = np.asarray(found.inputs).reshape(len(found.inputs), -1)
+  exact = sum(np.abs(got - v).max(axis=1).min() < 1e-4 for v in x.reshape(8, -1)) if len(got) else 0
+  assert exact >= 6
+  with pytest.raises(ValueError, match="one-hidden-layer MLP"):
+    malicious.trap_weights(_model(), public, 0.1, jax.random.key(0))
