@@ -14,6 +14,11 @@ VARIANTS = {
         'data.dataset': 'cifar10',
         'data.normalization': 'none',
     }),
+    # runs/defense_sweep_dlg_lenet_zhu_unseen: the same sweep on CIFAR-10 test images 500-504
+    'defense_sweep_dlg_lenet_zhu_unseen': ('defense-sweep --count=5 --start=500 --utility --adaptive', None, {
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+    }),
 }
 
 
