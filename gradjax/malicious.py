@@ -159,7 +159,7 @@ def trap_weights(model: models.Model, public, rate: float, key: jax.Array) -> mo
     raise ValueError(f"trap_weights rewrites a one-hidden-layer MLP (Dense_0, head), not {model.name}")
   if not 0 < rate < 1:
     raise ValueError(f"the activation rate must lie in (0, 1), got {rate}")
-  kernel = np.asarray(jax.random.normal(key, params["Dense_0"]["kernel"].shape), np.float64)
+  kernel = np.array(jax.random.normal(key, params["Dense_0"]["kernel"].shape), np.float64)  # a copy
   kernel /= np.linalg.norm(kernel, axis=0, keepdims=True)
   z = np.asarray(public, np.float64).reshape(len(public), -1) @ kernel  # (M, units)
   bias = -np.quantile(z, 1 - rate, axis=0)
