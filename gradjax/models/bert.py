@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from gradjax.models.gpt import torch_attention
 from gradjax.models.inits import get_initializers
 from gradjax.models.layers import layer_norm
 from gradjax.models.spec import Options, ModelSpec, ZooName
@@ -130,22 +131,11 @@ def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int, *, dim: in
   del zoo, input_shape
   nn_ = torch.nn
 
-  class Attention(nn_.Module):
-    def __init__(self):
-      super().__init__()
-      self.query, self.key, self.value, self.out = (nn_.Linear(dim, dim) for _ in range(4))
-
-    def forward(self, x):
-      n, t, _ = x.shape
-      split = lambda y: y.view(n, t, heads, dim // heads).transpose(1, 2)  # (n, heads, t, hd)
-      q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-      a = torch.softmax(q @ k.transpose(-1, -2) / (dim // heads) ** 0.5, dim=-1)
-      return self.out((a @ v).transpose(1, 2).reshape(n, t, dim))
-
   class Block(nn_.Module):
     def __init__(self):
       super().__init__()
-      self.attention, self.norm_0 = Attention(), nn_.LayerNorm(dim)
+      self.attention = torch_attention(torch, dim, heads, causal=False)
+      self.norm_0 = nn_.LayerNorm(dim)
       self.ffn_0, self.ffn_1, self.norm_1 = nn_.Linear(dim, ffn), nn_.Linear(ffn, dim), nn_.LayerNorm(dim)
 
     def forward(self, x):

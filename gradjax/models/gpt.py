@@ -121,11 +121,10 @@ def _torch_rows(zoo: ZooName, params, chw) -> list:
   return rows + [("norm_f", "norm_f", "layer_norm")]
 
 
-def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int, *, dim: int = 768,
-                  heads: int = 12, ffn: int = 3072, layers: int = 2, context: int = CONTEXT):
-  """The PyTorch twin: the same blocks with four ``nn.Linear`` per attention (query, key, value,
-  out), tanh GELU, LayerNorm epsilon 1e-5, logits ``norm_f(h) @ embed.weight.T``; GPT-2's init."""
-  del zoo, input_shape
+def torch_attention(torch, dim: int, heads: int, *, causal: bool):
+  """The PyTorch twin of Flax's ``MultiHeadDotProductAttention`` as the zoo's text models use it:
+  four ``nn.Linear`` (query, key, value, out), softmax(q kᵀ / sqrt(head_dim)), causally masked or
+  not."""
   nn_ = torch.nn
 
   class Attention(nn_.Module):
@@ -138,14 +137,27 @@ def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int, *, dim: in
       split = lambda y: y.view(n, t, heads, dim // heads).transpose(1, 2)  # (n, heads, t, hd)
       q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
       scores = q @ k.transpose(-1, -2) / (dim // heads) ** 0.5
-      causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-      a = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+      if causal:
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+      a = torch.softmax(scores, dim=-1)
       return self.out((a @ v).transpose(1, 2).reshape(n, t, dim))
+
+  return Attention()
+
+
+def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int, *, dim: int = 768,
+                  heads: int = 12, ffn: int = 3072, layers: int = 2, context: int = CONTEXT):
+  """The PyTorch twin: the same blocks with four ``nn.Linear`` per attention (query, key, value,
+  out), tanh GELU, LayerNorm epsilon 1e-5, logits ``norm_f(h) @ embed.weight.T``; GPT-2's init."""
+  del zoo, input_shape
+  nn_ = torch.nn
 
   class Block(nn_.Module):
     def __init__(self):
       super().__init__()
-      self.norm_0, self.attention, self.norm_1 = nn_.LayerNorm(dim), Attention(), nn_.LayerNorm(dim)
+      self.norm_0, self.norm_1 = nn_.LayerNorm(dim), nn_.LayerNorm(dim)
+      self.attention = torch_attention(torch, dim, heads, causal=True)
       self.ffn_0, self.ffn_1 = nn_.Linear(dim, ffn), nn_.Linear(ffn, dim)
 
     def forward(self, x):
