@@ -34,6 +34,7 @@ from typing import Callable, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.optimize
 
 from gradjax.observation import Observation
 
@@ -443,3 +444,174 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   dominance = np.divide(mine, others, out=np.full(len(classes), np.inf), where=others > 0)
   return HeadInputs(classes, counts, h, own, dominance, (counts == 1) & (dominance >= min_dominance),
                     residual)
+
+
+# --- the dense head's input, per example ----------------------------------------------------------
+
+
+class ExampleHeadInputs(NamedTuple):
+  """What :func:`head_inputs_per_example` recovered: each example's own head input.
+
+  Attributes:
+    features: (N, F) example n's head input h_n, in the order of ``labels`` (examples of one class
+      are interchangeable: the gradient does not say which of them came first).
+    error: (N,) how far h_n moves when the gradient is rounded again as float32 rounds it, relative
+      to the batch's spread (mean ‖h_n − h̄‖): the largest over ``probes`` re-solves.
+    usable: (N,) ``error`` at most ``max_error``.
+    cost: the least-squares residual ‖r‖² of the best restart (its float32 rounding floor is about
+      1e-14 for a LeNet head).
+    singular_values: (N,) the largest N singular values of ∂L/∂W; the last ones, where two examples
+      of a class barely differ in their predictions, decide ``error``.
+  """
+
+  features: np.ndarray
+  error: np.ndarray
+  usable: np.ndarray
+  cost: float
+  singular_values: np.ndarray
+
+
+def head_inputs_per_example(kernel, bias, kernel_grad, bias_grad, labels, *, key: jax.Array,
+                            restarts: int = 64, steps: int = 400, probes: int = 8,
+                            rounding: float = 2.0 ** -24, max_error: float = 0.1) -> ExampleHeadInputs:
+  """Each example's input of a dense head z = hᵀW + b from its gradient, classes repeated or not.
+
+  With the mean cross entropy over N ≤ K − 1 examples, ∂L/∂W = Σ_n h_n e_nᵀ / N with
+  e_n = softmax(Wᵀh_n + b) − e_{y_n} (F × K, rank N): its column space is span{h_n}. With U (F, N)
+  its leading left singular vectors, h_n = U a_n and the N² unknowns A solve the N·K + K equations
+
+    Uᵀ ∂L/∂W = Aᵀ E(A) / N,    ∂L/∂b = Σ_n e_n(A) / N,
+
+  nonlinear through the predictions. :func:`head_inputs` gives each class's mean (exact for a class
+  of one); two examples of one class differ only through their predictions p_n, so the directions
+  that tell them apart carry singular values of ∂L/∂W as small as their difference in p. Here the
+  system is solved by Levenberg-Marquardt in float64 from the class means plus noise (``restarts``
+  of them, vmapped; the lowest residual kept), then ``probes`` times again from the solution with
+  ∂L/∂W and ∂L/∂b rounded anew (each entry times 1 + ``rounding``·U(−1, 1), float32's relative
+  rounding, and the logits' rounding, which dominates): where an example moves by more than
+  ``max_error`` of the batch's spread, the float32 update no longer holds what sets it apart, and
+  it is not ``usable``. Nor is it where another restart ends as low (within 10x of the best
+  residual) with that example elsewhere (the equations do not pick one answer), nor, for an example
+  of a repeated class, where the N-th singular value of ∂L/∂W lies below its float32 rounding
+  (``rounding``·rms(∂L/∂W)·(√F + √K)): the span then lacks a direction that tells two examples
+  apart. (On DLG's LeNet, untrained, CIFAR-10 test images in batches of 8, these rules were set on
+  images 0-39, where the 29 examples they keep are the 29 within 10 % of the truth; on 500-539 they
+  keep 20, all within 4 %, of the 22 within 10 %.)
+
+  Args:
+    kernel, bias: the head's weights W (F, K) and bias b (K,).
+    kernel_grad, bias_grad: their gradients (F, K), (K,), as observed.
+    labels: (N,) int, the batch's labels, N ≤ K − 1.
+    key: PRNG key of the restarts' and probes' noise.
+    restarts, steps: Levenberg-Marquardt starts and iterations.
+    probes: re-solves with the gradient rounded anew, for ``error``.
+    rounding: the relative rounding of the observed gradient (float32: 2⁻²⁴).
+    max_error: ``usable`` where ``error`` is at most this.
+
+  Returns:
+    :class:`ExampleHeadInputs`.
+
+  Reference: the span of a low-rank weight gradient as the span of a layer's inputs is DAGER's
+  (Petrov et al., NeurIPS 2024) for transformers and the premise of R-GAP's head step (Zhu and
+  Blaschko, ICLR 2021); solving it per example through the softmax is gradjax's.
+  """
+  w, b = np.asarray(kernel, np.float64), np.asarray(bias, np.float64)
+  gw, gb = np.asarray(kernel_grad, np.float64), np.asarray(bias_grad, np.float64)
+  y = np.asarray(labels).astype(np.int64)
+  n, k = y.shape[0], w.shape[1]
+  if n > k - 1:
+    raise ValueError(f"per-example head inputs need at most K - 1 = {k - 1} examples (the rank of "
+                     f"the head's gradient), got {n}")
+  grouped = head_inputs(w, b, gw, gb, y, nonnegative=False)
+  row = {int(c): i for i, c in enumerate(grouped.classes)}
+  means = grouped.features[[row[int(c)] for c in y]]  # (N, F)
+  with jax.enable_x64(True):
+    program = _per_example_program(n, k, restarts, steps, probes)
+    out = program(key, *(jnp.asarray(v) for v in (means, gw, gb, w, b, y)), jnp.asarray(rounding))
+    h, error, others, costs, s = (np.asarray(v) for v in out)
+  best = int(np.argmin(costs))
+  # Directions of ∂L/∂W below its float32 rounding (spectral norm about u·rms·(√F + √K)) are not
+  # the examples' own: the span lacks what tells some examples of a class apart (their predictions
+  # agree to rounding), so no example of a repeated class is pinned down.
+  floor = rounding * np.sqrt(np.mean(gw ** 2)) * (np.sqrt(gw.shape[0]) + np.sqrt(k))
+  if s[-1] < floor:
+    repeated = np.isin(y, np.unique(y)[np.unique(y, return_counts=True)[1] > 1])
+    error = np.where(repeated, np.inf, error)
+  # Restarts that end as low (within ``near`` of the best residual) but elsewhere: the equations do
+  # not pick one answer; examples of a class matched by an assignment, as they are interchangeable.
+  near = costs <= 10 * costs[best]
+  spread = np.mean(np.linalg.norm(h - h.mean(0), axis=1))
+  for other in others[near]:
+    moved = np.zeros(n)
+    for c in np.unique(y):
+      idx = np.flatnonzero(y == c)
+      d = np.linalg.norm(other[idx][:, None] - h[idx][None], axis=-1)
+      r, col = scipy.optimize.linear_sum_assignment(d)
+      moved[idx[col]] = d[r, col]
+    error = np.maximum(error, moved / spread)
+  return ExampleHeadInputs(h, error, error <= max_error, float(costs[best]), s)
+
+
+@functools.lru_cache(maxsize=None)
+def _per_example_program(n: int, k: int, restarts: int, steps: int, probes: int):
+  """:func:`head_inputs_per_example`'s computation for N examples and K classes, one jitted program:
+  (key, class means (N, F), ∂L/∂W, ∂L/∂b, W, b, labels, rounding) -> (h (N, F), error (N,), every
+  restart's h (R, N, F), their residuals (R,), the leading N singular values)."""
+
+  def residual(a, u, gw, gb, w, b, y):
+    e = jax.nn.softmax((a @ u.T) @ w + b) - jax.nn.one_hot(y, k, dtype=a.dtype)
+    return jnp.concatenate([(u.T @ gw - a.T @ e / n).ravel(), e.sum(0) / n - gb])
+
+  def solve(a, u, gw, gb, w, b, y):  # Levenberg-Marquardt from a
+    r_of = lambda v: residual(v.reshape(n, n), u, gw, gb, w, b, y)
+
+    def step(carry, _):
+      v, lam = carry
+      r, jac = r_of(v), jax.jacfwd(r_of)(v)
+      hess = jac.T @ jac
+      damped = hess + lam * (jnp.diag(jnp.diag(hess)) + 1e-12 * jnp.eye(v.size))
+      trial = v - jnp.linalg.solve(damped, jac.T @ r)
+      r2 = r_of(trial)
+      better = (r2 @ r2 < r @ r) & jnp.all(jnp.isfinite(r2))
+      return (jnp.where(better, trial, v), jnp.where(better, lam / 3, lam * 4)), None
+
+    (v, _), _ = jax.lax.scan(step, (a.ravel(), jnp.asarray(1e-3, a.dtype)), None, length=steps)
+    r = r_of(v)
+    return v.reshape(n, n), r @ r
+
+  def span(gw):
+    u, s, _ = jnp.linalg.svd(gw, full_matrices=False)
+    return u[:, :n], s[:n]
+
+  @jax.jit
+  def program(key, means, gw, gb, w, b, y, rounding):
+    k_start, k_probe = jax.random.split(key)
+    u, s = span(gw)
+    a0 = means @ u
+    noise = jnp.abs(a0).mean() * jnp.geomspace(0.03, 1.0, restarts)[:, None, None]
+    starts = a0[None] + noise * jax.random.normal(k_start, (restarts, n, n), a0.dtype)
+    found, costs = jax.vmap(solve, (0, None, None, None, None, None, None))(starts, u, gw, gb, w, b, y)
+    h = found[jnp.argmin(costs)] @ u.T
+    z = h @ w + b
+    p = jax.nn.softmax(z)
+    z_rounding = 0.5 * rounding * (jnp.abs(h) @ jnp.abs(w))  # (N, K)
+
+    def probe(key):
+      kw, kb, kz = jax.random.split(key, 3)
+      # The client's logits carry an absolute rounding error of about u Σ_j |h_j W_jk| / 3 (measured
+      # on DLG's LeNet in float32: below 0.64 u Σ|hW|, 90 % below 0.38), which moves e_n by
+      # p_n ⊙ (δz − p_n·δz); the gradient's entries are then rounded once more.
+      dz = z_rounding * jax.random.uniform(kz, z.shape, z.dtype, -1, 1)
+      de = jax.nn.softmax(z + dz) - p
+      gw_p = (gw + h.T @ de / n) * (1 + rounding * jax.random.uniform(kw, gw.shape, gw.dtype, -1, 1))
+      gb_p = (gb + de.sum(0) / n) * (1 + rounding * jax.random.uniform(kb, gb.shape, gb.dtype, -1, 1))
+      u_p, _ = span(gw_p)
+      a, _ = solve(h @ u_p, u_p, gw_p, gb_p, w, b, y)
+      return a @ u_p.T
+
+    moved = jax.vmap(probe)(jax.random.split(k_probe, probes))  # (P, N, F)
+    spread = jnp.mean(jnp.linalg.norm(h - h.mean(0), axis=1))
+    error = jnp.max(jnp.linalg.norm(moved - h[None], axis=-1), axis=0) / spread
+    return h, error, found @ u.T, costs, s
+
+  return program

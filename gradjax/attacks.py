@@ -79,9 +79,10 @@ class Attack:
       growing. A distance that settles later raises it (``distance.settled_from``).
     gamma: objective ``"dlm"`` only: how its scale γ starts and learns (:class:`gradjax.objectives.Gamma`).
     head_features: the weight of the pull of each example's head input towards the one the head's
-      gradient gives for its label (:func:`gradjax.analytic.head_inputs`; only where that class has
-      one example that dominates its column), 0 for none; needs known or inferred labels and the
-      ``"gradient"`` objective (:func:`gradjax.objectives.gradient_matching`).
+      gradient gives for it (:func:`head_targets`: solved per example up to K − 1 examples, classes
+      repeated or not, where the float32 update pins it down; else its class's row where that class
+      has one example that dominates its column), 0 for none; needs known or inferred labels and
+      the ``"gradient"`` objective (:func:`gradjax.objectives.gradient_matching`).
     name: what reports call the attack (a preset's name, or ``"custom"``).
   """
 
@@ -374,20 +375,29 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
   return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
 
 
-def head_targets(observation: Observation, labels, dtype) -> tuple[jax.Array, jax.Array]:
-  """(t (N, F), w (N,)): each example's head-input target, from the dense head's gradient for its
-  label (:func:`gradjax.analytic.head_inputs`), with weight 1 where that class's row is the
-  example's own (``usable``) and 0 elsewhere."""
+def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(t (N, F), w (N,)): each example's head-input target from the dense head's gradient, with
+  weight 1 where the target is that example's own and 0 elsewhere. Up to K − 1 examples each
+  example's input is solved for (:func:`gradjax.analytic.head_inputs_per_example`, classes repeated
+  or not; ``key`` draws its starts), kept where the float32 update pins it down; an example it
+  leaves open keeps its class's row where that class has one example that dominates its column
+  (:func:`gradjax.analytic.head_inputs`)."""
   params, grads = observation.variables["params"], observation.gradient
   head = objectives.HEAD
   if head not in params or "kernel" not in params[head] or jnp.ndim(params[head]["kernel"]) != 2:
     raise ValueError(f"head features need a dense head named {head!r} in the model")
-  found = analytic.head_inputs(params[head]["kernel"], params[head]["bias"], grads[head]["kernel"],
-                               grads[head]["bias"], np.asarray(labels))
+  labels = np.asarray(labels)
+  kernel, bias = params[head]["kernel"], params[head]["bias"]
+  found = analytic.head_inputs(kernel, bias, grads[head]["kernel"], grads[head]["bias"], labels)
   row = {int(c): i for i, c in enumerate(found.classes)}
-  slots = np.asarray([row[int(c)] for c in np.asarray(labels)])
-  return (jnp.asarray(found.features[slots], dtype),
-          jnp.asarray(found.usable[slots], dtype))
+  slots = np.asarray([row[int(c)] for c in labels])
+  features, usable = found.features[slots], found.usable[slots]
+  if len(labels) <= np.shape(kernel)[1] - 1:
+    own = analytic.head_inputs_per_example(kernel, bias, grads[head]["kernel"], grads[head]["bias"],
+                                           labels, key=key)
+    features = np.where(own.usable[:, None], np.maximum(own.features, 0.0), features)
+    usable = own.usable | usable
+  return jnp.asarray(features, dtype), jnp.asarray(usable, dtype)
 
 
 def _known_labels(attack: Attack, observation: Observation):
@@ -455,7 +465,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   if attack.head_features:
     if known is None or known.ndim != 1:
       raise ValueError("head features need known or inferred labels of images")
-    targets = head_targets(observation, known, dtype)
+    targets = head_targets(observation, known, dtype, jax.random.fold_in(key, 1))
   data = MatchingData(observation, known, (lo, hi), weights, None, positions, targets)
   return Problem(data, orders, init, jnp.asarray(np.tile(orders, (restarts, 1))))
 

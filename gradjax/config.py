@@ -230,7 +230,8 @@ class Config:
       parse=parse_gamma)
   head_features: float | None = _field(
       None, "Weight of the pull of each image's head input towards the one the dense head's gradient "
-      "gives for its label (0: off; needs known or inferred labels).", attack="head_features")
+      "gives for it (per example up to K - 1 examples; 0: off; needs known or inferred labels).",
+      attack="head_features")
   remat: bool | None = _field(
       None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
       attack="remat")

@@ -269,6 +269,56 @@ def test_head_inputs_of_repeated_classes_are_their_means():
   assert not found.usable[2] and found.own[2] < 0.5 and found.dominance[2] < 1
 
 
+def _matched(found, h, y):
+  """Largest relative distance of each true input to its found row, examples of a class matched
+  by an assignment (the gradient does not order them)."""
+  from scipy.optimize import linear_sum_assignment
+  err = np.zeros(len(y))
+  for c in np.unique(y):
+    idx = np.flatnonzero(y == c)
+    d = np.linalg.norm(found[idx][:, None] - h[idx][None], axis=-1) / np.linalg.norm(h[idx], axis=-1)
+    r, col = linear_sum_assignment(d)
+    err[idx[col]] = d[r, col]
+  return err
+
+
+@pytest.mark.slow  # compiles the solver (restarts and probes: about 8 s on one core)
+def test_head_inputs_per_example_separate_a_repeated_class():
+  """Seven examples, three of one class and two of another, through a random 10-class head: each
+  example's own input back (to 1e-6), not its class's mean, and every one usable."""
+  rng = np.random.default_rng(7)
+  h = rng.uniform(0, 1, size=(7, 40))
+  w, b = rng.normal(size=(40, 10)) * 0.5, rng.normal(size=10) * 0.1
+  y = np.array([4, 1, 4, 7, 4, 1, 0])
+  gw, gb = _numpy_head(h, y, w, b)
+  found = analytic.head_inputs_per_example(w, b, gw, gb, y, key=jax.random.key(0), restarts=8, steps=100)
+  assert _matched(found.features, h, y).max() < 1e-6
+  assert found.usable.all() and found.error.max() < 1e-3 and found.cost < 1e-20
+  np.testing.assert_allclose(found.singular_values, np.linalg.svd(gw, compute_uv=False)[:7], rtol=1e-8)
+  means = analytic.head_inputs(w, b, gw, gb, y).features  # the class means are no one's own
+  assert np.linalg.norm(means[list(np.unique(y)).index(4)] - h[0]) > 0.1 * np.linalg.norm(h[0])
+
+
+@pytest.mark.slow
+def test_head_inputs_per_example_flag_examples_the_gradient_does_not_separate():
+  """Two examples of a class whose predictions are equal (they differ along a direction the logits
+  do not see): the gradient holds only their sum, so neither is usable; the others stay exact; and a
+  batch above K − 1 is refused."""
+  rng = np.random.default_rng(8)
+  w, b = rng.normal(size=(40, 10)) * 0.5, rng.normal(size=10) * 0.1
+  h = rng.uniform(0, 1, size=(7, 40))
+  shift = rng.normal(size=40)
+  shift -= (shift @ w) @ np.linalg.pinv(w)
+  h[1] = h[0] + 0.3 * shift
+  y = np.array([2, 2, 5, 8, 3, 6, 0])
+  gw, gb = _numpy_head(h, y, w, b)
+  found = analytic.head_inputs_per_example(w, b, gw, gb, y, key=jax.random.key(1), restarts=8, steps=100)
+  np.testing.assert_array_equal(found.usable, [False, False, True, True, True, True, True])
+  assert _matched(found.features, h, y)[2:].max() < 1e-6
+  with pytest.raises(ValueError, match="at most K - 1"):
+    analytic.head_inputs_per_example(w, b, gw, gb, np.arange(10), key=jax.random.key(1))
+
+
 def test_head_inputs_with_uniform_predictions_are_usable():
   """An untrained network predicts every class about equally (small logits): each class's column
   holds about 1 − N/K of its own example, little by ``own``, but more than any other class's

@@ -10,7 +10,14 @@ import pytest
 
 from gradjax import driver, optimizers, solvers
 
-jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float64():
+  """These closed forms are checked to 1e-8 and below: float64 for this module only (a global
+  ``jax.config.update`` here would turn on float64 for every module pytest imports after it)."""
+  with jax.enable_x64(True):
+    yield
 
 # A fixed SPD quadratic: f(p) = 0.5 (p - c)^T A (p - c), minimiser c.
 _RNG = np.random.default_rng(0)

@@ -15,7 +15,9 @@ recognisable by the verdict's rule, the leak verdicts and the seconds per batch.
 batch 8 with eight restarts (``--restarts=8``: the best by the matching objective kept), with and
 without GradInversion's group consistency (``--priors=...,group:1e-3:500``); the last, the same
 attack on the issue's untrained ConvNet-16 (``--model=convnet-16``); and a FedAvg client's update
-(one local epoch over mini-batches of 4) attacked by Inverting Gradients' replay.
+(one local epoch over mini-batches of 4) attacked by Inverting Gradients' replay. The rows ending
+in ``_own`` ran after the head's input was solved per example (classes repeated or not:
+gradjax.analytic.head_inputs_per_example) with the same flags; the rows above them, before.
 """
 
 import os
@@ -44,7 +46,12 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     ("b8_500_hf_convnet16", 8, 500, 2, WEIGHT, ("--model=convnet-16",)),
     # FedAvg: one local epoch over mini-batches of 4 (two SGD steps at 0.01), Inverting Gradients'
     # replay of those steps on the dummy batch, the same TV and step size, no head features.
-    ("b8_500_fedavg_mb4", 8, 500, 5, 0.0, FEDAVG)]
+    ("b8_500_fedavg_mb4", 8, 500, 5, 0.0, FEDAVG)] + [
+    # Batch 8 again since the head's input is solved per example (classes repeated or not:
+    # analytic.head_inputs_per_example); the same flags, rows recorded after that change.
+    (f"b{b}_{start}_hf_own", b, start, 5, WEIGHT, ()) for b, start in
+    ((8, 0), (8, 500), (8, 900), (4, 500), (4, 900))] + [
+    ("b8_500_hf_own_convnet16", 8, 500, 2, WEIGHT, ("--model=convnet-16",))]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
@@ -72,6 +79,8 @@ def table() -> tuple[str, dict]:
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "batches": len(rows), "seconds_per_batch": seconds}
     setting = ("8" + (", group 1e-3 from 500" if GROUP[0] in extra else "")) if RESTARTS[0] in extra else "1"
+    if row.endswith("_own"):
+      setting += "; targets per example"
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"
     model = next((e.split("=", 1)[1] for e in extra if e.startswith("--model=")), "lenet_zhu")
