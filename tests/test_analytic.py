@@ -269,7 +269,7 @@ def test_head_inputs_of_repeated_classes_are_their_means():
   assert not found.usable[2] and found.own[2] < 0.5 and found.dominance[2] < 1
 
 
-def _matched(found, h, y):
+def _matched_within_classes(found, h, y):
   """Largest relative distance of each true input to its found row, examples of a class matched
   by an assignment (the gradient does not order them)."""
   from scipy.optimize import linear_sum_assignment
@@ -292,7 +292,7 @@ def test_head_inputs_per_example_separate_a_repeated_class():
   y = np.array([4, 1, 4, 7, 4, 1, 0])
   gw, gb = _numpy_head(h, y, w, b)
   found = analytic.head_inputs_per_example(w, b, gw, gb, y, key=jax.random.key(0), restarts=8, steps=100)
-  assert _matched(found.features, h, y).max() < 1e-6
+  assert _matched_within_classes(found.features, h, y).max() < 1e-6
   assert found.usable.all() and found.error.max() < 1e-3 and found.cost < 1e-20
   np.testing.assert_allclose(found.singular_values, np.linalg.svd(gw, compute_uv=False)[:7], rtol=1e-8)
   means = analytic.head_inputs(w, b, gw, gb, y).features  # the class means are no one's own
@@ -314,7 +314,7 @@ def test_head_inputs_per_example_flag_examples_the_gradient_does_not_separate():
   gw, gb = _numpy_head(h, y, w, b)
   found = analytic.head_inputs_per_example(w, b, gw, gb, y, key=jax.random.key(1), restarts=8, steps=100)
   np.testing.assert_array_equal(found.usable, [False, False, True, True, True, True, True])
-  assert _matched(found.features, h, y)[2:].max() < 1e-6
+  assert _matched_within_classes(found.features, h, y)[2:].max() < 1e-6
   with pytest.raises(ValueError, match="at most K - 1"):
     analytic.head_inputs_per_example(w, b, gw, gb, np.arange(10), key=jax.random.key(1))
 

@@ -79,7 +79,7 @@ def table() -> tuple[str, dict]:
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "batches": len(rows), "seconds_per_batch": seconds}
     setting = ("8" + (", group 1e-3 from 500" if GROUP[0] in extra else "")) if RESTARTS[0] in extra else "1"
-    if row.endswith("_own"):
+    if "_own" in row:
       setting += "; targets per example"
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"
