@@ -54,7 +54,7 @@ common.define_table_flags(psnr=False)
 flags.DEFINE_list("batches", None, "Attack only these batch numbers (0-based) in this call, e.g. to "
                   "share the ablation between processes; a later --resume call without it reads them back.")
 flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's variant keys "
-                    "(tv, bn, stepwise, hfginv), or all; none skips the ablation.")
+                    "(tv, bn, stepwise, hfginv, head), or all; none skips the ablation.")
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
 flags.DEFINE_integer("head_classes", None, "--head=fresh: classes of the new head (default: the checkpoint's; HFGInv's protocol has 1000). Labels stay CIFAR-10's 0-9: more classes only thin out every class's share of the softmax.")
 common.define_output_flags()
@@ -71,8 +71,13 @@ def variants(iterations: int) -> dict[str, tuple[str, attacks.Attack]]:
   tv = dataclasses.replace(gi, name="cosine_tv", priors=gi.priors[:1])
   stepwise = dataclasses.replace(gi, name="gradinversion_stepwise", stepwise=hf.stepwise,
                                  track_from=hf.track_from)
+  # Not HFGInv's: each image's head input pulled towards its own, solved from the head's gradient
+  # (gradjax.analytic.head_inputs_per_example), at inverting_gradients_batch's weight.
+  head = dataclasses.replace(hf, head_features=presets.inverting_gradients_batch().head_features,
+                             name="hfginv_head_features")
   return {"tv": ("cosine + TV", tv), "bn": ("+ BN prior (gradinversion)", gi),
-          "stepwise": ("+ stepwise", stepwise), "hfginv": ("+ schedule (hfginv)", hf)}
+          "stepwise": ("+ stepwise", stepwise), "hfginv": ("+ schedule (hfginv)", hf),
+          "head": ("+ head features per example", head)}
 
 
 def main(argv):
