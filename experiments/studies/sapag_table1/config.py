@@ -274,4 +274,13 @@ VARIANTS["sapag_expm1_joint_lenet5_xavier_cifar100"] = ("sweep", None, {
     **VARIANTS["sapag_preset_lenet5_xavier_cifar100"][2], "attack.labels": "joint"})
 
 
+# runs/dlg_fixed_10000_lenet5_uniform_cifar100_60-69: DLG's baseline at the paper's budget read as
+# iterations (500 LBFGS.step calls of up to 20), on the unseen images.
+VARIANTS["dlg_fixed_10000_lenet5_uniform_cifar100"] = ("sweep", range(60, 70), {
+    'attack.iterations': 10000,
+    'attack.optimizer': 'lbfgs_fixed',
+    'data.dataset': 'cifar100',
+    'model.init': 'uniform',
+})
+
 get_config, get_sweep = config.recipes(BASE, VARIANTS)
