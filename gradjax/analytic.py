@@ -455,8 +455,10 @@ class ExampleHeadInputs(NamedTuple):
   Attributes:
     features: (N, F) example n's head input h_n, in the order of ``labels`` (examples of one class
       are interchangeable: the gradient does not say which of them came first).
-    error: (N,) how far h_n moves when the gradient is rounded again as float32 rounds it, relative
-      to the batch's spread (mean ‖h_n − h̄‖): the largest over ``probes`` re-solves.
+    error: (N,) how far h_n moves, relative to the batch's spread (mean ‖h_n − h̄‖; ‖h_1‖ for one
+      example), when the gradient is rounded again as float32 rounds it (the largest over ``probes``
+      re-solves) or in another restart that ends as low; ∞ for an example of a repeated class where
+      the span lacks a direction (below).
     usable: (N,) ``error`` at most ``max_error``.
     cost: the least-squares residual ‖r‖² of the best restart (its float32 rounding floor is about
       1e-14 for a LeNet head).
@@ -540,7 +542,7 @@ def head_inputs_per_example(kernel, bias, kernel_grad, bias_grad, labels, *, key
   # Restarts that end as low (within ``near`` of the best residual) but elsewhere: the equations do
   # not pick one answer; examples of a class matched by an assignment, as they are interchangeable.
   near = costs <= 10 * costs[best]
-  spread = np.mean(np.linalg.norm(h - h.mean(0), axis=1))
+  spread = _spread(np, h)
   for other in others[near]:
     moved = np.zeros(n)
     for c in np.unique(y):
@@ -550,6 +552,13 @@ def head_inputs_per_example(kernel, bias, kernel_grad, bias_grad, labels, *, key
       moved[idx[col]] = d[r, col]
     error = np.maximum(error, moved / spread)
   return ExampleHeadInputs(h, error, error <= max_error, float(costs[best]), s)
+
+
+def _spread(xp, h):
+  """The scale of :class:`ExampleHeadInputs`' error: mean ‖h_n − h̄‖, or ‖h_1‖ for one example."""
+  if h.shape[0] == 1:
+    return xp.linalg.norm(h[0])
+  return xp.mean(xp.linalg.norm(h - h.mean(0), axis=1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -610,7 +619,7 @@ def _per_example_program(n: int, k: int, restarts: int, steps: int, probes: int)
       return a @ u_p.T
 
     moved = jax.vmap(probe)(jax.random.split(k_probe, probes))  # (P, N, F)
-    spread = jnp.mean(jnp.linalg.norm(h - h.mean(0), axis=1))
+    spread = _spread(jnp, h)
     error = jnp.max(jnp.linalg.norm(moved - h[None], axis=-1), axis=0) / spread
     return h, error, found @ u.T, costs, s
 

@@ -297,6 +297,10 @@ def test_head_inputs_per_example_separate_a_repeated_class():
   np.testing.assert_allclose(found.singular_values, np.linalg.svd(gw, compute_uv=False)[:7], rtol=1e-8)
   means = analytic.head_inputs(w, b, gw, gb, y).features  # the class means are no one's own
   assert np.linalg.norm(means[list(np.unique(y)).index(4)] - h[0]) > 0.1 * np.linalg.norm(h[0])
+  # One example: its error is relative to its own norm (a batch of one has no spread).
+  gw, gb = _numpy_head(h[:1], y[:1], w, b)
+  one = analytic.head_inputs_per_example(w, b, gw, gb, y[:1], key=jax.random.key(0), restarts=8, steps=100)
+  assert one.usable.all() and _matched_within_classes(one.features, h[:1], y[:1]).max() < 1e-8
 
 
 @pytest.mark.slow

@@ -51,7 +51,15 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     # analytic.head_inputs_per_example); the same flags, rows recorded after that change.
     (f"b{b}_{start}_hf_own", b, start, 5, WEIGHT, ()) for b, start in
     ((8, 0), (8, 500), (8, 900), (4, 500), (4, 900))] + [
-    ("b8_500_hf_own_convnet16", 8, 500, 2, WEIGHT, ("--model=convnet-16",))]
+    ("b8_500_hf_own_convnet16", 8, 500, 2, WEIGHT, ("--model=convnet-16",)),
+    # The same attack on ConvNet-16 at batch 1: is it the batch or the model?
+    ("b1_500_hf_own_convnet16", 1, 500, 4, WEIGHT, ("--model=convnet-16",))] + [
+    # ... and with a weaker total variation than the LeNet rows' 0.2.
+    (f"b1_500_hf_own_convnet16_tv{tv}", 1, 500, 4, WEIGHT, ("--model=convnet-16", f"--priors=tv:{tv}"))
+    for tv in ("1e-2", "1e-4")] + [
+    # ... and with four times the iterations (the first layers' gradients stay unmatched at 2000).
+    ("b1_500_hf_own_convnet16_8000", 1, 500, 2, WEIGHT, ("--model=convnet-16", "--iterations=8000")),
+    ("b8_500_hf_own_convnet16_8000", 8, 500, 1, WEIGHT, ("--model=convnet-16", "--iterations=8000"))]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
@@ -79,11 +87,17 @@ def table() -> tuple[str, dict]:
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "batches": len(rows), "seconds_per_batch": seconds}
     setting = ("8" + (", group 1e-3 from 500" if GROUP[0] in extra else "")) if RESTARTS[0] in extra else "1"
+    iterations = next((e.split("=", 1)[1] for e in extra if e.startswith("--iterations=")), None)
+    if iterations:
+      setting += f"; {iterations} iterations"
     if "_own" in row:
       setting += "; targets per example"
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"
     model = next((e.split("=", 1)[1] for e in extra if e.startswith("--model=")), "lenet_zhu")
+    tv = next((e.split("=", 1)[1] for e in extra if e.startswith("--priors=tv:")), None)
+    if tv and not GROUP[0] in extra:
+      setting += f"; {tv}"
     lines.append(f"| {model} | {batch} | {start}..{start + batch * len(rows) - 1} | {weight:g} | {setting} | "
                  f"{psnr.mean():.2f} | "
                  f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | {leaks} / {len(rows)} | "
