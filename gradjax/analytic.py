@@ -567,12 +567,12 @@ def _per_example_program(n: int, k: int, restarts: int, steps: int, probes: int)
   (key, class means (N, F), ∂L/∂W, ∂L/∂b, W, b, labels, rounding) -> (h (N, F), error (N,), every
   restart's h (R, N, F), their residuals (R,), the leading N singular values)."""
 
-  def residual(a, u, gw, gb, w, b, y):
-    e = jax.nn.softmax((a @ u.T) @ w + b) - jax.nn.one_hot(y, k, dtype=a.dtype)
-    return jnp.concatenate([(u.T @ gw - a.T @ e / n).ravel(), e.sum(0) / n - gb])
-
   def solve(a, u, gw, gb, w, b, y):  # Levenberg-Marquardt from a
-    r_of = lambda v: residual(v.reshape(n, n), u, gw, gb, w, b, y)
+    uw, target, onehot = u.T @ w, u.T @ gw, jax.nn.one_hot(y, k, dtype=a.dtype)  # (N, K) each
+
+    def r_of(v):  # logits a Uᵀ W + b: N·N·K per evaluation, whatever F
+      e = jax.nn.softmax(v.reshape(n, n) @ uw + b) - onehot
+      return jnp.concatenate([(target - v.reshape(n, n).T @ e / n).ravel(), e.sum(0) / n - gb])
 
     def step(carry, _):
       v, lam = carry
@@ -588,6 +588,9 @@ def _per_example_program(n: int, k: int, restarts: int, steps: int, probes: int)
     r = r_of(v)
     return v.reshape(n, n), r @ r
 
+  # Restarts and probes in batches whose Jacobians, (N·K + K) x N² each, stay under 256 MB.
+  batch = max(1, min(restarts, 2 ** 25 // ((n * k + k) * n * n)))
+
   def span(gw):
     u, s, _ = jnp.linalg.svd(gw, full_matrices=False)
     return u[:, :n], s[:n]
@@ -599,7 +602,7 @@ def _per_example_program(n: int, k: int, restarts: int, steps: int, probes: int)
     a0 = means @ u
     noise = jnp.abs(a0).mean() * jnp.geomspace(0.03, 1.0, restarts)[:, None, None]
     starts = a0[None] + noise * jax.random.normal(k_start, (restarts, n, n), a0.dtype)
-    found, costs = jax.vmap(solve, (0, None, None, None, None, None, None))(starts, u, gw, gb, w, b, y)
+    found, costs = jax.lax.map(lambda a: solve(a, u, gw, gb, w, b, y), starts, batch_size=batch)
     h = found[jnp.argmin(costs)] @ u.T
     z = h @ w + b
     p = jax.nn.softmax(z)
@@ -618,7 +621,7 @@ def _per_example_program(n: int, k: int, restarts: int, steps: int, probes: int)
       a, _ = solve(h @ u_p, u_p, gw_p, gb_p, w, b, y)
       return a @ u_p.T
 
-    moved = jax.vmap(probe)(jax.random.split(k_probe, probes))  # (P, N, F)
+    moved = jax.lax.map(probe, jax.random.split(k_probe, probes), batch_size=batch)  # (P, N, F)
     spread = _spread(jnp, h)
     error = jnp.max(jnp.linalg.norm(moved - h[None], axis=-1), axis=0) / spread
     return h, error, found @ u.T, costs, s

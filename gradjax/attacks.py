@@ -375,12 +375,17 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
   return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
 
 
+# Above this batch size the per-example solve (N² unknowns, N⁴·K operations a step) is not tried.
+MAX_EXAMPLES_SOLVED = 16
+
+
 def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(t (N, F), w (N,)): each example's head-input target from the dense head's gradient, with
-  weight 1 where the target is that example's own and 0 elsewhere. Up to K − 1 examples each
-  example's input is solved for (:func:`gradjax.analytic.head_inputs_per_example`, classes repeated
-  or not; ``key`` draws its starts), kept where the float32 update pins it down; an example it
-  leaves open keeps its class's row where that class has one example that dominates its column
+  weight 1 where the target is that example's own and 0 elsewhere. Up to K − 1 examples (and
+  :data:`MAX_EXAMPLES_SOLVED`) each example's input is solved for
+  (:func:`gradjax.analytic.head_inputs_per_example`, classes repeated or not; ``key`` draws its
+  starts), kept where the float32 update pins it down; an example it leaves open keeps its class's
+  row where that class has one example that dominates its column
   (:func:`gradjax.analytic.head_inputs`)."""
   params, grads = observation.variables["params"], observation.gradient
   head = objectives.HEAD
@@ -392,7 +397,7 @@ def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tup
   row = {int(c): i for i, c in enumerate(found.classes)}
   slots = np.asarray([row[int(c)] for c in labels])
   features, usable = found.features[slots], found.usable[slots]
-  if len(labels) <= np.shape(kernel)[1] - 1:
+  if len(labels) <= min(np.shape(kernel)[1] - 1, MAX_EXAMPLES_SOLVED):
     own = analytic.head_inputs_per_example(kernel, bias, grads[head]["kernel"], grads[head]["bias"],
                                            labels, key=key)
     features = np.where(own.usable[:, None], np.maximum(own.features, 0.0), features)
