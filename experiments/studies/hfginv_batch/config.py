@@ -63,6 +63,13 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 100,
     }),
+    # runs/batch_table_unseen_head: HFGInv with per-example head targets (batches 0-1 run)
+    'batch_table_unseen_head': ('batch-table --count=5 --start=500 --variants=head', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 100,
+    }),
     # runs/train_resnet20_cifar10
     'train_resnet20_cifar10': (
         'train --output_dir=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10',

@@ -283,4 +283,9 @@ VARIANTS["dlg_fixed_10000_lenet5_uniform_cifar100"] = ("sweep", range(60, 70), {
     'model.init': 'uniform',
 })
 
+# Runs of programs that take no configuration: run -> the command that made it.
+PROGRAMS = {"dlg_torch_lenet5_uniform_cifar100_60-69":
+            "python experiments/studies/sapag_table1/dlg_torch.py --data_dir=../shared/data "
+            "--output_dir=experiments/studies/sapag_table1/runs/dlg_torch_lenet5_uniform_cifar100_60-69"}
+
 get_config, get_sweep = config.recipes(BASE, VARIANTS)
