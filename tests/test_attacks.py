@@ -232,6 +232,22 @@ def test_describe_names_the_parts():
   assert d["priors"] == [["l2", 1e-6, 5]] and set(d["optimizer"]) == {"name"}
 
 
+def test_head_targets_skip_the_per_example_solve_above_its_cost(photos, monkeypatch):
+  """Where N⁴·K exceeds MAX_SOLVE_COST the targets are the class rows, without the solve."""
+  from gradjax import analytic
+  model = models.create("lenet_zhu", jax.random.key(9), num_classes=10)
+  y = np.array([5, 2, 7, 9])
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:4], y, share_labels=True)
+  monkeypatch.setattr(attacks, "MAX_SOLVE_COST", 4 ** 4 * 10 - 1)
+  monkeypatch.setattr(analytic, "head_inputs_per_example", lambda *a, **k: pytest.fail("solved"))
+  t, w = attacks.head_targets(obs, y, jnp.float32, jax.random.key(0))
+  p, g = model.variables["params"]["head"], obs.gradient["head"]
+  found = analytic.head_inputs(p["kernel"], p["bias"], g["kernel"], g["bias"], y)
+  rows = [list(found.classes).index(c) for c in y]
+  np.testing.assert_allclose(t, found.features[rows], rtol=1e-6)
+  np.testing.assert_array_equal(w, found.usable[rows].astype(np.float32))
+
+
 @pytest.mark.slow  # compiles the per-example solver
 def test_head_targets_follow_the_labels(photos):
   """Each slot's target is its own example's head input where the update pins it down, the two
