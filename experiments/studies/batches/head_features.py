@@ -94,9 +94,9 @@ def table() -> tuple[str, dict]:
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"
     model = next((e.split("=", 1)[1] for e in extra if e.startswith("--model=")), "lenet_zhu")
-    tv = next((e.split("=", 1)[1] for e in extra if e.startswith("--priors=tv:")), None)
-    if tv and not GROUP[0] in extra:
-      setting += f"; {tv}"
+    priors = next((e.split("=", 1)[1] for e in extra if e.startswith("--priors=")), "tv:0.2")
+    if priors.startswith("tv:") and "," not in priors and priors != "tv:0.2":  # only another TV weight
+      setting += f"; {priors}"
     lines.append(f"| {model} | {batch} | {start}..{start + batch * len(rows) - 1} | {weight:g} | {setting} | "
                  f"{psnr.mean():.2f} | "
                  f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | {leaks} / {len(rows)} | "
