@@ -6,6 +6,10 @@
 * FedAvg (McMahan et al., 2017): the client runs E local epochs of mini-batch SGD (optionally with
   momentum) over its n examples and sends its new weights W_{t+1}; the server, knowing W_t, sees the
   update W_t − W_{t+1}. :func:`aggregate` averages several clients' updates (secure aggregation's view).
+* A client that trains a BatchNorm network in training mode also updates the network's running
+  statistics, and a client that returns its whole state (a PyTorch ``state_dict``, as Flower's examples
+  do) sends them with its update: after one step they reveal the mean and variance of every BatchNorm
+  layer's input over the client's batch (:func:`batch_moments`, ``share_statistics=True``).
 """
 
 import functools
@@ -47,8 +51,65 @@ def _check_client_data(apply_fn, variables, x, y):
   return x, y
 
 
+MOMENTUM = 0.9  # Flax's BatchNorm momentum in gradjax's models; PyTorch's default momentum 0.1 is 1 − it
+
+
+def batch_moments(sent, returned, *, momentum: float = MOMENTUM, count=None):
+  """The client's batch moments from the running statistics it returned after one training step.
+
+  BatchNorm in training mode updates each layer's running statistics from the moments of its input
+  h (N, H, W, C) over the batch and spatial axes, μ = mean h and σ² = mean (h − μ)² (C,), as::
+
+    mean' = m · mean + (1 − m) · μ,    var' = m · var + (1 − m) · σ² · c      (m = ``momentum``)
+
+  with c = 1 in Flax (biased) and c = n / (n − 1) in PyTorch (unbiased, n = N·H·W, the layer's
+  ``count``). So μ = (mean' − m · mean) / (1 − m) and σ² = (var' − m · var) / ((1 − m) c) exactly.
+
+  Args:
+    sent: the server's ``batch_stats`` (a tree of ``{"mean", "var"}`` per BatchNorm layer).
+    returned: the same tree as the client returned it.
+    momentum: m, the weight of the old statistics (Flax's convention; PyTorch's ``momentum`` is 1 − m).
+    count: ``None`` for Flax's biased update, or a tree of ``{"mean", "var"}`` leaves whose ``var``
+      leaf holds each layer's n (PyTorch's unbiased update); the ``mean`` leaves are ignored.
+
+  Returns:
+    A tree like ``sent`` of the batch moments ``{"mean": μ, "var": σ²}`` (σ² biased, as the BatchNorm
+    prior computes it, :func:`gradjax.priors.batch_statistics`).
+  Reference: Ioffe & Szegedy, "Batch Normalization", ICML 2015, Algorithm 1 and §3.1; PyTorch's
+  ``torch.nn.BatchNorm2d`` documentation (running_var with the unbiased estimator).
+  """
+  if not 0.0 <= momentum < 1.0:
+    raise ValueError(f"BatchNorm momentum (the old statistics' weight) must lie in [0, 1), got {momentum}")
+  if jax.tree.structure(sent) != jax.tree.structure(returned):
+    raise ValueError("the returned BatchNorm statistics do not match the ones the server sent")
+  moments = jax.tree.map(lambda old, new: (jnp.asarray(new, jnp.float32) - momentum * old) / (1 - momentum),
+                         sent, returned)
+  return moments if count is None else _unbias(moments, count)
+
+
+def _unbias(moments, count):
+  """σ²·n/(n−1) -> σ² in every layer's ``var`` leaf."""
+  def layer(node, n):
+    if isinstance(node, dict) and set(node) == {"mean", "var"}:
+      size = jnp.asarray(n["var"], jnp.float32)
+      return {"mean": node["mean"], "var": node["var"] * (size - 1) / size}
+    return {k: layer(node[k], n[k]) for k in node}
+  return layer(moments, count)
+
+
+def returned_statistics(apply_fn, variables, x):
+  """The running statistics a client holds after one training-mode forward pass on ``x``: the tree
+  of ``variables["batch_stats"]`` updated by Flax's BatchNorm (``apply_fn.module`` must be the Flax
+  module, as :func:`gradjax.models.make_apply_fn` sets it)."""
+  module = getattr(apply_fn, "module", None)
+  if module is None or "batch_stats" not in variables:
+    raise ValueError("sharing BatchNorm statistics needs a gradjax model with BatchNorm layers")
+  _, state = module.apply(variables, x, train=True, mutable=["batch_stats"])
+  return state["batch_stats"]
+
+
 def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool = False,
-           loss_fn=cross_entropy) -> Observation:
+           share_statistics: bool = False, loss_fn=cross_entropy) -> Observation:
   """The FedSGD update g = ∇_θ (1/N) Σ_n L(f_θ(x_n), y_n).
 
   Args:
@@ -58,15 +119,35 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     y: (N,) int private labels, or (N, T) next tokens (:func:`gradjax.corpus.language_model_pairs`).
     train: run the model in training mode (BatchNorm uses the batch statistics).
     share_labels: whether the threat model also reveals the labels to the server.
+    share_statistics: whether the client returns its BatchNorm running statistics, updated by the
+      step (needs ``train``): the observation then carries the batch's moments
+      (:func:`batch_moments`).
     loss_fn: ``loss_fn(logits, y) -> scalar``; the mean cross entropy by default.
 
   Returns:
     Observation with the gradient (same tree as ``variables["params"]``).
   """
   x, y = _check_client_data(apply_fn, variables, x, y)
+  _check_sharing(train, share_statistics, 1)
   gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
   return Observation(gradient=gradient, variables=variables, labels=y if share_labels else None,
-                     num_samples=int(x.shape[0]), threat_model="fedsgd", train=train)
+                     num_samples=int(x.shape[0]), threat_model="fedsgd", train=train,
+                     moments=_shared_moments(apply_fn, variables, x, share_statistics))
+
+
+def _check_sharing(train, share, steps):
+  if share and not train:
+    raise ValueError("a client in evaluation mode leaves its BatchNorm statistics unchanged: sharing "
+                     "them reveals nothing (set train)")
+  if share and steps != 1:
+    raise ValueError(f"the returned statistics mix the moments of {steps} local steps; the batch's "
+                     "moments are read from one step only")
+
+
+def _shared_moments(apply_fn, variables, x, share):
+  if not share:
+    return None
+  return batch_moments(variables["batch_stats"], returned_statistics(apply_fn, variables, x))
 
 
 @functools.partial(once, static_argnums=(3, 4, 5))
@@ -149,11 +230,11 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
 LABEL_SHARING = (False, True, "ordered", "multiset")
 
 
-# Nine parameters: fedsgd's client (model, data, mode, loss, what it shares) plus its local training
+# Ten parameters: fedsgd's client (model, data, mode, loss, what it shares) plus its local training
 # and whether the schedule is shared; each keyword has a default.
 def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
            train: bool = False, share_labels: bool | str = False, share_local: bool = True,
-           loss_fn=cross_entropy) -> Observation:
+           share_statistics: bool = False, loss_fn=cross_entropy) -> Observation:
   """A FedAvg client's update W_t − W_{t+1} after :func:`local_sgd` on (x, y).
 
   Args:
@@ -165,6 +246,7 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
       :mod:`gradjax.permutations`).
     share_local: whether the threat model reveals ``local`` (learning rate, epochs, batch size) to
       the server; then ``observation.local`` carries it.
+    share_statistics: as :func:`fedsgd`, for a client of one local step.
 
   Returns:
     Observation whose ``gradient`` holds the update W_t − W_{t+1} (for one full-batch step without
@@ -174,12 +256,14 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
     raise ValueError(f"share_labels must be one of {LABEL_SHARING}, got {share_labels!r}")
   x, y = _check_client_data(apply_fn, variables, x, y)
   check_local_training(local, x.shape[0])
+  _check_sharing(train, share_statistics, local.steps(x.shape[0]))
   shared = None if share_labels is False else jnp.sort(y) if share_labels == "multiset" else y
   new = local_sgd(apply_fn, variables, x, y, local, train=train, loss_fn=loss_fn)
   update = jax.tree.map(jnp.subtract, variables["params"], new)
   return Observation(gradient=update, variables=variables, labels=shared,
                      num_samples=int(x.shape[0]), threat_model="fedavg", train=train,
-                     local=local if share_local else None)
+                     local=local if share_local else None,
+                     moments=_shared_moments(apply_fn, variables, x, share_statistics))
 
 
 def update_as_gradient(observation: Observation) -> Observation:
@@ -206,7 +290,9 @@ def aggregate(observations) -> Observation:
   """The mean of K clients' updates, as the server sees them under secure aggregation.
 
   All observations must share the variables the server sent; labels are concatenated when every
-  client shares them. num_samples is the total over clients.
+  client shares them. num_samples is the total over clients. The aggregate carries no batch moments:
+  averaged running statistics give the union of the batches' mean but not its variance (the spread
+  between the clients' means is lost).
   """
   observations = list(observations)
   if not observations:
@@ -223,4 +309,4 @@ def aggregate(observations) -> Observation:
     labels = jnp.concatenate([o.labels for o in observations])
   return first.replace(gradient=mean, labels=labels,
                        num_samples=sum(o.num_samples for o in observations),
-                       threat_model=f"{first.threat_model}_aggregate")
+                       threat_model=f"{first.threat_model}_aggregate", moments=None)

@@ -153,6 +153,10 @@ class Config:
       "per-channel MEAN/STD, e.g. 0.5,0.5,0.5/0.25,0.25,0.25 (with captured files: their metadata's "
       "if unset; else none).")
   train_mode: bool = _field(False, "Client runs the model in training mode (BatchNorm batch stats).")
+  share_statistics: bool = _field(
+      False, "The client returns its BatchNorm running statistics with its update (as a PyTorch "
+      "state_dict does): after one training-mode step they reveal its batch's moments, which the "
+      "BatchNorm prior then matches (needs --train_mode and one local step).")
   force: bool = _field(
       False, "Attack a capture that fails its checks (the update recomputed from --dataset's images, "
       "the activation read off the last layer); its verdict is then inconclusive.")
@@ -475,6 +479,9 @@ def check(cfg: Config) -> attacks.Attack:
     raise ValueError(f"a masked language model's ({cfg.model}) FedSGD update is read by "
                      "--attack=dager (the optimisation attacks and FedAvg replay train on "
                      "next-token targets)")
+  if cfg.share_statistics and (not cfg.train_mode or cfg.observation or cfg.modality != "image"):
+    raise ValueError("--share_statistics simulates a client that returns the BatchNorm statistics its "
+                     "training-mode step updated: it needs --train_mode and a simulated image client")
   if cfg.defense:
     defenses.parse(cfg.defense)
   if cfg.adaptive and not (cfg.defense or cfg.observation):
@@ -523,7 +530,7 @@ SECTIONS = {
              "normalization", "sequence_length", "vocab_size", "tokenizer"),
     "model": ("model", "checkpoint", "weights", "rename", "init", "act", "num_classes", "conv",
               "text_dim", "text_heads", "text_ffn", "text_layers"),
-    "client": ("client", "train_mode", "local_epochs", "local_batch_size", "local_lr",
+    "client": ("client", "train_mode", "share_statistics", "local_epochs", "local_batch_size", "local_lr",
                "local_momentum", "shared_labels", "observation", "num_samples", "force"),
     "defense": ("defense",),
     "attack": ("attack", "adaptive", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",

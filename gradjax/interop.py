@@ -28,7 +28,9 @@ Metadata keys (all optional, values as strings in safetensors): ``kind`` (defaul
 ``local_batch_size``, ``local_momentum`` (FedAvg schedule), ``model`` (gradjax registry name),
 ``input_shape`` (``"32,32,3"``, H, W, C), ``layout`` (only ``torch`` is read), ``defense`` (the
 spec of the defense the client applied to what it sent, :func:`gradjax.defenses.parse`: what an
-attack adapts to, :mod:`gradjax.adaptive`).
+attack adapts to, :mod:`gradjax.adaptive`), ``bn_momentum`` (PyTorch's BatchNorm momentum, 0.1 if unset:
+a ``weights`` file of a training-mode client after one local step that holds the BatchNorm buffers
+reveals its batch's moments, :func:`gradjax.clients.batch_moments`).
 
 Layouts (PyTorch -> gradjax, :class:`Entry`)
 --------------------------------------------
@@ -70,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, models, report
+from gradjax import clients, models, priors, report
 from gradjax.observation import Observation, check_observation
 
 KINDS = ("gradient", "weights", "update")
@@ -649,6 +651,41 @@ def observation_from_files(variables, params_tree_like, observation: TensorFile,
   return obs
 
 
+def _returned_moments(net: models.Model, mapping: TorchMapping, obs_file: TensorFile,
+                      observation: Observation, where: str):
+  """The batch's BatchNorm moments from the running statistics a training-mode client returned with
+  its weights after one local step (PyTorch's update: ``momentum`` from the metadata key
+  ``bn_momentum``, PyTorch's default 0.1, and the unbiased variance,
+  :func:`gradjax.clients.batch_moments`); ``None`` where the file holds no buffers, the client ran in
+  evaluation mode (they are then as sent) or took several steps (they mix several batches)."""
+  entries = [e for e in mapping.entries if e.path[0] == "batch_stats"]
+  present = [e for e in entries if e.name in obs_file.tensors]
+  if obs_file.metadata.get("kind") != "weights" or not present:
+    return None
+  if len(present) != len(entries):
+    raise ValueError(f"{where}: holds {len(present)} of the model's {len(entries)} BatchNorm running "
+                     "statistics; a state_dict holds all or none")
+  n = observation.num_samples
+  if not observation.train or observation.local is None or observation.local.steps(n) != 1:
+    return None
+  momentum = _float(obs_file.metadata, "bn_momentum", where)
+  momentum = 0.1 if momentum is None else momentum
+  if not 0 < momentum <= 1:
+    raise ValueError(f"{where}: metadata bn_momentum (PyTorch's BatchNorm momentum) must lie in (0, 1], "
+                     f"got {momentum}")
+  returned = _to_tree(mapping, {e.name: obs_file.tensors[e.name] for e in present}, net.variables,
+                      present, where)["batch_stats"]
+  counts = priors.batch_norm_counts(net.apply_fn, net.variables, (n, *net.input_shape))
+
+  def count(node, path=()):
+    if set(node) == {"mean", "var"}:
+      return {"mean": 0, "var": counts[path]}
+    return {k: count(v, (*path, k)) for k, v in node.items()}
+
+  return clients.batch_moments(net.variables["batch_stats"], returned, momentum=1 - momentum,
+                               count=count(net.variables["batch_stats"]))
+
+
 class Imported(NamedTuple):
   """A model rebuilt from a PyTorch weights file and the observation against it."""
 
@@ -732,6 +769,11 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
       variables, net.variables["params"], obs_file, mapping,
       where=f"observation {os.fspath(observation_path)}", num_samples=num_samples, labels=labels,
       train=train, local=local)
+  moments = _returned_moments(net, mapping, obs_file, observation,
+                               f"observation {os.fspath(observation_path)}")
+  if moments is not None:
+    observation = observation.replace(moments=moments)
+    check_observation(observation)
   if observation.labels is not None:
     bad = [int(v) for v in np.asarray(observation.labels) if not 0 <= v < net.num_classes]
     if bad:

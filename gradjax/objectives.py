@@ -199,7 +199,8 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
     loss_fn: the client's loss, ``loss_fn(logits, targets)``; targets are int labels or soft labels.
     prior: optional image prior ``prior(x, step, network) -> scalar`` (weights included), e.g.
       :func:`gradjax.priors.combine`; ``network`` is the attacked model with the observation's
-      variables (:class:`gradjax.priors.Network`), read by priors such as the BatchNorm prior.
+      variables and moments (:class:`gradjax.priors.Network`), read by priors such as the BatchNorm
+      prior.
     one_sample_per_step: DLG's batch option: at step t only dummy example t mod N receives a
       gradient (the others are held by ``stop_gradient``); the objective value is unchanged.
     remat: ``"replay"`` only: ``jax.checkpoint`` each replayed local step, so differentiating through
@@ -275,7 +276,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       g, observed = stepwise.apply(positions, step, g, observed)
     value = distance(g, observed, weights=weights, step=step)
     if prior is not None:
-      network = Network(apply_fn, observation.variables, observation.train)
+      network = Network(apply_fn, observation.variables, observation.train, observation.moments)
       value = value + prior(dummy["x"], step, network)
     if head_features:
       if head_targets is None:

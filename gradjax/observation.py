@@ -31,6 +31,9 @@ class Observation:
     local: the client's local-training hyperparameters when the threat model reveals them
       (:class:`gradjax.clients.LocalTraining`, static), else ``None``. For FedAvg observations
       ``gradient`` holds the update W_t − W_{t+1}.
+    moments: when the client returned its BatchNorm running statistics after one training-mode step,
+      the batch's moments they reveal: a tree like ``variables["batch_stats"]`` of ``{"mean": μ,
+      "var": σ²}`` per layer, σ² biased (:func:`gradjax.clients.batch_moments`); otherwise ``None``.
   """
 
   gradient: PyTree
@@ -40,6 +43,7 @@ class Observation:
   threat_model: str = flax.struct.field(pytree_node=False, default="fedsgd")
   train: bool = flax.struct.field(pytree_node=False, default=False)
   local: Any = flax.struct.field(pytree_node=False, default=None)
+  moments: PyTree | None = None
 
 
 def _paths(tree) -> list[str]:
@@ -74,3 +78,15 @@ def check_observation(observation: Observation) -> None:
         or not np.issubdtype(labels.dtype, np.integer)):
       raise ValueError(f"labels must be int ({observation.num_samples},) (or (N, T) for text), got "
                        f"{labels.dtype} {labels.shape}")
+  if observation.moments is not None:
+    stats = observation.variables.get("batch_stats")
+    if stats is None or _paths(observation.moments) != _paths(stats):
+      raise ValueError("observation.moments must hold a mean and a variance for every BatchNorm layer "
+                       "of variables['batch_stats']")
+    for path, m in zip(_paths(stats), jax.tree.leaves(observation.moments)):
+      m = np.asarray(m)
+      if not np.all(np.isfinite(m)):
+        raise ValueError(f"the client's batch moments{path} contain NaN or inf")
+      if path.endswith("['var']") and np.min(m) < -1e-3 * max(1.0, float(np.max(np.abs(m)))):
+        raise ValueError(f"the client's batch variances{path} are negative: the returned statistics do "
+                         "not come from one step at the declared BatchNorm momentum")

@@ -399,12 +399,14 @@ def _run_image(cfg: Config, callback, batch, state):
       share_labels = cfg.shared_labels
     if cfg.client == "fedsgd":
       observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y,
-                                   train=cfg.train_mode, share_labels=share_labels)
+                                   train=cfg.train_mode, share_labels=share_labels,
+                                   share_statistics=cfg.share_statistics)
     else:
       local = clients.LocalTraining(cfg.local_epochs, cfg.local_batch_size, cfg.local_lr,
                                     cfg.local_momentum)
       observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
-                                   train=cfg.train_mode, share_labels=share_labels)
+                                   train=cfg.train_mode, share_labels=share_labels,
+                                   share_statistics=cfg.share_statistics)
   input_shape = tuple(model.input_shape)
   if cfg.defense:
     observation = defenses.parse(cfg.defense).apply(observation, key_defense)

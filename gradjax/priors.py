@@ -24,6 +24,7 @@ Conventions (they change published numbers, so they are explicit):
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -116,11 +117,13 @@ group_consistency.couples_restarts = True
 
 class Network(NamedTuple):
   """The attacked model as a network prior sees it: ``apply_fn(variables, x, train) -> logits``, the
-  server's ``variables`` (with ``"batch_stats"`` for BatchNorm models) and the client's mode."""
+  server's ``variables`` (with ``"batch_stats"`` for BatchNorm models), the client's mode and, where
+  the client revealed them, its batch's BatchNorm input moments (``observation.moments``)."""
 
   apply_fn: Callable
   variables: Any
   train: bool = False
+  moments: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +211,24 @@ def batch_statistics(network: Network, x) -> BatchStatistics:
                          tuple(found[p][1] for p in order), logits)
 
 
+def batch_norm_counts(apply_fn, variables, input_shape) -> dict[tuple[str, ...], int]:
+  """n = N·H_l·W_l, the values each BatchNorm layer's moments average over, for a batch of
+  ``input_shape`` (N, H, W, C) (read off the layers' input shapes while tracing, nothing computed):
+  PyTorch's unbiased running variance scales the batch's by n / (n − 1)
+  (:func:`gradjax.clients.batch_moments`)."""
+  counts: dict[tuple[str, ...], int] = {}
+
+  def interceptor(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.BatchNorm) and context.method_name == "__call__":
+      counts[tuple(context.module.path)] = math.prod(args[0].shape[:-1])
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(interceptor):
+    jax.eval_shape(lambda x: apply_fn(variables, x, True),
+                   jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32))
+  return counts
+
+
 def _norm(d):
   """‖d‖₂ with gradient 0 (not NaN) where d = 0, as PyTorch's ``norm`` backward gives."""
   s = jnp.sum(jnp.square(d))
@@ -215,12 +236,17 @@ def _norm(d):
   return jnp.where(positive, jnp.sqrt(jnp.where(positive, s, 1.0)), 0.0)
 
 
-def _running(variables, path):
-  node = variables.get("batch_stats") if hasattr(variables, "get") else None
+def _targets(network: Network, path):
+  """Layer ``path``'s target mean and variance: the client's batch moments where it revealed them,
+  else the running statistics the server sent."""
+  if network.moments is not None:
+    node, where = network.moments, "the client's batch moments"
+  else:
+    node = network.variables.get("batch_stats") if hasattr(network.variables, "get") else None
+    where = "the model's batch_stats"
   for key in path:
     if node is None or key not in node:
-      raise ValueError(f"no running statistics for BatchNorm layer {'/'.join(path)} in the model's "
-                       "batch_stats")
+      raise ValueError(f"no statistics for BatchNorm layer {'/'.join(path)} in {where}")
     node = node[key]
   return node["mean"], node["var"]
 
@@ -231,7 +257,9 @@ def batch_norm_prior(x, network: Network, *, multipliers: Sequence[float] = (10.
     R_BN(x) = Σ_l α_l (‖μ_l(x) − μ̂_l‖₂ + ‖σ²_l(x) − σ̂²_l‖₂)
 
   with μ_l, σ²_l the dummy batch's input moments of BatchNorm layer l (:func:`batch_statistics`),
-  μ̂_l, σ̂²_l the running mean and variance in the server's ``batch_stats``; α_l = ``multipliers[l]``
+  μ̂_l, σ̂²_l the running mean and variance in the server's ``batch_stats`` (GradInversion's proxy for
+  the batch's), or the batch's own moments where the client revealed them (``network.moments``: the
+  statistics it returned after a training-mode step, :func:`gradjax.clients.batch_moments`); α_l = ``multipliers[l]``
   for the first layers in call order and 1 for the rest. Norms are plain (unsquared) L2 norms over
   channels.
 
@@ -245,8 +273,8 @@ def batch_norm_prior(x, network: Network, *, multipliers: Sequence[float] = (10.
   total = jnp.zeros((), jnp.result_type(x))
   try:
     for i, (path, mean, var) in enumerate(zip(stats.paths, stats.means, stats.variances)):
-      running_mean, running_var = _running(network.variables, path)
-      term = _norm(mean - running_mean) + _norm(var - running_var)
+      target_mean, target_var = _targets(network, path)
+      term = _norm(mean - target_mean) + _norm(var - target_var)
       total = total + (multipliers[i] if i < len(multipliers) else 1.0) * term
   except jax.errors.UnexpectedTracerError:
     raise ValueError("a BatchNorm layer runs inside a lifted transform (nn.remat, nn.scan): build "

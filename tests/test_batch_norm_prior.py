@@ -147,3 +147,76 @@ def test_gradient_is_finite_where_the_moments_equal_the_running_statistics():
   assert float(priors.batch_norm_prior(x, network)) == 0.0
   grad = jax.grad(lambda x: priors.batch_norm_prior(x, network))(x)
   np.testing.assert_array_equal(np.asarray(grad), 0.0)
+
+
+# --- the client's own batch moments, from the statistics it returns ----------------------------------
+
+
+@pytest.mark.slow
+def test_returned_statistics_reveal_the_batchs_moments():
+  """A training-mode client that returns its running statistics: every layer's moments read back
+  from them (clients.batch_moments) equal NumPy's moments of the layer's input (the convolution
+  Flax captures); the BatchNorm prior against them is 0 at the client's batch and positive off it."""
+  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  variables = _perturbed_stats(model.variables)
+  x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
+  obs = clients.fedsgd(model.apply_fn, variables, x, jnp.array([1, 4, 4, 0]), train=True,
+                       share_statistics=True)
+  _, order = _reference_prior(model.apply_fn.module, variables, x, True, ())
+  _, state = model.apply_fn.module.apply(variables, x, train=True, capture_intermediates=True,
+                                         mutable=["intermediates", "batch_stats"])
+  for path in order:
+    node, got = state["intermediates"], obs.moments
+    for key in path[:-1]:
+      node, got = node[key], got[key]
+    mean, var = _numpy_moments(node["Conv_" + path[-1].split("_")[1]]["__call__"][0])
+    np.testing.assert_allclose(np.asarray(got[path[-1]]["mean"]), mean, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(got[path[-1]]["var"]), var, rtol=1e-4, atol=2e-6)
+  network = priors.Network(model.apply_fn, variables, True, obs.moments)
+  assert float(priors.batch_norm_prior(x, network)) < 1e-4
+  assert float(priors.batch_norm_prior(x[::-1] * 0.5, network)) > 0.1
+  assert float(priors.batch_norm_prior(x, network._replace(moments=None))) > 0.1  # running stats
+
+
+@pytest.mark.isolated
+def test_pytorch_running_statistics_give_the_biased_moments():
+  """PyTorch's BatchNorm2d in training mode (momentum 0.1, unbiased running variance): batch_moments
+  with the layer's count n = N·H·W returns the biased moments NumPy computes from the input."""
+  torch = pytest.importorskip("torch")
+  rng = np.random.default_rng(0)
+  h = rng.normal(0.5, 2.0, (3, 4, 5, 6)).astype(np.float32)  # N, C, H, W
+  layer = torch.nn.BatchNorm2d(4)
+  with torch.no_grad():
+    layer.running_mean.copy_(torch.tensor(rng.normal(0, 1, 4), dtype=torch.float32))
+    layer.running_var.copy_(torch.tensor(rng.uniform(0.5, 2, 4), dtype=torch.float32))
+  sent = {"bn": {"mean": layer.running_mean.numpy().copy(), "var": layer.running_var.numpy().copy()}}
+  layer.train()
+  layer(torch.from_numpy(h))
+  returned = {"bn": {"mean": layer.running_mean.numpy(), "var": layer.running_var.numpy()}}
+  count = {"bn": {"mean": 0, "var": np.full(4, 3 * 5 * 6)}}
+  got = clients.batch_moments(sent, returned, momentum=1 - layer.momentum, count=count)
+  mean, var = _numpy_moments(np.moveaxis(h, 1, -1))
+  np.testing.assert_allclose(np.asarray(got["bn"]["mean"]), mean, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(got["bn"]["var"]), var, rtol=1e-4)
+
+
+def test_shared_statistics_errors():
+  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
+  y = jnp.array([1, 4, 4, 0])
+  with pytest.raises(ValueError, match="evaluation mode"):
+    clients.fedsgd(model.apply_fn, model.variables, x, y, share_statistics=True)
+  with pytest.raises(ValueError, match="2 local steps"):
+    clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(batch_size=2),
+                   train=True, share_statistics=True)
+  with pytest.raises(ValueError, match="momentum"):
+    clients.batch_moments(model.variables["batch_stats"], model.variables["batch_stats"], momentum=1.0)
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, y, train=True, share_statistics=True)
+  assert clients.aggregate([obs, obs]).moments is None  # the union's variance is not in the mean
+  from gradjax import observation as observation_lib
+  observation_lib.check_observation(obs)
+  wrong = jax.tree.map(lambda m: -jnp.ones_like(m), obs.moments)
+  with pytest.raises(ValueError, match="negative"):
+    observation_lib.check_observation(obs.replace(moments=wrong))
+  with pytest.raises(ValueError, match="every BatchNorm layer"):
+    observation_lib.check_observation(obs.replace(moments={"BatchNorm_0": obs.moments["BatchNorm_0"]}))

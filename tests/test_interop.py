@@ -401,3 +401,47 @@ def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photo
     pipeline._captured(cfg, None)
   assert pipeline._captured(config.Config(weights=cfg.weights, observation=cfg.observation, channels=3),
                             None)[0].input_shape[-1] == 3
+
+
+@pytest.mark.isolated  # imports torch
+@pytest.mark.slow
+def test_pytorch_client_returning_its_batch_norm_buffers_reveals_its_moments(tmp_path, photos):
+  """A PyTorch client trains a BatchNorm ResNet in training mode for one SGD step and returns its
+  whole state_dict: the import reads the batch's moments off the running statistics (PyTorch's
+  momentum, unbiased variance), equal to those of gradjax's own client on the same batch."""
+  torch, _, ResNet = _torch_models()
+  torch.manual_seed(0)
+  net = ResNet(1, 2, 10)
+  for m in net.modules():
+    if isinstance(m, torch.nn.BatchNorm2d):
+      m.running_mean.uniform_(-0.2, 0.2), m.running_var.uniform_(0.5, 1.5)
+  sent = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+  x, y = photos[:4], np.array([3, 5, 5, 1])
+  net.train()
+  optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+  loss = torch.nn.functional.cross_entropy(net(torch.tensor(np.transpose(x, (0, 3, 1, 2)))),
+                                           torch.tensor(y))
+  optimizer.zero_grad(), loss.backward(), optimizer.step()
+  after = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+  meta = {"model": "resnet8-2", "kind": "weights", "train": "true", "local_lr": "0.05",
+          "labels": "3,5,5,1"}
+  interop.write(tmp_path / "w.safetensors", sent, {"model": "resnet8-2"})
+  interop.write(tmp_path / "after.safetensors", after, meta)
+  imported = interop.load(tmp_path / "w.safetensors", tmp_path / "after.safetensors", conv="xla")
+  model = imported.model
+  own = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(learning_rate=0.05),
+                       train=True, share_statistics=True)
+  assert imported.observation.moments is not None
+  for path, a, b in zip(jax.tree_util.tree_leaves_with_path(own.moments),
+                        jax.tree.leaves(own.moments), jax.tree.leaves(imported.observation.moments)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-4, atol=2e-5,
+                               err_msg=jax.tree_util.keystr(path[0]))
+  # Buffers as sent (a client in evaluation mode) or a state without them: no moments.
+  interop.write(tmp_path / "no_buffers.safetensors",
+                {k: v for k, v in after.items() if "running" not in k and "num_batches" not in k}, meta)
+  assert interop.load(tmp_path / "w.safetensors", tmp_path / "no_buffers.safetensors",
+                      conv="xla").observation.moments is None
+  some = {k: v for k, v in after.items() if k != "bn1.running_var"}
+  interop.write(tmp_path / "some.safetensors", some, meta)
+  with pytest.raises(ValueError, match="all or none"):
+    interop.load(tmp_path / "w.safetensors", tmp_path / "some.safetensors", conv="xla")

@@ -4,7 +4,9 @@ Each of ``--count`` clients holds a batch of ``--batch_size`` CIFAR-10 test imag
 (``--classes_per_batch`` classes drawn per batch, labels drawn from them with replacement, images of
 those classes from the ``--pool`` test images from ``--start``; seeded) and sends one FedSGD gradient of the
 trained model (``--checkpoint``, e.g. ``gradjax train --model=resnet20 --train_mode ...``),
-which runs in evaluation mode as the server sent it. ``--head=fresh`` (the default) replaces its last
+which runs in evaluation mode as the server sent it (``--train_mode``: in training mode, BatchNorm on
+the batch's statistics, as a client training it does; ``--share_statistics``: the client also returns
+the running statistics that step updated, so the BatchNorm prior matches the batch's own moments). ``--head=fresh`` (the default) replaces its last
 layer by a new random one, as HFGInv's protocol does (an ImageNet ResNet-34 with a new 1000-class
 head; ``--head_classes`` sets the new head's width); ``--head=trained`` keeps the checkpoint's, where
 confidently classified examples leave their class almost no trace in the head's gradient.
@@ -49,12 +51,17 @@ from gradjax import (attacks, checkpoint, clients, data, labels, metrics, pipeli
 
 # The options of the schema it reads (gradjax.config); its protocol is gradjax/configs/batch_table.py.
 common.define_flags("batch_table", fields=("checkpoint", "data_dir", "batch_size", "pool",
-                                           "classes_per_batch", "aux", "iterations"))
+                                           "classes_per_batch", "aux", "iterations", "train_mode",
+                                           "share_statistics"))
 common.define_table_flags(psnr=False)
 flags.DEFINE_list("batches", None, "Attack only these batch numbers (0-based) in this call, e.g. to "
                   "share the ablation between processes; a later --resume call without it reads them back.")
 flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's variant keys "
                     "(tv, bn, stepwise, hfginv, head), or all; none skips the ablation.")
+flags.DEFINE_float("bn", None, "The BatchNorm prior's weight in the variants that use it (the presets': "
+                   "GradInversion's 1e-4, set for running statistics; a client's own batch moments, "
+                   "--share_statistics, bear more).")
+flags.DEFINE_float("tv", None, "The TV prior's weight in every variant (the presets' 1e-2 if unset).")
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
 flags.DEFINE_integer("head_classes", None, "--head=fresh: classes of the new head (default: the checkpoint's; HFGInv's protocol has 1000). Labels stay CIFAR-10's 0-9: more classes only thin out every class's share of the softmax.")
 common.define_output_flags()
@@ -64,10 +71,13 @@ flags.adopt_module_key_flags(common)
 LABEL_METHODS = ("negative_bias", "yin", "llg", "bias_counts", "hfginv")
 
 
-def variants(iterations: int) -> dict[str, tuple[str, attacks.Attack]]:
-  """The ablation, key -> (row name, attack), each built on the previous one."""
-  hf = presets.hfginv(iterations)
-  gi = attacks.rescaled(presets.gradinversion(), iterations)
+def variants(iterations: int, bn: float | None = None,
+             tv: float | None = None) -> dict[str, tuple[str, attacks.Attack]]:
+  """The ablation, key -> (row name, attack), each built on the previous one; ``bn`` and ``tv``: the
+  BatchNorm and TV priors' weights (the presets' if None)."""
+  weight = {k: v for k, v in (("bn", bn), ("tv", tv)) if v is not None}
+  hf = presets.hfginv(iterations, **weight)
+  gi = attacks.rescaled(presets.gradinversion(**weight), iterations)
   tv = dataclasses.replace(gi, name="cosine_tv", priors=gi.priors[:1])
   stepwise = dataclasses.replace(gi, name="gradinversion_stepwise", stepwise=hf.stepwise,
                                  track_from=hf.track_from)
@@ -90,12 +100,17 @@ def main(argv):
     common.fail(str(e))
   if not cfg.checkpoint:
     common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --train_mode)")
+  if cfg.share_statistics and not cfg.train_mode:
+    common.fail("--share_statistics needs --train_mode (in evaluation mode the statistics stay as sent)")
   if f.start < 0:
     common.fail(f"--start must be a test image's index (>= 0), got {f.start}")
   if f.count < 1 or cfg.aux < 1 or cfg.iterations is None or cfg.iterations < 1:
     common.fail(f"--count, --aux and --iterations must be positive, got {f.count}, {cfg.aux} and "
                 f"{cfg.iterations}")
-  table = variants(cfg.iterations)
+  for name in ("bn", "tv"):
+    if getattr(f, name) is not None and getattr(f, name) < 0:
+      common.fail(f"--{name} must be a weight (>= 0), got {getattr(f, name)}")
+  table = variants(cfg.iterations, f.bn, f.tv)
   keys = list(table) if f.variants == "all" else [] if f.variants == "none" else \
       [k.strip() for k in f.variants.split(",") if k.strip()]
   if any(k not in table for k in keys):
@@ -142,7 +157,8 @@ def main(argv):
     x_true, y = source.x[batches[b]], source.y[batches[b]]
     return x_true, y, clients.fedsgd(model.apply_fn, model.variables,
                                      jnp.asarray(data.normalize(x_true, norm)), jnp.asarray(y),
-                                     share_labels=True)
+                                     train=cfg.train_mode, share_labels=True,
+                                     share_statistics=cfg.share_statistics)
 
   def item(key, b):
     return os.path.join(out, "items", f"{key}_{b}")
@@ -205,10 +221,11 @@ def main(argv):
         grid.append(x_rec)
   wall = time.perf_counter() - start
   info = {**common.provenance(), "checkpoint": cfg.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
-          "test_accuracy": meta.get("accuracy"), "head": f.head,
+          "test_accuracy": meta.get("accuracy"), "head": f.head, "train_mode": cfg.train_mode,
+          "share_statistics": cfg.share_statistics,
           "head_classes": int(model.num_classes), "count": f.count, "batch_size": cfg.batch_size,
           "classes_per_batch": cfg.classes_per_batch, "start": f.start, "pool": cfg.pool, "aux": cfg.aux, "iterations": cfg.iterations,
-          "batches": (batches + f.start).tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
+          "bn": f.bn, "tv": f.tv, "batches": (batches + f.start).tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
                     "exact": int(sum(r["exact"] for r in rows)), "batches": len(rows),
                     "error": next((r["error"] for r in rows if "error" in r), None)}
@@ -241,8 +258,10 @@ def markdown(label_summary, ablation_summary, info) -> str:
   head = (f"a fresh random {info['head_classes']}-class head" if info["head"] == "fresh"
           else "its trained head")
   accuracy = "n/a" if info["test_accuracy"] is None else f"{info['test_accuracy']:.1%}"
+  client = ("" if not info.get("train_mode") else ", the client in training mode"
+            + (" returning its BatchNorm statistics" if info.get("share_statistics") else ""))
   lines = [f"# Batch inversion on a trained {info['model']} (epoch {info['epoch']}, test accuracy "
-           f"{accuracy}) with {head}: {info['count']} CIFAR-10 batches of "
+           f"{accuracy}) with {head}{client}: {info['count']} CIFAR-10 batches of "
            f"{info['batch_size']} with labels from {info['classes_per_batch']} classes (test images "
            f"{info['start']}-{info['start'] + info['pool'] - 1}); HFGInv's profile from "
            f"{info['aux']} auxiliary images", "", f"`{info['command']}`", "",

@@ -70,6 +70,24 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 100,
     }),
+    # runs/batch_table_train_dev: the client in training mode (development batches 0-1)
+    'batch_table_train_dev': ('batch-table --count=2 --variants=bn', None, {
+        'attack.iterations': 1500,
+        'client.train_mode': True,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
+    # runs/batch_table_moments_dev_bn*: ... returning its BatchNorm statistics, the prior's weight
+    **{f'batch_table_moments_dev_bn{w}': (
+        f'batch-table --count=2 --variants=bn --bn={w}', None, {
+            'attack.iterations': 1500,
+            'client.share_statistics': True,
+            'client.train_mode': True,
+            'data.batch_size': 8,
+            'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+            'sampling.pool': 500,
+        }) for w in ('1e-4', '1e-3', '1e-2')},
     # runs/train_resnet20_cifar10
     'train_resnet20_cifar10': (
         'train --output_dir=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10',
