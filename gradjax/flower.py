@@ -352,11 +352,13 @@ MODEL_REFUSED = "gradjax leakage_mod: model refused"
 """The start of the error a gated client replies with when the model it received looks built to leak."""
 
 
-def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3)) -> list:
+def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3),
+                      inputs=None) -> list:
   """What looks built to leak in the model a client received (:func:`gradjax.malicious.inspect`):
   ``sent`` (PyTorch names -> arrays) against a fresh draw of the zoo twin ``model`` it declared
   (its classes from the head's rows sent). Tensors that are not the declared model's are one
-  finding; otherwise its dense layers are checked for units sharing one direction."""
+  finding; otherwise its dense layers are checked for units sharing one direction and, given the
+  client's ``inputs`` (N, H, W, C) as the model reads them, its input layers for trap weights."""
   import jax
   from gradjax import interop, malicious, models
   probe = models.create(model, jax.random.key(0), input_shape=tuple(input_shape))
@@ -370,7 +372,7 @@ def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 
     variables = interop.variables_from_torch(sent, mapping, probe.variables, "the received model")
   except ValueError as e:
     return [malicious.Finding("", f"not the declared {model}: {e}")]
-  return malicious.inspect(variables, probe.variables)
+  return malicious.inspect(variables, probe.variables, inputs=inputs)
 
 
 def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] | None = None,
@@ -417,7 +419,8 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
       command line's; '' : none): rounds after the first load the attack's programs.
     refuse_malicious: before training, check the model the server sent (:func:`received_findings`:
       tensors other than the declared model's, dense units that share one direction as an imprint's
-      do) and refuse to train on one that looks built to leak: the reply is an error naming why
+      do, an input layer whose units fire for few of the round's ``examples`` as trap weights do)
+      and refuse to train on one that looks built to leak: the reply is an error naming why
       (``gradjax leakage_mod: model refused ...``), on every training round.
   """
   import shutil
@@ -487,7 +490,10 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
         if isinstance(shape, str):
           from gradjax import interop
           shape = interop.parse_shape(shape, "metadata input_shape")
-        findings = received_findings(sent, static["model"], shape)
+        x, _ = examples(msg, context)
+        norm = data.normalization(normalization or static.get("normalization") or "none")
+        findings = received_findings(sent, static["model"], shape,
+                                     inputs=np.asarray(data.normalize(np.asarray(x, np.float32), norm)))
       except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client
         logger.warning("leakage_mod: the received model was not checked (%s)", str(e)[:300])
         findings = []

@@ -32,7 +32,10 @@ the first layer of an MLP the client declared, every shape unchanged (:func:`imp
 signs of an imprint: parameters that its declared architecture does not have (a block added in
 front), and, inside a layer it does have, many units whose weight vectors point the same way
 (|cos| above :data:`PARALLEL`), which a freshly drawn or trained layer does not show: an imprint's k
-units all measure one statistic and differ only in their biases.
+units all measure one statistic and differ only in their biases. Trap weights keep every shape and
+direction honest; what gives them away is on the client's own examples: each unit of the layer that
+reads the input fires for a small share of them (about 1/N, so that an example has units of its
+own), where a freshly drawn or trained layer fires for about half (:func:`activation_rate`).
 
 Shapes: inputs (N, H, W, C); the block's parameters ``imprint`` {kernel (D, k), bias (k,)} and
 ``imprint_out`` {kernel (k, D)}, the model's own under ``model``.
@@ -225,6 +228,39 @@ def server_row(examples: int, bins: int = AUDIT_BINS) -> dict:
                     "such a model"}
 
 
+TRAP_RATE = 0.15
+"""Mean activation rate of an input layer's units on the client's examples below which
+:func:`inspect` calls it trap weights (honest layers: about 0.5; trap weights for batches of N:
+about 1/N). Chosen from the false alarms and detections measured in
+``experiments/studies/malicious/trap_check.py``."""
+
+
+def activation_rate(params, inputs) -> dict[str, float]:
+  """For every dense layer of ``params`` that reads the flattened input (a 2-D ``kernel`` of
+  D = H·W·C rows with its ``bias``): the share of (example, unit) pairs with a positive
+  pre-activation on ``inputs`` (N, H, W, C), as the model reads them::
+
+    rate = (1 / (N·U)) Σ_n Σ_u [x_nᵀ W_u + b_u > 0]
+
+  A unit of a freshly drawn layer fires for about half the examples; trap weights set each unit's
+  bias so that it fires for about 1/N of them. Keyed by the kernel's path; computed in NumPy float32
+  (one N × D by D × U product per layer)."""
+  x = np.asarray(inputs, np.float32).reshape(len(inputs), -1)
+  rates = {}
+  for path, value in jax.tree_util.tree_leaves_with_path(params.get("params", params)):
+    key = jax.tree_util.keystr(path)
+    if not key.endswith("['kernel']") or np.ndim(value) != 2 or np.shape(value)[0] != x.shape[1]:
+      continue
+    node = params.get("params", params)
+    for entry in path[:-1]:
+      node = node[entry.key]
+    if "bias" not in node:
+      continue
+    z = x @ np.asarray(value, np.float32) + np.asarray(node["bias"], np.float32)
+    rates[key] = float(np.mean(z > 0))
+  return rates
+
+
 class Finding(NamedTuple):
   """One reason to think a received model was built to leak: ``path`` (a parameter path) and
   ``reason`` (one line)."""
@@ -233,13 +269,16 @@ class Finding(NamedTuple):
   reason: str
 
 
-def inspect(received, declared=None) -> list[Finding]:
+def inspect(received, declared=None, inputs=None) -> list[Finding]:
   """What in the ``received`` variables (a Flax tree) looks built to leak (empty: nothing found).
 
   Args:
     received: the variables the server sent.
     declared: the variables of the architecture the client declared (e.g. a fresh
       :func:`gradjax.models.create` of it, or last round's model), or None to skip that check.
+    inputs: the client's examples (N, H, W, C) as the model reads them, or None to skip the check
+      of trap weights: one finding for every layer reading the input whose units fire on them at a
+      mean rate below :data:`TRAP_RATE` (:func:`activation_rate`).
 
   Returns one finding for the parameters that ``declared`` lacks, one for those it holds with
   another shape, one for those missing, and one for every dense kernel (2-D, (inputs, units),
@@ -268,6 +307,12 @@ def inspect(received, declared=None) -> list[Finding]:
     if shared >= MIN_UNITS:
       found.append(Finding(path, f"{shared} of its {value.shape[1]} units measure one direction "
                            f"(|cos| >= {PARALLEL}): an imprint's bins"))
+  if inputs is not None:
+    for path, rate in activation_rate(received, inputs).items():
+      if rate < TRAP_RATE:
+        found.append(Finding(path, f"its units fire for {rate:.1%} of the client's examples on average "
+                             f"(an honest layer: about half): trap weights, set so that examples "
+                             "have units of their own"))
   return found
 
 

@@ -155,3 +155,12 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   assert [f.reason.split(" of ")[0] for f in found] == ["16"]
   assert received_findings(interop.variables_to_torch(mlp.variables, interop.zoo_mapping(mlp)),
                            "mlp-256", SHAPE) == []
+  # Trap weights (every shape and direction honest): seen on the client's own examples.
+  public = np.random.default_rng(0).uniform(size=(200, *SHAPE)).astype(np.float32)
+  trap = malicious.trap_weights(mlp, public, 1 / 32, jax.random.key(1))
+  sent = interop.variables_to_torch(trap.variables, interop.zoo_mapping(mlp))
+  assert received_findings(sent, "mlp-256", SHAPE) == []
+  found = received_findings(sent, "mlp-256", SHAPE, inputs=_photo().x)
+  assert len(found) == 1 and "trap weights" in found[0].reason
+  assert received_findings(interop.variables_to_torch(mlp.variables, interop.zoo_mapping(mlp)),
+                           "mlp-256", SHAPE, inputs=_photo().x) == []

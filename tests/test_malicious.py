@@ -222,3 +222,26 @@ def test_trap_weights_fire_for_their_share_of_the_servers_data_and_give_the_batc
   assert exact >= 6
   with pytest.raises(ValueError, match="one-hidden-layer MLP"):
     malicious.trap_weights(_model(), public, 0.1, jax.random.key(0))
+
+
+def test_the_client_sees_trap_weights_on_its_own_examples_and_not_an_honest_layer():
+  """activation_rate against the MLP's own hidden pre-activations (Flax's captured Dense_0 output);
+  inspect with the client's examples flags the trap (rate 1/32 on the server's data) and not the
+  fresh draws of any initialisation, at batch 1 and 16."""
+  rng = np.random.default_rng(0)
+  public = rng.uniform(size=(400, *SHAPE)).astype(np.float32)
+  x = rng.uniform(size=(16, *SHAPE)).astype(np.float32)
+  for init in models.INITS:
+    honest = models.create("mlp-256", jax.random.key(2), input_shape=SHAPE, init=init)
+    _, state = honest.apply_fn.module.apply(honest.variables, x, capture_intermediates=True,
+                                            mutable=["intermediates"])
+    z = np.asarray(state["intermediates"]["Dense_0"]["__call__"][0])
+    rate = malicious.activation_rate(honest.variables, x)
+    assert list(rate) == ["['Dense_0']['kernel']"]  # the head does not read the input
+    np.testing.assert_allclose(rate["['Dense_0']['kernel']"], np.mean(z > 0), atol=1e-6)
+    for batch in (x[:1], x):
+      assert malicious.inspect(honest.variables, honest.variables, inputs=batch) == [], init
+  sent = malicious.trap_weights(honest, public, 1 / 32, jax.random.key(1))
+  for batch in (x[:1], x):
+    found = malicious.inspect(sent.variables, honest.variables, inputs=batch)
+    assert [f.path for f in found] == ["['Dense_0']['kernel']"] and "trap weights" in found[0].reason
