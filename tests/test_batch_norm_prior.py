@@ -220,3 +220,7 @@ def test_shared_statistics_errors():
     observation_lib.check_observation(obs.replace(moments=wrong))
   with pytest.raises(ValueError, match="every BatchNorm layer"):
     observation_lib.check_observation(obs.replace(moments={"BatchNorm_0": obs.moments["BatchNorm_0"]}))
+  from gradjax import config
+  with pytest.raises(ValueError, match="needs --train_mode"):
+    config.check(config.Config(share_statistics=True))
+  config.check(config.Config(share_statistics=True, train_mode=True))

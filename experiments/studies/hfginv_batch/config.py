@@ -70,24 +70,29 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 100,
     }),
-    # runs/batch_table_train_dev: the client in training mode (development batches 0-1)
-    'batch_table_train_dev': ('batch-table --count=2 --variants=bn', None, {
+    # Development batches 0-1 (the 'bn' variant, GradInversion): the TV weight, the client in
+    # training mode, and the client returning its BatchNorm statistics with the prior's weight.
+    # runs/batch_table_dev_tv*, runs/batch_table_train_dev*, runs/batch_table_moments_dev_*
+    **{name: (f'batch-table --count=2 --variants=bn{flags}', None, {
         'attack.iterations': 1500,
-        'client.train_mode': True,
+        'client.share_statistics': 'moments' in name,
+        'client.train_mode': 'train' in name or 'moments' in name,
         'data.batch_size': 8,
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 500,
+    }) for name, flags in (
+        ('batch_table_dev_tv0.1', ' --tv=0.1'), ('batch_table_dev_tv0.3', ' --tv=0.3'),
+        ('batch_table_train_dev', ''), ('batch_table_train_dev_tv0.1', ' --tv=0.1'),
+        ('batch_table_moments_dev_bn1e-4', ''), ('batch_table_moments_dev_bn1e-3', ' --bn=1e-3'),
+        ('batch_table_moments_dev_bn1e-2', ' --bn=1e-2'),
+        ('batch_table_moments_dev_bn1e-2_tv0.1', ' --bn=1e-2 --tv=0.1'))},
+    # runs/batch_table_unseen_tv0.3: the two presets with the TV weight chosen on those
+    'batch_table_unseen_tv0.3': ('batch-table --count=5 --start=500 --variants=bn,hfginv --tv=0.3', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 100,
     }),
-    # runs/batch_table_moments_dev_bn*: ... returning its BatchNorm statistics, the prior's weight
-    **{f'batch_table_moments_dev_bn{w}': (
-        f'batch-table --count=2 --variants=bn --bn={w}', None, {
-            'attack.iterations': 1500,
-            'client.share_statistics': True,
-            'client.train_mode': True,
-            'data.batch_size': 8,
-            'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
-            'sampling.pool': 500,
-        }) for w in ('1e-4', '1e-3', '1e-2')},
     # runs/train_resnet20_cifar10
     'train_resnet20_cifar10': (
         'train --output_dir=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10',
