@@ -58,7 +58,11 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     (f"b1_500_hf_own_convnet16_tv{tv}", 1, 500, 4, WEIGHT, ("--model=convnet-16", f"--priors=tv:{tv}"))
     for tv in ("1e-2", "1e-4")] + [
     # ... and with four times the iterations (the first layers' gradients stay unmatched at 2000).
-    ("b1_500_hf_own_convnet16_8000", 1, 500, 2, WEIGHT, ("--model=convnet-16", "--iterations=8000"))]
+    ("b1_500_hf_own_convnet16_8000", 1, 500, 2, WEIGHT, ("--model=convnet-16", "--iterations=8000"))] + [
+    # ... on development images, the client in evaluation mode (as above) or training mode (BatchNorm
+    # on the batch's statistics, as a client training the ConvNet does).
+    ("b1_0_hf_own_convnet16", 1, 0, 4, WEIGHT, ("--model=convnet-16",)),
+    ("b1_0_hf_own_convnet16_train", 1, 0, 4, WEIGHT, ("--model=convnet-16", "--train_mode"))]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
