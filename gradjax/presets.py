@@ -144,7 +144,9 @@ def gradinversion(iterations: int = 15_000, *, tv: float = 1e-2, bn: float = 1e-
   every layer, TV ``tv`` and GradInversion's BatchNorm prior ``bn`` (first layer ×10, after
   DeepInversion) from the start, signed Adam lr 0.1 with Inverting Gradients' step decay, 15 000
   iterations, box, labels known (Yin et al., CVPR 2021, who also add an l2 prior and group
-  consistency over restarts)."""
+  consistency over restarts). ``tv`` 1e-2 is set for 224-px images; on 32-px CIFAR-10 batches of 8
+  of a trained ResNet-20, ``tv=0.3`` scores 1.4 dB higher in PSNR and slightly worse in LPIPS
+  (``experiments/studies/hfginv_batch``)."""
   return Attack(distance=_DISTANCE["cosine"],
                 priors=(priors.Prior(_PRIOR["tv"], tv), priors.Prior(_PRIOR["bn"], bn)),
                 labels=labels.known, optimizer=optimizers.Named("signed_adam", 0.1, schedule="step"),
@@ -166,7 +168,8 @@ def hfginv(iterations: int = HFGINV_ITERATIONS, *, tv: float = 1e-2, bn: float =
   the budget; box; labels known (or from :func:`gradjax.labels.hfginv`, which needs auxiliary
   images). The best iterate is taken from iteration 4000 on, once the layer set has stopped growing
   (their code resets its best every 500). Every step count scales with ``iterations``
-  (:func:`gradjax.attacks.rescaled`).
+  (:func:`gradjax.attacks.rescaled`). At 32 px ``tv=0.3`` does better than the paper's 1e-2 (+0.8 dB
+  PSNR on CIFAR-10 batches of 8, ``experiments/studies/hfginv_batch``).
   """
   paper = Attack(distance=_DISTANCE["cosine"],
                  priors=(priors.Prior(_PRIOR["tv"], tv, 3000), priors.Prior(_PRIOR["bn_hfginv"], bn, 5000)),

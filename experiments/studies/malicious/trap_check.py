@@ -1,0 +1,103 @@
+"""The client's check for trap weights (gradjax.malicious.inspect with the client's examples): false
+alarms on honest MLPs and detections of trap weights, by batch size and input normalisation.
+
+  python experiments/studies/malicious/trap_check.py --data_dir=../shared/data
+
+A trap sets each first-layer unit's bias so that a share 1/N of the server's images fire it
+(gradjax.malicious.trap_weights, tuned for batches of N); the check flags a layer reading the input
+whose units fire for fewer than malicious.TRAP_RATE of the client's examples on average. Honest
+models: fresh draws of mlp-256 and mlp-1024 under each initialisation of the zoo (uniform, Xavier
+normal, Flax's default), and the same MLPs trained here (FedSGD, 3 epochs over CIFAR-10 training
+images 2000-11999, batches of 64, lr 0.05; not written to disk). Traps: rates 1/8 to 1/128 on a
+fresh MLP of each width, tuned on CIFAR-10 training images 0-1999 (the server's). Clients: batches
+of 1, 8, 32 and 128 CIFAR-10 test images drawn from 500-1016, in [0, 1] or normalised with CIFAR-10's
+statistics (model, server's images and client alike), 20 batches per cell. Writes
+runs/trap_check/table.md (flagged share per cell, the mean activation rate's range, ms per check)
+and table.json.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from gradjax import data, malicious, models, training
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNS = os.path.join(HERE, "runs", "trap_check")
+FIRST = 500
+BATCHES = 20
+SIZES = (1, 8, 32, 128)
+WIDTHS = ("mlp-256", "mlp-1024")
+TRAP_BATCHES = (8, 32, 128)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--data_dir", default=None)
+  args = parser.parse_args()
+  stats = data.normalization("cifar10")
+  mean, std = np.asarray(stats.mean, np.float32), np.asarray(stats.std, np.float32)
+  public = data.load("cifar10_train", data_dir=args.data_dir, indices=range(2000))
+  train = data.load("cifar10_train", data_dir=args.data_dir, indices=range(2000, 12000))
+  clients = data.load("cifar10", data_dir=args.data_dir, indices=range(FIRST, 1017))  # all after 500
+  rng = np.random.default_rng(0)
+  records = {}
+  for norm in ("none", "cifar10"):
+    seen = (lambda x: (x - mean) / std) if norm == "cifar10" else (lambda x: np.asarray(x, np.float32))
+    batches = {n: [seen(clients.x[rng.choice(len(clients.x), n, replace=False)]) for _ in range(BATCHES)]
+               for n in SIZES}
+    senders = []  # (row, variables)
+    for width in WIDTHS:
+      for init in models.INITS:
+        fresh = models.create(width, jax.random.key(len(senders)), input_shape=(32, 32, 3), init=init)
+        senders.append((f"honest {width} {init}", "honest", fresh.variables))
+      fresh = models.create(width, jax.random.key(99), input_shape=(32, 32, 3))
+      trained, _ = training.train_fedsgd(fresh.apply_fn, fresh.variables, seen(train.x), train.y,
+                                         key=jax.random.key(1), epochs=3, batch_size=64,
+                                         learning_rate=0.05)
+      senders.append((f"honest {width} trained", "honest", trained))
+      for n in TRAP_BATCHES:
+        trap = malicious.trap_weights(fresh, seen(public.x), 1 / n, jax.random.key(100 + n))
+        senders.append((f"trap {width} 1/{n}", "trap", trap.variables))
+    for name, kind, variables in senders:
+      for n in SIZES:
+        flagged, rates, ms = 0, [], []
+        for x in batches[n]:
+          start = time.perf_counter()
+          found = malicious.inspect(variables, inputs=x)
+          ms.append(1e3 * (time.perf_counter() - start))
+          flagged += any("trap weights" in f.reason for f in found)
+          rates.append(min(malicious.activation_rate(variables, x).values()))
+        row = f"{name} | {'[0, 1]' if norm == 'none' else 'normalised'} | {n}"
+        records[row] = {"model": name, "kind": kind, "inputs": norm, "batch": n, "flagged": flagged,
+                        "batches": BATCHES, "rate_min": float(np.min(rates)),
+                        "rate_max": float(np.max(rates)), "ms": float(np.median(ms))}
+        print(row, flagged, f"{np.min(rates):.3f}-{np.max(rates):.3f}", flush=True)
+  os.makedirs(RUNS, exist_ok=True)
+  totals = {}
+  for kind in ("honest", "trap"):
+    rows = [r for r in records.values() if r["kind"] == kind]
+    flagged, checks = sum(r["flagged"] for r in rows), sum(r["batches"] for r in rows)
+    totals[kind] = {"flagged": flagged, "checks": checks, "share": flagged / checks}
+  with open(os.path.join(RUNS, "table.json"), "w") as f:
+    json.dump({"trap_rate": malicious.TRAP_RATE, "totals": totals, "rows": records}, f, indent=1)
+  lines = [f"Flagged by inspect (mean activation rate below {malicious.TRAP_RATE}), of {BATCHES} client "
+           "batches per row", "",
+           "| sent model | inputs | batch | flagged | mean activation rate (range) | ms |",
+           "|---|---|---|---|---|---|"]
+  for row, r in records.items():
+    lines.append(f"| {row} | {r['flagged']} / {r['batches']} | {r['rate_min']:.3f}-{r['rate_max']:.3f} "
+                 f"| {r['ms']:.1f} |")
+  for kind, t in totals.items():
+    lines.append(f"| all {kind} | | | {t['flagged']} / {t['checks']} | | |")
+  with open(os.path.join(RUNS, "table.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
+if __name__ == "__main__":
+  main()
