@@ -485,15 +485,19 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     if (refuse_malicious and msg.metadata.message_type == MessageType.TRAIN
         and static.get("model") and msg.content.array_records):
       sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
+      try:  # the client's examples, as the model reads them, for the trap-weight check
+        x, _ = examples(msg, context)
+        norm = data.normalization(normalization or static.get("normalization") or "none")
+        inputs = np.asarray(data.normalize(np.asarray(x, np.float32), norm))
+      except Exception as e:  # noqa: BLE001 - the weights are still checked
+        logger.warning("leakage_mod: the round's examples were not read for the check (%s)", str(e)[:300])
+        inputs = None
       try:
         shape = static.get("input_shape") or (32, 32, 3)
         if isinstance(shape, str):
           from gradjax import interop
           shape = interop.parse_shape(shape, "metadata input_shape")
-        x, _ = examples(msg, context)
-        norm = data.normalization(normalization or static.get("normalization") or "none")
-        findings = received_findings(sent, static["model"], shape,
-                                     inputs=np.asarray(data.normalize(np.asarray(x, np.float32), norm)))
+        findings = received_findings(sent, static["model"], shape, inputs=inputs)
       except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client
         logger.warning("leakage_mod: the received model was not checked (%s)", str(e)[:300])
         findings = []
