@@ -376,7 +376,7 @@ class HeadInputs(NamedTuple):
 
 
 def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int = 200,
-                nonnegative: bool = True, min_dominance: float = 3.0) -> HeadInputs:
+                nonnegative: bool = True, min_dominance: float = 3.0, mean_input=None) -> HeadInputs:
   """The input of a dense head z = hᵀW + b per class present in a batch, from its gradient.
 
   With the mean cross entropy over N examples, ∂L/∂W = Σ_n h_n (p_n − e_{y_n})ᵀ / N with
@@ -395,7 +395,11 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   rows within 10 % of the truth (relative to the batch's spread) on DLG's LeNet, worst 0.44, and
   68 of 68 on an untrained convnet-16, whose near-uniform predictions keep ``own`` near 0.2 while
   its rows are exact; ``own`` >= 0.5 kept 49 of 65 on LeNet, worst 0.53, and none of convnet-16's.) A batch larger than K repeats classes: its rows are class
-  means, and no example's own.
+  means, and no example's own. With every class present the pseudo-inverse leaves the rows wrong
+  along that free combination: H̄ + w uᵀ fits as well for w the left null vector of E (w_c ∝ 1/m_c
+  when the predictions are near uniform) and any u; given ``mean_input``, an estimate of the batch's
+  mean head input (e.g. the mean over the attacker's own images), u is chosen so that the rows'
+  weighted mean Σ_c m_c H̄_c / N equals it.
 
   Args:
     kernel, bias: the head's weights W (F, K) and bias b (K,), as the server sent them.
@@ -404,6 +408,8 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
     iterations: fixed-point steps.
     nonnegative: clip the features at 0 (a head after a ReLU, a sigmoid or a pooling of them).
     min_dominance: ``usable`` needs ``dominance`` at least this.
+    mean_input: (F,) the batch's mean head input as the attacker estimates it; used only when every
+      class of the head is present (``None``: the least-norm rows).
 
   Returns:
     :class:`HeadInputs`.
@@ -431,8 +437,15 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
 
   scale = np.where(gb[classes] != 0, gb[classes], 1.0)
   h = (gw[:, classes] / scale).T
+  pinned = mean_input is not None and len(classes) == k
   for _ in range(iterations):
-    h = (gw @ np.linalg.pinv(errors(h))).T
+    e = errors(h)
+    h = (gw @ np.linalg.pinv(e, rcond=1e-10)).T  # E 1 = 0: with every class, rank K − 1
+    if pinned:  # along E's left null vector w (wᵀE = 0) to the estimated mean
+      free = np.linalg.svd(e)[0][:, -1]
+      weight = counts @ free / n
+      if abs(weight) > 1e-12 * np.abs(free).max():
+        h = h - np.outer(free, (counts @ h / n - np.asarray(mean_input, np.float64)) / weight)
     if nonnegative:
       h = np.maximum(h, 0.0)
   e = errors(h)

@@ -269,6 +269,30 @@ def test_head_inputs_of_repeated_classes_are_their_means():
   assert not found.usable[2] and found.own[2] < 0.5 and found.dominance[2] < 1
 
 
+def test_head_inputs_with_every_class_present_are_fixed_by_the_batch_mean():
+  """Every class of a 4-class head present, three examples each, near-uniform predictions: the rows
+  of E sum to zero, so the least-norm rows miss the class means along one direction; given the
+  batch's mean input they come back to the class means (NumPy's means of the true inputs)."""
+  rng = np.random.default_rng(8)
+  w, b = rng.normal(size=(50, 4)) * 0.01, np.zeros(4)
+  y = np.repeat(np.arange(4), 3)
+  h = rng.uniform(0, 1, size=(12, 50)) + np.repeat(rng.uniform(0, 1, size=(4, 50)), 3, axis=0)
+  gw, gb = _numpy_head(h, y, w, b)
+  means = np.stack([h[y == c].mean(0) for c in range(4)])
+  spread = np.sqrt(np.mean(np.sum((h - h.mean(0)) ** 2, axis=1)))
+  plain = analytic.head_inputs(w, b, gw, gb, y, nonnegative=False)
+  fixed = analytic.head_inputs(w, b, gw, gb, y, nonnegative=False, mean_input=h.mean(0))
+  assert np.linalg.norm(plain.features - means, axis=1).max() > 0.5 * spread
+  assert np.linalg.norm(fixed.features - means, axis=1).max() < 0.05 * spread
+  np.testing.assert_allclose(np.bincount(y) @ fixed.features / 12, h.mean(0), rtol=1e-6)
+  # A batch missing a class has no free direction: the estimate is not used.
+  some = y < 3
+  gw, gb = _numpy_head(h[some], y[some], w, b)
+  np.testing.assert_array_equal(
+      analytic.head_inputs(w, b, gw, gb, y[some], mean_input=np.zeros(50)).features,
+      analytic.head_inputs(w, b, gw, gb, y[some]).features)
+
+
 def _matched_within_classes(found, h, y):
   """Largest relative distance of each true input to its found row, examples of a class matched
   by an assignment (the gradient does not order them)."""
