@@ -62,7 +62,18 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     # ... on development images, the client in evaluation mode (as above) or training mode (BatchNorm
     # on the batch's statistics, as a client training the ConvNet does).
     ("b1_0_hf_own_convnet16", 1, 0, 4, WEIGHT, ("--model=convnet-16",)),
-    ("b1_0_hf_own_convnet16_train", 1, 0, 4, WEIGHT, ("--model=convnet-16", "--train_mode"))]
+    ("b1_0_hf_own_convnet16_train", 1, 0, 4, WEIGHT, ("--model=convnet-16", "--train_mode"))] + [
+    # ... with a stronger total variation than the LeNet rows' 0.2 (the trend from 1e-4 to 0.2).
+    (f"b1_0_hf_own_convnet16_tv{tv}", 1, 0, 4, WEIGHT, ("--model=convnet-16", f"--priors=tv:{tv}"))
+    for tv in ("0.5", "1", "2", "5", "10", "20")] + [
+    # Batch 8 on the unseen images of the ConvNet row above, TV 5 (the best at batch 1 on 0-3), one
+    # batch per row so that two run side by side.
+    (f"b8_{start}_hf_own_convnet16_tv5", 8, start, 1, WEIGHT, ("--model=convnet-16", "--priors=tv:5"))
+    for start in (500, 508)] + [
+    # ... and on development images 0-7: TV 5 at 2000 and 4000 iterations.
+    ("b8_0_hf_own_convnet16_tv5", 8, 0, 1, WEIGHT, ("--model=convnet-16", "--priors=tv:5")),
+    ("b8_0_hf_own_convnet16_tv5_4000", 8, 0, 1, WEIGHT,
+     ("--model=convnet-16", "--priors=tv:5", "--iterations=4000"))]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
