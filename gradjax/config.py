@@ -482,6 +482,10 @@ def check(cfg: Config) -> attacks.Attack:
   if cfg.share_statistics and (not cfg.train_mode or cfg.observation or cfg.modality != "image"):
     raise ValueError("--share_statistics simulates a client that returns the BatchNorm statistics its "
                      "training-mode step updated: it needs --train_mode and a simulated image client")
+  if cfg.share_statistics and not (isinstance(attack, attacks.Attack)
+                                   and any("batch_stats" in p.needs for p in attack.priors)):
+    raise ValueError("--share_statistics gives the batch's BatchNorm moments to the bn prior, which "
+                     f"this attack ({cfg.attack}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
   if cfg.defense:
     defenses.parse(cfg.defense)
   if cfg.adaptive and not (cfg.defense or cfg.observation):

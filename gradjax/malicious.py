@@ -231,8 +231,8 @@ def server_row(examples: int, bins: int = AUDIT_BINS) -> dict:
 TRAP_RATE = 0.15
 """Mean activation rate of an input layer's units on the client's examples below which
 :func:`inspect` calls it trap weights (honest layers: about 0.5; trap weights for batches of N:
-about 1/N). Chosen from the false alarms and detections measured in
-``experiments/studies/malicious/trap_check.py``."""
+about 1/N). Set between the two before measuring; ``experiments/studies/malicious/trap_check.py``
+measures its false alarms on honest MLPs and its detections of trap weights."""
 
 
 def activation_rate(params, inputs) -> dict[str, float]:

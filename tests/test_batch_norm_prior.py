@@ -223,4 +223,6 @@ def test_shared_statistics_errors():
   from gradjax import config
   with pytest.raises(ValueError, match="needs --train_mode"):
     config.check(config.Config(share_statistics=True))
-  config.check(config.Config(share_statistics=True, train_mode=True))
+  with pytest.raises(ValueError, match="does not use"):  # no option that nothing reads
+    config.check(config.Config(share_statistics=True, train_mode=True))
+  config.check(config.Config(share_statistics=True, train_mode=True, priors="tv:1e-2,bn:1e-4"))
