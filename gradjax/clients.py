@@ -69,8 +69,8 @@ def batch_moments(sent, returned, *, momentum: float = MOMENTUM, count=None):
     sent: the server's ``batch_stats`` (a tree of ``{"mean", "var"}`` per BatchNorm layer).
     returned: the same tree as the client returned it.
     momentum: m, the weight of the old statistics (Flax's convention; PyTorch's ``momentum`` is 1 − m).
-    count: ``None`` for Flax's biased update, or a tree of ``{"mean", "var"}`` leaves whose ``var``
-      leaf holds each layer's n (PyTorch's unbiased update); the ``mean`` leaves are ignored.
+    count: ``None`` for Flax's biased update, or a tree like ``sent`` holding each layer's n in its
+      leaves (PyTorch's unbiased update; read at the ``var`` leaves).
 
   Returns:
     A tree like ``sent`` of the batch moments ``{"mean": μ, "var": σ²}`` (σ² biased, as the BatchNorm
@@ -84,17 +84,10 @@ def batch_moments(sent, returned, *, momentum: float = MOMENTUM, count=None):
     raise ValueError("the returned BatchNorm statistics do not match the ones the server sent")
   moments = jax.tree.map(lambda old, new: (jnp.asarray(new, jnp.float32) - momentum * old) / (1 - momentum),
                          sent, returned)
-  return moments if count is None else _unbias(moments, count)
-
-
-def _unbias(moments, count):
-  """σ²·n/(n−1) -> σ² in every layer's ``var`` leaf."""
-  def layer(node, n):
-    if isinstance(node, dict) and set(node) == {"mean", "var"}:
-      size = jnp.asarray(n["var"], jnp.float32)
-      return {"mean": node["mean"], "var": node["var"] * (size - 1) / size}
-    return {k: layer(node[k], n[k]) for k in node}
-  return layer(moments, count)
+  if count is None:
+    return moments
+  return jax.tree_util.tree_map_with_path(  # PyTorch's σ²·n/(n−1) -> σ² in every ``var`` leaf
+      lambda path, m, n: m * (n - 1) / n if path[-1].key == "var" else m, moments, count)
 
 
 def returned_statistics(apply_fn, variables, x):

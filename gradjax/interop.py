@@ -676,14 +676,10 @@ def _returned_moments(net: models.Model, mapping: TorchMapping, obs_file: Tensor
   returned = _to_tree(mapping, {e.name: obs_file.tensors[e.name] for e in present}, net.variables,
                       present, where)["batch_stats"]
   counts = priors.batch_norm_counts(net.apply_fn, net.variables, (n, *net.input_shape))
-
-  def count(node, path=()):
-    if set(node) == {"mean", "var"}:
-      return {"mean": 0, "var": counts[path]}
-    return {k: count(v, (*path, k)) for k, v in node.items()}
-
+  count = jax.tree_util.tree_map_with_path(lambda path, _: counts[tuple(k.key for k in path[:-1])],
+                                           net.variables["batch_stats"])
   return clients.batch_moments(net.variables["batch_stats"], returned, momentum=1 - momentum,
-                               count=count(net.variables["batch_stats"]))
+                               count=count)
 
 
 class Imported(NamedTuple):

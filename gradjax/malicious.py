@@ -247,17 +247,17 @@ def activation_rate(params, inputs) -> dict[str, float]:
   (one N × D by D × U product per layer)."""
   x = np.asarray(inputs, np.float32).reshape(len(inputs), -1)
   rates = {}
-  for path, value in jax.tree_util.tree_leaves_with_path(params.get("params", params)):
-    key = jax.tree_util.keystr(path)
-    if not key.endswith("['kernel']") or np.ndim(value) != 2 or np.shape(value)[0] != x.shape[1]:
-      continue
-    node = params.get("params", params)
-    for entry in path[:-1]:
-      node = node[entry.key]
-    if "bias" not in node:
-      continue
-    z = x @ np.asarray(value, np.float32) + np.asarray(node["bias"], np.float32)
-    rates[key] = float(np.mean(z > 0))
+
+  def visit(node, path):
+    kernel = node.get("kernel")
+    if np.ndim(kernel) == 2 and np.shape(kernel)[0] == x.shape[1] and "bias" in node:
+      z = x @ np.asarray(kernel, np.float32) + np.asarray(node["bias"], np.float32)
+      rates[path + "['kernel']"] = float(np.mean(z > 0))
+    for name, child in node.items():
+      if hasattr(child, "items"):
+        visit(child, f"{path}['{name}']")
+
+  visit(params.get("params", params), "")
   return rates
 
 

@@ -193,7 +193,7 @@ def test_pytorch_running_statistics_give_the_biased_moments():
   layer.train()
   layer(torch.from_numpy(h))
   returned = {"bn": {"mean": layer.running_mean.numpy(), "var": layer.running_var.numpy()}}
-  count = {"bn": {"mean": 0, "var": np.full(4, 3 * 5 * 6)}}
+  count = {"bn": {"mean": 3 * 5 * 6, "var": 3 * 5 * 6}}
   got = clients.batch_moments(sent, returned, momentum=1 - layer.momentum, count=count)
   mean, var = _numpy_moments(np.moveaxis(h, 1, -1))
   np.testing.assert_allclose(np.asarray(got["bn"]["mean"]), mean, atol=1e-5)
