@@ -437,9 +437,12 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
   return dataclasses.replace(attack, **overrides)
 
 
-# Fields that change how a run is scored or where its data lie, not what it computes: a saved state
-# continues under other values of these.
-NOT_FINGERPRINTED = ("lpips", "data_dir", "force")
+# Fields that change how a run is scored, where its data lie or how its restarts are scheduled, not
+# what it computes: a saved item or state continues under other values of these. (A state saved
+# mid-run holds its resolved strategy and continues only under the same one: auto resolves to vmap on
+# an accelerator and to sequential on a CPU, so a run begun on one resumes on the other with
+# --strategy=vmap.)
+NOT_FINGERPRINTED = ("lpips", "data_dir", "force", "strategy", "map_batch_size")
 
 
 def fingerprint(cfg: Config) -> dict:

@@ -166,6 +166,25 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
     common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, aux=8))
 
 
+def test_items_read_back_under_another_restart_strategy(tmp_path):
+  """An item finished on an accelerator (strategy auto) is read back by a run that resumes the
+  table's unfinished item on a CPU with --strategy=vmap (how restarts are scheduled is not what they
+  compute); another attack setting is still refused."""
+  import dataclasses
+  import json
+
+  from gradjax import config
+  from gradjax.cli import common
+  cfg = config.Config(iterations=3)
+  (tmp_path / "item.json").write_text(json.dumps({"config": config.fingerprint(cfg), "psnr": 30.0}))
+  np.savez(tmp_path / "item.npz", ground_truth=np.zeros((1, 2, 2, 3)), reconstruction=np.ones((1, 2, 2, 3)))
+  for other in (dict(strategy="vmap"), dict(strategy="map", map_batch_size=4)):
+    results, _ = common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, **other))
+    assert results["psnr"] == 30.0
+  with pytest.raises(ValueError, match="computed with other settings"):
+    common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, iterations=4))
+
+
 def test_trace_rows_start_at_the_first_best_iterate(tmp_path):
   """Before an attack's ``track_from`` its best objective is inf: the trace makes no row for it (the
   rows go into JSON state files, which refuse inf) and scores none. PSNR of a 0.5 image against 0:
