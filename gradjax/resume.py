@@ -229,7 +229,12 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None
   if header.get("format") != FORMAT or not isinstance(header.get("cursor"), dict):
     raise ValueError(f"{where} has state format {header.get('format')!r}; this gradjax reads {FORMAT}")
   if fingerprint is not None:
-    difference = _first_difference(header.get("fingerprint"), fingerprint)
+    saved = header.get("fingerprint")
+    if isinstance(saved, dict) and isinstance(fingerprint, dict):
+      # A key this run does not fingerprint does not determine its result (this gradjax stopped
+      # counting it, e.g. the restart strategy): states saved with it continue.
+      saved = {k: v for k, v in saved.items() if k in fingerprint}
+    difference = _first_difference(saved, fingerprint)
     if difference:
       raise ValueError(f"{where} belongs to another run ({difference}); run with the saved "
                        "settings, or start afresh without --resume")

@@ -94,6 +94,13 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
       _run(solver, driver.Execution(strategy=strategy, chunk=30, saver=s))
 
   refused({"iterations": 60, "seed": 1}, "another run .seed = 0 there, 1 here")
+  refused({"iterations": 60, "seed": 0, "tol": 0.0}, "tol is set in only one of them")
+  # A key the state holds and this run no longer fingerprints (iterations, here) does not refuse it.
+  later, before = [], path.read_bytes()
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
+      path, fingerprint={"seed": 0}, resume=True, on_restore=later.append)))
+  assert len(later) == 1  # restored
+  path.write_bytes(before)
   refused({"iterations": 60, "seed": 0}, "strategy 'vmap'", strategy="sequential")
   good = path.read_bytes()
   path.write_bytes(good[: len(good) // 2])
