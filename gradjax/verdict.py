@@ -40,6 +40,7 @@ Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` repro
 """
 
 import collections
+import functools
 import math
 from typing import NamedTuple, Sequence
 
@@ -47,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, fidelity, metrics
+from gradjax import clients, compilation, fidelity, metrics
 from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation
 
@@ -86,21 +87,32 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, mode: s
     labels: (N,) int labels the attack used when ``dummy`` has no label logits.
     mode: the attack's objective mode (:data:`gradjax.objectives.MODES`).
   """
-  x = jnp.asarray(dummy["x"])
-  targets = (jax.nn.softmax(jnp.asarray(dummy["label_logits"]), axis=-1)
-             if "label_logits" in dummy else jnp.asarray(labels))
+  logits = dummy.get("label_logits")
+  u, uu, uc = _update(apply_fn, observation, jnp.asarray(dummy["x"]),
+                      jnp.asarray(labels if logits is None else logits), mode=mode,
+                      soft=logits is not None)
+  uu, uc = float(uu), float(uc)
+  alpha = uc / uu if uu > 0 else 0.0
+  return fidelity.compare(jax.tree.map(lambda a: alpha * np.asarray(a, np.float64), u),
+                          observation.gradient)
+
+
+@functools.partial(compilation.once, static_argnames=("apply_fn", "mode", "soft"))
+def _update(apply_fn, observation: Observation, x, targets, *, mode: str, soft: bool):
+  """The update u the client would have sent for ``x`` and ``targets`` (label logits when ``soft``:
+  their softmax is the target), with ⟨u, u⟩ and ⟨u, c⟩: one program, not one per operation."""
+  if soft:
+    targets = jax.nn.softmax(targets, axis=-1)
   if mode == "replay":
     new = clients.local_sgd(apply_fn, observation.variables, x, targets, observation.local,
                             train=observation.train)
     u = jax.tree.map(jnp.subtract, observation.variables["params"], new)
   else:
     u = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train)
-  uu = sum(float(jnp.vdot(a, a)) for a in jax.tree.leaves(u))
-  uc = sum(float(jnp.vdot(a, b)) for a, b in zip(jax.tree.leaves(u),
-                                                 jax.tree.leaves(observation.gradient)))
-  alpha = uc / uu if uu > 0 else 0.0
-  return fidelity.compare(jax.tree.map(lambda a: alpha * np.asarray(a, np.float64), u),
-                          observation.gradient)
+  leaves, observed = jax.tree.leaves(u), jax.tree.leaves(observation.gradient)
+  uu = sum(jnp.vdot(a, a) for a in leaves)
+  uc = sum(jnp.vdot(a, b) for a, b in zip(leaves, observed))
+  return u, uu, uc
 
 
 def matched(comparison: fidelity.Comparison, thresholds: Thresholds = THRESHOLDS) -> bool:
