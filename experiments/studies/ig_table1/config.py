@@ -2,7 +2,7 @@
 (gradjax.config.recipes); analysis.md says what each shows. The unseen rows (runs/*_cifar10_500-599,
 *_500-529) are the development rows' variants with --start=500: ig_lenet_zhu_normalized_epoch0_cifar10
 (untrained), ig_lenet_zhu_recipe_epoch120_cifar10 (trained, the paper's recipe) and their
-euclid_lbfgs16_* twins.
+euclid_lbfgs16_* twins; the ResNet20-4 ones (runs/ig_resnet20-4_*_5*) ran on an accelerator.
 """
 
 from gradjax import config
@@ -19,6 +19,16 @@ VARIANTS = {
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'cifar10',
+    }),
+    # runs/euclid_lbfgs16_6000_lenet_zhu_normalized_epoch0_cifar10_500-519: Table 1's one model, at
+    # the 6000 iterations that closed the gap on fresh models, on the unseen images
+    'euclid_lbfgs16_6000_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(500, 520), {
+        'attack.iterations': 6000,
+        'attack.labels': 'known',
+        'attack.restarts': 16,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
     }),
     # runs/euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_epoch0_cifar10_10-19
     'euclid_lbfgs16_lenet_zhu_epoch0_cifar10': ('sweep', range(0, 20), {
@@ -176,7 +186,8 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
     }),
-    # runs/ig_resnet20-4_cifar10_0-2, runs/ig_resnet20-4_cifar10_3-4, runs/ig_resnet20-4_cifar10_5
+    # runs/ig_resnet20-4_cifar10_0-2, runs/ig_resnet20-4_cifar10_3-4, runs/ig_resnet20-4_cifar10_5;
+    # unseen (--start=500 --count=5 and so on): runs/ig_resnet20-4_cifar10_500-504, _505-509, _510-511, _515-516
     'ig_resnet20-4_cifar10': ('sweep', range(0, 6), {
         'attack.preset': 'inverting_gradients',
         'data.dataset': 'cifar10',
@@ -193,6 +204,7 @@ VARIANTS = {
         'model.name': 'resnet20-4',
     }),
     # runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_0, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_1, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_2, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_3, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_4, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_5, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_6, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_7, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_8, runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_9
+    # unseen: runs/ig_resnet20-4_normalized_wd_epoch1_cifar10_500-504, _505-506, _510-511, _515-516
     'ig_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', range(0, 10), {
         'attack.preset': 'inverting_gradients',
         'data.dataset': 'cifar10',
