@@ -99,21 +99,30 @@ def imprint_thresholds(statistics, bins: int) -> np.ndarray:
 
 
 def imprint(model: models.Model, thresholds, *, statistic: str = "mean", scale: float = 1e-3,
-            key: jax.Array | None = None) -> models.Model:
+            gain: float = 1.0, key: jax.Array | None = None) -> models.Model:
   """The model the server sends: ``model`` behind an imprint block with these ``thresholds``
   (sorted ascending), measuring ``statistic``; its output direction w has entries ``scale`` (the
-  model's input moves by ``scale`` Σ_i h_i per pixel). The model's own variables are kept."""
+  model's input moves by ``scale`` Σ_i h_i per pixel). The model's own variables are kept.
+
+  ``gain`` < 1 shrinks the imprint kernel and biases to ``gain`` a and −``gain`` c and raises w to
+  ``scale`` / ``gain``: the same bins, the same input to the model and the same read-out, but an
+  update that changes the imprint rows by 1/``gain``² more relative to themselves. A FedAvg client
+  sends W_0 − W_E in float32, which keeps about 7 − log10(|W| / |W_0 − W_E|) digits of the update:
+  rows of 1/D entries that move by 1e-7 of themselves keep none; the price is that the rows drift
+  further from a during several local steps."""
   thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
   if models.is_text(model.name):
     raise ValueError("an imprint block reads images")
+  if not gain > 0:
+    raise ValueError(f"the imprint's gain must be positive, got {gain}")
   size = int(np.prod(model.input_shape))
   a = measurement(statistic, size, key)
   dtype = jax.tree.leaves(model.variables)[0].dtype
   bins = thresholds.size
   block = Imprinted(model.apply_fn.module, bins)
-  params = {"imprint": {"kernel": jnp.asarray(np.repeat(a[:, None], bins, axis=1), dtype),
-                        "bias": jnp.asarray(-thresholds, dtype)},
-            "imprint_out": {"kernel": jnp.full((bins, size), scale, dtype)},
+  params = {"imprint": {"kernel": jnp.asarray(np.repeat(gain * a[:, None], bins, axis=1), dtype),
+                        "bias": jnp.asarray(-gain * thresholds, dtype)},
+            "imprint_out": {"kernel": jnp.full((bins, size), scale / gain, dtype)},
             "model": model.variables["params"]}
   variables = {k: ({"model": v} if k != "params" else params) for k, v in model.variables.items()}
   variables["params"] = params
@@ -213,19 +222,30 @@ AUDIT_BINS = 1024
 CIFAR-sized images, about half a ResNet-18's weights."""
 
 
-def server_row(examples: int, bins: int = AUDIT_BINS) -> dict:
+def server_row(examples: int, bins: int = AUDIT_BINS, *, first_step: int | None = None) -> dict:
   """The audit's row for a malicious server: of a client's N ``examples``, the number an imprint
   block of k ``bins`` with equally likely bins recovers exactly in expectation,
   N (k/(k+1))^N (an example is recovered when it lies above the lowest threshold and alone in its
-  bin: k + 1 cells, each with probability 1/(k+1))."""
+  bin: k + 1 cells, each with probability 1/(k+1)).
+
+  ``first_step``: for a FedAvg client whose update holds several mini-batch steps, the size b of a
+  mini-batch: the block (shrunk, ``imprint(gain=1e-2)``, so that float32 updates keep its digits)
+  gives back the examples of the first local step only, b (k/(k+1))^b in expectation
+  (``experiments/studies/malicious``: the later steps' examples were not recovered). Full-batch
+  steps, however many, see the same examples: N."""
   if examples < 1 or bins < 1:
     raise ValueError(f"examples and bins must be positive, got {examples} and {bins}")
-  expected = examples * (bins / (bins + 1)) ** examples
-  return {"attack": "imprint", "bins": bins, "examples": examples, "expected_exact": expected,
+  if first_step is not None and not 1 <= first_step <= examples:
+    raise ValueError(f"a first local step of {first_step} examples does not fit {examples}")
+  exposed = examples if first_step is None else first_step
+  expected = exposed * (bins / (bins + 1)) ** exposed
+  whose = (f"the client's {examples} examples" if first_step is None else
+           f"the {first_step} examples of the client's first local step (of {examples})")
+  return {"attack": "imprint", "bins": bins, "examples": examples, "exposed": exposed,
+          "expected_exact": expected,
           "reason": f"a server that sends an imprint block of {bins} bins (Robbing the Fed) in "
-                    f"front of this model recovers about {expected:.1f} of the client's {examples} "
-                    "examples exactly, summed over clients too; gradjax.flower.leakage_mod refuses "
-                    "such a model"}
+                    f"front of this model recovers about {expected:.1f} of {whose} exactly, summed "
+                    "over clients too; gradjax.flower.leakage_mod refuses such a model"}
 
 
 TRAP_RATE = 0.15

@@ -477,7 +477,10 @@ def _run_image(cfg: Config, callback, batch, state):
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.lpips, batch, input_shape)
   results.update(_verdict(results, residual, findings, problems, cfg))
-  results["malicious_server"] = malicious.server_row(observation.num_samples)
+  local, n = observation.local, observation.num_samples
+  several = local is not None and local.batch_size is not None and local.batch_size < n
+  results["malicious_server"] = malicious.server_row(
+      n, first_step=local.batch_size if several else None)
   return results, images
 
 

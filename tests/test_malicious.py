@@ -80,6 +80,31 @@ def test_the_read_out_works_on_updates_summed_over_clients():
     assert np.abs(rec.x - x).reshape(4, -1).max(1).min() < 1e-4
 
 
+def test_a_shrunk_block_reads_a_fedavg_update_that_float32_blurs_at_full_size():
+  """gain 1e-2 leaves the model's input as it was (logits to float32 rounding) and makes the rows
+  move by 10⁴ more of themselves: a FedAvg client's W_0 − W_1 after one full-batch step gives all
+  eight examples back (to 2e-4) where the full-size block loses some to float32 (error above 0.1);
+  after two mini-batch steps of four, the first step's four come back."""
+  model = _model()
+  thresholds = np.linspace(0.1, 0.9, 17)
+  x, y = _batch(np.linspace(0.12, 0.95, 8)), np.arange(8)
+  full, shrunk = (malicious.imprint(model, thresholds, gain=g) for g in (1.0, 1e-2))
+  np.testing.assert_allclose(np.asarray(shrunk.apply_fn(shrunk.variables, x)),
+                             np.asarray(full.apply_fn(full.variables, x)), rtol=1e-4, atol=1e-5)
+
+  def worst(evil, local, examples):
+    update = clients.fedavg(evil.apply_fn, evil.variables, x, y, local).gradient
+    rec = malicious.imprint_recover(update, SHAPE)
+    return max(np.abs(rec.x - x[n]).reshape(len(rec.x), -1).max(1).min() for n in examples)
+
+  one_step = clients.LocalTraining(1, None, 0.01)
+  assert worst(shrunk, one_step, range(8)) < 2e-4
+  assert worst(full, one_step, range(8)) > 0.1
+  assert worst(shrunk, clients.LocalTraining(1, 4, 0.01), range(4)) < 2e-4
+  with pytest.raises(ValueError, match="gain must be positive"):
+    malicious.imprint(model, thresholds, gain=0.0)
+
+
 def test_thresholds_and_bad_input():
   stats = np.random.default_rng(0).normal(size=1000)
   np.testing.assert_allclose(malicious.imprint_thresholds(stats, 3),
@@ -173,6 +198,15 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
   results, _ = pipeline.run(config.Config(attack="dlg", iterations=2, batch_size=2, lpips="none"))
   assert results["malicious_server"]["examples"] == 2
   assert results["malicious_server"]["expected_exact"] == pytest.approx(2 * (1024 / 1025) ** 2)
+  # A FedAvg client of several mini-batch steps exposes its first step's examples (the study's
+  # measurement); full-batch steps expose all of them.
+  row = malicious.server_row(64, 512, first_step=16)
+  assert row["exposed"] == 16 and row["expected_exact"] == pytest.approx(16 * (512 / 513) ** 16)
+  with pytest.raises(ValueError, match="does not fit"):
+    malicious.server_row(8, 512, first_step=16)
+  results, _ = pipeline.run(config.Config(attack="inverting_gradients_fedavg", iterations=2, batch_size=4,
+                                          client="fedavg", local_batch_size=2, lpips="none"))
+  assert results["malicious_server"]["exposed"] == 2
 
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)

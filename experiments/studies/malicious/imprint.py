@@ -11,7 +11,8 @@ the server); FedAvg: one client's W_0 − W_E after local SGD at 0.01. An exampl
 exactly when some read-out is within PSNR 60 dB of it (NumPy, data range 1); the expected share is
 (k/(k+1))^N for N examples in k + 1 equally likely cells (the lowest, below c_0, gives nothing).
 The ``layer_*`` rows hide the imprint in the first layer of an MLP of 1024 units
-(``malicious.imprint_layer``: its shapes are the declared model's). Writes runs/imprint/table.md and
+(``malicious.imprint_layer``: its shapes are the declared model's); the ``*_gain*`` rows attack FedAvg
+clients with the block shrunk (``malicious.imprint(gain=...)``). Writes runs/imprint/table.md and
 table.json; then the client-side check (``malicious.inspect``) on every malicious model built here
 and on honest ones (fresh zoo draws, five seeds each, and the trained checkpoints committed in other
 studies), with its time per model: runs/imprint/detection.md and detection.json.
@@ -31,11 +32,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "imprint")
 FIRST = 500
 
-# (row, batch per client, bins, clients, local training (epochs, mini-batch) or None for FedSGD)
-ROWS = ([(f"b{b}_k{k}", b, k, 1, None) for b in (8, 16, 32, 64, 128, 256) for k in (128, 256, 512, 1024)]
-        + [(f"c4_b{b}_k{k}", b, k, 4, None) for b in (16, 64) for k in (512, 1024)]
-        + [(f"fedavg_e{e}_mb{m}_b64_k512", 64, 512, 1, (e, m)) for e, m in ((1, 16), (1, 64), (2, 64))]
-        + [(f"layer_b{b}_k512", b, 512, 1, None) for b in (64, 128)])
+# (row, batch per client, bins, clients, local training (epochs, mini-batch) or None for FedSGD,
+# the block's gain: malicious.imprint's, 1 the full-size block)
+ROWS = ([(f"b{b}_k{k}", b, k, 1, None, 1.0) for b in (8, 16, 32, 64, 128, 256)
+         for k in (128, 256, 512, 1024)]
+        + [(f"c4_b{b}_k{k}", b, k, 4, None, 1.0) for b in (16, 64) for k in (512, 1024)]
+        + [(f"fedavg_e{e}_mb{m}_b64_k512", 64, 512, 1, (e, m), 1.0) for e, m in ((1, 16), (1, 64), (2, 64))]
+        + [(f"layer_b{b}_k512", b, 512, 1, None, 1.0) for b in (64, 128)]
+        # A FedAvg client against a block shrunk so that its float32 update keeps the digits.
+        + [(f"fedavg_e{e}_mb{m}_b64_k512_gain{g:g}", 64, 512, 1, (e, m), g)
+           for e, m in ((1, 64), (2, 64), (1, 32), (1, 16), (2, 16), (1, 8)) for g in (1e-1, 1e-2, 1e-3)])
 ZOO = ("lenet_zhu", "lenet5", "convnet-16", "mlp-1024", "resnet20", "resnet20-4")
 TRAINED = ("experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz",
            "experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz",
@@ -54,14 +60,14 @@ def psnr_to_nearest(truth, readouts):
     return -10 * np.log10(np.maximum(mse.min(axis=1), 0))
 
 
-def run(row, batch, bins, n_clients, local, thresholds, data_dir, key):
+def run(row, batch, bins, n_clients, local, gain, thresholds, data_dir, key):
   images = data.load("cifar10", data_dir=data_dir, indices=range(FIRST, FIRST + batch * n_clients))
   if row.startswith("layer_"):  # the imprint inside an MLP's first layer
     model = models.create("mlp-1024", key, input_shape=images.x.shape[1:])
     evil, read = malicious.imprint_layer(model, thresholds), dict(layer="Dense_0", units=bins)
   else:
     model = models.create("lenet_zhu", key, input_shape=images.x.shape[1:])
-    evil, read = malicious.imprint(model, thresholds), {}
+    evil, read = malicious.imprint(model, thresholds, gain=gain), {}
   start = time.perf_counter()
   total = None
   for c in range(n_clients):
@@ -82,7 +88,9 @@ def run(row, batch, bins, n_clients, local, thresholds, data_dir, key):
   client = "FedSGD" if local is None else f"FedAvg {local[0]} epoch(s), mini-batches of {local[1]}"
   if row.startswith("layer_"):
     client += " (imprint in mlp-1024's first layer)"
-  return {"row": row, "batch": batch, "bins": bins, "clients": n_clients, "client": client,
+  if gain != 1.0:
+    client += f", block's gain {gain:g}"
+  return {"row": row, "batch": batch, "bins": bins, "clients": n_clients, "client": client, "gain": gain,
           "examples": n, "exact": exact, "share": exact / n, "expected_share": (bins / (bins + 1)) ** n,
           "above_30db": int(np.sum(psnr >= 30)), "readouts": int(len(rec.x)),
           "median_psnr": float(np.median(np.minimum(psnr, 200))), "attack_s": attack_s,
@@ -144,8 +152,9 @@ def main():
   public = data.load("cifar10_train", data_dir=args.data_dir, indices=range(2000))
   statistic = public.x.reshape(len(public.x), -1).astype(np.float64).mean(axis=1)
   records = []
-  for i, (row, batch, bins, n_clients, local) in enumerate(ROWS):
-    record = run(row, batch, bins, n_clients, local, malicious.imprint_thresholds(statistic, bins),
+  for i, (row, batch, bins, n_clients, local, gain) in enumerate(ROWS):
+    # A row's model is drawn from its position: rows appended later leave the earlier ones as they were.
+    record = run(row, batch, bins, n_clients, local, gain, malicious.imprint_thresholds(statistic, bins),
                  args.data_dir, jax.random.key(i))
     print(row, record["exact"], "/", record["examples"], flush=True)
     records.append(record)
