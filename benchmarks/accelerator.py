@@ -22,6 +22,12 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   committed trained ResNet-20 (``gradjax batch-table --variants=bn,hfginv``). Its attacks are kept as they
   end; a call that reaches the 9-minute mark stops there and the next call of the part goes on.
   Needs the CIFAR-10 test images (``--data_dir``).
+* ``convnet``: issue 54's batch of 8 on Geiping et al.'s ConvNet at its width 64, where the CPU
+  affords width 16: the batches study's attack (``experiments/studies/batches/lenet.py``: Inverting
+  Gradients, labels known, 2000 iterations, the head's input per example at weight 100, TV 5, the
+  ConvNet-16 rows' best) on the unseen CIFAR-10 test images 500-515, two batches, beside the same
+  attack on ConvNet-16 (``gradjax sweep``, kept and resumed across calls as ``batch``). Needs the
+  CIFAR-10 test images.
 
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
 runs in a CPU test and cannot rot; its numbers mean nothing.
@@ -36,11 +42,12 @@ import time
 from benchmarks import step as bs
 from gradjax import config, driver, pipeline, report
 
-PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch")
+PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
                           "epoch_5.npz")
-BATCH_SECONDS = 540.0  # a call of the batch part stops here; the next one resumes
+BATCH_SECONDS = 540.0  # a call of the batch or convnet part stops here; the next one resumes
+BATCHES_CONFIG = os.path.join("experiments", "studies", "batches", "lenet.py")
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
 
 
@@ -55,6 +62,7 @@ def sizes(quick: bool, dataset: str) -> dict:
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
                 batch=["--count=1", "--batch_size=2", "--classes_per_batch=1", "--pool=40",
                        "--aux=4", "--iterations=3"],
+                convnet=dict(widths=(4,), flags=["--count=1", "--batch_size=2", "--iterations=3"]),
                 timing=dict(repeats=2, warmup=0, max_seconds=5.0))
   return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
               restart_counts=[1, 4, 16, 64, 256], strategies=("vmap", "map", "sequential"),
@@ -63,6 +71,7 @@ def sizes(quick: bool, dataset: str) -> dict:
               fedavg_model="convnet", fedavg_iterations=None, precisions=PRECISIONS,
               precision_attacks=("dlg", "inverting_gradients"),
               batch=["--count=10", "--batch_size=8", "--iterations=15000"],
+              convnet=dict(widths=(64, 16), flags=["--count=2", "--batch_size=8"]),
               timing=dict(repeats=20, warmup=3, max_seconds=20.0))
 
 
@@ -176,6 +185,38 @@ def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict]
   return rows
 
 
+def part_convnet(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict] | None:
+  """ConvNet-W at batch 8 per width of ``s["convnet"]``; None when this call ran out of time (the
+  batches done are kept in ``out``/convnet_W/items and the next call resumes)."""
+  deadline = time.perf_counter() + BATCH_SECONDS
+  rows = []
+  for width in s["convnet"]["widths"]:
+    folder = os.path.join(out, f"convnet_{width}")
+    cmd = [sys.executable, "-m", "gradjax", "sweep", f"--config={BATCHES_CONFIG}",
+           f"--model=convnet-{width}", "--head_features=100", "--priors=tv:5", "--start=500",
+           f"--seed={seed}", "--resume", f"--output_dir={folder}", *s["convnet"]["flags"]]
+    cmd += [f"--data_dir={data_dir}"] if data_dir else []
+    left = deadline - time.perf_counter()
+    try:
+      proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 1.0))
+    except subprocess.TimeoutExpired:
+      print(f"convnet: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
+      return None
+    if proc.returncode != 0:
+      raise RuntimeError(f"gradjax sweep exited with status {proc.returncode}; its last line: "
+                         f"{bs.last_line(proc.stderr)}")
+    with open(os.path.join(folder, "results.json"), encoding="utf-8") as fh:
+      result = json.load(fh)
+    psnr = [p for r in result["rows"] for p in r["psnr_per_image"]]
+    recognisable = sum(r["findings"]["images"]["recognisable"] for r in result["rows"])
+    rows.append(dict(model=f"convnet-{width}", batches=len(result["rows"]), images=len(psnr),
+                     psnr_mean=sum(psnr) / len(psnr), recognisable=recognisable,
+                     leaks=sum(r["verdict"]["status"] == "leak" for r in result["rows"]),
+                     seconds_per_batch=sum(r["wall_time_s"] for r in result["rows"]) / len(result["rows"])))
+    print(f"convnet {rows[-1]}", flush=True)
+  return rows
+
+
 def table(rows: list[dict]) -> str:
   """A Markdown table of ``rows`` (the union of their keys, in first-seen order)."""
   keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -197,7 +238,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
                   ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),
-                  batch=lambda: part_batch(s, seed, data_dir, out))
+                  batch=lambda: part_batch(s, seed, data_dir, out),
+                  convnet=lambda: part_convnet(s, seed, data_dir, out))
   for part in parts:
     path = os.path.join(out, f"gpu_{part}.json")
     if os.path.exists(path) and not overwrite:

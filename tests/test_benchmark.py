@@ -57,12 +57,13 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
 @pytest.mark.slow
 def test_accelerator_suite_quick(tmp_path):
   """``--suite=gpu --quick`` runs on CPU the parts that have not yet run on an accelerator in full
-  (``fedavg``, ``batch``; the others ran on an H100 and an H200, and are rerun ``--quick`` before a
-  device is used) and writes consistent tables; a second call keeps the parts already written."""
+  (``fedavg``, ``batch``, ``convnet``; the others ran on an H100 and an H200, and are rerun
+  ``--quick`` before a device is used) and writes consistent tables; a second call keeps the parts
+  already written."""
   from gradjax import data
   names = ["fedavg"]
-  if data.default_data_dir() is not None:  # the batch part attacks CIFAR-10 test images
-    names.append("batch")
+  if data.default_data_dir() is not None:  # the batch and convnet parts attack CIFAR-10 test images
+    names += ["batch", "convnet"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick",
          "--torch=off", f"--output_dir={tmp_path}"]
@@ -77,6 +78,11 @@ def test_accelerator_suite_quick(tmp_path):
     assert [r["variant"] for r in parts["batch"]["rows"]] == ["+ BN prior (gradinversion)", "+ schedule (hfginv)"]
     for row, item in zip(parts["batch"]["rows"], items):
       assert row["psnr_mean"] == pytest.approx(item["psnr"]) and row["iterations"] == 3
+  if "convnet" in parts:  # the row is the sweep's own results.json, read back
+    sweep = json.loads((tmp_path / "convnet_4" / "results.json").read_text())
+    row, = parts["convnet"]["rows"]
+    assert row["model"] == "convnet-4" and row["images"] == 2
+    assert row["psnr_mean"] == pytest.approx(np.mean(sweep["rows"][0]["psnr_per_image"]))
   text = (tmp_path / "gpu.md").read_text()
   assert all(f"## {p}" in text for p in parts)
   again = subprocess.run(cmd + ["--parts=fedavg"], capture_output=True, text=True, env=env, timeout=300,
