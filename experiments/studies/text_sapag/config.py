@@ -36,6 +36,13 @@ VARIANTS = {
         'attack.preset': 'sapag',
         'output.lpips': 'none',
     }),
+    # runs/text_table_unseen_embeddings: the three embedding-search rows on the same sentences 20-39
+    'text_table_unseen_embeddings': (
+        "text-table '--methods=DLG;SAPAG;cosine' --searches=embeddings --start=20 --count=20", None, {
+        'attack.iterations': 500,
+        'attack.preset': 'sapag',
+        'output.lpips': 'none',
+    }),
     # runs/train_transformer_pydoc_fedsgd (not kept: its epoch_1.npz, 5.9 MB, takes 16 s on one core)
     'train_transformer_pydoc': (
         'train --output_dir=experiments/studies/text_sapag/runs/train_transformer_pydoc_fedsgd',
