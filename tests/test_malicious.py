@@ -204,8 +204,9 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
   assert row["exposed"] == 16 and row["expected_exact"] == pytest.approx(16 * (512 / 513) ** 16)
   with pytest.raises(ValueError, match="does not fit"):
     malicious.server_row(8, 512, first_step=16)
-  results, _ = pipeline.run(config.Config(attack="inverting_gradients_fedavg", iterations=2, batch_size=4,
-                                          client="fedavg", local_batch_size=2, lpips="none"))
+  results, _ = pipeline.run(config.Config(attack="inverting_gradients_fedavg", iterations=2,
+                                          batch_size=4, client="fedavg", local_batch_size=2,
+                                          lpips="none"))
   assert results["malicious_server"]["exposed"] == 2
 
 
