@@ -356,7 +356,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   if capture.error:
     return [{**base, "attack": None, "error": capture.error}]
   names = settings.attacks
-  if tuple(names) == (auto.AUTO,):
+  chosen = tuple(names) == (auto.AUTO,)  # auto also sets what depends on the model family
+  if chosen:
     names = auto.for_metadata(capture.info.get("metadata", {}), settings.model)
   try:
     truth = _truth(capture, settings) if truth is None else truth
@@ -383,7 +384,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
           iterations=None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
           restarts=1 if closed else settings.restarts, seed=settings.seed, lpips=settings.lpips,
           image_size=settings.image_size, labels=labels, force=settings.force,
-          adaptive=not closed and settings.adaptive and bool(meta.get("defense")))
+          adaptive=not closed and settings.adaptive and bool(meta.get("defense")),
+          **(auto.settings(name, settings.model or meta.get("model")) if chosen else {}))
       results, images = pipeline.run(cfg, batch=truth)
       out = os.path.join(capture.folder, name)
       report.write_run(out, results, images,

@@ -297,7 +297,7 @@ def _run_auto(cfg: Config, callback, batch):
   step_s = {}  # attack -> seconds per restart step once compiled (from the progress reports)
   took = {}  # attack -> seconds its (last) run took
 
-  def attempt(name, step):
+  def attempt(name, step, chosen_settings=None):
     nonlocal best, matched
 
     def watch(p):
@@ -310,7 +310,8 @@ def _run_auto(cfg: Config, callback, batch):
     results, images = run(step, callback=watch, batch=batch)
     took[name] = time.perf_counter() - began  # with loading the model and scoring
     residual = (results.get("residual") or {}).get("relative_error", math.inf)
-    tried.append({"attack": name, "restarts": step.restarts, "residual": residual,
+    tried.append({"attack": name, "settings": chosen_settings or {}, "restarts": step.restarts,
+                  "residual": residual,
                   "verdict": results["verdict"]["status"], "psnr": results.get("psnr"),
                   "wall_time_s": results["wall_time_s"]})
     if best is None or residual < best[0]:
@@ -318,14 +319,16 @@ def _run_auto(cfg: Config, callback, batch):
     matched = bool(results.get("residual")) and verdict.matched(
         fidelity.Comparison(**results["residual"]))
 
+  model = attacked_model(cfg)
   for name in names:
     if tried and cfg.budget is not None and elapsed() >= cfg.budget:
       break
-    step = dataclasses.replace(cfg, attack=name, budget=None)
+    chosen_settings = {k: v for k, v in auto.settings(name, model).items() if getattr(cfg, k) is None}
+    step = dataclasses.replace(cfg, attack=name, budget=None, **chosen_settings)
     if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
       step = dataclasses.replace(step, restarts=1, permutations=1, adaptive=False, **{
           f.name: None for f in dataclasses.fields(cfg) if f.metadata["attack"]})
-    attempt(name, step)
+    attempt(name, step, chosen_settings)
     if matched:
       break
   _, chosen, _, _, chosen_step = best

@@ -1,6 +1,7 @@
 """gradjax.audit without a federation: which attacks ``auto`` picks from a capture's metadata, and an
 audit of a capture written as AuditStrategy writes one (a gradjax client's update in PyTorch layout)."""
 
+import dataclasses
 import json
 
 import jax
@@ -24,9 +25,25 @@ from gradjax import audit, auto, clients, config, interop, models, pipeline
     ({"num_samples": 1, "kind": "gradient", "act": "relu"}, "lenet_zhu", ("rgap", "inverting_gradients_batch")),
     ({"num_samples": 1, "kind": "gradient", "act": "relu"}, "lenet5", ("rgap", "inverting_gradients_batch")),
     ({"num_samples": 2, "kind": "gradient", "act": "relu"}, "lenet_zhu", ("inverting_gradients_batch",)),
+    ({"num_samples": 1, "kind": "gradient"}, "convnet-16", ("inverting_gradients_batch",)),
+    ({"num_samples": 8, "local_lr": "0.1"}, "convnet", ("inverting_gradients_batch",)),
 ])
 def test_auto_picks_by_the_update_and_the_model(metadata, model, attacks):
   assert auto.for_metadata(metadata, model) == attacks
+
+
+def test_auto_sets_the_convnets_total_variation_unless_the_user_did():
+  """On Geiping et al.'s ConvNet auto runs Inverting Gradients with TV 5 (experiments/studies/batches),
+  records it with the attack it tried, and keeps a TV weight the user gave."""
+  assert auto.settings("inverting_gradients_batch", "convnet-16") == {"priors": "tv:5"}
+  assert auto.settings("inverting_gradients_batch", "lenet_zhu") == {}
+  assert auto.settings("idlg", "convnet") == {}
+  cfg = config.Config(attack="auto", model="convnet-4", iterations=2, batch_size=2, lpips="none")
+  results, _ = pipeline.run(cfg)
+  assert results["config"]["priors"] == "tv:5"
+  assert results["auto"]["tried"][0]["settings"] == {"priors": "tv:5"}
+  results, _ = pipeline.run(dataclasses.replace(cfg, priors="tv:0.1"))
+  assert results["config"]["priors"] == "tv:0.1" and results["auto"]["tried"][0]["settings"] == {}
 
 
 def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
