@@ -32,6 +32,7 @@ def test_auto_picks_by_the_update_and_the_model(metadata, model, attacks):
   assert auto.for_metadata(metadata, model) == attacks
 
 
+@pytest.mark.slow
 def test_auto_sets_the_convnets_total_variation_unless_the_user_did():
   """On Geiping et al.'s ConvNet auto runs Inverting Gradients with TV 5 (experiments/studies/batches),
   records it with the attack it tried, and keeps a TV weight the user gave."""

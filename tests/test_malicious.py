@@ -80,6 +80,7 @@ def test_the_read_out_works_on_updates_summed_over_clients():
     assert np.abs(rec.x - x).reshape(4, -1).max(1).min() < 1e-4
 
 
+@pytest.mark.slow
 def test_a_shrunk_block_reads_a_fedavg_update_that_float32_blurs_at_full_size():
   """gain 1e-2 leaves the model's input as it was (logits to float32 rounding) and makes the rows
   move by 10⁴ more of themselves: a FedAvg client's W_0 − W_1 after one full-batch step gives all
@@ -184,6 +185,7 @@ def test_inspect_finds_nothing_in_the_committed_trained_checkpoints():
     assert malicious.inspect(model.variables) == [], path
 
 
+@pytest.mark.slow
 def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
   """server_row's N (k/(k+1))^N against a NumPy simulation of N examples in k + 1 equally likely
   cells (the lowest lost), 20 000 draws; and the row a run reports for its batch."""
