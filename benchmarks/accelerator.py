@@ -159,25 +159,34 @@ def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
   return [row]
 
 
+def _resumed(part: str, args: list[str], folder: str, seed: int, data_dir: str | None,
+             seconds: float) -> dict | None:
+  """``gradjax ARGS`` resuming into ``folder``, stopped after ``seconds``: its results.json, or None
+  when it ran out of time (what it finished stays in ``folder``/items for the next call)."""
+  cmd = [sys.executable, "-m", "gradjax", *args, f"--seed={seed}", "--resume", f"--output_dir={folder}"]
+  cmd += [f"--data_dir={data_dir}"] if data_dir else []
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(seconds, 1.0))
+  except subprocess.TimeoutExpired:
+    print(f"{part}: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
+    return None
+  if proc.returncode != 0:
+    raise RuntimeError(f"gradjax {args[0]} exited with status {proc.returncode} (negative: killed by "
+                       f"that signal); its last line: {bs.last_line(proc.stderr)}")
+  with open(os.path.join(folder, "results.json"), encoding="utf-8") as fh:
+    return json.load(fh)
+
+
 def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict] | None:
   """The ablation's two last rows at full budget; None when this call ran out of time (the
   attacks done so far are kept in ``out``/batch/items and the next call resumes)."""
   folder = os.path.join(out, "batch")
   if not os.path.exists(CHECKPOINT):
     raise FileNotFoundError(f"the batch part attacks {CHECKPOINT}: run it from the clone's root")
-  cmd = [sys.executable, "-m", "gradjax", "batch-table",
-         f"--checkpoint={CHECKPOINT}", "--variants=bn,hfginv", f"--seed={seed}", "--resume",
-         f"--output_dir={folder}", *s["batch"]] + ([f"--data_dir={data_dir}"] if data_dir else [])
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BATCH_SECONDS)
-  except subprocess.TimeoutExpired:
-    print(f"batch: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
+  result = _resumed("batch", ["batch-table", f"--checkpoint={CHECKPOINT}", "--variants=bn,hfginv",
+                                *s["batch"]], folder, seed, data_dir, BATCH_SECONDS)
+  if result is None:
     return None
-  if proc.returncode != 0:
-    raise RuntimeError(f"gradjax batch-table exited with status {proc.returncode} (negative: killed by that "
-                       f"signal); its last line: {bs.last_line(proc.stderr)}")
-  with open(os.path.join(folder, "results.json"), encoding="utf-8") as fh:
-    result = json.load(fh)
   rows = [dict(variant=r["variant"], iterations=result["iterations"], batches=result["count"],
                psnr_mean=r["psnr_mean"], psnr_std=r["psnr_std"], ssim_mean=r["ssim_mean"],
                lpips_mean=r.get("lpips_mean"), time_s=r["time_s"]) for r in result["ablation"]]
@@ -191,22 +200,13 @@ def part_convnet(s: dict, seed: int, data_dir: str | None, out: str) -> list[dic
   deadline = time.perf_counter() + BATCH_SECONDS
   rows = []
   for width in s["convnet"]["widths"]:
-    folder = os.path.join(out, f"convnet_{width}")
-    cmd = [sys.executable, "-m", "gradjax", "sweep", f"--config={BATCHES_CONFIG}",
-           f"--model=convnet-{width}", "--head_features=100", "--priors=tv:5", "--start=500",
-           f"--seed={seed}", "--resume", f"--output_dir={folder}", *s["convnet"]["flags"]]
-    cmd += [f"--data_dir={data_dir}"] if data_dir else []
-    left = deadline - time.perf_counter()
-    try:
-      proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 1.0))
-    except subprocess.TimeoutExpired:
-      print(f"convnet: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
+    result = _resumed("convnet", ["sweep", f"--config={BATCHES_CONFIG}", f"--model=convnet-{width}",
+                                  "--head_features=100", "--priors=tv:5", "--start=500",
+                                  *s["convnet"]["flags"]],
+                      os.path.join(out, f"convnet_{width}"), seed, data_dir,
+                      deadline - time.perf_counter())
+    if result is None:
       return None
-    if proc.returncode != 0:
-      raise RuntimeError(f"gradjax sweep exited with status {proc.returncode}; its last line: "
-                         f"{bs.last_line(proc.stderr)}")
-    with open(os.path.join(folder, "results.json"), encoding="utf-8") as fh:
-      result = json.load(fh)
     psnr = [p for r in result["rows"] for p in r["psnr_per_image"]]
     recognisable = sum(r["findings"]["images"]["recognisable"] for r in result["rows"])
     rows.append(dict(model=f"convnet-{width}", batches=len(result["rows"]), images=len(psnr),
