@@ -40,7 +40,8 @@ import sys
 import time
 
 from benchmarks import step as bs
-from gradjax import config, driver, pipeline, report
+from gradjax import driver, files
+from gradjax.run import config, pipeline, report
 
 PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
@@ -254,7 +255,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
     text = (f"## {part}\n\n`{header['command']}` on {header['environment']['device_kind']}, "
             f"{result['seconds']:.0f} s{' (quick sizes: not measurements)' if quick else ''}\n\n"
             f"{table(rows)}\n")
-    report.atomic_write(path[:-5] + ".md", lambda fh: fh.write(text), binary=False)
+    files.atomic_write(path[:-5] + ".md", lambda fh: fh.write(text), binary=False)
   assembled = ["# gradjax accelerator suite", ""]
   for part in PARTS:
     md = os.path.join(out, f"gpu_{part}.md")
@@ -262,5 +263,5 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
       with open(md, encoding="utf-8") as fh:
         assembled.append(fh.read())
   text = "\n".join(assembled)
-  report.atomic_write(os.path.join(out, "gpu.md"), lambda fh: fh.write(text), binary=False)
+  files.atomic_write(os.path.join(out, "gpu.md"), lambda fh: fh.write(text), binary=False)
   return text

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 from absl import app, flags
 
 from gradjax.cli import common
-from gradjax import attacks, clients, distances, models, presets, priors, report
+from gradjax import attacks, clients, distances, files, models, presets, priors
+from gradjax.run import report
 
 common.define_models_flag()
 common.define_batch_sizes_flag()
@@ -97,7 +98,7 @@ def main(argv):
       lines.append(f"| {name} | {batch} | {plain['compiled_mb']:.0f} | {remat['compiled_mb']:.0f} | "
                    f"{remat['compiled_mb'] / plain['compiled_mb']:.2f} |")
   md = "\n".join(lines) + "\n"
-  report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
+  files.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
   print(md)
 
 

@@ -79,7 +79,8 @@ from absl import app, flags
 
 from benchmarks import accelerator, op_profile
 from benchmarks import step as bs
-from gradjax import attacks, clients, driver, dummy, metrics, models, presets, report
+from gradjax import attacks, clients, driver, dummy, metrics, models, presets
+from gradjax.run import report
 from gradjax.cli import common
 
 GPU_FOLDER = "runs/benchmark_gpu"  # --suite=gpu without --output_dir

@@ -153,7 +153,7 @@ def config_of(folder: str) -> str:
   options its rows recorded that differ from today's defaults (options added since take their
   defaults, which keep what a run did) and a sweep over the rows' images; a study's ``config.py``
   takes them as one variant's options. ValueError when the rows differ in more than their image."""
-  from gradjax import config
+  from gradjax.run import config
   rows = run_rows(folder)
   fields = config.names()
   defaults = config.options(config.Config(), fields)

@@ -8,7 +8,7 @@ weight and start), an optimizer (any optax ``GradientTransformation``, or a
 the observation, :mod:`gradjax.labels`) and a dummy initialisation (:mod:`gradjax.dummy`). The attack
 is frozen and hashable, so its compiled programs are cached per attack and reused across images.
 :mod:`gradjax.presets` builds the papers' attacks; names are resolved only at the configuration
-boundary (``gradjax.pipeline``).
+boundary (``gradjax.run.pipeline``).
 
 :func:`reconstruct` runs an attack against an Observation in three parts, each public: :func:`prepare`
 (labels, label-order candidates, layer weights and order, every restart's start), the restart driver

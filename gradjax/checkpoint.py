@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import models, report
+from gradjax import files, models
 
 METADATA_KEY = "__metadata__"
 _SEP = "/"
@@ -108,7 +108,7 @@ def save(path, variables, metadata: dict) -> None:
     arrays[key] = _host_array(key, leaf)
     _check_finite(key, arrays[key], "save")
   arrays[METADATA_KEY] = np.frombuffer(header.encode("utf-8"), np.uint8)
-  report.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
+  files.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
 
 
 def _reject_constant(name):

@@ -51,7 +51,7 @@ STRATEGIES = ("auto", "tune", "sequential", "vmap", "map")
 
 class Snapshot(NamedTuple):
   """Where a :func:`run` stands after a chunk: enough to continue it to the same result
-  (``Execution.saver`` saves one, :mod:`gradjax.resume` writes it to a file).
+  (``Execution.saver`` saves one, :mod:`gradjax.run.resume` writes it to a file).
 
   state: every restart's :class:`SolverState` stacked on a leading (R,) axis, host arrays.
   round: the successive-halving round being run (0 without halving).
@@ -72,7 +72,7 @@ class Snapshot(NamedTuple):
 
 
 class Saver(Protocol):
-  """What :func:`run` calls to save and restore its :class:`Snapshot` (:class:`gradjax.resume.Saver`
+  """What :func:`run` calls to save and restore its :class:`Snapshot` (:class:`gradjax.run.resume.Saver`
   is the file-backed one)."""
 
   def restore(self, like: Callable[[], SolverState]) -> Snapshot | None:
@@ -115,7 +115,7 @@ class Execution:
     monitor: called on the host with the (stacked, or one restart's) state after every chunk; a True
       return stops the run there (e.g. once a reconstruction reaches a target PSNR).
     saver: a :class:`Saver`: asked for a snapshot to resume from before the run, and
-      offered one after every chunk (``gradjax.resume.Saver`` saves it to a file every so often).
+      offered one after every chunk (``gradjax.run.resume.Saver`` saves it to a file every so often).
     matmul_precision: one of ``PRECISIONS``: the precision of matrix products and convolutions
       the run's programs are traced at (:func:`precision_scope`); ``"default"``: JAX's own.
   """

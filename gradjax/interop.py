@@ -72,7 +72,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, models, priors, report
+from gradjax import clients, files, models, priors
 from gradjax.observation import Observation, check_observation
 
 KINDS = ("gradient", "weights", "update")
@@ -412,11 +412,11 @@ def write(path, tensors: dict[str, np.ndarray], metadata: dict[str, Any] | None 
   meta = _metadata_strings(dict(metadata or {}), "write")
   if file_format(path) == "npz":
     arrays[METADATA_KEY] = np.asarray(json.dumps(meta, sort_keys=True))
-    report.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
+    files.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
   else:
     from safetensors.numpy import save
     blob = save(arrays, metadata=meta)
-    report.atomic_write(path, lambda f: f.write(blob), binary=True)
+    files.atomic_write(path, lambda f: f.write(blob), binary=True)
 
 
 # --- tensors <-> variables -----------------------------------------------------------------------

@@ -245,7 +245,7 @@ def server_row(examples: int, bins: int = AUDIT_BINS, *, first_step: int | None 
           "expected_exact": expected,
           "reason": f"a server that sends an imprint block of {bins} bins (Robbing the Fed) in "
                     f"front of this model recovers about {expected:.1f} of {whose} exactly, summed "
-                    "over clients too; gradjax.flower.leakage_mod refuses such a model"}
+                    "over clients too; gradjax.integrations.flower.leakage_mod refuses such a model"}
 
 
 TRAP_RATE = 0.15

@@ -124,7 +124,7 @@ def still_improving(history: Sequence[dict], iterations: int,
                     thresholds: Thresholds = THRESHOLDS) -> bool:
   """Whether the best objective fell by more than ``thresholds.improving`` (relative) over the last
   tenth of the ``iterations``. ``history``: rows ``{"restart", "iteration", "loss"}`` of the best so
-  far (:class:`gradjax.pipeline.Trace`); restarts run one after another are read apart, and the one
+  far (:class:`gradjax.run.pipeline.Trace`); restarts run one after another are read apart, and the one
   that ends lowest decides."""
   runs: dict = {}
   for r in history:
@@ -285,7 +285,7 @@ def text_findings(results: dict) -> dict:
 
   * ``sentences``: those with their tokens in place at least :func:`halfway` from what the corpus's
     position guess gets of them (``token_accuracy_chance_per_sentence``, from
-    :func:`gradjax.pipeline.chance`) to 1;
+    :func:`gradjax.run.pipeline.chance`) to 1;
   * ``bag``: the batch's words, when the bag-of-words recall is at least halfway from the corpus's
     bag guess (``bag_recall_chance``) to 1.
 

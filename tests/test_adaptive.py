@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import adaptive, config, defenses, distances, presets
+from gradjax import adaptive, defenses, distances, presets
+from gradjax.run import config
 from gradjax.observation import Observation
 
 

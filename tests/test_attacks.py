@@ -191,7 +191,7 @@ def test_box_keeps_reconstruction_in_range():
 @pytest.mark.slow
 def test_batch_of_two_with_known_or_inferred_labels(label_method):
   """A batch-averaged gradient of two photos: both come back (after order matching) with their labels."""
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   results, images = pipeline.run(config.Config(attack="dlg", labels=label_method, image_size=16,
                                                  index=4, batch_size=2, iterations=1000))
   psnr = [skimage.metrics.peak_signal_noise_ratio(g.astype(np.float64), r, data_range=1)

@@ -1,4 +1,4 @@
-"""gradjax.audit without a federation: which attacks ``auto`` picks from a capture's metadata, and an
+"""gradjax.integrations.audit without a federation: which attacks ``auto`` picks from a capture's metadata, and an
 audit of a capture written as AuditStrategy writes one (a gradjax client's update in PyTorch layout)."""
 
 import dataclasses
@@ -8,7 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from gradjax import audit, auto, clients, config, interop, models, pipeline
+from gradjax import auto, clients, interop, models
+from gradjax.integrations import audit
+from gradjax.run import config, pipeline
 
 
 @pytest.mark.parametrize("metadata, model, attacks", [

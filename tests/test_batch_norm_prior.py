@@ -220,7 +220,7 @@ def test_shared_statistics_errors():
     observation_lib.check_observation(obs.replace(moments=wrong))
   with pytest.raises(ValueError, match="every BatchNorm layer"):
     observation_lib.check_observation(obs.replace(moments={"BatchNorm_0": obs.moments["BatchNorm_0"]}))
-  from gradjax import config
+  from gradjax.run import config
   with pytest.raises(ValueError, match="needs --train_mode"):
     config.check(config.Config(share_statistics=True))
   with pytest.raises(ValueError, match="does not use"):  # no option that nothing reads

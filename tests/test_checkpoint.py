@@ -191,7 +191,8 @@ def test_save_errors_leave_the_old_file(tmp_path, mlp):
 def test_pipeline_attacks_the_checkpointed_model(tmp_path):
   """Saving the model the pipeline would create and attacking it from the checkpoint gives the same
   run; a checkpoint for other inputs is refused in one line."""
-  from gradjax import config, models, pipeline
+  from gradjax import models
+  from gradjax.run import config, pipeline
   cfg = config.Config(image_size=16, index=1, iterations=15)
   key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.index)
   model = models.create("lenet_zhu", key_model, input_shape=(16, 16, 3), num_classes=10)

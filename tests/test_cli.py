@@ -19,7 +19,8 @@ import pytest
 import skimage.metrics
 from PIL import Image
 
-from gradjax import checkpoint, config, lpips, models, pipeline
+from gradjax import checkpoint, lpips, models
+from gradjax.run import config, pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,11 +1,12 @@
-"""The nested configuration schema (gradjax.config) and the packaged configuration files."""
+"""The nested configuration schema (gradjax.run.config) and the packaged configuration files."""
 
 import dataclasses
 import importlib.util
 
 import pytest
 
-from gradjax import config, configs
+from gradjax import configs
+from gradjax.run import config
 
 
 def test_every_option_has_one_place_in_the_schema():

@@ -255,7 +255,7 @@ def test_cheap_check_is_flax_attention_after_the_prefix(name):
 
 @pytest.mark.slow
 def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", text_dim=64,
                       text_heads=4, text_ffn=128, batch_size=3, sequence_length=10)
   results = pipeline.run_text(cfg)
@@ -295,7 +295,7 @@ def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
   """A FedAvg client of three full-batch local steps (lr 0.05), then of two epochs over two
   mini-batches: the span attack reads the drifting spans (mini-batch by mini-batch), the sentences
   are exact, and replaying the client's training on them gives its update."""
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", text_dim=256,
                       text_heads=4, text_ffn=512, batch_size=2, client="fedavg", local_epochs=3,
                       local_lr=0.05)
@@ -404,7 +404,7 @@ def test_a_captured_pytorch_update_of_the_encoder_gives_back_its_sentence(tmp_pa
 def test_a_batch_too_long_to_order_still_leaks_its_words():
   """gpt of width 200 at batch 16 of 15 tokens: 240 prefixes fill the second block's span, the
   first block's still gives the batch's words; the verdict is a leak of the bag, not an error."""
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   results = pipeline.run_text(config.Config(modality="text", dataset="pydoc", model="gpt",
                                             attack="dager", batch_size=16))
   sentences = pipeline.load_sentences(config.Config(modality="text", dataset="pydoc", model="gpt",
@@ -459,7 +459,7 @@ def test_the_pipeline_reads_a_masked_language_models_update():
   """bert through the pipeline: batch 1 exact (its masked words from the gradient, the found input
   and targets reproducing the update); batch 2 gives the words, not their sentences (an encoder
   has no causal order to decode); the optimisation attacks are refused."""
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   cfg = config.Config(modality="text", dataset="pydoc", model="bert", attack="dager", text_dim=64,
                       text_heads=4, text_ffn=128, batch_size=1, sequence_length=15)
   results = pipeline.run_text(cfg)
@@ -477,7 +477,7 @@ def test_the_pipeline_reads_a_masked_language_models_update():
 
 @pytest.mark.slow
 def test_an_extension_that_stops_is_inconclusive_with_the_position(monkeypatch):
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   stopped = lambda *a, **k: dager.Recovery(np.zeros((0, 15), np.int32), np.zeros(0), [], (), 3, False)
   monkeypatch.setattr(dager, "recover", stopped)
   results = pipeline.run_text(config.Config(modality="text", dataset="pydoc", model="gpt",

@@ -117,7 +117,7 @@ def test_tfds_unknown_name():
 def test_tfds_dataset_drives_an_attack():
   """--dataset=tfds:mnist end to end (config.Config is what the CLI builds from its flags)."""
   _, mock_data = _mock_tfds()
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   with mock_data(num_examples=3):
     results, images = pipeline.run(config.Config(dataset="tfds:mnist", index=2, iterations=5,
                                                    image_size=16, lpips="none"))

@@ -116,11 +116,12 @@ def test_sweep_splits_its_images_over_two_processes(tmp_path):
 
 
 def _recorded_federation(folder, clients_=(11, 12, 13), lost=14, lr=0.1):
-  """A recorded round 1 (the capture format of :mod:`gradjax.audit`): lenet_zhu's initial weights,
+  """A recorded round 1 (the capture format of :mod:`gradjax.integrations.audit`): lenet_zhu's initial weights,
   and from each of ``clients_`` the weights after one SGD step on scikit-image photo ``client %
   16``; client ``lost`` never replied."""
   import jax
-  from gradjax import audit, clients, data, interop, models
+  from gradjax import clients, data, interop, models
+  from gradjax.integrations import audit
   model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
   mapping = interop.zoo_mapping(model)
   round_dir = folder / "round_001"

@@ -219,7 +219,8 @@ def test_dlm_gamma_start_and_learning_rate_of_its_own():
 
 
 def test_dlm_gamma_settings_are_checked():
-  from gradjax import config, objectives, optimizers, presets
+  from gradjax import objectives, optimizers, presets
+  from gradjax.run import config
   assert config.parse_gamma("init=100, lr=0.01,frozen=500") == objectives.Gamma(100.0, 0.01, 500)
   assert config.parse_gamma("") == objectives.Gamma()
   for bad in ("init=0", "frozen=-1", "lr=0", "gamma=3", "init=", "frozen=1.5"):

@@ -1,4 +1,4 @@
-"""gradjax.flower and gradjax.audit: a Flower strategy recorded by AuditStrategy, against the plain
+"""gradjax.integrations.flower and gradjax.integrations.audit: a Flower strategy recorded by AuditStrategy, against the plain
 strategy on the same replies, and the audit of what it recorded.
 
 The clients here are gradjax's own FedAvg clients behind an in-process grid (no network, no torch):
@@ -19,9 +19,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from gradjax import (attacks, audit, auto, clients, data, defenses, interop, metrics, models,  # noqa: E402
-                     pipeline, presets, verdict)
-from gradjax.flower import DECLARATIONS, AuditStrategy, declarations, declared  # noqa: E402
+from gradjax import attacks, auto, clients, data, defenses, interop, metrics, models, presets, verdict  # noqa: E402
+from gradjax.integrations import audit  # noqa: E402
+from gradjax.run import pipeline  # noqa: E402
+from gradjax.integrations.flower import DECLARATIONS, AuditStrategy, declarations, declared  # noqa: E402
 
 MODEL = "lenet_zhu"
 SHAPE = (32, 32, 3)

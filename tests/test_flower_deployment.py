@@ -20,7 +20,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from gradjax import audit, data, interop, verdict
+from gradjax import data, interop, verdict
+from gradjax.integrations import audit
 
 # PyTorch is imported inside the test, which runs in a process of its own (marker ``isolated``):
 # with torch loaded, a later XLA compilation in the same pytest process segfaulted.
@@ -130,7 +131,7 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
   every reply is recorded, and each is exactly what one PyTorch SGD step (then the pruning) from the
   recorded global model gives; the audit reproduces every update in JAX and recovers the undefended
   client's examples. Then with ``gate = true``, where each client attacks its own update
-  (gradjax.flower.leakage_mod) over two rounds: the undefended client's replies are withheld (the
+  (gradjax.integrations.flower.leakage_mod) over two rounds: the undefended client's replies are withheld (the
   server records a failed client and its reason) unless they carry nothing, the pruned one's go
   out with their score; ``audit --adaptive``: no row fails, the withheld updates are listed as
   withheld, every other row has a verdict and the pruned client's rows are adapted to its declared

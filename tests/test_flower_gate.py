@@ -1,4 +1,4 @@
-"""gradjax.flower.leakage_mod: a ClientApp mod that attacks the client's own update and withholds
+"""gradjax.integrations.flower.leakage_mod: a ClientApp mod that attacks the client's own update and withholds
 it when the attack recovers the client's example; the gray-image baseline against scikit-image."""
 
 import os
@@ -12,7 +12,7 @@ flwr = pytest.importorskip("flwr")
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
 
 from gradjax import clients, data, defenses, interop  # noqa: E402
-from gradjax.flower import GATE_METRICS, gray_baseline_psnr, leakage_mod  # noqa: E402
+from gradjax.integrations.flower import GATE_METRICS, gray_baseline_psnr, leakage_mod  # noqa: E402
 
 from test_flower import LR, MODEL, SHAPE, net, run_identity, to_record  # noqa: E402,F401
 
@@ -127,7 +127,7 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   why; the honest model trains (the mod's attack off: rounds=[]). received_findings on an MLP whose
   first layer hides an imprint: its shared direction."""
   from gradjax import malicious, models
-  from gradjax.flower import MODEL_REFUSED, received_findings
+  from gradjax.integrations.flower import MODEL_REFUSED, received_findings
   model, mapping = net
   trained = []
 

@@ -148,7 +148,7 @@ def test_presets_and_rescaled():
   with pytest.raises(ValueError, match="iterations"):
     attacks.rescaled(hf, 0)
   # The command line's --iterations scales the preset's steps; explicit --priors are taken as given.
-  from gradjax import config
+  from gradjax.run import config
   assert config.get_attack(config.Config(attack="hfginv", iterations=3000)) == small
   assert config.get_attack(config.Config(attack="hfginv", iterations=3000,
                                              priors="tv:0.1:7")).priors == (priors.Prior(tv, 0.1, 7),)
@@ -318,7 +318,8 @@ def test_reconstruct_weights_layers_in_call_order(monkeypatch):
 def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
   """--labels=hfginv: the profile from --aux images after the batch, the labels HFGInv's, then the
   attack with them known; too few images is a one-line error."""
-  from gradjax import config, data, labels, pipeline
+  from gradjax import data, labels
+  from gradjax.run import config, pipeline
   cfg = config.Config(model="resnet8", batch_size=2, index=3, aux=4, labels="hfginv", iterations=2,
                         lpips="none")
   results, _ = pipeline.run(cfg)

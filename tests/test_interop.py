@@ -390,7 +390,7 @@ def test_cli_bad_captured_files_exit_2(lenet_files, tmp_path, make, message):
 
 def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photos):
   """--channels=1 on a capture of a 3-channel model: refused by name, not ignored and recorded."""
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   model = _model("lenet_zhu")
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([1]))
   interop.save_weights(tmp_path / "w.safetensors", model)

@@ -1,9 +1,14 @@
 """The package by layer: below the command line (gradjax.cli) no module imports absl's flags, the
 command line or the benchmark programs, ends the process (os._exit, sys.exit) or reaches into JAX's
-private modules; read from the sources' syntax trees."""
+private modules; each folder imports only the layers below it (the core, then gradjax.run, then
+gradjax.integrations); read from the sources' syntax trees."""
 
 import ast
+import importlib
+import importlib.util
 import os
+
+import gradjax
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "gradjax")
@@ -39,7 +44,7 @@ def _offences(path):
 
 def test_the_library_stays_below_the_command_line():
   modules = list(_library_modules())
-  assert "gradjax/processes.py" in modules and "gradjax/attacks.py" in modules
+  assert "gradjax/run/processes.py" in modules and "gradjax/attacks.py" in modules
   offences = [o for path in modules for o in _offences(path)]
   assert not offences, "\n".join(offences)
 
@@ -53,3 +58,73 @@ def test_the_check_sees_what_it_forbids(tmp_path):
   assert [f.split(" ", 1)[1] for f in found] == [
       "imports absl", "imports absl.flags", "imports jax._src", "imports jax._src.distributed",
       "imports gradjax.cli", "imports gradjax.cli.common", "calls os._exit", "calls sys.exit"]
+
+
+# What each folder of the package may not import: the layers above it.
+ABOVE = {
+    "core": ("gradjax.run", "gradjax.integrations", "gradjax.configs", "gradjax.cli"),
+    "run": ("gradjax.integrations", "gradjax.configs", "gradjax.cli"),
+    "integrations": ("gradjax.configs", "gradjax.cli"),
+    "configs": ("gradjax.integrations", "gradjax.cli"),
+}
+
+
+def _layer(path):
+  parts = path.split(os.sep)
+  return parts[1] if len(parts) > 2 and parts[1] in ABOVE else "core"
+
+
+def _imported(path):
+  """(line, module) for every module ``path`` imports, ``from gradjax import x`` read as gradjax.x."""
+  with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+    tree = ast.parse(fh.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      yield from ((node.lineno, a.name) for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      yield node.lineno, node.module
+      yield from ((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+
+
+def _layer_offences(path, layer=None):
+  above = ABOVE[layer or _layer(path)]
+  found = []
+  for line, name in _imported(path):
+    if any(name == top or name.startswith(top + ".") for top in above):
+      found.append(f"{path}:{line} imports {name}, a layer above it")
+    if name in gradjax.MOVED:
+      found.append(f"{path}:{line} imports {name}, the old name of {gradjax.MOVED[name]}")
+  return found
+
+
+def test_each_folder_imports_only_the_layers_below_it():
+  modules = list(_library_modules())
+  layers = {_layer(path) for path in modules}
+  assert layers == set(ABOVE), layers
+  offences = [o for path in modules for o in _layer_offences(path)]
+  assert not offences, "\n".join(offences)
+
+
+def test_the_layer_check_sees_what_it_forbids(tmp_path):
+  sample = tmp_path / "sample.py"
+  sample.write_text("from gradjax import attacks, config\nfrom gradjax.run import pipeline\n"
+                    "import gradjax.integrations.audit\n")
+  assert [f.split(" ", 1)[1] for f in _layer_offences(str(sample), "core")] == [
+      "imports gradjax.config, the old name of gradjax.run.config",
+      "imports gradjax.run, a layer above it", "imports gradjax.run.pipeline, a layer above it",
+      "imports gradjax.integrations.audit, a layer above it"]
+  assert _layer_offences(str(sample), "integrations") == [
+      f"{sample}:1 imports gradjax.config, the old name of gradjax.run.config"]
+
+
+def test_moved_modules_answer_to_their_old_names():
+  """``from gradjax.flower import leakage_mod`` and the like, written before the package had folders."""
+  for old, new in gradjax.MOVED.items():
+    if new == "gradjax.integrations.flower" and importlib.util.find_spec("flwr") is None:
+      continue  # the extra .[flower] is not installed
+    module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert module.__name__ == module.__spec__.name == new
+  from gradjax import pipeline  # pylint: disable=import-outside-toplevel
+  from gradjax.audit import Settings  # pylint: disable=import-outside-toplevel
+  assert pipeline.__name__ == "gradjax.run.pipeline" and Settings.__module__ == "gradjax.integrations.audit"

@@ -196,7 +196,7 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
     alone = ((counts == 1)[:, 1:]).sum(axis=1).mean()
     row = malicious.server_row(n, k)
     assert row["expected_exact"] == pytest.approx(alone, rel=0.01) and row["examples"] == n
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   results, _ = pipeline.run(config.Config(attack="dlg", iterations=2, batch_size=2, lpips="none"))
   assert results["malicious_server"]["examples"] == 2
   assert results["malicious_server"]["expected_exact"] == pytest.approx(2 * (1024 / 1025) ** 2)
@@ -222,7 +222,7 @@ def test_no_honest_pytorch_model_is_flagged():
   import sys
   pytest.importorskip("torch")
   pytest.importorskip("flwr")
-  from gradjax.flower import received_findings
+  from gradjax.integrations.flower import received_findings
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   sys.path.insert(0, os.path.join(root, "examples", "flower_audit"))
   try:

@@ -1,4 +1,4 @@
-"""Tests for gradjax.report: grid geometry/pixels, PNG and JSON round trips."""
+"""Tests for gradjax.run.report: grid geometry/pixels, PNG and JSON round trips."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gradjax import report
+from gradjax.run import report
 
 
 def _reference_grid(rows, pad, scale):

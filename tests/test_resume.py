@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import driver, optimizers, progress, resume, solvers
+from gradjax import driver, optimizers, progress, solvers
+from gradjax.run import resume
 
 
 def _value(params, data, step):
@@ -161,7 +162,7 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
   import dataclasses
   import json
 
-  from gradjax import config
+  from gradjax.run import config
   from gradjax.cli import common
   cfg = config.Config(modality="text", model="transformer", dataset="pydoc", iterations=3)
   saved = config.fingerprint(cfg)
@@ -180,7 +181,7 @@ def test_items_read_back_under_another_restart_strategy(tmp_path):
   import dataclasses
   import json
 
-  from gradjax import config
+  from gradjax.run import config
   from gradjax.cli import common
   cfg = config.Config(iterations=3)
   (tmp_path / "item.json").write_text(json.dumps({"config": config.fingerprint(cfg), "psnr": 30.0}))
@@ -198,7 +199,8 @@ def test_trace_rows_start_at_the_first_best_iterate(tmp_path):
   10 log10(1 / 0.25) = 6.0206 dB."""
   from types import SimpleNamespace
 
-  from gradjax import data, pipeline, report
+  from gradjax import data
+  from gradjax.run import pipeline, report
   trace = pipeline.Trace(truth=np.zeros((1, 2, 2, 1)), norm=data.Normalization((0.0,), (1.0,)))
   state = SimpleNamespace(best_params={"x": np.full((1, 2, 2, 1), 0.5)}, best_loss=np.array(np.inf))
   for iteration, best in ((100, np.inf), (200, np.inf)):

@@ -84,7 +84,7 @@ def test_auto_runs_rgap_first_on_a_relu_lenet():
   Inverting Gradients runs after it, and the reconstruction that matches the update better is kept
   (R-GAP's);
   scored against scikit-image's PSNR, the verdict a leak."""
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   results, images = pipeline.run(config.Config(attack="auto", act="relu", index=2, lpips="none",
                                                iterations=200))  # Inverting Gradients' budget
   tried = results["auto"]["tried"]
@@ -106,7 +106,7 @@ def test_a_sweep_skips_an_update_that_is_zero(tmp_path):
   """CIFAR-10 test image 7 through the sweep's ReLU LeNet: the model gives its label probability 1
   in float32, so the gradient is zero in every tensor (checked here against NumPy's softmax of the
   model's logits); the sweep says so, skips it and attacks image 8."""
-  from gradjax.pipeline import experiment_keys
+  from gradjax.run.pipeline import experiment_keys
   image = data.load("cifar10", indices=[7])
   model = models.create("lenet_zhu", experiment_keys(0, 7)[0], input_shape=(32, 32, 3), act="relu")
   logits = np.asarray(model.apply_fn(model.variables, image.x, False), np.float64)[0]

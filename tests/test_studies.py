@@ -84,7 +84,7 @@ def test_config_of_a_recorded_sweep_runs_it_again(studies, tmp_path):
   """The written file sets the rows' recorded options (options recorded before they existed take
   their defaults) and declares the sweep over their images; rows that differ otherwise: an error."""
   import types
-  from gradjax import config
+  from gradjax.run import config
   rows = [{"config": {"attack": "idlg", "dataset": "cifar10", "index": i, "restarts": 3}} for i in (4, 6)]
   _write(tmp_path / "run" / "results.json", {"rows": rows, "command": "gradjax sweep ..."})
   module = types.ModuleType("written")
@@ -109,7 +109,8 @@ def _study(path):
 def test_a_study_recipe_names_every_run_and_the_schema_takes_it(path):
   """Each variant of a study's config.py names a gradjax command, its options are the schema's and
   its sweep is over images; every run in runs/ is a variant's (or a study program's) output."""
-  from gradjax import cli, config
+  from gradjax import cli
+  from gradjax.run import config
   module = runpy.run_path(path)
   variants, programs = module["VARIANTS"], module.get("PROGRAMS", {})
   for name, (command, images, _) in variants.items():

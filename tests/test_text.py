@@ -94,7 +94,7 @@ def test_unigram_guesses_against_enumeration():
 def test_chance_is_the_guess_from_the_other_sentences():
   """pipeline.chance: the guesses are made from the pool without the client's sentences, and scored
   against each of them (plain Counter arithmetic here)."""
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   batch = pipeline.load_sentences(config.Config(modality="text", dataset="pydoc", model="transformer",
                                                           batch_size=2, index=3))
   assert batch.others.shape == (batch.pool - 2, 15)
@@ -166,7 +166,7 @@ def test_a_text_client_reads_byte_pair_sentences():
   """--tokenizer=bpe:N: the client's sentences are the corpus's distinct sentences of T pieces, as
   ids of a vocabulary of those pieces; a checkpoint (a word vocabulary) with --tokenizer is refused."""
   pytest.importorskip("sentencepiece")
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", batch_size=2,
                       sequence_length=12, tokenizer="bpe:1000", index=3)
   sentences = pipeline.load_sentences(cfg)

@@ -75,7 +75,7 @@ def _cli(*args):
 
 
 def _run(w, g, **kw):
-  from gradjax import config, pipeline
+  from gradjax.run import config, pipeline
   cfg = config.Config(weights=str(w), observation=str(g), model=None, lpips="none",
                         **{"dataset": None, **kw})
   return pipeline.run(cfg)[0]

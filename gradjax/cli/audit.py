@@ -1,5 +1,5 @@
-"""Attack what a server recorded of a federation (``gradjax.flower.AuditStrategy`` or any capture
-folders of :mod:`gradjax.audit`): every round and client, with the attacks its metadata support.
+"""Attack what a server recorded of a federation (``gradjax.integrations.flower.AuditStrategy`` or any capture
+folders of :mod:`gradjax.integrations.audit`): every round and client, with the attacks its metadata support.
 
   gradjax audit --audit_dir=audit
   gradjax audit --audit_dir=audit --dataset=cifar10 --rounds=1,2   # scored
@@ -23,7 +23,7 @@ Over several processes (the launch flags, :mod:`gradjax.cli.distributed`; every 
 recorded folder): capture k is attacked by process k mod P, each writing its captures' run folders,
 and process 0 writes the index of all of them.
 
-Options: those of ``gradjax.config`` that attacking captured files takes (``--config=<file>`` sets
+Options: those of ``gradjax.run.config`` that attacking captured files takes (``--config=<file>`` sets
 them too; ``--print_config`` shows them): ``--model`` and ``--normalization`` default to the
 captures' metadata, ``--dataset`` to no scoring, unless given; with ``--iterations`` unset DLG and
 iDLG run 6000 iterations (their papers' whole budget), the other attacks their preset's.
@@ -34,14 +34,16 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common, distributed
-from gradjax import audit, auto, closed_forms, config, data, presets, resume
+from gradjax import auto, closed_forms, data, presets
+from gradjax.integrations import audit
+from gradjax.run import config, resume
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(ATTACKS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
 flags.DEFINE_bool("resume", False, common.RESUME_HELP)  # captures with rows.json of the same options
-# The options of the schema it reads (gradjax.config), as for any captured files: --model and
+# The options of the schema it reads (gradjax.run.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
 common.define_flags(fields=("model", "rename", "dataset", "data_dir", "image_size", "normalization",
                             "iterations", "restarts", "lpips", "force", "adaptive"))

@@ -46,10 +46,10 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common, distributed
-from gradjax import (attacks, checkpoint, clients, data, labels, metrics, pipeline,
-                     presets, report)
+from gradjax import attacks, checkpoint, clients, data, files, labels, metrics, presets
+from gradjax.run import pipeline, report
 
-# The options of the schema it reads (gradjax.config); its protocol is gradjax/configs/batch_table.py.
+# The options of the schema it reads (gradjax.run.config); its protocol is gradjax/configs/batch_table.py.
 common.define_flags("batch_table", fields=("checkpoint", "data_dir", "batch_size", "pool",
                                            "classes_per_batch", "aux", "iterations", "train_mode",
                                            "share_statistics"))
@@ -184,7 +184,7 @@ def main(argv):
            "ssim": scores["ssim"], "psnr_per_image": scores["psnr_per_image"],
            **pipeline.lpips_scores("auto", x_rec, x_true), "loss": rec.loss,
            "wall_time_s": time.perf_counter() - t, "attack": attacks.describe(attack)}
-    report.atomic_write(path + ".npz", lambda fh: np.savez(fh, reconstruction=x_rec.astype(np.float32)),
+    files.atomic_write(path + ".npz", lambda fh: np.savez(fh, reconstruction=x_rec.astype(np.float32)),
                         binary=True)
     report.save_json(path + ".json", row)  # last: its presence marks the attack finished
     logging.info("batch %d %s: PSNR %.2f SSIM %.3f", b, name, row["psnr"], row["ssim"])
@@ -249,7 +249,7 @@ def main(argv):
   if grid is not None:
     report.save_png(os.path.join(out, "batch_0.png"), report.image_grid(grid))
   md = markdown(label_summary, ablation_summary, info)
-  report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
+  files.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
   print(md)
   print(f"wrote {out}")
 

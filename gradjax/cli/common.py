@@ -20,9 +20,10 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from gradjax import checkpoint, compilation, config, configs, pipeline, progress
-from gradjax import report, resume
-from gradjax.config import Config
+from gradjax import checkpoint, compilation, configs, files, progress
+from gradjax.run import config, pipeline
+from gradjax.run import report, resume
+from gradjax.run.config import Config
 from gradjax.cli import distributed
 
 STATE_FILE = "state.npz"
@@ -76,15 +77,15 @@ def provenance() -> dict:
 
 
 def flag_name(field: dataclasses.Field) -> str:
-  """The command-line flag of a :class:`gradjax.config.Config` field."""
+  """The command-line flag of a :class:`gradjax.run.config.Config` field."""
   return field.metadata["flag"] or field.name
 
 
 def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None,
                  omit: tuple[str, ...] = (), fields: tuple[str, ...] | None = None):
-  """Defines one flag per :class:`gradjax.config.Config` field (its name, default and help come
+  """Defines one flag per :class:`gradjax.run.config.Config` field (its name, default and help come
   from the field; ``--help`` lists them by section of the nested schema), ``--config`` (a
-  configuration file, :mod:`gradjax.config`; ``--config.<section>.<key>=...`` overrides one of its
+  configuration file, :mod:`gradjax.run.config`; ``--config.<section>.<key>=...`` overrides one of its
   options), ``--print_config``, then the process settings (compilation cache, multi-host).
 
   ``default_config``: a packaged configuration (``gradjax.configs``) read when no ``--config`` is
@@ -114,7 +115,7 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   config_flags.DEFINE_config_file(
       "config", configs.path(default_config) if default_config else None,
       f"Configuration: a packaged one's name ({', '.join(configs.NAMES)}) or a "
-      "Python file whose get_config() returns the nested options (gradjax.config; a run folder's "
+      "Python file whose get_config() returns the nested options (gradjax.run.config; a run folder's "
       "config.py reproduces that run). Short flags given beside it override its options.",
       lock_config=True)
   flags.DEFINE_bool("print_config", False, "Print the resolved configuration (as a configuration "
@@ -217,7 +218,7 @@ def _values_given() -> tuple[dict, set[str]]:
 
 
 def options_given() -> set[str]:
-  """The :class:`gradjax.config.Config` fields that ``--config`` or a flag set (to check options a
+  """The :class:`gradjax.run.config.Config` fields that ``--config`` or a flag set (to check options a
   protocol does not use)."""
   return _values_given()[1]
 
@@ -243,7 +244,7 @@ def options_from_flags(captured: bool = False, **overrides) -> dict[str, Any]:
 
 
 def config_from_flags(**overrides) -> Config:
-  """The :class:`gradjax.config.Config` of :func:`options_from_flags`. With ``--print_config``:
+  """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. With ``--print_config``:
   prints it and exits 0."""
   cfg = Config(**options_from_flags(**overrides))
   print_config(cfg)
@@ -260,7 +261,7 @@ def print_config(options: Config | dict[str, Any]) -> None:
 
 
 def declared_sweep() -> list[dict[str, Any]] | None:
-  """The items of the ``--config`` file's ``get_sweep()`` (:func:`gradjax.config.sweep`), or None
+  """The items of the ``--config`` file's ``get_sweep()`` (:func:`gradjax.run.config.sweep`), or None
   when it declares none. With ``--config=file.py:arg`` a ``get_sweep(arg)`` that takes an argument
   gets it, as ``get_config(arg)`` does (a study's variant), and may return None (the variant declares
   no sweep). ValueError for a sweep that is not a non-empty list of option dicts."""
@@ -316,11 +317,11 @@ def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = Non
   command = shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n")
   text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
                           f"reproduces it.\nCommand: {command}", fields=tuple(FIELDS), sweep=sweep)
-  report.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
+  files.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 
 def define_fields(*names: str) -> dict[str, flags.FlagHolder]:
-  """Flags for these :class:`gradjax.config.Config` fields (their names, defaults and help), for
+  """Flags for these :class:`gradjax.run.config.Config` fields (their names, defaults and help), for
   programs that measure rather than run an experiment (no ``--config``); field -> its flag."""
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}
@@ -519,7 +520,7 @@ class Items:
     except resume.Interrupted as e:
       interrupted(e, self.out)
     if cfg.modality != "text":
-      report.atomic_write(base + ".npz", lambda fh: np.savez(
+      files.atomic_write(base + ".npz", lambda fh: np.savez(
           fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
           reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
     report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
@@ -660,7 +661,7 @@ def _config_path(arg: str) -> str:
 
 def grouped_help() -> str:
   """``--help``: the program's docstring, then its options grouped by section of the configuration
-  (:mod:`gradjax.config`), then the program's own flags and the process settings."""
+  (:mod:`gradjax.run.config`), then the program's own flags and the process settings."""
   by_module = flags.FLAGS.flags_by_module_dict()
   sections = [f"{name} options" for name in ("experiment", *config.SECTIONS)]
   own = [g for g in by_module if g not in sections and not g.startswith("absl") and g != __name__]

@@ -42,7 +42,8 @@ import jax
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import config, data, defenses, models, report, training, verdict
+from gradjax import data, defenses, models, training, verdict
+from gradjax.run import config, report
 
 DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gaussian:1e-2;gaussian:1e-1;"
              "laplacian:1e-8;laplacian:1e-6;laplacian:1e-4;laplacian:1e-2;fp16;int8;prune:0.01;"

@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 import jax
 
-from gradjax import processes
-from gradjax.processes import is_writer, process_count, process_index  # noqa: F401  (re-exported)
+from gradjax.run import processes
+from gradjax.run.processes import is_writer, process_count, process_index  # noqa: F401  (re-exported)
 
 EXIT_FAULT = 1  # another process stopped; rerun with --resume
 _FAILED = "gradjax/failed/"  # coordination-service keys: process -> the error it stopped with

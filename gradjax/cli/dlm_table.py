@@ -40,7 +40,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import config, data, metrics, report
+from gradjax import data, metrics
+from gradjax.run import config, report
 
 METHODS = {
     "DLG": dict(attack="dlg", objective="replay", optimizer="adam", learning_rate=0.1,

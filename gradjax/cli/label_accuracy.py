@@ -1,7 +1,7 @@
 """Label-inference accuracy of iDLG over many clients, each attacking a fresh random model.
 
 The iDLG protocol (Zhao et al., 2020): one image per client, a freshly initialised model per run,
-label = argmin_c Σ_j ∂L/∂W_last[j, c]. Models and seeds follow gradjax.pipeline, so run ``i`` here
+label = argmin_c Σ_j ∂L/∂W_last[j, c]. Models and seeds follow gradjax.run.pipeline, so run ``i`` here
 attacks the same model as image ``i`` of a sweep.
 
   gradjax label-accuracy --dataset=cifar10 --count=50
@@ -17,7 +17,8 @@ import numpy as np
 from absl import app, flags
 
 from gradjax.cli import common, distributed
-from gradjax import clients, data, labels, models, pipeline, report
+from gradjax import clients, data, labels, models
+from gradjax.run import pipeline, report
 
 common.define_flags(sections=("data", "model", "client"))
 common.define_table_flags(psnr=False)

@@ -42,7 +42,8 @@ from absl import app, flags
 
 from gradjax.cli import common, distributed
 from gradjax.cli.common import fail, parse_flags, provenance
-from gradjax import clients, data, labels, metrics, models, report
+from gradjax import clients, data, files, labels, metrics, models
+from gradjax.run import report
 
 common.define_flags("batch_labels", sections=("data", "model", "sampling"))  # configs/batch_labels.py
 common.define_table_flags(psnr=False)
@@ -193,7 +194,7 @@ def main(argv):
         "methods": summary, "wall_time_s": wall, **provenance(),
     })
     markdown = os.path.splitext(f.output)[0] + ".md"
-    report.atomic_write(markdown, lambda fh: fh.write(table), binary=False)
+    files.atomic_write(markdown, lambda fh: fh.write(table), binary=False)
     print(f"wrote {f.output} and {markdown}")
 
 

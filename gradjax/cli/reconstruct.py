@@ -30,7 +30,7 @@ import os
 from absl import app, flags
 
 from gradjax.cli import common, distributed
-from gradjax import config, pipeline, report, resume
+from gradjax.run import config, pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags()

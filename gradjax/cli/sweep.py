@@ -1,6 +1,6 @@
 """Run one attack over a range of images and tabulate the results.
 
-Each image (or batch) attacks a fresh random model, seeded by its index (see gradjax.pipeline), or
+Each image (or batch) attacks a fresh random model, seeded by its index (see gradjax.run.pipeline), or
 the one model of ``--checkpoint``, and is scored after batch-order matching. Writes
 ``results.json`` (per-image rows and the summary) and ``results.md`` (a table), ``results.csv``
 (one row per experiment), ``reconstructions.png`` (ground truth above, reconstructions below) and
@@ -14,7 +14,7 @@ experiments and continues the interrupted one.
 
   gradjax sweep --dataset=cifar10 --count=20 --iterations=2000
   gradjax sweep --attack=idlg --dataset=cifar100 --start=0 --count=10
-  gradjax sweep --config=my_sweep.py      # the sweep its get_sweep() declares (gradjax.config)
+  gradjax sweep --config=my_sweep.py      # the sweep its get_sweep() declares (gradjax.run.config)
 
 The experiments are images ``--start``, ``--start + --batch_size``, ... (``--count`` of them), or the
 items of the configuration file's ``get_sweep()``, each a dict of options set over the file's
@@ -35,7 +35,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import config, fidelity, report
+from gradjax import fidelity, files
+from gradjax.run import config, report
 
 common.define_flags()
 common.define_table_flags()
@@ -165,7 +166,7 @@ def main(argv):
                    {"summary": summary, "rows": table_rows, "skipped": skipped, "title": title,
                     **common.provenance()})
   text = markdown(rows, summary, title, labels, "index" if images else "options")
-  report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
+  files.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
   report.save_csv(os.path.join(out, "results.csv"),
                   [{**r, "verdict": verdict_of(r), "options": label} for r, label in zip(rows, labels)],
                   CSV_COLUMNS if images else ("options", *CSV_COLUMNS))

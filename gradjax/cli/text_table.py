@@ -34,7 +34,8 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import config, report, text
+from gradjax import files, text
+from gradjax.run import config, report
 
 METHODS = {
     "DLG": dict(attack="dlg"),
@@ -165,7 +166,7 @@ def main(argv):
              "wall_time_s")
   report.save_csv(os.path.join(out, "results.csv"), table, columns)
   md = markdown(table, info, f.examples)
-  report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
+  files.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
   print(md)
   print(f"wrote {out}: results.json, results.csv, results.md, items/")
 

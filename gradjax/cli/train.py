@@ -42,7 +42,7 @@ and the accuracy is next-token accuracy. The checkpoint's metadata hold the voca
 ``gradjax reconstruct --modality=text --checkpoint=...`` attacks with the same token ids.
 
 Options: the data, model, client (FedAvg's local training), defense and training sections of
-``gradjax.config``; the defaults are ``gradjax/configs/train.py`` (``--print_config`` shows them,
+``gradjax.run.config``; the defaults are ``gradjax/configs/train.py`` (``--print_config`` shows them,
 ``--config=<file>`` reads others). Writes to ``--output_dir``: ``epoch_{E}.npz`` for E = 0 (the
 initial model) .. epochs, with metadata that rebuild the model (``gradjax.checkpoint.load_model``),
 ``config.py`` (``--config=`` it trains the same model again) and ``results.json`` (per-epoch test
@@ -58,9 +58,10 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import checkpoint, clients, config, corpus, data, defenses, models, report, training
+from gradjax import checkpoint, clients, corpus, data, defenses, models, training
+from gradjax.run import config, report
 
-# The options of the schema it reads (gradjax.config): data, model, client (FedAvg's local
+# The options of the schema it reads (gradjax.run.config): data, model, client (FedAvg's local
 # training), defense, training and seed; its default configuration is gradjax/configs/train.py.
 common.define_flags(default_config="train",
                     sections=("data", "model", "client", "defense", "training"),

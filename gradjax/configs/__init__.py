@@ -1,7 +1,7 @@
 """Experiment configurations, one per paper protocol: ``--config=<name>`` (or a file's path).
 
-Each module's ``get_config()`` returns the nested options of :mod:`gradjax.config`, starting from
-:func:`gradjax.config.defaults`, and says where its settings come from.
+Each module's ``get_config()`` returns the nested options of :mod:`gradjax.run.config`, starting from
+:func:`gradjax.run.config.defaults`, and says where its settings come from.
 """
 
 import importlib

@@ -3,7 +3,7 @@ images drawn from 4 classes each, one FedSGD gradient of DLG's untrained LeNet; 
 label-count attacks' evaluations (LLG, Wainakh et al.; Geng et al.'s bias estimate) at CIFAR-10 size.
 The attack options do not apply to it (the labels are read off the gradient)."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

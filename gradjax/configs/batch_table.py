@@ -5,7 +5,7 @@ after them (the paper's count); every ablation variant at 1500 iterations, the p
 scaled by a tenth. The attack options other than ``--iterations`` do not apply (the table builds its
 variants)."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

@@ -1,7 +1,7 @@
-"""Every option at its default (:func:`gradjax.config.defaults`): what a command runs without
+"""Every option at its default (:func:`gradjax.run.config.defaults`): what a command runs without
 ``--config``. ``--config.<path>=...`` given without ``--config`` overrides these."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

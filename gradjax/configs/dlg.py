@@ -4,7 +4,7 @@ on one CIFAR-10 image in [0, 1] without normalisation; the attack is ``presets.d
 Their figures use CIFAR-100, MNIST, LFW and SVHN images; ``--dataset`` changes it.
 """
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

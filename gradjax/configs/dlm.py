@@ -2,7 +2,7 @@
 3072-32-100 with ReLU, one CIFAR-100 image, the server sees W_t and W_t+1 after one local SGD step
 (lr 0.01); the attack is ``presets.dlm()`` (learned gamma, Adam lr 0.1, 4000 iterations)."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

@@ -2,7 +2,7 @@
 validation image, normalised inputs; the attack is ``presets.inverting_gradients()`` (cosine over all
 layers, TV 1e-4, signed Adam lr 0.1 with step decay, 4800 iterations, labels known)."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

@@ -2,7 +2,7 @@
 uniform U(-0.5, 0.5) init, one MNIST image; the attack is ``presets.sapag()`` (Gaussian-kernel
 distance, L-BFGS lr 1, box)."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

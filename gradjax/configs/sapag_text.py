@@ -3,7 +3,7 @@ layers, 4 heads, feed-forward 200, GELU, width 200) trained by one client on one
 Python's documentation (``pydoc``), FedSGD; the attack is ``presets.sapag()`` at 500 L-BFGS iterations
 (the budget of ``gradjax text-table``'s rows). LPIPS does not apply to text."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

@@ -4,7 +4,7 @@ of 32 with SGD at lr 0.02 and momentum 0.9 (the training section's defaults), 15
 test images, 10 epochs. A quick model to attack, not a paper's recipe (Inverting Gradients' is in
 ``gradjax train --help``)."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

@@ -2,9 +2,9 @@
 weights (``state_dict`` names), the example count and, for scoring the audit, the examples' indices.
 
 A node whose config sets ``defense`` (``prune:R``) prunes its update before replying, and declares it
-in the reply (``gradjax.flower.declarations``), where the server's record and the gate read it. With the run
+in the reply (``gradjax.integrations.flower.declarations``), where the server's record and the gate read it. With the run
 option ``gate = true`` every client audits its own update before it leaves
-(``gradjax.flower.leakage_mod``, the attack adapted to the node's defense) and withholds it when
+(``gradjax.integrations.flower.leakage_mod``, the attack adapted to the node's defense) and withholds it when
 the attack recovers its examples ``gate-threshold`` dB above a gray image."""
 
 import numpy as np
@@ -13,7 +13,7 @@ from flwr.clientapp import ClientApp
 
 from flower_audit import task
 from gradjax import data
-from gradjax.flower import DECLARATIONS, declarations, leakage_mod
+from gradjax.integrations.flower import DECLARATIONS, declarations, leakage_mod
 
 
 def _indices(msg: Message, context: Context) -> list[int]:

@@ -8,8 +8,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flower_audit import task
-from gradjax import audit
-from gradjax.flower import AuditStrategy
+from gradjax.integrations import audit
+from gradjax.integrations.flower import AuditStrategy
 
 app = ServerApp()
 

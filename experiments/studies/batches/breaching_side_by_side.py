@@ -30,7 +30,8 @@ ITERATIONS, TV = 2000, 0.2
 
 def export():
   import jax
-  from gradjax import config, data, interop, models, pipeline
+  from gradjax import data, interop, models
+  from gradjax.run import config, pipeline
   os.makedirs(os.path.join(RUNS, "inputs"), exist_ok=True)
   for b, index in BATCHES:
     key_model = pipeline.experiment_keys(0, index)[0]  # the sweep's model of this batch (seed 0)

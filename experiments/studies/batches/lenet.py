@@ -4,7 +4,7 @@ labels known) against DLG's LeNet (sigmoid, every weight U(-0.5, 0.5)) on CIFAR-
 breaching 0.1.2's Inverting Gradients attacker, whose TV weight is 0.2. The study's program adds the
 head-feature weight, the batch size and the images."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

@@ -2,7 +2,7 @@
 untrained mlp-1024 (Flax's default init), CIFAR-10 test images; the study's program sets the width,
 the normalisation, the batch size and the images."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():

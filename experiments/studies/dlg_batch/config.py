@@ -1,5 +1,5 @@
 """The runs of this study, each a variant: ``--config=experiments/studies/dlg_batch/config.py:VARIANT``
-(gradjax.config.recipes); analysis.md says what each shows.
+(gradjax.run.config.recipes); analysis.md says what each shows.
 
 DLG on CIFAR-10, five batches of B images (B = 1, 2, 4, 8: runs/dlg_batch_<B>), and at B = 2 and 4 one
 change each (runs/dlg_batch_<B>_<change>): CIFAR-100's 100 classes, fixed-step L-BFGS, labels known,
@@ -7,9 +7,9 @@ one sample per step, and eight restarts (at B = 2 only); runs/dlg_batch_<B>_unse
 500.. (CIFAR-10 test), which no setting was chosen on.
 """
 
-from gradjax import config
+from gradjax.run import config
 
-# Options every variant sets (over gradjax.config.defaults()).
+# Options every variant sets (over gradjax.run.config.defaults()).
 BASE = {
     'attack.iterations': 8000,
     'attack.tol': 1e-05,

@@ -29,7 +29,8 @@ from absl import app, flags
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 from benchmarks import step as bs  # noqa: E402  (the clone's benchmark programs: its PyTorch ports)
 from gradjax.cli import common  # noqa: E402
-from gradjax import data, metrics, models, pipeline, report  # noqa: E402
+from gradjax import data, files, metrics, models  # noqa: E402
+from gradjax.run import pipeline, report  # noqa: E402
 
 flags.DEFINE_string("data_dir", None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
 flags.DEFINE_list("batch_sizes", ["1", "2", "4"], "Batch sizes.")
@@ -148,10 +149,10 @@ def main(argv):
     result["rows"][str(b)] = rows
   result["wall_time_s"] = time.perf_counter() - start
   report.save_json(os.path.join(out, "results.json"), result)
-  report.atomic_write(os.path.join(out, "reconstructions.npz"),
+  files.atomic_write(os.path.join(out, "reconstructions.npz"),
                       lambda fh: np.savez(fh, **reconstructions), binary=True)
   md = markdown(result)
-  report.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
+  files.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(md), binary=False)
   print(md)
   print(f"wrote {out}")
 

@@ -1,10 +1,10 @@
 """The runs of this study, each a variant: ``--config=experiments/studies/dlg_defenses/config.py:VARIANT``
-(gradjax.config.recipes); analysis.md says what each shows.
+(gradjax.run.config.recipes); analysis.md says what each shows.
 """
 
-from gradjax import config
+from gradjax.run import config
 
-BASE = {}  # options every variant sets (over gradjax.config.defaults())
+BASE = {}  # options every variant sets (over gradjax.run.config.defaults())
 
 # VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
 # comment names the runs/ folders it made.

@@ -1,13 +1,13 @@
 """The runs of this study, each a variant: ``--config=experiments/studies/ig_table1/config.py:VARIANT``
-(gradjax.config.recipes); analysis.md says what each shows. The unseen rows (runs/*_cifar10_500-599,
+(gradjax.run.config.recipes); analysis.md says what each shows. The unseen rows (runs/*_cifar10_500-599,
 *_500-529) are the development rows' variants with --start=500: ig_lenet_zhu_normalized_epoch0_cifar10
 (untrained), ig_lenet_zhu_recipe_epoch120_cifar10 (trained, the paper's recipe) and their
 euclid_lbfgs16_* twins; the ResNet20-4 ones (runs/ig_resnet20-4_*_5*) ran on an accelerator.
 """
 
-from gradjax import config
+from gradjax.run import config
 
-BASE = {}  # options every variant sets (over gradjax.config.defaults())
+BASE = {}  # options every variant sets (over gradjax.run.config.defaults())
 
 # VARIANT: (the command and its arguments, the images of a sweep, options over BASE); the
 # comment names the runs/ folders it made.

@@ -1,10 +1,10 @@
 """The runs of this study, each a variant: ``--config=experiments/studies/sapag_table1/config.py:VARIANT``
-(gradjax.config.recipes); analysis.md says what each shows.
+(gradjax.run.config.recipes); analysis.md says what each shows.
 """
 
-from gradjax import config
+from gradjax.run import config
 
-# Options every variant sets (over gradjax.config.defaults()).
+# Options every variant sets (over gradjax.run.config.defaults()).
 BASE = {
     'data.normalization': 'none',
     'model.name': 'lenet5',

@@ -26,7 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "dlg_batch"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", ".."))
 import dlg_torch_batch  # noqa: E402  (DLG's reference loop)
-from gradjax import data, interop, models, pipeline  # noqa: E402
+from gradjax import data, interop, models  # noqa: E402
+from gradjax.run import pipeline  # noqa: E402
 from gradjax.cli import common  # noqa: E402
 
 # dlg_torch_batch defines --data_dir, --start, --count, --steps and the output flags; here they

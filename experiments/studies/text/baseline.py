@@ -4,7 +4,7 @@
 
 For each sentence of a corpus's pool (its distinct sentences of exactly T tokens, as the text
 pipeline draws a client's), the guesses of :func:`gradjax.corpus.unigram_guesses` made from the pool's
-other sentences (:func:`gradjax.pipeline.chance`, leave-one-out): the position guess's token accuracy
+other sentences (:func:`gradjax.run.pipeline.chance`, leave-one-out): the position guess's token accuracy
 and the bag guess's bag-of-words recall against that sentence. The verdict counts a finding at least
 halfway from these to 1 (:func:`gradjax.verdict.halfway`); before, it counted 0.5 whatever the
 corpus. Writes runs/baseline/table.md and table.json.
@@ -16,8 +16,8 @@ import os
 
 import numpy as np
 
-from gradjax import pipeline
-from gradjax.config import Config
+from gradjax.run import pipeline
+from gradjax.run.config import Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "baseline")

@@ -32,7 +32,7 @@ Models (random initialisation, a fresh draw per batch):
   (``dager.masked_targets``); at batches of several sentences it keeps each position's candidate
   words (``words_recall``: each true sentence's share of words among them).
 * ``transformer``: SAPAG's Transformer (width 200) on the pydoc corpus's 15-token sentences, the
-  sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.pipeline``'s keys and
+  sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.run.pipeline``'s keys and
   vocabulary), so its rows sit beside that study's optimisation attacks.
 
 The client's update is the FedSGD gradient of the next-token loss (the ``gpt_fedavg*`` rows: a FedAvg
@@ -53,8 +53,9 @@ import time
 import jax
 import numpy as np
 
-from gradjax import clients, corpus, dager, metrics, models, pipeline
-from gradjax.config import Config
+from gradjax import clients, corpus, dager, metrics, models
+from gradjax.run import pipeline
+from gradjax.run.config import Config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "spans")

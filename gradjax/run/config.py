@@ -22,7 +22,7 @@ declare a sweep, which ``gradjax sweep`` runs one experiment per item of::
     return config.product(config.sweep("data.index", range(10)),
                           config.sweep("defense.spec", [None, "prune:0.2"]))
 
-The runner, :mod:`gradjax.pipeline`, reads a built :class:`Config`; nothing below it reads names.
+The runner, :mod:`gradjax.run.pipeline`, reads a built :class:`Config`; nothing below it reads names.
 """
 
 import dataclasses
@@ -466,7 +466,7 @@ def _input_file(path: str | None, flag: str) -> None:
 def check(cfg: Config) -> attacks.Attack:
   """Validates what ``cfg`` names without loading data or compiling anything: the attack and its
   overrides, the defense, the model name, the dataset name and the input files. Returns the attack
-  (``None`` for auto, whose attacks :func:`gradjax.pipeline.run` builds one by one).
+  (``None`` for auto, whose attacks :func:`gradjax.run.pipeline.run` builds one by one).
   (Field values were checked when ``cfg`` was built.)"""
   attack = None if cfg.attack == auto.AUTO else get_attack(cfg)
   if cfg.attack in closed_forms.CLOSED_FORMS:
@@ -726,7 +726,7 @@ def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
   ``--config=<file>``. ``comment``: lines put first, as comments. ``sweep``: its items, as the
   file's ``get_sweep()`` (``gradjax sweep`` runs one experiment per item)."""
   lines = [f"# {line}" for line in comment.splitlines()]
-  lines += ['"""A gradjax configuration (gradjax.config)."""', "", "from gradjax import config", "", "",
+  lines += ['"""A gradjax configuration (gradjax.run.config)."""', "", "from gradjax import config", "", "",
             "def get_config():", "  c = config.defaults()"]
   values = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
   for name, path in paths().items():

@@ -41,7 +41,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from gradjax import checkpoint, driver, processes, report, solvers
+from gradjax import checkpoint, driver, files, solvers
+from gradjax.run import processes, report
 
 FORMAT = 1
 
@@ -172,7 +173,7 @@ class Saver:
 @dataclasses.dataclass(frozen=True)
 class StateFile:
   """Where a run keeps its state, how often it saves it, and whether it continues a saved one: what a
-  program hands :func:`gradjax.pipeline.run`, which builds the :class:`Saver` with its fingerprint."""
+  program hands :func:`gradjax.run.pipeline.run`, which builds the :class:`Saver` with its fingerprint."""
 
   path: str
   every_s: float = 60.0
@@ -201,7 +202,7 @@ def save(path, snap: driver.Snapshot, fingerprint: dict, extra: dict | None = No
                        "strategy": snap.strategy}}
   text = json.dumps(report._to_python(header, ""), sort_keys=True, allow_nan=False)
   arrays[checkpoint.METADATA_KEY] = np.frombuffer(text.encode("utf-8"), np.uint8)
-  report.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
+  files.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
 
 
 def load(path, like: solvers.SolverState, fingerprint: dict | None = None

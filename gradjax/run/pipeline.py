@@ -1,5 +1,5 @@
 """One experiment end to end: data -> model -> client -> attack -> metrics, for a built
-:class:`gradjax.config.Config`.
+:class:`gradjax.run.config.Config`.
 
 The command-line programs in ``experiments/`` are thin wrappers around :func:`run`, so a single
 reconstruction, a sweep over an image range and a test all take the same path.
@@ -26,10 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, dager
-from gradjax import data, defenses, driver, fidelity, interop, lpips, malicious, metrics, models, resume, text
+from gradjax import data, defenses, driver, fidelity, interop, lpips, malicious, metrics, models, text
+from gradjax.run import resume
 from gradjax import verdict
 from gradjax import labels as labels_lib
-from gradjax.config import Config, attacked_model, check, fingerprint, options
+from gradjax.run.config import Config, attacked_model, check, fingerprint, options
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
@@ -229,7 +230,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   """Runs experiment ``cfg``; returns (JSON-ready results, images).
 
   ``state``: where the solver's state is saved every so often, and whether a saved one is continued
-  (:mod:`gradjax.resume`; the file is refused unless it was saved by a run of the same
+  (:mod:`gradjax.run.resume`; the file is refused unless it was saved by a run of the same
   :func:`fingerprint`). The caller deletes it once the results are written.
 
   ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,

@@ -1,6 +1,6 @@
 """Audits of recorded federated rounds: the capture folders a server writes, and the attacks on them.
 
-A server that records what it sends and receives (:mod:`gradjax.flower` does it for Flower) leaves
+A server that records what it sends and receives (:mod:`gradjax.integrations.flower` does it for Flower) leaves
 one folder per round and client, in the import format of :mod:`gradjax.interop`::
 
   AUDIT_DIR/round_001/weights.safetensors                   W_t, the global model sent in round 1
@@ -19,7 +19,7 @@ malformed reply leaves ``capture.json`` with its ``error`` and no tensors. Every
 whole or not at all (written aside, then renamed).
 
 :func:`audit` attacks every capture with the attacks its metadata support (:func:`gradjax.auto.for_metadata`)
-and writes, per capture and attack, the files of :func:`gradjax.report.write_run`, plus
+and writes, per capture and attack, the files of :func:`gradjax.run.report.write_run`, plus
 ``index.json``, ``index.md`` and ``index.html`` over the whole federation: a row per capture and
 attack, and a row per recorded round (clients sent work, failed, withheld, replying twice, nodes new
 or gone). An audit stopped between captures (:class:`Stopped`) continues with ``resume``: the
@@ -37,12 +37,13 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from gradjax import auto, closed_forms, compilation, config, data, fidelity, interop, pipeline, presets
-from gradjax import report
+from gradjax import auto, closed_forms, compilation, data, fidelity, files, interop, presets
+from gradjax.run import config, pipeline
+from gradjax.run import report
 from gradjax import labels as labels_lib
 
 CAPTURE = "capture.json"
-# How a client's leakage gate (gradjax.flower.leakage_mod) says it withheld its update: the server
+# How a client's leakage gate (gradjax.integrations.flower.leakage_mod) says it withheld its update: the server
 # records a failed client with this in its reason, and an audit lists the round as withheld.
 WITHHELD = "gradjax leakage_mod: update withheld"
 WEIGHTS = "weights.safetensors"
@@ -81,7 +82,7 @@ def check_reply(sent: dict[str, np.ndarray], returned: dict[str, np.ndarray]) ->
 
 
 def _recordable(value):
-  """A config or metric value as :func:`gradjax.report.save_json` takes it: bytes become a note of
+  """A config or metric value as :func:`gradjax.run.report.save_json` takes it: bytes become a note of
   their length, non-finite floats their name (``"nan"``, ``"inf"``), so that what a client replied
   is kept as it was rather than refused."""
   if isinstance(value, bytes):
@@ -303,7 +304,7 @@ class Settings(NamedTuple):
   image_size, normalization: how the clients preprocessed those examples (normalization ``None``:
     the captures' metadata, else none).
   iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
-  restarts, seed, lpips, rename, force: as in :class:`gradjax.config.Config` (without ``force`` a
+  restarts, seed, lpips, rename, force: as in :class:`gradjax.run.config.Config` (without ``force`` a
     capture that fails its checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
   adaptive: attack a capture whose metadata declare the client's ``defense`` with the attack
     adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked plainly.
@@ -679,7 +680,7 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
   failed = failed_rows(rows)
   note = (f"{len(failed)} of {len(rows)} rows failed (see their status)" if failed else "")
   round_table = f"\n## Rounds\n\n{rounds_markdown(rounds)}" if rounds else ""
-  report.atomic_write(os.path.join(index_dir, "index.md"),
+  files.atomic_write(os.path.join(index_dir, "index.md"),
                       lambda f: f.write(f"# {title}\n\n" + (f"**{note}**\n\n" if note else "")
                                         + index_markdown(rows) + round_table), binary=False)
   failures = f"<p style='color:#b00020'><b>{html.escape(note)}</b></p>" if note else ""
@@ -720,4 +721,4 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
       "<th>PSNR (dB)</th><th>SSIM</th><th>LPIPS</th><th>reconstruction</th><th>run</th>"
       "<th>status</th></tr>" + "".join(cells) + "</table>" + _rounds_html(rounds)
       + "</body></html>\n")
-  report.atomic_write(os.path.join(index_dir, "index.html"), lambda f: f.write(page), binary=False)
+  files.atomic_write(os.path.join(index_dir, "index.html"), lambda f: f.write(page), binary=False)

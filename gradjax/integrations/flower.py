@@ -5,10 +5,10 @@
 strategy aggregates is the same bit for bit, and on the side writes, for each audited round and
 client, what an honest-but-curious server holds: the global arrays it sent, the arrays the client
 returned (named as in the client's ``state_dict``), the ``num-examples`` it reported and the
-training configuration it was sent, as the capture folders of :mod:`gradjax.audit`. In a ServerApp::
+training configuration it was sent, as the capture folders of :mod:`gradjax.integrations.audit`. In a ServerApp::
 
   from flwr.serverapp.strategy import FedAvg
-  from gradjax.flower import AuditStrategy
+  from gradjax.integrations.flower import AuditStrategy
 
   strategy = AuditStrategy(FedAvg(fraction_evaluate=0.0), "audit",
                            metadata={"model": "lenet_zhu", "input_shape": "32,32,3",
@@ -29,7 +29,7 @@ Neither are the other faults of a federation: a node that replies more than once
 reply recorded as a capture of its own (``client_<node>-reply2``, never merged into the first) and
 named in ``round.json``; the nodes sent work each round are kept there too, so a SuperNode restarted
 between rounds (it registers again, under a new node id) shows as a node gone and a new one in the
-audit's round table (:func:`gradjax.audit.membership`).
+audit's round table (:func:`gradjax.integrations.audit.membership`).
 
 What the server cannot see in an update, a client declares in its reply: a ``ConfigRecord`` under
 :data:`DECLARATIONS` (:func:`declarations` builds it) with its model variant, normalisation, loss
@@ -50,7 +50,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gradjax import audit, auto, fidelity
+from gradjax import auto, fidelity
+from gradjax.integrations import audit
 
 logger = logging.getLogger("flwr.gradjax")  # a child of Flower's logger: in the ServerApp's log
 
@@ -112,8 +113,8 @@ class AuditStrategy(Strategy):
     metadata: facts the server knows and the messages do not carry, for every capture (e.g.
       ``model``, ``input_shape``, or ``local_epochs`` when clients read it from their run config).
     keys: where the app puts the local schedule in its ``ConfigRecord`` and the example count and
-      data indices in its reply metrics (:class:`gradjax.audit.ScheduleKeys`).
-    attack: :class:`gradjax.audit.Settings` to attack each round as soon as it is recorded, in a
+      data indices in its reply metrics (:class:`gradjax.integrations.audit.ScheduleKeys`).
+    attack: :class:`gradjax.integrations.audit.Settings` to attack each round as soon as it is recorded, in a
       separate process; ``None`` (default) only records.
   """
 
@@ -386,7 +387,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
   On the training rounds it audits, after the ClientApp has replied: the update (the weights the
   server sent against those the client returns, with the schedule the server's config and the
   reply's metrics state, as :class:`AuditStrategy` records it) is attacked as a server would attack
-  it (:func:`gradjax.audit.attack_capture`, in a process of its own, the attack adapted to the
+  it (:func:`gradjax.integrations.audit.attack_capture`, in a process of its own, the attack adapted to the
   client's ``defense``), the best reconstruction is scored against the client's examples, and
   its leak score is its PSNR minus what a uniform gray image scores on the same examples
   (:func:`gray_baseline_psnr`: dB above knowing nothing, so one threshold means the same on any
@@ -412,7 +413,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     threshold_db: leak score (dB above the gray image) from which an update is withheld.
     rounds: the server rounds to audit (a collection), every k-th (an int), or all (``None``).
     attack: a preset name or ``"auto"`` (:func:`gradjax.auto.for_metadata`; the first).
-    iterations, restarts, normalization: the attack's (:class:`gradjax.audit.Settings`).
+    iterations, restarts, normalization: the attack's (:class:`gradjax.integrations.audit.Settings`).
     time_budget_s: the attack's wall-time budget per round, start-up and compilation included.
     keys: where the server's config and the reply's metrics state the schedule.
     compilation_cache: the attack's persistent compilation cache (default gradjax's, the

@@ -10,11 +10,12 @@ Both writers create parent directories and replace the target atomically.
 import json
 import math
 import os
-import uuid
 from typing import Any, Callable, Sequence
 
 import numpy as np
 from PIL import Image
+
+from gradjax.files import atomic_write
 
 
 def image_grid(rows: Sequence[np.ndarray], pad: int = 2, scale: int = 4) -> np.ndarray:
@@ -60,23 +61,6 @@ def image_grid(rows: Sequence[np.ndarray], pad: int = 2, scale: int = 4) -> np.n
       left = pad + j * cell_w
       grid[top:top + h * scale, left:left + w * scale] = tiles[j]
   return grid
-
-
-def atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
-  """Writes via ``write(file)`` to a fresh temp file next to ``path``, then renames it over."""
-  path = os.path.abspath(os.fspath(path))
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # Same directory, so os.replace is atomic.
-  try:
-    with open(tmp, "xb" if binary else "x", encoding=None if binary else "utf-8") as f:
-      write(f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def save_png(path, image_uint8: np.ndarray) -> None:
@@ -156,7 +140,7 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   ``recognisable`` of ``images``: the images the verdict's rule calls recognisable (where every row
   has ``findings``).
 
-  ``rows`` are :func:`gradjax.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
+  ``rows`` are :func:`gradjax.run.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
   wall_time_s, iterations, and lpips, summarised when every row has it); ``leaks``: the rows whose
   verdict (:mod:`gradjax.verdict`) is a leak.
   """
@@ -250,7 +234,7 @@ def reconstruction_figure(path, reconstruction: np.ndarray, ground_truth: np.nda
 def curves_figure(path, history: Sequence[dict], title: str = "") -> None:
   """The objective (log scale) and, where recorded, the PSNR against iterations: one line per
   restart. ``history`` rows are ``{"restart", "iteration", "loss"[, "psnr"]}``
-  (:class:`gradjax.pipeline.Trace`)."""
+  (:class:`gradjax.run.pipeline.Trace`)."""
   with_psnr = any("psnr" in r for r in history)
   fig, axes = subplots(1, 2 if with_psnr else 1, figsize=(9 if with_psnr else 5, 3.2), squeeze=False)
   runs: dict = {}

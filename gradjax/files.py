@@ -1,0 +1,23 @@
+"""Writing a file so that a crash or a kill never leaves half of it: every file gradjax writes (results,
+checkpoints, captured updates, solver states) goes through :func:`atomic_write`."""
+
+import os
+import uuid
+from typing import Any, Callable
+
+
+def atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
+  """Writes via ``write(file)`` to a fresh temp file next to ``path``, then renames it over."""
+  path = os.path.abspath(os.fspath(path))
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{uuid.uuid4().hex}.tmp"  # Same directory, so os.replace is atomic.
+  try:
+    with open(tmp, "xb" if binary else "x", encoding=None if binary else "utf-8") as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
