@@ -162,16 +162,15 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
   import dataclasses
   import json
 
-  from gradjax.run import config
-  from gradjax.cli import common
+  from gradjax.run import campaign, config
   cfg = config.Config(modality="text", model="transformer", dataset="pydoc", iterations=3)
   saved = config.fingerprint(cfg)
   del saved["aux"]  # a field added after this item was saved
   (tmp_path / "item.json").write_text(json.dumps({"config": saved, "wall_time_s": 1.0}))
-  results, images = common.Items._read(str(tmp_path / "item"), cfg)
+  results, images = campaign.Items._read(str(tmp_path / "item"), cfg)
   assert results["wall_time_s"] == 1.0 and images == {}
   with pytest.raises(ValueError, match="computed with other settings"):
-    common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, aux=8))
+    campaign.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, aux=8))
 
 
 def test_items_read_back_under_another_restart_strategy(tmp_path):
@@ -181,16 +180,15 @@ def test_items_read_back_under_another_restart_strategy(tmp_path):
   import dataclasses
   import json
 
-  from gradjax.run import config
-  from gradjax.cli import common
+  from gradjax.run import campaign, config
   cfg = config.Config(iterations=3)
   (tmp_path / "item.json").write_text(json.dumps({"config": config.fingerprint(cfg), "psnr": 30.0}))
   np.savez(tmp_path / "item.npz", ground_truth=np.zeros((1, 2, 2, 3)), reconstruction=np.ones((1, 2, 2, 3)))
   for other in (dict(strategy="vmap"), dict(strategy="map", map_batch_size=4)):
-    results, _ = common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, **other))
+    results, _ = campaign.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, **other))
     assert results["psnr"] == 30.0
   with pytest.raises(ValueError, match="computed with other settings"):
-    common.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, iterations=4))
+    campaign.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, iterations=4))
 
 
 def test_trace_rows_start_at_the_first_best_iterate(tmp_path):

@@ -5,11 +5,9 @@ import atexit
 import dataclasses
 import datetime
 import glob
-import json
 import logging as py_logging
 import os
 import platform
-import re
 import shlex
 import sys
 import tempfile
@@ -20,13 +18,12 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from gradjax import checkpoint, compilation, configs, files, progress
-from gradjax.run import config, pipeline
-from gradjax.run import report, resume
+from gradjax import compilation, configs, files, progress
+from gradjax.run import campaign, config, report, resume
 from gradjax.run.config import Config
 from gradjax.cli import distributed
 
-STATE_FILE = "state.npz"
+STATE_FILE = campaign.STATE_FILE
 
 
 def cpu_model() -> str:
@@ -129,7 +126,7 @@ def define_launch_flags(collectives: bool):
   """The flags that start a run over several processes (:mod:`gradjax.cli.distributed`), for the
   programs that split their work over processes: one attack's restarts (``reconstruct --shard``;
   ``collectives``: JAX's multi-process runtime, one mesh over every process's devices) or a table's
-  experiments (:meth:`Items.plan`; without collectives, each process its own JAX)."""
+  experiments (:meth:`gradjax.run.campaign.Items.plan`; without collectives, each process its own JAX)."""
   _COLLECTIVES[:] = [collectives]
   group = "launch over several processes"
   flags.DEFINE_bool("distributed", False, "Join a run over several processes whose arguments JAX "
@@ -460,92 +457,12 @@ def state_file(out: str) -> resume.StateFile:
   return resume.StateFile(os.path.join(out, STATE_FILE), f.save_every_s, f.resume)
 
 
-class Items:
-  """A table program's experiments, each kept in ``<out>/items/<key>.json`` (its results) and
-  ``.npz`` (its images; text experiments have none) as it ends. With --resume, :meth:`run` reads a finished experiment back
-  instead of running it again, and continues an interrupted one from ``items/<key>.state.npz``."""
-
-  def __init__(self, out: str):
-    self.out, self.resume = out, flags.FLAGS.resume
-    self.earlier_s = 0.0  # wall time of the experiments read back (their runs' own)
-    self._owner: dict[str, int] = {}  # over several processes: experiment -> the process running it
-    self._ran: dict[str, tuple[dict, dict]] = {}  # this process's share, run ahead by plan()
-
-  def _path(self, key: str) -> str:
-    return os.path.join(self.out, "items", re.sub(r"[^A-Za-z0-9._=+-]", "_", key))
-
-  def plan(self, experiments: list[tuple[str, Config]]) -> bool:
-    """Over several processes, experiment k of ``experiments`` (every experiment the program will
-    :meth:`run`, in order) belongs to process k mod P: each process runs its share here, writing
-    each experiment as it ends; returns whether this process goes on to assemble the table
-    (process 0, whose :meth:`run` then waits for the others' experiments to be written and reads
-    them back). One process: runs nothing ahead, returns True."""
-    count, me = distributed.process_count(), distributed.process_index()
-    if count == 1:
-      return True
-    self._owner = {key: k % count for k, (key, _) in enumerate(experiments)}
-    for k, (key, cfg) in enumerate(experiments):
-      if k % count == me:
-        results, images, done = self.run(key, cfg)
-        self._ran[key] = (results, images)
-        logging.info("experiment %d/%d (%s) on process %d%s", k + 1, len(experiments), key, me,
-                     " (saved earlier)" if done else "")
-    if not distributed.is_writer():
-      distributed.finished()
-      logging.info("process %d: its %d experiments are written; process 0 writes the table", me,
-                   sum(owner == me for owner in self._owner.values()))
-      return False
-    return True
-
-  def run(self, key: str, cfg: Config, **kw) -> tuple[dict, dict, bool]:
-    """(results, images, whether they were saved by an earlier run) of experiment ``cfg``."""
-    base = self._path(key)
-    if key in self._ran:  # run ahead by plan()
-      return (*self._ran[key], False)
-    owner = self._owner.get(key, distributed.process_index())
-    if owner != distributed.process_index():  # another process's: read once it is written
-      distributed.wait_for(lambda: os.path.exists(base + ".json"))
-      return (*self._read(base, cfg), False)
-    if self.resume and os.path.exists(base + ".json"):
-      results, images = self._read(base, cfg)
-      self.earlier_s += float(results.get("wall_time_s", 0.0))
-      return results, images, True
-    state = resume.StateFile(f"{base}.{STATE_FILE}", flags.FLAGS.save_every_s, self.resume)
-    resume.stop_on_signals()
-    try:
-      if cfg.modality == "text":  # the sentences are in the results
-        results, images = pipeline.run_text(cfg, state=state, **kw), {}
-      else:
-        results, images = pipeline.run(cfg, state=state, **kw)
-    except resume.Interrupted as e:
-      interrupted(e, self.out)
-    if cfg.modality != "text":
-      files.atomic_write(base + ".npz", lambda fh: np.savez(
-          fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
-          reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
-    report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
-    state.remove()
-    return results, images, False
-
-  @staticmethod
-  def _read(base: str, cfg: Config) -> tuple[dict, dict]:
-    try:
-      with open(base + ".json", encoding="utf-8") as fh:
-        results = json.load(fh)
-      # A field the saved configuration lacks was added since, with the default that keeps what it did.
-      defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-      saved = {k: results["config"].get(k, defaults[k]) for k in config.fingerprint(cfg)}
-      images = {}
-      if cfg.modality != "text":
-        with open(base + ".npz", "rb") as fh:
-          arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
-        images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-      raise ValueError(f"{base}.json is unreadable ({e}); rerun with --overwrite") from None
-    if saved != config.fingerprint(cfg):
-      raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
-                       "another --output_dir")
-    return results, images
+def items(out: str) -> campaign.Items:
+  """The store of a table program's experiments in ``out``, per the --resume and --save_every_s flags,
+  over this run's processes (:class:`gradjax.run.campaign.Items`)."""
+  f = flags.FLAGS
+  return campaign.Items(out, resume=f.resume, save_every_s=f.save_every_s, peers=distributed,
+                        interrupted=lambda e: interrupted(e, out))
 
 
 def permutation_seed(value: int, flag: str) -> int | None:

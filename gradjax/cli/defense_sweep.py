@@ -187,7 +187,7 @@ def main(argv):
     out = common.output_folder(f"defenses_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}",
                                own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz",
                                     "config.py"))
-    items = common.Items(out)
+    items = common.items(out)
     if f.utility:
       seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")
       parts = training.split(data.load(f.utility_dataset, data_dir=base.data_dir),

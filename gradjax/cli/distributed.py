@@ -9,7 +9,7 @@ pods). Two kinds of runs:
   every process (after :func:`initialize` they are all in ``jax.devices()``, :mod:`gradjax.sharding`); every process computes the same host values, and only process 0
   (:func:`is_writer`) writes results, reports and the resume state;
 * a campaign (``sweep``, the table programs, ``audit``) splits its experiments over the processes
-  (:class:`gradjax.cli.common.Items`, :func:`gather`): each process runs and writes its own, and
+  (:class:`gradjax.run.campaign.Items`, :func:`gather`): each process runs and writes its own, and
   process 0 reads the others' back as they are written and writes the table. Its processes share JAX's coordination
   service only (``initialize(collectives=False)``): each is a JAX of its own, with its own devices
   and the persistent compilation cache.

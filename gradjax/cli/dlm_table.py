@@ -41,7 +41,7 @@ from absl import app, flags, logging
 
 from gradjax.cli import common
 from gradjax import data, metrics
-from gradjax.run import config, report
+from gradjax.run import campaign, config, report
 
 METHODS = {
     "DLG": dict(attack="dlg", objective="replay", optimizer="adam", learning_rate=0.1,
@@ -81,7 +81,7 @@ def experiments(name: str, overrides: dict, indices, base: dict) -> list[tuple[s
 
 
 def run_method(name: str, overrides: dict, indices, std, threshold: float, base: dict,
-               items: common.Items) -> dict:
+               items: campaign.Items) -> dict:
   rows = []
   for (key, cfg), index in zip(experiments(name, overrides, indices, base), indices):
     results, images, _ = items.run(key, cfg)
@@ -149,7 +149,7 @@ def main(argv):
   std = data.normalization(cfg.dataset).std if cfg.dataset in ("cifar10", "cifar100") else (1.0,)
   out = common.output_folder("dlm_table" + ("_box" if cfg.box else ""),
                              own=("results.*", "items/*.json", "items/*.npz", "config.py"))
-  items = common.Items(out)
+  items = common.items(out)
   start = time.perf_counter()
   indices = range(f.start, f.start + f.count)
   try:

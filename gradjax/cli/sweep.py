@@ -121,7 +121,7 @@ def main(argv):
   out = common.output_folder(
       f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{span}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
-  items = common.Items(out)
+  items = common.items(out)
   start, resumed = time.perf_counter(), 0
   if not items.plan(list(zip(keys, cfgs))):
     return  # over several processes: this one's experiments are written, process 0 writes the table

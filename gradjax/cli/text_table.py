@@ -35,7 +35,7 @@ from absl import app, flags, logging
 
 from gradjax.cli import common
 from gradjax import files, text
-from gradjax.run import config, report
+from gradjax.run import campaign, config, report
 
 METHODS = {
     "DLG": dict(attack="dlg"),
@@ -67,7 +67,7 @@ def experiments(model: str, method: str, search: str, base: dict, indices
           for index in indices]
 
 
-def run_rows(model: str, method: str, search: str, base: dict, indices, items: common.Items) -> dict:
+def run_rows(model: str, method: str, search: str, base: dict, indices, items: campaign.Items) -> dict:
   """One row of the table: ``method`` with ``search`` on every sentence of ``indices``."""
   rows = []
   for (key, cfg), index in zip(experiments(model, method, search, base, indices), indices):
@@ -142,7 +142,7 @@ def main(argv):
   if not models:
     common.fail("nothing to attack: --nountrained needs a --checkpoint")
   out = common.output_folder("text_table", own=("results.*", "items/*.json", "config.py"))
-  items = common.Items(out)
+  items = common.items(out)
   start = time.perf_counter()
   table = []
   indices = range(f.start, f.start + f.count)

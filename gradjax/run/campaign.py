@@ -1,0 +1,146 @@
+"""The store of a campaign: a table program's experiments (a sweep's images, a table's rows), each kept
+in ``<out>/items/<key>.json`` (its results) and ``.npz`` (its images) as it ends, so an interrupted
+campaign continues where it stopped and a campaign over several processes splits its experiments.
+
+The processes are the command line's (:mod:`gradjax.cli.distributed`), passed in as ``peers``: an
+object with ``process_count()``, ``process_index()``, ``is_writer()``, ``finished()`` and
+``wait_for(ready)``.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from gradjax import checkpoint, files
+from gradjax.run import config, pipeline, report, resume
+from gradjax.run.config import Config
+
+STATE_FILE = "state.npz"  # a run's solver state, which --resume continues from
+_LOG = logging.getLogger(__name__)
+
+
+class _OneProcess:
+  """``peers`` of a campaign run by one process."""
+
+  @staticmethod
+  def process_count() -> int:
+    return 1
+
+  @staticmethod
+  def process_index() -> int:
+    return 0
+
+  @staticmethod
+  def is_writer() -> bool:
+    return True
+
+  @staticmethod
+  def finished() -> None:
+    pass
+
+  @staticmethod
+  def wait_for(ready: Callable[[], bool]) -> None:
+    if not ready():
+      raise RuntimeError("one process waits for nobody")
+
+
+def _raise(e: resume.Interrupted):
+  raise e
+
+
+class Items:
+  """A campaign's experiments, each kept in ``<out>/items/<key>.json`` (its results) and ``.npz`` (its
+  images; text experiments have none) as it ends. With ``resume``, :meth:`run` reads a finished
+  experiment back instead of running it again, and continues an interrupted one from
+  ``items/<key>.state.npz`` (saved every ``save_every_s`` seconds). A signal that stops an experiment
+  goes to ``interrupted`` (the :class:`gradjax.run.resume.Interrupted`; by default raised on)."""
+
+  def __init__(self, out: str, *, resume: bool = False, save_every_s: float = 60.0, peers: Any = _OneProcess,
+               interrupted: Callable[[resume.Interrupted], Any] = _raise):
+    self.out, self.resume, self.save_every_s = out, resume, save_every_s
+    self.peers, self.interrupted = peers, interrupted
+    self.earlier_s = 0.0  # wall time of the experiments read back (their runs' own)
+    self._owner: dict[str, int] = {}  # over several processes: experiment -> the process running it
+    self._ran: dict[str, tuple[dict, dict]] = {}  # this process's share, run ahead by plan()
+
+  def _path(self, key: str) -> str:
+    return os.path.join(self.out, "items", re.sub(r"[^A-Za-z0-9._=+-]", "_", key))
+
+  def plan(self, experiments: list[tuple[str, Config]]) -> bool:
+    """Over several processes, experiment k of ``experiments`` (every experiment the program will
+    :meth:`run`, in order) belongs to process k mod P: each process runs its share here, writing
+    each experiment as it ends; returns whether this process goes on to assemble the table
+    (process 0, whose :meth:`run` then waits for the others' experiments to be written and reads
+    them back). One process: runs nothing ahead, returns True."""
+    count, me = self.peers.process_count(), self.peers.process_index()
+    if count == 1:
+      return True
+    self._owner = {key: k % count for k, (key, _) in enumerate(experiments)}
+    for k, (key, cfg) in enumerate(experiments):
+      if k % count == me:
+        results, images, done = self.run(key, cfg)
+        self._ran[key] = (results, images)
+        _LOG.info("experiment %d/%d (%s) on process %d%s", k + 1, len(experiments), key, me,
+                     " (saved earlier)" if done else "")
+    if not self.peers.is_writer():
+      self.peers.finished()
+      _LOG.info("process %d: its %d experiments are written; process 0 writes the table", me,
+                   sum(owner == me for owner in self._owner.values()))
+      return False
+    return True
+
+  def run(self, key: str, cfg: Config, **kw) -> tuple[dict, dict, bool]:
+    """(results, images, whether they were saved by an earlier run) of experiment ``cfg``."""
+    base = self._path(key)
+    if key in self._ran:  # run ahead by plan()
+      return (*self._ran[key], False)
+    owner = self._owner.get(key, self.peers.process_index())
+    if owner != self.peers.process_index():  # another process's: read once it is written
+      self.peers.wait_for(lambda: os.path.exists(base + ".json"))
+      return (*self._read(base, cfg), False)
+    if self.resume and os.path.exists(base + ".json"):
+      results, images = self._read(base, cfg)
+      self.earlier_s += float(results.get("wall_time_s", 0.0))
+      return results, images, True
+    state = resume.StateFile(f"{base}.{STATE_FILE}", self.save_every_s, self.resume)
+    resume.stop_on_signals()
+    try:
+      if cfg.modality == "text":  # the sentences are in the results
+        results, images = pipeline.run_text(cfg, state=state, **kw), {}
+      else:
+        results, images = pipeline.run(cfg, state=state, **kw)
+    except resume.Interrupted as e:
+      self.interrupted(e)
+      raise
+    if cfg.modality != "text":
+      files.atomic_write(base + ".npz", lambda fh: np.savez(
+          fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
+          reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
+    report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
+    state.remove()
+    return results, images, False
+
+  @staticmethod
+  def _read(base: str, cfg: Config) -> tuple[dict, dict]:
+    try:
+      with open(base + ".json", encoding="utf-8") as fh:
+        results = json.load(fh)
+      # A field the saved configuration lacks was added since, with the default that keeps what it did.
+      defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+      saved = {k: results["config"].get(k, defaults[k]) for k in config.fingerprint(cfg)}
+      images = {}
+      if cfg.modality != "text":
+        with open(base + ".npz", "rb") as fh:
+          arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
+        images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"{base}.json is unreadable ({e}); rerun with --overwrite") from None
+    if saved != config.fingerprint(cfg):
+      raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
+                       "another --output_dir")
+    return results, images
