@@ -31,6 +31,43 @@ def run_program(name, *args, cwd=None):
                         capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
+# Runs commands given as JSON ([argv, folder] pairs) one after the other in this one process, absl's
+# flags reset between them, and prints [exit code, stdout, stderr] of each as JSON: an exception that
+# would have ended the program puts its traceback in stderr, as the interpreter would.
+_IN_ONE_PROCESS = """
+import contextlib, io, json, os, sys, traceback
+from absl import flags
+from gradjax import cli
+out = []
+for argv, folder in json.loads(sys.argv[1]):
+  flags.FLAGS.unparse_flags()
+  os.chdir(folder)
+  stdout, stderr = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    try:
+      cli.main(argv)
+      code = 0
+    except SystemExit as e:
+      code = e.code
+    except BaseException:
+      traceback.print_exc()
+      code = 1
+  out.append([code, stdout.getvalue(), stderr.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def run_in_one_process(cases):
+  """``subprocess.CompletedProcess``-like results of the commands ``cases`` ([argv, folder] pairs,
+  argv starting ``gradjax <command>``), run by one Python process (the startup paid once)."""
+  proc = subprocess.run([sys.executable, "-c", _IN_ONE_PROCESS, json.dumps([[a, str(f)] for a, f in cases])],
+                        capture_output=True, text=True, cwd=ROOT, timeout=600,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return [subprocess.CompletedProcess(argv, code, stdout, stderr)
+          for (argv, _), (code, stdout, stderr) in zip(cases, json.loads(proc.stdout.splitlines()[-1]))]
+
+
 @pytest.mark.slow
 def test_pipeline_metrics_match_scikit_image():
   cfg = config.Config(image_size=16, index=4, batch_size=2, iterations=40, attack="dlg")
@@ -83,7 +120,7 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
   assert grid.shape == (2 * (16 * 4 + 2) + 2, 16 * 4 + 2 + 2, 3)
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_FLAGS = [
     (["--model=alexnet"], "unknown model"),
     (["--attack=idlg", "--batch_size=2"], "batch 1"),
     (["--dataset=mnist", "--data_dir=/nonexistent"], "mnist"),
@@ -102,18 +139,23 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
     (["--config=/nonexistent/dlg.py"], "/nonexistent/dlg.py"),
     (["--attack=exclusive_neurons", "--model=mlp", "--iterations=10"], "is a closed form"),
     (["--attack=exclusive_neurons"], "first layer is a biased dense layer"),
-])
+]
+
+
 @pytest.mark.slow
-def test_bad_input_is_one_line_with_exit_2(args, message, tmp_path):
-  proc = run_program("reconstruct.py", *args, f"--output_dir={tmp_path}")
-  _assert_one_line_error(proc, message)
+def test_bad_input_is_one_line_with_exit_2(tmp_path):
+  """Bad names and numbers: one line and exit code 2 each (the cases share one process)."""
+  cases = [(["gradjax", "reconstruct", *args, f"--output_dir={tmp_path / str(k)}"], ROOT)
+           for k, (args, _) in enumerate(BAD_FLAGS)]
+  for (args, message), proc in zip(BAD_FLAGS, run_in_one_process(cases)):
+    _assert_one_line_error(proc, message, args)
 
 
-def _assert_one_line_error(proc, message):
-  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+def _assert_one_line_error(proc, message, case=None):
+  assert proc.returncode == 2, (case, proc.returncode, proc.stderr[-2000:])
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
-  assert "Traceback" not in proc.stderr
+  assert len(errors) == 1 and message in errors[0], (case, proc.stderr[-2000:])
+  assert "Traceback" not in proc.stderr, (case, proc.stderr[-2000:])
 
 
 def _bad_files(tmp_path):
@@ -133,7 +175,7 @@ def _bad_files(tmp_path):
   return tmp_path
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_FILES = [
     (["--output_dir=/proc/nope"], "cannot write to the output folder /proc/nope"),
     (["--output_dir={d}/a_file"], "is a file, not a folder"),
     (["--checkpoint={d}"], "is a directory, not a file"),
@@ -155,18 +197,25 @@ def _bad_files(tmp_path):
     (["--resume"], "no interrupted run"),
     (["--iterations=0"], "iterations must be positive"),
     (["--image_size=-3"], "image_size must be positive"),
-])
+]
+
+
 @pytest.mark.slow
-def test_bad_input_table(args, message, tmp_path):
+def test_bad_input_table(tmp_path):
   """The CLI's bad inputs (names, numbers, missing, wrong-kind, corrupt and pickled files,
-  unwritable folders) each give one line and exit 2 before anything is computed."""
+  unwritable folders) each give one line and exit 2 before anything is computed (the cases share
+  one process, each run from a folder of its own)."""
   d = _bad_files(tmp_path)
-  args = [a.format(d=d) for a in args]
-  if not any(a.startswith("--output_dir") for a in args) and "--resume" not in args:
-    args.append(f"--output_dir={d}/run")
-  proc = run_program("reconstruct.py", *args, cwd=d)
-  _assert_one_line_error(proc, message)
-  assert not (d / "run").exists()  # nothing left behind
+  cases = []
+  for k, (args, _) in enumerate(BAD_FILES):
+    args = [a.format(d=d) for a in args]
+    if not any(a.startswith("--output_dir") for a in args) and "--resume" not in args:
+      args.append(f"--output_dir={d}/run{k}")
+    (d / f"case{k}").mkdir()
+    cases.append((["gradjax", "reconstruct", *args], d / f"case{k}"))
+  for k, ((args, message), proc) in enumerate(zip(BAD_FILES, run_in_one_process(cases))):
+    _assert_one_line_error(proc, message, args)
+    assert not (d / f"run{k}").exists() and not any((d / f"case{k}").iterdir()), args  # nothing left behind
 
 
 @pytest.mark.slow
@@ -663,12 +712,21 @@ def test_an_installed_package_runs_without_the_clone(tmp_path):
 # --config's default names each table's protocol (its packaged configuration): a default by design.
 PER_PROGRAM = {"config"}
 
+# The options of each module given (JSON list) as JSON: module -> option -> [repr(default), help]. One
+# process imports them in turn, taking each one's flags and modules out before the next.
 _FLAGS_OF = """
 import importlib, json, sys
 from absl import flags
-importlib.import_module(sys.argv[1])
-print(json.dumps({f.name: [repr(f.default), f.help] for module, fl in flags.FLAGS.flags_by_module_dict().items()
-                  if not module.startswith("absl") for f in fl}))
+out, base = {}, set(flags.FLAGS)
+for name in json.loads(sys.argv[1]):
+  importlib.import_module(name)
+  out[name] = {f.name: [repr(f.default), f.help] for module, fl in flags.FLAGS.flags_by_module_dict().items()
+               if not module.startswith("absl") for f in fl}
+  for flag in set(flags.FLAGS) - base:
+    delattr(flags.FLAGS, flag)
+  for module in [m for m in sys.modules if m.startswith(("gradjax.cli", "benchmarks"))]:
+    del sys.modules[module]
+print(json.dumps(out))
 """
 
 
@@ -681,11 +739,12 @@ def test_each_option_has_one_name_default_and_help_across_commands():
   seen = {}  # option -> (default, help) -> commands
   modules = {name: f"gradjax.cli.{m}" for name, (m, _) in cli.COMMANDS.items()}
   modules.update({f"benchmarks {name}": f"benchmarks.{m}" for name, (m, _) in benchmarks.PROGRAMS.items()})
+  proc = subprocess.run([sys.executable, "-c", _FLAGS_OF, json.dumps(sorted(modules.values()))],
+                        capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-1000:]
+  options_of = json.loads(proc.stdout)
   for name in sorted(modules):
-    proc = subprocess.run([sys.executable, "-c", _FLAGS_OF, modules[name]], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-1000:]
-    for option, (default, help_text) in json.loads(proc.stdout).items():
+    for option, (default, help_text) in options_of[modules[name]].items():
       if option not in PER_PROGRAM:
         help_text = re.sub(r" \[--config\.[\w.]+\]$", "", help_text)
         seen.setdefault(option, {}).setdefault((default, help_text), []).append(name)
@@ -790,15 +849,21 @@ def _examples():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where, argv", _examples(), ids=lambda v: v if isinstance(v, str) else None)
-def test_every_example_of_the_help_and_the_readme_parses(where, argv):
+def test_every_example_of_the_help_and_the_readme_parses():
   """Each example, as shown, resolves its configuration (``--print_config``: nothing runs) from the
-  clone's root: an example that names a missing file or an unknown flag fails here."""
-  proc = subprocess.run([sys.executable, "-m", "gradjax", *argv[1:], "--print_config"],
-                        capture_output=True, text=True, cwd=ROOT, timeout=120,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert proc.returncode == 0, (where, argv, proc.stderr[-1000:])
-  assert "def get_config():" in proc.stdout
+  clone's root: an example that names a missing file or an unknown flag fails here. The examples of
+  one command share a process."""
+  by_command = collections.defaultdict(list)
+  for where, argv in _examples():
+    by_command[argv[1]].append((where, argv))
+  assert len(by_command) >= 8 and sum(map(len, by_command.values())) >= 30
+  failed = []
+  for examples in by_command.values():
+    for (where, argv), proc in zip(examples, run_in_one_process([([*a, "--print_config"], ROOT)
+                                                                  for _, a in examples])):
+      if proc.returncode != 0 or "def get_config():" not in proc.stdout:
+        failed.append((where, shlex.join(argv), proc.returncode, proc.stderr[-500:]))
+  assert not failed, failed
 
 
 def test_a_missing_configuration_or_an_override_without_one_reads_as_the_user_meant(tmp_path):
