@@ -25,6 +25,10 @@ Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` repro
   blocks; 17.5 dB, SSIM 0.30), barely more than a colour layout, for 13. Inverting Gradients'
   reconstructions at 18-20 dB (their Table 1) are recognisable to a reader, which the SSIM and LPIPS
   thresholds catch where PSNR misses.
+* LPIPS counts only for images of at least 48 pixels a side. Below that AlexNet's features hardly
+  tell images apart: two unrelated CIFAR-10 test images (500-563, each against 7 others) score a
+  median LPIPS of 0.21, 41 % of the pairs <= 0.2; unrelated scikit-image photos at 32 px 10 %, at
+  48 px 1 % and at 64-128 px 0-1 % (``experiments/studies/batches``, ``lpips_chance.py``).
 * Labels leak when the attack inferred them (the threat model did not share them) and recovered
   all N, where a uniform guess of N labels among K classes gets the multiset right with probability
   under 1 % (N! / Π m_c! / K^N; one label of 10 classes: 10 %, not evidence).
@@ -62,6 +66,7 @@ class Thresholds(NamedTuple):
   psnr: float = 20.0          # dB, per image, at least
   ssim: float = 0.5           # per image, at least
   lpips: float = 0.2          # per image, at most
+  lpips_min_side: int = 48    # pixels a side, at least, for LPIPS to count
   label_chance: float = 0.01  # labels leak when a guess gets them all right less often than this
   matched: float = 5e-4       # residual over all layers, at most
   matched_layer: float = 1e-2  # residual in every layer, at most
@@ -167,8 +172,8 @@ def composition_chance(true_labels: Sequence[int], num_classes: int) -> float:
   return onto / num_classes ** n
 
 
-RULE = ("recognisable: PSNR >= {psnr:g} dB, SSIM >= {ssim:g} or LPIPS <= {lpips:g}, and 1 dB above its "
-        "own mean colour")
+RULE = ("recognisable: PSNR >= {psnr:g} dB, SSIM >= {ssim:g} or LPIPS <= {lpips:g} (images of "
+        "{lpips_min_side} px a side or more), and 1 dB above its own mean colour")
 
 
 def _image_rule(p, s, l, f, t: Thresholds) -> tuple[bool, str]:
@@ -191,14 +196,15 @@ def _multiset_difference(a, b) -> dict:
   return {str(c): k for c, k in sorted(extra.items())}
 
 
-def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int,
+def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, side: int | None = None,
                    thresholds: Thresholds = THRESHOLDS) -> dict:
   """What a scored image reconstruction reveals, one finding per kind of leak.
 
   ``scores``: ``psnr_per_image``, ``ssim_per_image``, optional ``lpips_per_image`` and
   ``psnr_mean_colour_per_image`` (:func:`mean_colour_psnr`), in ground-truth order after the optimal
   assignment (:func:`gradjax.metrics.score`); ``label_accuracy``, ``labels_true`` and
-  ``labels_reconstructed`` where labels were scored.
+  ``labels_reconstructed`` where labels were scored. ``side``: the images' smaller side in pixels;
+  below ``thresholds.lpips_min_side`` (or unknown) LPIPS decides nothing.
 
   Returns ``{"images": ..., "labels": ..., "composition": ...}``, each with ``leak`` (bool) and
   ``reason`` (the rule that decided):
@@ -218,9 +224,10 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int,
   t = thresholds
   n = len(scores["psnr_per_image"])
   lpips = scores.get("lpips_per_image") or [None] * n
+  counted = lpips if side is not None and side >= t.lpips_min_side else [None] * n
   flat = scores.get("psnr_mean_colour_per_image") or [-np.inf] * n
   per_image, below = [], []
-  for i, (p, s, l, f) in enumerate(zip(scores["psnr_per_image"], scores["ssim_per_image"], lpips, flat)):
+  for i, (p, s, l, f) in enumerate(zip(scores["psnr_per_image"], scores["ssim_per_image"], counted, flat)):
     ok, rule = _image_rule(p, s, l, f, t)
     per_image.append({"recognisable": ok, "rule": rule})
     if p < f + 1.0:

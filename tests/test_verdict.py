@@ -104,7 +104,11 @@ def test_image_findings():
   assert got["images"]["recognisable"] == 1 and got["images"]["share"] == 0.5
   assert got["images"]["median_psnr"] == pytest.approx((12.0 + t.psnr) / 2)
   assert _recognisable(verdict.image_findings(_scores([12.0], [t.ssim]), **none)) == [True]
-  assert _recognisable(verdict.image_findings(_scores([12.0], [0.1], lpips=[t.lpips]), **none)) == [True]
+  lpips_only = _scores([12.0], [0.1], lpips=[t.lpips])
+  assert _recognisable(verdict.image_findings(lpips_only, side=t.lpips_min_side, **none)) == [True]
+  # Smaller images, or of an unknown size: LPIPS decides nothing.
+  assert _recognisable(verdict.image_findings(lpips_only, side=t.lpips_min_side - 1, **none)) == [False]
+  assert _recognisable(verdict.image_findings(lpips_only, **none)) == [False]
   # No better than the image's own mean colour: not recognisable, whatever the thresholds say, and
   # the finding counts it.
   flat = verdict.image_findings(_scores([23.0, 21.0], [0.8, 0.8], flat=[22.5, 10.0]), **none)
@@ -215,3 +219,22 @@ def test_thresholds_against_trivial_images():
   assert recognised(np.roll(x, 1, axis=0)) == 0
   for candidate in noise:
     assert recognised(candidate) == 0
+
+
+@pytest.mark.slow
+def test_lpips_tells_unrelated_images_apart_only_from_48_pixels():
+  """The measurement behind ``Thresholds.lpips_min_side``: unrelated scikit-image photos (each of 16
+  against the 15 others) at 32 px score LPIPS <= 0.2 in about a tenth of the pairs, at 48 px and more
+  in at most 2 %."""
+  from gradjax import lpips
+  if not lpips.available("alex"):
+    pytest.skip("needs the lpips extra")
+  metric, t = lpips.load("alex"), verdict.THRESHOLDS
+
+  def share_below(side):
+    x = data.load("skimage", indices=range(16), image_size=(side, side)).x.astype(np.float32)
+    d = np.concatenate([lpips.distance(metric, np.roll(x, k, axis=0), x) for k in range(1, 16)])
+    return float(np.mean(d <= t.lpips))
+
+  assert share_below(32) >= 0.05
+  assert share_below(t.lpips_min_side) <= 0.02 and share_below(64) <= 0.02

@@ -475,7 +475,7 @@ def _run_image(cfg: Config, callback, batch, state):
     results.update(lpips_scores(cfg.lpips, x_rec[order], batch.x))
     results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
     findings = verdict.image_findings(results, labels_inferred=not share_labels,
-                                      num_classes=model.num_classes)
+                                      num_classes=model.num_classes, side=min(batch.x.shape[1:3]))
     results["findings"] = findings
     images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
   if results.get("lpips") is None:

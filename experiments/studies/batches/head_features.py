@@ -73,7 +73,13 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     # ... and on development images 0-7: TV 5 at 2000 and 4000 iterations.
     ("b8_0_hf_own_convnet16_tv5", 8, 0, 1, WEIGHT, ("--model=convnet-16", "--priors=tv:5")),
     ("b8_0_hf_own_convnet16_tv5_4000", 8, 0, 1, WEIGHT,
-     ("--model=convnet-16", "--priors=tv:5", "--iterations=4000"))]
+     ("--model=convnet-16", "--priors=tv:5", "--iterations=4000")),
+    # The same with the first convolutions' gradients weighed more: each layer's cosine alike, or
+    # layer l weighted 1 / (l + 1).
+    ("b8_0_hf_own_convnet16_tv5_per_layer", 8, 0, 1, WEIGHT,
+     ("--model=convnet-16", "--priors=tv:5", "--distance=cosine_per_layer")),
+    ("b8_0_hf_own_convnet16_tv5_inverse", 8, 0, 1, WEIGHT,
+     ("--model=convnet-16", "--priors=tv:5", "--layer_weights=inverse"))]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
@@ -94,8 +100,9 @@ def table() -> tuple[str, dict]:
       continue
     psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
     ssim = np.array([s for r in rows for s in r["ssim_per_image"]])
-    seen = sum(r["findings"]["images"]["recognisable"] for r in rows)
-    leaks = sum(r["verdict"]["status"] == "leak" for r in rows)
+    counted = [sweeps.recount(r) for r in rows]
+    seen = sum(c[0] for c in counted)
+    leaks = sum(c[1] for c in counted)
     seconds = float(np.mean([r["wall_time_s"] for r in rows]))
     numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
@@ -106,6 +113,8 @@ def table() -> tuple[str, dict]:
       setting += f"; {iterations} iterations"
     if "_own" in row:
       setting += "; targets per example"
+    for flag in ("--distance=", "--layer_weights="):
+      setting += "".join(f"; {e[2:]}" for e in extra if e.startswith(flag))
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"
     model = next((e.split("=", 1)[1] for e in extra if e.startswith("--model=")), "lenet_zhu")

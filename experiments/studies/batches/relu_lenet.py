@@ -44,8 +44,9 @@ def table() -> tuple[str, dict]:
     if rows is None:
       continue
     psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
-    seen = sum(r["findings"]["images"]["recognisable"] for r in rows)
-    leaks = sum(r["verdict"]["status"] == "leak" for r in rows)
+    counted = [sweeps.recount(r) for r in rows]
+    seen = sum(c[0] for c in counted)
+    leaks = sum(c[1] for c in counted)
     labels = sum(r["label_accuracy"] for r in rows)
     seconds = float(np.mean([r["wall_time_s"] for r in rows]))
     numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),

@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 
+from gradjax import verdict
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 
@@ -36,6 +38,15 @@ def rows(runs: str, row: str) -> list[dict] | None:
     return None
   with open(path, encoding="utf-8") as fh:
     return json.load(fh)["rows"]
+
+
+def recount(row: dict) -> tuple[int, bool]:
+  """(images recognisable, whether the run leaks) of a sweep's row by the verdict's rule as it is
+  now (:func:`gradjax.verdict.image_findings`, its scores as the row saved them, CIFAR-10's 32 px):
+  rows run before 2026-11-28 counted LPIPS <= 0.2 at 32 px, where unrelated images score as low."""
+  images = verdict.image_findings(row, labels_inferred=False, num_classes=10, side=32)["images"]
+  saved = {k: v for k, v in (row.get("findings") or {}).items() if k != "images"}
+  return images["recognisable"], bool(verdict.leaks({**saved, "images": images}))
 
 
 def main(doc: str, runs: str, rows: list, run, table) -> None:
