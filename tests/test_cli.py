@@ -508,6 +508,17 @@ def test_label_recovery_program(tmp_path):
   assert table in proc.stdout
   oracle = result["methods"]["bias_counts (oracle p̄)"]
   assert f"| 1.000 ± 0.000 | {oracle['exact_batches']}/2 |" in table
+  # --start moves the pool: the batches' images and labels are the dataset's from there.
+  moved = tmp_path / "moved.json"
+  proc = run_program("label_recovery.py", "--count=2", "--start=500", "--pool=200", "--aux_size=0",
+                     f"--output={moved}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(moved.read_text())
+  indices = np.asarray(result["batches"]["indices"])
+  assert indices.min() >= 500 and indices.max() < 700 and result["config"]["start"] == 500
+  from gradjax import data
+  truth = data.load("cifar10", indices=indices.ravel().tolist()).y.reshape(indices.shape)
+  np.testing.assert_array_equal(result["batches"]["labels"], truth)
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ label multiset from that gradient; we report the order-free label accuracy
 Batch construction (seeded ``numpy.random.Generator(--seed)``): for batch b, draw
 ``--classes_per_batch`` distinct classes, then ``--batch_size`` labels from them WITH replacement (so
 with classes_per_batch < batch_size some class always repeats), then for each label a distinct image
-of that class from the first ``--pool`` images of the dataset. The model of batch b is initialised
-from ``fold_in(key(--seed), b)``.
+of that class from the ``--pool`` images of the dataset from ``--start`` (0: the first). The model of
+batch b is initialised from ``fold_in(key(--seed), b)``.
 
 Methods (see gradjax.labels):
   negative_bias, yin    distinct labels only: they lose every repeat by design
@@ -92,14 +92,16 @@ def main(argv):
   for name in ("count", "classes_per_batch", "pool"):
     if getattr(f, name) < 1:
       fail(f"--{name} must be positive, got {getattr(f, name)}")
+  if f.start < 0:
+    fail(f"--start must be non-negative, got {f.start}")
   if f.aux_size < 0:
     fail(f"--aux_size must be ≥ 0, got {f.aux_size}")
   start = time.perf_counter()
   try:
     try:
       size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
-      pool = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(cfg.pool), image_size=size,
-                       channels=cfg.channels)
+      pool = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(f.start, f.start + cfg.pool),
+                       image_size=size, channels=cfg.channels)
     except ValueError as e:
       raise ValueError(f"{e} (lower --pool)" if "out of range" in str(e) else str(e)) from None
     pool_x, pool_y = pool.x, pool.y
@@ -159,7 +161,8 @@ def main(argv):
 
   wall = time.perf_counter() - start
   distinct = [len(np.unique(pool_y[idx])) for idx in batches]
-  lines = [f"Label recovery on {f.count} {cfg.dataset} batches of {cfg.batch_size} (labels from "
+  lines = [f"Label recovery on {f.count} {cfg.dataset} batches of {cfg.batch_size} (images "
+           f"{f.start}-{f.start + cfg.pool - 1}, labels from "
            f"{cfg.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
            f"fresh {cfg.model} (init {init}) per batch, seed {cfg.seed}:", "",
            "| method | needs | label accuracy (mean ± std) | exact batches | ms / batch (median) |",
@@ -185,11 +188,12 @@ def main(argv):
   print(table, end="")
   if f.output:
     report.save_json(f.output, {
-        "config": {"dataset": cfg.dataset, "pool": int(len(pool_y)), "normalization": cfg.normalization,
+        "config": {"dataset": cfg.dataset, "start": f.start, "pool": int(len(pool_y)),
+                   "normalization": cfg.normalization,
                    "model": cfg.model, "init": init, "act": cfg.act, "num_classes": num_classes,
                    "count": f.count, "batch_size": cfg.batch_size,
                    "classes_per_batch": cfg.classes_per_batch, "aux_size": f.aux_size, "seed": cfg.seed},
-        "batches": {"indices": batches, "labels": pool_y[batches], "distinct": distinct},
+        "batches": {"indices": np.asarray(batches) + f.start, "labels": pool_y[batches], "distinct": distinct},
         "distinct_label_upper_bound": upper,
         "methods": summary, "wall_time_s": wall, **provenance(),
     })

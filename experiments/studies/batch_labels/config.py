@@ -19,6 +19,17 @@ VARIANTS = {
         'model.init': 'uniform',
         'model.num_classes': 10,
     }),
+    # runs/label_recovery_lenet_zhu_cifar10_b8_unseen.json: CIFAR-10 training images 0-999, outside
+    # the first row's pool (test images 0-999)
+    'label_recovery_lenet_zhu_cifar10_b8_unseen': (
+        'label-recovery --count=20 --aux_size=16 --output=experiments/studies/batch_labels/runs/label_recovery_lenet_zhu_cifar10_b8_unseen.json',
+        None, {
+        'data.batch_size': 8,
+        'data.dataset': 'cifar10_train',
+        'data.normalization': 'none',
+        'model.init': 'uniform',
+        'model.num_classes': 10,
+    }),
 }
 
 
