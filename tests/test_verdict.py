@@ -224,8 +224,8 @@ def test_thresholds_against_trivial_images():
 @pytest.mark.slow
 def test_lpips_tells_unrelated_images_apart_only_from_48_pixels():
   """The measurement behind ``Thresholds.lpips_min_side``: unrelated scikit-image photos (each of 16
-  against the 15 others) at 32 px score LPIPS <= 0.2 in about a tenth of the pairs, at 48 px and more
-  in at most 2 %."""
+  against 4 others) score LPIPS <= 0.2 in 17 % of the pairs at 32 px, 1 of 64 at 48 px (the batches
+  study's lpips_chance.py measures all pairs, more sizes and CIFAR-10)."""
   from gradjax import lpips
   if not lpips.available("alex"):
     pytest.skip("needs the lpips extra")
@@ -233,8 +233,7 @@ def test_lpips_tells_unrelated_images_apart_only_from_48_pixels():
 
   def share_below(side):
     x = data.load("skimage", indices=range(16), image_size=(side, side)).x.astype(np.float32)
-    d = np.concatenate([lpips.distance(metric, np.roll(x, k, axis=0), x) for k in range(1, 16)])
-    return float(np.mean(d <= t.lpips))
+    others = np.concatenate([np.roll(x, k, axis=0) for k in range(1, 5)])  # one call: one program
+    return float(np.mean(lpips.distance(metric, others, np.tile(x, (4, 1, 1, 1))) <= t.lpips))
 
-  assert share_below(32) >= 0.05
-  assert share_below(t.lpips_min_side) <= 0.02 and share_below(64) <= 0.02
+  assert share_below(32) >= 0.1 and share_below(t.lpips_min_side) <= 0.05
