@@ -558,3 +558,24 @@ def test_conv_auto_resolves_per_backend():
 def test_one_name_grammar(name, want):
   """models.parse_name is the grammar get_module, interop and the benchmark's PyTorch twins read."""
   assert models.parse_name(name) == want
+
+
+def test_convnet_average_pooling_against_numpy(photos):
+  """``ConvNet(pool="avg")`` (the batches study's diagnosis of max pooling): its logits are the
+  head applied, in NumPy, to the 3x3 block means of the last block's activations (captured after
+  its BatchNorm, ReLU applied here); with ``pool="max"`` they are not."""
+  from gradjax.models.convnet import ConvNet
+  x = jnp.asarray(photos[:2])
+  module = ConvNet(num_classes=10, width=2, pool="avg")
+  variables = module.init(jax.random.key(0), x)
+  logits, state = module.apply(variables, x, capture_intermediates=True, mutable=["intermediates"])
+  z = np.maximum(np.asarray(state["intermediates"]["BatchNorm_7"]["__call__"][0], np.float64), 0.0)
+  n, h, w, c = z.shape  # 10x10 after the first pooling
+  pooled = z[:, :h // 3 * 3, :w // 3 * 3].reshape(n, h // 3, 3, w // 3, 3, c).mean(axis=(2, 4))
+  head = variables["params"]["head"]
+  want = pooled.reshape(n, -1) @ np.asarray(head["kernel"], np.float64) + np.asarray(head["bias"])
+  np.testing.assert_allclose(np.asarray(logits, np.float64), want, rtol=1e-4, atol=1e-5)
+  other = ConvNet(num_classes=10, width=2, pool="max").apply(variables, x)
+  assert not np.allclose(np.asarray(other), np.asarray(logits))
+  with pytest.raises(ValueError, match="max or avg"):
+    ConvNet(num_classes=10, width=2, pool="sum").init(jax.random.key(0), x)

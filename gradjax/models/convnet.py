@@ -23,9 +23,13 @@ class ConvNet(nn.Module):
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
   conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
+  pool: str = "max"  # "max" (the paper's) or "avg": the two 3x3 poolings (the batches study's diagnosis)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
+    if self.pool not in ("max", "avg"):
+      raise ValueError(f"ConvNet pooling is max or avg, got {self.pool!r}")
+    pool = nn.max_pool if self.pool == "max" else nn.avg_pool
     inits = get_initializers(self.weight_init, self.init_scale)
     act = activation(self.act)
     w = self.width
@@ -34,7 +38,7 @@ class ConvNet(nn.Module):
                   conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())(x)
       x = act(batch_norm(train, self.param_dtype)(x))
       if i in (5, 7):
-        x = nn.max_pool(x, (3, 3), strides=(3, 3))
+        x = pool(x, (3, 3), strides=(3, 3))
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)
 
