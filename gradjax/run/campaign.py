@@ -49,19 +49,16 @@ class _OneProcess:
       raise RuntimeError("one process waits for nobody")
 
 
-def _raise(e: resume.Interrupted):
-  raise e
-
-
 class Items:
   """A campaign's experiments, each kept in ``<out>/items/<key>.json`` (its results) and ``.npz`` (its
   images; text experiments have none) as it ends. With ``resume``, :meth:`run` reads a finished
   experiment back instead of running it again, and continues an interrupted one from
   ``items/<key>.state.npz`` (saved every ``save_every_s`` seconds). A signal that stops an experiment
-  goes to ``interrupted`` (the :class:`gradjax.run.resume.Interrupted`; by default raised on)."""
+  raises :class:`gradjax.run.resume.Interrupted`, first handed to ``interrupted`` when given (the
+  command line's names the command that resumes and exits)."""
 
   def __init__(self, out: str, *, resume: bool = False, save_every_s: float = 60.0, peers: Any = _OneProcess,
-               interrupted: Callable[[resume.Interrupted], Any] = _raise):
+               interrupted: Callable[[resume.Interrupted], Any] | None = None):
     self.out, self.resume, self.save_every_s = out, resume, save_every_s
     self.peers, self.interrupted = peers, interrupted
     self.earlier_s = 0.0  # wall time of the experiments read back (their runs' own)
@@ -115,7 +112,8 @@ class Items:
       else:
         results, images = pipeline.run(cfg, state=state, **kw)
     except resume.Interrupted as e:
-      self.interrupted(e)
+      if self.interrupted is not None:
+        self.interrupted(e)
       raise
     if cfg.modality != "text":
       files.atomic_write(base + ".npz", lambda fh: np.savez(
