@@ -13,13 +13,14 @@ Writes runs/lpips_chance/table.md and table.json.
 """
 
 import argparse
-import json
 import os
 
 import numpy as np
 from scipy import ndimage
 
 from gradjax import data, lpips
+
+import sweeps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "lpips_chance")
@@ -59,12 +60,8 @@ def main():
     psnr_text = "–" if r["psnr_mean"] is None else f"{r['psnr_mean']:.1f}"
     lines.append(f"| {r['pairs']} | {r['n']} | {r['median']:.3f} | {r['min']:.3f} | {r['at_most_0_2']:.2f} | "
                  f"{r['at_most_0_3']:.2f} | {psnr_text} |")
-  os.makedirs(RUNS, exist_ok=True)
-  with open(os.path.join(RUNS, "table.md"), "w", encoding="utf-8") as fh:
-    fh.write("\n".join(lines) + "\n")
-  with open(os.path.join(RUNS, "table.json"), "w", encoding="utf-8") as fh:
-    json.dump({"rows": rows}, fh, indent=1)
   print("\n".join(lines))
+  sweeps.write_table(RUNS, "\n".join(lines) + "\n", {"rows": rows})
 
 
 if __name__ == "__main__":

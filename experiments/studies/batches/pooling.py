@@ -14,7 +14,6 @@ question came up) and 500-503 (unseen). Writes runs/pooling/table.md and table.j
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 
@@ -22,6 +21,8 @@ import jax
 import numpy as np
 
 from gradjax import attacks, clients, data, metrics, models, optimizers, presets, verdict
+
+import sweeps
 
 ATTACK = dataclasses.replace(presets.idlg(), optimizer=optimizers.Named("lbfgs_fixed", 1.0))
 
@@ -67,12 +68,8 @@ def main():
       summary[f"{pool}_{name}"] = {"psnr_mean": float(np.mean(psnr)), "residual_median": residual}
       lines.append(f"| {name} | {pool} | {', '.join(f'{p:.1f}' for p in psnr)} | {np.mean(psnr):.2f} | "
                    f"{residual:.3f} | {np.mean([r['seconds'] for r in mine]):.0f} |")
-  os.makedirs(RUNS, exist_ok=True)
-  with open(os.path.join(RUNS, "table.md"), "w", encoding="utf-8") as fh:
-    fh.write("\n".join(lines) + "\n")
-  with open(os.path.join(RUNS, "table.json"), "w", encoding="utf-8") as fh:
-    json.dump({"rows": rows, "summary": summary, "jax": jax.__version__}, fh, indent=1)
   print("\n".join(lines))
+  sweeps.write_table(RUNS, "\n".join(lines) + "\n", {"rows": rows, "summary": summary, "jax": jax.__version__})
 
 
 if __name__ == "__main__":

@@ -63,8 +63,12 @@ def main(doc: str, runs: str, rows: list, run, table) -> None:
     for row in rows:
       if not wanted or row[0] in wanted:
         run(*row, args.data_dir)
+  write_table(runs, *table())
+
+
+def write_table(runs: str, text: str, numbers: dict) -> None:
+  """A part's table into ``runs``: ``table.md`` (``text``, markdown) and ``table.json`` (``numbers``)."""
   os.makedirs(runs, exist_ok=True)
-  text, numbers = table()
   with open(os.path.join(runs, "table.md"), "w", encoding="utf-8") as fh:
     fh.write(text)
   with open(os.path.join(runs, "table.json"), "w", encoding="utf-8") as fh:
