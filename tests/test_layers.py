@@ -22,20 +22,16 @@ def _library_modules():
         yield os.path.relpath(os.path.join(folder, name), ROOT)
 
 
-def _offences(path):
+def _tree(path):
   with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
-    tree = ast.parse(fh.read(), path)
-  found = []
-  for node in ast.walk(tree):
-    names = []
-    if isinstance(node, ast.Import):
-      names = [a.name for a in node.names]
-    elif isinstance(node, ast.ImportFrom) and node.module:
-      names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-    for name in names:
-      if name.split(".")[0] in ("absl", "benchmarks") or any(
-          name == top or name.startswith(top + ".") for top in ("gradjax.cli", "jax._src")):
-        found.append(f"{path}:{node.lineno} imports {name}")
+    return ast.parse(fh.read(), path)
+
+
+def _offences(path):
+  found = [f"{path}:{line} imports {name}" for line, name in _imported(path)
+           if name.split(".")[0] in ("absl", "benchmarks") or any(
+               name == top or name.startswith(top + ".") for top in ("gradjax.cli", "jax._src"))]
+  for node in ast.walk(_tree(path)):
     if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
         and (node.value.id, node.attr) in (("os", "_exit"), ("sys", "exit"))):
       found.append(f"{path}:{node.lineno} calls {node.value.id}.{node.attr}")
@@ -76,9 +72,7 @@ def _layer(path):
 
 def _imported(path):
   """(line, module) for every module ``path`` imports, ``from gradjax import x`` read as gradjax.x."""
-  with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
-    tree = ast.parse(fh.read(), path)
-  for node in ast.walk(tree):
+  for node in ast.walk(_tree(path)):
     if isinstance(node, ast.Import):
       yield from ((node.lineno, a.name) for a in node.names)
     elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
