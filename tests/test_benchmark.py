@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +34,7 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
       [sys.executable, "-m", "benchmarks", "suite", "--torch=off", "--sections=steps,ops,convs,ttq,startup",
        "--models=lenet_zhu", "--batch_sizes=1", "--repeats=2", "--warmup=0", "--ttq_images=1",
        "--ttq_psnr=8", "--ttq_max_seconds=30", "--conv_shapes=1:8:3:4:3:1,1:16:16:4:3:1",
-       "--startup_runs=1", f"--output_dir={tmp_path}"],
+       "--ig_model=lenet_zhu", "--ig_iterations=2", "--startup_runs=0", f"--output_dir={tmp_path}"],
       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads((tmp_path / "benchmark.json").read_text())
@@ -55,36 +54,20 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
 
 
 @pytest.mark.slow
-def test_accelerator_suite_quick(tmp_path):
-  """``--suite=gpu --quick`` runs on CPU the parts that have not yet run on an accelerator in full
-  (``fedavg``, ``batch``, ``convnet``; the others ran on an H100 and an H200, and are rerun
-  ``--quick`` before a device is used) and writes consistent tables; a second call keeps the parts
-  already written."""
-  from gradjax import data
-  names = ["fedavg"]
-  if data.default_data_dir() is not None:  # the batch and convnet parts attack CIFAR-10 test images
-    names += ["batch", "convnet"]
+def test_accelerator_suite_quick(tmp_path, capsys):
+  """``--suite=gpu --quick`` runs on CPU the part that has not yet run on an accelerator in full
+  (``fedavg``; the others ran on an H100 and an H200, and are all rerun ``--quick`` before a device
+  is used) and records its command, device and rows; a second call keeps the part already written."""
+  from benchmarks import accelerator
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick",
+  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg",
          "--torch=off", f"--output_dir={tmp_path}"]
-  proc = subprocess.run(cmd + [f"--parts={','.join(names)}"], capture_output=True, text=True, env=env,
-                        timeout=900, cwd=ROOT)
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  parts = {p: json.loads((tmp_path / f"gpu_{p}.json").read_text()) for p in names}
-  assert all(d["quick"] and d["rows"] for d in parts.values())
-  assert parts["fedavg"]["rows"][0]["candidates"] == 6  # 4 distinct labels in 2 steps of 2
-  if "batch" in parts:  # the rows are batch_table.py's, read back from its own items
-    items = [json.loads((tmp_path / "batch" / "items" / f"{key}_0.json").read_text()) for key in ("bn", "hfginv")]
-    assert [r["variant"] for r in parts["batch"]["rows"]] == ["+ BN prior (gradinversion)", "+ schedule (hfginv)"]
-    for row, item in zip(parts["batch"]["rows"], items):
-      assert row["psnr_mean"] == pytest.approx(item["psnr"]) and row["iterations"] == 3
-  if "convnet" in parts:  # the row is the sweep's own results.json, read back
-    sweep = json.loads((tmp_path / "convnet_4" / "results.json").read_text())
-    row, = parts["convnet"]["rows"]
-    assert row["model"] == "convnet-4" and row["images"] == 2
-    assert row["psnr_mean"] == pytest.approx(np.mean(sweep["rows"][0]["psnr_per_image"]))
-  text = (tmp_path / "gpu.md").read_text()
-  assert all(f"## {p}" in text for p in parts)
-  again = subprocess.run(cmd + ["--parts=fedavg"], capture_output=True, text=True, env=env, timeout=300,
-                         cwd=ROOT)
-  assert again.returncode == 0 and "fedavg: kept" in again.stdout
+  part = json.loads((tmp_path / "gpu_fedavg.json").read_text())
+  assert part["quick"] and part["rows"] and part["rows"][0]["psnr"] is not None
+  assert "--suite=gpu" in part["command"] and part["environment"]["device_kind"]
+  assert "## fedavg" in (tmp_path / "gpu.md").read_text()
+  accelerator.run(["fedavg"], str(tmp_path), quick=True, dataset="skimage", data_dir=None, seed=0,
+                  overwrite=False, header={})
+  assert "fedavg: kept" in capsys.readouterr().out

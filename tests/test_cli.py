@@ -48,7 +48,7 @@ for argv, folder in json.loads(sys.argv[1]):
       cli.main(argv)
       code = 0
     except SystemExit as e:
-      code = e.code
+      code = 0 if e.code is None else e.code  # sys.exit() and sys.exit(None) exit 0
     except BaseException:
       traceback.print_exc()
       code = 1
@@ -230,42 +230,34 @@ def test_locked_folder_and_sweep_errors(tmp_path):
                          "unknown model")
 
 
-def test_help_lists_the_programs_flags():
-  proc = run_program("reconstruct.py", "--help")
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  text = proc.stdout + proc.stderr
-  for flag in ("--attack", "--model", "--resume", "--overwrite", "--output_dir", "--restarts"):
-    assert flag in text
-  assert "gaussian_kernel_mean" in text and "resnetD-W" in text  # choices from the registries
-
-
 @pytest.mark.slow
 def test_runs_never_overwrite_each_other(tmp_path):
   """Default folders are named from what was attacked and made unique; an explicit folder holding
   files is refused unless --overwrite."""
   args = ["--iterations=5", "--image_size=16"]
-  first = run_program("reconstruct.py", *args, cwd=tmp_path)
-  second = run_program("reconstruct.py", *args, "--seed=1", cwd=tmp_path)
-  assert first.returncode == 0 and second.returncode == 0, second.stderr[-2000:]
+  d = _bad_files(tmp_path / "files")
   runs = tmp_path / "runs"
-  assert sorted(p.name for p in runs.iterdir()) == ["dlg_lenet_zhu_skimage_0", "dlg_lenet_zhu_skimage_0-2"]
+  reconstruct = ["gradjax", "reconstruct", *args]
+  # One process per command (each defines its own flags), its cases in order.
+  first, second, ckpt, again, forced = run_in_one_process([[argv, tmp_path] for argv in (
+      reconstruct, [*reconstruct, "--seed=1"],
+      # A checkpoint's model names the folder (not the --model default).
+      [*reconstruct, f"--checkpoint={d}/good.npz", "--image_size=32"],
+      [*reconstruct, f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}"],
+      [*reconstruct, "--seed=2", "--overwrite", f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}"])])
+  sweep, = run_in_one_process([[["gradjax", "sweep", *args, "--count=1", f"--checkpoint={d}/good.npz",
+                                 "--image_size=32"], tmp_path]])
+  assert first.returncode == 0 and second.returncode == 0, second.stderr[-2000:]
+  assert sorted(p.name for p in runs.iterdir()) == [
+      "dlg_lenet_zhu_skimage_0", "dlg_lenet_zhu_skimage_0-2", "dlg_mlp_skimage_0", "sweep_dlg_mlp_skimage_0..0"]
   assert json.loads((runs / "dlg_lenet_zhu_skimage_0-2" / "metrics.json").read_text())["config"]["seed"] == 1
   assert "wrote runs/dlg_lenet_zhu_skimage_0-2" in second.stdout
-  # A checkpoint's model names the folder (not the --model default).
-  d = _bad_files(tmp_path / "files")
-  ckpt = run_program("reconstruct.py", *args, f"--checkpoint={d}/good.npz", "--image_size=32",
-                     cwd=tmp_path)
   assert ckpt.returncode == 0, ckpt.stderr[-2000:]
   assert (runs / "dlg_mlp_skimage_0" / "metrics.json").exists()
-  sweep = run_program("sweep.py", *args, "--count=1", f"--checkpoint={d}/good.npz",
-                      "--image_size=32", cwd=tmp_path)
   assert sweep.returncode == 0, sweep.stderr[-2000:]
   title = json.loads((runs / "sweep_dlg_mlp_skimage_0..0" / "results.json").read_text())["title"]
   assert title.startswith("dlg on mlp (checkpoint good.npz), skimage 0..0"), title
-  again = run_program("reconstruct.py", *args, f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}")
   _assert_one_line_error(again, "holds another run's files")
-  forced = run_program("reconstruct.py", *args, "--seed=2", "--overwrite",
-                       f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}")
   assert forced.returncode == 0, forced.stderr[-2000:]
   assert json.loads((runs / "dlg_lenet_zhu_skimage_0" / "metrics.json").read_text())["config"]["seed"] == 2
 
@@ -681,8 +673,8 @@ def test_a_run_folder_config_reproduces_the_run(tmp_path):
 
 @pytest.mark.slow
 def test_the_gradjax_command_and_its_subcommands():
-  """python -m gradjax: the list of commands (exit 0 with --help, 2 without a command), an unknown
-  command in one line with exit 2, and every command's --help exits 0 with its options grouped."""
+  """python -m gradjax: the list of commands (exit 0 with --help, 2 without a command) and an unknown
+  command in one line with exit 2 (each command's --help: the examples test)."""
   from gradjax import cli
   gradjax = [sys.executable, "-m", "gradjax"]
   listed = subprocess.run([*gradjax, "--help"], capture_output=True, text=True, timeout=60)
@@ -690,11 +682,6 @@ def test_the_gradjax_command_and_its_subcommands():
   assert subprocess.run(gradjax, capture_output=True, text=True, timeout=60).returncode == 2
   proc = subprocess.run([*gradjax, "reconstruc"], capture_output=True, text=True, timeout=60)
   _assert_one_line_error(proc, "unknown command 'reconstruc'")
-  for name in cli.COMMANDS:
-    proc = subprocess.run([*gradjax, name, "--help"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, (name, proc.stderr[-1000:])
-    assert "run settings:" in proc.stdout or "program options:" in proc.stdout, name
-    assert "Traceback" not in proc.stderr, name
 
 
 @pytest.mark.slow
@@ -860,19 +847,28 @@ def _examples():
 
 
 @pytest.mark.slow
-def test_every_example_of_the_help_and_the_readme_parses():
-  """Each example, as shown, resolves its configuration (``--print_config``: nothing runs) from the
-  clone's root: an example that names a missing file or an unknown flag fails here. The examples of
-  one command share a process."""
+def test_every_command_helps_and_every_example_of_the_help_and_the_readme_parses():
+  """Each command's ``--help`` exits 0 with its options grouped; each example, as shown, resolves its
+  configuration (``--print_config``: nothing runs) from the clone's root: an example that names a
+  missing file or an unknown flag fails here. The cases of one command share a process."""
+  from gradjax import cli
   by_command = collections.defaultdict(list)
   for where, argv in _examples():
-    by_command[argv[1]].append((where, argv))
+    by_command[argv[1]].append((where, [*argv, "--print_config"]))
   assert len(by_command) >= 8 and sum(map(len, by_command.values())) >= 30
   failed = []
-  for examples in by_command.values():
-    for (where, argv), proc in zip(examples, run_in_one_process([([*a, "--print_config"], ROOT)
-                                                                  for _, a in examples])):
-      if proc.returncode != 0 or "def get_config():" not in proc.stdout:
+  for name in cli.COMMANDS:
+    cases = [("--help", ["gradjax", name, "--help"]), *by_command[name]]
+    for (where, argv), proc in zip(cases, run_in_one_process([(a, ROOT) for _, a in cases])):
+      if where == "--help":
+        grouped = "run settings:" in proc.stdout or "program options:" in proc.stdout
+        if proc.returncode != 0 or not grouped or "Traceback" in proc.stderr:
+          failed.append((name, "--help", proc.returncode, proc.stderr[-500:]))
+        if name == "reconstruct":  # the flags and the registries' choices
+          assert all(f in proc.stdout for f in ("--attack", "--model", "--resume", "--overwrite",
+                                                "--output_dir", "--restarts")), proc.stdout[-2000:]
+          assert "gaussian_kernel_mean" in proc.stdout and "resnetD-W" in proc.stdout
+      elif proc.returncode != 0 or "def get_config():" not in proc.stdout:
         failed.append((where, shlex.join(argv), proc.returncode, proc.stderr[-500:]))
   assert not failed, failed
 
