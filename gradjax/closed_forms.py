@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import analytic, rgap
+from gradjax import analytic, malicious, rgap
 from gradjax.attacks import Reconstruction
 from gradjax.models.lenet import LeNet5, LeNetZhu
 from gradjax.models.mlp import MLP
@@ -52,10 +52,23 @@ class Dager:
   name: str = "dager"
 
 
+@dataclasses.dataclass(frozen=True)
+class Imprint:
+  """A malicious server's read-out of the imprint it hid in the model it sent
+  (:func:`gradjax.malicious.imprint_recover`; Robbing the Fed, Fowl et al., ICLR 2022): the units of
+  the dense ``layer`` of the sent model that share one direction (:func:`gradjax.malicious.imprint_units`),
+  each bin's example as the difference of two neighbouring units' weight gradients over that of their
+  biases. What an audit runs on an update whose global model :func:`gradjax.malicious.inspect` flags."""
+
+  layer: str = "Dense_0"
+  tolerance: float = 1e-6
+  name: str = "imprint"
+
+
 # The attacks that are closed forms, by name (``--attack``): built with no arguments.
-CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons, "rgap": RGap, "dager": Dager}
+CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons, "rgap": RGap, "dager": Dager, "imprint": Imprint}
 TEXT_CLOSED_FORMS = ("dager",)  # the others recover images
-ClosedForm = ExclusiveNeurons | RGap | Dager
+ClosedForm = ExclusiveNeurons | RGap | Dager | Imprint
 
 
 def chain(module) -> tuple[rgap.Layer, ...]:
@@ -88,6 +101,8 @@ def reconstruct(attack: ClosedForm, apply_fn: Callable, observation: Observation
   """
   if isinstance(attack, RGap):
     return _rgap(attack, apply_fn, observation, input_shape, bounds)
+  if isinstance(attack, Imprint):
+    return _imprint(attack, observation, input_shape, bounds)
   tree = observation.gradient
   if not isinstance(tree, Mapping) or attack.layer not in tree:
     raise ValueError(f"{attack.name} needs a model whose first layer is a biased dense layer "
@@ -109,6 +124,32 @@ def reconstruct(attack: ClosedForm, apply_fn: Callable, observation: Observation
   return rec, {"separation": {
       "recovered": k, "rank": sep.rank, "rounds": sep.rounds.tolist(), "residual": sep.residual,
       "singular_values": sep.singular_values.tolist()}}
+
+
+def _imprint(attack: Imprint, observation, input_shape, bounds):
+  sent = observation.variables["params"]
+  if attack.layer not in sent or "kernel" not in sent[attack.layer]:
+    raise ValueError(f"{attack.name} reads an imprint in the dense layer {attack.layer!r}, which the "
+                     "sent model does not have")
+  units = malicious.imprint_units(sent[attack.layer]["kernel"], sent[attack.layer]["bias"])
+  if not len(units):
+    raise ValueError(f"the sent model's layer {attack.layer!r} holds no imprint (fewer than "
+                     f"{malicious.MIN_UNITS} units share one direction): the server sent an honest model")
+  found = malicious.imprint_recover(observation.gradient, tuple(input_shape), layer=attack.layer,
+                                    units=units, tolerance=attack.tolerance)
+  n = int(observation.num_samples)
+  keep = np.sort(np.argsort(-np.abs(found.weights), kind="stable")[:n])  # at most one per example
+  k = len(keep)
+  lo, hi = (np.asarray(b, np.float32) for b in bounds)
+  x = np.broadcast_to((lo + hi) / 2, (n, *tuple(input_shape))).astype(np.float32).copy()
+  x[:k] = found.x[keep]
+  rec = Reconstruction(x=x, labels=np.full(n, -1, np.int64), loss=0.0, best_restart=0,
+                       restart_losses=np.array([0.0]), restart_alive=np.array([True]),
+                       x_restarts=x[None], iterations=np.array([1]), evaluations=np.array([1]),
+                       dummy={"x": jnp.asarray(x)}, permutation=np.arange(n),
+                       candidates=np.arange(n)[None])
+  return rec, {"imprint": {"layer": attack.layer, "units": int(len(units)),
+                           "bins_read": int(len(found.bins)), "kept": k}}
 
 
 def _rgap(attack: RGap, apply_fn, observation, input_shape, bounds):

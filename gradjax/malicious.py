@@ -195,18 +195,21 @@ class Imprints(NamedTuple):
   weights: np.ndarray
 
 
-def imprint_recover(gradient, input_shape, *, layer: str = "imprint", units: int | None = None,
+def imprint_recover(gradient, input_shape, *, layer: str = "imprint", units=None,
                     tolerance: float = 1e-6) -> Imprints:
   """The examples of an imprinted model's update (FedSGD gradient, or a sum of them over clients),
-  bin by bin (see the module docstring), from the dense ``layer`` whose first ``units`` units (all
-  if None) are the imprint (:func:`imprint`: ``"imprint"``; :func:`imprint_layer`: ``"Dense_0"``
-  and its k); a bin counts when |∂b_i − ∂b_(i+1)| exceeds ``tolerance`` times the largest |∂b|.
-  Computed in float64 from the update's values."""
+  bin by bin (see the module docstring), from the dense ``layer`` whose units ``units`` are the
+  imprint: an int k for its first k (:func:`imprint`: ``"imprint"``, all; :func:`imprint_layer`:
+  ``"Dense_0"`` and its k), or their indices in the order of their thresholds
+  (:func:`imprint_units`); a bin counts when |∂b_i − ∂b_(i+1)| exceeds ``tolerance`` times the
+  largest |∂b|. Computed in float64 from the update's values; the read-out is a ratio, so an update
+  of one local SGD step (the gradient times the learning rate) reads the same."""
   params = gradient["params"] if "params" in gradient else gradient
   if layer not in params:
     raise ValueError(f"the update holds no imprint block (params {layer!r})")
-  dw = np.asarray(params[layer]["kernel"], np.float64).T[:units]  # (k, D)
-  db = np.asarray(params[layer]["bias"], np.float64)[:units]      # (k,)
+  take = slice(units) if units is None or isinstance(units, (int, np.integer)) else np.asarray(units)
+  dw = np.asarray(params[layer]["kernel"], np.float64).T[take]  # (k, D)
+  db = np.asarray(params[layer]["bias"], np.float64)[take]      # (k,)
   dw_bins = dw - np.concatenate([dw[1:], np.zeros_like(dw[:1])])
   db_bins = db - np.concatenate([db[1:], [0.0]])
   scale = np.abs(db).max()
@@ -336,19 +339,37 @@ def inspect(received, declared=None, inputs=None) -> list[Finding]:
   return found
 
 
-def _largest_parallel_group(units: np.ndarray, reach: int = 3) -> int:
-  """The size of the largest set of rows of ``units`` (n, d) linked by |cos| ≥ PARALLEL between
-  neighbours in the order of their projection on a fixed random direction (sign-folded)."""
+def imprint_units(kernel, bias) -> np.ndarray:
+  """The imprint in a dense layer the server sent (``kernel`` (D, k), ``bias`` (k,)): the indices of
+  its largest group of units whose weight vectors share one direction and sign (:func:`inspect`'s
+  test), in the ascending order of the thresholds they measure (unit i fires when
+  aᵀx > −b_i / s_i, w_i = s_i a); empty when fewer than :data:`MIN_UNITS` share one."""
+  units = np.asarray(kernel, np.float64).T
+  group = _parallel_group(units, signed=True)
+  if len(group) < MIN_UNITS:
+    return np.zeros(0, np.int64)
+  scale = np.linalg.norm(units[group], axis=1)
+  return group[np.argsort(-np.asarray(bias, np.float64)[group] / scale, kind="stable")]
+
+
+def _parallel_group(units: np.ndarray, signed: bool = False, reach: int = 3) -> np.ndarray:
+  """The indices of the largest set of rows of ``units`` (n, d) linked by cos ≥ PARALLEL between
+  neighbours in the order of their projection on a fixed random direction; ``signed=False``: ±u
+  count as one direction (|cos|)."""
   units = np.asarray(units, np.float32)
   norms = np.linalg.norm(units, axis=1)
-  units = units[norms > 0] / norms[norms > 0, None]
+  kept = np.flatnonzero(norms > 0)
+  units = units[kept] / norms[kept, None]
   n = len(units)
   if n < 2:
-    return n
+    return kept
   direction = np.random.default_rng(0).normal(size=units.shape[1]).astype(np.float32)
   projection = units @ direction
-  units = units * np.where(projection < 0, -1.0, 1.0).astype(np.float32)[:, None]  # ±u: one direction
-  units = units[np.argsort(np.abs(projection), kind="stable")]
+  if not signed:
+    units = units * np.where(projection < 0, -1.0, 1.0).astype(np.float32)[:, None]  # ±u: one direction
+    projection = np.abs(projection)
+  order = np.argsort(projection, kind="stable")
+  units = units[order]
   parent = np.arange(n)
 
   def root(i):
@@ -361,4 +382,11 @@ def _largest_parallel_group(units: np.ndarray, reach: int = 3) -> int:
     close = np.flatnonzero(np.sum(units[:-step] * units[step:], axis=1) >= PARALLEL)
     for i in close:
       parent[root(i)] = root(i + step)
-  return int(np.bincount([root(i) for i in range(n)]).max())
+  roots = np.array([root(i) for i in range(n)])
+  largest = np.bincount(roots).argmax()
+  return np.sort(kept[order[roots == largest]])
+
+
+def _largest_parallel_group(units: np.ndarray) -> int:
+  """The size of :func:`_parallel_group` (±u one direction)."""
+  return len(_parallel_group(units))

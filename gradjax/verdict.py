@@ -331,8 +331,8 @@ def budget(attack: str, iterations: int, restarts: int) -> str:
 
 def closed_form_budget(attack: str, rounds: int) -> str:
   """"exclusive_neurons (a closed form, 3 rounds)"; "rgap (a closed form, 3 layers)"; "dager (a
-  closed form, 32 positions)"."""
-  unit = {"rgap": "layer", "dager": "position"}.get(attack, "round")
+  closed form, 32 positions)"; "imprint (a closed form, 1 read-out)"."""
+  unit = {"rgap": "layer", "dager": "position", "imprint": "read-out"}.get(attack, "round")
   return f"{attack} (a closed form, {rounds} {unit}" + ("s)" if rounds != 1 else ")")
 
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from gradjax import auto, clients, interop, models
+from gradjax import auto, clients, interop, malicious, models
 from gradjax.integrations import audit
 from gradjax.run import config, pipeline
 
@@ -92,6 +92,46 @@ def test_an_mlp_client_at_batch_16_leaks_every_image(photos, tmp_path):
   metrics = json.loads((tmp_path / "audit" / first["run"] / "metrics.json").read_text())
   assert metrics["findings"]["images"]["recognisable"] == 16
   assert metrics["verdict"]["leaks"] == ["images", "labels"]
+
+
+@pytest.mark.slow
+def test_a_malicious_servers_imprint_is_read_out_and_a_refusing_client_is_not_a_failure(photos, tmp_path):
+  """A server that hid an imprint of 32 bins (thresholds from photos 8-15, which it holds) in the
+  first layer of mlp-64: the audit runs the ``imprint`` read-out before the honest attacks on the
+  update of the client that trained (one SGD step on photos 0-3), which gives back every example
+  alone in its bin exactly (PSNR against the photos, by NumPy); the client whose gate refused the
+  model is a ``refused`` row and in the round's ``refused``, not a failure."""
+  model = models.create("mlp-64", jax.random.key(3), num_classes=10)
+  thresholds = malicious.imprint_thresholds(photos[8:].reshape(8, -1).mean(1), 32)
+  evil = malicious.imprint_layer(model, thresholds)
+  x, y = photos[:4], np.arange(4)
+  obs = clients.fedavg(evil.apply_fn, evil.variables, x, y, clients.LocalTraining(learning_rate=0.1))
+  mapping = interop.zoo_mapping(evil)
+  round_dir = tmp_path / "audit" / "round_001"
+  round_dir.mkdir(parents=True)
+  weights = str(round_dir / audit.WEIGHTS)
+  audit.write_round_weights(weights, interop.variables_to_torch(evil.variables, mapping), {"model": "mlp-64"})
+  after = jax.tree.map(lambda w, u: np.asarray(w - u), evil.variables["params"], obs.gradient)
+  meta = {"model": "mlp-64", "num_samples": 4, "local_lr": 0.1, "local_epochs": 1, "input_shape": "32,32,3"}
+  audit.write_capture(round_dir / "client_7", weights, interop.params_to_torch(after, mapping),
+                      {"round": 1, "client": "7", "data_indices": [0, 1, 2, 3]}, meta)
+  refusal = f"the client failed: {audit.MODEL_REFUSED}: ['Dense_0']['kernel']: 32 of its 64 units measure one direction"
+  audit.write_capture(round_dir / "client_8", weights, None, {"round": 1, "client": "8", "error": refusal}, meta)
+  audit.write_round_summary(round_dir, 1, 2, {8: refusal})
+  rows = audit.audit(tmp_path / "audit", audit.Settings(dataset="skimage", image_size=32, iterations=3,
+                                                         lpips="none"), log=lambda s: None)
+  assert audit.failed_rows(rows) == [], rows
+  assert [r["attack"] for r in rows if r["client"] == "7"][0] == "imprint"
+  assert [(r.get("refused"), r["attack"]) for r in rows if r["client"] == "8"] == [(True, None)]
+  read = next(r for r in rows if r["attack"] == "imprint")
+  rec = np.load(tmp_path / "audit" / read["run"] / "reconstruction.npy").astype(np.float64)
+  psnr = [10 * np.log10(1 / np.mean((r - t) ** 2)) for r, t in zip(rec, x.astype(np.float64))]
+  bins = np.searchsorted(thresholds, x.reshape(4, -1).astype(np.float64).mean(1))
+  alone = [k for k in range(4) if bins[k] > 0 and list(bins).count(bins[k]) == 1]
+  assert alone and all(psnr[k] > 60 for k in alone), (psnr, bins)
+  assert read["verdict"] == "leak"
+  index = json.loads((tmp_path / "audit" / "index.json").read_text())
+  assert index["rounds"][0]["refused"] == ["8"] and index["rounds"][0]["failed"] == []
 
 
 @pytest.mark.slow

@@ -439,8 +439,8 @@ def test_a_node_that_replies_twice_and_a_restarted_node_are_recorded_not_merged(
   index = json.loads((tmp_path / "audit" / "index.json").read_text())
   assert index["rounds"] == rounds
   table = (tmp_path / "audit" / "index.md").read_text()
-  assert "| 1 | 2 | – | – | 12 (2 replies) | – | – |" in table
-  assert "| 2 | 2 | – | – | – | 13 (since round 1) | 12 (since round 1) |" in table
+  assert "| 1 | 2 | – | – | – | 12 (2 replies) | – | – |" in table
+  assert "| 2 | 2 | – | – | – | – | 13 (since round 1) | 12 (since round 1) |" in table
 
 
 @pytest.mark.slow

@@ -215,3 +215,41 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
       metrics = json.loads((gate_dir / r["run"] / "metrics.json").read_text())
       client = next(c for c in found if (c.round, c.client) == (r["round"], r["client"]))
       assert bool(metrics["adaptation"]) == (client in pruned), (r, metrics["adaptation"])
+
+
+@pytest.mark.slow
+def test_a_malicious_server_is_refused_by_the_gated_client_and_read_out_of_the_other(tmp_path):
+  """The example's ServerApp with ``malicious-bins=32``: it hides an imprint of 32 bins, thresholds
+  from photos 8-15 (which it holds), in the first layer of the mlp-64 it sends, and records what it
+  sent. The gated node (node config ``gate=true``) refuses the model before training; the other
+  trains one step on its four photos. The audit lists the first as refused, not failed, and reads
+  the imprint out of the second's reply before the honest attacks: its examples alone in their bins
+  come back exactly (PSNR against the photos, by NumPy)."""
+  with _federation(tmp_path, ("gate=true", "gate=false")) as env:
+    audit_dir = tmp_path / "audit"
+    proc = flwr_run(env, f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=1 lr={LR} "
+                    "batch-size=4 samples-per-client=4 local-epochs=1 model='mlp-64' malicious-bins=32 "
+                    "server-images='8:16'", tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+  found = audit.captures(audit_dir)
+  refused = [c for c in found if c.error]
+  trained = [c for c in found if not c.error]
+  assert len(refused) == 1 and audit.MODEL_REFUSED in refused[0].error, [c.info for c in found]
+  assert len(trained) == 1 and trained[0].info["data_indices"] == [4, 5, 6, 7]
+  rows = audit.audit(audit_dir, audit.Settings(dataset="skimage", image_size=32, lpips="none",
+                                               iterations=3), log=lambda s: None)
+  assert audit.failed_rows(rows) == [], rows
+  assert [(r.get("refused"), r["attack"]) for r in rows if r["client"] == refused[0].client] == [(True, None)]
+  read = [r for r in rows if r["client"] == trained[0].client][0]
+  assert read["attack"] == "imprint" and read["verdict"] == "leak", read
+  truth = data.load("skimage", indices=[4, 5, 6, 7], image_size=(32, 32)).x.astype(np.float64)
+  server = data.load("skimage", indices=range(8, 16), image_size=(32, 32)).x
+  from gradjax import malicious
+  thresholds = malicious.imprint_thresholds(server.reshape(8, -1).mean(1), 32)
+  bins = np.searchsorted(thresholds, truth.reshape(4, -1).mean(1))
+  alone = [k for k in range(4) if bins[k] > 0 and list(bins).count(bins[k]) == 1]
+  rec = np.load(audit_dir / read["run"] / "reconstruction.npy").astype(np.float64)
+  psnr = [10 * np.log10(1 / np.mean((r - t) ** 2)) for r, t in zip(rec, truth)]
+  assert alone and all(psnr[k] > 60 for k in alone), (psnr, bins)
+  index = json.loads((audit_dir / "index.json").read_text())
+  assert index["rounds"][0]["refused"] == [refused[0].client] and index["rounds"][0]["failed"] == []

@@ -155,6 +155,39 @@ def test_an_imprint_hidden_in_an_mlps_first_layer_reads_like_the_block():
     malicious.imprint_layer(_model(), thresholds)
 
 
+def test_the_imprint_closed_form_finds_the_units_in_the_sent_model_and_reads_the_examples():
+  """``--attack=imprint`` on an update of mlp-64 with an imprint of 9 bins hidden among its first
+  layer's units (shuffled, so found by direction and ordered by threshold, not by position): the four
+  examples, each alone in its bin (NumPy's count against the thresholds), come back to 1e-4, from the
+  FedSGD gradient and from a one-step FedAvg update alike; an honest model is refused in one line."""
+  from gradjax import closed_forms
+  model = models.create("mlp-64", jax.random.key(0), input_shape=SHAPE)
+  thresholds = np.linspace(0.1, 0.9, 9)
+  evil = malicious.imprint_layer(model, thresholds)
+  perm = np.random.default_rng(0).permutation(64)
+  params = jax.tree.map(np.asarray, evil.variables["params"])
+  shuffled = {"Dense_0": {"kernel": params["Dense_0"]["kernel"][:, perm], "bias": params["Dense_0"]["bias"][perm]},
+              "head": {**params["head"], "kernel": params["head"]["kernel"][perm]}}
+  evil = evil._replace(variables={"params": jax.tree.map(jnp.asarray, shuffled)})
+  units = malicious.imprint_units(shuffled["Dense_0"]["kernel"], shuffled["Dense_0"]["bias"])
+  np.testing.assert_array_equal(units, np.argsort(perm)[:9])  # the imprint's units, threshold order
+  x = _batch([0.15, 0.35, 0.55, 0.75])
+  bins = np.searchsorted(thresholds, x.reshape(4, -1).astype(np.float64).mean(1))
+  assert len(set(bins)) == 4 and min(bins) > 0  # each alone in its bin, none below c_0
+  y = np.array([0, 1, 2, 3])
+  box = (np.zeros(3), np.ones(3))
+  for observation in (clients.fedsgd(evil.apply_fn, evil.variables, x, y),
+                      clients.update_as_gradient(clients.fedavg(
+                          evil.apply_fn, evil.variables, x, y, clients.LocalTraining(1, None, 0.1, 0.0)))):
+    rec, found = closed_forms.reconstruct(closed_forms.Imprint(), evil.apply_fn, observation, SHAPE, box)
+    assert found["imprint"]["units"] == 9 and found["imprint"]["kept"] == 4
+    for example in x:
+      assert np.abs(rec.x - example).reshape(4, -1).max(1).min() < 1e-4
+  honest = clients.fedsgd(model.apply_fn, model.variables, x, y)
+  with pytest.raises(ValueError, match="holds no imprint"):
+    closed_forms.reconstruct(closed_forms.Imprint(), model.apply_fn, honest, SHAPE, box)
+
+
 @pytest.mark.parametrize("name", ["lenet_zhu", "lenet5", "convnet-16", "mlp-1024", "resnet20"])
 def test_inspect_flags_the_malicious_models_and_not_the_honest_ones(name):
   """Fresh draws of the zoo model: nothing found. The imprint block in front: parameters outside

@@ -41,7 +41,7 @@ def blocks(readme: str) -> dict[str, list[str]]:
 
 def script(sections: dict[str, list[str]], data: str | None, simulation: bool) -> str:
   order = ["Where the data lie", "Deployment Runtime on one machine", "Holding back updates that leak",
-           "Stopping the federation"] + (["Simulation Runtime"] if simulation else [])
+           "A server that cheats", "Stopping the federation"] + (["Simulation Runtime"] if simulation else [])
   missing = [s for s in order if s not in sections]
   if missing:
     raise SystemExit(f"error: the README has no bash block under {', '.join(missing)}")

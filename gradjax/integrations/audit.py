@@ -35,9 +35,11 @@ import time
 import uuid
 from typing import Any, Callable, NamedTuple, Sequence
 
+import jax
 import numpy as np
 
-from gradjax import auto, closed_forms, compilation, data, fidelity, files, interop, presets
+from gradjax import (auto, closed_forms, compilation, data, fidelity, files, interop, malicious, models,
+                     presets)
 from gradjax.run import config, pipeline
 from gradjax.run import report
 from gradjax import labels as labels_lib
@@ -46,8 +48,54 @@ CAPTURE = "capture.json"
 # How a client's leakage gate (gradjax.integrations.flower.leakage_mod) says it withheld its update: the server
 # records a failed client with this in its reason, and an audit lists the round as withheld.
 WITHHELD = "gradjax leakage_mod: update withheld"
+# How a gated client says it refused to train on the model it received (it looked built to leak:
+# received_findings); an audit lists that client as refused, not failed.
+MODEL_REFUSED = "gradjax leakage_mod: model refused"
 WEIGHTS = "weights.safetensors"
 OBSERVATION = "observation.safetensors"
+
+
+# --- the model a client received ---------------------------------------------------------------------
+
+
+def _declared(sent: dict[str, np.ndarray], model: str, input_shape) -> models.Model:
+  """A fresh draw of the zoo twin ``model`` with the classes of the head's rows in ``sent``."""
+  probe = models.create(model, jax.random.key(0), input_shape=tuple(input_shape))
+  head = next(e for e in interop.zoo_mapping(probe).entries if e.path == ("params", "head", "kernel"))
+  if head.name in sent and np.ndim(sent[head.name]) == 2 and sent[head.name].shape[0] != probe.num_classes:
+    probe = models.create(model, jax.random.key(0), input_shape=tuple(input_shape),
+                          num_classes=int(sent[head.name].shape[0]))
+  return probe
+
+
+def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3),
+                      inputs=None) -> list[malicious.Finding]:
+  """What looks built to leak in the model a client received (:func:`gradjax.malicious.inspect`):
+  ``sent`` (PyTorch names -> arrays) against a fresh draw of the zoo twin ``model`` it declared
+  (its classes from the head's rows sent). Tensors that are not the declared model's are one
+  finding; otherwise its dense layers are checked for units sharing one direction and, given the
+  client's ``inputs`` (N, H, W, C) as the model reads them, its input layers for trap weights."""
+  probe = _declared(sent, model, input_shape)
+  try:
+    variables = interop.variables_from_torch(sent, interop.zoo_mapping(probe), probe.variables,
+                                             "the received model")
+  except ValueError as e:
+    return [malicious.Finding("", f"not the declared {model}: {e}")]
+  return malicious.inspect(variables, probe.variables, inputs=inputs)
+
+
+def imprinted(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3),
+              layer: str = "Dense_0") -> bool:
+  """Whether the model a client received hides an imprint in its dense ``layer``
+  (:func:`gradjax.malicious.imprint_units`), which the ``imprint`` closed form reads out."""
+  probe = _declared(sent, model, input_shape)
+  try:
+    params = interop.variables_from_torch(sent, interop.zoo_mapping(probe), probe.variables,
+                                          "the received model")["params"]
+  except ValueError:
+    return False
+  return layer in params and len(malicious.imprint_units(params[layer]["kernel"],
+                                                         params[layer]["bias"])) > 0
 
 
 # --- recording -------------------------------------------------------------------------------------
@@ -185,15 +233,18 @@ def round_failures(audit_dir) -> dict[int, dict[str, str]]:
 
 def membership(audit_dir) -> list[dict[str, Any]]:
   """What happened in each recorded round, from its ``round.json``: clients sent work, failed,
-  withheld by their gate, nodes that replied more than once, and the nodes new or gone since the
+  withheld by their gate, refused the model (their gate judged it built to leak), nodes that
+  replied more than once, and the nodes new or gone since the
   previous recorded round (a SuperNode restarted between rounds registers again, under a new node
   id: one node gone, one new). Rounds recorded without node lists leave those fields out."""
   rows, previous = [], None
   for r, summary in sorted(round_summaries(audit_dir).items()):
     failures = _failures(summary)
     row = {"round": r, "clients_sent": summary.get("clients_sent"),
-           "failed": sorted(str(k) for k, v in failures.items() if WITHHELD not in str(v)),
+           "failed": sorted(str(k) for k, v in failures.items()
+                            if WITHHELD not in str(v) and MODEL_REFUSED not in str(v)),
            "withheld": sorted(str(k) for k, v in failures.items() if WITHHELD in str(v)),
+           "refused": sorted(str(k) for k, v in failures.items() if MODEL_REFUSED in str(v)),
            "duplicates": dict(summary.get("duplicates") or {})}
     nodes = summary.get("nodes")
     if isinstance(nodes, list):
@@ -336,6 +387,18 @@ def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
 SUMMARY_KEYS = ("loss", "psnr", "ssim", "lpips", "label_accuracy", "iterations", "wall_time_s")
 
 
+def _sent_imprinted(capture: Capture, model: str, meta: dict[str, Any]) -> bool:
+  """:func:`imprinted` of the model recorded as sent to ``capture``'s client (False when it cannot
+  be read as the declared ``model``)."""
+  try:
+    sent = interop.read(os.path.join(capture.folder, WEIGHTS)).tensors
+    shape = meta.get("input_shape") or (32, 32, 3)
+    shape = interop.parse_shape(shape) if isinstance(shape, str) else tuple(int(s) for s in shape)
+    return imprinted(sent, model, shape)
+  except (ValueError, FileNotFoundError, KeyError, TypeError):
+    return False
+
+
 def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], None] = print, *,
                    truth: data.Dataset | None = None) -> list[dict[str, Any]]:
   """Runs the attacks on one capture; writes each one's run files into ``<capture>/<attack>/``.
@@ -346,7 +409,10 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   Returns one row per attack (round, client, attack, the summary metrics, the run folder, or
   ``error``). A capture or an attack that fails gives a row with its one-line error, not an
   exception: one bad client never stops an audit. An update its client's gate withheld
-  (:data:`WITHHELD`) gives one row with ``withheld``, not an error. An update that carries nothing
+  (:data:`WITHHELD`) gives one row with ``withheld``, not an error, and a client whose gate refused
+  the server's model (:data:`MODEL_REFUSED`) one with ``refused``. With the auto attacks, a sent
+  model that hides an imprint (:func:`imprinted`) is read out first (the ``imprint`` closed form: what
+  that server recovers). An update that carries nothing
   (:func:`gradjax.fidelity.zero_update`) gives one row, ``no_leak_found`` with ``zero_update``.
   """
   base = {"round": capture.round, "client": capture.client}
@@ -354,12 +420,18 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     base["reply"] = capture.info["reply"]
   if capture.error and WITHHELD in capture.error:  # the client's gate kept it: nothing was sent
     return [{**base, "attack": None, "withheld": True, "reason": capture.error}]
+  if capture.error and MODEL_REFUSED in capture.error:  # the client's gate refused the server's model
+    return [{**base, "attack": None, "refused": True, "reason": capture.error}]
   if capture.error:
     return [{**base, "attack": None, "error": capture.error}]
   names = settings.attacks
   chosen = tuple(names) == (auto.AUTO,)  # auto also sets what depends on the model family
   if chosen:
-    names = auto.for_metadata(capture.info.get("metadata", {}), settings.model)
+    meta = capture.info.get("metadata", {})
+    names = auto.for_metadata(meta, settings.model)
+    model = settings.model or meta.get("model")
+    if model and _sent_imprinted(capture, model, meta):  # a malicious server: its own read-out first
+      names = ("imprint", *names)
   try:
     truth = _truth(capture, settings) if truth is None else truth
   except (ValueError, FileNotFoundError) as e:  # asked for and not loaded: an error, not a blank score
@@ -610,7 +682,11 @@ def _fmt(value, spec: str) -> str:
 
 
 def _status(row: dict[str, Any]) -> str:
-  return row.get("error") or ("withheld by the client's gate" if row.get("withheld") else "ok")
+  if row.get("error"):
+    return row["error"]
+  if row.get("withheld"):
+    return "withheld by the client's gate"
+  return "the server's model refused by the client's gate" if row.get("refused") else "ok"
 
 
 def index_markdown(rows: list[dict[str, Any]]) -> str:
@@ -629,7 +705,8 @@ def index_markdown(rows: list[dict[str, Any]]) -> str:
 
 def failed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """The rows of captures that failed (a client that failed or sent a malformed reply, no reply,
-  a ground truth not loaded) or attacks that raised; not the updates a client's gate withheld."""
+  a ground truth not loaded) or attacks that raised; not the updates a client's gate withheld, nor
+  the clients whose gate refused the server's model."""
   return [r for r in rows if r.get("error")]
 
 
@@ -637,14 +714,14 @@ def _nodes(values) -> str:
   return ", ".join(values) if values else "–"
 
 
-ROUND_COLUMNS = ("round", "clients sent", "failed", "withheld", "replied twice or more",
+ROUND_COLUMNS = ("round", "clients sent", "failed", "withheld", "refused the model", "replied twice or more",
                  "new nodes", "nodes gone")
 
 
 def _round_cells(r: dict[str, Any]) -> list[str]:
   since = f" (since round {r['since']})" if "since" in r else ""
   return [str(r["round"]), _fmt(r.get("clients_sent"), "d"), _nodes(r["failed"]), _nodes(r["withheld"]),
-          _nodes([f"{n} ({k} replies)" for n, k in sorted(r["duplicates"].items())]),
+          _nodes(r.get("refused")), _nodes([f"{n} ({k} replies)" for n, k in sorted(r["duplicates"].items())]),
           _nodes(r.get("new")) + (since if r.get("new") else ""),
           _nodes(r.get("gone")) + (since if r.get("gone") else "")]
 

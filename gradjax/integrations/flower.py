@@ -349,31 +349,8 @@ def gray_baseline_psnr(x: np.ndarray) -> float:
   return float(np.mean(metrics.psnr(np.full_like(np.asarray(x, np.float64), 0.5), x)))
 
 
-MODEL_REFUSED = "gradjax leakage_mod: model refused"
-"""The start of the error a gated client replies with when the model it received looks built to leak."""
-
-
-def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3),
-                      inputs=None) -> list:
-  """What looks built to leak in the model a client received (:func:`gradjax.malicious.inspect`):
-  ``sent`` (PyTorch names -> arrays) against a fresh draw of the zoo twin ``model`` it declared
-  (its classes from the head's rows sent). Tensors that are not the declared model's are one
-  finding; otherwise its dense layers are checked for units sharing one direction and, given the
-  client's ``inputs`` (N, H, W, C) as the model reads them, its input layers for trap weights."""
-  import jax
-  from gradjax import interop, malicious, models
-  probe = models.create(model, jax.random.key(0), input_shape=tuple(input_shape))
-  mapping = interop.zoo_mapping(probe)
-  head = next(e for e in mapping.entries if e.path == ("params", "head", "kernel"))
-  if head.name in sent and np.ndim(sent[head.name]) == 2 and sent[head.name].shape[0] != probe.num_classes:
-    probe = models.create(model, jax.random.key(0), input_shape=tuple(input_shape),
-                          num_classes=int(sent[head.name].shape[0]))
-    mapping = interop.zoo_mapping(probe)
-  try:
-    variables = interop.variables_from_torch(sent, mapping, probe.variables, "the received model")
-  except ValueError as e:
-    return [malicious.Finding("", f"not the declared {model}: {e}")]
-  return malicious.inspect(variables, probe.variables, inputs=inputs)
+MODEL_REFUSED = audit.MODEL_REFUSED
+received_findings = audit.received_findings
 
 
 def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] | None = None,

@@ -464,6 +464,7 @@ def _run_image(cfg: Config, callback, batch, state):
       checks=checks,
       separation=found.get("separation"),
       recursion=found.get("recursion"),
+      imprint=found.get("imprint"),
   )
   residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, mode=objective)
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}

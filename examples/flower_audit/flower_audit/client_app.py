@@ -5,7 +5,9 @@ A node whose config sets ``defense`` (``prune:R``) prunes its update before repl
 in the reply (``gradjax.integrations.flower.declarations``), where the server's record and the gate read it. With the run
 option ``gate = true`` every client audits its own update before it leaves
 (``gradjax.integrations.flower.leakage_mod``, the attack adapted to the node's defense) and withholds it when
-the attack recovers its examples ``gate-threshold`` dB above a gray image."""
+the attack recovers its examples ``gate-threshold`` dB above a gray image, and refuses to train on a
+model that looks built to leak (``gradjax.integrations.flower.MODEL_REFUSED``). A node's config
+``gate`` (true or false) overrides the run option for that node."""
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -36,9 +38,10 @@ def _examples(msg: Message, context: Context):
 
 
 def gate(msg: Message, context: Context, call_next) -> Message:
-  """The leakage gate when the run asks for it (``gate = true``), else the ClientApp as it is."""
+  """The leakage gate when the run asks for it (``gate = true``; a node's config ``gate`` overrides
+  the run's), else the ClientApp as it is."""
   cfg = context.run_config
-  if not cfg.get("gate"):
+  if not context.node_config.get("gate", cfg.get("gate")):
     return call_next(msg, context)
   mod = leakage_mod(_examples, model=cfg["model"], metadata={"input_shape": "32,32,3",
                                                             "local_epochs": int(cfg["local-epochs"])},

@@ -1,17 +1,68 @@
 """The ServerApp: FedAvg over the SuperNodes, wrapped by gradjax's AuditStrategy, which records every
-round's global model and every client's reply for the audit (``record = false``: plain FedAvg)."""
+round's global model and every client's reply for the audit (``record = false``: plain FedAvg).
+
+With ``malicious-bins = k`` (an MLP model only) the server cheats: every round it hides an imprint of
+k bins in the first layer of the model it sends (:func:`gradjax.malicious.imprint_layer`, Robbing the
+Fed), its thresholds the quantiles of the mean brightness of images it holds itself
+(``server-images``, a range of ``dataset``'s indices the clients do not train on). The recorder sees
+what the clients received; ``gradjax audit`` reads the imprint out of each reply."""
 
 import time
 
-from flwr.app import ArrayRecord, ConfigRecord, Context
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Strategy
 
 from flower_audit import task
+from gradjax import data, interop, malicious, models
 from gradjax.integrations import audit
 from gradjax.integrations.flower import AuditStrategy
 
 app = ServerApp()
+
+
+def imprinted(arrays: ArrayRecord, model: str, thresholds) -> ArrayRecord:
+  """``arrays`` (the MLP's ``state_dict``) with an imprint of ``len(thresholds)`` bins in fc1."""
+  import jax
+  state = {k: np.asarray(v.numpy()) for k, v in arrays.items()}
+  net = models.create(model, jax.random.key(0), input_shape=(32, 32, 3))
+  mapping = interop.zoo_mapping(net)
+  variables = interop.variables_from_torch(state, mapping, net.variables, "the global model")
+  sent = interop.variables_to_torch(
+      malicious.imprint_layer(net._replace(variables=variables), thresholds).variables, mapping)
+  return ArrayRecord({k: Array(np.ascontiguousarray(sent[k], dtype=v.dtype)) for k, v in state.items()})
+
+
+class ImprintingServer(Strategy):
+  """``strategy`` sending, every round, the global model with an imprint (:func:`imprinted`)."""
+
+  def __init__(self, strategy: Strategy, model: str, thresholds):
+    self.strategy, self.model, self.thresholds = strategy, model, np.asarray(thresholds)
+
+  def summary(self) -> None:
+    self.strategy.summary()
+
+  def configure_train(self, server_round, arrays, config, grid):
+    return self.strategy.configure_train(server_round, imprinted(arrays, self.model, self.thresholds),
+                                         config, grid)
+
+  def aggregate_train(self, server_round, replies):
+    return self.strategy.aggregate_train(server_round, replies)
+
+  def configure_evaluate(self, server_round, arrays, config, grid):
+    return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+  def aggregate_evaluate(self, server_round, replies):
+    return self.strategy.aggregate_evaluate(server_round, replies)
+
+
+def _thresholds(cfg) -> np.ndarray:
+  start, _, stop = str(cfg["server-images"]).partition(":")
+  own = data.load(cfg["dataset"], data_dir=cfg["data-dir"] or None,
+                  indices=range(int(start), int(stop)), image_size=(32, 32), channels=3)
+  return malicious.imprint_thresholds(own.x.reshape(len(own.x), -1).mean(axis=1),
+                                      int(cfg["malicious-bins"]))
 
 
 @app.main()
@@ -19,6 +70,8 @@ def main(grid: Grid, context: Context) -> None:
   cfg = context.run_config
   net = task.build(cfg["model"], int(cfg["init-seed"]))
   strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
+  if int(cfg["malicious-bins"]):  # inside the recorder: it records what the clients received
+    strategy = ImprintingServer(strategy, cfg["model"], _thresholds(cfg))
   if cfg["record"]:
     settings = None
     if cfg["attack"]:

@@ -66,8 +66,20 @@ class ResNet(nn.Module):
     return self.linear(out.mean(dim=(2, 3)))
 
 
+class MLP(nn.Module):
+  """One hidden ReLU layer of ``hidden`` units (gradjax ``mlp-H``): the flattened NCHW image, fc1, fc2."""
+
+  def __init__(self, hidden: int, inputs: int = 3 * 32 * 32, classes: int = 10):
+    super().__init__()
+    self.fc1 = nn.Linear(inputs, hidden)
+    self.fc2 = nn.Linear(hidden, classes)
+
+  def forward(self, x):
+    return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
 def build(name: str, seed: int) -> nn.Module:
-  """The global model: LeNet with DLG's U(-0.5, 0.5) init, or a ResNet with PyTorch's."""
+  """The global model: LeNet with DLG's U(-0.5, 0.5) init, or a ResNet or an MLP with PyTorch's."""
   torch.manual_seed(seed)
   if name == "lenet_zhu":
     net = LeNet()
@@ -80,7 +92,9 @@ def build(name: str, seed: int) -> nn.Module:
     if (depth - 2) % 6:
       raise ValueError(f"a CIFAR ResNet has depth 6n+2, got {depth}")
     return ResNet((depth - 2) // 6, width)
-  raise ValueError(f"unknown model {name!r}; this app has lenet_zhu and resnet<6n+2>-<width>")
+  if m := re.fullmatch(r"mlp-([1-9]\d*)", name):
+    return MLP(int(m[1]))
+  raise ValueError(f"unknown model {name!r}; this app has lenet_zhu, resnet<6n+2>-<width> and mlp-<units>")
 
 
 def has_batchnorm(net: nn.Module) -> bool:
