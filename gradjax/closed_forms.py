@@ -58,7 +58,10 @@ class Imprint:
   (:func:`gradjax.malicious.imprint_recover`; Robbing the Fed, Fowl et al., ICLR 2022): the units of
   the dense ``layer`` of the sent model that share one direction (:func:`gradjax.malicious.imprint_units`),
   each bin's example as the difference of two neighbouring units' weight gradients over that of their
-  biases. What an audit runs on an update whose global model :func:`gradjax.malicious.inspect` flags."""
+  biases. What an audit runs on an update whose global model :func:`gradjax.malicious.inspect` flags.
+  The read-outs fill the first slots (at most N, the bins of most weight), labels −1 (not read);
+  ``loss`` is 0: the read-outs reproduce the imprint units' gradients exactly (their sums over the
+  bins above each unit), collisions included."""
 
   layer: str = "Dense_0"
   tolerance: float = 1e-6

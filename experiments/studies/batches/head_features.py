@@ -79,7 +79,11 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     ("b8_0_hf_own_convnet16_tv5_per_layer", 8, 0, 1, WEIGHT,
      ("--model=convnet-16", "--priors=tv:5", "--distance=cosine_per_layer")),
     ("b8_0_hf_own_convnet16_tv5_inverse", 8, 0, 1, WEIGHT,
-     ("--model=convnet-16", "--priors=tv:5", "--layer_weights=inverse"))]
+     ("--model=convnet-16", "--priors=tv:5", "--layer_weights=inverse"))] + [
+    # Twice the width: ConvNet-64 gives 43 of 64 at batch 8 on an H200 (the accelerator study), ConvNet-16
+    # 7 of 64; does ConvNet-32 fit one core's 15 minutes and leak?
+    (f"b8_{start}_hf_own_convnet32_tv5", 8, start, 1, WEIGHT, ("--model=convnet-32", "--priors=tv:5"))
+    for start in (500, 508, 516, 524)]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
