@@ -277,18 +277,29 @@ def _killed_then_resumed(program, args, out, state_glob):
   return run_program(program, *args, "--resume")
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_bit_for_bit(tmp_path):
-  args = ["--iterations=300", "--image_size=16", "--restarts=3", "--chunk=10", "--save_every_s=0"]
-  whole = run_program("reconstruct.py", *args, f"--output_dir={tmp_path / 'whole'}")
+# The run the interrupted runs below must end as: one uninterrupted run per test module and worker
+# (how often a run saves its state changes nothing it computes).
+INTERRUPTED = ["--iterations=200", "--image_size=16", "--restarts=2", "--chunk=10"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  out = tmp_path_factory.mktemp("uninterrupted") / "whole"
+  whole = run_program("reconstruct.py", *INTERRUPTED, f"--output_dir={out}")
   assert whole.returncode == 0, whole.stderr[-2000:]
+  return out
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_bit_for_bit(tmp_path, uninterrupted):
+  args = [*INTERRUPTED, "--save_every_s=0"]
   out = tmp_path / "killed"
   resumed = _killed_then_resumed("reconstruct.py", [*args, f"--output_dir={out}"], out, "state.npz")
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert "(resumed)" in resumed.stdout and not (out / "state.npz").exists()
   np.testing.assert_array_equal(np.load(out / "reconstruction.npy"),
-                                np.load(tmp_path / "whole" / "reconstruction.npy"))
-  a, b = (json.loads((p / "metrics.json").read_text()) for p in (out, tmp_path / "whole"))
+                                np.load(uninterrupted / "reconstruction.npy"))
+  a, b = (json.loads((p / "metrics.json").read_text()) for p in (out, uninterrupted))
   for key in ("psnr", "ssim", "loss", "labels_by_slot", "best_restart", "iterations", "evaluations"):
     assert a[key] == b[key], key
   assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
@@ -320,13 +331,11 @@ def _interrupted(args, wait_for: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["compiling", "[####"], ids=["before_first_save", "after_it"])
-def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, moment):
+def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, uninterrupted, moment):
   """SIGINT before the first save (while the step compiles) and after it: the run saves, exits 130
   with one line naming the command that continues it, and that command ends where an uninterrupted
   run does."""
-  args = ["--iterations=200", "--image_size=16", "--restarts=2", "--chunk=10", "--save_every_s=3600"]
-  whole = run_program("reconstruct.py", *args, f"--output_dir={tmp_path / 'whole'}")
-  assert whole.returncode == 0, whole.stderr[-2000:]
+  args = [*INTERRUPTED, "--save_every_s=3600"]
   out = tmp_path / "stopped"
   code, stderr = _interrupted([*args, f"--output_dir={out}"], moment)
   last = stderr.strip().splitlines()[-1]
@@ -338,7 +347,7 @@ def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, moment):
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
   np.testing.assert_array_equal(np.load(out / "reconstruction.npy"),
-                                np.load(tmp_path / "whole" / "reconstruction.npy"))
+                                np.load(uninterrupted / "reconstruction.npy"))
 
 
 def test_resume_of_a_folder_without_state_is_an_error(tmp_path):

@@ -249,12 +249,15 @@ def test_train_and_batch_table_programs(tmp_path):
   tv = next(r for r in result["ablation_rows"]["tv"] if r["batch"] == 1)
   assert [r["batch"] for r in part["ablation_rows"]["tv"]] == [1]
   assert part["ablation"][0]["psnr_mean"] == pytest.approx(tv["psnr"])
-  bad = run("batch_table.py", "--count=1", f"--output_dir={tmp_path / 'bad2'}")
-  assert bad.returncode == 2 and "--checkpoint is required" in bad.stderr
-  bad = run("batch_table.py", f"--checkpoint={ckpt}", "--start=-1", f"--output_dir={tmp_path / 'bad4'}")
-  assert bad.returncode == 2 and "--start must be a test image's index" in bad.stderr
-  bad = run("batch_table.py", f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}")
-  assert bad.returncode == 2 and "--head_classes needs --head=fresh and at least" in bad.stderr
+  from test_cli import run_in_one_process  # usage errors: one process for the three
+  table = ["gradjax", "batch-table"]
+  for bad, message in zip(run_in_one_process([[argv, tmp_path] for argv in (
+      [*table, "--count=1", f"--output_dir={tmp_path / 'bad2'}"],
+      [*table, f"--checkpoint={ckpt}", "--start=-1", f"--output_dir={tmp_path / 'bad4'}"],
+      [*table, f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}"])]),
+      ("--checkpoint is required", "--start must be a test image's index",
+       "--head_classes needs --head=fresh and at least")):
+    assert bad.returncode == 2 and message in bad.stderr, (message, bad.stderr[-1000:])
 
 
 def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():

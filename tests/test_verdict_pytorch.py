@@ -2,6 +2,7 @@
 ``lenet_zhu``'s names, the sigmoid one, a client that normalises its inputs, and a CIFAR ResNet with
 BatchNorm in both modes. An audit must never report "no leak" for a client it misread."""
 
+import copy
 import json
 import os
 import subprocess
@@ -151,13 +152,14 @@ def test_normalising_client(tmp_path):
   assert _run(w, g, attack="idlg", iterations=1, **CIFAR_TRUTH)["checks"]["fidelity"]["ok"]
 
 
-@pytest.mark.parametrize("train", [False, True])
-def test_resnet_batchnorm_modes(tmp_path, photos, train):
-  """The CIFAR ResNet of the Flower example (BatchNorm, trained-looking statistics): the update
-  recomputed in JAX matches PyTorch's (computed in float64: in float32 on one thread PyTorch's own
-  training-mode gradient is 1e-3 from it) when the mode is declared right; the other mode is named."""
+def test_resnet_batchnorm_modes(tmp_path, photos):
+  """The CIFAR ResNet of the Flower example (BatchNorm, trained-looking statistics), its client in
+  evaluation and in training mode: the update recomputed in JAX matches PyTorch's (computed in
+  float64: in float32 on one thread PyTorch's own training-mode gradient is 1e-3 from it) when the
+  mode is declared right; the other mode is named. (One test for both modes: one process, one
+  import of PyTorch.)"""
   import torch
-  from gradjax import data, fidelity, interop
+  from gradjax import data
   from test_interop import _torch_models
   _, _, ResNet = _torch_models()
   torch.manual_seed(0)
@@ -167,8 +169,14 @@ def test_resnet_batchnorm_modes(tmp_path, photos, train):
       m.running_mean.uniform_(-0.2, 0.2), m.running_var.uniform_(0.5, 1.5)
       m.weight.data.uniform_(0.8, 1.2), m.bias.data.uniform_(-0.1, 0.1)
   x, y = photos[:2], np.array([3, 5])
-  w, g = _export(torch, net, x, y, tmp_path, model="resnet8-2", train=train, float64=True)
   batch = data.Dataset(x, y, 10, "skimage")
+  for train in (False, True):  # a copy each: the export turns the network to float64 in place
+    _check_modes(*_export(torch, copy.deepcopy(net), x, y, tmp_path / f"train_{train}",
+                          model="resnet8-2", train=train, float64=True), batch, train)
+
+
+def _check_modes(w, g, batch, train):
+  from gradjax import data, fidelity, interop
   for declared in (train, not train):
     imported = interop.load(w, g, train=declared, conv="xla")
     checks, problems = fidelity.check_capture(imported.model, imported.observation, batch,
