@@ -7,6 +7,7 @@ Python's (gradjax installed with the flower extra, and PyTorch). The blocks run 
 ``<clone>/examples/flower_audit`` in one ``bash`` (job control on, as in a terminal): the Deployment
 Runtime (SuperLink, two SuperNodes, ``flwr run``, ``gradjax audit``), then the leakage gate (the
 second SuperNode replaced by a pruning one, a gated run, ``gradjax audit --adaptive``), then the
+malicious server (a gated and an ungated SuperNode, ``malicious-bins``, ``gradjax audit``), then the
 stop; the Simulation Runtime's block with ``--simulation`` (it needs ``flwr[simulation]``). The one
 change to the text: ``--data`` replaces the placeholder of ``export DATA=/path/to/shared/data``
 (without it that block is left out, and the clients find the data beside the clone, if there).
@@ -103,13 +104,13 @@ def main():
   rows = steps(proc.stderr)
   failed = re.findall(r"^\[readme_steps\] exit (\d+) of: (.*)$", proc.stderr, re.M)
   audits = {}
-  for name in ("audit", "audit-gate", "audit-sim"):
+  for name in ("audit", "audit-gate", "audit-malicious", "audit-sim"):
     index = os.path.join(folder, name, "index.json")
     if os.path.isfile(index):
       with open(index, encoding="utf-8") as fh:
         kept = json.load(fh)
       audits[name] = {"rows": [{k: r.get(k) for k in ("round", "client", "attack", "verdict", "psnr",
-                                                       "withheld", "zero_update", "error")}
+                                                       "withheld", "refused", "zero_update", "error")}
                                for r in kept["rows"]], "rounds": kept.get("rounds")}
   deadline = time.monotonic() + 30  # the stop block's SIGTERMs take a few seconds to end them
   while True:
