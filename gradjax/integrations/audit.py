@@ -77,21 +77,24 @@ def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 
   client's ``inputs`` (N, H, W, C) as the model reads them, its input layers for trap weights."""
   probe = _declared(sent, model, input_shape)
   try:
-    variables = interop.variables_from_torch(sent, interop.zoo_mapping(probe), probe.variables,
-                                             "the received model")
+    variables = _as_declared(sent, probe)
   except ValueError as e:
     return [malicious.Finding("", f"not the declared {model}: {e}")]
   return malicious.inspect(variables, probe.variables, inputs=inputs)
+
+
+def _as_declared(sent: dict[str, np.ndarray], probe: models.Model):
+  """``sent`` read as the variables of ``probe``'s architecture (ValueError where they are not)."""
+  return interop.variables_from_torch(sent, interop.zoo_mapping(probe), probe.variables,
+                                      "the received model")
 
 
 def imprinted(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3),
               layer: str = "Dense_0") -> bool:
   """Whether the model a client received hides an imprint in its dense ``layer``
   (:func:`gradjax.malicious.imprint_units`), which the ``imprint`` closed form reads out."""
-  probe = _declared(sent, model, input_shape)
   try:
-    params = interop.variables_from_torch(sent, interop.zoo_mapping(probe), probe.variables,
-                                          "the received model")["params"]
+    params = _as_declared(sent, _declared(sent, model, input_shape))["params"]
   except ValueError:
     return False
   return layer in params and len(malicious.imprint_units(params[layer]["kernel"],
