@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradjax import analytic, distances, objectives
+from gradjax import analytic, distances, models, objectives
 from gradjax import dummy as dummy_lib
 from gradjax import labels as labels_lib
 from gradjax import optimizers
@@ -41,7 +41,7 @@ from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import driver, sharding, solvers
 from gradjax.compilation import once
-from gradjax.objectives import MODES, Gamma, Stepwise, gradient_matching
+from gradjax.objectives import MODES, Gamma, Smoothing, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
 
 
@@ -83,6 +83,10 @@ class Attack:
       repeated or not, where the float32 update pins it down; else its class's row where that class
       has one example that dominates its column), 0 for none; needs known or inferred labels and
       the ``"gradient"`` objective (:func:`gradjax.objectives.gradient_matching`).
+    smoothing: the dummy gradient taken of the model with its ReLUs and max pools rounded, sharper
+      every step until the model itself (:class:`gradjax.objectives.Smoothing`), or ``None``; needs
+      a model that can be rounded (:func:`gradjax.models.smoothable`) and an objective other than
+      ``"replay"``. The best iterate is tracked from ``smoothing.until`` on.
     name: what reports call the attack (a preset's name, or ``"custom"``).
   """
 
@@ -102,6 +106,7 @@ class Attack:
   track_from: int = 0
   gamma: Gamma = Gamma()
   head_features: float = 0.0
+  smoothing: Smoothing | None = None
   name: str = "custom"
 
   def __post_init__(self):
@@ -134,6 +139,13 @@ class Attack:
       raise ValueError(f"head_features must be a non-negative weight, got {self.head_features}")
     if self.head_features and (self.objective != "gradient" or self.labels is labels_lib.joint):
       raise ValueError("head features need known or inferred labels and the 'gradient' objective")
+    if self.smoothing is not None and not isinstance(self.smoothing, Smoothing):
+      raise ValueError(f"smoothing must be an objectives.Smoothing or None, got {self.smoothing!r}")
+    if self.smoothing is not None and self.objective == "replay":
+      raise ValueError("smoothing rounds the model of one gradient; replay's local steps are not rounded")
+    if self.smoothing is not None and self.smoothing.until >= self.iterations:
+      raise ValueError(f"smoothing must reach the model itself within the budget: until="
+                       f"{self.smoothing.until} with {self.iterations} iterations")
     build_optimizer(self)
 
   @property
@@ -173,8 +185,9 @@ def build_optimizer(attack: Attack) -> optax.GradientTransformationExtraArgs:
 def track_from(attack: Attack) -> int:
   """The first iteration whose objective counts for the best iterate: the attack's ``track_from``,
   or later while its distance still changes with the step (``distance.settled_from``: earlier values
-  are not comparable with later ones)."""
-  return max(attack.track_from, attack.distance.settled_from)
+  are not comparable with later ones), or while a smoothing still sharpens the model."""
+  return max(attack.track_from, attack.distance.settled_from,
+             attack.smoothing.until if attack.smoothing is not None else 0)
 
 
 def make_solver(attack: Attack, value_fn: Callable, project: Callable | None = None) -> solvers.Solver:
@@ -186,7 +199,8 @@ def make_solver(attack: Attack, value_fn: Callable, project: Callable | None = N
 
 def rescaled(attack: Attack, iterations: int) -> Attack:
   """``attack`` with its budget set to ``iterations`` and every step count of its schedule scaled by
-  iterations / attack.iterations: prior start steps, the stepwise period and ``track_from`` (a
+  iterations / attack.iterations: prior start steps, the stepwise period, the smoothing's ``until``
+  and ``track_from`` (a
   :class:`gradjax.optimizers.Named` schedule is already a fraction of the budget). ``hfginv`` at 3000
   iterations switches TV on at 600 and the BatchNorm prior at 1000, grows its layer set every 100
   steps."""
@@ -195,8 +209,11 @@ def rescaled(attack: Attack, iterations: int) -> Attack:
   r = iterations / attack.iterations
   stepwise = attack.stepwise and dataclasses.replace(attack.stepwise,
                                                      period=max(1, round(attack.stepwise.period * r)))
+  smoothing = attack.smoothing and dataclasses.replace(attack.smoothing,
+                                                       until=max(1, round(attack.smoothing.until * r)))
   return dataclasses.replace(
-      attack, iterations=iterations, stepwise=stepwise, track_from=round(attack.track_from * r),
+      attack, iterations=iterations, stepwise=stepwise, smoothing=smoothing,
+      track_from=round(attack.track_from * r),
       priors=tuple(dataclasses.replace(p, start=round(p.start * r)) for p in attack.priors))
 
 
@@ -225,7 +242,8 @@ def describe(attack: Attack) -> dict:
       dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol, remat=attack.remat,
       stepwise=None if attack.stepwise is None else dataclasses.asdict(attack.stepwise),
       track_from=attack.track_from, gamma=dataclasses.asdict(attack.gamma),
-      head_features=attack.head_features)
+      head_features=attack.head_features,
+      smoothing=None if attack.smoothing is None else dataclasses.asdict(attack.smoothing))
 
 
 class Reconstruction(NamedTuple):
@@ -317,7 +335,7 @@ def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
   schedule is spread over it, the budget do not recompile."""
   spread = isinstance(attack.optimizer, optimizers.Named) and attack.optimizer.schedule != "constant"
   key = dataclasses.replace(attack, name="", dummy_init=dummy_lib.normal,
-                            iterations=attack.iterations if spread else 1)
+                            iterations=attack.iterations if spread or attack.smoothing else 1)
   return _solver_cached(key, apply_fn)
 
 
@@ -327,7 +345,8 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
                                 prior=priors_lib.combine(attack.priors) if attack.priors else None,
                                 one_sample_per_step=attack.one_sample_per_step,
                                 mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise,
-                                gamma=attack.gamma, head_features=attack.head_features)
+                                gamma=attack.gamma, head_features=attack.head_features,
+                                smoothing=attack.smoothing)
 
   def value_fn(dummy, data, step):
     shared, order = data
@@ -455,6 +474,9 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   # Depth from the model's call order, not the dicts' (sorted) order.
   order = depth_order(attack, apply_fn, observation, np.zeros((1, *input_shape), dtype))
   weights = layer_weights(attack, observation, order)
+  if attack.smoothing is not None and not models.smoothable(apply_fn):
+    raise ValueError("smoothing rounds the ReLUs and max pools of the zoo's ConvNets, ResNets, MLPs and "
+                     "LeNets; this model takes no sharpness (gradjax.models.smoothable)")
   for prior in attack.priors:
     missing = [c for c in prior.needs if c not in observation.variables]
     if missing:

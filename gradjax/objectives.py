@@ -13,6 +13,7 @@ optimizer, so the objective is one pure function that ``jit`` and ``vmap`` trans
 """
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -56,6 +57,45 @@ class Gamma:
       raise ValueError(f"gamma's learning rate must be positive, got {self.learning_rate}")
     if self.frozen < 0:
       raise ValueError(f"gamma's frozen steps must be non-negative, got {self.frozen}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Smoothing:
+  """A continuation from a rounded model to the model itself: the dummy gradient is taken of the
+  model with sharpness κ(t) (:func:`gradjax.models.make_apply_fn`: ReLU as softplus(κx) / κ, max
+  pooling as each window's softmax-weighted mean at κ), where
+
+    κ(t) = start · (end / start)^(t / until)   for t < until,   κ(t) = end   from ``until`` on.
+
+  A ReLU network's gradient is piecewise in its input: which units fire and which input wins each
+  pooling window change in jumps, its second derivative through them is zero, and gradient matching
+  stalls where the dummy's patterns differ from the client's (DLG swapped ReLU for sigmoid to keep
+  the model twice differentiable). Rounded, the objective is smooth and its minimiser moves
+  continuously as κ grows. At ``end`` = 1e4 ReLU is within log(2) / κ ≈ 7e-5 of itself and a pool's
+  weights are one-hot but for entries within about 1e-3 of the maximum. gradjax's own construction
+  (a homotopy, not one of the seed papers'); what it gives: ``experiments/studies/batches``.
+
+  Attributes:
+    until: the step from which κ stays at ``end``; objective values before it are not comparable
+      with later ones, so the best iterate is tracked from there (:func:`gradjax.attacks.track_from`).
+    start: κ at step 0 (2: ReLU's kink rounded over about one unit of its pre-activation).
+    end: κ from ``until`` on.
+  """
+
+  until: int
+  start: float = 2.0
+  end: float = 1e4
+
+  def __post_init__(self):
+    if self.until < 1:
+      raise ValueError(f"smoothing needs a positive number of steps, got until={self.until}")
+    if not (0 < self.start <= self.end and math.isfinite(self.end)):
+      raise ValueError(f"smoothing needs 0 < start <= end < inf, got start={self.start}, end={self.end}")
+
+  def sharpness(self, step) -> jax.Array:
+    """κ(step), a float32 scalar."""
+    f = jnp.clip(jnp.asarray(step, jnp.float32) / self.until, 0.0, 1.0)
+    return jnp.float32(self.start) * jnp.float32(self.end / self.start) ** f
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +215,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
                       prior: Callable | None = None, one_sample_per_step: bool = False,
                       mode: str = "gradient", remat: bool = False,
                       stepwise: Stepwise | None = None, gamma: Gamma = Gamma(),
-                      head_features: float = 0.0) -> Callable:
+                      head_features: float = 0.0, smoothing: Smoothing | None = None) -> Callable:
   """Returns ``objective(dummy, observation, labels=None, step=0, weights=None) -> scalar``:
 
       D(u(x', y'), v) + R(x', step) + λ Σ_n w_n ‖h(x'_n) − t_n‖² / Σ_n w_n ‖t_n‖²
@@ -215,6 +255,9 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
     head_features: λ, the weight of the last term: each example's head input h(x'_n)
       (:func:`head_input`) against a target t_n with weight w_n (``head_targets``, from the head's
       gradient for that example's label, :func:`gradjax.analytic.head_inputs`); 0: no such term.
+    smoothing: the dummy gradient (and head input) of the model rounded at the step's sharpness
+      (:class:`Smoothing`; ``apply_fn`` must take ``sharpness=``, :func:`gradjax.models.smoothable`),
+      or ``None``: of the model itself. Not with ``"replay"``.
 
   The returned objective takes
     dummy: ``{"x": (N, H, W, C)}`` (or any input the model reads, e.g. (N, T, dim) embeddings) plus
@@ -235,7 +278,10 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
     raise ValueError(f"unknown objective mode {mode!r}; choose one of {', '.join(MODES)}")
   if head_features and mode == "replay":
     raise ValueError("the head-feature term reads the dummy gradient's forward pass; replay has none")
+  if smoothing is not None and mode == "replay":
+    raise ValueError("smoothing rounds the model of one gradient; replay's local steps are not rounded")
   distance = as_distance(distance)
+  exact_fn = apply_fn
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
                 positions=None, head_targets=None):
@@ -250,6 +296,9 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
                            jax.lax.stop_gradient(logits))
     targets = labels if logits is None else jax.nn.softmax(logits, axis=-1)
     observed = observation.gradient
+    apply_fn = exact_fn
+    if smoothing is not None:
+      apply_fn = functools.partial(exact_fn, sharpness=smoothing.sharpness(step))
     if mode == "replay":
       if observation.local is None:
         raise ValueError("replay needs the client's local training (observation.local)")
@@ -276,7 +325,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       g, observed = stepwise.apply(positions, step, g, observed)
     value = distance(g, observed, weights=weights, step=step)
     if prior is not None:
-      network = Network(apply_fn, observation.variables, observation.train, observation.moments)
+      network = Network(exact_fn, observation.variables, observation.train, observation.moments)
       value = value + prior(dummy["x"], step, network)
     if head_features:
       if head_targets is None:

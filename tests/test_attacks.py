@@ -216,7 +216,8 @@ def test_describe_names_the_parts():
       optimizer=dict(name="signed_adam", learning_rate=0.1, schedule="step", warmup=0, weight_decay=0.01,
                      history=100, max_linesearch_steps=20),
       iterations=100, box=True, one_sample_per_step=False, dummy_init="normal", tol=0.0, remat=False,
-      stepwise=None, track_from=0, gamma=dataclasses.asdict(objectives.Gamma()), head_features=0.0)
+      stepwise=None, track_from=0, gamma=dataclasses.asdict(objectives.Gamma()), head_features=0.0,
+      smoothing=None)
   hf = attacks.describe(presets.hfginv(3000))
   assert hf["priors"] == [["tv", 1e-2, 600], ["bn_hfginv", 1e-4, 1000]] and hf["track_from"] == 800
   assert hf["stepwise"] == dataclasses.asdict(objectives.Stepwise(period=100))

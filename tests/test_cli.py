@@ -450,6 +450,14 @@ def test_config_names_resolve_to_the_attacks_parts():
     config.get_attack(config.Config(distance="manhattan"))
   with pytest.raises(ValueError, match="dummy init"):
     config.get_attack(config.Config(dummy_init="zeros"))
+  # --smoothing is a fraction of the budget the preset is built at: steps once the budget is known.
+  from gradjax.objectives import Smoothing
+  smooth = config.get_attack(config.Config(attack="inverting_gradients_batch", iterations=300,
+                                           smoothing="0.4,end=1e3"))
+  assert smooth.smoothing == Smoothing(until=120, start=2.0, end=1e3)
+  for bad in ("1.5", "half", "0.5,until=3", "0.5,start=0", "0.5,end=x"):
+    with pytest.raises(ValueError, match="smoothing"):
+      config.get_attack(config.Config(attack="inverting_gradients_batch", smoothing=bad))
 
 
 def test_flags_are_the_config_fields():

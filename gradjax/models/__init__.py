@@ -136,7 +136,7 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
 
 @functools.lru_cache(maxsize=64)
 def make_apply_fn(module: nn.Module) -> ApplyFn:
-  """``apply_fn(variables, x, train=False) -> logits`` for a Flax module.
+  """``apply_fn(variables, x, train=False, sharpness=None) -> logits`` for a Flax module.
 
   Cached per (hashable, immutable) module, so models with equal configuration share one ``apply_fn``
   and the attacks compiled for it are reused across fresh random initialisations.
@@ -144,16 +144,27 @@ def make_apply_fn(module: nn.Module) -> ApplyFn:
   With ``train=True`` BatchNorm uses the batch statistics (as a client does during local training);
   the updated running statistics are discarded so the function stays pure. ``apply_fn.module`` is the
   module, for code that needs Flax's own ``apply`` (e.g. collections, :mod:`gradjax.priors`).
+  ``sharpness`` κ (a scalar, traced or not; modules with a ``sharpness`` field, :func:`smoothable`):
+  the model with its ReLUs and max pools rounded (:func:`gradjax.models.layers.smooth_relu`,
+  :func:`gradjax.models.layers.max_pool`), for attacks that anneal κ towards the model itself.
   """
 
-  def apply_fn(variables, x, train: bool = False):
+  def apply_fn(variables, x, train: bool = False, sharpness=None):
+    net = module if sharpness is None else module.clone(sharpness=sharpness)
     if train and "batch_stats" in variables:
-      logits, _ = module.apply(variables, x, train=True, mutable=["batch_stats"])
+      logits, _ = net.apply(variables, x, train=True, mutable=["batch_stats"])
       return logits
-    return module.apply(variables, x, train=train)
+    return net.apply(variables, x, train=train)
 
   apply_fn.module = module
   return apply_fn
+
+
+def smoothable(apply_fn) -> bool:
+  """Whether ``apply_fn`` (of :func:`make_apply_fn`) takes a ``sharpness``: its module has a
+  ``sharpness`` field (the zoo's ConvNet, ResNets, MLPs and LeNets)."""
+  module = getattr(apply_fn, "module", None)
+  return module is not None and "sharpness" in getattr(type(module), "__dataclass_fields__", {})
 
 
 def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: int = 10,

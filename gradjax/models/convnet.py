@@ -5,11 +5,13 @@ Eight Conv(3x3, pad 1)-BatchNorm-ReLU blocks with channels w, 2w, 2w, 4w, 4w, 4w
 3x3, so the head sees 36w features.
 """
 
+from typing import Any
+
 import jax.numpy as jnp
 from flax import linen as nn
 
 from gradjax.models.inits import get_initializers
-from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head
+from gradjax.models.layers import activation, batch_norm, conv_general_dilated, head, max_pool
 from gradjax.models.spec import Options, ModelSpec, ZooName
 
 
@@ -24,21 +26,25 @@ class ConvNet(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
   pool: str = "max"  # "max" (the paper's) or "avg": the two 3x3 poolings (the batches study's diagnosis)
+  sharpness: Any = None  # κ: ReLU and max pooling rounded (layers.smooth_relu, layers.max_pool); None: exact
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     if self.pool not in ("max", "avg"):
       raise ValueError(f"ConvNet pooling is max or avg, got {self.pool!r}")
-    pool = nn.max_pool if self.pool == "max" else nn.avg_pool
+    if self.pool == "max":
+      pool = lambda x: max_pool(x, 3, self.sharpness)
+    else:
+      pool = lambda x: nn.avg_pool(x, (3, 3), strides=(3, 3))
     inits = get_initializers(self.weight_init, self.init_scale)
-    act = activation(self.act)
+    act = activation(self.act, self.sharpness)
     w = self.width
     for i, channels in enumerate((w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)):
       x = nn.Conv(channels, (3, 3), padding=1, param_dtype=self.param_dtype, dtype=self.param_dtype,
                   conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())(x)
       x = act(batch_norm(train, self.param_dtype)(x))
       if i in (5, 7):
-        x = pool(x, (3, 3), strides=(3, 3))
+        x = pool(x)
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)
 

@@ -18,12 +18,39 @@ ACTIVATIONS: dict[str, Callable] = {
 }
 
 
-def activation(name: str) -> Callable:
-  """The ``jax.nn`` activation called ``name``."""
+def activation(name: str, sharpness=None) -> Callable:
+  """The ``jax.nn`` activation called ``name``; with a ``sharpness`` κ (a positive scalar, traced or
+  not) ReLU is rounded to softplus_κ(x) = softplus(κx) / κ, which lies within log(2) / κ of it and has
+  a second derivative (:func:`smooth_relu`). The other activations are smooth already and stay."""
   try:
-    return ACTIVATIONS[name]
+    fn = ACTIVATIONS[name]
   except KeyError:
     raise ValueError(f"unknown activation {name!r}; choose one of {', '.join(ACTIVATIONS)}") from None
+  if sharpness is None or name != "relu":
+    return fn
+  return lambda x: smooth_relu(x, sharpness)
+
+
+def smooth_relu(x, sharpness):
+  """softplus(κx) / κ, κ = ``sharpness``: ReLU as κ → ∞, within log(2) / κ of it everywhere."""
+  return jax.nn.softplus(sharpness * x) / sharpness
+
+
+def max_pool(x, window: int, sharpness=None):
+  """``nn.max_pool(x, (window, window), strides=(window, window))`` (valid windows), or with a
+  ``sharpness`` κ each window's softmax-weighted mean Σ_i softmax(κ v)_i v_i: the window's mean as
+  κ → 0, its maximum as κ → ∞, with a second derivative in between. ``x``: (N, H, W, C) ->
+  (N, H // window, W // window, C)."""
+  pooled = nn.max_pool(x, (window, window), strides=(window, window))
+  if sharpness is None:
+    return pooled
+  h, w = pooled.shape[1] * window, pooled.shape[2] * window
+  x = x[:, :h, :w]
+  # Softmax weights relative to each window's maximum, so exp never overflows.
+  top = jnp.repeat(jnp.repeat(jax.lax.stop_gradient(pooled), window, 1), window, 2)
+  e = jnp.exp(sharpness * (x - top))
+  mean = lambda v: nn.avg_pool(v, (window, window), strides=(window, window))
+  return mean(e * x) / mean(e)
 
 
 def batch_norm(train: bool, param_dtype) -> nn.BatchNorm:

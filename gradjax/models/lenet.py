@@ -17,6 +17,8 @@ Inputs are NHWC. Flattening is in HWC order (PyTorch flattens CHW); for randomly
 is only a relabelling of the head's rows.
 """
 
+from typing import Any
+
 import jax.numpy as jnp
 from flax import linen as nn
 
@@ -34,6 +36,7 @@ class LeNetZhu(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
   act: str = "sigmoid"
+  sharpness: Any = None  # κ: a ReLU rounded to softplus_κ (layers.smooth_relu); None: exact
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -42,7 +45,7 @@ class LeNetZhu(nn.Module):
     kw = dict(kernel_size=(5, 5), padding=2, param_dtype=self.param_dtype, dtype=self.param_dtype,
               conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())
     for stride in (2, 2, 1):
-      x = activation(self.act)(nn.Conv(12, strides=stride, **kw)(x))
+      x = activation(self.act, self.sharpness)(nn.Conv(12, strides=stride, **kw)(x))
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)
 
@@ -56,13 +59,14 @@ class LeNet5(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   conv: str = "xla"
   act: str = "sigmoid"
+  sharpness: Any = None  # κ: a ReLU rounded to softplus_κ (layers.smooth_relu); None: exact
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train
     inits = get_initializers(self.weight_init, self.init_scale)
     for _ in range(4):
-      x = activation(self.act)(nn.Conv(12, (5, 5), strides=1, padding=2, param_dtype=self.param_dtype,
+      x = activation(self.act, self.sharpness)(nn.Conv(12, (5, 5), strides=1, padding=2, param_dtype=self.param_dtype,
                              dtype=self.param_dtype, conv_general_dilated=conv_general_dilated(self.conv),
                              **inits._asdict())(x))
     x = x.reshape(x.shape[0], -1)

@@ -3,7 +3,7 @@
 With 32x32x3 inputs and 100 classes this is the 3072 -> 32 -> 100 network attacked by DLM / DLM+.
 """
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 from flax import linen as nn
@@ -22,6 +22,7 @@ class MLP(nn.Module):
   weight_init: str = "default"
   init_scale: float = 0.5
   param_dtype: jnp.dtype = jnp.float32
+  sharpness: Any = None  # κ: ReLU rounded to softplus_κ (layers.smooth_relu); None: exact
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -30,7 +31,7 @@ class MLP(nn.Module):
     kw = dict(param_dtype=self.param_dtype, dtype=self.param_dtype, **inits._asdict())
     x = x.reshape(x.shape[0], -1)
     for width in self.hidden:
-      x = activation(self.act)(nn.Dense(width, **kw)(x))
+      x = activation(self.act, self.sharpness)(nn.Dense(width, **kw)(x))
     return head(self.num_classes, inits, self.param_dtype)(x)
 
 

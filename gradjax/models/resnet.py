@@ -13,7 +13,7 @@ Dense head:
 stage stride 1 (SAPAG's stride-1 variant; the feature maps then keep the input resolution).
 """
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax.numpy as jnp
 from flax import linen as nn
@@ -31,6 +31,7 @@ class BasicBlock(nn.Module):
   init_scale: float
   param_dtype: jnp.dtype
   conv: str
+  sharpness: Any = None
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -39,7 +40,7 @@ class BasicBlock(nn.Module):
                                    param_dtype=self.param_dtype, dtype=self.param_dtype,
                                    kernel_init=inits.kernel_init,
                                    conv_general_dilated=conv_general_dilated(self.conv))
-    act = activation(self.act)
+    act = activation(self.act, self.sharpness)
     y = act(batch_norm(train, self.param_dtype)(conv(self.channels, 3, self.stride)(x)))
     y = batch_norm(train, self.param_dtype)(conv(self.channels, 3, 1)(y))
     if self.stride != 1 or x.shape[-1] != self.channels:
@@ -60,6 +61,7 @@ class ResNet(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   remat: bool = False  # jax.checkpoint every block: activations recomputed in backward passes
   conv: str = "xla"  # convolution implementation (gradjax.models.layers.CONVS)
+  sharpness: Any = None  # κ: ReLU rounded to softplus_κ (layers.smooth_relu); None: exact
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -67,11 +69,11 @@ class ResNet(nn.Module):
     block_cls = nn.remat(BasicBlock, static_argnums=(2,)) if self.remat else BasicBlock
     count = 0
     block_kw = dict(act=self.act, weight_init=self.weight_init, init_scale=self.init_scale,
-                    param_dtype=self.param_dtype, conv=self.conv)
+                    param_dtype=self.param_dtype, conv=self.conv, sharpness=self.sharpness)
     x = nn.Conv(self.base_channels, (3, 3), padding=1, use_bias=False, param_dtype=self.param_dtype,
                 dtype=self.param_dtype, kernel_init=inits.kernel_init,
                 conv_general_dilated=conv_general_dilated(self.conv))(x)
-    x = activation(self.act)(batch_norm(train, self.param_dtype)(x))
+    x = activation(self.act, self.sharpness)(batch_norm(train, self.param_dtype)(x))
     for stage, blocks in enumerate(self.stage_sizes):
       for block in range(blocks):
         stride = 2 if stage > 0 and block == 0 and not self.stride1 else 1

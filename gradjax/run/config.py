@@ -99,6 +99,35 @@ def parse_gamma(spec: str) -> objectives.Gamma:
   return objectives.Gamma(**fields)
 
 
+def parse_smoothing(spec: str) -> Callable[[int], objectives.Smoothing]:
+  """``"0.5,start=2,end=1e4"`` -> ``lambda iterations: objectives.Smoothing(round(0.5 * iterations),
+  2.0, 1e4)``: the model sharpens over that fraction of the attack's budget (in (0, 1)); ``start``
+  and ``end`` keep their defaults when unset."""
+  head, *items = (s.strip() for s in spec.split(","))
+  usage = "use F[,start=S][,end=E], F the fraction of the iterations in (0, 1)"
+  try:
+    fraction = float(head)
+  except ValueError:
+    raise ValueError(f"bad smoothing {spec!r}: {usage}") from None
+  if not 0 < fraction < 1:
+    raise ValueError(f"bad smoothing {spec!r}: {usage}")
+  fields = {}
+  for item in filter(None, items):
+    key, _, value = (part.strip() for part in item.partition("="))
+    if key not in ("start", "end") or not value:
+      raise ValueError(f"bad smoothing setting {item!r}: {usage}")
+    try:
+      fields[key] = float(value)
+    except ValueError:
+      raise ValueError(f"bad smoothing setting {item!r}: {key} needs a number") from None
+  objectives.Smoothing(until=1, **fields)  # checks start and end now, not at the attack's build
+
+  def smoothing(iterations: int) -> objectives.Smoothing:
+    return objectives.Smoothing(until=max(1, round(fraction * iterations)), **fields)
+
+  return smoothing
+
+
 def _names(registry) -> str:
   return ", ".join(registry)
 
@@ -236,6 +265,11 @@ class Config:
       None, "Weight of the pull of each image's head input towards the one the dense head's gradient "
       "gives for it (per example up to K - 1 examples; 0: off; needs known or inferred labels).",
       attack="head_features")
+  smoothing: str | None = _field(
+      None, "Round the model's ReLUs and max pools for the dummy gradient, sharper every step over "
+      "the first fraction F of the iterations, then the model itself (a zoo ConvNet, ResNet, MLP or "
+      "LeNet): F[,start=S][,end=E], the sharpness from S (default 2) to E (1e4).",
+      attack="smoothing", parse=parse_smoothing)
   remat: bool | None = _field(
       None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
       attack="remat")
@@ -434,6 +468,8 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
     overrides["labels"] = labels_lib.joint
   if optimizer:
     overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
+  if "smoothing" in overrides:  # a fraction of the budget, now known
+    overrides["smoothing"] = overrides["smoothing"](attack.iterations)
   return dataclasses.replace(attack, **overrides)
 
 
@@ -542,7 +578,7 @@ SECTIONS = {
     "defense": ("defense",),
     "attack": ("attack", "adaptive", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",
                "distance", "layer_weights", "priors", "labels", "aux", "box", "dummy_init",
-               "one_sample_per_step", "gamma", "head_features", "restarts", "budget", "permutations", "text_search",
+               "one_sample_per_step", "gamma", "head_features", "smoothing", "restarts", "budget", "permutations", "text_search",
                "restrict_tokens"),
     "execution": ("strategy", "map_batch_size", "halving_rounds", "halving_keep", "shard", "chunk",
                   "matmul_precision", "remat"),

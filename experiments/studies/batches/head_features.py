@@ -32,6 +32,7 @@ WEIGHT = 100.0
 
 RESTARTS = ("--restarts=8", "--strategy=vmap")  # every restart run in full, the best by objective
 GROUP = ("--priors=tv:0.2,group:1e-3:500",)       # GradInversion's consensus from step 500
+SMOOTH16 = ("--model=convnet-16", "--priors=tv:5", "--smoothing=0.5")
 FEDAVG = ("--attack=inverting_gradients_fedavg", "--lr=0.1", "--priors=tv:0.2", "--client=fedavg",
           "--local_epochs=1", "--local_batch_size=4")
 
@@ -83,7 +84,15 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     # Twice the width: ConvNet-64 gives 43 of 64 at batch 8 on an H200 (the accelerator study), ConvNet-16
     # 7 of 64; does ConvNet-32 fit one core's 15 minutes and leak?
     (f"b8_{start}_hf_own_convnet32_tv5", 8, start, 1, WEIGHT, ("--model=convnet-32", "--priors=tv:5"))
-    for start in (500, 508, 516, 524)]
+    for start in (500, 508, 516, 524)] + [
+    # ReLU and max pooling rounded for the dummy gradient, sharper over the first half of the budget,
+    # then the model itself (--smoothing=0.5, gradjax.objectives.Smoothing): batch 1 on development
+    # images 0-3 and on unseen 500-503 beside the same attack unrounded, batch 8 on the unseen batches
+    # of the TV 5 rows above.
+    ("b1_0_hf_own_convnet16_tv5_smooth", 1, 0, 4, WEIGHT, SMOOTH16),
+    ("b1_500_hf_own_convnet16_tv5", 1, 500, 4, WEIGHT, ("--model=convnet-16", "--priors=tv:5")),
+    ("b1_500_hf_own_convnet16_tv5_smooth", 1, 500, 4, WEIGHT, SMOOTH16)] + [
+    (f"b8_{start}_hf_own_convnet16_tv5_smooth", 8, start, 1, WEIGHT, SMOOTH16) for start in (500, 508)]
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
@@ -117,7 +126,7 @@ def table() -> tuple[str, dict]:
       setting += f"; {iterations} iterations"
     if "_own" in row:
       setting += "; targets per example"
-    for flag in ("--distance=", "--layer_weights="):
+    for flag in ("--distance=", "--layer_weights=", "--smoothing="):
       setting += "".join(f"; {e[2:]}" for e in extra if e.startswith(flag))
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"

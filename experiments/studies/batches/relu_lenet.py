@@ -22,16 +22,20 @@ import sweeps
 
 RUNS = os.path.join(sweeps.HERE, "runs", "relu_lenet")
 
-# (row, attack, first image, images)
-ROWS = [("rgap_dev", "rgap", 0, 10), ("rgap_unseen", "rgap", 500, 10),
-        ("idlg_unseen", "idlg", 500, 10), ("igb_unseen", "inverting_gradients_batch", 500, 10)]
+# (row, attack, first image, images, further flags)
+ROWS = [("rgap_dev", "rgap", 0, 10, ()), ("rgap_unseen", "rgap", 500, 10, ()),
+        ("idlg_unseen", "idlg", 500, 10, ()), ("igb_unseen", "inverting_gradients_batch", 500, 10, ()),
+        # The optimisation attacks on the model rounded over the first half of the budget, then on
+        # the model itself (--smoothing=0.5, gradjax.objectives.Smoothing).
+        ("idlg_smooth_unseen", "idlg", 500, 10, ("--smoothing=0.5",)),
+        ("igb_smooth_unseen", "inverting_gradients_batch", 500, 10, ("--smoothing=0.5",))]
 
 
-def run(row, attack, start, count, data_dir):
+def run(row, attack, start, count, extra, data_dir):
   flags = [f"--attack={attack}", "--model=lenet_zhu", "--act=relu", "--dataset=cifar10",
            "--batch_size=1", f"--start={start}", f"--count={count}"]
-  sweeps.sweep(os.path.join(RUNS, row), flags + (["--iterations=2000"] if attack == "idlg" else []),
-               data_dir)
+  sweeps.sweep(os.path.join(RUNS, row),
+               flags + (["--iterations=2000"] if attack == "idlg" else []) + list(extra), data_dir)
 
 
 def table() -> tuple[str, dict]:
@@ -39,7 +43,7 @@ def table() -> tuple[str, dict]:
   numbers = {}
   lines = ["| attack | images | PSNR mean (dB) | median | min | recognisable (verdict's rule) | "
            "leak verdicts | labels | s per image |", "|---|---|---|---|---|---|---|---|---|"]
-  for row, attack, start, count in ROWS:
+  for row, attack, start, count, extra in ROWS:
     rows = sweeps.rows(RUNS, row)
     if rows is None:
       continue
@@ -53,7 +57,8 @@ def table() -> tuple[str, dict]:
                     "psnr_min": float(psnr.min()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "labels": float(labels), "seconds_per_image": seconds}
     images = f"{rows[0]['index']}..{rows[-1]['index']}"  # a skipped experiment leaves a gap
-    lines.append(f"| {attack} | {images} | {psnr.mean():.2f} | "
+    name = attack + ("".join(f", {e[2:]}" for e in extra))
+    lines.append(f"| {name} | {images} | {psnr.mean():.2f} | "
                  f"{np.median(psnr):.2f} | {psnr.min():.2f} | {seen} / {psnr.size} | {leaks} / {len(rows)} | "
                  f"{labels:.0f} / {len(rows)} | {seconds:.1f} |")
   return "\n".join(lines) + "\n", numbers
