@@ -70,9 +70,10 @@ class Smoothing:
   A ReLU network's gradient is piecewise in its input: which units fire and which input wins each
   pooling window change in jumps, its second derivative through them is zero, and gradient matching
   stalls where the dummy's patterns differ from the client's (DLG swapped ReLU for sigmoid to keep
-  the model twice differentiable). Rounded, the objective is smooth and its minimiser moves
-  continuously as κ grows. At ``end`` = 1e4 ReLU is within log(2) / κ ≈ 7e-5 of itself and a pool's
-  weights are one-hot but for entries within about 1e-3 of the maximum. gradjax's own construction
+  the model twice differentiable). Rounded, the objective is smooth; the continuation follows its
+  minimiser as κ grows, which helps only where that path leads to the real model's minimiser. At
+  ``end`` = 1e4 ReLU is within log(2) / κ ≈ 7e-5 of itself and a pool's weights are one-hot but
+  for entries within about 1e-3 of the maximum. gradjax's own construction
   (a homotopy, not one of the seed papers'); what it gives: ``experiments/studies/batches``.
 
   Attributes:
