@@ -282,7 +282,6 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
   if smoothing is not None and mode == "replay":
     raise ValueError("smoothing rounds the model of one gradient; replay's local steps are not rounded")
   distance = as_distance(distance)
-  exact_fn = apply_fn
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
                 positions=None, head_targets=None):
@@ -297,21 +296,21 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
                            jax.lax.stop_gradient(logits))
     targets = labels if logits is None else jax.nn.softmax(logits, axis=-1)
     observed = observation.gradient
-    apply_fn = exact_fn
+    model = apply_fn  # the dummy gradient's model: rounded while a smoothing sharpens it
     if smoothing is not None:
-      apply_fn = functools.partial(exact_fn, sharpness=smoothing.sharpness(step))
+      model = functools.partial(apply_fn, sharpness=smoothing.sharpness(step))
     if mode == "replay":
       if observation.local is None:
         raise ValueError("replay needs the client's local training (observation.local)")
       params = observation.variables["params"]
-      new = local_sgd(apply_fn, observation.variables, x, targets, observation.local,
+      new = local_sgd(model, observation.variables, x, targets, observation.local,
                       train=observation.train, loss_fn=loss_fn, remat=remat)
       g = jax.tree.map(jnp.subtract, params, new)
     elif head_features:
-      g, h = _gradient_and_head_input(apply_fn, observation.variables, x, targets, observation.train,
+      g, h = _gradient_and_head_input(model, observation.variables, x, targets, observation.train,
                                       loss_fn)
     else:
-      g = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train,
+      g = dummy_gradient(model, observation.variables, x, targets, train=observation.train,
                          loss_fn=loss_fn)
     if mode == "dlm":
       log_gamma = dummy["log_gamma"]
@@ -326,7 +325,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       g, observed = stepwise.apply(positions, step, g, observed)
     value = distance(g, observed, weights=weights, step=step)
     if prior is not None:
-      network = Network(exact_fn, observation.variables, observation.train, observation.moments)
+      network = Network(apply_fn, observation.variables, observation.train, observation.moments)
       value = value + prior(dummy["x"], step, network)
     if head_features:
       if head_targets is None:
