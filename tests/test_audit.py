@@ -3,6 +3,7 @@ audit of a capture written as AuditStrategy writes one (a gradjax client's updat
 
 import dataclasses
 import json
+import types
 
 import jax
 import numpy as np
@@ -166,6 +167,43 @@ def test_budget_restarts_fit_the_halving_plan():
   assert pipeline.budget_restarts(5.0, 3.0, 300) == 2        # 2: (2 + 1 + 1)/3·3 = 4 s; 3: 6 s
   assert pipeline.budget_restarts(3.9, 3.0, 300) == 0        # not even two
   assert pipeline.budget_restarts(1e9, 3.0, 300) == pipeline.BUDGET_MAX_RESTARTS
+
+
+def test_budget_iterations_fit_the_time_left():
+  """Iterations a budget buys at a measured time per iteration: floor(seconds / per iteration),
+  capped at the preset's, never under the probe's."""
+  assert pipeline.budget_iterations(100.0, 0.3, 2000) == 333      # 333 · 0.3 = 99.9 s
+  assert pipeline.budget_iterations(1e4, 0.3, 2000) == 2000       # the preset's budget fits
+  assert pipeline.budget_iterations(-5.0, 0.3, 2000) == pipeline.PROBE_ITERATIONS
+  assert pipeline.budget_iterations(0.5, 0.3, 2000) == pipeline.PROBE_ITERATIONS
+
+
+def test_auto_fits_the_presets_iterations_into_its_budget(monkeypatch):
+  """--budget without --iterations: two probes time the attack, which then runs the iterations that
+  fit in the time left, not the preset's 2000. On a clock the test drives: each run costs 0.5 s
+  around its attack, 0.125 s an iteration, and the first 20 s of compilation; the probes (4
+  iterations each) take 21 + 1 s, so 100 − 22 − 0.5 s buy 620 iterations, and nothing is left
+  for restarts."""
+  clock, runs = [0.0], []
+
+  def fake_run(step, callback=None, batch=None):
+    attack_s = step.iterations * 0.125 + 20.0 * (not runs)
+    clock[0] += 0.5 + attack_s
+    runs.append(step)
+    if callback is not None:
+      callback(types.SimpleNamespace(its_per_s=8.0, alive=1))
+    return {"residual": None, "verdict": {"status": "inconclusive", "reason": ""}, "psnr": None,
+            "wall_time_s": attack_s, "iterations": step.iterations,
+            "attack": {"iterations": step.iterations}}, {}
+
+  monkeypatch.setattr(pipeline, "run", fake_run)
+  monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  results, _ = pipeline._run_auto(config.Config(attack="auto", batch_size=2, budget=100.0), None, None)
+  assert [r.iterations for r in runs] == [pipeline.PROBE_ITERATIONS] * 2 + [620]
+  assert [r.chunk for r in runs][:2] == [1, 1]
+  probe, = results["auto"]["probes"]
+  assert (probe["fitted_iterations"], probe["preset_iterations"]) == (620, 2000)
+  assert results["auto"]["tried"][0]["iterations"] == 620 and results["wall_time_s"] == 100.0
 
 
 @pytest.mark.slow

@@ -206,9 +206,10 @@ class Config:
       "metadata declare): its objective models what the defense did (gradjax.adaptive).")
   restarts: int = _field(1, "Random restarts; the lowest objective wins.")
   budget: float | None = _field(
-      None, "--attack=auto: seconds for all its attacks. Each candidate runs once while time is left; "
-      "the rest goes to more restarts of the one that matches the update best, under successive "
-      "halving by the matching objective (unset: each candidate once).")
+      None, "--attack=auto: seconds for all its attacks. Each candidate runs once while time is left, "
+      "an optimisation attack with the iterations that fit its share (timed first; the preset's at "
+      "most, unless --iterations is set); the rest goes to more restarts of the one that matches the "
+      "update best, under successive halving by the matching objective (unset: each candidate once).")
   permutations: int = _field(
       1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
   shard: bool = _field(

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, dager
-from gradjax import data, defenses, driver, fidelity, interop, lpips, malicious, metrics, models, text
+from gradjax import data, defenses, driver, fidelity, interop, lpips, malicious, metrics, models, presets
+from gradjax import text
 from gradjax.run import resume
 from gradjax import verdict
 from gradjax import labels as labels_lib
@@ -284,19 +285,64 @@ def budget_restarts(seconds_left: float, seconds_per_restart: float, iterations:
   return max(fits, default=0)
 
 
+# Before --budget fits an optimisation attack's iterations, two probes of this many iterations with
+# one-step chunks: the first compiles what the run needs (on CPU every chunk runs the same one-step
+# program), the second times a step and what a compiled run spends around its attack.
+PROBE_ITERATIONS = 4
+
+
+def budget_iterations(seconds: float, seconds_per_iteration: float, iterations: int) -> int:
+  """The iterations of a run that fit in ``seconds`` at ``seconds_per_iteration``: at most the
+  preset's ``iterations``, at least :data:`PROBE_ITERATIONS` (a budget spent before the run starts
+  still runs the attack, short)."""
+  fit = math.floor(seconds / seconds_per_iteration) if seconds > 0 else 0
+  return int(min(iterations, max(fit, PROBE_ITERATIONS)))
+
+
 def _run_auto(cfg: Config, callback, batch):
   """The attacks of :func:`auto_attacks` in turn (no solver state: a run is not resumed midway),
   until one matches the update (:func:`gradjax.verdict.matched`: data that reproduce it were found,
   no later attack can match it better) or ``cfg.budget`` seconds are spent; with time left, the
   optimisation attack that matched best again with as many more restarts as fit
-  (:func:`budget_restarts`), the best by the matching objective going on. The results of the run
-  whose reconstruction matches the update best (the lowest relative residual,
-  :func:`gradjax.verdict.residual`), with ``auto`` naming every run and the time of all of them."""
+  (:func:`budget_restarts`), the best by the matching objective going on. With a budget and no
+  ``--iterations``, an optimisation attack whose preset's iterations would not fit in its share of
+  the time left (that time over the optimisation attacks still to try) runs as many as fit
+  (:func:`budget_iterations`), timed by two probes of :data:`PROBE_ITERATIONS` iterations first.
+  The results of the run whose reconstruction matches the update best (the lowest relative
+  residual, :func:`gradjax.verdict.residual`), with ``auto`` naming every run and the time of all
+  of them."""
   names, tried, best, matched = auto_attacks(cfg), [], None, False
   start = time.perf_counter()
   elapsed = lambda: time.perf_counter() - start
   step_s = {}  # attack -> seconds per restart step once compiled (from the progress reports)
   took = {}  # attack -> seconds its (last) run took
+  probes = []  # the probes that timed an attack before its iterations were fitted to the budget
+
+  def fitted(name, step, share):
+    """``step`` with the iterations that fit in ``share`` seconds, after two probes timed them."""
+    rates = []
+
+    def watch(p):
+      if p.its_per_s > 0:  # NaN for the step that compiled
+        rates.append(1.0 / (p.its_per_s * max(p.alive, 1)))
+
+    probe = dataclasses.replace(step, iterations=PROBE_ITERATIONS, chunk=1)
+    began = time.perf_counter()
+    run(probe, batch=batch)  # compiles
+    warm = time.perf_counter()
+    results, _ = run(probe, callback=watch, batch=batch)
+    now = time.perf_counter()
+    if not rates:  # the probe stopped before a step was timed (its objective reached the tolerance)
+      return step
+    per_iteration = rates[-1] * step.restarts  # every restart takes each iteration
+    # What a compiled run spends outside its attack (simulating, solving the head, scoring).
+    overhead = max(now - warm - results["wall_time_s"], 0.0)
+    preset = presets.get_preset(name)().iterations
+    iterations = budget_iterations(share - (now - began) - overhead, per_iteration, preset)
+    probes.append({"attack": name, "iterations": PROBE_ITERATIONS, "seconds": now - began,
+                   "seconds_per_iteration": per_iteration, "overhead_s": overhead,
+                   "fitted_iterations": iterations, "preset_iterations": preset})
+    return step if iterations >= preset else dataclasses.replace(step, iterations=iterations)
 
   def attempt(name, step, chosen_settings=None):
     nonlocal best, matched
@@ -312,7 +358,7 @@ def _run_auto(cfg: Config, callback, batch):
     took[name] = time.perf_counter() - began  # with loading the model and scoring
     residual = (results.get("residual") or {}).get("relative_error", math.inf)
     tried.append({"attack": name, "settings": chosen_settings or {}, "restarts": step.restarts,
-                  "residual": residual,
+                  "iterations": results.get("iterations"), "residual": residual,
                   "verdict": results["verdict"]["status"], "psnr": results.get("psnr"),
                   "wall_time_s": results["wall_time_s"]})
     if best is None or residual < best[0]:
@@ -321,7 +367,7 @@ def _run_auto(cfg: Config, callback, batch):
         fidelity.Comparison(**results["residual"]))
 
   model = attacked_model(cfg)
-  for name in names:
+  for index, name in enumerate(names):
     if tried and cfg.budget is not None and elapsed() >= cfg.budget:
       break
     chosen_settings = {k: v for k, v in auto.settings(name, model).items() if getattr(cfg, k) is None}
@@ -329,6 +375,9 @@ def _run_auto(cfg: Config, callback, batch):
     if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
       step = dataclasses.replace(step, restarts=1, permutations=1, adaptive=False, **{
           f.name: None for f in dataclasses.fields(cfg) if f.metadata["attack"]})
+    elif cfg.budget is not None and cfg.iterations is None:
+      optimising = sum(n not in closed_forms.CLOSED_FORMS for n in names[index:])
+      step = fitted(name, step, (cfg.budget - elapsed()) / optimising)
     attempt(name, step, chosen_settings)
     if matched:
       break
@@ -348,8 +397,15 @@ def _run_auto(cfg: Config, callback, batch):
   _, chosen, results, images, chosen_step = best
   results = {**results, "wall_time_s": elapsed(),
              "auto": {"tried": tried, "chosen": chosen, "restarts": chosen_step.restarts,
-                      "budget_s": cfg.budget}}
-  ran = [t["attack"] + (f" ({t['restarts']} restarts)" if t["restarts"] > 1 else "") for t in tried]
+                      "budget_s": cfg.budget, "probes": probes}}
+  shortened = {p["attack"] for p in probes if p["fitted_iterations"] < p["preset_iterations"]}
+
+  def described(t):
+    notes = [f"{t['restarts']} restarts"] * (t["restarts"] > 1) + [
+        f"{t['iterations']} iterations to fit the budget"] * (t["attack"] in shortened)
+    return t["attack"] + (f" ({', '.join(notes)})" if notes else "")
+
+  ran = [described(t) for t in tried]
   rest = [n for n in names if n not in {t["attack"] for t in tried}]
   why = ("it stops once an attack matches the update" if matched
          else f"the budget of {cfg.budget or 0:g} s was spent")
