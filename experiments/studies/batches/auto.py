@@ -1,0 +1,75 @@
+"""The batches study's audit rows: ``--attack=auto`` at a stated CPU budget per batch, as an audit
+runs it, on untrained models (a fresh draw per batch), CIFAR-10 test images 500.. in [0, 1] (never
+used to choose a setting), labels inferred as the audit infers them (iDLG's sign at batch 1, which
+iDLG reads itself; LLG's counts from the head's gradient for a batch).
+
+  python experiments/studies/batches/auto.py            # runs what is missing, writes the table
+  python experiments/studies/batches/auto.py --table    # the table from the runs there
+  python experiments/studies/batches/auto.py --rows=lenet_b8,convnet64_b8_500   # some rows only
+
+Each row is a ``gradjax sweep`` (its command in the run's results.json) into ``runs/auto/<row>/``;
+one process attacks the row's batches in turn, so the first batch's budget pays the compilation.
+``--budget`` fits the attack's iterations into the time (``gradjax.run.pipeline.budget_iterations``)
+and spends what is left on restarts. ``table.md`` and ``table.json`` give per row the attacks run,
+their iterations, mean and median per-image PSNR, SSIM, the images recognisable by the verdict's
+rule, the leak verdicts, label accuracy and the seconds per batch.
+"""
+
+import os
+
+import numpy as np
+
+import sweeps
+
+RUNS = os.path.join(sweeps.HERE, "runs", "auto")
+LENET = ("--model=lenet_zhu",)  # DLG's LeNet: sigmoid, every weight U(-0.5, 0.5)
+
+# (row, batch size, first image, batches, budget in seconds per batch, further flags)
+ROWS = [(f"lenet_b{b}", b, 500, count, 120, LENET)
+        for b, count in ((1, 4), (4, 4), (8, 4), (16, 2), (32, 1))] + [
+    # Geiping et al.'s ConvNet at the paper's width, batch 8, the issue's 15 minutes on one core; a
+    # batch per row so that two run side by side.
+    (f"convnet64_b8_{start}", 8, start, 1, 900, ("--model=convnet-64",)) for start in (500, 508, 516, 524)]
+
+
+def run(row, batch, start, count, budget, extra, data_dir):
+  labels = () if batch == 1 else ("--labels=llg",)
+  sweeps.sweep(os.path.join(RUNS, row), ["--attack=auto", "--dataset=cifar10", f"--budget={budget}",
+                                         f"--batch_size={batch}", f"--start={start}", f"--count={count}",
+                                         *labels, *extra], data_dir, ("reconstructions.png",))
+
+
+def table() -> tuple[str, dict]:
+  """The table (markdown) and its numbers by row."""
+  numbers = {}
+  lines = ["| model | batch | images | budget per batch (s) | attacks run (iterations; restarts) | "
+           "PSNR per image, mean (dB) | median | SSIM, mean | recognisable (verdict's rule) | "
+           "leak verdicts | label accuracy | s per batch |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for row, batch, start, count, budget, extra in ROWS:
+    rows = sweeps.rows(RUNS, row)
+    if rows is None:
+      continue
+    psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
+    ssim = np.array([s for r in rows for s in r["ssim_per_image"]])
+    counted = [sweeps.recount(r) for r in rows]
+    seen = sum(c[0] for c in counted)
+    leaks = sum(c[1] for c in counted)
+    labels = float(np.mean([r["label_accuracy"] for r in rows]))
+    seconds = [r["wall_time_s"] for r in rows]
+    ran = sorted({f"{t['attack']} ({t['iterations']}; {t['restarts']})" for r in rows
+                  for t in r["auto"]["tried"]})
+    numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
+                    "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
+                    "leaks": int(leaks), "batches": len(rows), "label_accuracy": labels,
+                    "seconds_per_batch": float(np.mean(seconds)), "seconds_max": float(np.max(seconds)),
+                    "budget_s": budget, "tried": ran}
+    model = next(e.split("=", 1)[1] for e in extra if e.startswith("--model="))
+    images = f"{rows[0]['index']}..{rows[-1]['index'] + batch - 1}"
+    lines.append(f"| {model} | {batch} | {images} | {budget} | {'; '.join(ran)} | {psnr.mean():.2f} | "
+                 f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | "
+                 f"{leaks} / {len(rows)} | {labels:.3f} | {np.mean(seconds):.0f} (max {np.max(seconds):.0f}) |")
+  return "\n".join(lines) + "\n", numbers
+
+
+if __name__ == "__main__":
+  sweeps.main(__doc__, RUNS, ROWS, run, table)
