@@ -257,5 +257,5 @@ def adapt(attack: attacks.Attack, defense_spec: str, update_scale: float = 1.0) 
   defense = defenses.parse(defense_spec)
   return dataclasses.replace(
       attack, distance=distance(attack.distance, defense, update_scale=update_scale,
-                                objective=attack.objective),
+                                objective=attack.matched.name),
       name=f"{attack.name}+adaptive")

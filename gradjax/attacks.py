@@ -41,7 +41,7 @@ from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import driver, sharding, solvers
 from gradjax.compilation import once
-from gradjax.objectives import MODES, Gamma, Smoothing, Stepwise, gradient_matching
+from gradjax.objectives import Smoothing, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
 
 
@@ -63,30 +63,30 @@ class Attack:
       :data:`gradjax.labels.SOURCES`.
     dummy_init: ``init(key, shape, lo, hi, dtype) -> x``, where the dummy data start
       (:data:`gradjax.dummy.INITS`).
-    objective: what is matched, a mode of :func:`gradjax.objectives.gradient_matching`:
-      ``"gradient"`` (FedSGD), ``"replay"`` (FedAvg, local training replayed), ``"dlm"``, ``"dlm_plus"``.
+    matched: what the objective matches (:func:`gradjax.objectives.gradient_matching`): the
+      gradient (``objectives.Gradient()``, FedSGD), the replayed local training
+      (``objectives.Replay(remat)``, FedAvg), DLM's scaled model difference
+      (``objectives.ScaledDifference(gamma)``) or DLM+'s unit vectors (``objectives.Normalised()``);
+      :data:`gradjax.objectives.MATCHED` by name.
     layer_weights: ``None`` (the distance's own, ``distance.layer_weights``) or a depth rule of
       :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``, ``"uniform"``).
     box: clamp the dummy data to the valid input range after every step.
     one_sample_per_step: DLG's batch option, only example t mod N moves at step t.
     tol: a restart stops once its objective is <= tol.
-    remat: ``jax.checkpoint`` each replayed local step (objective ``"replay"``): memory grows with
-      one parameter set per local step instead of every step's activations.
     stepwise: HFGInv's growing set of matched layers with gradient dropout
       (:class:`gradjax.objectives.Stepwise`), or ``None`` to match every layer.
     track_from: the reconstruction is the lowest-objective iterate from this iteration on (0: the
       whole run); with ``stepwise``, objective values are comparable only once the layer set stops
       growing. A distance that settles later raises it (``distance.settled_from``).
-    gamma: objective ``"dlm"`` only: how its scale γ starts and learns (:class:`gradjax.objectives.Gamma`).
     head_features: the weight of the pull of each example's head input towards the one the head's
       gradient gives for it (:func:`head_targets`: solved per example up to K − 1 examples, classes
       repeated or not, where the float32 update pins it down; else its class's row where that class
       has one example that dominates its column), 0 for none; needs known or inferred labels and
-      the ``"gradient"`` objective (:func:`gradjax.objectives.gradient_matching`).
+      the gradient matched (``objectives.Gradient()``).
     smoothing: the dummy gradient taken of the model with its ReLUs and max pools rounded, sharper
       every step until the model itself (:class:`gradjax.objectives.Smoothing`), or ``None``; needs
-      a model that can be rounded (:func:`gradjax.models.smoothable`) and an objective other than
-      ``"replay"``. The best iterate is tracked from ``smoothing.until`` on.
+      a model that can be rounded (:func:`gradjax.models.smoothable`) and a gradient matched, not
+      the replayed training. The best iterate is tracked from ``smoothing.until`` on.
     name: what reports call the attack (a preset's name, or ``"custom"``).
   """
 
@@ -96,15 +96,13 @@ class Attack:
   priors: tuple[priors_lib.Prior, ...] = ()
   labels: labels_lib.LabelSource = labels_lib.joint
   dummy_init: dummy_lib.DummyInit = dummy_lib.normal
-  objective: str = "gradient"
+  matched: objectives.Matched = objectives.Gradient()
   layer_weights: str | None = None
   box: bool = False
   one_sample_per_step: bool = False
   tol: float = 0.0
-  remat: bool = False
   stepwise: Stepwise | None = None
   track_from: int = 0
-  gamma: Gamma = Gamma()
   head_features: float = 0.0
   smoothing: Smoothing | None = None
   name: str = "custom"
@@ -112,8 +110,9 @@ class Attack:
   def __post_init__(self):
     object.__setattr__(self, "distance", distances.as_distance(self.distance))
     object.__setattr__(self, "priors", tuple(self.priors))
-    if self.objective not in MODES:
-      raise ValueError(f"unknown objective {self.objective!r}; choose one of {', '.join(MODES)}")
+    if not isinstance(self.matched, (objectives.Gradient, objectives.Replay)):
+      raise ValueError(f"matched must be an objectives part ({', '.join(objectives.MODES)}), got "
+                       f"{self.matched!r}")
     if self.layer_weights is not None and self.layer_weights not in distances.DEPTH_RULES:
       raise ValueError(f"unknown depth rule {self.layer_weights!r}; choose one of "
                        f"{', '.join(distances.DEPTH_RULES)}")
@@ -131,17 +130,13 @@ class Attack:
       raise ValueError(f"stepwise must be an objectives.Stepwise or None, got {self.stepwise!r}")
     if self.track_from < 0:
       raise ValueError(f"track_from must be non-negative, got {self.track_from}")
-    if not isinstance(self.gamma, Gamma):
-      raise ValueError(f"gamma must be an objectives.Gamma, got {self.gamma!r}")
-    if self.gamma != Gamma() and self.objective != "dlm":
-      raise ValueError(f"gamma settings apply to the 'dlm' objective only, not {self.objective!r}")
     if not self.head_features >= 0:
       raise ValueError(f"head_features must be a non-negative weight, got {self.head_features}")
-    if self.head_features and (self.objective != "gradient" or self.labels is labels_lib.joint):
+    if self.head_features and (self.matched.name != "gradient" or self.labels is labels_lib.joint):
       raise ValueError("head features need known or inferred labels and the 'gradient' objective")
     if self.smoothing is not None and not isinstance(self.smoothing, Smoothing):
       raise ValueError(f"smoothing must be an objectives.Smoothing or None, got {self.smoothing!r}")
-    if self.smoothing is not None and self.objective == "replay":
+    if self.smoothing is not None and isinstance(self.matched, objectives.Replay):
       raise ValueError("smoothing rounds the model of one gradient; replay's local steps are not rounded")
     if self.smoothing is not None and self.smoothing.until >= self.iterations:
       raise ValueError(f"smoothing must reach the model itself within the budget: until="
@@ -168,16 +163,17 @@ def _couples_variables(optimizer) -> bool:
 
 def build_optimizer(attack: Attack) -> optax.GradientTransformationExtraArgs:
   """The transformation ``attack`` runs (:func:`gradjax.optimizers.build` at its budget), with DLM's
-  γ on an Adam of its own when ``attack.gamma`` has a learning rate."""
+  γ on an Adam of its own when the matched part's ``gamma`` has a learning rate."""
   tx = optimizers.build(attack.optimizer, attack.iterations)
-  if attack.gamma.learning_rate is None:
+  gamma = getattr(attack.matched, "gamma", None)
+  if gamma is None or gamma.learning_rate is None:
     return tx
   if _couples_variables(attack.optimizer):
     raise ValueError("a learning rate of gamma's own needs a first-order optimizer (adam, sgd, ...), "
                      "not L-BFGS, whose direction couples every variable")
   # DLM's log γ on Adam of its own; the dummy data and labels keep the attack's optimizer.
   tx = optax.multi_transform(
-      {"data": tx, "gamma": optax.adam(attack.gamma.learning_rate)},
+      {"data": tx, "gamma": optax.adam(gamma.learning_rate)},
       lambda params: {k: "gamma" if k == "log_gamma" else "data" for k in params})
   return optax.with_extra_args_support(tx)
 
@@ -231,7 +227,7 @@ def describe(attack: Attack) -> dict:
   registry name, any other by its function name or repr."""
   opt = attack.optimizer
   return dict(
-      name=attack.name, objective=attack.objective,
+      name=attack.name, objective=attack.matched.name,
       distance=_name_in(distances.DISTANCES, attack.distance),
       layer_weights=attack.layer_weights,
       priors=[[_name_in(priors_lib.PRIORS, p.fn), p.weight if not callable(p.weight) else repr(p.weight),
@@ -239,9 +235,11 @@ def describe(attack: Attack) -> dict:
       labels=_name_in(labels_lib.SOURCES, attack.labels),
       optimizer=(dataclasses.asdict(opt) if isinstance(opt, optimizers.Named) else {"name": "optax"}),
       iterations=attack.iterations, box=attack.box, one_sample_per_step=attack.one_sample_per_step,
-      dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol, remat=attack.remat,
+      dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol,
+      remat=getattr(attack.matched, "remat", False),
       stepwise=None if attack.stepwise is None else dataclasses.asdict(attack.stepwise),
-      track_from=attack.track_from, gamma=dataclasses.asdict(attack.gamma),
+      track_from=attack.track_from,
+      gamma=dataclasses.asdict(getattr(attack.matched, "gamma", objectives.Gamma())),
       head_features=attack.head_features,
       smoothing=None if attack.smoothing is None else dataclasses.asdict(attack.smoothing))
 
@@ -343,9 +341,9 @@ def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
 def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
   objective = gradient_matching(apply_fn, attack.distance,
                                 prior=priors_lib.combine(attack.priors) if attack.priors else None,
+                                matched=attack.matched,
                                 one_sample_per_step=attack.one_sample_per_step,
-                                mode=attack.objective, remat=attack.remat, stepwise=attack.stepwise,
-                                gamma=attack.gamma, head_features=attack.head_features,
+                                stepwise=attack.stepwise, head_features=attack.head_features,
                                 smoothing=attack.smoothing)
 
   def value_fn(dummy, data, step):
@@ -463,7 +461,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   if permutations > 1:
     if known is None:
       raise ValueError("a permutation search needs known or inferred labels, not joint ones")
-    if attack.objective != "replay" or local is None or (local.batch_size or n) == n:
+    if not isinstance(attack.matched, objectives.Replay) or local is None or (local.batch_size or n) == n:
       raise ValueError("a permutation search needs the replay objective and a client with more than "
                        "one local mini-batch (the label order changes nothing otherwise)")
   if known is None or known.ndim > 1:  # joint labels, or a language model's (N, T) targets
@@ -489,7 +487,8 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
                              distances.leaf_positions(observation.variables["params"], order))
   init = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
                         tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
-                        attack.gamma.init if attack.objective == "dlm" else None)
+                        attack.matched.gamma.init if isinstance(attack.matched, objectives.ScaledDifference)
+                        else None)
   targets = None
   if attack.head_features:
     if known is None or known.ndim != 1:

@@ -15,7 +15,7 @@ optimizer, so the objective is one pure function that ``jit`` and ``vmap`` trans
 import dataclasses
 import functools
 import math
-from typing import Callable
+from typing import Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -27,12 +27,11 @@ from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 from gradjax.priors import Network
 
-MODES = ("gradient", "replay", "dlm", "dlm_plus")
 
 
 @dataclasses.dataclass(frozen=True)
 class Gamma:
-  """How DLM learns its scale γ in ‖∇W' − γ (W_t − W_{t+1})‖² (objective mode ``"dlm"``).
+  """How DLM learns its scale γ in ‖∇W' − γ (W_t − W_{t+1})‖² (:class:`ScaledDifference`).
 
   The paper optimises γ jointly with the data and expects γ ≈ 1 / lr after one local SGD step; it
   states neither γ's start nor its step size. γ = exp(s) with s optimised, so it stays positive.
@@ -57,6 +56,94 @@ class Gamma:
       raise ValueError(f"gamma's learning rate must be positive, got {self.learning_rate}")
     if self.frozen < 0:
       raise ValueError(f"gamma's frozen steps must be non-negative, got {self.frozen}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gradient:
+  """What FedSGD's attacks match (DLG and relatives): u = g' = ∇_θ L(f_θ(x'), y'), the dummy
+  gradient, against v = g, the observed one."""
+
+  name: ClassVar[str] = "gradient"
+
+  def match(self, g, observed, dummy, step):
+    """(u, v) from the dummy gradient ``g`` and the ``observed`` one."""
+    del dummy, step
+    return g, observed
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledDifference(Gradient):
+  """DLM's: u = g' against v = γ (W_t − W_{t+1}), the observed model difference scaled by γ, which
+  is optimised with the data (≈ 1 / lr after one local SGD step). γ = exp(s) with
+  s = ``dummy["log_gamma"]``: positive, and a first-order optimizer moves it multiplicatively, so it
+  reaches 1/lr = 100 in tens of steps rather than thousands; held (no gradient) before
+  ``gamma.frozen`` steps.
+  Reference: Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning", 2022."""
+
+  gamma: Gamma = Gamma()
+  name: ClassVar[str] = "dlm"
+
+  def __post_init__(self):
+    if not isinstance(self.gamma, Gamma):
+      raise ValueError(f"gamma must be an objectives.Gamma, got {self.gamma!r}")
+
+  def match(self, g, observed, dummy, step):
+    log_gamma = dummy["log_gamma"]
+    if self.gamma.frozen:
+      log_gamma = jnp.where(step < self.gamma.frozen, jax.lax.stop_gradient(log_gamma), log_gamma)
+    return g, jax.tree.map(lambda o: jnp.exp(log_gamma) * o, observed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Normalised(Gradient):
+  """DLM+'s (learning-rate free): u = g' / ‖g'‖ against v = ΔW / ‖ΔW‖, norms over all layers.
+  Reference: Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning", 2022."""
+
+  name: ClassVar[str] = "dlm_plus"
+
+  def match(self, g, observed, dummy, step):
+    del dummy, step
+    return _unit(g), _unit(observed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+  """What Inverting Gradients' FedAvg attack matches (Geiping et al. 2020 §6): u = W_t − W'_{t+1},
+  the update of the client's local training replayed on the dummy data
+  (:func:`gradjax.clients.local_sgd`, with the schedule the observation reveals in
+  ``observation.local``), against v = W_t − W_{t+1}, the observed update.
+
+  Attributes:
+    remat: ``jax.checkpoint`` each replayed local step, so differentiating through the local training
+      keeps one parameter set per step and recomputes the step's activations (XLA's temporaries then
+      grow with the parameters, not the activations). For the gradient itself, checkpoint inside the
+      model instead (``gradjax.models.get_module(..., remat=True)``).
+  """
+
+  remat: bool = False
+  name: ClassVar[str] = "replay"
+
+  def update(self, model, observation: Observation, x, targets, loss_fn):
+    """u: the replayed update W_t − W'_{t+1} of ``model`` on ``x``."""
+    if observation.local is None:
+      raise ValueError("replay needs the client's local training (observation.local)")
+    params = observation.variables["params"]
+    new = local_sgd(model, observation.variables, x, targets, observation.local,
+                    train=observation.train, loss_fn=loss_fn, remat=self.remat)
+    return jax.tree.map(jnp.subtract, params, new)
+
+
+Matched = Gradient | Replay  # what an objective matches: one of the four above
+MATCHED: dict[str, type] = {c.name: c for c in (Gradient, Replay, ScaledDifference, Normalised)}
+MODES = tuple(MATCHED)
+
+
+def matched(name: str, **settings) -> Matched:
+  """The part of :data:`MATCHED` called ``name``, built with ``settings`` (``gamma`` for ``"dlm"``,
+  ``remat`` for ``"replay"``)."""
+  if name not in MATCHED:
+    raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(MODES)}")
+  return MATCHED[name](**settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,33 +297,27 @@ def _gradient_and_head_input(apply_fn, variables, x, targets, train, loss_fn):
   return jax.grad(loss, has_aux=True)(variables["params"])
 
 
-# Ten parameters: the model and the distance, then one keyword per term or mode of the objective, each
-# with the plain DLG objective's default.
-def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_entropy,
-                      prior: Callable | None = None, one_sample_per_step: bool = False,
-                      mode: str = "gradient", remat: bool = False,
-                      stepwise: Stepwise | None = None, gamma: Gamma = Gamma(),
+# Nine parameters: the model and the distance, then one keyword per part or term of the objective,
+# each with the plain DLG objective's default.
+def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Matched = Gradient(),
+                      loss_fn=cross_entropy, prior: Callable | None = None,
+                      one_sample_per_step: bool = False, stepwise: Stepwise | None = None,
                       head_features: float = 0.0, smoothing: Smoothing | None = None) -> Callable:
   """Returns ``objective(dummy, observation, labels=None, step=0, weights=None) -> scalar``:
 
       D(u(x', y'), v) + R(x', step) + λ Σ_n w_n ‖h(x'_n) − t_n‖² / Σ_n w_n ‖t_n‖²
 
-  where, by ``mode``, with g' = ∇_θ L(f_θ(x'), y') the dummy gradient and g the observation:
-
-  * ``"gradient"`` (FedSGD; DLG and relatives): u = g', v = g.
-  * ``"replay"`` (FedAvg, Geiping et al. 2020 §6): u = W_t − W'_{t+1}, the update of the client's
-    local training replayed on the dummy data (:func:`gradjax.clients.local_sgd`, with the schedule
-    the observation reveals in ``observation.local``), v = the observed update W_t − W_{t+1}.
-  * ``"dlm"`` (Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning"): u = g',
-    v = γ (W_t − W_{t+1}) with γ optimised jointly (≈ 1 / lr after one step). γ = exp(s) with
-    s = ``dummy["log_gamma"]``: positive, and a first-order optimizer moves it multiplicatively, so it
-    reaches 1/lr = 100 in tens of steps rather than thousands.
-  * ``"dlm_plus"`` (DLM+, learning-rate free): u = g' / ‖g'‖, v = ΔW / ‖ΔW‖, norms over all layers.
+  where ``matched`` says what u and v are, with g' = ∇_θ L(f_θ(x'), y') the dummy gradient and g
+  the observation: :class:`Gradient` (u = g', v = g: FedSGD, DLG and relatives), :class:`Replay`
+  (the client's local training replayed on the dummy data against the observed update: FedAvg,
+  Geiping et al. 2020 §6), :class:`ScaledDifference` (DLM's u = g', v = γ ΔW) or
+  :class:`Normalised` (DLM+'s unit vectors).
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
     distance: ``distance(dummy_gradient, observed_gradient) -> scalar``, or a
       :class:`gradjax.distances.Distance` (one that reads the step, an annealed kernel, is given it).
+    matched: what is matched (above); :data:`MATCHED` by name, built by :func:`matched`.
     loss_fn: the client's loss, ``loss_fn(logits, targets)``; targets are int labels or soft labels.
     prior: optional image prior ``prior(x, step, network) -> scalar`` (weights included), e.g.
       :func:`gradjax.priors.combine`; ``network`` is the attacked model with the observation's
@@ -244,26 +325,21 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
       prior.
     one_sample_per_step: DLG's batch option: at step t only dummy example t mod N receives a
       gradient (the others are held by ``stop_gradient``); the objective value is unchanged.
-    remat: ``"replay"`` only: ``jax.checkpoint`` each replayed local step, so differentiating through
-      the local training keeps one parameter set per step and recomputes the step's activations
-      (XLA's temporaries then grow with the parameters, not the activations). For the gradient itself,
-      checkpoint inside the model instead (``gradjax.models.get_module(..., remat=True)``).
     stepwise: HFGInv's schedule of matched layers and gradient dropout (:class:`Stepwise`), applied
       to u and v before the distance; the objective then needs ``positions``.
-    gamma: ``"dlm"`` only: how γ learns (:class:`Gamma`); the objective holds it (no gradient)
-      before step ``gamma.frozen``. Its start and learning rate belong to the initialisation and the
-      optimizer.
     head_features: λ, the weight of the last term: each example's head input h(x'_n)
       (:func:`head_input`) against a target t_n with weight w_n (``head_targets``, from the head's
       gradient for that example's label, :func:`gradjax.analytic.head_inputs`); 0: no such term.
+      With :class:`Gradient` only.
     smoothing: the dummy gradient (and head input) of the model rounded at the step's sharpness
       (:class:`Smoothing`; ``apply_fn`` must take ``sharpness=``, :func:`gradjax.models.smoothable`),
-      or ``None``: of the model itself. Not with ``"replay"``.
+      or ``None``: of the model itself. Not with :class:`Replay`.
 
   The returned objective takes
     dummy: ``{"x": (N, H, W, C)}`` (or any input the model reads, e.g. (N, T, dim) embeddings) plus
       ``"label_logits": (N, K)`` ((N, T, V) for a language model) when labels are optimised jointly
-      (DLG); then the targets are ``softmax(label_logits)``.
+      (DLG), then the targets are ``softmax(label_logits)``; plus ``"log_gamma"`` with
+      :class:`ScaledDifference`.
     observation: the :class:`~gradjax.observation.Observation` (gradient and variables).
     labels: int (N,) labels used when ``dummy`` has no ``"label_logits"`` (known or inferred).
     step: the optimizer step (int scalar), for scheduled priors and ``one_sample_per_step``.
@@ -275,11 +351,14 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
     head_targets: with ``head_features``, (t (N, F), w (N,)) in the examples' order.
   """
 
-  if mode not in MODES:
-    raise ValueError(f"unknown objective mode {mode!r}; choose one of {', '.join(MODES)}")
-  if head_features and mode == "replay":
-    raise ValueError("the head-feature term reads the dummy gradient's forward pass; replay has none")
-  if smoothing is not None and mode == "replay":
+  if not isinstance(matched, (Gradient, Replay)):
+    raise ValueError(f"matched must be one of {', '.join(c.__name__ for c in MATCHED.values())}, "
+                     f"got {matched!r}")
+  replay = isinstance(matched, Replay)
+  if head_features and matched.name != Gradient.name:
+    raise ValueError("the head-feature term reads the dummy gradient's forward pass against the "
+                     "observed gradient: the 'gradient' objective only")
+  if smoothing is not None and replay:
     raise ValueError("smoothing rounds the model of one gradient; replay's local steps are not rounded")
   distance = as_distance(distance)
 
@@ -295,35 +374,24 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, loss_fn=cross_
         logits = jnp.where(active.reshape(-1, *[1] * (logits.ndim - 1)), logits,
                            jax.lax.stop_gradient(logits))
     targets = labels if logits is None else jax.nn.softmax(logits, axis=-1)
-    observed = observation.gradient
     model = apply_fn  # the dummy gradient's model: rounded while a smoothing sharpens it
     if smoothing is not None:
       model = functools.partial(apply_fn, sharpness=smoothing.sharpness(step))
-    if mode == "replay":
-      if observation.local is None:
-        raise ValueError("replay needs the client's local training (observation.local)")
-      params = observation.variables["params"]
-      new = local_sgd(model, observation.variables, x, targets, observation.local,
-                      train=observation.train, loss_fn=loss_fn, remat=remat)
-      g = jax.tree.map(jnp.subtract, params, new)
-    elif head_features:
-      g, h = _gradient_and_head_input(model, observation.variables, x, targets, observation.train,
-                                      loss_fn)
+    if replay:
+      u, v = matched.update(model, observation, x, targets, loss_fn), observation.gradient
     else:
-      g = dummy_gradient(model, observation.variables, x, targets, train=observation.train,
-                         loss_fn=loss_fn)
-    if mode == "dlm":
-      log_gamma = dummy["log_gamma"]
-      if gamma.frozen:
-        log_gamma = jnp.where(step < gamma.frozen, jax.lax.stop_gradient(log_gamma), log_gamma)
-      observed = jax.tree.map(lambda o: jnp.exp(log_gamma) * o, observed)
-    elif mode == "dlm_plus":
-      g, observed = _unit(g), _unit(observed)
+      if head_features:
+        g, h = _gradient_and_head_input(model, observation.variables, x, targets, observation.train,
+                                        loss_fn)
+      else:
+        g = dummy_gradient(model, observation.variables, x, targets, train=observation.train,
+                           loss_fn=loss_fn)
+      u, v = matched.match(g, observation.gradient, dummy, step)
     if stepwise is not None:
       if positions is None:
         raise ValueError("stepwise matching needs the leaves' depth positions (positions=)")
-      g, observed = stepwise.apply(positions, step, g, observed)
-    value = distance(g, observed, weights=weights, step=step)
+      u, v = stepwise.apply(positions, step, u, v)
+    value = distance(u, v, weights=weights, step=step)
     if prior is not None:
       network = Network(apply_fn, observation.variables, observation.train, observation.moments)
       value = value + prior(dummy["x"], step, network)

@@ -18,7 +18,7 @@ from gradjax import distances
 from gradjax import labels
 from gradjax import optimizers
 from gradjax import priors
-from gradjax.objectives import Gamma, Stepwise
+from gradjax.objectives import Gamma, Normalised, Replay, ScaledDifference, Stepwise
 
 Attack = attacks.Attack
 _DISTANCE = distances.DISTANCES
@@ -88,7 +88,7 @@ def inverting_gradients_fedavg(iterations: int = 4800, *, tv: float = 1e-4,
   return Attack(distance=_DISTANCE["cosine"], priors=(priors.Prior(_PRIOR["tv"], tv),),
                 labels=labels.known,
                 optimizer=optimizers.Named("signed_adam", learning_rate, schedule="step"),
-                iterations=iterations, objective="replay", box=True, name="inverting_gradients_fedavg")
+                iterations=iterations, matched=Replay(), box=True, name="inverting_gradients_fedavg")
 
 
 def sapag(iterations: int = 2000, *, box: bool = True) -> Attack:
@@ -125,8 +125,8 @@ def dlm(iterations: int = 4000, *, gamma: Gamma = Gamma()) -> Attack:
   paper leaves γ's start and step size unstated (``gamma``; ``experiments/studies/dlm_table1`` measures the readings). For
   LeNet the paper uses L-BFGS lr 1, 200 iterations.
   """
-  return Attack(objective="dlm", distance=_DISTANCE["euclidean"], labels=labels.idlg,
-                optimizer=optimizers.Named("adam", 0.1), iterations=iterations, gamma=gamma,
+  return Attack(matched=ScaledDifference(gamma), distance=_DISTANCE["euclidean"],
+                labels=labels.idlg, optimizer=optimizers.Named("adam", 0.1), iterations=iterations,
                 name="dlm")
 
 
@@ -134,7 +134,7 @@ def dlm_plus(iterations: int = 4000) -> Attack:
   """DLM+ (same paper): ‖∇W'/‖∇W'‖ − ΔW/‖ΔW‖‖², learning-rate free, Adam lr 0.01, 4000 iterations.
   Scale-free, so it optimises labels jointly as DLG does; the dummy image is clamped to the box
   (``experiments/studies/dlm_table1`` measures both choices against iDLG labels and no box)."""
-  return Attack(objective="dlm_plus", distance=_DISTANCE["euclidean"], labels=labels.joint,
+  return Attack(matched=Normalised(), distance=_DISTANCE["euclidean"], labels=labels.joint,
                 optimizer=optimizers.Named("adam", 0.01), iterations=iterations, box=True,
                 name="dlm_plus")
 

@@ -178,12 +178,12 @@ def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -
 def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, restarts, execution):
   """The token search of :func:`reconstruct` on the ``view`` of :func:`attack_view`, with the
   embedding ``table`` (V, dim): (token ids (N, T), embeddings, Reconstruction)."""
-  if not attack.optimises_labels or attack.objective != "gradient" or attack.priors:
+  if not attack.optimises_labels or attack.matched.name != "gradient" or attack.priors:
     described = attacks.describe(attack)
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
                      "inputs: it takes no label source, objective mode or image prior "
                      f"(attack {attack.name!r} has labels={described['labels']!r}, "
-                     f"objective={attack.objective!r}, priors={described['priors']!r})")
+                     f"objective={attack.matched.name!r}, priors={described['priors']!r})")
   if eos is None:
     raise ValueError("the token search needs the end-of-sentence id (the last target)")
   vocabulary = table.shape[0]
@@ -253,10 +253,10 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
 def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, restarts, search, execution):
   if length < 1:
     raise ValueError(f"sentence length must be positive, got {length}")
-  if attack.labels not in (labels_lib.joint, labels_lib.known) or attack.objective != "gradient":
+  if attack.labels not in (labels_lib.joint, labels_lib.known) or attack.matched.name != "gradient":
     raise ValueError("text attacks match a FedSGD gradient with joint soft targets or known next "
                      f"tokens; attack {attack.name!r} has labels={attacks.describe(attack)['labels']!r}, "
-                     f"objective={attack.objective!r} (label inference reads a classifier's head)")
+                     f"objective={attack.matched.name!r} (label inference reads a classifier's head)")
   table = embedding_table(observation)
   view = attack_view(observation)
   bag = token_bag(observation)

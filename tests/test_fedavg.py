@@ -122,7 +122,8 @@ def test_update_objectives_against_numpy(mlp64, photos, mlp_reference):
   local = clients.LocalTraining(epochs=2, batch_size=None, learning_rate=0.05)
   with jax.enable_x64(True):
     obs = clients.fedavg(apply_fn, variables, x, y, local)
-    values = {mode: float(objectives.gradient_matching(apply_fn, distances.euclidean, mode=mode)(
+    values = {mode: float(objectives.gradient_matching(
+        apply_fn, distances.euclidean, matched=objectives.matched(mode))(
         {"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(np.log(3.0))}, obs, jnp.asarray(y)))
         for mode in ("replay", "dlm", "dlm_plus")}
   observed = _flat(obs.gradient)
@@ -141,7 +142,8 @@ def test_replay_needs_the_schedule(mlp64, photos):
   with jax.enable_x64(True):
     obs = clients.fedavg(apply_fn, variables, np.asarray(photos[:1], np.float64), np.array([1]),
                          share_local=False)
-    objective = objectives.gradient_matching(apply_fn, distances.euclidean, mode="replay")
+    objective = objectives.gradient_matching(apply_fn, distances.euclidean,
+                                             matched=objectives.Replay())
     with pytest.raises(ValueError, match="local training"):
       objective({"x": jnp.asarray(photos[:1], jnp.float64)}, obs, jnp.array([1]))
 
@@ -157,7 +159,8 @@ def test_dlm_gamma_converges_to_one_over_lr_on_an_easy_case():
     rng = np.random.default_rng(0)
     x, y = rng.uniform(size=(1, 4, 4, 3)), np.array([3])
     obs = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(learning_rate=0.01))
-    objective = objectives.gradient_matching(model.apply_fn, distances.euclidean, mode="dlm")
+    objective = objectives.gradient_matching(model.apply_fn, distances.euclidean,
+                                             matched=objectives.ScaledDifference())
     solver = solvers.make_solver(lambda d, data, step: objective(d, obs, jnp.asarray(y), step),
                                  optimizers.make_optimizer("adam", 0.05))
     init = {"x": jnp.asarray(x + 0.05 * rng.normal(size=x.shape))[None],
@@ -192,8 +195,8 @@ def test_dlm_gamma_held_then_released_matches_the_closed_form(mlp64, photos, mlp
   s = np.log(7.0)
   with jax.enable_x64(True):
     obs = clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(learning_rate=0.01))
-    objective = objectives.gradient_matching(apply_fn, distances.euclidean, mode="dlm",
-                                             gamma=objectives.Gamma(frozen=5))
+    objective = objectives.gradient_matching(
+        apply_fn, distances.euclidean, matched=objectives.ScaledDifference(objectives.Gamma(frozen=5)))
     grad = lambda step: float(jax.grad(lambda d: objective(d, obs, jnp.asarray(y), step))(
         {"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(s)})["log_gamma"])
     before, after = grad(4), grad(5)
@@ -226,8 +229,10 @@ def test_dlm_gamma_settings_are_checked():
   for bad in ("init=0", "frozen=-1", "lr=0", "gamma=3", "init=", "frozen=1.5"):
     with pytest.raises(ValueError, match="gamma"):
       config.parse_gamma(bad)
-  with pytest.raises(ValueError, match="'dlm' objective only"):
-    dataclasses.replace(presets.dlg(), gamma=objectives.Gamma(init=2.0))
+  with pytest.raises(ValueError, match="--objective=dlm only"):
+    config.get_attack(config.Config(attack="dlg", gamma="init=2"))
+  with pytest.raises(ValueError, match="objectives.Gamma"):
+    objectives.ScaledDifference(gamma=2.0)
   with pytest.raises(ValueError, match="first-order"):
     dataclasses.replace(presets.dlm(gamma=objectives.Gamma(learning_rate=0.1)),
                         optimizer=optimizers.Named("lbfgs", 0.1))

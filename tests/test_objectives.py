@@ -223,8 +223,8 @@ def test_remat_changes_memory_not_values(where):
       obs = (clients.fedsgd(model.apply_fn, model.variables, x, y) if where == "model" else
              clients.fedavg(model.apply_fn, model.variables, x, y, local))
       objective = objectives.gradient_matching(
-          model.apply_fn, distances.cosine, mode="gradient" if where == "model" else "replay",
-          remat=remat and where == "replay")
+          model.apply_fn, distances.cosine,
+          matched=objectives.Gradient() if where == "model" else objectives.Replay(remat))
       out.append(jax.jit(jax.value_and_grad(objective))(dummy, obs, jnp.asarray(y)))
   np.testing.assert_allclose(out[1][0], out[0][0], rtol=1e-12)
   np.testing.assert_allclose(out[1][1]["x"], out[0][1]["x"], rtol=1e-10, atol=1e-14)

@@ -438,6 +438,21 @@ class Config:
     self.execution()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
 
 
+def _matched(preset: objectives.Matched, name: str, gamma: objectives.Gamma | None,
+             remat: bool | None) -> objectives.Matched:
+  """What the objective matches: the part ``name`` (the preset's own, with its settings, when it is
+  the preset's), with DLM's ``gamma`` and the replay's ``remat`` where set (``remat`` also
+  checkpoints the model, so it is not refused elsewhere)."""
+  matched = preset if name == preset.name else objectives.matched(name)
+  if gamma is not None:
+    if not isinstance(matched, objectives.ScaledDifference):
+      raise ValueError(f"--gamma sets DLM's scale: it applies with --objective=dlm only, not {name!r}")
+    matched = dataclasses.replace(matched, gamma=gamma)
+  if remat is not None and isinstance(matched, objectives.Replay):
+    matched = dataclasses.replace(matched, remat=remat)
+  return matched
+
+
 def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
   """The preset ``cfg.attack`` built at ``cfg.iterations`` (the preset's own step counts, hfginv's
   prior starts and layer schedule, scale with it), with the parts the configuration names replaced:
@@ -469,6 +484,9 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
     overrides["labels"] = labels_lib.joint
   if optimizer:
     overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
+  if {"objective", "gamma", "remat"} & set(overrides):
+    overrides["matched"] = _matched(attack.matched, overrides.pop("objective", attack.matched.name),
+                                    overrides.pop("gamma", None), overrides.pop("remat", None))
   if "smoothing" in overrides:  # a fraction of the budget, now known
     overrides["smoothing"] = overrides["smoothing"](attack.iterations)
   return dataclasses.replace(attack, **overrides)

@@ -215,7 +215,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       threat_model=observation.threat_model,
       attack=(attacks.describe(attack) if isinstance(attack, attacks.Attack)
               else {"closed_form": dataclasses.asdict(attack)}),
-      adaptation=(adaptive.assumptions(defenses.parse(adapted_to), attack.objective)
+      adaptation=(adaptive.assumptions(defenses.parse(adapted_to), attack.matched.name)
                   if adapted_to else None),
       config=options(cfg),
       device=str(jax.local_devices()[0]),
@@ -475,7 +475,7 @@ def _run_image(cfg: Config, callback, batch, state):
   if zero:
     raise fidelity.ZeroUpdate(zero)
   declared = ",".join(d for d in (meta.get("defense"), cfg.defense) if d and d != "none")
-  objective = "gradient" if closed else attack.objective
+  objective = "gradient" if closed else attack.matched.name
   as_gradient = (objective == "gradient" and observation.threat_model == "fedavg"
                  and observation.local is not None)
   attack = adapted(cfg, attack, declared,

@@ -44,7 +44,7 @@ def table() -> tuple[str, dict]:
   numbers = {}
   lines = ["| model | batch | images | budget per batch (s) | attacks run (iterations; restarts) | "
            "PSNR per image, mean (dB) | median | SSIM, mean | recognisable (verdict's rule) | "
-           "leak verdicts | label accuracy | s per batch |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "leak verdicts | label accuracy | s per batch |", "|---" * 12 + "|"]
   for row, batch, start, count, budget, extra in ROWS:
     rows = sweeps.rows(RUNS, row)
     if rows is None:
@@ -67,7 +67,8 @@ def table() -> tuple[str, dict]:
     images = f"{rows[0]['index']}..{rows[-1]['index'] + batch - 1}"
     lines.append(f"| {model} | {batch} | {images} | {budget} | {'; '.join(ran)} | {psnr.mean():.2f} | "
                  f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | "
-                 f"{leaks} / {len(rows)} | {labels:.3f} | {np.mean(seconds):.0f} (max {np.max(seconds):.0f}) |")
+                 f"{leaks} / {len(rows)} | {labels:.3f} | {np.mean(seconds):.0f} "
+                 f"(max {np.max(seconds):.0f}) |")
   return "\n".join(lines) + "\n", numbers
 
 
