@@ -43,7 +43,7 @@ def compiled_mb(name: str, batch: int, size: int, remat: bool) -> dict:
              and not set(p.fn.needs) <= set(model.variables)]
   if missing:  # a model without BatchNorm: the step without the BatchNorm prior
     attack = dataclasses.replace(attack, priors=tuple(p for p in attack.priors if p not in missing))
-  solver = attacks._solver(attack, model.apply_fn)
+  solver = attacks._solver(attack, model.apply_fn, len(jax.tree.leaves(obs.gradient)))
   data = attacks.MatchingData(obs, y, (jnp.zeros(3), jnp.ones(3)), None, None,
                               jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
                                            distances.leaf_positions(model.variables["params"])))

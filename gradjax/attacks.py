@@ -76,8 +76,8 @@ class Attack:
     stepwise: HFGInv's growing set of matched layers with gradient dropout
       (:class:`gradjax.objectives.Stepwise`), or ``None`` to match every layer.
     track_from: the reconstruction is the lowest-objective iterate from this iteration on (0: the
-      whole run); with ``stepwise``, objective values are comparable only once the layer set stops
-      growing. A distance that settles later raises it (``distance.settled_from``).
+      whole run), or from where the objective's parts settle, if later (:func:`track_from`: the
+      stepwise layer set, an annealed distance, a smoothing).
     head_features: the weight of the pull of each example's head input towards the one the head's
       gradient gives for it (:func:`head_targets`: solved per example up to K − 1 examples, classes
       repeated or not, where the float32 update pins it down; else its class's row where that class
@@ -178,19 +178,27 @@ def build_optimizer(attack: Attack) -> optax.GradientTransformationExtraArgs:
   return optax.with_extra_args_support(tx)
 
 
-def track_from(attack: Attack) -> int:
+def track_from(attack: Attack, num_leaves: int | None = None) -> int:
   """The first iteration whose objective counts for the best iterate: the attack's ``track_from``,
-  or later while its distance still changes with the step (``distance.settled_from``: earlier values
-  are not comparable with later ones), or while a smoothing still sharpens the model."""
+  or later while its objective still changes with the step, so that earlier values are not
+  comparable with later ones: while the distance anneals (``distance.settled_from``), the stepwise
+  layer set grows (:meth:`gradjax.objectives.Stepwise.settled_from` for a model of ``num_leaves``
+  parameter leaves) or a smoothing sharpens the model."""
+  if attack.stepwise is not None and num_leaves is None:
+    raise ValueError("an attack matching stepwise settles at a step set by the model's number of "
+                     "parameter leaves (num_leaves=)")
   return max(attack.track_from, attack.distance.settled_from,
+             attack.stepwise.settled_from(num_leaves) if attack.stepwise is not None else 0,
              attack.smoothing.until if attack.smoothing is not None else 0)
 
 
-def make_solver(attack: Attack, value_fn: Callable, project: Callable | None = None) -> solvers.Solver:
+def make_solver(attack: Attack, value_fn: Callable, project: Callable | None = None,
+                num_leaves: int | None = None) -> solvers.Solver:
   """The solver of ``value_fn(dummy, data, step)`` under ``attack``'s optimizer, stopping tolerance
-  and best-iterate rule (:func:`gradjax.solvers.make_solver`); ``project``: e.g. the box."""
+  and best-iterate rule (:func:`gradjax.solvers.make_solver`, from :func:`track_from` for a model of
+  ``num_leaves`` parameter leaves); ``project``: e.g. the box."""
   return solvers.make_solver(value_fn, build_optimizer(attack), tol=attack.tol, project=project,
-                             track_from=track_from(attack))
+                             track_from=track_from(attack, num_leaves))
 
 
 def rescaled(attack: Attack, iterations: int) -> Attack:
@@ -328,17 +336,18 @@ def _clip_to_box(dummy, data):
   return {**dummy, "x": jnp.clip(dummy["x"], lo, hi)}
 
 
-def _solver(attack: Attack, apply_fn: Callable) -> solvers.Solver:
-  """The solver of ``attack``; the name, the dummy initialisation and, unless a named optimizer's
-  schedule is spread over it, the budget do not recompile."""
+def _solver(attack: Attack, apply_fn: Callable, num_leaves: int) -> solvers.Solver:
+  """The solver of ``attack`` on a model of ``num_leaves`` parameter leaves; the name, the dummy
+  initialisation and, unless a named optimizer's schedule is spread over it, the budget do not
+  recompile."""
   spread = isinstance(attack.optimizer, optimizers.Named) and attack.optimizer.schedule != "constant"
   key = dataclasses.replace(attack, name="", dummy_init=dummy_lib.normal,
                             iterations=attack.iterations if spread or attack.smoothing else 1)
-  return _solver_cached(key, apply_fn)
+  return _solver_cached(key, apply_fn, num_leaves)
 
 
 @functools.lru_cache(maxsize=32)
-def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
+def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int) -> solvers.Solver:
   objective = gradient_matching(apply_fn, attack.distance,
                                 prior=priors_lib.combine(attack.priors) if attack.priors else None,
                                 matched=attack.matched,
@@ -353,7 +362,8 @@ def _solver_cached(attack: Attack, apply_fn: Callable) -> solvers.Solver:
     return objective(dummy, shared.observation, labels, step, shared.weights,
                      label_mask=shared.label_mask, positions=shared.positions, head_targets=targets)
 
-  return make_solver(attack, value_fn, project=_clip_to_box if attack.box else None)
+  return make_solver(attack, value_fn, project=_clip_to_box if attack.box else None,
+                     num_leaves=num_leaves)
 
 
 @functools.partial(once, static_argnums=(1, 2, 3, 4, 5, 7, 8))
@@ -550,7 +560,8 @@ def solve(attack: Attack, apply_fn: Callable, problem: Problem,
   vmapped: the ``"auto"`` strategy becomes ``"vmap"``, another one is refused."""
   if attack.couples_restarts:
     execution = coupled_execution(execution)
-  state = driver.run(_solver(attack, apply_fn), problem.init, problem.data,
+  num_leaves = len(jax.tree.leaves(problem.data.observation.gradient))
+  state = driver.run(_solver(attack, apply_fn, num_leaves), problem.init, problem.data,
                       iterations=attack.iterations, execution=execution,
                       restart_data=problem.restart_data)
   return sharding.fetch(state)

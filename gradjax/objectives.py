@@ -219,11 +219,22 @@ class Stepwise:
       raise ValueError(f"stepwise needs period >= 1 and dropout in [0, 1), got {self.period}, "
                        f"{self.dropout}")
 
+  def _leaves(self, num_leaves: int) -> tuple[int, int, int]:
+    """(⌈first·L⌉ at least 1, ⌈grow·L⌉, ⌈last·L⌉) for L = ``num_leaves``."""
+    ceil = lambda f: math.ceil(round(f * num_leaves, 6))  # round: 11/110 · 110 is 11, not 11.000…02
+    return max(ceil(self.first), 1), ceil(self.grow), ceil(self.last)
+
   def matched(self, num_leaves: int, step) -> jax.Array:
     """n(t), the number of deepest leaves matched at ``step`` (int scalar)."""
-    ceil = lambda f: math.ceil(round(f * num_leaves, 6))  # round: 11/110 · 110 is 11, not 11.000…02
-    first, grow, last = max(ceil(self.first), 1), ceil(self.grow), ceil(self.last)
+    first, grow, last = self._leaves(num_leaves)
     return jnp.minimum(first + (jnp.asarray(step) // self.period) * grow, last)
+
+  def settled_from(self, num_leaves: int) -> int:
+    """The first step at which n(t) stops growing: ``period`` · ⌈(n_last − n_first) / n_grow⌉ in
+    leaves of a model of ``num_leaves`` (0 when it never grows). Objective values before it match
+    fewer layers and are not comparable with later ones (4000 for ResNet-34's 110 tensors)."""
+    first, grow, last = self._leaves(num_leaves)
+    return 0 if grow <= 0 or first >= last else self.period * math.ceil((last - first) / grow)
 
   def apply(self, positions, step, *trees):
     """``trees`` masked: leaf l of each tree times the leaf's mask at ``step``.

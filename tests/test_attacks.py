@@ -219,7 +219,7 @@ def test_describe_names_the_parts():
       stepwise=None, track_from=0, gamma=dataclasses.asdict(objectives.Gamma()), head_features=0.0,
       smoothing=None)
   hf = attacks.describe(presets.hfginv(3000))
-  assert hf["priors"] == [["tv", 1e-2, 600], ["bn_hfginv", 1e-4, 1000]] and hf["track_from"] == 800
+  assert hf["priors"] == [["tv", 1e-2, 600], ["bn_hfginv", 1e-4, 1000]] and hf["track_from"] == 0
   assert hf["stepwise"] == dataclasses.asdict(objectives.Stepwise(period=100))
 
   def my_distance(dummy_grads, observed_grads):

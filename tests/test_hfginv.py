@@ -23,6 +23,11 @@ def test_stepwise_layer_counts_follow_the_authors_table():
   want = [11, 11, 11, 21, 21, 31, 71, 81, 81, 86, 86]
   assert [int(sw.matched(110, t)) for t in steps] == want
   assert int(objectives.Stepwise(first=0.01, grow=0.0).matched(20, 10_000)) == 1  # at least one leaf
+  # The layer set settles at the first step where n(t) reaches its last value, by brute force.
+  for leaves in (8, 21, 65, 110):
+    n = [int(sw.matched(leaves, t)) for t in range(0, 15_000, 100)]
+    assert sw.settled_from(leaves) == 100 * n.index(n[-1]), leaves
+  assert objectives.Stepwise(first=0.5, grow=0.0).settled_from(10) == 0
   for bad in (dict(first=0.0), dict(first=0.5, last=0.4), dict(period=0), dict(dropout=1.0)):
     with pytest.raises(ValueError, match="stepwise"):
       objectives.Stepwise(**bad)
@@ -130,18 +135,22 @@ def test_an_annealed_distance_tracks_the_best_iterate_once_it_settles(monkeypatc
                                      (distances.DISTANCES["gaussian_kernel_mean"], 0, 0),
                                      (own, 0, 7), (own, 9, 9)):
     attack = dataclasses.replace(presets.sapag(), distance=distance, track_from=track_from)
-    attacks._solver_cached(attack, apply_fn)
+    attacks._solver_cached(attack, apply_fn, 8)
     assert seen[-1] == want == attacks.track_from(attack), distance
 
 
 def test_presets_and_rescaled():
   tv, bn, bn_hfginv = priors.PRIORS["tv"], priors.PRIORS["bn"], priors.PRIORS["bn_hfginv"]
   hf = presets.hfginv()
-  assert hf.stepwise == objectives.Stepwise() and hf.iterations == 15_000 and hf.track_from == 4000
+  assert hf.stepwise == objectives.Stepwise() and hf.iterations == 15_000
+  assert attacks.track_from(hf, 110) == 4000  # once ResNet-34's 110 tensors' layer set stops growing
   assert hf.priors == (priors.Prior(tv, 1e-2, 3000), priors.Prior(bn_hfginv, 1e-4, 5000))
   small = attacks.rescaled(hf, 3000)
   assert small.priors == (priors.Prior(tv, 1e-2, 600), priors.Prior(bn_hfginv, 1e-4, 1000))
-  assert small.stepwise.period == 100 and small.track_from == 800 and small.iterations == 3000
+  assert small.stepwise.period == 100 and attacks.track_from(small, 110) == 800
+  assert small.iterations == 3000
+  with pytest.raises(ValueError, match="num_leaves"):
+    attacks.track_from(small)
   assert presets.hfginv(3000) == small  # the preset's budget scales its step counts
   gi = presets.gradinversion()
   assert gi.stepwise is None and priors.Prior(bn, 1e-4, 0) in gi.priors

@@ -79,8 +79,7 @@ def variants(iterations: int, bn: float | None = None,
   hf = presets.hfginv(iterations, **weight)
   gi = attacks.rescaled(presets.gradinversion(**weight), iterations)
   tv = dataclasses.replace(gi, name="cosine_tv", priors=gi.priors[:1])
-  stepwise = dataclasses.replace(gi, name="gradinversion_stepwise", stepwise=hf.stepwise,
-                                 track_from=hf.track_from)
+  stepwise = dataclasses.replace(gi, name="gradinversion_stepwise", stepwise=hf.stepwise)
   # Not HFGInv's: each image's head input pulled towards its own, solved from the head's gradient
   # (gradjax.analytic.head_inputs_per_example), at inverting_gradients_batch's weight.
   head = dataclasses.replace(hf, head_features=presets.inverting_gradients_batch().head_features,
