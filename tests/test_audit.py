@@ -3,6 +3,7 @@ audit of a capture written as AuditStrategy writes one (a gradjax client's updat
 
 import dataclasses
 import json
+import time
 import types
 
 import jax
@@ -184,9 +185,10 @@ def test_auto_fits_the_presets_iterations_into_its_budget(monkeypatch):
   around its attack, 0.125 s an iteration, and the first 20 s of compilation; the probes (4
   iterations each) take 21 + 1 s, so 100 − 22 − 0.5 s buy 620 iterations, and nothing is left
   for restarts."""
-  clock, runs = [0.0], []
+  clock, runs, deadlines = [0.0], [], []
 
-  def fake_run(step, callback=None, batch=None):
+  def fake_run(step, callback=None, batch=None, deadline=None):
+    deadlines.append(deadline)
     attack_s = step.iterations * 0.125 + 20.0 * (not runs)
     clock[0] += 0.5 + attack_s
     runs.append(step)
@@ -200,10 +202,19 @@ def test_auto_fits_the_presets_iterations_into_its_budget(monkeypatch):
   monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
   results, _ = pipeline._run_auto(config.Config(attack="auto", batch_size=2, budget=100.0), None, None)
   assert [r.iterations for r in runs] == [pipeline.PROBE_ITERATIONS] * 2 + [620]
-  assert [r.chunk for r in runs][:2] == [1, 1]
+  # One-step chunks in the probes, then chunks of 10 s at most; the run's deadline leaves the 0.5 s
+  # a run spends after its attack.
+  assert [r.chunk for r in runs] == [1, 1, 80] and deadlines == [None, None, 99.5]
   probe, = results["auto"]["probes"]
   assert (probe["fitted_iterations"], probe["preset_iterations"]) == (620, 2000)
   assert results["auto"]["tried"][0]["iterations"] == 620 and results["wall_time_s"] == 100.0
+
+
+def test_a_deadline_ends_the_run_at_its_next_chunk():
+  """pipeline.Trace's monitor: a run under a deadline stops at the first chunk past it."""
+  assert pipeline.Trace(deadline=time.perf_counter() - 1.0).monitor(None)
+  assert not pipeline.Trace(deadline=time.perf_counter() + 1e6).monitor(None)
+  assert not pipeline.Trace().monitor(None)
 
 
 @pytest.mark.slow

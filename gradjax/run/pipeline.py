@@ -138,13 +138,14 @@ class Trace:
   all restarts advance together; then ``loss`` is the best over them), from the first report with a
   best iterate (an attack's ``track_from`` delays it).
 
-  Pass :meth:`progress` as the solver's ``callback`` and :meth:`monitor` as its ``monitor``.
+  Pass :meth:`progress` as the solver's ``callback`` and :meth:`monitor` as its ``monitor``; with a
+  ``deadline`` (a ``time.perf_counter()`` value) the monitor ends the run at the first chunk past it.
   """
 
   def __init__(self, callback: Callable | None = None, truth: np.ndarray | None = None,
-               norm: data.Normalization | None = None):
+               norm: data.Normalization | None = None, deadline: float | None = None):
     self.rows: list[dict] = []
-    self._callback, self._truth, self._norm = callback, truth, norm
+    self._callback, self._truth, self._norm, self._deadline = callback, truth, norm, deadline
     self._recorded = False  # whether the last report made a row (monitor scores that row)
 
   def progress(self, p) -> None:
@@ -156,6 +157,8 @@ class Trace:
       self._callback(p)
 
   def monitor(self, state) -> bool:
+    if self._deadline is not None and time.perf_counter() >= self._deadline:
+      return True
     if self._truth is None or not self._recorded:
       return False
     x = np.asarray(state.best_params["x"], np.float64)
@@ -227,12 +230,16 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
 
 
 def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None,
-        state: resume.StateFile | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        state: resume.StateFile | None = None, deadline: float | None = None
+        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Runs experiment ``cfg``; returns (JSON-ready results, images).
 
   ``state``: where the solver's state is saved every so often, and whether a saved one is continued
   (:mod:`gradjax.run.resume`; the file is refused unless it was saved by a run of the same
   :func:`fingerprint`). The caller deletes it once the results are written.
+
+  ``deadline``: a ``time.perf_counter()`` value; the attack stops at the end of the first chunk past
+  it, its best iterate so far kept (``--attack=auto``'s budget).
 
   ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,
   scored after matching the batch order; absent without ground truth), ``wall_time_s`` of the attack
@@ -246,7 +253,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   if cfg.attack == auto.AUTO:
     return _run_auto(cfg, callback, batch)
   with driver.precision_scope(cfg.matmul_precision):  # the client's update as well as the attack
-    return _run_image(cfg, callback, batch, state)
+    return _run_image(cfg, callback, batch, state, deadline)
 
 
 def auto_attacks(cfg: Config) -> tuple[str, ...]:
@@ -289,6 +296,7 @@ def budget_restarts(seconds_left: float, seconds_per_restart: float, iterations:
 # one-step chunks: the first compiles what the run needs (on CPU every chunk runs the same one-step
 # program), the second times a step and what a compiled run spends around its attack.
 PROBE_ITERATIONS = 4
+BUDGET_CHUNK_S = 10.0  # a run under a budget checks its time at least this often (when a step allows)
 
 
 def budget_iterations(seconds: float, seconds_per_iteration: float, iterations: int) -> int:
@@ -308,7 +316,9 @@ def _run_auto(cfg: Config, callback, batch):
   ``--iterations``, an optimisation attack whose preset's iterations would not fit in its share of
   the time left (that time over the optimisation attacks still to try) runs as many as fit
   (:func:`budget_iterations`), timed by two probes of :data:`PROBE_ITERATIONS` iterations first.
-  The results of the run whose reconstruction matches the update best (the lowest relative
+  Under a budget every optimisation run also stops at the end of its share (at the first chunk past
+  it, chunks of about :data:`BUDGET_CHUNK_S` seconds), keeping its best iterate so far. The results
+  of the run whose reconstruction matches the update best (the lowest relative
   residual, :func:`gradjax.verdict.residual`), with ``auto`` naming every run and the time of all
   of them."""
   names, tried, best, matched = auto_attacks(cfg), [], None, False
@@ -318,8 +328,11 @@ def _run_auto(cfg: Config, callback, batch):
   took = {}  # attack -> seconds its (last) run took
   probes = []  # the probes that timed an attack before its iterations were fitted to the budget
 
+  overhead = {}  # attack -> seconds a compiled run spends outside its attack (from the probes)
+
   def fitted(name, step, share):
-    """``step`` with the iterations that fit in ``share`` seconds, after two probes timed them."""
+    """``step`` with the iterations that fit in ``share`` seconds, after two probes timed them, in
+    chunks of about :data:`BUDGET_CHUNK_S` seconds."""
     rates = []
 
     def watch(p):
@@ -336,15 +349,19 @@ def _run_auto(cfg: Config, callback, batch):
       return step
     per_iteration = rates[-1] * step.restarts  # every restart takes each iteration
     # What a compiled run spends outside its attack (simulating, solving the head, scoring).
-    overhead = max(now - warm - results["wall_time_s"], 0.0)
+    overhead[name] = max(now - warm - results["wall_time_s"], 0.0)
     preset = presets.get_preset(name)().iterations
-    iterations = budget_iterations(share - (now - began) - overhead, per_iteration, preset)
+    iterations = budget_iterations(share - (now - began) - overhead[name], per_iteration, preset)
     probes.append({"attack": name, "iterations": PROBE_ITERATIONS, "seconds": now - began,
-                   "seconds_per_iteration": per_iteration, "overhead_s": overhead,
+                   "seconds_per_iteration": per_iteration, "overhead_s": overhead[name],
                    "fitted_iterations": iterations, "preset_iterations": preset})
-    return step if iterations >= preset else dataclasses.replace(step, iterations=iterations)
+    chunk = max(1, min(step.chunk, math.floor(BUDGET_CHUNK_S / per_iteration)))
+    return dataclasses.replace(step, chunk=chunk, **({} if iterations >= preset else
+                                                     {"iterations": iterations}))
 
-  def attempt(name, step, chosen_settings=None):
+  def attempt(name, step, chosen_settings=None, until=None):
+    """Runs ``step``; ``until``: the end of its time (seconds from the start), less what the run
+    spends after its attack."""
     nonlocal best, matched
 
     def watch(p):
@@ -354,7 +371,8 @@ def _run_auto(cfg: Config, callback, batch):
         callback(p)
 
     began = time.perf_counter()
-    results, images = run(step, callback=watch, batch=batch)
+    deadline = None if until is None else start + until - overhead.get(name, 0.0)
+    results, images = run(step, callback=watch, batch=batch, deadline=deadline)
     took[name] = time.perf_counter() - began  # with loading the model and scoring
     residual = (results.get("residual") or {}).get("relative_error", math.inf)
     tried.append({"attack": name, "settings": chosen_settings or {}, "restarts": step.restarts,
@@ -375,10 +393,14 @@ def _run_auto(cfg: Config, callback, batch):
     if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
       step = dataclasses.replace(step, restarts=1, permutations=1, adaptive=False, **{
           f.name: None for f in dataclasses.fields(cfg) if f.metadata["attack"]})
-    elif cfg.budget is not None and cfg.iterations is None:
+    until = None  # the end of this attack's share of the budget, seconds from the start
+    if name not in closed_forms.CLOSED_FORMS and cfg.budget is not None:
       optimising = sum(n not in closed_forms.CLOSED_FORMS for n in names[index:])
-      step = fitted(name, step, (cfg.budget - elapsed()) / optimising)
-    attempt(name, step, chosen_settings)
+      share = (cfg.budget - elapsed()) / optimising
+      until = elapsed() + share
+      if cfg.iterations is None:
+        step = fitted(name, step, share)
+    attempt(name, step, chosen_settings, until)
     if matched:
       break
   _, chosen, _, _, chosen_step = best
@@ -388,12 +410,12 @@ def _run_auto(cfg: Config, callback, batch):
     per_restart = iterations * step_s.get(chosen, once["wall_time_s"] / chosen_step.restarts / iterations)
     # What the run spent outside the attack (loading, simulating, scoring) is counted again, though
     # the programs it compiled are cached by then.
-    overhead = max(took[chosen] - once["wall_time_s"], 0.0)
-    more = budget_restarts(cfg.budget - elapsed() - overhead, per_restart, iterations)
+    outside = max(took[chosen] - once["wall_time_s"], 0.0)
+    more = budget_restarts(cfg.budget - elapsed() - outside, per_restart, iterations)
     if more > chosen_step.restarts:
       rounds, keep = BUDGET_HALVING
       attempt(chosen, dataclasses.replace(chosen_step, restarts=more, halving_rounds=rounds,
-                                          halving_keep=keep))
+                                          halving_keep=keep), until=cfg.budget)
   _, chosen, results, images, chosen_step = best
   results = {**results, "wall_time_s": elapsed(),
              "auto": {"tried": tried, "chosen": chosen, "restarts": chosen_step.restarts,
@@ -429,7 +451,7 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
   return adaptive.adapt(attack, declared, update_scale)
 
 
-def _run_image(cfg: Config, callback, batch, state):
+def _run_image(cfg: Config, callback, batch, state, deadline=None):
   attack = check(cfg)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
@@ -489,12 +511,13 @@ def _run_image(cfg: Config, callback, batch, state):
     observation = observation.replace(
         labels=hfginv_labels(cfg, model, observation, norm, jax.random.fold_in(key_attack, 1)))
 
-  trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm)
+  trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm, deadline)
   timing = _Resumable(cfg, state, trace)
   # PSNR per chunk needs a ground truth; sharded runs would gather the whole solver state to the
   # host for it, so they record the objective only.
   execution = cfg.execution(callback=trace.progress,
-                            monitor=trace.monitor if batch is not None and not cfg.shard else None,
+                            monitor=(trace.monitor if (batch is not None or deadline is not None)
+                                     and not cfg.shard else None),
                             saver=timing.saver)
   found = {}  # what a closed form found besides the reconstruction
   if closed:
