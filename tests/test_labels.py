@@ -296,6 +296,22 @@ def test_llg_statistics_match_per_class_gradients(photos):
   assert impact < 0 and np.all(np.asarray(offset) > 0)  # sigmoid features: absent classes push up
 
 
+def test_llg_star_counts_repeated_labels_through_the_servers_model(photos):
+  """--labels=llg_star (pipeline.llg_star_labels): the multiset of a batch of 8 with repeats, read off
+  an untrained LeNet's update with the impact measured on dummy images; attacked as known labels."""
+  from gradjax.run import config, pipeline
+  y = np.array([1, 1, 3, 3, 3, 5, 7, 7])
+  hits = []
+  for seed in range(3):
+    model = models.create("lenet_zhu", jax.random.key(30 + seed))
+    obs = clients.fedsgd(model.apply_fn, model.variables, photos[:8], y)
+    got = pipeline.llg_star_labels(model, obs, data.normalization("none"), jax.random.key(seed))
+    hits.append(metrics.label_accuracy(np.asarray(got), y))
+  assert np.mean(hits) >= 7 / 8, hits
+  assert config.get_attack(config.Config(attack="inverting_gradients", labels="llg_star")).labels \
+      is labels.known
+
+
 def test_mean_probs_matches_numpy(photos, log_softmax_reference):
   model = models.create("mlp", jax.random.key(22))
   logits = np.asarray(model.apply_fn(model.variables, photos[:5]), np.float64)

@@ -449,9 +449,10 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
       labels = None
       if (name not in closed_forms.CLOSED_FORMS and presets.get_preset(name)().labels is labels_lib.known
           and "labels" not in meta):
-        # FedAvg clients do not share labels: infer them from the update's last layer (LLG counts
-        # duplicates; iDLG's sign rule for one example).
-        labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg"
+        # FedAvg clients do not share labels: infer them from the update's last layer (LLG* counts
+        # duplicates, its impact measured on dummy images through the model the server sent;
+        # iDLG's sign rule for one example).
+        labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
       closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
       cfg = config.Config(
           attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),

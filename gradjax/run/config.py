@@ -75,9 +75,13 @@ def parse_priors(spec: str) -> tuple[priors_lib.Prior, ...]:
   return tuple(out)
 
 
+# Label rules that run the server's copy of the model on images of its own (hfginv's auxiliary
+# images, LLG*'s dummy ones): run() infers them and attacks them as known labels.
+SERVER_INFERRED_LABELS = ("hfginv", "llg_star")
+
+
 def _label_source(name: str):
-  # hfginv's counts read auxiliary images: run() infers them and attacks them as known labels.
-  return labels_lib.known if name == "hfginv" else labels_lib.get_source(name)
+  return labels_lib.known if name in SERVER_INFERRED_LABELS else labels_lib.get_source(name)
 
 
 _GAMMA_KEYS = {"init": "init", "lr": "learning_rate", "frozen": "frozen"}
@@ -244,8 +248,9 @@ class Config:
       None, f"Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none; "
       f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
   labels: str | None = _field(
-      None, f"Labels: joint, known, an inference method ({_names(labels_lib.METHODS)}) or "
-      "hfginv (duplicate-aware counts from --aux images).", attack="labels", parse=_label_source)
+      None, f"Labels: joint, known, an inference method ({_names(labels_lib.METHODS)}), "
+      "hfginv (duplicate-aware counts from --aux images) or llg_star (LLG with its impact measured "
+      "on dummy images through the server's model).", attack="labels", parse=_label_source)
   aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
                     "dataset's images after the attacked batch (Ye et al. use 40).")
   schedule: str | None = _field(

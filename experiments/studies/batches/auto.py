@@ -1,7 +1,8 @@
 """The batches study's audit rows: ``--attack=auto`` at a stated CPU budget per batch, as an audit
 runs it, on untrained models (a fresh draw per batch), CIFAR-10 test images 500.. in [0, 1] (never
 used to choose a setting), labels inferred as the audit infers them (iDLG's sign at batch 1, which
-iDLG reads itself; LLG's counts from the head's gradient for a batch).
+iDLG reads itself; for a batch LLG*'s counts from the head's gradient, its impact measured on dummy
+images through the server's model; the rows ending in ``_llg``: plain LLG, the audit's rule before).
 
   python experiments/studies/batches/auto.py            # runs what is missing, writes the table
   python experiments/studies/batches/auto.py --table    # the table from the runs there
@@ -24,16 +25,20 @@ import sweeps
 RUNS = os.path.join(sweeps.HERE, "runs", "auto")
 LENET = ("--model=lenet_zhu",)  # DLG's LeNet: sigmoid, every weight U(-0.5, 0.5)
 
-# (row, batch size, first image, batches, budget in seconds per batch, further flags)
-ROWS = [(f"lenet_b{b}", b, 500, count, 120, LENET)
-        for b, count in ((1, 4), (4, 4), (8, 4), (16, 2), (32, 1))] + [
+# (row, batch size, first image, batches, budget in seconds per batch, label rule, further flags);
+# rows ending in _llg ran while the audit inferred a batch's labels by plain LLG, before LLG*.
+BATCHES = ((4, 4), (8, 4), (16, 2), (32, 1))  # (batch size, batches): 16-32 images a row
+ROWS = [("lenet_b1", 1, 500, 4, 120, None, LENET)] + [
+    (f"lenet_b{b}_llg", b, 500, count, 120, "llg", LENET) for b, count in BATCHES[:3]] + [
+    (f"lenet_b{b}", b, 500, count, 120, "llg_star", LENET) for b, count in BATCHES] + [
     # Geiping et al.'s ConvNet at the paper's width, batch 8, the issue's 15 minutes on one core; a
     # batch per row so that two run side by side.
-    (f"convnet64_b8_{start}", 8, start, 1, 900, ("--model=convnet-64",)) for start in (500, 508, 516, 524)]
+    (f"convnet64_b8_{start}_llg", 8, start, 1, 900, "llg", ("--model=convnet-64",))
+    for start in (500, 508)]
 
 
-def run(row, batch, start, count, budget, extra, data_dir):
-  labels = () if batch == 1 else ("--labels=llg",)
+def run(row, batch, start, count, budget, rule, extra, data_dir):
+  labels = () if rule is None else (f"--labels={rule}",)
   sweeps.sweep(os.path.join(RUNS, row), ["--attack=auto", "--dataset=cifar10", f"--budget={budget}",
                                          f"--batch_size={batch}", f"--start={start}", f"--count={count}",
                                          *labels, *extra], data_dir, ("reconstructions.png",))
@@ -42,10 +47,10 @@ def run(row, batch, start, count, budget, extra, data_dir):
 def table() -> tuple[str, dict]:
   """The table (markdown) and its numbers by row."""
   numbers = {}
-  lines = ["| model | batch | images | budget per batch (s) | attacks run (iterations; restarts) | "
+  lines = ["| model | batch | images | labels | budget per batch (s) | attacks run (iterations; restarts) | "
            "PSNR per image, mean (dB) | median | SSIM, mean | recognisable (verdict's rule) | "
-           "leak verdicts | label accuracy | s per batch |", "|---" * 12 + "|"]
-  for row, batch, start, count, budget, extra in ROWS:
+           "leak verdicts | label accuracy | s per batch |", "|---" * 13 + "|"]
+  for row, batch, start, count, budget, rule, extra in ROWS:
     rows = sweeps.rows(RUNS, row)
     if rows is None:
       continue
@@ -65,7 +70,8 @@ def table() -> tuple[str, dict]:
                     "budget_s": budget, "tried": ran}
     model = next(e.split("=", 1)[1] for e in extra if e.startswith("--model="))
     images = f"{rows[0]['index']}..{rows[-1]['index'] + batch - 1}"
-    lines.append(f"| {model} | {batch} | {images} | {budget} | {'; '.join(ran)} | {psnr.mean():.2f} | "
+    lines.append(f"| {model} | {batch} | {images} | {rule or 'idlg'} | {budget} | {'; '.join(ran)} | "
+                 f"{psnr.mean():.2f} | "
                  f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | "
                  f"{leaks} / {len(rows)} | {labels:.3f} | {np.mean(seconds):.0f} "
                  f"(max {np.max(seconds):.0f}) |")
