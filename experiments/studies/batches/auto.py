@@ -33,8 +33,8 @@ ROWS = [("lenet_b1", 1, 500, 4, 120, None, LENET)] + [
     (f"lenet_b{b}", b, 500, count, 120, "llg_star", LENET) for b, count in BATCHES] + [
     # Geiping et al.'s ConvNet at the paper's width, batch 8, the issue's 15 minutes on one core; a
     # batch per row so that two run side by side.
-    (f"convnet64_b8_{start}_llg", 8, start, 1, 900, "llg", ("--model=convnet-64",))
-    for start in (500, 508)]
+    (f"convnet64_b8_{start}{suffix}", 8, start, 1, 900, rule, ("--model=convnet-64",))
+    for suffix, rule in (("_llg", "llg"), ("", "llg_star")) for start in (500, 508)]
 
 
 def run(row, batch, start, count, budget, rule, extra, data_dir):
@@ -61,8 +61,13 @@ def table() -> tuple[str, dict]:
     leaks = sum(c[1] for c in counted)
     labels = float(np.mean([r["label_accuracy"] for r in rows]))
     seconds = [r["wall_time_s"] for r in rows]
-    ran = sorted({f"{t['attack']} ({t['iterations']}; {t['restarts']})" for r in rows
-                  for t in r["auto"]["tried"]})
+    runs = [t for r in rows for t in r["auto"]["tried"]]
+    ran = []
+    for name in dict.fromkeys(t["attack"] for t in runs):  # in the order first tried
+      its = sorted({t["iterations"] for t in runs if t["attack"] == name})
+      most = max(t["restarts"] for t in runs if t["attack"] == name)
+      span = f"{its[0]}" + (f"-{its[-1]}" if len(its) > 1 else "")
+      ran.append(f"{name} ({span}; {'1-' if most > 1 else ''}{most})")
     numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
                     "leaks": int(leaks), "batches": len(rows), "label_accuracy": labels,
