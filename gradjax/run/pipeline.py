@@ -344,7 +344,6 @@ def _run_auto(cfg: Config, callback, batch):
   step_s = {}  # attack -> seconds per restart step once compiled (from the progress reports)
   took = {}  # attack -> seconds its (last) run took
   probes = []  # the probes that timed an attack before its iterations were fitted to the budget
-
   overhead = {}  # attack -> seconds a compiled run spends outside its attack (from the probes)
 
   def fitted(name, step, share):

@@ -70,6 +70,7 @@ def table() -> tuple[str, dict]:
       ran.append(f"{name} ({span}; {'1-' if most > 1 else ''}{most})")
     numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
                     "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
+                    "recognisable_share": float(seen / psnr.size),
                     "leaks": int(leaks), "batches": len(rows), "label_accuracy": labels,
                     "seconds_per_batch": float(np.mean(seconds)), "seconds_max": float(np.max(seconds)),
                     "budget_s": budget, "tried": ran}
