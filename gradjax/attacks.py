@@ -155,6 +155,11 @@ class Attack:
     return self.labels is labels_lib.joint
 
 
+def _gamma(attack: Attack) -> objectives.Gamma | None:
+  """DLM's γ settings where ``attack`` matches DLM's scaled difference, else None."""
+  return attack.matched.gamma if isinstance(attack.matched, objectives.ScaledDifference) else None
+
+
 def _couples_variables(optimizer) -> bool:
   if isinstance(optimizer, optimizers.Named):
     return optimizer.couples_variables
@@ -165,7 +170,7 @@ def build_optimizer(attack: Attack) -> optax.GradientTransformationExtraArgs:
   """The transformation ``attack`` runs (:func:`gradjax.optimizers.build` at its budget), with DLM's
   γ on an Adam of its own when the matched part's ``gamma`` has a learning rate."""
   tx = optimizers.build(attack.optimizer, attack.iterations)
-  gamma = getattr(attack.matched, "gamma", None)
+  gamma = _gamma(attack)
   if gamma is None or gamma.learning_rate is None:
     return tx
   if _couples_variables(attack.optimizer):
@@ -244,10 +249,10 @@ def describe(attack: Attack) -> dict:
       optimizer=(dataclasses.asdict(opt) if isinstance(opt, optimizers.Named) else {"name": "optax"}),
       iterations=attack.iterations, box=attack.box, one_sample_per_step=attack.one_sample_per_step,
       dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol,
-      remat=getattr(attack.matched, "remat", False),
+      remat=isinstance(attack.matched, objectives.Replay) and attack.matched.remat,
       stepwise=None if attack.stepwise is None else dataclasses.asdict(attack.stepwise),
       track_from=attack.track_from,
-      gamma=dataclasses.asdict(getattr(attack.matched, "gamma", objectives.Gamma())),
+      gamma=dataclasses.asdict(_gamma(attack) or objectives.Gamma()),
       head_features=attack.head_features,
       smoothing=None if attack.smoothing is None else dataclasses.asdict(attack.smoothing))
 
@@ -471,7 +476,8 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   if permutations > 1:
     if known is None:
       raise ValueError("a permutation search needs known or inferred labels, not joint ones")
-    if not isinstance(attack.matched, objectives.Replay) or local is None or (local.batch_size or n) == n:
+    replay = isinstance(attack.matched, objectives.Replay)
+    if not replay or local is None or (local.batch_size or n) == n:
       raise ValueError("a permutation search needs the replay objective and a client with more than "
                        "one local mini-batch (the label order changes nothing otherwise)")
   if known is None or known.ndim > 1:  # joint labels, or a language model's (N, T) targets
@@ -497,8 +503,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
                              distances.leaf_positions(observation.variables["params"], order))
   init = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
                         tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
-                        attack.matched.gamma.init if isinstance(attack.matched, objectives.ScaledDifference)
-                        else None)
+                        None if _gamma(attack) is None else _gamma(attack).init)
   targets = None
   if attack.head_features:
     if known is None or known.ndim != 1:
