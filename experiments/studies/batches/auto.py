@@ -54,11 +54,7 @@ def table() -> tuple[str, dict]:
     rows = sweeps.rows(RUNS, row)
     if rows is None:
       continue
-    psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
-    ssim = np.array([s for r in rows for s in r["ssim_per_image"]])
-    counted = [sweeps.recount(r) for r in rows]
-    seen = sum(c[0] for c in counted)
-    leaks = sum(c[1] for c in counted)
+    n = sweeps.summary(rows)
     labels = float(np.mean([r["label_accuracy"] for r in rows]))
     seconds = [r["wall_time_s"] for r in rows]
     runs = [t for r in rows for t in r["auto"]["tried"]]
@@ -68,19 +64,14 @@ def table() -> tuple[str, dict]:
       most = max(t["restarts"] for t in runs if t["attack"] == name)
       span = f"{its[0]}" + (f"-{its[-1]}" if len(its) > 1 else "")
       ran.append(f"{name} ({span}; {'1-' if most > 1 else ''}{most})")
-    numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
-                    "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
-                    "recognisable_share": float(seen / psnr.size),
-                    "leaks": int(leaks), "batches": len(rows), "label_accuracy": labels,
-                    "seconds_per_batch": float(np.mean(seconds)), "seconds_max": float(np.max(seconds)),
-                    "budget_s": budget, "tried": ran}
+    numbers[row] = {**n, "recognisable_share": n["recognisable"] / n["images"], "label_accuracy": labels,
+                    "seconds_max": float(np.max(seconds)), "budget_s": budget, "tried": ran}
     model = next(e.split("=", 1)[1] for e in extra if e.startswith("--model="))
     images = f"{rows[0]['index']}..{rows[-1]['index'] + batch - 1}"
     lines.append(f"| {model} | {batch} | {images} | {rule or 'idlg'} | {budget} | {'; '.join(ran)} | "
-                 f"{psnr.mean():.2f} | "
-                 f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | "
-                 f"{leaks} / {len(rows)} | {labels:.3f} | {np.mean(seconds):.0f} "
-                 f"(max {np.max(seconds):.0f}) |")
+                 f"{n['psnr_mean']:.2f} | {n['psnr_median']:.2f} | {n['ssim_mean']:.3f} | "
+                 f"{n['recognisable']} / {n['images']} | {n['leaks']} / {len(rows)} | {labels:.3f} | "
+                 f"{n['seconds_per_batch']:.0f} (max {np.max(seconds):.0f}) |")
   return "\n".join(lines) + "\n", numbers
 
 

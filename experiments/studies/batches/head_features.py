@@ -22,8 +22,6 @@ gradjax.analytic.head_inputs_per_example) with the same flags; the rows above th
 
 import os
 
-import numpy as np
-
 import sweeps
 
 RUNS = os.path.join(sweeps.HERE, "runs", "head_features")
@@ -115,15 +113,7 @@ def table() -> tuple[str, dict]:
     rows = sweeps.rows(RUNS, row)
     if rows is None:
       continue
-    psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
-    ssim = np.array([s for r in rows for s in r["ssim_per_image"]])
-    counted = [sweeps.recount(r) for r in rows]
-    seen = sum(c[0] for c in counted)
-    leaks = sum(c[1] for c in counted)
-    seconds = float(np.mean([r["wall_time_s"] for r in rows]))
-    numbers[row] = {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
-                    "ssim_mean": float(ssim.mean()), "recognisable": int(seen), "images": int(psnr.size),
-                    "leaks": int(leaks), "batches": len(rows), "seconds_per_batch": seconds}
+    n = numbers[row] = sweeps.summary(rows)
     setting = ("8" + (", group 1e-3 from 500" if GROUP[0] in extra else "")) if RESTARTS[0] in extra else "1"
     iterations = next((e.split("=", 1)[1] for e in extra if e.startswith("--iterations=")), None)
     if iterations:
@@ -139,9 +129,9 @@ def table() -> tuple[str, dict]:
     if priors.startswith("tv:") and "," not in priors and priors != "tv:0.2":  # only another TV weight
       setting += f"; {priors}"
     lines.append(f"| {model} | {batch} | {start}..{start + batch * len(rows) - 1} | {weight:g} | {setting} | "
-                 f"{psnr.mean():.2f} | "
-                 f"{np.median(psnr):.2f} | {ssim.mean():.3f} | {seen} / {psnr.size} | {leaks} / {len(rows)} | "
-                 f"{seconds:.1f} |")
+                 f"{n['psnr_mean']:.2f} | {n['psnr_median']:.2f} | {n['ssim_mean']:.3f} | "
+                 f"{n['recognisable']} / {n['images']} | {n['leaks']} / {len(rows)} | "
+                 f"{n['seconds_per_batch']:.1f} |")
   return "\n".join(lines) + "\n", numbers
 
 

@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 
+import numpy as np
+
 from gradjax import verdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +49,19 @@ def recount(row: dict) -> tuple[int, bool]:
   images = verdict.image_findings(row, labels_inferred=False, num_classes=10, side=32)["images"]
   saved = {k: v for k, v in (row.get("findings") or {}).items() if k != "images"}
   return images["recognisable"], bool(verdict.leaks({**saved, "images": images}))
+
+
+def summary(rows: list[dict]) -> dict:
+  """What a part's table reports of a row's batches (``rows`` of :func:`rows`): the mean and median
+  per-image PSNR, the mean SSIM, the images recognisable and the leak verdicts by the verdict's rule
+  as it is now (:func:`recount`), the images, the batches and the mean seconds per batch."""
+  psnr = np.array([p for r in rows for p in r["psnr_per_image"]])
+  ssim = np.array([s for r in rows for s in r["ssim_per_image"]])
+  counted = [recount(r) for r in rows]
+  return {"psnr_mean": float(psnr.mean()), "psnr_median": float(np.median(psnr)),
+          "ssim_mean": float(ssim.mean()), "recognisable": int(sum(c[0] for c in counted)),
+          "images": int(psnr.size), "leaks": int(sum(c[1] for c in counted)), "batches": len(rows),
+          "seconds_per_batch": float(np.mean([r["wall_time_s"] for r in rows]))}
 
 
 def main(doc: str, runs: str, rows: list, run, table) -> None:
