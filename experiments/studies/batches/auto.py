@@ -69,8 +69,7 @@ def table() -> tuple[str, dict]:
     model = next(e.split("=", 1)[1] for e in extra if e.startswith("--model="))
     images = f"{rows[0]['index']}..{rows[-1]['index'] + batch - 1}"
     lines.append(f"| {model} | {batch} | {images} | {rule or 'idlg'} | {budget} | {'; '.join(ran)} | "
-                 f"{n['psnr_mean']:.2f} | {n['psnr_median']:.2f} | {n['ssim_mean']:.3f} | "
-                 f"{n['recognisable']} / {n['images']} | {n['leaks']} / {len(rows)} | {labels:.3f} | "
+                 f"{sweeps.cells(n)} | {labels:.3f} | "
                  f"{n['seconds_per_batch']:.0f} (max {np.max(seconds):.0f}) |")
   return "\n".join(lines) + "\n", numbers
 

@@ -129,9 +129,7 @@ def table() -> tuple[str, dict]:
     if priors.startswith("tv:") and "," not in priors and priors != "tv:0.2":  # only another TV weight
       setting += f"; {priors}"
     lines.append(f"| {model} | {batch} | {start}..{start + batch * len(rows) - 1} | {weight:g} | {setting} | "
-                 f"{n['psnr_mean']:.2f} | {n['psnr_median']:.2f} | {n['ssim_mean']:.3f} | "
-                 f"{n['recognisable']} / {n['images']} | {n['leaks']} / {len(rows)} | "
-                 f"{n['seconds_per_batch']:.1f} |")
+                 f"{sweeps.cells(n)} | {n['seconds_per_batch']:.1f} |")
   return "\n".join(lines) + "\n", numbers
 
 

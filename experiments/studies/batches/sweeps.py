@@ -64,6 +64,13 @@ def summary(rows: list[dict]) -> dict:
           "seconds_per_batch": float(np.mean([r["wall_time_s"] for r in rows]))}
 
 
+def cells(n: dict) -> str:
+  """A :func:`summary`'s table cells: mean and median PSNR, mean SSIM, images recognisable, leak
+  verdicts over batches."""
+  return (f"{n['psnr_mean']:.2f} | {n['psnr_median']:.2f} | {n['ssim_mean']:.3f} | "
+          f"{n['recognisable']} / {n['images']} | {n['leaks']} / {n['batches']}")
+
+
 def main(doc: str, runs: str, rows: list, run, table) -> None:
   """The command line of a part: ``--table`` (only the table), ``--rows`` (a comma-separated subset
   to run), ``--data_dir``; runs ``run(*row, data_dir)`` for the rows wanted, then writes
