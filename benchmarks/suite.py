@@ -15,7 +15,8 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   data movement or elementwise, with the matrix products' FLOP rate.
 * ``convs``: one layer's share of a matching step per layer shape (``--conv_shapes``) with each CPU
   convolution (im2col, split, mixed), and which one ``mixed`` takes: the measurement behind
-  ``gradjax.models.layers.mixed_conv``'s rule.
+  ``gradjax.models.layers.mixed_conv``'s rule; and split's weight gradient alone as a convolution and
+  as matrix products, behind ``gradjax.models.layers.weight_gradient_by_products``.
 * ``loops``: each step at a program's top level against the same step inside a loop (a
   ``lax.scan`` of ``--loop_steps`` steps, as a training epoch or a line search's ``while_loop`` runs
   it), per model (``--loop_models``) and convolution (xla, split, mixed): an SGD step at batch
@@ -112,7 +113,7 @@ CONV_SHAPES = ("1:32:3:12:5:2", "1:16:12:12:5:1", "8:32:3:12:5:2", "8:16:12:12:5
                "1:32:64:64:3:1", "1:16:128:128:3:1", "1:8:256:256:3:1", "1:4:512:512:3:1",
                "1:32:64:128:3:2", "1:32:64:128:1:2", "8:32:3:64:3:1", "8:32:64:64:3:1",
                "8:16:128:128:3:1", "8:8:256:256:3:1", "8:4:512:512:3:1", "8:32:64:128:3:2",
-               "8:32:64:128:1:2")
+               "8:32:64:128:1:2", "8:32:64:128:3:1", "8:32:128:256:3:1", "8:32:256:256:3:1")
 _CONV_SHAPES = flags.DEFINE_list("conv_shapes", list(CONV_SHAPES), "Layer shapes of the convs "
                                  "section, N:H:C:O:k:stride.")
 _LOOP_MODELS = flags.DEFINE_list("loop_models", ["lenet_zhu", "resnet20", "resnet20-4"], "Models of "
@@ -204,6 +205,15 @@ def section_convs(timing: dict, seed: int) -> list[dict]:
         x, w, (stride, stride), "SAME", dimension_numbers=dn))(x, w))
     row.update(split_over_im2col=row["split_ms"] / row["im2col_ms"],
                mixed_takes="split" if "custom_vjp_call" in jaxpr else "im2col")
+    # split's weight gradient alone, in its two forms.
+    dy = jax.random.normal(keys[2], (n, -(-h // stride), -(-h // stride), o))
+    for name in ("convolution", "products"):
+      fn = getattr(models.layers, f"weight_gradient_{name}")
+      compiled, _ = bs.compile_ahead(lambda x, dy, fn=fn: fn(x, dy, (k, k), (stride, stride), "SAME"), x, dy)
+      row[f"wgrad_{name}_ms"] = bs.measure(lambda: jax.block_until_ready(compiled(x, dy)), **timing)["median_ms"]
+    row.update(wgrad_convolution_over_products=row["wgrad_convolution_ms"] / row["wgrad_products_ms"],
+               wgrad_takes="products" if models.layers.weight_gradient_by_products(dy.shape, c)
+               else "convolution")
     print(f"convs {row}", flush=True)
     rows.append(row)
   return rows
@@ -498,6 +508,14 @@ def markdown(result: dict) -> str:
     for r in result["convs"]:
       lines.append(f"| {r['shape']} | {r['im2col_ms']:.2f} | {r['split_ms']:.2f} | "
                    f"{r['split_over_im2col']:.2f} | {r['mixed_ms']:.2f} | {r['mixed_takes']} |")
+    if "wgrad_products_ms" in result["convs"][0]:
+      lines += ["", "split's weight gradient alone (median ms): as a convolution (x with batch and channels "
+                "swapped) and as kh·kw matrix products, and which one split takes "
+                "(`gradjax.models.layers.weight_gradient_by_products`).", "",
+                "| shape | convolution | products | convolution/products | split takes |", "|---|---|---|---|---|"]
+      for r in result["convs"]:
+        lines.append(f"| {r['shape']} | {r['wgrad_convolution_ms']:.2f} | {r['wgrad_products_ms']:.2f} | "
+                     f"{r['wgrad_convolution_over_products']:.2f} | {r['wgrad_takes']} |")
     lines.append("")
   if "loops" in result:
     lines += ["## Top level against inside a loop (median ms per step)", "",

@@ -46,6 +46,8 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
   assert all(r["jax_match_ms"] > 0 and r["jax_plain_ms"] > 0 for r in result["steps"])
   assert [(r["shape"], r["mixed_takes"]) for r in result["convs"]] == [("1:8:3:4:3:1", "im2col"),
                                                                        ("1:16:16:4:3:1", "split")]
+  assert all(r["wgrad_convolution_ms"] > 0 and r["wgrad_products_ms"] > 0 and r["wgrad_takes"] == "convolution"
+             for r in result["convs"])
   ttq = result["ttq"]["dlg"][0]["jax"]
   assert ttq["reached"] and ttq["psnr"] >= 8
   startup = result["startup"]

@@ -401,6 +401,57 @@ def test_conv_implementations_match_numpy_and_xla(kernel, stride, pads, hw, impl
                                np.asarray(second_order(jax.lax.conv_general_dilated)), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel,stride,pads,hw", [
+    ((5, 5), (2, 2), ((2, 2), (2, 2)), (12, 12)),
+    ((3, 3), (1, 1), ((1, 1), (1, 1)), (7, 9)),
+    ((3, 3), (2, 2), ((1, 1), (1, 1)), (9, 8)),      # rows the strided window never reaches
+    ((3, 2), (1, 3), ((0, 2), (1, 0)), (6, 10)),
+])
+@pytest.mark.parametrize("form", ["convolution", "products"])
+def test_weight_gradient_forms_match_numpy(kernel, stride, pads, hw, form):
+  """split_conv's kernel gradient in either form equals NumPy's sum over the batch and the output
+  positions of the padded input's window times the output cotangent (float64)."""
+  from gradjax.models import layers
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(3, *hw, 4))
+  xp = np.pad(x, ((0, 0), *pads, (0, 0)))
+  ho, wo = (xp.shape[1] - kernel[0]) // stride[0] + 1, (xp.shape[2] - kernel[1]) // stride[1] + 1
+  dy = rng.normal(size=(3, ho, wo, 5))
+  want = np.zeros((*kernel, 4, 5))
+  for a in range(kernel[0]):
+    for b in range(kernel[1]):
+      window = xp[:, a:a + stride[0] * (ho - 1) + 1:stride[0], b:b + stride[1] * (wo - 1) + 1:stride[1]]
+      want[a, b] = np.einsum("nijc,nijo->co", window, dy)
+  with jax.enable_x64(True):
+    got = getattr(layers, f"weight_gradient_{form}")(jnp.asarray(x), jnp.asarray(dy), kernel, stride, pads)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+
+
+def test_weight_gradient_takes_products_on_large_layers():
+  """split_conv's weight gradient is the products form for ConvNet-64's 32x32 layers at batch 8 and
+  the convolution form for thin layers or few rows (the rule the convs benchmark measured); the
+  model's matching gradient is the same either way."""
+  from gradjax.models import layers
+  assert layers.weight_gradient_by_products((8, 32, 32, 128), 64)
+  assert not layers.weight_gradient_by_products((8, 32, 32, 64), 64)
+  assert not layers.weight_gradient_by_products((1, 32, 32, 256), 256)
+  assert not layers.weight_gradient_by_products((8, 32, 32, 128), 32)
+  dn = ("NHWC", "HWIO", "NHWC")
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(4, 32, 32, 64)), jnp.float32)
+  w = jnp.asarray(0.05 * rng.normal(size=(3, 3, 64, 128)), jnp.float32)
+
+  def matching(conv):
+    def objective(x):
+      g = jax.grad(lambda w: jnp.sum(jnp.tanh(conv(x, w, (1, 1), "SAME", dimension_numbers=dn)) ** 2))(w)
+      return jnp.sum(g ** 2)
+    return jax.jit(jax.value_and_grad(objective))(x)
+
+  (value, grad), (want_value, want_grad) = matching(layers.split_conv), matching(jax.lax.conv_general_dilated)
+  np.testing.assert_allclose(float(value), float(want_value), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(grad), np.asarray(want_grad), rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(want_grad))))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel,stride,pads,hw", [
     ((3, 3), (1, 1), "SAME", (8, 8)),

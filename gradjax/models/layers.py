@@ -226,22 +226,57 @@ _input_gradient.defvjp(_input_gradient_fwd, _input_gradient_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _weight_gradient(lhs, cotangent, spec, rhs_like):
-  """The kernel gradient of ``conv(lhs, rhs)`` at output cotangent ``cotangent``."""
+  """The kernel gradient of ``conv(lhs, rhs)`` at output cotangent ``cotangent``: by
+  :func:`weight_gradient_products` where :func:`weight_gradient_by_products` says so, else by
+  :func:`weight_gradient_convolution`."""
   s = dict(spec)
   if not _forward_layout(lhs.ndim, s):
     grad, = jax.linear_transpose(lambda w: jax.lax.conv_general_dilated(lhs, w, **s), rhs_like)(cotangent)
     return grad
-  # dW[a, b, c, o] = sum_{n, i, j} x_pad[n, s_h i + a, s_w j + b, c] dy[n, i, j, o]: a convolution of
-  # x with channels as its batch and the batch as its features, by dy dilated by the strides, cut
-  # to the kernel's extent.
-  kh, kw = rhs_like.shape[:2]
+  by_products = weight_gradient_by_products(cotangent.shape, lhs.shape[3])
+  fn = weight_gradient_products if by_products else weight_gradient_convolution
+  return fn(lhs, cotangent, rhs_like.shape[:2], s["window_strides"], s["padding"],
+            precision=s["precision"], preferred_element_type=s["preferred_element_type"]).astype(rhs_like.dtype)
+
+
+def weight_gradient_by_products(out_shape, in_channels: int) -> bool:
+  """Whether :func:`weight_gradient_products` computes the kernel gradient of a convolution with
+  output (N, Ho, Wo, O) and ``in_channels`` inputs: N Ho Wo >= 4096, C >= 64 and O >= 128. There
+  its products run at XLA:CPU's matrix product rate, about twice the convolution form's (ConvNet-64's
+  32x32 layers at batch 8); on thinner layers or fewer rows the convolution form is as fast or
+  faster (``python -m benchmarks suite --sections=convs``, its weight-gradient table)."""
+  n, ho, wo, out = out_shape
+  return n * ho * wo >= 4096 and in_channels >= 64 and out >= 128
+
+
+def weight_gradient_convolution(lhs, cotangent, kernel_hw, strides, padding, **precision):
+  """dW (kh, kw, C, O) of a 2-D NHWC/HWIO convolution of ``lhs`` (N, H, W, C) with output
+  cotangent ``cotangent`` (N, Ho, Wo, O), as a convolution: x with channels as its batch and the
+  batch as its features, by dy dilated by the strides, cut to the kernel's extent::
+
+    dW[a, b, c, o] = sum_{n, i, j} x_pad[n, s_h i + a, s_w j + b, c] dy[n, i, j, o]
+  """
+  kh, kw = kernel_hw
   grad = jax.lax.conv_general_dilated(
       jnp.transpose(lhs, (3, 1, 2, 0)), jnp.transpose(cotangent, (1, 2, 0, 3)), (1, 1),
-      _explicit_pads(s["padding"], lhs.shape[1:3], (kh, kw), s["window_strides"]),
-      rhs_dilation=s["window_strides"],
-      dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=s["precision"],
-      preferred_element_type=s["preferred_element_type"])
-  return jnp.transpose(grad[:, :kh, :kw, :], (1, 2, 0, 3)).astype(rhs_like.dtype)
+      _explicit_pads(padding, lhs.shape[1:3], (kh, kw), strides), rhs_dilation=strides,
+      dimension_numbers=("NHWC", "HWIO", "NHWC"), **precision)
+  return jnp.transpose(grad[:, :kh, :kw, :], (1, 2, 0, 3))
+
+
+def weight_gradient_products(lhs, cotangent, kernel_hw, strides, padding, **precision):
+  """The same dW as :func:`weight_gradient_convolution`, as kh kw matrix products: for each offset
+  (a, b) the window's strided slice of x_pad, (N Ho Wo, C), transposed times dy, (N Ho Wo, O)."""
+  kh, kw = kernel_hw
+  (sh, sw), (n, ho, wo, out) = strides, cotangent.shape
+  (top, bottom), (left, right) = _explicit_pads(padding, lhs.shape[1:3], (kh, kw), strides)
+  x = jax.lax.pad(lhs, jnp.zeros((), lhs.dtype), ((0, 0, 0), (top, bottom, 0), (left, right, 0), (0, 0, 0)))
+  dy = cotangent.reshape(n * ho * wo, out)
+  grad = jnp.stack([
+      jax.lax.dot_general(x[:, a:a + sh * (ho - 1) + 1:sh, b:b + sw * (wo - 1) + 1:sw].reshape(-1, x.shape[3]),
+                          dy, (((0,), (0,)), ((), ())), **precision)
+      for a in range(kh) for b in range(kw)])
+  return grad.reshape(kh, kw, lhs.shape[3], out)
 
 
 def _weight_gradient_fwd(lhs, cotangent, spec, rhs_like):
@@ -266,8 +301,9 @@ def split_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=No
 
   The value is XLA's ``y = conv(x, W)``. The input gradient ``dx = conv(dy dilated by the strides,
   W flipped with its channels swapped)`` and the weight gradient ``dW = conv(x with batch and
-  channels swapped, dy dilated by the strides)`` are written as forward convolutions in the same
-  NHWC/HWIO layout, and so are all their derivatives, since the three maps are bilinear:
+  channels swapped, dy dilated by the strides)`` (on large layers kh kw matrix products instead,
+  :func:`weight_gradient_by_products`) are written as forward convolutions in the same NHWC/HWIO
+  layout, and so are all their derivatives, since the three maps are bilinear:
   ``<dW(x, dy), C> = <conv(x, C), dy> = <x, dx(dy, C)>``. The gradient-matching objective
   differentiates ``dW`` w.r.t. the dummy input, which XLA's own rules give as a dilated convolution
   with batch and features swapped that XLA:CPU runs far slower; and inside a loop body (a
