@@ -34,7 +34,8 @@ ROWS = [("lenet_b1", 1, 500, 4, 120, None, LENET)] + [
     # Geiping et al.'s ConvNet at the paper's width, batch 8, the issue's 15 minutes on one core; a
     # batch per row so that two run side by side.
     (f"convnet64_b8_{start}{suffix}", 8, start, 1, 900, rule, ("--model=convnet-64",))
-    for suffix, rule in (("_llg", "llg"), ("", "llg_star")) for start in (500, 508)]
+    for suffix, rule, starts in (("_llg", "llg", (500, 508)), ("", "llg_star", (500, 508, 516, 524)))
+    for start in starts]
 
 
 def run(row, batch, start, count, budget, rule, extra, data_dir):
