@@ -357,7 +357,7 @@ def decide(*, findings: dict | None, residual: fidelity.Comparison | None,
 
 def _decide(findings, kinds, residual, improving, budget, problems, thresholds) -> dict:
   if kinds:
-    reason = f"{budget} recovered " + "; ".join(findings[k]["reason"] for k in kinds)
+    reason = f"{budget} found: " + "; ".join(findings[k]["reason"] for k in kinds)
     if "images" in findings and "images" not in kinds:
       reason += f"; {findings['images']['reason']}"
     return {"status": "leak", "reason": reason}

@@ -35,7 +35,12 @@ ROWS = [("lenet_b1", 1, 500, 4, 120, None, LENET)] + [
     # batch per row so that two run side by side.
     (f"convnet64_b8_{start}{suffix}", 8, start, 1, 900, rule, ("--model=convnet-64",))
     for suffix, rule, starts in (("_llg", "llg", (500, 508)), ("", "llg_star", (500, 508, 516, 524)))
-    for start in starts]
+    for start in starts] + [
+    # Side by side with breaching 0.1.2's Inverting Gradients attacker (runs/breaching): the same
+    # batches, model draws and labels (known, as breaching had them), a budget per batch of
+    # breaching's own seconds per batch there (compilation included).
+    (f"lenet_b{b}_{start}_breaching", b, start, 5, seconds, "known", LENET)
+    for b, start, seconds in ((4, 900, 27), (4, 500, 31), (8, 900, 36), (8, 500, 37))]
 
 
 def run(row, batch, start, count, budget, rule, extra, data_dir):
