@@ -1,8 +1,10 @@
 """The batches study's audit rows: ``--attack=auto`` at a stated CPU budget per batch, as an audit
-runs it, on untrained models (a fresh draw per batch), CIFAR-10 test images 500.. in [0, 1] (never
+runs it, on untrained models (a fresh draw per batch; one row on the trained ResNet-20 of
+hfginv_batch), CIFAR-10 test images 500.. in [0, 1] (never
 used to choose a setting), labels inferred as the audit infers them (iDLG's sign at batch 1, which
 iDLG reads itself; for a batch LLG*'s counts from the head's gradient, its impact measured on dummy
-images through the server's model; the rows ending in ``_llg``: plain LLG, the audit's rule before).
+images through the server's model; the rows ending in ``_llg``: plain LLG, the audit's rule before;
+the rows ending in ``_breaching``: labels known, as breaching's attacker had them).
 
   python experiments/studies/batches/auto.py            # runs what is missing, writes the table
   python experiments/studies/batches/auto.py --table    # the table from the runs there
@@ -24,6 +26,7 @@ import sweeps
 
 RUNS = os.path.join(sweeps.HERE, "runs", "auto")
 LENET = ("--model=lenet_zhu",)  # DLG's LeNet: sigmoid, every weight U(-0.5, 0.5)
+RESNET20 = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10", "epoch_5.npz")
 
 # (row, batch size, first image, batches, budget in seconds per batch, label rule, further flags);
 # rows ending in _llg ran while the audit inferred a batch's labels by plain LLG, before LLG*.
@@ -40,7 +43,13 @@ ROWS = [("lenet_b1", 1, 500, 4, 120, None, LENET)] + [
     # batches, model draws and labels (known, as breaching had them), a budget per batch of
     # breaching's own seconds per batch there (compilation included).
     (f"lenet_b{b}_{start}_breaching", b, start, 5, seconds, "known", LENET)
-    for b, start, seconds in ((4, 900, 27), (4, 500, 31), (8, 900, 36), (8, 500, 37))]
+    for b, start, seconds in ((4, 900, 27), (4, 500, 31), (8, 900, 36), (8, 500, 37))] + [
+    # ConvNet-64 at batch 1; the committed trained ResNet-20 (hfginv_batch's, its own 10-class head)
+    # at batch 8; a FedAvg client of DLG's LeNet (one local epoch over mini-batches of 4: two steps).
+    ("convnet64_b1", 1, 500, 2, 300, "idlg", ("--model=convnet-64",)),
+    ("resnet20_trained_b8", 8, 500, 2, 600, "llg_star", ("--model=resnet20", f"--checkpoint={RESNET20}")),
+    ("lenet_b8_fedavg", 8, 500, 4, 120, "llg_star",
+     LENET + ("--client=fedavg", "--local_epochs=1", "--local_batch_size=4"))]
 
 
 def run(row, batch, start, count, budget, rule, extra, data_dir):
@@ -73,6 +82,8 @@ def table() -> tuple[str, dict]:
     numbers[row] = {**n, "recognisable_share": n["recognisable"] / n["images"], "label_accuracy": labels,
                     "seconds_max": float(np.max(seconds)), "budget_s": budget, "tried": ran}
     model = next(e.split("=", 1)[1] for e in extra if e.startswith("--model="))
+    model += " (trained)" * any(e.startswith("--checkpoint=") for e in extra)
+    model += ", FedAvg" * ("--client=fedavg" in extra)
     images = f"{rows[0]['index']}..{rows[-1]['index'] + batch - 1}"
     lines.append(f"| {model} | {batch} | {images} | {rule or 'idlg'} | {budget} | {'; '.join(ran)} | "
                  f"{sweeps.cells(n)} | {labels:.3f} | "
