@@ -108,8 +108,11 @@ def part_restarts(s: dict, seed: int) -> list[dict]:
 def part_dlg64(s: dict, seed: int) -> list[dict]:
   rows = []
   for restarts in (1, s["dlg_restarts"]):
-    cfg = config.Config(restarts=restarts, iterations=s["dlg_iterations"], strategy="vmap",
-                          image_size=s["image_size"], seed=seed, lpips="none")
+    cfg = config.from_options({
+        "attack.restarts": restarts, "attack.iterations": s["dlg_iterations"],
+        "execution.strategy": "vmap", "data.image_size": s["image_size"], "seed": seed,
+        "output.lpips": "none"
+    })
     results, _ = pipeline.run(cfg)
     rows.append(dict(restarts=restarts, **_scores(results)))
     print(f"dlg64 {rows[-1]}", flush=True)
@@ -124,9 +127,11 @@ def part_precision(s: dict, seed: int) -> list[dict]:
   rows = []
   for attack, model, iterations in runs:
     for precision in s["precisions"]:
-      cfg = config.Config(attack=attack, model=model, iterations=iterations,
-                            matmul_precision=precision,
-                            image_size=s["image_size"], seed=seed, lpips="none")
+      cfg = config.from_options({
+          "attack.preset": attack, "model.name": model, "attack.iterations": iterations,
+          "execution.matmul_precision": precision, "data.image_size": s["image_size"], "seed": seed,
+          "output.lpips": "none"
+      })
       results, _ = pipeline.run(cfg)
       rows.append(dict(attack=attack, model=model, precision=precision, **_scores(results)))
       print(f"precision {rows[-1]}", flush=True)
@@ -136,11 +141,13 @@ def part_precision(s: dict, seed: int) -> list[dict]:
 def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
   rows = []
   for index in s["ig_images"]:
-    cfg = config.Config(attack="inverting_gradients", model=s["ig_model"], dataset=s["dataset"],
-                          data_dir=data_dir, index=index, image_size=s["image_size"],
-                          iterations=s["ig_iterations"],
-                          normalization=s["dataset"] if s["dataset"].startswith("cifar") else "none",
-                          seed=seed, lpips="none")
+    cfg = config.from_options({
+        "attack.preset": "inverting_gradients", "model.name": s["ig_model"],
+        "data.dataset": s["dataset"], "data.data_dir": data_dir, "data.index": index,
+        "data.image_size": s["image_size"], "attack.iterations": s["ig_iterations"],
+        "data.normalization": s["dataset"] if s["dataset"].startswith("cifar") else "none",
+        "seed": seed, "output.lpips": "none"
+    })
     results, _ = pipeline.run(cfg)
     rows.append(dict(index=index, **_scores(results)))
     print(f"ig {rows[-1]}", flush=True)
@@ -148,11 +155,13 @@ def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
 
 
 def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
-  cfg = config.Config(attack="inverting_gradients_fedavg", model=s["fedavg_model"],
-                        dataset=s["dataset"], data_dir=data_dir, client="fedavg", batch_size=4,
-                        local_batch_size=2, shared_labels="multiset", permutations=6,
-                        image_size=s["image_size"], iterations=s["fedavg_iterations"], seed=seed,
-                        lpips="none")
+  cfg = config.from_options({
+      "attack.preset": "inverting_gradients_fedavg", "model.name": s["fedavg_model"],
+      "data.dataset": s["dataset"], "data.data_dir": data_dir, "client.name": "fedavg",
+      "data.batch_size": 4, "client.local_batch_size": 2, "client.shared_labels": "multiset",
+      "attack.permutations": 6, "data.image_size": s["image_size"],
+      "attack.iterations": s["fedavg_iterations"], "seed": seed, "output.lpips": "none"
+  })
   results, _ = pipeline.run(cfg)
   row = dict(model=s["fedavg_model"], images=4, local_steps=2, candidates=results["candidates"],
              **_scores(results))

@@ -71,8 +71,8 @@ from gradjax.losses import cross_entropy
 from gradjax.objectives import gradient_matching
 
 _MODELS = common.define_models_flag()
-_FIELDS = common.define_fields("batch_size", "seed")  # batch_size photos, repeated past 16
-_BATCH_SIZE, _SEED = _FIELDS["batch_size"], _FIELDS["seed"]
+_FIELDS = common.define_fields("data.batch_size", "seed")  # batch_size photos, repeated past 16
+_BATCH_SIZE, _SEED = _FIELDS["data.batch_size"], _FIELDS["seed"]
 _REPEATS = flags.DEFINE_integer("repeats", 20, "Timed calls per measurement (after warm-up).")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed calls before each measurement.")
 _MAX_SECONDS = flags.DEFINE_float("max_seconds", 10.0,

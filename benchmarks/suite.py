@@ -93,7 +93,7 @@ _PARTS = flags.DEFINE_list("parts", list(accelerator.PARTS), "Accelerator suite 
 _QUICK = flags.DEFINE_bool("quick", False, "Accelerator suite at toy sizes (a CPU smoke test).")
 _SUITE_DATASET = flags.DEFINE_string("suite_dataset", "cifar10", "Images of the accelerator suite's "
                                      "ig and fedavg parts (CIFAR-10 test images 0-4 in the protocol).")
-_DATA_DIR = common.define_fields("data_dir")["data_dir"]
+_DATA_DIR = common.define_fields("data.data_dir")["data.data_dir"]
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run: {', '.join(SECTIONS)}.")
 _BATCH_SIZES = common.define_batch_sizes_flag()  # of the steps section
 common.define_output_flags(resumable=False)

@@ -159,15 +159,16 @@ def config_of(folder: str) -> str:
   defaults = config.options(config.Config(), fields)
 
   def options(row):
-    return {**defaults, **{k: v for k, v in row["config"].items() if k in fields}}
+    return {**defaults, **{k: v for k, v in config.recorded(row["config"]).items() if k in fields}}
 
   base = options(rows[0])
   for row in rows[1:]:
-    differ = sorted(k for k, v in options(row).items() if v != base[k] and k != "index")
+    differ = sorted(k for k, v in options(row).items() if v != base[k] and k != "data.index")
     if differ:
       raise ValueError(f"{folder}: rows differ in {', '.join(differ)}, not only in their image")
-  sweep = [{"data.index": row["config"]["index"]} for row in rows]
-  fields = tuple(k for k in fields if base[k] != defaults[k] and k != "index")  # a recipe, not a dump
+  sweep = [{"data.index": options(row)["data.index"]} for row in rows]
+  fields = tuple(
+      k for k in fields if base[k] != defaults[k] and k != "data.index")  # a recipe, not a dump
   command = _read_json(os.path.join(folder, "results.json")).get("command", "")
   return config.to_python(base, comment=f"Runs {os.path.relpath(folder, ROOT)} again: gradjax sweep "
                           f"--config=<this file>.\nRecorded command: {command}", fields=fields,

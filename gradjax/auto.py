@@ -55,13 +55,14 @@ def choose(*, num_samples: int, steps: int | None, model: str | None = None,
 
 
 # Settings of an attack that depend on the model family, measured in experiments/studies/batches
-# (see the module docstring): {(attack, family): {Config field: value}}.
-SETTINGS = {("inverting_gradients_batch", "convnet"): {"priors": "tv:5"}}
+# (see the module docstring): {(attack, family): {option path: value}}.
+SETTINGS = {("inverting_gradients_batch", "convnet"): {"attack.priors": "tv:5"}}
 
 
 def settings(attack: str, model: str | None) -> dict[str, Any]:
-  """The configuration fields ``auto`` sets for ``attack`` on ``model`` (a zoo name) beyond the
-  preset's (a field the user set keeps the user's value); empty for most."""
+  """The options (dotted paths of :mod:`gradjax.run.config`) ``auto`` sets for ``attack`` on
+  ``model`` (a zoo name) beyond the preset's (an option the user set keeps the user's value); empty
+  for most."""
   family = models.family(model or "")
   return dict(SETTINGS.get((attack, family.family if family is not None else None), {}))
 

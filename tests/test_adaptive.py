@@ -147,10 +147,10 @@ def test_one_adapted_attack_per_preset_and_defense_and_the_configuration_needs_a
   assert attack.name == "dlg+adaptive" and attack.optimizer == presets.dlg().optimizer
   assert adaptive.adapt(presets.dlg(), "prune:0.2") is attack  # compiled once for every observation
   assert attack.distance.fn.__name__ == "euclidean|prune:0.2"
-  cfg = config.Config(attack="dlg", adaptive=True)
+  cfg = config.from_options({"attack.preset": "dlg", "attack.adaptive": True})
   with pytest.raises(ValueError, match="--adaptive adapts the attack"):
     config.check(cfg)
-  config.check(dataclasses.replace(cfg, defense="prune:0.2"))
+  config.check(config.replace(cfg, {"defense.spec": "prune:0.2"}))
 
 
 def test_a_defense_on_the_update_is_modelled_at_the_update_s_scale():

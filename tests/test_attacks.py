@@ -55,7 +55,8 @@ def test_group_consistency_draws_the_restarts_together():
   batch, net, _ = setup(4)
   obs = clients.fedsgd(net.apply_fn, net.variables, batch.x, batch.y, share_labels=True)
   base = presets.inverting_gradients(iterations=20)
-  grouped = dataclasses.replace(base, priors=base.priors + (priors.Prior(priors.PRIORS["group"], 0.05),))
+  grouped = config.replace(
+      base, {"attack.priors": base.attack.priors + (priors.Prior(priors.PRIORS["group"], 0.05),)})
   assert grouped.couples_restarts and not base.couples_restarts
   kw = dict(input_shape=batch.x.shape[1:], restarts=4)
 
@@ -192,8 +193,11 @@ def test_box_keeps_reconstruction_in_range():
 def test_batch_of_two_with_known_or_inferred_labels(label_method):
   """A batch-averaged gradient of two photos: both come back (after order matching) with their labels."""
   from gradjax.run import config, pipeline
-  results, images = pipeline.run(config.Config(attack="dlg", labels=label_method, image_size=16,
-                                                 index=4, batch_size=2, iterations=1000))
+  results, images = pipeline.run(
+      config.from_options({
+          "attack.preset": "dlg", "attack.labels": label_method, "data.image_size": 16,
+          "data.index": 4, "data.batch_size": 2, "attack.iterations": 1000
+      }))
   psnr = [skimage.metrics.peak_signal_noise_ratio(g.astype(np.float64), r, data_range=1)
           for g, r in zip(images["ground_truth"], images["reconstruction"])]
   assert min(psnr) > 30, psnr

@@ -43,12 +43,16 @@ def test_auto_sets_the_convnets_total_variation_unless_the_user_did():
   assert auto.settings("inverting_gradients_batch", "convnet-16") == {"priors": "tv:5"}
   assert auto.settings("inverting_gradients_batch", "lenet_zhu") == {}
   assert auto.settings("idlg", "convnet") == {}
-  cfg = config.Config(attack="auto", model="convnet-4", iterations=2, batch_size=2, lpips="none")
+  cfg = config.from_options({
+      "attack.preset": "auto", "model.name": "convnet-4", "attack.iterations": 2,
+      "data.batch_size": 2, "output.lpips": "none"
+  })
   results, _ = pipeline.run(cfg)
-  assert results["config"]["priors"] == "tv:5"
+  assert results["config"]["attack"]["priors"] == "tv:5"
   assert results["auto"]["tried"][0]["settings"] == {"priors": "tv:5"}
-  results, _ = pipeline.run(dataclasses.replace(cfg, priors="tv:0.1"))
-  assert results["config"]["priors"] == "tv:0.1" and results["auto"]["tried"][0]["settings"] == {}
+  results, _ = pipeline.run(config.replace(cfg, {"attack.priors": "tv:0.1"}))
+  assert results["config"]["attack"]["priors"] == "tv:0.1" and results["auto"]["tried"][0][
+      "settings"] == {}
 
 
 def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
@@ -141,7 +145,10 @@ def test_reconstruct_auto_stops_at_the_first_match_and_keeps_the_best(photos):
   """--attack=auto on a simulated client: an mlp-1024 batch is matched by the closed form, so nothing
   else runs; through a sigmoid layer the closed form recovers nothing, the next attack runs and the
   one with the lower residual is kept; the verdict names what was tried."""
-  cfg = config.Config(attack="auto", model="mlp-1024", batch_size=8, iterations=5, lpips="none")
+  cfg = config.from_options({
+      "attack.preset": "auto", "model.name": "mlp-1024", "data.batch_size": 8,
+      "attack.iterations": 5, "output.lpips": "none"
+  })
   results, _ = pipeline.run(cfg)
   assert [t["attack"] for t in results["auto"]["tried"]] == ["exclusive_neurons"]
   assert results["auto"]["chosen"] == "exclusive_neurons" and results["verdict"]["status"] == "leak"
@@ -149,10 +156,16 @@ def test_reconstruct_auto_stops_at_the_first_match_and_keeps_the_best(photos):
 
   # Inputs centred by the client: no unit is exclusive at batch 16, the closed form matches nothing,
   # and the batch attack runs after it; the lower residual is kept.
-  assert pipeline.auto_attacks(config.Config(attack="auto", model="mlp-64", act="sigmoid",
-                                             batch_size=2)) == ("inverting_gradients_batch",)
-  centred = config.Config(attack="auto", model="mlp-1024", batch_size=16, iterations=5, lpips="none",
-                          normalization="0.45,0.45,0.45/0.25,0.25,0.25")
+  assert pipeline.auto_attacks(
+      config.from_options({
+          "attack.preset": "auto", "model.name": "mlp-64", "model.act": "sigmoid",
+          "data.batch_size": 2
+      })) == ("inverting_gradients_batch",)
+  centred = config.from_options({
+      "attack.preset": "auto", "model.name": "mlp-1024", "data.batch_size": 16,
+      "attack.iterations": 5, "output.lpips": "none",
+      "data.normalization": "0.45,0.45,0.45/0.25,0.25,0.25"
+  })
   results, _ = pipeline.run(centred)
   tried = results["auto"]["tried"]
   assert [t["attack"] for t in tried] == ["exclusive_neurons", "inverting_gradients_batch"]
@@ -189,22 +202,24 @@ def test_auto_fits_the_presets_iterations_into_its_budget(monkeypatch):
 
   def fake_run(step, callback=None, batch=None, deadline=None):
     deadlines.append(deadline)
-    attack_s = step.iterations * 0.125 + 20.0 * (not runs)
+    attack_s = step.attack.iterations * 0.125 + 20.0 * (not runs)
     clock[0] += 0.5 + attack_s
     runs.append(step)
     if callback is not None:
       callback(types.SimpleNamespace(its_per_s=8.0, alive=1))
     return {"residual": None, "verdict": {"status": "inconclusive", "reason": ""}, "psnr": None,
-            "wall_time_s": attack_s, "iterations": step.iterations,
-            "attack": {"iterations": step.iterations}}, {}
+            "wall_time_s": attack_s, "iterations": step.attack.iterations,
+            "attack": {"iterations": step.attack.iterations}}, {}
 
   monkeypatch.setattr(pipeline, "run", fake_run)
   monkeypatch.setattr(pipeline, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-  results, _ = pipeline._run_auto(config.Config(attack="auto", batch_size=2, budget=100.0), None, None)
-  assert [r.iterations for r in runs] == [pipeline.PROBE_ITERATIONS] * 2 + [620]
+  results, _ = pipeline._run_auto(
+      config.from_options({"attack.preset": "auto", "data.batch_size": 2, "attack.budget": 100.0}),
+      None, None)
+  assert [r.attack.iterations for r in runs] == [pipeline.PROBE_ITERATIONS] * 2 + [620]
   # One-step chunks in the probes, then chunks of 10 s at most; the run's deadline leaves the 0.5 s
   # a run spends after its attack.
-  assert [r.chunk for r in runs] == [1, 1, 80] and deadlines == [None, None, 99.5]
+  assert [r.execution.chunk for r in runs] == [1, 1, 80] and deadlines == [None, None, 99.5]
   probe, = results["auto"]["probes"]
   assert (probe["fitted_iterations"], probe["preset_iterations"]) == (620, 2000)
   assert results["auto"]["tried"][0]["iterations"] == 620 and results["wall_time_s"] == 100.0
@@ -222,8 +237,11 @@ def test_auto_spends_its_budget_on_restarts_of_the_best_attack():
   """--budget: after each candidate ran once, the time left buys restarts of the one that matched
   best; its run is kept only if it matches the update better; the verdict names both runs."""
   with pytest.raises(ValueError, match="--attack=auto"):
-    config.Config(attack="dlg", budget=10.0)
-  cfg = config.Config(attack="auto", batch_size=2, iterations=200, lpips="none", budget=60.0)
+    config.from_options({"attack.preset": "dlg", "attack.budget": 10.0})
+  cfg = config.from_options({
+      "attack.preset": "auto", "data.batch_size": 2, "attack.iterations": 200,
+      "output.lpips": "none", "attack.budget": 60.0
+  })
   results, _ = pipeline.run(cfg)
   tried = results["auto"]["tried"]
   assert [t["attack"] for t in tried] == ["inverting_gradients_batch"] * 2

@@ -222,7 +222,11 @@ def test_shared_statistics_errors():
     observation_lib.check_observation(obs.replace(moments={"BatchNorm_0": obs.moments["BatchNorm_0"]}))
   from gradjax.run import config
   with pytest.raises(ValueError, match="needs --train_mode"):
-    config.check(config.Config(share_statistics=True))
+    config.check(config.from_options({"client.share_statistics": True}))
   with pytest.raises(ValueError, match="does not use"):  # no option that nothing reads
-    config.check(config.Config(share_statistics=True, train_mode=True))
-  config.check(config.Config(share_statistics=True, train_mode=True, priors="tv:1e-2,bn:1e-4"))
+    config.check(config.from_options({"client.share_statistics": True, "client.train_mode": True}))
+  config.check(
+      config.from_options({
+          "client.share_statistics": True, "client.train_mode": True,
+          "attack.priors": "tv:1e-2,bn:1e-4"
+      }))

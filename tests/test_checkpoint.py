@@ -193,15 +193,18 @@ def test_pipeline_attacks_the_checkpointed_model(tmp_path):
   run; a checkpoint for other inputs is refused in one line."""
   from gradjax import models
   from gradjax.run import config, pipeline
-  cfg = config.Config(image_size=16, index=1, iterations=15)
-  key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.index)
+  cfg = config.from_options({"data.image_size": 16, "data.index": 1, "attack.iterations": 15})
+  key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.data.index)
   model = models.create("lenet_zhu", key_model, input_shape=(16, 16, 3), num_classes=10)
   path = tmp_path / "same.npz"
   checkpoint.save(path, model.variables, {"model": "lenet_zhu", "num_classes": 10,
                                           "input_shape": [16, 16, 3]})
   fresh, _ = pipeline.run(cfg)
-  loaded, _ = pipeline.run(config.Config(image_size=16, index=1, iterations=15,
-                                           checkpoint=str(path), model="mlp"))
+  loaded, _ = pipeline.run(
+      config.from_options({
+          "data.image_size": 16, "data.index": 1, "attack.iterations": 15,
+          "model.checkpoint": str(path), "model.name": "mlp"
+      }))
   assert loaded["model"] == "lenet_zhu"
   np.testing.assert_allclose(loaded["loss"], fresh["loss"], rtol=1e-6)
   np.testing.assert_allclose(loaded["psnr"], fresh["psnr"], rtol=1e-6)
@@ -209,9 +212,17 @@ def test_pipeline_attacks_the_checkpointed_model(tmp_path):
   checkpoint.save(tmp_path / "other.npz", other.variables,
                   {"model": "lenet_zhu", "num_classes": 10, "input_shape": [8, 8, 3]})
   with pytest.raises(ValueError, match="holds a model for"):
-    pipeline.run(config.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "other.npz")))
+    pipeline.run(
+        config.from_options({
+            "data.image_size": 16, "attack.iterations": 2,
+            "model.checkpoint": str(tmp_path / "other.npz")
+        }))
   checkpoint.save(tmp_path / "norm.npz", model.variables,
                   {"model": "lenet_zhu", "num_classes": 10, "input_shape": [16, 16, 3],
                    "normalization": "cifar10"})
   with pytest.raises(ValueError, match="normalization 'cifar10'"):
-    pipeline.run(config.Config(image_size=16, iterations=2, checkpoint=str(tmp_path / "norm.npz")))
+    pipeline.run(
+        config.from_options({
+            "data.image_size": 16, "attack.iterations": 2,
+            "model.checkpoint": str(tmp_path / "norm.npz")
+        }))

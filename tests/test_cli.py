@@ -70,7 +70,10 @@ def run_in_one_process(cases):
 
 @pytest.mark.slow
 def test_pipeline_metrics_match_scikit_image():
-  cfg = config.Config(image_size=16, index=4, batch_size=2, iterations=40, attack="dlg")
+  cfg = config.from_options({
+      "data.image_size": 16, "data.index": 4, "data.batch_size": 2, "attack.iterations": 40,
+      "attack.preset": "dlg"
+  })
   results, images = pipeline.run(cfg)
   gt, rec = images["ground_truth"].astype(np.float64), images["reconstruction"]
   psnr = [skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in zip(gt, rec)]
@@ -90,7 +93,10 @@ def test_pipeline_metrics_match_scikit_image():
 def test_a_closed_form_attack_runs_like_the_others():
   """--attack=exclusive_neurons on a batch of 16 photos through mlp-256: scored like any attack
   (PSNR against scikit-image's), each image and label exact, the verdict a leak, no optimisation."""
-  cfg = config.Config(attack="exclusive_neurons", model="mlp-256", batch_size=16, lpips="none")
+  cfg = config.from_options({
+      "attack.preset": "exclusive_neurons", "model.name": "mlp-256", "data.batch_size": 16,
+      "output.lpips": "none"
+  })
   results, images = pipeline.run(cfg)
   gt, rec = images["ground_truth"].astype(np.float64), images["reconstruction"]
   psnr = [skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in zip(gt, rec)]
@@ -111,7 +117,7 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
   for key in ("psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations", "restarts",
               "config", "device"):
     assert key in metrics
-  assert metrics["config"]["model"] == "lenet_zhu" and metrics["iterations"] == 30
+  assert metrics["config"]["model"]["name"] == "lenet_zhu" and metrics["iterations"] == 30
   # The command as typed and the cores, which the studies quote.
   assert metrics["command"] == f"gradjax reconstruct --iterations=30 --image_size=16 --output_dir={out}"
   assert metrics["cores"] >= 1 and metrics["device"].startswith("CPU (")
@@ -427,9 +433,13 @@ def test_config_names_resolve_to_the_attacks_parts():
   import dataclasses
 
   from gradjax import distances, dummy, labels, optimizers, presets
-  assert config.get_attack(config.Config(attack="dlg")) == presets.dlg()
-  cfg = config.Config(attack="sapag", iterations=50, distance="cosine", labels="llg", dummy_init="uniform",
-                        optimizer="adam", learning_rate=0.01, schedule="cosine", box=False, tol=1e-9)
+  assert config.get_attack(config.from_options({"attack.preset": "dlg"})) == presets.dlg()
+  cfg = config.from_options({
+      "attack.preset": "sapag", "attack.iterations": 50, "attack.distance": "cosine",
+      "attack.labels": "llg", "attack.dummy_init": "uniform", "attack.optimizer": "adam",
+      "attack.learning_rate": 0.01, "attack.schedule": "cosine", "attack.box": False,
+      "attack.tol": 1e-9
+  })
   attack = config.get_attack(cfg)
   assert attack.distance is distances.DISTANCES["cosine"] and attack.labels is labels.llg
   assert attack.dummy_init is dummy.uniform and not attack.box and attack.tol == 1e-9
@@ -438,31 +448,41 @@ def test_config_names_resolve_to_the_attacks_parts():
                                        labels=labels.llg, dummy_init=dummy.uniform, box=False, tol=1e-9,
                                        optimizer=optimizers.Named("adam", 0.01, schedule="cosine"))
   # The learning rate alone keeps the preset's optimizer; hfginv's labels are inferred, then known.
-  ig = config.get_attack(config.Config(attack="inverting_gradients", learning_rate=0.5))
+  ig = config.get_attack(
+      config.from_options({"attack.preset": "inverting_gradients", "attack.learning_rate": 0.5}))
   assert ig.optimizer == optimizers.Named("signed_adam", 0.5, schedule="step")
-  assert config.get_attack(config.Config(attack="dlg", labels="hfginv")).labels is labels.known
+  assert config.get_attack(
+      config.from_options({"attack.preset": "dlg",
+                           "attack.labels": "hfginv"})).labels is labels.known
   # SAPAG reads its image label by iDLG; a language model's targets have no head to read: joint.
-  assert config.get_attack(config.Config(attack="sapag")).labels is labels.idlg
-  text = dict(attack="sapag", modality="text", model="transformer", dataset="pydoc")
-  assert config.get_attack(config.Config(**text)).labels is labels.joint
-  assert config.get_attack(config.Config(**text, labels="known")).labels is labels.known
+  assert config.get_attack(config.from_options({"attack.preset": "sapag"})).labels is labels.idlg
+  text = {"attack.preset": "sapag", "data.modality": "text", "model.name": "transformer",
+          "data.dataset": "pydoc"}
+  assert config.get_attack(config.from_options(text)).labels is labels.joint
+  assert config.get_attack(config.from_options({**text,
+                                                "attack.labels": "known"})).labels is labels.known
   with pytest.raises(ValueError, match="unknown distance"):
-    config.get_attack(config.Config(distance="manhattan"))
+    config.get_attack(config.from_options({"attack.distance": "manhattan"}))
   with pytest.raises(ValueError, match="dummy init"):
-    config.get_attack(config.Config(dummy_init="zeros"))
+    config.get_attack(config.from_options({"attack.dummy_init": "zeros"}))
   # --smoothing is a fraction of the budget the preset is built at: steps once the budget is known.
   from gradjax.objectives import Smoothing
-  smooth = config.get_attack(config.Config(attack="inverting_gradients_batch", iterations=300,
-                                           smoothing="0.4,end=1e3"))
+  smooth = config.get_attack(
+      config.from_options({
+          "attack.preset": "inverting_gradients_batch", "attack.iterations": 300,
+          "attack.smoothing": "0.4,end=1e3"
+      }))
   assert smooth.smoothing == Smoothing(until=120, start=2.0, end=1e3)
   for bad in ("1.5", "half", "0.5,until=3", "0.5,start=0", "0.5,end=x"):
     with pytest.raises(ValueError, match="smoothing"):
-      config.get_attack(config.Config(attack="inverting_gradients_batch", smoothing=bad))
+      config.get_attack(
+          config.from_options(
+              {"attack.preset": "inverting_gradients_batch", "attack.smoothing": bad}))
 
 
-def test_flags_are_the_config_fields():
-  """Each Config field is one flag (same default, the field's help); parsed flags build the Config,
-  the attack overrides and the one Execution record."""
+def test_flags_are_the_config_options():
+  """Each option is one flag (its short name, the same default, the option's help); parsed flags
+  build the Config, the attack overrides and the one Execution record."""
   code = textwrap.dedent("""
       import dataclasses, json, sys
       from gradjax.cli import common
@@ -472,16 +492,16 @@ def test_flags_are_the_config_fields():
       flags.FLAGS(["prog", "--lr=0.5", "--strategy=vmap", "--halving_rounds=2", "--chunk=7",
                    "--iterations=9", "--dummy_init=uniform", "--priors=tv:1e-3", "--restarts=3"])
       out = {"fields": [], "missing": []}
-      for f in dataclasses.fields(config.Config):
-        flag = flags.FLAGS[common.flag_name(f)]
-        out["fields"].append([f.name, flag.name, flag.default == f.default, f.metadata["help"] in flag.help])
+      for path in config.paths():
+        f, flag = config.option(path), flags.FLAGS[config.alias(path)]
+        out["fields"].append([path, flag.name, flag.default == f.default, f.metadata["help"] in flag.help])
       cfg = common.config_from_flags()
-      attack, ex = config.get_attack(cfg), cfg.execution()
+      attack, ex = config.get_attack(cfg), cfg.execution.build()
       out["attack"] = [attack.optimizer.name, attack.optimizer.learning_rate, attack.iterations,
                        attack.dummy_init is dummy.uniform,
                        attack.priors == (priors.Prior(priors.PRIORS["tv"], 1e-3, 0),)]
       out["execution"] = [ex.strategy, ex.chunk, ex.halving_rounds, ex.halving_keep, ex.shard]
-      out["restarts"] = cfg.restarts
+      out["restarts"] = cfg.attack.restarts
       print(json.dumps(out))
       """)
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -489,9 +509,12 @@ def test_flags_are_the_config_fields():
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = json.loads(proc.stdout.splitlines()[-1])
   assert all(same_default and same_help for _, _, same_default, same_help in out["fields"])
-  names = {name: flag for name, flag, _, _ in out["fields"]}
-  assert names["learning_rate"] == "lr" and names["train_lr"] == "train_lr"
-  assert all(n == f for n, f in names.items() if n != "learning_rate")
+  names = {path: flag for path, flag, _, _ in out["fields"]}
+  assert names["attack.learning_rate"] == "lr" and names["training.lr"] == "train_lr"
+  assert names["attack.preset"] == "attack" and names["model.name"] == "model"
+  assert all(path.endswith("." + flag) or path == flag for path, flag in names.items()
+             if path not in ("attack.learning_rate", "training.lr", "attack.preset", "model.name",
+                             "client.name", "defense.spec"))
   assert out["attack"] == ["lbfgs", 0.5, 9, True, True]
   assert out["execution"] == ["vmap", 7, 2, 0.5, False] and out["restarts"] == 3
 
@@ -538,8 +561,8 @@ def test_fedavg_client_and_defense_flags(tmp_path):
                      f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   config = json.loads((tmp_path / "metrics.json").read_text())["config"]
-  assert (config["client"], config["local_epochs"], config["defense"]) == ("fedavg", 2,
-                                                                          "clip:1.0,gaussian:1e-6")
+  assert (config["client"]["name"], config["client"]["local_epochs"],
+          config["defense"]["spec"]) == ("fedavg", 2, "clip:1.0,gaussian:1e-6")
   bad = run_program("reconstruct.py", "--client=fedprox", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "unknown client" in bad.stderr
 
@@ -580,7 +603,7 @@ def test_permutation_search_from_the_command_line(tmp_path):
                      "--image_size=8", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   metrics = json.loads((tmp_path / "metrics.json").read_text())
-  assert metrics["candidates"] == 2 and metrics["config"]["permutations"] == 4
+  assert metrics["candidates"] == 2 and metrics["config"]["attack"]["permutations"] == 4
   assert sorted(metrics["labels_reconstructed"]) == sorted(metrics["labels_true"])
   assert sorted(metrics["labels_by_slot"]) == sorted(metrics["labels_true"])
 
@@ -630,7 +653,7 @@ def test_a_sweep_declared_in_a_config_file(tmp_path):
   rows = json.loads((first / "results.json").read_text())["rows"]
   assert [r["options"] for r in rows] == [
       {"data.index": i, "defense.spec": d} for i in (0, 1) for d in (None, "prune:0.5")]
-  assert [(r["config"]["index"], r["config"]["defense"]) for r in rows] == [
+  assert [(r["config"]["data"]["index"], r["config"]["defense"]["spec"]) for r in rows] == [
       (i, d) for i in (0, 1) for d in (None, "prune:0.5")]
   single = tmp_path / "single"
   proc = run_program("reconstruct", f"--config={tmp_path / 'grid.py'}", "--index=1",
@@ -668,7 +691,7 @@ def test_a_run_folder_config_reproduces_the_run(tmp_path):
   options = [(d / "config.py").read_text().split('"""', 1)[1] for d in (first, second)]
   assert options[0] == options[1]
   runs = [json.loads((d / "metrics.json").read_text()) for d in (first, second)]
-  assert runs[0]["config"] == runs[1]["config"] and runs[0]["config"]["iterations"] == 20
+  assert runs[0]["config"] == runs[1]["config"] and runs[0]["config"]["attack"]["iterations"] == 20
   assert runs[0]["psnr"] == runs[1]["psnr"]
   np.testing.assert_array_equal(np.load(first / "reconstruction.npy"),
                                 np.load(second / "reconstruction.npy"))  # bit for bit
@@ -833,7 +856,7 @@ def test_a_study_recipe_variant_chooses_its_sweep(tmp_path):
     proc = run_program("sweep", f"--config={path}:{variant}", *extra, f"--output_dir={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["rows"]
-    assert [r["index"] for r in rows] == indices and rows[0]["config"]["attack"] == attack
+    assert [r["index"] for r in rows] == indices and rows[0]["config"]["attack"]["preset"] == attack
 
 
 # Files an example names that the user writes or an earlier example makes.
@@ -907,4 +930,4 @@ def test_the_lpips_hint_is_the_readmes(monkeypatch):
   monkeypatch.setattr(lpips, "available", lambda net: False)
   assert lpips.INSTALL in pipeline.lpips_absent("alex", object(), (64, 64))
   with pytest.raises(ValueError, match=re.escape(lpips.INSTALL)):
-    config.check(config.Config(lpips="alex"))
+    config.check(config.from_options({"output.lpips": "alex"}))

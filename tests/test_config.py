@@ -10,12 +10,40 @@ from gradjax.run import config
 
 
 def test_every_option_has_one_place_in_the_schema():
-  names = [f.name for f in dataclasses.fields(config.Config)]
-  placed = [*config.TOP, *(n for section in config.SECTIONS.values() for n in section)]
-  assert sorted(placed) == sorted(names)  # each field once, none left out
+  """Each option is one field of one section (or the top-level seed), named by one dotted path, with
+  one short flag no other option takes."""
   paths = config.paths()
-  assert len(set(paths.values())) == len(paths)  # one option, one path
-  assert paths["attack"] == "attack.preset" and paths["iterations"] == "attack.iterations"
+  sections = [f.name for f in dataclasses.fields(config.Config) if f.name != "seed"]
+  assert [p for p in paths if "." not in p] == ["seed"]
+  assert sorted({p.partition(".")[0] for p in paths if "." in p}) == sorted(sections)
+  assert len(paths) == sum(
+      len(dataclasses.fields(getattr(config.Config(), s))) for s in sections) + 1
+  aliases = [config.alias(p) for p in paths]
+  assert len(set(aliases)) == len(aliases)  # one flag, one option
+  assert config.alias("attack.preset") == "attack" and config.alias("attack.learning_rate") == "lr"
+  assert config.alias("training.lr") == "train_lr" and config.alias(
+      "attack.iterations") == "iterations"
+  cfg = config.from_options({"attack.iterations": 7, "client.local_lr": 0.5, "seed": 2})
+  assert (cfg.attack.iterations, cfg.client.local_lr, cfg.seed) == (7, 0.5, 2)
+  assert config.get(cfg, "client.local_lr") == 0.5 and config.options(cfg)["attack.iterations"] == 7
+  assert config.replace(cfg, {"data.index": 3}).data.index == 3 and cfg.data.index == 0
+  with pytest.raises(ValueError, match="must be positive"):
+    config.replace(cfg, {"client.local_lr": -1.0})
+
+
+def test_a_results_record_reads_back_nested_or_flat():
+  """A run records its options nested (config.record); config.recorded reads that, and the flat
+  record of results written before the schema was nested (short names as keys)."""
+  cfg = config.from_options({"attack.preset": "idlg", "model.name": "convnet-8", "training.lr": 0.3,
+                             "attack.learning_rate": 0.1, "data.index": 4})
+  rec = config.record(cfg)
+  assert rec["attack"]["preset"] == "idlg" and rec["model"]["name"] == "convnet-8"
+  assert config.recorded(rec) == config.options(cfg)
+  flat = {"attack": "idlg", "model": "convnet-8", "train_lr": 0.3, "learning_rate": 0.1, "index": 4,
+          "gone": 1}
+  assert config.recorded(flat) == {"attack.preset": "idlg", "model.name": "convnet-8",
+                                   "training.lr": 0.3, "attack.learning_rate": 0.1,
+                                   "data.index": 4}
 
 
 def test_defaults_build_the_default_config():
@@ -24,9 +52,11 @@ def test_defaults_build_the_default_config():
 
 
 def test_a_written_config_reads_back_as_the_same_config():
-  cfg = config.Config(attack="inverting_gradients", model="resnet20-4", iterations=7, image_size=16,
-                      learning_rate=0.25, box=True, priors="tv:1e-4", halving_keep=0.3,
-                      normalization="0.5,0.5,0.5/0.25,0.25,0.25", seed=3, index=2)
+  cfg = config.from_options({
+      "attack.preset": "inverting_gradients", "model.name": "resnet20-4", "attack.iterations": 7,
+      "data.image_size": 16, "attack.learning_rate": 0.25, "attack.box": True,
+      "attack.priors": "tv:1e-4", "execution.halving_keep": 0.3,
+      "data.normalization": "0.5,0.5,0.5/0.25,0.25,0.25", "seed": 3, "data.index": 2})
   namespace = {}
   exec(config.to_python(cfg, comment="a comment\nover two lines"), namespace)
   assert config.from_dict(namespace["get_config"]()) == cfg
@@ -44,7 +74,7 @@ def test_placeholders_take_a_value_of_their_type():
   c.data.image_size = 32
   c.attack.learning_rate = 0.5
   cfg = config.from_dict(c)
-  assert (cfg.image_size, cfg.learning_rate) == (32, 0.5)
+  assert (cfg.data.image_size, cfg.attack.learning_rate) == (32, 0.5)
   with pytest.raises(TypeError):
     c.data.image_size = "big"
 
@@ -56,7 +86,8 @@ def test_each_packaged_config_is_a_valid_experiment(name):
   spec.loader.exec_module(module)
   cfg = config.from_dict(module.get_config())
   # a protocol of its preset (or of a program that runs no attack, or every default)
-  assert name.startswith(cfg.attack) or name in ("batch_labels", "batch_table", "train", "defaults")
+  assert name.startswith(
+      cfg.attack.preset) or name in ("batch_labels", "batch_table", "train", "defaults")
   if name == "defaults":
     assert cfg == config.Config()
   config.check(cfg)  # names resolve: preset, model, dataset
@@ -81,13 +112,15 @@ def test_a_recipe_is_its_options_over_the_defaults():
   an option the schema lacks is refused by name."""
   c = config.overridden({"attack.preset": "sapag", "data.image_size": 32, "model.num_classes": 100})
   cfg = config.from_dict(c)
-  assert (cfg.attack, cfg.image_size, cfg.num_classes) == ("sapag", 32, 100)
-  assert cfg.iterations == config.Config().iterations and cfg.dataset == config.Config().dataset
+  assert (cfg.attack.preset, cfg.data.image_size, cfg.model.num_classes) == ("sapag", 32, 100)
+  assert cfg.attack.iterations == config.Config().attack.iterations
+  assert cfg.data.dataset == config.Config().data.dataset
   with pytest.raises(ValueError, match="'attack.nope'"):
     config.overridden({"attack.nope": 1})
   get_config, get_sweep = config.recipes({"attack.preset": "idlg"}, {
       "a": ("sweep", range(2, 4), {"attack.iterations": 7}), "b": ("reconstruct", None, {})})
-  assert (config.from_dict(get_config("a")).attack, config.from_dict(get_config("a")).iterations) == ("idlg", 7)
+  assert (config.from_dict(get_config("a")).attack.preset,
+          config.from_dict(get_config("a")).attack.iterations) == ("idlg", 7)
   assert get_sweep("a") == [{"data.index": 2}, {"data.index": 3}] and get_sweep("b") is None
   with pytest.raises(ValueError, match="variant 'c'; choose one of a, b"):
     get_sweep("c")

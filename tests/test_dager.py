@@ -1,7 +1,6 @@
 """The span attack (gradjax.dager): its linear algebra against NumPy on matrices of known rank, the
 decode mode of the text models against their full forward pass, and exact recovery end to end."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -256,15 +255,19 @@ def test_cheap_check_is_flax_attention_after_the_prefix(name):
 @pytest.mark.slow
 def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
   from gradjax.run import config, pipeline
-  cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", text_dim=64,
-                      text_heads=4, text_ffn=128, batch_size=3, sequence_length=10)
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+      "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
+      "data.batch_size": 3, "data.sequence_length": 10
+  })
   results = pipeline.run_text(cfg)
   assert results["exact"] == 3 and results["rouge1"] == 1.0 and results["found"] == 3
   assert results["residual"]["relative_error"] < 1e-5  # the found batch's gradient is the update
   assert results["verdict"]["status"] == "leak"
-  for bad in (dict(modality="image", dataset="skimage", model="lenet_zhu"), dict(restarts=2)):
+  for bad in ({"data.modality": "image", "data.dataset": "skimage", "model.name": "lenet_zhu"},
+              {"attack.restarts": 2}):
     with pytest.raises(ValueError, match="dager"):
-      config.check(dataclasses.replace(cfg, **bad))
+      config.check(config.replace(cfg, bad))
 
 
 def test_local_recovery_replays_each_mini_batch_and_stops_where_one_is_missing(monkeypatch):
@@ -296,20 +299,25 @@ def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
   mini-batches: the span attack reads the drifting spans (mini-batch by mini-batch), the sentences
   are exact, and replaying the client's training on them gives its update."""
   from gradjax.run import config, pipeline
-  cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", text_dim=256,
-                      text_heads=4, text_ffn=512, batch_size=2, client="fedavg", local_epochs=3,
-                      local_lr=0.05)
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+      "attack.preset": "dager", "model.text_dim": 256, "model.text_heads": 4, "model.text_ffn": 512,
+      "data.batch_size": 2, "client.name": "fedavg", "client.local_epochs": 3,
+      "client.local_lr": 0.05
+  })
   results = pipeline.run_text(cfg)
   assert results["exact"] == 2 and results["found"] == 2 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5
   assert results["spans"][0]["rank"] > 2 * 15  # the later steps' drift counted in the span
   # Mini-batches of 2 over 4 sentences, two epochs: the second mini-batch is read from the weights
   # that replaying the first one's sentences gives.
-  results = pipeline.run_text(dataclasses.replace(cfg, batch_size=4, local_batch_size=2, local_epochs=2))
+  results = pipeline.run_text(
+      config.replace(
+          cfg, {"data.batch_size": 4, "client.local_batch_size": 2, "client.local_epochs": 2}))
   assert results["exact"] == 4 and results["mini_batches"] == 2 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5
   with pytest.raises(ValueError, match="read by --attack=dager"):
-    dataclasses.replace(cfg, attack="sapag", model="transformer")
+    config.replace(cfg, {"attack.preset": "sapag", "model.name": "transformer"})
 
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)
@@ -405,10 +413,16 @@ def test_a_batch_too_long_to_order_still_leaks_its_words():
   """gpt of width 200 at batch 16 of 15 tokens: 240 prefixes fill the second block's span, the
   first block's still gives the batch's words; the verdict is a leak of the bag, not an error."""
   from gradjax.run import config, pipeline
-  results = pipeline.run_text(config.Config(modality="text", dataset="pydoc", model="gpt",
-                                            attack="dager", batch_size=16))
-  sentences = pipeline.load_sentences(config.Config(modality="text", dataset="pydoc", model="gpt",
-                                                    batch_size=16))
+  results = pipeline.run_text(
+      config.from_options({
+          "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+          "attack.preset": "dager", "data.batch_size": 16
+      }))
+  sentences = pipeline.load_sentences(
+      config.from_options({
+          "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+          "data.batch_size": 16
+      }))
   words = set(sentences.vocabulary.decode(np.unique(sentences.ids)))
   assert "nearly fills" in results["unreadable"] and results["found"] == 0
   assert set(results["words"]) == words and results["word_precision"] == 1.0
@@ -460,19 +474,22 @@ def test_the_pipeline_reads_a_masked_language_models_update():
   and targets reproducing the update); batch 2 gives the words, not their sentences (an encoder
   has no causal order to decode); the optimisation attacks are refused."""
   from gradjax.run import config, pipeline
-  cfg = config.Config(modality="text", dataset="pydoc", model="bert", attack="dager", text_dim=64,
-                      text_heads=4, text_ffn=128, batch_size=1, sequence_length=15)
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
+      "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
+      "data.batch_size": 1, "data.sequence_length": 15
+  })
   results = pipeline.run_text(cfg)
   assert results["exact"] == 1 and results["rouge1"] == 1.0 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5 and results["masked_targets_residual"] < 1e-5
-  results = pipeline.run_text(dataclasses.replace(cfg, batch_size=2))
-  sentences = pipeline.load_sentences(dataclasses.replace(cfg, batch_size=2))
+  results = pipeline.run_text(config.replace(cfg, {"data.batch_size": 2}))
+  sentences = pipeline.load_sentences(config.replace(cfg, {"data.batch_size": 2}))
   assert "bidirectional" in results["unreadable"] and results["found"] == 0
   assert results["word_precision"] == 1.0 and "<mask>" not in results["words"]
   assert set(results["words"]) <= set(sentences.vocabulary.decode(np.unique(sentences.ids)))
   assert results["bag_recall"] >= 0.8 and results["verdict"]["leaks"] == ["bag"]
   with pytest.raises(ValueError, match="masked language model"):
-    config.check(dataclasses.replace(cfg, attack="sapag"))
+    config.check(config.replace(cfg, {"attack.preset": "sapag"}))
 
 
 @pytest.mark.slow
@@ -480,7 +497,11 @@ def test_an_extension_that_stops_is_inconclusive_with_the_position(monkeypatch):
   from gradjax.run import config, pipeline
   stopped = lambda *a, **k: dager.Recovery(np.zeros((0, 15), np.int32), np.zeros(0), [], (), 3, False)
   monkeypatch.setattr(dager, "recover", stopped)
-  results = pipeline.run_text(config.Config(modality="text", dataset="pydoc", model="gpt",
-                                            attack="dager", text_dim=64, text_heads=4, text_ffn=128))
+  results = pipeline.run_text(
+      config.from_options({
+          "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+          "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4,
+          "model.text_ffn": 128
+      }))
   assert results["found"] == 0 and results["verdict"]["status"] == "inconclusive"
   assert "at position 3" in results["verdict"]["reason"]

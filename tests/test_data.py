@@ -119,8 +119,11 @@ def test_tfds_dataset_drives_an_attack():
   _, mock_data = _mock_tfds()
   from gradjax.run import config, pipeline
   with mock_data(num_examples=3):
-    results, images = pipeline.run(config.Config(dataset="tfds:mnist", index=2, iterations=5,
-                                                   image_size=16, lpips="none"))
+    results, images = pipeline.run(
+        config.from_options({
+            "data.dataset": "tfds:mnist", "data.index": 2, "attack.iterations": 5,
+            "data.image_size": 16, "output.lpips": "none"
+        }))
     truth = data.load("tfds:mnist", indices=2, image_size=(16, 16))
   np.testing.assert_array_equal(images["ground_truth"], truth.x)
   assert results["labels_true"] == truth.y.tolist() and np.isfinite(results["psnr"])

@@ -136,7 +136,8 @@ def test_program_with_the_adaptive_attack(tmp_path):
   assert "adaptive" not in none and none["stronger"] == "plain"
   item = json.loads((tmp_path / "items" / "prune_0.5_adaptive_0.json").read_text())
   assert item["attack"]["name"] == "dlg+adaptive" and item["attack"]["distance"] == "euclidean|prune:0.5"
-  assert item["adaptation"] and item["config"]["adaptive"] and item["config"]["defense"] == "prune:0.5"
+  assert item["adaptation"] and item["config"]["attack"]["adaptive"] and item["config"]["defense"][
+      "spec"] == "prune:0.5"
   plain = json.loads((tmp_path / "items" / "prune_0.5_0.json").read_text())
   assert plain["adaptation"] is None and plain["attack"]["name"] == "dlg"
   saved = np.load(tmp_path / "items" / "prune_0.5_adaptive_0.npz")

@@ -230,7 +230,7 @@ def test_dlm_gamma_settings_are_checked():
     with pytest.raises(ValueError, match="gamma"):
       config.parse_gamma(bad)
   with pytest.raises(ValueError, match="--objective=dlm only"):
-    config.get_attack(config.Config(attack="dlg", gamma="init=2"))
+    config.get_attack(config.from_options({"attack.preset": "dlg", "attack.gamma": "init=2"}))
   with pytest.raises(ValueError, match="objectives.Gamma"):
     objectives.ScaledDifference(gamma=2.0)
   with pytest.raises(ValueError, match="first-order"):

@@ -158,11 +158,14 @@ def test_presets_and_rescaled():
     attacks.rescaled(hf, 0)
   # The command line's --iterations scales the preset's steps; explicit --priors are taken as given.
   from gradjax.run import config
-  assert config.get_attack(config.Config(attack="hfginv", iterations=3000)) == small
-  assert config.get_attack(config.Config(attack="hfginv", iterations=3000,
-                                             priors="tv:0.1:7")).priors == (priors.Prior(tv, 0.1, 7),)
+  assert config.get_attack(
+      config.from_options({"attack.preset": "hfginv", "attack.iterations": 3000})) == small
+  assert config.get_attack(
+      config.from_options(
+          {"attack.preset": "hfginv", "attack.iterations": 3000,
+           "attack.priors": "tv:0.1:7"})).priors == (priors.Prior(tv, 0.1, 7),)
   ig = presets.inverting_gradients()
-  assert config.get_attack(config.Config(attack="inverting_gradients", iterations=100)) == \
+  assert config.get_attack(config.from_options({"attack.preset": "inverting_gradients", "attack.iterations": 100})) == \
       dataclasses.replace(ig, iterations=100)
 
 
@@ -332,17 +335,19 @@ def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
   attack with them known; too few images is a one-line error."""
   from gradjax import data, labels
   from gradjax.run import config, pipeline
-  cfg = config.Config(model="resnet8", batch_size=2, index=3, aux=4, labels="hfginv", iterations=2,
-                        lpips="none")
+  cfg = config.from_options({
+      "model.name": "resnet8", "data.batch_size": 2, "data.index": 3, "attack.aux": 4,
+      "attack.labels": "hfginv", "attack.iterations": 2, "output.lpips": "none"
+  })
   results, _ = pipeline.run(cfg)
   batch = data.load("skimage", indices=range(3, 5))
   aux = data.load("skimage", indices=range(5, 9))
-  key_model, key_attack, _ = pipeline.experiment_keys(cfg.seed, cfg.index)
+  key_model, key_attack, _ = pipeline.experiment_keys(cfg.seed, cfg.data.index)
   model = models.create("resnet8", key_model, input_shape=batch.x.shape[1:], num_classes=batch.num_classes)
   obs = clients.fedsgd(model.apply_fn, model.variables, jnp.asarray(batch.x), jnp.asarray(batch.y))
   want = labels.hfginv(obs, labels.feature_profile(model.apply_fn, model.variables, jnp.asarray(aux.x)),
                        jax.random.fold_in(key_attack, 1))
   assert sorted(results["labels_reconstructed"]) == sorted(np.asarray(want).tolist())
-  assert results["config"]["labels"] == "hfginv"
+  assert results["config"]["attack"]["labels"] == "hfginv"
   with pytest.raises(ValueError, match="--aux 40 images after the batch"):
-    pipeline.run(dataclasses.replace(cfg, aux=40))
+    pipeline.run(config.replace(cfg, {"attack.aux": 40}))

@@ -395,12 +395,17 @@ def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photo
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([1]))
   interop.save_weights(tmp_path / "w.safetensors", model)
   interop.save_observation(tmp_path / "g.safetensors", obs, interop.zoo_mapping(model), model)
-  cfg = config.Config(weights=str(tmp_path / "w.safetensors"), observation=str(tmp_path / "g.safetensors"),
-                      channels=1)
+  cfg = config.from_options({
+      "model.weights": str(tmp_path / "w.safetensors"),
+      "client.observation": str(tmp_path / "g.safetensors"), "data.channels": 1
+  })
   with pytest.raises(ValueError, match="--channels=1, but the captured model takes 3-channel inputs"):
     pipeline._captured(cfg, None)
-  assert pipeline._captured(config.Config(weights=cfg.weights, observation=cfg.observation, channels=3),
-                            None)[0].input_shape[-1] == 3
+  assert pipeline._captured(
+      config.from_options({
+          "model.weights": cfg.model.weights, "client.observation": cfg.client.observation,
+          "data.channels": 3
+      }), None)[0].input_shape[-1] == 3
 
 
 @pytest.mark.isolated  # imports torch

@@ -230,7 +230,11 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
     row = malicious.server_row(n, k)
     assert row["expected_exact"] == pytest.approx(alone, rel=0.01) and row["examples"] == n
   from gradjax.run import config, pipeline
-  results, _ = pipeline.run(config.Config(attack="dlg", iterations=2, batch_size=2, lpips="none"))
+  results, _ = pipeline.run(
+      config.from_options({
+          "attack.preset": "dlg", "attack.iterations": 2, "data.batch_size": 2,
+          "output.lpips": "none"
+      }))
   assert results["malicious_server"]["examples"] == 2
   assert results["malicious_server"]["expected_exact"] == pytest.approx(2 * (1024 / 1025) ** 2)
   # A FedAvg client of several mini-batch steps exposes its first step's examples (the study's
@@ -239,9 +243,12 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
   assert row["exposed"] == 16 and row["expected_exact"] == pytest.approx(16 * (512 / 513) ** 16)
   with pytest.raises(ValueError, match="does not fit"):
     malicious.server_row(8, 512, first_step=16)
-  results, _ = pipeline.run(config.Config(attack="inverting_gradients_fedavg", iterations=2,
-                                          batch_size=4, client="fedavg", local_batch_size=2,
-                                          lpips="none"))
+  results, _ = pipeline.run(
+      config.from_options({
+          "attack.preset": "inverting_gradients_fedavg", "attack.iterations": 2,
+          "data.batch_size": 4, "client.name": "fedavg", "client.local_batch_size": 2,
+          "output.lpips": "none"
+      }))
   assert results["malicious_server"]["exposed"] == 2
 
 

@@ -157,38 +157,40 @@ def test_a_failing_save_is_reported_not_fatal(tmp_path):
 
 
 def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
-  """A table's item saved before a Config field was added (its config lacks the key) is read back
-  when the field has its default, and refused when it does not."""
-  import dataclasses
+  """A table's item saved before an option was added (its config lacks the key) is read back
+  when the option has its default, and refused when it does not."""
   import json
 
   from gradjax.run import campaign, config
-  cfg = config.Config(modality="text", model="transformer", dataset="pydoc", iterations=3)
+  cfg = config.from_options({
+      "data.modality": "text", "model.name": "transformer", "data.dataset": "pydoc",
+      "attack.iterations": 3
+  })
   saved = config.fingerprint(cfg)
-  del saved["aux"]  # a field added after this item was saved
+  del saved["attack.aux"]  # an option added after this item was saved
   (tmp_path / "item.json").write_text(json.dumps({"config": saved, "wall_time_s": 1.0}))
   results, images = campaign.Items._read(str(tmp_path / "item"), cfg)
   assert results["wall_time_s"] == 1.0 and images == {}
   with pytest.raises(ValueError, match="computed with other settings"):
-    campaign.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, aux=8))
+    campaign.Items._read(str(tmp_path / "item"), config.replace(cfg, {"attack.aux": 8}))
 
 
 def test_items_read_back_under_another_restart_strategy(tmp_path):
   """An item finished on an accelerator (strategy auto) is read back by a run that resumes the
   table's unfinished item on a CPU with --strategy=vmap (how restarts are scheduled is not what they
   compute); another attack setting is still refused."""
-  import dataclasses
   import json
 
   from gradjax.run import campaign, config
-  cfg = config.Config(iterations=3)
+  cfg = config.from_options({"attack.iterations": 3})
   (tmp_path / "item.json").write_text(json.dumps({"config": config.fingerprint(cfg), "psnr": 30.0}))
   np.savez(tmp_path / "item.npz", ground_truth=np.zeros((1, 2, 2, 3)), reconstruction=np.ones((1, 2, 2, 3)))
-  for other in (dict(strategy="vmap"), dict(strategy="map", map_batch_size=4)):
-    results, _ = campaign.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, **other))
+  for other in ({"execution.strategy": "vmap"},
+                {"execution.strategy": "map", "execution.map_batch_size": 4}):
+    results, _ = campaign.Items._read(str(tmp_path / "item"), config.replace(cfg, other))
     assert results["psnr"] == 30.0
   with pytest.raises(ValueError, match="computed with other settings"):
-    campaign.Items._read(str(tmp_path / "item"), dataclasses.replace(cfg, iterations=4))
+    campaign.Items._read(str(tmp_path / "item"), config.replace(cfg, {"attack.iterations": 4}))
 
 
 def test_trace_rows_start_at_the_first_best_iterate(tmp_path):

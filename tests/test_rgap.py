@@ -85,8 +85,11 @@ def test_auto_runs_rgap_first_on_a_relu_lenet():
   (R-GAP's);
   scored against scikit-image's PSNR, the verdict a leak."""
   from gradjax.run import config, pipeline
-  results, images = pipeline.run(config.Config(attack="auto", act="relu", index=2, lpips="none",
-                                               iterations=200))  # Inverting Gradients' budget
+  results, images = pipeline.run(
+      config.from_options({
+          "attack.preset": "auto", "model.act": "relu", "data.index": 2, "output.lpips": "none",
+          "attack.iterations": 200
+      }))  # Inverting Gradients' budget
   tried = results["auto"]["tried"]
   assert [t["attack"] for t in tried] == ["rgap", "inverting_gradients_batch"]
   assert results["auto"]["chosen"] == min(tried, key=lambda t: t["residual"])["attack"] == "rgap"

@@ -90,11 +90,12 @@ def test_config_of_a_recorded_sweep_runs_it_again(studies, tmp_path):
   module = types.ModuleType("written")
   exec(studies.config_of(str(tmp_path / "run")), module.__dict__)
   cfg = config.from_dict(module.get_config())
-  assert (cfg.attack, cfg.dataset, cfg.restarts, cfg.iterations) == ("idlg", "cifar10", 3, None)
+  assert (cfg.attack.preset, cfg.data.dataset, cfg.attack.restarts,
+          cfg.attack.iterations) == ("idlg", "cifar10", 3, None)
   assert module.get_sweep() == [{"data.index": 4}, {"data.index": 6}]
   rows[1]["config"]["restarts"] = 1
   _write(tmp_path / "run" / "results.json", {"rows": rows})
-  with pytest.raises(ValueError, match="differ in restarts"):
+  with pytest.raises(ValueError, match=r"differ in attack\.restarts"):
     studies.config_of(str(tmp_path / "run"))
 
 

@@ -95,8 +95,11 @@ def test_chance_is_the_guess_from_the_other_sentences():
   """pipeline.chance: the guesses are made from the pool without the client's sentences, and scored
   against each of them (plain Counter arithmetic here)."""
   from gradjax.run import config, pipeline
-  batch = pipeline.load_sentences(config.Config(modality="text", dataset="pydoc", model="transformer",
-                                                          batch_size=2, index=3))
+  batch = pipeline.load_sentences(
+      config.from_options({
+          "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
+          "data.batch_size": 2, "data.index": 3
+      }))
   assert batch.others.shape == (batch.pool - 2, 15)
   assert not any((batch.others == s).all(1).any() for s in batch.ids)
   got = pipeline.chance(batch)
@@ -167,14 +170,17 @@ def test_a_text_client_reads_byte_pair_sentences():
   ids of a vocabulary of those pieces; a checkpoint (a word vocabulary) with --tokenizer is refused."""
   pytest.importorskip("sentencepiece")
   from gradjax.run import config, pipeline
-  cfg = config.Config(modality="text", dataset="pydoc", model="gpt", attack="dager", batch_size=2,
-                      sequence_length=12, tokenizer="bpe:1000", index=3)
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+      "attack.preset": "dager", "data.batch_size": 2, "data.sequence_length": 12,
+      "data.tokenizer": "bpe:1000", "data.index": 3
+  })
   sentences = pipeline.load_sentences(cfg)
   pool = corpus.of_length(corpus.subwords(corpus.sentences("pydoc"), 1000), 12)
   assert sentences.pool == len(pool)
   assert [sentences.vocabulary.decode(s) for s in sentences.ids] == pool[3:5]
   with pytest.raises(ValueError, match="drop --tokenizer"):
-    dataclasses.replace(cfg, checkpoint="x.npz")
+    config.replace(cfg, {"model.checkpoint": "x.npz"})
 
 
 def test_wikitext2_when_present():

@@ -427,7 +427,7 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
                    f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
-  config = result["config"]
+  config = result["config"]["training"]
   assert (config["nesterov"], config["lr_milestones"], config["lr_gamma"], config["augment"]) == (
       True, "1", 0.5, True)
   ds = data.load("lfw_subset")
@@ -460,7 +460,7 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
   proc = run_train("--model=mlp", "--epochs=1", "--train_lr=0.05", "--normalization=mnist", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
-  assert result["config"]["normalization"] == "mnist" and result["cores"] >= 1
+  assert result["config"]["data"]["normalization"] == "mnist" and result["cores"] >= 1
   assert result["command"].startswith("gradjax train --model=mlp")
   ds = data.load("lfw_subset")
   test_idx = np.array(result["test_indices"])

@@ -120,8 +120,12 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
   # The sigmoid client: a leak without ground truth at an audit's budget for DLG, and the
   # reconstruction is the client's photo (scored here by scikit-image).
   from gradjax.run import config, pipeline
-  results, images = pipeline.run(config.Config(weights=str(sigmoid[0]), observation=str(sigmoid[1]),
-                                               model=None, dataset=None, lpips="none", iterations=6000))
+  results, images = pipeline.run(
+      config.from_options({
+          "model.weights": str(sigmoid[0]), "client.observation": str(sigmoid[1]),
+          "model.name": None, "data.dataset": None, "output.lpips": "none",
+          "attack.iterations": 6000
+      }))
   assert results["verdict"]["status"] == "leak", results["verdict"]
   assert skimage.metrics.peak_signal_noise_ratio(x, images["reconstruction"], data_range=1.0) >= 30
 

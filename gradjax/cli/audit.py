@@ -45,8 +45,10 @@ flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: 
 flags.DEFINE_bool("resume", False, common.RESUME_HELP)  # captures with rows.json of the same options
 # The options of the schema it reads (gradjax.run.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
-common.define_flags(fields=("model", "rename", "dataset", "data_dir", "image_size", "normalization",
-                            "iterations", "restarts", "lpips", "force", "adaptive"))
+common.define_flags(
+    fields=("model.name", "model.rename", "data.dataset", "data.data_dir", "data.image_size",
+            "data.normalization", "attack.iterations", "attack.restarts", "output.lpips",
+            "client.force", "attack.adaptive"))
 common.define_launch_flags(collectives=False)  # captures split over processes
 flags.adopt_module_key_flags(common)
 
@@ -80,23 +82,25 @@ def main(argv):
   except ValueError as e:
     common.fail(str(e))
   common.print_config(o)
-  if o["restarts"] < 1 or (o["iterations"] is not None and o["iterations"] < 1):
+  if o["attack.restarts"] < 1 or (o["attack.iterations"] is not None and
+                                  o["attack.iterations"] < 1):
     common.fail("--restarts and --iterations must be positive")
   try:
-    if o["normalization"] is not None:
-      data.normalization(o["normalization"])
-    if o["dataset"]:  # asked for: it must load, or every score would be blank
-      data.load(o["dataset"], data_dir=o["data_dir"], indices=[0])
+    if o["data.normalization"] is not None:
+      data.normalization(o["data.normalization"])
+    if o["data.dataset"]:  # asked for: it must load, or every score would be blank
+      data.load(o["data.dataset"], data_dir=o["data.data_dir"], indices=[0])
   except (ValueError, FileNotFoundError) as e:
-    common.fail(f"--dataset={o['dataset']}: {e}" if o["dataset"] and "normalization" not in str(e)
-                else str(e))
-  if o["lpips"] not in config.LPIPS:
-    common.fail(f"unknown --lpips {o['lpips']!r}; choose one of {', '.join(config.LPIPS)}")
+    common.fail(f"--dataset={o['data.dataset']}: {e}"
+                if o["data.dataset"] and "normalization" not in str(e) else str(e))
+  if o["output.lpips"] not in config.LPIPS:
+    common.fail(f"unknown --lpips {o['output.lpips']!r}; choose one of {', '.join(config.LPIPS)}")
   try:
     rounds = None if not f.rounds else [int(r) for r in f.rounds.split(",") if r.strip()]
   except ValueError:
     common.fail(f"--rounds takes comma-separated integers, got {f.rounds!r}")
-  settings = audit.Settings(attacks=names, **{name: o[name] for name in audit.Settings._fields
+  by_flag = {config.alias(path): value for path, value in o.items()}
+  settings = audit.Settings(attacks=names, **{name: by_flag[name] for name in audit.Settings._fields
                                               if name != "attacks"})
   try:
     found = audit.select(f.audit_dir, rounds)

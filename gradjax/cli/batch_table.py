@@ -50,9 +50,11 @@ from gradjax import attacks, checkpoint, clients, data, files, labels, metrics, 
 from gradjax.run import pipeline, report
 
 # The options of the schema it reads (gradjax.run.config); its protocol is gradjax/configs/batch_table.py.
-common.define_flags("batch_table", fields=("checkpoint", "data_dir", "batch_size", "pool",
-                                           "classes_per_batch", "aux", "iterations", "train_mode",
-                                           "share_statistics"))
+common.define_flags(
+    "batch_table",
+    fields=("model.checkpoint", "data.data_dir", "data.batch_size", "sampling.pool",
+            "sampling.classes_per_batch", "attack.aux", "attack.iterations", "client.train_mode",
+            "client.share_statistics"))
 common.define_table_flags(psnr=False)
 flags.DEFINE_list("batches", None, "Attack only these batch numbers (0-based) in this call, e.g. to "
                   "share the ablation between processes; a later --resume call without it reads them back.")
@@ -97,19 +99,20 @@ def main(argv):
     cfg = common.config_from_flags()
   except ValueError as e:
     common.fail(str(e))
-  if not cfg.checkpoint:
+  if not cfg.model.checkpoint:
     common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --train_mode)")
-  if cfg.share_statistics and not cfg.train_mode:
+  if cfg.client.share_statistics and not cfg.client.train_mode:
     common.fail("--share_statistics needs --train_mode (in evaluation mode the statistics stay as sent)")
   if f.start < 0:
     common.fail(f"--start must be a test image's index (>= 0), got {f.start}")
-  if f.count < 1 or cfg.aux < 1 or cfg.iterations is None or cfg.iterations < 1:
-    common.fail(f"--count, --aux and --iterations must be positive, got {f.count}, {cfg.aux} and "
-                f"{cfg.iterations}")
+  if f.count < 1 or cfg.attack.aux < 1 or cfg.attack.iterations is None or cfg.attack.iterations < 1:
+    common.fail(
+        f"--count, --aux and --iterations must be positive, got {f.count}, {cfg.attack.aux} and "
+        f"{cfg.attack.iterations}")
   for name in ("bn", "tv"):
     if getattr(f, name) is not None and getattr(f, name) < 0:
       common.fail(f"--{name} must be a weight (>= 0), got {getattr(f, name)}")
-  table = variants(cfg.iterations, f.bn, f.tv)
+  table = variants(cfg.attack.iterations, f.bn, f.tv)
   keys = list(table) if f.variants == "all" else [] if f.variants == "none" else \
       [k.strip() for k in f.variants.split(",") if k.strip()]
   if any(k not in table for k in keys):
@@ -124,8 +127,8 @@ def main(argv):
   os.makedirs(os.path.join(out, "items"), exist_ok=True)
   start = time.perf_counter()
   try:
-    model = checkpoint.load_model(cfg.checkpoint, conv="auto")
-    meta = checkpoint.read_metadata(cfg.checkpoint)
+    model = checkpoint.load_model(cfg.model.checkpoint, conv="auto")
+    meta = checkpoint.read_metadata(cfg.model.checkpoint)
     if f.head_classes is not None and (f.head != "fresh" or f.head_classes < 10):
       raise ValueError(f"--head_classes needs --head=fresh and at least CIFAR-10's 10 classes, got "
                        f"{f.head_classes}")
@@ -136,15 +139,18 @@ def main(argv):
       params = {**model.variables["params"], "head": fresh.variables["params"]["head"]}
       model = fresh._replace(variables={**model.variables, "params": params})
     if "batch_stats" not in model.variables:
-      raise ValueError(f"{cfg.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode")
+      raise ValueError(
+          f"{cfg.model.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode"
+      )
     norm = data.normalization(meta.get("normalization", "none"))
-    source = data.load("cifar10", data_dir=cfg.data_dir,
-                       indices=range(f.start, f.start + cfg.pool + cfg.aux))
-    pool_y = source.y[:cfg.pool]
+    source = data.load("cifar10", data_dir=cfg.data.data_dir,
+                       indices=range(f.start, f.start + cfg.sampling.pool + cfg.attack.aux))
+    pool_y = source.y[:cfg.sampling.pool]
     rng = np.random.default_rng(cfg.seed)
-    batches = data.duplicate_label_batches(pool_y, source.num_classes, f.count, cfg.batch_size,
-                                           cfg.classes_per_batch, rng)  # positions in source
-    aux = jnp.asarray(data.normalize(source.x[cfg.pool:], norm))
+    batches = data.duplicate_label_batches(pool_y, source.num_classes, f.count, cfg.data.batch_size,
+                                           cfg.sampling.classes_per_batch,
+                                           rng)  # positions in source
+    aux = jnp.asarray(data.normalize(source.x[cfg.sampling.pool:], norm))
     profile = labels.feature_profile(model.apply_fn, model.variables, aux)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
@@ -156,8 +162,8 @@ def main(argv):
     x_true, y = source.x[batches[b]], source.y[batches[b]]
     return x_true, y, clients.fedsgd(model.apply_fn, model.variables,
                                      jnp.asarray(data.normalize(x_true, norm)), jnp.asarray(y),
-                                     train=cfg.train_mode, share_labels=True,
-                                     share_statistics=cfg.share_statistics)
+                                     train=cfg.client.train_mode, share_labels=True,
+                                     share_statistics=cfg.client.share_statistics)
 
   def item(key, b):
     return os.path.join(out, "items", f"{key}_{b}")
@@ -219,12 +225,17 @@ def main(argv):
         grid = [x_true] if grid is None else grid
         grid.append(x_rec)
   wall = time.perf_counter() - start
-  info = {**common.provenance(), "checkpoint": cfg.checkpoint, "model": meta.get("model"), "epoch": meta.get("epoch"),
-          "test_accuracy": meta.get("accuracy"), "head": f.head, "train_mode": cfg.train_mode,
-          "share_statistics": cfg.share_statistics,
-          "head_classes": int(model.num_classes), "count": f.count, "batch_size": cfg.batch_size,
-          "classes_per_batch": cfg.classes_per_batch, "start": f.start, "pool": cfg.pool, "aux": cfg.aux, "iterations": cfg.iterations,
-          "bn": f.bn, "tv": f.tv, "batches": (batches + f.start).tolist(), "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
+  info = {
+      **common.provenance(), "checkpoint": cfg.model.checkpoint, "model": meta.get("model"),
+      "epoch": meta.get("epoch"), "test_accuracy": meta.get("accuracy"), "head": f.head,
+      "train_mode": cfg.client.train_mode, "share_statistics": cfg.client.share_statistics,
+      "head_classes": int(model.num_classes), "count": f.count, "batch_size": cfg.data.batch_size,
+      "classes_per_batch": cfg.sampling.classes_per_batch, "start": f.start,
+      "pool": cfg.sampling.pool, "aux": cfg.attack.aux, "iterations": cfg.attack.iterations,
+      "bn": f.bn, "tv": f.tv, "batches":
+          (batches + f.start).tolist(), "attacked": sorted(only or
+                                                           range(f.count)), "wall_time_s": wall
+  }
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
                     "exact": int(sum(r["exact"] for r in rows)), "batches": len(rows),
                     "error": next((r["error"] for r in rows if "error" in r), None)}

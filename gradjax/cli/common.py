@@ -2,7 +2,6 @@
 ``config.Config``."""
 
 import atexit
-import dataclasses
 import datetime
 import glob
 import logging as py_logging
@@ -39,7 +38,7 @@ def cpu_model() -> str:
 
 
 DEFAULT_CONFIG: list[str] = []  # the program's default configuration (define_flags)
-FIELDS: list[str] = []  # the options of the schema the program reads (define_flags)
+FIELDS: list[str] = []  # the options (dotted paths) the program reads (define_flags)
 
 # The command as typed: gradjax.cli.main sets ["gradjax", "<command>"] and the command's docstring; a
 # module run as a script (a study in experiments/) is "python <its path>".
@@ -73,42 +72,30 @@ def provenance() -> dict:
           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
 
-def flag_name(field: dataclasses.Field) -> str:
-  """The command-line flag of a :class:`gradjax.run.config.Config` field."""
-  return field.metadata["flag"] or field.name
-
-
 def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None,
                  omit: tuple[str, ...] = (), fields: tuple[str, ...] | None = None):
-  """Defines one flag per :class:`gradjax.run.config.Config` field (its name, default and help come
-  from the field; ``--help`` lists them by section of the nested schema), ``--config`` (a
-  configuration file, :mod:`gradjax.run.config`; ``--config.<section>.<key>=...`` overrides one of its
-  options), ``--print_config``, then the process settings (compilation cache, multi-host).
+  """Defines a flag per option of :class:`gradjax.run.config.Config` the program reads (its short
+  name, :func:`gradjax.run.config.alias`; default and help from the option; ``--help`` lists them by
+  section), ``--config`` (a configuration file, :mod:`gradjax.run.config`;
+  ``--config.<section>.<key>=...`` overrides one of its options), ``--print_config``, then the process
+  settings (compilation cache, multi-host).
 
   ``default_config``: a packaged configuration (``gradjax.configs``) read when no ``--config`` is
   given: a table program's protocol (its options keep their one default; the protocol's values
   come from the configuration, which ``--print_config`` shows). ``sections``: only the options of
   these sections (and ``seed``) become flags, for programs that read no others (a configuration
   file may still set any option; the others keep their defaults); by default an attack's sections
-  (``config.ATTACK_SECTIONS``). ``omit``: options of those sections the program does not read.
-  ``fields``: instead of sections, the options it reads (and ``seed``)."""
+  (``config.ATTACK_SECTIONS``). ``omit``: options (dotted paths) of those sections the program does
+  not read. ``fields``: instead of sections, the options it reads (dotted paths; ``seed`` too)."""
   DEFAULT_CONFIG[:] = [default_config] if default_config else []
   sections = config.ATTACK_SECTIONS if sections is None else sections
+  if fields is not None:
+    for path in fields:
+      config.option(path)
   FIELDS[:] = (config.names(sections, omit) if fields is None else
-               [name for name in config.names(tuple(config.SECTIONS)) if name in ("seed", *fields)])
-  define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
-            str: flags.DEFINE_string}
-  paths = config.paths()
-  for field in dataclasses.fields(Config):
-    if field.name not in FIELDS:
-      continue
-    help_text, choices = field.metadata["help"], field.metadata["choices"]
-    help_text += f" [--config.{paths[field.name]}]"
-    group = f"{config.section(field.name) or 'experiment'} options"
-    if choices is not None:
-      flags.DEFINE_enum(flag_name(field), field.default, list(choices), help_text, module_name=group)
-    else:
-      define[config.field_type(field)](flag_name(field), field.default, help_text, module_name=group)
+               [p for p in config.paths() if p in ("seed", *fields)])
+  for path in FIELDS:
+    _define_option(path, f" [--config.{path}]", f"{config.section(path) or 'experiment'} options")
   config_flags.DEFINE_config_file(
       "config", configs.path(default_config) if default_config else None,
       f"Configuration: a packaged one's name ({', '.join(configs.NAMES)}) or a "
@@ -192,64 +179,79 @@ def _excepthook_over_processes(kind, value, tb):
   distributed.fail(f"{kind.__name__}: {value}", 1)
 
 
+def _define_option(path: str, suffix: str = "", group: str | None = None) -> flags.FlagHolder:
+  """The flag of option ``path`` (:func:`gradjax.run.config.alias`), its default, help (+ ``suffix``)
+  and choices from the schema."""
+  field = config.option(path)
+  name, help_text, choices = config.alias(
+      path), field.metadata["help"] + suffix, field.metadata["choices"]
+  kw = {} if group is None else {"module_name": group}
+  if choices is not None:
+    return flags.DEFINE_enum(name, field.default, list(choices), help_text, **kw)
+  define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
+            str: flags.DEFINE_string}[config.option_type(path)]
+  return define(name, field.default, help_text, **kw)
+
+
 def _values_given() -> tuple[dict, set[str]]:
-  """(Config field -> value, the fields the user chose) of the parsed flags: set by a flag given, or
+  """(dotted path -> value, the options the user chose) of the parsed flags: set by a flag given, or
   by ``--config`` or ``--config.<path>`` to another value than the program's default (the schema's,
   with the program's default configuration over it)."""
   f = flags.FLAGS
-  fields = dataclasses.fields(Config)
-  values = {field.name: field.default for field in fields}
+  values = {path: config.option(path).default for path in config.paths()}
   chosen = set()
   if f.config is not None:
     baseline = dict(values)
     if DEFAULT_CONFIG and not f["config"].present:
       baseline.update(config.given(configs.get(DEFAULT_CONFIG[0])))
     from_file = config.given(f.config)
-    chosen |= {name for name, value in from_file.items() if value != baseline[name]}
+    chosen |= {path for path, value in from_file.items() if value != baseline[path]}
     values.update(from_file)
-  for field in fields:
-    if flag_name(field) in f and f[flag_name(field)].present:
-      values[field.name] = f[flag_name(field)].value
-      chosen.add(field.name)
+  for path in FIELDS:
+    name = config.alias(path)
+    if name in f and f[name].present:
+      values[path] = f[name].value
+      chosen.add(path)
   return values, chosen
 
 
 def options_given() -> set[str]:
-  """The :class:`gradjax.run.config.Config` fields that ``--config`` or a flag set (to check options a
-  protocol does not use)."""
+  """The options (dotted paths) that ``--config`` or a flag set (to check options a protocol does
+  not use)."""
   return _values_given()[1]
 
 
-def options_from_flags(captured: bool = False, **overrides) -> dict[str, Any]:
-  """Config field -> value of the parsed flags: the defaults, then ``--config``'s options, then the
+def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None = None
+                       ) -> dict[str, Any]:
+  """Dotted path -> value of the parsed flags: the defaults, then ``--config``'s options, then the
   short flags given, then ``overrides``. With captured files (--weights/--observation, or
   ``captured``: the program attacks captures) --model and --dataset default to the files' metadata
   and to no ground truth unless given; with --modality=text to transformer and pydoc (and the
   training split to the corpus's last tenth)."""
   values, chosen = _values_given()
-  if captured or values["weights"] or values["observation"]:
-    for name in ("model", "dataset"):
-      if name not in chosen:
-        values[name] = None
-  if values["modality"] == "text":  # the text defaults: SAPAG's transformer on Python's docs
-    for name, default in (("model", "transformer"), ("dataset", "pydoc"), ("train_count", None),
-                          ("test_count", None)):
-      if name not in chosen:
-        values[name] = default
-  values.update(overrides)
+  if captured or values["model.weights"] or values["client.observation"]:
+    for path in ("model.name", "data.dataset"):
+      if path not in chosen:
+        values[path] = None
+  if values["data.modality"] == "text":  # the text defaults: SAPAG's transformer on Python's docs
+    for path, default in (("model.name", "transformer"), ("data.dataset", "pydoc"),
+                          ("training.train_count", None), ("training.test_count", None)):
+      if path not in chosen:
+        values[path] = default
+  values.update(overrides or {})
   return values
 
 
-def config_from_flags(**overrides) -> Config:
+def config_from_flags(overrides: dict[str, Any] | None = None) -> Config:
   """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. With ``--print_config``:
   prints it and exits 0."""
-  cfg = Config(**options_from_flags(**overrides))
+  cfg = config.from_options(options_from_flags(overrides=overrides))
   print_config(cfg)
   return cfg
 
 
 def print_config(options: Config | dict[str, Any]) -> None:
-  """With ``--print_config``: prints ``options`` (the program's fields) as a configuration file and
+  """With ``--print_config``: prints ``options`` (the program's options) as a configuration file and
   exits 0."""
   if flags.FLAGS.print_config:
     print(config.to_python(options, comment="The resolved configuration (--print_config).",
@@ -317,20 +319,10 @@ def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = Non
   files.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 
-def define_fields(*names: str) -> dict[str, flags.FlagHolder]:
-  """Flags for these :class:`gradjax.run.config.Config` fields (their names, defaults and help), for
-  programs that measure rather than run an experiment (no ``--config``); field -> its flag."""
-  define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
-            str: flags.DEFINE_string}
-  out = {}
-  for field in dataclasses.fields(Config):
-    if field.name in names:
-      choices = field.metadata["choices"]
-      out[field.name] = (
-          flags.DEFINE_enum(flag_name(field), field.default, list(choices), field.metadata["help"])
-          if choices is not None else
-          define[config.field_type(field)](flag_name(field), field.default, field.metadata["help"]))
-  return out
+def define_fields(*paths: str) -> dict[str, flags.FlagHolder]:
+  """Flags for these options (dotted paths; their short names, defaults and help), for programs that
+  measure rather than run an experiment (no ``--config``); path -> its flag."""
+  return {path: _define_option(path) for path in paths}
 
 
 def define_results_file_flag() -> flags.FlagHolder:
@@ -594,7 +586,3 @@ def grouped_help() -> str:
       parts += [f"{title}:", body, ""]
   parts.append("--helpfull lists absl's own flags too.")
   return "\n".join(parts)
-
-
-def replace(cfg: Config, **kw) -> Config:
-  return dataclasses.replace(cfg, **kw)

@@ -178,28 +178,29 @@ def main(argv):
   start = time.perf_counter()
   try:
     base = common.config_from_flags()
-    adaptive = base.adaptive  # every defense's row also with the attack adapted to it
-    base = common.replace(base, adaptive=False)
+    adaptive = base.attack.adaptive  # every defense's row also with the attack adapted to it
+    base = config.replace(base, {"attack.adaptive": False})
     config.check(base)
     for spec in specs:
       if spec != "none":
         defenses.parse(spec)
-    out = common.output_folder(f"defenses_{base.attack}_{base.model}_{base.dataset.replace(':', '-')}",
-                               own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz",
-                                    "config.py"))
+    out = common.output_folder(
+        f"defenses_{base.attack.preset}_{base.model.name}_{base.data.dataset.replace(':', '-')}",
+        own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz", "config.py"))
     items = common.items(out)
     if f.utility:
       seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")
-      parts = training.split(data.load(f.utility_dataset, data_dir=base.data_dir),
+      parts = training.split(data.load(f.utility_dataset, data_dir=base.data.data_dir),
                              f.utility_train_count, f.utility_test_count, seed)
       ucfg = UtilityConfig(f.utility_model, f.utility_epochs, f.utility_batch_size, f.utility_lr,
                            f.utility_momentum, base.seed)
       check_utility(parts, ucfg)
     def experiments(spec, adapted=False):
       for k in range(f.count):
-        cfg = common.replace(base, defense=None if spec == "none" else spec, adaptive=adapted,
-                             index=f.start + k * base.batch_size)
-        yield f"{spec}{'_adaptive' if adapted else ''}_{cfg.index}", cfg
+        cfg = config.replace(base, {"defense.spec": None if spec == "none" else spec,
+                                    "attack.adaptive": adapted,
+                                    "data.index": f.start + k * base.data.batch_size})
+        yield f"{spec}{'_adaptive' if adapted else ''}_{cfg.data.index}", cfg
 
     attacked = [(spec, False) for spec in specs] + [(spec, True) for spec in specs
                                                     if adaptive and spec != "none"]
@@ -234,21 +235,23 @@ def main(argv):
                      "data_seed": f.utility_data_seed}
   common.write_config(out, base)  # without the defense: each row sets its own
   report.save_json(os.path.join(out, "results.json"),
-                   {"table": table, "config": vars(base), "utility_config": utility_setup,
+                   {"table": table, "config": config.record(base), "utility_config": utility_setup,
                     "total_time_s": items.earlier_s + time.perf_counter() - start,
                     **common.provenance()})
-  report._save_figure(privacy_utility_plot(table, verdict.THRESHOLDS.psnr, base.attack),
+  report._save_figure(privacy_utility_plot(table, verdict.THRESHOLDS.psnr, base.attack.preset),
                       os.path.join(out, "privacy_utility.png"))
   extra = " utility acc. |" if f.utility else ""
   with_lpips = all("lpips" in row["summary"] for row in table)
-  lines = [f"# {base.attack} on {base.model} against defenses, {base.dataset} {f.start}.."
-           f"{f.start + f.count * base.batch_size - 1}, batch {base.batch_size}", "",
-           "| defense | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "") + "label acc. | images recognisable | "
-           "leak verdicts |"
-           + (" adaptive PSNR (dB) | adaptive SSIM | adaptive recognisable | adaptive leak verdicts |"
-              if adaptive else "") + extra,
-           "|---|---|---|---|---|---|" + ("---|" if with_lpips else "") + ("---|" * 4 if adaptive else "")
-           + ("---|" if f.utility else "")]
+  lines = [
+      f"# {base.attack.preset} on {base.model.name} against defenses, {base.data.dataset} {f.start}.."
+      f"{f.start + f.count * base.data.batch_size - 1}, batch {base.data.batch_size}", "",
+      "| defense | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "") +
+      "label acc. | images recognisable | "
+      "leak verdicts |" +
+      (" adaptive PSNR (dB) | adaptive SSIM | adaptive recognisable | adaptive leak verdicts |"
+       if adaptive else "") + extra, "|---|---|---|---|---|---|" + ("---|" if with_lpips else "") +
+      ("---|" * 4 if adaptive else "") + ("---|" if f.utility else "")
+  ]
   for row in table:
     s = row["summary"]
     cell = ""

@@ -32,7 +32,6 @@ labels)`` (the default), the γ variants (``gamma`` for all of them).
   gradjax dlm-table --count=20 --box --methods='DLM;gamma' --output_dir=runs/dlm_gamma_box
 """
 
-import dataclasses
 import os
 import time
 
@@ -44,26 +43,38 @@ from gradjax import data, metrics
 from gradjax.run import campaign, config, report
 
 METHODS = {
-    "DLG": dict(attack="dlg", objective="replay", optimizer="adam", learning_rate=0.1,
-                iterations=4000),
-    "cosine": dict(attack="dlg", objective="replay", distance="cosine", optimizer="adam",
-                   learning_rate=0.1, iterations=4000),
-    "DLM": dict(attack="dlm"),
-    "DLM (joint labels)": dict(attack="dlm", labels="joint"),
-    "DLM+": dict(attack="dlm_plus"),
-    "DLM+ (iDLG labels)": dict(attack="dlm_plus", labels="idlg"),
+    "DLG": {
+        "attack.preset": "dlg", "attack.objective": "replay", "attack.optimizer": "adam",
+        "attack.learning_rate": 0.1, "attack.iterations": 4000
+    },
+    "cosine": {
+        "attack.preset": "dlg", "attack.objective": "replay", "attack.distance": "cosine",
+        "attack.optimizer": "adam", "attack.learning_rate": 0.1, "attack.iterations": 4000
+    },
+    "DLM": {"attack.preset": "dlm"},
+    "DLM (joint labels)": {"attack.preset": "dlm", "attack.labels": "joint"},
+    "DLM+": {"attack.preset": "dlm_plus"},
+    "DLM+ (iDLG labels)": {"attack.preset": "dlm_plus", "attack.labels": "idlg"},
 }
 # DLM's unstated details (issue 14): how γ starts and learns; {inv_lr} is 1 / --local_lr.
 GAMMA_VARIANTS = {
-    "DLM, γ from 1/lr": dict(attack="dlm", gamma="init={inv_lr}"),
-    "DLM, γ on Adam lr 0.01": dict(attack="dlm", gamma="lr=0.01"),
-    "DLM, γ on Adam lr 1": dict(attack="dlm", gamma="lr=1"),
-    "DLM, γ held 500 steps": dict(attack="dlm", gamma="frozen=500"),
-    "DLM, γ from 1/lr, held 500 steps": dict(attack="dlm", gamma="init={inv_lr},frozen=500"),
-    "DLM, γ from 1/lr on Adam lr 0.001": dict(attack="dlm", gamma="init={inv_lr},lr=0.001"),
-    "DLM, γ from 1/lr, joint labels": dict(attack="dlm", labels="joint", gamma="init={inv_lr}"),
+    "DLM, γ from 1/lr": {"attack.preset": "dlm", "attack.gamma": "init={inv_lr}"},
+    "DLM, γ on Adam lr 0.01": {"attack.preset": "dlm", "attack.gamma": "lr=0.01"},
+    "DLM, γ on Adam lr 1": {"attack.preset": "dlm", "attack.gamma": "lr=1"},
+    "DLM, γ held 500 steps": {"attack.preset": "dlm", "attack.gamma": "frozen=500"},
+    "DLM, γ from 1/lr, held 500 steps": {
+        "attack.preset": "dlm", "attack.gamma": "init={inv_lr},frozen=500"
+    },
+    "DLM, γ from 1/lr on Adam lr 0.001": {
+        "attack.preset": "dlm", "attack.gamma": "init={inv_lr},lr=0.001"
+    },
+    "DLM, γ from 1/lr, joint labels": {
+        "attack.preset": "dlm", "attack.labels": "joint", "attack.gamma": "init={inv_lr}"
+    },
     # γ never moves from 1/lr: iDLG on the gradient ΔW / lr, the bound any γ rule can reach.
-    "DLM, γ = 1/lr throughout": dict(attack="dlm", gamma="init={inv_lr},frozen=1000000"),
+    "DLM, γ = 1/lr throughout": {
+        "attack.preset": "dlm", "attack.gamma": "init={inv_lr},frozen=1000000"
+    },
 }
 ALL_METHODS = {**METHODS, **GAMMA_VARIANTS}
 
@@ -76,7 +87,7 @@ flags.adopt_module_key_flags(common)
 
 def experiments(name: str, overrides: dict, indices, base: dict) -> list[tuple[str, config.Config]]:
   """(key, configuration) of ``name``'s experiment on each image of ``indices``."""
-  return [(f"{name}_{index}", config.Config(**{**base, **overrides, "index": index}))
+  return [(f"{name}_{index}", config.from_options({**base, **overrides, "data.index": index}))
           for index in indices]
 
 
@@ -136,18 +147,19 @@ def main(argv):
   if unknown or not names or f.count < 1:
     common.fail(f"need a positive --count and methods from {'; '.join(ALL_METHODS)}; got {f.methods!r}")
   try:
-    cfg = common.config_from_flags(chunk=1000)
-    if cfg.client != "fedavg" or cfg.box is None:
+    cfg = common.config_from_flags({"execution.chunk": 1000})
+    if cfg.client.name != "fedavg" or cfg.attack.box is None:
       raise ValueError("the table attacks one FedAvg step (--client=fedavg), every row with one --box")
-    methods = {m: {k: v.format(inv_lr=1 / cfg.local_lr) if k == "gamma" else v
+    methods = {m: {k: v.format(inv_lr=1 / cfg.client.local_lr) if k == "attack.gamma" else v
                    for k, v in ALL_METHODS[m].items()} for m in names}
     for m in names:
-      config.check(dataclasses.replace(cfg, **methods[m]))
+      config.check(config.replace(cfg, methods[m]))
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
-  base = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "index"}
-  std = data.normalization(cfg.dataset).std if cfg.dataset in ("cifar10", "cifar100") else (1.0,)
-  out = common.output_folder("dlm_table" + ("_box" if cfg.box else ""),
+  base = {k: v for k, v in config.options(cfg).items() if k != "data.index"}
+  std = data.normalization(cfg.data.dataset).std if cfg.data.dataset in ("cifar10",
+                                                                         "cifar100") else (1.0,)
+  out = common.output_folder("dlm_table" + ("_box" if cfg.attack.box else ""),
                              own=("results.*", "items/*.json", "items/*.npz", "config.py"))
   items = common.items(out)
   start = time.perf_counter()
@@ -160,13 +172,16 @@ def main(argv):
     common.fail(str(e))
   seconds = items.earlier_s + time.perf_counter() - start  # with the experiments read back
   common.write_config(out, cfg)  # the rows' common configuration (each row sets its attack)
-  report.save_json(os.path.join(out, "results.json"),
-                   {"table": table, "total_time_s": seconds, "box": cfg.box, "model": cfg.model,
-                    "dataset": cfg.dataset, "images": [f.start, f.start + f.count - 1],
-                    "local_lr": cfg.local_lr, "std": list(std), **common.provenance()})
-  title = (f"Attacks on one FedAvg step (lr {cfg.local_lr:g}), {cfg.model}, {cfg.dataset} "
-           f"{f.start}..{f.start + f.count - 1}{', dummy clamped to [0, 1]' if cfg.box else ''}")
-  text = markdown(table, title, f.psnr_threshold, seconds, cfg.local_lr)
+  report.save_json(
+      os.path.join(out, "results.json"), {
+          "table": table, "total_time_s": seconds, "box": cfg.attack.box, "model": cfg.model.name,
+          "dataset": cfg.data.dataset, "images": [f.start, f.start + f.count - 1],
+          "local_lr": cfg.client.local_lr, "std": list(std), **common.provenance()
+      })
+  title = (
+      f"Attacks on one FedAvg step (lr {cfg.client.local_lr:g}), {cfg.model.name}, {cfg.data.dataset} "
+      f"{f.start}..{f.start + f.count - 1}{', dummy clamped to [0, 1]' if cfg.attack.box else ''}")
+  text = markdown(table, title, f.psnr_threshold, seconds, cfg.client.local_lr)
   with open(os.path.join(out, "results.md"), "w") as fh:
     fh.write(text)
   print(text)

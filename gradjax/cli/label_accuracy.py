@@ -33,19 +33,29 @@ def main(argv):
   start = time.perf_counter()
   try:
     cfg = common.config_from_flags()
-    size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
-    batch = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(f.start, f.start + f.count),
-                      image_size=size, channels=cfg.channels)
-    x = data.normalize(batch.x, data.normalization(cfg.normalization or "none"))
-    num_classes = cfg.num_classes or batch.num_classes
+    size = None if cfg.data.image_size is None else (cfg.data.image_size, cfg.data.image_size)
+    batch = data.load(
+        cfg.data.dataset,
+        data_dir=cfg.data.data_dir,
+        indices=range(f.start, f.start + f.count),
+        image_size=size,
+        channels=cfg.data.channels)
+    x = data.normalize(batch.x, data.normalization(cfg.data.normalization or "none"))
+    num_classes = cfg.model.num_classes or batch.num_classes
     correct = {}
     for k in range(distributed.process_index(), f.count, distributed.process_count()):
       index = f.start + k
       key_model, _, _ = pipeline.experiment_keys(cfg.seed, index)
-      model = models.create(cfg.model, key_model, input_shape=batch.x.shape[1:],
-                            num_classes=num_classes, init=cfg.init, act=cfg.act, conv=cfg.conv)
+      model = models.create(
+          cfg.model.name,
+          key_model,
+          input_shape=batch.x.shape[1:],
+          num_classes=num_classes,
+          init=cfg.model.init,
+          act=cfg.model.act,
+          conv=cfg.model.conv)
       obs = clients.fedsgd(model.apply_fn, model.variables, x[k:k + 1], batch.y[k:k + 1],
-                           train=cfg.train_mode)
+                           train=cfg.client.train_mode)
       correct[k] = int(labels.idlg(obs)[0]) == int(batch.y[k])
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
@@ -55,13 +65,15 @@ def main(argv):
     return
   correct = [hit for _, hit in sorted(kv for share in shares for kv in share)]
   acc = float(np.mean(correct))
-  result = {"method": "idlg", "dataset": cfg.dataset, "model": cfg.model, "init": cfg.init,
-            "start": f.start, "count": f.count, "accuracy": acc, "correct": correct,
-            "wall_time_s": time.perf_counter() - start, **common.provenance()}
+  result = {
+      "method": "idlg", "dataset": cfg.data.dataset, "model": cfg.model.name,
+      "init": cfg.model.init, "start": f.start, "count": f.count, "accuracy": acc,
+      "correct": correct, "wall_time_s": time.perf_counter() - start, **common.provenance()
+  }
   if f.output:
     report.save_json(f.output, result)
-  print(f"iDLG label accuracy on {cfg.dataset}[{f.start}:{f.start + f.count}] with fresh "
-        f"{cfg.model} models: {acc * 100:.1f} % ({sum(correct)}/{f.count}), "
+  print(f"iDLG label accuracy on {cfg.data.dataset}[{f.start}:{f.start + f.count}] with fresh "
+        f"{cfg.model.name} models: {acc * 100:.1f} % ({sum(correct)}/{f.count}), "
         f"{result['wall_time_s']:.1f} s")
 
 

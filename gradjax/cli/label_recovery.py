@@ -99,23 +99,30 @@ def main(argv):
   start = time.perf_counter()
   try:
     try:
-      size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
-      pool = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(f.start, f.start + cfg.pool),
-                       image_size=size, channels=cfg.channels)
+      size = None if cfg.data.image_size is None else (cfg.data.image_size, cfg.data.image_size)
+      pool = data.load(
+          cfg.data.dataset,
+          data_dir=cfg.data.data_dir,
+          indices=range(f.start, f.start + cfg.sampling.pool),
+          image_size=size,
+          channels=cfg.data.channels)
     except ValueError as e:
       raise ValueError(f"{e} (lower --pool)" if "out of range" in str(e) else str(e)) from None
     pool_x, pool_y = pool.x, pool.y
-    num_classes = cfg.num_classes or pool.num_classes
+    num_classes = cfg.model.num_classes or pool.num_classes
     if int(pool_y.max()) >= num_classes:
       raise ValueError(f"--num_classes={num_classes} but the data has label {int(pool_y.max())}")
-    if cfg.classes_per_batch > num_classes:
-      raise ValueError(f"--classes_per_batch={cfg.classes_per_batch} exceeds the {num_classes} classes")
-    norm = data.normalization(cfg.normalization or "none")
-    init = models.get_module(cfg.model, num_classes=num_classes, init=cfg.init, act=cfg.act).weight_init
+    if cfg.sampling.classes_per_batch > num_classes:
+      raise ValueError(
+          f"--classes_per_batch={cfg.sampling.classes_per_batch} exceeds the {num_classes} classes")
+    norm = data.normalization(cfg.data.normalization or "none")
+    init = models.get_module(
+        cfg.model.name, num_classes=num_classes, init=cfg.model.init, act=cfg.model.act).weight_init
     rng = np.random.default_rng(cfg.seed)
-    batches = data.duplicate_label_batches(pool_y, num_classes, f.count, cfg.batch_size,
-                                           cfg.classes_per_batch, rng)
-    methods = (["idlg"] if cfg.batch_size == 1 else []) + ["negative_bias", "yin", "llg", "bias_counts"]
+    batches = data.duplicate_label_batches(pool_y, num_classes, f.count, cfg.data.batch_size,
+                                           cfg.sampling.classes_per_batch, rng)
+    methods = (["idlg"] if cfg.data.batch_size == 1 else
+               []) + ["negative_bias", "yin", "llg", "bias_counts"]
     if f.aux_size:
       methods += ["llg* (dummy)", "bias_counts (dummy p̂)"]
     methods += ["bias_counts (oracle p̄)"]
@@ -123,8 +130,13 @@ def main(argv):
     for b in range(distributed.process_index(), f.count, distributed.process_count()):
       idx = batches[b]
       key_model, key_dummy = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), b))
-      model = models.create(cfg.model, key_model, input_shape=pool_x.shape[1:], num_classes=num_classes,
-                            init=cfg.init, act=cfg.act)
+      model = models.create(
+          cfg.model.name,
+          key_model,
+          input_shape=pool_x.shape[1:],
+          num_classes=num_classes,
+          init=cfg.model.init,
+          act=cfg.model.act)
       x = data.normalize(pool_x[idx], norm)
       y = pool_y[idx]
       obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
@@ -161,12 +173,14 @@ def main(argv):
 
   wall = time.perf_counter() - start
   distinct = [len(np.unique(pool_y[idx])) for idx in batches]
-  lines = [f"Label recovery on {f.count} {cfg.dataset} batches of {cfg.batch_size} (images "
-           f"{f.start}-{f.start + cfg.pool - 1}, labels from "
-           f"{cfg.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
-           f"fresh {cfg.model} (init {init}) per batch, seed {cfg.seed}:", "",
-           "| method | needs | label accuracy (mean ± std) | exact batches | ms / batch (median) |",
-           "|---|---|---|---|---|"]
+  lines = [
+      f"Label recovery on {f.count} {cfg.data.dataset} batches of {cfg.data.batch_size} (images "
+      f"{f.start}-{f.start + cfg.sampling.pool - 1}, labels from "
+      f"{cfg.sampling.classes_per_batch} classes with replacement, {np.mean(distinct):.2f} distinct on average), "
+      f"fresh {cfg.model.name} (init {init}) per batch, seed {cfg.seed}:", "",
+      "| method | needs | label accuracy (mean ± std) | exact batches | ms / batch (median) |",
+      "|---|---|---|---|---|"
+  ]
   summary = {}
   for method, r in results.items():
     if r["error"]:
@@ -181,22 +195,30 @@ def main(argv):
     }
     lines.append(f"| {method} | {NEEDS[method]} | {acc.mean():.3f} ± {acc.std():.3f} | "
                  f"{int(np.sum(r['exact']))}/{len(acc)} | {np.median(r['time_s']) * 1e3:.1f} |")
-  upper = float(np.mean(np.asarray(distinct) / cfg.batch_size))
+  upper = float(np.mean(np.asarray(distinct) / cfg.data.batch_size))
   lines += ["", f"Distinct-label methods can reach at most {upper:.3f} here (distinct classes / batch "
             f"size). Std is the population std over batches. Wall time {wall:.1f} s on {jax.devices()[0]}."]
   table = "\n".join(lines) + "\n"
   print(table, end="")
   if f.output:
-    report.save_json(f.output, {
-        "config": {"dataset": cfg.dataset, "start": f.start, "pool": int(len(pool_y)),
-                   "normalization": cfg.normalization,
-                   "model": cfg.model, "init": init, "act": cfg.act, "num_classes": num_classes,
-                   "count": f.count, "batch_size": cfg.batch_size,
-                   "classes_per_batch": cfg.classes_per_batch, "aux_size": f.aux_size, "seed": cfg.seed},
-        "batches": {"indices": np.asarray(batches) + f.start, "labels": pool_y[batches], "distinct": distinct},
-        "distinct_label_upper_bound": upper,
-        "methods": summary, "wall_time_s": wall, **provenance(),
-    })
+    report.save_json(
+        f.output, {
+            "config": {
+                "dataset": cfg.data.dataset, "start": f.start, "pool": int(
+                    len(pool_y)), "normalization": cfg.data.normalization, "model": cfg.model.name,
+                "init": init, "act": cfg.model.act, "num_classes": num_classes, "count": f.count,
+                "batch_size": cfg.data.batch_size, "classes_per_batch":
+                    cfg.sampling.classes_per_batch, "aux_size": f.aux_size, "seed": cfg.seed
+            },
+            "batches": {
+                "indices": np.asarray(batches) + f.start, "labels": pool_y[batches],
+                "distinct": distinct
+            },
+            "distinct_label_upper_bound": upper,
+            "methods": summary,
+            "wall_time_s": wall,
+            **provenance(),
+        })
     markdown = os.path.splitext(f.output)[0] + ".md"
     files.atomic_write(markdown, lambda fh: fh.write(table), binary=False)
     print(f"wrote {f.output} and {markdown}")

@@ -47,7 +47,7 @@ def main(argv):
     name = config.run_name(cfg)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
-  if distributed.process_count() > 1 and not cfg.shard:
+  if distributed.process_count() > 1 and not cfg.execution.shard:
     common.fail(f"{distributed.process_count()} processes run one attack together when its "
                 "restarts are split over them: add --shard")
   out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",
@@ -60,7 +60,7 @@ def main(argv):
     common.fail(f"--resume: {out} holds no saved state ({os.path.basename(state.path)}) to continue; "
                 "run without --resume to start afresh")
   resume.stop_on_signals()  # Ctrl-C or SIGTERM: save after the chunk being run, then stop
-  if cfg.modality == "text":
+  if cfg.data.modality == "text":
     return text_main(cfg, out, state)
   try:
     results, images = pipeline.run(cfg, callback=common.log_progress, state=state)
@@ -73,9 +73,10 @@ def main(argv):
     return  # process 0 writes the results
   results = {**results, **common.provenance()}  # the command as typed, the device and its cores
   n = results["num_samples"]
-  what = (f"captured {cfg.observation} ({n} sample{'' if n == 1 else 's'})" if cfg.observation
-          else f"{cfg.dataset}[{cfg.index}:{cfg.index + cfg.batch_size}]")
-  title = f"{cfg.attack} on {results['model']}, {what}"
+  what = (f"captured {cfg.client.observation} ({n} sample{'' if n == 1 else 's'})"
+          if cfg.client.observation else
+          f"{cfg.data.dataset}[{cfg.data.index}:{cfg.data.index + cfg.data.batch_size}]")
+  title = f"{cfg.attack.preset} on {results['model']}, {what}"
   try:
     report.write_run(out, results, images, title)
     common.write_config(out, cfg)
@@ -89,7 +90,7 @@ def main(argv):
               + f"label accuracy {results['label_accuracy']:.2f}")
   else:
     scores = f"objective {results['loss']:.3e}  labels {results['labels_by_slot']} (no ground truth)"
-  if results["candidates"] < cfg.permutations:
+  if results["candidates"] < cfg.attack.permutations:
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
   steps = (f"{results['iterations']} rounds (closed form)" if results.get("separation")
            else f"{results['iterations']} iterations")
@@ -119,8 +120,8 @@ def text_main(cfg, out, state):
     distributed.finished()
     return  # process 0 writes the results
   results = {**results, **common.provenance()}
-  title = (f"{cfg.attack} on {results['model']}, {cfg.dataset} sentences "
-           f"{cfg.index}..{cfg.index + cfg.batch_size - 1}")
+  title = (f"{cfg.attack.preset} on {results['model']}, {cfg.data.dataset} sentences "
+           f"{cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}")
   try:
     report.write_text_run(out, results, title)
     common.write_config(out, cfg)
@@ -130,7 +131,7 @@ def text_main(cfg, out, state):
   state.remove()
   print(report.sentence_table(results), end="")
   if "rouge1" in results:  # the span attack: exact sentences, no iterations
-    print(f"{title}: {results['exact']} of {cfg.batch_size} sentences exact  ROUGE-1 "
+    print(f"{title}: {results['exact']} of {cfg.data.batch_size} sentences exact  ROUGE-1 "
           f"{results['rouge1']:.3f}  ROUGE-2 {results['rouge2']:.3f}  token accuracy "
           f"{results['token_accuracy']:.2f}  {results['wall_time_s']:.1f} s")
   else:

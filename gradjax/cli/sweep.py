@@ -93,7 +93,7 @@ def main(argv):
   if declared is None or (chosen and image_sweep):  # --start/--count choose other images
     if f.count < 1:
       common.fail(f"count must be positive, got {f.count}")
-    sweep = [{"data.index": f.start + k * base.batch_size} for k in range(f.count)]
+    sweep = [{"data.index": f.start + k * base.data.batch_size} for k in range(f.count)]
   elif chosen:
     common.fail("--start and --count choose the images of an image sweep; the configuration "
                 "declares a sweep over other options (get_sweep)")
@@ -106,20 +106,20 @@ def main(argv):
   except (ValueError, FileNotFoundError, TypeError) as e:
     common.fail(f"a sweep item: {e}")
   images = all(set(item) == {"data.index"} for item in sweep)  # an image sweep: rows by index
-  labels = [str(cfg.index) if images else ", ".join(f"{k}={v}" for k, v in item.items())
+  labels = [str(cfg.data.index) if images else ", ".join(f"{k}={v}" for k, v in item.items())
             for cfg, item in zip(cfgs, sweep)]
   keys = labels if images else ["_".join(f"{k}={v}" for k, v in item.items()) for item in sweep]
   if len(set(keys)) != len(keys):
     common.fail(f"the sweep repeats an experiment: {next(k for k in keys if keys.count(k) > 1)}")
   model = config.attacked_model(base)
   if images:
-    first, last = cfgs[0].index, cfgs[-1].index + base.batch_size - 1
+    first, last = cfgs[0].data.index, cfgs[-1].data.index + base.data.batch_size - 1
     span = f"{first}..{last}"
   else:
     span = (common.config_variant(f["config"])
             or os.path.splitext(os.path.basename(common.config_file(f["config"])))[0])
   out = common.output_folder(
-      f"sweep_{base.attack}_{model}_{base.dataset.replace(':', '-')}_{span}",
+      f"sweep_{base.attack.preset}_{model}_{base.data.dataset.replace(':', '-')}_{span}",
       own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
   items = common.items(out)
   start, resumed = time.perf_counter(), 0
@@ -134,7 +134,7 @@ def main(argv):
         skipped.append({"experiment": label, "reason": str(e)})
         logging.warning("experiment %d/%d (%s): skipped: %s", k + 1, len(cfgs), label, e)
         continue
-      results["index"] = cfg.index
+      results["index"] = cfg.data.index
       if not images:
         results["options"] = item
       resumed += done
@@ -154,11 +154,13 @@ def main(argv):
   labels = kept  # the experiments in the table
   summary = report.summarize(rows, f.psnr_threshold)
   summary["total_time_s"] = items.earlier_s + time.perf_counter() - start
-  weights = (f"checkpoint {os.path.basename(base.checkpoint)}" if base.checkpoint
-             else f"init {base.init or 'model default'}")
-  title = (f"{base.attack} on {model} ({weights}), {base.dataset} {span}, batch {base.batch_size}"
-           if images else f"{base.attack} on {model} ({weights}), {base.dataset}: sweep {span} "
-           f"({len(cfgs)} experiments)")
+  weights = (f"checkpoint {os.path.basename(base.model.checkpoint)}" if base.model.checkpoint
+             else f"init {base.model.init or 'model default'}")
+  title = (
+      f"{base.attack.preset} on {model} ({weights}), {base.data.dataset} {span}, batch {base.data.batch_size}"
+      if images else
+      f"{base.attack.preset} on {model} ({weights}), {base.data.dataset}: sweep {span} "
+      f"({len(cfgs)} experiments)")
   common.write_config(out, base, sweep)  # the base configuration and the sweep over it
   # Per-experiment metrics; each restart's per-iteration history stays in items/<key>.json.
   table_rows = [{k: v for k, v in r.items() if k != "history"} for r in rows]

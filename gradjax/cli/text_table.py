@@ -26,7 +26,6 @@ entry) and ``SAPAG-uniform`` (every layer weighted alike instead of Q_l = 1/(l+1
   gradjax text-table --count=20 --checkpoint=runs/train_transformer_pydoc_fedsgd/epoch_1.npz
 """
 
-import dataclasses
 import os
 import time
 
@@ -38,12 +37,14 @@ from gradjax import files, text
 from gradjax.run import campaign, config, report
 
 METHODS = {
-    "DLG": dict(attack="dlg"),
-    "SAPAG": dict(attack="sapag"),
-    "cosine": dict(attack="dlg", distance="cosine"),
+    "DLG": {"attack.preset": "dlg"},
+    "SAPAG": {"attack.preset": "sapag"},
+    "cosine": {"attack.preset": "dlg", "attack.distance": "cosine"},
     # Readings of SAPAG, to find out what its row depends on (not in the default table):
-    "SAPAG-literal": dict(attack="sapag", distance="gaussian_kernel"),  # σ_l² literal, not per entry
-    "SAPAG-uniform": dict(attack="sapag", layer_weights="uniform"),     # Q_l = 1, no depth weights
+    "SAPAG-literal": {"attack.preset": "sapag",
+                      "attack.distance": "gaussian_kernel"},  # σ_l² literal, not per entry
+    "SAPAG-uniform": {"attack.preset": "sapag",
+                      "attack.layer_weights": "uniform"},  # Q_l = 1, no depth weights
 }
 TABLE = ("DLG", "SAPAG", "cosine")
 
@@ -63,7 +64,8 @@ def experiments(model: str, method: str, search: str, base: dict, indices
                 ) -> list[tuple[str, config.Config]]:
   """(key, configuration) of one row's experiment on each sentence of ``indices``."""
   return [(f"{model}_{method}_{search}_{index}",
-           config.Config(**{**base, **METHODS[method], "index": index, "text_search": search}))
+           config.from_options({**base, **METHODS[method], "data.index": index,
+                                 "attack.text_search": search}))
           for index in indices]
 
 
@@ -131,14 +133,14 @@ def main(argv):
                 f"{', '.join(text.SEARCHES)}; got {f.methods!r} and {f.searches!r}")
   try:
     cfg = common.config_from_flags()
-    if cfg.modality != "text":
+    if cfg.data.modality != "text":
       raise ValueError("the table attacks text models (--modality=text)")
     for m in names:
-      config.check(dataclasses.replace(cfg, **METHODS[m]))
+      config.check(config.replace(cfg, METHODS[m]))
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   models = ([("untrained", None)] if f.untrained else []) + (
-      [("trained", cfg.checkpoint)] if cfg.checkpoint else [])
+      [("trained", cfg.model.checkpoint)] if cfg.model.checkpoint else [])
   if not models:
     common.fail("nothing to attack: --nountrained needs a --checkpoint")
   out = common.output_folder("text_table", own=("results.*", "items/*.json", "config.py"))
@@ -146,7 +148,7 @@ def main(argv):
   start = time.perf_counter()
   table = []
   indices = range(f.start, f.start + f.count)
-  bases = {model: {**dataclasses.asdict(cfg), "checkpoint": path} for model, path in models}
+  bases = {model: {**config.options(cfg), "model.checkpoint": path} for model, path in models}
   try:
     if not items.plan([e for model, _ in models for s in searches for m in names
                        for e in experiments(model, m, s, bases[model], indices)]):
@@ -155,10 +157,12 @@ def main(argv):
       table += [run_rows(model, m, s, bases[model], indices, items) for s in searches for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
-  info = {**common.provenance(), "dataset": cfg.dataset,
-          "count": f.count, "sequence_length": cfg.sequence_length, "iterations": cfg.iterations,
-          "restarts": cfg.restarts, "checkpoint": cfg.checkpoint,
-          "total_time_s": items.earlier_s + time.perf_counter() - start}
+  info = {
+      **common.provenance(), "dataset": cfg.data.dataset, "count": f.count,
+      "sequence_length": cfg.data.sequence_length, "iterations": cfg.attack.iterations,
+      "restarts": cfg.attack.restarts, "checkpoint": cfg.model.checkpoint,
+      "total_time_s": items.earlier_s + time.perf_counter() - start
+  }
   common.write_config(out, cfg)  # the rows' common configuration (each row sets its attack)
   report.save_json(os.path.join(out, "results.json"), {"table": table, **info})
   columns = ("model", "method", "search", "token_accuracy_mean", "token_accuracy_std",

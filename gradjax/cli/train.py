@@ -49,7 +49,6 @@ initial model) .. epochs, with metadata that rebuild the model (``gradjax.checkp
 accuracy and training loss, the configuration, wall time). Bad flags or data: one-line error, exit 2.
 """
 
-import dataclasses
 import os
 import time
 
@@ -63,10 +62,11 @@ from gradjax.run import config, report
 
 # The options of the schema it reads (gradjax.run.config): data, model, client (FedAvg's local
 # training), defense, training and seed; its default configuration is gradjax/configs/train.py.
-common.define_flags(default_config="train",
-                    sections=("data", "model", "client", "defense", "training"),
-                    omit=("index", "checkpoint", "weights", "rename", "num_classes", "shared_labels",
-                          "observation", "num_samples", "force"))
+common.define_flags(
+    default_config="train",
+    sections=("data", "model", "client", "defense", "training"),
+    omit=("data.index", "model.checkpoint", "model.weights", "model.rename", "model.num_classes",
+          "client.shared_labels", "client.observation", "client.num_samples", "client.force"))
 common.define_output_flags(resumable=False)
 flags.adopt_module_key_flags(common)
 
@@ -83,23 +83,29 @@ def load_split(f):
 
 
 def _normalization(f) -> str:
-  return f.normalization or "none"
+  return f.data.normalization or "none"
 
 
 def _load_split(f):
   """The configuration's dataset split as loaded, before normalisation."""
-  size = None if f.image_size is None else (f.image_size, f.image_size)
-  ds = data.load(f.dataset, data_dir=f.data_dir, image_size=size, channels=f.channels)
-  seed = common.permutation_seed(f.data_seed, "data_seed")
-  if f.test_dataset is None:
-    return training.split(ds, f.train_count, f.test_count, seed)
-  parts = training.split(ds, f.train_count, 0, seed)
-  test = data.load(f.test_dataset, data_dir=f.data_dir, indices=range(f.test_count), image_size=size,
-                   channels=f.channels) if f.test_count else parts.test
+  size = None if f.data.image_size is None else (f.data.image_size, f.data.image_size)
+  ds = data.load(
+      f.data.dataset, data_dir=f.data.data_dir, image_size=size, channels=f.data.channels)
+  seed = common.permutation_seed(f.training.data_seed, "data_seed")
+  if f.training.test_dataset is None:
+    return training.split(ds, f.training.train_count, f.training.test_count, seed)
+  parts = training.split(ds, f.training.train_count, 0, seed)
+  test = data.load(
+      f.training.test_dataset,
+      data_dir=f.data.data_dir,
+      indices=range(f.training.test_count),
+      image_size=size,
+      channels=f.data.channels) if f.training.test_count else parts.test
   if test.x.shape[1:] != parts.train.x.shape[1:] or test.num_classes != parts.train.num_classes:
-    raise ValueError(f"--test_dataset={f.test_dataset} gives {test.x.shape[1:]} images of "
-                     f"{test.num_classes} classes, --dataset={f.dataset} {parts.train.x.shape[1:]} of "
-                     f"{parts.train.num_classes}")
+    raise ValueError(
+        f"--test_dataset={f.training.test_dataset} gives {test.x.shape[1:]} images of "
+        f"{test.num_classes} classes, --dataset={f.data.dataset} {parts.train.x.shape[1:]} of "
+        f"{parts.train.num_classes}")
   return parts._replace(test=test, test_indices=np.arange(len(test.x)))
 
 
@@ -109,16 +115,17 @@ def load_text_split(f):
   language model's vocabulary adds <mask>, and each window has 15 % of its positions masked
   (gradjax.corpus.masked_lm_pairs, drawn once from --data_seed, 0 for -1: the same masks every
   epoch, where BERT draws new ones)."""
-  sentences = corpus.sentences(f.dataset, f.data_dir)
-  vocabulary = corpus.Vocabulary.build(sentences, f.vocab_size)
-  x, y = corpus.windows(sentences, vocabulary, f.sequence_length)
-  if models.is_masked_lm(f.model or ""):
+  sentences = corpus.sentences(f.data.dataset, f.data.data_dir)
+  vocabulary = corpus.Vocabulary.build(sentences, f.data.vocab_size)
+  x, y = corpus.windows(sentences, vocabulary, f.data.sequence_length)
+  if models.is_masked_lm(f.model.name or ""):
     vocabulary = vocabulary.with_mask()
-    x, y = corpus.masked_lm_pairs(x, vocabulary.mask, 0.15, seed=max(f.data_seed, 0))
-  test = f.test_count if f.test_count is not None else len(x) // 10
-  train = f.train_count if f.train_count is not None else len(x) - test
-  ds = data.Dataset(x, y, len(vocabulary), f.dataset)
-  return training.split(ds, train, test, common.permutation_seed(f.data_seed, "data_seed")), vocabulary
+    x, y = corpus.masked_lm_pairs(x, vocabulary.mask, 0.15, seed=max(f.training.data_seed, 0))
+  test = f.training.test_count if f.training.test_count is not None else len(x) // 10
+  train = f.training.train_count if f.training.train_count is not None else len(x) - test
+  ds = data.Dataset(x, y, len(vocabulary), f.data.dataset)
+  return training.split(ds, train, test, common.permutation_seed(f.training.data_seed,
+                                                                 "data_seed")), vocabulary
 
 
 def fmt(accuracy):
@@ -141,74 +148,91 @@ def main(argv):
   except ValueError as e:
     common.fail(str(e))
   given = common.options_given()
-  if f.modality == "text" and f.dataset not in corpus.CORPORA:
+  if f.data.modality == "text" and f.data.dataset not in corpus.CORPORA:
     common.fail(f"--modality=text trains a text model ({', '.join(models.TEXT_MODELS)}) on a corpus "
-                f"({', '.join(corpus.CORPORA)}), not {f.model} on {f.dataset}")
-  if f.client == "fedsgd" and f.clients != 1:
+                f"({', '.join(corpus.CORPORA)}), not {f.model.name} on {f.data.dataset}")
+  if f.client.name == "fedsgd" and f.training.clients != 1:
     common.fail("--clients is for --client=fedavg (FedSGD trains on one batch per step)")
-  if f.train_mode and f.client != "fedsgd":
+  if f.client.train_mode and f.client.name != "fedsgd":
     common.fail("--train_mode is for --client=fedsgd (FedAvg clients train in evaluation mode)")
-  if f.test_dataset is not None and f.modality == "text":
+  if f.training.test_dataset is not None and f.data.modality == "text":
     common.fail("--test_dataset is for images (text tests on held-out windows of the corpus)")
-  if _normalization(f) != "none" and f.modality == "text":
+  if _normalization(f) != "none" and f.data.modality == "text":
     common.fail("--normalization is for images (text is token ids)")
-  if f.client == "fedavg" and not 1 <= f.clients <= f.train_count:
-    common.fail(f"--clients must be in [1, --train_count = {f.train_count}], got {f.clients}")
-  flag = {field.name: common.flag_name(field) for field in dataclasses.fields(config.Config)}
-  other = ({"batch_size", "train_lr", "momentum", "weight_decay", "nesterov", "lr_milestones",
-            "lr_gamma", "augment"} if f.client == "fedavg" else
-           {"local_epochs", "local_batch_size", "local_lr", "local_momentum"})
-  ignored = sorted(flag[name] for name in other & given)
+  if f.client.name == "fedavg" and not 1 <= f.training.clients <= f.training.train_count:
+    common.fail(
+        f"--clients must be in [1, --train_count = {f.training.train_count}], got {f.training.clients}"
+    )
+  other = ({"data.batch_size", "training.lr", "training.momentum", "training.weight_decay",
+            "training.nesterov", "training.lr_milestones", "training.lr_gamma", "training.augment"}
+           if f.client.name == "fedavg" else
+           {"client.local_epochs", "client.local_batch_size", "client.local_lr",
+            "client.local_momentum"})
+  ignored = sorted(config.alias(path) for path in other & given)
   if ignored:
-    common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client}")
-  if f.augment and f.modality == "text":
+    common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client.name}")
+  if f.training.augment and f.data.modality == "text":
     common.fail("--augment is for images (text windows are not cropped or flipped)")
   milestones = ()
-  if f.client == "fedsgd":
+  if f.client.name == "fedsgd":
     try:
-      training.check_sgd(f.batch_size if f.train_count is None else f.train_count, f.epochs, f.batch_size, f.train_lr, f.momentum,
-                         f.weight_decay, f.nesterov)
-      milestones = tuple(int(m) for m in f.lr_milestones.split(",") if m.strip())
+      training.check_sgd(
+          f.data.batch_size if f.training.train_count is None else f.training.train_count,
+          f.training.epochs, f.data.batch_size, f.training.lr, f.training.momentum,
+          f.training.weight_decay, f.training.nesterov)
+      milestones = tuple(int(m) for m in f.training.lr_milestones.split(",") if m.strip())
       if milestones:
-        training.step_decay(f.train_lr, milestones, 1, f.lr_gamma)
+        training.step_decay(f.training.lr, milestones, 1, f.training.lr_gamma)
     except ValueError as e:
       common.fail(f"--epochs, --batch_size, --train_lr, --momentum, --weight_decay, --nesterov, "
                   f"--lr_milestones, --lr_gamma: {e}")
   try:
-    common.permutation_seed(f.data_seed, "data_seed")
-    defenses.parse(f.defense or "none")
-    if f.modality == "text" and f.tokenizer != "words":
+    common.permutation_seed(f.training.data_seed, "data_seed")
+    defenses.parse(f.defense.spec or "none")
+    if f.data.modality == "text" and f.data.tokenizer != "words":
       raise ValueError("gradjax train reads the corpus's words: --tokenizer=bpe:N learns its pieces "
                        "on the corpus an attack reads, which a checkpoint's vocabulary cannot follow")
   except ValueError as e:
     common.fail(str(e))
-  out = common.output_folder(f"train_{f.model}_{f.dataset.replace(':', '-')}_{f.client}",
-                             own=("epoch_*.npz", "results.*", "config.py"))
+  out = common.output_folder(
+      f"train_{f.model.name}_{f.data.dataset.replace(':', '-')}_{f.client.name}",
+      own=("epoch_*.npz", "results.*", "config.py"))
   start = time.perf_counter()
   try:
-    defense = defenses.parse(f.defense or "none")
+    defense = defenses.parse(f.defense.spec or "none")
     defense = None if defense.name == "none" else defense
     text_meta = {}
-    if f.modality == "text":
+    if f.data.modality == "text":
       parts, vocabulary = load_text_split(f)
-      text_meta = {"vocabulary": list(vocabulary.tokens), "sequence_length": f.sequence_length,
-                   "text_sizes": models.TextSizes(f.text_dim, f.text_heads, f.text_ffn,
-                                                  f.text_layers)._asdict()}
+      text_meta = {
+          "vocabulary":
+              list(vocabulary.tokens), "sequence_length":
+                  f.data.sequence_length, "text_sizes":
+                      models.TextSizes(f.model.text_dim, f.model.text_heads, f.model.text_ffn,
+                                       f.model.text_layers)._asdict()
+      }
     else:
       parts = load_split(f)
     input_shape = tuple(int(d) for d in parts.train.x.shape[1:])
-    metadata = {"model": f.model, "init": f.init, "act": f.act, "num_classes": parts.train.num_classes,
-                "input_shape": list(input_shape), "param_dtype": "float32", "normalization": _normalization(f),
-                "dataset": f.dataset, "image_size": f.image_size, "channels": f.channels,
-                "train_count": len(parts.train.x), "test_count": len(parts.test.x),
-                "data_seed": f.data_seed, "client": f.client, "defense": f.defense or "none", "seed": f.seed,
-                "train_mode": f.train_mode, "test_dataset": f.test_dataset, **text_meta}
+    metadata = {
+        "model": f.model.name, "init": f.model.init, "act": f.model.act,
+        "num_classes": parts.train.num_classes, "input_shape": list(input_shape),
+        "param_dtype": "float32", "normalization": _normalization(f), "dataset": f.data.dataset,
+        "image_size": f.data.image_size, "channels": f.data.channels,
+        "train_count": len(parts.train.x), "test_count": len(parts.test.x
+                                                            ), "data_seed": f.training.data_seed,
+        "client": f.client.name, "defense": f.defense.spec or "none", "seed": f.seed,
+        "train_mode": f.client.train_mode, "test_dataset": f.training.test_dataset, **text_meta
+    }
     model_key, train_key = jax.random.split(jax.random.key(f.seed))
-    model = checkpoint.model_from_metadata(metadata, model_key,  # what load_model rebuilds
-                                           **({} if f.modality == "text" else {"conv": _conv(f.conv)}))
-    local = clients.LocalTraining(f.local_epochs, f.local_batch_size, f.local_lr, f.local_momentum)
-    if f.client == "fedavg":
-      clients.check_local_training(local, f.train_count // f.clients)
+    model = checkpoint.model_from_metadata(
+        metadata,
+        model_key,  # what load_model rebuilds
+        **({} if f.data.modality == "text" else {"conv": _conv(f.model.conv)}))
+    local = clients.LocalTraining(f.client.local_epochs, f.client.local_batch_size,
+                                  f.client.local_lr, f.client.local_momentum)
+    if f.client.name == "fedavg":
+      clients.check_local_training(local, f.training.train_count // f.training.clients)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   common.write_config(out, f)
@@ -230,36 +254,63 @@ def main(argv):
     acc = accuracy(variables)
     save(epoch, variables, record.get("steps", epoch), acc)
     loss = record.get("train_loss")
-    print(f"epoch {epoch}/{f.epochs}  " + (f"train loss {loss:.4f}  " if loss is not None else "")
-          + f"test accuracy {fmt(acc)}  ({record['time_s']:.1f} s)", flush=True)
+    print(
+        f"epoch {epoch}/{f.training.epochs}  " +
+        (f"train loss {loss:.4f}  " if loss is not None else "") +
+        f"test accuracy {fmt(acc)}  ({record['time_s']:.1f} s)",
+        flush=True)
     return {"epoch": epoch, "accuracy": acc}
 
   try:
-    if f.client == "fedsgd":
-      steps = len(parts.train.x) // f.batch_size
-      lr = training.step_decay(f.train_lr, milestones, steps, f.lr_gamma) if milestones else f.train_lr
+    if f.client.name == "fedsgd":
+      steps = len(parts.train.x) // f.data.batch_size
+      lr = training.step_decay(f.training.lr, milestones, steps,
+                               f.training.lr_gamma) if milestones else f.training.lr
       black = data.normalize(np.zeros(parts.train.x.shape[-1]), data.normalization(_normalization(f)))
-      augmentation = training.Augmentation(4, True, tuple(black)) if f.augment else None
+      augmentation = training.Augmentation(4, True, tuple(black)) if f.training.augment else None
       _, records = training.train_fedsgd(
-          model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
-          epochs=f.epochs, batch_size=f.batch_size, learning_rate=lr, momentum=f.momentum,
-          weight_decay=f.weight_decay, nesterov=f.nesterov, defense=defense, train_mode=f.train_mode,
-          augmentation=augmentation, callback=callback)
+          model.apply_fn,
+          model.variables,
+          parts.train.x,
+          parts.train.y,
+          key=train_key,
+          epochs=f.training.epochs,
+          batch_size=f.data.batch_size,
+          learning_rate=lr,
+          momentum=f.training.momentum,
+          weight_decay=f.training.weight_decay,
+          nesterov=f.training.nesterov,
+          defense=defense,
+          train_mode=f.client.train_mode,
+          augmentation=augmentation,
+          callback=callback)
     else:
       _, records = training.train_fedavg(
-          model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
-          rounds=f.epochs, clients=f.clients, local=local, defense=defense, callback=callback)
+          model.apply_fn,
+          model.variables,
+          parts.train.x,
+          parts.train.y,
+          key=train_key,
+          rounds=f.training.epochs,
+          clients=f.training.clients,
+          local=local,
+          defense=defense,
+          callback=callback)
   except (ValueError, FloatingPointError) as e:
     common.fail(str(e))
   history += records
   wall = time.perf_counter() - start
-  report.save_json(os.path.join(out, "results.json"), {
-      "config": config.options(f, tuple(common.FIELDS)), "metadata": metadata, "history": history, "wall_time_s": wall,
-      **common.provenance(), "train_indices": parts.train_indices,
-      "test_indices": parts.test_indices})
+  report.save_json(
+      os.path.join(out, "results.json"), {
+          "config": config.record(f, tuple(common.FIELDS)), "metadata": metadata,
+          "history": history, "wall_time_s": wall, **common.provenance(),
+          "train_indices": parts.train_indices, "test_indices": parts.test_indices
+      })
   logging.info("wrote %s", out)
-  print(f"{f.model} on {f.dataset} ({len(parts.train.x)} train / {len(parts.test.x)} test), {f.client}, "
-        f"defense {f.defense or 'none'}: test accuracy {fmt(history[-1]['accuracy'])}  {wall:.1f} s  -> {out}")
+  print(
+      f"{f.model.name} on {f.data.dataset} ({len(parts.train.x)} train / {len(parts.test.x)} test), {f.client.name}, "
+      f"defense {f.defense.spec or 'none'}: test accuracy {fmt(history[-1]['accuracy'])}  {wall:.1f} s  -> {out}"
+  )
 
 
 if __name__ == "__main__":

@@ -454,15 +454,28 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
         # iDLG's sign rule for one example).
         labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
       closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
-      cfg = config.Config(
-          attack=name, model=settings.model, weights=os.path.join(capture.folder, WEIGHTS),
-          observation=os.path.join(capture.folder, OBSERVATION), rename=settings.rename,
-          dataset=None, normalization=settings.normalization,
-          iterations=None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
-          restarts=1 if closed else settings.restarts, seed=settings.seed, lpips=settings.lpips,
-          image_size=settings.image_size, labels=labels, force=settings.force,
-          adaptive=not closed and settings.adaptive and bool(meta.get("defense")),
-          **(auto.settings(name, settings.model or meta.get("model")) if chosen else {}))
+      cfg = config.from_options({
+          "attack.preset":
+              name, "model.name":
+                  settings.model, "model.weights":
+                      os.path.join(capture.folder, WEIGHTS), "client.observation":
+                          os.path.join(capture.folder, OBSERVATION), "model.rename":
+                              settings.rename, "data.dataset":
+                                  None, "data.normalization":
+                                      settings.normalization,
+          "attack.iterations":
+              None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
+          "attack.restarts":
+              1 if closed else settings.restarts, "seed":
+                  settings.seed, "output.lpips":
+                      settings.lpips, "data.image_size":
+                          settings.image_size, "attack.labels":
+                              labels, "client.force":
+                                  settings.force,
+          "attack.adaptive":
+              not closed and settings.adaptive and bool(meta.get("defense")),
+          **(auto.settings(name, settings.model or meta.get("model")) if chosen else {})
+      })
       results, images = pipeline.run(cfg, batch=truth)
       out = os.path.join(capture.folder, name)
       report.write_run(out, results, images,

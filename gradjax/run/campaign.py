@@ -7,7 +7,6 @@ object with ``process_count()``, ``process_index()``, ``is_writer()``, ``finishe
 ``wait_for(ready)``.
 """
 
-import dataclasses
 import json
 import logging
 import os
@@ -107,7 +106,7 @@ class Items:
     state = resume.StateFile(f"{base}.{STATE_FILE}", self.save_every_s, self.resume)
     resume.stop_on_signals()
     try:
-      if cfg.modality == "text":  # the sentences are in the results
+      if cfg.data.modality == "text":  # the sentences are in the results
         results, images = pipeline.run_text(cfg, state=state, **kw), {}
       else:
         results, images = pipeline.run(cfg, state=state, **kw)
@@ -115,7 +114,7 @@ class Items:
       if self.interrupted is not None:
         self.interrupted(e)
       raise
-    if cfg.modality != "text":
+    if cfg.data.modality != "text":
       files.atomic_write(base + ".npz", lambda fh: np.savez(
           fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
           reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
@@ -128,11 +127,12 @@ class Items:
     try:
       with open(base + ".json", encoding="utf-8") as fh:
         results = json.load(fh)
-      # A field the saved configuration lacks was added since, with the default that keeps what it did.
-      defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-      saved = {k: results["config"].get(k, defaults[k]) for k in config.fingerprint(cfg)}
+      # An option the saved configuration lacks was added since, with the default that keeps what
+      # it did.
+      recorded = config.recorded(results["config"])
+      saved = {p: recorded.get(p, config.option(p).default) for p in config.fingerprint(cfg)}
       images = {}
-      if cfg.modality != "text":
+      if cfg.data.modality != "text":
         with open(base + ".npz", "rb") as fh:
           arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
         images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}

@@ -1,11 +1,14 @@
-"""The configuration of one experiment: the :class:`Config` schema (every option with its
-documentation, declared once; the command-line programs derive their flags from it) and the one place
-where the names it holds become objects (:func:`get_attack`, :func:`check`).
+"""The configuration of one experiment: :class:`Config`, one frozen section per concern (``data``,
+``model``, ``client``, ``defense``, ``attack``, ``execution``, ``output``, ``sampling``, ``training``;
+``seed`` at the top), every option declared once with its documentation; the sections build the
+objects the runner takes (:meth:`AttackConfig.build` the attack, :meth:`ExecutionConfig.build` the
+restart driver's record).
 
-Configuration files (big_vision's style) hold the same options in one nested schema, ``SECTIONS``:
-a file ``get_config()`` returns an ``ml_collections.ConfigDict`` built from :func:`defaults`::
+An option is named by its dotted path (``"attack.iterations"``). Configuration files (big_vision's
+style) hold the same tree: a file's ``get_config()`` returns an ``ml_collections.ConfigDict`` built
+from :func:`defaults`::
 
-  from gradjax import config
+  from gradjax.run import config
 
   def get_config():
     c = config.defaults()
@@ -13,10 +16,10 @@ a file ``get_config()`` returns an ``ml_collections.ConfigDict`` built from :fun
     c.model.name = "resnet20-4"
     return c
 
-read with ``--config=that_file.py`` (``--config.attack.iterations=6000`` overrides one option; each
-option's short flag, ``--iterations``, is its alias). :func:`from_dict` builds the :class:`Config`;
-:func:`to_python` writes a resolved one back as such a file, which reproduces the run. A file may
-declare a sweep, which ``gradjax sweep`` runs one experiment per item of::
+read with ``--config=that_file.py`` (``--config.attack.iterations=6000`` overrides one option; the
+command line's short flags, ``--iterations``, are aliases: :func:`alias`). :func:`from_dict` builds the
+:class:`Config`; :func:`to_python` writes a resolved one back as such a file, which reproduces the run.
+A file may declare a sweep, which ``gradjax sweep`` runs one experiment per item of::
 
   def get_sweep():
     return config.product(config.sweep("data.index", range(10)),
@@ -45,18 +48,17 @@ SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known label
 
 
 def _field(default, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
-           attack: str | None = None, parse: Callable | None = None, execution: bool = False):
-  """A :class:`Config` field with its documentation, declared once. The experiment programs derive
+           attack: str | None = None, parse: Callable | None = None):
+  """An option of a section, with its documentation, declared once; the command-line programs derive
   their flags from these (``gradjax/cli/common.py``).
 
-  help: the flag's help text. flag: the flag's name when it is not the field's. choices: the only
-  values the flag takes. attack: the :class:`gradjax.attacks.Attack` field this one overrides when
-  set, ``"optimizer.<field>"`` for a field of its :class:`gradjax.optimizers.Named` optimizer
-  (``parse`` turns the flag's text into that field's value: names resolve to objects here). execution: a field of
-  :class:`gradjax.driver.Execution`.
+  help: the flag's help text. flag: its short flag (:func:`alias`) when that is not the option's key.
+  choices: the only values it takes. attack: the :class:`gradjax.attacks.Attack` field this one
+  overrides when set, ``"optimizer.<field>"`` for a field of its :class:`gradjax.optimizers.Named`
+  optimizer (``parse`` turns the option's text into that field's value: names resolve to objects here).
   """
   return dataclasses.field(default=default, metadata=dict(
-      help=help, flag=flag, choices=choices, attack=attack, parse=parse, execution=execution))
+      help=help, flag=flag, choices=choices, attack=attack, parse=parse))
 
 
 def parse_priors(spec: str) -> tuple[priors_lib.Prior, ...]:
@@ -140,61 +142,90 @@ _PRESET = " (the preset's if unset)"
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-  """Everything that defines one reconstruction experiment (``None`` = the preset's or source's
-  default). Each field carries its documentation (``dataclasses.fields(Config)[i].metadata["help"]``),
-  which is also its command-line flag's help."""
+class DataConfig:
+  """The client's data: the source and which examples (images, or sentences of a corpus) it trains
+  on."""
 
   modality: str = _field(
       "image", "What the client trains: image (a classifier on --dataset images) or text (a language "
       f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model transformer).",
       choices=MODALITIES)
-  attack: str = _field("dlg", f"Attack preset: {_names(presets.PRESETS)}; or a closed form: "
-                       f"{_names(closed_forms.CLOSED_FORMS)}; or auto (every attack the update and "
-                       "the model support, the one that matches the update best kept: gradjax.auto).")
-  model: str | None = _field(
-      "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
-      "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
-  checkpoint: str | None = _field(
-      None, "Attack the model of this checkpoint (gradjax train) instead of a fresh --model "
-      "(its model, init and activation come from the checkpoint).")
-  weights: str | None = _field(
-      None, "Captured server weights to attack (a PyTorch state_dict as safetensors or .npz; see the "
-      "README's file format).")
-  observation: str | None = _field(
-      None, "Captured client gradient, update or weights after local training, against --weights "
-      "(same format).")
-  rename: str | None = _field(
-      None, "Regex rules for the captured files' tensor names, pattern=replacement, comma separated "
-      "(e.g. 'downsample=shortcut,^fc\\.=linear.' for torchvision ResNets).")
-  num_samples: int | None = _field(
-      None, "Captured: examples behind the update (the file's num_samples or labels if unset, else 1).")
-  init: str | None = _field(None, f"Model init: {_names(models.INITS)} (the model's own if unset).")
-  act: str | None = _field(
-      None, f"Activation for models that take one: {_names(models.ACTIVATIONS)}.")
-  num_classes: int | None = _field(None, "Model classes (the dataset's if unset).")
   dataset: str | None = _field(
       "skimage", f"Data source: {_names(data.DATASETS)} or tfds:<name>. With --observation: the "
       "client's images for scoring, if given (else no ground truth).")
   data_dir: str | None = _field(None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
   index: int = _field(0, "First image of the client's batch.")
   batch_size: int = _field(1, "Client batch size.")
-  image_size: int | None = _field(None, "Resize images to this square size (the source's if unset).")
+  image_size: int | None = _field(None,
+                                  "Resize images to this square size (the source's if unset).")
   channels: int | None = _field(None, "Convert images to 1 or 3 channels.")
   normalization: str | None = _field(
       None, f"The client's input normalisation: {_names(data.NORMALIZATION_NAMES)}, or its own "
       "per-channel MEAN/STD, e.g. 0.5,0.5,0.5/0.25,0.25,0.25 (with captured files: their metadata's "
       "if unset; else none).")
+  sequence_length: int = _field(
+      15,
+      "Text: tokens per sentence; the client's sentences are the corpus's distinct sentences of "
+      "this length, from --index on.")
+  vocab_size: int | None = _field(
+      None,
+      "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset)."
+  )
+  tokenizer: str = _field(
+      "words",
+      "Text: 'words' (the corpus's words) or 'bpe:N' (byte-pair pieces, N of them, learned "
+      "on the corpus read by SentencePiece; needs the sentencepiece package); --sequence_length "
+      "counts these tokens.")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The model the client trains: a zoo model, a checkpoint, or captured server weights."""
+
+  name: str | None = _field(
+      "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
+      "(e.g. resnet20-4). With captured files: their metadata's model if unset.", flag="model")
+  checkpoint: str | None = _field(
+      None, "Attack the model of this checkpoint (gradjax train) instead of a fresh --model "
+      "(its model, init and activation come from the checkpoint).")
+  weights: str | None = _field(
+      None, "Captured server weights to attack (a PyTorch state_dict as safetensors or .npz; see the "
+      "README's file format).")
+  rename: str | None = _field(
+      None, "Regex rules for the captured files' tensor names, pattern=replacement, comma separated "
+      "(e.g. 'downsample=shortcut,^fc\\.=linear.' for torchvision ResNets).")
+  init: str | None = _field(None, f"Model init: {_names(models.INITS)} (the model's own if unset).")
+  act: str | None = _field(
+      None, f"Activation for models that take one: {_names(models.ACTIVATIONS)}.")
+  num_classes: int | None = _field(None, "Model classes (the dataset's if unset).")
+  conv: str = _field(
+      "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
+      "XLA:CPU), split (lax.conv with the slow second derivative recast as a convolution), mixed "
+      "(split on large feature maps, im2col elsewhere), auto (on CPU mixed for attacks and split for "
+      "gradjax train, whose epochs run in a lax.scan; xla elsewhere).",
+      choices=models.CONVS)
+  text_dim: int = _field(models.TextSizes().dim, "Text: transformer width (embedding size).")
+  text_heads: int = _field(models.TextSizes().heads, "Text: attention heads.")
+  text_ffn: int = _field(models.TextSizes().ffn, "Text: feed-forward width.")
+  text_layers: int = _field(models.TextSizes().layers, "Text: encoder layers.")
+
+  def text_sizes(self) -> models.TextSizes:
+    """The transformer's sizes."""
+    return models.TextSizes(self.text_dim, self.text_heads, self.text_ffn, self.text_layers)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+  """The client: its threat model (FedSGD gradient or FedAvg update) and local training, or a
+  captured update."""
+
+  name: str = _field("fedsgd", "Threat model: fedsgd (gradient) or fedavg (update after local "
+                       "training).", flag="client")
   train_mode: bool = _field(False, "Client runs the model in training mode (BatchNorm batch stats).")
   share_statistics: bool = _field(
       False, "The client returns its BatchNorm running statistics with its update (as a PyTorch "
       "state_dict does): after one training-mode step they reveal its batch's moments, which the "
       "BatchNorm prior then matches (needs --train_mode and one local step).")
-  force: bool = _field(
-      False, "Attack a capture that fails its checks (the update recomputed from --dataset's images, "
-      "the activation read off the last layer); its verdict is then inconclusive.")
-  client: str = _field("fedsgd", "Threat model: fedsgd (gradient) or fedavg (update after local "
-                       "training).")
   local_epochs: int = _field(1, "FedAvg local epochs.")
   local_batch_size: int | None = _field(None, "FedAvg local mini-batch size (whole batch if unset).")
   local_lr: float = _field(0.01, "FedAvg local learning rate.")
@@ -202,31 +233,39 @@ class Config:
   shared_labels: str = _field(
       "ordered", "With known labels, what a FedAvg client reveals: ordered (labels per step) or "
       "multiset (which labels, not which step).")
-  defense: str | None = _field(
+  observation: str | None = _field(
+      None, "Captured client gradient, update or weights after local training, against --weights "
+      "(same format).")
+  num_samples: int | None = _field(
+      None,
+      "Captured: examples behind the update (the file's num_samples or labels if unset, else 1).")
+  force: bool = _field(
+      False,
+      "Attack a capture that fails its checks (the update recomputed from --dataset's images, "
+      "the activation read off the last layer); its verdict is then inconclusive.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DefenseConfig:
+  """The defense the client applies to its update."""
+
+  spec: str | None = _field(
       None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
-      "clip:1,gaussian:1e-4.")
+      "clip:1,gaussian:1e-4.", flag="defense")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttackConfig:
+  """The attack: a preset (or a closed form, or auto) and the parts that replace its own."""
+
+  preset: str = _field(
+      "dlg", f"Attack preset: {_names(presets.PRESETS)}; or a closed form: "
+      f"{_names(closed_forms.CLOSED_FORMS)}; or auto (every attack the update and "
+      "the model support, the one that matches the update best kept: gradjax.auto).",
+      flag="attack")
   adaptive: bool = _field(
       False, "Adapt the attack to the client's defense (--defense, after the one a capture's "
       "metadata declare): its objective models what the defense did (gradjax.adaptive).")
-  restarts: int = _field(1, "Random restarts; the lowest objective wins.")
-  budget: float | None = _field(
-      None, "--attack=auto: seconds for all its attacks. Each candidate runs once while time is left, "
-      "an optimisation attack with the iterations that fit its share (timed first; the preset's at "
-      "most, unless --iterations is set); the rest goes to more restarts of the one that matches the "
-      "update best, under successive halving by the matching objective (unset: each candidate once).")
-  permutations: int = _field(
-      1, "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
-  shard: bool = _field(
-      False, "Split restarts (x permutation candidates) over all devices, of every process of a "
-      "run over several processes (--num_processes).", execution=True)
-  halving_rounds: int = _field(
-      1, "Successive halving over restarts x candidates: rounds (1 = off).", execution=True)
-  halving_keep: float = _field(0.5, "Successive halving: fraction kept after each round.",
-                               execution=True)
-  strategy: str = _field("auto", "Restart strategy: auto (sequential on CPU, vmap on accelerators), "
-                         "tune, sequential, vmap, map.", execution=True)
-  map_batch_size: int | None = _field(None, "Restarts vectorised together by --strategy=map.",
-                                      execution=True)
   iterations: int | None = _field(
       None, "Optimizer iterations" + _PRESET + "; the preset's step counts (hfginv's prior starts and "
       "layer schedule) scale with it.", attack="iterations")
@@ -236,6 +275,9 @@ class Config:
       None, f"Optimizer{_PRESET}: {_names(optimizers.OPTIMIZERS)}.", attack="optimizer.name")
   learning_rate: float | None = _field(None, "Learning rate" + _PRESET + ".", flag="lr",
                                        attack="optimizer.learning_rate")
+  schedule: str | None = _field(
+      None, f"Learning-rate schedule{_PRESET}: {_names(optimizers.SCHEDULES)}.",
+      attack="optimizer.schedule")
   tol: float | None = _field(None, "Stop a restart once its objective is <= tol" + _PRESET + ".",
                              attack="tol")
   distance: str | None = _field(
@@ -253,9 +295,6 @@ class Config:
       "on dummy images through the server's model).", attack="labels", parse=_label_source)
   aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
                     "dataset's images after the attacked batch (Ye et al. use 40).")
-  schedule: str | None = _field(
-      None, f"Learning-rate schedule{_PRESET}: {_names(optimizers.SCHEDULES)}.",
-      attack="optimizer.schedule")
   box: bool | None = _field(None, "Clamp dummy data to the valid image range after every step.",
                             attack="box")
   dummy_init: str | None = _field(
@@ -276,22 +315,17 @@ class Config:
       "the first fraction F of the iterations, then the model itself (a zoo ConvNet, ResNet, MLP or "
       "LeNet): F[,start=S][,end=E], the sharpness from S (default 2) to E (1e4).",
       attack="smoothing", parse=parse_smoothing)
-  remat: bool | None = _field(
-      None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
-      attack="remat")
-  sequence_length: int = _field(
-      15, "Text: tokens per sentence; the client's sentences are the corpus's distinct sentences of "
-      "this length, from --index on.")
-  vocab_size: int | None = _field(
-      None, "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset).")
-  tokenizer: str = _field(
-      "words", "Text: 'words' (the corpus's words) or 'bpe:N' (byte-pair pieces, N of them, learned "
-      "on the corpus read by SentencePiece; needs the sentencepiece package); --sequence_length "
-      "counts these tokens.")
-  text_dim: int = _field(models.TextSizes().dim, "Text: transformer width (embedding size).")
-  text_heads: int = _field(models.TextSizes().heads, "Text: attention heads.")
-  text_ffn: int = _field(models.TextSizes().ffn, "Text: feed-forward width.")
-  text_layers: int = _field(models.TextSizes().layers, "Text: encoder layers.")
+  restarts: int = _field(1, "Random restarts; the lowest objective wins.")
+  budget: float | None = _field(
+      None,
+      "--attack=auto: seconds for all its attacks. Each candidate runs once while time is left, "
+      "an optimisation attack with the iterations that fit its share (timed first; the preset's at "
+      "most, unless --iterations is set); the rest goes to more restarts of the one that matches the "
+      "update best, under successive halving by the matching objective (unset: each candidate once)."
+  )
+  permutations: int = _field(
+      1,
+      "Permutation search: candidate label-to-mini-batch assignments run in parallel (1 = none).")
   text_search: str = _field(
       "embeddings", "Text: what is optimised: embeddings (DLG, SAPAG: free dummy embeddings and soft "
       "targets, decoded afterwards) or tokens (gradjax: a distribution over the revealed tokens per "
@@ -299,28 +333,78 @@ class Config:
   restrict_tokens: bool = _field(
       True, "Text: decode, and let soft targets range, only over the tokens the embedding gradient "
       "reveals (else the whole vocabulary).")
-  conv: str = _field(
-      "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
-      "XLA:CPU), split (lax.conv with the slow second derivative recast as a convolution), mixed "
-      "(split on large feature maps, im2col elsewhere), auto (on CPU mixed for attacks and split for "
-      "gradjax train, whose epochs run in a lax.scan; xla elsewhere).",
-      choices=models.CONVS)
-  seed: int = _field(0, "PRNG seed of everything the program draws (model and dummy "
-                     "initialisation; batches, shuffling and noise where it draws them).")
-  chunk: int = _field(100, "Iterations per jitted chunk between progress reports.", execution=True)
+
+  def build(self, *, modality: str = "image", remat: bool | None = None
+            ) -> "attacks.Attack | closed_forms.ClosedForm":
+    """The preset built at ``iterations`` (its own step counts, hfginv's prior starts and layer
+    schedule, scale with it), with the parts this section names replaced: the one place where the
+    names of distances, priors, label sources, dummy initialisations and optimizers become objects.
+    ``modality``: a text client's next-token targets are optimised jointly unless ``labels`` says
+    otherwise; ``remat`` (the execution section's): the replayed local steps checkpointed. A closed
+    form (:data:`gradjax.closed_forms.CLOSED_FORMS`) optimises nothing: an option of the optimisation
+    attacks set beside it is refused. ValueError for the auto attack, which
+    :func:`gradjax.run.pipeline.run` builds one attack at a time."""
+    return _build_attack(self, modality, remat)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionConfig:
+  """How the attack's restarts run: strategy, halving, sharding, progress chunks, precision, memory."""
+
+  strategy: str = _field(
+      "auto", "Restart strategy: auto (sequential on CPU, vmap on accelerators), "
+      "tune, sequential, vmap, map.")
+  map_batch_size: int | None = _field(None, "Restarts vectorised together by --strategy=map.")
+  halving_rounds: int = _field(
+      1, "Successive halving over restarts x candidates: rounds (1 = off).")
+  halving_keep: float = _field(0.5, "Successive halving: fraction kept after each round.")
+  shard: bool = _field(
+      False, "Split restarts (x permutation candidates) over all devices, of every process of a "
+      "run over several processes (--num_processes).")
+  chunk: int = _field(100, "Iterations per jitted chunk between progress reports.")
   matmul_precision: str = _field(
       "float32", "Matmul and convolution precision of the client's update and the attack: float32, "
       "tensorfloat32, bfloat16, or default (JAX's, which lets GPUs round float32 products and "
-      "ruins gradient matching there).", choices=driver.PRECISIONS, execution=True)
+      "ruins gradient matching there).", choices=driver.PRECISIONS)
+  remat: bool | None = _field(
+      None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
+      attack="remat")
+
+  def build(self, callback: Callable | None = None, monitor: Callable | None = None,
+            saver: driver.Saver | None = None) -> driver.Execution:
+    """The :class:`gradjax.driver.Execution` of the restarts (``remat`` changes the model and the
+    replay, not the driver)."""
+    knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "remat"}
+    return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver)
+
+  def __post_init__(self):
+    self.build()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+  """How a run is scored."""
+
   lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
                       "installed, else none).", choices=LPIPS)
-  # Batches with repeated labels (gradjax label-recovery, batch-table; data.duplicate_label_batches).
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Batches with repeated labels (gradjax label-recovery, batch-table;
+  data.duplicate_label_batches)."""
+
   pool: int = _field(1000, "Batches draw their images from the first POOL images of the dataset.")
   classes_per_batch: int = _field(
       4, "Distinct classes each batch's labels are drawn from (with replacement, so classes repeat "
       "when fewer than --batch_size).")
-  # Training a model (gradjax train; gradjax.training): FedSGD steps on --batch_size examples, or
-  # FedAvg rounds of the client options' local training.
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+  """Training a model (gradjax train; gradjax.training): FedSGD steps on data.batch_size examples,
+  or FedAvg rounds of the client's local training."""
+
   train_count: int | None = _field(
       150, "Training examples: the first N of the (permuted) dataset (text: every window but the "
       "test ones unless given).")
@@ -332,7 +416,7 @@ class Config:
       None, "Test on the first --test_count images of this dataset (default: the --test_count "
       "images after the training ones).")
   epochs: int = _field(10, "Epochs (FedSGD) or communication rounds (FedAvg).")
-  train_lr: float = _field(0.02, "FedSGD: the learning rate of the model's SGD.")
+  lr: float = _field(0.02, "FedSGD: the learning rate of the model's SGD.", flag="train_lr")
   momentum: float = _field(0.9, "FedSGD: heavy-ball momentum (PyTorch's form).")
   weight_decay: float = _field(
       0.0, "FedSGD: weight decay λ on every parameter (PyTorch's SGD: λθ added to the step's "
@@ -350,97 +434,105 @@ class Config:
   clients: int = _field(1, "FedAvg: clients, each training on an equal shard of the training "
                         "examples.")
 
-  def execution(self, callback: Callable | None = None, monitor: Callable | None = None,
-                saver: driver.Saver | None = None) -> driver.Execution:
-    """The :class:`gradjax.driver.Execution` of this experiment's restarts."""
-    knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.metadata["execution"]}
-    return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver)
 
-  def text_sizes(self) -> models.TextSizes:
-    """The transformer's sizes of this experiment."""
-    return models.TextSizes(self.text_dim, self.text_heads, self.text_ffn, self.text_layers)
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Everything that defines one experiment, by section (``None`` in an option = the preset's or the
+  source's default). Each option carries its documentation (:func:`option`), which is also its
+  command-line flag's help."""
+
+  seed: int = _field(0, "PRNG seed of everything the program draws (model and dummy "
+                     "initialisation; batches, shuffling and noise where it draws them).")
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  client: ClientConfig = dataclasses.field(default_factory=ClientConfig)
+  defense: DefenseConfig = dataclasses.field(default_factory=DefenseConfig)
+  attack: AttackConfig = dataclasses.field(default_factory=AttackConfig)
+  execution: ExecutionConfig = dataclasses.field(default_factory=ExecutionConfig)
+  output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
+  sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+  training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
 
   def __post_init__(self):
-    if self.modality not in MODALITIES:
-      raise ValueError(f"unknown modality {self.modality!r}; choose one of {', '.join(MODALITIES)}")
-    if self.modality == "text":
-      if self.weights or self.observation:
+    if self.data.modality not in MODALITIES:
+      raise ValueError(
+          f"unknown modality {self.data.modality!r}; choose one of {', '.join(MODALITIES)}")
+    if self.data.modality == "text":
+      if self.model.weights or self.client.observation:
         raise ValueError("captured files hold image models; text runs simulate the client")
-      if self.client != "fedsgd" and self.attack != "dager":
+      if self.client.name != "fedsgd" and self.attack.preset != "dager":
         raise ValueError("text runs simulate a FedSGD client (--client=fedsgd); a FedAvg client's "
                          "update is read by --attack=dager")
-      if not self.checkpoint and not models.is_text(self.model or ""):
+      if not self.model.checkpoint and not models.is_text(self.model.name or ""):
         raise ValueError(f"--modality=text needs a text model ({', '.join(models.TEXT_MODELS)}), "
-                         f"not {self.model!r}")
-      if self.dataset not in corpus.CORPORA:
+                         f"not {self.model.name!r}")
+      if self.data.dataset not in corpus.CORPORA:
         raise ValueError(f"--modality=text reads a corpus ({', '.join(corpus.CORPORA)}), not "
-                         f"{self.dataset!r}")
-      if self.text_search not in text.SEARCHES:
-        raise ValueError(f"unknown text search {self.text_search!r}; choose one of "
+                         f"{self.data.dataset!r}")
+      if self.attack.text_search not in text.SEARCHES:
+        raise ValueError(f"unknown text search {self.attack.text_search!r}; choose one of "
                          f"{', '.join(text.SEARCHES)}")
-      if self.sequence_length < 1:
-        raise ValueError(f"sequence_length must be positive, got {self.sequence_length}")
-      corpus.tokenizer_size(self.tokenizer)
-      if self.checkpoint and self.tokenizer != "words":
+      if self.data.sequence_length < 1:
+        raise ValueError(f"sequence_length must be positive, got {self.data.sequence_length}")
+      corpus.tokenizer_size(self.data.tokenizer)
+      if self.model.checkpoint and self.data.tokenizer != "words":
         raise ValueError("a checkpoint's vocabulary is its training corpus's words: drop --tokenizer")
-      if min(self.text_sizes()) < 1:
-        raise ValueError(f"transformer sizes must be positive, got {self.text_sizes()}")
-    elif models.is_text(self.model or ""):
-      raise ValueError(f"model {self.model!r} reads text: add --modality=text")
-    for f in dataclasses.fields(self):
-      value = getattr(self, f.name)
+      if min(self.model.text_sizes()) < 1:
+        raise ValueError(f"transformer sizes must be positive, got {self.model.text_sizes()}")
+    elif models.is_text(self.model.name or ""):
+      raise ValueError(f"model {self.model.name!r} reads text: add --modality=text")
+    values = options(self)
+    for path, value in values.items():
       if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"--{f.metadata['flag'] or f.name} must be a finite number, got {value}")
-    for name in ("learning_rate", "local_lr", "train_lr"):
-      if getattr(self, name) is not None and getattr(self, name) <= 0:
-        raise ValueError(f"--{'lr' if name == 'learning_rate' else name} must be positive, got "
-                         f"{getattr(self, name)}")
-    for name in ("epochs", "clients", "pool", "classes_per_batch"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
-    for name in ("train_count", "test_count"):
-      if getattr(self, name) is not None and getattr(self, name) < 0:
-        raise ValueError(f"--{name} must be non-negative, got {getattr(self, name)}")
-    if not 0 <= self.local_momentum < 1:
-      raise ValueError(f"--local_momentum must lie in [0, 1), got {self.local_momentum}")
-    if self.normalization is not None:
-      data.normalization(self.normalization)
-    if bool(self.weights) != bool(self.observation):
+        raise ValueError(f"--{alias(path)} must be a finite number, got {value}")
+    for path in ("attack.learning_rate", "client.local_lr", "training.lr"):
+      if values[path] is not None and values[path] <= 0:
+        raise ValueError(f"--{alias(path)} must be positive, got {values[path]}")
+    for path in ("training.epochs", "training.clients", "sampling.pool",
+                 "sampling.classes_per_batch", "attack.restarts", "attack.permutations"):
+      if values[path] < 1:
+        raise ValueError(f"--{alias(path)} must be positive, got {values[path]}")
+    for path in ("training.train_count", "training.test_count"):
+      if values[path] is not None and values[path] < 0:
+        raise ValueError(f"--{alias(path)} must be non-negative, got {values[path]}")
+    if not 0 <= self.client.local_momentum < 1:
+      raise ValueError(f"--local_momentum must lie in [0, 1), got {self.client.local_momentum}")
+    if self.data.normalization is not None:
+      data.normalization(self.data.normalization)
+    if bool(self.model.weights) != bool(self.client.observation):
       raise ValueError("captured files need both --weights and --observation")
-    if self.weights and self.checkpoint:
+    if self.model.weights and self.model.checkpoint:
       raise ValueError("--checkpoint and --weights both name the model; give one")
-    if self.dataset is None and not self.observation:
+    if self.data.dataset is None and not self.client.observation:
       raise ValueError("a simulated client needs a --dataset")
-    if self.model is None and not self.weights:
+    if self.model.name is None and not self.model.weights:
       raise ValueError("no --model given")
-    if self.num_samples is not None and self.num_samples < 1:
-      raise ValueError(f"num_samples must be positive, got {self.num_samples}")
-    if self.batch_size < 1:
-      raise ValueError(f"batch_size must be positive, got {self.batch_size}")
-    if self.index < 0:
-      raise ValueError(f"index must be non-negative, got {self.index}")
-    if self.image_size is not None and self.image_size < 1:
-      raise ValueError(f"image_size must be positive, got {self.image_size}")
-    if self.client not in CLIENTS:
-      raise ValueError(f"unknown client {self.client!r}; choose one of {', '.join(CLIENTS)}")
-    if self.lpips not in LPIPS:
-      raise ValueError(f"unknown LPIPS network {self.lpips!r}; choose one of {', '.join(LPIPS)}")
-    if self.lpips in lpips.NETWORKS and not lpips.available(self.lpips):
-      raise ValueError(f"--lpips={self.lpips} needs the lpips extra: {lpips.INSTALL}")
-    if self.conv not in models.CONVS:
-      raise ValueError(f"unknown convolution implementation {self.conv!r}; choose one of "
+    if self.client.num_samples is not None and self.client.num_samples < 1:
+      raise ValueError(f"num_samples must be positive, got {self.client.num_samples}")
+    if self.data.batch_size < 1:
+      raise ValueError(f"batch_size must be positive, got {self.data.batch_size}")
+    if self.data.index < 0:
+      raise ValueError(f"index must be non-negative, got {self.data.index}")
+    if self.data.image_size is not None and self.data.image_size < 1:
+      raise ValueError(f"image_size must be positive, got {self.data.image_size}")
+    if self.client.name not in CLIENTS:
+      raise ValueError(f"unknown client {self.client.name!r}; choose one of {', '.join(CLIENTS)}")
+    if self.output.lpips not in LPIPS:
+      raise ValueError(
+          f"unknown LPIPS network {self.output.lpips!r}; choose one of {', '.join(LPIPS)}")
+    if self.output.lpips in lpips.NETWORKS and not lpips.available(self.output.lpips):
+      raise ValueError(f"--lpips={self.output.lpips} needs the lpips extra: {lpips.INSTALL}")
+    if self.model.conv not in models.CONVS:
+      raise ValueError(f"unknown convolution implementation {self.model.conv!r}; choose one of "
                        f"{', '.join(models.CONVS)}")
-    if self.shared_labels not in SHARED_LABELS:
-      raise ValueError(f"unknown label sharing {self.shared_labels!r}; choose one of "
+    if self.client.shared_labels not in SHARED_LABELS:
+      raise ValueError(f"unknown label sharing {self.client.shared_labels!r}; choose one of "
                        f"{', '.join(SHARED_LABELS)}")
-    for name in ("restarts", "permutations"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-    if self.budget is not None and not (self.budget > 0 and self.attack == auto.AUTO):
+    if self.attack.budget is not None and not (self.attack.budget > 0 and
+                                               self.attack.preset == auto.AUTO):
       raise ValueError(f"--budget is the time of --attack=auto's attacks, a positive number of seconds; "
-                       f"got {self.budget} with --attack={self.attack}")
-    self.execution()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
+                       f"got {self.attack.budget} with --attack={self.attack.preset}")
+
 
 
 def _matched(preset: objectives.Matched, name: str, gamma: objectives.Gamma | None,
@@ -458,31 +550,33 @@ def _matched(preset: objectives.Matched, name: str, gamma: objectives.Gamma | No
   return matched
 
 
-def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
-  """The preset ``cfg.attack`` built at ``cfg.iterations`` (the preset's own step counts, hfginv's
-  prior starts and layer schedule, scale with it), with the parts the configuration names replaced:
-  the one place where the names of distances, priors, label sources, dummy initialisations and
-  optimizers become objects. A closed form (:data:`gradjax.closed_forms.CLOSED_FORMS`) optimises
-  nothing: an option of the optimisation attacks set beside it is refused."""
-  if cfg.attack in closed_forms.CLOSED_FORMS:
-    given = [f.name for f in dataclasses.fields(cfg)
-             if f.metadata["attack"] and getattr(cfg, f.name) is not None]
+def _build_attack(section: AttackConfig, modality: str, remat: bool | None):
+  """:meth:`AttackConfig.build`."""
+  if section.preset == auto.AUTO:
+    raise ValueError(
+        "--attack=auto runs several attacks, built one at a time by gradjax.run.pipeline")
+  fields = [
+      (f, getattr(section, f.name)) for f in dataclasses.fields(section) if f.metadata["attack"]
+  ]
+  fields.append((_OPTIONS["execution.remat"], remat))
+  if section.preset in closed_forms.CLOSED_FORMS:
+    given = [alias(_PATH_OF[id(f)]) for f, value in fields if value is not None]
     if given:
-      raise ValueError(f"--attack={cfg.attack} is a closed form: it optimises nothing, so "
+      raise ValueError(f"--attack={section.preset} is a closed form: it optimises nothing, so "
                        f"{', '.join('--' + g for g in given)} do not apply")
-    return closed_forms.CLOSED_FORMS[cfg.attack]()
+    return closed_forms.CLOSED_FORMS[section.preset]()
   overrides, optimizer = {}, {}
-  for f in dataclasses.fields(cfg):
-    value, parse, target = getattr(cfg, f.name), f.metadata["parse"], f.metadata["attack"]
-    if target and target != "iterations" and value is not None:
+  for f, value in fields:
+    parse, target = f.metadata["parse"], f.metadata["attack"]
+    if target != "iterations" and value is not None:
       value = parse(value) if parse else value
       if target.startswith("optimizer."):
         optimizer[target.removeprefix("optimizer.")] = value
       else:
         overrides[target] = value
-  preset = presets.get_preset(cfg.attack)
-  attack = preset() if cfg.iterations is None else preset(iterations=cfg.iterations)
-  if (cfg.modality == "text" and "labels" not in overrides
+  preset = presets.get_preset(section.preset)
+  attack = preset() if section.iterations is None else preset(iterations=section.iterations)
+  if (modality == "text" and "labels" not in overrides
       and attack.labels not in (labels_lib.joint, labels_lib.known)):
     # A preset's label inference (SAPAG's iDLG) reads a classifier's head; a language model's
     # next-token targets are optimised jointly, as DLG and SAPAG do for text.
@@ -497,19 +591,156 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
   return dataclasses.replace(attack, **overrides)
 
 
-# Fields that change how a run is scored, where its data lie or how its restarts are scheduled, not
+def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
+  """``cfg``'s attack: :meth:`AttackConfig.build` for its modality and its execution's ``remat``."""
+  return cfg.attack.build(modality=cfg.data.modality, remat=cfg.execution.remat)
+
+
+# The schema's options: dotted path -> its field, in the order of the sections.
+SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "seed"}
+# The sections of an attack's configuration (``sampling`` is the batch tables', ``training`` gradjax
+# train's).
+ATTACK_SECTIONS = tuple(s for s in SECTIONS if s not in ("sampling", "training"))
+_OPTIONS: dict[str, dataclasses.Field] = {"seed": next(f for f in dataclasses.fields(Config)
+                                                       if f.name == "seed")}
+for _section, _kind in SECTIONS.items():
+  for _f in dataclasses.fields(_kind):
+    _OPTIONS[f"{_section}.{_f.name}"] = _f
+_PATH_OF = {id(f): path for path, f in _OPTIONS.items()}
+del _section, _kind, _f
+
+
+def paths() -> tuple[str, ...]:
+  """Every option's dotted path (``"seed"``, ``"data.modality"``, ...), in the schema's order."""
+  return tuple(_OPTIONS)
+
+
+def option(path: str) -> dataclasses.Field:
+  """The field of option ``path``: its default, and in ``metadata`` its help, choices and short flag."""
+  if path not in _OPTIONS:
+    raise ValueError(f"unknown configuration option {path!r}; options are dotted paths such as "
+                     "data.index")
+  return _OPTIONS[path]
+
+
+def alias(path: str) -> str:
+  """The short command-line flag of option ``path``: its key (``--iterations`` for
+  ``attack.iterations``), or the flag it declares where the key names the section's main choice
+  (``--attack`` for ``attack.preset``, ``--model`` for ``model.name``, ``--lr`` for
+  ``attack.learning_rate``, ``--train_lr`` for ``training.lr``)."""
+  return option(path).metadata["flag"] or path.rpartition(".")[2]
+
+
+def section(path: str) -> str:
+  """The section of option ``path`` (``""`` for the top-level ``seed``)."""
+  option(path)
+  return path.rpartition(".")[0]
+
+
+def option_type(path: str) -> type:
+  """int, float, bool or str: option ``path``'s type without ``| None``."""
+  field = option(path)
+  kinds = [t for t in typing.get_args(field.type) or (field.type,) if t is not type(None)]
+  if len(kinds) != 1 or kinds[0] not in (int, float, bool, str):
+    raise TypeError(f"option {path} has type {field.type}, which no flag takes")
+  return kinds[0]
+
+
+def names(sections: tuple[str, ...] = ATTACK_SECTIONS,
+          omit: tuple[str, ...] = ()) -> tuple[str, ...]:
+  """The options (dotted paths) in ``sections`` (and ``seed``) but ``omit``: what a program reads."""
+  return tuple(p for p in _OPTIONS if section(p) in ("", *sections) and p not in omit)
+
+
+def get(cfg: Config, path: str) -> Any:
+  """The value of option ``path`` in ``cfg``."""
+  option(path)
+  node = cfg
+  for key in path.split("."):
+    node = getattr(node, key)
+  return node
+
+
+def options(cfg: Config, paths: tuple[str, ...] | None = None) -> dict[str, Any]:
+  """Dotted path -> value of ``cfg``'s options (all, or ``paths``)."""
+  return {p: get(cfg, p) for p in (_OPTIONS if paths is None else paths)}
+
+
+def replace(cfg: Config, values: dict[str, Any]) -> Config:
+  """``cfg`` with options set (dotted path -> value): a sweep item, a table's row. ValueError for a
+  path the schema lacks or a value its checks refuse."""
+  for path in values:
+    option(path)
+  top = {"seed": values.get("seed", cfg.seed)}
+  for name in SECTIONS:
+    mine = {p.partition(".")[2]: v for p, v in values.items() if section(p) == name}
+    top[name] = dataclasses.replace(getattr(cfg, name), **mine) if mine else getattr(cfg, name)
+  return Config(**top)
+
+
+def from_options(values: dict[str, Any]) -> Config:
+  """The :class:`Config` of the defaults with ``values`` (dotted path -> value) set."""
+  for path in values:
+    option(path)
+  top = {"seed": values.get("seed", option("seed").default)}
+  for name, kind in SECTIONS.items():
+    top[name] = kind(**{p.partition(".")[2]: v for p, v in values.items() if section(p) == name})
+  return Config(**top)
+
+
+def record(cfg: Config, paths: tuple[str, ...] | None = None) -> dict[str, Any]:
+  """``cfg``'s options (all, or ``paths``) as nested plain dicts, the configuration a run's results
+  record (:func:`recorded` reads it back)."""
+  out: dict[str, Any] = {}
+  for path, value in options(cfg, paths).items():
+    *sections, key = path.split(".")
+    node = out
+    for name in sections:
+      node = node.setdefault(name, {})
+    node[key] = value
+  return out
+
+
+# What a results file recorded before the schema was nested (one flat record): its key -> the path.
+_FLAT_RECORD = {"model": "model.name", "client": "client.name", "defense": "defense.spec",
+                "attack": "attack.preset", "train_lr": "training.lr",
+                **{p.rpartition(".")[2]: p for p in _OPTIONS
+                   if p.rpartition(".")[2] not in ("name", "spec", "preset", "lr")}}
+
+
+def recorded(values: dict[str, Any]) -> dict[str, Any]:
+  """Dotted path -> value of a configuration a run's results recorded: :func:`record`'s nested
+  form, dotted paths (:func:`fingerprint`), or the flat record of results written before the schema
+  was nested (their keys the options' short names). Keys the schema no longer has are left out."""
+  if any(isinstance(v, dict) for v in values.values()):
+    out = {}
+
+    def walk(node, prefix):
+      for key, value in node.items():
+        if isinstance(value, dict):
+          walk(value, f"{prefix}{key}.")
+        elif f"{prefix}{key}" in _OPTIONS:
+          out[f"{prefix}{key}"] = value
+
+    walk(values, "")
+    return out
+  return {k if k in _OPTIONS else _FLAT_RECORD[k]: v for k, v in values.items()
+          if k in _OPTIONS or k in _FLAT_RECORD}
+
+
+# Options that change how a run is scored, where its data lie or how its restarts are scheduled, not
 # what it computes: a saved item or state continues under other values of these. (A state saved
 # mid-run holds its resolved strategy and continues only under the same one: auto resolves to vmap on
 # an accelerator and to sequential on a CPU, so a run begun on one resumes on the other with
 # --strategy=vmap.)
-NOT_FINGERPRINTED = ("lpips", "data_dir", "force", "strategy", "map_batch_size")
+NOT_FINGERPRINTED = ("output.lpips", "data.data_dir", "client.force", "execution.strategy",
+                     "execution.map_batch_size")
 
 
 def fingerprint(cfg: Config) -> dict:
-  """What determines ``cfg``'s reconstruction (its attack sections' fields but
-  ``NOT_FINGERPRINTED``), for state files."""
-  return {k: v for k, v in dataclasses.asdict(cfg).items()
-          if k not in NOT_FINGERPRINTED and section(k) in ("", *ATTACK_SECTIONS)}
+  """What determines ``cfg``'s reconstruction (its attack sections' options but
+  ``NOT_FINGERPRINTED``; dotted path -> value), for state files."""
+  return {p: v for p, v in options(cfg, names()).items() if p not in NOT_FINGERPRINTED}
 
 
 def _input_file(path: str | None, flag: str) -> None:
@@ -528,52 +759,63 @@ def check(cfg: Config) -> attacks.Attack:
   overrides, the defense, the model name, the dataset name and the input files. Returns the attack
   (``None`` for auto, whose attacks :func:`gradjax.run.pipeline.run` builds one by one).
   (Field values were checked when ``cfg`` was built.)"""
-  attack = None if cfg.attack == auto.AUTO else get_attack(cfg)
-  if cfg.attack in closed_forms.CLOSED_FORMS:
-    if cfg.adaptive:
-      raise ValueError(f"--adaptive adapts an optimisation attack's objective; --attack={cfg.attack} "
-                       "is a closed form")
-    modality = "text" if cfg.attack in closed_forms.TEXT_CLOSED_FORMS else "image"
-    if cfg.modality != modality or cfg.restarts != 1 or cfg.permutations != 1:
-      raise ValueError(f"--attack={cfg.attack} recovers {'sentences' if modality == 'text' else 'images'}"
-                       f" in one pass: --modality={modality}, --restarts=1 and --permutations=1")
-  if (cfg.modality == "text" and models.is_masked_lm(cfg.model or "")
-      and (cfg.attack != "dager" or cfg.client != "fedsgd")):
-    raise ValueError(f"a masked language model's ({cfg.model}) FedSGD update is read by "
+  attack = None if cfg.attack.preset == auto.AUTO else get_attack(cfg)
+  if cfg.attack.preset in closed_forms.CLOSED_FORMS:
+    if cfg.attack.adaptive:
+      raise ValueError(
+          f"--adaptive adapts an optimisation attack's objective; --attack={cfg.attack.preset} "
+          "is a closed form")
+    modality = "text" if cfg.attack.preset in closed_forms.TEXT_CLOSED_FORMS else "image"
+    if cfg.data.modality != modality or cfg.attack.restarts != 1 or cfg.attack.permutations != 1:
+      raise ValueError(
+          f"--attack={cfg.attack.preset} recovers {'sentences' if modality == 'text' else 'images'}"
+          f" in one pass: --modality={modality}, --restarts=1 and --permutations=1")
+  if (cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or "")
+      and (cfg.attack.preset != "dager" or cfg.client.name != "fedsgd")):
+    raise ValueError(f"a masked language model's ({cfg.model.name}) FedSGD update is read by "
                      "--attack=dager (the optimisation attacks and FedAvg replay train on "
                      "next-token targets)")
-  if cfg.share_statistics and (not cfg.train_mode or cfg.observation or cfg.modality != "image"):
+  if cfg.client.share_statistics and (not cfg.client.train_mode or cfg.client.observation or
+                                      cfg.data.modality != "image"):
     raise ValueError("--share_statistics simulates a client that returns the BatchNorm statistics its "
                      "training-mode step updated: it needs --train_mode and a simulated image client")
-  if cfg.share_statistics and not (isinstance(attack, attacks.Attack)
+  if cfg.client.share_statistics and not (isinstance(attack, attacks.Attack)
                                    and any("batch_stats" in p.needs for p in attack.priors)):
-    raise ValueError("--share_statistics gives the batch's BatchNorm moments to the bn prior, which "
-                     f"this attack ({cfg.attack}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
-  if cfg.defense:
-    defenses.parse(cfg.defense)
-  if cfg.adaptive and not (cfg.defense or cfg.observation):
+    raise ValueError(
+        "--share_statistics gives the batch's BatchNorm moments to the bn prior, which "
+        f"this attack ({cfg.attack.preset}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
+  if cfg.defense.spec:
+    defenses.parse(cfg.defense.spec)
+  if cfg.attack.adaptive and not (cfg.defense.spec or cfg.client.observation):
     raise ValueError("--adaptive adapts the attack to the client's defense: give --defense (or a "
                      "capture whose metadata declare its 'defense')")
-  if cfg.model is not None and not cfg.checkpoint:
-    models.get_module(cfg.model, num_classes=cfg.num_classes or 10, init=cfg.init, act=cfg.act,
-                      conv=cfg.conv, text_sizes=cfg.text_sizes())
-  if (cfg.modality == "image" and cfg.dataset is not None and not cfg.dataset.startswith("tfds:")
-      and cfg.dataset not in data.DATASETS):  # a text corpus was checked with the configuration
-    raise ValueError(f"unknown dataset {cfg.dataset!r}; expected one of {', '.join(data.DATASETS)} "
-                     "or tfds:<name>")
-  for flag in ("checkpoint", "weights", "observation"):
-    _input_file(getattr(cfg, flag), flag)
+  if cfg.model.name is not None and not cfg.model.checkpoint:
+    models.get_module(
+        cfg.model.name,
+        num_classes=cfg.model.num_classes or 10,
+        init=cfg.model.init,
+        act=cfg.model.act,
+        conv=cfg.model.conv,
+        text_sizes=cfg.model.text_sizes())
+  if (cfg.data.modality == "image" and cfg.data.dataset is not None and
+      not cfg.data.dataset.startswith("tfds:") and
+      cfg.data.dataset not in data.DATASETS):  # a text corpus was checked with the configuration
+    raise ValueError(
+        f"unknown dataset {cfg.data.dataset!r}; expected one of {', '.join(data.DATASETS)} "
+        "or tfds:<name>")
+  for path in ("model.checkpoint", "model.weights", "client.observation"):
+    _input_file(get(cfg, path), alias(path))
   return attack
 
 
 def attacked_model(cfg: Config) -> str:
   """The name of the model ``cfg`` attacks: ``--model``, or the checkpoint's or the capture's
   model when there is one ("captured" when a capture names none). Reads file metadata only."""
-  model = cfg.model
-  if cfg.checkpoint:
-    model = checkpoint.read_metadata(cfg.checkpoint).get("model", model)
-  if cfg.observation and cfg.model is None:
-    model = interop.read(cfg.weights).metadata.get("model") or "captured"
+  model = cfg.model.name
+  if cfg.model.checkpoint:
+    model = checkpoint.read_metadata(cfg.model.checkpoint).get("model", model)
+  if cfg.client.observation and cfg.model.name is None:
+    model = interop.read(cfg.model.weights).metadata.get("model") or "captured"
   return model
 
 
@@ -581,72 +823,19 @@ def run_name(cfg: Config) -> str:
   """``<attack>_<model>_<source>``: the run's default folder name, from what is attacked
   (:func:`attacked_model`). Reads file metadata only."""
   model = attacked_model(cfg)
-  if cfg.observation:
-    source = os.path.splitext(os.path.basename(cfg.observation))[0]
+  if cfg.client.observation:
+    source = os.path.splitext(os.path.basename(cfg.client.observation))[0]
   else:
     # Ranges as a..b: "-k" is the suffix of a taken folder (experiments/common.output_folder).
-    source = f"{cfg.dataset.replace(':', '-')}_{cfg.index}" + (
-        f"..{cfg.index + cfg.batch_size - 1}" if cfg.batch_size > 1 else "")
-  return f"{cfg.attack}_{model}_{source}".replace(os.sep, "-")
-
-
-# The nested schema: section -> {key: Config field}. Keys are the fields' names but where a field names
-# the section's main choice (--attack is attack.preset). ``seed`` stands alone, at the top.
-SECTIONS = {
-    "data": ("modality", "dataset", "data_dir", "index", "batch_size", "image_size", "channels",
-             "normalization", "sequence_length", "vocab_size", "tokenizer"),
-    "model": ("model", "checkpoint", "weights", "rename", "init", "act", "num_classes", "conv",
-              "text_dim", "text_heads", "text_ffn", "text_layers"),
-    "client": ("client", "train_mode", "share_statistics", "local_epochs", "local_batch_size", "local_lr",
-               "local_momentum", "shared_labels", "observation", "num_samples", "force"),
-    "defense": ("defense",),
-    "attack": ("attack", "adaptive", "iterations", "objective", "optimizer", "learning_rate", "schedule", "tol",
-               "distance", "layer_weights", "priors", "labels", "aux", "box", "dummy_init",
-               "one_sample_per_step", "gamma", "head_features", "smoothing", "restarts", "budget", "permutations", "text_search",
-               "restrict_tokens"),
-    "execution": ("strategy", "map_batch_size", "halving_rounds", "halving_keep", "shard", "chunk",
-                  "matmul_precision", "remat"),
-    "output": ("lpips",),
-    "sampling": ("pool", "classes_per_batch"),
-    "training": ("train_count", "test_count", "data_seed", "test_dataset", "epochs", "train_lr",
-                 "momentum", "weight_decay", "nesterov", "lr_milestones", "lr_gamma", "augment",
-                 "clients"),
-}
-TOP = ("seed",)
-# The sections of an attack's configuration (``sampling`` is the batch tables', ``training`` gradjax
-# train's).
-ATTACK_SECTIONS = tuple(s for s in SECTIONS if s not in ("sampling", "training"))
-# Keys that are not their field's name: a section's own field, and training.lr (--train_lr, apart
-# from the attack's --lr).
-_KEYS = {"model": "name", "client": "name", "defense": "spec", "attack": "preset", "train_lr": "lr"}
-
-
-def field_type(field: dataclasses.Field) -> type:
-  """int, float, bool or str: a :class:`Config` field's type without ``| None``."""
-  kinds = [t for t in typing.get_args(field.type) or (field.type,) if t is not type(None)]
-  if len(kinds) != 1 or kinds[0] not in (int, float, bool, str):
-    raise TypeError(f"Config field {field.name} has type {field.type}, which no option takes")
-  return kinds[0]
-
-
-def paths() -> dict[str, str]:
-  """Config field -> its dotted path in the nested schema (``"iterations"`` -> ``"attack.iterations"``)."""
-  out = {name: name for name in TOP}
-  for section, names in SECTIONS.items():
-    for name in names:
-      out[name] = f"{section}.{_KEYS.get(name, name)}"
-  return out
-
-
-def section(field_name: str) -> str:
-  """The section of a :class:`Config` field (``""`` for the top-level ``seed``)."""
-  return paths()[field_name].rpartition(".")[0]
+    source = f"{cfg.data.dataset.replace(':', '-')}_{cfg.data.index}" + (
+        f"..{cfg.data.index + cfg.data.batch_size - 1}" if cfg.data.batch_size > 1 else "")
+  return f"{cfg.attack.preset}_{model}_{source}".replace(os.sep, "-")
 
 
 def defaults() -> config_dict.ConfigDict:
   """The nested configuration with every option at its default; a config file starts from it.
   Options that default to ``None`` are typed placeholders, so ``--config.<path>=...`` can set them."""
-  return _nested({f.name: f.default for f in dataclasses.fields(Config)})
+  return to_dict(Config())
 
 
 def overridden(options: dict[str, Any]) -> config_dict.ConfigDict:
@@ -654,15 +843,12 @@ def overridden(options: dict[str, Any]) -> config_dict.ConfigDict:
   (``experiments/studies/*/config.py``) is its options over the defaults. ValueError for a path the
   schema lacks."""
   c = defaults()
-  known = set(paths().values())
   for path, value in options.items():
-    if path not in known:
-      raise ValueError(f"unknown configuration option {path!r}; options are dotted paths such as "
-                       "data.index")
+    option(path)
     *sections, key = path.split(".")
     node = c
-    for sec in sections:
-      node = node[sec]
+    for name in sections:
+      node = node[name]
     node[key] = value
   return c
 
@@ -687,49 +873,30 @@ def recipes(base: dict[str, Any], variants: dict[str, tuple]) -> tuple[Callable,
   return get_config, get_sweep
 
 
-def names(sections: tuple[str, ...] = ATTACK_SECTIONS, omit: tuple[str, ...] = ()) -> tuple[str, ...]:
-  """The :class:`Config` fields in ``sections`` (and ``seed``) but ``omit``: what a program reads."""
-  return tuple(f.name for f in dataclasses.fields(Config)
-               if section(f.name) in ("", *sections) and f.name not in omit)
-
-
-def options(cfg: "Config", fields: tuple[str, ...] | None = None) -> dict[str, Any]:
-  """Config field -> value of ``cfg``'s ``fields`` (default: an attack's, :func:`names`): what a
-  run records."""
-  fields = names() if fields is None else fields
-  return {k: v for k, v in dataclasses.asdict(cfg).items() if k in fields}
-
-
-def to_dict(cfg: "Config") -> config_dict.ConfigDict:
-  """``cfg`` in the nested schema."""
-  return _nested(dataclasses.asdict(cfg))
-
-
-def _nested(values: dict[str, Any]) -> config_dict.ConfigDict:
-  fields = {f.name: f for f in dataclasses.fields(Config)}
+def to_dict(cfg: Config) -> config_dict.ConfigDict:
+  """``cfg`` as the nested ``ConfigDict`` a configuration file returns (``None`` options as typed
+  placeholders)."""
   tree: dict[str, Any] = {}
-  for name, path in paths().items():
-    value = values[name]
+  for path, value in options(cfg).items():
     if value is None:
-      value = config_dict.placeholder(field_type(fields[name]))
+      value = config_dict.placeholder(option_type(path))
     *sections, key = path.split(".")
     node = tree
-    for sec in sections:
-      node = node.setdefault(sec, {})
+    for name in sections:
+      node = node.setdefault(name, {})
     node[key] = value
   return config_dict.ConfigDict(tree)
 
 
-def from_dict(tree) -> "Config":
+def from_dict(tree) -> Config:
   """The :class:`Config` of a nested configuration (a ``ConfigDict`` or plain dicts); options it
   leaves out keep their defaults. Raises ValueError naming an option the schema does not have."""
-  return Config(**given(tree))
+  return from_options(given(tree))
 
 
 def given(tree) -> dict[str, Any]:
-  """Config field -> value of every option ``tree`` holds (ValueError for one the schema lacks)."""
+  """Dotted path -> value of every option ``tree`` holds (ValueError for one the schema lacks)."""
   plain = tree.to_dict() if isinstance(tree, config_dict.ConfigDict) else dict(tree)
-  by_path = {path: name for name, path in paths().items()}
   out, unknown = {}, []
 
   def walk(node, prefix):
@@ -737,8 +904,8 @@ def given(tree) -> dict[str, Any]:
       path = f"{prefix}{key}"
       if isinstance(value, dict):
         walk(value, path + ".")
-      elif path in by_path:
-        out[by_path[path]] = value
+      elif path in _OPTIONS:
+        out[path] = value
       else:
         unknown.append(path)
 
@@ -753,8 +920,8 @@ def given(tree) -> dict[str, Any]:
 def sweep(path: str, values) -> list[dict[str, Any]]:
   """One option's values as sweep items: ``sweep("data.index", range(3))`` ->
   ``[{"data.index": 0}, {"data.index": 1}, {"data.index": 2}]``. ``path``: a dotted path of the
-  nested schema (:func:`paths`)."""
-  if path not in paths().values():
+  schema (:func:`paths`)."""
+  if path not in _OPTIONS:
     raise ValueError(f"unknown option {path!r} in a sweep")
   return [{path: value} for value in values]
 
@@ -768,30 +935,29 @@ def product(*sweeps: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return out
 
 
-def with_options(cfg: "Config", item: dict[str, Any]) -> "Config":
+def with_options(cfg: Config, item: dict[str, Any]) -> Config:
   """``cfg`` with a sweep item's options (dotted paths) set; ValueError for a path the schema lacks
   or a value its checks refuse."""
-  by_path = {path: name for name, path in paths().items()}
-  unknown = sorted(set(item) - set(by_path))
+  unknown = sorted(set(item) - set(_OPTIONS))
   if unknown:
     raise ValueError(f"unknown option {unknown[0]!r} in a sweep item; options are dotted paths such "
                      "as data.index")
-  return dataclasses.replace(cfg, **{by_path[path]: value for path, value in item.items()})
+  return replace(cfg, item)
 
 
 def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
               fields: tuple[str, ...] | None = None, sweep: list[dict[str, Any]] | None = None) -> str:
-  """A configuration file that sets every option of ``cfg`` (a :class:`Config`, or field -> value;
-  or only its ``fields``; defaults too, so it reproduces the run whatever later defaults become):
-  ``--config=<file>``. ``comment``: lines put first, as comments. ``sweep``: its items, as the
-  file's ``get_sweep()`` (``gradjax sweep`` runs one experiment per item)."""
+  """A configuration file that sets every option of ``cfg`` (a :class:`Config`, or dotted path ->
+  value; or only the options ``fields``; defaults too, so it reproduces the run whatever later
+  defaults become): ``--config=<file>``. ``comment``: lines put first, as comments. ``sweep``: its
+  items, as the file's ``get_sweep()`` (``gradjax sweep`` runs one experiment per item)."""
   lines = [f"# {line}" for line in comment.splitlines()]
   lines += ['"""A gradjax configuration (gradjax.run.config)."""', "", "from gradjax import config", "", "",
             "def get_config():", "  c = config.defaults()"]
-  values = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(cfg)
-  for name, path in paths().items():
-    if (fields is None or name in fields) and name in values:
-      lines.append(f"  c.{path} = {values[name]!r}")
+  values = options(cfg) if isinstance(cfg, Config) else dict(cfg)
+  for path in _OPTIONS:
+    if (fields is None or path in fields) and path in values:
+      lines.append(f"  c.{path} = {values[path]!r}")
   lines += ["  return c", ""]
   if sweep is not None:
     lines += ["", "def get_sweep():"] + _sweep_source(sweep)

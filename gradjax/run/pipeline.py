@@ -28,10 +28,10 @@ import numpy as np
 from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, dager
 from gradjax import data, defenses, driver, fidelity, interop, lpips, malicious, metrics, models, presets
 from gradjax import text
-from gradjax.run import resume
+from gradjax.run import config, resume
 from gradjax import verdict
 from gradjax import labels as labels_lib
-from gradjax.run.config import SERVER_INFERRED_LABELS, Config, attacked_model, check, fingerprint, options
+from gradjax.run.config import SERVER_INFERRED_LABELS, Config, attacked_model, check, fingerprint
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
@@ -55,35 +55,43 @@ def image_bounds(norm: data.Normalization, channels: int) -> tuple[np.ndarray, n
 
 def load_batch(cfg: Config) -> data.Dataset:
   """The client's private batch: images ``index .. index + batch_size - 1`` of the dataset."""
-  size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
+  size = None if cfg.data.image_size is None else (cfg.data.image_size, cfg.data.image_size)
   try:
-    return data.load(cfg.dataset, data_dir=cfg.data_dir,
-                     indices=range(cfg.index, cfg.index + cfg.batch_size), image_size=size,
-                     channels=cfg.channels)
+    return data.load(
+        cfg.data.dataset,
+        data_dir=cfg.data.data_dir,
+        indices=range(cfg.data.index, cfg.data.index + cfg.data.batch_size),
+        image_size=size,
+        channels=cfg.data.channels)
   except ValueError as e:
     if "out of range" not in str(e):
       raise
-    raise ValueError(f"--index {cfg.index} with --batch_size {cfg.batch_size} asks for images "
-                     f"{cfg.index}..{cfg.index + cfg.batch_size - 1}; {e}") from None
+    raise ValueError(
+        f"--index {cfg.data.index} with --batch_size {cfg.data.batch_size} asks for images "
+        f"{cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}; {e}") from None
 
 
 def hfginv_labels(cfg: Config, model, observation, norm, key) -> jax.Array:
   """HFGInv's labels of ``observation`` (:func:`gradjax.labels.hfginv`), its feature profile from
-  ``cfg.aux`` images of the dataset after the attacked batch, which the client does not hold."""
-  if cfg.dataset is None:
+  ``cfg.attack.aux`` images of the dataset after the attacked batch, which the client does not hold."""
+  if cfg.data.dataset is None:
     raise ValueError("--labels=hfginv reads auxiliary images of --dataset; none is given")
-  if cfg.aux < 2:
-    raise ValueError(f"--aux must be at least 2 images, got {cfg.aux}")
-  start = cfg.index + observation.num_samples
-  size = None if cfg.image_size is None else (cfg.image_size, cfg.image_size)
+  if cfg.attack.aux < 2:
+    raise ValueError(f"--aux must be at least 2 images, got {cfg.attack.aux}")
+  start = cfg.data.index + observation.num_samples
+  size = None if cfg.data.image_size is None else (cfg.data.image_size, cfg.data.image_size)
   try:
-    aux = data.load(cfg.dataset, data_dir=cfg.data_dir, indices=range(start, start + cfg.aux),
-                    image_size=size, channels=cfg.channels)
+    aux = data.load(
+        cfg.data.dataset,
+        data_dir=cfg.data.data_dir,
+        indices=range(start, start + cfg.attack.aux),
+        image_size=size,
+        channels=cfg.data.channels)
   except ValueError as e:
     if "out of range" not in str(e):
       raise
-    raise ValueError(f"--labels=hfginv takes --aux {cfg.aux} images after the batch, "
-                     f"{start}..{start + cfg.aux - 1}; {e}") from None
+    raise ValueError(f"--labels=hfginv takes --aux {cfg.attack.aux} images after the batch, "
+                     f"{start}..{start + cfg.attack.aux - 1}; {e}") from None
   profile = labels_lib.feature_profile(model.apply_fn, model.variables,
                                        jnp.asarray(data.normalize(aux.x, norm), np.float32))
   return labels_lib.hfginv(observation, profile, key)
@@ -111,41 +119,58 @@ def _captured(cfg: Config, batch: data.Dataset | None):
   input_shape = None
   if batch is not None:
     input_shape = batch.x.shape[1:]
-  elif cfg.image_size is not None:
-    input_shape = (cfg.image_size, cfg.image_size, cfg.channels or 3)
-  module_kwargs = dict(remat=bool(cfg.remat), conv=cfg.conv)
-  if cfg.act is not None:
-    module_kwargs["act"] = cfg.act
-  imported = interop.load(cfg.weights, cfg.observation, model=cfg.model, input_shape=input_shape,
-                          num_classes=cfg.num_classes, rename=interop.parse_renames(cfg.rename),
-                          num_samples=cfg.num_samples, train=cfg.train_mode or None,
-                          **module_kwargs)
+  elif cfg.data.image_size is not None:
+    input_shape = (cfg.data.image_size, cfg.data.image_size, cfg.data.channels or 3)
+  module_kwargs = dict(remat=bool(cfg.execution.remat), conv=cfg.model.conv)
+  if cfg.model.act is not None:
+    module_kwargs["act"] = cfg.model.act
+  imported = interop.load(
+      cfg.model.weights,
+      cfg.client.observation,
+      model=cfg.model.name,
+      input_shape=input_shape,
+      num_classes=cfg.model.num_classes,
+      rename=interop.parse_renames(cfg.model.rename),
+      num_samples=cfg.client.num_samples,
+      train=cfg.client.train_mode or None,
+      **module_kwargs)
   taken = tuple(imported.model.input_shape)
-  if cfg.channels is not None and taken[-1] != cfg.channels:
-    raise ValueError(f"--channels={cfg.channels}, but the captured model takes {taken[-1]}-channel "
-                     f"inputs ({'x'.join(map(str, taken))})")
+  if cfg.data.channels is not None and taken[-1] != cfg.data.channels:
+    raise ValueError(
+        f"--channels={cfg.data.channels}, but the captured model takes {taken[-1]}-channel "
+        f"inputs ({'x'.join(map(str, taken))})")
   return imported.model, imported.observation, imported.metadata
 
 
 def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
   """The model the simulated client of ``cfg`` trains: a fresh zoo model or a checkpoint's."""
-  num_classes = cfg.num_classes or batch.num_classes
+  num_classes = cfg.model.num_classes or batch.num_classes
   if int(batch.y.max()) >= num_classes:
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
   input_shape = batch.x.shape[1:]
-  if cfg.checkpoint:
-    model = checkpoint.load_model(cfg.checkpoint, remat=bool(cfg.remat), conv=cfg.conv)
-    saved = checkpoint.load(cfg.checkpoint)[1].get("normalization", "none")
-    if saved != (cfg.normalization or "none"):
-      raise ValueError(f"checkpoint {cfg.checkpoint} was trained with normalization {saved!r}, "
-                       f"not {cfg.normalization or 'none'!r}")
+  if cfg.model.checkpoint:
+    model = checkpoint.load_model(
+        cfg.model.checkpoint, remat=bool(cfg.execution.remat), conv=cfg.model.conv)
+    saved = checkpoint.load(cfg.model.checkpoint)[1].get("normalization", "none")
+    if saved != (cfg.data.normalization or "none"):
+      raise ValueError(
+          f"checkpoint {cfg.model.checkpoint} was trained with normalization {saved!r}, "
+          f"not {cfg.data.normalization or 'none'!r}")
     if tuple(model.input_shape) != tuple(input_shape) or model.num_classes < batch.num_classes:
-      raise ValueError(f"checkpoint {cfg.checkpoint} holds a model for {tuple(model.input_shape)} "
-                       f"inputs and {model.num_classes} classes; the data is {tuple(input_shape)} "
-                       f"with {batch.num_classes} classes")
+      raise ValueError(
+          f"checkpoint {cfg.model.checkpoint} holds a model for {tuple(model.input_shape)} "
+          f"inputs and {model.num_classes} classes; the data is {tuple(input_shape)} "
+          f"with {batch.num_classes} classes")
   else:
-    model = models.create(cfg.model, key_model, input_shape=input_shape, num_classes=num_classes,
-                          init=cfg.init, act=cfg.act, remat=bool(cfg.remat), conv=cfg.conv)
+    model = models.create(
+        cfg.model.name,
+        key_model,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        init=cfg.model.init,
+        act=cfg.model.act,
+        remat=bool(cfg.execution.remat),
+        conv=cfg.model.conv)
   return model
 
 
@@ -200,9 +225,10 @@ class _Resumable:
         trace.rows = list(extra.get("history", []))
         self.earlier_s, self.resumed = float(extra.get("wall_time_s", 0.0)), True
 
-      spread = cfg.shard and jax.process_count() > 1  # one attack over every process's devices
+      spread = cfg.execution.shard and jax.process_count(
+      ) > 1  # one attack over every process's devices
       saved_with = fingerprint(cfg)
-      if cfg.shard:  # the restarts' split over devices shapes the vmapped programs' values
+      if cfg.execution.shard:  # the restarts' split over devices shapes the vmapped programs' values
         saved_with["restarts_split_over"] = (f"{jax.device_count()} devices of "
                                              f"{jax.process_count()} processes")
       self.saver = state.saver(saved_with, on_restore=restored, collective=spread, extra=lambda: {
@@ -221,7 +247,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       wall_time_s=timing.wall_s(),
       iterations=int(rec.iterations[rec.best_restart]),
       evaluations=int(rec.evaluations.sum()),
-      restarts=cfg.restarts,
+      restarts=cfg.attack.restarts,
       resumed=timing.resumed,
       state_saves=0 if saver is None else saver.saves,
       state_save_s=0.0 if saver is None else saver.seconds,
@@ -237,10 +263,10 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
               else {"closed_form": dataclasses.asdict(attack)}),
       adaptation=(adaptive.assumptions(defenses.parse(adapted_to), attack.matched.name)
                   if adapted_to else None),
-      config=options(cfg),
+      config=config.record(cfg, config.names()),
       device=str(jax.local_devices()[0]),
-      devices=jax.device_count() if cfg.shard else 1,
-      processes=jax.process_count() if cfg.shard else 1,
+      devices=jax.device_count() if cfg.execution.shard else 1,
+      processes=jax.process_count() if cfg.execution.shard else 1,
       backend=jax.default_backend(),
       jax_version=jax.__version__,
   )
@@ -265,11 +291,12 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   the ground truth's order when there is one, else in the attack's slot order) and
   ``ground_truth`` (or ``None``).
   """
-  if cfg.modality != "image":
-    raise ValueError(f"run() attacks images; a {cfg.modality} experiment runs with run_text()")
-  if cfg.attack == auto.AUTO:
+  if cfg.data.modality != "image":
+    raise ValueError(f"run() attacks images; a {cfg.data.modality} experiment runs with run_text()")
+  if cfg.attack.preset == auto.AUTO:
     return _run_auto(cfg, callback, batch)
-  with driver.precision_scope(cfg.matmul_precision):  # the client's update as well as the attack
+  with driver.precision_scope(
+      cfg.execution.matmul_precision):  # the client's update as well as the attack
     return _run_image(cfg, callback, batch, state, deadline)
 
 
@@ -277,16 +304,17 @@ def auto_attacks(cfg: Config) -> tuple[str, ...]:
   """The attacks ``--attack=auto`` tries on ``cfg``'s update (:func:`gradjax.auto.choose`): from a
   capture's metadata, or from the simulated client."""
   model = attacked_model(cfg)
-  if cfg.observation:
-    meta = dict(interop.read(cfg.observation).metadata)
-    if cfg.num_samples:
-      meta["num_samples"] = cfg.num_samples
-    return auto.for_metadata({**meta, **({"act": cfg.act} if cfg.act else {})}, model)
+  if cfg.client.observation:
+    meta = dict(interop.read(cfg.client.observation).metadata)
+    if cfg.client.num_samples:
+      meta["num_samples"] = cfg.client.num_samples
+    return auto.for_metadata({**meta, **({"act": cfg.model.act} if cfg.model.act else {})}, model)
   steps = 1
-  if cfg.client == "fedavg":
-    steps = clients.LocalTraining(cfg.local_epochs, cfg.local_batch_size, cfg.local_lr,
-                                  cfg.local_momentum).steps(cfg.batch_size)
-  return auto.choose(num_samples=cfg.batch_size, steps=steps, model=model, act=cfg.act)
+  if cfg.client.name == "fedavg":
+    steps = clients.LocalTraining(cfg.client.local_epochs, cfg.client.local_batch_size,
+                                  cfg.client.local_lr,
+                                  cfg.client.local_momentum).steps(cfg.data.batch_size)
+  return auto.choose(num_samples=cfg.data.batch_size, steps=steps, model=model, act=cfg.model.act)
 
 
 # Successive halving of the restarts a budget buys (rounds, fraction kept): a third of the steps in
@@ -327,7 +355,7 @@ def budget_iterations(seconds: float, seconds_per_iteration: float, iterations: 
 def _run_auto(cfg: Config, callback, batch):
   """The attacks of :func:`auto_attacks` in turn (no solver state: a run is not resumed midway),
   until one matches the update (:func:`gradjax.verdict.matched`: data that reproduce it were found,
-  no later attack can match it better) or ``cfg.budget`` seconds are spent; with time left, the
+  no later attack can match it better) or ``cfg.attack.budget`` seconds are spent; with time left, the
   optimisation attack that matched best again with as many more restarts as fit
   (:func:`budget_restarts`), the best by the matching objective going on. With a budget and no
   ``--iterations``, an optimisation attack whose preset's iterations would not fit in its share of
@@ -355,7 +383,7 @@ def _run_auto(cfg: Config, callback, batch):
       if p.its_per_s > 0:  # NaN for the step that compiled
         rates.append(1.0 / (p.its_per_s * max(p.alive, 1)))
 
-    probe = dataclasses.replace(step, iterations=PROBE_ITERATIONS, chunk=1)
+    probe = config.replace(step, {"attack.iterations": PROBE_ITERATIONS, "execution.chunk": 1})
     began = time.perf_counter()
     run(probe, batch=batch)  # compiles
     warm = time.perf_counter()
@@ -363,7 +391,7 @@ def _run_auto(cfg: Config, callback, batch):
     now = time.perf_counter()
     if not rates:  # the probe stopped before a step was timed (its objective reached the tolerance)
       return step
-    per_iteration = rates[-1] * step.restarts  # every restart takes each iteration
+    per_iteration = rates[-1] * step.attack.restarts  # every restart takes each iteration
     # What a compiled run spends outside its attack (simulating, solving the head, scoring).
     overhead[name] = max(now - warm - results["wall_time_s"], 0.0)
     preset = presets.get_preset(name)().iterations
@@ -371,9 +399,9 @@ def _run_auto(cfg: Config, callback, batch):
     probes.append({"attack": name, "iterations": PROBE_ITERATIONS, "seconds": now - began,
                    "seconds_per_iteration": per_iteration, "overhead_s": overhead[name],
                    "fitted_iterations": iterations, "preset_iterations": preset})
-    chunk = max(1, min(step.chunk, math.floor(BUDGET_CHUNK_S / per_iteration)))
-    return dataclasses.replace(step, chunk=chunk, **({} if iterations >= preset else
-                                                     {"iterations": iterations}))
+    chunk = max(1, min(step.execution.chunk, math.floor(BUDGET_CHUNK_S / per_iteration)))
+    return config.replace(step, {"execution.chunk": chunk, **({} if iterations >= preset else
+                                                              {"attack.iterations": iterations})})
 
   def attempt(name, step, chosen_settings=None, until=None):
     """Runs ``step``; ``until``: the end of its time (seconds from the start), less what the run
@@ -391,10 +419,12 @@ def _run_auto(cfg: Config, callback, batch):
     results, images = run(step, callback=watch, batch=batch, deadline=deadline)
     took[name] = time.perf_counter() - began  # with loading the model and scoring
     residual = (results.get("residual") or {}).get("relative_error", math.inf)
-    tried.append({"attack": name, "settings": chosen_settings or {}, "restarts": step.restarts,
-                  "iterations": results.get("iterations"), "residual": residual,
-                  "verdict": results["verdict"]["status"], "psnr": results.get("psnr"),
-                  "wall_time_s": results["wall_time_s"]})
+    tried.append({
+        "attack": name, "settings": chosen_settings or {}, "restarts": step.attack.restarts,
+        "iterations": results.get("iterations"), "residual": residual, "verdict": results["verdict"]
+                                                                                  ["status"],
+        "psnr": results.get("psnr"), "wall_time_s": results["wall_time_s"]
+    })
     if best is None or residual < best[0]:
       best = (residual, name, results, images, step)
     matched = bool(results.get("residual")) and verdict.matched(
@@ -402,40 +432,44 @@ def _run_auto(cfg: Config, callback, batch):
 
   model = attacked_model(cfg)
   for index, name in enumerate(names):
-    if tried and cfg.budget is not None and elapsed() >= cfg.budget:
+    if tried and cfg.attack.budget is not None and elapsed() >= cfg.attack.budget:
       break
-    chosen_settings = {k: v for k, v in auto.settings(name, model).items() if getattr(cfg, k) is None}
-    step = dataclasses.replace(cfg, attack=name, budget=None, **chosen_settings)
+    chosen_settings = {k: v for k, v in auto.settings(name, model).items()
+                       if config.get(cfg, k) is None}
+    step = config.replace(cfg, {"attack.preset": name, "attack.budget": None, **chosen_settings})
     if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
-      step = dataclasses.replace(step, restarts=1, permutations=1, adaptive=False, **{
-          f.name: None for f in dataclasses.fields(cfg) if f.metadata["attack"]})
+      step = config.replace(step, {
+          "attack.restarts": 1, "attack.permutations": 1, "attack.adaptive": False,
+          **{p: None for p in config.paths() if config.option(p).metadata["attack"]}})
     until = None  # the end of this attack's share of the budget, seconds from the start
-    if name not in closed_forms.CLOSED_FORMS and cfg.budget is not None:
+    if name not in closed_forms.CLOSED_FORMS and cfg.attack.budget is not None:
       optimising = sum(n not in closed_forms.CLOSED_FORMS for n in names[index:])
-      share = (cfg.budget - elapsed()) / optimising
+      share = (cfg.attack.budget - elapsed()) / optimising
       until = elapsed() + share
-      if cfg.iterations is None:
+      if cfg.attack.iterations is None:
         step = fitted(name, step, share)
     attempt(name, step, chosen_settings, until)
     if matched:
       break
   _, chosen, _, _, chosen_step = best
-  if cfg.budget is not None and not matched and chosen not in closed_forms.CLOSED_FORMS:
+  if cfg.attack.budget is not None and not matched and chosen not in closed_forms.CLOSED_FORMS:
     once = next(t for t in tried if t["attack"] == chosen)
     iterations = best[2]["attack"]["iterations"]
-    per_restart = iterations * step_s.get(chosen, once["wall_time_s"] / chosen_step.restarts / iterations)
+    per_restart = iterations * step_s.get(
+        chosen, once["wall_time_s"] / chosen_step.attack.restarts / iterations)
     # What the run spent outside the attack (loading, simulating, scoring) is counted again, though
     # the programs it compiled are cached by then.
     outside = max(took[chosen] - once["wall_time_s"], 0.0)
-    more = budget_restarts(cfg.budget - elapsed() - outside, per_restart, iterations)
-    if more > chosen_step.restarts:
+    more = budget_restarts(cfg.attack.budget - elapsed() - outside, per_restart, iterations)
+    if more > chosen_step.attack.restarts:
       rounds, keep = BUDGET_HALVING
-      attempt(chosen, dataclasses.replace(chosen_step, restarts=more, halving_rounds=rounds,
-                                          halving_keep=keep), until=cfg.budget)
+      attempt(chosen, config.replace(chosen_step, {
+          "attack.restarts": more, "execution.halving_rounds": rounds,
+          "execution.halving_keep": keep}), until=cfg.attack.budget)
   _, chosen, results, images, chosen_step = best
   results = {**results, "wall_time_s": elapsed(),
-             "auto": {"tried": tried, "chosen": chosen, "restarts": chosen_step.restarts,
-                      "budget_s": cfg.budget, "probes": probes}}
+             "auto": {"tried": tried, "chosen": chosen, "restarts": chosen_step.attack.restarts,
+                      "budget_s": cfg.attack.budget, "probes": probes}}
   shortened = {p["attack"] for p in probes if p["fitted_iterations"] < p["preset_iterations"]}
 
   def described(t):
@@ -446,20 +480,23 @@ def _run_auto(cfg: Config, callback, batch):
   ran = [described(t) for t in tried]
   rest = [n for n in names if n not in {t["attack"] for t in tried}]
   why = ("it stops once an attack matches the update" if matched
-         else f"the budget of {cfg.budget or 0:g} s was spent")
-  results["verdict"] = {**results["verdict"], "tried": [t["attack"] for t in tried], "reason": (
-      f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: {why})" if rest else "")
-      + f" and kept {chosen}" + (f" ({chosen_step.restarts} restarts)" if chosen_step.restarts > 1 else "")
-      + "; " + results["verdict"]["reason"])}
+         else f"the budget of {cfg.attack.budget or 0:g} s was spent")
+  results["verdict"] = {
+      **results["verdict"], "tried": [t["attack"] for t in tried], "reason":
+          (f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: {why})" if rest else "") +
+           f" and kept {chosen}" +
+           (f" ({chosen_step.attack.restarts} restarts)" if chosen_step.attack.restarts > 1 else "")
+           + "; " + results["verdict"]["reason"])
+  }
   return results, images
 
 
 def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
             update_scale: float = 1.0) -> attacks.Attack:
   """``attack`` adapted to the ``declared`` defense spec (what a capture's metadata declare, then
-  ``cfg.defense``) when ``cfg.adaptive`` (:func:`gradjax.adaptive.adapt`, the defense having acted
+  ``cfg.defense.spec``) when ``cfg.attack.adaptive`` (:func:`gradjax.adaptive.adapt`, the defense having acted
   on ``update_scale`` times what is matched); else ``attack``."""
-  if not cfg.adaptive:
+  if not cfg.attack.adaptive:
     return attack
   if not declared:
     raise ValueError("--adaptive: no defense to adapt to (the capture's metadata declare none and "
@@ -470,50 +507,50 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
 def _run_image(cfg: Config, callback, batch, state, deadline=None):
   attack = check(cfg)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
-  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
-  share_labels = (not closed and cfg.labels not in SERVER_INFERRED_LABELS
+  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
+  share_labels = (not closed and cfg.attack.labels not in SERVER_INFERRED_LABELS
                   and attack.labels is labels_lib.known)
   checks, problems = {}, []
-  if cfg.observation:
-    if batch is None and cfg.dataset is not None:
+  if cfg.client.observation:
+    if batch is None and cfg.data.dataset is not None:
       # The ground truth for scoring: as many images as the capture says the client had.
-      n = cfg.num_samples or interop_num_samples(cfg)
-      batch = load_batch(dataclasses.replace(cfg, batch_size=n))
+      n = cfg.client.num_samples or interop_num_samples(cfg)
+      batch = load_batch(config.replace(cfg, {"data.batch_size": n}))
     model, observation, meta = _captured(cfg, batch)
-    norm = data.normalization(cfg.normalization or meta.get("normalization") or "none")
+    norm = data.normalization(cfg.data.normalization or meta.get("normalization") or "none")
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
                        f"has {batch.x.shape[0]} images")
     checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"))
-    if problems and not cfg.force:
+    if problems and not cfg.client.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--force attacks it anyway; its verdict is then inconclusive)")
   else:
     meta = {}
-    norm = data.normalization(cfg.normalization or "none")
+    norm = data.normalization(cfg.data.normalization or "none")
     batch = load_batch(cfg) if batch is None else batch
     model = _simulated(cfg, batch, norm, key_model)
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
-    if share_labels and cfg.client == "fedavg":
-      share_labels = cfg.shared_labels
-    if cfg.client == "fedsgd":
+    if share_labels and cfg.client.name == "fedavg":
+      share_labels = cfg.client.shared_labels
+    if cfg.client.name == "fedsgd":
       observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y,
-                                   train=cfg.train_mode, share_labels=share_labels,
-                                   share_statistics=cfg.share_statistics)
+                                   train=cfg.client.train_mode, share_labels=share_labels,
+                                   share_statistics=cfg.client.share_statistics)
     else:
-      local = clients.LocalTraining(cfg.local_epochs, cfg.local_batch_size, cfg.local_lr,
-                                    cfg.local_momentum)
+      local = clients.LocalTraining(cfg.client.local_epochs, cfg.client.local_batch_size,
+                                    cfg.client.local_lr, cfg.client.local_momentum)
       observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
-                                   train=cfg.train_mode, share_labels=share_labels,
-                                   share_statistics=cfg.share_statistics)
+                                   train=cfg.client.train_mode, share_labels=share_labels,
+                                   share_statistics=cfg.client.share_statistics)
   input_shape = tuple(model.input_shape)
-  if cfg.defense:
-    observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+  if cfg.defense.spec:
+    observation = defenses.parse(cfg.defense.spec).apply(observation, key_defense)
   # Nothing to attack: e.g. an example the model already fits with certainty, or pruned away.
   zero = fidelity.zero_update(observation)
   if zero:
     raise fidelity.ZeroUpdate(zero)
-  declared = ",".join(d for d in (meta.get("defense"), cfg.defense) if d and d != "none")
+  declared = ",".join(d for d in (meta.get("defense"), cfg.defense.spec) if d and d != "none")
   objective = "gradient" if closed else attack.matched.name
   as_gradient = (objective == "gradient" and observation.threat_model == "fedavg"
                  and observation.local is not None)
@@ -525,10 +562,10 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
     observation = clients.update_as_gradient(observation)
 
   # Rules that run the server's copy of the model: inferred here, then attacked as known labels.
-  if cfg.labels == "hfginv":
+  if cfg.attack.labels == "hfginv":
     observation = observation.replace(
         labels=hfginv_labels(cfg, model, observation, norm, jax.random.fold_in(key_attack, 1)))
-  elif cfg.labels == "llg_star":
+  elif cfg.attack.labels == "llg_star":
     observation = observation.replace(
         labels=llg_star_labels(model, observation, norm, jax.random.fold_in(key_attack, 1)))
 
@@ -536,9 +573,9 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
   timing = _Resumable(cfg, state, trace)
   # PSNR per chunk needs a ground truth; sharded runs would gather the whole solver state to the
   # host for it, so they record the objective only.
-  execution = cfg.execution(callback=trace.progress,
+  execution = cfg.execution.build(callback=trace.progress,
                             monitor=(trace.monitor if (batch is not None or deadline is not None)
-                                     and not cfg.shard else None),
+                                     and not cfg.execution.shard else None),
                             saver=timing.saver)
   found = {}  # what a closed form found besides the reconstruction
   if closed:
@@ -547,10 +584,10 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
   else:
     rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack,
                               input_shape=input_shape, bounds=image_bounds(norm, input_shape[-1]),
-                              restarts=cfg.restarts, permutations=cfg.permutations,
+                              restarts=cfg.attack.restarts, permutations=cfg.attack.permutations,
                               execution=execution)
   results = _record(cfg, attack, rec, model, observation, trace, timing,
-                    declared if cfg.adaptive else None)
+                    declared if cfg.attack.adaptive else None)
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
@@ -559,7 +596,7 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
       candidates=int(rec.candidates.shape[0]),
       labels_by_slot=rec.labels.tolist(),  # the labels of dummy slots 0..N-1 (mini-batch order)
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
-      conv=models.resolve_conv(cfg.conv),
+      conv=models.resolve_conv(cfg.model.conv),
       normalization={"mean": list(norm.mean), "std": list(norm.std)},
       checks=checks,
       separation=found.get("separation"),
@@ -573,14 +610,14 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
     order = np.asarray(scores["order"])
     results.update(scores, labels_true=batch.y.tolist(),
                    labels_reconstructed=rec.labels[order].tolist())
-    results.update(lpips_scores(cfg.lpips, x_rec[order], batch.x))
+    results.update(lpips_scores(cfg.output.lpips, x_rec[order], batch.x))
     results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
     findings = verdict.image_findings(results, labels_inferred=not share_labels,
                                       num_classes=model.num_classes, side=min(batch.x.shape[1:3]))
     results["findings"] = findings
     images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
   if results.get("lpips") is None:
-    results["lpips_absent"] = lpips_absent(cfg.lpips, batch, input_shape)
+    results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
   results.update(_verdict(results, residual, findings, problems, cfg))
   local, n = observation.local, observation.num_samples
   several = local is not None and local.batch_size is not None and local.batch_size < n
@@ -591,9 +628,9 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
 
 def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:
   """``verdict``, ``residual`` and ``thresholds`` of a run's results (:mod:`gradjax.verdict`)."""
-  budget = (verdict.closed_form_budget(cfg.attack, results["iterations"])
-            if cfg.attack in closed_forms.CLOSED_FORMS
-            else verdict.budget(cfg.attack, results["iterations"], cfg.restarts))
+  budget = (verdict.closed_form_budget(cfg.attack.preset, results["iterations"])
+            if cfg.attack.preset in closed_forms.CLOSED_FORMS
+            else verdict.budget(cfg.attack.preset, results["iterations"], cfg.attack.restarts))
   improving = verdict.still_improving(results["history"], results["iterations"])
   return {"verdict": verdict.decide(findings=findings, residual=residual, improving=improving,
                                     budget=budget, problems=problems),
@@ -627,7 +664,8 @@ def lpips_scores(net: str, x, x_true) -> dict:
 
 def interop_num_samples(cfg: Config) -> int:
   """How many examples the captured observation of ``cfg`` says the client had (1 if it is silent)."""
-  return interop.metadata_num_samples(interop.read(cfg.observation).metadata, cfg.observation) or 1
+  return interop.metadata_num_samples(
+      interop.read(cfg.client.observation).metadata, cfg.client.observation) or 1
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -649,16 +687,16 @@ def text_vocabulary(cfg: Config, sentences: list[list[str]]) -> corpus.Vocabular
   """The vocabulary of ``cfg``'s model: the checkpoint's (its token ids are the trained rows), else
   built from the corpus (``vocab_size`` most frequent tokens, and ``<mask>`` after them for a masked
   language model)."""
-  if cfg.checkpoint:
-    tokens = checkpoint.read_metadata(cfg.checkpoint).get("vocabulary")
+  if cfg.model.checkpoint:
+    tokens = checkpoint.read_metadata(cfg.model.checkpoint).get("vocabulary")
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-      raise ValueError(f"checkpoint {cfg.checkpoint} holds no text model's vocabulary")
-    if cfg.vocab_size is not None and cfg.vocab_size != len(tokens):
-      raise ValueError(f"checkpoint {cfg.checkpoint} has a vocabulary of {len(tokens)}, not "
-                       f"--vocab_size {cfg.vocab_size}")
+      raise ValueError(f"checkpoint {cfg.model.checkpoint} holds no text model's vocabulary")
+    if cfg.data.vocab_size is not None and cfg.data.vocab_size != len(tokens):
+      raise ValueError(f"checkpoint {cfg.model.checkpoint} has a vocabulary of {len(tokens)}, not "
+                       f"--vocab_size {cfg.data.vocab_size}")
     return corpus.Vocabulary(tuple(tokens))
-  vocabulary = corpus.Vocabulary.build(sentences, cfg.vocab_size)
-  return vocabulary.with_mask() if models.is_masked_lm(cfg.model or "") else vocabulary
+  vocabulary = corpus.Vocabulary.build(sentences, cfg.data.vocab_size)
+  return vocabulary.with_mask() if models.is_masked_lm(cfg.model.name or "") else vocabulary
 
 
 def client_pairs(cfg: Config, model: models.Model, ids: np.ndarray, vocabulary: corpus.Vocabulary
@@ -668,23 +706,25 @@ def client_pairs(cfg: Config, model: models.Model, ids: np.ndarray, vocabulary: 
   sentence's positions masked (BERT's rate; :func:`gradjax.corpus.masked_lm_pairs`, the positions
   drawn from the experiment's seed and index)."""
   if models.is_masked_lm(model.name):
-    return corpus.masked_lm_pairs(ids, vocabulary.mask, 0.15, seed=(cfg.seed, cfg.index))
+    return corpus.masked_lm_pairs(ids, vocabulary.mask, 0.15, seed=(cfg.seed, cfg.data.index))
   return corpus.language_model_pairs(ids, vocabulary.eos)
 
 
 def load_sentences(cfg: Config) -> Sentences:
   """Sentences ``index .. index + batch_size − 1`` of the corpus's distinct ``sequence_length``-token
-  sentences (:func:`gradjax.corpus.of_length`; tokens as ``cfg.tokenizer`` cuts them), as ids of
+  sentences (:func:`gradjax.corpus.of_length`; tokens as ``cfg.data.tokenizer`` cuts them), as ids of
   :func:`text_vocabulary`."""
-  sentences = corpus.tokenized(corpus.sentences(cfg.dataset, cfg.data_dir), cfg.tokenizer)
+  sentences = corpus.tokenized(
+      corpus.sentences(cfg.data.dataset, cfg.data.data_dir), cfg.data.tokenizer)
   vocabulary = text_vocabulary(cfg, sentences)
-  pool = corpus.of_length(sentences, cfg.sequence_length)
-  if cfg.index + cfg.batch_size > len(pool):
-    raise ValueError(f"--index {cfg.index} with --batch_size {cfg.batch_size} asks for sentences "
-                     f"{cfg.index}..{cfg.index + cfg.batch_size - 1}, but corpus {cfg.dataset!r} has "
-                     f"{len(pool)} distinct sentences of {cfg.sequence_length} tokens")
+  pool = corpus.of_length(sentences, cfg.data.sequence_length)
+  if cfg.data.index + cfg.data.batch_size > len(pool):
+    raise ValueError(
+        f"--index {cfg.data.index} with --batch_size {cfg.data.batch_size} asks for sentences "
+        f"{cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}, but corpus {cfg.data.dataset!r} has "
+        f"{len(pool)} distinct sentences of {cfg.data.sequence_length} tokens")
   ids = np.stack([vocabulary.encode(s) for s in pool]).astype(np.int32)
-  batch = np.arange(cfg.index, cfg.index + cfg.batch_size)
+  batch = np.arange(cfg.data.index, cfg.data.index + cfg.data.batch_size)
   return Sentences(ids[batch], vocabulary, len(pool), np.delete(ids, batch, axis=0))
 
 
@@ -705,17 +745,23 @@ def chance(batch: Sentences) -> dict:
 
 
 def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.Model:
-  """A fresh ``cfg.model`` over ``vocabulary``, or the checkpoint's trained one."""
-  if cfg.checkpoint:
-    model = checkpoint.load_model(cfg.checkpoint)
+  """A fresh ``cfg.model.name`` over ``vocabulary``, or the checkpoint's trained one."""
+  if cfg.model.checkpoint:
+    model = checkpoint.load_model(cfg.model.checkpoint)
     if not models.is_text(model.name) or model.num_classes != len(vocabulary):
-      raise ValueError(f"checkpoint {cfg.checkpoint} does not hold a text model over its vocabulary")
+      raise ValueError(
+          f"checkpoint {cfg.model.checkpoint} does not hold a text model over its vocabulary")
     return model
-  if cfg.num_classes is not None and cfg.num_classes != len(vocabulary):
+  if cfg.model.num_classes is not None and cfg.model.num_classes != len(vocabulary):
     raise ValueError(f"a language model's classes are its vocabulary ({len(vocabulary)}); drop "
                      "--num_classes or set --vocab_size")
-  return models.create(cfg.model, key_model, input_shape=(cfg.sequence_length,),
-                       num_classes=len(vocabulary), init=cfg.init, text_sizes=cfg.text_sizes())
+  return models.create(
+      cfg.model.name,
+      key_model,
+      input_shape=(cfg.data.sequence_length,),
+      num_classes=len(vocabulary),
+      init=cfg.model.init,
+      text_sizes=cfg.model.text_sizes())
 
 
 def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation) -> dict:
@@ -726,7 +772,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   vocabulary = batch.vocabulary
   start = time.perf_counter()
   try:
-    options = dict(length=cfg.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
+    options = dict(
+        length=cfg.data.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
     if observation.threat_model == "fedavg":  # mini-batch by mini-batch, replaying the client's steps
       rec = dager.recover_local(model.apply_fn, model.variables, observation.gradient,
                                 local=observation.local, num_samples=observation.num_samples,
@@ -749,7 +796,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   found = [vocabulary.decode(rec.sentences[j]) if j >= 0 else None for j in scores["order"]]
   results = _span_results(cfg, attack, batch, model, observation, seconds, found, scores)
   results.update(
-      iterations=cfg.sequence_length if rec.stopped_at is None else rec.stopped_at,
+      iterations=cfg.data.sequence_length if rec.stopped_at is None else rec.stopped_at,
       found=int(len(rec.sentences)), stopped_at=rec.stopped_at, capped=rec.capped,
       mini_batches=rec.mini_batches,
       spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
@@ -821,14 +868,28 @@ def _span_results(cfg: Config, attack, batch: Sentences, model: models.Model, ob
           for t, f, a, r in zip(batch.ids, found, scores["token_accuracy_per_sentence"],
                                 scores["bag_recall_per_sentence"])]
   return dict(
-      wall_time_s=seconds, evaluations=0, restarts=1, history=[], model=model.name,
-      num_samples=observation.num_samples, threat_model=observation.threat_model,
-      attack={"closed_form": dataclasses.asdict(attack)}, config=options(cfg),
-      device=str(jax.local_devices()[0]), backend=jax.default_backend(), jax_version=jax.__version__,
-      sentences=rows, vocabulary_size=len(batch.vocabulary), sequence_length=cfg.sequence_length,
-      sentence_pool=batch.pool, **chance(batch),
-      **{k: scores[k] for k in ("token_accuracy", "bag_recall", "rouge1", "rouge2", "rougeL", "exact",
-                                "unmatched", "token_accuracy_per_sentence", "bag_recall_per_sentence")})
+      wall_time_s=seconds,
+      evaluations=0,
+      restarts=1,
+      history=[],
+      model=model.name,
+      num_samples=observation.num_samples,
+      threat_model=observation.threat_model,
+      attack={"closed_form": dataclasses.asdict(attack)},
+      config=config.record(cfg, config.names()),
+      device=str(jax.local_devices()[0]),
+      backend=jax.default_backend(),
+      jax_version=jax.__version__,
+      sentences=rows,
+      vocabulary_size=len(batch.vocabulary),
+      sequence_length=cfg.data.sequence_length,
+      sentence_pool=batch.pool,
+      **chance(batch),
+      **{
+          k: scores[k]
+          for k in ("token_accuracy", "bag_recall", "rouge1", "rouge2", "rougeL", "exact",
+                    "unmatched", "token_accuracy_per_sentence", "bag_recall_per_sentence")
+      })
 
 
 def run_text(cfg: Config, *, callback: Callable | None = None,
@@ -842,37 +903,47 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
   one (DLG's), ``exact`` sentences, ``sentences`` (true and recovered text side by side), the bag of
   tokens the gradient revealed, counts, timing, configuration and device. ``state`` as :func:`run`.
   """
-  with driver.precision_scope(cfg.matmul_precision):
+  with driver.precision_scope(cfg.execution.matmul_precision):
     return _run_text(cfg, callback, state)
 
 
 def _run_text(cfg: Config, callback, state):
   attack = check(cfg)
-  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.index)
+  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
   batch = load_sentences(cfg)
   vocabulary = batch.vocabulary
   model = text_model(cfg, vocabulary, key_model)
   x, y = client_pairs(cfg, model, batch.ids, vocabulary)
-  if cfg.client == "fedavg":  # the span attack's (Config checks)
-    observation = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(
-        cfg.local_epochs, cfg.local_batch_size, cfg.local_lr, cfg.local_momentum))
+  if cfg.client.name == "fedavg":  # the span attack's (Config checks)
+    observation = clients.fedavg(
+        model.apply_fn, model.variables, x, y,
+        clients.LocalTraining(cfg.client.local_epochs, cfg.client.local_batch_size,
+                              cfg.client.local_lr, cfg.client.local_momentum))
   else:
     observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
                                  share_labels=getattr(attack, "labels", None) is labels_lib.known)
-  if cfg.defense:
-    observation = defenses.parse(cfg.defense).apply(observation, key_defense)
+  if cfg.defense.spec:
+    observation = defenses.parse(cfg.defense.spec).apply(observation, key_defense)
   if isinstance(attack, closed_forms.Dager):
     return _run_spans(cfg, attack, batch, model, observation)
-  attack = adapted(cfg, attack, cfg.defense)
+  attack = adapted(cfg, attack, cfg.defense.spec)
 
   trace = Trace(callback)
   timing = _Resumable(cfg, state, trace)
-  execution = cfg.execution(callback=trace.progress, saver=timing.saver)
-  rec = text.reconstruct(attack, model.apply_fn, observation, key_attack, length=cfg.sequence_length,
-                         eos=vocabulary.eos, restrict=cfg.restrict_tokens, restarts=cfg.restarts,
-                         search=cfg.text_search, execution=execution)
+  execution = cfg.execution.build(callback=trace.progress, saver=timing.saver)
+  rec = text.reconstruct(
+      attack,
+      model.apply_fn,
+      observation,
+      key_attack,
+      length=cfg.data.sequence_length,
+      eos=vocabulary.eos,
+      restrict=cfg.attack.restrict_tokens,
+      restarts=cfg.attack.restarts,
+      search=cfg.attack.text_search,
+      execution=execution)
   results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing,
-                    cfg.defense if cfg.adaptive else None)
+                    cfg.defense.spec if cfg.attack.adaptive else None)
   pinv = metrics.score_text(rec.tokens_pinv, batch.ids)
   nearest = metrics.score_text(rec.tokens_nearest, batch.ids)
   rows = []
@@ -898,11 +969,11 @@ def _run_text(cfg: Config, callback, state):
       bag_size=int(rec.bag.size),
       sentence_pool=batch.pool,
       vocabulary_size=len(vocabulary),
-      sequence_length=cfg.sequence_length,
+      sequence_length=cfg.data.sequence_length,
       **chance(batch),
   )
   residual = None
-  if "x" in rec.reconstruction.dummy and cfg.text_search == "embeddings":
+  if "x" in rec.reconstruction.dummy and cfg.attack.text_search == "embeddings":
     residual = verdict.residual(model.apply_fn, observation, rec.reconstruction.dummy,
                                 rec.reconstruction.labels)
   results["findings"] = verdict.text_findings(results)

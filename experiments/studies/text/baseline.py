@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from gradjax.run import pipeline
-from gradjax.run.config import Config
+from gradjax.run import config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "baseline")
@@ -26,10 +26,16 @@ ROWS = (("wikitext2_test", 16), ("wikitext2_test", 32), ("wikitext2_test", 64), 
 
 def row(dataset: str, length: int, data_dir: str | None) -> dict:
   model = "gpt" if dataset.startswith("wikitext") else "transformer"
-  first = pipeline.load_sentences(Config(modality="text", dataset=dataset, data_dir=data_dir,
-                                         model=model, sequence_length=length, batch_size=1))
-  pool = pipeline.load_sentences(Config(modality="text", dataset=dataset, data_dir=data_dir,
-                                        model=model, sequence_length=length, batch_size=first.pool))
+  first = pipeline.load_sentences(
+      config.from_options({
+          "data.modality": "text", "data.dataset": dataset, "data.data_dir": data_dir,
+          "model.name": model, "data.sequence_length": length, "data.batch_size": 1
+      }))
+  pool = pipeline.load_sentences(
+      config.from_options({
+          "data.modality": "text", "data.dataset": dataset, "data.data_dir": data_dir,
+          "model.name": model, "data.sequence_length": length, "data.batch_size": first.pool
+      }))
   ids = pool.ids
   accuracy, recall = [], []
   for i in range(len(ids)):

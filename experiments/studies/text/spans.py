@@ -55,7 +55,7 @@ import numpy as np
 
 from gradjax import clients, corpus, dager, metrics, models
 from gradjax.run import pipeline
-from gradjax.run.config import Config
+from gradjax.run import config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "spans")
@@ -90,8 +90,10 @@ def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt"):
   if name == "gpt_bpe":
     sentences, name = corpus.subwords(sentences, BPE), "gpt"
   if trained:  # the checkpoint's model and vocabulary (trained on the validation split)
-    cfg = Config(modality="text", dataset="wikitext2_test", model=name, checkpoint=trained,
-                 sequence_length=length)
+    cfg = config.from_options({
+        "data.modality": "text", "data.dataset": "wikitext2_test", "model.name": name,
+        "model.checkpoint": trained, "data.sequence_length": length
+    })
     vocabulary = pipeline.text_vocabulary(cfg, sentences)
     model = pipeline.text_model(cfg, vocabulary, None)
   else:
@@ -117,9 +119,11 @@ def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt"):
 def _sapag_batches(data_dir, length, batch, count):
   del data_dir
   for k in range(count):
-    cfg = Config(dataset="pydoc", modality="text", model="transformer", sequence_length=length,
-                 batch_size=batch, index=k * batch)
-    key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.index)
+    cfg = config.from_options({
+        "data.dataset": "pydoc", "data.modality": "text", "model.name": "transformer",
+        "data.sequence_length": length, "data.batch_size": batch, "data.index": k * batch
+    })
+    key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.data.index)
     sentences = pipeline.load_sentences(cfg)
     model = pipeline.text_model(cfg, sentences.vocabulary, key_model)
     yield k * batch, sentences.ids, model, sentences.vocabulary
