@@ -11,7 +11,7 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR.
 * ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
-  (1000 iterations) under each ``--matmul_precision`` (float32, tensorfloat32, bfloat16, JAX's default):
+  (1000 iterations) under each ``--config.execution.matmul_precision`` (float32, tensorfloat32, bfloat16, JAX's default):
   wall time and PSNR, on the scikit-image photo.
 * ``ig``: Inverting Gradients (the preset: 4800 iterations) on ``resnet20-4``, CIFAR-10 test images
   0-4 (``--suite_dataset``), one restart each: PSNR, SSIM, wall time.
@@ -61,8 +61,8 @@ def sizes(quick: bool, dataset: str) -> dict:
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_iterations=10,
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
-                batch=["--count=1", "--batch_size=2", "--classes_per_batch=1", "--pool=40",
-                       "--aux=4", "--iterations=3"],
+                batch=["--count=1", "--batch_size=2", "--config.sampling.classes_per_batch=1", "--config.sampling.pool=40",
+                       "--config.attack.aux=4", "--iterations=3"],
                 convnet=dict(widths=(4,), flags=["--count=1", "--batch_size=2", "--iterations=3"]),
                 timing=dict(repeats=2, warmup=0, max_seconds=5.0))
   return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
@@ -211,7 +211,7 @@ def part_convnet(s: dict, seed: int, data_dir: str | None, out: str) -> list[dic
   rows = []
   for width in s["convnet"]["widths"]:
     result = _resumed("convnet", ["sweep", f"--config={BATCHES_CONFIG}", f"--model=convnet-{width}",
-                                  "--head_features=100", "--priors=tv:5", "--start=500",
+                                  "--config.attack.head_features=100", "--priors=tv:5", "--start=500",
                                   *s["convnet"]["flags"]],
                       os.path.join(out, f"convnet_{width}"), seed, data_dir,
                       deadline - time.perf_counter())

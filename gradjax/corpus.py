@@ -83,7 +83,7 @@ def subwords(sentences: Sequence[Sequence[str]], size: int) -> list[list[str]]:
   try:
     import sentencepiece
   except ImportError:
-    raise ValueError("--tokenizer=bpe:N needs the sentencepiece package (pip install "
+    raise ValueError("--config.data.tokenizer=bpe:N needs the sentencepiece package (pip install "
                      "sentencepiece)") from None
   import io
   text = [" ".join(s) for s in sentences]
@@ -94,7 +94,7 @@ def subwords(sentences: Sequence[Sequence[str]], size: int) -> list[list[str]]:
         character_coverage=1.0, num_threads=1, normalization_rule_name="identity",
         minloglevel=2, max_sentence_length=1 << 16)
   except RuntimeError as e:  # e.g. more pieces asked than the text allows
-    raise ValueError(f"--tokenizer=bpe:{size}: {str(e).splitlines()[0]}") from None
+    raise ValueError(f"--config.data.tokenizer=bpe:{size}: {str(e).splitlines()[0]}") from None
   processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
   return [processor.encode(t, out_type=str) for t in text]
 

@@ -518,7 +518,7 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
       strategy = snap.strategy  # what the timing chose then (it may choose otherwise now)
     if snap.strategy != strategy:
       raise ValueError(f"the saved run used restart strategy {snap.strategy!r}, this one "
-                       f"{strategy!r}; resume with --strategy={snap.strategy}")
+                       f"{strategy!r}; resume with --config.execution.strategy={snap.strategy}")
     if (not 0 <= snap.round < len(plan) or len(snap.survivors) != plan[snap.round][0]
         or not 0 <= snap.position <= len(snap.survivors)
         or not 0 <= snap.steps <= plan[snap.round][1]):

@@ -227,7 +227,7 @@ def check(observation: Observation, declared: Recipe, x, y,
                  "tested: a defense the client applied without declaring it (declare defense=), other "
                  "normalisation constants (declare normalization=MEAN/STD), data augmentation, "
                  "several mismatches at once. Check the model against its PyTorch twin (README), the "
-                 "tensor layouts, --rename, and that the images and labels are the client's")
+                 "tensor layouts, --config.model.rename, and that the images and labels are the client's")
   return Check(False, comparison, tolerance, causes, explained)
 
 
@@ -361,7 +361,7 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
     why = activation_check(observation, act)
     checks["activation"] = {"declared": act, "ok": why is None, "explained": why}
     if why:
-      problems.append(f"{why} (declare the client's activation: --act or the metadata's act)")
+      problems.append(f"{why} (declare the client's activation: --config.model.act or the metadata's act)")
   if batch is None:
     return checks, problems
   if observation.labels is not None and sorted(np.asarray(observation.labels).tolist()) != sorted(

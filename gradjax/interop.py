@@ -459,7 +459,7 @@ def _names_list(names, most: int = 6) -> str:
 def _name_mismatch(expected: set, found: set) -> str:
   """The model's names the file lacks and the file's names the model lacks, for a --rename."""
   return (f"the model expects {_names_list(expected - found)}, the file has "
-          f"{_names_list(found - expected)} instead (--rename maps names)")
+          f"{_names_list(found - expected)} instead (--config.model.rename maps names)")
 
 
 def _to_tree(mapping: TorchMapping, tensors: dict[str, np.ndarray], like, entries, where: str,
@@ -742,7 +742,7 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   for e in (head, first):
     if e.name not in weights.tensors:
       raise ValueError(f"{where}: missing tensor {e.name!r} (is this a {name} state_dict? "
-                       "--rename maps other names)")
+                       "--config.model.rename maps other names)")
     if weights.tensors[e.name].ndim != len(torch_shape(e, np.shape(_get(probe.variables, e.path)))):
       raise ValueError(f"{where}: tensor {e.name!r} has shape {weights.tensors[e.name].shape}, "
                        f"not that of a {name} {e.layout} weight")

@@ -9,7 +9,7 @@ The optimizers of the papers are built here by function (:func:`lbfgs`, :func:`s
 by name through :func:`make_optimizer`. A :class:`Named` optimizer is a name and its numbers, built
 once the attack's iteration budget is known: its learning-rate schedule's steps are fractions of that
 budget, so a preset keeps its schedule when the budget changes, and a flag can change one number of a
-preset's optimizer (``--lr=0.5``) without restating the others.
+preset's optimizer (``--config.attack.learning_rate=0.5``) without restating the others.
 """
 
 import dataclasses

@@ -148,7 +148,7 @@ def test_one_adapted_attack_per_preset_and_defense_and_the_configuration_needs_a
   assert adaptive.adapt(presets.dlg(), "prune:0.2") is attack  # compiled once for every observation
   assert attack.distance.fn.__name__ == "euclidean|prune:0.2"
   cfg = config.from_options({"attack.preset": "dlg", "attack.adaptive": True})
-  with pytest.raises(ValueError, match="--adaptive adapts the attack"):
+  with pytest.raises(ValueError, match="--config.attack.adaptive=True adapts the attack"):
     config.check(cfg)
   config.check(config.replace(cfg, {"defense.spec": "prune:0.2"}))
 

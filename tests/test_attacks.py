@@ -55,8 +55,7 @@ def test_group_consistency_draws_the_restarts_together():
   batch, net, _ = setup(4)
   obs = clients.fedsgd(net.apply_fn, net.variables, batch.x, batch.y, share_labels=True)
   base = presets.inverting_gradients(iterations=20)
-  grouped = config.replace(
-      base, {"attack.priors": base.attack.priors + (priors.Prior(priors.PRIORS["group"], 0.05),)})
+  grouped = dataclasses.replace(base, priors=base.priors + (priors.Prior(priors.PRIORS["group"], 0.05),))
   assert grouped.couples_restarts and not base.couples_restarts
   kw = dict(input_shape=batch.x.shape[1:], restarts=4)
 

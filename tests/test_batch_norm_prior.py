@@ -221,7 +221,7 @@ def test_shared_statistics_errors():
   with pytest.raises(ValueError, match="every BatchNorm layer"):
     observation_lib.check_observation(obs.replace(moments={"BatchNorm_0": obs.moments["BatchNorm_0"]}))
   from gradjax.run import config
-  with pytest.raises(ValueError, match="needs --train_mode"):
+  with pytest.raises(ValueError, match="needs --config.client.train_mode=True"):
     config.check(config.from_options({"client.share_statistics": True}))
   with pytest.raises(ValueError, match="does not use"):  # no option that nothing reads
     config.check(config.from_options({"client.share_statistics": True, "client.train_mode": True}))

@@ -41,6 +41,8 @@ from gradjax import cli
 out = []
 for argv, folder in json.loads(sys.argv[1]):
   flags.FLAGS.unparse_flags()
+  for name in [n for n in flags.FLAGS if n.startswith("config.")]:  # a case's --config.<path> flags
+    delattr(flags.FLAGS, name)
   os.chdir(folder)
   stdout, stderr = io.StringIO(), io.StringIO()
   with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -134,12 +136,12 @@ BAD_FLAGS = [
     (["--no_such_flag=1"], "no_such_flag"),
     (["--iterations=abc"], "iterations"),
     (["--index=99"], "ndex"),
-    (["--shared_labels=some"], "label sharing"),
-    (["--objective=weights"], "unknown objective"),
-    (["--permutations=2"], "permutation search"),
-    (["--halving_rounds=0"], "halving rounds"),
-    (["--matmul_precision=fp8"], "matmul_precision"),
-    (["--lr=nan"], "--lr must be a finite number"),
+    (["--config.client.shared_labels=some"], "label sharing"),
+    (["--config.attack.objective=weights"], "unknown objective"),
+    (["--config.attack.permutations=2"], "permutation search"),
+    (["--config.execution.halving_rounds=0"], "halving rounds"),
+    (["--config.execution.matmul_precision=fp8"], "matmul_precision"),
+    (["--config.attack.learning_rate=nan"], "--config.attack.learning_rate must be a finite number"),
     (["--normalization=0.5,0.5/0.2"], "2 means but 1 stds"),
     (["--config=dlg", "--config.attack.iterationz=1"], "iterationz"),
     (["--config=/nonexistent/dlg.py"], "/nonexistent/dlg.py"),
@@ -196,7 +198,7 @@ BAD_FILES = [
     (["--defense=foo:1"], "unknown defense"),
     (["--defense=gaussian:abc"], "gaussian"),
     (["--priors=tv"], "bad prior"),
-    (["--distance=manhattan"], "unknown distance"),
+    (["--config.attack.distance=manhattan"], "unknown distance"),
     (["--lpips=vgg16"], "lpips"),
     (["--save_every_s=-1"], "save_every_s must be non-negative"),
     (["--resume", "--overwrite"], "give one of them"),
@@ -285,7 +287,7 @@ def _killed_then_resumed(program, args, out, state_glob):
 
 # The run the interrupted runs below must end as: one uninterrupted run per test module and worker
 # (how often a run saves its state changes nothing it computes).
-INTERRUPTED = ["--iterations=200", "--image_size=16", "--restarts=2", "--chunk=10"]
+INTERRUPTED = ["--iterations=200", "--image_size=16", "--restarts=2", "--config.execution.chunk=10"]
 
 
 @pytest.fixture(scope="module")
@@ -365,7 +367,7 @@ def test_resume_of_a_folder_without_state_is_an_error(tmp_path):
 
 @pytest.mark.slow
 def test_killed_sweep_resumes(tmp_path):
-  args = ["--count=3", "--iterations=600", "--image_size=16", "--chunk=10", "--save_every_s=0"]
+  args = ["--count=3", "--iterations=600", "--image_size=16", "--config.execution.chunk=10", "--save_every_s=0"]
   whole = run_program("sweep.py", *args, f"--output_dir={tmp_path / 'whole'}")
   assert whole.returncode == 0, whole.stderr[-2000:]
   out = tmp_path / "killed"
@@ -415,7 +417,7 @@ def test_parse_priors_and_image_bounds():
 def test_attack_parts_from_flags(tmp_path):
   proc = run_program("reconstruct.py", "--attack=inverting_gradients", "--model=lenet_zhu",
                      "--image_size=16", "--iterations=20", "--normalization=cifar10",
-                     "--priors=tv:1e-3,l2:1e-6:10", "--dummy_init=pattern", f"--output_dir={tmp_path}")
+                     "--priors=tv:1e-3,l2:1e-6:10", "--config.attack.dummy_init=pattern", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   attack = json.loads((tmp_path / "metrics.json").read_text())["attack"]
   assert attack["priors"] == [["tv", 1e-3, 0], ["l2", 1e-6, 10]]
@@ -465,7 +467,7 @@ def test_config_names_resolve_to_the_attacks_parts():
     config.get_attack(config.from_options({"attack.distance": "manhattan"}))
   with pytest.raises(ValueError, match="dummy init"):
     config.get_attack(config.from_options({"attack.dummy_init": "zeros"}))
-  # --smoothing is a fraction of the budget the preset is built at: steps once the budget is known.
+  # --config.attack.smoothing is a fraction of the budget the preset is built at: steps once the budget is known.
   from gradjax.objectives import Smoothing
   smooth = config.get_attack(
       config.from_options({
@@ -481,20 +483,27 @@ def test_config_names_resolve_to_the_attacks_parts():
 
 
 def test_flags_are_the_config_options():
-  """Each option is one flag (its short name, the same default, the option's help); parsed flags
-  build the Config, the attack overrides and the one Execution record."""
+  """Each option with a short flag is that flag (the same default, the option's help); every option
+  is --config.<path>; parsed flags build the Config, the attack overrides and the one Execution
+  record."""
   code = textwrap.dedent("""
-      import dataclasses, json, sys
+      import json, sys
       from gradjax.cli import common
       from absl import flags
       from gradjax import config, dummy, priors
+      # ml_collections defines the --config.<path> flags from sys.argv when --config is defined.
+      sys.argv = ["prog", "--config.attack.learning_rate=0.5", "--config.execution.strategy=vmap",
+                  "--config.execution.halving_rounds=2", "--config.execution.chunk=7",
+                  "--iterations=9", "--config.attack.dummy_init=uniform", "--priors=tv:1e-3",
+                  "--restarts=3"]
       common.define_flags(sections=tuple(config.SECTIONS))  # the attack's and the training's
-      flags.FLAGS(["prog", "--lr=0.5", "--strategy=vmap", "--halving_rounds=2", "--chunk=7",
-                   "--iterations=9", "--dummy_init=uniform", "--priors=tv:1e-3", "--restarts=3"])
-      out = {"fields": [], "missing": []}
-      for path in config.paths():
-        f, flag = config.option(path), flags.FLAGS[config.alias(path)]
+      common.parse_flags(sys.argv)
+      out = {"fields": []}
+      for name, path in config.ALIASES.items():
+        f, flag = config.option(path), flags.FLAGS[name]
         out["fields"].append([path, flag.name, flag.default == f.default, f.metadata["help"] in flag.help])
+      out["absent"] = [p for p in config.paths() if config.alias(p) is None
+                       and p.rpartition(".")[2] in flags.FLAGS]
       cfg = common.config_from_flags()
       attack, ex = config.get_attack(cfg), cfg.execution.build()
       out["attack"] = [attack.optimizer.name, attack.optimizer.learning_rate, attack.iterations,
@@ -508,13 +517,9 @@ def test_flags_are_the_config_options():
                         timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   out = json.loads(proc.stdout.splitlines()[-1])
+  assert len(out["fields"]) == len(config.ALIASES) >= 20
   assert all(same_default and same_help for _, _, same_default, same_help in out["fields"])
-  names = {path: flag for path, flag, _, _ in out["fields"]}
-  assert names["attack.learning_rate"] == "lr" and names["training.lr"] == "train_lr"
-  assert names["attack.preset"] == "attack" and names["model.name"] == "model"
-  assert all(path.endswith("." + flag) or path == flag for path, flag in names.items()
-             if path not in ("attack.learning_rate", "training.lr", "attack.preset", "model.name",
-                             "client.name", "defense.spec"))
+  assert out["absent"] == []  # an option without an alias has no flag of its key's name
   assert out["attack"] == ["lbfgs", 0.5, 9, True, True]
   assert out["execution"] == ["vmap", 7, 2, 0.5, False] and out["restarts"] == 3
 
@@ -542,7 +547,7 @@ def test_label_recovery_program(tmp_path):
   assert f"| 1.000 ± 0.000 | {oracle['exact_batches']}/2 |" in table
   # --start moves the pool: the batches' images and labels are the dataset's from there.
   moved = tmp_path / "moved.json"
-  proc = run_program("label_recovery.py", "--count=2", "--start=500", "--pool=200", "--aux_size=0",
+  proc = run_program("label_recovery.py", "--count=2", "--start=500", "--config.sampling.pool=200", "--aux_size=0",
                      f"--output={moved}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads(moved.read_text())
@@ -556,7 +561,7 @@ def test_label_recovery_program(tmp_path):
 @pytest.mark.slow
 def test_fedavg_client_and_defense_flags(tmp_path):
   proc = run_program("reconstruct.py", "--attack=inverting_gradients_fedavg", "--client=fedavg",
-                     "--local_epochs=2", "--local_lr=0.1", "--batch_size=2", "--local_batch_size=1",
+                     "--config.client.local_epochs=2", "--config.client.local_lr=0.1", "--batch_size=2", "--config.client.local_batch_size=1",
                      "--defense=clip:1.0,gaussian:1e-6", "--image_size=16", "--iterations=5",
                      f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -597,9 +602,9 @@ def test_defense_sweep_table(tmp_path):
 @pytest.mark.slow
 def test_permutation_search_from_the_command_line(tmp_path):
   """FedAvg client with 2 images in 2 local steps, labels revealed as a multiset: 2 candidates."""
-  proc = run_program("reconstruct.py", "--client=fedavg", "--batch_size=2", "--local_batch_size=1",
-                     "--labels=known", "--shared_labels=multiset", "--objective=replay",
-                     "--permutations=4", "--restarts=2", "--halving_rounds=2", "--iterations=10",
+  proc = run_program("reconstruct.py", "--client=fedavg", "--batch_size=2", "--config.client.local_batch_size=1",
+                     "--labels=known", "--config.client.shared_labels=multiset", "--config.attack.objective=replay",
+                     "--config.attack.permutations=4", "--restarts=2", "--config.execution.halving_rounds=2", "--iterations=10",
                      "--image_size=8", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -697,7 +702,7 @@ def test_a_run_folder_config_reproduces_the_run(tmp_path):
                                 np.load(second / "reconstruction.npy"))  # bit for bit
 
   proc = run_program("reconstruct.py", f"--config={first / 'config.py'}",
-                     "--config.attack.iterations=5", "--lr=0.5", "--print_config",
+                     "--config.attack.iterations=5", "--config.attack.learning_rate=0.5", "--print_config",
                      f"--output_dir={tmp_path / 'never'}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "c.attack.iterations = 5" in proc.stdout and "c.attack.learning_rate = 0.5" in proc.stdout
@@ -802,8 +807,8 @@ def test_the_tables_take_their_protocol_from_a_configuration(tmp_path):
   assert "c.data.dataset = 'skimage'" in proc.stdout and "c.attack.iterations = 3" in proc.stdout
   out = tmp_path / "text"
   proc = run_program("text_table.py", "--count=1", "--methods=DLG", "--searches=embeddings",
-                     "--iterations=2", "--sequence_length=8", "--text_dim=16", "--text_heads=2",
-                     "--text_ffn=16", "--text_layers=1", f"--output_dir={out}")
+                     "--iterations=2", "--config.data.sequence_length=8", "--config.model.text_dim=16", "--config.model.text_heads=2",
+                     "--config.model.text_ffn=16", "--config.model.text_layers=1", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((out / "results.json").read_text())
   assert [(t["method"], len(t["rows"])) for t in results["table"]] == [("DLG", 1)]

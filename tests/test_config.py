@@ -10,19 +10,18 @@ from gradjax.run import config
 
 
 def test_every_option_has_one_place_in_the_schema():
-  """Each option is one field of one section (or the top-level seed), named by one dotted path, with
-  one short flag no other option takes."""
+  """Each option is one field of one section (or the top-level seed), named by one dotted path; the
+  short flags name options of the schema, one each."""
   paths = config.paths()
   sections = [f.name for f in dataclasses.fields(config.Config) if f.name != "seed"]
   assert [p for p in paths if "." not in p] == ["seed"]
   assert sorted({p.partition(".")[0] for p in paths if "." in p}) == sorted(sections)
   assert len(paths) == sum(
       len(dataclasses.fields(getattr(config.Config(), s))) for s in sections) + 1
-  aliases = [config.alias(p) for p in paths]
-  assert len(set(aliases)) == len(aliases)  # one flag, one option
-  assert config.alias("attack.preset") == "attack" and config.alias("attack.learning_rate") == "lr"
-  assert config.alias("training.lr") == "train_lr" and config.alias(
-      "attack.iterations") == "iterations"
+  assert sorted(config.ALIASES.values()) == sorted({*config.ALIASES.values()} & {*paths})
+  assert config.alias("attack.preset") == "attack" and config.alias("attack.learning_rate") is None
+  assert config.flag("attack.iterations") == "--iterations"
+  assert config.flag("client.local_lr") == "--config.client.local_lr"
   cfg = config.from_options({"attack.iterations": 7, "client.local_lr": 0.5, "seed": 2})
   assert (cfg.attack.iterations, cfg.client.local_lr, cfg.seed) == (7, 0.5, 2)
   assert config.get(cfg, "client.local_lr") == 0.5 and config.options(cfg)["attack.iterations"] == 7

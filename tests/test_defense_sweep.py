@@ -126,11 +126,11 @@ def test_the_plot_shows_each_defense_s_stronger_attack(sweep):
 
 @pytest.mark.slow
 def test_program_with_the_adaptive_attack(tmp_path):
-  """--adaptive: every defense's row attacked plainly and adapted to it on the same images; the
+  """--config.attack.adaptive=True: every defense's row attacked plainly and adapted to it on the same images; the
   adapted attack's PSNR recomputed from its saved reconstruction (scikit-image)."""
   import skimage.metrics
   proc = run_sweep("--defenses=none;prune:0.5", "--count=1", "--iterations=20", "--image_size=16",
-                   "--adaptive", "--lpips=none", f"--output_dir={tmp_path}")
+                   "--config.attack.adaptive=True", "--lpips=none", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   none, pruned = json.loads((tmp_path / "results.json").read_text())["table"]
   assert "adaptive" not in none and none["stronger"] == "plain"
@@ -149,8 +149,8 @@ def test_program_with_the_adaptive_attack(tmp_path):
                    > pruned["summary"]["psnr"]["mean"] else "plain")
   assert pruned["stronger"] == want_stronger
   assert "adaptive PSNR (dB)" in (tmp_path / "results.md").read_text()
-  bad = subprocess.run([sys.executable, "-m", "gradjax", "reconstruct", "--adaptive",
+  bad = subprocess.run([sys.executable, "-m", "gradjax", "reconstruct", "--config.attack.adaptive=True",
                         f"--output_dir={tmp_path / 'bad'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-  assert bad.returncode == 2 and len(errors) == 1 and "--adaptive adapts the attack" in errors[0]
+  assert bad.returncode == 2 and len(errors) == 1 and "--config.attack.adaptive=True adapts the attack" in errors[0]

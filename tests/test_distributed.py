@@ -76,7 +76,7 @@ def _service_children(port_hint: str, wait_s: float = 10) -> list[str]:
 def test_one_sharded_attack_over_two_processes_equals_one_process(tmp_path):
   # Successive halving too: after 20 iterations the best 2 of 4 restarts (ranked on every process
   # from the gathered objectives) continue, split over the devices again.
-  args = ["reconstruct", "--iterations=40", "--restarts=4", "--shard", "--halving_rounds=2",
+  args = ["reconstruct", "--iterations=40", "--restarts=4", "--config.execution.shard=True", "--config.execution.halving_rounds=2",
           "--lpips=none", "--seed=3"]
   with _processes([*args, f"--output_dir={tmp_path / 'two'}"]) as procs:
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
@@ -178,7 +178,7 @@ def test_batch_table_splits_its_attacks_over_two_processes(tmp_path):
   model = models.create("resnet8", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
   checkpoint.save(tmp_path / "resnet8.npz", model.variables, meta)  # BatchNorm statistics at init
   args = ["batch-table", f"--checkpoint={tmp_path / 'resnet8.npz'}", "--count=2", "--batch_size=2",
-          "--classes_per_batch=1", "--pool=40", "--aux=4", "--iterations=3", "--variants=tv"]
+          "--config.sampling.classes_per_batch=1", "--config.sampling.pool=40", "--config.attack.aux=4", "--iterations=3", "--variants=tv"]
   with _processes([*args, f"--output_dir={tmp_path / 'two'}"]) as procs:
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
@@ -233,7 +233,7 @@ def test_a_run_on_one_machine_notices_a_lost_process_in_seconds():
 
 def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
   out = tmp_path / "run"
-  args = ["reconstruct", "--iterations=300", "--chunk=10", "--restarts=2", "--shard",
+  args = ["reconstruct", "--iterations=300", "--config.execution.chunk=10", "--restarts=2", "--config.execution.shard=True",
           "--lpips=none", "--save_every_s=0", f"--output_dir={out}"]
   with _processes(args) as procs:  # the default heartbeat timeout of a run on one machine
     deadline = time.monotonic() + 120
@@ -266,7 +266,7 @@ def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
 
 
 def test_an_error_on_one_process_is_named_by_the_others(tmp_path):
-  with _processes(["reconstruct", "--iterations=5", "--shard", f"--output_dir={tmp_path}"],
+  with _processes(["reconstruct", "--iterations=5", "--config.execution.shard=True", f"--output_dir={tmp_path}"],
                   per_process={1: ["--dataset=cifar10", "--data_dir=/nonexistent"]}) as procs:
     (rc0, _, err0), (rc1, _, err1) = _finish(procs, timeout=120)
   assert rc1 == 2 and err1.strip().splitlines()[-1].startswith("error:"), err1[-2000:]

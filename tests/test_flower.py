@@ -200,7 +200,7 @@ def test_declarations_are_checked():
 def test_each_client_declares_its_defense_and_the_audit_adapts_to_it(net, tmp_path):
   """Two clients, one pruning its update at 70 % and declaring it in its reply: the server records
   each client's own declaration (in its capture's files too), the pruned capture passes its fidelity
-  check with the declared defense applied, and ``--adaptive`` adapts that row alone."""
+  check with the declared defense applied, and ``--config.attack.adaptive=True`` adapts that row alone."""
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
   start(strategy, net, Grid(net, defenses={12: "prune:0.7"}), rounds=1)
   found = {c.client: c for c in audit.captures(strategy.audit_dir)}

@@ -133,7 +133,7 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
   client's examples. Then with ``gate = true``, where each client attacks its own update
   (gradjax.integrations.flower.leakage_mod) over two rounds: the undefended client's replies are withheld (the
   server records a failed client and its reason) unless they carry nothing, the pruned one's go
-  out with their score; ``audit --adaptive``: no row fails, the withheld updates are listed as
+  out with their score; ``audit --config.attack.adaptive=True``: no row fails, the withheld updates are listed as
   withheld, every other row has a verdict and the pruned client's rows are adapted to its declared
   defense. Every process started is stopped, by its process group."""
   import torch

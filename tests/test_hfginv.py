@@ -199,7 +199,7 @@ def test_readme_batch_example_runs(capsys):
 
 @pytest.mark.slow
 def test_train_and_batch_table_programs(tmp_path):
-  """train.py --train_mode on the CIFAR-10 training JPEGs, then batch_table.py on that checkpoint:
+  """train.py --config.client.train_mode=True on the CIFAR-10 training JPEGs, then batch_table.py on that checkpoint:
   the printed label accuracies and PSNRs recomputed from what the program saved (scikit-image PSNR
   of the saved reconstructions, order-free label accuracy of the saved labels)."""
   import json
@@ -217,8 +217,8 @@ def test_train_and_batch_table_programs(tmp_path):
       [sys.executable, "-m", "gradjax", name.removesuffix(".py").replace("_", "-"), *args],
       capture_output=True, text=True, env=env, timeout=600)
   train_dir, table_dir = tmp_path / "train", tmp_path / "table"
-  proc = run("train.py", "--model=resnet8", "--conv=im2col", "--dataset=cifar10_train", "--train_count=64",
-             "--test_dataset=cifar10", "--test_count=32", "--train_mode", "--batch_size=32", "--epochs=1",
+  proc = run("train.py", "--model=resnet8", "--config.model.conv=im2col", "--dataset=cifar10_train", "--config.training.train_count=64",
+             "--config.training.test_dataset=cifar10", "--config.training.test_count=32", "--config.client.train_mode=True", "--batch_size=32", "--epochs=1",
              f"--output_dir={train_dir}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   ckpt = train_dir / "epoch_1.npz"
@@ -226,10 +226,10 @@ def test_train_and_batch_table_programs(tmp_path):
   assert meta["train_mode"] and meta["test_dataset"] == "cifar10"
   first = variables["batch_stats"]["BatchNorm_0"]["mean"]
   assert np.any(np.asarray(first) != 0)  # running statistics were trained
-  bad = run("train.py", "--train_mode", "--client=fedavg", f"--output_dir={tmp_path / 'bad'}")
-  assert bad.returncode == 2 and "--train_mode is for --client=fedsgd" in bad.stderr
+  bad = run("train.py", "--config.client.train_mode=True", "--client=fedavg", f"--output_dir={tmp_path / 'bad'}")
+  assert bad.returncode == 2 and "--config.client.train_mode=True is for --client=fedsgd" in bad.stderr
   proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4",
-             "--classes_per_batch=2", "--start=20", "--pool=100", "--aux=8", "--iterations=3",
+             "--config.sampling.classes_per_batch=2", "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=3",
              "--variants=tv,hfginv", f"--output_dir={table_dir}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((table_dir / "results.json").read_text())
@@ -252,8 +252,8 @@ def test_train_and_batch_table_programs(tmp_path):
     assert summary["psnr_mean"] == pytest.approx(np.mean(np.asarray(psnr).reshape(2, 4).mean(1)), rel=1e-5)
     assert f"{summary['psnr_mean']:.2f}" in proc.stdout
   # One batch of the same table, read back from items/: its row is that batch's alone.
-  proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4", "--classes_per_batch=2",
-             "--start=20", "--pool=100", "--aux=8", "--iterations=3", "--variants=tv", "--batches=1", "--resume",
+  proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4", "--config.sampling.classes_per_batch=2",
+             "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=3", "--variants=tv", "--batches=1", "--resume",
              f"--output_dir={table_dir}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   part = json.loads((table_dir / "results.json").read_text())
@@ -331,7 +331,7 @@ def test_reconstruct_weights_layers_in_call_order(monkeypatch):
 
 @pytest.mark.slow
 def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
-  """--labels=hfginv: the profile from --aux images after the batch, the labels HFGInv's, then the
+  """--labels=hfginv: the profile from --config.attack.aux images after the batch, the labels HFGInv's, then the
   attack with them known; too few images is a one-line error."""
   from gradjax import data, labels
   from gradjax.run import config, pipeline
@@ -349,5 +349,5 @@ def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
                        jax.random.fold_in(key_attack, 1))
   assert sorted(results["labels_reconstructed"]) == sorted(np.asarray(want).tolist())
   assert results["config"]["attack"]["labels"] == "hfginv"
-  with pytest.raises(ValueError, match="--aux 40 images after the batch"):
+  with pytest.raises(ValueError, match="--config.attack.aux 40 images after the batch"):
     pipeline.run(config.replace(cfg, {"attack.aux": 40}))

@@ -389,7 +389,7 @@ def test_cli_bad_captured_files_exit_2(lenet_files, tmp_path, make, message):
 
 
 def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photos):
-  """--channels=1 on a capture of a 3-channel model: refused by name, not ignored and recorded."""
+  """--config.data.channels=1 on a capture of a 3-channel model: refused by name, not ignored and recorded."""
   from gradjax.run import config, pipeline
   model = _model("lenet_zhu")
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([1]))
@@ -399,7 +399,7 @@ def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photo
       "model.weights": str(tmp_path / "w.safetensors"),
       "client.observation": str(tmp_path / "g.safetensors"), "data.channels": 1
   })
-  with pytest.raises(ValueError, match="--channels=1, but the captured model takes 3-channel inputs"):
+  with pytest.raises(ValueError, match="--config.data.channels=1, but the captured model takes 3-channel inputs"):
     pipeline._captured(cfg, None)
   assert pipeline._captured(
       config.from_options({

@@ -177,7 +177,7 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
 
 def test_items_read_back_under_another_restart_strategy(tmp_path):
   """An item finished on an accelerator (strategy auto) is read back by a run that resumes the
-  table's unfinished item on a CPU with --strategy=vmap (how restarts are scheduled is not what they
+  table's unfinished item on a CPU with --config.execution.strategy=vmap (how restarts are scheduled is not what they
   compute); another attack setting is still refused."""
   import json
 

@@ -115,7 +115,7 @@ def test_a_sweep_skips_an_update_that_is_zero(tmp_path):
   logits = np.asarray(model.apply_fn(model.variables, image.x, False), np.float64)[0]
   assert np.argmax(logits) == image.y[0] and np.sort(logits)[-1] - np.sort(logits)[-2] > 104
   # The zero gradient is found before any attack: iDLG for a few steps on image 8 is enough.
-  proc = subprocess.run([sys.executable, "-m", "gradjax", "sweep", "--attack=idlg", "--act=relu",
+  proc = subprocess.run([sys.executable, "-m", "gradjax", "sweep", "--attack=idlg", "--config.model.act=relu",
                          "--iterations=5", "--dataset=cifar10", "--start=7", "--count=2", "--lpips=none",
                          f"--output_dir={tmp_path / 'sweep'}"], capture_output=True, text=True,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)

@@ -151,7 +151,7 @@ def test_masked_lm_pairs_and_the_mask_token(vocab):
 
 
 def test_byte_pair_pieces_rebuild_the_sentences(pydoc):
-  """--tokenizer=bpe:N: pieces that join back into each sentence's words, the same on a second
+  """--config.data.tokenizer=bpe:N: pieces that join back into each sentence's words, the same on a second
   training, at most N distinct; the word tokenizer leaves sentences as they are; bad names refused."""
   pytest.importorskip("sentencepiece")
   pieces = corpus.tokenized(pydoc, "bpe:500")
@@ -166,8 +166,8 @@ def test_byte_pair_pieces_rebuild_the_sentences(pydoc):
 
 
 def test_a_text_client_reads_byte_pair_sentences():
-  """--tokenizer=bpe:N: the client's sentences are the corpus's distinct sentences of T pieces, as
-  ids of a vocabulary of those pieces; a checkpoint (a word vocabulary) with --tokenizer is refused."""
+  """--config.data.tokenizer=bpe:N: the client's sentences are the corpus's distinct sentences of T pieces, as
+  ids of a vocabulary of those pieces; a checkpoint (a word vocabulary) with --config.data.tokenizer is refused."""
   pytest.importorskip("sentencepiece")
   from gradjax.run import config, pipeline
   cfg = config.from_options({
@@ -179,7 +179,7 @@ def test_a_text_client_reads_byte_pair_sentences():
   pool = corpus.of_length(corpus.subwords(corpus.sentences("pydoc"), 1000), 12)
   assert sentences.pool == len(pool)
   assert [sentences.vocabulary.decode(s) for s in sentences.ids] == pool[3:5]
-  with pytest.raises(ValueError, match="drop --tokenizer"):
+  with pytest.raises(ValueError, match="drop --config.data.tokenizer"):
     config.replace(cfg, {"model.checkpoint": "x.npz"})
 
 
@@ -355,7 +355,7 @@ def test_text_metrics_against_plain_references():
 # --- the programs -----------------------------------------------------------------------------------
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--text_dim=16", "--text_heads=2", "--text_ffn=16", "--text_layers=1"]
+TINY = ["--config.model.text_dim=16", "--config.model.text_heads=2", "--config.model.text_ffn=16", "--config.model.text_layers=1"]
 
 
 def run_program(name, *args):
@@ -366,15 +366,15 @@ def run_program(name, *args):
 
 @pytest.mark.slow
 def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
-  train = run_program("train.py", "--modality=text", "--epochs=1", "--train_lr=0.1", "--sequence_length=8",
-                      "--vocab_size=200", f"--output_dir={tmp_path / 'train'}", *TINY)
+  train = run_program("train.py", "--modality=text", "--epochs=1", "--config.training.lr=0.1", "--config.data.sequence_length=8",
+                      "--config.data.vocab_size=200", f"--output_dir={tmp_path / 'train'}", *TINY)
   assert train.returncode == 0, train.stderr[-2000:]
   saved = json.loads((tmp_path / "train" / "results.json").read_text())
   assert saved["metadata"]["model"] == "transformer" and len(saved["metadata"]["vocabulary"]) == 200
   assert saved["history"][1]["accuracy"] > saved["history"][0]["accuracy"]  # it learned something
   out = tmp_path / "attack"
   proc = run_program("reconstruct.py", "--modality=text", "--iterations=5", "--index=1",
-                     f"--checkpoint={tmp_path / 'train' / 'epoch_1.npz'}", "--sequence_length=8",
+                     f"--checkpoint={tmp_path / 'train' / 'epoch_1.npz'}", "--config.data.sequence_length=8",
                      f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((out / "metrics.json").read_text())
@@ -395,9 +395,9 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
 def test_train_a_masked_language_model_then_read_a_sentence_of_it(tmp_path):
   """gradjax train on bert: its vocabulary ends in <mask>, its accuracy counts the masked positions
   only; the span attack on the trained model gives a client's sentence back."""
-  sizes = ["--text_dim=32", "--text_heads=2", "--text_ffn=32", "--text_layers=2"]
-  train = run_program("train.py", "--modality=text", "--model=bert", "--epochs=1", "--train_lr=0.1",
-                      "--sequence_length=8", "--vocab_size=200", f"--output_dir={tmp_path / 'train'}",
+  sizes = ["--config.model.text_dim=32", "--config.model.text_heads=2", "--config.model.text_ffn=32", "--config.model.text_layers=2"]
+  train = run_program("train.py", "--modality=text", "--model=bert", "--epochs=1", "--config.training.lr=0.1",
+                      "--config.data.sequence_length=8", "--config.data.vocab_size=200", f"--output_dir={tmp_path / 'train'}",
                       *sizes)
   assert train.returncode == 0, train.stderr[-2000:]
   saved = json.loads((tmp_path / "train" / "results.json").read_text())
@@ -405,7 +405,7 @@ def test_train_a_masked_language_model_then_read_a_sentence_of_it(tmp_path):
   assert len(vocabulary) == 201 and vocabulary[-1] == "<mask>"
   out = tmp_path / "attack"
   proc = run_program("reconstruct.py", "--modality=text", "--attack=dager", "--index=1",
-                     f"--checkpoint={tmp_path / 'train' / 'epoch_1.npz'}", "--sequence_length=8",
+                     f"--checkpoint={tmp_path / 'train' / 'epoch_1.npz'}", "--config.data.sequence_length=8",
                      f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((out / "metrics.json").read_text())
@@ -433,9 +433,9 @@ def test_accuracy_of_a_masked_language_model_counts_its_targets_only():
     (["--dataset=mnist"], "reads a corpus"),
     (["--client=fedavg"], "FedSGD client"),
     (["--index=100000"], "distinct sentences of 15 tokens"),
-    (["--vocab_size=2"], "room for <unk>"),
+    (["--config.data.vocab_size=2"], "room for <unk>"),
     (["--model=bert"], "masked language model"),  # the optimisation attacks read next-token models
-    (["--tokenizer=bpe:3"], "unknown tokenizer"),
+    (["--config.data.tokenizer=bpe:3"], "unknown tokenizer"),
 ])
 def test_text_cli_errors_are_one_line(args, message, tmp_path):
   proc = run_program("reconstruct.py", "--modality=text", "--iterations=1", *TINY, *args,

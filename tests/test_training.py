@@ -371,7 +371,7 @@ def run_train(*args):
 
 @pytest.mark.slow
 def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
-  proc = run_train("--model=mlp", "--epochs=2", "--train_lr=0.05", f"--output_dir={tmp_path}")
+  proc = run_train("--model=mlp", "--epochs=2", "--config.training.lr=0.05", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((tmp_path / "results.json").read_text())
   assert sorted(os.listdir(tmp_path)) == ["config.py", "epoch_0.npz", "epoch_1.npz", "epoch_2.npz",
@@ -399,17 +399,17 @@ def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
 
 @pytest.mark.slow
 def test_train_program_fedavg_and_bad_flags(tmp_path):
-  proc = run_train("--model=mlp", "--client=fedavg", "--clients=3", "--local_batch_size=10",
-                   "--epochs=1", "--defense=clip:1.0", "--data_seed=-1", f"--output_dir={tmp_path}")
+  proc = run_train("--model=mlp", "--client=fedavg", "--config.training.clients=3", "--config.client.local_batch_size=10",
+                   "--epochs=1", "--defense=clip:1.0", "--config.training.data_seed=-1", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((tmp_path / "results.json").read_text())
   assert result["train_indices"] == list(range(150)) and result["history"][1]["update_norm"] > 0
-  for args, message in [(["--model=alexnet"], "unknown model"), (["--clients=3"], "--clients"),
-                        (["--train_count=190"], "train + test count"),
-                        (["--data_seed=-2"], "--data_seed must be >= 0 or -1"),
-                        (["--local_lr=0.5"], "--local_lr do not apply to --client=fedsgd"),
-                        (["--client=fedavg", "--train_lr=0.5", "--momentum=0.5"],
-                         "--momentum, --train_lr do not apply to --client=fedavg")]:
+  for args, message in [(["--model=alexnet"], "unknown model"), (["--config.training.clients=3"], "--config.training.clients"),
+                        (["--config.training.train_count=190"], "train + test count"),
+                        (["--config.training.data_seed=-2"], "--config.training.data_seed must be >= 0 or -1"),
+                        (["--config.client.local_lr=0.5"], "--config.client.local_lr do not apply to --client=fedsgd"),
+                        (["--client=fedavg", "--config.training.lr=0.5", "--config.training.momentum=0.5"],
+                         "--config.training.momentum, --config.training.lr do not apply to --client=fedavg")]:
     bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
@@ -418,12 +418,12 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
 
 @pytest.mark.slow
 def test_train_program_recipe_flags_train_as_the_library(tmp_path):
-  """--nesterov, --lr_milestones, --lr_gamma and --augment reach gradjax.training as the step decay,
+  """--config.training.nesterov=True, --config.training.lr_milestones, --config.training.lr_gamma and --config.training.augment=True reach gradjax.training as the step decay,
   Nesterov's SGD and the crops padded with normalised black (the library's own NumPy checks are
   above); they are recorded, and misused they are one-line errors."""
   out = tmp_path / "run"
-  proc = run_train("--model=mlp", "--epochs=2", "--train_lr=0.05", "--momentum=0.9", "--nesterov",
-                   "--lr_milestones=1", "--lr_gamma=0.5", "--augment", "--normalization=mnist",
+  proc = run_train("--model=mlp", "--epochs=2", "--config.training.lr=0.05", "--config.training.momentum=0.9", "--config.training.nesterov=True",
+                   "--config.training.lr_milestones=1", "--config.training.lr_gamma=0.5", "--config.training.augment=True", "--normalization=mnist",
                    f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
@@ -442,9 +442,9 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
   got = checkpoint.load_model(out / "epoch_2.npz").variables
   for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
-  for args, message in [(["--client=fedavg", "--augment"], "--augment do not apply to --client=fedavg"),
-                        (["--lr_milestones=3,2"], "milestones must be increasing"),
-                        (["--modality=text", "--augment"], "--augment is for images")]:
+  for args, message in [(["--client=fedavg", "--config.training.augment=True"], "--config.training.augment=True do not apply to --client=fedavg"),
+                        (["--config.training.lr_milestones=3,2"], "milestones must be increasing"),
+                        (["--modality=text", "--config.training.augment=True"], "--config.training.augment=True is for images")]:
     bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
@@ -457,7 +457,7 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
   a NumPy-normalised evaluation of the checkpoint), the checkpoint keeps the name, an attack on it
   must name the same one, and a normalisation that does not fit the images is a one-line error."""
   out = tmp_path / "run"
-  proc = run_train("--model=mlp", "--epochs=1", "--train_lr=0.05", "--normalization=mnist", f"--output_dir={out}")
+  proc = run_train("--model=mlp", "--epochs=1", "--config.training.lr=0.05", "--normalization=mnist", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((out / "results.json").read_text())
   assert result["config"]["data"]["normalization"] == "mnist" and result["cores"] >= 1

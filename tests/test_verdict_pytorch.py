@@ -106,7 +106,7 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and cause in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "refused")
-  proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", "--force", "--iterations=300",
+  proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", "--config.client.force=True", "--iterations=300",
               f"--output_dir={tmp_path / 'forced'}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((tmp_path / "forced" / "metrics.json").read_text())

@@ -6,7 +6,7 @@
 Python's (gradjax installed with the flower extra, and PyTorch). The blocks run in
 ``<clone>/examples/flower_audit`` in one ``bash`` (job control on, as in a terminal): the Deployment
 Runtime (SuperLink, two SuperNodes, ``flwr run``, ``gradjax audit``), then the leakage gate (the
-second SuperNode replaced by a pruning one, a gated run, ``gradjax audit --adaptive``), then the
+second SuperNode replaced by a pruning one, a gated run, ``gradjax audit --config.attack.adaptive=True``), then the
 malicious server (a gated and an ungated SuperNode, ``malicious-bins``, ``gradjax audit``), then the
 stop; the Simulation Runtime's block with ``--simulation`` (it needs ``flwr[simulation]``). The one
 change to the text: ``--data`` replaces the placeholder of ``export DATA=/path/to/shared/data``

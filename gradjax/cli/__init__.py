@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None, *, program: str = "gradjax", commands: d
   from absl import app
 
   from gradjax.cli import common
+  # Before the command's flags are defined: ml_collections reads --config.<path> flags from sys.argv.
+  sys.argv = common.config_first([f"{program} {name}", *argv[2:]])
   module = importlib.import_module(f"{package}.{commands[name][0]}")
   common.PROGRAM[:] = [program, name]
   common.PROGRAM_DOC[:] = [module.__doc__ or ""]
-  sys.argv = [f"{program} {name}", *argv[2:]]
   app.run(module.main, argv=sys.argv, flags_parser=common.parse_flags)

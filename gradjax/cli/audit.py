@@ -50,6 +50,12 @@ common.define_flags(
             "data.normalization", "attack.iterations", "attack.restarts", "output.lpips",
             "client.force", "attack.adaptive"))
 common.define_launch_flags(collectives=False)  # captures split over processes
+# audit.Settings' fields: the options they take.
+SETTINGS = {"model": "model.name", "rename": "model.rename", "dataset": "data.dataset",
+            "data_dir": "data.data_dir", "image_size": "data.image_size",
+            "normalization": "data.normalization", "iterations": "attack.iterations",
+            "restarts": "attack.restarts", "seed": "seed", "lpips": "output.lpips",
+            "force": "client.force", "adaptive": "attack.adaptive"}
 flags.adopt_module_key_flags(common)
 
 
@@ -99,9 +105,7 @@ def main(argv):
     rounds = None if not f.rounds else [int(r) for r in f.rounds.split(",") if r.strip()]
   except ValueError:
     common.fail(f"--rounds takes comma-separated integers, got {f.rounds!r}")
-  by_flag = {config.alias(path): value for path, value in o.items()}
-  settings = audit.Settings(attacks=names, **{name: by_flag[name] for name in audit.Settings._fields
-                                              if name != "attacks"})
+  settings = audit.Settings(attacks=names, **{name: o[path] for name, path in SETTINGS.items()})
   try:
     found = audit.select(f.audit_dir, rounds)
   except (ValueError, FileNotFoundError) as e:

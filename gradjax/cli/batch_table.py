@@ -1,11 +1,11 @@
 """Batch inversion on a trained BatchNorm network: HFGInv's labels and its ablation (issue protocol).
 
 Each of ``--count`` clients holds a batch of ``--batch_size`` CIFAR-10 test images WITH repeated labels
-(``--classes_per_batch`` classes drawn per batch, labels drawn from them with replacement, images of
-those classes from the ``--pool`` test images from ``--start``; seeded) and sends one FedSGD gradient of the
-trained model (``--checkpoint``, e.g. ``gradjax train --model=resnet20 --train_mode ...``),
-which runs in evaluation mode as the server sent it (``--train_mode``: in training mode, BatchNorm on
-the batch's statistics, as a client training it does; ``--share_statistics``: the client also returns
+(``--config.sampling.classes_per_batch`` classes drawn per batch, labels drawn from them with replacement, images of
+those classes from the ``--config.sampling.pool`` test images from ``--start``; seeded) and sends one FedSGD gradient of the
+trained model (``--checkpoint``, e.g. ``gradjax train --model=resnet20 --config.client.train_mode=True ...``),
+which runs in evaluation mode as the server sent it (``--config.client.train_mode=True``: in training mode, BatchNorm on
+the batch's statistics, as a client training it does; ``--config.client.share_statistics=True``: the client also returns
 the running statistics that step updated, so the BatchNorm prior matches the batch's own moments). ``--head=fresh`` (the default) replaces its last
 layer by a new random one, as HFGInv's protocol does (an ImageNet ResNet-34 with a new 1000-class
 head; ``--head_classes`` sets the new head's width); ``--head=trained`` keeps the checkpoint's, where
@@ -16,7 +16,7 @@ Two tables, on the same batches:
 * **labels**: the label multiset from the gradient by every rule of :mod:`gradjax.labels`:
   ``negative_bias`` and ``yin`` (distinct labels only), ``llg`` and ``bias_counts`` (duplicate-aware)
   and ``hfginv`` (candidates from the head gradient, counts by the evolutionary search against the
-  sorted features of ``--aux`` auxiliary images: the test images after the pool, never in a batch).
+  sorted features of ``--config.attack.aux`` auxiliary images: the test images after the pool, never in a batch).
   Order-free label accuracy and exact batches.
 * **ablation**: the image side with the true labels (so that label errors do not blur it), at
   ``--iterations`` for every variant (each preset's step counts scaled by :func:`gradjax.attacks.rescaled`):
@@ -62,7 +62,7 @@ flags.DEFINE_string("variants", "all", "Comma-separated subset of the ablation's
                     "(tv, bn, stepwise, hfginv, head), or all; none skips the ablation.")
 flags.DEFINE_float("bn", None, "The BatchNorm prior's weight in the variants that use it (the presets': "
                    "GradInversion's 1e-4, set for running statistics; a client's own batch moments, "
-                   "--share_statistics, bear more).")
+                   "--config.client.share_statistics=True, bear more).")
 flags.DEFINE_float("tv", None, "The TV prior's weight in every variant (the presets' 1e-2 if unset).")
 flags.DEFINE_enum("head", "fresh", ["fresh", "trained"], "The classifier head the server sends: fresh (re-initialised, HFGInv's protocol: a pretrained network with a new random last layer) or trained (the checkpoint's).")
 flags.DEFINE_integer("head_classes", None, "--head=fresh: classes of the new head (default: the checkpoint's; HFGInv's protocol has 1000). Labels stay CIFAR-10's 0-9: more classes only thin out every class's share of the softmax.")
@@ -100,14 +100,14 @@ def main(argv):
   except ValueError as e:
     common.fail(str(e))
   if not cfg.model.checkpoint:
-    common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --train_mode)")
+    common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --config.client.train_mode=True)")
   if cfg.client.share_statistics and not cfg.client.train_mode:
-    common.fail("--share_statistics needs --train_mode (in evaluation mode the statistics stay as sent)")
+    common.fail("--config.client.share_statistics=True needs --config.client.train_mode=True (in evaluation mode the statistics stay as sent)")
   if f.start < 0:
     common.fail(f"--start must be a test image's index (>= 0), got {f.start}")
   if f.count < 1 or cfg.attack.aux < 1 or cfg.attack.iterations is None or cfg.attack.iterations < 1:
     common.fail(
-        f"--count, --aux and --iterations must be positive, got {f.count}, {cfg.attack.aux} and "
+        f"--count, --config.attack.aux and --iterations must be positive, got {f.count}, {cfg.attack.aux} and "
         f"{cfg.attack.iterations}")
   for name in ("bn", "tv"):
     if getattr(f, name) is not None and getattr(f, name) < 0:
@@ -140,7 +140,7 @@ def main(argv):
       model = fresh._replace(variables={**model.variables, "params": params})
     if "batch_stats" not in model.variables:
       raise ValueError(
-          f"{cfg.model.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --train_mode"
+          f"{cfg.model.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --config.client.train_mode=True"
       )
     norm = data.normalization(meta.get("normalization", "none"))
     source = data.load("cifar10", data_dir=cfg.data.data_dir,

@@ -10,6 +10,7 @@ import platform
 import shlex
 import sys
 import tempfile
+import textwrap
 from typing import Any
 
 import jax
@@ -74,11 +75,11 @@ def provenance() -> dict:
 
 def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None,
                  omit: tuple[str, ...] = (), fields: tuple[str, ...] | None = None):
-  """Defines a flag per option of :class:`gradjax.run.config.Config` the program reads (its short
-  name, :func:`gradjax.run.config.alias`; default and help from the option; ``--help`` lists them by
-  section), ``--config`` (a configuration file, :mod:`gradjax.run.config`;
-  ``--config.<section>.<key>=...`` overrides one of its options), ``--print_config``, then the process
-  settings (compilation cache, multi-host).
+  """Defines ``--config`` (a configuration file, :mod:`gradjax.run.config`;
+  ``--config.<section>.<key>=...`` sets one of its options), a short flag for each option the program
+  reads that has one (:data:`gradjax.run.config.ALIASES`; default and help from the option),
+  ``--print_config``, then the process settings (compilation cache, multi-host). ``--help`` lists
+  every option the program reads, by section.
 
   ``default_config``: a packaged configuration (``gradjax.configs``) read when no ``--config`` is
   given: a table program's protocol (its options keep their one default; the protocol's values
@@ -95,7 +96,8 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   FIELDS[:] = (config.names(sections, omit) if fields is None else
                [p for p in config.paths() if p in ("seed", *fields)])
   for path in FIELDS:
-    _define_option(path, f" [--config.{path}]", f"{config.section(path) or 'experiment'} options")
+    if config.alias(path):
+      _define_option(path)
   config_flags.DEFINE_config_file(
       "config", configs.path(default_config) if default_config else None,
       f"Configuration: a packaged one's name ({', '.join(configs.NAMES)}) or a "
@@ -111,7 +113,7 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
 
 def define_launch_flags(collectives: bool):
   """The flags that start a run over several processes (:mod:`gradjax.cli.distributed`), for the
-  programs that split their work over processes: one attack's restarts (``reconstruct --shard``;
+  programs that split their work over processes: one attack's restarts (``reconstruct --config.execution.shard=True``;
   ``collectives``: JAX's multi-process runtime, one mesh over every process's devices) or a table's
   experiments (:meth:`gradjax.run.campaign.Items.plan`; without collectives, each process its own JAX)."""
   _COLLECTIVES[:] = [collectives]
@@ -179,18 +181,19 @@ def _excepthook_over_processes(kind, value, tb):
   distributed.fail(f"{kind.__name__}: {value}", 1)
 
 
-def _define_option(path: str, suffix: str = "", group: str | None = None) -> flags.FlagHolder:
-  """The flag of option ``path`` (:func:`gradjax.run.config.alias`), its default, help (+ ``suffix``)
-  and choices from the schema."""
+def _define_option(path: str) -> flags.FlagHolder:
+  """The short flag of option ``path`` (:func:`gradjax.run.config.alias`), its default, help and
+  choices from the schema."""
   field = config.option(path)
-  name, help_text, choices = config.alias(
-      path), field.metadata["help"] + suffix, field.metadata["choices"]
-  kw = {} if group is None else {"module_name": group}
+  name, help_text, choices = config.alias(path), field.metadata["help"], field.metadata["choices"]
   if choices is not None:
-    return flags.DEFINE_enum(name, field.default, list(choices), help_text, **kw)
+    return flags.DEFINE_enum(name, field.default, list(choices), help_text, module_name=_OPTIONS)
   define = {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool,
             str: flags.DEFINE_string}[config.option_type(path)]
-  return define(name, field.default, help_text, **kw)
+  return define(name, field.default, help_text, module_name=_OPTIONS)
+
+
+_OPTIONS = "configuration options"  # the short flags' group (grouped_help lists them by section)
 
 
 def _values_given() -> tuple[dict, set[str]]:
@@ -209,7 +212,7 @@ def _values_given() -> tuple[dict, set[str]]:
     values.update(from_file)
   for path in FIELDS:
     name = config.alias(path)
-    if name in f and f[name].present:
+    if name and name in f and f[name].present:
       values[path] = f[name].value
       chosen.add(path)
   return values, chosen
@@ -224,11 +227,16 @@ def options_given() -> set[str]:
 def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None = None
                        ) -> dict[str, Any]:
   """Dotted path -> value of the parsed flags: the defaults, then ``--config``'s options, then the
-  short flags given, then ``overrides``. With captured files (--weights/--observation, or
+  short flags given, then ``overrides``. An option the program does not read, set to another value
+  than its default: one line, exit 2. With captured files (--weights/--observation, or
   ``captured``: the program attacks captures) --model and --dataset default to the files' metadata
   and to no ground truth unless given; with --modality=text to transformer and pydoc (and the
   training split to the corpus's last tenth)."""
   values, chosen = _values_given()
+  unused = sorted(chosen - set(FIELDS))
+  if unused:  # e.g. a training option given to an attack: it would be recorded, and change nothing
+    fail(f"{', '.join('--config.' + p for p in unused)}: not an option of {shlex.join(program())}, "
+         f"which reads {', '.join(sorted({config.section(p) or 'seed' for p in FIELDS}))} options")
   if captured or values["model.weights"] or values["client.observation"]:
     for path in ("model.name", "data.dataset"):
       if path not in chosen:
@@ -377,7 +385,7 @@ def define_output_flags(resumable: bool = True):
   if resumable:
     flags.DEFINE_bool("resume", False, RESUME_HELP)
     flags.DEFINE_float("save_every_s", 60.0, "Seconds between saves of the solver state, which "
-                       "--resume continues from (0: after every --chunk iterations).")
+                       "--resume continues from (0: after every --config.execution.chunk iterations).")
 
 
 def _holds_files(path: str) -> bool:
@@ -520,7 +528,7 @@ def parse_flags(argv):
   """absl flag parser that reports bad flags in one line with exit code 2, then applies the process
   settings: the persistent compilation cache and the run over several processes (the launch flags,
   :mod:`gradjax.cli.distributed`)."""
-  argv = [_config_path(a) for a in argv]
+  argv = [_config_path(a) for a in config_first(argv)]
   given = [a.removeprefix("--config=") for a in argv[1:] if a.startswith("--config=")]
   if given:  # file.py, or file.py:arg (get_config(arg)'s variant)
     file = _file_of(given[-1])
@@ -559,6 +567,13 @@ def parse_flags(argv):
   return argv
 
 
+def config_first(argv: list[str]) -> list[str]:
+  """``argv`` with its ``--config=`` flags first (after the program): ml_collections refuses a
+  ``--config.<path>`` given before ``--config``, when it defines the flags as well as later."""
+  return [argv[0], *(a for a in argv[1:] if a.startswith("--config=")),
+          *(a for a in argv[1:] if not a.startswith("--config="))]
+
+
 def _config_path(arg: str) -> str:
   """``--config=dlg`` -> ``--config=<gradjax/configs/dlg.py>`` (a packaged configuration's name);
   other arguments as they are."""
@@ -569,20 +584,41 @@ def _config_path(arg: str) -> str:
 
 
 def grouped_help() -> str:
-  """``--help``: the program's docstring, then its options grouped by section of the configuration
-  (:mod:`gradjax.run.config`), then the program's own flags and the process settings."""
+  """``--help``: the program's docstring, then every option it reads by section of the configuration
+  (:mod:`gradjax.run.config`; its short flag, else ``--config.<path>``), then the program's own flags
+  and the process settings."""
   by_module = flags.FLAGS.flags_by_module_dict()
-  sections = [f"{name} options" for name in ("experiment", *config.SECTIONS)]
-  own = [g for g in by_module if g not in sections and not g.startswith("absl") and g != __name__]
+  own = [g for g in by_module if g != _OPTIONS and not g.startswith("absl") and g != __name__]
   doc = PROGRAM_DOC[0] if PROGRAM_DOC else sys.modules["__main__"].__doc__
   parts = [(doc or "").strip(), ""]
   if DEFAULT_CONFIG:
     parts += [f"Options not given take the values of --config={DEFAULT_CONFIG[0]} "
               f"({configs.path(DEFAULT_CONFIG[0])}); --print_config shows them.", ""]
-  for group in [g for g in sections if g in by_module] + own + [__name__]:
+  if FIELDS:
+    parts += ["Every option is --config.<section>.<key>=VALUE; the common ones have a short flag too.",
+              ""]
+  sections = {}
+  for path in FIELDS:
+    sections.setdefault(config.section(path) or "experiment", []).append(path)
+  for name, paths in sections.items():
+    parts.append(f"{name} options:")
+    for path in paths:
+      parts += _option_help(path)
+    parts.append("")
+  for group in own + [__name__]:
     if group in by_module:
       body = flags.FLAGS.module_help(group).strip("\n").split("\n", 1)[1]
-      title = group if group in sections else "run settings" if group == __name__ else "program options"
-      parts += [f"{title}:", body, ""]
+      parts += [f"{'run settings' if group == __name__ else 'program options'}:", body, ""]
   parts.append("--helpfull lists absl's own flags too.")
   return "\n".join(parts)
+
+
+def _option_help(path: str) -> list[str]:
+  """Option ``path``'s lines of ``--help``: its flags, its help and default, wrapped as absl's."""
+  field = config.option(path)
+  names = ([f"--{config.alias(path)}"] if config.alias(path) else []) + [f"--config.{path}"]
+  choices = field.metadata["choices"]
+  head = ", ".join(names) + (f": <{'|'.join(choices)}>" if choices else ":")
+  default = "" if field.default is None else f" (default: {field.default!r})"
+  return textwrap.wrap(f"{head} {field.metadata['help']}{default}", 100, initial_indent="  ",
+                       subsequent_indent="    ", break_on_hyphens=False)

@@ -9,9 +9,9 @@ LPIPS ≤ 0.2, above the image's own mean colour), the verdicts that were leaks.
 
   gradjax defense-sweep --dataset=cifar10 --count=5
   gradjax defense-sweep --defenses="none;gaussian:1e-2;prune:0.3" --count=10
-  gradjax defense-sweep --defenses="none;prune:0.2;prune:0.5" --count=3 --adaptive
+  gradjax defense-sweep --defenses="none;prune:0.2;prune:0.5" --count=3 --config.attack.adaptive=True
 
-With ``--adaptive`` every defense is attacked twice on the same images: by the plain attack, and by
+With ``--config.attack.adaptive=True`` every defense is attacked twice on the same images: by the plain attack, and by
 the attack adapted to that defense (:mod:`gradjax.adaptive`: its objective models what the defense
 did); the table has both, with the images each gave a leak verdict, and the plot each defense's
 stronger attack. A defense is only as safe as the stronger of the two says.

@@ -5,7 +5,7 @@ A run over P processes is the same command started P times with the same flags, 
 ``--process_id`` (or none of the launch flags where JAX detects the cluster: SLURM, Open MPI, TPU
 pods). Two kinds of runs:
 
-* one attack (``--shard``) splits its restarts and permutation candidates over every device of
+* one attack (``--config.execution.shard=True``) splits its restarts and permutation candidates over every device of
   every process (after :func:`initialize` they are all in ``jax.devices()``, :mod:`gradjax.sharding`); every process computes the same host values, and only process 0
   (:func:`is_writer`) writes results, reports and the resume state;
 * a campaign (``sweep``, the table programs, ``audit``) splits its experiments over the processes

@@ -13,7 +13,7 @@ DLM runs with its preset's iDLG labels and with DLG's jointly optimised soft lab
 preset's joint labels and with iDLG labels.
 
 All four use Adam, 4000 iterations (lr 0.1; DLM+ 0.01, the paper's), one restart, dummy data
-N(0, 1). ``--box`` clamps every attack's dummy image to [0, 1] after each step and ``--nobox`` (the
+N(0, 1). ``--config.attack.box=True`` clamps every attack's dummy image to [0, 1] after each step and ``--config.attack.box=False`` (the
 ``dlm`` configuration's) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one
 protocol. Model, data and client come from ``--config=dlm`` (the default; flags override it). Success is PSNR > 30
 dB with the standard formula and, separately, with the paper's (the error divided by the dataset's
@@ -28,8 +28,8 @@ Rows (``--methods``): ``DLG``, ``cosine``, ``DLM``, ``DLM (joint labels)``, ``DL
 labels)`` (the default), the γ variants (``gamma`` for all of them).
 
   gradjax dlm-table --count=20
-  gradjax dlm-table --count=20 --box
-  gradjax dlm-table --count=20 --box --methods='DLM;gamma' --output_dir=runs/dlm_gamma_box
+  gradjax dlm-table --count=20 --config.attack.box=True
+  gradjax dlm-table --count=20 --config.attack.box=True --methods='DLM;gamma' --output_dir=runs/dlm_gamma_box
 """
 
 import os
@@ -149,7 +149,7 @@ def main(argv):
   try:
     cfg = common.config_from_flags({"execution.chunk": 1000})
     if cfg.client.name != "fedavg" or cfg.attack.box is None:
-      raise ValueError("the table attacks one FedAvg step (--client=fedavg), every row with one --box")
+      raise ValueError("the table attacks one FedAvg step (--client=fedavg), every row with one --config.attack.box=True")
     methods = {m: {k: v.format(inv_lr=1 / cfg.client.local_lr) if k == "attack.gamma" else v
                    for k, v in ALL_METHODS[m].items()} for m in names}
     for m in names:

@@ -6,9 +6,9 @@ label multiset from that gradient; we report the order-free label accuracy
 (:func:`gradjax.metrics.label_accuracy`) and how many batches were recovered exactly.
 
 Batch construction (seeded ``numpy.random.Generator(--seed)``): for batch b, draw
-``--classes_per_batch`` distinct classes, then ``--batch_size`` labels from them WITH replacement (so
+``--config.sampling.classes_per_batch`` distinct classes, then ``--batch_size`` labels from them WITH replacement (so
 with classes_per_batch < batch_size some class always repeats), then for each label a distinct image
-of that class from the ``--pool`` images of the dataset from ``--start`` (0: the first). The model of
+of that class from the ``--config.sampling.pool`` images of the dataset from ``--start`` (0: the first). The model of
 batch b is initialised from ``fold_in(key(--seed), b)``.
 
 Methods (see gradjax.labels):
@@ -107,14 +107,14 @@ def main(argv):
           image_size=size,
           channels=cfg.data.channels)
     except ValueError as e:
-      raise ValueError(f"{e} (lower --pool)" if "out of range" in str(e) else str(e)) from None
+      raise ValueError(f"{e} (lower --config.sampling.pool)" if "out of range" in str(e) else str(e)) from None
     pool_x, pool_y = pool.x, pool.y
     num_classes = cfg.model.num_classes or pool.num_classes
     if int(pool_y.max()) >= num_classes:
-      raise ValueError(f"--num_classes={num_classes} but the data has label {int(pool_y.max())}")
+      raise ValueError(f"--config.model.num_classes={num_classes} but the data has label {int(pool_y.max())}")
     if cfg.sampling.classes_per_batch > num_classes:
       raise ValueError(
-          f"--classes_per_batch={cfg.sampling.classes_per_batch} exceeds the {num_classes} classes")
+          f"--config.sampling.classes_per_batch={cfg.sampling.classes_per_batch} exceeds the {num_classes} classes")
     norm = data.normalization(cfg.data.normalization or "none")
     init = models.get_module(
         cfg.model.name, num_classes=num_classes, init=cfg.model.init, act=cfg.model.act).weight_init

@@ -34,7 +34,7 @@ from gradjax.run import config, pipeline, report, resume
 
 common.define_flags()
 common.define_output_flags()
-common.define_launch_flags(collectives=True)  # restarts split over processes (--shard)
+common.define_launch_flags(collectives=True)  # restarts split over processes (--config.execution.shard=True)
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too
 
 
@@ -49,7 +49,7 @@ def main(argv):
     common.fail(str(e))
   if distributed.process_count() > 1 and not cfg.execution.shard:
     common.fail(f"{distributed.process_count()} processes run one attack together when its "
-                "restarts are split over them: add --shard")
+                "restarts are split over them: add --config.execution.shard=True")
   out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",
                                         "report.html", "sentences.txt", "config.py"))
   state = common.state_file(out)

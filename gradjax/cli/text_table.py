@@ -1,7 +1,7 @@
 """Token recovery from a Transformer language model's gradient: DLG, SAPAG and cosine, on real sentences.
 
 The text protocol of DLG (Zhu et al. 2019, Table 2) and SAPAG (Wang et al., text experiment): each
-client holds one sentence of ``--sequence_length`` tokens (the corpus's distinct sentences of that
+client holds one sentence of ``--config.data.sequence_length`` tokens (the corpus's distinct sentences of that
 length, ``--start`` on) and sends the FedSGD gradient of the next-token loss of SAPAG's Transformer
 (2 encoder layers, 4 heads, feed-forward 200, GELU, width 200). Three distances (DLG's Euclidean,
 SAPAG's Gaussian kernel, cosine; L-BFGS lr 1, ``--iterations`` and ``--restarts`` for all) and two

@@ -1,43 +1,43 @@
 """Train a model (FedSGD or FedAvg, optionally under a defense) and save a checkpoint after every epoch.
 
   gradjax train                      # lenet_zhu on scikit-image's lfw_subset (no data folder needed)
-  gradjax train --dataset=mnist --model=mlp --train_count=2000 --test_count=1000 --epochs=3
-  gradjax train --modality=text --epochs=1 --train_lr=0.1   # the Transformer on Python's docs
-  gradjax train --dataset=mnist --client=fedavg --clients=10 --epochs=5 --local_epochs=1 \\
-      --local_batch_size=20 --local_lr=0.05 --defense=clip:1.0,gaussian:1e-6
-  gradjax train --model=resnet20 --dataset=cifar10_train --train_count=50000 \\
-      --test_dataset=cifar10 --test_count=1017 --train_mode --batch_size=128 --train_lr=0.1 --epochs=5
+  gradjax train --dataset=mnist --model=mlp --config.training.train_count=2000 --config.training.test_count=1000 --epochs=3
+  gradjax train --modality=text --epochs=1 --config.training.lr=0.1   # the Transformer on Python's docs
+  gradjax train --dataset=mnist --client=fedavg --config.training.clients=10 --epochs=5 --config.client.local_epochs=1 \\
+      --config.client.local_batch_size=20 --config.client.local_lr=0.05 --defense=clip:1.0,gaussian:1e-6
+  gradjax train --model=resnet20 --dataset=cifar10_train --config.training.train_count=50000 \\
+      --config.training.test_dataset=cifar10 --config.training.test_count=1017 --config.client.train_mode=True --batch_size=128 --config.training.lr=0.1 --epochs=5
 
-Data: the images of ``--dataset`` are permuted with ``--data_seed`` (``--data_seed=-1`` keeps the file
-order); the first ``--train_count`` train the model and the following ``--test_count`` measure its
+Data: the images of ``--dataset`` are permuted with ``--config.training.data_seed`` (``--config.training.data_seed=-1`` keeps the file
+order); the first ``--config.training.train_count`` train the model and the following ``--config.training.test_count`` measure its
 accuracy. The indices of both sets (into the source) are in results.json. The bundled data folder holds
 the *test* splits of MNIST and CIFAR (MNIST's 10000, CIFAR-10's first 1017) and CIFAR-10's 50000
-training images as JPEG (``cifar10_train``); with ``--test_dataset`` the test images are the first
-``--test_count`` of that dataset instead (e.g. train on ``cifar10_train``, test on ``cifar10``). The default dataset, ``lfw_subset`` (scikit-image's 200
+training images as JPEG (``cifar10_train``); with ``--config.training.test_dataset`` the test images are the first
+``--config.training.test_count`` of that dataset instead (e.g. train on ``cifar10_train``, test on ``cifar10``). The default dataset, ``lfw_subset`` (scikit-image's 200
 25×25 face / non-face patches, sorted by class, hence the permutation), needs no data folder;
 scikit-learn's ``digits`` would be the natural default but needs scikit-learn.
 
 Training (gradjax.training): ``--client=fedsgd``: ``--epochs`` passes of shuffled mini-batches of
-``--batch_size``, SGD with ``--train_lr``, ``--momentum`` (``--nesterov``) and ``--weight_decay``, the learning
-rate multiplied by ``--lr_gamma`` after each epoch of ``--lr_milestones``, the defense on every step's
-gradient (the decay is added after it: it is the client's optimiser, not what it shares); ``--augment``
+``--batch_size``, SGD with ``--config.training.lr``, ``--config.training.momentum`` (``--config.training.nesterov=True``) and ``--config.training.weight_decay``, the learning
+rate multiplied by ``--config.training.lr_gamma`` after each epoch of ``--config.training.lr_milestones``, the defense on every step's
+gradient (the decay is added after it: it is the client's optimiser, not what it shares); ``--config.training.augment=True``
 crops and flips every batch's images afresh. Inverting Gradients' recipe for its trained models
-(``inversefed``'s "conservative" strategy) is ``--batch_size=128 --train_lr=0.1 --momentum=0.9 --nesterov
---weight_decay=5e-4 --epochs=120 --lr_milestones=44,75,105 --augment``.
-``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--clients`` equal shards,
-each client trains ``--local_epochs`` with ``--local_batch_size`` and ``--local_lr`` and the defense acts
+(``inversefed``'s "conservative" strategy) is ``--batch_size=128 --config.training.lr=0.1 --config.training.momentum=0.9 --config.training.nesterov=True
+--config.training.weight_decay=5e-4 --epochs=120 --config.training.lr_milestones=44,75,105 --config.training.augment=True``.
+``--client=fedavg``: ``--epochs`` rounds; the training images are cut into ``--config.training.clients`` equal shards,
+each client trains ``--config.client.local_epochs`` with ``--config.client.local_batch_size`` and ``--config.client.local_lr`` and the defense acts
 on each client's update. Inputs are normalised by ``--normalization`` (per-channel mean and std, e.g.
 ``cifar10``, Inverting Gradients' input space; ``none`` by default), which the checkpoint's metadata
 keep, so an attack on the checkpoint must name the same ``--normalization``. The model runs
-in evaluation mode (BatchNorm statistics stay at their initial values) unless ``--train_mode`` (FedSGD
+in evaluation mode (BatchNorm statistics stay at their initial values) unless ``--config.client.train_mode=True`` (FedSGD
 only): then BatchNorm normalises by each mini-batch and its running statistics are trained, as a
 BatchNorm network is normally trained; GradInversion's and HFGInv's BatchNorm prior needs them.
 
 ``--modality=text`` trains a language model (``--model=transformer``, SAPAG's sizes unless
 ``--text_*`` say otherwise) on a corpus (``--dataset=pydoc``, Python's Language Reference as the
 standard library ships it, or ``wikitext2``): the corpus is one stream of tokens, each sentence
-followed by ``<eos>``, cut into windows of ``--sequence_length`` (gradjax.corpus.windows); the last
-tenth of the (permuted) windows are the test set unless ``--train_count`` / ``--test_count`` are given,
+followed by ``<eos>``, cut into windows of ``--config.data.sequence_length`` (gradjax.corpus.windows); the last
+tenth of the (permuted) windows are the test set unless ``--config.training.train_count`` / ``--config.training.test_count`` are given,
 and the accuracy is next-token accuracy. The checkpoint's metadata hold the vocabulary, so
 ``gradjax reconstruct --modality=text --checkpoint=...`` attacks with the same token ids.
 
@@ -103,7 +103,7 @@ def _load_split(f):
       channels=f.data.channels) if f.training.test_count else parts.test
   if test.x.shape[1:] != parts.train.x.shape[1:] or test.num_classes != parts.train.num_classes:
     raise ValueError(
-        f"--test_dataset={f.training.test_dataset} gives {test.x.shape[1:]} images of "
+        f"--config.training.test_dataset={f.training.test_dataset} gives {test.x.shape[1:]} images of "
         f"{test.num_classes} classes, --dataset={f.data.dataset} {parts.train.x.shape[1:]} of "
         f"{parts.train.num_classes}")
   return parts._replace(test=test, test_indices=np.arange(len(test.x)))
@@ -111,9 +111,9 @@ def _load_split(f):
 
 def load_text_split(f):
   """(split, vocabulary) of --modality=text: the corpus's windows (gradjax.corpus.windows), the last
-  tenth for testing unless --train_count / --test_count say otherwise (None: not given). A masked
+  tenth for testing unless --config.training.train_count / --config.training.test_count say otherwise (None: not given). A masked
   language model's vocabulary adds <mask>, and each window has 15 % of its positions masked
-  (gradjax.corpus.masked_lm_pairs, drawn once from --data_seed, 0 for -1: the same masks every
+  (gradjax.corpus.masked_lm_pairs, drawn once from --config.training.data_seed, 0 for -1: the same masks every
   epoch, where BERT draws new ones)."""
   sentences = corpus.sentences(f.data.dataset, f.data.data_dir)
   vocabulary = corpus.Vocabulary.build(sentences, f.data.vocab_size)
@@ -133,7 +133,7 @@ def fmt(accuracy):
 
 
 def _conv(name: str) -> str:
-  """``--conv``, with auto: split on CPU (the epoch's lax.scan runs XLA's transposed convolutions
+  """``--config.model.conv``, with auto: split on CPU (the epoch's lax.scan runs XLA's transposed convolutions
   as slow loop nests there) and XLA's own convolutions on accelerators."""
   if name != "auto":
     return name
@@ -152,27 +152,27 @@ def main(argv):
     common.fail(f"--modality=text trains a text model ({', '.join(models.TEXT_MODELS)}) on a corpus "
                 f"({', '.join(corpus.CORPORA)}), not {f.model.name} on {f.data.dataset}")
   if f.client.name == "fedsgd" and f.training.clients != 1:
-    common.fail("--clients is for --client=fedavg (FedSGD trains on one batch per step)")
+    common.fail("--config.training.clients is for --client=fedavg (FedSGD trains on one batch per step)")
   if f.client.train_mode and f.client.name != "fedsgd":
-    common.fail("--train_mode is for --client=fedsgd (FedAvg clients train in evaluation mode)")
+    common.fail("--config.client.train_mode=True is for --client=fedsgd (FedAvg clients train in evaluation mode)")
   if f.training.test_dataset is not None and f.data.modality == "text":
-    common.fail("--test_dataset is for images (text tests on held-out windows of the corpus)")
+    common.fail("--config.training.test_dataset is for images (text tests on held-out windows of the corpus)")
   if _normalization(f) != "none" and f.data.modality == "text":
     common.fail("--normalization is for images (text is token ids)")
   if f.client.name == "fedavg" and not 1 <= f.training.clients <= f.training.train_count:
     common.fail(
-        f"--clients must be in [1, --train_count = {f.training.train_count}], got {f.training.clients}"
+        f"--config.training.clients must be in [1, --config.training.train_count = {f.training.train_count}], got {f.training.clients}"
     )
   other = ({"data.batch_size", "training.lr", "training.momentum", "training.weight_decay",
             "training.nesterov", "training.lr_milestones", "training.lr_gamma", "training.augment"}
            if f.client.name == "fedavg" else
            {"client.local_epochs", "client.local_batch_size", "client.local_lr",
             "client.local_momentum"})
-  ignored = sorted(config.alias(path) for path in other & given)
+  ignored = sorted(config.flag(path) for path in other & given)
   if ignored:
-    common.fail(f"--{', --'.join(ignored)} do not apply to --client={f.client.name}")
+    common.fail(f"{', '.join(ignored)} do not apply to --client={f.client.name}")
   if f.training.augment and f.data.modality == "text":
-    common.fail("--augment is for images (text windows are not cropped or flipped)")
+    common.fail("--config.training.augment=True is for images (text windows are not cropped or flipped)")
   milestones = ()
   if f.client.name == "fedsgd":
     try:
@@ -184,13 +184,13 @@ def main(argv):
       if milestones:
         training.step_decay(f.training.lr, milestones, 1, f.training.lr_gamma)
     except ValueError as e:
-      common.fail(f"--epochs, --batch_size, --train_lr, --momentum, --weight_decay, --nesterov, "
-                  f"--lr_milestones, --lr_gamma: {e}")
+      common.fail(f"--epochs, --batch_size, --config.training.lr, --config.training.momentum, --config.training.weight_decay, --config.training.nesterov=True, "
+                  f"--config.training.lr_milestones, --config.training.lr_gamma: {e}")
   try:
     common.permutation_seed(f.training.data_seed, "data_seed")
     defenses.parse(f.defense.spec or "none")
     if f.data.modality == "text" and f.data.tokenizer != "words":
-      raise ValueError("gradjax train reads the corpus's words: --tokenizer=bpe:N learns its pieces "
+      raise ValueError("gradjax train reads the corpus's words: --config.data.tokenizer=bpe:N learns its pieces "
                        "on the corpus an attack reads, which a checkpoint's vocabulary cannot follow")
   except ValueError as e:
     common.fail(str(e))

@@ -34,7 +34,7 @@ audit's round table (:func:`gradjax.integrations.audit.membership`).
 What the server cannot see in an update, a client declares in its reply: a ``ConfigRecord`` under
 :data:`DECLARATIONS` (:func:`declarations` builds it) with its model variant, normalisation, loss
 reduction, local recipe and defense. :class:`AuditStrategy` records them with each capture (they take
-precedence over the server's ``metadata`` and config), so ``gradjax audit --adaptive`` adapts to
+precedence over the server's ``metadata`` and config), so ``gradjax audit --config.attack.adaptive=True`` adapts to
 each client's own defense, and :func:`leakage_mod` reads the same record on the client.
 """
 

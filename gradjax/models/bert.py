@@ -100,7 +100,7 @@ class BERT(nn.Module):
 def _build(zoo: ZooName, o: Options) -> nn.Module:
   del zoo
   if o.act is not None:
-    raise ValueError("model 'bert' has a fixed GELU activation; drop --act")
+    raise ValueError("model 'bert' has a fixed GELU activation; drop --config.model.act")
   if min(o.text_sizes) < 1:
     raise ValueError(f"bert sizes must be positive, got {o.text_sizes}")
   return BERT(num_classes=o.num_classes, **o.text_sizes._asdict(), weight_init=o.init,

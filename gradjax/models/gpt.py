@@ -100,7 +100,7 @@ class GPT(nn.Module):
 def _build(zoo: ZooName, o: Options) -> nn.Module:
   del zoo
   if o.act is not None:
-    raise ValueError("model 'gpt' has a fixed GELU activation; drop --act")
+    raise ValueError("model 'gpt' has a fixed GELU activation; drop --config.model.act")
   if min(o.text_sizes) < 1:
     raise ValueError(f"gpt sizes must be positive, got {o.text_sizes}")
   return GPT(num_classes=o.num_classes, **o.text_sizes._asdict(), weight_init=o.init,

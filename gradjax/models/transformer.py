@@ -107,7 +107,7 @@ class TransformerLM(nn.Module):
 def _build(zoo: ZooName, o: Options) -> nn.Module:
   del zoo
   if o.act is not None:
-    raise ValueError("model 'transformer' has a fixed GELU activation; drop --act")
+    raise ValueError("model 'transformer' has a fixed GELU activation; drop --config.model.act")
   if min(o.text_sizes) < 1:
     raise ValueError(f"transformer sizes must be positive, got {o.text_sizes}")
   return TransformerLM(num_classes=o.num_classes, **o.text_sizes._asdict(),

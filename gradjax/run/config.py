@@ -47,18 +47,17 @@ LPIPS = ("auto", "none", *lpips.NETWORKS)  # auto: AlexNet when the lpips extra 
 SHARED_LABELS = ("ordered", "multiset")  # what a FedAvg client with known labels reveals
 
 
-def _field(default, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None,
-           attack: str | None = None, parse: Callable | None = None):
+def _field(default, help: str, *, choices: tuple[str, ...] | None = None, attack: str | None = None,
+           parse: Callable | None = None):
   """An option of a section, with its documentation, declared once; the command-line programs derive
   their flags from these (``gradjax/cli/common.py``).
 
-  help: the flag's help text. flag: its short flag (:func:`alias`) when that is not the option's key.
-  choices: the only values it takes. attack: the :class:`gradjax.attacks.Attack` field this one
+  help: the flag's help text. choices: the only values it takes. attack: the :class:`gradjax.attacks.Attack` field this one
   overrides when set, ``"optimizer.<field>"`` for a field of its :class:`gradjax.optimizers.Named`
   optimizer (``parse`` turns the option's text into that field's value: names resolve to objects here).
   """
   return dataclasses.field(default=default, metadata=dict(
-      help=help, flag=flag, choices=choices, attack=attack, parse=parse))
+      help=help, choices=choices, attack=attack, parse=parse))
 
 
 def parse_priors(spec: str) -> tuple[priors_lib.Prior, ...]:
@@ -174,7 +173,7 @@ class DataConfig:
   tokenizer: str = _field(
       "words",
       "Text: 'words' (the corpus's words) or 'bpe:N' (byte-pair pieces, N of them, learned "
-      "on the corpus read by SentencePiece; needs the sentencepiece package); --sequence_length "
+      "on the corpus read by SentencePiece; needs the sentencepiece package); --config.data.sequence_length "
       "counts these tokens.")
 
 
@@ -184,7 +183,7 @@ class ModelConfig:
 
   name: str | None = _field(
       "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
-      "(e.g. resnet20-4). With captured files: their metadata's model if unset.", flag="model")
+      "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
   checkpoint: str | None = _field(
       None, "Attack the model of this checkpoint (gradjax train) instead of a fresh --model "
       "(its model, init and activation come from the checkpoint).")
@@ -220,12 +219,12 @@ class ClientConfig:
   captured update."""
 
   name: str = _field("fedsgd", "Threat model: fedsgd (gradient) or fedavg (update after local "
-                       "training).", flag="client")
+                       "training).")
   train_mode: bool = _field(False, "Client runs the model in training mode (BatchNorm batch stats).")
   share_statistics: bool = _field(
       False, "The client returns its BatchNorm running statistics with its update (as a PyTorch "
       "state_dict does): after one training-mode step they reveal its batch's moments, which the "
-      "BatchNorm prior then matches (needs --train_mode and one local step).")
+      "BatchNorm prior then matches (needs --config.client.train_mode=True and one local step).")
   local_epochs: int = _field(1, "FedAvg local epochs.")
   local_batch_size: int | None = _field(None, "FedAvg local mini-batch size (whole batch if unset).")
   local_lr: float = _field(0.01, "FedAvg local learning rate.")
@@ -251,7 +250,7 @@ class DefenseConfig:
 
   spec: str | None = _field(
       None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
-      "clip:1,gaussian:1e-4.", flag="defense")
+      "clip:1,gaussian:1e-4.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,8 +260,7 @@ class AttackConfig:
   preset: str = _field(
       "dlg", f"Attack preset: {_names(presets.PRESETS)}; or a closed form: "
       f"{_names(closed_forms.CLOSED_FORMS)}; or auto (every attack the update and "
-      "the model support, the one that matches the update best kept: gradjax.auto).",
-      flag="attack")
+      "the model support, the one that matches the update best kept: gradjax.auto).")
   adaptive: bool = _field(
       False, "Adapt the attack to the client's defense (--defense, after the one a capture's "
       "metadata declare): its objective models what the defense did (gradjax.adaptive).")
@@ -273,7 +271,7 @@ class AttackConfig:
       None, f"What is matched{_PRESET}: {_names(objectives.MODES)}.", attack="objective")
   optimizer: str | None = _field(
       None, f"Optimizer{_PRESET}: {_names(optimizers.OPTIMIZERS)}.", attack="optimizer.name")
-  learning_rate: float | None = _field(None, "Learning rate" + _PRESET + ".", flag="lr",
+  learning_rate: float | None = _field(None, "Learning rate" + _PRESET + ".",
                                        attack="optimizer.learning_rate")
   schedule: str | None = _field(
       None, f"Learning-rate schedule{_PRESET}: {_names(optimizers.SCHEDULES)}.",
@@ -291,7 +289,7 @@ class AttackConfig:
       f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
   labels: str | None = _field(
       None, f"Labels: joint, known, an inference method ({_names(labels_lib.METHODS)}), "
-      "hfginv (duplicate-aware counts from --aux images) or llg_star (LLG with its impact measured "
+      "hfginv (duplicate-aware counts from --config.attack.aux images) or llg_star (LLG with its impact measured "
       "on dummy images through the server's model).", attack="labels", parse=_label_source)
   aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
                     "dataset's images after the attacked batch (Ye et al. use 40).")
@@ -354,7 +352,7 @@ class ExecutionConfig:
   strategy: str = _field(
       "auto", "Restart strategy: auto (sequential on CPU, vmap on accelerators), "
       "tune, sequential, vmap, map.")
-  map_batch_size: int | None = _field(None, "Restarts vectorised together by --strategy=map.")
+  map_batch_size: int | None = _field(None, "Restarts vectorised together by --config.execution.strategy=map.")
   halving_rounds: int = _field(
       1, "Successive halving over restarts x candidates: rounds (1 = off).")
   halving_keep: float = _field(0.5, "Successive halving: fraction kept after each round.")
@@ -409,14 +407,14 @@ class TrainingConfig:
       150, "Training examples: the first N of the (permuted) dataset (text: every window but the "
       "test ones unless given).")
   test_count: int | None = _field(
-      50, "Test examples: the M after the training ones, or the first M of --test_dataset (text: "
+      50, "Test examples: the M after the training ones, or the first M of --config.training.test_dataset (text: "
       "the last tenth of the windows unless given).")
   data_seed: int = _field(0, "Permutation of the dataset before the split; -1 keeps the file order.")
   test_dataset: str | None = _field(
-      None, "Test on the first --test_count images of this dataset (default: the --test_count "
+      None, "Test on the first --config.training.test_count images of this dataset (default: the --config.training.test_count "
       "images after the training ones).")
   epochs: int = _field(10, "Epochs (FedSGD) or communication rounds (FedAvg).")
-  lr: float = _field(0.02, "FedSGD: the learning rate of the model's SGD.", flag="train_lr")
+  lr: float = _field(0.02, "FedSGD: the learning rate of the model's SGD.")
   momentum: float = _field(0.9, "FedSGD: heavy-ball momentum (PyTorch's form).")
   weight_decay: float = _field(
       0.0, "FedSGD: weight decay λ on every parameter (PyTorch's SGD: λθ added to the step's "
@@ -424,7 +422,7 @@ class TrainingConfig:
   nesterov: bool = _field(False, "FedSGD: Nesterov's momentum (PyTorch's SGD(nesterov=True)).")
   lr_milestones: str = _field(
       "", "FedSGD: comma-separated epochs after which the learning rate is multiplied by "
-      "--lr_gamma (PyTorch's MultiStepLR, stepped per epoch); Inverting Gradients trains 120 "
+      "--config.training.lr_gamma (PyTorch's MultiStepLR, stepped per epoch); Inverting Gradients trains 120 "
       "epochs with 44,75,105.")
   lr_gamma: float = _field(0.1, "FedSGD: the learning rate's factor at each of --lr_milestones.")
   augment: bool = _field(
@@ -476,7 +474,7 @@ class Config:
         raise ValueError(f"sequence_length must be positive, got {self.data.sequence_length}")
       corpus.tokenizer_size(self.data.tokenizer)
       if self.model.checkpoint and self.data.tokenizer != "words":
-        raise ValueError("a checkpoint's vocabulary is its training corpus's words: drop --tokenizer")
+        raise ValueError("a checkpoint's vocabulary is its training corpus's words: drop --config.data.tokenizer")
       if min(self.model.text_sizes()) < 1:
         raise ValueError(f"transformer sizes must be positive, got {self.model.text_sizes()}")
     elif models.is_text(self.model.name or ""):
@@ -484,19 +482,19 @@ class Config:
     values = options(self)
     for path, value in values.items():
       if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"--{alias(path)} must be a finite number, got {value}")
+        raise ValueError(f"{flag(path)} must be a finite number, got {value}")
     for path in ("attack.learning_rate", "client.local_lr", "training.lr"):
       if values[path] is not None and values[path] <= 0:
-        raise ValueError(f"--{alias(path)} must be positive, got {values[path]}")
+        raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
     for path in ("training.epochs", "training.clients", "sampling.pool",
                  "sampling.classes_per_batch", "attack.restarts", "attack.permutations"):
       if values[path] < 1:
-        raise ValueError(f"--{alias(path)} must be positive, got {values[path]}")
+        raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
     for path in ("training.train_count", "training.test_count"):
       if values[path] is not None and values[path] < 0:
-        raise ValueError(f"--{alias(path)} must be non-negative, got {values[path]}")
+        raise ValueError(f"{flag(path)} must be non-negative, got {values[path]}")
     if not 0 <= self.client.local_momentum < 1:
-      raise ValueError(f"--local_momentum must lie in [0, 1), got {self.client.local_momentum}")
+      raise ValueError(f"--config.client.local_momentum must lie in [0, 1), got {self.client.local_momentum}")
     if self.data.normalization is not None:
       data.normalization(self.data.normalization)
     if bool(self.model.weights) != bool(self.client.observation):
@@ -543,7 +541,7 @@ def _matched(preset: objectives.Matched, name: str, gamma: objectives.Gamma | No
   matched = preset if name == preset.name else objectives.matched(name)
   if gamma is not None:
     if not isinstance(matched, objectives.ScaledDifference):
-      raise ValueError(f"--gamma sets DLM's scale: it applies with --objective=dlm only, not {name!r}")
+      raise ValueError(f"--config.attack.gamma sets DLM's scale: it applies with --config.attack.objective=dlm only, not {name!r}")
     matched = dataclasses.replace(matched, gamma=gamma)
   if remat is not None and isinstance(matched, objectives.Replay):
     matched = dataclasses.replace(matched, remat=remat)
@@ -560,10 +558,10 @@ def _build_attack(section: AttackConfig, modality: str, remat: bool | None):
   ]
   fields.append((_OPTIONS["execution.remat"], remat))
   if section.preset in closed_forms.CLOSED_FORMS:
-    given = [alias(_PATH_OF[id(f)]) for f, value in fields if value is not None]
+    given = [flag(_PATH_OF[id(f)]) for f, value in fields if value is not None]
     if given:
       raise ValueError(f"--attack={section.preset} is a closed form: it optimises nothing, so "
-                       f"{', '.join('--' + g for g in given)} do not apply")
+                       f"{', '.join(given)} do not apply")
     return closed_forms.CLOSED_FORMS[section.preset]()
   overrides, optimizer = {}, {}
   for f, value in fields:
@@ -623,12 +621,35 @@ def option(path: str) -> dataclasses.Field:
   return _OPTIONS[path]
 
 
-def alias(path: str) -> str:
-  """The short command-line flag of option ``path``: its key (``--iterations`` for
-  ``attack.iterations``), or the flag it declares where the key names the section's main choice
-  (``--attack`` for ``attack.preset``, ``--model`` for ``model.name``, ``--lr`` for
-  ``attack.learning_rate``, ``--train_lr`` for ``training.lr``)."""
-  return option(path).metadata["flag"] or path.rpartition(".")[2]
+# The short flags: the options users set most, each a name for its dotted path. Every option, these
+# too, is also set by --config.<path> (``--config.client.local_lr=0.1``).
+ALIASES = {
+    "seed": "seed",
+    "modality": "data.modality", "dataset": "data.dataset", "data_dir": "data.data_dir",
+    "index": "data.index", "batch_size": "data.batch_size", "image_size": "data.image_size",
+    "normalization": "data.normalization",
+    "model": "model.name", "checkpoint": "model.checkpoint", "weights": "model.weights",
+    "client": "client.name", "observation": "client.observation",
+    "defense": "defense.spec",
+    "attack": "attack.preset", "iterations": "attack.iterations", "restarts": "attack.restarts",
+    "budget": "attack.budget", "labels": "attack.labels", "priors": "attack.priors",
+    "lpips": "output.lpips",
+    "epochs": "training.epochs",
+}
+_ALIAS_OF = {path: name for name, path in ALIASES.items()}
+
+
+def alias(path: str) -> str | None:
+  """The short flag of option ``path`` (:data:`ALIASES`: ``"iterations"`` for
+  ``attack.iterations``, ``"attack"`` for ``attack.preset``), or None for an option set only as
+  ``--config.<path>``."""
+  option(path)
+  return _ALIAS_OF.get(path)
+
+
+def flag(path: str) -> str:
+  """How a user sets option ``path`` on the command line: ``--<alias>`` or ``--config.<path>``."""
+  return f"--{alias(path)}" if alias(path) else f"--config.{path}"
 
 
 def section(path: str) -> str:
@@ -732,7 +753,7 @@ def recorded(values: dict[str, Any]) -> dict[str, Any]:
 # what it computes: a saved item or state continues under other values of these. (A state saved
 # mid-run holds its resolved strategy and continues only under the same one: auto resolves to vmap on
 # an accelerator and to sequential on a CPU, so a run begun on one resumes on the other with
-# --strategy=vmap.)
+# --config.execution.strategy=vmap.)
 NOT_FINGERPRINTED = ("output.lpips", "data.data_dir", "client.force", "execution.strategy",
                      "execution.map_batch_size")
 
@@ -763,13 +784,13 @@ def check(cfg: Config) -> attacks.Attack:
   if cfg.attack.preset in closed_forms.CLOSED_FORMS:
     if cfg.attack.adaptive:
       raise ValueError(
-          f"--adaptive adapts an optimisation attack's objective; --attack={cfg.attack.preset} "
+          f"--config.attack.adaptive=True adapts an optimisation attack's objective; --attack={cfg.attack.preset} "
           "is a closed form")
     modality = "text" if cfg.attack.preset in closed_forms.TEXT_CLOSED_FORMS else "image"
     if cfg.data.modality != modality or cfg.attack.restarts != 1 or cfg.attack.permutations != 1:
       raise ValueError(
           f"--attack={cfg.attack.preset} recovers {'sentences' if modality == 'text' else 'images'}"
-          f" in one pass: --modality={modality}, --restarts=1 and --permutations=1")
+          f" in one pass: --modality={modality}, --restarts=1 and --config.attack.permutations=1")
   if (cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or "")
       and (cfg.attack.preset != "dager" or cfg.client.name != "fedsgd")):
     raise ValueError(f"a masked language model's ({cfg.model.name}) FedSGD update is read by "
@@ -777,17 +798,17 @@ def check(cfg: Config) -> attacks.Attack:
                      "next-token targets)")
   if cfg.client.share_statistics and (not cfg.client.train_mode or cfg.client.observation or
                                       cfg.data.modality != "image"):
-    raise ValueError("--share_statistics simulates a client that returns the BatchNorm statistics its "
-                     "training-mode step updated: it needs --train_mode and a simulated image client")
+    raise ValueError("--config.client.share_statistics=True simulates a client that returns the BatchNorm statistics its "
+                     "training-mode step updated: it needs --config.client.train_mode=True and a simulated image client")
   if cfg.client.share_statistics and not (isinstance(attack, attacks.Attack)
                                    and any("batch_stats" in p.needs for p in attack.priors)):
     raise ValueError(
-        "--share_statistics gives the batch's BatchNorm moments to the bn prior, which "
+        "--config.client.share_statistics=True gives the batch's BatchNorm moments to the bn prior, which "
         f"this attack ({cfg.attack.preset}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
   if cfg.defense.spec:
     defenses.parse(cfg.defense.spec)
   if cfg.attack.adaptive and not (cfg.defense.spec or cfg.client.observation):
-    raise ValueError("--adaptive adapts the attack to the client's defense: give --defense (or a "
+    raise ValueError("--config.attack.adaptive=True adapts the attack to the client's defense: give --defense (or a "
                      "capture whose metadata declare its 'defense')")
   if cfg.model.name is not None and not cfg.model.checkpoint:
     models.get_module(
@@ -804,7 +825,7 @@ def check(cfg: Config) -> attacks.Attack:
         f"unknown dataset {cfg.data.dataset!r}; expected one of {', '.join(data.DATASETS)} "
         "or tfds:<name>")
   for path in ("model.checkpoint", "model.weights", "client.observation"):
-    _input_file(get(cfg, path), alias(path))
+    _input_file(get(cfg, path), flag(path).removeprefix("--"))
   return attack
 
 
@@ -952,7 +973,7 @@ def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
   defaults become): ``--config=<file>``. ``comment``: lines put first, as comments. ``sweep``: its
   items, as the file's ``get_sweep()`` (``gradjax sweep`` runs one experiment per item)."""
   lines = [f"# {line}" for line in comment.splitlines()]
-  lines += ['"""A gradjax configuration (gradjax.run.config)."""', "", "from gradjax import config", "", "",
+  lines += ['"""A gradjax configuration (gradjax.run.config)."""', "", "from gradjax.run import config", "", "",
             "def get_config():", "  c = config.defaults()"]
   values = options(cfg) if isinstance(cfg, Config) else dict(cfg)
   for path in _OPTIONS:

@@ -77,7 +77,7 @@ def hfginv_labels(cfg: Config, model, observation, norm, key) -> jax.Array:
   if cfg.data.dataset is None:
     raise ValueError("--labels=hfginv reads auxiliary images of --dataset; none is given")
   if cfg.attack.aux < 2:
-    raise ValueError(f"--aux must be at least 2 images, got {cfg.attack.aux}")
+    raise ValueError(f"--config.attack.aux must be at least 2 images, got {cfg.attack.aux}")
   start = cfg.data.index + observation.num_samples
   size = None if cfg.data.image_size is None else (cfg.data.image_size, cfg.data.image_size)
   try:
@@ -90,7 +90,7 @@ def hfginv_labels(cfg: Config, model, observation, norm, key) -> jax.Array:
   except ValueError as e:
     if "out of range" not in str(e):
       raise
-    raise ValueError(f"--labels=hfginv takes --aux {cfg.attack.aux} images after the batch, "
+    raise ValueError(f"--labels=hfginv takes --config.attack.aux {cfg.attack.aux} images after the batch, "
                      f"{start}..{start + cfg.attack.aux - 1}; {e}") from None
   profile = labels_lib.feature_profile(model.apply_fn, model.variables,
                                        jnp.asarray(data.normalize(aux.x, norm), np.float32))
@@ -137,7 +137,7 @@ def _captured(cfg: Config, batch: data.Dataset | None):
   taken = tuple(imported.model.input_shape)
   if cfg.data.channels is not None and taken[-1] != cfg.data.channels:
     raise ValueError(
-        f"--channels={cfg.data.channels}, but the captured model takes {taken[-1]}-channel "
+        f"--config.data.channels={cfg.data.channels}, but the captured model takes {taken[-1]}-channel "
         f"inputs ({'x'.join(map(str, taken))})")
   return imported.model, imported.observation, imported.metadata
 
@@ -499,7 +499,7 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
   if not cfg.attack.adaptive:
     return attack
   if not declared:
-    raise ValueError("--adaptive: no defense to adapt to (the capture's metadata declare none and "
+    raise ValueError("--config.attack.adaptive=True: no defense to adapt to (the capture's metadata declare none and "
                      "--defense is not given)")
   return adaptive.adapt(attack, declared, update_scale)
 
@@ -524,7 +524,7 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
     checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"))
     if problems and not cfg.client.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
-                            + " (--force attacks it anyway; its verdict is then inconclusive)")
+                            + " (--config.client.force=True attacks it anyway; its verdict is then inconclusive)")
   else:
     meta = {}
     norm = data.normalization(cfg.data.normalization or "none")
@@ -693,7 +693,7 @@ def text_vocabulary(cfg: Config, sentences: list[list[str]]) -> corpus.Vocabular
       raise ValueError(f"checkpoint {cfg.model.checkpoint} holds no text model's vocabulary")
     if cfg.data.vocab_size is not None and cfg.data.vocab_size != len(tokens):
       raise ValueError(f"checkpoint {cfg.model.checkpoint} has a vocabulary of {len(tokens)}, not "
-                       f"--vocab_size {cfg.data.vocab_size}")
+                       f"--config.data.vocab_size {cfg.data.vocab_size}")
     return corpus.Vocabulary(tuple(tokens))
   vocabulary = corpus.Vocabulary.build(sentences, cfg.data.vocab_size)
   return vocabulary.with_mask() if models.is_masked_lm(cfg.model.name or "") else vocabulary
@@ -754,7 +754,7 @@ def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.
     return model
   if cfg.model.num_classes is not None and cfg.model.num_classes != len(vocabulary):
     raise ValueError(f"a language model's classes are its vocabulary ({len(vocabulary)}); drop "
-                     "--num_classes or set --vocab_size")
+                     "--config.model.num_classes or set --config.data.vocab_size")
   return models.create(
       cfg.model.name,
       key_model,

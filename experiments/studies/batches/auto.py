@@ -49,7 +49,7 @@ ROWS = [("lenet_b1", 1, 500, 4, 120, None, LENET)] + [
     ("convnet64_b1", 1, 500, 2, 300, "idlg", ("--model=convnet-64",)),
     ("resnet20_trained_b8", 8, 500, 2, 600, "llg_star", ("--model=resnet20", f"--checkpoint={RESNET20}")),
     ("lenet_b8_fedavg", 8, 500, 4, 120, "llg_star",
-     LENET + ("--client=fedavg", "--local_epochs=1", "--local_batch_size=4"))]
+     LENET + ("--client=fedavg", "--config.client.local_epochs=1", "--config.client.local_batch_size=4"))]
 
 
 def run(row, batch, start, count, budget, rule, extra, data_dir):

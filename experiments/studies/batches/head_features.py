@@ -1,6 +1,6 @@
 """Batches on DLG's LeNet with and without head features: Inverting Gradients with TV 0.2 (``lenet.py``)
 and the same attack pulling each image's head input towards its label's row of the head's gradient
-(``--head_features=100``, gradjax.analytic.head_inputs), CIFAR-10 test images, labels known, one
+(``--config.attack.head_features=100``, gradjax.analytic.head_inputs), CIFAR-10 test images, labels known, one
 core, 2000 iterations, a fresh model per batch.
 
   python experiments/studies/batches/head_features.py            # runs what is missing, writes the table
@@ -28,11 +28,11 @@ RUNS = os.path.join(sweeps.HERE, "runs", "head_features")
 CONFIG = os.path.join("experiments", "studies", "batches", "lenet.py")
 WEIGHT = 100.0
 
-RESTARTS = ("--restarts=8", "--strategy=vmap")  # every restart run in full, the best by objective
+RESTARTS = ("--restarts=8", "--config.execution.strategy=vmap")  # every restart run in full, the best by objective
 GROUP = ("--priors=tv:0.2,group:1e-3:500",)       # GradInversion's consensus from step 500
-SMOOTH16 = ("--model=convnet-16", "--priors=tv:5", "--smoothing=0.5")
-FEDAVG = ("--attack=inverting_gradients_fedavg", "--lr=0.1", "--priors=tv:0.2", "--client=fedavg",
-          "--local_epochs=1", "--local_batch_size=4")
+SMOOTH16 = ("--model=convnet-16", "--priors=tv:5", "--config.attack.smoothing=0.5")
+FEDAVG = ("--attack=inverting_gradients_fedavg", "--config.attack.learning_rate=0.1", "--priors=tv:0.2", "--client=fedavg",
+          "--config.client.local_epochs=1", "--config.client.local_batch_size=4")
 
 # (row, batch size, first image, batches, head-feature weight, further flags)
 ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
@@ -61,7 +61,7 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     # ... on development images, the client in evaluation mode (as above) or training mode (BatchNorm
     # on the batch's statistics, as a client training the ConvNet does).
     ("b1_0_hf_own_convnet16", 1, 0, 4, WEIGHT, ("--model=convnet-16",)),
-    ("b1_0_hf_own_convnet16_train", 1, 0, 4, WEIGHT, ("--model=convnet-16", "--train_mode"))] + [
+    ("b1_0_hf_own_convnet16_train", 1, 0, 4, WEIGHT, ("--model=convnet-16", "--config.client.train_mode=True"))] + [
     # ... with a stronger total variation than the LeNet rows' 0.2 (the trend from 1e-4 to 0.2).
     (f"b1_0_hf_own_convnet16_tv{tv}", 1, 0, 4, WEIGHT, ("--model=convnet-16", f"--priors=tv:{tv}"))
     for tv in ("0.5", "1", "2", "5", "10", "20")] + [
@@ -76,15 +76,15 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     # The same with the first convolutions' gradients weighed more: each layer's cosine alike, or
     # layer l weighted 1 / (l + 1).
     ("b8_0_hf_own_convnet16_tv5_per_layer", 8, 0, 1, WEIGHT,
-     ("--model=convnet-16", "--priors=tv:5", "--distance=cosine_per_layer")),
+     ("--model=convnet-16", "--priors=tv:5", "--config.attack.distance=cosine_per_layer")),
     ("b8_0_hf_own_convnet16_tv5_inverse", 8, 0, 1, WEIGHT,
-     ("--model=convnet-16", "--priors=tv:5", "--layer_weights=inverse"))] + [
+     ("--model=convnet-16", "--priors=tv:5", "--config.attack.layer_weights=inverse"))] + [
     # Twice the width: ConvNet-64 gives 43 of 64 at batch 8 on an H200 (the accelerator study), ConvNet-16
     # 7 of 64; does ConvNet-32 fit one core's 15 minutes and leak?
     (f"b8_{start}_hf_own_convnet32_tv5", 8, start, 1, WEIGHT, ("--model=convnet-32", "--priors=tv:5"))
     for start in (500, 508, 516, 524)] + [
     # ReLU and max pooling rounded for the dummy gradient, sharper over the first half of the budget,
-    # then the model itself (--smoothing=0.5, gradjax.objectives.Smoothing): batch 1 on development
+    # then the model itself (--config.attack.smoothing=0.5, gradjax.objectives.Smoothing): batch 1 on development
     # images 0-3 and on unseen 500-503 beside the same attack unrounded, batch 8 on the unseen batches
     # of the TV 5 rows above.
     ("b1_0_hf_own_convnet16_tv5_smooth", 1, 0, 4, WEIGHT, SMOOTH16),
@@ -98,7 +98,7 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
 
 
 def run(row, batch, start, count, weight, extra, data_dir):
-  sweeps.sweep(os.path.join(RUNS, row), [f"--config={CONFIG}", f"--head_features={weight:g}",
+  sweeps.sweep(os.path.join(RUNS, row), [f"--config={CONFIG}", f"--config.attack.head_features={weight:g}",
                                          f"--batch_size={batch}", f"--start={start}",
                                          f"--count={count}", *extra], data_dir, ("reconstructions.png",))
 
@@ -120,7 +120,7 @@ def table() -> tuple[str, dict]:
       setting += f"; {iterations} iterations"
     if "_own" in row:
       setting += "; targets per example"
-    for flag in ("--distance=", "--layer_weights=", "--smoothing="):
+    for flag in ("--config.attack.distance=", "--config.attack.layer_weights=", "--config.attack.smoothing="):
       setting += "".join(f"; {e[2:]}" for e in extra if e.startswith(flag))
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"

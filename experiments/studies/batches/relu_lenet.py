@@ -26,13 +26,13 @@ RUNS = os.path.join(sweeps.HERE, "runs", "relu_lenet")
 ROWS = [("rgap_dev", "rgap", 0, 10, ()), ("rgap_unseen", "rgap", 500, 10, ()),
         ("idlg_unseen", "idlg", 500, 10, ()), ("igb_unseen", "inverting_gradients_batch", 500, 10, ()),
         # The optimisation attacks on the model rounded over the first half of the budget, then on
-        # the model itself (--smoothing=0.5, gradjax.objectives.Smoothing).
-        ("idlg_smooth_unseen", "idlg", 500, 10, ("--smoothing=0.5",)),
-        ("igb_smooth_unseen", "inverting_gradients_batch", 500, 10, ("--smoothing=0.5",))]
+        # the model itself (--config.attack.smoothing=0.5, gradjax.objectives.Smoothing).
+        ("idlg_smooth_unseen", "idlg", 500, 10, ("--config.attack.smoothing=0.5",)),
+        ("igb_smooth_unseen", "inverting_gradients_batch", 500, 10, ("--config.attack.smoothing=0.5",))]
 
 
 def run(row, attack, start, count, extra, data_dir):
-  flags = [f"--attack={attack}", "--model=lenet_zhu", "--act=relu", "--dataset=cifar10",
+  flags = [f"--attack={attack}", "--model=lenet_zhu", "--config.model.act=relu", "--dataset=cifar10",
            "--batch_size=1", f"--start={start}", f"--count={count}"]
   sweeps.sweep(os.path.join(RUNS, row),
                flags + (["--iterations=2000"] if attack == "idlg" else []) + list(extra), data_dir)

@@ -10,12 +10,12 @@ BASE = {}  # options every variant sets (over gradjax.run.config.defaults())
 # comment names the runs/ folders it made.
 VARIANTS = {
     # runs/defense_sweep_dlg_lenet_zhu
-    'defense_sweep_dlg_lenet_zhu': ('defense-sweep --count=5 --utility --adaptive', None, {
+    'defense_sweep_dlg_lenet_zhu': ('defense-sweep --count=5 --utility --config.attack.adaptive=True', None, {
         'data.dataset': 'cifar10',
         'data.normalization': 'none',
     }),
     # runs/defense_sweep_dlg_lenet_zhu_unseen: the same sweep on CIFAR-10 test images 500-504
-    'defense_sweep_dlg_lenet_zhu_unseen': ('defense-sweep --count=5 --start=500 --utility --adaptive', None, {
+    'defense_sweep_dlg_lenet_zhu_unseen': ('defense-sweep --count=5 --start=500 --utility --config.attack.adaptive=True', None, {
         'data.dataset': 'cifar10',
         'data.normalization': 'none',
     }),

@@ -4,8 +4,8 @@
 
 1. One attack: ``gradjax reconstruct`` (DLG, lenet_zhu, scikit-image photo 0) with 8 restarts and one
    seed, run as (a) one process on one core, restarts one after another (the CPU default), (b) one
-   process on one core, the 8 restarts vectorised (``--shard`` on one device), (c) one process on
-   one core with two virtual devices (``--shard``, 4 restarts each: the programs of (d) in one
+   process on one core, the 8 restarts vectorised (``--config.execution.shard=True`` on one device), (c) one process on
+   one core with two virtual devices (``--config.execution.shard=True``, 4 restarts each: the programs of (d) in one
    process), (d) two processes, each pinned to its own core (``taskset``), 4 restarts each.
 2. A 10-image sweep: one process on one core, one process on both cores, two processes on one core
    each (each runs 5 images).
@@ -99,9 +99,9 @@ def attack(out, restarts, iterations, seed):
           "--lpips=none"]
   two_devices = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   runs = [("one process, one core, sequential", [([*base], [0], None)]),
-          ("one process, one core, vmap (--shard, 1 device)", [([*base, "--shard"], [0], None)]),
-          ("one process, one core, 2 devices (--shard)", [([*base, "--shard"], [0], two_devices)]),
-          ("two processes, one core each (--shard)", over(2, [*base, "--shard"]))]
+          ("one process, one core, vmap (--config.execution.shard=True, 1 device)", [([*base, "--config.execution.shard=True"], [0], None)]),
+          ("one process, one core, 2 devices (--config.execution.shard=True)", [([*base, "--config.execution.shard=True"], [0], two_devices)]),
+          ("two processes, one core each (--config.execution.shard=True)", over(2, [*base, "--config.execution.shard=True"]))]
   for name, commands in runs:
     folder = os.path.join(out, "attack", f"run_{len(rows)}")
     seconds, outs = timed(commands, f"--output_dir={folder}")
@@ -141,7 +141,7 @@ def attack(out, restarts, iterations, seed):
       r["marginal_speedup_over_sequential"] = rows[0]["marginal_s"] / r["marginal_s"]
       r["marginal_speedup_over_vmap"] = rows[1]["marginal_s"] / r["marginal_s"]
   # The machine's own ceiling: two independent copies of the one-core vmap run at once, one per core.
-  pair = [([*base, "--shard", f"--output_dir={os.path.join(CACHE[0], 'pair', str(k))}"], [k], None)
+  pair = [([*base, "--config.execution.shard=True", f"--output_dir={os.path.join(CACHE[0], 'pair', str(k))}"], [k], None)
           for k in range(2)]
   run_all(pair)
   both, _ = run_all([([*a[:-1], a[-1] + "b"], c, e) for a, c, e in pair])
@@ -174,7 +174,7 @@ def sweep(out, count, iterations):
 
 def fault(out, heartbeat_s):
   folder = os.path.join(out, "fault")
-  args = ["reconstruct", "--iterations=1000", "--chunk=10", "--restarts=2", "--shard",
+  args = ["reconstruct", "--iterations=1000", "--config.execution.chunk=10", "--restarts=2", "--config.execution.shard=True",
           "--lpips=none", "--save_every_s=0", f"--heartbeat_timeout_s={heartbeat_s}",
           f"--output_dir={folder}"]
   commands = over(2, args)

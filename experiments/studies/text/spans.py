@@ -14,12 +14,12 @@ Models (random initialisation, a fresh draw per batch):
   windows of 32 tokens, its vocabulary (12 024 tokens; the test split's other words are ``<unk>``)::
 
     gradjax train --modality=text --model=gpt --dataset=wikitext2 --data_dir=../shared/data \
-      --sequence_length=32 --text_dim=768 --text_heads=12 --text_ffn=3072 --epochs=1 \
-      --train_lr=0.1 --batch_size=32 --output_dir=<folder>
+      --config.data.sequence_length=32 --config.model.text_dim=768 --config.model.text_heads=12 --config.model.text_ffn=3072 --epochs=1 \
+      --config.training.lr=0.1 --batch_size=32 --output_dir=<folder>
 
   (the checkpoint, about 90 MB, is not kept; ``--trained=<folder>/epoch_1.npz``).
 * ``bert_trained``: the ``bert`` rows' encoder after one epoch on the same windows (``--model=bert``
-  and ``--train_lr=0.01`` in the command above, 0.1 diverged; 15 % of each window's positions masked
+  and ``--config.training.lr=0.01`` in the command above, 0.1 diverged; 15 % of each window's positions masked
   once; masked-token accuracy 6.7 %, 407 s), given with
   ``--trained_bert=<folder>/epoch_1.npz``; the test split's other words are ``<unk>``.
 * ``gpt_bpe``: the ``gpt`` rows' decoder over byte-pair pieces instead of words: a SentencePiece
