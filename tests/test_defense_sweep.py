@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from gradjax import data, models, training
+from gradjax.run import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,11 +37,11 @@ def blobs():
 
 @pytest.mark.slow
 def test_utility_is_the_accuracy_of_the_defended_training(sweep, blobs):
-  cfg = sweep.UtilityConfig(model="mlp-16", epochs=2, batch_size=16, learning_rate=0.1, momentum=0.9)
-  none = sweep.utility("none", blobs, cfg)
+  cfg = config.UtilityConfig(model="mlp-16", epochs=2, batch_size=16, lr=0.1, momentum=0.9)
+  none = sweep.utility("none", blobs, cfg, seed=0)
   assert none["accuracy"] > 0.95 and not none["diverged"] and len(none["train_loss"]) == 2
   # The same as training by hand from the documented model and key.
-  key = jax.random.key(cfg.seed)
+  key = jax.random.key(0)
   model = models.create("mlp-16", key, input_shape=(4, 4, 1), num_classes=3)
   variables, _ = training.train_fedsgd(model.apply_fn, model.variables, blobs.train.x, blobs.train.y,
                                        key=jax.random.fold_in(key, 1), epochs=2, batch_size=16,
@@ -58,10 +59,10 @@ def test_utility_is_the_accuracy_of_the_defended_training(sweep, blobs):
 
 
 def test_check_utility(sweep, blobs):
-  sweep.check_utility(blobs, sweep.UtilityConfig(model="mlp"))
-  for cfg, message in [(sweep.UtilityConfig(model="alexnet"), "unknown model"),
-                       (sweep.UtilityConfig(batch_size=241), "batch size"),
-                       (sweep.UtilityConfig(momentum=1.0), "momentum")]:
+  sweep.check_utility(blobs, config.UtilityConfig(model="mlp"))
+  for cfg, message in [(config.UtilityConfig(model="alexnet"), "unknown model"),
+                       (config.UtilityConfig(batch_size=241), "batch size"),
+                       (config.UtilityConfig(momentum=1.0), "momentum")]:
     with pytest.raises(ValueError, match=message):
       sweep.check_utility(blobs, cfg)
 
@@ -95,9 +96,10 @@ def run_sweep(*args):
 @pytest.mark.slow
 def test_program_with_utility(tmp_path):
   proc = run_sweep("--defenses=none;clip:1e-6", "--count=1", "--iterations=5", "--image_size=16",
-                   "--utility", "--utility_model=mlp", "--utility_dataset=lfw_subset",
-                   "--utility_data_seed=0", "--utility_train_count=150", "--utility_test_count=50",
-                   "--utility_epochs=2", f"--output_dir={tmp_path}")
+                   "--utility", "--config.utility.model=mlp",
+                   "--config.utility.dataset=lfw_subset", "--config.utility.data_seed=0",
+                   "--config.utility.train_count=150", "--config.utility.test_count=50",
+                   "--config.utility.epochs=2", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((tmp_path / "results.json").read_text())
   acc = [row["utility"]["accuracy"] for row in result["table"]]
@@ -107,9 +109,9 @@ def test_program_with_utility(tmp_path):
   assert "utility acc. |" in md and f"| {acc[0]:.3f} |" in md
   img = np.asarray(Image.open(tmp_path / "privacy_utility.png"))
   assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 400  # two panels
-  bad = run_sweep("--defenses=none", "--count=1", "--utility", "--utility_model=alexnet",
-                  "--utility_dataset=lfw_subset", "--utility_train_count=100",
-                  "--utility_test_count=50", f"--output_dir={tmp_path / 'bad'}")
+  bad = run_sweep("--defenses=none", "--count=1", "--utility",
+                  "--config.utility.model=alexnet", "--config.utility.dataset=lfw_subset",
+                  "--config.utility.train_count=100", "--config.utility.test_count=50", f"--output_dir={tmp_path / 'bad'}")
   errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
   assert bad.returncode == 2 and len(errors) == 1 and "unknown model" in errors[0], bad.stderr[-2000:]
 

@@ -45,17 +45,8 @@ flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: 
 flags.DEFINE_bool("resume", False, common.RESUME_HELP)  # captures with rows.json of the same options
 # The options of the schema it reads (gradjax.run.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
-common.define_flags(
-    fields=("model.name", "model.rename", "data.dataset", "data.data_dir", "data.image_size",
-            "data.normalization", "attack.iterations", "attack.restarts", "output.lpips",
-            "client.force", "attack.adaptive"))
+common.define_flags(fields=tuple(audit.OPTIONS.values()))
 common.define_launch_flags(collectives=False)  # captures split over processes
-# audit.Settings' fields: the options they take.
-SETTINGS = {"model": "model.name", "rename": "model.rename", "dataset": "data.dataset",
-            "data_dir": "data.data_dir", "image_size": "data.image_size",
-            "normalization": "data.normalization", "iterations": "attack.iterations",
-            "restarts": "attack.restarts", "seed": "seed", "lpips": "output.lpips",
-            "force": "client.force", "adaptive": "attack.adaptive"}
 flags.adopt_module_key_flags(common)
 
 
@@ -105,7 +96,7 @@ def main(argv):
     rounds = None if not f.rounds else [int(r) for r in f.rounds.split(",") if r.strip()]
   except ValueError:
     common.fail(f"--rounds takes comma-separated integers, got {f.rounds!r}")
-  settings = audit.Settings(attacks=names, **{name: o[path] for name, path in SETTINGS.items()})
+  settings = audit.Settings.from_options(names, o)
   try:
     found = audit.select(f.audit_dir, rounds)
   except (ValueError, FileNotFoundError) as e:

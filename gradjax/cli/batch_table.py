@@ -232,10 +232,8 @@ def main(argv):
       "head_classes": int(model.num_classes), "count": f.count, "batch_size": cfg.data.batch_size,
       "classes_per_batch": cfg.sampling.classes_per_batch, "start": f.start,
       "pool": cfg.sampling.pool, "aux": cfg.attack.aux, "iterations": cfg.attack.iterations,
-      "bn": f.bn, "tv": f.tv, "batches":
-          (batches + f.start).tolist(), "attacked": sorted(only or
-                                                           range(f.count)), "wall_time_s": wall
-  }
+      "bn": f.bn, "tv": f.tv, "batches": (batches + f.start).tolist(),
+      "attacked": sorted(only or range(f.count)), "wall_time_s": wall}
   label_summary = [{"method": m, "accuracy_mean": float(np.mean([r["accuracy"] for r in rows])),
                     "exact": int(sum(r["exact"] for r in rows)), "batches": len(rows),
                     "error": next((r["error"] for r in rows if "error" in r), None)}

@@ -23,20 +23,20 @@ because the paper's pattern (1e-4 leaks, 1e-2 defends) is the one these give whe
 read as standard deviations (``experiments/studies/dlg_defenses``). Laplacian noise, which behaves like Gaussian noise
 of the same variance, is sampled at every second level (1e-8, 1e-6, 1e-4, 1e-2).
 
-Utility (``--utility``): for every defense, a small model (``--utility_model``, mlp by default) is
-trained with that defense on every FedSGD step (gradjax.training.train_fedsgd: ``--utility_epochs``
-epochs of mini-batch SGD with momentum on the first ``--utility_train_count`` images of
-``--utility_dataset``, MNIST's test split by default) and tested on the following
-``--utility_test_count`` images; the test accuracy is the "utility acc." column. Every defense starts
+Utility (``--utility``): for every defense, a small model (the configuration's ``utility`` section:
+``--config.utility.model``, mlp by default) is trained with that defense on every FedSGD step
+(gradjax.training.train_fedsgd: ``utility.epochs`` epochs of mini-batch SGD with momentum on the first
+``utility.train_count`` images of ``utility.dataset``, MNIST's test split by default) and tested on the
+following ``utility.test_count`` images; the test accuracy is the "utility acc." column. Every defense starts
 from the same initial model and the same batch order (``--seed``). ``privacy_utility.png`` shows the
 mean attack PSNR per defense and, with ``--utility``, the utility accuracy below it.
 
   gradjax defense-sweep --defenses="none;gaussian:1e-3;gaussian:1e-2;prune:0.5" --utility
 """
 
+import dataclasses
 import os
 import time
-from typing import NamedTuple
 
 import jax
 from absl import app, flags, logging
@@ -49,40 +49,20 @@ DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gauss
              "laplacian:1e-8;laplacian:1e-6;laplacian:1e-4;laplacian:1e-2;fp16;int8;prune:0.01;"
              "prune:0.1;prune:0.2;prune:0.3;prune:0.5;prune:0.7")
 
-common.define_flags()
+common.define_flags(sections=(*config.ATTACK_SECTIONS, "utility"))
 common.define_table_flags(psnr=False)  # success is the verdict's rule
 flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('none' = undefended).")
 common.define_output_flags()
 common.define_launch_flags(collectives=False)  # experiments split over processes
 flags.adopt_module_key_flags(common)
 flags.DEFINE_bool("utility", False, "Also train a model under every defense and report its test accuracy.")
-flags.DEFINE_string("utility_model", "mlp", "Model trained for the utility column.")
-flags.DEFINE_string("utility_dataset", "mnist", "Dataset of the utility training (its test split, see gradjax.data).")
-flags.DEFINE_integer("utility_train_count", 2000, "Utility training images: the first N of --utility_dataset.")
-flags.DEFINE_integer("utility_test_count", 1000, "Utility test images: the M following the training images.")
-flags.DEFINE_integer("utility_data_seed", -1, "Permute --utility_dataset with this seed before the split (-1: file order).")
-flags.DEFINE_integer("utility_epochs", 3, "Utility training epochs.")
-flags.DEFINE_integer("utility_batch_size", 32, "Utility training mini-batch size.")
-flags.DEFINE_float("utility_lr", 0.1, "Utility training learning rate.")
-flags.DEFINE_float("utility_momentum", 0.9, "Utility training momentum.")
 
 
-class UtilityConfig(NamedTuple):
-  """How the utility model is trained (see the module docstring)."""
-
-  model: str = "mlp"
-  epochs: int = 3
-  batch_size: int = 32
-  learning_rate: float = 0.1
-  momentum: float = 0.9
-  seed: int = 0
-
-
-def utility(spec: str, parts: training.Split, cfg: UtilityConfig) -> dict:
+def utility(spec: str, parts: training.Split, cfg: config.UtilityConfig, seed: int = 0) -> dict:
   """Test accuracy of ``cfg.model`` trained with defense ``spec`` on ``parts.train``.
 
-  The model is created from ``jax.random.key(cfg.seed)`` and trained by
-  :func:`gradjax.training.train_fedsgd` with key ``fold_in(key(cfg.seed), 1)``, so every defense starts
+  The model is created from ``jax.random.key(seed)`` and trained by
+  :func:`gradjax.training.train_fedsgd` with key ``fold_in(key(seed), 1)``, so every defense starts
   from the same model and sees the same batches.
 
   Returns:
@@ -92,13 +72,13 @@ def utility(spec: str, parts: training.Split, cfg: UtilityConfig) -> dict:
   start = time.perf_counter()
   defense = defenses.parse(spec)
   defense = None if defense.name == "none" else defense
-  key = jax.random.key(cfg.seed)
+  key = jax.random.key(seed)
   model = models.create(cfg.model, key, input_shape=parts.train.x.shape[1:],
                         num_classes=parts.train.num_classes)
   try:
     variables, history = training.train_fedsgd(
         model.apply_fn, model.variables, parts.train.x, parts.train.y, key=jax.random.fold_in(key, 1),
-        epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.learning_rate,
+        epochs=cfg.epochs, batch_size=cfg.batch_size, learning_rate=cfg.lr,
         momentum=cfg.momentum, defense=defense)
   except FloatingPointError:
     return {"accuracy": None, "diverged": True, "train_loss": [], "time_s": time.perf_counter() - start}
@@ -107,13 +87,12 @@ def utility(spec: str, parts: training.Split, cfg: UtilityConfig) -> dict:
           "time_s": time.perf_counter() - start}
 
 
-def check_utility(parts: training.Split, cfg: UtilityConfig) -> None:
+def check_utility(parts: training.Split, cfg: config.UtilityConfig) -> None:
   """Raises a one-line ValueError for utility settings that training would reject (before any attack)."""
   models.create(cfg.model, jax.random.key(0), input_shape=parts.train.x.shape[1:],
                 num_classes=parts.train.num_classes)
   try:
-    training.check_sgd(len(parts.train.x), cfg.epochs, cfg.batch_size, cfg.learning_rate,
-                       cfg.momentum)
+    training.check_sgd(len(parts.train.x), cfg.epochs, cfg.batch_size, cfg.lr, cfg.momentum)
   except ValueError as e:
     raise ValueError(f"utility training: {e}") from None
   if len(parts.test.x) < 1:
@@ -188,12 +167,11 @@ def main(argv):
         f"defenses_{base.attack.preset}_{base.model.name}_{base.data.dataset.replace(':', '-')}",
         own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz", "config.py"))
     items = common.items(out)
+    ucfg = base.utility
     if f.utility:
-      seed = common.permutation_seed(f.utility_data_seed, "utility_data_seed")
-      parts = training.split(data.load(f.utility_dataset, data_dir=base.data.data_dir),
-                             f.utility_train_count, f.utility_test_count, seed)
-      ucfg = UtilityConfig(f.utility_model, f.utility_epochs, f.utility_batch_size, f.utility_lr,
-                           f.utility_momentum, base.seed)
+      seed = common.permutation_seed(ucfg.data_seed, "config.utility.data_seed")
+      parts = training.split(data.load(ucfg.dataset, data_dir=base.data.data_dir),
+                             ucfg.train_count, ucfg.test_count, seed)
       check_utility(parts, ucfg)
     def experiments(spec, adapted=False):
       for k in range(f.count):
@@ -224,15 +202,13 @@ def main(argv):
         table[-1]["adaptive"] = attack_row(spec, True)
       table[-1]["stronger"] = stronger(table[-1])
       if f.utility:
-        table[-1]["utility"] = utility(spec, parts, ucfg)
+        table[-1]["utility"] = utility(spec, parts, ucfg, base.seed)
         logging.info("%s: utility accuracy %s", spec, table[-1]["utility"]["accuracy"])
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   utility_setup = None
   if f.utility:
-    utility_setup = {**ucfg._asdict(), "dataset": f.utility_dataset,
-                     "train_count": f.utility_train_count, "test_count": f.utility_test_count,
-                     "data_seed": f.utility_data_seed}
+    utility_setup = {**dataclasses.asdict(ucfg), "seed": base.seed}
   common.write_config(out, base)  # without the defense: each row sets its own
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "config": config.record(base), "utility_config": utility_setup,

@@ -204,12 +204,12 @@ def main(argv):
     report.save_json(
         f.output, {
             "config": {
-                "dataset": cfg.data.dataset, "start": f.start, "pool": int(
-                    len(pool_y)), "normalization": cfg.data.normalization, "model": cfg.model.name,
-                "init": init, "act": cfg.model.act, "num_classes": num_classes, "count": f.count,
-                "batch_size": cfg.data.batch_size, "classes_per_batch":
-                    cfg.sampling.classes_per_batch, "aux_size": f.aux_size, "seed": cfg.seed
-            },
+                "dataset": cfg.data.dataset, "start": f.start, "pool": int(len(pool_y)),
+                "normalization": cfg.data.normalization, "model": cfg.model.name, "init": init,
+                "act": cfg.model.act, "num_classes": num_classes, "count": f.count,
+                "batch_size": cfg.data.batch_size,
+                "classes_per_batch": cfg.sampling.classes_per_batch, "aux_size": f.aux_size,
+                "seed": cfg.seed},
             "batches": {
                 "indices": np.asarray(batches) + f.start, "labels": pool_y[batches],
                 "distinct": distinct

@@ -204,13 +204,8 @@ def main(argv):
     text_meta = {}
     if f.data.modality == "text":
       parts, vocabulary = load_text_split(f)
-      text_meta = {
-          "vocabulary":
-              list(vocabulary.tokens), "sequence_length":
-                  f.data.sequence_length, "text_sizes":
-                      models.TextSizes(f.model.text_dim, f.model.text_heads, f.model.text_ffn,
-                                       f.model.text_layers)._asdict()
-      }
+      text_meta = {"vocabulary": list(vocabulary.tokens), "sequence_length": f.data.sequence_length,
+                   "text_sizes": f.model.text_sizes()._asdict()}
     else:
       parts = load_split(f)
     input_shape = tuple(int(d) for d in parts.train.x.shape[1:])

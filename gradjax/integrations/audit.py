@@ -349,7 +349,8 @@ AUDIT_ITERATIONS = {"dlg": 6000, "idlg": 6000}
 
 
 class Settings(NamedTuple):
-  """How :func:`audit` attacks the captures.
+  """How :func:`audit` attacks the captures: the attacks, and the options of the configuration
+  (:mod:`gradjax.run.config`) an audit reads, each field the option :data:`OPTIONS` names.
 
   attacks: attack names, or ``("auto",)`` for :func:`gradjax.auto.for_metadata`.
   model: zoo name (``None``: the captures' ``model`` metadata, else lenet_zhu).
@@ -358,8 +359,8 @@ class Settings(NamedTuple):
   image_size, normalization: how the clients preprocessed those examples (normalization ``None``:
     the captures' metadata, else none).
   iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
-  restarts, seed, lpips, rename, force: as in :class:`gradjax.run.config.Config` (without ``force`` a
-    capture that fails its checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
+  restarts, seed, lpips, rename, force: the options' (without ``force`` a capture that fails its
+    checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
   adaptive: attack a capture whose metadata declare the client's ``defense`` with the attack
     adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked plainly.
   """
@@ -377,6 +378,23 @@ class Settings(NamedTuple):
   rename: str | None = None
   force: bool = False
   adaptive: bool = False
+
+  def options(self) -> dict[str, Any]:
+    """Dotted path -> value of the configuration options these settings hold (:data:`OPTIONS`)."""
+    return {path: getattr(self, name) for name, path in OPTIONS.items()}
+
+  @classmethod
+  def from_options(cls, attacks: Sequence[str], options: dict[str, Any]) -> "Settings":
+    """The settings of ``attacks`` with the options (dotted path -> value) :data:`OPTIONS` names."""
+    return cls(attacks=tuple(attacks), **{name: options[path] for name, path in OPTIONS.items()})
+
+
+# The configuration options an audit reads: Settings' field -> the option's dotted path.
+OPTIONS = {"model": "model.name", "dataset": "data.dataset", "data_dir": "data.data_dir",
+           "image_size": "data.image_size", "normalization": "data.normalization",
+           "iterations": "attack.iterations", "restarts": "attack.restarts", "seed": "seed",
+           "lpips": "output.lpips", "rename": "model.rename", "force": "client.force",
+           "adaptive": "attack.adaptive"}
 
 
 def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
@@ -455,27 +473,15 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
         labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
       closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
       cfg = config.from_options({
-          "attack.preset":
-              name, "model.name":
-                  settings.model, "model.weights":
-                      os.path.join(capture.folder, WEIGHTS), "client.observation":
-                          os.path.join(capture.folder, OBSERVATION), "model.rename":
-                              settings.rename, "data.dataset":
-                                  None, "data.normalization":
-                                      settings.normalization,
-          "attack.iterations":
-              None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
-          "attack.restarts":
-              1 if closed else settings.restarts, "seed":
-                  settings.seed, "output.lpips":
-                      settings.lpips, "data.image_size":
-                          settings.image_size, "attack.labels":
-                              labels, "client.force":
-                                  settings.force,
-          "attack.adaptive":
-              not closed and settings.adaptive and bool(meta.get("defense")),
-          **(auto.settings(name, settings.model or meta.get("model")) if chosen else {})
-      })
+          **settings.options(), "attack.preset": name,
+          "model.weights": os.path.join(capture.folder, WEIGHTS),
+          "client.observation": os.path.join(capture.folder, OBSERVATION),
+          "data.dataset": None,  # the truth is scored here, loaded once for the capture's attacks
+          "data.data_dir": None,
+          "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
+          "attack.restarts": 1 if closed else settings.restarts, "attack.labels": labels,
+          "attack.adaptive": not closed and settings.adaptive and bool(meta.get("defense")),
+          **(auto.settings(name, settings.model or meta.get("model")) if chosen else {})})
       results, images = pipeline.run(cfg, batch=truth)
       out = os.path.join(capture.folder, name)
       report.write_run(out, results, images,

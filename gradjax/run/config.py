@@ -434,6 +434,22 @@ class TrainingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class UtilityConfig:
+  """What a defense costs (gradjax defense-sweep --utility): a small model trained by FedSGD with the
+  defense on every step (gradjax.training.train_fedsgd), its test accuracy the utility."""
+
+  model: str = _field("mlp", f"The model trained for the utility column: {_names(models.MODELS)}.")
+  dataset: str = _field("mnist", "Its dataset (the source's test split, see gradjax.data).")
+  train_count: int = _field(2000, "Training images: the first N of the (permuted) dataset.")
+  test_count: int = _field(1000, "Test images: the M following the training images.")
+  data_seed: int = _field(-1, "Permutation of the dataset before the split; -1 keeps the file order.")
+  epochs: int = _field(3, "Epochs of mini-batch SGD.")
+  batch_size: int = _field(32, "Mini-batch size.")
+  lr: float = _field(0.1, "Learning rate.")
+  momentum: float = _field(0.9, "Heavy-ball momentum (PyTorch's form).")
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   """Everything that defines one experiment, by section (``None`` in an option = the preset's or the
   source's default). Each option carries its documentation (:func:`option`), which is also its
@@ -450,6 +466,7 @@ class Config:
   output: OutputConfig = dataclasses.field(default_factory=OutputConfig)
   sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
   training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
+  utility: UtilityConfig = dataclasses.field(default_factory=UtilityConfig)
 
   def __post_init__(self):
     if self.data.modality not in MODALITIES:
@@ -483,14 +500,15 @@ class Config:
     for path, value in values.items():
       if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{flag(path)} must be a finite number, got {value}")
-    for path in ("attack.learning_rate", "client.local_lr", "training.lr"):
+    for path in ("attack.learning_rate", "client.local_lr", "training.lr", "utility.lr"):
       if values[path] is not None and values[path] <= 0:
         raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
     for path in ("training.epochs", "training.clients", "sampling.pool",
                  "sampling.classes_per_batch", "attack.restarts", "attack.permutations"):
       if values[path] < 1:
         raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
-    for path in ("training.train_count", "training.test_count"):
+    for path in ("training.train_count", "training.test_count", "utility.train_count",
+                 "utility.test_count"):
       if values[path] is not None and values[path] < 0:
         raise ValueError(f"{flag(path)} must be non-negative, got {values[path]}")
     if not 0 <= self.client.local_momentum < 1:
@@ -597,8 +615,8 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
 # The schema's options: dotted path -> its field, in the order of the sections.
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "seed"}
 # The sections of an attack's configuration (``sampling`` is the batch tables', ``training`` gradjax
-# train's).
-ATTACK_SECTIONS = tuple(s for s in SECTIONS if s not in ("sampling", "training"))
+# train's, ``utility`` gradjax defense-sweep's).
+ATTACK_SECTIONS = tuple(s for s in SECTIONS if s not in ("sampling", "training", "utility"))
 _OPTIONS: dict[str, dataclasses.Field] = {"seed": next(f for f in dataclasses.fields(Config)
                                                        if f.name == "seed")}
 for _section, _kind in SECTIONS.items():

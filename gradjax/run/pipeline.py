@@ -481,13 +481,11 @@ def _run_auto(cfg: Config, callback, batch):
   rest = [n for n in names if n not in {t["attack"] for t in tried}]
   why = ("it stops once an attack matches the update" if matched
          else f"the budget of {cfg.attack.budget or 0:g} s was spent")
-  results["verdict"] = {
-      **results["verdict"], "tried": [t["attack"] for t in tried], "reason":
-          (f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: {why})" if rest else "") +
-           f" and kept {chosen}" +
-           (f" ({chosen_step.attack.restarts} restarts)" if chosen_step.attack.restarts > 1 else "")
-           + "; " + results["verdict"]["reason"])
-  }
+  restarts = chosen_step.attack.restarts
+  results["verdict"] = {**results["verdict"], "tried": [t["attack"] for t in tried], "reason": (
+      f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: {why})" if rest else "")
+      + f" and kept {chosen}" + (f" ({restarts} restarts)" if restarts > 1 else "")
+      + "; " + results["verdict"]["reason"])}
   return results, images
 
 
@@ -973,7 +971,7 @@ def _run_text(cfg: Config, callback, state):
       **chance(batch),
   )
   residual = None
-  if "x" in rec.reconstruction.dummy and cfg.attack.text_search == "embeddings":
+  if cfg.attack.text_search == "embeddings" and "x" in rec.reconstruction.dummy:
     residual = verdict.residual(model.apply_fn, observation, rec.reconstruction.dummy,
                                 rec.reconstruction.labels)
   results["findings"] = verdict.text_findings(results)
