@@ -123,7 +123,8 @@ class TextReconstruction(NamedTuple):
     targets: (N, T) int, argmax of the dummy soft targets (the sentence shifted by one), or the known
       ones.
     bag: int ids of the tokens the embedding gradient reveals (the candidates when restricted).
-    reconstruction: the underlying :class:`gradjax.attacks.Reconstruction` (losses, restarts, counts).
+    reconstruction: the search's own result (losses, restarts, counts): the embedding search's
+      :class:`gradjax.attacks.Reconstruction`, the token search's :class:`TokenSearch`.
   """
 
   embeddings: np.ndarray
@@ -131,7 +132,7 @@ class TextReconstruction(NamedTuple):
   tokens_pinv: np.ndarray
   targets: np.ndarray
   bag: np.ndarray
-  reconstruction: attacks.Reconstruction
+  reconstruction: "attacks.Reconstruction | TokenSearch"
 
 
 class TokenData(NamedTuple):
@@ -175,9 +176,48 @@ def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -
   return attacks.make_solver(attack, value_fn)
 
 
-def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, restarts, execution):
+class TokenProblem(NamedTuple):
+  """What the token search's solver runs (:func:`prepare_tokens`): its ``data``, every restart's
+  start ``init`` ({"z": (R, N, T, K)} logits over the K candidate slots), the candidates' ids
+  ``ids`` (the slots past them are padding) and the ``vocabulary`` size V of the targets."""
+
+  data: TokenData
+  init: dict
+  ids: np.ndarray
+  vocabulary: int
+
+
+class TokenSearch(NamedTuple):
+  """The best restart of a token search (:func:`select_tokens`).
+
+  Attributes:
+    tokens: (N, T) int, argmax over the candidates at every position.
+    probabilities: (N, T, K) the softmax over the K candidates (``TokenProblem.ids``).
+    embeddings: (N, T, dim) the inputs they make, Σ_k p_tk E_k.
+    targets: (N, T) int, the tokens shifted by one, ``eos`` last.
+    loss, best_restart, restart_losses, restart_alive, iterations, evaluations: as
+      :class:`gradjax.attacks.Reconstruction`'s.
+  """
+
+  tokens: np.ndarray
+  probabilities: np.ndarray
+  embeddings: np.ndarray
+  targets: np.ndarray
+  loss: float
+  best_restart: int
+  restart_losses: np.ndarray
+  restart_alive: np.ndarray
+  iterations: np.ndarray
+  evaluations: np.ndarray
+
+
+def prepare_tokens(attack: attacks.Attack, apply_fn: Callable, view: Observation, table: np.ndarray,
+                   key: jax.Array, *, length: int, eos: int | None, candidates=None,
+                   restarts: int = 1) -> TokenProblem:
   """The token search of :func:`reconstruct` on the ``view`` of :func:`attack_view`, with the
-  embedding ``table`` (V, dim): (token ids (N, T), embeddings, Reconstruction)."""
+  embedding ``table`` (V, dim) and the ``candidates`` ids (all V if None): its data and every
+  restart's logits, drawn N(0, 1) from ``jax.random.split(key, restarts)``. The candidates are
+  padded to N·T slots, so every sentence of a length shares one compiled program."""
   if not attack.optimises_labels or attack.matched.name != "gradient" or attack.priors:
     described = attacks.describe(attack)
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
@@ -186,9 +226,8 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
                      f"objective={attack.matched.name!r}, priors={described['priors']!r})")
   if eos is None:
     raise ValueError("the token search needs the end-of-sentence id (the last target)")
-  vocabulary = table.shape[0]
   n = view.num_samples
-  ids = np.arange(vocabulary) if candidates is None else np.asarray(candidates)
+  ids = np.arange(table.shape[0]) if candidates is None else np.asarray(candidates)
   slots = max(ids.size, n * length) if candidates is not None else ids.size
   padded = np.concatenate([ids, np.full(slots - ids.size, ids[0])]).astype(np.int32)
   valid = np.arange(slots) < ids.size
@@ -199,22 +238,32 @@ def _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates, 
                    jnp.asarray(padded), jnp.asarray(eos, jnp.int32), weights, jnp.asarray(valid))
   keys = jax.random.split(key, restarts)
   init = {"z": jax.vmap(lambda k: jax.random.normal(k, (n, length, slots), dtype))(keys)}
-  state = driver.run(_token_solver(attack, apply_fn, vocabulary), init, data,
-                      iterations=attack.iterations, execution=execution)
-  state = sharding.fetch(state)
+  return TokenProblem(data, init, ids, int(table.shape[0]))
+
+
+def solve_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProblem,
+                 execution: driver.Execution = driver.Execution()) -> solvers.SolverState:
+  """Runs every restart of ``problem`` (:func:`gradjax.driver.run`); the final state, fetched to the
+  host."""
+  state = driver.run(_token_solver(attack, apply_fn, problem.vocabulary), problem.init, problem.data,
+                     iterations=attack.iterations, execution=execution)
+  return sharding.fetch(state)
+
+
+def select_tokens(problem: TokenProblem, state: solvers.SolverState, table: np.ndarray) -> TokenSearch:
+  """The best restart of a finished token search (fetched ``state``): its tokens, their
+  probabilities and embeddings in the ``table`` (V, dim)."""
   best, losses = attacks.best_restart(state)
+  ids, n = problem.ids, problem.init["z"].shape[1]
   z = np.asarray(state.best_params["z"][best])[..., :ids.size]
   p = np.exp(z - z.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   tokens = ids[np.argmax(z, axis=-1)].astype(np.int32)
+  eos = int(problem.data.eos)
   targets = np.concatenate([tokens[:, 1:], np.full((n, 1), eos, np.int32)], axis=1)
-  embeddings = p @ table[ids].astype(np.float64)
-  rec = attacks.Reconstruction(
-      x=embeddings, labels=targets, loss=float(losses[best]), best_restart=best, restart_losses=losses,
-      restart_alive=np.asarray(state.alive), x_restarts=np.asarray(state.best_params["z"]),
-      iterations=np.asarray(state.iterations), evaluations=np.asarray(state.evaluations),
-      dummy={"z": z}, permutation=np.arange(n), candidates=np.arange(n)[None])
-  return tokens, embeddings, rec
+  return TokenSearch(tokens, p, p @ table[ids].astype(np.float64), targets, float(losses[best]),
+                     best, losses, np.asarray(state.alive), np.asarray(state.iterations),
+                     np.asarray(state.evaluations))
 
 
 # Ten parameters: attacks.reconstruct's (attack, model, observation, key, restarts, execution) and the
@@ -268,9 +317,10 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, rest
                      "this one")
   candidates = bag if restrict else None
   if search == "tokens":
-    tokens, e, rec = _search_tokens(attack, apply_fn, view, table, key, length, eos, candidates,
-                                    restarts, execution)
-    return TextReconstruction(e, tokens, tokens, rec.labels, bag, rec)
+    problem = prepare_tokens(attack, apply_fn, view, table, key, length=length, eos=eos,
+                             candidates=candidates, restarts=restarts)
+    found = select_tokens(problem, solve_tokens(attack, apply_fn, problem, execution), table)
+    return TextReconstruction(found.embeddings, found.tokens, found.tokens, found.targets, bag, found)
   if search != "embeddings":
     raise ValueError(f"unknown text search {search!r}; choose one of {', '.join(SEARCHES)}")
   problem = attacks.prepare(attack, apply_fn, view, key, input_shape=(length, table.shape[1]),

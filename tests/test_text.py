@@ -470,3 +470,27 @@ def test_best_iterate_tracked_from_the_attacks_track_from(client, search):
                    jax.random.key(0), length=5, eos=1, search=search, execution=execution)
   # The report after k iterations has seen the iterates of steps 0..k-1: step 3 first counts at 4.
   assert [i for i, loss in rows if math.isfinite(loss)] == [4, 5], rows
+
+
+def test_the_token_search_is_prepare_solve_select(client):
+  """text.prepare_tokens / solve_tokens / select_tokens: the candidates padded to N·T slots (one
+  program per length), the best restart's tokens the argmax of its logits over the candidates, its
+  embeddings their softmax-weighted table rows (NumPy), its targets the tokens shifted by one."""
+  m, obs, ids = client
+  view, table, bag = text.attack_view(obs), text.embedding_table(obs), text.token_bag(obs)
+  attack = presets.dlg(iterations=2)
+  problem = text.prepare_tokens(attack, m.apply_fn, view, table, jax.random.key(0), length=5, eos=1,
+                                candidates=bag, restarts=3)
+  assert problem.init["z"].shape == (3, 1, 5, max(bag.size, 5)) and problem.vocabulary == 40
+  np.testing.assert_array_equal(problem.ids, bag)
+  state = text.solve_tokens(attack, m.apply_fn, problem)
+  found = text.select_tokens(problem, state, table)
+  z = np.asarray(state.best_params["z"][found.best_restart])[..., :bag.size]
+  np.testing.assert_array_equal(found.tokens, bag[np.argmax(z, -1)])
+  p = np.exp(z - z.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  np.testing.assert_allclose(found.embeddings, p @ table[bag].astype(np.float64), rtol=1e-5)
+  np.testing.assert_array_equal(found.targets[:, :-1], found.tokens[:, 1:])
+  assert (found.targets[:, -1] == 1).all() and found.loss == found.restart_losses.min()
+  with pytest.raises(ValueError, match="end-of-sentence"):
+    text.prepare_tokens(attack, m.apply_fn, view, table, jax.random.key(0), length=5, eos=None)
