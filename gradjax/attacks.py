@@ -111,7 +111,7 @@ class Attack:
     object.__setattr__(self, "distance", distances.as_distance(self.distance))
     object.__setattr__(self, "priors", tuple(self.priors))
     if not isinstance(self.matched, (objectives.Gradient, objectives.Replay)):
-      raise ValueError(f"matched must be an objectives part ({', '.join(objectives.MODES)}), got "
+      raise ValueError(f"matched must be an objectives part ({', '.join(objectives.MATCHED)}), got "
                        f"{self.matched!r}")
     if self.layer_weights is not None and self.layer_weights not in distances.DEPTH_RULES:
       raise ValueError(f"unknown depth rule {self.layer_weights!r}; choose one of "

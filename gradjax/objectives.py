@@ -135,14 +135,13 @@ class Replay:
 
 Matched = Gradient | Replay  # what an objective matches: one of the four above
 MATCHED: dict[str, type] = {c.name: c for c in (Gradient, Replay, ScaledDifference, Normalised)}
-MODES = tuple(MATCHED)
 
 
 def matched(name: str, **settings) -> Matched:
   """The part of :data:`MATCHED` called ``name``, built with ``settings`` (``gamma`` for ``"dlm"``,
   ``remat`` for ``"replay"``)."""
   if name not in MATCHED:
-    raise ValueError(f"unknown objective {name!r}; choose one of {', '.join(MODES)}")
+    raise ValueError(f"unknown matched part {name!r}; choose one of {', '.join(MATCHED)}")
   return MATCHED[name](**settings)
 
 

@@ -76,11 +76,11 @@ class Thresholds(NamedTuple):
 THRESHOLDS = Thresholds()
 
 
-def residual(apply_fn, observation: Observation, dummy: dict, labels, *, mode: str = "gradient"
+def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched: str = "gradient"
              ) -> fidelity.Comparison:
   """How well the attack's reconstruction reproduces the observed update.
 
-  The update the client would have sent for the reconstruction (its gradient, or for ``mode``
+  The update the client would have sent for the reconstruction (its gradient, or for ``matched``
   ``"replay"`` the replayed local training's W_t − W'_{t+1}), u, scaled by the best common factor
   α* = ⟨u, c⟩ / ‖u‖² (DLM's γ and cosine distances leave the scale free), against the observed c:
   relative error ‖α* u − c‖ / ‖c‖ over all layers (= sin ∠(u, c)) and per layer.
@@ -90,11 +90,11 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, mode: s
     dummy: the reconstruction's optimised variables (``"x"``, and ``"label_logits"`` when labels were
       optimised jointly: their softmax is the target).
     labels: (N,) int labels the attack used when ``dummy`` has no label logits.
-    mode: the attack's objective mode (:data:`gradjax.objectives.MODES`).
+    matched: the name of what the attack's objective matched (:data:`gradjax.objectives.MATCHED`).
   """
   logits = dummy.get("label_logits")
   u, uu, uc = _update(apply_fn, observation, jnp.asarray(dummy["x"]),
-                      jnp.asarray(labels if logits is None else logits), mode=mode,
+                      jnp.asarray(labels if logits is None else logits), matched=matched,
                       soft=logits is not None)
   uu, uc = float(uu), float(uc)
   alpha = uc / uu if uu > 0 else 0.0
@@ -102,13 +102,13 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, mode: s
                           observation.gradient)
 
 
-@functools.partial(compilation.once, static_argnames=("apply_fn", "mode", "soft"))
-def _update(apply_fn, observation: Observation, x, targets, *, mode: str, soft: bool):
+@functools.partial(compilation.once, static_argnames=("apply_fn", "matched", "soft"))
+def _update(apply_fn, observation: Observation, x, targets, *, matched: str, soft: bool):
   """The update u the client would have sent for ``x`` and ``targets`` (label logits when ``soft``:
   their softmax is the target), with ⟨u, u⟩ and ⟨u, c⟩: one program, not one per operation."""
   if soft:
     targets = jax.nn.softmax(targets, axis=-1)
-  if mode == "replay":
+  if matched == "replay":
     new = clients.local_sgd(apply_fn, observation.variables, x, targets, observation.local,
                             train=observation.train)
     u = jax.tree.map(jnp.subtract, observation.variables["params"], new)

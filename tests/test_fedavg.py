@@ -229,7 +229,7 @@ def test_dlm_gamma_settings_are_checked():
   for bad in ("init=0", "frozen=-1", "lr=0", "gamma=3", "init=", "frozen=1.5"):
     with pytest.raises(ValueError, match="gamma"):
       config.parse_gamma(bad)
-  with pytest.raises(ValueError, match="--config.attack.objective=dlm only"):
+  with pytest.raises(ValueError, match="--config.attack.matched=dlm only"):
     config.get_attack(config.from_options({"attack.preset": "dlg", "attack.gamma": "init=2"}))
   with pytest.raises(ValueError, match="objectives.Gamma"):
     objectives.ScaledDifference(gamma=2.0)

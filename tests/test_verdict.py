@@ -46,9 +46,9 @@ def test_residual_of_replayed_local_training(photos):
   y = np.array([3, 5])
   obs = clients.fedavg(model.apply_fn, model.variables, photos[:2], y, local)
   assert verdict.residual(model.apply_fn, obs, {"x": photos[:2]}, y,
-                          mode="replay").relative_error < 1e-5
+                          matched="replay").relative_error < 1e-5
   assert verdict.residual(model.apply_fn, obs, {"x": photos[2:4]}, y,
-                          mode="replay").relative_error > verdict.THRESHOLDS.matched
+                          matched="replay").relative_error > verdict.THRESHOLDS.matched
 
 
 def test_residual_is_one_program(photos, caplog):

@@ -44,11 +44,11 @@ from gradjax.run import campaign, config, report
 
 METHODS = {
     "DLG": {
-        "attack.preset": "dlg", "attack.objective": "replay", "attack.optimizer": "adam",
+        "attack.preset": "dlg", "attack.matched": "replay", "attack.optimizer": "adam",
         "attack.learning_rate": 0.1, "attack.iterations": 4000
     },
     "cosine": {
-        "attack.preset": "dlg", "attack.objective": "replay", "attack.distance": "cosine",
+        "attack.preset": "dlg", "attack.matched": "replay", "attack.distance": "cosine",
         "attack.optimizer": "adam", "attack.learning_rate": 0.1, "attack.iterations": 4000
     },
     "DLM": {"attack.preset": "dlm"},

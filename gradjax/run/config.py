@@ -267,8 +267,10 @@ class AttackConfig:
   iterations: int | None = _field(
       None, "Optimizer iterations" + _PRESET + "; the preset's step counts (hfginv's prior starts and "
       "layer schedule) scale with it.", attack="iterations")
-  objective: str | None = _field(
-      None, f"What is matched{_PRESET}: {_names(objectives.MODES)}.", attack="objective")
+  matched: str | None = _field(
+      None, f"What the objective matches{_PRESET}: {_names(objectives.MATCHED)} (gradient: a FedSGD "
+      "gradient; replay: a FedAvg update by replaying the local steps; dlm, dlm_plus: DLM's scaled "
+      "and normalised differences).", attack="matched")
   optimizer: str | None = _field(
       None, f"Optimizer{_PRESET}: {_names(optimizers.OPTIMIZERS)}.", attack="optimizer.name")
   learning_rate: float | None = _field(None, "Learning rate" + _PRESET + ".",
@@ -559,7 +561,7 @@ def _matched(preset: objectives.Matched, name: str, gamma: objectives.Gamma | No
   matched = preset if name == preset.name else objectives.matched(name)
   if gamma is not None:
     if not isinstance(matched, objectives.ScaledDifference):
-      raise ValueError(f"--config.attack.gamma sets DLM's scale: it applies with --config.attack.objective=dlm only, not {name!r}")
+      raise ValueError(f"--config.attack.gamma sets DLM's scale: it applies with --config.attack.matched=dlm only, not {name!r}")
     matched = dataclasses.replace(matched, gamma=gamma)
   if remat is not None and isinstance(matched, objectives.Replay):
     matched = dataclasses.replace(matched, remat=remat)
@@ -599,8 +601,8 @@ def _build_attack(section: AttackConfig, modality: str, remat: bool | None):
     overrides["labels"] = labels_lib.joint
   if optimizer:
     overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
-  if {"objective", "gamma", "remat"} & set(overrides):
-    overrides["matched"] = _matched(attack.matched, overrides.pop("objective", attack.matched.name),
+  if {"matched", "gamma", "remat"} & set(overrides):
+    overrides["matched"] = _matched(attack.matched, overrides.pop("matched", attack.matched.name),
                                     overrides.pop("gamma", None), overrides.pop("remat", None))
   if "smoothing" in overrides:  # a fraction of the budget, now known
     overrides["smoothing"] = overrides["smoothing"](attack.iterations)
@@ -741,10 +743,14 @@ def record(cfg: Config, paths: tuple[str, ...] | None = None) -> dict[str, Any]:
 
 
 # What a results file recorded before the schema was nested (one flat record): its key -> the path.
-_FLAT_RECORD = {"model": "model.name", "client": "client.name", "defense": "defense.spec",
-                "attack": "attack.preset", "train_lr": "training.lr",
-                **{p.rpartition(".")[2]: p for p in _OPTIONS
-                   if p.rpartition(".")[2] not in ("name", "spec", "preset", "lr")}}
+# (The utility section came later: its keys are not these.)
+_FLAT_RECORD = {**{p.rpartition(".")[2]: p for p in _OPTIONS
+                   if section(p) != "utility" and p.rpartition(".")[2] not in ("name", "spec", "preset", "lr")},
+                "model": "model.name", "client": "client.name", "defense": "defense.spec",
+                "attack": "attack.preset", "train_lr": "training.lr", "objective": "attack.matched"}
+
+
+_RENAMED = {"attack.matched": "attack.matched"}  # options renamed since a record was written
 
 
 def recorded(values: dict[str, Any]) -> dict[str, Any]:
@@ -756,10 +762,11 @@ def recorded(values: dict[str, Any]) -> dict[str, Any]:
 
     def walk(node, prefix):
       for key, value in node.items():
+        path = _RENAMED.get(f"{prefix}{key}", f"{prefix}{key}")
         if isinstance(value, dict):
           walk(value, f"{prefix}{key}.")
-        elif f"{prefix}{key}" in _OPTIONS:
-          out[f"{prefix}{key}"] = value
+        elif path in _OPTIONS:
+          out[path] = value
 
     walk(values, "")
     return out

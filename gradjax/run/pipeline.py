@@ -549,8 +549,8 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
   if zero:
     raise fidelity.ZeroUpdate(zero)
   declared = ",".join(d for d in (meta.get("defense"), cfg.defense.spec) if d and d != "none")
-  objective = "gradient" if closed else attack.matched.name
-  as_gradient = (objective == "gradient" and observation.threat_model == "fedavg"
+  matched = "gradient" if closed else attack.matched.name
+  as_gradient = (matched == "gradient" and observation.threat_model == "fedavg"
                  and observation.local is not None)
   attack = adapted(cfg, attack, declared,
                    observation.local.learning_rate if as_gradient else 1.0)
@@ -601,7 +601,7 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
       recursion=found.get("recursion"),
       imprint=found.get("imprint"),
   )
-  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, mode=objective)
+  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=matched)
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
