@@ -140,8 +140,23 @@ def _names(registry) -> str:
 _PRESET = " (the preset's if unset)"
 
 
+_SECTION_KINDS: dict[str, type] = {}  # section -> its class (filled once Config is declared)
+
+
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
+class _Section:
+  """A section of :class:`Config`: its options that take ``choices`` are checked when it is built."""
+
+  def __post_init__(self):
+    name = next(s for s, kind in _SECTION_KINDS.items() if isinstance(self, kind))
+    for f in dataclasses.fields(self):
+      value, choices = getattr(self, f.name), f.metadata["choices"]
+      if choices is not None and value not in choices:
+        raise ValueError(f"{flag(f'{name}.{f.name}')}={value}: choose one of {', '.join(choices)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_Section):
   """The client's data: the source and which examples (images, or sentences of a corpus) it trains
   on."""
 
@@ -178,7 +193,7 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Section):
   """The model the client trains: a zoo model, a checkpoint, or captured server weights."""
 
   name: str | None = _field(
@@ -214,7 +229,7 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ClientConfig:
+class ClientConfig(_Section):
   """The client: its threat model (FedSGD gradient or FedAvg update) and local training, or a
   captured update."""
 
@@ -245,7 +260,7 @@ class ClientConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class DefenseConfig:
+class DefenseConfig(_Section):
   """The defense the client applies to its update."""
 
   spec: str | None = _field(
@@ -254,7 +269,7 @@ class DefenseConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class AttackConfig:
+class AttackConfig(_Section):
   """The attack: a preset (or a closed form, or auto) and the parts that replace its own."""
 
   preset: str = _field(
@@ -348,7 +363,7 @@ class AttackConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ExecutionConfig:
+class ExecutionConfig(_Section):
   """How the attack's restarts run: strategy, halving, sharding, progress chunks, precision, memory."""
 
   strategy: str = _field(
@@ -378,11 +393,12 @@ class ExecutionConfig:
     return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver)
 
   def __post_init__(self):
+    super().__post_init__()
     self.build()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
 
 
 @dataclasses.dataclass(frozen=True)
-class OutputConfig:
+class OutputConfig(_Section):
   """How a run is scored."""
 
   lpips: str = _field("auto", "LPIPS network for scoring (auto: alex when the lpips extra is "
@@ -390,7 +406,7 @@ class OutputConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
+class SamplingConfig(_Section):
   """Batches with repeated labels (gradjax label-recovery, batch-table;
   data.duplicate_label_batches)."""
 
@@ -401,7 +417,7 @@ class SamplingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingConfig:
+class TrainingConfig(_Section):
   """Training a model (gradjax train; gradjax.training): FedSGD steps on data.batch_size examples,
   or FedAvg rounds of the client's local training."""
 
@@ -436,7 +452,7 @@ class TrainingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class UtilityConfig:
+class UtilityConfig(_Section):
   """What a defense costs (gradjax defense-sweep --utility): a small model trained by FedSGD with the
   defense on every step (gradjax.training.train_fedsgd), its test accuracy the utility."""
 
@@ -616,6 +632,7 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
 
 # The schema's options: dotted path -> its field, in the order of the sections.
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "seed"}
+_SECTION_KINDS.update(SECTIONS)
 # The sections of an attack's configuration (``sampling`` is the batch tables', ``training`` gradjax
 # train's, ``utility`` gradjax defense-sweep's).
 ATTACK_SECTIONS = tuple(s for s in SECTIONS if s not in ("sampling", "training", "utility"))
