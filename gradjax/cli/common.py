@@ -205,7 +205,8 @@ def _values_given() -> tuple[dict, set[str]]:
   chosen = set()
   if f.config is not None:
     baseline = dict(values)
-    if DEFAULT_CONFIG and not f["config"].present:
+    if DEFAULT_CONFIG and (not f["config"].present
+                           or config_file(f["config"]) == configs.path(DEFAULT_CONFIG[0])):
       baseline.update(config.given(configs.get(DEFAULT_CONFIG[0])))
     from_file = config.given(f.config)
     chosen |= {path for path, value in from_file.items() if value != baseline[path]}
@@ -535,9 +536,13 @@ def parse_flags(argv):
     if not os.path.exists(file):
       fail(f"--config: no file {file} (from {os.getcwd()}); give a packaged configuration's name "
            f"({', '.join(configs.NAMES)}) or a Python file's path")
-  if (not given and any(a.startswith("--config.") for a in argv[1:]) and "config" in flags.FLAGS
-      and flags.FLAGS["config"].default is None):  # --config.<path> overrides the defaults
-    argv = [argv[0], f"--config={configs.path('defaults')}", *argv[1:]]
+  if not given and any(a.startswith("--config.") for a in argv[1:]) and "config" in flags.FLAGS:
+    # --config.<path> overrides the program's configuration (else the defaults), named here so
+    # that ml_collections reads the overrides when it parses it, in every process that parses flags.
+    argv = [argv[0], f"--config={configs.path(DEFAULT_CONFIG[0] if DEFAULT_CONFIG else 'defaults')}",
+            *argv[1:]]
+    for name in [n for n in flags.FLAGS if n.startswith("config.")]:  # from the default's own parse
+      delattr(flags.FLAGS, name)
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:]):
     print(grouped_help())
     sys.exit(0)
