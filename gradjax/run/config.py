@@ -1,8 +1,8 @@
 """The configuration of one experiment: :class:`Config`, one frozen section per concern (``data``,
-``model``, ``client``, ``defense``, ``attack``, ``execution``, ``output``, ``sampling``, ``training``;
-``seed`` at the top), every option declared once with its documentation; the sections build the
-objects the runner takes (:meth:`AttackConfig.build` the attack, :meth:`ExecutionConfig.build` the
-restart driver's record).
+``model``, ``client``, ``defense``, ``attack``, ``execution``, ``output``, ``sampling``, ``training``,
+``utility``; ``seed`` at the top), every option declared once with its documentation; the sections
+build the objects the runner takes (:meth:`AttackConfig.build` the attack, :meth:`ExecutionConfig.build`
+the restart driver's record).
 
 An option is named by its dotted path (``"attack.iterations"``). Configuration files (big_vision's
 style) hold the same tree: a file's ``get_config()`` returns an ``ml_collections.ConfigDict`` built
@@ -17,7 +17,7 @@ from :func:`defaults`::
     return c
 
 read with ``--config=that_file.py`` (``--config.attack.iterations=6000`` overrides one option; the
-command line's short flags, ``--iterations``, are aliases: :func:`alias`). :func:`from_dict` builds the
+common options have short flags too, ``--iterations``: :data:`ALIASES`). :func:`from_dict` builds the
 :class:`Config`; :func:`to_python` writes a resolved one back as such a file, which reproduces the run.
 A file may declare a sweep, which ``gradjax sweep`` runs one experiment per item of::
 
@@ -651,7 +651,7 @@ def paths() -> tuple[str, ...]:
 
 
 def option(path: str) -> dataclasses.Field:
-  """The field of option ``path``: its default, and in ``metadata`` its help, choices and short flag."""
+  """The field of option ``path``: its default, and in ``metadata`` its help and choices."""
   if path not in _OPTIONS:
     raise ValueError(f"unknown configuration option {path!r}; options are dotted paths such as "
                      "data.index")
