@@ -776,8 +776,7 @@ print(json.dumps(out))
 
 @pytest.mark.slow
 def test_each_option_has_one_name_default_and_help_across_commands():
-  """Every command's options, the benchmark programs' too: one default and one help per name (the
-  help's pointer to the option's place in a configuration file, on the commands that read one, aside)."""
+  """Every command's options, the benchmark programs' too: one default and one help per name."""
   import benchmarks
   from gradjax import cli
   seen = {}  # option -> (default, help) -> commands
@@ -790,7 +789,6 @@ def test_each_option_has_one_name_default_and_help_across_commands():
   for name in sorted(modules):
     for option, (default, help_text) in options_of[modules[name]].items():
       if option not in PER_PROGRAM:
-        help_text = re.sub(r" \[--config\.[\w.]+\]$", "", help_text)
         seen.setdefault(option, {}).setdefault((default, help_text), []).append(name)
   differ = {option: list(v.values()) for option, v in seen.items() if len(v) > 1}
   assert not differ, differ
