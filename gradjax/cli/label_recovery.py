@@ -89,9 +89,8 @@ def main(argv):
     cfg = common.config_from_flags()
   except ValueError as e:
     fail(str(e))
-  for name in ("count", "classes_per_batch", "pool"):
-    if getattr(f, name) < 1:
-      fail(f"--{name} must be positive, got {getattr(f, name)}")
+  if f.count < 1:  # (the pool and classes per batch were checked with the configuration)
+    fail(f"--count must be positive, got {f.count}")
   if f.start < 0:
     fail(f"--start must be non-negative, got {f.start}")
   if f.aux_size < 0:
