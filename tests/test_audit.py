@@ -40,7 +40,7 @@ def test_auto_picks_by_the_update_and_the_model(metadata, model, attacks):
 def test_auto_sets_the_convnets_total_variation_unless_the_user_did():
   """On Geiping et al.'s ConvNet auto runs Inverting Gradients with TV 5 (experiments/studies/batches),
   records it with the attack it tried, and keeps a TV weight the user gave."""
-  assert auto.settings("inverting_gradients_batch", "convnet-16") == {"priors": "tv:5"}
+  assert auto.settings("inverting_gradients_batch", "convnet-16") == {"attack.priors": "tv:5"}
   assert auto.settings("inverting_gradients_batch", "lenet_zhu") == {}
   assert auto.settings("idlg", "convnet") == {}
   cfg = config.from_options({
@@ -49,7 +49,7 @@ def test_auto_sets_the_convnets_total_variation_unless_the_user_did():
   })
   results, _ = pipeline.run(cfg)
   assert results["config"]["attack"]["priors"] == "tv:5"
-  assert results["auto"]["tried"][0]["settings"] == {"priors": "tv:5"}
+  assert results["auto"]["tried"][0]["settings"] == {"attack.priors": "tv:5"}
   results, _ = pipeline.run(config.replace(cfg, {"attack.priors": "tv:0.1"}))
   assert results["config"]["attack"]["priors"] == "tv:0.1" and results["auto"]["tried"][0][
       "settings"] == {}

@@ -409,7 +409,7 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
                         (["--config.training.data_seed=-2"], "--config.training.data_seed must be >= 0 or -1"),
                         (["--config.client.local_lr=0.5"], "--config.client.local_lr do not apply to --client=fedsgd"),
                         (["--client=fedavg", "--config.training.lr=0.5", "--config.training.momentum=0.5"],
-                         "--config.training.momentum, --config.training.lr do not apply to --client=fedavg")]:
+                         "--config.training.lr, --config.training.momentum do not apply to --client=fedavg")]:
     bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
@@ -442,7 +442,7 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
   got = checkpoint.load_model(out / "epoch_2.npz").variables
   for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
-  for args, message in [(["--client=fedavg", "--config.training.augment=True"], "--config.training.augment=True do not apply to --client=fedavg"),
+  for args, message in [(["--client=fedavg", "--config.training.augment=True"], "--config.training.augment do not apply to --client=fedavg"),
                         (["--config.training.lr_milestones=3,2"], "milestones must be increasing"),
                         (["--modality=text", "--config.training.augment=True"], "--config.training.augment=True is for images")]:
     bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")

@@ -76,10 +76,17 @@ def _cli(*args):
                         capture_output=True, text=True, env=env, timeout=600)
 
 
+# The options _run's keywords set.
+PATHS = {"act": "model.act", "iterations": "attack.iterations", "attack": "attack.preset",
+         "normalization": "data.normalization", "dataset": "data.dataset",
+         "image_size": "data.image_size", "index": "data.index"}
+
+
 def _run(w, g, **kw):
   from gradjax.run import config, pipeline
-  cfg = config.Config(weights=str(w), observation=str(g), model=None, lpips="none",
-                        **{"dataset": None, **kw})
+  cfg = config.from_options({
+      "model.weights": str(w), "client.observation": str(g), "model.name": None,
+      "output.lpips": "none", "data.dataset": None, **{PATHS[k]: v for k, v in kw.items()}})
   return pipeline.run(cfg)[0]
 
 

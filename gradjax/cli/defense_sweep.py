@@ -248,10 +248,10 @@ def main(argv):
     lines += ["", "Adaptive: the attack's objective models the row's defense (gradjax.adaptive); "
               "the plot shows each defense's stronger attack (hatched: the adaptive one)."]
   if f.utility:
-    lines += ["", f"Utility: {f.utility_model} trained {f.utility_epochs} epochs (batch "
-              f"{f.utility_batch_size}, lr {f.utility_lr:g}, momentum {f.utility_momentum:g}) on "
-              f"{f.utility_train_count} {f.utility_dataset} images with the defense on every step, "
-              f"tested on the next {f.utility_test_count}."]
+    u = base.utility
+    lines += ["", f"Utility: {u.model} trained {u.epochs} epochs (batch {u.batch_size}, lr {u.lr:g}, "
+              f"momentum {u.momentum:g}) on {u.train_count} {u.dataset} images with the defense on "
+              f"every step, tested on the next {u.test_count}."]
   lines += ["", f"Total {time.perf_counter() - start:.0f} s.", ""]
   text = "\n".join(lines)
   with open(os.path.join(out, "results.md"), "w") as fh:

@@ -91,7 +91,7 @@ def _load_split(f):
   size = None if f.data.image_size is None else (f.data.image_size, f.data.image_size)
   ds = data.load(
       f.data.dataset, data_dir=f.data.data_dir, image_size=size, channels=f.data.channels)
-  seed = common.permutation_seed(f.training.data_seed, "data_seed")
+  seed = common.permutation_seed(f.training.data_seed, "config.training.data_seed")
   if f.training.test_dataset is None:
     return training.split(ds, f.training.train_count, f.training.test_count, seed)
   parts = training.split(ds, f.training.train_count, 0, seed)
@@ -124,8 +124,8 @@ def load_text_split(f):
   test = f.training.test_count if f.training.test_count is not None else len(x) // 10
   train = f.training.train_count if f.training.train_count is not None else len(x) - test
   ds = data.Dataset(x, y, len(vocabulary), f.data.dataset)
-  return training.split(ds, train, test, common.permutation_seed(f.training.data_seed,
-                                                                 "data_seed")), vocabulary
+  return training.split(ds, train, test, common.permutation_seed(
+      f.training.data_seed, "config.training.data_seed")), vocabulary
 
 
 def fmt(accuracy):
@@ -187,7 +187,7 @@ def main(argv):
       common.fail(f"--epochs, --batch_size, --config.training.lr, --config.training.momentum, --config.training.weight_decay, --config.training.nesterov=True, "
                   f"--config.training.lr_milestones, --config.training.lr_gamma: {e}")
   try:
-    common.permutation_seed(f.training.data_seed, "data_seed")
+    common.permutation_seed(f.training.data_seed, "config.training.data_seed")
     defenses.parse(f.defense.spec or "none")
     if f.data.modality == "text" and f.data.tokenizer != "words":
       raise ValueError("gradjax train reads the corpus's words: --config.data.tokenizer=bpe:N learns its pieces "

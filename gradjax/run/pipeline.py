@@ -806,7 +806,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   if len(rec.sentences) == batch.ids.shape[0]:
     x, targets = pairs or corpus.language_model_pairs(rec.sentences, vocabulary.eos)
     residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets,
-                                mode="replay" if observation.threat_model == "fedavg" else "gradient")
+                                matched="replay" if observation.threat_model == "fedavg" else "gradient")
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, residual, results["findings"], [], cfg)
   if residual is None and decided["verdict"]["status"] != "leak":  # say why, not "not recomputed"
