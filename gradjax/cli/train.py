@@ -264,32 +264,15 @@ def main(argv):
       black = data.normalize(np.zeros(parts.train.x.shape[-1]), data.normalization(_normalization(f)))
       augmentation = training.Augmentation(4, True, tuple(black)) if f.training.augment else None
       _, records = training.train_fedsgd(
-          model.apply_fn,
-          model.variables,
-          parts.train.x,
-          parts.train.y,
-          key=train_key,
-          epochs=f.training.epochs,
-          batch_size=f.data.batch_size,
-          learning_rate=lr,
-          momentum=f.training.momentum,
-          weight_decay=f.training.weight_decay,
-          nesterov=f.training.nesterov,
-          defense=defense,
-          train_mode=f.client.train_mode,
-          augmentation=augmentation,
-          callback=callback)
+          model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
+          epochs=f.training.epochs, batch_size=f.data.batch_size, learning_rate=lr,
+          momentum=f.training.momentum, weight_decay=f.training.weight_decay,
+          nesterov=f.training.nesterov, defense=defense, train_mode=f.client.train_mode,
+          augmentation=augmentation, callback=callback)
     else:
       _, records = training.train_fedavg(
-          model.apply_fn,
-          model.variables,
-          parts.train.x,
-          parts.train.y,
-          key=train_key,
-          rounds=f.training.epochs,
-          clients=f.training.clients,
-          local=local,
-          defense=defense,
+          model.apply_fn, model.variables, parts.train.x, parts.train.y, key=train_key,
+          rounds=f.training.epochs, clients=f.training.clients, local=local, defense=defense,
           callback=callback)
   except (ValueError, FloatingPointError) as e:
     common.fail(str(e))
