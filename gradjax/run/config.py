@@ -738,12 +738,7 @@ def replace(cfg: Config, values: dict[str, Any]) -> Config:
 
 def from_options(values: dict[str, Any]) -> Config:
   """The :class:`Config` of the defaults with ``values`` (dotted path -> value) set."""
-  for path in values:
-    option(path)
-  top = {"seed": values.get("seed", option("seed").default)}
-  for name, kind in SECTIONS.items():
-    top[name] = kind(**{p.partition(".")[2]: v for p, v in values.items() if section(p) == name})
-  return Config(**top)
+  return replace(Config(), values)
 
 
 def record(cfg: Config, paths: tuple[str, ...] | None = None) -> dict[str, Any]:
