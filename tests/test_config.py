@@ -123,3 +123,22 @@ def test_a_recipe_is_its_options_over_the_defaults():
   assert get_sweep("a") == [{"data.index": 2}, {"data.index": 3}] and get_sweep("b") is None
   with pytest.raises(ValueError, match="variant 'c'; choose one of a, b"):
     get_sweep("c")
+
+
+def test_the_gate_section_reads_its_rounds_and_refuses_what_it_does_not_read():
+  """The Flower gate's rounds: a list, every K-th, all, none; a malformed spec and an option of
+  another section are refused when the sections are built."""
+  rounds = range(1, 10)
+  built = lambda spec: config.sections({"gate.rounds": spec}, ("gate",))["gate"]
+  assert [r for r in rounds if built("every:3").audits(r)] == [3, 6, 9]
+  assert [r for r in rounds if built("2, 5").audits(r)] == [2, 5]
+  assert [r for r in rounds if built(None).audits(r)] == list(rounds)
+  assert [r for r in rounds if built("").audits(r)] == []
+  for bad in ("every:0", "every:x", "two"):
+    with pytest.raises(ValueError, match="gate.rounds"):
+      built(bad)
+  with pytest.raises(ValueError, match="time_budget_s"):
+    config.sections({"gate.time_budget_s": 0.0}, ("gate",))
+  with pytest.raises(ValueError, match="training.epochs is not an option here"):
+    config.sections({"training.epochs": 3}, ("gate", "attack"))
+  assert config.sections({"attack.restarts": 4}, ("attack",))["attack"].restarts == 4

@@ -69,15 +69,16 @@ def test_gray_baseline_against_scikit_image():
 
 
 def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
-  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=2000,
-                     threshold_db=10.0)
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,
+                                   "gate.threshold_db": 10.0}, compilation_cache=CACHE)
   reply = gate(_train_message(net), _context(), _client(net))
   assert reply.has_error() and "gradjax leakage_mod: update withheld" in reply.error.reason, \
       reply.error.reason if reply.has_error() else dict(reply.content["metrics"])
   # Pruned at 70 %: the attack adapted to it does not recover the photo; the update goes out with
   # the score in its metrics.
-  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=2000,
-                     threshold_db=10.0, defense="prune:0.7")
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,
+                                   "gate.threshold_db": 10.0, "defense.spec": "prune:0.7"},
+                     compilation_cache=CACHE)
   reply = gate(_train_message(net), _context(), _client(net, "prune:0.7"))
   assert not reply.has_error()
   metrics = dict(reply.content["metrics"])
@@ -88,21 +89,32 @@ def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
 
 
 def test_unaudited_rounds_and_failures_pass_the_update(net):
-  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=300, rounds=2)
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 300,
+                                   "gate.rounds": "every:2"}, compilation_cache=CACHE)
   reply = gate(_train_message(net, server_round=1), _context(), _client(net))
   assert not reply.has_error() and "gradjax-audited" not in dict(reply.content["metrics"])
 
   def broken(msg, context):
     raise OSError("no data here")
 
-  gate = leakage_mod(broken, compilation_cache=CACHE, model=MODEL, iterations=300)
+  gate = leakage_mod(broken, {"model.name": MODEL, "attack.iterations": 300},
+                     compilation_cache=CACHE)
   reply = gate(_train_message(net), _context(), _client(net))
   assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
-  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, iterations=300,
-                     time_budget_s=0.5)
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 300,
+                                   "gate.time_budget_s": 0.5}, compilation_cache=CACHE)
   reply = gate(_train_message(net), _context(), _client(net))
   assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
 
+
+
+def test_the_gate_refuses_options_it_does_not_read():
+  with pytest.raises(ValueError, match="not training.epochs"):
+    leakage_mod(_examples, {"training.epochs": 2})
+  with pytest.raises(ValueError, match="gate.rounds"):
+    leakage_mod(_examples, {"gate.rounds": "every:0"})
+  with pytest.raises(TypeError, match="defense.spec"):
+    leakage_mod(_examples, defense="prune:0.7")
 
 
 def test_a_zero_update_passes_audited_without_an_attack(net):
@@ -115,7 +127,8 @@ def test_a_zero_update_passes_audited_without_an_attack(net):
   def no_data(msg, context):
     raise AssertionError("a zero update needs no examples")
 
-  gate = leakage_mod(no_data, compilation_cache=CACHE, model=MODEL, iterations=300)
+  gate = leakage_mod(no_data, {"model.name": MODEL, "attack.iterations": 300},
+                     compilation_cache=CACHE)
   reply = gate(_train_message(net), _context(), unchanged)
   metrics = dict(reply.content["metrics"])
   assert not reply.has_error() and metrics["gradjax-audited"] == 1 and metrics["gradjax-leak"] == 0
@@ -124,7 +137,7 @@ def test_a_zero_update_passes_audited_without_an_attack(net):
 def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(net):
   """Before training, the mod checks what the server sent: an imprint block in front of the
   declared LeNet (tensors the declared model lacks) is refused without training, the reply naming
-  why; the honest model trains (the mod's attack off: rounds=[]). received_findings on an MLP whose
+  why; the honest model trains (the mod's attack off: gate.rounds empty). received_findings on an MLP whose
   first layer hides an imprint: its shared direction."""
   from gradjax import malicious, models
   from gradjax.integrations.flower import MODEL_REFUSED, received_findings
@@ -135,7 +148,8 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
     trained.append(msg)
     return _client(net)(msg, context)
 
-  gate = leakage_mod(_examples, compilation_cache=CACHE, model=MODEL, rounds=[])
+  gate = leakage_mod(_examples, {"model.name": MODEL, "gate.rounds": ""},
+                     compilation_cache=CACHE)
   evil = malicious.imprint(model, np.linspace(0.2, 0.8, 32))
   sent = interop.variables_to_torch(model.variables, mapping)
   sent.update({"imprint.weight": np.asarray(evil.variables["params"]["imprint"]["kernel"]).T,

@@ -353,54 +353,76 @@ MODEL_REFUSED = audit.MODEL_REFUSED
 received_findings = audit.received_findings
 
 
-def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] | None = None,
-                defense=None, threshold_db: float = 10.0, rounds=None, attack: str = "auto",
-                iterations: int | None = None, restarts: int = 1, time_budget_s: float = 120.0,
-                normalization: str | None = None, keys: audit.ScheduleKeys = audit.ScheduleKeys(),
-                compilation_cache: str | None = None, refuse_malicious: bool = True):
-  """A ClientApp mod (``ClientApp(mods=[leakage_mod(...)])``) that attacks the client's own outgoing
-  update and withholds it when the attack recovers the client's examples.
+# The options the gate reads (dotted paths of :mod:`gradjax.run.config`), and the defaults it sets
+# over the schema's: it attacks with ``auto`` (the schema's default attack is DLG's).
+GATE_OPTIONS = ("model.name", "data.normalization", "defense.spec", "attack.preset",
+                "attack.iterations", "attack.restarts", "gate.threshold_db", "gate.rounds",
+                "gate.time_budget_s", "gate.refuse_malicious")
+GATE_DEFAULTS = {"attack.preset": auto.AUTO}
 
-  On the training rounds it audits, after the ClientApp has replied: the update (the weights the
-  server sent against those the client returns, with the schedule the server's config and the
-  reply's metrics state, as :class:`AuditStrategy` records it) is attacked as a server would attack
-  it (:func:`gradjax.integrations.audit.attack_capture`, in a process of its own, the attack adapted to the
-  client's ``defense``), the best reconstruction is scored against the client's examples, and
-  its leak score is its PSNR minus what a uniform gray image scores on the same examples
-  (:func:`gray_baseline_psnr`: dB above knowing nothing, so one threshold means the same on any
-  data). At or above ``threshold_db`` the reply is replaced by an error (code
+
+def leakage_mod(examples, options: dict[str, Any] | None = None, *,
+                metadata: dict[str, Any] | None = None, defense=None,
+                keys: audit.ScheduleKeys = audit.ScheduleKeys(),
+                compilation_cache: str | None = None):
+  """A ClientApp mod (``ClientApp(mods=[leakage_mod(...)])``) that attacks the client's own outgoing
+  update and withholds it when the attack recovers the client's examples::
+
+    leakage_mod(examples, {"model.name": "lenet_zhu", "defense.spec": "prune:0.7",
+                           "gate.threshold_db": 10.0})
+
+  On the training rounds it audits (``gate.rounds``), after the ClientApp has replied: the update
+  (the weights the server sent against those the client returns, with the schedule the server's
+  config and the reply's metrics state, as :class:`AuditStrategy` records it) is attacked as a
+  server would attack it (:func:`gradjax.integrations.audit.attack_capture`, in a process of its
+  own, the attack adapted to the client's defense), the best reconstruction is scored against the
+  client's examples, and its leak score is its PSNR minus what a uniform gray image scores on the
+  same examples (:func:`gray_baseline_psnr`: dB above knowing nothing, so one threshold means the
+  same on any data). At or above ``gate.threshold_db`` the reply is replaced by an error (code
   ``MOD_FAILED_PRECONDITION``, reason ``gradjax leakage_mod: update withheld ...``): the strategy
   counts a failed client and the update never leaves. Otherwise the reply goes out with
   :data:`GATE_METRICS` added to its metrics (audited 1 or 0, leak score and PSNR in dB, leak
   verdict 1 or 0 of :mod:`gradjax.verdict`). An update that carries nothing (the weights come back
   as sent, :func:`gradjax.fidelity.zero_arrays`) passes unattacked, audited, with a leak score of 0.
-  An attack that fails or runs past ``time_budget_s``
-  passes the update with ``gradjax-audited = 0`` and a warning in the log: the mod never fails a
-  client or holds a round beyond its budget.
+  An attack that fails or runs past ``gate.time_budget_s`` passes the update with
+  ``gradjax-audited = 0`` and a warning in the log: the mod never fails a client or holds a round
+  beyond its budget. With ``gate.refuse_malicious`` (the default) it first checks the model the
+  server sent (:func:`received_findings`: tensors other than the declared model's, dense units that
+  share one direction as an imprint's do, an input layer whose units fire for few of the round's
+  ``examples`` as trap weights do) and refuses to train on one that looks built to leak: the reply
+  is an error naming why (``gradjax leakage_mod: model refused ...``), on every training round.
 
   Args:
     examples: ``examples(message, context) -> (x, y)``: the examples the client trained on in this
       round, images (N, H, W, C) in [0, 1] before any normalisation, and their labels.
-    model: the gradjax zoo twin of the client's model (default: ``metadata["model"]``).
+    options: dotted path -> value, the options of :mod:`gradjax.run.config` the gate reads
+      (:data:`GATE_OPTIONS`; the ``gate`` section is its own): ``model.name`` the gradjax zoo twin
+      of the client's model (default ``metadata["model"]``), ``data.normalization``,
+      ``defense.spec`` the defense the client applies (a reply's declared defense,
+      :data:`DECLARATIONS`, takes precedence), the attack's ``attack.preset`` (default ``auto``:
+      :func:`gradjax.auto.for_metadata`'s first), ``attack.iterations`` and ``attack.restarts``.
+      ValueError for another option or a value its section refuses.
     metadata: capture metadata (:mod:`gradjax.interop`: ``input_shape``, ``normalization``, the
       local schedule where the server's config does not state it).
-    defense: the defense the client applies to its update (a spec of
-      :func:`gradjax.defenses.parse`), or ``defense(context) -> spec or None``; a defense the
-      reply declares (:data:`DECLARATIONS`) takes precedence.
-    threshold_db: leak score (dB above the gray image) from which an update is withheld.
-    rounds: the server rounds to audit (a collection), every k-th (an int), or all (``None``).
-    attack: a preset name or ``"auto"`` (:func:`gradjax.auto.for_metadata`; the first).
-    iterations, restarts, normalization: the attack's (:class:`gradjax.integrations.audit.Settings`).
-    time_budget_s: the attack's wall-time budget per round, start-up and compilation included.
+    defense: ``defense(context) -> spec or None``, the defense of a client that chooses its own
+      (the ``Context`` says which); it takes precedence over ``defense.spec``.
     keys: where the server's config and the reply's metrics state the schedule.
     compilation_cache: the attack's persistent compilation cache (default gradjax's, the
       command line's; '' : none): rounds after the first load the attack's programs.
-    refuse_malicious: before training, check the model the server sent (:func:`received_findings`:
-      tensors other than the declared model's, dense units that share one direction as an imprint's
-      do, an input layer whose units fire for few of the round's ``examples`` as trap weights do)
-      and refuse to train on one that looks built to leak: the reply is an error naming why
-      (``gradjax leakage_mod: model refused ...``), on every training round.
   """
+  from gradjax.run import config
+  given = dict(options or {})
+  outside = [p for p in given if p not in GATE_OPTIONS]
+  if outside:
+    raise ValueError(f"leakage_mod reads the options {', '.join(GATE_OPTIONS)}; not "
+                     f"{', '.join(outside)}")
+  if defense is not None and not callable(defense):
+    raise TypeError("leakage_mod: defense= is a function of the Flower context; a fixed defense "
+                    "is the option defense.spec")
+  built = config.sections({**GATE_DEFAULTS, **given}, ("model", "data", "defense", "attack", "gate"))
+  gate, attack = built["gate"], built["attack"].preset
+  iterations, restarts = built["attack"].iterations, built["attack"].restarts
+  normalization = built["data"].normalization
   import shutil
   import tempfile
   from flwr.app import Error, MessageType
@@ -409,22 +431,15 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
   cache = compilation.DEFAULT_CACHE if compilation_cache is None else compilation_cache
 
   static = dict(metadata or {})
-  if model is not None:
-    static["model"] = model
-
-  def audited(server_round: int) -> bool:
-    if rounds is None:
-      return True
-    if isinstance(rounds, int):
-      return rounds > 0 and server_round % rounds == 0
-    return server_round in set(rounds)
+  if built["model"].name is not None:
+    static["model"] = built["model"].name
 
   def score(msg, reply, context, config, server_round):
     metrics: dict[str, Any] = {}
     for record in reply.content.metric_records.values():
       metrics.update(_plain(record))
     own = declared(reply.content)  # what the server's record holds too
-    spec = own.get("defense") or (defense(context) if callable(defense) else defense)
+    spec = own.get("defense") or (defense(context) if defense else built["defense"].spec)
     meta = audit.capture_metadata({**static, **({"defense": spec} if spec else {})}, config,
                                   metrics, keys)
     meta.update(own)
@@ -449,7 +464,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
           attacks=(chosen,),
           model=meta.get("model"), iterations=iterations, restarts=restarts,
           normalization=normalization, lpips="none", adaptive=True)
-      rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=time_budget_s,
+      rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=gate.time_budget_s,
                                      compilation_cache=cache)
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
@@ -460,7 +475,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     return best, best["psnr"] - gray_baseline_psnr(x)
 
   def mod(msg, context, call_next):
-    if (refuse_malicious and msg.metadata.message_type == MessageType.TRAIN
+    if (gate.refuse_malicious and msg.metadata.message_type == MessageType.TRAIN
         and static.get("model") and msg.content.array_records):
       sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
       try:  # the client's examples, as the model reads them, for the trap-weight check
@@ -491,7 +506,7 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
     for record in msg.content.config_records.values():
       config.update(_plain(record))
     server_round = int(config.get("server-round", 0))
-    if not audited(server_round):
+    if not gate.audits(server_round):
       return reply
     start = time.monotonic()
     try:
@@ -509,15 +524,15 @@ def leakage_mod(examples, *, model: str | None = None, metadata: dict[str, Any] 
                            "gradjax-leak": 0})
       return reply
     leak = int(best.get("verdict") == "leak")
-    if leak_db >= threshold_db:
+    if leak_db >= gate.threshold_db:
       reason = (f"{audit.WITHHELD}: {best['attack']} recovers the client's "
                 f"examples at {best['psnr']:.1f} dB, {leak_db:.1f} dB above a gray image "
-                f"(threshold {threshold_db:g} dB; verdict {best.get('verdict')})")
+                f"(threshold {gate.threshold_db:g} dB; verdict {best.get('verdict')})")
       logger.warning("round %d: %s (%.0f s)", server_round, reason, seconds)
       return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
     logger.info("leakage_mod: round %d: update passes: %s at %.1f dB, %.1f dB above a gray image "
                 "(threshold %g dB; %.0f s)", server_round, best["attack"], best["psnr"], leak_db,
-                threshold_db, seconds)
+                gate.threshold_db, seconds)
     _add_metrics(reply, {"gradjax-audited": 1, "gradjax-leak-db": float(leak_db),
                          "gradjax-psnr": float(best["psnr"]), "gradjax-leak": leak})
     return reply

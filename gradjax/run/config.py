@@ -1,6 +1,6 @@
 """The configuration of one experiment: :class:`Config`, one frozen section per concern (``data``,
 ``model``, ``client``, ``defense``, ``attack``, ``execution``, ``output``, ``sampling``, ``training``,
-``utility``; ``seed`` at the top), every option declared once with its documentation; the sections
+``utility``, ``gate``; ``seed`` at the top), every option declared once with its documentation; the sections
 build the objects the runner takes (:meth:`AttackConfig.build` the attack, :meth:`ExecutionConfig.build`
 the restart driver's record).
 
@@ -468,6 +468,56 @@ class UtilityConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class GateConfig(_Section):
+  """The Flower client gate (:func:`gradjax.integrations.flower.leakage_mod`): which rounds it
+  attacks the client's own update on, and what it withholds."""
+
+  threshold_db: float = _field(
+      10.0, "Leak score (dB above what a uniform gray image scores on the client's examples) from "
+      "which the update is withheld.")
+  rounds: str | None = _field(
+      None, "Server rounds audited: comma-separated rounds (1,4,9; empty: none), every:K for every "
+      "K-th round, or every round (unset).")
+  time_budget_s: float = _field(
+      120.0, "The attack's wall time per round, start-up and compilation included; an update whose "
+      "attack runs past it passes, marked not audited.")
+  refuse_malicious: bool = _field(
+      True, "Check the model the server sends before training and refuse one built to leak "
+      "(an imprint or trap-weight layer, tensors the declared model lacks).")
+
+  def __post_init__(self):
+    super().__post_init__()
+    _rounds(self.rounds)
+    if not (math.isfinite(self.time_budget_s) and self.time_budget_s > 0):
+      raise ValueError(f"--config.gate.time_budget_s must be a positive number of seconds, got "
+                       f"{self.time_budget_s}")
+
+  def audits(self, server_round: int) -> bool:
+    """Whether the gate audits ``server_round``."""
+    return _rounds(self.rounds)(server_round)
+
+
+def _rounds(spec: str | None) -> Callable[[int], bool]:
+  """--config.gate.rounds read: a predicate on the server round. ValueError for a malformed spec."""
+  if spec is None:
+    return lambda r: True
+  text = spec.strip()
+  if text.startswith("every:"):
+    try:
+      k = int(text.removeprefix("every:"))
+    except ValueError:
+      k = 0
+    if k < 1:
+      raise ValueError(f"--config.gate.rounds={spec}: every:K takes a positive integer K")
+    return lambda r: r % k == 0
+  try:
+    chosen = frozenset(int(r) for r in text.split(",") if r.strip())
+  except ValueError:
+    raise ValueError(f"--config.gate.rounds={spec}: comma-separated rounds (1,4,9) or every:K")
+  return lambda r: r in chosen
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
   """Everything that defines one experiment, by section (``None`` in an option = the preset's or the
   source's default). Each option carries its documentation (:func:`option`), which is also its
@@ -485,6 +535,7 @@ class Config:
   sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
   training: TrainingConfig = dataclasses.field(default_factory=TrainingConfig)
   utility: UtilityConfig = dataclasses.field(default_factory=UtilityConfig)
+  gate: GateConfig = dataclasses.field(default_factory=GateConfig)
 
   def __post_init__(self):
     if self.data.modality not in MODALITIES:
@@ -634,8 +685,9 @@ def get_attack(cfg: Config) -> "attacks.Attack | closed_forms.ClosedForm":
 SECTIONS = {f.name: f.default_factory for f in dataclasses.fields(Config) if f.name != "seed"}
 _SECTION_KINDS.update(SECTIONS)
 # The sections of an attack's configuration (``sampling`` is the batch tables', ``training`` gradjax
-# train's, ``utility`` gradjax defense-sweep's).
-ATTACK_SECTIONS = tuple(s for s in SECTIONS if s not in ("sampling", "training", "utility"))
+# train's, ``utility`` gradjax defense-sweep's, ``gate`` the Flower client gate's).
+ATTACK_SECTIONS = tuple(s for s in SECTIONS
+                        if s not in ("sampling", "training", "utility", "gate"))
 _OPTIONS: dict[str, dataclasses.Field] = {"seed": next(f for f in dataclasses.fields(Config)
                                                        if f.name == "seed")}
 for _section, _kind in SECTIONS.items():
@@ -734,6 +786,18 @@ def replace(cfg: Config, values: dict[str, Any]) -> Config:
     mine = {p.partition(".")[2]: v for p, v in values.items() if section(p) == name}
     top[name] = dataclasses.replace(getattr(cfg, name), **mine) if mine else getattr(cfg, name)
   return Config(**top)
+
+
+def sections(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+  """Section name -> that section built from its defaults with ``values`` (dotted path -> value)
+  set, for a program that reads a few sections, not a whole experiment (the Flower gate): each
+  section checks its own options; the checks across sections of :class:`Config` do not apply.
+  ValueError for a path outside ``names``' sections."""
+  for path in values:
+    if section(path) not in names:
+      raise ValueError(f"{path} is not an option here, which reads the {', '.join(names)} sections")
+  return {name: SECTIONS[name](**{p.partition(".")[2]: v for p, v in values.items()
+                                  if section(p) == name}) for name in names}
 
 
 def from_options(values: dict[str, Any]) -> Config:

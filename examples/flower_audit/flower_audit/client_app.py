@@ -43,11 +43,12 @@ def gate(msg: Message, context: Context, call_next) -> Message:
   cfg = context.run_config
   if not context.node_config.get("gate", cfg.get("gate")):
     return call_next(msg, context)
-  mod = leakage_mod(_examples, model=cfg["model"], metadata={"input_shape": "32,32,3",
-                                                            "local_epochs": int(cfg["local-epochs"])},
-                    defense=_defense, threshold_db=float(cfg["gate-threshold"]),
-                    iterations=int(cfg["gate-iterations"]) or None,
-                    time_budget_s=float(cfg["gate-budget-s"]))
+  mod = leakage_mod(_examples, {"model.name": cfg["model"],
+                                "gate.threshold_db": float(cfg["gate-threshold"]),
+                                "attack.iterations": int(cfg["gate-iterations"]) or None,
+                                "gate.time_budget_s": float(cfg["gate-budget-s"])},
+                    metadata={"input_shape": "32,32,3", "local_epochs": int(cfg["local-epochs"])},
+                    defense=_defense)
   return mod(msg, context, call_next)
 
 
