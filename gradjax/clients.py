@@ -269,7 +269,7 @@ def update_as_gradient(observation: Observation) -> Observation:
   """
   local = observation.local
   if observation.threat_model != "fedavg" or local is None:
-    raise ValueError(f"a {observation.threat_model} observation without a known local schedule is "
+    raise ValueError(f"a {observation.threat_model} observation whose local training is unknown is "
                      "not a scaled gradient")
   steps = local.steps(observation.num_samples)
   if steps != 1:

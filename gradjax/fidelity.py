@@ -48,7 +48,7 @@ class Recipe(NamedTuple):
     normalised space.
   normalize: maps [0, 1] images (N, H, W, C) to the model's input (the client's normalisation).
   train: BatchNorm on batch statistics (training mode).
-  local: FedAvg's local schedule (:class:`gradjax.clients.LocalTraining`), or ``None`` for a FedSGD
+  local: FedAvg's local training (:class:`gradjax.clients.LocalTraining`), or ``None`` for a FedSGD
     gradient.
   reduction: the loss over the batch: ``"mean"`` (PyTorch's default) or ``"sum"``.
   relayout: another reading of the captured files' layouts, a function of a params tree applied to
@@ -369,7 +369,7 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
     problems.append(f"the capture's labels {np.asarray(observation.labels).tolist()} are not the "
                     f"ground truth's {batch.y.tolist()} (are --dataset and --index the client's?)")
   if observation.threat_model != "fedsgd" and local is None:
-    checks["fidelity"] = {"ok": None, "explained": "not checked: the local schedule is unknown"}
+    checks["fidelity"] = {"ok": None, "explained": "not checked: the local training is unknown"}
     return checks, problems
   declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm), observation.train,
                     local, defense=applied)

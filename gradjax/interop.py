@@ -25,7 +25,7 @@ str -> str map) or an **``.npz``** read with ``allow_pickle=False`` (metadata in
 Metadata keys (all optional, values as strings in safetensors): ``kind`` (default ``gradient``),
 ``num_samples``, ``labels`` (``"3,8,8"``), ``label_order`` (``ordered`` or ``multiset``), ``train``
 (``true`` when the client ran BatchNorm in training mode), ``local_lr``, ``local_epochs``,
-``local_batch_size``, ``local_momentum`` (FedAvg schedule), ``model`` (gradjax registry name),
+``local_batch_size``, ``local_momentum`` (FedAvg local training), ``model`` (gradjax registry name),
 ``input_shape`` (``"32,32,3"``, H, W, C), ``layout`` (only ``torch`` is read), ``defense`` (the
 spec of the defense the client applied to what it sent, :func:`gradjax.defenses.parse`: what an
 attack adapts to, :mod:`gradjax.adaptive`), ``bn_momentum`` (PyTorch's BatchNorm momentum, 0.1 if unset:
@@ -627,7 +627,7 @@ def observation_from_files(variables, params_tree_like, observation: TensorFile,
   if local is None and kind != "gradient" and any(k.startswith("local_") for k in meta):
     lr = _float(meta, "local_lr", where)
     if lr is None:
-      raise ValueError(f"{where}: a local schedule needs local_lr")
+      raise ValueError(f"{where}: local training needs local_lr")
     local = clients.LocalTraining(epochs=_int(meta, "local_epochs", where) or 1,
                                   batch_size=_int(meta, "local_batch_size", where),
                                   learning_rate=lr,

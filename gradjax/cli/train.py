@@ -57,7 +57,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import checkpoint, clients, corpus, data, defenses, models, training
+from gradjax import checkpoint, clients, corpus, data, models, training
 from gradjax.run import config, report
 
 # The options of the schema it reads (gradjax.run.config): data, model, client (FedAvg's local
@@ -188,7 +188,7 @@ def main(argv):
                   f"--config.training.lr_milestones, --config.training.lr_gamma: {e}")
   try:
     common.permutation_seed(f.training.data_seed, "config.training.data_seed")
-    defenses.parse(f.defense.spec or "none")
+    f.defense.build()
     if f.data.modality == "text" and f.data.tokenizer != "words":
       raise ValueError("gradjax train reads the corpus's words: --config.data.tokenizer=bpe:N learns its pieces "
                        "on the corpus an attack reads, which a checkpoint's vocabulary cannot follow")
@@ -199,8 +199,7 @@ def main(argv):
       own=("epoch_*.npz", "results.*", "config.py"))
   start = time.perf_counter()
   try:
-    defense = defenses.parse(f.defense.spec or "none")
-    defense = None if defense.name == "none" else defense
+    defense = f.defense.build()
     text_meta = {}
     if f.data.modality == "text":
       parts, vocabulary = load_text_split(f)
@@ -224,8 +223,7 @@ def main(argv):
         metadata,
         model_key,  # what load_model rebuilds
         **({} if f.data.modality == "text" else {"conv": _conv(f.model.conv)}))
-    local = clients.LocalTraining(f.client.local_epochs, f.client.local_batch_size,
-                                  f.client.local_lr, f.client.local_momentum)
+    local = f.client.local_training()
     if f.client.name == "fedavg":
       clients.check_local_training(local, f.training.train_count // f.training.clients)
   except (ValueError, FileNotFoundError) as e:

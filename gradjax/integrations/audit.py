@@ -11,7 +11,7 @@ one folder per round and client, in the import format of :mod:`gradjax.interop`:
   AUDIT_DIR/round_001/client_<id>/rows.json                 an audit's rows of it (written as it ends)
 
 Tensors keep their ``state_dict`` names and PyTorch layouts. The observation's metadata carry what
-the server knew: ``num_samples`` (the reply's example count), the local schedule (``local_lr``,
+the server knew: ``num_samples`` (the reply's example count), the local training (``local_lr``,
 ``local_epochs``, ``local_batch_size``, ``local_momentum``), ``model`` and ``input_shape`` when
 given. ``capture.json`` adds the configuration sent, the reply's metrics and, for audits of one's own
 deployment, ``data_indices``: the dataset indices of the client's examples, used only to score. A
@@ -164,7 +164,7 @@ def write_capture(folder, round_weights: str, returned: dict[str, np.ndarray] | 
     round_weights: the round's global weights file (linked, or copied where links fail).
     returned: the client's weights (``None`` for a failed or malformed reply: only ``capture.json``).
     info: JSON-ready facts for ``capture.json`` (round, client, config, metrics, data_indices, error).
-    metadata: the observation file's metadata (num_samples, local schedule, model, input_shape).
+    metadata: the observation file's metadata (num_samples, local training, model, input_shape).
   """
   folder = os.path.abspath(os.fspath(folder))
   tmp = os.path.join(os.path.dirname(folder), f".{os.path.basename(folder)}.{uuid.uuid4().hex}.tmp")
@@ -262,8 +262,8 @@ def membership(audit_dir) -> list[dict[str, Any]]:
   return rows
 
 
-class ScheduleKeys(NamedTuple):
-  """Where a federated app states the local schedule and the client's examples: keys of the
+class RecordKeys(NamedTuple):
+  """Where a federated app states the local training and the client's examples: keys of the
   configuration the server sends (first key present wins) and of the metrics the client replies."""
 
   local_lr: tuple[str, ...] = ("lr", "learning-rate", "learning_rate", "local-lr")
@@ -274,11 +274,14 @@ class ScheduleKeys(NamedTuple):
   data_indices: tuple[str, ...] = ("data-indices", "data_indices")
 
 
+ScheduleKeys = RecordKeys  # its name before "schedule" meant the learning rate's only
+
+
 def capture_metadata(static: dict[str, Any], config: dict[str, Any], metrics: dict[str, Any],
-                     keys: ScheduleKeys = ScheduleKeys()) -> dict[str, Any]:
+                     keys: RecordKeys = RecordKeys()) -> dict[str, Any]:
   """The observation metadata of one reply: the ``static`` facts the server gives (e.g. ``model``,
-  ``input_shape``, ``local_epochs`` read by the clients from their run config), then the schedule
-  found in the ``config`` sent, then ``num_samples`` from the reply's ``metrics``."""
+  ``input_shape``, ``local_epochs`` read by the clients from their run config), then the local
+  training found in the ``config`` sent, then ``num_samples`` from the reply's ``metrics``."""
   meta = dict(static)
   for field in ("local_lr", "local_epochs", "local_batch_size", "local_momentum"):
     for key in getattr(keys, field):
@@ -292,7 +295,7 @@ def capture_metadata(static: dict[str, Any], config: dict[str, Any], metrics: di
   return meta
 
 
-def data_indices(metrics: dict[str, Any], keys: ScheduleKeys = ScheduleKeys()) -> list[int] | None:
+def data_indices(metrics: dict[str, Any], keys: RecordKeys = RecordKeys()) -> list[int] | None:
   """The dataset indices a client reported in its metrics (audits of one's own deployment)."""
   for key in keys.data_indices:
     if key in metrics:

@@ -112,8 +112,8 @@ class AuditStrategy(Strategy):
     max_bytes: stop recording once the files would take more than this many bytes.
     metadata: facts the server knows and the messages do not carry, for every capture (e.g.
       ``model``, ``input_shape``, or ``local_epochs`` when clients read it from their run config).
-    keys: where the app puts the local schedule in its ``ConfigRecord`` and the example count and
-      data indices in its reply metrics (:class:`gradjax.integrations.audit.ScheduleKeys`).
+    keys: where the app puts the local training in its ``ConfigRecord`` and the example count and
+      data indices in its reply metrics (:class:`gradjax.integrations.audit.RecordKeys`).
     attack: :class:`gradjax.integrations.audit.Settings` to attack each round as soon as it is recorded, in a
       separate process; ``None`` (default) only records.
   """
@@ -121,7 +121,7 @@ class AuditStrategy(Strategy):
   def __init__(self, strategy: Strategy, audit_dir, *, rounds: Collection[int] | None = None,
                clients: int | Collection[int] | None = None, max_bytes: int | None = None,
                metadata: dict[str, Any] | None = None,
-               keys: audit.ScheduleKeys = audit.ScheduleKeys(),
+               keys: audit.RecordKeys = audit.RecordKeys(),
                attack: audit.Settings | None = None):
     if not isinstance(strategy, Strategy):
       raise TypeError(f"AuditStrategy wraps a flwr.serverapp.strategy.Strategy, got "
@@ -363,7 +363,7 @@ GATE_DEFAULTS = {"attack.preset": auto.AUTO}
 
 def leakage_mod(examples, options: dict[str, Any] | None = None, *,
                 metadata: dict[str, Any] | None = None, defense=None,
-                keys: audit.ScheduleKeys = audit.ScheduleKeys(),
+                keys: audit.RecordKeys = audit.RecordKeys(),
                 compilation_cache: str | None = None):
   """A ClientApp mod (``ClientApp(mods=[leakage_mod(...)])``) that attacks the client's own outgoing
   update and withholds it when the attack recovers the client's examples::
@@ -403,7 +403,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       :func:`gradjax.auto.for_metadata`'s first), ``attack.iterations`` and ``attack.restarts``.
       ValueError for another option or a value its section refuses.
     metadata: capture metadata (:mod:`gradjax.interop`: ``input_shape``, ``normalization``, the
-      local schedule where the server's config does not state it).
+      local training where the server's config does not state it).
     defense: ``defense(context) -> spec or None``, the defense of a client that chooses its own
       (the ``Context`` says which); it takes precedence over ``defense.spec``.
     keys: where the server's config and the reply's metrics state the schedule.

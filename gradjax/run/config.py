@@ -29,6 +29,7 @@ The runner, :mod:`gradjax.run.pipeline`, reads a built :class:`Config`; nothing 
 """
 
 import dataclasses
+import functools
 import math
 import os
 import typing
@@ -36,7 +37,8 @@ from typing import Any, Callable
 
 from ml_collections import config_dict
 
-from gradjax import attacks, auto, checkpoint, closed_forms, corpus, data, defenses, distances, driver, dummy
+from gradjax import attacks, auto, checkpoint, clients, closed_forms, corpus, data, defenses, distances
+from gradjax import driver, dummy
 from gradjax import interop, lpips, models, objectives, optimizers, presets, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
@@ -258,6 +260,23 @@ class ClientConfig(_Section):
       "Attack a capture that fails its checks (the update recomputed from --dataset's images, "
       "the activation read off the last layer); its verdict is then inconclusive.")
 
+  def local_training(self) -> clients.LocalTraining:
+    """A FedAvg client's local training (epochs, mini-batch size, learning rate, momentum)."""
+    return clients.LocalTraining(self.local_epochs, self.local_batch_size, self.local_lr,
+                                 self.local_momentum)
+
+  def build(self, *, share_labels: bool = False) -> Callable[..., clients.Observation]:
+    """The simulated client, ``client(apply_fn, variables, x, y) -> Observation``:
+    :func:`gradjax.clients.fedsgd`, or :func:`gradjax.clients.fedavg` after
+    :meth:`local_training`, in the section's mode and sharing its statistics as it says.
+    ``share_labels``: the threat model reveals the labels (the attack takes them as known); a FedAvg
+    client then reveals them as ``shared_labels`` says."""
+    kind = dict(train=self.train_mode, share_statistics=self.share_statistics)
+    if self.name == "fedsgd":
+      return functools.partial(clients.fedsgd, share_labels=share_labels, **kind)
+    return functools.partial(clients.fedavg, local=self.local_training(),
+                             share_labels=self.shared_labels if share_labels else False, **kind)
+
 
 @dataclasses.dataclass(frozen=True)
 class DefenseConfig(_Section):
@@ -266,6 +285,11 @@ class DefenseConfig(_Section):
   spec: str | None = _field(
       None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
       "clip:1,gaussian:1e-4.")
+
+  def build(self) -> defenses.Defense | None:
+    """The defense (:func:`gradjax.defenses.parse`), or None for none."""
+    defense = defenses.parse(self.spec or "none")
+    return None if defense.name == "none" else defense
 
 
 @dataclasses.dataclass(frozen=True)
@@ -906,8 +930,7 @@ def check(cfg: Config) -> attacks.Attack:
     raise ValueError(
         "--config.client.share_statistics=True gives the batch's BatchNorm moments to the bn prior, which "
         f"this attack ({cfg.attack.preset}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
-  if cfg.defense.spec:
-    defenses.parse(cfg.defense.spec)
+  cfg.defense.build()
   if cfg.attack.adaptive and not (cfg.defense.spec or cfg.client.observation):
     raise ValueError("--config.attack.adaptive=True adapts the attack to the client's defense: give --defense (or a "
                      "capture whose metadata declare its 'defense')")

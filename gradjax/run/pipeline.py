@@ -311,9 +311,7 @@ def auto_attacks(cfg: Config) -> tuple[str, ...]:
     return auto.for_metadata({**meta, **({"act": cfg.model.act} if cfg.model.act else {})}, model)
   steps = 1
   if cfg.client.name == "fedavg":
-    steps = clients.LocalTraining(cfg.client.local_epochs, cfg.client.local_batch_size,
-                                  cfg.client.local_lr,
-                                  cfg.client.local_momentum).steps(cfg.data.batch_size)
+    steps = cfg.client.local_training().steps(cfg.data.batch_size)
   return auto.choose(num_samples=cfg.data.batch_size, steps=steps, model=model, act=cfg.model.act)
 
 
@@ -529,21 +527,12 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
     batch = load_batch(cfg) if batch is None else batch
     model = _simulated(cfg, batch, norm, key_model)
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
-    if share_labels and cfg.client.name == "fedavg":
-      share_labels = cfg.client.shared_labels
-    if cfg.client.name == "fedsgd":
-      observation = clients.fedsgd(model.apply_fn, model.variables, x_client, batch.y,
-                                   train=cfg.client.train_mode, share_labels=share_labels,
-                                   share_statistics=cfg.client.share_statistics)
-    else:
-      local = clients.LocalTraining(cfg.client.local_epochs, cfg.client.local_batch_size,
-                                    cfg.client.local_lr, cfg.client.local_momentum)
-      observation = clients.fedavg(model.apply_fn, model.variables, x_client, batch.y, local,
-                                   train=cfg.client.train_mode, share_labels=share_labels,
-                                   share_statistics=cfg.client.share_statistics)
+    client = cfg.client.build(share_labels=share_labels)
+    observation = client(model.apply_fn, model.variables, x_client, batch.y)
   input_shape = tuple(model.input_shape)
-  if cfg.defense.spec:
-    observation = defenses.parse(cfg.defense.spec).apply(observation, key_defense)
+  defense = cfg.defense.build()
+  if defense is not None:
+    observation = defense.apply(observation, key_defense)
   # Nothing to attack: e.g. an example the model already fits with certainty, or pruned away.
   zero = fidelity.zero_update(observation)
   if zero:
@@ -912,16 +901,13 @@ def _run_text(cfg: Config, callback, state):
   vocabulary = batch.vocabulary
   model = text_model(cfg, vocabulary, key_model)
   x, y = client_pairs(cfg, model, batch.ids, vocabulary)
-  if cfg.client.name == "fedavg":  # the span attack's (Config checks)
-    observation = clients.fedavg(
-        model.apply_fn, model.variables, x, y,
-        clients.LocalTraining(cfg.client.local_epochs, cfg.client.local_batch_size,
-                              cfg.client.local_lr, cfg.client.local_momentum))
-  else:
-    observation = clients.fedsgd(model.apply_fn, model.variables, x, y,
-                                 share_labels=getattr(attack, "labels", None) is labels_lib.known)
-  if cfg.defense.spec:
-    observation = defenses.parse(cfg.defense.spec).apply(observation, key_defense)
+  # A FedAvg client is the span attack's only (Config checks); it reveals no labels.
+  client = cfg.client.build(share_labels=(cfg.client.name == "fedsgd" and
+                                          getattr(attack, "labels", None) is labels_lib.known))
+  observation = client(model.apply_fn, model.variables, x, y)
+  defense = cfg.defense.build()
+  if defense is not None:
+    observation = defense.apply(observation, key_defense)
   if isinstance(attack, closed_forms.Dager):
     return _run_spans(cfg, attack, batch, model, observation)
   attack = adapted(cfg, attack, cfg.defense.spec)
