@@ -197,8 +197,18 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
     The parameters W_{t+1}, same tree as ``variables["params"]``. Written as a ``lax.scan`` over
     the epochs · n / B steps, so the attack can differentiate through it (unrolled replay).
   """
+  check_local_training(local, x.shape[0])
+  return _local_sgd(variables, x, targets, float(local.learning_rate), float(local.momentum),
+                    apply_fn, train, loss_fn, remat, local.epochs, local.batch_size)
+
+
+@functools.partial(once, static_argnums=(5, 6, 7, 8, 9, 10))
+def _local_sgd(variables, x, targets, learning_rate, momentum, apply_fn, train, loss_fn, remat,
+               epochs, batch_size):
+  """:func:`local_sgd` after its checks, as one program whose learning rate and momentum are data
+  (a client of another rate, a fidelity check's alternative, runs the same program)."""
+  local = LocalTraining(epochs, batch_size, learning_rate, momentum)
   n = x.shape[0]
-  check_local_training(local, n)
   b = local.batch_size or n
   batches = n // b
 

@@ -77,15 +77,18 @@ def _recompute(recipe: Recipe, observation: Observation, x, y) -> "Comparison":
   return compare(simulate(recipe, variables, x, y), captured)
 
 
+def _summed_cross_entropy(logits, targets):
+  """The cross entropy summed over the batch (PyTorch's ``reduction="sum"``)."""
+  return cross_entropy(logits, targets) * logits.shape[0]
+
+
 def simulate(recipe: Recipe, variables, x, y):
   """The update the client of ``recipe`` sends for images ``x`` (N, H, W, C) in [0, 1] and int labels
   ``y`` (N,): the gradient (FedSGD), or W_t − W_{t+1} after local SGD (FedAvg)."""
   if recipe.reduction not in LOSS_REDUCTIONS:
     raise ValueError(f"unknown loss reduction {recipe.reduction!r}; choose one of "
                      f"{', '.join(LOSS_REDUCTIONS)}")
-  loss_fn = cross_entropy
-  if recipe.reduction == "sum":
-    loss_fn = lambda logits, t: cross_entropy(logits, t) * logits.shape[0]  # noqa: E731
+  loss_fn = _summed_cross_entropy if recipe.reduction == "sum" else cross_entropy
   inputs = jnp.asarray(recipe.normalize(jnp.asarray(x, jnp.float32)), jnp.float32)
   if recipe.local is None:
     observation = clients.fedsgd(recipe.apply_fn, variables, inputs, y, train=recipe.train,
