@@ -269,8 +269,14 @@ def _check_data(apply_fn, variables, x, y):
   return x, y
 
 
+@jax.jit
+def _all_finite(params) -> jax.Array:
+  """Whether every parameter is finite: one program, not two per tensor."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
+
+
 def _check_finite(params, what: str):
-  if not all(bool(jnp.all(jnp.isfinite(p))) for p in jax.tree.leaves(params)):
+  if not bool(_all_finite(params)):
     raise FloatingPointError(f"training diverged: non-finite parameters after {what}")
 
 

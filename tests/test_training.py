@@ -489,13 +489,15 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_train_mode_updates_batch_norm_running_statistics():
   """One step in train mode: the running mean and variance of every BatchNorm move by PyTorch's
   momentum toward the batch's moments (NumPy, from the captured inputs of each layer); the
   parameters' step uses the batch-statistics forward pass (checked against the same step computed
   with Flax's own train-mode loss)."""
   with jax.enable_x64(True):
-    model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3), param_dtype=jnp.float64)
+    model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3), param_dtype=jnp.float64,
+                           conv="xla")
     module = model.apply_fn.module
     rng = np.random.default_rng(0)
     x, y = rng.random((6, 8, 8, 3)), rng.integers(0, 10, 6)
@@ -504,8 +506,9 @@ def test_train_mode_updates_batch_norm_running_statistics():
                                    batch_size=6, learning_rate=0.1, train_mode=True)
     order = np.asarray(training.batch_order(jax.random.fold_in(key, 0), 1, 6, 6))[0]
     xb, yb = x[order], y[order]
-    _, state = module.apply(model.variables, xb, train=True, capture_intermediates=True,
-                            mutable=["intermediates", "batch_stats"])
+    _, state = jax.jit(lambda v, x: module.apply(v, x, train=True, capture_intermediates=True,
+                                                 mutable=["intermediates", "batch_stats"]))(
+                                                     model.variables, xb)
     conv = np.asarray(state["intermediates"]["BasicBlock_0"]["Conv_1"]["__call__"][0], np.float64)
     h = conv.reshape(-1, conv.shape[-1])
     running = got["batch_stats"]["BasicBlock_0"]["BatchNorm_1"]
@@ -515,7 +518,7 @@ def test_train_mode_updates_batch_norm_running_statistics():
     def loss(p):
       logits, _ = module.apply({**model.variables, "params": p}, xb, train=True, mutable=["batch_stats"])
       return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(6), yb])
-    grad = jax.grad(loss)(model.variables["params"])
+    grad = jax.jit(jax.grad(loss))(model.variables["params"])
     want = jax.tree.map(lambda p, g: p - 0.1 * g, model.variables["params"], grad)
     for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-13)
