@@ -113,6 +113,8 @@ def test_the_gate_refuses_options_it_does_not_read():
     leakage_mod(_examples, {"training.epochs": 2})
   with pytest.raises(ValueError, match="gate.rounds"):
     leakage_mod(_examples, {"gate.rounds": "every:0"})
+  with pytest.raises(ValueError, match="attack.preset='dlgg'"):
+    leakage_mod(_examples, {"attack.preset": "dlgg"})
   with pytest.raises(TypeError, match="defense.spec"):
     leakage_mod(_examples, defense="prune:0.7")
 

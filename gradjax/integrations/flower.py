@@ -50,7 +50,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gradjax import auto, fidelity
+from gradjax import auto, closed_forms, fidelity, presets
 from gradjax.integrations import audit
 
 logger = logging.getLogger("flwr.gradjax")  # a child of Flower's logger: in the ServerApp's log
@@ -421,6 +421,9 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
                     "is the option defense.spec")
   built = config.sections({**GATE_DEFAULTS, **given}, ("model", "data", "defense", "attack", "gate"))
   gate, attack = built["gate"], built["attack"].preset
+  known = (auto.AUTO, *presets.PRESETS, *closed_forms.CLOSED_FORMS)
+  if attack not in known:
+    raise ValueError(f"attack.preset={attack!r}: choose one of {', '.join(known)}")
   iterations, restarts = built["attack"].iterations, built["attack"].restarts
   normalization = built["data"].normalization
   import shutil
