@@ -179,6 +179,7 @@ def test_returned_statistics_reveal_the_batchs_moments():
 
 
 @pytest.mark.isolated
+@pytest.mark.slow
 def test_pytorch_running_statistics_give_the_biased_moments():
   """PyTorch's BatchNorm2d in training mode (momentum 0.1, unbiased running variance): batch_moments
   with the layer's count n = N·H·W returns the biased moments NumPy computes from the input."""
@@ -200,6 +201,7 @@ def test_pytorch_running_statistics_give_the_biased_moments():
   np.testing.assert_allclose(np.asarray(got["bn"]["var"]), var, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_shared_statistics_errors():
   model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))

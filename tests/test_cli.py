@@ -917,6 +917,7 @@ def test_every_command_helps_and_every_example_of_the_help_and_the_readme_parses
   assert not failed, failed
 
 
+@pytest.mark.slow
 def test_a_missing_configuration_or_an_override_without_one_reads_as_the_user_meant(tmp_path):
   """--config naming no file: one line naming the file and the packaged names; --config.<path> without
   --config overrides the defaults (the packaged ``defaults``)."""

@@ -85,6 +85,7 @@ def cosine_dlg(iterations: int = 50) -> attacks.Attack:
                              priors=(), name="cosine_dlg")
 
 
+@pytest.mark.slow
 def test_a_preset_of_ones_own_and_its_record(problem):
   model, obs = problem
   attack = cosine_dlg()

@@ -270,6 +270,7 @@ def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
       config.check(config.replace(cfg, bad))
 
 
+@pytest.mark.slow
 def test_local_recovery_replays_each_mini_batch_and_stops_where_one_is_missing(monkeypatch):
   """recover_local reads mini-batch 2 from W_1 = W_0 − η ∇L(mini-batch 1) (the gradient taken here
   directly), and stops, with the mini-batches found, where a step finds no new sentence."""

@@ -33,6 +33,7 @@ def test_stepwise_layer_counts_follow_the_authors_table():
       objectives.Stepwise(**bad)
 
 
+@pytest.mark.slow
 def test_stepwise_masks_select_deep_leaves_and_drop_entries():
   params = {"a": {"kernel": jnp.ones((40, 50))}, "b": {"kernel": jnp.ones((30, 30))},
             "c": {"kernel": jnp.ones((60, 70))}, "d": {"bias": jnp.ones((5000,))}}

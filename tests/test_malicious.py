@@ -37,6 +37,7 @@ def test_the_imprinted_model_is_the_model_on_its_moved_input():
                              rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_an_example_alone_in_its_bin_comes_back_exactly_and_a_collision_as_its_weighted_mean():
   """Means 0.25 | 0.45 | 0.62, 0.66 | 0.9 against thresholds 0.2, 0.4, 0.6, 0.8: three examples
   alone (read to 1e-5), two in one bin (their mean weighted by g_n = ⟨∂L/∂x'_n, w⟩ / N, from the

@@ -280,6 +280,7 @@ def convnet(fill_variables):
   return module, variables
 
 
+@pytest.mark.slow
 def test_batchnorm_train_uses_batch_statistics(convnet, photos):
   module, variables = convnet
   x = jnp.asarray(photos[:4, :12, :12])
@@ -614,6 +615,7 @@ def test_one_name_grammar(name, want):
   assert models.parse_name(name) == want
 
 
+@pytest.mark.slow
 def test_convnet_average_pooling_against_numpy(photos):
   """``ConvNet(pool="avg")`` (the batches study's diagnosis of max pooling): its logits are the
   head applied, in NumPy, to the 3x3 block means of the last block's activations (captured after

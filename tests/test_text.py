@@ -472,6 +472,7 @@ def test_best_iterate_tracked_from_the_attacks_track_from(client, search):
   assert [i for i, loss in rows if math.isfinite(loss)] == [4, 5], rows
 
 
+@pytest.mark.slow
 def test_the_token_search_is_prepare_solve_select(client):
   """text.prepare_tokens / solve_tokens / select_tokens: the candidates padded to N·T slots (one
   program per length), the best restart's tokens the argmax of its logits over the candidates, its

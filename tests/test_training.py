@@ -303,6 +303,7 @@ class _TinyBN(nn.Module):
     return nn.Dense(3, name="head")(nn.relu(x))
 
 
+@pytest.mark.slow
 def test_batch_stats_are_kept_and_divergence_is_reported():
   module = _TinyBN()
   x, y = _blobs(12, 2)
