@@ -34,12 +34,12 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common, distributed
-from gradjax import auto, closed_forms, data, presets
+from gradjax import auto, data
 from gradjax.integrations import audit
 from gradjax.run import config, resume
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
-ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
+ATTACKS = audit.ATTACKS
 flags.DEFINE_string("attacks", "auto", f"Comma-separated attacks ({', '.join(ATTACKS)}) or auto.")
 flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: all).")
 flags.DEFINE_bool("resume", False, common.RESUME_HELP)  # captures with rows.json of the same options

@@ -348,6 +348,8 @@ def captures(audit_dir) -> list[Capture]:
 # An audit asks what a patient server recovers, so DLG and iDLG run their papers' whole budget: 300
 # PyTorch ``LBFGS.step()`` calls of up to 20 iterations each (mit-han-lab/dlg), where the presets run
 # a third of it (:mod:`gradjax.attacks`). Other attacks run their presets' budgets.
+# The attacks an audit runs by name (or ``auto``, gradjax.auto's choice per capture).
+ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
 AUDIT_ITERATIONS = {"dlg": 6000, "idlg": 6000}
 
 

@@ -50,8 +50,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gradjax import auto, closed_forms, fidelity, presets
+from gradjax import auto, fidelity
 from gradjax.integrations import audit
+from gradjax.run import config as run_config
 
 logger = logging.getLogger("flwr.gradjax")  # a child of Flower's logger: in the ServerApp's log
 
@@ -372,8 +373,8 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
                            "gate.threshold_db": 10.0})
 
   On the training rounds it audits (``gate.rounds``), after the ClientApp has replied: the update
-  (the weights the server sent against those the client returns, with the schedule the server's
-  config and the reply's metrics state, as :class:`AuditStrategy` records it) is attacked as a
+  (the weights the server sent against those the client returns, with the local training the
+  server's config and the reply's metrics state, as :class:`AuditStrategy` records it) is attacked as a
   server would attack it (:func:`gradjax.integrations.audit.attack_capture`, in a process of its
   own, the attack adapted to the client's defense), the best reconstruction is scored against the
   client's examples, and its leak score is its PSNR minus what a uniform gray image scores on the
@@ -406,11 +407,10 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       local training where the server's config does not state it).
     defense: ``defense(context) -> spec or None``, the defense of a client that chooses its own
       (the ``Context`` says which); it takes precedence over ``defense.spec``.
-    keys: where the server's config and the reply's metrics state the schedule.
+    keys: where the server's config and the reply's metrics state the local training.
     compilation_cache: the attack's persistent compilation cache (default gradjax's, the
       command line's; '' : none): rounds after the first load the attack's programs.
   """
-  from gradjax.run import config
   given = dict(options or {})
   outside = [p for p in given if p not in GATE_OPTIONS]
   if outside:
@@ -419,11 +419,11 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
   if defense is not None and not callable(defense):
     raise TypeError("leakage_mod: defense= is a function of the Flower context; a fixed defense "
                     "is the option defense.spec")
-  built = config.sections({**GATE_DEFAULTS, **given}, ("model", "data", "defense", "attack", "gate"))
+  built = run_config.sections({**GATE_DEFAULTS, **given},
+                              ("model", "data", "defense", "attack", "gate"))
   gate, attack = built["gate"], built["attack"].preset
-  known = (auto.AUTO, *presets.PRESETS, *closed_forms.CLOSED_FORMS)
-  if attack not in known:
-    raise ValueError(f"attack.preset={attack!r}: choose one of {', '.join(known)}")
+  if attack != auto.AUTO and attack not in audit.ATTACKS:
+    raise ValueError(f"attack.preset={attack!r}: choose auto or one of {', '.join(audit.ATTACKS)}")
   iterations, restarts = built["attack"].iterations, built["attack"].restarts
   normalization = built["data"].normalization
   import shutil
