@@ -414,12 +414,13 @@ MAX_SOLVE_COST = 8 ** 4 * 100
 
 def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(t (N, F), w (N,)): each example's head-input target from the dense head's gradient, with
-  weight 1 where the target is that example's own and 0 elsewhere. Up to K − 1 examples (and a
-  cost N⁴·K of :data:`MAX_SOLVE_COST`) each example's input is solved for
+  weight 1 where the target is that example's own and 0 elsewhere. An example alone in its class,
+  which dominates its column, has its class's row (:func:`gradjax.analytic.head_inputs`, exact:
+  a batch of one or of distinct classes needs nothing else). Otherwise, up to K − 1 examples (and
+  a cost N⁴·K of :data:`MAX_SOLVE_COST`) each example's input is solved for
   (:func:`gradjax.analytic.head_inputs_per_example`, classes repeated or not; ``key`` draws its
   starts), kept where the float32 update pins it down; an example it leaves open keeps its class's
-  row where that class has one example that dominates its column
-  (:func:`gradjax.analytic.head_inputs`)."""
+  row where that class has one."""
   params, grads = observation.variables["params"], observation.gradient
   head = objectives.HEAD
   if head not in params or "kernel" not in params[head] or jnp.ndim(params[head]["kernel"]) != 2:
@@ -431,7 +432,7 @@ def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tup
   slots = np.asarray([row[int(c)] for c in labels])
   features, usable = found.features[slots], found.usable[slots]
   n, k = len(labels), np.shape(kernel)[1]
-  if n <= k - 1 and n ** 4 * k <= MAX_SOLVE_COST:
+  if not usable.all() and n <= k - 1 and n ** 4 * k <= MAX_SOLVE_COST:
     own = analytic.head_inputs_per_example(kernel, bias, grads[head]["kernel"], grads[head]["bias"],
                                            labels, key=key)
     features = np.where(own.usable[:, None], np.maximum(own.features, 0.0), features)

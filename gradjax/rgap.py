@@ -31,6 +31,7 @@ what makes each step linear here. The active-set rule, the inactive-unit constra
 regularised solve of the first layer are gradjax's.
 """
 
+import functools
 from math import prod
 from typing import Mapping, NamedTuple, Sequence
 
@@ -85,9 +86,12 @@ def _active(a: np.ndarray) -> np.ndarray:
   return a > 10.0 * max(-float(a.min()), 1e-12 * float(a.max()), 0.0)
 
 
-def _system(layer: Layer, kernel, bias, shape, delta, kernel_grad, out, active):
-  """(matrix, right-hand side, scale of the unit block) of one layer's equations in its input."""
-  zero = jnp.zeros(shape)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _jacobians(layer: Layer, shape, kernel, delta):
+  """The two linear maps of one layer's equations, as matrices over its input a (shape ``shape``):
+  a -> ∂L/∂W = vjp of the layer in W at a, applied to δ (the weight block), and a -> the layer's
+  output before the bias (the unit block). One program per layer and shape."""
+  zero = jnp.zeros(shape, kernel.dtype)
 
   def weight_equations(a):
     return jax.vjp(lambda k: _apply(layer, a, k), kernel)[1](delta)[0].ravel()
@@ -96,8 +100,14 @@ def _system(layer: Layer, kernel, bias, shape, delta, kernel_grad, out, active):
     return _apply(layer, a, kernel).ravel()
 
   n = prod(shape)
-  gw = np.asarray(jax.jacfwd(weight_equations)(zero)).reshape(-1, n)
-  fw = np.asarray(jax.jacfwd(unit_equations)(zero)).reshape(-1, n)[active]
+  return (jax.jacfwd(weight_equations)(zero).reshape(-1, n),
+          jax.jacfwd(unit_equations)(zero).reshape(-1, n))
+
+
+def _system(layer: Layer, kernel, bias, shape, delta, kernel_grad, out, active):
+  """(matrix, right-hand side, scale of the unit block) of one layer's equations in its input."""
+  gw, fw = (np.asarray(m) for m in _jacobians(layer, tuple(shape), kernel, delta))
+  fw = fw[active]
   rhs_w = np.asarray(kernel_grad, np.float64).ravel()
   rhs_f = (np.asarray(out).reshape(-1, np.asarray(bias).size) - np.asarray(bias)).ravel()[active]
   sw, sf = max(np.linalg.norm(rhs_w), 1e-300), max(np.linalg.norm(rhs_f), 1e-300)

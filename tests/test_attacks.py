@@ -236,13 +236,18 @@ def test_describe_names_the_parts():
   assert d["priors"] == [["l2", 1e-6, 5]] and set(d["optimizer"]) == {"name"}
 
 
-def test_head_targets_skip_the_per_example_solve_above_its_cost(photos, monkeypatch):
-  """Where N⁴·K exceeds MAX_SOLVE_COST the targets are the class rows, without the solve."""
+@pytest.mark.parametrize("y, cost", [([5, 2, 5, 9], 4 ** 4 * 10 - 1), ([5, 2, 7, 9], None)])
+def test_head_targets_are_the_class_rows_without_the_solve(photos, monkeypatch, y, cost):
+  """Where N⁴·K exceeds MAX_SOLVE_COST, or every example is alone in its class, the targets are
+  the class rows, without the per-example solve; in the second case they are each photo's own head
+  input (to float32 rounding)."""
   from gradjax import analytic
+  from gradjax import labels as labels_lib
   model = models.create("lenet_zhu", jax.random.key(9), num_classes=10)
-  y = np.array([5, 2, 7, 9])
+  y = np.array(y)
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:4], y, share_labels=True)
-  monkeypatch.setattr(attacks, "MAX_SOLVE_COST", 4 ** 4 * 10 - 1)
+  if cost is not None:
+    monkeypatch.setattr(attacks, "MAX_SOLVE_COST", cost)
   monkeypatch.setattr(analytic, "head_inputs_per_example", lambda *a, **k: pytest.fail("solved"))
   t, w = attacks.head_targets(obs, y, jnp.float32, jax.random.key(0))
   p, g = model.variables["params"]["head"], obs.gradient["head"]
@@ -250,6 +255,10 @@ def test_head_targets_skip_the_per_example_solve_above_its_cost(photos, monkeypa
   rows = [list(found.classes).index(c) for c in y]
   np.testing.assert_allclose(t, found.features[rows], rtol=1e-6)
   np.testing.assert_array_equal(w, found.usable[rows].astype(np.float32))
+  if cost is None:
+    truth = np.asarray(labels_lib.head_inputs(model.apply_fn, model.variables, photos[:4]))
+    assert np.all(np.asarray(w) == 1.0)
+    np.testing.assert_allclose(t, truth, atol=1e-5 * np.abs(truth).max())
 
 
 @pytest.mark.slow  # compiles the per-example solver
