@@ -338,23 +338,24 @@ class FeatureProfile(NamedTuple):
 def head_inputs(apply_fn: Callable, variables, x, *, train: bool = False, name: str = "head") -> jax.Array:
   """The input of the Dense layer called ``name`` when the model runs on ``x``: (M, F).
 
-  Read with a linen method interceptor, so the model is not changed."""
-  found = []
+  Read with a linen method interceptor, so the model is not changed; one jitted program."""
 
-  def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.Dense) and context.module.name == name \
-        and context.method_name == "__call__":
-      found.append(args[0])
-    return next_fun(*args, **kwargs)
+  def run(variables, x):
+    found = []
 
-  def run(x):
+    def interceptor(next_fun, args, kwargs, context):
+      if isinstance(context.module, nn.Dense) and context.module.name == name \
+          and context.method_name == "__call__":
+        found.append(args[0])
+      return next_fun(*args, **kwargs)
+
     with nn.intercept_methods(interceptor):
       apply_fn(variables, x, train)
     if not found:
       raise ValueError(f"the model has no Dense layer named {name!r}")
     return found[-1]
 
-  return run(jnp.asarray(x))
+  return jax.jit(run)(variables, jnp.asarray(x))
 
 
 def feature_profile(apply_fn: Callable, variables, x, *, positions: int = 20,

@@ -113,7 +113,7 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and cause in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "refused")
-  proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", "--config.client.force=True", "--iterations=300",
+  proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", "--config.client.force=True", "--iterations=30",
               f"--output_dir={tmp_path / 'forced'}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((tmp_path / "forced" / "metrics.json").read_text())
@@ -121,7 +121,7 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
   assert f"verdict: inconclusive: {results['verdict']['reason']}" in proc.stdout
   # The ReLU network declared as such: the update is reproduced, and DLG's verdict is not "no leak"
   # (ReLU starves its objective: Zhu et al.).
-  declared = _run(*relu, act="relu", iterations=300, **TRUTH)
+  declared = _run(*relu, act="relu", iterations=30, **TRUTH)
   assert declared["checks"]["fidelity"]["ok"]
   assert declared["verdict"]["status"] in ("leak", "inconclusive")
   # The sigmoid client: a leak without ground truth at an audit's budget for DLG, and the
