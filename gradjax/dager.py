@@ -696,7 +696,9 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
     if keep.size > cap:
       capped = True
       keep = keep[np.argsort(d[keep], kind="stable")[:cap]]
-    cache = _take(cache, jnp.asarray(keep))
+    # The kept prefixes' caches, padded to a power of two (rows past len(keep) repeat the last and
+    # are never read): one program of _step per bucket of prefixes, not per count.
+    cache = _take(cache, jnp.asarray(np.pad(keep, (0, _bucket(keep.size) - keep.size), mode="edge")))
     prefixes = np.concatenate([prefixes[rows[keep]], ids[keep, None]], axis=1)
     worst = np.maximum(worst[rows[keep]], np.maximum(d[keep], distance[keep]))
   return Recovery(prefixes.astype(np.int32), worst, sets, spans, None, capped)
