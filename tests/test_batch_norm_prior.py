@@ -63,7 +63,7 @@ def _reference_prior(module, variables, x, train, multipliers):
 @pytest.mark.parametrize("remat,train", [(False, False), (True, False), (False, True)])
 def test_prior_equals_numpy_moments(remat, train):
   with jax.enable_x64(True):
-    model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3), remat=remat,
+    model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3), remat=remat,
                           param_dtype=jnp.float64)
     variables = _perturbed_stats(model.variables)
     x = jax.random.normal(jax.random.key(1), (3, 8, 8, 3), jnp.float64)
@@ -107,7 +107,7 @@ def test_moments_of_a_first_layer_batch_norm_are_the_inputs_moments():
 @pytest.mark.slow
 @pytest.mark.parametrize("train", [False, True])
 def test_interceptor_leaves_outputs_unchanged(train):
-  model = models.create("resnet8", jax.random.key(2), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(2), conv="xla", input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(3), (2, 8, 8, 3))
   stats = priors.batch_statistics(priors.Network(model.apply_fn, model.variables, train), x)
   np.testing.assert_array_equal(np.asarray(stats.logits),
@@ -116,7 +116,7 @@ def test_interceptor_leaves_outputs_unchanged(train):
 
 @pytest.mark.slow
 def test_bn_prior_in_an_attack_and_its_errors():
-  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))
   obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 4]), share_labels=True)
   attack = dataclasses.replace(presets.inverting_gradients(iterations=4),
@@ -157,7 +157,7 @@ def test_returned_statistics_reveal_the_batchs_moments():
   """A training-mode client that returns its running statistics: every layer's moments read back
   from them (clients.batch_moments) equal NumPy's moments of the layer's input (the convolution
   Flax captures); the BatchNorm prior against them is 0 at the client's batch and positive off it."""
-  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3))
   variables = _perturbed_stats(model.variables)
   x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
   obs = clients.fedsgd(model.apply_fn, variables, x, jnp.array([1, 4, 4, 0]), train=True,
@@ -203,7 +203,7 @@ def test_pytorch_running_statistics_give_the_biased_moments():
 
 @pytest.mark.slow
 def test_shared_statistics_errors():
-  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (4, 8, 8, 3))
   y = jnp.array([1, 4, 4, 0])
   with pytest.raises(ValueError, match="evaluation mode"):

@@ -172,7 +172,7 @@ def test_presets_and_rescaled():
 
 @pytest.mark.slow
 def test_hfginv_runs_on_a_batch_norm_network():
-  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(1), (2, 8, 8, 3))
   obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 1]), share_labels=True)
   attack = presets.hfginv(30)
@@ -276,7 +276,7 @@ def test_train_and_batch_table_programs(tmp_path):
 def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():
   """A created model's params come back from jit with sorted keys ("BasicBlock_0" before the stem's
   "Conv_0"); the call order puts the leaves as PyTorch's model.parameters() lists them."""
-  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3))
   order = distances.module_call_order(model.apply_fn, model.variables, jnp.zeros((1, 8, 8, 3)))
   positions = distances.leaf_positions(model.variables["params"], order)
   flat = sorted((int(v), "/".join(str(k.key) for k in path))
@@ -294,7 +294,7 @@ def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():
 def test_depth_weights_follow_the_call_order():
   """SAPAG's Q_l = 1/(l+1) over modules in the order the model calls them (stem first, head last),
   not in the jit-sorted key order, and the attack builds them that way for a ResNet."""
-  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3))
   order = distances.module_call_order(model.apply_fn, model.variables, jnp.zeros((1, 8, 8, 3)))
   modules = ["Conv_0", "BatchNorm_0"]
   for b, shortcut in ((0, False), (1, True), (2, True)):
@@ -313,7 +313,7 @@ def test_depth_weights_follow_the_call_order():
 
 
 def test_reconstruct_weights_layers_in_call_order(monkeypatch):
-  model = models.create("resnet8", jax.random.key(0), input_shape=(8, 8, 3))
+  model = models.create("resnet8", jax.random.key(0), conv="xla", input_shape=(8, 8, 3))
   obs = clients.fedsgd(model.apply_fn, model.variables, jnp.full((1, 8, 8, 3), 0.5), jnp.array([1]))
   seen = {}
 

@@ -407,7 +407,7 @@ def test_evolve_counts_reaches_the_brute_force_optimum():
 
 @pytest.mark.slow
 def test_feature_profile_matches_numpy(photos):
-  model = models.create("convnet-4", jax.random.key(0), input_shape=photos.shape[1:])
+  model = models.create("convnet-4", jax.random.key(0), input_shape=photos.shape[1:], conv="xla")
   x = photos[:6]
   feats = labels.head_inputs(model.apply_fn, model.variables, x)
   # The head's input, independently: the head applied to it gives the logits.

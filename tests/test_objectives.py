@@ -218,7 +218,7 @@ def test_remat_changes_memory_not_values(where):
       # The replay's remat wraps each local step whatever the model: a small MLP compiles fast.
       model = models.create("resnet8" if where == "model" else "mlp-16", jax.random.key(0),
                             input_shape=(8, 8, 3), num_classes=4, param_dtype=jnp.float64,
-                            remat=remat and where == "model")
+                            remat=remat and where == "model", conv="xla")
       local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
       obs = (clients.fedsgd(model.apply_fn, model.variables, x, y) if where == "model" else
              clients.fedavg(model.apply_fn, model.variables, x, y, local))

@@ -50,7 +50,7 @@ def test_soft_max_pool_against_numpy_and_its_limits():
 
 @pytest.mark.slow
 def test_rounded_convnet_tends_to_the_model_and_differs_when_rounded():
-  model = models.create("convnet-1", jax.random.key(0), input_shape=(16, 16, 3))
+  model = models.create("convnet-1", jax.random.key(0), input_shape=(16, 16, 3), conv="xla")
   x = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3))
   exact = np.asarray(model.apply_fn(model.variables, x))
   assert models.smoothable(model.apply_fn)
