@@ -420,7 +420,7 @@ def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tup
   a cost N⁴·K of :data:`MAX_SOLVE_COST`) each example's input is solved for
   (:func:`gradjax.analytic.head_inputs_per_example`, classes repeated or not; ``key`` draws its
   starts), kept where the float32 update pins it down; an example it leaves open keeps its class's
-  row where that class has one."""
+  row where that row is usable (a class of one that dominates its column)."""
   params, grads = observation.variables["params"], observation.gradient
   head = objectives.HEAD
   if head not in params or "kernel" not in params[head] or jnp.ndim(params[head]["kernel"]) != 2:

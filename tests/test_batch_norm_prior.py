@@ -15,6 +15,9 @@ from flax import linen as nn
 
 from gradjax import attacks, clients, models, presets, priors
 
+# Models built here take conv="xla": what these tests check does not depend on the convolution,
+# and XLA's compiles fastest on CPU (the implementations' equality is test_models' subject).
+
 
 def _numpy_moments(h):
   h = np.asarray(h, np.float64).reshape(-1, h.shape[-1])

@@ -15,6 +15,10 @@ import pytest
 
 from gradjax import attacks, clients, distances, models, objectives, optimizers, presets, priors, solvers
 
+# Models a test builds for itself take conv="xla" (one rebuilt to match the pipeline's keeps the
+# default): what these tests check does not depend on the convolution, and XLA's compiles fastest
+# on CPU (the implementations' equality is test_models' subject).
+
 
 def test_stepwise_layer_counts_follow_the_authors_table():
   """ResNet-34 (110 tensors): tensors 100..110 first, 10 more every 500 iterations, floor tensor 25."""
