@@ -14,6 +14,16 @@ import subprocess
 import sys
 import tempfile
 
+# XLA:CPU's older LLVM IR emitters for the fusions of every program the tests compile and that sets
+# no compiler options of its own (gradjax's set-up and step programs choose theirs, see
+# gradjax.compilation), in this process, its workers and the children it starts: most of the suite's
+# CPU time is compilation (measured with jax.monitoring: 1278 of its 2155 in-process CPU seconds),
+# and the fusion emitters' take about twice as long on the convolution models here for programs
+# that run as fast. Set before JAX's backend starts; a flag the caller set is kept.
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                      "--xla_cpu_use_fusion_emitters=false"]).strip()
+
 import jax
 import numpy as np
 import pytest

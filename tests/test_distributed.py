@@ -85,8 +85,9 @@ def test_one_sharded_attack_over_two_processes_equals_one_process(tmp_path):
   # One process with two CPU devices runs the same programs on the same per-device restarts.
   one = subprocess.run([sys.executable, "-m", "gradjax", *args, f"--compilation_cache={CACHE}",
                         f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu",
-                                XLA_FLAGS="--xla_force_host_platform_device_count=2"), timeout=300)
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
+                           [os.environ.get("XLA_FLAGS", ""),
+                            "--xla_force_host_platform_device_count=2"]).strip()), timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
   two, single = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("two", "one"))
   assert (two["devices"], two["processes"], single["devices"], single["processes"]) == (2, 2, 2, 1)

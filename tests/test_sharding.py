@@ -69,7 +69,8 @@ SCRIPT = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def result():
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+             XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
+                                 "--xla_force_host_platform_device_count=8"]).strip())
   proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
                         cwd=ROOT, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
