@@ -20,8 +20,8 @@ import tempfile
 # CPU time is compilation (measured with jax.monitoring: 1278 of its 2155 in-process CPU seconds),
 # and with the fusion emitters the DLG objective's gradient compiles 1.3-1.8 times as long (LeNet
 # with each convolution, ResNet-8; one core) into programs that run about as fast (ResNet-8's up to
-# a fifth slower, LeNet's with the mixed convolution faster). Set before JAX's backend starts; a flag the
-# caller set is kept.
+# a fifth slower, LeNet's with the mixed convolution faster). Set before JAX's backend starts; a
+# flag the caller set is kept.
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
                                       "--xla_cpu_use_fusion_emitters=false"]).strip()
