@@ -84,9 +84,9 @@ def test_constant_image_has_no_variation():
   value, grad = jax.value_and_grad(priors.total_variation)(x)
   assert float(value) == 0.0 and not np.any(np.asarray(grad))
   value, grad = jax.value_and_grad(lambda x: priors.total_variation(x, form="isotropic", beta=1.0))(x)
-  # eps^(β/2), the smoothing floor, to float32's power function (XLA's emitters differ in the last
-  # digits: 1e-6 of it without the fusion emitters)
-  assert float(value) == pytest.approx(1e-8 ** 0.5, rel=1e-5)
+  # eps^(β/2), the smoothing floor, to float32's power function (without the fusion emitters, as the
+  # attack's step compiles it, 1.04e-6 of it off)
+  assert float(value) == pytest.approx(1e-8 ** 0.5, rel=2e-6)
   assert np.all(np.isfinite(np.asarray(grad))) and not np.any(np.asarray(grad))
 
 
