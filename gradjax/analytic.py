@@ -34,7 +34,6 @@ from typing import Callable, Mapping, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize
 
 from gradjax.observation import Observation
 
@@ -556,12 +555,13 @@ def head_inputs_per_example(kernel, bias, kernel_grad, bias_grad, labels, *, key
   # not pick one answer; examples of a class matched by an assignment, as they are interchangeable.
   near = costs <= 10 * costs[best]
   spread = _spread(np, h)
+  from scipy.optimize import linear_sum_assignment  # here: slow to import, and only this path needs it
   for other in others[near]:
     moved = np.zeros(n)
     for c in np.unique(y):
       idx = np.flatnonzero(y == c)
       d = np.linalg.norm(other[idx][:, None] - h[idx][None], axis=-1)
-      r, col = scipy.optimize.linear_sum_assignment(d)
+      r, col = linear_sum_assignment(d)
       moved[idx[col]] = d[r, col]
     error = np.maximum(error, moved / spread)
   return ExampleHeadInputs(h, error, error <= max_error, float(costs[best]), s)

@@ -38,8 +38,6 @@ from typing import Mapping, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg
-import scipy.optimize
 
 from gradjax import priors
 from gradjax.observation import Observation
@@ -120,6 +118,7 @@ def _least_squares(matrix: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, int
   orthogonal factorisation (gelsy) where the system is about square, the SVD (gelsd) where it is
   tall: the same solution and rank, each the faster there (a 3972 x 3072 conv layer's system 2.2x,
   a 49 216 x 768 dense one's 2.5x the other way, on this project's CPUs)."""
+  import scipy.linalg  # here, not at the top: scipy is slow to import and most runs never get here
   m, n = matrix.shape
   a, _, rank, _ = scipy.linalg.lstsq(matrix, rhs, cond=np.finfo(np.float64).eps * max(m, n),
                                      lapack_driver="gelsy" if m < 2 * n else "gelsd")
@@ -131,6 +130,7 @@ def _constrained(layer, kernel, bias, matrix, rhs, start, scale, inactive, shape
   """A layer's input from its equations under the box ``bounds``, the inactive units' constraint
   and ``tv`` (the module docstring's convex problem), solved by L-BFGS-B from the least-squares
   solution ``start`` clipped to the box."""
+  import scipy.optimize
   lo, hi = (np.broadcast_to(np.asarray(b, np.float64), shape[-1:]) for b in bounds)
   m, r, off = jnp.asarray(matrix), jnp.asarray(rhs), jnp.asarray(inactive.reshape(-1))
 
