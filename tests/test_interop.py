@@ -369,7 +369,7 @@ def test_cli_attacks_captured_files(lenet_files, tmp_path, photos):
   assert f"PSNR {results['psnr']:.2f} dB" in proc.stdout
 
 
-@pytest.mark.parametrize("make, message", [
+BAD_CAPTURES = [
     (lambda w, g, bad: open(bad, "wb").write(pickle.dumps({"fc.0.bias": np.zeros(10)})), "refusing to unpickle"),
     (lambda w, g, bad: open(bad, "wb").write(open(g, "rb").read()[:-50]), "truncated"),
     (lambda w, g, bad: _rewrite(g, bad, _nan), "contains NaN"),
@@ -377,15 +377,24 @@ def test_cli_attacks_captured_files(lenet_files, tmp_path, photos):
      "missing tensor 'fc.0.bias'"),
     (lambda w, g, bad: os.mkdir(bad), "is a directory"),
     (lambda w, g, bad: None, "does not exist"),
-])
-def test_cli_bad_captured_files_exit_2(lenet_files, tmp_path, make, message):
+]
+
+
+def test_cli_bad_captured_files_exit_2(lenet_files, tmp_path):
+  """Each bad capture: exit 2 and one ``error:`` line naming what is wrong, no traceback (the cases
+  share one process)."""
+  from test_cli import run_in_one_process
   w, g = lenet_files
-  bad = tmp_path / "bad.safetensors"
-  make(w, g, bad)
-  proc = _cli(f"--weights={w}", f"--observation={bad}", f"--output_dir={tmp_path / 'out'}")
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-  assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+  cases = []
+  for k, (make, _) in enumerate(BAD_CAPTURES):
+    bad = tmp_path / f"bad{k}.safetensors"
+    make(w, g, bad)
+    cases.append((["gradjax", "reconstruct", f"--weights={w}", f"--observation={bad}",
+                   f"--output_dir={tmp_path / f'out{k}'}"], tmp_path))
+  for (_, message), proc in zip(BAD_CAPTURES, run_in_one_process(cases), strict=True):
+    assert proc.returncode == 2, (message, proc.stderr[-2000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr, (message, proc.stderr[-2000:])
 
 
 def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photos):

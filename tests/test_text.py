@@ -428,7 +428,7 @@ def test_accuracy_of_a_masked_language_model_counts_its_targets_only():
   assert training.evaluate(apply_fn, {}, x, y) == pytest.approx(want)
 
 
-@pytest.mark.parametrize("args,message", [
+TEXT_ERRORS = [
     (["--model=lenet_zhu"], "needs a text model"),
     (["--dataset=mnist"], "reads a corpus"),
     (["--client=fedavg"], "FedSGD client"),
@@ -436,13 +436,18 @@ def test_accuracy_of_a_masked_language_model_counts_its_targets_only():
     (["--config.data.vocab_size=2"], "room for <unk>"),
     (["--model=bert"], "masked language model"),  # the optimisation attacks read next-token models
     (["--config.data.tokenizer=bpe:3"], "unknown tokenizer"),
-])
-def test_text_cli_errors_are_one_line(args, message, tmp_path):
-  proc = run_program("reconstruct.py", "--modality=text", "--iterations=1", *TINY, *args,
-                     f"--output_dir={tmp_path / 'x'}")
-  assert proc.returncode == 2, proc.stderr[-2000:]
-  last = proc.stderr.strip().splitlines()[-1]  # after absl's log lines, if any
-  assert message in last and last.startswith("error:"), proc.stderr[-2000:]
+]
+
+
+def test_text_cli_errors_are_one_line(tmp_path):
+  """Each case exits 2 with one ``error:`` line naming it (the cases share one process)."""
+  from test_cli import run_in_one_process
+  cases = [(["gradjax", "reconstruct", "--modality=text", "--iterations=1", *TINY, *args,
+             f"--output_dir={tmp_path / str(k)}"], tmp_path) for k, (args, _) in enumerate(TEXT_ERRORS)]
+  for (args, message), proc in zip(TEXT_ERRORS, run_in_one_process(cases), strict=True):
+    assert proc.returncode == 2, (args, proc.stderr[-2000:])
+    last = proc.stderr.strip().splitlines()[-1]  # after absl's log lines, if any
+    assert message in last and last.startswith("error:"), (args, proc.stderr[-2000:])
 
 
 @pytest.mark.slow
