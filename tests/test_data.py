@@ -1,6 +1,7 @@
 """Tests for gradjax.data: real images only (files written here are built from scikit-image photos)."""
 
 import gzip
+import importlib.util
 import os
 import pickle
 import struct
@@ -71,15 +72,11 @@ def test_digits():
   assert ds.x.shape == (10, 8, 8, 1) and ds.y.tolist() == list(range(10)) and ds.x.max() <= 1.0
 
 
-@pytest.mark.isolated
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow_datasets") is not None,
+                    reason="tensorflow_datasets is installed (and needs internet)")
 def test_tfds_missing():
-  try:
-    import tensorflow_datasets  # noqa: F401
-  except ImportError:
-    with pytest.raises(ValueError, match="pip install tensorflow-datasets"):
-      data.load("tfds:cifar10", indices=0)
-  else:
-    pytest.skip("tensorflow_datasets is installed (and needs internet)")
+  with pytest.raises(ValueError, match="pip install tensorflow-datasets"):
+    data.load("tfds:cifar10", indices=0)
 
 
 def _mock_tfds():
@@ -90,7 +87,7 @@ def _mock_tfds():
 
 @pytest.mark.isolated
 @pytest.mark.slow
-def test_tfds_images_and_labels_as_tfds_gives_them():
+def test_tfds_images_and_labels_as_tfds_gives_them_and_names_an_unknown_set():
   tfds, mock_data = _mock_tfds()
   with mock_data(num_examples=6):
     ds = data.load("tfds:cifar10", indices=[0, 4])
@@ -99,17 +96,12 @@ def test_tfds_images_and_labels_as_tfds_gives_them():
       data.load("tfds:cifar10", indices=[1, 7])
     with pytest.raises(ValueError, match="pass the image indices"):
       data.load("tfds:cifar10")
+  with mock_data(num_examples=2), pytest.raises(ValueError, match="unknown tfds dataset 'no_such_set'"):
+    data.load("tfds:no_such_set", indices=0)
   assert ds.x.shape == (2, 32, 32, 3) and ds.x.dtype == np.float32 and ds.num_classes == 10
   np.testing.assert_array_equal(ds.x, np.stack([raw[0]["image"], raw[4]["image"]]) / np.float32(255))
   assert ds.y.tolist() == [int(raw[0]["label"]), int(raw[4]["label"])]
   assert len(ds.class_names) == 10
-
-
-@pytest.mark.isolated
-def test_tfds_unknown_name():
-  _, mock_data = _mock_tfds()
-  with mock_data(num_examples=2), pytest.raises(ValueError, match="unknown tfds dataset 'no_such_set'"):
-    data.load("tfds:no_such_set", indices=0)
 
 
 @pytest.mark.isolated
