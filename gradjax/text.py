@@ -13,6 +13,9 @@ over the positions t where s_t = v, so the non-zero rows are exactly the tokens 
 (:func:`token_bag`; Melis et al. 2019 make the same observation). The attack restricts both the
 decoding and the soft targets to that bag (the targets are the sentence shifted by one, plus
 ``<eos>``). A defense that adds noise to every entry hides the bag; then every token is a candidate.
+A model whose logits read the same table (tied, GPT-2's) shows no bag that way: the logits' gradient
+reaches every row. The attacks match the other parameters' gradients with the table a constant
+(:func:`tied_apply_fn`) and search the whole vocabulary.
 """
 
 import functools
@@ -113,6 +116,28 @@ def _reads_embeddings_alone(apply_fn, view: Observation, dim: int, length: int) 
   return True
 
 
+def _insert(params, path, value):
+  head, *rest = path
+  return {**params, head: value if not rest else _insert(params.get(head, {}), rest, value)}
+
+
+def tied_apply_fn(apply_fn: Callable, observation: Observation, path=EMBEDDING) -> Callable:
+  """``apply_fn`` on the parameters of :func:`attack_view` for a model whose logits read its
+  embedding table too (tied, as GPT-2's: logits = h Eᵀ): the server's table E enters as a constant.
+
+  The observed table gradient is the input lookup's rows plus the logits' E-gradient
+  Σ_t (p_t − y_t) h_tᵀ, which reaches every row; dummy embeddings bypass the lookup, so their table
+  gradient would be the second term alone. Matching every other parameter's gradient, as for an
+  untied model, leaves the table out of the objective while the logits still use it."""
+  table = jnp.asarray(embedding_table(observation, path))
+
+  def tied(variables, x, *args, **kwargs):
+    return apply_fn({**variables, "params": _insert(variables["params"], path, table)}, x, *args,
+                    **kwargs)
+
+  return tied
+
+
 class TextReconstruction(NamedTuple):
   """Result of :func:`reconstruct`.
 
@@ -122,7 +147,9 @@ class TextReconstruction(NamedTuple):
     tokens_pinv: (N, T) int, the tokens by the embedding matrix's pseudo-inverse.
     targets: (N, T) int, argmax of the dummy soft targets (the sentence shifted by one), or the known
       ones.
-    bag: int ids of the tokens the embedding gradient reveals (the candidates when restricted).
+    bag: int ids of the tokens the embedding gradient reveals (the candidates when restricted);
+      None for a model whose logits read the table too (:func:`tied_apply_fn`), whose every row the
+      gradient reaches: the search then ranges over the whole vocabulary.
     reconstruction: the search's own result (losses, restarts, counts): the embedding search's
       :class:`gradjax.attacks.Reconstruction`, the token search's :class:`TokenSearch`.
   """
@@ -286,7 +313,7 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
     eos: the end-of-sentence id, added to the targets' candidates (it is the last target but not an
       input); ``None`` for none.
     restrict: decode, and let soft targets range, only over the :func:`token_bag` (plus ``eos``);
-      ``False`` searches the whole vocabulary.
+      ``False`` searches the whole vocabulary, as a model with a tied table always does.
     search: ``"embeddings"`` (DLG, SAPAG): free dummy embeddings (N, T, dim) and, with joint labels,
       free soft targets (N, T, V), decoded afterwards. ``"tokens"`` (gradjax): logits z (N, T, K)
       over the K candidate tokens, the inputs the softmax-weighted candidate embeddings and the
@@ -312,9 +339,11 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, rest
   if bag.size == 0:
     raise ValueError("the observed embedding gradient is zero: no tokens to recover")
   if not _reads_embeddings_alone(apply_fn, view, table.shape[1], length):
-    raise ValueError("the model reads its embedding table for its logits too (tied, as GPT-2's): the "
-                     "optimisation attacks match an untied model's gradient; gradjax.dager reads "
-                     "this one")
+    apply_fn = tied_apply_fn(apply_fn, observation)
+    if not _reads_embeddings_alone(apply_fn, view, table.shape[1], length):
+      raise ValueError("the model does not run on embeddings (N, T, dim) in place of token ids: the "
+                       "optimisation attacks feed it dummy embeddings")
+    bag = None  # the logits' gradient reaches every row of a tied table: it reveals no bag
   candidates = bag if restrict else None
   if search == "tokens":
     problem = prepare_tokens(attack, apply_fn, view, table, key, length=length, eos=eos,
@@ -325,7 +354,7 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, rest
     raise ValueError(f"unknown text search {search!r}; choose one of {', '.join(SEARCHES)}")
   problem = attacks.prepare(attack, apply_fn, view, key, input_shape=(length, table.shape[1]),
                             bounds=(table.min(axis=0), table.max(axis=0)), restarts=restarts)
-  if restrict and attack.optimises_labels:
+  if candidates is not None and attack.optimises_labels:
     support = np.union1d(bag, [] if eos is None else [eos]).astype(np.int32)
     problem = attacks.restrict_labels(problem, support, table.shape[0])
   rec = attacks.select(problem, attacks.solve(attack, apply_fn, problem, execution))

@@ -303,6 +303,30 @@ def test_attack_recovers_a_short_sentence_exactly(client, search):
 
 
 @pytest.mark.slow
+def test_a_tied_decoder_is_read_by_the_token_search_with_its_table_held_fixed():
+  """GPT's logits read its embedding table: the table's gradient reaches every row (no bag), and
+  with the server's table a constant the true embeddings and next tokens reproduce every other
+  gradient; the token search, from the gradient alone over the whole vocabulary, gives the
+  sentence back."""
+  from gradjax.objectives import dummy_gradient
+  m = models.create("gpt", jax.random.key(1), input_shape=(5,), num_classes=40, text_sizes=SMALL)
+  ids = np.array([[7, 12, 3, 12, 25]], np.int32)
+  x, y = corpus.language_model_pairs(ids, 1)
+  obs = clients.fedsgd(m.apply_fn, m.variables, x, y)
+  assert text.token_bag(obs).size == 40
+  view = text.attack_view(obs)
+  e = np.asarray(m.variables["params"]["embed"]["embedding"])[x]
+  g = dummy_gradient(text.tied_apply_fn(m.apply_fn, obs), view.variables, jnp.asarray(e), jnp.asarray(y))
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(view.gradient), strict=True):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+  rec = text.reconstruct(presets.dlg(iterations=200), m.apply_fn, obs, jax.random.key(0), length=5,
+                         eos=1, restarts=4, search="tokens")
+  assert rec.bag is None
+  np.testing.assert_array_equal(rec.tokens_pinv, ids)
+  assert rec.reconstruction.loss < 1e-6
+
+
+@pytest.mark.slow
 def test_joint_soft_targets_stay_in_the_bag(client):
   m, obs, ids = client
   rec = text.reconstruct(presets.dlg(iterations=3), m.apply_fn, obs, jax.random.key(0),

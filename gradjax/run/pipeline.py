@@ -949,8 +949,8 @@ def _run_text(cfg: Config, callback, state):
       bag_recall_per_sentence=pinv["bag_recall_per_sentence"],
       token_accuracy_nearest_per_sentence=nearest["token_accuracy_per_sentence"],
       sentences=rows,
-      bag=vocabulary.decode(rec.bag),
-      bag_size=int(rec.bag.size),
+      bag=None if rec.bag is None else vocabulary.decode(rec.bag),  # None: a tied table shows none
+      bag_size=None if rec.bag is None else int(rec.bag.size),
       sentence_pool=batch.pool,
       vocabulary_size=len(vocabulary),
       sequence_length=cfg.data.sequence_length,
