@@ -199,7 +199,9 @@ def test_resnet18_stride1_keeps_resolution(stride1, final_hw):
 def test_resnet18_sigmoid_stride1_runs(photos, fill_variables):
   """A real run on a 6x6 crop: every block keeps the resolution and ends in a sigmoid."""
   x = jnp.asarray(photos[:2, :6, :6])
-  module = models.get_module("resnet18", num_classes=10, act="sigmoid", stride1=True)
+  # XLA's convolution: the subject is the activation and the strides, and the CPU default (mixed)
+  # compiles about 3x longer (test_conv_implementations_compute_the_same_model holds them equal).
+  module = models.get_module("resnet18", num_classes=10, act="sigmoid", stride1=True, conv="xla")
   variables = fill_variables(module, (6, 6, 3), seed=1)
   blocks, logits = jax.jit(lambda v, x: (_block_outputs(module, v, x), module.apply(v, x)))(variables, x)
   assert [b.shape for b in blocks] == [(2, 6, 6, c) for c in (64, 64, 128, 128, 256, 256, 512, 512)]
@@ -304,7 +306,9 @@ def test_batchnorm_train_uses_batch_statistics(convnet, photos):
 
 def test_apply_fn_train_mode_is_pure(convnet, photos):
   module, variables = convnet
-  apply_fn = models.make_apply_fn(module)
+  # Jitted, as every caller runs it (each primitive of the eager call compiles alone: 172 programs);
+  # a mutation of ``variables`` would still show, at tracing.
+  apply_fn = jax.jit(models.make_apply_fn(module), static_argnames="train")
   before = jax.tree.map(np.array, variables)
   x = jnp.asarray(photos[:4, :12, :12])
   train1 = np.asarray(apply_fn(variables, x, train=True))

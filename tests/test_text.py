@@ -206,12 +206,13 @@ def test_positional_encoding_closed_form():
 
 def test_transformer_reads_ids_or_embeddings_and_is_causal():
   m = models.create("transformer", jax.random.key(0), input_shape=(6,), num_classes=30, text_sizes=SMALL)
+  apply_fn = jax.jit(m.apply_fn)  # two programs (ids, embeddings), not one per primitive
   ids = jnp.array([[3, 4, 5, 6, 7, 8]])
-  logits = m.apply_fn(m.variables, ids)
+  logits = apply_fn(m.variables, ids)
   assert logits.shape == (1, 6, 30)
   table = m.variables["params"]["embed"]["embedding"]
-  np.testing.assert_allclose(m.apply_fn(m.variables, table[ids]), logits, rtol=1e-6, atol=1e-6)
-  changed = m.apply_fn(m.variables, ids.at[0, 4].set(20))  # a later token cannot change earlier logits
+  np.testing.assert_allclose(apply_fn(m.variables, table[ids]), logits, rtol=1e-6, atol=1e-6)
+  changed = apply_fn(m.variables, ids.at[0, 4].set(20))  # a later token cannot change earlier logits
   np.testing.assert_allclose(changed[0, :4], logits[0, :4], rtol=1e-6, atol=1e-6)
   assert not np.allclose(changed[0, 4:], logits[0, 4:])
   assert set(m.variables["params"]) == {"embed", "block_0", "head"}
