@@ -256,18 +256,26 @@ def main():
         continue
       records = run_row(row, model_name, length, batch, count, args.data_dir, args.trained,
                         args.trained_bert)
-      if records is None:
-        continue
-      with open(path + ".tmp", "w") as f:
-        json.dump(records, f, indent=1)
-      os.replace(path + ".tmp", path)
-  text, numbers = table()
-  with open(os.path.join(RUNS, "table.md"), "w") as f:
-    f.write(text)
-  with open(os.path.join(RUNS, "table.json"), "w") as f:
-    json.dump(numbers, f, indent=1)
-  print(text)
+      if records is not None:
+        save(path, records)
+  write_tables(RUNS, *table())
   return 0
+
+
+def save(path, records):
+  """A row's records, written whole or not at all (a row on disk is a finished row)."""
+  with open(path + ".tmp", "w") as f:
+    json.dump(records, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def write_tables(runs, markdown, numbers):
+  """table.md and table.json in ``runs``; the markdown printed."""
+  with open(os.path.join(runs, "table.md"), "w") as f:
+    f.write(markdown)
+  with open(os.path.join(runs, "table.json"), "w") as f:
+    json.dump(numbers, f, indent=1)
+  print(markdown)
 
 
 if __name__ == "__main__":
