@@ -13,7 +13,6 @@ record (runs/optimisation/<row>.json): scores after assignment (token accuracy, 
 sentences), the final objective and seconds (the first batch of a row includes compiling).
 """
 
-import argparse
 import json
 import os
 import sys
@@ -78,11 +77,7 @@ def table():
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--data_dir", default=None)
-  parser.add_argument("--table", action="store_true", help="only write the table from the runs")
-  parser.add_argument("--rows", default=None, help="comma-separated rows (all if omitted)")
-  args = parser.parse_args()
+  args = spans.parser(__doc__).parse_args()
   os.makedirs(RUNS, exist_ok=True)
   wanted = None if args.rows is None else set(args.rows.split(","))
   if not args.table:

@@ -238,15 +238,21 @@ def table():
   return "\n".join(lines) + "\n", numbers
 
 
+def parser(doc: str) -> argparse.ArgumentParser:
+  """The options this folder's programs share: the data, table-only, and which rows to run."""
+  p = argparse.ArgumentParser(description=doc.splitlines()[0])
+  p.add_argument("--data_dir", default=None)
+  p.add_argument("--table", action="store_true", help="only write the table from the runs")
+  p.add_argument("--rows", default=None, help="comma-separated rows (all if omitted)")
+  return p
+
+
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--data_dir", default=None)
-  parser.add_argument("--table", action="store_true", help="only write the table from the runs")
-  parser.add_argument("--rows", default=None, help="comma-separated rows (all if omitted)")
-  parser.add_argument("--trained", default=None, help="the gpt_trained rows' checkpoint (see the "
+  options = parser(__doc__)
+  options.add_argument("--trained", default=None, help="the gpt_trained rows' checkpoint (see the "
                       "module docstring)")
-  parser.add_argument("--trained_bert", default=None, help="the bert_trained rows' checkpoint")
-  args = parser.parse_args()
+  options.add_argument("--trained_bert", default=None, help="the bert_trained rows' checkpoint")
+  args = options.parse_args()
   os.makedirs(RUNS, exist_ok=True)
   wanted = None if args.rows is None else set(args.rows.split(","))
   if not args.table:
