@@ -41,6 +41,7 @@ from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import driver, sharding, solvers
 from gradjax.compilation import once
+from gradjax.losses import cross_entropy
 from gradjax.objectives import Smoothing, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
 
@@ -341,19 +342,21 @@ def _clip_to_box(dummy, data):
   return {**dummy, "x": jnp.clip(dummy["x"], lo, hi)}
 
 
-def _solver(attack: Attack, apply_fn: Callable, num_leaves: int) -> solvers.Solver:
-  """The solver of ``attack`` on a model of ``num_leaves`` parameter leaves; the name, the dummy
-  initialisation and, unless a named optimizer's schedule is spread over it, the budget do not
-  recompile."""
+def _solver(attack: Attack, apply_fn: Callable, num_leaves: int,
+            loss_fn: Callable = cross_entropy) -> solvers.Solver:
+  """The solver of ``attack`` on a model of ``num_leaves`` parameter leaves whose client trains on
+  ``loss_fn``; the name, the dummy initialisation and, unless a named optimizer's schedule is spread
+  over it, the budget do not recompile."""
   spread = isinstance(attack.optimizer, optimizers.Named) and attack.optimizer.schedule != "constant"
   key = dataclasses.replace(attack, name="", dummy_init=dummy_lib.normal,
                             iterations=attack.iterations if spread or attack.smoothing else 1)
-  return _solver_cached(key, apply_fn, num_leaves)
+  return _solver_cached(key, apply_fn, num_leaves, loss_fn)
 
 
 @functools.lru_cache(maxsize=32)
-def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int) -> solvers.Solver:
-  objective = gradient_matching(apply_fn, attack.distance,
+def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
+                   loss_fn: Callable) -> solvers.Solver:
+  objective = gradient_matching(apply_fn, attack.distance, loss_fn=loss_fn,
                                 prior=priors_lib.combine(attack.priors) if attack.priors else None,
                                 matched=attack.matched,
                                 one_sample_per_step=attack.one_sample_per_step,
@@ -449,10 +452,12 @@ def _known_labels(attack: Attack, observation: Observation):
 # (the input space, how many restarts and label orders), each with a default but the input shape.
 def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
             input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1, permutations: int = 1,
-            permutation_seed: int = 0) -> Problem:
+            permutation_seed: int = 0, label_shape: tuple[int, ...] | None = None) -> Problem:
   """Everything the restart driver needs: labels (known, inferred or none), the label-order
   candidates, the layers' weights and depth positions, every restart's start. Arguments as
-  :func:`reconstruct`'s."""
+  :func:`reconstruct`'s; ``label_shape``: one example's joint soft labels (default the model's
+  output's, e.g. (T, V + 1) for a masked language model's targets with 'no target',
+  :func:`gradjax.losses.masked_cross_entropy`)."""
   check_observation(observation)
   if restarts < 1:
     raise ValueError(f"restarts must be positive, got {restarts}")
@@ -503,7 +508,8 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
                              distances.leaf_positions(observation.variables["params"], order))
   init = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
-                        tuple(logits.shape[1:]) if known is None else None, (lo, hi), dtype,
+                        (tuple(label_shape or logits.shape[1:]) if known is None else None),
+                        (lo, hi), dtype,
                         None if _gamma(attack) is None else _gamma(attack).init)
   targets = None
   if attack.head_features:
@@ -560,14 +566,17 @@ def select(problem: Problem, state: solvers.SolverState) -> "Reconstruction":
 
 
 def solve(attack: Attack, apply_fn: Callable, problem: Problem,
-          execution: driver.Execution = driver.Execution()) -> solvers.SolverState:
+          execution: driver.Execution = driver.Execution(), *,
+          loss_fn: Callable = cross_entropy) -> solvers.SolverState:
   """Runs every restart × candidate of ``problem`` (:func:`gradjax.driver.run`); the final state,
-  fetched to the host. An attack that couples its restarts (:attr:`Attack.couples_restarts`) runs them
-  vmapped: the ``"auto"`` strategy becomes ``"vmap"``, another one is refused."""
+  fetched to the host. ``loss_fn``: the client's loss (``loss_fn(logits, targets)``; a masked
+  language model's is :func:`gradjax.losses.masked_cross_entropy`). An attack that couples its
+  restarts (:attr:`Attack.couples_restarts`) runs them vmapped: the ``"auto"`` strategy becomes
+  ``"vmap"``, another one is refused."""
   if attack.couples_restarts:
     execution = coupled_execution(execution)
   num_leaves = len(jax.tree.leaves(problem.data.observation.gradient))
-  state = driver.run(_solver(attack, apply_fn, num_leaves), problem.init, problem.data,
+  state = driver.run(_solver(attack, apply_fn, num_leaves, loss_fn), problem.init, problem.data,
                       iterations=attack.iterations, execution=execution,
                       restart_data=problem.restart_data)
   return sharding.fetch(state)

@@ -16,6 +16,11 @@ decoding and the soft targets to that bag (the targets are the sentence shifted 
 A model whose logits read the same table (tied, GPT-2's) shows no bag that way: the logits' gradient
 reaches every row. The attacks match the other parameters' gradients with the table a constant
 (:func:`tied_apply_fn`) and search the whole vocabulary.
+
+A masked language model (BERT's objective, DLG §4.2) is trained on inputs where some positions hold
+``<mask>`` and on targets at those positions only. The attacker does not know which: the targets
+range over the vocabulary and *no target* (:func:`gradjax.losses.masked_cross_entropy`), and the
+sentence is the inputs with each ``<mask>`` replaced by its target.
 """
 
 import functools
@@ -27,7 +32,7 @@ import numpy as np
 
 from gradjax import attacks, driver, sharding, solvers
 from gradjax import labels as labels_lib
-from gradjax.losses import cross_entropy
+from gradjax.losses import cross_entropy, masked_cross_entropy
 from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation, check_observation
 
@@ -143,10 +148,11 @@ class TextReconstruction(NamedTuple):
 
   Attributes:
     embeddings: (N, T, dim) the best restart's dummy embeddings.
-    tokens_nearest: (N, T) int, the tokens by nearest embedding row.
-    tokens_pinv: (N, T) int, the tokens by the embedding matrix's pseudo-inverse.
-    targets: (N, T) int, argmax of the dummy soft targets (the sentence shifted by one), or the known
-      ones.
+    tokens_nearest: (N, T) int, the tokens by nearest embedding row (for a masked language model,
+      the sentence: a position read as ``<mask>`` holds its target).
+    tokens_pinv: (N, T) int, the tokens by the embedding matrix's pseudo-inverse (likewise).
+    targets: (N, T) int, argmax of the dummy soft targets (the sentence shifted by one; for a masked
+      language model the masked positions' words, -1 where 'no target' wins), or the known ones.
     bag: int ids of the tokens the embedding gradient reveals (the candidates when restricted);
       None for a model whose logits read the table too (:func:`tied_apply_fn`), whose every row the
       gradient reaches: the search then ranges over the whole vocabulary.
@@ -166,7 +172,8 @@ class TokenData(NamedTuple):
   """What the token search's objective reads: the observation without the embedding table, the
   candidates' embedding rows (K, dim) and ids (K,), the ``eos`` id, per-leaf distance weights, and
   which of the K slots hold a candidate (the bag is padded to N·T slots, so every sentence of a
-  length shares one compiled program)."""
+  length shares one compiled program); for a masked language model, the ``<mask>`` token's
+  embedding row ``mask_row`` (dim,) (``None`` for a next-token model)."""
 
   observation: Observation
   rows: jax.Array
@@ -174,6 +181,7 @@ class TokenData(NamedTuple):
   eos: jax.Array
   weights: dict | None
   valid: jax.Array | None = None
+  mask_row: jax.Array | None = None
 
 
 def soft_tokens(z, data: TokenData, vocabulary: int):
@@ -191,13 +199,35 @@ def soft_tokens(z, data: TokenData, vocabulary: int):
   return e, jnp.concatenate([shifted, last], axis=1)
 
 
+def soft_masked_tokens(z, m, data: TokenData, vocabulary: int):
+  """(embeddings, targets) of a masked language model's client from token logits ``z`` (N, T, K)
+  over the candidates and mask logits ``m`` (N, T): with p = softmax(z) the word at each position and
+  q = sigmoid(m) the chance that the client masked it, the inputs are
+  e_t = q_t E_mask + (1 − q_t) Σ_k p_tk E_k (N, T, dim) and the targets (N, T, V + 1) are q_t p_t at
+  the candidates' ids with 1 − q_t on 'no target' (:func:`gradjax.losses.masked_cross_entropy`).
+  One sentence p drives both, as :func:`soft_tokens`' next-token targets do."""
+  if data.valid is not None:
+    z = jnp.where(data.valid, z, jnp.finfo(z.dtype).min)
+  p = jax.nn.softmax(z, axis=-1)
+  q = jax.nn.sigmoid(m)[..., None]
+  e = q * data.mask_row + (1 - q) * (p @ data.rows)
+  n, t, _ = z.shape
+  words = jnp.zeros((n, t, vocabulary), p.dtype).at[..., data.ids].add(q * p)
+  return e, jnp.concatenate([words, 1 - q], axis=-1)
+
+
 @functools.lru_cache(maxsize=16)
-def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -> solvers.Solver:
+def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int,
+                  masked: bool = False) -> solvers.Solver:
 
   def value_fn(dummy, data: TokenData, step):
-    e, targets = soft_tokens(dummy["z"], data, vocabulary)
+    if masked:
+      e, targets = soft_masked_tokens(dummy["z"], dummy["m"], data, vocabulary)
+    else:
+      e, targets = soft_tokens(dummy["z"], data, vocabulary)
     g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
-                       train=data.observation.train, loss_fn=cross_entropy)
+                       train=data.observation.train,
+                       loss_fn=masked_cross_entropy if masked else cross_entropy)
     return attack.distance(g, data.observation.gradient, weights=data.weights, step=step)
 
   return attacks.make_solver(attack, value_fn)
@@ -205,8 +235,9 @@ def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int) -
 
 class TokenProblem(NamedTuple):
   """What the token search's solver runs (:func:`prepare_tokens`): its ``data``, every restart's
-  start ``init`` ({"z": (R, N, T, K)} logits over the K candidate slots), the candidates' ids
-  ``ids`` (the slots past them are padding) and the ``vocabulary`` size V of the targets."""
+  start ``init`` ({"z": (R, N, T, K)} logits over the K candidate slots, and for a masked language
+  model {"m": (R, N, T)} mask logits), the candidates' ids ``ids`` (the slots past them are padding)
+  and the ``vocabulary`` size V of the targets."""
 
   data: TokenData
   init: dict
@@ -218,10 +249,12 @@ class TokenSearch(NamedTuple):
   """The best restart of a token search (:func:`select_tokens`).
 
   Attributes:
-    tokens: (N, T) int, argmax over the candidates at every position.
+    tokens: (N, T) int, argmax over the candidates at every position (the sentence).
     probabilities: (N, T, K) the softmax over the K candidates (``TokenProblem.ids``).
-    embeddings: (N, T, dim) the inputs they make, Σ_k p_tk E_k.
-    targets: (N, T) int, the tokens shifted by one, ``eos`` last.
+    embeddings: (N, T, dim) the inputs they make, Σ_k p_tk E_k (a masked language model's with
+      q_t E_mask mixed in).
+    targets: (N, T) int, the tokens shifted by one, ``eos`` last; for a masked language model the
+      tokens where the mask's chance q_t exceeds 1/2, -1 elsewhere.
     loss, best_restart, restart_losses, restart_alive, iterations, evaluations: as
       :class:`gradjax.attacks.Reconstruction`'s.
   """
@@ -240,18 +273,20 @@ class TokenSearch(NamedTuple):
 
 def prepare_tokens(attack: attacks.Attack, apply_fn: Callable, view: Observation, table: np.ndarray,
                    key: jax.Array, *, length: int, eos: int | None, candidates=None,
-                   restarts: int = 1) -> TokenProblem:
+                   restarts: int = 1, mask: int | None = None) -> TokenProblem:
   """The token search of :func:`reconstruct` on the ``view`` of :func:`attack_view`, with the
   embedding ``table`` (V, dim) and the ``candidates`` ids (all V if None): its data and every
   restart's logits, drawn N(0, 1) from ``jax.random.split(key, restarts)``. The candidates are
-  padded to N·T slots, so every sentence of a length shares one compiled program."""
+  padded to N·T slots, so every sentence of a length shares one compiled program. ``mask``: the
+  ``<mask>`` id of a masked language model (:func:`soft_masked_tokens`; its mask logits are drawn
+  N(0, 1) too), or ``None`` for a next-token model, which needs ``eos``."""
   if not attack.optimises_labels or attack.matched.name != "gradient" or attack.priors:
     described = attacks.describe(attack)
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
                      "inputs: it takes no label source, objective mode or image prior "
                      f"(attack {attack.name!r} has labels={described['labels']!r}, "
                      f"objective={attack.matched.name!r}, priors={described['priors']!r})")
-  if eos is None:
+  if eos is None and mask is None:
     raise ValueError("the token search needs the end-of-sentence id (the last target)")
   n = view.num_samples
   ids = np.arange(table.shape[0]) if candidates is None else np.asarray(candidates)
@@ -262,9 +297,14 @@ def prepare_tokens(attack: attacks.Attack, apply_fn: Callable, view: Observation
   order = attacks.depth_order(attack, apply_fn, view, jnp.zeros((1, length, table.shape[1]), dtype))
   weights = attacks.layer_weights(attack, view, order)
   data = TokenData(view, jnp.asarray(np.where(valid[:, None], table[padded], 0.0), dtype),
-                   jnp.asarray(padded), jnp.asarray(eos, jnp.int32), weights, jnp.asarray(valid))
+                   jnp.asarray(padded), jnp.asarray(-1 if eos is None else eos, jnp.int32), weights,
+                   jnp.asarray(valid),
+                   None if mask is None else jnp.asarray(table[mask], dtype))
   keys = jax.random.split(key, restarts)
   init = {"z": jax.vmap(lambda k: jax.random.normal(k, (n, length, slots), dtype))(keys)}
+  if mask is not None:
+    init["m"] = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 1), (n, length),
+                                                     dtype))(keys)
   return TokenProblem(data, init, ids, int(table.shape[0]))
 
 
@@ -272,7 +312,9 @@ def solve_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProbl
                  execution: driver.Execution = driver.Execution()) -> solvers.SolverState:
   """Runs every restart of ``problem`` (:func:`gradjax.driver.run`); the final state, fetched to the
   host."""
-  state = driver.run(_token_solver(attack, apply_fn, problem.vocabulary), problem.init, problem.data,
+  masked = problem.data.mask_row is not None
+  state = driver.run(_token_solver(attack, apply_fn, problem.vocabulary, masked), problem.init,
+                     problem.data,
                      iterations=attack.iterations, execution=execution)
   return sharding.fetch(state)
 
@@ -286,18 +328,26 @@ def select_tokens(problem: TokenProblem, state: solvers.SolverState, table: np.n
   p = np.exp(z - z.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   tokens = ids[np.argmax(z, axis=-1)].astype(np.int32)
-  eos = int(problem.data.eos)
-  targets = np.concatenate([tokens[:, 1:], np.full((n, 1), eos, np.int32)], axis=1)
-  return TokenSearch(tokens, p, p @ table[ids].astype(np.float64), targets, float(losses[best]),
+  embeddings = p @ table[ids].astype(np.float64)
+  if problem.data.mask_row is not None:  # masked where the mask's chance exceeds 1/2
+    m = np.asarray(state.best_params["m"][best], np.float64)
+    q = 1 / (1 + np.exp(-m))
+    targets = np.where(q > 0.5, tokens, -1).astype(np.int32)
+    embeddings = q[..., None] * np.asarray(problem.data.mask_row, np.float64) + (
+        1 - q[..., None]) * embeddings
+  else:
+    eos = int(problem.data.eos)
+    targets = np.concatenate([tokens[:, 1:], np.full((n, 1), eos, np.int32)], axis=1)
+  return TokenSearch(tokens, p, embeddings, targets, float(losses[best]),
                      best, losses, np.asarray(state.alive), np.asarray(state.iterations),
                      np.asarray(state.evaluations))
 
 
-# Ten parameters: attacks.reconstruct's (attack, model, observation, key, restarts, execution) and the
-# text's own (sentence length, end token, token restriction, search).
+# Eleven parameters: attacks.reconstruct's (attack, model, observation, key, restarts, execution) and
+# the text's own (sentence length, end token, mask token, token restriction, search).
 def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observation, key: jax.Array,
-                *, length: int, eos: int | None = None, restrict: bool = True, restarts: int = 1,
-                search: str = "embeddings",
+                *, length: int, eos: int | None = None, mask: int | None = None,
+                restrict: bool = True, restarts: int = 1, search: str = "embeddings",
                 execution: driver.Execution = driver.Execution()) -> TextReconstruction:
   """Recovers the client's sentences (N, ``length``) from a language model's gradient.
 
@@ -312,21 +362,33 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
     length: T, tokens per sentence.
     eos: the end-of-sentence id, added to the targets' candidates (it is the last target but not an
       input); ``None`` for none.
+    mask: the ``<mask>`` id of a masked language model, whose client's targets are its masked
+      positions' words (:func:`gradjax.corpus.masked_lm_pairs`): the targets then range over the
+      vocabulary and 'no target' (:func:`gradjax.losses.masked_cross_entropy`), and each position
+      read as ``<mask>`` takes its target in the sentence; ``None`` for a next-token model.
     restrict: decode, and let soft targets range, only over the :func:`token_bag` (plus ``eos``);
       ``False`` searches the whole vocabulary, as a model with a tied table always does.
     search: ``"embeddings"`` (DLG, SAPAG): free dummy embeddings (N, T, dim) and, with joint labels,
       free soft targets (N, T, V), decoded afterwards. ``"tokens"`` (gradjax): logits z (N, T, K)
       over the K candidate tokens, the inputs the softmax-weighted candidate embeddings and the
       targets the same distributions shifted by one (:func:`soft_tokens`), so inputs and targets
-      stay one sentence; tokens are argmax z.
+      stay one sentence; tokens are argmax z. For a masked language model the search adds a mask
+      logit per position (:func:`soft_masked_tokens`).
     restarts, execution: as :func:`gradjax.attacks.reconstruct`.
   """
   with driver.precision_scope(execution.matmul_precision):
-    return _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, restarts, search,
-                        execution)
+    return _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict, restarts,
+                        search, execution)
 
 
-def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, restarts, search, execution):
+def _with_targets(inputs: np.ndarray, targets: np.ndarray, mask: int) -> np.ndarray:
+  """A masked language model's sentences: ``inputs`` (N, T) with each ``mask`` replaced by its
+  target (a -1 target, 'no target', leaves the mask)."""
+  return np.where((inputs == mask) & (targets >= 0), targets, inputs).astype(np.int32)
+
+
+def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict, restarts, search,
+                 execution):
   if length < 1:
     raise ValueError(f"sentence length must be positive, got {length}")
   if attack.labels not in (labels_lib.joint, labels_lib.known) or attack.matched.name != "gradient":
@@ -344,20 +406,41 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, restrict, rest
       raise ValueError("the model does not run on embeddings (N, T, dim) in place of token ids: the "
                        "optimisation attacks feed it dummy embeddings")
     bag = None  # the logits' gradient reaches every row of a tied table: it reveals no bag
+  if mask is not None and not 0 <= mask < table.shape[0]:
+    raise ValueError(f"the <mask> id {mask} is not a row of the {table.shape[0]}-token embedding table")
   candidates = bag if restrict else None
+  vocabulary = table.shape[0]
+  words = candidates  # what a position's word may be: never <mask>, the client's own token
+  if mask is not None:
+    words = np.setdiff1d(np.arange(vocabulary) if candidates is None else candidates, [mask])
+    candidates = None if candidates is None else np.union1d(candidates, [mask]).astype(np.int32)
   if search == "tokens":
     problem = prepare_tokens(attack, apply_fn, view, table, key, length=length, eos=eos,
-                             candidates=candidates, restarts=restarts)
+                             candidates=words, restarts=restarts, mask=mask)
     found = select_tokens(problem, solve_tokens(attack, apply_fn, problem, execution), table)
     return TextReconstruction(found.embeddings, found.tokens, found.tokens, found.targets, bag, found)
   if search != "embeddings":
     raise ValueError(f"unknown text search {search!r}; choose one of {', '.join(SEARCHES)}")
+  if mask is not None and not attack.optimises_labels:
+    raise ValueError("a masked language model's targets are its masked positions' words, which the "
+                     "attacker does not know: the embedding search optimises them (joint labels)")
   problem = attacks.prepare(attack, apply_fn, view, key, input_shape=(length, table.shape[1]),
-                            bounds=(table.min(axis=0), table.max(axis=0)), restarts=restarts)
-  if candidates is not None and attack.optimises_labels:
+                            bounds=(table.min(axis=0), table.max(axis=0)), restarts=restarts,
+                            label_shape=None if mask is None else (length, vocabulary + 1))
+  if mask is not None:  # the targets: the words and 'no target' (column V)
+    problem = attacks.restrict_labels(problem, np.append(words, vocabulary).astype(np.int32),
+                                      vocabulary + 1)
+  elif candidates is not None and attack.optimises_labels:
     support = np.union1d(bag, [] if eos is None else [eos]).astype(np.int32)
-    problem = attacks.restrict_labels(problem, support, table.shape[0])
-  rec = attacks.select(problem, attacks.solve(attack, apply_fn, problem, execution))
+    problem = attacks.restrict_labels(problem, support, vocabulary)
+  rec = attacks.select(problem, attacks.solve(
+      attack, apply_fn, problem, execution,
+      loss_fn=cross_entropy if mask is None else masked_cross_entropy))
   e = np.asarray(rec.x, np.float64)
-  return TextReconstruction(e, nearest_tokens(e, table, candidates), pinv_tokens(e, table, candidates),
-                            np.asarray(rec.labels), bag, rec)
+  nearest, pinv = nearest_tokens(e, table, candidates), pinv_tokens(e, table, candidates)
+  targets = np.asarray(rec.labels)
+  if mask is not None:  # 'no target' (column V) is -1, as in the client's targets
+    targets = np.where(targets == vocabulary, -1, targets).astype(np.int32)
+    rec = rec._replace(labels=targets)
+    nearest, pinv = _with_targets(nearest, targets, mask), _with_targets(pinv, targets, mask)
+  return TextReconstruction(e, nearest, pinv, targets, bag, rec)

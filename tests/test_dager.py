@@ -473,7 +473,8 @@ def test_a_masked_language_models_sentence_and_its_masked_tokens():
 def test_the_pipeline_reads_a_masked_language_models_update():
   """bert through the pipeline: batch 1 exact (its masked words from the gradient, the found input
   and targets reproducing the update); batch 2 gives the words, not their sentences (an encoder
-  has no causal order to decode); the optimisation attacks are refused."""
+  has no causal order to decode); a FedAvg client is refused (its local steps train on next-token
+  targets)."""
   from gradjax.run import config, pipeline
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
@@ -490,7 +491,7 @@ def test_the_pipeline_reads_a_masked_language_models_update():
   assert set(results["words"]) <= set(sentences.vocabulary.decode(np.unique(sentences.ids)))
   assert results["bag_recall"] >= 0.8 and results["verdict"]["leaks"] == ["bag"]
   with pytest.raises(ValueError, match="masked language model"):
-    config.check(config.replace(cfg, {"attack.preset": "sapag"}))
+    config.check(config.replace(cfg, {"client.name": "fedavg"}))
 
 
 @pytest.mark.slow

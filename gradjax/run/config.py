@@ -917,9 +917,9 @@ def check(cfg: Config) -> attacks.Attack:
           f"--attack={cfg.attack.preset} recovers {'sentences' if modality == 'text' else 'images'}"
           f" in one pass: --modality={modality}, --restarts=1 and --config.attack.permutations=1")
   if (cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or "")
-      and (cfg.attack.preset != "dager" or cfg.client.name != "fedsgd")):
-    raise ValueError(f"a masked language model's ({cfg.model.name}) FedSGD update is read by "
-                     "--attack=dager (the optimisation attacks and FedAvg replay train on "
+      and cfg.client.name != "fedsgd"):
+    raise ValueError(f"a masked language model's ({cfg.model.name}) update is read as a FedSGD "
+                     "gradient (FedAvg replay and the span attack's local steps train on "
                      "next-token targets)")
   if cfg.client.share_statistics and (not cfg.client.train_mode or cfg.client.observation or
                                       cfg.data.modality != "image"):

@@ -922,6 +922,7 @@ def _run_text(cfg: Config, callback, state):
       key_attack,
       length=cfg.data.sequence_length,
       eos=vocabulary.eos,
+      mask=vocabulary.mask if models.is_masked_lm(model.name) else None,
       restrict=cfg.attack.restrict_tokens,
       restarts=cfg.attack.restarts,
       search=cfg.attack.text_search,
@@ -958,8 +959,10 @@ def _run_text(cfg: Config, callback, state):
   )
   residual = None
   if cfg.attack.text_search == "embeddings" and "x" in rec.reconstruction.dummy:
-    residual = verdict.residual(model.apply_fn, observation, rec.reconstruction.dummy,
-                                rec.reconstruction.labels)
+    dummy = rec.reconstruction.dummy
+    if models.is_masked_lm(model.name):  # its soft targets hold 'no target': the hard ones
+      dummy = {"x": dummy["x"]}
+    residual = verdict.residual(model.apply_fn, observation, dummy, rec.reconstruction.labels)
   results["findings"] = verdict.text_findings(results)
   results.update(_verdict(results, residual, results["findings"], [], cfg))
   return results
