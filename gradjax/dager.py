@@ -67,7 +67,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from gradjax import clients, corpus
+from gradjax import clients, compilation, corpus
 
 SEPARATION = 10.0
 """The least ratio β / τ (a random direction's distance over a member's largest) for a usable span."""
@@ -235,7 +235,7 @@ def candidate_dimensions(apply_fn: Callable, variables, length: int, key: jax.Ar
   attention = attention_paths(apply_fn, variables, length)
   d = int(np.asarray(variables["params"]["embed"]["embedding"]).shape[1])
   count = -(-4 * d // length)
-  ids = jax.random.randint(key, (count, length), 0, vocabulary)
+  ids = compilation.randint(key, (count, length), 0, vocabulary)
   captured = {"input": [], "output": []}
 
   def interceptor(next_fun, args, kwargs, context):

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradjax.compilation import once
 from gradjax.observation import Observation
 
 
@@ -105,7 +106,7 @@ def _need_key(key, name):
     raise ValueError(f"defense {name!r} is random: pass a jax.random key")
 
 
-@functools.partial(jax.jit, static_argnames=("kind",))
+@once(static_argnames=("kind",))  # one draw per experiment: compiled for speed of compilation
 def _noise_leaves(leaves, key, std, *, kind):
   """g + std · ξ, ξ = sample(key, (n,)) for the n entries of the whole tree in one draw.
 

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from gradjax import models
+from gradjax import compilation, models
 
 STATISTICS = ("mean", "random")
 
@@ -82,7 +82,7 @@ def measurement(statistic: str, size: int, key: jax.Array | None = None) -> np.n
   if statistic == "random":
     if key is None:
       raise ValueError("the 'random' statistic needs a key")
-    a = np.asarray(jax.random.normal(key, (size,)), np.float64)
+    a = np.asarray(compilation.normal(key, (size,)), np.float64)
     return a / np.linalg.norm(a)
   raise ValueError(f"unknown imprint statistic {statistic!r}; choose one of {', '.join(STATISTICS)}")
 
@@ -171,7 +171,7 @@ def trap_weights(model: models.Model, public, rate: float, key: jax.Array) -> mo
     raise ValueError(f"trap_weights rewrites a one-hidden-layer MLP (Dense_0, head), not {model.name}")
   if not 0 < rate < 1:
     raise ValueError(f"the activation rate must lie in (0, 1), got {rate}")
-  kernel = np.array(jax.random.normal(key, params["Dense_0"]["kernel"].shape), np.float64)  # a copy
+  kernel = np.array(compilation.normal(key, params["Dense_0"]["kernel"].shape), np.float64)  # a copy
   kernel /= np.linalg.norm(kernel, axis=0, keepdims=True)
   z = np.asarray(public, np.float64).reshape(len(public), -1) @ kernel  # (M, units)
   bias = -np.quantile(z, 1 - rate, axis=0)

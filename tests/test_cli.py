@@ -653,33 +653,37 @@ def test_a_sweep_declared_in_a_config_file(tmp_path):
   run of its options (reconstruct with them as flags); its config.py declares the sweep and runs it
   again to the same table; misused, one line and exit 2."""
   (tmp_path / "grid.py").write_text(SWEEP_CONFIG)
-  first = tmp_path / "first"
-  proc = run_program("sweep", f"--config={tmp_path / 'grid.py'}", f"--output_dir={first}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  (tmp_path / "bad.py").write_text(SWEEP_CONFIG.replace('"defense.spec", [None', '"defense.nope", [None'))
+  (tmp_path / "twice.py").write_text(SWEEP_CONFIG.replace('[0, 1]', '[0, 0]'))
+  (tmp_path / "broken.py").write_text(SWEEP_CONFIG.replace("return config.product(", "return 1 / 0 + ("))
+  first, single = tmp_path / "first", tmp_path / "single"
+  errors = [([f"--config={tmp_path / 'grid.py'}", "--count=3"], "a sweep over other options"),
+            ([f"--config={tmp_path / 'broken.py'}"], "get_sweep() failed: ZeroDivisionError"),
+            ([f"--config={tmp_path / 'bad.py'}"], "unknown option 'defense.nope'"),
+            ([f"--config={tmp_path / 'twice.py'}"], "repeats an experiment")]
+  # One process runs the sweeps in this order (the first one's config.py exists when the second
+  # starts); the single run has a process of its own (a process defines one command's flags).
+  sweep, again, *bad_runs = run_in_one_process([
+      (["gradjax", "sweep", f"--config={tmp_path / 'grid.py'}", f"--output_dir={first}"], tmp_path),
+      (["gradjax", "sweep", f"--config={first / 'config.py'}", f"--output_dir={tmp_path / 'again'}"],
+       tmp_path),
+      *[(["gradjax", "sweep", *args, f"--output_dir={tmp_path / 'bad'}"], tmp_path)
+        for args, _ in errors]])
+  reconstruct = run_program("reconstruct", f"--config={tmp_path / 'grid.py'}", "--index=1",
+                            "--defense=prune:0.5", f"--output_dir={single}")
+  for proc in (sweep, reconstruct, again):
+    assert proc.returncode == 0, proc.stderr[-2000:]
   rows = json.loads((first / "results.json").read_text())["rows"]
   assert [r["options"] for r in rows] == [
       {"data.index": i, "defense.spec": d} for i in (0, 1) for d in (None, "prune:0.5")]
   assert [(r["config"]["data"]["index"], r["config"]["defense"]["spec"]) for r in rows] == [
       (i, d) for i in (0, 1) for d in (None, "prune:0.5")]
-  single = tmp_path / "single"
-  proc = run_program("reconstruct", f"--config={tmp_path / 'grid.py'}", "--index=1",
-                     "--defense=prune:0.5", f"--output_dir={single}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
   assert json.loads((single / "metrics.json").read_text())["psnr"] == rows[3]["psnr"]
-  proc = run_program("sweep", f"--config={first / 'config.py'}", f"--output_dir={tmp_path / 'again'}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
   again = json.loads((tmp_path / "again" / "results.json").read_text())["rows"]
   assert [r["psnr"] for r in again] == [r["psnr"] for r in rows]
-  (tmp_path / "bad.py").write_text(SWEEP_CONFIG.replace('"defense.spec", [None', '"defense.nope", [None'))
-  (tmp_path / "twice.py").write_text(SWEEP_CONFIG.replace('[0, 1]', '[0, 0]'))
-  (tmp_path / "broken.py").write_text(SWEEP_CONFIG.replace("return config.product(", "return 1 / 0 + ("))
-  for args, message in [([f"--config={tmp_path / 'grid.py'}", "--count=3"], "a sweep over other options"),
-                        ([f"--config={tmp_path / 'broken.py'}"], "get_sweep() failed: ZeroDivisionError"),
-                        ([f"--config={tmp_path / 'bad.py'}"], "unknown option 'defense.nope'"),
-                        ([f"--config={tmp_path / 'twice.py'}"], "repeats an experiment")]:
-    bad = run_program("sweep", *args, f"--output_dir={tmp_path / 'bad'}")
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
+  for (args, message), bad in zip(errors, bad_runs, strict=True):
+    lines = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(lines) == 1 and message in lines[0], (args, bad.stderr[-2000:])
     assert not (tmp_path / "bad").exists()
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import models
+from gradjax import compilation, models
 from gradjax.models.inits import get_initializers
 
 KEY = jax.random.key(0)
@@ -627,15 +627,18 @@ def test_convnet_average_pooling_against_numpy(photos):
   from gradjax.models.convnet import ConvNet
   x = jnp.asarray(photos[:2])
   module = ConvNet(num_classes=10, width=2, pool="avg")
-  variables = module.init(jax.random.key(0), x)
-  logits, state = module.apply(variables, x, capture_intermediates=True, mutable=["intermediates"])
+  # Whole programs, not one per operation; the initialisation's random draws at LLVM's level 0
+  # (at the default level they took XLA:CPU 25 s to compile).
+  variables = jax.jit(module.init, compiler_options=compilation.ONCE)(jax.random.key(0), x)
+  logits, state = jax.jit(lambda v, x: module.apply(v, x, capture_intermediates=True,
+                                                    mutable=["intermediates"]))(variables, x)
   z = np.maximum(np.asarray(state["intermediates"]["BatchNorm_7"]["__call__"][0], np.float64), 0.0)
   n, h, w, c = z.shape  # 10x10 after the first pooling
   pooled = z[:, :h // 3 * 3, :w // 3 * 3].reshape(n, h // 3, 3, w // 3, 3, c).mean(axis=(2, 4))
   head = variables["params"]["head"]
   want = pooled.reshape(n, -1) @ np.asarray(head["kernel"], np.float64) + np.asarray(head["bias"])
   np.testing.assert_allclose(np.asarray(logits, np.float64), want, rtol=1e-4, atol=1e-5)
-  other = ConvNet(num_classes=10, width=2, pool="max").apply(variables, x)
+  other = jax.jit(ConvNet(num_classes=10, width=2, pool="max").apply)(variables, x)
   assert not np.allclose(np.asarray(other), np.asarray(logits))
   with pytest.raises(ValueError, match="max or avg"):
     ConvNet(num_classes=10, width=2, pool="sum").init(jax.random.key(0), x)

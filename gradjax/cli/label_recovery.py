@@ -42,7 +42,7 @@ from absl import app, flags
 
 from gradjax.cli import common, distributed
 from gradjax.cli.common import fail, parse_flags, provenance
-from gradjax import clients, data, files, labels, metrics, models
+from gradjax import clients, compilation, data, files, labels, metrics, models
 from gradjax.run import report
 
 common.define_flags("batch_labels", sections=("data", "model", "sampling"))  # configs/batch_labels.py
@@ -139,7 +139,7 @@ def main(argv):
       x = data.normalize(pool_x[idx], norm)
       y = pool_y[idx]
       obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
-      dummy = data.normalize(np.asarray(jax.random.uniform(key_dummy, (f.aux_size, *pool_x.shape[1:]))), norm)
+      dummy = data.normalize(np.asarray(compilation.uniform(key_dummy, (f.aux_size, *pool_x.shape[1:]))), norm)
       per_batch[b] = {}
       for method in methods:
         t = time.perf_counter()

@@ -107,7 +107,7 @@ def llg_star_labels(model, observation, norm, key) -> jax.Array:
   """LLG*'s labels of ``observation``, (N,) int: :func:`gradjax.labels.llg` with the impact and
   offset of :func:`gradjax.labels.llg_statistics` measured on :data:`LLG_STAR_DUMMIES` dummy
   U(0, 1) images (normalised as the client's) through the model the server sent."""
-  dummy = np.asarray(jax.random.uniform(key, (LLG_STAR_DUMMIES, *model.input_shape)))
+  dummy = np.asarray(compilation.uniform(key, (LLG_STAR_DUMMIES, *model.input_shape)))
   dummy = jnp.asarray(data.normalize(dummy, norm), jnp.float32)
   impact, offset = labels_lib.llg_statistics(model.apply_fn, model.variables, dummy,
                                              observation.num_samples, train=observation.train)
