@@ -232,10 +232,10 @@ def test_locked_folder_and_sweep_errors(tmp_path):
   if os.geteuid() != 0:  # root writes anywhere
     _assert_one_line_error(run_program("reconstruct.py", f"--output_dir={d}/locked/run"),
                            "cannot write to the output folder")
-  _assert_one_line_error(run_program("sweep.py", "--count=0", f"--output_dir={d}/s"),
-                         "count must be positive")
-  _assert_one_line_error(run_program("sweep.py", "--model=vgg", f"--output_dir={d}/s"),
-                         "unknown model")
+  zero, vgg = run_in_one_process([(["gradjax", "sweep", *args, f"--output_dir={d}/s"], tmp_path)
+                                  for args in (["--count=0"], ["--model=vgg"])])
+  _assert_one_line_error(zero, "count must be positive")
+  _assert_one_line_error(vgg, "unknown model")
 
 
 @pytest.mark.slow
@@ -415,9 +415,11 @@ def test_parse_priors_and_image_bounds():
 
 @pytest.mark.slow
 def test_attack_parts_from_flags(tmp_path):
-  proc = run_program("reconstruct.py", "--attack=inverting_gradients", "--model=lenet_zhu",
-                     "--image_size=16", "--iterations=20", "--normalization=cifar10",
-                     "--priors=tv:1e-3,l2:1e-6:10", "--config.attack.dummy_init=pattern", f"--output_dir={tmp_path}")
+  proc, bad = run_in_one_process([(argv, tmp_path) for argv in (
+      ["gradjax", "reconstruct", "--attack=inverting_gradients", "--model=lenet_zhu", "--image_size=16",
+       "--iterations=20", "--normalization=cifar10", "--priors=tv:1e-3,l2:1e-6:10",
+       "--config.attack.dummy_init=pattern", f"--output_dir={tmp_path}"],
+      ["gradjax", "reconstruct", "--priors=tv:abc", f"--output_dir={tmp_path}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   attack = json.loads((tmp_path / "metrics.json").read_text())["attack"]
   assert attack["priors"] == [["tv", 1e-3, 0], ["l2", 1e-6, 10]]
@@ -425,7 +427,6 @@ def test_attack_parts_from_flags(tmp_path):
   assert attack["optimizer"] == {"name": "signed_adam", "learning_rate": 0.1, "schedule": "step", "warmup": 0,
                                  "weight_decay": 0.01, "history": 100, "max_linesearch_steps": 20}
   assert attack["dummy_init"] == "pattern" and attack["labels"] == "known" and attack["iterations"] == 20
-  bad = run_program("reconstruct.py", "--priors=tv:abc", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "name:weight" in bad.stderr
 
 
@@ -528,8 +529,11 @@ def test_flags_are_the_config_options():
 @pytest.mark.skipif(__import__("gradjax.data").data.default_data_dir() is None, reason="needs ../shared/data")
 @pytest.mark.slow
 def test_label_recovery_program(tmp_path):
-  out = tmp_path / "labels.json"
-  proc = run_program("label_recovery.py", "--count=2", f"--output={out}")
+  out, moved = tmp_path / "labels.json", tmp_path / "moved.json"
+  proc, moved_proc = run_in_one_process([(argv, tmp_path) for argv in (
+      ["gradjax", "label-recovery", "--count=2", f"--output={out}"],
+      ["gradjax", "label-recovery", "--count=2", "--start=500", "--config.sampling.pool=200",
+       "--aux_size=0", f"--output={moved}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads(out.read_text())
   for method in result["methods"].values():
@@ -547,10 +551,7 @@ def test_label_recovery_program(tmp_path):
   oracle = result["methods"]["bias_counts (oracle p̄)"]
   assert f"| 1.000 ± 0.000 | {oracle['exact_batches']}/2 |" in table
   # --start moves the pool: the batches' images and labels are the dataset's from there.
-  moved = tmp_path / "moved.json"
-  proc = run_program("label_recovery.py", "--count=2", "--start=500", "--config.sampling.pool=200", "--aux_size=0",
-                     f"--output={moved}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert moved_proc.returncode == 0, moved_proc.stderr[-2000:]
   result = json.loads(moved.read_text())
   indices = np.asarray(result["batches"]["indices"])
   assert indices.min() >= 500 and indices.max() < 700 and result["config"]["start"] == 500
@@ -561,15 +562,16 @@ def test_label_recovery_program(tmp_path):
 
 @pytest.mark.slow
 def test_fedavg_client_and_defense_flags(tmp_path):
-  proc = run_program("reconstruct.py", "--attack=inverting_gradients_fedavg", "--client=fedavg",
-                     "--config.client.local_epochs=2", "--config.client.local_lr=0.1", "--batch_size=2", "--config.client.local_batch_size=1",
-                     "--defense=clip:1.0,gaussian:1e-6", "--image_size=16", "--iterations=5",
-                     f"--output_dir={tmp_path}")
+  proc, bad = run_in_one_process([(argv, tmp_path) for argv in (
+      ["gradjax", "reconstruct", "--attack=inverting_gradients_fedavg", "--client=fedavg",
+       "--config.client.local_epochs=2", "--config.client.local_lr=0.1", "--batch_size=2",
+       "--config.client.local_batch_size=1", "--defense=clip:1.0,gaussian:1e-6", "--image_size=16",
+       "--iterations=5", f"--output_dir={tmp_path}"],
+      ["gradjax", "reconstruct", "--client=fedprox", f"--output_dir={tmp_path}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   config = json.loads((tmp_path / "metrics.json").read_text())["config"]
   assert (config["client"]["name"], config["client"]["local_epochs"],
           config["defense"]["spec"]) == ("fedavg", 2, "clip:1.0,gaussian:1e-6")
-  bad = run_program("reconstruct.py", "--client=fedprox", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "unknown client" in bad.stderr
 
 
@@ -592,11 +594,12 @@ def test_defense_sweep_table(tmp_path):
     assert "LPIPS" not in markdown
   # Every attack was kept; --resume reads them back instead of attacking again.
   assert len(list(tmp_path.glob("items/*.json"))) == 4 and not list(tmp_path.glob("items/*state*"))
-  again = run_program("defense_sweep.py", "--defenses=none;prune:0.5", "--count=2", "--iterations=10",
-                      "--image_size=32", f"--output_dir={tmp_path}", "--resume")
+  again, bad = run_in_one_process([(argv, tmp_path) for argv in (
+      ["gradjax", "defense-sweep", "--defenses=none;prune:0.5", "--count=2", "--iterations=10",
+       "--image_size=32", f"--output_dir={tmp_path}", "--resume"],
+      ["gradjax", "defense-sweep", "--defenses=blur:3", "--count=1", f"--output_dir={tmp_path}"])])
   assert again.returncode == 0, again.stderr[-2000:]
   assert json.loads((tmp_path / "results.json").read_text())["table"] == table
-  bad = run_program("defense_sweep.py", "--defenses=blur:3", "--count=1", f"--output_dir={tmp_path}")
   assert bad.returncode == 2 and "unknown defense" in bad.stderr
 
 
@@ -696,7 +699,13 @@ def test_a_run_folder_config_reproduces_the_run(tmp_path):
   proc = run_program("reconstruct.py", "--config=dlg", "--dataset=skimage", "--image_size=16",
                      "--iterations=20", f"--output_dir={first}")
   assert proc.returncode == 0, proc.stderr[-2000:]
-  proc = run_program("reconstruct.py", f"--config={first / 'config.py'}", f"--output_dir={second}")
+  # The run again in a process of its own, then --print_config and --help in one process.
+  proc, printed, helped = run_in_one_process([
+      (["gradjax", "reconstruct", f"--config={first / 'config.py'}", f"--output_dir={second}"], tmp_path),
+      (["gradjax", "reconstruct", f"--config={first / 'config.py'}", "--config.attack.iterations=5",
+        "--config.attack.learning_rate=0.5", "--print_config", f"--output_dir={tmp_path / 'never'}"],
+       tmp_path),
+      (["gradjax", "reconstruct", "--help"], tmp_path)])
   assert proc.returncode == 0, proc.stderr[-2000:]
   options = [(d / "config.py").read_text().split('"""', 1)[1] for d in (first, second)]
   assert options[0] == options[1]
@@ -706,18 +715,14 @@ def test_a_run_folder_config_reproduces_the_run(tmp_path):
   np.testing.assert_array_equal(np.load(first / "reconstruction.npy"),
                                 np.load(second / "reconstruction.npy"))  # bit for bit
 
-  proc = run_program("reconstruct.py", f"--config={first / 'config.py'}",
-                     "--config.attack.iterations=5", "--config.attack.learning_rate=0.5", "--print_config",
-                     f"--output_dir={tmp_path / 'never'}")
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  assert "c.attack.iterations = 5" in proc.stdout and "c.attack.learning_rate = 0.5" in proc.stdout
+  assert printed.returncode == 0, printed.stderr[-2000:]
+  assert "c.attack.iterations = 5" in printed.stdout and "c.attack.learning_rate = 0.5" in printed.stdout
   assert not (tmp_path / "never").exists()
 
-  proc = run_program("reconstruct.py", "--help")
-  assert proc.returncode == 0
-  headers = [line for line in proc.stdout.splitlines() if line.endswith(" options:")]
+  assert helped.returncode == 0
+  headers = [line for line in helped.stdout.splitlines() if line.endswith(" options:")]
   assert headers[:3] == ["experiment options:", "data options:", "model options:"], headers
-  assert "attack options:" in headers and "--config.attack.iterations" in proc.stdout
+  assert "attack options:" in headers and "--config.attack.iterations" in helped.stdout
 
 
 
@@ -857,11 +862,13 @@ def test_a_study_recipe_variant_chooses_its_sweep(tmp_path):
   (None) takes --start/--count, and --start/--count replace a declared sweep over images."""
   path = tmp_path / "recipe.py"
   path.write_text(VARIANT_CONFIG)
-  for variant, extra, indices, attack in [("idlg-both", [], [0, 1], "idlg"),
-                                          ("idlg-both", ["--start=1", "--count=1"], [1], "idlg"),
-                                          ("dlg-none", ["--count=1"], [0], "dlg")]:
+  cases = [("idlg-both", [], [0, 1], "idlg"), ("idlg-both", ["--start=1", "--count=1"], [1], "idlg"),
+           ("dlg-none", ["--count=1"], [0], "dlg")]
+  procs = run_in_one_process([(["gradjax", "sweep", f"--config={path}:{variant}", *extra,
+                                f"--output_dir={tmp_path / f'{variant}{len(extra)}'}"], tmp_path)
+                              for variant, extra, _, _ in cases])
+  for (variant, extra, indices, attack), proc in zip(cases, procs, strict=True):
     out = tmp_path / f"{variant}{len(extra)}"
-    proc = run_program("sweep", f"--config={path}:{variant}", *extra, f"--output_dir={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [r["index"] for r in rows] == indices and rows[0]["config"]["attack"]["preset"] == attack
@@ -925,10 +932,11 @@ def test_every_command_helps_and_every_example_of_the_help_and_the_readme_parses
 def test_a_missing_configuration_or_an_override_without_one_reads_as_the_user_meant(tmp_path):
   """--config naming no file: one line naming the file and the packaged names; --config.<path> without
   --config overrides the defaults (the packaged ``defaults``)."""
-  missing = run_program("reconstruct", "--config=configs/nope.py", f"--output_dir={tmp_path / 'a'}")
+  missing, shown = run_in_one_process([(argv, tmp_path) for argv in (
+      ["gradjax", "reconstruct", "--config=configs/nope.py", f"--output_dir={tmp_path / 'a'}"],
+      ["gradjax", "reconstruct", "--config.attack.iterations=5", "--print_config"])])
   _assert_one_line_error(missing, "no file configs/nope.py")
   assert "inverting_gradients" in missing.stderr and "Relative path" not in missing.stderr
-  shown = run_program("reconstruct", "--config.attack.iterations=5", "--print_config")
   assert shown.returncode == 0 and "c.attack.iterations = 5" in shown.stdout, shown.stderr[-1000:]
 
 
