@@ -140,7 +140,7 @@ def test_an_annealed_distance_tracks_the_best_iterate_once_it_settles(monkeypatc
                                      (distances.DISTANCES["gaussian_kernel_mean"], 0, 0),
                                      (own, 0, 7), (own, 9, 9)):
     attack = dataclasses.replace(presets.sapag(), distance=distance, track_from=track_from)
-    attacks._solver_cached(attack, apply_fn, 8)
+    attacks._solver(attack, apply_fn, 8)
     assert seen[-1] == want == attacks.track_from(attack), distance
 
 
