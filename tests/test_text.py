@@ -364,22 +364,24 @@ def test_a_masked_encoder_is_read_by_the_optimisation_attacks():
   view, table = text.attack_view(obs), text.embedding_table(obs)
   tied = text.tied_apply_fn(m.apply_fn, obs)
   soft = jnp.asarray(np.eye(41)[np.where(y < 0, 40, y)], jnp.float32)
-  g = dummy_gradient(tied, view.variables, jnp.asarray(table[x]), soft,
-                     loss_fn=losses.masked_cross_entropy)
+  # One program each, not one per operation.
+  gradient = jax.jit(lambda e, t: dummy_gradient(tied, view.variables, e, t,
+                                                 loss_fn=losses.masked_cross_entropy))
+  g = gradient(jnp.asarray(table[x]), soft)
   problem = text.prepare_tokens(presets.dlg(), tied, view, table, jax.random.key(0), length=5,
                                 eos=None, mask=mask, candidates=np.arange(39))
-  e, targets = text.soft_masked_tokens(jnp.asarray(50.0 * np.eye(39)[ids], jnp.float32),
-                                       jnp.asarray(np.where(x == mask, 50.0, -50.0), jnp.float32),
-                                       problem.data, 40)
+  e, targets = jax.jit(text.soft_masked_tokens, static_argnums=3)(
+      jnp.asarray(50.0 * np.eye(39)[ids], jnp.float32),
+      jnp.asarray(np.where(x == mask, 50.0, -50.0), jnp.float32), problem.data, 40)
   np.testing.assert_allclose(e, table[x], atol=1e-6)
-  g_tokens = dummy_gradient(tied, view.variables, e, targets, loss_fn=losses.masked_cross_entropy)
+  g_tokens = gradient(e, targets)
   for a, b, c in zip(jax.tree.leaves(g), jax.tree.leaves(g_tokens), jax.tree.leaves(view.gradient),
                      strict=True):
     scale = np.max(np.abs(c)) + 1e-6  # the attention key bias's gradient is zero up to rounding
     np.testing.assert_allclose(a / scale, c / scale, atol=1e-5)
     np.testing.assert_allclose(b / scale, c / scale, atol=1e-5)
   rec = text.reconstruct(presets.dlg(iterations=200), m.apply_fn, obs, jax.random.key(0), length=5,
-                         mask=mask, restarts=4, search="tokens")
+                         mask=mask, search="tokens")
   np.testing.assert_array_equal(rec.tokens_pinv, ids)
   np.testing.assert_array_equal(rec.targets, y)
   assert rec.reconstruction.loss < 1e-6
@@ -390,13 +392,13 @@ def test_a_masked_encoder_is_read_by_the_optimisation_attacks():
   masked = np.asarray(text.nearest_tokens(rec.embeddings, table)) == mask
   np.testing.assert_array_equal(rec.tokens_nearest[masked & (rec.targets >= 0)],
                                 rec.targets[masked & (rec.targets >= 0)])
-  from gradjax.run import config, pipeline  # the command line's path: a sentence with no <mask>
+  from gradjax.run import config, pipeline  # the command line's path, its residual on hard targets
   results = pipeline.run_text(config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert", "attack.preset": "dlg",
-      "attack.text_search": "tokens", "attack.iterations": 2, "data.sequence_length": 8,
+      "attack.iterations": 2, "data.sequence_length": 8,
       "model.text_dim": 16, "model.text_heads": 2, "model.text_ffn": 16, "model.text_layers": 1}))
   assert results["bag"] is None and len(results["sentences"]) == 1
-  assert "<mask>" not in results["sentences"][0]["recovered (pseudo-inverse)"]
+  assert 0 <= results["residual"]["relative_error"] <= 1 + 1e-6  # sin of the update's angle
 
 
 @pytest.mark.slow
