@@ -20,16 +20,11 @@ import tempfile
 # CPU time is compilation (measured with jax.monitoring: 1278 of its 2155 in-process CPU seconds),
 # and with the fusion emitters the DLG objective's gradient compiles 1.3-1.8 times as long (LeNet
 # with each convolution, ResNet-8; one core) into programs that run about as fast (ResNet-8's up to
-# a fifth slower, LeNet's with the mixed convolution faster). With those emitters, 128-bit vectors:
-# at the default width, LLVM took 1.3-1.8 s to compile a lone full reduction of some shapes (a
-# (2, 16, 16, 3) sum, as a test's op-by-op ``jnp.sum`` runs it; 0.05 s with the fusion emitters, 0.3
-# s at width 128), and the DLG objective's gradient on LeNet compiled in 3.6 s instead of 5.0 and ran
-# in 0.65 ms instead of 0.80; the width reaches gradjax's own programs under test too (the options
-# they choose leave it alone). Seven modules' quick tests on one core 175 -> 162 s, four modules'
-# slow ones 353 -> 336 s. Set before JAX's backend starts; flags the caller set are kept.
-for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_prefer_vector_width=128"):
-  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), _flag]).strip()
+# a fifth slower, LeNet's with the mixed convolution faster). Set before JAX's backend starts; a
+# flag the caller set is kept.
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                      "--xla_cpu_use_fusion_emitters=false"]).strip()
 
 import jax
 import numpy as np

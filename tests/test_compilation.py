@@ -26,8 +26,7 @@ def test_once_and_step_options_agree_with_default_jit(photos):
     return sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(obs.gradient)))
 
   fn = jax.value_and_grad(matching)
-  # XLA's defaults, fusion emitters included (the suite's XLA_FLAGS turn them off and narrow the
-  # vectors: tests/conftest.py)
+  # XLA's defaults, fusion emitters included (the suite's XLA_FLAGS turn them off: tests/conftest.py)
   default = compilation.options({"xla_cpu_use_fusion_emitters": True})
   want = jax.jit(fn, compiler_options=default)(photos[2:4])
   # float32 with cancellation: the levels differ in fused multiply-adds, so compare on the scale
