@@ -770,7 +770,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   except dager.Unreadable as e:
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   masked_residual = pairs = None
-  if models.is_masked_lm(model.name) and len(rec.sentences):
+  if models.is_masked_lm(model.name) and len(rec.sentences) == batch.ids.shape[0]:
     try:  # the inputs hold <mask>: their targets from the gradient, the sentences with them
       targets, masked_residual = dager.masked_targets(
           model.apply_fn, model.variables, observation.gradient, rec.sentences, vocabulary.mask)
