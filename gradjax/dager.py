@@ -515,21 +515,28 @@ def _search(apply_fn, variables, second: Span, sets, length, first: Span, chunk,
   (each holds T of the second span's r directions); each position keeps the N tokens of its first-
   layer set nearest to the span in an averaged context (:func:`context_distances`). Sentences come
   from coordinate descent (:func:`_descend`), which settles on the sentence that most of its start's
-  tokens come from: each round starts one descent per sentence still missing, each position drawn
-  among the kept tokens that no sentence found holds there, so that the missing sentences make up
-  the start; those that pass the second block's check (δ ≤ τ at every position) are kept, until N
-  are found or ``rounds`` rounds in a row find none."""
+  tokens come from, or stops short of it where only two tokens exchanged would lower Σ δ². Each
+  round starts 2 M + 2 descents for the M sentences still missing, each position drawn among the
+  kept tokens that no sentence found holds there and that lie as near as those held (so that the
+  missing sentences make up the start), else among the held ones; the sentences that pass the
+  second block's check (δ ≤ τ at every position) are kept, until N are found or ``rounds`` rounds
+  in a row find none."""
   count = max(1, int(round(second.rank / length)))
   proxy = context_distances(apply_fn, variables, second.basis, sets, length, max(8, chunk // 4))
-  kept = np.stack([np.resize(s[np.argsort(p, kind="stable")[:count]], count)
-                   for s, p in zip(sets, proxy)]).astype(np.int32)
+  order = [np.argsort(p, kind="stable")[:count] for p in proxy]
+  kept = np.stack([np.resize(s[o], count) for s, o in zip(sets, order)]).astype(np.int32)
+  near = [p[o] for p, o in zip(proxy, order)]  # the kept tokens' context distances
   rng = np.random.default_rng(0)
   found, worst, idle = [], [], 0
   while len(found) < count and idle < rounds:
-    starts = np.empty((count - len(found), length), np.int32)
+    starts = np.empty((2 * (count - len(found)) + 2, length), np.int32)
     for t in range(length):
-      free = [v for v in kept[t] if not any(f[t] == v for f in found)] or list(kept[t])
-      starts[:, t] = rng.choice(free, len(starts))
+      held = np.isin(kept[t], [f[t] for f in found])
+      # a missing sentence holds at t a token no sentence found holds there and as near as those
+      # they hold (a true token, not an extra kept at a position whose sentences share tokens), or
+      # one of theirs
+      free = ~held & (near[t] <= near[t][held].max() if held.any() else True)
+      starts[:, t] = rng.choice(kept[t][free] if free.any() else kept[t][held], len(starts))
     x, d = _descend(apply_fn, variables, second.basis, kept, starts, second.tolerance)
     before = len(found)
     for row, dist in zip(x, d):

@@ -69,7 +69,8 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
         + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
         + [(f"gpt_bpe_t32_b{b}", "gpt_bpe", 32, b, 3) for b in (1, 8, 16)]
         + [(f"bert_t{t}_b1", "bert", t, 1, 5) for t in (16, 32, 64)]
-        + [(f"bert_t16_b{b}", "bert", 16, b, 3) for b in (2, 4)]
+        + [(f"bert_t16_b{b}", "bert", 16, b, 3 if b < 8 else 2 if b < 16 else 1) for b in (2, 4, 8, 16)]
+        + [("bert_t32_b4", "bert", 32, 4, 2)]
         + [("bert_trained_t32_b1", "bert_trained", 32, 1, 5)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
         + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
@@ -164,7 +165,7 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
       else:
         rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length)
       extra = {}
-      if masked:
+      if masked and len(rec.sentences) == len(ids):  # the labels are counted over the whole batch
         targets, extra["masked_residual"] = dager.masked_targets(
             model.apply_fn, model.variables, observation.gradient, rec.sentences, vocabulary.mask)
         rec = rec._replace(sentences=np.where(targets >= 0, targets, rec.sentences))
