@@ -59,12 +59,12 @@ model gives, the later ones drift (``drift`` in :func:`span`). Over mini-batches
 from W_s, which replaying the client's first s steps on the sentences already found gives.
 
 **Masked language models** (:func:`masked_targets`): the client's inputs, ``<mask>`` included where
-it masked, are found as any encoder's. The
-targets at the M masked positions follow from the found input: the loss is linear in the targets,
-L = −(1/M) Σ_m log p_m[y_m], so the output bias's gradient (1/M) Σ_m (p_m − e_(y_m)) with the p_m
-that the found input gives counts the labels, and the gradient of the head's ``transform`` kernel,
-Σ_m Σ_l A_ml u_ml with u_ml that of −(1/M) log p_m[l], places them (A by least squares, then the
-assignment that respects the counts).
+it masked, are found as any encoder's. The targets at the M masked positions follow from the found
+input: the loss is linear in the targets, L = −(1/M) Σ_m log p_m[y_m], so the output bias's gradient
+(1/M) Σ_m (p_m − e_(y_m)) with the p_m that the found input gives counts the labels, and the gradient
+of the head's ``transform`` kernel, Σ_m u_m ⊗ G_m with u_m the kernel's input at m and
+G_m = Σ_l A_ml g_ml, g_ml the gradient of −(1/M) log p_m[l] at its output, places them (G from the u
+by least squares, each A_m from the g, then the assignment that respects the counts).
 
 Shapes: ``ids`` (N, T) int; first-layer distances (V, T); sentences (K, T) with K the number of
 distinct sentences found (the batch's, when every check holds).
@@ -477,14 +477,23 @@ def context_distances(apply_fn: Callable, variables, basis, sets, length: int,
 
 
 def _descend(apply_fn, variables, basis, candidates, x, tolerance):
-  """Coordinate descent from the sentences ``x`` (S, T): each position in turn takes the candidate
-  (``candidates`` (T, k)) whose sentence has the least Σ_t δ_t² against the second block's span; a
-  sentence stops when a pass over its positions changes nothing or its every δ is within
-  ``tolerance`` (at most :data:`SWEEPS` passes). (sentences (S, T), their largest δ (S,))."""
+  """Coordinate descent from the sentences ``x`` (S, T): each position t in turn takes the candidate
+  (``candidates`` (T, k)) whose second-block input at t lies nearest the span (δ_t: the token that
+  agrees best with the rest of the sentence); a sentence stops when a pass over its positions
+  changes nothing or its every δ is within ``tolerance`` (at most :data:`SWEEPS` passes).
+  (sentences (S, T), their largest δ (S,)).
+
+  On the zoo's encoder (:func:`_encoder_block`) δ_t of every candidate is computed from position t's
+  query alone, the other positions' keys and values shared (:func:`position_distances`); otherwise
+  from the whole sentence's forward pass."""
   length, k = candidates.shape
   x = np.array(x, np.int32)
   worst = lambda rows: np.asarray(sentence_distances(
       apply_fn, variables, basis, jnp.asarray(_pad_rows(rows)))).max(axis=1)[:len(rows)]
+  block = _encoder_block(apply_fn, variables)
+  if block is not None:  # every candidate's first-block input at its position, once
+    inputs = jnp.stack([_inputs_at(apply_fn, variables, jnp.asarray(candidates[t]), length, t)
+                        for t in range(length)])
   active = np.flatnonzero(worst(x) > tolerance)
   for _ in range(SWEEPS):
     if active.size == 0:
@@ -492,18 +501,66 @@ def _descend(apply_fn, variables, basis, candidates, x, tolerance):
     changed = np.zeros(len(x), bool)
     for t in range(length):
       rows = x[active]
-      trial = np.repeat(rows[:, None], k, axis=1)
-      trial[:, :, t] = candidates[t]
-      d = np.asarray(sentence_distances(apply_fn, variables, basis,
-                                        jnp.asarray(_pad_rows(trial.reshape(-1, length)))))
-      score = np.square(d[:trial.shape[0] * k]).reshape(len(rows), k, length).sum(-1)
-      best = candidates[t][np.argmin(score, axis=1)]
+      if block is not None:
+        (_, z), = attention_inputs(apply_fn, variables, jnp.asarray(_pad_rows(rows)), count=1)
+        d = np.asarray(position_distances(block, z, t, inputs[t], basis))[:len(rows)]
+      else:
+        trial = np.repeat(rows[:, None], k, axis=1)
+        trial[:, :, t] = candidates[t]
+        d = np.asarray(sentence_distances(apply_fn, variables, basis,
+                                          jnp.asarray(_pad_rows(trial.reshape(-1, length)))))
+        d = d[:len(rows) * k].reshape(len(rows), k, length)[:, :, t]
+      best = candidates[t][np.argmin(d, axis=1)]
       changed[active] |= best != rows[:, t]
       x[active, t] = best
     active = active[changed[active]]
     active = active[worst(x[active]) > tolerance] if active.size else active
   return x, worst(x)
 
+
+def _encoder_block(apply_fn, variables):
+  """The first block's parameters where the model is the zoo's post-norm encoder
+  (:class:`gradjax.models.bert.BERT`), whose block :func:`position_distances` computes; else None."""
+  from gradjax.models import bert
+  if not isinstance(getattr(apply_fn, "module", None), bert.BERT):
+    return None
+  return variables["params"]["block_0"]
+
+
+@jax.jit
+def position_distances(block, x, position, candidates, basis) -> jax.Array:
+  """δ (S, k) of the second block's input at ``position`` t, for each of S sentences whose first-
+  block inputs are ``x`` (S, T, d) with t's input replaced by each of k ``candidates`` (k, d).
+
+  The zoo's post-norm block (:class:`gradjax.models.bert.Block`; ``block``: its parameters) at
+  one position: with q, k, v = z W + b per head (Flax's ``MultiHeadDotProductAttention``), the
+  attention of t's query over the sentence's keys, the candidate's own key and value at t,
+  a = softmax(q kᵀ / sqrt(head_dim)), o = Σ a v; h = LN_0(c + o W_o + b_o), z = LN_1(h + FFN(h)),
+  LayerNorm with ε = 1e-5 and GELU (erf) as the block has them. Position t's output alone costs
+  one token's block and the sentence's keys and values, which the k candidates share."""
+  attention = block["attention"]
+  project = lambda name, z: (jnp.einsum("...d,dhk->...hk", z, attention[name]["kernel"])
+                             + attention[name]["bias"])
+  keys, values = project("key", x), project("value", x)  # (S, T, heads, head_dim)
+  q, k, v = project("query", candidates), project("key", candidates), project("value", candidates)
+  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  logits = jnp.einsum("chk,sjhk->schj", q, keys)  # (S, k, heads, T)
+  own = jnp.broadcast_to(jnp.einsum("chk,chk->ch", q, k)[None], logits.shape[:-1])
+  logits = logits.at[..., position].set(own)
+  a = jax.nn.softmax(logits, axis=-1)
+  o = (jnp.einsum("schj,sjhk->schk", a, values)
+       + a[..., position, None] * (v[None] - values[:, None, position]))
+  out = jnp.einsum("schk,hkd->scd", o, attention["out"]["kernel"]) + attention["out"]["bias"]
+
+  def norm(z, p):
+    mean = z.mean(-1, keepdims=True)
+    var = jnp.square(z - mean).mean(-1, keepdims=True)
+    return (z - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
+
+  h = norm(candidates[None] + out, block["norm_0"])
+  f = jax.nn.gelu(h @ block["ffn_0"]["kernel"] + block["ffn_0"]["bias"], approximate=False)
+  z = norm(h + f @ block["ffn_1"]["kernel"] + block["ffn_1"]["bias"], block["norm_1"])
+  return distances(basis, z)
 
 def _pad_rows(rows):
   """``rows`` (n, T) padded to a power of two by repeating the last (one program per bucket)."""
@@ -694,7 +751,7 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
 
   Returns:
     (targets (N, T) int, -1 where the input is not ``mask``; the relative residual
-    ‖Σ u_(m, y_m) − ∇W_t‖ / ‖∇W_t‖ of the transform kernel's gradient, ~1e-6 when the targets are
+    ‖Σ_m u_m ⊗ g_(m, y_m) − ∇W_t‖ / ‖∇W_t‖ of the transform kernel's gradient, ~1e-6 when the targets are
     the client's).
 
   Raises :class:`Unreadable` where the inputs hold no ``mask`` or the bias gradient does not count
@@ -718,18 +775,19 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
     raise Unreadable(f"the output bias's gradient does not count the {m} masked labels (largest "
                      f"distance of a count to an integer {np.abs(counts - rounded).max():.2f})")
   bag = np.flatnonzero(rounded).astype(np.int32)
-  pairs = np.stack(np.meshgrid(np.arange(m), np.arange(len(bag)), indexing="ij"), -1).reshape(-1, 2)
-  units = np.asarray(_transform_units(apply_fn, variables, jnp.asarray(inputs),
-                                      jnp.asarray(where[pairs[:, 0]], jnp.int32),
-                                      jnp.asarray(bag[pairs[:, 1]]), m), np.float64)
-  target = np.asarray(node["transform"]["kernel"], np.float64).reshape(-1)
-  weights = np.linalg.lstsq(units.T, target, rcond=None)[0].reshape(m, len(bag))
+  u, g = (np.asarray(a, np.float64) for a in _transform_factors(
+      apply_fn, variables, jnp.asarray(inputs), jnp.asarray(where[:, 0]), jnp.asarray(where[:, 1]),
+      jnp.asarray(bag), m))
+  target = np.asarray(node["transform"]["kernel"], np.float64)
+  # ∇W_t = Σ_m u_m ⊗ G_m with G_m = Σ_l A_ml g_ml: G from the inputs u, then each row's weights A_m
+  rows_g = np.linalg.lstsq(u.T, target, rcond=None)[0]
+  weights = np.stack([np.linalg.lstsq(g[i].T, rows_g[i], rcond=None)[0] for i in range(m)])
   slots = np.repeat(np.arange(len(bag)), rounded[bag].astype(int))  # one slot per label occurrence
   from scipy.optimize import linear_sum_assignment
   rows, cols = linear_sum_assignment(-weights[:, slots])
   labels = bag[slots[cols[np.argsort(rows)]]]
-  chosen = (np.arange(m) * len(bag) + np.searchsorted(bag, labels))
-  residual = (np.linalg.norm(units[chosen].sum(axis=0) - target)
+  chosen = g[np.arange(m), np.searchsorted(bag, labels)]
+  residual = (np.linalg.norm(u.T @ chosen - target)
               / max(np.linalg.norm(target), np.finfo(np.float64).tiny))
   targets = np.full(inputs.shape, -1, np.int32)
   targets[where[:, 0], where[:, 1]] = labels
@@ -737,20 +795,33 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "m"))
-def _transform_units(apply_fn, variables, inputs, positions, labels, m):
-  """(K, d·d): the transform kernel's gradient of −(1/m) log p at (position, label), for each of
-  the K pairs (``positions`` (K, 2) rows of the batch and positions)."""
-  params = variables["params"]
+def _transform_factors(apply_fn, variables, inputs, rows, cols, bag, m):
+  """The transform kernel's gradient of −(1/m) log p_(m')[l] is u_(m') ⊗ g_(m', l): the Dense's input
+  u at the masked position m' and the loss's gradient at its output. (u (M, d), g (M, L, d)) for the
+  M masked positions (``rows``, ``cols``) and the L labels ``bag``; the head works position by
+  position, so one backward pass through it gives every position's g for a label."""
+  captured = []
 
-  def one(position, label):
-    def loss(kernel):
-      changed = {**params, "transform": {**params["transform"], "kernel": kernel}}
-      logits = apply_fn({**variables, "params": changed}, inputs)[position[0], position[1]]
-      return -jax.nn.log_softmax(logits)[label] / m
+  def forward(delta):
+    def interceptor(next_fun, args, kwargs, context):
+      out = next_fun(*args, **kwargs)
+      if context.method_name == "__call__" and getattr(context.module, "name", None) == "transform":
+        captured.append(args[0])
+        return out + delta
+      return out
 
-    return jax.grad(loss)(params["transform"]["kernel"]).reshape(-1)
+    with nn.intercept_methods(interceptor):
+      return apply_fn(variables, inputs)
 
-  return jax.lax.map(lambda a: one(*a), (positions, labels))
+  kernel = variables["params"]["transform"]["kernel"]
+  logits, backward = jax.vjp(forward, jnp.zeros(inputs.shape + (kernel.shape[1],), kernel.dtype))
+  p = jax.nn.softmax(logits[rows, cols], axis=-1)
+
+  def per_label(label):
+    seed = (p - jax.nn.one_hot(label, p.shape[-1], dtype=p.dtype)) / m
+    return backward(jnp.zeros_like(logits).at[rows, cols].set(seed))[0][rows, cols]
+
+  return captured[0][rows, cols], jnp.swapaxes(jax.lax.map(per_label, bag), 0, 1)
 
 
 def _wider_ranks(s: Span) -> list[int]:

@@ -562,3 +562,23 @@ def test_a_masked_language_models_batch_is_ordered_against_the_second_block():
   u = u[:, :batch * length]
   z = _second_block_inputs(model, rec.sentences).reshape(-1, 64)
   assert (np.linalg.norm(z - z @ u @ u.T, axis=1) / np.linalg.norm(z, axis=1)).max() < 1e-4
+
+
+def test_one_positions_second_block_input_agrees_with_the_whole_sentences():
+  """position_distances (t's query against the sentence's keys and values, one token's block) gives
+  the δ at t that the whole model's forward pass gives for every sentence and candidate."""
+  vocabulary, length, t = 50, 7, 4
+  model = _model("bert", vocabulary, length, dim=32, init="default")
+  rng = np.random.default_rng(0)
+  rows = _sentences(rng, vocabulary, 3, length)
+  basis = np.linalg.qr(rng.normal(size=(32, 10)))[0]
+  candidates = np.array([3, 9, 17, 20], np.int32)
+  (_, x), = dager.attention_inputs(model.apply_fn, model.variables, jnp.asarray(rows), count=1)
+  inputs = dager._inputs_at(model.apply_fn, model.variables, jnp.asarray(candidates), length, t)
+  got = np.asarray(dager.position_distances(model.variables["params"]["block_0"], x, t, inputs,
+                                            jnp.asarray(basis, jnp.float32)))
+  trial = np.repeat(rows[:, None], len(candidates), axis=1)
+  trial[:, :, t] = candidates
+  z = _second_block_inputs(model, jnp.asarray(trial.reshape(-1, length)))[:, t]
+  want = np.linalg.norm(z - z @ basis @ basis.T, axis=1) / np.linalg.norm(z, axis=1)
+  np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-4, atol=1e-6)

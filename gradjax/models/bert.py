@@ -17,7 +17,8 @@ vector to every position). The client's loss is the cross entropy at the masked 
 
 Inputs are token ids (N, T) int or embeddings (N, T, dim) float, T at most ``context``. Every
 position attends to every other, so there is no decode mode: the span attack reads a batch of one
-from the first block alone (:mod:`gradjax.dager`).
+from the first block alone and searches a batch of several whole against the second block
+(:mod:`gradjax.dager`).
 """
 
 import jax

@@ -29,8 +29,10 @@ Models (random initialisation, a fresh draw per batch):
   the client masks 15 % of each sentence's positions (``corpus.masked_lm_pairs``, seed (0, batch))
   and its update is the gradient of the loss at those positions. The attack reads the input,
   ``<mask>`` included, from layer 1 and the masked words from the head's gradient
-  (``dager.masked_targets``); at batches of several sentences it keeps each position's candidate
-  words (``words_recall``: each true sentence's share of words among them).
+  (``dager.masked_targets``, once every sentence of the batch is found); at batches of several
+  sentences the inputs come from a search against the second block (``dager`` on encoders), and a
+  refused batch keeps each position's candidate words (``words_recall``: each true sentence's share
+  of words among them).
 * ``transformer``: SAPAG's Transformer (width 200) on the pydoc corpus's 15-token sentences, the
   sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.run.pipeline``'s keys and
   vocabulary), so its rows sit beside that study's optimisation attacks.
@@ -72,6 +74,7 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
         + [(f"bert_t16_b{b}", "bert", 16, b, 3 if b < 8 else 2 if b < 16 else 1) for b in (2, 4, 8, 16)]
         + [("bert_t32_b4", "bert", 32, 4, 2)]
         + [("bert_trained_t32_b1", "bert_trained", 32, 1, 5)]
+        + [(f"bert_trained_t32_b{b}", "bert_trained", 32, b, 2) for b in (2, 4)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
         + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
 # FedAvg rows: the client's update after E epochs of local SGD at learning rate η (no momentum), over
