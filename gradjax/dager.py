@@ -234,8 +234,10 @@ def numerical_rank(vectors) -> int:
   """The rank of (n, d) ``vectors`` at the relative tolerance sqrt(eps) of their dtype (float32:
   3.5e-4 of the largest singular value): directions held only by rounding do not count."""
   vectors = np.asarray(vectors, np.float64)
-  s = np.linalg.svd(vectors, compute_uv=False)
-  return int(np.sum(s > s[0] * np.sqrt(np.finfo(np.float32).eps))) if s.size and s[0] > 0 else 0
+  # σ² are the Gram matrix's eigenvalues; float64 resolves them far below the threshold's (1.2e-7)
+  small = vectors.T if vectors.shape[0] > vectors.shape[1] else vectors
+  s2 = np.linalg.eigvalsh(small @ small.T)[::-1]
+  return int(np.sum(s2 > s2[0] * np.finfo(np.float32).eps)) if s2.size and s2[0] > 0 else 0
 
 
 def candidate_dimensions(apply_fn: Callable, variables, length: int, key: jax.Array,
@@ -247,11 +249,23 @@ def candidate_dimensions(apply_fn: Callable, variables, length: int, key: jax.Ar
   d = int(np.asarray(variables["params"]["embed"]["embedding"]).shape[1])
   count = -(-4 * d // length)
   ids = compilation.randint(key, (count, length), 0, vocabulary)
+  captured = _hidden(apply_fn, variables, ids)
+  flat = lambda x: np.asarray(x).reshape(count * length, -1)
+  first = numerical_rank(flat(captured["input"][0]))
+  output = numerical_rank(flat(captured["output"][0]))
+  second = numerical_rank(flat(captured["input"][1])) if len(attention) > 1 else 0
+  return first, output, second
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn",))
+def _hidden(apply_fn, variables, ids):
+  """{"input": the first two attention blocks' inputs, "output": the first block's attention output
+  (its output projection's input)} for the sentences ``ids``."""
   captured = {"input": [], "output": []}
 
   def interceptor(next_fun, args, kwargs, context):
     if context.method_name == "__call__":
-      if isinstance(context.module, nn.MultiHeadDotProductAttention):
+      if isinstance(context.module, nn.MultiHeadDotProductAttention) and len(captured["input"]) < 2:
         captured["input"].append(args[0])
       elif _is_output(context.module) and not captured["output"]:
         captured["output"].append(args[0])
@@ -259,11 +273,7 @@ def candidate_dimensions(apply_fn: Callable, variables, length: int, key: jax.Ar
 
   with nn.intercept_methods(interceptor):
     apply_fn(variables, ids)
-  flat = lambda x: np.asarray(x).reshape(count * length, -1)
-  first = numerical_rank(flat(captured["input"][0]))
-  output = numerical_rank(flat(captured["output"][0]))
-  second = numerical_rank(flat(captured["input"][1])) if len(attention) > 1 else 0
-  return first, output, second
+  return captured
 
 
 # --- layer 1: which token can sit at which position --------------------------------------------------

@@ -85,6 +85,18 @@ def test_a_drifting_span_keeps_the_first_steps_inputs():
   assert members.max() < 1e-3 * s.tolerance and others.min() > 0.8 * s.random_level
 
 
+@pytest.mark.parametrize("n,d,k", [(300, 40, 17), (30, 64, 12), (200, 50, 50)])
+def test_numerical_rank_counts_the_directions_above_float32s_rounding(n, d, k):
+  """Rank-k vectors plus a rounding-sized perturbation (1e-6 of their scale, under the threshold
+  sqrt(eps32) = 3.5e-4 of the largest singular value): NumPy's matrix_rank at that threshold."""
+  rng = np.random.default_rng(n + k)
+  x = rng.normal(size=(n, k)) @ rng.normal(size=(k, d))
+  x += 1e-6 * np.abs(x).max() * rng.normal(size=x.shape)
+  s = np.linalg.svd(x, compute_uv=False)
+  want = np.linalg.matrix_rank(x, tol=s[0] * np.sqrt(np.finfo(np.float32).eps))
+  assert dager.numerical_rank(x) == want == min(k, d)
+
+
 def _sentences(rng, vocabulary, batch, length):
   return rng.integers(2, vocabulary, size=(batch, length)).astype(np.int32)
 
