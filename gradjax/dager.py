@@ -48,8 +48,8 @@ batch's N = r / T sentences. A freshly initialised encoder attends nearly unifor
 block's input at t is about F(x_t, the sentence's mean input): with every other position holding the
 batch's mean embedding, the tokens that some sentence holds at t lie nearer the span than the rest
 (:func:`context_distances`), and each position keeps its N nearest. Coordinate descent over those
-(each position in turn takes the token that brings the sentence's Σ_t δ_t² lowest) settles on the
-sentence that most of its start's tokens come from; starts drawn among the tokens that no sentence
+(each position in turn takes the token whose own δ_t, given the rest of the sentence, is least)
+settles on the sentence that most of its start's tokens come from; starts drawn among the tokens that no sentence
 found holds at each position reach the sentences still missing. A sentence is kept when every δ_t
 is within the second span's tolerance, as a decoder's prefixes are.
 
@@ -79,6 +79,7 @@ import numpy as np
 from flax import linen as nn
 
 from gradjax import clients, compilation, corpus
+from gradjax.models import bert
 
 SEPARATION = 10.0
 """The least ratio β / τ (a random direction's distance over a member's largest) for a usable span."""
@@ -501,9 +502,13 @@ def _descend(apply_fn, variables, basis, candidates, x, tolerance):
   worst = lambda rows: np.asarray(sentence_distances(
       apply_fn, variables, basis, jnp.asarray(_pad_rows(rows)))).max(axis=1)[:len(rows)]
   block = _encoder_block(apply_fn, variables)
-  if block is not None:  # every candidate's first-block input at its position, once
+  if block is not None:  # every candidate's first-block input at its position (T, k, d), once
     inputs = jnp.stack([_inputs_at(apply_fn, variables, jnp.asarray(candidates[t]), length, t)
                         for t in range(length)])
+    # a sentence's first-block inputs are its tokens' rows of that table (each input depends on its
+    # own token and position only)
+    index = np.stack([np.argmax(candidates[t][None] == x[:, t, None], axis=1)
+                      for t in range(length)], axis=1)
   active = np.flatnonzero(worst(x) > tolerance)
   for _ in range(SWEEPS):
     if active.size == 0:
@@ -512,7 +517,7 @@ def _descend(apply_fn, variables, basis, candidates, x, tolerance):
     for t in range(length):
       rows = x[active]
       if block is not None:
-        (_, z), = attention_inputs(apply_fn, variables, jnp.asarray(_pad_rows(rows)), count=1)
+        z = inputs[np.arange(length), _pad_rows(index[active])]
         d = np.asarray(position_distances(block, z, t, inputs[t], basis))[:len(rows)]
       else:
         trial = np.repeat(rows[:, None], k, axis=1)
@@ -520,9 +525,12 @@ def _descend(apply_fn, variables, basis, candidates, x, tolerance):
         d = np.asarray(sentence_distances(apply_fn, variables, basis,
                                           jnp.asarray(_pad_rows(trial.reshape(-1, length)))))
         d = d[:len(rows) * k].reshape(len(rows), k, length)[:, :, t]
-      best = candidates[t][np.argmin(d, axis=1)]
+      choice = np.argmin(d, axis=1)
+      best = candidates[t][choice]
       changed[active] |= best != rows[:, t]
       x[active, t] = best
+      if block is not None:
+        index[active, t] = choice
     active = active[changed[active]]
     active = active[worst(x[active]) > tolerance] if active.size else active
   return x, worst(x)
@@ -531,7 +539,6 @@ def _descend(apply_fn, variables, basis, candidates, x, tolerance):
 def _encoder_block(apply_fn, variables):
   """The first block's parameters where the model is the zoo's post-norm encoder
   (:class:`gradjax.models.bert.BERT`), whose block :func:`position_distances` computes; else None."""
-  from gradjax.models import bert
   if not isinstance(getattr(apply_fn, "module", None), bert.BERT):
     return None
   return variables["params"]["block_0"]
@@ -572,6 +579,7 @@ def position_distances(block, x, position, candidates, basis) -> jax.Array:
   z = norm(h + f @ block["ffn_1"]["kernel"] + block["ffn_1"]["bias"], block["norm_1"])
   return distances(basis, z)
 
+
 def _pad_rows(rows):
   """``rows`` (n, T) padded to a power of two by repeating the last (one program per bucket)."""
   return np.pad(rows, ((0, _bucket(len(rows)) - len(rows)), (0, 0)), mode="edge")
@@ -582,7 +590,7 @@ def _search(apply_fn, variables, second: Span, sets, length, first: Span, chunk,
   (each holds T of the second span's r directions); each position keeps the N tokens of its first-
   layer set nearest to the span in an averaged context (:func:`context_distances`). Sentences come
   from coordinate descent (:func:`_descend`), which settles on the sentence that most of its start's
-  tokens come from, or stops short of it where only two tokens exchanged would lower Σ δ². Each
+  tokens come from, or stops short of it where no single token's change lowers its δ. Each
   round starts 2 M + 2 descents for the M sentences still missing, each position drawn among the
   kept tokens that no sentence found holds there and that lie as near as those held (so that the
   missing sentences make up the start), else among the held ones; the sentences that pass the
