@@ -524,28 +524,42 @@ def _second_block_inputs(model, x):
   return np.asarray(record(model.variables, x)["block_0"]["__call__"][0], np.float64)
 
 
-def test_context_distances_are_the_second_blocks_input_in_the_averaged_context():
-  """Each (position, token) scored with every other position holding the mean embedding of the
-  sets' tokens, against NumPy's projection of the first block's output (Flax's own record) on the
-  basis; the sets' sizes differ (padding and splitting)."""
-  vocabulary, length = 40, 5
-  model = _model("bert", vocabulary, length, dim=32)
+def test_the_encoder_search_distances_are_the_second_blocks_input_where_flax_records_it():
+  """Against NumPy's projection on the basis of the first block's output as Flax records it (one
+  reference pass over embeddings):
+  - context_distances: each (position, token) with every other position holding the mean embedding
+    of the sets' tokens; sets of different sizes (padding and splitting into chunks);
+  - position_distances (t's query against the sentence's keys and values, one token's block): the
+    δ at t of every sentence with each candidate placed at t."""
+  vocabulary, length, dim, t = 40, 5, 32, 3
+  model = _model("bert", vocabulary, length, dim=dim, init="default")
   rng = np.random.default_rng(3)
-  basis = np.linalg.qr(rng.normal(size=(32, 12)))[0].astype(np.float32)
+  basis = np.linalg.qr(rng.normal(size=(dim, 12)))[0]
+  b32 = jnp.asarray(basis, jnp.float32)
+  table = np.asarray(model.variables["params"]["embed"]["embedding"])
   sets = [np.sort(rng.choice(vocabulary, size=n, replace=False)).astype(np.int32)
           for n in (3, 1, 4, 2, 5)]
-  got = dager.context_distances(model.apply_fn, model.variables, jnp.asarray(basis), sets, length,
-                                chunk=4)
-  table = np.asarray(model.variables["params"]["embed"]["embedding"])
+  context = dager.context_distances(model.apply_fn, model.variables, b32, sets, length, chunk=4)
   mean = table[np.unique(np.concatenate(sets))].mean(axis=0)
-  b = basis.astype(np.float64)
-  pairs = [(t, v) for t, tokens in enumerate(sets) for v in tokens]
-  x = np.broadcast_to(mean, (len(pairs), length, 32)).copy()
-  for i, (t, v) in enumerate(pairs):
-    x[i, t] = table[v]
-  z = _second_block_inputs(model, jnp.asarray(x, jnp.float32))[np.arange(len(pairs)), [t for t, _ in pairs]]
-  want = np.linalg.norm(z - z @ b @ b.T, axis=1) / np.linalg.norm(z, axis=1)
-  np.testing.assert_allclose(np.concatenate(got), want, rtol=1e-4, atol=1e-6)
+  pairs = [(p, v) for p, tokens in enumerate(sets) for v in tokens]
+  averaged = np.broadcast_to(mean, (len(pairs), length, dim)).copy()
+  for i, (p, v) in enumerate(pairs):
+    averaged[i, p] = table[v]
+
+  rows = _sentences(rng, vocabulary, 3, length)
+  candidates = np.array([3, 9, 17, 20], np.int32)
+  (_, x), = dager.attention_inputs(model.apply_fn, model.variables, jnp.asarray(rows), count=1)
+  inputs = dager._inputs_at(model.apply_fn, model.variables, jnp.asarray(candidates), length, t)
+  one = dager.position_distances(model.variables["params"]["block_0"], x, t, inputs, b32)
+  trial = np.repeat(rows[:, None], len(candidates), axis=1)
+  trial[:, :, t] = candidates
+
+  z = _second_block_inputs(model, jnp.asarray(np.concatenate(
+      [averaged, table[trial.reshape(-1, length)]]), jnp.float32))
+  z = np.concatenate([z[np.arange(len(pairs)), [p for p, _ in pairs]], z[len(pairs):, t]])
+  want = np.linalg.norm(z - z @ basis @ basis.T, axis=1) / np.linalg.norm(z, axis=1)
+  got = np.concatenate([np.concatenate(context), np.asarray(one).reshape(-1)])
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -574,23 +588,3 @@ def test_a_masked_language_models_batch_is_ordered_against_the_second_block():
   u = u[:, :batch * length]
   z = _second_block_inputs(model, rec.sentences).reshape(-1, 64)
   assert (np.linalg.norm(z - z @ u @ u.T, axis=1) / np.linalg.norm(z, axis=1)).max() < 1e-4
-
-
-def test_one_positions_second_block_input_agrees_with_the_whole_sentences():
-  """position_distances (t's query against the sentence's keys and values, one token's block) gives
-  the δ at t that the whole model's forward pass gives for every sentence and candidate."""
-  vocabulary, length, t = 50, 7, 4
-  model = _model("bert", vocabulary, length, dim=32, init="default")
-  rng = np.random.default_rng(0)
-  rows = _sentences(rng, vocabulary, 3, length)
-  basis = np.linalg.qr(rng.normal(size=(32, 10)))[0]
-  candidates = np.array([3, 9, 17, 20], np.int32)
-  (_, x), = dager.attention_inputs(model.apply_fn, model.variables, jnp.asarray(rows), count=1)
-  inputs = dager._inputs_at(model.apply_fn, model.variables, jnp.asarray(candidates), length, t)
-  got = np.asarray(dager.position_distances(model.variables["params"]["block_0"], x, t, inputs,
-                                            jnp.asarray(basis, jnp.float32)))
-  trial = np.repeat(rows[:, None], len(candidates), axis=1)
-  trial[:, :, t] = candidates
-  z = _second_block_inputs(model, jnp.asarray(trial.reshape(-1, length)))[:, t]
-  want = np.linalg.norm(z - z @ basis @ basis.T, axis=1) / np.linalg.norm(z, axis=1)
-  np.testing.assert_allclose(got.reshape(-1), want, rtol=1e-4, atol=1e-6)
