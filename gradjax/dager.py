@@ -595,7 +595,7 @@ def _search(apply_fn, variables, second: Span, sets, length, first: Span, chunk,
   kept tokens that no sentence found holds there and that lie as near as those held (so that the
   missing sentences make up the start), else among the held ones; the sentences that pass the
   second block's check (δ ≤ τ at every position) are kept, until N are found or ``rounds`` rounds
-  in a row find none."""
+  in a row find none; :class:`Unreadable`, with the position sets, where none is found."""
   count = max(1, int(round(second.rank / length)))
   proxy = context_distances(apply_fn, variables, second.basis, sets, length, max(8, chunk // 4))
   order = [np.argsort(p, kind="stable")[:count] for p in proxy]
@@ -619,6 +619,12 @@ def _search(apply_fn, variables, second: Span, sets, length, first: Span, chunk,
         found.append(row)
         worst.append(dist)
     idle = 0 if len(found) > before else idle + 1
+  if not found:
+    raise Unreadable(
+        f"the search against the second block's span found none of the batch's {count} sentences "
+        f"(its descents settled on mixtures of them): layer 1 gives each position's candidate "
+        f"tokens ({min(map(len, sets))} to {max(map(len, sets))} a position), not their sentences",
+        sets)
   sentences = np.asarray(found, np.int32).reshape(-1, length)
   return Recovery(sentences, np.asarray(worst), sets, (first, second), None, False)
 

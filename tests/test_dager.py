@@ -563,12 +563,13 @@ def test_the_encoder_search_distances_are_the_second_blocks_input_where_flax_rec
 
 
 @pytest.mark.slow
-def test_a_masked_language_models_batch_is_ordered_against_the_second_block():
+def test_a_masked_language_models_batch_is_ordered_against_the_second_block(monkeypatch):
   """bert at batch 4, 8 tokens each, 15 % masked (LeCun-normal weights, under which a width of 64
   mixes the positions as BERT's 0.02 does at 768): layer 1 gives each position the batch's bag (an
   encoder has no causal order), the search against the second block's span gives the four
   sentences exactly, <mask> included, and the gradient places their masked words; every found
-  sentence's second-block inputs lie in the span that NumPy's SVD of the gradient gives."""
+  sentence's second-block inputs lie in the span that NumPy's SVD of the gradient gives. A search
+  that finds none refuses with each position's candidates."""
   vocabulary, length, batch = 60, 8, 4
   model = _model("bert", vocabulary, length, dim=64, init="default")
   mask = vocabulary - 1
@@ -588,3 +589,8 @@ def test_a_masked_language_models_batch_is_ordered_against_the_second_block():
   u = u[:, :batch * length]
   z = _second_block_inputs(model, rec.sentences).reshape(-1, 64)
   assert (np.linalg.norm(z - z @ u @ u.T, axis=1) / np.linalg.norm(z, axis=1)).max() < 1e-4
+  # a search that finds no sentence refuses with the words (the verdict's bag), not an empty answer
+  monkeypatch.setattr(dager, "_descend", lambda *a: (a[4], np.ones(len(a[4]))))
+  with pytest.raises(dager.Unreadable, match="found none") as refused:
+    dager.recover(model.apply_fn, model.variables, g, length=length)
+  assert all(np.isin(x[:, t], s).all() for t, s in enumerate(refused.value.position_sets))
