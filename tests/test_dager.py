@@ -589,6 +589,18 @@ def test_a_masked_language_models_batch_is_ordered_against_the_second_block(monk
   u = u[:, :batch * length]
   z = _second_block_inputs(model, rec.sentences).reshape(-1, 64)
   assert (np.linalg.norm(z - z @ u @ u.T, axis=1) / np.linalg.norm(z, axis=1)).max() < 1e-4
+  # the descent, with the encoder block's one-position scores and with whole forward passes (any
+  # other bidirectional model's), brings the sentences back from two positions changed each
+  second = rec.spans[1]
+  candidates = np.stack([np.resize(np.unique(x[:, t]), batch) for t in range(length)])
+  start = x.copy()
+  start[:, [1, 5]] = x[::-1][:, [1, 5]]
+  for block in (dager._encoder_block, lambda *a: None):
+    monkeypatch.setattr(dager, "_encoder_block", block)
+    back, worst = dager._descend(model.apply_fn, model.variables, second.basis, candidates, start,
+                                 second.tolerance)
+    np.testing.assert_array_equal(back, x)
+    assert worst.max() <= second.tolerance
   # a search that finds no sentence refuses with the words (the verdict's bag), not an empty answer
   monkeypatch.setattr(dager, "_descend", lambda *a: (a[4], np.ones(len(a[4]))))
   with pytest.raises(dager.Unreadable, match="found none") as refused:
