@@ -51,11 +51,13 @@ class Grid:
   """An in-process grid: nodes 11 and 12 (or ``nodes``), each a gradjax FedAvg client on photo
   ``node % 16``; ``spoil`` changes a node's reply to test malformed ones."""
 
-  def __init__(self, net, nodes=(11, 12), spoil=None, samples=1, defenses=None, restarts=None):
+  def __init__(self, net, nodes=(11, 12), spoil=None, samples=1, defenses=None, restarts=None,
+               gated=None):
     self.model, self.mapping = net
     self.nodes, self.spoil, self.samples = list(nodes), spoil or {}, samples
     self.defenses = defenses or {}  # node -> the defense it applies to its update and declares
     self.restarts = restarts or {}  # node -> the id it registers under after the first round
+    self.gated = set(gated or ())  # nodes whose replies carry the gate's metrics (leakage_mod's)
 
   def get_node_ids(self):
     return list(self.nodes)
@@ -86,6 +88,9 @@ class Grid:
       metrics["train-loss"] = float("nan")
     if self.spoil.get(node) == "nan-count":
       metrics["num-examples"] = float("nan")
+    if node in self.gated:
+      metrics.update({"gradjax-audited": 1, "gradjax-leak-db": 3.5, "gradjax-psnr": 14.0,
+                      "gradjax-leak": 0})
     content = RecordDict({"arrays": to_record(returned), "metrics": MetricRecord(metrics)})
     if node in self.defenses:
       content[DECLARATIONS] = declarations(defense=self.defenses[node])
@@ -150,6 +155,32 @@ def test_aggregate_unchanged_and_files_exact(net, tmp_path):
   assert imported.observation.local == clients.LocalTraining(learning_rate=LR)
   for a, b in zip(jax.tree.leaves(imported.observation.gradient), jax.tree.leaves(obs.gradient)):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_a_round_where_only_some_clients_run_the_gate_still_aggregates(net, tmp_path):
+  """Node 11 runs the gate (its metrics carry GATE_METRICS), node 12 does not. Flower's FedAvg
+  refuses replies whose metrics differ in keys; behind AuditStrategy the round aggregates to the
+  model FedAvg gives when neither runs the gate, node 12's metrics completed as not audited."""
+  plain = start(fedavg(), net, Grid(net), rounds=1)
+  with pytest.raises(Exception, match="same keys"):
+    fedavg().aggregate_train(1, [Grid(net, gated={11}).reply(m) for m in _train_messages(net)])
+  wrapped = AuditStrategy(fedavg(), tmp_path / "audit",
+                          metadata={"model": MODEL, "input_shape": "32,32,3"})
+  mixed = start(wrapped, net, Grid(net, gated={11}), rounds=1)
+  for name in plain.arrays.keys():
+    np.testing.assert_array_equal(mixed.arrays[name].numpy(), plain.arrays[name].numpy())
+  metrics = mixed.train_metrics_clientapp[1]
+  assert metrics["gradjax-audited"] == 0.5 and metrics["gradjax-leak-db"] == 1.75, metrics
+  found = audit.captures(wrapped.audit_dir)  # recorded as the clients replied
+  assert [("gradjax-audited" in c.info["metrics"]) for c in found] == [True, False]
+
+
+def _train_messages(net):
+  model, mapping = net
+  initial = to_record(interop.variables_to_torch(model.variables, mapping))
+  return [Message(RecordDict({"arrays": initial, "config": ConfigRecord({"lr": LR})}),
+                  dst_node_id=node, message_type="train") for node in (11, 12)]
 
 
 @pytest.mark.slow

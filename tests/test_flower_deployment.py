@@ -1,6 +1,6 @@
-"""End to end on Flower's Deployment Runtime: a SuperLink and two SuperNodes on 127.0.0.1 (free
-ports), the example App (examples/flower_audit: PyTorch LeNet clients, FedAvg wrapped by
-AuditStrategy) for two rounds, then the audit of what the server recorded.
+"""End to end on Flower's Deployment Runtime: a SuperLink and SuperNodes on 127.0.0.1 (free ports),
+the example App (examples/flower_audit: PyTorch clients, FedAvg wrapped by AuditStrategy), then the
+audit of what the server recorded.
 
 Needs flwr and torch (marker ``deployment``). Every process the test starts is stopped, whatever
 happens, by killing its process group (a SuperNode and the apps it launched).
@@ -127,39 +127,45 @@ def flwr_run(env, run_config, cwd):
 
 @pytest.mark.slow
 def test_a_federation_recorded_audited_and_gated(tmp_path):
-  """Two SuperNodes, the second pruning 70 % of its update and declaring it. First without the gate:
-  every reply is recorded, and each is exactly what one PyTorch SGD step (then the pruning) from the
-  recorded global model gives; the audit reproduces every update in JAX and recovers the undefended
-  client's examples. Then with ``gate = true``, where each client attacks its own update
-  (gradjax.integrations.flower.leakage_mod) over two rounds: the undefended client's replies are withheld (the
-  server records a failed client and its reason) unless they carry nothing, the pruned one's go
-  out with their score; ``audit --config.attack.adaptive=True``: no row fails, the withheld updates are listed as
-  withheld, every other row has a verdict and the pruned client's rows are adapted to its declared
-  defense. Every process started is stopped, by its process group."""
+  """Three SuperNodes, two rounds, the run's ``gate = true``: each gated client attacks its own
+  update before it leaves (gradjax.integrations.flower.leakage_mod). The first trains undefended:
+  its replies are withheld (the server records a failed client and its reason). The second prunes
+  70 % of its update and declares it: its replies go out with their score. The third opts out of
+  the gate (node config ``gate=false``): its replies go out as trained. Every recorded reply is
+  exactly what one PyTorch SGD step (then the declared pruning) from the recorded global model
+  gives; ``audit --config.attack.adaptive=True``: no row fails, the withheld updates are listed as
+  withheld, every update is recomputed in JAX, the ungated client's examples are recovered, and only
+  the pruned client's rows are adapted to its declared defense. Every process started is stopped,
+  by its process group."""
   import torch
   sys.path.insert(0, APP)
   try:
     from flower_audit import task
   finally:
     sys.path.remove(APP)
-  with _federation(tmp_path, ("", "defense='prune:0.7'")) as env:
+  with _federation(tmp_path, ("", "defense='prune:0.7'", "gate=false")) as env:
     audit_dir = tmp_path / "audit"
-    common = (f"dataset='skimage' num-server-rounds=2 lr={LR} batch-size=1 samples-per-client=1 "
-              "local-epochs=1 model='lenet_zhu'")
-    proc = flwr_run(env, f"audit-dir='{audit_dir}' {common}", tmp_path)
+    proc = flwr_run(env, f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
+                    "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu' gate=true "
+                    "gate-threshold=10.0 gate-iterations=2000 gate-budget-s=240.0", tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    gate_dir = tmp_path / "audit-gate"
-    gated = flwr_run(env, f"audit-dir='{gate_dir}' {common} gate=true gate-threshold=10.0 "
-                     "gate-iterations=2000 gate-budget-s=240.0", tmp_path)
-    assert gated.returncode == 0, (gated.stdout + gated.stderr)[-3000:]
 
-  # Without the gate.
   found = audit.captures(audit_dir)
-  assert [c.round for c in found] == [1, 1, 2, 2] and all(c.error is None for c in found)
-  assert sorted(i for c in found for i in c.info["data_indices"]) == [0, 1, 2, 3]
+  assert [c.round for c in found] == [1, 1, 1, 2, 2, 2]
+  first = [c for c in found if c.round == 1]
+  withheld = next(c for c in first if c.error)
+  assert audit.WITHHELD in withheld.error, withheld.info
   pruned = [c for c in found if c.info.get("declarations", {}).get("defense") == "prune:0.7"]
-  assert [c.round for c in pruned] == [1, 2]
-  for c in found:
+  assert [c.round for c in pruned] == [1, 2] and len({c.client for c in pruned}) == 1
+  open_ = [c for c in found if c.client not in {withheld.client, pruned[0].client}]
+  assert [c.round for c in open_] == [1, 2]
+  assert sorted(i for c in pruned + open_ for i in c.info["data_indices"]) == [1, 2, 4, 5]
+  failures = json.loads((audit_dir / "round_001" / "round.json").read_text())["failures"]
+  assert len(failures) == 1 and audit.WITHHELD in next(iter(failures.values()))
+  for c in pruned:
+    assert c.info["metrics"]["gradjax-audited"] == 1 and c.info["metrics"]["gradjax-leak-db"] < 10.0
+  for c in pruned + open_:
+    assert c.error is None
     sent = interop.read(os.path.join(c.folder, audit.WEIGHTS)).tensors
     net = task.build("lenet_zhu", 0)
     net.load_state_dict({k: torch.tensor(v) for k, v in sent.items()})
@@ -172,49 +178,31 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
     assert got.metadata["num_samples"] == "1" and float(got.metadata["local_lr"]) == LR
     for name, value in want.items():
       np.testing.assert_array_equal(got.tensors[name], value)
-  rows = audit.audit(audit_dir, audit.Settings(dataset="skimage", image_size=32, lpips="none",
-                                                iterations=2000), log=lambda s: None)
-  assert [r["attack"] for r in rows] == ["idlg"] * 4 and audit.failed_rows(rows) == [], rows
-  assert all(r["label_accuracy"] == 1.0 and r["verdict"] in verdict.STATUSES for r in rows)
-  plain = [r for r in rows if (r["round"], r["client"]) not in {(c.round, c.client) for c in pruned}]
-  assert min(r["psnr"] for r in plain) > 20, rows
-  index = json.loads((audit_dir / "index.json").read_text())
-  assert [r["psnr"] for r in index["rows"]] == [r["psnr"] for r in rows]
-  assert [(r["round"], r["failed"], r["withheld"]) for r in index["rounds"]] == [(1, [], []), (2, [], [])]
-  # Every update, the pruned ones with their declared pruning, is the one recomputed in JAX.
-  for r in rows:
-    checks = json.loads((audit_dir / r["run"] / "metrics.json").read_text())["checks"]
-    assert checks["fidelity"]["ok"] and checks["fidelity"]["relative_error"] < 1e-4, checks
-  truth = data.load("skimage", indices=found[0].info["data_indices"], image_size=(32, 32))
-  rec = np.load(audit_dir / rows[0]["run"] / "reconstruction.npy")
-  assert rec.shape == truth.x.shape
 
-  # With the gate.
-  found = audit.captures(gate_dir)
-  assert sorted(c.round for c in found) == [1, 1, 2, 2]
-  pruned = [c for c in found if c.info.get("declarations", {}).get("defense") == "prune:0.7"]
-  assert [c.round for c in pruned] == [1, 2] and all(c.error is None for c in pruned)
-  for c in pruned:
-    assert c.info["metrics"]["gradjax-audited"] == 1 and c.info["metrics"]["gradjax-leak-db"] < 10.0
-  other = next(c for c in found if c.round == 1 and c not in pruned)
-  assert other.error and audit.WITHHELD in other.error, other.info
-  failures = json.loads((gate_dir / "round_001" / "round.json").read_text())["failures"]
-  assert len(failures) == 1 and audit.WITHHELD in next(iter(failures.values()))
-
-  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none", iterations=300,
+  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none", iterations=2000,
                             adaptive=True)
-  rows = audit.audit(gate_dir, settings, log=lambda s: None)
+  rows = audit.audit(audit_dir, settings, log=lambda s: None)
   assert audit.failed_rows(rows) == [], rows
-  withheld = [r for r in rows if r.get("withheld")]
-  assert (1, "withheld") in {(r["round"], "withheld") for r in withheld}
-  assert all(r["verdict"] in verdict.STATUSES for r in rows if not r.get("withheld")), rows
-  rounds = json.loads((gate_dir / "index.json").read_text())["rounds"]
-  assert rounds[0]["withheld"] == [other.client] and rounds[0]["failed"] == []
-  for r in rows:
-    if r.get("run"):
-      metrics = json.loads((gate_dir / r["run"] / "metrics.json").read_text())
-      client = next(c for c in found if (c.round, c.client) == (r["round"], r["client"]))
-      assert bool(metrics["adaptation"]) == (client in pruned), (r, metrics["adaptation"])
+  assert (1, withheld.client) in {(r["round"], r["client"]) for r in rows if r.get("withheld")}
+  attacked = [r for r in rows if not r.get("withheld")]
+  assert all(r["verdict"] in verdict.STATUSES for r in attacked), rows
+  index = json.loads((audit_dir / "index.json").read_text())
+  assert index["rounds"][0]["withheld"] == [withheld.client] and index["rounds"][0]["failed"] == []
+  assert [r.get("psnr") for r in index["rows"]] == [r.get("psnr") for r in rows]
+  open_rows = [r for r in attacked if (r["round"], r["client"]) in {(c.round, c.client) for c in open_}]
+  assert len(open_rows) == 2 and all(r["attack"] == "idlg" and r["label_accuracy"] == 1.0
+                                     for r in open_rows), rows
+  assert min(r["psnr"] for r in open_rows) > 20, rows
+  truth = data.load("skimage", indices=open_[0].info["data_indices"], image_size=(32, 32))
+  run = next(r["run"] for r in open_rows if r["round"] == open_[0].round)
+  assert np.load(audit_dir / run / "reconstruction.npy").shape == truth.x.shape
+  for r in attacked:
+    metrics = json.loads((audit_dir / r["run"] / "metrics.json").read_text())
+    # Every update, the pruned ones with their declared pruning, is the one recomputed in JAX.
+    assert metrics["checks"]["fidelity"]["ok"], metrics["checks"]
+    assert metrics["checks"]["fidelity"]["relative_error"] < 1e-4, metrics["checks"]
+    client = next(c for c in found if (c.round, c.client) == (r["round"], r["client"]))
+    assert bool(metrics["adaptation"]) == (client in pruned), (r, metrics["adaptation"])
 
 
 @pytest.mark.slow

@@ -104,7 +104,10 @@ class AuditStrategy(Strategy):
   """``strategy`` with every audited round's messages recorded under ``audit_dir``.
 
   Args:
-    strategy: the Flower strategy that does the federated learning (unchanged by the wrapper).
+    strategy: the Flower strategy that does the federated learning (unchanged by the wrapper; the
+      replies it aggregates are the clients', but where only some of a round's clients run the
+      gate (:func:`leakage_mod`) the others' metrics get the gate's, as not audited, so that the
+      round aggregates: :data:`NOT_AUDITED`).
     audit_dir: where to record; a folder that exists and is not empty is left alone and the next
       free ``audit_dir-1``, ``-2``, ... is used instead (:attr:`audit_dir` says which).
     rounds: the rounds to record (``None``: all).
@@ -189,6 +192,7 @@ class AuditStrategy(Strategy):
       self._sent = {}
       self.seconds_recording += time.perf_counter() - start
     self._report(server_round)
+    _complete_gate_metrics(replies)
     return self.strategy.aggregate_train(server_round, replies)
 
   def _report(self, server_round: int) -> None:
@@ -341,6 +345,21 @@ class AuditStrategy(Strategy):
 # --- the client side: a mod that holds back updates that leak ---------------------------------------
 
 GATE_METRICS = ("gradjax-audited", "gradjax-leak-db", "gradjax-psnr", "gradjax-leak")
+# The gate's metrics of an update it did not audit.
+NOT_AUDITED = {"gradjax-audited": 0, "gradjax-leak-db": 0.0, "gradjax-psnr": 0.0, "gradjax-leak": 0}
+
+
+def _complete_gate_metrics(replies) -> None:
+  """Adds :data:`NOT_AUDITED` to the metrics of the round's replies that lack the gate's, when
+  another reply carries them: Flower's strategies aggregate only replies whose metrics have the
+  same keys, so a federation where some clients run :func:`leakage_mod` and others do not would
+  otherwise skip the round's aggregation (FedAvg: ``InconsistentMessageReplies``)."""
+  ok = [m for m in replies if not m.has_error()]
+  gated = [any(GATE_METRICS[0] in r for r in m.content.metric_records.values()) for m in ok]
+  if any(gated):
+    for m, g in zip(ok, gated):
+      if not g:
+        _add_metrics(m, NOT_AUDITED)
 
 
 def gray_baseline_psnr(x: np.ndarray) -> float:
@@ -517,8 +536,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     except Exception as e:  # noqa: BLE001 - the gate never fails the client: the update passes
       logger.warning("leakage_mod: round %d: not audited (%s); the update passes", server_round,
                      " ".join(str(e).split())[:300])
-      _add_metrics(reply, {"gradjax-audited": 0, "gradjax-leak-db": 0.0, "gradjax-psnr": 0.0,
-                           "gradjax-leak": 0})
+      _add_metrics(reply, NOT_AUDITED)
       return reply
     seconds = time.monotonic() - start
     if leak_db is None:
