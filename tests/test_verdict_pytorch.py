@@ -5,8 +5,6 @@ BatchNorm in both modes. An audit must never report "no leak" for a client it mi
 import copy
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -69,13 +67,6 @@ def _export(torch, net, x_nhwc, y, folder, normalize=None, model="lenet_zhu", tr
   return w, g
 
 
-def _cli(*args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, "-m", "gradjax", "reconstruct",
-                         "--compilation_cache=", *map(str, args)],
-                        capture_output=True, text=True, env=env, timeout=600)
-
-
 # The options _run's keywords set.
 PATHS = {"act": "model.act", "iterations": "attack.iterations", "attack": "attack.preset",
          "normalization": "data.normalization", "dataset": "data.dataset",
@@ -107,14 +98,20 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
   sigmoid = _export(torch, _lenet(torch, "sigmoid"), x, y, tmp_path / "sigmoid")
   # Without ground truth the last layer's inputs give the ReLU away; with it, the recomputed update
   # names the activation that reproduces the capture.
-  for truth, cause in (([], "ReLU"), ([f"--{k}={v}" for k, v in TRUTH.items()], "act=relu")):
-    proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", *truth,
-                f"--output_dir={tmp_path / 'refused'}")
+  from test_cli import run_in_one_process
+  cache = f"--compilation_cache={os.environ.get('GRADJAX_TEST_XLA_CACHE', '')}"
+  capture = [f"--weights={relu[0]}", f"--observation={relu[1]}", cache]
+  refused, unrefused, forced = run_in_one_process([
+      (["gradjax", "reconstruct", *capture, f"--output_dir={tmp_path / 'refused'}"], tmp_path),
+      (["gradjax", "reconstruct", *capture, *[f"--{k}={v}" for k, v in TRUTH.items()],
+        f"--output_dir={tmp_path / 'refused'}"], tmp_path),
+      (["gradjax", "reconstruct", *capture, "--config.client.force=True", "--iterations=30",
+        f"--output_dir={tmp_path / 'forced'}"], tmp_path)])
+  for proc, cause in ((refused, "ReLU"), (unrefused, "act=relu")):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1 and cause in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not os.path.exists(tmp_path / "refused")
-  proc = _cli(f"--weights={relu[0]}", f"--observation={relu[1]}", "--config.client.force=True", "--iterations=30",
-              f"--output_dir={tmp_path / 'forced'}")
+  proc = forced
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((tmp_path / "forced" / "metrics.json").read_text())
   assert results["verdict"]["status"] == "inconclusive"
@@ -124,14 +121,14 @@ def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
   declared = _run(*relu, act="relu", iterations=30, **TRUTH)
   assert declared["checks"]["fidelity"]["ok"]
   assert declared["verdict"]["status"] in ("leak", "inconclusive")
-  # The sigmoid client: a leak without ground truth at an audit's budget for DLG, and the
+  # The sigmoid client: a leak without ground truth (iDLG, labels from the gradient), and the
   # reconstruction is the client's photo (scored here by scikit-image).
   from gradjax.run import config, pipeline
   results, images = pipeline.run(
       config.from_options({
           "model.weights": str(sigmoid[0]), "client.observation": str(sigmoid[1]),
           "model.name": None, "data.dataset": None, "output.lpips": "none",
-          "attack.iterations": 6000
+          "attack.preset": "idlg", "attack.iterations": 3000
       }))
   assert results["verdict"]["status"] == "leak", results["verdict"]
   assert skimage.metrics.peak_signal_noise_ratio(x, images["reconstruction"], data_range=1.0) >= 30
