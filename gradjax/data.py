@@ -216,6 +216,14 @@ def load(
   return Dataset(x, np.asarray(y, np.int64), num_classes, name, class_names)
 
 
+def count(name: str, *, data_dir: str | None = None) -> int | None:
+  """The number of images of dataset ``name`` where it is known without decoding them
+  ("cifar10_train": the length of its label file), else None (``len(load(name).y)`` then)."""
+  if name == "cifar10_train":
+    return len(_cifar10_train_order(data_dir)[0])
+  return None
+
+
 def _finish(images, image_size, channels) -> np.ndarray:
   """Resizes and converts the channels of float (H, W, C) images; returns float32 (N, H', W', C')."""
   out = []
@@ -420,9 +428,9 @@ def _load_cifar100(data_dir, indices):
     )  # fmt: skip
 
 
-def _load_cifar10_train(data_dir, indices):
+def _cifar10_train_order(data_dir):
+  """(labels (50000,), the JPEG number of each image in canonical order) from the label file."""
   root = _data_dir(data_dir, "cifar10_train", "cifar10/cifar10_train_jpeg.tar.gz")
-  archive = _find(root, ["cifar10/cifar10_train_jpeg.tar.gz"], "cifar10_train")
   order = _find(root, ["cifar10/cifar10_train_labels.npz"], "cifar10_train")
   try:
     with open(order, "rb") as fh, np.load(fh, allow_pickle=False) as f:
@@ -431,6 +439,13 @@ def _load_cifar10_train(data_dir, indices):
     raise ValueError(f"cannot read {order}: {e}") from None
   if y.shape != number.shape or y.ndim != 1 or y.min() < 0 or y.max() >= 10:
     raise ValueError(f"{order}: expected labels_all and jpeg_index of one length, labels in 0..9")
+  return y, number
+
+
+def _load_cifar10_train(data_dir, indices):
+  root = _data_dir(data_dir, "cifar10_train", "cifar10/cifar10_train_jpeg.tar.gz")
+  archive = _find(root, ["cifar10/cifar10_train_jpeg.tar.gz"], "cifar10_train")
+  y, number = _cifar10_train_order(data_dir)
   idx = _select(indices, len(y), "cifar10_train")
   wanted = {f"train/{CIFAR10_CLASSES[y[i]]}/{number[i]:04d}.jpg": k for k, i in enumerate(idx)}
   images = [None] * len(idx)

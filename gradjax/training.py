@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from gradjax import clients as client_lib
+from gradjax import data as data_lib
 from gradjax.data import Dataset
 from gradjax.defenses import Defense
 from gradjax.losses import cross_entropy
@@ -56,6 +57,17 @@ class Split(NamedTuple):
   test_indices: np.ndarray
 
 
+def split_indices(n: int, train_count: int, test_count: int, seed: int | None = None,
+                  name: str = "the dataset") -> tuple[np.ndarray, np.ndarray]:
+  """The indices :func:`split` takes from a dataset of ``n`` images: (train (N,), test (M,)), so
+  that a large source need only be read at those (``data.load(indices=...)``)."""
+  if train_count < 1 or test_count < 0 or train_count + test_count > n:
+    raise ValueError(f"need 1 <= train count and train + test count <= {n} images of "
+                     f"{name!r}, got {train_count} + {test_count}")
+  order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
+  return order[:train_count], order[train_count:train_count + test_count]
+
+
 def split(dataset: Dataset, train_count: int, test_count: int, seed: int | None = None) -> Split:
   """Images 0..N−1 for training and N..N+M−1 for testing, after a permutation when ``seed`` is given.
 
@@ -66,12 +78,8 @@ def split(dataset: Dataset, train_count: int, test_count: int, seed: int | None 
       ``np.random.default_rng(seed).permutation`` (needed for class-sorted sources such as
       ``lfw_subset``).
   """
-  n = len(dataset.x)
-  if train_count < 1 or test_count < 0 or train_count + test_count > n:
-    raise ValueError(f"need 1 <= train count and train + test count <= {n} images of "
-                     f"{dataset.name!r}, got {train_count} + {test_count}")
-  order = np.arange(n) if seed is None else np.random.default_rng(seed).permutation(n)
-  tr, te = order[:train_count], order[train_count:train_count + test_count]
+  tr, te = split_indices(len(dataset.x), train_count, test_count, seed, dataset.name)
+
   def part(idx):
     names = dataset.class_names
     if dataset.name == "skimage" and names is not None:  # names aligned with the images there
@@ -79,6 +87,22 @@ def split(dataset: Dataset, train_count: int, test_count: int, seed: int | None 
     return dataset._replace(x=dataset.x[idx], y=dataset.y[idx], class_names=names)
 
   return Split(part(tr), part(te), tr, te)
+
+
+def load_split(name: str, train_count: int, test_count: int, seed: int | None = None, *,
+               data_dir: str | None = None, image_size: tuple[int, int] | None = None,
+               channels: int | None = None) -> Split:
+  """:func:`split` of dataset ``name`` (``data.load``'s arguments), reading only the split's images
+  where the source's size is known without decoding it (``data.count``: CIFAR-10's 50000 training
+  JPEGs), every image otherwise."""
+  n = data_lib.count(name, data_dir=data_dir)
+  if n is None:
+    return split(data_lib.load(name, data_dir=data_dir, image_size=image_size, channels=channels),
+                 train_count, test_count, seed)
+  train, test = split_indices(n, train_count, test_count, seed, name)
+  ds = data_lib.load(name, data_dir=data_dir, indices=np.concatenate([train, test]),
+                     image_size=image_size, channels=channels)
+  return split(ds, len(train), len(test))._replace(train_indices=train, test_indices=test)
 
 
 # --- evaluation ---------------------------------------------------------------------------------

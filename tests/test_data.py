@@ -396,6 +396,7 @@ def test_cifar10_train_jpegs_in_canonical_order():
     assert ds.y[-1] == f["labels_all"][49_999]
   with pytest.raises(ValueError, match="out of range"):
     data.load("cifar10_train", indices=[50_000])
+  assert data.count("cifar10_train") == 50_000 and data.count("cifar10") is None
 
 
 def test_duplicate_label_batches():

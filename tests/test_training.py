@@ -359,6 +359,15 @@ def test_split():
   assert p.train_indices.tolist() != list(range(6))
   with pytest.raises(ValueError, match="train \\+ test count"):
     training.split(ds, 8, 3)
+  # What load_split does with a large source (data.count known): only the split's images are read,
+  # in the order of split_indices, and split again in that order: the same split.
+  train, test = training.split_indices(10, 6, 4, seed=1)
+  read = np.concatenate([train, test])
+  q = training.split(ds._replace(x=ds.x[read], y=ds.y[read]), 6, 4)
+  np.testing.assert_array_equal(q.train.x, p.train.x)
+  np.testing.assert_array_equal(q.test.y, p.test.y)
+  np.testing.assert_array_equal(train, p.train_indices)
+  np.testing.assert_array_equal(test, p.test_indices)
 
 
 # --- gradjax train ---------------------------------------------------------------------

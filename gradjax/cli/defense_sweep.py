@@ -42,7 +42,7 @@ import jax
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import data, defenses, models, training, verdict
+from gradjax import defenses, models, training, verdict
 from gradjax.run import config, report
 
 DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gaussian:1e-2;gaussian:1e-1;"
@@ -170,8 +170,8 @@ def main(argv):
     ucfg = base.utility
     if f.utility:
       seed = common.permutation_seed(ucfg.data_seed, "config.utility.data_seed")
-      parts = training.split(data.load(ucfg.dataset, data_dir=base.data.data_dir),
-                             ucfg.train_count, ucfg.test_count, seed)
+      parts = training.load_split(ucfg.dataset, ucfg.train_count, ucfg.test_count, seed,
+                                  data_dir=base.data.data_dir)
       check_utility(parts, ucfg)
     def experiments(spec, adapted=False):
       for k in range(f.count):

@@ -89,12 +89,12 @@ def _normalization(f) -> str:
 def _load_split(f):
   """The configuration's dataset split as loaded, before normalisation."""
   size = None if f.data.image_size is None else (f.data.image_size, f.data.image_size)
-  ds = data.load(
-      f.data.dataset, data_dir=f.data.data_dir, image_size=size, channels=f.data.channels)
   seed = common.permutation_seed(f.training.data_seed, "config.training.data_seed")
+  test_count = f.training.test_count if f.training.test_dataset is None else 0
+  parts = training.load_split(f.data.dataset, f.training.train_count, test_count, seed,
+                              data_dir=f.data.data_dir, image_size=size, channels=f.data.channels)
   if f.training.test_dataset is None:
-    return training.split(ds, f.training.train_count, f.training.test_count, seed)
-  parts = training.split(ds, f.training.train_count, 0, seed)
+    return parts
   test = data.load(
       f.training.test_dataset,
       data_dir=f.data.data_dir,
