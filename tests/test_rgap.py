@@ -57,10 +57,10 @@ def test_relu_lenet_hidden_layers_exact_and_the_photo_recognisable(index):
 @pytest.mark.slow
 def test_relu_mlp_input_exact():
   """An MLP's dense ReLU layers are determined layer by layer: the photo comes back exactly."""
-  photo = _photo(3, 16)
-  model = models.create("mlp-64", jax.random.key(1), input_shape=(16, 16, 3), num_classes=10)
+  photo = _photo(3, 8)
+  model = models.create("mlp-64", jax.random.key(1), input_shape=(8, 8, 3), num_classes=10)
   obs = clients.fedsgd(model.apply_fn, model.variables, photo.x, photo.y)
-  found = rgap.rgap(obs, closed_forms.chain(model.apply_fn.module), (16, 16, 3))
+  found = rgap.rgap(obs, closed_forms.chain(model.apply_fn.module), (8, 8, 3))
   np.testing.assert_allclose(found.x.reshape(photo.x.shape), photo.x, atol=1e-4)
 
 
