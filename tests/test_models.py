@@ -581,10 +581,11 @@ def test_conv_implementations_compute_the_same_model(name, input_shape, convs):
     dummy = {"x": jnp.asarray(rng.normal(size=x.shape)),
              "label_logits": jnp.asarray(rng.normal(size=(2, 10)))}
 
-    def outputs(model):
+    def outputs(model):  # programs that run once: compiled as the library compiles those
       obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([1, 7]))
-      return (np.asarray(jax.jit(model.apply_fn)(model.variables, x)),
-              jax.jit(jax.grad(gradient_matching(model.apply_fn, distances.euclidean)))(dummy, obs))
+      return (np.asarray(compilation.once(model.apply_fn)(model.variables, x)),
+              compilation.once(jax.grad(gradient_matching(model.apply_fn, distances.euclidean)))(
+                  dummy, obs))
 
     logits, grads = outputs(native)
     for conv in convs:
