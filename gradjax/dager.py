@@ -169,7 +169,7 @@ def span(columns, rank: int | None = None, dimension: int | None = None, *,
   return Span(u[:, :rank], s, rank, tolerance, member, random_level, bool(full), drift)
 
 
-@jax.jit
+@compilation.once
 def _svd(columns):
   return jnp.linalg.svd(columns, full_matrices=False)
 
@@ -258,7 +258,7 @@ def candidate_dimensions(apply_fn: Callable, variables, length: int, key: jax.Ar
   return first, output, second
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn",))
+@compilation.once(static_argnames=("apply_fn",))
 def _hidden(apply_fn, variables, ids):
   """{"input": the first two attention blocks' inputs, "output": the first block's attention output
   (its output projection's input)} for the sentences ``ids``."""
@@ -818,7 +818,7 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
   return targets, float(residual)
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "m"))
+@compilation.once(static_argnames=("apply_fn", "m"))
 def _transform_factors(apply_fn, variables, inputs, rows, cols, bag, m):
   """The transform kernel's gradient of −(1/m) log p_(m')[l] is u_(m') ⊗ g_(m', l): the Dense's input
   u at the masked position m' and the loss's gradient at its output. (u (M, d), g (M, L, d)) for the

@@ -367,7 +367,7 @@ def test_resume_of_a_folder_without_state_is_an_error(tmp_path):
 
 @pytest.mark.slow
 def test_killed_sweep_resumes(tmp_path):
-  args = ["--count=3", "--iterations=600", "--image_size=16", "--config.execution.chunk=10", "--save_every_s=0"]
+  args = ["--count=3", "--iterations=200", "--image_size=16", "--config.execution.chunk=10", "--save_every_s=0"]
   whole = run_program("sweep.py", *args, f"--output_dir={tmp_path / 'whole'}")
   assert whole.returncode == 0, whole.stderr[-2000:]
   out = tmp_path / "killed"
