@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from gradjax.compilation import once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
@@ -194,7 +195,7 @@ def llg(observation: Observation, path: tuple[str, ...] = HEAD, *, impact=None,
   return _llg_assign(g, offset, impact, n)
 
 
-@functools.partial(jax.jit, static_argnums=3)
+@functools.partial(once, static_argnums=3)
 def _llg_assign(g, offset, impact, n: int) -> jax.Array:
   """LLG's two stages for row sums g (K,), offset s (K,) and impact m < 0: int (n,) labels."""
   k = g.shape[0]
@@ -249,7 +250,7 @@ def llg_statistics(apply_fn: Callable, variables, x, num_samples: int, *,
   return impact, offset
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+@functools.partial(once, static_argnums=(0, 3, 4))
 def _class_row_sums(apply_fn, variables, x, path, train) -> jax.Array:
   """(K, K): row c holds Σ_j ∂L/∂W[j, :] of the mean cross entropy of x with every label set to c."""
 
@@ -295,7 +296,7 @@ def bias_counts(observation: Observation, probs=None, path: tuple[str, ...] = BI
   return _largest_remainder(n * (probs - gb), n)
 
 
-@functools.partial(jax.jit, static_argnums=1)
+@functools.partial(once, static_argnums=1)
 def _largest_remainder(counts, n: int) -> jax.Array:
   """Rounds real counts (K,) to integers summing to n (largest remainder), as an int (n,) multiset."""
   q = jnp.maximum(counts, 0.0)
@@ -355,7 +356,7 @@ def head_inputs(apply_fn: Callable, variables, x, *, train: bool = False, name: 
       raise ValueError(f"the model has no Dense layer named {name!r}")
     return found[-1]
 
-  return jax.jit(run)(variables, jnp.asarray(x))
+  return once(run)(variables, jnp.asarray(x))
 
 
 def feature_profile(apply_fn: Callable, variables, x, *, positions: int = 20,
