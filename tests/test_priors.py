@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from gradjax import data, priors
+from gradjax.compilation import once
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +39,16 @@ def test_tv_matches_numpy(images):
   rng = np.random.default_rng(0)
   noisy = rng.normal(size=(3, 5, 7, 2))
   with jax.enable_x64(True):
+    tv = once(priors.total_variation, static_argnames=("form", "beta", "eps"))
     for x in (images, noisy):
-      np.testing.assert_allclose(float(priors.total_variation(jnp.asarray(x))), _np_tv_mean(x), rtol=1e-13)
-      np.testing.assert_allclose(float(priors.get_prior("tv")(jnp.asarray(x))), _np_tv_mean(x), rtol=1e-13)
+      np.testing.assert_allclose(float(tv(jnp.asarray(x))), _np_tv_mean(x), rtol=1e-13)
+      np.testing.assert_allclose(float(once(priors.get_prior("tv"))(jnp.asarray(x))), _np_tv_mean(x),
+                                 rtol=1e-13)
       for beta, eps in ((1.0, 1e-8), (2.0, 0.0), (1.5, 1e-3)):
         want = _np_tv_isotropic(x, beta, eps)
-        got = priors.total_variation(jnp.asarray(x), form="isotropic", beta=beta, eps=eps)
+        got = tv(jnp.asarray(x), form="isotropic", beta=beta, eps=eps)
         np.testing.assert_allclose(float(got), want, rtol=1e-12)
-      got = priors.get_prior("tv_isotropic", beta=1.5)(jnp.asarray(x))
+      got = once(priors.get_prior("tv_isotropic", beta=1.5))(jnp.asarray(x))
       np.testing.assert_allclose(float(got), _np_tv_isotropic(x, 1.5, 1e-8), rtol=1e-12)
 
 
@@ -60,7 +63,7 @@ def test_tv_mean_gradient_closed_form(images):
   want[:, 1:] += sy / sy.size
   want[:, :-1] -= sy / sy.size
   with jax.enable_x64(True):
-    got = jax.grad(priors.total_variation)(jnp.asarray(x))
+    got = once(jax.grad(priors.total_variation))(jnp.asarray(x))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-15)
 
 
@@ -93,8 +96,9 @@ def test_constant_image_has_no_variation():
 def test_l2_norm(images):
   with jax.enable_x64(True):
     x = jnp.asarray(images)
-    np.testing.assert_allclose(float(priors.l2_norm(x)), np.sum(images**2) / 2, rtol=1e-13)
-    np.testing.assert_allclose(np.asarray(jax.grad(priors.l2_norm)(x)), images, rtol=1e-13)  # 2x / N
+    # One program each (compilation.once), not one per operation.
+    np.testing.assert_allclose(float(once(priors.l2_norm)(x)), np.sum(images**2) / 2, rtol=1e-13)
+    np.testing.assert_allclose(np.asarray(once(jax.grad(priors.l2_norm))(x)), images, rtol=1e-13)
 
 
 def test_prior_switches_on_at_its_start_under_jit_and_vmap(images):
