@@ -306,9 +306,10 @@ def test_batchnorm_train_uses_batch_statistics(convnet, photos):
 
 def test_apply_fn_train_mode_is_pure(convnet, photos):
   module, variables = convnet
-  # Jitted, as every caller runs it (each primitive of the eager call compiles alone: 172 programs);
-  # a mutation of ``variables`` would still show, at tracing.
-  apply_fn = jax.jit(models.make_apply_fn(module), static_argnames="train")
+  # Jitted, as every caller runs it (each primitive of the eager call compiles alone: 172 programs),
+  # at level 0 as the library's run-once programs; a mutation of ``variables`` would still show, at
+  # tracing.
+  apply_fn = compilation.once(models.make_apply_fn(module), static_argnames="train")
   before = jax.tree.map(np.array, variables)
   x = jnp.asarray(photos[:4, :12, :12])
   train1 = np.asarray(apply_fn(variables, x, train=True))
