@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from gradjax import lbfgs
+from gradjax import compilation, lbfgs
 from gradjax import linesearch
 
 
@@ -169,9 +169,9 @@ def test_state_keeps_its_types():
   once."""
   search = linesearch.scale_by_zoom_linesearch(20)
   x = jnp.asarray(_X, jnp.float32)
-  value, grad = jax.value_and_grad(_quadratic)(x)
+  value, grad = compilation.once(jax.value_and_grad(_quadratic))(x)
   state = search.init(x)
-  _, new = jax.jit(lambda s: search.update(-grad, s, x, value=value, grad=grad,
+  _, new = compilation.once(lambda s: search.update(-grad, s, x, value=value, grad=grad,
                                            value_fn=_quadratic))(state)
   aval = lambda a: (a.shape, a.dtype, a.weak_type)
   assert jax.tree.map(aval, state) == jax.tree.map(aval, new)
