@@ -1,7 +1,6 @@
 """gradjax.integrations.audit without a federation: which attacks ``auto`` picks from a capture's metadata, and an
 audit of a capture written as AuditStrategy writes one (a gradjax client's update in PyTorch layout)."""
 
-import dataclasses
 import json
 import time
 import types
