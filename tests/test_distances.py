@@ -15,6 +15,7 @@ import pytest
 from flax import linen as nn
 
 from gradjax import distances, models
+from gradjax.compilation import once
 
 NAMES = ("euclidean", "euclidean_half", "l1", "cosine", "cosine_per_layer", "gaussian_kernel",
          "gaussian_kernel_mean", "gaussian_kernel_annealed")
@@ -236,8 +237,10 @@ def test_traced_weights_under_jit():
   with jax.enable_x64(True):
     for name in NAMES:
       fn = distances.get_distance(name)
-      want = float(fn(_jnp(dummy), _jnp(obs), weights=weights))
-      got = jax.jit(lambda d, o, w: fn(d, o, weights=w))(_jnp(dummy), _jnp(obs), _jnp(weights))
+      # The weights as constants of the program, then traced (one program each, compiled at
+      # level 0 as the library's run-once programs, not one per operation).
+      want = float(once(lambda d, o: fn(d, o, weights=weights))(_jnp(dummy), _jnp(obs)))
+      got = once(lambda d, o, w: fn(d, o, weights=w))(_jnp(dummy), _jnp(obs), _jnp(weights))
       np.testing.assert_allclose(float(got), want, rtol=1e-12)
 
 
