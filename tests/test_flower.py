@@ -16,6 +16,7 @@ import skimage.metrics
 
 flwr = pytest.importorskip("flwr")
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp.exception import InconsistentMessageReplies  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
@@ -163,7 +164,7 @@ def test_a_round_where_only_some_clients_run_the_gate_still_aggregates(net, tmp_
   refuses replies whose metrics differ in keys; behind AuditStrategy the round aggregates to the
   model FedAvg gives when neither runs the gate, node 12's metrics completed as not audited."""
   plain = start(fedavg(), net, Grid(net), rounds=1)
-  with pytest.raises(Exception, match="same keys"):
+  with pytest.raises(InconsistentMessageReplies, match="same keys"):
     fedavg().aggregate_train(1, [Grid(net, gated={11}).reply(m) for m in _train_messages(net)])
   wrapped = AuditStrategy(fedavg(), tmp_path / "audit",
                           metadata={"model": MODEL, "input_shape": "32,32,3"})
