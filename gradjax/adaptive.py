@@ -244,7 +244,7 @@ def distance(base: distances.Distance, defense: defenses.Defense, *, update_scal
 
   fn = base.fn.func if isinstance(base.fn, functools.partial) else base.fn
   adapted.__name__ = f"{getattr(fn, '__name__', type(fn).__name__)}|{defense.name}"  # in reports
-  return distances.Distance(adapted, layer_weights=base.layer_weights, reads_step=True,
+  return distances.Distance(adapted, depth_rule=base.depth_rule, reads_step=True,
                             settled_from=base.settled_from)
 
 

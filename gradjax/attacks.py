@@ -59,7 +59,7 @@ class Attack:
       is spread over ``iterations``.
     iterations: optimizer iterations per restart.
     priors: :class:`gradjax.priors.Prior` terms added to the objective.
-    labels: the label source, ``labels(observation) -> (N,) int labels``, or
+    label_source: where the labels come from, ``label_source(observation) -> (N,) int labels``, or
       :func:`gradjax.labels.joint` (labels optimised with the data, DLG); see
       :data:`gradjax.labels.SOURCES`.
     dummy_init: ``init(key, shape, lo, hi, dtype) -> x``, where the dummy data start
@@ -69,7 +69,7 @@ class Attack:
       (``objectives.Replay(remat)``, FedAvg), DLM's scaled model difference
       (``objectives.ScaledDifference(gamma)``) or DLM+'s unit vectors (``objectives.Normalised()``);
       :data:`gradjax.objectives.MATCHED` by name.
-    layer_weights: ``None`` (the distance's own, ``distance.layer_weights``) or a depth rule of
+    depth_rule: ``None`` (the distance's own, ``distance.depth_rule``) or a depth rule of
       :func:`gradjax.distances.depth_weights` (``"inverse"``, ``"linear"``, ``"exp"``, ``"uniform"``).
     box: clamp the dummy data to the valid input range after every step.
     one_sample_per_step: DLG's batch option, only example t mod N moves at step t.
@@ -95,10 +95,10 @@ class Attack:
   optimizer: optimizers.Optimizer = optimizers.Named()
   iterations: int = 300
   priors: tuple[priors_lib.Prior, ...] = ()
-  labels: labels_lib.LabelSource = labels_lib.joint
+  label_source: labels_lib.LabelSource = labels_lib.joint
   dummy_init: dummy_lib.DummyInit = dummy_lib.normal
   matched: objectives.Matched = objectives.Gradient()
-  layer_weights: str | None = None
+  depth_rule: str | None = None
   box: bool = False
   one_sample_per_step: bool = False
   tol: float = 0.0
@@ -114,13 +114,13 @@ class Attack:
     if not isinstance(self.matched, (objectives.Gradient, objectives.Replay)):
       raise ValueError(f"matched must be an objectives part ({', '.join(objectives.MATCHED)}), got "
                        f"{self.matched!r}")
-    if self.layer_weights is not None and self.layer_weights not in distances.DEPTH_RULES:
-      raise ValueError(f"unknown depth rule {self.layer_weights!r}; choose one of "
+    if self.depth_rule is not None and self.depth_rule not in distances.DEPTH_RULES:
+      raise ValueError(f"unknown depth rule {self.depth_rule!r}; choose one of "
                        f"{', '.join(distances.DEPTH_RULES)}")
     bad = [p for p in self.priors if not isinstance(p, priors_lib.Prior)]
     if bad:
       raise ValueError(f"priors are priors.Prior records (function, weight, start), got {bad[0]!r}")
-    for name in ("labels", "dummy_init"):
+    for name in ("label_source", "dummy_init"):
       if not callable(getattr(self, name)):
         raise ValueError(f"{name} must be a function, got {getattr(self, name)!r}")
     if self.iterations < 1:
@@ -133,7 +133,7 @@ class Attack:
       raise ValueError(f"track_from must be non-negative, got {self.track_from}")
     if not self.head_features >= 0:
       raise ValueError(f"head_features must be a non-negative weight, got {self.head_features}")
-    if self.head_features and (self.matched.name != "gradient" or self.labels is labels_lib.joint):
+    if self.head_features and (self.matched.name != "gradient" or self.label_source is labels_lib.joint):
       raise ValueError("head features need known or inferred labels and the 'gradient' objective")
     if self.smoothing is not None and not isinstance(self.smoothing, Smoothing):
       raise ValueError(f"smoothing must be an objectives.Smoothing or None, got {self.smoothing!r}")
@@ -153,7 +153,7 @@ class Attack:
   @property
   def optimises_labels(self) -> bool:
     """Whether the labels are optimised with the data (DLG's joint soft labels)."""
-    return self.labels is labels_lib.joint
+    return self.label_source is labels_lib.joint
 
 
 def _gamma(attack: Attack) -> objectives.Gamma | None:
@@ -243,10 +243,10 @@ def describe(attack: Attack) -> dict:
   return dict(
       name=attack.name, objective=attack.matched.name,
       distance=_name_in(distances.DISTANCES, attack.distance),
-      layer_weights=attack.layer_weights,
+      depth_rule=attack.depth_rule,
       priors=[[_name_in(priors_lib.PRIORS, p.fn), p.weight if not callable(p.weight) else repr(p.weight),
                p.start] for p in attack.priors],
-      labels=_name_in(labels_lib.SOURCES, attack.labels),
+      label_source=_name_in(labels_lib.SOURCES, attack.label_source),
       optimizer=(dataclasses.asdict(opt) if isinstance(opt, optimizers.Named) else {"name": "optax"}),
       iterations=attack.iterations, box=attack.box, one_sample_per_step=attack.one_sample_per_step,
       dummy_init=_name_in(dummy_lib.INITS, attack.dummy_init), tol=attack.tol,
@@ -385,7 +385,7 @@ def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, 
 
 def _depth_rule(attack: Attack) -> str | None:
   """The :func:`gradjax.distances.depth_weights` schedule ``attack`` weights its layers by, or None."""
-  return attack.layer_weights if attack.layer_weights is not None else attack.distance.layer_weights
+  return attack.depth_rule if attack.depth_rule is not None else attack.distance.depth_rule
 
 
 def depth_order(attack: Attack, apply_fn: Callable, observation: Observation, example):
@@ -444,7 +444,7 @@ def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tup
 
 
 def _known_labels(attack: Attack, observation: Observation):
-  labels = attack.labels(observation)
+  labels = attack.label_source(observation)
   return None if labels is None else jnp.asarray(labels)
 
 

@@ -395,7 +395,7 @@ class Distance:
   Attributes:
     fn: ``fn(dummy, observed) -> scalar``; it may take a keyword ``weights`` (per-leaf weights, see
       above), and a keyword ``step`` when ``reads_step``.
-    layer_weights: the depth rule (:func:`depth_weights`) an attack weighs the layers by when it
+    depth_rule: the depth rule (:func:`depth_weights`) an attack weighs the layers by when it
       names none: SAPAG's kernel is defined with Q_l = 1/(l + 1) (``"inverse"``); ``None``: unweighted.
     reads_step: ``fn`` takes the optimizer step (keyword ``step``), as an annealed kernel does.
     settled_from: the first step from which ``fn``'s value no longer changes with the step (an
@@ -407,15 +407,15 @@ class Distance:
   """
 
   fn: Callable[..., jax.Array]
-  layer_weights: str | None = None
+  depth_rule: str | None = None
   reads_step: bool = False
   settled_from: int = 0
 
   def __post_init__(self):
     if not callable(self.fn):
       raise ValueError(f"a distance is a function (dummy, observed) -> scalar, got {self.fn!r}")
-    if self.layer_weights is not None and self.layer_weights not in DEPTH_RULES:
-      raise ValueError(f"unknown depth rule {self.layer_weights!r}; choose one of "
+    if self.depth_rule is not None and self.depth_rule not in DEPTH_RULES:
+      raise ValueError(f"unknown depth rule {self.depth_rule!r}; choose one of "
                        f"{', '.join(DEPTH_RULES)}")
     if self.settled_from < 0:
       raise ValueError(f"settled_from must be non-negative, got {self.settled_from}")
@@ -438,11 +438,11 @@ DISTANCES: dict[str, Distance] = {
     "l1": Distance(l1),
     "cosine": Distance(cosine),                  # Inverting Gradients
     "cosine_per_layer": Distance(cosine_per_layer),
-    "gaussian_kernel": Distance(gaussian_kernel, layer_weights="inverse"),  # SAPAG, Q_l = 1/(l+1)
+    "gaussian_kernel": Distance(gaussian_kernel, depth_rule="inverse"),  # SAPAG, Q_l = 1/(l+1)
     "gaussian_kernel_mean": Distance(functools.partial(gaussian_kernel, per_entry=True),
-                                     layer_weights="inverse"),
+                                     depth_rule="inverse"),
     "gaussian_kernel_annealed": Distance(functools.partial(gaussian_kernel, anneal=250),
-                                         layer_weights="inverse", reads_step=True, settled_from=250),
+                                         depth_rule="inverse", reads_step=True, settled_from=250),
 }
 
 

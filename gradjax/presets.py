@@ -3,7 +3,7 @@
 Every preset's docstring says where its defaults come from; the seed studies under
 ``experiments/studies`` measure each against its paper (RESULTS.md gathers them). A preset's keyword
 arguments are the knobs its paper varies; anything else is changed with
-``dataclasses.replace`` (``dataclasses.replace(presets.dlg(), labels=labels.known)``).
+``dataclasses.replace`` (``dataclasses.replace(presets.dlg(), label_source=labels.known)``).
 
 Iterations. One iteration here is one optax update; with L-BFGS that is one direction and a zoom line
 search, where PyTorch's ``LBFGS.step()`` of the DLG code runs up to 20 inner iterations of a fixed step
@@ -34,21 +34,21 @@ def dlg(iterations: int = 2000) -> Attack:
   evaluation, and the default budget is a third of the paper's evaluations.
   """
   return Attack(distance=_DISTANCE["euclidean"], optimizer=optimizers.Named("lbfgs", 1.0),
-                iterations=iterations, labels=labels.joint, name="dlg")
+                iterations=iterations, label_source=labels.joint, name="dlg")
 
 
 def idlg(iterations: int = 2000) -> Attack:
   """iDLG (Zhao et al., 2020): DLG with the label inferred first from the last layer's gradient
   (:func:`gradjax.labels.idlg`, batch 1); only the data is optimised."""
   return Attack(distance=_DISTANCE["euclidean"], optimizer=optimizers.Named("lbfgs", 1.0),
-                iterations=iterations, labels=labels.idlg, name="idlg")
+                iterations=iterations, label_source=labels.idlg, name="idlg")
 
 
 def adam_dlg(iterations: int = 20_000) -> Attack:
   """SAPAG's "Adam-DLG" baseline (Wang et al.): DLG's Euclidean distance driven by AdamW lr 1e-3
   (SAPAG's ResNet-18 optimiser), 20 000 iterations."""
   return Attack(distance=_DISTANCE["euclidean"], optimizer=optimizers.Named("adamw", 1e-3),
-                iterations=iterations, labels=labels.joint, name="adam_dlg")
+                iterations=iterations, label_source=labels.joint, name="adam_dlg")
 
 
 def inverting_gradients(iterations: int = 4800, *, tv: float = 1e-4) -> Attack:
@@ -60,7 +60,7 @@ def inverting_gradients(iterations: int = 4800, *, tv: float = 1e-4) -> Attack:
   iterations.)
   """
   return Attack(distance=_DISTANCE["cosine"], priors=(priors.Prior(_PRIOR["tv"], tv),),
-                labels=labels.known, optimizer=optimizers.Named("signed_adam", 0.1, schedule="step"),
+                label_source=labels.known, optimizer=optimizers.Named("signed_adam", 0.1, schedule="step"),
                 iterations=iterations, box=True, name="inverting_gradients")
 
 
@@ -86,7 +86,7 @@ def inverting_gradients_fedavg(iterations: int = 4800, *, tv: float = 1e-4,
   learning rate 1 is the paper's; the authors' ``rec_mult.py`` runs 0.1 unless told otherwise.
   """
   return Attack(distance=_DISTANCE["cosine"], priors=(priors.Prior(_PRIOR["tv"], tv),),
-                labels=labels.known,
+                label_source=labels.known,
                 optimizer=optimizers.Named("signed_adam", learning_rate, schedule="step"),
                 iterations=iterations, matched=Replay(), box=True, name="inverting_gradients_fedavg")
 
@@ -102,17 +102,17 @@ def sapag(iterations: int = 2000, *, box: bool = True) -> Attack:
   see :func:`dlg`); and the label by iDLG (batch 1, exact for the zoo's models): with DLG's jointly
   optimised label logits, which the paper's comparison uses, the bounded kernel gives L-BFGS tiny
   curvature in the logits and a fifth of the development images end on a wrong label, a plateau or a
-  diverged step (``labels=labels.joint``, ``--labels=joint``, restores them). On MNIST, whose digits lie
+  diverged step (``label_source=labels.joint``, ``--labels=joint``, restores them). On MNIST, whose digits lie
   on the box's lower edge, ``box=False`` reaches the paper's figure.
   """
   return Attack(distance=_DISTANCE["gaussian_kernel_mean"], optimizer=optimizers.Named("lbfgs", 1.0),
-                iterations=iterations, labels=labels.idlg, box=box, name="sapag")
+                iterations=iterations, label_source=labels.idlg, box=box, name="sapag")
 
 
 def sapag_adamw(iterations: int = 20_000) -> Attack:
   """SAPAG's ResNet-18 protocol: :func:`sapag`'s distance with AdamW lr 1e-3, 20 000 iterations."""
   return Attack(distance=_DISTANCE["gaussian_kernel_mean"], optimizer=optimizers.Named("adamw", 1e-3),
-                iterations=iterations, labels=labels.joint, box=True, name="sapag_adamw")
+                iterations=iterations, label_source=labels.joint, box=True, name="sapag_adamw")
 
 
 def dlm(iterations: int = 4000, *, gamma: Gamma = Gamma()) -> Attack:
@@ -126,7 +126,7 @@ def dlm(iterations: int = 4000, *, gamma: Gamma = Gamma()) -> Attack:
   LeNet the paper uses L-BFGS lr 1, 200 iterations.
   """
   return Attack(matched=ScaledDifference(gamma), distance=_DISTANCE["euclidean"],
-                labels=labels.idlg, optimizer=optimizers.Named("adam", 0.1), iterations=iterations,
+                label_source=labels.idlg, optimizer=optimizers.Named("adam", 0.1), iterations=iterations,
                 name="dlm")
 
 
@@ -134,7 +134,7 @@ def dlm_plus(iterations: int = 4000) -> Attack:
   """DLM+ (same paper): ‖∇W'/‖∇W'‖ − ΔW/‖ΔW‖‖², learning-rate free, Adam lr 0.01, 4000 iterations.
   Scale-free, so it optimises labels jointly as DLG does; the dummy image is clamped to the box
   (``experiments/studies/dlm_table1`` measures both choices against iDLG labels and no box)."""
-  return Attack(matched=Normalised(), distance=_DISTANCE["euclidean"], labels=labels.joint,
+  return Attack(matched=Normalised(), distance=_DISTANCE["euclidean"], label_source=labels.joint,
                 optimizer=optimizers.Named("adam", 0.01), iterations=iterations, box=True,
                 name="dlm_plus")
 
@@ -149,7 +149,7 @@ def gradinversion(iterations: int = 15_000, *, tv: float = 1e-2, bn: float = 1e-
   (``experiments/studies/hfginv_batch``)."""
   return Attack(distance=_DISTANCE["cosine"],
                 priors=(priors.Prior(_PRIOR["tv"], tv), priors.Prior(_PRIOR["bn"], bn)),
-                labels=labels.known, optimizer=optimizers.Named("signed_adam", 0.1, schedule="step"),
+                label_source=labels.known, optimizer=optimizers.Named("signed_adam", 0.1, schedule="step"),
                 iterations=iterations, box=True, name="gradinversion")
 
 
@@ -174,7 +174,7 @@ def hfginv(iterations: int = HFGINV_ITERATIONS, *, tv: float = 1e-2, bn: float =
   """
   paper = Attack(distance=_DISTANCE["cosine"],
                  priors=(priors.Prior(_PRIOR["tv"], tv, 3000), priors.Prior(_PRIOR["bn_hfginv"], bn, 5000)),
-                 labels=labels.known,
+                 label_source=labels.known,
                  optimizer=optimizers.Named("quantized_adam", 0.1, schedule="step_hfginv"),
                  iterations=HFGINV_ITERATIONS, box=True, stepwise=Stepwise(),
                  name="hfginv")

@@ -284,7 +284,7 @@ def prepare_tokens(attack: attacks.Attack, apply_fn: Callable, view: Observation
     described = attacks.describe(attack)
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
                      "inputs: it takes no label source, objective mode or image prior "
-                     f"(attack {attack.name!r} has labels={described['labels']!r}, "
+                     f"(attack {attack.name!r} has label_source={described['label_source']!r}, "
                      f"objective={attack.matched.name!r}, priors={described['priors']!r})")
   if eos is None and mask is None:
     raise ValueError("the token search needs the end-of-sentence id (the last target)")
@@ -391,9 +391,9 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict
                  execution):
   if length < 1:
     raise ValueError(f"sentence length must be positive, got {length}")
-  if attack.labels not in (labels_lib.joint, labels_lib.known) or attack.matched.name != "gradient":
+  if attack.label_source not in (labels_lib.joint, labels_lib.known) or attack.matched.name != "gradient":
     raise ValueError("text attacks match a FedSGD gradient with joint soft targets or known next "
-                     f"tokens; attack {attack.name!r} has labels={attacks.describe(attack)['labels']!r}, "
+                     f"tokens; attack {attack.name!r} has label_source={attacks.describe(attack)['label_source']!r}, "
                      f"objective={attack.matched.name!r} (label inference reads a classifier's head)")
   table = embedding_table(observation)
   view = attack_view(observation)

@@ -1,7 +1,6 @@
 """Attacks adapted to a declared defense (gradjax.adaptive): the adapted objective against closed
 forms in NumPy, zero at the client's true gradient, and float64 finite differences."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

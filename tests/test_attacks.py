@@ -75,7 +75,7 @@ def test_group_consistency_draws_the_restarts_together():
 def test_known_labels_and_errors():
   batch, net, obs = setup(2)
   with pytest.raises(ValueError, match="carries none"):
-    attacks.reconstruct(dataclasses.replace(presets.dlg(), labels=labels.known), net.apply_fn, obs,
+    attacks.reconstruct(dataclasses.replace(presets.dlg(), label_source=labels.known), net.apply_fn, obs,
                         jax.random.key(0), input_shape=(16, 16, 3))
   two = data.load("skimage", indices=[0, 1], image_size=(16, 16))
   obs2 = clients.fedsgd(net.apply_fn, net.variables, two.x, two.y)
@@ -114,7 +114,7 @@ def test_any_apply_fn_plugs_in():
   variables = {"params": {"w": rng.uniform(-0.05, 0.05, (625, 3)).astype(np.float32),
                           "b": rng.uniform(-0.5, 0.5, 3).astype(np.float32)}}
   obs = clients.fedsgd(apply_fn, variables, batch.x, np.array([2]), share_labels=True)
-  attack = dataclasses.replace(presets.dlg(iterations=100), labels=labels.known)
+  attack = dataclasses.replace(presets.dlg(iterations=100), label_source=labels.known)
   rec = attacks.reconstruct(attack, apply_fn, obs, jax.random.key(0), input_shape=batch.x.shape[1:])
   assert rec.labels.tolist() == [2]
 
@@ -196,7 +196,7 @@ def test_batch_of_two_with_known_or_inferred_labels(label_method):
   from gradjax.run import config, pipeline
   results, images = pipeline.run(
       config.from_options({
-          "attack.preset": "dlg", "attack.labels": label_method, "data.image_size": 16,
+          "attack.preset": "dlg", "attack.label_source": label_method, "data.image_size": 16,
           "data.index": 4, "data.batch_size": 2, "attack.iterations": 1000
       }))
   psnr = [skimage.metrics.peak_signal_noise_ratio(g.astype(np.float64), r, data_range=1)
@@ -216,8 +216,8 @@ def test_describe_names_the_parts():
   ig = attacks.describe(presets.inverting_gradients(iterations=100))
   assert json.loads(json.dumps(ig)) == ig
   assert ig == dict(
-      name="inverting_gradients", objective="gradient", distance="cosine", layer_weights=None,
-      priors=[["tv", 1e-4, 0]], labels="known",
+      name="inverting_gradients", objective="gradient", distance="cosine", depth_rule=None,
+      priors=[["tv", 1e-4, 0]], label_source="known",
       optimizer=dict(name="signed_adam", learning_rate=0.1, schedule="step", warmup=0, weight_decay=0.01,
                      history=100, max_linesearch_steps=20),
       iterations=100, box=True, one_sample_per_step=False, dummy_init="normal", tol=0.0, remat=False,
@@ -230,10 +230,10 @@ def test_describe_names_the_parts():
   def my_distance(dummy_grads, observed_grads):
     return distances.euclidean(dummy_grads, observed_grads)
 
-  own = attacks.Attack(distance=my_distance, optimizer=optax.adam(0.1), labels=labels.llg,
+  own = attacks.Attack(distance=my_distance, optimizer=optax.adam(0.1), label_source=labels.llg,
                        dummy_init=dummy.uniform, priors=(priors.Prior(priors.l2_norm, 1e-6, 5),))
   d = attacks.describe(own)
-  assert (d["name"], d["distance"], d["labels"]) == ("custom", "my_distance", "llg")
+  assert (d["name"], d["distance"], d["label_source"]) == ("custom", "my_distance", "llg")
   assert d["dummy_init"] == "uniform"
   assert d["priors"] == [["l2", 1e-6, 5]] and set(d["optimizer"]) == {"name"}
 

@@ -426,7 +426,7 @@ def test_attack_parts_from_flags(tmp_path):
   assert attack["distance"] == "cosine" and attack["box"] and attack["name"] == "inverting_gradients"
   assert attack["optimizer"] == {"name": "signed_adam", "learning_rate": 0.1, "schedule": "step", "warmup": 0,
                                  "weight_decay": 0.01, "history": 100, "max_linesearch_steps": 20}
-  assert attack["dummy_init"] == "pattern" and attack["labels"] == "known" and attack["iterations"] == 20
+  assert attack["dummy_init"] == "pattern" and attack["label_source"] == "known" and attack["iterations"] == 20
   assert bad.returncode == 2 and "name:weight" in bad.stderr
 
 
@@ -439,16 +439,16 @@ def test_config_names_resolve_to_the_attacks_parts():
   assert config.get_attack(config.from_options({"attack.preset": "dlg"})) == presets.dlg()
   cfg = config.from_options({
       "attack.preset": "sapag", "attack.iterations": 50, "attack.distance": "cosine",
-      "attack.labels": "llg", "attack.dummy_init": "uniform", "attack.optimizer": "adam",
+      "attack.label_source": "llg", "attack.dummy_init": "uniform", "attack.optimizer": "adam",
       "attack.learning_rate": 0.01, "attack.schedule": "cosine", "attack.box": False,
       "attack.tol": 1e-9
   })
   attack = config.get_attack(cfg)
-  assert attack.distance is distances.DISTANCES["cosine"] and attack.labels is labels.llg
+  assert attack.distance is distances.DISTANCES["cosine"] and attack.label_source is labels.llg
   assert attack.dummy_init is dummy.uniform and not attack.box and attack.tol == 1e-9
   assert attack.optimizer == optimizers.Named("adam", 0.01, schedule="cosine") and attack.iterations == 50
   assert attack == dataclasses.replace(presets.sapag(50), distance=distances.DISTANCES["cosine"],
-                                       labels=labels.llg, dummy_init=dummy.uniform, box=False, tol=1e-9,
+                                       label_source=labels.llg, dummy_init=dummy.uniform, box=False, tol=1e-9,
                                        optimizer=optimizers.Named("adam", 0.01, schedule="cosine"))
   # The learning rate alone keeps the preset's optimizer; hfginv's labels are inferred, then known.
   ig = config.get_attack(
@@ -456,14 +456,14 @@ def test_config_names_resolve_to_the_attacks_parts():
   assert ig.optimizer == optimizers.Named("signed_adam", 0.5, schedule="step")
   assert config.get_attack(
       config.from_options({"attack.preset": "dlg",
-                           "attack.labels": "hfginv"})).labels is labels.known
+                           "attack.label_source": "hfginv"})).label_source is labels.known
   # SAPAG reads its image label by iDLG; a language model's targets have no head to read: joint.
-  assert config.get_attack(config.from_options({"attack.preset": "sapag"})).labels is labels.idlg
+  assert config.get_attack(config.from_options({"attack.preset": "sapag"})).label_source is labels.idlg
   text = {"attack.preset": "sapag", "data.modality": "text", "model.name": "transformer",
           "data.dataset": "pydoc"}
-  assert config.get_attack(config.from_options(text)).labels is labels.joint
+  assert config.get_attack(config.from_options(text)).label_source is labels.joint
   assert config.get_attack(config.from_options({**text,
-                                                "attack.labels": "known"})).labels is labels.known
+                                                "attack.label_source": "known"})).label_source is labels.known
   with pytest.raises(ValueError, match="unknown distance"):
     config.get_attack(config.from_options({"attack.distance": "manhattan"}))
   with pytest.raises(ValueError, match="dummy init"):

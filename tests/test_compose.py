@@ -35,7 +35,7 @@ def squared_error(dummy_grads, observed_grads):
 def test_a_hand_written_distance_gives_the_built_in_reconstruction(problem, optimizer):
   model, obs = problem
   mine = attacks.Attack(distance=squared_error, optimizer=optimizer, iterations=40,
-                        labels=labels.idlg)
+                        label_source=labels.idlg)
   built_in = dataclasses.replace(mine, distance=distances.DISTANCES["euclidean"])
   kw = dict(input_shape=(8, 8, 3), restarts=2)
   a = attacks.reconstruct(mine, model.apply_fn, obs, jax.random.key(2), **kw)
@@ -52,7 +52,7 @@ def test_optax_own_lbfgs_is_driven_with_its_line_search(problem):
   iteration costs the line search's evaluations only (about one), not one more."""
   model, obs = problem
   attack = attacks.Attack(distance=squared_error, optimizer=optax.lbfgs(), iterations=30,
-                          labels=labels.idlg)
+                          label_source=labels.idlg)
   assert optimizers.stores_value(optax.lbfgs().init({"x": jnp.zeros(3)}))
   assert not optimizers.stores_value(optax.adam(0.1).init({"x": jnp.zeros(3)}))
   rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3))
@@ -73,7 +73,7 @@ def test_a_prior_of_ones_own(problem):
   np.testing.assert_allclose(float(prior(jnp.asarray(x), jnp.asarray(5))), 0.3 * np.mean(np.abs(x)),
                              rtol=1e-6)
   model, obs = problem
-  attack = dataclasses.replace(presets.inverting_gradients(30), priors=(prior,), labels=labels.idlg)
+  attack = dataclasses.replace(presets.inverting_gradients(30), priors=(prior,), label_source=labels.idlg)
   rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(0), input_shape=(8, 8, 3))
   assert np.isfinite(rec.loss)
   assert attacks.describe(attack)["priors"] == [["mean_abs", 0.3, 5]]
@@ -81,7 +81,7 @@ def test_a_prior_of_ones_own(problem):
 
 def cosine_dlg(iterations: int = 50) -> attacks.Attack:
   """A preset of one's own: DLG's joint labels with Inverting Gradients' distance and optimizer."""
-  return dataclasses.replace(presets.inverting_gradients(iterations), labels=labels.joint,
+  return dataclasses.replace(presets.inverting_gradients(iterations), label_source=labels.joint,
                              priors=(), name="cosine_dlg")
 
 
@@ -93,7 +93,7 @@ def test_a_preset_of_ones_own_and_its_record(problem):
   assert rec.dummy["label_logits"].shape == (1, 10)
   record = json.loads(json.dumps(attacks.describe(attack)))
   assert record["name"] == "cosine_dlg" and record["distance"] == "cosine"
-  assert record["labels"] == "joint" and record["optimizer"]["name"] == "signed_adam"
+  assert record["label_source"] == "joint" and record["optimizer"]["name"] == "signed_adam"
   assert record["optimizer"]["schedule"] == "step" and record["dummy_init"] == "normal"
   mine = json.loads(json.dumps(attacks.describe(attacks.Attack(
       distance=squared_error, optimizer=optax.sgd(0.1), dummy_init=dummy.uniform))))
@@ -109,7 +109,7 @@ def test_names_are_not_parts():
   with pytest.raises(ValueError, match="priors.Prior"):
     attacks.Attack(priors=(("tv", 1e-4, 0),))
   with pytest.raises(ValueError, match="must be a function"):
-    attacks.Attack(labels="known")
+    attacks.Attack(label_source="known")
 
 
 class TwoLayer(nn.Module):
@@ -180,7 +180,7 @@ def test_attacks_trace_at_float32_matmul_precision_unless_told(problem, precisio
     return squared_error(dummy_grads, observed_grads)
 
   attack = attacks.Attack(distance=recording, optimizer=optax.adam(0.05), iterations=2,
-                          labels=labels.idlg)
+                          label_source=labels.idlg)
   kw = {} if precision is None else dict(matmul_precision=precision)
   attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3),
                       execution=driver.Execution(**kw))

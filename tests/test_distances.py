@@ -144,7 +144,7 @@ def test_annealed_kernel_narrows_from_per_entry_to_printed_width():
   # Binding the weights keeps what the record says of the distance.
   assert dist.reads_step and not distances.get_distance("cosine").reads_step
   assert not distances.as_distance(distances.cosine).reads_step
-  assert dist.settled_from == 250 and dist.layer_weights == "inverse"
+  assert dist.settled_from == 250 and dist.depth_rule == "inverse"
   assert distances.get_distance("gaussian_kernel_mean").settled_from == 0
   assert distances.as_distance(distances.cosine).settled_from == 0
   with pytest.raises(ValueError, match="non-negative"):

@@ -371,7 +371,7 @@ def test_several_local_steps_get_replay_and_dlm_plus(net, tmp_path):
   for row in rows:
     assert row.get("error") is None and row["num_samples"] == 2 and np.isfinite(row["psnr"]), row
   metrics_ = json.loads((tmp_path / "audit" / rows[0]["run"] / "metrics.json").read_text())
-  assert metrics_["config"]["attack"]["labels"] == "llg_star" and metrics_[
+  assert metrics_["config"]["attack"]["label_source"] == "llg_star" and metrics_[
       "threat_model"] == "fedavg"
 
 

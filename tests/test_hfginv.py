@@ -340,7 +340,7 @@ def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
   from gradjax.run import config, pipeline
   cfg = config.from_options({
       "model.name": "mlp-64", "data.image_size": 16, "data.batch_size": 2, "data.index": 3, "attack.aux": 4,
-      "attack.labels": "hfginv", "attack.iterations": 2, "output.lpips": "none"
+      "attack.label_source": "hfginv", "attack.iterations": 2, "output.lpips": "none"
   })
   results, _ = pipeline.run(cfg)
   batch = data.load("skimage", indices=range(3, 5), image_size=(16, 16))
@@ -351,6 +351,6 @@ def test_pipeline_labels_hfginv_reads_the_images_after_the_batch():
   want = labels.hfginv(obs, labels.feature_profile(model.apply_fn, model.variables, jnp.asarray(aux.x)),
                        jax.random.fold_in(key_attack, 1))
   assert sorted(results["labels_reconstructed"]) == sorted(np.asarray(want).tolist())
-  assert results["config"]["attack"]["labels"] == "hfginv"
+  assert results["config"]["attack"]["label_source"] == "hfginv"
   with pytest.raises(ValueError, match="--config.attack.aux 40 images after the batch"):
     pipeline.run(config.replace(cfg, {"attack.aux": 40}))

@@ -308,7 +308,7 @@ def test_llg_star_counts_repeated_labels_through_the_servers_model(photos):
     got = pipeline.llg_star_labels(model, obs, data.normalization("none"), jax.random.key(seed))
     hits.append(metrics.label_accuracy(np.asarray(got), y))
   assert np.mean(hits) >= 7 / 8, hits
-  assert config.get_attack(config.from_options({"attack.preset": "inverting_gradients", "attack.labels": "llg_star"})).labels \
+  assert config.get_attack(config.from_options({"attack.preset": "inverting_gradients", "attack.label_source": "llg_star"})).label_source \
       is labels.known
 
 

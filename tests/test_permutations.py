@@ -63,7 +63,7 @@ def test_search_recovers_the_mini_batch_assignment():
     local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.5)
     obs = clients.fedavg(model.apply_fn, model.variables, x, y, local, share_labels="multiset")
     np.testing.assert_array_equal(obs.labels, [0, 1, 2, 3])
-    attack = attacks.Attack(matched=objectives.Replay(), labels=labels.known, iterations=300)
+    attack = attacks.Attack(matched=objectives.Replay(), label_source=labels.known, iterations=300)
     kw = dict(input_shape=(5, 5, 1), execution=driver.Execution("vmap"))
     plain = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)
     search = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), permutations=6,
@@ -81,8 +81,8 @@ def test_search_refuses_a_client_whose_label_order_changes_nothing():
   one_batch = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(),
                              share_labels="multiset")
   sgd = clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True)
-  for attack, obs in [(attacks.Attack(matched=objectives.Replay(), labels=labels.known), one_batch),
-                      (attacks.Attack(labels=labels.known), sgd)]:
+  for attack, obs in [(attacks.Attack(matched=objectives.Replay(), label_source=labels.known), one_batch),
+                      (attacks.Attack(label_source=labels.known), sgd)]:
     with pytest.raises(ValueError, match="more than one local mini-batch"):
       attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(0), input_shape=(5, 5, 1),
                           permutations=3)

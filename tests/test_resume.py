@@ -102,6 +102,17 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
       path, fingerprint={"seed": 0}, resume=True, on_restore=later.append)))
   assert len(later) == 1  # restored
   path.write_bytes(before)
+  # An option renamed since the state was saved (iterations -> budget, here) continues under its new
+  # name and value; another value under the new name is refused.
+  renamed = []
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
+      path, fingerprint={"budget": 60, "seed": 0}, resume=True, on_restore=renamed.append,
+      renamed={"iterations": "budget"})))
+  assert len(renamed) == 1
+  path.write_bytes(before)
+  with pytest.raises(ValueError, match="another run .budget = 60 there, 61 here"):
+    _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
+        path, fingerprint={"budget": 61, "seed": 0}, resume=True, renamed={"iterations": "budget"})))
   refused({"iterations": 60, "seed": 0}, "strategy 'vmap'", strategy="sequential")
   good = path.read_bytes()
   path.write_bytes(good[: len(good) // 2])

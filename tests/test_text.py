@@ -293,7 +293,7 @@ def test_attack_recovers_a_short_sentence_exactly(client, search):
   m, obs, ids = client
   if search == "embeddings":  # free embeddings with the targets known: the decoding is exact
     obs = obs.replace(labels=jnp.asarray(corpus.language_model_pairs(ids, 1)[1]))
-    attack = dataclasses.replace(presets.dlg(iterations=150), labels=labels.known)
+    attack = dataclasses.replace(presets.dlg(iterations=150), label_source=labels.known)
   else:  # the token search, from the gradient alone
     attack = presets.dlg(iterations=200)
   rec = text.reconstruct(attack, m.apply_fn, obs, jax.random.key(0), length=5, eos=1, restarts=4,

@@ -19,7 +19,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from gradjax import compilation, configs, files, progress
-from gradjax.run import campaign, config, report, resume
+from gradjax.run import campaign, config, resume
 from gradjax.run.config import Config
 from gradjax.cli import distributed
 

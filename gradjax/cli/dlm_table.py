@@ -52,9 +52,9 @@ METHODS = {
         "attack.optimizer": "adam", "attack.learning_rate": 0.1, "attack.iterations": 4000
     },
     "DLM": {"attack.preset": "dlm"},
-    "DLM (joint labels)": {"attack.preset": "dlm", "attack.labels": "joint"},
+    "DLM (joint labels)": {"attack.preset": "dlm", "attack.label_source": "joint"},
     "DLM+": {"attack.preset": "dlm_plus"},
-    "DLM+ (iDLG labels)": {"attack.preset": "dlm_plus", "attack.labels": "idlg"},
+    "DLM+ (iDLG labels)": {"attack.preset": "dlm_plus", "attack.label_source": "idlg"},
 }
 # DLM's unstated details (issue 14): how γ starts and learns; {inv_lr} is 1 / --local_lr.
 GAMMA_VARIANTS = {
@@ -69,7 +69,7 @@ GAMMA_VARIANTS = {
         "attack.preset": "dlm", "attack.gamma": "init={inv_lr},lr=0.001"
     },
     "DLM, γ from 1/lr, joint labels": {
-        "attack.preset": "dlm", "attack.labels": "joint", "attack.gamma": "init={inv_lr}"
+        "attack.preset": "dlm", "attack.label_source": "joint", "attack.gamma": "init={inv_lr}"
     },
     # γ never moves from 1/lr: iDLG on the gradient ΔW / lr, the bound any γ rule can reach.
     "DLM, γ = 1/lr throughout": {

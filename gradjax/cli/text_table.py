@@ -44,7 +44,7 @@ METHODS = {
     "SAPAG-literal": {"attack.preset": "sapag",
                       "attack.distance": "gaussian_kernel"},  # σ_l² literal, not per entry
     "SAPAG-uniform": {"attack.preset": "sapag",
-                      "attack.layer_weights": "uniform"},  # Q_l = 1, no depth weights
+                      "attack.depth_rule": "uniform"},  # Q_l = 1, no depth weights
 }
 TABLE = ("DLG", "SAPAG", "cosine")
 

@@ -470,7 +470,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     row = {**base, "attack": name}
     try:
       labels = None
-      if (name not in closed_forms.CLOSED_FORMS and presets.get_preset(name)().labels is labels_lib.known
+      if (name not in closed_forms.CLOSED_FORMS and presets.get_preset(name)().label_source is labels_lib.known
           and "labels" not in meta):
         # FedAvg clients do not share labels: infer them from the update's last layer (LLG* counts
         # duplicates, its impact measured on dummy images through the model the server sent;
@@ -484,7 +484,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
           "data.dataset": None,  # the truth is scored here, loaded once for the capture's attacks
           "data.data_dir": None,
           "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
-          "attack.restarts": 1 if closed else settings.restarts, "attack.labels": labels,
+          "attack.restarts": 1 if closed else settings.restarts, "attack.label_source": labels,
           "attack.adaptive": not closed and settings.adaptive and bool(meta.get("defense")),
           **(auto.settings(name, settings.model or meta.get("model")) if chosen else {})})
       results, images = pipeline.run(cfg, batch=truth)

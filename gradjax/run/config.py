@@ -322,16 +322,16 @@ class AttackConfig(_Section):
   distance: str | None = _field(
       None, f"Gradient distance{_PRESET}: {_names(distances.DISTANCES)}.", attack="distance",
       parse=distances.get_distance)
-  layer_weights: str | None = _field(
+  depth_rule: str | None = _field(
       None, f"Per-layer distance weights by depth: {_names(distances.DEPTH_RULES)}.",
-      attack="layer_weights")
+      attack="depth_rule")
   priors: str | None = _field(
       None, f"Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none; "
       f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
-  labels: str | None = _field(
+  label_source: str | None = _field(
       None, f"Labels: joint, known, an inference method ({_names(labels_lib.METHODS)}), "
       "hfginv (duplicate-aware counts from --config.attack.aux images) or llg_star (LLG with its impact measured "
-      "on dummy images through the server's model).", attack="labels", parse=_label_source)
+      "on dummy images through the server's model).", attack="label_source", parse=_label_source)
   aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
                     "dataset's images after the attacked batch (Ye et al. use 40).")
   box: bool | None = _field(None, "Clamp dummy data to the valid image range after every step.",
@@ -378,7 +378,7 @@ class AttackConfig(_Section):
     """The preset built at ``iterations`` (its own step counts, hfginv's prior starts and layer
     schedule, scale with it), with the parts this section names replaced: the one place where the
     names of distances, priors, label sources, dummy initialisations and optimizers become objects.
-    ``modality``: a text client's next-token targets are optimised jointly unless ``labels`` says
+    ``modality``: a text client's next-token targets are optimised jointly unless ``label_source`` says
     otherwise; ``remat`` (the execution section's): the replayed local steps checkpointed. A closed
     form (:data:`gradjax.closed_forms.CLOSED_FORMS`) optimises nothing: an option of the optimisation
     attacks set beside it is refused. ValueError for the auto attack, which
@@ -685,11 +685,11 @@ def _build_attack(section: AttackConfig, modality: str, remat: bool | None):
         overrides[target] = value
   preset = presets.get_preset(section.preset)
   attack = preset() if section.iterations is None else preset(iterations=section.iterations)
-  if (modality == "text" and "labels" not in overrides
-      and attack.labels not in (labels_lib.joint, labels_lib.known)):
+  if (modality == "text" and "label_source" not in overrides
+      and attack.label_source not in (labels_lib.joint, labels_lib.known)):
     # A preset's label inference (SAPAG's iDLG) reads a classifier's head; a language model's
     # next-token targets are optimised jointly, as DLG and SAPAG do for text.
-    overrides["labels"] = labels_lib.joint
+    overrides["label_source"] = labels_lib.joint
   if optimizer:
     overrides["optimizer"] = dataclasses.replace(attack.optimizer, **optimizer)
   if {"matched", "gamma", "remat"} & set(overrides):
@@ -745,7 +745,7 @@ ALIASES = {
     "client": "client.name", "observation": "client.observation",
     "defense": "defense.spec",
     "attack": "attack.preset", "iterations": "attack.iterations", "restarts": "attack.restarts",
-    "budget": "attack.budget", "labels": "attack.labels", "priors": "attack.priors",
+    "budget": "attack.budget", "labels": "attack.label_source", "priors": "attack.priors",
     "lpips": "output.lpips",
     "epochs": "training.epochs",
 }
@@ -847,10 +847,14 @@ def record(cfg: Config, paths: tuple[str, ...] | None = None) -> dict[str, Any]:
 _FLAT_RECORD = {**{p.rpartition(".")[2]: p for p in _OPTIONS
                    if section(p) != "utility" and p.rpartition(".")[2] not in ("name", "spec", "preset", "lr")},
                 "model": "model.name", "client": "client.name", "defense": "defense.spec",
-                "attack": "attack.preset", "train_lr": "training.lr", "objective": "attack.matched"}
+                "attack": "attack.preset", "train_lr": "training.lr", "objective": "attack.matched",
+                "labels": "attack.label_source", "layer_weights": "attack.depth_rule"}
 
 
-_RENAMED = {"attack.matched": "attack.matched"}  # options renamed since a record was written
+# Options renamed since a run wrote its configuration, results or state: the old path -> the new one.
+# Configuration files (a run folder's config.py), results and saved states written under the old
+# names are read under the new ones.
+RENAMED = {"attack.labels": "attack.label_source", "attack.layer_weights": "attack.depth_rule"}
 
 
 def recorded(values: dict[str, Any]) -> dict[str, Any]:
@@ -862,7 +866,7 @@ def recorded(values: dict[str, Any]) -> dict[str, Any]:
 
     def walk(node, prefix):
       for key, value in node.items():
-        path = _RENAMED.get(f"{prefix}{key}", f"{prefix}{key}")
+        path = RENAMED.get(f"{prefix}{key}", f"{prefix}{key}")
         if isinstance(value, dict):
           walk(value, f"{prefix}{key}.")
         elif path in _OPTIONS:
@@ -870,8 +874,8 @@ def recorded(values: dict[str, Any]) -> dict[str, Any]:
 
     walk(values, "")
     return out
-  return {k if k in _OPTIONS else _FLAT_RECORD[k]: v for k, v in values.items()
-          if k in _OPTIONS or k in _FLAT_RECORD}
+  return {RENAMED.get(k, k) if RENAMED.get(k, k) in _OPTIONS else _FLAT_RECORD[k]: v
+          for k, v in values.items() if RENAMED.get(k, k) in _OPTIONS or k in _FLAT_RECORD}
 
 
 # Options that change how a run is scored, where its data lie or how its restarts are scheduled, not
@@ -1040,13 +1044,14 @@ def from_dict(tree) -> Config:
 
 
 def given(tree) -> dict[str, Any]:
-  """Dotted path -> value of every option ``tree`` holds (ValueError for one the schema lacks)."""
+  """Dotted path -> value of every option ``tree`` holds (ValueError for one the schema lacks); an
+  option under its old name (:data:`RENAMED`) is read under its new one."""
   plain = tree.to_dict() if isinstance(tree, config_dict.ConfigDict) else dict(tree)
   out, unknown = {}, []
 
   def walk(node, prefix):
     for key, value in node.items():
-      path = f"{prefix}{key}"
+      path = RENAMED.get(f"{prefix}{key}", f"{prefix}{key}")
       if isinstance(value, dict):
         walk(value, path + ".")
       elif path in _OPTIONS:

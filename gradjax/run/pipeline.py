@@ -231,7 +231,8 @@ class _Resumable:
       if cfg.execution.shard:  # the restarts' split over devices shapes the vmapped programs' values
         saved_with["restarts_split_over"] = (f"{jax.device_count()} devices of "
                                              f"{jax.process_count()} processes")
-      self.saver = state.saver(saved_with, on_restore=restored, collective=spread, extra=lambda: {
+      self.saver = state.saver(saved_with, on_restore=restored, collective=spread,
+                               renamed=config.RENAMED, extra=lambda: {
           "history": trace.rows, "wall_time_s": self.wall_s()})
 
   def wall_s(self) -> float:
@@ -504,8 +505,8 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
   attack = check(cfg)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
-  share_labels = (not closed and cfg.attack.labels not in SERVER_INFERRED_LABELS
-                  and attack.labels is labels_lib.known)
+  share_labels = (not closed and cfg.attack.label_source not in SERVER_INFERRED_LABELS
+                  and attack.label_source is labels_lib.known)
   checks, problems = {}, []
   if cfg.client.observation:
     if batch is None and cfg.data.dataset is not None:
@@ -549,10 +550,10 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
     observation = clients.update_as_gradient(observation)
 
   # Rules that run the server's copy of the model: inferred here, then attacked as known labels.
-  if cfg.attack.labels == "hfginv":
+  if cfg.attack.label_source == "hfginv":
     observation = observation.replace(
         labels=hfginv_labels(cfg, model, observation, norm, jax.random.fold_in(key_attack, 1)))
-  elif cfg.attack.labels == "llg_star":
+  elif cfg.attack.label_source == "llg_star":
     observation = observation.replace(
         labels=llg_star_labels(model, observation, norm, jax.random.fold_in(key_attack, 1)))
 
@@ -903,7 +904,7 @@ def _run_text(cfg: Config, callback, state):
   x, y = client_pairs(cfg, model, batch.ids, vocabulary)
   # A FedAvg client is the span attack's only (Config checks); it reveals no labels.
   client = cfg.client.build(share_labels=(cfg.client.name == "fedsgd" and
-                                          getattr(attack, "labels", None) is labels_lib.known))
+                                          getattr(attack, "label_source", None) is labels_lib.known))
   observation = client(model.apply_fn, model.variables, x, y)
   defense = cfg.defense.build()
   if defense is not None:

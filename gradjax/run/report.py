@@ -10,7 +10,7 @@ Both writers create parent directories and replace the target atomically.
 import json
 import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image

@@ -105,6 +105,8 @@ class Saver:
     resume: whether :meth:`restore` reads ``path`` (if it exists) or the run starts afresh.
     extra: called at every save; its JSON-ready dict is stored beside the state.
     on_restore: called with that dict when a saved state is restored.
+    renamed: keys of the fingerprint renamed since a state was saved, old -> new (a state saved under
+      the old names continues).
     collective: whether every process of a run over several processes runs this saver together
       (one attack sharded over all of them, :mod:`gradjax.cli.distributed`): then they decide each save
       together (a save is due when it is due on any of them, and a signal to any stops them all),
@@ -120,11 +122,13 @@ class Saver:
 
   def __init__(self, path, *, fingerprint: dict, every_s: float = 60.0, resume: bool = False,
                extra: Callable[[], dict] | None = None,
-               on_restore: Callable[[dict], None] | None = None, collective: bool = False):
+               on_restore: Callable[[dict], None] | None = None, collective: bool = False,
+               renamed: dict[str, str] | None = None):
     if every_s < 0:
       raise ValueError(f"seconds between saves must be non-negative, got {every_s}")
     self.path, self.fingerprint, self.every_s, self.resume = os.fspath(path), fingerprint, every_s, resume
     self._extra, self._on_restore, self.collective = extra, on_restore, collective
+    self.renamed = dict(renamed or {})
     self._fingerprint_json = json.loads(json.dumps(fingerprint, sort_keys=True))
     self._last = time.monotonic()
     self._called = False
@@ -163,7 +167,7 @@ class Saver:
   def restore(self, like: Callable[[], solvers.SolverState]) -> driver.Snapshot | None:
     if not self.resume or not os.path.exists(self.path):
       return None
-    snap, extra = load(self.path, like(), self._fingerprint_json)
+    snap, extra = load(self.path, like(), self._fingerprint_json, self.renamed)
     if self._on_restore is not None:
       self._on_restore(extra)
     self._last = time.monotonic()
@@ -205,10 +209,11 @@ def save(path, snap: driver.Snapshot, fingerprint: dict, extra: dict | None = No
   files.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
 
 
-def load(path, like: solvers.SolverState, fingerprint: dict | None = None
-         ) -> tuple[driver.Snapshot, dict]:
+def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
+         renamed: dict[str, str] | None = None) -> tuple[driver.Snapshot, dict]:
   """Reads a state file against ``like`` (the run's stacked state, arrays or
-  ``jax.ShapeDtypeStruct``) and, when given, the run's ``fingerprint``; returns (snapshot, extra).
+  ``jax.ShapeDtypeStruct``) and, when given, the run's ``fingerprint`` (the saved one's keys read
+  through ``renamed``, old -> new); returns (snapshot, extra).
 
   Raises:
     ValueError: (one line) the file is corrupt, holds Python objects, is of another format, was saved
@@ -232,6 +237,7 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None
   if fingerprint is not None:
     saved = header.get("fingerprint")
     if isinstance(saved, dict) and isinstance(fingerprint, dict):
+      saved = {(renamed or {}).get(k, k): v for k, v in saved.items()}
       # A key this run does not fingerprint does not determine its result (this gradjax stopped
       # counting it, e.g. the restart strategy): states saved with it continue.
       saved = {k: v for k, v in saved.items() if k in fingerprint}

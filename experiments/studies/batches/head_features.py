@@ -78,7 +78,7 @@ ROWS = [(f"b{b}_{start}_{'hf' if w else 'plain'}", b, start, count, w, ())
     ("b8_0_hf_own_convnet16_tv5_per_layer", 8, 0, 1, WEIGHT,
      ("--model=convnet-16", "--priors=tv:5", "--config.attack.distance=cosine_per_layer")),
     ("b8_0_hf_own_convnet16_tv5_inverse", 8, 0, 1, WEIGHT,
-     ("--model=convnet-16", "--priors=tv:5", "--config.attack.layer_weights=inverse"))] + [
+     ("--model=convnet-16", "--priors=tv:5", "--config.attack.depth_rule=inverse"))] + [
     # Twice the width: ConvNet-64 gives 43 of 64 at batch 8 on an H200 (the accelerator study), ConvNet-16
     # 7 of 64; does ConvNet-32 fit one core's 15 minutes and leak?
     (f"b8_{start}_hf_own_convnet32_tv5", 8, start, 1, WEIGHT, ("--model=convnet-32", "--priors=tv:5"))
@@ -120,7 +120,7 @@ def table() -> tuple[str, dict]:
       setting += f"; {iterations} iterations"
     if "_own" in row:
       setting += "; targets per example"
-    for flag in ("--config.attack.distance=", "--config.attack.layer_weights=", "--config.attack.smoothing="):
+    for flag in ("--config.attack.distance=", "--config.attack.depth_rule=", "--config.attack.smoothing="):
       setting += "".join(f"; {e[2:]}" for e in extra if e.startswith(flag))
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"

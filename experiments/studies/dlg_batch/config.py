@@ -20,7 +20,7 @@ BASE = {
 CHANGES = {
     'cifar100': {'data.dataset': 'cifar100'},
     'fixed': {'attack.optimizer': 'lbfgs_fixed'},
-    'known': {'attack.labels': 'known'},
+    'known': {'attack.label_source': 'known'},
     'one_sample': {'attack.one_sample_per_step': True},
     'restarts8': {'attack.restarts': 8},
 }

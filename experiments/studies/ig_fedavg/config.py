@@ -6,7 +6,7 @@ from gradjax.run import config
 
 # Options every variant sets (over gradjax.run.config.defaults()).
 BASE = {
-    'attack.labels': 'known',
+    'attack.label_source': 'known',
     'attack.preset': 'inverting_gradients_fedavg',
     'client.name': 'fedavg',
     'data.dataset': 'cifar10',

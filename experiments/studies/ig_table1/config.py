@@ -15,7 +15,7 @@ VARIANTS = {
     # runs/euclid_lbfgs16_6000_lenet_zhu_fresh_normalized_cifar10_0-9, runs/euclid_lbfgs16_6000_lenet_zhu_fresh_normalized_cifar10_10-19
     'euclid_lbfgs16_6000_lenet_zhu_fresh_normalized_cifar10': ('sweep', range(0, 20), {
         'attack.iterations': 6000,
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'cifar10',
@@ -24,7 +24,7 @@ VARIANTS = {
     # the 6000 iterations that closed the gap on fresh models, on the unseen images
     'euclid_lbfgs16_6000_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(500, 520), {
         'attack.iterations': 6000,
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'cifar10',
@@ -32,7 +32,7 @@ VARIANTS = {
     }),
     # runs/euclid_lbfgs16_lenet_zhu_epoch0_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_epoch0_cifar10_10-19
     'euclid_lbfgs16_lenet_zhu_epoch0_cifar10': ('sweep', range(0, 20), {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'none',
@@ -40,7 +40,7 @@ VARIANTS = {
     }),
     # runs/euclid_lbfgs16_lenet_zhu_epoch2_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_epoch2_cifar10_10-19
     'euclid_lbfgs16_lenet_zhu_epoch2_cifar10': ('sweep', range(0, 20), {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'none',
@@ -48,14 +48,14 @@ VARIANTS = {
     }),
     # runs/euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10_20-99
     'euclid_lbfgs16_lenet_zhu_fresh_normalized_cifar10': ('sweep', range(0, 100), {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'cifar10',
     }),
     # runs/euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10_20-99
     'euclid_lbfgs16_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 100), {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'cifar10',
@@ -63,7 +63,7 @@ VARIANTS = {
     }),
     # runs/euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10_20-99
     'euclid_lbfgs16_lenet_zhu_normalized_wd_epoch20_cifar10': ('sweep', range(0, 100), {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'cifar10',
@@ -71,7 +71,7 @@ VARIANTS = {
     }),
     # runs/euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10_0-9, runs/euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10_10-19, runs/euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10_20-99
     'euclid_lbfgs16_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(0, 100), {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.restarts': 16,
         'data.dataset': 'cifar10',
         'data.normalization': 'cifar10',
@@ -79,7 +79,7 @@ VARIANTS = {
     }),
     # runs/euclid_lbfgsfixed8_resnet20-4_cifar10_0, runs/euclid_lbfgsfixed8_resnet20-4_cifar10_1
     'euclid_lbfgsfixed8_resnet20-4_cifar10': ('sweep', range(0, 2), {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.optimizer': 'lbfgs_fixed',
         'attack.restarts': 8,
         'data.dataset': 'cifar10',
@@ -88,7 +88,7 @@ VARIANTS = {
     }),
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0
     'euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
-        'attack.labels': 'known',
+        'attack.label_source': 'known',
         'attack.optimizer': 'lbfgs_fixed',
         'attack.restarts': 8,
         'data.dataset': 'cifar10',

@@ -249,7 +249,7 @@ VARIANTS = {
     # runs/sapag_uniform_fixed_lenet5_xavier_cifar100_0-19
     'sapag_uniform_fixed_lenet5_xavier_cifar100': ('sweep', range(0, 20), {
         'attack.iterations': 500,
-        'attack.layer_weights': 'uniform',
+        'attack.depth_rule': 'uniform',
         'attack.optimizer': 'lbfgs_fixed',
         'attack.preset': 'sapag',
         'data.dataset': 'cifar100',
@@ -271,7 +271,7 @@ for _init, _dataset in [(i, d) for i in _INITS for d in _SETTINGS]:
       "attack.iterations": 2000, "attack.preset": "sapag", "data.dataset": _dataset,
       "model.init": _INITS[_init], **_SETTINGS[_dataset]})
 VARIANTS["sapag_expm1_joint_lenet5_xavier_cifar100"] = ("sweep", None, {
-    **VARIANTS["sapag_preset_lenet5_xavier_cifar100"][2], "attack.labels": "joint"})
+    **VARIANTS["sapag_preset_lenet5_xavier_cifar100"][2], "attack.label_source": "joint"})
 
 
 # runs/dlg_fixed_10000_lenet5_uniform_cifar100_60-69: DLG's baseline at the paper's budget read as
