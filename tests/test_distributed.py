@@ -75,8 +75,10 @@ def _service_children(port_hint: str, wait_s: float = 10) -> list[str]:
 
 def test_one_sharded_attack_over_two_processes_equals_one_process(tmp_path):
   # Successive halving too: after 20 iterations the best 2 of 4 restarts (ranked on every process
-  # from the gathered objectives) continue, split over the devices again.
-  args = ["reconstruct", "--iterations=40", "--restarts=4", "--config.execution.shard=True", "--config.execution.halving_rounds=2",
+  # from the gathered objectives) continue, split over the devices again. An MLP and Adam: what is
+  # compared is the split, whose programs each process compiles afresh (L-BFGS's sharded runs over
+  # two processes in the killed-process test below).
+  args = ["reconstruct", "--model=mlp-64", "--image_size=16", "--attack=adam_dlg", "--iterations=40", "--restarts=4", "--config.execution.shard=True", "--config.execution.halving_rounds=2",
           "--lpips=none", "--seed=3"]
   with _processes([*args, f"--output_dir={tmp_path / 'two'}"]) as procs:
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
@@ -197,11 +199,10 @@ def test_batch_table_splits_its_attacks_over_two_processes(tmp_path):
     np.testing.assert_allclose([r["loss"] for r in a], [r["loss"] for r in b], rtol=1e-6)
 
 
-@pytest.mark.parametrize("program", ["label-accuracy", "label-recovery"])
-def test_label_programs_split_their_clients_over_two_processes(program, tmp_path):
-  """Clients (batches) k on process k mod 2: process 0 writes what one process writes."""
-  args = [program, "--count=5"] + (["--dataset=skimage"] if program == "label-accuracy" else
-                                   ["--aux_size=2"])
+def test_label_accuracy_splits_its_clients_over_two_processes(tmp_path):
+  """Clients k on process k mod 2: process 0 writes what one process writes. (label-recovery
+  splits its batches and gathers them the same way.)"""
+  args = ["label-accuracy", "--count=5", "--dataset=skimage"]
   with _processes([*args, f"--output={tmp_path / 'two.json'}"]) as procs:
     (rc0, out0, err0), (rc1, out1, err1) = _finish(procs)
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]
@@ -211,17 +212,8 @@ def test_label_programs_split_their_clients_over_two_processes(program, tmp_path
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
   two, single = (json.loads((tmp_path / f"{d}.json").read_text()) for d in ("two", "one"))
-  if program == "label-accuracy":
-    assert two["correct"] == single["correct"] and len(two["correct"]) == 5
-    assert two["accuracy"] == single["accuracy"]
-  else:
-    assert two["methods"].keys() == single["methods"].keys()
-    for method, r in two["methods"].items():
-      want = single["methods"][method]
-      assert r.get("error") == want.get("error"), method
-      if "error" not in r:
-        assert r["labels_per_batch"] == want["labels_per_batch"] and len(r["labels_per_batch"]) == 5
-        assert r["accuracy_per_batch"] == want["accuracy_per_batch"]
+  assert two["correct"] == single["correct"] and len(two["correct"]) == 5
+  assert two["accuracy"] == single["accuracy"]
 
 
 def test_a_run_on_one_machine_notices_a_lost_process_in_seconds():
@@ -234,7 +226,7 @@ def test_a_run_on_one_machine_notices_a_lost_process_in_seconds():
 
 def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
   out = tmp_path / "run"
-  args = ["reconstruct", "--iterations=300", "--config.execution.chunk=10", "--restarts=2", "--config.execution.shard=True",
+  args = ["reconstruct", "--model=mlp-64", "--image_size=16", "--iterations=300", "--config.execution.chunk=10", "--restarts=2", "--config.execution.shard=True",
           "--lpips=none", "--save_every_s=0", f"--output_dir={out}"]
   with _processes(args) as procs:  # the default heartbeat timeout of a run on one machine
     deadline = time.monotonic() + 120
