@@ -4,6 +4,7 @@ corrupt, truncated or pickled."""
 
 import os
 import pickle
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +76,37 @@ def test_saves_are_spaced_by_time(tmp_path):
   every = resume.Saver(tmp_path / "s2.npz", fingerprint={}, every_s=0)
   _run(solver, driver.Execution(strategy="vmap", chunk=7, saver=every))
   assert every.saves == 10  # after each of the ceil(60 / 7) chunks, and the final state
+
+
+def test_a_signal_after_the_first_save_saves_at_the_next_chunk_and_stops(tmp_path, monkeypatch):
+  """Ctrl-C mid-run with saves an hour apart: the chunk being run ends, the state is saved though no
+  save is due (Interrupted names it), and the saved run continues to the uninterrupted result."""
+  solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
+  reference = _run(solver, driver.Execution(strategy="vmap", chunk=7))
+  monkeypatch.setattr(resume, "_stop_requested", [])
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+  calls = [0]
+
+  def ctrl_c_at_the_fourth_report(progress):
+    calls[0] += 1
+    if calls[0] == 4:
+      os.kill(os.getpid(), signal.SIGINT)
+
+  path = tmp_path / "state.npz"
+  saver = resume.Saver(path, fingerprint={"run": 1}, every_s=3600)
+  try:
+    resume.stop_on_signals()
+    with pytest.raises(resume.Interrupted) as stopped:
+      _run(solver, driver.Execution(strategy="vmap", chunk=7, saver=saver,
+                                     callback=ctrl_c_at_the_fourth_report))
+  finally:
+    for s, h in handlers.items():
+      signal.signal(s, h)
+  assert saver.saves == 2 and stopped.value.path == str(path) and stopped.value.signum == signal.SIGINT
+  assert 0 < stopped.value.iteration < 60
+  again = resume.Saver(path, fingerprint={"run": 1}, every_s=3600, resume=True)
+  monkeypatch.setattr(resume, "_stop_requested", [])
+  _assert_same(_run(solver, driver.Execution(strategy="vmap", chunk=7, saver=again)), reference)
 
 
 def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
