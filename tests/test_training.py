@@ -379,6 +379,18 @@ def run_train(*args):
                         capture_output=True, text=True, env=env, timeout=300)
 
 
+def _refused(tmp_path, cases):
+  """Each ``gradjax train`` of ``cases`` ([args, message] pairs; one process for all of them) ends
+  with one error line holding its message, exit 2, and no output folder."""
+  from test_cli import run_in_one_process
+  procs = run_in_one_process([(["gradjax", "train", *args, f"--output_dir={tmp_path / 'bad'}"], tmp_path)
+                              for args, _ in cases])
+  for (args, message), bad in zip(cases, procs, strict=True):
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], (args, bad.stderr[-2000:])
+    assert not (tmp_path / "bad").exists(), args
+
+
 @pytest.mark.slow
 def test_train_program_writes_checkpoints_that_rebuild_the_model(tmp_path):
   proc = run_train("--model=mlp", "--epochs=2", "--config.training.lr=0.05", f"--output_dir={tmp_path}")
@@ -414,16 +426,13 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads((tmp_path / "results.json").read_text())
   assert result["train_indices"] == list(range(150)) and result["history"][1]["update_norm"] > 0
-  for args, message in [(["--model=alexnet"], "unknown model"), (["--config.training.clients=3"], "--config.training.clients"),
-                        (["--config.training.train_count=190"], "train + test count"),
-                        (["--config.training.data_seed=-2"], "--config.training.data_seed must be >= 0 or -1"),
-                        (["--config.client.local_lr=0.5"], "--config.client.local_lr do not apply to --client=fedsgd"),
-                        (["--client=fedavg", "--config.training.lr=0.5", "--config.training.momentum=0.5"],
-                         "--config.training.lr, --config.training.momentum do not apply to --client=fedavg")]:
-    bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
-    assert not (tmp_path / "bad").exists()
+  _refused(tmp_path, [
+      (["--model=alexnet"], "unknown model"), (["--config.training.clients=3"], "--config.training.clients"),
+      (["--config.training.train_count=190"], "train + test count"),
+      (["--config.training.data_seed=-2"], "--config.training.data_seed must be >= 0 or -1"),
+      (["--config.client.local_lr=0.5"], "--config.client.local_lr do not apply to --client=fedsgd"),
+      (["--client=fedavg", "--config.training.lr=0.5", "--config.training.momentum=0.5"],
+       "--config.training.lr, --config.training.momentum do not apply to --client=fedavg")])
 
 
 @pytest.mark.slow
@@ -452,13 +461,10 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
   got = checkpoint.load_model(out / "epoch_2.npz").variables
   for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
-  for args, message in [(["--client=fedavg", "--config.training.augment=True"], "--config.training.augment do not apply to --client=fedavg"),
-                        (["--config.training.lr_milestones=3,2"], "milestones must be increasing"),
-                        (["--modality=text", "--config.training.augment=True"], "--config.training.augment=True is for images")]:
-    bad = run_train(*args, f"--output_dir={tmp_path / 'bad'}")
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
-    assert not (tmp_path / "bad").exists()
+  _refused(tmp_path, [
+      (["--client=fedavg", "--config.training.augment=True"], "--config.training.augment do not apply to --client=fedavg"),
+      (["--config.training.lr_milestones=3,2"], "milestones must be increasing"),
+      (["--modality=text", "--config.training.augment=True"], "--config.training.augment=True is for images")])
 
 
 @pytest.mark.slow
@@ -481,21 +487,15 @@ def test_train_program_normalization_is_trained_on_kept_and_required(tmp_path):
   assert acc == result["history"][-1]["accuracy"]
   raw = training.evaluate(model.apply_fn, model.variables, ds.x[test_idx], ds.y[test_idx])
   assert raw != acc  # the [0, 1] images are not what it was tested on
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  attack = [sys.executable, "-m", "gradjax", "reconstruct",
+  from test_cli import run_in_one_process
+  attack = ["gradjax", "reconstruct",
             f"--checkpoint={out / 'epoch_1.npz'}", "--dataset=lfw_subset", "--iterations=2",
             "--lpips=none", f"--output_dir={tmp_path / 'attack'}"]
-  bad = subprocess.run(attack, capture_output=True, text=True, env=env, timeout=300)
+  bad, good = run_in_one_process([(attack, tmp_path), ([*attack, "--normalization=mnist"], tmp_path)])
   assert bad.returncode == 2 and "was trained with normalization 'mnist', not 'none'" in bad.stderr
-  good = subprocess.run(attack + ["--normalization=mnist"], capture_output=True, text=True, env=env,
-                        timeout=300)
   assert good.returncode == 0, good.stderr[-2000:]
-  for args, message in [(["--normalization=cifar10"], "3 channel values but x has 1 channels"),
-                        (["--normalization=zca"], "unknown normalization 'zca'")]:
-    bad = run_train("--model=mlp", *args, f"--output_dir={tmp_path / 'bad'}")
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-    assert bad.returncode == 2 and len(errors) == 1 and message in errors[0], bad.stderr[-2000:]
-    assert not (tmp_path / "bad").exists()
+  _refused(tmp_path, [(["--model=mlp", "--normalization=cifar10"], "3 channel values but x has 1 channels"),
+                      (["--model=mlp", "--normalization=zca"], "unknown normalization 'zca'")])
 
 
 @pytest.mark.slow
