@@ -329,30 +329,26 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
 
 @pytest.mark.slow
 def test_audit_program(net, tmp_path):
-  """gradjax audit over a recorded federation: the index, and one-line errors with exit 2."""
-  import subprocess
-  import sys
+  """gradjax audit over a recorded federation: the index, and one-line errors with exit 2 (the
+  commands in one process)."""
+  from test_cli import run_in_one_process
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
   start(strategy, net, Grid(net), rounds=2)
-  program = ["-m", "gradjax", "audit"]
-
-  def run(*args):
-    return subprocess.run([sys.executable, *program, *args], capture_output=True, text=True, timeout=600)
-
-  proc = run(f"--audit_dir={strategy.audit_dir}", "--rounds=2", "--attacks=dlg,dlm_plus",
-             "--iterations=3", "--lpips=none")
+  refused = [(["--audit_dir=" + str(tmp_path / "none")], "does not exist"),
+             ([f"--audit_dir={strategy.audit_dir}", "--attacks=blur"], "--attacks takes"),
+             ([f"--audit_dir={strategy.audit_dir}", "--rounds=x"], "--rounds takes"),
+             ([f"--audit_dir={strategy.audit_dir}", "--rounds=7"], "no captures of rounds")]
+  proc, *bad = run_in_one_process([(["gradjax", "audit", *args], tmp_path) for args in [
+      [f"--audit_dir={strategy.audit_dir}", "--rounds=2", "--attacks=dlg,dlm_plus", "--iterations=3",
+       "--lpips=none"], *(args for args, _ in refused)]])
   assert proc.returncode == 0, proc.stderr[-2000:]
   rows = json.loads((tmp_path / "audit" / "index.json").read_text())["rows"]
   assert [(r["round"], r["client"], r["attack"]) for r in rows] == [
       (2, "11", "dlg"), (2, "11", "dlm_plus"), (2, "12", "dlg"), (2, "12", "dlm_plus")]
   assert all(r.get("error") is None and r["psnr"] is None and np.isfinite(r["loss"]) for r in rows)
   assert "| 2 | 12 | dlm_plus |" in proc.stdout
-  for args, message in [(["--audit_dir=" + str(tmp_path / "none")], "does not exist"),
-                        ([f"--audit_dir={strategy.audit_dir}", "--attacks=blur"], "--attacks takes"),
-                        ([f"--audit_dir={strategy.audit_dir}", "--rounds=x"], "--rounds takes"),
-                        ([f"--audit_dir={strategy.audit_dir}", "--rounds=7"], "no captures of rounds")]:
-    bad = run(*args)
-    assert bad.returncode == 2 and message in bad.stderr.strip().splitlines()[-1], bad.stderr[-500:]
+  for (args, message), p in zip(refused, bad, strict=True):
+    assert p.returncode == 2 and message in p.stderr.strip().splitlines()[-1], (args, p.stderr[-500:])
 
 
 @pytest.mark.slow
