@@ -203,31 +203,30 @@ def per_image_captions(results: dict) -> list[str]:
 def reconstruction_figure(path, reconstruction: np.ndarray, ground_truth: np.ndarray | None = None,
                           captions: Sequence[str] | None = None, title: str = "") -> None:
   """A PNG grid: the ground truth (if any) above the reconstruction, one column per image, each
-  reconstruction captioned (e.g. with :func:`per_image_captions`).
+  reconstruction captioned (e.g. with :func:`per_image_captions`). The images are one tiled picture
+  (:func:`image_grid`) in one set of axes, so a batch of 64 draws as fast as one image.
 
   Args:
     reconstruction, ground_truth: (N, H, W, C) in [0, 1], C in {1, 3}.
   """
-  rec = np.clip(np.asarray(reconstruction, np.float64), 0, 1)
+  rec = np.asarray(reconstruction, np.float64)
   if rec.ndim != 4 or rec.shape[-1] not in (1, 3):
     raise ValueError(f"reconstruction must be (N, H, W, C) with C in {{1, 3}}, got {rec.shape}")
   rows = [("reconstruction", rec)] if ground_truth is None else [
-      ("ground truth", np.clip(np.asarray(ground_truth, np.float64), 0, 1)), ("reconstruction", rec)]
-  n = rec.shape[0]
-  fig, axes = subplots(len(rows), n, figsize=(1.6 * n + 0.6, 1.9 * len(rows) + 0.4), squeeze=False)
-  for r, (name, images) in enumerate(rows):
-    for i in range(n):
-      ax = axes[r, i]
-      img = images[i]
-      ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None,
-                vmin=0, vmax=1, interpolation="nearest")
-      ax.set_xticks([]), ax.set_yticks([])
-      if i == 0:
-        ax.set_ylabel(name, fontsize=8)
-      if name == "reconstruction" and captions:
-        ax.set_xlabel(captions[i], fontsize=7)
+      ("ground truth", np.asarray(ground_truth, np.float64)), ("reconstruction", rec)]
+  n, h, w = rec.shape[:3]
+  pad = max(1, w // 8)
+  fig, ax = subplots(figsize=(1.6 * n + 0.6, 1.9 * len(rows) + 0.4))
+  ax.imshow(image_grid([images for _, images in rows], pad=pad, scale=1), interpolation="nearest")
+  ax.set_axis_off()
+  for r, (name, _) in enumerate(rows):  # tile (r, i) spans pad + r (h + pad) .. + h, likewise in x
+    ax.text(-0.5, pad + r * (h + pad) + h / 2, name, rotation=90, ha="right", va="center", fontsize=8)
+  if captions:
+    below = pad + len(rows) * (h + pad)
+    for i, caption in enumerate(captions):
+      ax.text(pad + i * (w + pad) + w / 2, below, caption, ha="center", va="top", fontsize=7)
   if title:
-    fig.suptitle(title, fontsize=9)
+    ax.set_title(title, fontsize=9)
   _save_figure(fig, path)
 
 
