@@ -10,6 +10,7 @@ Sources (see `load` for details): photos bundled with scikit-image ("skimage", "
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import os
@@ -206,12 +207,15 @@ def load(
     raise ValueError(f"image_size must be (height, width) with positive sizes, got {image_size!r}")
   if name.startswith("tfds:"):
     images, y, num_classes, class_names = _load_tfds(name[len("tfds:") :], data_dir, indices)
+  elif name == "skimage":  # resized here, once per photo and size
+    idx = _select(indices, len(SKIMAGE_PHOTOS), "skimage")
+    images = [_skimage_photo(int(i), tuple(image_size or (32, 32))) for i in idx]
+    y, num_classes, class_names = idx % 10, 10, tuple(SKIMAGE_PHOTOS[i] for i in idx)
+    image_size = None
   elif name in _SOURCES:
     images, y, num_classes, class_names = _SOURCES[name](data_dir, indices)
   else:
     raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)} or tfds:<name>")
-  if name == "skimage" and image_size is None:
-    image_size = (32, 32)
   x = _finish(images, image_size, channels)
   return Dataset(x, np.asarray(y, np.int64), num_classes, name, class_names)
 
@@ -224,13 +228,17 @@ def count(name: str, *, data_dir: str | None = None) -> int | None:
   return None
 
 
+def _resize(img: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+  """Float (H, W, C) image anti-aliased to ``image_size``, clipped to [0, 1]."""
+  return np.clip(skimage.transform.resize(img, (*image_size, img.shape[-1]), anti_aliasing=True), 0.0, 1.0)
+
+
 def _finish(images, image_size, channels) -> np.ndarray:
   """Resizes and converts the channels of float (H, W, C) images; returns float32 (N, H', W', C')."""
   out = []
   for img in images:
     if image_size is not None:
-      img = skimage.transform.resize(img, (*image_size, img.shape[-1]), anti_aliasing=True)
-      img = np.clip(img, 0.0, 1.0)
+      img = _resize(img, image_size)
     if channels == 1 and img.shape[-1] == 3:
       img = skimage.color.rgb2gray(img)[..., None]
     elif channels == 3 and img.shape[-1] == 1:
@@ -286,19 +294,19 @@ def _decode(data: bytes, where: str, mode: str | None = None) -> np.ndarray:
 # Sources: (data_dir, indices) -> (images (N, H, W, C) in [0, 1], labels (N,), num_classes, class_names).
 
 
-def _load_skimage(data_dir, indices):
-  del data_dir  # Bundled with scikit-image.
-  idx = _select(indices, len(SKIMAGE_PHOTOS), "skimage")
-  images = []
-  for i in idx:
-    img = getattr(skimage.data, SKIMAGE_PHOTOS[i])()
-    if img.ndim == 2:
-      img = np.repeat(img[..., None], 3, axis=-1)
-    h, w = img.shape[:2]
-    s = min(h, w)
-    top, left = (h - s) // 2, (w - s) // 2
-    images.append(img[top : top + s, left : left + s].astype(np.float32) / 255)
-  return images, idx % 10, 10, tuple(SKIMAGE_PHOTOS[i] for i in idx)
+@functools.lru_cache(maxsize=128)
+def _skimage_photo(i: int, image_size: tuple[int, int]) -> np.ndarray:
+  """scikit-image photo ``SKIMAGE_PHOTOS[i]``, gray repeated to RGB, centre-cropped to a square and
+  resized to ``image_size`` (read-only: one decoded and resized copy per photo and size)."""
+  img = getattr(skimage.data, SKIMAGE_PHOTOS[i])()
+  if img.ndim == 2:
+    img = np.repeat(img[..., None], 3, axis=-1)
+  h, w = img.shape[:2]
+  s = min(h, w)
+  top, left = (h - s) // 2, (w - s) // 2
+  img = _resize(img[top : top + s, left : left + s].astype(np.float32) / 255, image_size)
+  img.flags.writeable = False
+  return img
 
 
 def _load_lfw_subset(data_dir, indices):
@@ -550,7 +558,6 @@ def _load_tfds(name, data_dir, indices):
 
 
 _SOURCES = {
-  "skimage": _load_skimage,
   "lfw_subset": _load_lfw_subset,
   "digits": _load_digits,
   "cifar10_train": _load_cifar10_train,
