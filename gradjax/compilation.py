@@ -22,8 +22,10 @@ import jax
 import numpy as np
 
 # The persistent XLA compilation cache gradjax's programs use unless told otherwise: repeated runs
-# load what an earlier one compiled.
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla")
+# load what an earlier one compiled. JAX's own JAX_COMPILATION_CACHE_DIR names it where set (a test
+# run, a cluster job's scratch folder), else ~/.cache/gradjax/xla.
+DEFAULT_CACHE = (os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                 or os.path.join(os.path.expanduser("~"), ".cache", "gradjax", "xla"))
 
 
 def use_persistent_cache(folder: str, min_compile_secs: float = 0.0) -> None:

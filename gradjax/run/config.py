@@ -329,7 +329,7 @@ class AttackConfig(_Section):
       None, f"Image priors name:weight[:start_step], comma separated, e.g. tv:1e-4 ('' for none; "
       f"names: {_names(priors_lib.PRIORS)}).", attack="priors", parse=parse_priors)
   label_source: str | None = _field(
-      None, f"Labels: joint, known, an inference method ({_names(labels_lib.METHODS)}), "
+      None, f"Where the labels come from: joint, known, an inference method ({_names(labels_lib.METHODS)}), "
       "hfginv (duplicate-aware counts from --config.attack.aux images) or llg_star (LLG with its impact measured "
       "on dummy images through the server's model).", attack="label_source", parse=_label_source)
   aux: int = _field(40, "--labels=hfginv: auxiliary images for HFGInv's feature profile, the "
