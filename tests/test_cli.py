@@ -871,15 +871,26 @@ def _examples():
 
 
 @pytest.mark.slow
-def test_every_command_helps_and_every_example_of_the_help_and_the_readme_parses():
-  """Each command's ``--help`` exits 0 with its options grouped; each example, as shown, resolves its
-  configuration (``--print_config``: nothing runs) from the clone's root: an example that names a
-  missing file or an unknown flag fails here. The cases of one command share a process."""
+def test_every_command_helps_and_every_example_and_study_variant_parses():
+  """Each command's ``--help`` exits 0 with its options grouped; each example of the help and the
+  README, as shown, and each variant of each study's config.py, with its command's recorded
+  arguments, resolves its configuration (``--print_config``: nothing runs) from the clone's root: an
+  example that names a missing file or an unknown flag fails here, and a variant that sets an option
+  its command does not read is refused (not recorded and ignored). The cases of one command share a
+  process."""
+  import runpy
   from gradjax import cli
   by_command = collections.defaultdict(list)
   for where, argv in _examples():
     by_command[argv[1]].append((where, [*argv, "--print_config"]))
   assert len(by_command) >= 8 and sum(map(len, by_command.values())) >= 30
+  recipes = sorted(glob.glob(os.path.join(ROOT, "experiments", "studies", "*", "config.py")))
+  for path in recipes:
+    for name, (command, _, _) in runpy.run_path(path)["VARIANTS"].items():
+      program, *args = shlex.split(command)
+      by_command[program].append((f"{os.path.relpath(path, ROOT)}:{name}", [
+          "gradjax", program, *args, f"--config={os.path.relpath(path, ROOT)}:{name}", "--print_config"]))
+  assert recipes and set(by_command) <= set(cli.COMMANDS), set(by_command) - set(cli.COMMANDS)
   failed = []
   for name in cli.COMMANDS:
     cases = [("--help", ["gradjax", name, "--help"]), *by_command[name]]

@@ -170,26 +170,3 @@ def test_a_study_variant_runs_again_from_its_recipe(path, tmp_path):
   assert proc.returncode == 0, (argv, proc.stderr[-2000:])
   written = os.listdir(tmp_path / "out") if not program.startswith("label-") else ["out.json"]
   assert any(f.startswith("results") or f.endswith(".json") for f in written), written
-
-
-@pytest.mark.slow
-def test_every_study_variant_resolves_under_its_command():
-  """Each variant of each study's config.py, with its command's recorded arguments, resolves its
-  configuration (``--print_config``, nothing runs): every option it sets is one its command reads
-  (an option a command does not read is refused, not recorded and ignored). One process per
-  command."""
-  import collections
-
-  from test_cli import run_in_one_process
-  cases = collections.defaultdict(list)
-  for path in RECIPES:
-    for name, (command, _, _) in runpy.run_path(path)["VARIANTS"].items():
-      program, *args = shlex.split(command)
-      cases[program].append(["gradjax", program, *args,
-                             f"--config={os.path.relpath(path, ROOT)}:{name}", "--print_config"])
-  failed = []
-  for argvs in cases.values():
-    for argv, proc in zip(argvs, run_in_one_process([(a, ROOT) for a in argvs])):
-      if proc.returncode != 0 or "def get_config():" not in proc.stdout:
-        failed.append((shlex.join(argv), proc.returncode, proc.stderr[-300:]))
-  assert not failed, failed
