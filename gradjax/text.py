@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, driver, sharding, solvers
+from gradjax import attacks, compilation, driver, sharding, solvers
 from gradjax import labels as labels_lib
 from gradjax.losses import cross_entropy, masked_cross_entropy
 from gradjax.objectives import dummy_gradient
@@ -300,12 +300,18 @@ def prepare_tokens(attack: attacks.Attack, apply_fn: Callable, view: Observation
                    jnp.asarray(padded), jnp.asarray(-1 if eos is None else eos, jnp.int32), weights,
                    jnp.asarray(valid),
                    None if mask is None else jnp.asarray(table[mask], dtype))
-  keys = jax.random.split(key, restarts)
-  init = {"z": jax.vmap(lambda k: jax.random.normal(k, (n, length, slots), dtype))(keys)}
-  if mask is not None:
-    init["m"] = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 1), (n, length),
-                                                     dtype))(keys)
+  init = _token_starts(jax.random.split(key, restarts), (n, length, slots), mask is not None, dtype)
   return TokenProblem(data, init, ids, int(table.shape[0]))
+
+
+@functools.partial(compilation.once, static_argnums=(1, 2, 3))
+def _token_starts(keys, shape, masked, dtype):
+  """Every restart's start (one program): standard-normal token logits ``z`` of ``shape`` (N, T,
+  slots) and, for a masked client, mask logits ``m`` (N, T)."""
+  init = {"z": jax.vmap(lambda k: jax.random.normal(k, shape, dtype))(keys)}
+  if masked:
+    init["m"] = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 1), shape[:2], dtype))(keys)
+  return init
 
 
 def solve_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProblem,
