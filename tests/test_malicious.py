@@ -233,8 +233,8 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
   from gradjax.run import config, pipeline
   results, _ = pipeline.run(
       config.from_options({
-          "attack.preset": "dlg", "attack.iterations": 2, "data.batch_size": 2,
-          "output.lpips": "none"
+          "attack.preset": "adam_dlg", "attack.iterations": 2, "data.batch_size": 2,
+          "model.name": "mlp-64", "data.image_size": 8, "output.lpips": "none"
       }))
   assert results["malicious_server"]["examples"] == 2
   assert results["malicious_server"]["expected_exact"] == pytest.approx(2 * (1024 / 1025) ** 2)
@@ -248,7 +248,7 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
       config.from_options({
           "attack.preset": "inverting_gradients_fedavg", "attack.iterations": 2,
           "data.batch_size": 4, "client.name": "fedavg", "client.local_batch_size": 2,
-          "output.lpips": "none"
+          "model.name": "mlp-64", "data.image_size": 8, "output.lpips": "none"
       }))
   assert results["malicious_server"]["exposed"] == 2
 
