@@ -776,23 +776,19 @@ def test_each_option_has_one_name_default_and_help_across_commands():
 @pytest.mark.slow
 def test_the_tables_take_their_protocol_from_a_configuration(tmp_path):
   """dlm-table and text-table read their packaged configuration unless given another; short flags
-  override it; each writes the rows' common configuration."""
+  override it."""
   proc = run_program("dlm_table.py", "--count=1", "--methods=DLM+", "--iterations=3", "--dataset=skimage",
                      "--print_config")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "c.client.name = 'fedavg'" in proc.stdout and "c.model.name = 'mlp'" in proc.stdout
   assert "c.data.dataset = 'skimage'" in proc.stdout and "c.attack.iterations = 3" in proc.stdout
-  out = tmp_path / "text"
-  proc = run_program("text_table.py", "--count=1", "--methods=DLG", "--searches=embeddings",
-                     "--iterations=2", "--config.data.sequence_length=8", "--config.model.text_dim=16", "--config.model.text_heads=2",
-                     "--config.model.text_ffn=16", "--config.model.text_layers=1", f"--output_dir={out}")
+  # (A run of text-table writing its rows: tests/test_studies.py, text_sapag's recipe.)
+  proc, bad = run_in_one_process([(["gradjax", "text-table", *args], tmp_path) for args in (
+      ["--count=1", "--methods=DLG", "--iterations=2", "--print_config"],
+      ["--modality=image", "--model=lenet_zhu", "--dataset=skimage", f"--output_dir={tmp_path / 'bad'}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
-  results = json.loads((out / "results.json").read_text())
-  assert [(t["method"], len(t["rows"])) for t in results["table"]] == [("DLG", 1)]
-  assert results["iterations"] == 2 and results["dataset"] == "pydoc"
-  assert "c.data.modality = 'text'" in (out / "config.py").read_text()
-  bad = run_program("text_table.py", "--modality=image", "--model=lenet_zhu", "--dataset=skimage",
-                    f"--output_dir={tmp_path / 'bad'}")
+  assert "c.data.modality = 'text'" in proc.stdout and "c.data.dataset = 'pydoc'" in proc.stdout
+  assert "c.attack.iterations = 2" in proc.stdout
   _assert_one_line_error(bad, "text")
 
 
