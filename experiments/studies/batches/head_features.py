@@ -121,7 +121,7 @@ def table() -> tuple[str, dict]:
     if "_own" in row:
       setting += "; targets per example"
     for flag in ("--config.attack.distance=", "--config.attack.depth_rule=", "--config.attack.smoothing="):
-      setting += "".join(f"; {e[2:]}" for e in extra if e.startswith(flag))
+      setting += "".join(f"; {e.removeprefix('--config.attack.')}" for e in extra if e.startswith(flag))
     if FEDAVG[0] in extra:
       setting += "; FedAvg update, 1 epoch over mini-batches of 4, replayed"
     model = next((e.split("=", 1)[1] for e in extra if e.startswith("--model=")), "lenet_zhu")
