@@ -215,21 +215,23 @@ def test_train_and_batch_table_programs(tmp_path):
   from gradjax import checkpoint, data, metrics
   if data.default_data_dir() is None:
     pytest.skip("no shared data folder")
+  from test_cli import run_in_one_process  # a command's runs in one process
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = lambda name, *args: subprocess.run(
       [sys.executable, "-m", "gradjax", name.removesuffix(".py").replace("_", "-"), *args],
       capture_output=True, text=True, env=env, timeout=600)
   train_dir, table_dir = tmp_path / "train", tmp_path / "table"
-  proc = run("train.py", "--model=resnet8", "--config.model.conv=im2col", "--dataset=cifar10_train", "--config.training.train_count=64",
-             "--config.training.test_dataset=cifar10", "--config.training.test_count=32", "--config.client.train_mode=True", "--batch_size=32", "--epochs=1",
-             f"--output_dir={train_dir}")
+  proc, bad = run_in_one_process([(["gradjax", "train", *args], tmp_path) for args in (
+      ["--model=resnet8", "--config.model.conv=im2col", "--dataset=cifar10_train", "--config.training.train_count=64",
+       "--config.training.test_dataset=cifar10", "--config.training.test_count=32", "--config.client.train_mode=True",
+       "--batch_size=32", "--epochs=1", f"--output_dir={train_dir}"],
+      ["--config.client.train_mode=True", "--client=fedavg", f"--output_dir={tmp_path / 'bad'}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   ckpt = train_dir / "epoch_1.npz"
   variables, meta = checkpoint.load(ckpt)
   assert meta["train_mode"] and meta["test_dataset"] == "cifar10"
   first = variables["batch_stats"]["BatchNorm_0"]["mean"]
   assert np.any(np.asarray(first) != 0)  # running statistics were trained
-  bad = run("train.py", "--config.client.train_mode=True", "--client=fedavg", f"--output_dir={tmp_path / 'bad'}")
   assert bad.returncode == 2 and "--config.client.train_mode=True is for --client=fedsgd" in bad.stderr
   proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4",
              "--config.sampling.classes_per_batch=2", "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=3",
@@ -254,25 +256,25 @@ def test_train_and_batch_table_programs(tmp_path):
                                                        data_range=1) for i, r in zip(idx, rec)]
     assert summary["psnr_mean"] == pytest.approx(np.mean(np.asarray(psnr).reshape(2, 4).mean(1)), rel=1e-5)
     assert f"{summary['psnr_mean']:.2f}" in proc.stdout
-  # One batch of the same table, read back from items/: its row is that batch's alone.
-  proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4", "--config.sampling.classes_per_batch=2",
-             "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=3", "--variants=tv", "--batches=1", "--resume",
-             f"--output_dir={table_dir}")
+  # One batch of the same table, read back from items/: its row is that batch's alone; and the
+  # usage errors (the same process).
+  table = ["gradjax", "batch-table"]
+  proc, *bad = run_in_one_process([[argv, tmp_path] for argv in (
+      [*table, f"--checkpoint={ckpt}", "--count=2", "--batch_size=4", "--config.sampling.classes_per_batch=2",
+       "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=3", "--variants=tv",
+       "--batches=1", "--resume", f"--output_dir={table_dir}"],
+      [*table, "--count=1", f"--output_dir={tmp_path / 'bad2'}"],
+      [*table, f"--checkpoint={ckpt}", "--start=-1", f"--output_dir={tmp_path / 'bad4'}"],
+      [*table, f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   part = json.loads((table_dir / "results.json").read_text())
   assert part["attacked"] == [1] and "batches 1 only" in proc.stdout
   tv = next(r for r in result["ablation_rows"]["tv"] if r["batch"] == 1)
   assert [r["batch"] for r in part["ablation_rows"]["tv"]] == [1]
   assert part["ablation"][0]["psnr_mean"] == pytest.approx(tv["psnr"])
-  from test_cli import run_in_one_process  # usage errors: one process for the three
-  table = ["gradjax", "batch-table"]
-  for bad, message in zip(run_in_one_process([[argv, tmp_path] for argv in (
-      [*table, "--count=1", f"--output_dir={tmp_path / 'bad2'}"],
-      [*table, f"--checkpoint={ckpt}", "--start=-1", f"--output_dir={tmp_path / 'bad4'}"],
-      [*table, f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}"])]),
-      ("--checkpoint is required", "--start must be a test image's index",
-       "--head_classes needs --head=fresh and at least")):
-    assert bad.returncode == 2 and message in bad.stderr, (message, bad.stderr[-1000:])
+  for refused, message in zip(bad, ("--checkpoint is required", "--start must be a test image's index",
+                                     "--head_classes needs --head=fresh and at least"), strict=True):
+    assert refused.returncode == 2 and message in refused.stderr, (message, refused.stderr[-1000:])
 
 
 def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():
