@@ -874,8 +874,13 @@ def recorded(values: dict[str, Any]) -> dict[str, Any]:
 
     walk(values, "")
     return out
-  return {RENAMED.get(k, k) if RENAMED.get(k, k) in _OPTIONS else _FLAT_RECORD[k]: v
-          for k, v in values.items() if RENAMED.get(k, k) in _OPTIONS or k in _FLAT_RECORD}
+  out = {}
+  for key, value in values.items():
+    path = RENAMED.get(key, key)
+    path = path if path in _OPTIONS else _FLAT_RECORD.get(key)
+    if path is not None:
+      out[path] = value
+  return out
 
 
 # Options that change how a run is scored, where its data lie or how its restarts are scheduled, not
