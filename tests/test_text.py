@@ -385,8 +385,8 @@ def test_a_masked_encoder_is_read_by_the_optimisation_attacks():
   np.testing.assert_array_equal(rec.tokens_pinv, ids)
   np.testing.assert_array_equal(rec.targets, y)
   assert rec.reconstruction.loss < 1e-6
-  # The embedding search's decoding (Adam: what is checked is not the optimiser, whose L-BFGS
-  # program compiles three times as long).
+  # The embedding search's decoding (Adam: what is checked is the decoding, not the optimiser, and
+  # Adam's step compiles faster than L-BFGS's).
   rec = text.reconstruct(presets.adam_dlg(iterations=3), m.apply_fn, obs, jax.random.key(0), length=5,
                          mask=mask)
   assert rec.reconstruction.dummy["label_logits"].shape == (1, 5, 41)
