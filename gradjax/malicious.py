@@ -285,11 +285,16 @@ def activation_rate(params, inputs) -> dict[str, float]:
 
 
 class Finding(NamedTuple):
-  """One reason to think a received model was built to leak: ``path`` (a parameter path) and
-  ``reason`` (one line)."""
+  """One reason to think a received model leaks: ``path`` (a parameter path), ``reason`` (one line)
+  and ``conclusive``: True for evidence that the model was built to leak (parameters outside the
+  declared architecture, units measuring one direction; no honest model measured shows it), False
+  for a layer that gives examples back whoever built it. Trap weights are of the second kind: an
+  honest MLP trained at a high learning rate, its units mostly dead, fires as rarely on the
+  client's examples (``experiments/studies/malicious``, trap check)."""
 
   path: str
   reason: str
+  conclusive: bool = True
 
 
 def inspect(received, declared=None, inputs=None) -> list[Finding]:
@@ -300,8 +305,8 @@ def inspect(received, declared=None, inputs=None) -> list[Finding]:
     declared: the variables of the architecture the client declared (e.g. a fresh
       :func:`gradjax.models.create` of it, or last round's model), or None to skip that check.
     inputs: the client's examples (N, H, W, C) as the model reads them, or None to skip the check
-      of trap weights: one finding for every layer reading the input whose units fire on them at a
-      mean rate below :data:`TRAP_RATE` (:func:`activation_rate`).
+      of trap weights: one inconclusive finding for every layer reading the input whose units
+      fire on them at a mean rate below :data:`TRAP_RATE` (:func:`activation_rate`).
 
   Returns one finding for the parameters that ``declared`` lacks, one for those it holds with
   another shape, one for those missing, and one for every dense kernel (2-D, (inputs, units),
@@ -334,8 +339,8 @@ def inspect(received, declared=None, inputs=None) -> list[Finding]:
     for path, rate in activation_rate(received, inputs).items():
       if rate < TRAP_RATE:
         found.append(Finding(path, f"its units fire for {rate:.1%} of the client's examples on average "
-                             f"(an honest layer: about half): trap weights, set so that examples "
-                             "have units of their own"))
+                             "(a fresh layer: about half), so examples have units of their own: trap "
+                             "weights, or an honest layer whose units died in training", False))
   return found
 
 

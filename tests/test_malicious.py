@@ -255,10 +255,12 @@ def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)
 @pytest.mark.slow
-def test_no_honest_pytorch_model_is_flagged():
-  """PyTorch's own initialisation: the Flower example's LeNet, five draws as a client receives them
-  (state_dict arrays), passes received_findings; the LeNet with an imprint's tensors added does
-  not."""
+def test_no_honest_pytorch_model_is_refused():
+  """The Flower example's PyTorch twins as a client receives them (state_dict arrays): DLG's LeNet,
+  a CIFAR ResNet with BatchNorm and an MLP under PyTorch's own initialisation, three draws each
+  pass received_findings (with the client's inputs, so the trap check runs too); the MLP after a
+  few local SGD steps at the example's rate gives an inconclusive finding only; the LeNet with an
+  imprint's tensors added is refused."""
   import os
   import sys
   pytest.importorskip("torch")
@@ -270,9 +272,20 @@ def test_no_honest_pytorch_model_is_flagged():
     from flower_audit import task
   finally:
     sys.path.pop(0)
-  for seed in range(5):
-    sent = {k: v.detach().numpy() for k, v in task.build("lenet_zhu", seed).state_dict().items()}
-    assert received_findings(sent, "lenet_zhu") == []
+  x, y = task.load("skimage", None, list(range(16)))
+  inputs = np.transpose(x.numpy(), (0, 2, 3, 1))
+  for name in ("resnet8-4", "mlp-256", "lenet_zhu"):
+    for seed in range(3):
+      net = task.build(name, seed)
+      sent = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+      assert received_findings(sent, name, inputs=inputs) == [], (name, seed)
+  # Trained at the example's learning rate, most of the MLP's units die: its layer fires as rarely
+  # as trap weights (an inconclusive finding, which the gate does not refuse), and nothing else.
+  mlp = task.build("mlp-256", 0)
+  task.train(mlp, x, y, epochs=3, batch_size=4, lr=0.1)
+  sent_mlp = {k: v.detach().numpy() for k, v in mlp.state_dict().items()}
+  found = received_findings(sent_mlp, "mlp-256", inputs=inputs)
+  assert [(f.path, f.conclusive) for f in found] == [("['Dense_0']['kernel']", False)]
   sent["imprint.weight"] = np.full((16, 3072), 1 / 3072, np.float32)
   assert "not the declared lenet_zhu" in received_findings(sent, "lenet_zhu")[0].reason
 

@@ -408,9 +408,11 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
   ``gradjax-audited = 0`` and a warning in the log: the mod never fails a client or holds a round
   beyond its budget. With ``gate.refuse_malicious`` (the default) it first checks the model the
   server sent (:func:`received_findings`: tensors other than the declared model's, dense units that
-  share one direction as an imprint's do, an input layer whose units fire for few of the round's
-  ``examples`` as trap weights do) and refuses to train on one that looks built to leak: the reply
-  is an error naming why (``gradjax leakage_mod: model refused ...``), on every training round.
+  share one direction as an imprint's do) and refuses to train on one built to leak: the reply is
+  an error naming why (``gradjax leakage_mod: model refused ...``), on every training round. An
+  input layer whose units fire for few of the round's ``examples``, as trap weights do, is logged
+  as a warning and not refused (an honest layer whose units died in training does the same:
+  :class:`gradjax.malicious.Finding`); the update's own audit after training then decides.
 
   Args:
     examples: ``examples(message, context) -> (x, y)``: the examples the client trained on in this
@@ -516,6 +518,11 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client
         logger.warning("leakage_mod: the received model was not checked (%s)", str(e)[:300])
         findings = []
+      for finding in findings:
+        if not finding.conclusive:
+          logger.warning("leakage_mod: the received model's %s: %s; the update is audited after "
+                         "training", finding.path, finding.reason)
+      findings = [f for f in findings if f.conclusive]
       if findings:
         reason = (f"{MODEL_REFUSED}: {findings[0].reason}"
                   + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""))

@@ -507,7 +507,8 @@ class GateConfig(_Section):
       "attack runs past it passes, marked not audited.")
   refuse_malicious: bool = _field(
       True, "Check the model the server sends before training and refuse one built to leak "
-      "(an imprint or trap-weight layer, tensors the declared model lacks).")
+      "(an imprint's units, tensors the declared model lacks); a layer that fires rarely on the "
+      "round's examples, as trap weights do, is logged, not refused.")
 
   def __post_init__(self):
     super().__post_init__()

@@ -8,7 +8,11 @@ A trap sets each first-layer unit's bias so that a share 1/N of the server's ima
 whose units fire for fewer than malicious.TRAP_RATE of the client's examples on average. Honest
 models: fresh draws of mlp-256 and mlp-1024 under each initialisation of the zoo (uniform, Xavier
 normal, Flax's default), and the same MLPs trained here (FedSGD, 3 epochs over CIFAR-10 training
-images 2000-11999, batches of 64, lr 0.05; not written to disk). Traps: rates 1/8 to 1/128 on a
+images 2000-11999, batches of 64, lr 0.05; not written to disk) and, where PyTorch is installed,
+the Flower example's PyTorch MLP (examples/flower_audit, PyTorch's initialisation) after the
+example's local training (SGD at lr 0.1, batches of 1, one epoch over 16 CIFAR-10 training images
+2000-2015) and after a gentler one (lr 0.01, five epochs over 64), inputs in [0, 1] as the example
+trains. Traps: rates 1/8 to 1/128 on a
 fresh MLP of each width, tuned on CIFAR-10 training images 0-1999 (the server's). Clients: batches
 of 1, 8, 32 and 128 CIFAR-10 test images drawn from 500-1016, in [0, 1] or normalised with CIFAR-10's
 statistics (model, server's images and client alike), 20 batches per cell. Writes
@@ -17,8 +21,10 @@ and table.json.
 """
 
 import argparse
+import importlib.util
 import json
 import os
+import sys
 import time
 
 import jax
@@ -33,6 +39,28 @@ BATCHES = 20
 SIZES = (1, 8, 32, 128)
 WIDTHS = ("mlp-256", "mlp-1024")
 TRAP_BATCHES = (8, 32, 128)
+
+
+def _pytorch_mlps(data_dir):
+  """(row, "honest", variables) of the Flower example's PyTorch MLPs after its local training, read
+  as a client receives them; none without PyTorch."""
+  if importlib.util.find_spec("torch") is None:
+    return []
+  sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "examples", "flower_audit"))
+  from flower_audit import task
+
+  from gradjax import interop
+  senders = []
+  for width in WIDTHS:
+    for lr, epochs, n in ((0.1, 1, 16), (0.01, 5, 64)):
+      net = task.build(width, 0)
+      x, y = task.load("cifar10_train", data_dir, list(range(2000, 2000 + n)))
+      task.train(net, x, y, epochs=epochs, batch_size=1, lr=lr)
+      sent = {k: v.detach().numpy() for k, v in net.state_dict().items()}
+      like = models.create(width, jax.random.key(0), input_shape=(32, 32, 3))
+      variables = interop.variables_from_torch(sent, interop.zoo_mapping(like), like.variables, width)
+      senders.append((f"honest {width} PyTorch, lr {lr}, {epochs} epoch(s) over {n}", "honest", variables))
+  return senders
 
 
 def main():
@@ -63,6 +91,8 @@ def main():
       for n in TRAP_BATCHES:
         trap = malicious.trap_weights(fresh, seen(public.x), 1 / n, jax.random.key(100 + n))
         senders.append((f"trap {width} 1/{n}", "trap", trap.variables))
+    if norm == "none":
+      senders += _pytorch_mlps(args.data_dir)
     for name, kind, variables in senders:
       for n in SIZES:
         flagged, rates, ms = 0, [], []
