@@ -709,6 +709,27 @@ def test_the_gradjax_command_and_its_subcommands():
   _assert_one_line_error(proc, "unknown command 'reconstruc'")
 
 
+def test_the_command_leaves_with_the_interpreters_status_after_every_exit_handler():
+  """gradjax.cli's end of process (the interpreter's teardown skipped): the status Python would
+  give (0; sys.exit's code; 1 for a message or an uncaught exception, its traceback printed),
+  exit handlers registered during the run still run, buffered output is flushed; an interrupt
+  leaves the usual way."""
+  cases = {
+      "pass": (0, "", ""),
+      "sys.exit(3)": (3, "", ""),
+      "sys.exit('no such capture')": (1, "", "no such capture"),
+      "1 / 0": (1, "", "ZeroDivisionError"),
+      "atexit.register(lambda: print('handler ran')); print('buffered', end='')": (0, "bufferedhandler ran\n", ""),
+      "raise KeyboardInterrupt": (-signal.SIGINT, "", "KeyboardInterrupt"),  # killed by SIGINT
+  }
+  for body, (code, out, err) in cases.items():
+    program = ("import atexit, sys\nfrom gradjax.cli import _run_and_leave\ndef run():\n  "
+               f"{body}\n_run_and_leave(run)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert (proc.returncode, proc.stdout) == (code, out) and err in proc.stderr, (body, proc)
+
+
 @pytest.mark.slow
 def test_an_installed_package_runs_without_the_clone(tmp_path):
   """A non-editable build of the package (its wheel's files only, configs included) runs the README's
