@@ -35,7 +35,10 @@ front), and, inside a layer it does have, many units whose weight vectors point 
 units all measure one statistic and differ only in their biases. Trap weights keep every shape and
 direction honest; what gives them away is on the client's own examples: each unit of the layer that
 reads the input fires for a small share of them (about 1/N, so that an example has units of its
-own), where a freshly drawn or trained layer fires for about half (:func:`activation_rate`).
+own), where a freshly drawn layer fires for about half (:func:`activation_rate`). So does a layer
+trained at a moderate rate, but not one trained at a high rate whose units died (the Flower
+example's MLP after its lr-0.1 training fires for 0.3-4.5 %): on the examples alone the two look
+alike, and leak alike, so that finding is inconclusive (:class:`Finding`).
 
 Shapes: inputs (N, H, W, C); the block's parameters ``imprint`` {kernel (D, k), bias (k,)} and
 ``imprint_out`` {kernel (k, D)}, the model's own under ``model``.
@@ -253,8 +256,9 @@ def server_row(examples: int, bins: int = AUDIT_BINS, *, first_step: int | None 
 
 TRAP_RATE = 0.15
 """Mean activation rate of an input layer's units on the client's examples below which
-:func:`inspect` calls it trap weights (honest layers: about 0.5; trap weights for batches of N:
-about 1/N). Set between the two before measuring; ``experiments/studies/malicious/trap_check.py``
+:func:`inspect` reports it, inconclusively (fresh layers: about 0.5; trap weights for batches of N:
+about 1/N; honest layers whose units died in training: as low). Set between the first two before
+measuring; ``experiments/studies/malicious/trap_check.py``
 measures its false alarms on honest MLPs and its detections of trap weights."""
 
 
