@@ -50,9 +50,24 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
 
+_SESSION = []
+
+
+def pytest_sessionstart(session):
+  _SESSION.append(session)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
+  """The run's own process removes the run's compilation cache. An isolated test's child process
+  ends here, its report written, without the interpreter's teardown (destroying JAX's and
+  PyTorch's objects takes about a second)."""
   if not hasattr(config, "workerinput") and not os.environ.get(_ISOLATED):  # the run's own process
     shutil.rmtree(_CACHE, ignore_errors=True)
+  if os.environ.get(_ISOLATED) and _SESSION:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(_SESSION[0].exitstatus))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -96,23 +111,6 @@ def pytest_sessionfinish(session, exitstatus):
     print(f"\nerror: {' and '.join(loaded)} loaded in the main pytest process; mark the test that "
           "imports it @pytest.mark.isolated", file=sys.stderr)
     session.exitstatus = 1
-
-
-_SESSION = []
-
-
-def pytest_sessionstart(session):
-  _SESSION.append(session)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-  """An isolated test's child process ends here, its report written, without the interpreter's
-  teardown (destroying JAX's and PyTorch's objects takes about a second)."""
-  if os.environ.get(_ISOLATED) and _SESSION:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(int(_SESSION[0].exitstatus))
 
 
 @pytest.hookimpl(tryfirst=True)
