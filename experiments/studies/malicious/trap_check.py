@@ -42,7 +42,7 @@ TRAP_BATCHES = (8, 32, 128)
 
 
 def _pytorch_mlps(data_dir):
-  """(row, "honest", variables) of the Flower example's PyTorch MLPs after its local training, read
+  """(row, "honest_pytorch", variables) of the Flower example's PyTorch MLPs after local training, read
   as a client receives them; none without PyTorch."""
   if importlib.util.find_spec("torch") is None:
     return []
@@ -59,7 +59,8 @@ def _pytorch_mlps(data_dir):
       sent = {k: v.detach().numpy() for k, v in net.state_dict().items()}
       like = models.create(width, jax.random.key(0), input_shape=(32, 32, 3))
       variables = interop.variables_from_torch(sent, interop.zoo_mapping(like), like.variables, width)
-      senders.append((f"honest {width} PyTorch, lr {lr}, {epochs} epoch(s) over {n}", "honest", variables))
+      senders.append((f"honest {width} PyTorch, lr {lr}, {epochs} epoch(s) over {n}", "honest_pytorch",
+                      variables))
   return senders
 
 
@@ -109,8 +110,10 @@ def main():
         print(row, flagged, f"{np.min(rates):.3f}-{np.max(rates):.3f}", flush=True)
   os.makedirs(RUNS, exist_ok=True)
   totals = {}
-  for kind in ("honest", "trap"):
+  for kind in ("honest", "honest_pytorch", "trap"):
     rows = [r for r in records.values() if r["kind"] == kind]
+    if not rows:  # no PyTorch
+      continue
     flagged, checks = sum(r["flagged"] for r in rows), sum(r["batches"] for r in rows)
     totals[kind] = {"flagged": flagged, "checks": checks, "share": flagged / checks}
   with open(os.path.join(RUNS, "table.json"), "w") as f:
