@@ -179,7 +179,7 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   found = received_findings(sent, "mlp-256", SHAPE, inputs=_photo().x)
   assert len(found) == 1 and "trap weights" in found[0].reason and not found[0].conclusive
   # An honest MLP trained at a high rate fires as rarely (the study), so the gate trains on it and
-  # leaves the update to its audit.
+  # audits the update, though gate.rounds names no round (this reply holds none: not audited).
   mlp_gate = leakage_mod(_examples, {"model.name": "mlp-256", "gate.rounds": ""}, compilation_cache=CACHE)
   before = len(trained)
   msg = Message(content=RecordDict({"arrays": to_record(sent),
@@ -187,5 +187,6 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
                 dst_node_id=1, message_type=MessageType.TRAIN)
   reply = mlp_gate(msg, _context(), lambda m, c: (trained.append(m), Message(RecordDict(), reply_to=m))[1])
   assert not reply.has_error() and len(trained) == before + 1
+  assert dict(reply.content["metrics"])["gradjax-audited"] == 0
   assert received_findings(interop.variables_to_torch(mlp.variables, interop.zoo_mapping(mlp)),
                            "mlp-256", SHAPE, inputs=_photo().x) == []

@@ -412,7 +412,8 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
   an error naming why (``gradjax leakage_mod: model refused ...``), on every training round. An
   input layer whose units fire for few of the round's ``examples``, as trap weights do, is logged
   as a warning and not refused (an honest layer whose units died in training does the same:
-  :class:`gradjax.malicious.Finding`); the update's own audit after training then decides.
+  :class:`gradjax.malicious.Finding`); the update's own audit after training then decides, in that
+  round whatever ``gate.rounds`` says.
 
   Args:
     examples: ``examples(message, context) -> (x, y)``: the examples the client trained on in this
@@ -499,6 +500,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     return best, best["psnr"] - gray_baseline_psnr(x)
 
   def mod(msg, context, call_next):
+    suspicious = False  # the received model leaks by its statistics: this round's update is audited
     if (gate.refuse_malicious and msg.metadata.message_type == MessageType.TRAIN
         and static.get("model") and msg.content.array_records):
       sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
@@ -520,6 +522,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
         findings = []
       for finding in findings:
         if not finding.conclusive:
+          suspicious = True
           logger.warning("leakage_mod: the received model's %s: %s; the update is audited after "
                          "training", finding.path, finding.reason)
       findings = [f for f in findings if f.conclusive]
@@ -535,7 +538,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     for record in msg.content.config_records.values():
       config.update(_plain(record))
     server_round = int(config.get("server-round", 0))
-    if not gate.audits(server_round):
+    if not (gate.audits(server_round) or suspicious):
       return reply
     start = time.monotonic()
     try:
