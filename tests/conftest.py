@@ -20,11 +20,17 @@ import tempfile
 # CPU time is compilation (measured with jax.monitoring: 1278 of its 2155 in-process CPU seconds),
 # and with the fusion emitters the DLG objective's gradient compiles 1.3-1.8 times as long (LeNet
 # with each convolution, ResNet-8; one core) into programs that run about as fast (ResNet-8's up to
-# a fifth slower, LeNet's with the mixed convolution faster). Set before JAX's backend starts; a
-# flag the caller set is kept.
-if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
-                                      "--xla_cpu_use_fusion_emitters=false"]).strip()
+# a fifth slower, LeNet's with the mixed convolution faster). And LLVM's optimisation level 0 for
+# those programs, most of which run a few times in a test: gradjax's step and set-up programs keep
+# the levels they choose (their compiler options override these flags). Measured side by side on one
+# core each: test_attacks, test_objectives and test_solvers 258 -> 216 s on the same core (206 on
+# the other); test_models, test_hfginv, test_text, test_training and test_rgap 685 -> 614 s (on the
+# other core); test_permutations, test_verdict, test_lpips, test_training and test_labels 239 -> 178 s.
+# (A program that runs once but long, as R-GAP's Jacobians, chooses its options: see gradjax.rgap.)
+# Set before JAX's backend starts; a flag the caller set is kept.
+for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0"):
+  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), _flag]).strip()
 
 import jax
 import numpy as np
