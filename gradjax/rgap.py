@@ -104,8 +104,8 @@ def _jacobians(layer: Layer, shape, kernel, delta):
 @functools.cache
 def _jacobians_jit():
   """:func:`_jacobians` jitted with the optimisation step's compiler options: it runs once, but
-  as one forward-mode pass per input unit (3072 for a 32x32x3 image), which LLVM's level 0 runs
-  several times slower (measured on DLG's ReLU LeNet: 44 s against 7 s)."""
+  as one forward-mode pass per input unit (3072 for a 32x32x3 image), which code compiled at
+  LLVM's level 0 runs several times slower."""
   return jax.jit(_jacobians, static_argnums=(0, 1),
                  compiler_options=compilation.options(compilation.STEP))
 
