@@ -26,7 +26,7 @@ Example::
 
 import dataclasses
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -337,25 +337,36 @@ class Problem(NamedTuple):
   restart_data: jax.Array
 
 
+def _run_data(data, clients: bool):
+  """(this run's MatchingData, its label order) from the solver's data: ``(shared, order)``, or with
+  several clients ``(stacked, (client, order))``, the clients' MatchingData stacked on a leading
+  axis and the run's client index (:func:`reconstruct_clients`)."""
+  if not clients:
+    return data
+  stacked, (client, order) = data
+  return jax.tree.map(lambda a: a[client], stacked), order
+
+
 def _clip_to_box(dummy, data):
   lo, hi = data[0].bounds
   return {**dummy, "x": jnp.clip(dummy["x"], lo, hi)}
 
 
 def _solver(attack: Attack, apply_fn: Callable, num_leaves: int,
-            loss_fn: Callable = cross_entropy) -> solvers.Solver:
+            loss_fn: Callable = cross_entropy, clients: bool = False) -> solvers.Solver:
   """The solver of ``attack`` on a model of ``num_leaves`` parameter leaves whose client trains on
-  ``loss_fn``; the name, the dummy initialisation and, unless a named optimizer's schedule is spread
-  over it, the budget do not recompile."""
+  ``loss_fn`` (``clients``: each run reads its client's data, :func:`_run_data`); the name, the
+  dummy initialisation and, unless a named optimizer's schedule is spread over it, the budget do
+  not recompile."""
   spread = isinstance(attack.optimizer, optimizers.Named) and attack.optimizer.schedule != "constant"
   key = dataclasses.replace(attack, name="", dummy_init=dummy_lib.normal,
                             iterations=attack.iterations if spread or attack.smoothing else 1)
-  return _solver_cached(key, apply_fn, num_leaves, loss_fn)
+  return _solver_cached(key, apply_fn, num_leaves, loss_fn, clients)
 
 
 @functools.lru_cache(maxsize=32)
 def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
-                   loss_fn: Callable) -> solvers.Solver:
+                   loss_fn: Callable, clients: bool = False) -> solvers.Solver:
   objective = gradient_matching(apply_fn, attack.distance, loss_fn=loss_fn,
                                 prior=priors_lib.combine(attack.priors) if attack.priors else None,
                                 matched=attack.matched,
@@ -364,13 +375,16 @@ def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
                                 smoothing=attack.smoothing)
 
   def value_fn(dummy, data, step):
-    shared, order = data
+    shared, order = _run_data(data, clients)
     labels = None if shared.labels is None else shared.labels[order]
     targets = None if shared.head_targets is None else tuple(a[order] for a in shared.head_targets)
     return objective(dummy, shared.observation, labels, step, shared.weights,
                      label_mask=shared.label_mask, positions=shared.positions, head_targets=targets)
 
-  return make_solver(attack, value_fn, project=_clip_to_box if attack.box else None,
+  def project(dummy, data):
+    return _clip_to_box(dummy, _run_data(data, clients))
+
+  return make_solver(attack, value_fn, project=project if attack.box else None,
                      num_leaves=num_leaves)
 
 
@@ -623,3 +637,75 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     problem = prepare(attack, apply_fn, observation, key, input_shape=input_shape, bounds=bounds,
                       restarts=restarts, permutations=permutations, permutation_seed=permutation_seed)
     return select(problem, solve(attack, apply_fn, problem, execution))
+
+
+# Ten parameters, as reconstruct's: one key per client.
+def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequence[Observation],
+                        keys, *, input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1,
+                        permutations: int = 1, permutation_seed: int = 0,
+                        execution: driver.Execution = driver.Execution()) -> list[Reconstruction]:
+  """Reconstructs the data behind K clients' observations of one model in one solver run: the K
+  clients × R restarts × P label orders are the driver's runs, so ``execution.strategy`` advances them
+  one after another (``"sequential"``), all in one vmapped program (``"vmap"``, what an accelerator
+  is for) or in vmapped blocks (``"map"``); ``"tune"`` measures which is fastest.
+
+  Client k's reconstruction is the one :func:`reconstruct` gives for ``observations[k]`` and
+  ``keys[k]`` (each client's problem is prepared alone, :func:`prepare`; its runs read its own
+  observation, labels and layer weights from the clients' data stacked on a leading axis, and its
+  best run is selected among its own, :func:`select`). One program serves every client, so the
+  observations must share a structure: the model's parameter tree and shapes, the batch size, the
+  threat model and its local training (a Flower round's clients, or one client over rounds).
+
+  Args:
+    attack, apply_fn, input_shape, bounds, restarts, permutations, permutation_seed: as
+      :func:`reconstruct`'s, for every client.
+    observations: K observations (:mod:`gradjax.clients`).
+    keys: K PRNG keys (e.g. ``jax.random.split(key, K)``); client k's restart r starts from
+      ``jax.random.split(keys[k], restarts)[r]``.
+    execution: as :func:`reconstruct`'s; successive halving (which would rank one client's runs
+      against another's) and attacks that couple their restarts (a consensus over runs) are refused
+      for more than one client. A ``monitor`` sees every client's runs stacked.
+
+  Returns:
+    K :class:`Reconstruction`, in the order of ``observations``; each one's per-run arrays
+    (``restart_losses``, ``x_restarts`` ...) hold that client's R·P runs.
+  """
+  observations = list(observations)
+  keys = list(keys)
+  if not observations:
+    raise ValueError("reconstruct_clients needs at least one observation")
+  if len(keys) != len(observations):
+    raise ValueError(f"one key per client: got {len(keys)} keys for {len(observations)} observations")
+  several = len(observations) > 1
+  if several and attack.couples_restarts:
+    raise ValueError("group consistency takes a consensus over the restarts it runs together; "
+                     "attack one client at a time")
+  if several and execution.halving_rounds > 1:
+    raise ValueError("successive halving would rank one client's restarts against another's; "
+                     "attack several clients with halving_rounds = 1")
+  with driver.precision_scope(execution.matmul_precision):
+    problems = [prepare(attack, apply_fn, obs, key, input_shape=input_shape, bounds=bounds,
+                        restarts=restarts, permutations=permutations,
+                        permutation_seed=permutation_seed)
+                for obs, key in zip(observations, keys)]
+    first = jax.tree.structure(problems[0].data)
+    for k, problem in enumerate(problems[1:], 1):
+      shapes = [jnp.shape(a) for a in jax.tree.leaves(problem.data)]
+      if (jax.tree.structure(problem.data) != first
+          or shapes != [jnp.shape(a) for a in jax.tree.leaves(problems[0].data)]
+          or problem.restart_data.shape != problems[0].restart_data.shape):
+        raise ValueError(f"clients attacked in one program share the model, its parameter shapes, "
+                         f"the batch size, the threat model and its local training; client {k} "
+                         "differs from client 0 (attack it separately)")
+    runs = problems[0].restart_data.shape[0]  # R·P per client
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *(p.data for p in problems))
+    init = jax.tree.map(lambda *a: jnp.concatenate(a), *(p.init for p in problems))
+    clients = np.repeat(np.arange(len(problems), dtype=np.int32), runs)
+    orders = jnp.concatenate([p.restart_data for p in problems])
+    num_leaves = len(jax.tree.leaves(observations[0].gradient))
+    state = driver.run(_solver(attack, apply_fn, num_leaves, clients=True), init, stacked,
+                       iterations=attack.iterations, execution=execution,
+                       restart_data=(jnp.asarray(clients), orders))
+    state = sharding.fetch(state)
+    return [select(p, jax.tree.map(lambda a, k=k: a[k * runs:(k + 1) * runs], state))
+            for k, p in enumerate(problems)]

@@ -285,3 +285,51 @@ def test_head_targets_follow_the_labels(photos):
     dataclasses.replace(presets.dlg(), head_features=1.0)
   with pytest.raises(ValueError, match="non-negative"):
     dataclasses.replace(presets.inverting_gradients(), head_features=-1.0)
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+@pytest.mark.slow
+def test_clients_in_one_run_equal_each_client_alone(strategy):
+  """K clients of one model (a round's) in one solver run, under each strategy: client k's
+  reconstruction, restarts, labels and counts are those of attacking it alone with its key."""
+  batch = data.load("skimage", indices=range(6), image_size=(16, 16))
+  net = models.create("lenet_zhu", jax.random.key(3), input_shape=batch.x.shape[1:])
+  observations = [clients.fedsgd(net.apply_fn, net.variables, batch.x[i:i + 2], batch.y[i:i + 2],
+                                 share_labels=True) for i in (0, 2, 4)]
+  keys = jax.random.split(jax.random.key(7), 3)
+  for attack in (presets.dlg(iterations=8), presets.inverting_gradients(iterations=8)):
+    kw = dict(input_shape=batch.x.shape[1:], restarts=2)
+    together = attacks.reconstruct_clients(attack, net.apply_fn, observations, keys,
+                                           execution=driver.Execution(strategy, chunk=4), **kw)
+    assert len(together) == 3
+    for obs, key, got in zip(observations, keys, together):
+      alone = attacks.reconstruct(attack, net.apply_fn, obs, key,
+                                  execution=driver.Execution("sequential", chunk=4), **kw)
+      # A vmapped convolution sums in another order: float32 rounding, grown over 8 steps.
+      np.testing.assert_allclose(got.x_restarts, alone.x_restarts, rtol=0,
+                                 atol=1e-6 if strategy == "sequential" else 1e-3)
+      np.testing.assert_allclose(got.restart_losses, alone.restart_losses, rtol=1e-3)
+      assert got.best_restart == alone.best_restart
+      np.testing.assert_array_equal(got.labels, alone.labels)
+      np.testing.assert_array_equal(got.iterations, alone.iterations)
+    assert len({float(r.loss) for r in together}) == 3  # three clients, three objectives
+
+
+def test_clients_in_one_run_refuse_what_would_mix_them():
+  batch = data.load("skimage", indices=range(3), image_size=(16, 16))
+  net = models.create("lenet_zhu", jax.random.key(3), input_shape=batch.x.shape[1:])
+  one = clients.fedsgd(net.apply_fn, net.variables, batch.x[:1], batch.y[:1], share_labels=True)
+  two = clients.fedsgd(net.apply_fn, net.variables, batch.x[1:], batch.y[1:], share_labels=True)
+  keys = jax.random.split(jax.random.key(0), 2)
+  kw = dict(input_shape=batch.x.shape[1:], restarts=2)
+  attack = presets.inverting_gradients(iterations=2)
+  with pytest.raises(ValueError, match="client 1 differs from client 0"):
+    attacks.reconstruct_clients(attack, net.apply_fn, [one, two], keys, **kw)
+  with pytest.raises(ValueError, match="one key per client"):
+    attacks.reconstruct_clients(attack, net.apply_fn, [one, one], keys[:1], **kw)
+  with pytest.raises(ValueError, match="successive halving"):
+    attacks.reconstruct_clients(attack, net.apply_fn, [one, one], keys,
+                                execution=driver.Execution(halving_rounds=2), **kw)
+  grouped = dataclasses.replace(attack, priors=attack.priors + (priors.Prior(priors.PRIORS["group"], 0.05),))
+  with pytest.raises(ValueError, match="group consistency"):
+    attacks.reconstruct_clients(grouped, net.apply_fn, [one, one], keys, **kw)
