@@ -8,6 +8,9 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   compiled and peak memory), as the suite's steps section.
 * ``restarts``: 100 DLG iterations on ``lenet_zhu`` for R = 1, 4, 16, 64, 256 under each strategy
   (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1.
+* ``clients``: 100 iterations of DLG and of Inverting Gradients on K = 1, 4, 16, 64 clients of one
+  ``lenet_zhu`` round, one solver run for the K clients (vmap, sequential) against K runs one by one,
+  compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR.
 * ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
@@ -43,7 +46,7 @@ from benchmarks import step as bs
 from gradjax import driver, files
 from gradjax.run import config, pipeline, report
 
-PARTS = ("steps", "restarts", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
+PARTS = ("steps", "restarts", "clients", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
                           "epoch_5.npz")
@@ -57,7 +60,7 @@ def sizes(quick: bool, dataset: str) -> dict:
   if quick:
     # 32x32 everywhere, so the parts share compiled programs; vmapped restarts run in dlg64.
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
-                strategies=("sequential",), restart_iterations=5, dlg_restarts=2,
+                strategies=("sequential",), restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_iterations=10,
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
@@ -67,7 +70,7 @@ def sizes(quick: bool, dataset: str) -> dict:
                 timing=dict(repeats=2, warmup=0, max_seconds=5.0))
   return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
               restart_counts=[1, 4, 16, 64, 256], strategies=("vmap", "map", "sequential"),
-              restart_iterations=100, dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
+              restart_iterations=100, client_counts=[1, 4, 16, 64], dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
               fedavg_model="convnet", fedavg_iterations=None, precisions=PRECISIONS,
               precision_attacks=("dlg", "inverting_gradients"),
@@ -103,6 +106,11 @@ def _steps(s: dict, seed: int) -> list[dict]:
 
 def part_restarts(s: dict, seed: int) -> list[dict]:
   return bs.restart_timings(s["restart_counts"], s["restart_iterations"], s["strategies"], 8, seed)
+
+
+def part_clients(s: dict, seed: int) -> list[dict]:
+  return bs.client_timings(s["client_counts"], s["restart_iterations"],
+                           tuple(x for x in s["strategies"] if x != "map") or ("sequential",), seed)
 
 
 def part_dlg64(s: dict, seed: int) -> list[dict]:
@@ -246,6 +254,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   assembled Markdown."""
   s = sizes(quick, dataset)
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
+                  clients=lambda: part_clients(s, seed),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
                   ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),
                   batch=lambda: part_batch(s, seed, data_dir, out),

@@ -288,6 +288,54 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
   return rows
 
 
+def client_observations(count: int, seed: int):
+  """``count`` clients of one round: FedSGD on ``lenet_zhu`` (one draw), one photo each, the 16
+  photos cycled and client i's shifted by i // 16 pixels so no two updates are the same.
+  Returns (model, observations)."""
+  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
+                        num_classes=NUM_CLASSES)
+  images = photos(count)
+  return model, [clients.fedsgd(model.apply_fn, model.variables,
+                                np.roll(images.x[i:i + 1], i // 16, axis=2), images.y[i:i + 1],
+                                share_labels=True) for i in range(count)]
+
+
+def client_timings(counts, iterations: int, strategies, seed: int,
+                   attack_names=("dlg", "inverting_gradients")) -> list[dict]:
+  """Wall time of ``iterations`` of an attack on K clients of ``lenet_zhu`` (one restart each),
+  compilation excluded (a first, untimed run compiles): ``together_s``, the K clients as the runs of
+  one solver run (:func:`gradjax.attacks.reconstruct_clients`) under ``strategy``; ``one_by_one_s``,
+  K calls of :func:`gradjax.attacks.reconstruct`, as an audit attacked a round's clients before
+  (the baseline, run in the same process); ``over_one``: ``together_s`` over one client's time alone
+  (the issue's "64 clients <= 3x one"); ``speedup``: ``one_by_one_s / together_s``."""
+  model, observations = client_observations(max(counts), seed)
+  rows = []
+  for name in attack_names:
+    attack = presets.get_preset(name)(iterations=iterations)
+    kw = dict(input_shape=(32, 32, 3))
+    alone = {}
+    for k in sorted(set(counts)):
+      obs, keys = observations[:k], list(jax.random.split(jax.random.key(seed + 1), k))
+      single = driver.Execution("sequential", chunk=iterations)
+      attacks.reconstruct(attack, model.apply_fn, obs[0], keys[0], execution=single, **kw)
+      start = time.perf_counter()
+      for o, key in zip(obs, keys):
+        attacks.reconstruct(attack, model.apply_fn, o, key, execution=single, **kw)
+      alone[k] = time.perf_counter() - start
+      for strategy in strategies:
+        execution = driver.Execution(strategy, chunk=iterations)
+        attacks.reconstruct_clients(attack, model.apply_fn, obs, keys, execution=execution, **kw)
+        start = time.perf_counter()
+        attacks.reconstruct_clients(attack, model.apply_fn, obs, keys, execution=execution, **kw)
+        seconds = time.perf_counter() - start
+        rows.append(dict(attack=name, strategy=strategy, clients=k, iterations=iterations,
+                         together_s=seconds, one_by_one_s=alone[k],
+                         over_one=seconds / alone[min(alone)] if min(alone) == 1 else None,
+                         speedup=alone[k] / seconds))
+        print(f"clients {rows[-1]}", flush=True)
+  return rows
+
+
 def count_params(tree) -> int:
   return int(sum(leaf.size for leaf in jax.tree.leaves(tree)))
 

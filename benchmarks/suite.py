@@ -33,6 +33,11 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   restart count in ``--restart_counts`` and each strategy (sequential, vmap, map with
   ``--restart_map_batch_size``), compilation excluded, as a ratio to one restart, and the FLOP rate of the
   objective evaluations the run made.
+* ``clients``: ``--restart_iterations`` iterations of DLG and of Inverting Gradients on K clients of
+  one ``lenet_zhu`` round (one photo each, one restart) for each K in ``--client_counts``: the K
+  clients as one solver run (``attacks.reconstruct_clients``) under each strategy (sequential, vmap)
+  against K calls of ``attacks.reconstruct`` one after another (what an audit did), compilation
+  excluded, and the ratio to one client.
 * ``profile``: where a vmapped DLG iteration's time goes, per restart count: the R vmapped
   evaluations of the objective (time, GFLOP/s by XLA's cost analysis, fraction of the core's measured
   float32 matmul peak), the R L-BFGS updates alone, the size of their stored pairs and the time two
@@ -85,7 +90,8 @@ from gradjax.run import report
 from gradjax.cli import common
 
 GPU_FOLDER = "runs/benchmark_gpu"  # --suite=gpu without --output_dir
-SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "profile", "linesearch", "startup")
+SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "clients", "profile", "linesearch",
+            "startup")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
 _PARTS = flags.DEFINE_list("parts", list(accelerator.PARTS), "Accelerator suite parts: "
@@ -103,6 +109,8 @@ _TTQ_MAX_S = flags.DEFINE_float("ttq_max_seconds", 120.0, "Give up a time-to-qua
 _IG_MODEL = flags.DEFINE_string("ig_model", "resnet20-4", "Model of the fixed-budget IG measurement.")
 _IG_ITERATIONS = flags.DEFINE_integer("ig_iterations", 20, "Iterations of the fixed-budget IG run.")
 _RESTART_COUNTS = flags.DEFINE_list("restart_counts", ["1", "4", "16", "64", "256"], "Restart counts.")
+_CLIENT_COUNTS = flags.DEFINE_list("client_counts", ["1", "4", "16"], "Client counts of the clients "
+                                  "section.")
 _RESTART_ITERATIONS = flags.DEFINE_integer("restart_iterations", 100, "DLG iterations per timing.")
 _MAP_BATCH = flags.DEFINE_integer("restart_map_batch_size", 8, "Restarts vectorised together by lax.map in the restarts section.")
 _LS_CAPS = flags.DEFINE_list("linesearch_caps", ["20", "8", "4", "2"],
@@ -386,6 +394,11 @@ def section_restarts(seed: int) -> list[dict]:
                             ("sequential", "vmap", "map"), _MAP_BATCH.value, seed)
 
 
+def section_clients(seed: int) -> list[dict]:
+  return bs.client_timings([int(k) for k in _CLIENT_COUNTS.value], _RESTART_ITERATIONS.value,
+                           ("sequential", "vmap"), seed)
+
+
 def section_profile(seed: int) -> dict:
   return bs.restart_profile([int(r) for r in _RESTART_COUNTS.value], seed)
 
@@ -560,6 +573,15 @@ def markdown(result: dict) -> str:
       cells = [f"{r['gflops']:.1f}" for r in result["restarts"] if r["strategy"] == strategy]
       lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
     lines.append("")
+  if "clients" in result:
+    lines += [f"## Clients: {result['config']['restart_iterations']} iterations on K clients of one "
+              "lenet_zhu round (s; ratio to one client alone)", "",
+              "| attack | strategy | K | K clients in one run | K runs one by one | one by one / "
+              "together | together / one client |", "|---|---|---|---|---|---|---|"]
+    for r in result["clients"]:
+      lines.append(f"| {r['attack']} | {r['strategy']} | {r['clients']} | {r['together_s']:.2f} | "
+                   f"{r['one_by_one_s']:.2f} | {r['speedup']:.2f}× | {_f(r['over_one'], '{:.1f}')}× |")
+    lines.append("")
   if "profile" in result:
     p = result["profile"]
     lines += ["## Where a vmapped DLG iteration goes on lenet_zhu", "",
@@ -610,13 +632,14 @@ def main(argv):
   try:
     batch_sizes = [int(b) for b in _BATCH_SIZES.value]
     counts = [int(r) for r in _RESTART_COUNTS.value]
+    client_counts = [int(k) for k in _CLIENT_COUNTS.value]
     caps = [int(c) for c in _LS_CAPS.value]
   except ValueError:
     bs.fail("--batch_sizes, --restart_counts and --linesearch_caps take integers")
-  if (min(batch_sizes + counts + caps) < 1 or _TTQ_IMAGES.value < 1 or _IG_ITERATIONS.value < 1
+  if (min(batch_sizes + counts + client_counts + caps) < 1 or _TTQ_IMAGES.value < 1 or _IG_ITERATIONS.value < 1
       or _LS_ITERATIONS.value < 2 or _STARTUP_RUNS.value < 0 or _LOOP_BATCH.value < 1
       or _LOOP_STEPS.value < 1):
-    bs.fail("batch sizes, restart counts, line-search caps, --ttq_images and --ig_iterations must be "
+    bs.fail("batch sizes, restart and client counts, line-search caps, --ttq_images and --ig_iterations must be "
             "positive, --linesearch_iterations at least 2, --startup_runs not negative, --loop_batch_size and "
             "--loop_steps positive")
   if (error := bs.check_flags()) is not None:
@@ -641,6 +664,7 @@ def main(argv):
   result = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(torch),
                 config=dict(models=bs._MODELS.value, batch_sizes=batch_sizes, ttq_psnr=_TTQ_PSNR.value,
                             ttq_images=_TTQ_IMAGES.value, restart_counts=counts,
+                            client_counts=client_counts,
                             restart_iterations=_RESTART_ITERATIONS.value, linesearch_caps=caps,
                             linesearch_iterations=_LS_ITERATIONS.value, loop_models=_LOOP_MODELS.value,
                             loop_batch_size=_LOOP_BATCH.value, loop_steps=_LOOP_STEPS.value, seed=seed))
@@ -648,6 +672,7 @@ def main(argv):
       steps=lambda: section_steps(torch, timing, seed), ops=lambda: section_ops(torch, seed),
       convs=lambda: section_convs(timing, seed), loops=lambda: section_loops(timing, seed),
       ttq=lambda: section_ttq(torch, seed), restarts=lambda: section_restarts(seed),
+      clients=lambda: section_clients(seed),
       profile=lambda: section_profile(seed), linesearch=lambda: section_linesearch(seed, max(counts)),
       startup=lambda: section_startup(_STARTUP_RUNS.value))
   result["section_seconds"] = {}

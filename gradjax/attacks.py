@@ -339,12 +339,8 @@ class Problem(NamedTuple):
 
 def _run_data(data, clients: bool):
   """(this run's MatchingData, its label order) from the solver's data: ``(shared, order)``, or with
-  several clients ``(stacked, (client, order))``, the clients' MatchingData stacked on a leading
-  axis and the run's client index (:func:`reconstruct_clients`)."""
-  if not clients:
-    return data
-  stacked, (client, order) = data
-  return jax.tree.map(lambda a: a[client], stacked), order
+  several clients ``(None, (its client's MatchingData, order))`` (:func:`reconstruct_clients`)."""
+  return data[1] if clients else data
 
 
 def _clip_to_box(dummy, data):
@@ -650,9 +646,9 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
   is for) or in vmapped blocks (``"map"``); ``"tune"`` measures which is fastest.
 
   Client k's reconstruction is the one :func:`reconstruct` gives for ``observations[k]`` and
-  ``keys[k]`` (each client's problem is prepared alone, :func:`prepare`; its runs read its own
-  observation, labels and layer weights from the clients' data stacked on a leading axis, and its
-  best run is selected among its own, :func:`select`). One program serves every client, so the
+  ``keys[k]`` (each client's problem is prepared alone, :func:`prepare`; each of its runs carries
+  its observation, labels and layer weights, so K·R·P copies of the model's parameters and update
+  are held, and its best run is selected among its own, :func:`select`). One program serves every client, so the
   observations must share a structure: the model's parameter tree and shapes, the batch size, the
   threat model and its local training (a Flower round's clients, or one client over rounds).
 
@@ -698,14 +694,16 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
                          f"the batch size, the threat model and its local training; client {k} "
                          "differs from client 0 (attack it separately)")
     runs = problems[0].restart_data.shape[0]  # R·P per client
-    stacked = jax.tree.map(lambda *a: jnp.stack(a), *(p.data for p in problems))
+    # Each run carries its client's data (a vmapped program reads it as an input, not by a gather
+    # at every step; the sequential strategy moves each run's to the device once).
+    per_run = jax.tree.map(lambda *a: np.repeat(np.stack(jax.device_get(a)), runs, axis=0),
+                           *(p.data for p in problems))
     init = jax.tree.map(lambda *a: jnp.concatenate(a), *(p.init for p in problems))
-    clients = np.repeat(np.arange(len(problems), dtype=np.int32), runs)
     orders = jnp.concatenate([p.restart_data for p in problems])
     num_leaves = len(jax.tree.leaves(observations[0].gradient))
-    state = driver.run(_solver(attack, apply_fn, num_leaves, clients=True), init, stacked,
+    state = driver.run(_solver(attack, apply_fn, num_leaves, clients=True), init, None,
                        iterations=attack.iterations, execution=execution,
-                       restart_data=(jnp.asarray(clients), orders))
+                       restart_data=(per_run, orders))
     state = sharding.fetch(state)
     return [select(p, jax.tree.map(lambda a, k=k: a[k * runs:(k + 1) * runs], state))
             for k, p in enumerate(problems)]

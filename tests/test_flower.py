@@ -512,3 +512,37 @@ def test_an_interrupted_audit_resumes_where_it_stopped(net, tmp_path):
   assert [r["client"] for r in rows] == ["11", "12", "13", "14"] and all(r["verdict"] for r in rows)
   for name, mtime in kept.items():
     assert (tmp_path / "audit" / "round_001" / name / "idlg" / "metrics.json").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.slow
+def test_a_rounds_clients_attacked_in_one_run_give_the_rows_of_one_at_a_time(net, tmp_path):
+  """Four clients over two rounds, one pruning its update and declaring it, one whose reply is
+  spoiled: with ``clients_per_run=8`` the audit attacks the alike captures in one solver run (the
+  two clients' four updates of two global models; the pruned client's adapted attack in a run of its
+  own; the spoiled reply is its error row), and every row is the one it gives one capture at a time
+  (CPU: the runs advance in sequence; the plain clients' numbers are the same, the pruned client's
+  differ by float32 rounding, which its 20 L-BFGS steps grow to about 1 % of the objective)."""
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
+  start(strategy, net, Grid(net, nodes=(11, 12, 13, 14), defenses={13: "prune:0.7"},
+                            spoil={14: "error"}), rounds=2)
+  found = audit.captures(strategy.audit_dir)
+  assert len(found) == 8 and [c.client for c in found if c.error] == ["14", "14"]
+  options = dict(attacks=("idlg",), dataset="skimage", image_size=32, iterations=20, lpips="none",
+                 adaptive=True)
+  alone = audit.attack_captures(found, audit.Settings(**options), log=lambda s: None)
+  together = audit.attack_captures(found, audit.Settings(**options, clients_per_run=8),
+                                   log=lambda s: None)
+  assert [(r["round"], r["client"], r["attack"]) for r in together] == [
+      (r["round"], r["client"], r["attack"]) for r in alone]
+  shared = {(r["round"], r["client"]): r.get("clients_together") for r in together}
+  assert shared == {(1, "11"): 4, (1, "12"): 4, (2, "11"): 4, (2, "12"): 4,
+                    (1, "13"): 2, (2, "13"): 2, (1, "14"): None, (2, "14"): None}, shared
+  for a, b in zip(alone, together):
+    assert a.get("error") == b.get("error")
+    if a.get("error"):
+      continue
+    assert a["verdict"] == b["verdict"] and a["iterations"] == b["iterations"]
+    assert a["label_accuracy"] == b["label_accuracy"]
+    np.testing.assert_allclose(b["psnr"], a["psnr"], rtol=1e-3)
+    np.testing.assert_allclose(b["ssim"], a["ssim"], atol=1e-3)
+    np.testing.assert_allclose(b["loss"], a["loss"], rtol=2e-2)

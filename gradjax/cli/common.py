@@ -93,7 +93,7 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   if fields is not None:
     for path in fields:
       config.option(path)
-  FIELDS[:] = (config.names(sections, omit) if fields is None else
+  FIELDS[:] = (config.names(sections, (*omit, *config.SEVERAL_CAPTURES)) if fields is None else
                [p for p in config.paths() if p in ("seed", *fields)])
   for path in FIELDS:
     if config.alias(path):

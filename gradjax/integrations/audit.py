@@ -368,6 +368,8 @@ class Settings(NamedTuple):
     checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
   adaptive: attack a capture whose metadata declare the client's ``defense`` with the attack
     adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked plainly.
+  clients_per_run: captures attacked in one solver run when they share the model and the attack
+    (``None``: :func:`gradjax.run.pipeline.clients_per_run`, 64 on an accelerator, 1 on CPU).
   """
 
   attacks: tuple[str, ...] = (auto.AUTO,)
@@ -383,6 +385,7 @@ class Settings(NamedTuple):
   rename: str | None = None
   force: bool = False
   adaptive: bool = False
+  clients_per_run: int | None = None
 
   def options(self) -> dict[str, Any]:
     """Dotted path -> value of the configuration options these settings hold (:data:`OPTIONS`)."""
@@ -399,7 +402,7 @@ OPTIONS = {"model": "model.name", "dataset": "data.dataset", "data_dir": "data.d
            "image_size": "data.image_size", "normalization": "data.normalization",
            "iterations": "attack.iterations", "restarts": "attack.restarts", "seed": "seed",
            "lpips": "output.lpips", "rename": "model.rename", "force": "client.force",
-           "adaptive": "attack.adaptive"}
+           "adaptive": "attack.adaptive", "clients_per_run": "execution.clients_per_run"}
 
 
 def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
@@ -441,6 +444,23 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   that server recovers). An update that carries nothing
   (:func:`gradjax.fidelity.zero_update`) gives one row, ``no_leak_found`` with ``zero_update``.
   """
+  return attack_round([capture], settings, log, truths=[truth])[0]
+
+
+class _Plan(NamedTuple):
+  """What :func:`attack_round` attacks in one capture: its rows' common fields, the attacks in
+  order, the ground truth, the capture's metadata and whether ``auto`` chose the attacks."""
+
+  base: dict[str, Any]
+  names: tuple[str, ...]
+  truth: data.Dataset | None
+  meta: dict[str, Any]
+  chosen: bool
+
+
+def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict[str, Any]]:
+  """The capture's :class:`_Plan`, or its final rows when nothing is attacked (an error, a withheld
+  update, a refused model, a ground truth that did not load)."""
   base = {"round": capture.round, "client": capture.client}
   if capture.info.get("reply"):  # the k-th reply of a node that replied more than once
     base["reply"] = capture.info["reply"]
@@ -452,8 +472,8 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     return [{**base, "attack": None, "error": capture.error}]
   names = settings.attacks
   chosen = tuple(names) == (auto.AUTO,)  # auto also sets what depends on the model family
+  meta = capture.info.get("metadata", {})
   if chosen:
-    meta = capture.info.get("metadata", {})
     names = auto.for_metadata(meta, settings.model)
     model = settings.model or meta.get("model")
     if model and _sent_imprinted(capture, model, meta):  # a malicious server: its own read-out first
@@ -464,49 +484,95 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
     error = f"ground truth from {settings.dataset} not loaded: {str(e).splitlines()[0]}"
     log(f"round {capture.round} client {capture.client}: error: {error}")
     return [{**base, "attack": None, "error": error}]
-  meta = capture.info.get("metadata", {})
-  rows = []
-  for name in names:
-    row = {**base, "attack": name}
-    try:
-      labels = None
-      if (name not in closed_forms.CLOSED_FORMS and presets.get_preset(name)().label_source is labels_lib.known
-          and "labels" not in meta):
-        # FedAvg clients do not share labels: infer them from the update's last layer (LLG* counts
-        # duplicates, its impact measured on dummy images through the model the server sent;
-        # iDLG's sign rule for one example).
-        labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
-      closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
-      cfg = config.from_options({
-          **settings.options(), "attack.preset": name,
-          "model.weights": os.path.join(capture.folder, WEIGHTS),
-          "client.observation": os.path.join(capture.folder, OBSERVATION),
-          "data.dataset": None,  # the truth is scored here, loaded once for the capture's attacks
-          "data.data_dir": None,
-          "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
-          "attack.restarts": 1 if closed else settings.restarts, "attack.label_source": labels,
-          "attack.adaptive": not closed and settings.adaptive and bool(meta.get("defense")),
-          **(auto.settings(name, settings.model or meta.get("model")) if chosen else {})})
-      results, images = pipeline.run(cfg, batch=truth)
-      out = os.path.join(capture.folder, name)
-      report.write_run(out, results, images,
-                       f"{name}, round {capture.round}, client {capture.client}")
-      row.update({k: results.get(k) for k in SUMMARY_KEYS}, run=os.path.relpath(out, os.path.dirname(
-          os.path.dirname(capture.folder))), num_samples=results.get("num_samples"),
-                 verdict=results["verdict"]["status"], reason=results["verdict"]["reason"])
-      scored = "" if row["psnr"] is None else f", PSNR {row['psnr']:.2f} dB"
-      log(f"round {capture.round} client {capture.client} {name}: objective {row['loss']:.4g}{scored}"
-          f", verdict {row['verdict']}")
-    except fidelity.ZeroUpdate as e:  # a finding of the capture, not an attack's: one row for all
-      rows.append({**base, "attack": None, "verdict": "no_leak_found", "reason": str(e),
-                   "zero_update": True})
-      log(f"round {capture.round} client {capture.client}: {e}")
+  return _Plan(base, tuple(names), truth, meta, chosen)
+
+
+def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan) -> config.Config:
+  """The experiment of attack ``name`` on ``capture``."""
+  meta = plan.meta
+  labels = None
+  if (name not in closed_forms.CLOSED_FORMS and presets.get_preset(name)().label_source is labels_lib.known
+      and "labels" not in meta):
+    # FedAvg clients do not share labels: infer them from the update's last layer (LLG* counts
+    # duplicates, its impact measured on dummy images through the model the server sent;
+    # iDLG's sign rule for one example).
+    labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
+  closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
+  return config.from_options({
+      **settings.options(), "attack.preset": name,
+      "model.weights": os.path.join(capture.folder, WEIGHTS),
+      "client.observation": os.path.join(capture.folder, OBSERVATION),
+      "data.dataset": None,  # the truth is scored here, loaded once for the capture's attacks
+      "data.data_dir": None,
+      "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
+      "attack.restarts": 1 if closed else settings.restarts, "attack.label_source": labels,
+      "attack.adaptive": not closed and settings.adaptive and bool(meta.get("defense")),
+      **(auto.settings(name, settings.model or meta.get("model")) if plan.chosen else {})})
+
+
+def attack_round(found: Sequence[Capture], settings: Settings, log: Callable[[str], None] = print, *,
+                 truths: Sequence[data.Dataset | None] | None = None) -> list[list[dict[str, Any]]]:
+  """:func:`attack_capture` of each capture of ``found`` (e.g. a round's clients), their rows in
+  order; each attack runs on every capture that has it in one call of
+  :func:`gradjax.run.pipeline.run_clients`, so captures of one model attacked alike share one solver
+  run where ``settings.clients_per_run`` (or the device) says so (:func:`gradjax.run.pipeline.clients_per_run`),
+  each with its own results, run folder and verdict. ``truths``: each capture's ground truth
+  (default: loaded from ``settings.dataset``)."""
+  truths = [None] * len(found) if truths is None else list(truths)
+  plans = [_plan(c, settings, log, t) for c, t in zip(found, truths)]
+  rows: list[list[dict[str, Any]]] = [p if isinstance(p, list) else [] for p in plans]
+  live = [k for k, p in enumerate(plans) if isinstance(p, _Plan)]
+  slot = 0
+  while live:
+    todo = [k for k in live if slot < len(plans[k].names)]
+    if not todo:
       break
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-      row["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
-      log(f"round {capture.round} client {capture.client} {name}: error: {row['error']}")
-    rows.append(row)
+    cfgs, asked = [], []
+    for k in todo:
+      name = plans[k].names[slot]
+      try:
+        cfgs.append(_attack_config(found[k], settings, name, plans[k]))
+        asked.append(k)
+      except (ValueError, FileNotFoundError) as e:
+        rows[k].append(_failed_row(found[k], plans[k].base, name, e, log))
+    outcomes = pipeline.run_clients(cfgs, [plans[k].truth for k in asked])
+    for k, outcome in zip(asked, outcomes):
+      capture, plan, name = found[k], plans[k], plans[k].names[slot]
+      if isinstance(outcome, fidelity.ZeroUpdate):  # a finding of the capture: one row for all
+        rows[k].append({**plan.base, "attack": None, "verdict": "no_leak_found",
+                        "reason": str(outcome), "zero_update": True})
+        log(f"round {capture.round} client {capture.client}: {outcome}")
+        live.remove(k)
+      elif isinstance(outcome, Exception):
+        rows[k].append(_failed_row(capture, plan.base, name, outcome, log))
+      else:
+        rows[k].append(_attacked_row(capture, plan.base, name, *outcome, log))
+    live = [k for k in live if slot + 1 < len(plans[k].names)]
+    slot += 1
   return rows
+
+
+def _failed_row(capture: Capture, base: dict, name: str, error: Exception, log) -> dict[str, Any]:
+  message = str(error).splitlines()[0] if str(error) else type(error).__name__
+  log(f"round {capture.round} client {capture.client} {name}: error: {message}")
+  return {**base, "attack": name, "error": message}
+
+
+def _attacked_row(capture: Capture, base: dict, name: str, results: dict, images: dict,
+                  log) -> dict[str, Any]:
+  """The row of attack ``name`` on ``capture``, its run files written into ``<capture>/<name>/``."""
+  out = os.path.join(capture.folder, name)
+  report.write_run(out, results, images, f"{name}, round {capture.round}, client {capture.client}")
+  row = {**base, "attack": name, **{k: results.get(k) for k in SUMMARY_KEYS},
+         "run": os.path.relpath(out, os.path.dirname(os.path.dirname(capture.folder))),
+         "num_samples": results.get("num_samples"), "verdict": results["verdict"]["status"],
+         "reason": results["verdict"]["reason"]}
+  if results.get("clients_together", 1) > 1:
+    row["clients_together"] = results["clients_together"]
+  scored = "" if row["psnr"] is None else f", PSNR {row['psnr']:.2f} dB"
+  log(f"round {capture.round} client {capture.client} {name}: objective {row['loss']:.4g}{scored}"
+      f", verdict {row['verdict']}")
+  return row
 
 
 def audit(audit_dir, settings: Settings = Settings(), *, rounds: Sequence[int] | None = None,
@@ -566,29 +632,38 @@ def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | No
 def attack_captures(found: Sequence[Capture], settings: Settings,
                     log: Callable[[str], None] = print, *, resume: bool = False,
                     stop: Callable[[], int | None] = lambda: None) -> list[dict[str, Any]]:
-  """:func:`attack_capture` of each capture in turn: their rows. Each capture's rows are kept in
-  its ``rows.json`` as it ends; with ``resume``, a capture whose ``rows.json`` holds rows of the
-  same ``settings`` is not attacked again. ``stop`` is asked between captures: a signal number
-  raises :class:`Stopped` with the rows so far."""
+  """:func:`attack_capture` of each capture in turn (in blocks of
+  :func:`gradjax.run.pipeline.clients_per_run` consecutive captures, :func:`attack_round`): their
+  rows. Each capture's rows are kept in its ``rows.json`` as it (its block) ends; with ``resume``, a
+  capture whose ``rows.json`` holds rows of the same ``settings`` is not attacked again. ``stop`` is
+  asked between blocks: a signal number raises :class:`Stopped` with the rows so far."""
   start, rows = time.perf_counter(), []
-  for k, capture in enumerate(found):
+  together = settings.clients_per_run or pipeline.clients_per_run(config.Config())
+  k = 0
+  while k < len(found):
     signum = stop()
     if signum is not None:
       raise Stopped(rows, k, len(found), signum)
-    kept = kept_rows(capture, settings) if resume else None
+    kept = kept_rows(found[k], settings) if resume else None
     if kept is not None:
       rows.extend(kept)
-      log(f"capture {k + 1}/{len(found)} (round {capture.round} client {capture.client}): kept "
+      log(f"capture {k + 1}/{len(found)} (round {found[k].round} client {found[k].client}): kept "
           f"from its {ROWS}")
+      k += 1
       continue
-    new = attack_capture(capture, settings, log)
-    try:
-      report.save_json(os.path.join(capture.folder, ROWS),
-                       {"settings": _settings_json(settings), "rows": new})
-    except OSError as e:  # the rows still reach the index; only a resume would attack it again
-      log(f"round {capture.round} client {capture.client}: {ROWS} not written: {e}")
-    rows.extend(new)
-    log(f"capture {k + 1}/{len(found)} done, {time.perf_counter() - start:.0f} s")
+    block = [found[k]]  # with the captures after it that a resume does not keep, up to `together`
+    while (len(block) < together and k + len(block) < len(found)
+           and not (resume and kept_rows(found[k + len(block)], settings) is not None)):
+      block.append(found[k + len(block)])
+    for capture, new in zip(block, attack_round(block, settings, log)):
+      try:
+        report.save_json(os.path.join(capture.folder, ROWS),
+                         {"settings": _settings_json(settings), "rows": new})
+      except OSError as e:  # the rows still reach the index; only a resume would attack it again
+        log(f"round {capture.round} client {capture.client}: {ROWS} not written: {e}")
+      rows.extend(new)
+    k += len(block)
+    log(f"capture {k}/{len(found)} done, {time.perf_counter() - start:.0f} s")
   return rows
 
 

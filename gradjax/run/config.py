@@ -408,17 +408,25 @@ class ExecutionConfig(_Section):
   remat: bool | None = _field(
       None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
       attack="remat")
+  clients_per_run: int | None = _field(
+      None, "Captured updates an audit attacks in one solver run when they share the model and the "
+      "attack (a round's clients), each with its own results and verdict; unset: up to 64 where "
+      "the restarts run vmapped (accelerators), one at a time where they run in sequence (CPU).")
 
   def build(self, callback: Callable | None = None, monitor: Callable | None = None,
             saver: driver.Saver | None = None) -> driver.Execution:
     """The :class:`gradjax.driver.Execution` of the restarts (``remat`` changes the model and the
     replay, not the driver)."""
-    knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "remat"}
+    knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name not in ("remat", "clients_per_run")}
     return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver)
 
   def __post_init__(self):
     super().__post_init__()
     self.build()  # checks the restart knobs (strategy, chunk, halving, map batch size, shard)
+    if self.clients_per_run is not None and self.clients_per_run < 1:
+      raise ValueError(f"--config.execution.clients_per_run must be at least 1, got "
+                       f"{self.clients_per_run}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -781,6 +789,11 @@ def option_type(path: str) -> type:
   return kinds[0]
 
 
+# Options only a program that attacks several captures at once reads (``gradjax audit`` names its
+# options): a program given sections does not read them.
+SEVERAL_CAPTURES = ("execution.clients_per_run",)
+
+
 def names(sections: tuple[str, ...] = ATTACK_SECTIONS,
           omit: tuple[str, ...] = ()) -> tuple[str, ...]:
   """The options (dotted paths) in ``sections`` (and ``seed``) but ``omit``: what a program reads."""
@@ -890,7 +903,7 @@ def recorded(values: dict[str, Any]) -> dict[str, Any]:
 # an accelerator and to sequential on a CPU, so a run begun on one resumes on the other with
 # --config.execution.strategy=vmap.)
 NOT_FINGERPRINTED = ("output.lpips", "data.data_dir", "client.force", "execution.strategy",
-                     "execution.map_batch_size")
+                     "execution.map_batch_size", "execution.clients_per_run")
 
 
 def fingerprint(cfg: Config) -> dict:

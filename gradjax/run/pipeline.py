@@ -501,7 +501,29 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
   return adaptive.adapt(attack, declared, update_scale)
 
 
-def _run_image(cfg: Config, callback, batch, state, deadline=None):
+class _Prepared(NamedTuple):
+  """An image experiment up to its attack (:func:`_prepare`): the attack (adapted to a declared
+  defense; a closed form's name), the model and the observation it attacks, and what scoring reads."""
+
+  attack: Any
+  closed: bool
+  model: models.Model
+  observation: Any
+  batch: data.Dataset | None
+  norm: data.Normalization
+  key_attack: jax.Array
+  share_labels: bool
+  matched: str
+  declared: str
+  checks: dict
+  problems: list
+
+  @property
+  def input_shape(self) -> tuple[int, ...]:
+    return tuple(self.model.input_shape)
+
+
+def _prepare(cfg: Config, batch) -> _Prepared:
   attack = check(cfg)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
@@ -530,7 +552,6 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
     client = cfg.client.build(share_labels=share_labels)
     observation = client(model.apply_fn, model.variables, x_client, batch.y)
-  input_shape = tuple(model.input_shape)
   defense = cfg.defense.build()
   if defense is not None:
     observation = defense.apply(observation, key_defense)
@@ -556,26 +577,174 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
   elif cfg.attack.label_source == "llg_star":
     observation = observation.replace(
         labels=llg_star_labels(model, observation, norm, jax.random.fold_in(key_attack, 1)))
+  return _Prepared(attack, closed, model, observation, batch, norm, key_attack, share_labels, matched,
+                   declared, checks, problems)
 
-  trace = Trace(callback, None if batch is None else np.asarray(batch.x, np.float64), norm, deadline)
+
+def _run_image(cfg: Config, callback, batch, state, deadline=None):
+  p = _prepare(cfg, batch)
+  trace = Trace(callback, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm,
+                deadline)
   timing = _Resumable(cfg, state, trace)
   # PSNR per chunk needs a ground truth; sharded runs would gather the whole solver state to the
   # host for it, so they record the objective only.
   execution = cfg.execution.build(callback=trace.progress,
-                            monitor=(trace.monitor if (batch is not None or deadline is not None)
+                            monitor=(trace.monitor if (p.batch is not None or deadline is not None)
                                      and not cfg.execution.shard else None),
                             saver=timing.saver)
   found = {}  # what a closed form found besides the reconstruction
-  if closed:
-    rec, found = closed_forms.reconstruct(attack, model.apply_fn, observation, input_shape,
-                                          image_bounds(norm, input_shape[-1]))
+  if p.closed:
+    rec, found = closed_forms.reconstruct(p.attack, p.model.apply_fn, p.observation, p.input_shape,
+                                          image_bounds(p.norm, p.input_shape[-1]))
   else:
-    rec = attacks.reconstruct(attack, model.apply_fn, observation, key_attack,
-                              input_shape=input_shape, bounds=image_bounds(norm, input_shape[-1]),
+    rec = attacks.reconstruct(p.attack, p.model.apply_fn, p.observation, p.key_attack,
+                              input_shape=p.input_shape,
+                              bounds=image_bounds(p.norm, p.input_shape[-1]),
                               restarts=cfg.attack.restarts, permutations=cfg.attack.permutations,
                               execution=execution)
+  return _finish(cfg, p, rec, found, trace, timing)
+
+
+# Clients an accelerator attacks in one solver run unless --config.execution.clients_per_run says.
+CLIENTS_PER_RUN = 64
+
+
+def clients_per_run(cfg: Config) -> int:
+  """How many experiments :func:`run_clients` attacks in one solver run under ``cfg``: its
+  ``execution.clients_per_run``, else :data:`CLIENTS_PER_RUN` where the restarts run vmapped or
+  mapped and 1 where they run in sequence (a CPU, where one run of K clients costs what K runs do)."""
+  if cfg.execution.clients_per_run is not None:
+    return cfg.execution.clients_per_run
+  strategy = cfg.execution.strategy
+  return 1 if strategy in ("auto", "sequential") and driver.resolve_strategy(
+      "auto" if strategy == "auto" else strategy) == "sequential" else CLIENTS_PER_RUN
+
+
+class _ClientTraces:
+  """The progress callback and monitor of one solver run of several clients: each chunk's report
+  goes to the :class:`Trace` of the client it concerns (every client's when the runs advance
+  together), with that client's best objective and iterate."""
+
+  def __init__(self, traces: list[Trace], runs: int):
+    self.traces, self.runs, self.last = traces, runs, None
+
+  def progress(self, p) -> None:
+    self.last = p
+
+  def monitor(self, state) -> bool:
+    p = self.last
+    best = np.asarray(state.best_loss, np.float64).reshape(-1)
+    x = None
+    if p.restart is None:  # every run advanced: each client's block of runs
+      for k, trace in enumerate(self.traces):
+        block = slice(k * self.runs, (k + 1) * self.runs)
+        finite = best[block][np.isfinite(best[block])]
+        trace.progress(p._replace(best_loss=float(finite.min()) if finite.size else math.inf))
+        if trace._truth is not None:
+          x = np.asarray(state.best_params["x"]) if x is None else x
+          trace.monitor(_BestOf(x[block], best[block]))
+    else:  # one run advanced (the sequential strategy): run r is client r // runs's
+      k = p.restart // self.runs
+      self.traces[k].progress(p._replace(restart=p.restart % self.runs))
+      self.traces[k].monitor(state)
+    return False
+
+
+class _BestOf(NamedTuple):
+  """What :meth:`Trace.monitor` reads of a solver state: ``best_params["x"]`` and ``best_loss``."""
+
+  x: np.ndarray
+  best_loss: np.ndarray
+
+  @property
+  def best_params(self):
+    return {"x": self.x}
+
+
+def run_clients(cfgs, batches=None) -> list:
+  """Runs image experiments ``cfgs`` (e.g. one attack on each of a Flower round's captured
+  updates), those whose optimisation attacks share the attack, the model, the observation's
+  structure and the execution in one solver run (:func:`gradjax.attacks.reconstruct_clients`),
+  :func:`clients_per_run` at a time. ``batches``: each experiment's ground truth (as :func:`run`'s
+  ``batch``; default none given).
+
+  Returns, per experiment, ``(results, images)`` as :func:`run` gives for it (its own key, labels,
+  scores and verdict; the same numbers under the sequential strategy, float32 rounding under vmap),
+  with ``clients_together``: how many experiments shared its solver run, whose time its
+  ``wall_time_s`` is; or the exception it raised (ValueError, FileNotFoundError,
+  FloatingPointError): one bad capture never stops the others. ``auto``, closed forms and
+  experiments that resume a solver state run as :func:`run` runs them, one by one.
+  """
+  cfgs = list(cfgs)
+  batches = [None] * len(cfgs) if batches is None else list(batches)
+  if len(batches) != len(cfgs):
+    raise ValueError(f"one batch per experiment: got {len(batches)} for {len(cfgs)}")
+  out: list = [None] * len(cfgs)
+  groups: dict = {}
+  for i, (cfg, batch) in enumerate(zip(cfgs, batches)):
+    try:
+      if cfg.data.modality != "image" or cfg.attack.preset == auto.AUTO or clients_per_run(cfg) == 1:
+        out[i] = run(cfg, batch=batch)
+        continue
+      with driver.precision_scope(cfg.execution.matmul_precision):
+        p = _prepare(cfg, batch)
+      if p.closed:
+        out[i] = run(cfg, batch=batch)
+        continue
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+      out[i] = e
+      continue
+    leaves = jax.tree.leaves(p.observation)
+    key = (p.attack, p.model.apply_fn, p.input_shape, p.norm, cfg.attack.restarts,
+           cfg.attack.permutations, cfg.execution, jax.tree.structure(p.observation),
+           tuple((jnp.shape(a), jnp.result_type(a)) for a in leaves))
+    groups.setdefault(key, []).append((i, p))
+  for members in groups.values():
+    size = clients_per_run(cfgs[members[0][0]])
+    for start in range(0, len(members), size):
+      chunk = members[start:start + size]
+      try:
+        for (i, _), done in zip(chunk, _attack_together(cfgs, chunk)):
+          out[i] = done
+      except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        for i, _ in chunk:
+          out[i] = e
+  return out
+
+
+def _attack_together(cfgs, members) -> list:
+  """One solver run of ``members`` ((index, _Prepared) of one group of :func:`run_clients`); each
+  one's (results, images)."""
+  cfg, first = cfgs[members[0][0]], members[0][1]
+  traces = [Trace(None, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm)
+            for _, p in members]
+  timings = [_Resumable(cfgs[i], None, trace) for (i, _), trace in zip(members, traces)]
+  shared = _ClientTraces(traces, cfg.attack.restarts * cfg.attack.permutations)
+  execution = cfg.execution.build(callback=shared.progress, monitor=shared.monitor)
+  start = time.perf_counter()
+  with driver.precision_scope(cfg.execution.matmul_precision):
+    recs = attacks.reconstruct_clients(
+        first.attack, first.model.apply_fn, [p.observation for _, p in members],
+        [p.key_attack for _, p in members], input_shape=first.input_shape,
+        bounds=image_bounds(first.norm, first.input_shape[-1]), restarts=cfg.attack.restarts,
+        permutations=cfg.attack.permutations, execution=execution)
+    seconds = time.perf_counter() - start  # every member's attack, compilation included
+    done = []
+    for (i, p), rec, trace, timing in zip(members, recs, traces, timings):
+      results, images = _finish(cfgs[i], p, rec, {}, trace, timing)
+      results.update(wall_time_s=seconds, clients_together=len(members))
+      done.append((results, images))
+  return done
+
+
+def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict, trace: Trace,
+            timing: _Resumable) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """The results and images of an attack's reconstruction ``rec``: scores against the ground truth,
+  the residual, the verdict."""
+  attack, model, observation, batch, norm = p.attack, p.model, p.observation, p.batch, p.norm
+  input_shape = p.input_shape
   results = _record(cfg, attack, rec, model, observation, trace, timing,
-                    declared if cfg.attack.adaptive else None)
+                    p.declared if cfg.attack.adaptive else None)
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
@@ -586,12 +755,12 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
       conv=models.resolve_conv(cfg.model.conv),
       normalization={"mean": list(norm.mean), "std": list(norm.std)},
-      checks=checks,
+      checks=p.checks,
       separation=found.get("separation"),
       recursion=found.get("recursion"),
       imprint=found.get("imprint"),
   )
-  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=matched)
+  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched)
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
@@ -600,13 +769,13 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None):
                    labels_reconstructed=rec.labels[order].tolist())
     results.update(lpips_scores(cfg.output.lpips, x_rec[order], batch.x))
     results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
-    findings = verdict.image_findings(results, labels_inferred=not share_labels,
+    findings = verdict.image_findings(results, labels_inferred=not p.share_labels,
                                       num_classes=model.num_classes, side=min(batch.x.shape[1:3]))
     results["findings"] = findings
     images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
-  results.update(_verdict(results, residual, findings, problems, cfg))
+  results.update(_verdict(results, residual, findings, p.problems, cfg))
   local, n = observation.local, observation.num_samples
   several = local is not None and local.batch_size is not None and local.batch_size < n
   results["malicious_server"] = malicious.server_row(
