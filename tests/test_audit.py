@@ -260,3 +260,35 @@ def test_auto_spends_its_budget_on_restarts_of_the_best_attack(monkeypatch):
   kept = min(tried, key=lambda t: t["residual"])
   assert results["auto"]["restarts"] == kept["restarts"] and results["restarts"] == kept["restarts"]
   assert results["wall_time_s"] <= 60.0 * 1.2 and results["verdict"]["tried"] == [t["attack"] for t in tried]
+
+
+@pytest.mark.slow
+def test_clients_that_do_not_fit_on_the_device_are_attacked_in_halves(monkeypatch):
+  """pipeline.run_clients: a solver run of several clients that the device has no memory for is
+  split in halves until it fits; another error of the run is raised; every experiment gets its
+  results, with how many shared its run, and each one's own scores."""
+  from gradjax import attacks
+  real, sizes = attacks.reconstruct_clients, []
+
+  def small_device(attack, apply_fn, observations, keys, **kw):
+    sizes.append(len(observations))
+    if len(observations) > 2:
+      raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9.1G")
+    return real(attack, apply_fn, observations, keys, **kw)
+
+  monkeypatch.setattr(attacks, "reconstruct_clients", small_device)
+  cfgs = [config.from_options({"attack.preset": "idlg", "attack.iterations": 2, "data.index": i,
+                               "data.image_size": 16, "output.lpips": "none",
+                               "execution.clients_per_run": 5}) for i in range(5)]
+  outcomes = pipeline.run_clients(cfgs)
+  assert sizes == [5, 2, 3, 1, 2]
+  assert [results["clients_together"] for results, _ in outcomes] == [2, 2, 1, 2, 2]
+  truth = [results["psnr"] for results, _ in outcomes]
+  assert len(set(truth)) == 5  # five images, five scores
+
+  def broken(*args, **kw):
+    raise RuntimeError("INTERNAL: something else")
+
+  monkeypatch.setattr(attacks, "reconstruct_clients", broken)
+  with pytest.raises(RuntimeError, match="something else"):
+    pipeline.run_clients(cfgs[:2])

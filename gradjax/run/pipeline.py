@@ -665,8 +665,9 @@ def run_clients(cfgs, batches=None) -> list:
   """Runs image experiments ``cfgs`` (e.g. one attack on each of a Flower round's captured
   updates), those whose optimisation attacks share the attack, the model, the observation's
   structure and the execution in one solver run (:func:`gradjax.attacks.reconstruct_clients`),
-  :func:`clients_per_run` at a time. ``batches``: each experiment's ground truth (as :func:`run`'s
-  ``batch``; default none given).
+  :func:`clients_per_run` at a time; a run the device has no memory for is split in halves (again
+  while it does not fit). ``batches``: each experiment's ground truth (as :func:`run`'s ``batch``;
+  default none given).
 
   Returns, per experiment, ``(results, images)`` as :func:`run` gives for it (its own key, labels,
   scores and verdict; the same numbers under the sequential strategy, float32 rounding under vmap),
@@ -701,15 +702,25 @@ def run_clients(cfgs, batches=None) -> list:
     groups.setdefault(key, []).append((i, p))
   for members in groups.values():
     size = clients_per_run(cfgs[members[0][0]])
-    for start in range(0, len(members), size):
-      chunk = members[start:start + size]
+    chunks = [members[start:start + size] for start in range(0, len(members), size)]
+    while chunks:
+      chunk = chunks.pop(0)
       try:
         for (i, _), done in zip(chunk, _attack_together(cfgs, chunk)):
           out[i] = done
       except (ValueError, FileNotFoundError, FloatingPointError) as e:
         for i, _ in chunk:
           out[i] = e
+      except Exception as e:  # noqa: BLE001 - a device out of memory: the halves, one after the other
+        if len(chunk) == 1 or not _out_of_memory(e):
+          raise
+        chunks[:0] = [chunk[:len(chunk) // 2], chunk[len(chunk) // 2:]]
   return out
+
+
+def _out_of_memory(error: Exception) -> bool:
+  """Whether ``error`` is XLA's report of a device allocation that did not fit."""
+  return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
 
 
 def _attack_together(cfgs, members) -> list:
