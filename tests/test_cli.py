@@ -386,10 +386,20 @@ def test_killed_sweep_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_sweep_table(tmp_path):
-  proc = run_program("sweep.py", "--count=2", "--iterations=20", "--image_size=16",
-                     f"--output_dir={tmp_path}")
+  """The table's statistics and grid; the same sweep with its two images (two model draws) attacked
+  in one solver run gives the same rows."""
+  args = ["gradjax", "sweep", "--count=2", "--iterations=20", "--image_size=16"]
+  proc, together = run_in_one_process([
+      (args + [f"--output_dir={tmp_path}"], tmp_path),
+      (args + ["--config.execution.clients_per_run=2", f"--output_dir={tmp_path / 'together'}"],
+       tmp_path)])
   assert proc.returncode == 0, proc.stderr[-2000:]
+  assert together.returncode == 0, together.stderr[-2000:]
   result = json.loads((tmp_path / "results.json").read_text())
+  shared = json.loads((tmp_path / "together" / "results.json").read_text())
+  assert [r.get("clients_together") for r in shared["rows"]] == [2, 2]
+  np.testing.assert_allclose([r["psnr"] for r in shared["rows"]], [r["psnr"] for r in result["rows"]],
+                             rtol=1e-4)
   psnr = np.array([r["psnr"] for r in result["rows"]])
   assert [r["index"] for r in result["rows"]] == [0, 1]
   np.testing.assert_allclose(result["summary"]["psnr"]["mean"], psnr.mean())

@@ -74,7 +74,8 @@ def provenance() -> dict:
 
 
 def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None,
-                 omit: tuple[str, ...] = (), fields: tuple[str, ...] | None = None):
+                 omit: tuple[str, ...] = (), fields: tuple[str, ...] | None = None,
+                 batched: bool = False):
   """Defines ``--config`` (a configuration file, :mod:`gradjax.run.config`;
   ``--config.<section>.<key>=...`` sets one of its options), a short flag for each option the program
   reads that has one (:data:`gradjax.run.config.ALIASES`; default and help from the option),
@@ -87,13 +88,15 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   these sections (and ``seed``) become flags, for programs that read no others (a configuration
   file may still set any option; the others keep their defaults); by default an attack's sections
   (``config.ATTACK_SECTIONS``). ``omit``: options (dotted paths) of those sections the program does
-  not read. ``fields``: instead of sections, the options it reads (dotted paths; ``seed`` too)."""
+  not read. ``fields``: instead of sections, the options it reads (dotted paths; ``seed`` too).
+  ``batched``: the program attacks several experiments at once and reads
+  :data:`gradjax.run.config.BATCHED` (with sections; others never do)."""
   DEFAULT_CONFIG[:] = [default_config] if default_config else []
   sections = config.ATTACK_SECTIONS if sections is None else sections
   if fields is not None:
     for path in fields:
       config.option(path)
-  FIELDS[:] = (config.names(sections, (*omit, *config.SEVERAL_CAPTURES)) if fields is None else
+  FIELDS[:] = (config.names(sections, (*omit, *(() if batched else config.BATCHED))) if fields is None else
                [p for p in config.paths() if p in ("seed", *fields)])
   for path in FIELDS:
     if config.alias(path):

@@ -49,7 +49,7 @@ DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gauss
              "laplacian:1e-8;laplacian:1e-6;laplacian:1e-4;laplacian:1e-2;fp16;int8;prune:0.01;"
              "prune:0.1;prune:0.2;prune:0.3;prune:0.5;prune:0.7")
 
-common.define_flags(sections=(*config.ATTACK_SECTIONS, "utility"))
+common.define_flags(sections=(*config.ATTACK_SECTIONS, "utility"), batched=True)
 common.define_table_flags(psnr=False)  # success is the verdict's rule
 flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('none' = undefended).")
 common.define_output_flags()

@@ -78,7 +78,7 @@ GAMMA_VARIANTS = {
 }
 ALL_METHODS = {**METHODS, **GAMMA_VARIANTS}
 
-common.define_flags("dlm")  # the paper's protocol: gradjax/configs/dlm.py
+common.define_flags("dlm", batched=True)  # the paper's protocol: gradjax/configs/dlm.py
 common.define_table_flags(methods=True)
 common.define_output_flags()
 common.define_launch_flags(collectives=False)  # experiments split over processes

@@ -38,7 +38,7 @@ from gradjax.cli import common
 from gradjax import fidelity, files
 from gradjax.run import config, report
 
-common.define_flags()
+common.define_flags(batched=True)
 common.define_table_flags()
 common.define_output_flags()
 common.define_launch_flags(collectives=False)  # experiments split over processes

@@ -75,6 +75,7 @@ class Items:
     them back). One process: runs nothing ahead, returns True."""
     count, me = self.peers.process_count(), self.peers.process_index()
     if count == 1:
+      self._run_together(experiments)
       return True
     self._owner = {key: k % count for k, (key, _) in enumerate(experiments)}
     for k, (key, cfg) in enumerate(experiments):
@@ -90,11 +91,45 @@ class Items:
       return False
     return True
 
+  def _run_together(self, experiments: list[tuple[str, Config]]) -> None:
+    """The image experiments that :func:`gradjax.run.pipeline.run_clients` attacks several to a
+    solver run (:func:`gradjax.run.pipeline.clients_per_run` above 1: an accelerator, or
+    ``execution.clients_per_run``), not finished and with no solver state to continue, run ahead
+    here that many at a time in order, each written as its block ends. Their solver states are not
+    saved mid-run: a block that a signal stops runs again whole."""
+    todo = [(key, cfg) for key, cfg in experiments
+            if cfg.data.modality == "image" and cfg.attack.preset != "auto"
+            and pipeline.clients_per_run(cfg) > 1
+            and not (self.resume and os.path.exists(self._path(key) + ".json"))
+            and not os.path.exists(f"{self._path(key)}.{STATE_FILE}")]
+    if len(todo) < 2:
+      return
+    size = pipeline.clients_per_run(todo[0][1])
+    for start in range(0, len(todo), size):
+      block = todo[start:start + size]
+      for (key, cfg), outcome in zip(block, pipeline.run_clients([c for _, c in block])):
+        if isinstance(outcome, Exception):  # raised where run() is asked for it
+          self._ran[key] = outcome
+          continue
+        self._write(self._path(key), cfg, *outcome)
+        self._ran[key] = outcome
+        _LOG.info("experiment %s: in a solver run of %d", key, outcome[0].get("clients_together", 1))
+
+  def _write(self, base: str, cfg: Config, results: dict, images: dict) -> None:
+    if cfg.data.modality != "text":
+      files.atomic_write(base + ".npz", lambda fh: np.savez(
+          fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
+          reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
+    report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
+
   def run(self, key: str, cfg: Config, **kw) -> tuple[dict, dict, bool]:
     """(results, images, whether they were saved by an earlier run) of experiment ``cfg``."""
     base = self._path(key)
     if key in self._ran:  # run ahead by plan()
-      return (*self._ran[key], False)
+      ran = self._ran[key]
+      if isinstance(ran, Exception):
+        raise ran
+      return (*ran, False)
     owner = self._owner.get(key, self.peers.process_index())
     if owner != self.peers.process_index():  # another process's: read once it is written
       self.peers.wait_for(lambda: os.path.exists(base + ".json"))
@@ -114,11 +149,7 @@ class Items:
       if self.interrupted is not None:
         self.interrupted(e)
       raise
-    if cfg.data.modality != "text":
-      files.atomic_write(base + ".npz", lambda fh: np.savez(
-          fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
-          reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
-    report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
+    self._write(base, cfg, results, images)
     state.remove()
     return results, images, False
 

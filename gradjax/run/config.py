@@ -409,9 +409,10 @@ class ExecutionConfig(_Section):
       None, "jax.checkpoint ResNet blocks and replayed local steps: less memory, more compute.",
       attack="remat")
   clients_per_run: int | None = _field(
-      None, "Captured updates an audit attacks in one solver run when they share the model and the "
-      "attack (a round's clients), each with its own results and verdict; unset: up to 64 where "
-      "the restarts run vmapped (accelerators), one at a time where they run in sequence (CPU).")
+      None, "Experiments attacked in one solver run when they share the model's shapes and the "
+      "attack (an audit's captured updates, a sweep's or a table's images), each with its own "
+      "results and verdict; unset: up to 64 where the restarts run vmapped (accelerators), one at "
+      "a time where they run in sequence (CPU).")
 
   def build(self, callback: Callable | None = None, monitor: Callable | None = None,
             saver: driver.Saver | None = None) -> driver.Execution:
@@ -789,9 +790,9 @@ def option_type(path: str) -> type:
   return kinds[0]
 
 
-# Options only a program that attacks several captures at once reads (``gradjax audit`` names its
-# options): a program given sections does not read them.
-SEVERAL_CAPTURES = ("execution.clients_per_run",)
+# Options only the programs that attack several experiments at once read (an audit's captures, a
+# sweep's or a table's experiments); a single run's program does not.
+BATCHED = ("execution.clients_per_run",)
 
 
 def names(sections: tuple[str, ...] = ATTACK_SECTIONS,

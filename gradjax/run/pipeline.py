@@ -673,8 +673,9 @@ def run_clients(cfgs, batches=None) -> list:
   scores and verdict; the same numbers under the sequential strategy, float32 rounding under vmap),
   with ``clients_together``: how many experiments shared its solver run, whose time its
   ``wall_time_s`` is; or the exception it raised (ValueError, FileNotFoundError,
-  FloatingPointError): one bad capture never stops the others. ``auto``, closed forms and
-  experiments that resume a solver state run as :func:`run` runs them, one by one.
+  FloatingPointError): one bad capture never stops the others. ``auto``, closed forms, attacks
+  whose restarts read each other (group consistency) or are halved run as :func:`run` runs them,
+  one by one; no solver state is saved (the campaign store runs an experiment that has one alone).
   """
   cfgs = list(cfgs)
   batches = [None] * len(cfgs) if batches is None else list(batches)
@@ -684,14 +685,15 @@ def run_clients(cfgs, batches=None) -> list:
   groups: dict = {}
   for i, (cfg, batch) in enumerate(zip(cfgs, batches)):
     try:
-      if cfg.data.modality != "image" or cfg.attack.preset == auto.AUTO or clients_per_run(cfg) == 1:
+      alone = (cfg.data.modality != "image" or cfg.attack.preset == auto.AUTO
+               or clients_per_run(cfg) == 1 or cfg.execution.halving_rounds > 1)
+      attack = None if alone else check(cfg)
+      # Nothing to optimise (a closed form), or restarts that read each other: one by one.
+      if alone or not isinstance(attack, attacks.Attack) or attack.couples_restarts:
         out[i] = run(cfg, batch=batch)
         continue
       with driver.precision_scope(cfg.execution.matmul_precision):
         p = _prepare(cfg, batch)
-      if p.closed:
-        out[i] = run(cfg, batch=batch)
-        continue
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
       out[i] = e
       continue
