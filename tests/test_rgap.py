@@ -5,8 +5,6 @@ tests/test_interop.py), the photos themselves (scikit-image's PSNR)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -108,18 +106,22 @@ CIFAR = os.path.join(data.default_data_dir() or "", "cifar10")
 def test_a_sweep_skips_an_update_that_is_zero(tmp_path):
   """CIFAR-10 test image 7 through the sweep's ReLU LeNet: the model gives its label probability 1
   in float32, so the gradient is zero in every tensor (checked here against NumPy's softmax of the
-  model's logits); the sweep says so, skips it and attacks image 8."""
+  model's logits); the sweep says so, skips it and attacks image 8, also when the two are given to
+  one solver run (``clients_per_run=2``: the zero update is found as the run is prepared)."""
   from gradjax.run.pipeline import experiment_keys
   image = data.load("cifar10", indices=[7])
   model = models.create("lenet_zhu", experiment_keys(0, 7)[0], input_shape=(32, 32, 3), act="relu")
   logits = np.asarray(model.apply_fn(model.variables, image.x, False), np.float64)[0]
   assert np.argmax(logits) == image.y[0] and np.sort(logits)[-1] - np.sort(logits)[-2] > 104
   # The zero gradient is found before any attack: iDLG for a few steps on image 8 is enough.
-  proc = subprocess.run([sys.executable, "-m", "gradjax", "sweep", "--attack=idlg", "--config.model.act=relu",
-                         "--iterations=5", "--dataset=cifar10", "--start=7", "--count=2", "--lpips=none",
-                         f"--output_dir={tmp_path / 'sweep'}"], capture_output=True, text=True,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=600)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  results = json.loads((tmp_path / "sweep" / "results.json").read_text())
-  assert [r["index"] for r in results["rows"]] == [8]
-  assert [s["experiment"] for s in results["skipped"]] == ["7"]
+  from test_cli import run_in_one_process
+  args = ["gradjax", "sweep", "--attack=idlg", "--config.model.act=relu", "--iterations=5",
+          "--dataset=cifar10", "--start=7", "--count=2", "--lpips=none"]
+  for proc in run_in_one_process([(args + [f"--output_dir={tmp_path / 'sweep'}"], tmp_path), (
+      args + ["--config.execution.clients_per_run=2", f"--output_dir={tmp_path / 'together'}"],
+      tmp_path)]):
+    assert proc.returncode == 0, proc.stderr[-2000:]
+  for folder in ("sweep", "together"):
+    results = json.loads((tmp_path / folder / "results.json").read_text())
+    assert [r["index"] for r in results["rows"]] == [8]
+    assert [s["experiment"] for s in results["skipped"]] == ["7"]
