@@ -646,7 +646,8 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
   is for) or in vmapped blocks (``"map"``); ``"tune"`` measures which is fastest.
 
   Client k's reconstruction is the one :func:`reconstruct` gives for ``observations[k]`` and
-  ``keys[k]`` (each client's problem is prepared alone, :func:`prepare`; each of its runs carries
+  ``keys[k]``, up to float32 rounding (its step is another program) (each client's problem is
+  prepared alone, :func:`prepare`; each of its runs carries
   its observation, labels and layer weights, so K·R·P copies of the model's parameters and update
   are held, and its best run is selected among its own, :func:`select`). One program serves every client, so the
   observations must share a structure: the model's parameter tree and shapes, the batch size, the

@@ -670,7 +670,7 @@ def run_clients(cfgs, batches=None) -> list:
   default none given).
 
   Returns, per experiment, ``(results, images)`` as :func:`run` gives for it (its own key, labels,
-  scores and verdict; the same numbers under the sequential strategy, float32 rounding under vmap),
+  scores and verdict; the same up to float32 rounding, which a long L-BFGS run can grow),
   with ``clients_together``: how many experiments shared its solver run, whose time its
   ``wall_time_s`` is; or the exception it raised (ValueError, FileNotFoundError,
   FloatingPointError): one bad capture never stops the others. ``auto``, closed forms, attacks
