@@ -11,6 +11,11 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 * ``clients``: 100 iterations of DLG and of Inverting Gradients on K = 1, 4, 16, 64 clients of one
   ``lenet_zhu`` round, one solver run for the K clients (vmap, sequential) against K runs one by one,
   compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one).
+* ``ttfr``: time to a first result, each a whole process timed from outside: the README's main job
+  and Inverting Gradients on ``resnet20-4`` (60 iterations), ``gradjax reconstruct`` on an empty
+  compilation cache (cold), then twice on the cache it filled (warm), beside Inverting Gradients in
+  PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
+  importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR.
 * ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
@@ -40,13 +45,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from benchmarks import step as bs
 from gradjax import driver, files
 from gradjax.run import config, pipeline, report
 
-PARTS = ("steps", "restarts", "clients", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
+PARTS = ("steps", "restarts", "clients", "ttfr", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
                           "epoch_5.npz")
@@ -61,6 +67,7 @@ def sizes(quick: bool, dataset: str) -> dict:
     # 32x32 everywhere, so the parts share compiled programs; vmapped restarts run in dlg64.
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
                 strategies=("sequential",), restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
+                ttfr=dict(model="convnet-4", iterations=3, warm_runs=1),
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_iterations=10,
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
@@ -70,7 +77,8 @@ def sizes(quick: bool, dataset: str) -> dict:
                 timing=dict(repeats=2, warmup=0, max_seconds=5.0))
   return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
               restart_counts=[1, 4, 16, 64, 256], strategies=("vmap", "map", "sequential"),
-              restart_iterations=100, client_counts=[1, 4, 16, 64], dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
+              restart_iterations=100, client_counts=[1, 4, 16, 64],
+              ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
               fedavg_model="convnet", fedavg_iterations=None, precisions=PRECISIONS,
               precision_attacks=("dlg", "inverting_gradients"),
@@ -111,6 +119,47 @@ def part_restarts(s: dict, seed: int) -> list[dict]:
 def part_clients(s: dict, seed: int) -> list[dict]:
   return bs.client_timings(s["client_counts"], s["restart_iterations"],
                            tuple(x for x in s["strategies"] if x != "map") or ("sequential",), seed)
+
+
+def _timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+  start = time.perf_counter()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  seconds = time.perf_counter() - start
+  if proc.returncode != 0:
+    raise RuntimeError(f"{' '.join(cmd[:4])} exited with status {proc.returncode}: "
+                       f"{bs.last_line(proc.stderr)}")
+  return seconds, proc
+
+
+def part_ttfr(s: dict, seed: int) -> list[dict]:
+  """Time to a first result, whole processes (see the module docstring)."""
+  t = s["ttfr"]
+  jobs = [("README job", []),
+          (f"inverting_gradients {t['model']} {t['iterations']} it",
+           ["--attack=inverting_gradients", f"--model={t['model']}", f"--iterations={t['iterations']}"])]
+  rows = []
+  for job, args in jobs:
+    with tempfile.TemporaryDirectory() as tmp:
+      cmd = [sys.executable, "-m", "gradjax", "reconstruct", *args, "--lpips=none", f"--seed={seed}",
+             f"--compilation_cache={os.path.join(tmp, 'cache')}",
+             f"--output_dir={os.path.join(tmp, 'run')}", "--overwrite"]
+      for run in range(1 + t["warm_runs"]):
+        seconds, _ = _timed(cmd)
+        with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
+          metrics = json.load(fh)
+        rows.append(dict(job=job, runner="gradjax", cache="empty" if run == 0 else "warm",
+                         process_s=seconds, attack_s=metrics["wall_time_s"], psnr=metrics["psnr"]))
+        print(f"ttfr {rows[-1]}", flush=True)
+  script = os.path.join(os.path.dirname(__file__), "torch_first_result.py")
+  for run in range(1 + t["warm_runs"]):
+    seconds, proc = _timed([sys.executable, script, f"--model={t['model']}",
+                            f"--iterations={t['iterations']}", f"--seed={seed}"])
+    torch_run = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows.append(dict(job=jobs[1][0], runner=f"PyTorch eager ({torch_run['device']})",
+                     cache="–", process_s=seconds - torch_run["twin_import_s"],
+                     attack_s=torch_run["attack_s"], psnr=None))
+    print(f"ttfr {rows[-1]}", flush=True)
+  return rows
 
 
 def part_dlg64(s: dict, seed: int) -> list[dict]:
@@ -254,7 +303,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   assembled Markdown."""
   s = sizes(quick, dataset)
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
-                  clients=lambda: part_clients(s, seed),
+                  clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
                   ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),
                   batch=lambda: part_batch(s, seed, data_dir, out),

@@ -83,7 +83,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from benchmarks import accelerator, op_profile
+from benchmarks import accelerator, op_profile, torch_first_result
 from benchmarks import step as bs
 from gradjax import attacks, clients, driver, dummy, metrics, models, presets
 from gradjax.run import report
@@ -337,20 +337,8 @@ def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
     y = torch.from_numpy(np.asarray(images.y, np.int64))
     observed = [g.detach() for g in torch.autograd.grad(F.cross_entropy(net(x), y), params)]
     dummy = torch.randn(x.shape, requires_grad=True)
-    opt = torch.optim.Adam([dummy], lr=0.1)
     start = time.perf_counter()
-    for _ in range(iterations):
-      opt.zero_grad()
-      grads = torch.autograd.grad(F.cross_entropy(net(dummy), y), params, create_graph=True)
-      dot = sum((g * o).sum() for g, o in zip(grads, observed))
-      norm = (sum((g * g).sum() for g in grads).sqrt() * sum((o * o).sum() for o in observed).sqrt())
-      tv = ((dummy[:, :, :, 1:] - dummy[:, :, :, :-1]).abs().mean()
-            + (dummy[:, :, 1:, :] - dummy[:, :, :-1, :]).abs().mean())
-      (1 - dot / norm + 1e-4 * tv).backward(inputs=[dummy])
-      dummy.grad.sign_()
-      opt.step()
-      with torch.no_grad():
-        dummy.clamp_(0, 1)
+    torch_first_result.ig_loop(torch, net, y, observed, dummy, iterations)
     out["torch_s"] = time.perf_counter() - start
   out["torch_over_jax"] = None if out["torch_s"] is None else out["torch_s"] / out["jax_s"]
   print(f"ig {out}", flush=True)
