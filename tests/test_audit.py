@@ -292,3 +292,22 @@ def test_clients_that_do_not_fit_on_the_device_are_attacked_in_halves(monkeypatc
   monkeypatch.setattr(attacks, "reconstruct_clients", broken)
   with pytest.raises(RuntimeError, match="something else"):
     pipeline.run_clients(cfgs[:2])
+
+
+@pytest.mark.slow
+def test_a_target_psnr_ends_the_attack_once_reached():
+  """pipeline.run with ``target_psnr``: DLG on the README's photo stops at the first chunk whose best
+  iterate reaches it (scored by NumPy's PSNR on the reconstruction it reports), far short of its
+  budget; run_clients with two images vmapped stops once both reached it."""
+  cfg = config.from_options({"attack.iterations": 2000, "execution.chunk": 25, "output.lpips": "none",
+                             "data.image_size": 16})
+  results, images = pipeline.run(cfg, target_psnr=25.0)
+  mse = np.mean((images["reconstruction"].astype(np.float64) - images["ground_truth"]) ** 2)
+  assert -10 * np.log10(mse) >= 25.0 and results["iterations"] < 2000
+  assert results["target_psnr"] == {"psnr": 25.0, "reached": True}
+  assert results["history"][-1]["psnr"] >= 25.0 > results["history"][-2].get("psnr", 0.0)
+  together = [config.replace(cfg, {"data.index": i, "execution.clients_per_run": 2,
+                                   "execution.strategy": "vmap"}) for i in (0, 1)]
+  for results, _ in pipeline.run_clients(together, target_psnr=25.0):
+    assert results["target_psnr"]["reached"] and results["iterations"] < 2000
+    assert results["clients_together"] == 2

@@ -2,6 +2,7 @@
 it when the attack recovers the client's example; the gray-image baseline against scikit-image."""
 
 import os
+import re
 
 import jax
 import numpy as np
@@ -74,6 +75,9 @@ def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
   reply = gate(_train_message(net), _context(), _client(net))
   assert reply.has_error() and "gradjax leakage_mod: update withheld" in reply.error.reason, \
       reply.error.reason if reply.has_error() else dict(reply.content["metrics"])
+  # The attack stopped once it crossed the threshold, well before its 2000 iterations.
+  iterations = int(re.search(r"in (\d+) iterations", reply.error.reason).group(1))
+  assert iterations < 2000, reply.error.reason
   # Pruned at 70 %: the attack adapted to it does not recover the photo; the update goes out with
   # the score in its metrics.
   gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,

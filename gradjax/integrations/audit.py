@@ -429,11 +429,13 @@ def _sent_imprinted(capture: Capture, model: str, meta: dict[str, Any]) -> bool:
 
 
 def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], None] = print, *,
-                   truth: data.Dataset | None = None) -> list[dict[str, Any]]:
+                   truth: data.Dataset | None = None,
+                   target_psnr: float | None = None) -> list[dict[str, Any]]:
   """Runs the attacks on one capture; writes each one's run files into ``<capture>/<attack>/``.
 
   ``truth``: the client's examples to score against (images in [0, 1]); default: loaded from
-  ``settings.dataset`` at the capture's ``data_indices``.
+  ``settings.dataset`` at the capture's ``data_indices``. ``target_psnr``: with a truth, each
+  attack stops once its reconstruction reaches this PSNR (dB; a leak is established).
 
   Returns one row per attack (round, client, attack, the summary metrics, the run folder, or
   ``error``). A capture or an attack that fails gives a row with its one-line error, not an
@@ -444,7 +446,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   that server recovers). An update that carries nothing
   (:func:`gradjax.fidelity.zero_update`) gives one row, ``no_leak_found`` with ``zero_update``.
   """
-  return attack_round([capture], settings, log, truths=[truth])[0]
+  return attack_round([capture], settings, log, truths=[truth], target_psnr=target_psnr)[0]
 
 
 class _Plan(NamedTuple):
@@ -511,13 +513,14 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
 
 
 def attack_round(found: Sequence[Capture], settings: Settings, log: Callable[[str], None] = print, *,
-                 truths: Sequence[data.Dataset | None] | None = None) -> list[list[dict[str, Any]]]:
+                 truths: Sequence[data.Dataset | None] | None = None,
+                 target_psnr: float | None = None) -> list[list[dict[str, Any]]]:
   """:func:`attack_capture` of each capture of ``found`` (e.g. a round's clients), their rows in
   order; each attack runs on every capture that has it in one call of
   :func:`gradjax.run.pipeline.run_clients`, so captures of one model attacked alike share one solver
   run where ``settings.clients_per_run`` (or the device) says so (:func:`gradjax.run.pipeline.clients_per_run`),
   each with its own results, run folder and verdict. ``truths``: each capture's ground truth
-  (default: loaded from ``settings.dataset``)."""
+  (default: loaded from ``settings.dataset``); ``target_psnr``: as :func:`attack_capture`'s."""
   truths = [None] * len(found) if truths is None else list(truths)
   plans = [_plan(c, settings, log, t) for c, t in zip(found, truths)]
   rows: list[list[dict[str, Any]]] = [p if isinstance(p, list) else [] for p in plans]
@@ -535,7 +538,7 @@ def attack_round(found: Sequence[Capture], settings: Settings, log: Callable[[st
         asked.append(k)
       except (ValueError, FileNotFoundError) as e:
         rows[k].append(_failed_row(found[k], plans[k].base, name, e, log))
-    outcomes = pipeline.run_clients(cfgs, [plans[k].truth for k in asked])
+    outcomes = pipeline.run_clients(cfgs, [plans[k].truth for k in asked], target_psnr)
     for k, outcome in zip(asked, outcomes):
       capture, plan, name = found[k], plans[k], plans[k].names[slot]
       if isinstance(outcome, fidelity.ZeroUpdate):  # a finding of the capture: one row for all
@@ -709,14 +712,15 @@ TRUTH = "truth.npz"  # the client's own examples, written beside a capture by a 
 
 def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None = None,
                       timeout_s: float | None = None,
-                      compilation_cache: str = compilation.DEFAULT_CACHE) -> list[dict[str, Any]]:
+                      compilation_cache: str = compilation.DEFAULT_CACHE,
+                      target_psnr: float | None = None) -> list[dict[str, Any]]:
   """:func:`attack_capture` of the capture in ``folder``, run in a Python process of its own (a
   client's process holds PyTorch, whose company a JAX compilation has not always survived) that is
   killed after ``timeout_s``; its rows.
 
   ``truth``: the client's examples to score against, passed through ``folder/truth.npz``.
   ``compilation_cache``: the persistent compilation cache of that process ('' : none), so that
-  attacks after the first load their programs.
+  attacks after the first load their programs. ``target_psnr``: as :func:`attack_capture`'s.
 
   Raises:
     TimeoutError: the attack did not finish within ``timeout_s``.
@@ -730,10 +734,11 @@ def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None 
              y=np.asarray(truth.y, np.int64), num_classes=np.int64(truth.num_classes))
   code = ("import json, sys; from gradjax import audit, compilation; "
           "compilation.use_persistent_cache(sys.argv[3]); "
-          "print(json.dumps(audit._attack_folder(sys.argv[1], audit.Settings(**json.loads(sys.argv[2])))))")
+          "print(json.dumps(audit._attack_folder(sys.argv[1], audit.Settings(**json.loads(sys.argv[2])), "
+          "json.loads(sys.argv[4]))))")
   try:
     proc = subprocess.run([sys.executable, "-c", code, folder, json.dumps(settings._asdict()),
-                           compilation_cache],
+                           compilation_cache, json.dumps(target_psnr)],
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
   except subprocess.TimeoutExpired:
     raise TimeoutError(f"the attack took longer than {timeout_s:g} s") from None
@@ -742,9 +747,11 @@ def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None 
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _attack_folder(folder: str, settings: Settings) -> list[dict[str, Any]]:
+def _attack_folder(folder: str, settings: Settings,
+                   target_psnr: float | None = None) -> list[dict[str, Any]]:
   """:func:`attack_capture` of the capture in ``folder``, scored on its ``truth.npz`` when there
-  is one; the log goes to stderr (stdout carries the rows)."""
+  is one (``target_psnr``: as :func:`attack_capture`'s); the log goes to stderr (stdout carries
+  the rows)."""
   import sys
   with open(os.path.join(folder, CAPTURE), encoding="utf-8") as fh:
     info = json.load(fh)
@@ -754,7 +761,8 @@ def _attack_folder(folder: str, settings: Settings) -> list[dict[str, Any]]:
     with open(os.path.join(folder, TRUTH), "rb") as fh:
       arrays = np.load(fh, allow_pickle=False)
       truth = data.Dataset(arrays["x"], arrays["y"], int(arrays["num_classes"]), "client")
-  rows = attack_capture(capture, settings, lambda line: print(line, file=sys.stderr), truth=truth)
+  rows = attack_capture(capture, settings, lambda line: print(line, file=sys.stderr), truth=truth,
+                        target_psnr=target_psnr)
   return json.loads(json.dumps(rows, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
 
 

@@ -395,8 +395,8 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
   (the weights the server sent against those the client returns, with the local training the
   server's config and the reply's metrics state, as :class:`AuditStrategy` records it) is attacked as a
   server would attack it (:func:`gradjax.integrations.audit.attack_capture`, in a process of its
-  own, the attack adapted to the client's defense), the best reconstruction is scored against the
-  client's examples, and its leak score is its PSNR minus what a uniform gray image scores on the
+  own, the attack adapted to the client's defense, stopping once it crosses the threshold), the best
+  reconstruction is scored against the client's examples, and its leak score is its PSNR minus what a uniform gray image scores on the
   same examples (:func:`gray_baseline_psnr`: dB above knowing nothing, so one threshold means the
   same on any data). At or above ``gate.threshold_db`` the reply is replaced by an error (code
   ``MOD_FAILED_PRECONDITION``, reason ``gradjax leakage_mod: update withheld ...``): the strategy
@@ -477,6 +477,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     x, y = examples(msg, context)
     x = np.asarray(x, np.float32)
     truth = data.Dataset(x, np.asarray(y, np.int64), int(max(np.max(y) + 1, 10)), "client")
+    gray = gray_baseline_psnr(x)
     tmp = tempfile.mkdtemp(prefix="gradjax_gate_")
     try:
       weights = os.path.join(tmp, audit.WEIGHTS)
@@ -489,15 +490,16 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
           attacks=(chosen,),
           model=meta.get("model"), iterations=iterations, restarts=restarts,
           normalization=normalization, lpips="none", adaptive=True)
+      # The attack stops once it crosses the threshold: the update is withheld then, and no sooner.
       rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=gate.time_budget_s,
-                                     compilation_cache=cache)
+                                     compilation_cache=cache, target_psnr=gray + gate.threshold_db)
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
     scored = [r for r in rows if r.get("psnr") is not None]
     if not scored:
       raise RuntimeError(next((r["error"] for r in rows if r.get("error")), "no attack was scored"))
     best = max(scored, key=lambda r: r["psnr"])
-    return best, best["psnr"] - gray_baseline_psnr(x)
+    return best, best["psnr"] - gray
 
   def mod(msg, context, call_next):
     suspicious = False  # the received model leaks by its statistics: this round's update is audited
@@ -557,8 +559,9 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     leak = int(best.get("verdict") == "leak")
     if leak_db >= gate.threshold_db:
       reason = (f"{audit.WITHHELD}: {best['attack']} recovers the client's "
-                f"examples at {best['psnr']:.1f} dB, {leak_db:.1f} dB above a gray image "
-                f"(threshold {gate.threshold_db:g} dB; verdict {best.get('verdict')})")
+                f"examples at {best['psnr']:.1f} dB, {leak_db:.1f} dB above a gray image, in "
+                f"{best.get('iterations')} iterations (threshold {gate.threshold_db:g} dB; "
+                f"verdict {best.get('verdict')})")
       logger.warning("round %d: %s (%.0f s)", server_round, reason, seconds)
       return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
     logger.info("leakage_mod: round %d: update passes: %s at %.1f dB, %.1f dB above a gray image "

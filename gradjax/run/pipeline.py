@@ -181,13 +181,16 @@ class Trace:
   best iterate (an attack's ``track_from`` delays it).
 
   Pass :meth:`progress` as the solver's ``callback`` and :meth:`monitor` as its ``monitor``; with a
-  ``deadline`` (a ``time.perf_counter()`` value) the monitor ends the run at the first chunk past it.
+  ``deadline`` (a ``time.perf_counter()`` value) the monitor ends the run at the first chunk past it,
+  with a ``target_psnr`` (dB, given a ground truth) at the first chunk whose best iterate reaches it.
   """
 
   def __init__(self, callback: Callable | None = None, truth: np.ndarray | None = None,
-               norm: data.Normalization | None = None, deadline: float | None = None):
+               norm: data.Normalization | None = None, deadline: float | None = None,
+               target_psnr: float | None = None):
     self.rows: list[dict] = []
     self._callback, self._truth, self._norm, self._deadline = callback, truth, norm, deadline
+    self.target = target_psnr
     self._recorded = False  # whether the last report made a row (monitor scores that row)
 
   def progress(self, p) -> None:
@@ -211,7 +214,14 @@ class Trace:
     if np.all(np.isfinite(x)):
       order = metrics.match_order(x, self._truth) if x.shape[0] > 1 else np.arange(x.shape[0])
       self.rows[-1]["psnr"] = float(np.mean(metrics.psnr(x[order], self._truth)))
+      return self.reached
     return False
+
+  @property
+  def reached(self) -> bool:
+    """Whether the last PSNR recorded reaches ``target_psnr``."""
+    return (self.target is not None and bool(self.rows)
+            and self.rows[-1].get("psnr", -math.inf) >= self.target)
 
 
 class _Resumable:
@@ -274,8 +284,8 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
 
 
 def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None,
-        state: resume.StateFile | None = None, deadline: float | None = None
-        ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        state: resume.StateFile | None = None, deadline: float | None = None,
+        target_psnr: float | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
   """Runs experiment ``cfg``; returns (JSON-ready results, images).
 
   ``state``: where the solver's state is saved every so often, and whether a saved one is continued
@@ -283,7 +293,9 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   :func:`fingerprint`). The caller deletes it once the results are written.
 
   ``deadline``: a ``time.perf_counter()`` value; the attack stops at the end of the first chunk past
-  it, its best iterate so far kept (``--attack=auto``'s budget).
+  it, its best iterate so far kept (``--attack=auto``'s budget). ``target_psnr``: with a ground
+  truth, the attack stops at the end of the first chunk whose best iterate reaches this PSNR (dB): a
+  leak is established (the Flower gate's; ``auto`` hands it to each attack it tries).
 
   ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,
   scored after matching the batch order; absent without ground truth), ``wall_time_s`` of the attack
@@ -295,10 +307,10 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   if cfg.data.modality != "image":
     raise ValueError(f"run() attacks images; a {cfg.data.modality} experiment runs with run_text()")
   if cfg.attack.preset == auto.AUTO:
-    return _run_auto(cfg, callback, batch)
+    return _run_auto(cfg, callback, batch, target_psnr)
   with driver.precision_scope(
       cfg.execution.matmul_precision):  # the client's update as well as the attack
-    return _run_image(cfg, callback, batch, state, deadline)
+    return _run_image(cfg, callback, batch, state, deadline, target_psnr)
 
 
 def auto_attacks(cfg: Config) -> tuple[str, ...]:
@@ -351,7 +363,7 @@ def budget_iterations(seconds: float, seconds_per_iteration: float, iterations: 
   return int(min(iterations, max(fit, PROBE_ITERATIONS)))
 
 
-def _run_auto(cfg: Config, callback, batch):
+def _run_auto(cfg: Config, callback, batch, target_psnr=None):
   """The attacks of :func:`auto_attacks` in turn (no solver state: a run is not resumed midway),
   until one matches the update (:func:`gradjax.verdict.matched`: data that reproduce it were found,
   no later attack can match it better) or ``cfg.attack.budget`` seconds are spent; with time left, the
@@ -415,7 +427,8 @@ def _run_auto(cfg: Config, callback, batch):
 
     began = time.perf_counter()
     deadline = None if until is None else start + until - overhead.get(name, 0.0)
-    results, images = run(step, callback=watch, batch=batch, deadline=deadline)
+    results, images = run(step, callback=watch, batch=batch, deadline=deadline,
+                          target_psnr=target_psnr)
     took[name] = time.perf_counter() - began  # with loading the model and scoring
     residual = (results.get("residual") or {}).get("relative_error", math.inf)
     tried.append({
@@ -581,10 +594,10 @@ def _prepare(cfg: Config, batch) -> _Prepared:
                    declared, checks, problems)
 
 
-def _run_image(cfg: Config, callback, batch, state, deadline=None):
+def _run_image(cfg: Config, callback, batch, state, deadline=None, target_psnr=None):
   p = _prepare(cfg, batch)
   trace = Trace(callback, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm,
-                deadline)
+                deadline, target_psnr)
   timing = _Resumable(cfg, state, trace)
   # PSNR per chunk needs a ground truth; sharded runs would gather the whole solver state to the
   # host for it, so they record the objective only.
@@ -647,7 +660,8 @@ class _ClientTraces:
       k = p.restart // self.runs
       self.traces[k].progress(p._replace(restart=p.restart % self.runs))
       self.traces[k].monitor(state)
-    return False
+    # A target ends the shared run once every client reached it (the driver stops all runs at once).
+    return all(trace.reached for trace in self.traces)
 
 
 class _BestOf(NamedTuple):
@@ -661,13 +675,15 @@ class _BestOf(NamedTuple):
     return {"x": self.x}
 
 
-def run_clients(cfgs, batches=None) -> list:
+def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
   """Runs image experiments ``cfgs`` (e.g. one attack on each of a Flower round's captured
   updates), those whose optimisation attacks share the attack, the model, the observation's
   structure and the execution in one solver run (:func:`gradjax.attacks.reconstruct_clients`),
   :func:`clients_per_run` at a time; a run the device has no memory for is split in halves (again
   while it does not fit). ``batches``: each experiment's ground truth (as :func:`run`'s ``batch``;
-  default none given).
+  default none given); ``target_psnr``: as :func:`run`'s, a shared run ending once every one of its
+  experiments reached it (under the sequential strategy, at the last one's: those before it ran
+  their budget).
 
   Returns, per experiment, ``(results, images)`` as :func:`run` gives for it (its own key, labels,
   scores and verdict; the same up to float32 rounding, which a long L-BFGS run can grow),
@@ -690,7 +706,7 @@ def run_clients(cfgs, batches=None) -> list:
       attack = None if alone else check(cfg)
       # Nothing to optimise (a closed form), or restarts that read each other: one by one.
       if alone or not isinstance(attack, attacks.Attack) or attack.couples_restarts:
-        out[i] = run(cfg, batch=batch)
+        out[i] = run(cfg, batch=batch, target_psnr=target_psnr)
         continue
       with driver.precision_scope(cfg.execution.matmul_precision):
         p = _prepare(cfg, batch)
@@ -708,7 +724,7 @@ def run_clients(cfgs, batches=None) -> list:
     while chunks:
       chunk = chunks.pop(0)
       try:
-        for (i, _), done in zip(chunk, _attack_together(cfgs, chunk)):
+        for (i, _), done in zip(chunk, _attack_together(cfgs, chunk, target_psnr)):
           out[i] = done
       except (ValueError, FileNotFoundError, FloatingPointError) as e:
         for i, _ in chunk:
@@ -725,12 +741,12 @@ def _out_of_memory(error: Exception) -> bool:
   return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
 
 
-def _attack_together(cfgs, members) -> list:
+def _attack_together(cfgs, members, target_psnr=None) -> list:
   """One solver run of ``members`` ((index, _Prepared) of one group of :func:`run_clients`); each
   one's (results, images)."""
   cfg, first = cfgs[members[0][0]], members[0][1]
-  traces = [Trace(None, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm)
-            for _, p in members]
+  traces = [Trace(None, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm,
+                  target_psnr=target_psnr) for _, p in members]
   timings = [_Resumable(cfgs[i], None, trace) for (i, _), trace in zip(members, traces)]
   shared = _ClientTraces(traces, cfg.attack.restarts * cfg.attack.permutations)
   execution = cfg.execution.build(callback=shared.progress, monitor=shared.monitor)
@@ -758,6 +774,8 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   input_shape = p.input_shape
   results = _record(cfg, attack, rec, model, observation, trace, timing,
                     p.declared if cfg.attack.adaptive else None)
+  if trace.target is not None:  # the run ended where it reached this PSNR, if it did
+    results["target_psnr"] = {"psnr": trace.target, "reached": trace.reached}
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
