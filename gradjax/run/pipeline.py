@@ -628,9 +628,7 @@ def clients_per_run(cfg: Config) -> int:
   mapped and 1 where they run in sequence (a CPU, where one run of K clients costs what K runs do)."""
   if cfg.execution.clients_per_run is not None:
     return cfg.execution.clients_per_run
-  strategy = cfg.execution.strategy
-  return 1 if strategy in ("auto", "sequential") and driver.resolve_strategy(
-      "auto" if strategy == "auto" else strategy) == "sequential" else CLIENTS_PER_RUN
+  return 1 if driver.resolve_strategy(cfg.execution.strategy) == "sequential" else CLIENTS_PER_RUN
 
 
 class _ClientTraces:
@@ -743,7 +741,7 @@ def _out_of_memory(error: Exception) -> bool:
 
 def _attack_together(cfgs, members, target_psnr=None) -> list:
   """One solver run of ``members`` ((index, _Prepared) of one group of :func:`run_clients`); each
-  one's (results, images)."""
+  one's (results, images), or the exception its scoring raised."""
   cfg, first = cfgs[members[0][0]], members[0][1]
   traces = [Trace(None, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm,
                   target_psnr=target_psnr) for _, p in members]
@@ -760,7 +758,11 @@ def _attack_together(cfgs, members, target_psnr=None) -> list:
     seconds = time.perf_counter() - start  # every member's attack, compilation included
     done = []
     for (i, p), rec, trace, timing in zip(members, recs, traces, timings):
-      results, images = _finish(cfgs[i], p, rec, {}, trace, timing)
+      try:  # one member's failure (a reconstruction that is not finite) is its own
+        results, images = _finish(cfgs[i], p, rec, {}, trace, timing)
+      except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        done.append(e)
+        continue
       results.update(wall_time_s=seconds, clients_together=len(members))
       done.append((results, images))
   return done
