@@ -52,7 +52,7 @@ def test_auto_sets_the_convnets_total_variation_unless_the_user_did(monkeypatch)
   assert results["auto"]["tried"][0]["settings"] == {"attack.priors": "tv:5"}
   steps = []
 
-  def fake_run(step, callback=None, batch=None, deadline=None):
+  def fake_run(step, callback=None, batch=None, deadline=None, target_psnr=None):
     steps.append(step)
     return {"residual": None, "verdict": {"status": "inconclusive", "reason": ""}, "psnr": None,
             "wall_time_s": 1.0, "iterations": step.attack.iterations,
@@ -209,7 +209,7 @@ def test_auto_fits_the_presets_iterations_into_its_budget(monkeypatch):
   for restarts."""
   clock, runs, deadlines = [0.0], [], []
 
-  def fake_run(step, callback=None, batch=None, deadline=None):
+  def fake_run(step, callback=None, batch=None, deadline=None, target_psnr=None):
     deadlines.append(deadline)
     attack_s = step.attack.iterations * 0.125 + 20.0 * (not runs)
     clock[0] += 0.5 + attack_s
