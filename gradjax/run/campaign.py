@@ -92,19 +92,19 @@ class Items:
     return True
 
   def _run_together(self, experiments: list[tuple[str, Config]]) -> None:
-    """The image experiments that :func:`gradjax.run.pipeline.run_clients` attacks several to a
-    solver run (:func:`gradjax.run.pipeline.clients_per_run` above 1: an accelerator, or
-    ``execution.clients_per_run``), not finished and with no solver state to continue, run ahead
-    here that many at a time in order, each written as its block ends. Their solver states are not
-    saved mid-run: a block that a signal stops runs again whole."""
+    """The image experiments whose configuration asks for several to a solver run
+    (``execution.clients_per_run`` above 1; unset, a campaign runs one at a time, each saving its
+    solver state), not finished and with no solver state to continue: run ahead here that many at
+    a time in order (:func:`gradjax.run.pipeline.run_clients`), each written as its block ends.
+    Their solver states are not saved mid-run: a block that a signal stops runs again whole."""
     todo = [(key, cfg) for key, cfg in experiments
             if cfg.data.modality == "image" and cfg.attack.preset != "auto"
-            and pipeline.clients_per_run(cfg) > 1
+            and (cfg.execution.clients_per_run or 1) > 1
             and not (self.resume and os.path.exists(self._path(key) + ".json"))
             and not os.path.exists(f"{self._path(key)}.{STATE_FILE}")]
     if len(todo) < 2:
       return
-    size = pipeline.clients_per_run(todo[0][1])
+    size = todo[0][1].execution.clients_per_run
     for start in range(0, len(todo), size):
       block = todo[start:start + size]
       for (key, cfg), outcome in zip(block, pipeline.run_clients([c for _, c in block])):

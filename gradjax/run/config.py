@@ -411,8 +411,9 @@ class ExecutionConfig(_Section):
   clients_per_run: int | None = _field(
       None, "Experiments attacked in one solver run when they share the model's shapes and the "
       "attack (an audit's captured updates, a sweep's or a table's images), each with its own "
-      "results and verdict; unset: up to 64 where the restarts run vmapped (accelerators), one at "
-      "a time where they run in sequence (CPU).")
+      "results and verdict. Unset: an audit up to 64 where the restarts run vmapped "
+      "(accelerators) and one at a time where they run in sequence (CPU); a sweep or table one at a "
+      "time (set, its blocks save no solver state mid-run).")
 
   def build(self, callback: Callable | None = None, monitor: Callable | None = None,
             saver: driver.Saver | None = None) -> driver.Execution:
