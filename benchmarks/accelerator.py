@@ -45,7 +45,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 from benchmarks import step as bs
@@ -121,16 +120,6 @@ def part_clients(s: dict, seed: int) -> list[dict]:
                            tuple(x for x in s["strategies"] if x != "map") or ("sequential",), seed)
 
 
-def _timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
-  start = time.perf_counter()
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-  seconds = time.perf_counter() - start
-  if proc.returncode != 0:
-    raise RuntimeError(f"{' '.join(cmd[:4])} exited with status {proc.returncode}: "
-                       f"{bs.last_line(proc.stderr)}")
-  return seconds, proc
-
-
 def part_ttfr(s: dict, seed: int) -> list[dict]:
   """Time to a first result, whole processes (see the module docstring)."""
   t = s["ttfr"]
@@ -139,21 +128,20 @@ def part_ttfr(s: dict, seed: int) -> list[dict]:
            ["--attack=inverting_gradients", f"--model={t['model']}", f"--iterations={t['iterations']}"])]
   rows = []
   for job, args in jobs:
-    with tempfile.TemporaryDirectory() as tmp:
-      cmd = [sys.executable, "-m", "gradjax", "reconstruct", *args, "--lpips=none", f"--seed={seed}",
-             f"--compilation_cache={os.path.join(tmp, 'cache')}",
-             f"--output_dir={os.path.join(tmp, 'run')}", "--overwrite"]
-      for run in range(1 + t["warm_runs"]):
-        seconds, _ = _timed(cmd)
-        with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
-          metrics = json.load(fh)
-        rows.append(dict(job=job, runner="gradjax", cache="empty" if run == 0 else "warm",
-                         process_s=seconds, attack_s=metrics["wall_time_s"], psnr=metrics["psnr"]))
-        print(f"ttfr {rows[-1]}", flush=True)
+    done = bs.reconstruct_processes([*args, "--lpips=none", f"--seed={seed}"], 1 + t["warm_runs"])
+    for run, timed in enumerate(done):
+      rows.append(dict(job=job, runner="gradjax", cache="empty" if run == 0 else "warm", **timed))
+      print(f"ttfr {rows[-1]}", flush=True)
   script = os.path.join(os.path.dirname(__file__), "torch_first_result.py")
   for run in range(1 + t["warm_runs"]):
-    seconds, proc = _timed([sys.executable, script, f"--model={t['model']}",
-                            f"--iterations={t['iterations']}", f"--seed={seed}"])
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, script, f"--model={t['model']}",
+                           f"--iterations={t['iterations']}", f"--seed={seed}"],
+                          capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+      raise RuntimeError(f"torch_first_result.py exited with status {proc.returncode}: "
+                         f"{bs.last_line(proc.stderr)}")
     torch_run = json.loads(proc.stdout.strip().splitlines()[-1])
     rows.append(dict(job=jobs[1][0], runner=f"PyTorch eager ({torch_run['device']})",
                      cache="–", process_s=seconds - torch_run["twin_import_s"],

@@ -444,6 +444,30 @@ def last_line(text: str) -> str:
   return (text.strip().splitlines() or ["no output"])[-1]
 
 
+def reconstruct_processes(args: list[str], runs: int) -> list[dict]:
+  """``gradjax reconstruct ARGS`` as ``runs`` whole processes, the first on an empty compilation
+  cache and the others on the cache it filled: per process its wall time from outside
+  (``process_s``), its attack's own ``wall_time_s`` (``attack_s``) and its PSNR."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    cmd = [sys.executable, "-m", "gradjax", "reconstruct", *args,
+           f"--compilation_cache={os.path.join(tmp, 'cache')}",
+           f"--output_dir={os.path.join(tmp, 'run')}", "--overwrite"]
+    for _ in range(runs):
+      start = time.perf_counter()
+      proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+      seconds = time.perf_counter() - start
+      if proc.returncode != 0:
+        raise RuntimeError(f"gradjax reconstruct exited with status {proc.returncode}: "
+                           f"{last_line(proc.stderr)}")
+      with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
+        metrics = json.load(fh)
+      rows.append(dict(process_s=seconds, attack_s=metrics["wall_time_s"], psnr=metrics["psnr"]))
+  return rows
+
+
 def torch_dlg_objective(model, params, observed, dummy_x, dummy_label):
   """The DLG objective in PyTorch eager, as the reference code computes it, with its gradient
   accumulated into ``dummy_x.grad`` and ``dummy_label.grad``: soft-label cross entropy

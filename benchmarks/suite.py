@@ -70,12 +70,9 @@ This builds on ``python -m benchmarks step`` (its timing helpers, PyTorch ports 
 """
 
 import dataclasses
-import json
 import os
 import shlex
-import subprocess
 import sys
-import tempfile
 import time
 
 import jax
@@ -443,23 +440,10 @@ def section_startup(runs: int) -> dict:
   """The README's main job as a whole process: once on an empty compilation cache (cold), then
   ``runs`` times on the cache it filled (warm); each process's wall time from outside, its attack's
   own ``wall_time_s`` and the PSNR it reports."""
-  out = dict(command="gradjax reconstruct --lpips=none", process_s=[], attack_s=[])
-  with tempfile.TemporaryDirectory() as tmp:
-    cmd = [sys.executable, "-m", "gradjax", "reconstruct", "--lpips=none", f"--compilation_cache={os.path.join(tmp, 'cache')}",
-           f"--output_dir={os.path.join(tmp, 'run')}", "--overwrite"]
-    for _ in range(1 + runs):
-      start = time.perf_counter()
-      proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-      out["process_s"].append(time.perf_counter() - start)
-      if proc.returncode != 0:
-        raise RuntimeError(f"gradjax reconstruct exited with status {proc.returncode}: "
-                           f"{bs.last_line(proc.stderr)}")
-      with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
-        metrics_json = json.load(fh)
-      out["attack_s"].append(metrics_json["wall_time_s"])
-  out["psnr"] = metrics_json["psnr"]
-  out["cores"] = len(os.sched_getaffinity(0))
-  return out
+  done = bs.reconstruct_processes(["--lpips=none"], 1 + runs)
+  return dict(command="gradjax reconstruct --lpips=none", process_s=[r["process_s"] for r in done],
+              attack_s=[r["attack_s"] for r in done], psnr=done[-1]["psnr"],
+              cores=len(os.sched_getaffinity(0)))
 
 
 def _f(v, fmt="{:.2f}"):

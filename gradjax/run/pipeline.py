@@ -218,6 +218,11 @@ class Trace:
     return False
 
   @property
+  def scores(self) -> bool:
+    """Whether the trace scores iterates (it has a ground truth)."""
+    return self._truth is not None
+
+  @property
   def reached(self) -> bool:
     """Whether the last PSNR recorded reaches ``target_psnr``."""
     return (self.target is not None and bool(self.rows)
@@ -651,7 +656,7 @@ class _ClientTraces:
         block = slice(k * self.runs, (k + 1) * self.runs)
         finite = best[block][np.isfinite(best[block])]
         trace.progress(p._replace(best_loss=float(finite.min()) if finite.size else math.inf))
-        if trace._truth is not None:
+        if trace.scores:
           x = np.asarray(state.best_params["x"]) if x is None else x
           trace.monitor(_BestOf(x[block], best[block]))
     else:  # one run advanced (the sequential strategy): run r is client r // runs's
