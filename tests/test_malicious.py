@@ -81,6 +81,68 @@ def test_the_read_out_works_on_updates_summed_over_clients():
     assert np.abs(rec.x - x).reshape(4, -1).max(1).min() < 1e-4
 
 
+def test_a_sparse_block_fires_each_unit_on_its_own_bin():
+  """structure="sparse", 4 thresholds, 3 units: logits = model(x + scale Σ_i clip((s − c_i) /
+  (c_(i+1) − c_i), 0, 1)) with s the mean brightness, h computed in NumPy, at gain 1 and 1e-3."""
+  model = _model()
+  edges = np.array([0.2, 0.4, 0.5, 0.8])
+  x = _batch([0.1, 0.3, 0.45, 0.7, 0.9])
+  s = x.reshape(5, -1).astype(np.float64).mean(1)[:, None]
+  h = np.clip((s - edges[None, :-1]) / np.diff(edges)[None], 0, 1)
+  moved = (x + 1e-2 * h.sum(1)[:, None, None, None]).astype(np.float32)
+  want = np.asarray(model.apply_fn(model.variables, moved))
+  for gain in (1.0, 1e-3):
+    evil = malicious.imprint(model, edges, structure="sparse", scale=1e-2, gain=gain)
+    assert evil.variables["params"]["imprint"]["bias"].shape == (3,)
+    np.testing.assert_allclose(np.asarray(evil.apply_fn(evil.variables, x)), want, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="all different"):
+    malicious.imprint(model, [0.2, 0.2, 0.5], structure="sparse")
+  with pytest.raises(ValueError, match="unknown imprint structure"):
+    malicious.imprint(model, edges, structure="dense")
+
+
+@pytest.mark.slow
+def test_a_sparse_block_reads_every_local_step_of_a_fedavg_client():
+  """Eight examples, one to a bin of a sparse block of 16 units (17 thresholds), gain 1e-3: after two
+  local epochs of four mini-batch steps (SGD at 0.05, momentum 0.9) all eight come back (to 2e-4 of
+  the true images), where a cumulative block of the same bins (gain 1e-2) loses the later steps'
+  examples whose bins lie below an earlier step's example (its rows moved along it). FedSGD: two examples sharing a bin come back as their mean weighted by g_n =
+  ⟨∂L/∂x'_n, w⟩ (NumPy from the model's own input gradient)."""
+  model = _model()
+  edges = np.linspace(0.1, 0.95, 17)
+  means = (edges[:-1] + edges[1:])[::2] / 2
+  x, y = _batch(means), np.arange(8)
+  local = clients.LocalTraining(2, 2, 0.05, 0.9)
+  sparse = malicious.imprint(model, edges, structure="sparse", gain=1e-3)
+  update = clients.fedavg(sparse.apply_fn, sparse.variables, x, y, local).gradient
+  rec = malicious.imprint_recover(update, SHAPE, structure="sparse")
+  error = np.abs(rec.x[None] - x[:, None]).reshape(8, len(rec.x), -1).max(-1).min(1)
+  assert error.max() < 2e-4, error
+  cumulative = malicious.imprint(model, edges, gain=1e-2)
+  update = clients.fedavg(cumulative.apply_fn, cumulative.variables, x, y, local).gradient
+  rec = malicious.imprint_recover(update, SHAPE)
+  error = np.abs(rec.x[None] - x[:, None]).reshape(8, len(rec.x), -1).max(-1).min(1)
+  assert np.sum(error < 2e-4) < 8, error
+  # A collision under FedSGD.
+  scale = 1e-3
+  x = _batch([0.3, 0.52, 0.55, 0.8])
+  y = np.array([1, 2, 3, 4])
+  edges = np.array([0.2, 0.4, 0.6, 0.9])
+  sparse = malicious.imprint(model, edges, structure="sparse", scale=scale)
+  rec = malicious.imprint_recover(clients.fedsgd(sparse.apply_fn, sparse.variables, x, y).gradient,
+                                  SHAPE, structure="sparse")
+  assert rec.bins.tolist() == [0, 1, 2]
+  s = x.reshape(4, -1).astype(np.float64).mean(1)[:, None]
+  h = np.clip((s - edges[None, :-1]) / np.diff(edges)[None], 0, 1)
+  moved = jnp.asarray(x + scale * h.sum(1)[:, None, None, None], jnp.float32)
+  dx = np.asarray(jax.grad(lambda z: cross_entropy(model.apply_fn(model.variables, z), y))(moved),
+                  np.float64)
+  g = dx.reshape(4, -1).sum(1) * scale
+  np.testing.assert_allclose(rec.x[1], (g[1] * x[1] + g[2] * x[2]) / (g[1] + g[2]), rtol=1e-3, atol=1e-4)
+  for b, n in ((0, 0), (2, 3)):
+    np.testing.assert_allclose(rec.x[b], x[n], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_a_shrunk_block_reads_a_fedavg_update_that_float32_blurs_at_full_size():
   """gain 1e-2 leaves the model's input as it was (logits to float32 rounding) and makes the rows
@@ -202,6 +264,9 @@ def test_inspect_flags_the_malicious_models_and_not_the_honest_ones(name):
   found = malicious.inspect(evil.variables, honest.variables)
   reasons = " ".join(f.reason for f in found)
   assert "not in the declared architecture" in reasons and "16 of its 16 units" in reasons
+  sparse = malicious.imprint(honest, np.linspace(0.2, 0.8, 17), structure="sparse", gain=1e-3)
+  found = malicious.inspect(sparse.variables, honest.variables)
+  assert any(f.path == "['imprint']['kernel']" and f.reason.startswith("16 of its 16 units") for f in found)
   if name.startswith("mlp"):
     hidden = malicious.imprint_layer(honest, np.linspace(0.2, 0.8, 16))
     found = malicious.inspect(hidden.variables, honest.variables)
@@ -221,36 +286,27 @@ def test_inspect_finds_nothing_in_the_committed_trained_checkpoints():
 
 @pytest.mark.slow
 def test_the_audits_row_is_the_expected_count_of_a_simulated_server():
-  """server_row's N (k/(k+1))^N against a NumPy simulation of N examples in k + 1 equally likely
-  cells (the lowest lost), 20 000 draws; and the row a run reports for its batch."""
+  """server_row's N (k/(k+2)) ((k+1)/(k+2))^(N−1) against a NumPy simulation of N examples in k + 2
+  equally likely cells (the two outer ones lost), 20 000 draws; and the row a run reports for its
+  batch, a FedSGD client's and a FedAvg client's of two mini-batch steps alike."""
   rng = np.random.default_rng(0)
   for n, k in ((8, 16), (64, 512), (128, 1024)):
-    cells = rng.integers(0, k + 1, size=(20_000, n))
-    counts = np.stack([np.bincount(c, minlength=k + 1) for c in cells])
-    alone = ((counts == 1)[:, 1:]).sum(axis=1).mean()
+    cells = rng.integers(0, k + 2, size=(20_000, n))
+    counts = np.stack([np.bincount(c, minlength=k + 2) for c in cells])
+    alone = ((counts == 1)[:, 1:-1]).sum(axis=1).mean()
     row = malicious.server_row(n, k)
     assert row["expected_exact"] == pytest.approx(alone, rel=0.01) and row["examples"] == n
   from gradjax.run import config, pipeline
-  results, _ = pipeline.run(
-      config.from_options({
-          "attack.preset": "adam_dlg", "attack.iterations": 2, "data.batch_size": 2,
-          "model.name": "mlp-64", "data.image_size": 8, "output.lpips": "none"
-      }))
-  assert results["malicious_server"]["examples"] == 2
-  assert results["malicious_server"]["expected_exact"] == pytest.approx(2 * (1024 / 1025) ** 2)
-  # A FedAvg client of several mini-batch steps exposes its first step's examples (the study's
-  # measurement); full-batch steps expose all of them.
-  row = malicious.server_row(64, 512, first_step=16)
-  assert row["exposed"] == 16 and row["expected_exact"] == pytest.approx(16 * (512 / 513) ** 16)
-  with pytest.raises(ValueError, match="does not fit"):
-    malicious.server_row(8, 512, first_step=16)
-  results, _ = pipeline.run(
-      config.from_options({
-          "attack.preset": "inverting_gradients_fedavg", "attack.iterations": 2,
-          "data.batch_size": 4, "client.name": "fedavg", "client.local_batch_size": 2,
-          "model.name": "mlp-64", "data.image_size": 8, "output.lpips": "none"
-      }))
-  assert results["malicious_server"]["exposed"] == 2
+  for options in ({"attack.preset": "adam_dlg", "data.batch_size": 2},
+                  {"attack.preset": "inverting_gradients_fedavg", "data.batch_size": 4,
+                   "client.name": "fedavg", "client.local_batch_size": 2}):
+    results, _ = pipeline.run(config.from_options({
+        **options, "attack.iterations": 2, "model.name": "mlp-64", "data.image_size": 8,
+        "output.lpips": "none"}))
+    n = options["data.batch_size"]
+    assert results["malicious_server"]["examples"] == n
+    assert results["malicious_server"]["expected_exact"] == pytest.approx(
+        n * 1024 / 1026 * (1025 / 1026) ** (n - 1))
 
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)

@@ -814,10 +814,7 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
   results.update(_verdict(results, residual, findings, p.problems, cfg))
-  local, n = observation.local, observation.num_samples
-  several = local is not None and local.batch_size is not None and local.batch_size < n
-  results["malicious_server"] = malicious.server_row(
-      n, first_step=local.batch_size if several else None)
+  results["malicious_server"] = malicious.server_row(observation.num_samples)
   return results, images
 
 

@@ -12,7 +12,9 @@ exactly when some read-out is within PSNR 60 dB of it (NumPy, data range 1); the
 (k/(k+1))^N for N examples in k + 1 equally likely cells (the lowest, below c_0, gives nothing).
 The ``layer_*`` rows hide the imprint in the first layer of an MLP of 1024 units
 (``malicious.imprint_layer``: its shapes are the declared model's); the ``*_gain*`` rows attack FedAvg
-clients with the block shrunk (``malicious.imprint(gain=...)``). Writes runs/imprint/table.md and
+clients with the block shrunk (``malicious.imprint(gain=...)``); the ``sparse_*`` rows send the sparse
+block (``structure="sparse"``: a hard-tanh unit per bin), whose read-out survives local steps.
+``--rows=sparse`` reruns only the rows so named, keeping the others. Writes runs/imprint/table.md and
 table.json; then the client-side check (``malicious.inspect``) on every malicious model built here
 and on honest ones (fresh zoo draws, five seeds each, and the trained checkpoints committed in other
 studies), with its time per model: runs/imprint/detection.md and detection.json.
@@ -42,8 +44,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "imprint")
 FIRST = 500
 
-# (row, batch per client, bins, clients, local training (epochs, mini-batch) or None for FedSGD,
-# the block's gain: malicious.imprint's, 1 the full-size block)
+def _tag(value):
+  """A row name's number without a dot (0.01 -> "1e-2", 1.0 -> "1e+0"): the studies' paths split on dots."""
+  return f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e+")
+
+
+# (row, batch per client, bins, clients, local training (epochs, mini-batch[, learning rate,
+# momentum]; 0.01 and 0 unless given) or None for FedSGD, the block's gain: malicious.imprint's,
+# 1 the full-size block[, the block's structure: cumulative unless given])
 ROWS = ([(f"b{b}_k{k}", b, k, 1, None, 1.0) for b in (8, 16, 32, 64, 128, 256)
          for k in (128, 256, 512, 1024)]
         + [(f"c4_b{b}_k{k}", b, k, 4, None, 1.0) for b in (16, 64) for k in (512, 1024)]
@@ -51,7 +59,19 @@ ROWS = ([(f"b{b}_k{k}", b, k, 1, None, 1.0) for b in (8, 16, 32, 64, 128, 256)
         + [(f"layer_b{b}_k512", b, 512, 1, None, 1.0) for b in (64, 128)]
         # A FedAvg client against a block shrunk so that its float32 update keeps the digits.
         + [(f"fedavg_e{e}_mb{m}_b64_k512_gain{g:g}", 64, 512, 1, (e, m), g)
-           for e, m in ((1, 64), (2, 64), (1, 32), (1, 16), (2, 16), (1, 8)) for g in (1e-1, 1e-2, 1e-3)])
+           for e, m in ((1, 64), (2, 64), (1, 32), (1, 16), (2, 16), (1, 8)) for g in (1e-1, 1e-2, 1e-3)]
+        # The sparse block (hard-tanh units, one bin each): FedSGD, then FedAvg clients of several
+        # local steps, learning rates and momentum, larger batches and four clients summed.
+        + [("sparse_b64_k512_gain1e-3", 64, 512, 1, None, 1e-3, "sparse")]
+        + [(f"sparse_fedavg_e{e}_mb{m}_lr{_tag(lr)}{'_momentum' if mom else ''}_b64_k512_gain{_tag(g)}", 64,
+            512, 1, (e, m, lr, mom), g, "sparse")
+           for e, m, lr, mom, g in ((1, 64, 0.01, 0, 1e-3), (1, 16, 0.01, 0, 1e-3), (1, 8, 0.01, 0, 1e-3),
+                                    (5, 8, 0.01, 0, 1e-3), (1, 16, 0.1, 0, 1e-3), (5, 8, 0.1, 0, 1e-3),
+                                    (5, 8, 0.1, 0.9, 1e-3), (1, 16, 0.01, 0, 1.0), (1, 16, 0.01, 0, 1e-1),
+                                    (1, 16, 0.01, 0, 1e-2), (1, 16, 0.01, 0, 1e-4))]
+        + [(f"sparse_fedavg_e1_mb{m}_lr1e-1_b{b}_k1024_gain1e-3", b, 1024, 1, (1, m, 0.1, 0), 1e-3, "sparse")
+           for b, m in ((128, 16), (256, 32))]
+        + [("sparse_fedavg_c4_e1_mb16_lr1e-1_b64_k1024_gain1e-3", 64, 1024, 4, (1, 16, 0.1, 0), 1e-3, "sparse")])
 ZOO = ("lenet_zhu", "lenet5", "convnet-16", "mlp-1024", "resnet20", "resnet20-4")
 TRAINED = ("experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz",
            "experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_20.npz",
@@ -70,14 +90,18 @@ def psnr_to_nearest(truth, readouts):
     return -10 * np.log10(np.maximum(mse.min(axis=1), 0))
 
 
-def run(row, batch, bins, n_clients, local, gain, thresholds, data_dir, key):
+def run(row, batch, bins, n_clients, local, gain, structure, statistic, data_dir, key):
   images = data.load("cifar10", data_dir=data_dir, indices=range(FIRST, FIRST + batch * n_clients))
+  sparse = structure == "sparse"
+  thresholds = malicious.imprint_thresholds(statistic, bins + 1 if sparse else bins)
   if row.startswith("layer_"):  # the imprint inside an MLP's first layer
     model = models.create("mlp-1024", key, input_shape=images.x.shape[1:])
     evil, read = malicious.imprint_layer(model, thresholds), dict(layer="Dense_0", units=bins)
   else:
     model = models.create("lenet_zhu", key, input_shape=images.x.shape[1:])
-    evil, read = malicious.imprint(model, thresholds, gain=gain), {}
+    evil, read = malicious.imprint(model, thresholds, structure=structure, gain=gain), {}
+  if local is not None:
+    epochs, mini_batch, lr, momentum = (*local, 0.01, 0.0)[:4]
   start = time.perf_counter()
   total = None
   for c in range(n_clients):
@@ -86,24 +110,33 @@ def run(row, batch, bins, n_clients, local, gain, thresholds, data_dir, key):
       update = clients.fedsgd(evil.apply_fn, evil.variables, x, y).gradient
     else:
       update = clients.fedavg(evil.apply_fn, evil.variables, x, y,
-                              clients.LocalTraining(local[0], local[1], 0.01)).gradient
+                              clients.LocalTraining(epochs, mini_batch, lr, momentum)).gradient
     total = update if total is None else jax.tree.map(lambda a, b: a + b, total, update)
   total = jax.block_until_ready(total)  # the clients' work done before the read-out is timed
   client_s = time.perf_counter() - start
   start = time.perf_counter()
-  rec = malicious.imprint_recover(total, images.x.shape[1:], **read)
+  rec = malicious.imprint_recover(total, images.x.shape[1:], structure=structure, **read)
   attack_s = time.perf_counter() - start
   psnr = psnr_to_nearest(images.x, rec.x)
   n = batch * n_clients
   exact = int(np.sum(psnr >= 60))
-  client = "FedSGD" if local is None else f"FedAvg {local[0]} epoch(s), mini-batches of {local[1]}"
+  if local is None:
+    client = "FedSGD"
+  else:
+    client = f"FedAvg {epochs} epoch(s), mini-batches of {mini_batch}"
+    if (lr, momentum) != (0.01, 0.0):
+      client += f", lr {lr:g}" + (f", momentum {momentum:g}" if momentum else "")
   if row.startswith("layer_"):
     client += " (imprint in mlp-1024's first layer)"
+  if sparse:
+    client += ", sparse block"
   if gain != 1.0:
     client += f", block's gain {gain:g}"
+  expected = (bins / (bins + 2) * ((bins + 1) / (bins + 2)) ** (n - 1) if sparse
+              else (bins / (bins + 1)) ** n)
   return {"row": row, "batch": batch, "bins": bins, "clients": n_clients, "client": client, "gain": gain,
-          "examples": n, "exact": exact, "share": exact / n, "expected_share": (bins / (bins + 1)) ** n,
-          "above_30db": int(np.sum(psnr >= 30)), "readouts": int(len(rec.x)),
+          "structure": structure, "examples": n, "exact": exact, "share": exact / n,
+          "expected_share": expected, "above_30db": int(np.sum(psnr >= 30)), "readouts": int(len(rec.x)),
           "median_psnr": float(np.median(np.minimum(psnr, 200))), "attack_s": attack_s,
           "client_s": client_s}
 
@@ -198,6 +231,8 @@ def detection():
       records.append(_inspected("honest, fresh", name, honest.variables, honest.variables))
     records.append(_inspected("imprint block in front", name,
                               malicious.imprint(honest, thresholds).variables, honest.variables))
+    records.append(_inspected("sparse imprint block in front", name, malicious.imprint(
+        honest, np.linspace(0.2, 0.8, 513), structure="sparse", gain=1e-3).variables, honest.variables))
     if name.startswith("mlp"):
       records.append(_inspected("imprint in the first layer", name,
                                 malicious.imprint_layer(honest, thresholds).variables, honest.variables))
@@ -223,6 +258,9 @@ def main():
   parser.add_argument("--data_dir", default=None)
   parser.add_argument("--parts", default="rows,detection,paper",
                       help="comma-separated: rows (table.md), detection (detection.md), paper (paper.md)")
+  parser.add_argument("--rows", default="",
+                      help="comma-separated prefixes: run only the table's rows whose names start with "
+                           "one, keeping the others from runs/imprint/table.json")
   args = parser.parse_args()
   parts = set(args.parts.split(","))
   if not parts <= {"rows", "detection", "paper"}:
@@ -232,7 +270,7 @@ def main():
     found = paper_setting(args.data_dir)
     _write("paper", {r["row"]: r for r in found}, paper_table(found))
   if "rows" in parts:
-    _rows(args.data_dir)
+    _rows(args.data_dir, [r for r in args.rows.split(",") if r])
   if "detection" in parts:
     found = detection()
     _write("detection", found, detection_table(found))
@@ -246,13 +284,24 @@ def _write(name, records, markdown):
   print(markdown)
 
 
-def _rows(data_dir):
+def _rows(data_dir, only=None):
+  """The table's rows (``only``: the names starting with one of these prefixes, the others kept from
+  the committed table.json)."""
   public = data.load("cifar10_train", data_dir=data_dir, indices=range(2000))
   statistic = public.x.reshape(len(public.x), -1).astype(np.float64).mean(axis=1)
+  path = os.path.join(RUNS, "table.json")
+  kept = {}
+  if only and os.path.exists(path):
+    with open(path) as f:
+      kept = json.load(f)
   records = []
-  for i, (row, batch, bins, n_clients, local, gain) in enumerate(ROWS):
+  for i, (row, batch, bins, n_clients, local, gain, *structure) in enumerate(ROWS):
+    if only and not row.startswith(tuple(only)):
+      if row in kept:
+        records.append(kept[row])
+      continue
     # A row's model is drawn from its position: rows appended later leave the earlier ones as they were.
-    record = run(row, batch, bins, n_clients, local, gain, malicious.imprint_thresholds(statistic, bins),
+    record = run(row, batch, bins, n_clients, local, gain, (structure or ["cumulative"])[0], statistic,
                  data_dir, jax.random.key(i))
     print(row, record["exact"], "/", record["examples"], flush=True)
     records.append(record)
