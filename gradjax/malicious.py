@@ -49,12 +49,14 @@ signs of an imprint: parameters that its declared architecture does not have (a 
 front), and, inside a layer it does have, many units whose weight vectors point the same way
 (|cos| above :data:`PARALLEL`), which a freshly drawn or trained layer does not show: an imprint's k
 units all measure one statistic and differ only in their biases. Trap weights keep every shape and
-direction honest; what gives them away is on the client's own examples: each unit of the layer that
-reads the input fires for a small share of them (about 1/N, so that an example has units of its
-own), where a freshly drawn layer fires for about half (:func:`activation_rate`). So does a layer
-trained at a moderate rate, but not one trained at a high rate whose units died (the Flower
-example's MLP after its lr-0.1 training fires for 0.3-4.5 %): on the examples alone the two look
-alike, and leak alike, so that finding is inconclusive (:class:`Finding`).
+direction honest; what gives them away is on the client's own examples: the layer's biases hold
+its units' thresholds far out in the tail of its pre-activations (their median −b_u is a sizeable
+share of the median |x_nᵀW_u|; a fresh or trained layer's biases are near zero against them,
+:func:`bias_share`), so that each unit fires for few examples. A layer whose units fire rarely for
+another reason, such as an honest layer whose units died in training (the Flower example's MLP after
+its lr-0.1 training fires for 0.3-4.5 %), is no sign of a malicious server but leaks alike
+(``experiments/studies/malicious``, trap check): :func:`rarely_firing` names it, and the Flower gate
+audits the update it trains.
 
 Shapes: inputs (N, H, W, C); the block's parameters ``imprint`` {kernel (D, k), bias (k,)} and
 ``imprint_out`` {kernel (k, D)}, the model's own under ``model``.
@@ -204,7 +206,7 @@ def trap_weights(model: models.Model, public, rate: float, key: jax.Array) -> mo
   reads them, activate it). With rate about 1/N, most units fire for one example of a batch of N or
   none, and the update gives each such example back exactly
   (:func:`gradjax.analytic.exclusive_neurons`); shapes are the model's own, and no two units share
-  a direction, so :func:`inspect` does not see it."""
+  a direction, so :func:`inspect` sees it only on the client's examples (:func:`bias_share`)."""
   params = model.variables["params"]
   if set(params) != {"Dense_0", "head"}:
     raise ValueError(f"trap_weights rewrites a one-hidden-layer MLP (Dense_0, head), not {model.name}")
@@ -303,10 +305,45 @@ def server_row(examples: int, bins: int = AUDIT_BINS) -> dict:
 
 TRAP_RATE = 0.15
 """Mean activation rate of an input layer's units on the client's examples below which
-:func:`inspect` reports it, inconclusively (fresh layers: about 0.5; trap weights for batches of N:
-about 1/N; honest layers whose units died in training: as low). Set between the first two before
-measuring; ``experiments/studies/malicious/trap_check.py``
-measures its false alarms on honest MLPs and its detections of trap weights."""
+:func:`rarely_firing` names it (fresh layers: about 0.5; trap weights for batches of N: about 1/N;
+honest layers whose units died in training: as low). Set between the first two before measuring."""
+
+TRAP_SHARE = 0.25
+""":func:`bias_share` above which :func:`inspect` calls an input layer trap weights (with units
+firing for less than half the client's examples). Set once, before the trap check's table, between
+a first measurement's honest MLPs (at most 0.072 with |b_u| for −b_u) and trap weights (at least
+0.81). The table (``experiments/studies/malicious``, trap check: honest MLPs fresh under the zoo's
+three initialisations, trained here, the Flower example's PyTorch MLPs after its training; traps for
+batches of 8 to 128; inputs in [0, 1] or normalised; client batches of 1 to 128) then measured
+−0.022 to 0.014 on honest layers and 0.41 to 5.6 on traps."""
+
+
+def _input_layers(params, width: int):
+  """(path of the kernel, kernel, bias) of every dense layer of ``params`` that reads the flattened
+  input: a 2-D ``kernel`` of ``width`` rows beside a ``bias``."""
+  found = []
+
+  def visit(node, path):
+    kernel = node.get("kernel")
+    if np.ndim(kernel) == 2 and np.shape(kernel)[0] == width and "bias" in node:
+      found.append((path + "['kernel']", np.asarray(kernel, np.float32), np.asarray(node["bias"], np.float32)))
+    for name, child in node.items():
+      if hasattr(child, "items"):
+        visit(child, f"{path}['{name}']")
+
+  visit(params.get("params", params), "")
+  return found
+
+
+def _statistics(params, inputs) -> dict[str, tuple[float, float]]:
+  """(:func:`activation_rate`, :func:`bias_share`) of every input layer, from one product each."""
+  x = np.asarray(inputs, np.float32).reshape(len(inputs), -1)
+  found = {}
+  for path, kernel, bias in _input_layers(params, x.shape[1]):
+    z = x @ kernel
+    scale = float(np.median(np.abs(z)))
+    found[path] = (float(np.mean(z + bias > 0)), float(np.median(-bias)) / scale if scale > 0 else 0.0)
+  return found
 
 
 def activation_rate(params, inputs) -> dict[str, float]:
@@ -319,45 +356,48 @@ def activation_rate(params, inputs) -> dict[str, float]:
   A unit of a freshly drawn layer fires for about half the examples; trap weights set each unit's
   bias so that it fires for about 1/N of them. Keyed by the kernel's path; computed in NumPy float32
   (one N × D by D × U product per layer)."""
-  x = np.asarray(inputs, np.float32).reshape(len(inputs), -1)
-  rates = {}
+  return {path: rate for path, (rate, _) in _statistics(params, inputs).items()}
 
-  def visit(node, path):
-    kernel = node.get("kernel")
-    if np.ndim(kernel) == 2 and np.shape(kernel)[0] == x.shape[1] and "bias" in node:
-      z = x @ np.asarray(kernel, np.float32) + np.asarray(node["bias"], np.float32)
-      rates[path + "['kernel']"] = float(np.mean(z > 0))
-    for name, child in node.items():
-      if hasattr(child, "items"):
-        visit(child, f"{path}['{name}']")
 
-  visit(params.get("params", params), "")
-  return rates
+def bias_share(params, inputs) -> dict[str, float]:
+  """For every dense layer of ``params`` that reads the flattened input: how far its biases hold
+  its units' thresholds out against its pre-activations on ``inputs`` (N, H, W, C)::
+
+    share = median_u(−b_u) / median_(n,u) |x_nᵀ W_u|
+
+  Trap weights set every b_u so that a unit fires for 1/N of the server's examples, far out in the
+  tail: a share near 1 or above; a fresh layer's biases are zero or small and a trained one's stay
+  small against its pre-activations. Keyed by the kernel's path (0 where every pre-activation is 0)."""
+  return {path: share for path, (_, share) in _statistics(params, inputs).items()}
+
+
+def rarely_firing(params, inputs) -> dict[str, float]:
+  """The input layers of ``params`` whose units fire, on the client's ``inputs`` (N, H, W, C), at a
+  mean rate below :data:`TRAP_RATE` (:func:`activation_rate`): path -> rate. Whoever set such a
+  layer, trap weights or training that killed its units, most examples have units of their own and
+  the update gives them back (:func:`gradjax.analytic.exclusive_neurons`): not a finding against
+  the server, a reason to audit the update."""
+  return {path: rate for path, rate in activation_rate(params, inputs).items() if rate < TRAP_RATE}
 
 
 class Finding(NamedTuple):
-  """One reason to think a received model leaks: ``path`` (a parameter path), ``reason`` (one line)
-  and ``conclusive``: True for evidence that the model was built to leak (parameters outside the
-  declared architecture, units measuring one direction; no honest model measured shows it), False
-  for a layer that gives examples back whoever built it. Trap weights are of the second kind: an
-  honest MLP trained at a high learning rate, its units mostly dead, fires as rarely on the
-  client's examples (``experiments/studies/malicious``, trap check)."""
+  """One sign that a received model was built to leak: ``path`` (a parameter path) and ``reason``
+  (one line)."""
 
   path: str
   reason: str
-  conclusive: bool = True
 
 
 def inspect(received, declared=None, inputs=None) -> list[Finding]:
-  """What in the ``received`` variables (a Flax tree) looks built to leak (empty: nothing found).
+  """What in the ``received`` variables (a Flax tree) was built to leak (empty: nothing found).
 
   Args:
     received: the variables the server sent.
     declared: the variables of the architecture the client declared (e.g. a fresh
       :func:`gradjax.models.create` of it, or last round's model), or None to skip that check.
     inputs: the client's examples (N, H, W, C) as the model reads them, or None to skip the check
-      of trap weights: one inconclusive finding for every layer reading the input whose units
-      fire on them at a mean rate below :data:`TRAP_RATE` (:func:`activation_rate`).
+      of trap weights: one finding for every layer reading the input whose :func:`bias_share` on
+      them exceeds :data:`TRAP_SHARE` while its units fire for less than half of them.
 
   Returns one finding for the parameters that ``declared`` lacks, one for those it holds with
   another shape, one for those missing, and one for every dense kernel (2-D, (inputs, units),
@@ -387,11 +427,11 @@ def inspect(received, declared=None, inputs=None) -> list[Finding]:
       found.append(Finding(path, f"{shared} of its {value.shape[1]} units measure one direction "
                            f"(|cos| >= {PARALLEL}): an imprint's bins"))
   if inputs is not None:
-    for path, rate in activation_rate(received, inputs).items():
-      if rate < TRAP_RATE:
-        found.append(Finding(path, f"its units fire for {rate:.1%} of the client's examples on average "
-                             "(a fresh layer: about half), so examples have units of their own: trap "
-                             "weights, or an honest layer whose units died in training", False))
+    for path, (rate, share) in _statistics(received, inputs).items():
+      if share > TRAP_SHARE and rate < 0.5:
+        found.append(Finding(path, f"its biases hold its units' thresholds out at {share:.2f} of their "
+                             f"pre-activations' scale (fresh or trained layers: under {TRAP_SHARE}), so "
+                             f"they fire for {rate:.1%} of the client's examples: trap weights"))
   return found
 
 

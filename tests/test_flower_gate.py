@@ -5,6 +5,7 @@ import os
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import skimage.metrics
@@ -144,7 +145,8 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   """Before training, the mod checks what the server sent: an imprint block in front of the
   declared LeNet (tensors the declared model lacks) is refused without training, the reply naming
   why; the honest model trains (the mod's attack off: gate.rounds empty). received_findings on an MLP whose
-  first layer hides an imprint: its shared direction."""
+  first layer hides an imprint: its shared direction. Trap weights, seen on the round's examples:
+  refused. A layer whose units died: trained, and its update audited."""
   from gradjax import malicious, models
   from gradjax.integrations.flower import MODEL_REFUSED, received_findings
   model, mapping = net
@@ -175,21 +177,34 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   assert [f.reason.split(" of ")[0] for f in found] == ["16"]
   assert received_findings(interop.variables_to_torch(mlp.variables, interop.zoo_mapping(mlp)),
                            "mlp-256", SHAPE) == []
-  # Trap weights (every shape and direction honest): seen on the client's own examples.
+  # Trap weights (every shape and direction honest): seen on the client's own examples, refused.
   public = np.random.default_rng(0).uniform(size=(200, *SHAPE)).astype(np.float32)
   trap = malicious.trap_weights(mlp, public, 1 / 32, jax.random.key(1))
   sent = interop.variables_to_torch(trap.variables, interop.zoo_mapping(mlp))
   assert received_findings(sent, "mlp-256", SHAPE) == []
   found = received_findings(sent, "mlp-256", SHAPE, inputs=_photo().x)
-  assert len(found) == 1 and "trap weights" in found[0].reason and not found[0].conclusive
-  # An honest MLP trained at a high rate fires as rarely (the study), so the gate trains on it and
-  # audits the update, though gate.rounds names no round (this reply holds none: not audited).
+  assert [f.path for f in found] == ["['Dense_0']['kernel']"]
   mlp_gate = leakage_mod(_examples, {"model.name": "mlp-256", "gate.rounds": ""}, compilation_cache=CACHE)
   before = len(trained)
-  msg = Message(content=RecordDict({"arrays": to_record(sent),
-                                    "config": ConfigRecord({"lr": LR, "server-round": 1})}),
-                dst_node_id=1, message_type=MessageType.TRAIN)
-  reply = mlp_gate(msg, _context(), lambda m, c: (trained.append(m), Message(RecordDict(), reply_to=m))[1])
+
+  def message(arrays):
+    return Message(content=RecordDict({"arrays": to_record(arrays),
+                                       "config": ConfigRecord({"lr": LR, "server-round": 1})}),
+                   dst_node_id=1, message_type=MessageType.TRAIN)
+
+  def train(m, c):
+    trained.append(m)
+    return Message(RecordDict(), reply_to=m)
+
+  reply = mlp_gate(message(sent), _context(), train)
+  assert reply.has_error() and reply.error.reason.startswith(MODEL_REFUSED) and len(trained) == before
+  # A layer whose units died (every weight turned away from the examples, biases as drawn) fires as
+  # rarely but is no sign against the server: the gate trains and audits the update, though
+  # gate.rounds names no round (this reply holds none: not audited).
+  params = mlp.variables["params"]
+  dead = {"params": {**params, "Dense_0": {**params["Dense_0"],
+                                           "kernel": -jnp.abs(params["Dense_0"]["kernel"])}}}
+  reply = mlp_gate(message(interop.variables_to_torch(dead, interop.zoo_mapping(mlp))), _context(), train)
   assert not reply.has_error() and len(trained) == before + 1
   assert dict(reply.content["metrics"])["gradjax-audited"] == 0
   assert received_findings(interop.variables_to_torch(mlp.variables, interop.zoo_mapping(mlp)),

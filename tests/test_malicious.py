@@ -315,12 +315,14 @@ def test_no_honest_pytorch_model_is_refused():
   """The Flower example's PyTorch twins as a client receives them (state_dict arrays): DLG's LeNet,
   a CIFAR ResNet with BatchNorm and an MLP under PyTorch's own initialisation, three draws each
   pass received_findings (with the client's inputs, so the trap check runs too); the MLP after a
-  few local SGD steps at the example's rate gives an inconclusive finding only; the LeNet with an
-  imprint's tensors added is refused."""
+  few local SGD steps at the example's rate is not refused either, though its units fire so rarely
+  that the gate audits its update (received_rarely_firing); the LeNet with an imprint's tensors
+  added is refused."""
   import os
   import sys
   pytest.importorskip("torch")
   pytest.importorskip("flwr")
+  from gradjax.integrations.audit import received_rarely_firing
   from gradjax.integrations.flower import received_findings
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   sys.path.insert(0, os.path.join(root, "examples", "flower_audit"))
@@ -336,12 +338,13 @@ def test_no_honest_pytorch_model_is_refused():
       sent = {k: v.detach().numpy() for k, v in net.state_dict().items()}
       assert received_findings(sent, name, inputs=inputs) == [], (name, seed)
   # Trained at the example's learning rate, most of the MLP's units die: its layer fires as rarely
-  # as trap weights (an inconclusive finding, which the gate does not refuse), and nothing else.
+  # as trap weights, but its biases stay small: not refused, its update audited.
   mlp = task.build("mlp-256", 0)
   task.train(mlp, x, y, epochs=3, batch_size=4, lr=0.1)
   sent_mlp = {k: v.detach().numpy() for k, v in mlp.state_dict().items()}
-  found = received_findings(sent_mlp, "mlp-256", inputs=inputs)
-  assert [(f.path, f.conclusive) for f in found] == [("['Dense_0']['kernel']", False)]
+  assert received_findings(sent_mlp, "mlp-256", inputs=inputs) == []
+  rare = received_rarely_firing(sent_mlp, "mlp-256", (32, 32, 3), inputs)
+  assert list(rare) == ["['Dense_0']['kernel']"] and rare["['Dense_0']['kernel']"] < malicious.TRAP_RATE
   sent["imprint.weight"] = np.full((16, 3072), 1 / 3072, np.float32)
   assert "not the declared lenet_zhu" in received_findings(sent, "lenet_zhu")[0].reason
 
@@ -372,9 +375,11 @@ def test_trap_weights_fire_for_their_share_of_the_servers_data_and_give_the_batc
 
 
 def test_the_client_sees_trap_weights_on_its_own_examples_and_not_an_honest_layer():
-  """activation_rate against the MLP's own hidden pre-activations (Flax's captured Dense_0 output);
-  inspect with the client's examples flags the trap (rate 1/32 on the server's data) and not the
-  fresh draws of any initialisation, at batch 1 and 16."""
+  """activation_rate and bias_share against the MLP's own hidden pre-activations (Flax's captured
+  Dense_0 output, with and without its bias); inspect with the client's examples flags the trap
+  (rate 1/32 on the server's data) and not the fresh draws of any initialisation, at batch 1 and 16;
+  a layer whose weights turned away from the examples (every unit dead, biases as drawn) is not
+  flagged, and rarely_firing names it."""
   rng = np.random.default_rng(0)
   public = rng.uniform(size=(400, *SHAPE)).astype(np.float32)
   x = rng.uniform(size=(16, *SHAPE)).astype(np.float32)
@@ -386,9 +391,18 @@ def test_the_client_sees_trap_weights_on_its_own_examples_and_not_an_honest_laye
     rate = malicious.activation_rate(honest.variables, x)
     assert list(rate) == ["['Dense_0']['kernel']"]  # the head does not read the input
     np.testing.assert_allclose(rate["['Dense_0']['kernel']"], np.mean(z > 0), atol=1e-6)
+    b = np.asarray(honest.variables["params"]["Dense_0"]["bias"], np.float64)
+    want = np.median(-b) / np.median(np.abs(z - b)) if np.any(z != b) else 0.0
+    np.testing.assert_allclose(malicious.bias_share(honest.variables, x)["['Dense_0']['kernel']"], want,
+                               rtol=1e-4, atol=1e-7)
     for batch in (x[:1], x):
       assert malicious.inspect(honest.variables, honest.variables, inputs=batch) == [], init
+      assert malicious.rarely_firing(honest.variables, batch) == {}, init
   sent = malicious.trap_weights(honest, public, 1 / 32, jax.random.key(1))
   for batch in (x[:1], x):
     found = malicious.inspect(sent.variables, honest.variables, inputs=batch)
-    assert [f.path for f in found] == ["['Dense_0']['kernel']"] and "trap weights" in found[0].reason
+    assert [f.path for f in found] == ["['Dense_0']['kernel']"]
+  params = honest.variables["params"]
+  dead = {**params, "Dense_0": {**params["Dense_0"], "kernel": -jnp.abs(params["Dense_0"]["kernel"])}}
+  assert malicious.inspect({"params": dead}, honest.variables, inputs=x) == []
+  assert malicious.rarely_firing({"params": dead}, x) == {"['Dense_0']['kernel']": 0.0}

@@ -83,6 +83,19 @@ def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 
   return malicious.inspect(variables, probe.variables, inputs=inputs)
 
 
+def received_rarely_firing(sent: dict[str, np.ndarray], model: str, input_shape, inputs) -> dict[str, float]:
+  """:func:`gradjax.malicious.rarely_firing` of the model a client received (``sent``, PyTorch names
+  -> arrays, read as the declared zoo twin ``model``) on its ``inputs`` (N, H, W, C): the input
+  layers whose units fire for few of them, path -> mean rate; empty where ``sent`` is not the
+  declared model (:func:`received_findings` says so)."""
+  probe = _declared(sent, model, input_shape)
+  try:
+    variables = _as_declared(sent, probe)
+  except ValueError:
+    return {}
+  return malicious.rarely_firing(variables, inputs)
+
+
 def _as_declared(sent: dict[str, np.ndarray], probe: models.Model):
   """``sent`` read as the variables of ``probe``'s architecture (ValueError where they are not)."""
   return interop.variables_from_torch(sent, interop.zoo_mapping(probe), probe.variables,

@@ -409,10 +409,11 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
   beyond its budget. With ``gate.refuse_malicious`` (the default) it first checks the model the
   server sent (:func:`received_findings`: tensors other than the declared model's, dense units that
   share one direction as an imprint's do) and refuses to train on one built to leak: the reply is
-  an error naming why (``gradjax leakage_mod: model refused ...``), on every training round. An
-  input layer whose units fire for few of the round's ``examples``, as trap weights do, is logged
-  as a warning and not refused (an honest layer whose units died in training does the same:
-  :class:`gradjax.malicious.Finding`); the update's own audit after training then decides, in that
+  an error naming why (``gradjax leakage_mod: model refused ...``), on every training round; trap
+  weights are seen on the round's ``examples`` (their biases). An input layer whose units fire for
+  few of those examples for another reason (an honest layer whose units died in training:
+  :func:`gradjax.malicious.rarely_firing`) is no sign against the server but gives examples back:
+  it is logged, the client trains, and the update's own audit after training decides, in that
   round whatever ``gate.rounds`` says.
 
   Args:
@@ -502,7 +503,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     return best, best["psnr"] - gray
 
   def mod(msg, context, call_next):
-    suspicious = False  # the received model leaks by its statistics: this round's update is audited
+    suspicious = False  # the received model's input layer fires rarely: this round's update is audited
     if (gate.refuse_malicious and msg.metadata.message_type == MessageType.TRAIN
         and static.get("model") and msg.content.array_records):
       sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))
@@ -519,15 +520,16 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
           from gradjax import interop
           shape = interop.parse_shape(shape, "metadata input_shape")
         findings = received_findings(sent, static["model"], shape, inputs=inputs)
+        rare = ({} if findings or inputs is None else
+                audit.received_rarely_firing(sent, static["model"], shape, inputs))
       except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client
         logger.warning("leakage_mod: the received model was not checked (%s)", str(e)[:300])
-        findings = []
-      for finding in findings:
-        if not finding.conclusive:
-          suspicious = True
-          logger.warning("leakage_mod: the received model's %s: %s; the update is audited after "
-                         "training", finding.path, finding.reason)
-      findings = [f for f in findings if f.conclusive]
+        findings, rare = [], {}
+      for path, rate in rare.items():
+        suspicious = True
+        logger.warning("leakage_mod: the received model's %s: its units fire for %.1f%% of this "
+                       "round's examples, so most examples have units of their own; the update is "
+                       "audited after training", path, 100 * rate)
       if findings:
         reason = (f"{MODEL_REFUSED}: {findings[0].reason}"
                   + (f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""))

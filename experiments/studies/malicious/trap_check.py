@@ -5,7 +5,10 @@ alarms on honest MLPs and detections of trap weights, by batch size and input no
 
 A trap sets each first-layer unit's bias so that a share 1/N of the server's images fire it
 (gradjax.malicious.trap_weights, tuned for batches of N); the check flags a layer reading the input
-whose units fire for fewer than malicious.TRAP_RATE of the client's examples on average. Honest
+whose biases hold its units' thresholds out beyond malicious.TRAP_SHARE of its pre-activations' scale
+(malicious.bias_share) while they fire for less than half the client's examples: the gate refuses
+it. A layer not flagged whose units fire for fewer than malicious.TRAP_RATE of them on average
+(malicious.rarely_firing) has its update audited instead. Honest
 models: fresh draws of mlp-256 and mlp-1024 under each initialisation of the zoo (uniform, Xavier
 normal, Flax's default), and the same MLPs trained here (FedSGD, 3 epochs over CIFAR-10 training
 images 2000-11999, batches of 64, lr 0.05; not written to disk) and, where PyTorch is installed,
@@ -16,7 +19,8 @@ trains. Traps: rates 1/8 to 1/128 on a
 fresh MLP of each width, tuned on CIFAR-10 training images 0-1999 (the server's). Clients: batches
 of 1, 8, 32 and 128 CIFAR-10 test images drawn from 500-1016, in [0, 1] or normalised with CIFAR-10's
 statistics (model, server's images and client alike), 20 batches per cell. Writes
-runs/trap_check/table.md (flagged share per cell, the mean activation rate's range, ms per check)
+runs/trap_check/table.md (flagged and audited per cell, the ranges of the mean activation rate
+and the bias share, ms per check)
 and table.json.
 """
 
@@ -96,18 +100,23 @@ def main():
       senders += _pytorch_mlps(args.data_dir)
     for name, kind, variables in senders:
       for n in SIZES:
-        flagged, rates, ms = 0, [], []
+        flagged, audited, rates, shares, ms = 0, 0, [], [], []
         for x in batches[n]:
           start = time.perf_counter()
           found = malicious.inspect(variables, inputs=x)
+          rare = {} if found else malicious.rarely_firing(variables, x)
           ms.append(1e3 * (time.perf_counter() - start))
-          flagged += any("trap weights" in f.reason for f in found)
+          flagged += bool(found)
+          audited += bool(rare)
           rates.append(min(malicious.activation_rate(variables, x).values()))
+          shares.append(max(malicious.bias_share(variables, x).values()))
         row = f"{name} | {'[0, 1]' if norm == 'none' else 'normalised'} | {n}"
         records[row] = {"model": name, "kind": kind, "inputs": norm, "batch": n, "flagged": flagged,
-                        "batches": BATCHES, "rate_min": float(np.min(rates)),
-                        "rate_max": float(np.max(rates)), "ms": float(np.median(ms))}
-        print(row, flagged, f"{np.min(rates):.3f}-{np.max(rates):.3f}", flush=True)
+                        "audited": audited, "batches": BATCHES, "rate_min": float(np.min(rates)),
+                        "rate_max": float(np.max(rates)), "share_min": float(np.min(shares)),
+                        "share_max": float(np.max(shares)), "ms": float(np.median(ms))}
+        print(row, flagged, audited, f"{np.min(rates):.3f}-{np.max(rates):.3f}",
+              f"{np.min(shares):.3f}-{np.max(shares):.3f}", flush=True)
   os.makedirs(RUNS, exist_ok=True)
   totals = {}
   for kind in ("honest", "honest_pytorch", "trap"):
@@ -115,18 +124,22 @@ def main():
     if not rows:  # no PyTorch
       continue
     flagged, checks = sum(r["flagged"] for r in rows), sum(r["batches"] for r in rows)
-    totals[kind] = {"flagged": flagged, "checks": checks, "share": flagged / checks}
+    audited = sum(r["audited"] for r in rows)
+    totals[kind] = {"flagged": flagged, "audited": audited, "checks": checks, "share": flagged / checks}
   with open(os.path.join(RUNS, "table.json"), "w") as f:
-    json.dump({"trap_rate": malicious.TRAP_RATE, "totals": totals, "rows": records}, f, indent=1)
-  lines = [f"Flagged by inspect (mean activation rate below {malicious.TRAP_RATE}), of {BATCHES} client "
-           "batches per row", "",
-           "| sent model | inputs | batch | flagged | mean activation rate (range) | ms |",
-           "|---|---|---|---|---|---|"]
+    json.dump({"trap_rate": malicious.TRAP_RATE, "trap_share": malicious.TRAP_SHARE, "totals": totals,
+               "rows": records}, f, indent=1)
+  lines = [f"Of {BATCHES} client batches per row: flagged by inspect (bias share above "
+           f"{malicious.TRAP_SHARE} with units firing for less than half the examples: refused), and "
+           f"otherwise audited (mean activation rate below {malicious.TRAP_RATE}: the update audited)", "",
+           "| sent model | inputs | batch | flagged | audited | mean activation rate (range) | bias share "
+           "(range) | ms |", "|---|---|---|---|---|---|---|---|"]
   for row, r in records.items():
-    lines.append(f"| {row} | {r['flagged']} / {r['batches']} | {r['rate_min']:.3f}-{r['rate_max']:.3f} "
+    lines.append(f"| {row} | {r['flagged']} / {r['batches']} | {r['audited']} / {r['batches']} | "
+                 f"{r['rate_min']:.3f}-{r['rate_max']:.3f} | {r['share_min']:.3f}-{r['share_max']:.3f} "
                  f"| {r['ms']:.1f} |")
   for kind, t in totals.items():
-    lines.append(f"| all {kind} | | | {t['flagged']} / {t['checks']} | | |")
+    lines.append(f"| all {kind} | | | {t['flagged']} / {t['checks']} | {t['audited']} / {t['checks']} | | | |")
   with open(os.path.join(RUNS, "table.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
