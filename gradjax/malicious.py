@@ -42,7 +42,7 @@ unit's window, narrowed to γ along a direction its example turned, rarely catch
 An update over any number of local steps is then read like one gradient of all the client's
 examples: unit i holds an example exactly when it is the only one in bin i over every step (the
 k + 2 cells equally likely: probability (k/(k+2)) ((k+1)/(k+2))^(N−1), :func:`server_row`). The gain
-γ (small: 1e-3) keeps a float32 update's digits, as for the cumulative block.
+γ (small: :data:`SPARSE_GAIN`) keeps a float32 update's digits, as for the cumulative block.
 
 **On the client** (:func:`inspect`): before it trains, a client can check what it received. Two
 signs of an imprint: parameters that its declared architecture does not have (a block added in
@@ -126,7 +126,7 @@ def imprint_thresholds(statistics, bins: int) -> np.ndarray:
 
 
 def imprint(model: models.Model, thresholds, *, structure: str = "cumulative", statistic: str = "mean",
-            scale: float = 1e-3, gain: float = 1.0, key: jax.Array | None = None) -> models.Model:
+            scale: float = 1e-3, gain: float | None = None, key: jax.Array | None = None) -> models.Model:
   """The model the server sends: ``model`` behind an imprint block with these ``thresholds``
   (sorted ascending), measuring ``statistic``; its output direction w has entries ``scale`` (the
   model's input moves by ``scale`` Σ_i h_i per pixel). The model's own variables are kept.
@@ -136,8 +136,9 @@ def imprint(model: models.Model, thresholds, *, structure: str = "cumulative", s
   thresholds (k + 1 thresholds, k units, unit i firing on bin [c_i, c_(i+1)) alone: the block for a
   FedAvg client, see the module docstring).
 
-  ``gain`` < 1 shrinks the imprint kernel and biases to ``gain`` a and −``gain`` c (sparse: also the
-  units' ceiling to ``gain``) and raises w to ``scale`` / ``gain``: the same bins, the same input to
+  ``gain`` (default 1 for the cumulative block, :data:`SPARSE_GAIN` for the sparse one) < 1 shrinks
+  the imprint kernel and biases to ``gain`` a and −``gain`` c (sparse: also the units' ceiling to
+  ``gain``) and raises w to ``scale`` / ``gain``: the same bins, the same input to
   the model and the same read-out, but an update that changes the imprint rows by 1/``gain``² more
   relative to themselves. A FedAvg client sends W_0 − W_E in float32, which keeps about
   7 − log10(|W| / |W_0 − W_E|) digits of the update: rows of 1/D entries that move by 1e-7 of
@@ -147,6 +148,8 @@ def imprint(model: models.Model, thresholds, *, structure: str = "cumulative", s
     raise ValueError("an imprint block reads images")
   if structure not in STRUCTURES:
     raise ValueError(f"unknown imprint structure {structure!r}; choose one of {', '.join(STRUCTURES)}")
+  if gain is None:
+    gain = SPARSE_GAIN if structure == "sparse" else 1.0
   if not gain > 0:
     raise ValueError(f"the imprint's gain must be positive, got {gain}")
   size = int(np.prod(model.input_shape))
@@ -273,8 +276,8 @@ AUDIT_BINS = 1024
 """The imprint block an audit reports against (:func:`server_row`): two 3072 x 1024 matrices on
 CIFAR-sized images, about half a ResNet-18's weights."""
 
-AUDIT_GAIN = 1e-3
-"""The sparse block's gain in the audit's row. Measured (``experiments/studies/malicious``, batch 64,
+SPARSE_GAIN = 1e-3
+"""The sparse block's gain unless one is given (:func:`imprint`), and the audit's row's. Measured (``experiments/studies/malicious``, batch 64,
 512 bins, DLG's LeNet behind the block): FedAvg clients of 1 to 40 local steps at learning rates 0.01
 and 0.1 give back 52-62 of 64 examples exactly (momentum 0.9: 55), against 56.4 expected; at gain 1,
 0.1 and 0.01 the same client of four steps gives 0, 1 and 29."""
@@ -283,7 +286,7 @@ and 0.1 give back 52-62 of 64 examples exactly (momentum 0.9: 55), against 56.4 
 def server_row(examples: int, bins: int = AUDIT_BINS) -> dict:
   """The audit's row for a malicious server: of a client's N ``examples``, the number a sparse
   imprint block of k ``bins`` (:func:`imprint` with ``structure="sparse"``, k + 1 equally likely
-  thresholds, gain :data:`AUDIT_GAIN`) recovers exactly in expectation, FedSGD or FedAvg with any
+  thresholds, gain :data:`SPARSE_GAIN`) recovers exactly in expectation, FedSGD or FedAvg with any
   number of local steps:
 
       N (k/(k+2)) ((k+1)/(k+2))^(N−1)
