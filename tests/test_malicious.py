@@ -316,13 +316,13 @@ def test_no_honest_pytorch_model_is_refused():
   a CIFAR ResNet with BatchNorm and an MLP under PyTorch's own initialisation, three draws each
   pass received_findings (with the client's inputs, so the trap check runs too); the MLP after a
   few local SGD steps at the example's rate is not refused either, though its units fire so rarely
-  that the gate audits its update (received_rarely_firing); the LeNet with an imprint's tensors
+  that the gate audits its update (received_check's second part); the LeNet with an imprint's tensors
   added is refused."""
   import os
   import sys
   pytest.importorskip("torch")
   pytest.importorskip("flwr")
-  from gradjax.integrations.audit import received_rarely_firing
+  from gradjax.integrations.audit import received_check
   from gradjax.integrations.flower import received_findings
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   sys.path.insert(0, os.path.join(root, "examples", "flower_audit"))
@@ -342,8 +342,8 @@ def test_no_honest_pytorch_model_is_refused():
   mlp = task.build("mlp-256", 0)
   task.train(mlp, x, y, epochs=3, batch_size=4, lr=0.1)
   sent_mlp = {k: v.detach().numpy() for k, v in mlp.state_dict().items()}
-  assert received_findings(sent_mlp, "mlp-256", inputs=inputs) == []
-  rare = received_rarely_firing(sent_mlp, "mlp-256", (32, 32, 3), inputs)
+  found, rare = received_check(sent_mlp, "mlp-256", inputs=inputs)
+  assert found == [] and received_findings(sent_mlp, "mlp-256", inputs=inputs) == []
   assert list(rare) == ["['Dense_0']['kernel']"] and rare["['Dense_0']['kernel']"] < malicious.TRAP_RATE
   sent["imprint.weight"] = np.full((16, 3072), 1 / 3072, np.float32)
   assert "not the declared lenet_zhu" in received_findings(sent, "lenet_zhu")[0].reason

@@ -75,25 +75,22 @@ def received_findings(sent: dict[str, np.ndarray], model: str, input_shape=(32, 
   (its classes from the head's rows sent). Tensors that are not the declared model's are one
   finding; otherwise its dense layers are checked for units sharing one direction and, given the
   client's ``inputs`` (N, H, W, C) as the model reads them, its input layers for trap weights."""
+  return received_check(sent, model, input_shape, inputs)[0]
+
+
+def received_check(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3),
+                   inputs=None) -> tuple[list[malicious.Finding], dict[str, float]]:
+  """(:func:`received_findings`, and where it finds nothing and ``inputs`` are given, the input
+  layers whose units fire for few of them, :func:`gradjax.malicious.rarely_firing`: path -> mean
+  rate), from one reading of ``sent`` as the declared model."""
   probe = _declared(sent, model, input_shape)
   try:
     variables = _as_declared(sent, probe)
   except ValueError as e:
-    return [malicious.Finding("", f"not the declared {model}: {e}")]
-  return malicious.inspect(variables, probe.variables, inputs=inputs)
-
-
-def received_rarely_firing(sent: dict[str, np.ndarray], model: str, input_shape, inputs) -> dict[str, float]:
-  """:func:`gradjax.malicious.rarely_firing` of the model a client received (``sent``, PyTorch names
-  -> arrays, read as the declared zoo twin ``model``) on its ``inputs`` (N, H, W, C): the input
-  layers whose units fire for few of them, path -> mean rate; empty where ``sent`` is not the
-  declared model (:func:`received_findings` says so)."""
-  probe = _declared(sent, model, input_shape)
-  try:
-    variables = _as_declared(sent, probe)
-  except ValueError:
-    return {}
-  return malicious.rarely_firing(variables, inputs)
+    return [malicious.Finding("", f"not the declared {model}: {e}")], {}
+  findings = malicious.inspect(variables, probe.variables, inputs=inputs)
+  rare = {} if findings or inputs is None else malicious.rarely_firing(variables, inputs)
+  return findings, rare
 
 
 def _as_declared(sent: dict[str, np.ndarray], probe: models.Model):

@@ -519,9 +519,7 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
         if isinstance(shape, str):
           from gradjax import interop
           shape = interop.parse_shape(shape, "metadata input_shape")
-        findings = received_findings(sent, static["model"], shape, inputs=inputs)
-        rare = ({} if findings or inputs is None else
-                audit.received_rarely_firing(sent, static["model"], shape, inputs))
+        findings, rare = audit.received_check(sent, static["model"], shape, inputs=inputs)
       except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client
         logger.warning("leakage_mod: the received model was not checked (%s)", str(e)[:300])
         findings, rare = [], {}
