@@ -265,6 +265,8 @@ def main():
   parts = set(args.parts.split(","))
   if not parts <= {"rows", "detection", "paper"}:
     parser.error(f"unknown parts {sorted(parts - {'rows', 'detection', 'paper'})}")
+  if args.rows and "rows" not in parts:
+    parser.error("--rows selects rows of the table: add rows to --parts")
   os.makedirs(RUNS, exist_ok=True)
   if "paper" in parts:
     found = paper_setting(args.data_dir)
