@@ -313,7 +313,8 @@ class Recovery(NamedTuple):
 
   Attributes:
     sentences: (K, T) int, the distinct sentences found (K = N when every check holds).
-    distances: (K,) the largest ordering distance along each sentence (0 at batch 1 without one).
+    distances: (K,) the largest ordering distance along each sentence (a batch of one: the largest
+      first-block distance of its tokens).
     position_sets: T int arrays, the tokens the first block admits at each position.
     spans: the :class:`Span` of the first block's input, then of the checks that order the tokens
       (the first block's attention output, the second block's input) where the model has them.
@@ -322,6 +323,8 @@ class Recovery(NamedTuple):
       distant were kept).
     mini_batches: of a FedAvg update over mini-batches (:func:`recover_local`), those found in order;
       None otherwise.
+    undetermined: of a batch of one, the positions whose nearest token is not :data:`SEPARATION`
+      times nearer than the next (their nearest kept); None otherwise.
   """
 
   sentences: np.ndarray
@@ -331,6 +334,7 @@ class Recovery(NamedTuple):
   stopped_at: int | None
   capped: bool
   mini_batches: int | None = None
+  undetermined: np.ndarray | None = None
 
 
 def output_gradient(gradient, path) -> jax.Array:
@@ -653,9 +657,9 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   Sentences grow position by position (a causal model with a ``decode`` mode): each prefix extended
   by each token of the position's set is first checked against the first block's attention-output
   span (the query, key and value of one position: cheap), and the survivors against the second
-  block's input span (the whole first block). For a batch of one (the first span's rank at most T)
-  without a decode mode, or with one block, layer 1 alone answers (a position whose set holds
-  several tokens keeps its least distant). An encoder's batch of several sentences is searched
+  block's input span (the whole first block). A batch of one (the first span's rank read at most T)
+  is answered by layer 1 alone, in the span of the top T directions, for every model
+  (:func:`_one_sentence`: a trained model's weakest positions can fall past the largest gap). An encoder's batch of several sentences is searched
   whole against the second block's span (module docstring, "Encoders"); a one-block model's raises
   :class:`Unreadable` with the position sets.
   """
@@ -669,7 +673,13 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   dimensions = candidate_dimensions(apply_fn, variables, length, jax.random.key(0), vocabulary)
   columns = projection_gradient(gradient, attention[0])
   first = span(columns, rank, dimensions[0], drift=drift)
-  if first.full:
+  if rank is None and not drift and first.rank <= length < dimensions[0]:
+    try:
+      return _one_sentence(apply_fn, variables, columns, tokens, length, dimensions[0])
+    except Unreadable:
+      if not first.full:
+        raise
+  if first.full:  # (read as one sentence, it did not separate either)
     raise Unreadable(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
   sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
@@ -687,9 +697,6 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     t = next(t for t, s in enumerate(sets) if s.size == 0)
     return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, (first,), t, False)
   decoder = _decoder(apply_fn)
-  if first.rank <= length and (decoder is None or len(attention) < 2):  # a batch of one
-    best = [s[np.argmin(delta[np.searchsorted(tokens, s), t])] for t, s in enumerate(sets)]
-    return Recovery(np.asarray(best, np.int32)[None], np.zeros(1), sets, (first,), None, False)
   if len(attention) < 2:  # several sentences' (token, position) pairs and nothing to order them by
     raise Unreadable(
         f"the span attack orders a batch of several sentences (the first block's span has rank "
@@ -846,6 +853,30 @@ def _transform_factors(apply_fn, variables, inputs, rows, cols, bag, m):
     return backward(jnp.zeros_like(logits).at[rows, cols].set(seed))[0][rows, cols]
 
   return captured[0][rows, cols], jnp.swapaxes(jax.lax.map(per_label, bag), 0, 1)
+
+
+def _one_sentence(apply_fn, variables, columns, tokens, length, dimension) -> Recovery:
+  """A batch of one sentence (the first span's rank read at most T): its T first-block inputs are
+  distinct (each holds its position), so the span has rank T exactly, and the directions past the
+  largest gap that a trained model's weakly weighted positions leave near the rounding belong to it.
+  Each position takes its nearest token in the top-T span; a position whose next nearest token is
+  less than :data:`SEPARATION` times farther is kept but ``undetermined``. Raises
+  :class:`Unreadable` where no position is determined."""
+  s = span(columns, length, dimension)
+  delta = np.asarray(first_layer_distances(apply_fn, variables, s.basis, tokens, length))
+  order = np.argsort(delta, axis=0, kind="stable")
+  positions = np.arange(length)
+  nearest = delta[order[0], positions]
+  runner = delta[order[1], positions] if len(tokens) > 1 else np.full(length, np.inf)
+  undetermined = np.flatnonzero(runner < SEPARATION * nearest)
+  sets = [tokens[delta[:, t] <= max(s.tolerance, nearest[t])] for t in positions]
+  if undetermined.size == length:
+    raise Unreadable(
+        "the span attack cannot read this update: read as one sentence (the first block's span has "
+        f"rank {s.rank} <= {length} positions), no position's nearest token is {SEPARATION:g}x "
+        "nearer than the next", sets)
+  return Recovery(tokens[order[0]][None].astype(np.int32), np.asarray([nearest.max()]), sets, (s,),
+                  None, False, undetermined=undetermined)
 
 
 def _wider_ranks(s: Span) -> list[int]:

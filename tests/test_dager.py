@@ -182,6 +182,48 @@ def test_gpt_batches_are_recovered_exactly():
 
 
 @pytest.mark.slow
+def test_a_sentence_whose_late_positions_reach_the_gradient_faintly_is_read_in_the_top_t_span():
+  """One sentence of T = 8 whose first-block inputs X (T, d) reach the q/k/v gradient Xᵀ G with
+  weights 1, 1e-3 ... 3e-6 (a trained model's positions): the largest fall of the singular values
+  (NumPy's) reads rank 1, yet a sentence's T inputs are distinct, so the top-T span holds them all
+  and every position's nearest token is the client's. With one input's weight 0 (absent from the
+  gradient), the other positions are still read and that one is reported undetermined."""
+  vocabulary, length = 300, 8
+  model = _model("gpt", vocabulary, length)
+  ids = _sentences(np.random.default_rng(2), vocabulary, 1, length)
+  (path, x), = dager.attention_inputs(model.apply_fn, model.variables, ids, count=1)
+  x = np.asarray(x[0], np.float64)  # (T, d)
+  attention = model.variables["params"]
+  for key in path:
+    attention = attention[key]
+  rng = np.random.default_rng(3)
+
+  def gradient(weights):
+    tree = jax.tree.map(jnp.zeros_like, model.variables["params"])
+    node = tree
+    for key in path:
+      node = node[key]
+    for p in dager.PROJECTIONS:
+      shape = attention[p]["kernel"].shape
+      g = weights[:, None] * rng.normal(size=(length, int(np.prod(shape[1:]))))
+      node[p]["kernel"] = jnp.asarray((x.T @ g).reshape(shape), jnp.float32)
+    return {"params": tree}
+
+  weights = np.array([1, 1e-3, 5e-4, 2e-4, 1e-4, 5e-5, 1e-5, 3e-6])
+  faint = gradient(weights)
+  sv = np.linalg.svd(np.asarray(dager.projection_gradient(faint, path), np.float64), compute_uv=False)
+  assert int(np.argmax(sv[:-1] / sv[1:])) + 1 < length
+  rec = dager.recover(model.apply_fn, model.variables, faint, length=length)
+  np.testing.assert_array_equal(rec.sentences, ids)
+  assert rec.undetermined.size == 0 and rec.spans[0].rank == length
+  missing = weights.copy()
+  missing[5] = 0.0
+  rec = dager.recover(model.apply_fn, model.variables, gradient(missing), length=length)
+  np.testing.assert_array_equal(np.delete(rec.sentences[0], 5), np.delete(ids[0], 5))
+  assert rec.undetermined.tolist() == [5]
+
+
+@pytest.mark.slow
 def test_sapag_transformer_sentence_is_recovered_exactly():
   vocabulary, length = 500, 15
   model = models.create("transformer", jax.random.key(0), input_shape=(length,), num_classes=vocabulary)

@@ -993,7 +993,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       mini_batches=rec.mini_batches,
       spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
              for s in rec.spans],
-      position_set_sizes=[int(len(s)) for s in rec.position_sets])
+      position_set_sizes=[int(len(s)) for s in rec.position_sets],
+      undetermined_positions=None if rec.undetermined is None else rec.undetermined.tolist())
   if masked_residual is not None:
     results["masked_targets_residual"] = masked_residual
   residual = None

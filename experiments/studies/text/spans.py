@@ -68,7 +68,8 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
          for t, sizes in ((16, (1, 2, 4, 8, 16, 32, 64)), (32, (1, 2, 4, 8, 16, 32, 64)),
                           (64, (1, 2, 4, 8, 16)))
          for b in sizes]
-        + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (1, 8, 16)]
+        + [("gpt_trained_t32_b1", "gpt_trained", 32, 1, 10)]
+        + [(f"gpt_trained_t32_b{b}", "gpt_trained", 32, b, 3) for b in (2, 4, 8, 16)]
         + [(f"gpt_bpe_t32_b{b}", "gpt_bpe", 32, b, 3) for b in (1, 8, 16)]
         + [(f"bert_t{t}_b1", "bert", t, 1, 5) for t in (16, 32, 64)]
         + [(f"bert_t16_b{b}", "bert", 16, b, 3 if b < 8 else 2 if b < 16 else 1) for b in (2, 4, 8, 16)]
@@ -187,6 +188,7 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
     records.append({
         "index": index, "seconds": seconds, "stopped_at": rec.stopped_at, "capped": rec.capped,
         "mini_batches": rec.mini_batches,
+        "undetermined": None if rec.undetermined is None else rec.undetermined.tolist(),
         **extra, "found": int(len(rec.sentences)), "distinct_true": int(len({tuple(s) for s in ids.tolist()})),
         "set_sizes": [int(len(s)) for s in rec.position_sets],
         "spans": [{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
