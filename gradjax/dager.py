@@ -32,7 +32,10 @@ scoring every (token, position) pair of the vocabulary gives, for each position,
 that some sentence of the batch may hold there. With additive positions the span holds
 span{e_v} + span{p_t} as soon as the batch's (token, position) pairs connect its tokens and
 positions, so for a batch of several sentences each position's set is the batch's bag of tokens:
-layer 1 finds the tokens, the next checks their order.
+layer 1 finds the tokens, the next checks their order. A batch of one needs no order: its T inputs
+are distinct (one per position), so where the largest fall of the singular values reads a rank of at
+most T (a trained model's weakest positions reach the gradient near its rounding and fall past it),
+the span is read at rank T and each position takes its nearest token (:func:`_one_sentence`).
 
 **Ordering** (:func:`recover`): in a causal model every later quantity at position t depends on the
 tokens at positions ≤ t only, so sentences grow position by position from the model's key/value
@@ -659,8 +662,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   span (the query, key and value of one position: cheap), and the survivors against the second
   block's input span (the whole first block). A batch of one (the first span's rank read at most T)
   is answered by layer 1 alone, in the span of the top T directions, for every model
-  (:func:`_one_sentence`: a trained model's weakest positions can fall past the largest gap). An encoder's batch of several sentences is searched
-  whole against the second block's span (module docstring, "Encoders"); a one-block model's raises
+  (:func:`_one_sentence`: a trained model's weakest positions can fall past the largest gap). An
+  encoder's batch of several sentences is searched whole against the second block's span (module docstring, "Encoders"); a one-block model's raises
   :class:`Unreadable` with the position sets.
   """
   attention = attention_paths(apply_fn, variables, length)
