@@ -433,6 +433,7 @@ def test_weight_gradient_forms_match_numpy(kernel, stride, pads, hw, form):
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_weight_gradient_takes_products_on_large_layers():
   """split_conv's weight gradient is the products form for ConvNet-64's 32x32 layers at batch 8 and
   the convolution form for thin layers or few rows (the rule the convs benchmark measured); the
