@@ -14,18 +14,19 @@ import subprocess
 import sys
 import tempfile
 
-# Each pytest-xdist worker on a core of its own, when there are no more workers than cores (``-n
-# auto``), set before JAX's backend starts, so that XLA sizes its thread pools for one core and the
-# children a test starts stay there too: two workers each running XLA's threads across both cores
-# slow each other. Measured with `-n 2` on two cores (test_solvers, test_lbfgs, test_compose,
-# test_objectives, test_batch_norm_prior, test_fidelity; two runs each, alternated): 151 and 139 s
-# unpinned against 128 and 127 s pinned, user time 261 and 243 s against 219 and 235 s.
-# GRADJAX_TEST_PIN=0 leaves the workers unpinned.
+# Each pytest-xdist worker on a core of its own when there are as many workers as cores (``-n
+# auto``; fewer workers stay free to share a larger machine with other runs), set before JAX's
+# backend starts, so that XLA sizes its thread pools for one core and the children a test starts
+# stay there too: two workers each running XLA's threads across both cores slow each other.
+# Measured with `-n 2` on two cores, one run after the other: the whole suite 1063 s pinned against
+# 1188 s unpinned; test_solvers, test_lbfgs, test_compose, test_objectives, test_batch_norm_prior
+# and test_fidelity (two runs each, alternated) 128 and 127 s against 151 and 139 s, user time 219
+# and 235 s against 261 and 243 s. GRADJAX_TEST_PIN=0 leaves the workers unpinned.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if (_WORKER.startswith("gw") and hasattr(os, "sched_setaffinity")
     and os.environ.get("GRADJAX_TEST_PIN", "1") == "1"):
   _CPUS = sorted(os.sched_getaffinity(0))
-  if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) <= len(_CPUS):
+  if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")) == len(_CPUS):
     os.sched_setaffinity(0, {_CPUS[int(_WORKER[2:]) % len(_CPUS)]})
 
 # XLA:CPU's older LLVM IR emitters for the fusions of every program the tests compile and that sets
