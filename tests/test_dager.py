@@ -185,8 +185,8 @@ def test_gpt_batches_are_recovered_exactly():
 def test_a_sentence_whose_late_positions_reach_the_gradient_faintly_is_read_in_the_top_t_span():
   """One sentence of T = 8 whose first-block inputs X (T, d) reach the q/k/v gradient Xᵀ G with
   weights 1, 1e-3 ... 3e-6 (a trained model's positions): the largest fall of the singular values
-  (NumPy's) reads a rank below T, yet a sentence's T inputs are distinct, so the top-T span holds them all
-  and every position's nearest token is the client's. With one input's weight 0 (absent from the
+  (NumPy's) reads a rank below T, yet a sentence's T inputs are distinct, so the top-T span holds
+  them all and every position's nearest token is the client's. With one input's weight 0 (absent from the
   gradient), the other positions are still read and that one is reported undetermined."""
   vocabulary, length = 300, 8
   model = _model("gpt", vocabulary, length)
