@@ -663,8 +663,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   block's input span (the whole first block). A batch of one (the first span's rank read at most T)
   is answered by layer 1 alone, in the span of the top T directions, for every model
   (:func:`_one_sentence`: a trained model's weakest positions can fall past the largest gap). An
-  encoder's batch of several sentences is searched whole against the second block's span (module docstring, "Encoders"); a one-block model's raises
-  :class:`Unreadable` with the position sets.
+  encoder's batch of several sentences is searched whole against the second block's span (module
+  docstring, "Encoders"); a one-block model's raises :class:`Unreadable` with the position sets.
   """
   attention = attention_paths(apply_fn, variables, length)
   if not attention:
@@ -682,7 +682,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     except Unreadable:
       if not first.full:
         raise
-  if first.full:  # (read as one sentence, it did not separate either)
+  if first.full:  # (where it was read as one sentence too, no position separated)
     raise Unreadable(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
   sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
