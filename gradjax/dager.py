@@ -35,7 +35,10 @@ positions, so for a batch of several sentences each position's set is the batch'
 layer 1 finds the tokens, the next checks their order. A batch of one needs no order: its T inputs
 are distinct (one per position), so where the largest fall of the singular values reads a rank of at
 most T (a trained model's weakest positions reach the gradient near its rounding and fall past it),
-the span is read at rank T and each position takes its nearest token (:func:`_one_sentence`).
+the span is read at rank T and each position takes its nearest token (:func:`_one_sentence`). A
+position whose runner-up lies within :data:`SEPARATION` times is open; for a next-token model, whose
+client's targets follow from its sentence, the whole gradient decides among the open positions'
+nearest tokens: the sentence whose own gradient comes nearest the client's (:func:`settle`).
 
 **Ordering** (:func:`recover`): in a causal model every later quantity at position t depends on the
 tokens at positions ≤ t only, so sentences grow position by position from the model's key/value
@@ -81,11 +84,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from gradjax import clients, compilation, corpus
+from gradjax import clients, compilation, corpus, losses
 from gradjax.models import bert
 
 SEPARATION = 10.0
 """The least ratio β / τ (a random direction's distance over a member's largest) for a usable span."""
+
+CANDIDATES = 32
+"""Of a batch of one, the nearest tokens an undetermined position keeps (:func:`settle`)."""
+
+SETTLED = 1e-3
+"""The relative gradient residual below which a settled sentence is the client's: float32 rounding
+leaves about 1e-6 for the true sentence, one wrong token 0.1-0.4 (the trained decoder of
+``experiments/studies/text``)."""
 
 FLOOR = 10.0
 """With ``drift`` (:func:`span`), the directions kept: singular values above this times the median."""
@@ -327,7 +338,10 @@ class Recovery(NamedTuple):
     mini_batches: of a FedAvg update over mini-batches (:func:`recover_local`), those found in order;
       None otherwise.
     undetermined: of a batch of one, the positions whose nearest token is not :data:`SEPARATION`
-      times nearer than the next (their nearest kept); None otherwise.
+      times nearer than the next and that :func:`settle` left open (their best token kept); None
+      otherwise.
+    residual: of a settled batch of one, its gradient's relative distance to the client's
+      (:func:`settle`); None otherwise.
   """
 
   sentences: np.ndarray
@@ -338,6 +352,7 @@ class Recovery(NamedTuple):
   capped: bool
   mini_batches: int | None = None
   undetermined: np.ndarray | None = None
+  residual: float | None = None
 
 
 def output_gradient(gradient, path) -> jax.Array:
@@ -638,7 +653,7 @@ def _search(apply_fn, variables, second: Span, sets, length, first: Span, chunk,
 
 def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None,
             max_prefixes: int | None = None, rank: int | None = None, chunk: int = 512,
-            drift: bool = False) -> Recovery:
+            drift: bool = False, eos: int | None = None) -> Recovery:
   """The client's sentences (K, ``length``) from the gradient of a transformer language model.
 
   Args:
@@ -654,6 +669,9 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     chunk: candidates per decoding step (memory: chunk x T x d x 2 floats of cache).
     drift: the gradient is a FedAvg update of several local steps over the same sentences (the spans
       read as :func:`span` says); the sentences are those of the first step, the received model's.
+    eos: of a next-token model's client (targets the sentence shifted by one, ``eos`` last), the
+      end token: a batch of one's undetermined positions are then settled by the whole gradient
+      (:func:`settle`). None (a masked language model, whose targets are unknown): left open.
 
   Raises :class:`Unreadable` (a ValueError) where a span cannot separate its members.
 
@@ -678,10 +696,18 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   first = span(columns, rank, dimensions[0], drift=drift)
   if rank is None and not drift and first.rank <= length < dimensions[0]:
     try:
-      return _one_sentence(apply_fn, variables, columns, tokens, length, dimensions[0])
+      one = _one_sentence(apply_fn, variables, columns, tokens, length, dimensions[0])
     except Unreadable:
       if not first.full:
         raise
+    else:
+      if eos is None or one.undetermined.size == 0:
+        return one
+      sentence, residual = settle(apply_fn, variables, gradient, one.sentences[0],
+                                  {int(t): one.position_sets[t] for t in one.undetermined}, eos=eos)
+      return one._replace(sentences=sentence[None],
+                          undetermined=one.undetermined[:0] if residual <= SETTLED else one.undetermined,
+                          residual=residual)
   if first.full:  # (where it was read as one sentence too, no position separated)
     raise Unreadable(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
@@ -863,7 +889,8 @@ def _one_sentence(apply_fn, variables, columns, tokens, length, dimension) -> Re
   distinct (each holds its position), so the span has rank T exactly, and the directions past the
   largest gap that a trained model's weakly weighted positions leave near the rounding belong to it.
   Each position takes its nearest token in the top-T span; a position whose next nearest token is
-  less than :data:`SEPARATION` times farther is kept but ``undetermined``. Raises
+  less than :data:`SEPARATION` times farther is kept but ``undetermined``, its set the tokens within
+  :data:`SEPARATION` times the nearest's distance (at most :data:`CANDIDATES`, the nearest). Raises
   :class:`Unreadable` where no position is determined."""
   s = span(columns, length, dimension)
   delta = np.asarray(first_layer_distances(apply_fn, variables, s.basis, tokens, length))
@@ -873,6 +900,9 @@ def _one_sentence(apply_fn, variables, columns, tokens, length, dimension) -> Re
   runner = delta[order[1], positions] if len(tokens) > 1 else np.full(length, np.inf)
   undetermined = np.flatnonzero(runner < SEPARATION * nearest)
   sets = [tokens[delta[:, t] <= max(s.tolerance, nearest[t])] for t in positions]
+  for t in undetermined:
+    near = order[:CANDIDATES, t]
+    sets[t] = tokens[near[delta[near, t] <= SEPARATION * nearest[t]]]
   if undetermined.size == length:
     raise Unreadable(
         "the span attack cannot read this update: read as one sentence (the first block's span has "
@@ -880,6 +910,65 @@ def _one_sentence(apply_fn, variables, columns, tokens, length, dimension) -> Re
         "nearer than the next", sets)
   return Recovery(tokens[order[0]][None].astype(np.int32), np.asarray([nearest.max()]), sets, (s,),
                   None, False, undetermined=undetermined)
+
+
+def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, *, eos: int,
+           sweeps: int = 4) -> tuple[np.ndarray, float]:
+  """A sentence whose next-token gradient is nearest the client's, by coordinate descent over the
+  open positions: each position of ``candidates`` in turn takes the token of its set whose sentence
+  (the others held) gives the least relative residual ‖∇θ L(s) − g‖ / ‖g‖, until a sweep changes
+  nothing or ``sweeps`` have run. The residual is about float32's rounding (1e-6) for the client's
+  own sentence; coordinate descent can stop short of it where several open positions interact.
+
+  Args:
+    apply_fn, variables: the language model, as :func:`recover`'s.
+    gradient: the client's gradient g (same tree as ``variables["params"]``).
+    sentence: (T,) int, the start (each position's nearest token).
+    candidates: {position: int ids}, the open positions' sets.
+    eos: the end token of the targets (the sentence shifted by one, ``eos`` last).
+    sweeps: the most passes over the open positions.
+
+  Returns:
+    (the sentence (T,) int, its residual).
+  """
+  sentence = np.array(sentence, np.int32)
+  size = max(len(c) for c in candidates.values())
+  if isinstance(gradient, dict) and "params" in gradient:  # the tree of ``variables``
+    gradient = gradient["params"]
+  def residuals(trial):  # (K, T) sentences -> (K,)
+    return np.asarray(_residuals(apply_fn, variables, gradient, jnp.asarray(trial), eos))
+  best = float(residuals(sentence[None])[0])
+  for _ in range(sweeps):
+    changed = False
+    for t, ids in candidates.items():
+      ids = np.asarray(ids, np.int32)
+      trial = np.repeat(sentence[None], size, axis=0)  # past len(ids): the sentence itself
+      trial[:len(ids), t] = ids
+      r = residuals(trial)[:len(ids)]
+      k = int(np.argmin(r))
+      if r[k] < best and ids[k] != sentence[t]:
+        sentence[t], best, changed = ids[k], float(r[k]), True
+    if not changed:
+      break
+  return sentence, best
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn",))
+def _residuals(apply_fn, variables, gradient, sentences, eos):
+  """‖∇θ L(s_k) − g‖ / ‖g‖ of each of the sentences (K, T), one at a time (lax.map: one gradient's
+  memory)."""
+  leaves = jax.tree.leaves(gradient)
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in leaves))
+
+  def one(s):
+    x = s[None]
+    y = jnp.concatenate([s[1:], jnp.asarray(eos, s.dtype)[None]])[None]
+    own = jax.grad(lambda p: losses.cross_entropy(apply_fn({**variables, "params": p}, x), y))(
+        variables["params"])
+    return jnp.sqrt(sum(jnp.sum(jnp.square(a - b)) for a, b in
+                        zip(jax.tree.leaves(own), leaves))) / norm
+
+  return jax.lax.map(one, sentences)
 
 
 def _wider_ranks(s: Span) -> list[int]:

@@ -171,9 +171,10 @@ class TextReconstruction(NamedTuple):
 class TokenData(NamedTuple):
   """What the token search's objective reads: the observation without the embedding table, the
   candidates' embedding rows (K, dim) and ids (K,), the ``eos`` id, per-leaf distance weights, and
-  which of the K slots hold a candidate (the bag is padded to N·T slots, so every sentence of a
-  length shares one compiled program); for a masked language model, the ``<mask>`` token's
-  embedding row ``mask_row`` (dim,) (``None`` for a next-token model)."""
+  which of the K slots hold a candidate, (K,), or which a position may take, (T, K) (the bag is
+  padded to N·T slots, so every sentence of a length shares one compiled program); for a masked
+  language model, the ``<mask>`` token's embedding row ``mask_row`` (dim,) (``None`` for a
+  next-token model)."""
 
   observation: Observation
   rows: jax.Array
@@ -273,13 +274,17 @@ class TokenSearch(NamedTuple):
 
 def prepare_tokens(attack: attacks.Attack, apply_fn: Callable, view: Observation, table: np.ndarray,
                    key: jax.Array, *, length: int, eos: int | None, candidates=None,
-                   restarts: int = 1, mask: int | None = None) -> TokenProblem:
+                   restarts: int = 1, mask: int | None = None,
+                   position_sets=None) -> TokenProblem:
   """The token search of :func:`reconstruct` on the ``view`` of :func:`attack_view`, with the
   embedding ``table`` (V, dim) and the ``candidates`` ids (all V if None): its data and every
   restart's logits, drawn N(0, 1) from ``jax.random.split(key, restarts)``. The candidates are
   padded to N·T slots, so every sentence of a length shares one compiled program. ``mask``: the
   ``<mask>`` id of a masked language model (:func:`soft_masked_tokens`; its mask logits are drawn
-  N(0, 1) too), or ``None`` for a next-token model, which needs ``eos``."""
+  N(0, 1) too), or ``None`` for a next-token model, which needs ``eos``. ``position_sets``: T arrays
+  of ids, the words position t may hold (e.g. those the span attack admits there,
+  :class:`gradjax.dager.Recovery`); the candidates are then their union, and each position's
+  probability stays on its own set."""
   if not attack.optimises_labels or attack.matched.name != "gradient" or attack.priors:
     described = attacks.describe(attack)
     raise ValueError("the token search matches a FedSGD gradient with the next tokens tied to the "
@@ -289,14 +294,21 @@ def prepare_tokens(attack: attacks.Attack, apply_fn: Callable, view: Observation
   if eos is None and mask is None:
     raise ValueError("the token search needs the end-of-sentence id (the last target)")
   n = view.num_samples
+  if position_sets is not None:
+    if len(position_sets) != length or any(np.size(s) == 0 for s in position_sets):
+      raise ValueError(f"position_sets: {length} non-empty arrays of token ids, one per position")
+    candidates = np.unique(np.concatenate([np.asarray(s).reshape(-1) for s in position_sets]))
   ids = np.arange(table.shape[0]) if candidates is None else np.asarray(candidates)
   slots = max(ids.size, n * length) if candidates is not None else ids.size
   padded = np.concatenate([ids, np.full(slots - ids.size, ids[0])]).astype(np.int32)
   valid = np.arange(slots) < ids.size
+  if position_sets is not None:  # (T, slots): position t's own words
+    valid = np.stack([valid & np.isin(padded, s) for s in position_sets])
   dtype = jnp.result_type(*jax.tree.leaves(view.variables["params"]))
   order = attacks.depth_order(attack, apply_fn, view, jnp.zeros((1, length, table.shape[1]), dtype))
   weights = attacks.layer_weights(attack, view, order)
-  data = TokenData(view, jnp.asarray(np.where(valid[:, None], table[padded], 0.0), dtype),
+  data = TokenData(view, jnp.asarray(np.where(np.any(valid.reshape(-1, slots), 0)[:, None],
+                                              table[padded], 0.0), dtype),
                    jnp.asarray(padded), jnp.asarray(-1 if eos is None else eos, jnp.int32), weights,
                    jnp.asarray(valid),
                    None if mask is None else jnp.asarray(table[mask], dtype))
@@ -331,6 +343,8 @@ def select_tokens(problem: TokenProblem, state: solvers.SolverState, table: np.n
   best, losses = attacks.best_restart(state)
   ids, n = problem.ids, problem.init["z"].shape[1]
   z = np.asarray(state.best_params["z"][best])[..., :ids.size]
+  if problem.data.valid is not None:  # the slots a position may not take: probability 0
+    z = np.where(np.asarray(problem.data.valid)[..., :ids.size], z, -np.inf)
   p = np.exp(z - z.max(-1, keepdims=True))
   p /= p.sum(-1, keepdims=True)
   tokens = ids[np.argmax(z, axis=-1)].astype(np.int32)
@@ -354,6 +368,7 @@ def select_tokens(problem: TokenProblem, state: solvers.SolverState, table: np.n
 def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observation, key: jax.Array,
                 *, length: int, eos: int | None = None, mask: int | None = None,
                 restrict: bool = True, restarts: int = 1, search: str = "embeddings",
+                position_sets=None,
                 execution: driver.Execution = driver.Execution()) -> TextReconstruction:
   """Recovers the client's sentences (N, ``length``) from a language model's gradient.
 
@@ -380,11 +395,14 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
       targets the same distributions shifted by one (:func:`soft_tokens`), so inputs and targets
       stay one sentence; tokens are argmax z. For a masked language model the search adds a mask
       logit per position (:func:`soft_masked_tokens`).
+    position_sets: the token search only: T arrays of ids, the words each position may hold (as
+      the span attack leaves them, :class:`gradjax.dager.Recovery`), within the bag when
+      ``restrict``.
     restarts, execution: as :func:`gradjax.attacks.reconstruct`.
   """
   with driver.precision_scope(execution.matmul_precision):
     return _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict, restarts,
-                        search, execution)
+                        search, position_sets, execution)
 
 
 def _with_targets(inputs: np.ndarray, targets: np.ndarray, mask: int) -> np.ndarray:
@@ -393,8 +411,19 @@ def _with_targets(inputs: np.ndarray, targets: np.ndarray, mask: int) -> np.ndar
   return np.where((inputs == mask) & (targets >= 0), targets, inputs).astype(np.int32)
 
 
+def _position_words(allowed, words, vocabulary: int, mask: int | None) -> np.ndarray:
+  """A position's candidate words: ``allowed`` within ``words`` (the bag; all of the vocabulary if
+  None), without ``<mask>``; where nothing is left (a masked position, whose input is ``<mask>``),
+  every word."""
+  every = np.arange(vocabulary) if words is None else np.asarray(words)
+  if mask is not None:
+    every = every[every != mask]
+  kept = np.intersect1d(np.asarray(allowed).reshape(-1), every)
+  return kept if kept.size else every
+
+
 def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict, restarts, search,
-                 execution):
+                 position_sets, execution):
   if length < 1:
     raise ValueError(f"sentence length must be positive, got {length}")
   if attack.label_source not in (labels_lib.joint, labels_lib.known) or attack.matched.name != "gradient":
@@ -420,9 +449,14 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict
   if mask is not None:
     words = np.setdiff1d(np.arange(vocabulary) if candidates is None else candidates, [mask])
     candidates = None if candidates is None else np.union1d(candidates, [mask]).astype(np.int32)
+  if position_sets is not None and search != "tokens":
+    raise ValueError("position_sets restrict the token search (search='tokens')")
   if search == "tokens":
+    if position_sets is not None:  # each position's own words, within the bag, never <mask>
+      position_sets = [_position_words(s, words, vocabulary, mask) for s in position_sets]
     problem = prepare_tokens(attack, apply_fn, view, table, key, length=length, eos=eos,
-                             candidates=words, restarts=restarts, mask=mask)
+                             candidates=words, restarts=restarts, mask=mask,
+                             position_sets=position_sets)
     found = select_tokens(problem, solve_tokens(attack, apply_fn, problem, execution), table)
     return TextReconstruction(found.embeddings, found.tokens, found.tokens, found.targets, bag, found)
   if search != "embeddings":

@@ -648,3 +648,27 @@ def test_a_masked_language_models_batch_is_ordered_against_the_second_block(monk
   with pytest.raises(dager.Unreadable, match="found none") as refused:
     dager.recover(model.apply_fn, model.variables, g, length=length)
   assert all(np.isin(x[:, t], s).all() for t, s in enumerate(refused.value.position_sets))
+
+
+@pytest.mark.slow
+def test_settle_finds_the_sentence_whose_gradient_is_the_clients():
+  """dager.settle: from a sentence with two wrong tokens, coordinate descent over the open
+  positions' sets gives back the client's sentence, its residual at float32's rounding; the start's
+  residual is the relative distance of its gradient to the client's (NumPy, float64)."""
+  vocabulary, length = 300, 8
+  model = _model("gpt", vocabulary, length)
+  ids = _sentences(np.random.default_rng(4), vocabulary, 1, length)
+  g = _gradient(model, ids)
+  start = ids[0].copy()
+  start[2], start[5] = (ids[0, 2] + 1) % vocabulary, (ids[0, 5] + 7) % vocabulary
+  candidates = {2: np.array([start[2], 40, ids[0, 2], 41]), 5: np.array([ids[0, 5], start[5]])}
+  sentence, residual = dager.settle(model.apply_fn, model.variables, g, start, candidates, eos=1)
+  np.testing.assert_array_equal(sentence, ids[0])
+  assert residual < 1e-5
+  kept, first = dager.settle(model.apply_fn, model.variables, g, start, candidates, eos=1, sweeps=0)
+  own = jax.tree.leaves(_gradient(model, start[None]))
+  want = np.sqrt(sum(np.sum((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)
+                     for a, b in zip(own, jax.tree.leaves(g))))
+  want /= np.sqrt(sum(np.sum(np.asarray(b, np.float64) ** 2) for b in jax.tree.leaves(g)))
+  np.testing.assert_array_equal(kept, start)
+  np.testing.assert_allclose(first, want, rtol=1e-4)

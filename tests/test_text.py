@@ -578,6 +578,35 @@ def test_best_iterate_tracked_from_the_attacks_track_from(client, search):
 
 
 @pytest.mark.slow
+def test_the_token_search_keeps_each_position_in_its_own_set(client):
+  """position_sets: the candidates are their union, each position's probability stays on its own
+  set (zero elsewhere), a position of one token holds it in the objective's inputs too (its table
+  row); reconstruct passes them to the token search only."""
+  m, obs, ids = client
+  view, table = text.attack_view(obs), text.embedding_table(obs)
+  sets = [np.array([7]), np.array([12, 3]), np.array([3, 25, 12]), np.array([12]), np.array([25, 7])]
+  attack = presets.dlg(iterations=3)
+  problem = text.prepare_tokens(attack, m.apply_fn, view, table, jax.random.key(0), length=5, eos=1,
+                                position_sets=sets)
+  np.testing.assert_array_equal(problem.ids, [3, 7, 12, 25])
+  state = text.solve_tokens(attack, m.apply_fn, problem)
+  found = text.select_tokens(problem, state, table)
+  for t, allowed in enumerate(sets):
+    assert found.tokens[0, t] in allowed
+    assert (found.probabilities[0, t, ~np.isin(problem.ids, allowed)] == 0).all()
+  assert found.tokens[0, 0] == 7 and found.tokens[0, 3] == 12
+  z = state.best_params["z"][found.best_restart]
+  e, _ = text.soft_tokens(z, problem.data, problem.vocabulary)
+  np.testing.assert_allclose(np.asarray(e)[0, [0, 3]], table[[7, 12]], rtol=1e-6)
+  with pytest.raises(ValueError, match="one per position"):
+    text.prepare_tokens(attack, m.apply_fn, view, table, jax.random.key(0), length=5, eos=1,
+                        position_sets=sets[:4])
+  with pytest.raises(ValueError, match="token search"):
+    text.reconstruct(attack, m.apply_fn, obs, jax.random.key(0), length=5, eos=1,
+                     search="embeddings", position_sets=sets)
+
+
+@pytest.mark.slow
 def test_the_token_search_is_prepare_solve_select(client):
   """text.prepare_tokens / solve_tokens / select_tokens: the candidates padded to N·T slots (one
   program per length), the best restart's tokens the argmax of its logits over the candidates, its

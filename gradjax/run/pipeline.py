@@ -971,7 +971,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
                                 local=observation.local, num_samples=observation.num_samples,
                                 eos=vocabulary.eos, **options)
     else:
-      rec = dager.recover(model.apply_fn, model.variables, observation.gradient, **options)
+      eos = None if models.is_masked_lm(model.name) else vocabulary.eos  # open positions settled
+      rec = dager.recover(model.apply_fn, model.variables, observation.gradient, eos=eos, **options)
   except dager.Unreadable as e:
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   masked_residual = pairs = None
@@ -994,7 +995,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       spans=[{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
              for s in rec.spans],
       position_set_sizes=[int(len(s)) for s in rec.position_sets],
-      undetermined_positions=None if rec.undetermined is None else rec.undetermined.tolist())
+      undetermined_positions=None if rec.undetermined is None else rec.undetermined.tolist(),
+      settled_residual=rec.residual)
   if masked_residual is not None:
     results["masked_targets_residual"] = masked_residual
   residual = None

@@ -168,7 +168,8 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
         rec = dager.recover_local(model.apply_fn, model.variables, observation.gradient, length=length,
                                   local=observation.local, num_samples=len(ids), eos=vocabulary.eos)
       else:
-        rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length)
+        rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length,
+                            eos=None if masked else vocabulary.eos)
       extra = {}
       if masked and len(rec.sentences) == len(ids):  # the labels are counted over the whole batch
         targets, extra["masked_residual"] = dager.masked_targets(
@@ -189,6 +190,7 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
         "index": index, "seconds": seconds, "stopped_at": rec.stopped_at, "capped": rec.capped,
         "mini_batches": rec.mini_batches,
         "undetermined": None if rec.undetermined is None else rec.undetermined.tolist(),
+        "residual": rec.residual,
         **extra, "found": int(len(rec.sentences)), "distinct_true": int(len({tuple(s) for s in ids.tolist()})),
         "set_sizes": [int(len(s)) for s in rec.position_sets],
         "spans": [{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
