@@ -93,10 +93,16 @@ SEPARATION = 10.0
 CANDIDATES = 32
 """Of a batch of one, the nearest tokens an undetermined position keeps (:func:`settle`)."""
 
-SETTLED = 1e-3
-"""The relative gradient residual below which a settled sentence is the client's: float32 rounding
-leaves about 1e-6 for the true sentence, one wrong token 0.1-0.4 (the trained decoder of
-``experiments/studies/text``)."""
+SETTLED = 1e-5
+"""The relative gradient residual below which a settled sentence is the client's. Measured on the
+trained decoder of ``experiments/studies/text`` (32 tokens): the client's own sentence 5.9e-7 and
+6.0e-7 (float32's rounding), two neighbouring tokens exchanged 2.5e-5 and 8.0e-5, one wrong token
+0.1-0.4."""
+
+MOST_OPEN = 0.25
+"""The largest share of a sentence's positions that :func:`recover` settles: more open positions are
+not a sentence read from the span (a batch of several read as one), and coordinate descent over
+many interacting positions stops short (each sweep costs a gradient per candidate)."""
 
 FLOOR = 10.0
 """With ``drift`` (:func:`span`), the directions kept: singular values above this times the median."""
@@ -670,8 +676,9 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     drift: the gradient is a FedAvg update of several local steps over the same sentences (the spans
       read as :func:`span` says); the sentences are those of the first step, the received model's.
     eos: of a next-token model's client (targets the sentence shifted by one, ``eos`` last), the
-      end token: a batch of one's undetermined positions are then settled by the whole gradient
-      (:func:`settle`). None (a masked language model, whose targets are unknown): left open.
+      end token: a batch of one's undetermined positions (at most :data:`MOST_OPEN` of them) are
+      then settled by the whole gradient (:func:`settle`). None (a masked language model, whose
+      targets are unknown): left open.
 
   Raises :class:`Unreadable` (a ValueError) where a span cannot separate its members.
 
@@ -701,7 +708,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
       if not first.full:
         raise
     else:
-      if eos is None or one.undetermined.size == 0:
+      if eos is None or not 0 < one.undetermined.size <= MOST_OPEN * length:
         return one
       sentence, residual = settle(apply_fn, variables, gradient, one.sentences[0],
                                   {int(t): one.position_sets[t] for t in one.undetermined}, eos=eos)
@@ -913,12 +920,14 @@ def _one_sentence(apply_fn, variables, columns, tokens, length, dimension) -> Re
 
 
 def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, *, eos: int,
-           sweeps: int = 4) -> tuple[np.ndarray, float]:
+           sweeps: int = 8) -> tuple[np.ndarray, float]:
   """A sentence whose next-token gradient is nearest the client's, by coordinate descent over the
   open positions: each position of ``candidates`` in turn takes the token of its set whose sentence
-  (the others held) gives the least relative residual ‖∇θ L(s) − g‖ / ‖g‖, until a sweep changes
-  nothing or ``sweeps`` have run. The residual is about float32's rounding (1e-6) for the client's
-  own sentence; coordinate descent can stop short of it where several open positions interact.
+  (the others held) gives the least relative residual ‖∇θ L(s) − g‖ / ‖g‖, then the best exchanges
+  of two open positions' tokens are made while they lower it (the first block's span cannot tell a
+  position's token from another position's nearby), until a sweep changes nothing or ``sweeps``
+  have run. The residual is about float32's rounding (1e-6) for the client's own
+  sentence; coordinate descent can stop short of it where several open positions interact.
 
   Args:
     apply_fn, variables: the language model, as :func:`recover`'s.
@@ -933,6 +942,7 @@ def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, 
   """
   sentence = np.array(sentence, np.int32)
   size = max(len(c) for c in candidates.values())
+  open_ = sorted(candidates)
   if isinstance(gradient, dict) and "params" in gradient:  # the tree of ``variables``
     gradient = gradient["params"]
   def residuals(trial):  # (K, T) sentences -> (K,)
@@ -948,6 +958,19 @@ def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, 
       k = int(np.argmin(r))
       if r[k] < best and ids[k] != sentence[t]:
         sentence[t], best, changed = ids[k], float(r[k]), True
+    for _ in range(len(open_)):  # two open positions exchanging their tokens: no single change
+      pairs = [(a, b) for i, a in enumerate(open_) for b in open_[i + 1:]
+               if sentence[a] != sentence[b]]
+      if not pairs:
+        break
+      trial = np.repeat(sentence[None], len(pairs), axis=0)
+      for row, (a, b) in enumerate(pairs):
+        trial[row, [a, b]] = sentence[[b, a]]
+      r = residuals(trial)
+      k = int(np.argmin(r))
+      if r[k] >= best:
+        break
+      sentence, best, changed = trial[k], float(r[k]), True
     if not changed:
       break
   return sentence, best

@@ -654,7 +654,8 @@ def test_a_masked_language_models_batch_is_ordered_against_the_second_block(monk
 def test_settle_finds_the_sentence_whose_gradient_is_the_clients():
   """dager.settle: from a sentence with two wrong tokens, coordinate descent over the open
   positions' sets gives back the client's sentence, its residual at float32's rounding; the start's
-  residual is the relative distance of its gradient to the client's (NumPy, float64)."""
+  residual is the relative distance of its gradient to the client's (NumPy, float64); two
+  positions' tokens exchanged come back by the exchange move, which no single change makes."""
   vocabulary, length = 300, 8
   model = _model("gpt", vocabulary, length)
   ids = _sentences(np.random.default_rng(4), vocabulary, 1, length)
@@ -672,3 +673,10 @@ def test_settle_finds_the_sentence_whose_gradient_is_the_clients():
   want /= np.sqrt(sum(np.sum(np.asarray(b, np.float64) ** 2) for b in jax.tree.leaves(g)))
   np.testing.assert_array_equal(kept, start)
   np.testing.assert_allclose(first, want, rtol=1e-4)
+  exchanged = ids[0].copy()  # two positions' tokens exchanged, neither set holding its own
+  exchanged[[2, 5]] = ids[0, [5, 2]]
+  sentence, residual = dager.settle(model.apply_fn, model.variables, g, exchanged,
+                                    {2: np.array([exchanged[2], 40]), 5: np.array([exchanged[5], 41])},
+                                    eos=1)
+  np.testing.assert_array_equal(sentence, ids[0])
+  assert residual < 1e-5
