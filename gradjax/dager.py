@@ -334,8 +334,9 @@ class Recovery(NamedTuple):
   Attributes:
     sentences: (K, T) int, the distinct sentences found (K = N when every check holds).
     distances: (K,) the largest ordering distance along each sentence (a batch of one: the largest
-      first-block distance of its tokens).
-    position_sets: T int arrays, the tokens the first block admits at each position.
+      first-block distance of its nearest tokens, before :func:`settle`).
+    position_sets: T int arrays, the tokens the first block admits at each position (a batch of
+      one's open positions: their nearest, :data:`CANDIDATES` at most).
     spans: the :class:`Span` of the first block's input, then of the checks that order the tokens
       (the first block's attention output, the second block's input) where the model has them.
     stopped_at: the first position where no prefix could be extended, or None.
@@ -926,8 +927,8 @@ def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, 
   (the others held) gives the least relative residual ‖∇θ L(s) − g‖ / ‖g‖, then the best exchanges
   of two open positions' tokens are made while they lower it (the first block's span cannot tell a
   position's token from another position's nearby), until a sweep changes nothing or ``sweeps``
-  have run. The residual is about float32's rounding (1e-6) for the client's own
-  sentence; coordinate descent can stop short of it where several open positions interact.
+  have run. The residual is about float32's rounding (1e-6) for the client's own sentence;
+  coordinate descent can stop short of it where several open positions interact.
 
   Args:
     apply_fn, variables: the language model, as :func:`recover`'s.
@@ -945,6 +946,7 @@ def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, 
   open_ = sorted(candidates)
   if isinstance(gradient, dict) and "params" in gradient:  # the tree of ``variables``
     gradient = gradient["params"]
+
   def residuals(trial):  # (K, T) sentences -> (K,)
     return np.asarray(_residuals(apply_fn, variables, gradient, jnp.asarray(trial), eos))
   best = float(residuals(sentence[None])[0])
@@ -970,7 +972,7 @@ def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, 
       k = int(np.argmin(r))
       if r[k] >= best:
         break
-      sentence, best, changed = trial[k], float(r[k]), True
+      sentence, best, changed = trial[k].copy(), float(r[k]), True
     if not changed:
       break
   return sentence, best
