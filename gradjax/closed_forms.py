@@ -45,10 +45,14 @@ class Dager:
   """The span attack on a language model's gradient (:func:`gradjax.dager.recover`; DAGER, Petrov
   et al., NeurIPS 2024) as the pipeline runs it: nothing is optimised, each span's rank and tolerance
   come from its singular values; ``max_prefixes`` and ``chunk`` bound its search and memory (that
-  function's defaults)."""
+  function's defaults). ``take_over``: where the spans give each position's words but not the
+  sentences (:class:`gradjax.dager.Unreadable` with its ``position_sets``), the iterations of the
+  token search (DLG's objective, :func:`gradjax.text.reconstruct` with ``search="tokens"``) that
+  orders them, each position kept to its own set; 0: none (the words are reported)."""
 
   max_prefixes: int | None = None
   chunk: int = 512
+  take_over: int = 0
   name: str = "dager"
 
 

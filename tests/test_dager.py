@@ -680,3 +680,28 @@ def test_settle_finds_the_sentence_whose_gradient_is_the_clients():
                                     eos=1)
   np.testing.assert_array_equal(sentence, ids[0])
   assert residual < 1e-5
+
+
+@pytest.mark.slow
+def test_the_token_search_takes_over_where_the_spans_give_only_each_positions_words():
+  """A one-block Transformer at batch 2: the span attack finds each position's words but cannot
+  order them into sentences (Unreadable with its position sets): the pipeline reports the words
+  alone.
+  With --iterations the token search, each position kept to its own set, orders them: both
+  sentences come back word for word (against the corpus's text) and their gradient is the update."""
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
+      "model.text_layers": 1, "attack.preset": "dager", "data.batch_size": 2, "data.index": 2,
+      "data.sequence_length": 15
+  })
+  refused = pipeline.run_text(cfg)
+  assert refused["found"] == 0 and not refused["findings"]["sentences"]["leak"]
+  assert refused["findings"]["bag"]["leak"]  # the words, without their order
+  assert "orders a batch of several sentences" in refused["unreadable"]
+  results = pipeline.run_text(config.replace(cfg, {"attack.iterations": 200}))
+  assert results["take_over"]["iterations"] == 200 and results["found"] == 2
+  assert [r["recovered"] for r in results["sentences"]] == [r["true"] for r in results["sentences"]]
+  assert results["residual"]["relative_error"] < 1e-5 and results["verdict"]["status"] == "leak"
+  with pytest.raises(ValueError, match="closed form"):
+    config.check(config.replace(cfg, {"attack.optimizer": "adam"}))

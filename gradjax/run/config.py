@@ -305,7 +305,8 @@ class AttackConfig(_Section):
       "metadata declare): its objective models what the defense did (gradjax.adaptive).")
   iterations: int | None = _field(
       None, "Optimizer iterations" + _PRESET + "; the preset's step counts (hfginv's prior starts and "
-      "layer schedule) scale with it.", attack="iterations")
+      "layer schedule) scale with it. With --attack=dager: the token search that orders the words "
+      "where the spans give only each position's words (unset: none).", attack="iterations")
   matched: str | None = _field(
       None, f"What the objective matches{_PRESET}: {_names(objectives.MATCHED)} (gradient: a FedSGD "
       "gradient; replay: a FedAvg update by replaying the local steps; dlm, dlm_plus: DLM's scaled "
@@ -680,10 +681,15 @@ def _build_attack(section: AttackConfig, modality: str, remat: bool | None):
   ]
   fields.append((_OPTIONS["execution.remat"], remat))
   if section.preset in closed_forms.CLOSED_FORMS:
-    given = [flag(_PATH_OF[id(f)]) for f, value in fields if value is not None]
+    # The span attack's token search, where it takes over, runs for attack.iterations.
+    takes_over = section.preset == "dager" and section.iterations is not None
+    given = [flag(_PATH_OF[id(f)]) for f, value in fields
+             if value is not None and not (takes_over and f.name == "iterations")]
     if given:
       raise ValueError(f"--attack={section.preset} is a closed form: it optimises nothing, so "
                        f"{', '.join(given)} do not apply")
+    if takes_over:
+      return closed_forms.Dager(take_over=section.iterations)
     return closed_forms.CLOSED_FORMS[section.preset]()
   overrides, optimizer = {}, {}
   for f, value in fields:
@@ -937,10 +943,13 @@ def check(cfg: Config) -> attacks.Attack:
           f"--config.attack.adaptive=True adapts an optimisation attack's objective; --attack={cfg.attack.preset} "
           "is a closed form")
     modality = "text" if cfg.attack.preset in closed_forms.TEXT_CLOSED_FORMS else "image"
-    if cfg.data.modality != modality or cfg.attack.restarts != 1 or cfg.attack.permutations != 1:
+    searches = getattr(attack, "take_over", 0) > 0  # the span attack's token search has restarts
+    if (cfg.data.modality != modality or (cfg.attack.restarts != 1 and not searches)
+        or cfg.attack.permutations != 1):
       raise ValueError(
           f"--attack={cfg.attack.preset} recovers {'sentences' if modality == 'text' else 'images'}"
-          f" in one pass: --modality={modality}, --restarts=1 and --config.attack.permutations=1")
+          f" in one pass: --modality={modality}, --restarts=1 (with --attack=dager, unless "
+          "--iterations sets its token search) and --config.attack.permutations=1")
   if (cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or "")
       and cfg.client.name != "fedsgd"):
     raise ValueError(f"a masked language model's ({cfg.model.name}) update is read as a FedSGD "

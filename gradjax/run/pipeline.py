@@ -974,6 +974,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       eos = None if models.is_masked_lm(model.name) else vocabulary.eos  # open positions settled
       rec = dager.recover(model.apply_fn, model.variables, observation.gradient, eos=eos, **options)
   except dager.Unreadable as e:
+    if attack.take_over and e.position_sets is not None and observation.threat_model == "fedsgd":
+      return _take_over(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   masked_residual = pairs = None
   if models.is_masked_lm(model.name) and len(rec.sentences) == batch.ids.shape[0]:
@@ -1048,6 +1050,47 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   decided = _verdict(results, None, results["findings"], [], cfg)
   if decided["verdict"]["status"] != "leak":
     decided["verdict"] = {"status": "inconclusive", "reason": str(error), "leaks": []}
+  results.update(decided)
+  return results
+
+
+def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, observation, error,
+               seconds: float) -> dict:
+  """Where the span attack gives each position's words but not the sentences (``error``, a
+  :class:`gradjax.dager.Unreadable` with ``position_sets``): the token search (DLG's objective,
+  ``attack.take_over`` iterations, ``cfg.attack.restarts`` restarts) orders them, each position kept
+  to its own set (:func:`gradjax.text.reconstruct`). Scored as the span attack's sentences are; the
+  residual of the found sentences' own gradient against the update (a next-token model's: a masked
+  model's targets are the search's, not the client's) decides whether they are the client's."""
+  masked = models.is_masked_lm(model.name)
+  _, key_attack, _ = experiment_keys(cfg.seed, cfg.data.index)
+  start = time.perf_counter()
+  rec = text.reconstruct(
+      presets.dlg(attack.take_over), model.apply_fn, observation, key_attack,
+      length=cfg.data.sequence_length, eos=batch.vocabulary.eos,
+      mask=batch.vocabulary.mask if masked else None, restarts=cfg.attack.restarts,
+      search="tokens", position_sets=error.position_sets)
+  searched = time.perf_counter() - start
+  found = rec.tokens_pinv
+  scores = metrics.score_text(found, batch.ids)
+  rows = [batch.vocabulary.decode(found[j]) if j >= 0 else None for j in scores["order"]]
+  results = _span_results(cfg, attack, batch, model, observation, seconds + searched, rows, scores)
+  search = rec.reconstruction
+  results.update(
+      iterations=int(np.max(search.iterations)), found=int(len(found)), unreadable=str(error),
+      position_set_sizes=[int(len(s)) for s in error.position_sets],
+      take_over={"iterations": attack.take_over, "restarts": cfg.attack.restarts,
+                 "loss": search.loss, "seconds": searched, "spans_seconds": seconds})
+  residual = None
+  if not masked:
+    x, targets = corpus.language_model_pairs(found, batch.vocabulary.eos)
+    residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets)
+  results["findings"] = verdict.text_findings(results)
+  decided = _verdict(results, residual, results["findings"], [], cfg)
+  if decided["verdict"]["status"] != "leak":
+    decided["verdict"] = {"status": "inconclusive", "reason": (
+        f"{error}; the token search over each position's words ({attack.take_over} iterations) "
+        "did not reproduce the update"), "leaks": []}
   results.update(decided)
   return results
 
