@@ -96,7 +96,7 @@ CANDIDATES = 32
 SETTLED = 1e-5
 """The relative gradient residual below which a settled sentence is the client's. Measured on the
 trained decoder of ``experiments/studies/text`` (32 tokens): the client's own sentence 5.9e-7 to
-5.8e-6 (float32's rounding; nine sentences settled exactly), two neighbouring tokens exchanged
+5.8e-6 (float32's rounding; eleven sentences settled exactly), two neighbouring tokens exchanged
 2.5e-5 and 8.0e-5, one wrong token 0.03-0.4."""
 
 MOST_OPEN = 0.25
