@@ -944,11 +944,12 @@ def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, 
   sentence = np.array(sentence, np.int32)
   size = max(len(c) for c in candidates.values())
   open_ = sorted(candidates)
+  pairs = [(a, b) for i, a in enumerate(open_) for b in open_[i + 1:]]
   if isinstance(gradient, dict) and "params" in gradient:  # the tree of ``variables``
     gradient = gradient["params"]
 
   def residuals(trial):  # (K, T) sentences -> (K,)
-    return np.asarray(_residuals(apply_fn, variables, gradient, jnp.asarray(trial), eos))
+    return np.array(_residuals(apply_fn, variables, gradient, jnp.asarray(trial), eos))
   best = float(residuals(sentence[None])[0])
   for _ in range(sweeps):
     changed = False
@@ -960,15 +961,12 @@ def settle(apply_fn: Callable, variables, gradient, sentence, candidates: dict, 
       k = int(np.argmin(r))
       if r[k] < best and ids[k] != sentence[t]:
         sentence[t], best, changed = ids[k], float(r[k]), True
-    for _ in range(len(open_)):  # two open positions exchanging their tokens: no single change
-      pairs = [(a, b) for i, a in enumerate(open_) for b in open_[i + 1:]
-               if sentence[a] != sentence[b]]
-      if not pairs:
-        break
+    for _ in range(len(pairs)):  # two open positions exchanging their tokens: no single change
       trial = np.repeat(sentence[None], len(pairs), axis=0)
       for row, (a, b) in enumerate(pairs):
         trial[row, [a, b]] = sentence[[b, a]]
-      r = residuals(trial)
+      r = residuals(trial)  # every pair, so one program: an exchange of equal tokens is no step
+      r[[sentence[a] == sentence[b] for a, b in pairs]] = np.inf
       k = int(np.argmin(r))
       if r[k] >= best:
         break
