@@ -61,17 +61,18 @@ def _select(pred, on_true, on_false):
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
-def _flat_unless(live, f):
-  """``f`` where ``live``; elsewhere the constant 0 with a zero gradient, free of any NaN that ``f``'s
-  value or derivatives hold there (a ``custom_vjp``: a plain ``jnp.where`` would send a zero
-  cotangent through ``f``'s backward pass, and 0 · NaN is NaN)."""
+def _flat_unless(live, value_and_grad):
+  """The function whose value and gradient are ``value_and_grad(params)`` where ``live``; elsewhere
+  the constant 0 with a zero gradient, free of any NaN that the function's value or derivatives hold
+  there (a ``custom_vjp``: a plain ``jnp.where`` would send a zero cotangent through the function's
+  backward pass, and 0 · NaN is NaN)."""
 
   @jax.custom_vjp
   def flat(params, live):
-    return jnp.where(live, f(params), 0.0)
+    return jnp.where(live, value_and_grad(params)[0], 0.0)
 
   def forward(params, live):
-    value, grad = jax.value_and_grad(f)(params)
+    value, grad = value_and_grad(params)
     return jnp.where(live, value, 0.0), _select(live, grad, optax.tree.zeros_like(grad))
 
   def backward(grad, cotangent):
@@ -105,7 +106,9 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
   """
   tx = optax.with_extra_args_support(optimizer)
   threshold = -jnp.inf if tol is None else tol
-  value_and_grad = jax.value_and_grad(value_fn)
+  # Jitted, so the objective and its gradient are traced once and the trace reused wherever they
+  # are evaluated (the first evaluation in ``init``, the line search inside ``step``).
+  value_and_grad = jax.jit(jax.value_and_grad(value_fn))
 
   def init(params, data):
     if project is not None:
@@ -123,7 +126,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
                        jnp.ones((), bool))
 
   def step(state, data):
-    f = functools.partial(value_fn, data=data, step=state.iterations)
+    at = lambda params: value_and_grad(params, data, state.iterations)
     active = state.alive & (state.best_loss > threshold)
     searched = optimizers.stores_value(state.opt_state)
     if searched:
@@ -137,12 +140,13 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
       value_ls = jnp.where(live, value, 0.0).astype(value.dtype)
       grad_ls = _select(live, grad, optax.tree.zeros_like(grad))
       updates, opt_state = tx.update(grad_ls, state.opt_state, state.params, value=value_ls,
-                                     grad=grad_ls, value_fn=_flat_unless(live, f))
+                                     grad=grad_ls, value_fn=_flat_unless(live, at))
     else:
       value, grad = value_and_grad(state.params, data, state.iterations)
       used = jnp.ones((), jnp.int32)
       updates, opt_state = tx.update(grad, state.opt_state, state.params, value=value, grad=grad,
-                                     value_fn=f)
+                                     value_fn=functools.partial(value_fn, data=data,
+                                                                step=state.iterations))
     params = optax.apply_updates(state.params, updates)
     if project is not None:
       params = project(params, data)
