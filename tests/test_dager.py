@@ -701,6 +701,8 @@ def test_the_token_search_takes_over_where_the_spans_give_only_each_positions_wo
   assert "orders a batch of several sentences" in refused["unreadable"]
   results = pipeline.run_text(config.replace(cfg, {"attack.iterations": 200}))
   assert results["take_over"]["iterations"] == 200 and results["found"] == 2
+  # The words the spans gave are reported as without the search, whatever order it finds.
+  assert results["words"] == refused["words"] and results["bag_recall"] == refused["bag_recall"]
   assert [r["recovered"] for r in results["sentences"]] == [r["true"] for r in results["sentences"]]
   assert results["residual"]["relative_error"] < 1e-5 and results["verdict"]["status"] == "leak"
   with pytest.raises(ValueError, match="closed form"):

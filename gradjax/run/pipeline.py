@@ -1033,25 +1033,36 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   :class:`gradjax.dager.Unreadable`): no sentence, and the batch's words when the first block's span
   gave them (each true sentence's bag-of-words recall against their union); a leak of words, or
   inconclusive with the reason."""
-  words = (np.unique(np.concatenate(error.position_sets)) if error.position_sets is not None
-           else np.zeros(0, np.int32))
-  if models.is_masked_lm(model.name):  # <mask> is the client's input, not one of its words
-    words = words[words != batch.vocabulary.mask]
-  recall = [float(np.isin(s, words).mean()) for s in batch.ids]
+  words, recall = _span_words(error, batch, model)
   scores = {"token_accuracy": 0.0, "rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0, "exact": 0,
             "unmatched": 0, "token_accuracy_per_sentence": [0.0] * len(recall),
             "bag_recall_per_sentence": recall, "bag_recall": float(np.mean(recall))}
   results = _span_results(cfg, attack, batch, model, observation, seconds, [None] * len(recall),
                           scores)
-  results.update(iterations=0, found=0, unreadable=str(error),
-                 words=list(batch.vocabulary.decode(words)),
-                 word_precision=float(np.isin(words, batch.ids).mean()) if words.size else None)
+  results.update(iterations=0, found=0, unreadable=str(error), **_words_found(words, batch))
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, None, results["findings"], [], cfg)
   if decided["verdict"]["status"] != "leak":
     decided["verdict"] = {"status": "inconclusive", "reason": str(error), "leaks": []}
   results.update(decided)
   return results
+
+
+def _span_words(error, batch: Sentences, model: models.Model) -> tuple[np.ndarray, list[float]]:
+  """The words the first block's span gave where the sentences could not be read (``error``, a
+  :class:`gradjax.dager.Unreadable`): the union of its position sets (none without them), and each
+  true sentence's share of tokens among them (its bag-of-words recall)."""
+  words = (np.unique(np.concatenate(error.position_sets)) if error.position_sets is not None
+           else np.zeros(0, np.int32))
+  if models.is_masked_lm(model.name):  # <mask> is the client's input, not one of its words
+    words = words[words != batch.vocabulary.mask]
+  return words, [float(np.isin(s, words).mean()) for s in batch.ids]
+
+
+def _words_found(words: np.ndarray, batch: Sentences) -> dict:
+  """``words`` (decoded) and ``word_precision``, the share of them in the client's sentences."""
+  return {"words": list(batch.vocabulary.decode(words)),
+          "word_precision": float(np.isin(words, batch.ids).mean()) if words.size else None}
 
 
 def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, observation, error,
@@ -1073,11 +1084,15 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   searched = time.perf_counter() - start
   found = rec.tokens_pinv
   scores = metrics.score_text(found, batch.ids)
+  # The spans gave the words whatever order the search finds: recovered anywhere, as without it.
+  words, recall = _span_words(error, batch, model)
+  scores.update(bag_recall_per_sentence=recall, bag_recall=float(np.mean(recall)))
   rows = [batch.vocabulary.decode(found[j]) if j >= 0 else None for j in scores["order"]]
   results = _span_results(cfg, attack, batch, model, observation, seconds + searched, rows, scores)
   search = rec.reconstruction
   results.update(
       iterations=int(np.max(search.iterations)), found=int(len(found)), unreadable=str(error),
+      **_words_found(words, batch),
       position_set_sizes=[int(len(s)) for s in error.position_sets],
       take_over={"iterations": attack.take_over, "restarts": cfg.attack.restarts,
                  "loss": search.loss, "seconds": searched, "spans_seconds": seconds})
