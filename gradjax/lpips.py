@@ -157,7 +157,8 @@ def _features(metric: Metric, x):
 @functools.partial(once, static_argnums=0)
 def _distance(net, params, lin, x, y):
   metric = Metric(net, params, lin)
-  fx, fy = _features(metric, x), _features(metric, y)
+  # One pass over both batches: the network traced and compiled once, not once per batch.
+  fx, fy = zip(*(jnp.split(f, 2) for f in _features(metric, jnp.concatenate([x, y]))))
   return sum(jnp.mean(jnp.sum(w * (a - b) ** 2, axis=-1), axis=(1, 2)) for w, a, b in zip(lin, fx, fy))
 
 
