@@ -17,6 +17,8 @@ not across them. :func:`options` drops any option the installed XLA does not kno
 
 import functools
 import os
+import threading
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -107,3 +109,94 @@ def once(fun=None, **jit_kwargs):
 uniform = once(jax.random.uniform, static_argnames=("shape", "dtype"))
 normal = once(jax.random.normal, static_argnames=("shape", "dtype"))
 randint = once(jax.random.randint, static_argnames=("shape", "dtype"))
+
+
+# --- what making programs cost ------------------------------------------------------------------
+
+# JAX's monitoring events of making one program: tracing the function to a jaxpr, lowering the jaxpr
+# to an MLIR module, and XLA's compilation of the module (or loading it from the persistent cache).
+STAGES = {"tracing": "/jax/core/compile/jaxpr_trace_duration",
+          "lowering": "/jax/core/compile/jaxpr_to_mlir_module_duration",
+          "compiling": "/jax/core/compile/backend_compile_duration"}
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+
+
+class Program(NamedTuple):
+  """One program made: ``name`` as JAX names the module (``jit(fun)``), the seconds of its
+  ``lowering`` and ``compiling`` (XLA's compilation, or reading it from the persistent cache when
+  ``cached``) and of the ``tracing`` that preceded its lowering in the same thread."""
+
+  name: str
+  tracing: float
+  lowering: float
+  compiling: float
+  cached: bool
+
+  @property
+  def seconds(self) -> float:
+    return self.tracing + self.lowering + self.compiling
+
+
+def covered(spans, start: float = -np.inf, end: float = np.inf) -> float:
+  """Seconds of the union of ``spans`` ((start, end) pairs) inside [start, end]: spans that nest
+  (a trace that traces another function) or overlap (threads) count once."""
+  clipped = sorted((max(a, start), min(b, end)) for a, b in spans if min(b, end) > max(a, start))
+  total, reach = 0.0, -np.inf
+  for a, b in clipped:
+    if b > reach:
+      total += b - max(a, reach)
+      reach = b
+  return total
+
+
+class Recorder:
+  """Records what JAX spends making programs while open (``with Recorder() as made:``), from its
+  monitoring events (``jax.monitoring``): every span of tracing, lowering and compiling (wall-clock
+  ``time.time()`` seconds, from any thread of the process), and each compiled program
+  (:class:`Program`, in order). Programs already in JAX's in-memory cache cost nothing and do not
+  appear."""
+
+  def __init__(self):
+    self.spans = {stage: [] for stage in STAGES}
+    self.programs: list[Program] = []
+    self._local = threading.local()
+    self._stage = {event: stage for stage, event in STAGES.items()}
+
+  def _span(self, event, start, end, **kwargs):
+    stage = self._stage.get(event)
+    if stage is None:
+      return
+    self.spans[stage].append((start, end))
+    local = self._local
+    if stage == "tracing":
+      local.traced = (kwargs.get("fun_name"), end - start)
+    elif stage == "lowering":
+      local.lowered = (kwargs.get("fun_name"), end - start)
+    else:
+      name = kwargs.get("fun_name", "")
+      traced, lowered = getattr(local, "traced", None), getattr(local, "lowered", None)
+      self.programs.append(Program(
+          name, traced[1] if traced and name == f"jit({traced[0]})" else 0.0,
+          lowered[1] if lowered and lowered[0] == name else 0.0, end - start,
+          getattr(local, "hit", False)))
+      local.traced = local.lowered = None
+      local.hit = False
+
+  def _event(self, event, **kwargs):
+    if event == _CACHE_HIT:
+      self._local.hit = True
+
+  def __enter__(self) -> "Recorder":
+    jax.monitoring.register_event_time_span_listener(self._span)
+    jax.monitoring.register_event_listener(self._event)
+    return self
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_time_span_listener(self._span)
+    jax.monitoring.unregister_event_listener(self._event)
+
+  def seconds(self, start: float = -np.inf, end: float = np.inf) -> dict[str, float]:
+    """Seconds spent in each stage and in any (``"programs"``) inside [start, end] (``time.time()``)."""
+    out = {stage: covered(spans, start, end) for stage, spans in self.spans.items()}
+    out["programs"] = covered([s for spans in self.spans.values() for s in spans], start, end)
+    return out

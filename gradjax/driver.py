@@ -239,6 +239,9 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   # The state is donated to each chunk: its buffers are reused for the next state in place. The
   # first and last evaluations run once: compiled fast, not optimised (gradjax.compilation).
   step_options = compilation.STEP if strategy == "sequential" else compilation.BATCHED_STEP
+  # Named, so their programs read jit(solver_init) and so on (gradjax.compilation.Recorder, logs).
+  for fn, name in ((init, "solver_init"), (advance, "solver_steps"), (finalize, "solver_finalize")):
+    fn.__name__ = fn.__qualname__ = name
   advance = jax.jit(advance, static_argnums=3, donate_argnums=0,
                     compiler_options=compilation.options(step_options))
   init, finalize = once(init), once(finalize)

@@ -54,3 +54,65 @@ def test_once_inside_other_transformations():
 def test_options_drops_what_the_compiler_does_not_know():
   wanted = {"xla_backend_optimization_level": 0, "xla_no_such_option_anywhere": True}
   assert compilation.options(wanted) == {"xla_backend_optimization_level": 0}
+
+
+def test_covered_counts_nested_and_overlapping_spans_once():
+  spans = [(0.0, 2.0), (1.0, 3.0), (0.5, 0.7), (5.0, 6.0), (7.0, 7.0)]  # union: [0, 3] and [5, 6]
+  assert compilation.covered(spans) == pytest.approx(4.0)
+  assert compilation.covered(spans, 2.5, 5.5) == pytest.approx(1.0)  # [2.5, 3] and [5, 5.5]
+  assert compilation.covered([], 0.0, 1.0) == 0.0
+  # Against a fine grid of the window: the share of points inside some span.
+  grid = np.linspace(-1, 8, 900_001)
+  inside = np.zeros_like(grid, bool)
+  for a, b in spans:
+    inside |= (grid >= a) & (grid < b)
+  assert compilation.covered(spans) == pytest.approx(inside.mean() * 9.0, abs=1e-4)
+
+
+def test_recorder_times_each_program_made_and_sees_the_persistent_cache():
+  """A function never compiled before (its constant is new): made once per input shape, not again
+  from JAX's in-memory cache; after jax.clear_caches() it is loaded from the persistent cache (the
+  suite's, tests/conftest.py). Each stage's spans lie inside the wall-clock time around the calls."""
+  import time
+  assert jax.config.jax_compilation_cache_dir and jax.config.jax_persistent_cache_min_compile_time_secs == 0
+  constant = float(np.random.default_rng().uniform(1, 2))
+  fn = jax.jit(lambda x: jnp.sin(x) * constant)
+  start = time.time()
+  with compilation.Recorder() as made:
+    fn(jnp.ones(3)), fn(jnp.ones(4)), fn(jnp.ones(3))
+    jax.clear_caches()
+    fn(jnp.ones(3))
+  end = time.time()
+  ours = [p for p in made.programs if p.name == "jit(<lambda>)"]
+  assert [p.cached for p in ours] == [False, False, True]
+  assert all(p.tracing > 0 and p.lowering > 0 and p.compiling > 0 for p in ours)
+  seconds = made.seconds()
+  assert 0 < seconds["programs"] <= end - start
+  assert max(seconds[s] for s in compilation.STAGES) <= seconds["programs"]
+  assert sum(p.compiling for p in made.programs) == pytest.approx(seconds["compiling"], rel=1e-6)
+  assert all(start <= a <= b <= end for spans in made.spans.values() for a, b in spans)
+
+
+def test_a_run_reports_where_its_time_went():
+  """pipeline.run's ``time``: its phases add up to the wall-clock time around the call, the attack's
+  is the run's wall_time_s, each phase's time making programs lies within it, and the solver's step
+  program (the in-memory cache emptied first) is among those listed."""
+  import time
+
+  from gradjax.run import config, pipeline
+  jax.clear_caches()
+  start = time.perf_counter()
+  results, _ = pipeline.run(config.from_options(
+      {"attack.preset": "dlg", "attack.iterations": 5, "output.lpips": "none"}))
+  wall = time.perf_counter() - start
+  spent = results["time"]
+  phases = spent["phases"]
+  assert list(phases) == ["setup", "attack", "scoring"]
+  assert wall - 0.2 <= sum(p["seconds"] for p in phases.values()) <= wall
+  assert phases["attack"]["seconds"] == pytest.approx(results["wall_time_s"], abs=0.05)
+  for p in phases.values():
+    assert max(p[stage] for stage in compilation.STAGES) <= p["making_programs"] <= p["seconds"]
+  assert phases["attack"]["making_programs"] > 0
+  names = [p["name"] for p in spent["largest_programs"]]
+  assert "jit(solver_steps)" in names and len(names) <= pipeline.LARGEST_PROGRAMS
+  assert 0 <= spent["programs_loaded"] <= spent["programs"]

@@ -184,12 +184,17 @@ def test_run_report_leads_with_the_verdict(tmp_path, photos):
              "jax": "0.10.2", "history": [{"restart": 0, "iteration": 10, "loss": 0.5}],
              "residual": {"relative_error": 0.25, "layers": {"['head']['kernel']": {
                  "relative_error": 0.25, "cosine": 0.9}}},
-             "checks": {"activation": {"declared": "sigmoid", "ok": False, "explained": "A<3>"}}}
+             "checks": {"activation": {"declared": "sigmoid", "ok": False, "explained": "A<3>"}},
+             "time": {"phases": {"attack": {"seconds": 1.5, "making_programs": 0.625, "tracing": 0.125,
+                                            "lowering": 0.25, "compiling": 0.375}},
+                      "largest_programs": [{"name": "jit(P<4>)", "tracing": 0.125, "lowering": 0.25,
+                                            "compiling": 0.375, "cached": True, "seconds": 0.75}]}}
   report.write_run(str(tmp_path), results, {"reconstruction": photos[:1], "ground_truth": photos[1:2]},
                    "t")
   page = (tmp_path / "report.html").read_text()
   assert page.index("inconclusive") < page.index("12.5 dB") < page.index("1.5 s")
-  for text in ("R&lt;1&gt;", "L&lt;2&gt;", "A&lt;3&gt;", "python x.py --a=1", "0.10.2", "0.9"):
+  for text in ("R&lt;1&gt;", "L&lt;2&gt;", "A&lt;3&gt;", "python x.py --a=1", "0.10.2", "0.9",
+               "jit(P&lt;4&gt;)", "0.625", "0.375"):
     assert text in page
   out = tmp_path / "no_truth"
   report.write_run(str(out), {**results, "psnr_per_image": None, "ssim_per_image": None, "psnr": None,

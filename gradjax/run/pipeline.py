@@ -305,7 +305,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,
   scored after matching the batch order; absent without ground truth), ``wall_time_s`` of the attack
   (compilation included), iteration and evaluation counts, the objective value, labels, the
-  configuration and the device. ``images`` holds ``reconstruction`` (N, H, W, C) in [0, 1] space (in
+  configuration and the device, and ``time``: where the run's time went (:func:`time_spent`). ``images`` holds ``reconstruction`` (N, H, W, C) in [0, 1] space (in
   the ground truth's order when there is one, else in the attack's slot order) and
   ``ground_truth`` (or ``None``).
   """
@@ -600,7 +600,38 @@ def _prepare(cfg: Config, batch) -> _Prepared:
 
 
 def _run_image(cfg: Config, callback, batch, state, deadline=None, target_psnr=None):
+  with compilation.Recorder() as made:
+    marks = [time.time()]
+    results, images = _attack_image(cfg, callback, batch, state, deadline, target_psnr, marks)
+    marks.append(time.time())
+  results["time"] = time_spent(made, marks)
+  return results, images
+
+
+# The programs :func:`time_spent` lists, those that cost most.
+LARGEST_PROGRAMS = 8
+
+
+def time_spent(made: compilation.Recorder, marks: list[float]) -> dict:
+  """Where a run's time went: for each phase (``setup``: the data, the model and the client's update;
+  ``attack``; ``scoring``: the residual, the scores and the verdict), between ``marks``
+  (``time.time()``), its seconds and the seconds JAX spent making programs in it (tracing, lowering,
+  compiling or loading from the persistent cache, and any of them: ``making_programs``); how many
+  programs were made and how many of them were loaded from the cache; the
+  :data:`LARGEST_PROGRAMS` that cost most (:class:`gradjax.compilation.Program`)."""
+  phases = {}
+  for name, start, end in zip(("setup", "attack", "scoring"), marks, marks[1:]):
+    spent = made.seconds(start, end)
+    phases[name] = {"seconds": end - start, "making_programs": spent.pop("programs"), **spent}
+  largest = sorted(made.programs, key=lambda p: p.seconds, reverse=True)[:LARGEST_PROGRAMS]
+  return {"phases": phases, "programs": len(made.programs),
+          "programs_loaded": sum(p.cached for p in made.programs),
+          "largest_programs": [{**p._asdict(), "seconds": p.seconds} for p in largest]}
+
+
+def _attack_image(cfg: Config, callback, batch, state, deadline, target_psnr, marks: list[float]):
   p = _prepare(cfg, batch)
+  marks.append(time.time())
   trace = Trace(callback, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm,
                 deadline, target_psnr)
   timing = _Resumable(cfg, state, trace)
@@ -620,6 +651,7 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None, target_psnr=N
                               bounds=image_bounds(p.norm, p.input_shape[-1]),
                               restarts=cfg.attack.restarts, permutations=cfg.attack.permutations,
                               execution=execution)
+  marks.append(time.time())
   return _finish(cfg, p, rec, found, trace, timing)
 
 

@@ -436,6 +436,23 @@ def check_rows(results: dict) -> list[dict]:
   return rows
 
 
+def time_rows(results: dict) -> list[dict]:
+  """Where a run's time went (:func:`gradjax.run.pipeline.time_spent`) as table rows: each phase's
+  seconds and the seconds of making programs in it."""
+  phases = (results.get("time") or {}).get("phases") or {}
+  return [{"phase": name, "seconds": p["seconds"], "making programs (s)": p["making_programs"],
+           "tracing (s)": p["tracing"], "lowering (s)": p["lowering"],
+           "compiling or loading (s)": p["compiling"]} for name, p in phases.items()]
+
+
+def program_rows(results: dict) -> list[dict]:
+  """The programs that took longest to make, as table rows."""
+  return [{"program": p["name"], "tracing (s)": p["tracing"], "lowering (s)": p["lowering"],
+           "compiling or loading (s)": p["compiling"],
+           "from the persistent cache": "yes" if p["cached"] else "no"}
+          for p in (results.get("time") or {}).get("largest_programs") or []]
+
+
 def residual_rows(results: dict) -> list[dict]:
   """The relative residual per layer (:func:`gradjax.verdict.residual`) as table rows."""
   residual = results.get("residual") or {}
@@ -490,7 +507,9 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
               {"config": results.get("config"), "attack": results.get("attack")},
               verdict=results.get("verdict"), notes=notes,
               sections=[("Checks of the captured update", check_rows(results)),
-                        ("Residual per layer", residual_rows(results))],
+                        ("Residual per layer", residual_rows(results)),
+                        ("Where the time went", time_rows(results)),
+                        ("Programs that took longest to make", program_rows(results))],
               provenance=_provenance(results))
 
 
