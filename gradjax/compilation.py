@@ -10,6 +10,9 @@ whole with :func:`once`; the optimisation step that runs thousands of times gets
 older LLVM IR emitters, which compile the same fusions faster into code as fast
 (``python -m benchmarks suite``, startup section).
 
+:class:`Recorder` measures what making the programs costs (tracing, lowering, compiling or loading
+from the persistent cache), per program, from JAX's monitoring events.
+
 The options change the machine code and, through fused multiply-adds, the last bits of some results
 (XLA:CPU runs without fast-math), so a long optimisation is reproducible under one set of options,
 not across them. :func:`options` drops any option the installed XLA does not know.
