@@ -447,7 +447,9 @@ def last_line(text: str) -> str:
 def reconstruct_processes(args: list[str], runs: int) -> list[dict]:
   """``gradjax reconstruct ARGS`` as ``runs`` whole processes, the first on an empty compilation
   cache and the others on the cache it filled: per process its wall time from outside
-  (``process_s``), its attack's own ``wall_time_s`` (``attack_s``) and its PSNR."""
+  (``process_s``), its attack's own ``wall_time_s`` (``attack_s``), its PSNR, and from the run's
+  ``time`` the seconds of its set-up and scoring, the seconds spent making programs over the whole
+  run (``programs_s``) and the program that cost most (``costliest``, name and seconds)."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   rows = []
@@ -464,7 +466,12 @@ def reconstruct_processes(args: list[str], runs: int) -> list[dict]:
                            f"{last_line(proc.stderr)}")
       with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
         metrics = json.load(fh)
-      rows.append(dict(process_s=seconds, attack_s=metrics["wall_time_s"], psnr=metrics["psnr"]))
+      phases = metrics["time"]["phases"]
+      costliest = metrics["time"]["largest_programs"][:1]
+      rows.append(dict(process_s=seconds, attack_s=metrics["wall_time_s"], psnr=metrics["psnr"],
+                       setup_s=phases["setup"]["seconds"], scoring_s=phases["scoring"]["seconds"],
+                       programs_s=sum(p["making_programs"] for p in phases.values()),
+                       costliest=" ".join(f"{p['name']} {p['seconds']:.2f} s" for p in costliest)))
   return rows
 
 
