@@ -614,8 +614,8 @@ LARGEST_PROGRAMS = 8
 
 def time_spent(made: compilation.Recorder, marks: list[float]) -> dict:
   """Where a run's time went: for each phase (``setup``: the data, the model and the client's update;
-  ``attack``; ``scoring``: the residual, the scores and the verdict), between ``marks``
-  (``time.time()``), its seconds and the seconds JAX spent making programs in it (tracing, lowering,
+  ``attack``, in this process: a resumed run's earlier part is in ``wall_time_s`` only; ``scoring``:
+  the residual, the scores and the verdict), between ``marks`` (``time.time()``), its seconds and the seconds JAX spent making programs in it (tracing, lowering,
   compiling or loading from the persistent cache, and any of them: ``making_programs``); how many
   programs were made and how many of them were loaded from the cache; the
   :data:`LARGEST_PROGRAMS` that cost most (:class:`gradjax.compilation.Program`)."""
