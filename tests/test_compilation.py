@@ -93,6 +93,7 @@ def test_recorder_times_each_program_made_and_sees_the_persistent_cache():
   assert all(start <= a <= b <= end for spans in made.spans.values() for a, b in spans)
 
 
+@pytest.mark.slow
 def test_a_run_reports_where_its_time_went():
   """pipeline.run's ``time``: its phases add up to the wall-clock time around the call, the attack's
   is the run's wall_time_s, each phase's time making programs lies within it, and the solver's step
@@ -116,3 +117,30 @@ def test_a_run_reports_where_its_time_went():
   names = [p["name"] for p in spent["largest_programs"]]
   assert "jit(solver_steps)" in names and len(names) <= pipeline.LARGEST_PROGRAMS
   assert 0 <= spent["programs_loaded"] <= spent["programs"]
+
+
+# A small masked encoder under two steps of Adam (whose step compiles faster than L-BFGS's), and the
+# span attack on the default decoder.
+TEXT_RUNS = {"adam_dlg": {"model.name": "bert", "attack.iterations": 2, "data.sequence_length": 8,
+                          "model.text_dim": 16, "model.text_heads": 2, "model.text_ffn": 16,
+                          "model.text_layers": 1},
+             "dager": {"model.name": "gpt"}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack, phases", [("adam_dlg", ["setup", "attack", "scoring"]),
+                                            ("dager", ["setup", "attack"])])
+def test_a_text_run_reports_where_its_time_went(attack, phases):
+  """run_text's ``time``: the optimisation attack's three phases, the span attack's two (it scores as
+  it reads), adding up to the wall-clock time around the call."""
+  import time
+
+  from gradjax.run import config, pipeline
+  start = time.perf_counter()
+  results = pipeline.run_text(config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "attack.preset": attack, **TEXT_RUNS[attack]}))
+  wall = time.perf_counter() - start
+  spent = results["time"]["phases"]
+  assert list(spent) == phases
+  assert wall - 0.2 <= sum(p["seconds"] for p in spent.values()) <= wall
+  assert all(p["making_programs"] <= p["seconds"] for p in spent.values())

@@ -615,7 +615,8 @@ LARGEST_PROGRAMS = 8
 def time_spent(made: compilation.Recorder, marks: list[float]) -> dict:
   """Where a run's time went: for each phase (``setup``: the data, the model and the client's update;
   ``attack``, in this process: a resumed run's earlier part is in ``wall_time_s`` only; ``scoring``:
-  the residual, the scores and the verdict), between ``marks`` (``time.time()``), its seconds and the seconds JAX spent making programs in it (tracing, lowering,
+  the residual, the scores and the verdict; the span attack scores as it reads, its ``attack`` both),
+  between consecutive ``marks`` (``time.time()``), its seconds and the seconds JAX spent making programs in it (tracing, lowering,
   compiling or loading from the persistent cache, and any of them: ``making_programs``); how many
   programs were made and how many of them were loaded from the cache; the
   :data:`LARGEST_PROGRAMS` that cost most (:class:`gradjax.compilation.Program`)."""
@@ -1188,11 +1189,15 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
   one (DLG's), ``exact`` sentences, ``sentences`` (true and recovered text side by side), the bag of
   tokens the gradient revealed, counts, timing, configuration and device. ``state`` as :func:`run`.
   """
-  with driver.precision_scope(cfg.execution.matmul_precision):
-    return _run_text(cfg, callback, state)
+  with driver.precision_scope(cfg.execution.matmul_precision), compilation.Recorder() as made:
+    marks = [time.time()]
+    results = _run_text(cfg, callback, state, marks)
+    marks.append(time.time())
+  results["time"] = time_spent(made, marks)
+  return results
 
 
-def _run_text(cfg: Config, callback, state):
+def _run_text(cfg: Config, callback, state, marks: list[float]):
   attack = check(cfg)
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
   batch = load_sentences(cfg)
@@ -1206,7 +1211,8 @@ def _run_text(cfg: Config, callback, state):
   defense = cfg.defense.build()
   if defense is not None:
     observation = defense.apply(observation, key_defense)
-  if isinstance(attack, closed_forms.Dager):
+  marks.append(time.time())
+  if isinstance(attack, closed_forms.Dager):  # scored as it reads (its attack and scoring in one)
     return _run_spans(cfg, attack, batch, model, observation)
   attack = adapted(cfg, attack, cfg.defense.spec)
 
@@ -1225,6 +1231,7 @@ def _run_text(cfg: Config, callback, state):
       restarts=cfg.attack.restarts,
       search=cfg.attack.text_search,
       execution=execution)
+  marks.append(time.time())
   results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing,
                     cfg.defense.spec if cfg.attack.adaptive else None)
   pinv = metrics.score_text(rec.tokens_pinv, batch.ids)

@@ -546,5 +546,7 @@ def write_text_run(out: str, results: dict, title: str) -> None:
   html_report(os.path.join(out, "report.html"), title, summary, table, figures,
               {"config": results.get("config"), "attack": results.get("attack")},
               table_title="Sentences", verdict=results.get("verdict"),
-              sections=[("Residual per layer", residual_rows(results))],
+              sections=[("Residual per layer", residual_rows(results)),
+                        ("Where the time went", time_rows(results)),
+                        ("Programs that took longest to make", program_rows(results))],
               provenance=_provenance(results))
