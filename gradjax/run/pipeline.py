@@ -305,9 +305,9 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   ``results`` holds the metrics (``psnr``, ``ssim``, ``mse``, ``label_accuracy`` and per-image values,
   scored after matching the batch order; absent without ground truth), ``wall_time_s`` of the attack
   (compilation included), iteration and evaluation counts, the objective value, labels, the
-  configuration and the device, and ``time``: where the run's time went (:func:`time_spent`). ``images`` holds ``reconstruction`` (N, H, W, C) in [0, 1] space (in
-  the ground truth's order when there is one, else in the attack's slot order) and
-  ``ground_truth`` (or ``None``).
+  configuration and the device, and ``time``: where the run's time went (:func:`time_spent`).
+  ``images`` holds ``reconstruction`` (N, H, W, C) in [0, 1] space (in the ground truth's order when
+  there is one, else in the attack's slot order) and ``ground_truth`` (or ``None``).
   """
   if cfg.data.modality != "image":
     raise ValueError(f"run() attacks images; a {cfg.data.modality} experiment runs with run_text()")
@@ -616,10 +616,10 @@ def time_spent(made: compilation.Recorder, marks: list[float]) -> dict:
   """Where a run's time went: for each phase (``setup``: the data, the model and the client's update;
   ``attack``, in this process: a resumed run's earlier part is in ``wall_time_s`` only; ``scoring``:
   the residual, the scores and the verdict; the span attack scores as it reads, its ``attack`` both),
-  between consecutive ``marks`` (``time.time()``), its seconds and the seconds JAX spent making programs in it (tracing, lowering,
-  compiling or loading from the persistent cache, and any of them: ``making_programs``); how many
-  programs were made and how many of them were loaded from the cache; the
-  :data:`LARGEST_PROGRAMS` that cost most (:class:`gradjax.compilation.Program`)."""
+  between consecutive ``marks`` (``time.time()``), its seconds and the seconds JAX spent making
+  programs in it (tracing, lowering, compiling or loading from the persistent cache, and any of them:
+  ``making_programs``); how many programs were made and how many of them were loaded from the cache;
+  the :data:`LARGEST_PROGRAMS` that cost most (:class:`gradjax.compilation.Program`)."""
   phases = {}
   for name, start, end in zip(("setup", "attack", "scoring"), marks, marks[1:]):
     spent = made.seconds(start, end)
@@ -1187,7 +1187,8 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
   :func:`gradjax.text.reconstruct` recovers the sentences. ``results`` holds ``token_accuracy`` and
   ``bag_recall`` of the pseudo-inverse decoding (SAPAG's) and ``*_nearest`` of the nearest-neighbour
   one (DLG's), ``exact`` sentences, ``sentences`` (true and recovered text side by side), the bag of
-  tokens the gradient revealed, counts, timing, configuration and device. ``state`` as :func:`run`.
+  tokens the gradient revealed, counts, timing (``time`` as :func:`run`'s), configuration and
+  device. ``state`` as :func:`run`.
   """
   with driver.precision_scope(cfg.execution.matmul_precision), compilation.Recorder() as made:
     marks = [time.time()]
