@@ -54,8 +54,9 @@ ONCE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": Fals
 # on LeNet and most of a vmapped one. Other backends ignore the ``xla_cpu_`` options.
 STEP = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": False,
         "xla_cpu_copy_insertion_use_region_analysis": True}
-# The step of restarts batched in one program (vmap): with the fusion emitters, whose batched
-# update of L-BFGS's history (a scatter under vmap) stays in place; the older emitters copy it.
+# The step of restarts batched in one program (vmap, or a map in batches): with the fusion
+# emitters, whose batched update of L-BFGS's history (a scatter under vmap) stays in place; the
+# older emitters copy it.
 BATCHED_STEP = {**STEP, "xla_cpu_use_fusion_emitters": True}
 
 
