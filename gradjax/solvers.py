@@ -68,7 +68,8 @@ def _flat_unless(live, value_and_grad):
   backward pass, and 0 · NaN is NaN)."""
 
   @jax.custom_vjp
-  def flat(params, live):
+  def flat(params, live):  # the line search differentiates it: this is traced, not evaluated (and
+    # where it were, XLA drops the unused gradient of the inlined call)
     return jnp.where(live, value_and_grad(params)[0], 0.0)
 
   def forward(params, live):
