@@ -144,3 +144,35 @@ def test_a_text_run_reports_where_its_time_went(attack, phases):
   assert list(spent) == phases
   assert wall - 0.2 <= sum(p["seconds"] for p in spent.values()) <= wall
   assert all(p["making_programs"] <= p["seconds"] for p in spent.values())
+
+
+@pytest.mark.slow
+def test_clients_attacked_together_report_where_their_time_went():
+  """pipeline.run_clients: two experiments in one solver run each report their own set-up and
+  scoring and the shared attack (its wall_time_s); the phases lie within the wall-clock time around
+  the call, in order, and the solver's step program is listed."""
+  import time
+
+  from gradjax.run import config, pipeline
+  jax.clear_caches()
+  cfg = config.from_options({"attack.preset": "dlg", "attack.iterations": 5, "output.lpips": "none",
+                             "data.image_size": 16, "execution.clients_per_run": 2,
+                             "execution.strategy": "vmap"})
+  start = time.perf_counter()
+  outcomes = pipeline.run_clients([config.replace(cfg, {"data.index": i}) for i in (0, 1)])
+  wall = time.perf_counter() - start
+  attacks = []
+  for results, _ in outcomes:
+    assert results["clients_together"] == 2
+    phases = results["time"]["phases"]
+    assert list(phases) == ["setup", "attack", "scoring"]
+    assert phases["attack"]["seconds"] == pytest.approx(results["wall_time_s"], abs=1e-6)
+    for p in phases.values():
+      assert 0 < p["seconds"] and max(p[s] for s in compilation.STAGES) <= p["making_programs"] <= p["seconds"]
+    attacks.append(phases["attack"])
+    assert "jit(solver_steps)" in [p["name"] for p in results["time"]["largest_programs"]]
+  assert attacks[0] == attacks[1]
+  # Both set-ups, the one attack and both scorings do not overlap: together within the call.
+  spent = (sum(r["time"]["phases"]["setup"]["seconds"] + r["time"]["phases"]["scoring"]["seconds"]
+               for r, _ in outcomes) + attacks[0]["seconds"])
+  assert spent <= wall

@@ -604,29 +604,41 @@ def _run_image(cfg: Config, callback, batch, state, deadline=None, target_psnr=N
     marks = [time.time()]
     results, images = _attack_image(cfg, callback, batch, state, deadline, target_psnr, marks)
     marks.append(time.time())
-  results["time"] = time_spent(made, marks)
+  results["time"] = time_spent(between(made, marks))
   return results, images
 
 
 # The programs :func:`time_spent` lists, those that cost most.
 LARGEST_PROGRAMS = 8
+# A run's phases: ``setup``, the data, the model and the client's update; ``attack``, in this
+# process (a resumed run's earlier part is in ``wall_time_s`` only); ``scoring``, the residual, the
+# scores and the verdict. The span attack scores as it reads: its ``attack`` is both.
+PHASES = ("setup", "attack", "scoring")
 
 
-def time_spent(made: compilation.Recorder, marks: list[float]) -> dict:
-  """Where a run's time went: for each phase (``setup``: the data, the model and the client's update;
-  ``attack``, in this process: a resumed run's earlier part is in ``wall_time_s`` only; ``scoring``:
-  the residual, the scores and the verdict; the span attack scores as it reads, its ``attack`` both),
-  between consecutive ``marks`` (``time.time()``), its seconds and the seconds JAX spent making
-  programs in it (tracing, lowering, compiling or loading from the persistent cache, and any of them:
-  ``making_programs``); how many programs were made and how many of them were loaded from the cache;
-  the :data:`LARGEST_PROGRAMS` that cost most (:class:`gradjax.compilation.Program`)."""
-  phases = {}
-  for name, start, end in zip(("setup", "attack", "scoring"), marks, marks[1:]):
+def between(made: compilation.Recorder, marks: list[float]) -> dict:
+  """The :data:`PHASES` between consecutive ``marks`` (``time.time()``), all recorded by ``made``:
+  :func:`time_spent`'s argument."""
+  return {name: (made, start, end) for name, start, end in zip(PHASES, marks, marks[1:])}
+
+
+def time_spent(phases: dict[str, tuple[compilation.Recorder, float, float]]) -> dict:
+  """Where a run's time went. ``phases`` maps each phase (:data:`PHASES`) to the recorder open
+  during it and its start and end (``time.time()``). For each, its seconds and the seconds JAX spent
+  making programs in it (tracing, lowering, compiling or loading from the persistent cache, and any
+  of them: ``making_programs``); over the recorders, how many programs were made and how many of
+  them were loaded from the cache, and the :data:`LARGEST_PROGRAMS` that cost most
+  (:class:`gradjax.compilation.Program`)."""
+  out, recorders = {}, []
+  for name, (made, start, end) in phases.items():
     spent = made.seconds(start, end)
-    phases[name] = {"seconds": end - start, "making_programs": spent.pop("programs"), **spent}
-  largest = sorted(made.programs, key=lambda p: p.seconds, reverse=True)[:LARGEST_PROGRAMS]
-  return {"phases": phases, "programs": len(made.programs),
-          "programs_loaded": sum(p.cached for p in made.programs),
+    out[name] = {"seconds": end - start, "making_programs": spent.pop("programs"), **spent}
+    if all(made is not r for r in recorders):
+      recorders.append(made)
+  programs = [p for made in recorders for p in made.programs]
+  largest = sorted(programs, key=lambda p: p.seconds, reverse=True)[:LARGEST_PROGRAMS]
+  return {"phases": out, "programs": len(programs),
+          "programs_loaded": sum(p.cached for p in programs),
           "largest_programs": [{**p._asdict(), "seconds": p.seconds} for p in largest]}
 
 
@@ -724,7 +736,8 @@ def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
   Returns, per experiment, ``(results, images)`` as :func:`run` gives for it (its own key, labels,
   scores and verdict; the same up to float32 rounding, which a long L-BFGS run can grow),
   with ``clients_together``: how many experiments shared its solver run, whose time its
-  ``wall_time_s`` is; or the exception it raised (ValueError, FileNotFoundError,
+  ``wall_time_s`` and its ``time``'s ``attack`` phase are (its set-up and scoring its own); or the
+  exception it raised (ValueError, FileNotFoundError,
   FloatingPointError): one bad capture never stops the others. ``auto``, closed forms, attacks
   whose restarts read each other (group consistency) or are halved run as :func:`run` runs them,
   one by one; no solver state is saved (the campaign store runs an experiment that has one alone).
@@ -735,6 +748,7 @@ def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
     raise ValueError(f"one batch per experiment: got {len(batches)} for {len(cfgs)}")
   out: list = [None] * len(cfgs)
   groups: dict = {}
+  setups: dict = {}  # each experiment's set-up phase (time_spent)
   for i, (cfg, batch) in enumerate(zip(cfgs, batches)):
     try:
       alone = (cfg.data.modality != "image" or cfg.attack.preset == auto.AUTO
@@ -744,8 +758,10 @@ def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
       if alone or not isinstance(attack, attacks.Attack) or attack.couples_restarts:
         out[i] = run(cfg, batch=batch, target_psnr=target_psnr)
         continue
-      with driver.precision_scope(cfg.execution.matmul_precision):
+      with driver.precision_scope(cfg.execution.matmul_precision), compilation.Recorder() as made:
+        start = time.time()
         p = _prepare(cfg, batch)
+        setups[i] = (made, start, time.time())
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
       out[i] = e
       continue
@@ -760,7 +776,7 @@ def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
     while chunks:
       chunk = chunks.pop(0)
       try:
-        for (i, _), done in zip(chunk, _attack_together(cfgs, chunk, target_psnr)):
+        for (i, _), done in zip(chunk, _attack_together(cfgs, chunk, setups, target_psnr)):
           out[i] = done
       except (ValueError, FileNotFoundError, FloatingPointError) as e:
         for i, _ in chunk:
@@ -777,31 +793,37 @@ def _out_of_memory(error: Exception) -> bool:
   return "RESOURCE_EXHAUSTED" in str(error) or "Out of memory" in str(error)
 
 
-def _attack_together(cfgs, members, target_psnr=None) -> list:
+def _attack_together(cfgs, members, setups, target_psnr=None) -> list:
   """One solver run of ``members`` ((index, _Prepared) of one group of :func:`run_clients`); each
-  one's (results, images), or the exception its scoring raised."""
+  one's (results, images), or the exception its scoring raised. Each one's ``time``
+  (:func:`time_spent`): its own set-up (``setups[index]``) and scoring, and the shared attack."""
   cfg, first = cfgs[members[0][0]], members[0][1]
   traces = [Trace(None, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm,
                   target_psnr=target_psnr) for _, p in members]
   timings = [_Resumable(cfgs[i], None, trace) for (i, _), trace in zip(members, traces)]
   shared = _ClientTraces(traces, cfg.attack.restarts * cfg.attack.permutations)
   execution = cfg.execution.build(callback=shared.progress, monitor=shared.monitor)
-  start = time.perf_counter()
   with driver.precision_scope(cfg.execution.matmul_precision):
-    recs = attacks.reconstruct_clients(
-        first.attack, first.model.apply_fn, [p.observation for _, p in members],
-        [p.key_attack for _, p in members], input_shape=first.input_shape,
-        bounds=image_bounds(first.norm, first.input_shape[-1]), restarts=cfg.attack.restarts,
-        permutations=cfg.attack.permutations, execution=execution)
-    seconds = time.perf_counter() - start  # every member's attack, compilation included
+    with compilation.Recorder() as made:
+      start = time.time()
+      recs = attacks.reconstruct_clients(
+          first.attack, first.model.apply_fn, [p.observation for _, p in members],
+          [p.key_attack for _, p in members], input_shape=first.input_shape,
+          bounds=image_bounds(first.norm, first.input_shape[-1]), restarts=cfg.attack.restarts,
+          permutations=cfg.attack.permutations, execution=execution)
+      attack = (made, start, time.time())  # every member's attack, compilation included
     done = []
     for (i, p), rec, trace, timing in zip(members, recs, traces, timings):
       try:  # one member's failure (a reconstruction that is not finite) is its own
-        results, images = _finish(cfgs[i], p, rec, {}, trace, timing)
+        with compilation.Recorder() as scored:
+          start = time.time()
+          results, images = _finish(cfgs[i], p, rec, {}, trace, timing)
+          scoring = (scored, start, time.time())
       except (ValueError, FileNotFoundError, FloatingPointError) as e:
         done.append(e)
         continue
-      results.update(wall_time_s=seconds, clients_together=len(members))
+      results.update(wall_time_s=attack[2] - attack[1], clients_together=len(members),
+                     time=time_spent({"setup": setups[i], "attack": attack, "scoring": scoring}))
       done.append((results, images))
   return done
 
@@ -1194,7 +1216,7 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
     marks = [time.time()]
     results = _run_text(cfg, callback, state, marks)
     marks.append(time.time())
-  results["time"] = time_spent(made, marks)
+  results["time"] = time_spent(between(made, marks))
   return results
 
 
