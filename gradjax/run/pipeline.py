@@ -811,7 +811,7 @@ def _attack_together(cfgs, members, setups, target_psnr=None) -> list:
           [p.key_attack for _, p in members], input_shape=first.input_shape,
           bounds=image_bounds(first.norm, first.input_shape[-1]), restarts=cfg.attack.restarts,
           permutations=cfg.attack.permutations, execution=execution)
-      attack = (made, start, time.time())  # every member's attack, compilation included
+      solved = (made, start, time.time())  # every member's attack, compilation included
     done = []
     for (i, p), rec, trace, timing in zip(members, recs, traces, timings):
       try:  # one member's failure (a reconstruction that is not finite) is its own
@@ -822,8 +822,8 @@ def _attack_together(cfgs, members, setups, target_psnr=None) -> list:
       except (ValueError, FileNotFoundError, FloatingPointError) as e:
         done.append(e)
         continue
-      results.update(wall_time_s=attack[2] - attack[1], clients_together=len(members),
-                     time=time_spent({"setup": setups[i], "attack": attack, "scoring": scoring}))
+      results.update(wall_time_s=solved[2] - solved[1], clients_together=len(members),
+                     time=time_spent({"setup": setups[i], "attack": solved, "scoring": scoring}))
       done.append((results, images))
   return done
 
