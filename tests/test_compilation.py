@@ -149,8 +149,8 @@ def test_a_text_run_reports_where_its_time_went(attack, phases):
 @pytest.mark.slow
 def test_clients_attacked_together_report_where_their_time_went():
   """pipeline.run_clients: two experiments in one solver run each report their own set-up and
-  scoring and the shared attack (its wall_time_s); the phases lie within the wall-clock time around
-  the call, in order, and the solver's step program is listed."""
+  scoring and the shared attack (its wall_time_s); together they fit in the wall-clock time around
+  the call, and the solver's step program is listed."""
   import time
 
   from gradjax.run import config, pipeline
