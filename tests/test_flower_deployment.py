@@ -127,16 +127,18 @@ def flwr_run(env, run_config, cwd):
 
 @pytest.mark.slow
 def test_a_federation_recorded_audited_and_gated(tmp_path):
-  """Three SuperNodes, two rounds, the run's ``gate = true``: each gated client attacks its own
+  """Three SuperNodes, one round, the run's ``gate = true``: each gated client attacks its own
   update before it leaves (gradjax.integrations.flower.leakage_mod). The first trains undefended:
-  its replies are withheld (the server records a failed client and its reason). The second prunes
-  70 % of its update and declares it: its replies go out with their score. The third opts out of
-  the gate (node config ``gate=false``): its replies go out as trained. Every recorded reply is
+  its reply is withheld (the server records a failed client and its reason). The second prunes
+  70 % of its update and declares it: its reply goes out with its score. The third opts out of
+  the gate (node config ``gate=false``): its reply goes out as trained. Every recorded reply is
   exactly what one PyTorch SGD step (then the declared pruning) from the recorded global model
-  gives; ``audit --config.attack.adaptive=True``: no row fails, the withheld updates are listed as
-  withheld, every update is recomputed in JAX, the ungated client's examples are recovered, and only
-  the pruned client's rows are adapted to its declared defense. Every process started is stopped,
-  by its process group."""
+  gives; ``audit --config.attack.adaptive=True``: no row fails, the withheld update is listed as
+  withheld, every update is recomputed in JAX, the ungated client's example is recovered, and only
+  the pruned client's row is adapted to its declared defense. Every process started is stopped,
+  by its process group. (Rounds after the first and the global model recorded for each:
+  test_flower, on the same strategy without the deployment's processes; a second round here cost
+  45 s of one core.)"""
   import torch
   sys.path.insert(0, APP)
   try:
@@ -145,21 +147,20 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
     sys.path.remove(APP)
   with _federation(tmp_path, ("", "defense='prune:0.7'", "gate=false")) as env:
     audit_dir = tmp_path / "audit"
-    proc = flwr_run(env, f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=2 lr={LR} "
+    proc = flwr_run(env, f"audit-dir='{audit_dir}' dataset='skimage' num-server-rounds=1 lr={LR} "
                     "batch-size=1 samples-per-client=1 local-epochs=1 model='lenet_zhu' gate=true "
                     "gate-threshold=10.0 gate-iterations=2000 gate-budget-s=240.0", tmp_path)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
 
   found = audit.captures(audit_dir)
-  assert [c.round for c in found] == [1, 1, 1, 2, 2, 2]
-  first = [c for c in found if c.round == 1]
-  withheld = next(c for c in first if c.error)
+  assert [c.round for c in found] == [1, 1, 1]
+  withheld = next(c for c in found if c.error)
   assert audit.WITHHELD in withheld.error, withheld.info
   pruned = [c for c in found if c.info.get("declarations", {}).get("defense") == "prune:0.7"]
-  assert [c.round for c in pruned] == [1, 2] and len({c.client for c in pruned}) == 1
+  assert len(pruned) == 1
   open_ = [c for c in found if c.client not in {withheld.client, pruned[0].client}]
-  assert [c.round for c in open_] == [1, 2]
-  assert sorted(i for c in pruned + open_ for i in c.info["data_indices"]) == [1, 2, 4, 5]
+  assert len(open_) == 1
+  assert [c.info["data_indices"] for c in (*pruned, *open_)] == [[1], [2]]
   failures = json.loads((audit_dir / "round_001" / "round.json").read_text())["failures"]
   assert len(failures) == 1 and audit.WITHHELD in next(iter(failures.values()))
   for c in pruned:
@@ -185,13 +186,13 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
   assert audit.failed_rows(rows) == [], rows
   assert (1, withheld.client) in {(r["round"], r["client"]) for r in rows if r.get("withheld")}
   attacked = [r for r in rows if not r.get("withheld")]
-  assert len(attacked) == 4 and all(r["attack"] == "idlg" and r["label_accuracy"] == 1.0
+  assert len(attacked) == 2 and all(r["attack"] == "idlg" and r["label_accuracy"] == 1.0
                                     and r["verdict"] in verdict.STATUSES for r in attacked), rows
   index = json.loads((audit_dir / "index.json").read_text())
   assert index["rounds"][0]["withheld"] == [withheld.client] and index["rounds"][0]["failed"] == []
   assert [r.get("psnr") for r in index["rows"]] == [r.get("psnr") for r in rows]
   open_rows = [r for r in attacked if (r["round"], r["client"]) in {(c.round, c.client) for c in open_}]
-  assert len(open_rows) == 2 and min(r["psnr"] for r in open_rows) > 20, rows
+  assert len(open_rows) == 1 and open_rows[0]["psnr"] > 20, rows
   truth = data.load("skimage", indices=open_[0].info["data_indices"], image_size=(32, 32))
   run = next(r["run"] for r in open_rows if r["round"] == open_[0].round)
   assert np.load(audit_dir / run / "reconstruction.npy").shape == truth.x.shape
