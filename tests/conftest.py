@@ -42,8 +42,13 @@ if (_WORKER.startswith("gw") and hasattr(os, "sched_setaffinity")
 # the other); test_models, test_hfginv, test_text, test_training and test_rgap 685 -> 614 s (on the
 # other core); test_permutations, test_verdict, test_lpips, test_training and test_labels 239 -> 178 s.
 # (A program that runs once but long, as R-GAP's Jacobians, chooses its options: see gradjax.rgap.)
+# And every program, gradjax's too, generated as one LLVM module: XLA:CPU splits a program into 32
+# by default to compile the parts in parallel, which on a worker's one core only adds work.
+# Measured side by side on the two cores, each configuration once on each: test_attacks,
+# test_compose and test_objectives 201 and 214 s -> 175 and 186 s.
 # Set before JAX's backend starts; a flag the caller set is kept.
-for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0"):
+for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0",
+              "--xla_cpu_parallel_codegen_split_count=1"):
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), _flag]).strip()
 
