@@ -178,7 +178,6 @@ def test_presets_and_rescaled():
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_readme_batch_example_runs(capsys):
   """The README's batch snippet (section "Batches on a trained BatchNorm network"), 3 iterations, on
   resnet8 for its resnet20 (the same code; half the compilation): HFGInv runs on a BatchNorm network,

@@ -347,6 +347,39 @@ def test_masked_cross_entropy_weighs_each_row_by_its_share_of_targets(log_softma
     losses.masked_cross_entropy(jnp.asarray(z), jnp.asarray(t[..., :7]))
 
 
+def test_a_token_search_one_word_off_settles_on_the_sentence():
+  """bert's masked client (five words, two masked): a token search that ended with its first word
+  wrong settles on the client's sentence and targets, and its objective is the attack's distance
+  between the client's gradient and the gradient of the sentence's own rows (``<mask>``'s where
+  masked) with one-hot targets, computed here without the search's logits; a sentence that no
+  exchange improves comes back as it was."""
+  from gradjax.objectives import dummy_gradient
+  m = models.create("bert", jax.random.key(1), input_shape=(5,), num_classes=40, text_sizes=SMALL)
+  ids, mask = np.array([[7, 12, 3, 12, 25]], np.int32), 39
+  x, y = corpus.masked_lm_pairs(ids, mask, 0.4, seed=0)
+  obs = clients.fedsgd(m.apply_fn, m.variables, x, y)
+  view, table = text.attack_view(obs), text.embedding_table(obs)
+  tied = text.tied_apply_fn(m.apply_fn, obs)
+  attack = presets.dlg(iterations=200)
+  problem = text.prepare_tokens(attack, tied, view, table, jax.random.key(0), length=5, eos=None,
+                                mask=mask, candidates=np.arange(39))
+  off = ids.copy()
+  off[0, 0] = 14
+  found = text.TokenSearch(off, np.eye(39)[off], table[off], np.where(x == mask, off, -1), 1.0, 0,
+                           np.ones(1), np.ones(1, bool), np.zeros(1), np.zeros(1))
+  settled = text.settle_tokens(attack, tied, problem, found, table)
+  np.testing.assert_array_equal(settled.tokens, ids)
+  np.testing.assert_array_equal(settled.targets, y)
+  e = np.where((x == mask)[..., None], table[mask], table[ids])
+  np.testing.assert_allclose(settled.embeddings, e)
+  g = dummy_gradient(tied, view.variables, jnp.asarray(e, jnp.float32),
+                     jnp.asarray(np.eye(41)[np.where(y < 0, 40, y)], jnp.float32),
+                     loss_fn=losses.masked_cross_entropy)
+  want = float(attack.distance(g, view.gradient, weights=problem.data.weights, step=200))
+  assert want < 1e-10 and settled.loss == pytest.approx(want, rel=1e-2, abs=1e-12)
+  assert text.settle_tokens(attack, tied, problem, settled, table) is settled
+
+
 @pytest.mark.slow
 def test_a_masked_encoder_is_read_by_the_optimisation_attacks():
   """bert's client masks two of five positions and sends the gradient at those positions only. At
