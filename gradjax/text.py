@@ -147,7 +147,8 @@ class TextReconstruction(NamedTuple):
   """Result of :func:`reconstruct`.
 
   Attributes:
-    embeddings: (N, T, dim) the best restart's dummy embeddings.
+    embeddings: (N, T, dim) the best restart's dummy embeddings (the token search's settled
+      sentence's rows, where :func:`settle_tokens` changed it).
     tokens_nearest: (N, T) int, the tokens by nearest embedding row (for a masked language model,
       the sentence: a position read as ``<mask>`` holds its target).
     tokens_pinv: (N, T) int, the tokens by the embedding matrix's pseudo-inverse (likewise).
@@ -282,7 +283,8 @@ class TokenSearch(NamedTuple):
     targets: (N, T) int, the tokens shifted by one, ``eos`` last; for a masked language model the
       tokens where the mask's chance q_t exceeds 1/2, -1 elsewhere.
     loss, best_restart, restart_losses, restart_alive, iterations, evaluations: as
-      :class:`gradjax.attacks.Reconstruction`'s.
+      :class:`gradjax.attacks.Reconstruction`'s (``loss``, once :func:`settle_tokens` has changed
+      the sentence, that sentence's objective).
   """
 
   tokens: np.ndarray
@@ -487,8 +489,9 @@ def reconstruct(attack: attacks.Attack, apply_fn: Callable, observation: Observa
       free soft targets (N, T, V), decoded afterwards. ``"tokens"`` (gradjax): logits z (N, T, K)
       over the K candidate tokens, the inputs the softmax-weighted candidate embeddings and the
       targets the same distributions shifted by one (:func:`soft_tokens`), so inputs and targets
-      stay one sentence; tokens are argmax z. For a masked language model the search adds a mask
-      logit per position (:func:`soft_masked_tokens`).
+      stay one sentence; tokens are argmax z, then settled on hard tokens
+      (:func:`settle_tokens`). For a masked language model the search adds a mask logit per
+      position (:func:`soft_masked_tokens`).
     position_sets: the token search only: T arrays of ids, the words each position may hold (as
       the span attack leaves them, :class:`gradjax.dager.Recovery`), within the bag when
       ``restrict``.
