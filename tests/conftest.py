@@ -45,7 +45,8 @@ if (_WORKER.startswith("gw") and hasattr(os, "sched_setaffinity")
 # And every program, gradjax's too, generated as one LLVM module: XLA:CPU splits a program into 32
 # by default to compile the parts in parallel, which on a worker's one core only adds work.
 # Measured side by side on the two cores, each configuration once on each: test_attacks,
-# test_compose and test_objectives 201 and 214 s -> 175 and 186 s.
+# test_compose and test_objectives 201 and 214 s -> 175 and 186 s; test_hfginv, test_rgap and
+# test_models 225 and 244 s -> 206 and 220 s.
 # Set before JAX's backend starts; a flag the caller set is kept.
 for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0",
               "--xla_cpu_parallel_codegen_split_count=1"):
