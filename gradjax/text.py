@@ -404,7 +404,8 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   whose sentence, the others held, matches the gradient best, until a sweep changes nothing or
   ``sweeps`` have run. The relaxation's argmax can stop a word off where its minimum is shallow (a
   bert client's five words: 3.7e-6 with the first word wrong, 1e-13 for the sentence, one
-  exchange apart).
+  exchange apart). (:func:`gradjax.dager.settle` does the like for the span attack's next-token
+  sentences, on the relative residual of the gradient and with pair exchanges.)
 
   Returns ``found`` where no exchange lowers the objective of its sentence, else the settled
   sentence: its tokens, targets, embeddings (the table's rows, ``<mask>``'s where masked) and
