@@ -42,8 +42,12 @@ def use_persistent_cache(folder: str, min_compile_secs: float = 0.0) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_secs)
 
 # Compiler options of a program that runs once (``jax.jit(..., compiler_options=...)``): LLVM's level
-# 0, without the fusion emitters, which compile a program of DLG's set-up several times longer.
-ONCE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+# 0, without the fusion emitters, which compile a program of DLG's set-up several times longer, and
+# generated as one LLVM module (XLA:CPU splits a program into 32 to compile the parts in parallel,
+# which at level 0 costs more than it saves: the README's main job's jit(solver_init) 0.43-0.55 s ->
+# 0.26-0.39 s on one core, 0.32-0.44 -> 0.25-0.33 s on two).
+ONCE = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False,
+        "xla_cpu_parallel_codegen_split_count": 1}
 # Compiler options of the optimisation step, which runs thousands of times: LLVM's level 1 (level 2
 # compiles longer for the same speed, level 0 runs slower), without the fusion emitters (DLG's step
 # compiles faster and runs as fast).
