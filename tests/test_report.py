@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gradjax.run import report
+from gradjax.run import report, svg
 
 
 def _reference_grid(rows, pad, scale):
@@ -149,10 +149,11 @@ def test_html_report_is_self_contained(tmp_path, photos):
   results = {"psnr_per_image": [31.5, 12.25], "ssim_per_image": [0.9, 0.25], "lpips_per_image": None}
   captions = report.per_image_captions(results)
   assert captions == ["PSNR 31.50 dB\nSSIM 0.900", "PSNR 12.25 dB\nSSIM 0.250"]
-  report.reconstruction_figure(tmp_path / "grid.png", photos[:2], photos[2:4], captions, "t")
-  report.curves_figure(tmp_path / "curves.png", [{"restart": 0, "iteration": 10, "loss": 1.0, "psnr": 9.0},
-                                                 {"restart": 0, "iteration": 20, "loss": 0.5}], "t")
-  figures = {"grid": str(tmp_path / "grid.png"), "curves": str(tmp_path / "curves.png")}
+  report.save_png(tmp_path / "grid.png", report.image_grid([photos[:2], photos[2:4]]))
+  report.write_svg(tmp_path / "curves.svg", svg.curves(
+      [{"restart": 0, "iteration": 10, "loss": 1.0, "psnr": 9.0},
+       {"restart": 0, "iteration": 20, "loss": 0.5}], "t"))
+  figures = {"grid": str(tmp_path / "grid.png"), "curves": str(tmp_path / "curves.svg")}
   report.html_report(tmp_path / "r.html", "A <title>", {"psnr": 21.875}, [{"image": 0, "psnr": 31.5}],
                      figures, {"seed": 3})
   page = (tmp_path / "r.html").read_text()
@@ -170,9 +171,9 @@ def test_html_report_is_self_contained(tmp_path, photos):
   parser = Images()
   parser.feed(page)
   assert len(parser.sources) == 2
-  for src, png in zip(parser.sources, figures.values()):
-    assert src.startswith("data:image/png;base64,")
-    assert base64.b64decode(src.split(",", 1)[1]) == open(png, "rb").read()
+  for src, file, mime in zip(parser.sources, figures.values(), ("image/png", "image/svg+xml")):
+    assert src.startswith(f"data:{mime};base64,")
+    assert base64.b64decode(src.split(",", 1)[1]) == open(file, "rb").read()
 
 
 def test_run_report_leads_with_the_verdict(tmp_path, photos):

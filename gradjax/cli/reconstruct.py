@@ -15,14 +15,14 @@ holding another run is refused unless ``--overwrite``): ``metrics.json`` (psnr, 
 label_accuracy when there is a ground truth; wall_time_s, iterations, restarts, the objective and its
 history, the configuration, the command as typed, the device, its cores and the versions),
 ``config.py`` (the resolved configuration: ``--config=<it>`` reproduces the run),
-``reconstruction.npy`` ((N, H, W, C) float32 in [0, 1]), ``reconstruction.png``, ``grid.png``, ``curves.png`` and ``report.html``. While it runs,
+``reconstruction.npy`` ((N, H, W, C) float32 in [0, 1]), ``reconstruction.png``, ``grid.svg``, ``curves.svg`` and ``report.html``. While it runs,
 ``state.npz`` holds the solver state (saved every ``--save_every_s``); ``--resume`` continues a killed
 run from it. Bad flags or data: one-line error, exit code 2.
 
 With ``--modality=text`` the client trains a Transformer language model (``--model=transformer``) on
 sentences of a corpus (``--dataset=pydoc``, the default, or ``wikitext2``) and the run writes
 ``metrics.json`` (token accuracy and bag-of-words recall), ``sentences.txt`` (each recovered sentence
-under the true one), ``curves.png`` and ``report.html``.
+under the true one), ``curves.svg`` and ``report.html``.
 """
 
 import os
@@ -50,7 +50,7 @@ def main(argv):
   if distributed.process_count() > 1 and not cfg.execution.shard:
     common.fail(f"{distributed.process_count()} processes run one attack together when its "
                 "restarts are split over them: add --config.execution.shard=True")
-  out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.png", "curves.png",
+  out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.svg", "curves.svg",
                                         "report.html", "sentences.txt", "config.py"))
   state = common.state_file(out)
   if flags.FLAGS.resume and not os.path.exists(state.path):
@@ -99,8 +99,8 @@ def main(argv):
   print(verdict_line(results))
   if results.get("malicious_server"):
     print(f"malicious server: {results['malicious_server']['reason']}")
-  print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.png"
-        + (", curves.png" if results.get("history") else ""))
+  print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.svg"
+        + (", curves.svg" if results.get("history") else ""))
 
 
 def verdict_line(results: dict) -> str:
@@ -143,7 +143,7 @@ def text_main(cfg, out, state):
   if results.get("malicious_server"):
     print(f"malicious server: {results['malicious_server']['reason']}")
   print(f"wrote {out}: metrics.json, sentences.txt, report.html"
-        + (", curves.png" if results.get("history") else ""))
+        + (", curves.svg" if results.get("history") else ""))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from gradjax.files import atomic_write
+from gradjax.run import svg
 
 
 def image_grid(rows: Sequence[np.ndarray], pad: int = 2, scale: int = 4) -> np.ndarray:
@@ -74,6 +75,11 @@ def save_png(path, image_uint8: np.ndarray) -> None:
     raise ValueError(f"save_png expects a non-empty (H, W[, 1|3|4]) image, got {img.shape}.")
   pil = Image.fromarray(img)
   atomic_write(path, lambda f: pil.save(f, format="PNG"), binary=True)
+
+
+def write_svg(path, document: str) -> None:
+  """Writes an SVG document (:mod:`gradjax.run.svg`) atomically."""
+  atomic_write(path, lambda f: f.write(document), binary=False)
 
 
 def _to_python(obj: Any, key: str) -> Any:
@@ -160,7 +166,7 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   return out
 
 
-# --- figures and the HTML report (matplotlib) ------------------------------------------------------
+# --- the sweeps' figures (matplotlib; a run's are gradjax.run.svg's) and the HTML report ----------
 
 def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
   """``(figure, axes)`` like ``pyplot.subplots``, from matplotlib's object-oriented API: no pyplot
@@ -168,14 +174,6 @@ def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
   from matplotlib.figure import Figure
   fig = Figure(figsize=kwargs.pop("figsize", None))
   return fig, fig.subplots(nrows, ncols, **kwargs)
-
-
-def _plain_log_ticks(axis) -> None:
-  """Labels a log axis's decades as plain numbers (1e-05) and its minor ticks not at all, where the
-  default typesets every label as mathtext (10⁻⁵), slow to draw."""
-  from matplotlib import ticker
-  axis.set_major_formatter(ticker.LogFormatter())
-  axis.set_minor_formatter(ticker.NullFormatter())
 
 
 def _save_figure(fig, path) -> None:
@@ -198,70 +196,6 @@ def per_image_captions(results: dict) -> list[str]:
       parts.append("recognisable" if images["per_image"][i]["recognisable"] else "not recognisable")
     captions.append("\n".join(parts))
   return captions
-
-
-def reconstruction_figure(path, reconstruction: np.ndarray, ground_truth: np.ndarray | None = None,
-                          captions: Sequence[str] | None = None, title: str = "") -> None:
-  """A PNG grid: the ground truth (if any) above the reconstruction, one column per image, each
-  reconstruction captioned (e.g. with :func:`per_image_captions`). The images are one tiled picture
-  (:func:`image_grid`) in one set of axes, so a batch of 64 draws as fast as one image.
-
-  Args:
-    reconstruction, ground_truth: (N, H, W, C) in [0, 1], C in {1, 3}.
-  """
-  rec = np.asarray(reconstruction, np.float64)
-  if rec.ndim != 4 or rec.shape[-1] not in (1, 3):
-    raise ValueError(f"reconstruction must be (N, H, W, C) with C in {{1, 3}}, got {rec.shape}")
-  rows = [("reconstruction", rec)] if ground_truth is None else [
-      ("ground truth", np.asarray(ground_truth, np.float64)), ("reconstruction", rec)]
-  n, h, w = rec.shape[:3]
-  pad = max(1, w // 8)
-  fig, ax = subplots(figsize=(1.6 * n + 0.6, 1.9 * len(rows) + 0.4))
-  ax.imshow(image_grid([images for _, images in rows], pad=pad, scale=1), interpolation="nearest")
-  ax.set_axis_off()
-  for r, (name, _) in enumerate(rows):  # tile (r, i) spans pad + r (h + pad) .. + h, likewise in x
-    ax.text(-0.5, pad + r * (h + pad) + h / 2, name, rotation=90, ha="right", va="center", fontsize=8)
-  if captions:
-    below = pad + len(rows) * (h + pad)
-    for i, caption in enumerate(captions):
-      ax.text(pad + i * (w + pad) + w / 2, below, caption, ha="center", va="top", fontsize=7)
-  if title:
-    ax.set_title(title, fontsize=9)
-  _save_figure(fig, path)
-
-
-def curves_figure(path, history: Sequence[dict], title: str = "") -> None:
-  """The objective (log scale) and, where recorded, the PSNR against iterations: one line per
-  restart. ``history`` rows are ``{"restart", "iteration", "loss"[, "psnr"]}``
-  (:class:`gradjax.run.pipeline.Trace`)."""
-  with_psnr = any("psnr" in r for r in history)
-  fig, axes = subplots(1, 2 if with_psnr else 1, figsize=(9 if with_psnr else 5, 3.2), squeeze=False)
-  runs: dict = {}
-  for r in history:
-    runs.setdefault(r["restart"], []).append(r)
-  for restart, rows in runs.items():
-    label = "all restarts" if restart is None else f"restart {restart}"
-    its = [r["iteration"] for r in rows]
-    losses = [r["loss"] for r in rows]
-    positive = all(v > 0 for v in losses)
-    axes[0, 0].plot(its, losses, marker=".", label=label)
-    if positive:
-      axes[0, 0].set_yscale("log")
-      _plain_log_ticks(axes[0, 0].yaxis)
-    if with_psnr:
-      pts = [(r["iteration"], r["psnr"]) for r in rows if "psnr" in r]
-      if pts:
-        axes[0, 1].plot(*zip(*pts), marker=".", label=label)
-  axes[0, 0].set_xlabel("iteration"), axes[0, 0].set_ylabel("objective (best so far)")
-  if with_psnr:
-    axes[0, 1].set_xlabel("iteration"), axes[0, 1].set_ylabel("PSNR of the best iterate (dB)")
-  if 1 < len(runs) <= 8:
-    axes[0, 0].legend(fontsize=7)
-  for ax in axes[0]:
-    ax.grid(alpha=0.3)
-  if title:
-    fig.suptitle(title, fontsize=9)
-  _save_figure(fig, path)
 
 
 def psnr_figure(path, labels: Sequence[str], psnr: Sequence[float], threshold: float | None = None,
@@ -349,7 +283,7 @@ def html_report(path, title: str, summary, table: Sequence[dict], figures: dict[
   """One self-contained HTML page (images embedded as data URIs): the ``verdict`` (status and
   reason) and ``notes`` on top, the summary (a dict, or (label, value, meaning) rows), a per-item
   table (strings left-aligned), further ``sections`` (heading, rows), the figures (caption -> PNG
-  file), how the run was made (``provenance``: command, versions, device) and the configuration."""
+  or SVG file), how the run was made (``provenance``: command, versions, device) and the configuration."""
   import base64
   import html
   parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -387,11 +321,12 @@ def html_report(path, title: str, summary, table: Sequence[dict], figures: dict[
   for heading, rows in sections:
     if rows:
       parts += rows_table(heading, rows)
-  for caption, png in figures.items():
-    with open(png, "rb") as fh:
+  for caption, file in figures.items():
+    with open(file, "rb") as fh:
       data = base64.b64encode(fh.read()).decode("ascii")
+    mime = "image/svg+xml" if str(file).endswith(".svg") else "image/png"
     parts.append(f"<h2>{html.escape(caption)}</h2><img alt='{html.escape(caption)}' "
-                 f"src='data:image/png;base64,{data}'>")
+                 f"src='data:{mime};base64,{data}'>")
   if provenance:
     parts.append("<h2>How this run was made</h2><table>")
     parts += [f"<tr><th>{html.escape(k)}</th><td style='text-align:left'><code>{html.escape(str(v))}"
@@ -463,8 +398,8 @@ def residual_rows(results: dict) -> list[dict]:
 def write_run(out: str, results: dict, images: dict, title: str) -> None:
   """A run's files in ``out``: ``metrics.json``; ``reconstruction.npy`` (N, H, W, C) float32 in
   [0, 1] (the ground truth's order when there is one); ``reconstruction.png`` (pixel grid, ground
-  truth above); ``grid.png`` (captioned with the per-image metrics); ``curves.png`` (objective, and
-  PSNR where there is a ground truth, against iterations) and ``report.html``, one self-contained
+  truth above); ``grid.svg`` (the same, captioned with the per-image metrics); ``curves.svg``
+  (objective, and PSNR where there is a ground truth, against iterations; :mod:`gradjax.run.svg`) and ``report.html``, one self-contained
   page of all of it with the verdict on top."""
   rec, truth = images["reconstruction"], images.get("ground_truth")
   save_json(os.path.join(out, "metrics.json"), results)
@@ -472,15 +407,19 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
                       lambda fh: np.save(fh, np.asarray(rec, np.float32), allow_pickle=False), binary=True)
   rows = [rec] if truth is None else [truth, rec]
   save_png(os.path.join(out, "reconstruction.png"), image_grid(rows))
-  captions = per_image_captions(results)
-  reconstruction_figure(os.path.join(out, "grid.png"), rec, truth, captions, title)
+  named = [("reconstruction", rec)] if truth is None else [("ground truth", truth),
+                                                           ("reconstruction", rec)]
+  pad = max(1, rec.shape[2] // 8)
+  write_svg(os.path.join(out, "grid.svg"), svg.reconstruction(
+      image_grid([images for _, images in named], pad=pad, scale=1), rec.shape[:3], pad,
+      [name for name, _ in named], per_image_captions(results), title))
   figures = {"Reconstruction" + (" (ground truth above)" if truth is not None else
-                                 " (no ground truth)"): os.path.join(out, "grid.png")}
+                                 " (no ground truth)"): os.path.join(out, "grid.svg")}
   if results.get("history"):
-    curves_figure(os.path.join(out, "curves.png"), results["history"], title)
+    write_svg(os.path.join(out, "curves.svg"), svg.curves(results["history"], title))
     with_psnr = any("psnr" in r for r in results["history"])
     figures["Objective and PSNR by iteration" if with_psnr else "Objective by iteration"] = \
-        os.path.join(out, "curves.png")
+        os.path.join(out, "curves.svg")
   summary = summary_rows(results, ("psnr", "ssim", "lpips", "mse", "label_accuracy", "loss",
                                    "residual", "model", "threat_model", "num_samples", "iterations",
                                    "evaluations", "restarts", "restarts_diverged", "wall_time_s"))
@@ -526,15 +465,15 @@ def sentence_table(results: dict) -> str:
 
 def write_text_run(out: str, results: dict, title: str) -> None:
   """A text run's files in ``out``: ``metrics.json``; ``sentences.txt`` (each recovered sentence
-  under the true one, :func:`sentence_table`); ``curves.png`` (the objective against iterations) and
+  under the true one, :func:`sentence_table`); ``curves.svg`` (the objective against iterations) and
   ``report.html`` with all of it."""
   save_json(os.path.join(out, "metrics.json"), results)
   atomic_write(os.path.join(out, "sentences.txt"), lambda f: f.write(sentence_table(results)),
                binary=False)
   figures = {}
   if results.get("history"):
-    curves_figure(os.path.join(out, "curves.png"), results["history"], title)
-    figures["Objective by iteration"] = os.path.join(out, "curves.png")
+    write_svg(os.path.join(out, "curves.svg"), svg.curves(results["history"], title))
+    figures["Objective by iteration"] = os.path.join(out, "curves.svg")
   summary = summary_rows(results, ("token_accuracy", "rouge1", "rouge2", "rougeL", "bag_recall",
                                    "loss", "residual", "model",
                                    "num_samples", "iterations", "evaluations", "restarts",
