@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import io
 import os
 import pickle
@@ -24,9 +25,9 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 import numpy as np
+import skimage
 import skimage.color
 import skimage.data
-import skimage.transform
 from PIL import Image
 
 DATASETS = ("skimage", "lfw_subset", "digits", "mnist", "cifar10", "cifar10_train", "cifar100", "lfw",
@@ -39,6 +40,13 @@ SKIMAGE_PHOTOS = (
     # Grayscale photos, repeated to RGB.
     "camera", "coins", "moon", "brick", "grass", "gravel", "clock", "page", "text",
 )  # fmt: skip
+
+# The files of SKIMAGE_PHOTOS in scikit-image's data folder where not NAME.png, decoded with PIL:
+# skimage.data's loaders read them through skimage.io, whose backends take longer to import than
+# the main job's photo to load; the arrays are the same (tests/test_data.py).
+_SKIMAGE_FILES = {"rocket": "rocket.jpg", "immunohistochemistry": "ihc.png",
+                  "hubble_deep_field": "hubble_deep_field.jpg", "colorwheel": "color.png",
+                  "clock": "clock_motion.png"}
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -228,9 +236,63 @@ def count(name: str, *, data_dir: str | None = None) -> int | None:
   return None
 
 
-def _resize(img: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
-  """Float (H, W, C) image anti-aliased to ``image_size``, clipped to [0, 1]."""
-  return np.clip(skimage.transform.resize(img, (*image_size, img.shape[-1]), anti_aliasing=True), 0.0, 1.0)
+def _mirror(index: np.ndarray, n: int) -> np.ndarray:
+  """Indices reflected about the first and last pixels' centres (-1 -> 1, n -> n - 2): numpy's
+  "reflect" padding, scipy.ndimage's "mirror" mode."""
+  if n == 1:
+    return np.zeros_like(index)
+  index = np.abs(index) % (2 * n - 2)
+  return np.where(index >= n, 2 * n - 2 - index, index)
+
+
+def resize(img: np.ndarray, image_size: tuple[int, int]) -> np.ndarray:
+  """A float32 (H, W, C) image anti-aliased to ``image_size`` (H', W'), clipped to [0, 1].
+
+  scikit-image's ``transform.resize(img, (H', W', C), anti_aliasing=True)``, computed here without
+  scipy's import: per axis a Gaussian of ``sigma = max(0, (f - 1) / 2)``, ``f = H / H'``, truncated
+  at ``int(4 sigma + 0.5)`` pixels (mirror boundary), each pass rounded to float32 as scipy's
+  ``gaussian_filter`` stores it; then linear interpolation at ``(i + 0.5) f - 0.5`` (pixel centres,
+  mirror boundary) in float64, and a clip to the input's range. Only the pixels the interpolation
+  reads are filtered. Equal to scikit-image's bit for bit (tests/test_data.py).
+  """
+  x = np.asarray(img, np.float32)
+  low, high = x.min(), x.max()
+  reads = []  # per axis: each output's fraction, its lower and upper pixel's place in `pixels`
+  for axis, size in enumerate(image_size):  # the Gaussians, each pass stored as float32
+    n = x.shape[axis]
+    f = n / size
+    at = (np.arange(size) + 0.5) * f - 0.5
+    if n == 1:  # the coordinate itself mirrored into [0, n - 1] first, as scipy does
+      at = np.zeros_like(at)
+    else:
+      at = np.where(at < 0, -at, at)
+      at = np.where(at > n - 1, 2 * n - 2 - at, at)
+    below = np.floor(at).astype(np.int64)
+    pixels = np.unique(np.concatenate([_mirror(below, n), _mirror(below + 1, n)]))
+    reads.append((at - below, np.searchsorted(pixels, _mirror(below, n)),
+                  np.searchsorted(pixels, _mirror(below + 1, n))))
+    sigma = max(0.0, (f - 1) / 2)
+    if sigma <= 1e-15:  # scipy.ndimage skips an axis of zero width
+      x = np.take(x, pixels, axis=axis)
+      continue
+    radius = int(4.0 * sigma + 0.5)
+    weights = np.exp(-0.5 / (sigma * sigma) * np.arange(-radius, radius + 1) ** 2)
+    weights = (weights / weights.sum())[radius:]  # normalised over the whole window, as scipy
+    shifted = [np.take(x, _mirror(pixels + j, n), axis=axis).astype(np.float64)
+               for j in range(-radius, radius + 1)]
+    total = shifted[radius] * weights[0]
+    for j in range(1, radius + 1):  # scipy's order: the pair at -j and +j, then its weight
+      total += (shifted[radius - j] + shifted[radius + j]) * weights[j]
+    x = total.astype(np.float32)
+  # Linear interpolation in float64, summed as scipy.ndimage.zoom does: over the corners in order
+  # (last axis fastest), each pixel's value times its weight along each axis in turn.
+  x, y = x.astype(np.float64), 0.0
+  for corner in itertools.product((0, 1), repeat=len(reads)):
+    term = x[np.ix_(*(read[1 + c] for read, c in zip(reads, corner)))]
+    for axis, ((frac, _, _), c) in enumerate(zip(reads, corner)):
+      term = term * (frac if c else 1 - frac).reshape((1,) * axis + (-1,) + (1,) * (x.ndim - axis - 1))
+    y = y + term
+  return np.clip(np.clip(np.asarray(y, np.float32), low, high), 0.0, 1.0)
 
 
 def _finish(images, image_size, channels) -> np.ndarray:
@@ -238,7 +300,7 @@ def _finish(images, image_size, channels) -> np.ndarray:
   out = []
   for img in images:
     if image_size is not None:
-      img = _resize(img, image_size)
+      img = resize(img, image_size)
     if channels == 1 and img.shape[-1] == 3:
       img = skimage.color.rgb2gray(img)[..., None]
     elif channels == 3 and img.shape[-1] == 1:
@@ -298,13 +360,15 @@ def _decode(data: bytes, where: str, mode: str | None = None) -> np.ndarray:
 def _skimage_photo(i: int, image_size: tuple[int, int]) -> np.ndarray:
   """scikit-image photo ``SKIMAGE_PHOTOS[i]``, gray repeated to RGB, centre-cropped to a square and
   resized to ``image_size`` (read-only: one decoded and resized copy per photo and size)."""
-  img = getattr(skimage.data, SKIMAGE_PHOTOS[i])()
+  with Image.open(os.path.join(skimage.data_dir, _SKIMAGE_FILES.get(SKIMAGE_PHOTOS[i],
+                                                                   SKIMAGE_PHOTOS[i] + ".png"))) as f:
+    img = np.asarray(f)
   if img.ndim == 2:
     img = np.repeat(img[..., None], 3, axis=-1)
   h, w = img.shape[:2]
   s = min(h, w)
   top, left = (h - s) // 2, (w - s) // 2
-  img = _resize(img[top : top + s, left : left + s].astype(np.float32) / 255, image_size)
+  img = resize(img[top : top + s, left : left + s].astype(np.float32) / 255, image_size)
   img.flags.writeable = False
   return img
 

@@ -54,6 +54,33 @@ def test_skimage_indices_resize_channels():
   np.testing.assert_allclose(data.load("skimage", indices=0).x[0], astronaut, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape,size", [((512, 512, 3), (32, 32)), ((300, 451, 3), (28, 28)),
+                                        ((28, 28, 1), (32, 32)), ((64, 48, 3), (40, 48)),
+                                        ((1, 5, 1), (3, 2)), ((33, 17, 3), (7, 64))])
+def test_resize_is_scikit_images_anti_aliased_resize(shape, size):
+  """Down by integer and other factors, up, one pixel wide: bit for bit."""
+  img = np.random.default_rng(sum(shape)).random(shape, dtype=np.float32)
+  want = np.clip(skimage.transform.resize(img, (*size, shape[-1]), anti_aliasing=True), 0.0, 1.0)
+  got = data.resize(img, size)
+  assert got.dtype == np.float32
+  np.testing.assert_array_equal(got, want)
+
+
+def test_skimage_photos_are_scikit_images_arrays():
+  for name in data.SKIMAGE_PHOTOS:
+    photo = getattr(skimage.data, name)()
+    if photo.ndim == 2:
+      photo = np.repeat(photo[..., None], 3, axis=-1)
+    s = min(photo.shape[:2])
+    top, left = (photo.shape[0] - s) // 2, (photo.shape[1] - s) // 2
+    crop = photo[top:top + s, left:left + s] / 255
+    for size in ((32, 32), (28, 28)):
+      want = np.clip(skimage.transform.resize(crop.astype(np.float32), (*size, 3),
+                                              anti_aliasing=True), 0.0, 1.0)
+      got = data.load("skimage", indices=data.SKIMAGE_PHOTOS.index(name), image_size=size).x[0]
+      np.testing.assert_array_equal(got, want, err_msg=f"{name} at {size}")
+
+
 def test_lfw_subset():
   ds = data.load("lfw_subset")
   assert ds.x.shape == (200, 25, 25, 1) and ds.num_classes == 2
