@@ -359,6 +359,13 @@ def test_degenerate_configuration_raises(name, kwargs):
     jax.eval_shape(lambda k: models.create(name, k, **kwargs).variables, KEY)
 
 
+@pytest.mark.parametrize("init", ["uniform", "default"])  # no fan / a fan-based init's zero fan-in
+def test_an_input_too_small_for_the_pooling_is_named(init):
+  kwargs = {} if init == "default" else {"init": init}
+  with pytest.raises(ValueError, match=r"input \(8, 8, 3\) is too small for convnet"):
+    models.create("convnet", KEY, input_shape=(8, 8, 3), **kwargs)
+
+
 # --- Convolution implementations: im2col equals the native convolution -------------------------------
 
 

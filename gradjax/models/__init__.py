@@ -188,13 +188,18 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
     variables = _init(module, key, jnp.zeros((1, *input_shape), jnp.int32))
     return Model(make_apply_fn(module), variables, name, input_shape, num_classes)
   dtype = module_kwargs.get("param_dtype", jnp.float32)
-  # Shape-only trace; the uniform init avoids fan-based initialisers dividing by a zero fan-in.
-  traced = module.clone(weight_init="uniform") if hasattr(module, "weight_init") else module
-  features = jax.eval_shape(
-      lambda: traced.init(key, jnp.zeros((1, *input_shape), dtype)))["params"]["head"]["kernel"].shape[0]
-  if features == 0:
-    raise ValueError(f"input {input_shape} is too small for {name}: its pooling leaves no features")
-  variables = _init(module, key, np.zeros((1, *input_shape), dtype))
+  too_small = ValueError(f"input {input_shape} is too small for {name}: its pooling leaves no features")
+  try:
+    variables = _init(module, key, np.zeros((1, *input_shape), dtype))
+  except ZeroDivisionError:  # a fan-based initialiser of a head without inputs, or another cause:
+    # a shape-only trace with the uniform init (no fan) tells which.
+    traced = module.clone(weight_init="uniform") if hasattr(module, "weight_init") else module
+    if jax.eval_shape(lambda: traced.init(key, jnp.zeros((1, *input_shape), dtype)))[
+        "params"]["head"]["kernel"].shape[0] == 0:
+      raise too_small from None
+    raise
+  if variables["params"]["head"]["kernel"].shape[0] == 0:
+    raise too_small
   return Model(make_apply_fn(module), variables, name, input_shape, num_classes)
 
 
