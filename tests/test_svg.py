@@ -136,3 +136,24 @@ def test_reconstruction_embeds_the_grid_and_captions_each_column(photos):
   (title,) = [t for t in root.findall("s:text", NS) if _text(t) == long]
   assert float(title.get("x")) - 0.3 * 11 * len(long) >= 0  # not cut off
   assert float(title.get("x")) + 0.3 * 11 * len(long) <= float(root.get("width"))
+
+
+@pytest.mark.parametrize("count,long", [(5, False), (20, True)])
+def test_bars_rise_to_their_values_on_the_axis_tick_labels_define(count, long):
+  values = [3.5 + 2.25 * k for k in range(count)]
+  labels = [f"attack.iterations={100 * k}" if long else str(k) for k in range(count)]
+  root = ET.fromstring(svg.bars(labels, values, threshold=20.0, title="t"))
+  ys = _ticks(root, "ytick")
+  assert ys[0][0] <= 0.0 and ys[-1][0] >= max(values)
+  at_y = _axis(ys, False)
+  bars = [r for r in root.findall("s:rect", NS) if r.get("class") == "bar"]
+  ticks = [t for t in root.findall("s:text", NS) if t.get("class") == "xtick"]
+  assert [_text(t) for t in ticks] == labels
+  for bar, v, tick in zip(bars, values, ticks, strict=True):
+    top, bottom = float(bar.get("y")), float(bar.get("y")) + float(bar.get("height"))
+    assert top == pytest.approx(at_y(v), abs=0.01) and bottom == pytest.approx(at_y(0.0), abs=0.01)
+    centre = float(bar.get("x")) + float(bar.get("width")) / 2
+    assert abs(float(tick.get("x")) - centre) <= 0.35 * 10 + 0.01  # under its bar
+    assert ("rotate(-90" in (tick.get("transform") or "")) == long
+  (line,) = [l for l in root.findall("s:line", NS) if l.get("stroke-dasharray")]
+  assert float(line.get("y1")) == pytest.approx(at_y(20.0), abs=0.01)

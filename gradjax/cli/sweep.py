@@ -4,7 +4,7 @@ Each image (or batch) attacks a fresh random model, seeded by its index (see gra
 the one model of ``--checkpoint``, and is scored after batch-order matching. Writes
 ``results.json`` (per-image rows and the summary) and ``results.md`` (a table), ``results.csv``
 (one row per experiment), ``reconstructions.png`` (ground truth above, reconstructions below) and
-``psnr.png`` (PSNR per experiment) to ``--output_dir``. LPIPS is reported when the ``lpips`` extra
+``psnr.svg`` (PSNR per experiment) to ``--output_dir``. LPIPS is reported when the ``lpips`` extra
 is installed.
 
 Each finished experiment is kept in ``items/<index>.json`` (with its restarts' per-iteration
@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 from gradjax.cli import common
 from gradjax import fidelity, files
-from gradjax.run import config, report
+from gradjax.run import config, report, svg
 
 common.define_flags(batched=True)
 common.define_table_flags()
@@ -120,7 +120,7 @@ def main(argv):
             or os.path.splitext(os.path.basename(common.config_file(f["config"])))[0])
   out = common.output_folder(
       f"sweep_{base.attack.preset}_{model}_{base.data.dataset.replace(':', '-')}_{span}",
-      own=("results.*", "psnr.png", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
+      own=("results.*", "psnr.svg", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
   items = common.items(out)
   start, resumed = time.perf_counter(), 0
   if not items.plan(list(zip(keys, cfgs))):
@@ -172,13 +172,13 @@ def main(argv):
   report.save_csv(os.path.join(out, "results.csv"),
                   [{**r, "verdict": verdict_of(r), "options": label} for r, label in zip(rows, labels)],
                   CSV_COLUMNS if images else ("options", *CSV_COLUMNS))
-  report.psnr_figure(os.path.join(out, "psnr.png"), labels, [r["psnr"] for r in rows],
-                     f.psnr_threshold, title)
+  report.write_svg(os.path.join(out, "psnr.svg"),
+                   svg.bars(labels, [r["psnr"] for r in rows], f.psnr_threshold, title))
   if len({t.shape[1:] for t in truth}) == 1:
     report.save_png(os.path.join(out, "reconstructions.png"),
                     report.image_grid([np.concatenate(truth), np.concatenate(recon)], scale=2))
   print(text)
-  print(f"wrote {out}: results.json, results.md, results.csv, psnr.png, reconstructions.png")
+  print(f"wrote {out}: results.json, results.md, results.csv, psnr.svg, reconstructions.png")
 
 
 if __name__ == "__main__":

@@ -198,22 +198,6 @@ def per_image_captions(results: dict) -> list[str]:
   return captions
 
 
-def psnr_figure(path, labels: Sequence[str], psnr: Sequence[float], threshold: float | None = None,
-                title: str = "") -> None:
-  """PSNR per experiment as bars, with the success threshold as a dashed line."""
-  fig, ax = subplots(figsize=(max(4.0, 0.35 * len(labels) + 1.5), 3.0))
-  ax.bar(range(len(labels)), psnr, color="tab:blue")
-  ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90 if len(labels) > 12 else 0)
-  ax.set_xlabel("experiment"), ax.set_ylabel("PSNR (dB)")
-  if threshold is not None:
-    ax.axhline(threshold, color="tab:red", linestyle="--", linewidth=1, label=f"{threshold:g} dB")
-    ax.legend(fontsize=7)
-  ax.grid(axis="y", alpha=0.3)
-  if title:
-    ax.set_title(title, fontsize=9)
-  _save_figure(fig, path)
-
-
 def _cell(value) -> str:
   import html
   if isinstance(value, float):

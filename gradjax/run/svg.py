@@ -204,3 +204,56 @@ def curves(history: Sequence[dict], title: str = "") -> str:
   if title:
     body.append(_text(total / 2, 16, title, 11))
   return _document(total, top + height + 40, body)
+
+
+def bars(labels: Sequence[str], values: Sequence[float], threshold: float | None = None,
+         title: str = "", ylabel: str = "PSNR (dB)") -> str:
+  """One bar per value from zero, labelled below (turned upright when there are more than 12 or
+  they are long), and ``threshold`` as a dashed line.
+
+  Returns:
+    The SVG document: bar k (class ``bar``) centred at tick label k's x; its top where the y tick
+    labels (class ``ytick``) place its value.
+  """
+  values = [float(v) for v in values]
+  n, size = len(values), 10
+  turned = n > 12 or max((len(str(l)) for l in labels), default=0) * 0.6 * size > 30
+  below = (0.92 * max((_width(l, size) for l in labels), default=0) + 8 if turned else 16) + 24
+  width, height = max(240.0, 30.0 * n), 200.0
+  left, top = 62.0, 30.0 if title else 12.0
+  yt = linear_ticks(min(0.0, *values), max(0.0, *values, *([threshold] if threshold is not None
+                                                                  else [])))
+
+  def py(v):
+    return top + height * (yt[-1] - v) / (yt[-1] - yt[0])
+
+  body = [f"<rect x='{left:.2f}' y='{top:.2f}' width='{width:.2f}' height='{height:.2f}' "
+          "fill='none' stroke='#333' stroke-width='0.8'/>"]
+  for t in yt:
+    body.append(f"<line x1='{left:.2f}' y1='{py(t):.2f}' x2='{left + width:.2f}' y2='{py(t):.2f}' "
+                "stroke='#ccc' stroke-width='0.6'/>")
+    body.append(_text(left - 4, py(t) + 3.5, _tick_label(t), size, anchor="end",
+                      extra="class='ytick'"))
+  step = width / max(n, 1)
+  for k, (label, v) in enumerate(zip(labels, values)):
+    x = left + step * (k + 0.5)
+    body.append(f"<rect class='bar' x='{x - 0.35 * step:.3f}' y='{min(py(v), py(0.0)):.3f}' "
+                f"width='{0.7 * step:.3f}' height='{abs(py(0.0) - py(v)):.3f}' fill='{COLOURS[0]}'>"
+                f"<title>{html.escape(str(label))}: {v:.2f}</title></rect>")
+    if turned:  # read upwards, its end under the bar (the baseline's offset centres it)
+      tx, ty = x + 0.35 * size, top + height + 6
+      body.append(_text(tx, ty, str(label), size, anchor="end",
+                        extra=f"transform='rotate(-90 {tx:.2f} {ty:.2f})' class='xtick'"))
+    else:
+      body.append(_text(x, top + height + 13, str(label), size, extra="class='xtick'"))
+  if threshold is not None:
+    body.append(f"<line x1='{left:.2f}' y1='{py(threshold):.3f}' x2='{left + width:.2f}' "
+                f"y2='{py(threshold):.3f}' stroke='{COLOURS[3]}' stroke-dasharray='5 3' "
+                "stroke-width='1'/>")
+    body.append(_text(left + width - 4, py(threshold) - 4, f"{threshold:g} dB", size, anchor="end"))
+  body.append(_text(left + width / 2, top + height + below - 6, "experiment", 11))
+  body.append(_text(left - 48, top + height / 2, ylabel, 11,
+                    extra=f"transform='rotate(-90 {left - 48:.2f} {top + height / 2:.2f})'"))
+  if title:
+    body.append(_text((left + width) / 2, 16, title, 11))
+  return _document(max(left + width + 10, _width(title, 11) + 20), top + height + below, body)

@@ -9,7 +9,7 @@ Each row is a ``gradjax sweep`` of this folder's ``mlp.py`` (its command is in t
 results.json) into ``runs/exclusive_neurons/<row>/``; the table, ``runs/exclusive_neurons/table.md`` (its numbers in ``table.json``),
 gives per row the batches, the images recovered (PSNR >= 30 dB after the optimal assignment), the
 labels recovered, the verdicts and the seconds per batch. Each run keeps results.json (per batch: the
-per-image scores, the separation's rank, rounds and residual), results.md, psnr.png and, for the rows
+per-image scores, the separation's rank, rounds and residual), results.md, psnr.svg and, for the rows
 in FIGURES, reconstructions.png. Rows: the development images 0-499 (where
 the acceptance tolerance was chosen, on images 0-127) and the unseen images from 500 on.
 """

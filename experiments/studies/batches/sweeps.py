@@ -18,7 +18,7 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
 
 def sweep(out: str, flags: list[str], data_dir: str | None, keep: tuple[str, ...] = ()) -> None:
   """``gradjax sweep FLAGS --output_dir=OUT``, unless ``out`` holds its results; keeps results.json
-  (which records the command), results.md, psnr.png and the files named in ``keep`` of the rest
+  (which records the command), results.md, psnr.svg and the files named in ``keep`` of the rest
   (reconstructions.png); drops config.py and the per-experiment arrays."""
   if os.path.exists(os.path.join(out, "results.json")):
     return
