@@ -355,7 +355,7 @@ def test_cli_attacks_captured_files(lenet_files, tmp_path, photos):
   rec = np.load(out / "reconstruction.npy", allow_pickle=False)
   assert rec.shape == (1, 32, 32, 3) and rec.dtype == np.float32 and 0 <= rec.min() <= rec.max() <= 1
   page = (out / "report.html").read_text()
-  assert "data:image/png;base64," in page and f"{results['loss']:.4g}" in page
+  assert "data:image/svg+xml;base64," in page and f"{results['loss']:.4g}" in page
   # With the client's image (the fixture's: skimage photo 0) as ground truth, the printed PSNR is
   # scikit-image's on the written reconstruction.
   out = tmp_path / "scored"
