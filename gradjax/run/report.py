@@ -166,7 +166,7 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   return out
 
 
-# --- the sweeps' figures (matplotlib; a run's are gradjax.run.svg's) and the HTML report ----------
+# --- the defense sweep's figure (matplotlib; the others are gradjax.run.svg's) and the HTML report --
 
 def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
   """``(figure, axes)`` like ``pyplot.subplots``, from matplotlib's object-oriented API: no pyplot

@@ -1,8 +1,8 @@
-"""A run's figures as SVG text: the captioned reconstruction grid and the objective's curves.
+"""Figures as SVG text: a run's captioned reconstruction grid and objective curves, a sweep's bars.
 
 Written without a plotting library, so that a run's report is string formatting, not a plotting
 library's import and rendering. Text stays text (selectable, sharp at any zoom); the images are one
-embedded PNG, upscaled by nearest neighbour. The sweeps' figures keep matplotlib
+embedded PNG, upscaled by nearest neighbour. The defense sweep's figure keeps matplotlib
 (:func:`gradjax.run.report.subplots`).
 
 Coordinates are SVG user units (pixels at 100 % zoom), y downwards.
