@@ -67,17 +67,18 @@ def test_resize_is_scikit_images_anti_aliased_resize(shape, size):
 
 
 def test_skimage_photos_are_scikit_images_arrays():
-  for name in data.SKIMAGE_PHOTOS:
+  """Every photo at the default 32x32; the first three at 28x28 too (a factor that is no integer)."""
+  for k, name in enumerate(data.SKIMAGE_PHOTOS):
     photo = getattr(skimage.data, name)()
     if photo.ndim == 2:
       photo = np.repeat(photo[..., None], 3, axis=-1)
     s = min(photo.shape[:2])
     top, left = (photo.shape[0] - s) // 2, (photo.shape[1] - s) // 2
     crop = photo[top:top + s, left:left + s] / 255
-    for size in ((32, 32), (28, 28)):
+    for size in [(32, 32)] + ([(28, 28)] if k < 3 else []):
       want = np.clip(skimage.transform.resize(crop.astype(np.float32), (*size, 3),
                                               anti_aliasing=True), 0.0, 1.0)
-      got = data.load("skimage", indices=data.SKIMAGE_PHOTOS.index(name), image_size=size).x[0]
+      got = data.load("skimage", indices=k, image_size=size).x[0]
       np.testing.assert_array_equal(got, want, err_msg=f"{name} at {size}")
 
 

@@ -347,6 +347,7 @@ def test_masked_cross_entropy_weighs_each_row_by_its_share_of_targets(log_softma
     losses.masked_cross_entropy(jnp.asarray(z), jnp.asarray(t[..., :7]))
 
 
+@pytest.mark.slow
 def test_a_token_search_one_word_off_settles_on_the_sentence():
   """bert's masked client (five words, two masked): a token search that ended with its first word
   wrong settles on the client's sentence and targets, and its objective is the attack's distance
