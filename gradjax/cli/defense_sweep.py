@@ -28,8 +28,8 @@ Utility (``--utility``): for every defense, a small model (the configuration's `
 (gradjax.training.train_fedsgd: ``utility.epochs`` epochs of mini-batch SGD with momentum on the first
 ``utility.train_count`` images of ``utility.dataset``, MNIST's test split by default) and tested on the
 following ``utility.test_count`` images; the test accuracy is the "utility acc." column. Every defense starts
-from the same initial model and the same batch order (``--seed``). ``privacy_utility.png`` shows the
-mean attack PSNR per defense and, with ``--utility``, the utility accuracy below it.
+from the same initial model and the same batch order (``--seed``). ``privacy_utility.svg`` shows the
+mean attack PSNR per defense and, with ``--utility``, the utility accuracy against it beside.
 
   gradjax defense-sweep --defenses="none;gaussian:1e-3;gaussian:1e-2;prune:0.5" --utility
 """
@@ -43,7 +43,7 @@ from absl import app, flags, logging
 
 from gradjax.cli import common
 from gradjax import defenses, models, training, verdict
-from gradjax.run import config, report
+from gradjax.run import config, report, svg
 
 DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gaussian:1e-2;gaussian:1e-1;"
              "laplacian:1e-8;laplacian:1e-6;laplacian:1e-4;laplacian:1e-2;fp16;int8;prune:0.01;"
@@ -112,38 +112,23 @@ def strongest_summary(row: dict) -> dict:
   return row["adaptive"]["summary"] if stronger(row) == "adaptive" else row["summary"]
 
 
-def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str = "attack"):
-  """A matplotlib figure: mean PSNR per defense as bars (dashed line at the threshold) and, when the
-  rows have a ``"utility"`` entry, utility (test accuracy) against PSNR, one labelled point per
-  defense: the privacy/utility trade-off (lower PSNR and higher accuracy is better). A defense's
-  PSNR is its stronger attack's (plain or adapted to it, :func:`stronger`); a hatched bar is the
-  adapted one's."""
+def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str = "attack") -> str:
+  """An SVG figure (:mod:`gradjax.run.svg`): mean PSNR per defense as bars (dashed line at the
+  threshold) and, when the rows have a ``"utility"`` entry, utility (test accuracy) against PSNR,
+  one labelled point per defense: the privacy/utility trade-off (lower PSNR and higher accuracy is
+  better). A defense's PSNR is its stronger attack's (plain or adapted to it, :func:`stronger`); a
+  hatched bar is the adapted one's."""
   names = [row["defense"] for row in table]
   psnr = [strongest_summary(row)["psnr"]["mean"] for row in table]
-  with_utility = all("utility" in row for row in table)
-  fig, axes = report.subplots(1, 2 if with_utility else 1, squeeze=False,
-                              figsize=(max(5.0, 0.45 * len(names) + 2) + (5 if with_utility else 0), 3.6))
-  ax = axes[0, 0]
-  bars = ax.bar(range(len(names)), psnr, color="tab:blue")
-  for bar, row in zip(bars, table):
-    if stronger(row) == "adaptive":
-      bar.set_hatch("//")
-  ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-  ax.axhline(psnr_threshold, color="tab:red", linestyle="--", linewidth=1,
-             label=f"recognisable from {psnr_threshold:g} dB (the verdict's PSNR rule)")
-  ax.set_ylabel(f"{attack} PSNR (dB), mean"), ax.legend(fontsize=7), ax.grid(axis="y", alpha=0.3)
-  if with_utility:
-    ax = axes[0, 1]
+  panels = [svg.bars(names, psnr, psnr_threshold, ylabel=f"{attack} PSNR (dB), mean",
+                     xlabel="defense", hatched=[stronger(row) == "adaptive" for row in table],
+                     threshold_label=f"recognisable from {psnr_threshold:g} dB (the verdict's PSNR rule)")]
+  if all("utility" in row for row in table):
     points = [(p, row["utility"]["accuracy"], n) for p, row, n in zip(psnr, table, names)
               if row["utility"]["accuracy"] is not None]
-    ax.scatter([p for p, _, _ in points], [a for _, a, _ in points], color="tab:orange")
-    for p, a, n in points:
-      ax.annotate(n, (p, a), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.axvline(psnr_threshold, color="tab:red", linestyle="--", linewidth=1)
-    ax.set_xlabel(f"{attack} PSNR (dB): leak"), ax.set_ylabel("utility: test accuracy")
-    ax.grid(alpha=0.3)
-  fig.tight_layout()
-  return fig
+    panels.append(svg.scatter(points, f"{attack} PSNR (dB): leak", "utility: test accuracy",
+                              vline=psnr_threshold))
+  return svg.side_by_side(panels)
 
 
 def main(argv):
@@ -165,7 +150,7 @@ def main(argv):
         defenses.parse(spec)
     out = common.output_folder(
         f"defenses_{base.attack.preset}_{base.model.name}_{base.data.dataset.replace(':', '-')}",
-        own=("results.*", "privacy_utility.png", "items/*.json", "items/*.npz", "config.py"))
+        own=("results.*", "privacy_utility.svg", "items/*.json", "items/*.npz", "config.py"))
     items = common.items(out)
     ucfg = base.utility
     if f.utility:
@@ -214,8 +199,8 @@ def main(argv):
                    {"table": table, "config": config.record(base), "utility_config": utility_setup,
                     "total_time_s": items.earlier_s + time.perf_counter() - start,
                     **common.provenance()})
-  report._save_figure(privacy_utility_plot(table, verdict.THRESHOLDS.psnr, base.attack.preset),
-                      os.path.join(out, "privacy_utility.png"))
+  report.write_svg(os.path.join(out, "privacy_utility.svg"),
+                   privacy_utility_plot(table, verdict.THRESHOLDS.psnr, base.attack.preset))
   extra = " utility acc. |" if f.utility else ""
   with_lpips = all("lpips" in row["summary"] for row in table)
   lines = [
@@ -257,7 +242,7 @@ def main(argv):
   with open(os.path.join(out, "results.md"), "w") as fh:
     fh.write(text)
   print(text)
-  print(f"wrote {out}: results.json, results.md, privacy_utility.png, items/")
+  print(f"wrote {out}: results.json, results.md, privacy_utility.svg, items/")
 
 
 if __name__ == "__main__":

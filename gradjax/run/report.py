@@ -166,19 +166,7 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   return out
 
 
-# --- the defense sweep's figure (matplotlib; the others are gradjax.run.svg's) and the HTML report --
-
-def subplots(nrows: int = 1, ncols: int = 1, **kwargs):
-  """``(figure, axes)`` like ``pyplot.subplots``, from matplotlib's object-oriented API: no pyplot
-  (its import, global figure registry and backend selection), rendered by Agg when saved."""
-  from matplotlib.figure import Figure
-  fig = Figure(figsize=kwargs.pop("figsize", None))
-  return fig, fig.subplots(nrows, ncols, **kwargs)
-
-
-def _save_figure(fig, path) -> None:
-  atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, bbox_inches="tight"), binary=True)
-
+# --- the HTML report (its figures: gradjax.run.svg) ---------------------------------------------
 
 def per_image_captions(results: dict) -> list[str]:
   """One caption per image from a results dict: PSNR, SSIM and LPIPS where present, and whether the

@@ -1,9 +1,9 @@
-"""Figures as SVG text: a run's captioned reconstruction grid and objective curves, a sweep's bars.
+"""gradjax's figures as SVG text: a run's captioned reconstruction grid and objective curves, a
+sweep's bars, the defense sweep's bars and scatter side by side.
 
-Written without a plotting library, so that a run's report is string formatting, not a plotting
-library's import and rendering. Text stays text (selectable, sharp at any zoom); the images are one
-embedded PNG, upscaled by nearest neighbour. The defense sweep's figure keeps matplotlib
-(:func:`gradjax.run.report.subplots`).
+Written without a plotting library, so that a report is string formatting, not a plotting library's
+import and rendering. Text stays text (selectable, sharp at any zoom); images are one embedded PNG,
+upscaled by nearest neighbour.
 
 Coordinates are SVG user units (pixels at 100 % zoom), y downwards.
 """
@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import math
+import re
 from typing import Sequence
 
 import numpy as np
@@ -207,27 +208,33 @@ def curves(history: Sequence[dict], title: str = "") -> str:
 
 
 def bars(labels: Sequence[str], values: Sequence[float], threshold: float | None = None,
-         title: str = "", ylabel: str = "PSNR (dB)") -> str:
+         title: str = "", ylabel: str = "PSNR (dB)", *, xlabel: str = "experiment",
+         threshold_label: str | None = None, hatched: Sequence[bool] | None = None) -> str:
   """One bar per value from zero, labelled below (turned upright when there are more than 12 or
-  they are long), and ``threshold`` as a dashed line.
+  they are long), ``threshold`` as a dashed line (labelled ``threshold_label``, default "T dB"),
+  and the bars that ``hatched`` marks hatched.
 
   Returns:
-    The SVG document: bar k (class ``bar``) centred at tick label k's x; its top where the y tick
-    labels (class ``ytick``) place its value.
+    The SVG document: bar k (class ``bar``, ``bar hatched`` where marked) centred at tick label k's
+    x; its top where the y tick labels (class ``ytick``) place its value.
   """
   values = [float(v) for v in values]
+  hatched = list(hatched) if hatched is not None else [False] * len(values)
   n, size = len(values), 10
   turned = n > 12 or max((len(str(l)) for l in labels), default=0) * 0.6 * size > 30
   below = (0.92 * max((_width(l, size) for l in labels), default=0) + 8 if turned else 16) + 24
-  width, height = max(240.0, 30.0 * n), 200.0
-  left, top = 62.0, 30.0 if title else 12.0
+  width = max(240.0, 30.0 * n, _width(threshold_label or "", size) + 20)
+  height, left, top = 200.0, 62.0, 30.0 if title else 12.0
   yt = linear_ticks(min(0.0, *values), max(0.0, *values, *([threshold] if threshold is not None
                                                                   else [])))
 
   def py(v):
     return top + height * (yt[-1] - v) / (yt[-1] - yt[0])
 
-  body = [f"<rect x='{left:.2f}' y='{top:.2f}' width='{width:.2f}' height='{height:.2f}' "
+  body = ["<defs><pattern id='hatch' width='6' height='6' patternUnits='userSpaceOnUse' "
+          "patternTransform='rotate(45)'><line x1='0' y1='0' x2='0' y2='6' stroke='white' "
+          "stroke-width='2'/></pattern></defs>",
+          f"<rect x='{left:.2f}' y='{top:.2f}' width='{width:.2f}' height='{height:.2f}' "
           "fill='none' stroke='#333' stroke-width='0.8'/>"]
   for t in yt:
     body.append(f"<line x1='{left:.2f}' y1='{py(t):.2f}' x2='{left + width:.2f}' y2='{py(t):.2f}' "
@@ -235,11 +242,14 @@ def bars(labels: Sequence[str], values: Sequence[float], threshold: float | None
     body.append(_text(left - 4, py(t) + 3.5, _tick_label(t), size, anchor="end",
                       extra="class='ytick'"))
   step = width / max(n, 1)
-  for k, (label, v) in enumerate(zip(labels, values)):
+  for k, (label, v, hatch) in enumerate(zip(labels, values, hatched, strict=True)):
     x = left + step * (k + 0.5)
-    body.append(f"<rect class='bar' x='{x - 0.35 * step:.3f}' y='{min(py(v), py(0.0)):.3f}' "
-                f"width='{0.7 * step:.3f}' height='{abs(py(0.0) - py(v)):.3f}' fill='{COLOURS[0]}'>"
+    box = (f"x='{x - 0.35 * step:.3f}' y='{min(py(v), py(0.0)):.3f}' width='{0.7 * step:.3f}' "
+           f"height='{abs(py(0.0) - py(v)):.3f}'")
+    body.append(f"<rect class='bar{' hatched' if hatch else ''}' {box} fill='{COLOURS[0]}'>"
                 f"<title>{html.escape(str(label))}: {v:.2f}</title></rect>")
+    if hatch:
+      body.append(f"<rect {box} fill='url(#hatch)'/>")
     if turned:  # read upwards, its end under the bar (the baseline's offset centres it)
       tx, ty = x + 0.35 * size, top + height + 6
       body.append(_text(tx, ty, str(label), size, anchor="end",
@@ -247,13 +257,71 @@ def bars(labels: Sequence[str], values: Sequence[float], threshold: float | None
     else:
       body.append(_text(x, top + height + 13, str(label), size, extra="class='xtick'"))
   if threshold is not None:
-    body.append(f"<line x1='{left:.2f}' y1='{py(threshold):.3f}' x2='{left + width:.2f}' "
-                f"y2='{py(threshold):.3f}' stroke='{COLOURS[3]}' stroke-dasharray='5 3' "
-                "stroke-width='1'/>")
-    body.append(_text(left + width - 4, py(threshold) - 4, f"{threshold:g} dB", size, anchor="end"))
-  body.append(_text(left + width / 2, top + height + below - 6, "experiment", 11))
+    body.append(f"<line class='threshold' x1='{left:.2f}' y1='{py(threshold):.3f}' "
+                f"x2='{left + width:.2f}' y2='{py(threshold):.3f}' stroke='{COLOURS[3]}' "
+                "stroke-dasharray='5 3' stroke-width='1'/>")
+    body.append(_text(left + width - 4, py(threshold) - 4,
+                      threshold_label or f"{threshold:g} dB", size, anchor="end"))
+  body.append(_text(left + width / 2, top + height + below - 6, xlabel, 11))
   body.append(_text(left - 48, top + height / 2, ylabel, 11,
                     extra=f"transform='rotate(-90 {left - 48:.2f} {top + height / 2:.2f})'"))
   if title:
     body.append(_text((left + width) / 2, 16, title, 11))
   return _document(max(left + width + 10, _width(title, 11) + 20), top + height + below, body)
+
+
+def scatter(points: Sequence[tuple[float, float, str]], xlabel: str, ylabel: str,
+            vline: float | None = None) -> str:
+  """Labelled points (x, y, label) on linear axes, ``vline`` as a dashed vertical line.
+
+  Returns:
+    The SVG document: point k (class ``point``) where the tick labels (classes ``xtick``,
+    ``ytick``) place (x_k, y_k), its label beside it.
+  """
+  xs = [p[0] for p in points] + ([vline] if vline is not None else [])
+  ys = [p[1] for p in points]
+  xt = linear_ticks(min(xs, default=0.0), max(xs, default=1.0))
+  yt = linear_ticks(min(ys, default=0.0), max(ys, default=1.0))
+  width, height, left, top = 300.0, 200.0, 62.0, 12.0
+
+  def px(x):
+    return left + width * (x - xt[0]) / (xt[-1] - xt[0])
+
+  def py(y):
+    return top + height * (yt[-1] - y) / (yt[-1] - yt[0])
+
+  body = [f"<rect x='{left:.2f}' y='{top:.2f}' width='{width:.2f}' height='{height:.2f}' "
+          "fill='none' stroke='#333' stroke-width='0.8'/>"]
+  for t in xt:
+    body.append(f"<line x1='{px(t):.2f}' y1='{top:.2f}' x2='{px(t):.2f}' y2='{top + height:.2f}' "
+                "stroke='#ccc' stroke-width='0.6'/>")
+    body.append(_text(px(t), top + height + 13, _tick_label(t), 10, extra="class='xtick'"))
+  for t in yt:
+    body.append(f"<line x1='{left:.2f}' y1='{py(t):.2f}' x2='{left + width:.2f}' y2='{py(t):.2f}' "
+                "stroke='#ccc' stroke-width='0.6'/>")
+    body.append(_text(left - 4, py(t) + 3.5, _tick_label(t), 10, anchor="end",
+                      extra="class='ytick'"))
+  if vline is not None:
+    body.append(f"<line x1='{px(vline):.3f}' y1='{top:.2f}' x2='{px(vline):.3f}' "
+                f"y2='{top + height:.2f}' stroke='{COLOURS[3]}' stroke-dasharray='5 3' "
+                "stroke-width='1'/>")
+  for x, y, label in points:
+    body.append(f"<circle class='point' cx='{px(x):.3f}' cy='{py(y):.3f}' r='3' "
+                f"fill='{COLOURS[1]}'/>")
+    body.append(_text(px(x) + 4, py(y) - 4, label, 8, anchor="start"))
+  body.append(_text(left + width / 2, top + height + 30, xlabel, 11))
+  body.append(_text(left - 48, top + height / 2, ylabel, 11,
+                    extra=f"transform='rotate(-90 {left - 48:.2f} {top + height / 2:.2f})'"))
+  return _document(left + width + 40, top + height + 40, body)
+
+
+def side_by_side(documents: Sequence[str], gap: float = 10.0) -> str:
+  """Documents of this module next to each other, tops aligned, as one document (each nested
+  as an ``<svg>`` at its x offset)."""
+  sizes = [tuple(float(v) for v in re.match(r"<svg [^>]*width='([\d.]+)' height='([\d.]+)'",
+                                             d).groups()) for d in documents]
+  body, x = [], 0.0
+  for document, (w, _) in zip(documents, sizes):
+    body.append(document.strip().replace("<svg ", f"<svg x='{x:.2f}' y='0' ", 1))
+    x += w + gap
+  return _document(x - gap, max(h for _, h in sizes), body)
