@@ -122,12 +122,14 @@ def _tick_label(v: float) -> str:
   return f"{v:g}" if v != 0 else "0"
 
 
-def _panel(series, x0, y0, width, height, xlabel, ylabel, log):
-  """One set of axes at (x0, y0) of ``width`` x ``height``: ``series`` is [(label, colour, xs, ys)]."""
-  xs = [x for _, _, sx, _ in series for x in sx]
-  ys = [y for _, _, _, sy in series for y in sy]
-  xt = linear_ticks(min(xs), max(xs))
-  yt = log_ticks(min(ys), max(ys)) if log else linear_ticks(min(ys), max(ys))
+def _axes(x0, y0, width, height, xt, yt, xlabel, ylabel, *, log=False, xlabel_below=30.0):
+  """A frame at (x0, y0) of ``width`` x ``height``, grid lines and tick labels (classes ``xtick``,
+  ``ytick``) at the values ``xt`` (None: the caller labels x) and ``yt`` (on a log10 scale when
+  ``log``), and the axis labels.
+
+  Returns:
+    (parts, px, py): the SVG elements, and the maps from an x and a y value to its coordinate.
+  """
   f = math.log10 if log else (lambda v: v)
 
   def px(x):
@@ -136,19 +138,30 @@ def _panel(series, x0, y0, width, height, xlabel, ylabel, log):
   def py(y):
     return y0 + height * (f(yt[-1]) - f(y)) / (f(yt[-1]) - f(yt[0]))
 
-  out = [f"<rect x='{x0:.2f}' y='{y0:.2f}' width='{width:.2f}' height='{height:.2f}' fill='none' "
-         "stroke='#333' stroke-width='0.8'/>"]
-  for t in xt:
-    out.append(f"<line x1='{px(t):.2f}' y1='{y0:.2f}' x2='{px(t):.2f}' y2='{y0 + height:.2f}' "
-               "stroke='#ccc' stroke-width='0.6'/>")
-    out.append(_text(px(t), y0 + height + 13, _tick_label(t), 10, extra="class='xtick'"))
+  parts = [f"<rect x='{x0:.2f}' y='{y0:.2f}' width='{width:.2f}' height='{height:.2f}' "
+           "fill='none' stroke='#333' stroke-width='0.8'/>"]
+  for t in xt or ():
+    parts.append(f"<line x1='{px(t):.2f}' y1='{y0:.2f}' x2='{px(t):.2f}' y2='{y0 + height:.2f}' "
+                 "stroke='#ccc' stroke-width='0.6'/>")
+    parts.append(_text(px(t), y0 + height + 13, _tick_label(t), 10, extra="class='xtick'"))
   for t in yt:
-    out.append(f"<line x1='{x0:.2f}' y1='{py(t):.2f}' x2='{x0 + width:.2f}' y2='{py(t):.2f}' "
-               "stroke='#ccc' stroke-width='0.6'/>")
-    out.append(_text(x0 - 4, py(t) + 3.5, _tick_label(t), 10, anchor="end", extra="class='ytick'"))
-  out.append(_text(x0 + width / 2, y0 + height + 30, xlabel, 11))
-  out.append(_text(x0 - 48, y0 + height / 2, ylabel, 11,
-                   extra=f"transform='rotate(-90 {x0 - 48:.2f} {y0 + height / 2:.2f})'"))
+    parts.append(f"<line x1='{x0:.2f}' y1='{py(t):.2f}' x2='{x0 + width:.2f}' y2='{py(t):.2f}' "
+                 "stroke='#ccc' stroke-width='0.6'/>")
+    parts.append(_text(x0 - 4, py(t) + 3.5, _tick_label(t), 10, anchor="end",
+                       extra="class='ytick'"))
+  parts.append(_text(x0 + width / 2, y0 + height + xlabel_below, xlabel, 11))
+  parts.append(_text(x0 - 48, y0 + height / 2, ylabel, 11,
+                     extra=f"transform='rotate(-90 {x0 - 48:.2f} {y0 + height / 2:.2f})'"))
+  return parts, px, py
+
+
+def _panel(series, x0, y0, width, height, xlabel, ylabel, log):
+  """One set of axes at (x0, y0) of ``width`` x ``height``: ``series`` is [(label, colour, xs, ys)]."""
+  xs = [x for _, _, sx, _ in series for x in sx]
+  ys = [y for _, _, _, sy in series for y in sy]
+  out, px, py = _axes(x0, y0, width, height, linear_ticks(min(xs), max(xs)),
+                      log_ticks(min(ys), max(ys)) if log else linear_ticks(min(ys), max(ys)),
+                      xlabel, ylabel, log=log)
   for label, colour, sx, sy in series:
     points = " ".join(f"{px(x):.3f},{py(y):.3f}" for x, y in zip(sx, sy))
     out.append(f"<polyline points='{points}' fill='none' stroke='{colour}' stroke-width='1.5'>"
@@ -221,26 +234,17 @@ def bars(labels: Sequence[str], values: Sequence[float], threshold: float | None
   values = [float(v) for v in values]
   hatched = list(hatched) if hatched is not None else [False] * len(values)
   n, size = len(values), 10
-  turned = n > 12 or max((len(str(l)) for l in labels), default=0) * 0.6 * size > 30
-  below = (0.92 * max((_width(l, size) for l in labels), default=0) + 8 if turned else 16) + 24
+  widest = max((_width(label, size) for label in labels), default=0.0)
+  turned = n > 12 or widest > 30
+  below = (0.92 * widest + 8 if turned else 16) + 24
   width = max(240.0, 30.0 * n, _width(threshold_label or "", size) + 20)
   height, left, top = 200.0, 62.0, 30.0 if title else 12.0
   yt = linear_ticks(min(0.0, *values), max(0.0, *values, *([threshold] if threshold is not None
                                                                   else [])))
-
-  def py(v):
-    return top + height * (yt[-1] - v) / (yt[-1] - yt[0])
-
+  axes, _, py = _axes(left, top, width, height, None, yt, xlabel, ylabel, xlabel_below=below - 6)
   body = ["<defs><pattern id='hatch' width='6' height='6' patternUnits='userSpaceOnUse' "
           "patternTransform='rotate(45)'><line x1='0' y1='0' x2='0' y2='6' stroke='white' "
-          "stroke-width='2'/></pattern></defs>",
-          f"<rect x='{left:.2f}' y='{top:.2f}' width='{width:.2f}' height='{height:.2f}' "
-          "fill='none' stroke='#333' stroke-width='0.8'/>"]
-  for t in yt:
-    body.append(f"<line x1='{left:.2f}' y1='{py(t):.2f}' x2='{left + width:.2f}' y2='{py(t):.2f}' "
-                "stroke='#ccc' stroke-width='0.6'/>")
-    body.append(_text(left - 4, py(t) + 3.5, _tick_label(t), size, anchor="end",
-                      extra="class='ytick'"))
+          "stroke-width='2'/></pattern></defs>", *axes]
   step = width / max(n, 1)
   for k, (label, v, hatch) in enumerate(zip(labels, values, hatched, strict=True)):
     x = left + step * (k + 0.5)
@@ -262,9 +266,6 @@ def bars(labels: Sequence[str], values: Sequence[float], threshold: float | None
                 "stroke-dasharray='5 3' stroke-width='1'/>")
     body.append(_text(left + width - 4, py(threshold) - 4,
                       threshold_label or f"{threshold:g} dB", size, anchor="end"))
-  body.append(_text(left + width / 2, top + height + below - 6, xlabel, 11))
-  body.append(_text(left - 48, top + height / 2, ylabel, 11,
-                    extra=f"transform='rotate(-90 {left - 48:.2f} {top + height / 2:.2f})'"))
   if title:
     body.append(_text((left + width) / 2, 16, title, 11))
   return _document(max(left + width + 10, _width(title, 11) + 20), top + height + below, body)
@@ -283,24 +284,7 @@ def scatter(points: Sequence[tuple[float, float, str]], xlabel: str, ylabel: str
   xt = linear_ticks(min(xs, default=0.0), max(xs, default=1.0))
   yt = linear_ticks(min(ys, default=0.0), max(ys, default=1.0))
   width, height, left, top = 300.0, 200.0, 62.0, 12.0
-
-  def px(x):
-    return left + width * (x - xt[0]) / (xt[-1] - xt[0])
-
-  def py(y):
-    return top + height * (yt[-1] - y) / (yt[-1] - yt[0])
-
-  body = [f"<rect x='{left:.2f}' y='{top:.2f}' width='{width:.2f}' height='{height:.2f}' "
-          "fill='none' stroke='#333' stroke-width='0.8'/>"]
-  for t in xt:
-    body.append(f"<line x1='{px(t):.2f}' y1='{top:.2f}' x2='{px(t):.2f}' y2='{top + height:.2f}' "
-                "stroke='#ccc' stroke-width='0.6'/>")
-    body.append(_text(px(t), top + height + 13, _tick_label(t), 10, extra="class='xtick'"))
-  for t in yt:
-    body.append(f"<line x1='{left:.2f}' y1='{py(t):.2f}' x2='{left + width:.2f}' y2='{py(t):.2f}' "
-                "stroke='#ccc' stroke-width='0.6'/>")
-    body.append(_text(left - 4, py(t) + 3.5, _tick_label(t), 10, anchor="end",
-                      extra="class='ytick'"))
+  body, px, py = _axes(left, top, width, height, xt, yt, xlabel, ylabel)
   if vline is not None:
     body.append(f"<line x1='{px(vline):.3f}' y1='{top:.2f}' x2='{px(vline):.3f}' "
                 f"y2='{top + height:.2f}' stroke='{COLOURS[3]}' stroke-dasharray='5 3' "
@@ -309,9 +293,6 @@ def scatter(points: Sequence[tuple[float, float, str]], xlabel: str, ylabel: str
     body.append(f"<circle class='point' cx='{px(x):.3f}' cy='{py(y):.3f}' r='3' "
                 f"fill='{COLOURS[1]}'/>")
     body.append(_text(px(x) + 4, py(y) - 4, label, 8, anchor="start"))
-  body.append(_text(left + width / 2, top + height + 30, xlabel, 11))
-  body.append(_text(left - 48, top + height / 2, ylabel, 11,
-                    extra=f"transform='rotate(-90 {left - 48:.2f} {top + height / 2:.2f})'"))
   return _document(left + width + 40, top + height + 40, body)
 
 
