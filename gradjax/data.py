@@ -360,9 +360,13 @@ def _decode(data: bytes, where: str, mode: str | None = None) -> np.ndarray:
 def _skimage_photo(i: int, image_size: tuple[int, int]) -> np.ndarray:
   """scikit-image photo ``SKIMAGE_PHOTOS[i]``, gray repeated to RGB, centre-cropped to a square and
   resized to ``image_size`` (read-only: one decoded and resized copy per photo and size)."""
-  with Image.open(os.path.join(skimage.data_dir, _SKIMAGE_FILES.get(SKIMAGE_PHOTOS[i],
-                                                                   SKIMAGE_PHOTOS[i] + ".png"))) as f:
-    img = np.asarray(f)
+  name = SKIMAGE_PHOTOS[i]
+  path = os.path.join(skimage.data_dir, _SKIMAGE_FILES.get(name, name + ".png"))
+  if os.path.isfile(path):
+    with Image.open(path) as f:
+      img = np.asarray(f)
+  else:  # a scikit-image that keeps it elsewhere (fetched into its cache)
+    img = getattr(skimage.data, name)()
   if img.ndim == 2:
     img = np.repeat(img[..., None], 3, axis=-1)
   h, w = img.shape[:2]
