@@ -65,10 +65,11 @@ BATCHED_STEP = {**STEP, "xla_cpu_use_fusion_emitters": True}
 
 
 @functools.cache
-def _known(name: str, value) -> bool:
-  """Whether the default backend's compiler takes option ``name`` (one tiny compilation)."""
+def _known(items: tuple) -> bool:
+  """Whether the default backend's compiler takes every option of ``items`` ((name, value) pairs)
+  together (one tiny compilation)."""
   try:
-    jax.jit(lambda x: x, compiler_options={name: value}).lower(np.float32(0)).compile()
+    jax.jit(lambda x: x, compiler_options=dict(items)).lower(np.float32(0)).compile()
   except jax.errors.JaxRuntimeError as e:
     if "compile option" not in str(e):
       raise
@@ -79,8 +80,11 @@ def _known(name: str, value) -> bool:
 def options(wanted: dict) -> dict:
   """``wanted`` (:data:`ONCE`, :data:`STEP` or :data:`BATCHED_STEP`) less the options this XLA
   does not know: debug options come and go between versions, and an unknown one fails every
-  compilation."""
-  return {k: v for k, v in wanted.items() if _known(k, v)}
+  compilation. Probed together first (one compilation for all of gradjax's options), one by one
+  only when that fails."""
+  if _known(tuple(sorted({**ONCE, **STEP, **BATCHED_STEP, **wanted}.items()))):
+    return dict(wanted)
+  return {k: v for k, v in wanted.items() if _known(((k, v),))}
 
 
 def once(fun=None, **jit_kwargs):
