@@ -29,7 +29,8 @@ Utility (``--utility``): for every defense, a small model (the configuration's `
 ``utility.train_count`` images of ``utility.dataset``, MNIST's test split by default) and tested on the
 following ``utility.test_count`` images; the test accuracy is the "utility acc." column. Every defense starts
 from the same initial model and the same batch order (``--seed``). ``privacy_utility.svg`` shows the
-mean attack PSNR per defense and, with ``--utility``, the utility accuracy against it beside.
+mean attack PSNR per defense and, with ``--utility``, beside it each defense's utility accuracy
+against that PSNR.
 
   gradjax defense-sweep --defenses="none;gaussian:1e-3;gaussian:1e-2;prune:0.5" --utility
 """
