@@ -241,12 +241,11 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   # A map without a batch size is a loop of the unbatched step: STEP's options (measured, 4 DLG
   # restarts on LeNet, one core: 3.1-3.3 s to compile against 5.6-6.0 s, 8.4 ms an iteration both).
   batched = strategy == "vmap" or (strategy == "map" and map_batch_size is not None)
-  step_options = compilation.BATCHED_STEP if batched else compilation.STEP
   # Named, so their programs read jit(solver_init) and so on (gradjax.compilation.Recorder, logs).
   for fn, name in ((init, "solver_init"), (advance, "solver_steps"), (finalize, "solver_finalize")):
     fn.__name__ = fn.__qualname__ = name
   advance = jax.jit(advance, static_argnums=3, donate_argnums=0,
-                    compiler_options=compilation.options(step_options))
+                    compiler_options=compilation.options(compilation.step_options(batched)))
   init, finalize = once(init), once(finalize)
   if jax.default_backend() != "cpu":
     return init, advance, finalize

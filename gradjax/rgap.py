@@ -151,7 +151,7 @@ def _constrained(layer, kernel, bias, matrix, rhs, start, scale, inactive, shape
 
   # Called up to ``iterations`` times: the optimisation step's compiler options.
   value_and_grad = jax.jit(jax.value_and_grad(objective),
-                           compiler_options=compilation.options(compilation.STEP))
+                           compiler_options=compilation.options(compilation.step_options()))
   box = list(zip(np.broadcast_to(lo, shape).ravel(), np.broadcast_to(hi, shape).ravel()))
   solved = scipy.optimize.minimize(
       lambda f: tuple(np.asarray(v, np.float64) for v in value_and_grad(jnp.asarray(f))),
