@@ -63,18 +63,17 @@ STEP = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": Fals
 # older emitters copy it.
 BATCHED_STEP = {**STEP, "xla_cpu_use_fusion_emitters": True}
 
-# ``GRADJAX_FAST_COMPILE=1`` in the environment, read once when this module is imported: the
-# optimisation step compiled as a program that runs once (:func:`step_options`), for runs of a few
-# dozen iterations (a test run sets it, tests/conftest.py). The README's main job on one core: its
-# step compiles in 0.85-0.88 s against 3.6-4.1 s, and its iterations take 2.6-2.8 times as long.
-FAST_COMPILE = os.environ.get("GRADJAX_FAST_COMPILE", "") not in ("", "0")
-
-
 def step_options(batched: bool = False) -> dict:
   """The compiler options of an optimisation step: :data:`BATCHED_STEP` for restarts batched in one
-  program, else :data:`STEP`; with ``GRADJAX_FAST_COMPILE`` set, :data:`ONCE`'s (with the copy
-  insertion's region analysis that keeps a donated L-BFGS history in place)."""
-  if FAST_COMPILE:
+  program, else :data:`STEP`.
+
+  With ``GRADJAX_FAST_COMPILE=1`` in the environment (read at each call), :data:`ONCE`'s (with the
+  copy insertion's region analysis that keeps a donated L-BFGS history in place): for runs of a few
+  dozen iterations, where compiling the step at level 1 costs more than its faster iterations save
+  (a test run sets it: tests/conftest.py). The README's main job on one core: its step compiles in
+  0.85-0.88 s against 3.6-4.1 s, and its iterations take 2.6-2.8 times as long.
+  """
+  if os.environ.get("GRADJAX_FAST_COMPILE", "") not in ("", "0"):
     return {**ONCE, "xla_cpu_copy_insertion_use_region_analysis": True}
   return BATCHED_STEP if batched else STEP
 

@@ -377,6 +377,7 @@ def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)
 @pytest.mark.slow
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_a_captured_pytorch_update_of_the_decoder_gives_back_its_sentences(tmp_path):
   """The zoo's GPT against its PyTorch twin: the server's weights are the twin's; the twin's gradient,
   written and read as a capture, equals gradjax's to 1e-5 of each tensor's scale, and the span
@@ -420,6 +421,7 @@ def test_a_captured_pytorch_update_of_the_decoder_gives_back_its_sentences(tmp_p
 
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)
 @pytest.mark.slow
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_a_captured_pytorch_update_of_the_encoder_gives_back_its_sentence(tmp_path):
   """The zoo's BERT against its PyTorch twin (masked-LM loss, PyTorch's ignore_index at the
   unmasked positions): the twin's gradient, written and read as a capture, equals gradjax's to 1e-5
@@ -524,6 +526,7 @@ def test_a_masked_language_models_sentence_and_its_masked_tokens():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_the_pipeline_reads_a_masked_language_models_update():
   """bert through the pipeline: batches of 1 and 2 exact (the masked words from the gradient, the
   found inputs and targets reproducing the update); a FedAvg client is refused (its local steps
@@ -683,6 +686,7 @@ def test_settle_finds_the_sentence_whose_gradient_is_the_clients():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_the_token_search_takes_over_where_the_spans_give_only_each_positions_words():
   """A one-block Transformer at batch 2: the span attack finds each position's words but cannot
   order them into sentences (Unreadable with its position sets): the pipeline reports the words

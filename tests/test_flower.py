@@ -293,6 +293,7 @@ def test_rounds_clients_and_disk_cap(net, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_attack_recorded_updates_in_background(net, tmp_path):
   """One SGD step of batch 1 is lr times a gradient: iDLG from the recorded files alone, attacked in
   a separate process while the federation goes on, scored on the photos the clients reported. It

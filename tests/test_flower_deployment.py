@@ -27,6 +27,7 @@ from gradjax.integrations import audit
 # with torch loaded, a later XLA compilation in the same pytest process segfaulted.
 pytestmark = [
     pytest.mark.deployment, pytest.mark.isolated,
+    pytest.mark.usefixtures("optimised_step"),  # the gate's and the audit's 2000 iterations
     pytest.mark.skipif(importlib.util.find_spec("flwr") is None or importlib.util.find_spec("torch") is None,
                        reason="needs flwr and torch"),
 ]

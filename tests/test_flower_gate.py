@@ -70,6 +70,7 @@ def test_gray_baseline_against_scikit_image():
   assert gray_baseline_psnr(x) == pytest.approx(want, rel=1e-9)
 
 
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
   gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,
                                    "gate.threshold_db": 10.0}, compilation_cache=CACHE)

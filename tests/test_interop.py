@@ -314,6 +314,7 @@ def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
 
 @pytest.mark.isolated  # imports torch
 @pytest.mark.slow
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_dlg_on_pytorch_gradient_reaches_30db(tmp_path, photos):
   from gradjax import attacks, metrics, presets
   torch, LeNet, _ = _torch_models()

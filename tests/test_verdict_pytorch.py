@@ -91,6 +91,7 @@ def _truth():
   return batch.x, batch.y
 
 
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_relu_lenet_is_refused_and_sigmoid_leaks(tmp_path, photos):
   import torch
   x, y = _truth()
@@ -138,6 +139,7 @@ CIFAR_TRUTH = dict(dataset="cifar10", index=0)
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, "..", "shared", "data", "cifar10")),
                     reason="needs ../shared/data/cifar10")
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_normalising_client(tmp_path):
   """A client with transforms.Normalize (CIFAR-10's statistics): refused when the auditor does not
   declare it, a leak when declared as the client's own mean/std (the statistics the name cifar10
