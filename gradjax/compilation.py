@@ -6,8 +6,9 @@ kernel compiles several times faster at level 0). Code that is not jitted at all
 primitive becomes a program of its own. So the set-up of an experiment (the model's initialisation,
 the client's gradient, the dummy data, the solver's first evaluation, the LPIPS network) is jitted
 whole with :func:`once`; the optimisation step that runs thousands of times gets the options of
-:data:`STEP`. Both turn off XLA:CPU's MLIR fusion emitters (``xla_cpu_use_fusion_emitters``) for its
-older LLVM IR emitters, which compile the same fusions faster into code as fast
+:data:`STEP` (:func:`step_options`). Both turn off XLA:CPU's MLIR fusion emitters
+(``xla_cpu_use_fusion_emitters``) for its older LLVM IR emitters, which compile the same fusions
+faster into code as fast
 (``python -m benchmarks suite``, startup section).
 
 :class:`Recorder` measures what making the programs costs (tracing, lowering, compiling or loading
@@ -62,6 +63,7 @@ STEP = {"xla_backend_optimization_level": 1, "xla_cpu_use_fusion_emitters": Fals
 # emitters, whose batched update of L-BFGS's history (a scatter under vmap) stays in place; the
 # older emitters copy it.
 BATCHED_STEP = {**STEP, "xla_cpu_use_fusion_emitters": True}
+
 
 def step_options(batched: bool = False) -> dict:
   """The compiler options of an optimisation step: :data:`BATCHED_STEP` for restarts batched in one

@@ -58,8 +58,8 @@ for _flag in ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization
 # test_attacks, test_compose, test_solvers and test_audit 245.9 -> 145.7 s; test_text, test_hfginv,
 # test_batch_norm_prior and test_permutations 330.6 -> 268.5 s (the cores swapped). The step's own
 # options still run in the tests that name them (test_compilation, test_lbfgs) and in the README's
-# command (test_cli.test_reconstruct_writes_metrics_and_grid) and in the tests of thousands of
-# iterations, which ask for them (fixture ``optimised_step``). A value the caller set is kept.
+# command (test_cli.test_reconstruct_writes_metrics_and_grid) and in the tests of long
+# optimisations, which ask for them (fixture ``optimised_step``). A value the caller set is kept.
 os.environ.setdefault("GRADJAX_FAST_COMPILE", "1")
 
 import jax
@@ -171,7 +171,7 @@ def pytest_pyfunc_call(pyfuncitem):
 @pytest.fixture
 def optimised_step(monkeypatch):
   """The optimisation step compiled with its own options (LLVM's level 1), in this test and the
-  processes it starts: for a test of thousands of iterations, which at the test run's level 0
+  processes it starts: for a test of a long optimisation, whose iterations at the test run's level 0
   (GRADJAX_FAST_COMPILE, above) take longer than the step's compilation saves."""
   monkeypatch.setenv("GRADJAX_FAST_COMPILE", "0")
 
