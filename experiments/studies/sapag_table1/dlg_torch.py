@@ -17,7 +17,6 @@ as dlg_torch_batch.py's (``--start`` and ``--count`` count images here), and ``-
 import json
 import os
 import sys
-import time
 
 import numpy as np
 from absl import app, flags
