@@ -25,8 +25,8 @@ from gradjax.run import config, pipeline
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_program(name, *args, cwd=None, env=None):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
+def run_program(name, *args, cwd=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", "gradjax", name.removesuffix(".py").replace("_", "-"), *args],
                         capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
@@ -114,12 +114,10 @@ def test_a_closed_form_attack_runs_like_the_others():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("optimised_step")  # the step compiled as a user's run compiles it
 def test_reconstruct_writes_metrics_and_grid(tmp_path):
   out = tmp_path / "run"
-  # The step compiled with its own options, as a user's run compiles it (the test run's
-  # GRADJAX_FAST_COMPILE left out: tests/conftest.py).
-  proc = run_program("reconstruct.py", "--iterations=30", "--image_size=16", f"--output_dir={out}",
-                     env={"GRADJAX_FAST_COMPILE": "0"})
+  proc = run_program("reconstruct.py", "--iterations=30", "--image_size=16", f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   metrics = json.loads((out / "metrics.json").read_text())
   for key in ("psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations", "restarts",
