@@ -1,14 +1,13 @@
 """RESULTS.md is what experiments/studies.py makes of the studies, and its numbers are the runs'
 (recomputed here with NumPy from hand-written run files); every study has its analysis and data."""
 
+import collections
 import glob
 import importlib.util
 import json
 import os
 import runpy
 import shlex
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -154,19 +153,31 @@ def _small_variant(module):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", RECIPES, ids=_study)
-def test_a_study_variant_runs_again_from_its_recipe(path, tmp_path):
+def test_every_study_variant_runs_again_from_its_recipe(tmp_path):
   """One variant per study, its command as the recipe names it at a tiny budget, from the clone's
-  root: the recipe still drives today's command line to results."""
-  name, command = _small_variant(runpy.run_path(path))
-  if name is None:
-    pytest.skip("no variant with a small run")
-  program, args = command[0], command[1:]
-  out = ["--output=" + str(tmp_path / "out.json")] if program.startswith("label-") else [
-      "--output_dir=" + str(tmp_path / "out")]
-  argv = [sys.executable, "-m", "gradjax", program, *args,
-          f"--config={os.path.relpath(path, ROOT)}:{name}", *SMALL[program], *out]
-  proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, (argv, proc.stderr[-2000:])
-  written = os.listdir(tmp_path / "out") if not program.startswith("label-") else ["out.json"]
-  assert any(f.startswith("results") or f.endswith(".json") for f in written), written
+  root: the recipes still drive today's command line to results. The variants of one command run
+  one after the other in one process (test_cli.run_in_one_process; a process defines one command's
+  flags): the imports paid once, the programs that studies share compiled once."""
+  from test_cli import run_in_one_process
+  by_program = collections.defaultdict(list)
+  for path in RECIPES:
+    name, command = _small_variant(runpy.run_path(path))
+    if name is None:
+      continue
+    program, args = command[0], command[1:]
+    out = tmp_path / _study(path)
+    if program.startswith("label-"):
+      out.mkdir()
+      written = "--output=" + str(out / "out.json")
+    else:
+      written = "--output_dir=" + str(out)
+    by_program[program].append((_study(path), ["gradjax", program, *args,
+                                               f"--config={os.path.relpath(path, ROOT)}:{name}",
+                                               *SMALL[program], written]))
+  assert sum(map(len, by_program.values())) >= 10, by_program
+  for runs in by_program.values():
+    for (study, argv), proc in zip(runs, run_in_one_process([(argv, ROOT) for _, argv in runs]),
+                                   strict=True):
+      assert proc.returncode == 0, (study, argv, proc.stderr[-2000:])
+      written = os.listdir(tmp_path / study)
+      assert any(f.startswith("results") or f.endswith(".json") for f in written), (study, written)
