@@ -1,13 +1,14 @@
 """Shared fixtures: real client images (scikit-image photos) and plain NumPy reference implementations.
 
-Tests marked ``isolated`` run in a Python process of their own: those that import PyTorch or
-TensorFlow, which keeps their libraries, threads and memory out of the process that compiles JAX
-programs; the session fails if either is found loaded in the main process. (Segfaults of XLA
-compilations late in CI runs were first blamed on them; the cause was the number of memory mappings,
-see ``_release_compiled_programs``.)
+Tests marked ``isolated`` run in a Python process of their own, one for the isolated tests of a
+module: those that import PyTorch or TensorFlow, which keeps their libraries, threads and memory out
+of the process that compiles JAX programs; the session fails if either is found loaded in the main
+process. (Segfaults of XLA compilations late in CI runs were first blamed on them; the cause was the
+number of memory mappings, see ``_release_compiled_programs``.)
 """
 
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -106,11 +107,21 @@ def pytest_unconfigure(config):
     os._exit(int(_SESSION[0].exitstatus))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker names the groups in the node ids
 def pytest_collection_modifyitems(config, items):
   """The tests marked ``slow`` first, in their order, then the others: pytest-xdist hands tests out
   in this order, so the longest start early and the run ends on short ones, not on one worker
-  finishing a two-minute test while the other waits."""
+  finishing a two-minute test while the other waits. The isolated tests of a module form one
+  ``xdist_group``: ``--dist=loadgroup`` (pyproject.toml) sends them to one worker, which runs them
+  in one child process (:func:`pytest_pyfunc_call`)."""
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+  for item in items:
+    if item.get_closest_marker("isolated") is not None:
+      item.add_marker(pytest.mark.xdist_group(_isolated_group(item)))
+
+
+def _isolated_group(item) -> str:
+  return "isolated-" + item.path.stem
 
 
 # A third of the kernel's default limit on a process's memory mappings (vm.max_map_count, 65530).
@@ -149,22 +160,65 @@ def pytest_sessionfinish(session, exitstatus):
     session.exitstatus = 1
 
 
+# Where an isolated test's child process writes its reports (JSON lines), and what the children
+# reported of the tests this process has yet to run.
+_ISOLATED_REPORTS = "GRADJAX_TEST_ISOLATED_REPORTS"
+_REPORTED: dict[str, list[dict]] = {}
+
+
+def _plain_id(item) -> str:
+  """The item's node id without the ``@group`` pytest-xdist appends under ``--dist=loadgroup``."""
+  return item.nodeid.removesuffix("@" + _isolated_group(item))
+
+
+def pytest_runtest_logreport(report):
+  """In an isolated tests' child process, each phase's outcome for the process that started it."""
+  path = os.environ.get(_ISOLATED_REPORTS)
+  if not path or not os.environ.get(_ISOLATED):
+    return
+  reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else None
+  with open(path, "a") as f:
+    f.write(json.dumps({"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                        "text": None if report.passed else str(report.longreprtext)[-4000:],
+                        "reason": reason}) + "\n")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem):
-  """Runs an ``isolated`` test as ``python -m pytest <its node id>`` in a child process and reports
-  the child's outcome (pass, skip with its reason, or failure with its output)."""
+  """Runs an ``isolated`` test in a child process, ``python -m pytest <node ids>``, with the other
+  isolated tests of its module that this process is to run (one start-up, one import of PyTorch,
+  programs compiled once; the first of them waits for all), and reports the child's outcome for it:
+  pass, skip with its reason, or failure with the child's report."""
   if pyfuncitem.get_closest_marker("isolated") is None or os.environ.get(_ISOLATED):
     return None
-  root = str(pyfuncitem.config.rootpath)
-  proc = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", pyfuncitem.nodeid],
-      cwd=root, env={**os.environ, _ISOLATED: "1"}, capture_output=True, text=True, timeout=900)
-  out = proc.stdout + proc.stderr
-  if proc.returncode != 0:
-    pytest.fail(f"isolated run failed (exit {proc.returncode}):\n{out[-4000:]}", pytrace=False)
-  skipped = [line for line in out.splitlines() if line.startswith("SKIPPED")]
+  node = _plain_id(pyfuncitem)
+  if node not in _REPORTED:
+    peers = [_plain_id(i) for i in pyfuncitem.session.items
+             if i.path == pyfuncitem.path and i.get_closest_marker("isolated") is not None]
+    peers = [n for n in peers if n not in _REPORTED and n != node]
+    with tempfile.TemporaryDirectory() as folder:
+      reports = os.path.join(folder, "reports.jsonl")
+      proc = subprocess.run(
+          [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node, *peers],
+          cwd=str(pyfuncitem.config.rootpath), capture_output=True, text=True,
+          env={**os.environ, _ISOLATED: "1", _ISOLATED_REPORTS: reports},
+          timeout=900 * (1 + len(peers)))
+      lines = open(reports).read().splitlines() if os.path.exists(reports) else []
+    got = [json.loads(line) for line in lines]
+    out = (proc.stdout + proc.stderr)[-4000:]
+    for n in (node, *peers):
+      mine = [r for r in got if r["nodeid"] == n]
+      # A test the child never reported (it crashed, or did not collect it) fails with its output.
+      _REPORTED[n] = mine or [{"outcome": "failed", "when": "run", "reason": None,
+                               "text": f"isolated run reported nothing (exit {proc.returncode}):\n{out}"}]
+  reports = _REPORTED.pop(node)
+  failed = [r for r in reports if r["outcome"] == "failed"]
+  if failed:
+    pytest.fail("isolated run failed:\n" + "\n".join(f"[{r['when']}] {r['text']}" for r in failed),
+                pytrace=False)
+  skipped = [r for r in reports if r["outcome"] == "skipped"]
   if skipped:
-    pytest.skip(skipped[0].split(": ", 1)[-1])
+    pytest.skip((skipped[0]["reason"] or "").removeprefix("Skipped: "))
   return True
 
 
