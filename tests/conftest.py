@@ -203,14 +203,19 @@ def pytest_pyfunc_call(pyfuncitem):
           cwd=str(pyfuncitem.config.rootpath), capture_output=True, text=True,
           env={**os.environ, _ISOLATED: "1", _ISOLATED_REPORTS: reports},
           timeout=900 * (1 + len(peers)))
-      lines = open(reports).read().splitlines() if os.path.exists(reports) else []
-    got = [json.loads(line) for line in lines]
+      got = []
+      if os.path.exists(reports):
+        with open(reports) as f:
+          got = [json.loads(line) for line in f]
     out = (proc.stdout + proc.stderr)[-4000:]
     for n in (node, *peers):
       mine = [r for r in got if r["nodeid"] == n]
-      # A test the child never reported (it crashed, or did not collect it) fails with its output.
-      _REPORTED[n] = mine or [{"outcome": "failed", "when": "run", "reason": None,
-                               "text": f"isolated run reported nothing (exit {proc.returncode}):\n{out}"}]
+      # A test the child did not see to its end (it crashed, or did not collect it) fails with the
+      # child's output.
+      if not any(r["when"] == "call" or r["outcome"] != "passed" for r in mine):
+        mine.append({"outcome": "failed", "when": "run", "reason": None,
+                     "text": f"the isolated run did not report it (exit {proc.returncode}):\n{out}"})
+      _REPORTED[n] = mine
   reports = _REPORTED.pop(node)
   failed = [r for r in reports if r["outcome"] == "failed"]
   if failed:
