@@ -107,7 +107,7 @@ def pytest_unconfigure(config):
     os._exit(int(_SESSION[0].exitstatus))
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker names the groups in the node ids
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
   """The tests marked ``slow`` first, in their order, then the others: pytest-xdist hands tests out
   in this order, so the longest start early and the run ends on short ones, not on one worker
@@ -118,6 +118,24 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.get_closest_marker("isolated") is not None:
       item.add_marker(pytest.mark.xdist_group(_isolated_group(item)))
+  result = yield  # pytest-xdist's worker names each test's group in its node id ("<id>@<group>")
+  # ... in the attribute that pytest < 9.2 read; from 9.2 the node id is structured and the group
+  # never reaches the scheduler (pytest-xdist issue 1386): name it there too. Where that fails, the
+  # isolated tests run one child each (_grouped).
+  for item in items:
+    named = getattr(item, "_nodeid", None)
+    if (item.get_closest_marker("isolated") is not None and isinstance(named, str)
+        and named != item.nodeid and hasattr(item, "_id")):
+      path, *names = named.split("::")  # the group after the parameters: names, not parameters
+      item._id = type(item._id)(path=path, names=tuple(names))
+  return result
+
+
+def _grouped(item) -> bool:
+  """Whether the other isolated tests of ``item``'s module run in this process: without
+  pytest-xdist, or where its scheduler sees their group."""
+  return (not os.environ.get("PYTEST_XDIST_WORKER")
+          or item.nodeid.endswith("@" + _isolated_group(item)))
 
 
 def _isolated_group(item) -> str:
@@ -193,8 +211,8 @@ def pytest_pyfunc_call(pyfuncitem):
     return None
   node = _plain_id(pyfuncitem)
   if node not in _REPORTED:
-    peers = [_plain_id(i) for i in pyfuncitem.session.items
-             if i.path == pyfuncitem.path and i.get_closest_marker("isolated") is not None]
+    peers = [_plain_id(i) for i in pyfuncitem.session.items if _grouped(pyfuncitem)
+             and i.path == pyfuncitem.path and i.get_closest_marker("isolated") is not None]
     peers = [n for n in peers if n not in _REPORTED and n != node]
     with tempfile.TemporaryDirectory() as folder:
       reports = os.path.join(folder, "reports.jsonl")
