@@ -127,7 +127,10 @@ def pytest_collection_modifyitems(config, items):
     if (item.get_closest_marker("isolated") is not None and isinstance(named, str)
         and named != item.nodeid and hasattr(item, "_id")):
       path, *names = named.split("::")  # the group after the parameters: names, not parameters
-      item._id = type(item._id)(path=path, names=tuple(names))
+      try:
+        item._id = type(item._id)(path=path, names=tuple(names))
+      except (TypeError, ValueError):  # another pytest's node ids: ungrouped (_grouped)
+        pass
   return result
 
 
