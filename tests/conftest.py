@@ -214,9 +214,9 @@ def pytest_pyfunc_call(pyfuncitem):
     return None
   node = _plain_id(pyfuncitem)
   if node not in _REPORTED:
-    peers = [_plain_id(i) for i in pyfuncitem.session.items if _grouped(pyfuncitem)
-             and i.path == pyfuncitem.path and i.get_closest_marker("isolated") is not None]
-    peers = [n for n in peers if n not in _REPORTED and n != node]
+    peers = [_plain_id(i) for i in pyfuncitem.session.items
+             if i.path == pyfuncitem.path and i.get_closest_marker("isolated") is not None]
+    peers = [n for n in peers if n not in _REPORTED and n != node] if _grouped(pyfuncitem) else []
     with tempfile.TemporaryDirectory() as folder:
       reports = os.path.join(folder, "reports.jsonl")
       proc = subprocess.run(
@@ -229,11 +229,13 @@ def pytest_pyfunc_call(pyfuncitem):
         with open(reports) as f:
           got = [json.loads(line) for line in f]
     out = (proc.stdout + proc.stderr)[-4000:]
+    # A child that exited with an error no test reported (it crashed after the tests, or failed
+    # outside them) fails them all, as a test the child did not see to its end (it crashed, or did
+    # not collect it) fails: with the child's output.
+    unexplained = proc.returncode != 0 and not any(r["outcome"] == "failed" for r in got)
     for n in (node, *peers):
       mine = [r for r in got if r["nodeid"] == n]
-      # A test the child did not see to its end (it crashed, or did not collect it) fails with the
-      # child's output.
-      if not any(r["when"] == "call" or r["outcome"] != "passed" for r in mine):
+      if unexplained or not any(r["when"] == "call" or r["outcome"] != "passed" for r in mine):
         mine.append({"outcome": "failed", "when": "run", "reason": None,
                      "text": f"the isolated run did not report it (exit {proc.returncode}):\n{out}"})
       _REPORTED[n] = mine
