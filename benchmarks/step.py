@@ -59,6 +59,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import jaxlib
+import ml_dtypes
 import numpy as np
 from absl import app, flags
 
@@ -543,6 +544,8 @@ def environment(torch) -> dict:
       cpu_count=os.cpu_count(),
       cpu_affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
       jax=jax.__version__, jaxlib=jaxlib.__version__, flax=flax.__version__, gradjax=gradjax.__version__,
+      # Their imports are part of every process's start (pyproject.toml, ml_dtypes).
+      numpy=np.__version__, ml_dtypes=ml_dtypes.__version__,
       platform=device.platform, device_kind=device.device_kind, num_devices=jax.device_count(),
       torch=None, torch_threads=None, torch_interop_threads=None,
   )

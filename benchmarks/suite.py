@@ -454,7 +454,8 @@ def markdown(result: dict) -> str:
   env = result["environment"]
   lines = [f"# gradjax benchmark on {env['platform']} ({env['device_kind']}, {env['cpu_model']})", "",
            f"`{result['command']}`", "",
-           f"jax {env['jax']}, torch {env['torch']} ({env['torch_threads']} threads).", ""]
+           f"jax {env['jax']}, numpy {env.get('numpy')}, ml_dtypes {env.get('ml_dtypes')}, torch {env['torch']} "
+           f"({env['torch_threads']} threads).", ""]
   if "steps" in result:
     lines += ["## One step (median ms)", "",
               f"Convolutions: {result['steps'][0]['conv'] if result['steps'] else '-'} (the backend's "

@@ -44,6 +44,7 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
   env_record = result["environment"]
   assert "benchmarks suite" in result["command"] and env_record["platform"] == "cpu"
   assert env_record["jax"] and env_record["cpu_model"] and env_record.get("torch") is None
+  assert env_record["ml_dtypes"] and env_record["numpy"]
   assert all(r["jax_match_ms"] > 0 and r["jax_plain_ms"] > 0 for r in result["steps"])
 
 
