@@ -102,9 +102,11 @@ def _sentences(rng, vocabulary, batch, length):
 
 
 def _gradient(model, ids):
+  """The client's gradient of the next-token loss, jitted (op by op, each of the backward pass's
+  operations is compiled alone)."""
   targets = np.concatenate([ids[:, 1:], np.ones((len(ids), 1), np.int32)], axis=1)
   loss = lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets)
-  return {"params": jax.grad(loss)(model.variables["params"])}
+  return {"params": jax.jit(jax.grad(loss))(model.variables["params"])}
 
 
 def _model(name, vocabulary, length, dim=64, init=None):
@@ -341,7 +343,7 @@ def test_local_recovery_replays_each_mini_batch_and_stops_where_one_is_missing(m
                             local=clients.LocalTraining(1, 1, 0.1), num_samples=2)
   assert rec.mini_batches == 1 and rec.sentences.tolist() == [[5, 6, 7]] and len(seen) == 2
   ids, targets = np.array([[5, 6, 7]]), np.array([[6, 7, 1]])
-  grad = jax.grad(lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets))(
+  grad = jax.jit(jax.grad(lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets)))(
       model.variables["params"])
   for a, b, g in zip(jax.tree.leaves(seen[1]), jax.tree.leaves(model.variables["params"]),
                      jax.tree.leaves(grad)):
@@ -488,7 +490,7 @@ def test_a_batch_too_long_to_order_still_leaks_its_words():
 
 def _masked_gradient(model, x, y):
   loss = lambda p: cross_entropy(model.apply_fn({"params": p}, x), y)
-  return {"params": jax.grad(loss)(model.variables["params"])}
+  return {"params": jax.jit(jax.grad(loss))(model.variables["params"])}
 
 
 @pytest.mark.slow
