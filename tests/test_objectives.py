@@ -149,7 +149,7 @@ def test_objective_zero_only_at_truth(lenet64, photos):
     assert float(objective({"x": x[::-1]}, obs, y)) > 1e-3               # swapped images
     assert float(objective({"x": jnp.asarray(photos[[5, 9]], jnp.float64)}, obs, y)) > 1e-3
     # The dummy gradient at the true data is the client's gradient.
-    g = objectives.dummy_gradient(apply_fn, variables, x, y)
+    g = jax.jit(lambda x, y: objectives.dummy_gradient(apply_fn, variables, x, y))(x, y)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(obs.gradient)):
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-15)
     # With soft labels, (nearly) one-hot logits at the truth give (nearly) zero objective.
@@ -278,13 +278,15 @@ def test_head_feature_term(photos):
   model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
   x, y = photos[:3], np.array([1, 4, 7])
   obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
-  plain = objectives.gradient_matching(model.apply_fn, distances.euclidean)
-  term = objectives.gradient_matching(model.apply_fn, distances.euclidean, head_features=10.0)
-  t = objectives.head_input(model.apply_fn, model.variables, x)
+  # Jitted, as a solver evaluates them (op by op, each operation is compiled alone).
+  plain = jax.jit(objectives.gradient_matching(model.apply_fn, distances.euclidean))
+  term = jax.jit(objectives.gradient_matching(model.apply_fn, distances.euclidean, head_features=10.0))
+  head_input = jax.jit(lambda x: objectives.head_input(model.apply_fn, model.variables, x))
+  t = head_input(x)
   w = jnp.asarray([1.0, 0.0, 1.0])
   assert float(term({"x": x}, obs, y, head_targets=(t, w))) == pytest.approx(0.0, abs=1e-9)
   other = photos[3:6]
-  h = np.asarray(objectives.head_input(model.apply_fn, model.variables, other), np.float64)
+  h = np.asarray(head_input(other), np.float64)
   tn, wn = np.asarray(t, np.float64), np.asarray(w, np.float64)
   want = 10.0 * np.sum(wn[:, None] * (h - tn) ** 2) / np.sum(wn[:, None] * tn ** 2)
   got = float(term({"x": other}, obs, y, head_targets=(t, w))) - float(plain({"x": other}, obs, y))
