@@ -454,7 +454,7 @@ def markdown(result: dict) -> str:
   env = result["environment"]
   lines = [f"# gradjax benchmark on {env['platform']} ({env['device_kind']}, {env['cpu_model']})", "",
            f"`{result['command']}`", "",
-           f"jax {env['jax']}, numpy {env.get('numpy')}, ml_dtypes {env.get('ml_dtypes')}, torch {env['torch']} "
+           f"jax {env['jax']}, numpy {env['numpy']}, ml_dtypes {env['ml_dtypes']}, torch {env['torch']} "
            f"({env['torch_threads']} threads).", ""]
   if "steps" in result:
     lines += ["## One step (median ms)", "",

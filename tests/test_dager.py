@@ -101,12 +101,18 @@ def _sentences(rng, vocabulary, batch, length):
   return rng.integers(2, vocabulary, size=(batch, length)).astype(np.int32)
 
 
-def _gradient(model, ids):
-  """The client's gradient of the next-token loss, jitted (op by op, each of the backward pass's
-  operations is compiled alone)."""
-  targets = np.concatenate([ids[:, 1:], np.ones((len(ids), 1), np.int32)], axis=1)
-  loss = lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets)
+def _loss_gradient(model, x, targets):
+  """The client's gradient of the cross entropy of ``model`` on ``x`` against ``targets``, as a
+  ``{"params": ...}`` tree; jitted: unjitted, each operation of the backward pass would be compiled
+  as a program of its own."""
+  loss = lambda p: cross_entropy(model.apply_fn({"params": p}, x), targets)
   return {"params": jax.jit(jax.grad(loss))(model.variables["params"])}
+
+
+def _gradient(model, ids):
+  """The client's gradient of the next-token loss (the last position predicts token 1)."""
+  targets = np.concatenate([ids[:, 1:], np.ones((len(ids), 1), np.int32)], axis=1)
+  return _loss_gradient(model, ids, targets)
 
 
 def _model(name, vocabulary, length, dim=64, init=None):
@@ -343,8 +349,7 @@ def test_local_recovery_replays_each_mini_batch_and_stops_where_one_is_missing(m
                             local=clients.LocalTraining(1, 1, 0.1), num_samples=2)
   assert rec.mini_batches == 1 and rec.sentences.tolist() == [[5, 6, 7]] and len(seen) == 2
   ids, targets = np.array([[5, 6, 7]]), np.array([[6, 7, 1]])
-  grad = jax.jit(jax.grad(lambda p: cross_entropy(model.apply_fn({"params": p}, ids), targets)))(
-      model.variables["params"])
+  grad = _loss_gradient(model, ids, targets)["params"]
   for a, b, g in zip(jax.tree.leaves(seen[1]), jax.tree.leaves(model.variables["params"]),
                      jax.tree.leaves(grad)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b) - 0.1 * np.asarray(g), rtol=1e-5, atol=1e-7)
@@ -488,11 +493,6 @@ def test_a_batch_too_long_to_order_still_leaks_its_words():
   assert results["verdict"]["status"] == "leak" and results["verdict"]["leaks"] == ["bag"]
 
 
-def _masked_gradient(model, x, y):
-  loss = lambda p: cross_entropy(model.apply_fn({"params": p}, x), y)
-  return {"params": jax.jit(jax.grad(loss))(model.variables["params"])}
-
-
 @pytest.mark.slow
 def test_a_masked_language_models_sentence_and_its_masked_tokens():
   """bert at batch 1, 20 tokens, three masked positions, two of them holding the same word: layer 1
@@ -507,7 +507,7 @@ def test_a_masked_language_models_sentence_and_its_masked_tokens():
   at = np.flatnonzero(x[0] == mask)
   ids[0, at[1]] = ids[0, at[0]]  # a repeated label
   y[0, at[1]] = y[0, at[0]]
-  g = _masked_gradient(model, x, y)
+  g = _loss_gradient(model, x, y)
   rec = dager.recover(model.apply_fn, model.variables, g, length=length)
   np.testing.assert_array_equal(rec.sentences, x)
   logits = np.asarray(model.apply_fn(model.variables, x), np.float64)[0, at]
@@ -622,7 +622,7 @@ def test_a_masked_language_models_batch_is_ordered_against_the_second_block(monk
   mask = vocabulary - 1
   ids = _sentences(np.random.default_rng(7), vocabulary - 1, batch, length)
   x, y = corpus.masked_lm_pairs(ids, mask, 0.15, seed=0)
-  g = _masked_gradient(model, x, y)
+  g = _loss_gradient(model, x, y)
   rec = dager.recover(model.apply_fn, model.variables, g, length=length)
   assert max(len(s) for s in rec.position_sets) > batch  # layer 1 alone cannot order them
   assert sorted(map(tuple, rec.sentences.tolist())) == sorted(map(tuple, x.tolist()))

@@ -30,7 +30,7 @@ def test_direction_equals_optax_two_loop_recursion(memory_size, scale_init_preco
     ref = optax.scale_by_lbfgs(memory_size, scale_init_precond)
     new = lbfgs.scale_by_lbfgs(memory_size, scale_init_precond)
     s_ref, s_new = ref.init(p), new.init(p)
-    # Jitted, as a solver runs them (op by op, each operation compiled alone, took 1.3-4.5 s).
+    # Jitted, as a solver runs them: unjitted, each operation would be compiled on its own.
     grad, ref_update, new_update = jax.jit(jax.grad(f)), jax.jit(ref.update), jax.jit(new.update)
     for _ in range(15):
       g = grad(p)

@@ -278,7 +278,7 @@ def test_head_feature_term(photos):
   model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
   x, y = photos[:3], np.array([1, 4, 7])
   obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
-  # Jitted, as a solver evaluates them (op by op, each operation is compiled alone).
+  # Jitted, as a solver evaluates them: unjitted, each operation would be compiled on its own.
   plain = jax.jit(objectives.gradient_matching(model.apply_fn, distances.euclidean))
   term = jax.jit(objectives.gradient_matching(model.apply_fn, distances.euclidean, head_features=10.0))
   head_input = jax.jit(lambda x: objectives.head_input(model.apply_fn, model.variables, x))
