@@ -97,6 +97,13 @@ def returned_statistics(apply_fn, variables, x):
   module = getattr(apply_fn, "module", None)
   if module is None or "batch_stats" not in variables:
     raise ValueError("sharing BatchNorm statistics needs a gradjax model with BatchNorm layers")
+  return _updated_statistics(variables, x, module)
+
+
+@functools.partial(once, static_argnums=2)
+def _updated_statistics(variables, x, module):
+  """``variables["batch_stats"]`` after one training-mode forward pass of ``module`` on x, as one
+  program."""
   _, state = module.apply(variables, x, train=True, mutable=["batch_stats"])
   return state["batch_stats"]
 

@@ -479,22 +479,32 @@ def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array | N
   restoration; their code: 20 individuals, 200 generations, one-to-one replacement).
   """
   g = jnp.asarray(last_layer_gradient(observation.gradient, path))
-  n, k = observation.num_samples, g.shape[1]
+  n = observation.num_samples
   positions = jnp.asarray(profile.positions)
   if profile.mean.shape[0] != g.shape[0] or positions.ndim != 1:
     raise ValueError(f"the feature profile has {profile.mean.shape[0]} features, the head "
                      f"{g.shape[0]}: build it with feature_profile on this model")
-  means = jnp.mean(g, axis=0)
-  negative = int(jnp.sum(means < 0))
-  if negative == 0:
-    raise ValueError("no class has a negative mean head gradient: HFGInv finds no candidate class")
-  ranked = np.argsort(np.asarray(means), kind="stable")[:min(negative, n)]
-  candidates = jnp.asarray(np.isin(np.arange(k), ranked))
-  target = jnp.where(candidates[:, None], jnp.sort(jnp.abs(g), axis=0).T[:, positions], 0.0)
   key = jax.random.key(0) if key is None else key
-  counts, _ = evolve_counts(key, target.astype(jnp.float32), profile.mean[positions], candidates,
+  negative, labels = _hfginv(g, positions, jnp.asarray(profile.mean), key, n=n, population=population,
+                             generations=generations)
+  if int(negative) == 0:
+    raise ValueError("no class has a negative mean head gradient: HFGInv finds no candidate class")
+  return labels
+
+
+@functools.partial(once, static_argnames=("n", "population", "generations"))
+def _hfginv(g, positions, profile_mean, key, *, n: int, population: int, generations: int):
+  """:func:`hfginv`'s steps 1-3 as one program: (the number of classes with a negative mean
+  column, the labels int (n,))."""
+  k = g.shape[1]
+  means = jnp.mean(g, axis=0)
+  negative = jnp.sum(means < 0)
+  rank = jnp.zeros(k, jnp.int32).at[jnp.argsort(means, stable=True)].set(jnp.arange(k, dtype=jnp.int32))
+  candidates = rank < jnp.minimum(negative, n)  # the min(negative, n) most negative columns
+  target = jnp.where(candidates[:, None], jnp.sort(jnp.abs(g), axis=0).T[:, positions], 0.0)
+  counts, _ = evolve_counts(key, target.astype(jnp.float32), profile_mean[positions], candidates,
                             n=n, population=population, generations=generations)
-  return jnp.repeat(jnp.arange(k), counts.astype(jnp.int32), total_repeat_length=n)
+  return negative, jnp.repeat(jnp.arange(k), counts.astype(jnp.int32), total_repeat_length=n)
 
 
 METHODS: dict[str, Callable[[Observation], jax.Array]] = {
