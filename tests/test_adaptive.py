@@ -113,9 +113,10 @@ def test_gradient_against_float64_finite_differences(spec):
   g, u = _tree(10), _tree(11)
   v = _defended(g, spec, jax.random.key(1))
   with jax.enable_x64(True):
-    fn = adaptive.distance(distances.DISTANCES["euclidean"], defenses.parse(spec))
-    u64, v64 = (jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), t) for t in (u, v))
-    grad = jax.grad(lambda t: fn(t, v64))(u64)
+    # jitted: eagerly each operation compiles alone
+    fn = jax.jit(adaptive.distance(distances.DISTANCES["euclidean"], defenses.parse(spec)))
+    u64, v64 = (jax.tree.map(lambda x: np.asarray(x, np.float64), t) for t in (u, v))
+    grad = jax.jit(jax.grad(fn))(u64, v64)
     leaf = ("dense", "kernel")
     direction = np.random.default_rng(0).normal(size=u[leaf[0]][leaf[1]].shape)
     h = 1e-6

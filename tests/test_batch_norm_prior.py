@@ -36,12 +36,31 @@ def _perturbed_stats(variables, seed=0):
   return {**variables, "batch_stats": jax.tree_util.tree_map_with_path(move, variables["batch_stats"])}
 
 
+def _captured(module, variables, x, train):
+  """Flax's own record of every layer's output (``capture_intermediates``), jitted: run eagerly,
+  each operation of the forward pass compiles as a program of its own."""
+  capture = jax.jit(lambda v, x: module.apply(v, x, train=train, capture_intermediates=True,
+                                               mutable=["intermediates", "batch_stats"])[1])
+  return capture(variables, x)["intermediates"]
+
+
+def _batch_statistics(network, x):
+  """``priors.batch_statistics(network, x)``, jitted (see :func:`_captured`); its paths, which are
+  not arrays, kept from the trace."""
+  paths = []
+
+  def statistics(x):
+    stats = priors.batch_statistics(network, x)
+    paths.append(stats.paths)
+    return stats._replace(paths=None)
+
+  return jax.jit(statistics)(x)._replace(paths=paths[0])
+
+
 def _reference_prior(module, variables, x, train, multipliers):
   """Σ_l α_l (‖μ_l − μ̂_l‖ + ‖σ²_l − σ̂²_l‖) in NumPy, with each layer's input taken as the captured
   output of the convolution feeding it (every zoo BatchNorm_k follows Conv_k of the same module)."""
-  _, state = module.apply(variables, x, train=train, capture_intermediates=True,
-                          mutable=["intermediates", "batch_stats"])
-  inter = state["intermediates"]
+  inter = _captured(module, variables, x, train)
   order = []  # (path of the BN) in call order: the stem, then block by block
   order.append(("BatchNorm_0",))
   blocks = sorted((k for k in variables["batch_stats"] if k.startswith("BasicBlock_")),
@@ -72,14 +91,15 @@ def test_prior_equals_numpy_moments(remat, train):
     x = jax.random.normal(jax.random.key(1), (3, 8, 8, 3), jnp.float64)
     network = priors.Network(model.apply_fn, variables, train)
     want, order = _reference_prior(model.apply_fn.module, variables, x, train, (2.0, 0.5, 3.0))
-    stats = priors.batch_statistics(network, x)
+    stats = _batch_statistics(network, x)
     assert stats.paths == tuple(order)
     got = jax.jit(lambda x: priors.batch_norm_prior(x, network, multipliers=(2.0, 0.5, 3.0)))(x)
     np.testing.assert_allclose(float(got), want, rtol=1e-7)
     # The registered priors: GradInversion's first layer ×10, HFGInv's ×1.3 and ×3.
     for name, multipliers in (("bn", (10.0,)), ("bn_hfginv", (1.3, 3.0))):
       want, _ = _reference_prior(model.apply_fn.module, variables, x, train, multipliers)
-      np.testing.assert_allclose(float(priors.PRIORS[name](x, network)), want, rtol=1e-7)
+      np.testing.assert_allclose(float(jax.jit(lambda x: priors.PRIORS[name](x, network))(x)), want,
+                                 rtol=1e-7)
 
 
 class FirstLayerBatchNorm(nn.Module):
@@ -112,9 +132,9 @@ def test_moments_of_a_first_layer_batch_norm_are_the_inputs_moments():
 def test_interceptor_leaves_outputs_unchanged(train):
   model = models.create("resnet8", jax.random.key(2), conv="xla", input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(3), (2, 8, 8, 3))
-  stats = priors.batch_statistics(priors.Network(model.apply_fn, model.variables, train), x)
+  stats = _batch_statistics(priors.Network(model.apply_fn, model.variables, train), x)
   np.testing.assert_array_equal(np.asarray(stats.logits),
-                                np.asarray(model.apply_fn(model.variables, x, train)))
+                                np.asarray(jax.jit(model.apply_fn, static_argnums=2)(model.variables, x, train)))
 
 
 @pytest.mark.slow
@@ -147,8 +167,8 @@ def test_gradient_is_finite_where_the_moments_equal_the_running_statistics():
   x = jnp.array([[[[1.0]]], [[[-1.0]]]])  # mean 0, biased variance 1: the initial running statistics
   variables = module.init(jax.random.key(0), x)
   network = priors.Network(lambda v, x, t: module.apply(v, x, train=t), variables, False)
-  assert float(priors.batch_norm_prior(x, network)) == 0.0
-  grad = jax.grad(lambda x: priors.batch_norm_prior(x, network))(x)
+  assert float(jax.jit(lambda x: priors.batch_norm_prior(x, network))(x)) == 0.0
+  grad = jax.jit(jax.grad(lambda x: priors.batch_norm_prior(x, network)))(x)
   np.testing.assert_array_equal(np.asarray(grad), 0.0)
 
 
@@ -166,19 +186,19 @@ def test_returned_statistics_reveal_the_batchs_moments():
   obs = clients.fedsgd(model.apply_fn, variables, x, jnp.array([1, 4, 4, 0]), train=True,
                        share_statistics=True)
   _, order = _reference_prior(model.apply_fn.module, variables, x, True, ())
-  _, state = model.apply_fn.module.apply(variables, x, train=True, capture_intermediates=True,
-                                         mutable=["intermediates", "batch_stats"])
+  inter = _captured(model.apply_fn.module, variables, x, True)
   for path in order:
-    node, got = state["intermediates"], obs.moments
+    node, got = inter, obs.moments
     for key in path[:-1]:
       node, got = node[key], got[key]
     mean, var = _numpy_moments(node["Conv_" + path[-1].split("_")[1]]["__call__"][0])
     np.testing.assert_allclose(np.asarray(got[path[-1]]["mean"]), mean, atol=2e-6)
     np.testing.assert_allclose(np.asarray(got[path[-1]]["var"]), var, rtol=1e-4, atol=2e-6)
   network = priors.Network(model.apply_fn, variables, True, obs.moments)
-  assert float(priors.batch_norm_prior(x, network)) < 1e-4
-  assert float(priors.batch_norm_prior(x[::-1] * 0.5, network)) > 0.1
-  assert float(priors.batch_norm_prior(x, network._replace(moments=None))) > 0.1  # running stats
+  prior = jax.jit(lambda x, moments: priors.batch_norm_prior(x, network._replace(moments=moments)))
+  assert float(prior(x, obs.moments)) < 1e-4
+  assert float(prior(x[::-1] * 0.5, obs.moments)) > 0.1
+  assert float(prior(x, None)) > 0.1  # running stats
 
 
 @pytest.mark.isolated

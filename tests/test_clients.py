@@ -155,12 +155,13 @@ def test_fedsgd_train_mode_batchnorm_matches_finite_differences(photos, fill_var
     assert abs(float(loss(variables["params"], True)) - float(loss(variables["params"], False))) > 1e-3
     rng = np.random.default_rng(5)
     h = 1e-6
-    for _ in range(4):
-      d = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape)), variables["params"])
-      plus = jax.tree.map(lambda p, v: p + h * v, variables["params"], d)
-      minus = jax.tree.map(lambda p, v: p - h * v, variables["params"], d)
+    for _ in range(4):  # the moves in NumPy (in JAX each operation would compile alone)
+      d = jax.tree.map(lambda p: rng.standard_normal(p.shape), variables["params"])
+      plus = jax.tree.map(lambda p, v: np.asarray(p) + h * v, variables["params"], d)
+      minus = jax.tree.map(lambda p, v: np.asarray(p) - h * v, variables["params"], d)
       fd = (float(loss(plus, True)) - float(loss(minus, True))) / (2 * h)
-      got = sum(float(jnp.vdot(g, v)) for g, v in zip(jax.tree.leaves(obs.gradient), jax.tree.leaves(d)))
+      got = sum(float(np.vdot(np.asarray(g, np.float64), v))
+                for g, v in zip(jax.tree.leaves(obs.gradient), jax.tree.leaves(d)))
       np.testing.assert_allclose(got, fd, rtol=1e-6)
 
 

@@ -197,8 +197,10 @@ def test_dlm_gamma_held_then_released_matches_the_closed_form(mlp64, photos, mlp
     obs = clients.fedavg(apply_fn, variables, x, y, clients.LocalTraining(learning_rate=0.01))
     objective = objectives.gradient_matching(
         apply_fn, distances.euclidean, matched=objectives.ScaledDifference(objectives.Gamma(frozen=5)))
-    grad = lambda step: float(jax.grad(lambda d: objective(d, obs, jnp.asarray(y), step))(
-        {"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(s)})["log_gamma"])
+    # one program for both steps (a traced argument, as in an attack), not one per operation
+    at = jax.jit(lambda d, step: jax.grad(lambda d: objective(d, obs, jnp.asarray(y), step))(d))
+    grad = lambda step: float(at({"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(s)},
+                                 jnp.asarray(step))["log_gamma"])
     before, after = grad(4), grad(5)
   v = _flat(obs.gradient)
   g = _flat(mlp_reference(variables["params"], x_dummy, y)[1])

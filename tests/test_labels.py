@@ -413,7 +413,7 @@ def test_feature_profile_matches_numpy(photos):
   # The head's input, independently: the head applied to it gives the logits.
   head = model.variables["params"]["head"]
   np.testing.assert_allclose(np.asarray(feats) @ np.asarray(head["kernel"]) + np.asarray(head["bias"]),
-                             model.apply_fn(model.variables, x), rtol=1e-4, atol=1e-5)
+                             jax.jit(model.apply_fn)(model.variables, x), rtol=1e-4, atol=1e-5)
   profile = labels.feature_profile(model.apply_fn, model.variables, x, positions=7)
   mean, positions = _numpy_profile(feats, 7)
   np.testing.assert_allclose(np.asarray(profile.mean), mean, rtol=1e-5)

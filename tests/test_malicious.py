@@ -56,7 +56,7 @@ def test_an_example_alone_in_its_bin_comes_back_exactly_and_a_collision_as_its_w
   # The collision: g_n from the gradient of the loss with respect to the model's input x'.
   h = np.maximum(x.reshape(5, -1).astype(np.float64).mean(1)[:, None] - thresholds[None], 0)
   moved = jnp.asarray(x + scale * h.sum(1)[:, None, None, None], jnp.float32)
-  dx = np.asarray(jax.grad(lambda z: cross_entropy(model.apply_fn(model.variables, z), y))(moved),
+  dx = np.asarray(jax.jit(jax.grad(lambda z: cross_entropy(model.apply_fn(model.variables, z), y)))(moved),
                   np.float64)
   g = dx.reshape(5, -1).sum(1) * scale
   want = (g[2] * x[2] + g[3] * x[3]) / (g[2] + g[3])
@@ -135,7 +135,7 @@ def test_a_sparse_block_reads_every_local_step_of_a_fedavg_client():
   s = x.reshape(4, -1).astype(np.float64).mean(1)[:, None]
   h = np.clip((s - edges[None, :-1]) / np.diff(edges)[None], 0, 1)
   moved = jnp.asarray(x + scale * h.sum(1)[:, None, None, None], jnp.float32)
-  dx = np.asarray(jax.grad(lambda z: cross_entropy(model.apply_fn(model.variables, z), y))(moved),
+  dx = np.asarray(jax.jit(jax.grad(lambda z: cross_entropy(model.apply_fn(model.variables, z), y)))(moved),
                   np.float64)
   g = dx.reshape(4, -1).sum(1) * scale
   np.testing.assert_allclose(rec.x[1], (g[1] * x[1] + g[2] * x[2]) / (g[1] + g[2]), rtol=1e-3, atol=1e-4)

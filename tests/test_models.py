@@ -74,7 +74,7 @@ def test_every_model_runs_finite(name, photos, photos28, fill_variables):
 def test_create_returns_model_record(photos):
   model = models.create("lenet_zhu", KEY)
   assert model.name == "lenet_zhu" and model.input_shape == (32, 32, 3) and model.num_classes == 10
-  logits = model.apply_fn(model.variables, jnp.asarray(photos[:3]))
+  logits = jax.jit(model.apply_fn)(model.variables, jnp.asarray(photos[:3]))
   assert logits.shape == (3, 10) and np.all(np.isfinite(np.asarray(logits)))
 
 
@@ -128,7 +128,7 @@ def test_lenet_zhu_forward_matches_numpy(photos):
     h = sig(_np_conv(h, p[layer]["kernel"], p[layer]["bias"], stride, 2))
   assert h.shape == (3, 8, 8, 12)
   want = h.reshape(3, -1) @ p["head"]["kernel"] + p["head"]["bias"]
-  got = np.asarray(model.apply_fn(model.variables, jnp.asarray(photos[:3])))
+  got = np.asarray(jax.jit(model.apply_fn)(model.variables, jnp.asarray(photos[:3])))
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -287,9 +287,11 @@ def test_batchnorm_train_uses_batch_statistics(convnet, photos):
   module, variables = convnet
   x = jnp.asarray(photos[:4, :12, :12])
   eps = 1e-5
+  apply = jax.jit(lambda v, x, train: module.apply(v, x, train=train, capture_intermediates=True,
+                                                   mutable=["intermediates", "batch_stats"]),
+                  static_argnums=2)  # eagerly each operation compiles alone
   for train in (True, False):
-    _, state = module.apply(variables, x, train=train, capture_intermediates=True,
-                            mutable=["intermediates", "batch_stats"])
+    _, state = apply(variables, x, train)
     inter = state["intermediates"]
     c = np.asarray(inter["Conv_0"]["__call__"][0], np.float64)
     got = np.asarray(inter["BatchNorm_0"]["__call__"][0], np.float64)
@@ -400,15 +402,15 @@ def test_conv_implementations_match_numpy_and_xla(kernel, stride, pads, hw, impl
   x = rng.normal(size=(2, *hw, 3))
   w = rng.normal(size=(*kernel, 3, 4))
   dn = ("NHWC", "HWIO", "NHWC")
-  with jax.enable_x64(True):
-    got = im2col_conv(jnp.asarray(x), jnp.asarray(w), stride, pads, dimension_numbers=dn)
+  with jax.enable_x64(True):  # jitted, as the models run them (eagerly each operation compiles alone)
+    got = jax.jit(lambda x, w: im2col_conv(x, w, stride, pads, dimension_numbers=dn))(jnp.asarray(x), jnp.asarray(w))
     np.testing.assert_allclose(np.asarray(got), _np_conv_asym(x, w, stride, pads), rtol=1e-12, atol=1e-12)
 
     def second_order(conv):
       # A gradient-matching-like scalar: the squared weight gradient of a loss, differentiated in x.
       def loss(w, x):
         return jnp.sum(jnp.tanh(conv(x, w, stride, pads, dimension_numbers=dn)) ** 2)
-      return jax.grad(lambda x: jnp.sum(jax.grad(loss)(jnp.asarray(w), x) ** 2))(jnp.asarray(x))
+      return jax.jit(jax.grad(lambda x, w: jnp.sum(jax.grad(loss)(w, x) ** 2)))(jnp.asarray(x), jnp.asarray(w))
 
     np.testing.assert_allclose(np.asarray(second_order(im2col_conv)),
                                np.asarray(second_order(jax.lax.conv_general_dilated)), rtol=1e-10, atol=1e-12)
@@ -436,7 +438,8 @@ def test_weight_gradient_forms_match_numpy(kernel, stride, pads, hw, form):
       window = xp[:, a:a + stride[0] * (ho - 1) + 1:stride[0], b:b + stride[1] * (wo - 1) + 1:stride[1]]
       want[a, b] = np.einsum("nijc,nijo->co", window, dy)
   with jax.enable_x64(True):
-    got = getattr(layers, f"weight_gradient_{form}")(jnp.asarray(x), jnp.asarray(dy), kernel, stride, pads)
+    gradient = getattr(layers, f"weight_gradient_{form}")
+    got = jax.jit(lambda x, dy: gradient(x, dy, kernel, stride, pads))(jnp.asarray(x), jnp.asarray(dy))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
 
 
@@ -492,8 +495,8 @@ def test_split_conv_third_order_through_two_layers(kernel, stride, pads, hw):
       return jax.grad(objective, argnums=(0, 1))
 
     args = jnp.asarray(x), (jnp.asarray(w1), jnp.asarray(w2))
-    for got, want in zip(jax.tree.leaves(matching(split_conv)(*args)),
-                         jax.tree.leaves(matching(jax.lax.conv_general_dilated)(*args))):
+    for got, want in zip(jax.tree.leaves(jax.jit(matching(split_conv))(*args)),
+                         jax.tree.leaves(jax.jit(matching(jax.lax.conv_general_dilated))(*args))):
       np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-12)
 
 
