@@ -172,7 +172,7 @@ def test_bias_counts_exact_with_true_mean_probabilities(photos, log_softmax_refe
   uniform_exact = []
   for name in ("lenet_zhu", "mlp"):
     for batch in _batches(photos, name, None, 10, duplicates=True, count=4, seed=2):
-      logits = np.asarray(batch.model.apply_fn(batch.model.variables, batch.x), np.float64)
+      logits = np.asarray(jax.jit(batch.model.apply_fn)(batch.model.variables, batch.x), np.float64)
       p_bar = np.exp(log_softmax_reference(logits)).mean(axis=0)
       got = labels.bias_counts(batch.obs, probs=p_bar)
       assert got.shape == (BATCH,) and _sorted(got) == _sorted(batch.y), name

@@ -32,8 +32,8 @@ def test_the_imprinted_model_is_the_model_on_its_moved_input():
   x = _batch([0.3, 0.5, 0.7])
   h = np.maximum(x.reshape(3, -1).astype(np.float64).mean(1)[:, None] - thresholds[None], 0)
   moved = x + 1e-2 * h.sum(1)[:, None, None, None]
-  np.testing.assert_allclose(np.asarray(evil.apply_fn(evil.variables, x)),
-                             np.asarray(model.apply_fn(model.variables, moved.astype(np.float32))),
+  np.testing.assert_allclose(np.asarray(jax.jit(evil.apply_fn)(evil.variables, x)),
+                             np.asarray(jax.jit(model.apply_fn)(model.variables, moved.astype(np.float32))),
                              rtol=1e-5, atol=1e-6)
 
 
@@ -90,11 +90,12 @@ def test_a_sparse_block_fires_each_unit_on_its_own_bin():
   s = x.reshape(5, -1).astype(np.float64).mean(1)[:, None]
   h = np.clip((s - edges[None, :-1]) / np.diff(edges)[None], 0, 1)
   moved = (x + 1e-2 * h.sum(1)[:, None, None, None]).astype(np.float32)
-  want = np.asarray(model.apply_fn(model.variables, moved))
+  want = np.asarray(jax.jit(model.apply_fn)(model.variables, moved))
   for gain in (1.0, 1e-3):
     evil = malicious.imprint(model, edges, structure="sparse", scale=1e-2, gain=gain)
     assert evil.variables["params"]["imprint"]["bias"].shape == (3,)
-    np.testing.assert_allclose(np.asarray(evil.apply_fn(evil.variables, x)), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(evil.apply_fn)(evil.variables, x)), want, rtol=1e-4,
+                               atol=1e-5)
   with pytest.raises(ValueError, match="all different"):
     malicious.imprint(model, [0.2, 0.2, 0.5], structure="sparse")
   with pytest.raises(ValueError, match="unknown imprint structure"):
