@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradjax.compilation import once
 from gradjax.observation import Observation
 
 DEFAULT_MIN_ABS = 1e-12
@@ -57,15 +58,22 @@ def dense_input(kernel_grad, bias_grad, *, min_abs: float = DEFAULT_MIN_ABS) -> 
   if gw.ndim != 2 or gb.ndim != 1 or gb.shape[0] != gw.shape[1]:
     raise ValueError(f"need a dense kernel gradient (in, out) and bias gradient (out,), got "
                      f"{gw.shape} and {gb.shape}")
-  scale = jnp.max(jnp.abs(gb))
+  scale, x = _dense_input(gw, gb)
   if not bool(scale > min_abs):
     raise ValueError(f"every bias gradient is ≤ {min_abs:g} in magnitude (max {float(scale):.3g}); "
                      "the layer's input cannot be recovered from it")
+  return x
+
+
+@once
+def _dense_input(gw, gb):
+  """(max_i |gb_i|, :func:`dense_input`'s x) as one program."""
+  scale = jnp.max(jnp.abs(gb))
   u = gb / scale  # rescaled so Σ u² cannot underflow
   # Per input j, only the units whose entry gW[j, i] is not 0 (a pruned or sparsified update zeroes
   # entries; unpruned, gW[j, i] = 0 only where x_j = 0 or gb_i = 0, which add nothing either way).
   kept = jnp.sum(jnp.where(gw != 0, u * u, 0.0), axis=1)
-  return jnp.where(kept > 0, (gw @ u) / (scale * jnp.where(kept > 0, kept, 1.0)), 0.0).astype(gw.dtype)
+  return scale, jnp.where(kept > 0, (gw @ u) / (scale * jnp.where(kept > 0, kept, 1.0)), 0.0).astype(gw.dtype)
 
 
 def _dense_layer(gradient, name: str):
