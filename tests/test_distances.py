@@ -131,15 +131,16 @@ def test_annealed_kernel_narrows_from_per_entry_to_printed_width():
   far, _, _ = _trees(13, near=False)
   dist = distances.get_distance("gaussian_kernel_annealed", weights=weights)
   with jax.enable_x64(True):
+    at = jax.jit(dist)
     for d in (dummy, far):
       for step in (0, 1, 100, 249, 250, 400):
         want = _np_reference("gaussian_kernel_annealed", d, obs, weights, step=step)
-        got = jax.jit(dist)(_jnp(d), _jnp(obs), step=jnp.asarray(step))
+        got = at(_jnp(d), _jnp(obs), step=jnp.asarray(step))
         np.testing.assert_allclose(float(got), want, rtol=1e-11)
       # The two ends are the other registered widths.
-      np.testing.assert_allclose(float(dist(_jnp(d), _jnp(obs), step=0)),
+      np.testing.assert_allclose(float(at(_jnp(d), _jnp(obs), step=jnp.asarray(0))),
                                  _np_reference("gaussian_kernel_mean", d, obs, weights), rtol=1e-11)
-      np.testing.assert_allclose(float(dist(_jnp(d), _jnp(obs), step=900)),
+      np.testing.assert_allclose(float(at(_jnp(d), _jnp(obs), step=jnp.asarray(900))),
                                  _np_reference("gaussian_kernel", d, obs, weights), rtol=1e-11)
   # Binding the weights keeps what the record says of the distance.
   assert dist.reads_step and not distances.get_distance("cosine").reads_step
@@ -167,7 +168,7 @@ def test_gaussian_kernel_keeps_its_precision_in_float32_near_convergence():
                          obs)
     for name in ("gaussian_kernel", "gaussian_kernel_mean"):
       want = _np_reference(name, jax.tree.map(np.float64, dummy), jax.tree.map(np.float64, obs), weights)
-      got = distances.get_distance(name, weights=weights)(_jnp(dummy), _jnp(obs))
+      got = jax.jit(distances.get_distance(name, weights=weights))(_jnp(dummy), _jnp(obs))  # as attacks run it
       assert got.dtype == jnp.float32 and want > 0
       np.testing.assert_allclose(float(got), want, rtol=1e-4)
 
