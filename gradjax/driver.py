@@ -269,7 +269,16 @@ def _stack(trees):
   return jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(trees))
 
 
+@compilation.once
+def _take(tree, index):
+  """Rows ``index`` of every leaf of a device tree, as one program (op by op, each leaf's gather
+  would compile alone, again for each round's number of survivors)."""
+  return jax.tree.map(lambda x: x[index], tree)
+
+
+@compilation.once
 def _scatter(tree, index, sub):
+  """``tree`` with rows ``index`` of every leaf set to ``sub``'s, as one program (see :func:`_take`)."""
   return jax.tree.map(lambda x, s: x.at[index].set(s), tree, sub)
 
 
@@ -484,7 +493,8 @@ def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> Sol
       state = search.drive(state, restart_data, None, done + taken, n - taken,
                            lambda s, d: make(_slice(fetch(s), slice(0, restarts)), d), count)
     elif mesh is None:
-      sub = search.drive(_slice(state, survivors), per_of(survivors), None, done + taken, n - taken,
+      per = None if restart_data is None else _take(restart_data, survivors)
+      sub = search.drive(_take(state, survivors), per, None, done + taken, n - taken,
                          lambda s, d: make(_set_rows(fetch(state), survivors, fetch(s)), d), count)
       state = _scatter(state, survivors, sub)
     else:
