@@ -133,8 +133,8 @@ def test_interceptor_leaves_outputs_unchanged(train):
   model = models.create("resnet8", jax.random.key(2), conv="xla", input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(3), (2, 8, 8, 3))
   stats = _batch_statistics(priors.Network(model.apply_fn, model.variables, train), x)
-  np.testing.assert_array_equal(np.asarray(stats.logits),
-                                np.asarray(jax.jit(model.apply_fn, static_argnums=2)(model.variables, x, train)))
+  logits = jax.jit(model.apply_fn, static_argnums=2)(model.variables, x, train)
+  np.testing.assert_array_equal(np.asarray(stats.logits), np.asarray(logits))
 
 
 @pytest.mark.slow

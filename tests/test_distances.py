@@ -95,7 +95,8 @@ def test_distance_matches_numpy(name, weighted):
   far, _, _ = _trees(1, near=False)
   w = weights if weighted else None
   with jax.enable_x64(True):  # jitted: eagerly each operation compiles alone
-    distance = jax.jit(lambda d, o: distances.get_distance(name)(d, o, **({} if w is None else {"weights": w})))
+    distance = jax.jit(lambda d, o: distances.get_distance(name)(d, o, **({} if w is None else
+                                                                          {"weights": w})))
     bound = jax.jit(distances.get_distance(name, weights=w))
     for d in (dummy, far):
       want = _np_reference(name, d, obs, w)
@@ -168,7 +169,8 @@ def test_gaussian_kernel_keeps_its_precision_in_float32_near_convergence():
                          obs)
     for name in ("gaussian_kernel", "gaussian_kernel_mean"):
       want = _np_reference(name, jax.tree.map(np.float64, dummy), jax.tree.map(np.float64, obs), weights)
-      got = jax.jit(distances.get_distance(name, weights=weights))(_jnp(dummy), _jnp(obs))  # as attacks run it
+      distance = jax.jit(distances.get_distance(name, weights=weights))  # as attacks run it
+      got = distance(_jnp(dummy), _jnp(obs))
       assert got.dtype == jnp.float32 and want > 0
       np.testing.assert_allclose(float(got), want, rtol=1e-4)
 

@@ -403,14 +403,16 @@ def test_conv_implementations_match_numpy_and_xla(kernel, stride, pads, hw, impl
   w = rng.normal(size=(*kernel, 3, 4))
   dn = ("NHWC", "HWIO", "NHWC")
   with jax.enable_x64(True):  # jitted, as the models run them (eagerly each operation compiles alone)
-    got = jax.jit(lambda x, w: im2col_conv(x, w, stride, pads, dimension_numbers=dn))(jnp.asarray(x), jnp.asarray(w))
+    conv = jax.jit(lambda x, w: im2col_conv(x, w, stride, pads, dimension_numbers=dn))
+    got = conv(jnp.asarray(x), jnp.asarray(w))
     np.testing.assert_allclose(np.asarray(got), _np_conv_asym(x, w, stride, pads), rtol=1e-12, atol=1e-12)
 
     def second_order(conv):
       # A gradient-matching-like scalar: the squared weight gradient of a loss, differentiated in x.
       def loss(w, x):
         return jnp.sum(jnp.tanh(conv(x, w, stride, pads, dimension_numbers=dn)) ** 2)
-      return jax.jit(jax.grad(lambda x, w: jnp.sum(jax.grad(loss)(w, x) ** 2)))(jnp.asarray(x), jnp.asarray(w))
+      outer = jax.jit(jax.grad(lambda x, w: jnp.sum(jax.grad(loss)(w, x) ** 2)))
+      return outer(jnp.asarray(x), jnp.asarray(w))
 
     np.testing.assert_allclose(np.asarray(second_order(im2col_conv)),
                                np.asarray(second_order(jax.lax.conv_general_dilated)), rtol=1e-10, atol=1e-12)
