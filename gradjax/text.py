@@ -420,8 +420,9 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   valid = (np.ones(p.shape[-1], bool) if problem.data.valid is None
            else np.asarray(problem.data.valid)[..., :problem.ids.size])
   valid = np.broadcast_to(valid, p.shape)
-  likely = np.argsort(np.where(valid, -p, np.inf), axis=-1, kind="stable")[..., :candidates]
-  width = likely.shape[-1]
+  # No wider than the largest set: a narrower position's other trials would repeat its sentence.
+  width = int(min(candidates, max(valid.sum(axis=-1).max(), 1)))
+  likely = np.argsort(np.where(valid, -p, np.inf), axis=-1, kind="stable")[..., :width]
   step = jnp.asarray(attack.iterations, jnp.int32)
   choices = [(k, f) for f in ((False, True) if masked else (False,)) for k in range(width)]
 
