@@ -269,11 +269,9 @@ def _stack(trees):
   return jax.tree.map(lambda *xs: np.stack(xs), *jax.device_get(trees))
 
 
-@compilation.once
-def _take(tree, index):
-  """Rows ``index`` of every leaf of a device tree, as one program (op by op, each leaf's gather
-  would compile alone, again for each round's number of survivors)."""
-  return jax.tree.map(lambda x: x[index], tree)
+# :func:`_slice` of a device tree by an index array, as one program (op by op, each leaf's gather
+# would compile alone, again for each round's number of survivors).
+_take = compilation.once(_slice)
 
 
 @compilation.once
