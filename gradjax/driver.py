@@ -10,8 +10,10 @@ Restart strategies (``Execution.strategy``):
   CPU too, provided convolutions run as im2col (``conv="im2col"``, ``gradjax.models``): XLA's
   native ones, which the CPU default ``"mixed"`` takes for large feature maps, turn into grouped
   convolutions under ``vmap``.
-* ``"vmap"``: all restarts advance together in one vectorised program (the accelerator default).
-* ``"map"``: ``lax.map`` over restarts with ``map_batch_size`` vectorised at a time.
+* ``"vmap"``: all restarts advance together in one vectorised program (the accelerator default,
+  where its step fits in the device's free memory: :func:`fit_strategy`).
+* ``"map"``: ``lax.map`` over restarts with ``map_batch_size`` vectorised at a time (what ``"auto"``
+  runs on an accelerator whose memory holds the step of a batch of restarts but not of all).
 * ``"tune"``: time a few iterations of each on the actual problem and run the fastest
   (:func:`tune_strategy`; costs the extra compilations, worth it for long runs).
 
@@ -100,7 +102,8 @@ class Execution:
 
   Attributes:
     strategy: one of ``STRATEGIES`` (module docstring); ``"auto"``: sequential on CPU, vmap on
-      accelerators.
+      accelerators, or map where the vmapped step does not fit the device's memory
+      (:func:`fit_strategy`).
     chunk: steps per jitted call between progress reports (and monitor calls).
     map_batch_size: restarts vectorised together by the ``"map"`` strategy (``None``: all).
     unroll: ``fori_loop`` unroll factor on accelerators (on CPU a chunk is a host loop of one-step
@@ -193,6 +196,84 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
   return min(seconds, key=seconds.get), seconds
 
 
+# The share of a device's free memory the step of ``"auto"``'s restarts may need: the programs run
+# beside it (the first evaluation, the scores) and the allocator's fragmentation want the rest.
+MEMORY_HEADROOM = 0.8
+
+
+def free_memory(device: jax.Device | None = None) -> int | None:
+  """Bytes ``device`` (the first local one) can still allocate: its allocator's limit less what is
+  in use (``Device.memory_stats``); None where the backend does not say (XLA:CPU)."""
+  stats = (device or jax.local_devices()[0]).memory_stats()
+  if not stats or "bytes_limit" not in stats:
+    return None
+  return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def footprint(compiled: jax.stages.Compiled) -> int:
+  """Device bytes a compiled program holds while it runs (XLA's ``memory_analysis``): its arguments,
+  the outputs not written over a donated argument, and its temporaries."""
+  m = compiled.memory_analysis()
+  return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+          + m.temp_size_in_bytes)
+
+
+class Fit(NamedTuple):
+  """What :func:`fit_strategy` chose: the strategy, ``map``'s batch of restarts (else None), and
+  the bytes the step of all restarts vmapped needs (``need``) against those it may take
+  (``budget``: :data:`MEMORY_HEADROOM` of the free memory)."""
+
+  strategy: str
+  map_batch_size: int | None
+  need: int
+  budget: int
+
+
+def fit_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, free: int, steps: int = 1,
+                 execution: Execution = Execution(), restart_data: PyTree = None) -> Fit:
+  """How ``"auto"`` runs R restarts on an accelerator with ``free`` bytes of memory.
+
+  ``"vmap"`` where the step of all R vectorised, advancing ``steps`` iterations (the run's first
+  chunk), needs at most :data:`MEMORY_HEADROOM` of ``free`` (:func:`footprint` of the compiled
+  program: measured, not estimated; the run then calls that same program, so where it fits this
+  compiles nothing extra). Otherwise ``"map"`` of the most restarts at a time whose step fits. A
+  map holds every restart's state, as vmap does; only the step's temporaries (the activations of
+  the double backward pass) shrink with its batch, so the batch is sized as if each restart took an
+  R-th of the vmapped step's temporaries, and sized again at half as many restarts' worth until its
+  compiled step fits.
+  Where not even two fit, ``"sequential"``. That order is the measured speed: 64 DLG restarts on
+  LeNet on an H200 took 17.1 ms an iteration vmapped, 22.1 ms mapped 8 at a time and 43.4 ms in
+  sequence (``experiments/studies/accelerator_h100/runs/gpu_h200/gpu_restarts.md``).
+  """
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+  budget = int(MEMORY_HEADROOM * free)
+  shapes = _state_shapes(solver, init_params, data, restart_data, restarts)
+
+  def compiled(strategy, batch):
+    _, advance, _ = _compiled(solver, strategy, batch, execution.unroll)
+    # On CPU a chunk is a host loop of the one-step program (``_compiled``): that one is measured.
+    program, n = (advance.step, 1) if hasattr(advance, "step") else (advance, steps)
+    return program.lower(shapes, data, restart_data, n).compile()
+
+  step = compiled("vmap", None)
+  vmapped = footprint(step)
+  if vmapped <= budget:
+    return Fit("vmap", None, vmapped, budget)
+  temp = step.memory_analysis().temp_size_in_bytes
+  room = (budget - (vmapped - temp)) / max(temp / restarts, 1.0)  # restarts' temporaries that fit
+  while True:
+    # A batch b that does not divide R runs as batches of b and one of R mod b, whose
+    # temporaries XLA keeps apart: b + R mod b restarts' worth.
+    batches = [b for b in range(2, restarts) if b + restarts % b <= room]
+    if not batches:
+      break
+    batch = max(batches)
+    if footprint(compiled("map", batch)) <= budget:
+      return Fit("map", batch, vmapped, budget)
+    room = (batch + restarts % batch) / 2
+  return Fit("sequential", None, vmapped, budget)
+
+
 @functools.lru_cache(maxsize=64)
 def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll: int,
               mesh: jax.sharding.Mesh | None = None):
@@ -257,6 +338,7 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
       states = advance(states, data, per, 1)
     return states
 
+  host_loop.step = advance  # the program it calls (fit_strategy measures its memory)
   return init, host_loop, finalize
 
 
@@ -352,8 +434,9 @@ class _Search:
   boundaries, so the steps that follow are the same programs on the same values."""
 
   def __init__(self, solver: Solver, data: PyTree, iterations: int, execution: Execution,
-               strategy: str, mesh, restarts: int, plan, snap: Snapshot | None):
+               strategy: str, mesh, restarts: int, plan, snap: Snapshot | None, note: str = ""):
     self.solver, self.data, self.iterations, self.ex = solver, data, iterations, execution
+    self.note = note  # why the restarts run as they do, where the device's memory chose
     self.strategy, self.mesh, self.restarts, self.plan, self.snap = (
         strategy, mesh, restarts, plan, snap)
     self.init, self.advance, self.finalize = _compiled(solver, strategy, execution.map_batch_size,
@@ -386,7 +469,8 @@ class _Search:
     target, start, first = done + n, time.perf_counter(), done
     began = start
     if not self.compiled and ex.callback is not None and n > 0:
-      ex.callback(Progress(restart, done, iterations, math.inf, 0, math.nan, math.nan, 0.0, True))
+      ex.callback(Progress(restart, done, iterations, math.inf, 0, math.nan, math.nan, 0.0, True,
+                           self.note))
     while done < target:
       k = min(ex.chunk, target - done)
       if k in (ex.chunk, 1):
@@ -526,10 +610,27 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
     snap = ex.saver.restore(
         lambda: _state_shapes(solver, init_params, data, restart_data, restarts))
   strategy = resolve_strategy(ex.strategy)
+  fit = None
+  if ex.strategy == "auto" and strategy == "vmap" and mesh is None and restarts > 1:
+    free = free_memory()
+    if free is not None:
+      k = min(ex.chunk, plan[0][1])  # the first chunk's program (_Search.drive)
+      fit = fit_strategy(solver, init_params, data, free=free, steps=k if k in (ex.chunk, 1) else 1,
+                         execution=ex, restart_data=restart_data)
+      strategy = fit.strategy
+      ex = dataclasses.replace(ex, map_batch_size=fit.map_batch_size)
   if snap is not None:
-    if ex.strategy == "tune" and snap.strategy in ("sequential", "vmap", "map"):
-      strategy = snap.strategy  # what the timing chose then (it may choose otherwise now)
-    if snap.strategy != strategy:
+    # Under "auto", restarts saved running together continue under either strategy that runs
+    # them together (a snapshot's position means the same for both).
+    together = ("vmap", "map")
+    interchangeable = ex.strategy == "auto" and (strategy in together) == (snap.strategy in together)
+    if (ex.strategy in ("tune", "auto") and snap.strategy in ("sequential", "vmap", "map")
+        and not interchangeable):
+      strategy = snap.strategy  # what the timing or the device chose then (it may choose otherwise now)
+      if strategy == "map" and ex.map_batch_size is None:
+        ex = dataclasses.replace(ex, map_batch_size=1 if fit and fit.strategy == "sequential"
+                                 else restarts)
+    if snap.strategy != strategy and not interchangeable:
       raise ValueError(f"the saved run used restart strategy {snap.strategy!r}, this one "
                        f"{strategy!r}; resume with --config.execution.strategy={snap.strategy}")
     if (not 0 <= snap.round < len(plan) or len(snap.survivors) != plan[snap.round][0]
@@ -540,7 +641,13 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
   elif strategy == "tune":
     strategy, _ = tune_strategy(solver, init_params, data, steps=min(ex.chunk, iterations, 10),
                                 execution=ex, restart_data=restart_data)
-  search = _Search(solver, data, iterations, ex, strategy, mesh, restarts, plan, snap)
+  note = ""
+  if fit is not None and strategy == fit.strategy != "vmap":
+    gib = lambda b: f"{b / 2**30:.1f} GiB"
+    how = "one at a time" if strategy == "sequential" else f"{ex.map_batch_size} at a time"
+    note = (f"{restarts} restarts vmapped need {gib(fit.need)}, more than the {gib(fit.budget)} "
+            f"of the device's free memory a run takes: {how}")
+  search = _Search(solver, data, iterations, ex, strategy, mesh, restarts, plan, snap, note)
   loop = _sequential if strategy == "sequential" else _together
   return loop(search, init_params, restart_data)
 

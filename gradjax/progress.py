@@ -16,13 +16,15 @@ class Progress(NamedTuple):
   eta_s: float              # seconds the whole run has left (every restart and round); NaN with its_per_s
   elapsed_s: float = 0.0    # since this restart (or these restarts) started advancing
   compiling: bool = False   # True for the report sent before the first step is compiled
+  note: str = ""            # on that report: why the restarts run as they do, where the device's
+                            # memory chose (gradjax.driver.fit_strategy)
 
   def line(self) -> str:
     """One progress line: a bar, the objective, restarts alive, rate and ETA (the first chunk's
     time includes compiling the step, so it gets no rate)."""
     where = "" if self.restart is None else f"restart {self.restart} "
     if self.compiling:
-      return f"{where}compiling the attack step..."
+      return f"{where}compiling the attack step{f' ({self.note})' if self.note else ''}..."
     filled = round(20 * self.iteration / max(self.iterations, 1))
     rate = self.its_per_s
     speed = (f"{self.elapsed_s:.1f}s with compilation" if math.isnan(rate)

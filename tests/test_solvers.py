@@ -395,3 +395,80 @@ def test_one_compiled_step_serves_every_budget():
     return jax.jit(lambda g, s: tx.update(g, s, params)).lower(params, state).as_text()
 
   assert lowered(300) == lowered(4800)
+
+
+def test_footprint_counts_arguments_outputs_and_temporaries():
+  """driver.footprint against a closed form: x ↦ 2x on 1000 float64 holds its argument and its
+  output (8 000 bytes each) unless the argument is donated and the output written over it."""
+  x = jax.ShapeDtypeStruct((1000,), jnp.float64)
+  kept = jax.jit(lambda x: 2 * x).lower(x).compile()
+  donated = jax.jit(lambda x: 2 * x, donate_argnums=0).lower(x).compile()
+  assert driver.footprint(kept) == 16000 and driver.footprint(donated) == 8000
+
+
+# An objective whose step's temporaries grow with the restarts run together (a hidden layer of
+# 20 000 units per restart) while every restart's state is 6 numbers.
+_W = _RNG.normal(size=(6, 20000)) / 3
+
+
+def wide(params, data, step=0):
+  return jnp.mean((jnp.tanh(params["p"] @ data) - 0.5) ** 2)
+
+
+class _Memo:
+  """An in-memory driver.Saver: keeps every snapshot offered; restores ``start``."""
+
+  def __init__(self, start=None):
+    self.start, self.snapshots = start, []
+
+  def restore(self, like):
+    return self.start
+
+  def __call__(self, snapshot, *, final=False):
+    self.snapshots.append(snapshot())
+
+
+@pytest.mark.slow
+def test_auto_fits_the_restarts_to_the_devices_memory(monkeypatch):
+  """fit_strategy: vmap where the vmapped step fits 80 % of the free memory, else a map of a batch
+  whose compiled step fits, else a sequence; driver.run under "auto" on a device that says how
+  much memory it has free runs the chosen strategy, says so, and gives what a sequence gives, also
+  when it continues a vmapped run's snapshot mapped."""
+  solver = solvers.make_solver(wide, optimizers.make_optimizer("adam", 0.05))
+  init = stacked(*_RNG.normal(size=(8, 6)))
+  data = jnp.asarray(_W)
+  roomy = driver.fit_strategy(solver, init, data, free=10**12)
+  assert roomy == (driver.Fit("vmap", None, roomy.need, int(0.8 * 10**12)))
+  # The vmapped step holds at least the 8 hidden layers it differentiates through.
+  assert roomy.need > 8 * 20000 * 8
+  tight = driver.fit_strategy(solver, init, data, free=roomy.need)
+  assert tight.strategy == "map" and 2 <= tight.map_batch_size < 8 and tight.need == roomy.need
+  shapes = driver._state_shapes(solver, init, data, None, 8)
+  mapped = lambda b: driver.footprint(
+      driver._compiled(solver, "map", b, 1)[1].step.lower(shapes, data, None, 1).compile())
+  # The most restarts at a time whose step fits.
+  assert mapped(tight.map_batch_size) <= tight.budget
+  assert all(mapped(b) > tight.budget for b in range(tight.map_batch_size + 1, 8))
+  assert driver.fit_strategy(solver, init, data, free=100).strategy == "sequential"
+
+  sequence = driver.run(solver, init, data, iterations=40,
+                        execution=driver.Execution("sequential", chunk=10))
+  memo = _Memo()
+  vmapped = driver.run(solver, init, data, iterations=40,
+                       execution=driver.Execution("vmap", chunk=10, saver=memo))
+  monkeypatch.setattr(driver, "resolve_strategy", lambda s: "vmap" if s == "auto" else s)
+  monkeypatch.setattr(driver, "free_memory", lambda device=None: roomy.need)
+  reports = []
+  auto = driver.run(solver, init, data, iterations=40,
+                    execution=driver.Execution(chunk=10, callback=reports.append))
+  assert reports[0].compiling and f"{tight.map_batch_size} at a time" in reports[0].line()
+  for state in (vmapped, auto):
+    np.testing.assert_allclose(state.best_params["p"], sequence.best_params["p"], rtol=1e-12)
+    np.testing.assert_array_equal(state.iterations, sequence.iterations)
+  # The vmapped run's snapshot at step 20 continues mapped to the uninterrupted run's end.
+  assert memo.snapshots[1].strategy == "vmap" and memo.snapshots[1].steps == 20
+  resumed_memo = _Memo(start=memo.snapshots[1])
+  resumed = driver.run(solver, init, data, iterations=40,
+                       execution=driver.Execution(chunk=10, saver=resumed_memo))
+  assert resumed_memo.snapshots[-1].strategy == "map"
+  np.testing.assert_allclose(resumed.best_params["p"], sequence.best_params["p"], rtol=1e-12)

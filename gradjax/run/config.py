@@ -392,8 +392,8 @@ class ExecutionConfig(_Section):
   """How the attack's restarts run: strategy, halving, sharding, progress chunks, precision, memory."""
 
   strategy: str = _field(
-      "auto", "Restart strategy: auto (sequential on CPU, vmap on accelerators), "
-      "tune, sequential, vmap, map.")
+      "auto", "Restart strategy: auto (sequential on CPU; vmap on accelerators, or map where the "
+      "vmapped step does not fit the device's free memory), tune, sequential, vmap, map.")
   map_batch_size: int | None = _field(None, "Restarts vectorised together by --config.execution.strategy=map.")
   halving_rounds: int = _field(
       1, "Successive halving over restarts x candidates: rounds (1 = off).")
