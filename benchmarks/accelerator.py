@@ -7,7 +7,9 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
   compiled and peak memory), as the suite's steps section.
 * ``restarts``: 100 DLG iterations on ``lenet_zhu`` for R = 1, 4, 16, 64, 256 under each strategy
-  (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1.
+  (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1; vmapped
+  again for R = 1, 64, 256 with the convolutions as im2col's matrix products (under vmap XLA's own
+  become grouped convolutions, one group per restart).
 * ``clients``: 100 iterations of DLG and of Inverting Gradients on K = 1, 4, 16, 64 clients of one
   ``lenet_zhu`` round, one solver run for the K clients (vmap, sequential) against K runs one by one,
   compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one).
@@ -65,7 +67,7 @@ def sizes(quick: bool, dataset: str) -> dict:
   if quick:
     # 32x32 everywhere, so the parts share compiled programs; vmapped restarts run in dlg64.
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
-                strategies=("sequential",), restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
+                strategies=("sequential",), im2col_restart_counts=[1, 2], restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
                 ttfr=dict(model="convnet-4", iterations=3, warm_runs=1),
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_iterations=10,
@@ -76,6 +78,7 @@ def sizes(quick: bool, dataset: str) -> dict:
                 timing=dict(repeats=2, warmup=0, max_seconds=5.0))
   return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
               restart_counts=[1, 4, 16, 64, 256], strategies=("vmap", "map", "sequential"),
+              im2col_restart_counts=[1, 64, 256],
               restart_iterations=100, client_counts=[1, 4, 16, 64],
               ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
@@ -112,7 +115,8 @@ def _steps(s: dict, seed: int) -> list[dict]:
 
 
 def part_restarts(s: dict, seed: int) -> list[dict]:
-  return bs.restart_timings(s["restart_counts"], s["restart_iterations"], s["strategies"], 8, seed)
+  return bs.restart_timings(s["restart_counts"], s["restart_iterations"], s["strategies"], 8, seed,
+                            s["im2col_restart_counts"])
 
 
 def part_clients(s: dict, seed: int) -> list[dict]:

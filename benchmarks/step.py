@@ -180,11 +180,12 @@ def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
   return a.nbytes / float(seconds.min())
 
 
-def _dlg_problem(seed: int):
-  """DLG on ``lenet_zhu`` and one photo: (model, observation)."""
+def _dlg_problem(seed: int, conv: str = "auto"):
+  """DLG on ``lenet_zhu`` (its convolutions computed as ``conv``) and one photo: (model,
+  observation)."""
   x = photos(1)
   model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
-                        num_classes=NUM_CLASSES)
+                        num_classes=NUM_CLASSES, conv=conv)
   return model, clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
 
 
@@ -260,19 +261,25 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
               history=memory_size, rows=rows)
 
 
-def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int) -> list[dict]:
+def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int,
+                    im2col_counts=()) -> list[dict]:
   """Wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
   and strategy, compilation excluded (a first, untimed run compiles), and the ratio to one restart
   (``over_one``, None without a count of 1). ``gflops``: the objective evaluations the run made
   (line-search ones included) times XLA's count for one (:func:`dlg_evaluation_flops`), over the
-  wall time."""
-  model, obs = _dlg_problem(seed)
-  flops_one = dlg_evaluation_flops(model, obs)
-  attack = presets.dlg(iterations)
+  wall time. ``conv``: how the model computes its convolutions (``gradjax.models``, the backend's
+  default); ``im2col_counts``: vmapped rows again with ``conv="im2col"`` (under vmap XLA's own
+  convolutions of the per-restart weight gradients become grouped ones, 64 groups for 64
+  restarts; im2col's are batched matrix products)."""
+  runs = [(strategy, "auto", counts) for strategy in strategies]
+  runs += [("vmap", "im2col", im2col_counts)] if im2col_counts else []
   rows = []
-  for strategy in strategies:
+  for strategy, conv, its_counts in runs:
+    model, obs = _dlg_problem(seed, conv)
+    flops_one = dlg_evaluation_flops(model, obs)
+    attack = presets.dlg(iterations)
     base = None
-    for r in counts:
+    for r in its_counts:
       kw = dict(input_shape=(32, 32, 3), restarts=r, execution=driver.Execution(
           strategy, chunk=iterations, map_batch_size=min(map_batch_size, r)))
       attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
@@ -280,8 +287,8 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
       rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
       seconds = time.perf_counter() - start
       base = seconds if r == 1 else base
-      rows.append(dict(strategy=strategy, restarts=r, seconds=seconds,
-                       ms_per_iteration=1e3 * seconds / iterations,
+      rows.append(dict(strategy=strategy, conv=models.resolve_conv(conv), restarts=r,
+                       seconds=seconds, ms_per_iteration=1e3 * seconds / iterations,
                        over_one=None if base is None else seconds / base,
                        evaluations=int(rec.evaluations.sum()),
                        gflops=int(rec.evaluations.sum()) * flops_one / seconds / 1e9))
