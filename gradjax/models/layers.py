@@ -122,7 +122,7 @@ def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=N
   resulting transposed and dilated convolutions (input and weight gradients of a strided
   convolution, with batch and feature dimensions swapped) far slower than plain ones, while slices,
   pads and matrix products are cheap: the matching step runs faster this way on CPU (the
-  ``other conv`` column of ``gradjax benchmark``'s step table, ``experiments/studies/speed_cpu``). The price: the
+  ``other conv`` column of ``python -m benchmarks suite``'s step table, ``experiments/studies/speed_cpu``). The price: the
   patches take kh kw times the input's memory, and a plain forward+backward of a wide network can
   be slower. On GPUs and TPUs the native convolution is the better choice. The result equals
   ``lax.conv_general_dilated`` up to floating-point summation order.
@@ -333,7 +333,7 @@ def mixed_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=No
   Split when the kernel is larger than 1x1, the input has at least 16 channels and the output at
   least 256 positions per example (16x16): there XLA:CPU's own convolutions beat patches times a
   matrix in the matching step, while im2col wins on small maps, few channels and 1x1 kernels
-  (``gradjax benchmark --sections=convs`` measures both per layer shape; ``experiments/studies/speed_cpu``).
+  (``python -m benchmarks suite --sections=convs`` measures both per layer shape; ``experiments/studies/speed_cpu``).
   """
   kwargs = dict(lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
                 dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
