@@ -250,7 +250,7 @@ def fit_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, free: int
   shapes = _state_shapes(solver, init_params, data, restart_data, restarts)
 
   def compiled(strategy, batch):
-    _, advance, _ = _compiled(solver, strategy, batch, execution.unroll)
+    _, advance, _ = _compiled(solver, strategy, batch, execution.unroll, None)  # the run's key
     # On CPU a chunk is a host loop of the one-step program (``_compiled``): that one is measured.
     program, n = (advance.step, 1) if hasattr(advance, "step") else (advance, steps)
     return program.lower(shapes, data, restart_data, n).compile()

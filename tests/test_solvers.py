@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from gradjax import driver, optimizers, solvers
+from gradjax import compilation, driver, optimizers, solvers
 
 
 
@@ -457,6 +457,12 @@ def test_auto_fits_the_restarts_to_the_devices_memory(monkeypatch):
   vmapped = driver.run(solver, init, data, iterations=40,
                        execution=driver.Execution("vmap", chunk=10, saver=memo))
   monkeypatch.setattr(driver, "resolve_strategy", lambda s: "vmap" if s == "auto" else s)
+  # Where the vmapped step fits, the program measured is the one the run calls: one step program.
+  monkeypatch.setattr(driver, "free_memory", lambda device=None: 10**12)
+  fresh = solvers.make_solver(wide, optimizers.make_optimizer("adam", 0.05))
+  with compilation.Recorder() as made:
+    driver.run(fresh, init, data, iterations=40, execution=driver.Execution(chunk=10))
+  assert [p.name for p in made.programs].count("jit(solver_steps)") == 1
   monkeypatch.setattr(driver, "free_memory", lambda device=None: roomy.need)
   reports = []
   auto = driver.run(solver, init, data, iterations=40,
