@@ -61,7 +61,8 @@ class Snapshot(NamedTuple):
   position: sequential strategy: how many of ``survivors`` have finished this round (else 0).
   steps: steps the restart(s) being advanced have taken in this round.
   stopped: whether the monitor ended the run.
-  strategy: the resolved restart strategy (a snapshot continues only under the same one).
+  strategy: the resolved restart strategy (a snapshot continues under one of the same kind: in
+    sequence, or together, vmap and map).
   """
 
   state: SolverState
@@ -620,17 +621,15 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
       strategy = fit.strategy
       ex = dataclasses.replace(ex, map_batch_size=fit.map_batch_size)
   if snap is not None:
-    # Under "auto", restarts saved running together continue under either strategy that runs
-    # them together (a snapshot's position means the same for both).
-    together = ("vmap", "map")
-    interchangeable = ex.strategy == "auto" and (strategy in together) == (snap.strategy in together)
-    if (ex.strategy in ("tune", "auto") and snap.strategy in ("sequential", "vmap", "map")
-        and not interchangeable):
+    # A snapshot's position means the same for the two strategies that run the restarts together
+    # (vmap, map), another thing in a sequence: it continues under any strategy of its kind.
+    same_kind = (snap.strategy == "sequential") == (strategy == "sequential")
+    if strategy == "tune" or (ex.strategy == "auto" and not same_kind):
       strategy = snap.strategy  # what the timing or the device chose then (it may choose otherwise now)
-      if strategy == "map" and ex.map_batch_size is None:
+      if strategy == "map" and ex.strategy == "auto":  # as many at a time as fit
         ex = dataclasses.replace(ex, map_batch_size=1 if fit and fit.strategy == "sequential"
                                  else restarts)
-    if snap.strategy != strategy and not interchangeable:
+    elif not same_kind:
       raise ValueError(f"the saved run used restart strategy {snap.strategy!r}, this one "
                        f"{strategy!r}; resume with --config.execution.strategy={snap.strategy}")
     if (not 0 <= snap.round < len(plan) or len(snap.survivors) != plan[snap.round][0]
