@@ -642,13 +642,20 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
                                 execution=ex, restart_data=restart_data)
   note = ""
   if fit is not None and strategy == fit.strategy != "vmap":
-    gib = lambda b: f"{b / 2**30:.1f} GiB"
     how = "one at a time" if strategy == "sequential" else f"{ex.map_batch_size} at a time"
-    note = (f"{restarts} restarts vmapped need {gib(fit.need)}, more than the {gib(fit.budget)} "
-            f"of the device's free memory a run takes: {how}")
+    note = (f"{restarts} restarts vmapped need {_size(fit.need)}, more than the "
+            f"{_size(fit.budget)} of the device's free memory a run takes: {how}")
   search = _Search(solver, data, iterations, ex, strategy, mesh, restarts, plan, snap, note)
   loop = _sequential if strategy == "sequential" else _together
   return loop(search, init_params, restart_data)
+
+
+def _size(n: int) -> str:
+  """``n`` bytes in the largest binary unit that keeps them at 1 or more: ``"2.5 GiB"``."""
+  for unit in ("B", "KiB", "MiB", "GiB"):
+    if abs(n) < 1024 or unit == "GiB":
+      return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    n /= 1024
 
 
 def _check_restart_data(restart_data, restarts: int) -> None:

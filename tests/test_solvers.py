@@ -406,6 +406,11 @@ def test_footprint_counts_arguments_outputs_and_temporaries():
   assert driver.footprint(kept) == 16000 and driver.footprint(donated) == 8000
 
 
+def test_sizes_are_written_in_binary_units():
+  assert [driver._size(n) for n in (512, 1536, 3 * 2**20, 2.5 * 2**30, 2**42)] == [
+      "512 B", "1.5 KiB", "3.0 MiB", "2.5 GiB", "4096.0 GiB"]
+
+
 # An objective whose step's temporaries grow with the restarts run together (a hidden layer of
 # 20 000 units per restart) while every restart's state is 6 numbers.
 _W = _RNG.normal(size=(6, 20000)) / 3
@@ -467,7 +472,10 @@ def test_auto_fits_the_restarts_to_the_devices_memory(monkeypatch):
   reports = []
   auto = driver.run(solver, init, data, iterations=40,
                     execution=driver.Execution(chunk=10, callback=reports.append))
-  assert reports[0].compiling and f"{tight.map_batch_size} at a time" in reports[0].line()
+  line = reports[0].line()
+  assert reports[0].compiling and f"{tight.map_batch_size} at a time" in line
+  # The vmapped step's bytes and 80 % of the free memory, in MiB (about 3.4 and 2.7 here).
+  assert f"need {roomy.need / 2**20:.1f} MiB" in line and f"the {0.8 * roomy.need / 2**20:.1f} MiB" in line
   for state in (vmapped, auto):
     np.testing.assert_allclose(state.best_params["p"], sequence.best_params["p"], rtol=1e-12)
     np.testing.assert_array_equal(state.iterations, sequence.iterations)
