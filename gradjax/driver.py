@@ -174,10 +174,16 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
   start (so the figure is the per-chunk cost of a run, compilation excluded), with ``execution``'s
   ``map_batch_size`` and ``unroll``. With one restart only ``"sequential"`` is considered. Returns
   (strategy, {strategy: seconds}). Nothing is cached: each ``run`` with strategy ``"tune"``
-  measures again, so tune once and pass the winner for many short runs.
+  measures again, so tune once and pass the winner for many short runs. On a device that says how
+  much memory it has free, vmap is not timed where its step does not fit (:func:`fit_strategy`).
   """
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   candidates = ("sequential",) if restarts == 1 else ("sequential", "vmap", "map")
+  free = free_memory()
+  if (restarts > 1 and free is not None and fit_strategy(
+      solver, init_params, data, free=free, steps=steps, execution=execution,
+      restart_data=restart_data).strategy != "vmap"):
+    candidates = ("sequential", "map")  # the vmapped step does not fit the device (fit_strategy)
   seconds = {}
   for strategy in candidates:
     init, advance, _ = _compiled(solver, strategy, execution.map_batch_size, execution.unroll)

@@ -479,6 +479,8 @@ def test_auto_fits_the_restarts_to_the_devices_memory(monkeypatch):
   for state in (vmapped, auto):
     np.testing.assert_allclose(state.best_params["p"], sequence.best_params["p"], rtol=1e-12)
     np.testing.assert_array_equal(state.iterations, sequence.iterations)
+  # "tune" times only the strategies whose step fits.
+  assert set(driver.tune_strategy(solver, init, data, steps=2)[1]) == {"sequential", "map"}
   # The vmapped run's snapshot at step 20 continues mapped to the uninterrupted run's end.
   assert memo.snapshots[1].strategy == "vmap" and memo.snapshots[1].steps == 20
   resumed_memo = _Memo(start=memo.snapshots[1])
