@@ -19,7 +19,8 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
-  one: wall time (compilation included) and the best restart's PSNR.
+  one: wall time (compilation included) and the best restart's PSNR; then the same two with the
+  convolutions as im2col's matrix products.
 * ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
   (1000 iterations) under each ``--config.execution.matmul_precision`` (float32, tensorfloat32, bfloat16, JAX's default):
   wall time and PSNR, on the scikit-image photo.
@@ -50,7 +51,7 @@ import sys
 import time
 
 from benchmarks import step as bs
-from gradjax import driver, files
+from gradjax import driver, files, models
 from gradjax.run import config, pipeline, report
 
 PARTS = ("steps", "restarts", "clients", "ttfr", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
@@ -156,16 +157,19 @@ def part_ttfr(s: dict, seed: int) -> list[dict]:
 
 def part_dlg64(s: dict, seed: int) -> list[dict]:
   rows = []
-  for restarts in (1, s["dlg_restarts"]):
-    cfg = config.from_options({
-        "attack.restarts": restarts, "attack.iterations": s["dlg_iterations"],
-        "execution.strategy": "vmap", "data.image_size": s["image_size"], "seed": seed,
-        "output.lpips": "none"
-    })
-    results, _ = pipeline.run(cfg)
-    rows.append(dict(restarts=restarts, **_scores(results)))
-    print(f"dlg64 {rows[-1]}", flush=True)
-  rows[-1]["time_over_one"] = rows[-1]["wall_time_s"] / rows[0]["wall_time_s"]
+  for conv in ("auto", "im2col"):  # the backend's convolutions, then im2col's (the restarts part)
+    one = None
+    for restarts in (1, s["dlg_restarts"]):
+      cfg = config.from_options({
+          "attack.restarts": restarts, "attack.iterations": s["dlg_iterations"],
+          "execution.strategy": "vmap", "data.image_size": s["image_size"], "seed": seed,
+          "model.conv": conv, "output.lpips": "none"
+      })
+      results, _ = pipeline.run(cfg)
+      rows.append(dict(restarts=restarts, conv=models.resolve_conv(conv), **_scores(results)))
+      one = one or rows[-1]["wall_time_s"]
+      rows[-1]["time_over_one"] = rows[-1]["wall_time_s"] / one
+      print(f"dlg64 {rows[-1]}", flush=True)
   return rows
 
 
