@@ -40,7 +40,7 @@ from gradjax import optimizers
 from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
 from gradjax import driver, sharding, solvers
-from gradjax.compilation import once
+from gradjax.compilation import device_array, once
 from gradjax.losses import cross_entropy
 from gradjax.objectives import Smoothing, Stepwise, gradient_matching
 from gradjax.observation import Observation, check_observation
@@ -417,7 +417,7 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
   if rule is None:
     return None
   w = distances.depth_weights(observation.variables["params"], rule, order=order)
-  return jax.tree.map(lambda v: jnp.asarray(v, jnp.float32), w)
+  return jax.tree.map(lambda v: device_array(np.float32(v)), w)
 
 
 # The per-example solve (N² unknowns, about N⁴·K operations a step) is tried up to N⁴·K of this
@@ -481,7 +481,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
   if not np.all(lo < hi):
     raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
-  lo, hi = jnp.asarray(lo), jnp.asarray(hi)
+  lo, hi = device_array(lo), device_array(hi)
   if permutations < 1:
     raise ValueError(f"permutations must be positive, got {permutations}")
   if attack.couples_restarts and (restarts < 2 or permutations > 1):
@@ -527,7 +527,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
       raise ValueError("head features need known or inferred labels of images")
     targets = head_targets(observation, known, dtype, jax.random.fold_in(key, 1))
   data = MatchingData(observation, known, (lo, hi), weights, None, positions, targets)
-  return Problem(data, orders, init, jnp.asarray(np.tile(orders, (restarts, 1))))
+  return Problem(data, orders, init, device_array(np.tile(orders, (restarts, 1))))
 
 
 def restrict_labels(problem: Problem, support, num_classes: int) -> Problem:

@@ -19,15 +19,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax.compilation import once
+from gradjax.compilation import device_array, once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
 
+@once
+def _difference(a, b):
+  """``a − b`` leaf by leaf, one program (op by op, a program per leaf shape)."""
+  return jax.tree.map(jnp.subtract, a, b)
+
+
 def _check_client_data(apply_fn, variables, x, y):
   """(x, y) as arrays, or a one-line ValueError for bad client data."""
-  x = jnp.asarray(x)
-  y = jnp.asarray(y)
+  x, y = device_array(x), device_array(y)
   if x.ndim < 2:
     raise ValueError(f"client inputs must be (N, H, W, C) images or (N, T) token ids, got shape {x.shape}")
   if not np.all(np.isfinite(np.asarray(x))):
@@ -269,7 +274,7 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
   _check_sharing(train, share_statistics, local.steps(x.shape[0]))
   shared = None if share_labels is False else jnp.sort(y) if share_labels == "multiset" else y
   new = local_sgd(apply_fn, variables, x, y, local, train=train, loss_fn=loss_fn)
-  update = jax.tree.map(jnp.subtract, variables["params"], new)
+  update = _difference(variables["params"], new)
   return Observation(gradient=update, variables=variables, labels=shared,
                      num_samples=int(x.shape[0]), threat_model="fedavg", train=train,
                      local=local if share_local else None,

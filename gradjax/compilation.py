@@ -96,11 +96,22 @@ def _known(items: tuple) -> bool:
 def options(wanted: dict) -> dict:
   """``wanted`` (:data:`ONCE`, :data:`STEP` or :data:`BATCHED_STEP`) less the options this XLA
   does not know: debug options come and go between versions, and an unknown one fails every
-  compilation. Probed together first (one compilation for all of gradjax's options), one by one
-  only when that fails."""
-  if _known(tuple(sorted({**ONCE, **STEP, **BATCHED_STEP, **wanted}.items()))):
+  compilation. Probed together first (one compilation for all of gradjax's options, whichever
+  ``wanted``: what is probed is the names), one by one only when that fails."""
+  every = {**ONCE, **STEP, **BATCHED_STEP}
+  if _known(tuple(sorted({**every, **{k: v for k, v in wanted.items() if k not in every}}.items()))):
     return dict(wanted)
   return {k: v for k, v in wanted.items() if _known(((k, v),))}
+
+
+def device_array(x) -> jax.Array:
+  """``x`` (a NumPy array or scalar, or a ``jax.Array``) as a ``jax.Array`` of JAX's dtype for it,
+  made without a program: ``jnp.asarray`` of host data compiles a copy program per shape and dtype
+  (``jit(stage)``; on a warm cache still one to load), ``jax.device_put`` transfers it. Anything
+  else (a list) goes through ``jnp.asarray``."""
+  if isinstance(x, (np.ndarray, np.generic, jax.Array)):
+    return jax.device_put(x)
+  return jax.numpy.asarray(x)
 
 
 def once(fun=None, **jit_kwargs):

@@ -104,7 +104,12 @@ def idlg(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
     raise ValueError(f"iDLG label inference needs batch 1, the observation has "
                      f"{observation.num_samples} samples; for a batch choose another label source "
                      "(joint, negative_bias, bias_counts, llg, hfginv)")
-  g = last_layer_gradient(observation.gradient, path)
+  return _most_negative_column(last_layer_gradient(observation.gradient, path))
+
+
+@once
+def _most_negative_column(g):
+  # One program (op by op, each operation would compile alone).
   return jnp.argmin(jnp.sum(g, axis=0))[None]
 
 

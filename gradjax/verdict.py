@@ -93,9 +93,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
     matched: the name of what the attack's objective matched (:data:`gradjax.objectives.MATCHED`).
   """
   logits = dummy.get("label_logits")
-  u, uu, uc = _update(apply_fn, observation, jnp.asarray(dummy["x"]),
-                      jnp.asarray(labels if logits is None else logits), matched=matched,
-                      soft=logits is not None)
+  u, uu, uc = _update(apply_fn, observation, compilation.device_array(dummy["x"]),
+                      compilation.device_array(labels if logits is None else logits),
+                      matched=matched, soft=logits is not None)
   uu, uc = float(uu), float(uc)
   alpha = uc / uu if uu > 0 else 0.0
   return fidelity.compare(jax.tree.map(lambda a: alpha * np.asarray(a, np.float64), u),

@@ -119,6 +119,39 @@ def test_a_run_reports_where_its_time_went():
   assert 0 <= spent["programs_loaded"] <= spent["programs"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [
+    {"attack.preset": "dlg"},
+    {"attack.preset": "dlm", "client.name": "fedavg", "model.name": "mlp", "data.image_size": 8},
+    {"attack.preset": "sapag", "model.name": "lenet5", "data.image_size": 16}])
+def test_a_run_makes_no_program_of_a_single_operation(options):
+  """Every program of an image run (set-up, attack, scores) is one of gradjax's functions: none
+  comes from an operation run eagerly (``jnp.asarray`` of host data, a label rule's ``argmin``, a
+  FedAvg update's per-leaf difference, SAPAG's depth weights), each of which XLA compiled (or
+  loaded) as a program of its own, one per shape (the in-memory cache emptied first)."""
+  from gradjax.run import config, pipeline
+  jax.clear_caches()
+  with compilation.Recorder() as made:
+    pipeline.run(config.from_options({**options, "attack.iterations": 2, "output.lpips": "none"}))
+  names = [p.name for p in made.programs]
+  assert "jit(solver_steps)" in names
+  assert all(n.startswith(("jit(_", "jit(solver_")) or n == "jit(<lambda>)" for n in names), names
+
+
+def test_device_array_is_jnp_asarray_without_a_program():
+  values = [np.ones((2, 3)), np.arange(4, dtype=np.int64), np.float64(2.5), np.ones(2, bool),
+            jnp.ones(3), [1.0, 2.0]]
+  jax.clear_caches()
+  with compilation.Recorder() as made:
+    got = [compilation.device_array(v) for v in values[:-1]]
+  assert made.programs == []
+  got.append(compilation.device_array(values[-1]))
+  for g, v in zip(got, values):
+    want = jnp.asarray(v)
+    assert isinstance(g, jax.Array) and g.dtype == want.dtype and g.weak_type == want.weak_type
+    np.testing.assert_array_equal(g, want)
+
+
 # A small masked encoder under two steps of Adam (whose step compiles faster than L-BFGS's), and the
 # span attack on the default decoder.
 TEXT_RUNS = {"adam_dlg": {"model.name": "bert", "attack.iterations": 2, "data.sequence_length": 8,
