@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import clients, data, defenses, interop, models
+from gradjax.compilation import device_array
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
@@ -89,7 +90,8 @@ def simulate(recipe: Recipe, variables, x, y):
     raise ValueError(f"unknown loss reduction {recipe.reduction!r}; choose one of "
                      f"{', '.join(LOSS_REDUCTIONS)}")
   loss_fn = _summed_cross_entropy if recipe.reduction == "sum" else cross_entropy
-  inputs = jnp.asarray(recipe.normalize(jnp.asarray(x, jnp.float32)), jnp.float32)
+  # Normalised on the host: on the device each of its two operations compiles a program alone.
+  inputs = device_array(np.asarray(recipe.normalize(np.asarray(x, np.float32)), np.float32))
   if recipe.local is None:
     observation = clients.fedsgd(recipe.apply_fn, variables, inputs, y, train=recipe.train,
                                  loss_fn=loss_fn)

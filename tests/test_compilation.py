@@ -138,6 +138,29 @@ def test_a_run_makes_no_program_of_a_single_operation(options):
   assert all(n.startswith(("jit(_", "jit(solver_")) or n == "jit(<lambda>)" for n in names), names
 
 
+@pytest.mark.slow
+def test_attacking_a_capture_makes_no_program_of_a_single_operation(tmp_path):
+  """The same for a captured update read from PyTorch-layout files (an audit's attack, its fidelity
+  check against the ground truth included): the file's tensors reach the device without a copy
+  program each, the throw-away model without its key's."""
+  from gradjax import data, interop
+  from gradjax.run import config, pipeline
+  truth = data.load("skimage", indices=[0], image_size=(32, 32))  # the run's default ground truth
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
+  observation = clients.fedsgd(model.apply_fn, model.variables, truth.x, truth.y, share_labels=True)
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  interop.save_observation(tmp_path / "g.safetensors", observation, interop.zoo_mapping(model), model)
+  jax.clear_caches()
+  with compilation.Recorder() as made:
+    pipeline.run(config.from_options({
+        "model.weights": str(tmp_path / "w.safetensors"),
+        "client.observation": str(tmp_path / "g.safetensors"), "attack.preset": "dlg",
+        "attack.iterations": 2, "output.lpips": "none"}))
+  names = [p.name for p in made.programs]
+  assert "jit(solver_steps)" in names
+  assert all(n.startswith(("jit(_", "jit(solver_")) or n == "jit(<lambda>)" for n in names), names
+
+
 def test_device_array_is_jnp_asarray_without_a_program():
   values = [np.ones((2, 3)), np.arange(4, dtype=np.int64), np.float64(2.5), np.ones(2, bool),
             jnp.ones(3), [1.0, 2.0]]
