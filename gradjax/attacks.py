@@ -539,7 +539,7 @@ def restrict_labels(problem: Problem, support, num_classes: int) -> Problem:
   if support.size == 0 or not np.issubdtype(support.dtype, np.integer) or support.min() < 0 \
       or support.max() >= num_classes:
     raise ValueError(f"a label support must be a non-empty set of class ids in [0, {num_classes})")
-  mask = jnp.asarray(np.isin(np.arange(num_classes), support))
+  mask = device_array(np.isin(np.arange(num_classes), support))
   return problem._replace(data=problem.data._replace(label_mask=mask))
 
 

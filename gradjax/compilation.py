@@ -114,6 +114,15 @@ def device_array(x) -> jax.Array:
   return jax.numpy.asarray(x)
 
 
+def prng_key(seed: int) -> jax.Array:
+  """``jax.random.key(seed)``, made without its two programs where JAX's default PRNG is threefry
+  and 0 <= seed < 2³² (the key's data is then [0, seed]); otherwise ``jax.random.key`` itself."""
+  if jax.config.jax_default_prng_impl == "threefry2x32" and 0 <= seed < 2**32:
+    return jax.random.wrap_key_data(device_array(np.array([0, seed], np.uint32)),
+                                    impl="threefry2x32")
+  return jax.random.key(seed)
+
+
 def once(fun=None, **jit_kwargs):
   """``jax.jit(fun, **jit_kwargs)`` with the compiler options :data:`ONCE`; also a decorator
   (``@once`` or ``@once(static_argnames=...)``).

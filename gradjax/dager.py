@@ -167,8 +167,8 @@ def span(columns, rank: int | None = None, dimension: int | None = None, *,
   d = columns.shape[0]
   eps = float(np.finfo(columns.dtype).eps)
   with jax.enable_x64(True):  # float32's SVD blurs singular values below about eps·σ₁
-    u, s, _ = _svd(jnp.asarray(np.asarray(columns, np.float64)))
-    u, s = u.astype(columns.dtype), np.asarray(s)
+    u, s, _ = _svd(compilation.device_array(np.asarray(columns, np.float64)))
+    u, s = np.asarray(u).astype(columns.dtype), np.asarray(s)  # on the host: no program each
   if not s[0] > 0:
     raise ValueError("the gradient is zero: it spans nothing")
   floor = s[0] * np.finfo(np.float64).eps  # no division by zero
@@ -230,14 +230,14 @@ def attention_inputs(apply_fn: Callable, variables, ids, count: int | None = Non
   return captured
 
 
-def projection_gradient(gradient, path) -> jax.Array:
+def projection_gradient(gradient, path) -> np.ndarray:
   """(d, 3m): the query, key and value kernels' gradients of the attention block at ``path`` in the
   parameter tree, each reshaped (d, heads·head_dim), side by side."""
   node = gradient["params"] if "params" in gradient else gradient
   for key in path:
     node = node[key]
-  kernels = [jnp.asarray(node[p]["kernel"]) for p in PROJECTIONS]
-  return jnp.concatenate([k.reshape(k.shape[0], -1) for k in kernels], axis=1)
+  kernels = [np.asarray(node[p]["kernel"]) for p in PROJECTIONS]  # on the host: no program each
+  return np.concatenate([k.reshape(k.shape[0], -1) for k in kernels], axis=1)
 
 
 def attention_paths(apply_fn: Callable, variables, length: int) -> list[tuple[str, ...]]:
@@ -699,7 +699,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   tokens = np.unique(np.arange(vocabulary) if tokens is None else np.asarray(tokens)).astype(np.int32)
   if tokens.size == 0 or tokens[0] < 0 or tokens[-1] >= vocabulary:
     raise ValueError(f"candidate token ids must be non-empty and lie in [0, {vocabulary})")
-  dimensions = candidate_dimensions(apply_fn, variables, length, jax.random.key(0), vocabulary)
+  dimensions = candidate_dimensions(apply_fn, variables, length, compilation.prng_key(0), vocabulary)
   columns = projection_gradient(gradient, attention[0])
   first = span(columns, rank, dimensions[0], drift=drift)
   if rank is None and not drift and first.rank <= length < dimensions[0]:

@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import clients, files, models, priors
-from gradjax.compilation import device_array
+from gradjax.compilation import device_array, prng_key
 from gradjax.observation import Observation, check_observation
 
 KINDS = ("gradient", "weights", "update")
@@ -692,12 +692,6 @@ class Imported(NamedTuple):
   metadata: dict[str, str]   # the observation file's, then the weights file's metadata
 
 
-def _throwaway_key() -> jax.Array:
-  """A PRNG key for models whose initial values the file's replace: ``jax.random.key(0)``'s
-  threefry key, made without the two programs that deriving it compiles."""
-  return jax.random.wrap_key_data(device_array(np.zeros(2, np.uint32)), impl="threefry2x32")
-
-
 # Eleven parameters: the two files, then one keyword per metadata key a caller may override (None: the
 # files'), as the command line's flags do.
 def load(weights_path, observation_path, *, model: str | None = None, input_shape=None,
@@ -740,7 +734,7 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
     input_shape = parse_shape(meta["input_shape"], f"{weights_path}: metadata input_shape")
   # A throw-away instance names the tensors; the head's rows and the first layer's input channels
   # in the file then size the real one.
-  probe = models.create(name, _throwaway_key(), input_shape=tuple(input_shape or (32, 32, 3)),
+  probe = models.create(name, prng_key(0), input_shape=tuple(input_shape or (32, 32, 3)),
                         num_classes=num_classes or 10, **module_kwargs)
   probe_map = zoo_mapping(probe)
   head = next(e for e in probe_map.entries if e.path == ("params", "head", "kernel"))
@@ -763,7 +757,7 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   if (tuple(input_shape), num_classes) == (probe.input_shape, probe.num_classes):
     net, mapping = probe, probe_map
   else:
-    net = models.create(name, _throwaway_key(), input_shape=tuple(input_shape),
+    net = models.create(name, prng_key(0), input_shape=tuple(input_shape),
                         num_classes=num_classes, **module_kwargs)
     mapping = zoo_mapping(net)
   variables = variables_from_torch(weights.tensors, mapping, net.variables, where)

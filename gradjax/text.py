@@ -134,7 +134,7 @@ def tied_apply_fn(apply_fn: Callable, observation: Observation, path=EMBEDDING) 
   Σ_t (p_t − y_t) h_tᵀ, which reaches every row; dummy embeddings bypass the lookup, so their table
   gradient would be the second term alone. Matching every other parameter's gradient, as for an
   untied model, leaves the table out of the objective while the logits still use it."""
-  table = jnp.asarray(embedding_table(observation, path))
+  table = compilation.device_array(embedding_table(observation, path))
 
   def tied(variables, x, *args, **kwargs):
     return apply_fn({**variables, "params": _insert(variables["params"], path, table)}, x, *args,

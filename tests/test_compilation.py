@@ -161,6 +161,19 @@ def test_attacking_a_capture_makes_no_program_of_a_single_operation(tmp_path):
   assert all(n.startswith(("jit(_", "jit(solver_")) or n == "jit(<lambda>)" for n in names), names
 
 
+def test_prng_key_is_jax_random_key_without_a_program():
+  seeds = [0, 1, 7, 2**31, 2**32 - 1]
+  jax.clear_caches()
+  with compilation.Recorder() as made:
+    keys = [compilation.prng_key(s) for s in seeds]
+  assert made.programs == []
+  for key, seed in zip(keys, seeds):
+    np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(jax.random.key(seed)))
+    np.testing.assert_array_equal(jax.random.normal(key, (3,)), jax.random.normal(jax.random.key(seed), (3,)))
+  np.testing.assert_array_equal(jax.random.key_data(compilation.prng_key(2**40)),
+                                jax.random.key_data(jax.random.key(2**40)))
+
+
 def test_device_array_is_jnp_asarray_without_a_program():
   values = [np.ones((2, 3)), np.arange(4, dtype=np.int64), np.float64(2.5), np.ones(2, bool),
             jnp.ones(3), [1.0, 2.0]]

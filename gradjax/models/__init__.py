@@ -185,7 +185,7 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
     raise ValueError(f"num_classes must be at least 2, got {num_classes}")
   module = get_module(name, num_classes=num_classes, **module_kwargs)
   if rank == 1:
-    variables = _init(module, key, jnp.zeros((1, *input_shape), jnp.int32))
+    variables = _init(module, key, np.zeros((1, *input_shape), np.int32))
     return Model(make_apply_fn(module), variables, name, input_shape, num_classes)
   dtype = module_kwargs.get("param_dtype", jnp.float32)
   too_small = ValueError(f"input {input_shape} is too small for {name}: its pooling leaves no features")
