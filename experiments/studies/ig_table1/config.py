@@ -77,7 +77,8 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
     }),
-    # runs/euclid_lbfgsfixed8_resnet20-4_cifar10_0, runs/euclid_lbfgsfixed8_resnet20-4_cifar10_1
+    # runs/euclid_lbfgsfixed8_resnet20-4_cifar10_0, runs/euclid_lbfgsfixed8_resnet20-4_cifar10_1;
+    # unseen (--start=500 --count=2): runs/euclid_lbfgsfixed8_resnet20-4_cifar10_500-501
     'euclid_lbfgsfixed8_resnet20-4_cifar10': ('sweep', range(0, 2), {
         'attack.label_source': 'known',
         'attack.optimizer': 'lbfgs_fixed',
@@ -86,7 +87,8 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.name': 'resnet20-4',
     }),
-    # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0
+    # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0;
+    # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500
     'euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
         'attack.label_source': 'known',
         'attack.optimizer': 'lbfgs_fixed',
