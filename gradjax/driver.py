@@ -180,9 +180,9 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   candidates = ("sequential",) if restarts == 1 else ("sequential", "vmap", "map")
   free = free_memory()
-  if (restarts > 1 and free is not None and fit_strategy(
-      solver, init_params, data, free=free, steps=steps, execution=execution,
-      restart_data=restart_data).strategy != "vmap"):
+  if restarts > 1 and free is not None and footprint(_step_program(
+      solver, "vmap", None, init_params, data, restart_data, steps, execution.unroll)) > int(
+          MEMORY_HEADROOM * free):
     candidates = ("sequential", "map")  # the vmapped step does not fit the device (fit_strategy)
   seconds = {}
   for strategy in candidates:
@@ -254,14 +254,8 @@ def fit_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, free: int
   """
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   budget = int(MEMORY_HEADROOM * free)
-  shapes = _state_shapes(solver, init_params, data, restart_data, restarts)
-
-  def compiled(strategy, batch):
-    _, advance, _ = _compiled(solver, strategy, batch, execution.unroll, None)  # the run's key
-    # On CPU a chunk is a host loop of the one-step program (``_compiled``): that one is measured.
-    program, n = (advance.step, 1) if hasattr(advance, "step") else (advance, steps)
-    return program.lower(shapes, data, restart_data, n).compile()
-
+  compiled = lambda strategy, batch: _step_program(solver, strategy, batch, init_params, data,
+                                                   restart_data, steps, execution.unroll)
   step = compiled("vmap", None)
   vmapped = footprint(step)
   if vmapped <= budget:
@@ -279,6 +273,18 @@ def fit_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, free: int
       return Fit("map", batch, vmapped, budget)
     room = (batch + restarts % batch) / 2
   return Fit("sequential", None, vmapped, budget)
+
+
+def _step_program(solver, strategy, batch, init_params, data, restart_data, steps, unroll):
+  """The compiled step that a run of ``strategy`` (``map``: ``batch`` at a time) advances its
+  stacked restarts with, ``steps`` iterations a call: the run's own program (the same
+  :func:`_compiled` key), so compiling it here compiles nothing the run would not."""
+  restarts = jax.tree.leaves(init_params)[0].shape[0]
+  shapes = _state_shapes(solver, init_params, data, restart_data, restarts)
+  _, advance, _ = _compiled(solver, strategy, batch, unroll, None)
+  # On CPU a chunk is a host loop of the one-step program (``_compiled``): that one is measured.
+  program, n = (advance.step, 1) if hasattr(advance, "step") else (advance, steps)
+  return program.lower(shapes, data, restart_data, n).compile()
 
 
 @functools.lru_cache(maxsize=64)
