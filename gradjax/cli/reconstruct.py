@@ -96,16 +96,21 @@ def main(argv):
            else f"{results['iterations']} iterations")
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
-  print(verdict_line(results))
-  if results.get("malicious_server"):
-    print(f"malicious server: {results['malicious_server']['reason']}")
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.svg"
         + (", curves.svg" if results.get("history") else ""))
+  print_verdict(results)
 
 
 def verdict_line(results: dict) -> str:
   """``verdict: leak: <reason>``."""
   return f"verdict: {results['verdict']['status']}: {results['verdict']['reason']}"
+
+
+def print_verdict(results: dict) -> None:
+  """What a malicious server would add, then the verdict: the console's last line."""
+  if results.get("malicious_server"):
+    print(f"malicious server: {results['malicious_server']['reason']}")
+  print(verdict_line(results))
 
 
 def text_main(cfg, out, state):
@@ -139,11 +144,9 @@ def text_main(cfg, out, state):
           f"{results['token_accuracy_nearest']:.2f})  bag recall {results['bag_recall']:.2f}  "
           f"{results['iterations']} iterations  {results['wall_time_s']:.1f} s"
           + ("  (resumed)" if results["resumed"] else ""))
-  print(verdict_line(results))
-  if results.get("malicious_server"):
-    print(f"malicious server: {results['malicious_server']['reason']}")
   print(f"wrote {out}: metrics.json, sentences.txt, report.html"
         + (", curves.svg" if results.get("history") else ""))
+  print_verdict(results)
 
 
 if __name__ == "__main__":
