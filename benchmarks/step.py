@@ -615,6 +615,7 @@ def main(argv):
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   if (error := check_flags()) is not None:
     fail(error)
+  common.results_file()
   torch = None if _TORCH.value == "off" else import_torch()
   if torch is None and _TORCH.value == "on":
     fail("--torch=on but torch is not importable")
@@ -660,7 +661,6 @@ def main(argv):
                   images=list(images.class_names), image_size=list(IMAGE_SIZE), num_classes=NUM_CLASSES,
                   distance="euclidean (scale 1, DLG)")
     report = dict(command=command, argv=sys.argv, config=config, environment=env, results=results)
-    os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
     with open(_OUTPUT.value, "w") as f:
       json.dump(report, f, indent=2)
     print(f"\nwrote {_OUTPUT.value}")

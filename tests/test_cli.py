@@ -211,6 +211,8 @@ BAD_FILES = [
     (["--resume"], "no interrupted run"),
     (["--iterations=0"], "iterations must be positive"),
     (["--image_size=-3"], "image_size must be positive"),
+    (["--coordinator_address=localhost", "--num_processes=2", "--process_id=0"], "must be host:port"),
+    (["--config.model.num_classes=0"], "num_classes must be at least 2"),
 ]
 
 
@@ -634,6 +636,56 @@ def get_sweep():
 """
 
 
+# Configuration files that give no configuration, and what each says in its one line.
+BAD_CONFIG_FILES = {
+    # First: one process runs these, and ml_collections' loader would find an earlier file's get_config.
+    "no_get.py": ("x = 1\n", "defines no get_config()"),
+    "syntax.py": ("def get_config(:\n  pass\n", "syntax.py line 1: invalid syntax"),
+    "notes.txt": ("hello world\n", "notes.txt line 1: invalid syntax"),
+    "raises.py": ("def get_config():\n  raise RuntimeError('boom')\n",
+                  "get_config() failed: RuntimeError: boom"),
+    "needs_arg.py": ("from gradjax.run import config\ndef get_config(arg):\n  return config.defaults()\n",
+                     "missing 1 required positional argument"),
+    "wrong_type.py": ("from gradjax.run import config\ndef get_config():\n  c = config.defaults()\n"
+                      "  c.attack.iterations = 'ten'\n  return c\n", "Could not override field 'iterations'"),
+    "number.py": ("def get_config():\n  return 3\n", "get_config() returned int, not a configuration"),
+}
+
+
+def test_bad_configuration_files_and_outputs_are_one_line(tmp_path):
+  """A --config file that gives no configuration, an option given twice with two values, and a
+  results file that is a folder or exists: one line and exit 2 each, no traceback; an explicit
+  --config.<path> equal to the schema's default is kept over what a mode would choose."""
+  for name, (text, _) in BAD_CONFIG_FILES.items():
+    (tmp_path / name).write_text(text)
+  (tmp_path / "taken.json").write_text("{}")
+  cases = [([f"--config={tmp_path / name}"], message) for name, (_, message) in BAD_CONFIG_FILES.items()]
+  cases += [(["--iterations=5", "--config.attack.iterations=7"], "set one option to two values"),
+            (["--config.attack.iterations=7", "--iterations=5"], "set one option to two values"),
+            (["--config=dlg:variant"], "get_config() takes 0 positional arguments")]
+  results = run_in_one_process(
+      [(["gradjax", "reconstruct", *args, "--print_config"], tmp_path) for args, _ in cases]
+      + [(["gradjax", "reconstruct", "--modality=text", "--config.model.name=lenet_zhu",
+           "--print_config"], tmp_path),
+         (["gradjax", "reconstruct", "--iterations=5", "--config.attack.iterations=5", "--print_config"],
+          tmp_path)])
+  for (args, message), proc in zip(cases, results):
+    _assert_one_line_error(proc, message, args)
+  # lenet_zhu is the schema's default model: given explicitly, text mode does not replace it.
+  _assert_one_line_error(results[len(cases)], "needs a text model", "text with lenet_zhu")
+  assert results[-1].returncode == 0 and "c.attack.iterations = 5" in results[-1].stdout
+  outputs = [(tmp_path, "a folder"), (tmp_path / "taken.json", "exists"),
+             (tmp_path / "missing" / "out.json", "no folder")]
+  *refused, replaced = run_in_one_process(
+      [(["gradjax", "label-accuracy", "--count=1", f"--output={path}"], tmp_path) for path, _ in outputs]
+      + [(["gradjax", "label-accuracy", "--count=1", f"--output={tmp_path / 'taken.json'}",
+           "--overwrite"], tmp_path)])
+  for (path, message), proc in zip(outputs, refused, strict=True):
+    _assert_one_line_error(proc, message, path)
+  assert replaced.returncode == 0, replaced.stderr[-2000:]
+  assert json.loads((tmp_path / "taken.json").read_text())["count"] == 1
+
+
 @pytest.mark.slow
 def test_a_sweep_declared_in_a_config_file(tmp_path):
   """gradjax sweep runs one experiment per item of the file's get_sweep(), each equal to the single
@@ -931,6 +983,9 @@ def test_every_command_helps_and_every_example_and_study_variant_parses():
         grouped = "run settings:" in proc.stdout or "program options:" in proc.stdout
         if proc.returncode != 0 or not grouped or "Traceback" in proc.stderr:
           failed.append((name, "--help", proc.returncode, proc.stderr[-500:]))
+        listed = re.findall(r"^  (--\S+?):", proc.stdout, flags=re.M)
+        if len(listed) != len(set(listed)):  # each flag listed once
+          failed.append((name, "--help lists twice", sorted(f for f in set(listed) if listed.count(f) > 1)))
         if name == "reconstruct":  # the flags and the registries' choices
           assert all(f in proc.stdout for f in ("--attack", "--model", "--resume", "--overwrite",
                                                 "--output_dir", "--restarts")), proc.stdout[-2000:]

@@ -271,7 +271,7 @@ def test_train_and_batch_table_programs(tmp_path):
   tv = next(r for r in result["ablation_rows"]["tv"] if r["batch"] == 1)
   assert [r["batch"] for r in part["ablation_rows"]["tv"]] == [1]
   assert part["ablation"][0]["psnr_mean"] == pytest.approx(tv["psnr"])
-  for refused, message in zip(bad, ("--checkpoint is required", "--start must be a test image's index",
+  for refused, message in zip(bad, ("--checkpoint is required", "--start must be non-negative",
                                      "--head_classes needs --head=fresh and at least"), strict=True):
     assert refused.returncode == 2 and message in refused.stderr, (message, refused.stderr[-1000:])
 

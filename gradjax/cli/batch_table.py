@@ -103,8 +103,6 @@ def main(argv):
     common.fail("--checkpoint is required (a trained BatchNorm model, gradjax train --config.client.train_mode=True)")
   if cfg.client.share_statistics and not cfg.client.train_mode:
     common.fail("--config.client.share_statistics=True needs --config.client.train_mode=True (in evaluation mode the statistics stay as sent)")
-  if f.start < 0:
-    common.fail(f"--start must be a test image's index (>= 0), got {f.start}")
   if f.count < 1 or cfg.attack.aux < 1 or cfg.attack.iterations is None or cfg.attack.iterations < 1:
     common.fail(
         f"--count, --config.attack.aux and --iterations must be positive, got {f.count}, {cfg.attack.aux} and "

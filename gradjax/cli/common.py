@@ -126,6 +126,8 @@ def define_launch_flags(collectives: bool):
                     module_name=group)
   flags.DEFINE_string("coordinator_address", None, "host:port of process 0, where the processes "
                       "meet (the same on every process).", module_name=group)
+  flags.register_validator("coordinator_address", _host_and_port,
+                           "must be host:port, the port a number from 1 to 65535")
   flags.DEFINE_integer("num_processes", None, "Processes in the run (the same on every process).",
                        lower_bound=1, module_name=group)
   flags.DEFINE_integer("process_id", None, "This process's number, 0 .. --num_processes - 1 "
@@ -200,9 +202,10 @@ _OPTIONS = "configuration options"  # the short flags' group (grouped_help lists
 
 
 def _values_given() -> tuple[dict, set[str]]:
-  """(dotted path -> value, the options the user chose) of the parsed flags: set by a flag given, or
-  by ``--config`` or ``--config.<path>`` to another value than the program's default (the schema's,
-  with the program's default configuration over it)."""
+  """(dotted path -> value, the options the user chose) of the parsed flags: set by a flag given,
+  by ``--config.<path>`` (even to its default), or by ``--config`` to another value than the
+  program's default (the schema's, with the program's default configuration over it). An option
+  given both as a short flag and as ``--config.<path>``, to different values: one line, exit 2."""
   f = flags.FLAGS
   values = {path: config.option(path).default for path in config.paths()}
   chosen = set()
@@ -212,14 +215,24 @@ def _values_given() -> tuple[dict, set[str]]:
                            or config_file(f["config"]) == configs.path(DEFAULT_CONFIG[0])):
       baseline.update(config.given(configs.get(DEFAULT_CONFIG[0])))
     from_file = config.given(f.config)
-    chosen |= {path for path, value in from_file.items() if value != baseline[path]}
+    chosen |= {path for path, value in from_file.items()
+               if value != baseline[path] or _override_given(path)}
     values.update(from_file)
   for path in FIELDS:
     name = config.alias(path)
     if name and name in f and f[name].present:
+      if _override_given(path) and f[name].value != values[path]:
+        fail(f"--{name}={f[name].value} and --config.{path}={values[path]} set one option to two "
+             "values; give one of them")
       values[path] = f[name].value
       chosen.add(path)
   return values, chosen
+
+
+def _override_given(path: str) -> bool:
+  """Whether ``--config.<path>`` was on the command line (ml_collections defines a flag per override)."""
+  name = f"config.{path}"
+  return name in flags.FLAGS and flags.FLAGS[name].present
 
 
 def options_given() -> set[str]:
@@ -338,9 +351,55 @@ def define_fields(*paths: str) -> dict[str, flags.FlagHolder]:
 
 
 def define_results_file_flag() -> flags.FlagHolder:
-  """--output: the optional JSON file of a program that writes no run folder."""
-  return flags.DEFINE_string("output", None, "Optional JSON file of the results (and, where the "
-                             "program prints a table, that table as Markdown beside it).")
+  """--output: the optional JSON file of a program that writes no run folder, and --overwrite. A
+  folder, or a file in a folder that does not exist or cannot be written, is refused when the flags
+  are parsed; an existing file by :func:`results_file`, unless --overwrite."""
+  holder = flags.DEFINE_string("output", None, "Optional JSON file of the results (and, where the "
+                               "program prints a table, that table as Markdown beside it).")
+  flags.register_validator("output", _check_results_file)
+  _define_overwrite()
+  return holder
+
+
+def _define_overwrite() -> None:
+  """--overwrite, once for a program with --output_dir, --output or both."""
+  if "overwrite" not in flags.FLAGS:
+    flags.DEFINE_bool("overwrite", False, "Write over an earlier run's results: into an "
+                      "--output_dir that holds its files, or an existing --output file.")
+
+
+def results_file() -> str | None:
+  """--output, once the configuration is resolved (after --print_config): one line and exit 2 where
+  it names an existing file and --overwrite is not given, before anything is computed."""
+  f = flags.FLAGS
+  if f.output and os.path.exists(f.output) and not f.overwrite:
+    fail(f"--output {f.output} exists; give another name, or --overwrite to replace it")
+  return f.output
+
+
+def _check_results_file(path: str | None) -> bool:
+  """True where ``path`` (if given) names a file a program can write; else
+  ``flags.ValidationError`` saying why (the error's line)."""
+  if not path:
+    return True
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    problem = "a folder; give the name of a .json file"
+  elif not os.path.isdir(folder):
+    problem = f"no folder {folder}"
+  elif not os.access(folder, os.W_OK):
+    problem = f"cannot write to {folder}"
+  else:
+    return True
+  raise flags.ValidationError(problem)
+
+
+def _host_and_port(address: str | None) -> bool:
+  """Whether ``address`` is None or ``host:port`` (``[v6 address]:port`` too) with a valid port."""
+  if address is None:
+    return True
+  host, _, port = address.rpartition(":")
+  return bool(host.strip("[]")) and port.isdigit() and 1 <= int(port) <= 65535
 
 
 def define_models_flag() -> flags.FlagHolder:
@@ -363,7 +422,9 @@ def define_table_flags(psnr: bool = True, methods: bool = False, start: bool = T
   if start:
     flags.DEFINE_integer("start", 0, "First item of the table (an image, a client's batch or a "
                          "sentence: one client each).")
+    flags.register_validator("start", lambda v: v >= 0, "--start must be non-negative")
   flags.DEFINE_integer("count", 10, "Items in the table (one client each).")
+  flags.register_validator("count", lambda v: v >= 1, "--count must be positive")
   if psnr:
     flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")
 
@@ -385,7 +446,7 @@ def define_output_flags(resumable: bool = True):
   when taken) and --overwrite; with ``resumable`` also --resume and --save_every_s."""
   flags.DEFINE_string("output_dir", None, "Output folder (default: runs/<the run's name>, with -2, "
                       "-3, ... appended when that folder holds another run).")
-  flags.DEFINE_bool("overwrite", False, "Write into an --output_dir that holds another run's files.")
+  _define_overwrite()
   if resumable:
     flags.DEFINE_bool("resume", False, RESUME_HELP)
     flags.DEFINE_float("save_every_s", 60.0, "Seconds between saves of the solver state, which "
@@ -555,12 +616,11 @@ def parse_flags(argv):
     if "config" in f and f.config is not None:
       f.config.to_dict()  # config_flags reads the file (and applies --config.<path>) only when asked
   except flags.Error as e:
-    fail(str(e))
-  except (OSError, AttributeError, KeyError, TypeError, ValueError) as e:  # --config or an override
-    text = str(e).replace("\\n", "\n").replace("\\'", "'").replace("config_config", "")
-    fail("--config: " + " ".join(line.strip().strip("'") for line in text.splitlines() if line.strip()))
+    fail(_config_error(e, given) if "Error whilst parsing config file" in str(e) else str(e))
   except SystemExit as e:  # --helpfull prints every module's flags, then absl exits 1
     sys.exit(0 if "--helpfull" in argv[1:] else e.code)
+  except Exception as e:  # the --config file's own code, what it returned, or an override
+    fail(_config_error(e, given))
   sys.excepthook = _one_line_keyboard_interrupt  # Ctrl-C where nothing is saved: no traceback
   for name in f:  # every float flag of every program: a NaN or inf is caught here, not after a run
     value = f[name].value
@@ -575,6 +635,30 @@ def parse_flags(argv):
   return argv
 
 
+def _config_error(e: Exception, given: list[str]) -> str:
+  """One line for a ``--config`` that gave no configuration: the file's syntax error, the exception
+  its ``get_config()`` raised (ml_collections passes some on as a traceback in a flag error's text:
+  its last line), no ``get_config``, a value that is not a configuration, or a bad override."""
+  where = f"--config={given[-1]}" if given else "--config"
+  if isinstance(e, SyntaxError):
+    return (f"{where}: {e.filename} line {e.lineno}: {e.msg} (a configuration is a Python file whose "
+            "get_config() returns the options)")
+  text = str(e).replace("\\n", "\n").replace("\\'", "'").replace("config_config", "")
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  if isinstance(e, flags.Error):
+    return f"{where}: " + (lines[-1] if any(line.startswith("Traceback") for line in lines)
+                           else " ".join(lines))
+  if isinstance(e, AttributeError) and "attribute 'get_config'" in text:
+    return f"{where}: the file defines no get_config() (it returns the options)"
+  if isinstance(e, AttributeError) and "attribute 'to_dict'" in text:
+    kind = text.split("'")[1] if text.count("'") >= 2 else "something else"
+    return (f"{where}: get_config() returned {kind}, not a configuration (return "
+            "gradjax.run.config.defaults() with your changes)")
+  if isinstance(e, (OSError, KeyError, TypeError, ValueError, AttributeError)):
+    return f"{where}: " + " ".join(line.strip("'") for line in lines)
+  return f"{where}: get_config() failed: {type(e).__name__}: {' '.join(lines)}"
+
+
 def config_first(argv: list[str]) -> list[str]:
   """``argv`` with its ``--config=`` flags first (after the program): ml_collections refuses a
   ``--config.<path>`` given before ``--config``, when it defines the flags as well as later."""
@@ -585,9 +669,10 @@ def config_first(argv: list[str]) -> list[str]:
 def _config_path(arg: str) -> str:
   """``--config=dlg`` -> ``--config=<gradjax/configs/dlg.py>`` (a packaged configuration's name);
   other arguments as they are."""
-  name = arg.removeprefix("--config=")
-  if name != arg and name in configs.NAMES and not os.path.exists(name):
-    return f"--config={configs.path(name)}"
+  value = arg.removeprefix("--config=")
+  name, variant = value.split(":", 1) if ":" in value else (value, None)
+  if value != arg and name in configs.NAMES and not os.path.exists(value):
+    return f"--config={configs.path(name)}" + (f":{variant}" if variant is not None else "")
   return arg
 
 
@@ -614,11 +699,23 @@ def grouped_help() -> str:
       parts += _option_help(path)
     parts.append("")
   for group in own + [__name__]:
-    if group in by_module:
-      body = flags.FLAGS.module_help(group).strip("\n").split("\n", 1)[1]
-      parts += [f"{'run settings' if group == __name__ else 'program options'}:", body, ""]
+    if group in by_module:  # the flags the group defines (not those a module adopted: listed once)
+      title = ("run settings" if group == __name__ else
+               "program options" if group.startswith("gradjax.") or group == "__main__" else group)
+      parts.append(f"{title}:")
+      for flag in sorted(by_module[group], key=lambda fl: fl.name):
+        parts += _flag_help(flag)
+      parts.append("")
   parts.append("--helpfull lists absl's own flags too.")
   return "\n".join(parts)
+
+
+def _flag_help(flag: flags.Flag) -> list[str]:
+  """A flag's lines of ``--help``, in the form of :func:`_option_help`."""
+  name = f"--[no]{flag.name}" if flag.boolean else f"--{flag.name}"
+  default = "" if flag.default is None else f" (default: {flag.default_as_str})"
+  return textwrap.wrap(f"{name}: {flag.help}{default}", 100, initial_indent="  ",
+                       subsequent_indent="    ", break_on_hyphens=False)
 
 
 def _option_help(path: str) -> list[str]:

@@ -89,10 +89,7 @@ def main(argv):
     cfg = common.config_from_flags()
   except ValueError as e:
     fail(str(e))
-  if f.count < 1:  # (the pool and classes per batch were checked with the configuration)
-    fail(f"--count must be positive, got {f.count}")
-  if f.start < 0:
-    fail(f"--start must be non-negative, got {f.start}")
+  common.results_file()
   if f.aux_size < 0:
     fail(f"--aux_size must be ≥ 0, got {f.aux_size}")
   start = time.perf_counter()
