@@ -335,7 +335,9 @@ def test_audit_program(net, tmp_path):
   from test_cli import run_in_one_process
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
   start(strategy, net, Grid(net), rounds=2)
+  (tmp_path / "a_file").write_text("")
   refused = [(["--audit_dir=" + str(tmp_path / "none")], "does not exist"),
+             (["--audit_dir=" + str(tmp_path / "a_file")], "is a file, not a folder"),
              ([f"--audit_dir={strategy.audit_dir}", "--attacks=blur"], "--attacks takes"),
              ([f"--audit_dir={strategy.audit_dir}", "--rounds=x"], "--rounds takes"),
              ([f"--audit_dir={strategy.audit_dir}", "--rounds=7"], "no captures of rounds")]

@@ -460,3 +460,20 @@ def test_pytorch_client_returning_its_batch_norm_buffers_reveals_its_moments(tmp
   interop.write(tmp_path / "some.safetensors", some, meta)
   with pytest.raises(ValueError, match="all or none"):
     interop.load(tmp_path / "w.safetensors", tmp_path / "some.safetensors", conv="xla")
+
+
+def test_a_batch_size_that_contradicts_the_capture_is_refused(tmp_path, photos):
+  """--batch_size=2 beside a one-sample capture and its ground truth: refused by name, not ignored
+  (the ground truth is the capture's count of images from --index)."""
+  from gradjax.run import config, pipeline
+  model = _model("lenet_zhu")
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([1]))
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  interop.save_observation(tmp_path / "g.safetensors", obs, interop.zoo_mapping(model), model)
+  cfg = config.from_options({
+      "model.weights": str(tmp_path / "w.safetensors"), "client.observation": str(tmp_path / "g.safetensors"),
+      "data.dataset": "skimage", "data.image_size": 32, "data.index": 3, "data.batch_size": 2,
+      "output.lpips": "none"
+  })
+  with pytest.raises(ValueError, match=r"--batch_size=2, but the capture holds 1 sample: its ground truth is images 3..3"):
+    pipeline.run(cfg)

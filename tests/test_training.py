@@ -465,6 +465,8 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
   _refused(tmp_path, [
       (["--client=fedavg", "--config.training.augment=True"], "--config.training.augment do not apply to --client=fedavg"),
       (["--config.training.lr_milestones=3,2"], "milestones must be increasing"),
+      (["--config.training.lr_milestones=abc"], "lr_milestones must be comma-separated epochs"),
+      (["--config.training.train_count=0"], "train_count must be positive"),
       (["--modality=text", "--config.training.augment=True"], "--config.training.augment=True is for images")])
 
 

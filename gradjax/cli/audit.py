@@ -5,9 +5,11 @@ folders of :mod:`gradjax.integrations.audit`): every round and client, with the 
   gradjax audit --audit_dir=audit --dataset=cifar10 --rounds=1,2   # scored
   gradjax audit --audit_dir=audit --attacks=dlm_plus --iterations=2000
 
-``--attacks=auto`` (default): one full-batch local step (a scaled gradient) gets iDLG for one
-example and DLG for more; several steps get the replayed local training (Inverting Gradients'
-FedAvg attack) and DLM+; an unknown schedule gets DLM+. With ``--dataset``, captures whose client
+``--attacks=auto`` (default, ``gradjax.auto``): one full-batch local step (a scaled gradient) gets
+iDLG for one example and ``inverting_gradients_batch`` for more or on a ConvNet, after a closed
+form where the model allows one (``exclusive_neurons`` for a ReLU dense first layer; ``rgap`` for
+one example of a ReLU LeNet, then ``inverting_gradients_batch``); several steps get the replayed local training (Inverting Gradients' FedAvg attack)
+and DLM+; an unknown schedule gets DLM+. With ``--dataset``, captures whose client
 reported its ``data_indices`` are scored (PSNR, SSIM, LPIPS). Writes per capture and attack
 ``<round>/<client>/<attack>/`` (metrics.json, reconstruction.npy, report.html, ...) and over the
 federation ``index.json``, ``index.md`` and ``index.html``. A malformed capture or a failing attack

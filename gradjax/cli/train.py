@@ -180,12 +180,19 @@ def main(argv):
           f.data.batch_size if f.training.train_count is None else f.training.train_count,
           f.training.epochs, f.data.batch_size, f.training.lr, f.training.momentum,
           f.training.weight_decay, f.training.nesterov)
+    except ValueError as e:
+      common.fail(f"--epochs, --batch_size, --config.training.lr, --config.training.momentum, "
+                  f"--config.training.weight_decay, --config.training.nesterov: {e}")
+    try:
       milestones = tuple(int(m) for m in f.training.lr_milestones.split(",") if m.strip())
+    except ValueError:
+      common.fail("--config.training.lr_milestones must be comma-separated epochs, got "
+                  f"{f.training.lr_milestones!r}")
+    try:
       if milestones:
         training.step_decay(f.training.lr, milestones, 1, f.training.lr_gamma)
     except ValueError as e:
-      common.fail(f"--epochs, --batch_size, --config.training.lr, --config.training.momentum, --config.training.weight_decay, --config.training.nesterov=True, "
-                  f"--config.training.lr_milestones, --config.training.lr_gamma: {e}")
+      common.fail(f"--config.training.lr_milestones, --config.training.lr_gamma: {e}")
   try:
     common.permutation_seed(f.training.data_seed, "config.training.data_seed")
     f.defense.build()

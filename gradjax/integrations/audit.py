@@ -332,7 +332,8 @@ def captures(audit_dir) -> list[Capture]:
   """Every capture under ``audit_dir``, by round then client; ``ValueError`` when there is none."""
   audit_dir = os.fspath(audit_dir)
   if not os.path.isdir(audit_dir):
-    raise ValueError(f"audit folder {audit_dir} does not exist")
+    raise ValueError(f"audit folder {audit_dir} " + ("is a file, not a folder" if os.path.exists(audit_dir)
+                                                     else "does not exist"))
   found = []
   for rname in sorted(os.listdir(audit_dir)):
     m = re.fullmatch(r"round_(\d+)", rname)

@@ -84,6 +84,9 @@ SERVER_INFERRED_LABELS = ("hfginv", "llg_star")
 
 
 def _label_source(name: str):
+  if name not in (*labels_lib.SOURCES, *SERVER_INFERRED_LABELS):
+    raise ValueError(f"unknown label source {name!r}; choose one of "
+                     f"{', '.join((*labels_lib.SOURCES, *SERVER_INFERRED_LABELS))}")
   return labels_lib.known if name in SERVER_INFERRED_LABELS else labels_lib.get_source(name)
 
 
@@ -612,10 +615,14 @@ class Config:
                  "sampling.classes_per_batch", "attack.restarts", "attack.permutations"):
       if values[path] < 1:
         raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
-    for path in ("training.train_count", "training.test_count", "utility.train_count",
-                 "utility.test_count"):
+    for path in ("training.train_count", "utility.train_count"):
+      if values[path] is not None and values[path] < 1:
+        raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
+    for path in ("training.test_count", "utility.test_count"):
       if values[path] is not None and values[path] < 0:
         raise ValueError(f"{flag(path)} must be non-negative, got {values[path]}")
+    if self.model.num_classes is not None and self.model.num_classes < 2:
+      raise ValueError(f"--config.model.num_classes must be at least 2, got {self.model.num_classes}")
     if not 0 <= self.client.local_momentum < 1:
       raise ValueError(f"--config.client.local_momentum must lie in [0, 1), got {self.client.local_momentum}")
     if self.data.normalization is not None:
@@ -700,6 +707,9 @@ def _build_attack(section: AttackConfig, modality: str, remat: bool | None):
         optimizer[target.removeprefix("optimizer.")] = value
       else:
         overrides[target] = value
+  if section.preset not in presets.PRESETS:  # every name --attack takes, not only the presets
+    raise ValueError(f"unknown attack {section.preset!r}; choose one of "
+                     f"{', '.join((*presets.PRESETS, *closed_forms.CLOSED_FORMS, auto.AUTO))}")
   preset = presets.get_preset(section.preset)
   attack = preset() if section.iterations is None else preset(iterations=section.iterations)
   if (modality == "text" and "label_source" not in overrides

@@ -552,6 +552,10 @@ def _prepare(cfg: Config, batch) -> _Prepared:
     if batch is None and cfg.data.dataset is not None:
       # The ground truth for scoring: as many images as the capture says the client had.
       n = cfg.client.num_samples or interop_num_samples(cfg)
+      if cfg.data.batch_size not in (1, n):  # 1: the default, which a capture's count replaces
+        raise ValueError(f"--batch_size={cfg.data.batch_size}, but the capture holds {n} "
+                         f"sample{'' if n == 1 else 's'}: its ground truth is images "
+                         f"{cfg.data.index}..{cfg.data.index + n - 1} (leave --batch_size out)")
       batch = load_batch(config.replace(cfg, {"data.batch_size": n}))
     model, observation, meta = _captured(cfg, batch)
     norm = data.normalization(cfg.data.normalization or meta.get("normalization") or "none")
