@@ -570,6 +570,7 @@ TEXT_ERRORS = [
     (["--index=100000"], "distinct sentences of 15 tokens"),
     (["--config.data.vocab_size=2"], "room for <unk>"),
     (["--config.data.tokenizer=bpe:3"], "unknown tokenizer"),
+    (["--attack=inverting_gradients"], "image priors, which do not apply to text"),
 ]
 
 

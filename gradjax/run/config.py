@@ -960,6 +960,10 @@ def check(cfg: Config) -> attacks.Attack:
           f"--attack={cfg.attack.preset} recovers {'sentences' if modality == 'text' else 'images'}"
           f" in one pass: --modality={modality}, --restarts=1 (with --attack=dager, unless "
           "--iterations sets its token search) and --config.attack.permutations=1")
+  if cfg.data.modality == "text" and isinstance(attack, attacks.Attack) and attack.priors:
+    # Every prior (gradjax.priors) reads an image batch (N, H, W, C); text optimises embeddings.
+    raise ValueError(f"--attack={cfg.attack.preset} has image priors, which do not apply to text: "
+                     "give --priors= with --modality=text")
   if (cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or "")
       and cfg.client.name != "fedsgd"):
     raise ValueError(f"a masked language model's ({cfg.model.name}) update is read as a FedSGD "
