@@ -615,7 +615,7 @@ def main(argv):
     fail(f"unexpected arguments: {' '.join(argv[1:])}")
   if (error := check_flags()) is not None:
     fail(error)
-  common.results_file()
+  common.check_output_file()
   torch = None if _TORCH.value == "off" else import_torch()
   if torch is None and _TORCH.value == "on":
     fail("--torch=on but torch is not importable")

@@ -353,7 +353,7 @@ def define_fields(*paths: str) -> dict[str, flags.FlagHolder]:
 def define_results_file_flag() -> flags.FlagHolder:
   """--output: the optional JSON file of a program that writes no run folder, and --overwrite. A
   folder, or a file in a folder that does not exist or cannot be written, is refused when the flags
-  are parsed; an existing file by :func:`results_file`, unless --overwrite."""
+  are parsed; an existing file by :func:`check_output_file`, unless --overwrite."""
   holder = flags.DEFINE_string("output", None, "Optional JSON file of the results (and, where the "
                                "program prints a table, that table as Markdown beside it).")
   flags.register_validator("output", _check_results_file)
@@ -368,13 +368,12 @@ def _define_overwrite() -> None:
                       "--output_dir that holds its files, or an existing --output file.")
 
 
-def results_file() -> str | None:
-  """--output, once the configuration is resolved (after --print_config): one line and exit 2 where
-  it names an existing file and --overwrite is not given, before anything is computed."""
+def check_output_file() -> None:
+  """Once the configuration is resolved (after --print_config), before anything is computed: one
+  line and exit 2 where --output names an existing file and --overwrite is not given."""
   f = flags.FLAGS
   if f.output and os.path.exists(f.output) and not f.overwrite:
     fail(f"--output {f.output} exists; give another name, or --overwrite to replace it")
-  return f.output
 
 
 def _check_results_file(path: str | None) -> bool:
@@ -700,8 +699,8 @@ def grouped_help() -> str:
     parts.append("")
   for group in own + [__name__]:
     if group in by_module:  # the flags the group defines (not those a module adopted: listed once)
-      title = ("run settings" if group == __name__ else
-               "program options" if group.startswith("gradjax.") or group == "__main__" else group)
+      # A named group (the launch flags) keeps its name; a module's own flags are the program's.
+      title = "run settings" if group == __name__ else group if " " in group else "program options"
       parts.append(f"{title}:")
       for flag in sorted(by_module[group], key=lambda fl: fl.name):
         parts += _flag_help(flag)

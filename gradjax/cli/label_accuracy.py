@@ -33,7 +33,7 @@ def main(argv):
   start = time.perf_counter()
   try:
     cfg = common.config_from_flags()
-    common.results_file()
+    common.check_output_file()
     size = None if cfg.data.image_size is None else (cfg.data.image_size, cfg.data.image_size)
     batch = data.load(
         cfg.data.dataset,

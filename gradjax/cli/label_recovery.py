@@ -89,7 +89,7 @@ def main(argv):
     cfg = common.config_from_flags()
   except ValueError as e:
     fail(str(e))
-  common.results_file()
+  common.check_output_file()
   if f.aux_size < 0:
     fail(f"--aux_size must be ≥ 0, got {f.aux_size}")
   start = time.perf_counter()
