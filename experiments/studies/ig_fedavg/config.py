@@ -25,7 +25,8 @@ VARIANTS = {
         'client.local_lr': 0.0001,
         'model.name': 'convnet-8',
     }),
-    # runs/fedavg_replay_1img_5steps_convnet64
+    # runs/fedavg_replay_1img_5steps_convnet64 (image 0); unseen, --index=500 --lpips=none:
+    # runs/fedavg_replay_1img_5steps_convnet64_500
     'fedavg_replay_1img_5steps_convnet64': ('reconstruct', None, {
         'attack.iterations': 4800,
         'client.local_batch_size': 1,
