@@ -101,16 +101,11 @@ def main(argv):
   print_verdict(results)
 
 
-def verdict_line(results: dict) -> str:
-  """``verdict: leak: <reason>``."""
-  return f"verdict: {results['verdict']['status']}: {results['verdict']['reason']}"
-
-
 def print_verdict(results: dict) -> None:
-  """What a malicious server would add, then the verdict: the console's last line."""
+  """What a malicious server would add, then ``verdict: <status>: <reason>``: the console's last line."""
   if results.get("malicious_server"):
     print(f"malicious server: {results['malicious_server']['reason']}")
-  print(verdict_line(results))
+  print(f"verdict: {results['verdict']['status']}: {results['verdict']['reason']}")
 
 
 def text_main(cfg, out, state):
