@@ -272,6 +272,51 @@ def test_xavier_normal_lenet5():
     assert np.all(np.asarray(layer["bias"]) == 0)
 
 
+def test_torch_init_convnet_matches_pytorch_defaults():
+  """PyTorch's Conv2d/Linear defaults: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in
+  = in x 3 x 3 (closed form; the same bound as torch.nn.init's kaiming_uniform_(a=sqrt(5)))."""
+  variables = models.create("convnet-16", jax.random.key(7), init="torch").variables
+  params = variables["params"]
+  convs = [k for k in params if k.startswith("Conv_")]
+  assert len(convs) == 8
+  for name in convs + ["head"]:
+    w, b = np.asarray(params[name]["kernel"]), np.asarray(params[name]["bias"])
+    bound = 1 / math.sqrt(math.prod(w.shape[:-1]))
+    assert np.abs(w).max() <= bound and np.abs(b).max() <= bound
+    if w.size > 20_000:  # a flat U(-bound, bound): variance bound^2 / 3, the extremes reached
+      np.testing.assert_allclose(w.var(), bound**2 / 3, rtol=0.03)
+      assert np.abs(w).max() > 0.99 * bound
+    assert np.abs(b).max() > 0.5 * bound and abs(b.mean()) < bound  # drawn, not zero
+  biases = np.concatenate([np.asarray(params[n]["bias"]) for n in convs]).ravel()
+  assert len(np.unique(biases)) == biases.size  # each layer its own draw
+  for name in [k for k in params if k.startswith("BatchNorm")]:  # BatchNorm keeps 1 and 0
+    np.testing.assert_array_equal(params[name]["scale"], 1)
+    np.testing.assert_array_equal(params[name]["bias"], 0)
+  # Other inits draw as before: the torch init does not move the key of module.init.
+  again = models.create("convnet-16", jax.random.key(7)).variables["params"]
+  plain = models.get_module("convnet-16", num_classes=10).init(jax.random.key(7), jnp.zeros((1, 32, 32, 3)))
+  np.testing.assert_array_equal(again["Conv_3"]["kernel"], plain["params"]["Conv_3"]["kernel"])
+
+
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
+def test_torch_init_bound_equals_pytorchs():
+  torch = pytest.importorskip("torch")
+  torch.manual_seed(0)
+  conv = torch.nn.Conv2d(32, 64, 3)
+  ours = np.asarray(models.create("convnet-32", jax.random.key(1), init="torch")
+                    .variables["params"]["Conv_1"]["kernel"])  # (3, 3, 32, 64): the same layer
+  theirs = conv.weight.detach().numpy()
+  assert ours.size == theirs.size
+  np.testing.assert_allclose(np.abs(ours).max(), np.abs(theirs).max(), rtol=0.01)
+  np.testing.assert_allclose(ours.std(), theirs.std(), rtol=0.03)
+  np.testing.assert_allclose(np.abs(conv.bias.detach().numpy()).max(), 1 / math.sqrt(32 * 9), rtol=0.1)
+
+
+def test_torch_init_refused_by_text_models():
+  with pytest.raises(ValueError, match="image models"):
+    models.get_module("transformer", num_classes=100, init="torch")
+
+
 # --- BatchNorm: train mode uses batch statistics, apply_fn stays pure -----------------------------------
 
 

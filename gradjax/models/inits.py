@@ -9,6 +9,12 @@ takes an ``init`` name that selects the initialisers of its convolution and dens
 * ``"xavier_normal"``: weights ~ N(0, gain^2 * 2 / (fan_in + fan_out)) with gain 1, untruncated, as
   PyTorch's ``xavier_normal_`` (used by SAPAG, Wang et al.); biases are zero.
 * ``"default"``: Flax's defaults (LeCun normal kernels, zero biases).
+* ``"torch"``: PyTorch's defaults for ``nn.Conv2d`` and ``nn.Linear`` (their ``reset_parameters``:
+  ``kaiming_uniform_(a=sqrt(5))``), every weight and every bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+  with fan_in = in_features x kernel height x kernel width: a weight variance of 1/(3 fan_in), a
+  third of LeCun's. An untrained PyTorch model has it, Inverting Gradients' ConvNet included. A bias
+  initialiser does not see its layer's fan-in, so :func:`torch_biases` draws the biases after
+  ``module.init`` (``gradjax.models.create`` does); the zoo's text models do not take it.
 
 BatchNorm scale and offset keep their defaults (1 and 0) under every scheme.
 """
@@ -19,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-INITS = ("uniform", "xavier_normal", "default")
+INITS = ("uniform", "xavier_normal", "default", "torch")
 
 
 class Initializers(NamedTuple):
@@ -46,4 +52,35 @@ def get_initializers(name: str, scale: float = 0.5) -> Initializers:
                         nn.initializers.zeros)
   if name == "default":
     return Initializers(nn.initializers.lecun_normal(), nn.initializers.zeros)
+  if name == "torch":
+    # U(-l, l) with l = sqrt(3 scale / fan_in) = 1 / sqrt(fan_in) at scale 1/3; zero biases until
+    # torch_biases draws them.
+    return Initializers(nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform"),
+                        nn.initializers.zeros)
   raise ValueError(f"unknown init {name!r}; choose one of {', '.join(INITS)}")
+
+
+def torch_biases(params, key: jax.Array):
+  """``params`` with the bias of every layer that has a ``kernel`` redrawn from
+  U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in the product of the kernel's dimensions but the last
+  (Flax's (kh, kw, in, out) and (in, out) layouts): PyTorch's default bias of ``nn.Conv2d`` and
+  ``nn.Linear``. BatchNorm's offsets (no ``kernel`` beside them) are kept. Layers get independent
+  draws (``key`` folded with the layer's position in the tree)."""
+  count = [0]
+
+  def visit(tree):
+    if not isinstance(tree, dict):
+      return tree
+    if "kernel" in tree and "bias" in tree:
+      kernel, bias = tree["kernel"], tree["bias"]
+      fan_in = 1
+      for d in kernel.shape[:-1]:
+        fan_in *= int(d)
+      bound = 1.0 / fan_in ** 0.5
+      count[0] += 1
+      drawn = jax.random.uniform(jax.random.fold_in(key, count[0]), bias.shape, bias.dtype,
+                                 minval=-bound, maxval=bound)
+      return {**tree, "bias": drawn}
+    return {k: visit(v) for k, v in tree.items()}
+
+  return visit(params)

@@ -43,6 +43,16 @@ VARIANTS = {
         'client.local_lr': 0.0001,
         'model.name': 'convnet',
     }),
+    # The authors' ConvNet is a PyTorch module left at PyTorch's default init (weights and biases
+    # U(±1/sqrt(fan_in))); the rows above draw Flax's (LeCun normal, zero biases).
+    'fedavg_replay_1img_5steps_convnet64_torch_init': ('reconstruct', None, {
+        'attack.iterations': 4800,
+        'client.local_batch_size': 1,
+        'client.local_epochs': 5,
+        'client.local_lr': 0.0001,
+        'model.init': 'torch',
+        'model.name': 'convnet',
+    }),
     # runs/fedavg_replay_4img_b2_convnet64
     'fedavg_replay_4img_b2_convnet64': ('reconstruct', None, {
         'attack.iterations': 4800,
