@@ -43,8 +43,9 @@ VARIANTS = {
         'client.local_lr': 0.0001,
         'model.name': 'convnet',
     }),
-    # The authors' ConvNet is a PyTorch module left at PyTorch's default init (weights and biases
-    # U(±1/sqrt(fan_in))); the rows above draw Flax's (LeCun normal, zero biases).
+    # runs/fedavg_replay_1img_5steps_convnet64_torch_init. The authors' ConvNet is a PyTorch module
+    # left at PyTorch's default init (weights and biases U(±1/sqrt(fan_in))); the rows above draw
+    # Flax's (LeCun normal, zero biases).
     'fedavg_replay_1img_5steps_convnet64_torch_init': ('reconstruct', None, {
         'attack.iterations': 4800,
         'client.local_batch_size': 1,
@@ -53,7 +54,8 @@ VARIANTS = {
         'model.init': 'torch',
         'model.name': 'convnet',
     }),
-    # runs/fedavg_replay_4img_b2_convnet64
+    # runs/fedavg_replay_4img_b2_convnet64 (images 0-3); unseen, --index=500 --lpips=none:
+    # runs/fedavg_replay_4img_b2_convnet64_500-503
     'fedavg_replay_4img_b2_convnet64': ('reconstruct', None, {
         'attack.iterations': 4800,
         'client.local_batch_size': 2,
