@@ -457,9 +457,15 @@ def reconstruct_processes(args: list[str], runs: int) -> list[dict]:
   cache and the others on the cache it filled: per process its wall time from outside
   (``process_s``), its attack's own ``wall_time_s`` (``attack_s``), its PSNR, and from the run's
   ``time`` the seconds of its set-up and scoring, the seconds spent making programs over the whole
-  run (``programs_s``) and the program that cost most (``costliest``, name and seconds)."""
+  run (``programs_s``) and the program that cost most (``costliest``, name and seconds).
+
+  The processes write and reuse Python's bytecode as on a user's machine, also where this one runs
+  with ``PYTHONDONTWRITEBYTECODE`` set (a container's default): without its bytecode every gradjax
+  process compiles gradjax's sources again. Cold means an empty compilation cache; gradjax's
+  bytecode may already be there from an earlier process."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     cmd = [sys.executable, "-m", "gradjax", "reconstruct", *args,
@@ -467,7 +473,7 @@ def reconstruct_processes(args: list[str], runs: int) -> list[dict]:
            f"--output_dir={os.path.join(tmp, 'run')}", "--overwrite"]
     for _ in range(runs):
       start = time.perf_counter()
-      proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+      proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
       seconds = time.perf_counter() - start
       if proc.returncode != 0:
         raise RuntimeError(f"gradjax reconstruct exited with status {proc.returncode}: "

@@ -53,7 +53,8 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 * ``startup``: the README's main job (``gradjax reconstruct``, LPIPS off as on a fresh install) as a whole
   process, timed from outside: once on an empty compilation cache, then ``--startup_runs`` times on
   the cache it filled, with the attack's own ``wall_time_s`` and PSNR beside. The processes inherit
-  this one's CPU affinity (pin the benchmark with ``taskset`` for one core).
+  this one's CPU affinity (pin the benchmark with ``taskset`` for one core) and write Python's
+  bytecode whatever ``PYTHONDONTWRITEBYTECODE`` says, as on a user's machine.
 
   python -m benchmarks suite --output_dir=runs/benchmark_cpu
   python -m benchmarks suite --sections=restarts --restart_counts=1,8,64   # on a GPU
