@@ -70,7 +70,8 @@ def export(index: int, iterations: int | None):
   os.makedirs(os.path.join(OUT, "inputs"), exist_ok=True)
   path = os.path.join(OUT, "inputs", f"{index}_{iterations}.npz")
   np.savez(path, x=batch.x, y=batch.y, index=index, mean=np.array(norm.mean), std=np.array(norm.std),
-           width=64, local_lr=local.learning_rate, local_steps=local.steps(len(batch.y)),
+           width=models.family(cfg.model.name).parse(cfg.model.name).width, num_classes=batch.num_classes,
+           local_lr=local.learning_rate, local_steps=local.steps(len(batch.y)),
            local_batch=local.batch_size or len(batch.y), iterations=iterations, full_iterations=full,
            attack_lr=attack.optimizer.learning_rate,
            **{f"w:{k}": v for k, v in weights.items()}, **{f"u:{k}": v for k, v in update.items()})
@@ -86,7 +87,7 @@ def _twin(torch, saved):
   """gradjax's convnet-W in PyTorch, named as gradjax.interop exports it (model.conv{i}, model.bn{i},
   model.linear), its weights and BatchNorm buffers from ``saved``."""
   nn = torch.nn
-  w = int(saved["width"])
+  w, classes = int(saved["width"]), int(saved["num_classes"])
 
   class Body(nn.Module):
     def __init__(self):
@@ -96,7 +97,7 @@ def _twin(torch, saved):
         setattr(self, f"conv{i}", nn.Conv2d(c, out, 3, padding=1))
         setattr(self, f"bn{i}", nn.BatchNorm2d(out))
         c = out
-      self.linear = nn.Linear(4 * w * 3 * 3, 10)
+      self.linear = nn.Linear(4 * w * 3 * 3, classes)  # 32 x 32 inputs: two 3 x 3 max-pools leave 3 x 3
 
     def forward(self, x):
       for i in range(8):
