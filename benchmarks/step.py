@@ -67,7 +67,7 @@ from gradjax.cli.common import cpu_model
 from gradjax.cli import common
 
 import gradjax
-from gradjax import attacks, clients, compilation, data, distances, driver, lbfgs, models, presets
+from gradjax import attacks, clients, compilation, data, distances, driver, interop, lbfgs, models, presets
 from gradjax.losses import cross_entropy
 from gradjax.objectives import gradient_matching
 
@@ -422,24 +422,14 @@ def build_torch_model(name: str, input_shape, num_classes: int):
 
 
 def torch_lenet(model, torch, x: np.ndarray, tolerance: float = 1e-4):
-  """The PyTorch port of ``lenet_zhu`` carrying the JAX model's weights (HWIO -> OIHW; the head's
-  rows reordered from NHWC to NCHW flattening), checked on the images ``x`` (N, H, W, C): returns
-  ``(net, gap)``, gap the largest difference between its logits and the JAX model's; a gap above
-  ``tolerance`` is a ValueError."""
+  """The PyTorch port of ``lenet_zhu`` carrying the JAX model's weights (exported by
+  :func:`gradjax.interop.variables_to_torch` and loaded strictly), checked on the images ``x``
+  (N, H, W, C): returns ``(net, gap)``, gap the largest difference between its logits and the JAX
+  model's; a gap above ``tolerance`` is a ValueError."""
   net = build_torch_model("lenet_zhu", model.input_shape, model.num_classes)
-  params = model.variables["params"]
-  convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
-  dense = [m for m in net.modules() if isinstance(m, torch.nn.Linear)][0]
-  conv_params = [params[k] for k in params if "Conv" in k]
-  head = [params[k] for k in params if "Conv" not in k][0]
+  tensors = interop.variables_to_torch(model.variables, interop.zoo_mapping(model))
+  net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, strict=True)
   with torch.no_grad():
-    for m, p in zip(convs, conv_params):
-      m.weight.copy_(torch.from_numpy(np.asarray(p["kernel"]).transpose(3, 2, 0, 1).copy()))
-      m.bias.copy_(torch.from_numpy(np.array(p["bias"])))
-    h, w = model.input_shape[0] // 4, model.input_shape[1] // 4
-    kernel = np.asarray(head["kernel"]).reshape(h, w, 12, -1).transpose(2, 0, 1, 3).reshape(h * w * 12, -1)
-    dense.weight.copy_(torch.from_numpy(kernel.T.copy()))
-    dense.bias.copy_(torch.from_numpy(np.array(head["bias"])))
     logits = net(torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.float32).transpose(0, 3, 1, 2))))
   gap = float(np.max(np.abs(logits.numpy() - np.asarray(model.apply_fn(model.variables, x, False)))))
   if not gap <= tolerance:

@@ -312,6 +312,26 @@ def test_pytorch_gradient_equals_gradjax(tmp_path, photos, which):
   np.testing.assert_array_equal(np.asarray(imported.observation.labels), y)
 
 
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
+@pytest.mark.slow
+def test_zoo_twins_load_the_exported_weights_strictly_and_give_the_same_logits(photos):
+  """Each image model's PyTorch twin (its ModelSpec's torch_module, used by the benchmarks' baselines)
+  is named as interop exports the model: ``load_state_dict(strict=True)`` takes
+  ``variables_to_torch`` whole, and PyTorch's forward pass of those weights gives gradjax's logits."""
+  torch = pytest.importorskip("torch")
+  x = photos[:2]
+  for name in ZOO:
+    model = _with_random_stats(_model(name))
+    spec = models.family(name)
+    twin = spec.torch_module(spec.parse(name), torch, (32, 32, 3), 10)
+    tensors = interop.variables_to_torch(model.variables, interop.zoo_mapping(model))
+    twin.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in tensors.items()}, strict=True)
+    with torch.no_grad():
+      want = twin.eval()(torch.tensor(np.transpose(x, (0, 3, 1, 2)))).numpy()
+    np.testing.assert_allclose(np.asarray(model.apply_fn(model.variables, jnp.asarray(x))), want,
+                               rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 @pytest.mark.isolated  # imports torch
 @pytest.mark.slow
 @pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)

@@ -5,6 +5,7 @@ Eight Conv(3x3, pad 1)-BatchNorm-ReLU blocks with channels w, 2w, 2w, 4w, 4w, 4w
 3x3, so the head sees 36w features.
 """
 
+from collections import OrderedDict
 from typing import Any
 
 import jax.numpy as jnp
@@ -68,18 +69,22 @@ def _torch_rows(zoo: ZooName, params, chw) -> list:
 
 
 def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
+  """Geiping et al.'s module: one Sequential ``model`` of conv{i}, bn{i}, relu{i} (i = 0..7), pool0
+  after the sixth block and pool1 after the eighth, flatten, linear (:func:`_torch_rows`'s names)."""
   nn_ = torch.nn
   h, w, c = input_shape
   layers = []
   for i, out in enumerate(zoo.width * m for m in (1, 2, 2, 4, 4, 4, 4, 4)):
-    layers += [nn_.Conv2d(c, out, 3, padding=1), nn_.BatchNorm2d(out), nn_.ReLU()]
+    layers += [(f"conv{i}", nn_.Conv2d(c, out, 3, padding=1)), (f"bn{i}", nn_.BatchNorm2d(out)),
+               (f"relu{i}", nn_.ReLU())]
     if i in (5, 7):
-      layers.append(nn_.MaxPool2d(3))
+      layers.append((f"pool{(i - 5) // 2}", nn_.MaxPool2d(3)))
     c = out
-  features = nn_.Sequential(*layers)
+  layers.append(("flatten", nn_.Flatten()))
   with torch.no_grad():
-    size = features(torch.zeros(1, input_shape[2], h, w)).numel()
-  return nn_.Sequential(features, nn_.Flatten(), nn_.Linear(size, num_classes))
+    size = nn_.Sequential(OrderedDict(layers))(torch.zeros(1, input_shape[2], h, w)).shape[1]
+  layers.append(("linear", nn_.Linear(size, num_classes)))
+  return nn_.Sequential(OrderedDict(model=nn_.Sequential(OrderedDict(layers))))
 
 
 # Two 3×3 max-pools: ⌊⌊H/3⌋/3⌋ × ⌊⌊W/3⌋/3⌋ × 4W flattened.

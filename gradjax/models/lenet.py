@@ -17,6 +17,7 @@ Inputs are NHWC. Flattening is in HWC order (PyTorch flattens CHW); for randomly
 is only a relabelling of the head's rows.
 """
 
+from collections import OrderedDict
 from typing import Any
 
 import jax.numpy as jnp
@@ -94,8 +95,8 @@ def _torch_rows(zoo: ZooName, params, chw) -> list:
 
 def _torch_module(strides):
   def torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
-    """Sigmoid convolutions of 12 channels, then the head; every weight and bias ~ U(-0.5, 0.5) (the
-    DLG code's ``weights_init``)."""
+    """Sigmoid convolutions of 12 channels (``body``), then the head (``fc``), named as
+    :func:`_torch_rows` (DLG's code); every weight and bias ~ U(-0.5, 0.5) (its ``weights_init``)."""
     del zoo
     nn_ = torch.nn
     h, w, c = input_shape
@@ -103,10 +104,11 @@ def _torch_module(strides):
     for stride in strides:
       layers += [nn_.Conv2d(c, 12, 5, stride=stride, padding=2), nn_.Sigmoid()]
       c = 12
-    features = nn_.Sequential(*layers)
+    body = nn_.Sequential(*layers)
     with torch.no_grad():
-      size = features(torch.zeros(1, input_shape[2], h, w)).numel()
-    model = nn_.Sequential(features, nn_.Flatten(), nn_.Linear(size, num_classes))
+      size = body(torch.zeros(1, input_shape[2], h, w)).numel()
+    model = nn_.Sequential(OrderedDict(body=body, flatten=nn_.Flatten(),
+                                       fc=nn_.Sequential(nn_.Linear(size, num_classes))))
     for p in model.parameters():
       nn_.init.uniform_(p, -0.5, 0.5)
     return model

@@ -3,6 +3,7 @@
 With 32x32x3 inputs and 100 classes this is the 3072 -> 32 -> 100 network attacked by DLM / DLM+.
 """
 
+from collections import OrderedDict
 from typing import Any, Sequence
 
 import jax.numpy as jnp
@@ -53,10 +54,11 @@ def _torch_rows(zoo: ZooName, params, chw) -> list:
 
 
 def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
+  """Flatten, ``fc1`` (the hidden layer), ReLU, ``fc2`` (the head): :func:`_torch_rows`'s names."""
   nn_ = torch.nn
   h, w, c = input_shape
-  return nn_.Sequential(nn_.Flatten(), nn_.Linear(h * w * c, zoo.width), nn_.ReLU(),
-                        nn_.Linear(zoo.width, num_classes))
+  return nn_.Sequential(OrderedDict(flatten=nn_.Flatten(), fc1=nn_.Linear(h * w * c, zoo.width),
+                                    relu=nn_.ReLU(), fc2=nn_.Linear(zoo.width, num_classes)))
 
 
 # The input itself is flattened: (C, H, W).

@@ -128,39 +128,53 @@ def _torch_rows(zoo: ZooName, params, chw) -> list:
 
 
 def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
-  """Stem, basic blocks (projected shortcuts where the shape changes), global pooling, head; the
-  stages stride 2 after the first."""
+  """kuangliu/pytorch-cifar's module (:func:`_torch_rows`'s names): stem conv1-bn1-ReLU, stages
+  layer1.. of basic blocks (conv1-bn1-ReLU-conv2-bn2 plus ``shortcut``, projected where the shape
+  changes, then ReLU; the stages after the first stride 2), global average pooling, linear."""
   nn_ = torch.nn
+  relu = torch.nn.functional.relu
 
   class TorchBasicBlock(nn_.Module):
-    """conv3x3-BN-ReLU-conv3x3-BN, plus the (projected where the shape changes) input, then ReLU."""
 
     def __init__(self, c_in, c_out, stride):
       super().__init__()
-      self.residual = nn_.Sequential(
-          nn_.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False), nn_.BatchNorm2d(c_out),
-          nn_.ReLU(), nn_.Conv2d(c_out, c_out, 3, padding=1, bias=False), nn_.BatchNorm2d(c_out))
-      self.shortcut = nn_.Identity()
+      self.conv1 = nn_.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+      self.bn1 = nn_.BatchNorm2d(c_out)
+      self.conv2 = nn_.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+      self.bn2 = nn_.BatchNorm2d(c_out)
+      self.shortcut = nn_.Sequential()
       if stride != 1 or c_in != c_out:
         self.shortcut = nn_.Sequential(nn_.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
                                        nn_.BatchNorm2d(c_out))
 
     def forward(self, x):
-      return torch.relu(self.shortcut(x) + self.residual(x))
+      return relu(self.bn2(self.conv2(relu(self.bn1(self.conv1(x))))) + self.shortcut(x))
 
-  h, w, c = input_shape
-  config = resnet_config(zoo.depth, zoo.width)
-  base = config["base_channels"]
-  layers = [nn_.Conv2d(c, base, 3, padding=1, bias=False), nn_.BatchNorm2d(base), nn_.ReLU()]
-  c = base
-  for stage, blocks in enumerate(config["stage_sizes"]):
-    for block in range(blocks):
-      layers.append(TorchBasicBlock(c, base * 2**stage, 2 if stage > 0 and block == 0 else 1))
-      c = base * 2**stage
-  features = nn_.Sequential(*layers, nn_.AdaptiveAvgPool2d(1))
-  with torch.no_grad():
-    size = features(torch.zeros(1, input_shape[2], h, w)).numel()
-  return nn_.Sequential(features, nn_.Flatten(), nn_.Linear(size, num_classes))
+  class TorchResNet(nn_.Module):
+
+    def __init__(self):
+      super().__init__()
+      config = resnet_config(zoo.depth, zoo.width)
+      base, c = config["base_channels"], input_shape[2]
+      self.conv1 = nn_.Conv2d(c, base, 3, padding=1, bias=False)
+      self.bn1 = nn_.BatchNorm2d(base)
+      c = base
+      for stage, blocks in enumerate(config["stage_sizes"]):
+        layer = []
+        for block in range(blocks):
+          layer.append(TorchBasicBlock(c, base * 2**stage, 2 if stage > 0 and block == 0 else 1))
+          c = base * 2**stage
+        setattr(self, f"layer{stage + 1}", nn_.Sequential(*layer))
+      self.stages = len(config["stage_sizes"])
+      self.linear = nn_.Linear(c, num_classes)
+
+    def forward(self, x):
+      x = relu(self.bn1(self.conv1(x)))
+      for stage in range(self.stages):
+        x = getattr(self, f"layer{stage + 1}")(x)
+      return self.linear(x.mean(dim=(2, 3)))
+
+  return TorchResNet()
 
 
 # Global pooling: nothing is flattened spatially.
