@@ -43,8 +43,9 @@ VARIANTS = {
         'client.local_lr': 0.0001,
         'model.name': 'convnet',
     }),
-    # runs/fedavg_replay_1img_5steps_convnet64_torch_init (image 0); unseen at 1200 iterations,
-    # --index=500 --iterations=1200 --lpips=none: runs/fedavg_replay_1img_5steps_convnet64_torch_init_500_1200.
+    # runs/fedavg_replay_1img_5steps_convnet64_torch_init (image 0); unseen, --index=500 --lpips=none:
+    # runs/fedavg_replay_1img_5steps_convnet64_torch_init_500 (and at --iterations=1200:
+    # runs/fedavg_replay_1img_5steps_convnet64_torch_init_500_1200).
     # The authors' ConvNet is a PyTorch module left at PyTorch's default init (weights and biases
     # U(±1/sqrt(fan_in))); the rows above draw Flax's (LeCun normal, zero biases).
     'fedavg_replay_1img_5steps_convnet64_torch_init': ('reconstruct', None, {
