@@ -312,9 +312,60 @@ def test_torch_init_bound_equals_pytorchs():
   np.testing.assert_allclose(np.abs(conv.bias.detach().numpy()).max(), 1 / math.sqrt(32 * 9), rtol=0.1)
 
 
+def test_torchvision_init_draws_convolutions_by_fan_out():
+  """torchvision's ResNet draw: convolution kernels ~ N(0, 2 / fan_out), fan_out = out x kh x kw,
+  untruncated (closed form of kaiming_normal_(mode='fan_out', nonlinearity='relu')); the head and
+  convolution biases as PyTorch's defaults, U(-1/sqrt(fan_in), 1/sqrt(fan_in)); BatchNorm 1 and 0."""
+  params = models.create("resnet20", jax.random.key(3), init="torchvision").variables["params"]
+  kernels = {}
+
+  def collect(tree, path=""):
+    for k, v in tree.items():
+      if isinstance(v, dict):
+        collect(v, f"{path}/{k}")
+      elif k == "kernel" and v.ndim == 4:
+        kernels[f"{path}/{k}"] = np.asarray(v)
+      elif k == "scale":
+        np.testing.assert_array_equal(v, 1)
+        np.testing.assert_array_equal(tree["bias"], 0)
+
+  collect(params)
+  assert len(kernels) == 21  # the stem, 18 in the blocks, two 1x1 shortcuts
+  for name, w in kernels.items():
+    sigma = math.sqrt(2.0 / (w.shape[0] * w.shape[1] * w.shape[3]))
+    np.testing.assert_allclose(w.std(), sigma, rtol=4 / math.sqrt(w.size) + 0.01, err_msg=name)
+  big = kernels["/BasicBlock_8/Conv_1/kernel"]  # (3, 3, 64, 64): 36 864 draws
+  sigma = math.sqrt(2.0 / (9 * 64))
+  assert 0.040 < np.mean(np.abs(big) > 2 * sigma) < 0.051 and np.abs(big).max() > 4 * sigma  # untruncated
+  w, b = np.asarray(params["head"]["kernel"]), np.asarray(params["head"]["bias"])
+  bound = 1 / math.sqrt(w.shape[0])
+  assert np.abs(w).max() <= bound and np.abs(b).max() <= bound and np.abs(b).max() > 0.5 * bound
+  np.testing.assert_allclose(w.var(), bound**2 / 3, rtol=0.2)  # 640 draws of U(-bound, bound)
+  # A model whose convolutions have biases: the kernels by fan_out, the biases PyTorch's.
+  conv = models.create("convnet-16", jax.random.key(3), init="torchvision").variables["params"]["Conv_4"]
+  kernel, bias = np.asarray(conv["kernel"]), np.asarray(conv["bias"])  # (3, 3, 64, 64)
+  np.testing.assert_allclose(kernel.std(), math.sqrt(2.0 / (9 * 64)), rtol=0.03)
+  assert 0.5 / math.sqrt(9 * 64) < np.abs(bias).max() <= 1 / math.sqrt(9 * 64)
+
+
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
+def test_torchvision_init_spread_equals_kaiming_normal_fan_out():
+  torch = pytest.importorskip("torch")
+  torch.manual_seed(0)
+  conv = torch.nn.Conv2d(16, 32, 3, bias=False)  # the first 3x3 of resnet20's second stage
+  torch.nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
+  theirs = conv.weight.detach().numpy()
+  ours = np.asarray(models.create("resnet20", jax.random.key(1), init="torchvision")
+                    .variables["params"]["BasicBlock_3"]["Conv_0"]["kernel"])
+  assert ours.shape == (3, 3, 16, 32) and theirs.shape == (32, 16, 3, 3)
+  np.testing.assert_allclose(ours.std(), theirs.std(), rtol=0.05)  # 4 608 draws each
+
+
 def test_torch_init_refused_by_text_models():
   with pytest.raises(ValueError, match="image models"):
     models.get_module("transformer", num_classes=100, init="torch")
+  with pytest.raises(ValueError, match="image models"):
+    models.get_module("transformer", num_classes=100, init="torchvision")
 
 
 # --- BatchNorm: train mode uses batch statistics, apply_fn stays pure -----------------------------------

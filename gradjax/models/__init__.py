@@ -30,7 +30,7 @@ from flax import linen as nn
 
 from gradjax.compilation import once
 from gradjax.models import bert, convnet, gpt, lenet, mlp, resnet, transformer
-from gradjax.models.inits import INITS, get_initializers, torch_biases
+from gradjax.models.inits import INITS, TORCH_INITS, get_initializers, torch_biases
 from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
 from gradjax.models.spec import Options, ModelSpec, ZooName
 
@@ -126,9 +126,9 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
   if conv not in CONVS:
     resolve_conv(conv)  # raises the one-line error
   spec = family(name)
-  if init == "torch" and spec is not None and spec.text:
-    raise ValueError(f"init 'torch' (PyTorch's Conv2d and Linear defaults) is for the image models; "
-                     f"{name} takes {', '.join(i for i in INITS if i != 'torch')}")
+  if init in TORCH_INITS and spec is not None and spec.text:
+    raise ValueError(f"init {init!r} (PyTorch's Conv2d and Linear draws) is for the image models; "
+                     f"{name} takes {', '.join(i for i in INITS if i not in TORCH_INITS)}")
   if spec is None:
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS + TEXT_MODELS)} "
                      "(convnet-W, mlp-H, resnetD-W variants allowed, W and H positive)")
@@ -209,8 +209,8 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
 @functools.partial(once, static_argnums=0)
 def _init(module: nn.Module, key: jax.Array, x: jax.Array):
   """``module.init`` as one program (compiled once per module and input shape), the biases drawn
-  by :func:`gradjax.models.inits.torch_biases` under the ``"torch"`` init."""
+  by :func:`gradjax.models.inits.torch_biases` under the ``"torch"`` and ``"torchvision"`` inits."""
   variables = module.init(key, x, train=False)
-  if getattr(module, "weight_init", None) == "torch":
+  if getattr(module, "weight_init", None) in TORCH_INITS:
     variables = {**variables, "params": torch_biases(variables["params"], jax.random.fold_in(key, 1))}
   return variables

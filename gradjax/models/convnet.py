@@ -38,11 +38,12 @@ class ConvNet(nn.Module):
     else:
       pool = lambda x: nn.avg_pool(x, (3, 3), strides=(3, 3))
     inits = get_initializers(self.weight_init, self.init_scale)
+    conv_inits = get_initializers(self.weight_init, self.init_scale, conv=True)
     act = activation(self.act, self.sharpness)
     w = self.width
     for i, channels in enumerate((w, 2 * w, 2 * w, 4 * w, 4 * w, 4 * w, 4 * w, 4 * w)):
       x = nn.Conv(channels, (3, 3), padding=1, param_dtype=self.param_dtype, dtype=self.param_dtype,
-                  conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())(x)
+                  conv_general_dilated=conv_general_dilated(self.conv), **conv_inits._asdict())(x)
       x = act(batch_norm(train, self.param_dtype)(x))
       if i in (5, 7):
         x = pool(x)

@@ -15,6 +15,12 @@ takes an ``init`` name that selects the initialisers of its convolution and dens
   third of LeCun's. An untrained PyTorch model has it, Inverting Gradients' ConvNet included. A bias
   initialiser does not see its layer's fan-in, so :func:`torch_biases` draws the biases after
   ``module.init`` (``gradjax.models.create`` does); the zoo's text models do not take it.
+* ``"torchvision"``: torchvision's ResNets: convolution kernels ~ N(0, 2 / fan_out), untruncated,
+  fan_out = out_channels x kernel height x kernel width (``kaiming_normal_(mode='fan_out',
+  nonlinearity='relu')``, He et al., ICCV 2015); dense layers and any convolution bias as under
+  ``"torch"``. The ResNets of Inverting Gradients' code (``inversefed``) and of breaching subclass
+  torchvision's and keep this draw; on a 3x3 convolution with as many inputs as outputs its
+  variance is six times ``"torch"``'s. Image models only, as ``"torch"``.
 
 BatchNorm scale and offset keep their defaults (1 and 0) under every scheme.
 """
@@ -25,7 +31,9 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-INITS = ("uniform", "xavier_normal", "default", "torch")
+INITS = ("uniform", "xavier_normal", "default", "torch", "torchvision")
+# Schemes whose biases torch_biases draws after module.init (PyTorch's default bias).
+TORCH_INITS = ("torch", "torchvision")
 
 
 class Initializers(NamedTuple):
@@ -42,8 +50,9 @@ def symmetric_uniform(a: float) -> nn.initializers.Initializer:
   return init
 
 
-def get_initializers(name: str, scale: float = 0.5) -> Initializers:
-  """Initializers for scheme ``name`` (see module docstring); ``scale`` is ``a`` of ``"uniform"``."""
+def get_initializers(name: str, scale: float = 0.5, *, conv: bool = False) -> Initializers:
+  """Initializers for scheme ``name`` (see module docstring); ``scale`` is ``a`` of ``"uniform"``;
+  ``conv``: for a convolution (only ``"torchvision"`` draws convolutions apart)."""
   if name == "uniform":
     return Initializers(symmetric_uniform(scale), symmetric_uniform(scale))
   if name == "xavier_normal":
@@ -56,6 +65,11 @@ def get_initializers(name: str, scale: float = 0.5) -> Initializers:
     # U(-l, l) with l = sqrt(3 scale / fan_in) = 1 / sqrt(fan_in) at scale 1/3; zero biases until
     # torch_biases draws them.
     return Initializers(nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform"),
+                        nn.initializers.zeros)
+  if name == "torchvision":
+    if not conv:
+      return get_initializers("torch")
+    return Initializers(nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
                         nn.initializers.zeros)
   raise ValueError(f"unknown init {name!r}; choose one of {', '.join(INITS)}")
 

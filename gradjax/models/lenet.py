@@ -44,7 +44,8 @@ class LeNetZhu(nn.Module):
     del train  # no batch statistics
     inits = get_initializers(self.weight_init, self.init_scale)
     kw = dict(kernel_size=(5, 5), padding=2, param_dtype=self.param_dtype, dtype=self.param_dtype,
-              conv_general_dilated=conv_general_dilated(self.conv), **inits._asdict())
+              conv_general_dilated=conv_general_dilated(self.conv),
+              **get_initializers(self.weight_init, self.init_scale, conv=True)._asdict())
     for stride in (2, 2, 1):
       x = activation(self.act, self.sharpness)(nn.Conv(12, strides=stride, **kw)(x))
     x = x.reshape(x.shape[0], -1)
@@ -66,10 +67,11 @@ class LeNet5(nn.Module):
   def __call__(self, x, train: bool = False):
     del train
     inits = get_initializers(self.weight_init, self.init_scale)
+    conv_inits = get_initializers(self.weight_init, self.init_scale, conv=True)
     for _ in range(4):
       x = activation(self.act, self.sharpness)(nn.Conv(12, (5, 5), strides=1, padding=2, param_dtype=self.param_dtype,
                              dtype=self.param_dtype, conv_general_dilated=conv_general_dilated(self.conv),
-                             **inits._asdict())(x))
+                             **conv_inits._asdict())(x))
     x = x.reshape(x.shape[0], -1)
     return head(self.num_classes, inits, self.param_dtype)(x)
 

@@ -35,7 +35,7 @@ class BasicBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool):
-    inits = get_initializers(self.weight_init, self.init_scale)
+    inits = get_initializers(self.weight_init, self.init_scale, conv=True)
     conv = lambda c, k, s: nn.Conv(c, (k, k), strides=s, padding=k // 2, use_bias=False,
                                    param_dtype=self.param_dtype, dtype=self.param_dtype,
                                    kernel_init=inits.kernel_init,
@@ -66,12 +66,13 @@ class ResNet(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool = False):
     inits = get_initializers(self.weight_init, self.init_scale)
+    conv_inits = get_initializers(self.weight_init, self.init_scale, conv=True)
     block_cls = nn.remat(BasicBlock, static_argnums=(2,)) if self.remat else BasicBlock
     count = 0
     block_kw = dict(act=self.act, weight_init=self.weight_init, init_scale=self.init_scale,
                     param_dtype=self.param_dtype, conv=self.conv, sharpness=self.sharpness)
     x = nn.Conv(self.base_channels, (3, 3), padding=1, use_bias=False, param_dtype=self.param_dtype,
-                dtype=self.param_dtype, kernel_init=inits.kernel_init,
+                dtype=self.param_dtype, kernel_init=conv_inits.kernel_init,
                 conv_general_dilated=conv_general_dilated(self.conv))(x)
     x = activation(self.act, self.sharpness)(batch_norm(train, self.param_dtype)(x))
     for stage, blocks in enumerate(self.stage_sizes):
