@@ -23,6 +23,9 @@ VARIANTS = {
     'dlm_table': ('dlm-table --count=20', None, {'attack.box': False}),
     # runs/dlm_table_box
     'dlm_table_box': ('dlm-table --count=20', None, {'attack.box': True}),
+    # runs/dlm_table_box_torch_init; unseen, --start=60: runs/dlm_table_box_torch_init_60-79.
+    # The MLP drawn as an untrained PyTorch module (the paper's) instead of Flax's default.
+    'dlm_table_box_torch_init': ('dlm-table --count=20', None, {'attack.box': True, 'model.init': 'torch'}),
 }
 
 
