@@ -57,7 +57,9 @@ def inverting_gradients(iterations: int = 4800, *, tv: float = 1e-4) -> Attack:
   1 − cosine over all layers, total variation mean|dx| + mean|dy| with weight ``tv``, Adam lr 0.1 on
   the sign of the gradient, lr ×0.1 at 3/8, 5/8 and 7/8 of the budget, iterates clamped to the image
   box, init N(0, 1) in normalised space, labels known. (The paper's README example runs 24 000
-  iterations.)
+  iterations.) The paper's ResNets are torchvision's, drawn as ``init="torchvision"`` draws them,
+  and its ConvNet as ``init="torch"`` (``gradjax.models.inits``), where the zoo's ResNets and ConvNet
+  default to Flax's draw; its LeNet is DLG's, the zoo's ``lenet_zhu`` default.
   """
   return Attack(distance=_DISTANCE["cosine"], priors=(priors.Prior(_PRIOR["tv"], tv),),
                 label_source=labels.known, optimizer=optimizers.Named("signed_adam", 0.1, schedule="step"),
