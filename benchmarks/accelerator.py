@@ -26,8 +26,9 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   wall time and PSNR, on the scikit-image photo.
 * ``ig``: Inverting Gradients (the preset: 4800 iterations) on ``resnet20-4``, CIFAR-10 test images
   0-4 (``--suite_dataset``), one restart each: PSNR, SSIM, wall time.
-* ``fedavg``: the FedAvg replay (``inverting_gradients_fedavg``) on ``convnet`` at width 64, 4 images
-  in 2 local steps of 2, labels known as a multiset with the permutation search.
+* ``fedavg``: the FedAvg replay (``inverting_gradients_fedavg``) on ``convnet`` at width 64 drawn as
+  the paper's PyTorch module (``init="torch"``, ``experiments/studies/ig_fedavg``), 4 images in 2
+  local steps of 2, labels known as a multiset with the permutation search.
 * ``batch``: issue 12's batch inversion at the papers' budget, which the CPU cannot afford: GradInversion
   against HFGInv at 15 000 iterations on 10 CIFAR-10 batches of 8 with repeated labels, on the
   committed trained ResNet-20 (``gradjax batch-table --variants=bn,hfginv``). Its attacks are kept as they
@@ -71,7 +72,7 @@ def sizes(quick: bool, dataset: str) -> dict:
                 strategies=("sequential",), im2col_restart_counts=[1, 2], restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
                 ttfr=dict(model="convnet-4", iterations=3, warm_runs=1),
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
-                image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_iterations=10,
+                image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_init="torch", fedavg_iterations=10,
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
                 batch=["--count=1", "--batch_size=2", "--config.sampling.classes_per_batch=1", "--config.sampling.pool=40",
                        "--config.attack.aux=4", "--iterations=3"],
@@ -83,7 +84,7 @@ def sizes(quick: bool, dataset: str) -> dict:
               restart_iterations=100, client_counts=[1, 4, 16, 64],
               ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
-              fedavg_model="convnet", fedavg_iterations=None, precisions=PRECISIONS,
+              fedavg_model="convnet", fedavg_init="torch", fedavg_iterations=None, precisions=PRECISIONS,
               precision_attacks=("dlg", "inverting_gradients"),
               batch=["--count=10", "--batch_size=8", "--iterations=15000"],
               convnet=dict(widths=(64, 16), flags=["--count=2", "--batch_size=8"]),
@@ -210,13 +211,14 @@ def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
 def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
   cfg = config.from_options({
       "attack.preset": "inverting_gradients_fedavg", "model.name": s["fedavg_model"],
-      "data.dataset": s["dataset"], "data.data_dir": data_dir, "client.name": "fedavg",
+      "model.init": s["fedavg_init"], "data.dataset": s["dataset"], "data.data_dir": data_dir, "client.name": "fedavg",
       "data.batch_size": 4, "client.local_batch_size": 2, "client.shared_labels": "multiset",
       "attack.permutations": 6, "data.image_size": s["image_size"],
       "attack.iterations": s["fedavg_iterations"], "seed": seed, "output.lpips": "none"
   })
   results, _ = pipeline.run(cfg)
-  row = dict(model=s["fedavg_model"], images=4, local_steps=2, candidates=results["candidates"],
+  row = dict(model=s["fedavg_model"], init=s["fedavg_init"], images=4, local_steps=2,
+             candidates=results["candidates"],
              **_scores(results))
   print(f"fedavg {row}", flush=True)
   return [row]

@@ -60,6 +60,7 @@ def test_accelerator_suite_quick(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   part = json.loads((tmp_path / "gpu_fedavg.json").read_text())
   assert part["quick"] and part["rows"] and part["rows"][0]["psnr"] is not None
+  assert part["rows"][0]["init"] == "torch"  # the paper's ConvNet draw
   assert "--suite=gpu" in part["command"] and part["environment"]["device_kind"]
   assert "## fedavg" in (tmp_path / "gpu.md").read_text()
   # (In a process of its own: the benchmark programs define absl flags that the test process's
