@@ -146,6 +146,27 @@ def test_rename_rules_read_torchvision_names(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_rename_rules_read_inversefeds_resnet_names(tmp_path):
+  """Inverting Gradients' code (inversefed) keeps its stages in ``layers.{0,1,2}`` and names the
+  shortcut ``downsample`` and the head ``fc``: the README's rules read it as the zoo's ResNet."""
+  model = _with_random_stats(_model("resnet8"))
+  tensors = interop.variables_to_torch(model.variables, interop.zoo_mapping(model))
+  theirs = {}
+  for k, v in tensors.items():
+    for s in (1, 2, 3):
+      k = k.replace(f"layer{s}.", f"layers.{s - 1}.") if k.startswith(f"layer{s}.") else k
+    theirs[k.replace("shortcut", "downsample").replace("linear.", "fc.")] = v
+  assert "layers.2.0.downsample.0.weight" in theirs and "fc.weight" in theirs
+  interop.write(tmp_path / "w.safetensors", theirs, {"model": "resnet8"})
+  interop.write(tmp_path / "g.safetensors",
+                {k: v for k, v in theirs.items() if "running" not in k and "num_batches" not in k})
+  rules = interop.parse_renames(r"^layers\.0\.=layer1.,^layers\.1\.=layer2.,^layers\.2\.=layer3.,"
+                                r"downsample=shortcut,^fc\.=linear.")
+  imported = interop.load(tmp_path / "w.safetensors", tmp_path / "g.safetensors", rename=rules)
+  for a, b in zip(jax.tree.leaves(imported.model.variables), jax.tree.leaves(model.variables)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_module_mapping_for_a_custom_model():
   import flax.linen as nn
 
