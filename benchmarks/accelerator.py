@@ -25,7 +25,8 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   (1000 iterations) under each ``--config.execution.matmul_precision`` (float32, tensorfloat32, bfloat16, JAX's default):
   wall time and PSNR, on the scikit-image photo.
 * ``ig``: Inverting Gradients (the preset: 4800 iterations) on ``resnet20-4``, CIFAR-10 test images
-  0-4 (``--suite_dataset``), one restart each: PSNR, SSIM, wall time.
+  0-4 (``--suite_dataset``), one restart each: PSNR, SSIM, wall time. ``--ig_init=torchvision``
+  draws the ResNet as the paper's code does (the zoo's own draw otherwise; the rows say which).
 * ``fedavg``: the FedAvg replay (``inverting_gradients_fedavg``) on ``convnet`` at width 64 drawn as
   the paper's PyTorch module (``init="torch"``, ``experiments/studies/ig_fedavg``), 4 images in 2
   local steps of 2, labels known as a multiset with the permutation search.
@@ -196,14 +197,14 @@ def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
   rows = []
   for index in s["ig_images"]:
     cfg = config.from_options({
-        "attack.preset": "inverting_gradients", "model.name": s["ig_model"],
+        "attack.preset": "inverting_gradients", "model.name": s["ig_model"], "model.init": s["ig_init"],
         "data.dataset": s["dataset"], "data.data_dir": data_dir, "data.index": index,
         "data.image_size": s["image_size"], "attack.iterations": s["ig_iterations"],
         "data.normalization": s["dataset"] if s["dataset"].startswith("cifar") else "none",
         "seed": seed, "output.lpips": "none"
     })
     results, _ = pipeline.run(cfg)
-    rows.append(dict(index=index, **_scores(results)))
+    rows.append(dict(index=index, init=s["ig_init"] or "default", **_scores(results)))
     print(f"ig {rows[-1]}", flush=True)
   return rows
 
@@ -296,10 +297,10 @@ def table(rows: list[dict]) -> str:
 
 
 def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
-        overwrite: bool, header: dict) -> str:
+        overwrite: bool, header: dict, ig_init: str | None = None) -> str:
   """Runs ``parts`` into ``out`` (skipping those already written unless ``overwrite``); returns the
-  assembled Markdown."""
-  s = sizes(quick, dataset)
+  assembled Markdown. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default)."""
+  s = dict(sizes(quick, dataset), ig_init=ig_init)
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),

@@ -97,6 +97,9 @@ _PARTS = flags.DEFINE_list("parts", list(accelerator.PARTS), "Accelerator suite 
 _QUICK = flags.DEFINE_bool("quick", False, "Accelerator suite at toy sizes (a CPU smoke test).")
 _SUITE_DATASET = flags.DEFINE_string("suite_dataset", "cifar10", "Images of the accelerator suite's "
                                      "ig and fedavg parts (CIFAR-10 test images 0-4 in the protocol).")
+_IG_INIT = flags.DEFINE_string("ig_init", None, "Model draw of the accelerator suite's ig part "
+                               "(gradjax.models.inits; unset: the zoo's default; torchvision: the "
+                               "paper's ResNets).")
 _DATA_DIR = common.define_fields("data.data_dir")["data.data_dir"]
 _SECTIONS = flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run: {', '.join(SECTIONS)}.")
 _BATCH_SIZES = common.define_batch_sizes_flag()  # of the steps section
@@ -622,11 +625,14 @@ def main(argv):
     unknown = [p for p in _PARTS.value if p not in accelerator.PARTS]
     if unknown or not _PARTS.value:
       bs.fail(f"unknown parts {unknown}; choose from {', '.join(accelerator.PARTS)}")
+    if _IG_INIT.value is not None and _IG_INIT.value not in models.INITS:
+      bs.fail(f"unknown --ig_init {_IG_INIT.value!r}; choose one of {', '.join(models.INITS)}")
     header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
     out = flags.FLAGS.output_dir or GPU_FOLDER  # its parts accumulate there, call after call
     print(accelerator.run(_PARTS.value, out, quick=_QUICK.value,
                                 dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
-                                seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header))
+                                seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header,
+                                ig_init=_IG_INIT.value))
     print(f"wrote {out}: gpu.md and gpu_<part>.json/.md")
     return
   out = common.output_folder("benchmark", own=("benchmark.*",))

@@ -52,18 +52,26 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
 def test_accelerator_suite_quick(tmp_path):
   """``--suite=gpu --quick`` runs on CPU the part that has not yet run on an accelerator in full
   (``fedavg``; the others ran on an H100 and an H200, and are all rerun ``--quick`` before a device
-  is used) and records its command, device and rows; a second call keeps the part already written."""
+  is used) and ``ig`` with the paper's ResNet draw, and records its command, device and rows (an
+  unknown draw: one line, exit 2, nothing written); a second call keeps the parts already written."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg",
-         "--torch=off", f"--output_dir={tmp_path}"]
+  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg,ig",
+         "--ig_init=torchvision", "--torch=off", f"--output_dir={tmp_path}"]
+  bad = subprocess.run([*cmd, "--ig_init=kaiming"], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=ROOT)
+  assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr[-2000:]
+  assert "unknown --ig_init 'kaiming'" in bad.stderr and not list(tmp_path.iterdir())
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   part = json.loads((tmp_path / "gpu_fedavg.json").read_text())
   assert part["quick"] and part["rows"] and part["rows"][0]["psnr"] is not None
   assert part["rows"][0]["init"] == "torch"  # the paper's ConvNet draw
+  ig = json.loads((tmp_path / "gpu_ig.json").read_text())["rows"]
+  assert ig and ig[0]["init"] == "torchvision" and ig[0]["psnr"] is not None
   assert "--suite=gpu" in part["command"] and part["environment"]["device_kind"]
   assert "## fedavg" in (tmp_path / "gpu.md").read_text()
   # (In a process of its own: the benchmark programs define absl flags that the test process's
   # in-process command tests define too.)
   again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-  assert again.returncode == 0 and "fedavg: kept" in again.stdout, again.stderr[-2000:]
+  assert again.returncode == 0 and "fedavg: kept" in again.stdout and "ig: kept" in again.stdout, \
+      again.stderr[-2000:]
