@@ -65,6 +65,16 @@ VARIANTS = {
         'data.batch_size': 4,
         'model.name': 'convnet',
     }),
+    # The row above with the authors' init (PyTorch's default), unseen, --index=500 --lpips=none:
+    # runs/fedavg_replay_4img_b2_convnet64_torch_init_500-503
+    'fedavg_replay_4img_b2_convnet64_torch_init': ('reconstruct', None, {
+        'attack.iterations': 4800,
+        'client.local_batch_size': 2,
+        'client.local_lr': 0.0001,
+        'data.batch_size': 4,
+        'model.init': 'torch',
+        'model.name': 'convnet',
+    }),
     # runs/fedavg_replay_4img_b2_multiset
     'fedavg_replay_4img_b2_multiset': ('reconstruct', None, {
         'attack.iterations': 1200,
