@@ -196,6 +196,16 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.name': 'resnet20-4',
     }),
+    # The row above drawn as the paper's torchvision ResNet (kaiming normal, fan_out), unseen
+    # (--start=500 --count=5 and so on): runs/ig_resnet20-4_torchvision_init_cifar10_500-504, _505-511,
+    # _515-516
+    'ig_resnet20-4_torchvision_init_cifar10': ('sweep', range(0, 6), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.init': 'torchvision',
+        'model.name': 'resnet20-4',
+    }),
     # runs/ig_resnet20-4_cifar10_2
     'ig_resnet20-4_cifar10_2': ('reconstruct', None, {
         'attack.preset': 'inverting_gradients',
