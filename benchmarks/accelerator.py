@@ -296,6 +296,22 @@ def table(rows: list[dict]) -> str:
                    + ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in rows])
 
 
+def kept_draw_conflict(parts, out: str, ig_init: str | None) -> str | None:
+  """The error when ``out`` already holds an ``ig`` part drawn otherwise than ``ig_init`` asks (a
+  kept part would be reported as that draw's); None when there is none. Rows written before the
+  draw was recorded were drawn with the zoo's default."""
+  path = os.path.join(out, "gpu_ig.json")
+  if "ig" not in parts or not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as fh:
+    kept = {row.get("init", "default") for row in json.load(fh).get("rows", [])}
+  wanted = ig_init or "default"
+  if kept and kept != {wanted}:
+    return (f"{path} holds ig rows drawn with init {', '.join(sorted(kept))}, not {wanted}: "
+            "give another --output_dir (or --overwrite to replace them)")
+  return None
+
+
 def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
         overwrite: bool, header: dict, ig_init: str | None = None) -> str:
   """Runs ``parts`` into ``out`` (skipping those already written unless ``overwrite``); returns the

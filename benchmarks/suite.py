@@ -627,8 +627,10 @@ def main(argv):
       bs.fail(f"unknown parts {unknown}; choose from {', '.join(accelerator.PARTS)}")
     if _IG_INIT.value is not None and _IG_INIT.value not in models.INITS:
       bs.fail(f"unknown --ig_init {_IG_INIT.value!r}; choose one of {', '.join(models.INITS)}")
-    header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
     out = flags.FLAGS.output_dir or GPU_FOLDER  # its parts accumulate there, call after call
+    if not flags.FLAGS.overwrite and (error := accelerator.kept_draw_conflict(_PARTS.value, out, _IG_INIT.value)):
+      bs.fail(error)
+    header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
     print(accelerator.run(_PARTS.value, out, quick=_QUICK.value,
                                 dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
                                 seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header,

@@ -52,8 +52,10 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
 def test_accelerator_suite_quick(tmp_path):
   """``--suite=gpu --quick`` runs on CPU the part that has not yet run on an accelerator in full
   (``fedavg``; the others ran on an H100 and an H200, and are all rerun ``--quick`` before a device
-  is used) and ``ig`` with the paper's ResNet draw, and records its command, device and rows (an
-  unknown draw: one line, exit 2, nothing written); a second call keeps the parts already written."""
+  is used) and ``ig`` with torchvision's draw (the paper's, on the quick sizes' ConvNet), and records
+  its command, device and rows (an unknown draw: one line, exit 2, nothing written); a second call
+  keeps the parts already written, and one asking for another draw of the kept ``ig`` rows is
+  refused in one line, exit 2, the rows untouched."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg,ig",
          "--ig_init=torchvision", "--torch=off", f"--output_dir={tmp_path}"]
@@ -75,3 +77,9 @@ def test_accelerator_suite_quick(tmp_path):
   again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
   assert again.returncode == 0 and "fedavg: kept" in again.stdout and "ig: kept" in again.stdout, \
       again.stderr[-2000:]
+  kept = (tmp_path / "gpu_ig.json").read_bytes()
+  other = subprocess.run([c.replace("--ig_init=torchvision", "--ig_init=torch") for c in cmd],
+                         capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+  assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr[-2000:]
+  assert "gpu_ig.json" in other.stderr and "torchvision" in other.stderr
+  assert (tmp_path / "gpu_ig.json").read_bytes() == kept

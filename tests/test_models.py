@@ -336,7 +336,7 @@ def test_torchvision_init_draws_convolutions_by_fan_out():
     np.testing.assert_allclose(w.std(), sigma, rtol=4 / math.sqrt(w.size) + 0.01, err_msg=name)
   big = kernels["/BasicBlock_8/Conv_1/kernel"]  # (3, 3, 64, 64): 36 864 draws
   sigma = math.sqrt(2.0 / (9 * 64))
-  assert 0.040 < np.mean(np.abs(big) > 2 * sigma) < 0.051 and np.abs(big).max() > 4 * sigma  # untruncated
+  assert 0.040 < np.mean(np.abs(big) > 2 * sigma) < 0.051 and np.abs(big).max() > 3 * sigma  # untruncated (Flax's truncated normal stops at 2 sigma)
   w, b = np.asarray(params["head"]["kernel"]), np.asarray(params["head"]["bias"])
   bound = 1 / math.sqrt(w.shape[0])
   assert np.abs(w).max() <= bound and np.abs(b).max() <= bound and np.abs(b).max() > 0.5 * bound

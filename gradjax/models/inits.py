@@ -18,8 +18,8 @@ takes an ``init`` name that selects the initialisers of its convolution and dens
 * ``"torchvision"``: torchvision's ResNets: convolution kernels ~ N(0, 2 / fan_out), untruncated,
   fan_out = out_channels x kernel height x kernel width (``kaiming_normal_(mode='fan_out',
   nonlinearity='relu')``, He et al., ICCV 2015); dense layers and any convolution bias as under
-  ``"torch"``. The ResNets of Inverting Gradients' code (``inversefed``) and of breaching subclass
-  torchvision's and keep this draw; on a 3x3 convolution with as many inputs as outputs its
+  ``"torch"``. The ResNets of Inverting Gradients' code (``inversefed``) and of breaching draw
+  their layers the same way; on a 3x3 convolution with as many inputs as outputs its
   variance is six times ``"torch"``'s. Image models only, as ``"torch"``.
 
 BatchNorm scale and offset keep their defaults (1 and 0) under every scheme.
