@@ -2,7 +2,8 @@
 (gradjax.run.config.recipes); analysis.md says what each shows. The unseen rows (runs/*_cifar10_500-599,
 *_500-529) are the development rows' variants with --start=500: ig_lenet_zhu_normalized_epoch0_cifar10
 (untrained), ig_lenet_zhu_recipe_epoch120_cifar10 (trained, the paper's recipe) and their
-euclid_lbfgs16_* twins; the ResNet20-4 ones (runs/ig_resnet20-4_*_5*) ran on an accelerator.
+euclid_lbfgs16_* twins; the ResNet20-4 ones (runs/ig_resnet20-4_*_5*) ran on an accelerator, except
+those drawn as torchvision's (runs/ig_resnet20-4_torchvision_init_*, CPU).
 """
 
 from gradjax.run import config
