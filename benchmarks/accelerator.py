@@ -303,8 +303,11 @@ def kept_draw_conflict(parts, out: str, ig_init: str | None) -> str | None:
   path = os.path.join(out, "gpu_ig.json")
   if "ig" not in parts or not os.path.exists(path):
     return None
-  with open(path, encoding="utf-8") as fh:
-    kept = {row.get("init", "default") for row in json.load(fh).get("rows", [])}
+  try:
+    with open(path, encoding="utf-8") as fh:
+      kept = {row.get("init", "default") for row in json.load(fh).get("rows", [])}
+  except (OSError, ValueError, AttributeError) as e:
+    return f"{path} cannot be read as a suite part ({e}); give another --output_dir"
   wanted = ig_init or "default"
   if kept and kept != {wanted}:
     return (f"{path} holds ig rows drawn with init {', '.join(sorted(kept))}, not {wanted}: "

@@ -55,7 +55,7 @@ def test_accelerator_suite_quick(tmp_path):
   is used) and ``ig`` with torchvision's draw (the paper's, on the quick sizes' ConvNet), and records
   its command, device and rows (an unknown draw: one line, exit 2, nothing written); a second call
   keeps the parts already written, and one asking for another draw of the kept ``ig`` rows is
-  refused in one line, exit 2, the rows untouched."""
+  refused in one line, exit 2, the rows untouched (an unreadable kept part too)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg,ig",
          "--ig_init=torchvision", "--torch=off", f"--output_dir={tmp_path}"]
@@ -83,3 +83,10 @@ def test_accelerator_suite_quick(tmp_path):
   assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr[-2000:]
   assert "gpu_ig.json" in other.stderr and "torchvision" in other.stderr
   assert (tmp_path / "gpu_ig.json").read_bytes() == kept
+  broken = tmp_path / "broken"
+  broken.mkdir()
+  (broken / "gpu_ig.json").write_text("{not json")
+  unread = subprocess.run([*cmd[:-1], f"--output_dir={broken}"], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=ROOT)
+  assert unread.returncode == 2 and len(unread.stderr.strip().splitlines()) == 1, unread.stderr[-2000:]
+  assert [p.name for p in broken.iterdir()] == ["gpu_ig.json"]
