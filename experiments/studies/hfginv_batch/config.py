@@ -97,7 +97,6 @@ VARIANTS = {
     'train_resnet20_cifar10': (
         'train --output_dir=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10',
         None, {
-        'client.local_lr': 0.02,
         'client.train_mode': True,
         'data.batch_size': 128,
         'data.dataset': 'cifar10_train',

@@ -88,6 +88,17 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.name': 'resnet20-4',
     }),
+    # The row above drawn as the paper's torchvision ResNet, unseen (--start=500 --count=1 and
+    # --start=501 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_torchvision_init_cifar10_500, _501
+    'euclid_lbfgsfixed8_resnet20-4_torchvision_init_cifar10': ('sweep', range(0, 2), {
+        'attack.label_source': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.init': 'torchvision',
+        'model.name': 'resnet20-4',
+    }),
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0;
     # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500
     'euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
@@ -331,7 +342,6 @@ VARIANTS = {
     'train_lenet_zhu_cifar10': (
         'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10',
         None, {
-        'client.local_lr': 0.02,
         'data.batch_size': 128,
         'data.dataset': 'cifar10_train',
         'training.epochs': 2,
@@ -344,7 +354,6 @@ VARIANTS = {
     'train_lenet_zhu_cifar10_normalized': (
         'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized',
         None, {
-        'client.local_lr': 0.02,
         'data.batch_size': 128,
         'data.dataset': 'cifar10_train',
         'data.normalization': 'cifar10',
@@ -358,7 +367,6 @@ VARIANTS = {
     'train_lenet_zhu_cifar10_normalized_wd': (
         'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized_wd',
         None, {
-        'client.local_lr': 0.02,
         'data.batch_size': 128,
         'data.dataset': 'cifar10_train',
         'data.normalization': 'cifar10',
@@ -373,7 +381,6 @@ VARIANTS = {
     'train_lenet_zhu_cifar10_recipe': (
         'train --output_dir=experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe',
         None, {
-        'client.local_lr': 0.02,
         'data.batch_size': 128,
         'data.dataset': 'cifar10_train',
         'data.normalization': 'cifar10',
@@ -391,11 +398,28 @@ VARIANTS = {
     'train_resnet20-4_cifar10_normalized_wd': (
         'train --output_dir=experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd',
         None, {
-        'client.local_lr': 0.02,
         'client.train_mode': True,
         'data.batch_size': 128,
         'data.dataset': 'cifar10_train',
         'data.normalization': 'cifar10',
+        'model.name': 'resnet20-4',
+        'training.epochs': 1,
+        'training.lr': 0.1,
+        'training.test_count': 1017,
+        'training.test_dataset': 'cifar10',
+        'training.train_count': 50000,
+        'training.weight_decay': 0.0005,
+    }),
+    # runs/train_resnet20-4_cifar10_normalized_wd_torchvision_init: the model above drawn as the
+    # paper's torchvision ResNet before its one epoch
+    'train_resnet20-4_cifar10_normalized_wd_torchvision_init': (
+        'train --output_dir=experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd_torchvision_init',
+        None, {
+        'client.train_mode': True,
+        'data.batch_size': 128,
+        'data.dataset': 'cifar10_train',
+        'data.normalization': 'cifar10',
+        'model.init': 'torchvision',
         'model.name': 'resnet20-4',
         'training.epochs': 1,
         'training.lr': 0.1,

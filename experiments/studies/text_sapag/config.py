@@ -47,7 +47,6 @@ VARIANTS = {
     'train_transformer_pydoc': (
         'train --output_dir=experiments/studies/text_sapag/runs/train_transformer_pydoc_fedsgd',
         None, {
-        'client.local_lr': 0.02,
         'data.batch_size': 32,
         'training.epochs': 1,
         'training.lr': 0.1,
