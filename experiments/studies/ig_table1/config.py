@@ -235,6 +235,14 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
     }),
+    # The row above on the model trained from torchvision's draw (its checkpoint records the draw),
+    # unseen (--start=500 --count=5 and so on): runs/ig_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10_500-504
+    'ig_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10': ('sweep', range(0, 10), {
+        'attack.preset': 'inverting_gradients',
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd_torchvision_init/epoch_1.npz',
+    }),
     # runs/ig_resnet20_cifar10_0-4
     'ig_resnet20_cifar10_0-4': ('sweep', range(0, 5), {
         'attack.preset': 'inverting_gradients',
