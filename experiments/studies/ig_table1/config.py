@@ -109,6 +109,16 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
     }),
+    # The row above on the model trained from torchvision's draw, unseen (--start=500 --count=1):
+    # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10_500
+    'euclid_lbfgsfixed8_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10': ('sweep', [0], {
+        'attack.label_source': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd_torchvision_init/epoch_1.npz',
+    }),
     # runs/ig_24000_lenet_zhu_normalized_epoch0_cifar10_0-19
     'ig_24000_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(0, 20), {
         'attack.iterations': 24000,
