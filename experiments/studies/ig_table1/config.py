@@ -3,7 +3,8 @@
 *_500-529) are the development rows' variants with --start=500: ig_lenet_zhu_normalized_epoch0_cifar10
 (untrained), ig_lenet_zhu_recipe_epoch120_cifar10 (trained, the paper's recipe) and their
 euclid_lbfgs16_* twins; the ResNet20-4 ones (runs/ig_resnet20-4_*_5*) ran on an accelerator, except
-those drawn as torchvision's (runs/ig_resnet20-4_torchvision_init_*, CPU).
+those drawn as torchvision's (runs/*resnet20-4*_torchvision_init_*, CPU; their trained model is
+runs/train_resnet20-4_cifar10_normalized_wd_torchvision_init).
 """
 
 from gradjax.run import config
@@ -246,7 +247,8 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
     }),
     # The row above on the model trained from torchvision's draw (its checkpoint records the draw),
-    # unseen (--start=500 --count=5 and so on): runs/ig_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10_500-504
+    # unseen (--start=500 --count=5 and so on): runs/ig_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10_500-504,
+    # _505-506, _510-511, _515-516
     'ig_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10': ('sweep', range(0, 10), {
         'attack.preset': 'inverting_gradients',
         'data.dataset': 'cifar10',
