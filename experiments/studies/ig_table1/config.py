@@ -100,6 +100,19 @@ VARIANTS = {
         'model.init': 'torchvision',
         'model.name': 'resnet20-4',
     }),
+    # The row above with the authors' released Euclidean command's TV (reconstruct_image.py --optim=zhu
+    # adds --tv's default 1e-4), unseen (--start=500 --count=1):
+    # runs/euclid_lbfgsfixed8_tv1e-4_resnet20-4_torchvision_init_cifar10_500
+    'euclid_lbfgsfixed8_tv1e-4_resnet20-4_torchvision_init_cifar10': ('sweep', range(0, 2), {
+        'attack.label_source': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.priors': 'tv:1e-4',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.init': 'torchvision',
+        'model.name': 'resnet20-4',
+    }),
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0;
     # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500
     'euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
