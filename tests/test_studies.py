@@ -111,7 +111,6 @@ def test_a_study_recipe_names_every_run_and_the_schema_takes_it(path):
   its sweep is over images and a training recipe sets only options its client reads (``gradjax
   train`` refuses the others); every run in runs/ is a variant's (or a study program's) output."""
   from gradjax import cli
-  from gradjax.cli import train
   from gradjax.run import config
   module = runpy.run_path(path)
   variants, programs = module["VARIANTS"], module.get("PROGRAMS", {})
@@ -120,7 +119,7 @@ def test_a_study_recipe_names_every_run_and_the_schema_takes_it(path):
     cfg = config.from_dict(module["get_config"](name))  # raises for an option the schema lacks
     if command.split()[0] == "train":
       given = set(module["BASE"]) | set(options)
-      assert not train.unused_by_client(cfg.client.name, given), (name, cfg.client.name)
+      assert not config.unread_by_client(cfg.client.name, given), (name, cfg.client.name)
     sweep = module["get_sweep"](name)
     assert sweep is None or (command.split()[0] == "sweep" and sweep == config.sweep("data.index", images))
   folder = os.path.dirname(path)

@@ -140,17 +140,6 @@ def _conv(name: str) -> str:
   return "split" if jax.default_backend() == "cpu" else "xla"
 
 
-def unused_by_client(client: str, given: set[str]) -> list[str]:
-  """The options of ``given`` (dotted paths) that training with ``client`` does not read: FedAvg's
-  local steps under FedSGD, FedSGD's optimiser under FedAvg (sorted)."""
-  other = ({"data.batch_size", "training.lr", "training.momentum", "training.weight_decay",
-            "training.nesterov", "training.lr_milestones", "training.lr_gamma", "training.augment"}
-           if client == "fedavg" else
-           {"client.local_epochs", "client.local_batch_size", "client.local_lr",
-            "client.local_momentum"})
-  return sorted(other & given)
-
-
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -174,7 +163,7 @@ def main(argv):
     common.fail(
         f"--config.training.clients must be in [1, --config.training.train_count = {f.training.train_count}], got {f.training.clients}"
     )
-  ignored = [config.flag(path) for path in unused_by_client(f.client.name, given)]
+  ignored = [config.flag(path) for path in config.unread_by_client(f.client.name, given)]
   if ignored:
     common.fail(f"{', '.join(ignored)} do not apply to --client={f.client.name}")
   if f.training.augment and f.data.modality == "text":

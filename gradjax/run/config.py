@@ -856,6 +856,17 @@ def sections(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
                                   if section(p) == name}) for name in names}
 
 
+def unread_by_client(client: str, given: set[str]) -> list[str]:
+  """The options of ``given`` (dotted paths) that training with ``client`` does not read (sorted):
+  FedAvg's local steps under FedSGD, FedSGD's optimiser under FedAvg."""
+  unread = ({"data.batch_size", "training.lr", "training.momentum", "training.weight_decay",
+             "training.nesterov", "training.lr_milestones", "training.lr_gamma", "training.augment"}
+            if client == "fedavg" else
+            {"client.local_epochs", "client.local_batch_size", "client.local_lr",
+             "client.local_momentum"})
+  return sorted(unread & given)
+
+
 def from_options(values: dict[str, Any]) -> Config:
   """The :class:`Config` of the defaults with ``values`` (dotted path -> value) set."""
   return replace(Config(), values)
