@@ -123,7 +123,8 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
     }),
-    # The row above on the model trained from torchvision's draw, unseen (--start=500 --count=1):
+    # The row above on the model trained from torchvision's draw (not kept in git: run
+    # train_resnet20-4_cifar10_normalized_wd_torchvision_init first), unseen (--start=500 --count=1):
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10_500
     'euclid_lbfgsfixed8_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10': ('sweep', [0], {
         'attack.label_source': 'known',
@@ -259,7 +260,8 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
     }),
-    # The row above on the model trained from torchvision's draw (its checkpoint records the draw),
+    # The row above on the model trained from torchvision's draw (its checkpoint records the draw and
+    # is not kept in git: run train_resnet20-4_cifar10_normalized_wd_torchvision_init first),
     # unseen (--start=500 --count=5 and so on): runs/ig_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10_500-504,
     # _505-506, _510-511, _515-516
     'ig_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10': ('sweep', range(0, 10), {
