@@ -10,7 +10,8 @@ Conventions
 * Every image metric (``mse``, ``psnr``, ``ssim``) is computed on images
   **clamped to [0, 1]**, per image, and batch figures are plain means of the
   per-image values. Clamping matches what a rendered reconstruction shows and
-  keeps ``data_range = 1`` honest.
+  keeps ``data_range = 1`` honest. ``psnr_unclamped`` alone scores the
+  reconstruction as the attack left it (the Inverting Gradients code's PSNR).
 * An exact match has infinite PSNR; it is reported as ``PSNR_CAP = 100.0`` dB
   (PSNR is capped at that value), so results stay finite and JSON-friendly.
 * SSIM equals ``skimage.metrics.structural_similarity(a, b, data_range=1,
@@ -41,6 +42,11 @@ _WIN = 7
 
 def _images(x, name: str) -> np.ndarray:
   """Validates an NHWC batch and returns it as float64 clamped to [0, 1]."""
+  return np.clip(_checked(x, name), 0.0, 1.0)
+
+
+def _checked(x, name: str) -> np.ndarray:
+  """Validates an NHWC batch of finite values and returns it as float64."""
   x = np.asarray(x, dtype=np.float64)
   if x.ndim != 4:
     raise ValueError(f"{name} must be NHWC (4-D), got shape {x.shape}.")
@@ -50,7 +56,7 @@ def _images(x, name: str) -> np.ndarray:
     raise ValueError(f"{name} has an empty spatial/channel axis: {x.shape}.")
   if not np.all(np.isfinite(x)):
     raise ValueError(f"{name} contains NaN or inf.")
-  return np.clip(x, 0.0, 1.0)
+  return x
 
 
 def _pair(x, x_true) -> tuple[np.ndarray, np.ndarray]:
@@ -119,6 +125,37 @@ def psnr_std(x, x_true, std) -> np.ndarray:
   if not np.all(std > 0):
     raise ValueError(f"std must be positive, got {std}")
   return _psnr_from_mse(np.mean(((x - x_true) * std) ** 2, axis=(1, 2, 3)))
+
+
+def psnr_unclamped(x, x_true, std=1.0) -> np.ndarray:
+  """PSNR of the reconstruction as it came out of the attack, not clamped: the measure of the Inverting
+  Gradients code (Geiping et al. 2020; their ``metrics.psnr(output, ground_truth, factor=1/ds)`` on
+  normalised tensors), which its Table 1 reports.
+
+  ``psnr_n = mean_c 10 log10(1 / (σ_c² e_n))``, ``e_n = mean_{h,w,c'} ((x − x_true)_{nhwc'} / σ_{c'})²``
+  (capped): the error is measured on normalised images and the peak of channel c is 1/σ_c, the dB
+  averaged over channels. For one σ this is the plain PSNR of unclamped images, ``10 log10(1 / mse)``.
+  It equals :func:`psnr` when ``x`` lies in [0, 1] and std is one value; an unboxed attack whose pixels
+  leave [0, 1] scores lower here than there.
+
+  Args:
+    x: reconstructions in pixel space, (N, H, W, C), any finite values.
+    x_true: ground truth, same shape, in [0, 1].
+    std: σ, a scalar or per channel (C,): the client's normalisation.
+
+  Returns:
+    (N,) float64.
+  """
+  x, x_true = _checked(x, "x"), _images(x_true, "x_true")
+  if x.shape != x_true.shape:
+    raise ValueError(f"Shape mismatch: x {x.shape} vs x_true {x_true.shape}.")
+  std = np.broadcast_to(np.asarray(std, np.float64), x.shape[-1:])
+  if not np.all(std > 0):
+    raise ValueError(f"std must be positive, got {std}")
+  e = np.mean(((x - x_true) / std) ** 2, axis=(1, 2, 3))
+  with np.errstate(divide="ignore"):
+    p = np.mean(10.0 * np.log10(1.0 / (std[None, :] ** 2 * e[:, None])), axis=1)
+  return np.minimum(p, PSNR_CAP)
 
 
 def _window(h: int, w: int) -> int:

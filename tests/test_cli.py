@@ -88,6 +88,9 @@ def test_pipeline_metrics_match_scikit_image():
   np.testing.assert_allclose(results["psnr"], np.mean(psnr), rtol=1e-9)
   np.testing.assert_allclose(results["ssim"], np.mean(ssim), rtol=1e-9)
   np.testing.assert_allclose(results["mse"], np.mean((gt - rec) ** 2), rtol=1e-9)
+  # The raw reconstruction (DLG is unboxed) is no closer than its clamped image to in-range pixels.
+  assert np.all(np.asarray(results["psnr_unclamped_per_image"]) <= np.asarray(psnr) + 1e-9)
+  assert results["psnr_unclamped"] == pytest.approx(np.mean(results["psnr_unclamped_per_image"]))
   # The reported labels are those of the reconstruction, in ground-truth order.
   overlap = collections.Counter(results["labels_reconstructed"]) & collections.Counter(results["labels_true"])
   assert results["label_accuracy"] == pytest.approx(sum(overlap.values()) / 2)

@@ -236,6 +236,44 @@ def test_other_errors(truth):
     metrics.score(truth, truth, labels=[0, 1], labels_true=[0, 1, 2, 3, 4])
 
 
+def test_psnr_unclamped_is_scikit_images_psnr_of_the_raw_reconstruction(truth, recon):
+  """One σ: scikit-image's PSNR of the unclamped images (``recon`` leaves [0, 1] by noise); in range
+  it equals :func:`psnr`; a pixel far out of range costs here what clamping hides."""
+  want = [sk_psnr(t, r, data_range=1) for r, t in zip(recon, truth)]
+  for std in (1.0, 0.25):  # one σ cancels
+    np.testing.assert_allclose(metrics.psnr_unclamped(recon, truth, std), want, rtol=0, atol=1e-10)
+  assert np.all(metrics.psnr_unclamped(recon[:3], truth[:3]) < metrics.psnr(recon[:3], truth[:3]))
+  np.testing.assert_allclose(metrics.psnr_unclamped(recon[3:], truth[3:]),
+                             metrics.psnr(recon[3:], truth[3:]), rtol=1e-12)  # blurred: in range
+  far = truth[:1].copy()
+  far[0, 0, 0, 0] = 40.0  # one pixel 40 above the peak: mse = 40² / (32·32·3) without the clamp
+  err = (40.0 - truth[0, 0, 0, 0]) ** 2 / truth[0].size
+  np.testing.assert_allclose(metrics.psnr_unclamped(far, truth[:1]), [10 * np.log10(1 / err)], rtol=1e-12)
+
+
+def test_psnr_unclamped_per_channel_std_is_the_inverting_gradients_codes(truth, recon):
+  """Per-channel σ: normalise both images with a mean and σ, take the error, and average over channels
+  10 log10(σ_c⁻² / error) (their ``psnr(output, ground_truth, factor=1/ds)``), in a plain NumPy loop."""
+  mean, std = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2470, 0.2435, 0.2616])
+  got = metrics.psnr_unclamped(recon, truth, std)
+  for n in range(len(recon)):
+    err, count = 0.0, 0
+    for c in range(3):
+      a = (recon[n, ..., c] - mean[c]) / std[c]
+      b = (truth[n, ..., c] - mean[c]) / std[c]
+      err += np.sum((a - b) ** 2)
+      count += a.size
+    err /= count
+    want = np.mean([10 * np.log10((1 / std[c]) ** 2 / err) for c in range(3)])
+    np.testing.assert_allclose(got[n], want, rtol=1e-12)
+  with pytest.raises(ValueError, match="std"):
+    metrics.psnr_unclamped(recon, truth, [0.2, 0.0, 0.2])
+  with pytest.raises(ValueError, match="NaN"):
+    metrics.psnr_unclamped(np.full_like(recon, np.nan), truth)
+  with pytest.raises(ValueError, match="Shape"):
+    metrics.psnr_unclamped(recon[:, :16], truth)
+
+
 def test_psnr_std_is_the_standard_psnr_with_peak_one_over_sigma(truth, recon):
   """One σ: the closed form psnr + 20 log10(1/σ); per-channel σ: a NumPy loop over pixels."""
   sigma = 0.2673

@@ -45,8 +45,8 @@ common.define_launch_flags(collectives=False)  # experiments split over processe
 flags.adopt_module_key_flags(common)
 
 
-CSV_COLUMNS = ("index", "psnr", "ssim", "lpips", "mse", "label_accuracy", "iterations", "loss", "wall_time_s",
-               "verdict")
+CSV_COLUMNS = ("index", "psnr", "psnr_unclamped", "ssim", "lpips", "mse", "label_accuracy", "iterations",
+               "loss", "wall_time_s", "verdict")
 
 
 def verdict_of(row: dict) -> str:
@@ -68,8 +68,10 @@ def markdown(rows: list[dict], summary: dict, title: str, labels: list[str] | No
                  + f"{r['label_accuracy']:.2f} | {r['iterations']} | {r['loss']:.2e} | "
                  f"{r['wall_time_s']:.1f} | {verdict_of(r)} |")
   s = summary
+  unclamped = (f"; unclamped {s['psnr_unclamped']['mean']:.2f} ± {s['psnr_unclamped']['std']:.2f}"
+               if "psnr_unclamped" in s else "")
   lines += ["", f"PSNR {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} dB (median "
-            f"{s['psnr']['median']:.2f}); SSIM {s['ssim']['mean']:.3f} ± {s['ssim']['std']:.3f}; "
+            f"{s['psnr']['median']:.2f}{unclamped}); SSIM {s['ssim']['mean']:.3f} ± {s['ssim']['std']:.3f}; "
             + (f"LPIPS {s['lpips']['mean']:.3f} ± {s['lpips']['std']:.3f}; " if with_lpips else "") +
             f"label accuracy {s['label_accuracy']['mean']:.3f}; "
             f"{s['successes']}/{s['experiments']} at PSNR >= {s['psnr_threshold']:g} dB; "

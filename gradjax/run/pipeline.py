@@ -864,6 +864,9 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
     order = np.asarray(scores["order"])
     results.update(scores, labels_true=batch.y.tolist(),
                    labels_reconstructed=rec.labels[order].tolist())
+    unclamped = metrics.psnr_unclamped(x_rec[order], batch.x, norm.std)
+    results.update(psnr_unclamped=float(unclamped.mean()),
+                   psnr_unclamped_per_image=[float(v) for v in unclamped])
     results.update(lpips_scores(cfg.output.lpips, x_rec[order], batch.x))
     results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
     findings = verdict.image_findings(results, labels_inferred=not p.share_labels,

@@ -147,13 +147,15 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   has ``findings``).
 
   ``rows`` are :func:`gradjax.run.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
-  wall_time_s, iterations, and lpips, summarised when every row has it); ``leaks``: the rows whose
-  verdict (:mod:`gradjax.verdict`) is a leak.
+  wall_time_s, iterations; lpips and psnr_unclamped summarised when every row has them); ``leaks``:
+  the rows whose verdict (:mod:`gradjax.verdict`) is a leak.
   """
   out = {"experiments": len(rows), "psnr_threshold": threshold}
   keys = ["psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations"]
   if rows and all(r.get("lpips") is not None for r in rows):
     keys.insert(2, "lpips")
+  if rows and all(r.get("psnr_unclamped") is not None for r in rows):
+    keys.insert(1, "psnr_unclamped")
   for key in keys:
     v = np.array([r[key] for r in rows], np.float64)
     out[key] = {"mean": float(v.mean()), "std": float(v.std()), "median": float(np.median(v))}
@@ -198,6 +200,9 @@ QUANTITIES = {
     "psnr": ("PSNR", "dB", "peak signal-to-noise ratio of the reconstruction against the client's "
              "image, images clamped to [0, 1], mean over images; higher is closer (20 dB: an error "
              "of 0.1 per pixel)"),
+    "psnr_unclamped": ("PSNR unclamped", "dB", "the PSNR of the reconstruction as the attack left "
+                       "it, pixels outside [0, 1] kept, as the Inverting Gradients code scores; "
+                       "below PSNR when the attack leaves the image's range"),
     "ssim": ("SSIM", "", "structural similarity (scikit-image's), mean over images; 1 is identical, "
              "0 unrelated"),
     "lpips": ("LPIPS", "", "learned perceptual distance (AlexNet, v0.1), mean over images; 0 is "
@@ -392,8 +397,8 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
     with_psnr = any("psnr" in r for r in results["history"])
     figures["Objective and PSNR by iteration" if with_psnr else "Objective by iteration"] = \
         os.path.join(out, "curves.svg")
-  summary = summary_rows(results, ("psnr", "ssim", "lpips", "mse", "label_accuracy", "loss",
-                                   "residual", "model", "threat_model", "num_samples", "iterations",
+  summary = summary_rows(results, ("psnr", "psnr_unclamped", "ssim", "lpips", "mse", "label_accuracy",
+                                   "loss", "residual", "model", "threat_model", "num_samples", "iterations",
                                    "evaluations", "restarts", "restarts_diverged", "wall_time_s"))
   notes = []
   if truth is None:
