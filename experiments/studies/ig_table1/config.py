@@ -113,6 +113,19 @@ VARIANTS = {
         'model.init': 'torchvision',
         'model.name': 'resnet20-4',
     }),
+    # The untrained row above at the authors' released budget: reconstruct_image.py --optim=zhu runs 500
+    # torch.optim.LBFGS steps of up to 20 iterations each (10 000 iterations when none stops early),
+    # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_10000_resnet20-4_torchvision_init_cifar10_500
+    'euclid_lbfgsfixed8_10000_resnet20-4_torchvision_init_cifar10': ('sweep', range(0, 2), {
+        'attack.iterations': 10000,
+        'attack.label_source': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.init': 'torchvision',
+        'model.name': 'resnet20-4',
+    }),
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0;
     # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500
     'euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
