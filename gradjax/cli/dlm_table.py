@@ -22,7 +22,8 @@ per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher). Each a
 
 The paper states neither how γ starts nor how it learns; ``--methods='DLM;gamma'`` runs DLM with
 each reading of those details (:class:`gradjax.objectives.Gamma`: γ from 1/lr, on an Adam of its own,
-held for the first steps) and with γ held at 1/lr throughout, the bound any γ rule can reach.
+held for the first steps; from 200, as the authors' released code starts it) and with γ held at 1/lr
+throughout, the bound any γ rule can reach.
 
 Rows (``--methods``): ``DLG``, ``cosine``, ``DLM``, ``DLM (joint labels)``, ``DLM+``, ``DLM+ (iDLG
 labels)`` (the default), the γ variants (``gamma`` for all of them).
@@ -71,6 +72,9 @@ GAMMA_VARIANTS = {
     "DLM, γ from 1/lr, joint labels": {
         "attack.preset": "dlm", "attack.label_source": "joint", "attack.gamma": "init={inv_lr}"
     },
+    # The authors' released DLM.py: γ (their k) starts at 200 whatever the lr and moves on the data's
+    # Adam (lr 0.1) as a plain number, 0.1 a step; in log γ that step is 0.0005 at the start.
+    "DLM, γ from 200 on Adam lr 0.0005": {"attack.preset": "dlm", "attack.gamma": "init=200,lr=0.0005"},
     # γ never moves from 1/lr: iDLG on the gradient ΔW / lr, the bound any γ rule can reach.
     "DLM, γ = 1/lr throughout": {
         "attack.preset": "dlm", "attack.gamma": "init={inv_lr},frozen=1000000"

@@ -19,6 +19,10 @@ VARIANTS = {
     'dlm_gamma': ("dlm-table --count=20 '--methods=DLM;gamma'", None, {'attack.box': False}),
     # runs/dlm_gamma_box
     'dlm_gamma_box': ("dlm-table --count=20 '--methods=DLM;gamma'", None, {'attack.box': True}),
+    # runs/dlm_gamma200_box; unseen, --start=60: runs/dlm_gamma200_box_60-79. γ as the authors' released
+    # DLM.py starts and moves it (k_init 200, Adam lr 0.1 on k itself: 0.0005 on log γ at the start).
+    'dlm_gamma200_box': ("dlm-table --count=20 '--methods=DLM, γ from 200 on Adam lr 0.0005'", None,
+                         {'attack.box': True}),
     # runs/dlm_table
     'dlm_table': ('dlm-table --count=20', None, {'attack.box': False}),
     # runs/dlm_table_box
@@ -26,6 +30,10 @@ VARIANTS = {
     # runs/dlm_table_box_torch_init; unseen, --start=60: runs/dlm_table_box_torch_init_60-79.
     # The MLP drawn as an untrained PyTorch module (the paper's) instead of Flax's default.
     'dlm_table_box_torch_init': ('dlm-table --count=20', None, {'attack.box': True, 'model.init': 'torch'}),
+    # runs/dlm_table_box_uniform_init; unseen, --start=60: runs/dlm_table_box_uniform_init_60-79.
+    # The MLP drawn as the authors' released DLM.py draws it: DLG's weights_init, every weight and
+    # bias U(-0.5, 0.5), applied over the module's own init.
+    'dlm_table_box_uniform_init': ('dlm-table --count=20', None, {'attack.box': True, 'model.init': 'uniform'}),
 }
 
 

@@ -90,7 +90,8 @@ VARIANTS = {
         'model.name': 'resnet20-4',
     }),
     # The row above drawn as the paper's torchvision ResNet, unseen (--start=500 --count=1 and
-    # --start=501 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_torchvision_init_cifar10_500, _501
+    # --start=501 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_torchvision_init_cifar10_500, _501; 500 again
+    # with the unclamped PSNR reported: runs/euclid_lbfgsfixed8_resnet20-4_torchvision_init_cifar10_500_unclamped
     'euclid_lbfgsfixed8_resnet20-4_torchvision_init_cifar10': ('sweep', range(0, 2), {
         'attack.label_source': 'known',
         'attack.optimizer': 'lbfgs_fixed',
@@ -127,8 +128,20 @@ VARIANTS = {
         'model.name': 'resnet20-4',
     }),
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0;
-    # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500
+    # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500,
+    # again with the unclamped PSNR reported: runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500_unclamped
     'euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
+        'attack.label_source': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
+    }),
+    # The row above at the authors' released budget (10 000 iterations, as the untrained one),
+    # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_10000_resnet20-4_normalized_wd_epoch1_cifar10_500
+    'euclid_lbfgsfixed8_10000_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
+        'attack.iterations': 10000,
         'attack.label_source': 'known',
         'attack.optimizer': 'lbfgs_fixed',
         'attack.restarts': 8,
