@@ -163,3 +163,13 @@ def test_the_gate_section_reads_its_rounds_and_refuses_what_it_does_not_read():
   with pytest.raises(ValueError, match="training.epochs is not an option here"):
     config.sections({"training.epochs": 3}, ("gate", "attack"))
   assert config.sections({"attack.restarts": 4}, ("attack",))["attack"].restarts == 4
+
+
+def test_iterate_last_counts_only_the_final_iterate():
+  """--config.attack.iterate=last: track_from is the budget, whatever sets it; 'best' tracks all."""
+  for options, want in (({"attack.iterate": "last", "attack.iterations": 40}, 40),
+                        ({"attack.iterate": "last", "attack.preset": "dlg"}, 2000),
+                        ({"attack.iterate": "best", "attack.iterations": 40}, 0)):
+    assert config.get_attack(config.from_options(options)).track_from == want
+  with pytest.raises(ValueError, match="iterate"):
+    config.get_attack(config.from_options({"attack.iterate": "worst"}))

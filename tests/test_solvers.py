@@ -79,6 +79,24 @@ def test_adam_counts_one_evaluation_per_iteration_and_tracks_the_best():
                              rtol=1e-12)
 
 
+def test_the_last_iterate_when_only_it_counts():
+  """track_from = the budget (``--config.attack.iterate=last``): the reconstruction is where the run
+  ended, even where an earlier iterate was better. SGD at lr 1.5 on Σ (p − c)² multiplies p − c by
+  −2 each step: the closed form p_k = c + (−2)^k (p_0 − c), the best iterate p_0."""
+  def squares(params, data, step=0):
+    return jnp.sum((params["p"] - data) ** 2)
+
+  solver = solvers.make_solver(squares, optimizers.make_optimizer("sgd", 1.5), track_from=5)
+  state = driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=5,
+                     execution=driver.Execution("sequential", chunk=2))
+  want = C + (-2.0) ** 5 * (0.0 - C)
+  np.testing.assert_allclose(state.best_params["p"][0], want, rtol=1e-5)
+  np.testing.assert_allclose(state.best_loss[0], np.sum((want - C) ** 2), rtol=1e-5)
+  tracked = driver.run(solvers.make_solver(squares, optimizers.make_optimizer("sgd", 1.5)),
+                       stacked(np.zeros(6)), jnp.asarray(C), iterations=5)
+  np.testing.assert_allclose(tracked.best_params["p"][0], np.zeros(6))  # the start was best
+
+
 def test_strategies_agree():
   solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.05))
   init = stacked(np.zeros(6), np.full(6, 2.0), np.linspace(-1, 1, 6))

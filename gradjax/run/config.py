@@ -109,6 +109,14 @@ def parse_gamma(spec: str) -> objectives.Gamma:
   return objectives.Gamma(**fields)
 
 
+def parse_iterate(spec: str) -> Callable[[int], int]:
+  """``--config.attack.iterate``: the attack's ``track_from`` for a budget of ``iterations``:
+  "best" 0 (every iterate counts), "last" the budget (only the final iterate counts)."""
+  if spec not in ("best", "last"):
+    raise ValueError(f"iterate must be 'best' or 'last', got {spec!r}")
+  return lambda iterations: 0 if spec == "best" else iterations
+
+
 def parse_smoothing(spec: str) -> Callable[[int], objectives.Smoothing]:
   """``"0.5,start=2,end=1e4"`` -> ``lambda iterations: objectives.Smoothing(round(0.5 * iterations),
   2.0, 1e4)``: the model sharpens over that fraction of the attack's budget (in (0, 1)); ``start``
@@ -358,6 +366,10 @@ class AttackConfig(_Section):
       "the first fraction F of the iterations, then the model itself (a zoo ConvNet, ResNet, MLP or "
       "LeNet): F[,start=S][,end=E], the sharpness from S (default 2) to E (1e4).",
       attack="smoothing", parse=parse_smoothing)
+  iterate: str | None = _field(
+      None, "Each restart's reconstruction: 'best', its lowest-objective iterate (the default), or "
+      "'last', its final one, as the Inverting Gradients and DLG code return it (a diverging "
+      "restart then scores where it ended).", attack="track_from", parse=parse_iterate)
   restarts: int = _field(1, "Random restarts; the lowest objective wins.")
   budget: float | None = _field(
       None,
@@ -724,6 +736,8 @@ def _build_attack(section: AttackConfig, modality: str, remat: bool | None):
                                     overrides.pop("gamma", None), overrides.pop("remat", None))
   if "smoothing" in overrides:  # a fraction of the budget, now known
     overrides["smoothing"] = overrides["smoothing"](attack.iterations)
+  if "track_from" in overrides:  # the budget, now known
+    overrides["track_from"] = overrides["track_from"](attack.iterations)
   return dataclasses.replace(attack, **overrides)
 
 
