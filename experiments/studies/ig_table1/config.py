@@ -140,6 +140,20 @@ VARIANTS = {
         'model.init': 'torchvision',
         'model.name': 'resnet20-4',
     }),
+    # The untrained row at the authors' budget (10 000 iterations) keeping each restart's last
+    # iterate: their released code's whole rule, unseen (--start=501 --count=1):
+    # runs/euclid_lbfgsfixed8_10000_last_resnet20-4_torchvision_init_cifar10_501
+    'euclid_lbfgsfixed8_10000_last_resnet20-4_torchvision_init_cifar10': ('sweep', range(0, 2), {
+        'attack.iterate': 'last',
+        'attack.iterations': 10000,
+        'attack.label_source': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.init': 'torchvision',
+        'model.name': 'resnet20-4',
+    }),
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_0;
     # unseen (--start=500 --count=1): runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500,
     # again with the unclamped PSNR reported: runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_epoch1_cifar10_500_unclamped
