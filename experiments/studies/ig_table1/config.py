@@ -80,10 +80,10 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_recipe/epoch_120.npz',
     }),
     # The two LeNet rows as the authors' code runs them (torch.optim.LBFGS's fixed steps, 500 outer
-    # steps of 20 = 10 000 iterations, each restart's last iterate), unseen (--start=500 --count=10):
-    # runs/euclid_lbfgsfixed16_10000_last_lenet_zhu_normalized_epoch0_cifar10_500-509,
-    # runs/euclid_lbfgsfixed16_10000_last_lenet_zhu_recipe_epoch120_cifar10_500-509
-    'euclid_lbfgsfixed16_10000_last_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(500, 510), {
+    # steps of 20 = 10 000 iterations, each restart's last iterate), unseen (--start=500 --count=10,
+    # then --start=510): runs/euclid_lbfgsfixed16_10000_last_lenet_zhu_normalized_epoch0_cifar10_500-509
+    # and _510-519, runs/euclid_lbfgsfixed16_10000_last_lenet_zhu_recipe_epoch120_cifar10_500-509 and _510-519
+    'euclid_lbfgsfixed16_10000_last_lenet_zhu_normalized_epoch0_cifar10': ('sweep', range(500, 520), {
         'attack.iterate': 'last',
         'attack.iterations': 10000,
         'attack.label_source': 'known',
@@ -93,7 +93,7 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_lenet_zhu_cifar10_normalized/epoch_0.npz',
     }),
-    'euclid_lbfgsfixed16_10000_last_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(500, 510), {
+    'euclid_lbfgsfixed16_10000_last_lenet_zhu_recipe_epoch120_cifar10': ('sweep', range(500, 520), {
         'attack.iterate': 'last',
         'attack.iterations': 10000,
         'attack.label_source': 'known',
