@@ -212,6 +212,19 @@ VARIANTS = {
         'data.normalization': 'cifar10',
         'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
     }),
+    # The row above at the authors' budget (10 000 iterations): their released code's whole rule,
+    # on the two unseen images that had not run off at 2000 (--start=502 and 504 --count=1):
+    # runs/euclid_lbfgsfixed8_10000_last_resnet20-4_normalized_wd_epoch1_cifar10_502, _504
+    'euclid_lbfgsfixed8_10000_last_resnet20-4_normalized_wd_epoch1_cifar10': ('sweep', [0], {
+        'attack.iterate': 'last',
+        'attack.iterations': 10000,
+        'attack.label_source': 'known',
+        'attack.optimizer': 'lbfgs_fixed',
+        'attack.restarts': 8,
+        'data.dataset': 'cifar10',
+        'data.normalization': 'cifar10',
+        'model.checkpoint': 'experiments/studies/ig_table1/runs/train_resnet20-4_cifar10_normalized_wd/epoch_1.npz',
+    }),
     # The row above on the model trained from torchvision's draw (not kept in git: run
     # train_resnet20-4_cifar10_normalized_wd_torchvision_init first), unseen (--start=500 --count=1):
     # runs/euclid_lbfgsfixed8_resnet20-4_normalized_wd_torchvision_init_epoch1_cifar10_500
