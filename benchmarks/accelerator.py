@@ -42,6 +42,10 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
   attack on ConvNet-16 (``gradjax sweep``, kept and resumed across calls as ``batch``). Needs the
   CIFAR-10 test images.
 
+The parts ``ttfr``, ``batch`` and ``convnet`` start processes of their own; when they run, this process
+takes the card's memory as it needs it (:func:`leave_card`), so that theirs find the card as a
+user's process would.
+
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
 runs in a CPU test and cannot rot; its numbers mean nothing.
 """
@@ -63,6 +67,21 @@ CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "tra
 BATCH_SECONDS = 540.0  # a call of the batch or convnet part stops here; the next one resumes
 BATCHES_CONFIG = os.path.join("experiments", "studies", "batches", "lenet.py")
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
+# The parts that run gradjax (and PyTorch) in processes of their own, timed as a user's process.
+PROCESS_PARTS = ("ttfr", "batch", "convnet")
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+
+
+def leave_card(parts, environ) -> dict:
+  """Called before this process starts its accelerator: where ``parts`` start processes of their own,
+  sets ``environ`` so that this one takes the card's memory as it needs it (JAX's default takes 75 %
+  of the memory free at its start, and a process started later would get a fraction of the rest);
+  returns the environment for those processes, who take theirs as a user's process does. A
+  ``XLA_PYTHON_CLIENT_PREALLOCATE`` already in ``environ`` is left alone, here and there."""
+  child = dict(environ)
+  if PREALLOCATE not in environ and set(parts) & set(PROCESS_PARTS):
+    environ[PREALLOCATE] = "false"
+  return child
 
 
 def sizes(quick: bool, dataset: str) -> dict:
@@ -127,15 +146,16 @@ def part_clients(s: dict, seed: int) -> list[dict]:
                            tuple(x for x in s["strategies"] if x != "map") or ("sequential",), seed)
 
 
-def part_ttfr(s: dict, seed: int) -> list[dict]:
-  """Time to a first result, whole processes (see the module docstring)."""
+def part_ttfr(s: dict, seed: int, env: dict) -> list[dict]:
+  """Time to a first result, whole processes run in ``env`` (see the module docstring)."""
   t = s["ttfr"]
   jobs = [("README job", []),
           (f"inverting_gradients {t['model']} {t['iterations']} it",
            ["--attack=inverting_gradients", f"--model={t['model']}", f"--iterations={t['iterations']}"])]
   rows = []
   for job, args in jobs:
-    done = bs.reconstruct_processes([*args, "--lpips=none", f"--seed={seed}"], 1 + t["warm_runs"])
+    done = bs.reconstruct_processes([*args, "--lpips=none", f"--seed={seed}"], 1 + t["warm_runs"],
+                                    environ=env)
     for run, timed in enumerate(done):
       rows.append(dict(job=job, runner="gradjax", cache="empty" if run == 0 else "warm", **timed))
       print(f"ttfr {rows[-1]}", flush=True)
@@ -144,7 +164,7 @@ def part_ttfr(s: dict, seed: int) -> list[dict]:
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, script, f"--model={t['model']}",
                            f"--iterations={t['iterations']}", f"--seed={seed}"],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=env)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
       raise RuntimeError(f"torch_first_result.py exited with status {proc.returncode}: "
@@ -226,13 +246,13 @@ def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
 
 
 def _resumed(part: str, args: list[str], folder: str, seed: int, data_dir: str | None,
-             seconds: float) -> dict | None:
-  """``gradjax ARGS`` resuming into ``folder``, stopped after ``seconds``: its results.json, or None
-  when it ran out of time (what it finished stays in ``folder``/items for the next call)."""
+             seconds: float, env: dict) -> dict | None:
+  """``gradjax ARGS`` resuming into ``folder`` in ``env``, stopped after ``seconds``: its results.json,
+  or None when it ran out of time (what it finished stays in ``folder``/items for the next call)."""
   cmd = [sys.executable, "-m", "gradjax", *args, f"--seed={seed}", "--resume", f"--output_dir={folder}"]
   cmd += [f"--data_dir={data_dir}"] if data_dir else []
   try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(seconds, 1.0))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(seconds, 1.0), env=env)
   except subprocess.TimeoutExpired:
     print(f"{part}: stopped after {BATCH_SECONDS:.0f} s; run the part again to go on", flush=True)
     return None
@@ -243,14 +263,14 @@ def _resumed(part: str, args: list[str], folder: str, seed: int, data_dir: str |
     return json.load(fh)
 
 
-def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict] | None:
+def part_batch(s: dict, seed: int, data_dir: str | None, out: str, env: dict) -> list[dict] | None:
   """The ablation's two last rows at full budget; None when this call ran out of time (the
   attacks done so far are kept in ``out``/batch/items and the next call resumes)."""
   folder = os.path.join(out, "batch")
   if not os.path.exists(CHECKPOINT):
     raise FileNotFoundError(f"the batch part attacks {CHECKPOINT}: run it from the clone's root")
   result = _resumed("batch", ["batch-table", f"--checkpoint={CHECKPOINT}", "--variants=bn,hfginv",
-                                *s["batch"]], folder, seed, data_dir, BATCH_SECONDS)
+                                *s["batch"]], folder, seed, data_dir, BATCH_SECONDS, env)
   if result is None:
     return None
   rows = [dict(variant=r["variant"], iterations=result["iterations"], batches=result["count"],
@@ -260,7 +280,7 @@ def part_batch(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict]
   return rows
 
 
-def part_convnet(s: dict, seed: int, data_dir: str | None, out: str) -> list[dict] | None:
+def part_convnet(s: dict, seed: int, data_dir: str | None, out: str, env: dict) -> list[dict] | None:
   """ConvNet-W at batch 8 per width of ``s["convnet"]``; None when this call ran out of time (the
   batches done are kept in ``out``/convnet_W/items and the next call resumes)."""
   deadline = time.perf_counter() + BATCH_SECONDS
@@ -270,7 +290,7 @@ def part_convnet(s: dict, seed: int, data_dir: str | None, out: str) -> list[dic
                                   "--config.attack.head_features=100", "--priors=tv:5", "--start=500",
                                   *s["convnet"]["flags"]],
                       os.path.join(out, f"convnet_{width}"), seed, data_dir,
-                      deadline - time.perf_counter())
+                      deadline - time.perf_counter(), env)
     if result is None:
       return None
     psnr = [p for r in result["rows"] for p in r["psnr_per_image"]]
@@ -316,16 +336,18 @@ def kept_draw_conflict(parts, out: str, ig_init: str | None) -> str | None:
 
 
 def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
-        overwrite: bool, header: dict, ig_init: str | None = None) -> str:
+        overwrite: bool, header: dict, ig_init: str | None = None, env: dict | None = None) -> str:
   """Runs ``parts`` into ``out`` (skipping those already written unless ``overwrite``); returns the
-  assembled Markdown. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default)."""
+  assembled Markdown. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
+  the environment of the processes the parts start (:func:`leave_card`; None: this one's)."""
   s = dict(sizes(quick, dataset), ig_init=ig_init)
+  env = dict(os.environ) if env is None else env
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
-                  clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed),
+                  clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed, env),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
                   ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),
-                  batch=lambda: part_batch(s, seed, data_dir, out),
-                  convnet=lambda: part_convnet(s, seed, data_dir, out))
+                  batch=lambda: part_batch(s, seed, data_dir, out, env),
+                  convnet=lambda: part_convnet(s, seed, data_dir, out, env))
   for part in parts:
     path = os.path.join(out, f"gpu_{part}.json")
     if os.path.exists(path) and not overwrite:

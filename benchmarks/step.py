@@ -442,7 +442,7 @@ def last_line(text: str) -> str:
   return (text.strip().splitlines() or ["no output"])[-1]
 
 
-def reconstruct_processes(args: list[str], runs: int) -> list[dict]:
+def reconstruct_processes(args: list[str], runs: int, environ: dict | None = None) -> list[dict]:
   """``gradjax reconstruct ARGS`` as ``runs`` whole processes, the first on an empty compilation
   cache and the others on the cache it filled: per process its wall time from outside
   (``process_s``), its attack's own ``wall_time_s`` (``attack_s``), its PSNR, and from the run's
@@ -452,10 +452,12 @@ def reconstruct_processes(args: list[str], runs: int) -> list[dict]:
   The processes write and reuse Python's bytecode as on a user's machine, also where this one runs
   with ``PYTHONDONTWRITEBYTECODE`` set (a container's default): without its bytecode every gradjax
   process compiles gradjax's sources again. Cold means an empty compilation cache; gradjax's
-  bytecode may already be there from an earlier process."""
+  bytecode may already be there from an earlier process. ``environ``: the processes' environment
+  (None: this one's)."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+  environ = os.environ if environ is None else environ
+  env = {k: v for k, v in environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     cmd = [sys.executable, "-m", "gradjax", "reconstruct", *args,

@@ -630,11 +630,12 @@ def main(argv):
     out = flags.FLAGS.output_dir or GPU_FOLDER  # its parts accumulate there, call after call
     if not flags.FLAGS.overwrite and (error := accelerator.kept_draw_conflict(_PARTS.value, out, _IG_INIT.value)):
       bs.fail(error)
+    env = accelerator.leave_card(_PARTS.value, os.environ)  # before jax starts the accelerator
     header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
     print(accelerator.run(_PARTS.value, out, quick=_QUICK.value,
-                                dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
-                                seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header,
-                                ig_init=_IG_INIT.value))
+                          dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
+                          seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header,
+                          ig_init=_IG_INIT.value, env=env))
     print(f"wrote {out}: gpu.md and gpu_<part>.json/.md")
     return
   out = common.output_folder("benchmark", own=("benchmark.*",))

@@ -90,3 +90,24 @@ def test_accelerator_suite_quick(tmp_path):
                           timeout=120, cwd=ROOT)
   assert unread.returncode == 2 and len(unread.stderr.strip().splitlines()) == 1, unread.stderr[-2000:]
   assert [p.name for p in broken.iterdir()] == ["gpu_ig.json"]
+
+
+def test_accelerator_suite_leaves_the_card_to_the_processes_it_starts():
+  """Where a part starts processes of its own, the suite's process stops JAX preallocating its card;
+  the processes get the environment as it was, and a value the user set is kept for both."""
+  code = (
+      "import json\n"
+      "from benchmarks import accelerator\n"
+      "out = []\n"
+      "for parts, environ in [(['ttfr'], {'A': '1'}), (['steps', 'convnet'], {}), (['steps', 'restarts'], {}),\n"
+      "                       (['batch'], {'XLA_PYTHON_CLIENT_PREALLOCATE': 'true'})]:\n"
+      "  child = accelerator.leave_card(parts, environ)\n"
+      "  out.append([environ, child])\n"
+      "print(json.dumps(out))\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+  (ttfr, ttfr_child), (convnet, convnet_child), (steps, steps_child), (user, user_child) = json.loads(
+      proc.stdout.strip().splitlines()[-1])
+  assert ttfr == {"A": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"} and ttfr_child == {"A": "1"}
+  assert convnet == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} and convnet_child == {}
+  assert steps == {} and steps_child == {}
+  assert user == user_child == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
