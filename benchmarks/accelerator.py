@@ -7,9 +7,9 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
   compiled and peak memory), as the suite's steps section.
 * ``restarts``: 100 DLG iterations on ``lenet_zhu`` for R = 1, 4, 16, 64, 256 under each strategy
-  (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1; vmapped
-  again for R = 1, 64, 256 with the convolutions as im2col's matrix products (under vmap XLA's own
-  become grouped convolutions, one group per restart).
+  (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1.
+* ``im2col``: the same, vmapped, for R = 1, 64, 256 with the convolutions as im2col's matrix
+  products (under vmap XLA's own become grouped convolutions, one group per restart).
 * ``clients``: 100 iterations of DLG and of Inverting Gradients on K = 1, 4, 16, 64 clients of one
   ``lenet_zhu`` round, one solver run for the K clients (vmap, sequential) against K runs one by one,
   compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one).
@@ -60,7 +60,7 @@ from benchmarks import step as bs
 from gradjax import driver, files, models
 from gradjax.run import config, pipeline, report
 
-PARTS = ("steps", "restarts", "clients", "ttfr", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
+PARTS = ("steps", "restarts", "im2col", "clients", "ttfr", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
                           "epoch_5.npz")
@@ -137,8 +137,12 @@ def _steps(s: dict, seed: int) -> list[dict]:
 
 
 def part_restarts(s: dict, seed: int) -> list[dict]:
-  return bs.restart_timings(s["restart_counts"], s["restart_iterations"], s["strategies"], 8, seed,
-                            s["im2col_restart_counts"])
+  return bs.restart_timings(s["restart_counts"], s["restart_iterations"], s["strategies"], 8, seed)
+
+
+def part_im2col(s: dict, seed: int) -> list[dict]:
+  return bs.restart_timings(s["im2col_restart_counts"], s["restart_iterations"], ("vmap",), 8, seed,
+                            conv="im2col")
 
 
 def part_clients(s: dict, seed: int) -> list[dict]:
@@ -179,7 +183,7 @@ def part_ttfr(s: dict, seed: int, env: dict) -> list[dict]:
 
 def part_dlg64(s: dict, seed: int) -> list[dict]:
   rows = []
-  for conv in ("auto", "im2col"):  # the backend's convolutions, then im2col's (the restarts part)
+  for conv in ("auto", "im2col"):  # the backend's convolutions, then im2col's (the im2col part)
     one = None
     for restarts in (1, s["dlg_restarts"]):
       cfg = config.from_options({
@@ -343,6 +347,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   s = dict(sizes(quick, dataset), ig_init=ig_init)
   env = dict(os.environ) if env is None else env
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
+                  im2col=lambda: part_im2col(s, seed),
                   clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed, env),
                   dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
                   ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),

@@ -262,24 +262,21 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
 
 
 def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int,
-                    im2col_counts=()) -> list[dict]:
+                    conv: str = "auto") -> list[dict]:
   """Wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
   and strategy, compilation excluded (a first, untimed run compiles), and the ratio to one restart
   (``over_one``, None without a count of 1). ``gflops``: the objective evaluations the run made
   (line-search ones included) times XLA's count for one (:func:`dlg_evaluation_flops`), over the
-  wall time. ``conv``: how the model computes its convolutions (``gradjax.models``, the backend's
-  default); ``im2col_counts``: vmapped rows again with ``conv="im2col"`` (under vmap XLA's own
-  convolutions of the per-restart weight gradients become grouped ones, 64 groups for 64
-  restarts; im2col's are batched matrix products)."""
-  runs = [(strategy, "auto", counts) for strategy in strategies]
-  runs += [("vmap", "im2col", im2col_counts)] if im2col_counts else []
+  wall time. ``conv``: how the model computes its convolutions (``gradjax.models.CONVS``; under
+  vmap XLA's own convolutions of the per-restart weight gradients become grouped ones, 64 groups
+  for 64 restarts, im2col's are batched matrix products)."""
+  model, obs = _dlg_problem(seed, conv)
+  flops_one = dlg_evaluation_flops(model, obs)
+  attack = presets.dlg(iterations)
   rows = []
-  for strategy, conv, its_counts in runs:
-    model, obs = _dlg_problem(seed, conv)
-    flops_one = dlg_evaluation_flops(model, obs)
-    attack = presets.dlg(iterations)
+  for strategy in strategies:
     base = None
-    for r in its_counts:
+    for r in counts:
       kw = dict(input_shape=(32, 32, 3), restarts=r, execution=driver.Execution(
           strategy, chunk=iterations, map_batch_size=min(map_batch_size, r)))
       attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), **kw)  # compiles
