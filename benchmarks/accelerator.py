@@ -44,7 +44,7 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 
 The parts ``ttfr``, ``batch`` and ``convnet`` start processes of their own; when they run, this process
 takes the card's memory as it needs it (:func:`leave_card`), so that theirs find the card as a
-user's process would.
+user's process would; it keeps what it grew to, so these parts run first in a call.
 
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
 runs in a CPU test and cannot rot; its numbers mean nothing.
@@ -75,7 +75,7 @@ PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 def leave_card(parts, environ) -> dict:
   """Called before this process starts its accelerator: where ``parts`` start processes of their own,
   sets ``environ`` so that this one takes the card's memory as it needs it (JAX's default takes 75 %
-  of the memory free at its start, and a process started later would get a fraction of the rest);
+  of the card at its start, and a process started later would get what is left);
   returns the environment for those processes, who take theirs as a user's process does. A
   ``XLA_PYTHON_CLIENT_PREALLOCATE`` already in ``environ`` is left alone, here and there."""
   child = dict(environ)
