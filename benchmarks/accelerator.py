@@ -44,7 +44,7 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 
 The parts ``ttfr``, ``batch`` and ``convnet`` start processes of their own; when they run, this process
 takes the card's memory as it needs it (:func:`leave_card`), so that theirs find the card as a
-user's process would; it keeps what it grew to, so these parts run first in a call.
+user's process would; it keeps what it grew to, so list these parts first in a call's --parts.
 
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
 runs in a CPU test and cannot rot; its numbers mean nothing.
