@@ -44,7 +44,7 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 
 The parts ``ttfr``, ``batch`` and ``convnet`` start processes of their own; when they run, this process
 takes the card's memory as it needs it (:func:`leave_card`), so that theirs find the card as a
-user's process would; it keeps what it grew to, so list these parts first in a call's --parts.
+user's process would; it keeps what it grew to, so :func:`run` runs these parts before the others.
 
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
 runs in a CPU test and cannot rot; its numbers mean nothing.
@@ -341,8 +341,8 @@ def kept_draw_conflict(parts, out: str, ig_init: str | None) -> str | None:
 
 def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
         overwrite: bool, header: dict, ig_init: str | None = None, env: dict | None = None) -> str:
-  """Runs ``parts`` into ``out`` (skipping those already written unless ``overwrite``); returns the
-  assembled Markdown. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
+  """Runs ``parts`` into ``out``, those of ``PROCESS_PARTS`` first (skipping those already written
+  unless ``overwrite``); returns the assembled Markdown. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
   the environment of the processes the parts start (:func:`leave_card`; None: this one's)."""
   s = dict(sizes(quick, dataset), ig_init=ig_init)
   env = dict(os.environ) if env is None else env
@@ -353,7 +353,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
                   ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),
                   batch=lambda: part_batch(s, seed, data_dir, out, env),
                   convnet=lambda: part_convnet(s, seed, data_dir, out, env))
-  for part in parts:
+  for part in sorted(parts, key=lambda p: p not in PROCESS_PARTS):  # before this process holds memory
     path = os.path.join(out, f"gpu_{part}.json")
     if os.path.exists(path) and not overwrite:
       print(f"{part}: kept {path}", flush=True)
