@@ -451,12 +451,12 @@ def test_a_channel_count_that_contradicts_the_capture_is_refused(tmp_path, photo
       "client.observation": str(tmp_path / "g.safetensors"), "data.channels": 1
   })
   with pytest.raises(ValueError, match="--config.data.channels=1, but the captured model takes 3-channel inputs"):
-    pipeline._captured(cfg, None)
+    pipeline._captured(cfg, None, "auto")
   assert pipeline._captured(
       config.from_options({
           "model.weights": cfg.model.weights, "client.observation": cfg.client.observation,
           "data.channels": 3
-      }), None)[0].input_shape[-1] == 3
+      }), None, "auto")[0].input_shape[-1] == 3
 
 
 @pytest.mark.isolated  # imports torch

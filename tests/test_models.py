@@ -710,12 +710,28 @@ def test_conv_implementations_compute_the_same_model(name, input_shape, convs):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-12, err_msg=conv)
 
 
-def test_conv_auto_resolves_per_backend():
+def test_conv_auto_resolves_per_backend(monkeypatch):
+  """``auto``: mixed on CPU; on an accelerator XLA's for one run, im2col for runs vmapped together,
+  which an experiment's configuration asks for with more than one restart, label order or client
+  outside a sequence."""
   from gradjax.models.layers import resolve_conv
+  from gradjax.run import config, pipeline
   assert resolve_conv("auto") == ("mixed" if jax.default_backend() == "cpu" else "xla")
-  assert resolve_conv("xla") == "xla"
+  assert resolve_conv("xla") == "xla" and resolve_conv("xla", batched=True) == "xla"
   with pytest.raises(ValueError, match="unknown convolution implementation"):
     models.create("lenet_zhu", KEY, conv="winograd")
+  cfg = lambda **o: config.from_options(o)
+  if jax.default_backend() == "cpu":
+    assert resolve_conv("auto", batched=True) == "mixed"
+    assert pipeline.model_conv(cfg(**{"attack.restarts": 4, "execution.strategy": "vmap"})) == "mixed"
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert resolve_conv("auto") == "xla" and resolve_conv("auto", batched=True) == "im2col"
+  assert pipeline.model_conv(cfg()) == "xla"
+  assert pipeline.model_conv(cfg(), together=8) == "im2col"
+  assert pipeline.model_conv(cfg(**{"attack.restarts": 4})) == "im2col"  # auto: vmap on a GPU
+  assert pipeline.model_conv(cfg(**{"attack.permutations": 6})) == "im2col"
+  assert pipeline.model_conv(cfg(**{"attack.restarts": 4, "execution.strategy": "sequential"})) == "xla"
+  assert pipeline.model_conv(cfg(**{"attack.restarts": 4, "model.conv": "split"})) == "split"
 
 
 @pytest.mark.parametrize("name, want", [

@@ -229,7 +229,8 @@ class ModelConfig(_Section):
       "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
       "XLA:CPU), split (lax.conv with the slow second derivative recast as a convolution), mixed "
       "(split on large feature maps, im2col elsewhere), auto (on CPU mixed for attacks and split for "
-      "gradjax train, whose epochs run in a lax.scan; xla elsewhere).",
+      "gradjax train, whose epochs run in a lax.scan; on accelerators im2col for restarts, label orders "
+      "or clients vmapped together, xla for one run).",
       choices=models.CONVS)
   text_dim: int = _field(models.TextSizes().dim, "Text: transformer width (embedding size).")
   text_heads: int = _field(models.TextSizes().heads, "Text: attention heads.")

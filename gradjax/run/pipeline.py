@@ -114,14 +114,15 @@ def llg_star_labels(model, observation, norm, key) -> jax.Array:
   return labels_lib.llg(observation, impact=impact, offset=offset)
 
 
-def _captured(cfg: Config, batch: data.Dataset | None):
-  """(model, observation, metadata) from the captured files of ``cfg``."""
+def _captured(cfg: Config, batch: data.Dataset | None, conv: str):
+  """(model, observation, metadata) from the captured files of ``cfg``, the model's convolutions
+  computed by ``conv`` (:func:`model_conv`)."""
   input_shape = None
   if batch is not None:
     input_shape = batch.x.shape[1:]
   elif cfg.data.image_size is not None:
     input_shape = (cfg.data.image_size, cfg.data.image_size, cfg.data.channels or 3)
-  module_kwargs = dict(remat=bool(cfg.execution.remat), conv=cfg.model.conv)
+  module_kwargs = dict(remat=bool(cfg.execution.remat), conv=conv)
   if cfg.model.act is not None:
     module_kwargs["act"] = cfg.model.act
   imported = interop.load(
@@ -142,15 +143,16 @@ def _captured(cfg: Config, batch: data.Dataset | None):
   return imported.model, imported.observation, imported.metadata
 
 
-def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
-  """The model the simulated client of ``cfg`` trains: a fresh zoo model or a checkpoint's."""
+def _simulated(cfg: Config, batch: data.Dataset, norm, key_model, conv: str):
+  """The model the simulated client of ``cfg`` trains: a fresh zoo model or a checkpoint's, its
+  convolutions computed by ``conv`` (:func:`model_conv`)."""
   num_classes = cfg.model.num_classes or batch.num_classes
   if int(batch.y.max()) >= num_classes:
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
   input_shape = batch.x.shape[1:]
   if cfg.model.checkpoint:
     model = checkpoint.load_model(
-        cfg.model.checkpoint, remat=bool(cfg.execution.remat), conv=cfg.model.conv)
+        cfg.model.checkpoint, remat=bool(cfg.execution.remat), conv=conv)
     saved = checkpoint.load(cfg.model.checkpoint)[1].get("normalization", "none")
     if saved != (cfg.data.normalization or "none"):
       raise ValueError(
@@ -170,7 +172,7 @@ def _simulated(cfg: Config, batch: data.Dataset, norm, key_model):
         init=cfg.model.init,
         act=cfg.model.act,
         remat=bool(cfg.execution.remat),
-        conv=cfg.model.conv)
+        conv=conv)
   return model
 
 
@@ -535,14 +537,17 @@ class _Prepared(NamedTuple):
   declared: str
   checks: dict
   problems: list
+  conv: str
 
   @property
   def input_shape(self) -> tuple[int, ...]:
     return tuple(self.model.input_shape)
 
 
-def _prepare(cfg: Config, batch) -> _Prepared:
+def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
+  """``together``: how many experiments may share its solver run (:func:`run_clients`)."""
   attack = check(cfg)
+  conv_name = model_conv(cfg, together)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
   key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
   share_labels = (not closed and cfg.attack.label_source not in SERVER_INFERRED_LABELS
@@ -557,7 +562,7 @@ def _prepare(cfg: Config, batch) -> _Prepared:
                          f"sample{'' if n == 1 else 's'}: its ground truth is images "
                          f"{cfg.data.index}..{cfg.data.index + n - 1} (leave --batch_size out)")
       batch = load_batch(config.replace(cfg, {"data.batch_size": n}))
-    model, observation, meta = _captured(cfg, batch)
+    model, observation, meta = _captured(cfg, batch, conv_name)
     norm = data.normalization(cfg.data.normalization or meta.get("normalization") or "none")
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
@@ -570,7 +575,7 @@ def _prepare(cfg: Config, batch) -> _Prepared:
     meta = {}
     norm = data.normalization(cfg.data.normalization or "none")
     batch = load_batch(cfg) if batch is None else batch
-    model = _simulated(cfg, batch, norm, key_model)
+    model = _simulated(cfg, batch, norm, key_model, conv_name)
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
     client = cfg.client.build(share_labels=share_labels)
     observation = client(model.apply_fn, model.variables, x_client, batch.y)
@@ -600,7 +605,7 @@ def _prepare(cfg: Config, batch) -> _Prepared:
     observation = observation.replace(
         labels=llg_star_labels(model, observation, norm, jax.random.fold_in(key_attack, 1)))
   return _Prepared(attack, closed, model, observation, batch, norm, key_attack, share_labels, matched,
-                   declared, checks, problems)
+                   declared, checks, problems, conv_name)
 
 
 def _run_image(cfg: Config, callback, batch, state, deadline=None, target_psnr=None):
@@ -685,6 +690,15 @@ def clients_per_run(cfg: Config) -> int:
   return 1 if driver.resolve_strategy(cfg.execution.strategy) == "sequential" else CLIENTS_PER_RUN
 
 
+def model_conv(cfg: Config, together: int = 1) -> str:
+  """The convolutions of ``cfg``'s model (:func:`gradjax.models.resolve_conv`): ``auto`` is batched
+  where the restarts, label orders and experiments sharing a solver run (``together``, the clients
+  of :func:`run_clients`) are more than one run, vmapped or mapped together."""
+  runs = cfg.attack.restarts * cfg.attack.permutations * together
+  together = runs > 1 and driver.resolve_strategy(cfg.execution.strategy) != "sequential"
+  return models.resolve_conv(cfg.model.conv, batched=together)
+
+
 class _ClientTraces:
   """The progress callback and monitor of one solver run of several clients: each chunk's report
   goes to the :class:`Trace` of the client it concerns (every client's when the runs advance
@@ -764,7 +778,7 @@ def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
         continue
       with driver.precision_scope(cfg.execution.matmul_precision), compilation.Recorder() as made:
         start = time.time()
-        p = _prepare(cfg, batch)
+        p = _prepare(cfg, batch, min(clients_per_run(cfg), len(cfgs)))
         setups[i] = (made, start, time.time())
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
       out[i] = e
@@ -850,7 +864,7 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
       candidates=int(rec.candidates.shape[0]),
       labels_by_slot=rec.labels.tolist(),  # the labels of dummy slots 0..N-1 (mini-batch order)
       gamma=(float(np.exp(rec.dummy["log_gamma"])) if "log_gamma" in rec.dummy else None),
-      conv=models.resolve_conv(cfg.model.conv),
+      conv=p.conv,
       normalization={"mean": list(norm.mean), "std": list(norm.std)},
       checks=p.checks,
       separation=found.get("separation"),
