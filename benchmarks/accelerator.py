@@ -2,7 +2,9 @@
 that each run in well under 10 minutes on one GPU, so a lent machine can run them one call at a time.
 
 Parts (``--parts``), each written as ``gpu_<part>.json`` and ``gpu_<part>.md`` when it ends (a part
-already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles those present:
+already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles those present. A part
+stopped by SIGINT (``timeout -s INT``) writes the rows it measured, marked ``complete: false``, and
+runs again in the next call:
 
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
   compiled and peak memory), as the suite's steps section.
@@ -11,16 +13,18 @@ already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles th
 * ``im2col``: the same, vmapped, for R = 1, 64, 256 with the convolutions as im2col's matrix
   products (under vmap XLA's own become grouped convolutions, one group per restart).
 * ``clients``: 100 iterations of DLG and of Inverting Gradients on K = 1, 4, 16, 64 clients of one
-  ``lenet_zhu`` round, one solver run for the K clients (vmap, sequential) against K runs one by one,
-  compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one).
+  ``lenet_zhu`` round, one vmapped solver run for the K clients against K runs one by one,
+  compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one); the
+  convolutions as an audit resolves ``auto`` (batched ones for K > 1 together).
 * ``ttfr``: time to a first result, each a whole process timed from outside: the README's main job
   and Inverting Gradients on ``resnet20-4`` (60 iterations), ``gradjax reconstruct`` on an empty
   compilation cache (cold), then twice on the cache it filled (warm), beside Inverting Gradients in
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
-  one: wall time (compilation included) and the best restart's PSNR; then the same two with the
-  convolutions as im2col's matrix products.
+  one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
+  resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
+  XLA's convolutions for both (im2col's on CPU).
 * ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
   (1000 iterations) under each ``--config.execution.matmul_precision`` (float32, tensorfloat32, bfloat16, JAX's default):
   wall time and PSNR, on the scikit-image photo.
@@ -55,9 +59,12 @@ import os
 import subprocess
 import sys
 import time
+from typing import Iterator
+
+import jax
 
 from benchmarks import step as bs
-from gradjax import driver, files, models
+from gradjax import driver, files
 from gradjax.run import config, pipeline, report
 
 PARTS = ("steps", "restarts", "im2col", "clients", "ttfr", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
@@ -89,7 +96,7 @@ def sizes(quick: bool, dataset: str) -> dict:
   if quick:
     # 32x32 everywhere, so the parts share compiled programs; vmapped restarts run in dlg64.
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
-                strategies=("sequential",), im2col_restart_counts=[1, 2], restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
+                strategies=("sequential",), client_strategies=("sequential",), im2col_restart_counts=[1, 2], restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
                 ttfr=dict(model="convnet-4", iterations=3, warm_runs=1),
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_init="torch", fedavg_iterations=10,
@@ -100,6 +107,7 @@ def sizes(quick: bool, dataset: str) -> dict:
                 timing=dict(repeats=2, warmup=0, max_seconds=5.0))
   return dict(models=["lenet_zhu", "convnet", "resnet20-4", "resnet18"], batch_sizes=[1, 8, 32],
               restart_counts=[1, 4, 16, 64, 256], strategies=("vmap", "map", "sequential"),
+              client_strategies=("vmap",),  # a sequence of clients costs what one by one does
               im2col_restart_counts=[1, 64, 256],
               restart_iterations=100, client_counts=[1, 4, 16, 64],
               ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
@@ -136,33 +144,32 @@ def _steps(s: dict, seed: int) -> list[dict]:
   return rows
 
 
-def part_restarts(s: dict, seed: int) -> list[dict]:
+def part_restarts(s: dict, seed: int) -> Iterator[dict]:
   return bs.restart_timings(s["restart_counts"], s["restart_iterations"], s["strategies"], 8, seed)
 
 
-def part_im2col(s: dict, seed: int) -> list[dict]:
+def part_im2col(s: dict, seed: int) -> Iterator[dict]:
   return bs.restart_timings(s["im2col_restart_counts"], s["restart_iterations"], ("vmap",), 8, seed,
                             conv="im2col")
 
 
-def part_clients(s: dict, seed: int) -> list[dict]:
-  return bs.client_timings(s["client_counts"], s["restart_iterations"],
-                           tuple(x for x in s["strategies"] if x != "map") or ("sequential",), seed)
+def part_clients(s: dict, seed: int) -> Iterator[dict]:
+  return bs.client_timings(s["client_counts"], s["restart_iterations"], s["client_strategies"], seed)
 
 
-def part_ttfr(s: dict, seed: int, env: dict) -> list[dict]:
+def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
   """Time to a first result, whole processes run in ``env`` (see the module docstring)."""
   t = s["ttfr"]
   jobs = [("README job", []),
           (f"inverting_gradients {t['model']} {t['iterations']} it",
            ["--attack=inverting_gradients", f"--model={t['model']}", f"--iterations={t['iterations']}"])]
-  rows = []
   for job, args in jobs:
     done = bs.reconstruct_processes([*args, "--lpips=none", f"--seed={seed}"], 1 + t["warm_runs"],
                                     environ=env)
     for run, timed in enumerate(done):
-      rows.append(dict(job=job, runner="gradjax", cache="empty" if run == 0 else "warm", **timed))
-      print(f"ttfr {rows[-1]}", flush=True)
+      row = dict(job=job, runner="gradjax", cache="empty" if run == 0 else "warm", **timed)
+      print(f"ttfr {row}", flush=True)
+      yield row
   script = os.path.join(os.path.dirname(__file__), "torch_first_result.py")
   for run in range(1 + t["warm_runs"]):
     start = time.perf_counter()
@@ -174,16 +181,16 @@ def part_ttfr(s: dict, seed: int, env: dict) -> list[dict]:
       raise RuntimeError(f"torch_first_result.py exited with status {proc.returncode}: "
                          f"{bs.last_line(proc.stderr)}")
     torch_run = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows.append(dict(job=jobs[1][0], runner=f"PyTorch eager ({torch_run['device']})",
-                     cache="–", process_s=seconds - torch_run["twin_import_s"],
-                     attack_s=torch_run["attack_s"], psnr=None))
-    print(f"ttfr {rows[-1]}", flush=True)
-  return rows
+    row = dict(job=jobs[1][0], runner=f"PyTorch eager ({torch_run['device']})",
+               cache="–", process_s=seconds - torch_run["twin_import_s"],
+               attack_s=torch_run["attack_s"], psnr=None)
+    print(f"ttfr {row}", flush=True)
+    yield row
 
 
-def part_dlg64(s: dict, seed: int) -> list[dict]:
-  rows = []
-  for conv in ("auto", "im2col"):  # the backend's convolutions, then im2col's (the im2col part)
+def part_dlg64(s: dict, seed: int) -> Iterator[dict]:
+  # The default's convolutions (``auto``: batched ones for the vmapped restarts), then one kind for both.
+  for conv in ("auto", "im2col" if jax.default_backend() == "cpu" else "xla"):
     one = None
     for restarts in (1, s["dlg_restarts"]):
       cfg = config.from_options({
@@ -192,18 +199,17 @@ def part_dlg64(s: dict, seed: int) -> list[dict]:
           "model.conv": conv, "output.lpips": "none"
       })
       results, _ = pipeline.run(cfg)
-      rows.append(dict(restarts=restarts, conv=models.resolve_conv(conv), **_scores(results)))
-      one = one or rows[-1]["wall_time_s"]
-      rows[-1]["time_over_one"] = rows[-1]["wall_time_s"] / one
-      print(f"dlg64 {rows[-1]}", flush=True)
-  return rows
+      row = dict(restarts=restarts, conv=results["conv"], **_scores(results))
+      one = one or row["wall_time_s"]
+      row["time_over_one"] = row["wall_time_s"] / one
+      print(f"dlg64 {row}", flush=True)
+      yield row
 
 
-def part_precision(s: dict, seed: int) -> list[dict]:
+def part_precision(s: dict, seed: int) -> Iterator[dict]:
   runs = [("dlg", "lenet_zhu", s["dlg_iterations"]),
           ("inverting_gradients", s["ig_model"], s["ig_iterations"] or 1000)]
   runs = [r for r in runs if r[0] in s["precision_attacks"]]
-  rows = []
   for attack, model, iterations in runs:
     for precision in s["precisions"]:
       cfg = config.from_options({
@@ -212,13 +218,12 @@ def part_precision(s: dict, seed: int) -> list[dict]:
           "output.lpips": "none"
       })
       results, _ = pipeline.run(cfg)
-      rows.append(dict(attack=attack, model=model, precision=precision, **_scores(results)))
-      print(f"precision {rows[-1]}", flush=True)
-  return rows
+      row = dict(attack=attack, model=model, precision=precision, **_scores(results))
+      print(f"precision {row}", flush=True)
+      yield row
 
 
-def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
-  rows = []
+def part_ig(s: dict, seed: int, data_dir: str | None) -> Iterator[dict]:
   for index in s["ig_images"]:
     cfg = config.from_options({
         "attack.preset": "inverting_gradients", "model.name": s["ig_model"], "model.init": s["ig_init"],
@@ -228,9 +233,9 @@ def part_ig(s: dict, seed: int, data_dir: str | None) -> list[dict]:
         "seed": seed, "output.lpips": "none"
     })
     results, _ = pipeline.run(cfg)
-    rows.append(dict(index=index, init=s["ig_init"] or "default", **_scores(results)))
-    print(f"ig {rows[-1]}", flush=True)
-  return rows
+    row = dict(index=index, init=s["ig_init"] or "default", **_scores(results))
+    print(f"ig {row}", flush=True)
+    yield row
 
 
 def part_fedavg(s: dict, seed: int, data_dir: str | None) -> list[dict]:
@@ -339,10 +344,35 @@ def kept_draw_conflict(parts, out: str, ig_init: str | None) -> str | None:
   return None
 
 
+def _kept_rows(path: str) -> tuple[int, bool] | None:
+  """(rows, complete) of the part written at ``path`` (parts written before ``complete`` was
+  recorded are complete); None when there is none."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as fh:
+      kept = json.load(fh)
+    return len(kept["rows"]), kept.get("complete", True)
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{path} cannot be read as a suite part ({e!r}); give another --output_dir") from None
+
+
+def _write_part(path: str, result: dict) -> None:
+  """``result`` as ``path`` and its Markdown table beside it (``.md``)."""
+  report.save_json(path, result)
+  rows, quick = result["rows"], result["quick"]
+  text = (f"## {result['part']}\n\n`{result['command']}` on {result['environment']['device_kind']}, "
+          f"{result['seconds']:.0f} s{' (quick sizes: not measurements)' if quick else ''}"
+          f"{'' if result['complete'] else f' (stopped after {len(rows)} rows)'}\n\n{table(rows)}\n")
+  files.atomic_write(path[:-5] + ".md", lambda fh: fh.write(text), binary=False)
+
+
 def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
         overwrite: bool, header: dict, ig_init: str | None = None, env: dict | None = None) -> str:
   """Runs ``parts`` into ``out``, those of ``PROCESS_PARTS`` first (skipping those already written
-  unless ``overwrite``); returns the assembled Markdown. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
+  whole unless ``overwrite``); returns the assembled Markdown. A part stopped by an interrupt (SIGINT:
+  ``timeout -s INT``) writes the rows it measured, marked ``complete: false``, unless an earlier call
+  wrote more; the interrupt then goes on. The next call runs that part again. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
   the environment of the processes the parts start (:func:`leave_card`; None: this one's)."""
   s = dict(sizes(quick, dataset), ig_init=ig_init)
   env = dict(os.environ) if env is None else env
@@ -355,19 +385,30 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
                   convnet=lambda: part_convnet(s, seed, data_dir, out, env))
   for part in sorted(parts, key=lambda p: p not in PROCESS_PARTS):  # before this process holds memory
     path = os.path.join(out, f"gpu_{part}.json")
-    if os.path.exists(path) and not overwrite:
+    kept = _kept_rows(path)
+    if kept is not None and kept[1] and not overwrite:
       print(f"{part}: kept {path}", flush=True)
       continue
-    start = time.perf_counter()
-    rows = run_part[part]()
-    if rows is None:  # out of time: nothing to write yet
-      continue
-    result = dict(header, part=part, quick=quick, seconds=time.perf_counter() - start, rows=rows)
-    report.save_json(path, result)
-    text = (f"## {part}\n\n`{header['command']}` on {header['environment']['device_kind']}, "
-            f"{result['seconds']:.0f} s{' (quick sizes: not measurements)' if quick else ''}\n\n"
-            f"{table(rows)}\n")
-    files.atomic_write(path[:-5] + ".md", lambda fh: fh.write(text), binary=False)
+    start, rows = time.perf_counter(), []
+    try:
+      produced = run_part[part]()
+      if produced is None:  # out of time: nothing to write yet
+        continue
+      rows.extend(produced)  # a generator's rows one by one, so an interrupt keeps those measured
+    except KeyboardInterrupt:
+      if rows and (kept is None or overwrite or len(rows) > kept[0]):
+        _write_part(path, dict(header, part=part, quick=quick, complete=False,
+                               seconds=time.perf_counter() - start, rows=rows))
+        print(f"{part}: stopped; wrote the {len(rows)} rows measured to {path}", flush=True)
+      _assemble(out)
+      raise
+    _write_part(path, dict(header, part=part, quick=quick, complete=True,
+                           seconds=time.perf_counter() - start, rows=rows))
+  return _assemble(out)
+
+
+def _assemble(out: str) -> str:
+  """``out``/gpu.md: the parts' tables written so far, in :data:`PARTS` order; returns its text."""
   assembled = ["# gradjax accelerator suite", ""]
   for part in PARTS:
     md = os.path.join(out, f"gpu_{part}.md")

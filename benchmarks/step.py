@@ -53,7 +53,7 @@ import platform
 import shlex
 import sys
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import flax
 import jax
@@ -262,8 +262,8 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
 
 
 def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int,
-                    conv: str = "auto") -> list[dict]:
-  """Wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
+                    conv: str = "auto") -> Iterator[dict]:
+  """Rows, one at a time as measured: the wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
   and strategy, compilation excluded (a first, untimed run compiles), and the ratio to one restart
   (``over_one``, None without a count of 1). ``gflops``: the objective evaluations the run made
   (line-search ones included) times XLA's count for one (:func:`dlg_evaluation_flops`), over the
@@ -273,7 +273,6 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
   model, obs = _dlg_problem(seed, conv)
   flops_one = dlg_evaluation_flops(model, obs)
   attack = presets.dlg(iterations)
-  rows = []
   for strategy in strategies:
     base = None
     for r in counts:
@@ -284,21 +283,21 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
       rec = attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2), **kw)
       seconds = time.perf_counter() - start
       base = seconds if r == 1 else base
-      rows.append(dict(strategy=strategy, conv=models.resolve_conv(conv), restarts=r,
-                       seconds=seconds, ms_per_iteration=1e3 * seconds / iterations,
-                       over_one=None if base is None else seconds / base,
-                       evaluations=int(rec.evaluations.sum()),
-                       gflops=int(rec.evaluations.sum()) * flops_one / seconds / 1e9))
-      print(f"restarts {rows[-1]}", flush=True)
-  return rows
+      row = dict(strategy=strategy, conv=models.resolve_conv(conv), restarts=r,
+                 seconds=seconds, ms_per_iteration=1e3 * seconds / iterations,
+                 over_one=None if base is None else seconds / base,
+                 evaluations=int(rec.evaluations.sum()),
+                 gflops=int(rec.evaluations.sum()) * flops_one / seconds / 1e9)
+      print(f"restarts {row}", flush=True)
+      yield row
 
 
-def client_observations(count: int, seed: int):
-  """``count`` clients of one round: FedSGD on ``lenet_zhu`` (one draw), one photo each, the 16
-  photos cycled and client i's shifted by i // 16 pixels so no two updates are the same.
-  Returns (model, observations)."""
+def client_observations(count: int, seed: int, conv: str = "auto"):
+  """``count`` clients of one round: FedSGD on ``lenet_zhu`` (one draw, convolutions by ``conv``),
+  one photo each, the 16 photos cycled and client i's shifted by i // 16 pixels so no two updates are
+  the same. Returns (model, observations)."""
   model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
-                        num_classes=NUM_CLASSES)
+                        num_classes=NUM_CLASSES, conv=conv)
   images = photos(count)
   return model, [clients.fedsgd(model.apply_fn, model.variables,
                                 np.roll(images.x[i:i + 1], i // 16, axis=2), images.y[i:i + 1],
@@ -306,15 +305,20 @@ def client_observations(count: int, seed: int):
 
 
 def client_timings(counts, iterations: int, strategies, seed: int,
-                   attack_names=("dlg", "inverting_gradients")) -> list[dict]:
-  """Wall time of ``iterations`` of an attack on K clients of ``lenet_zhu`` (one restart each),
+                   attack_names=("dlg", "inverting_gradients"), conv: str = "auto") -> Iterator[dict]:
+  """Rows, one at a time as measured: the wall time of ``iterations`` of an attack on K clients of ``lenet_zhu`` (one restart each),
   compilation excluded (a first, untimed run compiles): ``together_s``, the K clients as the runs of
   one solver run (:func:`gradjax.attacks.reconstruct_clients`) under ``strategy``; ``one_by_one_s``,
   K calls of :func:`gradjax.attacks.reconstruct`, as an audit attacked a round's clients before
   (the baseline, run in the same process); ``over_one``: ``together_s`` over one client's time alone
-  (the issue's "64 clients <= 3x one"); ``speedup``: ``one_by_one_s / together_s``."""
-  model, observations = client_observations(max(counts), seed)
-  rows = []
+  (the issue's "64 clients <= 3x one"); ``speedup``: ``one_by_one_s / together_s``. The model's
+  convolutions are ``conv`` as an audit resolves it (:func:`gradjax.models.resolve_conv`): batched for
+  K > 1 clients vmapped or mapped together, not for one client alone (``conv`` in the rows: the
+  together run's). The same parameters either way."""
+  model, observations = client_observations(max(counts), seed, models.resolve_conv(conv))
+  batched_model = model._replace(apply_fn=models.create(
+      "lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3), num_classes=NUM_CLASSES,
+      conv=models.resolve_conv(conv, batched=True)).apply_fn)
   for name in attack_names:
     attack = presets.get_preset(name)(iterations=iterations)
     kw = dict(input_shape=(32, 32, 3))
@@ -329,16 +333,18 @@ def client_timings(counts, iterations: int, strategies, seed: int,
       alone[k] = time.perf_counter() - start
       for strategy in strategies:
         execution = driver.Execution(strategy, chunk=iterations)
-        attacks.reconstruct_clients(attack, model.apply_fn, obs, keys, execution=execution, **kw)
+        together = batched_model if k > 1 and strategy != "sequential" else model
+        attacks.reconstruct_clients(attack, together.apply_fn, obs, keys, execution=execution, **kw)
         start = time.perf_counter()
-        attacks.reconstruct_clients(attack, model.apply_fn, obs, keys, execution=execution, **kw)
+        attacks.reconstruct_clients(attack, together.apply_fn, obs, keys, execution=execution, **kw)
         seconds = time.perf_counter() - start
-        rows.append(dict(attack=name, strategy=strategy, clients=k, iterations=iterations,
-                         together_s=seconds, one_by_one_s=alone[k],
-                         over_one=seconds / alone[min(alone)] if min(alone) == 1 else None,
-                         speedup=alone[k] / seconds))
-        print(f"clients {rows[-1]}", flush=True)
-  return rows
+        row = dict(attack=name, strategy=strategy, clients=k, iterations=iterations,
+                   conv=models.resolve_conv(conv, batched=together is batched_model),
+                   together_s=seconds, one_by_one_s=alone[k],
+                   over_one=seconds / alone[min(alone)] if min(alone) == 1 else None,
+                   speedup=alone[k] / seconds)
+        print(f"clients {row}", flush=True)
+        yield row
 
 
 def count_params(tree) -> int:

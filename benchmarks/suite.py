@@ -379,13 +379,13 @@ def section_ttq(torch, seed: int) -> dict:
 
 
 def section_restarts(seed: int) -> list[dict]:
-  return bs.restart_timings([int(r) for r in _RESTART_COUNTS.value], _RESTART_ITERATIONS.value,
-                            ("sequential", "vmap", "map"), _MAP_BATCH.value, seed)
+  return list(bs.restart_timings([int(r) for r in _RESTART_COUNTS.value], _RESTART_ITERATIONS.value,
+                                 ("sequential", "vmap", "map"), _MAP_BATCH.value, seed))
 
 
 def section_clients(seed: int) -> list[dict]:
-  return bs.client_timings([int(k) for k in _CLIENT_COUNTS.value], _RESTART_ITERATIONS.value,
-                           ("sequential", "vmap"), seed)
+  return list(bs.client_timings([int(k) for k in _CLIENT_COUNTS.value], _RESTART_ITERATIONS.value,
+                                ("sequential", "vmap"), seed))
 
 
 def section_profile(seed: int) -> dict:

@@ -111,3 +111,42 @@ def test_accelerator_suite_leaves_the_card_to_the_processes_it_starts():
   assert convnet == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"} and convnet_child == {}
   assert steps == {} and steps_child == {}
   assert user == user_child == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
+
+
+def test_accelerator_suite_keeps_the_rows_of_a_part_stopped_midway(tmp_path):
+  """A part stopped by an interrupt writes the rows it measured, marked incomplete, and the interrupt
+  goes on; a later call runs the part again, keeps the earlier rows if it is stopped with fewer, and
+  replaces them once it finishes."""
+  code = (
+      "import json, sys\n"
+      "from benchmarks import accelerator\n"
+      "out = sys.argv[1]\n"
+      "header = dict(command='test', environment=dict(device_kind='cpu'))\n"
+      "def stopping(n, stop):\n"
+      "  def part(s, seed):\n"
+      "    for i in range(n):\n"
+      "      yield dict(restarts=i)\n"
+      "    if stop:\n"
+      "      raise KeyboardInterrupt\n"
+      "  return part\n"
+      "seen = []\n"
+      "for n, stop in [(2, True), (1, True), (3, False), (5, True)]:\n"
+      "  accelerator.part_restarts = stopping(n, stop)\n"
+      "  try:\n"
+      "    accelerator.run(['restarts'], out, quick=True, dataset='skimage', data_dir=None, seed=0,\n"
+      "                    overwrite=False, header=header)\n"
+      "    went_on = False\n"
+      "  except KeyboardInterrupt:\n"
+      "    went_on = True\n"
+      "  with open(out + '/gpu_restarts.json') as fh:\n"
+      "    part = json.load(fh)\n"
+      "  seen.append([went_on, len(part['rows']), part['complete']])\n"
+      "print(json.dumps(seen))\n")
+  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  # The fourth call finds the part complete and keeps it without running it.
+  assert json.loads(proc.stdout.strip().splitlines()[-1]) == [
+      [True, 2, False], [True, 2, False], [False, 3, True], [False, 3, True]]
+  assert "stopped after 2 rows" not in (tmp_path / "gpu_restarts.md").read_text()
+  assert "## restarts" in (tmp_path / "gpu.md").read_text()
