@@ -445,12 +445,17 @@ def last_line(text: str) -> str:
   return (text.strip().splitlines() or ["no output"])[-1]
 
 
+# How many of a process's costliest programs :func:`reconstruct_processes` names.
+COSTLIEST = 4
+
+
 def reconstruct_processes(args: list[str], runs: int, environ: dict | None = None) -> list[dict]:
   """``gradjax reconstruct ARGS`` as ``runs`` whole processes, the first on an empty compilation
   cache and the others on the cache it filled: per process its wall time from outside
   (``process_s``), its attack's own ``wall_time_s`` (``attack_s``), its PSNR, and from the run's
   ``time`` the seconds of its set-up and scoring, the seconds spent making programs over the whole
-  run (``programs_s``) and the program that cost most (``costliest``, name and seconds).
+  run (``programs_s``), how many programs it made or loaded (``programs``) and the :data:`COSTLIEST`
+  that cost most (``costliest``, names and seconds).
 
   The processes write and reuse Python's bytecode as on a user's machine, also where this one runs
   with ``PYTHONDONTWRITEBYTECODE`` set (a container's default): without its bytecode every gradjax
@@ -476,11 +481,12 @@ def reconstruct_processes(args: list[str], runs: int, environ: dict | None = Non
       with open(os.path.join(tmp, "run", "metrics.json"), encoding="utf-8") as fh:
         metrics = json.load(fh)
       phases = metrics["time"]["phases"]
-      costliest = metrics["time"]["largest_programs"][:1]
+      costliest = metrics["time"]["largest_programs"][:COSTLIEST]
       rows.append(dict(process_s=seconds, attack_s=metrics["wall_time_s"], psnr=metrics["psnr"],
                        setup_s=phases["setup"]["seconds"], scoring_s=phases["scoring"]["seconds"],
                        programs_s=sum(p["making_programs"] for p in phases.values()),
-                       costliest=" ".join(f"{p['name']} {p['seconds']:.2f} s" for p in costliest)))
+                       programs=metrics["time"]["programs"],
+                       costliest=", ".join(f"{p['name']} {p['seconds']:.2f} s" for p in costliest)))
   return rows
 
 
