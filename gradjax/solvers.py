@@ -53,6 +53,23 @@ class Solver(NamedTuple):
   tol: float | None = None
 
 
+def scores_by_step(state: SolverState) -> bool:
+  """Whether the final iterate of ``state`` (one restart's or stacked) is best scored by one more
+  ``step`` (:func:`from_step`) rather than by ``finalize``: where no line search stored its value.
+  A step's first act is to evaluate the objective at the iterate it starts from and keep it if it is
+  the best, which is what ``finalize`` does, so the driver runs the program it compiled for the
+  steps instead of compiling another evaluation of the objective. Read from the state's structure."""
+  return not optimizers.stores_value(state.opt_state)
+
+
+def from_step(state: SolverState, stepped: SolverState) -> SolverState:
+  """``state`` finished: its best and evaluation count from ``stepped`` (one more ``step`` of it,
+  which scored ``state.params``), the rest as it was. (A restart frozen by ``tol`` is not scored
+  again: its best already reached ``tol``.)"""
+  return state._replace(best_params=stepped.best_params, best_loss=stepped.best_loss,
+                        evaluations=stepped.evaluations)
+
+
 def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.array([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 

@@ -415,6 +415,33 @@ def test_one_compiled_step_serves_every_budget():
   assert lowered(300) == lowered(4800)
 
 
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+def test_on_an_accelerator_one_step_program_serves_every_chunk_and_the_final_score(
+    strategy, monkeypatch):
+  """Where the step count is an argument of the step program (an accelerator's, run here on CPU by
+  telling the driver it is on a GPU), chunks of 10, a remainder of 3 and the scoring of the last
+  iterate run one program; no ``solver_finalize`` is compiled, and the run ends where the CPU's host
+  loop of one-step programs does (each a fresh solver: the compiled programs are cached per solver)."""
+  def run():
+    solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
+    with compilation.Recorder() as made:
+      state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=23,
+                         execution=driver.Execution(strategy, chunk=10))
+    return state, [p.name for p in made.programs]
+
+  on_cpu, _ = run()
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  state, programs = run()
+  assert programs.count("jit(solver_steps)") == 1 and "jit(solver_finalize)" not in programs, programs
+  np.testing.assert_array_equal(state.iterations, [23, 23])
+  np.testing.assert_array_equal(state.evaluations, [24, 24])  # 23 steps + the last iterate's
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(on_cpu)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+  # The best loss is the objective at the best params, the last iterate scored too.
+  np.testing.assert_allclose(state.best_loss, [quadratic({"p": p}, C) for p in state.best_params["p"]],
+                             rtol=1e-12)
+
+
 def test_footprint_counts_arguments_outputs_and_temporaries():
   """driver.footprint against a closed form: x ↦ 2x on 1000 float64 holds its argument and its
   output (8 000 bytes each) unless the argument is donated and the output written over it."""
