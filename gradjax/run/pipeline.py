@@ -651,8 +651,27 @@ def time_spent(phases: dict[str, tuple[compilation.Recorder, float, float]]) -> 
           "largest_programs": [{**p._asdict(), "seconds": p.seconds} for p in largest]}
 
 
+def setup_device(cfg: Config) -> jax.Device | None:
+  """Where ``cfg``'s set-up and scoring run when not on the default device
+  (:func:`gradjax.compilation.setup_device`); a run sharded over devices keeps them there."""
+  return None if cfg.execution.shard else compilation.setup_device()
+
+
+def _placed(p: _Prepared, device: jax.Device | None) -> _Prepared:
+  """``p`` as the attack takes it: the model's variables and the observation on the default device,
+  where the set-up ran on ``device`` (:func:`setup_device`)."""
+  if device is None:
+    return p
+  return p._replace(model=p.model._replace(
+      variables=compilation.to_default_device(p.model.variables, device)),
+                    observation=compilation.to_default_device(p.observation, device))
+
+
 def _attack_image(cfg: Config, callback, batch, state, deadline, target_psnr, marks: list[float]):
-  p = _prepare(cfg, batch)
+  host = setup_device(cfg)
+  with compilation.on_setup_device(host):
+    scored = _prepare(cfg, batch)
+  p = _placed(scored, host)
   marks.append(time.time())
   trace = Trace(callback, None if p.batch is None else np.asarray(p.batch.x, np.float64), p.norm,
                 deadline, target_psnr)
@@ -674,7 +693,8 @@ def _attack_image(cfg: Config, callback, batch, state, deadline, target_psnr, ma
                               restarts=cfg.attack.restarts, permutations=cfg.attack.permutations,
                               execution=execution)
   marks.append(time.time())
-  return _finish(cfg, p, rec, found, trace, timing)
+  with compilation.on_setup_device(host):
+    return _finish(cfg, scored, rec, found, trace, timing)
 
 
 # Clients an accelerator attacks in one solver run unless --config.execution.clients_per_run says.
@@ -776,7 +796,8 @@ def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
       if alone or not isinstance(attack, attacks.Attack) or attack.couples_restarts:
         out[i] = run(cfg, batch=batch, target_psnr=target_psnr)
         continue
-      with driver.precision_scope(cfg.execution.matmul_precision), compilation.Recorder() as made:
+      with (driver.precision_scope(cfg.execution.matmul_precision), compilation.Recorder() as made,
+            compilation.on_setup_device(setup_device(cfg))):
         start = time.time()
         p = _prepare(cfg, batch, min(clients_per_run(cfg), len(cfgs)))
         setups[i] = (made, start, time.time())
@@ -821,11 +842,13 @@ def _attack_together(cfgs, members, setups, target_psnr=None) -> list:
   timings = [_Resumable(cfgs[i], None, trace) for (i, _), trace in zip(members, traces)]
   shared = _ClientTraces(traces, cfg.attack.restarts * cfg.attack.permutations)
   execution = cfg.execution.build(callback=shared.progress, monitor=shared.monitor)
+  host = setup_device(cfg)
   with driver.precision_scope(cfg.execution.matmul_precision):
     with compilation.Recorder() as made:
       start = time.time()
       recs = attacks.reconstruct_clients(
-          first.attack, first.model.apply_fn, [p.observation for _, p in members],
+          first.attack, first.model.apply_fn,
+          [compilation.to_default_device(p.observation, host) for _, p in members],
           [p.key_attack for _, p in members], input_shape=first.input_shape,
           bounds=image_bounds(first.norm, first.input_shape[-1]), restarts=cfg.attack.restarts,
           permutations=cfg.attack.permutations, execution=execution)
@@ -833,7 +856,7 @@ def _attack_together(cfgs, members, setups, target_psnr=None) -> list:
     done = []
     for (i, p), rec, trace, timing in zip(members, recs, traces, timings):
       try:  # one member's failure (a reconstruction that is not finite) is its own
-        with compilation.Recorder() as scored:
+        with compilation.Recorder() as scored, compilation.on_setup_device(host):
           start = time.time()
           results, images = _finish(cfgs[i], p, rec, {}, trace, timing)
           scoring = (scored, start, time.time())

@@ -1,0 +1,73 @@
+"""Set-up and scoring on the host, the attack on the default device: two fake CPU devices stand for
+the host's CPU (device 1) and an accelerator (device 0).
+
+Runs in a subprocess because the device count is fixed when JAX starts
+(``XLA_FLAGS=--xla_force_host_platform_device_count=2``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import json
+    import jax, numpy as np
+    from gradjax import compilation
+    from gradjax.run import config, pipeline
+
+    seen = {}
+    prepare, placed = pipeline._prepare, pipeline._placed
+
+    def devices(tree):
+      return sorted({d.id for leaf in jax.tree.leaves(tree) for d in leaf.devices()})
+
+    def spy_prepare(*a, **k):
+      p = prepare(*a, **k)
+      seen.setdefault("setup", []).append(devices((p.model.variables, p.observation)))
+      return p
+
+    def spy_placed(p, device):
+      q = placed(p, device)
+      seen.setdefault("attack", []).append(devices((q.model.variables, q.observation)))
+      return q
+
+    pipeline._prepare, pipeline._placed = spy_prepare, spy_placed
+    out = {}
+    runs = {"dlg": {"attack.iterations": 30},
+            "inverting_gradients": {"attack.preset": "inverting_gradients", "attack.iterations": 20}}
+    for host in (False, True):
+      compilation.setup_device = (lambda: jax.devices()[1]) if host else (lambda: None)
+      for name, options in runs.items():
+        results, _ = pipeline.run(config.from_options({**options, "output.lpips": "none"}))
+        out[f"{name} {host}"] = [results["psnr"], results["loss"], results["verdict"]["status"]]
+      cfgs = [config.from_options({"attack.iterations": 20, "output.lpips": "none", "data.index": i,
+                                   "execution.strategy": "vmap", "execution.clients_per_run": 2})
+              for i in range(2)]
+      out[f"clients {host}"] = [[r["psnr"], r["loss"], r["clients_together"]]
+                                for r, _ in pipeline.run_clients(cfgs)]
+    out["seen"] = seen
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_set_up_and_scoring_on_the_host_the_attack_on_the_default_device():
+  """The model, the client's update and the scores are made on the set-up device, the attack takes
+  them on the default device, and a run ends where it does with everything on one device: DLG,
+  Inverting Gradients, and two clients in one solver run."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
+                                 "--xla_force_host_platform_device_count=2"]).strip())
+  proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
+                        cwd=ROOT, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+  for name in ("dlg", "inverting_gradients", "clients"):
+    assert out[f"{name} True"] == out[f"{name} False"], name
+  setup, attack = out["seen"]["setup"], out["seen"]["attack"]
+  # One device throughout, then the host's (1) for the set-up and the default (0) for the attack.
+  assert setup[:4] == [[0]] * 4 and setup[4:] == [[1]] * 4, setup
+  assert attack == [[0]] * 4, attack
