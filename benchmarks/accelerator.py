@@ -21,8 +21,8 @@ runs again in the next call:
   compilation cache (cold), then twice on the cache it filled (warm), beside Inverting Gradients in
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
-* ``flags``: the ``ttfr`` part's cold runs (Inverting Gradients, then the README's main job) under
-  each of :data:`COMPILER_FLAGS` added to ``XLA_FLAGS``, the first none.
+* ``flags``: the ``ttfr`` part's cold runs (Inverting Gradients and the README's main job) under
+  each of :data:`VARIANTS` of the environment (the set-up on the accelerator, XLA's compiler flags).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
   resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
@@ -78,12 +78,14 @@ BATCHES_CONFIG = os.path.join("experiments", "studies", "batches", "lenet.py")
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
 # The parts that run gradjax (and PyTorch) in processes of their own, timed as a user's process.
 PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
-# XLA's compiler flags the ``flags`` part tries on a first result, each alone after none: compiling
-# LLVM modules in parallel, GEMMs by cuBLAS instead of generated Triton kernels, and without
-# autotuning as well.
-COMPILER_FLAGS = ("", "--xla_gpu_enable_llvm_module_compilation_parallelism=true",
-                  "--xla_gpu_enable_triton_gemm=false",
-                  "--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0")
+# What the ``flags`` part tries on a first result, each alone after nothing: the set-up and scoring on
+# the accelerator as before gradjax moved them to the host (``gradjax.compilation.setup_device``),
+# then XLA's compiler flags: LLVM modules compiled in parallel, GEMMs by cuBLAS instead of generated
+# Triton kernels, and without autotuning as well. Each an addition to the processes' environment.
+VARIANTS = ({}, {"GRADJAX_SETUP_DEVICE": "accelerator"},
+            {"XLA_FLAGS": "--xla_gpu_enable_llvm_module_compilation_parallelism=true"},
+            {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"},
+            {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0"})
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
@@ -105,7 +107,7 @@ def sizes(quick: bool, dataset: str) -> dict:
     # 32x32 everywhere, so the parts share compiled programs; vmapped restarts run in dlg64.
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
                 strategies=("sequential",), client_strategies=("sequential",), im2col_restart_counts=[1, 2], restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
-                ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), compiler_flags=COMPILER_FLAGS[:2],
+                ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), variants=VARIANTS[:2],
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_init="torch", fedavg_iterations=10,
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
@@ -118,7 +120,7 @@ def sizes(quick: bool, dataset: str) -> dict:
               client_strategies=("vmap",),  # a sequence of clients costs what one by one does
               im2col_restart_counts=[1, 64, 256],
               restart_iterations=100, client_counts=[1, 4, 16, 64],
-              ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), compiler_flags=COMPILER_FLAGS,
+              ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), variants=VARIANTS,
               dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
               fedavg_model="convnet", fedavg_init="torch", fedavg_iterations=None, precisions=PRECISIONS,
@@ -199,21 +201,25 @@ def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
 
 def part_flags(s: dict, seed: int, env: dict) -> Iterator[dict]:
   """The ``ttfr`` part's first results on an empty compilation cache under each of
-  ``s["compiler_flags"]`` added to ``XLA_FLAGS``: Inverting Gradients first (the slower to compile),
-  then the README's main job; a flag this XLA does not know is a row with its error."""
+  ``s["variants"]`` added to the environment (``XLA_FLAGS`` to its flags), variant by variant:
+  Inverting Gradients, then the README's main job; a flag this XLA does not know is a row with its
+  error."""
   t = s["ttfr"]
   jobs = [(f"inverting_gradients {t['model']} {t['iterations']} it",
            ["--attack=inverting_gradients", f"--model={t['model']}", f"--iterations={t['iterations']}"]),
           ("README job", [])]
-  for job, args in jobs:
-    for flag in s["compiler_flags"]:
-      flagged = dict(env, XLA_FLAGS=" ".join(f for f in (env.get("XLA_FLAGS"), flag) if f))
+  for variant in s["variants"]:
+    for job, args in jobs:
+      flagged = {**env, **variant}
+      if "XLA_FLAGS" in variant and env.get("XLA_FLAGS"):
+        flagged["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {variant['XLA_FLAGS']}"
       try:
         timed = bs.reconstruct_processes([*args, "--lpips=none", f"--seed={seed}"], 1,
                                          environ=flagged)[0]
       except RuntimeError as e:
         timed = dict(error=str(e)[-300:])
-      row = dict(job=job, flags=flag or "none", cache="empty", **timed)
+      row = dict(job=job, variant=" ".join(f"{k}={v}" for k, v in variant.items()) or "none",
+                 cache="empty", **timed)
       print(f"flags {row}", flush=True)
       yield row
 
