@@ -410,7 +410,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   """Runs ``parts`` into ``out``, those of ``PROCESS_PARTS`` first (skipping those already written
   whole unless ``overwrite``); returns the assembled Markdown. A part stopped by an interrupt (SIGINT:
   ``timeout -s INT``) writes the rows it measured, marked ``complete: false``, unless an earlier call
-  wrote more; the interrupt then goes on. The next call runs that part again. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
+  wrote more or the whole part (also under ``overwrite``); the interrupt then goes on. The next call
+  runs that part again, from its start. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
   the environment of the processes the parts start (:func:`leave_card`; None: this one's)."""
   s = dict(sizes(quick, dataset), ig_init=ig_init)
   env = dict(os.environ) if env is None else env
@@ -435,7 +436,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
         continue
       rows.extend(produced)  # a generator's rows one by one, so an interrupt keeps those measured
     except KeyboardInterrupt:
-      if rows and (kept is None or overwrite or len(rows) > kept[0]):
+      if rows and (kept is None or (not kept[1] and len(rows) > kept[0])):
         _write_part(path, dict(header, part=part, quick=quick, complete=False,
                                seconds=time.perf_counter() - start, rows=rows))
         print(f"{part}: stopped; wrote the {len(rows)} rows measured to {path}", flush=True)

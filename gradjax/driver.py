@@ -287,15 +287,6 @@ def _step_program(solver, strategy, batch, init_params, data, restart_data, step
   return program.lower(shapes, data, restart_data, n).compile()
 
 
-def _steps_traced(unroll: int, mesh: jax.sharding.Mesh | None) -> bool:
-  """Whether a chunk's number of steps is an argument of the accelerator's step program rather than a
-  constant compiled into it: then one program serves every chunk length, a budget's remainder and
-  the final scoring (:func:`gradjax.solvers.scores_by_step`), and a run with another budget finds it
-  compiled. Not where the loop is unrolled or runs per device under ``shard_map``, nor on CPU, whose
-  chunk is a host loop of the one-step program (:func:`_compiled`)."""
-  return jax.default_backend() != "cpu" and unroll == 1 and mesh is None
-
-
 @functools.lru_cache(maxsize=64)
 def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll: int,
               mesh: jax.sharding.Mesh | None = None):
@@ -313,11 +304,7 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   def bind(fn):
     return lambda s, data, per, *a: fn(s, data if per is None else (data, per), *a)
 
-  traced = _steps_traced(unroll, mesh)
-
   def advance_one(state, data, n):
-    if traced:
-      return jax.lax.fori_loop(0, n, lambda _, s: solver.step(s, data), state)
     if n == 1:
       return solver.step(state, data)
     return jax.lax.fori_loop(0, n, lambda _, s: solver.step(s, data), state, unroll=unroll)
@@ -351,7 +338,7 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   # Named, so their programs read jit(solver_init) and so on (gradjax.compilation.Recorder, logs).
   for fn, name in ((init, "solver_init"), (advance, "solver_steps"), (finalize, "solver_finalize")):
     fn.__name__ = fn.__qualname__ = name
-  advance = jax.jit(advance, static_argnums=() if traced else 3, donate_argnums=0,
+  advance = jax.jit(advance, static_argnums=3, donate_argnums=0,
                     compiler_options=compilation.options(compilation.step_options(batched)))
   init, finalize = once(init), once(finalize)
   if jax.default_backend() != "cpu":
@@ -468,8 +455,9 @@ class _Search:
     self.init, self.advance, self.finalize = _compiled(solver, strategy, execution.map_batch_size,
                                                        execution.unroll, mesh)
     # Whether ``advance`` takes any number of steps without compiling again: the CPU's host loop of
-    # one-step calls, or an accelerator program whose step count is an argument.
-    self.any_steps = jax.default_backend() == "cpu" or _steps_traced(execution.unroll, mesh)
+    # one-step calls (an accelerator's program has the count compiled in, its loop's trip count
+    # known to XLA).
+    self.any_steps = jax.default_backend() == "cpu"
     self.tol = -jnp.inf if solver.tol is None else solver.tol
     self.stopped = False if snap is None else bool(snap.stopped)  # a monitor ended the run
     self.compiled = False  # whether a chunk has run (the first one compiles the step)
@@ -502,7 +490,7 @@ class _Search:
                            self.note))
     while done < target:
       k = min(ex.chunk, target - done)
-      if k in (ex.chunk, 1) or self.any_steps:
+      if k in (ex.chunk, 1):
         state = self.advance(state, self.data, per, k)
       else:  # a budget's remainder in single steps: the same two programs serve every budget
         for _ in range(k):
@@ -530,11 +518,12 @@ class _Search:
     return state
 
   def final(self, state, per):
-    """``state`` (one restart's or stacked) finished, its final iterate scored: by one more step of
-    the run's own program where no line search stored the objective there and that program takes any
-    number of steps (:func:`gradjax.solvers.scores_by_step`; the state is then fetched to the host),
-    else, and for restarts sharded over devices (which stay so), by ``finalize``'s program."""
-    if self.mesh is not None or not (self.any_steps and solvers.scores_by_step(state)):
+    """``state`` (one restart's or stacked) finished, its final iterate scored: on CPU by one more
+    step of the run's own program where that scores it as ``finalize`` would
+    (:func:`gradjax.solvers.scores_by_step`; the state is then fetched to the host), else, and for
+    restarts sharded over devices (which stay so), by ``finalize``'s program."""
+    if (self.mesh is not None or not self.any_steps
+        or not solvers.scores_by_step(self.solver, state)):
       return self.finalize(state, self.data, per)
     kept = fetch(state)  # the step's program takes the state's buffers (donated)
     return solvers.from_step(kept, fetch(self.advance(state, self.data, per, 1)))

@@ -23,6 +23,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from gradjax import optimizers
@@ -45,27 +46,34 @@ class SolverState(NamedTuple):
 class Solver(NamedTuple):
   """Pure functions of one restart: ``init(params, data)``, ``step(state, data)``, ``finalize``, and
   ``tol``: a restart whose best objective reaches it is frozen, and :func:`gradjax.driver.run` stops once every
-  live restart has (``None``: never)."""
+  live restart has (``None``: never); ``track_from``: the first iteration whose iterate can be the
+  best (:func:`make_solver`)."""
 
   init: Callable[[PyTree, PyTree], SolverState]
   step: Callable[[SolverState, PyTree], SolverState]
   finalize: Callable[[SolverState, PyTree], SolverState]
   tol: float | None = None
+  track_from: int = 0
 
 
-def scores_by_step(state: SolverState) -> bool:
-  """Whether the final iterate of ``state`` (one restart's or stacked) is best scored by one more
-  ``step`` (:func:`from_step`) rather than by ``finalize``: where no line search stored its value.
-  A step's first act is to evaluate the objective at the iterate it starts from and keep it if it is
-  the best, which is what ``finalize`` does, so the driver runs the program it compiled for the
-  steps instead of compiling another evaluation of the objective. Read from the state's structure."""
-  return not optimizers.stores_value(state.opt_state)
+def scores_by_step(solver: Solver, state: SolverState) -> bool:
+  """Whether one more ``step`` of the finished ``state`` (one restart's or stacked) scores its final
+  iterate as ``solver.finalize`` would (:func:`from_step`), so that the driver runs the program it
+  compiled for the steps instead of compiling another evaluation of the objective. A step's first
+  act is to evaluate the objective at the iterate it starts from and keep it where it is the best;
+  it does so for live restarts not frozen by ``tol`` and past ``track_from``, ``finalize`` for every
+  live one. So: where no line search stored the value there (``finalize`` then reads it) and every
+  restart is live, unfrozen and past ``track_from`` (read from the state: a few scalars a restart)."""
+  if optimizers.stores_value(state.opt_state):
+    return False
+  threshold = -np.inf if solver.tol is None else solver.tol
+  return bool(np.all(np.asarray(state.alive)) and np.all(np.asarray(state.best_loss) > threshold)
+              and np.all(np.asarray(state.iterations) >= solver.track_from))
 
 
 def from_step(state: SolverState, stepped: SolverState) -> SolverState:
   """``state`` finished: its best and evaluation count from ``stepped`` (one more ``step`` of it,
-  which scored ``state.params``), the rest as it was. (A restart frozen by ``tol`` is not scored
-  again: its best already reached ``tol``.)"""
+  which scored ``state.params``), the rest as it was (:func:`scores_by_step` says when)."""
   return state._replace(best_params=stepped.best_params, best_loss=stepped.best_loss,
                         evaluations=stepped.evaluations)
 
@@ -204,4 +212,4 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
                           best_loss=jnp.where(improved, value, state.best_loss),
                           evaluations=state.evaluations + evaluated)
 
-  return Solver(init, step, finalize, tol)
+  return Solver(init, step, finalize, tol, track_from)
