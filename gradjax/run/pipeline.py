@@ -715,8 +715,8 @@ def model_conv(cfg: Config, together: int = 1) -> str:
   where the restarts, label orders and experiments sharing a solver run (``together``, the clients
   of :func:`run_clients`) are more than one run, vmapped or mapped together."""
   runs = cfg.attack.restarts * cfg.attack.permutations * together
-  together = runs > 1 and driver.resolve_strategy(cfg.execution.strategy) != "sequential"
-  return models.resolve_conv(cfg.model.conv, batched=together)
+  batched = runs > 1 and driver.resolve_strategy(cfg.execution.strategy) != "sequential"
+  return models.resolve_conv(cfg.model.conv, batched=batched)
 
 
 class _ClientTraces:
