@@ -50,14 +50,14 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
 
 @pytest.mark.slow
 def test_accelerator_suite_quick(tmp_path):
-  """``--suite=gpu --quick`` runs on CPU the part that has not yet run on an accelerator in full
-  (``fedavg``; the others ran on an H100 and an H200, and are all rerun ``--quick`` before a device
-  is used) and ``ig`` with torchvision's draw (the paper's, on the quick sizes' ConvNet), and records
+  """``--suite=gpu --quick`` runs on CPU the parts that have not yet run on an accelerator in full
+  (``fedavg``, ``flags``; the others ran on an H100 and an H200, and are all rerun ``--quick`` before
+  a device is used) and ``ig`` with torchvision's draw (the paper's, on the quick sizes' ConvNet), and records
   its command, device and rows (an unknown draw: one line, exit 2, nothing written); a second call
   keeps the parts already written, and one asking for another draw of the kept ``ig`` rows is
   refused in one line, exit 2, the rows untouched (an unreadable kept part too)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg,ig",
+  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg,flags,ig",
          "--ig_init=torchvision", "--torch=off", f"--output_dir={tmp_path}"]
   bad = subprocess.run([*cmd, "--ig_init=kaiming"], capture_output=True, text=True, env=env,
                        timeout=120, cwd=ROOT)
@@ -68,6 +68,10 @@ def test_accelerator_suite_quick(tmp_path):
   part = json.loads((tmp_path / "gpu_fedavg.json").read_text())
   assert part["quick"] and part["rows"] and part["rows"][0]["psnr"] is not None
   assert part["rows"][0]["init"] == "torch"  # the paper's ConvNet draw
+  flags = json.loads((tmp_path / "gpu_flags.json").read_text())
+  assert flags["complete"] and [r["variant"] for r in flags["rows"]] == [
+      "none", "none", "GRADJAX_SETUP_DEVICE=accelerator", "GRADJAX_SETUP_DEVICE=accelerator"]
+  assert all(r["process_s"] > r["attack_s"] > 0 and "error" not in r for r in flags["rows"])
   ig = json.loads((tmp_path / "gpu_ig.json").read_text())["rows"]
   assert ig and ig[0]["init"] == "torchvision" and ig[0]["psnr"] is not None
   assert "--suite=gpu" in part["command"] and part["environment"]["device_kind"]
