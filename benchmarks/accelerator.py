@@ -49,8 +49,8 @@ runs again in the next call:
   attack on ConvNet-16 (``gradjax sweep``, kept and resumed across calls as ``batch``). Needs the
   CIFAR-10 test images.
 
-The parts ``ttfr``, ``flags``, ``batch`` and ``convnet`` start processes of their own; when they run, this process
-takes the card's memory as it needs it (:func:`leave_card`), so that theirs find the card as a
+The parts ``ttfr``, ``flags``, ``batch`` and ``convnet`` start processes of their own; when they run,
+this process takes the card's memory as it needs it (:func:`leave_card`), so that theirs find the card as a
 user's process would; it keeps what it grew to, so :func:`run` runs these parts before the others.
 
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
@@ -70,7 +70,8 @@ from benchmarks import step as bs
 from gradjax import driver, files
 from gradjax.run import config, pipeline, report
 
-PARTS = ("steps", "restarts", "im2col", "clients", "ttfr", "flags", "dlg64", "precision", "ig", "fedavg", "batch", "convnet")
+PARTS = ("steps", "restarts", "im2col", "clients", "ttfr", "flags", "dlg64", "precision", "ig", "fedavg",
+         "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
                           "epoch_5.npz")
@@ -107,7 +108,8 @@ def sizes(quick: bool, dataset: str) -> dict:
   if quick:
     # 32x32 everywhere, so the parts share compiled programs; vmapped restarts run in dlg64.
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
-                strategies=("sequential",), client_strategies=("sequential",), im2col_restart_counts=[1, 2], restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
+                strategies=("sequential",), client_strategies=("sequential",), im2col_restart_counts=[1, 2],
+                restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
                 ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), variants=VARIANTS[:2],
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_init="torch", fedavg_iterations=10,
@@ -125,7 +127,8 @@ def sizes(quick: bool, dataset: str) -> dict:
               dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
               fedavg_model="convnet", fedavg_init="torch", precisions=PRECISIONS,
-              fedavg_iterations=1200,  # a quarter of the preset's 4800: the whole did not end in 150 s on an H100
+              # A quarter of the preset's 4800: the whole did not end in 150 s on an H100.
+              fedavg_iterations=1200,
               precision_attacks=("dlg", "inverting_gradients"),
               batch=["--count=10", "--batch_size=8", "--iterations=15000"],
               convnet=dict(widths=(64, 16), flags=["--count=2", "--batch_size=8"]),
@@ -411,8 +414,9 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   whole unless ``overwrite``); returns the assembled Markdown. A part stopped by an interrupt (SIGINT:
   ``timeout -s INT``) writes the rows it measured, marked ``complete: false``, unless an earlier call
   wrote more or the whole part (also under ``overwrite``); the interrupt then goes on. The next call
-  runs that part again, from its start. ``ig_init``: the ``ig`` part's model draw (None: the zoo's default); ``env``:
-  the environment of the processes the parts start (:func:`leave_card`; None: this one's)."""
+  runs that part again, from its start. ``ig_init``: the ``ig`` part's model draw (None: the zoo's
+  default); ``env``: the environment of the processes the parts start (:func:`leave_card`; None:
+  this one's)."""
   s = dict(sizes(quick, dataset), ig_init=ig_init)
   env = dict(os.environ) if env is None else env
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),

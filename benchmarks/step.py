@@ -263,13 +263,14 @@ def restart_profile(counts, seed: int, *, repeats: int = 10, max_seconds: float 
 
 def restart_timings(counts, iterations: int, strategies, map_batch_size: int, seed: int,
                     conv: str = "auto") -> Iterator[dict]:
-  """Rows, one at a time as measured: the wall time of ``iterations`` DLG iterations on ``lenet_zhu`` (one photo) for each restart count
-  and strategy, compilation excluded (a first, untimed run compiles), and the ratio to one restart
-  (``over_one``, None without a count of 1). ``gflops``: the objective evaluations the run made
-  (line-search ones included) times XLA's count for one (:func:`dlg_evaluation_flops`), over the
-  wall time. ``conv``: how the model computes its convolutions (``gradjax.models.CONVS``; under
-  vmap XLA's own convolutions of the per-restart weight gradients become grouped ones, 64 groups
-  for 64 restarts, im2col's are batched matrix products)."""
+  """Rows, one at a time as measured: the wall time of ``iterations`` DLG iterations on ``lenet_zhu``
+  (one photo) for each restart count and strategy, compilation excluded (a first, untimed run
+  compiles), and the ratio to one restart (``over_one``, None without a count of 1). ``gflops``: the
+  objective evaluations the run made (line-search ones included) times XLA's count for one
+  (:func:`dlg_evaluation_flops`), over the wall time. ``conv``: how the model computes its
+  convolutions (``gradjax.models.CONVS``; under vmap XLA's own convolutions of the per-restart
+  weight gradients become grouped ones, 64 groups for 64 restarts, im2col's are batched matrix
+  products)."""
   model, obs = _dlg_problem(seed, conv)
   flops_one = dlg_evaluation_flops(model, obs)
   attack = presets.dlg(iterations)
@@ -292,12 +293,17 @@ def restart_timings(counts, iterations: int, strategies, map_batch_size: int, se
       yield row
 
 
+def _client_model(seed: int, conv: str) -> models.Model:
+  """The round's ``lenet_zhu`` (one draw per ``seed``), its convolutions by ``conv``."""
+  return models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
+                       num_classes=NUM_CLASSES, conv=conv)
+
+
 def client_observations(count: int, seed: int, conv: str = "auto"):
   """``count`` clients of one round: FedSGD on ``lenet_zhu`` (one draw, convolutions by ``conv``),
   one photo each, the 16 photos cycled and client i's shifted by i // 16 pixels so no two updates are
   the same. Returns (model, observations)."""
-  model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
-                        num_classes=NUM_CLASSES, conv=conv)
+  model = _client_model(seed, conv)
   images = photos(count)
   return model, [clients.fedsgd(model.apply_fn, model.variables,
                                 np.roll(images.x[i:i + 1], i // 16, axis=2), images.y[i:i + 1],
@@ -306,19 +312,18 @@ def client_observations(count: int, seed: int, conv: str = "auto"):
 
 def client_timings(counts, iterations: int, strategies, seed: int,
                    attack_names=("dlg", "inverting_gradients"), conv: str = "auto") -> Iterator[dict]:
-  """Rows, one at a time as measured: the wall time of ``iterations`` of an attack on K clients of ``lenet_zhu`` (one restart each),
-  compilation excluded (a first, untimed run compiles): ``together_s``, the K clients as the runs of
-  one solver run (:func:`gradjax.attacks.reconstruct_clients`) under ``strategy``; ``one_by_one_s``,
-  K calls of :func:`gradjax.attacks.reconstruct`, as an audit attacked a round's clients before
-  (the baseline, run in the same process); ``over_one``: ``together_s`` over one client's time alone
-  (the issue's "64 clients <= 3x one"); ``speedup``: ``one_by_one_s / together_s``. The model's
-  convolutions are ``conv`` as an audit resolves it (:func:`gradjax.models.resolve_conv`): batched for
-  K > 1 clients vmapped or mapped together, not for one client alone (``conv`` in the rows: the
-  together run's). The same parameters either way."""
+  """Rows, one at a time as measured: the wall time of ``iterations`` of an attack on K clients of
+  ``lenet_zhu`` (one restart each), compilation excluded (a first, untimed run compiles):
+  ``together_s``, the K clients as the runs of one solver run
+  (:func:`gradjax.attacks.reconstruct_clients`) under ``strategy``; ``one_by_one_s``, K calls of
+  :func:`gradjax.attacks.reconstruct`, as an audit attacked a round's clients before (the baseline,
+  run in the same process); ``over_one``: ``together_s`` over one client's time alone (the issue's
+  "64 clients <= 3x one"); ``speedup``: ``one_by_one_s / together_s``. The model's convolutions are
+  ``conv`` as an audit resolves it (:func:`gradjax.models.resolve_conv`): batched for K > 1 clients
+  vmapped or mapped together, not for one client alone (``conv`` in the rows: the together run's).
+  The same parameters either way."""
   model, observations = client_observations(max(counts), seed, models.resolve_conv(conv))
-  batched_model = model._replace(apply_fn=models.create(
-      "lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3), num_classes=NUM_CLASSES,
-      conv=models.resolve_conv(conv, batched=True)).apply_fn)
+  batched_model = _client_model(seed, models.resolve_conv(conv, batched=True))
   for name in attack_names:
     attack = presets.get_preset(name)(iterations=iterations)
     kw = dict(input_shape=(32, 32, 3))

@@ -454,10 +454,6 @@ class _Search:
         strategy, mesh, restarts, plan, snap)
     self.init, self.advance, self.finalize = _compiled(solver, strategy, execution.map_batch_size,
                                                        execution.unroll, mesh)
-    # Whether ``advance`` takes any number of steps without compiling again: the CPU's host loop of
-    # one-step calls (an accelerator's program has the count compiled in, its loop's trip count
-    # known to XLA).
-    self.any_steps = jax.default_backend() == "cpu"
     self.tol = -jnp.inf if solver.tol is None else solver.tol
     self.stopped = False if snap is None else bool(snap.stopped)  # a monitor ended the run
     self.compiled = False  # whether a chunk has run (the first one compiles the step)
@@ -522,7 +518,9 @@ class _Search:
     step of the run's own program where that scores it as ``finalize`` would
     (:func:`gradjax.solvers.scores_by_step`; the state is then fetched to the host), else, and for
     restarts sharded over devices (which stay so), by ``finalize``'s program."""
-    if (self.mesh is not None or not self.any_steps
+    # On CPU ``advance`` is a host loop of the one-step program (``.step``), so one more step compiles
+    # nothing; an accelerator's chunk program has its step count compiled in.
+    if (self.mesh is not None or not hasattr(self.advance, "step")
         or not solvers.scores_by_step(self.solver, state)):
       return self.finalize(state, self.data, per)
     kept = fetch(state)  # the step's program takes the state's buffers (donated)
