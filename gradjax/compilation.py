@@ -140,11 +140,18 @@ def on_setup_device(device: jax.Device | None) -> Iterator[None]:
 
 
 def to_default_device(tree: Any, device: jax.Device | None) -> Any:
-  """The arrays of ``tree`` placed on the default device, committed, where set-up ran on ``device``
-  (a transfer, no program); ``tree`` itself when ``device`` is None."""
+  """The arrays of ``tree`` on the default device where set-up ran on ``device`` (a transfer through
+  the host, no program); ``tree`` itself when ``device`` is None.
+
+  Uncommitted, as arrays made on the default device are: a program's output is committed where an
+  argument it reads is, and ``jit`` keys its programs by that, so committed data would make the
+  solver's first chunk (its state from ``init``, which need not read the data) and the next ones
+  (their state from a chunk, which does) two programs of one step: for Inverting Gradients on
+  ResNet20-4 on an H200, 10-11 s more compilation (``experiments/studies/accelerator_h100``)."""
   if device is None:
     return tree
-  return jax.device_put(tree, jax.devices()[0])
+  with jax.default_device(jax.devices()[0]):
+    return jax.device_put(jax.device_get(tree))
 
 
 def device_array(x) -> jax.Array:

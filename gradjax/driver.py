@@ -457,6 +457,9 @@ class _Search:
     self.tol = -jnp.inf if solver.tol is None else solver.tol
     self.stopped = False if snap is None else bool(snap.stopped)  # a monitor ended the run
     self.compiled = False  # whether a chunk has run (the first one compiles the step)
+    # The step counts whose chunk programs this process has run (an accelerator's has its count
+    # compiled in; on CPU every chunk is the one-step program's host loop).
+    self.ran: set[int] = set()
     # Restart-steps the whole run still has to take (every survivor of every round), for the ETA.
     self.left = sum(count * n for count, n in plan)
     if snap is not None:
@@ -488,9 +491,11 @@ class _Search:
       k = min(ex.chunk, target - done)
       if k in (ex.chunk, 1):
         state = self.advance(state, self.data, per, k)
+        self.ran.add(k)
       else:  # a budget's remainder in single steps: the same two programs serve every budget
         for _ in range(k):
           state = self.advance(state, self.data, per, 1)
+        self.ran.add(1)
       done += k
       self.left -= k * width
       best, alive = fetch((state.best_loss, state.alive))
@@ -514,13 +519,15 @@ class _Search:
     return state
 
   def final(self, state, per):
-    """``state`` (one restart's or stacked) finished, its final iterate scored: on CPU by one more
-    step of the run's own program where that scores it as ``finalize`` would
+    """``state`` (one restart's or stacked) finished, its final iterate scored by one more step of
+    the run's one-step program where that program exists already (on CPU; on an accelerator where a
+    budget's remainder ran in single steps) and scores it as ``finalize`` would
     (:func:`gradjax.solvers.scores_by_step`; the state is then fetched to the host), else, and for
     restarts sharded over devices (which stay so), by ``finalize``'s program."""
-    # On CPU ``advance`` is a host loop of the one-step program (``.step``), so one more step compiles
-    # nothing; an accelerator's chunk program has its step count compiled in.
-    if (self.mesh is not None or not hasattr(self.advance, "step")
+    # On CPU ``advance`` is a host loop of the one-step program (``.step``); an accelerator's chunk
+    # program has its step count compiled in, so a step of one compiles nothing only where one ran.
+    one_step = hasattr(self.advance, "step") or 1 in self.ran
+    if (self.mesh is not None or not one_step
         or not solvers.scores_by_step(self.solver, state)):
       return self.finalize(state, self.data, per)
     kept = fetch(state)  # the step's program takes the state's buffers (donated)

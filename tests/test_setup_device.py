@@ -42,8 +42,10 @@ SCRIPT = textwrap.dedent("""
     for host in (False, True):
       compilation.setup_device = (lambda: jax.devices()[1]) if host else (lambda: None)
       for name, options in runs.items():
-        results, _ = pipeline.run(config.from_options({**options, "output.lpips": "none"}))
+        with compilation.Recorder() as made:
+          results, _ = pipeline.run(config.from_options({**options, "output.lpips": "none"}))
         out[f"{name} {host}"] = [results["psnr"], results["loss"], results["verdict"]["status"]]
+        out[f"{name} {host} steps"] = [p.name for p in made.programs].count("jit(solver_steps)")
       cfgs = [config.from_options({"attack.iterations": 20, "output.lpips": "none", "data.index": i,
                                    "execution.strategy": "vmap", "execution.clients_per_run": 2})
               for i in range(2)]
@@ -67,6 +69,11 @@ def test_set_up_and_scoring_on_the_host_the_attack_on_the_default_device():
   out = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
   for name in ("dlg", "inverting_gradients", "clients"):
     assert out[f"{name} True"] == out[f"{name} False"], name
+  # The attack from the host runs the step programs of the attack made on the device (run first):
+  # its data is placed as data made there (committed, it would make the first chunk and the next
+  # two programs).
+  for name in ("dlg", "inverting_gradients"):
+    assert (out[f"{name} False steps"], out[f"{name} True steps"]) == (1, 0), out
   setup, attack = out["seen"]["setup"], out["seen"]["attack"]
   # One device throughout, then the host's (1) for the set-up and the default (0) for the attack.
   assert setup[:4] == [[0]] * 4 and setup[4:] == [[1]] * 4, setup

@@ -422,30 +422,34 @@ def test_one_compiled_step_serves_every_budget():
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "vmap"])
-def test_the_last_iterate_is_scored_by_the_step_program_on_cpu(strategy, monkeypatch):
-  """On CPU one more call of the one-step program scores an Adam run's last iterate: no
-  ``solver_finalize`` is compiled, and the run ends where ``finalize``'s program (an accelerator's
-  way, run here on CPU by telling the driver it is on a GPU) ends it (each a fresh solver: the
-  compiled programs are cached per solver)."""
-  def run():
+def test_the_last_iterate_is_scored_by_the_step_program_where_it_exists(strategy, monkeypatch):
+  """One more call of the one-step program scores an Adam run's last iterate where that program
+  exists: on CPU always, on an accelerator (run here on CPU by telling the driver it is on a GPU)
+  where a budget's remainder ran in single steps (23 iterations in chunks of 10), not where every
+  chunk was whole (20): ``solver_finalize``'s program scores it there, to the same result as the step
+  on CPU (each a fresh solver: the compiled programs are cached per solver)."""
+  def run(iterations):
     solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
     with compilation.Recorder() as made:
-      state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=23,
-                         execution=driver.Execution(strategy, chunk=10))
+      state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C),
+                         iterations=iterations, execution=driver.Execution(strategy, chunk=10))
     return state, [p.name for p in made.programs]
 
-  state, programs = run()
-  assert "jit(solver_finalize)" not in programs, programs
+  on_cpu = {}
+  for iterations in (23, 20):
+    on_cpu[iterations], programs = run(iterations)
+    assert "jit(solver_finalize)" not in programs, programs
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  by_finalize, programs = run()
-  assert "jit(solver_finalize)" in programs, programs
-  np.testing.assert_array_equal(state.iterations, [23, 23])
-  np.testing.assert_array_equal(state.evaluations, [24, 24])  # 23 steps + the last iterate's
-  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(by_finalize)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
-  # The best loss is the objective at the best params, the last iterate scored too.
-  np.testing.assert_allclose(state.best_loss, [quadratic({"p": p}, C) for p in state.best_params["p"]],
-                             rtol=1e-12)
+  for iterations, finalized in ((23, False), (20, True)):
+    state, programs = run(iterations)
+    assert ("jit(solver_finalize)" in programs) == finalized, (iterations, programs)
+    np.testing.assert_array_equal(state.iterations, [iterations] * 2)
+    np.testing.assert_array_equal(state.evaluations, [iterations + 1] * 2)  # the last iterate's too
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(on_cpu[iterations])):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+    # The best loss is the objective at the best params, the last iterate scored too.
+    np.testing.assert_allclose(state.best_loss,
+                               [quadratic({"p": p}, C) for p in state.best_params["p"]], rtol=1e-12)
 
 
 def test_footprint_counts_arguments_outputs_and_temporaries():
