@@ -337,10 +337,29 @@ class Problem(NamedTuple):
   restart_data: jax.Array
 
 
-def _run_data(data, clients: bool):
+class ClientSplit(NamedTuple):
+  """How :func:`reconstruct_clients` hands the runs their clients' :class:`MatchingData`: the leaves
+  where every client's data is the same (the round's model, as a Flower round's clients received it)
+  once, shared by every run, and the others per run. ``structure``: the MatchingData's tree;
+  ``shared``: per leaf, whether it is shared (static: the solver's programs are built for it)."""
+
+  structure: jax.tree_util.PyTreeDef
+  shared: tuple[bool, ...]
+
+  def merge(self, shared_leaves, own_leaves) -> MatchingData:
+    """A run's MatchingData from the shared leaves and its own (each a tuple, in leaf order)."""
+    shared_leaves, own_leaves = iter(shared_leaves), iter(own_leaves)
+    return self.structure.unflatten([next(shared_leaves) if s else next(own_leaves)
+                                     for s in self.shared])
+
+
+def _run_data(data, clients: ClientSplit | None):
   """(this run's MatchingData, its label order) from the solver's data: ``(shared, order)``, or with
-  several clients ``(None, (its client's MatchingData, order))`` (:func:`reconstruct_clients`)."""
-  return data[1] if clients else data
+  several clients ``(shared leaves, (its client's own leaves, order))`` (:func:`reconstruct_clients`)."""
+  if clients is None:
+    return data
+  shared, (own, order) = data
+  return clients.merge(shared, own), order
 
 
 def _clip_to_box(dummy, data):
@@ -349,7 +368,7 @@ def _clip_to_box(dummy, data):
 
 
 def _solver(attack: Attack, apply_fn: Callable, num_leaves: int,
-            loss_fn: Callable = cross_entropy, clients: bool = False) -> solvers.Solver:
+            loss_fn: Callable = cross_entropy, clients: ClientSplit | None = None) -> solvers.Solver:
   """The solver of ``attack`` on a model of ``num_leaves`` parameter leaves whose client trains on
   ``loss_fn`` (``clients``: each run reads its client's data, :func:`_run_data`); the name, the
   dummy initialisation and, unless a named optimizer's schedule is spread over it, the budget do
@@ -362,7 +381,7 @@ def _solver(attack: Attack, apply_fn: Callable, num_leaves: int,
 
 @functools.lru_cache(maxsize=32)
 def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
-                   loss_fn: Callable, clients: bool = False) -> solvers.Solver:
+                   loss_fn: Callable, clients: ClientSplit | None = None) -> solvers.Solver:
   objective = gradient_matching(apply_fn, attack.distance, loss_fn=loss_fn,
                                 prior=priors_lib.combine(attack.priors) if attack.priors else None,
                                 matched=attack.matched,
@@ -647,9 +666,10 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
 
   Client k's reconstruction is the one :func:`reconstruct` gives for ``observations[k]`` and
   ``keys[k]``, up to float32 rounding (its step is another program) (each client's problem is
-  prepared alone, :func:`prepare`; each of its runs carries
-  its observation, labels and layer weights, so K·R·P copies of the model's parameters and update
-  are held, and its best run is selected among its own, :func:`select`). One program serves every client, so the
+  prepared alone, :func:`prepare`; what differs between the clients' problems, such as their updates
+  and labels, each of its runs carries, K·R·P copies; what is the same for all, such as the round's
+  model, is held once and shared by every run (:class:`ClientSplit`); its best run is selected among
+  its own, :func:`select`). One program serves every client, so the
   observations must share a structure: the model's parameter tree and shapes, the batch size, the
   threat model and its local training (a Flower round's clients, or one client over rounds).
 
@@ -695,16 +715,22 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
                          f"the batch size, the threat model and its local training; client {k} "
                          "differs from client 0 (attack it separately)")
     runs = problems[0].restart_data.shape[0]  # R·P per client
-    # Each run carries its client's data (a vmapped program reads it as an input, not by a gather
-    # at every step; the sequential strategy moves each run's to the device once).
-    per_run = jax.tree.map(lambda *a: np.repeat(np.stack(jax.device_get(a)), runs, axis=0),
-                           *(p.data for p in problems))
+    # What every client has the same (the round's model) is shared by every run; the rest each run
+    # carries (a vmapped program reads it as an input, not by a gather at every step; the
+    # sequential strategy moves each run's to the device once).
+    leaves = [jax.tree.leaves(jax.device_get(p.data)) for p in problems]
+    split = ClientSplit(jax.tree.structure(problems[0].data),
+                        tuple(all(np.array_equal(mine[i], leaves[0][i]) for mine in leaves[1:])
+                              for i in range(len(leaves[0]))))
+    shared = tuple(device_array(a) for a, s in zip(leaves[0], split.shared) if s)
+    own = tuple(np.repeat(np.stack([mine[i] for mine in leaves]), runs, axis=0)
+                for i, s in enumerate(split.shared) if not s)
     init = jax.tree.map(lambda *a: jnp.concatenate(a), *(p.init for p in problems))
     orders = jnp.concatenate([p.restart_data for p in problems])
     num_leaves = len(jax.tree.leaves(observations[0].gradient))
-    state = driver.run(_solver(attack, apply_fn, num_leaves, clients=True), init, None,
+    state = driver.run(_solver(attack, apply_fn, num_leaves, clients=split), init, shared,
                        iterations=attack.iterations, execution=execution,
-                       restart_data=(per_run, orders))
+                       restart_data=(own, orders))
     state = sharding.fetch(state)
     return [select(p, jax.tree.map(lambda a, k=k: a[k * runs:(k + 1) * runs], state))
             for k, p in enumerate(problems)]

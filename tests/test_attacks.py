@@ -316,6 +316,39 @@ def test_clients_in_one_run_equal_each_client_alone(strategy, name):
     assert len({float(r.loss) for r in together}) == 3  # three clients, three objectives
 
 
+def test_clients_in_one_run_share_what_is_the_same_and_carry_what_differs(monkeypatch):
+  """The round's model, the same for every client, reaches the driver once (shared data); what
+  differs (the updates; here also the model, for one client over two rounds) each run carries. Both
+  ways a client's reconstruction is the one of attacking it alone."""
+  batch = data.load("skimage", indices=range(4), image_size=(16, 16))
+  net = models.create("lenet_zhu", jax.random.key(3), input_shape=batch.x.shape[1:])
+  later = models.create("lenet_zhu", jax.random.key(4), input_shape=batch.x.shape[1:])
+  seen = []
+  run = driver.run
+  monkeypatch.setattr(driver, "run", lambda *a, **k: seen.append((a[2], k["restart_data"])) or run(*a, **k))
+  attack = presets.inverting_gradients(iterations=4)
+  kw = dict(input_shape=batch.x.shape[1:], restarts=2)
+  keys = jax.random.split(jax.random.key(7), 2)
+  weights = lambda tree: sum(int(np.prod(np.shape(a))) for a in jax.tree.leaves(tree))
+  params = weights(net.variables["params"])
+  for models_of in ((net, net), (net, later)):
+    observations = [clients.fedsgd(m.apply_fn, m.variables, batch.x[2 * i:2 * i + 2],
+                                   batch.y[2 * i:2 * i + 2], share_labels=True)
+                    for i, m in enumerate(models_of)]
+    together = attacks.reconstruct_clients(attack, net.apply_fn, observations, keys,
+                                           execution=driver.Execution("vmap", chunk=4), **kw)
+    shared, (own, _) = seen[-1]
+    if models_of[1] is net:  # the model once; each of the 4 runs its client's update (as big)
+      assert weights(shared) >= params and 4 * params <= weights(own) < 5 * params
+    else:  # each run its client's model and update
+      assert weights(own) >= 8 * params
+    for obs, key, got in zip(observations, keys, together):
+      alone = attacks.reconstruct(attack, net.apply_fn, obs, key,
+                                  execution=driver.Execution("sequential", chunk=4), **kw)
+      np.testing.assert_allclose(got.x_restarts, alone.x_restarts, rtol=0, atol=1e-3)
+      np.testing.assert_allclose(got.restart_losses, alone.restart_losses, rtol=1e-3)
+
+
 def test_clients_in_one_run_refuse_what_would_mix_them():
   batch = data.load("skimage", indices=range(3), image_size=(16, 16))
   net = models.create("lenet_zhu", jax.random.key(3), input_shape=batch.x.shape[1:])

@@ -523,8 +523,10 @@ def test_a_rounds_clients_attacked_in_one_run_give_the_rows_of_one_at_a_time(net
   spoiled: with ``clients_per_run=8`` the audit attacks the alike captures in one solver run (the
   two clients' four updates of two global models; the pruned client's adapted attack in a run of its
   own; the spoiled reply is its error row), and every row is the one it gives one capture at a time
-  (CPU: the runs advance in sequence; the plain clients' numbers are the same, the pruned client's
-  differ by float32 rounding, which its 20 L-BFGS steps grow to about 1 % of the objective)."""
+  (CPU: the runs advance in sequence; in a fresh process every number is the same. After other
+  tests in the process (a pytest-xdist worker) the two ways have been seen to differ by float32
+  rounding, which 20 L-BFGS steps grow: 0.2 % of a PSNR, 2-3 % of a loss near convergence (0.017,
+  a difference of terms a thousand times larger, so its rounding is absolute: 4-5e-4))."""
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
   start(strategy, net, Grid(net, nodes=(11, 12, 13, 14), defenses={13: "prune:0.7"},
                             spoil={14: "error"}), rounds=2)
@@ -546,6 +548,6 @@ def test_a_rounds_clients_attacked_in_one_run_give_the_rows_of_one_at_a_time(net
       continue
     assert a["verdict"] == b["verdict"] and a["iterations"] == b["iterations"]
     assert a["label_accuracy"] == b["label_accuracy"]
-    np.testing.assert_allclose(b["psnr"], a["psnr"], rtol=1e-3)
+    np.testing.assert_allclose(b["psnr"], a["psnr"], rtol=5e-3)
     np.testing.assert_allclose(b["ssim"], a["ssim"], atol=1e-3)
-    np.testing.assert_allclose(b["loss"], a["loss"], rtol=2e-2)
+    np.testing.assert_allclose(b["loss"], a["loss"], rtol=2e-2, atol=2e-3)
