@@ -554,10 +554,12 @@ def markdown(result: dict) -> str:
     lines += [f"## Clients: {result['config']['restart_iterations']} iterations on K clients of one "
               "lenet_zhu round (s; ratio to one client alone)", "",
               "| attack | strategy | K | K clients in one run | K runs one by one | one by one / "
-              "together | together / one client |", "|---|---|---|---|---|---|---|"]
+              "together | together / one client | first call together / alone (compiling) |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["clients"]:
       lines.append(f"| {r['attack']} | {r['strategy']} | {r['clients']} | {r['together_s']:.2f} | "
-                   f"{r['one_by_one_s']:.2f} | {r['speedup']:.2f}× | {_f(r['over_one'], '{:.1f}')}× |")
+                   f"{r['one_by_one_s']:.2f} | {r['speedup']:.2f}× | {_f(r['over_one'], '{:.1f}')}× | "
+                   f"{r['together_cold_s']:.2f} / {r['one_cold_s']:.2f} |")
     lines.append("")
   if "profile" in result:
     p = result["profile"]
