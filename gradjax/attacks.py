@@ -39,7 +39,7 @@ from gradjax import labels as labels_lib
 from gradjax import optimizers
 from gradjax import permutations as permutations_lib
 from gradjax import priors as priors_lib
-from gradjax import driver, sharding, solvers
+from gradjax import compilation, driver, sharding, solvers
 from gradjax.compilation import device_array, once
 from gradjax.losses import cross_entropy
 from gradjax.objectives import Smoothing, Stepwise, gradient_matching
@@ -649,8 +649,12 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
       chunk, successive halving, sharding over devices, progress callback and monitor).
   """
   with driver.precision_scope(execution.matmul_precision):
-    problem = prepare(attack, apply_fn, observation, key, input_shape=input_shape, bounds=bounds,
-                      restarts=restarts, permutations=permutations, permutation_seed=permutation_seed)
+    host = None if execution.shard else execution.setup_device
+    with compilation.on_setup_device(host):
+      problem = prepare(attack, apply_fn, observation, key, input_shape=input_shape, bounds=bounds,
+                        restarts=restarts, permutations=permutations,
+                        permutation_seed=permutation_seed)
+    problem = compilation.to_default_device(problem, host)
     return select(problem, solve(attack, apply_fn, problem, execution))
 
 
@@ -701,10 +705,12 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     raise ValueError("successive halving would rank one client's restarts against another's; "
                      "attack several clients with halving_rounds = 1")
   with driver.precision_scope(execution.matmul_precision):
-    problems = [prepare(attack, apply_fn, obs, key, input_shape=input_shape, bounds=bounds,
-                        restarts=restarts, permutations=permutations,
-                        permutation_seed=permutation_seed)
-                for obs, key in zip(observations, keys)]
+    host = None if execution.shard else execution.setup_device
+    with compilation.on_setup_device(host):
+      problems = [prepare(attack, apply_fn, obs, key, input_shape=input_shape, bounds=bounds,
+                          restarts=restarts, permutations=permutations,
+                          permutation_seed=permutation_seed)
+                  for obs, key in zip(observations, keys)]
     first = jax.tree.structure(problems[0].data)
     for k, problem in enumerate(problems[1:], 1):
       shapes = [jnp.shape(a) for a in jax.tree.leaves(problem.data)]
@@ -725,8 +731,9 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     shared = tuple(device_array(a) for a, s in zip(leaves[0], split.shared) if s)
     own = tuple(np.repeat(np.stack([mine[i] for mine in leaves]), runs, axis=0)
                 for i, s in enumerate(split.shared) if not s)
-    init = jax.tree.map(lambda *a: jnp.concatenate(a), *(p.init for p in problems))
-    orders = jnp.concatenate([p.restart_data for p in problems])
+    # The runs' first dummy data and label orders, stacked on the host (the driver places them).
+    init = jax.tree.map(lambda *a: np.concatenate(a), *jax.device_get([p.init for p in problems]))
+    orders = np.concatenate(jax.device_get([p.restart_data for p in problems]))
     num_leaves = len(jax.tree.leaves(observations[0].gradient))
     state = driver.run(_solver(attack, apply_fn, num_leaves, clients=split), init, shared,
                        iterations=attack.iterations, execution=execution,

@@ -140,8 +140,8 @@ def on_setup_device(device: jax.Device | None) -> Iterator[None]:
 
 
 def to_default_device(tree: Any, device: jax.Device | None) -> Any:
-  """The arrays of ``tree`` on the default device where set-up ran on ``device`` (a transfer through
-  the host, no program); ``tree`` itself when ``device`` is None.
+  """The JAX arrays of ``tree`` on the default device where set-up ran on ``device`` (a transfer
+  through the host, no program; NumPy leaves as they are); ``tree`` itself when ``device`` is None.
 
   Uncommitted, as arrays made on the default device are: a program's output is committed where an
   argument it reads is, and ``jit`` keys its programs by that, so committed data would make the
@@ -150,8 +150,15 @@ def to_default_device(tree: Any, device: jax.Device | None) -> Any:
   ResNet20-4 on an H200, 10-11 s more compilation (``experiments/studies/accelerator_h100``)."""
   if device is None:
     return tree
-  with jax.default_device(jax.devices()[0]):
-    return jax.device_put(jax.device_get(tree))
+  target = jax.devices()[0]
+
+  def place(x):
+    if not isinstance(x, jax.Array) or (x.devices() == {target} and not x.committed):
+      return x  # host data (NumPy), or already there as placed (an input the set-up passed on)
+    with jax.default_device(target):
+      return jax.device_put(jax.device_get(x))
+
+  return jax.tree.map(place, tree)
 
 
 def device_array(x) -> jax.Array:

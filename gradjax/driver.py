@@ -122,6 +122,12 @@ class Execution:
       offered one after every chunk (``gradjax.run.resume.Saver`` saves it to a file every so often).
     matmul_precision: one of ``PRECISIONS``: the precision of matrix products and convolutions
       the run's programs are traced at (:func:`precision_scope`); ``"default"``: JAX's own.
+    setup_device: where the run's programs that run once run (the solver's first state here, the
+      dummy data's draw in :func:`gradjax.attacks.reconstruct`), their results then placed on the
+      default device for the steps (:func:`gradjax.compilation.to_default_device`); None: the
+      default device. :func:`gradjax.compilation.setup_device`: the host's CPU where the default
+      device is an accelerator, which compiles such a program faster than the accelerator
+      (``experiments/studies/accelerator_h100``). Not used with ``shard``.
   """
 
   strategy: str = "auto"
@@ -135,6 +141,7 @@ class Execution:
   monitor: Callable[[SolverState], bool] | None = None
   saver: Saver | None = None
   matmul_precision: str = "float32"
+  setup_device: Any = None  # a jax.Device
 
   def __post_init__(self):
     if self.matmul_precision not in PRECISIONS:
@@ -477,6 +484,14 @@ class _Search:
     return (np.asarray(self.snap.survivors, np.int64), sum(n for _, n in self.plan[:first]),
             first)
 
+  def first(self, params, per):
+    """The solver's first state from ``params`` (one restart's or stacked), made on the execution's
+    ``setup_device`` where it has one (not over a mesh) and placed on the default device."""
+    host = None if self.mesh is not None else self.ex.setup_device
+    with compilation.on_setup_device(host):
+      state = self.init(params, self.data, per)
+    return compilation.to_default_device(state, host)
+
   def drive(self, state, per, restart, done, n, snapshot, width=1):
     """Advances ``state`` (``width`` restarts) by ``n`` steps from step ``done``; stops early once
     all converged. ``snapshot(state, finished)`` is the run's :class:`Snapshot` with ``state`` in
@@ -556,7 +571,7 @@ def _sequential(search: _Search, init_params: PyTree, restart_data: PyTree) -> S
   host_params, host_per = jax.device_get((init_params, restart_data))
   pers = [None if host_per is None else jax.device_put(_slice(host_per, r)) for r in range(restarts)]
   if snap is None:
-    states = [search.init(_slice(host_params, r), data, pers[r]) for r in range(restarts)]
+    states = [search.first(_slice(host_params, r), pers[r]) for r in range(restarts)]
   else:
     states = [jax.device_put(_slice(snap.state, r)) for r in range(restarts)]
   last = None  # (round, its survivors) of the last round run
@@ -590,9 +605,11 @@ def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> Sol
   survivors are gathered on the host and sharded again (padded) over the mesh."""
   snap, data, restarts, mesh = search.snap, search.data, search.restarts, search.mesh
   survivors, done, first_round = search.start()
+  if mesh is None:  # the runs' own data on the device once, not with every chunk's call
+    restart_data = jax.device_put(restart_data)
   per_of = (lambda i: None) if restart_data is None else (lambda i: _slice(restart_data, i))
   if snap is None:
-    state = search.init(init_params, data, restart_data)
+    state = search.first(init_params, restart_data)
   else:
     state = shard_restarts(snap.state, mesh) if mesh is not None else jax.device_put(snap.state)
   on_host = False  # with a mesh: whether ``state`` was gathered to the host by a halving round

@@ -36,6 +36,25 @@ SCRIPT = textwrap.dedent("""
       return q
 
     pipeline._prepare, pipeline._placed = spy_prepare, spy_placed
+
+    # The attack's programs that run once: the dummy data's draw and the solver's first state.
+    from gradjax import attacks, driver
+    draw, compiled = attacks.prepare, driver._compiled
+
+    def spy_draw(*a, **k):
+      problem = draw(*a, **k)
+      seen.setdefault("draw", []).append(devices(problem.init))
+      return problem
+
+    def spy_compiled(*a, **k):
+      init, advance, finalize = compiled(*a, **k)
+      def first(*b):
+        state = init(*b)
+        seen.setdefault("first", []).append(devices(state))
+        return state
+      return first, advance, finalize
+
+    attacks.prepare, driver._compiled = spy_draw, spy_compiled
     out = {}
     runs = {"dlg": {"attack.iterations": 30},
             "inverting_gradients": {"attack.preset": "inverting_gradients", "attack.iterations": 20}}
@@ -78,3 +97,7 @@ def test_set_up_and_scoring_on_the_host_the_attack_on_the_default_device():
   # One device throughout, then the host's (1) for the set-up and the default (0) for the attack.
   assert setup[:4] == [[0]] * 4 and setup[4:] == [[1]] * 4, setup
   assert attack == [[0]] * 4, attack
+  # The dummy data drawn and the solver's first state made on the set-up device too (DLG, IG, then
+  # the two clients: two draws, one first state).
+  draw, first = out["seen"]["draw"], out["seen"]["first"]
+  assert draw == [[0]] * 4 + [[1]] * 4 and first == [[0]] * 3 + [[1]] * 3, (draw, first)

@@ -433,12 +433,13 @@ class ExecutionConfig(_Section):
       "time (set, its blocks save no solver state mid-run).")
 
   def build(self, callback: Callable | None = None, monitor: Callable | None = None,
-            saver: driver.Saver | None = None) -> driver.Execution:
+            saver: driver.Saver | None = None, setup_device=None) -> driver.Execution:
     """The :class:`gradjax.driver.Execution` of the restarts (``remat`` changes the model and the
-    replay, not the driver)."""
+    replay, not the driver); ``setup_device``: the run's (:func:`gradjax.run.pipeline.setup_device`)."""
     knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
              if f.name not in ("remat", "clients_per_run")}
-    return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver)
+    return driver.Execution(**knobs, callback=callback, monitor=monitor, saver=saver,
+                            setup_device=setup_device)
 
   def __post_init__(self):
     super().__post_init__()

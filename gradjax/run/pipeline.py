@@ -681,7 +681,7 @@ def _attack_image(cfg: Config, callback, batch, state, deadline, target_psnr, ma
   execution = cfg.execution.build(callback=trace.progress,
                             monitor=(trace.monitor if (p.batch is not None or deadline is not None)
                                      and not cfg.execution.shard else None),
-                            saver=timing.saver)
+                            saver=timing.saver, setup_device=host)
   found = {}  # what a closed form found besides the reconstruction
   if p.closed:
     rec, found = closed_forms.reconstruct(p.attack, p.model.apply_fn, p.observation, p.input_shape,
@@ -841,14 +841,15 @@ def _attack_together(cfgs, members, setups, target_psnr=None) -> list:
                   target_psnr=target_psnr) for _, p in members]
   timings = [_Resumable(cfgs[i], None, trace) for (i, _), trace in zip(members, traces)]
   shared = _ClientTraces(traces, cfg.attack.restarts * cfg.attack.permutations)
-  execution = cfg.execution.build(callback=shared.progress, monitor=shared.monitor)
   host = setup_device(cfg)
+  execution = cfg.execution.build(callback=shared.progress, monitor=shared.monitor,
+                                  setup_device=host)
   with driver.precision_scope(cfg.execution.matmul_precision):
     with compilation.Recorder() as made:
       start = time.time()
       recs = attacks.reconstruct_clients(
           first.attack, first.model.apply_fn,
-          [compilation.to_default_device(p.observation, host) for _, p in members],
+          [p.observation for _, p in members],  # prepared where they were made (setup_device)
           [p.key_attack for _, p in members], input_shape=first.input_shape,
           bounds=image_bounds(first.norm, first.input_shape[-1]), restarts=cfg.attack.restarts,
           permutations=cfg.attack.permutations, execution=execution)
