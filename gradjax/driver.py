@@ -564,7 +564,7 @@ class _Search:
 
 def _sequential(search: _Search, init_params: PyTree, restart_data: PyTree) -> SolverState:
   """The ``"sequential"`` strategy: each restart advanced alone, one after another in each round."""
-  snap, data, restarts = search.snap, search.data, search.restarts
+  snap, restarts = search.snap, search.restarts
   survivors, done, first_round = search.start()
   # Each restart's rows are sliced on the host once: slicing a device array compiles a program
   # per leaf.
@@ -603,7 +603,7 @@ def _together(search: _Search, init_params: PyTree, restart_data: PyTree) -> Sol
   advanced in one program. With a mesh the leading axis is padded to a multiple of the device count
   (``search.restarts`` is the real count): halving ranks only those, and each later round's
   survivors are gathered on the host and sharded again (padded) over the mesh."""
-  snap, data, restarts, mesh = search.snap, search.data, search.restarts, search.mesh
+  snap, restarts, mesh = search.snap, search.restarts, search.mesh
   survivors, done, first_round = search.start()
   if mesh is None:  # the runs' own data on the device once, not with every chunk's call
     restart_data = jax.device_put(restart_data)
