@@ -80,14 +80,14 @@ BATCHES_CONFIG = os.path.join("experiments", "studies", "batches", "lenet.py")
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
 # The parts that run gradjax (and PyTorch) in processes of their own, timed as a user's process.
 PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
-# What the ``flags`` part tries on a first result, each alone after nothing: the set-up and scoring on
-# the accelerator as before gradjax moved them to the host (``gradjax.compilation.setup_device``),
-# then XLA's compiler flags: GEMMs by cuBLAS instead of generated Triton kernels, and without
-# autotuning as well. Each an addition to the processes' environment. (jax 0.11.2's XLA has no
-# ``--xla_gpu_enable_llvm_module_compilation_parallelism``: the process exits at its start.)
-VARIANTS = ({}, {"GRADJAX_SETUP_DEVICE": "accelerator"},
-            {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"},
-            {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false --xla_gpu_autotune_level=0"})
+# What the ``flags`` part tries on a first result, each alone after nothing: the set-up, the first
+# state and the scoring on the accelerator as before gradjax moved them to the host
+# (``gradjax.compilation.setup_device``), then the step compiled as the run-once programs are
+# (``GRADJAX_FAST_COMPILE``: LLVM's level 0; short runs may gain more compiling than they lose
+# running). Each an addition to the processes' environment. XLA's flags for GEMMs by cuBLAS instead
+# of Triton kernels and without autotuning did not shorten a first result on an H200
+# (``experiments/studies/accelerator_h100``, 2026-12-04), and were dropped.
+VARIANTS = ({}, {"GRADJAX_SETUP_DEVICE": "accelerator"}, {"GRADJAX_FAST_COMPILE": "1"})
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
