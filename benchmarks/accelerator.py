@@ -4,7 +4,7 @@ that each run in well under 10 minutes on one GPU, so a lent machine can run the
 Parts (``--parts``), each written as ``gpu_<part>.json`` and ``gpu_<part>.md`` when it ends (a part
 already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles those present. A part
 stopped by SIGINT (``timeout -s INT``) writes the rows it measured, marked ``complete: false``, and
-runs again in the next call:
+runs again in the next call (``ig`` and ``precision`` from the rows they have, :data:`RESUMABLE`):
 
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
   compiled and peak memory), as the suite's steps section.
@@ -80,6 +80,10 @@ BATCHES_CONFIG = os.path.join("experiments", "studies", "batches", "lenet.py")
 PRECISIONS = ("float32", "tensorfloat32", "bfloat16", "default")  # default: JAX's
 # The parts that run gradjax (and PyTorch) in processes of their own, timed as a user's process.
 PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
+# The parts whose rows are measured one independent of another, each row's identity: a stopped one
+# goes on from the rows it has (as long as the sizes and the dataset are the same), so the paper's
+# full protocol fits across calls of a few minutes each.
+RESUMABLE = {"ig": lambda row: row["index"], "precision": lambda row: (row["attack"], row["precision"])}
 # What the ``flags`` part tries on a first result, each alone after nothing: the set-up, the first
 # state and the scoring on the accelerator as before gradjax moved them to the host
 # (``gradjax.compilation.setup_device``), then the step compiled as the run-once programs are
@@ -247,25 +251,31 @@ def part_dlg64(s: dict, seed: int) -> Iterator[dict]:
       yield row
 
 
-def part_precision(s: dict, seed: int) -> Iterator[dict]:
+def part_precision(s: dict, seed: int, done=frozenset()) -> Iterator[dict]:
+  """Its rows but those ``done`` (their :data:`RESUMABLE` identities)."""
   runs = [("dlg", "lenet_zhu", s["dlg_iterations"]),
           ("inverting_gradients", s["ig_model"], s["ig_iterations"] or 1000)]
-  runs = [r for r in runs if r[0] in s["precision_attacks"]]
-  for attack, model, iterations in runs:
-    for precision in s["precisions"]:
-      cfg = config.from_options({
-          "attack.preset": attack, "model.name": model, "attack.iterations": iterations,
-          "execution.matmul_precision": precision, "data.image_size": s["image_size"], "seed": seed,
-          "output.lpips": "none"
-      })
-      results, _ = pipeline.run(cfg)
-      row = dict(attack=attack, model=model, precision=precision, **_scores(results))
-      print(f"precision {row}", flush=True)
-      yield row
+  items = [(run, precision) for run in runs if run[0] in s["precision_attacks"]
+           for precision in s["precisions"]]
+  for (attack, model, iterations), precision in items:
+    if (attack, precision) in done:
+      continue
+    cfg = config.from_options({
+        "attack.preset": attack, "model.name": model, "attack.iterations": iterations,
+        "execution.matmul_precision": precision, "data.image_size": s["image_size"], "seed": seed,
+        "output.lpips": "none"
+    })
+    results, _ = pipeline.run(cfg)
+    row = dict(attack=attack, model=model, precision=precision, **_scores(results))
+    print(f"precision {row}", flush=True)
+    yield row
 
 
-def part_ig(s: dict, seed: int, data_dir: str | None) -> Iterator[dict]:
+def part_ig(s: dict, seed: int, data_dir: str | None, done=frozenset()) -> Iterator[dict]:
+  """Its rows (one an image) but those ``done`` (their :data:`RESUMABLE` identities)."""
   for index in s["ig_images"]:
+    if index in done:
+      continue
     cfg = config.from_options({
         "attack.preset": "inverting_gradients", "model.name": s["ig_model"], "model.init": s["ig_init"],
         "data.dataset": s["dataset"], "data.data_dir": data_dir, "data.index": index,
@@ -385,15 +395,15 @@ def kept_draw_conflict(parts, out: str, ig_init: str | None) -> str | None:
   return None
 
 
-def _kept_rows(path: str) -> tuple[int, bool] | None:
-  """(rows, complete) of the part written at ``path`` (parts written before ``complete`` was
-  recorded are complete); None when there is none."""
+def _kept(path: str) -> dict | None:
+  """The part written at ``path``, its ``complete`` set (parts written before it was recorded are
+  complete); None when there is none."""
   if not os.path.exists(path):
     return None
   try:
     with open(path, encoding="utf-8") as fh:
       kept = json.load(fh)
-    return len(kept["rows"]), kept.get("complete", True)
+    return dict(kept, rows=list(kept["rows"]), complete=kept.get("complete", True))
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise ValueError(f"{path} cannot be read as a suite part ({e!r}); give another --output_dir") from None
 
@@ -414,7 +424,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   whole unless ``overwrite``); returns the assembled Markdown. A part stopped by an interrupt (SIGINT:
   ``timeout -s INT``) writes the rows it measured, marked ``complete: false``, unless an earlier call
   wrote more or the whole part (also under ``overwrite``); the interrupt then goes on. The next call
-  runs that part again, from its start. ``ig_init``: the ``ig`` part's model draw (None: the zoo's
+  runs that part again, from its start, or for one of :data:`RESUMABLE` at the same sizes and
+  dataset, from the rows it has (without ``overwrite``). ``ig_init``: the ``ig`` part's model draw (None: the zoo's
   default); ``env``: the environment of the processes the parts start (:func:`leave_card`; None:
   this one's)."""
   s = dict(sizes(quick, dataset), ig_init=ig_init)
@@ -423,31 +434,40 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
                   im2col=lambda: part_im2col(s, seed),
                   clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed, env),
                   flags=lambda: part_flags(s, seed, env),
-                  dlg64=lambda: part_dlg64(s, seed), precision=lambda: part_precision(s, seed),
-                  ig=lambda: part_ig(s, seed, data_dir), fedavg=lambda: part_fedavg(s, seed, data_dir),
+                  dlg64=lambda: part_dlg64(s, seed),
+                  precision=lambda done: part_precision(s, seed, done),
+                  ig=lambda done: part_ig(s, seed, data_dir, done),
+                  fedavg=lambda: part_fedavg(s, seed, data_dir),
                   batch=lambda: part_batch(s, seed, data_dir, out, env),
                   convnet=lambda: part_convnet(s, seed, data_dir, out, env))
   for part in sorted(parts, key=lambda p: p not in PROCESS_PARTS):  # before this process holds memory
     path = os.path.join(out, f"gpu_{part}.json")
-    kept = _kept_rows(path)
-    if kept is not None and kept[1] and not overwrite:
+    kept = _kept(path)
+    if kept is not None and kept["complete"] and not overwrite:
       print(f"{part}: kept {path}", flush=True)
       continue
-    start, rows = time.perf_counter(), []
+    start, rows, earlier = time.perf_counter(), [], 0.0
+    if (part in RESUMABLE and kept is not None and not overwrite and kept.get("quick") == quick
+        and kept.get("dataset") == dataset):
+      rows, earlier = list(kept["rows"]), kept.get("seconds", 0.0)
+      print(f"{part}: going on from the {len(rows)} rows in {path}", flush=True)
     try:
-      produced = run_part[part]()
+      if part in RESUMABLE:
+        produced = run_part[part](frozenset(RESUMABLE[part](r) for r in rows))
+      else:
+        produced = run_part[part]()
       if produced is None:  # out of time: nothing to write yet
         continue
       rows.extend(produced)  # a generator's rows one by one, so an interrupt keeps those measured
     except KeyboardInterrupt:
-      if rows and (kept is None or (not kept[1] and len(rows) > kept[0])):
-        _write_part(path, dict(header, part=part, quick=quick, complete=False,
-                               seconds=time.perf_counter() - start, rows=rows))
+      if rows and (kept is None or (not kept["complete"] and len(rows) > len(kept["rows"]))):
+        _write_part(path, dict(header, part=part, quick=quick, dataset=dataset, complete=False,
+                               seconds=earlier + time.perf_counter() - start, rows=rows))
         print(f"{part}: stopped; wrote the {len(rows)} rows measured to {path}", flush=True)
       _assemble(out)
       raise
-    _write_part(path, dict(header, part=part, quick=quick, complete=True,
-                           seconds=time.perf_counter() - start, rows=rows))
+    _write_part(path, dict(header, part=part, quick=quick, dataset=dataset, complete=True,
+                           seconds=earlier + time.perf_counter() - start, rows=rows))
   return _assemble(out)
 
 

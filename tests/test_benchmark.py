@@ -117,6 +117,48 @@ def test_accelerator_suite_leaves_the_card_to_the_processes_it_starts():
   assert user == user_child == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
 
 
+def test_a_resumable_part_goes_on_from_the_rows_it_has(tmp_path):
+  """``ig`` (one row an image) stopped after two of five images goes on at the third in a later
+  call at the same sizes, the rows of both calls kept in order; a call at other sizes (``--quick``
+  against not) or with ``overwrite`` starts over."""
+  code = (
+      "import json, sys\n"
+      "from benchmarks import accelerator\n"
+      "out = sys.argv[1]\n"
+      "header = dict(command='test', environment=dict(device_kind='cpu'))\n"
+      "asked = []\n"
+      "def stopping(stop_after):\n"
+      "  def part(s, seed, data_dir, done=frozenset()):\n"
+      "    asked.append(sorted(done))\n"
+      "    for n, index in enumerate(i for i in range(5) if i not in done):\n"
+      "      if n == stop_after:\n"
+      "        raise KeyboardInterrupt\n"
+      "      yield dict(index=index, psnr=float(index))\n"
+      "  return part\n"
+      "seen = []\n"
+      "for stop_after, quick, overwrite in [(2, True, False), (1, False, False), (9, True, False),\n"
+      "                                     (1, True, True)]:\n"
+      "  accelerator.part_ig = stopping(stop_after)\n"
+      "  try:\n"
+      "    accelerator.run(['ig'], out, quick=quick, dataset='skimage', data_dir=None, seed=0,\n"
+      "                    overwrite=overwrite, header=header)\n"
+      "  except KeyboardInterrupt:\n"
+      "    pass\n"
+      "  with open(out + '/gpu_ig.json') as fh:\n"
+      "    part = json.load(fh)\n"
+      "  seen.append([[r['index'] for r in part['rows']], part['complete'], part['quick']])\n"
+      "print(json.dumps([seen, asked]))\n")
+  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  seen, asked = json.loads(proc.stdout.strip().splitlines()[-1])
+  # Two rows; full sizes start over and, stopped with fewer rows, keep those two; the quick sizes go
+  # on from them to the fifth; overwrite starts over and, stopped, keeps the whole part.
+  assert seen == [[[0, 1], False, True], [[0, 1], False, True],
+                  [[0, 1, 2, 3, 4], True, True], [[0, 1, 2, 3, 4], True, True]], seen
+  assert asked == [[], [], [0, 1], []], asked
+
+
 def test_accelerator_suite_keeps_the_rows_of_a_part_stopped_midway(tmp_path):
   """A part stopped by an interrupt writes the rows it measured, marked incomplete, and the interrupt
   goes on; a later call runs the part again, keeps the earlier rows if it is stopped with fewer, and
