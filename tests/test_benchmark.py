@@ -117,6 +117,14 @@ def test_accelerator_suite_leaves_the_card_to_the_processes_it_starts():
   assert user == user_child == {"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}
 
 
+def _suite_script(code: str, out) -> object:
+  """What ``code`` (run in a process of its own with ``out`` as its argument) prints last, as JSON."""
+  proc = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
+                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def test_a_resumable_part_goes_on_from_the_rows_it_has(tmp_path):
   """``ig`` (one row an image) stopped after two of five images goes on at the third in a later
   call at the same sizes, the rows of both calls kept in order; a call at other sizes (``--quick``
@@ -148,10 +156,7 @@ def test_a_resumable_part_goes_on_from_the_rows_it_has(tmp_path):
       "    part = json.load(fh)\n"
       "  seen.append([[r['index'] for r in part['rows']], part['complete'], part['quick']])\n"
       "print(json.dumps([seen, asked]))\n")
-  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  seen, asked = json.loads(proc.stdout.strip().splitlines()[-1])
+  seen, asked = _suite_script(code, tmp_path)
   # Two rows; full sizes start over and, stopped with fewer rows, keep those two; the quick sizes go
   # on from them to the fifth; overwrite starts over and, stopped, keeps the whole part.
   assert seen == [[[0, 1], False, True], [[0, 1], False, True],
@@ -188,11 +193,8 @@ def test_accelerator_suite_keeps_the_rows_of_a_part_stopped_midway(tmp_path):
       "    part = json.load(fh)\n"
       "  seen.append([went_on, len(part['rows']), part['complete']])\n"
       "print(json.dumps(seen))\n")
-  proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                        cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
-  assert proc.returncode == 0, proc.stderr[-2000:]
   # The fourth call finds the part complete and keeps it without running it.
-  assert json.loads(proc.stdout.strip().splitlines()[-1]) == [
+  assert _suite_script(code, tmp_path) == [
       [True, 2, False], [True, 2, False], [False, 3, True], [False, 3, True]]
   assert "stopped after 2 rows" not in (tmp_path / "gpu_restarts.md").read_text()
   assert "## restarts" in (tmp_path / "gpu.md").read_text()
