@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import compilation, solvers
+from gradjax import compilation, optimizers, solvers
 from gradjax.compilation import once
 from gradjax.progress import Progress
 from gradjax.sharding import RESTART_AXIS, fetch, restart_mesh, shard_restarts
@@ -191,17 +191,17 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
       solver, "vmap", None, init_params, data, restart_data, steps, execution.unroll)) > int(
           MEMORY_HEADROOM * free):
     candidates = ("sequential", "map")  # the vmapped step does not fit the device (fit_strategy)
-  seconds = {}
+  seconds, numbers = {}, optimizers.budget(steps)
   for strategy in candidates:
     init, advance, _ = _compiled(solver, strategy, execution.map_batch_size, execution.unroll)
 
     def chunk():
       if strategy == "sequential":
         return [advance(init(_slice(init_params, r), data,
-                             None if restart_data is None else _slice(restart_data, r)),
+                             None if restart_data is None else _slice(restart_data, r), numbers),
                         data, None if restart_data is None else _slice(restart_data, r), steps)
                 for r in range(restarts)]
-      return advance(init(init_params, data, restart_data), data, restart_data, steps)
+      return advance(init(init_params, data, restart_data, numbers), data, restart_data, steps)
 
     jax.block_until_ready(chunk())
     start = time.perf_counter()
@@ -300,7 +300,8 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   """Jitted (init, advance, finalize) for one solver and strategy, cached across calls.
 
   Each takes ``(state(s), data, per_restart, ...)``; the solver sees ``data`` alone when
-  ``per_restart`` is None and ``(data, per_restart)`` otherwise. With a ``mesh`` the vmapped
+  ``per_restart`` is None and ``(data, per_restart)`` otherwise; ``init`` also takes the budget's
+  :func:`gradjax.optimizers.budget`, which it sets in the optimizer's state. With a ``mesh`` the vmapped
   functions run under ``shard_map``: each device advances its own block of restarts with a local
   program, and ``data`` is replicated. (``check_vma=False``: the dummy gradient is taken w.r.t. the
   replicated parameters, and with the check on, its transpose would sum it over devices. Plain
@@ -316,10 +317,15 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
       return solver.step(state, data)
     return jax.lax.fori_loop(0, n, lambda _, s: solver.step(s, data), state, unroll=unroll)
 
-  init, advance, finalize = bind(solver.init), bind(advance_one), bind(solver.finalize)
+  def init_at(params, data, numbers):
+    # The schedule's budget as an argument: the first state's program is one for every budget.
+    state = solver.init(params, data)
+    return state._replace(opt_state=optimizers.at_budget(state.opt_state, numbers))
+
+  init, advance, finalize = bind(init_at), bind(advance_one), bind(solver.finalize)
   if strategy == "vmap":
     # The restarts are a named axis: an objective may reduce over them (a group-consistency prior).
-    init = jax.vmap(init, in_axes=(0, None, 0), axis_name=RESTART_AXIS)
+    init = jax.vmap(init, in_axes=(0, None, 0, None), axis_name=RESTART_AXIS)
     advance = jax.vmap(advance, in_axes=(0, None, 0, None), axis_name=RESTART_AXIS)
     finalize = jax.vmap(finalize, in_axes=(0, None, 0), axis_name=RESTART_AXIS)
   elif strategy == "map":
@@ -410,7 +416,9 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int,
     solver: from :func:`make_solver` (its ``tol`` stops the run once every live restart reached it).
     init_params: initial dummy data with a leading restart axis R on every leaf.
     data: the observation-side arguments of the objective, shared by every restart.
-    iterations: optimizer steps per restart (per surviving restart with halving).
+    iterations: optimizer steps per restart (per surviving restart with halving). A
+      :func:`gradjax.optimizers.learning_rate_schedule` in the solver's optimizer is spread over
+      them (:func:`gradjax.optimizers.at_budget`), whatever budget it was built at.
     execution: how the restarts run (:class:`Execution`).
     restart_data: optional pytree with a leading axis R: restart r's solver then sees
       ``(data, restart_data[r])`` (e.g. its candidate label permutation).
@@ -489,7 +497,7 @@ class _Search:
     ``setup_device`` where it has one (not over a mesh) and placed on the default device."""
     host = None if self.mesh is not None else self.ex.setup_device
     with compilation.on_setup_device(host):
-      state = self.init(params, self.data, per)
+      state = self.init(params, self.data, per, optimizers.budget(self.iterations))
     return compilation.to_default_device(state, host)
 
   def drive(self, state, per, restart, done, n, snapshot, width=1):

@@ -13,10 +13,12 @@ preset's optimizer (``--config.attack.learning_rate=0.5``) without restating the
 """
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from gradjax import lbfgs as lbfgs_lib
@@ -63,20 +65,59 @@ def scale_by_quantized_sign(boost_steps: int = 101, boost: float = 2.0) -> optax
 
 def _budget(schedule: str, iterations: int, warmup: int) -> tuple[tuple[int, ...], float, int]:
   """(boundaries, scale, length) of ``schedule`` at ``iterations``: the steps after the warmup at
-  which a step schedule multiplies by ``scale``, and a cosine schedule's decay steps."""
+  which a step schedule multiplies by ``scale``, and the steps after the warmup (a cosine schedule
+  decays over them)."""
+  length = max(iterations - warmup, 1)
   if schedule == "step":  # Inverting Gradients: ×0.1 at 3/8, 5/8 and 7/8 of the budget
-    return tuple(int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)), 0.1, 1
+    return tuple(int(iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)), 0.1, length
   if schedule == "step_hfginv":  # HFGInv's code: 5624, 9374 and 13 134 of 15 000
-    return tuple(int(iterations // d) for d in (2.667, 1.6, 1.142)), 0.33, 1
-  return (), 1.0, max(iterations - warmup, 1)
+    return tuple(int(iterations // d) for d in (2.667, 1.6, 1.142)), 0.33, length
+  return (), 1.0, length
 
 
-class ScheduleState(NamedTuple):
+# No zero-size leaves (the driver reshapes state leaves): one unreachable step stands for none.
+_NO_BOUNDARY = (int(np.iinfo(np.int32).max),)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["count", "boundaries", "length"],
+                   meta_fields=["schedule", "warmup"])
+@dataclasses.dataclass(frozen=True)
+class ScheduleState:
   """The step and the schedule's budget-dependent numbers, as data: one compiled step serves every
-  budget (a program with them as constants compiles again whenever ``--iterations`` changes)."""
+  budget (a program with them as constants compiles again whenever ``--iterations`` changes). The
+  schedule's name and warmup are the state's structure (:func:`at_budget` reads them)."""
   count: jax.Array       # int32: updates so far
   boundaries: jax.Array  # int32 (k,): where a step schedule scales the rate (after the warmup)
-  length: jax.Array      # int32: a cosine schedule's decay steps
+  length: jax.Array      # int32: steps after the warmup, over which a cosine schedule decays
+  schedule: str = "constant"
+  warmup: int = 0
+
+
+def budget(iterations: int) -> dict[str, np.ndarray]:
+  """Every schedule's budget-dependent numbers at ``iterations``, as host arrays: ``"iterations"``
+  (int32) and each step schedule's boundaries (int32 (3,)). A program that takes them as an argument
+  and sets them with :func:`at_budget` is the same program at every budget."""
+  numbers = {"iterations": np.asarray(iterations, np.int32)}
+  for schedule in ("step", "step_hfginv"):
+    numbers[schedule] = np.asarray(_budget(schedule, iterations, 0)[0], np.int32)
+  return numbers
+
+
+def at_budget(opt_state, numbers: dict[str, jax.Array]):
+  """``opt_state`` with every :func:`learning_rate_schedule` state spread over the budget whose
+  :func:`budget` is ``numbers``: its boundaries and length as :func:`learning_rate_schedule`'s
+  ``init`` at that many iterations sets them, the rest unchanged. The solver driver calls it in the
+  program that makes a run's first state, with ``numbers`` an argument, so that the constants
+  ``init`` wrote are dead code and the program's text does not depend on the budget."""
+
+  def spread(s):
+    if not isinstance(s, ScheduleState):
+      return s
+    boundaries = numbers[s.schedule] if s.schedule in numbers else s.boundaries
+    length = jnp.maximum(numbers["iterations"] - s.warmup, 1).astype(jnp.int32)
+    return dataclasses.replace(s, boundaries=jnp.asarray(boundaries, jnp.int32), length=length)
+
+  return jax.tree.map(spread, opt_state, is_leaf=lambda s: isinstance(s, ScheduleState))
 
 
 def learning_rate_schedule(learning_rate: float, schedule: str = "constant", *, iterations: int = 1,
@@ -114,16 +155,14 @@ def learning_rate_schedule(learning_rate: float, schedule: str = "constant", *, 
 
   def init(params):
     del params
-    # No zero-size leaves (the driver reshapes state leaves): one unreachable step stands for none.
-    return ScheduleState(jnp.zeros((), jnp.int32),
-                         jnp.asarray(boundaries or (jnp.iinfo(jnp.int32).max,), jnp.int32),
-                         jnp.asarray(length, jnp.int32))
+    return ScheduleState(jnp.zeros((), jnp.int32), jnp.asarray(boundaries or _NO_BOUNDARY, jnp.int32),
+                         jnp.asarray(length, jnp.int32), schedule, warmup)
 
   def update(updates, state, params=None):
     del params
     step = -rate(state)
     updates = jax.tree.map(lambda g: (step * g).astype(g.dtype), updates)
-    return updates, state._replace(count=optax.safe_int32_increment(state.count))
+    return updates, dataclasses.replace(state, count=optax.safe_int32_increment(state.count))
 
   return optax.GradientTransformation(init, update)
 

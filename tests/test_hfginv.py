@@ -109,7 +109,7 @@ def test_hfginv_step_schedule():
   tx = optimizers.learning_rate_schedule(0.1, "step_hfginv", iterations=15_000)
   for step, want in ((0, 0.1), (5623, 0.1), (5624, 0.033), (9374, 0.01089), (13_133, 0.01089),
                      (13_134, 0.0035937)):
-    state = tx.init(None)._replace(count=jnp.asarray(step, jnp.int32))
+    state = dataclasses.replace(tx.init(None), count=jnp.asarray(step, jnp.int32))
     assert -float(tx.update(jnp.ones(()), state)[0]) == pytest.approx(want, rel=1e-5), step
 
 

@@ -1,5 +1,6 @@
 """Solvers on problems with closed-form answers; divergence isolation; restart strategies agree."""
 
+import dataclasses
 import functools
 
 import jax
@@ -204,7 +205,7 @@ def test_bad_arguments():
 
 def rate_at(tx, step):
   """The learning rate a schedule's transformation applies at ``step``: minus its update of 1."""
-  state = tx.init(None)._replace(count=jnp.asarray(step, jnp.int32))
+  state = dataclasses.replace(tx.init(None), count=jnp.asarray(step, jnp.int32))
   return -float(tx.update(jnp.ones(()), state)[0])
 
 
@@ -419,6 +420,38 @@ def test_one_compiled_step_serves_every_budget():
     return jax.jit(lambda g, s: tx.update(g, s, params)).lower(params, state).as_text()
 
   assert lowered(300) == lowered(4800)
+
+
+@pytest.mark.parametrize("schedule", ["step", "step_hfginv", "cosine"])
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+def test_a_runs_first_state_is_one_program_for_every_budget(schedule, strategy):
+  """The driver's first-state program is the same program at two budgets (the schedule's numbers
+  are its argument, not constants), so a run with another --iterations compiles nothing new; and a
+  run of N iterations follows the schedule spread over N whatever budget its optimizer was built at
+  (here 7): its iterates are those of a plain loop of the optimizer built at N (warmup 2)."""
+  params = {"x": jnp.linspace(-1.0, 1.0, 6).reshape(2, 3)}
+  target = jnp.asarray([0.3, -0.2, 0.5])
+  value_fn = lambda p, data, step: jnp.sum((p["x"] - data) ** 4)
+  make = lambda iterations: optimizers.make_optimizer("adam", 0.05, schedule=schedule,
+                                                      iterations=iterations, warmup=2)
+
+  def lowered(iterations):
+    init, _, _ = driver._compiled(solvers.make_solver(value_fn, make(iterations)), strategy, None, 1)
+    per = None if strategy == "sequential" else jnp.zeros((2,))
+    one = params if strategy == "sequential" else jax.tree.map(lambda x: x[None].repeat(2, 0), params)
+    return jax.jit(init.__wrapped__).lower(one, target, per, optimizers.budget(iterations)).as_text()
+
+  assert lowered(300) == lowered(4800)
+  for iterations in (16, 40):
+    state = driver.run(solvers.make_solver(value_fn, make(7)),
+                       jax.tree.map(lambda x: x[None], params), target, iterations=iterations,
+                       execution=driver.Execution(strategy))
+    tx, p = make(iterations), params
+    opt_state = tx.init(p)
+    for _ in range(iterations):
+      updates, opt_state = tx.update(jax.grad(value_fn)(p, target, 0), opt_state, p)
+      p = optax.apply_updates(p, updates)
+    np.testing.assert_allclose(state.params["x"][0], p["x"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "vmap"])
