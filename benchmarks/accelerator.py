@@ -22,7 +22,8 @@ runs again in the next call (``ig`` and ``precision`` from the rows they have, :
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``flags``: the ``ttfr`` part's cold runs (Inverting Gradients and the README's main job) under
-  each of :data:`VARIANTS` of the environment (the set-up on the accelerator, XLA's compiler flags).
+  each of :data:`VARIANTS` (the convolutions as matrix products, the step compiled fast, the set-up on
+  the accelerator).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
   resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
@@ -84,14 +85,17 @@ PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
 # goes on from the rows it has (as long as the sizes and the dataset are the same), so the paper's
 # full protocol fits across calls of a few minutes each.
 RESUMABLE = {"ig": lambda row: row["index"], "precision": lambda row: (row["attack"], row["precision"])}
-# What the ``flags`` part tries on a first result, each alone after nothing: the set-up, the first
-# state and the scoring on the accelerator as before gradjax moved them to the host
-# (``gradjax.compilation.setup_device``), then the step compiled as the run-once programs are
+# What the ``flags`` part tries on a first result, each alone after nothing: the model's
+# convolutions as matrix products (``--config.model.conv=im2col``; XLA's own convolutions are what
+# ``auto`` gives one restart on an accelerator), the step compiled as the run-once programs are
 # (``GRADJAX_FAST_COMPILE``: LLVM's level 0; short runs may gain more compiling than they lose
-# running). Each an addition to the processes' environment. XLA's flags for GEMMs by cuBLAS instead
-# of Triton kernels and without autotuning did not shorten a first result on an H200
+# running), then the set-up, the first state and the scoring on the accelerator as before gradjax
+# moved them to the host (``gradjax.compilation.setup_device``). A key that starts with ``--`` is a
+# flag of the run, any other an addition to the processes' environment. XLA's flags for GEMMs by
+# cuBLAS instead of Triton kernels and without autotuning did not shorten a first result on an H200
 # (``experiments/studies/accelerator_h100``, 2026-12-04), and were dropped.
-VARIANTS = ({}, {"GRADJAX_SETUP_DEVICE": "accelerator"}, {"GRADJAX_FAST_COMPILE": "1"})
+VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"},
+            {"GRADJAX_SETUP_DEVICE": "accelerator"})
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
@@ -210,7 +214,8 @@ def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
 
 def part_flags(s: dict, seed: int, env: dict) -> Iterator[dict]:
   """The ``ttfr`` part's first results on an empty compilation cache under each of
-  ``s["variants"]`` added to the environment (``XLA_FLAGS`` to its flags), variant by variant:
+  ``s["variants"]`` (:data:`VARIANTS`: flags of the run, additions to the environment, ``XLA_FLAGS``
+  to its flags), variant by variant:
   Inverting Gradients, then the README's main job; a flag this XLA does not know is a row with its
   error."""
   t = s["ttfr"]
@@ -218,12 +223,14 @@ def part_flags(s: dict, seed: int, env: dict) -> Iterator[dict]:
            ["--attack=inverting_gradients", f"--model={t['model']}", f"--iterations={t['iterations']}"]),
           ("README job", [])]
   for variant in s["variants"]:
+    flags = [f"{k}={v}" for k, v in variant.items() if k.startswith("--")]
+    added = {k: v for k, v in variant.items() if not k.startswith("--")}
     for job, args in jobs:
-      flagged = {**env, **variant}
-      if "XLA_FLAGS" in variant and env.get("XLA_FLAGS"):
-        flagged["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {variant['XLA_FLAGS']}"
+      flagged = {**env, **added}
+      if "XLA_FLAGS" in added and env.get("XLA_FLAGS"):
+        flagged["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {added['XLA_FLAGS']}"
       try:
-        timed = bs.reconstruct_processes([*args, "--lpips=none", f"--seed={seed}"], 1,
+        timed = bs.reconstruct_processes([*args, *flags, "--lpips=none", f"--seed={seed}"], 1,
                                          environ=flagged)[0]
       except RuntimeError as e:
         timed = dict(error=str(e)[-300:])
