@@ -155,6 +155,13 @@ def _shared_moments(apply_fn, variables, x, share):
   return batch_moments(variables["batch_stats"], returned_statistics(apply_fn, variables, x))
 
 
+def gradient(apply_fn, variables, x, y, *, train: bool = False, loss_fn=cross_entropy):
+  """∇_θ loss_fn(f_θ(x), y) at ``variables["params"]``: the update a FedSGD client sends for (x, y)
+  (:func:`fedsgd`'s, its program compiled once per model and shapes, so the update of a
+  reconstruction of the same shapes, :func:`gradjax.verdict.residual`, compiles nothing)."""
+  return _gradient(variables, x, y, apply_fn, train, loss_fn)
+
+
 @functools.partial(once, static_argnums=(3, 4, 5))
 def _gradient(variables, x, y, apply_fn, train, loss_fn):
   """∇_θ loss_fn(f_θ(x), y) at ``variables["params"]``, as one program."""

@@ -10,7 +10,7 @@ import pytest
 import skimage.metrics
 from scipy import ndimage
 
-from gradjax import clients, data, fidelity, models, verdict
+from gradjax import clients, compilation, data, fidelity, models, verdict
 
 
 def _lenet():
@@ -61,6 +61,17 @@ def test_residual_is_one_program(photos, caplog):
     verdict.residual(model.apply_fn, obs, {"x": x[::-1]}, y)
   compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
   assert len(compiled) <= 3, compiled
+
+
+def test_a_simulated_clients_residual_makes_no_program(photos):
+  """The residual of a reconstruction with a FedSGD client's shapes runs the client's own gradient
+  program, which its update compiled (its inner products on the host): no program of its own."""
+  model = models.create("lenet_zhu", jax.random.key(5), input_shape=(12, 12, 3), num_classes=7)
+  x, y = photos[:2, :12, :12], np.array([1, 4])
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
+  with compilation.Recorder() as made:
+    verdict.residual(model.apply_fn, obs, {"x": x[::-1]}, y)
+  assert made.programs == []
 
 
 @pytest.mark.parametrize("labels, k", [([3], 10), ([1, 2], 3), ([0, 0, 2], 3), ([1, 1, 1, 0], 2)])
