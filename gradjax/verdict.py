@@ -96,26 +96,22 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   x = compilation.device_array(dummy["x"])
   if logits is None and matched != "replay":
     # The client's own gradient program: a simulated client's set-up compiled it for these shapes.
-    u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(clients.gradient(
-        apply_fn, observation.variables, x, compilation.device_array(labels),
-        train=observation.train)))
-    leaves = jax.tree.leaves(u)
-    uu = sum(float(np.vdot(a, a)) for a in leaves)
-    uc = sum(float(np.vdot(a, np.asarray(b, np.float64)))
-             for a, b in zip(leaves, jax.tree.leaves(observation.gradient)))
+    u = clients.gradient(apply_fn, observation.variables, x, compilation.device_array(labels),
+                         train=observation.train)
   else:
-    u, uu, uc = _update(apply_fn, observation, x, compilation.device_array(
-        labels if logits is None else logits), matched=matched, soft=logits is not None)
-    u, uu, uc = jax.tree.map(lambda a: np.asarray(a, np.float64), u), float(uu), float(uc)
-  alpha = uc / uu if uu > 0 else 0.0
+    u = _update(apply_fn, observation, x, compilation.device_array(labels if logits is None else logits),
+                matched=matched, soft=logits is not None)
+  u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
+  unscaled = fidelity.compare(u, observation.gradient)
+  alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
   return fidelity.compare(jax.tree.map(lambda a: alpha * a, u), observation.gradient)
 
 
 @functools.partial(compilation.once, static_argnames=("apply_fn", "matched", "soft"))
 def _update(apply_fn, observation: Observation, x, targets, *, matched: str, soft: bool):
   """The update u the client would have sent for ``x`` and ``targets`` (label logits when ``soft``:
-  their softmax is the target; the replayed local training for ``matched`` ``"replay"``), with
-  ⟨u, u⟩ and ⟨u, c⟩: one program, not one per operation."""
+  their softmax is the target; the replayed local training for ``matched`` ``"replay"``): one
+  program, not one per operation."""
   if soft:
     targets = jax.nn.softmax(targets, axis=-1)
   if matched == "replay":
@@ -124,10 +120,7 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
     u = jax.tree.map(jnp.subtract, observation.variables["params"], new)
   else:
     u = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train)
-  leaves, observed = jax.tree.leaves(u), jax.tree.leaves(observation.gradient)
-  uu = sum(jnp.vdot(a, a) for a in leaves)
-  uc = sum(jnp.vdot(a, b) for a, b in zip(leaves, observed))
-  return u, uu, uc
+  return u
 
 
 def matched(comparison: fidelity.Comparison, thresholds: Thresholds = THRESHOLDS) -> bool:
