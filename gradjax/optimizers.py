@@ -98,8 +98,10 @@ def budget(iterations: int) -> dict[str, np.ndarray]:
   (int32) and each step schedule's boundaries (int32 (3,)). A program that takes them as an argument
   and sets them with :func:`at_budget` is the same program at every budget."""
   numbers = {"iterations": np.asarray(iterations, np.int32)}
-  for schedule in ("step", "step_hfginv"):
-    numbers[schedule] = np.asarray(_budget(schedule, iterations, 0)[0], np.int32)
+  for schedule in SCHEDULES:
+    boundaries = _budget(schedule, iterations, 0)[0]  # after the warmup, so not depending on it
+    if boundaries:
+      numbers[schedule] = np.asarray(boundaries, np.int32)
   return numbers
 
 
