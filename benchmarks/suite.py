@@ -55,6 +55,12 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   the cache it filled, with the attack's own ``wall_time_s`` and PSNR beside. The processes inherit
   this one's CPU affinity (pin the benchmark with ``taskset`` for one core) and write Python's
   bytecode whatever ``PYTHONDONTWRITEBYTECODE`` says, as on a user's machine.
+* ``codegen``: what the run-once programs' compiler options cost on this machine's cores: the model's
+  draw (``--codegen_models``) and its client's gradient compiled under
+  :data:`gradjax.compilation.ONCE` (one LLVM module) against the same options with XLA:CPU's parallel
+  code generation (its default split of the module), median of ``--codegen_repeats`` compilations
+  each, alternating, and their ratio. Behind ONCE's choice of one module (measured on one and two
+  cores) and what an accelerator's host, with more cores, should take.
 
   python -m benchmarks suite --output_dir=runs/benchmark_cpu
   python -m benchmarks suite --sections=restarts --restart_counts=1,8,64   # on a GPU
@@ -83,13 +89,13 @@ from absl import app, flags
 
 from benchmarks import accelerator, op_profile, torch_first_result
 from benchmarks import step as bs
-from gradjax import attacks, clients, driver, dummy, metrics, models, presets
+from gradjax import attacks, clients, compilation, driver, dummy, losses, metrics, models, presets
 from gradjax.run import report
 from gradjax.cli import common
 
 GPU_FOLDER = "runs/benchmark_gpu"  # --suite=gpu without --output_dir
 SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "clients", "profile", "linesearch",
-            "startup")
+            "startup", "codegen")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
 _PARTS = flags.DEFINE_list("parts", list(accelerator.PARTS), "Accelerator suite parts: "
@@ -131,6 +137,10 @@ _LOOP_BATCH = flags.DEFINE_integer("loop_batch_size", 8, "Batch of the loops sec
 _LOOP_STEPS = flags.DEFINE_integer("loop_steps", 3, "Steps per loop in the loops section.")
 _STARTUP_RUNS = flags.DEFINE_integer("startup_runs", 3, "Warm-cache runs of the startup section.")
 _LS_ITERATIONS = flags.DEFINE_integer("linesearch_iterations", 200, "DLG iterations of the linesearch section.")
+_CODEGEN_MODELS = flags.DEFINE_list("codegen_models", ["lenet_zhu", "resnet20-4"], "Models of the "
+                                    "codegen section.")
+_CODEGEN_REPEATS = flags.DEFINE_integer("codegen_repeats", 3, "Compilations per program and options in "
+                                        "the codegen section.")
 
 CHECK_EVERY = 10  # iterations between PSNR checks in the time-to-quality runs
 
@@ -450,6 +460,49 @@ def section_startup(runs: int) -> dict:
               cores=len(os.sched_getaffinity(0)))
 
 
+def section_codegen(names: list[str], repeats: int, seed: int) -> list[dict]:
+  """Per model of ``names`` and program (its draw, ``models._init``; its client's gradient,
+  ``clients.gradient`` of one photo), the median seconds of ``repeats`` compilations under
+  :data:`gradjax.compilation.ONCE` (``one_module_s``) and under the same options with XLA:CPU's own
+  split of the module for parallel code generation (``split_s``), alternating; ``split_over_one``
+  their ratio. Lowered and compiled afresh every time (no cache); the lowering is not timed."""
+  one = compilation.options(compilation.ONCE)
+  split = {k: v for k, v in one.items() if k != "xla_cpu_parallel_codegen_split_count"}
+  photo = bs.photos(1)
+  rows = []
+  for name in names:
+    module = models.get_module(name, num_classes=bs.NUM_CLASSES)
+    model = models.create(name, jax.random.key(seed), input_shape=(32, 32, 3),
+                          num_classes=bs.NUM_CLASSES)
+    programs = {
+        "draw": lambda o: jax.jit(models._init.__wrapped__, static_argnums=0, compiler_options=o).lower(
+            module, jax.random.key(seed), np.zeros((1, 32, 32, 3), np.float32)),
+        "client gradient": lambda o: jax.jit(
+            clients._gradient.__wrapped__, static_argnums=(3, 4, 5), compiler_options=o).lower(
+                model.variables, photo.x, photo.y, model.apply_fn, False, losses.cross_entropy)}
+    for program, lower in programs.items():
+      seconds = {"one": [], "split": []}
+      cache = jax.config.jax_enable_compilation_cache
+      jax.config.update("jax_enable_compilation_cache", False)  # compiled, not loaded
+      try:
+        for _ in range(repeats):
+          for kind, options in (("one", one), ("split", split)):
+            jax.clear_caches()  # a lowering keeps the executable it compiled, and JAX the lowering
+            lowered = lower(options)
+            start = time.perf_counter()
+            lowered.compile()
+            seconds[kind].append(time.perf_counter() - start)
+      finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
+      row = dict(model=name, program=program, one_module_s=float(np.median(seconds["one"])),
+                 split_s=float(np.median(seconds["split"])), repeats=repeats,
+                 cores=len(os.sched_getaffinity(0)))
+      row["split_over_one"] = row["split_s"] / row["one_module_s"]
+      print(f"codegen {row}", flush=True)
+      rows.append(row)
+  return rows
+
+
 def _f(v, fmt="{:.2f}"):
   return "-" if v is None else fmt.format(v)
 
@@ -587,6 +640,15 @@ def markdown(result: dict) -> str:
       lines.append(f"| warm | {len(warm)} | {np.median(warm):.2f} | {', '.join(f'{v:.2f}' for v in warm)} | "
                    f"{np.median(warm_attack):.2f} |")
     lines.append("")
+  if "codegen" in result:
+    rows = result["codegen"]
+    lines += [f"## Run-once programs: one LLVM module against XLA's parallel split ({rows[0]['cores']} "
+              f"core(s), median of {rows[0]['repeats']} compilations, s)", "",
+              "| model | program | one module (ONCE) | split | split / one |", "|---|---|---|---|---|"]
+    for r in rows:
+      lines.append(f"| {r['model']} | {r['program']} | {r['one_module_s']:.3f} | {r['split_s']:.3f} | "
+                   f"{r['split_over_one']:.2f} |")
+    lines.append("")
   if "linesearch" in result:
     rows = result["linesearch"]
     lines += [f"## L-BFGS line search under vmap: {rows[0]['restarts']} DLG restarts on lenet_zhu, "
@@ -659,7 +721,8 @@ def main(argv):
       ttq=lambda: section_ttq(torch, seed), restarts=lambda: section_restarts(seed),
       clients=lambda: section_clients(seed),
       profile=lambda: section_profile(seed), linesearch=lambda: section_linesearch(seed, max(counts)),
-      startup=lambda: section_startup(_STARTUP_RUNS.value))
+      startup=lambda: section_startup(_STARTUP_RUNS.value),
+      codegen=lambda: section_codegen(_CODEGEN_MODELS.value, _CODEGEN_REPEATS.value, seed))
   result["section_seconds"] = {}
   for section in SECTIONS:  # in the suite's order, whatever order --sections names them
     if section in _SECTIONS.value:

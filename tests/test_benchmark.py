@@ -26,26 +26,29 @@ def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
 @pytest.mark.slow
 def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
   """The CPU suite's sections behind the README's claims (one step against its plain
-  forward-backward, the op profile), at tiny sizes, PyTorch off: the command, the device and the
+  forward-backward, the op profile) and the run-once programs' code generation, at tiny sizes, PyTorch off: the command, the device and the
   versions are recorded, and every section wrote rows measured by the program, its baseline
   included (the other sections, convolutions, time to quality, loops, restarts, profile, linesearch
   and the main job's whole process, share their machinery or run the README's command as it is,
   and are run by hand before a study quotes them)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "-m", "benchmarks", "suite", "--torch=off", "--sections=steps,ops",
+      [sys.executable, "-m", "benchmarks", "suite", "--torch=off", "--sections=steps,ops,codegen",
        "--models=lenet_zhu", "--batch_sizes=1", "--repeats=2", "--warmup=0",
-       f"--output_dir={tmp_path}"],
+       "--codegen_models=lenet_zhu", "--codegen_repeats=1", f"--output_dir={tmp_path}"],
       capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads((tmp_path / "benchmark.json").read_text())
-  sections = ("steps", "ops")
+  sections = ("steps", "ops", "codegen")
   assert set(result["section_seconds"]) == set(sections) and all(result[s] for s in sections)
   env_record = result["environment"]
   assert "benchmarks suite" in result["command"] and env_record["platform"] == "cpu"
   assert env_record["jax"] and env_record["cpu_model"] and env_record.get("torch") is None
   assert env_record["ml_dtypes"] and env_record["numpy"]
   assert all(r["jax_match_ms"] > 0 and r["jax_plain_ms"] > 0 for r in result["steps"])
+  # Compiled, not loaded from a cache: a program of LeNet takes more than a millisecond.
+  assert [r["program"] for r in result["codegen"]] == ["draw", "client gradient"]
+  assert all(r["one_module_s"] > 1e-3 and r["split_s"] > 1e-3 for r in result["codegen"])
 
 
 @pytest.mark.slow
