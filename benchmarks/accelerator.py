@@ -22,8 +22,8 @@ runs again in the next call (``ig`` and ``precision`` from the rows they have, :
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``flags``: the ``ttfr`` part's cold runs (Inverting Gradients and the README's main job) under
-  each of :data:`VARIANTS` (the convolutions as matrix products, the step compiled fast, the set-up on
-  the accelerator).
+  each of :data:`VARIANTS` (the convolutions as matrix products, the step compiled fast, the card's
+  memory not preallocated).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
   resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
@@ -85,18 +85,18 @@ PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
 # goes on from the rows it has (as long as the sizes and the dataset are the same), so the paper's
 # full protocol fits across calls of a few minutes each.
 RESUMABLE = {"ig": lambda row: row["index"], "precision": lambda row: (row["attack"], row["precision"])}
+PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # What the ``flags`` part tries on a first result, each alone after nothing: the model's
 # convolutions as matrix products (``--config.model.conv=im2col``; XLA's own convolutions are what
 # ``auto`` gives one restart on an accelerator), the step compiled as the run-once programs are
 # (``GRADJAX_FAST_COMPILE``: LLVM's level 0; short runs may gain more compiling than they lose
-# running), then the set-up, the first state and the scoring on the accelerator as before gradjax
-# moved them to the host (``gradjax.compilation.setup_device``). A key that starts with ``--`` is a
-# flag of the run, any other an addition to the processes' environment. XLA's flags for GEMMs by
-# cuBLAS instead of Triton kernels and without autotuning did not shorten a first result on an H200
-# (``experiments/studies/accelerator_h100``, 2026-12-04), and were dropped.
+# running), and JAX's client not taking 75 % of the card's memory at its start
+# (``XLA_PYTHON_CLIENT_PREALLOCATE=false``). A key that starts with ``--`` is a flag of the run, any
+# other an addition to the processes' environment. Measured on an H200 (2026-12-04,
+# ``experiments/studies/accelerator_h100``) and dropped: XLA's flags for GEMMs by cuBLAS instead of
+# Triton kernels and without autotuning (no shorter), the set-up on the card (3 s longer).
 VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"},
-            {"GRADJAX_SETUP_DEVICE": "accelerator"})
-PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+            {PREALLOCATE: "false"})
 
 
 def leave_card(parts, environ) -> dict:
