@@ -371,11 +371,11 @@ def _solver(attack: Attack, apply_fn: Callable, num_leaves: int,
             loss_fn: Callable = cross_entropy, clients: ClientSplit | None = None) -> solvers.Solver:
   """The solver of ``attack`` on a model of ``num_leaves`` parameter leaves whose client trains on
   ``loss_fn`` (``clients``: each run reads its client's data, :func:`_run_data`); the name, the
-  dummy initialisation and, unless a named optimizer's schedule is spread over it, the budget do
-  not recompile."""
-  spread = isinstance(attack.optimizer, optimizers.Named) and attack.optimizer.schedule != "constant"
+  dummy initialisation and the budget do not make another solver (a learning-rate schedule is
+  spread over the run's budget by :func:`gradjax.driver.run`), but for a smoothing's, whose steps
+  are a fraction of it."""
   key = dataclasses.replace(attack, name="", dummy_init=dummy_lib.normal,
-                            iterations=attack.iterations if spread or attack.smoothing else 1)
+                            iterations=attack.iterations if attack.smoothing else 1)
   return _solver_cached(key, apply_fn, num_leaves, loss_fn, clients)
 
 

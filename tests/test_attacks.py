@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import skimage.metrics
 
-from gradjax import (attacks, clients, data, distances, driver, dummy, labels, models, optimizers,
-                     presets, priors)
+from gradjax import (attacks, clients, data, distances, driver, dummy, labels, models, objectives,
+                     optimizers, presets, priors)
 
 
 def setup(index, image_size=16, channels=3, model="lenet_zhu", seed=0):
@@ -367,3 +367,14 @@ def test_clients_in_one_run_refuse_what_would_mix_them():
   grouped = dataclasses.replace(attack, priors=attack.priors + (priors.Prior(priors.PRIORS["group"], 0.05),))
   with pytest.raises(ValueError, match="group consistency"):
     attacks.reconstruct_clients(grouped, net.apply_fn, [one, one], keys, **kw)
+
+
+def test_another_budget_is_the_same_solver():
+  """The budget makes no other solver, so its compiled programs serve an audit's probes and its run
+  in one process: Inverting Gradients' step schedule is spread over each run's budget by the driver
+  (``tests/test_solvers.py``). A smoothing's steps are a fraction of the budget: another solver."""
+  apply_fn = lambda variables, x, train: x
+  ig = presets.inverting_gradients
+  assert attacks._solver(ig(300), apply_fn, 8) is attacks._solver(ig(4800), apply_fn, 8)
+  smoothed = lambda n: dataclasses.replace(ig(n), smoothing=objectives.Smoothing(until=n // 2))
+  assert attacks._solver(smoothed(300), apply_fn, 8) is not attacks._solver(smoothed(4800), apply_fn, 8)
