@@ -465,7 +465,15 @@ def section_codegen(names: list[str], repeats: int, seed: int) -> list[dict]:
   ``clients.gradient`` of one photo), the median seconds of ``repeats`` compilations under
   :data:`gradjax.compilation.ONCE` (``one_module_s``) and under the same options with XLA:CPU's own
   split of the module for parallel code generation (``split_s``), alternating; ``split_over_one``
-  their ratio. Lowered and compiled afresh every time (no cache); the lowering is not timed."""
+  their ratio. Lowered and compiled afresh every time (no cache); the lowering is not timed. On the
+  host's CPU where the default device is an accelerator, as gradjax runs these programs there
+  (:func:`gradjax.compilation.setup_device`); ``platform``: where they compiled."""
+  host = compilation.setup_device()
+  with compilation.on_setup_device(host):
+    return _codegen_rows(names, repeats, seed, host)
+
+
+def _codegen_rows(names, repeats, seed, host) -> list[dict]:
   one = compilation.options(compilation.ONCE)
   split = {k: v for k, v in one.items() if k != "xla_cpu_parallel_codegen_split_count"}
   photo = bs.photos(1)
@@ -496,7 +504,8 @@ def section_codegen(names: list[str], repeats: int, seed: int) -> list[dict]:
         jax.config.update("jax_enable_compilation_cache", cache)
       row = dict(model=name, program=program, one_module_s=float(np.median(seconds["one"])),
                  split_s=float(np.median(seconds["split"])), repeats=repeats,
-                 cores=len(os.sched_getaffinity(0)))
+                 cores=len(os.sched_getaffinity(0)),
+                 platform=(host or jax.devices()[0]).platform)
       row["split_over_one"] = row["split_s"] / row["one_module_s"]
       print(f"codegen {row}", flush=True)
       rows.append(row)
