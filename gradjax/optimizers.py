@@ -89,8 +89,8 @@ class ScheduleState:
   count: jax.Array       # int32: updates so far
   boundaries: jax.Array  # int32 (k,): where a step schedule scales the rate (after the warmup)
   length: jax.Array      # int32: steps after the warmup, over which a cosine schedule decays
-  schedule: str = "constant"
-  warmup: int = 0
+  schedule: str          # of SCHEDULES
+  warmup: int
 
 
 def budget(iterations: int) -> dict[str, np.ndarray]:
