@@ -422,6 +422,32 @@ def test_one_compiled_step_serves_every_budget():
   assert lowered(300) == lowered(4800)
 
 
+def test_at_budget_sets_every_schedule_state_as_its_init_at_that_budget():
+  """``optimizers.at_budget`` with ``optimizers.budget(N)`` turns the state of an optimizer built at
+  another budget into that optimizer's own state at N, schedules nested in a ``multi_transform``
+  (DLM's γ on an Adam of its own) included; states without a schedule are left as they are."""
+  params = {"x": jnp.ones((3,)), "y": jnp.ones((2,)), "log_gamma": jnp.zeros(())}
+
+  def make(iterations):
+    named = lambda schedule: optimizers.make_optimizer("adam", 0.1, schedule=schedule,
+                                                       iterations=iterations, warmup=5)
+    return optax.multi_transform(
+        {"x": named("step"), "y": named("step_hfginv"), "log_gamma": named("cosine")},
+        {"x": "x", "y": "y", "log_gamma": "log_gamma"})
+
+  for n in (1, 7, 300, 15_000):
+    got = optimizers.at_budget(make(40).init(params), optimizers.budget(n))
+    want = make(n).init(params)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_array_equal(a, b)
+  plain = optax.adam(0.1).init(params)
+  kept = optimizers.at_budget(plain, optimizers.budget(9))
+  assert jax.tree.structure(kept) == jax.tree.structure(plain)
+  for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(plain)):
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("schedule", ["step", "step_hfginv", "cosine"])
 @pytest.mark.parametrize("strategy", ["sequential", "vmap"])
 def test_a_runs_first_state_is_one_program_for_every_budget(schedule, strategy):
