@@ -161,6 +161,20 @@ def test_attacking_a_capture_makes_no_program_of_a_single_operation(tmp_path):
   assert all(n.startswith(("jit(_", "jit(solver_")) or n == "jit(<lambda>)" for n in names), names
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", ["dlg", "inverting_gradients"])
+def test_a_second_budget_in_one_process_makes_no_program(attack):
+  """A second run in the same process that changes only the budget (an audit's probes, then its run;
+  a sweep over budgets) makes no program at all: the same solver and its compiled steps serve it,
+  Inverting Gradients' learning-rate milestones included."""
+  from gradjax.run import config, pipeline
+  options = {"attack.preset": attack, "data.image_size": 16, "output.lpips": "none"}
+  pipeline.run(config.from_options({**options, "attack.iterations": 4}))
+  with compilation.Recorder() as made:
+    results, _ = pipeline.run(config.from_options({**options, "attack.iterations": 9}))
+  assert results["iterations"] == 9 and made.programs == [], [p.name for p in made.programs]
+
+
 def test_prng_key_is_jax_random_key_without_a_program():
   seeds = [0, 1, 7, 2**31, 2**32 - 1]
   jax.clear_caches()
