@@ -22,8 +22,8 @@ runs again in the next call (``ig`` and ``precision`` from the rows they have, :
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``flags``: the ``ttfr`` part's cold runs (Inverting Gradients and the README's main job) under
-  each of :data:`VARIANTS` (the convolutions as matrix products, the step compiled fast, the card's
-  memory not preallocated).
+  each of :data:`VARIANTS` (the convolutions as matrix products, the step compiled fast, the one-step
+  program alone, the card's memory not preallocated).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
   resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
@@ -90,13 +90,15 @@ PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # convolutions as matrix products (``--config.model.conv=im2col``; XLA's own convolutions are what
 # ``auto`` gives one restart on an accelerator), the step compiled as the run-once programs are
 # (``GRADJAX_FAST_COMPILE``: LLVM's level 0; short runs may gain more compiling than they lose
-# running), and JAX's client not taking 75 % of the card's memory at its start
+# running), the step's one-step program instead of a loop of 100 (``--config.execution.chunk=1``:
+# the README's 2000 iterations run as 2000 calls, each followed by a read of the progress; Inverting
+# Gradients' 60 run so already), and JAX's client not taking 75 % of the card's memory at its start
 # (``XLA_PYTHON_CLIENT_PREALLOCATE=false``). A key that starts with ``--`` is a flag of the run, any
 # other an addition to the processes' environment. Measured on an H200 (2026-12-04,
 # ``experiments/studies/accelerator_h100``) and dropped: XLA's flags for GEMMs by cuBLAS instead of
 # Triton kernels and without autotuning (no shorter), the set-up on the card (3 s longer).
 VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"},
-            {PREALLOCATE: "false"})
+            {"--config.execution.chunk": "1"}, {PREALLOCATE: "false"})
 
 
 def leave_card(parts, environ) -> dict:
