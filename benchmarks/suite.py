@@ -469,8 +469,13 @@ def section_codegen(names: list[str], repeats: int, seed: int) -> list[dict]:
   host's CPU where the default device is an accelerator, as gradjax runs these programs there
   (:func:`gradjax.compilation.setup_device`); ``platform``: where they compiled."""
   host = compilation.setup_device()
-  with compilation.on_setup_device(host):
-    return _codegen_rows(names, repeats, seed, host)
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)  # compiled, not loaded
+  try:
+    with compilation.on_setup_device(host):
+      return _codegen_rows(names, repeats, seed, host)
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
 
 
 def _codegen_rows(names, repeats, seed, host) -> list[dict]:
@@ -490,18 +495,13 @@ def _codegen_rows(names, repeats, seed, host) -> list[dict]:
                 model.variables, photo.x, photo.y, model.apply_fn, False, losses.cross_entropy)}
     for program, lower in programs.items():
       seconds = {"one": [], "split": []}
-      cache = jax.config.jax_enable_compilation_cache
-      jax.config.update("jax_enable_compilation_cache", False)  # compiled, not loaded
-      try:
-        for _ in range(repeats):
-          for kind, options in (("one", one), ("split", split)):
-            jax.clear_caches()  # a lowering keeps the executable it compiled, and JAX the lowering
-            lowered = lower(options)
-            start = time.perf_counter()
-            lowered.compile()
-            seconds[kind].append(time.perf_counter() - start)
-      finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
+      for _ in range(repeats):
+        for kind, options in (("one", one), ("split", split)):
+          jax.clear_caches()  # a lowering keeps the executable it compiled, and JAX the lowering
+          lowered = lower(options)
+          start = time.perf_counter()
+          lowered.compile()
+          seconds[kind].append(time.perf_counter() - start)
       row = dict(model=name, program=program, one_module_s=float(np.median(seconds["one"])),
                  split_s=float(np.median(seconds["split"])), repeats=repeats,
                  cores=len(os.sched_getaffinity(0)),
