@@ -542,11 +542,14 @@ class _Search:
     return state
 
   def final(self, state, per):
-    """``state`` (one restart's or stacked) finished, its final iterate scored by one more step of
+    """``state`` (one restart's or stacked) finished, its final iterate scored on the host where a
+    line search stored its objective (:func:`gradjax.solvers.finalize_stored`), else by one more step of
     the run's one-step program where that program exists already (on CPU; on an accelerator where a
     budget's remainder ran in single steps) and scores it as ``finalize`` would
     (:func:`gradjax.solvers.scores_by_step`; the state is then fetched to the host), else, and for
     restarts sharded over devices (which stay so), by ``finalize``'s program."""
+    if self.mesh is None and solvers.scores_stored(self.solver, state):
+      return solvers.finalize_stored(fetch(state))
     # On CPU ``advance`` is a host loop of the one-step program (``.step``); an accelerator's chunk
     # program has its step count compiled in, so a step of one compiles nothing only where one ran.
     one_step = hasattr(self.advance, "step") or 1 in self.ran

@@ -47,13 +47,14 @@ class Solver(NamedTuple):
   """Pure functions of one restart: ``init(params, data)``, ``step(state, data)``, ``finalize``, and
   ``tol``: a restart whose best objective reaches it is frozen, and :func:`gradjax.driver.run` stops once every
   live restart has (``None``: never); ``track_from``: the first iteration whose iterate can be the
-  best (:func:`make_solver`)."""
+  best (:func:`make_solver`); ``projected``: whether every iterate is projected (``project``)."""
 
   init: Callable[[PyTree, PyTree], SolverState]
   step: Callable[[SolverState, PyTree], SolverState]
   finalize: Callable[[SolverState, PyTree], SolverState]
   tol: float | None = None
   track_from: int = 0
+  projected: bool = False
 
 
 def scores_by_step(solver: Solver, state: SolverState) -> bool:
@@ -69,6 +70,28 @@ def scores_by_step(solver: Solver, state: SolverState) -> bool:
   threshold = -np.inf if solver.tol is None else solver.tol
   return bool(np.all(np.asarray(state.alive)) and np.all(np.asarray(state.best_loss) > threshold)
               and np.all(np.asarray(state.iterations) >= solver.track_from))
+
+
+def scores_stored(solver: Solver, state: SolverState) -> bool:
+  """Whether ``solver.finalize`` reads the final iterate's objective from the line search's store
+  (an L-BFGS state, no projection): :func:`finalize_stored` then does what it does on the host."""
+  return optimizers.stores_value(state.opt_state) and not solver.projected
+
+
+def finalize_stored(state: SolverState) -> SolverState:
+  """``finalize`` of a host (NumPy) ``state``, one restart's or stacked, where the line search stored
+  the final iterate's objective (:func:`scores_stored`): the iterate becomes the best where it is
+  live, finite and lower, with no evaluation, so nothing is compiled for it."""
+  value = np.asarray(optax.tree.get(state.opt_state, "value"))
+  best_loss = np.asarray(state.best_loss)
+  improved = np.asarray(state.alive) & np.isfinite(value) & (value < best_loss)
+
+  def select(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return np.where(improved.reshape(improved.shape + (1,) * (a.ndim - improved.ndim)), a, b)
+
+  return state._replace(best_params=jax.tree.map(select, state.params, state.best_params),
+                        best_loss=np.where(improved, value, best_loss).astype(best_loss.dtype))
 
 
 def from_step(state: SolverState, stepped: SolverState) -> SolverState:
@@ -212,4 +235,4 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
                           best_loss=jnp.where(improved, value, state.best_loss),
                           evaluations=state.evaluations + evaluated)
 
-  return Solver(init, step, finalize, tol, track_from)
+  return Solver(init, step, finalize, tol, track_from, project is not None)

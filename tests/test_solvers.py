@@ -511,6 +511,40 @@ def test_the_last_iterate_is_scored_by_the_step_program_where_it_exists(strategy
                                [quadratic({"p": p}, C) for p in state.best_params["p"]], rtol=1e-12)
 
 
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+def test_a_line_search_runs_last_iterate_is_scored_on_the_host(strategy):
+  """An L-BFGS run's last iterate is scored from its line search's stored objective on the host: no
+  ``solver_finalize`` program, and the same state as that program gives, for a restart whose last
+  iterate is the best, one whose earlier best is kept (its best loss set below the iterate's) and one
+  marked dead (its iterate, however low, never becomes the best)."""
+  solver = solvers.make_solver(quadratic, optimizers.make_optimizer("lbfgs", 1.0, history=10))
+  with compilation.Recorder() as made:
+    state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=3,
+                       execution=driver.Execution(strategy))
+  assert "jit(solver_finalize)" not in [p.name for p in made.programs]
+  np.testing.assert_allclose(state.best_loss, [quadratic({"p": p}, C) for p in state.best_params["p"]],
+                             rtol=1e-12)
+
+  init = jax.vmap(solver.init, in_axes=(0, None))(stacked(np.zeros(6), np.ones(6), -np.ones(6)),
+                                                  jnp.asarray(C))
+  steps = jax.jit(jax.vmap(solver.step, in_axes=(0, None)))
+  run = steps(steps(init, jnp.asarray(C)), jnp.asarray(C))
+  run = run._replace(best_loss=run.best_loss.at[1].set(-1.0), alive=run.alive.at[2].set(False))
+  want = jax.device_get(jax.jit(jax.vmap(solver.finalize, in_axes=(0, None)))(run, jnp.asarray(C)))
+  assert solvers.scores_stored(solver, run)
+  got = solvers.finalize_stored(jax.device_get(run))
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(a, b)
+    assert np.asarray(a).dtype == np.asarray(b).dtype
+  stored = np.asarray(optax.tree.get(run.opt_state, "value"))
+  np.testing.assert_array_equal(got.best_loss, [stored[0], -1.0, run.best_loss[2]])
+  np.testing.assert_array_equal(got.best_params["p"][1], run.best_params["p"][1])
+  boxed = solvers.make_solver(quadratic, optimizers.make_optimizer("lbfgs", 1.0),
+                              project=lambda p, data: p)
+  assert not solvers.scores_stored(boxed, run)
+
+
 def test_footprint_counts_arguments_outputs_and_temporaries():
   """driver.footprint against a closed form: x ↦ 2x on 1000 float64 holds its argument and its
   output (8 000 bytes each) unless the argument is donated and the output written over it."""
