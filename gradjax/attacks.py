@@ -213,7 +213,7 @@ def rescaled(attack: Attack, iterations: int) -> Attack:
   and ``track_from`` (a
   :class:`gradjax.optimizers.Named` schedule is already a fraction of the budget). ``hfginv`` at 3000
   iterations switches TV on at 600 and the BatchNorm prior at 1000, grows its layer set every 100
-  steps."""
+  steps. The solver reads these counts as data (:func:`scheduled`): every budget runs one program."""
   if iterations < 1:
     raise ValueError(f"iterations must be positive, got {iterations}")
   r = iterations / attack.iterations
@@ -307,6 +307,10 @@ class MatchingData(NamedTuple):
     (:func:`gradjax.distances.leaf_positions`), or ``None``.
   head_targets: (t (N, F), w (N,)): each example's head-input target and its weight, in the labels'
     order (:func:`head_targets`), or ``None``.
+  schedule: the attack's step counts that its budget moves (:func:`rescaled`), as data
+    (:class:`gradjax.objectives.Schedule`), and
+  track_from: its :func:`track_from` (int32 scalar), so one solver program serves every budget; both
+    set by :func:`scheduled` (``None`` before).
 
   Each restart also sees its own ``order`` (N,) of the labels (a permutation-search candidate):
   the solver's data is ``(MatchingData, order)``.
@@ -319,6 +323,21 @@ class MatchingData(NamedTuple):
   label_mask: jax.Array | None = None
   positions: dict | None = None
   head_targets: tuple[jax.Array, jax.Array] | None = None
+  schedule: objectives.Schedule | None = None
+  track_from: jax.Array | None = None
+
+
+def scheduled(attack: Attack, data: MatchingData, num_leaves: int) -> MatchingData:
+  """``data`` with ``attack``'s step counts (on a model of ``num_leaves`` parameter leaves) as the
+  data its solver reads: each prior's start, the stepwise period, the smoothing's ``until`` and
+  the best iterate's :func:`track_from`."""
+  count = lambda n: device_array(np.int32(n))
+  return data._replace(
+      schedule=objectives.Schedule(
+          tuple(count(p.start) for p in attack.priors),
+          None if attack.stepwise is None else count(attack.stepwise.period),
+          None if attack.smoothing is None else count(attack.smoothing.until)),
+      track_from=count(track_from(attack, num_leaves)))
 
 
 class Problem(NamedTuple):
@@ -370,12 +389,15 @@ def _clip_to_box(dummy, data):
 def _solver(attack: Attack, apply_fn: Callable, num_leaves: int,
             loss_fn: Callable = cross_entropy, clients: ClientSplit | None = None) -> solvers.Solver:
   """The solver of ``attack`` on a model of ``num_leaves`` parameter leaves whose client trains on
-  ``loss_fn`` (``clients``: each run reads its client's data, :func:`_run_data`); the name, the
-  dummy initialisation and the budget do not make another solver (a learning-rate schedule is
-  spread over the run's budget by :func:`gradjax.driver.run`), but for a smoothing's, whose steps
-  are a fraction of it."""
-  key = dataclasses.replace(attack, name="", dummy_init=dummy_lib.normal,
-                            iterations=attack.iterations if attack.smoothing else 1)
+  ``loss_fn`` (``clients``: each run reads its client's data, :func:`_run_data`), for data set by
+  :func:`scheduled`. The name, the dummy initialisation, the budget and the step counts it moves do
+  not make another solver: a learning-rate schedule is spread over the run's budget by
+  :func:`gradjax.driver.run`, the other counts are the data's."""
+  key = dataclasses.replace(
+      attack, name="", dummy_init=dummy_lib.normal, iterations=2, track_from=0,
+      priors=tuple(dataclasses.replace(p, start=0) for p in attack.priors),
+      stepwise=attack.stepwise and dataclasses.replace(attack.stepwise, period=1),
+      smoothing=attack.smoothing and dataclasses.replace(attack.smoothing, until=1))
   return _solver_cached(key, apply_fn, num_leaves, loss_fn, clients)
 
 
@@ -393,14 +415,21 @@ def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
     shared, order = _run_data(data, clients)
     labels = None if shared.labels is None else shared.labels[order]
     targets = None if shared.head_targets is None else tuple(a[order] for a in shared.head_targets)
+    if shared.schedule is None:
+      raise ValueError("the solver reads the attack's step counts from its data: "
+                       "attacks.scheduled(attack, data, num_leaves)")
     return objective(dummy, shared.observation, labels, step, shared.weights,
-                     label_mask=shared.label_mask, positions=shared.positions, head_targets=targets)
+                     label_mask=shared.label_mask, positions=shared.positions, head_targets=targets,
+                     schedule=shared.schedule)
 
   def project(dummy, data):
     return _clip_to_box(dummy, _run_data(data, clients))
 
-  return make_solver(attack, value_fn, project=project if attack.box else None,
-                     num_leaves=num_leaves)
+  # The key's step counts are placeholders (:func:`_solver`): the objective and the best-iterate
+  # rule read the run's from its data.
+  return solvers.make_solver(value_fn, build_optimizer(attack), tol=attack.tol,
+                             project=project if attack.box else None,
+                             track_from=lambda data: _run_data(data, clients)[0].track_from)
 
 
 @functools.partial(once, static_argnums=(1, 2, 3, 4, 5, 7, 8))
@@ -605,7 +634,8 @@ def solve(attack: Attack, apply_fn: Callable, problem: Problem,
   if attack.couples_restarts:
     execution = coupled_execution(execution)
   num_leaves = len(jax.tree.leaves(problem.data.observation.gradient))
-  state = driver.run(_solver(attack, apply_fn, num_leaves, loss_fn), problem.init, problem.data,
+  state = driver.run(_solver(attack, apply_fn, num_leaves, loss_fn), problem.init,
+                     scheduled(attack, problem.data, num_leaves),
                       iterations=attack.iterations, execution=execution,
                       restart_data=problem.restart_data)
   return sharding.fetch(state)
@@ -724,8 +754,10 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     # What every client has the same (the round's model) is shared by every run; the rest each run
     # carries (a vmapped program reads it as an input, not by a gather at every step; the
     # sequential strategy moves each run's to the device once).
-    leaves = [jax.tree.leaves(jax.device_get(p.data)) for p in problems]
-    split = ClientSplit(jax.tree.structure(problems[0].data),
+    num_leaves = len(jax.tree.leaves(observations[0].gradient))
+    leaves = [jax.tree.leaves(jax.device_get(scheduled(attack, p.data, num_leaves)))
+              for p in problems]
+    split = ClientSplit(jax.tree.structure(scheduled(attack, problems[0].data, num_leaves)),
                         tuple(all(np.array_equal(mine[i], leaves[0][i]) for mine in leaves[1:])
                               for i in range(len(leaves[0]))))
     shared = tuple(device_array(a) for a, s in zip(leaves[0], split.shared) if s)
@@ -734,7 +766,6 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     # The runs' first dummy data and label orders, stacked on the host (the driver places them).
     init = jax.tree.map(lambda *a: np.concatenate(a), *jax.device_get([p.init for p in problems]))
     orders = np.concatenate(jax.device_get([p.restart_data for p in problems]))
-    num_leaves = len(jax.tree.leaves(observations[0].gradient))
     state = driver.run(_solver(attack, apply_fn, num_leaves, clients=split), init, shared,
                        iterations=attack.iterations, execution=execution,
                        restart_data=(own, orders))

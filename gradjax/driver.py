@@ -554,7 +554,8 @@ class _Search:
     # program has its step count compiled in, so a step of one compiles nothing only where one ran.
     one_step = hasattr(self.advance, "step") or 1 in self.ran
     if (self.mesh is not None or not one_step
-        or not solvers.scores_by_step(self.solver, state)):
+        or not solvers.scores_by_step(self.solver, state,
+                                      self.data if per is None else (self.data, per))):
       return self.finalize(state, self.data, per)
     kept = fetch(state)  # the step's program takes the state's buffers (donated)
     return solvers.from_step(kept, fetch(self.advance(state, self.data, per, 1)))

@@ -15,7 +15,7 @@ optimizer, so the objective is one pure function that ``jit`` and ``vmap`` trans
 import dataclasses
 import functools
 import math
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -179,10 +179,27 @@ class Smoothing:
     if not (0 < self.start <= self.end and math.isfinite(self.end)):
       raise ValueError(f"smoothing needs 0 < start <= end < inf, got start={self.start}, end={self.end}")
 
-  def sharpness(self, step) -> jax.Array:
-    """κ(step), a float32 scalar."""
-    f = jnp.clip(jnp.asarray(step, jnp.float32) / self.until, 0.0, 1.0)
+  def sharpness(self, step, until=None) -> jax.Array:
+    """κ(step), a float32 scalar; ``until`` in place of the record's (an int scalar, e.g. traced:
+    :class:`Schedule`)."""
+    until = self.until if until is None else until
+    f = jnp.clip(jnp.asarray(step, jnp.float32) / jnp.asarray(until, jnp.float32), 0.0, 1.0)
     return jnp.float32(self.start) * jnp.float32(self.end / self.start) ** f
+
+
+class Schedule(NamedTuple):
+  """The step counts of an objective's schedule as data of its program, each an int32 scalar, in
+  place of those its records hold: so an objective whose counts move with the budget
+  (:func:`gradjax.attacks.rescaled`) is one program for every budget.
+
+  starts: one per prior, the step it switches on at (:class:`gradjax.priors.Prior`'s ``start``).
+  period: :class:`Stepwise`'s, or ``None`` without one.
+  until: :class:`Smoothing`'s, or ``None`` without one.
+  """
+
+  starts: tuple[jax.Array, ...]
+  period: jax.Array | None
+  until: jax.Array | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,10 +240,12 @@ class Stepwise:
     ceil = lambda f: math.ceil(round(f * num_leaves, 6))  # round: 11/110 · 110 is 11, not 11.000…02
     return max(ceil(self.first), 1), ceil(self.grow), ceil(self.last)
 
-  def matched(self, num_leaves: int, step) -> jax.Array:
-    """n(t), the number of deepest leaves matched at ``step`` (int scalar)."""
+  def matched(self, num_leaves: int, step, period=None) -> jax.Array:
+    """n(t), the number of deepest leaves matched at ``step`` (int scalar); ``period`` in place of
+    the record's (an int scalar, e.g. traced: :class:`Schedule`)."""
     first, grow, last = self._leaves(num_leaves)
-    return jnp.minimum(first + (jnp.asarray(step) // self.period) * grow, last)
+    period = self.period if period is None else period
+    return jnp.minimum(first + (jnp.asarray(step) // period) * grow, last)
 
   def settled_from(self, num_leaves: int) -> int:
     """The first step at which n(t) stops growing: ``period`` · ⌈(n_last − n_first) / n_grow⌉ in
@@ -235,12 +254,13 @@ class Stepwise:
     first, grow, last = self._leaves(num_leaves)
     return 0 if grow <= 0 or first >= last else self.period * math.ceil((last - first) / grow)
 
-  def apply(self, positions, step, *trees):
+  def apply(self, positions, step, *trees, period=None):
     """``trees`` masked: leaf l of each tree times the leaf's mask at ``step``.
 
-    ``positions``: the leaves' depth positions 0..L−1, a tree of ints of the trees' structure."""
+    ``positions``: the leaves' depth positions 0..L−1, a tree of ints of the trees' structure;
+    ``period``: as :meth:`matched`'s."""
     num = len(jax.tree.leaves(positions))
-    threshold = num - self.matched(num, step)
+    threshold = num - self.matched(num, step, period)
     key = jax.random.fold_in(jax.random.key(self.seed), step)
     flat, treedef = jax.tree.flatten(positions)
     masks = []
@@ -359,6 +379,8 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     positions: with ``stepwise``, every parameter leaf's depth position 0..L−1 (a tree of ints of the
       gradient's structure, :func:`gradjax.distances.leaf_positions`).
     head_targets: with ``head_features``, (t (N, F), w (N,)) in the examples' order.
+    schedule: the step counts of ``prior`` (built by :func:`gradjax.priors.combine`), ``stepwise``
+      and ``smoothing`` as data (:class:`Schedule`), or ``None``: those the records hold.
   """
 
   if not isinstance(matched, (Gradient, Replay)):
@@ -373,7 +395,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
   distance = as_distance(distance)
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
-                positions=None, head_targets=None):
+                positions=None, head_targets=None, schedule: Schedule | None = None):
     x, logits = dummy["x"], dummy.get("label_logits")
     if logits is not None and label_mask is not None:
       logits = jnp.where(label_mask, logits, jnp.finfo(logits.dtype).min)
@@ -386,7 +408,8 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     targets = labels if logits is None else jax.nn.softmax(logits, axis=-1)
     model = apply_fn  # the dummy gradient's model: rounded while a smoothing sharpens it
     if smoothing is not None:
-      model = functools.partial(apply_fn, sharpness=smoothing.sharpness(step))
+      model = functools.partial(apply_fn, sharpness=smoothing.sharpness(
+          step, None if schedule is None else schedule.until))
     if replay:
       u, v = matched.update(model, observation, x, targets, loss_fn), observation.gradient
     else:
@@ -400,11 +423,13 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     if stepwise is not None:
       if positions is None:
         raise ValueError("stepwise matching needs the leaves' depth positions (positions=)")
-      u, v = stepwise.apply(positions, step, u, v)
+      u, v = stepwise.apply(positions, step, u, v,
+                            period=None if schedule is None else schedule.period)
     value = distance(u, v, weights=weights, step=step)
     if prior is not None:
       network = Network(apply_fn, observation.variables, observation.train, observation.moments)
-      value = value + prior(dummy["x"], step, network)
+      value = value + (prior(dummy["x"], step, network) if schedule is None else
+                       prior(dummy["x"], step, network, starts=schedule.starts))
     if head_features:
       if head_targets is None:
         raise ValueError("the head-feature term needs its targets (head_targets=)")

@@ -318,10 +318,13 @@ class Prior:
     """The model's variable collections ``fn`` reads besides ``params``."""
     return getattr(self.fn, "needs", ())
 
-  def __call__(self, x, step, network: Network | None = None) -> jax.Array:
+  def __call__(self, x, step, network: Network | None = None, start=None) -> jax.Array:
+    """The term at ``step``; ``start`` in place of the record's (an int scalar, e.g. traced:
+    :class:`gradjax.objectives.Schedule`)."""
     w = self.weight(step) if callable(self.weight) else jnp.asarray(self.weight, float)
-    if self.start:
-      w = jnp.where(jnp.asarray(step) >= self.start, w, 0.0)
+    start = self.start if start is None else start
+    if not isinstance(start, int) or start:
+      w = jnp.where(jnp.asarray(step) >= start, w, 0.0)
     if isinstance(self.fn, NetworkPrior):
       if network is None:
         raise ValueError("a network prior (e.g. bn) needs the attacked model: pass network=")
@@ -330,17 +333,20 @@ class Prior:
 
 
 def combine(priors: Sequence[Prior]) -> Callable[..., jax.Array]:
-  """``fn(x, step, network=None) = Σ_k prior_k(x, step, network)`` over :class:`Prior` records;
-  0 if empty."""
+  """``fn(x, step, network=None, starts=None) = Σ_k prior_k(x, step, network)`` over :class:`Prior`
+  records, 0 if empty; ``starts``: one start per prior in place of the records' (as data:
+  :class:`gradjax.objectives.Schedule`)."""
   for item in priors:
     if not isinstance(item, Prior):
       raise ValueError("combine takes Prior records, e.g. Prior(total_variation, 1e-4)")
   priors = tuple(priors)
 
-  def prior(x, step, network: Network | None = None):
+  def prior(x, step, network: Network | None = None, starts=None):
+    if starts is not None and len(starts) != len(priors):
+      raise ValueError(f"one start per prior: got {len(starts)} for {len(priors)} priors")
     total = jnp.zeros((), jnp.result_type(x))
-    for p in priors:
-      total = total + p(x, step, network)
+    for k, p in enumerate(priors):
+      total = total + p(x, step, network, None if starts is None else starts[k])
     return total
 
   return prior

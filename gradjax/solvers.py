@@ -47,29 +47,36 @@ class Solver(NamedTuple):
   """Pure functions of one restart: ``init(params, data)``, ``step(state, data)``, ``finalize``, and
   ``tol``: a restart whose best objective reaches it is frozen, and :func:`gradjax.driver.run` stops once every
   live restart has (``None``: never); ``track_from``: the first iteration whose iterate can be the
-  best (:func:`make_solver`); ``projected``: whether every iterate is projected (``project``)."""
+  best, or a function of the solver's data giving it (:func:`make_solver`); ``projected``: whether
+  every iterate is projected (``project``)."""
 
   init: Callable[[PyTree, PyTree], SolverState]
   step: Callable[[SolverState, PyTree], SolverState]
   finalize: Callable[[SolverState, PyTree], SolverState]
   tol: float | None = None
-  track_from: int = 0
+  track_from: int | Callable[[PyTree], Any] = 0
   projected: bool = False
 
 
-def scores_by_step(solver: Solver, state: SolverState) -> bool:
+def tracks_from(solver: Solver, data) -> Any:
+  """``solver.track_from`` for the solver's ``data`` (an int, or an int scalar read from ``data``)."""
+  return solver.track_from(data) if callable(solver.track_from) else solver.track_from
+
+
+def scores_by_step(solver: Solver, state: SolverState, data) -> bool:
   """Whether one more ``step`` of the finished ``state`` (one restart's or stacked) scores its final
   iterate as ``solver.finalize`` would (:func:`from_step`), so that the driver runs the program it
   compiled for the steps instead of compiling another evaluation of the objective. A step's first
   act is to evaluate the objective at the iterate it starts from and keep it where it is the best;
   it does so for live restarts not frozen by ``tol`` and past ``track_from``, ``finalize`` for every
   live one. So: where no line search stored the value there (``finalize`` then reads it) and every
-  restart is live, unfrozen and past ``track_from`` (read from the state: a few scalars a restart)."""
+  restart is live, unfrozen and past ``track_from`` (read from the state: a few scalars a restart;
+  ``data``: the solver's, where ``track_from`` reads it)."""
   if optimizers.stores_value(state.opt_state):
     return False
   threshold = -np.inf if solver.tol is None else solver.tol
   return bool(np.all(np.asarray(state.alive)) and np.all(np.asarray(state.best_loss) > threshold)
-              and np.all(np.asarray(state.iterations) >= solver.track_from))
+              and np.all(np.asarray(state.iterations) >= np.asarray(tracks_from(solver, data))))
 
 
 def scores_stored(solver: Solver, state: SolverState) -> bool:
@@ -135,7 +142,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
                 optimizer: optax.GradientTransformation, *,
                 tol: float | None = None,
                 project: Callable[[PyTree, PyTree], PyTree] | None = None,
-                track_from: int = 0) -> Solver:
+                track_from: int | Callable[[PyTree], jax.Array] = 0) -> Solver:
   """Builds the step functions minimising ``value_fn(params, data, step)``.
 
   Args:
@@ -151,7 +158,8 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
       constraint) and to the initial iterate.
     track_from: the best iterate is the lowest objective among iterations >= ``track_from`` (and the
       final one): for objectives whose terms change over the run (a growing set of matched layers),
-      whose early values are not comparable with the late ones.
+      whose early values are not comparable with the late ones; or ``track_from(data)``, an int
+      scalar read from the data (so that one program serves every value: a budget's).
   """
   tx = optax.with_extra_args_support(optimizer)
   threshold = -jnp.inf if tol is None else tol
@@ -203,7 +211,8 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
       used = optax.tree.get(opt_state, "num_linesearch_steps").astype(jnp.int32)
     # ``value`` is the objective at ``state.params`` (before this update).
     value_ok = jnp.isfinite(value)
-    improved = value_ok & (value < state.best_loss) & (state.iterations >= track_from)
+    improved = value_ok & (value < state.best_loss) & (
+        state.iterations >= (track_from(data) if callable(track_from) else track_from))
     best_params = _select(improved, state.params, state.best_params)
     best_loss = jnp.where(improved, value, state.best_loss)
     alive = state.alive & value_ok & _all_finite(params)

@@ -372,9 +372,17 @@ def test_clients_in_one_run_refuse_what_would_mix_them():
 def test_another_budget_is_the_same_solver():
   """The budget makes no other solver, so its compiled programs serve an audit's probes and its run
   in one process: Inverting Gradients' step schedule is spread over each run's budget by the driver
-  (``tests/test_solvers.py``). A smoothing's steps are a fraction of the budget: another solver."""
+  (``tests/test_solvers.py``); the step counts a budget moves (HFGInv's prior starts and stepwise
+  period, a smoothing's end, the last-iterate rule's track_from) are the solver's data
+  (:func:`gradjax.attacks.scheduled`). Another weight or prior is another solver."""
   apply_fn = lambda variables, x, train: x
   ig = presets.inverting_gradients
   assert attacks._solver(ig(300), apply_fn, 8) is attacks._solver(ig(4800), apply_fn, 8)
   smoothed = lambda n: dataclasses.replace(ig(n), smoothing=objectives.Smoothing(until=n // 2))
-  assert attacks._solver(smoothed(300), apply_fn, 8) is not attacks._solver(smoothed(4800), apply_fn, 8)
+  assert attacks._solver(smoothed(300), apply_fn, 8) is attacks._solver(smoothed(4800), apply_fn, 8)
+  last = lambda n: dataclasses.replace(ig(n), track_from=n)
+  assert attacks._solver(last(300), apply_fn, 8) is attacks._solver(last(4800), apply_fn, 8)
+  assert attacks._solver(presets.hfginv(300), apply_fn, 8) is attacks._solver(presets.hfginv(), apply_fn, 8)
+  assert attacks._solver(presets.hfginv(), apply_fn, 8) is not attacks._solver(
+      presets.hfginv(tv=0.3), apply_fn, 8)
+  assert attacks._solver(ig(300), apply_fn, 8) is not attacks._solver(smoothed(300), apply_fn, 8)

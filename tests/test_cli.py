@@ -624,13 +624,18 @@ def test_compilation_cache_is_written_and_reused(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", ["dlg", "inverting_gradients"])
+@pytest.mark.parametrize("attack", [
+    ["--attack=dlg", "--image_size=8"], ["--attack=inverting_gradients", "--image_size=8"],
+    ["--attack=inverting_gradients", "--image_size=8", "--config.attack.iterate=last"],
+    ["--attack=hfginv", "--model=convnet-4", "--image_size=16"]],
+    ids=["dlg", "inverting_gradients", "last_iterate", "hfginv"])
 def test_another_budget_save_interval_or_chunk_compiles_nothing_new(tmp_path, attack):
-  """A second run that changes only the budget (Inverting Gradients' learning-rate milestones sit at
-  fractions of it), the save interval and the chunk loads every program from the persistent cache."""
+  """A second run that changes only the budget, the save interval and the chunk loads every program
+  from the persistent cache: Inverting Gradients' learning-rate milestones sit at fractions of the
+  budget, the last-iterate rule tracks from it, HFGInv's prior starts and stepwise period scale
+  with it."""
   cache = tmp_path / "cache"
-  common = [f"--attack={attack}", "--image_size=8", f"--compilation_cache={cache}",
-            "--compilation_cache_min_secs=0", "--lpips=none"]
+  common = [*attack, f"--compilation_cache={cache}", "--compilation_cache_min_secs=0", "--lpips=none"]
   first = run_program("reconstruct.py", *common, "--iterations=6", f"--output_dir={tmp_path / 'a'}")
   assert first.returncode == 0, first.stderr[-2000:]
   entries = sorted(p.name for p in cache.iterdir())

@@ -117,12 +117,14 @@ def test_best_iterate_is_tracked_from_track_from():
   """Early iterations score an artificially low objective; with track_from they cannot win."""
   value_fn = lambda p, data, step: jnp.sum((p["x"] - 1.0) ** 2) - jnp.where(step < 5, 100.0, 0.0)
   opt = optax.sgd(0.1)
-  for track_from in (0, 5):
+  for track_from, data in ((0, None), (5, None), (lambda data: data, jnp.int32(5))):
+    # The last: read from the solver's data, as an attack's is (one program for every budget).
     solver = solvers.make_solver(value_fn, opt, track_from=track_from)
-    state = solver.init({"x": jnp.zeros(2)}, None)
+    step = jax.jit(solver.step)
+    state = solver.init({"x": jnp.zeros(2)}, data)
     for _ in range(8):
-      state = solver.step(state, None)
-    state = solver.finalize(state, None)
+      state = step(state, data)
+    state = solver.finalize(state, data)
     if track_from == 0:
       # step 4's iterate, the last with the −100 offset: x = 1 − 0.8⁴
       assert float(state.best_loss) == pytest.approx(2 * 0.8 ** 8 - 100.0, rel=1e-6)
@@ -131,20 +133,52 @@ def test_best_iterate_is_tracked_from_track_from():
       np.testing.assert_allclose(np.asarray(state.best_params["x"]), [final, final], rtol=1e-6)
 
 
-def test_an_annealed_distance_tracks_the_best_iterate_once_it_settles(monkeypatch):
-  """The annealed kernel's values before step 250 are not comparable with later ones: the solver is
-  built with track_from 250 (or the attack's own, where later)."""
-  seen = []
-  monkeypatch.setattr(attacks.solvers, "make_solver", lambda *a, track_from, **k: seen.append(track_from))
-  apply_fn = lambda variables, x, train: x
+@pytest.mark.slow
+def test_step_counts_read_as_data_are_the_records_step_counts():
+  """The objective reading its step counts from a :class:`gradjax.objectives.Schedule` (one program
+  for every budget) equals the one built with those counts in its records, at every step around
+  them: two priors switched on at 7 and 12, a layer set growing every 5 steps, a smoothing until 9;
+  and again at the counts of another budget (doubled) from the same program."""
+  model = models.create("mlp-16", jax.random.key(3), input_shape=(8, 8, 3))
+  x = jax.random.uniform(jax.random.key(4), (2, 8, 8, 3))
+  y = jnp.arange(2)
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, y)
+  dummy = {"x": jax.random.uniform(jax.random.key(5), x.shape)}
+  positions = distances.leaf_positions(model.variables["params"])
+  tv, l2 = priors.PRIORS["tv"], priors.PRIORS["l2"]
+
+  def build(starts, period, until):
+    return objectives.gradient_matching(
+        model.apply_fn, distances.cosine,
+        prior=priors.combine([priors.Prior(tv, 0.3, starts[0]), priors.Prior(l2, 0.05, starts[1])]),
+        stepwise=objectives.Stepwise(first=0.25, grow=0.25, last=1.0, period=period, dropout=0.2),
+        smoothing=objectives.Smoothing(until=until, end=1e3))
+
+  placeholder = build((0, 0), 1, 1)
+  read = jax.jit(lambda step, schedule: placeholder(dummy, obs, y, step, positions=positions,
+                                                    schedule=schedule))
+  for scale in (1, 2):
+    counts = ((7 * scale, 12 * scale), 5 * scale, 9 * scale)
+    held = build(*counts)
+    schedule = objectives.Schedule(tuple(jnp.int32(c) for c in counts[0]), jnp.int32(counts[1]),
+                                   jnp.int32(counts[2]))
+    for step in sorted({0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20} | {4 * scale, 10 * scale, 24 * scale}):
+      want = float(held(dummy, obs, y, step, positions=positions))
+      np.testing.assert_allclose(float(read(jnp.int32(step), schedule)), want, rtol=2e-6, err_msg=step)
+  assert read._cache_size() == 1
+
+
+def test_an_annealed_distance_tracks_the_best_iterate_once_it_settles():
+  """The annealed kernel's values before step 250 are not comparable with later ones: the solver's
+  data tracks the best iterate from 250 (or the attack's own, where later)."""
+  data = attacks.MatchingData(None, None, (0.0, 1.0), None)
   own = distances.Distance(distances.euclidean, settled_from=7)  # a distance of one's own settling at 7
   for distance, track_from, want in ((distances.DISTANCES["gaussian_kernel_annealed"], 0, 250),
                                      (distances.DISTANCES["gaussian_kernel_annealed"], 400, 400),
                                      (distances.DISTANCES["gaussian_kernel_mean"], 0, 0),
                                      (own, 0, 7), (own, 9, 9)):
     attack = dataclasses.replace(presets.sapag(), distance=distance, track_from=track_from)
-    attacks._solver(attack, apply_fn, 8)
-    assert seen[-1] == want == attacks.track_from(attack), distance
+    assert int(attacks.scheduled(attack, data, 8).track_from) == want == attacks.track_from(attack), distance
 
 
 def test_presets_and_rescaled():
