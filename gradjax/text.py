@@ -23,6 +23,7 @@ range over the vocabulary and *no target* (:func:`gradjax.losses.masked_cross_en
 sentence is the inputs with each ``<mask>`` replaced by its target.
 """
 
+import dataclasses
 import functools
 from typing import Callable, NamedTuple
 
@@ -235,9 +236,19 @@ def _token_value(attack: attacks.Attack, apply_fn: Callable, vocabulary: int, ma
   return value_fn
 
 
-@functools.lru_cache(maxsize=16)
 def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int,
                   masked: bool = False) -> solvers.Solver:
+  """The token search's solver; the name and the budget make no other one (a learning-rate schedule
+  is spread over the run's budget by :func:`gradjax.driver.run`) unless the best iterate is tracked
+  from a step (the last-iterate rule tracks from the budget)."""
+  key = dataclasses.replace(attack, name="", iterations=attack.iterations
+                            if attack.track_from or attack.smoothing else 1)
+  return _token_solver_cached(key, apply_fn, vocabulary, masked)
+
+
+@functools.lru_cache(maxsize=16)
+def _token_solver_cached(attack: attacks.Attack, apply_fn: Callable, vocabulary: int,
+                         masked: bool) -> solvers.Solver:
   return attacks.make_solver(attack, _token_value(attack, apply_fn, vocabulary, masked))
 
 

@@ -664,3 +664,14 @@ def test_the_token_search_is_prepare_solve_select(client):
   assert (found.targets[:, -1] == 1).all() and found.loss == found.restart_losses.min()
   with pytest.raises(ValueError, match="end-of-sentence"):
     text.prepare_tokens(attack, m.apply_fn, view, table, jax.random.key(0), length=5, eos=None)
+
+
+def test_another_budget_is_the_same_token_solver():
+  """The token search's budget makes no other solver (its compiled programs serve an audit's probes
+  and its run in one process), but for the last-iterate rule, which tracks from the budget."""
+  apply_fn = lambda variables, x, train: x
+  for make in (presets.dlg, presets.adam_dlg):
+    assert text._token_solver(make(iterations=30), apply_fn, 11) is text._token_solver(
+        make(iterations=300), apply_fn, 11)
+  last = lambda n: dataclasses.replace(presets.dlg(iterations=n), track_from=n)
+  assert text._token_solver(last(30), apply_fn, 11) is not text._token_solver(last(300), apply_fn, 11)
