@@ -22,8 +22,8 @@ runs again in the next call (``ig`` and ``precision`` from the rows they have, :
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``flags``: the ``ttfr`` part's cold runs (Inverting Gradients and the README's main job) under
-  each of :data:`VARIANTS` (the convolutions as matrix products, the step compiled fast, the one-step
-  program alone, the card's memory not preallocated).
+  each of :data:`VARIANTS` (XLA's parallel LLVM compilation, the convolutions as matrix products,
+  the one-step program alone, the step compiled fast, the card's memory not preallocated).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
   resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
@@ -86,7 +86,9 @@ PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
 # full protocol fits across calls of a few minutes each.
 RESUMABLE = {"ig": lambda row: row["index"], "precision": lambda row: (row["attack"], row["precision"])}
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
-# What the ``flags`` part tries on a first result, each alone after nothing: the model's
+# What the ``flags`` part tries on a first result, each alone after nothing: XLA:GPU compiling each
+# program's LLVM module in parts on the host's cores (off by default; NVIDIA's JAX-Toolbox sets it,
+# and other projects' benchmarks report about a fifth off their larger programs' compile), the model's
 # convolutions as matrix products (``--config.model.conv=im2col``; XLA's own convolutions are what
 # ``auto`` gives one restart on an accelerator), the step compiled as the run-once programs are
 # (``GRADJAX_FAST_COMPILE``: LLVM's level 0; short runs may gain more compiling than they lose
@@ -97,8 +99,9 @@ PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # other an addition to the processes' environment. Measured on an H200 (2026-12-04,
 # ``experiments/studies/accelerator_h100``) and dropped: XLA's flags for GEMMs by cuBLAS instead of
 # Triton kernels and without autotuning (no shorter), the set-up on the card (3 s longer).
-VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"},
-            {"--config.execution.chunk": "1"}, {PREALLOCATE: "false"})
+VARIANTS = ({}, {"XLA_FLAGS": "--xla_gpu_enable_llvm_module_compilation_parallelism=true"},
+            {"--config.model.conv": "im2col"}, {"--config.execution.chunk": "1"},
+            {"GRADJAX_FAST_COMPILE": "1"}, {PREALLOCATE: "false"})
 
 
 def leave_card(parts, environ) -> dict:
@@ -120,7 +123,8 @@ def sizes(quick: bool, dataset: str) -> dict:
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
                 strategies=("sequential",), client_strategies=("sequential",), im2col_restart_counts=[1, 2],
                 restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
-                ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), variants=VARIANTS[:2],
+                # The flags part: one variant of each kind (XLA_FLAGS, a flag of the run).
+                ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), variants=VARIANTS[1:3],
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_init="torch", fedavg_iterations=10,
                 precisions=PRECISIONS[:2], precision_attacks=("dlg",),
