@@ -176,7 +176,8 @@ class TokenData(NamedTuple):
   which of the K slots hold a candidate, (K,), or which a position may take, (T, K) (the bag is
   padded to N·T slots, so every sentence of a length shares one compiled program); for a masked
   language model, the ``<mask>`` token's embedding row ``mask_row`` (dim,) (``None`` for a
-  next-token model)."""
+  next-token model); the attack's :func:`gradjax.attacks.track_from` (int32 scalar, set by
+  :func:`solve_tokens`: one solver program for every budget, the last-iterate rule's included)."""
 
   observation: Observation
   rows: jax.Array
@@ -185,6 +186,7 @@ class TokenData(NamedTuple):
   weights: dict | None
   valid: jax.Array | None = None
   mask_row: jax.Array | None = None
+  track_from: jax.Array | None = None
 
 
 def soft_tokens(z, data: TokenData, vocabulary: int):
@@ -238,18 +240,20 @@ def _token_value(attack: attacks.Attack, apply_fn: Callable, vocabulary: int, ma
 
 def _token_solver(attack: attacks.Attack, apply_fn: Callable, vocabulary: int,
                   masked: bool = False) -> solvers.Solver:
-  """The token search's solver; the name and the budget make no other one (a learning-rate schedule
-  is spread over the run's budget by :func:`gradjax.driver.run`) unless the best iterate is tracked
-  from a step (the last-iterate rule tracks from the budget)."""
-  key = dataclasses.replace(attack, name="", iterations=attack.iterations
-                            if attack.track_from or attack.smoothing else 1)
+  """The token search's solver, for data whose ``track_from`` is set (:func:`solve_tokens`); the
+  name, the budget and the step the best iterate is tracked from make no other one (a learning-rate
+  schedule is spread over the run's budget by :func:`gradjax.driver.run`; the search reads no
+  smoothing)."""
+  key = dataclasses.replace(attack, name="", iterations=1, track_from=0, smoothing=None)
   return _token_solver_cached(key, apply_fn, vocabulary, masked)
 
 
 @functools.lru_cache(maxsize=16)
 def _token_solver_cached(attack: attacks.Attack, apply_fn: Callable, vocabulary: int,
                          masked: bool) -> solvers.Solver:
-  return attacks.make_solver(attack, _token_value(attack, apply_fn, vocabulary, masked))
+  return solvers.make_solver(_token_value(attack, apply_fn, vocabulary, masked),
+                             attacks.build_optimizer(attack), tol=attack.tol,
+                             track_from=lambda data: data.track_from)
 
 
 @functools.lru_cache(maxsize=16)
@@ -369,8 +373,9 @@ def solve_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProbl
   """Runs every restart of ``problem`` (:func:`gradjax.driver.run`); the final state, fetched to the
   host."""
   masked = problem.data.mask_row is not None
-  state = driver.run(_token_solver(attack, apply_fn, problem.vocabulary, masked), problem.init,
-                     problem.data,
+  data = problem.data._replace(
+      track_from=compilation.device_array(np.int32(attacks.track_from(attack))))
+  state = driver.run(_token_solver(attack, apply_fn, problem.vocabulary, masked), problem.init, data,
                      iterations=attack.iterations, execution=execution)
   return sharding.fetch(state)
 
