@@ -11,8 +11,8 @@ is frozen and hashable, so its compiled programs are cached per attack and reuse
 boundary (``gradjax.run.pipeline``).
 
 :func:`reconstruct` runs an attack against an Observation in three parts, each public: :func:`prepare`
-(labels, label-order candidates, layer weights and order, every restart's start), the restart driver
-(:func:`gradjax.driver.run` on the solver of :func:`make_solver`), and :func:`select` (the best
+(labels, label-order candidates, layer weights and order, every restart's start), :func:`solve` (the
+restart driver, :func:`gradjax.driver.run`, on the attack's solver), and :func:`select` (the best
 restart, its labels and candidate). The text attack (:mod:`gradjax.text`) reuses them.
 
 Example::
@@ -196,15 +196,6 @@ def track_from(attack: Attack, num_leaves: int | None = None) -> int:
   return max(attack.track_from, attack.distance.settled_from,
              attack.stepwise.settled_from(num_leaves) if attack.stepwise is not None else 0,
              attack.smoothing.until if attack.smoothing is not None else 0)
-
-
-def make_solver(attack: Attack, value_fn: Callable, project: Callable | None = None,
-                num_leaves: int | None = None) -> solvers.Solver:
-  """The solver of ``value_fn(dummy, data, step)`` under ``attack``'s optimizer, stopping tolerance
-  and best-iterate rule (:func:`gradjax.solvers.make_solver`, from :func:`track_from` for a model of
-  ``num_leaves`` parameter leaves); ``project``: e.g. the box."""
-  return solvers.make_solver(value_fn, build_optimizer(attack), tol=attack.tol, project=project,
-                             track_from=track_from(attack, num_leaves))
 
 
 def rescaled(attack: Attack, iterations: int) -> Attack:

@@ -413,7 +413,8 @@ def run(solver: Solver, init_params: PyTree, data: PyTree, *, iterations: int,
   """Runs the restarts for ``iterations`` steps; returns the stacked final :class:`SolverState`.
 
   Args:
-    solver: from :func:`make_solver` (its ``tol`` stops the run once every live restart reached it).
+    solver: from :func:`gradjax.solvers.make_solver` (its ``tol`` stops the run once every live
+      restart reached it).
     init_params: initial dummy data with a leading restart axis R on every leaf.
     data: the observation-side arguments of the objective, shared by every restart.
     iterations: optimizer steps per restart (per surviving restart with halving). A
