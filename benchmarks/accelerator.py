@@ -4,7 +4,8 @@ that each run in well under 10 minutes on one GPU, so a lent machine can run the
 Parts (``--parts``), each written as ``gpu_<part>.json`` and ``gpu_<part>.md`` when it ends (a part
 already written is skipped unless ``--overwrite``), then ``gpu.md`` assembles those present. A part
 stopped by SIGINT (``timeout -s INT``) writes the rows it measured, marked ``complete: false``, and
-runs again in the next call (``ig`` and ``precision`` from the rows they have, :data:`RESUMABLE`):
+runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows they have,
+:data:`RESUMABLE`):
 
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
   compiled and peak memory), as the suite's steps section.
@@ -84,7 +85,8 @@ PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
 # The parts whose rows are measured one independent of another, each row's identity: a stopped one
 # goes on from the rows it has (as long as the sizes and the dataset are the same), so the paper's
 # full protocol fits across calls of a few minutes each.
-RESUMABLE = {"ig": lambda row: row["index"], "precision": lambda row: (row["attack"], row["precision"])}
+RESUMABLE = {"ig": lambda row: row["index"], "precision": lambda row: (row["attack"], row["precision"]),
+             "flags": lambda row: (row["job"], row["variant"])}
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # What the ``flags`` part tries on a first result, each alone after nothing: XLA:GPU compiling each
 # program's LLVM module in parts on the host's cores (off by default; NVIDIA's JAX-Toolbox sets it,
@@ -218,12 +220,13 @@ def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
     yield row
 
 
-def part_flags(s: dict, seed: int, env: dict) -> Iterator[dict]:
+def part_flags(s: dict, seed: int, env: dict, done=frozenset()) -> Iterator[dict]:
   """The ``ttfr`` part's first results on an empty compilation cache under each of
   ``s["variants"]`` (:data:`VARIANTS`: flags of the run, additions to the environment, ``XLA_FLAGS``
   to its flags), variant by variant:
   Inverting Gradients, then the README's main job; a flag this XLA does not know is a row with its
-  error."""
+  error. Its rows but those ``done`` (their :data:`RESUMABLE` identities: each row is a process of
+  its own)."""
   t = s["ttfr"]
   jobs = [(f"inverting_gradients {t['model']} {t['iterations']} it",
            ["--attack=inverting_gradients", f"--model={t['model']}", f"--iterations={t['iterations']}"]),
@@ -231,7 +234,10 @@ def part_flags(s: dict, seed: int, env: dict) -> Iterator[dict]:
   for variant in s["variants"]:
     flags = [f"{k}={v}" for k, v in variant.items() if k.startswith("--")]
     added = {k: v for k, v in variant.items() if not k.startswith("--")}
+    name = " ".join(f"{k}={v}" for k, v in variant.items()) or "none"
     for job, args in jobs:
+      if (job, name) in done:
+        continue
       flagged = {**env, **added}
       if "XLA_FLAGS" in added and env.get("XLA_FLAGS"):
         flagged["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {added['XLA_FLAGS']}"
@@ -240,8 +246,7 @@ def part_flags(s: dict, seed: int, env: dict) -> Iterator[dict]:
                                          environ=flagged)[0]
       except RuntimeError as e:
         timed = dict(error=str(e)[-300:])
-      row = dict(job=job, variant=" ".join(f"{k}={v}" for k, v in variant.items()) or "none",
-                 cache="empty", **timed)
+      row = dict(job=job, variant=name, cache="empty", **timed)
       print(f"flags {row}", flush=True)
       yield row
 
@@ -446,7 +451,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   im2col=lambda: part_im2col(s, seed),
                   clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed, env),
-                  flags=lambda: part_flags(s, seed, env),
+                  flags=lambda done: part_flags(s, seed, env, done),
                   dlg64=lambda: part_dlg64(s, seed),
                   precision=lambda done: part_precision(s, seed, done),
                   ig=lambda done: part_ig(s, seed, data_dir, done),

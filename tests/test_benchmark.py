@@ -76,6 +76,14 @@ def test_accelerator_suite_quick(tmp_path):
       *["XLA_FLAGS=--xla_gpu_enable_llvm_module_compilation_parallelism=true"] * 2,
       "--config.model.conv=im2col", "--config.model.conv=im2col"]
   assert all(r["process_s"] > r["attack_s"] > 0 and "error" not in r for r in flags["rows"])
+  # A flags part cut short goes on from its rows (each row a process of its own).
+  (tmp_path / "gpu_flags.json").write_text(json.dumps(dict(flags, complete=False, rows=flags["rows"][:3])))
+  cut = subprocess.run([c.replace("--parts=fedavg,flags,ig", "--parts=flags") for c in cmd],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+  assert cut.returncode == 0 and "flags: going on from the 3 rows" in cut.stdout, cut.stderr[-2000:]
+  resumed = json.loads((tmp_path / "gpu_flags.json").read_text())
+  assert resumed["complete"] and resumed["rows"][:3] == flags["rows"][:3]
+  assert [r["variant"] for r in resumed["rows"]] == [r["variant"] for r in flags["rows"]]
   ig = json.loads((tmp_path / "gpu_ig.json").read_text())["rows"]
   assert ig and ig[0]["init"] == "torchvision" and ig[0]["psnr"] is not None
   assert "--suite=gpu" in part["command"] and part["environment"]["device_kind"]
