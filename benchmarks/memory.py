@@ -47,6 +47,7 @@ def compiled_mb(name: str, batch: int, size: int, remat: bool) -> dict:
   data = attacks.MatchingData(obs, y, (jnp.zeros(3), jnp.ones(3)), None, None,
                               jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
                                            distances.leaf_positions(model.variables["params"])))
+  data = attacks.scheduled(attack, data, len(jax.tree.leaves(obs.gradient)))
   params = {"x": x}
   state = solver.init(params, (data, jnp.arange(batch)))
   start = time.perf_counter()

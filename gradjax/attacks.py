@@ -627,8 +627,8 @@ def solve(attack: Attack, apply_fn: Callable, problem: Problem,
   num_leaves = len(jax.tree.leaves(problem.data.observation.gradient))
   state = driver.run(_solver(attack, apply_fn, num_leaves, loss_fn), problem.init,
                      scheduled(attack, problem.data, num_leaves),
-                      iterations=attack.iterations, execution=execution,
-                      restart_data=problem.restart_data)
+                     iterations=attack.iterations, execution=execution,
+                     restart_data=problem.restart_data)
   return sharding.fetch(state)
 
 
@@ -746,9 +746,9 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     # carries (a vmapped program reads it as an input, not by a gather at every step; the
     # sequential strategy moves each run's to the device once).
     num_leaves = len(jax.tree.leaves(observations[0].gradient))
-    leaves = [jax.tree.leaves(jax.device_get(scheduled(attack, p.data, num_leaves)))
-              for p in problems]
-    split = ClientSplit(jax.tree.structure(scheduled(attack, problems[0].data, num_leaves)),
+    datas = jax.device_get([scheduled(attack, p.data, num_leaves) for p in problems])
+    leaves = [jax.tree.leaves(d) for d in datas]
+    split = ClientSplit(jax.tree.structure(datas[0]),
                         tuple(all(np.array_equal(mine[i], leaves[0][i]) for mine in leaves[1:])
                               for i in range(len(leaves[0]))))
     shared = tuple(device_array(a) for a, s in zip(leaves[0], split.shared) if s)

@@ -544,9 +544,10 @@ class _Search:
 
   def final(self, state, per):
     """``state`` (one restart's or stacked) finished, its final iterate scored on the host where a
-    line search stored its objective (:func:`gradjax.solvers.finalize_stored`), else by one more step of
-    the run's one-step program where that program exists already (on CPU; on an accelerator where a
-    budget's remainder ran in single steps) and scores it as ``finalize`` would
+    line search stored its objective and the restarts are not sharded
+    (:func:`gradjax.solvers.finalize_stored`), else by one more step of the run's one-step program
+    where that program exists already (on CPU; on an accelerator where a budget's remainder ran in
+    single steps) and scores it as ``finalize`` would
     (:func:`gradjax.solvers.scores_by_step`; the state is then fetched to the host), else, and for
     restarts sharded over devices (which stay so), by ``finalize``'s program."""
     if self.mesh is None and solvers.scores_stored(self.solver, state):

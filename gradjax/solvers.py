@@ -98,7 +98,7 @@ def finalize_stored(state: SolverState) -> SolverState:
     return np.where(improved.reshape(improved.shape + (1,) * (a.ndim - improved.ndim)), a, b)
 
   return state._replace(best_params=jax.tree.map(select, state.params, state.best_params),
-                        best_loss=np.where(improved, value, best_loss).astype(best_loss.dtype))
+                        best_loss=np.where(improved, value, best_loss))
 
 
 def from_step(state: SolverState, stepped: SolverState) -> SolverState:

@@ -386,3 +386,27 @@ def test_another_budget_is_the_same_solver():
   assert attacks._solver(presets.hfginv(), apply_fn, 8) is not attacks._solver(
       presets.hfginv(tv=0.3), apply_fn, 8)
   assert attacks._solver(ig(300), apply_fn, 8) is not attacks._solver(smoothed(300), apply_fn, 8)
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+def test_the_last_iterate_rule_reads_its_step_from_the_data(strategy):
+  """``track_from`` = the budget (``--config.attack.iterate=last``) reaches the solver as data
+  (:func:`gradjax.attacks.scheduled`) and the run's last-iterate scoring (on CPU one more step, whose
+  rule is read on the host): each restart's reconstruction is its final iterate, where the default
+  rule keeps an earlier one (a prior that adds 100·‖x‖² from step 6 on makes the early iterates
+  the lowest)."""
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(8, 8, 3))
+  x = jax.random.uniform(jax.random.key(1), (1, 8, 8, 3))
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([3]), share_labels=True)
+  late = priors.Prior(priors.PRIORS["l2"], lambda step: jnp.where(step < 6, 0.0, 100.0))
+  attack = dataclasses.replace(presets.inverting_gradients(iterations=12), priors=(late,))
+  problem = attacks.prepare(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(8, 8, 3),
+                            restarts=2)
+  execution = driver.Execution(strategy)
+  best = attacks.solve(attack, model.apply_fn, problem, execution)
+  last = attacks.solve(dataclasses.replace(attack, track_from=12), model.apply_fn, problem, execution)
+  np.testing.assert_array_equal(best.params["x"], last.params["x"])  # the same run
+  assert np.all(best.best_loss < 1.0)  # an early iterate, before the prior
+  assert not np.array_equal(best.best_params["x"], best.params["x"])
+  np.testing.assert_array_equal(last.best_params["x"], last.params["x"])
+  assert np.all(last.best_loss > 1.0)

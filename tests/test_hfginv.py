@@ -136,9 +136,12 @@ def test_best_iterate_is_tracked_from_track_from():
 @pytest.mark.slow
 def test_step_counts_read_as_data_are_the_records_step_counts():
   """The objective reading its step counts from a :class:`gradjax.objectives.Schedule` (one program
-  for every budget) equals the one built with those counts in its records, at every step around
-  them: two priors switched on at 7 and 12, a layer set growing every 5 steps, a smoothing until 9;
-  and again at the counts of another budget (doubled) from the same program."""
+  for every budget) equals the one compiled with those counts in its records, one step before, at
+  and after each count: two priors switched on at 7 and 12, a layer set growing every 5 steps (its
+  sizes change at multiples of 5), a smoothing until 9; and again at the counts of another budget
+  (doubled) from the same program. Without a smoothing the two are bitwise equal; with one, κ's
+  exponent t / until is a division by the data where the records' program multiplies by the
+  constant's float32 reciprocal, which can round one unit in the last place apart."""
   model = models.create("mlp-16", jax.random.key(3), input_shape=(8, 8, 3))
   x = jax.random.uniform(jax.random.key(4), (2, 8, 8, 3))
   y = jnp.arange(2)
@@ -152,20 +155,26 @@ def test_step_counts_read_as_data_are_the_records_step_counts():
         model.apply_fn, distances.cosine,
         prior=priors.combine([priors.Prior(tv, 0.3, starts[0]), priors.Prior(l2, 0.05, starts[1])]),
         stepwise=objectives.Stepwise(first=0.25, grow=0.25, last=1.0, period=period, dropout=0.2),
-        smoothing=objectives.Smoothing(until=until, end=1e3))
+        smoothing=None if until is None else objectives.Smoothing(until=until, end=1e3))
 
-  placeholder = build((0, 0), 1, 1)
-  read = jax.jit(lambda step, schedule: placeholder(dummy, obs, y, step, positions=positions,
-                                                    schedule=schedule))
-  for scale in (1, 2):
-    counts = ((7 * scale, 12 * scale), 5 * scale, 9 * scale)
-    held = build(*counts)
-    schedule = objectives.Schedule(tuple(jnp.int32(c) for c in counts[0]), jnp.int32(counts[1]),
-                                   jnp.int32(counts[2]))
-    for step in sorted({0, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 20} | {4 * scale, 10 * scale, 24 * scale}):
-      want = float(held(dummy, obs, y, step, positions=positions))
-      np.testing.assert_allclose(float(read(jnp.int32(step), schedule)), want, rtol=2e-6, err_msg=step)
-  assert read._cache_size() == 1
+  for smoothed in (False, True):
+    placeholder = build((0, 0), 1, 1 if smoothed else None)
+    read = jax.jit(lambda step, schedule, f=placeholder: f(dummy, obs, y, step, positions=positions,
+                                                             schedule=schedule))
+    for scale in (1, 2):
+      (starts, period, until) = counts = ((7 * scale, 12 * scale), 5 * scale, 9 * scale)
+      held = build(*counts[:2], until if smoothed else None)
+      compiled = jax.jit(lambda step, f=held: f(dummy, obs, y, step, positions=positions))
+      schedule = objectives.Schedule(tuple(jnp.int32(c) for c in starts), jnp.int32(period),
+                                     jnp.int32(until) if smoothed else None)
+      edges = [*starts, period, 2 * period, 3 * period] + ([until] if smoothed else [])
+      for step in sorted({0} | {c + d for c in edges for d in (-1, 0, 1)}):
+        got, want = read(jnp.int32(step), schedule), compiled(jnp.int32(step))
+        if smoothed:
+          np.testing.assert_allclose(float(got), float(want), rtol=1e-6, err_msg=step)
+        else:
+          assert float(got) == float(want), step
+    assert read._cache_size() == 1
 
 
 def test_an_annealed_distance_tracks_the_best_iterate_once_it_settles():
