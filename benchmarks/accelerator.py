@@ -17,14 +17,18 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
   ``lenet_zhu`` round, one vmapped solver run for the K clients against K runs one by one,
   compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one); the
   convolutions as an audit resolves ``auto`` (batched ones for K > 1 together).
+* ``loops``: a chunk of 100 steps as the driver runs it on an accelerator, a while loop whose step
+  count is an argument (one program for every chunk and budget), against the same steps in a loop
+  with the count compiled in (a program per count, as before): compile seconds and ms an iteration,
+  for DLG on ``lenet_zhu`` with 1 and 64 vmapped restarts and Inverting Gradients on ``resnet20-4``.
 * ``ttfr``: time to a first result, each a whole process timed from outside: the README's main job
   and Inverting Gradients on ``resnet20-4`` (60 iterations), ``gradjax reconstruct`` on an empty
   compilation cache (cold), then twice on the cache it filled (warm), beside Inverting Gradients in
   PyTorch eager on the same card and model (``torch_first_result.py``; its process time less
   importing the twin's definition from gradjax's zoo, which is JAX's cost, not PyTorch's).
 * ``flags``: the ``ttfr`` part's cold runs (Inverting Gradients and the README's main job) under
-  each of :data:`VARIANTS` (XLA's parallel LLVM compilation, the convolutions as matrix products,
-  the one-step program alone, the step compiled fast, the card's memory not preallocated).
+  each of :data:`VARIANTS` (the convolutions as matrix products, the step compiled fast, the card's
+  memory not preallocated).
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
   resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
@@ -72,8 +76,8 @@ from benchmarks import step as bs
 from gradjax import driver, files
 from gradjax.run import config, pipeline, report
 
-PARTS = ("steps", "restarts", "im2col", "clients", "ttfr", "flags", "dlg64", "precision", "ig", "fedavg",
-         "batch", "convnet")
+PARTS = ("steps", "restarts", "im2col", "clients", "loops", "ttfr", "flags", "dlg64", "precision", "ig",
+         "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
                           "epoch_5.npz")
@@ -88,22 +92,19 @@ PROCESS_PARTS = ("ttfr", "flags", "batch", "convnet")
 RESUMABLE = {"ig": lambda row: row["index"], "precision": lambda row: (row["attack"], row["precision"]),
              "flags": lambda row: (row["job"], row["variant"])}
 PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
-# What the ``flags`` part tries on a first result, each alone after nothing: XLA:GPU compiling each
-# program's LLVM module in parts on the host's cores (off by default; NVIDIA's JAX-Toolbox sets it,
-# and other projects' benchmarks report about a fifth off their larger programs' compile), the model's
-# convolutions as matrix products (``--config.model.conv=im2col``; XLA's own convolutions are what
-# ``auto`` gives one restart on an accelerator), the step compiled as the run-once programs are
+# What the ``flags`` part tries on a first result, each alone after nothing: the model's convolutions
+# as matrix products (``--config.model.conv=im2col``; XLA's own convolutions are what ``auto`` gives
+# one restart on an accelerator), the step compiled as the run-once programs are
 # (``GRADJAX_FAST_COMPILE``: LLVM's level 0; short runs may gain more compiling than they lose
-# running), the step's one-step program instead of a loop of 100 (``--config.execution.chunk=1``:
-# the README's 2000 iterations run as 2000 calls, each followed by a read of the progress; Inverting
-# Gradients' 60 run so already), and JAX's client not taking 75 % of the card's memory at its start
+# running), and JAX's client not taking 75 % of the card's memory at its start
 # (``XLA_PYTHON_CLIENT_PREALLOCATE=false``). A key that starts with ``--`` is a flag of the run, any
 # other an addition to the processes' environment. Measured on an H200 (2026-12-04,
 # ``experiments/studies/accelerator_h100``) and dropped: XLA's flags for GEMMs by cuBLAS instead of
-# Triton kernels and without autotuning (no shorter), the set-up on the card (3 s longer).
-VARIANTS = ({}, {"XLA_FLAGS": "--xla_gpu_enable_llvm_module_compilation_parallelism=true"},
-            {"--config.model.conv": "im2col"}, {"--config.execution.chunk": "1"},
-            {"GRADJAX_FAST_COMPILE": "1"}, {PREALLOCATE: "false"})
+# Triton kernels and without autotuning (no shorter), the set-up on the card (3 s longer); jax
+# 0.11.2's XLA has no ``--xla_gpu_enable_llvm_module_compilation_parallelism`` (a process given it
+# exits at its start). A chunk of one step is no variant: every chunk is one program
+# (:func:`gradjax.driver.repeat`).
+VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"}, {PREALLOCATE: "false"})
 
 
 def leave_card(parts, environ) -> dict:
@@ -125,7 +126,8 @@ def sizes(quick: bool, dataset: str) -> dict:
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
                 strategies=("sequential",), client_strategies=("sequential",), im2col_restart_counts=[1, 2],
                 restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
-                # The flags part: one variant of each kind (XLA_FLAGS, a flag of the run).
+                loops=dict(jobs=[("dlg", "lenet_zhu", 1), ("dlg", "lenet_zhu", 2)], iterations=5),
+                # The flags part: one variant of each kind (a flag of the run, the environment).
                 ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), variants=VARIANTS[1:3],
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_init="torch", fedavg_iterations=10,
@@ -139,6 +141,8 @@ def sizes(quick: bool, dataset: str) -> dict:
               client_strategies=("vmap",),  # a sequence of clients costs what one by one does
               im2col_restart_counts=[1, 64, 256],
               restart_iterations=100, client_counts=[1, 4, 16, 64],
+              loops=dict(jobs=[("dlg", "lenet_zhu", 1), ("dlg", "lenet_zhu", 64),
+                               ("inverting_gradients", "resnet20-4", 1)], iterations=100),
               ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), variants=VARIANTS,
               dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
@@ -187,6 +191,10 @@ def part_im2col(s: dict, seed: int) -> Iterator[dict]:
 
 def part_clients(s: dict, seed: int) -> Iterator[dict]:
   return bs.client_timings(s["client_counts"], s["restart_iterations"], s["client_strategies"], seed)
+
+
+def part_loops(s: dict, seed: int) -> Iterator[dict]:
+  return bs.loop_timings(s["loops"]["jobs"], s["loops"]["iterations"], seed)
 
 
 def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
@@ -239,8 +247,6 @@ def part_flags(s: dict, seed: int, env: dict, done=frozenset()) -> Iterator[dict
       if (job, name) in done:
         continue
       flagged = {**env, **added}
-      if "XLA_FLAGS" in added and env.get("XLA_FLAGS"):
-        flagged["XLA_FLAGS"] = f"{env['XLA_FLAGS']} {added['XLA_FLAGS']}"
       try:
         timed = bs.reconstruct_processes([*args, *flags, "--lpips=none", f"--seed={seed}"], 1,
                                          environ=flagged)[0]
@@ -450,7 +456,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   env = dict(os.environ) if env is None else env
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   im2col=lambda: part_im2col(s, seed),
-                  clients=lambda: part_clients(s, seed), ttfr=lambda: part_ttfr(s, seed, env),
+                  clients=lambda: part_clients(s, seed), loops=lambda: part_loops(s, seed),
+                  ttfr=lambda: part_ttfr(s, seed, env),
                   flags=lambda done: part_flags(s, seed, env, done),
                   dlg64=lambda: part_dlg64(s, seed),
                   precision=lambda done: part_precision(s, seed, done),

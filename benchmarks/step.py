@@ -361,6 +361,60 @@ def client_timings(counts, iterations: int, strategies, seed: int,
         yield row
 
 
+def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterator[dict]:
+  """Rows, one at a time as measured: a chunk of ``iterations`` steps of an attack's solver as the
+  driver runs it on an accelerator, a while loop whose step count is an argument
+  (:func:`gradjax.driver.repeat`: one program for every chunk, a budget's remainder and the last
+  iterate's scoring step), against the same steps in a loop with the count compiled in (a
+  ``lax.fori_loop`` of a constant count, what the driver ran before: a program per count, one more
+  for a budget's remainder). ``jobs``: (preset, model, restarts) triples, the restarts vmapped; the
+  photo of :func:`photos`, the client's FedSGD update, labels as the preset infers them. Per loop:
+  ``compile_s`` (tracing, lowering and compiling the chunk's program) and ``ms_per_iteration`` (the
+  median of 3 timed calls after an untimed one, all from the same first state); ``over_constant``,
+  the count-as-data loop's ms over the constant one's, in the same process."""
+  x = photos(1)
+  for preset, name, restarts in jobs:
+    model = models.create(name, jax.random.key(seed), input_shape=(32, 32, 3), num_classes=NUM_CLASSES,
+                          conv=models.resolve_conv(conv, batched=restarts > 1))
+    obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
+    attack = presets.get_preset(preset)(iterations=iterations)
+    problem = attacks.prepare(attack, model.apply_fn, obs, jax.random.key(seed + 1),
+                              input_shape=(32, 32, 3), restarts=restarts)
+    num_leaves = len(jax.tree.leaves(obs.gradient))
+    solver = attacks._solver(attack, model.apply_fn, num_leaves)  # pylint: disable=protected-access
+    data = attacks.scheduled(attack, problem.data, num_leaves)
+    # Each restart's data: the shared data and its label order (as gradjax.driver passes them).
+    both, axes = (data, problem.restart_data), (0, (None, 0))
+    state = jax.vmap(solver.init, in_axes=axes)(problem.init, both)
+    chunk = lambda step, s: jax.vmap(step, in_axes=axes)(s, both)
+    loops = {"count compiled in": (lambda s: chunk(lambda r, d: jax.lax.fori_loop(
+                 0, iterations, lambda _, q: solver.step(q, d), r), s), (state,)),
+             "count as data": (lambda s, n: chunk(lambda r, d: driver.repeat(
+                 lambda q: solver.step(q, d), r, n), s), (state, iterations))}
+    # The driver's compiler options for the step (gradjax.driver._compiled).
+    options = compilation.options(compilation.step_options(batched=restarts > 1))
+    ms = {}
+    for loop, (fn, args) in loops.items():
+      start = time.perf_counter()
+      with driver.precision_scope("float32"):  # as the attacks run (driver.Execution)
+        compiled = jax.jit(fn, compiler_options=options).lower(*args).compile()
+      compile_s = time.perf_counter() - start
+      jax.block_until_ready(compiled(*args))
+      ms[loop] = 1e3 * float(np.median([_seconds(compiled, args) for _ in range(3)])) / iterations
+      row = dict(attack=preset, model=name, restarts=restarts, loop=loop, iterations=iterations,
+                 compile_s=compile_s, ms_per_iteration=ms[loop],
+                 over_constant=(ms[loop] / ms["count compiled in"]
+                                if loop != "count compiled in" else None))
+      print(f"loops {row}", flush=True)
+      yield row
+
+
+def _seconds(compiled, args) -> float:
+  start = time.perf_counter()
+  jax.block_until_ready(compiled(*args))
+  return time.perf_counter() - start
+
+
 def count_params(tree) -> int:
   return int(sum(leaf.size for leaf in jax.tree.leaves(tree)))
 

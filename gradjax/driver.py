@@ -107,8 +107,8 @@ class Execution:
       (:func:`fit_strategy`).
     chunk: steps per jitted call between progress reports (and monitor calls).
     map_batch_size: restarts vectorised together by the ``"map"`` strategy (``None``: all).
-    unroll: ``fori_loop`` unroll factor on accelerators (on CPU a chunk is a host loop of one-step
-      calls, see :func:`_compiled`).
+    unroll: steps traced in each trip of a chunk's loop on accelerators (:func:`repeat`; on CPU a
+      chunk is a host loop of one-step calls, see :func:`_compiled`).
     halving_rounds, halving_keep: successive halving (:func:`halving_plan`; 1 round: off). A
       restart dropped after a round keeps the state it reached (its ``iterations`` say how far).
     shard: split the restarts over every device (:func:`shard_restarts`; in a run over several
@@ -294,6 +294,23 @@ def _step_program(solver, strategy, batch, init_params, data, restart_data, step
   return program.lower(shapes, data, restart_data, n).compile()
 
 
+def repeat(step: Callable[[Any], Any], state, n, unroll: int = 1):
+  """``step`` applied ``n`` times to ``state``, ``n`` a traced integer: a while loop whose trip count
+  is data, so one compiled program serves every count (a budget's remainder included). ``unroll``
+  steps are traced in each trip of the loop, the ``n mod unroll`` left one a trip (``lax.fori_loop``
+  unrolls only a count known when tracing)."""
+  if unroll == 1:
+    return jax.lax.fori_loop(0, n, lambda _, s: step(s), state)
+
+  def trip(_, s):
+    for _ in range(unroll):
+      s = step(s)
+    return s
+
+  state = jax.lax.fori_loop(0, n // unroll, trip, state)
+  return jax.lax.fori_loop(0, n % unroll, lambda _, s: step(s), state)
+
+
 @functools.lru_cache(maxsize=64)
 def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll: int,
               mesh: jax.sharding.Mesh | None = None):
@@ -312,10 +329,12 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   def bind(fn):
     return lambda s, data, per, *a: fn(s, data if per is None else (data, per), *a)
 
+  on_cpu = jax.default_backend() == "cpu"
+
   def advance_one(state, data, n):
-    if n == 1:
+    if on_cpu:  # a host loop calls the one-step program (below)
       return solver.step(state, data)
-    return jax.lax.fori_loop(0, n, lambda _, s: solver.step(s, data), state, unroll=unroll)
+    return repeat(lambda s: solver.step(s, data), state, n, unroll)
 
   def init_at(params, data, numbers):
     # The schedule's budget as an argument: the first state's program is one for every budget.
@@ -351,10 +370,12 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   # Named, so their programs read jit(solver_init) and so on (gradjax.compilation.Recorder, logs).
   for fn, name in ((init, "solver_init"), (advance, "solver_steps"), (finalize, "solver_finalize")):
     fn.__name__ = fn.__qualname__ = name
-  advance = jax.jit(advance, static_argnums=3, donate_argnums=0,
+  # On an accelerator the step count is an argument (traced): one program for every chunk, a
+  # budget's remainder and the last iterate's scoring step. On CPU it is unused (static).
+  advance = jax.jit(advance, static_argnums=3 if on_cpu else (), donate_argnums=0,
                     compiler_options=compilation.options(compilation.step_options(batched)))
   init, finalize = once(init), once(finalize)
-  if jax.default_backend() != "cpu":
+  if not on_cpu:
     return init, advance, finalize
 
   def host_loop(states, data, per, n):
@@ -473,9 +494,6 @@ class _Search:
     self.tol = -jnp.inf if solver.tol is None else solver.tol
     self.stopped = False if snap is None else bool(snap.stopped)  # a monitor ended the run
     self.compiled = False  # whether a chunk has run (the first one compiles the step)
-    # The step counts whose chunk programs this process has run (an accelerator's has its count
-    # compiled in; on CPU every chunk is the one-step program's host loop).
-    self.ran: set[int] = set()
     # Restart-steps the whole run still has to take (every survivor of every round), for the ETA.
     self.left = sum(count * n for count, n in plan)
     if snap is not None:
@@ -512,14 +530,8 @@ class _Search:
       ex.callback(Progress(restart, done, iterations, math.inf, 0, math.nan, math.nan, 0.0, True,
                            self.note))
     while done < target:
-      k = min(ex.chunk, target - done)
-      if k in (ex.chunk, 1):
-        state = self.advance(state, self.data, per, k)
-        self.ran.add(k)
-      else:  # a budget's remainder in single steps: the same two programs serve every budget
-        for _ in range(k):
-          state = self.advance(state, self.data, per, 1)
-        self.ran.add(1)
+      k = min(ex.chunk, target - done)  # one program for every k (_compiled)
+      state = self.advance(state, self.data, per, k)
       done += k
       self.left -= k * width
       best, alive = fetch((state.best_loss, state.alive))
@@ -545,17 +557,13 @@ class _Search:
   def final(self, state, per):
     """``state`` (one restart's or stacked) finished, its final iterate scored on the host where a
     line search stored its objective and the restarts are not sharded
-    (:func:`gradjax.solvers.finalize_stored`), else by one more step of the run's one-step program
-    where that program exists already (on CPU; on an accelerator where a budget's remainder ran in
-    single steps) and scores it as ``finalize`` would
-    (:func:`gradjax.solvers.scores_by_step`; the state is then fetched to the host), else, and for
-    restarts sharded over devices (which stay so), by ``finalize``'s program."""
+    (:func:`gradjax.solvers.finalize_stored`), else by one more step of the run's step program
+    where that step scores it as ``finalize`` would (:func:`gradjax.solvers.scores_by_step`; the
+    state is then fetched to the host), else, and for restarts sharded over devices (which stay
+    so), by ``finalize``'s program."""
     if self.mesh is None and solvers.scores_stored(self.solver, state):
       return solvers.finalize_stored(fetch(state))
-    # On CPU ``advance`` is a host loop of the one-step program (``.step``); an accelerator's chunk
-    # program has its step count compiled in, so a step of one compiles nothing only where one ran.
-    one_step = hasattr(self.advance, "step") or 1 in self.ran
-    if (self.mesh is not None or not one_step
+    if (self.mesh is not None
         or not solvers.scores_by_step(self.solver, state,
                                       self.data if per is None else (self.data, per))):
       return self.finalize(state, self.data, per)

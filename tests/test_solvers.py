@@ -481,14 +481,15 @@ def test_a_runs_first_state_is_one_program_for_every_budget(schedule, strategy):
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "vmap"])
-def test_the_last_iterate_is_scored_by_the_step_program_where_it_exists(strategy, monkeypatch):
-  """One more call of the one-step program scores an Adam run's last iterate where that program
-  exists: on CPU always, on an accelerator (run here on CPU by telling the driver it is on a GPU)
-  where a budget's remainder ran in single steps (23 iterations in chunks of 10), not where every
-  chunk was whole (20): ``solver_finalize``'s program scores it there, to the same result as the step
-  on CPU (each a fresh solver: the compiled programs are cached per solver)."""
-  def run(iterations):
-    solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
+def test_the_last_iterate_is_scored_by_the_step_program(strategy, monkeypatch):
+  """One more call of the step program scores an Adam run's last iterate: on CPU (a host loop of the
+  one-step program) and on an accelerator (run here on CPU by telling the driver it is on a GPU),
+  whose chunk program takes its step count as an argument: one ``solver_steps`` program for whole
+  chunks, a budget's remainder (23 iterations in chunks of 10) and the scoring step, and no
+  ``solver_finalize``; the same states as on CPU (each a fresh solver: the compiled programs are
+  cached per solver)."""
+  def run(iterations, solver=None):
+    solver = solver or solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
     with compilation.Recorder() as made:
       state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C),
                          iterations=iterations, execution=driver.Execution(strategy, chunk=10))
@@ -499,9 +500,10 @@ def test_the_last_iterate_is_scored_by_the_step_program_where_it_exists(strategy
     on_cpu[iterations], programs = run(iterations)
     assert "jit(solver_finalize)" not in programs, programs
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  for iterations, finalized in ((23, False), (20, True)):
+  for iterations in (23, 20):
     state, programs = run(iterations)
-    assert ("jit(solver_finalize)" in programs) == finalized, (iterations, programs)
+    assert "jit(solver_finalize)" not in programs and programs.count("jit(solver_steps)") == 1, (
+        iterations, programs)
     np.testing.assert_array_equal(state.iterations, [iterations] * 2)
     np.testing.assert_array_equal(state.evaluations, [iterations + 1] * 2)  # the last iterate's too
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(on_cpu[iterations])):
@@ -509,6 +511,48 @@ def test_the_last_iterate_is_scored_by_the_step_program_where_it_exists(strategy
     # The best loss is the objective at the best params, the last iterate scored too.
     np.testing.assert_allclose(state.best_loss,
                                [quadratic({"p": p}, C) for p in state.best_params["p"]], rtol=1e-12)
+
+
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_repeat_takes_its_step_count_as_data(unroll):
+  """driver.repeat: n steps for every n (0 to 8, past and between multiples of ``unroll``) from one
+  jitted program, equal to n steps taken in Python."""
+  step = lambda s: {"x": 0.5 * s["x"] + jnp.sin(s["x"]), "k": s["k"] + 1}
+  program = jax.jit(lambda s, n: driver.repeat(step, s, n, unroll))
+  start = {"x": jnp.linspace(-2.0, 2.0, 5), "k": jnp.int32(0)}
+  for n in range(9):
+    want = start
+    for _ in range(n):
+      want = step(want)
+    got = program(start, n)
+    np.testing.assert_allclose(got["x"], want["x"], rtol=1e-15)
+    assert int(got["k"]) == n
+  assert program._cache_size() == 1
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+def test_an_accelerators_runs_of_any_budget_share_one_step_program(strategy, monkeypatch):
+  """On an accelerator (told here, on CPU) a solver's runs of 23, 37 and 40 iterations in chunks of
+  10, unrolled by 1 or 4, compile one step program between them, and end where the CPU's host loop
+  of one-step calls does."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  for unroll in (1, 4):
+    solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1))
+    steps = []
+    for iterations in (23, 37, 40):
+      with compilation.Recorder() as made:
+        state = driver.run(solver, stacked(np.zeros(6), np.ones(6)), jnp.asarray(C),
+                           iterations=iterations,
+                           execution=driver.Execution(strategy, chunk=10, unroll=unroll))
+      steps.append([p.name for p in made.programs].count("jit(solver_steps)"))
+      with monkeypatch.context() as cpu:
+        cpu.setattr(jax, "default_backend", lambda: "cpu")
+        want = driver.run(solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.1)),
+                          stacked(np.zeros(6), np.ones(6)), jnp.asarray(C), iterations=iterations,
+                          execution=driver.Execution(strategy, chunk=10))
+      for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+    assert steps == [1, 0, 0], (unroll, steps)
 
 
 @pytest.mark.parametrize("strategy", ["sequential", "vmap"])
