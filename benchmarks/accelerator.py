@@ -17,6 +17,10 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
   ``lenet_zhu`` round, one vmapped solver run for the K clients against K runs one by one,
   compilation excluded, and the ratio to one client (issue 58: 64 clients at most 3x one); the
   convolutions as an audit resolves ``auto`` (batched ones for K > 1 together).
+* ``clients64``: the whole DLG attack (2000 iterations, as ``dlg64``) on 64 clients of one round
+  together against one client alone, each call's wall time with its compilation (the first of its
+  program in the process) and without (a second call): issue 58's "64 clients at most 3x one" as
+  ``dlg64`` judges 64 restarts.
 * ``loops``: a chunk of 100 steps as the driver runs it on an accelerator, a while loop whose step
   count is an argument (one program for every chunk and budget), against the same steps in a loop
   with the count compiled in (a program per count, as before): compile seconds and ms an iteration,
@@ -76,7 +80,7 @@ from benchmarks import step as bs
 from gradjax import driver, files
 from gradjax.run import config, pipeline, report
 
-PARTS = ("steps", "restarts", "im2col", "clients", "loops", "ttfr", "flags", "dlg64", "precision", "ig",
+PARTS = ("steps", "restarts", "im2col", "clients", "clients64", "loops", "ttfr", "flags", "dlg64", "precision", "ig",
          "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
@@ -191,6 +195,11 @@ def part_im2col(s: dict, seed: int) -> Iterator[dict]:
 
 def part_clients(s: dict, seed: int) -> Iterator[dict]:
   return bs.client_timings(s["client_counts"], s["restart_iterations"], s["client_strategies"], seed)
+
+
+def part_clients64(s: dict, seed: int) -> Iterator[dict]:
+  return bs.client_timings([1, s["dlg_restarts"]], s["dlg_iterations"], ("vmap",), seed,
+                           attack_names=("dlg",), one_by_one=False)
 
 
 def part_loops(s: dict, seed: int) -> Iterator[dict]:
@@ -456,7 +465,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   env = dict(os.environ) if env is None else env
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   im2col=lambda: part_im2col(s, seed),
-                  clients=lambda: part_clients(s, seed), loops=lambda: part_loops(s, seed),
+                  clients=lambda: part_clients(s, seed), clients64=lambda: part_clients64(s, seed),
+                  loops=lambda: part_loops(s, seed),
                   ttfr=lambda: part_ttfr(s, seed, env),
                   flags=lambda done: part_flags(s, seed, env, done),
                   dlg64=lambda: part_dlg64(s, seed),

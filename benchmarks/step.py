@@ -311,7 +311,8 @@ def client_observations(count: int, seed: int, conv: str = "auto"):
 
 
 def client_timings(counts, iterations: int, strategies, seed: int,
-                   attack_names=("dlg", "inverting_gradients"), conv: str = "auto") -> Iterator[dict]:
+                   attack_names=("dlg", "inverting_gradients"), conv: str = "auto",
+                   one_by_one: bool = True) -> Iterator[dict]:
   """Rows, one at a time as measured: the wall time of ``iterations`` of an attack on K clients of
   ``lenet_zhu`` (one restart each), compilation excluded (a first, untimed run compiles):
   ``together_s``, the K clients as the runs of one solver run
@@ -324,7 +325,8 @@ def client_timings(counts, iterations: int, strategies, seed: int,
   ``over_one_cold``, their ratio (measured where the counts include 1). The model's convolutions are
   ``conv`` as an audit resolves it (:func:`gradjax.models.resolve_conv`): batched for K > 1 clients
   vmapped or mapped together, not for one client alone (``conv`` in the rows: the together run's).
-  The same parameters either way."""
+  The same parameters either way. ``one_by_one=False``: the K runs one by one only for K = 1
+  (``one_by_one_s`` and ``speedup`` None for the others), for budgets where they would take long."""
   model, observations = client_observations(max(counts), seed, models.resolve_conv(conv))
   batched_model = _client_model(seed, models.resolve_conv(conv, batched=True))
   for name in attack_names:
@@ -337,10 +339,11 @@ def client_timings(counts, iterations: int, strategies, seed: int,
       start = time.perf_counter()
       attacks.reconstruct(attack, model.apply_fn, obs[0], keys[0], execution=single, **kw)
       cold.setdefault("one", time.perf_counter() - start)  # the first k's call compiled
-      start = time.perf_counter()
-      for o, key in zip(obs, keys):
-        attacks.reconstruct(attack, model.apply_fn, o, key, execution=single, **kw)
-      alone[k] = time.perf_counter() - start
+      if one_by_one or k == 1:
+        start = time.perf_counter()
+        for o, key in zip(obs, keys):
+          attacks.reconstruct(attack, model.apply_fn, o, key, execution=single, **kw)
+        alone[k] = time.perf_counter() - start
       for strategy in strategies:
         execution = driver.Execution(strategy, chunk=iterations)
         together = batched_model if k > 1 and strategy != "sequential" else model
@@ -352,11 +355,11 @@ def client_timings(counts, iterations: int, strategies, seed: int,
         seconds = time.perf_counter() - start
         row = dict(attack=name, strategy=strategy, clients=k, iterations=iterations,
                    conv=models.resolve_conv(conv, batched=together is batched_model),
-                   together_s=seconds, one_by_one_s=alone[k],
-                   over_one=seconds / alone[min(alone)] if min(alone) == 1 else None,
-                   speedup=alone[k] / seconds, together_cold_s=together_cold,
-                   one_cold_s=cold["one"],
-                   over_one_cold=together_cold / cold["one"] if min(alone) == 1 else None)
+                   together_s=seconds, one_by_one_s=alone.get(k),
+                   over_one=seconds / alone[1] if 1 in alone else None,
+                   speedup=alone[k] / seconds if k in alone else None,
+                   together_cold_s=together_cold, one_cold_s=cold["one"],
+                   over_one_cold=together_cold / cold["one"] if 1 in alone else None)
         print(f"clients {row}", flush=True)
         yield row
 
