@@ -247,10 +247,10 @@ def fit_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, free: int
                  execution: Execution = Execution(), restart_data: PyTree = None) -> Fit:
   """How ``"auto"`` runs R restarts on an accelerator with ``free`` bytes of memory.
 
-  ``"vmap"`` where the step of all R vectorised, advancing ``steps`` iterations (the run's first
-  chunk), needs at most :data:`MEMORY_HEADROOM` of ``free`` (:func:`footprint` of the compiled
-  program: measured, not estimated; the run then calls that same program, so where it fits this
-  compiles nothing extra). Otherwise ``"map"`` of the most restarts at a time whose step fits. A
+  ``"vmap"`` where the step of all R vectorised, advancing ``steps`` iterations (the run's chunk
+  program, whose step count is an argument: one program for every count), needs at most
+  :data:`MEMORY_HEADROOM` of ``free`` (:func:`footprint` of the compiled program: measured, not
+  estimated; the run then calls that same program, so where it fits this compiles nothing extra). Otherwise ``"map"`` of the most restarts at a time whose step fits. A
   map holds every restart's state, as vmap does; only the step's temporaries (the activations of
   the double backward pass) shrink with its batch, so the batch is sized as if each restart took an
   R-th of the vmapped step's temporaries, and sized again at half as many restarts' worth until its
@@ -686,9 +686,8 @@ def _run(solver: Solver, init_params: PyTree, data: PyTree, iterations: int, exe
   if ex.strategy == "auto" and strategy == "vmap" and mesh is None and restarts > 1:
     free = free_memory()
     if free is not None:
-      k = min(ex.chunk, plan[0][1])  # the first chunk's program (_Search.drive)
-      fit = fit_strategy(solver, init_params, data, free=free, steps=k if k in (ex.chunk, 1) else 1,
-                         execution=ex, restart_data=restart_data)
+      fit = fit_strategy(solver, init_params, data, free=free, execution=ex,
+                         restart_data=restart_data)
       strategy = fit.strategy
       ex = dataclasses.replace(ex, map_batch_size=fit.map_batch_size)
   if snap is not None:
