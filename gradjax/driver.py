@@ -250,11 +250,11 @@ def fit_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, free: int
   ``"vmap"`` where the step of all R vectorised, advancing ``steps`` iterations (the run's chunk
   program, whose step count is an argument: one program for every count), needs at most
   :data:`MEMORY_HEADROOM` of ``free`` (:func:`footprint` of the compiled program: measured, not
-  estimated; the run then calls that same program, so where it fits this compiles nothing extra). Otherwise ``"map"`` of the most restarts at a time whose step fits. A
-  map holds every restart's state, as vmap does; only the step's temporaries (the activations of
-  the double backward pass) shrink with its batch, so the batch is sized as if each restart took an
-  R-th of the vmapped step's temporaries, and sized again at half as many restarts' worth until its
-  compiled step fits.
+  estimated; the run then calls that same program, so where it fits this compiles nothing extra).
+  Otherwise ``"map"`` of the most restarts at a time whose step fits. A map holds every restart's
+  state, as vmap does; only the step's temporaries (the activations of the double backward pass)
+  shrink with its batch, so the batch is sized as if each restart took an R-th of the vmapped
+  step's temporaries, and sized again at half as many restarts' worth until its compiled step fits.
   Where not even two fit, ``"sequential"``. That order is the measured speed: 64 DLG restarts on
   LeNet on an H200 took 17.1 ms an iteration vmapped, 22.1 ms mapped 8 at a time and 43.4 ms in
   sequence (``experiments/studies/accelerator_h100/runs/gpu_h200/gpu_restarts.md``).
