@@ -393,9 +393,11 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
     data = attacks.scheduled(attack, problem.data, num_leaves)
     # Each restart's data: the shared data and its label order (as gradjax.driver passes them).
     both, axes = (data, problem.restart_data), (0, (None, 0))
-    numbers = optimizers.budget(iterations)
-    first = lambda p, d: (lambda st: st._replace(opt_state=optimizers.at_budget(st.opt_state, numbers)))(
-        solver.init(p, d))
+    def first(params, restart_data, solver=solver):  # the driver's first state (driver._compiled)
+      state = solver.init(params, restart_data)
+      return state._replace(opt_state=optimizers.at_budget(state.opt_state,
+                                                           optimizers.budget(iterations)))
+
     state = jax.vmap(first, in_axes=axes)(problem.init, both)
     chunk = lambda step, s: jax.vmap(step, in_axes=axes)(s, both)
     loops = {"count compiled in": (lambda s: chunk(lambda r, d: jax.lax.fori_loop(
