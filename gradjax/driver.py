@@ -180,9 +180,10 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
   Each strategy is compiled and run once untimed, then timed over the same ``steps`` from the same
   start (so the figure is the per-chunk cost of a run, compilation excluded), with ``execution``'s
   ``map_batch_size`` and ``unroll``. With one restart only ``"sequential"`` is considered. Returns
-  (strategy, {strategy: seconds}). Nothing is cached: each ``run`` with strategy ``"tune"``
+  (strategy, {strategy: seconds}). The timings are not kept: each ``run`` with strategy ``"tune"``
   measures again, so tune once and pass the winner for many short runs. On a device that says how
   much memory it has free, vmap is not timed where its step does not fit (:func:`fit_strategy`).
+  The programs timed are the run's own, so the run that follows compiles nothing.
   """
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   candidates = ("sequential",) if restarts == 1 else ("sequential", "vmap", "map")
@@ -192,15 +193,17 @@ def tune_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, steps: i
           MEMORY_HEADROOM * free):
     candidates = ("sequential", "map")  # the vmapped step does not fit the device (fit_strategy)
   seconds, numbers = {}, optimizers.budget(steps)
+  # A sequence's rows sliced on the host (as the run does: nothing compiled for them).
+  host_params, host_per = jax.device_get((init_params, restart_data))
+  rows = [(_slice(host_params, r), None if host_per is None else _slice(host_per, r))
+          for r in range(restarts)]
   for strategy in candidates:
-    init, advance, _ = _compiled(solver, strategy, execution.map_batch_size, execution.unroll)
+    # The run's own programs (the same _compiled key): the run that follows compiles nothing.
+    init, advance, _ = _compiled(solver, strategy, execution.map_batch_size, execution.unroll, None)
 
     def chunk():
       if strategy == "sequential":
-        return [advance(init(_slice(init_params, r), data,
-                             None if restart_data is None else _slice(restart_data, r), numbers),
-                        data, None if restart_data is None else _slice(restart_data, r), steps)
-                for r in range(restarts)]
+        return [advance(init(params, data, per, numbers), data, per, steps) for params, per in rows]
       return advance(init(init_params, data, restart_data, numbers), data, restart_data, steps)
 
     jax.block_until_ready(chunk())
