@@ -1,6 +1,7 @@
 """DLG and iDLG end to end on real images, and the attack's input checks."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -347,6 +348,46 @@ def test_clients_in_one_run_share_what_is_the_same_and_carry_what_differs(monkey
                                   execution=driver.Execution("sequential", chunk=4), **kw)
       np.testing.assert_allclose(got.x_restarts, alone.x_restarts, rtol=0, atol=1e-3)
       np.testing.assert_allclose(got.restart_losses, alone.restart_losses, rtol=1e-3)
+
+
+def _contractions(compiled) -> list[str]:
+  """The compiled program's matrix products and convolutions, each with its result shape and how it
+  contracts (batch and contracting dimensions, window, groups), sorted: what a GPU spends a matching
+  step on."""
+  ops = []
+  for line in compiled.as_text().splitlines():
+    op = re.search(r"= (\S+) (dot|convolution)\([^)]*\), (.*?)(, metadata=|$)", line)
+    if op:
+      result, kind, how = op.group(1, 2, 3)
+      how = re.sub(r",? ?control-predecessors=\{[^}]*\}", "", how)  # scheduling, not work
+      ops.append(f"{kind} {result.split('{')[0]} {how}")
+  return sorted(ops)
+
+
+@pytest.mark.parametrize("name", ["dlg", "inverting_gradients"])
+@pytest.mark.slow
+def test_k_clients_in_one_run_cost_what_k_restarts_of_one_cost(monkeypatch, name):
+  """A round's K clients vmapped in one solver run make the step program that K restarts of one
+  client make: the same matrix products and convolutions, of the same shapes (the round's model
+  shared, not batched into per-client weights; im2col as on an accelerator). So on a GPU 64
+  clients cost what 64 restarts cost (issue 58: at most 3x one client)."""
+  batch = data.load("skimage", indices=range(4), image_size=(16, 16))
+  net = models.create("lenet_zhu", jax.random.key(3), input_shape=batch.x.shape[1:], conv="im2col")
+  observations = [clients.fedsgd(net.apply_fn, net.variables, batch.x[i:i + 1], batch.y[i:i + 1],
+                                 share_labels=True) for i in range(4)]
+  runs = []
+  run = driver.run
+  monkeypatch.setattr(driver, "run", lambda *a, **k: runs.append((a, k)) or run(*a, **k))
+  attack = presets.get_preset(name)(iterations=2)
+  execution = driver.Execution("vmap", chunk=2)
+  kw = dict(input_shape=batch.x.shape[1:], execution=execution)
+  attacks.reconstruct_clients(attack, net.apply_fn, observations, jax.random.split(jax.random.key(7), 4),
+                              **kw)
+  attacks.reconstruct(attack, net.apply_fn, observations[0], jax.random.key(7), restarts=4, **kw)
+  programs = [driver._step_program(solver, "vmap", None, init, data_, k.get("restart_data"), 2, 1)
+              for (solver, init, data_), k in runs]
+  together, restarts = map(_contractions, programs)
+  assert together and together == restarts
 
 
 def test_clients_in_one_run_refuse_what_would_mix_them():
