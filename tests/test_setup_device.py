@@ -11,6 +11,9 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
@@ -101,3 +104,53 @@ def test_set_up_and_scoring_on_the_host_the_attack_on_the_default_device():
   # the two clients: two draws, one first state).
   draw, first = out["seen"]["draw"], out["seen"]["first"]
   assert draw == [[0]] * 4 + [[1]] * 4 and first == [[0]] * 3 + [[1]] * 3, (draw, first)
+
+
+ACCELERATOR_PATH = textwrap.dedent("""
+    import json, sys
+    import jax
+    from gradjax import compilation
+    from gradjax.run import config, pipeline
+
+    if sys.argv[1] == "gpu":  # the driver, the convolutions and the set-up take an accelerator's path
+      jax.default_backend = lambda: "gpu"
+    compilation.setup_device = lambda: jax.devices()[1]
+    runs = {"dlg": {"attack.iterations": 23},
+            "inverting_gradients": {"attack.preset": "inverting_gradients", "attack.iterations": 23},
+            "dlg 4 restarts vmapped": {"attack.iterations": 23, "attack.restarts": 4,
+                                       "execution.strategy": "vmap"}}
+    out = {}
+    for name, options in runs.items():
+      with compilation.Recorder() as made:
+        results, _ = pipeline.run(config.from_options({**options, "execution.chunk": 10,
+                                                       "output.lpips": "none"}))
+      names = [p.name for p in made.programs]
+      out[name] = dict(psnr=results["psnr"], loss=results["loss"], labels=results["label_accuracy"],
+                       steps=names.count("jit(solver_steps)"),
+                       finalize=names.count("jit(solver_finalize)"))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_a_whole_run_on_an_accelerators_path_gives_the_cpus_result():
+  """The command line's run taken the way an accelerator takes it (``jax.default_backend`` says
+  "gpu" on two CPU devices, the set-up on the second): a budget of 23 in chunks of 10 (a remainder),
+  one restart and four vmapped, DLG and Inverting Gradients, gives what the CPU's path gives, with
+  one step program for every chunk and the remainder and no finalize program."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=" ".join([os.environ.get("XLA_FLAGS", ""),
+                                 "--xla_force_host_platform_device_count=2"]).strip())
+  out = {}
+  for backend in ("gpu", "cpu"):
+    proc = subprocess.run([sys.executable, "-c", ACCELERATOR_PATH, backend], capture_output=True,
+                          text=True, env=env, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out[backend] = json.loads([l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1][7:])
+  for name, gpu in out["gpu"].items():
+    cpu = out["cpu"][name]
+    # The two paths convolve differently (XLA's or patches times a matrix): float32 rounding.
+    np.testing.assert_allclose(gpu["loss"], cpu["loss"], rtol=5e-3, err_msg=name)
+    np.testing.assert_allclose(gpu["psnr"], cpu["psnr"], rtol=1e-3, err_msg=name)
+    assert gpu["labels"] == cpu["labels"], name
+    assert (gpu["steps"], gpu["finalize"]) == (1, 0), (name, gpu)
