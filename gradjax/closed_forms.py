@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import analytic, malicious, rgap
+from gradjax import analytic, cocktail, malicious, rgap
 from gradjax.attacks import Reconstruction
 from gradjax.models.lenet import LeNet5, LeNetZhu
 from gradjax.models.mlp import MLP
@@ -27,6 +27,21 @@ class ExclusiveNeurons:
   tol: float = 1e-3
   rank_tol: float = 1e-5
   name: str = "exclusive_neurons"
+
+
+@dataclasses.dataclass(frozen=True)
+class CocktailParty:
+  """The Cocktail Party Attack (:func:`gradjax.cocktail.separate`; Kariyappa et al., ICML 2023) as
+  the pipeline runs it: a batch of at most as many examples as the biased dense first ``layer`` has
+  units, unmixed by FastICA on the images' differences, each scaled by its bias coordinate, then
+  ``rounds`` of refinement by the update itself (that function's defaults; ICA is iterative, but
+  nothing is optimised against a budget)."""
+
+  layer: str = "Dense_0"
+  rank_tol: float = 1e-5
+  rounds: int = 30
+  seed: int = 0
+  name: str = "cocktail_party"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +88,10 @@ class Imprint:
 
 
 # The attacks that are closed forms, by name (``--attack``): built with no arguments.
-CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons, "rgap": RGap, "dager": Dager, "imprint": Imprint}
+CLOSED_FORMS = {"exclusive_neurons": ExclusiveNeurons, "cocktail_party": CocktailParty, "rgap": RGap,
+                "dager": Dager, "imprint": Imprint}
 TEXT_CLOSED_FORMS = ("dager",)  # the others recover images
-ClosedForm = ExclusiveNeurons | RGap | Dager | Imprint
+ClosedForm = ExclusiveNeurons | CocktailParty | RGap | Dager | Imprint
 
 
 def chain(module) -> tuple[rgap.Layer, ...]:
@@ -104,10 +120,15 @@ def reconstruct(attack: ClosedForm, apply_fn: Callable, observation: Observation
   with nothing recovered holds the middle of the input box ``bounds`` ((lo, hi), (C,) each: a flat
   gray image) and the label −1 (none). ``loss`` is the separation's residual, ``iterations`` its
   rounds. :class:`RGap`: the one example and its label; ``loss`` is the input layer's residual,
-  ``iterations`` the layers inverted.
+  ``iterations`` the layers inverted. :class:`CocktailParty`: the examples separated fill the first
+  slots with their labels (a slot beyond the update's rank as for :class:`ExclusiveNeurons`);
+  ``loss`` is the share of the layer's update they leave unexplained, ``iterations`` the refinement
+  round kept.
   """
   if isinstance(attack, RGap):
     return _rgap(attack, apply_fn, observation, input_shape, bounds)
+  if isinstance(attack, CocktailParty):
+    return _cocktail(attack, apply_fn, observation, input_shape, bounds)
   if isinstance(attack, Imprint):
     return _imprint(attack, observation, input_shape, bounds)
   tree = observation.gradient
@@ -157,6 +178,26 @@ def _imprint(attack: Imprint, observation, input_shape, bounds):
                        candidates=np.arange(n)[None])
   return rec, {"imprint": {"layer": attack.layer, "units": int(len(units)),
                            "bins_read": int(len(found.bins)), "kept": k}}
+
+
+def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds):
+  found = cocktail.separate(observation, apply_fn, input_shape, layer=attack.layer,
+                            rank_tol=attack.rank_tol, rounds=attack.rounds, seed=attack.seed,
+                            bounds=bounds)
+  n, k = int(observation.num_samples), min(found.rank, int(observation.num_samples))
+  lo, hi = (np.asarray(b, np.float32) for b in bounds)
+  x = np.broadcast_to((lo + hi) / 2, (n, *tuple(input_shape))).astype(found.inputs.dtype).copy()
+  x[:k] = found.inputs[:k]
+  labels = np.full(n, -1, np.int64)
+  labels[:k] = found.labels[:k]
+  rec = Reconstruction(x=x, labels=labels, loss=found.residual, best_restart=0,
+                       restart_losses=np.array([found.residual]), restart_alive=np.array([True]),
+                       x_restarts=x[None], iterations=np.array([found.rounds]),
+                       evaluations=np.array([found.rounds]), dummy={"x": jnp.asarray(x)},
+                       permutation=np.arange(n), candidates=np.arange(n)[None])
+  return rec, {"cocktail": {
+      "separated": k, "rank": found.rank, "round": found.rounds, "residual": found.residual,
+      "ica_iterations": found.ica_iterations, "mismatch": found.mismatch.tolist()}}
 
 
 def _rgap(attack: RGap, apply_fn, observation, input_shape, bounds):

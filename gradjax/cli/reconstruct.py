@@ -92,7 +92,8 @@ def main(argv):
     scores = f"objective {results['loss']:.3e}  labels {results['labels_by_slot']} (no ground truth)"
   if results["candidates"] < cfg.attack.permutations:
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
-  steps = (f"{results['iterations']} rounds (closed form)" if results.get("separation")
+  steps = (f"{results['iterations']} rounds (closed form)"
+           if results.get("separation") or results.get("cocktail")
            else f"{results['iterations']} iterations")
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))

@@ -894,6 +894,7 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
       separation=found.get("separation"),
       recursion=found.get("recursion"),
       imprint=found.get("imprint"),
+      cocktail=found.get("cocktail"),
   )
   residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched)
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}

@@ -1,0 +1,207 @@
+"""A batch's inputs from the gradient of a biased dense first layer, by independent component
+analysis: the Cocktail Party Attack (Kariyappa et al., ICML 2023), with the scale of each input read
+from the bias and a refinement that makes the examples reproduce the update.
+
+The layer y = x W + b sees examples x_n (n = 1..N, each flattened to ``in`` values); its FedSGD
+gradient is [∂L/∂W; ∂L/∂b] = G = Σ_n x̃_n δ_nᵀ (in + 1, out), x̃_n = (x_n, 1) and δ_n = ∂L/∂b of
+example n alone. So G's columns lie in the span of the N augmented examples: with G = U S Vᵀ of rank
+r = N (at most ``out``), each x̃_n = U_r c_n for some c_n ∈ R^r. Finding the c_n is blind source
+separation: U_r's rows restricted to the pixels are r mixtures of the N images, and independent
+component analysis unmixes them (Kariyappa et al. use FastICA's contrast with a total-variation
+prior). Natural images are far from independent as signals over pixels (their sample correlation
+is large); their spatial differences are sparse and nearly independent, and a mixture's
+differences are the same mixture of the images' differences, so gradjax runs FastICA (Hyvärinen
+1999, symmetric, log cosh) on the mixtures' horizontal and vertical differences and applies the
+unmixing it finds to the mixtures themselves. Scale and sign, which ICA leaves open, are exact
+here: an example's bias coordinate is 1, so x_n = ĉ_n's pixels / its last coordinate.
+
+Refinement (gradjax's): with each estimate x̂_n and its label k_n (the label whose gradient
+δ(x̂_n, k) = ∂L(f(x̂_n), k)/∂b / N, computed through the model the server sent, lies nearest the
+update's row space, as :func:`gradjax.analytic.exclusive_neurons` accepts an example), the update
+determines the examples by least squares, X̃ᵀ = G D⁺ with D = [δ(x̂_n, k_n)]: alternating the two
+converges to the batch where the estimates start close. Every round is scored by how much of the
+update the examples leave unexplained, ‖G − Σ_n x̃_n δ(x̂_n, k_n)ᵀ‖ / ‖G‖ (0 for the batch itself),
+and the best round is kept.
+
+What it needs: the client's loss is the mean cross entropy over N = ``observation.num_samples``
+examples, each example's gradient its own (no BatchNorm batch statistics), N at most the layer's
+``out`` units, and the model is the one sent. Unlike exclusive neurons it needs no unit that one
+example alone activates, so inputs centred by normalisation do not stop it.
+"""
+
+from math import prod
+from typing import Callable, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+from gradjax import analytic
+from gradjax.observation import Observation
+
+
+class Cocktail(NamedTuple):
+  """What :func:`separate` recovered of a batch.
+
+  Attributes:
+    inputs: (r, *input_shape) the recovered examples (the layer's inputs), in no particular order.
+    labels: (r,) int, each one's label (the one whose gradient lies nearest the update's row space).
+    mismatch: (r,) each one's ‖δ − its projection on the update's row space‖ / ‖δ‖ at its label:
+      near 0 for an example of the batch, near 1 for a mixture.
+    rank: the numerical rank of the augmented gradient (in + 1, out): the examples that reached the
+      layer.
+    residual: ‖G − Σ_n x̃_n δ(x_n, k_n)ᵀ‖ / ‖G‖ of the examples returned: how much of the layer's
+      update they leave unexplained (float32 rounding, about 1e-6, when they are the batch).
+    ica_iterations: FastICA's iterations.
+    rounds: the refinement round returned (0: the unmixed estimates themselves).
+  """
+
+  inputs: np.ndarray
+  labels: np.ndarray
+  mismatch: np.ndarray
+  rank: int
+  residual: float
+  ica_iterations: int
+  rounds: int
+
+
+def fast_ica(z: np.ndarray, *, seed: int = 0, iterations: int = 1000, tol: float = 1e-8
+             ) -> tuple[np.ndarray, int]:
+  """Symmetric FastICA (Hyvärinen, IEEE TNN 1999) with the log cosh contrast, G'(u) = tanh(u).
+
+  Args:
+    z: (r, T) whitened signals (zero mean, identity covariance over the T samples).
+    seed: the random orthogonal start.
+    iterations: at most this many fixed-point steps.
+    tol: stop once every row of the unmixing turns by less than this: max |1 − |⟨w_new, w⟩||.
+
+  Returns:
+    (w, steps): the (r, r) orthogonal unmixing, so that w @ z are the independent components, and
+    the steps taken. Each step is w ← (E[g(wz) zᵀ] − diag(E[g'(wz)]) w), then (w wᵀ)^(−1/2) w.
+  """
+  r, t = z.shape
+  w = _decorrelate(np.random.default_rng(seed).normal(size=(r, r)))
+  for step in range(1, iterations + 1):
+    g = np.tanh(w @ z)
+    new = _decorrelate((g @ z.T) / t - np.mean(1.0 - g * g, axis=1)[:, None] * w)
+    turned = float(np.max(np.abs(np.abs(np.sum(new * w, axis=1)) - 1.0)))
+    w = new
+    if turned < tol:
+      break
+  return w, step
+
+
+def _decorrelate(w: np.ndarray) -> np.ndarray:
+  """(w wᵀ)^(−1/2) w: the orthogonal matrix nearest w's rows."""
+  s, u = np.linalg.eigh(w @ w.T)
+  return (u / np.sqrt(s)) @ u.T @ w
+
+
+def innovations(signals: np.ndarray, input_shape) -> np.ndarray:
+  """(r, T') each signal's horizontal and vertical differences where ``input_shape`` is an image
+  (H, W, C) with H, W > 1; the signals themselves otherwise. Linear, so a mixture's innovations are
+  the mixture of the sources' innovations."""
+  shape = tuple(int(d) for d in input_shape)
+  if len(shape) != 3 or min(shape[:2]) < 2:
+    return signals
+  img = signals.reshape(-1, *shape)
+  return np.concatenate([np.diff(img, axis=1).reshape(len(img), -1),
+                         np.diff(img, axis=2).reshape(len(img), -1)], axis=1)
+
+
+def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer: str = "Dense_0",
+             rank_tol: float = 1e-5, ica_iterations: int = 1000, rounds: int = 30, seed: int = 0,
+             bounds=None) -> Cocktail:
+  """The examples of a batch from the gradient of the biased dense ``layer`` (see the module).
+
+  Args:
+    observation: a FedSGD gradient (or a one-step FedAvg update read as one).
+    apply_fn: the model, ``apply_fn(variables, x, train) -> logits``.
+    input_shape: the shape of one example, e.g. (32, 32, 3); the layer reads it flattened.
+    layer: the dense layer's name in the parameter tree (gradjax's ``mlp``: ``Dense_0``).
+    rank_tol: singular values at most ``rank_tol`` times the largest one are rounding.
+    ica_iterations: at most this many FastICA steps (:func:`fast_ica`).
+    rounds: refinement rounds (0: the unmixed estimates).
+    seed: FastICA's start.
+    bounds: optional (lo, hi), (C,) each: the box every input lies in (the images' range, in the
+      model's normalisation); estimates are clipped to it before each round.
+
+  Returns:
+    :class:`Cocktail`. Raises ``ValueError`` (one line) where the update cannot be separated.
+  """
+  if observation.train:
+    raise ValueError("cocktail_party needs each example's gradient to be its own; a client in "
+                     "training mode (BatchNorm batch statistics) couples them")
+  shape = tuple(int(d) for d in input_shape)
+  gw, gb = analytic._dense_layer(observation.gradient, layer)  # pylint: disable=protected-access
+  if jnp.shape(gw)[0] != prod(shape):
+    raise ValueError(f"layer {layer!r} takes {jnp.shape(gw)[0]} inputs, but input_shape {shape} has "
+                     f"{prod(shape)} values; is it the first layer?")
+  n, out = int(observation.num_samples), int(jnp.shape(gw)[1])
+  if n > out:
+    raise ValueError(f"a batch of {n} mixes more examples than layer {layer!r} has units ({out}): "
+                     "its gradient does not determine them (the Cocktail Party Attack needs at most "
+                     "as many examples as units)")
+  g = np.vstack([np.asarray(gw, np.float64), np.asarray(gb, np.float64)[None]])  # (in + 1, out)
+  if not np.any(g):
+    raise ValueError(f"layer {layer!r} has an all-zero gradient: no example reached it")
+  u, s, vt = np.linalg.svd(g, full_matrices=False)
+  r = int(np.sum(s > rank_tol * s[0]))
+  basis, rows = u[:, :r], vt[:r].T  # the examples' span (in + 1, r); the row space (out, r)
+
+  mixtures = innovations(basis[:-1].T, shape)  # (r, T)
+  centred = mixtures - mixtures.mean(axis=1, keepdims=True)
+  var, vec = np.linalg.eigh(centred @ centred.T / centred.shape[1])
+  whitening = (vec / np.sqrt(np.maximum(var, var.max() * 1e-12))).T
+  w, steps = fast_ica(whitening @ centred, seed=seed, iterations=ica_iterations)
+  augmented = (w @ whitening) @ basis.T  # (r, in + 1): each example up to scale and sign
+
+  deltas = _deltas(apply_fn, observation.variables, layer, shape, 1.0 / n)
+  clip = _clipper(bounds, shape)
+  best, chosen = None, None
+  for round_ in range(rounds + 1):
+    if round_:  # the examples the update gives for the current gradients, by least squares
+      augmented = (g @ np.linalg.pinv(chosen)).T
+    x = clip(_inputs(augmented))
+    every = deltas(x)  # (r, K, out)
+    off = every - (every @ rows) @ rows.T
+    mismatch = np.linalg.norm(off, axis=-1) / np.maximum(np.linalg.norm(every, axis=-1), 1e-300)
+    labels = np.argmin(mismatch, axis=1)
+    chosen = every[np.arange(r), labels]  # (r, out)
+    residual = float(np.linalg.norm(g - np.hstack([x, np.ones((r, 1))]).T @ chosen)
+                     / np.linalg.norm(g))
+    if best is None or residual < best.residual:
+      best = Cocktail(x.reshape(r, *shape).astype(np.asarray(gw).dtype), labels,
+                      mismatch[np.arange(r), labels], r, residual, steps, round_)
+  return best
+
+
+def _inputs(augmented: np.ndarray) -> np.ndarray:
+  """(r, in) the examples of (r, in + 1) augmented rows known up to scale: divided by their bias
+  coordinate, which is 1 for an example (a row whose coordinate is 0 stays as found)."""
+  last = augmented[:, -1:]
+  return augmented[:, :-1] / np.where(last == 0, 1.0, last)
+
+
+def _clipper(bounds, shape):
+  if bounds is None:
+    return lambda x: x
+  lo, hi = (np.broadcast_to(np.asarray(b, np.float64), shape).reshape(-1) for b in bounds)
+  return lambda x: np.clip(x, lo, hi)
+
+
+def _deltas(apply_fn, variables, layer, shape, scale):
+  """x (M, in) -> (M, K, out) float64: scale · ∂L(f(x_m), k)/∂b for every label k
+  (:func:`gradjax.analytic._bias_gradients`), in chunks of one compiled size."""
+  chunk = 64
+
+  def run(x):
+    m = len(x)
+    padded = np.zeros((-(-m // chunk) * chunk, *shape), np.float32)
+    padded[:m] = x.reshape(m, *shape)
+    parts = [np.asarray(analytic._bias_gradients(  # pylint: disable=protected-access
+        apply_fn, variables, layer, jnp.asarray(padded[i:i + chunk]), scale), np.float64)
+             for i in range(0, len(padded), chunk)]
+    return np.concatenate(parts)[:m]
+
+  return run
+

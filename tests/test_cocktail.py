@@ -1,0 +1,116 @@
+"""Tests for gradjax.cocktail, the Cocktail Party Attack (Kariyappa et al., ICML 2023).
+
+References: the sources a mixture was made of (FastICA), the client's own photos scored by
+scikit-image, the update computed by NumPy in float64 (conftest's ``mlp_reference``), and the
+closed form of an example's bias coordinate.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+import skimage.metrics
+
+from gradjax import analytic, clients, cocktail, models
+from gradjax.observation import Observation
+from gradjax.run import config, pipeline
+
+
+def _whiten(x):
+  centred = x - x.mean(axis=1, keepdims=True)
+  var, vec = np.linalg.eigh(centred @ centred.T / centred.shape[1])
+  return (vec / np.sqrt(var)).T @ centred
+
+
+def test_fast_ica_unmixes_independent_sources():
+  """Four independent Laplacian signals mixed by a random matrix: FastICA's components are the
+  sources up to order, sign and scale (each correlates with its own source above 0.995)."""
+  rng = np.random.default_rng(0)
+  sources, mixing = rng.laplace(size=(4, 20000)), rng.normal(size=(4, 4))
+  w, steps = cocktail.fast_ica(_whiten(mixing @ sources), seed=1)
+  np.testing.assert_allclose(w @ w.T, np.eye(4), atol=1e-10)
+  components = w @ _whiten(mixing @ sources)
+  corr = np.abs(np.corrcoef(components, sources)[:4, 4:])
+  rows, cols = scipy.optimize.linear_sum_assignment(-corr)
+  assert corr[rows, cols].min() > 0.995 and steps < 1000, (corr, steps)
+
+
+def test_innovations_are_the_mixture_of_the_sources_innovations():
+  rng = np.random.default_rng(1)
+  sources, mixing = rng.normal(size=(3, 4 * 5 * 2)), rng.normal(size=(3, 3))
+  np.testing.assert_allclose(cocktail.innovations(mixing @ sources, (4, 5, 2)),
+                             mixing @ cocktail.innovations(sources, (4, 5, 2)), atol=1e-12)
+  assert cocktail.innovations(sources, (4, 5, 2)).shape == (3, 3 * 5 * 2 + 4 * 4 * 2)
+  assert cocktail.innovations(sources, (40,)) is sources  # not an image: the signals themselves
+
+
+def test_an_examples_scale_and_sign_come_from_its_bias_coordinate():
+  """An augmented example (x, 1) known up to any non-zero scale, negative included, is x."""
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(5, 12))
+  scales = np.array([3.0, -0.5, 1e-3, -7.0, 1.0])
+  np.testing.assert_allclose(cocktail._inputs(scales[:, None] * np.hstack([x, np.ones((5, 1))])), x,
+                             rtol=1e-12)
+
+
+def _scores(found, truth):
+  """PSNR (scikit-image, data range 1) of each true image against the found one matched to it."""
+  table = np.array([[skimage.metrics.peak_signal_noise_ratio(t.astype(np.float64),
+                                                             np.clip(f, 0, 1).astype(np.float64),
+                                                             data_range=1.0)
+                     for f in found] for t in truth])
+  rows, cols = scipy.optimize.linear_sum_assignment(-table)
+  return table[rows, cols], cols
+
+
+def test_a_centred_batch_that_no_unit_isolates_is_separated(photos, mlp_reference):
+  """Batch 16 of the photos, centred on their mean (as normalisation centres inputs), through a
+  256-unit ReLU layer: no unit isolates an example, so exclusive neurons recover nothing; the
+  Cocktail Party Attack gives every image with its label (median PSNR 35 dB or more), and the examples it returns
+  leave less of the update unexplained than its unmixed estimates did."""
+  model = models.create("mlp-256", jax.random.key(11), num_classes=10)
+  y = np.arange(16) % 10
+  mean = photos.mean(axis=(0, 1, 2))
+  x = photos - mean
+  grad = mlp_reference(model.variables["params"], x, y)[1]
+  obs = Observation(gradient=jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), grad),
+                    variables=model.variables, num_samples=16)
+  assert analytic.exclusive_neurons(obs, model.apply_fn, x.shape[1:]).inputs.shape[0] == 0
+  unmixed = cocktail.separate(obs, model.apply_fn, x.shape[1:], rounds=0)
+  found = cocktail.separate(obs, model.apply_fn, x.shape[1:], bounds=(-mean, 1 - mean))
+  assert found.rank == 16 and found.inputs.shape == (16, 32, 32, 3)
+  psnr, which = _scores(found.inputs + mean, photos)
+  assert psnr.min() >= 25 and np.median(psnr) >= 35, psnr  # measured: 30.8 and 39.8
+  np.testing.assert_array_equal(found.labels[which], y)
+  assert found.residual < unmixed.residual and found.rounds >= 1
+  assert np.median(_scores(unmixed.inputs + mean, photos)[0]) < np.median(psnr)
+
+
+def test_the_command_line_attack_separates_a_normalised_batch():
+  """``--attack=cocktail_party`` through the pipeline: a batch of 8 photos normalised with
+  CIFAR-10's constants on mlp-512 comes back, labels and verdict included."""
+  cfg = config.from_options({"attack.preset": "cocktail_party", "model.name": "mlp-512",
+                             "data.batch_size": 8, "data.normalization": "cifar10",
+                             "output.lpips": "none"})
+  results, images = pipeline.run(cfg)
+  assert results["cocktail"]["separated"] == 8 and results["cocktail"]["rank"] == 8
+  psnr = [skimage.metrics.peak_signal_noise_ratio(t.astype(np.float64), r.astype(np.float64),
+                                                  data_range=1.0)
+          for t, r in zip(images["ground_truth"], images["reconstruction"])]
+  assert min(psnr) >= 35, psnr  # measured: 45.7
+  assert results["label_accuracy"] == 1.0 and results["verdict"]["status"] == "leak"
+  assert results["loss"] == results["cocktail"]["residual"] < 0.5
+
+
+def test_cocktail_party_refuses_what_it_cannot_separate(photos):
+  model = models.create("mlp-8", jax.random.key(14), num_classes=10)
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:12], np.arange(12) % 10)
+  with pytest.raises(ValueError, match="more examples than layer 'Dense_0' has units"):
+    cocktail.separate(obs, model.apply_fn, photos.shape[1:])
+  with pytest.raises(ValueError, match="is it the first layer"):
+    cocktail.separate(obs, model.apply_fn, (16, 16, 3))
+  with pytest.raises(ValueError, match="no layer 'Dense_9'"):
+    cocktail.separate(obs, model.apply_fn, photos.shape[1:], layer="Dense_9")
+  with pytest.raises(ValueError, match="training mode"):
+    cocktail.separate(obs.replace(train=True), model.apply_fn, photos.shape[1:])
