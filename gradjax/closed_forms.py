@@ -34,12 +34,13 @@ class CocktailParty:
   """The Cocktail Party Attack (:func:`gradjax.cocktail.separate`; Kariyappa et al., ICML 2023) as
   the pipeline runs it: a batch of at most as many examples as the biased dense first ``layer`` has
   units, unmixed by FastICA on the images' differences, each scaled by its bias coordinate, then
-  ``rounds`` of refinement by the update itself (that function's defaults; ICA is iterative, but
-  nothing is optimised against a budget)."""
+  ``rounds`` of refinement by the update itself, ``step`` a round (that function's defaults; ICA is
+  iterative, but nothing is optimised against a budget)."""
 
   layer: str = "Dense_0"
   rank_tol: float = 1e-5
   rounds: int = 30
+  step: float = 0.3
   seed: int = 0
   name: str = "cocktail_party"
 
@@ -182,7 +183,8 @@ def _imprint(attack: Imprint, observation, input_shape, bounds):
 
 def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds):
   found = cocktail.separate(observation, apply_fn, input_shape, layer=attack.layer,
-                            rank_tol=attack.rank_tol, rounds=attack.rounds, seed=attack.seed,
+                            rank_tol=attack.rank_tol, rounds=attack.rounds, step=attack.step,
+                            seed=attack.seed,
                             bounds=bounds)
   n, k = int(observation.num_samples), min(found.rank, int(observation.num_samples))
   lo, hi = (np.asarray(b, np.float32) for b in bounds)

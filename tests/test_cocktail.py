@@ -81,7 +81,7 @@ def test_a_centred_batch_that_no_unit_isolates_is_separated(photos, mlp_referenc
   found = cocktail.separate(obs, model.apply_fn, x.shape[1:], bounds=(-mean, 1 - mean))
   assert found.rank == 16 and found.inputs.shape == (16, 32, 32, 3)
   psnr, which = _scores(found.inputs + mean, photos)
-  assert psnr.min() >= 25 and np.median(psnr) >= 35, psnr  # measured: 30.8 and 39.8
+  assert psnr.min() >= 25 and np.median(psnr) >= 35, psnr  # measured: 28.1 and 41.3
   np.testing.assert_array_equal(found.labels[which], y)
   assert found.residual < unmixed.residual and found.rounds >= 1
   assert np.median(_scores(unmixed.inputs + mean, photos)[0]) < np.median(psnr)
@@ -89,7 +89,7 @@ def test_a_centred_batch_that_no_unit_isolates_is_separated(photos, mlp_referenc
 
 def test_the_command_line_attack_separates_a_normalised_batch():
   """``--attack=cocktail_party`` through the pipeline: a batch of 8 photos normalised with
-  CIFAR-10's constants on mlp-512 comes back, labels and verdict included."""
+  CIFAR-10's constants on mlp-512 comes back exactly, labels and verdict included."""
   cfg = config.from_options({"attack.preset": "cocktail_party", "model.name": "mlp-512",
                              "data.batch_size": 8, "data.normalization": "cifar10",
                              "output.lpips": "none"})
@@ -98,9 +98,9 @@ def test_the_command_line_attack_separates_a_normalised_batch():
   psnr = [skimage.metrics.peak_signal_noise_ratio(t.astype(np.float64), r.astype(np.float64),
                                                   data_range=1.0)
           for t, r in zip(images["ground_truth"], images["reconstruction"])]
-  assert min(psnr) >= 35, psnr  # measured: 45.7
+  assert min(psnr) >= 50, psnr  # measured: 86.9 (exact: the refinement converged)
   assert results["label_accuracy"] == 1.0 and results["verdict"]["status"] == "leak"
-  assert results["loss"] == results["cocktail"]["residual"] < 0.5
+  assert results["loss"] == results["cocktail"]["residual"] < 1e-2  # measured: 6.6e-4
 
 
 def test_cocktail_party_refuses_what_it_cannot_separate(photos):
