@@ -32,8 +32,7 @@ class ExclusiveNeurons:
 @dataclasses.dataclass(frozen=True)
 class CocktailParty:
   """The Cocktail Party Attack (:func:`gradjax.cocktail.separate`; Kariyappa et al., ICML 2023) as
-  the pipeline runs it: a batch of at most as many examples as the biased dense first ``layer`` has
-  units, unmixed by FastICA on the images' differences, each scaled by its bias coordinate, then
+  the pipeline runs it: a batch of fewer examples than the biased dense first ``layer`` has units, unmixed by FastICA on the images' differences, each scaled by its bias coordinate, then
   ``rounds`` of refinement by the update itself, ``step`` a round (that function's defaults; ICA is
   iterative, but nothing is optimised against a budget)."""
 

@@ -5,7 +5,7 @@ from the bias and a refinement that makes the examples reproduce the update.
 The layer y = x W + b sees examples x_n (n = 1..N, each flattened to ``in`` values); its FedSGD
 gradient is [∂L/∂W; ∂L/∂b] = G = Σ_n x̃_n δ_nᵀ (in + 1, out), x̃_n = (x_n, 1) and δ_n = ∂L/∂b of
 example n alone. So G's columns lie in the span of the N augmented examples: with G = U S Vᵀ of rank
-r = N (at most ``out``), each x̃_n = U_r c_n for some c_n ∈ R^r. Finding the c_n is blind source
+r = N (below ``out``), each x̃_n = U_r c_n for some c_n ∈ R^r. Finding the c_n is blind source
 separation: U_r's rows restricted to the pixels are r mixtures of the N images, and independent
 component analysis unmixes them (Kariyappa et al. use FastICA's contrast with a total-variation
 prior). Natural images are far from independent as signals over pixels (their sample correlation
@@ -25,7 +25,7 @@ update the examples leave unexplained, ‖G − Σ_n x̃_n δ(x̂_n, k_n)ᵀ‖ 
 and the best round is kept.
 
 What it needs: the client's loss is the mean cross entropy over N = ``observation.num_samples``
-examples, each example's gradient its own (no BatchNorm batch statistics), N at most the layer's
+examples, each example's gradient its own (no BatchNorm batch statistics), N below the layer's
 ``out`` units, and the model is the one sent. Unlike exclusive neurons it needs no unit that one
 example alone activates, so inputs centred by normalisation do not stop it.
 """
@@ -142,10 +142,10 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
     raise ValueError(f"layer {layer!r} takes {jnp.shape(gw)[0]} inputs, but input_shape {shape} has "
                      f"{prod(shape)} values; is it the first layer?")
   n, out = int(observation.num_samples), int(jnp.shape(gw)[1])
-  if n > out:
-    raise ValueError(f"a batch of {n} mixes more examples than layer {layer!r} has units ({out}): "
-                     "its gradient does not determine them (the Cocktail Party Attack needs at most "
-                     "as many examples as units)")
+  if n >= out:  # with as many, the update's row space is all of R^out and tells no label
+    raise ValueError(f"a batch of {n} is not fewer examples than layer {layer!r} has units ({out}): "
+                     "its gradient does not separate them (the Cocktail Party Attack needs fewer "
+                     "examples than units)")
   g = np.vstack([np.asarray(gw, np.float64), np.asarray(gb, np.float64)[None]])  # (in + 1, out)
   if not np.any(g):
     raise ValueError(f"layer {layer!r} has an all-zero gradient: no example reached it")
@@ -160,8 +160,8 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
   w, steps = fast_ica(whitening @ centred, seed=seed, iterations=ica_iterations)
   x = _inputs((w @ whitening) @ basis.T)  # each example, its scale and sign from the bias
 
-  deltas = _deltas(apply_fn, observation.variables, layer, shape, 1.0 / n)
   clip = _clipper(bounds, shape)
+  deltas = _deltas(apply_fn, observation.variables, layer, shape, 1.0 / n)
   best, chosen = None, None
   for round_ in range(rounds + 1):
     if round_:  # a step towards the examples the update gives for the current gradients

@@ -106,8 +106,11 @@ def test_the_command_line_attack_separates_a_normalised_batch():
 def test_cocktail_party_refuses_what_it_cannot_separate(photos):
   model = models.create("mlp-8", jax.random.key(14), num_classes=10)
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:12], np.arange(12) % 10)
-  with pytest.raises(ValueError, match="more examples than layer 'Dense_0' has units"):
+  with pytest.raises(ValueError, match="not fewer examples than layer 'Dense_0' has units"):
     cocktail.separate(obs, model.apply_fn, photos.shape[1:])
+  eight = clients.fedsgd(model.apply_fn, model.variables, photos[:8], np.arange(8))
+  with pytest.raises(ValueError, match="a batch of 8 is not fewer"):  # the row space is all of R^8
+    cocktail.separate(eight, model.apply_fn, photos.shape[1:])
   with pytest.raises(ValueError, match="is it the first layer"):
     cocktail.separate(obs, model.apply_fn, (16, 16, 3))
   with pytest.raises(ValueError, match="no layer 'Dense_9'"):
