@@ -8,7 +8,10 @@ What decides (no ground truth is used, so an audit of a real system chooses the 
   whose schedule is unknown: DLM+ alone, which needs no learning rate.
 * **The model.** A first layer that is dense and followed by a ReLU (``mlp``): first the closed form
   that separates a batch there (``exclusive_neurons``, :mod:`gradjax.closed_forms`; exact up to
-  batch 64 on an untrained ``mlp-1024``, ``experiments/studies/batches``).
+  batch 64 on an untrained ``mlp-1024``, ``experiments/studies/batches``). A dense first layer with
+  more units than the batch has examples, whatever its activation: then the Cocktail Party Attack
+  (``cocktail_party``, :mod:`gradjax.cocktail`), which separates centred batches that exclusive
+  neurons cannot (up to 32 at 30 dB or more on ``mlp-1024``, ``experiments/studies/cocktail_party``).
 * **A ReLU chain at batch 1** (``lenet_zhu`` or ``lenet5`` with ``act=relu``): R-GAP's recursion
   (``rgap``, :mod:`gradjax.rgap`), then Inverting Gradients with TV and head features, where iDLG
   reaches 7 dB and that attack 13 on CIFAR-10 test images 500-509 (``experiments/studies/batches``).
@@ -51,7 +54,10 @@ def choose(*, num_samples: int, steps: int | None, model: str | None = None,
     return ("inverting_gradients_batch",)
   if num_samples == 1:
     return ("exclusive_neurons",) * dense_relu + ("idlg",)
-  return ("exclusive_neurons",) * dense_relu + ("inverting_gradients_batch",)
+  zoo = models.parse_name(model or "")
+  mixes = zoo is not None and zoo.family == "mlp" and num_samples < zoo.width  # ICA can unmix it
+  return (("exclusive_neurons",) * dense_relu + ("cocktail_party",) * mixes
+          + ("inverting_gradients_batch",))
 
 
 # Settings of an attack that depend on the model family, measured in experiments/studies/batches
