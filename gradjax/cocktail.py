@@ -48,8 +48,8 @@ class Cocktail(NamedTuple):
     labels: (r,) int, each one's label (the one whose gradient lies nearest the update's row space).
     mismatch: (r,) each one's ‖δ − its projection on the update's row space‖ / ‖δ‖ at its label:
       near 0 for an example of the batch, near 1 for a mixture.
-    rank: the numerical rank of the augmented gradient (in + 1, out): the examples that reached the
-      layer.
+    rank: the numerical rank of the augmented gradient (in + 1, out), at most N: the examples that
+      reached the layer.
     residual: ‖G − Σ_n x̃_n δ(x_n, k_n)ᵀ‖ / ‖G‖ of the examples returned: how much of the layer's
       update they leave unexplained (float32 rounding, about 1e-6, when they are the batch).
     ica_iterations: FastICA's iterations.
@@ -150,7 +150,9 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
   if not np.any(g):
     raise ValueError(f"layer {layer!r} has an all-zero gradient: no example reached it")
   u, s, vt = np.linalg.svd(g, full_matrices=False)
-  r = int(np.sum(s > rank_tol * s[0]))
+  # At most N examples: where a defense's noise fills the rest of the spectrum, the N largest
+  # directions hold the batch.
+  r = min(int(np.sum(s > rank_tol * s[0])), n)
   basis, rows = u[:, :r], vt[:r].T  # the examples' span (in + 1, r); the row space (out, r)
 
   mixtures = innovations(basis[:-1].T, shape)  # (r, T)
