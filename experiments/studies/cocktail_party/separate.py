@@ -23,18 +23,21 @@ import jax
 import numpy as np
 import scipy.optimize
 
-from gradjax import analytic, clients, cocktail, data, models
+from gradjax import analytic, clients, cocktail, data, defenses, models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "separate")
 
-# (row, model, activation, normalisation, batch size, first image, batches)
+# (row, model, activation, normalisation, batch size, first image, batches[, defense])
 ROWS = ([(f"b{b}_{n}", "mlp-1024", "relu", n, b, 500, max(1, 64 // b)) for n in ("none", "cifar10")
          for b in (8, 16, 32, 64, 128)]
         + [(f"dev_b{b}_cifar10", "mlp-1024", "relu", "cifar10", b, 0, max(1, 64 // b)) for b in (16, 64)]
         + [("b16_cifar10_mlp-256", "mlp-256", "relu", "cifar10", 16, 500, 4),
            ("b16_cifar10_mlp-256_sigmoid", "mlp-256", "sigmoid", "cifar10", 16, 500, 4),
-           ("b16_cifar10_mlp-32_sigmoid", "mlp-32", "sigmoid", "cifar10", 16, 500, 4)])
+           ("b16_cifar10_mlp-32_sigmoid", "mlp-32", "sigmoid", "cifar10", 16, 500, 4)]
+        # Defenses on the update (gradjax.defenses): Gaussian noise of a variance, pruning.
+        + [(f"b16_cifar10_{d.replace(':', '')}", "mlp-1024", "relu", "cifar10", 16, 500, 4, d)
+           for d in ("gaussian:1e-8", "gaussian:1e-6", "gaussian:1e-4", "prune:0.5", "prune:0.9")])
 
 
 def _psnr_matched(found, truth):
@@ -48,7 +51,7 @@ def _psnr_matched(found, truth):
   return out, rows, cols
 
 
-def _row(name, model_name, act, norm_name, b, first, batches):
+def _row(name, model_name, act, norm_name, b, first, batches, defense="none"):
   norm = data.normalization(norm_name)
   lo, hi = (np.asarray(data.normalize(np.full((1, 1, 1, 3), v, np.float32), norm)).ravel()
             for v in (0.0, 1.0))
@@ -59,6 +62,8 @@ def _row(name, model_name, act, norm_name, b, first, batches):
     model = models.create(model_name, jax.random.key(0), input_shape=x.shape[1:], num_classes=10,
                           act=act)
     obs = clients.fedsgd(model.apply_fn, model.variables, x, batch.y, share_labels=True)
+    if defense != "none":
+      obs = defenses.parse(defense).apply(obs, jax.random.key(i))
     truth = np.asarray(batch.x, np.float64)
 
     def images(found):
@@ -80,7 +85,7 @@ def _row(name, model_name, act, norm_name, b, first, batches):
       exclusive.append(float(np.mean(got >= 30)))
   psnrs, unmixed = np.asarray(psnrs), np.asarray(unmixed)
   return dict(
-      row=name, model=model_name, act=act, normalization=norm_name, batch=b,
+      row=name, model=model_name, act=act, normalization=norm_name, batch=b, defense=defense,
       images=f"{first}-{first + batches * b - 1}", batches=batches,
       psnr_mean=float(psnrs.mean()), psnr_median=float(np.median(psnrs)), psnr_min=float(psnrs.min()),
       recognisable=float(np.mean(psnrs >= 20)), recovered=float(np.mean(psnrs >= 30)),
