@@ -32,14 +32,18 @@ class ExclusiveNeurons:
 @dataclasses.dataclass(frozen=True)
 class CocktailParty:
   """The Cocktail Party Attack (:func:`gradjax.cocktail.separate`; Kariyappa et al., ICML 2023) as
-  the pipeline runs it: a batch of fewer examples than the biased dense first ``layer`` has units, unmixed by FastICA on the images' differences, each scaled by its bias coordinate, then
-  ``rounds`` of refinement by the update itself, ``step`` a round (that function's defaults; ICA is
-  iterative, but nothing is optimised against a budget)."""
+  the pipeline runs it: a batch of fewer examples than the biased dense first ``layer`` has units,
+  unmixed by FastICA on the images' differences, each scaled by its bias coordinate, then at most
+  ``rounds`` of refinement by the update itself (least squares on the share ``keep`` of the units
+  the examples explain best, ``step`` a round) until ``patience`` rounds in a row gain less than
+  1 % (that function's defaults; ICA is iterative, but nothing is optimised against a budget)."""
 
   layer: str = "Dense_0"
   rank_tol: float = 1e-5
-  rounds: int = 30
-  step: float = 0.3
+  rounds: int = 300
+  patience: int = 10
+  step: float = 0.2
+  keep: float = 0.5
   seed: int = 0
   name: str = "cocktail_party"
 
@@ -182,7 +186,8 @@ def _imprint(attack: Imprint, observation, input_shape, bounds):
 
 def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds):
   found = cocktail.separate(observation, apply_fn, input_shape, layer=attack.layer,
-                            rank_tol=attack.rank_tol, rounds=attack.rounds, step=attack.step,
+                            rank_tol=attack.rank_tol, rounds=attack.rounds,
+                            patience=attack.patience, step=attack.step, keep=attack.keep,
                             seed=attack.seed,
                             bounds=bounds)
   n, k = int(observation.num_samples), min(found.rank, int(observation.num_samples))
@@ -198,7 +203,7 @@ def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds)
                        permutation=np.arange(n), candidates=np.arange(n)[None])
   return rec, {"cocktail": {
       "separated": k, "rank": found.rank, "round": found.rounds, "residual": found.residual,
-      "ica_iterations": found.ica_iterations, "mismatch": found.mismatch.tolist()}}
+      "scale": found.scale, "ica_iterations": found.ica_iterations, "mismatch": found.mismatch.tolist()}}
 
 
 def _rgap(attack: RGap, apply_fn, observation, input_shape, bounds):

@@ -167,25 +167,30 @@ def test_reconstruct_auto_stops_at_the_first_match_and_keeps_the_best(photos):
   assert results["verdict"]["tried"] == ["exclusive_neurons"] and results["psnr"] > 60
 
   # Inputs centred by the client: no unit is exclusive at batch 16, the closed form matches nothing,
-  # the Cocktail Party Attack and the batch attack run after it; the lower residual is kept (ICA's:
-  # every image, measured 45.6 dB).
+  # the Cocktail Party Attack after it does (every image, to float32 rounding) and ends the search.
   assert pipeline.auto_attacks(
       config.from_options({
           "attack.preset": "auto", "model.name": "mlp-64", "model.act": "sigmoid",
           "data.batch_size": 2
       })) == ("cocktail_party", "inverting_gradients_batch")
-  centred = config.from_options({
-      "attack.preset": "auto", "model.name": "mlp-1024", "data.batch_size": 16,
-      "attack.iterations": 5, "output.lpips": "none",
-      "data.normalization": "0.45,0.45,0.45/0.25,0.25,0.25"
-  })
-  results, _ = pipeline.run(centred)
+  centred = {"attack.preset": "auto", "model.name": "mlp-1024", "data.batch_size": 16,
+             "attack.iterations": 5, "output.lpips": "none",
+             "data.normalization": "0.45,0.45,0.45/0.25,0.25,0.25"}
+  results, _ = pipeline.run(config.from_options(centred))
   tried = results["auto"]["tried"]
-  assert [t["attack"] for t in tried] == ["exclusive_neurons", "cocktail_party",
-                                          "inverting_gradients_batch"]
+  assert [t["attack"] for t in tried] == ["exclusive_neurons", "cocktail_party"]
   assert tried[0]["residual"] > 0.5 and results["verdict"]["tried"] == [t["attack"] for t in tried]
+  assert results["auto"]["chosen"] == "cocktail_party" and results["psnr"] > 60
+  assert results["wall_time_s"] >= sum(t["wall_time_s"] for t in tried)
+
+  # A 32-unit sigmoid layer: ICA's examples leave some of the update unexplained (no match), the
+  # batch attack runs after it and the lower residual is kept (ICA's: measured 30.0 dB).
+  results, _ = pipeline.run(config.from_options({**centred, "model.name": "mlp-32",
+                                                 "model.act": "sigmoid"}))
+  tried = results["auto"]["tried"]
+  assert [t["attack"] for t in tried] == ["cocktail_party", "inverting_gradients_batch"]
   assert results["auto"]["chosen"] == min(tried, key=lambda t: t["residual"])["attack"]
-  assert results["auto"]["chosen"] == "cocktail_party" and results["psnr"] > 35
+  assert results["auto"]["chosen"] == "cocktail_party" and results["psnr"] > 25
   assert results["wall_time_s"] >= sum(t["wall_time_s"] for t in tried)
 
 

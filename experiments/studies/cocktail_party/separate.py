@@ -4,14 +4,14 @@ inputs' centring and the activation, beside exclusive neurons (gradjax.analytic)
   python experiments/studies/cocktail_party/separate.py
 
 Clients: FedSGD on CIFAR-10 test images, consecutive batches from image 500 on (unseen: no setting
-was chosen on them) and from image 0 on (development: the refinement's step was chosen there), a
+was chosen on them) and from image 0 on (development: the refinement's settings were chosen there), a
 fresh model per row (``mlp-H`` drawn with Flax's default init, seed 0; ReLU unless the row says).
 Inputs in [0, 1] (``none``) or normalised with CIFAR-10's constants (``cifar10``: centred). Each
 example found is matched one to one to a true image by PSNR (NumPy, data range 1, images clipped
 to [0, 1]; SciPy's assignment); an example counts as recognisable at 20 dB and as recovered at
 30 dB. ``unmixed``: the same attack with no refinement round (FastICA's estimates scaled by their
 bias coordinate). ``exclusive``: what :func:`gradjax.analytic.exclusive_neurons` recovers of the
-same update (within 30 dB). Writes runs/separate/table.md and table.json.
+same update (at 30 dB or more). Writes runs/separate/table.md and table.json.
 """
 
 import argparse
@@ -28,15 +28,25 @@ from gradjax import analytic, clients, cocktail, data, defenses, models
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "separate")
 
-# (row, model, activation, normalisation, batch size, first image, batches[, defense])
-ROWS = ([(f"b{b}_{n}", "mlp-1024", "relu", n, b, 500, max(1, 64 // b)) for n in ("none", "cifar10")
-         for b in (8, 16, 32, 64, 128)]
-        + [(f"dev_b{b}_cifar10", "mlp-1024", "relu", "cifar10", b, 0, max(1, 64 // b)) for b in (16, 64)]
-        + [("b16_cifar10_mlp-256", "mlp-256", "relu", "cifar10", 16, 500, 4),
-           ("b16_cifar10_mlp-256_sigmoid", "mlp-256", "sigmoid", "cifar10", 16, 500, 4),
-           ("b16_cifar10_mlp-32_sigmoid", "mlp-32", "sigmoid", "cifar10", 16, 500, 4)]
+
+
+def _spec(name, model_name, act, norm_name, b, first, batches=None, **kw):
+  return dict(name=name, model_name=model_name, act=act, norm_name=norm_name, b=b, first=first,
+              batches=batches or max(1, 64 // b), **kw)
+
+
+ROWS = ([_spec(f"b{b}_{n}", "mlp-1024", "relu", n, b, 500, batches=(64 if b < 64 else 256) // b)
+         for n in ("none", "cifar10") for b in (8, 16, 32, 64, 128)]
+        # Development: the refinement's step and share of units kept (the defaults, then others).
+        + [_spec(f"dev_b{b}_cifar10{'_' * bool(o)}{'_'.join(f'{k}{v}' for k, v in o.items())}",
+                 "mlp-1024", "relu", "cifar10", b, 0, batches=4, options=o)
+           for b in (16, 64) for o in ({}, {"step": 0.3}, {"step": 0.5}, {"step": 1.0},
+                                       {"keep": 0.25}, {"keep": 0.75}, {"keep": 1.0})]
+        + [_spec("b16_cifar10_mlp-256", "mlp-256", "relu", "cifar10", 16, 500),
+           _spec("b16_cifar10_mlp-256_sigmoid", "mlp-256", "sigmoid", "cifar10", 16, 500),
+           _spec("b16_cifar10_mlp-32_sigmoid", "mlp-32", "sigmoid", "cifar10", 16, 500)]
         # Defenses on the update (gradjax.defenses): Gaussian noise of a variance, pruning.
-        + [(f"b16_cifar10_{d.replace(':', '')}", "mlp-1024", "relu", "cifar10", 16, 500, 4, d)
+        + [_spec(f"b16_cifar10_{d.replace(':', '')}", "mlp-1024", "relu", "cifar10", 16, 500, defense=d)
            for d in ("gaussian:1e-8", "gaussian:1e-6", "gaussian:1e-4", "prune:0.5", "prune:0.9")])
 
 
@@ -51,7 +61,7 @@ def _psnr_matched(found, truth):
   return out, rows, cols
 
 
-def _row(name, model_name, act, norm_name, b, first, batches, defense="none"):
+def _row(name, model_name, act, norm_name, b, first, batches, defense="none", options=None):
   norm = data.normalization(norm_name)
   lo, hi = (np.asarray(data.normalize(np.full((1, 1, 1, 3), v, np.float32), norm)).ravel()
             for v in (0.0, 1.0))
@@ -70,7 +80,7 @@ def _row(name, model_name, act, norm_name, b, first, batches, defense="none"):
       return np.clip(np.asarray(data.denormalize(np.asarray(found, np.float32), norm), np.float64), 0, 1)
 
     start = time.perf_counter()
-    found = cocktail.separate(obs, model.apply_fn, x.shape[1:], bounds=(lo, hi))
+    found = cocktail.separate(obs, model.apply_fn, x.shape[1:], bounds=(lo, hi), **(options or {}))
     seconds.append(time.perf_counter() - start)
     p, rows, cols = _psnr_matched(images(found.inputs), truth)
     psnrs.extend(p)
@@ -86,6 +96,7 @@ def _row(name, model_name, act, norm_name, b, first, batches, defense="none"):
   psnrs, unmixed = np.asarray(psnrs), np.asarray(unmixed)
   return dict(
       row=name, model=model_name, act=act, normalization=norm_name, batch=b, defense=defense,
+      options=options,
       images=f"{first}-{first + batches * b - 1}", batches=batches,
       psnr_mean=float(psnrs.mean()), psnr_median=float(np.median(psnrs)), psnr_min=float(psnrs.min()),
       recognisable=float(np.mean(psnrs >= 20)), recovered=float(np.mean(psnrs >= 30)),
@@ -107,12 +118,12 @@ def main():
     with open(path, encoding="utf-8") as fh:
       table = json.load(fh)
   for spec in ROWS:
-    if wanted and spec[0] not in wanted:
+    if wanted and spec["name"] not in wanted:
       continue
-    row = _row(*spec)
+    row = _row(**spec)
     print(json.dumps(row), flush=True)
-    table[spec[0]] = row
-  table = {spec[0]: table[spec[0]] for spec in ROWS if spec[0] in table}
+    table[spec["name"]] = row
+  table = {spec["name"]: table[spec["name"]] for spec in ROWS if spec["name"] in table}
   with open(path, "w", encoding="utf-8") as fh:
     json.dump(table, fh, indent=2)
     fh.write("\n")
