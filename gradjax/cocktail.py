@@ -17,20 +17,20 @@ differences and applies the unmixing it finds to the mixtures themselves. Scale 
 leaves open, are exact here: an example's bias coordinate is 1, so x_n = ĉ_n's pixels / its last
 coordinate.
 
-Refinement (gradjax's): with each estimate x̂_n and its label k_n (the label whose gradient
-δ(x̂_n, k) = ∂L(f(x̂_n), k)/∂b / N, computed through the model the server sent, lies nearest the
-update's row space, as :func:`gradjax.analytic.exclusive_neurons` accepts an example), the update
-determines the examples by least squares, X̃ᵀ = G_S D_S⁺ with D = [δ(x̂_n, k_n)] and S the units
-(columns) kept; each round moves the estimates a ``step`` towards those (each scaled to bias
-coordinate 1). The least squares are trimmed: S is the share ``keep`` of the units whose columns the
-current estimates explain best. A unit whose activation an estimate flips (a ReLU near its kink)
-gives a column no close estimate explains; left in, such columns hold the estimates at a fixed
-point near, not at, the batch (on CIFAR-10 batches of 16 on ``mlp-1024``: a residual of 0.1,
-46 dB); left out, the estimates converge to the batch where they start close enough. Every round is
-scored by how much of the update the examples leave unexplained at the best scale,
-min_α ‖G − α Σ_n x̃_n δ(x̂_n, k_n)ᵀ‖ / ‖G‖ (0 for the batch itself; α = 1 for a FedSGD gradient,
-−η for a one-step FedAvg update of unknown learning rate η), and the best round is kept; the rounds
-stop once ``patience`` of them have not lowered that residual by 1 %.
+Refinement (gradjax's): with each estimate x̂_n and its label k_n (the label whose gradient δ(x̂_n,
+k) = ∂L(f(x̂_n), k)/∂b / N, computed through the model the server sent, lies nearest the update's
+row space, as :func:`gradjax.analytic.exclusive_neurons` accepts an example), the update determines
+the examples by least squares, X̃ᵀ = G_S D_S⁺ with D = [δ(x̂_n, k_n)] and S the units (columns)
+kept; each round moves the estimates a ``step`` towards those (each scaled to bias coordinate 1).
+The least squares are trimmed: S is the share ``keep`` of the units some example reaches whose
+columns the current estimates explain best (at least 2r of them). A unit whose activation an
+estimate flips (a ReLU near its kink) gives a column no close estimate explains; left in, such
+columns hold the estimates at a fixed point near, not at, the batch (on CIFAR-10 batches of 16 on
+``mlp-1024``: a residual of 0.1, 46 dB); left out, the estimates converge to the batch where they
+start close enough. Every round is scored by how much of the update the examples leave unexplained
+at the best scale, min_α ‖G − α Σ_n x̃_n δ(x̂_n, k_n)ᵀ‖ / ‖G‖ (0 for the batch itself; α = 1 for a
+FedSGD gradient, −η for a one-step FedAvg update of unknown learning rate η), and the best round is
+kept; the rounds stop once ``patience`` of them have not lowered that residual by 1 %.
 
 What it needs: the client's loss is the mean cross entropy over N = ``observation.num_samples``
 examples, each example's gradient its own (no BatchNorm batch statistics), N below the layer's
@@ -61,7 +61,7 @@ class Cocktail(NamedTuple):
       rank, at most N (the examples that reached the layer); N where a defense's noise fills the
       rest of the spectrum.
     residual: min_α ‖G − α Σ_n x̃_n δ(x_n, k_n)ᵀ‖ / ‖G‖ of the examples returned: how much of the
-      layer's update they leave unexplained (float32 rounding, 1e-7 to 1e-6, when they are the
+      layer's update they leave unexplained (float32 rounding, about 1e-7, when they are the
       batch).
     scale: that α, the update's scale against the examples' own gradient: 1 for a FedSGD gradient,
       −η for a one-step FedAvg update (w' − w) of learning rate η.
@@ -155,6 +155,9 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
                      "training mode (BatchNorm batch statistics) couples them")
   if not 0 < keep <= 1:
     raise ValueError(f"keep is a share of the layer's units, in (0, 1], got {keep}")
+  if not 0 < step <= 1 or patience < 1 or rounds < 0:
+    raise ValueError(f"the refinement needs 0 < step <= 1, patience >= 1 and rounds >= 0, got step "
+                     f"{step}, patience {patience}, rounds {rounds}")
   shape = tuple(int(d) for d in input_shape)
   if not isinstance(observation.gradient, Mapping) or layer not in observation.gradient:
     raise ValueError(f"no layer {layer!r} in the gradient tree: the Cocktail Party Attack needs a "
@@ -169,6 +172,8 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
                      "its gradient does not separate them (the Cocktail Party Attack needs fewer "
                      "examples than units)")
   g = np.vstack([np.asarray(gw, np.float64), np.asarray(gb, np.float64)[None]])  # (in + 1, out)
+  if not np.all(np.isfinite(g)):
+    raise ValueError(f"layer {layer!r} has a gradient with NaN or infinite entries")
   if not np.any(g):
     raise ValueError(f"layer {layer!r} has an all-zero gradient: no example reached it")
   u, s, vt = np.linalg.svd(g, full_matrices=False)
@@ -189,7 +194,7 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
   best, chosen, unexplained, mark, waited = None, None, None, np.inf, 0
   for round_ in range(rounds + 1):
     if round_:  # a step towards the examples the units explained best give for the current δ's
-      units = unexplained <= np.quantile(unexplained, keep)
+      units = _explained_best(unexplained, live, keep, r)
       x = x + step * (_inputs((g[:, units] @ np.linalg.pinv(chosen[:, units])).T) - x)
     x = clip(x)
     every = deltas(x)  # (r, K, out)
@@ -201,7 +206,9 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
     made = np.hstack([x, np.ones((r, 1))]).T @ chosen  # the update these examples make at α = 1
     scale = float(np.vdot(g, made) / np.vdot(made, made)) if np.any(made) else 0.0
     unexplained = np.linalg.norm(g - scale * made, axis=0)  # (out,) each unit's column
+    live = np.any(g, axis=0) | np.any(made, axis=0)  # a unit no example reaches tells nothing
     residual = float(np.linalg.norm(unexplained) / np.linalg.norm(g))
+    residual = residual if np.isfinite(residual) else np.inf
     if best is None or residual < best.residual:
       best = Cocktail(x.reshape(r, *shape).astype(np.asarray(gw).dtype), labels,
                       mismatch[np.arange(r), labels], r, residual, scale, steps, round_)
@@ -209,6 +216,17 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
     if waited >= patience:
       break
   return best
+
+
+def _explained_best(unexplained: np.ndarray, live: np.ndarray, keep: float, r: int) -> np.ndarray:
+  """(out,) bool: the share ``keep`` of the live units whose columns are explained best, and never
+  fewer than 2r of them (or all the live ones), so the least squares for r examples stay
+  overdetermined."""
+  alive = np.flatnonzero(live)
+  count = min(len(alive), max(int(np.ceil(keep * len(alive))), 2 * r))
+  units = np.zeros(live.shape, bool)
+  units[alive[np.argsort(unexplained[alive], kind="stable")[:count]]] = True
+  return units
 
 
 def _inputs(augmented: np.ndarray) -> np.ndarray:

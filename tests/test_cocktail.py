@@ -129,6 +129,28 @@ def test_an_update_of_unknown_learning_rate_is_separated_as_its_gradient(photos,
   np.testing.assert_array_equal(found.labels[which], y)
 
 
+def test_units_no_example_reaches_are_left_out_of_the_least_squares(photos, mlp_reference):
+  """Three quarters of a 512-unit ReLU layer switched off for every input (bias −100): their
+  columns of the update are 0 and explained by any estimate, so a share of the units taken from all
+  of them would be those dead columns alone and the refinement would do nothing; taken from the
+  live units, it still returns each of 6 photos exactly (scikit-image PSNR, NumPy's float64
+  gradient)."""
+  model = models.create("mlp-512", jax.random.key(12), num_classes=10)
+  params = jax.tree.map(np.asarray, model.variables["params"])
+  params["Dense_0"]["bias"] = np.where(np.arange(512) < 384, -100.0, params["Dense_0"]["bias"]
+                                       ).astype(np.float32)
+  variables = {**model.variables, "params": params}
+  x, y = photos[:6], np.arange(6)
+  grad = mlp_reference(params, x, y)[1]
+  assert not np.any(grad["Dense_0"]["kernel"][:, :384])  # dead: no example reaches them
+  obs = Observation(gradient=jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), grad),
+                    variables=variables, num_samples=6)
+  found = cocktail.separate(obs, model.apply_fn, x.shape[1:], bounds=(0.0, 1.0))
+  psnr, which = _scores(found.inputs, x)
+  assert psnr.min() >= 100 and found.residual < 1e-6, (psnr, found.residual)
+  np.testing.assert_array_equal(found.labels[which], y)
+
+
 def test_cocktail_party_refuses_what_it_cannot_separate(photos):
   model = models.create("mlp-8", jax.random.key(14), num_classes=10)
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:12], np.arange(12) % 10)
@@ -143,3 +165,11 @@ def test_cocktail_party_refuses_what_it_cannot_separate(photos):
     cocktail.separate(obs, model.apply_fn, photos.shape[1:], layer="Dense_9")
   with pytest.raises(ValueError, match="training mode"):
     cocktail.separate(obs.replace(train=True), model.apply_fn, photos.shape[1:])
+  four = clients.fedsgd(model.apply_fn, model.variables, photos[:4], np.arange(4))
+  broken = four.replace(gradient=jax.tree.map(lambda a: a.at[(0,) * a.ndim].set(jnp.nan),
+                                              four.gradient))
+  with pytest.raises(ValueError, match="NaN or infinite"):
+    cocktail.separate(broken, model.apply_fn, photos.shape[1:])
+  for bad in ({"keep": 0.0}, {"keep": 1.5}, {"step": 0.0}, {"patience": 0}, {"rounds": -1}):
+    with pytest.raises(ValueError, match="keep is a share|the refinement needs"):
+      cocktail.separate(obs, model.apply_fn, photos.shape[1:], **bad)
