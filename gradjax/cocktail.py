@@ -191,7 +191,7 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
 
   clip = _clipper(bounds, shape)
   deltas = _deltas(apply_fn, observation.variables, layer, shape, 1.0 / n)
-  best, chosen, unexplained, mark, waited = None, None, None, np.inf, 0
+  best, chosen, unexplained, live, mark, waited = None, None, None, None, np.inf, 0
   for round_ in range(rounds + 1):
     if round_:  # a step towards the examples the units explained best give for the current δ's
       units = _explained_best(unexplained, live, keep, r)
