@@ -188,8 +188,7 @@ def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds)
   found = cocktail.separate(observation, apply_fn, input_shape, layer=attack.layer,
                             rank_tol=attack.rank_tol, rounds=attack.rounds,
                             patience=attack.patience, step=attack.step, keep=attack.keep,
-                            seed=attack.seed,
-                            bounds=bounds)
+                            seed=attack.seed, bounds=bounds)
   n, k = int(observation.num_samples), min(found.rank, int(observation.num_samples))
   lo, hi = (np.asarray(b, np.float32) for b in bounds)
   x = np.broadcast_to((lo + hi) / 2, (n, *tuple(input_shape))).astype(found.inputs.dtype).copy()
@@ -203,7 +202,8 @@ def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds)
                        permutation=np.arange(n), candidates=np.arange(n)[None])
   return rec, {"cocktail": {
       "separated": k, "rank": found.rank, "round": found.rounds, "residual": found.residual,
-      "scale": found.scale, "ica_iterations": found.ica_iterations, "mismatch": found.mismatch.tolist()}}
+      "scale": found.scale, "ica_iterations": found.ica_iterations,
+      "mismatch": found.mismatch.tolist()}}
 
 
 def _rgap(attack: RGap, apply_fn, observation, input_shape, bounds):

@@ -17,8 +17,8 @@ differences and applies the unmixing it finds to the mixtures themselves. Scale 
 leaves open, are exact here: an example's bias coordinate is 1, so x_n = ĉ_n's pixels / its last
 coordinate.
 
-Refinement (gradjax's): with each estimate x̂_n and its label k_n (the label whose gradient δ(x̂_n,
-k) = ∂L(f(x̂_n), k)/∂b / N, computed through the model the server sent, lies nearest the update's
+Refinement (gradjax's): with each estimate x̂_n and its label k_n (the label whose gradient
+δ(x̂_n, k) = ∂L(f(x̂_n), k)/∂b / N, computed through the model the server sent, lies nearest the update's
 row space, as :func:`gradjax.analytic.exclusive_neurons` accepts an example), the update determines
 the examples by least squares, X̃ᵀ = G_S D_S⁺ with D = [δ(x̂_n, k_n)] and S the units (columns)
 kept; each round moves the estimates a ``step`` towards those (each scaled to bias coordinate 1).

@@ -29,7 +29,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "separate")
 
 
-
 def _spec(name, model_name, act, norm_name, b, first, batches=None, **kw):
   return dict(name=name, model_name=model_name, act=act, norm_name=norm_name, b=b, first=first,
               batches=batches or max(1, 64 // b), **kw)
