@@ -35,16 +35,19 @@ class CocktailParty:
   the pipeline runs it: a batch of fewer examples than the biased dense first ``layer`` has units,
   unmixed by FastICA on the images' differences, each scaled by its bias coordinate, then at most
   ``rounds`` of refinement by the update itself (least squares on the share ``keep`` of the units
-  the examples explain best, ``step`` a round) until ``patience`` rounds in a row gain less than
-  1 % (that function's defaults; ICA is iterative, but nothing is optimised against a budget)."""
+  the examples explain best, ``step`` a round) until a round moves them by less than ``tol``; up to
+  ``restarts`` FastICA starts, stopping at the first whose residual is at most ``converged`` (that
+  function's defaults; ICA is iterative, but nothing is optimised against a budget)."""
 
   layer: str = "Dense_0"
   rank_tol: float = 1e-5
-  rounds: int = 300
-  patience: int = 10
+  rounds: int = 500
+  tol: float = 1e-7
   step: float = 0.2
   keep: float = 0.5
   seed: int = 0
+  restarts: int = 4
+  converged: float = 1e-4
   name: str = "cocktail_party"
 
 
@@ -187,8 +190,9 @@ def _imprint(attack: Imprint, observation, input_shape, bounds):
 def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds):
   found = cocktail.separate(observation, apply_fn, input_shape, layer=attack.layer,
                             rank_tol=attack.rank_tol, rounds=attack.rounds,
-                            patience=attack.patience, step=attack.step, keep=attack.keep,
-                            seed=attack.seed, bounds=bounds)
+                            tol=attack.tol, step=attack.step, keep=attack.keep,
+                            seed=attack.seed, restarts=attack.restarts,
+                            converged=attack.converged, bounds=bounds)
   n, k = int(observation.num_samples), min(found.rank, int(observation.num_samples))
   lo, hi = (np.asarray(b, np.float32) for b in bounds)
   x = np.broadcast_to((lo + hi) / 2, (n, *tuple(input_shape))).astype(found.inputs.dtype).copy()
@@ -202,7 +206,8 @@ def _cocktail(attack: CocktailParty, apply_fn, observation, input_shape, bounds)
                        permutation=np.arange(n), candidates=np.arange(n)[None])
   return rec, {"cocktail": {
       "separated": k, "rank": found.rank, "round": found.rounds, "residual": found.residual,
-      "scale": found.scale, "ica_iterations": found.ica_iterations,
+      "scale": found.scale, "ica_iterations": found.ica_iterations, "seed": found.seed,
+      "restarts": found.restarts,
       "mismatch": found.mismatch.tolist()}}
 
 

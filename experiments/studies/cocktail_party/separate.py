@@ -41,6 +41,10 @@ ROWS = ([_spec(f"b{b}_{n}", "mlp-1024", "relu", n, b, 500, batches=(64 if b < 64
                  "mlp-1024", "relu", "cifar10", b, 0, batches=4, options=o)
            for b in (16, 64) for o in ({}, {"step": 0.3}, {"step": 0.5}, {"step": 1.0},
                                        {"keep": 0.25}, {"keep": 0.75}, {"keep": 1.0})]
+        # Development: FastICA restarts, where a start decides (inputs in [0, 1]).
+        + [_spec(f"dev_b64_none{'_' * bool(o)}{'_'.join(f'{k}{v}' for k, v in o.items())}",
+                 "mlp-1024", "relu", "none", 64, 0, batches=4, options=o)
+           for o in ({}, {"restarts": 1})]
         + [_spec("b16_cifar10_mlp-256", "mlp-256", "relu", "cifar10", 16, 500),
            _spec("b16_cifar10_mlp-256_sigmoid", "mlp-256", "sigmoid", "cifar10", 16, 500),
            _spec("b16_cifar10_mlp-32_sigmoid", "mlp-32", "sigmoid", "cifar10", 16, 500)]
@@ -64,7 +68,7 @@ def _row(name, model_name, act, norm_name, b, first, batches, defense="none", op
   norm = data.normalization(norm_name)
   lo, hi = (np.asarray(data.normalize(np.full((1, 1, 1, 3), v, np.float32), norm)).ravel()
             for v in (0.0, 1.0))
-  psnrs, unmixed, labels, exclusive, residuals, rounds, seconds = [], [], [], [], [], [], []
+  psnrs, unmixed, labels, exclusive, residuals, rounds, restarts, seconds = [], [], [], [], [], [], [], []
   for i in range(batches):
     batch = data.load("cifar10", indices=range(first + i * b, first + (i + 1) * b))
     x = np.asarray(data.normalize(batch.x, norm), np.float32)
@@ -86,7 +90,9 @@ def _row(name, model_name, act, norm_name, b, first, batches, defense="none", op
     labels.extend(found.labels[rows] == np.asarray(batch.y)[cols])
     residuals.append(found.residual)
     rounds.append(found.rounds)
-    first_guess = cocktail.separate(obs, model.apply_fn, x.shape[1:], rounds=0, bounds=(lo, hi))
+    restarts.append(found.restarts)
+    first_guess = cocktail.separate(obs, model.apply_fn, x.shape[1:], rounds=0, restarts=1,
+                                    bounds=(lo, hi))
     unmixed.extend(_psnr_matched(images(first_guess.inputs), truth)[0])
     if act == "relu":
       sep = analytic.exclusive_neurons(obs, model.apply_fn, x.shape[1:])
@@ -101,6 +107,7 @@ def _row(name, model_name, act, norm_name, b, first, batches, defense="none", op
       recognisable=float(np.mean(psnrs >= 20)), recovered=float(np.mean(psnrs >= 30)),
       label_accuracy=float(np.mean(labels)), unmixed_psnr_median=float(np.median(unmixed)),
       residual_median=float(np.median(residuals)), round_median=float(np.median(rounds)),
+      restarts_mean=float(np.mean(restarts)),
       exclusive_recovered=float(np.mean(exclusive)) if exclusive else None,
       seconds_per_batch=float(np.mean(seconds)))
 
@@ -110,31 +117,38 @@ def main():
   parser.add_argument("--rows", default="", help="comma-separated row names (default: every row)")
   args = parser.parse_args()
   wanted = [r for r in args.rows.split(",") if r]
+  unknown = sorted(set(wanted) - {spec["name"] for spec in ROWS})
+  if unknown:
+    parser.error(f"no rows {', '.join(unknown)}")
   os.makedirs(RUNS, exist_ok=True)
-  path = os.path.join(RUNS, "table.json")
-  table = {}
-  if wanted and os.path.exists(path):
-    with open(path, encoding="utf-8") as fh:
-      table = json.load(fh)
   for spec in ROWS:
     if wanted and spec["name"] not in wanted:
       continue
     row = _row(**spec)
     print(json.dumps(row), flush=True)
-    table[spec["name"]] = row
+    _write(spec["name"], row)  # each row as it ends: runs on disjoint rows can share the table
+
+
+def _write(name, row):
+  path = os.path.join(RUNS, "table.json")
+  table = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as fh:
+      table = json.load(fh)
+  table[name] = row
   table = {spec["name"]: table[spec["name"]] for spec in ROWS if spec["name"] in table}
   with open(path, "w", encoding="utf-8") as fh:
     json.dump(table, fh, indent=2)
     fh.write("\n")
   columns = ["row", "images", "batches", "psnr_mean", "psnr_median", "psnr_min", "recognisable",
              "recovered", "label_accuracy", "unmixed_psnr_median", "exclusive_recovered",
-             "residual_median", "round_median", "seconds_per_batch"]
+             "residual_median", "round_median", "restarts_mean", "seconds_per_batch"]
   lines = ["`python experiments/studies/cocktail_party/separate.py`, "
            f"jax {jax.__version__}, {jax.devices()[0].platform}", "",
            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  for row in table.values():
+  for r in table.values():
     lines.append("| " + " | ".join(
-        "–" if row[c] is None else f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c])
+        "–" if r.get(c) is None else f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c])
         for c in columns) + " |")
   with open(os.path.join(RUNS, "table.md"), "w", encoding="utf-8") as fh:
     fh.write("\n".join(lines) + "\n")
