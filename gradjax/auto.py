@@ -11,7 +11,7 @@ What decides (no ground truth is used, so an audit of a real system chooses the 
   batch 64 on an untrained ``mlp-1024``, ``experiments/studies/batches``). A dense first layer with
   more units than the batch has examples, whatever its activation: then the Cocktail Party Attack
   (``cocktail_party``, :mod:`gradjax.cocktail`), which separates centred batches that exclusive
-  neurons cannot (exactly up to 32 on ``mlp-1024``, ``experiments/studies/cocktail_party``).
+  neurons cannot (exactly up to 64 on ``mlp-1024``, ``experiments/studies/cocktail_party``).
 * **A ReLU chain at batch 1** (``lenet_zhu`` or ``lenet5`` with ``act=relu``): R-GAP's recursion
   (``rgap``, :mod:`gradjax.rgap`), then Inverting Gradients with TV and head features, where iDLG
   reaches 7 dB and that attack 13 on CIFAR-10 test images 500-509 (``experiments/studies/batches``).

@@ -26,7 +26,7 @@ The least squares are trimmed: S is the share ``keep`` of the units some example
 columns the current estimates explain best (at least 2r of them). A unit whose activation an
 estimate flips (a ReLU near its kink) gives a column no close estimate explains; left in, such
 columns hold the estimates at a fixed point near, not at, the batch (on CIFAR-10 batches of 16 on
-``mlp-1024``: a residual of 0.1, 46 dB); left out, the estimates converge to the batch where they
+``mlp-1024``: a residual of 0.1, 47 dB); left out, the estimates converge to the batch where they
 start close enough. Every round is scored by how much of the update the examples leave unexplained
 at the best scale, min_α ‖G − α Σ_n x̃_n δ(x̂_n, k_n)ᵀ‖ / ‖G‖ (0 for the batch itself; α = 1 for a
 FedSGD gradient, −η for a one-step FedAvg update of unknown learning rate η), and the best round is
