@@ -206,13 +206,14 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
   centred = mixtures - mixtures.mean(axis=1, keepdims=True)
   var, vec = np.linalg.eigh(centred @ centred.T / centred.shape[1])
   whitening = (vec / np.sqrt(np.maximum(var, var.max() * 1e-12))).T
+  whitened = whitening @ centred  # the same for every start
   deltas = _deltas(apply_fn, observation.variables, layer, shape, 1.0 / n)
   refine = functools.partial(_refine, g=g, rows=rows, deltas=deltas, clip=_clipper(bounds, shape),
                              shape=shape, dtype=np.asarray(gw).dtype, rounds=rounds,
                              tol=tol, step=step, keep=keep)
   best, restart = None, 0
   for restart in range(restarts):
-    w, steps = fast_ica(whitening @ centred, seed=seed + restart, iterations=ica_iterations)
+    w, steps = fast_ica(whitened, seed=seed + restart, iterations=ica_iterations)
     found = refine(_inputs((w @ whitening) @ basis.T))  # scale and sign from the bias
     if best is None or found.residual < best.residual:
       best = found._replace(ica_iterations=steps, seed=seed + restart)
