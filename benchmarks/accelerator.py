@@ -130,7 +130,8 @@ def sizes(quick: bool, dataset: str) -> dict:
     return dict(models=["lenet_zhu"], batch_sizes=[1], restart_counts=[1, 2],
                 strategies=("sequential",), client_strategies=("sequential",), im2col_restart_counts=[1, 2],
                 restart_iterations=5, dlg_restarts=2, client_counts=[1, 2],
-                loops=dict(jobs=[("dlg", "lenet_zhu", 1), ("dlg", "lenet_zhu", 2)], iterations=5),
+                loops=dict(jobs=[("dlg", "lenet_zhu", 1), ("dlg", "lenet_zhu", 2),
+                                 ("inverting_gradients", "convnet-4", 1)], iterations=5),
                 # The flags part: one variant of each kind (a flag of the run, the environment).
                 ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), variants=VARIANTS[1:3],
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],

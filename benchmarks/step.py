@@ -373,7 +373,8 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
   iterate's scoring step), against the same steps in a loop with the count compiled in (a
   ``lax.fori_loop`` of a constant count, what the driver ran before: a program per count, one more
   for a budget's remainder). ``jobs``: (preset, model, restarts) triples, the restarts vmapped; the
-  photo of :func:`photos`, the client's FedSGD update, labels as the preset infers them, the
+  photo of :func:`photos`, the client's FedSGD update with its label shared (what the presets with
+  known labels, Inverting Gradients', read; the others infer it), the
   schedule spread over ``iterations`` as the driver's first state has it, the state not donated.
   Per loop: ``compile_s`` (tracing, lowering and compiling the chunk's program, after an untimed
   compilation of one step, so neither loop pays alone what a process pays once: the first tracing
@@ -384,7 +385,7 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
   for preset, name, restarts in jobs:
     model = models.create(name, jax.random.key(seed), input_shape=(32, 32, 3), num_classes=NUM_CLASSES,
                           conv=models.resolve_conv(conv, batched=restarts > 1))
-    obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y)
+    obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y, share_labels=True)
     attack = presets.get_preset(preset)(iterations=iterations)
     problem = attacks.prepare(attack, model.apply_fn, obs, jax.random.key(seed + 1),
                               input_shape=(32, 32, 3), restarts=restarts)
