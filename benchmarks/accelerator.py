@@ -23,7 +23,8 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
   call): issue 58's "64 clients at most 3x one" as ``dlg64`` judges 64 restarts.
 * ``loops``: a chunk of 100 steps as the driver runs it on an accelerator, a while loop whose step
   count is an argument (one program for every chunk and budget), against the same steps in a loop
-  with the count compiled in (a program per count, as before): compile seconds and ms an iteration,
+  with the count compiled in (a program per count, as before), and for L-BFGS the loop the driver
+  runs, one line-search trial a trip (``Solver.advance``): compile seconds and ms an iteration,
   for DLG on ``lenet_zhu`` with 1 and 64 vmapped restarts and Inverting Gradients on ``resnet20-4``.
 * ``ttfr``: time to a first result, each a whole process timed from outside: the README's main job
   and Inverting Gradients on ``resnet20-4`` (60 iterations), ``gradjax reconstruct`` on an empty

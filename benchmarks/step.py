@@ -372,7 +372,9 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
   (:func:`gradjax.driver.repeat`: one program for every chunk, a budget's remainder and the last
   iterate's scoring step), against the same steps in a loop with the count compiled in (a
   ``lax.fori_loop`` of a constant count, what the driver ran before: a program per count, one more
-  for a budget's remainder). ``jobs``: (preset, model, restarts) triples, the restarts vmapped; the
+  for a budget's remainder); for a solver with ``advance`` (L-BFGS), also the loop the driver runs
+  for it, one line-search trial a trip (``one trial a trip``: each vmapped restart searches on its
+  own). ``jobs``: (preset, model, restarts) triples, the restarts vmapped; the
   photo of :func:`photos`, the client's FedSGD update with its label shared (what the presets with
   known labels, Inverting Gradients', read; the others infer it), the
   schedule spread over ``iterations`` as the driver's first state has it, the state not donated.
@@ -380,7 +382,7 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
   compilation of one step, so neither loop pays alone what a process pays once: the first tracing
   of the model, an accelerator's autotuning of its convolutions) and ``ms_per_iteration`` (the median
   of 3 timed calls after an untimed one, all from the same first state); ``over_constant``, the
-  count-as-data loop's ms over the constant one's, in the same process."""
+  loop's ms over the constant one's, in the same process."""
   x = photos(1)
   for preset, name, restarts in jobs:
     model = models.create(name, jax.random.key(seed), input_shape=(32, 32, 3), num_classes=NUM_CLASSES,
@@ -405,6 +407,9 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
                  0, iterations, lambda _, q: solver.step(q, d), r), s), (state,)),
              "count as data": (lambda s, n: chunk(lambda r, d: driver.repeat(
                  lambda q: solver.step(q, d), r, n), s), (state, iterations))}
+    if solver.advance is not None:  # what the driver runs for L-BFGS
+      loops["one trial a trip"] = (lambda s, n: chunk(lambda r, d: solver.advance(r, d, n), s),
+                                   (state, iterations))
     # The driver's compiler options for a vmapped step (gradjax.driver._compiled).
     options = compilation.options(compilation.step_options(batched=True))
     with driver.precision_scope("float32"):  # the untimed step (see the docstring)

@@ -108,7 +108,8 @@ class Execution:
     chunk: steps per jitted call between progress reports (and monitor calls).
     map_batch_size: restarts vectorised together by the ``"map"`` strategy (``None``: all).
     unroll: steps traced in each trip of a chunk's loop on accelerators (:func:`repeat`; on CPU a
-      chunk is a host loop of one-step calls, see :func:`_compiled`).
+      chunk is a host loop of one-step calls, see :func:`_compiled`). Not used where the solver
+      advances batched restarts one line-search trial a trip (``Solver.advance``: L-BFGS).
     halving_rounds, halving_keep: successive halving (:func:`halving_plan`; 1 round: off). A
       restart dropped after a round keeps the state it reached (its ``iterations`` say how far).
     shard: split the restarts over every device (:func:`shard_restarts`; in a run over several
@@ -333,10 +334,15 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
     return lambda s, data, per, *a: fn(s, data if per is None else (data, per), *a)
 
   on_cpu = jax.default_backend() == "cpu"
+  batched = strategy == "vmap" or (strategy == "map" and map_batch_size is not None)
 
   def advance_one(state, data, n):
     if on_cpu:  # a host loop calls the one-step program (below)
       return solver.step(state, data)
+    if batched and solver.advance is not None:
+      # One line-search trial a trip: batched restarts search on their own (``Solver.advance``).
+      # A restart alone gains nothing from it and would recompute its direction at every trial.
+      return solver.advance(state, data, n)
     return repeat(lambda s: solver.step(s, data), state, n, unroll)
 
   def init_at(params, data, numbers):
@@ -369,7 +375,6 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   # first and last evaluations run once: compiled fast, not optimised (gradjax.compilation).
   # A map without a batch size is a loop of the unbatched step: STEP's options (measured, 4 DLG
   # restarts on LeNet, one core: 3.1-3.3 s to compile against 5.6-6.0 s, 8.4 ms an iteration both).
-  batched = strategy == "vmap" or (strategy == "map" and map_batch_size is not None)
   # Named, so their programs read jit(solver_init) and so on (gradjax.compilation.Recorder, logs).
   for fn, name in ((init, "solver_init"), (advance, "solver_steps"), (finalize, "solver_finalize")):
     fn.__name__ = fn.__qualname__ = name

@@ -193,11 +193,18 @@ def scale_by_lbfgs(memory_size: int = 10, scale_init_precond: bool = True,
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+def links(learning_rate: float | None = None, memory_size: int = 10, scale_init_precond: bool = True,
+          min_curvature: float | None = None) -> tuple[optax.GradientTransformation, ...]:
+  """The transformations L-BFGS chains before its line search: the direction
+  (:func:`scale_by_lbfgs`), then −``learning_rate`` (−1 if None)."""
+  scaling = optax.scale(-1.0) if learning_rate is None else optax.scale_by_learning_rate(learning_rate)
+  return scale_by_lbfgs(memory_size, scale_init_precond, min_curvature), scaling
+
+
 def lbfgs(learning_rate: float | None = None, memory_size: int = 10, scale_init_precond: bool = True,
           linesearch: optax.GradientTransformation | None = None,
           min_curvature: float | None = None) -> optax.GradientTransformation:
-  """``optax.lbfgs`` with :func:`scale_by_lbfgs`: the direction, −``learning_rate`` (−1 if None),
-  then ``linesearch`` (none if None), chained as optax chains them."""
-  scaling = optax.scale(-1.0) if learning_rate is None else optax.scale_by_learning_rate(learning_rate)
-  return optax.chain(scale_by_lbfgs(memory_size, scale_init_precond, min_curvature), scaling,
+  """``optax.lbfgs`` with :func:`scale_by_lbfgs`: :func:`links`, then ``linesearch`` (none if
+  None), chained as optax chains them."""
+  return optax.chain(*links(learning_rate, memory_size, scale_init_precond, min_curvature),
                      optax.identity() if linesearch is None else linesearch)

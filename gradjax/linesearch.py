@@ -64,6 +64,37 @@ class _Trial(NamedTuple):
   safe_stepsize: jax.Array    # the lowest step so far with sufficient decrease (0: none)
   safe_value: jax.Array
   safe_grad: optax.Updates
+  value_init: jax.Array       # f₀ and f₀' at the search's start
+  slope_init: jax.Array
+
+
+class Search(NamedTuple):
+  """The search in pieces, so that a caller can advance it one trial at a time: ``start(params,
+  updates, value, grad)`` the state before the first trial (``value``, ``grad`` at ``params``;
+  ``updates`` the direction u), ``trial(t, value_and_grad_fn, params, updates, guess)`` one trial
+  (one evaluation of ``value_and_grad_fn`` at params + η u), ``over(t)`` whether it ended (accepted,
+  or the fallback taken). :func:`zoom_linesearch`'s search is ``trial`` until ``over``."""
+
+  start: Callable
+  trial: Callable
+  over: Callable
+
+
+class Pieces(NamedTuple):
+  """A zoom line search transformation's parts (:func:`scale_by_zoom_linesearch`): its
+  :class:`Search`, ``guess(state)`` the first trial step and ``finish(t, updates, state)`` the
+  updates scaled by the accepted step and the transformation's new state."""
+
+  search: Search
+  guess: Callable
+  finish: Callable
+
+
+class _Pieced(optax.GradientTransformationExtraArgs):
+  """An optax transformation (a NamedTuple of ``init`` and ``update``, for optax) that also carries
+  the parts it is made of: ``pieces`` (:class:`Pieces`), and for :func:`chained` ``links``, the
+  transformations before the search. A wrapper optax puts around it drops them; the transformation
+  itself is unchanged."""
 
 
 def _real_dtype(params):
@@ -92,8 +123,8 @@ def zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | Non
                     tol: float = 0.0, increase_factor: float = 2.0, slope_rtol: float = 1e-4,
                     curv_rtol: float = 0.9, approx_dec_rtol: float | None = 1e-6,
                     stepsize_precision: float = 1e-5) -> Callable:
-  """The search as a function ``search(value_and_grad_fn, params, updates, value, grad, guess)``
-  returning the final :class:`_Trial` (see the module docstring for the arguments' meaning)."""
+  """The search as :class:`Search`'s pieces (see the module docstring for the arguments' meaning);
+  :func:`run_search` runs them to the end."""
 
   def errors(stepsize, value, slope, value_init, slope_init):
     decrease = value - value_init - slope_rtol * stepsize * slope_init
@@ -141,7 +172,7 @@ def zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | Non
                   done, last & ~done, low, value_low, slope_low, high, value_high, slope_high,
                   low, value_low, jnp.where(safe, stepsize, t.safe_stepsize),
                   jnp.where(safe, value, t.safe_value),
-                  optax.tree.where(safe, grad, t.safe_grad))
+                  optax.tree.where(safe, grad, t.safe_grad), t.value_init, t.slope_init)
 
   def after_zoom(t, stepsize, value, grad, slope, decrease, curvature):
     """Algorithm 3.6's update once the trial is evaluated."""
@@ -164,7 +195,7 @@ def zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | Non
                   pick(to_high, t.slope_low, slope), high, value_high, slope_high,
                   pick(moved_high, t.high, t.low), pick(moved_high, t.value_high, t.value_low),
                   safe_stepsize, jnp.where(safer, value, t.safe_value),
-                  optax.tree.where(safer, grad, t.safe_grad))
+                  optax.tree.where(safer, grad, t.safe_grad), t.value_init, t.slope_init)
 
   def fallback(t):
     """The step taken on failure: the best decreasing one, or the last trial if none (or if the
@@ -174,30 +205,38 @@ def zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | Non
                       value=jnp.where(safe, t.safe_value, t.value),
                       grad=optax.tree.where(safe, t.safe_grad, t.grad))
 
-  def search(value_and_grad_fn, params, updates, value_init, grad_init, guess):
+  def start(params, updates, value_init, grad_init):
     real = _real_dtype(params)
     scalar = lambda x: jnp.asarray(x, real)
     value_init = scalar(value_init)
     slope_init = scalar(optax.tree.real(optax.tree.vdot(updates, grad_init)))
     zero, inf = scalar(0.0), scalar(jnp.inf)
-    start = _Trial(jnp.zeros((), jnp.int32), zero, value_init, grad_init, slope_init, inf, inf,
-                   jnp.zeros((), bool), jnp.zeros((), bool), jnp.zeros((), bool),
-                   zero, value_init, slope_init, zero, value_init, slope_init, zero, value_init,
-                   zero, value_init, grad_init)
+    return _Trial(jnp.zeros((), jnp.int32), zero, value_init, grad_init, slope_init, inf, inf,
+                  jnp.zeros((), bool), jnp.zeros((), bool), jnp.zeros((), bool),
+                  zero, value_init, slope_init, zero, value_init, slope_init, zero, value_init,
+                  zero, value_init, grad_init, value_init, slope_init)
 
-    def body(t):
-      stepsize = scalar(jnp.where(t.interval_found, zoom_trial(t), bracket_trial(t, guess)))
-      value, grad = value_and_grad_fn(optax.tree.add_scale(params, stepsize, updates))
-      value = scalar(value)
-      slope = scalar(optax.tree.real(optax.tree.vdot(optax.tree.conj(grad), updates)))
-      decrease, curvature = errors(stepsize, value, slope, value_init, slope_init)
-      trial = (stepsize, value, grad, slope, decrease, curvature)
-      new = optax.tree.where(t.interval_found, after_zoom(t, *trial), after_bracket(t, *trial))
-      return optax.tree.where(new.failed, fallback(new), new)
+  def trial(t, value_and_grad_fn, params, updates, guess):
+    scalar = lambda x: jnp.asarray(x, t.stepsize.dtype)
+    stepsize = scalar(jnp.where(t.interval_found, zoom_trial(t), bracket_trial(t, guess)))
+    value, grad = value_and_grad_fn(optax.tree.add_scale(params, stepsize, updates))
+    value = scalar(value)
+    slope = scalar(optax.tree.real(optax.tree.vdot(optax.tree.conj(grad), updates)))
+    decrease, curvature = errors(stepsize, value, slope, t.value_init, t.slope_init)
+    tried = (stepsize, value, grad, slope, decrease, curvature)
+    new = optax.tree.where(t.interval_found, after_zoom(t, *tried), after_bracket(t, *tried))
+    return optax.tree.where(new.failed, fallback(new), new)
 
-    return jax.lax.while_loop(lambda t: ~(t.done | t.failed), body, start)
+  return Search(start, trial, lambda t: t.done | t.failed)
 
-  return search
+
+def run_search(search: Search, value_and_grad_fn, params, updates, value, grad, guess):
+  """``search`` from ``params`` along ``updates`` until it is over (a while loop): the final
+  :class:`_Trial`, its ``stepsize``, ``value`` and ``grad`` the accepted step's."""
+  return jax.lax.while_loop(
+      lambda t: ~search.over(t),
+      lambda t: search.trial(t, value_and_grad_fn, params, updates, guess),
+      search.start(params, updates, value, grad))
 
 
 # Nine parameters: optax.scale_by_zoom_linesearch's own, so it stays a drop-in replacement.
@@ -234,12 +273,10 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: fl
         info=ZoomLinesearchInfo(num_linesearch_steps=jnp.zeros((), jnp.int32), decrease_error=inf,
                                 curvature_error=inf))
 
-  def update_fn(updates, state, params, *, value, grad, value_fn: Callable[..., Any],
-                **extra_args):
-    value_and_grad_fn = jax.value_and_grad(functools.partial(value_fn, **extra_args))
-    guess = jnp.ones_like(state.learning_rate) if initial_guess_strategy == "one" \
-        else state.learning_rate
-    final = search(value_and_grad_fn, params, updates, value, grad, guess)
+  def guess(state):
+    return jnp.ones_like(state.learning_rate) if initial_guess_strategy == "one" else state.learning_rate
+
+  def finish(final, updates, state):
     new = ScaleByZoomLinesearchState(
         learning_rate=final.stepsize, value=final.value, grad=final.grad,
         info=ZoomLinesearchInfo(num_linesearch_steps=final.count,
@@ -248,4 +285,28 @@ def scale_by_zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: fl
     return (optax.tree.scale(final.stepsize, updates),
             optax.tree.cast_like(new, other_tree=state))
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  def update_fn(updates, state, params, *, value, grad, value_fn: Callable[..., Any],
+                **extra_args):
+    value_and_grad_fn = jax.value_and_grad(functools.partial(value_fn, **extra_args))
+    final = run_search(search, value_and_grad_fn, params, updates, value, grad, guess(state))
+    return finish(final, updates, state)
+
+  tx = _Pieced(init_fn, update_fn)
+  tx.pieces = Pieces(search, guess, finish)
+  return tx
+
+
+def chained(links, search: optax.GradientTransformationExtraArgs) -> optax.GradientTransformationExtraArgs:
+  """``optax.chain(*links, search)`` (same state: a tuple of the links' states, then the search's),
+  carrying ``links`` and the search's :class:`Pieces` where ``search`` is
+  :func:`scale_by_zoom_linesearch`'s, so that a solver can run one trial at a time
+  (:func:`gradjax.solvers.make_solver`)."""
+  tx = _Pieced(*optax.chain(*links, search))
+  if hasattr(search, "pieces"):
+    tx.links, tx.pieces = tuple(links), search.pieces
+  return tx
+
+
+def pieces_of(tx) -> tuple[tuple, Pieces] | None:
+  """(links, :class:`Pieces`) of a :func:`chained` transformation, else None."""
+  return (tx.links, tx.pieces) if hasattr(tx, "links") and hasattr(tx, "pieces") else None

@@ -177,7 +177,8 @@ def lbfgs(learning_rate: float = 1.0, *, history: int = 100,
   if history < 1 or max_linesearch_steps < 1:
     raise ValueError("L-BFGS needs history >= 1 and max_linesearch_steps >= 1")
   search = linesearch.scale_by_zoom_linesearch(max_linesearch_steps, initial_guess_strategy="one")
-  return lbfgs_lib.lbfgs(learning_rate, memory_size=history, linesearch=search)
+  # optax.chain's, carrying its parts: a solver can then run the search one trial at a time.
+  return linesearch.chained(lbfgs_lib.links(learning_rate, memory_size=history), search)
 
 
 def lbfgs_fixed(learning_rate: float = 1.0, *, history: int = 100) -> optax.GradientTransformationExtraArgs:

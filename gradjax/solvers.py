@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gradjax import optimizers
+from gradjax import linesearch, optimizers
 
 PyTree = Any
 
@@ -48,7 +48,17 @@ class Solver(NamedTuple):
   ``tol``: a restart whose best objective reaches it is frozen, and :func:`gradjax.driver.run` stops once every
   live restart has (``None``: never); ``track_from``: the first iteration whose iterate can be the
   best, or a function of the solver's data giving it (:func:`make_solver`); ``projected``: whether
-  every iterate is projected (``project``)."""
+  every iterate is projected (``project``).
+
+  ``advance(state, data, n)``, where the optimizer's line search can be run one trial at a time
+  (L-BFGS with :func:`gradjax.linesearch.chained`; None otherwise): ``n`` iterations (``n`` may be
+  traced) as one loop whose every trip makes one trial, one evaluation of the objective, the same
+  iterates as ``n`` steps. Under ``vmap`` each restart then searches on its own: a loop of ``n``
+  steps, each with its line search's loop inside, makes at every step as many trials as the
+  restart that needs most (the batched loop runs until every restart's search ends), so K restarts
+  pay the sum over steps of the most trials; this loop pays the most trials of a restart over the
+  steps (64 DLG clients on LeNet, 2000 iterations: 4036 trips against 2180 for the busiest client,
+  2138 on average)."""
 
   init: Callable[[PyTree, PyTree], SolverState]
   step: Callable[[SolverState, PyTree], SolverState]
@@ -56,6 +66,7 @@ class Solver(NamedTuple):
   tol: float | None = None
   track_from: int | Callable[[PyTree], Any] = 0
   projected: bool = False
+  advance: Callable[[SolverState, PyTree, Any], SolverState] | None = None
 
 
 def tracks_from(solver: Solver, data) -> Any:
@@ -182,31 +193,28 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
     return SolverState(params, opt_state, params, inf, jnp.zeros((), jnp.int32), evaluations,
                        jnp.ones((), bool))
 
-  def step(state, data):
-    at = lambda params: value_and_grad(params, data, state.iterations)
+  def searched_start(state):
+    """What a step with a line search starts from: the stored value and gradient at the iterate,
+    whether the restart is live, and the flat problem's where it is not (see ``step``)."""
     active = state.alive & (state.best_loss > threshold)
-    searched = optimizers.stores_value(state.opt_state)
-    if searched:
-      value, grad = optax.tree.get(state.opt_state, "value"), optax.tree.get(state.opt_state, "grad")
-      used = jnp.zeros((), jnp.int32)
-      # A frozen restart (converged, diverged, or about to be found so) is handed a flat problem: a
-      # zero gradient, so a zero direction, on an objective that is 0 everywhere. Its line search
-      # then accepts the first trial: under vmap the search runs until every restart's ends, and
-      # one restart searching on NaN to the cap made all of them pay the cap at every iteration.
-      live = active & jnp.isfinite(value) & _all_finite(grad)
-      value_ls = jnp.where(live, value, 0.0).astype(value.dtype)
-      grad_ls = _select(live, grad, optax.tree.zeros_like(grad))
-      updates, opt_state = tx.update(grad_ls, state.opt_state, state.params, value=value_ls,
-                                     grad=grad_ls, value_fn=_flat_unless(live, at))
-    else:
-      value, grad = value_and_grad(state.params, data, state.iterations)
-      used = jnp.ones((), jnp.int32)
-      updates, opt_state = tx.update(grad, state.opt_state, state.params, value=value, grad=grad,
-                                     value_fn=functools.partial(value_fn, data=data,
-                                                                step=state.iterations))
+    value, grad = optax.tree.get(state.opt_state, "value"), optax.tree.get(state.opt_state, "grad")
+    # A frozen restart (converged, diverged, or about to be found so) is handed a flat problem: a
+    # zero gradient, so a zero direction, on an objective that is 0 everywhere. Its line search
+    # then accepts the first trial: under vmap the search runs until every restart's ends, and
+    # one restart searching on NaN to the cap made all of them pay the cap at every iteration.
+    live = active & jnp.isfinite(value) & _all_finite(grad)
+    value_ls = jnp.where(live, value, 0.0).astype(value.dtype)
+    grad_ls = _select(live, grad, optax.tree.zeros_like(grad))
+    return active, value, grad, live, value_ls, grad_ls
+
+  def advanced(state, data, active, value, grad, updates, opt_state, used):
+    """The state after an update: the iterate moved (and projected), the best and the counts kept,
+    a restart that went non-finite stalled, a frozen one left as it was. ``value``, ``grad``: the
+    objective at ``state.params``."""
     params = optax.apply_updates(state.params, updates)
     if project is not None:
       params = project(params, data)
+    searched = optimizers.stores_value(state.opt_state)
     if searched:
       used = optax.tree.get(opt_state, "num_linesearch_steps").astype(jnp.int32)
     # ``value`` is the objective at ``state.params`` (before this update).
@@ -216,11 +224,11 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
     best_params = _select(improved, state.params, state.best_params)
     best_loss = jnp.where(improved, value, state.best_loss)
     alive = state.alive & value_ok & _all_finite(params)
-    advanced = SolverState(params, opt_state, best_params, best_loss, state.iterations + 1,
-                           state.evaluations + used, alive)
+    moved = SolverState(params, opt_state, best_params, best_loss, state.iterations + 1,
+                        state.evaluations + used, alive)
     # A restart that just went non-finite keeps its last finite iterate and best so far.
     stalled = state._replace(best_params=best_params, best_loss=best_loss, alive=alive)
-    new = _select(active, _select(alive, advanced, stalled), state)
+    new = _select(active, _select(alive, moved, stalled), state)
     # The optimizer state is taken as advanced even for a restart that is frozen (converged or
     # diverged), whose state is never read again: selecting it would copy every buffer each step
     # (L-BFGS's history is (m, ...) per restart), which under vmap on CPU cost more than the step.
@@ -230,6 +238,53 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
           opt_state, value=jnp.where(active, optax.tree.get(opt_state, "value"), value),
           grad=_select(active, optax.tree.get(opt_state, "grad"), grad))
     return new._replace(opt_state=opt_state)
+
+  def step(state, data):
+    at = lambda params: value_and_grad(params, data, state.iterations)
+    if optimizers.stores_value(state.opt_state):
+      active, value, grad, live, value_ls, grad_ls = searched_start(state)
+      updates, opt_state = tx.update(grad_ls, state.opt_state, state.params, value=value_ls,
+                                     grad=grad_ls, value_fn=_flat_unless(live, at))
+      return advanced(state, data, active, value, grad, updates, opt_state, None)
+    active = state.alive & (state.best_loss > threshold)
+    value, grad = at(state.params)
+    updates, opt_state = tx.update(grad, state.opt_state, state.params, value=value, grad=grad,
+                                   value_fn=functools.partial(value_fn, data=data,
+                                                              step=state.iterations))
+    return advanced(state, data, active, value, grad, updates, opt_state, jnp.ones((), jnp.int32))
+
+  def advance(state, data, n):
+    """``n`` iterations (``n`` may be traced) as one loop whose every trip makes one line-search
+    trial, one objective evaluation; see :class:`Solver`."""
+    links, pieces = split
+
+    def trip(carry):
+      state, t, searching, taken = carry
+      at = lambda params: value_and_grad(params, data, state.iterations)
+      active, value, grad, live, value_ls, grad_ls = searched_start(state)
+      # The direction, from the iteration's state: recomputed at each of its trials (the same
+      # each time, and cheaper to make than to carry L-BFGS's history in the loop).
+      direction, states = grad_ls, []
+      for link, link_state in zip(links, state.opt_state[:-1]):
+        direction, link_state = link.update(direction, link_state, state.params)
+        states.append(link_state)
+      fresh = pieces.search.start(state.params, direction, value_ls, grad_ls)
+      t = optax.tree.where(searching, t, fresh)
+      t = pieces.search.trial(t, jax.value_and_grad(_flat_unless(live, at)), state.params,
+                              direction, pieces.guess(state.opt_state[-1]))
+      over = pieces.search.over(t)
+      updates, search_state = pieces.finish(t, direction, state.opt_state[-1])
+      after = advanced(state, data, active, value, grad, updates, (*states, search_state), None)
+      return _select(over, after, state), t, ~over, taken + over.astype(taken.dtype)
+
+    def going(carry):
+      state, _, searching, taken = carry
+      return (taken < n) & (searching | (state.alive & (state.best_loss > threshold)))
+
+    _, _, _, _, value_ls, grad_ls = searched_start(state)
+    t = pieces.search.start(state.params, grad_ls, value_ls, grad_ls)  # a placeholder's shapes
+    return jax.lax.while_loop(going, trip, (state, t, jnp.zeros((), bool),
+                                            jnp.zeros((), jnp.int32)))[0]
 
   def finalize(state, data):
     """Scores the final iterate too, so the best covers every point the run reached. With L-BFGS
@@ -244,4 +299,6 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
                           best_loss=jnp.where(improved, value, state.best_loss),
                           evaluations=state.evaluations + evaluated)
 
-  return Solver(init, step, finalize, tol, track_from, project is not None)
+  split = linesearch.pieces_of(optimizer)
+  return Solver(init, step, finalize, tol, track_from, project is not None,
+                None if split is None else advance)

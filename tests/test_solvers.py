@@ -687,3 +687,77 @@ def test_auto_fits_the_restarts_to_the_devices_memory(monkeypatch):
                        execution=driver.Execution(chunk=10, saver=resumed_memo))
   assert resumed_memo.snapshots[-1].strategy == "map"
   np.testing.assert_allclose(resumed.best_params["p"], sequence.best_params["p"], rtol=1e-12)
+
+
+def _bumpy(params, data, step=0):
+  """A nonconvex objective whose line searches take different numbers of trials from different
+  starts (the quadratic's accept step 1 nearly always)."""
+  x = params["p"]
+  return quadratic(params, data) + jnp.sum(jnp.cos(3.0 * x)) + 0.1 * jnp.sum(x ** 4)
+
+
+def test_lbfgs_restarts_search_on_their_own_under_vmap(monkeypatch):
+  """``Solver.advance`` (L-BFGS: one line-search trial a trip) gives the iterates, bests and counts
+  of the same number of steps, bit for bit, vmapped or one restart alone; vmapped, its loop makes
+  as many trips as the busiest restart's trials (counted by a callback in the objective), where
+  the steps' loop makes at each step as many as the restart that needs most that step (counted
+  from each restart's own steps). The driver on an accelerator (told here) runs it, a restart frozen
+  by ``tol`` included, and ends where the CPU's host loop of steps does."""
+  calls = []
+
+  def counted(params, data, step=0):
+    jax.debug.callback(lambda _: calls.append(1), params["p"][0])
+    return _bumpy(params, data, step)
+
+  optimizer = optimizers.make_optimizer("lbfgs", 1.0, history=5)
+  solver = solvers.make_solver(counted, optimizer)
+  assert solver.advance is not None
+  assert solvers.make_solver(counted, optimizers.make_optimizer("adam", 0.1)).advance is None
+  starts = {"p": jnp.asarray(np.random.default_rng(1).normal(size=(8, 6)) * 2.0)}
+  first = jax.jit(jax.vmap(solver.init, in_axes=(0, None)))(starts, jnp.asarray(C))
+  n = 25
+  def steps(state):  # n steps, and each step's evaluations
+    def one(q, _):
+      q = solver.step(q, C)
+      return q, q.evaluations
+    return jax.lax.scan(one, state, None, length=n)
+  stepped = jax.jit(jax.vmap(steps))
+  advanced = jax.jit(jax.vmap(lambda s, k: solver.advance(s, C, k), in_axes=(0, None)))
+
+  def calls_of(fn, *args):
+    calls.clear()
+    out = jax.block_until_ready(fn(*args))
+    jax.effects_barrier()
+    return out, len(calls)
+
+  (by_steps, evaluations), step_calls = calls_of(stepped, first)
+  by_trials, trial_calls = calls_of(advanced, first, n)
+  for a, b in zip(jax.tree.leaves(by_steps), jax.tree.leaves(by_trials)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(by_trials.iterations, [n] * 8)
+  # One restart alone makes the same steps, up to the rounding of another program.
+  alone = jax.jit(steps)(jax.tree.map(lambda a: a[0], first))[0]
+  np.testing.assert_allclose(alone.best_loss, by_trials.best_loss[0], rtol=1e-10)
+  np.testing.assert_allclose(alone.best_params["p"], by_trials.best_params["p"][0], rtol=1e-6, atol=1e-8)
+  trials = np.diff(np.concatenate([np.asarray(first.evaluations)[:, None], evaluations], axis=1))
+  busiest, per_step = trials.sum(axis=1).max(), trials.max(axis=0).sum()
+  assert busiest < per_step  # the starts differ in their searches: the test means something
+  # A callback under vmap is called once per trip or once per restart per trip: either way the
+  # ratio of the counts is the ratio of the trips.
+  assert step_calls * busiest == trial_calls * per_step, (step_calls, trial_calls, busiest, per_step)
+
+  # The driver on an accelerator, a restart frozen by tol among them, against the CPU's.
+  def run(backend):
+    with monkeypatch.context() as m:
+      m.setattr(jax, "default_backend", lambda: backend)
+      frozen = solvers.make_solver(_bumpy, optimizer, tol=-2.2)
+      return driver.run(frozen, starts, jnp.asarray(C), iterations=23,
+                        execution=driver.Execution("vmap", chunk=10))
+  on_gpu, on_cpu = run("gpu"), run("cpu")
+  # Frozen by tol at different iterations, before the budget's end.
+  assert len(set(on_cpu.iterations.tolist())) > 1 and max(on_cpu.iterations) < 23, on_cpu.iterations
+  for a, b in zip(jax.tree.leaves((on_gpu.params, on_gpu.best_params, on_gpu.best_loss, on_gpu.iterations,
+                                   on_gpu.evaluations, on_gpu.alive)),
+                  jax.tree.leaves((on_cpu.params, on_cpu.best_params, on_cpu.best_loss, on_cpu.iterations,
+                                   on_cpu.evaluations, on_cpu.alive))):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
