@@ -420,7 +420,8 @@ def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
   # rule read the run's from its data.
   return solvers.make_solver(value_fn, build_optimizer(attack), tol=attack.tol,
                              project=project if attack.box else None,
-                             track_from=lambda data: _run_data(data, clients)[0].track_from)
+                             track_from=lambda data: _run_data(data, clients)[0].track_from,
+                             independent=not attack.couples_restarts)
 
 
 @functools.partial(once, static_argnums=(1, 2, 3, 4, 5, 7, 8))

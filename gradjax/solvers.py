@@ -153,7 +153,8 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
                 optimizer: optax.GradientTransformation, *,
                 tol: float | None = None,
                 project: Callable[[PyTree, PyTree], PyTree] | None = None,
-                track_from: int | Callable[[PyTree], jax.Array] = 0) -> Solver:
+                track_from: int | Callable[[PyTree], jax.Array] = 0,
+                independent: bool = True) -> Solver:
   """Builds the step functions minimising ``value_fn(params, data, step)``.
 
   Args:
@@ -171,6 +172,9 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
       final one): for objectives whose terms change over the run (a growing set of matched layers),
       whose early values are not comparable with the late ones; or ``track_from(data)``, an int
       scalar read from the data (so that one program serves every value: a budget's).
+    independent: whether each run's objective reads its own iterate alone. An objective that
+      reduces over the vmapped runs (group consistency's consensus) must see them at the same
+      iteration, so its solver has no ``advance`` (whose runs search at their own pace).
   """
   tx = optax.with_extra_args_support(optimizer)
   threshold = -jnp.inf if tol is None else tol
@@ -299,6 +303,6 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
                           best_loss=jnp.where(improved, value, state.best_loss),
                           evaluations=state.evaluations + evaluated)
 
-  split = linesearch.pieces_of(optimizer)
+  split = linesearch.pieces_of(optimizer) if independent else None
   return Solver(init, step, finalize, tol, track_from, project is not None,
                 None if split is None else advance)

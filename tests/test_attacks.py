@@ -58,6 +58,11 @@ def test_group_consistency_draws_the_restarts_together():
   base = presets.inverting_gradients(iterations=20)
   grouped = dataclasses.replace(base, priors=base.priors + (priors.Prior(priors.PRIORS["group"], 0.05),))
   assert grouped.couples_restarts and not base.couples_restarts
+  # With L-BFGS its runs keep one pace: no loop in which each searches on its own (Solver.advance).
+  num_leaves = len(jax.tree.leaves(obs.gradient))
+  for attack, own_pace in ((presets.dlg(iterations=20), True),
+                           (dataclasses.replace(presets.dlg(iterations=20), priors=grouped.priors), False)):
+    assert (attacks._solver(attack, net.apply_fn, num_leaves).advance is not None) == own_pace
   kw = dict(input_shape=batch.x.shape[1:], restarts=4)
 
   def spread(attack, execution):

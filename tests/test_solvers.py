@@ -713,6 +713,7 @@ def test_lbfgs_restarts_search_on_their_own_under_vmap(monkeypatch):
   solver = solvers.make_solver(counted, optimizer)
   assert solver.advance is not None
   assert solvers.make_solver(counted, optimizers.make_optimizer("adam", 0.1)).advance is None
+  assert solvers.make_solver(counted, optimizer, independent=False).advance is None
   starts = {"p": jnp.asarray(np.random.default_rng(1).normal(size=(8, 6)) * 2.0)}
   first = jax.jit(jax.vmap(solver.init, in_axes=(0, None)))(starts, jnp.asarray(C))
   n = 25
