@@ -747,14 +747,20 @@ def test_lbfgs_restarts_search_on_their_own_under_vmap(monkeypatch):
   # ratio of the counts is the ratio of the trips.
   assert step_calls * busiest == trial_calls * per_step, (step_calls, trial_calls, busiest, per_step)
 
-  # The driver on an accelerator, a restart frozen by tol among them, against the CPU's.
-  def run(backend):
-    with monkeypatch.context() as m:
+  # The driver on an accelerator, a restart frozen by tol among them, against the CPU's; its
+  # batched runs go through ``advance``, one program for every budget.
+  traced = []
+  real = solvers.make_solver(_bumpy, optimizer, tol=-2.2)
+  frozen = real._replace(advance=lambda *a: traced.append(1) or real.advance(*a))
+
+  def run(backend, iterations=23):
+    with monkeypatch.context() as m, compilation.Recorder() as made:
       m.setattr(jax, "default_backend", lambda: backend)
-      frozen = solvers.make_solver(_bumpy, optimizer, tol=-2.2)
-      return driver.run(frozen, starts, jnp.asarray(C), iterations=23,
-                        execution=driver.Execution("vmap", chunk=10))
-  on_gpu, on_cpu = run("gpu"), run("cpu")
+      state = driver.run(frozen, starts, jnp.asarray(C), iterations=iterations,
+                         execution=driver.Execution("vmap", chunk=10))
+    return state, [p.name for p in made.programs].count("jit(solver_steps)")
+  (on_gpu, programs), (on_cpu, _) = run("gpu"), run("cpu")
+  assert traced and programs == 1 and run("gpu", 37)[1] == 0
   # Frozen by tol at different iterations, before the budget's end.
   assert len(set(on_cpu.iterations.tolist())) > 1 and max(on_cpu.iterations) < 23, on_cpu.iterations
   for a, b in zip(jax.tree.leaves((on_gpu.params, on_gpu.best_params, on_gpu.best_loss, on_gpu.iterations,
