@@ -109,7 +109,8 @@ class Execution:
     map_batch_size: restarts vectorised together by the ``"map"`` strategy (``None``: all).
     unroll: steps traced in each trip of a chunk's loop on accelerators (:func:`repeat`; on CPU a
       chunk is a host loop of one-step calls, see :func:`_compiled`). Not used where the solver
-      advances batched restarts one line-search trial a trip (``Solver.advance``: L-BFGS).
+      advances two or more restarts vmapped together one line-search trial a trip
+      (``Solver.advance``: L-BFGS).
     halving_rounds, halving_keep: successive halving (:func:`halving_plan`; 1 round: off). A
       restart dropped after a round keeps the state it reached (its ``iterations`` say how far).
     shard: split the restarts over every device (:func:`shard_restarts`; in a run over several
@@ -339,11 +340,11 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   def advance_one(state, data, n):
     if on_cpu:  # a host loop calls the one-step program (below)
       return solver.step(state, data)
-    if batched and solver.advance is not None:
-      # One line-search trial a trip: batched restarts search on their own (``Solver.advance``).
-      # A restart alone gains nothing from it and would recompute its direction at every trial.
-      return solver.advance(state, data, n)
     return repeat(lambda s: solver.step(s, data), state, n, unroll)
+
+  def advance_trials(state, data, n):
+    # One line-search trial a trip: batched restarts search on their own (``Solver.advance``).
+    return solver.advance(state, data, n)
 
   def init_at(params, data, numbers):
     # The schedule's budget as an argument: the first state's program is one for every budget.
@@ -354,12 +355,22 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   if strategy == "vmap":
     # The restarts are a named axis: an objective may reduce over them (a group-consistency prior).
     init = jax.vmap(init, in_axes=(0, None, 0, None), axis_name=RESTART_AXIS)
-    advance = jax.vmap(advance, in_axes=(0, None, 0, None), axis_name=RESTART_AXIS)
+    stepped = jax.vmap(advance, in_axes=(0, None, 0, None), axis_name=RESTART_AXIS)
+    advance = stepped
+    if not on_cpu and solver.advance is not None:
+      tried = jax.vmap(bind(advance_trials), in_axes=(0, None, 0, None), axis_name=RESTART_AXIS)
+      # Chosen when traced, by the restarts it holds (a device's share under a mesh): a restart
+      # alone gains nothing from searching on its own, and would recompute its direction and
+      # select its whole state at every trial.
+      advance = lambda states, *a: (tried if jax.tree.leaves(states)[0].shape[0] > 1
+                                    else stepped)(states, *a)
     finalize = jax.vmap(finalize, in_axes=(0, None, 0), axis_name=RESTART_AXIS)
   elif strategy == "map":
     def lift(fn):
       return lambda states, data, per, *a: jax.lax.map(lambda sp: fn(sp[0], data, sp[1], *a),
                                                        (states, per), batch_size=map_batch_size)
+    if map_batch_size is not None and map_batch_size > 1 and not on_cpu and solver.advance is not None:
+      advance = bind(advance_trials)  # the map's batches are vmapped: they search on their own
     init, advance, finalize = lift(init), lift(advance), lift(finalize)
   if mesh is not None:
     spec, replicated = jax.sharding.PartitionSpec("restarts"), jax.sharding.PartitionSpec()

@@ -53,7 +53,8 @@ class Solver(NamedTuple):
   ``advance(state, data, n)``, where the optimizer's line search can be run one trial at a time
   (L-BFGS with :func:`gradjax.linesearch.chained`; None otherwise): ``n`` iterations (``n`` may be
   traced) as one loop whose every trip makes one trial, one evaluation of the objective, the same
-  iterates as ``n`` steps. Under ``vmap`` each restart then searches on its own: a loop of ``n``
+  iterates as ``n`` steps (a restart frozen or ended keeps its optimizer state, which ``step`` runs
+  on unread). Under ``vmap`` each restart then searches on its own: a loop of ``n``
   steps, each with its line search's loop inside, makes at every step as many trials as the
   restart that needs most (the batched loop runs until every restart's search ends), so K restarts
   pay the sum over steps of the most trials; this loop pays the most trials of a restart over the
@@ -221,13 +222,15 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
     searched = optimizers.stores_value(state.opt_state)
     if searched:
       used = optax.tree.get(opt_state, "num_linesearch_steps").astype(jnp.int32)
-    # ``value`` is the objective at ``state.params`` (before this update).
+    # ``value`` is the objective at ``state.params`` (before this update), ``grad`` its gradient.
     value_ok = jnp.isfinite(value)
     improved = value_ok & (value < state.best_loss) & (
         state.iterations >= (track_from(data) if callable(track_from) else track_from))
     best_params = _select(improved, state.params, state.best_params)
     best_loss = jnp.where(improved, value, state.best_loss)
-    alive = state.alive & value_ok & _all_finite(params)
+    # A non-finite gradient at a finite value ends the restart too: its line search was handed the
+    # flat problem, whose value 0 it would store as the next iterate's.
+    alive = state.alive & value_ok & _all_finite(grad) & _all_finite(params)
     moved = SolverState(params, opt_state, best_params, best_loss, state.iterations + 1,
                         state.evaluations + used, alive)
     # A restart that just went non-finite keeps its last finite iterate and best so far.

@@ -761,6 +761,12 @@ def test_lbfgs_restarts_search_on_their_own_under_vmap(monkeypatch):
     return state, [p.name for p in made.programs].count("jit(solver_steps)")
   (on_gpu, programs), (on_cpu, _) = run("gpu"), run("cpu")
   assert traced and programs == 1 and run("gpu", 37)[1] == 0
+  traced.clear()  # one restart alone gains nothing from it: its steps' loop
+  with monkeypatch.context() as m:
+    m.setattr(jax, "default_backend", lambda: "gpu")
+    driver.run(frozen, jax.tree.map(lambda a: a[:1], starts), jnp.asarray(C), iterations=5,
+               execution=driver.Execution("vmap", chunk=10))
+  assert not traced
   # Frozen by tol at different iterations, before the budget's end.
   assert len(set(on_cpu.iterations.tolist())) > 1 and max(on_cpu.iterations) < 23, on_cpu.iterations
   for a, b in zip(jax.tree.leaves((on_gpu.params, on_gpu.best_params, on_gpu.best_loss, on_gpu.iterations,
@@ -768,3 +774,23 @@ def test_lbfgs_restarts_search_on_their_own_under_vmap(monkeypatch):
                   jax.tree.leaves((on_cpu.params, on_cpu.best_params, on_cpu.best_loss, on_cpu.iterations,
                                    on_cpu.evaluations, on_cpu.alive))):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("loop", ["steps", "trials"])
+def test_a_restart_whose_gradient_is_not_finite_ends_where_it_is(loop):
+  """f(x) = ‖x − c‖² + √|x₀| has a finite value and an infinite derivative at x₀ = 0: an L-BFGS
+  restart started there ends (not alive) with the objective there, ‖c‖² = 14, as its best, where it
+  used to store the flat problem's value 0 and run on from a best it never reached."""
+  c = jnp.asarray([1.0, 2.0, 3.0])
+  f = lambda params, data, step=0: jnp.sum((params["p"] - data) ** 2) + jnp.sqrt(jnp.abs(params["p"][0]))
+  solver = solvers.make_solver(f, optimizers.make_optimizer("lbfgs", 1.0, history=5))
+  state = solver.init({"p": jnp.zeros(3)}, c)
+  if loop == "steps":
+    for _ in range(3):
+      state = jax.jit(solver.step)(state, c)
+  else:
+    state = jax.jit(solver.advance)(state, c, 3)
+  assert not bool(state.alive)
+  np.testing.assert_allclose(state.best_loss, 14.0, rtol=1e-12)
+  np.testing.assert_array_equal(state.best_params["p"], np.zeros(3))
+  np.testing.assert_array_equal(state.params["p"], np.zeros(3))
