@@ -49,7 +49,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   cap in ``--linesearch_caps`` (``max_linesearch_steps``): evaluations per restart and iteration (mean)
   against the per-iteration maximum (what vmapped steps pay, read from the per-restart counters
   after every iteration) and the busiest restart's per iteration (what one trial a trip pays; vmap
-  on CPU runs steps), the wall time of the vmapped run, and the quality reached (best PSNR, and
+  on CPU runs steps), the same counts for as many clients of one round (one photo each), the wall time of the vmapped run, and the quality reached (best PSNR, and
   restarts at ≥ ``--ttq_psnr`` dB).
 
 * ``startup``: the README's main job (``gradjax reconstruct``, LPIPS off as on a fresh install) as a whole
@@ -407,6 +407,19 @@ def section_profile(seed: int) -> dict:
 # --- line search under vmap -----------------------------------------------------------------------
 
 
+def _trials(counts) -> dict:
+  """Per-iteration evaluations from the runs' counters after each iteration: the mean over runs,
+  the mean of each iteration's maximum (what vmapped steps pay) and the busiest run's (what a loop
+  of one trial a trip pays: ``Solver.advance``, the driver's for batched runs on an accelerator)."""
+  per_iteration = np.diff(np.stack(counts), axis=0)  # (iterations - 1, runs)
+  row = dict(mean_evaluations=float(per_iteration.mean()),
+             mean_max_evaluations=float(per_iteration.max(axis=1).mean()),
+             busiest_evaluations=float(per_iteration.sum(axis=0).max() / len(per_iteration)))
+  row["efficiency"] = row["mean_evaluations"] / row["mean_max_evaluations"]
+  row["efficiency_one_trial_a_trip"] = row["mean_evaluations"] / row["busiest_evaluations"]
+  return row
+
+
 def section_linesearch(seed: int, restarts: int) -> list[dict]:
   images = bs.photos(1)
   model = models.create("lenet_zhu", jax.random.key(seed), input_shape=(32, 32, 3),
@@ -428,15 +441,15 @@ def section_linesearch(seed: int, restarts: int) -> list[dict]:
     # Accounting run: one iteration per chunk, the per-restart evaluation counters after each.
     attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(2),
                         execution=driver.Execution("vmap", chunk=1, monitor=monitor), **kw)
-    per_iteration = np.diff(np.stack(counts), axis=0)  # (iterations - 1, restarts)
-    row = dict(cap=cap, restarts=restarts, iterations=iterations,
-               mean_evaluations=float(per_iteration.mean()),
-               mean_max_evaluations=float(per_iteration.max(axis=1).mean()),
-               # What a loop of one trial a trip pays (Solver.advance, the driver's for batched
-               # restarts on an accelerator): the busiest restart's evaluations.
-               busiest_evaluations=float(per_iteration.sum(axis=0).max() / len(per_iteration)))
-    row["efficiency"] = row["mean_evaluations"] / row["mean_max_evaluations"]
-    row["efficiency_one_trial_a_trip"] = row["mean_evaluations"] / row["busiest_evaluations"]
+    row = dict(cap=cap, restarts=restarts, iterations=iterations, **_trials(counts))
+    # The same count of clients of one round (one photo each, one restart each), vmapped together.
+    counts = []
+    round_model, observations = bs.client_observations(restarts, seed)
+    attacks.reconstruct_clients(attack, round_model.apply_fn, observations,
+                                list(jax.random.split(jax.random.key(2), restarts)),
+                                input_shape=(32, 32, 3),
+                                execution=driver.Execution("vmap", chunk=1, monitor=monitor))
+    row.update({f"clients_{k}": v for k, v in _trials(counts).items()})
     for strategy in ("vmap", "sequential"):
       execution = driver.Execution(strategy, chunk=iterations)
       attacks.reconstruct(attack, model.apply_fn, obs, jax.random.key(1), execution=execution,
@@ -677,6 +690,13 @@ def markdown(result: dict) -> str:
                    f"{r['efficiency']:.2f} | {r['busiest_evaluations']:.2f} | "
                    f"{r['efficiency_one_trial_a_trip']:.2f} | {r['vmap_s']:.2f} | {r['sequential_s']:.2f} | "
                    f"{r['best_psnr']:.2f} | {r['reached']}/{r['restarts']} |")
+    lines += ["", "The same count of clients of one round (one photo each), vmapped together:", "",
+              "| max_linesearch_steps | evaluations / client / iteration (mean) | per-iteration max | "
+              "mean/max | busiest client's | mean/busiest |", "|---|---|---|---|---|---|"]
+    for r in rows:
+      lines.append(f"| {r['cap']} | {r['clients_mean_evaluations']:.2f} | "
+                   f"{r['clients_mean_max_evaluations']:.2f} | {r['clients_efficiency']:.2f} | "
+                   f"{r['clients_busiest_evaluations']:.2f} | {r['clients_efficiency_one_trial_a_trip']:.2f} |")
     lines.append("")
   return "\n".join(lines)
 
