@@ -41,10 +41,14 @@ ROWS = ([_spec(f"b{b}_{n}", "mlp-1024", "relu", n, b, 500, batches=(64 if b < 64
                  "mlp-1024", "relu", "cifar10", b, 0, batches=4, options=o)
            for b in (16, 64) for o in ({}, {"step": 0.3}, {"step": 0.5}, {"step": 1.0},
                                        {"keep": 0.25}, {"keep": 0.75}, {"keep": 1.0})]
-        # Development: FastICA restarts, where a start decides (inputs in [0, 1]).
+        # Development: FastICA restarts, where a start decides (inputs in [0, 1]), and the
+        # refinement's larger steps there.
         + [_spec(f"dev_b64_none{'_' * bool(o)}{'_'.join(f'{k}{v}' for k, v in o.items())}",
                  "mlp-1024", "relu", "none", 64, 0, batches=4, options=o)
-           for o in ({}, {"restarts": 1})]
+           for o in ({}, {"restarts": 1}, {"step": 0.3}, {"step": 0.5})]
+        # The development rows' best step (0.3) on the unseen batches of 64.
+        + [_spec(f"b64_{n}_step0.3", "mlp-1024", "relu", n, 64, 500, batches=4, options={"step": 0.3})
+           for n in ("none", "cifar10")]
         + [_spec("b16_cifar10_mlp-256", "mlp-256", "relu", "cifar10", 16, 500),
            _spec("b16_cifar10_mlp-256_sigmoid", "mlp-256", "sigmoid", "cifar10", 16, 500),
            _spec("b16_cifar10_mlp-32_sigmoid", "mlp-32", "sigmoid", "cifar10", 16, 500)]
