@@ -335,7 +335,6 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
     return lambda s, data, per, *a: fn(s, data if per is None else (data, per), *a)
 
   on_cpu = jax.default_backend() == "cpu"
-  batched = strategy == "vmap" or (strategy == "map" and map_batch_size is not None)
 
   def advance_one(state, data, n):
     if on_cpu:  # a host loop calls the one-step program (below)
@@ -386,6 +385,7 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
   # first and last evaluations run once: compiled fast, not optimised (gradjax.compilation).
   # A map without a batch size is a loop of the unbatched step: STEP's options (measured, 4 DLG
   # restarts on LeNet, one core: 3.1-3.3 s to compile against 5.6-6.0 s, 8.4 ms an iteration both).
+  batched = strategy == "vmap" or (strategy == "map" and map_batch_size is not None)
   # Named, so their programs read jit(solver_init) and so on (gradjax.compilation.Recorder, logs).
   for fn, name in ((init, "solver_init"), (advance, "solver_steps"), (finalize, "solver_finalize")):
     fn.__name__ = fn.__qualname__ = name
