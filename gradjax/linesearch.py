@@ -122,7 +122,7 @@ def quadratic_minimiser(a, fa, fpa, b, fb):
 def zoom_linesearch(max_linesearch_steps: int, *, max_learning_rate: float | None = None,
                     tol: float = 0.0, increase_factor: float = 2.0, slope_rtol: float = 1e-4,
                     curv_rtol: float = 0.9, approx_dec_rtol: float | None = 1e-6,
-                    stepsize_precision: float = 1e-5) -> Callable:
+                    stepsize_precision: float = 1e-5) -> Search:
   """The search as :class:`Search`'s pieces (see the module docstring for the arguments' meaning);
   :func:`run_search` runs them to the end."""
 

@@ -269,7 +269,7 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
     links, pieces = split
 
     def trip(carry):
-      state, t, searching, taken = carry
+      state, t, taken = carry
       at = lambda params: value_and_grad(params, data, state.iterations)
       active, value, grad, live, value_ls, grad_ls = searched_start(state)
       # The direction, from the iteration's state: recomputed at each of its trials (the same
@@ -279,22 +279,23 @@ def make_solver(value_fn: Callable[[PyTree, PyTree, jax.Array], jax.Array],
         direction, link_state = link.update(direction, link_state, state.params)
         states.append(link_state)
       fresh = pieces.search.start(state.params, direction, value_ls, grad_ls)
-      t = optax.tree.where(searching, t, fresh)
+      t = optax.tree.where(pieces.search.over(t), fresh, t)  # the last search ended: a new one
       t = pieces.search.trial(t, jax.value_and_grad(_flat_unless(live, at)), state.params,
                               direction, pieces.guess(state.opt_state[-1]))
       over = pieces.search.over(t)
       updates, search_state = pieces.finish(t, direction, state.opt_state[-1])
       after = advanced(state, data, active, value, grad, updates, (*states, search_state), None)
-      return _select(over, after, state), t, ~over, taken + over.astype(taken.dtype)
+      return _select(over, after, state), t, taken + over.astype(taken.dtype)
 
     def going(carry):
-      state, _, searching, taken = carry
-      return (taken < n) & (searching | is_active(state))
+      state, t, taken = carry
+      return (taken < n) & (~pieces.search.over(t) | is_active(state))
 
+    # A search marked over (its fields only give the loop's shapes): the first trip starts one.
     _, _, _, _, value_ls, grad_ls = searched_start(state)
-    t = pieces.search.start(state.params, grad_ls, value_ls, grad_ls)  # a placeholder's shapes
-    return jax.lax.while_loop(going, trip, (state, t, jnp.zeros((), bool),
-                                            jnp.zeros((), jnp.int32)))[0]
+    ended = pieces.search.start(state.params, grad_ls, value_ls, grad_ls)._replace(
+        done=jnp.ones((), bool))
+    return jax.lax.while_loop(going, trip, (state, ended, jnp.zeros((), jnp.int32)))[0]
 
   def finalize(state, data):
     """Scores the final iterate too, so the best covers every point the run reached. With L-BFGS
