@@ -26,6 +26,12 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
   with the count compiled in (a program per count, as before), and for L-BFGS the loop the driver
   runs, one line-search trial a trip (``Solver.advance``): compile seconds and ms an iteration,
   for DLG on ``lenet_zhu`` with 1 and 64 vmapped restarts and Inverting Gradients on ``resnet20-4``.
+* ``anatomy``: where the compilation of a first result goes on the card, for the README's DLG on
+  ``lenet_zhu`` and Inverting Gradients on ``resnet20-4``, one restart: the solver's first state
+  (with L-BFGS one value and gradient of the objective), one step, the chunk program the driver runs
+  (``solver_steps``), and the same optimizer's step on a quadratic of the dummy data's shapes (the
+  solver's own share), each compiled twice (the first with the autotuning), with its HLO
+  instructions and fusions (kernels) (``step.compile_anatomy``).
 * ``ttfr``: time to a first result, each a whole process timed from outside: the README's main job
   and Inverting Gradients on ``resnet20-4`` (60 iterations), ``gradjax reconstruct`` on an empty
   compilation cache (cold), then twice on the cache it filled (warm), beside Inverting Gradients in
@@ -81,8 +87,8 @@ from benchmarks import step as bs
 from gradjax import driver, files
 from gradjax.run import config, pipeline, report
 
-PARTS = ("steps", "restarts", "im2col", "clients", "clients64", "loops", "ttfr", "flags", "dlg64", "precision", "ig",
-         "fedavg", "batch", "convnet")
+PARTS = ("steps", "restarts", "im2col", "clients", "clients64", "loops", "anatomy", "ttfr", "flags", "dlg64",
+         "precision", "ig", "fedavg", "batch", "convnet")
 # The committed trained ResNet-20, read from the clone's root (where the suite runs).
 CHECKPOINT = os.path.join("experiments", "studies", "hfginv_batch", "runs", "train_resnet20_cifar10",
                           "epoch_5.npz")
@@ -134,6 +140,7 @@ def sizes(quick: bool, dataset: str) -> dict:
                 loops=dict(jobs=[("dlg", "lenet_zhu", 1), ("dlg", "lenet_zhu", 2),
                                  ("inverting_gradients", "convnet-4", 1)], iterations=5),
                 # The flags part: one variant of each kind (a flag of the run, the environment).
+                anatomy=dict(jobs=[("dlg", "lenet_zhu"), ("inverting_gradients", "convnet-4")], repeats=1),
                 ttfr=dict(model="convnet-4", iterations=3, warm_runs=1), variants=VARIANTS[1:3],
                 dlg_iterations=20, ig_iterations=10, ig_model="convnet-4", ig_images=[0],
                 image_size=32, dataset="skimage", fedavg_model="convnet-4", fedavg_init="torch", fedavg_iterations=10,
@@ -149,6 +156,7 @@ def sizes(quick: bool, dataset: str) -> dict:
               restart_iterations=100, client_counts=[1, 4, 16, 64],
               loops=dict(jobs=[("dlg", "lenet_zhu", 1), ("dlg", "lenet_zhu", 64),
                                ("inverting_gradients", "resnet20-4", 1)], iterations=100),
+              anatomy=dict(jobs=[("dlg", "lenet_zhu"), ("inverting_gradients", "resnet20-4")], repeats=2),
               ttfr=dict(model="resnet20-4", iterations=60, warm_runs=2), variants=VARIANTS,
               dlg_restarts=64, dlg_iterations=2000, ig_iterations=None,
               ig_model="resnet20-4", ig_images=[0, 1, 2, 3, 4], image_size=32, dataset=dataset,
@@ -209,6 +217,10 @@ def part_clients64(s: dict, seed: int) -> Iterator[dict]:
 
 def part_loops(s: dict, seed: int) -> Iterator[dict]:
   return bs.loop_timings(s["loops"]["jobs"], s["loops"]["iterations"], seed)
+
+
+def part_anatomy(s: dict, seed: int) -> Iterator[dict]:
+  return bs.compile_anatomy(s["anatomy"]["jobs"], s["anatomy"]["repeats"], seed)
 
 
 def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
@@ -471,7 +483,7 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   im2col=lambda: part_im2col(s, seed),
                   clients=lambda: part_clients(s, seed), clients64=lambda: part_clients64(s, seed),
-                  loops=lambda: part_loops(s, seed),
+                  loops=lambda: part_loops(s, seed), anatomy=lambda: part_anatomy(s, seed),
                   ttfr=lambda: part_ttfr(s, seed, env),
                   flags=lambda done: part_flags(s, seed, env, done),
                   dlg64=lambda: part_dlg64(s, seed),

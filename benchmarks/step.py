@@ -50,10 +50,11 @@ Caveats:
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import flax
 import jax
@@ -68,7 +69,7 @@ from gradjax.cli import common
 
 import gradjax
 from gradjax import (attacks, clients, compilation, data, distances, driver, interop, lbfgs, models,
-                     optimizers, presets)
+                     optimizers, presets, solvers)
 from gradjax.losses import cross_entropy
 from gradjax.objectives import gradient_matching
 
@@ -366,6 +367,50 @@ def client_timings(counts, iterations: int, strategies, seed: int,
         yield row
 
 
+class SolverJob(NamedTuple):
+  """:func:`_solver_job`: the attack, its solver, the driver's first state of the restarts (stacked;
+  the schedule spread over the budget), and each restart's data (``both``: the shared data and the
+  label orders, as :mod:`gradjax.driver` passes them; ``axes``, their ``in_axes``)."""
+
+  attack: attacks.Attack
+  solver: solvers.Solver
+  state: solvers.SolverState
+  both: tuple
+  axes: tuple
+
+  def chunk(self, step, states, both):
+    """``step(state, data)`` vmapped over ``states`` with each restart's data of ``both`` (an
+    argument of the program that calls it, as in the driver's: closed over, the model's weights
+    and the observed update would be constants of the program, folded when it compiles)."""
+    return jax.vmap(step, in_axes=self.axes)(states, both)
+
+
+def _solver_job(preset: str, name: str, restarts: int, iterations: int, seed: int, conv: str = "auto"):
+  """An attack's solver as the driver runs it, for :func:`loop_timings` and :func:`compile_anatomy`:
+  ``preset`` at ``iterations`` on ``name`` (its convolutions ``conv`` resolved for ``restarts``), the
+  photo of :func:`photos`, the client's FedSGD update with its label shared (what the presets with
+  known labels, Inverting Gradients', read; the others infer it): a :class:`SolverJob`."""
+  x = photos(1)
+  model = models.create(name, jax.random.key(seed), input_shape=(32, 32, 3), num_classes=NUM_CLASSES,
+                        conv=models.resolve_conv(conv, batched=restarts > 1))
+  obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y, share_labels=True)
+  attack = presets.get_preset(preset)(iterations=iterations)
+  problem = attacks.prepare(attack, model.apply_fn, obs, jax.random.key(seed + 1),
+                            input_shape=(32, 32, 3), restarts=restarts)
+  num_leaves = len(jax.tree.leaves(obs.gradient))
+  solver = attacks._solver(attack, model.apply_fn, num_leaves)  # pylint: disable=protected-access
+  data = attacks.scheduled(attack, problem.data, num_leaves)
+  both, axes = (data, problem.restart_data), (0, (None, 0))
+
+  def first(params, restart_data):  # the driver's first state (driver._compiled)
+    state = solver.init(params, restart_data)
+    return state._replace(opt_state=optimizers.at_budget(state.opt_state,
+                                                         optimizers.budget(iterations)))
+
+  state = jax.vmap(first, in_axes=axes)(problem.init, both)
+  return SolverJob(attack, solver, state, both, axes)
+
+
 def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterator[dict]:
   """Rows, one at a time as measured: a chunk of ``iterations`` steps of an attack's solver as the
   driver runs it on an accelerator, a while loop whose step count is an argument
@@ -374,46 +419,27 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
   ``lax.fori_loop`` of a constant count, what the driver ran before: a program per count, one more
   for a budget's remainder); for a solver with ``advance`` (L-BFGS), also the loop the driver runs
   for it, one line-search trial a trip (``one trial a trip``: each vmapped restart searches on its
-  own). ``jobs``: (preset, model, restarts) triples, the restarts vmapped; the
-  photo of :func:`photos`, the client's FedSGD update with its label shared (what the presets with
-  known labels, Inverting Gradients', read; the others infer it), the
-  schedule spread over ``iterations`` as the driver's first state has it, the state not donated.
+  own). ``jobs``: (preset, model, restarts) triples, the restarts vmapped (:func:`_solver_job`), the
+  state not donated.
   Per loop: ``compile_s`` (tracing, lowering and compiling the chunk's program, after an untimed
   compilation of one step, so neither loop pays alone what a process pays once: the first tracing
   of the model, an accelerator's autotuning of its convolutions) and ``ms_per_iteration`` (the median
   of 3 timed calls after an untimed one, all from the same first state); ``over_constant``, the
   loop's ms over the constant one's, in the same process."""
-  x = photos(1)
   for preset, name, restarts in jobs:
-    model = models.create(name, jax.random.key(seed), input_shape=(32, 32, 3), num_classes=NUM_CLASSES,
-                          conv=models.resolve_conv(conv, batched=restarts > 1))
-    obs = clients.fedsgd(model.apply_fn, model.variables, x.x, x.y, share_labels=True)
-    attack = presets.get_preset(preset)(iterations=iterations)
-    problem = attacks.prepare(attack, model.apply_fn, obs, jax.random.key(seed + 1),
-                              input_shape=(32, 32, 3), restarts=restarts)
-    num_leaves = len(jax.tree.leaves(obs.gradient))
-    solver = attacks._solver(attack, model.apply_fn, num_leaves)  # pylint: disable=protected-access
-    data = attacks.scheduled(attack, problem.data, num_leaves)
-    # Each restart's data: the shared data and its label order (as gradjax.driver passes them).
-    both, axes = (data, problem.restart_data), (0, (None, 0))
-    def first(params, restart_data, solver=solver):  # the driver's first state (driver._compiled)
-      state = solver.init(params, restart_data)
-      return state._replace(opt_state=optimizers.at_budget(state.opt_state,
-                                                           optimizers.budget(iterations)))
-
-    state = jax.vmap(first, in_axes=axes)(problem.init, both)
-    chunk = lambda step, s: jax.vmap(step, in_axes=axes)(s, both)
-    loops = {"count compiled in": (lambda s: chunk(lambda r, d: jax.lax.fori_loop(
-                 0, iterations, lambda _, q: solver.step(q, d), r), s), (state,)),
-             "count as data": (lambda s, n: chunk(lambda r, d: driver.repeat(
-                 lambda q: solver.step(q, d), r, n), s), (state, iterations))}
+    job = _solver_job(preset, name, restarts, iterations, seed, conv)
+    solver, state, chunk, both = job.solver, job.state, job.chunk, job.both
+    loops = {"count compiled in": (lambda s, b: chunk(lambda r, d: jax.lax.fori_loop(
+                 0, iterations, lambda _, q: solver.step(q, d), r), s, b), (state, both)),
+             "count as data": (lambda s, b, n: chunk(lambda r, d: driver.repeat(
+                 lambda q: solver.step(q, d), r, n), s, b), (state, both, iterations))}
     if solver.advance is not None:  # what the driver runs for L-BFGS
-      loops["one trial a trip"] = (lambda s, n: chunk(lambda r, d: solver.advance(r, d, n), s),
-                                   (state, iterations))
+      loops["one trial a trip"] = (lambda s, b, n: chunk(lambda r, d: solver.advance(r, d, n), s, b),
+                                   (state, both, iterations))
     # The driver's compiler options for a vmapped step (gradjax.driver._compiled).
     options = compilation.options(compilation.step_options(batched=True))
     with driver.precision_scope("float32"):  # the untimed step (see the docstring)
-      jax.jit(lambda s: chunk(solver.step, s), compiler_options=options).lower(state).compile()
+      jax.jit(lambda s, b: chunk(solver.step, s, b), compiler_options=options).lower(state, both).compile()
     ms = {}
     for loop, (fn, args) in loops.items():
       start = time.perf_counter()
@@ -428,6 +454,102 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
                                 if loop != "count compiled in" else None))
       print(f"loops {row}", flush=True)
       yield row
+
+
+# An HLO instruction in XLA's text: ``name = shape opcode(operands)``.
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.-]+\s*=\s*.*?\s([a-z][a-z0-9-]*)\(")
+
+
+def hlo_counts(text: str) -> tuple[int, int]:
+  """(instructions, fusions) in an HLO module's text (``Lowered.as_text("hlo")``,
+  ``Compiled.as_text()``): its instructions in every computation, and those that are fusions (after
+  optimisation, each a kernel of its own on a GPU)."""
+  ops = [m.group(1) for m in map(_INSTRUCTION.match, text.splitlines()) if m]
+  return len(ops), ops.count("fusion")
+
+
+ANATOMY_CHUNK = 100  # steps of the chunk program's loop (a traced count: any count, one program)
+
+
+def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
+  """Where the compilation of an attack's first result goes: per (preset, model) of ``jobs``, one
+  restart on the photo of :func:`photos` (:func:`_solver_job`), each of the programs below lowered
+  and compiled afresh ``repeats`` times (the in-memory caches cleared, the persistent one off), in
+  this order, with the driver's options for a step:
+
+  * ``first state``: the solver's first state (the driver's ``solver_init``, which it compiles with
+    :data:`gradjax.compilation.ONCE`): with L-BFGS one value and gradient of the objective, whose
+    line search starts from them; Adam's holds zeros;
+  * ``step``: one iteration (what the driver calls on CPU);
+  * ``chunk``: a loop of the step whose count is an argument (:func:`gradjax.driver.repeat`, the
+    driver's ``solver_steps`` on an accelerator);
+  * ``step, quadratic objective``: the same optimizer's iteration on Σ x² over the same dummy data:
+    the solver's own share of ``step``.
+
+  As the driver runs one restart: unbatched on CPU, vmapped on an accelerator. Per row: the seconds
+  of the first lowering and compilation (``lower_first_s``, ``compile_first_s``: on a GPU the
+  first includes the autotuning of its convolutions and products, whose results XLA keeps for
+  the later compilations in the process) and the median of all (``lower_s``, ``compile_s``), and
+  the program's HLO instructions as lowered (``hlo_ops``) and as compiled (``compiled_ops``, of which
+  ``fusions``)."""
+  cpu = jax.default_backend() == "cpu"
+  options = compilation.options(compilation.step_options(batched=not cpu))
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)  # compiled, not loaded
+  try:
+    for preset, name in jobs:
+      job = _solver_job(preset, name, 1, ANATOMY_CHUNK, seed)
+      quadratic = solvers.make_solver(
+          lambda x, data, step: sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(x)),
+          attacks.build_optimizer(job.attack), tol=job.attack.tol)
+      if cpu:  # the restart alone, with its data (the driver's sequential strategy)
+        state = jax.tree.map(lambda v: v[0], job.state)
+        data = (job.both[0], jax.tree.map(lambda v: v[0], job.both[1]))
+        run = lambda step, s, d: step(s, d)
+      else:
+        state, data, run = job.state, job.both, job.chunk
+      solver = job.solver
+      start_of = lambda solver, params, d: run(lambda p, dd: solver.init(p, dd), params, d)
+      quadratic_state = start_of(quadratic, state.params, data)
+      programs = {
+          "first state": (lambda p, d: start_of(solver, p, d), (state.params, data)),
+          "step": (lambda s, d: run(solver.step, s, d), (state, data)),
+          "chunk": (lambda s, d, n: run(lambda r, dd: driver.repeat(lambda q: solver.step(q, dd), r, n),
+                                        s, d), (state, data, ANATOMY_CHUNK)),
+          "step, quadratic objective": (lambda s, d: run(quadratic.step, s, d), (quadratic_state, data)),
+      }
+      for program, (fn, args) in programs.items():
+        lowering, compiling = [], []
+        for _ in range(repeats):
+          jax.clear_caches()
+          start = time.perf_counter()
+          with driver.precision_scope("float32"):  # as the attacks run (driver.Execution)
+            lowered = jax.jit(fn, compiler_options=options).lower(*args)
+          lowering.append(time.perf_counter() - start)
+          start = time.perf_counter()
+          compiled = lowered.compile()
+          compiling.append(time.perf_counter() - start)
+        hlo_ops, _ = hlo_counts(lowered.as_text(dialect="hlo"))
+        compiled_ops, fusions = hlo_counts(compiled.as_text())
+        row = dict(attack=preset, model=name, program=program, platform=jax.default_backend(),
+                   repeats=repeats, lower_first_s=lowering[0], compile_first_s=compiling[0],
+                   lower_s=float(np.median(lowering)), compile_s=float(np.median(compiling)),
+                   hlo_ops=hlo_ops, compiled_ops=compiled_ops, fusions=fusions)
+        print(f"anatomy {row}", flush=True)
+        yield row
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+
+
+def anatomy_markdown(rows: list[dict]) -> list[str]:
+  """:func:`compile_anatomy`'s rows as a Markdown table, with each job's step against its parts."""
+  lines = ["| attack | model | program | lower (s): first, median | compile (s): first, median | "
+           "HLO instructions | compiled | fusions |", "|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['attack']} | {r['model']} | {r['program']} | {r['lower_first_s']:.2f}, "
+                 f"{r['lower_s']:.2f} | {r['compile_first_s']:.2f}, {r['compile_s']:.2f} | {r['hlo_ops']} | "
+                 f"{r['compiled_ops']} | {r['fusions']} |")
+  return lines
 
 
 def _seconds(compiled, args) -> float:

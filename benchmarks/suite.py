@@ -63,6 +63,11 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   code generation (its default split of the module), median of ``--codegen_repeats`` compilations
   each, alternating, and their ratio. Behind ONCE's choice of one module (measured on one and two
   cores) and what an accelerator's host, with more cores, should take.
+* ``anatomy``: where the compilation of an attack's first result goes, per ``--anatomy_jobs``
+  (preset:model, one restart): the solver's first state (with L-BFGS one value and gradient of the
+  objective), one step, the chunk program an accelerator runs, and the same optimizer's step on a quadratic of
+  the dummy data's shapes (the solver's own share), each lowered and compiled ``--anatomy_repeats``
+  times, with the HLO instructions it has before and after XLA's passes (``step.compile_anatomy``).
 
   python -m benchmarks suite --output_dir=runs/benchmark_cpu
   python -m benchmarks suite --sections=restarts --restart_counts=1,8,64   # on a GPU
@@ -97,7 +102,7 @@ from gradjax.cli import common
 
 GPU_FOLDER = "runs/benchmark_gpu"  # --suite=gpu without --output_dir
 SECTIONS = ("steps", "ops", "convs", "loops", "ttq", "restarts", "clients", "profile", "linesearch",
-            "startup", "codegen")
+            "startup", "codegen", "anatomy")
 _SUITE = flags.DEFINE_enum("suite", "cpu", ["cpu", "gpu"], "cpu: the --sections below; gpu: the "
                            "accelerator suite's --parts.")
 _PARTS = flags.DEFINE_list("parts", list(accelerator.PARTS), "Accelerator suite parts: "
@@ -143,6 +148,10 @@ _CODEGEN_MODELS = flags.DEFINE_list("codegen_models", ["lenet_zhu", "resnet20-4"
                                     "codegen section.")
 _CODEGEN_REPEATS = flags.DEFINE_integer("codegen_repeats", 3, "Compilations per program and options in "
                                         "the codegen section.")
+_ANATOMY_JOBS = flags.DEFINE_list("anatomy_jobs", ["dlg:lenet_zhu", "inverting_gradients:resnet20-4"],
+                                  "preset:model pairs of the anatomy section.")
+_ANATOMY_REPEATS = flags.DEFINE_integer("anatomy_repeats", 3, "Compilations per program in the anatomy "
+                                        "section.")
 
 CHECK_EVERY = 10  # iterations between PSNR checks in the time-to-quality runs
 
@@ -668,6 +677,10 @@ def markdown(result: dict) -> str:
       lines.append(f"| warm | {len(warm)} | {np.median(warm):.2f} | {', '.join(f'{v:.2f}' for v in warm)} | "
                    f"{np.median(warm_attack):.2f} |")
     lines.append("")
+  if "anatomy" in result:
+    rows = result["anatomy"]
+    lines += [f"## Where a first result's compilation goes ({rows[0]['platform']}, "
+              f"{rows[0]['repeats']} compilation(s) a program)", "", *bs.anatomy_markdown(rows), ""]
   if "codegen" in result:
     rows = result["codegen"]
     lines += [f"## Run-once programs: one LLVM module against XLA's parallel split ({rows[0]['cores']} "
@@ -722,6 +735,12 @@ def main(argv):
             "--loop_steps positive")
   if (error := bs.check_flags()) is not None:
     bs.fail(error)
+  anatomy_jobs = [tuple(j.split(":")) for j in _ANATOMY_JOBS.value]
+  image_model = lambda name: models.family(name) is not None and not models.family(name).text
+  if _ANATOMY_REPEATS.value < 1 or any(len(j) != 2 or j[0] not in presets.PRESETS or not image_model(j[1])
+                                       for j in anatomy_jobs):
+    bs.fail("--anatomy_jobs takes preset:model pairs of gradjax's presets and image models, "
+            "--anatomy_repeats a positive count")
   if _SUITE.value == "gpu":
     unknown = [p for p in _PARTS.value if p not in accelerator.PARTS]
     if unknown or not _PARTS.value:
@@ -759,7 +778,8 @@ def main(argv):
       clients=lambda: section_clients(seed),
       profile=lambda: section_profile(seed), linesearch=lambda: section_linesearch(seed, max(counts)),
       startup=lambda: section_startup(_STARTUP_RUNS.value),
-      codegen=lambda: section_codegen(_CODEGEN_MODELS.value, _CODEGEN_REPEATS.value, seed))
+      codegen=lambda: section_codegen(_CODEGEN_MODELS.value, _CODEGEN_REPEATS.value, seed),
+      anatomy=lambda: list(bs.compile_anatomy(anatomy_jobs, _ANATOMY_REPEATS.value, seed)))
   result["section_seconds"] = {}
   for section in SECTIONS:  # in the suite's order, whatever order --sections names them
     if section in _SECTIONS.value:

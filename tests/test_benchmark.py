@@ -21,6 +21,12 @@ def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
   bad = subprocess.run([*harness, "suit"], capture_output=True, text=True, timeout=60, cwd=ROOT)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
       f"error: unknown command 'suit'; choose one of {', '.join(benchmarks.PROGRAMS)}"]
+  # A section's job that is not a preset on an image model: one line, exit 2.
+  text_model = subprocess.run([*harness, "suite", "--sections=anatomy", "--anatomy_jobs=dlg:gpt2"],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert text_model.returncode == 2 and len(text_model.stderr.strip().splitlines()) == 1, text_model.stderr
+  assert "--anatomy_jobs" in text_model.stderr
 
 
 @pytest.mark.slow
@@ -54,13 +60,13 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
 @pytest.mark.slow
 def test_accelerator_suite_quick(tmp_path):
   """``--suite=gpu --quick`` runs on CPU the parts that have not yet run on an accelerator in full
-  (``fedavg``, ``flags``, ``loops``, ``clients64``; the others ran on an H100 and an H200, and are all rerun ``--quick`` before
+  (``fedavg``, ``flags``, ``loops``, ``clients64``, ``anatomy``; the others ran on an H100 and an H200, and are all rerun ``--quick`` before
   a device is used) and ``ig`` with torchvision's draw (the paper's, on the quick sizes' ConvNet), and records
   its command, device and rows (an unknown draw: one line, exit 2, nothing written); a second call
   keeps the parts already written, and one asking for another draw of the kept ``ig`` rows is
   refused in one line, exit 2, the rows untouched (an unreadable kept part too)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg,flags,ig,loops,clients64",
+  cmd = [sys.executable, "-m", "benchmarks", "suite", "--suite=gpu", "--quick", "--parts=fedavg,flags,ig,loops,clients64,anatomy",
          "--ig_init=torchvision", "--torch=off", f"--output_dir={tmp_path}"]
   bad = subprocess.run([*cmd, "--ig_init=kaiming"], capture_output=True, text=True, env=env,
                        timeout=120, cwd=ROOT)
@@ -78,7 +84,7 @@ def test_accelerator_suite_quick(tmp_path):
   assert all(r["process_s"] > r["attack_s"] > 0 and "error" not in r for r in flags["rows"])
   # A flags part cut short goes on from its rows (each row a process of its own).
   (tmp_path / "gpu_flags.json").write_text(json.dumps(dict(flags, complete=False, rows=flags["rows"][:3])))
-  cut = subprocess.run([c.replace("--parts=fedavg,flags,ig,loops,clients64", "--parts=flags") for c in cmd],
+  cut = subprocess.run([c.replace("--parts=fedavg,flags,ig,loops,clients64,anatomy", "--parts=flags") for c in cmd],
                        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
   assert cut.returncode == 0 and "flags: going on from the 3 rows" in cut.stdout, cut.stderr[-2000:]
   resumed = json.loads((tmp_path / "gpu_flags.json").read_text())
@@ -97,6 +103,17 @@ def test_accelerator_suite_quick(tmp_path):
   assert [(r["clients"], r["iterations"]) for r in clients] == [(1, 20), (2, 20)]
   assert clients[0]["one_by_one_s"] > 0 and clients[1]["one_by_one_s"] is None
   assert all(r["together_cold_s"] > r["together_s"] > 0 and r["over_one_cold"] > 0 for r in clients)
+  # Where the first result's compilation goes: the step holds the first state's evaluation and the
+  # solver's own (L-BFGS); Adam's first state evaluates nothing.
+  anatomy = json.loads((tmp_path / "gpu_anatomy.json").read_text())["rows"]
+  programs = ["first state", "step", "chunk", "step, quadratic objective"]
+  assert [(r["attack"], r["program"]) for r in anatomy] == [
+      (a, p) for a in ("dlg", "inverting_gradients") for p in programs]
+  assert all(r["compile_s"] > 0 and r["lower_s"] > 0 and 0 < r["fusions"] <= r["compiled_ops"] for r in anatomy)
+  ops = {(r["attack"], r["program"]): r["hlo_ops"] for r in anatomy}
+  assert ops["dlg", "step"] > max(ops["dlg", "first state"], ops["dlg", "step, quadratic objective"])
+  assert ops["inverting_gradients", "first state"] < ops["inverting_gradients", "step, quadratic objective"]
+  assert ops["dlg", "chunk"] > ops["dlg", "step"]
   ig = json.loads((tmp_path / "gpu_ig.json").read_text())["rows"]
   assert ig and ig[0]["init"] == "torchvision" and ig[0]["psnr"] is not None
   assert "--suite=gpu" in part["command"] and part["environment"]["device_kind"]
