@@ -30,7 +30,7 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
   ``lenet_zhu`` and Inverting Gradients on ``resnet20-4``, one restart: the solver's first state
   (with L-BFGS one value and gradient of the objective), one step, the chunk program the driver runs
   (``solver_steps``), and the same optimizer's step on a quadratic of the dummy data's shapes (the
-  solver's own share), each compiled twice (the first with the autotuning), with its HLO
+  solver's own share; for L-BFGS also without its line search), each compiled twice (the first with the autotuning), with its HLO
   instructions and fusions (kernels) (``step.compile_anatomy``).
 * ``ttfr``: time to a first result, each a whole process timed from outside: the README's main job
   and Inverting Gradients on ``resnet20-4`` (60 iterations), ``gradjax reconstruct`` on an empty

@@ -47,6 +47,7 @@ Caveats:
   least 3); the number actually taken is reported.
 """
 
+import dataclasses
 import json
 import os
 import platform
@@ -484,7 +485,9 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
   * ``chunk``: a loop of the step whose count is an argument (:func:`gradjax.driver.repeat`, the
     driver's ``solver_steps`` on an accelerator);
   * ``step, quadratic objective``: the same optimizer's iteration on Σ x² over the same dummy data:
-    the solver's own share of ``step``.
+    the solver's own share of ``step``;
+  * ``step, quadratic objective, no line search`` (L-BFGS only): the same with fixed steps
+    (``lbfgs_fixed``, same history): the direction's share, the line search's being the difference.
 
   As the driver runs one restart: unbatched on CPU, vmapped on an accelerator. Per row: the seconds
   of the first lowering and compilation (``lower_first_s``, ``compile_first_s``: on a GPU the
@@ -499,9 +502,13 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
   try:
     for preset, name in jobs:
       job = _solver_job(preset, name, 1, ANATOMY_CHUNK, seed)
-      quadratic = solvers.make_solver(
-          lambda x, data, step: sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(x)),
-          attacks.build_optimizer(job.attack), tol=job.attack.tol)
+      square = lambda x, data, step: sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(x))
+      quadratic = solvers.make_solver(square, attacks.build_optimizer(job.attack), tol=job.attack.tol)
+      optimizer = job.attack.optimizer
+      fixed = (solvers.make_solver(square, attacks.build_optimizer(dataclasses.replace(
+                   job.attack, optimizer=dataclasses.replace(optimizer, name="lbfgs_fixed"))),
+                   tol=job.attack.tol)
+               if isinstance(optimizer, optimizers.Named) and optimizer.name == "lbfgs" else None)
       if cpu:  # the restart alone, with its data (the driver's sequential strategy)
         state = jax.tree.map(lambda v: v[0], job.state)
         data = (job.both[0], jax.tree.map(lambda v: v[0], job.both[1]))
@@ -518,6 +525,9 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
                                         s, d), (state, data, ANATOMY_CHUNK)),
           "step, quadratic objective": (lambda s, d: run(quadratic.step, s, d), (quadratic_state, data)),
       }
+      if fixed is not None:
+        programs["step, quadratic objective, no line search"] = (
+            lambda s, d: run(fixed.step, s, d), (start_of(fixed, state.params, data), data))
       for program, (fn, args) in programs.items():
         lowering, compiling = [], []
         for _ in range(repeats):

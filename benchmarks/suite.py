@@ -66,8 +66,8 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
 * ``anatomy``: where the compilation of an attack's first result goes, per ``--anatomy_jobs``
   (preset:model, one restart): the solver's first state (with L-BFGS one value and gradient of the
   objective), one step, the chunk program an accelerator runs, and the same optimizer's step on a quadratic of
-  the dummy data's shapes (the solver's own share), each lowered and compiled ``--anatomy_repeats``
-  times, with the HLO instructions it has before and after XLA's passes (``step.compile_anatomy``).
+  the dummy data's shapes (the solver's own share; for L-BFGS also without its line search), each
+  lowered and compiled ``--anatomy_repeats`` times, with the HLO instructions it has before and after XLA's passes (``step.compile_anatomy``).
 
   python -m benchmarks suite --output_dir=runs/benchmark_cpu
   python -m benchmarks suite --sections=restarts --restart_counts=1,8,64   # on a GPU

@@ -107,13 +107,15 @@ def test_accelerator_suite_quick(tmp_path):
   # solver's own (L-BFGS); Adam's first state evaluates nothing.
   anatomy = json.loads((tmp_path / "gpu_anatomy.json").read_text())["rows"]
   programs = ["first state", "step", "chunk", "step, quadratic objective"]
-  assert [(r["attack"], r["program"]) for r in anatomy] == [
-      (a, p) for a in ("dlg", "inverting_gradients") for p in programs]
+  assert [(r["attack"], r["program"]) for r in anatomy] == (
+      [("dlg", p) for p in programs + ["step, quadratic objective, no line search"]]
+      + [("inverting_gradients", p) for p in programs])
   assert all(r["compile_s"] > 0 and r["lower_s"] > 0 and 0 < r["fusions"] <= r["compiled_ops"] for r in anatomy)
   ops = {(r["attack"], r["program"]): r["hlo_ops"] for r in anatomy}
   assert ops["dlg", "step"] > max(ops["dlg", "first state"], ops["dlg", "step, quadratic objective"])
   assert ops["inverting_gradients", "first state"] < ops["inverting_gradients", "step, quadratic objective"]
   assert ops["dlg", "chunk"] > ops["dlg", "step"]
+  assert ops["dlg", "step, quadratic objective, no line search"] < ops["dlg", "step, quadratic objective"]
   ig = json.loads((tmp_path / "gpu_ig.json").read_text())["rows"]
   assert ig and ig[0]["init"] == "torchvision" and ig[0]["psnr"] is not None
   assert "--suite=gpu" in part["command"] and part["environment"]["device_kind"]
