@@ -478,9 +478,10 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
   and compiled afresh ``repeats`` times (the in-memory caches cleared, the persistent one off), in
   this order, with the driver's options for a step:
 
-  * ``first state``: the solver's first state (the driver's ``solver_init``, which it compiles with
-    :data:`gradjax.compilation.ONCE`): with L-BFGS one value and gradient of the objective, whose
-    line search starts from them; Adam's holds zeros;
+  * ``first state``: the solver's first state: with L-BFGS one value and gradient of the objective,
+    whose line search starts from them (the objective's share of the step); Adam's holds zeros. The
+    driver's ``solver_init`` is this program compiled with :data:`gradjax.compilation.ONCE`, on the
+    host's CPU where the default device is an accelerator;
   * ``step``: one iteration (what the driver calls on CPU);
   * ``chunk``: a loop of the step whose count is an argument (:func:`gradjax.driver.repeat`, the
     driver's ``solver_steps`` on an accelerator);
@@ -552,7 +553,7 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
 
 
 def anatomy_markdown(rows: list[dict]) -> list[str]:
-  """:func:`compile_anatomy`'s rows as a Markdown table, with each job's step against its parts."""
+  """:func:`compile_anatomy`'s rows as a Markdown table."""
   lines = ["| attack | model | program | lower (s): first, median | compile (s): first, median | "
            "HLO instructions | compiled | fusions |", "|---|---|---|---|---|---|---|---|"]
   for r in rows:
