@@ -29,6 +29,34 @@ def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
   assert "--anatomy_jobs" in text_model.stderr
 
 
+def test_hlo_counts_agree_with_the_modules_xla_holds():
+  """The anatomy's instruction and fusion counts, read from a program's text, equal those of the
+  HLO modules XLA hands back (its Python API), before and after its passes, for a loop with
+  fusions and a convolution's gradient."""
+  code = (
+      "import json, jax, jax.numpy as jnp\n"
+      "from benchmarks import step\n"
+      "def counted(module):\n"
+      "  ops = [str(i.opcode) for c in module.computations() for i in c.instructions()]\n"
+      "  return [len(ops), sum(o.endswith('kFusion') for o in ops)]\n"
+      "loop = lambda x: jax.lax.fori_loop(0, 3, lambda i, y: jnp.sin(y) * 2.0 + y.sum(), x)\n"
+      "conv = jax.grad(lambda w, x: jnp.sum(jax.lax.conv(x, w, (1, 1), 'SAME') ** 2))\n"
+      "out = []\n"
+      "for fn, args in ((loop, (jnp.ones(3),)), (conv, (jnp.ones((4, 3, 3, 3)), jnp.ones((2, 3, 8, 8))))):\n"
+      "  lowered = jax.jit(fn).lower(*args)\n"
+      "  compiled = lowered.compile()\n"
+      "  out.append([list(step.hlo_counts(lowered.as_text(dialect='hlo'))),\n"
+      "              counted(lowered.compiler_ir('hlo').as_hlo_module()),\n"
+      "              list(step.hlo_counts(compiled.as_text())),\n"
+      "              counted(compiled.runtime_executable().hlo_modules()[0])])\n"
+      "print(json.dumps(out))\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for text_before, xla_before, text_after, xla_after in json.loads(proc.stdout):
+    assert text_before[0] == xla_before[0] > 0 and text_after == xla_after and text_after[1] > 0
+
+
 @pytest.mark.slow
 def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
   """The CPU suite's sections behind the README's claims (one step against its plain
