@@ -47,6 +47,7 @@ Caveats:
   least 3); the number actually taken is reported.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -457,6 +458,18 @@ def loop_timings(jobs, iterations: int, seed: int, conv: str = "auto") -> Iterat
       yield row
 
 
+@contextlib.contextmanager
+def compiled_afresh():
+  """Within it, programs are compiled, not loaded from JAX's persistent compilation cache (its
+  setting restored on leaving)."""
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+
+
 # An HLO instruction in XLA's text: ``name = shape opcode(operands)``.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.-]+\s*=\s*.*?\s([a-z][a-z0-9-]*)\(")
 
@@ -498,9 +511,7 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
   ``fusions``)."""
   cpu = jax.default_backend() == "cpu"
   options = compilation.options(compilation.step_options(batched=not cpu))
-  cache = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)  # compiled, not loaded
-  try:
+  with compiled_afresh():
     for preset, name in jobs:
       job = _solver_job(preset, name, 1, ANATOMY_CHUNK, seed)
       square = lambda x, data, step: sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(x))
@@ -548,8 +559,6 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
                    hlo_ops=hlo_ops, compiled_ops=compiled_ops, fusions=fusions)
         print(f"anatomy {row}", flush=True)
         yield row
-  finally:
-    jax.config.update("jax_enable_compilation_cache", cache)
 
 
 def anatomy_markdown(rows: list[dict]) -> list[str]:

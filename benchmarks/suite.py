@@ -497,13 +497,8 @@ def section_codegen(names: list[str], repeats: int, seed: int) -> list[dict]:
   host's CPU where the default device is an accelerator, as gradjax runs these programs there
   (:func:`gradjax.compilation.setup_device`); ``platform``: where they compiled."""
   host = compilation.setup_device()
-  cache = jax.config.jax_enable_compilation_cache
-  jax.config.update("jax_enable_compilation_cache", False)  # compiled, not loaded
-  try:
-    with compilation.on_setup_device(host):
-      return _codegen_rows(names, repeats, seed, host)
-  finally:
-    jax.config.update("jax_enable_compilation_cache", cache)
+  with bs.compiled_afresh(), compilation.on_setup_device(host):
+    return _codegen_rows(names, repeats, seed, host)
 
 
 def _codegen_rows(names, repeats, seed, host) -> list[dict]:
