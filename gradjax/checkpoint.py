@@ -127,6 +127,35 @@ def parse_metadata(raw, where: str) -> dict:
   return metadata
 
 
+def _check_npy_headers(data: bytes, where: str) -> None:
+  """Reads each ``.npy`` entry's header and checks that the entry holds the bytes its shape and dtype
+  need, before NumPy allocates them (a corrupt header may declare terabytes)."""
+  with zipfile.ZipFile(io.BytesIO(data)) as archive:
+    for info in archive.infolist():
+      if not info.filename.endswith(".npy"):
+        continue
+      key = info.filename[:-4]
+      with archive.open(info) as fh:
+        if fh.read(6) != b"\x93NUMPY":
+          continue  # not an array: reported below, by name
+        fh.seek(0)
+        try:
+          version = np.lib.format.read_magic(fh)
+          read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+          shape, _, dtype = read(fh)
+          header = fh.tell()
+        except Exception as e:  # NumPy's header parser raises ValueError, SyntaxError, TokenError...
+          raise ValueError(f"{where}: entry {key!r} is corrupt: its header: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+      if dtype.hasobject:
+        continue  # np.load refuses it below, by name
+      need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+      if info.file_size - header != need:
+        raise ValueError(f"{where}: entry {key!r} is corrupt: its shape {shape} and dtype {dtype} "
+                         f"need {need} bytes, it holds {info.file_size - header}")
+
+
 def npz_arrays(data: bytes, where: str) -> dict[str, np.ndarray]:
   """Every entry of the ``.npz`` bytes ``data``, read with ``allow_pickle=False``.
 
@@ -136,6 +165,7 @@ def npz_arrays(data: bytes, where: str) -> dict[str, np.ndarray]:
   """
   out = {}
   try:
+    _check_npy_headers(data, where)
     with np.load(io.BytesIO(data), allow_pickle=False) as npz:
       for key in npz.files:
         try:
@@ -255,6 +285,8 @@ def model_from_metadata(metadata: dict, key: jax.Array | None = None, **module_k
     kwargs["param_dtype"] = jnp.dtype(dtype)
   except TypeError:
     raise ValueError(f"checkpoint metadata: unknown param_dtype {dtype!r}") from None
+  if not jnp.issubdtype(kwargs["param_dtype"], jnp.floating):
+    raise ValueError(f"checkpoint metadata: param_dtype must be a float dtype, got {dtype!r}")
   shape = metadata["input_shape"]
   if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
     raise ValueError(f"checkpoint metadata: input_shape must be a list of ints, got {shape!r}")

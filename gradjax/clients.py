@@ -189,7 +189,7 @@ class LocalTraining(NamedTuple):
 
 def check_local_training(local: LocalTraining, num_samples: int) -> None:
   """Raises ``ValueError`` unless ``local`` is a valid schedule for ``num_samples`` examples."""
-  b = local.batch_size or num_samples
+  b = num_samples if local.batch_size is None else local.batch_size
   if local.epochs < 1 or b < 1 or num_samples % b:
     raise ValueError(f"local training needs epochs >= 1 and a batch size dividing n = {num_samples}, "
                      f"got epochs {local.epochs}, batch size {local.batch_size}")

@@ -19,7 +19,9 @@ import pickle
 import re
 import struct
 import tarfile
+import warnings
 import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -213,18 +215,22 @@ def load(
     raise ValueError(f"channels must be 1, 3 or None, got {channels!r}")
   if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
     raise ValueError(f"image_size must be (height, width) with positive sizes, got {image_size!r}")
-  if name.startswith("tfds:"):
-    images, y, num_classes, class_names = _load_tfds(name[len("tfds:") :], data_dir, indices)
-  elif name == "skimage":  # resized here, once per photo and size
-    idx = _select(indices, len(SKIMAGE_PHOTOS), "skimage")
-    images = [_skimage_photo(int(i), tuple(image_size or (32, 32))) for i in idx]
-    y, num_classes, class_names = idx % 10, 10, tuple(SKIMAGE_PHOTOS[i] for i in idx)
-    image_size = None
-  elif name in _SOURCES:
-    images, y, num_classes, class_names = _SOURCES[name](data_dir, indices)
-  else:
-    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)} or tfds:<name>")
-  x = _finish(images, image_size, channels)
+  try:
+    if name.startswith("tfds:"):
+      images, y, num_classes, class_names = _load_tfds(name[len("tfds:") :], data_dir, indices)
+    elif name == "skimage":  # resized here, once per photo and size
+      idx = _select(indices, len(SKIMAGE_PHOTOS), "skimage")
+      images = [_skimage_photo(int(i), tuple(image_size or (32, 32))) for i in idx]
+      y, num_classes, class_names = idx % 10, 10, tuple(SKIMAGE_PHOTOS[i] for i in idx)
+      image_size = None
+    elif name in _SOURCES:
+      images, y, num_classes, class_names = _SOURCES[name](data_dir, indices)
+    else:
+      raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)} or tfds:<name>")
+    x = _finish(images, image_size, channels)
+  except MemoryError as e:  # a size no machine holds (a typo): the size, not a traceback
+    raise ValueError(f"{name}: the images{f' at {image_size[0]}x{image_size[1]}' if image_size else ''} "
+                     f"do not fit in memory: {e}") from None
   return Dataset(x, np.asarray(y, np.int64), num_classes, name, class_names)
 
 
@@ -343,12 +349,25 @@ def _find(root: Path, candidates: Sequence[str], name: str) -> Path:
 
 
 def _decode(data: bytes, where: str, mode: str | None = None) -> np.ndarray:
-  """Decodes image bytes to float32 (H, W, C) in [0, 1]: C = 1 for gray images, else 3 (or as `mode` says)."""
+  """Decodes image bytes to float32 (H, W, C) in [0, 1]: C = 1 for gray images, else 3 (or as `mode` says).
+  16-bit gray images are divided by 65535; floating-point ones are refused (no known range)."""
   try:
-    with Image.open(io.BytesIO(data)) as img:
-      mode = mode or ("L" if img.mode in ("1", "L", "LA") else "RGB")
-      x = np.asarray(img.convert(mode), np.float32) / 255
-  except OSError as e:
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # large photos are resized
+      with Image.open(io.BytesIO(data)) as img:
+        if img.mode == "F":
+          raise ValueError(f"image {where} holds floating-point pixels (PIL mode F), whose range is "
+                           "unknown; give 8- or 16-bit images")
+        if img.mode.startswith("I"):  # 16-bit gray (I;16*), or 32-bit integers holding them (I)
+          x = np.asarray(img, np.float32)
+          if x.min() < 0 or x.max() > 65535:
+            raise ValueError(f"image {where} holds 32-bit pixel values beyond 16 bits; give 8- or "
+                             "16-bit images")
+          x = x[..., None] / 65535
+          return np.repeat(x, 3, axis=-1) if mode == "RGB" else x
+        mode = mode or ("L" if img.mode in ("1", "L", "LA") else "RGB")
+        x = np.asarray(img.convert(mode), np.float32) / 255
+  except (OSError, Image.DecompressionBombError) as e:
     raise ValueError(f"cannot decode image {where}: {e}") from None
   return x[..., None] if x.ndim == 2 else x
 
@@ -400,7 +419,7 @@ def _read_idx(path: Path, magic: int) -> np.ndarray:
   try:
     with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
       data = f.read()
-  except (OSError, EOFError) as e:
+  except (OSError, EOFError, zlib.error) as e:
     raise ValueError(f"corrupt IDX file {path}: {e}") from None
   ndim = magic & 0xFF
   header = 4 + 4 * ndim
@@ -472,7 +491,7 @@ def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickl
     try:
       with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
         x, y = f["x"], f[label_key]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as e:
       raise ValueError(f"cannot read {path}: {e}") from None
   else:
     batch = _unpickle_arrays(path)
@@ -486,6 +505,9 @@ def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickl
     raise ValueError(
       f"{path}: expected uint8 images (N, 32, 32, 3) and N labels, got {x.shape} and {y.shape}"
     )
+  if y.dtype.kind not in "iu" or (y.size and not 0 <= y.min() <= y.max() < len(classes)):
+    raise ValueError(f"{path}: labels must be integers in 0..{len(classes) - 1}, got {y.dtype} "
+                     f"{y[:3].tolist() if y.dtype.kind in 'iufb' else 'values'}")
   idx = _select(indices, len(x), name)
   return x[idx].astype(np.float32) / 255, y[idx], len(classes), classes
 
@@ -511,7 +533,7 @@ def _cifar10_train_order(data_dir):
   try:
     with open(order, "rb") as fh, np.load(fh, allow_pickle=False) as f:
       y, number = np.asarray(f["labels_all"], np.int64), np.asarray(f["jpeg_index"], np.int64)
-  except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+  except (OSError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as e:
     raise ValueError(f"cannot read {order}: {e}") from None
   if y.shape != number.shape or y.ndim != 1 or y.min() < 0 or y.max() >= 10:
     raise ValueError(f"{order}: expected labels_all and jpeg_index of one length, labels in 0..9")
@@ -531,7 +553,7 @@ def _load_cifar10_train(data_dir, indices):
         k = wanted.get(member.name)
         if k is not None and member.isfile():
           images[k] = _decode(tar.extractfile(member).read(), f"{archive}:{member.name}", "RGB")
-  except (OSError, tarfile.TarError, EOFError) as e:
+  except (OSError, tarfile.TarError, EOFError, zlib.error) as e:
     raise ValueError(f"cannot read {archive}: {e}") from None
   missing = [name for name, k in wanted.items() if images[k] is None]
   if missing:
@@ -560,7 +582,7 @@ def _load_lfw(data_dir, indices):
         people.append(match.group(1))
       idx = _select(indices, len(members), "lfw")
       images = [_decode(tar.extractfile(members[i]).read(), f"{path}:{members[i].name}", "RGB") for i in idx]
-  except (tarfile.TarError, EOFError) as e:
+  except (tarfile.TarError, EOFError, zlib.error) as e:
     raise ValueError(f"corrupt tar file {path}: {e}") from None
   identities = tuple(sorted(set(people)))
   label = {person: i for i, person in enumerate(identities)}

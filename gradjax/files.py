@@ -1,6 +1,8 @@
 """Writing a file so that a crash or a kill never leaves half of it: every file gradjax writes (results,
-checkpoints, captured updates, solver states) goes through :func:`atomic_write`."""
+checkpoints, captured updates, solver states) goes through :func:`atomic_write`; and a file's digest,
+which tells one content from another whatever its path (:func:`sha256`)."""
 
+import hashlib
 import os
 import uuid
 from typing import Any, Callable
@@ -21,3 +23,12 @@ def atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def sha256(path) -> str:
+  """The hex SHA-256 digest of the file at ``path`` (read in blocks of 1 MiB)."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as fh:
+    for block in iter(lambda: fh.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()

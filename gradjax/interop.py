@@ -9,7 +9,8 @@ trip is exact. Nothing here imports torch, and nothing is ever unpickled.
 
 File format
 -----------
-A file is either **safetensors** (``safetensors.numpy``; metadata in its ``__metadata__`` header, a
+A file is either **safetensors** (any dtype but complex ones; brain float and 8-bit floats are read as
+float32; metadata in its ``__metadata__`` header, a
 str -> str map) or an **``.npz``** read with ``allow_pickle=False`` (metadata in an entry
 ``__metadata__``: a string or uint8 array holding a JSON object). Tensors are named as in PyTorch.
 
@@ -70,6 +71,7 @@ from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from gradjax import clients, files, models, priors
@@ -330,7 +332,10 @@ def read(path) -> TensorFile:
                    + (" (empty)" if not data else ""))
 
 
-def _metadata_strings(raw: Any, where: str) -> dict[str, str]:
+def metadata_strings(raw: Any, where: str) -> dict[str, str]:
+  """A file's metadata as the str -> str map safetensors holds: numbers as text, lists joined by
+  commas, booleans as ``true``/``false``, ``None`` values dropped; ``ValueError`` (one line,
+  prefixed by ``where``) for anything else."""
   if not isinstance(raw, dict):
     raise ValueError(f"{where}: metadata must be a JSON object, got {type(raw).__name__}")
   out = {}
@@ -347,9 +352,19 @@ def _metadata_strings(raw: Any, where: str) -> dict[str, str]:
   return out
 
 
+# safetensors' dtype names. Brain float and the 8-bit floats (ml_dtypes, which JAX installs) are read as
+# float32, which holds each of their values exactly: NumPy's dtype kind of theirs is not "f".
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+    "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
+    "U8": np.uint8, "BOOL": np.bool_, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+    "F8_E5M2": ml_dtypes.float8_e5m2}
+
+
 def _read_safetensors(path: str, data: bytes) -> TensorFile:
-  from safetensors import SafetensorError
-  from safetensors.numpy import load
+  """The safetensors format (a little-endian u64 header size, a JSON header of ``{name: {dtype,
+  shape, data_offsets}}`` and ``__metadata__``, then the tensors' bytes), read here rather than by
+  ``safetensors.numpy``, which has no brain float."""
   where = f"safetensors file {path}"
   (size,) = struct.unpack("<Q", data[:8])
   if 8 + size > len(data):
@@ -360,12 +375,33 @@ def _read_safetensors(path: str, data: bytes) -> TensorFile:
     raise ValueError(f"{where} has a corrupt header: {e}") from None
   if not isinstance(header, dict):
     raise ValueError(f"{where} has a corrupt header (not a JSON object)")
-  metadata = _metadata_strings(header.get(METADATA_KEY) or {}, where)
-  try:
-    tensors = load(data)
-  except (SafetensorError, ValueError, TypeError) as e:
-    raise ValueError(f"{where} is corrupt or truncated: {str(e).splitlines()[0]}") from None
-  return TensorFile({k: np.asarray(v) for k, v in tensors.items()}, metadata)
+  metadata = metadata_strings(header.pop(METADATA_KEY, None) or {}, where)
+  body = memoryview(data)[8 + size:]
+  tensors = {}
+  for name, info in header.items():
+    try:
+      dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+      if not (all(isinstance(v, int) and v >= 0 for v in (*shape, begin, end))
+              and isinstance(dtype, str)):
+        raise TypeError
+    except (TypeError, KeyError, ValueError):
+      raise ValueError(f"{where} has a corrupt header: tensor {name!r} needs a dtype, a shape and "
+                       "two data offsets") from None
+    if dtype not in _SAFETENSORS_DTYPES:
+      raise ValueError(f"{where}: tensor {name!r} has dtype {dtype}, which gradjax does not read "
+                       f"(it reads {', '.join(_SAFETENSORS_DTYPES)})")
+    kind = np.dtype(_SAFETENSORS_DTYPES[dtype]).newbyteorder("<")
+    if end > len(body) or begin > end:
+      raise ValueError(f"{where} is corrupt or truncated: tensor {name!r} lies at bytes "
+                       f"{begin}-{end} of {len(body)}")
+    if end - begin != math.prod(shape) * kind.itemsize:
+      raise ValueError(f"{where} is corrupt: tensor {name!r} of shape {tuple(shape)} and dtype "
+                       f"{dtype} needs {math.prod(shape) * kind.itemsize} bytes, its offsets give "
+                       f"{end - begin}")
+    array = np.frombuffer(body[begin:end], kind).reshape(shape)
+    tensors[name] = (array.astype(np.float32) if array.dtype.kind == "V"
+                     else array.astype(array.dtype.newbyteorder("="), copy=True))
+  return TensorFile(tensors, metadata)
 
 
 def _read_npz(path: str, data: bytes) -> TensorFile:
@@ -390,7 +426,7 @@ def _read_npz(path: str, data: bytes) -> TensorFile:
         text = value.tobytes().decode("utf-8")
       else:
         raise ValueError(f"{METADATA_KEY!r} must be a JSON string")
-      metadata = _metadata_strings(json.loads(text), where)
+      metadata = metadata_strings(json.loads(text), where)
     except (UnicodeDecodeError, ValueError) as e:
       raise ValueError(f"{where}: invalid metadata: {e}") from None
   return TensorFile(tensors, metadata)
@@ -410,7 +446,7 @@ def write(path, tensors: dict[str, np.ndarray], metadata: dict[str, Any] | None 
     if arr.dtype.kind not in "biuf":
       raise ValueError(f"tensor {name!r} has dtype {arr.dtype}; only numeric arrays can be written")
     arrays[name] = arr
-  meta = _metadata_strings(dict(metadata or {}), "write")
+  meta = metadata_strings(dict(metadata or {}), "write")
   if file_format(path) == "npz":
     arrays[METADATA_KEY] = np.asarray(json.dumps(meta, sort_keys=True))
     files.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
@@ -447,6 +483,10 @@ def parse_renames(spec: str | None) -> tuple[tuple[str, str], ...]:
     if "=" not in item:
       raise ValueError(f"bad rename rule {item!r}: use pattern=replacement")
     pattern, repl = item.split("=", 1)
+    try:
+      re.compile(pattern)
+    except re.error as e:
+      raise ValueError(f"bad rename rule {item!r}: {pattern!r} is no regular expression ({e})") from None
     out.append((pattern, repl))
   return tuple(out)
 
@@ -629,10 +669,10 @@ def observation_from_files(variables, params_tree_like, observation: TensorFile,
     lr = _float(meta, "local_lr", where)
     if lr is None:
       raise ValueError(f"{where}: local training needs local_lr")
-    local = clients.LocalTraining(epochs=_int(meta, "local_epochs", where) or 1,
+    epochs, momentum = _int(meta, "local_epochs", where), _float(meta, "local_momentum", where)
+    local = clients.LocalTraining(epochs=1 if epochs is None else epochs,
                                   batch_size=_int(meta, "local_batch_size", where),
-                                  learning_rate=lr,
-                                  momentum=_float(meta, "local_momentum", where) or 0.0)
+                                  learning_rate=lr, momentum=0.0 if momentum is None else momentum)
   reduction = meta.get("loss_reduction", "mean")
   if reduction not in ("mean", "sum"):
     raise ValueError(f"{where}: metadata loss_reduction must be mean or sum, got {reduction!r}")

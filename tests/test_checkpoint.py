@@ -1,6 +1,7 @@
 """gradjax.checkpoint: .npz round trips without pickle, one-line errors, and rebuilding a model."""
 
 import io
+import re
 import json
 import os
 import zipfile
@@ -226,3 +227,26 @@ def test_pipeline_attacks_the_checkpointed_model(tmp_path):
             "data.image_size": 16, "attack.iterations": 2,
             "model.checkpoint": str(tmp_path / "norm.npz")
         }))
+
+
+def _npy(header: bytes, data: bytes = b"") -> bytes:
+  """An .npy entry (format 1.0) with ``header`` as its dictionary, padded as NumPy pads it."""
+  header += b" " * (63 - (len(header) + 10) % 64) + b"\n"
+  return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + data
+
+
+@pytest.mark.parametrize("header, data, message", [
+    # A shape of 4 TB in a file of 16 bytes: refused before NumPy allocates it.
+    (b"{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }", b"\0" * 16,
+     "shape (1000000000000,) and dtype float32 need 4000000000000 bytes, it holds 16"),
+    (b"{'descr': garbage", b"", "is corrupt: its header"),
+    (b"{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", b"\0" * 16,
+     "need 24 bytes, it holds 16"),
+])
+def test_an_npz_entry_whose_header_lies_is_refused_before_it_is_read(header, data, message):
+  buf = io.BytesIO()
+  with zipfile.ZipFile(buf, "w") as z:
+    z.writestr("params/w.npy", _npy(header, data))
+  with pytest.raises(ValueError, match=re.escape(message)) as e:
+    checkpoint.npz_arrays(buf.getvalue(), "test")
+  assert "\n" not in str(e.value) and "entry 'params/w'" in str(e.value)

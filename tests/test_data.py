@@ -439,3 +439,38 @@ def test_duplicate_label_batches():
   np.testing.assert_array_equal(batches, again)
   with pytest.raises(ValueError, match="classes have"):
     data.duplicate_label_batches(y, 6, 1, 11, 3, rng)
+
+
+def test_sixteen_bit_and_float_images_and_corrupt_streams(tmp_path):
+  """A 16-bit gray PNG is read as its values over 65535 (not clipped as 8 bits); a floating-point
+  TIFF, whose range is unknown, is refused; a gzip stream with corrupt bytes is one line."""
+  deep = (np.arange(24 * 24).reshape(24, 24) * 113 % 65536).astype(np.uint16)
+  _save(tmp_path / "deep" / "a.png", deep)
+  ds = data.load("folder", data_dir=str(tmp_path / "deep"))
+  assert ds.x.shape == (1, 24, 24, 1)
+  np.testing.assert_allclose(ds.x[0, ..., 0], deep / 65535, rtol=1e-6)
+  rgb = data.load("folder", data_dir=str(tmp_path / "deep"), channels=3)
+  np.testing.assert_allclose(rgb.x[0], np.repeat(deep[..., None] / 65535, 3, axis=-1), rtol=1e-6)
+  _save(tmp_path / "float" / "a.tif", np.ones((8, 8), np.float32))
+  with pytest.raises(ValueError, match="floating-point pixels"):
+    data.load("folder", data_dir=str(tmp_path / "float"))
+  images = np.random.default_rng(0).integers(0, 4, (3, 28, 28)).astype(np.uint8)
+  packed = bytearray(gzip.compress(_idx(2051, images), compresslevel=9))
+  packed[30:40] = b"\xff" * 10  # inside the deflate stream: zlib's error, not gzip's CRC check
+  (tmp_path / "t10k-images-idx3-ubyte.gz").write_bytes(bytes(packed))
+  (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(_idx(2049, np.array([5, 6, 7])))
+  with pytest.raises(ValueError, match="corrupt IDX file") as e:
+    data.load("mnist", data_dir=str(tmp_path))
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("labels, message", [
+    (np.array([0.5, 1.0]), "labels must be integers in 0..9, got float64"),
+    (np.array(["cat", "dog"]), "labels must be integers in 0..9"),
+    (np.array([3, 10]), "labels must be integers in 0..9, got int64"),
+])
+def test_cifar_labels_that_are_no_classes_are_refused(tmp_path, labels, message):
+  (tmp_path / "cifar10").mkdir()
+  np.savez(tmp_path / "cifar10" / "cifar10_test_prefix.npz", x=np.zeros((2, 32, 32, 3), np.uint8), y=labels)
+  with pytest.raises(ValueError, match=message):
+    data.load("cifar10", data_dir=str(tmp_path))
