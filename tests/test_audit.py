@@ -322,3 +322,43 @@ def test_a_target_psnr_ends_the_attack_once_reached():
   for results, _ in pipeline.run_clients(together, target_psnr=25.0):
     assert results["target_psnr"]["reached"] and results["iterations"] < 2000
     assert results["clients_together"] == 2
+
+
+def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path):
+  """A ``capture.json`` whose fields have other types than the recorder writes, or a client folder
+  without one, is that client's failed row, not the end of the audit; ``rows.json`` rows of other
+  types are attacked again; a second audit writes its run beside the first one's, never over it."""
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
+  mapping = interop.zoo_mapping(model)
+  weights = tmp_path / "round_weights.safetensors"
+  interop.save_weights(weights, model, mapping)
+  after = jax.tree.map(lambda w: np.asarray(w) - 1e-3, model.variables["params"])
+  round_dir = tmp_path / "audit" / "round_1"
+  round_dir.mkdir(parents=True)
+  meta = {"num_samples": 1, "local_lr": 0.1, "model": "lenet_zhu"}
+  for client in ("1", "2", "3"):
+    audit.write_capture(round_dir / f"client_{client}", str(weights),
+                        interop.params_to_torch(after, mapping), {"round": 1, "client": client}, meta)
+  (round_dir / "client_2" / audit.CAPTURE).write_text(json.dumps({"error": 5, "metadata": meta}))
+  (round_dir / "client_3" / audit.CAPTURE).write_text(json.dumps({"metadata": {**meta, "num_samples": "abc"}}))
+  (round_dir / "client_4").mkdir()  # no capture.json
+  settings = audit.Settings(attacks=("idlg",), iterations=2, lpips="none")
+  rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
+  by_client = {r["client"]: r for r in rows}
+  assert by_client["1"].get("error") is None and by_client["1"]["run"].endswith("client_1/idlg")
+  assert "'error' must be a string" in by_client["2"]["error"]
+  assert by_client["4"]["error"] == "no capture.json in the capture folder"
+  first = (tmp_path / "audit" / by_client["1"]["run"] / "metrics.json").read_bytes()
+  # Auto reads the metadata: a count that is not a number is the capture's error.
+  auto_rows = audit.attack_round([c for c in audit.captures(tmp_path / "audit") if c.client == "3"],
+                                 audit.Settings(iterations=2, lpips="none"), log=lambda s: None)[0]
+  assert len(auto_rows) == 1 and "metadata do not describe an update" in auto_rows[0]["error"], auto_rows
+  # Rows of other types in rows.json: attacked again on --resume, not read back.
+  (round_dir / "client_1" / audit.ROWS).write_text(json.dumps(
+      {"settings": json.loads(json.dumps(settings._asdict())), "rows": [{}]}))
+  again = audit.audit(tmp_path / "audit", settings, log=lambda s: None, resume=True)
+  run = next(r for r in again if r["client"] == "1")["run"]
+  assert run.endswith("client_1/idlg-1"), run
+  assert (tmp_path / "audit" / by_client["1"]["run"] / "metrics.json").read_bytes() == first
+  index = json.loads((tmp_path / "audit" / "index.json").read_text())
+  assert next(r for r in index["rows"] if r["client"] == "1")["run"] == run

@@ -11,7 +11,8 @@ form where the model allows one (``exclusive_neurons`` for a ReLU dense first la
 one example of a ReLU LeNet, then ``inverting_gradients_batch``); several steps get the replayed local training (Inverting Gradients' FedAvg attack)
 and DLM+; an unknown schedule gets DLM+. With ``--dataset``, captures whose client
 reported its ``data_indices`` are scored (PSNR, SSIM, LPIPS). Writes per capture and attack
-``<round>/<client>/<attack>/`` (metrics.json, reconstruction.npy, report.html, ...) and over the
+``<round>/<client>/<attack>/`` (metrics.json, reconstruction.npy, report.html, ...; ``<attack>-1``,
+``-2``, ... where an earlier audit wrote that one: never replaced) and over the
 federation ``index.json``, ``index.md`` and ``index.html``. A malformed capture or a failing attack
 is a row with its error, and the program then ends with one line and exit code 1 once the index
 is written; bad flags or a --dataset that cannot be loaded: one-line error, exit code 2. The index

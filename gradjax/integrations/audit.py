@@ -328,6 +328,26 @@ class Capture(NamedTuple):
     return self.info.get("error")
 
 
+def _check_capture_info(info: dict[str, Any]) -> None:
+  """``ValueError`` (one line) where a ``capture.json`` read back holds a field of another type than
+  :func:`write_capture` writes: ``error`` a string, ``metadata`` an object of strings and numbers,
+  ``reply`` an integer, ``data_indices`` a list of integers."""
+  def bad(key, want):
+    raise ValueError(f"its {key!r} must be {want}, got {json.dumps(info[key])[:60]}")
+  if info.get("error") is not None and not isinstance(info["error"], str):
+    bad("error", "a string")
+  if info.get("metadata") is not None:
+    if not isinstance(info["metadata"], dict):
+      bad("metadata", "an object")
+    interop.metadata_strings(info["metadata"], "metadata")
+  if info.get("reply") is not None and (not isinstance(info["reply"], int) or isinstance(info["reply"], bool)):
+    bad("reply", "an integer")
+  indices = info.get("data_indices")
+  if indices is not None and not (isinstance(indices, list) and all(
+      isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices)):
+    bad("data_indices", "a list of example indices")
+
+
 def captures(audit_dir) -> list[Capture]:
   """Every capture under ``audit_dir``, by round then client; ``ValueError`` when there is none."""
   audit_dir = os.fspath(audit_dir)
@@ -341,13 +361,18 @@ def captures(audit_dir) -> list[Capture]:
       continue
     for cname in sorted(os.listdir(os.path.join(audit_dir, rname))):
       folder = os.path.join(audit_dir, rname, cname)
-      if not cname.startswith("client_") or not os.path.isfile(os.path.join(folder, CAPTURE)):
+      if not cname.startswith("client_") or not os.path.isdir(folder):
+        continue
+      if not os.path.isfile(os.path.join(folder, CAPTURE)):  # written whole, so never by a recording
+        found.append(Capture(int(m.group(1)), cname[len("client_"):], folder,
+                             {"error": f"no {CAPTURE} in the capture folder"}))
         continue
       try:
         with open(os.path.join(folder, CAPTURE), encoding="utf-8") as fh:
           info = json.load(fh)
         if not isinstance(info, dict):
           raise ValueError("not a JSON object")
+        _check_capture_info(info)
       except (OSError, ValueError) as e:
         info = {"error": f"unreadable {CAPTURE}: {e}"}
       found.append(Capture(int(m.group(1)), cname[len("client_"):], folder, info))
@@ -442,7 +467,8 @@ def _sent_imprinted(capture: Capture, model: str, meta: dict[str, Any]) -> bool:
 def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], None] = print, *,
                    truth: data.Dataset | None = None,
                    target_psnr: float | None = None) -> list[dict[str, Any]]:
-  """Runs the attacks on one capture; writes each one's run files into ``<capture>/<attack>/``.
+  """Runs the attacks on one capture; writes each one's run files into ``<capture>/<attack>/``
+  (``<attack>-1``, ``-2``, ... where an earlier audit's are: they are never replaced).
 
   ``truth``: the client's examples to score against (images in [0, 1]); default: loaded from
   ``settings.dataset`` at the capture's ``data_indices``. ``target_psnr``: with a truth, each
@@ -487,7 +513,12 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   chosen = tuple(names) == (auto.AUTO,)  # auto also sets what depends on the model family
   meta = capture.info.get("metadata", {})
   if chosen:
-    names = auto.for_metadata(meta, settings.model)
+    try:
+      names = auto.for_metadata(meta, settings.model)
+    except (ValueError, TypeError) as e:  # a metadata value of another type than interop writes
+      error = f"{CAPTURE}: metadata do not describe an update: {str(e).splitlines()[0]}"
+      log(f"round {capture.round} client {capture.client}: error: {error}")
+      return [{**base, "attack": None, "error": error}]
     model = settings.model or meta.get("model")
     if model and _sent_imprinted(capture, model, meta):  # a malicious server: its own read-out first
       names = ("imprint", *names)
@@ -575,7 +606,7 @@ def _failed_row(capture: Capture, base: dict, name: str, error: Exception, log) 
 def _attacked_row(capture: Capture, base: dict, name: str, results: dict, images: dict,
                   log) -> dict[str, Any]:
   """The row of attack ``name`` on ``capture``, its run files written into ``<capture>/<name>/``."""
-  out = os.path.join(capture.folder, name)
+  out = unique_dir(os.path.join(capture.folder, name))  # an earlier audit's files stay as they were
   report.write_run(out, results, images, f"{name}, round {capture.round}, client {capture.client}")
   row = {**base, "attack": name, **{k: results.get(k) for k in SUMMARY_KEYS},
          "run": os.path.relpath(out, os.path.dirname(os.path.dirname(capture.folder))),
@@ -640,7 +671,7 @@ def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | No
   if not isinstance(kept, dict) or kept.get("settings") != _settings_json(settings):
     return None
   rows = kept.get("rows")
-  return rows if isinstance(rows, list) and all(isinstance(r, dict) for r in rows) else None
+  return rows if isinstance(rows, list) and rows and all(_valid_row(r) for r in rows) else None
 
 
 def attack_captures(found: Sequence[Capture], settings: Settings,
@@ -707,7 +738,20 @@ def read_index(index_dir) -> list[dict[str, Any]]:
       rows = json.load(fh).get("rows", [])
   except (OSError, ValueError, AttributeError):
     return []
-  return [r for r in rows if isinstance(r, dict) and "round" in r and "client" in r]
+  return [r for r in rows if _valid_row(r)] if isinstance(rows, list) else []
+
+
+def _valid_row(row: Any) -> bool:
+  """Whether ``row``, read back from a file (``index.json``, ``rows.json``), has the types an audit
+  writes: an integer round, a client, text where there is text and numbers for the scores."""
+  if not (isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool)
+          and isinstance(row.get("client"), (str, int))):
+    return False
+  numbers = all(row.get(k) is None or (isinstance(row[k], (int, float)) and not isinstance(row[k], bool))
+                for k in SUMMARY_KEYS)
+  texts = all(row.get(k) is None or isinstance(row[k], str)
+              for k in ("attack", "error", "reason", "verdict", "run"))
+  return numbers and texts
 
 
 def merged_rows(earlier: list[dict], new: list[dict]) -> list[dict]:
