@@ -450,6 +450,9 @@ def parse(spec: str) -> Defense:
   if not isinstance(spec, str) or not spec.strip():
     raise ValueError(f"empty defense spec; valid forms: {_valid_forms()}")
   parts = [p.strip() for p in spec.split(",")]
+  if len(parts) > 1 and any(p.split(":")[0].strip().lower() == "none" for p in parts):
+    raise ValueError(f"'none' is no defense to combine in {spec!r} (several specs are a table's: "
+                     "defense-sweep --defenses separates them with ';')")
   defenses = []
   for part in parts:
     fields = [f.strip() for f in part.split(":")]

@@ -156,6 +156,14 @@ BAD_FLAGS = [
     (["--attack=exclusive_neurons"], "first layer is a biased dense layer"),
     (["--priors=tv:abc"], "name:weight"),
     (["--client=fedprox"], "unknown client"),
+    (["--image_size=2"], "image_size must be at least 3"),
+    (["--config.client.local_epochs=2"], "--config.client.local_epochs do not apply to --client=fedsgd"),
+    (["--config.data.tokenizer=bpe:100"], "--config.data.tokenizer is for text"),
+    (["--modality=text", "--model=transformer", "--attack=sapag", "--image_size=32"],
+     "--image_size is for images"),
+    (["--config.bogus.key=1"], "--config.bogus.key: no section or option 'bogus'"),
+    (["--config.attack.bogus=1"], "--config.attack.bogus: no section or option 'bogus'"),
+    (["--config.model.rename=fc=linear"], "renames the tensors of captured files"),
 ]
 
 
@@ -186,6 +194,11 @@ def _bad_files(tmp_path):
     pickle.dump({"params": np.zeros(3)}, f)
   np.savez(tmp_path / "objects.npz", __metadata__=np.array([{"a": 1}], dtype=object))
   (tmp_path / "a_file").write_text("not a folder")
+  (tmp_path / "a_sweep").mkdir()  # another program's run
+  (tmp_path / "a_sweep" / "config.py").write_text("# The configuration of the run in this folder.\n"
+                                                  "# Command: gradjax sweep --count=2\n")
+  (tmp_path / "notes").mkdir()  # a user's folder
+  (tmp_path / "notes" / "todo.txt").write_text("mine")
   locked = tmp_path / "locked"
   locked.mkdir()
   os.chmod(locked, 0o500)
@@ -213,7 +226,15 @@ BAD_FILES = [
     (["--resume", "--overwrite"], "give one of them"),
     (["--resume"], "no interrupted run"),
     (["--iterations=0"], "iterations must be positive"),
-    (["--image_size=-3"], "image_size must be positive"),
+    (["--image_size=-3"], "image_size must be at least 3"),
+    (["--checkpoint={d}/good.npz", "--model=resnet18"], "holds a model with --model=mlp, not resnet18"),
+    (["--checkpoint={d}/good.npz", "--config.model.act=tanh"], "holds a model with --config.model.act=its default"),
+    (["--weights={d}/good.npz", "--observation={d}/good.npz", "--batch_size=4"], "--batch_size is a simulated client's"),
+    (["--weights={d}/good.npz", "--observation={d}/good.npz", "--config.model.rename=(=x"], "is no regular expression"),
+    (["--resume", "--output_dir={d}/a_sweep"], "holds a run of gradjax sweep, not of gradjax reconstruct"),
+    (["--resume", "--output_dir={d}/notes"], "holds files of no gradjax run"),
+    (["--config={d}"], "is a folder; give a Python file's path"),
+    (["--compilation_cache={d}/a_file"], "--compilation_cache"),
     (["--coordinator_address=localhost", "--num_processes=2", "--process_id=0"], "must be host:port"),
     (["--config.model.num_classes=0"], "num_classes must be at least 2"),
 ]
@@ -677,6 +698,7 @@ BAD_CONFIG_FILES = {
     "wrong_type.py": ("from gradjax.run import config\ndef get_config():\n  c = config.defaults()\n"
                       "  c.attack.iterations = 'ten'\n  return c\n", "Could not override field 'iterations'"),
     "number.py": ("def get_config():\n  return 3\n", "get_config() returned int, not a configuration"),
+    "none.py": ("def get_config():\n  pass\n", "get_config() returned NoneType, not a configuration"),
 }
 
 
@@ -1043,3 +1065,39 @@ def test_the_lpips_hint_is_the_readmes(monkeypatch):
   assert lpips.INSTALL in pipeline.lpips_absent("alex", object(), (64, 64))
   with pytest.raises(ValueError, match=re.escape(lpips.INSTALL)):
     config.check(config.from_options({"output.lpips": "alex"}))
+
+
+@pytest.mark.slow
+def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
+  """Options a program does not read, empty items, a resume into another program's folder and a
+  file beside the results file: one line and exit 2 each, and the user's files as they were."""
+  (tmp_path / "a_run").mkdir()  # a finished reconstruct run
+  (tmp_path / "a_run" / "config.py").write_text("# Command: gradjax reconstruct\n")
+  (tmp_path / "a_run" / "metrics.json").write_text("{}")
+  (tmp_path / "labels.md").write_text("my notes")
+  cases = [
+      (["label-accuracy", "--count=1", "--checkpoint=x.npz"], "Unknown command line flag 'checkpoint'"),
+      (["label-accuracy", "--count=1", "--weights=w.safetensors"], "Unknown command line flag 'weights'"),
+      (["label-recovery", "--count=1", "--index=5"], "Unknown command line flag 'index'"),
+      (["label-recovery", "--count=1", f"--output={tmp_path / 'labels.json'}"], "labels.md exists"),
+      (["defense-sweep", "--count=1", "--defense=prune:0.3"], "Unknown command line flag 'defense'"),
+      (["defense-sweep", "--count=1", "--defenses=none;;prune:0.3"], "without empty ones"),
+      (["defense-sweep", "--count=1", "--defenses=none,prune:0.3"], "'none' is no defense to combine"),
+      (["dlm-table", "--count=1", "--attack=idlg"], "the table's attacks are its --methods"),
+      (["dlm-table", "--count=1", "--psnr_threshold=-5"], "--psnr_threshold must be positive"),
+      (["sweep", "--count=1", "--index=5"], "a sweep's images are --start and --count"),
+      (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'a_run'}"],
+       "holds a run of gradjax reconstruct, not of gradjax sweep"),
+      (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'nothing'}"], "holds no saved state"),
+      (["text-table", "--count=1", "--examples=-1"], "--examples=-1"),
+      (["train", "--config.training.lr_gamma=0.5"], "give them too"),
+      (["train", "--epochs=2", "--config.training.lr_milestones=2"], "lie after the last of --epochs=2"),
+  ]
+  for program in dict.fromkeys(args[0] for args, _ in cases):  # one process per program (its flags)
+    mine = [(args, message) for args, message in cases if args[0] == program]
+    results = run_in_one_process([(["gradjax", *args], tmp_path) for args, _ in mine])
+    for (args, message), proc in zip(mine, results, strict=True):
+      _assert_one_line_error(proc, message, args)
+  assert (tmp_path / "labels.md").read_text() == "my notes"
+  assert sorted(os.listdir(tmp_path / "a_run")) == ["config.py", "metrics.json"]
+  assert not (tmp_path / "nothing").exists() and not (tmp_path / "runs").exists()

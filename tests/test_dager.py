@@ -326,7 +326,8 @@ def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
   assert results["exact"] == 3 and results["rouge1"] == 1.0 and results["found"] == 3
   assert results["residual"]["relative_error"] < 1e-5  # the found batch's gradient is the update
   assert results["verdict"]["status"] == "leak"
-  for bad in ({"data.modality": "image", "data.dataset": "skimage", "model.name": "lenet_zhu"},
+  text_only = {p: config.option(p).default for p in config.TEXT_ONLY}  # an image run sets none
+  for bad in ({"data.modality": "image", "data.dataset": "skimage", "model.name": "lenet_zhu", **text_only},
               {"attack.restarts": 2}):
     with pytest.raises(ValueError, match="dager"):
       config.check(config.replace(cfg, bad))

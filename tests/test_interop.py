@@ -418,6 +418,9 @@ BAD_CAPTURES = [
     (lambda w, g, bad: _rewrite(g, bad, lambda t, m: ({k: v for k, v in t.items() if k != "fc.0.bias"}, m)),
      "missing tensor 'fc.0.bias'"),
     (lambda w, g, bad: os.mkdir(bad), "is a directory"),
+    # A count of 0 local epochs is no schedule, not the default's one epoch.
+    (lambda w, g, bad: _rewrite(g, bad, lambda t, m: (t, {**m, "kind": "update", "local_lr": "0.1",
+                                                          "local_epochs": "0"})), "epochs >= 1"),
     (lambda w, g, bad: None, "does not exist"),
 ]
 
@@ -518,3 +521,89 @@ def test_a_batch_size_that_contradicts_the_capture_is_refused(tmp_path, photos):
   })
   with pytest.raises(ValueError, match=r"--batch_size=2, but the capture holds 1 sample: its ground truth is images 3..3"):
     pipeline.run(cfg)
+
+
+def _safetensors_bytes(entries, metadata=None):
+  """A safetensors file built by hand from (name, dtype name, array) rows, as the format's
+  specification lays it out: u64 header size, JSON header, then the tensors' bytes in order."""
+  header, body = {}, b""
+  for name, dtype, array in entries:
+    raw = np.ascontiguousarray(array).tobytes()
+    header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [len(body), len(body) + len(raw)]}
+    body += raw
+  if metadata is not None:
+    header["__metadata__"] = metadata
+  text = json.dumps(header).encode()
+  return len(text).to_bytes(8, "little") + text + body
+
+
+def test_safetensors_of_every_width_are_read_and_brain_floats_become_float32(tmp_path):
+  import ml_dtypes
+  from safetensors.numpy import save
+  values = np.array([[0.1, -2.5, 3.0e4], [1e-3, 0.0, -7.25]])
+  entries = [("bf16", "BF16", values.astype(ml_dtypes.bfloat16)),
+             ("e4m3", "F8_E4M3", np.clip(values, -448, 448).astype(ml_dtypes.float8_e4m3fn)),
+             ("e5m2", "F8_E5M2", values.astype(ml_dtypes.float8_e5m2)),
+             ("f16", "F16", values.astype(np.float16)), ("f64", "F64", values),
+             ("i64", "I64", np.arange(6, dtype=np.int64).reshape(2, 3)),
+             ("u8", "U8", np.arange(3, dtype=np.uint8)), ("empty", "F32", np.zeros((0, 4), np.float32))]
+  path = tmp_path / "widths.safetensors"
+  path.write_bytes(_safetensors_bytes(entries, {"kind": "gradient"}))
+  read = interop.read(path)
+  assert read.metadata == {"kind": "gradient"}
+  for name, _, array in entries:
+    want = array.astype(np.float32) if array.dtype.kind == "V" else array  # ml_dtypes' exact widening
+    assert read.tensors[name].dtype == want.dtype and np.array_equal(read.tensors[name], want), name
+  # What safetensors' own writer writes reads back the same.
+  arrays = {"a": values.astype(np.float32), "b": np.arange(4, dtype=np.int32)}
+  (tmp_path / "own.safetensors").write_bytes(save(arrays, metadata={"x": "1"}))
+  again = interop.read(tmp_path / "own.safetensors")
+  assert again.metadata == {"x": "1"} and all(np.array_equal(again.tensors[k], v) for k, v in arrays.items())
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda h: h["a"].update(dtype="C64"), "has dtype C64, which gradjax does not read"),
+    (lambda h: h["a"].update(data_offsets=[0, 10 ** 9]), "lies at bytes 0-1000000000"),
+    (lambda h: h["a"].update(shape=[5, 5]), "needs 100 bytes, its offsets give 24"),
+    (lambda h: h["a"].pop("dtype"), "needs a dtype, a shape and two data offsets"),
+    (lambda h: h["a"].update(shape=[-1]), "needs a dtype, a shape and two data offsets"),
+])
+def test_a_corrupt_safetensors_header_is_one_line(tmp_path, edit, message):
+  data = _safetensors_bytes([("a", "F32", np.ones((2, 3), np.float32))])
+  size = int.from_bytes(data[:8], "little")
+  header = json.loads(data[8:8 + size])
+  edit(header)
+  text = json.dumps(header).encode()
+  (tmp_path / "bad.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size:])
+  with pytest.raises(ValueError, match=message) as e:
+    interop.read(tmp_path / "bad.safetensors")
+  assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_capture_replaced_since_its_state_was_saved_is_another_run(lenet_files, tmp_path):
+  """A saved state records the digests of the files attacked: the same command on a file of the
+  same name and other content does not continue it; the file as it was does."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  w, g = lenet_files
+  original = g.read_bytes()
+  out = tmp_path / "run"
+  args = [f"--weights={w}", f"--observation={g}", "--iterations=3000", "--save_every_s=0",
+          "--config.execution.chunk=10", f"--output_dir={out}"]
+  proc = subprocess.Popen([sys.executable, "-m", "gradjax", "reconstruct", *args], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  deadline = time.monotonic() + 240
+  while not (out / "state.npz").exists() and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+  _rewrite(g, g, lambda t, m: ({k: v * 2 for k, v in t.items()}, m))
+  refused = _cli(*args, "--resume")
+  assert refused.returncode == 2 and "belongs to another run (input_sha256" in refused.stderr, refused.stderr[-2000:]
+  g.write_bytes(original)
+  resumed = _cli(*args, "--resume")
+  assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]

@@ -164,6 +164,10 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   os.mkdir(tmp_path / "dir.npz")
   with pytest.raises(ValueError, match="is a directory"):
     resume.load(tmp_path / "dir.npz", None)
+  for extra in ({"history": "not rows"}, {"wall_time_s": "slow"}):  # extras of other types
+    _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
+        path, fingerprint={"iterations": 60, "seed": 0}, every_s=0, extra=lambda: extra)))
+    refused({"iterations": 60, "seed": 0}, "malformed extras")
 
 
 def test_progress_says_compiling_and_rates_exclude_it():

@@ -18,7 +18,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from gradjax import compilation, configs, files, progress
+from gradjax import checkpoint, compilation, configs, files, progress
 from gradjax.run import campaign, config, resume
 from gradjax.run.config import Config
 from gradjax.cli import distributed
@@ -269,10 +269,37 @@ def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None 
 
 def config_from_flags(overrides: dict[str, Any] | None = None) -> Config:
   """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. With ``--print_config``:
-  prints it and exits 0."""
+  prints it and exits 0. A simulated FedSGD client's run given FedAvg's local training options
+  (which it would not read): one line, exit 2."""
   cfg = config.from_options(options_from_flags(overrides=overrides))
   print_config(cfg)
+  given = options_given()
+  try:
+    config.check_input_files(cfg)
+  except (ValueError, FileNotFoundError) as e:
+    fail(str(e))
+  if cfg.client.name == "fedsgd" and not cfg.client.observation:
+    ignored = [p for p in config.unread_by_client("fedsgd", given) if p.startswith("client.")]
+    if ignored:
+      fail(f"{', '.join(config.flag(p) for p in ignored)} do not apply to --client=fedsgd")
+  if cfg.model.checkpoint:
+    _check_checkpoint_model(cfg, given)
   return cfg
+
+
+def _check_checkpoint_model(cfg: Config, given: set[str]) -> None:
+  """One line, exit 2, where ``--model``, its activation or init, given beside ``--checkpoint``,
+  differ from what the checkpoint holds (the checkpoint's are used)."""
+  try:
+    saved = checkpoint.read_metadata(cfg.model.checkpoint)
+  except ValueError as e:
+    fail(str(e))
+  for key, path in (("model", "model.name"), ("act", "model.act"), ("init", "model.init")):
+    held = saved.get(key)
+    if path in given and config.get(cfg, path) != held and (held is not None or key != "model"):
+      fail(f"--checkpoint {cfg.model.checkpoint} holds a model with {config.flag(path)}="
+           f"{'its default' if held is None else held}, not {config.get(cfg, path)}: drop "
+           f"{config.flag(path)}")
 
 
 def print_config(options: Config | dict[str, Any]) -> None:
@@ -368,12 +395,16 @@ def _define_overwrite() -> None:
                       "--output_dir that holds its files, or an existing --output file.")
 
 
-def check_output_file() -> None:
+def check_output_file(beside: tuple[str, ...] = ()) -> None:
   """Once the configuration is resolved (after --print_config), before anything is computed: one
-  line and exit 2 where --output names an existing file and --overwrite is not given."""
+  line and exit 2 where --output names an existing file, or one the program writes beside it
+  (``beside``: extensions replacing --output's, e.g. ``(".md",)``), and --overwrite is not given."""
   f = flags.FLAGS
-  if f.output and os.path.exists(f.output) and not f.overwrite:
-    fail(f"--output {f.output} exists; give another name, or --overwrite to replace it")
+  if not f.output or f.overwrite:
+    return
+  for path in (f.output, *(os.path.splitext(f.output)[0] + ext for ext in beside)):
+    if os.path.exists(path):
+      fail(f"--output {f.output}: {path} exists; give another name, or --overwrite to replace it")
 
 
 def _check_results_file(path: str | None) -> bool:
@@ -426,6 +457,17 @@ def define_table_flags(psnr: bool = True, methods: bool = False, start: bool = T
   flags.register_validator("count", lambda v: v >= 1, "--count must be positive")
   if psnr:
     flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")
+    flags.register_validator("psnr_threshold", lambda v: v > 0,
+                             "--psnr_threshold must be positive (dB; images in [0, 1] score >= 0)")
+
+
+def semicolon_list(name: str, value: str) -> list[str]:
+  """The items of a table's semicolon-separated flag ``--name`` (spaces around them dropped); one
+  line and exit 2 for an empty item (``a;;b``)."""
+  items = [s.strip() for s in value.split(";")]
+  if not any(items) or not all(items):
+    fail(f"--{name} takes semicolon-separated items without empty ones, got {value!r}")
+  return items
 
 
 def log_progress(p: progress.Progress):
@@ -456,6 +498,40 @@ def _holds_files(path: str) -> bool:
   return os.path.isdir(path) and any(os.scandir(path))
 
 
+def recorded_command(out: str) -> list[str] | None:
+  """The command (program and flags) that ``<out>/config.py`` records (:func:`write_config`);
+  ``None`` where there is no such file or line."""
+  try:
+    with open(os.path.join(out, "config.py"), encoding="utf-8") as fh:
+      for line in fh:
+        if line.startswith("# Command: "):
+          return shlex.split(line[len("# Command: "):])
+        if not line.startswith("#"):
+          return None
+  except (OSError, UnicodeDecodeError, ValueError):
+    return None
+  return None
+
+
+def _check_resumable(out: str) -> None:
+  """Exits with one line unless ``out`` holds a run of this program to continue: files, among them
+  a saved state or finished experiments (``items/``) or this program's ``config.py``, and no
+  ``config.py`` of another command."""
+  if not _holds_files(out):
+    fail(f"--resume: {out} holds no saved state or run to continue; run without --resume to start "
+         "afresh")
+  mine = program()
+  command = recorded_command(out)
+  if command and command[0] == "gradjax" and mine[0] == "gradjax" and command[:2] != mine[:2]:
+    fail(f"--resume: {out} holds a run of {shlex.join(command[:2])}, not of {shlex.join(mine)}; "
+         "choose another folder")
+  ours = command is not None or os.path.isdir(os.path.join(out, "items")) or glob.glob(
+      os.path.join(glob.escape(out), "**", "*" + STATE_FILE), recursive=True)
+  if not ours:
+    fail(f"--resume: {out} holds files of no gradjax run (no config.py, saved state or items/); "
+         "choose another folder")
+
+
 def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
   """Claims the run's folder before any data is loaded or anything compiled, and checks that it is
   writable. ``default``: the folder's name under ``runs/`` (from what is attacked). ``own``: glob
@@ -482,6 +558,8 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
     if _holds_files(out) and not (f.overwrite or resuming):
       fail(f"--output_dir {out} holds another run's files; pass --overwrite to replace them"
            + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
+    if resuming:
+      _check_resumable(out)
   else:
     base = os.path.join("runs", default)
     if resuming:
@@ -511,7 +589,7 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       if os.path.isdir(out) and not any(os.scandir(out)):
         os.rmdir(out)
     atexit.register(remove_if_empty)
-  logging.info("writing to %s", out)
+  print(f"writing to {out}", flush=True)  # stdout: a later error is the one line on stderr
   return out
 
 
@@ -596,6 +674,9 @@ def parse_flags(argv):
   given = [a.removeprefix("--config=") for a in argv[1:] if a.startswith("--config=")]
   if given:  # file.py, or file.py:arg (get_config(arg)'s variant)
     file = _file_of(given[-1])
+    if os.path.isdir(file):
+      fail(f"--config: {file} is a folder; give a Python file's path or a packaged configuration's "
+           f"name ({', '.join(configs.NAMES)})")
     if not os.path.exists(file):
       fail(f"--config: no file {file} (from {os.getcwd()}); give a packaged configuration's name "
            f"({', '.join(configs.NAMES)}) or a Python file's path")
@@ -609,17 +690,23 @@ def parse_flags(argv):
   if any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:]):
     print(grouped_help())
     sys.exit(0)
+  quiet = _Quiet()  # ml_collections' warnings while it reads the file: the error line says it
+  logging.get_absl_logger().addFilter(quiet)
   try:
     argv = flags.FLAGS(argv)
     f = flags.FLAGS
     if "config" in f and f.config is not None:
       f.config.to_dict()  # config_flags reads the file (and applies --config.<path>) only when asked
+    elif given and "config" in f:
+      raise AttributeError("'NoneType' object has no attribute 'to_dict'")
   except flags.Error as e:
     fail(_config_error(e, given) if "Error whilst parsing config file" in str(e) else str(e))
   except SystemExit as e:  # --helpfull prints every module's flags, then absl exits 1
     sys.exit(0 if "--helpfull" in argv[1:] else e.code)
   except Exception as e:  # the --config file's own code, what it returned, or an override
     fail(_config_error(e, given))
+  finally:
+    logging.get_absl_logger().removeFilter(quiet)
   sys.excepthook = _one_line_keyboard_interrupt  # Ctrl-C where nothing is saved: no traceback
   for name in f:  # every float flag of every program: a NaN or inf is caught here, not after a run
     value = f[name].value
@@ -629,9 +716,18 @@ def parse_flags(argv):
     # JAX probes for a TPU runtime and logs "Unable to initialize backend 'tpu'" when there is none.
     py_logging.getLogger("jax._src.xla_bridge").setLevel(py_logging.WARNING)
   if "compilation_cache" in f:
+    if f.compilation_cache and os.path.exists(f.compilation_cache) and not os.path.isdir(f.compilation_cache):
+      fail(f"--compilation_cache {f.compilation_cache} is a file, not a folder")
     compilation.use_persistent_cache(f.compilation_cache, f.compilation_cache_min_secs)
   _launch()
   return argv
+
+
+class _Quiet(py_logging.Filter):
+  """Drops ml_collections' log records (its configuration file reader's warnings)."""
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    return "ml_collections" not in record.pathname
 
 
 def _config_error(e: Exception, given: list[str]) -> str:
@@ -653,6 +749,13 @@ def _config_error(e: Exception, given: list[str]) -> str:
     kind = text.split("'")[1] if text.count("'") >= 2 else "something else"
     return (f"{where}: get_config() returned {kind}, not a configuration (return "
             "gradjax.run.config.defaults() with your changes)")
+  missing = e.args[0] if isinstance(e, AttributeError) and e.args else e  # ml_collections wraps it
+  if isinstance(missing, KeyError) and missing.args and isinstance(missing.args[0], str):
+    name = missing.args[0].strip("'\"")  # an override's unknown section or option
+    named = [a.split("=")[0] for a in sys.argv[1:]
+             if a.startswith("--config.") and name in a.split("=")[0].split(".")]
+    return (f"{named[0] if named else where}: no section or option {name!r} (--help lists the "
+            "options)")
   if isinstance(e, (OSError, KeyError, TypeError, ValueError, AttributeError)):
     return f"{where}: " + " ".join(line.strip("'") for line in lines)
   return f"{where}: get_config() failed: {type(e).__name__}: {' '.join(lines)}"

@@ -50,7 +50,9 @@ DLG_TABLE = ("none;gaussian:1e-8;gaussian:1e-6;gaussian:1e-4;gaussian:1e-3;gauss
              "laplacian:1e-8;laplacian:1e-6;laplacian:1e-4;laplacian:1e-2;fp16;int8;prune:0.01;"
              "prune:0.1;prune:0.2;prune:0.3;prune:0.5;prune:0.7")
 
-common.define_flags(sections=(*config.ATTACK_SECTIONS, "utility"), batched=True)
+# --defenses names the defenses and --start/--count the images: not --defense or --index.
+common.define_flags(sections=(*config.ATTACK_SECTIONS, "utility"), omit=("defense.spec", "data.index"),
+                    batched=True)
 common.define_table_flags(psnr=False)  # success is the verdict's rule
 flags.DEFINE_string("defenses", DLG_TABLE, "Semicolon-separated defense specs ('none' = undefended).")
 common.define_output_flags()
@@ -136,8 +138,8 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  specs = [s.strip() for s in f.defenses.split(";") if s.strip()]
-  if not specs or f.count < 1:
+  specs = common.semicolon_list("defenses", f.defenses)
+  if f.count < 1:
     common.fail("need at least one defense and a positive --count")
   table = []
   start = time.perf_counter()

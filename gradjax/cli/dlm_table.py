@@ -40,7 +40,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import data, metrics
+from gradjax import configs, data, metrics
 from gradjax.run import campaign, config, report
 
 METHODS = {
@@ -82,7 +82,9 @@ GAMMA_VARIANTS = {
 }
 ALL_METHODS = {**METHODS, **GAMMA_VARIANTS}
 
-common.define_flags("dlm", batched=True)  # the paper's protocol: gradjax/configs/dlm.py
+# The paper's protocol (gradjax/configs/dlm.py); --methods names the attacks (the protocol's preset
+# is the rows' base) and --start/--count the images, not --index.
+common.define_flags("dlm", omit=("data.index",), batched=True)
 common.define_table_flags(methods=True)
 common.define_output_flags()
 common.define_launch_flags(collectives=False)  # experiments split over processes
@@ -144,7 +146,7 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  names = [m.strip() for m in (f.methods or ";".join(METHODS)).split(";") if m.strip()]
+  names = common.semicolon_list("methods", f.methods or ";".join(METHODS))
   if "gamma" in names:
     names = [m for m in names if m != "gamma"] + list(GAMMA_VARIANTS)
   unknown = [m for m in names if m not in ALL_METHODS]
@@ -152,6 +154,8 @@ def main(argv):
     common.fail(f"need a positive --count and methods from {'; '.join(ALL_METHODS)}; got {f.methods!r}")
   try:
     cfg = common.config_from_flags({"execution.chunk": 1000})
+    if cfg.attack.preset != configs.get("dlm").attack.preset:  # each row sets its own
+      raise ValueError(f"--attack={cfg.attack.preset}: the table's attacks are its --methods")
     if cfg.client.name != "fedavg" or cfg.attack.box is None:
       raise ValueError("the table attacks one FedAvg step (--client=fedavg), every row with one --config.attack.box=True")
     methods = {m: {k: v.format(inv_lr=1 / cfg.client.local_lr) if k == "attack.gamma" else v

@@ -20,7 +20,10 @@ from gradjax.cli import common, distributed
 from gradjax import clients, data, labels, models
 from gradjax.run import pipeline, report
 
-common.define_flags(sections=("data", "model", "client"))
+# Images, one at a time, of fresh models (no checkpoint or captured files), each client's FedSGD gradient.
+common.define_flags(fields=("data.dataset", "data.data_dir", "data.image_size", "data.channels",
+                            "data.normalization", "model.name", "model.init", "model.act",
+                            "model.conv", "model.num_classes", "client.train_mode"))
 common.define_table_flags(psnr=False)
 common.define_results_file_flag()
 common.define_launch_flags(collectives=False)  # clients split over processes

@@ -45,7 +45,12 @@ from gradjax.cli.common import fail, parse_flags, provenance
 from gradjax import clients, compilation, data, files, labels, metrics, models
 from gradjax.run import report
 
-common.define_flags("batch_labels", sections=("data", "model", "sampling"))  # configs/batch_labels.py
+# configs/batch_labels.py; images of batches it samples itself, fresh models (no checkpoint or captures).
+common.define_flags("batch_labels", sections=("data", "model", "sampling"),
+                    omit=("data.index", "data.modality", "data.sequence_length", "data.tokenizer",
+                          "data.vocab_size", "model.checkpoint", "model.weights", "model.rename",
+                          "model.conv", "model.text_dim", "model.text_ffn", "model.text_heads",
+                          "model.text_layers"))
 common.define_table_flags(psnr=False)
 flags.DEFINE_integer("aux_size", 16, "Dummy images for the LLG* and p̂ estimates (0: skip those rows).")
 common.define_results_file_flag()
@@ -89,7 +94,7 @@ def main(argv):
     cfg = common.config_from_flags()
   except ValueError as e:
     fail(str(e))
-  common.check_output_file()
+  common.check_output_file(beside=(".md",))
   if f.aux_size < 0:
     fail(f"--aux_size must be ≥ 0, got {f.aux_size}")
   start = time.perf_counter()

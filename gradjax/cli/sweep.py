@@ -93,6 +93,8 @@ def main(argv):
   chosen = f["start"].present or f["count"].present
   image_sweep = declared is not None and all(set(i) == {"data.index"} for i in declared)
   if declared is None or (chosen and image_sweep):  # --start/--count choose other images
+    if "data.index" in common.options_given():
+      common.fail("--index is one experiment's image; a sweep's images are --start and --count")
     sweep = [{"data.index": f.start + k * base.data.batch_size} for k in range(f.count)]
   elif chosen:
     common.fail("--start and --count choose the images of an image sweep; the configuration "

@@ -52,7 +52,7 @@ flags.DEFINE_string("searches", ",".join(text.SEARCHES), "Comma-separated subset
                     f"{', '.join(text.SEARCHES)}.")
 flags.DEFINE_bool("untrained", True, "Attack fresh random models too (with --checkpoint, its rows "
                   "are added beside the untrained ones).")
-flags.DEFINE_integer("examples", 2, "Example sentences printed per model.")
+flags.DEFINE_integer("examples", 2, "Example sentences printed per model.", lower_bound=0)
 common.define_flags("sapag_text")  # the papers' protocol: gradjax/configs/sapag_text.py
 common.define_table_flags(psnr=False, methods=True)
 common.define_output_flags()
@@ -125,7 +125,7 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
-  names = [m.strip() for m in (f.methods or ";".join(TABLE)).split(";") if m.strip()]
+  names = common.semicolon_list("methods", f.methods or ";".join(TABLE))
   searches = [s.strip() for s in f.searches.split(",") if s.strip()]
   if (not names or any(m not in METHODS for m in names) or not searches
       or any(s not in text.SEARCHES for s in searches) or f.count < 1):

@@ -188,6 +188,12 @@ def main(argv):
         training.step_decay(f.training.lr, milestones, 1, f.training.lr_gamma)
     except ValueError as e:
       common.fail(f"--config.training.lr_milestones, --config.training.lr_gamma: {e}")
+    if milestones and max(milestones) >= f.training.epochs:
+      common.fail(f"--config.training.lr_milestones {f.training.lr_milestones} lie after the last "
+                  f"of --epochs={f.training.epochs} (the rate changes after each milestone's epoch)")
+    if not milestones and "training.lr_gamma" in given:
+      common.fail("--config.training.lr_gamma multiplies the rate at --config.training.lr_milestones: "
+                  "give them too")
   try:
     common.permutation_seed(f.training.data_seed, "config.training.data_seed")
     f.defense.build()

@@ -618,6 +618,13 @@ class Config:
         raise ValueError(f"transformer sizes must be positive, got {self.model.text_sizes()}")
     elif models.is_text(self.model.name or ""):
       raise ValueError(f"model {self.model.name!r} reads text: add --modality=text")
+    reads_text = self.data.modality == "text"
+    stray = [flag(p) for p in (IMAGE_ONLY if reads_text else TEXT_ONLY)
+             if get(self, p) != option(p).default]
+    if stray:
+      raise ValueError(f"{', '.join(stray)} {'is' if len(stray) == 1 else 'are'} for "
+                       f"{'images' if reads_text else 'text (--modality=text)'}: drop "
+                       f"{'it' if len(stray) == 1 else 'them'}")
     values = options(self)
     for path, value in values.items():
       if isinstance(value, float) and not math.isfinite(value):
@@ -645,6 +652,14 @@ class Config:
       raise ValueError("captured files need both --weights and --observation")
     if self.model.weights and self.model.checkpoint:
       raise ValueError("--checkpoint and --weights both name the model; give one")
+    if self.model.rename is not None:
+      if not self.model.weights:
+        raise ValueError("--config.model.rename renames the tensors of captured files: give --weights "
+                         "and --observation")
+      interop.parse_renames(self.model.rename)
+    if self.client.observation and self.data.dataset is None and self.data.batch_size != 1:
+      raise ValueError("--batch_size is a simulated client's; a capture's count is its metadata's "
+                       "num_samples or --config.client.num_samples")
     if self.data.dataset is None and not self.client.observation:
       raise ValueError("a simulated client needs a --dataset")
     if self.model.name is None and not self.model.weights:
@@ -655,8 +670,9 @@ class Config:
       raise ValueError(f"batch_size must be positive, got {self.data.batch_size}")
     if self.data.index < 0:
       raise ValueError(f"index must be non-negative, got {self.data.index}")
-    if self.data.image_size is not None and self.data.image_size < 1:
-      raise ValueError(f"image_size must be positive, got {self.data.image_size}")
+    if self.data.image_size is not None and self.data.image_size < 3:
+      raise ValueError(f"image_size must be at least 3 (SSIM compares windows of 3x3 pixels), got "
+                       f"{self.data.image_size}")
     if self.client.name not in CLIENTS:
       raise ValueError(f"unknown client {self.client.name!r}; choose one of {', '.join(CLIENTS)}")
     if self.output.lpips not in LPIPS:
@@ -822,6 +838,11 @@ def option_type(path: str) -> type:
     raise TypeError(f"option {path} has type {field.type}, which no flag takes")
   return kinds[0]
 
+
+# The options only one modality reads (the other's runs refuse them when set).
+TEXT_ONLY = ("data.sequence_length", "data.tokenizer", "data.vocab_size", "model.text_dim",
+             "model.text_ffn", "model.text_heads", "model.text_layers", "attack.text_search")
+IMAGE_ONLY = ("data.image_size", "data.channels", "data.normalization", "attack.box")
 
 # Options only the programs that attack several experiments at once read (an audit's captures, a
 # sweep's or a table's experiments); a single run's program does not.
@@ -1023,9 +1044,15 @@ def check(cfg: Config) -> attacks.Attack:
     raise ValueError(
         f"unknown dataset {cfg.data.dataset!r}; expected one of {', '.join(data.DATASETS)} "
         "or tfds:<name>")
+  check_input_files(cfg)
+  return attack
+
+
+def check_input_files(cfg: Config) -> None:
+  """FileNotFoundError or ValueError (one line) unless every file ``cfg`` names (a checkpoint,
+  captured weights and observation) exists as a readable file."""
   for path in ("model.checkpoint", "model.weights", "client.observation"):
     _input_file(get(cfg, path), flag(path).removeprefix("--"))
-  return attack
 
 
 def attacked_model(cfg: Config) -> str:

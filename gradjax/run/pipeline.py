@@ -26,12 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, dager
-from gradjax import data, defenses, driver, fidelity, interop, lpips, malicious, metrics, models, presets
-from gradjax import text
+from gradjax import data, defenses, driver, fidelity, files, interop, lpips, malicious, metrics, models
+from gradjax import presets, text
 from gradjax.run import config, resume
 from gradjax import verdict
 from gradjax import labels as labels_lib
 from gradjax.run.config import SERVER_INFERRED_LABELS, Config, attacked_model, check, fingerprint
+
+# The options that name files the attack reads; a saved state records their digests.
+INPUT_FILES = ("model.checkpoint", "model.weights", "client.observation")
 
 def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
@@ -245,6 +248,9 @@ class _Resumable:
       spread = cfg.execution.shard and jax.process_count(
       ) > 1  # one attack over every process's devices
       saved_with = fingerprint(cfg)
+      read = {p: files.sha256(config.get(cfg, p)) for p in INPUT_FILES if config.get(cfg, p)}
+      if read:  # the files' contents, not only their paths: a file replaced since is another run
+        saved_with["input_sha256"] = read
       if cfg.execution.shard:  # the restarts' split over devices shapes the vmapped programs' values
         saved_with["restarts_split_over"] = (f"{jax.device_count()} devices of "
                                              f"{jax.process_count()} processes")

@@ -265,4 +265,10 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
   if (s.ndim != 1 or s.dtype.kind not in "iu" or len(set(s.tolist())) != len(s)
       or (len(s) and not (0 <= s.min() and s.max() < restarts))):
     raise ValueError(f"{where} has malformed survivors {s.tolist()}")
-  return snap, header.get("extra", {})
+  if snap.strategy not in driver.STRATEGIES:
+    raise ValueError(f"{where} has a malformed cursor: strategy {snap.strategy!r}")
+  extra = header.get("extra", {})
+  if not isinstance(extra, dict) or not isinstance(extra.get("history", []), list) or not isinstance(
+      extra.get("wall_time_s", 0.0), (int, float)):
+    raise ValueError(f"{where} has malformed extras (its history and time)")
+  return snap, extra
