@@ -1075,6 +1075,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   (tmp_path / "a_run" / "config.py").write_text("# Command: gradjax reconstruct\n")
   (tmp_path / "a_run" / "metrics.json").write_text("{}")
   (tmp_path / "labels.md").write_text("my notes")
+  _bad_files(tmp_path)  # good.npz: an image model's checkpoint
   cases = [
       (["label-accuracy", "--count=1", "--checkpoint=x.npz"], "Unknown command line flag 'checkpoint'"),
       (["label-accuracy", "--count=1", "--weights=w.safetensors"], "Unknown command line flag 'weights'"),
@@ -1090,6 +1091,8 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
        "holds a run of gradjax reconstruct, not of gradjax sweep"),
       (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'nothing'}"], "holds no saved state"),
       (["text-table", "--count=1", "--examples=-1"], "--examples=-1"),
+      (["text-table", "--count=1", f"--checkpoint={tmp_path / 'good.npz'}", "--output_dir=tt"],
+       "holds no text model's vocabulary"),
       (["train", "--config.training.lr_gamma=0.5"], "give them too"),
       (["train", "--epochs=2", "--config.training.lr_milestones=2"], "lie after the last of --epochs=2"),
   ]
@@ -1101,3 +1104,4 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   assert (tmp_path / "labels.md").read_text() == "my notes"
   assert sorted(os.listdir(tmp_path / "a_run")) == ["config.py", "metrics.json"]
   assert not (tmp_path / "nothing").exists() and not (tmp_path / "runs").exists()
+  assert not (tmp_path / "tt").exists()  # refused before the untrained rows ran

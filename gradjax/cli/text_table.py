@@ -34,7 +34,7 @@ from absl import app, flags, logging
 
 from gradjax.cli import common
 from gradjax import files, text
-from gradjax.run import campaign, config, report
+from gradjax.run import campaign, config, pipeline, report
 
 METHODS = {
     "DLG": {"attack.preset": "dlg"},
@@ -137,6 +137,8 @@ def main(argv):
       raise ValueError("the table attacks text models (--modality=text)")
     for m in names:
       config.check(config.replace(cfg, METHODS[m]))
+    if cfg.model.checkpoint:  # its vocabulary, read before the untrained rows run
+      pipeline.text_vocabulary(cfg, [])
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
   models = ([("untrained", None)] if f.untrained else []) + (
