@@ -1094,6 +1094,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["text-table", "--count=1", f"--checkpoint={tmp_path / 'good.npz'}", "--output_dir=tt"],
        "holds no text model's vocabulary"),
       (["train", "--config.training.lr_gamma=0.5"], "give them too"),
+      (["train", "--dataset=cifar10", "--config.training.test_dataset=cifar10"], "is the training set"),
       (["train", "--epochs=2", "--config.training.lr_milestones=2"], "lie after the last of --epochs=2"),
   ]
   for program in dict.fromkeys(args[0] for args, _ in cases):  # one process per program (its flags)
@@ -1105,3 +1106,32 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   assert sorted(os.listdir(tmp_path / "a_run")) == ["config.py", "metrics.json"]
   assert not (tmp_path / "nothing").exists() and not (tmp_path / "runs").exists()
   assert not (tmp_path / "tt").exists()  # refused before the untrained rows ran
+
+
+BAD_SWEEPS = {  # get_sweep()'s items -> the one line gradjax sweep refuses them with
+    "[{'data.index': 1.5}]": "data.index takes int, got 1.5",
+    "[{'data.index': True}]": "data.index takes int, got True",
+    "[{}]": "an empty sweep item",
+    "[{'training.lr': 0.1}]": "sets training.lr, which gradjax sweep does not read",
+    "[{'client.local_epochs': 3}]": "--config.client.local_epochs do not apply to --client=fedsgd",
+    "[{'data.index': 0, 'seed': 1}, {'seed': 1, 'data.index': 0}]": "the sweep repeats an experiment",
+}
+
+
+@pytest.mark.slow
+def test_a_declared_sweeps_bad_items_and_the_flags_they_would_override_are_refused(tmp_path):
+  cases = []
+  for k, (items, message) in enumerate(BAD_SWEEPS.items()):
+    (tmp_path / f"s{k}.py").write_text(
+        "from gradjax.run import config\ndef get_config():\n  return config.defaults()\n"
+        f"def get_sweep():\n  return {items}\n")
+    cases.append(([f"--config={tmp_path / f's{k}.py'}"], message))
+  (tmp_path / "seeds.py").write_text("from gradjax.run import config\ndef get_config():\n"
+                                     "  return config.defaults()\ndef get_sweep():\n"
+                                     "  return [{'seed': 1}, {'seed': 2}]\n")
+  cases.append(([f"--config={tmp_path / 'seeds.py'}", "--seed=7"], "--seed: the configuration's get_sweep() sets it"))
+  results = run_in_one_process([(["gradjax", "sweep", *args, f"--output_dir={tmp_path / f'out{k}'}"], tmp_path)
+                                for k, (args, _) in enumerate(cases)])
+  for k, ((args, message), proc) in enumerate(zip(cases, results, strict=True)):
+    _assert_one_line_error(proc, message, args)
+    assert not (tmp_path / f"out{k}").exists()

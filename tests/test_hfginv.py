@@ -307,7 +307,11 @@ def test_train_and_batch_table_programs(tmp_path):
        "--batches=1", "--resume", f"--output_dir={table_dir}"],
       [*table, "--count=1", f"--output_dir={tmp_path / 'bad2'}"],
       [*table, f"--checkpoint={ckpt}", "--start=-1", f"--output_dir={tmp_path / 'bad4'}"],
-      [*table, f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}"])])
+      [*table, f"--checkpoint={ckpt}", "--head_classes=5", f"--output_dir={tmp_path / 'bad3'}"],
+      # Items of 3 iterations are not read back as those of 4.
+      [*table, f"--checkpoint={ckpt}", "--count=2", "--batch_size=4", "--config.sampling.classes_per_batch=2",
+       "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=4", "--variants=tv",
+       "--resume", f"--output_dir={table_dir}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   part = json.loads((table_dir / "results.json").read_text())
   assert part["attacked"] == [1] and "batches 1 only" in proc.stdout
@@ -315,8 +319,11 @@ def test_train_and_batch_table_programs(tmp_path):
   assert [r["batch"] for r in part["ablation_rows"]["tv"]] == [1]
   assert part["ablation"][0]["psnr_mean"] == pytest.approx(tv["psnr"])
   for refused, message in zip(bad, ("--checkpoint is required", "--start must be non-negative",
-                                     "--head_classes needs --head=fresh and at least"), strict=True):
+                                     "--head_classes needs --head=fresh and at least",
+                                     "was computed with other settings"), strict=True):
     assert refused.returncode == 2 and message in refused.stderr, (message, refused.stderr[-1000:])
+  assert not (tmp_path / "bad3").exists()  # a refused table leaves no folder behind
+  assert json.loads((table_dir / "results.json").read_text()) == part  # nor rewrites the earlier one
 
 
 def test_leaf_positions_follow_the_call_order_not_the_sorted_keys():

@@ -47,7 +47,7 @@ from absl import app, flags, logging
 
 from gradjax.cli import common, distributed
 from gradjax import attacks, checkpoint, clients, data, files, labels, metrics, presets
-from gradjax.run import pipeline, report
+from gradjax.run import config, pipeline, report
 
 # The options of the schema it reads (gradjax.run.config); its protocol is gradjax/configs/batch_table.py.
 common.define_flags(
@@ -91,6 +91,16 @@ def variants(iterations: int, bn: float | None = None,
           "head": ("+ head features per example", head)}
 
 
+def _settings_of(path: str):
+  """The settings an item file was computed with (None where it is unreadable or has none)."""
+  try:
+    with open(path, encoding="utf-8") as fh:
+      row = json.load(fh)
+  except (OSError, ValueError):
+    return None
+  return row.get("settings") if isinstance(row, dict) else None
+
+
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -122,7 +132,6 @@ def main(argv):
   if only is not None and not only <= set(range(f.count)):
     common.fail(f"--batches must lie in 0..{f.count - 1}, got {sorted(only)}")
   out = common.output_folder("batch_table", own=("results.*", "items/*", "batch_0.png", "config.py"))
-  os.makedirs(os.path.join(out, "items"), exist_ok=True)
   start = time.perf_counter()
   try:
     model = checkpoint.load_model(cfg.model.checkpoint, conv="auto")
@@ -152,6 +161,17 @@ def main(argv):
     profile = labels.feature_profile(model.apply_fn, model.variables, aux)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
+  # What determines an item's attack, kept in it: --resume reads back only items of these settings.
+  settings = json.loads(json.dumps({
+      **config.fingerprint(cfg), "checkpoint_sha256": files.sha256(cfg.model.checkpoint),
+      "head": f.head, "head_classes": f.head_classes, "bn": f.bn, "tv": f.tv, "start": f.start,
+      "count": f.count}))
+  os.makedirs(os.path.join(out, "items"), exist_ok=True)  # once the flags and data are known good
+  if f.resume:
+    for name in sorted(os.listdir(os.path.join(out, "items"))):
+      if name.endswith(".json") and _settings_of(os.path.join(out, "items", name)) != settings:
+        common.fail(f"{os.path.join(out, 'items', name)} was computed with other settings; rerun "
+                    "with --overwrite or another --output_dir")
   common.write_config(out, cfg)
   input_shape = tuple(source.x.shape[1:])
   bounds = pipeline.image_bounds(norm, input_shape[-1])
@@ -186,7 +206,8 @@ def main(argv):
     row = {"batch": b, "indices": (batches[b] + f.start).tolist(), "labels": y.tolist(), "psnr": scores["psnr"],
            "ssim": scores["ssim"], "psnr_per_image": scores["psnr_per_image"],
            **pipeline.lpips_scores("auto", x_rec, x_true), "loss": rec.loss,
-           "wall_time_s": time.perf_counter() - t, "attack": attacks.describe(attack)}
+           "wall_time_s": time.perf_counter() - t, "attack": attacks.describe(attack),
+           "settings": settings}
     files.atomic_write(path + ".npz", lambda fh: np.savez(fh, reconstruction=x_rec.astype(np.float32)),
                         binary=True)
     report.save_json(path + ".json", row)  # last: its presence marks the attack finished

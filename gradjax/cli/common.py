@@ -235,6 +235,14 @@ def _override_given(path: str) -> bool:
   return name in flags.FLAGS and flags.FLAGS[name].present
 
 
+def command_line_options() -> set[str]:
+  """The options (dotted paths) set on the command line itself: by a short flag or a
+  ``--config.<path>`` override (not by the ``--config`` file)."""
+  f = flags.FLAGS
+  return {path for path in FIELDS if _override_given(path) or (
+      config.alias(path) and config.alias(path) in f and f[config.alias(path)].present)}
+
+
 def options_given() -> set[str]:
   """The options (dotted paths) that ``--config`` or a flag set (to check options a protocol does
   not use)."""
@@ -273,18 +281,24 @@ def config_from_flags(overrides: dict[str, Any] | None = None) -> Config:
   (which it would not read): one line, exit 2."""
   cfg = config.from_options(options_from_flags(overrides=overrides))
   print_config(cfg)
-  given = options_given()
   try:
     config.check_input_files(cfg)
   except (ValueError, FileNotFoundError) as e:
     fail(str(e))
+  check_given(cfg, options_given())
+  return cfg
+
+
+def check_given(cfg: Config, given: set[str]) -> None:
+  """One line, exit 2, where options ``given`` (dotted paths: the user's, or a sweep item's) would
+  not be read by ``cfg``'s run: FedAvg's local training under a simulated FedSGD client, a model,
+  activation or init other than a ``--checkpoint``'s."""
   if cfg.client.name == "fedsgd" and not cfg.client.observation:
     ignored = [p for p in config.unread_by_client("fedsgd", given) if p.startswith("client.")]
     if ignored:
       fail(f"{', '.join(config.flag(p) for p in ignored)} do not apply to --client=fedsgd")
   if cfg.model.checkpoint:
     _check_checkpoint_model(cfg, given)
-  return cfg
 
 
 def _check_checkpoint_model(cfg: Config, given: set[str]) -> None:

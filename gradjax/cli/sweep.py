@@ -101,18 +101,30 @@ def main(argv):
                 "declares a sweep over other options (get_sweep)")
   else:
     sweep = declared
+  swept = set().union(*map(set, sweep))
+  overridden = sorted(swept & common.command_line_options())
+  if overridden and sweep is declared:
+    common.fail(f"{', '.join(config.flag(p) for p in overridden)}: the configuration's get_sweep() "
+                "sets it in its items; change the items, or leave the flag out")
+  unread = sorted(swept - set(common.FIELDS))
+  if unread:
+    common.fail(f"a sweep item sets {', '.join(unread)}, which gradjax sweep does not read")
   try:
     cfgs = [config.with_options(base, item) for item in sweep]
     for cfg in cfgs:
       config.check(cfg)
   except (ValueError, FileNotFoundError, TypeError) as e:
     common.fail(f"a sweep item: {e}")
+  for cfg, item in zip(cfgs, sweep):
+    common.check_given(cfg, set(item))
   images = all(set(item) == {"data.index"} for item in sweep)  # an image sweep: rows by index
   labels = [str(cfg.data.index) if images else ", ".join(f"{k}={v}" for k, v in item.items())
             for cfg, item in zip(cfgs, sweep)]
   keys = labels if images else ["_".join(f"{k}={v}" for k, v in item.items()) for item in sweep]
-  if len(set(keys)) != len(keys):
-    common.fail(f"the sweep repeats an experiment: {next(k for k in keys if keys.count(k) > 1)}")
+  same = [tuple(sorted(item.items(), key=lambda kv: kv[0])) for item in sweep]  # keys in any order
+  if len(set(keys)) != len(keys) or len(set(same)) != len(same):
+    twice = next(k for k, s in zip(keys, same) if keys.count(k) > 1 or same.count(s) > 1)
+    common.fail(f"the sweep repeats an experiment: {twice}")
   model = config.attacked_model(base)
   if images:
     first, last = cfgs[0].data.index, cfgs[-1].data.index + base.data.batch_size - 1

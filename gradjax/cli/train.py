@@ -157,6 +157,10 @@ def main(argv):
     common.fail("--config.client.train_mode=True is for --client=fedsgd (FedAvg clients train in evaluation mode)")
   if f.training.test_dataset is not None and f.data.modality == "text":
     common.fail("--config.training.test_dataset is for images (text tests on held-out windows of the corpus)")
+  if f.training.test_dataset is not None and f.training.test_dataset == f.data.dataset:
+    common.fail(f"--config.training.test_dataset={f.training.test_dataset} is the training set: its "
+                "first images would be training images; leave it unset (the images after the "
+                "training ones test) or name another split")
   if _normalization(f) != "none" and f.data.modality == "text":
     common.fail("--normalization is for images (text is token ids)")
   if f.client.name == "fedavg" and not 1 <= f.training.clients <= f.training.train_count:

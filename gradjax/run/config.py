@@ -1190,7 +1190,29 @@ def with_options(cfg: Config, item: dict[str, Any]) -> Config:
   if unknown:
     raise ValueError(f"unknown option {unknown[0]!r} in a sweep item; options are dotted paths such "
                      "as data.index")
+  if not item:
+    raise ValueError("an empty sweep item (each item sets at least one option)")
+  for path, value in item.items():
+    check_type(path, value)
   return replace(cfg, item)
+
+
+def check_type(path: str, value: Any) -> None:
+  """ValueError unless ``value`` has option ``path``'s type (an int for an int, not a bool or a
+  float; a float for a float, ints too; None where the option may be unset)."""
+  field = option(path)
+  kinds = typing.get_args(field.type) or (field.type,)
+  if value is None and type(None) in kinds:
+    return
+  if isinstance(value, bool):
+    ok = bool in kinds
+  elif isinstance(value, int):
+    ok = int in kinds or float in kinds
+  else:
+    ok = any(k in (float, str) and isinstance(value, k) for k in kinds)
+  if not ok:
+    names = " or ".join("None" if k is type(None) else getattr(k, "__name__", str(k)) for k in kinds)
+    raise ValueError(f"{path} takes {names}, got {value!r}")
 
 
 def to_python(cfg: "Config | dict[str, Any]", *, comment: str = "",
