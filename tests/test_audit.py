@@ -362,3 +362,10 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   assert (tmp_path / "audit" / by_client["1"]["run"] / "metrics.json").read_bytes() == first
   index = json.loads((tmp_path / "audit" / "index.json").read_text())
   assert next(r for r in index["rows"] if r["client"] == "1")["run"] == run
+  # Scoring images of another shape than the captures declare: refused before any attack.
+  from test_cli import run_in_one_process
+  (round_dir / "client_1" / audit.CAPTURE).write_text(json.dumps({"metadata": {**meta, "input_shape": [32, 32, 3]}}))
+  proc, = run_in_one_process([(["gradjax", "audit", f"--audit_dir={tmp_path / 'audit'}", "--attacks=idlg",
+                                "--dataset=skimage", "--image_size=16"], tmp_path)])
+  last = proc.stderr.strip().splitlines()[-1]
+  assert proc.returncode == 2 and "(16, 16, 3) images" in last and "(32, 32, 3)" in last, proc.stderr[-1000:]

@@ -339,6 +339,9 @@ def test_audit_program(net, tmp_path):
   refused = [(["--audit_dir=" + str(tmp_path / "none")], "does not exist"),
              (["--audit_dir=" + str(tmp_path / "a_file")], "is a file, not a folder"),
              ([f"--audit_dir={strategy.audit_dir}", "--attacks=blur"], "--attacks takes"),
+             ([f"--audit_dir={strategy.audit_dir}", "--attacks=idlg,idlg"], "distinct names"),
+             ([f"--audit_dir={strategy.audit_dir}", "--attacks=idlg,,dlg"], "distinct names"),
+             ([f"--audit_dir={strategy.audit_dir}", "--rounds=1,,2"], "--rounds takes"),
              ([f"--audit_dir={strategy.audit_dir}", "--rounds=x"], "--rounds takes"),
              ([f"--audit_dir={strategy.audit_dir}", "--rounds=7"], "no captures of rounds")]
   proc, *bad = run_in_one_process([(["gradjax", "audit", *args], tmp_path) for args in [

@@ -37,7 +37,7 @@ import sys
 from absl import app, flags
 
 from gradjax.cli import common, distributed
-from gradjax import auto, data
+from gradjax import auto, data, interop
 from gradjax.integrations import audit
 from gradjax.run import config, resume
 
@@ -73,10 +73,11 @@ def main(argv):
   f = flags.FLAGS
   if not f.audit_dir:
     common.fail("--audit_dir is required")
-  names = tuple(a.strip() for a in f.attacks.split(",") if a.strip())
+  names = tuple(a.strip() for a in f.attacks.split(","))
   unknown = [a for a in names if a != auto.AUTO and a not in ATTACKS]
-  if not names or unknown or (auto.AUTO in names and len(names) > 1):
-    common.fail(f"--attacks takes 'auto' or names from {', '.join(ATTACKS)}; got {f.attacks!r}")
+  if (not all(names) or unknown or len(set(names)) != len(names)
+      or (auto.AUTO in names and len(names) > 1)):
+    common.fail(f"--attacks takes 'auto' or distinct names from {', '.join(ATTACKS)}; got {f.attacks!r}")
   try:
     o = common.options_from_flags(captured=True)
   except ValueError as e:
@@ -88,15 +89,18 @@ def main(argv):
   try:
     if o["data.normalization"] is not None:
       data.normalization(o["data.normalization"])
+    sample = None
     if o["data.dataset"]:  # asked for: it must load, or every score would be blank
-      data.load(o["data.dataset"], data_dir=o["data.data_dir"], indices=[0])
+      size = o["data.image_size"]
+      sample = data.load(o["data.dataset"], data_dir=o["data.data_dir"], indices=[0],
+                         image_size=None if size is None else (size, size))
   except (ValueError, FileNotFoundError) as e:
     common.fail(f"--dataset={o['data.dataset']}: {e}"
                 if o["data.dataset"] and "normalization" not in str(e) else str(e))
   if o["output.lpips"] not in config.LPIPS:
     common.fail(f"unknown --lpips {o['output.lpips']!r}; choose one of {', '.join(config.LPIPS)}")
   try:
-    rounds = None if not f.rounds else [int(r) for r in f.rounds.split(",") if r.strip()]
+    rounds = None if f.rounds is None else [int(r) for r in f.rounds.split(",")]
   except ValueError:
     common.fail(f"--rounds takes comma-separated integers, got {f.rounds!r}")
   settings = audit.Settings.from_options(names, o)
@@ -104,6 +108,18 @@ def main(argv):
     found = audit.select(f.audit_dir, rounds)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
+  if sample is not None:  # the scores compare images of the captures' shape
+    for c in found:
+      declared = (c.info.get("metadata") or {}).get("input_shape")
+      try:
+        declared = None if declared is None else tuple(int(v) for v in (
+            interop.parse_shape(declared) if isinstance(declared, str) else declared))
+      except (ValueError, TypeError):
+        continue  # the capture's own row says what is wrong with it
+      if declared is not None and declared != tuple(sample.x.shape[1:]):
+        common.fail(f"--dataset={o['data.dataset']} gives {tuple(sample.x.shape[1:])} images; round "
+                    f"{c.round} client {c.client} declares input_shape {declared} (--image_size sets "
+                    "the size)")
   count, me = distributed.process_count(), distributed.process_index()
   resume.stop_on_signals()  # the first Ctrl-C or SIGTERM stops after the capture being attacked
   try:  # process k: captures k, k + P, ...

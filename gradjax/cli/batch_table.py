@@ -149,6 +149,11 @@ def main(argv):
       raise ValueError(
           f"{cfg.model.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --config.client.train_mode=True"
       )
+    with_bn = [k for k in keys if any("batch_stats" in getattr(p, "needs", ()) for p in table[k][1].priors)]
+    if with_bn and not (meta.get("train_mode") and meta.get("epoch", 0)):
+      raise ValueError(f"{cfg.model.checkpoint} holds no learnt BatchNorm statistics (trained "
+                       f"without --config.client.train_mode=True, or before its first epoch), which "
+                       f"the BN prior of --variants {','.join(with_bn)} matches")
     norm = data.normalization(meta.get("normalization", "none"))
     source = data.load("cifar10", data_dir=cfg.data.data_dir,
                        indices=range(f.start, f.start + cfg.sampling.pool + cfg.attack.aux))

@@ -163,6 +163,11 @@ def main(argv):
                 "training ones test) or name another split")
   if _normalization(f) != "none" and f.data.modality == "text":
     common.fail("--normalization is for images (text is token ids)")
+  if (f.client.name == "fedavg" and f.training.train_count is not None and f.training.clients >= 1
+      and f.training.train_count % f.training.clients):
+    common.fail(f"--config.training.train_count={f.training.train_count} does not cut into "
+                f"--config.training.clients={f.training.clients} equal shards: "
+                f"{f.training.train_count % f.training.clients} images would never train")
   if f.client.name == "fedavg" and not 1 <= f.training.clients <= f.training.train_count:
     common.fail(
         f"--config.training.clients must be in [1, --config.training.train_count = {f.training.train_count}], got {f.training.clients}"
