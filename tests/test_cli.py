@@ -229,6 +229,7 @@ BAD_FILES = [
     (["--image_size=-3"], "image_size must be at least 3"),
     (["--checkpoint={d}/good.npz", "--model=resnet18"], "holds a model with --model=mlp, not resnet18"),
     (["--checkpoint={d}/good.npz", "--config.model.act=tanh"], "holds a model with --config.model.act=its default"),
+    (["--checkpoint={d}/good.npz", "--config.model.num_classes=5"], "--config.model.num_classes=10, not 5"),
     (["--weights={d}/good.npz", "--observation={d}/good.npz", "--batch_size=4"], "--batch_size is a simulated client's"),
     (["--weights={d}/good.npz", "--observation={d}/good.npz", "--config.model.rename=(=x"], "is no regular expression"),
     (["--resume", "--output_dir={d}/a_sweep"], "holds a run of gradjax sweep, not of gradjax reconstruct"),
@@ -699,6 +700,8 @@ BAD_CONFIG_FILES = {
                       "  c.attack.iterations = 'ten'\n  return c\n", "Could not override field 'iterations'"),
     "number.py": ("def get_config():\n  return 3\n", "get_config() returned int, not a configuration"),
     "none.py": ("def get_config():\n  pass\n", "get_config() returned NoneType, not a configuration"),
+    "swept.py": ("from gradjax.run import config\ndef get_config():\n  return config.defaults()\n"
+                 "def get_sweep():\n  return [{'seed': 1}]\n", "declares a sweep (get_sweep()): gradjax sweep runs it"),
 }
 
 

@@ -302,14 +302,22 @@ def check_given(cfg: Config, given: set[str]) -> None:
 
 
 def _check_checkpoint_model(cfg: Config, given: set[str]) -> None:
-  """One line, exit 2, where ``--model``, its activation or init, given beside ``--checkpoint``,
-  differ from what the checkpoint holds (the checkpoint's are used)."""
+  """One line, exit 2, where ``--model``, its activation, init, class count or transformer sizes,
+  given beside ``--checkpoint``, differ from what the checkpoint holds (the checkpoint's are used)."""
   try:
     saved = checkpoint.read_metadata(cfg.model.checkpoint)
   except ValueError as e:
     fail(str(e))
-  for key, path in (("model", "model.name"), ("act", "model.act"), ("init", "model.init")):
-    held = saved.get(key)
+  sizes = saved.get("text_sizes") if isinstance(saved.get("text_sizes"), dict) else {}
+  for key, path in (("model", "model.name"), ("act", "model.act"), ("init", "model.init"),
+                    ("num_classes", "model.num_classes"), ("text_dim", "model.text_dim"),
+                    ("text_heads", "model.text_heads"), ("text_ffn", "model.text_ffn"),
+                    ("text_layers", "model.text_layers")):
+    if key.startswith("text_") and not sizes:
+      continue  # not a text model's checkpoint: refused as such elsewhere
+    held = sizes.get(key.removeprefix("text_")) if key.startswith("text_") else saved.get(key)
+    if key == "num_classes" and config.get(cfg, path) is None:
+      continue
     if path in given and config.get(cfg, path) != held and (held is not None or key != "model"):
       fail(f"--checkpoint {cfg.model.checkpoint} holds a model with {config.flag(path)}="
            f"{'its default' if held is None else held}, not {config.get(cfg, path)}: drop "
@@ -323,6 +331,18 @@ def print_config(options: Config | dict[str, Any]) -> None:
     print(config.to_python(options, comment="The resolved configuration (--print_config).",
                            fields=tuple(FIELDS)), end="")
     sys.exit(0)
+
+
+def refuse_a_sweep() -> None:
+  """One line, exit 2, where the ``--config`` file declares a sweep (``get_sweep()``), which a
+  program of one experiment would not run."""
+  try:
+    declared = declared_sweep()
+  except (ValueError, TypeError):
+    declared = []
+  if declared is not None:
+    fail(f"--config={config_file(flags.FLAGS['config'])} declares a sweep (get_sweep()): gradjax "
+         f"sweep runs it; {shlex.join(program())} runs one experiment")
 
 
 def declared_sweep() -> list[dict[str, Any]] | None:

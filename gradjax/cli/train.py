@@ -143,6 +143,7 @@ def _conv(name: str) -> str:
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  common.refuse_a_sweep()
   try:
     f = common.config_from_flags()
   except ValueError as e:
