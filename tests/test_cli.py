@@ -700,8 +700,6 @@ BAD_CONFIG_FILES = {
                       "  c.attack.iterations = 'ten'\n  return c\n", "Could not override field 'iterations'"),
     "number.py": ("def get_config():\n  return 3\n", "get_config() returned int, not a configuration"),
     "none.py": ("def get_config():\n  pass\n", "get_config() returned NoneType, not a configuration"),
-    "swept.py": ("from gradjax.run import config\ndef get_config():\n  return config.defaults()\n"
-                 "def get_sweep():\n  return [{'seed': 1}]\n", "declares a sweep (get_sweep()): gradjax sweep runs it"),
 }
 
 
@@ -1079,6 +1077,8 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   (tmp_path / "a_run" / "metrics.json").write_text("{}")
   (tmp_path / "labels.md").write_text("my notes")
   _bad_files(tmp_path)  # good.npz: an image model's checkpoint
+  (tmp_path / "swept.py").write_text("from gradjax.run import config\ndef get_config():\n"
+                                     "  return config.defaults()\ndef get_sweep():\n  return [{'seed': 1}]\n")
   cases = [
       (["label-accuracy", "--count=1", "--checkpoint=x.npz"], "Unknown command line flag 'checkpoint'"),
       (["label-accuracy", "--count=1", "--weights=w.safetensors"], "Unknown command line flag 'weights'"),
@@ -1098,6 +1098,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
        "holds no text model's vocabulary"),
       (["train", "--config.training.lr_gamma=0.5"], "give them too"),
       (["train", "--dataset=cifar10", "--config.training.test_dataset=cifar10"], "is the training set"),
+      (["train", f"--config={tmp_path / 'swept.py'}"], "declares a sweep (get_sweep()): gradjax sweep runs it"),
       (["train", "--epochs=2", "--config.training.lr_milestones=2"], "lie after the last of --epochs=2"),
   ]
   for program in dict.fromkeys(args[0] for args, _ in cases):  # one process per program (its flags)

@@ -122,8 +122,8 @@ def main(argv):
       common.fail(f"--{name} must be a weight (>= 0), got {getattr(f, name)}")
   table = variants(cfg.attack.iterations, f.bn, f.tv)
   keys = list(table) if f.variants == "all" else [] if f.variants == "none" else \
-      [k.strip() for k in f.variants.split(",") if k.strip()]
-  if any(k not in table for k in keys):
+      [k.strip() for k in f.variants.split(",")]
+  if any(k not in table for k in keys) or len(set(keys)) != len(keys):
     common.fail(f"--variants: choose from {', '.join(table)}, all or none; got {f.variants!r}")
   try:
     only = None if f.batches is None else {int(b) for b in f.batches}
@@ -150,6 +150,8 @@ def main(argv):
           f"{cfg.model.checkpoint} has no BatchNorm statistics: train a BatchNorm model with --config.client.train_mode=True"
       )
     with_bn = [k for k in keys if any("batch_stats" in getattr(p, "needs", ()) for p in table[k][1].priors)]
+    if f.bn is not None and not with_bn:
+      raise ValueError(f"--bn weighs the BN prior, which none of --variants={f.variants} uses")
     if with_bn and not (meta.get("train_mode") and meta.get("epoch", 0)):
       raise ValueError(f"{cfg.model.checkpoint} holds no learnt BatchNorm statistics (trained "
                        f"without --config.client.train_mode=True, or before its first epoch), which "

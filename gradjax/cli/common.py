@@ -335,7 +335,8 @@ def print_config(options: Config | dict[str, Any]) -> None:
 
 def refuse_a_sweep() -> None:
   """One line, exit 2, where the ``--config`` file declares a sweep (``get_sweep()``), which a
-  program of one experiment would not run."""
+  program that sweeps nothing would not run (``gradjax train``; ``reconstruct`` runs one of a
+  sweep's experiments, chosen by its flags)."""
   try:
     declared = declared_sweep()
   except (ValueError, TypeError):

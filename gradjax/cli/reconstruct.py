@@ -41,7 +41,6 @@ flags.adopt_module_key_flags(common)  # --help lists the shared flags too
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  common.refuse_a_sweep()
   try:
     cfg = common.config_from_flags()
     config.check(cfg)
