@@ -291,8 +291,8 @@ def config_from_flags(overrides: dict[str, Any] | None = None) -> Config:
 
 def check_given(cfg: Config, given: set[str]) -> None:
   """One line, exit 2, where options ``given`` (dotted paths: the user's, or a sweep item's) would
-  not be read by ``cfg``'s run: FedAvg's local training under a simulated FedSGD client, a model,
-  activation or init other than a ``--checkpoint``'s."""
+  not be read by ``cfg``'s run: FedAvg's local training under a simulated FedSGD client, model
+  options other than a ``--checkpoint``'s (:func:`_check_checkpoint_model`)."""
   if cfg.client.name == "fedsgd" and not cfg.client.observation:
     ignored = [p for p in config.unread_by_client("fedsgd", given) if p.startswith("client.")]
     if ignored:

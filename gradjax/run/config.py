@@ -31,10 +31,12 @@ The runner, :mod:`gradjax.run.pipeline`, reads a built :class:`Config`; nothing 
 import dataclasses
 import functools
 import math
+import numbers
 import os
 import typing
 from typing import Any, Callable
 
+import numpy as np
 from ml_collections import config_dict
 
 from gradjax import attacks, auto, checkpoint, clients, closed_forms, corpus, data, defenses, distances
@@ -1194,22 +1196,24 @@ def with_options(cfg: Config, item: dict[str, Any]) -> Config:
     raise ValueError("an empty sweep item (each item sets at least one option)")
   for path, value in item.items():
     check_type(path, value)
-  return replace(cfg, item)
+  return replace(cfg, {p: v.item() if isinstance(v, np.generic) else v for p, v in item.items()})
 
 
 def check_type(path: str, value: Any) -> None:
-  """ValueError unless ``value`` has option ``path``'s type (an int for an int, not a bool or a
-  float; a float for a float, ints too; None where the option may be unset)."""
+  """ValueError unless ``value`` has option ``path``'s type (an integer, NumPy's too, for an int, not
+  a bool or a float; any real number for a float; None where the option may be unset)."""
   field = option(path)
   kinds = typing.get_args(field.type) or (field.type,)
   if value is None and type(None) in kinds:
     return
-  if isinstance(value, bool):
+  if isinstance(value, (bool, np.bool_)):
     ok = bool in kinds
-  elif isinstance(value, int):
+  elif isinstance(value, numbers.Integral):
     ok = int in kinds or float in kinds
+  elif isinstance(value, numbers.Real):
+    ok = float in kinds
   else:
-    ok = any(k in (float, str) and isinstance(value, k) for k in kinds)
+    ok = str in kinds and isinstance(value, str)
   if not ok:
     names = " or ".join("None" if k is type(None) else getattr(k, "__name__", str(k)) for k in kinds)
     raise ValueError(f"{path} takes {names}, got {value!r}")
