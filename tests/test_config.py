@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib.util
+import re
 
 import pytest
 
@@ -173,3 +174,17 @@ def test_iterate_last_counts_only_the_final_iterate():
     assert config.get_attack(config.from_options(options)).track_from == want
   with pytest.raises(ValueError, match="iterate"):
     config.get_attack(config.from_options({"attack.iterate": "worst"}))
+
+
+def test_sweep_items_are_checked_for_their_options_types():
+  import numpy as np
+  cfg = config.from_options({})
+  assert type(config.with_options(cfg, {"data.index": np.int64(3)}).data.index) is int
+  assert config.with_options(cfg, {"attack.learning_rate": 1}).attack.learning_rate == 1
+  for item, message in (({"data.index": 1.5}, "data.index takes int, got 1.5"),
+                        ({"data.index": True}, "data.index takes int, got True"),
+                        ({"attack.box": 1}, "attack.box takes bool or None, got 1"),
+                        ({"data.dataset": 3}, "data.dataset takes str"),
+                        ({}, "an empty sweep item")):
+    with pytest.raises(ValueError, match=re.escape(message)):
+      config.with_options(cfg, item)
