@@ -277,8 +277,8 @@ def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None 
 
 def config_from_flags(overrides: dict[str, Any] | None = None) -> Config:
   """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. With ``--print_config``:
-  prints it and exits 0. A simulated FedSGD client's run given FedAvg's local training options
-  (which it would not read): one line, exit 2."""
+  prints it and exits 0. Input files that are missing or unreadable, and options the user gave
+  that the run would not read (:func:`check_given`): one line, exit 2."""
   cfg = config.from_options(options_from_flags(overrides=overrides))
   print_config(cfg)
   try:
