@@ -698,6 +698,8 @@ BAD_CONFIG_FILES = {
                      "missing 1 required positional argument"),
     "wrong_type.py": ("from gradjax.run import config\ndef get_config():\n  c = config.defaults()\n"
                       "  c.attack.iterations = 'ten'\n  return c\n", "Could not override field 'iterations'"),
+    "a_bool.py": ("from gradjax.run import config\ndef get_config():\n  c = config.defaults()\n"
+                  "  c.attack.restarts = True\n  return c\n", "attack.restarts takes int, got True"),
     "number.py": ("def get_config():\n  return 3\n", "get_config() returned int, not a configuration"),
     "none.py": ("def get_config():\n  pass\n", "get_config() returned NoneType, not a configuration"),
 }
@@ -1079,6 +1081,9 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   _bad_files(tmp_path)  # good.npz: an image model's checkpoint
   (tmp_path / "swept.py").write_text("from gradjax.run import config\ndef get_config():\n"
                                      "  return config.defaults()\ndef get_sweep():\n  return [{'seed': 1}]\n")
+  mnist = models.create("mlp", jax.random.key(0), input_shape=(28, 28, 1), num_classes=10)
+  checkpoint.save(tmp_path / "mnist.npz", mnist.variables, {
+      "model": "mlp", "num_classes": 10, "input_shape": [28, 28, 1], "dataset": "mnist"})
   cases = [
       (["label-accuracy", "--count=1", "--checkpoint=x.npz"], "Unknown command line flag 'checkpoint'"),
       (["label-accuracy", "--count=1", "--weights=w.safetensors"], "Unknown command line flag 'weights'"),
@@ -1100,6 +1105,16 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["train", "--dataset=cifar10", "--config.training.test_dataset=cifar10"], "is the training set"),
       (["train", f"--config={tmp_path / 'swept.py'}"], "declares a sweep (get_sweep()): gradjax sweep runs it"),
       (["train", "--epochs=2", "--config.training.lr_milestones=2"], "lie after the last of --epochs=2"),
+      (["train", "--config.client.share_statistics=True"], "share_statistics=True is for attacks"),
+      (["train", "--config.client.train_mode=True", "--model=lenet_zhu", "--dataset=skimage",
+        "--config.training.train_count=8", "--config.training.test_count=4", "--batch_size=4",
+        "--output_dir=tm"], "updates BatchNorm statistics, which lenet_zhu has none of"),
+      (["batch-table", f"--checkpoint={tmp_path / 'good.npz'}", "--variants=none", "--tv=0.1"],
+       "which --variants=none skips"),
+      (["batch-table", f"--checkpoint={tmp_path / 'good.npz'}", "--head=trained", "--output_dir=bt"],
+       "use --head=fresh"),
+      (["batch-table", f"--checkpoint={tmp_path / 'mnist.npz'}", "--output_dir=bt"],
+       "batch-table attacks CIFAR-10's 32x32x3 images"),
   ]
   for program in dict.fromkeys(args[0] for args, _ in cases):  # one process per program (its flags)
     mine = [(args, message) for args, message in cases if args[0] == program]
@@ -1110,6 +1125,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   assert sorted(os.listdir(tmp_path / "a_run")) == ["config.py", "metrics.json"]
   assert not (tmp_path / "nothing").exists() and not (tmp_path / "runs").exists()
   assert not (tmp_path / "tt").exists()  # refused before the untrained rows ran
+  assert not (tmp_path / "tm").exists() and not (tmp_path / "bt").exists()
 
 
 BAD_SWEEPS = {  # get_sweep()'s items -> the one line gradjax sweep refuses them with

@@ -78,6 +78,19 @@ def test_create_returns_model_record(photos):
   assert logits.shape == (3, 10) and np.all(np.isfinite(np.asarray(logits)))
 
 
+def test_create_refuses_a_model_too_large_to_build_before_allocating_it():
+  """A capture's metadata may state any shape: 65536 x 65536 RGB inputs (a 51 GB zero batch) or
+  a billion classes are refused at once, the largest allowed shape is built."""
+  with pytest.raises(ValueError, match="holds over 50331648 values"):
+    models.create("lenet_zhu", KEY, input_shape=(65536, 65536, 3))
+  with pytest.raises(ValueError, match="num_classes must lie in 2 .. 1048576"):
+    models.create("lenet_zhu", KEY, num_classes=10**9)
+  with pytest.raises(ValueError, match="holds over"):
+    models.create("transformer", KEY, input_shape=(models.MAX_INPUT_SIZE + 1,))
+  assert models.create("mlp", KEY, input_shape=(64, 64, 3), num_classes=models.MAX_CLASSES
+                       ).num_classes == 2**20
+
+
 # --- DLG LeNet: exact architecture ----------------------------------------------------------------------
 
 

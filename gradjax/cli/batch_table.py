@@ -125,6 +125,8 @@ def main(argv):
       [k.strip() for k in f.variants.split(",")]
   if any(k not in table for k in keys) or len(set(keys)) != len(keys):
     common.fail(f"--variants: choose from {', '.join(table)}, all or none; got {f.variants!r}")
+  if f.tv is not None and not keys:
+    common.fail("--tv weighs the TV prior of the ablation's variants, which --variants=none skips")
   try:
     only = None if f.batches is None else {int(b) for b in f.batches}
   except ValueError:
@@ -136,6 +138,13 @@ def main(argv):
   try:
     model = checkpoint.load_model(cfg.model.checkpoint, conv="auto")
     meta = checkpoint.read_metadata(cfg.model.checkpoint)
+    if list(meta.get("input_shape") or ()) != [32, 32, 3]:
+      raise ValueError(f"{cfg.model.checkpoint} holds a model of {meta.get('input_shape')} inputs; "
+                       "batch-table attacks CIFAR-10's 32x32x3 images")
+    if f.head == "trained" and meta.get("dataset") not in ("cifar10", "cifar10_train"):
+      raise ValueError(f"--head=trained keeps {cfg.model.checkpoint}'s head, trained on "
+                       f"{meta.get('dataset')} ({meta.get('num_classes')} classes), where the batches "
+                       "carry CIFAR-10's labels: use --head=fresh")
     if f.head_classes is not None and (f.head != "fresh" or f.head_classes < 10):
       raise ValueError(f"--head_classes needs --head=fresh and at least CIFAR-10's 10 classes, got "
                        f"{f.head_classes}")

@@ -156,6 +156,9 @@ def main(argv):
     common.fail("--config.training.clients is for --client=fedavg (FedSGD trains on one batch per step)")
   if f.client.train_mode and f.client.name != "fedsgd":
     common.fail("--config.client.train_mode=True is for --client=fedsgd (FedAvg clients train in evaluation mode)")
+  if f.client.share_statistics:
+    common.fail("--config.client.share_statistics=True is for attacks (a simulated client that sends "
+                "its BatchNorm statistics); train saves the statistics in every checkpoint")
   if f.training.test_dataset is not None and f.data.modality == "text":
     common.fail("--config.training.test_dataset is for images (text tests on held-out windows of the corpus)")
   if f.training.test_dataset is not None and f.training.test_dataset == f.data.dataset:
@@ -241,6 +244,9 @@ def main(argv):
         metadata,
         model_key,  # what load_model rebuilds
         **({} if f.data.modality == "text" else {"conv": _conv(f.model.conv)}))
+    if f.client.train_mode and "batch_stats" not in model.variables:
+      raise ValueError(f"--config.client.train_mode=True updates BatchNorm statistics, which "
+                       f"{f.model.name} has none of")
     local = f.client.local_training()
     if f.client.name == "fedavg":
       clients.check_local_training(local, f.training.train_count // f.training.clients)

@@ -21,6 +21,7 @@ take (N, H, W, C) inputs; text models (:data:`TEXT_MODELS`) take token ids (N, T
 """
 
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -39,6 +40,10 @@ FAMILIES: tuple[ModelSpec, ...] = (lenet.LENET_ZHU, lenet.LENET5, convnet.SPEC, 
                               transformer.SPEC, gpt.SPEC, bert.SPEC)
 MODELS = tuple(n for f in FAMILIES if not f.text for n in f.examples)
 TEXT_MODELS = tuple(n for f in FAMILIES if f.text for n in f.examples)
+# The largest model :func:`create` builds, checked before anything is allocated (a capture's
+# metadata may state any shape): 4096 x 4096 RGB pixels (or as many tokens) and 2**20 classes.
+MAX_INPUT_SIZE = 4096 * 4096 * 3
+MAX_CLASSES = 2**20
 
 
 class TextSizes(NamedTuple):
@@ -184,8 +189,11 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
   if len(input_shape) != rank or min(input_shape) < 1:
     raise ValueError(f"input_shape must be {'(T,)' if rank == 1 else '(H, W, C)'} with positive sizes "
                      f"for {name}, got {input_shape}")
-  if num_classes < 2:
-    raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+  if math.prod(input_shape) > MAX_INPUT_SIZE:
+    raise ValueError(f"input_shape {input_shape} holds over {MAX_INPUT_SIZE} values (4096 x 4096 RGB "
+                     "pixels), more than a model here takes")
+  if not 2 <= num_classes <= MAX_CLASSES:
+    raise ValueError(f"num_classes must lie in 2 .. {MAX_CLASSES}, got {num_classes}")
   module = get_module(name, num_classes=num_classes, **module_kwargs)
   if rank == 1:
     variables = _init(module, key, np.zeros((1, *input_shape), np.int32))

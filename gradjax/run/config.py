@@ -1144,8 +1144,9 @@ def from_dict(tree) -> Config:
 
 
 def given(tree) -> dict[str, Any]:
-  """Dotted path -> value of every option ``tree`` holds (ValueError for one the schema lacks); an
-  option under its old name (:data:`RENAMED`) is read under its new one."""
+  """Dotted path -> value of every option ``tree`` holds (ValueError for one the schema lacks or a
+  value of another type, :func:`check_type`); an option under its old name (:data:`RENAMED`) is
+  read under its new one."""
   plain = tree.to_dict() if isinstance(tree, config_dict.ConfigDict) else dict(tree)
   out, unknown = {}, []
 
@@ -1155,6 +1156,7 @@ def given(tree) -> dict[str, Any]:
       if isinstance(value, dict):
         walk(value, path + ".")
       elif path in _OPTIONS:
+        check_type(path, value)
         out[path] = value
       else:
         unknown.append(path)
