@@ -260,11 +260,14 @@ def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
   assert results["resumed"] and results["iterations"] == 300 and not (out / "state.npz").exists()
 
 
-def test_an_error_on_one_process_is_named_by_the_others(tmp_path):
+@pytest.mark.parametrize("mistake, message", [
+    (["--dataset=cifar10", "--data_dir=/nonexistent"], "error:"),
+    (["--local_device_ids=3"], "error: --local_device_ids=3 chooses accelerators; this process runs on the CPU")])
+def test_an_error_on_one_process_is_named_by_the_others(tmp_path, mistake, message):
   with _processes(["reconstruct", "--iterations=5", "--config.execution.shard=True", f"--output_dir={tmp_path}"],
-                  per_process={1: ["--dataset=cifar10", "--data_dir=/nonexistent"]}) as procs:
+                  per_process={1: mistake}) as procs:
     (rc0, _, err0), (rc1, _, err1) = _finish(procs, timeout=120)
-  assert rc1 == 2 and err1.strip().splitlines()[-1].startswith("error:"), err1[-2000:]
+  assert rc1 == 2 and err1.strip().splitlines()[-1].startswith(message), err1[-2000:]
   last = err0.strip().splitlines()[-1]
   assert rc0 == 2 and last.startswith("error: process 0 of 2: process 1 stopped with an error:"), err0
   assert "Traceback" not in err0 + err1

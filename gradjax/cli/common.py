@@ -171,6 +171,14 @@ def _launch() -> None:
   sys.excepthook = _excepthook_over_processes
   atexit.register(distributed.finished)  # a normal exit (errors and faults leave by os._exit)
   distributed.watch()
+  if ids is not None:  # JAX applies them to accelerators only: on a CPU they would change nothing
+    try:
+      backend = jax.default_backend()
+    except RuntimeError as e:
+      fail(f"--local_device_ids={','.join(map(str, ids))}: {' '.join(str(e).split())[:300]}")
+    if backend == "cpu":
+      fail(f"--local_device_ids={','.join(map(str, ids))} chooses accelerators; this process "
+           "runs on the CPU (leave the flag out)")
 
 
 def _excepthook_over_processes(kind, value, tb):
