@@ -426,6 +426,10 @@ def test_audit_merges_into_the_index_and_needs_its_dataset(net, tmp_path):
                         capture_output=True, text=True, timeout=600)
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert proc.returncode == 2 and len(errors) == 1 and "--dataset=cifar10" in errors[0], proc.stderr
+  proc = subprocess.run([sys.executable, *program, f"--audit_dir={strategy.audit_dir}", "--model=resnet18"],
+                        capture_output=True, text=True, timeout=600)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert proc.returncode == 2 and len(errors) == 1 and f"declares model {MODEL}" in errors[0], proc.stderr
   rows = audit.attack_capture(audit.captures(strategy.audit_dir)[0],
                               audit.Settings(dataset="cifar10", data_dir=str(tmp_path / "nowhere"),
                                              iterations=3), log=lambda s: None)

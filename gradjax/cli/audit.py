@@ -28,7 +28,8 @@ and process 0 writes the index of all of them.
 
 Options: those of ``gradjax.run.config`` that attacking captured files takes (``--config=<file>`` sets
 them too; ``--print_config`` shows them): ``--model`` and ``--normalization`` default to the
-captures' metadata, ``--dataset`` to no scoring, unless given; with ``--iterations`` unset DLG and
+captures' metadata (``--model`` names the model of captures that do not; one that contradicts a
+capture's is refused), ``--dataset`` to no scoring, unless given; with ``--iterations`` unset DLG and
 iDLG run 6000 iterations (their papers' whole budget), the other attacks their preset's.
 """
 
@@ -120,6 +121,12 @@ def main(argv):
         common.fail(f"--dataset={o['data.dataset']} gives {tuple(sample.x.shape[1:])} images; round "
                     f"{c.round} client {c.client} declares input_shape {declared} (--image_size sets "
                     "the size)")
+  if o["model.name"] is not None:  # named for captures that do not name their model
+    for c in found:
+      declared = (c.info.get("metadata") or {}).get("model")
+      if isinstance(declared, str) and declared and declared != o["model.name"]:
+        common.fail(f"--model={o['model.name']}, but round {c.round} client {c.client} declares "
+                    f"model {declared} (--model names the model of captures that do not); drop it")
   count, me = distributed.process_count(), distributed.process_index()
   resume.stop_on_signals()  # the first Ctrl-C or SIGTERM stops after the capture being attacked
   try:  # process k: captures k, k + P, ...
