@@ -48,16 +48,18 @@ def test_a_results_record_reads_back_nested_or_flat():
 
 def test_options_renamed_since_a_run_read_under_their_new_names(tmp_path):
   """A run folder's config.py, a results record (nested or flat) and a sweep written before
-  attack.labels became attack.label_source and attack.layer_weights attack.depth_rule read back as
-  the same configuration under the new names."""
+  attack.labels became attack.label_source, attack.layer_weights attack.depth_rule and
+  attack.objective attack.matched read back as the same configuration under the new names."""
   old = tmp_path / "config.py"
   old.write_text("from gradjax.run import config\n\n\ndef get_config():\n  c = config.defaults()\n"
-                 "  c.attack.labels = 'known'\n  c.attack.layer_weights = 'linear'\n  return c\n")
+                 "  c.attack.labels = 'known'\n  c.attack.layer_weights = 'linear'\n"
+                 "  c.attack.objective = 'dlm'\n  return c\n")
   spec = importlib.util.spec_from_file_location("old_run_config", old)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   cfg = config.from_dict(module.get_config())
-  assert (cfg.attack.label_source, cfg.attack.depth_rule) == ("known", "linear")
+  assert (cfg.attack.label_source, cfg.attack.depth_rule, cfg.attack.matched) == ("known", "linear", "dlm")
+  assert config.given(module.get_config())["attack.matched"] == "dlm"
   assert config.recorded({"attack": {"labels": "idlg", "layer_weights": "exp"}}) == {
       "attack.label_source": "idlg", "attack.depth_rule": "exp"}
   assert config.recorded({"labels": "llg", "layer_weights": "inverse"}) == {

@@ -98,6 +98,25 @@ def test_config_of_a_recorded_sweep_runs_it_again(studies, tmp_path):
     studies.config_of(str(tmp_path / "run"))
 
 
+RUN_CONFIGS = sorted(glob.glob(os.path.join(ROOT, "experiments", "studies", "*", "runs", "**",
+                                            "config.py"), recursive=True))
+
+
+def test_every_committed_runs_configuration_reads_back():
+  """Each run folder's config.py (``--config=`` of the run, whichever schema wrote it, options
+  renamed since read under their new names) gives a configuration of today's schema."""
+  from gradjax.run import config
+  assert len(RUN_CONFIGS) > 50
+  for path in RUN_CONFIGS:
+    spec = importlib.util.spec_from_file_location("run_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+      config.from_options(config.given(module.get_config()))
+    except ValueError as e:
+      raise AssertionError(f"{os.path.relpath(path, ROOT)}: {e}") from None
+
+
 RECIPES = sorted(glob.glob(os.path.join(ROOT, "experiments", "studies", "*", "config.py")))
 
 

@@ -936,7 +936,8 @@ _FLAT_RECORD = {**{p.rpartition(".")[2]: p for p in _OPTIONS
 # Options renamed since a run wrote its configuration, results or state: the old path -> the new one.
 # Configuration files (a run folder's config.py), results and saved states written under the old
 # names are read under the new ones.
-RENAMED = {"attack.labels": "attack.label_source", "attack.layer_weights": "attack.depth_rule"}
+RENAMED = {"attack.labels": "attack.label_source", "attack.layer_weights": "attack.depth_rule",
+           "attack.objective": "attack.matched"}
 
 
 def recorded(values: dict[str, Any]) -> dict[str, Any]:
