@@ -98,6 +98,34 @@ def test_pipeline_metrics_match_scikit_image():
 
 
 @pytest.mark.slow
+def test_pipeline_scores_of_normalised_boxed_images_match_scikit_image_and_numpy():
+  """Under CIFAR-10's normalisation, Inverting Gradients (boxed: its pixels stay in [0, 1]) at 32
+  pixels: PSNR and SSIM against scikit-image, the unclamped PSNR against Inverting Gradients'
+  per-channel measure written out in NumPy, LPIPS against the NumPy LPIPS of tests/test_lpips.py."""
+  cfg = config.from_options({
+      "data.image_size": 32, "data.index": 2, "data.batch_size": 2, "attack.iterations": 10,
+      "attack.preset": "inverting_gradients", "model.name": "lenet_zhu",
+      "data.normalization": "cifar10",
+      "output.lpips": "alex" if lpips.available("alex") else "none"})
+  results, images = pipeline.run(cfg)
+  gt, rec = images["ground_truth"].astype(np.float64), images["reconstruction"].astype(np.float64)
+  np.testing.assert_allclose(results["psnr_per_image"], [
+      skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in zip(gt, rec)], rtol=1e-9)
+  np.testing.assert_allclose(results["ssim_per_image"], [
+      skimage.metrics.structural_similarity(g, r, data_range=1, channel_axis=-1)
+      for g, r in zip(gt, rec)], rtol=1e-9)
+  std = np.array([0.247, 0.2435, 0.2616])  # CIFAR-10's, as Inverting Gradients' code normalises
+  for k in range(2):  # its metrics.psnr(output, truth, factor=1/ds) on normalised tensors, per channel
+    error = np.mean(((rec[k] - gt[k]) / std) ** 2)
+    want = np.mean([10 * np.log10((1 / std[c]) ** 2 / error) for c in range(3)])
+    assert results["psnr_unclamped_per_image"][k] == pytest.approx(want, abs=1e-4)
+  if lpips.available("alex"):
+    from test_lpips import np_lpips
+    np.testing.assert_allclose(results["lpips_per_image"], np_lpips(lpips.load("alex"), rec, gt),
+                               rtol=2e-4, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_a_closed_form_attack_runs_like_the_others():
   """--attack=exclusive_neurons on a batch of 16 photos through mlp-256: scored like any attack
   (PSNR against scikit-image's), each image and label exact, the verdict a leak, no optimisation."""
@@ -737,6 +765,33 @@ def test_bad_configuration_files_and_outputs_are_one_line(tmp_path):
     _assert_one_line_error(proc, message, path)
   assert replaced.returncode == 0, replaced.stderr[-2000:]
   assert json.loads((tmp_path / "taken.json").read_text())["count"] == 1
+
+
+@pytest.mark.slow
+def test_label_accuracy_is_the_closed_form_of_the_heads_gradient(tmp_path):
+  """iDLG's label, argmin_c Σ_j ∂L/∂W[j, c] = argmin_c (Σ_j h_j)(p_c − y_c), is the true one exactly
+  when the head's input h sums to more than zero: every client of the sigmoid LeNet, and for an MLP
+  with tanh those whose hidden layer (NumPy, float64, from the run's own model) sums above zero."""
+  from gradjax import data
+  out = tmp_path / "tanh.json"
+  common = ["--dataset=skimage", "--image_size=16", "--count=12"]
+  tanh, lenet = run_in_one_process([
+      (["gradjax", "label-accuracy", *common, "--model=mlp", "--config.model.act=tanh",
+        f"--output={out}"], tmp_path),
+      (["gradjax", "label-accuracy", *common], tmp_path)])
+  assert tanh.returncode == 0 and lenet.returncode == 0, tanh.stderr[-2000:] + lenet.stderr[-2000:]
+  assert "100.0 % (12/12)" in lenet.stdout
+  x = data.load("skimage", indices=range(12), image_size=(16, 16)).x.reshape(12, -1).astype(np.float64)
+  want = []
+  for k in range(12):
+    model = models.create("mlp", pipeline.experiment_keys(0, k)[0], input_shape=(16, 16, 3),
+                          act="tanh", num_classes=data.load("skimage", indices=[0]).num_classes)
+    dense = model.variables["params"]["Dense_0"]
+    h = np.tanh(x[k] @ np.asarray(dense["kernel"], np.float64) + np.asarray(dense["bias"], np.float64))
+    want.append(bool(h.sum() > 0))
+  result = json.loads(out.read_text())
+  assert result["correct"] == want and result["accuracy"] == pytest.approx(np.mean(want))
+  assert f"{np.mean(want) * 100:.1f} % ({sum(want)}/12)" in tanh.stdout
 
 
 @pytest.mark.slow
