@@ -153,9 +153,11 @@ def test_the_plot_shows_each_defense_s_stronger_attack(sweep):
 @pytest.mark.slow
 def test_program_with_the_adaptive_attack(tmp_path):
   """--config.attack.adaptive=True: every defense's row attacked plainly and adapted to it on the same images; the
-  adapted attack's PSNR recomputed from its saved reconstruction (scikit-image)."""
+  adapted attack's PSNR recomputed from its saved reconstruction (scikit-image); each row's and
+  variant's PSNR, SSIM and recognisable images recomputed from the saved images (scikit-image, the
+  verdict's rule written out), its leak verdicts counted from the items."""
   import skimage.metrics
-  proc = run_sweep("--defenses=none;prune:0.5", "--count=1", "--iterations=20", "--image_size=16",
+  proc = run_sweep("--defenses=none;prune:0.5", "--count=2", "--iterations=200", "--image_size=16",
                    "--config.attack.adaptive=True", "--lpips=none", f"--output_dir={tmp_path}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   none, pruned = json.loads((tmp_path / "results.json").read_text())["table"]
@@ -174,7 +176,35 @@ def test_program_with_the_adaptive_attack(tmp_path):
   want_stronger = ("adaptive" if pruned["adaptive"]["summary"]["psnr"]["mean"]
                    > pruned["summary"]["psnr"]["mean"] else "plain")
   assert pruned["stronger"] == want_stronger
-  assert "adaptive PSNR (dB)" in (tmp_path / "results.md").read_text()
+  table = (tmp_path / "results.md").read_text()
+  assert "adaptive PSNR (dB)" in table
+  seen = set()
+  for row in (none, pruned):
+    cells = []
+    for variant, summary in (("", row["summary"]), ("_adaptive", (row.get("adaptive") or {}).get("summary"))):
+      if summary is None:
+        continue
+      psnr, ssim, recognisable, leaks = [], [], 0, 0
+      for i in range(2):
+        name = f"{row['defense'].replace(':', '_')}{variant}_{i}"
+        saved = np.load(tmp_path / "items" / f"{name}.npz")
+        gt, rec = saved["ground_truth"].astype(np.float64), saved["reconstruction"].astype(np.float64)
+        for g, r in zip(gt, rec):
+          p = skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1.0)
+          q = skimage.metrics.structural_similarity(g, r, data_range=1.0, channel_axis=-1)
+          flat = skimage.metrics.peak_signal_noise_ratio(g, np.broadcast_to(g.mean((0, 1)), g.shape),
+                                                         data_range=1.0)
+          psnr.append(p), ssim.append(q)
+          recognisable += p >= flat + 1 and (p >= 20 or q >= 0.5)
+        leaks += json.loads((tmp_path / "items" / f"{name}.json").read_text())["verdict"]["status"] == "leak"
+      assert summary["psnr"]["mean"] == pytest.approx(np.mean(psnr), abs=1e-3)
+      assert summary["psnr"]["std"] == pytest.approx(np.std(psnr), abs=1e-3)
+      assert summary["ssim"]["mean"] == pytest.approx(np.mean(ssim), abs=1e-4)
+      assert (summary["recognisable"], summary["images"], summary["leaks"]) == (recognisable, 2, leaks)
+      seen.add(recognisable)
+      cells += [f"{np.mean(psnr):.2f} ± {np.std(psnr):.2f}", f"{recognisable}/2 | {leaks}/2"]
+    assert all(cell in table for cell in cells), (cells, table)
+  assert len(seen) > 1 or seen - {0, 2}  # some images recognisable and some not: the counts mean something
   bad = subprocess.run([sys.executable, "-m", "gradjax", "reconstruct", "--config.attack.adaptive=True",
                         f"--output_dir={tmp_path / 'bad'}"], capture_output=True, text=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)

@@ -696,6 +696,31 @@ def _bumpy(params, data, step=0):
   return quadratic(params, data) + jnp.sum(jnp.cos(3.0 * x)) + 0.1 * jnp.sum(x ** 4)
 
 
+@pytest.mark.parametrize("strategy", ["sequential", "vmap"])
+def test_lbfgs_counts_every_evaluation_of_the_objective(strategy):
+  """``evaluations`` is the number of times the objective ran (a callback in it counts them, one
+  restart at a time): init's, each line-search trial's (several a step on a nonconvex objective),
+  none for the final iterate's score, whose value the last search stored."""
+  calls = []
+
+  def counted(params, data, step=0):
+    jax.debug.callback(lambda _: calls.append(1), params["p"][0])
+    return _bumpy(params, data, step)
+
+  solver = solvers.make_solver(counted, optimizers.make_optimizer("lbfgs", 1.0, history=5))
+  counts = []
+  for seed in range(4):
+    calls.clear()
+    start = np.random.default_rng(seed).normal(size=6) * 2.0
+    state = driver.run(solver, stacked(start), jnp.asarray(C), iterations=17,
+                       execution=driver.Execution(strategy, chunk=5))
+    jax.effects_barrier()
+    assert int(state.iterations[0]) == 17
+    assert int(state.evaluations[0]) == len(calls), seed
+    counts.append(len(calls))
+  assert max(counts) > 17 + 1, counts  # some steps searched more than once: the count means something
+
+
 def test_lbfgs_restarts_search_on_their_own_under_vmap(monkeypatch):
   """``Solver.advance`` (L-BFGS: one line-search trial a trip) gives the iterates, bests and counts
   of the same number of steps, bit for bit, vmapped or one restart alone; vmapped, its loop makes
