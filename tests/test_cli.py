@@ -595,14 +595,20 @@ def test_label_recovery_program(tmp_path):
       overlap = collections.Counter(pred) & collections.Counter(true)
       assert acc == pytest.approx(sum(overlap.values()) / len(true))
     assert method["accuracy_mean"] == pytest.approx(np.mean(method["accuracy_per_batch"]))
+    assert method["accuracy_std"] == pytest.approx(np.std(method["accuracy_per_batch"]))
+    exact = [sorted(pred) == sorted(true) for pred, true in zip(method["labels_per_batch"],
+                                                                result["batches"]["labels"])]
+    assert method["exact_per_batch"] == exact and method["exact_batches"] == sum(exact)
   assert result["methods"]["bias_counts (oracle p̄)"]["accuracy_mean"] == 1.0
   distinct = [len(set(y)) / len(y) for y in result["batches"]["labels"]]
   assert result["distinct_label_upper_bound"] == pytest.approx(np.mean(distinct))
   # The table beside the JSON is the one printed, its rows the JSON's figures.
   table = (tmp_path / "labels.md").read_text()
   assert table in proc.stdout
-  oracle = result["methods"]["bias_counts (oracle p̄)"]
-  assert f"| 1.000 ± 0.000 | {oracle['exact_batches']}/2 |" in table
+  rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+  for name, method in result["methods"].items():
+    assert (f"| {method['accuracy_mean']:.3f} ± {method['accuracy_std']:.3f} | "
+            f"{method['exact_batches']}/2 |") in rows[name], (name, table)
   # --start moves the pool: the batches' images and labels are the dataset's from there.
   assert moved_proc.returncode == 0, moved_proc.stderr[-2000:]
   result = json.loads(moved.read_text())
