@@ -95,6 +95,9 @@ def test_pipeline_metrics_match_scikit_image():
   overlap = collections.Counter(results["labels_reconstructed"]) & collections.Counter(results["labels_true"])
   assert results["label_accuracy"] == pytest.approx(sum(overlap.values()) / 2)
   assert results["iterations"] == 40 and results["restarts"] == 1
+  # The curves end at the result (the last iterate is scored after the last row was recorded).
+  assert (results["history"][-1]["iteration"], results["history"][-1]["loss"],
+          results["history"][-1]["psnr"]) == (40, results["loss"], pytest.approx(np.mean(psnr), rel=1e-9))
 
 
 @pytest.mark.slow
