@@ -34,10 +34,30 @@ def test_residual_is_the_sine_to_the_observation(photos):
   c = np.concatenate([np.ravel(g) for g in jax.tree.leaves(obs.gradient)]).astype(np.float64)
   cos = u @ c / np.linalg.norm(u) / np.linalg.norm(c)
   assert got.relative_error == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-4)
+  # Each layer at the common scale α = ⟨u, c⟩ / ‖u‖², in NumPy.
+  alpha = u @ c / (u @ u)
+  for (path, ui), ci in zip(jax.tree_util.tree_flatten_with_path(
+      clients.fedsgd(model.apply_fn, model.variables, other, y).gradient)[0],
+      jax.tree.leaves(obs.gradient)):
+    ui, ci = np.ravel(ui).astype(np.float64), np.ravel(ci).astype(np.float64)
+    layer = got.layers[jax.tree_util.keystr(path)]
+    assert layer["relative_error"] == pytest.approx(np.linalg.norm(alpha * ui - ci) / np.linalg.norm(ci),
+                                                    rel=1e-4)
+    assert layer["cosine"] == pytest.approx(ui @ ci / np.linalg.norm(ui) / np.linalg.norm(ci), rel=1e-4)
   # Soft labels: the residual uses softmax(label_logits), as DLG's objective does.
   logits = np.where(np.arange(10) == y[:, None], 30.0, 0.0).astype(np.float32)
   assert verdict.residual(model.apply_fn, obs, {"x": photos[:2], "label_logits": logits},
                           None).relative_error < 1e-4
+  # Soft targets that are not one-hot: u is the gradient of −Σ_c t_c log softmax(z)_c (mean over
+  # the batch), written out here.
+  logits = np.random.default_rng(0).normal(size=(2, 10)).astype(np.float32)
+  t = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  soft = jax.grad(lambda p: -(t * jax.nn.log_softmax(model.apply_fn(
+      {**model.variables, "params": p}, other), axis=-1)).sum(-1).mean())(model.variables["params"])
+  u = np.concatenate([np.ravel(g) for g in jax.tree.leaves(soft)]).astype(np.float64)
+  cos = u @ c / np.linalg.norm(u) / np.linalg.norm(c)
+  got = verdict.residual(model.apply_fn, obs, {"x": other, "label_logits": logits}, None)
+  assert got.relative_error == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-4)
 
 
 def test_residual_of_replayed_local_training(photos):
