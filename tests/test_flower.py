@@ -324,6 +324,8 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
     rec = np.load(run / "reconstruction.npy").astype(np.float64)[0]
     np.testing.assert_allclose(skimage.metrics.peak_signal_noise_ratio(photo.x[0].astype(np.float64), rec,
                                                                        data_range=1.0), row["psnr"], atol=1e-3)
+    np.testing.assert_allclose(skimage.metrics.structural_similarity(
+        photo.x[0].astype(np.float64), rec, data_range=1.0, channel_axis=-1), row["ssim"], atol=1e-5)
   page = (tmp_path / "audit" / "round_001" / "index.html").read_text()
   assert 'href="client_12/idlg/report.html"' in page
 
