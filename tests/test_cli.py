@@ -752,7 +752,8 @@ def test_bad_configuration_files_and_outputs_are_one_line(tmp_path):
   cases = [([f"--config={tmp_path / name}"], message) for name, (_, message) in BAD_CONFIG_FILES.items()]
   cases += [(["--iterations=5", "--config.attack.iterations=7"], "set one option to two values"),
             (["--config.attack.iterations=7", "--iterations=5"], "set one option to two values"),
-            (["--config=dlg:variant"], "get_config() takes 0 positional arguments")]
+            (["--config=dlg:variant"], "get_config() takes 0 positional arguments"),
+            (["--attack=bogus"], "unknown attack 'bogus'")]  # checked before it is printed
   results = run_in_one_process(
       [(["gradjax", "reconstruct", *args, "--print_config"], tmp_path) for args, _ in cases]
       + [(["gradjax", "reconstruct", "--modality=text", "--config.model.name=lenet_zhu",

@@ -11,7 +11,7 @@ import shlex
 import sys
 import tempfile
 import textwrap
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -107,8 +107,8 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
       "Python file whose get_config() returns the nested options (gradjax.run.config; a run folder's "
       "config.py reproduces that run). Short flags given beside it override its options.",
       lock_config=True)
-  flags.DEFINE_bool("print_config", False, "Print the resolved configuration (as a configuration "
-                    "file) and exit before anything runs.")
+  flags.DEFINE_bool("print_config", False, "Check the resolved configuration as a run would, "
+                    "print it (as a configuration file) and exit before anything runs.")
   flags.DEFINE_enum("layout", "torch", ["torch"], "Tensor layout of --weights and --observation files.")
   flags.DEFINE_string("compilation_cache", compilation.DEFAULT_CACHE, "Persistent XLA compilation cache folder, so repeated runs skip compilation ('' to disable).")
   flags.DEFINE_float("compilation_cache_min_secs", 0.0, "Cache only programs whose compilation took at least this many seconds (0, the default, caches every program: loading even a small one from the cache is faster than compiling it again).")
@@ -283,29 +283,38 @@ def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None 
   return values
 
 
-def config_from_flags(overrides: dict[str, Any] | None = None) -> Config:
-  """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. With ``--print_config``:
-  prints it and exits 0. Input files that are missing or unreadable, and options the user gave
-  that the run would not read (:func:`check_given`): one line, exit 2."""
+def config_from_flags(overrides: dict[str, Any] | None = None,
+                      check: Callable[[Config, bool], Any] | None = None) -> Config:
+  """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. Input files that are
+  missing or unreadable, options the user gave that the run would not read (:func:`check_given`)
+  and what the program's ``check(cfg, files)`` refuses (ValueError, e.g.
+  :func:`gradjax.run.config.check`): one line, exit 2. With ``--print_config`` the same checks but
+  of the input files (``files`` False: a configuration may name files a run makes later), then it
+  is printed and the process exits 0."""
   cfg = config.from_options(options_from_flags(overrides=overrides))
-  print_config(cfg)
+  files = not flags.FLAGS.print_config
   try:
-    config.check_input_files(cfg)
+    if files:
+      config.check_input_files(cfg)
+    check_given(cfg, options_given(), files=files)
+    if check is not None:
+      check(cfg, files)
   except (ValueError, FileNotFoundError) as e:
     fail(str(e))
-  check_given(cfg, options_given())
+  print_config(cfg)
   return cfg
 
 
-def check_given(cfg: Config, given: set[str]) -> None:
+def check_given(cfg: Config, given: set[str], files: bool = True) -> None:
   """One line, exit 2, where options ``given`` (dotted paths: the user's, or a sweep item's) would
   not be read by ``cfg``'s run: FedAvg's local training under a simulated FedSGD client, model
-  options other than a ``--checkpoint``'s (:func:`_check_checkpoint_model`)."""
+  options other than a ``--checkpoint``'s (:func:`_check_checkpoint_model`; unless ``files`` is
+  False and the checkpoint is not there)."""
   if cfg.client.name == "fedsgd" and not cfg.client.observation:
     ignored = [p for p in config.unread_by_client("fedsgd", given) if p.startswith("client.")]
     if ignored:
       fail(f"{', '.join(config.flag(p) for p in ignored)} do not apply to --client=fedsgd")
-  if cfg.model.checkpoint:
+  if cfg.model.checkpoint and (files or os.path.isfile(cfg.model.checkpoint)):
     _check_checkpoint_model(cfg, given)
 
 

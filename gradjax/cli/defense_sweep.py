@@ -144,10 +144,10 @@ def main(argv):
   table = []
   start = time.perf_counter()
   try:
-    base = common.config_from_flags()
+    base = common.config_from_flags(
+        check=lambda c, files: config.check(config.replace(c, {"attack.adaptive": False}), files))
     adaptive = base.attack.adaptive  # every defense's row also with the attack adapted to it
     base = config.replace(base, {"attack.adaptive": False})
-    config.check(base)
     for spec in specs:
       if spec != "none":
         defenses.parse(spec)

@@ -152,8 +152,8 @@ def main(argv):
   unknown = [m for m in names if m not in ALL_METHODS]
   if unknown or not names or f.count < 1:
     common.fail(f"need a positive --count and methods from {'; '.join(ALL_METHODS)}; got {f.methods!r}")
-  try:
-    cfg = common.config_from_flags({"execution.chunk": 1000})
+  def rows(cfg, files=True):
+    """Each method's options over ``cfg``; ValueError where the table or a row cannot run."""
     if cfg.attack.preset != configs.get("dlm").attack.preset:  # each row sets its own
       raise ValueError(f"--attack={cfg.attack.preset}: the table's attacks are its --methods")
     if cfg.client.name != "fedavg" or cfg.attack.box is None:
@@ -161,9 +161,11 @@ def main(argv):
     methods = {m: {k: v.format(inv_lr=1 / cfg.client.local_lr) if k == "attack.gamma" else v
                    for k, v in ALL_METHODS[m].items()} for m in names}
     for m in names:
-      config.check(config.replace(cfg, methods[m]))
-  except (ValueError, FileNotFoundError) as e:
-    common.fail(str(e))
+      config.check(config.replace(cfg, methods[m]), files)
+    return methods
+
+  cfg = common.config_from_flags({"execution.chunk": 1000}, check=rows)
+  methods = rows(cfg)
   base = {k: v for k, v in config.options(cfg).items() if k != "data.index"}
   std = data.normalization(cfg.data.dataset).std if cfg.data.dataset in ("cifar10",
                                                                          "cifar100") else (1.0,)

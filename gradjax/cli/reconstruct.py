@@ -42,8 +42,7 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   try:
-    cfg = common.config_from_flags()
-    config.check(cfg)
+    cfg = common.config_from_flags(check=config.check)
     name = config.run_name(cfg)
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))

@@ -85,8 +85,7 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   try:
-    base = common.config_from_flags()
-    config.check(base)
+    base = common.config_from_flags(check=config.check)
     declared = common.declared_sweep()
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))

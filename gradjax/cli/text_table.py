@@ -131,16 +131,15 @@ def main(argv):
       or any(s not in text.SEARCHES for s in searches) or f.count < 1):
     common.fail(f"need a positive --count, methods from {', '.join(METHODS)} and searches from "
                 f"{', '.join(text.SEARCHES)}; got {f.methods!r} and {f.searches!r}")
-  try:
-    cfg = common.config_from_flags()
+  def check(cfg, files):
     if cfg.data.modality != "text":
       raise ValueError("the table attacks text models (--modality=text)")
     for m in names:
-      config.check(config.replace(cfg, METHODS[m]))
-    if cfg.model.checkpoint:  # its vocabulary, read before the untrained rows run
+      config.check(config.replace(cfg, METHODS[m]), files)
+    if cfg.model.checkpoint and files:  # its vocabulary, read before the untrained rows run
       pipeline.text_vocabulary(cfg, [])
-  except (ValueError, FileNotFoundError) as e:
-    common.fail(str(e))
+
+  cfg = common.config_from_flags(check=check)
   models = ([("untrained", None)] if f.untrained else []) + (
       [("trained", cfg.model.checkpoint)] if cfg.model.checkpoint else [])
   if not models:
