@@ -920,13 +920,13 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
     images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
-  end_history_at_the_result(results["history"], rec, results.get("psnr"))
+  _end_history_at_the_result(results["history"], rec, results.get("psnr"))
   results.update(_verdict(results, residual, findings, p.problems, cfg))
   results["malicious_server"] = malicious.server_row(observation.num_samples)
   return results, images
 
 
-def end_history_at_the_result(history: list[dict], rec: attacks.Reconstruction,
+def _end_history_at_the_result(history: list[dict], rec: attacks.Reconstruction,
                               psnr: float | None) -> None:
   """Sets the best restart's last row of ``history`` (a :class:`Trace`'s rows), where it is the
   run's last iteration, to the result: the run scores its last iterate after the last row was
