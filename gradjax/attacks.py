@@ -43,7 +43,7 @@ from gradjax import compilation, driver, sharding, solvers
 from gradjax.compilation import device_array, once
 from gradjax.losses import cross_entropy
 from gradjax.objectives import Smoothing, Stepwise, gradient_matching
-from gradjax.observation import Observation, check_observation
+from gradjax.observation import Observation, check_labels, check_observation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -518,6 +518,8 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
                                            observation.train))
   known = _known_labels(attack, observation)
+  if known is not None:  # the observation's, or what the attack's label source inferred
+    check_labels(known, (n, *logits.shape[1:-1]), logits.shape[-1], "the attack's labels")
   lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
   if not np.all(lo < hi):
     raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")

@@ -21,7 +21,7 @@ import numpy as np
 
 from gradjax.compilation import device_array, once
 from gradjax.losses import cross_entropy
-from gradjax.observation import Observation
+from gradjax.observation import Observation, check_labels
 
 
 @once
@@ -30,8 +30,10 @@ def _difference(a, b):
   return jax.tree.map(jnp.subtract, a, b)
 
 
-def _check_client_data(apply_fn, variables, x, y):
-  """(x, y) as arrays, or a one-line ValueError for bad client data."""
+def check_client_data(apply_fn, variables, x, y):
+  """(x, y) as arrays, or a one-line ValueError for bad client data: inputs the model cannot read
+  or that are not finite, labels not :func:`gradjax.observation.check_labels`' (int (N,) or a
+  language model's (N, T), in the model's classes)."""
   x, y = device_array(x), device_array(y)
   if x.ndim < 2:
     raise ValueError(f"client inputs must be (N, H, W, C) images or (N, T) token ids, got shape {x.shape}")
@@ -42,17 +44,8 @@ def _check_client_data(apply_fn, variables, x, y):
   except Exception as e:  # a shape or dtype the model cannot read; Flax's own messages span pages
     raise ValueError(f"client inputs of shape {tuple(x.shape)} ({x.dtype}) do not fit the model: "
                      f"{str(e).splitlines()[0][:200]}") from None
-  want = (x.shape[0], *logits[1:-1])  # (N,) for a classifier, (N, T) for a language model
-  if y.shape != want or not jnp.issubdtype(y.dtype, jnp.integer):
-    raise ValueError(f"client labels must be int {want}, got {y.dtype} {y.shape}")
-  num_classes = logits[-1]
-  y_np = np.asarray(y)
-  kept = y_np[y_np >= 0] if len(want) > 1 else y_np  # a language model's -1: a position without target
-  if kept.size == 0:
-    raise ValueError("every target is -1: the client's loss has no term")
-  low, high = int(np.min(kept)), int(np.max(kept))
-  if low < 0 or high >= num_classes:
-    raise ValueError(f"labels must lie in [0, {num_classes}), got [{low}, {high}]")
+  # (N,) for a classifier, (N, T) for a language model
+  check_labels(y, (x.shape[0], *logits[1:-1]), logits[-1], "client labels")
   return x, y
 
 
@@ -132,7 +125,7 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
   Returns:
     Observation with the gradient (same tree as ``variables["params"]``).
   """
-  x, y = _check_client_data(apply_fn, variables, x, y)
+  x, y = check_client_data(apply_fn, variables, x, y)
   _check_sharing(train, share_statistics, 1)
   gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
   return Observation(gradient=gradient, variables=variables, labels=y if share_labels else None,
@@ -276,7 +269,7 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
   """
   if share_labels not in LABEL_SHARING:
     raise ValueError(f"share_labels must be one of {LABEL_SHARING}, got {share_labels!r}")
-  x, y = _check_client_data(apply_fn, variables, x, y)
+  x, y = check_client_data(apply_fn, variables, x, y)
   check_local_training(local, x.shape[0])
   _check_sharing(train, share_statistics, local.steps(x.shape[0]))
   shared = None if share_labels is False else jnp.sort(y) if share_labels == "multiset" else y

@@ -23,7 +23,8 @@ Conventions
 * A batch of reconstructions comes back in arbitrary order, so ``score``
   first aligns it to the ground truth with the Hungarian algorithm on the
   pairwise MSE (``match_order``).
-* Bad input (shape mismatch, empty batch, NaN/inf) raises ``ValueError``.
+* Bad input (shape mismatch, empty batch, NaN/inf, a ground truth that is not floating point in
+  [0, 1]) raises ``ValueError``.
 * Text (:func:`score_text`): position-wise token accuracy and bag-of-words recall (multiset overlap)
   per sentence of token ids, after the same assignment on token accuracy.
 """
@@ -45,6 +46,23 @@ def _images(x, name: str) -> np.ndarray:
   return np.clip(_checked(x, name), 0.0, 1.0)
 
 
+# How far outside [0, 1] a ground truth's pixels may lie (float rounding of a normalisation undone).
+TRUTH_SLACK = 1e-3
+
+
+def _truth(x_true) -> np.ndarray:
+  """Validates a ground-truth batch: floating point in [0, 1] up to :data:`TRUTH_SLACK` (an image of
+  0..255 or an integer one would be clamped into a wrong score); float64, clamped."""
+  if not np.issubdtype(np.asarray(x_true).dtype, np.floating):
+    raise ValueError(f"x_true must be floating-point images in [0, 1], got {np.asarray(x_true).dtype} "
+                     "(divide 8-bit images by 255)")
+  x_true = _checked(x_true, "x_true")
+  low, high = float(x_true.min()), float(x_true.max())
+  if low < -TRUTH_SLACK or high > 1 + TRUTH_SLACK:
+    raise ValueError(f"x_true must lie in [0, 1] (denormalised), got values in [{low:.4g}, {high:.4g}]")
+  return np.clip(x_true, 0.0, 1.0)
+
+
 def _checked(x, name: str) -> np.ndarray:
   """Validates an NHWC batch of finite values and returns it as float64."""
   x = np.asarray(x, dtype=np.float64)
@@ -60,7 +78,7 @@ def _checked(x, name: str) -> np.ndarray:
 
 
 def _pair(x, x_true) -> tuple[np.ndarray, np.ndarray]:
-  x, x_true = _images(x, "x"), _images(x_true, "x_true")
+  x, x_true = _images(x, "x"), _truth(x_true)
   if x.shape != x_true.shape:
     raise ValueError(f"Shape mismatch: x {x.shape} vs x_true {x_true.shape}.")
   return x, x_true
@@ -146,7 +164,7 @@ def psnr_unclamped(x, x_true, std=1.0) -> np.ndarray:
   Returns:
     (N,) float64.
   """
-  x, x_true = _checked(x, "x"), _images(x_true, "x_true")
+  x, x_true = _checked(x, "x"), _truth(x_true)
   if x.shape != x_true.shape:
     raise ValueError(f"Shape mismatch: x {x.shape} vs x_true {x_true.shape}.")
   std = np.broadcast_to(np.asarray(std, np.float64), x.shape[-1:])

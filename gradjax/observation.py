@@ -50,6 +50,27 @@ def _paths(tree) -> list[str]:
   return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+def check_labels(labels, shape: tuple[int, ...], num_classes: int, what: str = "labels", *,
+                 absent: bool = False) -> np.ndarray:
+  """``labels`` as a NumPy array, or a one-line ``ValueError`` unless they are int ``shape`` ((N,)
+  for a classifier; (N, T) for a language model, whose negative targets mark positions without
+  one, :func:`gradjax.losses.cross_entropy`) in [0, ``num_classes``). ``absent``: a negative label
+  marks an example without one for a classifier too (a closed form's example it did not recover),
+  and every label may be."""
+  y = np.asarray(labels)
+  if y.shape != tuple(shape) or not np.issubdtype(y.dtype, np.integer):
+    raise ValueError(f"{what} must be int {tuple(shape)}, got {y.dtype} {y.shape}")
+  kept = y[y >= 0] if absent or len(shape) > 1 else y
+  if kept.size == 0:
+    if absent:
+      return y
+    raise ValueError(f"every one of the {what} is negative (no target): the loss has no term")
+  low, high = int(np.min(kept)), int(np.max(kept))
+  if low < 0 or high >= num_classes:
+    raise ValueError(f"{what} must lie in [0, {num_classes}) (the model's classes), got [{low}, {high}]")
+  return y
+
+
 def check_observation(observation: Observation) -> None:
   """Raises ``ValueError`` (one line) unless the observation is usable by an attack.
 

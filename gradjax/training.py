@@ -289,7 +289,7 @@ def _sgd_epoch(apply_fn, optimizer, defense, train_mode, augmentation, variables
 def _check_data(apply_fn, variables, x, y):
   if not isinstance(variables, dict) or "params" not in variables:
     raise ValueError("variables must be a dict with a 'params' entry")
-  x, y = client_lib._check_client_data(apply_fn, variables, x, y)
+  x, y = client_lib.check_client_data(apply_fn, variables, x, y)
   return x, y
 
 

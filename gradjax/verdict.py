@@ -54,7 +54,7 @@ import numpy as np
 
 from gradjax import clients, compilation, fidelity, metrics
 from gradjax.objectives import dummy_gradient
-from gradjax.observation import Observation
+from gradjax.observation import Observation, check_labels
 
 STATUSES = ("leak", "no_leak_found", "inconclusive")
 
@@ -89,11 +89,30 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
     apply_fn, observation: as the attack's.
     dummy: the reconstruction's optimised variables (``"x"``, and ``"label_logits"`` when labels were
       optimised jointly: their softmax is the target).
-    labels: (N,) int labels the attack used when ``dummy`` has no label logits.
+    labels: (N,) int labels the attack used when ``dummy`` has no label logits (−1 where it found
+      none: that example adds nothing to u).
     matched: the name of what the attack's objective matched (:data:`gradjax.objectives.MATCHED`).
+
+  Raises ValueError for a batch of another size than the observation's, inputs the model does
+  not read, labels outside the model's classes.
   """
   logits = dummy.get("label_logits")
   x = compilation.device_array(dummy["x"])
+  if x.ndim < 1 or x.shape[0] != observation.num_samples:
+    raise ValueError(f"the reconstruction holds {x.shape[:1]} examples, the observation "
+                     f"{observation.num_samples}")
+  try:
+    out = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *x.shape[1:]), x.dtype),
+                                          observation.train)).shape
+  except Exception as e:  # a shape or dtype the model cannot read; Flax's own messages span pages
+    raise ValueError(f"a reconstruction of shape {tuple(x.shape)} ({x.dtype}) does not fit the "
+                     f"model: {str(e).splitlines()[0][:200]}") from None
+  if logits is None:  # −1: an example whose label the attack did not find (it adds nothing to u)
+    check_labels(labels, (x.shape[0], *out[1:-1]), out[-1], "the reconstruction's labels",
+                 absent=True)
+  elif jnp.shape(logits)[0] != observation.num_samples:
+    raise ValueError(f"label_logits {jnp.shape(logits)} are not one row per example of the "
+                     f"observation's {observation.num_samples}")
   if logits is None and matched != "replay":
     # The client's own gradient program: a simulated client's set-up compiled it for these shapes.
     u = clients.gradient(apply_fn, observation.variables, x, compilation.device_array(labels),

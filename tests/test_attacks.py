@@ -97,6 +97,17 @@ def test_known_labels_and_errors():
   with pytest.raises(ValueError, match="does not match"):
     attacks.reconstruct(presets.dlg(), net.apply_fn, mixed, jax.random.key(0),
                         input_shape=(16, 16, 3))
+  # Labels the target would turn into a row of zeros (or a wrong count of rows), given with the
+  # observation or made by the attack's label source, are refused before any work.
+  known = dataclasses.replace(presets.dlg(), label_source=labels.known)
+  for given, message in ((jnp.array([10]), r"must lie in \[0, 10\)"), (jnp.array([-1]), r"got \[-1, -1\]"),
+                         (jnp.array([1.0]), "must be int"), (jnp.array([1, 2]), r"must be int \(1,\)")):
+    with pytest.raises(ValueError, match=message):
+      attacks.prepare(known, net.apply_fn, obs.replace(labels=given), jax.random.key(0),
+                      input_shape=(16, 16, 3))
+    with pytest.raises(ValueError, match="the attack's labels .*" + message):
+      attacks.prepare(dataclasses.replace(known, label_source=lambda o, given=given: given),
+                      net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3))
   with pytest.raises(ValueError, match="unknown attack"):
     presets.get_preset("deepleak")
   with pytest.raises(ValueError, match="unknown distance"):

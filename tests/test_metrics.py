@@ -49,12 +49,27 @@ def test_mse_is_per_image_mean_of_clamped(truth, recon):
 
 
 def test_clamping():
-  x_true = np.full((2, 4, 4, 1), 1.5)  # Clamps to 1.
+  x_true = np.full((2, 4, 4, 1), 1.0 + metrics.TRUTH_SLACK / 2)  # Rounding above 1: clamps to 1.
   x = np.stack([np.full((4, 4, 1), 2.0), np.full((4, 4, 1), 0.5)])  # Clamp to 1 and 0.5.
   np.testing.assert_allclose(metrics.mse(x, x_true), [0.0, 0.25], rtol=0, atol=0)
   np.testing.assert_allclose(metrics.psnr(x, x_true), [100.0, 10 * np.log10(4.0)], rtol=1e-14)
   x_neg = np.full((1, 4, 4, 1), -3.0)
   assert metrics.psnr(x_neg, np.zeros_like(x_neg))[0] == metrics.PSNR_CAP
+
+
+def test_a_ground_truth_outside_the_unit_range_is_refused():
+  """Images of 0..255 (float or 8-bit) as the ground truth would be clamped into a high score
+  (33 dB for two unrelated random images): refused, for every metric that reads one."""
+  rng = np.random.default_rng(0)
+  a, b = rng.random((2, 8, 8, 3)), rng.random((2, 8, 8, 3))
+  for fn in (metrics.psnr, metrics.ssim, metrics.mse, metrics.psnr_unclamped, metrics.score,
+             metrics.match_order):
+    with pytest.raises(ValueError, match=r"x_true must lie in \[0, 1\]"):
+      fn(a, b * 255)
+    with pytest.raises(ValueError, match="x_true must be floating-point images in \\[0, 1\\], got uint8"):
+      fn(a, (b * 255).astype(np.uint8))
+  with pytest.raises(ValueError, match=r"got values in \[-0.495"):
+    metrics.psnr(a, b - 0.5)
 
 
 def test_psnr_cap(truth):

@@ -58,6 +58,19 @@ def test_residual_is_the_sine_to_the_observation(photos):
   cos = u @ c / np.linalg.norm(u) / np.linalg.norm(c)
   got = verdict.residual(model.apply_fn, obs, {"x": other, "label_logits": logits}, None)
   assert got.relative_error == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-4)
+  # A label the attack did not find (−1) adds nothing to u: the other example's gradient alone.
+  alone = np.concatenate([np.ravel(g) for g in jax.tree.leaves(
+      clients.fedsgd(model.apply_fn, model.variables, other[1:], y[1:]).gradient)]).astype(np.float64)
+  cos = alone @ c / np.linalg.norm(alone) / np.linalg.norm(c)
+  got = verdict.residual(model.apply_fn, obs, {"x": other}, np.array([-1, y[1]]))
+  assert got.relative_error == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-4)
+  # What would be a wrong residual without a word: a label beyond the classes, a batch of another size.
+  for x, labels, message in ((other, np.array([1, 10]), r"must lie in \[0, 10\)"),
+                             (other[:1], np.array([1]), "holds \\(1,\\) examples, the observation 2"),
+                             (other, np.array([1.0, 2.0]), "must be int"),
+                             (np.moveaxis(other, -1, 1), y, "does not fit the model")):
+    with pytest.raises(ValueError, match=message):
+      verdict.residual(model.apply_fn, obs, {"x": x}, labels)
 
 
 def test_residual_of_replayed_local_training(photos):
