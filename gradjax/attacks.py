@@ -123,9 +123,9 @@ class Attack:
     for name in ("label_source", "dummy_init"):
       if not callable(getattr(self, name)):
         raise ValueError(f"{name} must be a function, got {getattr(self, name)!r}")
-    if self.iterations < 1:
-      raise ValueError(f"iterations must be positive, got {self.iterations}")
-    if self.tol < 0:
+    if not isinstance(self.iterations, (int, np.integer)) or self.iterations < 1:
+      raise ValueError(f"iterations must be a positive integer, got {self.iterations!r}")
+    if not self.tol >= 0:  # NaN too
       raise ValueError(f"tol must be non-negative, got {self.tol}")
     if self.stepwise is not None and not isinstance(self.stepwise, Stepwise):
       raise ValueError(f"stepwise must be an objectives.Stepwise or None, got {self.stepwise!r}")

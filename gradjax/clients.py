@@ -13,6 +13,7 @@
 """
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -182,11 +183,17 @@ class LocalTraining(NamedTuple):
 
 def check_local_training(local: LocalTraining, num_samples: int) -> None:
   """Raises ``ValueError`` unless ``local`` is a valid schedule for ``num_samples`` examples."""
+  if not isinstance(local, LocalTraining):
+    raise ValueError(f"local training is a clients.LocalTraining, got {type(local).__name__}")
+  if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+             for v in (local.epochs, num_samples if local.batch_size is None else local.batch_size)):
+    raise ValueError(f"local epochs and batch size must be integers, got {local.epochs!r} and "
+                     f"{local.batch_size!r}")
   b = num_samples if local.batch_size is None else local.batch_size
   if local.epochs < 1 or b < 1 or num_samples % b:
     raise ValueError(f"local training needs epochs >= 1 and a batch size dividing n = {num_samples}, "
                      f"got epochs {local.epochs}, batch size {local.batch_size}")
-  if local.learning_rate <= 0 or not 0 <= local.momentum < 1:
+  if not (math.isfinite(local.learning_rate) and local.learning_rate > 0) or not 0 <= local.momentum < 1:
     raise ValueError(f"local learning rate must be positive and momentum in [0, 1), got "
                      f"{local.learning_rate} and {local.momentum}")
 
@@ -313,9 +320,16 @@ def aggregate(observations) -> Observation:
   if not observations:
     raise ValueError("aggregate needs at least one observation")
   first = observations[0]
+  sent = jax.tree.leaves(first.variables)
   for o in observations[1:]:
     if jax.tree.structure(o.gradient) != jax.tree.structure(first.gradient):
       raise ValueError("observations to aggregate have different parameter trees")
+    if o.variables is not first.variables and (
+        jax.tree.structure(o.variables) != jax.tree.structure(first.variables)
+        or not all(np.array_equal(np.asarray(a), np.asarray(b))
+                   for a, b in zip(jax.tree.leaves(o.variables), sent))):
+      raise ValueError("observations to aggregate were computed at different server variables (a "
+                       "round's clients all start from the model the server sent)")
     if (o.threat_model, o.train, o.local) != (first.threat_model, first.train, first.local):
       raise ValueError("observations to aggregate come from different threat models or schedules")
   mean = jax.tree.map(lambda *g: sum(g) / len(g), *(o.gradient for o in observations))

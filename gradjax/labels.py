@@ -75,6 +75,21 @@ def last_layer_gradient(gradient, path: tuple[str, ...] = HEAD) -> jax.Array:
   return node
 
 
+def _finite(g, path: tuple[str, ...]):
+  """``g``, or a one-line ValueError where it holds NaN or inf (a sign rule would read them as
+  labels)."""
+  if not np.all(np.isfinite(np.asarray(g))):
+    raise ValueError(f"the observed gradient of {'/'.join(path)} contains NaN or inf")
+  return g
+
+
+def _batch(observation: Observation) -> int:
+  """The observation's N, or a one-line ValueError where it is not positive."""
+  if observation.num_samples < 1:
+    raise ValueError(f"num_samples must be positive, got {observation.num_samples}")
+  return observation.num_samples
+
+
 def last_layer_bias_gradient(gradient, path: tuple[str, ...] = BIAS) -> jax.Array:
   """The gradient of the last dense bias, (classes,), found at ``path`` in the tree."""
   node = _leaf(gradient, path)
@@ -104,7 +119,7 @@ def idlg(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
     raise ValueError(f"iDLG label inference needs batch 1, the observation has "
                      f"{observation.num_samples} samples; for a batch choose another label source "
                      "(joint, negative_bias, bias_counts, llg, hfginv)")
-  return _most_negative_column(last_layer_gradient(observation.gradient, path))
+  return _most_negative_column(_finite(last_layer_gradient(observation.gradient, path), path))
 
 
 @once
@@ -127,8 +142,8 @@ def negative_bias(observation: Observation, path: tuple[str, ...] = BIAS) -> jax
   Reference: the sign rule of iDLG applied to the bias (e.g. the "analytic" label inference of
   Geiping et al.'s breaching library).
   """
-  gb = last_layer_bias_gradient(observation.gradient, path)
-  n = observation.num_samples
+  gb = _finite(last_layer_bias_gradient(observation.gradient, path), path)
+  n = _batch(observation)
   _check_unique(n, gb.shape[0], "negative_bias")
   return jnp.argsort(gb, stable=True)[:n]
 
@@ -144,8 +159,8 @@ def yin(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
   Reference: Yin et al., "See through Gradients: Image Batch Recovery via GradInversion", CVPR 2021
   (batch label restoration from the fully connected layer's gradient).
   """
-  g = last_layer_gradient(observation.gradient, path)
-  n = observation.num_samples
+  g = _finite(last_layer_gradient(observation.gradient, path), path)
+  n = _batch(observation)
   _check_unique(n, g.shape[1], "yin")
   return jnp.argsort(jnp.min(g, axis=0), stable=True)[:n]
 
@@ -182,8 +197,8 @@ def llg(observation: Observation, path: tuple[str, ...] = HEAD, *, impact=None,
   PoPETs 2022(2), and their code (tklab-tud/LLG, Code/Predictor.py: v1 = LLG, v2 = LLG+,
   v3-{zero,one,random} = LLG*).
   """
-  g = jnp.sum(last_layer_gradient(observation.gradient, path), axis=0)
-  n, k = observation.num_samples, g.shape[0]
+  g = jnp.sum(_finite(last_layer_gradient(observation.gradient, path), path), axis=0)
+  n, k = _batch(observation), g.shape[0]
   if not bool(jnp.any(g != 0)):
     raise ValueError("the head's kernel gradient is zero; nothing to infer labels from")
   negative = g < 0
@@ -291,13 +306,17 @@ def bias_counts(observation: Observation, probs=None, path: tuple[str, ...] = BI
   Needs: a bias in the last layer, softmax cross entropy.
   Reference: Geng et al., "Towards General Deep Leakage in Federated Learning", arXiv:2110.09074.
   """
-  gb = last_layer_bias_gradient(observation.gradient, path)
-  n, k = observation.num_samples, gb.shape[0]
+  gb = _finite(last_layer_bias_gradient(observation.gradient, path), path)
+  n, k = _batch(observation), gb.shape[0]
   if probs is None:
     probs = jnp.full((k,), 1.0 / k, gb.dtype)
   probs = jnp.asarray(probs, gb.dtype)
   if probs.shape != (k,):
     raise ValueError(f"probs must be the ({k},) mean class probabilities, got shape {probs.shape}")
+  p = np.asarray(probs, np.float64)
+  if not (np.all(np.isfinite(p)) and np.all(p >= 0) and abs(p.sum() - 1) <= 1e-3):
+    raise ValueError(f"probs must be class probabilities (finite, >= 0, summing to 1), got sum "
+                     f"{p.sum():.4g}, min {p.min():.4g}")
   return _largest_remainder(n * (probs - gb), n)
 
 
@@ -483,8 +502,8 @@ def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array | N
   Reference: Ye et al., "High-Fidelity Gradient Inversion in Distributed Learning", AAAI 2024 (§ label
   restoration; their code: 20 individuals, 200 generations, one-to-one replacement).
   """
-  g = jnp.asarray(last_layer_gradient(observation.gradient, path))
-  n = observation.num_samples
+  g = jnp.asarray(_finite(last_layer_gradient(observation.gradient, path), path))
+  n = _batch(observation)
   positions = jnp.asarray(profile.positions)
   if profile.mean.shape[0] != g.shape[0] or positions.ndim != 1:
     raise ValueError(f"the feature profile has {profile.mean.shape[0]} features, the head "

@@ -25,6 +25,7 @@ Conventions (they change published numbers, so they are explicit):
 import dataclasses
 import functools
 import math
+import numbers
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -307,6 +308,11 @@ class Prior:
       raise ValueError(f"a prior is a function of the images, got {self.fn!r}")
     if int(self.start) != self.start or self.start < 0:
       raise ValueError(f"a prior's start must be a non-negative integer step, got {self.start}")
+    if not callable(self.weight) and not (isinstance(self.weight, (numbers.Real, jax.Array))
+                                          and math.isfinite(self.weight) and self.weight >= 0):
+      # A negative weight rewards the prior (the objective runs to −∞ on a rough image).
+      raise ValueError(f"a prior's weight must be a finite number >= 0 (or a function of the "
+                       f"step), got {self.weight!r}")
 
   @property
   def couples_restarts(self) -> bool:

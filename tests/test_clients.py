@@ -196,6 +196,24 @@ def test_fedsgd_rejects_bad_inputs(lenet, photos, case):
     clients.fedsgd(lenet.apply_fn, lenet.variables, x, y)
 
 
+def test_fedavg_and_aggregate_refuse_what_would_be_a_wrong_update(lenet, photos):
+  """A learning rate that is not a finite positive number, epochs or a batch size that are not
+  integers, and updates computed at different server variables (their mean is no round's)."""
+  x, y = photos[:2], np.array([1, 2])
+  for local in (clients.LocalTraining(learning_rate=float("nan")), clients.LocalTraining(learning_rate=float("inf")),
+                clients.LocalTraining(epochs=1.5), clients.LocalTraining(batch_size=1.0)):
+    with pytest.raises(ValueError, match="must be"):
+      clients.fedavg(lenet.apply_fn, lenet.variables, x, y, local)
+  with pytest.raises(ValueError, match="is a clients.LocalTraining, got tuple"):
+    clients.fedavg(lenet.apply_fn, lenet.variables, x, y, (1, None, 0.1, 0.0))
+  one = clients.fedsgd(lenet.apply_fn, lenet.variables, x, y)
+  moved = jax.tree.map(lambda v: v + 1.0, lenet.variables)
+  with pytest.raises(ValueError, match="different server variables"):
+    clients.aggregate([one, clients.fedsgd(lenet.apply_fn, moved, x, y)])
+  copied = jax.tree.map(np.array, lenet.variables)  # the same values in other arrays: one round
+  assert clients.aggregate([one, clients.fedsgd(lenet.apply_fn, copied, x, y)]).num_samples == 4
+
+
 def test_fedsgd_accepts_last_class(lenet, photos):
   obs = clients.fedsgd(lenet.apply_fn, lenet.variables, photos[:1], np.array([9]))
   head = np.asarray(obs.gradient["head"]["kernel"])

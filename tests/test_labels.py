@@ -344,6 +344,15 @@ def test_errors():
       method(too_many)
   with pytest.raises(ValueError, match="M, H, W, C"):
     labels.mean_probs(lambda v, x, t: x, {}, np.zeros((3, 4)))
+  # NaN would read as confident labels; probabilities that are none would give counts anyway.
+  nan = _hand_obs(2, kernel=np.full((3, 10), np.nan), bias=np.full(10, np.nan))
+  for method in (labels.negative_bias, labels.yin, labels.llg, labels.bias_counts):
+    with pytest.raises(ValueError, match="contains NaN or inf"):
+      method(nan)
+  fine = _hand_obs(2, kernel=np.ones((3, 10)), bias=np.zeros(10))
+  for probs in (np.full(10, np.nan), np.full(10, 0.5), np.eye(10)[0] * 2 - 0.5):
+    with pytest.raises(ValueError, match="probs must be class probabilities"):
+      labels.bias_counts(fine, probs=probs)
 
 
 # --- HFGInv: counts by an evolutionary search ----------------------------------------------------------

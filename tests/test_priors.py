@@ -172,5 +172,8 @@ def test_errors():
   for start in (-1, 2.5):
     with pytest.raises(ValueError, match="non-negative integer step"):
       priors.Prior(priors.total_variation, 1.0, start)
+  for weight in (-1e3, float("nan"), float("inf"), "1e-4"):  # a negative weight rewards the prior
+    with pytest.raises(ValueError, match="weight must be a finite number >= 0"):
+      priors.Prior(priors.total_variation, weight)
   with pytest.raises(ValueError, match="function of the images"):
     priors.Prior("tv", 1e-4)

@@ -444,8 +444,12 @@ def test_joint_soft_targets_stay_in_the_bag(client):
                          length=5, eos=1)
   assert set(rec.targets.ravel().tolist()) <= set(ids.ravel().tolist()) | {1}
   assert set(rec.tokens_nearest.ravel().tolist()) <= set(ids.ravel().tolist())
-  problem = attacks.prepare(presets.idlg(), m.apply_fn, text.attack_view(obs), jax.random.key(0),
+  fixed = dataclasses.replace(presets.dlg(), label_source=lambda o: jnp.asarray(ids))  # (1, 5) targets
+  problem = attacks.prepare(fixed, m.apply_fn, text.attack_view(obs), jax.random.key(0),
                             input_shape=(5, 16))
+  with pytest.raises(ValueError, match=r"the attack's labels must be int \(1, 5\)"):  # iDLG's (1,)
+    attacks.prepare(presets.idlg(), m.apply_fn, text.attack_view(obs), jax.random.key(0),
+                    input_shape=(5, 16))
   with pytest.raises(ValueError, match="label support restricts joint"):
     attacks.restrict_labels(problem, [3], text.embedding_table(obs).shape[0])
   with pytest.raises(ValueError, match="label inference reads a classifier"):
