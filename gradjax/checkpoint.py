@@ -71,6 +71,10 @@ def _unflatten(flat: dict[str, np.ndarray], where: str) -> dict:
 
 
 def _host_array(path: str, leaf) -> np.ndarray:
+  if not isinstance(leaf, (np.ndarray, np.generic, jax.Array, int, float, bool)):
+    # A list or tuple would be stacked into one array and come back as that array.
+    raise ValueError(f"variable {path!r} is a {type(leaf).__name__}; checkpoints hold nested dicts "
+                     "of arrays (give a list's items keys)")
   arr = np.asarray(leaf)
   if arr.dtype.kind not in "biuf":
     raise ValueError(f"variable {path!r} has dtype {arr.dtype}; checkpoints hold bool, int and "

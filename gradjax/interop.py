@@ -333,22 +333,25 @@ def read(path) -> TensorFile:
 
 
 def metadata_strings(raw: Any, where: str) -> dict[str, str]:
-  """A file's metadata as the str -> str map safetensors holds: numbers as text, lists joined by
-  commas, booleans as ``true``/``false``, ``None`` values dropped; ``ValueError`` (one line,
-  prefixed by ``where``) for anything else."""
+  """A file's metadata as the str -> str map safetensors holds: numbers as text, lists (of numbers,
+  strings or booleans) joined by commas, booleans as ``true``/``false``, ``None`` values dropped;
+  ``ValueError`` (one line, prefixed by ``where``) for anything else."""
   if not isinstance(raw, dict):
     raise ValueError(f"{where}: metadata must be a JSON object, got {type(raw).__name__}")
+
+  def text(v):
+    if isinstance(v, bool):
+      return "true" if v else "false"
+    if not isinstance(v, (str, int, float)):
+      raise ValueError(f"{where}: metadata {k!r} must be a string, number or boolean, or a list of "
+                       f"them, got {type(v).__name__}")
+    return str(v)
+
   out = {}
   for k, v in raw.items():
-    if isinstance(v, (list, tuple)):
-      v = ",".join(str(x) for x in v)
-    elif isinstance(v, bool):
-      v = "true" if v else "false"
-    elif v is None:
+    if v is None:
       continue
-    elif not isinstance(v, (str, int, float)):
-      raise ValueError(f"{where}: metadata {k!r} must be a string or number, got {type(v).__name__}")
-    out[str(k)] = str(v)
+    out[str(k)] = ",".join(text(x) for x in v) if isinstance(v, (list, tuple)) else text(v)
   return out
 
 
@@ -442,7 +445,11 @@ def write(path, tensors: dict[str, np.ndarray], metadata: dict[str, Any] | None 
   extension (``.npz``, else safetensors)."""
   arrays = {}
   for name, value in tensors.items():
-    arr = np.ascontiguousarray(np.asarray(value))
+    if not isinstance(name, str) or not name or name == METADATA_KEY:
+      raise ValueError(f"tensor names must be non-empty strings other than {METADATA_KEY!r} (the "
+                       f"metadata's entry), got {name!r}")
+    arr = np.asarray(value)
+    arr = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)  # a scalar stays 0-d
     if arr.dtype.kind not in "biuf":
       raise ValueError(f"tensor {name!r} has dtype {arr.dtype}; only numeric arrays can be written")
     arrays[name] = arr

@@ -180,6 +180,8 @@ def test_save_errors_leave_the_old_file(tmp_path, mlp):
       ({"params": {"w": np.array([np.nan], np.float32)}}, {}, "'params/w' contains NaN"),
       ({"params": {"w": jnp.ones(2, jnp.bfloat16)}}, {}, "dtype bfloat16"),
       ({"params": {"w": np.array(["a"])}}, {}, "dtype <U1"),
+      # A list would come back as one stacked array, not as the list.
+      ({"params": [np.ones((2, 3), np.float32)] * 2}, {}, "'params' is a list"),
   ]
   for variables, meta, message in cases:
     with pytest.raises(ValueError) as e:

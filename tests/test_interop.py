@@ -83,6 +83,23 @@ def test_chw_permutation_against_explicit_indices():
   np.testing.assert_array_equal(back, torch_w)
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_write_keeps_shapes_and_metadata_and_refuses_the_reserved_name(tmp_path, fmt):
+  """A scalar tensor comes back 0-d and a transposed one as written; booleans in lists are
+  written true/false; the metadata's entry name, or metadata nested deeper than a list, refused."""
+  path = tmp_path / f"t.{fmt}"
+  w = np.arange(6, dtype=np.float32).reshape(2, 3).T
+  interop.write(path, {"s": np.float32(3.0), "w": w}, {"flags": [True, False], "shape": (32, 32, 3)})
+  back = interop.read(path)
+  assert back.tensors["s"].shape == () and float(back.tensors["s"]) == 3.0
+  np.testing.assert_array_equal(back.tensors["w"], w)
+  assert (back.metadata["flags"], back.metadata["shape"]) == ("true,false", "32,32,3")
+  with pytest.raises(ValueError, match="other than '__metadata__'"):
+    interop.write(path, {"__metadata__": np.ones(2, np.float32)})
+  with pytest.raises(ValueError, match="must be a string, number or boolean, or a list of them"):
+    interop.write(path, {"w": w}, {"nested": [[1, 2], [3]]})
+
+
 @pytest.mark.parametrize("name, fmt", [(name, "safetensors") for name in ZOO] + [("convnet-2", "npz")])
 @pytest.mark.slow
 def test_round_trip_is_exact(tmp_path, name, fmt):
