@@ -65,6 +65,8 @@ class Defense(NamedTuple):
 
 def _number(value, what: str, *, low: float = 0.0, strict: bool = False, high: float | None = None):
   """``float(value)`` after checking it is finite, ≥ low (> low if strict) and < high."""
+  if isinstance(value, (bool, np.bool_)):  # float(True) is 1.0: a flag in a number's place
+    raise ValueError(f"{what} must be a number, got {value!r}")
   try:
     x = float(value)
   except (TypeError, ValueError):
@@ -74,6 +76,18 @@ def _number(value, what: str, *, low: float = 0.0, strict: bool = False, high: f
     bound = f"{'>' if strict else '>='} {low:g}" + (f" and < {high:g}" if high is not None else "")
     raise ValueError(f"{what} must be finite and {bound}, got {value!r}")
   return x
+
+
+def _flag(value, what: str) -> bool:
+  """``value`` where it is a bool, else a one-line ValueError (``"global"`` is truthy)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{what} must be True or False, got {value!r}")
+  return bool(value)
+
+
+# The largest noise variance: beyond it float32 noise (|ξ| up to about 6 standard deviations)
+# would overflow to inf, where the defended gradient means nothing.
+MAX_VARIANCE = 1e60
 
 
 def _fmt(x: float) -> str:
@@ -155,7 +169,7 @@ def gaussian_noise(variance: float) -> Defense:
   DLG (Zhu et al. 2019, §5) states the *variance*: 1e-4 and 1e-3 do not defend LeNet, ≥ 1e-2 does.
   One draw of n = Σ_l n_l values from ``key`` is split among the leaves in ``jax.tree.leaves`` order.
   """
-  variance = _number(variance, "gaussian noise variance")
+  variance = _number(variance, "gaussian noise variance", high=MAX_VARIANCE)
   name = f"gaussian:{_fmt(variance)}"
   std = math.sqrt(variance)
   return Defense(lambda observation, key=None: _add_noise(observation, key, "gaussian", std,
@@ -168,7 +182,7 @@ def laplacian_noise(variance: float) -> Defense:
   Density exp(−|ε| / b) / (2b). The argument is the variance, as in DLG's defense table (Zhu et al. 2019,
   §5), not the scale b. The draw is shared among the leaves as in :func:`gaussian_noise`.
   """
-  variance = _number(variance, "laplacian noise variance")
+  variance = _number(variance, "laplacian noise variance", high=MAX_VARIANCE)
   name = f"laplacian:{_fmt(variance)}"
   std = math.sqrt(variance)  # = √2 · b
   return Defense(lambda observation, key=None: _add_noise(observation, key, "laplacian", std,
@@ -206,6 +220,7 @@ def clip(max_norm: float, per_layer: bool = True) -> Defense:
   float32. Deterministic: the key is ignored.
   """
   max_norm = _number(max_norm, "clip max_norm", strict=True)
+  per_layer = _flag(per_layer, "clip per_layer")
   name = f"clip:{_fmt(max_norm)}" + ("" if per_layer else ":global")
   return Defense(lambda observation, key=None: _clip_gradient(observation, max_norm, per_layer),
                  name)
@@ -226,7 +241,8 @@ def dp(max_norm: float, noise_multiplier: float, per_layer: bool = True,
   done. ``noise_multiplier = 0`` gives :func:`clip`.
   """
   max_norm = _number(max_norm, "dp max_norm", strict=True)
-  noise_multiplier = _number(noise_multiplier, "dp noise_multiplier")
+  noise_multiplier = _number(noise_multiplier, "dp noise_multiplier", high=math.sqrt(MAX_VARIANCE))
+  per_layer = _flag(per_layer, "dp per_layer")
   if noise not in _SAMPLERS:
     raise ValueError(f"dp noise must be one of {', '.join(_SAMPLERS)}, got {noise!r}")
   name = (f"dp:{_fmt(max_norm)}:{_fmt(noise_multiplier)}" + ("" if noise == "gaussian" else f":{noise}")
@@ -277,6 +293,7 @@ def prune(ratio: float, per_layer: bool = True) -> Defense:
   rounded to 9 decimals before the floor, so 0.29 · 100 prunes 29, not 28. Deterministic.
   """
   ratio = _number(ratio, "prune ratio", high=1.0)
+  per_layer = _flag(per_layer, "prune per_layer")
   name = f"prune:{_fmt(ratio)}" + ("" if per_layer else ":global")
   return Defense(lambda observation, key=None: _transform(observation, _prune_leaves, ratio=ratio,
                                                           per_layer=per_layer), name)
@@ -333,6 +350,7 @@ def quantize_int8(per_layer: bool = True) -> Defense:
   zero. ``per_layer=False`` uses one scale s = max over the whole tree / 127. Scales are computed in at
   least float32. DLG (Zhu et al. 2019, §5): int8 defends. Deterministic.
   """
+  per_layer = _flag(per_layer, "int8 per_layer")
   name = "int8" + ("" if per_layer else ":global")
   return Defense(lambda observation, key=None: _transform(observation, _quantize_leaves,
                                                           per_layer=per_layer), name)

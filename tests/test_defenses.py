@@ -457,6 +457,10 @@ def test_parse_errors(spec, match):
     lambda: defenses.clip(0.0), lambda: defenses.clip(-1.0), lambda: defenses.dp(0.0, 0.1),
     lambda: defenses.dp(1.0, -0.1), lambda: defenses.dp(1.0, 0.1, noise="uniform"),
     lambda: defenses.prune(1.0), lambda: defenses.prune(-0.01), lambda: defenses.cast("int8"),
+    # Overflowing noise (its std beyond float32's range), a flag for a number, a word for a flag.
+    lambda: defenses.gaussian_noise(1e300), lambda: defenses.dp(1.0, 1e300),
+    lambda: defenses.clip(True), lambda: defenses.clip(1.0, per_layer="global"),
+    lambda: defenses.prune(0.2, per_layer=0), lambda: defenses.quantize_int8(per_layer="no"),
 ])
 def test_constructor_validation(build):
   with pytest.raises(ValueError):
