@@ -168,10 +168,19 @@ def still_improving(history: Sequence[dict], iterations: int,
   return before > 0 and (before - last["loss"]) / before > thresholds.improving
 
 
+def _classes(true_labels: Sequence[int], num_classes: int) -> list[int]:
+  """``true_labels`` as ints, or a one-line ValueError unless they are classes of ``num_classes``
+  (at least one), which a chance is computed over."""
+  labels = [int(c) for c in true_labels]
+  if num_classes < 1 or not labels or min(labels) < 0 or max(labels) >= num_classes:
+    raise ValueError(f"a label chance needs labels in [0, {num_classes}), got {labels}")
+  return labels
+
+
 def label_chance(true_labels: Sequence[int], num_classes: int) -> float:
   """The probability that N labels drawn uniformly from ``num_classes`` form the multiset of
   ``true_labels``: N! / Π_c m_c! / K^N."""
-  n = len(true_labels)
+  n = len(_classes(true_labels, num_classes))
   counts = np.unique(np.asarray(true_labels), return_counts=True)[1]
   log_p = math.lgamma(n + 1) - sum(math.lgamma(int(m) + 1) for m in counts) - n * math.log(num_classes)
   return math.exp(log_p)
@@ -189,7 +198,7 @@ def composition_chance(true_labels: Sequence[int], num_classes: int) -> float:
   """The probability that N labels drawn uniformly from ``num_classes`` hit exactly the classes of
   ``true_labels`` (m distinct): the onto maps of N draws onto those m classes over K^N,
   Σ_j (−1)^j C(m, j) (m − j)^N / K^N."""
-  n, m = len(true_labels), len(set(int(c) for c in true_labels))
+  n, m = len(true_labels), len(set(_classes(true_labels, num_classes)))
   onto = sum((-1) ** j * math.comb(m, j) * (m - j) ** n for j in range(m + 1))
   return onto / num_classes ** n
 
@@ -248,6 +257,10 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, sid
   lpips = scores.get("lpips_per_image") or [None] * n
   counted = lpips if side is not None and side >= t.lpips_min_side else [None] * n
   flat = scores.get("psnr_mean_colour_per_image") or [-np.inf] * n
+  if n == 0 or any(len(v) != n for v in (scores["ssim_per_image"], lpips, flat)):
+    raise ValueError("image findings need one score of each kind per image, got "
+                     f"{n} PSNR, {len(scores['ssim_per_image'])} SSIM, {len(lpips)} LPIPS and "
+                     f"{len(flat)} mean-colour values")
   per_image, below = [], []
   for i, (p, s, l, f) in enumerate(zip(scores["psnr_per_image"], scores["ssim_per_image"], counted, flat)):
     ok, rule = _image_rule(p, s, l, f, t)

@@ -135,6 +135,18 @@ def test_composition_chance_against_enumeration(labels, k):
   assert verdict.composition_chance(labels, k) == pytest.approx(hits / k ** len(labels), rel=1e-12)
 
 
+def test_chances_and_findings_refuse_inputs_that_would_give_no_probability():
+  """Labels beyond the classes (a 'probability' of 1.5 had come out), no classes, score lists of
+  unequal lengths (zip had dropped images) or none."""
+  for fn in (verdict.label_chance, verdict.composition_chance):
+    for labels, k in (([0, 1, 2, 3], 2), ([1, 12], 10), ([0], 0), ([], 10), ([-1], 10)):
+      with pytest.raises(ValueError, match="a label chance needs labels in"):
+        fn(labels, k)
+  for scores in (_scores([30.0, 30.0], [0.9]), _scores([], [])):
+    with pytest.raises(ValueError, match="one score of each kind per image"):
+      verdict.image_findings(scores, labels_inferred=False, num_classes=10)
+
+
 def _recognisable(findings):
   return [r["recognisable"] for r in findings["images"]["per_image"]]
 
