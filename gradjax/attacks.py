@@ -509,14 +509,23 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   output's, e.g. (T, V + 1) for a masked language model's targets with 'no target',
   :func:`gradjax.losses.masked_cross_entropy`)."""
   check_observation(observation)
-  if restarts < 1:
-    raise ValueError(f"restarts must be positive, got {restarts}")
+  if (attack.matched.name == "gradient" and observation.local is not None
+      and observation.threat_model.startswith("fedavg")):
+    raise ValueError("the gradient objective reads a FedSGD gradient; this is a FedAvg update: "
+                     "clients.update_as_gradient turns one local step into its gradient, several "
+                     "need the replay, dlm or dlm_plus objective")
+  if not isinstance(restarts, (int, np.integer)) or restarts < 1:
+    raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
   if len(input_shape) < 1:
     raise ValueError(f"input_shape must be the shape of one example, e.g. (H, W, C), got {input_shape}")
   n = observation.num_samples
   dtype = jnp.result_type(*jax.tree.leaves(observation.variables["params"]))
-  logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
-                                           observation.train))
+  try:
+    logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
+                                             observation.train))
+  except Exception as e:  # a shape the model cannot read; Flax's own messages span pages
+    raise ValueError(f"input_shape {tuple(input_shape)} does not fit the model (one example's shape, "
+                     f"e.g. (H, W, C)): {str(e).splitlines()[0][:200]}") from None
   known = _known_labels(attack, observation)
   if known is not None:  # the observation's, or what the attack's label source inferred
     check_labels(known, (n, *logits.shape[1:-1]), logits.shape[-1], "the attack's labels")

@@ -108,6 +108,18 @@ def test_known_labels_and_errors():
     with pytest.raises(ValueError, match="the attack's labels .*" + message):
       attacks.prepare(dataclasses.replace(known, label_source=lambda o, given=given: given),
                       net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3))
+  # A FedAvg update is no gradient (one step is, scaled: clients.update_as_gradient).
+  steps = clients.fedavg(net.apply_fn, net.variables, two.x, two.y,
+                         clients.LocalTraining(batch_size=1, learning_rate=0.1))
+  with pytest.raises(ValueError, match="the gradient objective reads a FedSGD gradient"):
+    attacks.prepare(presets.inverting_gradients(5), net.apply_fn, steps, jax.random.key(0),
+                    input_shape=(16, 16, 3))
+  for shape in ((3, 16, 16), (2, 16, 16, 3), (64, 64, 3)):  # the model reads none of them
+    with pytest.raises(ValueError, match="does not fit the model"):
+      attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=shape)
+  with pytest.raises(ValueError, match="restarts must be a positive integer"):
+    attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
+                    restarts=1.5)
   with pytest.raises(ValueError, match="unknown attack"):
     presets.get_preset("deepleak")
   with pytest.raises(ValueError, match="unknown distance"):
