@@ -529,7 +529,11 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   known = _known_labels(attack, observation)
   if known is not None:  # the observation's, or what the attack's label source inferred
     check_labels(known, (n, *logits.shape[1:-1]), logits.shape[-1], "the attack's labels")
-  lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
+  try:
+    lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
+  except ValueError:
+    raise ValueError(f"bounds must be (lo, hi), scalars or one per channel ({input_shape[-1]}), got "
+                     f"{bounds}") from None
   if not np.all(lo < hi):
     raise ValueError(f"bounds must satisfy lo < hi, got {bounds}")
   lo, hi = device_array(lo), device_array(hi)

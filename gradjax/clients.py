@@ -146,6 +146,9 @@ def _check_sharing(train, share, steps):
 def _shared_moments(apply_fn, variables, x, share):
   if not share:
     return None
+  if "batch_stats" not in variables:
+    raise ValueError("the model has no BatchNorm statistics to return (share_statistics needs a "
+                     "BatchNorm network)")
   return batch_moments(variables["batch_stats"], returned_statistics(apply_fn, variables, x))
 
 

@@ -14,6 +14,7 @@ import functools
 import gzip
 import itertools
 import io
+import math
 import os
 import pickle
 import re
@@ -145,6 +146,8 @@ def _stats(norm: Normalization, channels: int):
   """Mean and std broadcastable against (..., channels); Python floats when a single value is given."""
   if len(norm.mean) != len(norm.std):
     raise ValueError(f"normalization has {len(norm.mean)} means but {len(norm.std)} stds")
+  if not all(math.isfinite(v) for v in (*norm.mean, *norm.std)) or min(norm.std) <= 0:
+    raise ValueError(f"normalization needs finite means and positive stds, got {norm}")
   if len(norm.mean) == 1:
     return norm.mean[0], norm.std[0]
   if len(norm.mean) != channels:
@@ -154,12 +157,14 @@ def _stats(norm: Normalization, channels: int):
 
 def normalize(x, norm: Normalization):
   """Returns (x - mean) / std over the last (channel) axis of x (..., C); numpy or jax arrays, jit-safe."""
+  x = x if hasattr(x, "shape") else np.asarray(x, np.float32)  # a nested list
   mean, std = _stats(norm, x.shape[-1])
   return (x - mean) / std
 
 
 def denormalize(x, norm: Normalization):
   """Inverse of `normalize`: x * std + mean over the last (channel) axis."""
+  x = x if hasattr(x, "shape") else np.asarray(x, np.float32)
   mean, std = _stats(norm, x.shape[-1])
   return x * std + mean
 

@@ -152,12 +152,14 @@ class Execution:
     if self.strategy not in STRATEGIES:
       raise ValueError(f"unknown restart strategy {self.strategy!r}; choose one of "
                        f"{', '.join(STRATEGIES)}")
-    if self.chunk < 1 or self.unroll < 1:
-      raise ValueError(f"chunk and unroll must be positive, got {self.chunk} and {self.unroll}")
-    if self.map_batch_size is not None and self.map_batch_size < 1:
-      raise ValueError(f"map_batch_size must be positive, got {self.map_batch_size}")
-    if self.halving_rounds < 1:
-      raise ValueError(f"halving rounds must be positive, got {self.halving_rounds}")
+    counts = {"chunk": self.chunk, "unroll": self.unroll, "halving_rounds": self.halving_rounds,
+              "map_batch_size": 1 if self.map_batch_size is None else self.map_batch_size}
+    for name, value in counts.items():
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    for name in ("callback", "monitor", "saver"):
+      if getattr(self, name) is not None and not callable(getattr(self, name)):
+        raise ValueError(f"{name} must be a function (or None), got {getattr(self, name)!r}")
     if not 0 < self.halving_keep <= 1:
       raise ValueError(f"halving keep fraction must lie in (0, 1], got {self.halving_keep}")
     if self.shard and self.strategy not in ("auto", "vmap"):

@@ -77,6 +77,14 @@ def _checked(x, name: str) -> np.ndarray:
   return x
 
 
+def _per_channel(std, channels: int) -> np.ndarray:
+  """σ (one value or one per channel) as (C,) float64; a one-line ValueError for another count."""
+  std = np.asarray(std, np.float64).reshape(-1)
+  if std.size not in (1, channels):
+    raise ValueError(f"std must be one value or one per channel ({channels}), got {std.size}")
+  return np.broadcast_to(std, (channels,))
+
+
 def _pair(x, x_true) -> tuple[np.ndarray, np.ndarray]:
   x, x_true = _images(x, "x"), _truth(x_true)
   if x.shape != x_true.shape:
@@ -139,7 +147,7 @@ def psnr_std(x, x_true, std) -> np.ndarray:
     (N,) float64.
   """
   x, x_true = _pair(x, x_true)
-  std = np.broadcast_to(np.asarray(std, np.float64), x.shape[-1:])
+  std = _per_channel(std, x.shape[-1])
   if not np.all(std > 0):
     raise ValueError(f"std must be positive, got {std}")
   return _psnr_from_mse(np.mean(((x - x_true) * std) ** 2, axis=(1, 2, 3)))
@@ -167,7 +175,7 @@ def psnr_unclamped(x, x_true, std=1.0) -> np.ndarray:
   x, x_true = _checked(x, "x"), _truth(x_true)
   if x.shape != x_true.shape:
     raise ValueError(f"Shape mismatch: x {x.shape} vs x_true {x_true.shape}.")
-  std = np.broadcast_to(np.asarray(std, np.float64), x.shape[-1:])
+  std = _per_channel(std, x.shape[-1])
   if not np.all(std > 0):
     raise ValueError(f"std must be positive, got {std}")
   e = np.mean(((x - x_true) / std) ** 2, axis=(1, 2, 3))

@@ -117,6 +117,9 @@ def test_known_labels_and_errors():
   for shape in ((3, 16, 16), (2, 16, 16, 3), (64, 64, 3)):  # the model reads none of them
     with pytest.raises(ValueError, match="does not fit the model"):
       attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=shape)
+  with pytest.raises(ValueError, match=r"bounds must be \(lo, hi\), scalars or one per channel \(3\)"):
+    attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
+                    bounds=((0.0, 0.0), (1.0, 1.0)))
   with pytest.raises(ValueError, match="restarts must be a positive integer"):
     attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
                     restarts=1.5)

@@ -204,6 +204,8 @@ def test_fedavg_and_aggregate_refuse_what_would_be_a_wrong_update(lenet, photos)
                 clients.LocalTraining(epochs=1.5), clients.LocalTraining(batch_size=1.0)):
     with pytest.raises(ValueError, match="must be"):
       clients.fedavg(lenet.apply_fn, lenet.variables, x, y, local)
+  with pytest.raises(ValueError, match="has no BatchNorm statistics to return"):  # was a KeyError
+    clients.fedsgd(lenet.apply_fn, lenet.variables, x, y, train=True, share_statistics=True)
   with pytest.raises(ValueError, match="is a clients.LocalTraining, got tuple"):
     clients.fedavg(lenet.apply_fn, lenet.variables, x, y, (1, None, 0.1, 0.0))
   one = clients.fedsgd(lenet.apply_fn, lenet.variables, x, y)

@@ -222,6 +222,11 @@ def test_normalization_errors():
     data.normalization("svhn")
   with pytest.raises(ValueError, match="3 channel values but x has 1"):
     data.normalize(np.zeros((1, 2, 2, 1)), data.normalization("cifar100"))
+  for bad in (data.Normalization((0.0,), (0.0,)), data.Normalization((np.nan,), (1.0,))):
+    with pytest.raises(ValueError, match="finite means and positive stds"):  # inf or NaN pixels
+      data.normalize(np.zeros((1, 2, 2, 1)), bad)
+  np.testing.assert_allclose(data.normalize([[[[0.5]]]], data.normalization("mnist")),
+                             [[[[(0.5 - 0.1307) / 0.3081]]]], rtol=1e-6)  # a nested list too
 
 
 # Real data in the shared folder.

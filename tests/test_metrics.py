@@ -70,6 +70,8 @@ def test_a_ground_truth_outside_the_unit_range_is_refused():
       fn(a, (b * 255).astype(np.uint8))
   with pytest.raises(ValueError, match=r"got values in \[-0.495"):
     metrics.psnr(a, b - 0.5)
+  with pytest.raises(ValueError, match=r"std must be one value or one per channel \(3\), got 2"):
+    metrics.psnr_unclamped(a, b, std=(0.2, 0.3))
 
 
 def test_psnr_cap(truth):

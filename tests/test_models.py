@@ -89,6 +89,10 @@ def test_create_refuses_a_model_too_large_to_build_before_allocating_it():
     models.create("transformer", KEY, input_shape=(models.MAX_INPUT_SIZE + 1,))
   assert models.create("mlp", KEY, input_shape=(64, 64, 3), num_classes=models.MAX_CLASSES
                        ).num_classes == 2**20
+  with pytest.raises(ValueError, match="integer sizes"):  # 8.7 had been built as 8
+    models.create("lenet_zhu", KEY, input_shape=(8.7, 8, 3))
+  with pytest.raises(ValueError, match="num_classes must be an integer"):
+    models.create("lenet_zhu", KEY, num_classes=2.5)
 
 
 # --- DLG LeNet: exact architecture ----------------------------------------------------------------------

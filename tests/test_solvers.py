@@ -191,9 +191,13 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="positive"):
     driver.run(solver, stacked(np.zeros(6)), jnp.asarray(C), iterations=0)
   for bad, message in [(dict(strategy="parallel"), "unknown restart strategy 'parallel'"),
-                       (dict(chunk=0), "chunk and unroll must be positive"),
-                       (dict(map_batch_size=0), "map_batch_size must be positive"),
-                       (dict(halving_rounds=0), "halving rounds must be positive"),
+                       (dict(chunk=0), "chunk must be a positive integer"),
+                       (dict(chunk=2.5), "chunk must be a positive integer, got 2.5"),
+                       (dict(unroll=0), "unroll must be a positive integer"),
+                       (dict(map_batch_size=0), "map_batch_size must be a positive integer"),
+                       (dict(halving_rounds=0), "halving_rounds must be a positive integer"),
+                       (dict(halving_rounds=True), "halving_rounds must be a positive integer"),
+                       (dict(callback=5), "callback must be a function"),
                        (dict(halving_keep=1.5), "halving keep fraction"),
                        (dict(strategy="map", shard=True), "sharded restarts run with vmap")]:
     with pytest.raises(ValueError, match=message):

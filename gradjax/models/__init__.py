@@ -184,6 +184,10 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
     model = gradjax.models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3))
     logits = model.apply_fn(model.variables, jnp.zeros((1, 32, 32, 3)))
   """
+  if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in input_shape):
+    raise ValueError(f"input_shape must be integer sizes, got {tuple(input_shape)}")
+  if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool):
+    raise ValueError(f"num_classes must be an integer, got {num_classes!r}")
   input_shape = tuple(int(d) for d in input_shape)
   rank = 1 if is_text(name) else 3
   if len(input_shape) != rank or min(input_shape) < 1:
