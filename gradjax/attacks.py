@@ -520,15 +520,11 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     raise ValueError(f"input_shape must be the shape of one example, e.g. (H, W, C), got {input_shape}")
   n = observation.num_samples
   dtype = jnp.result_type(*jax.tree.leaves(observation.variables["params"]))
-  try:
-    logits = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *input_shape), dtype),
-                                             observation.train))
-  except Exception as e:  # a shape the model cannot read; Flax's own messages span pages
-    raise ValueError(f"input_shape {tuple(input_shape)} does not fit the model (one example's shape, "
-                     f"e.g. (H, W, C)): {str(e).splitlines()[0][:200]}") from None
+  out = models.output_shape(apply_fn, observation.variables, input_shape, dtype, observation.train,
+                            what="input_shape, one example's (e.g. (H, W, C)),")
   known = _known_labels(attack, observation)
   if known is not None:  # the observation's, or what the attack's label source inferred
-    check_labels(known, (n, *logits.shape[1:-1]), logits.shape[-1], "the attack's labels")
+    check_labels(known, (n, *out[1:-1]), out[-1], "the attack's labels")
   try:
     lo, hi = (np.broadcast_to(np.asarray(b, dtype), input_shape[-1:]) for b in bounds)
   except ValueError:
@@ -573,7 +569,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
                              distances.leaf_positions(observation.variables["params"], order))
   init = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
-                        (tuple(label_shape or logits.shape[1:]) if known is None else None),
+                        (tuple(label_shape or out[1:]) if known is None else None),
                         (lo, hi), dtype,
                         None if _gamma(attack) is None else _gamma(attack).init)
   targets = None

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gradjax import models
 from gradjax.compilation import device_array, once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation, check_labels
@@ -40,11 +41,7 @@ def check_client_data(apply_fn, variables, x, y):
     raise ValueError(f"client inputs must be (N, H, W, C) images or (N, T) token ids, got shape {x.shape}")
   if not np.all(np.isfinite(np.asarray(x))):
     raise ValueError("client inputs contain NaN or inf")
-  try:
-    logits = jax.eval_shape(lambda: apply_fn(variables, x[:1], False)).shape
-  except Exception as e:  # a shape or dtype the model cannot read; Flax's own messages span pages
-    raise ValueError(f"client inputs of shape {tuple(x.shape)} ({x.dtype}) do not fit the model: "
-                     f"{str(e).splitlines()[0][:200]}") from None
+  logits = models.output_shape(apply_fn, variables, x.shape[1:], x.dtype, what="a client's input")
   # (N,) for a classifier, (N, T) for a language model
   check_labels(y, (x.shape[0], *logits[1:-1]), logits[-1], "client labels")
   return x, y

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, compilation, fidelity, metrics
+from gradjax import clients, compilation, fidelity, metrics, models
 from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation, check_labels
 
@@ -101,12 +101,8 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   if x.ndim < 1 or x.shape[0] != observation.num_samples:
     raise ValueError(f"the reconstruction holds {x.shape[:1]} examples, the observation "
                      f"{observation.num_samples}")
-  try:
-    out = jax.eval_shape(lambda: apply_fn(observation.variables, jnp.zeros((1, *x.shape[1:]), x.dtype),
-                                          observation.train)).shape
-  except Exception as e:  # a shape or dtype the model cannot read; Flax's own messages span pages
-    raise ValueError(f"a reconstruction of shape {tuple(x.shape)} ({x.dtype}) does not fit the "
-                     f"model: {str(e).splitlines()[0][:200]}") from None
+  out = models.output_shape(apply_fn, observation.variables, x.shape[1:], x.dtype,
+                            observation.train, what="a reconstructed example")
   if logits is None:  # −1: an example whose label the attack did not find (it adds nothing to u)
     check_labels(labels, (x.shape[0], *out[1:-1]), out[-1], "the reconstruction's labels",
                  absent=True)

@@ -168,6 +168,19 @@ def make_apply_fn(module: nn.Module) -> ApplyFn:
   return apply_fn
 
 
+def output_shape(apply_fn, variables, example_shape, dtype, train: bool = False, *,
+                 what: str = "an input") -> tuple[int, ...]:
+  """The shape of ``apply_fn``'s output for one example of ``example_shape`` and ``dtype``, (1, K)
+  or (1, T, V) (traced: nothing is computed), or a one-line ValueError naming ``what`` where the
+  model cannot read such an example (Flax's own shape errors span pages)."""
+  try:
+    return jax.eval_shape(lambda: apply_fn(variables, jnp.zeros((1, *example_shape), dtype),
+                                           train)).shape
+  except Exception as e:  # noqa: BLE001  (whatever the model raised, it could not read the input)
+    raise ValueError(f"{what} of shape {tuple(example_shape)} ({jnp.dtype(dtype).name}) does not fit "
+                     f"the model: {str(e).splitlines()[0][:200]}") from None
+
+
 def smoothable(apply_fn) -> bool:
   """Whether ``apply_fn`` (of :func:`make_apply_fn`) takes a ``sharpness``: its module has a
   ``sharpness`` field (the zoo's ConvNet, ResNets, MLPs and LeNets)."""
