@@ -95,6 +95,23 @@ def test_create_refuses_a_model_too_large_to_build_before_allocating_it():
     models.create("lenet_zhu", KEY, num_classes=2.5)
 
 
+def test_output_shape_is_traced_once_per_model_and_input():
+  """(1, K) for an example, traced once for the same model, variables' shapes and input; an input
+  the model does not read is one ValueError naming it."""
+  model = models.create("lenet_zhu", KEY, input_shape=(8, 8, 3))
+  traces = []
+
+  def apply_fn(variables, x, train=False):
+    traces.append(x.shape)
+    return model.apply_fn(variables, x, train)
+
+  for _ in range(3):
+    assert models.output_shape(apply_fn, model.variables, (8, 8, 3), jnp.float32) == (1, 10)
+  assert traces == [(1, 8, 8, 3)]
+  with pytest.raises(ValueError, match=r"an input of shape \(3, 8, 8\) \(float32\) does not fit"):
+    models.output_shape(apply_fn, model.variables, (3, 8, 8), jnp.float32)
+
+
 # --- DLG LeNet: exact architecture ----------------------------------------------------------------------
 
 

@@ -171,14 +171,26 @@ def make_apply_fn(module: nn.Module) -> ApplyFn:
 def output_shape(apply_fn, variables, example_shape, dtype, train: bool = False, *,
                  what: str = "an input") -> tuple[int, ...]:
   """The shape of ``apply_fn``'s output for one example of ``example_shape`` and ``dtype``, (1, K)
-  or (1, T, V) (traced: nothing is computed), or a one-line ValueError naming ``what`` where the
-  model cannot read such an example (Flax's own shape errors span pages)."""
-  try:
-    return jax.eval_shape(lambda: apply_fn(variables, jnp.zeros((1, *example_shape), dtype),
-                                           train)).shape
-  except Exception as e:  # noqa: BLE001  (whatever the model raised, it could not read the input)
-    raise ValueError(f"{what} of shape {tuple(example_shape)} ({jnp.dtype(dtype).name}) does not fit "
-                     f"the model: {str(e).splitlines()[0][:200]}") from None
+  or (1, T, V) (traced: nothing is computed; remembered per model, variables' shapes and input, as
+  a run asks for it several times and a ResNet's trace takes a tenth of a second or more), or a
+  one-line ValueError naming ``what`` where the model cannot read such an example (Flax's own
+  shape errors span pages)."""
+  leaves, tree = jax.tree.flatten(variables)
+  key = (apply_fn, tree, tuple((jnp.shape(v), jnp.result_type(v)) for v in leaves),
+         tuple(int(d) for d in example_shape), jnp.dtype(dtype), bool(train))
+  if key not in _OUTPUT_SHAPES:
+    if len(_OUTPUT_SHAPES) >= 256:  # a program that makes a fresh model per client
+      _OUTPUT_SHAPES.clear()
+    try:
+      _OUTPUT_SHAPES[key] = jax.eval_shape(
+          lambda: apply_fn(variables, jnp.zeros((1, *example_shape), dtype), train)).shape
+    except Exception as e:  # noqa: BLE001  (whatever the model raised, it could not read the input)
+      raise ValueError(f"{what} of shape {tuple(example_shape)} ({jnp.dtype(dtype).name}) does not "
+                       f"fit the model: {str(e).splitlines()[0][:200]}") from None
+  return _OUTPUT_SHAPES[key]
+
+
+_OUTPUT_SHAPES: dict = {}
 
 
 def smoothable(apply_fn) -> bool:
