@@ -106,6 +106,12 @@ def test_noise_weighs_each_leaf_by_its_signal_share():
   both = _euclidean("clip:1.0,prune:0.5,gaussian:0.5")
   clipped_only = _euclidean("clip:1.0,gaussian:0.5")
   np.testing.assert_allclose(float(both(u, v)), float(clipped_only(u, v)), rtol=1e-6)
+  want = 0.0  # the dummy clipped to norm 1 (as the client's leaves were), weighed as above
+  for a, b in zip(_leaves(u), _leaves(v)):
+    energy = np.sum(b ** 2)
+    want += (max(energy - b.size * 0.5, 0.0) / energy
+             * np.sum((a * min(1.0, 1.0 / np.linalg.norm(a)) - b) ** 2))
+  np.testing.assert_allclose(float(both(u, v)), want, rtol=1e-5)
 
 
 @pytest.mark.parametrize("spec", ["prune:0.5", "fp16", "clip:0.8", "dp:0.8:0.1"])
