@@ -276,11 +276,12 @@ def np_log_softmax(z):
   return z - m - np.log(np.exp(z - m).sum(axis=-1, keepdims=True))
 
 
-def np_mlp_grads(params, x, targets):
+def np_mlp_grads(params, x, targets, kappa=None):
   """Hand-derived backprop of flatten - Dense - ReLU - Dense ('head') with the mean cross entropy.
 
   Flax Dense kernels are (in, out) and x is flattened in HWC order (NumPy's C order on NHWC).
-  ``targets`` are int labels or an (N, K) matrix of soft labels (rows summing to 1).
+  ``targets`` are int labels or an (N, K) matrix of soft labels (rows summing to 1). ``kappa``: the
+  ReLU rounded to softplus(κa)/κ (derivative sigmoid(κa)), as the model at sharpness κ.
   Returns (loss, gradient tree shaped like ``params``), all float64 NumPy.
   """
   w1 = np.asarray(params["Dense_0"]["kernel"], np.float64)
@@ -291,7 +292,10 @@ def np_mlp_grads(params, x, targets):
   n = x.shape[0]
   xf = x.reshape(n, -1)
   a = xf @ w1 + b1
-  h = np.maximum(a, 0.0)
+  if kappa is None:
+    h, dh = np.maximum(a, 0.0), (a > 0).astype(np.float64)
+  else:
+    h, dh = np.logaddexp(0.0, kappa * a) / kappa, 1.0 / (1.0 + np.exp(-kappa * a))
   z = h @ w2 + b2
   targets = np.asarray(targets)
   if targets.ndim == 1:
@@ -304,7 +308,7 @@ def np_mlp_grads(params, x, targets):
   dz = (np.exp(log_p) - t) / n          # dL/dz for softmax + CE with sum(t) = 1 per row.
   dw2 = h.T @ dz
   db2 = dz.sum(axis=0)
-  da = (dz @ w2.T) * (a > 0)
+  da = (dz @ w2.T) * dh
   dw1 = xf.T @ da
   db1 = da.sum(axis=0)
   return loss, {"Dense_0": {"kernel": dw1, "bias": db1}, "head": {"kernel": dw2, "bias": db2}}
