@@ -6,11 +6,13 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import runpy
 import shlex
 
 import numpy as np
 import pytest
+import skimage.metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,13 +156,13 @@ SMALL = {
     "sweep": ["--count=1", "--config.attack.iterations=2", "--config.attack.restarts=1",
               "--lpips=none"],
     "reconstruct": ["--config.attack.iterations=2", "--lpips=none"],
-    "dlm-table": ["--count=1", "--config.attack.iterations=2", "--methods=DLG"],
+    "dlm-table": ["--count=2", "--config.attack.iterations=2", "--methods=DLG;DLM"],
     "label-accuracy": ["--count=2"],
     "label-recovery": ["--count=1", "--aux_size=2"],
     "defense-sweep": ["--count=1", "--config.attack.iterations=2", "--defenses=none", "--noutility"],
     "batch-table": ["--count=1", "--config.attack.iterations=2", "--config.data.batch_size=2",
                     "--config.sampling.classes_per_batch=1", "--config.sampling.pool=40", "--config.attack.aux=4"],
-    "text-table": ["--count=1", "--config.attack.iterations=2", "--methods=SAPAG",
+    "text-table": ["--count=2", "--config.attack.iterations=2", "--methods=SAPAG",
                    "--searches=tokens"],
 }
 
@@ -205,3 +207,72 @@ def test_every_study_variant_runs_again_from_its_recipe(tmp_path):
       assert proc.returncode == 0, (study, argv, proc.stderr[-2000:])
       written = os.listdir(tmp_path / study)
       assert any(f.startswith("results") or f.endswith(".json") for f in written), (study, written)
+      TABLE_CHECKS.get(argv[1], lambda out: None)(tmp_path / study)
+
+
+def _check_dlm_table(out):
+  """dlm-table's numbers from the images and labels it kept: PSNR and SSIM by scikit-image, the
+  DLM paper's PSNR (the error scaled by the dataset's std) and the label accuracy (the multiset
+  overlap) in NumPy; then each row's aggregates and its Markdown cells."""
+  res = json.loads((out / "results.json").read_text())
+  md = (out / "results.md").read_text()
+  threshold = float(re.search(r"success \(PSNR > ([0-9.]+)\)", md).group(1))
+  std = np.asarray(res["std"], np.float64)
+  assert len(res["table"]) == 2
+  for t in res["table"]:
+    psnr, paper, ssim, accuracy = [], [], [], []
+    for row in t["rows"]:
+      kept = np.load(out / "items" / f"{t['method']}_{row['index']}.npz")
+      item = json.loads((out / "items" / f"{t['method']}_{row['index']}.json").read_text())
+      gt = kept["ground_truth"][0].astype(np.float64)
+      rec = np.clip(kept["reconstruction"][0].astype(np.float64), 0, 1)
+      psnr.append(skimage.metrics.peak_signal_noise_ratio(gt, rec, data_range=1))
+      paper.append(10 * np.log10(1 / np.mean(((rec - gt) * std) ** 2)))
+      ssim.append(skimage.metrics.structural_similarity(gt, rec, data_range=1, channel_axis=-1))
+      assert item["iterations"] == 2  # SMALL's budget, DLG's row too (its 4000 the default only)
+      overlap = collections.Counter(item["labels_reconstructed"]) & collections.Counter(item["labels_true"])
+      accuracy.append(sum(overlap.values()) / len(item["labels_true"]))
+    np.testing.assert_allclose([r["psnr"] for r in t["rows"]], psnr, rtol=1e-6)
+    np.testing.assert_allclose([r["psnr_paper"] for r in t["rows"]], paper, rtol=1e-6)
+    np.testing.assert_allclose([r["ssim"] for r in t["rows"]], ssim, rtol=1e-6)
+    psnr, paper = np.array(psnr), np.array(paper)
+    want = (np.mean(psnr > threshold), np.mean(paper > threshold), np.mean(psnr), np.median(psnr),
+            np.mean(ssim), np.mean(accuracy))
+    np.testing.assert_allclose([t["success"], t["success_paper"], t["psnr_mean"], t["psnr_median"],
+                                t["ssim_mean"], t["label_accuracy"]], want, rtol=1e-6)
+    assert (f"| {t['method']} | {100 * want[0]:.0f} % | {100 * want[1]:.0f} % | {want[2]:.2f} "
+            f"({want[3]:.2f}) | {want[4]:.3f} |") in md, md
+
+
+def _check_text_table(out):
+  """text-table's numbers from the sentences it kept, true and recovered, compared word by word:
+  position-wise token accuracy (of both decodings), bag recall (the multiset overlap), exact
+  sentences; then each row's aggregates and its Markdown cells."""
+  res = json.loads((out / "results.json").read_text())
+  md = (out / "results.md").read_text()
+  for t in res["table"]:
+    accuracy, nearest, recall, exact = [], [], [], []
+    for row in t["rows"]:
+      true = row["sentence"]["true"].split(" ")
+      found = row["sentence"]["recovered (pseudo-inverse)"].split(" ")
+      assert len(found) == len(true) == res["sequence_length"]
+      accuracy.append(np.mean([a == b for a, b in zip(found, true)]))
+      near = row["sentence"]["recovered (nearest)"].split(" ")
+      nearest.append(np.mean([a == b for a, b in zip(near, true)]))
+      recall.append(sum((collections.Counter(found) & collections.Counter(true)).values()) / len(true))
+      exact.append(found == true)
+    np.testing.assert_allclose([r["token_accuracy"] for r in t["rows"]], accuracy, rtol=1e-9)
+    np.testing.assert_allclose([r["token_accuracy_nearest"] for r in t["rows"]], nearest, rtol=1e-9)
+    np.testing.assert_allclose([r["bag_recall"] for r in t["rows"]], recall, rtol=1e-9)
+    assert [bool(r["exact"]) for r in t["rows"]] == exact
+    assert t["exact"] == sum(exact) and len(t["rows"]) == res["count"] == 2
+    want = (np.mean(accuracy), np.std(accuracy), np.median(accuracy), np.mean(nearest), np.mean(recall))
+    np.testing.assert_allclose([t["token_accuracy_mean"], t["token_accuracy_std"],
+                                t["token_accuracy_median"], t["token_accuracy_nearest_mean"],
+                                t["bag_recall_mean"]], want, rtol=1e-9)
+    assert (f"| {t['search']} | {want[0]:.2f} ± {want[1]:.2f} ({want[2]:.2f}) | {want[3]:.2f} | "
+            f"{want[4]:.2f} | {sum(exact)}/2 |") in md, md
+
+
+# The table programs whose printed numbers the study variants' runs recompute.
+TABLE_CHECKS = {"dlm-table": _check_dlm_table, "text-table": _check_text_table}

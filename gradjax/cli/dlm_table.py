@@ -13,8 +13,9 @@ DLM runs with its preset's iDLG labels and with DLG's jointly optimised soft lab
 preset's joint labels and with iDLG labels.
 
 All four use Adam, 4000 iterations (lr 0.1; DLM+ 0.01, the paper's), one restart, dummy data
-N(0, 1). ``--config.attack.box=True`` clamps every attack's dummy image to [0, 1] after each step and ``--config.attack.box=False`` (the
-``dlm`` configuration's) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one
+N(0, 1); ``--config.attack.iterations`` sets every row's budget, DLG's and cosine's too.
+``--config.attack.box=True`` clamps every attack's dummy image to [0, 1] after each step and
+``--config.attack.box=False`` (the ``dlm`` configuration's) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one
 protocol. Model, data and client come from ``--config=dlm`` (the default; flags override it). Success is PSNR > 30
 dB with the standard formula and, separately, with the paper's (the error divided by the dataset's
 per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher). Each attack is kept in
@@ -158,8 +159,10 @@ def main(argv):
       raise ValueError(f"--attack={cfg.attack.preset}: the table's attacks are its --methods")
     if cfg.client.name != "fedavg" or cfg.attack.box is None:
       raise ValueError("the table attacks one FedAvg step (--client=fedavg), every row with one --config.attack.box=True")
+    # DLG's and cosine's 4000 iterations are the protocol's, where the configuration sets none.
+    given = {"attack.iterations"} if cfg.attack.iterations is not None else set()
     methods = {m: {k: v.format(inv_lr=1 / cfg.client.local_lr) if k == "attack.gamma" else v
-                   for k, v in ALL_METHODS[m].items()} for m in names}
+                   for k, v in ALL_METHODS[m].items() if k not in given} for m in names}
     for m in names:
       config.check(config.replace(cfg, methods[m]), files)
     return methods
