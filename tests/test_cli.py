@@ -162,6 +162,16 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
   assert metrics["command"] == f"gradjax reconstruct --iterations=30 --image_size=16 --output_dir={out}"
   assert metrics["cores"] >= 1 and metrics["device"].startswith("CPU (")
   assert f"PSNR {metrics['psnr']:.2f} dB" in proc.stdout
+  # The scores it printed and wrote, from the reconstruction it saved and the photo it attacked.
+  from gradjax import data
+  gt = data.load("skimage", indices=[0], image_size=(16, 16)).x[0].astype(np.float64)
+  rec = np.load(out / "reconstruction.npy")[0].astype(np.float64)
+  np.testing.assert_allclose(
+      [metrics["psnr"], metrics["ssim"], metrics["mse"]],
+      [skimage.metrics.peak_signal_noise_ratio(gt, rec, data_range=1),
+       skimage.metrics.structural_similarity(gt, rec, data_range=1, channel_axis=-1),
+       np.mean((gt - rec) ** 2)], rtol=1e-6)
+  assert metrics["label_accuracy"] == float(metrics["labels_reconstructed"] == metrics["labels_true"])
   grid = np.asarray(Image.open(out / "reconstruction.png"))
   assert grid.shape == (2 * (16 * 4 + 2) + 2, 16 * 4 + 2 + 2, 3)
 
