@@ -8,10 +8,24 @@ import types
 import jax
 import numpy as np
 import pytest
+import scipy.optimize
+import skimage.metrics
 
 from gradjax import auto, clients, interop, malicious, models
 from gradjax.integrations import audit
 from gradjax.run import config, pipeline
+
+
+def matched_psnr(truth, rec):
+  """The mean PSNR (scikit-image's, capped at 100 dB as gradjax reports it) of ``rec``'s images
+  against ``truth``'s under the pairing that maximises it (SciPy's assignment): a batch attack
+  returns its images in an order of its own."""
+  truth, rec = np.asarray(truth, np.float64), np.clip(np.asarray(rec, np.float64), 0, 1)
+  with np.errstate(divide="ignore"):
+    table = np.array([[min(skimage.metrics.peak_signal_noise_ratio(t, r, data_range=1), 100.0)
+                       for r in rec] for t in truth])
+  rows, cols = scipy.optimize.linear_sum_assignment(-table)
+  return float(table[rows, cols].mean())
 
 
 @pytest.mark.parametrize("metadata, model, attacks", [
@@ -107,6 +121,8 @@ def test_an_mlp_client_at_batch_16_leaks_every_image(photos, tmp_path):
   first = rows[0]
   assert first.get("error") is None and first["verdict"] == "leak" and first["psnr"] > 60, first
   assert first["label_accuracy"] == 1.0 and first["num_samples"] == 16
+  rec = np.load(tmp_path / "audit" / first["run"] / "reconstruction.npy")
+  assert first["psnr"] == pytest.approx(matched_psnr(photos, rec), rel=1e-6)
   metrics = json.loads((tmp_path / "audit" / first["run"] / "metrics.json").read_text())
   assert metrics["findings"]["images"]["recognisable"] == 16
   assert metrics["verdict"]["leaks"] == ["images", "labels"]
@@ -161,10 +177,11 @@ def test_reconstruct_auto_stops_at_the_first_match_and_keeps_the_best(photos):
       "attack.preset": "auto", "model.name": "mlp-1024", "data.batch_size": 8,
       "attack.iterations": 5, "output.lpips": "none"
   })
-  results, _ = pipeline.run(cfg)
+  results, images = pipeline.run(cfg)
   assert [t["attack"] for t in results["auto"]["tried"]] == ["exclusive_neurons"]
   assert results["auto"]["chosen"] == "exclusive_neurons" and results["verdict"]["status"] == "leak"
   assert results["verdict"]["tried"] == ["exclusive_neurons"] and results["psnr"] > 60
+  assert results["psnr"] == pytest.approx(matched_psnr(photos[:8], images["reconstruction"]), rel=1e-6)
 
   # Inputs centred by the client: no unit is exclusive at batch 16, the closed form matches nothing,
   # the Cocktail Party Attack after it does (every image, to float32 rounding) and ends the search.
@@ -176,11 +193,12 @@ def test_reconstruct_auto_stops_at_the_first_match_and_keeps_the_best(photos):
   centred = {"attack.preset": "auto", "model.name": "mlp-1024", "data.batch_size": 16,
              "attack.iterations": 5, "output.lpips": "none",
              "data.normalization": "0.45,0.45,0.45/0.25,0.25,0.25"}
-  results, _ = pipeline.run(config.from_options(centred))
+  results, images = pipeline.run(config.from_options(centred))
   tried = results["auto"]["tried"]
   assert [t["attack"] for t in tried] == ["exclusive_neurons", "cocktail_party"]
   assert tried[0]["residual"] > 0.5 and results["verdict"]["tried"] == [t["attack"] for t in tried]
   assert results["auto"]["chosen"] == "cocktail_party" and results["psnr"] > 60
+  assert results["psnr"] == pytest.approx(matched_psnr(photos, images["reconstruction"]), rel=1e-6)
   assert results["wall_time_s"] >= sum(t["wall_time_s"] for t in tried)
 
   # A 32-unit sigmoid layer: ICA's examples leave some of the update unexplained (no match), the
