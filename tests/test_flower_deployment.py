@@ -19,6 +19,7 @@ import importlib.util
 
 import numpy as np
 import pytest
+import skimage.metrics
 
 from gradjax import data, interop, verdict
 from gradjax.integrations import audit
@@ -196,7 +197,10 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
   assert len(open_rows) == 1 and open_rows[0]["psnr"] > 20, rows
   truth = data.load("skimage", indices=open_[0].info["data_indices"], image_size=(32, 32))
   run = next(r["run"] for r in open_rows if r["round"] == open_[0].round)
-  assert np.load(audit_dir / run / "reconstruction.npy").shape == truth.x.shape
+  rec = np.load(audit_dir / run / "reconstruction.npy")
+  assert rec.shape == truth.x.shape
+  assert open_rows[0]["psnr"] == pytest.approx(skimage.metrics.peak_signal_noise_ratio(
+      truth.x[0].astype(np.float64), rec[0].astype(np.float64), data_range=1), rel=1e-6)
   for r in attacked:
     metrics = json.loads((audit_dir / r["run"] / "metrics.json").read_text())
     # Every update, the pruned ones with their declared pruning, is the one recomputed in JAX.

@@ -82,7 +82,8 @@ def attack(torch, net, x_true: np.ndarray, y: np.ndarray, *, steps: int, tol: fl
   row = dict(converged_step=converged_at, converged_evaluations=converged_evaluations, steps=step,
              evaluations=evaluations, loss=loss, finite=finite,
              psnr=scores["psnr"] if scores else None, ssim=scores["ssim"] if scores else None,
-             label_accuracy=metrics.label_accuracy(labels, y), wall_time_s=time.perf_counter() - start)
+             labels=labels.tolist(), label_accuracy=metrics.label_accuracy(labels, y),
+             wall_time_s=time.perf_counter() - start)
   return rec, row
 
 
