@@ -63,8 +63,8 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 100,
     }),
-    # runs/batch_table_unseen_head: HFGInv with per-example head targets (batches 0-1 run)
-    'batch_table_unseen_head': ('batch-table --count=5 --start=500 --variants=head', None, {
+    # runs/batch_table_unseen_head: HFGInv with per-example head targets, batches 0-1 of the unseen five
+    'batch_table_unseen_head': ('batch-table --count=2 --start=500 --variants=head', None, {
         'attack.iterations': 1500,
         'data.batch_size': 8,
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',

@@ -1,8 +1,8 @@
 # The configuration of the run in this folder: --config=<this file> reproduces it.
-# Command: gradjax batch-table --count=5 --start=500 --variants=head --config=experiments/studies/hfginv_batch/config.py:batch_table_unseen --output_dir=experiments/studies/hfginv_batch/runs/batch_table_unseen_head
-"""A gradjax configuration (gradjax.config)."""
+# Command: gradjax batch-table --config=experiments/studies/hfginv_batch/config.py:batch_table_unseen --count=2 --start=500 --variants=head --output_dir=/tmp/unseen_head
+"""A gradjax configuration (gradjax.run.config)."""
 
-from gradjax import config
+from gradjax.run import config
 
 
 def get_config():
@@ -11,6 +11,8 @@ def get_config():
   c.data.data_dir = None
   c.data.batch_size = 8
   c.model.checkpoint = 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz'
+  c.client.train_mode = False
+  c.client.share_statistics = False
   c.attack.iterations = 1500
   c.attack.aux = 40
   c.sampling.pool = 100
