@@ -5,7 +5,8 @@ that :func:`parse` reads back (``parse(d.name)`` rebuilds ``d``). ``apply`` tran
 ``observation.gradient`` only, leaf by leaf or over the whole tree, and returns the observation with the
 same tree structure, shapes and dtypes. For a FedAvg-style observation the same field holds the weight
 update (or the weights' difference); it is transformed the same way. ``key`` is a ``jax.random`` key;
-deterministic defenses ignore it, random ones raise ``ValueError`` without it. The work is done by
+deterministic defenses ignore it, random ones raise ``ValueError`` without it (noise of variance 0
+draws nothing and needs none). The work is done by
 module-level jitted functions (compiled once per gradient tree shape and defense parameters), and
 ``jax.jit(defense.apply)`` works too.
 
@@ -140,6 +141,8 @@ def _noise_leaves(leaves, key, std, *, kind):
 
 
 def _add_noise(observation: Observation, key, kind: str, std: float, name: str) -> Observation:
+  if std == 0:  # nothing drawn: no key needed (dp(C, 0) is clip(C))
+    return observation
   _need_key(key, name)
   return _transform(observation, _noise_leaves, key, std, kind=kind)
 
@@ -250,7 +253,8 @@ def dp(max_norm: float, noise_multiplier: float, per_layer: bool = True,
   std = noise_multiplier * max_norm
 
   def apply(observation, key=None):
-    _need_key(key, name)
+    if std:
+      _need_key(key, name)
     clipped = _clip_gradient(observation, max_norm, per_layer)
     return _add_noise(clipped, key, noise, std, name)
 
@@ -361,12 +365,13 @@ def chain(*defenses: Defense) -> Defense:
 
   Order matters: ``chain(clip(1.0), gaussian_noise(1e-4))`` clips then adds noise (the result can exceed
   the norm C), the reverse clips the noisy gradient. With ``key=None`` every defense gets ``None`` (fine
-  when all are deterministic). ModelSpec: the names joined by commas.
+  when all are deterministic). Its name: the names joined by commas, those of :func:`identity` left
+  out (``"none"`` if nothing is left), so that :func:`parse` reads it back.
   """
   for d in defenses:
     if not isinstance(d, Defense):
       raise TypeError(f"chain takes Defense objects, got {type(d).__name__}")
-  name = ",".join(d.name for d in defenses) or "none"
+  name = ",".join(d.name for d in defenses if d.name != "none") or "none"
 
   def apply(observation, key=None):
     keys = [None] * len(defenses) if key is None else list(jax.random.split(key, max(len(defenses), 1)))

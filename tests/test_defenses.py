@@ -102,6 +102,11 @@ def test_identity_and_deterministic_defenses_need_no_key(obs):
   for spec in ["gaussian:1e-3", "laplacian:1e-3", "dp:1.0:0.1", "clip:1.0,gaussian:1e-4"]:
     with pytest.raises(ValueError, match="random"):
       defenses.parse(spec).apply(obs)
+  # Noise of variance 0 draws nothing: dp(C, 0) is clip(C), without a key.
+  assert defenses.gaussian_noise(0.0).apply(obs) is obs
+  for a, b in zip(jax.tree.leaves(defenses.dp(0.5, 0.0).apply(obs).gradient),
+                  jax.tree.leaves(defenses.clip(0.5).apply(obs).gradient)):
+    np.testing.assert_array_equal(a, b)
 
 
 # --- noise ----------------------------------------------------------------------------------------
@@ -392,6 +397,9 @@ def test_chain_order_and_key_splitting(obs):
 def test_chain_names_and_empty_chain(obs):
   d = defenses.chain(defenses.clip(1.0), defenses.prune(0.2), defenses.cast("bf16"))
   assert d.name == "clip:1.0,prune:0.2,bf16"
+  # Identities leave no trace in the name, which parse reads back.
+  for d in (defenses.chain(defenses.identity(), defenses.clip(1.0)), defenses.chain(defenses.identity())):
+    assert defenses.parse(d.name).name == d.name in ("clip:1.0", "none")
   assert defenses.chain().apply(obs, jax.random.key(0)) is obs
   with pytest.raises(TypeError, match="Defense"):
     defenses.chain(defenses.clip(1.0), "gaussian:1e-3")
