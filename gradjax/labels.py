@@ -34,6 +34,9 @@ when the batch-mean probabilities are known.
 
 The attacker-side helpers :func:`llg_statistics`, :func:`mean_probs` and :func:`feature_profile` run
 the model on auxiliary or dummy inputs to estimate what LLG+ / LLG*, Geng et al. and HFGInv need.
+``hfginv`` reads such a profile besides the observation, so it is called as :func:`hfginv`, not
+by name from :data:`METHODS` (the command line's ``--config.attack.label_source=hfginv`` builds
+the profile first).
 """
 
 import functools
@@ -118,7 +121,8 @@ def idlg(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
   if observation.num_samples != 1:
     raise ValueError(f"iDLG label inference needs batch 1, the observation has "
                      f"{observation.num_samples} samples; for a batch choose another label source "
-                     "(joint, negative_bias, bias_counts, llg, hfginv)")
+                     "(joint, negative_bias, bias_counts, llg; or labels.hfginv with a feature "
+                     "profile)")
   return _most_negative_column(_finite(last_layer_gradient(observation.gradient, path), path))
 
 
@@ -500,7 +504,7 @@ def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array | N
   Needs: non-negative head inputs, a model whose features of different images have similar sorted
   profiles (a trained network), auxiliary images from a similar distribution.
   Reference: Ye et al., "High-Fidelity Gradient Inversion in Distributed Learning", AAAI 2024 (§ label
-  restoration; their code: 20 individuals, 200 generations, one-to-one replacement).
+  restoration; their code: 20 individuals, fewer than 200 generations, one-to-one replacement).
   """
   g = jnp.asarray(_finite(last_layer_gradient(observation.gradient, path), path))
   n = _batch(observation)

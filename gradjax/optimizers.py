@@ -130,7 +130,8 @@ def learning_rate_schedule(learning_rate: float, schedule: str = "constant", *, 
   * ``"constant"``.
   * ``"step"``: ×0.1 at 3/8, 5/8 and 7/8 of ``iterations`` (Inverting Gradients, Geiping et al. 2020).
   * ``"step_hfginv"``: ×0.33 at ⌊iterations / 2.667⌋, ⌊iterations / 1.6⌋ and ⌊iterations / 1.142⌋
-    (HFGInv's code: 5624, 9374 and 13 134 of 15 000).
+    in floating point (HFGInv's code: 5624, 9374 and 13 134 of 15 000; 15 000 / 1.6 rounds below
+    9375).
   * ``"cosine"``: cosine decay from ``learning_rate`` to 0 over ``iterations`` − ``warmup``.
 
   ``warmup`` > 0 prepends a linear ramp from 0 over that many steps; the main schedule then starts
