@@ -537,8 +537,9 @@ class GateConfig(_Section):
       "attack runs past it passes, marked not audited.")
   refuse_malicious: bool = _field(
       True, "Check the model the server sends before training and refuse one built to leak "
-      "(an imprint's units, tensors the declared model lacks); a layer that fires rarely on the "
-      "round's examples, as trap weights do, is logged, not refused.")
+      "(an imprint's units, tensors the declared model lacks, trap weights seen on the round's "
+      "examples); an input layer that fires rarely on them for another reason (units that died in "
+      "training) is logged, not refused, and the update is audited after training.")
 
   def __post_init__(self):
     super().__post_init__()

@@ -1140,8 +1140,10 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       causes.append(f"{rec.mini_batches} of the client's {steps} mini-batches found in order (the "
                     "next one's weights are those its predecessors' sentences give)")
     if rec.stopped_at is not None:
-      causes.append(f"no prefix passed the ordering checks at position {rec.stopped_at} (a trained "
-                    "model's update can hide inputs below float32's rounding)")
+      hint = ("the client's later local steps move their inputs off the span of the model sent; "
+              "a wider model keeps more of them" if local is not None else
+              "a trained model's update can hide inputs below float32's rounding")
+      causes.append(f"no prefix passed the ordering checks at position {rec.stopped_at} ({hint})")
     if causes:
       why += ": " + "; ".join(causes)
     decided["verdict"] = {"status": "inconclusive", "reason": why, "leaks": []}
