@@ -84,6 +84,34 @@ def test_residual_of_replayed_local_training(photos):
                           matched="replay").relative_error > verdict.THRESHOLDS.matched
 
 
+def test_residual_of_replayed_local_training_against_numpy(photos, mlp_reference):
+  """The replay residual of a two-layer MLP client (2 epochs of single-example SGD steps) against
+  NumPy: the update replayed on the candidate images by hand-derived backpropagation, scaled by
+  ⟨u, c⟩ / ‖u‖², its error relative to the observed update."""
+  model = models.create("mlp-16", jax.random.key(2), input_shape=(8, 8, 3))
+  x, y = photos[:2, :8, :8], np.array([3, 5])
+  local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
+  obs = clients.fedavg(model.apply_fn, model.variables, x, y, local)
+  sent = jax.tree.map(lambda w: np.asarray(w, np.float64), model.variables["params"])
+
+  def replay(images):  # W_0 − W_4 after the steps on examples 0, 1, 0, 1
+    w = sent
+    for _ in range(2):
+      for i in range(2):
+        g = mlp_reference(w, images[i:i + 1], y[i:i + 1])[1]
+        w = jax.tree.map(lambda a, b: a - 0.1 * b, w, g)
+    return np.concatenate([np.ravel(a - b) for a, b in zip(jax.tree.leaves(sent), jax.tree.leaves(w))])
+
+  c = np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in jax.tree.leaves(obs.gradient)])
+  np.testing.assert_allclose(replay(x), c, rtol=1e-4, atol=1e-7)  # the client is the NumPy one
+  for images in (x, photos[2:4, :8, :8]):
+    u = replay(images)
+    want = np.linalg.norm(u @ c / (u @ u) * u - c) / np.linalg.norm(c)
+    got = verdict.residual(model.apply_fn, obs, {"x": images}, y, matched="replay").relative_error
+    assert got == pytest.approx(want, rel=1e-3, abs=1e-5)
+  assert want > verdict.THRESHOLDS.matched  # the other photos do not reproduce the update
+
+
 def test_residual_is_one_program(photos, caplog):
   """The residual's update and its inner products compile as one program, not one per operation
   (run op by op they were about 130 small programs, 4 s of a 12 s first run of the README's job)."""
