@@ -253,8 +253,6 @@ def dp(max_norm: float, noise_multiplier: float, per_layer: bool = True,
   std = noise_multiplier * max_norm
 
   def apply(observation, key=None):
-    if std:
-      _need_key(key, name)
     clipped = _clip_gradient(observation, max_norm, per_layer)
     return _add_noise(clipped, key, noise, std, name)
 

@@ -15,10 +15,11 @@ preset's joint labels and with iDLG labels.
 All four use Adam, 4000 iterations (lr 0.1; DLM+ 0.01, the paper's), one restart, dummy data
 N(0, 1); ``--config.attack.iterations`` sets every row's budget, DLG's and cosine's too.
 ``--config.attack.box=True`` clamps every attack's dummy image to [0, 1] after each step and
-``--config.attack.box=False`` (the ``dlm`` configuration's) clamps none, overriding the ``dlm_plus`` preset's box, so all rows share one
-protocol. Model, data and client come from ``--config=dlm`` (the default; flags override it). Success is PSNR > 30
-dB with the standard formula and, separately, with the paper's (the error divided by the dataset's
-per-channel std, :func:`gradjax.metrics.psnr_std`, about 11.5 dB higher). Each attack is kept in
+``--config.attack.box=False`` (the ``dlm`` configuration's) clamps none, overriding the
+``dlm_plus`` preset's box, so all rows share one protocol. Model, data and client come from
+``--config=dlm`` (the default; flags override it). Success is PSNR > 30 dB with the standard
+formula and, separately, with the paper's (the error divided by the dataset's per-channel std,
+:func:`gradjax.metrics.psnr_std`, about 11.5 dB higher). Each attack is kept in
 ``items/`` as it ends; ``--resume`` reads those back and continues the interrupted one.
 
 The paper states neither how γ starts nor how it learns; ``--methods='DLM;gamma'`` runs DLM with
