@@ -182,7 +182,8 @@ def test_every_study_variant_runs_again_from_its_recipe(tmp_path):
   """One variant per study, its command as the recipe names it at a tiny budget, from the clone's
   root: the recipes still drive today's command line to results. The variants of one command run
   one after the other in one process (test_cli.run_in_one_process; a process defines one command's
-  flags): the imports paid once, the programs that studies share compiled once."""
+  flags): the imports paid once, the programs that studies share compiled once. The numbers
+  dlm-table and text-table print are recomputed from what they keep (:data:`TABLE_CHECKS`)."""
   from test_cli import run_in_one_process
   by_program, without = collections.defaultdict(list), []
   for path in RECIPES:
