@@ -181,6 +181,10 @@ BAD_FLAGS = [
     (["--attack=idlg", "--batch_size=2"], "batch 1"),
     (["--dataset=mnist", "--data_dir=/nonexistent"], "mnist"),
     (["--dataset=imagenet21k"], "unknown dataset"),
+    (["--modality=text", "--attack=auto"], "a text run names its attack"),
+    (["--modality=text", "--labels=hfginv"], "a text run's targets are the next tokens"),
+    (["--seed=-2147483649"], "--seed must lie in a 32-bit integer's range"),
+    (["--restarts=99999999999999999999"], "--restarts must lie in a 32-bit integer's range"),
     (["--no_such_flag=1"], "no_such_flag"),
     (["--iterations=abc"], "iterations"),
     (["--index=99"], "ndex"),
@@ -315,18 +319,23 @@ def test_locked_folder_and_sweep_errors(tmp_path):
 @pytest.mark.slow
 def test_runs_never_overwrite_each_other(tmp_path):
   """Default folders are named from what was attacked and made unique; an explicit folder holding
-  files is refused unless --overwrite."""
+  files is refused unless --overwrite, which replaces this program's files there and nothing in
+  its subfolders (another run's saved state)."""
   args = ["--iterations=5", "--image_size=16"]
   d = _bad_files(tmp_path / "files")
   runs = tmp_path / "runs"
   reconstruct = ["gradjax", "reconstruct", *args]
   # One process per command (each defines its own flags), its cases in order.
-  first, second, ckpt, again, forced = run_in_one_process([[argv, tmp_path] for argv in (
+  first, second, ckpt, again = run_in_one_process([[argv, tmp_path] for argv in (
       reconstruct, [*reconstruct, "--seed=1"],
       # A checkpoint's model names the folder (not the --model default).
       [*reconstruct, f"--checkpoint={d}/good.npz", "--image_size=32"],
-      [*reconstruct, f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}"],
-      [*reconstruct, "--seed=2", "--overwrite", f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}"])])
+      [*reconstruct, f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}"])])
+  inner = runs / "dlg_lenet_zhu_skimage_0" / "inner"
+  inner.mkdir()
+  (inner / "state.npz").write_bytes(b"another run's saved state")
+  forced, = run_in_one_process([[[*reconstruct, "--seed=2", "--overwrite",
+                                  f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}"], tmp_path]])
   sweep, = run_in_one_process([[["gradjax", "sweep", *args, "--count=1", f"--checkpoint={d}/good.npz",
                                  "--image_size=32"], tmp_path]])
   assert first.returncode == 0 and second.returncode == 0, second.stderr[-2000:]
@@ -342,6 +351,7 @@ def test_runs_never_overwrite_each_other(tmp_path):
   _assert_one_line_error(again, "holds another run's files")
   assert forced.returncode == 0, forced.stderr[-2000:]
   assert json.loads((runs / "dlg_lenet_zhu_skimage_0" / "metrics.json").read_text())["config"]["seed"] == 2
+  assert (inner / "state.npz").read_bytes() == b"another run's saved state"
 
 
 def _killed_then_resumed(program, args, out, state_glob):
@@ -1153,6 +1163,8 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   (tmp_path / "a_run" / "config.py").write_text("# Command: gradjax reconstruct\n")
   (tmp_path / "a_run" / "metrics.json").write_text("{}")
   (tmp_path / "labels.md").write_text("my notes")
+  (tmp_path / "stopped").mkdir()  # an interrupted reconstruct run: its saved state, no config.py yet
+  (tmp_path / "stopped" / "state.npz").write_bytes(b"a reconstruct's state")
   _bad_files(tmp_path)  # good.npz: an image model's checkpoint
   (tmp_path / "swept.py").write_text("from gradjax.run import config\ndef get_config():\n"
                                      "  return config.defaults()\ndef get_sweep():\n  return [{'seed': 1}]\n")
@@ -1164,15 +1176,24 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["label-accuracy", "--count=1", "--weights=w.safetensors"], "Unknown command line flag 'weights'"),
       (["label-recovery", "--count=1", "--index=5"], "Unknown command line flag 'index'"),
       (["label-recovery", "--count=1", f"--output={tmp_path / 'labels.json'}"], "labels.md exists"),
+      (["label-recovery", "--count=1", f"--output={tmp_path / 'labels.md'}", "--overwrite"],
+       "name the results' file .json"),
       (["defense-sweep", "--count=1", "--defense=prune:0.3"], "Unknown command line flag 'defense'"),
       (["defense-sweep", "--count=1", "--defenses=none;;prune:0.3"], "without empty ones"),
       (["defense-sweep", "--count=1", "--defenses=none,prune:0.3"], "'none' is no defense to combine"),
       (["dlm-table", "--count=1", "--attack=idlg"], "the table's attacks are its --methods"),
       (["dlm-table", "--count=1", "--psnr_threshold=-5"], "--psnr_threshold must be positive"),
+      (["dlm-table", "--count=1", "--modality=text"], "text runs simulate a FedSGD client"),
+      (["defense-sweep", "--count=1", "--modality=text"], "for text use gradjax text-table"),
       (["sweep", "--count=1", "--index=5"], "a sweep's images are --start and --count"),
       (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'a_run'}"],
        "holds a run of gradjax reconstruct, not of gradjax sweep"),
       (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'nothing'}"], "holds no saved state"),
+      (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'stopped'}"],
+       "holds an interrupted run of another program"),
+      (["sweep", "--count=1", "--modality=text"], "for text use gradjax text-table"),
+      (["sweep", "--count=1", "--seed=2147483648"], "--seed must lie in a 32-bit integer's range"),
+      (["text-table", "--count=1", "--modality=image"], "reads text: add --modality=text"),
       (["text-table", "--count=1", "--examples=-1"], "--examples=-1"),
       (["text-table", "--count=1", f"--checkpoint={tmp_path / 'good.npz'}", "--output_dir=tt"],
        "holds no text model's vocabulary"),
@@ -1198,6 +1219,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       _assert_one_line_error(proc, message, args)
   assert (tmp_path / "labels.md").read_text() == "my notes"
   assert sorted(os.listdir(tmp_path / "a_run")) == ["config.py", "metrics.json"]
+  assert os.listdir(tmp_path / "stopped") == ["state.npz"]
   assert not (tmp_path / "nothing").exists() and not (tmp_path / "runs").exists()
   assert not (tmp_path / "tt").exists()  # refused before the untrained rows ran
   assert not (tmp_path / "tm").exists() and not (tmp_path / "bt").exists()

@@ -291,9 +291,9 @@ def config_from_flags(overrides: dict[str, Any] | None = None,
   :func:`gradjax.run.config.check`): one line, exit 2. With ``--print_config`` the same checks but
   of the input files (``files`` False: a configuration may name files a run makes later), then it
   is printed and the process exits 0."""
-  cfg = config.from_options(options_from_flags(overrides=overrides))
   files = not flags.FLAGS.print_config
   try:
+    cfg = config.from_options(options_from_flags(overrides=overrides))
     if files:
       config.check_input_files(cfg)
     check_given(cfg, options_given(), files=files)
@@ -303,6 +303,17 @@ def config_from_flags(overrides: dict[str, Any] | None = None,
     fail(str(e))
   print_config(cfg)
   return cfg
+
+
+def images_only(name: str, check: Callable[[Config, bool], Any]) -> Callable[[Config, bool], Any]:
+  """``check`` (a program's ``config_from_flags`` check) for program ``name``, whose tables score
+  images: a text configuration is refused first."""
+  def checked(cfg: Config, files: bool):
+    if cfg.data.modality != "image":
+      raise ValueError(f"gradjax {name} tabulates image attacks; for text use gradjax text-table "
+                       "(or reconstruct --modality=text)")
+    return check(cfg, files)
+  return checked
 
 
 def check_given(cfg: Config, given: set[str], files: bool = True) -> None:
@@ -450,9 +461,16 @@ def _define_overwrite() -> None:
 def check_output_file(beside: tuple[str, ...] = ()) -> None:
   """Once the configuration is resolved (after --print_config), before anything is computed: one
   line and exit 2 where --output names an existing file, or one the program writes beside it
-  (``beside``: extensions replacing --output's, e.g. ``(".md",)``), and --overwrite is not given."""
+  (``beside``: extensions replacing --output's, e.g. ``(".md",)``), and --overwrite is not given;
+  or where --output itself has one of those extensions (the two files would be one)."""
   f = flags.FLAGS
-  if not f.output or f.overwrite:
+  if not f.output:
+    return
+  clash = [ext for ext in beside if os.path.splitext(f.output)[1] == ext]
+  if clash:
+    fail(f"--output {f.output}: the program writes its {clash[0]} file beside the results under "
+         f"that name; name the results' file .json")
+  if f.overwrite:
     return
   for path in (f.output, *(os.path.splitext(f.output)[0] + ext for ext in beside)):
     if os.path.exists(path):
@@ -565,10 +583,24 @@ def recorded_command(out: str) -> list[str] | None:
   return None
 
 
-def _check_resumable(out: str) -> None:
+# Where a program keeps its solver states: a table program (its files under items/) one per
+# experiment there, the others one in the run's folder.
+ITEM_STATES, RUN_STATE = os.path.join("items", "*." + STATE_FILE), STATE_FILE
+
+
+def _states(own: tuple[str, ...]) -> str:
+  """The glob pattern, in its folder, of the solver states of the program whose files are ``own``."""
+  return ITEM_STATES if any(p.startswith("items/") for p in own) else RUN_STATE
+
+
+def _found(out: str, pattern: str) -> list[str]:
+  return glob.glob(os.path.join(glob.escape(out), pattern))
+
+
+def _check_resumable(out: str, own: tuple[str, ...]) -> None:
   """Exits with one line unless ``out`` holds a run of this program to continue: files, among them
   a saved state or finished experiments (``items/``) or this program's ``config.py``, and no
-  ``config.py`` of another command."""
+  ``config.py`` or saved state of another command."""
   if not _holds_files(out):
     fail(f"--resume: {out} holds no saved state or run to continue; run without --resume to start "
          "afresh")
@@ -577,8 +609,12 @@ def _check_resumable(out: str) -> None:
   if command and command[0] == "gradjax" and mine[0] == "gradjax" and command[:2] != mine[:2]:
     fail(f"--resume: {out} holds a run of {shlex.join(command[:2])}, not of {shlex.join(mine)}; "
          "choose another folder")
-  ours = command is not None or os.path.isdir(os.path.join(out, "items")) or glob.glob(
-      os.path.join(glob.escape(out), "**", "*" + STATE_FILE), recursive=True)
+  states = _states(own)
+  other = RUN_STATE if states == ITEM_STATES else ITEM_STATES
+  if command is None and not _found(out, states) and _found(out, other):
+    fail(f"--resume: {out} holds an interrupted run of another program ({_found(out, other)[0]}), "
+         f"not of {shlex.join(mine)}; choose another folder")
+  ours = command is not None or os.path.isdir(os.path.join(out, "items")) or _found(out, states)
   if not ours:
     fail(f"--resume: {out} holds files of no gradjax run (no config.py, saved state or items/); "
          "choose another folder")
@@ -611,7 +647,7 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       fail(f"--output_dir {out} holds another run's files; pass --overwrite to replace them"
            + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
     if resuming:
-      _check_resumable(out)
+      _check_resumable(out, own)
   else:
     base = os.path.join("runs", default)
     if resuming:
@@ -624,9 +660,9 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       out = saved[-1]
     else:
       out = next(d for d in [base] + [f"{base}-{k}" for k in range(2, 10_000)] if not _holds_files(d))
-  if f.overwrite:
-    for pattern in own + (os.path.join("**", "*" + STATE_FILE),):
-      for path in glob.glob(os.path.join(out, pattern), recursive=True):
+  if f.overwrite:  # this program's files and states, in this folder only (not its subfolders')
+    for pattern in own + (_states(own),):
+      for path in _found(out, pattern):
         if os.path.isfile(path):
           os.remove(path)
   created = not os.path.exists(out)

@@ -614,6 +614,13 @@ class Config:
                          f"{', '.join(text.SEARCHES)}")
       if self.data.sequence_length < 1:
         raise ValueError(f"sequence_length must be positive, got {self.data.sequence_length}")
+      if self.attack.preset == auto.AUTO:
+        raise ValueError("--attack=auto chooses among image attacks; a text run names its attack "
+                         "(dager, or an optimisation preset such as dlg or sapag)")
+      if self.attack.label_source in SERVER_INFERRED_LABELS:
+        raise ValueError(f"--labels={self.attack.label_source} infers image labels with the "
+                         "server's model; a text run's targets are the next tokens, known or "
+                         "optimised jointly")
       corpus.tokenizer_size(self.data.tokenizer)
       if self.model.checkpoint and self.data.tokenizer != "words":
         raise ValueError("a checkpoint's vocabulary is its training corpus's words: drop --config.data.tokenizer")
@@ -632,6 +639,8 @@ class Config:
     for path, value in values.items():
       if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{flag(path)} must be a finite number, got {value}")
+      if isinstance(value, int) and not isinstance(value, bool) and not -2**31 <= value < 2**31:
+        raise ValueError(f"{flag(path)} must lie in a 32-bit integer's range, got {value}")
     for path in ("attack.learning_rate", "client.local_lr", "training.lr", "utility.lr"):
       if values[path] is not None and values[path] <= 0:
         raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
