@@ -90,6 +90,11 @@ def main(argv):
   try:
     if o["data.normalization"] is not None:
       data.normalization(o["data.normalization"])
+    # What every capture's run would refuse alike, refused once here (before any row is replaced).
+    config.ExecutionConfig(**{k.split(".", 1)[1]: v for k, v in o.items()
+                              if k.startswith("execution.")})
+    if o["model.rename"] is not None:
+      interop.parse_renames(o["model.rename"])
     sample = None
     if o["data.dataset"]:  # asked for: it must load, or every score would be blank
       size = o["data.image_size"]
