@@ -396,8 +396,10 @@ def test_killed_run_resumes_bit_for_bit(tmp_path, uninterrupted):
     assert a[key] == b[key], key
   assert [r["loss"] for r in a["history"]] == [r["loss"] for r in b["history"]]
   assert a["resumed"] and not b["resumed"]
-  again = run_program("reconstruct.py", *args, f"--output_dir={out}", "--resume")
+  again, other = run_in_one_process([[["gradjax", "reconstruct", *a, f"--output_dir={out}", "--resume"],
+                                       tmp_path] for a in (args, [*args, "--seed=7"])])
   assert again.returncode == 0 and "nothing to resume" in again.stdout
+  _assert_one_line_error(other, "holds a finished run of other options (--seed)")  # not a result
 
 
 def _interrupted(args, wait_for: str):

@@ -25,6 +25,7 @@ sentences of a corpus (``--dataset=pydoc``, the default, or ``wikitext2``) and t
 under the true one), ``curves.svg`` and ``report.html``.
 """
 
+import json
 import os
 
 from absl import app, flags
@@ -36,6 +37,18 @@ common.define_flags()
 common.define_output_flags()
 common.define_launch_flags(collectives=True)  # restarts split over processes (--config.execution.shard=True)
 flags.adopt_module_key_flags(common)  # --help lists the shared flags too
+
+
+def _differs_from_finished(out: str, cfg: config.Config) -> list[str]:
+  """The flags of the options that determine a reconstruction (:func:`gradjax.run.config.fingerprint`)
+  on which ``cfg`` differs from the finished run in ``out`` (its ``metrics.json``'s configuration)."""
+  try:
+    with open(os.path.join(out, "metrics.json"), encoding="utf-8") as fh:
+      saved = config.fingerprint(config.from_dict(json.load(fh)["config"]))
+  except (OSError, ValueError, KeyError, TypeError):
+    return ["its metrics.json holds no readable configuration"]
+  mine = config.fingerprint(cfg)
+  return [config.flag(p) for p in mine if mine[p] != saved.get(p)]
 
 
 def main(argv):
@@ -54,6 +67,10 @@ def main(argv):
   state = common.state_file(out)
   if flags.FLAGS.resume and not os.path.exists(state.path):
     if os.path.exists(os.path.join(out, "metrics.json")):
+      differs = _differs_from_finished(out, cfg)
+      if differs:
+        common.fail(f"--resume: {out} holds a finished run of other options ({', '.join(differs)}); "
+                    "run without --resume, in another folder")
       print(f"nothing to resume: {out} holds a finished run (metrics.json)")
       return
     common.fail(f"--resume: {out} holds no saved state ({os.path.basename(state.path)}) to continue; "
