@@ -188,7 +188,7 @@ def main(argv):
       if name.endswith(".json") and _settings_of(os.path.join(out, "items", name)) != settings:
         common.fail(f"{os.path.join(out, 'items', name)} was computed with other settings; rerun "
                     "with --overwrite or another --output_dir")
-  common.write_config(out, cfg)
+  common.write_config(out, cfg, rows=True)
   input_shape = tuple(source.x.shape[1:])
   bounds = pipeline.image_bounds(norm, input_shape[-1])
 

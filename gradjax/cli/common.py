@@ -423,14 +423,21 @@ def _file_of(value: str) -> str:
   return value if os.path.exists(value) or ":" not in value else value.rsplit(":", 1)[0]
 
 
-def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = None) -> None:
+def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = None,
+                 rows: bool = False) -> None:
   """Writes ``cfg`` (and its ``sweep``) as ``<out>/config.py``, which ``--config`` reads to
-  reproduce the run (process 0 of a run over several processes; the others write nothing)."""
+  reproduce the run (process 0 of a run over several processes; the others write nothing).
+  ``rows``: ``cfg`` is what a table's rows share, the rows and counts the program's own flags,
+  which the recorded command holds."""
   if not distributed.is_writer():
     return
   command = shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n")
-  text = config.to_python(cfg, comment="The configuration of the run in this folder: --config=<this file> "
-                          f"reproduces it.\nCommand: {command}", fields=tuple(FIELDS), sweep=sweep)
+  what = ("The rows' common configuration of the run in this folder: the command below reproduces "
+          "it (with --config=<this file>, give that command's own flags too: the table's rows and "
+          "counts)" if rows else
+          "The configuration of the run in this folder: --config=<this file> reproduces it")
+  text = config.to_python(cfg, comment=f"{what}.\nCommand: {command}", fields=tuple(FIELDS),
+                          sweep=sweep)
   files.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
 
 

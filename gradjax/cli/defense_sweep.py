@@ -198,7 +198,7 @@ def main(argv):
   utility_setup = None
   if f.utility:
     utility_setup = {**dataclasses.asdict(ucfg), "seed": base.seed}
-  common.write_config(out, base)  # without the defense: each row sets its own
+  common.write_config(out, base, rows=True)  # without the defense: each row sets its own
   report.save_json(os.path.join(out, "results.json"),
                    {"table": table, "config": config.record(base), "utility_config": utility_setup,
                     "total_time_s": items.earlier_s + time.perf_counter() - start,

@@ -185,7 +185,7 @@ def main(argv):
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   seconds = items.earlier_s + time.perf_counter() - start  # with the experiments read back
-  common.write_config(out, cfg)  # the rows' common configuration (each row sets its attack)
+  common.write_config(out, cfg, rows=True)  # each row sets its attack
   report.save_json(
       os.path.join(out, "results.json"), {
           "table": table, "total_time_s": seconds, "box": cfg.attack.box, "model": cfg.model.name,

@@ -164,7 +164,7 @@ def main(argv):
       "restarts": cfg.attack.restarts, "checkpoint": cfg.model.checkpoint,
       "total_time_s": items.earlier_s + time.perf_counter() - start
   }
-  common.write_config(out, cfg)  # the rows' common configuration (each row sets its attack)
+  common.write_config(out, cfg, rows=True)  # each row sets its attack
   report.save_json(os.path.join(out, "results.json"), {"table": table, **info})
   columns = ("model", "method", "search", "token_accuracy_mean", "token_accuracy_std",
              "token_accuracy_median", "token_accuracy_nearest_mean", "bag_recall_mean", "exact",
