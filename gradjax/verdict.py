@@ -327,11 +327,13 @@ def text_findings(results: dict) -> dict:
   * ``bag``: the batch's words, when the bag-of-words recall is at least halfway from the corpus's
     bag guess (``bag_recall_chance``) to 1.
 
-  Without chance levels in ``results`` the bar is 0.5 for both."""
+  Without chance levels in ``results`` the bar is 0.5 for both. Where the guess already gets all of
+  it (chance 1: e.g. a vocabulary that makes every word ``<unk>``), a reconstruction shows nothing
+  the corpus does not, and counts for no leak."""
   acc = results.get("token_accuracy_per_sentence") or []
   acc_chance = results.get("token_accuracy_chance_per_sentence") or [0.0] * len(acc)
   bars = [halfway(c) for c in acc_chance]
-  good = [i for i, (a, bar) in enumerate(zip(acc, bars)) if a >= bar]
+  good = [i for i, (a, bar, c) in enumerate(zip(acc, bars, acc_chance)) if a >= bar and c < 1]
   out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": (
       f"{len(good)} of {len(acc)} sentences with their tokens in place (sentence {good[0]}: "
       f"{acc[good[0]]:.2f} >= {bars[good[0]]:.2f}, halfway from the corpus's position guess, "
@@ -339,9 +341,11 @@ def text_findings(results: dict) -> dict:
       "no sentence with its tokens in place halfway from the corpus's position guess to 1")}}
   recall, chance = results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0)
   bar = halfway(chance)
-  out["bag"] = {"leak": recall >= bar, "recall": recall, "chance": chance, "reason": (
+  found = recall >= bar and chance < 1
+  out["bag"] = {"leak": found, "recall": recall, "chance": chance, "reason": (
       f"the sentences' words (bag-of-words recall {recall:.2f} >= {bar:.2f}, halfway from the "
-      f"corpus's bag guess, {chance:.2f}, to 1)" if recall >= bar else
+      f"corpus's bag guess, {chance:.2f}, to 1)" if found else
+      f"the corpus's bag guess already gets every word (recall {chance:.2f})" if chance >= 1 else
       f"bag-of-words recall {recall:.2f} < {bar:.2f} (halfway from the corpus's bag guess, "
       f"{chance:.2f}, to 1)")}
   return out

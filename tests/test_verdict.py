@@ -227,6 +227,11 @@ def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
   plain = verdict.text_findings({"token_accuracy_per_sentence": [0.5], "bag_recall": 0.5})
   assert plain["sentences"]["leak"] and plain["bag"]["leak"]  # no chance known: the bar is 0.5
   assert verdict.halfway(0.0) == 0.5 and verdict.halfway(1.0) == 1.0
+  # A guess that gets everything (every word <unk>): a perfect reconstruction shows nothing more.
+  saturated = verdict.text_findings({"token_accuracy_per_sentence": [1.0],
+                                     "token_accuracy_chance_per_sentence": [1.0],
+                                     "bag_recall": 1.0, "bag_recall_chance": 1.0})
+  assert verdict.leaks(saturated) == []
 
 
 def test_still_improving():
