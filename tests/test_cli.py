@@ -1199,6 +1199,8 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["sweep", "--count=1", "--modality=text"], "for text use gradjax text-table"),
       (["sweep", "--count=1", "--seed=2147483648"], "--seed must lie in a 32-bit integer's range"),
       (["text-table", "--count=1", "--modality=image"], "reads text: add --modality=text"),
+      (["text-table", "--count=1", "--attack=dager"], "the table's attacks are its --methods"),
+      (["text-table", "--count=1", "--batch_size=2"], "the table's clients hold one sentence each"),
       (["text-table", "--count=1", "--examples=-1"], "--examples=-1"),
       (["text-table", "--count=1", f"--checkpoint={tmp_path / 'good.npz'}", "--output_dir=tt"],
        "holds no text model's vocabulary"),

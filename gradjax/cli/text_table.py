@@ -33,7 +33,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import files, text
+from gradjax import configs, files, text
 from gradjax.run import campaign, config, pipeline, report
 
 METHODS = {
@@ -134,6 +134,11 @@ def main(argv):
   def check(cfg, files):
     if cfg.data.modality != "text":
       raise ValueError("the table attacks text models (--modality=text)")
+    if cfg.attack.preset != configs.get("sapag_text").attack.preset:  # each row sets its own
+      raise ValueError(f"--attack={cfg.attack.preset}: the table's attacks are its --methods")
+    if cfg.data.batch_size != 1:
+      raise ValueError(f"--batch_size={cfg.data.batch_size}: the table's clients hold one sentence "
+                       "each (the papers' protocol)")
     for m in names:
       config.check(config.replace(cfg, METHODS[m]), files)
     if cfg.model.checkpoint and files:  # its vocabulary, read before the untrained rows run
