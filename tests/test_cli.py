@@ -183,6 +183,7 @@ BAD_FLAGS = [
     (["--dataset=imagenet21k"], "unknown dataset"),
     (["--modality=text", "--attack=auto"], "a text run names its attack"),
     (["--modality=text", "--labels=hfginv"], "a text run's targets are the next tokens"),
+    (["--modality=text", "--config.client.train_mode=True"], "--config.client.train_mode is for images"),
     (["--seed=-2147483649"], "--seed must lie in a 32-bit integer's range"),
     (["--restarts=99999999999999999999"], "--restarts must lie in a 32-bit integer's range"),
     (["--no_such_flag=1"], "no_such_flag"),

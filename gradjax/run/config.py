@@ -854,7 +854,8 @@ def option_type(path: str) -> type:
 # The options only one modality reads (the other's runs refuse them when set).
 TEXT_ONLY = ("data.sequence_length", "data.tokenizer", "data.vocab_size", "model.text_dim",
              "model.text_ffn", "model.text_heads", "model.text_layers", "attack.text_search")
-IMAGE_ONLY = ("data.image_size", "data.channels", "data.normalization", "attack.box")
+IMAGE_ONLY = ("data.image_size", "data.channels", "data.normalization", "attack.box", "model.conv",
+              "client.train_mode")
 
 # Options only the programs that attack several experiments at once read (an audit's captures, a
 # sweep's or a table's experiments); a single run's program does not.
