@@ -1178,6 +1178,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["label-accuracy", "--count=1", "--checkpoint=x.npz"], "Unknown command line flag 'checkpoint'"),
       (["label-accuracy", "--count=1", "--weights=w.safetensors"], "Unknown command line flag 'weights'"),
       (["label-recovery", "--count=1", "--index=5"], "Unknown command line flag 'index'"),
+      (["label-recovery", "--count=1", "--model=gpt"], "gradjax label-recovery reads image models"),
       (["label-recovery", "--count=1", f"--output={tmp_path / 'labels.json'}"], "labels.md exists"),
       (["label-recovery", "--count=1", f"--output={tmp_path / 'labels.md'}", "--overwrite"],
        "name the results' file .json"),

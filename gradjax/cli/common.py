@@ -18,7 +18,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from gradjax import checkpoint, compilation, configs, files, progress
+from gradjax import checkpoint, compilation, configs, files, models, progress
 from gradjax.run import campaign, config, resume
 from gradjax.run.config import Config
 from gradjax.cli import distributed
@@ -293,7 +293,11 @@ def config_from_flags(overrides: dict[str, Any] | None = None,
   is printed and the process exits 0."""
   files = not flags.FLAGS.print_config
   try:
-    cfg = config.from_options(options_from_flags(overrides=overrides))
+    values = options_from_flags(overrides=overrides)
+    if "modality" not in flags.FLAGS and models.is_text(values.get("model.name") or ""):
+      raise ValueError(f"--model={values['model.name']} reads text; {shlex.join(program())} "
+                       "reads image models")
+    cfg = config.from_options(values)
     if files:
       config.check_input_files(cfg)
     check_given(cfg, options_given(), files=files)
