@@ -309,13 +309,13 @@ def config_from_flags(overrides: dict[str, Any] | None = None,
   return cfg
 
 
-def images_only(name: str, check: Callable[[Config, bool], Any]) -> Callable[[Config, bool], Any]:
-  """``check`` (a program's ``config_from_flags`` check) for program ``name``, whose tables score
-  images: a text configuration is refused first."""
+def images_only(check: Callable[[Config, bool], Any]) -> Callable[[Config, bool], Any]:
+  """``check`` (a program's ``config_from_flags`` check) for a program whose tables score images:
+  a text configuration is refused first."""
   def checked(cfg: Config, files: bool):
     if cfg.data.modality != "image":
-      raise ValueError(f"gradjax {name} tabulates image attacks; for text use gradjax text-table "
-                       "(or reconstruct --modality=text)")
+      raise ValueError(f"{shlex.join(program())} tabulates image attacks; for text use gradjax "
+                       "text-table (or reconstruct --modality=text)")
     return check(cfg, files)
   return checked
 

@@ -145,7 +145,7 @@ def main(argv):
   start = time.perf_counter()
   try:
     base = common.config_from_flags(
-        check=lambda c, files: common.images_only("defense-sweep", config.check)(
+        check=lambda c, files: common.images_only(config.check)(
             config.replace(c, {"attack.adaptive": False}), files))
     adaptive = base.attack.adaptive  # every defense's row also with the attack adapted to it
     base = config.replace(base, {"attack.adaptive": False})

@@ -80,15 +80,12 @@ def markdown(rows: list[dict], summary: dict, title: str, labels: list[str] | No
   return "\n".join(lines)
 
 
-_images_only = common.images_only("sweep", config.check)
-
-
 def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   try:
-    base = common.config_from_flags(check=_images_only)
+    base = common.config_from_flags(check=common.images_only(config.check))
     declared = common.declared_sweep()
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
