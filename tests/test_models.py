@@ -91,6 +91,10 @@ def test_create_refuses_a_model_too_large_to_build_before_allocating_it():
                        ).num_classes == 2**20
   with pytest.raises(ValueError, match="integer sizes"):  # 8.7 had been built as 8
     models.create("lenet_zhu", KEY, input_shape=(8.7, 8, 3))
+  model = models.create("mlp-16", KEY, input_shape=(8, 8, 3))
+  assert models.output_shape(model.apply_fn, model.variables, (8, 8, 3), jnp.float32) == (1, 10)
+  with pytest.raises(ValueError, match="sizes must be integers"):  # not (8, 8, 3)'s answer again
+    models.output_shape(model.apply_fn, model.variables, (8.7, 8, 3), jnp.float32)
   with pytest.raises(ValueError, match="num_classes must be an integer"):
     models.create("lenet_zhu", KEY, num_classes=2.5)
 

@@ -175,6 +175,8 @@ def output_shape(apply_fn, variables, example_shape, dtype, train: bool = False,
   a run asks for it several times and a ResNet's trace takes a tenth of a second or more), or a
   one-line ValueError naming ``what`` where the model cannot read such an example (Flax's own
   shape errors span pages)."""
+  if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in example_shape):
+    raise ValueError(f"{what} of shape {tuple(example_shape)}: its sizes must be integers")
   leaves, tree = jax.tree.flatten(variables)
   key = (apply_fn, tree, tuple((jnp.shape(v), jnp.result_type(v)) for v in leaves),
          tuple(int(d) for d in example_shape), jnp.dtype(dtype), bool(train))
