@@ -108,14 +108,18 @@ PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # one restart on an accelerator), the step compiled as the run-once programs are
 # (``GRADJAX_FAST_COMPILE``: LLVM's level 0; short runs may gain more compiling than they lose
 # running), and JAX's client not taking 75 % of the card's memory at its start
-# (``XLA_PYTHON_CLIENT_PREALLOCATE=false``). A key that starts with ``--`` is a flag of the run, any
+# (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), the last two together, and XLA running every
+# kernel on its own rather than as CUDA graphs (``--xla_gpu_enable_command_buffer=``: no graph to
+# capture and instantiate at a program's first run). A key that starts with ``--`` is a flag of the run, any
 # other an addition to the processes' environment. Measured on an H200 (2026-12-04,
 # ``experiments/studies/accelerator_h100``) and dropped: XLA's flags for GEMMs by cuBLAS instead of
 # Triton kernels and without autotuning (no shorter), the set-up on the card (3 s longer); jax
 # 0.11.2's XLA has no ``--xla_gpu_enable_llvm_module_compilation_parallelism`` (a process given it
 # exits at its start). A chunk of one step is no variant: every chunk is one program
 # (:func:`gradjax.driver.repeat`).
-VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"}, {PREALLOCATE: "false"})
+VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"}, {PREALLOCATE: "false"},
+            {"GRADJAX_FAST_COMPILE": "1", PREALLOCATE: "false"},
+            {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="})
 
 
 def leave_card(parts, environ) -> dict:
@@ -288,6 +292,9 @@ def part_dlg64(s: dict, seed: int) -> Iterator[dict]:
   for conv in ("auto", "im2col" if jax.default_backend() == "cpu" else "xla"):
     one = None
     for restarts in (1, s["dlg_restarts"]):
+      # Every row with its compilation: the second kind's one restart would otherwise reuse the
+      # first's program (``auto`` resolves one restart to it), and be set against a 64 that compiles.
+      jax.clear_caches()
       cfg = config.from_options({
           "attack.restarts": restarts, "attack.iterations": s["dlg_iterations"],
           "execution.strategy": "vmap", "data.image_size": s["image_size"], "seed": seed,
