@@ -321,7 +321,7 @@ def test_locked_folder_and_sweep_errors(tmp_path):
 def test_runs_never_overwrite_each_other(tmp_path):
   """Default folders are named from what was attacked and made unique; an explicit folder holding
   files is refused unless --overwrite, which replaces this program's files there and nothing in
-  its subfolders (another run's saved state)."""
+  its subfolders (another run's saved state), and only once the new run writes a result."""
   args = ["--iterations=5", "--image_size=16"]
   d = _bad_files(tmp_path / "files")
   runs = tmp_path / "runs"
@@ -353,6 +353,13 @@ def test_runs_never_overwrite_each_other(tmp_path):
   assert forced.returncode == 0, forced.stderr[-2000:]
   assert json.loads((runs / "dlg_lenet_zhu_skimage_0" / "metrics.json").read_text())["config"]["seed"] == 2
   assert (inner / "state.npz").read_bytes() == b"another run's saved state"
+  # --overwrite by a run that fails before its first result leaves the earlier run as it was.
+  kept = {p.name: p.read_bytes() for p in (runs / "dlg_lenet_zhu_skimage_0").iterdir() if p.is_file()}
+  failed, = run_in_one_process([[[*reconstruct, "--seed=3", "--overwrite", "--index=999",
+                                  f"--output_dir={runs / 'dlg_lenet_zhu_skimage_0'}"], tmp_path]])
+  _assert_one_line_error(failed, "out of range")
+  assert {p.name: p.read_bytes() for p in (runs / "dlg_lenet_zhu_skimage_0").iterdir() if p.is_file()} == kept
+  assert sorted(p.name for p in (runs / "dlg_lenet_zhu_skimage_0").iterdir() if p.is_dir()) == ["inner"]
 
 
 def _killed_then_resumed(program, args, out, state_glob):

@@ -8,6 +8,7 @@ import logging as py_logging
 import os
 import platform
 import shlex
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -634,7 +635,7 @@ def _check_resumable(out: str, own: tuple[str, ...]) -> None:
 def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
   """Claims the run's folder before any data is loaded or anything compiled, and checks that it is
   writable. ``default``: the folder's name under ``runs/`` (from what is attacked). ``own``: glob
-  patterns of this program's files, removed from the folder with --overwrite.
+  patterns of this program's files, replaced with --overwrite (:func:`_set_aside`).
 
   A folder that holds files is never written into unless --overwrite or --resume says so; without
   --output_dir the first free ``runs/<default>[-k]`` is taken (with --resume: the latest holding a
@@ -671,11 +672,6 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       out = saved[-1]
     else:
       out = next(d for d in [base] + [f"{base}-{k}" for k in range(2, 10_000)] if not _holds_files(d))
-  if f.overwrite:  # this program's files and states, in this folder only (not its subfolders')
-    for pattern in own + (_states(own),):
-      for path in _found(out, pattern):
-        if os.path.isfile(path):
-          os.remove(path)
   created = not os.path.exists(out)
   try:
     os.makedirs(out, exist_ok=True)
@@ -688,8 +684,40 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       if os.path.isdir(out) and not any(os.scandir(out)):
         os.rmdir(out)
     atexit.register(remove_if_empty)
+  if f.overwrite:
+    _set_aside(out, own)
   print(f"writing to {out}", flush=True)  # stdout: a later error is the one line on stderr
   return out
+
+
+def _set_aside(out: str, own: tuple[str, ...]) -> None:
+  """--overwrite: this program's files and states in ``out`` (not its subfolders' but those its
+  patterns name, e.g. ``items/*``) are moved into a hidden folder there, and at exit either
+  removed, if the new run wrote any of its own files but ``config.py`` (results or a saved state),
+  or moved back, if it wrote none: a run that fails before its first result (a bad index, a
+  dataset that does not load) leaves the earlier run as it was."""
+  held = sorted({p for pattern in own + (_states(own),) for p in _found(out, pattern) if os.path.isfile(p)})
+  if not held:
+    return
+  aside = tempfile.mkdtemp(prefix=".overwritten-", dir=out)
+  names = [os.path.relpath(p, out) for p in held]
+  for name in names:
+    os.makedirs(os.path.dirname(os.path.join(aside, name)), exist_ok=True)
+    os.replace(os.path.join(out, name), os.path.join(aside, name))
+
+  def settle():
+    written = [p for pattern in own + (_states(own),) for p in _found(out, pattern)
+               if os.path.isfile(p) and os.path.basename(p) != "config.py"]
+    if not written:  # nothing of the new run's but its configuration: the earlier run comes back
+      for path in (p for pattern in own for p in _found(out, pattern)):
+        if os.path.isfile(path):
+          os.remove(path)
+      for name in names:
+        os.makedirs(os.path.dirname(os.path.join(out, name)), exist_ok=True)
+        os.replace(os.path.join(aside, name), os.path.join(out, name))
+    shutil.rmtree(aside, ignore_errors=True)
+
+  atexit.register(settle)
 
 
 def state_file(out: str) -> resume.StateFile:
