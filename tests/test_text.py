@@ -118,6 +118,37 @@ def test_chance_is_the_guess_from_the_other_sentences():
   assert got["bag_recall_chance"] == pytest.approx(np.mean(got["bag_recall_chance_per_sentence"]))
 
 
+def test_words_outside_the_vocabulary_are_never_recovered():
+  """With a vocabulary smaller than the corpus's, the model reads <unk> for the other words: the
+  scores count none of them as recovered (an attack that gets every id right gets the known words
+  only), the chance level alike, and the true sentences are shown as written (the vocabulary and
+  the pool rebuilt here with Counter and sorted)."""
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({"data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
+                             "data.batch_size": 2, "data.index": 3, "data.vocab_size": 30})
+  batch = pipeline.load_sentences(cfg)
+  sentences = corpus.tokenized(corpus.sentences("pydoc", None), "words")
+  counts = collections.Counter(t for s in sentences for t in s if t not in ("<unk>", "<eos>"))
+  known = set(sorted(counts, key=lambda t: (-counts[t], t))[:28])
+  seen, pool = set(), []
+  for s in sentences:
+    if len(s) == 15 and tuple(s) not in seen:
+      seen.add(tuple(s))
+      pool.append(s)
+  written = pool[3:5]
+  assert [batch.text(i) for i in range(2)] == [" ".join(w) for w in written]
+  hits = [np.mean([t in known for t in w]) for w in written]
+  assert 0 < min(hits) and max(hits) < 1  # both kinds of word in the batch
+  perfect = metrics.score_text(batch.ids, batch.truth)
+  np.testing.assert_allclose(perfect["token_accuracy_per_sentence"], hits)
+  assert perfect["exact"] == 0
+  guess = pipeline.chance(batch)["token_accuracy_chance_per_sentence"]
+  unk_guess = [np.mean([t not in known for t in w]) for w in written]  # what <unk> everywhere had got
+  allunk = metrics.token_accuracy(np.zeros_like(batch.ids), batch.truth)
+  np.testing.assert_array_equal(allunk, [0.0, 0.0])
+  assert all(g <= 1 - u + 1e-12 for g, u in zip(guess, unk_guess))
+
+
 def test_language_model_pairs_and_windows(vocab):
   ids = np.array([[5, 6, 7], [8, 9, 10]], np.int32)
   x, y = corpus.language_model_pairs(ids, vocab.eos)
@@ -519,7 +550,8 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
   results = json.loads((out / "metrics.json").read_text())
   vocab = corpus.Vocabulary(tuple(saved["metadata"]["vocabulary"]))
   true = corpus.of_length(pydoc, 8)[1]
-  assert results["sentences"][0]["true"] == " ".join(vocab.decode(vocab.encode(true)))
+  assert any(t not in vocab.index for t in true)  # a word the model reads as <unk>, shown as written
+  assert results["sentences"][0]["true"] == " ".join(true)
   recovered = results["sentences"][0]["recovered (pseudo-inverse)"].split()
   assert results["token_accuracy"] == pytest.approx(
       np.mean([a == b for a, b in zip(recovered, results["sentences"][0]["true"].split())]))
@@ -531,9 +563,10 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
 
 
 @pytest.mark.slow
-def test_train_a_masked_language_model_then_read_a_sentence_of_it(tmp_path):
+def test_train_a_masked_language_model_then_read_a_sentence_of_it(tmp_path, pydoc):
   """gradjax train on bert: its vocabulary ends in <mask>, its accuracy counts the masked positions
-  only; the span attack on the trained model gives a client's sentence back."""
+  only; the span attack on the trained model gives a client's sentence back, but for the word
+  outside the vocabulary, which the model read as <unk>."""
   sizes = ["--config.model.text_dim=32", "--config.model.text_heads=2", "--config.model.text_ffn=32", "--config.model.text_layers=2"]
   train = run_program("train.py", "--modality=text", "--model=bert", "--epochs=1", "--config.training.lr=0.1",
                       "--config.data.sequence_length=8", "--config.data.vocab_size=200", f"--output_dir={tmp_path / 'train'}",
@@ -548,7 +581,13 @@ def test_train_a_masked_language_model_then_read_a_sentence_of_it(tmp_path):
                      f"--output_dir={out}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   results = json.loads((out / "metrics.json").read_text())
-  assert results["exact"] == 1 and results["verdict"]["status"] == "leak"
+  true = corpus.of_length(pydoc, 8)[1]
+  known = [t in vocabulary for t in true]
+  assert sum(known) == 7 and results["sentences"][0]["true"] == " ".join(true)
+  recovered = results["sentences"][0]["recovered"].split()
+  assert [a == b for a, b in zip(recovered, true)] == known
+  assert results["token_accuracy_per_sentence"] == [7 / 8] and results["exact"] == 0
+  assert results["verdict"]["status"] == "leak"
 
 
 def test_accuracy_of_a_masked_language_model_counts_its_targets_only():

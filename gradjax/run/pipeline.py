@@ -989,12 +989,29 @@ class Sentences(NamedTuple):
   """The client's private sentences: ``ids`` (N, T) int32 in ``vocabulary``; ``pool`` the number of
   distinct corpus sentences of length T that ``index`` ranges over; ``others`` (pool − N, T) the
   pool's other sentences, what an attacker may know of the corpus (the chance level,
-  :func:`chance`)."""
+  :func:`chance`); ``words`` the N sentences' tokens as the corpus has them (None: those of
+  ``ids``), among them words outside ``vocabulary`` that the model reads as ``<unk>``."""
 
   ids: np.ndarray
   vocabulary: corpus.Vocabulary
   pool: int
   others: np.ndarray
+  words: tuple[tuple[str, ...], ...] | None = None
+
+  @property
+  def truth(self) -> np.ndarray:
+    """(N, T) int: what an attack is scored against, ``ids`` with −1 where the word lies outside
+    the vocabulary. The model read ``<unk>`` there, so no recovered token is that word (a
+    checkpoint's vocabulary on another corpus, or ``--config.data.vocab_size`` below the corpus's)."""
+    if self.words is None:
+      return self.ids
+    known = np.asarray([[t in self.vocabulary.index for t in w] for w in self.words], bool)
+    return np.where(known, self.ids, -1)
+
+  def text(self, i: int) -> str:
+    """Sentence ``i`` as the client wrote it."""
+    return corpus.detokenize(list(self.words[i]) if self.words is not None
+                             else self.vocabulary.decode(self.ids[i]))
 
 
 def text_vocabulary(cfg: Config, sentences: list[list[str]]) -> corpus.Vocabulary:
@@ -1039,7 +1056,8 @@ def load_sentences(cfg: Config) -> Sentences:
         f"{len(pool)} distinct sentences of {cfg.data.sequence_length} tokens")
   ids = np.stack([vocabulary.encode(s) for s in pool]).astype(np.int32)
   batch = np.arange(cfg.data.index, cfg.data.index + cfg.data.batch_size)
-  return Sentences(ids[batch], vocabulary, len(pool), np.delete(ids, batch, axis=0))
+  return Sentences(ids[batch], vocabulary, len(pool), np.delete(ids, batch, axis=0),
+                   tuple(tuple(pool[i]) for i in batch))
 
 
 def chance(batch: Sentences) -> dict:
@@ -1051,8 +1069,8 @@ def chance(batch: Sentences) -> dict:
     return {}
   position, bag = corpus.unigram_guesses(batch.others)
   n = batch.ids.shape[0]
-  accuracy = metrics.token_accuracy(np.broadcast_to(position, batch.ids.shape), batch.ids)
-  recall = metrics.bag_recall(np.broadcast_to(bag, (n, bag.size)), batch.ids)
+  accuracy = metrics.token_accuracy(np.broadcast_to(position, batch.ids.shape), batch.truth)
+  recall = metrics.bag_recall(np.broadcast_to(bag, (n, bag.size)), batch.truth)
   return {"token_accuracy_chance": float(accuracy.mean()), "bag_recall_chance": float(recall.mean()),
           "token_accuracy_chance_per_sentence": [float(a) for a in accuracy],
           "bag_recall_chance_per_sentence": [float(r) for r in recall]}
@@ -1109,7 +1127,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
     except dager.Unreadable as e:
       return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   seconds = time.perf_counter() - start
-  scores = metrics.score_text(rec.sentences, batch.ids)
+  scores = metrics.score_text(rec.sentences, batch.truth)
   found = [vocabulary.decode(rec.sentences[j]) if j >= 0 else None for j in scores["order"]]
   results = _span_results(cfg, attack, batch, model, observation, seconds, found, scores)
   results.update(
@@ -1180,13 +1198,13 @@ def _span_words(error, batch: Sentences, model: models.Model) -> tuple[np.ndarra
            else np.zeros(0, np.int32))
   if models.is_masked_lm(model.name):  # <mask> is the client's input, not one of its words
     words = words[words != batch.vocabulary.mask]
-  return words, [float(np.isin(s, words).mean()) for s in batch.ids]
+  return words, [float(np.isin(s, words).mean()) for s in batch.truth]
 
 
 def _words_found(words: np.ndarray, batch: Sentences) -> dict:
   """``words`` (decoded) and ``word_precision``, the share of them in the client's sentences."""
   return {"words": list(batch.vocabulary.decode(words)),
-          "word_precision": float(np.isin(words, batch.ids).mean()) if words.size else None}
+          "word_precision": float(np.isin(words, batch.truth).mean()) if words.size else None}
 
 
 def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, observation, error,
@@ -1207,7 +1225,7 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       search="tokens", position_sets=error.position_sets)
   searched = time.perf_counter() - start
   found = rec.tokens_pinv
-  scores = metrics.score_text(found, batch.ids)
+  scores = metrics.score_text(found, batch.truth)
   # The spans gave the words whatever order the search finds: recovered anywhere, as without it.
   words, recall = _span_words(error, batch, model)
   scores.update(bag_recall_per_sentence=recall, bag_recall=float(np.mean(recall)))
@@ -1240,10 +1258,9 @@ def _span_results(cfg: Config, attack, batch: Sentences, model: models.Model, ob
   :func:`gradjax.metrics.score_text` and each true sentence beside the one found for it (``found``:
   token lists, None for none)."""
   decode = lambda tokens: corpus.detokenize(tokens) if tokens is not None else "(none)"
-  rows = [{"true": decode(batch.vocabulary.decode(t)), "recovered": decode(f),
-           "token_accuracy": a, "bag_recall": r}
-          for t, f, a, r in zip(batch.ids, found, scores["token_accuracy_per_sentence"],
-                                scores["bag_recall_per_sentence"])]
+  rows = [{"true": batch.text(i), "recovered": decode(f), "token_accuracy": a, "bag_recall": r}
+          for i, (f, a, r) in enumerate(zip(found, scores["token_accuracy_per_sentence"],
+                                            scores["bag_recall_per_sentence"]))]
   return dict(
       wall_time_s=seconds,
       evaluations=0,
@@ -1326,12 +1343,12 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
   marks.append(time.time())
   results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing,
                     cfg.defense.spec if cfg.attack.adaptive else None)
-  pinv = metrics.score_text(rec.tokens_pinv, batch.ids)
-  nearest = metrics.score_text(rec.tokens_nearest, batch.ids)
+  pinv = metrics.score_text(rec.tokens_pinv, batch.truth)
+  nearest = metrics.score_text(rec.tokens_nearest, batch.truth)
   rows = []
   for i in range(batch.ids.shape[0]):
     p, n = rec.tokens_pinv[pinv["order"][i]], rec.tokens_nearest[nearest["order"][i]]
-    rows.append({"true": corpus.detokenize(vocabulary.decode(batch.ids[i])),
+    rows.append({"true": batch.text(i),
                  "recovered (pseudo-inverse)": corpus.detokenize(vocabulary.decode(p)),
                  "recovered (nearest)": corpus.detokenize(vocabulary.decode(n)),
                  "token_accuracy": pinv["token_accuracy_per_sentence"][i],
