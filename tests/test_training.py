@@ -431,7 +431,7 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
       (["--model=alexnet"], "unknown model"), (["--config.training.clients=3"], "--config.training.clients"),
       (["--config.training.train_count=190"], "train + test count"),
       (["--config.training.data_seed=-2"], "--config.training.data_seed must be >= 0 or -1"),
-      (["--config.client.local_lr=0.5"], "--config.client.local_lr do not apply to --client=fedsgd"),
+      (["--config.client.local_lr=0.5"], "--config.client.local_lr does not apply to --client=fedsgd"),
       (["--client=fedavg", "--config.training.lr=0.5", "--config.training.momentum=0.5"],
        "--config.training.lr, --config.training.momentum do not apply to --client=fedavg")])
 
@@ -463,11 +463,12 @@ def test_train_program_recipe_flags_train_as_the_library(tmp_path):
   for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
   _refused(tmp_path, [
-      (["--client=fedavg", "--config.training.augment=True"], "--config.training.augment do not apply to --client=fedavg"),
+      (["--client=fedavg", "--config.training.augment=True"], "--config.training.augment does not apply to --client=fedavg"),
       (["--config.training.lr_milestones=3,2"], "milestones must be increasing"),
       (["--config.training.lr_milestones=abc"], "lr_milestones must be comma-separated epochs"),
       (["--config.training.train_count=0"], "train_count must be positive"),
-      (["--modality=text", "--config.training.augment=True"], "--config.training.augment=True is for images")])
+      (["--modality=text", "--config.training.augment=True"], "--config.training.augment=True is for images"),
+      (["--modality=text", "--client=fedavg"], "trains a text model with FedSGD steps (--client=fedsgd)")])
 
 
 @pytest.mark.slow

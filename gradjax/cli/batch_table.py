@@ -166,8 +166,15 @@ def main(argv):
                        f"without --config.client.train_mode=True, or before its first epoch), which "
                        f"the BN prior of --variants {','.join(with_bn)} matches")
     norm = data.normalization(meta.get("normalization", "none"))
-    source = data.load("cifar10", data_dir=cfg.data.data_dir,
-                       indices=range(f.start, f.start + cfg.sampling.pool + cfg.attack.aux))
+    end = f.start + cfg.sampling.pool + cfg.attack.aux
+    try:
+      source = data.load("cifar10", data_dir=cfg.data.data_dir, indices=range(f.start, end))
+    except ValueError as e:
+      if "out of range" not in str(e):
+        raise
+      raise ValueError(f"--start {f.start}, --config.sampling.pool {cfg.sampling.pool} and "
+                       f"--config.attack.aux {cfg.attack.aux} ask for images {f.start}..{end - 1}; "
+                       f"{e}") from None
     pool_y = source.y[:cfg.sampling.pool]
     rng = np.random.default_rng(cfg.seed)
     batches = data.duplicate_label_batches(pool_y, source.num_classes, f.count, cfg.data.batch_size,

@@ -252,6 +252,13 @@ def command_line_options() -> set[str]:
       config.alias(path) and config.alias(path) in f and f[config.alias(path)].present)}
 
 
+def option_values() -> dict[str, Any]:
+  """Dotted path -> the value the flags and ``--config`` give it (the schema's default where
+  neither does), before a :class:`Config` is built and checked: for a program's own messages about
+  options that the configuration's checks word for the attacks."""
+  return _values_given()[0]
+
+
 def options_given() -> set[str]:
   """The options (dotted paths) that ``--config`` or a flag set (to check options a protocol does
   not use)."""
@@ -329,7 +336,8 @@ def check_given(cfg: Config, given: set[str], files: bool = True) -> None:
   if cfg.client.name == "fedsgd" and not cfg.client.observation:
     ignored = [p for p in config.unread_by_client("fedsgd", given) if p.startswith("client.")]
     if ignored:
-      fail(f"{', '.join(config.flag(p) for p in ignored)} do not apply to --client=fedsgd")
+      fail(f"{', '.join(config.flag(p) for p in ignored)} {'does' if len(ignored) == 1 else 'do'} not apply "
+           "to --client=fedsgd")
   if cfg.model.checkpoint and (files or os.path.isfile(cfg.model.checkpoint)):
     _check_checkpoint_model(cfg, given)
 

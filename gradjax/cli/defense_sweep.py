@@ -147,6 +147,10 @@ def main(argv):
     base = common.config_from_flags(
         check=lambda c, files: common.images_only(config.check)(
             config.replace(c, {"attack.adaptive": False}), files))
+    unused = sorted(p for p in common.command_line_options() if p.startswith("utility.")) if not f.utility else []
+    if unused:
+      common.fail(f"--config.{unused[0]} sets the utility model, which only --utility trains; add "
+                  "--utility or drop it")
     adaptive = base.attack.adaptive  # every defense's row also with the attack adapted to it
     base = config.replace(base, {"attack.adaptive": False})
     for spec in specs:

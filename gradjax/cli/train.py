@@ -144,6 +144,10 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   common.refuse_a_sweep()
+  values = common.option_values()
+  if values["data.modality"] == "text" and values["client.name"] != "fedsgd":
+    common.fail(f"gradjax train trains a text model with FedSGD steps (--client=fedsgd); "
+                f"--client={values['client.name']} is for images")
   try:
     f = common.config_from_flags()
   except ValueError as e:
@@ -178,7 +182,7 @@ def main(argv):
     )
   ignored = [config.flag(path) for path in config.unread_by_client(f.client.name, given)]
   if ignored:
-    common.fail(f"{', '.join(ignored)} do not apply to --client={f.client.name}")
+    common.fail(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to --client={f.client.name}")
   if f.training.augment and f.data.modality == "text":
     common.fail("--config.training.augment=True is for images (text windows are not cropped or flipped)")
   milestones = ()

@@ -913,7 +913,7 @@ def unread_by_client(client: str, given: set[str]) -> list[str]:
              "training.nesterov", "training.lr_milestones", "training.lr_gamma", "training.augment"}
             if client == "fedavg" else
             {"client.local_epochs", "client.local_batch_size", "client.local_lr",
-             "client.local_momentum"})
+             "client.local_momentum", "client.shared_labels"})
   return sorted(unread & given)
 
 

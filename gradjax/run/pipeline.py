@@ -69,9 +69,10 @@ def load_batch(cfg: Config) -> data.Dataset:
   except ValueError as e:
     if "out of range" not in str(e):
       raise
+    # No flag named: a table's experiments take their index from --start and --count.
     raise ValueError(
-        f"--index {cfg.data.index} with --batch_size {cfg.data.batch_size} asks for images "
-        f"{cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}; {e}") from None
+        f"the client's batch is images {cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}; "
+        f"{e}") from None
 
 
 def hfginv_labels(cfg: Config, model, observation, norm, key) -> jax.Array:
@@ -1051,9 +1052,9 @@ def load_sentences(cfg: Config) -> Sentences:
   pool = corpus.of_length(sentences, cfg.data.sequence_length)
   if cfg.data.index + cfg.data.batch_size > len(pool):
     raise ValueError(
-        f"--index {cfg.data.index} with --batch_size {cfg.data.batch_size} asks for sentences "
-        f"{cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}, but corpus {cfg.data.dataset!r} has "
-        f"{len(pool)} distinct sentences of {cfg.data.sequence_length} tokens")
+        f"the client's batch is sentences {cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}, "
+        f"but corpus {cfg.data.dataset!r} has {len(pool)} distinct sentences of "
+        f"{cfg.data.sequence_length} tokens")
   ids = np.stack([vocabulary.encode(s) for s in pool]).astype(np.int32)
   batch = np.arange(cfg.data.index, cfg.data.index + cfg.data.batch_size)
   return Sentences(ids[batch], vocabulary, len(pool), np.delete(ids, batch, axis=0),
