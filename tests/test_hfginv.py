@@ -313,7 +313,9 @@ def test_train_and_batch_table_programs(tmp_path):
        "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=4", "--variants=tv",
        "--resume", f"--output_dir={table_dir}"],
       [*table, f"--checkpoint={ckpt}", "--variants=tv", "--bn=0.5", f"--output_dir={tmp_path / 'bad5'}"],
-      [*table, f"--checkpoint={ckpt}", "--variants=", f"--output_dir={tmp_path / 'bad6'}"])])
+      [*table, f"--checkpoint={ckpt}", "--variants=", f"--output_dir={tmp_path / 'bad6'}"],
+      [*table, f"--checkpoint={ckpt}", "--variants=tv", "--config.sampling.pool=100000",
+       f"--output_dir={tmp_path / 'bad7'}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   part = json.loads((table_dir / "results.json").read_text())
   assert part["attacked"] == [1] and "batches 1 only" in proc.stdout
@@ -323,9 +325,10 @@ def test_train_and_batch_table_programs(tmp_path):
   for refused, message in zip(bad, ("--checkpoint is required", "--start must be non-negative",
                                      "--head_classes needs --head=fresh and at least",
                                      "was computed with other settings", "--bn weighs the BN prior",
-                                     "--variants: choose from"), strict=True):
+                                     "--variants: choose from",
+                                     "--config.sampling.pool 100000 and --config.attack.aux"), strict=True):
     assert refused.returncode == 2 and message in refused.stderr, (message, refused.stderr[-1000:])
-  assert not any((tmp_path / f"bad{k}").exists() for k in (3, 5, 6))  # a refused table leaves no folder
+  assert not any((tmp_path / f"bad{k}").exists() for k in (3, 5, 6, 7))  # a refused table leaves no folder
   assert json.loads((table_dir / "results.json").read_text()) == part  # nor rewrites the earlier one
 
 
