@@ -83,7 +83,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   The update the client would have sent for the reconstruction (its gradient, or for ``matched``
   ``"replay"`` the replayed local training's W_t − W'_{t+1}), u, scaled by the best common factor
   α* = ⟨u, c⟩ / ‖u‖² (DLM's γ and cosine distances leave the scale free), against the observed c:
-  relative error ‖α* u − c‖ / ‖c‖ over all layers (= sin ∠(u, c)) and per layer.
+  relative error ‖α* u − c‖ / ‖c‖ over all layers (= sin ∠(u, c)) and per layer; cosine ∠(u, c);
+  scale ‖c‖ / ‖u‖, of u as the reconstruction gives it (≠ 1 where the reconstruction's update is
+  right up to a factor: a learning rate, a loss summed rather than averaged).
 
   Args:
     apply_fn, observation: as the attack's.
@@ -119,7 +121,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
-  return fidelity.compare(jax.tree.map(lambda a: alpha * a, u), observation.gradient)
+  # The errors at α*; the scale of u itself (after α* it would be 1 / |cos|, saying nothing more).
+  return fidelity.compare(jax.tree.map(lambda a: alpha * a, u), observation.gradient)._replace(
+      scale=unscaled.scale)
 
 
 @functools.partial(compilation.once, static_argnames=("apply_fn", "matched", "soft"))

@@ -26,7 +26,8 @@ def test_residual_is_the_sine_to_the_observation(photos):
   y = np.array([1, 4])
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], y)
   scaled = obs.replace(gradient=jax.tree.map(lambda g: 7.0 * g, obs.gradient))
-  assert verdict.residual(model.apply_fn, scaled, {"x": photos[:2]}, y).relative_error < 1e-5
+  exact = verdict.residual(model.apply_fn, scaled, {"x": photos[:2]}, y)
+  assert exact.relative_error < 1e-5 and exact.scale == pytest.approx(7.0, rel=1e-5)
   other = photos[2:4]
   got = verdict.residual(model.apply_fn, obs, {"x": other}, y)
   u = np.concatenate([np.ravel(g) for g in jax.tree.leaves(
@@ -34,6 +35,8 @@ def test_residual_is_the_sine_to_the_observation(photos):
   c = np.concatenate([np.ravel(g) for g in jax.tree.leaves(obs.gradient)]).astype(np.float64)
   cos = u @ c / np.linalg.norm(u) / np.linalg.norm(c)
   assert got.relative_error == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-4)
+  assert got.cosine == pytest.approx(cos, rel=1e-5)
+  assert got.scale == pytest.approx(np.linalg.norm(c) / np.linalg.norm(u), rel=1e-5)
   # Each layer at the common scale α = ⟨u, c⟩ / ‖u‖², in NumPy.
   alpha = u @ c / (u @ u)
   for (path, ui), ci in zip(jax.tree_util.tree_flatten_with_path(
