@@ -190,6 +190,9 @@ def test_image_findings():
   assert _recognisable(got) == [False, True] and verdict.leaks(got) == ["images"]
   assert got["images"]["recognisable"] == 1 and got["images"]["share"] == 0.5
   assert got["images"]["median_psnr"] == pytest.approx((12.0 + t.psnr) / 2)
+  three = verdict.image_findings(_scores([12.0, 30.0, 20.0], [0.7, 0.1, 0.4], lpips=[0.5, 0.2, 0.9]),
+                                 side=t.lpips_min_side, **none)["images"]
+  assert (three["median_psnr"], three["median_ssim"], three["median_lpips"]) == (20.0, 0.4, 0.5)
   assert _recognisable(verdict.image_findings(_scores([12.0], [t.ssim]), **none)) == [True]
   lpips_only = _scores([12.0], [0.1], lpips=[t.lpips])
   assert _recognisable(verdict.image_findings(lpips_only, side=t.lpips_min_side, **none)) == [True]
