@@ -490,11 +490,25 @@ def test_sweep_table(tmp_path):
   assert [r.get("clients_together") for r in shared["rows"]] == [2, 2]
   np.testing.assert_allclose([r["psnr"] for r in shared["rows"]], [r["psnr"] for r in result["rows"]],
                              rtol=1e-4)
-  psnr = np.array([r["psnr"] for r in result["rows"]])
   assert [r["index"] for r in result["rows"]] == [0, 1]
-  np.testing.assert_allclose(result["summary"]["psnr"]["mean"], psnr.mean())
-  np.testing.assert_allclose(result["summary"]["psnr"]["std"], np.sqrt(np.mean((psnr - psnr.mean())**2)))
-  assert result["summary"]["successes"] == int(np.sum(psnr >= 30))
+  # The summary from the saved images (scikit-image) and labels (multisets), not from the rows.
+  saved = [np.load(tmp_path / "items" / f"{i}.npz") for i in (0, 1)]
+  pairs = [(z["ground_truth"][0].astype(np.float64), z["reconstruction"][0].astype(np.float64)) for z in saved]
+  psnr = np.array([skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in pairs])
+  ssim = np.array([skimage.metrics.structural_similarity(g, r, data_range=1, channel_axis=-1) for g, r in pairs])
+  mse = np.array([np.mean((g - r) ** 2) for g, r in pairs])
+  labels = [json.loads((tmp_path / "items" / f"{i}.json").read_text()) for i in (0, 1)]
+  accuracy = np.array([sum((collections.Counter(r["labels_true"]) & collections.Counter(r["labels_reconstructed"])).values())
+                       / len(r["labels_true"]) for r in labels])
+  summary = result["summary"]
+  for name, want in (("psnr", psnr), ("ssim", ssim), ("mse", mse), ("label_accuracy", accuracy)):
+    np.testing.assert_allclose([summary[name][k] for k in ("mean", "median", "std")],
+                               [want.mean(), np.median(want), want.std()], rtol=1e-5, atol=1e-12)
+  assert summary["successes"] == int(np.sum(psnr >= 30)) and summary["images"] == 2
+  line = (tmp_path / "results.md").read_text().splitlines()[-1]
+  for number in (f"{psnr.mean():.2f} ± {psnr.std():.2f} dB", f"median {np.median(psnr):.2f}",
+                 f"SSIM {ssim.mean():.3f} ± {ssim.std():.3f}", f"label accuracy {accuracy.mean():.3f}"):
+    assert number in line, (number, line)
   assert "| index |" in (tmp_path / "results.md").read_text()
   grid = np.asarray(Image.open(tmp_path / "reconstructions.png"))
   assert grid.shape == (2 * (16 * 2 + 2) + 2, 2 * (16 * 2 + 2) + 2, 3)
