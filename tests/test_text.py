@@ -552,9 +552,18 @@ def test_train_then_attack_a_sentence_from_the_command_line(tmp_path, pydoc):
   true = corpus.of_length(pydoc, 8)[1]
   assert any(t not in vocab.index for t in true)  # a word the model reads as <unk>, shown as written
   assert results["sentences"][0]["true"] == " ".join(true)
-  recovered = results["sentences"][0]["recovered (pseudo-inverse)"].split()
-  assert results["token_accuracy"] == pytest.approx(
-      np.mean([a == b for a, b in zip(recovered, results["sentences"][0]["true"].split())]))
+  # Every score from the sentences shown, word by word and as multisets.
+  row = results["sentences"][0]
+  written = row["true"].split()
+  for key, shown in (("", "recovered (pseudo-inverse)"), ("_nearest", "recovered (nearest)")):
+    recovered = row[shown].split()
+    accuracy = np.mean([a == b for a, b in zip(recovered, written)])
+    assert results[f"token_accuracy{key}"] == pytest.approx(accuracy)
+    assert results[f"exact{key}"] == int(accuracy == 1)
+    overlap = collections.Counter(recovered) & collections.Counter(t for t in written if t in vocab.index)
+    assert results[f"bag_recall{key}"] == pytest.approx(sum(overlap.values()) / len(written))
+  assert results["token_accuracy_nearest_per_sentence"] == [results["token_accuracy_nearest"]]
+  assert results["sentence_pool"] == len(corpus.of_length(pydoc, 8))
   assert results["vocabulary_size"] == 200 and results["iterations"] == 5
   assert results["command"].startswith("gradjax reconstruct --modality=text")
   assert (out / "sentences.txt").read_text().startswith("sentence 0")
