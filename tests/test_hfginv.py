@@ -288,16 +288,22 @@ def test_train_and_batch_table_programs(tmp_path):
     want = [metrics.label_accuracy(r["labels"], images.y[idx]) if "labels" in r else 0.0
             for r, idx in zip(rows, result["batches"])]
     assert summary["accuracy_mean"] == pytest.approx(np.mean(want))
+    assert summary["exact"] == sum("labels" in r and sorted(r["labels"]) == sorted(images.y[idx].tolist())
+                                   for r, idx in zip(rows, result["batches"]))
     assert [r["truth"] for r in rows] == [sorted(images.y[idx].tolist()) for idx in result["batches"]]
     assert f"| {summary['method']}" in proc.stdout
   for summary in result["ablation"]:
-    psnr = []
+    psnr, ssim = [], []
     for b, idx in enumerate(result["batches"]):
       rec = np.load(table_dir / "items" / f"{summary['key']}_{b}.npz")["reconstruction"]
-      psnr += [skimage.metrics.peak_signal_noise_ratio(images.x[i].astype(np.float64), r.astype(np.float64),
-                                                       data_range=1) for i, r in zip(idx, rec)]
-    assert summary["psnr_mean"] == pytest.approx(np.mean(np.asarray(psnr).reshape(2, 4).mean(1)), rel=1e-5)
-    assert f"{summary['psnr_mean']:.2f}" in proc.stdout
+      pairs = [(images.x[i].astype(np.float64), r.astype(np.float64)) for i, r in zip(idx, rec)]
+      psnr += [skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in pairs]
+      ssim += [skimage.metrics.structural_similarity(g, r, data_range=1, channel_axis=-1) for g, r in pairs]
+    per_batch = np.asarray(psnr).reshape(2, 4).mean(1)  # a row per batch: its images' mean
+    assert summary["psnr_mean"] == pytest.approx(per_batch.mean(), rel=1e-5)
+    assert summary["psnr_std"] == pytest.approx(per_batch.std(), rel=1e-4, abs=1e-6)
+    assert summary["ssim_mean"] == pytest.approx(np.mean(np.asarray(ssim).reshape(2, 4).mean(1)), rel=1e-4)
+    assert f"{summary['psnr_mean']:.2f} ± {summary['psnr_std']:.2f}" in proc.stdout
   # One batch of the same table, read back from items/: its row is that batch's alone; and the
   # usage errors (the same process).
   table = ["gradjax", "batch-table"]
