@@ -46,6 +46,15 @@ def test_relu_lenet_hidden_layers_exact_and_the_photo_recognisable(index):
     assert np.linalg.norm(got - ref) <= 1e-4 * np.linalg.norm(ref)
   assert found.label == int(photo.y[0])
   assert [d["name"] for d in found.layers] == ["Conv_0", "Conv_1", "Conv_2"]
+  # The report per layer: its unknowns are its input (the photo, then each ReLU output), its
+  # equations the kernel gradient's entries and one forward equation per active output unit
+  # (NumPy's forward pass says which), the rank at most the unknowns.
+  inputs = [photo.x[0], *want[:2]]
+  for i, (layer, inp, out) in enumerate(zip(found.layers, inputs, want)):
+    kernel = np.asarray(model.variables["params"][f"Conv_{i}"]["kernel"])
+    assert layer["unknowns"] == inp.size and layer["active"] == int(np.sum(out > 0))
+    assert layer["equations"] == kernel.size + layer["active"]
+    assert layer["rank"] <= layer["unknowns"] and 0 <= layer["residual"] < 1e-5
   psnr = skimage.metrics.peak_signal_noise_ratio(photo.x[0].astype(np.float64),
                                                  np.clip(found.x[0], 0, 1).astype(np.float64),
                                                  data_range=1.0)
