@@ -151,7 +151,7 @@ def test_units_no_example_reaches_are_left_out_of_the_least_squares(photos, mlp_
   np.testing.assert_array_equal(found.labels[which], y)
 
 
-def test_restarts_keep_the_start_whose_refinement_explains_the_update():
+def test_restarts_keep_the_start_whose_refinement_explains_the_update(mlp_reference):
   """24 faces of scikit-image's LFW subset, centred, through a 128-unit ReLU layer: from FastICA's
   starts 0-2 the refinement ends half the update unexplained; from start 3 it reaches the batch.
   Four restarts return start 3's examples, every face exact (scikit-image PSNR) with its label,
@@ -165,6 +165,20 @@ def test_restarts_keep_the_start_whose_refinement_explains_the_update():
   alone = cocktail.separate(obs, model.apply_fn, x.shape[1:], restarts=1, **kw)
   found = cocktail.separate(obs, model.apply_fn, x.shape[1:], restarts=4, **kw)
   assert alone.residual > 0.1 and alone.restarts == 1, alone.residual  # measured: 0.56
+  # That residual and the mismatches, in NumPy (float64): the layer's update G = [∂W; ∂b] against
+  # the best multiple of the gradient the returned examples make with their labels, and each
+  # example's δ (its own bias gradient) off the top-rank row space of G.
+  params = model.variables["params"]
+  layer = lambda tree: np.vstack([np.asarray(tree["Dense_0"]["kernel"], np.float64),
+                                  np.asarray(tree["Dense_0"]["bias"], np.float64)[None]])
+  g, made = layer(obs.gradient), layer(mlp_reference(params, alone.inputs, alone.labels)[1])
+  alpha = np.vdot(g, made) / np.vdot(made, made)
+  assert alone.residual == pytest.approx(np.linalg.norm(g - alpha * made) / np.linalg.norm(g), rel=1e-4)
+  rows = np.linalg.svd(g, full_matrices=False)[2][:alone.rank].T
+  for xn, kn, m in zip(alone.inputs, alone.labels, alone.mismatch, strict=True):
+    delta = mlp_reference(params, xn[None], [kn])[1]["Dense_0"]["bias"]
+    assert m == pytest.approx(np.linalg.norm(delta - rows @ (rows.T @ delta)) / np.linalg.norm(delta),
+                              rel=1e-3, abs=1e-6)
   assert (found.seed, found.restarts) == (3, 4) and found.residual < 1e-6, found.residual
   psnr, which = _scores(found.inputs + mean, faces)
   assert psnr.min() >= 100, psnr
