@@ -221,7 +221,7 @@ def _check_dlm_table(out):
   std = np.asarray(res["std"], np.float64)
   assert len(res["table"]) == 2
   for t in res["table"]:
-    psnr, paper, ssim, accuracy = [], [], [], []
+    psnr, paper, ssim, accuracy, gamma = [], [], [], [], []
     for row in t["rows"]:
       kept = np.load(out / "items" / f"{t['method']}_{row['index']}.npz")
       item = json.loads((out / "items" / f"{t['method']}_{row['index']}.json").read_text())
@@ -233,6 +233,9 @@ def _check_dlm_table(out):
       assert item["iterations"] == 2  # SMALL's budget, DLG's row too (its 4000 the default only)
       overlap = collections.Counter(item["labels_reconstructed"]) & collections.Counter(item["labels_true"])
       accuracy.append(sum(overlap.values()) / len(item["labels_true"]))
+      if item["gamma"] is not None:  # DLM's learnt scale, as the experiment's results hold it
+        gamma.append(item["gamma"])
+    assert t.get("gamma_median") == (float(np.median(gamma)) if gamma else None)
     np.testing.assert_allclose([r["psnr"] for r in t["rows"]], psnr, rtol=1e-6)
     np.testing.assert_allclose([r["psnr_paper"] for r in t["rows"]], paper, rtol=1e-6)
     np.testing.assert_allclose([r["ssim"] for r in t["rows"]], ssim, rtol=1e-6)
