@@ -240,6 +240,33 @@ def test_items_read_back_under_another_restart_strategy(tmp_path):
     campaign.Items._read(str(tmp_path / "item"), config.replace(cfg, {"attack.iterations": 4}))
 
 
+def test_trace_scores_the_best_restarts_images_in_their_best_order():
+  """The PSNR of a trace row (curves.svg): of the restart with the least objective, its images
+  denormalised and clipped, each set against the true image SciPy's assignment gives it, by
+  scikit-image's PSNR."""
+  from types import SimpleNamespace
+
+  import scipy.optimize
+  import skimage.metrics
+
+  from gradjax import data
+  from gradjax.run import pipeline
+  rng = np.random.default_rng(0)
+  truth = rng.uniform(0, 1, (3, 4, 4, 3))
+  norm = data.Normalization((0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
+  mean, std = np.asarray(norm.mean), np.asarray(norm.std)
+  found = np.clip(truth[[2, 0, 1]] + rng.normal(0, 0.1, truth.shape), -0.2, 1.2)  # shuffled, some outside [0, 1]
+  stacked = np.stack([(rng.uniform(0, 1, truth.shape) - mean) / std, (found - mean) / std])
+  trace = pipeline.Trace(truth=truth, norm=norm)
+  trace.progress(progress.Progress(None, 10, 10, 0.2, 2, 1.0, 1.0))
+  trace.monitor(SimpleNamespace(best_params={"x": stacked}, best_loss=np.array([0.5, 0.2])))
+  clipped = np.clip(found, 0, 1)
+  psnr = np.array([[skimage.metrics.peak_signal_noise_ratio(t, r, data_range=1) for r in clipped] for t in truth])
+  rows, cols = scipy.optimize.linear_sum_assignment(-psnr)
+  assert list(cols) == [1, 2, 0]
+  assert trace.rows[0]["psnr"] == pytest.approx(psnr[rows, cols].mean(), rel=1e-6)  # float32 statistics
+
+
 def test_trace_rows_start_at_the_first_best_iterate(tmp_path):
   """Before an attack's ``track_from`` its best objective is inf: the trace makes no row for it (the
   rows go into JSON state files, which refuse inf) and scores none. PSNR of a 0.5 image against 0:
