@@ -479,10 +479,12 @@ def test_sweep_table(tmp_path):
   """The table's statistics and grid; the same sweep with its two images (two model draws) attacked
   in one solver run gives the same rows."""
   args = ["gradjax", "sweep", "--count=2", "--iterations=20", "--image_size=16"]
+  start = time.perf_counter()
   proc, together = run_in_one_process([
       (args + [f"--output_dir={tmp_path}"], tmp_path),
       (args + ["--config.execution.clients_per_run=2", f"--output_dir={tmp_path / 'together'}"],
        tmp_path)])
+  elapsed = time.perf_counter() - start
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert together.returncode == 0, together.stderr[-2000:]
   result = json.loads((tmp_path / "results.json").read_text())
@@ -505,9 +507,12 @@ def test_sweep_table(tmp_path):
     np.testing.assert_allclose([summary[name][k] for k in ("mean", "median", "std")],
                                [want.mean(), np.median(want), want.std()], rtol=1e-5, atol=1e-12)
   assert summary["successes"] == int(np.sum(psnr >= 30)) and summary["images"] == 2
+  total = summary["total_time_s"]  # within the process's time, the two experiments' inside it
+  assert sum(r["wall_time_s"] for r in result["rows"]) <= total < elapsed
   line = (tmp_path / "results.md").read_text().splitlines()[-1]
   for number in (f"{psnr.mean():.2f} ± {psnr.std():.2f} dB", f"median {np.median(psnr):.2f}",
-                 f"SSIM {ssim.mean():.3f} ± {ssim.std():.3f}", f"label accuracy {accuracy.mean():.3f}"):
+                 f"SSIM {ssim.mean():.3f} ± {ssim.std():.3f}", f"label accuracy {accuracy.mean():.3f}",
+                 f"total {total:.1f} s ({np.mean([r['wall_time_s'] for r in result['rows']]):.1f} s per experiment"):
     assert number in line, (number, line)
   assert "| index |" in (tmp_path / "results.md").read_text()
   grid = np.asarray(Image.open(tmp_path / "reconstructions.png"))
