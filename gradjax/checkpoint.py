@@ -131,14 +131,17 @@ def parse_metadata(raw, where: str) -> dict:
   return metadata
 
 
-def _check_npy_headers(data: bytes, where: str) -> None:
-  """Reads each ``.npy`` entry's header and checks that the entry holds the bytes its shape and dtype
-  need, before NumPy allocates them (a corrupt header may declare terabytes)."""
-  with zipfile.ZipFile(io.BytesIO(data)) as archive:
+def _check_npy_headers(data, where: str, keys=None) -> None:
+  """Reads each ``.npy`` entry's header (of ``keys`` only, unless None) and checks that the entry
+  holds the bytes its shape and dtype need, before NumPy allocates them (a corrupt header may
+  declare terabytes). ``data``: the archive's bytes or its path."""
+  with zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data) as archive:
     for info in archive.infolist():
       if not info.filename.endswith(".npy"):
         continue
       key = info.filename[:-4]
+      if keys is not None and key not in keys:
+        continue
       with archive.open(info) as fh:
         if fh.read(6) != b"\x93NUMPY":
           continue  # not an array: reported below, by name
@@ -211,6 +214,8 @@ def load(path) -> tuple[dict, dict]:
       continue
     if value.dtype.kind not in "biuf":
       raise ValueError(f"{where}: entry {key!r} has unsupported dtype {value.dtype}")
+    if not value.dtype.isnative:  # another byte order (a big-endian writer): JAX reads native only
+      value = value.astype(value.dtype.newbyteorder("="))
     _check_finite(key, value, where)
     flat[key] = value
   if metadata is None:
@@ -230,9 +235,13 @@ def read_metadata(path) -> dict:
   if not zipfile.is_zipfile(path):
     raise ValueError(f"{where} is not an .npz file (not a zip archive)")
   try:
+    _check_npy_headers(path, where, keys={METADATA_KEY})
+  except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
+    raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
+  try:
     with np.load(path, allow_pickle=False) as npz:
       raw = npz[METADATA_KEY] if METADATA_KEY in npz.files else None
-  except (zipfile.BadZipFile, zlib.error, EOFError, KeyError) as e:
+  except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
     raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
   except ValueError as e:
     if "allow_pickle" in str(e) or "Object arrays" in str(e):
@@ -268,6 +277,9 @@ def check_compatible(variables, like) -> None:
 
 # Metadata read by load_model, and the models.create keyword each one feeds.
 _CREATE_KEYS = {"init": "init", "act": "act", "init_scale": "init_scale", "stride1": "stride1"}
+# The JSON type each of them must have (bool is no number here, though Python's bool is an int).
+_CREATE_TYPES = {"init": (str, "a string"), "act": (str, "a string"),
+                 "init_scale": ((int, float), "a number"), "stride1": (bool, "true or false")}
 
 
 def model_from_metadata(metadata: dict, key: jax.Array | None = None, **module_kwargs) -> models.Model:
@@ -284,6 +296,10 @@ def model_from_metadata(metadata: dict, key: jax.Array | None = None, **module_k
   if missing:
     raise ValueError(f"checkpoint metadata lack {', '.join(missing)} (needed to rebuild the model)")
   kwargs = {arg: metadata[k] for k, arg in _CREATE_KEYS.items() if metadata.get(k) is not None}
+  for k, (kind, name) in _CREATE_TYPES.items():
+    value = metadata.get(k)
+    if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+      raise ValueError(f"checkpoint metadata: {k} must be {name}, got {value!r}")
   dtype = metadata.get("param_dtype") or "float32"
   try:
     kwargs["param_dtype"] = jnp.dtype(dtype)
@@ -292,14 +308,15 @@ def model_from_metadata(metadata: dict, key: jax.Array | None = None, **module_k
   if not jnp.issubdtype(kwargs["param_dtype"], jnp.floating):
     raise ValueError(f"checkpoint metadata: param_dtype must be a float dtype, got {dtype!r}")
   shape = metadata["input_shape"]
-  if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+  if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
     raise ValueError(f"checkpoint metadata: input_shape must be a list of ints, got {shape!r}")
-  if not isinstance(metadata["num_classes"], int) or not isinstance(metadata["model"], str):
+  classes = metadata["num_classes"]
+  if not isinstance(classes, int) or isinstance(classes, bool) or not isinstance(metadata["model"], str):
     raise ValueError("checkpoint metadata: model must be a string and num_classes an int")
   if metadata.get("text_sizes") is not None:
     sizes = metadata["text_sizes"]
     if not isinstance(sizes, dict) or set(sizes) != set(models.TextSizes._fields) \
-        or not all(isinstance(v, int) for v in sizes.values()):
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes.values()):
       raise ValueError(f"checkpoint metadata: text_sizes must map {', '.join(models.TextSizes._fields)} "
                        "to ints")
     kwargs["text_sizes"] = models.TextSizes(**sizes)

@@ -252,3 +252,40 @@ def test_an_npz_entry_whose_header_lies_is_refused_before_it_is_read(header, dat
   with pytest.raises(ValueError, match=re.escape(message)) as e:
     checkpoint.npz_arrays(buf.getvalue(), "test")
   assert "\n" not in str(e.value) and "entry 'params/w'" in str(e.value)
+
+
+def test_read_metadata_checks_the_metadata_entrys_header_first(tmp_path):
+  """A metadata entry that declares a terabyte is refused before NumPy allocates it (``load``
+  checked it; ``read_metadata``, which the programs call first, did not)."""
+  path = tmp_path / "huge.npz"
+  with zipfile.ZipFile(path, "w") as z:
+    z.writestr("__metadata__.npy", _npy(b"{'descr': '|u1', 'fortran_order': False, "
+                                         b"'shape': (1000000000000,), }", b"{}"))
+  with pytest.raises(ValueError, match=re.escape("need 1000000000000 bytes, it holds 2")) as e:
+    checkpoint.read_metadata(path)
+  assert one_line_error(e).count("is corrupt") == 1
+
+
+def test_weights_of_another_byte_order_load_as_native_values(tmp_path, mlp):
+  """Big-endian arrays (another machine's writer) come back as the same numbers, native, which
+  JAX takes."""
+  checkpoint.save(tmp_path / "c.npz", mlp.variables, META)
+  with np.load(tmp_path / "c.npz", allow_pickle=False) as raw:
+    entries = {k: raw[k] for k in raw.files}
+  big = {k: v if k == "__metadata__" else v.astype(v.dtype.newbyteorder(">")) for k, v in entries.items()}
+  np.savez(tmp_path / "big.npz", **big)
+  model = checkpoint.load_model(tmp_path / "big.npz")
+  for a, b in zip(jax.tree.leaves(model.variables), jax.tree.leaves(mlp.variables)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("act", ["relu"], "act must be a string"), ("init", 5, "init must be a string"),
+    ("init_scale", "big", "init_scale must be a number"), ("init_scale", True, "init_scale must be a number"),
+    ("stride1", "yes", "stride1 must be true or false"), ("num_classes", True, "num_classes an int"),
+    ("input_shape", [True, True, True], "input_shape must be a list of ints"),
+])
+def test_metadata_of_the_wrong_json_type_is_refused_in_one_line(key, value, message):
+  with pytest.raises(ValueError, match=re.escape(message)) as e:
+    checkpoint.model_from_metadata({**META, key: value})
+  one_line_error(e)
