@@ -539,6 +539,15 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     raise ValueError("group consistency compares restarts of one label order: it needs several "
                      f"restarts and no permutation search, got {restarts} restart(s) and "
                      f"{permutations} label order(s)")
+  # What a declared batch needs before anything is allocated: a capture's num_samples may be wrong
+  # by orders (10⁸ photos made XLA:CPU wait forever on an allocation).
+  need = restarts * n * int(np.prod(input_shape)) * jnp.dtype(dtype).itemsize
+  have = driver.memory_bytes()
+  if have is not None and need > have:
+    raise ValueError(f"the dummy batch of {n} examples of shape {tuple(input_shape)}"
+                     f"{f' for {restarts} restarts' if restarts > 1 else ''} alone needs "
+                     f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB this device has: "
+                     "is the observation's num_samples right?")
   local = observation.local
   if permutations > 1:
     if known is None:

@@ -33,6 +33,7 @@ lets a GPU round them (to TensorFloat-32 or bfloat16) cannot (``experiments/stud
 import contextlib
 import dataclasses
 import functools
+import os
 import math
 import time
 from typing import Any, Callable, NamedTuple, Protocol
@@ -229,6 +230,18 @@ def free_memory(device: jax.Device | None = None) -> int | None:
   if not stats or "bytes_limit" not in stats:
     return None
   return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def memory_bytes(device: jax.Device | None = None) -> int | None:
+  """Bytes a run can have at most on ``device``: its :func:`free_memory`, or where the backend does not
+  say (XLA:CPU) the host's physical memory; None where neither is known."""
+  free = free_memory(device)
+  if free is not None:
+    return free
+  try:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):  # no such sysconf name on this system
+    return None
 
 
 def footprint(compiled: jax.stages.Compiled) -> int:

@@ -612,9 +612,12 @@ def parse_labels(text: str, where: str = "labels") -> np.ndarray:
   """``"3,8,8"`` or ``"[3, 8, 8]"`` -> int32 array."""
   items = [s for s in text.strip().strip("[]").replace(" ", ",").split(",") if s]
   try:
-    return np.asarray([int(s) for s in items], np.int32)
+    values = [int(s) for s in items]
   except ValueError:
     raise ValueError(f"{where} must be comma-separated integers, got {text!r}") from None
+  if any(not -2**31 <= v < 2**31 for v in values):
+    raise ValueError(f"{where} must be 32-bit integers, got {text if len(text) < 80 else text[:77] + '...'!r}")
+  return np.asarray(values, np.int32)
 
 
 def parse_shape(text: str, where: str = "input_shape") -> tuple[int, int, int]:

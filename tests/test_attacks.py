@@ -92,6 +92,11 @@ def test_known_labels_and_errors():
   with pytest.raises(ValueError, match="NaN"):
     attacks.reconstruct(presets.dlg(), net.apply_fn, bad, jax.random.key(0),
                         input_shape=(16, 16, 3))
+  # A declared batch beyond the machine's memory (a capture's num_samples off by orders): refused
+  # before anything is allocated, with the bytes it would need (10¹⁰ × 16·16·3 float32 = 28610.2 GiB).
+  with pytest.raises(ValueError, match=re.escape("alone needs 28610.2 GiB")):
+    attacks.reconstruct(presets.dlg(), net.apply_fn, obs.replace(num_samples=10**10), jax.random.key(0),
+                        input_shape=(16, 16, 3))
   other = models.create("mlp", jax.random.key(0), input_shape=(16, 16, 3))
   mixed = obs.replace(variables=other.variables)
   with pytest.raises(ValueError, match="does not match"):
