@@ -380,7 +380,7 @@ def _read_safetensors(path: str, data: bytes) -> TensorFile:
     raise ValueError(f"{where} has a corrupt header (not a JSON object)")
   metadata = metadata_strings(header.pop(METADATA_KEY, None) or {}, where)
   body = memoryview(data)[8 + size:]
-  tensors = {}
+  tensors, spans = {}, []
   for name, info in header.items():
     try:
       dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
@@ -404,6 +404,18 @@ def _read_safetensors(path: str, data: bytes) -> TensorFile:
     array = np.frombuffer(body[begin:end], kind).reshape(shape)
     tensors[name] = (array.astype(np.float32) if array.dtype.kind == "V"
                      else array.astype(array.dtype.newbyteorder("="), copy=True))
+    spans.append((begin, end, name))
+  # As the format requires: the tensors tile the body, no byte shared, none left over (overlapping
+  # offsets read one tensor's bytes as another's; a tail is data no tensor names).
+  at = 0
+  for begin, end, name in sorted(spans):
+    if begin != at:
+      raise ValueError(f"{where} is corrupt: tensor {name!r} starts at byte {begin} of the data, "
+                       f"{'inside another tensor' if begin < at else 'after a gap'} (at {at})")
+    at = end
+  if at != len(body):
+    raise ValueError(f"{where} is corrupt: its tensors end at byte {at} of the data, which has "
+                     f"{len(body)}")
   return TensorFile(tensors, metadata)
 
 

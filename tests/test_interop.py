@@ -625,3 +625,31 @@ def test_a_capture_replaced_since_its_state_was_saved_is_another_run(lenet_files
   g.write_bytes(original)
   resumed = _cli(*args, "--resume")
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
+
+
+def _raw_header(path, edit, tail=b""):
+  """The safetensors file at ``path`` with its JSON header changed by ``edit`` (a dict in place) and
+  ``tail`` appended to its data, written beside it as bytes (the format's own writer would refuse)."""
+  data = path.read_bytes()
+  size = int.from_bytes(data[:8], "little")
+  header = json.loads(data[8:8 + size])
+  edit(header)
+  text = json.dumps(header).encode()
+  out = path.with_name("raw_" + path.name)
+  out.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + size:] + tail)
+  return out
+
+
+@pytest.mark.parametrize("edit, tail, message", [
+    # The last bias made to read the first tensor's bytes: its own are then data no tensor names.
+    (lambda h: h["fc.0.bias"].update(data_offsets=[0, 40]), b"", "inside another tensor"),
+    (lambda h: None, b"\0" * 7, "its tensors end at byte"),
+    (lambda h: h.pop("fc.0.bias"), b"", "after a gap"),
+])
+def test_safetensors_whose_tensors_do_not_tile_the_data_are_refused(lenet_files, edit, tail, message):
+  """The format requires the tensors' byte ranges to cover the data exactly, once: overlapping ranges
+  or bytes no tensor names are a corrupt (or crafted) file, not numbers to attack."""
+  _, g = lenet_files
+  with pytest.raises(ValueError, match=message) as e:
+    interop.read(_raw_header(g, edit, tail))
+  assert "\n" not in str(e.value)
