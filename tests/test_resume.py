@@ -2,8 +2,10 @@
 where the uninterrupted run does; state files are refused when they belong to another run or are
 corrupt, truncated or pickled."""
 
+import json
 import os
 import pickle
+import re
 import signal
 
 import jax
@@ -164,10 +166,29 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   os.mkdir(tmp_path / "dir.npz")
   with pytest.raises(ValueError, match="is a directory"):
     resume.load(tmp_path / "dir.npz", None)
-  for extra in ({"history": "not rows"}, {"wall_time_s": "slow"}):  # extras of other types
+  for extra in ({"history": "not rows"}, {"wall_time_s": "slow"}, {"wall_time_s": -1e9}):
     _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
         path, fingerprint={"iterations": 60, "seed": 0}, every_s=0, extra=lambda: extra)))
     refused({"iterations": 60, "seed": 0}, "malformed extras")
+  # A cursor or fingerprint of the wrong JSON type: refused by name, not read as bool("false") or
+  # int(1.5), nor printed whole.
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
+      path, fingerprint={"iterations": 60, "seed": 0}, every_s=0)))
+  with np.load(path, allow_pickle=False) as raw:
+    entries = {k: raw[k] for k in raw.files}
+  header = json.loads(entries["__metadata__"].tobytes())
+  for change, match in ((("cursor", "stopped", "false"), "stopped 'false'"),
+                        (("cursor", "steps", 1.5), "steps 1.5"), (("cursor", "round", -1), "round -1"),
+                        (("cursor", None, [1]), "malformed cursor: not a JSON object"),
+                        (("fingerprint", None, None), "malformed fingerprint")):
+    section, key, value = change
+    edited = json.loads(json.dumps(header))
+    if key is None:
+      edited[section] = value
+    else:
+      edited[section][key] = value
+    np.savez(path, **{**entries, "__metadata__": np.frombuffer(json.dumps(edited).encode(), np.uint8)})
+    refused({"iterations": 60, "seed": 0}, re.escape(match))
 
 
 def test_progress_says_compiling_and_rates_exclude_it():

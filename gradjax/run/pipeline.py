@@ -243,7 +243,13 @@ class _Resumable:
     self.start, self.earlier_s, self.resumed, self.saver = time.perf_counter(), 0.0, False, None
     if state is not None:
       def restored(extra):
-        trace.rows = list(extra.get("history", []))
+        rows = list(extra.get("history", []))
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not all(isinstance(r, dict) and isinstance(r.get("iteration"), int) and number(r.get("loss"))
+                   and (r.get("psnr") is None or number(r["psnr"])) for r in rows):
+          raise ValueError(f"{state.path}: its progress history holds rows that are not this "
+                           "program's (an iteration and an objective each); start afresh without --resume")
+        trace.rows = rows
         self.earlier_s, self.resumed = float(extra.get("wall_time_s", 0.0)), True
 
       spread = cfg.execution.shard and jax.process_count(

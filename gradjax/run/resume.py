@@ -32,6 +32,7 @@ import dataclasses
 import io
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -232,10 +233,15 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
   if checkpoint.METADATA_KEY not in arrays or "survivors" not in arrays:
     raise ValueError(f"{where} is not a gradjax state file")
   header = checkpoint.parse_metadata(arrays.pop(checkpoint.METADATA_KEY), where)
-  if header.get("format") != FORMAT or not isinstance(header.get("cursor"), dict):
+  if header.get("format") != FORMAT:
     raise ValueError(f"{where} has state format {header.get('format')!r}; this gradjax reads {FORMAT}")
+  if not isinstance(header.get("cursor"), dict):
+    raise ValueError(f"{where} has a malformed cursor: not a JSON object")
   if fingerprint is not None:
     saved = header.get("fingerprint")
+    if isinstance(fingerprint, dict) and not isinstance(saved, dict):
+      raise ValueError(f"{where} has a malformed fingerprint (not a JSON object): start afresh "
+                       "without --resume")
     if isinstance(saved, dict) and isinstance(fingerprint, dict):
       saved = {(renamed or {}).get(k, k): v for k, v in saved.items()}
       # A key this run does not fingerprint does not determine its result (this gradjax stopped
@@ -254,12 +260,14 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
       raise ValueError(f"{where}: state array {i} is {g.dtype}{list(g.shape)}, this run's is "
                        f"{w.dtype}{list(w.shape)} (another model, batch or restart count?)")
   c = header["cursor"]
-  try:
-    snap = driver.Snapshot(jax.tree.unflatten(treedef, got), int(c["round"]), arrays["survivors"],
-                            int(c["position"]), int(c["steps"]), bool(c["stopped"]),
-                            str(c["strategy"]))
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"{where} has a malformed cursor: {e}") from None
+  counts = {k: c.get(k) for k in ("round", "position", "steps")}
+  bad = [k for k, v in counts.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0]
+  if bad or not isinstance(c.get("stopped"), bool) or not isinstance(c.get("strategy"), str):
+    what = f"{bad[0]} {counts[bad[0]]!r}" if bad else f"stopped {c.get('stopped')!r}, strategy {c.get('strategy')!r}"
+    raise ValueError(f"{where} has a malformed cursor: {what} (counts are non-negative integers, "
+                     "stopped true or false)")
+  snap = driver.Snapshot(jax.tree.unflatten(treedef, got), c["round"], arrays["survivors"],
+                         c["position"], c["steps"], c["stopped"], c["strategy"])
   restarts = jax.tree.leaves(like)[0].shape[0]
   s = snap.survivors
   if (s.ndim != 1 or s.dtype.kind not in "iu" or len(set(s.tolist())) != len(s)
@@ -268,7 +276,9 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
   if snap.strategy not in driver.STRATEGIES:
     raise ValueError(f"{where} has a malformed cursor: strategy {snap.strategy!r}")
   extra = header.get("extra", {})
-  if not isinstance(extra, dict) or not isinstance(extra.get("history", []), list) or not isinstance(
-      extra.get("wall_time_s", 0.0), (int, float)):
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+  history = extra.get("history", []) if isinstance(extra, dict) else None
+  if (not isinstance(history, list)
+      or not (number(extra.get("wall_time_s", 0.0)) and extra.get("wall_time_s", 0.0) >= 0)):
     raise ValueError(f"{where} has malformed extras (its history and time)")
   return snap, extra
