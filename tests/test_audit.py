@@ -409,3 +409,19 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
                                 "--dataset=skimage", "--image_size=16"], tmp_path)])
   last = proc.stderr.strip().splitlines()[-1]
   assert proc.returncode == 2 and "(16, 16, 3) images" in last and "(32, 32, 3)" in last, proc.stderr[-1000:]
+
+
+def test_a_malformed_round_summary_is_left_out_of_the_membership(tmp_path):
+  """round.json files another writer (or an edit) left malformed are left out, each with a warning,
+  where the audit's index had ended in a traceback; a good one beside them is read."""
+  for r, summary in enumerate([{"clients_sent": 2, "failures": {}, "duplicates": 5},
+                               {"clients_sent": 2, "failures": {"9": 5}},
+                               {"clients_sent": "x", "failures": {}},
+                               {"clients_sent": 2, "failures": {}, "nodes": "ab"},
+                               {"clients_sent": 3, "failures": {"4": "no reply"}, "nodes": ["4", "5", "6"]}],
+                              start=1):
+    (tmp_path / f"round_{r:03d}").mkdir()
+    (tmp_path / f"round_{r:03d}" / "round.json").write_text(json.dumps(summary))
+  rows = audit.membership(tmp_path)
+  assert [(r["round"], r["clients_sent"], r["failed"], r["nodes"]) for r in rows] == [
+      (5, 3, ["4"], ["4", "5", "6"])]

@@ -236,11 +236,35 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
   })
   saved = config.fingerprint(cfg)
   del saved["attack.aux"]  # an option added after this item was saved
-  (tmp_path / "item.json").write_text(json.dumps({"config": saved, "wall_time_s": 1.0}))
+  item = {"config": saved, "wall_time_s": 1.0, "token_accuracy": 0.5, "bag_recall": 0.75,
+          "verdict": {"status": "leak"}}
+  (tmp_path / "item.json").write_text(json.dumps(item))
   results, images = campaign.Items._read(str(tmp_path / "item"), cfg)
   assert results["wall_time_s"] == 1.0 and images == {}
   with pytest.raises(ValueError, match="computed with other settings"):
     campaign.Items._read(str(tmp_path / "item"), config.replace(cfg, {"attack.aux": 8}))
+  # A finished item edited or damaged: refused in one line naming the field, and the advice keeps
+  # the other items (--overwrite would throw every finished one away).
+  for change, message in (({"token_accuracy": None}, "token_accuracy is None, not a number"),
+                          ({"bag_recall": "high"}, "bag_recall is 'high', not a number"),
+                          ({"loss": [1]}, "loss is [1], not a number"),
+                          ({"verdict": 5}, "its verdict is not a status")):
+    (tmp_path / "item.json").write_text(json.dumps({**item, **change}))
+    with pytest.raises(ValueError, match=re.escape(message)) as e:
+      campaign.Items._read(str(tmp_path / "item"), cfg)
+    assert "delete item.* from" in str(e.value) and "\n" not in str(e.value)
+  (tmp_path / "item.json").write_text(json.dumps(item).replace("0.5", "NaN"))
+  with pytest.raises(ValueError, match="a non-finite number NaN"):
+    campaign.Items._read(str(tmp_path / "item"), cfg)
+  # An image item whose arrays are not two finite batches of one shape.
+  image_cfg = config.from_options({"attack.iterations": 3})
+  (tmp_path / "image.json").write_text(json.dumps({
+      "config": config.fingerprint(image_cfg), "psnr": 10.0, "ssim": 0.1, "mse": 0.1, "wall_time_s": 1.0,
+      "verdict": {"status": "no_leak_found"}}))
+  for truth, found in ((np.zeros((1, 4, 4, 3)), np.zeros((1, 4, 4))), (np.zeros((1, 4, 4, 3)), np.full((1, 4, 4, 3), np.nan))):
+    np.savez(tmp_path / "image.npz", ground_truth=truth.astype(np.float32), reconstruction=found.astype(np.float32))
+    with pytest.raises(ValueError, match="holds no two finite image batches of one shape"):
+      campaign.Items._read(str(tmp_path / "image"), image_cfg)
 
 
 def test_items_read_back_under_another_restart_strategy(tmp_path):
@@ -251,7 +275,8 @@ def test_items_read_back_under_another_restart_strategy(tmp_path):
 
   from gradjax.run import campaign, config
   cfg = config.from_options({"attack.iterations": 3})
-  (tmp_path / "item.json").write_text(json.dumps({"config": config.fingerprint(cfg), "psnr": 30.0}))
+  (tmp_path / "item.json").write_text(json.dumps({"config": config.fingerprint(cfg), "psnr": 30.0, "ssim": 0.9,
+                                                  "mse": 0.001, "wall_time_s": 1.0, "verdict": {"status": "leak"}}))
   np.savez(tmp_path / "item.npz", ground_truth=np.zeros((1, 2, 2, 3)), reconstruction=np.ones((1, 2, 2, 3)))
   for other in ({"execution.strategy": "vmap"},
                 {"execution.strategy": "map", "execution.map_batch_size": 4}):

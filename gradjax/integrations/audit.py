@@ -28,6 +28,7 @@ captures whose ``rows.json`` holds rows of the same settings are read back, not 
 
 import html
 import json
+import logging
 import os
 import re
 import shutil
@@ -44,6 +45,7 @@ from gradjax.run import config, pipeline
 from gradjax.run import report
 from gradjax import labels as labels_lib
 
+_LOG = logging.getLogger(__name__)
 CAPTURE = "capture.json"
 # How a client's leakage gate (gradjax.integrations.flower.leakage_mod) says it withheld its update: the server
 # records a failed client with this in its reason, and an audit lists the round as withheld.
@@ -226,12 +228,34 @@ def round_summaries(audit_dir) -> dict[int, dict[str, Any]]:
       try:
         with open(path, encoding="utf-8") as fh:
           summary = json.load(fh)
-        if not isinstance(summary, dict):
-          continue
       except (OSError, ValueError):
+        summary = None
+      problem = _malformed_summary(summary)
+      if problem:
+        _LOG.warning("%s is left out of the membership: %s", path, problem)
         continue
       out[int(m.group(1))] = summary
   return out
+
+
+def _malformed_summary(summary) -> str | None:
+  """What in a ``round.json`` :func:`write_round_summary` would not have written, or None."""
+  if not isinstance(summary, dict):
+    return "not a JSON object"
+  sent = summary.get("clients_sent")
+  if sent is not None and (not isinstance(sent, int) or isinstance(sent, bool) or sent < 0):
+    return f"clients_sent {sent!r} is no count"
+  failures = summary.get("failures", {})
+  if not isinstance(failures, dict) or not all(isinstance(v, str) for v in failures.values()):
+    return "failures are not node -> reason"
+  duplicates = summary.get("duplicates") or {}
+  if not isinstance(duplicates, dict) or not all(
+      isinstance(v, int) and not isinstance(v, bool) for v in duplicates.values()):
+    return "duplicates are not node -> replies"
+  nodes = summary.get("nodes")
+  if nodes is not None and not (isinstance(nodes, list) and all(isinstance(n, (str, int)) for n in nodes)):
+    return "nodes are not a list of node ids"
+  return None
 
 
 def _failures(summary: dict[str, Any]) -> dict[str, str]:

@@ -155,9 +155,12 @@ class Items:
 
   @staticmethod
   def _read(base: str, cfg: Config) -> tuple[dict, dict]:
+    redo = (f"delete {os.path.basename(base)}.* from {os.path.dirname(base)} to run that experiment "
+            "again (the others are kept), or start afresh with --overwrite")
     try:
       with open(base + ".json", encoding="utf-8") as fh:
-        results = json.load(fh)
+        results = json.load(fh, parse_constant=_non_finite)
+      _check_item(results, cfg.data.modality)
       # An option the saved configuration lacks was added since, with the default that keeps what
       # it did.
       recorded = config.recorded(results["config"])
@@ -167,9 +170,42 @@ class Items:
         with open(base + ".npz", "rb") as fh:
           arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
         images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
+        truth, found = images["ground_truth"], images["reconstruction"]
+        if (truth.ndim != 4 or truth.shape != found.shape or truth.dtype.kind != "f"
+            or found.dtype.kind != "f" or not (np.all(np.isfinite(truth)) and np.all(np.isfinite(found)))):
+          raise ValueError(f"{base}.npz holds no two finite image batches of one shape")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-      raise ValueError(f"{base}.json is unreadable ({e}); rerun with --overwrite") from None
+      raise ValueError(f"{base}.json is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                       f"{redo}") from None
     if saved != config.fingerprint(cfg):
       raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
                        "another --output_dir")
     return results, images
+
+
+def _non_finite(name):
+  raise ValueError(f"a non-finite number {name}")
+
+
+# What the table programs read of a finished experiment, by modality: numbers (None allowed for
+# the scores an attack may not have).
+_ITEM_NUMBERS = {"image": ("psnr", "ssim", "mse", "wall_time_s"),
+                 "text": ("token_accuracy", "bag_recall", "wall_time_s")}
+_ITEM_OPTIONAL = ("label_accuracy", "loss", "gamma", "psnr_unclamped", "lpips")
+
+
+def _check_item(results, modality: str) -> None:
+  """ValueError naming the first field of a finished experiment's results that the tables could not
+  read (a file edited, or written by something else)."""
+  if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
+    raise ValueError("not an experiment's results (no configuration)")
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  for key in _ITEM_NUMBERS[modality]:
+    if not number(results.get(key)):
+      raise ValueError(f"{key} is {results.get(key)!r}, not a number")
+  for key in _ITEM_OPTIONAL:
+    if results.get(key) is not None and not number(results[key]):
+      raise ValueError(f"{key} is {results[key]!r}, not a number")
+  verdict = results.get("verdict")
+  if not isinstance(verdict, dict) or not isinstance(verdict.get("status"), str):
+    raise ValueError("its verdict is not a status")
