@@ -376,18 +376,21 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   round_dir = tmp_path / "audit" / "round_1"
   round_dir.mkdir(parents=True)
   meta = {"num_samples": 1, "local_lr": 0.1, "model": "lenet_zhu"}
-  for client in ("1", "2", "3"):
-    audit.write_capture(round_dir / f"client_{client}", str(weights),
-                        interop.params_to_torch(after, mapping), {"round": 1, "client": client}, meta)
+  for client in ("1", "2", "3", "5"):
+    audit.write_capture(round_dir / f"client_{client}", str(weights), interop.params_to_torch(after, mapping),
+                        {"round": 1, "client": client}, {**meta, "num_samples": "abc"} if client == "3" else meta)
   (round_dir / "client_2" / audit.CAPTURE).write_text(json.dumps({"error": 5, "metadata": meta}))
-  (round_dir / "client_3" / audit.CAPTURE).write_text(json.dumps({"metadata": {**meta, "num_samples": "abc"}}))
   (round_dir / "client_4").mkdir()  # no capture.json
+  # capture.json's metadata (which choose the attacks) against the update file's (which they read).
+  (round_dir / "client_5" / audit.CAPTURE).write_text(json.dumps({"metadata": {**meta, "num_samples": 10**8}}))
   settings = audit.Settings(attacks=("idlg",), iterations=2, lpips="none")
   rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
   by_client = {r["client"]: r for r in rows}
   assert by_client["1"].get("error") is None and by_client["1"]["run"].endswith("client_1/idlg")
   assert "'error' must be a string" in by_client["2"]["error"]
   assert by_client["4"]["error"] == "no capture.json in the capture folder"
+  assert by_client["5"]["error"] == ("capture.json's metadata disagree with observation.safetensors's: "
+                                     "num_samples is '100000000' in the one, '1' in the other")
   first = (tmp_path / "audit" / by_client["1"]["run"] / "metrics.json").read_bytes()
   # Auto reads the metadata: a count that is not a number is the capture's error.
   auto_rows = audit.attack_round([c for c in audit.captures(tmp_path / "audit") if c.client == "3"],

@@ -510,6 +510,23 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   return attack_round([capture], settings, log, truths=[truth], target_psnr=target_psnr)[0]
 
 
+def _disagreement(capture: Capture, meta: dict[str, Any]) -> str | None:
+  """Where ``capture.json``'s metadata (which choose the attacks) and the update file's (which the
+  attacks read) differ, the first difference; :func:`write_capture` writes the same to both."""
+  path = os.path.join(capture.folder, OBSERVATION)
+  if not os.path.isfile(path):
+    return None
+  try:
+    held, said = interop.read(path).metadata, interop.metadata_strings(meta, CAPTURE)
+  except ValueError:  # an unreadable file: the attack's load says why
+    return None
+  for key in sorted(said):
+    if held.get(key) != said[key]:
+      return (f"{CAPTURE}'s metadata disagree with {OBSERVATION}'s: {key} is {said[key]!r} in the "
+              f"one, {held.get(key)!r} in the other")
+  return None
+
+
 class _Plan(NamedTuple):
   """What :func:`attack_round` attacks in one capture: its rows' common fields, the attacks in
   order, the ground truth, the capture's metadata and whether ``auto`` chose the attacks."""
@@ -536,6 +553,10 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   names = settings.attacks
   chosen = tuple(names) == (auto.AUTO,)  # auto also sets what depends on the model family
   meta = capture.info.get("metadata", {})
+  differ = _disagreement(capture, meta)
+  if differ:  # what chooses the attacks and what they read must be the same client's
+    log(f"round {capture.round} client {capture.client}: error: {differ}")
+    return [{**base, "attack": None, "error": differ}]
   if chosen:
     try:
       names = auto.for_metadata(meta, settings.model)
