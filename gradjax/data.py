@@ -493,11 +493,7 @@ def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickl
   root = _data_dir(data_dir, name, f"{name}/{npz}")
   path = _find(root, [f"{name}/{npz}", npz, pickled], name)
   if path.suffix == ".npz":
-    try:
-      with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
-        x, y = f["x"], f[label_key]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-      raise ValueError(f"cannot read {path}: {e}") from None
+    x, y = _npz_entries(path, ("x", label_key))
   else:
     batch = _unpickle_arrays(path)
     if not isinstance(batch, dict) or not {b"data", label_pickle_key} <= batch.keys():
@@ -510,9 +506,7 @@ def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickl
     raise ValueError(
       f"{path}: expected uint8 images (N, 32, 32, 3) and N labels, got {x.shape} and {y.shape}"
     )
-  if y.dtype.kind not in "iu" or (y.size and not 0 <= y.min() <= y.max() < len(classes)):
-    raise ValueError(f"{path}: labels must be integers in 0..{len(classes) - 1}, got {y.dtype} "
-                     f"{y[:3].tolist() if y.dtype.kind in 'iufb' else 'values'}")
+  _check_label_values(y, len(classes), path)
   idx = _select(indices, len(x), name)
   return x[idx].astype(np.float32) / 255, y[idx], len(classes), classes
 
@@ -535,14 +529,39 @@ def _cifar10_train_order(data_dir):
   """(labels (50000,), the JPEG number of each image in canonical order) from the label file."""
   root = _data_dir(data_dir, "cifar10_train", "cifar10/cifar10_train_jpeg.tar.gz")
   order = _find(root, ["cifar10/cifar10_train_labels.npz"], "cifar10_train")
+  y, number = _npz_entries(order, ("labels_all", "jpeg_index"))
+  if y.shape != number.shape or y.ndim != 1 or not y.size:
+    raise ValueError(f"{order}: expected labels_all and jpeg_index of one length, not empty")
+  _check_label_values(y, 10, order)
+  if number.dtype.kind not in "iu" or number.min() < 0:
+    raise ValueError(f"{order}: jpeg_index must hold non-negative integers, got {number.dtype}")
+  return y.astype(np.int64), number.astype(np.int64)
+
+
+def _npz_entries(path, keys) -> list[np.ndarray]:
+  """``keys``' arrays of the ``.npz`` file ``path``, read without unpickling; a one-line ValueError
+  naming the file otherwise."""
+  if not zipfile.is_zipfile(path):
+    raise ValueError(f"cannot read {path}: not an .npz file (not a zip archive)")
   try:
-    with open(order, "rb") as fh, np.load(fh, allow_pickle=False) as f:
-      y, number = np.asarray(f["labels_all"], np.int64), np.asarray(f["jpeg_index"], np.int64)
-  except (OSError, ValueError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-    raise ValueError(f"cannot read {order}: {e}") from None
-  if y.shape != number.shape or y.ndim != 1 or y.min() < 0 or y.max() >= 10:
-    raise ValueError(f"{order}: expected labels_all and jpeg_index of one length, labels in 0..9")
-  return y, number
+    with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
+      return [np.asarray(f[k]) for k in keys]
+  except ValueError as e:
+    if "allow_pickle" in str(e) or "pickled" in str(e):
+      raise ValueError(f"cannot read {path}: an entry holds Python objects; refusing to unpickle") from None
+    raise ValueError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
+  except (OSError, KeyError, zipfile.BadZipFile, zlib.error, EOFError) as e:
+    raise ValueError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+
+
+def _check_label_values(y: np.ndarray, classes: int, where) -> None:
+  """One line naming the first label that is no class index (an integer in 0..classes − 1)."""
+  if y.dtype.kind not in "iu":
+    raise ValueError(f"{where}: labels must be integers in 0..{classes - 1}, got {y.dtype}")
+  bad = np.flatnonzero((y < 0) | (y >= classes))
+  if bad.size:
+    raise ValueError(f"{where}: labels must be integers in 0..{classes - 1}, got {y.flat[bad[0]]} "
+                     f"at {bad[0]}")
 
 
 def _load_cifar10_train(data_dir, indices):

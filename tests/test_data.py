@@ -472,10 +472,31 @@ def test_sixteen_bit_and_float_images_and_corrupt_streams(tmp_path):
 @pytest.mark.parametrize("labels, message", [
     (np.array([0.5, 1.0]), "labels must be integers in 0..9, got float64"),
     (np.array(["cat", "dog"]), "labels must be integers in 0..9"),
-    (np.array([3, 10]), "labels must be integers in 0..9, got int64"),
+    (np.array([3, 10]), "labels must be integers in 0..9, got 10 at 1"),
+    (np.array([-1, 3]), "labels must be integers in 0..9, got -1 at 0"),
 ])
 def test_cifar_labels_that_are_no_classes_are_refused(tmp_path, labels, message):
   (tmp_path / "cifar10").mkdir()
   np.savez(tmp_path / "cifar10" / "cifar10_test_prefix.npz", x=np.zeros((2, 32, 32, 3), np.uint8), y=labels)
   with pytest.raises(ValueError, match=message):
     data.load("cifar10", data_dir=str(tmp_path))
+
+
+def test_a_data_file_that_is_no_npz_or_holds_objects_is_refused_without_advice_to_unpickle(tmp_path):
+  """NumPy's own message for a text file read as .npz advises allow_pickle; the loader's says what
+  the file is not, and an object entry is refused as such; the training labels' file alike, and its
+  float or empty labels (truncated to integers, or a reduction's error, before)."""
+  folder = tmp_path / "cifar10"
+  folder.mkdir()
+  (folder / "cifar10_test_prefix.npz").write_text("not an archive")
+  with pytest.raises(ValueError, match="not an .npz file") as e:
+    data.load("cifar10", data_dir=str(tmp_path))
+  assert "allow_pickle" not in str(e.value)
+  np.savez(folder / "cifar10_test_prefix.npz", x=np.zeros((1, 32, 32, 3), np.uint8), y=np.array([object()]))
+  with pytest.raises(ValueError, match="refusing to unpickle") as e:
+    data.load("cifar10", data_dir=str(tmp_path))
+  (folder / "cifar10_train_jpeg.tar.gz").write_bytes(b"")
+  for labels, message in ((np.array([1.7, 2.0]), "got float64"), (np.zeros(0, np.int64), "not empty")):
+    np.savez(folder / "cifar10_train_labels.npz", labels_all=labels, jpeg_index=np.arange(labels.size))
+    with pytest.raises(ValueError, match=message):
+      data.load("cifar10_train", data_dir=str(tmp_path), indices=[0])
