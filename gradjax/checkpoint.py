@@ -207,6 +207,7 @@ def load(path) -> tuple[dict, dict]:
   where = f"checkpoint {path}"
   if not zipfile.is_zipfile(io.BytesIO(data)):
     raise ValueError(f"{where} is not an .npz file (not a zip archive)")
+  _refuse_torch(data, where)
   flat, metadata = {}, None
   for key, value in npz_arrays(data, where).items():
     if key == METADATA_KEY:
@@ -235,6 +236,7 @@ def read_metadata(path) -> dict:
   if not zipfile.is_zipfile(path):
     raise ValueError(f"{where} is not an .npz file (not a zip archive)")
   try:
+    _refuse_torch(path, where)
     _check_npy_headers(path, where, keys={METADATA_KEY})
   except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
     raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
@@ -250,6 +252,19 @@ def read_metadata(path) -> dict:
   if raw is None:
     raise ValueError(f"{where} has no {METADATA_KEY!r} entry")
   return parse_metadata(raw, where)
+
+
+def _refuse_torch(source, where: str) -> None:
+  """The one line for a ``torch.save`` archive (a zip holding ``data.pkl``) given as a checkpoint:
+  named as such, never unpickled (its weights are read with --weights, saved as safetensors)."""
+  try:
+    with zipfile.ZipFile(io.BytesIO(source) if isinstance(source, bytes) else source) as archive:
+      names = archive.namelist()
+  except (zipfile.BadZipFile, OSError):
+    return  # a corrupt archive: the reader names it
+  if any(n.endswith("data.pkl") for n in names):
+    raise ValueError(f"{where} is a torch.save archive (pickled), not a gradjax checkpoint; refusing "
+                     "to unpickle: give PyTorch weights with --weights, saved as safetensors")
 
 
 def check_compatible(variables, like) -> None:

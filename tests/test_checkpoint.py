@@ -289,3 +289,28 @@ def test_metadata_of_the_wrong_json_type_is_refused_in_one_line(key, value, mess
   with pytest.raises(ValueError, match=re.escape(message)) as e:
     checkpoint.model_from_metadata({**META, key: value})
   one_line_error(e)
+
+
+def test_a_torch_save_archive_is_named_as_such(tmp_path):
+  """A torch.save file (a zip holding data.pkl) given as a checkpoint: refused as what it is, never
+  unpickled, by both readers."""
+  path = tmp_path / "model.pt"
+  with zipfile.ZipFile(path, "w") as z:
+    z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    z.writestr("archive/version", b"3\n")
+  for read in (checkpoint.read_metadata, checkpoint.load):
+    with pytest.raises(ValueError, match="is a torch.save archive .pickled., not a gradjax checkpoint") as e:
+      read(path)
+    one_line_error(e)
+
+
+def test_input_files_that_are_no_regular_files_are_refused(tmp_path):
+  """A FIFO would block the read forever and a link loop is no missing file: each named as it is."""
+  from gradjax.run import config
+  os.mkfifo(tmp_path / "fifo")
+  os.symlink(tmp_path / "b", tmp_path / "a")
+  os.symlink(tmp_path / "a", tmp_path / "b")
+  for path, kind, message in ((tmp_path / "fifo", ValueError, "is not a regular file"),
+                              (tmp_path / "a", FileNotFoundError, "is a link that leads to no file")):
+    with pytest.raises(kind, match=message):
+      config.check(config.from_options({"model.checkpoint": str(path)}))

@@ -998,7 +998,11 @@ def _input_file(path: str | None, flag: str) -> None:
   if os.path.isdir(path):
     raise ValueError(f"--{flag} {path} is a directory, not a file")
   if not os.path.exists(path):
+    if os.path.islink(path):  # a link to nothing, or to itself
+      raise FileNotFoundError(f"--{flag} {path} is a link that leads to no file")
     raise FileNotFoundError(f"--{flag} {path} does not exist")
+  if not os.path.isfile(path):  # a FIFO or a device would block or never end
+    raise ValueError(f"--{flag} {path} is not a regular file")
   if not os.access(path, os.R_OK):
     raise ValueError(f"--{flag} {path} is not readable")
 
