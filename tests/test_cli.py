@@ -1193,6 +1193,8 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   (tmp_path / "a_run" / "config.py").write_text("# Command: gradjax reconstruct\n")
   (tmp_path / "a_run" / "metrics.json").write_text("{}")
   (tmp_path / "labels.md").write_text("my notes")
+  (tmp_path / "itemsfile").mkdir()  # a file where a table keeps its items/ folder
+  (tmp_path / "itemsfile" / "items").write_text("mine")
   (tmp_path / "stopped").mkdir()  # an interrupted reconstruct run: its saved state, no config.py yet
   (tmp_path / "stopped" / "state.npz").write_bytes(b"a reconstruct's state")
   _bad_files(tmp_path)  # good.npz: an image model's checkpoint
@@ -1227,6 +1229,8 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'stopped'}"],
        "holds an interrupted run of another program"),
       (["sweep", "--count=1", "--modality=text"], "for text use gradjax text-table"),
+      (["sweep", "--count=1", "--overwrite", f"--output_dir={tmp_path / 'itemsfile'}"],
+       "items is not a folder; the table keeps its experiments in one of that name"),
       (["sweep", "--count=1", "--seed=2147483648"], "--seed must lie in a 32-bit integer's range"),
       (["text-table", "--count=1", "--modality=image"], "reads text: add --modality=text"),
       (["text-table", "--count=1", "--attack=dager"], "the table's attacks are its --methods"),
@@ -1255,6 +1259,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
     for (args, message), proc in zip(mine, results, strict=True):
       _assert_one_line_error(proc, message, args)
   assert (tmp_path / "labels.md").read_text() == "my notes"
+  assert (tmp_path / "itemsfile" / "items").read_text() == "mine"
   assert sorted(os.listdir(tmp_path / "a_run")) == ["config.py", "metrics.json"]
   assert os.listdir(tmp_path / "stopped") == ["state.npz"]
   assert not (tmp_path / "nothing").exists() and not (tmp_path / "runs").exists()

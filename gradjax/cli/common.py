@@ -738,8 +738,11 @@ def items(out: str) -> campaign.Items:
   """The store of a table program's experiments in ``out``, per the --resume and --save_every_s flags,
   over this run's processes (:class:`gradjax.run.campaign.Items`)."""
   f = flags.FLAGS
-  return campaign.Items(out, resume=f.resume, save_every_s=f.save_every_s, peers=distributed,
-                        interrupted=lambda e: interrupted(e, out))
+  try:
+    return campaign.Items(out, resume=f.resume, save_every_s=f.save_every_s, peers=distributed,
+                          interrupted=lambda e: interrupted(e, out))
+  except ValueError as e:
+    fail(str(e))
 
 
 def permutation_seed(value: int, flag: str) -> int | None:

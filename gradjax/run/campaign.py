@@ -63,6 +63,9 @@ class Items:
     self.earlier_s = 0.0  # wall time of the experiments read back (their runs' own)
     self._owner: dict[str, int] = {}  # over several processes: experiment -> the process running it
     self._ran: dict[str, tuple[dict, dict]] = {}  # this process's share, run ahead by plan()
+    folder = os.path.join(out, "items")
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+      raise ValueError(f"{folder} is not a folder; the table keeps its experiments in one of that name")
 
   def _path(self, key: str) -> str:
     return os.path.join(self.out, "items", re.sub(r"[^A-Za-z0-9._=+-]", "_", key))
