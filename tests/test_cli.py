@@ -789,6 +789,9 @@ BAD_CONFIG_FILES = {
                   "  c.attack.restarts = True\n  return c\n", "attack.restarts takes int, got True"),
     "number.py": ("def get_config():\n  return 3\n", "get_config() returned int, not a configuration"),
     "none.py": ("def get_config():\n  pass\n", "get_config() returned NoneType, not a configuration"),
+    "exits.py": ("import sys\ndef get_config():\n  sys.exit(0)\n",
+                 "get_config() exited (code 0) instead of returning the options"),  # it exited 0, silently
+    "nul.py": ("def get_config():\n  return None\x00\n", "nul.py: source code string cannot contain null bytes"),
 }
 
 

@@ -840,6 +840,8 @@ def parse_flags(argv):
   except flags.Error as e:
     fail(_config_error(e, given) if "Error whilst parsing config file" in str(e) else str(e))
   except SystemExit as e:  # --helpfull prints every module's flags, then absl exits 1
+    if "--helpfull" not in argv[1:] and given:  # the --config file's own sys.exit()
+      fail(f"--config={given[-1]}: get_config() exited (code {e.code!r}) instead of returning the options")
     sys.exit(0 if "--helpfull" in argv[1:] else e.code)
   except Exception as e:  # the --config file's own code, what it returned, or an override
     fail(_config_error(e, given))
@@ -874,8 +876,9 @@ def _config_error(e: Exception, given: list[str]) -> str:
   its last line), no ``get_config``, a value that is not a configuration, or a bad override."""
   where = f"--config={given[-1]}" if given else "--config"
   if isinstance(e, SyntaxError):
-    return (f"{where}: {e.filename} line {e.lineno}: {e.msg} (a configuration is a Python file whose "
-            "get_config() returns the options)")
+    at = f"{e.filename} line {e.lineno}: " if e.lineno is not None else ""  # none for NUL bytes
+    return (f"{where}: {at}{e.msg} (a configuration is a Python file whose get_config() returns the "
+            "options)")
   text = str(e).replace("\\n", "\n").replace("\\'", "'").replace("config_config", "")
   lines = [line.strip() for line in text.splitlines() if line.strip()]
   if isinstance(e, flags.Error):
