@@ -792,8 +792,9 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   name = model or meta.get("model") or "lenet_zhu"
   if "act" in meta and "act" not in module_kwargs:
     module_kwargs["act"] = meta["act"]
-  if input_shape is None and "input_shape" in meta:
-    input_shape = parse_shape(meta["input_shape"], f"{weights_path}: metadata input_shape")
+  if input_shape is None and "input_shape" in meta:  # the update file's over the weights file's
+    named = observation_path if "input_shape" in obs_file.metadata else weights_path
+    input_shape = parse_shape(meta["input_shape"], f"{named}: metadata input_shape")
   # A throw-away instance names the tensors; the head's rows and the first layer's input channels
   # in the file then size the real one.
   probe = models.create(name, prng_key(0), input_shape=tuple(input_shape or (32, 32, 3)),

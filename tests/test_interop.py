@@ -238,6 +238,7 @@ def _nan(t, m):
     (lambda t, m: (t, {**m, "labels": "1,2", "num_samples": "1"}), "2 labels for 1 samples"),
     (lambda t, m: (t, {**m, "labels": "x"}), "comma-separated integers"),
     (lambda t, m: (t, {**m, "labels": "99999999999999999999"}), "labels must be 32-bit integers"),
+    (lambda t, m: (t, {**m, "input_shape": "32,x"}), r"bad.safetensors: metadata input_shape"),  # not the weights'
     (lambda t, m: (t, {**m, "layout": "gradjax"}), "layout 'gradjax'"),
     (lambda t, m: (t, {**m, "labels": "42"}), "label 42 is not a class of the model, which has 10"),
     (lambda t, m: (t, {**m, "loss_reduction": "max"}), "loss_reduction must be mean or sum"),
