@@ -373,7 +373,9 @@ def _decode(data: bytes, where: str, mode: str | None = None) -> np.ndarray:
         mode = mode or ("L" if img.mode in ("1", "L", "LA") else "RGB")
         x = np.asarray(img.convert(mode), np.float32) / 255
   except (OSError, Image.DecompressionBombError) as e:
-    raise ValueError(f"cannot decode image {where}: {e}") from None
+    # PIL names the buffer it read (<_io.BytesIO object at 0x…>), not the file: drop it.
+    why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e)) or type(e).__name__
+    raise ValueError(f"cannot decode image {where}: {why}") from None
   return x[..., None] if x.ndim == 2 else x
 
 

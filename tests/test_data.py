@@ -400,10 +400,17 @@ def test_folder_flat_and_errors(tmp_path):
   assert ds.y.tolist() == [0, 0] and ds.num_classes == 1 and ds.class_names is None
   np.testing.assert_array_equal(ds.x[0] * 255, _photo("astronaut", 16))  # Sorted by name.
   (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
-  with pytest.raises(ValueError, match="cannot decode image .*broken.jpg"):
+  with pytest.raises(ValueError, match="cannot decode image .*broken.jpg") as e:
     data.load("folder", data_dir=str(tmp_path))
+  assert "BytesIO" not in str(e.value)
   with pytest.raises(FileNotFoundError, match="does not exist"):
     data.load("folder", data_dir=str(tmp_path / "missing"))
+  # Its images are one class: a model needs the classes of its head given.
+  (tmp_path / "broken.jpg").unlink()
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({"data.dataset": "folder", "data.data_dir": str(tmp_path), "attack.iterations": 1})
+  with pytest.raises(ValueError, match="one class .a folder without class subfolders.: give the model's classes"):
+    pipeline.run(cfg)
 
 
 def test_lfw_tar_rejects_unsafe_names(tmp_path):

@@ -151,6 +151,9 @@ def _simulated(cfg: Config, batch: data.Dataset, norm, key_model, conv: str):
   """The model the simulated client of ``cfg`` trains: a fresh zoo model or a checkpoint's, its
   convolutions computed by ``conv`` (:func:`model_conv`)."""
   num_classes = cfg.model.num_classes or batch.num_classes
+  if num_classes < 2 and not cfg.model.checkpoint:
+    raise ValueError(f"dataset {cfg.data.dataset!r} gives its images one class (a folder without class "
+                     "subfolders): give the model's classes with --config.model.num_classes (at least 2)")
   if int(batch.y.max()) >= num_classes:
     raise ValueError(f"labels reach {int(batch.y.max())} but the model has {num_classes} classes")
   input_shape = batch.x.shape[1:]
