@@ -396,6 +396,12 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   auto_rows = audit.attack_round([c for c in audit.captures(tmp_path / "audit") if c.client == "3"],
                                  audit.Settings(iterations=2, lpips="none"), log=lambda s: None)[0]
   assert len(auto_rows) == 1 and "metadata do not describe an update" in auto_rows[0]["error"], auto_rows
+  # Another client's rows copied into this client's rows.json: not read back as this client's.
+  captures = {c.client: c for c in audit.captures(tmp_path / "audit")}
+  copied = json.loads((round_dir / "client_1" / audit.ROWS).read_text())
+  assert audit.kept_rows(captures["1"], settings) == copied["rows"]
+  (round_dir / "client_5" / audit.ROWS).write_text(json.dumps(copied))
+  assert audit.kept_rows(captures["5"], settings) is None
   # Rows of other types in rows.json: attacked again on --resume, not read back.
   (round_dir / "client_1" / audit.ROWS).write_text(json.dumps(
       {"settings": json.loads(json.dumps(settings._asdict())), "rows": [{}]}))

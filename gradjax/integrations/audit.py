@@ -716,7 +716,11 @@ def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | No
   if not isinstance(kept, dict) or kept.get("settings") != _settings_json(settings):
     return None
   rows = kept.get("rows")
-  return rows if isinstance(rows, list) and rows and all(_valid_row(r) for r in rows) else None
+  if not (isinstance(rows, list) and rows and all(_valid_row(r) for r in rows)):
+    return None
+  # Rows of this capture only: a file copied from another client's folder is attacked again.
+  mine = all(r["round"] == capture.round and str(r["client"]) == str(capture.client) for r in rows)
+  return rows if mine else None
 
 
 def attack_captures(found: Sequence[Capture], settings: Settings,
