@@ -441,9 +441,10 @@ def _read_npz(path: str, data: bytes) -> TensorFile:
         text = value.tobytes().decode("utf-8")
       else:
         raise ValueError(f"{METADATA_KEY!r} must be a JSON string")
-      metadata = metadata_strings(json.loads(text), where)
+      raw = json.loads(text)
     except (UnicodeDecodeError, ValueError) as e:
       raise ValueError(f"{where}: invalid metadata: {e}") from None
+    metadata = metadata_strings(raw, where)  # its errors name the file once
   return TensorFile(tensors, metadata)
 
 
