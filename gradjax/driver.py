@@ -33,8 +33,8 @@ lets a GPU round them (to TensorFloat-32 or bfloat16) cannot (``experiments/stud
 import contextlib
 import dataclasses
 import functools
-import os
 import math
+import os
 import time
 from typing import Any, Callable, NamedTuple, Protocol
 

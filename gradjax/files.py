@@ -1,8 +1,10 @@
 """Writing a file so that a crash or a kill never leaves half of it: every file gradjax writes (results,
-checkpoints, captured updates, solver states) goes through :func:`atomic_write`; and a file's digest,
-which tells one content from another whatever its path (:func:`sha256`)."""
+checkpoints, captured updates, solver states) goes through :func:`atomic_write`; a file's digest,
+which tells one content from another whatever its path (:func:`sha256`); and whether a value read back
+from such a file is a number (:func:`is_number`)."""
 
 import hashlib
+import math
 import os
 import uuid
 from typing import Any, Callable
@@ -32,3 +34,9 @@ def sha256(path) -> str:
     for block in iter(lambda: fh.read(1 << 20), b""):
       digest.update(block)
   return digest.hexdigest()
+
+
+def is_number(value) -> bool:
+  """Whether ``value``, read back from a JSON file gradjax wrote, is a finite number (an int or a
+  float; JSON's true and false are no numbers, though Python's bool is an int)."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

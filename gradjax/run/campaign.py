@@ -202,12 +202,11 @@ def _check_item(results, modality: str) -> None:
   read (a file edited, or written by something else)."""
   if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
     raise ValueError("not an experiment's results (no configuration)")
-  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   for key in _ITEM_NUMBERS[modality]:
-    if not number(results.get(key)):
+    if not files.is_number(results.get(key)):
       raise ValueError(f"{key} is {results.get(key)!r}, not a number")
   for key in _ITEM_OPTIONAL:
-    if results.get(key) is not None and not number(results[key]):
+    if results.get(key) is not None and not files.is_number(results[key]):
       raise ValueError(f"{key} is {results[key]!r}, not a number")
   verdict = results.get("verdict")
   if not isinstance(verdict, dict) or not isinstance(verdict.get("status"), str):

@@ -247,9 +247,8 @@ class _Resumable:
     if state is not None:
       def restored(extra):
         rows = list(extra.get("history", []))
-        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not all(isinstance(r, dict) and isinstance(r.get("iteration"), int) and number(r.get("loss"))
-                   and (r.get("psnr") is None or number(r["psnr"])) for r in rows):
+        if not all(isinstance(r, dict) and isinstance(r.get("iteration"), int) and files.is_number(r.get("loss"))
+                   and (r.get("psnr") is None or files.is_number(r["psnr"])) for r in rows):
           raise ValueError(f"{state.path}: its progress history holds rows that are not this "
                            "program's (an iteration and an objective each); start afresh without --resume")
         trace.rows = rows

@@ -32,7 +32,6 @@ import dataclasses
 import io
 import json
 import logging
-import math
 import os
 import signal
 import time
@@ -276,9 +275,8 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
   if snap.strategy not in driver.STRATEGIES:
     raise ValueError(f"{where} has a malformed cursor: strategy {snap.strategy!r}")
   extra = header.get("extra", {})
-  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
   history = extra.get("history", []) if isinstance(extra, dict) else None
   if (not isinstance(history, list)
-      or not (number(extra.get("wall_time_s", 0.0)) and extra.get("wall_time_s", 0.0) >= 0)):
+      or not (files.is_number(extra.get("wall_time_s", 0.0)) and extra.get("wall_time_s", 0.0) >= 0)):
     raise ValueError(f"{where} has malformed extras (its history and time)")
   return snap, extra
