@@ -332,6 +332,26 @@ def read(path) -> TensorFile:
                    + (" (empty)" if not data else ""))
 
 
+def read_metadata(path) -> dict[str, str]:
+  """The metadata of a file :func:`read` reads, without reading a safetensors file's tensors (its
+  header only); ValueError (one line) as :func:`read`."""
+  path = os.fspath(path)
+  with open(path, "rb") as fh:
+    head = fh.read(8)
+    size = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+    if size is not None and size < 1 << 32 and fh.read(1) == b"{":
+      fh.seek(0)
+      data = fh.read(8 + size)  # the header: a file's tensors follow it
+      if len(data) == 8 + size:
+        try:
+          header = json.loads(data[8:].decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+          raise ValueError(f"safetensors file {path} has a corrupt header: {e}") from None
+        if isinstance(header, dict):
+          return metadata_strings(header.get(METADATA_KEY) or {}, f"safetensors file {path}")
+  return read(path).metadata  # an .npz, or a file read's one line describes
+
+
 def metadata_strings(raw: Any, where: str) -> dict[str, str]:
   """A file's metadata as the str -> str map safetensors holds: numbers as text, lists (of numbers,
   strings or booleans) joined by commas, booleans as ``true``/``false``, ``None`` values dropped;

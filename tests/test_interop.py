@@ -654,3 +654,18 @@ def test_safetensors_whose_tensors_do_not_tile_the_data_are_refused(lenet_files,
   with pytest.raises(ValueError, match=message) as e:
     interop.read(_raw_header(g, edit, tail))
   assert "\n" not in str(e.value)
+
+
+def test_read_metadata_is_the_files_metadata_without_its_tensors(lenet_files, tmp_path):
+  """A safetensors file's metadata from its header alone (the tensors after it cut off here, so a
+  read of them would fail), an .npz's as read() gives them."""
+  w, g = lenet_files
+  for path in (w, g):
+    assert interop.read_metadata(path) == interop.read(path).metadata
+  data = g.read_bytes()
+  header = 8 + int.from_bytes(data[:8], "little")
+  (tmp_path / "head.safetensors").write_bytes(data[:header])
+  assert interop.read_metadata(tmp_path / "head.safetensors") == interop.read(g).metadata
+  f = interop.read(g)
+  interop.write(tmp_path / "g.npz", f.tensors, f.metadata)
+  assert interop.read_metadata(tmp_path / "g.npz") == f.metadata

@@ -517,7 +517,7 @@ def _disagreement(capture: Capture, meta: dict[str, Any]) -> str | None:
   if not os.path.isfile(path):
     return None
   try:
-    held, said = interop.read(path).metadata, interop.metadata_strings(meta, CAPTURE)
+    held, said = interop.read_metadata(path), interop.metadata_strings(meta, CAPTURE)
   except ValueError:  # an unreadable file: the attack's load says why
     return None
   for key in sorted(said):
