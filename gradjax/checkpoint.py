@@ -131,63 +131,6 @@ def parse_metadata(raw, where: str) -> dict:
   return metadata
 
 
-def _check_npy_headers(data, where: str, keys=None) -> None:
-  """Reads each ``.npy`` entry's header (of ``keys`` only, unless None) and checks that the entry
-  holds the bytes its shape and dtype need, before NumPy allocates them (a corrupt header may
-  declare terabytes). ``data``: the archive's bytes or its path."""
-  with zipfile.ZipFile(io.BytesIO(data) if isinstance(data, bytes) else data) as archive:
-    for info in archive.infolist():
-      if not info.filename.endswith(".npy"):
-        continue
-      key = info.filename[:-4]
-      if keys is not None and key not in keys:
-        continue
-      with archive.open(info) as fh:
-        if fh.read(6) != b"\x93NUMPY":
-          continue  # not an array: reported below, by name
-        fh.seek(0)
-        try:
-          version = np.lib.format.read_magic(fh)
-          read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                  else np.lib.format.read_array_header_2_0)
-          shape, _, dtype = read(fh)
-          header = fh.tell()
-        except Exception as e:  # NumPy's header parser raises ValueError, SyntaxError, TokenError...
-          raise ValueError(f"{where}: entry {key!r} is corrupt: its header: "
-                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-      if dtype.hasobject:
-        continue  # np.load refuses it below, by name
-      need = int(np.prod(shape, dtype=object)) * dtype.itemsize
-      if info.file_size - header != need:
-        raise ValueError(f"{where}: entry {key!r} is corrupt: its shape {shape} and dtype {dtype} "
-                         f"need {need} bytes, it holds {info.file_size - header}")
-
-
-def npz_arrays(data: bytes, where: str) -> dict[str, np.ndarray]:
-  """Every entry of the ``.npz`` bytes ``data``, read with ``allow_pickle=False``.
-
-  Raises:
-    ValueError: (one line, prefixed by ``where``) an entry that holds Python objects (never
-      unpickled), or a corrupt or truncated archive.
-  """
-  out = {}
-  try:
-    _check_npy_headers(data, where)
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-      for key in npz.files:
-        try:
-          out[key] = npz[key]
-        except ValueError as e:
-          if "allow_pickle" in str(e) or "Object arrays" in str(e):
-            raise ValueError(f"{where}: entry {key!r} holds Python objects; refusing to unpickle") from None
-          raise ValueError(f"{where}: entry {key!r} is corrupt: {e}") from None
-        if not isinstance(out[key], np.ndarray):
-          raise ValueError(f"{where}: entry {key!r} is not a NumPy array")
-  except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as e:
-    raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
-  return out
-
-
 def load(path) -> tuple[dict, dict]:
   """Reads a checkpoint written by :func:`save`.
 
@@ -209,7 +152,7 @@ def load(path) -> tuple[dict, dict]:
     raise ValueError(f"{where} is not an .npz file (not a zip archive)")
   _refuse_torch(data, where)
   flat, metadata = {}, None
-  for key, value in npz_arrays(data, where).items():
+  for key, value in files.npz_arrays(data, where).items():
     if key == METADATA_KEY:
       metadata = parse_metadata(value, where)
       continue
@@ -237,7 +180,7 @@ def read_metadata(path) -> dict:
     raise ValueError(f"{where} is not an .npz file (not a zip archive)")
   try:
     _refuse_torch(path, where)
-    _check_npy_headers(path, where, keys={METADATA_KEY})
+    files.check_npy_headers(path, where, keys={METADATA_KEY})
   except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as e:
     raise ValueError(f"{where} is corrupt: {type(e).__name__}: {e}") from None
   try:

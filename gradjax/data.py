@@ -33,6 +33,8 @@ import skimage.color
 import skimage.data
 from PIL import Image
 
+from gradjax import files
+
 DATASETS = ("skimage", "lfw_subset", "digits", "mnist", "cifar10", "cifar10_train", "cifar100", "lfw",
             "folder")
 """Names accepted by `load`; "tfds:<name>" is accepted as well."""
@@ -541,19 +543,16 @@ def _cifar10_train_order(data_dir):
 
 
 def _npz_entries(path, keys) -> list[np.ndarray]:
-  """``keys``' arrays of the ``.npz`` file ``path``, read without unpickling; a one-line ValueError
-  naming the file otherwise."""
-  if not zipfile.is_zipfile(path):
+  """``keys``' arrays of the ``.npz`` file ``path``, read without unpickling
+  (:func:`gradjax.files.npz_arrays`); a one-line ValueError naming the file otherwise."""
+  data = Path(path).read_bytes()
+  if not zipfile.is_zipfile(io.BytesIO(data)):
     raise ValueError(f"cannot read {path}: not an .npz file (not a zip archive)")
-  try:
-    with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
-      return [np.asarray(f[k]) for k in keys]
-  except ValueError as e:
-    if "allow_pickle" in str(e) or "pickled" in str(e):
-      raise ValueError(f"cannot read {path}: an entry holds Python objects; refusing to unpickle") from None
-    raise ValueError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
-  except (OSError, KeyError, zipfile.BadZipFile, zlib.error, EOFError) as e:
-    raise ValueError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+  arrays = files.npz_arrays(data, f"cannot read {path}")
+  missing = [k for k in keys if k not in arrays]
+  if missing:
+    raise ValueError(f"cannot read {path}: no entry {missing[0]!r}")
+  return [arrays[k] for k in keys]
 
 
 def _check_label_values(y: np.ndarray, classes: int, where) -> None:

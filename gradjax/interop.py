@@ -448,9 +448,8 @@ def _read_npz(path: str, data: bytes) -> TensorFile:
   if any(n.endswith("data.pkl") for n in names):
     raise ValueError(f"{path} is a torch.save archive (pickled); refusing to unpickle: save it "
                      "with safetensors (see the README)")
-  from gradjax.checkpoint import npz_arrays
   tensors, metadata = {}, {}
-  for key, value in npz_arrays(data, where).items():
+  for key, value in files.npz_arrays(data, where).items():
     if key != METADATA_KEY:
       tensors[key] = value
       continue

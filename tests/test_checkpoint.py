@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import checkpoint, models
+from gradjax import checkpoint, files, models
 
 META = {"model": "mlp-8", "init": None, "act": "sigmoid", "num_classes": 3, "input_shape": [5, 5, 1],
         "epoch": 2, "accuracy": 0.5, "note": "ünïcode"}
@@ -250,7 +250,7 @@ def test_an_npz_entry_whose_header_lies_is_refused_before_it_is_read(header, dat
   with zipfile.ZipFile(buf, "w") as z:
     z.writestr("params/w.npy", _npy(header, data))
   with pytest.raises(ValueError, match=re.escape(message)) as e:
-    checkpoint.npz_arrays(buf.getvalue(), "test")
+    files.npz_arrays(buf.getvalue(), "test")
   assert "\n" not in str(e.value) and "entry 'params/w'" in str(e.value)
 
 

@@ -263,7 +263,7 @@ def main(argv):
         ablation[key].append(json.load(fh))
       if b == 0:  # the reconstruction is only needed for the first batch's grid
         with open(path + ".npz", "rb") as fh:
-          x_rec = checkpoint.npz_arrays(fh.read(), path + ".npz")["reconstruction"]
+          x_rec = files.npz_arrays(fh.read(), path + ".npz")["reconstruction"]
         grid = [x_true] if grid is None else grid
         grid.append(x_rec)
   wall = time.perf_counter() - start

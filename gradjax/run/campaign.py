@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gradjax import checkpoint, files
+from gradjax import files
 from gradjax.run import config, pipeline, report, resume
 from gradjax.run.config import Config
 
@@ -171,7 +171,7 @@ class Items:
       images = {}
       if cfg.data.modality != "text":
         with open(base + ".npz", "rb") as fh:
-          arrays = checkpoint.npz_arrays(fh.read(), base + ".npz")
+          arrays = files.npz_arrays(fh.read(), base + ".npz")
         images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
         truth, found = images["ground_truth"], images["reconstruction"]
         if (truth.ndim != 4 or truth.shape != found.shape or truth.dtype.kind != "f"

@@ -228,7 +228,7 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
     raise ValueError(f"{where} is a directory") from None
   if not zipfile.is_zipfile(io.BytesIO(data)):
     raise ValueError(f"{where} is not an .npz file (truncated or corrupt)")
-  arrays = checkpoint.npz_arrays(data, where)
+  arrays = files.npz_arrays(data, where)
   if checkpoint.METADATA_KEY not in arrays or "survivors" not in arrays:
     raise ValueError(f"{where} is not a gradjax state file")
   header = checkpoint.parse_metadata(arrays.pop(checkpoint.METADATA_KEY), where)
