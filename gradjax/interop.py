@@ -343,13 +343,20 @@ def read_metadata(path) -> dict[str, str]:
       fh.seek(0)
       data = fh.read(8 + size)  # the header: a file's tensors follow it
       if len(data) == 8 + size:
-        try:
-          header = json.loads(data[8:].decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-          raise ValueError(f"safetensors file {path} has a corrupt header: {e}") from None
-        if isinstance(header, dict):
-          return metadata_strings(header.get(METADATA_KEY) or {}, f"safetensors file {path}")
+        where = f"safetensors file {path}"
+        return metadata_strings(_safetensors_header(data[8:], where).get(METADATA_KEY) or {}, where)
   return read(path).metadata  # an .npz, or a file read's one line describes
+
+
+def _safetensors_header(raw: bytes, where: str) -> dict:
+  """A safetensors file's JSON header (its bytes after the size); one line where it is corrupt."""
+  try:
+    header = json.loads(raw.decode("utf-8"))
+  except (UnicodeDecodeError, ValueError) as e:
+    raise ValueError(f"{where} has a corrupt header: {e}") from None
+  if not isinstance(header, dict):
+    raise ValueError(f"{where} has a corrupt header (not a JSON object)")
+  return header
 
 
 def metadata_strings(raw: Any, where: str) -> dict[str, str]:
@@ -392,12 +399,7 @@ def _read_safetensors(path: str, data: bytes) -> TensorFile:
   (size,) = struct.unpack("<Q", data[:8])
   if 8 + size > len(data):
     raise ValueError(f"{where} is truncated (its header needs {size} bytes)")
-  try:
-    header = json.loads(data[8:8 + size].decode("utf-8"))
-  except (UnicodeDecodeError, ValueError) as e:
-    raise ValueError(f"{where} has a corrupt header: {e}") from None
-  if not isinstance(header, dict):
-    raise ValueError(f"{where} has a corrupt header (not a JSON object)")
+  header = _safetensors_header(data[8:8 + size], where)
   metadata = metadata_strings(header.pop(METADATA_KEY, None) or {}, where)
   body = memoryview(data)[8 + size:]
   tensors, spans = {}, []
