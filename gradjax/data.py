@@ -16,7 +16,6 @@ import itertools
 import io
 import math
 import os
-import pickle
 import re
 import struct
 import tarfile
@@ -33,7 +32,7 @@ import skimage.color
 import skimage.data
 from PIL import Image
 
-from gradjax import files
+from gradjax import files, pickled
 
 DATASETS = ("skimage", "lfw_subset", "digits", "mnist", "cifar10", "cifar10_train", "cifar100", "lfw",
             "folder")
@@ -454,52 +453,13 @@ def _load_mnist(data_dir, indices):
   return images[idx, :, :, None].astype(np.float32) / 255, labels[idx], 10, _DIGITS
 
 
-class _ForbiddenGlobal(pickle.UnpicklingError):
-  pass
-
-
-class _ArrayUnpickler(pickle.Unpickler):
-  """Unpickles plain data and numpy arrays only: any other global (function, class) is refused."""
-
-  ALLOWED = frozenset({
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),  # Python 3 writes bytes this way in protocol 2.
-    })  # fmt: skip
-
-  def find_class(self, module, name):
-    if (module, name) not in self.ALLOWED:
-      raise _ForbiddenGlobal(f"{module}.{name}")
-    return super().find_class(module, name)
-
-
-def _unpickle_arrays(path: Path):
-  try:
-    with open(path, "rb") as f:
-      return _ArrayUnpickler(f, encoding="bytes").load()
-  except _ForbiddenGlobal as e:
-    raise ValueError(f"refusing to unpickle {path}: global {e} is not allowed") from None
-  except (
-    Exception
-  ) as e:  # Only data and arrays can be built, so any failure means a corrupt or truncated file.
-    raise ValueError(f"corrupt or truncated pickle {path}: {type(e).__name__}: {e}") from None
-
-
-def unpickle_arrays(path):
-  """A pickle of plain data and NumPy arrays (dicts, lists, arrays), read with an unpickler that
-  refuses every other global, so no code runs; a one-line ValueError otherwise."""
-  return _unpickle_arrays(Path(path))
-
-
-def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickle_key, classes):
+def _load_cifar(data_dir, indices, *, name, npz, label_key, python_batch, label_pickle_key, classes):
   root = _data_dir(data_dir, name, f"{name}/{npz}")
-  path = _find(root, [f"{name}/{npz}", npz, pickled], name)
+  path = _find(root, [f"{name}/{npz}", npz, python_batch], name)
   if path.suffix == ".npz":
     x, y = _npz_entries(path, ("x", label_key))
   else:
-    batch = _unpickle_arrays(path)
+    batch = pickled.arrays(path)
     if not isinstance(batch, dict) or not {b"data", label_pickle_key} <= batch.keys():
       raise ValueError(f"{path} is not a CIFAR batch (a dict with b'data' and {label_pickle_key!r})")
     x, y = batch[b"data"], np.asarray(batch[label_pickle_key])
@@ -518,14 +478,14 @@ def _load_cifar(data_dir, indices, *, name, npz, label_key, pickled, label_pickl
 def _load_cifar10(data_dir, indices):
   return _load_cifar(
         data_dir, indices, name="cifar10", npz="cifar10_test_prefix.npz", label_key="y",
-        pickled="cifar-10-batches-py/test_batch", label_pickle_key=b"labels", classes=CIFAR10_CLASSES,
+        python_batch="cifar-10-batches-py/test_batch", label_pickle_key=b"labels", classes=CIFAR10_CLASSES,
     )  # fmt: skip
 
 
 def _load_cifar100(data_dir, indices):
   return _load_cifar(
         data_dir, indices, name="cifar100", npz="cifar100_test_prefix.npz", label_key="y_fine",
-        pickled="cifar-100-python/test", label_pickle_key=b"fine_labels", classes=CIFAR100_CLASSES,
+        python_batch="cifar-100-python/test", label_pickle_key=b"fine_labels", classes=CIFAR100_CLASSES,
     )  # fmt: skip
 
 

