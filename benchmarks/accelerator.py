@@ -72,10 +72,15 @@ user's process would; it keeps what it grew to, so :func:`run` runs these parts 
 
 ``--quick`` shrinks every size (tiny models, a few iterations, scikit-image photos) so the whole suite
 runs in a CPU test and cannot rot; its numbers mean nothing.
+
+``benchmarks/device_call.sh`` runs parts as one call of a lent machine: each in a process of its own
+under a time limit, optionally under an added environment variable (``XLA_FLAGS``), every result
+folder packed into one archive that a later call resumes from.
 """
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -469,7 +474,9 @@ def _write_part(path: str, result: dict) -> None:
   """``result`` as ``path`` and its Markdown table beside it (``.md``)."""
   report.save_json(path, result)
   rows, quick = result["rows"], result["quick"]
-  text = (f"## {result['part']}\n\n`{result['command']}` on {result['environment']['device_kind']}, "
+  variables = result["environment"].get("variables", {})
+  command = " ".join([*(shlex.quote(f"{k}={v}") for k, v in variables.items()), result["command"]])
+  text = (f"## {result['part']}\n\n`{command}` on {result['environment']['device_kind']}, "
           f"{result['seconds']:.0f} s{' (quick sizes: not measurements)' if quick else ''}"
           f"{'' if result['complete'] else f' (stopped after {len(rows)} rows)'}\n\n{table(rows)}\n")
   files.atomic_write(path[:-5] + ".md", lambda fh: fh.write(text), binary=False)

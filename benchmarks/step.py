@@ -793,6 +793,9 @@ def environment(torch) -> dict:
       numpy=np.__version__, ml_dtypes=ml_dtypes.__version__,
       platform=device.platform, device_kind=device.device_kind, num_devices=jax.device_count(),
       torch=None, torch_threads=None, torch_interop_threads=None,
+      # What changes XLA's or gradjax's compilation without a flag of the command.
+      variables={k: v for k, v in sorted(os.environ.items())
+                 if k in ("XLA_FLAGS", "GRADJAX_FAST_COMPILE") or k.startswith("XLA_PYTHON_CLIENT_")},
   )
   if torch is not None:
     env.update(torch=torch.__version__, torch_threads=torch.get_num_threads(),

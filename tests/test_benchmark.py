@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -270,3 +271,34 @@ def test_accelerator_suite_keeps_the_rows_of_a_part_stopped_midway(tmp_path):
       [True, 2, False], [True, 2, False], [False, 3, True], [False, 3, True]]
   assert "stopped after 2 rows" not in (tmp_path / "gpu_restarts.md").read_text()
   assert "## restarts" in (tmp_path / "gpu.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_device_call_packs_each_part_under_its_environment_and_resumes_from_the_pack(tmp_path):
+  """``benchmarks/device_call.sh`` (one lent machine's call): a part under an added ``XLA_FLAGS``
+  runs into a folder named by the value, records the variable in its JSON and its table's command,
+  and comes back in one archive; a call given that archive back keeps the part written."""
+  flag = "--xla_cpu_enable_fast_math=false"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", SUITE_ARGS="--quick",
+             PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+  env.pop("XLA_FLAGS", None)
+  script = os.path.join(ROOT, "benchmarks", "device_call.sh")
+  first, second = tmp_path / "first", tmp_path / "second"
+  for out, results, extra in ((first, tmp_path / "r1", {}),
+                              (second, tmp_path / "r2", {"RESUME": str(first / "results.tar.gz")})):
+    out.mkdir()
+    proc = subprocess.run(["bash", script, f"clients64:300:XLA_FLAGS={flag}"], capture_output=True,
+                          text=True, env=dict(env, OUT=str(out), RESULTS=str(results), **extra),
+                          timeout=400, cwd=ROOT)
+    log = (out / "log.txt").read_text()
+    assert proc.returncode == 0 and f"PART clients64:300:XLA_FLAGS={flag} exit 0" in log, log[-3000:]
+    with tarfile.open(out / "results.tar.gz") as tar:
+      names = set(tar.getnames())
+      part = json.load(tar.extractfile("./clients64-__xla_cpu_enable_fast_math_false/gpu_clients64.json"))
+      table = tar.extractfile("./clients64-__xla_cpu_enable_fast_math_false/gpu_clients64.md").read().decode()
+    assert part["environment"]["variables"]["XLA_FLAGS"] == flag and part["rows"]
+    assert f"XLA_FLAGS={flag} " in table.splitlines()[2]  # the command line
+  assert "clients64: kept" in log and names == {
+      ".", "./clients64-__xla_cpu_enable_fast_math_false",
+      *(f"./clients64-__xla_cpu_enable_fast_math_false/{f}" for f in ("gpu.md", "gpu_clients64.json",
+                                                                      "gpu_clients64.md"))}
