@@ -122,6 +122,20 @@ def _reads_embeddings_alone(apply_fn, view: Observation, dim: int, length: int) 
   return True
 
 
+def embeddings_apply_fn(apply_fn: Callable, observation: Observation, length: int) -> Callable:
+  """The model as the optimisation attacks run it on embeddings (N, ``length``, dim) and the
+  parameters of :func:`attack_view`: ``apply_fn`` itself, or :func:`tied_apply_fn` of it for a
+  model whose logits read the table too. ValueError for a model that does not run on embeddings."""
+  view, dim = attack_view(observation), embedding_table(observation).shape[1]
+  if _reads_embeddings_alone(apply_fn, view, dim, length):
+    return apply_fn
+  tied = tied_apply_fn(apply_fn, observation)
+  if not _reads_embeddings_alone(tied, view, dim, length):
+    raise ValueError("the model does not run on embeddings (N, T, dim) in place of token ids: the "
+                     "optimisation attacks feed it dummy embeddings")
+  return tied
+
+
 def _insert(params, path, value):
   head, *rest = path
   return {**params, head: value if not rest else _insert(params.get(head, {}), rest, value)}
@@ -550,11 +564,8 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict
   bag = token_bag(observation)
   if bag.size == 0:
     raise ValueError("the observed embedding gradient is zero: no tokens to recover")
-  if not _reads_embeddings_alone(apply_fn, view, table.shape[1], length):
-    apply_fn = tied_apply_fn(apply_fn, observation)
-    if not _reads_embeddings_alone(apply_fn, view, table.shape[1], length):
-      raise ValueError("the model does not run on embeddings (N, T, dim) in place of token ids: the "
-                       "optimisation attacks feed it dummy embeddings")
+  given, apply_fn = apply_fn, embeddings_apply_fn(apply_fn, observation, length)
+  if apply_fn is not given:
     bag = None  # the logits' gradient reaches every row of a tied table: it reveals no bag
   if mask is not None and not 0 <= mask < table.shape[0]:
     raise ValueError(f"the <mask> id {mask} is not a row of the {table.shape[0]}-token embedding table")

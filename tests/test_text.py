@@ -727,3 +727,64 @@ def test_another_budget_is_the_same_token_solver():
         make(iterations=300), apply_fn, 11)
   last = lambda n: dataclasses.replace(presets.dlg(iterations=n), track_from=n)
   assert text._token_solver(last(30), apply_fn, 11) is text._token_solver(last(300), apply_fn, 11)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["transformer", "gpt"])
+def test_a_text_runs_residual_is_the_sine_to_the_update_its_embeddings_determine(monkeypatch, model):
+  """run_text's relative residual of an embedding search (the report's, and what its verdict reads):
+  sin ∠(u, c) in NumPy float64 over every parameter but the embedding table, with u the gradient of
+  the reconstruction's embeddings and soft targets written out here with jax.grad and c the client's
+  (dummy embeddings bypass the lookup: the table's gradient is not theirs to reproduce, and a tied
+  decoder reads the server's table as a constant); and 0 for the client's own embeddings and next
+  tokens, which before counted ‖c_table‖ / ‖c‖ as a residual."""
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": model,
+      "attack.preset": "adam_dlg", "attack.iterations": 2, "data.sequence_length": 6,
+      "model.text_dim": 16, "model.text_heads": 2, "model.text_ffn": 16, "model.text_layers": 1})
+  batch = pipeline.load_sentences(cfg)
+  x, y = corpus.language_model_pairs(batch.ids, batch.vocabulary.eos)
+  seen, reconstruct = {}, text.reconstruct
+
+  def spy(attack, apply_fn, observation, key, **kwargs):
+    rec = reconstruct(attack, apply_fn, observation, key, **kwargs)
+    seen.update(apply_fn=apply_fn, observation=observation, dummy=rec.reconstruction.dummy)
+    if seen.get("truth"):  # the client's own embeddings and (nearly one-hot) next tokens
+      table = np.asarray(observation.variables["params"]["embed"]["embedding"])
+      logits = np.where(np.arange(table.shape[0]) == y[..., None], 40.0, 0.0).astype(np.float32)
+      rec = rec._replace(reconstruction=rec.reconstruction._replace(
+          dummy={"x": table[x], "label_logits": logits}))
+    return rec
+
+  monkeypatch.setattr(text, "reconstruct", spy)
+  results = pipeline.run_text(cfg)
+  apply_fn, obs, dummy = seen["apply_fn"], seen["observation"], seen["dummy"]
+  table = obs.variables["params"]["embed"]["embedding"]
+  others = {k: v for k, v in obs.variables["params"].items() if k != "embed"}
+  t = np.exp(dummy["label_logits"] - dummy["label_logits"].max(-1, keepdims=True))
+  t = t / t.sum(-1, keepdims=True)
+
+  def loss(params):  # −Σ_v t_v log softmax(z)_v, mean over positions; the table held fixed
+    logits = apply_fn({**obs.variables, "params": {**params, "embed": {"embedding": table}}},
+                      jnp.asarray(dummy["x"]))
+    return -(t * jax.nn.log_softmax(logits, axis=-1)).sum(-1).mean()
+
+  u = jax.grad(loss)(others)
+  c = {k: v for k, v in obs.gradient.items() if k != "embed"}
+  flat = lambda tree: np.concatenate([np.ravel(a) for a in jax.tree.leaves(tree)]).astype(np.float64)
+  cos = flat(u) @ flat(c) / np.linalg.norm(flat(u)) / np.linalg.norm(flat(c))
+  assert results["residual"]["relative_error"] == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-3)
+  assert results["residual"]["cosine"] == pytest.approx(cos, rel=1e-5)
+  alpha = flat(u) @ flat(c) / (flat(u) @ flat(u))
+  layers = results["residual"]["layers"]
+  assert len(layers) == len(jax.tree.leaves(c)) and not any("embed" in k for k in layers)
+  for (path, ui), ci in zip(jax.tree_util.tree_flatten_with_path(u)[0], jax.tree.leaves(c), strict=True):
+    ui, ci = np.ravel(ui).astype(np.float64), np.ravel(ci).astype(np.float64)
+    if np.linalg.norm(ci) < 1e-6 * np.linalg.norm(flat(c)):  # the attention key's bias: zero up to rounding
+      continue
+    assert layers[jax.tree_util.keystr(path)]["relative_error"] == pytest.approx(
+        np.linalg.norm(alpha * ui - ci) / np.linalg.norm(ci), rel=1e-3, abs=1e-6)
+  seen["truth"] = True
+  results = pipeline.run_text(cfg)
+  assert results["residual"]["relative_error"] < 1e-4
