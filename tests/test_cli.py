@@ -129,6 +129,39 @@ def test_pipeline_scores_of_normalised_boxed_images_match_scikit_image_and_numpy
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("permutations", [1, 2])
+def test_restarts_diverged_counts_the_restarts_started_where_the_objective_is_nan(monkeypatch,
+                                                                                  permutations):
+  """``restarts_diverged`` is the number of restarts whose start this test made NaN (a dummy init
+  that draws, per restart, whether its images are NaN, and says which it drew): each of them
+  diverges at once, the others never do. With a permutation search each restart's start is shared
+  by its label-order candidates, and it is still one restart (it was counted once per candidate)."""
+  import jax.numpy as jnp
+  from gradjax import dummy
+  drawn = []
+
+  def nan_or_normal(key, shape, lo, hi, dtype):
+    bad = jax.random.bernoulli(jax.random.fold_in(key, 7))
+    jax.debug.callback(lambda k, b: drawn.append((tuple(np.asarray(k).ravel().tolist()), bool(b))),
+                       jax.random.key_data(key), bad)
+    return jnp.where(bad, jnp.nan, jax.random.normal(key, shape, dtype))
+
+  monkeypatch.setitem(dummy.INITS, "nan_or_normal", nan_or_normal)
+  options = {"data.image_size": 8, "data.batch_size": 2, "attack.iterations": 3, "attack.restarts": 6,
+             "attack.dummy_init": "nan_or_normal", "output.lpips": "none"}
+  if permutations > 1:  # a FedAvg client of two local steps, its labels shared as a multiset
+    options.update({"client.name": "fedavg", "client.local_batch_size": 1, "attack.label_source": "known",
+                    "client.shared_labels": "multiset", "attack.matched": "replay",
+                    "attack.permutations": permutations})
+  results, _ = pipeline.run(config.from_options(options))
+  starts = dict(drawn)  # restart's key -> whether its start is NaN (once per candidate run)
+  assert len(drawn) == 6 * results["candidates"] and len(starts) == 6 and results["candidates"] == permutations
+  nan = sum(starts.values())
+  assert 0 < nan < 6  # some restarts diverge, some do not
+  assert results["restarts"] == 6 and results["restarts_diverged"] == nan
+
+
+@pytest.mark.slow
 def test_a_closed_form_attack_runs_like_the_others():
   """--attack=exclusive_neurons on a batch of 16 photos through mlp-256: scored like any attack
   (PSNR against scikit-image's), each image and label exact, the verdict a leak, no optimisation."""

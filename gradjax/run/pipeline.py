@@ -271,6 +271,13 @@ class _Resumable:
     return self.earlier_s + time.perf_counter() - self.start
 
 
+def _diverged(rec: attacks.Reconstruction) -> int:
+  """The restarts none of whose runs stayed finite (a permutation search runs each restart once
+  per label-order candidate, runs ``r · K + k``)."""
+  k = 1 if getattr(rec, "candidates", None) is None else len(rec.candidates)
+  return int((~np.asarray(rec.restart_alive).reshape(-1, k)).all(axis=1).sum())
+
+
 def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, model: models.Model,
             observation, trace: Trace, timing: _Resumable, adapted_to: str | None) -> dict[str, Any]:
   """The results every experiment reports: timing, counts, the objective, configuration, device;
@@ -285,7 +292,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       state_saves=0 if saver is None else saver.saves,
       state_save_s=0.0 if saver is None else saver.seconds,
       state_save_error=None if saver is None else saver.error,
-      restarts_diverged=int((~rec.restart_alive).sum()),
+      restarts_diverged=_diverged(rec),
       best_restart=rec.best_restart,
       loss=rec.loss,
       history=trace.rows,

@@ -225,7 +225,8 @@ QUANTITIES = {
     "iterations": ("iterations", "", "optimizer iterations of the best restart"),
     "evaluations": ("evaluations", "", "objective evaluations over all restarts"),
     "restarts": ("restarts", "", "random initialisations run; the lowest objective wins"),
-    "restarts_diverged": ("restarts diverged", "", "restarts dropped for NaN or inf"),
+    "restarts_diverged": ("restarts diverged", "", "restarts dropped for NaN or inf (with a "
+                          "permutation search, in every label order)"),
     "wall_time_s": ("wall time", "s", "of the attack, compilation included"),
     "model": ("model", "", "the attacked network"),
     "threat_model": ("threat model", "", "what the client sent: fedsgd (a gradient) or fedavg (an "
