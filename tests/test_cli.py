@@ -705,6 +705,85 @@ def test_label_recovery_program(tmp_path):
   np.testing.assert_array_equal(result["batches"]["labels"], truth)
 
 
+# Runs ``gradjax <argv>`` with LLG's label inference made slower by known sleeps, one per batch in
+# order: the durations the program times for it are those sleeps and LLG's own (about a millisecond).
+_SLOWED_LLG = """
+import json, sys, time
+from gradjax import cli, labels
+llg, sleeps = labels.METHODS["llg"], json.loads(sys.argv[2])
+def slowed(observation):
+  time.sleep(sleeps.pop(0))
+  return llg(observation)
+labels.METHODS["llg"] = slowed
+cli.main(json.loads(sys.argv[1]))
+"""
+
+
+@pytest.mark.skipif(__import__("gradjax.data").data.default_data_dir() is None, reason="needs ../shared/data")
+@pytest.mark.slow
+def test_label_recovery_times_are_the_measured_durations(tmp_path):
+  """The table's ms / batch is the median over batches of each method's measured time: with LLG
+  slowed by 0.6, 0.1 and 0.2 s on batches 0, 1 and 2, its median is 200 ms and some (not the mean,
+  300 ms, nor the least, 100 ms, nor seconds); every cell is the JSON's median; the wall time
+  printed and written holds the sleeps and lies within the process's life."""
+  out = tmp_path / "labels.json"
+  start = time.perf_counter()
+  proc = subprocess.run([sys.executable, "-c", _SLOWED_LLG, json.dumps(
+      ["gradjax", "label-recovery", "--count=3", "--aux_size=2", f"--output={out}"]), "[0.6, 0.1, 0.2]"],
+      capture_output=True, text=True, cwd=tmp_path, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  elapsed = time.perf_counter() - start
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(out.read_text())
+  medians = {name: method["median_time_ms"] for name, method in result["methods"].items()}
+  assert 200.0 <= medians["llg"] < 280.0, medians
+  assert all(0.0 < ms < 1e3 * result["wall_time_s"] for ms in medians.values()), medians
+  rows = {line.split(" | ")[0][2:]: line for line in proc.stdout.splitlines() if line.startswith("| ")}
+  for name, ms in medians.items():
+    assert rows[name].endswith(f"| {ms:.1f} |"), (name, rows[name])
+  assert 0.9 <= result["wall_time_s"] <= elapsed
+  assert f"Wall time {result['wall_time_s']:.1f} s" in proc.stdout
+
+
+@pytest.mark.slow
+def test_text_table_times_are_the_measured_durations(tmp_path):
+  """text-table's time (s) column: each row's seconds the sum of its sentences' attack times as its
+  kept experiments hold them; each of those within the time between the files written before and
+  after it (its attack ran between the two) and the attack phase's own clock; the total printed and
+  written within the process's life and above the rows' sum. Resumed, every experiment read back,
+  the rows are the same and the total counts the earlier runs' time."""
+  out = tmp_path / "table"
+  args = ["--count=2", "--config.attack.iterations=2", "--methods=SAPAG", "--searches=tokens",
+          f"--output_dir={out}"]
+  started = time.time()
+  proc = run_program("text-table", *args)
+  elapsed = time.time() - started
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  res = json.loads((out / "results.json").read_text())
+  (t,) = res["table"]
+  written = started  # the experiments run one after the other, each written as it ends
+  for row in t["rows"]:
+    item = out / "items" / f"untrained_SAPAG_tokens_{row['index']}.json"
+    kept = json.loads(item.read_text())
+    assert row["wall_time_s"] == kept["wall_time_s"]
+    assert 0 < row["wall_time_s"] <= item.stat().st_mtime - written
+    assert row["wall_time_s"] == pytest.approx(kept["time"]["phases"]["attack"]["seconds"], abs=0.05)
+    written = item.stat().st_mtime
+  seconds = sum(row["wall_time_s"] for row in t["rows"])
+  assert t["wall_time_s"] == pytest.approx(seconds, rel=1e-12)
+  assert seconds <= res["total_time_s"] <= elapsed
+  md = (out / "results.md").read_text()
+  (line,) = [line for line in md.splitlines() if line.startswith("| untrained | SAPAG | tokens |")]
+  assert line.endswith(f"| {seconds:.0f} |"), line
+  assert f"total {res['total_time_s']:.0f} s." in md
+  started = time.time()
+  again = run_program("text-table", *args, "--resume")
+  elapsed = time.time() - started
+  assert again.returncode == 0, again.stderr[-2000:]
+  resumed = json.loads((out / "results.json").read_text())
+  assert resumed["table"] == res["table"]
+  assert seconds <= resumed["total_time_s"] <= seconds + elapsed
+
+
 @pytest.mark.slow
 def test_defense_sweep_table(tmp_path):
   """Its table per defense, the LPIPS column where AlexNet's LPIPS is installed, every attack kept
