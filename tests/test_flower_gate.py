@@ -210,3 +210,48 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   assert dict(reply.content["metrics"])["gradjax-audited"] == 0
   assert received_findings(interop.variables_to_torch(mlp.variables, interop.zoo_mapping(mlp)),
                            "mlp-256", SHAPE, inputs=_photo().x) == []
+
+
+def test_the_gates_psnr_is_scikit_images_of_the_reconstruction_it_scored(net, tmp_path, monkeypatch):
+  """The PSNR the gate reports (``gradjax-psnr`` of an update it passes; in the reason of one it
+  withholds, with the leak score) is scikit-image's of the reconstruction its attack wrote, kept
+  here instead of deleted, against the client's photo; the leak score is it minus scikit-image's
+  of a gray image."""
+  import glob
+  import shutil
+  import tempfile
+  made, mkdtemp, rmtree = [], tempfile.mkdtemp, shutil.rmtree
+
+  def kept_dir(*args, **kwargs):
+    made.append(mkdtemp(*args, **{**kwargs, "dir": str(tmp_path)}))
+    return made[-1]
+
+  monkeypatch.setattr(tempfile, "mkdtemp", kept_dir)
+  monkeypatch.setattr(shutil, "rmtree", lambda path, *a, **k: None if path in made else rmtree(path, *a, **k))
+  photo = _photo().x[0].astype(np.float64)
+  gray = skimage.metrics.peak_signal_noise_ratio(photo, np.full(photo.shape, 0.5), data_range=1.0)
+
+  def scored():
+    (found,) = glob.glob(os.path.join(made[-1], "capture", "*", "reconstruction.npy"))
+    rec = np.load(found)[0].astype(np.float64)
+    return skimage.metrics.peak_signal_noise_ratio(photo, rec, data_range=1.0)
+
+  # A threshold no attack reaches: the update passes, its PSNR in the metrics.
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 20,
+                                 "gate.threshold_db": 100.0}, compilation_cache=CACHE)
+  reply = gate(_train_message(net), _context(), _client(net))
+  assert not reply.has_error()
+  metrics = dict(reply.content["metrics"])
+  assert metrics["gradjax-audited"] == 1
+  psnr = scored()
+  assert metrics["gradjax-psnr"] == pytest.approx(psnr, abs=1e-4)
+  assert metrics["gradjax-leak-db"] == pytest.approx(psnr - gray, abs=1e-4)
+  # A threshold below a gray image's: withheld at once, the reason's PSNR and score to 0.1 dB.
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 20,
+                                 "gate.threshold_db": -100.0}, compilation_cache=CACHE)
+  reply = gate(_train_message(net), _context(), _client(net))
+  assert reply.has_error()
+  said = re.search(r"at (-?[0-9.]+) dB, (-?[0-9.]+) dB above a gray image", reply.error.reason)
+  psnr = scored()
+  assert float(said.group(1)) == pytest.approx(psnr, abs=0.051)
+  assert float(said.group(2)) == pytest.approx(psnr - gray, abs=0.051)
