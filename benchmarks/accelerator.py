@@ -20,7 +20,9 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
 * ``clients64``: the whole DLG attack (2000 iterations, as ``dlg64``) on 64 clients of one round
   together against one client alone, each call's wall time with its compilation (the first of its
   program in the process: JAX's caches are cleared at the part's start) and without (a second
-  call): issue 58's "64 clients at most 3x one" as ``dlg64`` judges 64 restarts.
+  call): issue 58's "64 clients at most 3x one" as ``dlg64`` judges 64 restarts. Then the same with
+  the patches taken by one gather for both (``gather``: a shorter program to compile than
+  im2col's, whose 64-wide program compiled in 14.8 s on an H100 against 4.2 s for one client).
 * ``loops``: a chunk of 100 steps as the driver runs it on an accelerator, a while loop whose step
   count is an argument (one program for every chunk and budget), against the same steps in a loop
   with the count compiled in (a program per count, as before), and for L-BFGS the loop the driver
@@ -43,7 +45,7 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
 * ``dlg64``: the whole DLG attack (2000 iterations, ``pipeline.run``) with 64 vmapped restarts against
   one: wall time (compilation included) and the best restart's PSNR, the convolutions as ``auto``
   resolves them (on an accelerator XLA's for one restart, im2col's for 64); then the same two with
-  XLA's convolutions for both (im2col's on CPU).
+  XLA's convolutions for both (im2col's on CPU), then with ``gather``'s for both.
 * ``precision``: DLG on ``lenet_zhu`` (2000 iterations) and Inverting Gradients on ``resnet20-4``
   (1000 iterations) under each ``--config.execution.matmul_precision`` (float32, tensorfloat32, bfloat16, JAX's default):
   wall time and PSNR, on the scikit-image photo.
@@ -219,9 +221,10 @@ def part_clients(s: dict, seed: int) -> Iterator[dict]:
 def part_clients64(s: dict, seed: int) -> Iterator[dict]:
   # Its first calls compile: no program another part of this process compiled serves them (the
   # ``clients`` part's are the same programs: the budget is not in them).
-  jax.clear_caches()
-  return bs.client_timings([1, s["dlg_restarts"]], s["dlg_iterations"], ("vmap",), seed,
-                           attack_names=("dlg",), one_by_one=False)
+  for conv in ("auto", "gather"):
+    jax.clear_caches()
+    yield from bs.client_timings([1, s["dlg_restarts"]], s["dlg_iterations"], ("vmap",), seed,
+                                 attack_names=("dlg",), conv=conv, one_by_one=False)
 
 
 def part_loops(s: dict, seed: int) -> Iterator[dict]:
@@ -294,7 +297,7 @@ def part_flags(s: dict, seed: int, env: dict, done=frozenset()) -> Iterator[dict
 
 def part_dlg64(s: dict, seed: int) -> Iterator[dict]:
   # The default's convolutions (``auto``: batched ones for the vmapped restarts), then one kind for both.
-  for conv in ("auto", "im2col" if jax.default_backend() == "cpu" else "xla"):
+  for conv in ("auto", "im2col" if jax.default_backend() == "cpu" else "xla", "gather"):
     one = None
     for restarts in (1, s["dlg_restarts"]):
       # Every row with its compilation: the second kind's one restart would otherwise reuse the

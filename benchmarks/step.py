@@ -486,8 +486,9 @@ ANATOMY_CHUNK = 100  # steps of the chunk program's loop (a traced count: any co
 
 
 def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
-  """Where the compilation of an attack's first result goes: per (preset, model) of ``jobs``, one
-  restart on the photo of :func:`photos` (:func:`_solver_job`), each of the programs below lowered
+  """Where the compilation of an attack's first result goes: per (preset, model[, restarts[, conv]])
+  of ``jobs`` (one restart, ``auto``'s convolutions unless given), the restarts on the photo of
+  :func:`photos` (:func:`_solver_job`), each of the programs below lowered
   and compiled afresh ``repeats`` times (the in-memory caches cleared, the persistent one off), in
   this order, with the driver's options for a step:
 
@@ -503,17 +504,20 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
   * ``step, quadratic objective, no line search`` (L-BFGS only): the same with fixed steps
     (``lbfgs_fixed``, same history): the direction's share, the line search's being the difference.
 
-  As the driver runs one restart: unbatched on CPU, vmapped on an accelerator. Per row: the seconds
+  As the driver runs one restart: unbatched on CPU, vmapped on an accelerator (several restarts:
+  vmapped everywhere). Per row (with its ``restarts`` and resolved ``conv``): the seconds
   of the first lowering and compilation (``lower_first_s``, ``compile_first_s``: on a GPU the
   first includes the autotuning of its convolutions and products, whose results XLA keeps for
   the later compilations in the process) and the median of all (``lower_s``, ``compile_s``), and
   the program's HLO instructions as lowered (``hlo_ops``) and as compiled (``compiled_ops``, of which
   ``fusions``)."""
   cpu = jax.default_backend() == "cpu"
-  options = compilation.options(compilation.step_options(batched=not cpu))
   with compiled_afresh():
-    for preset, name in jobs:
-      job = _solver_job(preset, name, 1, ANATOMY_CHUNK, seed)
+    for preset, name, *more in jobs:
+      restarts, conv = int(more[0]) if more else 1, more[1] if len(more) > 1 else "auto"
+      alone = cpu and restarts == 1  # the driver's sequential strategy: the restart unbatched
+      options = compilation.options(compilation.step_options(batched=not alone))
+      job = _solver_job(preset, name, restarts, ANATOMY_CHUNK, seed, conv)
       square = lambda x, data, step: sum(jnp.sum(jnp.square(v)) for v in jax.tree.leaves(x))
       quadratic = solvers.make_solver(square, attacks.build_optimizer(job.attack), tol=job.attack.tol)
       optimizer = job.attack.optimizer
@@ -521,7 +525,7 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
                    job.attack, optimizer=dataclasses.replace(optimizer, name="lbfgs_fixed"))),
                    tol=job.attack.tol)
                if isinstance(optimizer, optimizers.Named) and optimizer.name == "lbfgs" else None)
-      if cpu:  # the restart alone, with its data (the driver's sequential strategy)
+      if alone:  # the restart alone, with its data (the driver's sequential strategy)
         state = jax.tree.map(lambda v: v[0], job.state)
         data = (job.both[0], jax.tree.map(lambda v: v[0], job.both[1]))
         run = lambda step, s, d: step(s, d)
@@ -553,7 +557,9 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
           compiling.append(time.perf_counter() - start)
         hlo_ops, _ = hlo_counts(lowered.as_text(dialect="hlo"))
         compiled_ops, fusions = hlo_counts(compiled.as_text())
-        row = dict(attack=preset, model=name, program=program, platform=jax.default_backend(),
+        row = dict(attack=preset, model=name, restarts=restarts,
+                   conv=models.resolve_conv(conv, batched=restarts > 1), program=program,
+                   platform=jax.default_backend(),
                    repeats=repeats, lower_first_s=lowering[0], compile_first_s=compiling[0],
                    lower_s=float(np.median(lowering)), compile_s=float(np.median(compiling)),
                    hlo_ops=hlo_ops, compiled_ops=compiled_ops, fusions=fusions)
@@ -563,10 +569,12 @@ def compile_anatomy(jobs, repeats: int, seed: int) -> Iterator[dict]:
 
 def anatomy_markdown(rows: list[dict]) -> list[str]:
   """:func:`compile_anatomy`'s rows as a Markdown table."""
-  lines = ["| attack | model | program | lower (s): first, median | compile (s): first, median | "
-           "HLO instructions | compiled | fusions |", "|---|---|---|---|---|---|---|---|"]
+  lines = ["| attack | model | restarts | conv | program | lower (s): first, median | "
+           "compile (s): first, median | HLO instructions | compiled | fusions |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    lines.append(f"| {r['attack']} | {r['model']} | {r['program']} | {r['lower_first_s']:.2f}, "
+    lines.append(f"| {r['attack']} | {r['model']} | {r.get('restarts', 1)} | {r.get('conv', '-')} | "
+                 f"{r['program']} | {r['lower_first_s']:.2f}, "
                  f"{r['lower_s']:.2f} | {r['compile_first_s']:.2f}, {r['compile_s']:.2f} | {r['hlo_ops']} | "
                  f"{r['compiled_ops']} | {r['fusions']} |")
   return lines

@@ -14,7 +14,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   ``jax.profiler`` and PyTorch's ATen ops under ``torch.profiler``, each filed as matmul, reduction,
   data movement or elementwise, with the matrix products' FLOP rate.
 * ``convs``: one layer's share of a matching step per layer shape (``--conv_shapes``) with each CPU
-  convolution (im2col, split, mixed), and which one ``mixed`` takes: the measurement behind
+  convolution (im2col, gather, split, mixed) and its compile seconds, and which one ``mixed`` takes: the measurement behind
   ``gradjax.models.layers.mixed_conv``'s rule; and split's weight gradient alone as a convolution and
   as matrix products, behind ``gradjax.models.layers.weight_gradient_by_products``.
 * ``loops``: each step at a program's top level against the same step inside a loop (a
@@ -64,7 +64,8 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   each, alternating, and their ratio. Behind ONCE's choice of one module (measured on one and two
   cores) and what an accelerator's host, with more cores, should take.
 * ``anatomy``: where the compilation of an attack's first result goes, per ``--anatomy_jobs``
-  (preset:model, one restart): the solver's first state (with L-BFGS one value and gradient of the
+  (preset:model, one restart; preset:model:restarts:conv, that many vmapped with those
+  convolutions): the solver's first state (with L-BFGS one value and gradient of the
   objective), one step, the chunk program an accelerator runs, and the same optimizer's step on a quadratic of
   the dummy data's shapes (the solver's own share; for L-BFGS also without its line search), each
   lowered and compiled ``--anatomy_repeats`` times, with the HLO instructions it has before and after XLA's passes (``step.compile_anatomy``).
@@ -149,7 +150,8 @@ _CODEGEN_MODELS = flags.DEFINE_list("codegen_models", ["lenet_zhu", "resnet20-4"
 _CODEGEN_REPEATS = flags.DEFINE_integer("codegen_repeats", 3, "Compilations per program and options in "
                                         "the codegen section.")
 _ANATOMY_JOBS = flags.DEFINE_list("anatomy_jobs", ["dlg:lenet_zhu", "inverting_gradients:resnet20-4"],
-                                  "preset:model pairs of the anatomy section.")
+                                  "preset:model[:restarts[:conv]] of the anatomy section (one "
+                                  "restart, auto's convolutions if not given).")
 _ANATOMY_REPEATS = flags.DEFINE_integer("anatomy_repeats", 3, "Compilations per program in the anatomy "
                                         "section.")
 
@@ -210,7 +212,8 @@ def section_ops(torch, seed: int) -> list[dict]:
 def section_convs(timing: dict, seed: int) -> list[dict]:
   """Per layer shape, one layer's share of a matching step with each CPU convolution: value and
   gradient w.r.t. x of ``||d/dW sum(tanh(conv(x, W))) - G||²`` (the weight gradient differentiated
-  in the input, as gradient matching does), for im2col, split and mixed (and which one mixed took)."""
+  in the input, as gradient matching does), for im2col, gather, split and mixed (and which one mixed
+  took), each program's compile seconds too."""
   rows = []
   dn = ("NHWC", "HWIO", "NHWC")
   for spec in _CONV_SHAPES.value:
@@ -220,7 +223,7 @@ def section_convs(timing: dict, seed: int) -> list[dict]:
     w = 0.05 * jax.random.normal(keys[1], (k, k, c, o))
     target = jax.random.normal(keys[2], w.shape)
     row = dict(shape=spec)
-    for name in ("im2col", "split", "mixed"):
+    for name in ("im2col", "gather", "split", "mixed"):
       conv = models.layers.conv_general_dilated(name)
 
       def objective(x, w, target, conv=conv):
@@ -228,12 +231,14 @@ def section_convs(timing: dict, seed: int) -> list[dict]:
                                                         dimension_numbers=dn))))(w)
         return jnp.sum((grad - target) ** 2)
 
-      compiled, _ = bs.compile_ahead(jax.value_and_grad(objective), x, w, target)
+      compiled, row[f"{name}_compile_s"] = bs.compile_ahead(jax.value_and_grad(objective), x, w, target)
       row[f"{name}_ms"] = bs.measure(lambda: jax.block_until_ready(compiled(x, w, target)),
                                      **timing)["median_ms"]
     jaxpr = str(jax.make_jaxpr(lambda x, w: models.layers.mixed_conv(
         x, w, (stride, stride), "SAME", dimension_numbers=dn))(x, w))
     row.update(split_over_im2col=row["split_ms"] / row["im2col_ms"],
+               gather_over_im2col=row["gather_ms"] / row["im2col_ms"],
+               gather_over_im2col_compile=row["gather_compile_s"] / row["im2col_compile_s"],
                mixed_takes="split" if "custom_vjp_call" in jaxpr else "im2col")
     # split's weight gradient alone, in its two forms.
     dy = jax.random.normal(keys[2], (n, -(-h // stride), -(-h // stride), o))
@@ -579,9 +584,12 @@ def markdown(result: dict) -> str:
     lines += ["## One layer's matching step per convolution (median ms)", "",
               "Value and gradient w.r.t. x of ‖∂/∂W Σ tanh(conv(x, W)) − G‖² for one layer of shape "
               "N:H:C:O:k:stride ('SAME' padding).", "",
-              "| shape | im2col | split | split/im2col | mixed | mixed takes |", "|---|---|---|---|---|---|"]
+              "| shape | im2col | gather | gather/im2col | compile s: im2col, gather | split | split/im2col "
+              "| mixed | mixed takes |", "|---|---|---|---|---|---|---|---|---|"]
     for r in result["convs"]:
-      lines.append(f"| {r['shape']} | {r['im2col_ms']:.2f} | {r['split_ms']:.2f} | "
+      gather = (f"{r['gather_ms']:.2f} | {r['gather_over_im2col']:.2f} | "
+                f"{r['im2col_compile_s']:.2f}, {r['gather_compile_s']:.2f}" if "gather_ms" in r else "- | - | -")
+      lines.append(f"| {r['shape']} | {r['im2col_ms']:.2f} | {gather} | {r['split_ms']:.2f} | "
                    f"{r['split_over_im2col']:.2f} | {r['mixed_ms']:.2f} | {r['mixed_takes']} |")
     if "wgrad_products_ms" in result["convs"][0]:
       lines += ["", "split's weight gradient alone (median ms): as a convolution (x with batch and channels "
@@ -732,10 +740,12 @@ def main(argv):
     bs.fail(error)
   anatomy_jobs = [tuple(j.split(":")) for j in _ANATOMY_JOBS.value]
   image_model = lambda name: models.family(name) is not None and not models.family(name).text
-  if _ANATOMY_REPEATS.value < 1 or any(len(j) != 2 or j[0] not in presets.PRESETS or not image_model(j[1])
-                                       for j in anatomy_jobs):
-    bs.fail("--anatomy_jobs takes preset:model pairs of gradjax's presets and image models, "
-            "--anatomy_repeats a positive count")
+  job_ok = lambda j: (2 <= len(j) <= 4 and j[0] in presets.PRESETS and image_model(j[1])
+                      and (len(j) < 3 or (j[2].isdigit() and int(j[2]) > 0))
+                      and (len(j) < 4 or j[3] in models.CONVS))
+  if _ANATOMY_REPEATS.value < 1 or not all(map(job_ok, anatomy_jobs)):
+    bs.fail("--anatomy_jobs takes preset:model[:restarts[:conv]] of gradjax's presets, image models, "
+            f"a positive count and one of {', '.join(models.CONVS)}; --anatomy_repeats a positive count")
   if _SUITE.value == "gpu":
     unknown = [p for p in _PARTS.value if p not in accelerator.PARTS]
     if unknown or not _PARTS.value:

@@ -23,11 +23,12 @@ def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
   assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
       f"error: unknown command 'suit'; choose one of {', '.join(benchmarks.PROGRAMS)}"]
   # A section's job that is not a preset on an image model: one line, exit 2.
-  text_model = subprocess.run([*harness, "suite", "--sections=anatomy", "--anatomy_jobs=dlg:gpt2"],
-                              capture_output=True, text=True, timeout=120, cwd=ROOT,
-                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert text_model.returncode == 2 and len(text_model.stderr.strip().splitlines()) == 1, text_model.stderr
-  assert "--anatomy_jobs" in text_model.stderr
+  for job in ("dlg:gpt2", "dlg:lenet_zhu:0", "dlg:lenet_zhu:4:winograd", "dlg:lenet_zhu:4:xla:1"):
+    bad_job = subprocess.run([*harness, "suite", "--sections=anatomy", f"--anatomy_jobs={job}"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT,
+                             env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert bad_job.returncode == 2 and len(bad_job.stderr.strip().splitlines()) == 1, bad_job.stderr
+    assert "--anatomy_jobs" in bad_job.stderr
 
 
 def test_hlo_counts_agree_with_the_modules_xla_holds():
@@ -129,9 +130,11 @@ def test_accelerator_suite_quick(tmp_path):
   assert all(r["compile_s"] > 0 and r["ms_per_iteration"] > 0 for r in loops)
   assert [r["over_constant"] is None for r in loops] == [True, False, False] * 2 + [True, False]
   clients = json.loads((tmp_path / "gpu_clients64.json").read_text())["rows"]
-  assert [(r["clients"], r["iterations"]) for r in clients] == [(1, 20), (2, 20)]
-  assert clients[0]["one_by_one_s"] > 0 and clients[1]["one_by_one_s"] is None
+  assert [(r["conv"], r["clients"], r["iterations"]) for r in clients] == [
+      ("mixed", 1, 20), ("mixed", 2, 20), ("gather", 1, 20), ("gather", 2, 20)]  # auto is mixed on CPU
+  assert [r["one_by_one_s"] is None for r in clients] == [False, True] * 2
   assert all(r["together_cold_s"] > r["together_s"] > 0 and r["over_one_cold"] > 0 for r in clients)
+  assert clients[3]["one_cold_s"] != clients[1]["one_cold_s"]  # each kind's one client compiles its own
   # Where the first result's compilation goes: the step holds the first state's evaluation and the
   # solver's own (L-BFGS); Adam's first state evaluates nothing.
   anatomy = json.loads((tmp_path / "gpu_anatomy.json").read_text())["rows"]

@@ -526,7 +526,7 @@ def _np_conv_asym(x, w, stride, pads):
     ((1, 1), (2, 2), ((0, 0), (0, 0)), (8, 7)),      # ResNet projection shortcut
     ((3, 2), (1, 3), ((0, 2), (1, 0)), (6, 10)),     # asymmetric everything
 ])
-@pytest.mark.parametrize("impl", ["im2col_conv", "split_conv", "mixed_conv"])
+@pytest.mark.parametrize("impl", ["im2col_conv", "gather_conv", "split_conv", "mixed_conv"])
 @pytest.mark.slow
 def test_conv_implementations_match_numpy_and_xla(kernel, stride, pads, hw, impl):
   """Values, first and second derivatives (float64) equal NumPy and ``lax.conv_general_dilated``."""
@@ -686,9 +686,11 @@ def test_mixed_conv_splits_large_maps_with_enough_channels():
                                rtol=1e-6)
 
 
-def test_im2col_conv_defers_unsupported_cases_to_xla():
+@pytest.mark.parametrize("impl", ["im2col_conv", "gather_conv"])
+def test_patch_convs_defer_unsupported_cases_to_xla(impl):
   """Dilations, groups, string padding and other layouts give exactly lax's result."""
-  from gradjax.models.layers import im2col_conv
+  from gradjax.models import layers
+  im2col_conv = getattr(layers, impl)
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.normal(size=(1, 9, 9, 4)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(3, 3, 2, 6)), jnp.float32)
@@ -711,8 +713,8 @@ def test_im2col_conv_defers_unsupported_cases_to_xla():
 
 
 @pytest.mark.parametrize("name,input_shape,convs", [
-    ("lenet_zhu", (16, 16, 3), ("im2col", "split", "mixed")),
-    ("lenet5", (8, 8, 1), ("im2col", "split", "mixed")),
+    ("lenet_zhu", (16, 16, 3), ("im2col", "gather", "split", "mixed")),
+    ("lenet5", (8, 8, 1), ("im2col", "gather", "split", "mixed")),
     ("convnet-2", (9, 9, 3), ("mixed",)), ("resnet8", (16, 16, 3), ("mixed",))])
 @pytest.mark.slow
 def test_conv_implementations_compute_the_same_model(name, input_shape, convs):
@@ -746,6 +748,29 @@ def test_conv_implementations_compute_the_same_model(name, input_shape, convs):
       np.testing.assert_allclose(other_logits, logits, rtol=1e-10, atol=1e-12, err_msg=conv)
       for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(other_grads)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-8, atol=1e-12, err_msg=conv)
+
+
+@pytest.mark.parametrize("conv", ["im2col", "gather"])
+def test_patch_convs_vmapped_over_runs_match_xla(conv):
+  """Runs vmapped together (restarts, clients: what ``auto`` gives patch convolutions for on an
+  accelerator): the matching objective's gradient per run equals XLA's convolutions' (float64)."""
+  from gradjax import clients, distances
+  from gradjax.objectives import gradient_matching
+  rng = np.random.default_rng(4)
+  with jax.enable_x64(True):
+    kw = dict(input_shape=(12, 12, 3), num_classes=10, param_dtype=jnp.float64)
+    native, other = (models.create("lenet_zhu", KEY, conv=c, **kw) for c in ("xla", conv))
+    x = jnp.asarray(rng.uniform(size=(1, 12, 12, 3)))
+    dummies = {"x": jnp.asarray(rng.normal(size=(3, 1, 12, 12, 3))),
+               "label_logits": jnp.asarray(rng.normal(size=(3, 1, 10)))}
+
+    def per_run(model):
+      obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([4]))
+      grad = jax.grad(gradient_matching(model.apply_fn, distances.euclidean))
+      return jax.jit(jax.vmap(grad, in_axes=(0, None)))(dummies, obs)
+
+    for a, b in zip(jax.tree.leaves(per_run(native)), jax.tree.leaves(per_run(other))):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-9, atol=1e-12)
 
 
 def test_conv_auto_resolves_per_backend(monkeypatch):

@@ -116,7 +116,8 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
   ``conv`` (models with convolutions): how convolutions are computed, one of ``CONVS``: ``"xla"``
   (``lax.conv_general_dilated``), ``"im2col"`` (patches times a matrix,
   :func:`gradjax.models.layers.im2col_conv`: gradient matching faster than xla on XLA:CPU,
-  more memory, plain training steps of wide networks slower), ``"split"`` (XLA's convolutions with
+  more memory, plain training steps of wide networks slower), ``"gather"`` (the same products,
+  the patches taken by one gather: :func:`gradjax.models.layers.gather_conv`), ``"split"`` (XLA's convolutions with
   the second derivatives XLA:CPU computes slowly given as ordinary convolutions,
   :func:`gradjax.models.layers.split_conv`), ``"mixed"`` (split on large feature maps, im2col
   elsewhere, :func:`gradjax.models.layers.mixed_conv`) or ``"auto"`` (mixed on CPU, xla on

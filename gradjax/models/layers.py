@@ -5,6 +5,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 ACTIVATIONS: dict[str, Callable] = {
@@ -89,7 +90,7 @@ def head(num_classes: int, inits, param_dtype) -> nn.Dense:
 
 # --- convolution implementations ---------------------------------------------------------------
 
-CONVS = ("auto", "xla", "im2col", "split", "mixed")
+CONVS = ("auto", "xla", "im2col", "gather", "split", "mixed")
 
 # Flax's dimension numbers for NHWC inputs and HWIO kernels (lhs, rhs and out specs).
 _NHWC_HWIO = jax.lax.ConvDimensionNumbers(lhs_spec=(0, 3, 1, 2), rhs_spec=(3, 2, 0, 1),
@@ -131,29 +132,85 @@ def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=N
   ``jax.lax.conv_general_dilated`` unchanged, so this is a drop-in ``conv_general_dilated`` for
   ``flax.linen.Conv``.
   """
-  native = (lhs.ndim != 4 or feature_group_count != 1
-            or any(d != 1 for d in (lhs_dilation or ())) or any(d != 1 for d in (rhs_dilation or ()))
-            or jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers) != _NHWC_HWIO)
-  if native:
+  if _native(lhs, rhs, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count):
     return jax.lax.conv_general_dilated(
         lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
         dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
         precision=precision, preferred_element_type=preferred_element_type)
-  n, h, w, c = lhs.shape
+  x, (ho, wo) = _padded(lhs, rhs, window_strides, padding)
   kh, kw, _, out = rhs.shape
   sh, sw = window_strides
-  (top, bottom), (left, right) = _explicit_pads(padding, (h, w), (kh, kw), (sh, sw))
-  ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
-  x = jax.lax.pad(lhs, jnp.zeros((), lhs.dtype),
-                  ((0, 0, 0), (top, bottom, 0), (left, right, 0), (0, 0, 0)))
   if kh == kw == 1:
     patches = x[:, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, :]
   else:
     cols = jnp.concatenate([x[:, :, b:b + sw * (wo - 1) + 1:sw, :] for b in range(kw)], axis=-1)
     patches = jnp.concatenate([cols[:, a:a + sh * (ho - 1) + 1:sh] for a in range(kh)], axis=-1)
-  y = jnp.matmul(patches.reshape(n * ho * wo, kh * kw * c), rhs.reshape(kh * kw * c, out),
+  return _times_kernel(patches, rhs, precision, preferred_element_type)
+
+
+def _native(lhs, rhs, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count) -> bool:
+  """Whether a convolution is no plain 2-D NHWC/HWIO one (dilated, grouped, another layout)."""
+  return (lhs.ndim != 4 or feature_group_count != 1
+          or any(d != 1 for d in (lhs_dilation or ())) or any(d != 1 for d in (rhs_dilation or ()))
+          or jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers) != _NHWC_HWIO)
+
+
+def _padded(lhs, rhs, window_strides, padding):
+  """``lhs`` zero-padded as ``padding`` says, and the output's (Ho, Wo)."""
+  _, h, w, _ = lhs.shape
+  kh, kw = rhs.shape[:2]
+  sh, sw = window_strides
+  (top, bottom), (left, right) = _explicit_pads(padding, (h, w), (kh, kw), (sh, sw))
+  x = jax.lax.pad(lhs, jnp.zeros((), lhs.dtype),
+                  ((0, 0, 0), (top, bottom, 0), (left, right, 0), (0, 0, 0)))
+  return x, ((h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1)
+
+
+def _times_kernel(patches, rhs, precision, preferred_element_type):
+  """(N, Ho, Wo, kh kw C) patches, (a, b, c) ordered as ``rhs``' (kh, kw, C), times the kernel."""
+  n, ho, wo, k = patches.shape
+  out = rhs.shape[-1]
+  y = jnp.matmul(patches.reshape(n * ho * wo, k), rhs.reshape(k, out),
                  precision=precision, preferred_element_type=preferred_element_type)
   return y.reshape(n, ho, wo, out)
+
+
+@functools.cache
+def _patch_index(hw, kernel_hw, strides, out_hw) -> np.ndarray:
+  """(Ho Wo kh kw,) int32: the flat position in the padded (H, W) map of patch (i, j)'s entry (a, b),
+  ``(s_h i + a) W + s_w j + b``, in the patches' order (i, j, a, b)."""
+  (_, w), (kh, kw), (sh, sw), (ho, wo) = hw, kernel_hw, strides, out_hw
+  rows = sh * np.arange(ho)[:, None, None, None] + np.arange(kh)[None, None, :, None]
+  cols = sw * np.arange(wo)[None, :, None, None] + np.arange(kw)[None, None, None, :]
+  return (rows * w + cols).astype(np.int32).reshape(-1)
+
+
+# Ten parameters: jax.lax.conv_general_dilated's, so it replaces it unchanged.
+def gather_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=None, rhs_dilation=None,
+                dimension_numbers=None, feature_group_count: int = 1, precision=None,
+                preferred_element_type=None):
+  """:func:`im2col_conv` with the patches taken by one gather of precomputed positions::
+
+    P[n, (i, j, a, b), c] = x_pad[n, s_h i + a, s_w j + b, c],  out = P (N Ho Wo, kh kw C) @ rhs
+
+  where im2col's 2 (kh + kw) strided slices and their concatenations become one gather, whose
+  derivative is one scatter-add (and its derivative a gather again): the gradient-matching
+  objective, which differentiates every convolution twice, lowers to fewer operations and compiles
+  faster, while a CPU runs it slower (its scatter-add is slow): ``experiments/studies/speed_cpu``.
+  ``auto`` does not choose it: it is there to measure the compilation of batched programs on an
+  accelerator, where im2col's (several runs vmapped) compiled far longer than one run's. Other cases
+  go to ``jax.lax.conv_general_dilated`` unchanged, as for :func:`im2col_conv`."""
+  if _native(lhs, rhs, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count):
+    return jax.lax.conv_general_dilated(
+        lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+        dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
+        precision=precision, preferred_element_type=preferred_element_type)
+  x, (ho, wo) = _padded(lhs, rhs, window_strides, padding)
+  n, hp, wp, c = x.shape
+  kh, kw = rhs.shape[:2]
+  index = _patch_index((hp, wp), (kh, kw), tuple(window_strides), (ho, wo))
+  patches = x.reshape(n, hp * wp, c).at[:, jnp.asarray(index)].get(mode="promise_in_bounds")
+  return _times_kernel(patches.reshape(n, ho, wo, kh * kw * c), rhs, precision, preferred_element_type)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -372,4 +429,5 @@ def resolve_conv(conv: str, batched: bool = False) -> str:
 def conv_general_dilated(conv: str):
   """The ``conv_general_dilated`` argument of ``flax.linen.Conv`` for implementation ``conv``
   (``None``: Flax's default, ``jax.lax.conv_general_dilated``)."""
-  return {"im2col": im2col_conv, "split": split_conv, "mixed": mixed_conv}.get(resolve_conv(conv))
+  return {"im2col": im2col_conv, "gather": gather_conv, "split": split_conv,
+          "mixed": mixed_conv}.get(resolve_conv(conv))

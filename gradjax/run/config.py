@@ -229,7 +229,8 @@ class ModelConfig(_Section):
   num_classes: int | None = _field(None, "Model classes (the dataset's if unset).")
   conv: str = _field(
       "auto", "Convolutions: xla (lax.conv), im2col (patches x matrix, faster double backward on "
-      "XLA:CPU), split (lax.conv with the slow second derivative recast as a convolution), mixed "
+      "XLA:CPU), gather (im2col with the patches taken by one gather: a shorter program to compile), "
+      "split (lax.conv with the slow second derivative recast as a convolution), mixed "
       "(split on large feature maps, im2col elsewhere), auto (on CPU mixed for attacks and split for "
       "gradjax train, whose epochs run in a lax.scan; on accelerators im2col for restarts, label orders "
       "or clients vmapped together, xla for one run).",
