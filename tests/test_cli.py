@@ -243,6 +243,8 @@ BAD_FLAGS = [
      "--image_size is for images"),
     (["--config.bogus.key=1"], "--config.bogus.key: no section or option 'bogus'"),
     (["--config.attack.bogus=1"], "--config.attack.bogus: no section or option 'bogus'"),
+    (["--config.attack.iterationz=1"],
+     "--config.attack.iterationz: no section or option 'iterationz' (did you mean 'iterations'? "),
     (["--config.model.rename=fc=linear"], "renames the tensors of captured files"),
 ]
 

@@ -7,6 +7,7 @@ import glob
 import logging as py_logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import sys
@@ -892,11 +893,14 @@ def _config_error(e: Exception, given: list[str]) -> str:
             "gradjax.run.config.defaults() with your changes)")
   missing = e.args[0] if isinstance(e, AttributeError) and e.args else e  # ml_collections wraps it
   if isinstance(missing, KeyError) and missing.args and isinstance(missing.args[0], str):
-    name = missing.args[0].strip("'\"")  # an override's unknown section or option
+    # An override's unknown section or option; ml_collections adds a line with its guess.
+    first, _, rest = missing.args[0].partition("\n")
+    name = first.strip("'\"\\")
+    guess = re.search(r'Did you mean "([^"]+)"', rest)
     named = [a.split("=")[0] for a in sys.argv[1:]
              if a.startswith("--config.") and name in a.split("=")[0].split(".")]
-    return (f"{named[0] if named else where}: no section or option {name!r} (--help lists the "
-            "options)")
+    return (f"{named[0] if named else where}: no section or option {name!r} ("
+            + (f"did you mean {guess.group(1)!r}? " if guess else "") + "--help lists the options)")
   if isinstance(e, (OSError, KeyError, TypeError, ValueError, AttributeError)):
     return f"{where}: " + " ".join(line.strip("'") for line in lines)
   return f"{where}: get_config() failed: {type(e).__name__}: {' '.join(lines)}"
