@@ -304,6 +304,8 @@ BAD_FILES = [
     (["--priors=tv"], "bad prior"),
     (["--config.attack.distance=manhattan"], "unknown distance"),
     (["--lpips=vgg16"], "lpips"),
+    (["--lpips=alex", "--dataset=lfw_subset"],
+     "--lpips=alex needs images of at least 31 pixels a side, these are 25x25 (--lpips=vgg or none;"),
     (["--save_every_s=-1"], "save_every_s must be non-negative"),
     (["--resume", "--overwrite"], "give one of them"),
     (["--resume"], "no interrupted run"),

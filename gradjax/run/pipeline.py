@@ -601,6 +601,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
     client = cfg.client.build(share_labels=share_labels)
     observation = client(model.apply_fn, model.variables, x_client, batch.y)
+  if batch is not None:  # the scores' size, known before anything is compiled
+    check_lpips(cfg.output.lpips, batch.x.shape[1:3])
   defense = cfg.defense.build()
   if defense is not None:
     observation = defense.apply(observation, key_defense)
@@ -978,6 +980,15 @@ def lpips_absent(net: str, batch, input_shape) -> str:
     return f"the lpips extra is not installed ({lpips.INSTALL})"
   return (f"images of {input_shape[0]}x{input_shape[1]} pixels are smaller than AlexNet's "
           f"{lpips.MIN_SIZE['alex']}")
+
+
+def check_lpips(net: str, size) -> None:
+  """A one-line ValueError where ``net`` (named, not auto) cannot score images of ``size`` (H, W)."""
+  if net in lpips.NETWORKS and min(size) < lpips.MIN_SIZE[net]:
+    fits = [n for n in lpips.NETWORKS if min(size) >= lpips.MIN_SIZE[n]]
+    raise ValueError(f"--lpips={net} needs images of at least {lpips.MIN_SIZE[net]} pixels a side, "
+                     f"these are {size[0]}x{size[1]} (--lpips={' or '.join([*fits, 'none'])}; auto "
+                     "leaves LPIPS out where AlexNet cannot score)")
 
 
 def lpips_scores(net: str, x, x_true) -> dict:
