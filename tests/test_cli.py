@@ -1283,6 +1283,31 @@ def test_every_command_helps_and_every_example_and_study_variant_parses():
 
 
 @pytest.mark.slow
+def test_help_shows_the_defaults_the_program_runs():
+  """Each option's default in ``--help`` is the value ``--print_config`` resolves with nothing given
+  (a table program's packaged protocol, not the schema's default); where that is None, the help
+  shows no default or says where the value comes from (a program of captures: their files)."""
+  from gradjax import cli
+  checked = 0
+  for name in cli.COMMANDS:  # a command's cases share a process
+    helped, printed = run_in_one_process([(["gradjax", name, flag], ROOT)
+                                          for flag in ("--help", "--print_config")])
+    if printed.returncode != 0 or "def get_config():" not in printed.stdout:
+      continue  # a program that needs arguments to resolve (e.g. --audit_dir): its help only
+    values = dict(re.findall(r"^  c\.(\S+) = (.*)$", printed.stdout, flags=re.M))
+    text = re.sub(r"\n {4,}", " ", helped.stdout)  # absl's wrapped lines joined
+    for path, default in re.findall(r"--config\.(\S+?): .*?(?:\(default: (.*?)\))?$", text, flags=re.M):
+      if path not in values:
+        continue
+      if values[path] == "None":
+        assert not default or not default[0] in "'\"0123456789-[(", (name, path, default)
+      else:
+        assert default == values[path], (name, path, default, values[path])
+        checked += 1
+  assert checked > 100
+
+
+@pytest.mark.slow
 def test_a_missing_configuration_or_an_override_without_one_reads_as_the_user_meant(tmp_path):
   """--config naming no file: one line naming the file and the packaged names; --config.<path> without
   --config overrides the defaults (the packaged ``defaults``)."""

@@ -49,7 +49,7 @@ flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: 
 flags.DEFINE_bool("resume", False, common.RESUME_HELP)  # captures with rows.json of the same options
 # The options of the schema it reads (gradjax.run.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
-common.define_flags(fields=tuple(audit.OPTIONS.values()))
+common.define_flags(fields=tuple(audit.OPTIONS.values()), captured=True)
 common.define_launch_flags(collectives=False)  # captures split over processes
 flags.adopt_module_key_flags(common)
 
@@ -80,7 +80,7 @@ def main(argv):
       or (auto.AUTO in names and len(names) > 1)):
     common.fail(f"--attacks takes 'auto' or distinct names from {', '.join(ATTACKS)}; got {f.attacks!r}")
   try:
-    o = common.options_from_flags(captured=True)
+    o = common.options_from_flags()
   except ValueError as e:
     common.fail(str(e))
   common.print_config(o)

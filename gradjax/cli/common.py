@@ -41,6 +41,9 @@ def cpu_model() -> str:
 
 
 DEFAULT_CONFIG: list[str] = []  # the program's default configuration (define_flags)
+CAPTURED: list[bool] = []  # [True] for a program that attacks captures (define_flags)
+# What a program of captures takes where an option is not given (options_from_flags).
+_FROM_CAPTURES = {"model.name": "the captures' metadata", "data.dataset": "none: no scoring"}
 FIELDS: list[str] = []  # the options (dotted paths) the program reads (define_flags)
 
 # The command as typed: gradjax.cli.main sets ["gradjax", "<command>"] and the command's docstring; a
@@ -77,7 +80,7 @@ def provenance() -> dict:
 
 def define_flags(default_config: str | None = None, sections: tuple[str, ...] | None = None,
                  omit: tuple[str, ...] = (), fields: tuple[str, ...] | None = None,
-                 batched: bool = False):
+                 batched: bool = False, captured: bool = False):
   """Defines ``--config`` (a configuration file, :mod:`gradjax.run.config`;
   ``--config.<section>.<key>=...`` sets one of its options), a short flag for each option the program
   reads that has one (:data:`gradjax.run.config.ALIASES`; default and help from the option),
@@ -92,8 +95,11 @@ def define_flags(default_config: str | None = None, sections: tuple[str, ...] | 
   (``config.ATTACK_SECTIONS``). ``omit``: options (dotted paths) of those sections the program does
   not read. ``fields``: instead of sections, the options it reads (dotted paths; ``seed`` too).
   ``batched``: the program attacks several experiments at once and reads
-  :data:`gradjax.run.config.BATCHED` (with sections; others never do)."""
+  :data:`gradjax.run.config.BATCHED` (with sections; others never do). ``captured``: the program
+  attacks captures, whose files give the model and whose ground truth is there only if
+  ``--dataset`` is given (:func:`options_from_flags`)."""
   DEFAULT_CONFIG[:] = [default_config] if default_config else []
+  CAPTURED[:] = [True] if captured else []
   sections = config.ATTACK_SECTIONS if sections is None else sections
   if fields is not None:
     for path in fields:
@@ -266,12 +272,11 @@ def options_given() -> set[str]:
   return _values_given()[1]
 
 
-def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None = None
-                       ) -> dict[str, Any]:
+def options_from_flags() -> dict[str, Any]:
   """Dotted path -> value of the parsed flags: the defaults, then ``--config``'s options, then the
-  short flags given, then ``overrides``. An option the program does not read, set to another value
-  than its default: one line, exit 2. With captured files (--weights/--observation, or
-  ``captured``: the program attacks captures) --model and --dataset default to the files' metadata
+  short flags given. An option the program does not read, set to another value
+  than its default: one line, exit 2. With captured files (--weights/--observation, or a program
+  of captures: :func:`define_flags`'s ``captured``) --model and --dataset default to the files' metadata
   and to no ground truth unless given; with --modality=text to transformer and pydoc (and the
   training split to the corpus's last tenth)."""
   values, chosen = _values_given()
@@ -279,7 +284,7 @@ def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None 
   if unused:  # e.g. a training option given to an attack: it would be recorded, and change nothing
     fail(f"{', '.join('--config.' + p for p in unused)}: not an option of {shlex.join(program())}, "
          f"which reads {', '.join(sorted({config.section(p) or 'seed' for p in FIELDS}))} options")
-  if captured or values["model.weights"] or values["client.observation"]:
+  if CAPTURED or values["model.weights"] or values["client.observation"]:
     for path in ("model.name", "data.dataset"):
       if path not in chosen:
         values[path] = None
@@ -288,12 +293,10 @@ def options_from_flags(captured: bool = False, overrides: dict[str, Any] | None 
                           ("training.train_count", None), ("training.test_count", None)):
       if path not in chosen:
         values[path] = default
-  values.update(overrides or {})
   return values
 
 
-def config_from_flags(overrides: dict[str, Any] | None = None,
-                      check: Callable[[Config, bool], Any] | None = None) -> Config:
+def config_from_flags(check: Callable[[Config, bool], Any] | None = None) -> Config:
   """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. Input files that are
   missing or unreadable, options the user gave that the run would not read (:func:`check_given`)
   and what the program's ``check(cfg, files)`` refuses (ValueError, e.g.
@@ -302,7 +305,7 @@ def config_from_flags(overrides: dict[str, Any] | None = None,
   is printed and the process exits 0."""
   files = not flags.FLAGS.print_config
   try:
-    values = options_from_flags(overrides=overrides)
+    values = options_from_flags()
     if "modality" not in flags.FLAGS and models.is_text(values.get("model.name") or ""):
       raise ValueError(f"--model={values['model.name']} reads text; {shlex.join(program())} "
                        "reads image models")
@@ -940,10 +943,11 @@ def grouped_help() -> str:
   sections = {}
   for path in FIELDS:
     sections.setdefault(config.section(path) or "experiment", []).append(path)
+  packaged = config.given(configs.get(DEFAULT_CONFIG[0])) if DEFAULT_CONFIG else {}
   for name, paths in sections.items():
     parts.append(f"{name} options:")
     for path in paths:
-      parts += _option_help(path)
+      parts += _option_help(path, packaged)
     parts.append("")
   for group in own + [__name__]:
     if group in by_module:  # the flags the group defines (not those a module adopted: listed once)
@@ -965,12 +969,18 @@ def _flag_help(flag: flags.Flag) -> list[str]:
                        subsequent_indent="    ", break_on_hyphens=False)
 
 
-def _option_help(path: str) -> list[str]:
-  """Option ``path``'s lines of ``--help``: its flags, its help and default, wrapped as absl's."""
+def _option_help(path: str, packaged: dict[str, Any]) -> list[str]:
+  """Option ``path``'s lines of ``--help``: its flags, its help and the default this program runs
+  (``packaged``: its packaged configuration's options; a program of captures takes the model and
+  the data from their files), wrapped as absl's."""
   field = config.option(path)
   names = ([f"--{config.alias(path)}"] if config.alias(path) else []) + [f"--config.{path}"]
   choices = field.metadata["choices"]
   head = ", ".join(names) + (f": <{'|'.join(choices)}>" if choices else ":")
-  default = "" if field.default is None else f" (default: {field.default!r})"
+  value = packaged.get(path, field.default)
+  if CAPTURED and path in _FROM_CAPTURES:
+    default = f" (default: {_FROM_CAPTURES[path]})"
+  else:
+    default = "" if value is None else f" (default: {value!r})"
   return textwrap.wrap(f"{head} {field.metadata['help']}{default}", 100, initial_indent="  ",
                        subsequent_indent="    ", break_on_hyphens=False)

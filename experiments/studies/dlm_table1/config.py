@@ -9,6 +9,7 @@ BASE = {
     'attack.preset': 'dlm',
     'client.name': 'fedavg',
     'data.dataset': 'cifar100',
+    'execution.chunk': 1000,
     'model.name': 'mlp',
 }
 
