@@ -106,6 +106,11 @@ def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
   rows = audit.audit(tmp_path / "audit", audit.Settings(iterations=3, lpips="none"), log=lambda s: None)
   assert len(rows) == 1 and rows[0].get("error") is None and rows[0]["zero_update"], rows
   assert rows[0]["verdict"] == "no_leak_found" and audit.failed_rows(rows) == []
+  # Asked to score, a capture without its examples' indices says so (it would score nothing, silently).
+  lines = []
+  audit.audit(tmp_path / "audit", audit.Settings(dataset="skimage", iterations=3, lpips="none"),
+              log=lines.append)
+  assert any("round 2 client 4: not scored" in line and "data_indices" in line for line in lines), lines
 
 
 @pytest.mark.slow

@@ -573,6 +573,9 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
     error = f"ground truth from {settings.dataset} not loaded: {str(e).splitlines()[0]}"
     log(f"round {capture.round} client {capture.client}: error: {error}")
     return [{**base, "attack": None, "error": error}]
+  if truth is None and settings.dataset is not None:
+    log(f"round {capture.round} client {capture.client}: not scored: its {CAPTURE} has no "
+        "data_indices (the dataset indices of the client's examples)")
   return _Plan(base, tuple(names), truth, meta, chosen)
 
 
