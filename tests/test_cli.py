@@ -1167,6 +1167,25 @@ def test_the_tables_take_their_protocol_from_a_configuration(tmp_path):
   _assert_one_line_error(bad, "text")
 
 
+def test_a_sweeps_print_config_holds_the_experiments_it_would_run(tmp_path):
+  """``gradjax sweep --print_config``: the printed file's get_sweep() is the declared sweep (a product
+  of images and defenses), and for an image sweep the images --start and --count choose."""
+  import runpy
+  path = tmp_path / "product.py"
+  path.write_text("from gradjax.run import config\n\ndef get_config():\n  return config.defaults()\n\n"
+                  "def get_sweep():\n  return config.product(config.sweep('data.index', range(2)),\n"
+                  "                        config.sweep('defense.spec', [None, 'prune:0.2']))\n")
+  product, images = run_in_one_process([(["gradjax", "sweep", *args, "--print_config"], tmp_path) for args in (
+      [f"--config={path}"], ["--start=4", "--count=3"])])
+  for k, proc in enumerate((product, images)):
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (tmp_path / f"printed_{k}.py").write_text(proc.stdout)
+  declared = runpy.run_path(str(path))["get_sweep"]()
+  assert runpy.run_path(str(tmp_path / "printed_0.py"))["get_sweep"]() == declared
+  assert runpy.run_path(str(tmp_path / "printed_1.py"))["get_sweep"]() == [
+      {"data.index": i} for i in (4, 5, 6)]
+
+
 def test_config_file_of_a_variant_is_the_file(tmp_path):
   """``--config=file.py:arg`` (get_config(arg)'s variant): sweep reads get_sweep() from file.py."""
   from absl import flags

@@ -296,13 +296,15 @@ def options_from_flags() -> dict[str, Any]:
   return values
 
 
-def config_from_flags(check: Callable[[Config, bool], Any] | None = None) -> Config:
+def config_from_flags(check: Callable[[Config, bool], Any] | None = None,
+                      printed: bool = True) -> Config:
   """The :class:`gradjax.run.config.Config` of :func:`options_from_flags`. Input files that are
   missing or unreadable, options the user gave that the run would not read (:func:`check_given`)
   and what the program's ``check(cfg, files)`` refuses (ValueError, e.g.
   :func:`gradjax.run.config.check`): one line, exit 2. With ``--print_config`` the same checks but
   of the input files (``files`` False: a configuration may name files a run makes later), then it
-  is printed and the process exits 0."""
+  is printed and the process exits 0 (``printed=False``: the program prints it, with what it
+  resolves next, :func:`print_config`)."""
   files = not flags.FLAGS.print_config
   try:
     values = options_from_flags()
@@ -317,7 +319,8 @@ def config_from_flags(check: Callable[[Config, bool], Any] | None = None) -> Con
       check(cfg, files)
   except (ValueError, FileNotFoundError) as e:
     fail(str(e))
-  print_config(cfg)
+  if printed:
+    print_config(cfg)
   return cfg
 
 
@@ -369,12 +372,12 @@ def _check_checkpoint_model(cfg: Config, given: set[str]) -> None:
            f"{config.flag(path)}")
 
 
-def print_config(options: Config | dict[str, Any]) -> None:
-  """With ``--print_config``: prints ``options`` (the program's options) as a configuration file and
-  exits 0."""
+def print_config(options: Config | dict[str, Any], sweep: list[dict[str, Any]] | None = None) -> None:
+  """With ``--print_config``: prints ``options`` (the program's options; ``sweep``: the items it
+  runs, as the file's ``get_sweep()``) as a configuration file and exits 0."""
   if flags.FLAGS.print_config:
     print(config.to_python(options, comment="The resolved configuration (--print_config).",
-                           fields=tuple(FIELDS)), end="")
+                           fields=tuple(FIELDS), sweep=sweep), end="")
     sys.exit(0)
 
 

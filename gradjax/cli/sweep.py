@@ -85,7 +85,7 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   try:
-    base = common.config_from_flags(check=common.images_only(config.check))
+    base = common.config_from_flags(check=common.images_only(config.check), printed=False)
     declared = common.declared_sweep()
   except (ValueError, FileNotFoundError) as e:
     common.fail(str(e))
@@ -111,11 +111,12 @@ def main(argv):
   try:
     cfgs = [config.with_options(base, item) for item in sweep]
     for cfg in cfgs:
-      config.check(cfg)
+      config.check(cfg, files=not f.print_config)  # as config_from_flags checks them
   except (ValueError, FileNotFoundError, TypeError) as e:
     common.fail(f"a sweep item: {e}")
   for cfg, item in zip(cfgs, sweep):
-    common.check_given(cfg, set(item))
+    common.check_given(cfg, set(item), files=not f.print_config)
+  common.print_config(base, sweep=sweep)  # with --print_config: the experiments too, then exit
   images = all(set(item) == {"data.index"} for item in sweep)  # an image sweep: rows by index
   labels = [str(cfg.data.index) if images else ", ".join(f"{k}={v}" for k, v in item.items())
             for cfg, item in zip(cfgs, sweep)]
