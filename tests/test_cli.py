@@ -181,6 +181,18 @@ def test_a_closed_form_attack_runs_like_the_others():
 
 
 @pytest.mark.slow
+def test_a_closed_forms_console_line_counts_its_rounds_not_iterations(tmp_path):
+  """The summary line of a closed form says what it counts (R-GAP's layers, the separation's rounds),
+  as its verdict does: it optimises nothing, so no 'iterations'."""
+  proc = run_program("reconstruct.py", "--attack=exclusive_neurons", "--model=mlp-256", "--batch_size=4",
+                     "--lpips=none", f"--output_dir={tmp_path / 'run'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rounds = json.loads((tmp_path / "run" / "metrics.json").read_text())["iterations"]
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("exclusive_neurons on mlp-256"))
+  assert "iterations" not in line and f"{rounds} round" in line, line
+
+
+@pytest.mark.slow
 @pytest.mark.usefixtures("optimised_step")  # the step compiled as a user's run compiles it
 def test_reconstruct_writes_metrics_and_grid(tmp_path):
   out = tmp_path / "run"

@@ -30,6 +30,7 @@ import os
 
 from absl import app, flags
 
+from gradjax import verdict
 from gradjax.cli import common, distributed
 from gradjax.run import config, pipeline, report, resume
 
@@ -108,9 +109,9 @@ def main(argv):
     scores = f"objective {results['loss']:.3e}  labels {results['labels_by_slot']} (no ground truth)"
   if results["candidates"] < cfg.attack.permutations:
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
-  steps = (f"{results['iterations']} rounds (closed form)"
-           if results.get("separation") or results.get("cocktail")
-           else f"{results['iterations']} iterations")
+  closed = results["attack"].get("closed_form", {}).get("name")  # the one run (auto's choice too)
+  steps = (verdict.closed_form_budget(closed, results["iterations"]).removeprefix(f"{closed} (")
+           .removesuffix(")") if closed else f"{results['iterations']} iterations")
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.svg"

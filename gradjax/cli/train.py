@@ -34,7 +34,7 @@ only): then BatchNorm normalises by each mini-batch and its running statistics a
 BatchNorm network is normally trained; GradInversion's and HFGInv's BatchNorm prior needs them.
 
 ``--modality=text`` trains a language model (``--model=transformer``, SAPAG's sizes unless
-``--text_*`` say otherwise) on a corpus (``--dataset=pydoc``, Python's Language Reference as the
+``--config.model.text_*`` say otherwise) on a corpus (``--dataset=pydoc``, Python's Language Reference as the
 standard library ships it, or ``wikitext2``): the corpus is one stream of tokens, each sentence
 followed by ``<eos>``, cut into windows of ``--config.data.sequence_length`` (gradjax.corpus.windows); the last
 tenth of the (permuted) windows are the test set unless ``--config.training.train_count`` / ``--config.training.test_count`` are given,
