@@ -288,3 +288,17 @@ def test_a_run_that_does_not_form_is_one_line(process_id):
   assert rc == 2 and len(errors) == 1 and "did not form within 3 s" in errors[0], err[-2000:]
   assert "Traceback" not in err
   assert not _service_children(f"127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("program, given, missing", [
+    ("reconstruct", ["--coordinator_address=127.0.0.1:1", "--num_processes=2"], "--process_id missing"),
+    ("sweep", ["--coordinator_address=127.0.0.1:1", "--process_id=1"], "--num_processes missing"),
+])  # fmt: skip
+def test_launch_flags_given_in_part_name_what_is_missing(program, given, missing):
+  """Outside a cluster, some of the three launch flags: one line naming the others (JAX's own
+  'no cluster detected' reads as if none was given), exit 2."""
+  proc = subprocess.run([sys.executable, "-m", "gradjax", program, *given], capture_output=True,
+                        text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert proc.returncode == 2 and len(errors) == 1 and missing in errors[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr

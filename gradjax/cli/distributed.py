@@ -126,7 +126,7 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   except (RuntimeError, ValueError, TypeError) as e:
     text = " ".join(str(e).split())
     if "should be defined" in text or "must be defined" in text:
-      raise Error(_NO_CLUSTER) from None
+      raise Error(_incomplete(coordinator_address, num_processes, process_id)) from None
     if "DEADLINE_EXCEEDED" in text or "timed out" in text.lower() or "registration" in text:
       raise Error(_not_formed_message(coordinator_address, num_processes, process_id,
                                       initialization_timeout_s)) from None
@@ -180,7 +180,7 @@ def _coordinate_only(coordinator_address, num_processes, process_id, local_devic
             coordinator_address, num_processes, process_id, local_device_ids, None,
             initialization_timeout_s))
   if None in (coordinator_address, num_processes, process_id):
-    raise Error(_NO_CLUSTER)
+    raise Error(_incomplete(coordinator_address, num_processes, process_id))
   if not 0 <= process_id < num_processes:
     raise Error(f"--process_id must lie in 0 .. {num_processes - 1}, got {process_id}")
   if local_device_ids:
@@ -208,6 +208,18 @@ def _coordinate_only(coordinator_address, num_processes, process_id, local_devic
 
 _NO_CLUSTER = ("no cluster detected (SLURM, Open MPI, TPU): give --coordinator_address, "
                "--num_processes and --process_id")
+
+
+def _incomplete(coordinator_address, num_processes, process_id) -> str:
+  """Why a run cannot form from these launch arguments (no cluster detected to fill them in)."""
+  missing = [f"--{name}" for name, value in (("coordinator_address", coordinator_address),
+                                            ("num_processes", num_processes),
+                                            ("process_id", process_id)) if value is None]
+  if len(missing) == 3:
+    return _NO_CLUSTER
+  return (f"{' and '.join(missing)} missing (no cluster detected to give {'them' if len(missing) > 1 else 'it'}): "
+          "a run over several processes needs --coordinator_address, --num_processes and "
+          "--process_id on every process")
 
 
 def _not_formed_message(coordinator_address, num_processes, process_id, timeout_s) -> str:
