@@ -166,6 +166,9 @@ def test_the_gate_section_reads_its_rounds_and_refuses_what_it_does_not_read():
   with pytest.raises(ValueError, match="training.epochs is not an option here"):
     config.sections({"training.epochs": 3}, ("gate", "attack"))
   assert config.sections({"attack.restarts": 4}, ("attack",))["attack"].restarts == 4
+  for path, value in (("gate.threshold_db", "ten"), ("attack.iterations", "10"), ("attack.restarts", 2.5)):
+    with pytest.raises(ValueError, match=rf"{path} takes"):  # a value of another type, not read as one
+      config.sections({path: value}, ("gate", "attack"))
 
 
 def test_iterate_last_counts_only_the_final_iterate():

@@ -899,10 +899,11 @@ def sections(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
   """Section name -> that section built from its defaults with ``values`` (dotted path -> value)
   set, for a program that reads a few sections, not a whole experiment (the Flower gate): each
   section checks its own options; the checks across sections of :class:`Config` do not apply.
-  ValueError for a path outside ``names``' sections."""
-  for path in values:
+  ValueError for a path outside ``names``' sections or a value of another type than its option's."""
+  for path, value in values.items():
     if section(path) not in names:
       raise ValueError(f"{path} is not an option here, which reads the {', '.join(names)} sections")
+    check_type(path, value)  # "ten" for a number would pass the sections' own checks unseen
   return {name: SECTIONS[name](**{p.partition(".")[2]: v for p, v in values.items()
                                   if section(p) == name}) for name in names}
 
