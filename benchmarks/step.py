@@ -27,7 +27,7 @@ Both frameworks run the models in inference mode: BatchNorm normalises with its 
 Run::
 
   python -m benchmarks step
-  python -m benchmarks step --models=lenet_zhu,convnet,resnet20-4 --batch_size=4 \\
+  python -m benchmarks step --models=lenet_zhu,convnet,resnet20-4 --batch_size=4 \
       --repeats=50 --output=/tmp/bench.json --torch=on
 
 Caveats:
@@ -790,6 +790,14 @@ def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **tim
 # Reporting.
 
 
+def command_line() -> str:
+  """This process's command as one would type it: ``<python> -m benchmarks <program> flags...``
+  (the harness names the program ``python -m benchmarks <program>`` in ``sys.argv[0]``)."""
+  head = sys.argv[0].split()
+  head = head[1:] if head[:3] == ["python", "-m", "benchmarks"] else [sys.argv[0]]
+  return shlex.join([sys.executable, *head, *sys.argv[1:]])
+
+
 def environment(torch) -> dict:
   device = jax.devices()[0]
   env = dict(
@@ -870,7 +878,7 @@ def main(argv):
     fail("--torch=on but torch is not importable")
 
   env = environment(torch)
-  command = shlex.join([sys.executable, *sys.argv])
+  command = command_line()
   print(f"command: {command}")
   print(f"device: {env['platform']} / {env['device_kind']} ({env['cpu_model']}, {env['cpu_count']} CPUs, "
         f"{env['cpu_affinity']} usable)")

@@ -86,8 +86,6 @@ This builds on ``python -m benchmarks step`` (its timing helpers, PyTorch ports 
 
 import dataclasses
 import os
-import shlex
-import sys
 import time
 
 import jax
@@ -756,7 +754,7 @@ def main(argv):
     if not flags.FLAGS.overwrite and (error := accelerator.kept_draw_conflict(_PARTS.value, out, _IG_INIT.value)):
       bs.fail(error)
     env = accelerator.leave_card(_PARTS.value, os.environ)  # before jax starts the accelerator
-    header = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(None))
+    header = dict(command=bs.command_line(), environment=bs.environment(None))
     print(accelerator.run(_PARTS.value, out, quick=_QUICK.value,
                           dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
                           seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header,
@@ -769,7 +767,7 @@ def main(argv):
     bs.fail("--torch=on but torch is not importable")
   seed = bs._SEED.value
   timing = dict(repeats=bs._REPEATS.value, warmup=bs._WARMUP.value, max_seconds=bs._MAX_SECONDS.value)
-  result = dict(command=shlex.join([sys.executable, *sys.argv]), environment=bs.environment(torch),
+  result = dict(command=bs.command_line(), environment=bs.environment(torch),
                 config=dict(models=bs._MODELS.value, batch_sizes=batch_sizes, ttq_psnr=_TTQ_PSNR.value,
                             ttq_images=_TTQ_IMAGES.value, restart_counts=counts,
                             client_counts=client_counts,

@@ -4,6 +4,7 @@ measurements."""
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -79,6 +80,8 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
   assert set(result["section_seconds"]) == set(sections) and all(result[s] for s in sections)
   env_record = result["environment"]
   assert "benchmarks suite" in result["command"] and env_record["platform"] == "cpu"
+  # The command as one would type it again (not the harness's quoted program name).
+  assert shlex.split(result["command"])[1:5] == ["-m", "benchmarks", "suite", "--torch=off"]
   assert env_record["jax"] and env_record["cpu_model"] and env_record.get("torch") is None
   assert env_record["ml_dtypes"] and env_record["numpy"]
   assert all(r["jax_match_ms"] > 0 and r["jax_plain_ms"] > 0 for r in result["steps"])
