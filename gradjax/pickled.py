@@ -22,6 +22,8 @@ Python 2 ``str`` is read as ``bytes`` (``pickle``'s ``encoding="bytes"``); Pytho
 
 import math
 import pickletools
+import reprlib
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +72,32 @@ _PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
 
 
+_REPR = reprlib.Repr()  # (keywords only from Python 3.12)
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 60, 60, 40
+MAX_DEPTH = 64
+"""Containers nested deeper than this are refused: the formats read here nest a few levels, and
+Python hashes, compares and prints nested containers by recursion in C (a tuple nested a million
+deep as a dict key crashes the interpreter)."""
+
+
+def _shown(value, width: int) -> str:
+  """``value``'s repr on one line, cut at ``width`` characters (a message is one line), nested
+  containers and long strings abridged before they are printed."""
+  return " ".join(_REPR.repr(value).split())[:width]
+
+
+def _key(key):
+  """``key`` if it is shallow enough to hash (a tuple's hash recurses into its items), else Refused."""
+  todo = [(key, 1)]
+  while todo:
+    obj, depth = todo.pop()
+    if isinstance(obj, tuple):
+      if depth > MAX_DEPTH:
+        raise Refused(f"a dict key nested more than {MAX_DEPTH} deep")
+      todo.extend((item, depth + 1) for item in obj)
+  return key
+
+
 class Refused(ValueError):
   """A pickle that builds something other than plain data and NumPy arrays (one line)."""
 
@@ -78,16 +106,16 @@ def _dtype(pending: _Pending, state) -> np.dtype:
   """The dtype of ``numpy.dtype(name, ...)`` with the BUILD ``state`` (version, byte order, ...):
   a plain boolean or numeric dtype, nothing with fields, sub-arrays or Python objects."""
   if not isinstance(state, tuple) or len(state) < 2 or any(s is not None for s in state[2:5]):
-    raise Refused(f"a dtype state that is no plain numeric type: {state!r:.80}")
+    raise Refused(f"a dtype state that is no plain numeric type: {_shown(state, 80)}")
   name, order = pending.name, state[1]
   name = name.decode("latin-1") if isinstance(name, bytes) else name
   order = order.decode("latin-1") if isinstance(order, bytes) else order
   if not isinstance(name, str) or order not in ("<", ">", "|", "="):
-    raise Refused(f"a dtype {name!r:.40} with byte order {order!r:.10}")
+    raise Refused(f"a dtype {_shown(name, 40)} with byte order {_shown(order, 10)}")
   try:
     dtype = np.dtype(name)
   except TypeError:
-    raise Refused(f"an unknown dtype {name!r:.40}") from None
+    raise Refused(f"an unknown dtype {_shown(name, 40)}") from None
   if dtype.kind not in "biufc":
     raise Refused(f"a dtype {dtype} (only booleans and numbers are read)")
   return dtype.newbyteorder(order) if order in "<>" else dtype
@@ -114,7 +142,7 @@ def _reduce(func, args):
     raise Refused("REDUCE with arguments that are no tuple")
   if key in _RECONSTRUCT:
     if not args or not (isinstance(args[0], _Name) and (args[0].module, args[0].name) == ("numpy", "ndarray")):
-      raise Refused(f"_reconstruct of {args[:1]!r:.60} (only numpy.ndarray is read)")
+      raise Refused(f"_reconstruct of {_shown(args[:1], 60)} (only numpy.ndarray is read)")
     return _Pending("array")
   if key == ("numpy", "dtype"):
     if not args:
@@ -134,7 +162,7 @@ def _reduce(func, args):
     return args[0].encode("latin-1")
   if key in {("__builtin__", "bytes"), ("builtins", "bytes")} and args == ():
     return b""
-  raise Refused(f"a call of {func!r:.80}")
+  raise Refused(f"a call of {_shown(func, 80)}")
 
 
 def _build(obj, state):
@@ -153,7 +181,7 @@ def _array_state(state) -> np.ndarray:
     raise Refused("an array state other than (shape, dtype, is_fortran, raw)")
   shape, dtype, fortran, raw = state
   if fortran not in (True, False):  # 0 and 1 too.
-    raise Refused(f"an array whose is_fortran is {fortran!r:.20}")
+    raise Refused(f"an array whose is_fortran is {_shown(fortran, 20)}")
   return _array(raw, dtype, shape, bool(fortran))
 
 
@@ -169,7 +197,7 @@ def _pop_mark(stack, marks):
 def _pairs(items):
   if len(items) % 2:
     raise ValueError("an odd number of items for a dict")
-  return zip(items[::2], items[1::2])
+  return zip(map(_key, items[::2]), items[1::2])
 
 
 def _run(data: bytes):
@@ -227,7 +255,7 @@ def _run(data: bytes):
       _target(stack, list).extend(items)
     elif name == "SETITEM":
       value, key = stack.pop(), stack.pop()
-      _target(stack, dict)[key] = value
+      _target(stack, dict)[_key(key)] = value
     elif name == "SETITEMS":
       items = _pop_mark(stack, marks)
       _target(stack, dict).update(_pairs(items))
@@ -246,7 +274,8 @@ def _run(data: bytes):
         module, attr = stack[-2:] if len(stack) >= 2 else (None, None)
         del stack[-2:]
       if (module, attr) not in _ALLOWED:
-        raise Refused(f"it names {module}.{attr}, which is neither a NumPy array nor plain data")
+        raise Refused(f"it names {_shown(f'{module}.{attr}', 80)}, which is neither a NumPy array nor "
+                      "plain data")
       stack.append(_Name(module, attr))
     elif name == "REDUCE":
       args = stack.pop()
@@ -260,15 +289,28 @@ def _run(data: bytes):
 
 
 def _check_built(result) -> None:
-  """Refuses a result that still holds a name or an array or dtype never given its state."""
-  todo, seen = [result], set()
-  while todo:
-    obj = todo.pop()
+  """Refuses a result that still holds a name or an array or dtype never given its state, that
+  nests containers deeper than :data:`MAX_DEPTH`, or that holds itself (a container reached again
+  from within: data have no cycles)."""
+  todo, done, path = [(result, 1, False)], set(), set()
+  while todo:  # depth first, iteratively: entering a container, then leaving it
+    obj, depth, leaving = todo.pop()
+    if leaving:
+      path.discard(id(obj))
+      done.add(id(obj))
+      continue
     if isinstance(obj, (_Name, _Pending)):
-      raise Refused(f"a {obj!r:.60} left unbuilt in the data")
-    if isinstance(obj, (list, tuple, dict)) and id(obj) not in seen:
-      seen.add(id(obj))
-      todo.extend(obj.items() if isinstance(obj, dict) else obj)
+      raise Refused(f"a {_shown(obj, 60)} left unbuilt in the data")
+    if not isinstance(obj, (list, tuple, dict)) or id(obj) in done:
+      continue
+    if id(obj) in path:
+      raise Refused("a container that holds itself")
+    if depth > MAX_DEPTH:
+      raise Refused(f"containers nested more than {MAX_DEPTH} deep")
+    path.add(id(obj))
+    todo.append((obj, depth, True))
+    items = [v for kv in obj.items() for v in kv] if isinstance(obj, dict) else obj
+    todo.extend((item, depth + 1, False) for item in items)
 
 
 def _target(stack, kind):
@@ -291,8 +333,11 @@ def arrays(path):
   except OSError as e:
     raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
   try:
-    return _run(data)
+    with warnings.catch_warnings():  # pickletools warns of a protocol-0 string's bad escapes
+      warnings.simplefilter("ignore", DeprecationWarning)
+      return _run(data)
   except Refused as e:
     raise ValueError(f"refusing to read {path} as data: {e}") from None
   except (ValueError, IndexError, KeyError, TypeError, UnicodeError, OverflowError) as e:
-    raise ValueError(f"corrupt or truncated pickle {path}: {type(e).__name__}: {e}") from None
+    raise ValueError(f"corrupt or truncated pickle {path}: {type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:200]}") from None

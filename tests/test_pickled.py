@@ -162,3 +162,45 @@ def test_reading_never_calls_pickle(tmp_path, monkeypatch):
   for name in ("load", "loads", "Unpickler", "_Unpickler"):
     monkeypatch.setattr(pickle, name, None)
   assert isinstance(pickled.arrays(path), dict)
+
+
+@pytest.mark.parametrize("blob, message", [
+    (b"\x80\x02}N" + b"\x85" * 1_000_000 + b"Ns.", "a dict key nested more than 64 deep"),
+    (b"\x80\x02N" + b"\x85" * 1_000_000 + b".", "containers nested more than 64 deep"),
+    (b"\x80\x02]q\x00h\x00a.", "a container that holds itself"),
+])  # fmt: skip
+def test_nesting_that_would_crash_or_loop_a_reader_is_refused(tmp_path, blob, message):
+  """A tuple nested a million deep crashes Python when hashed as a dict key (C recursion), and a
+  list that holds itself has no end: both refused as they are read, in one line."""
+  path = tmp_path / "batch"
+  path.write_bytes(blob)
+  with pytest.raises(ValueError, match=rf"refusing to read .*batch as data: {message}"):
+    pickled.arrays(path)
+
+
+def test_mutated_files_are_data_or_one_line_refusals(tmp_path):
+  """2000 random mutations (bytes changed, cut, inserted, repeated) of pickles of every protocol:
+  each reads as data or raises one one-line ValueError, never another exception."""
+  import random
+  rng = random.Random(0)
+  value = {b"data": np.arange(60, dtype=np.uint8).reshape(2, 30), b"labels": [1, 2],
+           "f": np.ones((2, 3), ">f4"), "s": np.float64(1.5), "t": ("a", b"b", None, True, 2**70)}
+  blobs = [pickle.dumps(value, protocol=p) for p in range(pickle.HIGHEST_PROTOCOL + 1)]
+  path = tmp_path / "batch"
+  for _ in range(2000):
+    b = bytearray(rng.choice(blobs))
+    for _ in range(rng.randint(1, 4)):
+      k, op = rng.randrange(len(b)), rng.random()
+      if op < 0.5:
+        b[k] = rng.randrange(256)
+      elif op < 0.7:
+        del b[k:k + rng.randint(1, 8)]
+      elif op < 0.85:
+        b[k:k] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+      else:
+        b[k:k] = b[rng.randrange(len(b)):][:rng.randint(1, 30)]
+    path.write_bytes(bytes(b))
+    try:
+      pickled.arrays(path)
+    except ValueError as e:
+      assert "\n" not in str(e) and str(path) in str(e), str(e)
