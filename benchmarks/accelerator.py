@@ -117,7 +117,9 @@ PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # running), and JAX's client not taking 75 % of the card's memory at its start
 # (``XLA_PYTHON_CLIENT_PREALLOCATE=false``), the last two together, and XLA running every
 # kernel on its own rather than as CUDA graphs (``--xla_gpu_enable_command_buffer=``: no graph to
-# capture and instantiate at a program's first run). A key that starts with ``--`` is a flag of the run, any
+# capture and instantiate at a program's first run), and the patches taken by one gather
+# (``--config.model.conv=gather``: fewer operations to compile than im2col's slices). A key that
+# starts with ``--`` is a flag of the run, any
 # other an addition to the processes' environment. Measured on an H200 (2026-12-04,
 # ``experiments/studies/accelerator_h100``) and dropped: XLA's flags for GEMMs by cuBLAS instead of
 # Triton kernels and without autotuning (no shorter), the set-up on the card (3 s longer); jax
@@ -126,7 +128,7 @@ PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 # (:func:`gradjax.driver.repeat`).
 VARIANTS = ({}, {"--config.model.conv": "im2col"}, {"GRADJAX_FAST_COMPILE": "1"}, {PREALLOCATE: "false"},
             {"GRADJAX_FAST_COMPILE": "1", PREALLOCATE: "false"},
-            {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="})
+            {"XLA_FLAGS": "--xla_gpu_enable_command_buffer="}, {"--config.model.conv": "gather"})
 
 
 def leave_card(parts, environ) -> dict:
