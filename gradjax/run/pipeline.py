@@ -1408,6 +1408,13 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
     residual = verdict.residual(
         text.embeddings_apply_fn(model.apply_fn, observation, cfg.data.sequence_length),
         text.attack_view(observation), dummy, rec.reconstruction.labels)
+  elif cfg.attack.text_search == "tokens" and not models.is_masked_lm(model.name):
+    # The sentences it decoded, as the client would have trained on them (next-token pairs: a masked
+    # model's masked positions are the client's draw, unknown here): the closer of the two decodings.
+    residual = min((verdict.residual(model.apply_fn, observation, {"x": xs}, ys)
+                    for xs, ys in (client_pairs(cfg, model, tokens, vocabulary)
+                                   for tokens in (rec.tokens_pinv, rec.tokens_nearest))),
+                   key=lambda r: r.relative_error)
   results["findings"] = verdict.text_findings(results)
   results.update(_verdict(results, residual, results["findings"], [], cfg))
   return results
