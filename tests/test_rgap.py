@@ -7,6 +7,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import skimage.metrics
@@ -134,3 +135,56 @@ def test_a_sweep_skips_an_update_that_is_zero(tmp_path):
     results = json.loads((tmp_path / folder / "results.json").read_text())
     assert [r["index"] for r in results["rows"]] == [8]
     assert [s["experiment"] for s in results["skipped"]] == ["7"]
+
+
+@pytest.mark.slow
+def test_each_layers_residual_is_the_misfit_of_its_equations_at_the_recovered_input():
+  """R-GAP's per-layer residual, against float64 written out here, on an update with noise added
+  (so that no input fits it exactly): at the input the layer recovered (the photo, or the ReLU
+  output below), the misfit of its kernel gradient (patches times the layer's output error) to the
+  observed one and of its pre-activations at the active units to the recovered output less the
+  bias, each relative to its target; the residual is their root mean square. The errors as R-GAP
+  defines them: the head's weights times its bias gradient, then down each layer's transposed
+  convolution (lax's vjp), kept at the units the recovered output holds active."""
+  photo = _photo(0, 16)
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(16, 16, 3), act="relu")
+  clean = clients.fedsgd(model.apply_fn, model.variables, photo.x, photo.y)
+  rng = np.random.default_rng(0)
+  noisy = jax.tree.map(lambda g: np.asarray(g, np.float64) * (1 + 1e-3 * rng.normal(size=np.shape(g))),
+                       clean.gradient)
+  obs = clean.replace(gradient=noisy)
+  chain = closed_forms.chain(model.apply_fn.module)
+  found = rgap.rgap(obs, chain, (16, 16, 3))
+  params = jax.tree.map(lambda v: np.asarray(v, np.float64), model.variables["params"])
+  dn = ("NHWC", "HWIO", "NHWC")
+  error = noisy["head"]["bias"]
+  delta_out = (params["head"]["kernel"] @ error).reshape(found.activations[-1].shape)
+  inputs = [found.x, *found.activations[:-1]]
+  residuals = []
+  for k in range(len(chain) - 1, -1, -1):
+    layer, a, out = chain[k], np.asarray(inputs[k], np.float64), np.asarray(found.activations[k], np.float64)
+    kernel = params[layer.name]["kernel"]
+    active = out > 10 * max(-out.min(), 1e-12 * out.max(), 0.0)  # the rule rgap documents
+    delta = delta_out * active
+    (top, bottom), (left, right) = layer.padding
+    xp = np.pad(a, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    (ho, wo), (sh, sw), (kh, kw) = delta.shape[1:3], layer.strides, kernel.shape[:2]
+    g = np.zeros(kernel.shape)
+    for i in range(kh):
+      for j in range(kw):
+        window = xp[:, i:i + sh * (ho - 1) + 1:sh, j:j + sw * (wo - 1) + 1:sw]
+        g[i, j] = np.einsum("nhwc,nhwo->co", window, delta)
+    observed = noisy[layer.name]["kernel"]
+    weight_misfit = np.linalg.norm(g - observed) / np.linalg.norm(observed)
+    z = np.transpose(np_conv_nchw(np.transpose(xp, (0, 3, 1, 2)), np.transpose(kernel, (3, 2, 0, 1)),
+                                  np.zeros(kernel.shape[-1]), sh, 0), (0, 2, 3, 1))
+    target = (out - params[layer.name]["bias"])[active]
+    unit_misfit = np.linalg.norm(z[active] - target) / np.linalg.norm(target)
+    residuals.append((layer.name, np.sqrt((weight_misfit ** 2 + unit_misfit ** 2) / 2)))
+    with jax.enable_x64(True):
+      conv = lambda v, layer=layer, kernel=kernel: jax.lax.conv_general_dilated(
+          v, kernel, layer.strides, layer.padding, dimension_numbers=dn)
+      delta_out = np.asarray(jax.vjp(conv, jnp.asarray(a))[1](jnp.asarray(delta))[0])
+  got = {report["name"]: report["residual"] for report in found.layers}
+  for name, want in residuals:
+    assert want > 1e-4 and got[name] == pytest.approx(want, rel=1e-3), (name, got[name], want)
