@@ -42,7 +42,8 @@ def cpu_model() -> str:
 
 DEFAULT_CONFIG: list[str] = []  # the program's default configuration (define_flags)
 CAPTURED: list[bool] = []  # [True] for a program that attacks captures (define_flags)
-# What a program of captures takes where an option is not given (options_from_flags).
+# Where a program of captures takes these options from when they are not given, as --help says
+# (options_from_flags leaves them None for the captures' files to fill in).
 _FROM_CAPTURES = {"model.name": "the captures' metadata", "data.dataset": "none: no scoring"}
 FIELDS: list[str] = []  # the options (dotted paths) the program reads (define_flags)
 

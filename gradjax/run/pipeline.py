@@ -584,6 +584,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
                          f"sample{'' if n == 1 else 's'}: its ground truth is images "
                          f"{cfg.data.index}..{cfg.data.index + n - 1} (leave --batch_size out)")
       batch = load_batch(config.replace(cfg, {"data.batch_size": n}))
+    if batch is not None:  # the scores' size, known before anything is compiled
+      check_lpips(cfg.output.lpips, batch.x.shape[1:3])
     model, observation, meta = _captured(cfg, batch, conv_name)
     norm = data.normalization(cfg.data.normalization or meta.get("normalization") or "none")
     if batch is not None and batch.x.shape[0] != observation.num_samples:
@@ -597,12 +599,11 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     meta = {}
     norm = data.normalization(cfg.data.normalization or "none")
     batch = load_batch(cfg) if batch is None else batch
+    check_lpips(cfg.output.lpips, batch.x.shape[1:3])  # before anything is compiled
     model = _simulated(cfg, batch, norm, key_model, conv_name)
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
     client = cfg.client.build(share_labels=share_labels)
     observation = client(model.apply_fn, model.variables, x_client, batch.y)
-  if batch is not None:  # the scores' size, known before anything is compiled
-    check_lpips(cfg.output.lpips, batch.x.shape[1:3])
   defense = cfg.defense.build()
   if defense is not None:
     observation = defense.apply(observation, key_defense)
