@@ -274,8 +274,8 @@ def _run(data: bytes):
         module, attr = stack[-2:] if len(stack) >= 2 else (None, None)
         del stack[-2:]
       if (module, attr) not in _ALLOWED:
-        raise Refused(f"it names {_shown(f'{module}.{attr}', 80)}, which is neither a NumPy array nor "
-                      "plain data")
+        named = " ".join(f"{module}.{attr}".split())[:80]  # one line, whatever the file holds
+        raise Refused(f"it names {named}, which is neither a NumPy array nor plain data")
       stack.append(_Name(module, attr))
     elif name == "REDUCE":
       args = stack.pop()
