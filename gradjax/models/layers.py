@@ -132,47 +132,43 @@ def im2col_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=N
   ``jax.lax.conv_general_dilated`` unchanged, so this is a drop-in ``conv_general_dilated`` for
   ``flax.linen.Conv``.
   """
-  if _native(lhs, rhs, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count):
+  return _by_patches(_sliced_patches, lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                     dimension_numbers, feature_group_count, precision, preferred_element_type)
+
+
+def _by_patches(patches_of, lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                dimension_numbers, feature_group_count, precision, preferred_element_type):
+  """A plain 2-D NHWC/HWIO convolution as ``patches_of(x_pad, (kh, kw), strides, (Ho, Wo))``
+  ((N, Ho, Wo, kh kw C), ordered (a, b, c) as the kernel's (kh, kw, C)) times the kernel; any other
+  (dilated, grouped, another layout or rank) by ``jax.lax.conv_general_dilated`` unchanged."""
+  if (lhs.ndim != 4 or feature_group_count != 1
+      or any(d != 1 for d in (lhs_dilation or ())) or any(d != 1 for d in (rhs_dilation or ()))
+      or jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers) != _NHWC_HWIO):
     return jax.lax.conv_general_dilated(
         lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
         dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
         precision=precision, preferred_element_type=preferred_element_type)
-  x, (ho, wo) = _padded(lhs, rhs, window_strides, padding)
+  n, h, w, _ = lhs.shape
   kh, kw, _, out = rhs.shape
-  sh, sw = window_strides
-  if kh == kw == 1:
-    patches = x[:, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, :]
-  else:
-    cols = jnp.concatenate([x[:, :, b:b + sw * (wo - 1) + 1:sw, :] for b in range(kw)], axis=-1)
-    patches = jnp.concatenate([cols[:, a:a + sh * (ho - 1) + 1:sh] for a in range(kh)], axis=-1)
-  return _times_kernel(patches, rhs, precision, preferred_element_type)
-
-
-def _native(lhs, rhs, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count) -> bool:
-  """Whether a convolution is no plain 2-D NHWC/HWIO one (dilated, grouped, another layout)."""
-  return (lhs.ndim != 4 or feature_group_count != 1
-          or any(d != 1 for d in (lhs_dilation or ())) or any(d != 1 for d in (rhs_dilation or ()))
-          or jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers) != _NHWC_HWIO)
-
-
-def _padded(lhs, rhs, window_strides, padding):
-  """``lhs`` zero-padded as ``padding`` says, and the output's (Ho, Wo)."""
-  _, h, w, _ = lhs.shape
-  kh, kw = rhs.shape[:2]
   sh, sw = window_strides
   (top, bottom), (left, right) = _explicit_pads(padding, (h, w), (kh, kw), (sh, sw))
   x = jax.lax.pad(lhs, jnp.zeros((), lhs.dtype),
                   ((0, 0, 0), (top, bottom, 0), (left, right, 0), (0, 0, 0)))
-  return x, ((h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1)
-
-
-def _times_kernel(patches, rhs, precision, preferred_element_type):
-  """(N, Ho, Wo, kh kw C) patches, (a, b, c) ordered as ``rhs``' (kh, kw, C), times the kernel."""
-  n, ho, wo, k = patches.shape
-  out = rhs.shape[-1]
-  y = jnp.matmul(patches.reshape(n * ho * wo, k), rhs.reshape(k, out),
+  ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
+  patches = patches_of(x, (kh, kw), (sh, sw), (ho, wo))
+  y = jnp.matmul(patches.reshape(n * ho * wo, -1), rhs.reshape(-1, out),
                  precision=precision, preferred_element_type=preferred_element_type)
   return y.reshape(n, ho, wo, out)
+
+
+def _sliced_patches(x, kernel_hw, strides, out_hw):
+  """im2col's patches: ``kw`` strided column slices concatenated on channels, then ``kh`` strided
+  row slices of that."""
+  (kh, kw), (sh, sw), (ho, wo) = kernel_hw, strides, out_hw
+  if kh == kw == 1:
+    return x[:, :sh * (ho - 1) + 1:sh, :sw * (wo - 1) + 1:sw, :]
+  cols = jnp.concatenate([x[:, :, b:b + sw * (wo - 1) + 1:sw, :] for b in range(kw)], axis=-1)
+  return jnp.concatenate([cols[:, a:a + sh * (ho - 1) + 1:sh] for a in range(kh)], axis=-1)
 
 
 @functools.cache
@@ -200,17 +196,17 @@ def gather_conv(lhs, rhs, window_strides: Sequence[int], padding, lhs_dilation=N
   ``auto`` does not choose it: it is there to measure the compilation of batched programs on an
   accelerator, where im2col's (several runs vmapped) compiled far longer than one run's. Other cases
   go to ``jax.lax.conv_general_dilated`` unchanged, as for :func:`im2col_conv`."""
-  if _native(lhs, rhs, lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count):
-    return jax.lax.conv_general_dilated(
-        lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
-        dimension_numbers=dimension_numbers, feature_group_count=feature_group_count,
-        precision=precision, preferred_element_type=preferred_element_type)
-  x, (ho, wo) = _padded(lhs, rhs, window_strides, padding)
+  return _by_patches(_gathered_patches, lhs, rhs, window_strides, padding, lhs_dilation,
+                     rhs_dilation, dimension_numbers, feature_group_count, precision,
+                     preferred_element_type)
+
+
+def _gathered_patches(x, kernel_hw, strides, out_hw):
+  """The patches by one gather of :func:`_patch_index`'s positions."""
   n, hp, wp, c = x.shape
-  kh, kw = rhs.shape[:2]
-  index = _patch_index((hp, wp), (kh, kw), tuple(window_strides), (ho, wo))
+  index = _patch_index((hp, wp), tuple(kernel_hw), tuple(strides), tuple(out_hw))
   patches = x.reshape(n, hp * wp, c).at[:, jnp.asarray(index)].get(mode="promise_in_bounds")
-  return _times_kernel(patches.reshape(n, ho, wo, kh * kw * c), rhs, precision, preferred_element_type)
+  return patches.reshape(n, *out_hw, -1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
