@@ -207,6 +207,8 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
   assert metrics["command"] == f"gradjax reconstruct --iterations=30 --image_size=16 --output_dir={out}"
   assert metrics["cores"] >= 1 and metrics["device"].startswith("CPU (")
   assert f"PSNR {metrics['psnr']:.2f} dB" in proc.stdout
+  wrote = next(l for l in proc.stdout.splitlines() if l.startswith("wrote "))
+  assert sorted(wrote.split(": ", 1)[1].split(", ")) == sorted(p.name for p in out.iterdir() if p.is_file())
   # The scores it printed and wrote, from the reconstruction it saved and the photo it attacked.
   from gradjax import data
   gt = data.load("skimage", indices=[0], image_size=(16, 16)).x[0].astype(np.float64)

@@ -115,7 +115,7 @@ def main(argv):
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.svg"
-        + (", curves.svg" if results.get("history") else ""))
+        + (", curves.svg" if results.get("history") else "") + ", config.py")
   print_verdict(results)
 
 
