@@ -127,9 +127,14 @@ def test_hand_written_numpy_opcodes_are_read(tmp_path):
     (b"\x80\x02]", "no STOP opcode|exhausted"),
 ])  # fmt: skip
 def test_corrupt_or_lying_files_are_refused_without_allocating_what_they_declare(tmp_path, blob, message):
+  _refused(tmp_path, blob, rf"batch.*({message})")
+
+
+def _refused(tmp_path, blob: bytes, pattern: str) -> None:
+  """``blob`` as a file is refused in one line matching ``pattern``."""
   path = tmp_path / "batch"
   path.write_bytes(blob)
-  with pytest.raises(ValueError, match=rf"batch.*({message})") as e:
+  with pytest.raises(ValueError, match=pattern) as e:
     pickled.arrays(path)
   assert "\n" not in str(e.value)
 
@@ -144,10 +149,7 @@ def test_corrupt_or_lying_files_are_refused_without_allocating_what_they_declare
     (b"\x80\x02c_codecs\nencode\nX\x01\x00\x00\x00aX\x05\x00\x00\x00utf-8\x86R.", "_codecs.encode"),
 ])  # fmt: skip
 def test_names_are_only_ever_compared_never_called(tmp_path, blob, message):
-  path = tmp_path / "batch"
-  path.write_bytes(blob)
-  with pytest.raises(ValueError, match=rf"refusing to read .*batch as data: .*{message}"):
-    pickled.arrays(path)
+  _refused(tmp_path, blob, rf"refusing to read .*batch as data: .*{message}")
 
 
 def test_a_missing_file_is_one_line(tmp_path):
@@ -172,10 +174,7 @@ def test_reading_never_calls_pickle(tmp_path, monkeypatch):
 def test_nesting_that_would_crash_or_loop_a_reader_is_refused(tmp_path, blob, message):
   """A tuple nested a million deep crashes Python when hashed as a dict key (C recursion), and a
   list that holds itself has no end: both refused as they are read, in one line."""
-  path = tmp_path / "batch"
-  path.write_bytes(blob)
-  with pytest.raises(ValueError, match=rf"refusing to read .*batch as data: {message}"):
-    pickled.arrays(path)
+  _refused(tmp_path, blob, rf"refusing to read .*batch as data: {message}")
 
 
 def test_mutated_files_are_data_or_one_line_refusals(tmp_path):
