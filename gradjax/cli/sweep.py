@@ -35,7 +35,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import fidelity, files
+from gradjax import fidelity, files, models
 from gradjax.run import config, report, svg
 
 common.define_flags(batched=True)
@@ -168,8 +168,13 @@ def main(argv):
   labels = kept  # the experiments in the table
   summary = report.summarize(rows, f.psnr_threshold)
   summary["total_time_s"] = items.earlier_s + time.perf_counter() - start
-  weights = (f"checkpoint {os.path.basename(base.model.checkpoint)}" if base.model.checkpoint
-             else f"init {base.model.init or 'model default'}")
+  if base.model.checkpoint:
+    weights = f"checkpoint {os.path.basename(base.model.checkpoint)}"
+  elif base.client.observation:
+    weights = "captured weights"
+  else:  # the draw the model makes when none is named (lenet_zhu: DLG's uniform)
+    weights = "init " + (base.model.init or getattr(
+        models.get_module(model, num_classes=base.model.num_classes or 10), "weight_init", "default"))
   title = (
       f"{base.attack.preset} on {model} ({weights}), {base.data.dataset} {span}, batch {base.data.batch_size}"
       if images else
