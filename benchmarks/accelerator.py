@@ -494,7 +494,8 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   ``timeout -s INT``) writes the rows it measured, marked ``complete: false``, unless an earlier call
   wrote more or the whole part (also under ``overwrite``); the interrupt then goes on. The next call
   runs that part again, from its start, or for one of :data:`RESUMABLE` at the same sizes and
-  dataset, from the rows it has (without ``overwrite``). ``ig_init``: the ``ig`` part's model draw (None: the zoo's
+  dataset, from the rows it has (without ``overwrite``; also a part written whole, for the rows
+  it lacks, e.g. a variant added since). ``ig_init``: the ``ig`` part's model draw (None: the zoo's
   default); ``env``: the environment of the processes the parts start (:func:`leave_card`; None:
   this one's)."""
   s = dict(sizes(quick, dataset), ig_init=ig_init)
@@ -514,12 +515,14 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   for part in sorted(parts, key=lambda p: p not in PROCESS_PARTS):  # before this process holds memory
     path = os.path.join(out, f"gpu_{part}.json")
     kept = _kept(path)
-    if kept is not None and kept["complete"] and not overwrite:
+    # A resumable part kept whole still runs the rows it lacks (a variant added since, say).
+    resumed = (part in RESUMABLE and kept is not None and not overwrite and kept.get("quick") == quick
+               and kept.get("dataset") == dataset)
+    if kept is not None and kept["complete"] and not overwrite and not resumed:
       print(f"{part}: kept {path}", flush=True)
       continue
     start, rows, earlier = time.perf_counter(), [], 0.0
-    if (part in RESUMABLE and kept is not None and not overwrite and kept.get("quick") == quick
-        and kept.get("dataset") == dataset):
+    if resumed:
       rows, earlier = list(kept["rows"]), kept.get("seconds", 0.0)
       print(f"{part}: going on from the {len(rows)} rows in {path}", flush=True)
     try:
@@ -531,12 +534,15 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
         continue
       rows.extend(produced)  # a generator's rows one by one, so an interrupt keeps those measured
     except KeyboardInterrupt:
-      if rows and (kept is None or (not kept["complete"] and len(rows) > len(kept["rows"]))):
+      if rows and (kept is None or ((resumed or not kept["complete"]) and len(rows) > len(kept["rows"]))):
         _write_part(path, dict(header, part=part, quick=quick, dataset=dataset, complete=False,
                                seconds=earlier + time.perf_counter() - start, rows=rows))
         print(f"{part}: stopped; wrote the {len(rows)} rows measured to {path}", flush=True)
       _assemble(out)
       raise
+    if resumed and kept["complete"] and len(rows) == len(kept["rows"]):
+      print(f"{part}: kept {path} (every row was there)", flush=True)
+      continue
     _write_part(path, dict(header, part=part, quick=quick, dataset=dataset, complete=True,
                            seconds=earlier + time.perf_counter() - start, rows=rows))
   return _assemble(out)

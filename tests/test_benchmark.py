@@ -115,14 +115,16 @@ def test_accelerator_suite_quick(tmp_path):
       "--config.model.conv=im2col", "--config.model.conv=im2col",
       "GRADJAX_FAST_COMPILE=1", "GRADJAX_FAST_COMPILE=1"]
   assert all(r["process_s"] > r["attack_s"] > 0 and "error" not in r for r in flags["rows"])
-  # A flags part cut short goes on from its rows (each row a process of its own).
-  (tmp_path / "gpu_flags.json").write_text(json.dumps(dict(flags, complete=False, rows=flags["rows"][:3])))
-  cut = subprocess.run([c.replace("--parts=fedavg,flags,ig,loops,clients64,anatomy", "--parts=flags") for c in cmd],
-                       capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
-  assert cut.returncode == 0 and "flags: going on from the 3 rows" in cut.stdout, cut.stderr[-2000:]
-  resumed = json.loads((tmp_path / "gpu_flags.json").read_text())
-  assert resumed["complete"] and resumed["rows"][:3] == flags["rows"][:3]
-  assert [r["variant"] for r in resumed["rows"]] == [r["variant"] for r in flags["rows"]]
+  # A flags part cut short goes on from its rows (each row a process of its own); so does one
+  # written whole that lacks a row (a variant added since it ran).
+  for complete in (False, True):
+    (tmp_path / "gpu_flags.json").write_text(json.dumps(dict(flags, complete=complete, rows=flags["rows"][:3])))
+    cut = subprocess.run([c.replace("--parts=fedavg,flags,ig,loops,clients64,anatomy", "--parts=flags")
+                          for c in cmd], capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert cut.returncode == 0 and "flags: going on from the 3 rows" in cut.stdout, cut.stderr[-2000:]
+    resumed = json.loads((tmp_path / "gpu_flags.json").read_text())
+    assert resumed["complete"] and resumed["rows"][:3] == flags["rows"][:3]
+    assert [r["variant"] for r in resumed["rows"]] == [r["variant"] for r in flags["rows"]]
   loops = json.loads((tmp_path / "gpu_loops.json").read_text())["rows"]
   # Inverting Gradients' job reads the label the observation shares (the H100 run stopped there).
   # DLG's L-BFGS also in the loop the driver runs for it (one line-search trial a trip).
