@@ -368,11 +368,16 @@ def budget(attack: str, iterations: int, restarts: int) -> str:
           + ("s" if restarts != 1 else ""))
 
 
-def closed_form_budget(attack: str, rounds: int) -> str:
-  """"exclusive_neurons (a closed form, 3 rounds)"; "rgap (a closed form, 3 layers)"; "dager (a
-  closed form, 32 positions)"; "imprint (a closed form, 1 read-out)"."""
+def closed_form_steps(attack: str, rounds: int) -> str:
+  """What a closed form counts where an optimisation counts iterations: "a closed form, 3 rounds"
+  (exclusive_neurons), "3 layers" (rgap), "32 positions" (dager), "1 read-out" (imprint)."""
   unit = {"rgap": "layer", "dager": "position", "imprint": "read-out"}.get(attack, "round")
-  return f"{attack} (a closed form, {rounds} {unit}" + ("s)" if rounds != 1 else ")")
+  return f"a closed form, {rounds} {unit}" + ("s" if rounds != 1 else "")
+
+
+def closed_form_budget(attack: str, rounds: int) -> str:
+  """"exclusive_neurons (a closed form, 3 rounds)"; "rgap (a closed form, 3 layers)"."""
+  return f"{attack} ({closed_form_steps(attack, rounds)})"
 
 
 def decide(*, findings: dict | None, residual: fidelity.Comparison | None,
