@@ -66,11 +66,12 @@ import ml_dtypes
 import numpy as np
 from absl import app, flags
 
+from benchmarks import torch_ports
 from gradjax.cli.common import cpu_model
 from gradjax.cli import common
 
 import gradjax
-from gradjax import (attacks, clients, compilation, data, distances, driver, interop, lbfgs, models,
+from gradjax import (attacks, clients, compilation, data, distances, driver, lbfgs, models,
                      optimizers, presets, solvers)
 from gradjax.losses import cross_entropy
 from gradjax.objectives import gradient_matching
@@ -640,43 +641,7 @@ def benchmark_jax(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, conv: s
 
 
 # --------------------------------------------------------------------------------------------------
-# PyTorch eager baseline. torch is imported only here, and only when the baseline runs.
-
-
-def import_torch():
-  """The torch module, or None when it is not installed."""
-  try:
-    import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return torch
-
-
-def build_torch_model(name: str, input_shape, num_classes: int):
-  """PyTorch port of zoo model ``name`` (same layers and parameter count; independent weights): its
-  :class:`gradjax.models.spec.ModelSpec`'s ``torch_module``."""
-  import torch  # pylint: disable=g-import-not-at-top
-
-  spec = models.family(name)
-  if spec is None or spec.torch_module is None:
-    raise ValueError(f"no PyTorch port of model {name!r}")
-  return spec.torch_module(spec.parse(name), torch, tuple(input_shape), num_classes)
-
-
-def torch_lenet(model, torch, x: np.ndarray, tolerance: float = 1e-4):
-  """The PyTorch port of ``lenet_zhu`` carrying the JAX model's weights (exported by
-  :func:`gradjax.interop.variables_to_torch` and loaded strictly), checked on the images ``x``
-  (N, H, W, C): returns ``(net, gap)``, gap the largest difference between its logits and the JAX
-  model's; a gap above ``tolerance`` is a ValueError."""
-  net = build_torch_model("lenet_zhu", model.input_shape, model.num_classes)
-  tensors = interop.variables_to_torch(model.variables, interop.zoo_mapping(model))
-  net.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in tensors.items()}, strict=True)
-  with torch.no_grad():
-    logits = net(torch.from_numpy(np.ascontiguousarray(np.asarray(x, np.float32).transpose(0, 3, 1, 2))))
-  gap = float(np.max(np.abs(logits.numpy() - np.asarray(model.apply_fn(model.variables, x, False)))))
-  if not gap <= tolerance:
-    raise ValueError(f"the PyTorch port of lenet_zhu misses the JAX logits by {gap:.1e}")
-  return net, gap
+# PyTorch eager baseline (the ports in benchmarks.torch_ports), only when it runs.
 
 
 def last_line(text: str) -> str:
@@ -729,22 +694,6 @@ def reconstruct_processes(args: list[str], runs: int, environ: dict | None = Non
   return rows
 
 
-def torch_dlg_objective(model, params, observed, dummy_x, dummy_label):
-  """The DLG objective in PyTorch eager, as the reference code computes it, with its gradient
-  accumulated into ``dummy_x.grad`` and ``dummy_label.grad``: soft-label cross entropy
-  ``mean(sum(-softmax(label) * log_softmax(pred), -1))``, its parameter gradient with
-  ``create_graph=True``, the summed squared difference to ``observed``, then ``backward``."""
-  import torch  # pylint: disable=g-import-not-at-top
-  import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
-
-  pred = model(dummy_x)
-  dummy_loss = torch.mean(torch.sum(-F.softmax(dummy_label, -1) * F.log_softmax(pred, -1), -1))
-  dummy_dy_dx = torch.autograd.grad(dummy_loss, params, create_graph=True)
-  grad_diff = sum(((gx - gy) ** 2).sum() for gx, gy in zip(dummy_dy_dx, observed))
-  grad_diff.backward(inputs=[dummy_x, dummy_label])
-  return grad_diff
-
-
 def torch_steps(name: str, x: np.ndarray, y: np.ndarray, *, seed: int):
   """The PyTorch port of ``name`` in eager mode: ``(plain_step, match_step, number of parameters)``,
   each step a no-argument callable."""
@@ -752,7 +701,7 @@ def torch_steps(name: str, x: np.ndarray, y: np.ndarray, *, seed: int):
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
 
   torch.manual_seed(seed)
-  model = build_torch_model(name, x.shape[1:], NUM_CLASSES).eval()
+  model = torch_ports.build_torch_model(name, x.shape[1:], NUM_CLASSES).eval()
   params = list(model.parameters())
   x = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))  # NHWC -> NCHW
   y = torch.from_numpy(np.asarray(y, np.int64))
@@ -767,7 +716,7 @@ def torch_steps(name: str, x: np.ndarray, y: np.ndarray, *, seed: int):
 
   def match_step():
     dummy_x.grad = dummy_label.grad = None  # optimizer.zero_grad()
-    return torch_dlg_objective(model, params, observed, dummy_x, dummy_label)
+    return torch_ports.torch_dlg_objective(model, params, observed, dummy_x, dummy_label)
 
   if not torch.isfinite(match_step()):
     raise RuntimeError(f"{name}: the PyTorch matching objective is not finite")
@@ -873,7 +822,7 @@ def main(argv):
   if (error := check_flags()) is not None:
     fail(error)
   common.check_output_file()
-  torch = None if _TORCH.value == "off" else import_torch()
+  torch = None if _TORCH.value == "off" else torch_ports.import_torch()
   if torch is None and _TORCH.value == "on":
     fail("--torch=on but torch is not importable")
 

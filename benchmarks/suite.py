@@ -93,7 +93,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from benchmarks import accelerator, op_profile, torch_first_result
+from benchmarks import accelerator, op_profile, torch_first_result, torch_ports
 from benchmarks import step as bs
 from gradjax import attacks, clients, compilation, driver, dummy, losses, metrics, models, presets
 from gradjax.run import report
@@ -306,7 +306,7 @@ def ttq_torch(torch, net, x_true, y, init: dict, line_search: str | None, target
     nonlocal evaluations
     evaluations += 1
     opt.zero_grad()
-    return bs.torch_dlg_objective(net, params, observed, dummy_x, dummy_y)
+    return torch_ports.torch_dlg_objective(net, params, observed, dummy_x, dummy_y)
 
   start, steps, psnr = time.perf_counter(), 0, 0.0
   while time.perf_counter() - start < max_s:
@@ -356,7 +356,7 @@ def ig_fixed_budget(torch, name: str, iterations: int, seed: int) -> dict:
   if torch is not None:
     import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
     torch.manual_seed(seed)
-    net = bs.build_torch_model(name, images.x.shape[1:], bs.NUM_CLASSES).eval()
+    net = torch_ports.build_torch_model(name, images.x.shape[1:], bs.NUM_CLASSES).eval()
     params = list(net.parameters())
     x = torch.from_numpy(np.ascontiguousarray(images.x.transpose(0, 3, 1, 2)))
     y = torch.from_numpy(np.asarray(images.y, np.int64))
@@ -386,7 +386,7 @@ def section_ttq(torch, seed: int) -> dict:
     key = jax.random.key(seed + 100 + i)
     row = dict(image=i, jax=ttq_jax(model, obs, x, key, _TTQ_PSNR.value, _TTQ_MAX_S.value))
     if torch is not None:
-      net, _ = bs.torch_lenet(model, torch, x)
+      net, _ = torch_ports.torch_lenet(model, torch, x)
       init = jax.device_get(dummy.init_dummy(jax.random.split(key, 1)[0], dummy.normal, x.shape,
                                                bs.NUM_CLASSES))
       init = {k: np.asarray(v, np.float32) for k, v in init.items()}
@@ -762,7 +762,7 @@ def main(argv):
     print(f"wrote {out}: gpu.md and gpu_<part>.json/.md")
     return
   out = common.output_folder("benchmark", own=("benchmark.*",))
-  torch = None if bs._TORCH.value == "off" else bs.import_torch()
+  torch = None if bs._TORCH.value == "off" else torch_ports.import_torch()
   if torch is None and bs._TORCH.value == "on":
     bs.fail("--torch=on but torch is not importable")
   seed = bs._SEED.value

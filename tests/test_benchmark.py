@@ -4,6 +4,7 @@ measurements."""
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -30,6 +31,17 @@ def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert bad_job.returncode == 2 and len(bad_job.stderr.strip().splitlines()) == 1, bad_job.stderr
     assert "--anatomy_jobs" in bad_job.stderr
+
+
+def test_a_benchmark_programs_help_lists_every_flag_it_reads():
+  """`python -m benchmarks step --help` names its options taken from the configuration's schema
+  (--batch_size, --seed) beside its own flags."""
+  proc = subprocess.run([sys.executable, "-m", "benchmarks", "step", "--help"], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", proc.stdout, re.M))
+  assert listed == {"batch_size", "seed", "max_seconds", "repeats", "warmup", "torch", "models",
+                    "output", "overwrite"}
 
 
 def test_hlo_counts_agree_with_the_modules_xla_holds():

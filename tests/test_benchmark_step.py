@@ -17,10 +17,11 @@ import json, sys
 import jax
 from gradjax import models
 from benchmarks import step as benchmark_step
+from benchmarks import torch_ports
 counts = {}
 for name in sys.argv[1:]:
   variables = jax.eval_shape(lambda key: models.create(name, key).variables, jax.random.key(0))
-  torch_model = benchmark_step.build_torch_model(name, (32, 32, 3), 10)
+  torch_model = torch_ports.build_torch_model(name, (32, 32, 3), 10)
   counts[name] = [benchmark_step.count_params(variables["params"]),
                   sum(p.numel() for p in torch_model.parameters())]
 print(json.dumps(counts))

@@ -4,6 +4,7 @@ import collections
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,3 +52,17 @@ def test_dlg_torch_batch_scores_its_reconstructions(tmp_path):
   bad = subprocess.run([sys.executable, script, "--batch_sizes=0", f"--output_dir={tmp_path / 'bad'}"],
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode != 0 and "must be positive" in bad.stderr
+
+
+def test_help_lists_exactly_the_flags_it_reads():
+  """--help names this program's flags, --seed among them, and none of the benchmark harness's
+  (whose PyTorch ports it imports) nor --resume, which it does not do."""
+  script = os.path.join(ROOT, "experiments", "studies", "dlg_batch", "dlg_torch_batch.py")
+  proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  listed = set(re.findall(r"^  --(?:\[no\])?(\w+)", proc.stdout, re.M))
+  assert listed == {"batch_sizes", "count", "data_dir", "start", "steps", "tol", "seed", "output_dir",
+                    "overwrite"}
+  for flag in ("--repeats=3", "--resume"):
+    bad = subprocess.run([sys.executable, script, flag], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Unknown command line flag" in bad.stderr, bad.stderr[-1000:]

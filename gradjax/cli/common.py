@@ -935,7 +935,9 @@ def grouped_help() -> str:
   (:mod:`gradjax.run.config`; its short flag, else ``--config.<path>``), then the program's own flags
   and the process settings."""
   by_module = flags.FLAGS.flags_by_module_dict()
-  own = [g for g in by_module if g != _OPTIONS and not g.startswith("absl") and g != __name__]
+  # The short flags of define_fields (a program without --config) are listed as its own.
+  own = [g for g in by_module if (g != _OPTIONS or not FIELDS) and not g.startswith("absl")
+         and g != __name__]
   doc = PROGRAM_DOC[0] if PROGRAM_DOC else sys.modules["__main__"].__doc__
   parts = [(doc or "").strip(), ""]
   if DEFAULT_CONFIG:

@@ -4,11 +4,11 @@ gradjax's stalls?
 For each batch size B in ``--batch_sizes`` and ``--count`` batches (batch i holds CIFAR-10 test
 images ``start + i·B`` to ``start + (i+1)·B − 1``, as ``sweep.py --batch_size=B`` takes them), the
 same LeNet(Zhu) that ``sweep.py`` attacks for that experiment (gradjax's model for its index, its
-weights copied into ``benchmarks.step``'s PyTorch port, whose logits are checked against gradjax's on
+weights copied into ``benchmarks.torch_ports``' PyTorch port, whose logits are checked against gradjax's on
 the batch: ``logit_gap``, the largest difference) is attacked with DLG's reference loop: dummy data
 and label logits N(0, 1) (``torch.manual_seed(seed + index)``, ``--seed``), ``torch.optim.LBFGS``
 with lr 1, history 100 and 20 evaluations per step without a line search, ``--steps`` calls of
-``step``; the objective is ``benchmarks.step.torch_dlg_objective`` (soft-label cross entropy, Σ‖∇W' −
+``step``; the objective is ``benchmarks.torch_ports.torch_dlg_objective`` (soft-label cross entropy, Σ‖∇W' −
 ∇W‖²). Each batch records the steps until the objective first reached ``--tol`` (what the paper
 counts), the evaluations that took, the final objective, and the PSNR and label accuracy after
 batch-order matching.
@@ -27,7 +27,7 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
-from benchmarks import step as bs  # noqa: E402  (the clone's benchmark programs: its PyTorch ports)
+from benchmarks import torch_ports  # noqa: E402  (the clone's PyTorch ports)
 from gradjax.cli import common  # noqa: E402
 from gradjax import data, files, metrics, models  # noqa: E402
 from gradjax.run import pipeline, report  # noqa: E402
@@ -38,8 +38,9 @@ flags.DEFINE_integer("start", 0, "First image index.")
 flags.DEFINE_integer("count", 5, "Batches per batch size.")
 flags.DEFINE_integer("steps", 1200, "LBFGS.step calls per batch (DLG's code: 300; the paper's batch "
                      "table: 270 / 602 / 1173 / 2711 for batches of 1 / 2 / 4 / 8).")
+_SEED = common.define_fields("seed")["seed"]
 flags.DEFINE_float("tol", 1e-5, "The objective that counts as converged (as the gradjax batch table).")
-common.define_output_flags()
+common.define_output_flags(resumable=False)
 flags.adopt_module_key_flags(common)
 
 
@@ -63,13 +64,13 @@ def attack(torch, net, x_true: np.ndarray, y: np.ndarray, *, steps: int, tol: fl
     nonlocal evaluations
     evaluations += 1
     opt.zero_grad()
-    return bs.torch_dlg_objective(net, params, observed, dummy_x, dummy_y)
+    return torch_ports.torch_dlg_objective(net, params, observed, dummy_x, dummy_y)
 
   start = time.perf_counter()
   for step in range(1, steps + 1):
     opt.step(closure)
     opt.zero_grad()  # the objective after the step, as DLG's code reads it (not counted)
-    loss = float(bs.torch_dlg_objective(net, params, observed, dummy_x, dummy_y))
+    loss = float(torch_ports.torch_dlg_objective(net, params, observed, dummy_x, dummy_y))
     if not np.isfinite(loss):
       break
     if loss <= tol:
@@ -115,14 +116,14 @@ def main(argv):
     common.fail(f"--batch_sizes takes integers, got {f.batch_sizes}")
   if min(sizes + [f.count, f.steps]) < 1 or f.start < 0 or not f.tol > 0:
     common.fail("batch sizes, --count and --steps must be positive, --start not negative, --tol > 0")
-  torch = bs.import_torch()
+  torch = torch_ports.import_torch()
   if torch is None:
     common.fail("this program needs PyTorch: pip install torch")
   torch.set_num_threads(1)
   out = common.output_folder("dlg_torch_batch", own=("results.*", "reconstructions.npz"))
   start = time.perf_counter()
   result = {**common.provenance(), "torch": torch.__version__, "batch_sizes": sizes, "count": f.count,
-            "start": f.start, "steps": f.steps, "tol": f.tol, "seed": bs._SEED.value, "rows": {}}
+            "start": f.start, "steps": f.steps, "tol": f.tol, "seed": _SEED.value, "rows": {}}
   try:
     source = data.load("cifar10", data_dir=f.data_dir,
                        indices=range(f.start, f.start + f.count * max(sizes)))
@@ -134,15 +135,15 @@ def main(argv):
     for i in range(f.count):
       index = f.start + i * b
       x, y = source.x[index - f.start:index - f.start + b], source.y[index - f.start:index - f.start + b]
-      key_model = pipeline.experiment_keys(bs._SEED.value, index)[0]
+      key_model = pipeline.experiment_keys(_SEED.value, index)[0]
       model = models.create("lenet_zhu", key_model, input_shape=x.shape[1:],
                             num_classes=source.num_classes)
       try:
-        net, gap = bs.torch_lenet(model, torch, x)
+        net, gap = torch_ports.torch_lenet(model, torch, x)
       except ValueError as e:
         common.fail(f"index {index}: {e}")
       rec, row = attack(torch, net, x.astype(np.float32), y.astype(np.int64), steps=f.steps, tol=f.tol,
-                   seed=bs._SEED.value + index)
+                   seed=_SEED.value + index)
       rows.append({"index": index, "logit_gap": gap, **row})
       reconstructions[f"{b}_{index}"] = rec.astype(np.float32)
       print(f"batch {b}, index {index}: converged at step {row['converged_step']}, objective "
