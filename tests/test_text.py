@@ -836,3 +836,50 @@ def test_a_token_searchs_residual_is_that_of_the_sentences_it_decoded(monkeypatc
   seen["truth"] = True
   results = pipeline.run_text(cfg)
   assert results["residual"]["relative_error"] < 1e-4
+
+
+def test_a_masked_models_token_search_residual_is_that_of_its_own_masks(monkeypatch):
+  """run_text's residual of a masked language model's token search (before: none): sin ∠(u, c) in
+  NumPy float64, u the gradient of the mean cross entropy at the positions the search masked,
+  inputs ``<mask>`` there and its words as targets, written out here with jax.grad; 0 at the
+  client's own sentences and masks; none where the search masked nothing."""
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
+      "attack.preset": "adam_dlg", "attack.text_search": "tokens", "attack.iterations": 2,
+      "data.sequence_length": 6, "data.batch_size": 2, "model.text_dim": 16, "model.text_heads": 2,
+      "model.text_ffn": 16, "model.text_layers": 1})
+  batch = pipeline.load_sentences(cfg)
+  mask = batch.vocabulary.mask
+  client_x, client_y = corpus.masked_lm_pairs(batch.ids, mask, 0.15, seed=(cfg.seed, cfg.data.index))
+  # The search's masks: the client's first masked position moved by one, and one more.
+  masks = np.zeros(batch.ids.shape, bool)
+  masks[0, 1], masks[1, 4] = True, True
+  seen, reconstruct = {"targets": lambda tokens: np.where(masks, tokens, -1)}, text.reconstruct
+
+  def spy(attack, apply_fn, observation, key, **kwargs):
+    rec = reconstruct(attack, apply_fn, observation, key, **kwargs)
+    tokens = batch.ids if seen.get("truth") else rec.tokens_pinv
+    targets = client_y if seen.get("truth") else seen["targets"](tokens)
+    seen.update(apply_fn=apply_fn, observation=observation, tokens=tokens)
+    return rec._replace(tokens_pinv=tokens, tokens_nearest=tokens, targets=targets)
+
+  monkeypatch.setattr(text, "reconstruct", spy)
+  results = pipeline.run_text(cfg)
+  apply_fn, obs, tokens = seen["apply_fn"], seen["observation"], np.asarray(seen["tokens"])
+  inputs, targets = np.where(masks, mask, tokens), np.where(masks, tokens, 0)
+
+  def loss(params):  # mean over the masked positions of −log p(word)
+    logp = jax.nn.log_softmax(apply_fn({**obs.variables, "params": params}, jnp.asarray(inputs)), -1)
+    picked = jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], -1)[..., 0]
+    return -jnp.sum(jnp.where(jnp.asarray(masks), picked, 0.0)) / masks.sum()
+
+  flat = lambda tree: np.concatenate([np.ravel(a) for a in jax.tree.leaves(tree)]).astype(np.float64)
+  u, c = flat(jax.grad(loss)(obs.variables["params"])), flat(obs.gradient)
+  cos = u @ c / np.linalg.norm(u) / np.linalg.norm(c)
+  assert results["residual"]["relative_error"] == pytest.approx(np.sqrt(max(1 - cos ** 2, 0.0)),
+                                                                rel=1e-3, abs=1e-5)
+  seen["truth"] = True
+  assert pipeline.run_text(cfg)["residual"]["relative_error"] < 1e-4
+  seen.update(truth=False, targets=lambda tokens: np.full(tokens.shape, -1))
+  assert pipeline.run_text(cfg)["residual"] is None

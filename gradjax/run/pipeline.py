@@ -1069,6 +1069,21 @@ def client_pairs(cfg: Config, model: models.Model, ids: np.ndarray, vocabulary: 
   return corpus.language_model_pairs(ids, vocabulary.eos)
 
 
+def searched_pairs(cfg: Config, model: models.Model, ids: np.ndarray, targets: np.ndarray,
+                   vocabulary: corpus.Vocabulary) -> tuple[np.ndarray, np.ndarray] | None:
+  """The (inputs, targets) that a token search's sentences ``ids`` (N, T) stand for, to recompute
+  their update: a next-token model's :func:`client_pairs`; a masked language model's the search's own
+  (the client's masked positions are its draw, unknown to the attacker): ``<mask>`` where the
+  search's ``targets`` (N, T) name a word, those words as targets, none elsewhere. None where the
+  search masked no position (such inputs give no update to compare)."""
+  if not models.is_masked_lm(model.name):
+    return client_pairs(cfg, model, ids, vocabulary)
+  targets = np.asarray(targets, np.int32)
+  if not np.any(targets >= 0):
+    return None
+  return np.where(targets >= 0, vocabulary.mask, ids).astype(np.int32), targets
+
+
 def load_sentences(cfg: Config) -> Sentences:
   """Sentences ``index .. index + batch_size − 1`` of the corpus's distinct ``sequence_length``-token
   sentences (:func:`gradjax.corpus.of_length`; tokens as ``cfg.data.tokenizer`` cuts them), as ids of
@@ -1241,8 +1256,8 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   :class:`gradjax.dager.Unreadable` with ``position_sets``): the token search (DLG's objective,
   ``attack.take_over`` iterations, ``cfg.attack.restarts`` restarts) orders them, each position kept
   to its own set (:func:`gradjax.text.reconstruct`). Scored as the span attack's sentences are; the
-  residual of the found sentences' own gradient against the update (a next-token model's: a masked
-  model's targets are the search's, not the client's) decides whether they are the client's."""
+  residual of the found sentences' own gradient against the update (a masked model's where the
+  search masked, :func:`searched_pairs`) decides whether they are the client's."""
   masked = models.is_masked_lm(model.name)
   _, key_attack, _ = experiment_keys(cfg.seed, cfg.data.index)
   start = time.perf_counter()
@@ -1266,10 +1281,9 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       position_set_sizes=[int(len(s)) for s in error.position_sets],
       take_over={"iterations": attack.take_over, "restarts": cfg.attack.restarts,
                  "loss": search.loss, "seconds": searched, "spans_seconds": seconds})
-  residual = None
-  if not masked:
-    x, targets = corpus.language_model_pairs(found, batch.vocabulary.eos)
-    residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets)
+  residual, pairs = None, searched_pairs(cfg, model, found, rec.targets, batch.vocabulary)
+  if pairs is not None:
+    residual = verdict.residual(model.apply_fn, observation, {"x": pairs[0]}, pairs[1])
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, residual, results["findings"], [], cfg)
   if decided["verdict"]["status"] != "leak":
@@ -1409,13 +1423,14 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
     residual = verdict.residual(
         text.embeddings_apply_fn(model.apply_fn, observation, cfg.data.sequence_length),
         text.attack_view(observation), dummy, rec.reconstruction.labels)
-  elif cfg.attack.text_search == "tokens" and not models.is_masked_lm(model.name):
-    # The sentences it decoded, as the client would have trained on them (next-token pairs: a masked
-    # model's masked positions are the client's draw, unknown here): the closer of the two decodings.
-    residual = min((verdict.residual(model.apply_fn, observation, {"x": xs}, ys)
-                    for xs, ys in (client_pairs(cfg, model, tokens, vocabulary)
-                                   for tokens in (rec.tokens_pinv, rec.tokens_nearest))),
-                   key=lambda r: r.relative_error)
+  elif cfg.attack.text_search == "tokens":
+    # The sentences it decoded, as the client would have trained on them (a masked model's: where
+    # the search masked): the closer of the two decodings.
+    pairs = [searched_pairs(cfg, model, tokens, rec.targets, vocabulary)
+             for tokens in (rec.tokens_pinv, rec.tokens_nearest)]
+    if pairs[0] is not None:
+      residual = min((verdict.residual(model.apply_fn, observation, {"x": xs}, ys) for xs, ys in pairs),
+                     key=lambda r: r.relative_error)
   results["findings"] = verdict.text_findings(results)
   results.update(_verdict(results, residual, results["findings"], [], cfg))
   return results
