@@ -6,6 +6,11 @@
 * FedAvg (McMahan et al., 2017): the client runs E local epochs of mini-batch SGD (optionally with
   momentum) over its n examples and sends its new weights W_{t+1}; the server, knowing W_t, sees the
   update W_t − W_{t+1}. :func:`aggregate` averages several clients' updates (secure aggregation's view).
+* DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016), as Opacus runs it: a
+  FedSGD client that clips each example's gradient to L2 norm C over all parameters, averages, and
+  adds Gaussian noise of standard deviation σC/N per entry (σ the noise multiplier; N(0, σ²C²) on the
+  sum of the clipped gradients): ``fedsgd(..., dp_sgd=DPSGD(C, σ), key=...)``. Its (ε, δ) over
+  training: :mod:`gradjax.privacy`.
 * A client that trains a BatchNorm network in training mode also updates the network's running
   statistics, and a client that returns its whole state (a PyTorch ``state_dict``, as Flower's examples
   do) sends them with its update: after one step they reveal the mean and variance of every BatchNorm
@@ -20,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import models
+from gradjax import defenses, models
 from gradjax.compilation import device_array, once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation, check_labels
@@ -104,9 +109,52 @@ def _updated_statistics(variables, x, module):
   return state["batch_stats"]
 
 
+class DPSGD(NamedTuple):
+  """DP-SGD's step (Abadi et al. 2016; Opacus' flat clipping): each example's gradient clipped to L2
+  norm ``max_norm`` (C) over all parameters, then N(0, (``noise_multiplier`` · C)²) per entry on
+  their sum, i.e. standard deviation σC/N on their mean."""
+
+  max_norm: float
+  noise_multiplier: float = 0.0
+
+  def check(self) -> "DPSGD":
+    """Itself, or a one-line ValueError unless C > 0 and σ ≥ 0 are finite numbers."""
+    for name, value, low_ok in (("max_norm", self.max_norm, False),
+                                ("noise_multiplier", self.noise_multiplier, True)):
+      if (isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer))
+          or not math.isfinite(value) or value < 0 or (value == 0 and not low_ok)):
+        raise ValueError(f"DP-SGD's {name} must be a finite number "
+                         f"{'>= 0' if low_ok else '> 0'}, got {value!r}")
+    return self
+
+
+def clipped_gradient(apply_fn, variables, x, targets, max_norm: float, *, train: bool = False,
+                     loss_fn=cross_entropy):
+  """DP-SGD's gradient before its noise: (1/N) Σ_n clip(∇_θ L(f_θ(x_n), t_n), C), where
+  clip(g, C) = g · min(1, C / ‖g‖) with the norm over every parameter (each example's loss is
+  ``loss_fn`` on that example alone). Differentiable w.r.t. ``x`` and ``targets`` (int (N,) labels
+  or (N, K) soft ones), so an attack that knows the clipping matches it (:mod:`gradjax.objectives`).
+  """
+
+  def one(xn, tn):
+    g = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xn[None], train), tn[None]))(
+        variables["params"])
+    leaves, treedef = jax.tree.flatten(g)
+    return jax.tree.unflatten(treedef, defenses.clip_leaves(leaves, max_norm, per_layer=False))
+
+  return jax.tree.map(lambda a: jnp.mean(a, axis=0), jax.vmap(one)(x, targets))
+
+
+@functools.partial(once, static_argnums=(4, 5, 6))
+def _clipped_gradient(variables, x, y, max_norm, apply_fn, train, loss_fn):
+  return clipped_gradient(apply_fn, variables, x, y, max_norm, train=train, loss_fn=loss_fn)
+
+
 def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool = False,
-           share_statistics: bool = False, loss_fn=cross_entropy) -> Observation:
-  """The FedSGD update g = ∇_θ (1/N) Σ_n L(f_θ(x_n), y_n).
+           share_statistics: bool = False, loss_fn=cross_entropy, dp_sgd: DPSGD | None = None,
+           key: jax.Array | None = None) -> Observation:
+  """The FedSGD update g = ∇_θ (1/N) Σ_n L(f_θ(x_n), y_n), or with ``dp_sgd`` DP-SGD's
+  (1/N) (Σ_n clip(∇_θ L(f_θ(x_n), y_n), C) + σC ξ), ξ ~ N(0, I).
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
@@ -119,16 +167,34 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
       step (needs ``train``): the observation then carries the batch's moments
       (:func:`batch_moments`).
     loss_fn: ``loss_fn(logits, y) -> scalar``; the mean cross entropy by default.
+    dp_sgd: DP-SGD's clipping bound and noise multiplier (:class:`DPSGD`), or ``None``. Its
+      per-example gradients need examples the model treats independently: not in training mode.
+    key: the noise's PRNG key, when ``dp_sgd`` adds noise.
 
   Returns:
     Observation with the gradient (same tree as ``variables["params"]``).
   """
   x, y = check_client_data(apply_fn, variables, x, y)
   _check_sharing(train, share_statistics, 1)
-  gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
-  return Observation(gradient=gradient, variables=variables, labels=y if share_labels else None,
-                     num_samples=int(x.shape[0]), threat_model="fedsgd", train=train,
-                     moments=_shared_moments(apply_fn, variables, x, share_statistics))
+  if dp_sgd is None:
+    gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
+  else:
+    dp_sgd = DPSGD(*dp_sgd).check()
+    if train:
+      raise ValueError("DP-SGD clips each example's gradient: a model in training mode (BatchNorm's "
+                       "batch statistics) mixes the examples, so they have none of their own (Opacus "
+                       "refuses BatchNorm too)")
+    if dp_sgd.noise_multiplier > 0 and key is None:
+      raise ValueError("DP-SGD's noise needs a PRNG key")
+    gradient = _clipped_gradient(variables, x, y, float(dp_sgd.max_norm), apply_fn, train, loss_fn)
+  observation = Observation(gradient=gradient, variables=variables,
+                            labels=y if share_labels else None, num_samples=int(x.shape[0]),
+                            threat_model="fedsgd", train=train,
+                            moments=_shared_moments(apply_fn, variables, x, share_statistics))
+  if dp_sgd is not None and dp_sgd.noise_multiplier > 0:
+    std = dp_sgd.noise_multiplier * dp_sgd.max_norm / x.shape[0]
+    observation = defenses.gaussian_noise(std ** 2).apply(observation, key)
+  return observation
 
 
 def _check_sharing(train, share, steps):

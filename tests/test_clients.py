@@ -290,3 +290,58 @@ def test_check_observation_rejects_bad_gradient(observation, mutate):
 def test_check_observation_rejects_bad_metadata(observation, change):
   with pytest.raises(ValueError):
     check_observation(dataclasses.replace(observation, **change))
+
+
+# --- DP-SGD ------------------------------------------------------------------------------------------
+
+
+def test_dp_sgd_clips_each_examples_gradient_as_numpy_backprop_says(mlp64, photos, mlp_reference):
+  """DP-SGD's update without noise: each example's gradient from the NumPy backprop, scaled by
+  min(1, C/‖g_n‖) over all parameters, then averaged; a bound above every norm leaves the FedSGD
+  gradient, one below them all averages unit-norm directions times C."""
+  apply_fn, variables = mlp64
+  x, y = photos[2:6].astype(np.float64), np.array([1, 4, 4, 9])
+  per = [mlp_reference(variables["params"], x[n:n + 1], y[n:n + 1])[1] for n in range(4)]
+  norms = np.array([np.sqrt(sum(np.sum(a ** 2) for a in jax.tree.leaves(g))) for g in per])
+  assert norms.max() / norms.min() > 1.5  # the clip treats the examples differently
+  for bound in (np.median(norms), 10 * norms.max(), 0.1 * norms.min()):
+    want = jax.tree.map(lambda *gs: np.mean([g * min(1.0, bound / n) for g, n in zip(gs, norms)], 0), *per)
+    with jax.enable_x64(True):
+      obs = clients.fedsgd(apply_fn, variables, jnp.asarray(x), jnp.asarray(y),
+                           dp_sgd=clients.DPSGD(bound))
+    for got, ref in zip(jax.tree.leaves(obs.gradient), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-9, atol=1e-13 * np.abs(ref).max())
+  assert obs.threat_model == "fedsgd" and obs.num_samples == 4
+
+
+def test_dp_sgd_noise_has_standard_deviation_sigma_c_over_n(mlp64, photos):
+  """σ > 0: the update minus the noiseless one is zero-mean Gaussian with standard deviation σC/N per
+  entry (the sum's N(0, σ²C²) averaged), the same for the same key and another for another."""
+  apply_fn, variables = mlp64
+  x, y = photos[:8], np.arange(8)
+  dp = clients.DPSGD(max_norm=0.5, noise_multiplier=1.3)
+  with jax.enable_x64(True):  # the fixture's model is float64
+    clean = clients.fedsgd(apply_fn, variables, x, y, dp_sgd=clients.DPSGD(0.5))
+    noisy = clients.fedsgd(apply_fn, variables, x, y, dp_sgd=dp, key=jax.random.key(3))
+    again = clients.fedsgd(apply_fn, variables, x, y, dp_sgd=dp, key=jax.random.key(3))
+    other = clients.fedsgd(apply_fn, variables, x, y, dp_sgd=dp, key=jax.random.key(4))
+  flat = lambda o: np.concatenate([np.ravel(a) for a in jax.tree.leaves(o.gradient)]).astype(np.float64)
+  noise = flat(noisy) - flat(clean)
+  assert noise.size > 20_000
+  assert np.std(noise) == pytest.approx(1.3 * 0.5 / 8, rel=0.02)
+  assert abs(np.mean(noise)) < 4 * 1.3 * 0.5 / 8 / np.sqrt(noise.size)
+  np.testing.assert_array_equal(flat(noisy), flat(again))
+  assert not np.allclose(flat(noisy), flat(other))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dp_sgd=clients.DPSGD(0.0)), "max_norm"),
+    (dict(dp_sgd=clients.DPSGD(1.0, -1.0)), "noise_multiplier"),
+    (dict(dp_sgd=clients.DPSGD(float("inf"))), "max_norm"),
+    (dict(dp_sgd=clients.DPSGD(1.0, 1.0)), "PRNG key"),
+    (dict(dp_sgd=clients.DPSGD(1.0), train=True), "training mode"),
+])
+def test_dp_sgd_refuses_what_it_cannot_compute(mlp64, photos, kwargs, message):
+  apply_fn, variables = mlp64
+  with pytest.raises(ValueError, match=message), jax.enable_x64(True):
+    clients.fedsgd(apply_fn, variables, photos[:2], np.array([0, 1]), **kwargs)
