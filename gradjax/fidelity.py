@@ -332,7 +332,8 @@ _NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no rec
 
 
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
-                  norm: data.Normalization, defense: str | None = None) -> tuple[dict, list[str]]:
+                  norm: data.Normalization, defense: str | None = None, dp_sgd: bool = False
+                  ) -> tuple[dict, list[str]]:
   """Checks a captured ``observation`` against the declared ``model`` (its activation) and input
   normalisation ``norm`` before any attack: :func:`activation_check` (a gradient or a one-step
   update), and, with the client's examples ``batch``, :func:`check` against the recipe's
@@ -342,7 +343,8 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   ``defense``: the spec of a defense the capture declares its client applied. The activation is
   then not read off the update (pruning's zeros and noise hide it); a deterministic defense
   (pruning, clipping, rounding) is applied to the recomputed update before the comparison, and
-  under noise the update is not recomputed.
+  under noise the update is not recomputed. ``dp_sgd``: the client ran DP-SGD (per-example
+  clipping, noise): neither the activation nor the update is checked.
 
   Raises :class:`ZeroUpdate` for an update that carries nothing (:func:`zero_update`)."""
   zero = zero_update(observation)
@@ -350,6 +352,10 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
     raise ZeroUpdate(zero)
   checks, problems = {}, []
   applied = None
+  if dp_sgd:
+    why = ("not checked: the client declares DP-SGD, whose per-example clipping and noise change "
+           "its update")
+    return {"activation": {"ok": None, "explained": why}, "fidelity": {"ok": None, "explained": why}}, []
   if defense:
     why = f"not checked: the client declares the defense {defense}, which changes its update"
     checks["activation"] = {"ok": None, "explained": why}

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from gradjax.clients import local_sgd
+from gradjax.clients import clipped_gradient, local_sgd
 from gradjax.distances import Distance, as_distance
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
@@ -69,6 +69,21 @@ class Gradient:
     """(u, v) from the dummy gradient ``g`` and the ``observed`` one."""
     del dummy, step
     return g, observed
+
+
+@dataclasses.dataclass(frozen=True)
+class ClippedGradient(Gradient):
+  """What an attack that knows the client ran DP-SGD matches: u = (1/N) Σ_n clip(g'_n, C), the mean
+  of the dummy examples' own gradients each clipped to L2 norm C over all parameters
+  (:func:`gradjax.clients.clipped_gradient`), against v = g, the clipped (and noised) observed one.
+  Reference: Abadi et al., "Deep Learning with Differential Privacy", CCS 2016."""
+
+  max_norm: float = 1.0
+  name: ClassVar[str] = "clipped_gradient"
+
+  def __post_init__(self):
+    if not (isinstance(self.max_norm, (int, float)) and 0 < self.max_norm < math.inf):
+      raise ValueError(f"the clipping bound must be a positive number, got {self.max_norm!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -416,6 +431,9 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
       if head_features:
         g, h = _gradient_and_head_input(model, observation.variables, x, targets, observation.train,
                                         loss_fn)
+      elif isinstance(matched, ClippedGradient):
+        g = clipped_gradient(model, observation.variables, x, targets, matched.max_norm,
+                             train=observation.train, loss_fn=loss_fn)
       else:
         g = dummy_gradient(model, observation.variables, x, targets, train=observation.train,
                            loss_fn=loss_fn)

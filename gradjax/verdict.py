@@ -76,8 +76,8 @@ class Thresholds(NamedTuple):
 THRESHOLDS = Thresholds()
 
 
-def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched: str = "gradient"
-             ) -> fidelity.Comparison:
+def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched: str = "gradient",
+             max_norm: float | None = None) -> fidelity.Comparison:
   """How well the attack's reconstruction reproduces the observed update.
 
   The update the client would have sent for the reconstruction (its gradient, or for ``matched``
@@ -94,6 +94,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
     labels: (N,) int labels the attack used when ``dummy`` has no label logits (−1 where it found
       none: that example adds nothing to u).
     matched: the name of what the attack's objective matched (:data:`gradjax.objectives.MATCHED`).
+    max_norm: the client ran DP-SGD with this clipping bound: u is the mean of the examples' own
+      gradients each clipped to it (:func:`gradjax.clients.clipped_gradient`; its noise is not
+      recomputed), for a gradient matched.
 
   Raises ValueError for a batch of another size than the observation's, inputs the model does
   not read, labels outside the model's classes.
@@ -111,7 +114,13 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   elif jnp.shape(logits)[0] != observation.num_samples:
     raise ValueError(f"label_logits {jnp.shape(logits)} are not one row per example of the "
                      f"observation's {observation.num_samples}")
-  if logits is None and matched != "replay":
+  if max_norm is not None:
+    if matched == "replay":
+      raise ValueError("DP-SGD's clipping is recomputed for a FedSGD gradient, not a replayed update")
+    u = _clipped_update(apply_fn, observation, x,
+                        compilation.device_array(labels if logits is None else logits),
+                        float(max_norm), soft=logits is not None)
+  elif logits is None and matched != "replay":
     # The client's own gradient program: a simulated client's set-up compiled it for these shapes.
     u = clients.gradient(apply_fn, observation.variables, x, compilation.device_array(labels),
                          train=observation.train)
@@ -140,6 +149,16 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
   else:
     u = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train)
   return u
+
+
+@functools.partial(compilation.once, static_argnames=("apply_fn", "soft"))
+def _clipped_update(apply_fn, observation: Observation, x, targets, max_norm, *, soft: bool):
+  """The update of a DP-SGD client for ``x`` and ``targets`` before its noise (label logits when
+  ``soft``), as one program."""
+  if soft:
+    targets = jax.nn.softmax(targets, axis=-1)
+  return clients.clipped_gradient(apply_fn, observation.variables, x, targets, max_norm,
+                                  train=observation.train)
 
 
 def matched(comparison: fidelity.Comparison, thresholds: Thresholds = THRESHOLDS) -> bool:

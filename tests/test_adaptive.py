@@ -173,3 +173,28 @@ def test_a_defense_on_the_update_is_modelled_at_the_update_s_scale():
   assert [r for _, r in adaptive.roles(defenses.parse("clip:1.0,fp16"), "dlm")] == ["unscaled"] * 2
   assert [r for _, r in adaptive.roles(defenses.parse("clip:1.0,prune:0.5"), "dlm_plus")] == \
       ["unscaled", "bound"]
+
+
+def test_an_attack_adapted_to_dp_sgd_matches_clipped_examples_and_weighs_its_noise(photos):
+  """--config.defense.dp_sgd_max_norm with --config.attack.adaptive=True: the attack's objective is
+  the mean of its examples' clipped gradients (objective 'clipped_gradient') and its distance weighs
+  the leaves by their signal share under the noise's variance (σC/N)² (the gaussian part), both
+  listed as assumptions; the run reports the client's (ε, δ) as gradjax.privacy gives it."""
+  from gradjax import privacy
+  from gradjax.run import pipeline
+  cfg = config.from_options({
+      "attack.preset": "dlg", "attack.iterations": 2, "attack.adaptive": True, "data.batch_size": 2,
+      "defense.dp_sgd_max_norm": 0.5, "defense.dp_sgd_noise_multiplier": 0.8,
+      "defense.dp_sgd_sampling_rate": 0.02, "defense.dp_sgd_steps": 500})
+  results, _ = pipeline.run(cfg)
+  assert results["attack"]["objective"] == "clipped_gradient"
+  assert results["attack"]["distance"] == f"euclidean|gaussian:{(0.8 * 0.5 / 2) ** 2:.8g}"
+  assert len(results["adaptation"]) == 2 and results["adaptation"][0].startswith("dp_sgd: the bound C = 0.5")
+  budget = privacy.epsilon(0.02, 0.8, 500, 1e-5)
+  assert results["privacy"] == {"max_norm": 0.5, "noise_multiplier": 0.8, "sampling_rate": 0.02,
+                                "steps": 500, "delta": 1e-5, "epsilon": budget.epsilon,
+                                "order": budget.order}
+  plain, _ = pipeline.run(config.replace(cfg, {"attack.adaptive": False,
+                                               "defense.dp_sgd_noise_multiplier": 0.0}))
+  assert plain["attack"]["objective"] == "gradient" and plain["adaptation"] is None
+  assert plain["privacy"]["epsilon"] is None

@@ -223,6 +223,31 @@ def test_reconstruct_writes_metrics_and_grid(tmp_path):
   assert grid.shape == (2 * (16 * 4 + 2) + 2, 16 * 4 + 2 + 2, 3)
 
 
+@pytest.mark.slow
+def test_reconstruct_prints_and_reports_the_dp_sgd_clients_budget(tmp_path):
+  """A DP-SGD client's run: the console and report.html give its (ε, δ) over its training, the ε of
+  gradjax.privacy (tested against the defining integral and closed forms there) to 3 digits."""
+  from gradjax import privacy
+  out = tmp_path / "run"
+  proc = run_program("reconstruct.py", "--iterations=2", "--image_size=16", f"--output_dir={out}",
+                     "--config.defense.dp_sgd_max_norm=1", "--config.defense.dp_sgd_noise_multiplier=1.1",
+                     "--config.defense.dp_sgd_sampling_rate=0.01", "--config.defense.dp_sgd_steps=1000")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  eps = privacy.epsilon(0.01, 1.1, 1000, 1e-5)
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("DP-SGD: "))
+  assert f"({eps.epsilon:.3g}, 1e-05)-DP over 1000 steps at sampling rate 0.01" in line, line
+  assert f"order {eps.order:g}" in line and "clipping bound 1, noise multiplier 1.1" in line
+  assert proc.stdout.splitlines()[-1].startswith("verdict: ")
+  assert f"DP-SGD ε</th><td>{eps.epsilon:.3g} (δ 1e-05)" in (out / "report.html").read_text()
+  # A sweep whose experiments' clients all ran it says so under its table.
+  proc = run_program("sweep.py", "--count=1", "--iterations=2", "--image_size=16",
+                     f"--output_dir={tmp_path / 'sweep'}", "--config.defense.dp_sgd_max_norm=1",
+                     "--config.defense.dp_sgd_noise_multiplier=1.1",
+                     "--config.defense.dp_sgd_sampling_rate=0.01", "--config.defense.dp_sgd_steps=1000")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"({eps.epsilon:.3g}, 1e-05)-DP over 1000 steps" in (tmp_path / "sweep" / "results.md").read_text()
+
+
 BAD_FLAGS = [
     (["--model=alexnet"], "unknown model"),
     (["--attack=idlg", "--batch_size=2"], "batch 1"),
@@ -260,6 +285,17 @@ BAD_FLAGS = [
     (["--config.attack.iterationz=1"],
      "--config.attack.iterationz: no section or option 'iterationz' (did you mean 'iterations'? "),
     (["--config.model.rename=fc=linear"], "renames the tensors of captured files"),
+    (["--config.defense.dp_sgd_max_norm=0"], "--config.defense.dp_sgd_max_norm must be a positive number"),
+    (["--config.defense.dp_sgd_noise_multiplier=1"], "give --config.defense.dp_sgd_max_norm too"),
+    (["--config.defense.dp_sgd_max_norm=1", "--config.defense.dp_sgd_sampling_rate=0"],
+     "dp_sgd_sampling_rate must lie in (0, 1]"),
+    (["--config.defense.dp_sgd_max_norm=1", "--client=fedavg"], "simulates DP-SGD's step of a FedSGD client"),
+    (["--config.defense.dp_sgd_max_norm=1", "--config.client.train_mode=True", "--model=resnet20-4"],
+     "a client in training mode"),
+    (["--config.defense.dp_sgd_max_norm=1", "--modality=text", "--model=transformer",
+      "--dataset=pydoc"], "a language model's per-sentence clipping is not simulated"),
+    (["--config.defense.dp_sgd_max_norm=1", "--config.attack.adaptive=True",
+      "--config.attack.matched=dlm"], "models DP-SGD's per-example clipping"),
 ]
 
 

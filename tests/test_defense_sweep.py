@@ -139,6 +139,10 @@ def test_program_with_utility(tmp_path):
                   "--config.utility.train_count=100", "--config.utility.test_count=50", f"--output_dir={tmp_path / 'bad'}")
   errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
   assert bad.returncode == 2 and len(errors) == 1 and "unknown model" in errors[0], bad.stderr[-2000:]
+  bad = run_sweep("--defenses=none", "--count=1", "--config.defense.dp_sgd_max_norm=1",
+                  f"--output_dir={tmp_path / 'dp'}")
+  errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+  assert bad.returncode == 2 and len(errors) == 1 and "DP-SGD under every row" in errors[0], bad.stderr[-2000:]
 
 
 def test_the_plot_shows_each_defense_s_stronger_attack(sweep):

@@ -293,3 +293,59 @@ def test_head_feature_term(photos):
   assert got == pytest.approx(want, rel=1e-4)
   with pytest.raises(ValueError, match="targets"):
     term({"x": other}, obs, y)
+
+
+# --- DP-SGD's clipped gradient ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_clipped_gradient_objective_matches_numpy_mlp(photos, fill_variables, mlp_reference,
+                                                      log_softmax_reference, joint):
+  """DP-SGD's matched part: the distance between the mean of the dummy examples' gradients, each
+  clipped to C over all parameters (NumPy backprop per example, soft targets too), and the observed
+  one; 0 at a DP-SGD client's own data, where the plain gradient's objective is not."""
+  rng = np.random.default_rng(3)
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=9, dtype=np.float64, scale=0.05)
+    apply_fn = models.make_apply_fn(module)
+    x_true, y = photos[[3, 11, 5]].astype(np.float64), np.array([6, 2, 2])
+    norms = [np.linalg.norm(_flat(mlp_reference(variables["params"], x_true[i:i + 1], y[i:i + 1])[1]))
+             for i in range(3)]
+    bound = float(np.median(norms))
+    obs = clients.fedsgd(apply_fn, variables, x_true, y, dp_sgd=clients.DPSGD(bound))
+    x_dummy = photos[[12, 0, 7]].astype(np.float64)
+    dummy, targets = {"x": jnp.asarray(x_dummy)}, np.eye(10)[y]
+    if joint:
+      logits = rng.standard_normal((3, 10))
+      dummy["label_logits"] = jnp.asarray(logits)
+      targets = np.exp(log_softmax_reference(logits))
+    objective = jax.jit(objectives.gradient_matching(
+        apply_fn, distances.euclidean, matched=objectives.ClippedGradient(bound)))
+    per = [_flat(mlp_reference(variables["params"], x_dummy[i:i + 1], targets[i:i + 1])[1])
+           for i in range(3)]
+    u = np.mean([g * min(1.0, bound / np.linalg.norm(g)) for g in per], axis=0)
+    want = np.sum((u - _flat(obs.gradient)) ** 2)
+    assert want > 1e-6
+    np.testing.assert_allclose(float(objective(dummy, obs, jnp.asarray(y))), want, rtol=1e-9)
+    assert float(objective({"x": jnp.asarray(x_true)}, obs, jnp.asarray(y))) < 1e-25
+    plain = objectives.gradient_matching(apply_fn, distances.euclidean)
+    assert float(plain({"x": jnp.asarray(x_true)}, obs, jnp.asarray(y))) > 1e-8
+  with pytest.raises(ValueError, match="clipping bound"):
+    objectives.ClippedGradient(0.0)
+
+
+@pytest.mark.slow
+def test_clipped_gradient_objective_matches_finite_differences(lenet64, photos):
+  """The clipped objective's gradient w.r.t. the dummy images and label logits on DLG's LeNet in
+  float64, against central differences, with a bound that clips one example of two."""
+  apply_fn, variables, x, y, obs, _ = lenet64
+  with jax.enable_x64(True):
+    per = [objectives.dummy_gradient(apply_fn, variables, x[i:i + 1], y[i:i + 1]) for i in range(2)]
+    norms = [float(jnp.sqrt(sum(jnp.sum(a ** 2) for a in jax.tree.leaves(g)))) for g in per]
+    bound = float(np.mean(norms))
+    objective = jax.jit(objectives.gradient_matching(
+        apply_fn, distances.euclidean, matched=objectives.ClippedGradient(bound)))
+    dummy = {"x": jnp.asarray(photos[[5, 9]], jnp.float64),
+             "label_logits": jnp.asarray(np.random.default_rng(5).standard_normal((2, 10)))}
+    _fd_check(objective, dummy, obs, None, ("x", "label_logits"), seed=6)

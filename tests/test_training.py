@@ -432,6 +432,7 @@ def test_train_program_fedavg_and_bad_flags(tmp_path):
       (["--config.training.train_count=190"], "train + test count"),
       (["--config.training.data_seed=-2"], "--config.training.data_seed must be >= 0 or -1"),
       (["--config.client.local_lr=0.5"], "--config.client.local_lr does not apply to --client=fedsgd"),
+      (["--config.defense.dp_sgd_max_norm=1"], "not DP-SGD's per-example clipping"),
       (["--client=fedavg", "--config.training.lr=0.5", "--config.training.momentum=0.5"],
        "--config.training.lr, --config.training.momentum do not apply to --client=fedavg")])
 

@@ -332,3 +332,33 @@ def test_lpips_tells_unrelated_images_apart_only_from_48_pixels():
     return float(np.mean(lpips.distance(metric, others, np.tile(x, (4, 1, 1, 1))) <= t.lpips))
 
   assert share_below(32) >= 0.1 and share_below(t.lpips_min_side) <= 0.05
+
+
+def test_residual_of_a_dp_sgd_client_against_numpy(photos, mlp_reference):
+  """A DP-SGD client's residual (its noise left out): u the mean of the candidate examples'
+  gradients each clipped to C over all parameters, by hand-derived backpropagation in NumPy, at the
+  best scale against the observed update; 0 up to rounding at the client's own images without noise,
+  and what the plain gradient would say differs."""
+  model = models.create("mlp-16", jax.random.key(2), input_shape=(8, 8, 3))
+  x, y = photos[:3, :8, :8], np.array([3, 5, 5])
+  params = jax.tree.map(lambda w: np.asarray(w, np.float64), model.variables["params"])
+  flat = lambda tree: np.concatenate([np.ravel(a) for a in jax.tree.leaves(tree)])
+  per = [flat(mlp_reference(params, x[i:i + 1], y[i:i + 1])[1]) for i in range(3)]
+  bound = float(np.median([np.linalg.norm(g) for g in per]))
+
+  def clipped(images):
+    gs = [flat(mlp_reference(params, images[i:i + 1], y[i:i + 1])[1]) for i in range(3)]
+    return np.mean([g * min(1.0, bound / np.linalg.norm(g)) for g in gs], axis=0)
+
+  clean = clients.fedsgd(model.apply_fn, model.variables, x, y, dp_sgd=clients.DPSGD(bound))
+  noisy = clients.fedsgd(model.apply_fn, model.variables, x, y, dp_sgd=clients.DPSGD(bound, 0.3),
+                         key=jax.random.key(1))
+  for obs in (clean, noisy):
+    c = flat(jax.tree.map(lambda a: np.asarray(a, np.float64), obs.gradient))
+    for images in (x, photos[3:6, :8, :8]):
+      u = clipped(images)
+      want = np.linalg.norm(u @ c / (u @ u) * u - c) / np.linalg.norm(c)
+      got = verdict.residual(model.apply_fn, obs, {"x": images}, y, max_norm=bound)
+      assert got.relative_error == pytest.approx(want, rel=1e-3, abs=1e-5)
+  assert verdict.residual(model.apply_fn, clean, {"x": x}, y, max_norm=bound).relative_error < 1e-5
+  assert verdict.residual(model.apply_fn, clean, {"x": x}, y).relative_error > verdict.THRESHOLDS.matched

@@ -151,6 +151,9 @@ def main(argv):
     if unused:
       common.fail(f"--config.{unused[0]} sets the utility model, which only --utility trains; add "
                   "--utility or drop it")
+    if base.defense.dp_sgd() is not None:
+      common.fail("--config.defense.dp_sgd_max_norm would put DP-SGD under every row of the table, "
+                  "whose rows are --defenses specs: compare DP-SGD settings with gradjax sweep runs")
     adaptive = base.attack.adaptive  # every defense's row also with the attack adapted to it
     base = config.replace(base, {"attack.adaptive": False})
     for spec in specs:

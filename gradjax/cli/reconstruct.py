@@ -120,9 +120,12 @@ def main(argv):
 
 
 def print_verdict(results: dict) -> None:
-  """What a malicious server would add, then ``verdict: <status>: <reason>``: the console's last line."""
+  """What a malicious server would add, the client's DP-SGD guarantee, then ``verdict: <status>:
+  <reason>``: the console's last line."""
   if results.get("malicious_server"):
     print(f"malicious server: {results['malicious_server']['reason']}")
+  if results.get("privacy"):
+    print(f"DP-SGD: {report.privacy_line(results['privacy'])}")
   print(f"verdict: {results['verdict']['status']}: {results['verdict']['reason']}")
 
 

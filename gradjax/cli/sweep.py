@@ -28,6 +28,7 @@ other images.
 Summary statistics: mean ± population std, median, and how many images reach ``--psnr_threshold``.
 """
 
+import json
 import os
 import time
 
@@ -187,6 +188,9 @@ def main(argv):
                    {"summary": summary, "rows": table_rows, "skipped": skipped, "title": title,
                     **common.provenance()})
   text = markdown(rows, summary, title, labels, "index" if images else "options")
+  budgets = {json.dumps(r.get("privacy"), sort_keys=True) for r in rows}
+  if len(budgets) == 1 and rows[0].get("privacy"):  # every experiment's client ran the same DP-SGD
+    text += f"\nDP-SGD: {report.privacy_line(rows[0]['privacy'])}\n"
   files.atomic_write(os.path.join(out, "results.md"), lambda fh: fh.write(text), binary=False)
   report.save_csv(os.path.join(out, "results.csv"),
                   [{**r, "verdict": verdict_of(r), "options": label} for r, label in zip(rows, labels)],

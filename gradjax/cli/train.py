@@ -214,6 +214,10 @@ def main(argv):
   try:
     common.permutation_seed(f.training.data_seed, "config.training.data_seed")
     f.defense.build()
+    if f.defense.dp_sgd() is not None:
+      raise ValueError("--config.defense.dp_sgd_max_norm simulates one client's DP-SGD update for "
+                       "an attack (gradjax reconstruct, sweep); gradjax train applies --defense to its "
+                       "updates, not DP-SGD's per-example clipping")
     if f.data.modality == "text" and f.data.tokenizer != "words":
       raise ValueError("gradjax train reads the corpus's words: --config.data.tokenizer=bpe:N learns its pieces "
                        "on the corpus an attack reads, which a checkpoint's vocabulary cannot follow")

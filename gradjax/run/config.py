@@ -41,7 +41,7 @@ from ml_collections import config_dict
 
 from gradjax import attacks, auto, checkpoint, clients, closed_forms, corpus, data, defenses, distances
 from gradjax import driver, dummy
-from gradjax import interop, lpips, models, objectives, optimizers, presets, text
+from gradjax import interop, lpips, models, objectives, optimizers, presets, privacy, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
 
@@ -245,6 +245,10 @@ class ModelConfig(_Section):
     return models.TextSizes(self.text_dim, self.text_heads, self.text_ffn, self.text_layers)
 
 
+DP_SGD_FEDSGD = ("--config.defense.dp_sgd_max_norm simulates DP-SGD's step of a FedSGD client "
+                 "(--client=fedsgd); a FedAvg client's local DP-SGD steps are not simulated")
+
+
 @dataclasses.dataclass(frozen=True)
 class ClientConfig(_Section):
   """The client: its threat model (FedSGD gradient or FedAvg update) and local training, or a
@@ -280,15 +284,20 @@ class ClientConfig(_Section):
     return clients.LocalTraining(self.local_epochs, self.local_batch_size, self.local_lr,
                                  self.local_momentum)
 
-  def build(self, *, share_labels: bool = False) -> Callable[..., clients.Observation]:
+  def build(self, *, share_labels: bool = False, dp_sgd: clients.DPSGD | None = None,
+            key=None) -> Callable[..., clients.Observation]:
     """The simulated client, ``client(apply_fn, variables, x, y) -> Observation``:
     :func:`gradjax.clients.fedsgd`, or :func:`gradjax.clients.fedavg` after
     :meth:`local_training`, in the section's mode and sharing its statistics as it says.
     ``share_labels``: the threat model reveals the labels (the attack takes them as known); a FedAvg
-    client then reveals them as ``shared_labels`` says."""
+    client then reveals them as ``shared_labels`` says. ``dp_sgd``: a FedSGD client's DP-SGD step
+    (:meth:`DefenseConfig.dp_sgd`), its noise drawn with ``key``."""
     kind = dict(train=self.train_mode, share_statistics=self.share_statistics)
     if self.name == "fedsgd":
-      return functools.partial(clients.fedsgd, share_labels=share_labels, **kind)
+      return functools.partial(clients.fedsgd, share_labels=share_labels, dp_sgd=dp_sgd, key=key,
+                               **kind)
+    if dp_sgd is not None:
+      raise ValueError(DP_SGD_FEDSGD)
     return functools.partial(clients.fedavg, local=self.local_training(),
                              share_labels=self.shared_labels if share_labels else False, **kind)
 
@@ -301,10 +310,56 @@ class DefenseConfig(_Section):
       None, "Defense applied to the update, e.g. gaussian:1e-3, prune:0.3, fp16, int8, "
       "clip:1,gaussian:1e-4.")
 
+  dp_sgd_max_norm: float | None = _field(
+      None, "DP-SGD (Abadi et al. 2016, as Opacus runs it): the FedSGD client clips each "
+      "example's gradient to this L2 norm over all parameters before averaging (unset: no DP-SGD). "
+      "With a capture: the bound its client used.")
+  dp_sgd_noise_multiplier: float = _field(
+      0.0, "DP-SGD's noise multiplier σ: N(0, σ²C²) on the sum of the clipped gradients "
+      "(standard deviation σC/N on their mean).")
+  dp_sgd_sampling_rate: float = _field(
+      1.0, "For DP-SGD's privacy budget: q, the chance that each of the client's examples is in a "
+      "step's batch (its batch size over its data set's; 1: every step sees them all).")
+  dp_sgd_steps: int = _field(
+      1, "For DP-SGD's privacy budget: T, the DP-SGD steps of the client's training.")
+  dp_sgd_delta: float = _field(1e-5, "For DP-SGD's privacy budget: the δ of the (ε, δ) reported.")
+
   def build(self) -> defenses.Defense | None:
     """The defense (:func:`gradjax.defenses.parse`), or None for none."""
     defense = defenses.parse(self.spec or "none")
     return None if defense.name == "none" else defense
+
+  def dp_sgd(self) -> clients.DPSGD | None:
+    """The client's DP-SGD step (:class:`gradjax.clients.DPSGD`), or None without one."""
+    if self.dp_sgd_max_norm is None:
+      return None
+    return clients.DPSGD(self.dp_sgd_max_norm, self.dp_sgd_noise_multiplier).check()
+
+  def budget(self) -> privacy.Budget | None:
+    """DP-SGD's (ε, δ) over :attr:`dp_sgd_steps` steps (:func:`gradjax.privacy.epsilon`); None
+    without DP-SGD or without noise (no privacy: ε is infinite)."""
+    if self.dp_sgd() is None or self.dp_sgd_noise_multiplier == 0:
+      return None
+    return privacy.epsilon(self.dp_sgd_sampling_rate, self.dp_sgd_noise_multiplier,
+                           self.dp_sgd_steps, self.dp_sgd_delta)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.dp_sgd_max_norm is not None and not 0 < self.dp_sgd_max_norm < math.inf:
+      raise ValueError(f"--config.defense.dp_sgd_max_norm must be a positive number, got "
+                       f"{self.dp_sgd_max_norm}")
+    if not 0 <= self.dp_sgd_noise_multiplier < math.inf:
+      raise ValueError(f"--config.defense.dp_sgd_noise_multiplier must be a number >= 0, got "
+                       f"{self.dp_sgd_noise_multiplier}")
+    if self.dp_sgd_max_norm is None and self.dp_sgd_noise_multiplier:
+      raise ValueError("--config.defense.dp_sgd_noise_multiplier scales DP-SGD's clipping bound: "
+                       "give --config.defense.dp_sgd_max_norm too")
+    if not 0 < self.dp_sgd_sampling_rate <= 1:
+      raise ValueError(f"--config.defense.dp_sgd_sampling_rate must lie in (0, 1], got "
+                       f"{self.dp_sgd_sampling_rate}")
+    if self.dp_sgd_steps < 1 or not 0 < self.dp_sgd_delta < 1:
+      raise ValueError(f"--config.defense.dp_sgd_steps must be at least 1 and dp_sgd_delta in (0, 1), "
+                       f"got {self.dp_sgd_steps} and {self.dp_sgd_delta}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1047,9 +1102,19 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
         "--config.client.share_statistics=True gives the batch's BatchNorm moments to the bn prior, which "
         f"this attack ({cfg.attack.preset}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
   cfg.defense.build()
-  if cfg.attack.adaptive and not (cfg.defense.spec or cfg.client.observation):
-    raise ValueError("--config.attack.adaptive=True adapts the attack to the client's defense: give --defense (or a "
-                     "capture whose metadata declare its 'defense')")
+  if cfg.defense.dp_sgd() is not None:
+    if cfg.client.name != "fedsgd":
+      raise ValueError(DP_SGD_FEDSGD)
+    if cfg.data.modality == "text":
+      raise ValueError("--config.defense.dp_sgd_max_norm simulates DP-SGD for an image classifier's "
+                       "client; a language model's per-sentence clipping is not simulated")
+    if cfg.client.train_mode:
+      raise ValueError("--config.defense.dp_sgd_max_norm clips each example's gradient: a client in "
+                       "training mode (--config.client.train_mode=True, BatchNorm's batch statistics) "
+                       "mixes the examples, so they have none of their own (Opacus refuses it too)")
+  if cfg.attack.adaptive and not (cfg.defense.spec or cfg.client.observation or cfg.defense.dp_sgd()):
+    raise ValueError("--config.attack.adaptive=True adapts the attack to the client's defense: give --defense, "
+                     "--config.defense.dp_sgd_max_norm (or a capture whose metadata declare its 'defense')")
   if cfg.model.name is not None and not cfg.model.checkpoint:
     models.get_module(
         cfg.model.name,

@@ -11,7 +11,8 @@ reconstruction is scored against images ``index .. index + N − 1``; without on
 reconstruction and the objective only.
 
 Seeding (:func:`experiment_keys`). Experiment ``index`` uses ``jax.random.fold_in(key(seed), index)``
-split into a model key and an attack key (a defense's noise uses ``fold_in`` of it with 1), so every
+split into a model key and an attack key (a defense's noise uses ``fold_in`` of it with 1, DP-SGD's
+noise ``fold_in`` of that with 1), so every
 image of a sweep attacks a fresh random model (as the DLG / iDLG protocols do) and a single run of
 image ``i`` reproduces row ``i`` of a sweep.
 """
@@ -27,7 +28,7 @@ import numpy as np
 
 from gradjax import adaptive, attacks, auto, checkpoint, clients, closed_forms, compilation, corpus, dager
 from gradjax import data, defenses, driver, fidelity, files, interop, lpips, malicious, metrics, models
-from gradjax import presets, text
+from gradjax import objectives, presets, text
 from gradjax.run import config, resume
 from gradjax import verdict
 from gradjax import labels as labels_lib
@@ -47,6 +48,28 @@ def _experiment_keys(seed, index):
   base = jax.random.fold_in(jax.random.key(seed), index)
   key_model, key_attack = jax.random.split(base)
   return key_model, key_attack, jax.random.fold_in(base, 1)
+
+
+def dp_sgd_privacy(cfg: Config) -> dict | None:
+  """The client's DP-SGD (the defense section's) and its (ε, δ) over its training
+  (:meth:`gradjax.run.config.DefenseConfig.budget`; ε None without noise: no guarantee); None
+  without DP-SGD."""
+  dp_sgd, section = cfg.defense.dp_sgd(), cfg.defense
+  if dp_sgd is None:
+    return None
+  budget = section.budget()
+  return {"max_norm": dp_sgd.max_norm, "noise_multiplier": dp_sgd.noise_multiplier,
+          "sampling_rate": section.dp_sgd_sampling_rate, "steps": section.dp_sgd_steps,
+          "delta": section.dp_sgd_delta, "epsilon": None if budget is None else budget.epsilon,
+          "order": None if budget is None else budget.order}
+
+
+def simulated_client(cfg: Config, share_labels: bool, key_defense: jax.Array) -> Callable:
+  """``cfg``'s client (:meth:`gradjax.run.config.ClientConfig.build`), with the DP-SGD step the
+  defense section gives, its noise drawn with ``fold_in(key_defense, 1)``."""
+  dp_sgd = cfg.defense.dp_sgd()
+  key = None if dp_sgd is None else jax.random.fold_in(key_defense, 1)
+  return cfg.client.build(share_labels=share_labels, dp_sgd=dp_sgd, key=key)
 
 
 def image_bounds(norm: data.Normalization, channels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -301,8 +324,7 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       threat_model=observation.threat_model,
       attack=(attacks.describe(attack) if isinstance(attack, attacks.Attack)
               else {"closed_form": dataclasses.asdict(attack)}),
-      adaptation=(adaptive.assumptions(defenses.parse(adapted_to), attack.matched.name)
-                  if adapted_to else None),
+      adaptation=adaptation(attack, adapted_to),
       config=config.record(cfg, config.names()),
       device=str(jax.local_devices()[0]),
       devices=jax.device_count() if cfg.execution.shard else 1,
@@ -310,6 +332,20 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       backend=jax.default_backend(),
       jax_version=jax.__version__,
   )
+
+
+def adaptation(attack, adapted_to: str | None) -> list[str] | None:
+  """What an adapted ``attack`` assumes, one line per part: DP-SGD's clipping when its objective
+  models it, then each part of the defense spec ``adapted_to`` its distance models
+  (:func:`gradjax.adaptive.assumptions`); None for an attack not adapted."""
+  lines = []
+  if isinstance(getattr(attack, "matched", None), objectives.ClippedGradient):
+    lines.append(f"dp_sgd: the bound C = {attack.matched.max_norm:g} (declared); each dummy "
+                 "example's gradient is clipped to it over all parameters before the mean, as the "
+                 "client's (its noise: the gaussian part)")
+  if adapted_to:
+    lines += adaptive.assumptions(defenses.parse(adapted_to), attack.matched.name)
+  return lines or None
 
 
 def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | None = None,
@@ -531,16 +567,30 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
 
 
 def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
-            update_scale: float = 1.0) -> attacks.Attack:
-  """``attack`` adapted to the ``declared`` defense spec (what a capture's metadata declare, then
-  ``cfg.defense.spec``) when ``cfg.attack.adaptive`` (:func:`gradjax.adaptive.adapt`, the defense having acted
-  on ``update_scale`` times what is matched); else ``attack``."""
+            update_scale: float = 1.0, num_samples: int = 1) -> tuple[attacks.Attack, str | None]:
+  """``attack`` adapted to the client's defense when ``cfg.attack.adaptive``, with the defense spec
+  its distance models (:func:`gradjax.adaptive.adapt`, the defense having acted on ``update_scale``
+  times what is matched); else ``(attack, None)``. The defense: DP-SGD's step (the defense
+  section's: the attack's dummy gradient is the mean of its examples' clipped gradients,
+  :class:`gradjax.objectives.ClippedGradient`, and the noise's variance (σC/N)² per entry, N =
+  ``num_samples``, comes first), then the ``declared`` spec (what a capture's metadata declare, then
+  ``cfg.defense.spec``)."""
   if not cfg.attack.adaptive:
-    return attack
-  if not declared:
+    return attack, None
+  dp_sgd = cfg.defense.dp_sgd()
+  if not declared and dp_sgd is None:
     raise ValueError("--config.attack.adaptive=True: no defense to adapt to (the capture's metadata declare none and "
                      "--defense is not given)")
-  return adaptive.adapt(attack, declared, update_scale)
+  if dp_sgd is not None:
+    if attack.matched.name != objectives.Gradient.name:
+      raise ValueError(f"--config.attack.adaptive=True models DP-SGD's per-example clipping in the "
+                       f"gradient the attack matches, not in {attack.matched.name!r}")
+    attack = dataclasses.replace(attack, matched=objectives.ClippedGradient(float(dp_sgd.max_norm)))
+    if dp_sgd.noise_multiplier > 0:
+      variance = (dp_sgd.noise_multiplier * dp_sgd.max_norm / num_samples) ** 2
+      declared = ",".join(filter(None, (f"gaussian:{variance:.8g}", declared)))
+  return (adaptive.adapt(attack, declared, update_scale) if declared else
+          dataclasses.replace(attack, name=f"{attack.name}+adaptive")), declared
 
 
 class _Prepared(NamedTuple):
@@ -557,6 +607,7 @@ class _Prepared(NamedTuple):
   share_labels: bool
   matched: str
   declared: str
+  adapted_to: str | None
   checks: dict
   problems: list
   conv: str
@@ -591,7 +642,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
                        f"has {batch.x.shape[0]} images")
-    checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"))
+    checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"),
+                                              dp_sgd=cfg.defense.dp_sgd() is not None)
     if problems and not cfg.client.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--config.client.force=True attacks it anyway; its verdict is then inconclusive)")
@@ -602,7 +654,7 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     check_lpips(cfg.output.lpips, batch.x.shape[1:3])  # before anything is compiled
     model = _simulated(cfg, batch, norm, key_model, conv_name)
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
-    client = cfg.client.build(share_labels=share_labels)
+    client = simulated_client(cfg, share_labels, key_defense)
     observation = client(model.apply_fn, model.variables, x_client, batch.y)
   defense = cfg.defense.build()
   if defense is not None:
@@ -615,8 +667,9 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
   matched = "gradient" if closed else attack.matched.name
   as_gradient = (matched == "gradient" and observation.threat_model == "fedavg"
                  and observation.local is not None)
-  attack = adapted(cfg, attack, declared,
-                   observation.local.learning_rate if as_gradient else 1.0)
+  attack, adapted_to = adapted(cfg, attack, declared,
+                               observation.local.learning_rate if as_gradient else 1.0,
+                               observation.num_samples)
   if as_gradient:
     # One local step is lr times a gradient: match that gradient (several steps raise, naming the
     # objectives that replay them); the defense acted on the update, lr times it.
@@ -630,7 +683,7 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     observation = observation.replace(
         labels=llg_star_labels(model, observation, norm, jax.random.fold_in(key_attack, 1)))
   return _Prepared(attack, closed, model, observation, batch, norm, key_attack, share_labels, matched,
-                   declared, checks, problems, conv_name)
+                   declared, adapted_to, checks, problems, conv_name)
 
 
 def _run_image(cfg: Config, callback, batch, state, deadline=None, target_psnr=None):
@@ -902,7 +955,7 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   attack, model, observation, batch, norm = p.attack, p.model, p.observation, p.batch, p.norm
   input_shape = p.input_shape
   results = _record(cfg, attack, rec, model, observation, trace, timing,
-                    p.declared if cfg.attack.adaptive else None)
+                    p.adapted_to)
   if trace.target is not None:  # the run ended where it reached this PSNR, if it did
     results["target_psnr"] = {"psnr": trace.target, "reached": trace.reached}
 
@@ -921,7 +974,8 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
       imprint=found.get("imprint"),
       cocktail=found.get("cocktail"),
   )
-  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched)
+  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched,
+                              max_norm=cfg.defense.dp_sgd_max_norm)
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
@@ -942,6 +996,7 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   _end_history_at_the_result(results["history"], rec, results.get("psnr"))
   results.update(_verdict(results, residual, findings, p.problems, cfg))
   results["malicious_server"] = malicious.server_row(observation.num_samples)
+  results["privacy"] = dp_sgd_privacy(cfg)
   return results, images
 
 
@@ -1356,8 +1411,8 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
   model = text_model(cfg, vocabulary, key_model)
   x, y = client_pairs(cfg, model, batch.ids, vocabulary)
   # A FedAvg client is the span attack's only (Config checks); it reveals no labels.
-  client = cfg.client.build(share_labels=(cfg.client.name == "fedsgd" and
-                                          getattr(attack, "label_source", None) is labels_lib.known))
+  client = simulated_client(cfg, cfg.client.name == "fedsgd" and
+                            getattr(attack, "label_source", None) is labels_lib.known, key_defense)
   observation = client(model.apply_fn, model.variables, x, y)
   defense = cfg.defense.build()
   if defense is not None:
@@ -1365,7 +1420,7 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
   marks.append(time.time())
   if isinstance(attack, closed_forms.Dager):  # scored as it reads (its attack and scoring in one)
     return _run_spans(cfg, attack, batch, model, observation)
-  attack = adapted(cfg, attack, cfg.defense.spec)
+  attack, adapted_to = adapted(cfg, attack, cfg.defense.spec)
 
   trace = Trace(callback)
   timing = _Resumable(cfg, state, trace)
@@ -1383,8 +1438,7 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
       search=cfg.attack.text_search,
       execution=execution)
   marks.append(time.time())
-  results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing,
-                    cfg.defense.spec if cfg.attack.adaptive else None)
+  results = _record(cfg, attack, rec.reconstruction, model, observation, trace, timing, adapted_to)
   pinv = metrics.score_text(rec.tokens_pinv, batch.truth)
   nearest = metrics.score_text(rec.tokens_nearest, batch.truth)
   rows = []

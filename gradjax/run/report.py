@@ -222,6 +222,9 @@ QUANTITIES = {
     "residual": ("relative residual", "", "‖α·u − c‖ / ‖c‖: how far the update of the "
                  "reconstruction (u, at the best scale α) is from the observed one (c); 0 is a "
                  "perfect match"),
+    "privacy": ("DP-SGD ε", "", "the client's DP-SGD guarantee over its training, (ε, δ)-DP from "
+                "the Rényi DP of the sampled Gaussian mechanism (gradjax.privacy); smaller is more "
+                "private, and says nothing of what this attack recovered"),
     "iterations": ("iterations", "", "optimizer iterations of the best restart"),
     "evaluations": ("evaluations", "", "objective evaluations over all restarts"),
     "restarts": ("restarts", "", "random initialisations run; the lowest objective wins"),
@@ -235,6 +238,16 @@ QUANTITIES = {
     "device": ("device", "", ""),
 }
 
+def privacy_line(privacy: dict) -> str:
+  """A client's DP-SGD and its guarantee (:func:`gradjax.run.pipeline.dp_sgd_privacy`), in one line."""
+  how = f"clipping bound {privacy['max_norm']:g}, noise multiplier {privacy['noise_multiplier']:g}"
+  if privacy["epsilon"] is None:
+    return f"{how}: without noise no differential privacy (ε infinite)"
+  return (f"{how}: ({privacy['epsilon']:.3g}, {privacy['delta']:g})-DP over {privacy['steps']} "
+          f"step{'s' if privacy['steps'] != 1 else ''} at sampling rate {privacy['sampling_rate']:g} "
+          f"(Rényi DP of the sampled Gaussian, order {privacy['order']:g})")
+
+
 VERDICT_COLOURS = {"leak": "#b00020", "no_leak_found": "#1b5e20", "inconclusive": "#8a6d00"}
 
 
@@ -245,6 +258,8 @@ def summary_rows(results: dict, keys) -> list[tuple[str, str, str]]:
     value = results.get(key)
     if key == "residual" and isinstance(value, dict):
       value = value.get("relative_error")
+    if key == "privacy" and isinstance(value, dict):
+      value = "∞" if value["epsilon"] is None else f"{value['epsilon']:.3g} (δ {value['delta']:g})"
     if value is None:
       continue
     label, unit, meaning = QUANTITIES.get(key, (key, "", ""))
@@ -399,7 +414,7 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
     figures["Objective and PSNR by iteration" if with_psnr else "Objective by iteration"] = \
         os.path.join(out, "curves.svg")
   summary = summary_rows(results, ("psnr", "psnr_unclamped", "ssim", "lpips", "mse", "label_accuracy",
-                                   "loss", "residual", "model", "threat_model", "num_samples", "iterations",
+                                   "loss", "residual", "privacy", "model", "threat_model", "num_samples", "iterations",
                                    "evaluations", "restarts", "restarts_diverged", "wall_time_s"))
   notes = []
   if truth is None:
