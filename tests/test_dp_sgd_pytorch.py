@@ -4,7 +4,6 @@ gradjax's simulated client gives its update, and a capture of it is audited with
 declared DP-SGD (the fidelity check not run, the residual of the client's own images recomputed with
 its clipping)."""
 
-import os
 
 import numpy as np
 import pytest
