@@ -7,10 +7,11 @@
   momentum) over its n examples and sends its new weights W_{t+1}; the server, knowing W_t, sees the
   update W_t − W_{t+1}. :func:`aggregate` averages several clients' updates (secure aggregation's view).
 * DP-SGD (Abadi et al., "Deep Learning with Differential Privacy", CCS 2016), as Opacus runs it: a
-  FedSGD client that clips each example's gradient to L2 norm C over all parameters, averages, and
-  adds Gaussian noise of standard deviation σC/N per entry (σ the noise multiplier; N(0, σ²C²) on the
-  sum of the clipped gradients): ``fedsgd(..., dp_sgd=DPSGD(C, σ), key=...)``. Its (ε, δ) over
-  training: :mod:`gradjax.privacy`.
+  step that clips each example's gradient to L2 norm C over all parameters, averages, and adds
+  Gaussian noise of standard deviation σC/B per entry (σ the noise multiplier; N(0, σ²C²) on the sum
+  of the B clipped gradients): a FedSGD client's one step, ``fedsgd(..., dp_sgd=DPSGD(C, σ),
+  key=...)``, or every local step of a FedAvg client, ``fedavg(..., dp_sgd=..., key=...)``. Its
+  (ε, δ) over training: :mod:`gradjax.privacy`.
 * A client that trains a BatchNorm network in training mode also updates the network's running
   statistics, and a client that returns its whole state (a PyTorch ``state_dict``, as Flower's examples
   do) sends them with its update: after one step they reveal the mean and variance of every BatchNorm
@@ -109,6 +110,11 @@ def _updated_statistics(variables, x, module):
   return state["batch_stats"]
 
 
+DP_SGD_TRAIN = ("DP-SGD clips each example's gradient: a model in training mode (BatchNorm's batch "
+                "statistics) mixes the examples, so they have none of their own (Opacus refuses "
+                "BatchNorm too)")
+
+
 class DPSGD(NamedTuple):
   """DP-SGD's step (Abadi et al. 2016; Opacus' flat clipping): each example's gradient clipped to L2
   norm ``max_norm`` (C) over all parameters, then N(0, (``noise_multiplier`` · C)²) per entry on
@@ -181,9 +187,7 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
   else:
     dp_sgd = DPSGD(*dp_sgd).check()
     if train:
-      raise ValueError("DP-SGD clips each example's gradient: a model in training mode (BatchNorm's "
-                       "batch statistics) mixes the examples, so they have none of their own (Opacus "
-                       "refuses BatchNorm too)")
+      raise ValueError(DP_SGD_TRAIN)
     if dp_sgd.noise_multiplier > 0 and key is None:
       raise ValueError("DP-SGD's noise needs a PRNG key")
     gradient = _clipped_gradient(variables, x, y, float(dp_sgd.max_norm), apply_fn, train, loss_fn)
@@ -265,7 +269,8 @@ def check_local_training(local: LocalTraining, num_samples: int) -> None:
 
 
 def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: bool = False,
-              loss_fn=cross_entropy, remat: bool = False):
+              loss_fn=cross_entropy, remat: bool = False, dp_sgd: DPSGD | None = None,
+              key: jax.Array | None = None):
   """The client's parameters after local training; differentiable w.r.t. ``x`` and ``targets``.
 
   Args:
@@ -277,21 +282,39 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
     local: the schedule; n must be a multiple of the batch size.
     remat: ``jax.checkpoint`` each step, so differentiating through the local training stores one
       parameter set per step instead of every step's activations.
+    dp_sgd: every step is DP-SGD's (:class:`DPSGD`): its mini-batch's examples' gradients clipped
+      (:func:`clipped_gradient`), N(0, (σC/B)²) per entry added to their mean, the noise of step t
+      drawn with ``fold_in(key, t)``; ``None``: plain SGD.
+    key: the noise's PRNG key, when ``dp_sgd`` adds noise.
 
   Returns:
     The parameters W_{t+1}, same tree as ``variables["params"]``. Written as a ``lax.scan`` over
     the epochs · n / B steps, so the attack can differentiate through it (unrolled replay).
   """
   check_local_training(local, x.shape[0])
+  clip = noisy = False
+  max_norm = noise_std = 0.0
+  if dp_sgd is not None:
+    dp_sgd = DPSGD(*dp_sgd).check()
+    if train:
+      raise ValueError(DP_SGD_TRAIN)
+    clip, max_norm = True, float(dp_sgd.max_norm)
+    if dp_sgd.noise_multiplier > 0:
+      if key is None:
+        raise ValueError("DP-SGD's noise needs a PRNG key")
+      noisy = True
+      noise_std = dp_sgd.noise_multiplier * dp_sgd.max_norm / (local.batch_size or x.shape[0])
   return _local_sgd(variables, x, targets, float(local.learning_rate), float(local.momentum),
-                    apply_fn, train, loss_fn, remat, local.epochs, local.batch_size)
+                    max_norm, noise_std, key if noisy else None, apply_fn, train, loss_fn, remat,
+                    local.epochs, local.batch_size, clip, noisy)
 
 
-@functools.partial(once, static_argnums=(5, 6, 7, 8, 9, 10))
-def _local_sgd(variables, x, targets, learning_rate, momentum, apply_fn, train, loss_fn, remat,
-               epochs, batch_size):
-  """:func:`local_sgd` after its checks, as one program whose learning rate and momentum are data
-  (a client of another rate, a fidelity check's alternative, runs the same program)."""
+@functools.partial(once, static_argnums=(8, 9, 10, 11, 12, 13, 14, 15))
+def _local_sgd(variables, x, targets, learning_rate, momentum, max_norm, noise_std, key, apply_fn,
+               train, loss_fn, remat, epochs, batch_size, clip, noisy):
+  """:func:`local_sgd` after its checks, as one program whose learning rate, momentum and DP-SGD's
+  bound and noise are data (a client of another rate, a fidelity check's alternative, runs the
+  same program); ``clip``, ``noisy``: whether the steps are DP-SGD's, with noise."""
   local = LocalTraining(epochs, batch_size, learning_rate, momentum)
   n = x.shape[0]
   b = local.batch_size or n
@@ -302,7 +325,16 @@ def _local_sgd(variables, x, targets, learning_rate, momentum, apply_fn, train, 
     start = (i % batches) * b
     xb = jax.lax.dynamic_slice_in_dim(x, start, b)
     tb = jax.lax.dynamic_slice_in_dim(targets, start, b)
-    grad = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xb, train), tb))(params)
+    model = {**variables, "params": params}
+    if clip:
+      grad = clipped_gradient(apply_fn, model, xb, tb, max_norm, train=train, loss_fn=loss_fn)
+    else:
+      grad = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xb, train), tb))(params)
+    if noisy:
+      leaves, treedef = jax.tree.flatten(grad)
+      keys = jax.random.split(jax.random.fold_in(key, i), len(leaves))
+      grad = jax.tree.unflatten(treedef, [g + noise_std * jax.random.normal(k, g.shape, g.dtype)
+                                          for g, k in zip(leaves, keys)])
     velocity = jax.tree.map(lambda v, g: local.momentum * v + g, velocity, grad)
     params = jax.tree.map(lambda p, v: p - local.learning_rate * v, params, velocity)
     return (params, velocity), None
@@ -318,11 +350,12 @@ def _local_sgd(variables, x, targets, learning_rate, momentum, apply_fn, train, 
 LABEL_SHARING = (False, True, "ordered", "multiset")
 
 
-# Ten parameters: fedsgd's client (model, data, mode, loss, what it shares) plus its local training
-# and whether the schedule is shared; each keyword has a default.
+# Twelve parameters: fedsgd's client (model, data, mode, loss, what it shares, DP-SGD and its key)
+# plus its local training and whether the schedule is shared; each keyword has a default.
 def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
            train: bool = False, share_labels: bool | str = False, share_local: bool = True,
-           share_statistics: bool = False, loss_fn=cross_entropy) -> Observation:
+           share_statistics: bool = False, loss_fn=cross_entropy, dp_sgd: DPSGD | None = None,
+           key: jax.Array | None = None) -> Observation:
   """A FedAvg client's update W_t − W_{t+1} after :func:`local_sgd` on (x, y).
 
   Args:
@@ -335,6 +368,8 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
     share_local: whether the threat model reveals ``local`` (learning rate, epochs, batch size) to
       the server; then ``observation.local`` carries it.
     share_statistics: as :func:`fedsgd`, for a client of one local step.
+    dp_sgd, key: every local step is DP-SGD's (:func:`local_sgd`), as a client training with
+      Opacus; ``None``: plain SGD.
 
   Returns:
     Observation whose ``gradient`` holds the update W_t − W_{t+1} (for one full-batch step without
@@ -346,7 +381,8 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
   check_local_training(local, x.shape[0])
   _check_sharing(train, share_statistics, local.steps(x.shape[0]))
   shared = None if share_labels is False else jnp.sort(y) if share_labels == "multiset" else y
-  new = local_sgd(apply_fn, variables, x, y, local, train=train, loss_fn=loss_fn)
+  new = local_sgd(apply_fn, variables, x, y, local, train=train, loss_fn=loss_fn, dp_sgd=dp_sgd,
+                  key=key)
   update = _difference(variables["params"], new)
   return Observation(gradient=update, variables=variables, labels=shared,
                      num_samples=int(x.shape[0]), threat_model="fedavg", train=train,

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from gradjax.clients import clipped_gradient, local_sgd
+from gradjax.clients import DPSGD, clipped_gradient, local_sgd
 from gradjax.distances import Distance, as_distance
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
@@ -129,6 +129,9 @@ class Replay:
   ``observation.local``), against v = W_t − W_{t+1}, the observed update.
 
   Attributes:
+    max_norm: the client trained with DP-SGD: each replayed step clips its examples' gradients to
+      this bound as the client's did (:func:`gradjax.clients.local_sgd`; its noise is not
+      replayed); ``None``: plain SGD.
     remat: ``jax.checkpoint`` each replayed local step, so differentiating through the local training
       keeps one parameter set per step and recomputes the step's activations (XLA's temporaries then
       grow with the parameters, not the activations). For the gradient itself, checkpoint inside the
@@ -136,15 +139,22 @@ class Replay:
   """
 
   remat: bool = False
+  max_norm: float | None = None
   name: ClassVar[str] = "replay"
+
+  def __post_init__(self):
+    if self.max_norm is not None and not (isinstance(self.max_norm, (int, float))
+                                          and 0 < self.max_norm < math.inf):
+      raise ValueError(f"the clipping bound must be a positive number, got {self.max_norm!r}")
 
   def update(self, model, observation: Observation, x, targets, loss_fn):
     """u: the replayed update W_t − W'_{t+1} of ``model`` on ``x``."""
     if observation.local is None:
       raise ValueError("replay needs the client's local training (observation.local)")
     params = observation.variables["params"]
+    dp_sgd = None if self.max_norm is None else DPSGD(self.max_norm)
     new = local_sgd(model, observation.variables, x, targets, observation.local,
-                    train=observation.train, loss_fn=loss_fn, remat=self.remat)
+                    train=observation.train, loss_fn=loss_fn, remat=self.remat, dp_sgd=dp_sgd)
     return jax.tree.map(jnp.subtract, params, new)
 
 

@@ -95,8 +95,8 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
       none: that example adds nothing to u).
     matched: the name of what the attack's objective matched (:data:`gradjax.objectives.MATCHED`).
     max_norm: the client ran DP-SGD with this clipping bound: u is the mean of the examples' own
-      gradients each clipped to it (:func:`gradjax.clients.clipped_gradient`; its noise is not
-      recomputed), for a gradient matched.
+      gradients each clipped to it (:func:`gradjax.clients.clipped_gradient`), or the local
+      training replayed with such steps; its noise is not recomputed.
 
   Raises ValueError for a batch of another size than the observation's, inputs the model does
   not read, labels outside the model's classes.
@@ -114,9 +114,7 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   elif jnp.shape(logits)[0] != observation.num_samples:
     raise ValueError(f"label_logits {jnp.shape(logits)} are not one row per example of the "
                      f"observation's {observation.num_samples}")
-  if max_norm is not None:
-    if matched == "replay":
-      raise ValueError("DP-SGD's clipping is recomputed for a FedSGD gradient, not a replayed update")
+  if max_norm is not None and matched != "replay":
     u = _clipped_update(apply_fn, observation, x,
                         compilation.device_array(labels if logits is None else logits),
                         float(max_norm), soft=logits is not None)
@@ -126,7 +124,7 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
                          train=observation.train)
   else:
     u = _update(apply_fn, observation, x, compilation.device_array(labels if logits is None else logits),
-                matched=matched, soft=logits is not None)
+                matched=matched, soft=logits is not None, max_norm=max_norm)
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
@@ -135,8 +133,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
       scale=unscaled.scale)
 
 
-@functools.partial(compilation.once, static_argnames=("apply_fn", "matched", "soft"))
-def _update(apply_fn, observation: Observation, x, targets, *, matched: str, soft: bool):
+@functools.partial(compilation.once, static_argnames=("apply_fn", "matched", "soft", "max_norm"))
+def _update(apply_fn, observation: Observation, x, targets, *, matched: str, soft: bool,
+            max_norm: float | None = None):
   """The update u the client would have sent for ``x`` and ``targets`` (label logits when ``soft``:
   their softmax is the target; the replayed local training for ``matched`` ``"replay"``): one
   program, not one per operation."""
@@ -144,7 +143,8 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
     targets = jax.nn.softmax(targets, axis=-1)
   if matched == "replay":
     new = clients.local_sgd(apply_fn, observation.variables, x, targets, observation.local,
-                            train=observation.train)
+                            train=observation.train,
+                            dp_sgd=None if max_norm is None else clients.DPSGD(max_norm))
     u = jax.tree.map(jnp.subtract, observation.variables["params"], new)
   else:
     u = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train)

@@ -198,3 +198,22 @@ def test_an_attack_adapted_to_dp_sgd_matches_clipped_examples_and_weighs_its_noi
                                                "defense.dp_sgd_noise_multiplier": 0.0}))
   assert plain["attack"]["objective"] == "gradient" and plain["adaptation"] is None
   assert plain["privacy"]["epsilon"] is None
+
+
+def test_an_attack_adapted_to_a_dp_sgd_fedavg_client_replays_clipped_steps():
+  """A FedAvg client whose local steps are DP-SGD's: the adapted replay clips its examples in every
+  replayed step, and weighs the layers by the noise variance the steps leave in the update
+  (gradjax.run.pipeline.dp_sgd_variance, checked against the client's noise in test_clients)."""
+  from gradjax import clients
+  from gradjax.run import pipeline
+  cfg = config.from_options({
+      "attack.preset": "inverting_gradients_fedavg", "attack.iterations": 2, "attack.adaptive": True,
+      "client.name": "fedavg", "client.local_batch_size": 1, "client.local_lr": 0.1,
+      "data.batch_size": 2, "model.name": "convnet-8", "output.lpips": "none",
+      "defense.dp_sgd_max_norm": 1.0, "defense.dp_sgd_noise_multiplier": 0.5})
+  results, _ = pipeline.run(cfg)
+  assert results["attack"]["objective"] == "replay"
+  local = clients.LocalTraining(1, 1, 0.1, 0.0)
+  variance = (0.1 * 0.5 * 1.0 / 1) ** 2 * local.steps(2)
+  assert results["attack"]["distance"] == f"cosine|gaussian:{variance:.8g}"
+  assert "in every replayed step" in results["adaptation"][0]

@@ -289,7 +289,6 @@ BAD_FLAGS = [
     (["--config.defense.dp_sgd_noise_multiplier=1"], "give --config.defense.dp_sgd_max_norm too"),
     (["--config.defense.dp_sgd_max_norm=1", "--config.defense.dp_sgd_sampling_rate=0"],
      "dp_sgd_sampling_rate must lie in (0, 1]"),
-    (["--config.defense.dp_sgd_max_norm=1", "--client=fedavg"], "simulates DP-SGD's step of a FedSGD client"),
     (["--config.defense.dp_sgd_max_norm=1", "--config.client.train_mode=True", "--model=resnet20-4"],
      "a client in training mode"),
     (["--config.defense.dp_sgd_max_norm=1", "--modality=text", "--model=transformer",

@@ -345,3 +345,51 @@ def test_dp_sgd_refuses_what_it_cannot_compute(mlp64, photos, kwargs, message):
   apply_fn, variables = mlp64
   with pytest.raises(ValueError, match=message), jax.enable_x64(True):
     clients.fedsgd(apply_fn, variables, photos[:2], np.array([0, 1]), **kwargs)
+
+
+def test_a_dp_sgd_fedavg_client_clips_every_local_step_as_numpy_says(mlp64, photos, mlp_reference):
+  """FedAvg with DP-SGD's steps, no noise: two epochs of mini-batches of 2 with momentum, each step
+  the mean of its examples' NumPy-backprop gradients clipped to C at the current weights."""
+  apply_fn, variables = mlp64
+  x, y = photos[4:8].astype(np.float64), np.array([0, 3, 3, 8])
+  local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.05, momentum=0.5)
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
+  grads = lambda w, i: mlp_reference(w, x[i:i + 1], y[i:i + 1])[1]
+  norm = lambda g: np.sqrt(sum(np.sum(a ** 2) for a in jax.tree.leaves(g)))
+  bound = float(np.median([norm(grads(params, i)) for i in range(4)]))
+  w, v = params, jax.tree.map(np.zeros_like, params)
+  for step in range(4):
+    batch = [2 * (step % 2), 2 * (step % 2) + 1]
+    gs = [grads(w, i) for i in batch]
+    g = jax.tree.map(lambda *a: np.mean([b * min(1.0, bound / norm(gg)) for b, gg in zip(a, gs)], 0), *gs)
+    v = jax.tree.map(lambda a, b: 0.5 * a + b, v, g)
+    w = jax.tree.map(lambda a, b: a - 0.05 * b, w, v)
+  with jax.enable_x64(True):
+    obs = clients.fedavg(apply_fn, variables, jnp.asarray(x), jnp.asarray(y), local,
+                         dp_sgd=clients.DPSGD(bound))
+  for got, sent, new in zip(jax.tree.leaves(obs.gradient), jax.tree.leaves(params), jax.tree.leaves(w)):
+    np.testing.assert_allclose(np.asarray(got), sent - new, rtol=1e-9, atol=1e-13 * np.abs(sent - new).max())
+
+
+def test_a_dp_sgd_fedavg_clients_noise_carries_through_momentum(mlp64, photos):
+  """The noise DP-SGD leaves in a FedAvg update (noisy minus noiseless, the same steps): zero-mean
+  with the variance per entry the adapted attack weighs by, η² (σC/B)² Σ_s ((1 − μ^(T−s+1))/(1 − μ))²
+  (gradjax.run.pipeline.dp_sgd_variance), here over T = 4 steps with μ = 0.6."""
+  from gradjax.run import pipeline
+  apply_fn, variables = mlp64
+  x, y = photos[:4], np.array([1, 2, 3, 4])
+  local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.1, momentum=0.6)
+  dp = clients.DPSGD(0.5, 0.7)
+  with jax.enable_x64(True):
+    clean = clients.fedavg(apply_fn, variables, x, y, local, dp_sgd=clients.DPSGD(0.5))
+    noisy = clients.fedavg(apply_fn, variables, x, y, local, dp_sgd=dp, key=jax.random.key(2))
+  flat = lambda o: np.concatenate([np.ravel(a) for a in jax.tree.leaves(o.gradient)]).astype(np.float64)
+  noise = flat(noisy) - flat(clean)
+  want = sum(((1 - 0.6 ** (4 - s + 1)) / 0.4) ** 2 for s in range(1, 5)) * (0.1 * 0.7 * 0.5 / 2) ** 2
+  # The noise also moves the weights the later steps' gradients are taken at: a second-order term.
+  assert np.var(noise) == pytest.approx(want, rel=0.03)
+  assert pipeline.dp_sgd_variance(dp, noisy) == pytest.approx(want, rel=1e-12)
+  assert abs(np.mean(noise)) < 4 * np.sqrt(want / noise.size)
+  with jax.enable_x64(True):
+    fedsgd = clients.fedsgd(apply_fn, variables, x, y)
+  assert pipeline.dp_sgd_variance(dp, fedsgd) == pytest.approx((0.7 * 0.5 / 4) ** 2, rel=1e-12)

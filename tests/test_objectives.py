@@ -349,3 +349,24 @@ def test_clipped_gradient_objective_matches_finite_differences(lenet64, photos):
     dummy = {"x": jnp.asarray(photos[[5, 9]], jnp.float64),
              "label_logits": jnp.asarray(np.random.default_rng(5).standard_normal((2, 10)))}
     _fd_check(objective, dummy, obs, None, ("x", "label_logits"), seed=6)
+
+
+def test_replay_of_dp_sgd_steps_is_zero_at_the_clients_data(photos, fill_variables):
+  """A FedAvg client trained with DP-SGD's clipped steps (no noise): the replay objective with its
+  bound is 0 at the client's images; the plain replay's is not."""
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=4, dtype=np.float64, scale=0.05)
+    apply_fn = models.make_apply_fn(module)
+    x, y = jnp.asarray(photos[[2, 6, 9, 1]], jnp.float64), jnp.asarray([1, 1, 4, 7])
+    local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.1, momentum=0.9)
+    per = [objectives.dummy_gradient(apply_fn, variables, x[i:i + 1], y[i:i + 1]) for i in range(4)]
+    bound = float(np.median([np.sqrt(sum(float(jnp.sum(a ** 2)) for a in jax.tree.leaves(g)))
+                             for g in per]))
+    obs = clients.fedavg(apply_fn, variables, x, y, local, dp_sgd=clients.DPSGD(bound))
+    clipped = objectives.gradient_matching(apply_fn, distances.euclidean,
+                                           matched=objectives.Replay(max_norm=bound))
+    plain = objectives.gradient_matching(apply_fn, distances.euclidean, matched=objectives.Replay())
+    assert float(clipped({"x": x}, obs, y)) < 1e-25 < 1e-8 < float(plain({"x": x}, obs, y))
+  with pytest.raises(ValueError, match="clipping bound"):
+    objectives.Replay(max_norm=-1.0)

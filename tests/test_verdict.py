@@ -362,3 +362,34 @@ def test_residual_of_a_dp_sgd_client_against_numpy(photos, mlp_reference):
       assert got.relative_error == pytest.approx(want, rel=1e-3, abs=1e-5)
   assert verdict.residual(model.apply_fn, clean, {"x": x}, y, max_norm=bound).relative_error < 1e-5
   assert verdict.residual(model.apply_fn, clean, {"x": x}, y).relative_error > verdict.THRESHOLDS.matched
+
+
+def test_replay_residual_of_a_dp_sgd_fedavg_client_against_numpy(photos, mlp_reference):
+  """A FedAvg client whose local steps are DP-SGD's (no noise): the replay residual with its bound
+  replays the steps clipping each example's NumPy-backprop gradient; 0 at the client's images."""
+  model = models.create("mlp-16", jax.random.key(2), input_shape=(8, 8, 3))
+  x, y = photos[:2, :8, :8], np.array([3, 5])
+  local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.1)
+  sent = jax.tree.map(lambda w: np.asarray(w, np.float64), model.variables["params"])
+  flat = lambda tree: np.concatenate([np.ravel(a) for a in jax.tree.leaves(tree)])
+  bound = 0.5 * min(np.linalg.norm(flat(mlp_reference(sent, x[i:i + 1], y[i:i + 1])[1])) for i in range(2))
+  obs = clients.fedavg(model.apply_fn, model.variables, x, y, local, dp_sgd=clients.DPSGD(bound))
+
+  def replay(images):  # two steps on the batch of both, each example's gradient clipped
+    w = sent
+    for _ in range(2):
+      gs = [flat(mlp_reference(w, images[i:i + 1], y[i:i + 1])[1]) for i in range(2)]
+      step = np.mean([g * min(1.0, bound / np.linalg.norm(g)) for g in gs], axis=0)
+      w = jax.tree.unflatten(jax.tree.structure(w), [
+          a - 0.1 * b.reshape(a.shape) for a, b in zip(jax.tree.leaves(w), np.split(
+              step, np.cumsum([a.size for a in jax.tree.leaves(w)])[:-1]))])
+    return flat(sent) - flat(w)
+
+  c = flat(jax.tree.map(lambda a: np.asarray(a, np.float64), obs.gradient))
+  np.testing.assert_allclose(replay(x), c, rtol=1e-4, atol=1e-7)  # the client is the NumPy one
+  for images in (x, photos[2:4, :8, :8]):
+    u = replay(images)
+    want = np.linalg.norm(u @ c / (u @ u) * u - c) / np.linalg.norm(c)
+    got = verdict.residual(model.apply_fn, obs, {"x": images}, y, matched="replay", max_norm=bound)
+    assert got.relative_error == pytest.approx(want, rel=1e-3, abs=1e-5)
+  assert want > verdict.THRESHOLDS.matched

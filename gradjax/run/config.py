@@ -245,10 +245,6 @@ class ModelConfig(_Section):
     return models.TextSizes(self.text_dim, self.text_heads, self.text_ffn, self.text_layers)
 
 
-DP_SGD_FEDSGD = ("--config.defense.dp_sgd_max_norm simulates DP-SGD's step of a FedSGD client "
-                 "(--client=fedsgd); a FedAvg client's local DP-SGD steps are not simulated")
-
-
 @dataclasses.dataclass(frozen=True)
 class ClientConfig(_Section):
   """The client: its threat model (FedSGD gradient or FedAvg update) and local training, or a
@@ -290,14 +286,12 @@ class ClientConfig(_Section):
     :func:`gradjax.clients.fedsgd`, or :func:`gradjax.clients.fedavg` after
     :meth:`local_training`, in the section's mode and sharing its statistics as it says.
     ``share_labels``: the threat model reveals the labels (the attack takes them as known); a FedAvg
-    client then reveals them as ``shared_labels`` says. ``dp_sgd``: a FedSGD client's DP-SGD step
-    (:meth:`DefenseConfig.dp_sgd`), its noise drawn with ``key``."""
-    kind = dict(train=self.train_mode, share_statistics=self.share_statistics)
+    client then reveals them as ``shared_labels`` says. ``dp_sgd``: the client's steps are
+    DP-SGD's (:meth:`DefenseConfig.dp_sgd`), their noise drawn with ``key``."""
+    kind = dict(train=self.train_mode, share_statistics=self.share_statistics, dp_sgd=dp_sgd,
+                key=key)
     if self.name == "fedsgd":
-      return functools.partial(clients.fedsgd, share_labels=share_labels, dp_sgd=dp_sgd, key=key,
-                               **kind)
-    if dp_sgd is not None:
-      raise ValueError(DP_SGD_FEDSGD)
+      return functools.partial(clients.fedsgd, share_labels=share_labels, **kind)
     return functools.partial(clients.fedavg, local=self.local_training(),
                              share_labels=self.shared_labels if share_labels else False, **kind)
 
@@ -311,9 +305,10 @@ class DefenseConfig(_Section):
       "clip:1,gaussian:1e-4.")
 
   dp_sgd_max_norm: float | None = _field(
-      None, "DP-SGD (Abadi et al. 2016, as Opacus runs it): the FedSGD client clips each "
-      "example's gradient to this L2 norm over all parameters before averaging (unset: no DP-SGD). "
-      "With a capture: the bound its client used.")
+      None, "DP-SGD (Abadi et al. 2016, as Opacus runs it): the client's steps (a FedSGD client's "
+      "one, every local step of a FedAvg client) clip each example's gradient to this L2 norm over "
+      "all parameters before averaging (unset: no DP-SGD). With a capture: the bound its client "
+      "used.")
   dp_sgd_noise_multiplier: float = _field(
       0.0, "DP-SGD's noise multiplier σ: N(0, σ²C²) on the sum of the clipped gradients "
       "(standard deviation σC/N on their mean).")
@@ -321,7 +316,8 @@ class DefenseConfig(_Section):
       1.0, "For DP-SGD's privacy budget: q, the chance that each of the client's examples is in a "
       "step's batch (its batch size over its data set's; 1: every step sees them all).")
   dp_sgd_steps: int = _field(
-      1, "For DP-SGD's privacy budget: T, the DP-SGD steps of the client's training.")
+      1, "For DP-SGD's privacy budget: T, the DP-SGD steps of the client's training (a FedAvg "
+      "client's fixed mini-batches put an example in one step an epoch, at rate 1).")
   dp_sgd_delta: float = _field(1e-5, "For DP-SGD's privacy budget: the δ of the (ε, δ) reported.")
 
   def build(self) -> defenses.Defense | None:
@@ -1103,8 +1099,6 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
         f"this attack ({cfg.attack.preset}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
   cfg.defense.build()
   if cfg.defense.dp_sgd() is not None:
-    if cfg.client.name != "fedsgd":
-      raise ValueError(DP_SGD_FEDSGD)
     if cfg.data.modality == "text":
       raise ValueError("--config.defense.dp_sgd_max_norm simulates DP-SGD for an image classifier's "
                        "client; a language model's per-sentence clipping is not simulated")

@@ -338,11 +338,12 @@ def adaptation(attack, adapted_to: str | None) -> list[str] | None:
   """What an adapted ``attack`` assumes, one line per part: DP-SGD's clipping when its objective
   models it, then each part of the defense spec ``adapted_to`` its distance models
   (:func:`gradjax.adaptive.assumptions`); None for an attack not adapted."""
-  lines = []
-  if isinstance(getattr(attack, "matched", None), objectives.ClippedGradient):
-    lines.append(f"dp_sgd: the bound C = {attack.matched.max_norm:g} (declared); each dummy "
-                 "example's gradient is clipped to it over all parameters before the mean, as the "
-                 "client's (its noise: the gaussian part)")
+  lines, matched = [], getattr(attack, "matched", None)
+  if getattr(matched, "max_norm", None) is not None:  # ClippedGradient, or a Replay of DP-SGD's steps
+    lines.append(f"dp_sgd: the bound C = {matched.max_norm:g} (declared); each dummy example's "
+                 "gradient is clipped to it over all parameters before the mean"
+                 + (" in every replayed step" if isinstance(matched, objectives.Replay) else "")
+                 + ", as the client's (its noise: the gaussian part)")
   if adapted_to:
     lines += adaptive.assumptions(defenses.parse(adapted_to), attack.matched.name)
   return lines or None
@@ -566,15 +567,15 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
   return results, images
 
 
-def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
-            update_scale: float = 1.0, num_samples: int = 1) -> tuple[attacks.Attack, str | None]:
+def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observation,
+            update_scale: float = 1.0) -> tuple[attacks.Attack, str | None]:
   """``attack`` adapted to the client's defense when ``cfg.attack.adaptive``, with the defense spec
   its distance models (:func:`gradjax.adaptive.adapt`, the defense having acted on ``update_scale``
-  times what is matched); else ``(attack, None)``. The defense: DP-SGD's step (the defense
-  section's: the attack's dummy gradient is the mean of its examples' clipped gradients,
-  :class:`gradjax.objectives.ClippedGradient`, and the noise's variance (σC/N)² per entry, N =
-  ``num_samples``, comes first), then the ``declared`` spec (what a capture's metadata declare, then
-  ``cfg.defense.spec``)."""
+  times what is matched); else ``(attack, None)``. The defense: DP-SGD's steps (the defense
+  section's: the attack clips its examples' gradients as the client's,
+  :class:`gradjax.objectives.ClippedGradient` or a :class:`gradjax.objectives.Replay` with the bound,
+  and the noise's variance in the update, :func:`dp_sgd_variance`, comes first), then the
+  ``declared`` spec (what a capture's metadata declare, then ``cfg.defense.spec``)."""
   if not cfg.attack.adaptive:
     return attack, None
   dp_sgd = cfg.defense.dp_sgd()
@@ -582,15 +583,38 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None,
     raise ValueError("--config.attack.adaptive=True: no defense to adapt to (the capture's metadata declare none and "
                      "--defense is not given)")
   if dp_sgd is not None:
-    if attack.matched.name != objectives.Gradient.name:
+    if isinstance(attack.matched, objectives.Replay):
+      matched = dataclasses.replace(attack.matched, max_norm=float(dp_sgd.max_norm))
+    elif attack.matched.name == objectives.Gradient.name:
+      matched = objectives.ClippedGradient(float(dp_sgd.max_norm))
+    else:
       raise ValueError(f"--config.attack.adaptive=True models DP-SGD's per-example clipping in the "
-                       f"gradient the attack matches, not in {attack.matched.name!r}")
-    attack = dataclasses.replace(attack, matched=objectives.ClippedGradient(float(dp_sgd.max_norm)))
+                       f"gradient or the replayed steps the attack matches, not in "
+                       f"{attack.matched.name!r}")
+    attack = dataclasses.replace(attack, matched=matched)
     if dp_sgd.noise_multiplier > 0:
-      variance = (dp_sgd.noise_multiplier * dp_sgd.max_norm / num_samples) ** 2
+      variance = dp_sgd_variance(dp_sgd, observation)
       declared = ",".join(filter(None, (f"gaussian:{variance:.8g}", declared)))
   return (adaptive.adapt(attack, declared, update_scale) if declared else
           dataclasses.replace(attack, name=f"{attack.name}+adaptive")), declared
+
+
+def dp_sgd_variance(dp_sgd: clients.DPSGD, observation) -> float:
+  """The variance per entry that DP-SGD's noise leaves in the observed update: (σC/N)² for a
+  FedSGD gradient of N examples; for a FedAvg update of T steps of batch B, learning rate η and
+  momentum μ, W_0 − W_T = η Σ_s g_s (1 − μ^(T−s+1)) / (1 − μ), so η² (σC/B)² Σ_s ((1 − μ^(T−s+1))
+  / (1 − μ))²."""
+  local = observation.local
+  if local is None and observation.threat_model != "fedsgd":
+    raise ValueError("DP-SGD's noise in a FedAvg update depends on the client's local training "
+                     "(learning rate, batch size, momentum), which the capture does not say")
+  if local is None:
+    return (dp_sgd.noise_multiplier * dp_sgd.max_norm / observation.num_samples) ** 2
+  steps = local.steps(observation.num_samples)
+  batch = local.batch_size or observation.num_samples
+  mu = local.momentum
+  carried = sum(((1 - mu ** (steps - s + 1)) / (1 - mu)) ** 2 for s in range(1, steps + 1))
+  return (local.learning_rate * dp_sgd.noise_multiplier * dp_sgd.max_norm / batch) ** 2 * carried
 
 
 class _Prepared(NamedTuple):
@@ -667,9 +691,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
   matched = "gradient" if closed else attack.matched.name
   as_gradient = (matched == "gradient" and observation.threat_model == "fedavg"
                  and observation.local is not None)
-  attack, adapted_to = adapted(cfg, attack, declared,
-                               observation.local.learning_rate if as_gradient else 1.0,
-                               observation.num_samples)
+  attack, adapted_to = adapted(cfg, attack, declared, observation,
+                               observation.local.learning_rate if as_gradient else 1.0)
   if as_gradient:
     # One local step is lr times a gradient: match that gradient (several steps raise, naming the
     # objectives that replay them); the defense acted on the update, lr times it.
@@ -1420,7 +1443,7 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
   marks.append(time.time())
   if isinstance(attack, closed_forms.Dager):  # scored as it reads (its attack and scoring in one)
     return _run_spans(cfg, attack, batch, model, observation)
-  attack, adapted_to = adapted(cfg, attack, cfg.defense.spec)
+  attack, adapted_to = adapted(cfg, attack, cfg.defense.spec, observation)
 
   trace = Trace(callback)
   timing = _Resumable(cfg, state, trace)
