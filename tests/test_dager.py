@@ -334,6 +334,32 @@ def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
 
 
 @pytest.mark.slow
+def test_dp_sgd_clipping_keeps_the_span_and_its_noise_hides_it():
+  """A DP-SGD client (each sentence's gradient clipped, a bound below every sentence's norm): its
+  update is a weighted sum of the same sentences' gradients, so the span attack still reads every
+  sentence and the residual recomputed with the clipping is 0; noise of multiplier 1e-3 (ε over
+  10^5) already hides the span."""
+  from gradjax import clients
+  from gradjax.run import config, pipeline
+  options = {"data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+             "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4,
+             "model.text_ffn": 128, "data.batch_size": 3, "data.sequence_length": 10}
+  cfg = config.from_options(options)
+  batch = pipeline.load_sentences(cfg)
+  model = pipeline.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
+  x, y = pipeline.client_pairs(cfg, model, batch.ids, batch.vocabulary)
+  norms = [float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
+      clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(3)]
+  bound = 0.5 * min(norms)
+  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound}))
+  assert results["exact"] == 3 and results["residual"]["relative_error"] < 1e-5
+  assert results["verdict"]["status"] == "leak" and results["privacy"]["epsilon"] is None
+  noisy = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound,
+                                                 "defense.dp_sgd_noise_multiplier": 1e-3}))
+  assert noisy["exact"] == 0 and noisy["privacy"]["epsilon"] > 1e5
+
+
+@pytest.mark.slow
 def test_local_recovery_replays_each_mini_batch_and_stops_where_one_is_missing(monkeypatch):
   """recover_local reads mini-batch 2 from W_1 = W_0 − η ∇L(mini-batch 1) (the gradient taken here
   directly), and stops, with the mini-batches found, where a step finds no new sentence."""

@@ -1099,9 +1099,13 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
         f"this attack ({cfg.attack.preset}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
   cfg.defense.build()
   if cfg.defense.dp_sgd() is not None:
-    if cfg.data.modality == "text":
-      raise ValueError("--config.defense.dp_sgd_max_norm simulates DP-SGD for an image classifier's "
-                       "client; a language model's per-sentence clipping is not simulated")
+    if cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or ""):
+      raise ValueError("--config.defense.dp_sgd_max_norm simulates DP-SGD with each example's own "
+                       "loss; a masked language model's examples mask different numbers of "
+                       "positions, which Opacus weighs by the batch's count: not simulated")
+    if cfg.data.modality == "text" and cfg.attack.adaptive:
+      raise ValueError("--config.attack.adaptive=True models DP-SGD's clipping in an image "
+                       "attack; a text attack matches the update as it is (leave it out)")
     if cfg.client.train_mode:
       raise ValueError("--config.defense.dp_sgd_max_norm clips each example's gradient: a client in "
                        "training mode (--config.client.train_mode=True, BatchNorm's batch statistics) "

@@ -1266,7 +1266,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   if len(rec.sentences) == batch.ids.shape[0]:
     x, targets = pairs or corpus.language_model_pairs(rec.sentences, vocabulary.eos)
     residual = verdict.residual(model.apply_fn, observation, {"x": x}, targets,
-                                matched="replay" if observation.threat_model == "fedavg" else "gradient")
+                                matched="replay" if observation.threat_model == "fedavg" else "gradient",
+                                max_norm=cfg.defense.dp_sgd_max_norm)
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, residual, results["findings"], [], cfg)
   if residual is None and decided["verdict"]["status"] != "leak":  # say why, not "not recomputed"
@@ -1361,7 +1362,8 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
                  "loss": search.loss, "seconds": searched, "spans_seconds": seconds})
   residual, pairs = None, searched_pairs(cfg, model, found, rec.targets, batch.vocabulary)
   if pairs is not None:
-    residual = verdict.residual(model.apply_fn, observation, {"x": pairs[0]}, pairs[1])
+    residual = verdict.residual(model.apply_fn, observation, {"x": pairs[0]}, pairs[1],
+                                max_norm=cfg.defense.dp_sgd_max_norm)
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, residual, results["findings"], [], cfg)
   if decided["verdict"]["status"] != "leak":
@@ -1423,6 +1425,7 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
     results = _run_text(cfg, callback, state, marks)
     marks.append(time.time())
   results["time"] = time_spent(between(made, marks))
+  results["privacy"] = dp_sgd_privacy(cfg)
   return results
 
 
@@ -1491,7 +1494,10 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
       **chance(batch),
   )
   residual = None
-  if cfg.attack.text_search == "embeddings" and "x" in rec.reconstruction.dummy:
+  # An embedding search's residual leaves the table out, whose gradient a DP-SGD client's clipping
+  # norm includes: not recomputed under DP-SGD.
+  if (cfg.attack.text_search == "embeddings" and "x" in rec.reconstruction.dummy
+      and cfg.defense.dp_sgd() is None):
     dummy = rec.reconstruction.dummy
     if models.is_masked_lm(model.name):  # its soft targets hold 'no target': the hard ones
       dummy = {"x": dummy["x"]}
@@ -1506,7 +1512,8 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
     pairs = [searched_pairs(cfg, model, tokens, rec.targets, vocabulary)
              for tokens in (rec.tokens_pinv, rec.tokens_nearest)]
     if pairs[0] is not None:
-      residual = min((verdict.residual(model.apply_fn, observation, {"x": xs}, ys) for xs, ys in pairs),
+      residual = min((verdict.residual(model.apply_fn, observation, {"x": xs}, ys,
+                                       max_norm=cfg.defense.dp_sgd_max_norm) for xs, ys in pairs),
                      key=lambda r: r.relative_error)
   results["findings"] = verdict.text_findings(results)
   results.update(_verdict(results, residual, results["findings"], [], cfg))

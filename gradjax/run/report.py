@@ -468,7 +468,7 @@ def write_text_run(out: str, results: dict, title: str) -> None:
     write_svg(os.path.join(out, "curves.svg"), svg.curves(results["history"], title))
     figures["Objective by iteration"] = os.path.join(out, "curves.svg")
   summary = summary_rows(results, ("token_accuracy", "rouge1", "rouge2", "rougeL", "bag_recall",
-                                   "loss", "residual", "model",
+                                   "loss", "residual", "privacy", "model",
                                    "num_samples", "iterations", "evaluations", "restarts",
                                    "restarts_diverged", "wall_time_s"))
   summary += [(k.replace("_", " "), _cell(results[k]), "") for k in
