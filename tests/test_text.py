@@ -791,17 +791,23 @@ def test_a_text_runs_residual_is_the_sine_to_the_update_its_embeddings_determine
 
 
 @pytest.mark.slow
+def _token_search_config(model: str):
+  """A token search of 2 iterations on two 6-token pydoc sentences, ``model`` at width 16."""
+  from gradjax.run import config
+  return config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": model,
+      "attack.preset": "adam_dlg", "attack.text_search": "tokens", "attack.iterations": 2,
+      "data.sequence_length": 6, "data.batch_size": 2, "model.text_dim": 16, "model.text_heads": 2,
+      "model.text_ffn": 16, "model.text_layers": 1})
+
+
 def test_a_token_searchs_residual_is_that_of_the_sentences_it_decoded(monkeypatch):
   """run_text's residual of a token search (before: none, so its verdict could never say the update
   was matched): sin ∠(u, c) in NumPy float64 over every parameter, u the gradient of next-token
   cross entropy at the decoded sentences written out here with jax.grad (the closer of the two
   decodings), c the client's; 0 when the search decodes the client's own sentences."""
-  from gradjax.run import config, pipeline
-  cfg = config.from_options({
-      "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
-      "attack.preset": "adam_dlg", "attack.text_search": "tokens", "attack.iterations": 2,
-      "data.sequence_length": 6, "data.batch_size": 2, "model.text_dim": 16, "model.text_heads": 2,
-      "model.text_ffn": 16, "model.text_layers": 1})
+  from gradjax.run import pipeline
+  cfg = _token_search_config("transformer")
   batch = pipeline.load_sentences(cfg)
   eos = batch.vocabulary.eos
   seen, reconstruct = {}, text.reconstruct
@@ -843,12 +849,8 @@ def test_a_masked_models_token_search_residual_is_that_of_its_own_masks(monkeypa
   NumPy float64, u the gradient of the mean cross entropy at the positions the search masked,
   inputs ``<mask>`` there and its words as targets, written out here with jax.grad; 0 at the
   client's own sentences and masks; none where the search masked nothing."""
-  from gradjax.run import config, pipeline
-  cfg = config.from_options({
-      "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
-      "attack.preset": "adam_dlg", "attack.text_search": "tokens", "attack.iterations": 2,
-      "data.sequence_length": 6, "data.batch_size": 2, "model.text_dim": 16, "model.text_heads": 2,
-      "model.text_ffn": 16, "model.text_layers": 1})
+  from gradjax.run import pipeline
+  cfg = _token_search_config("bert")
   batch = pipeline.load_sentences(cfg)
   mask = batch.vocabulary.mask
   client_x, client_y = corpus.masked_lm_pairs(batch.ids, mask, 0.15, seed=(cfg.seed, cfg.data.index))
