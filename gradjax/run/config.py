@@ -310,8 +310,8 @@ class DefenseConfig(_Section):
       "all parameters before averaging (unset: no DP-SGD). With a capture: the bound its client "
       "used.")
   dp_sgd_noise_multiplier: float = _field(
-      0.0, "DP-SGD's noise multiplier σ: N(0, σ²C²) on the sum of the clipped gradients "
-      "(standard deviation σC/N on their mean).")
+      0.0, "DP-SGD's noise multiplier σ: N(0, σ²C²) on the sum of a step's clipped gradients "
+      "(standard deviation σC/B on their mean over its B examples).")
   dp_sgd_sampling_rate: float = _field(
       1.0, "For DP-SGD's privacy budget: q, the chance that each of the client's examples is in a "
       "step's batch (its batch size over its data set's; 1: every step sees them all).")
