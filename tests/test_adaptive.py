@@ -175,6 +175,7 @@ def test_a_defense_on_the_update_is_modelled_at_the_update_s_scale():
       ["unscaled", "bound"]
 
 
+@pytest.mark.slow
 def test_an_attack_adapted_to_dp_sgd_matches_clipped_examples_and_weighs_its_noise(photos):
   """--config.defense.dp_sgd_max_norm with --config.attack.adaptive=True: the attack's objective is
   the mean of its examples' clipped gradients (objective 'clipped_gradient') and its distance weighs
@@ -200,6 +201,7 @@ def test_an_attack_adapted_to_dp_sgd_matches_clipped_examples_and_weighs_its_noi
   assert plain["privacy"]["epsilon"] is None
 
 
+@pytest.mark.slow
 def test_an_attack_adapted_to_a_dp_sgd_fedavg_client_replays_clipped_steps():
   """A FedAvg client whose local steps are DP-SGD's: the adapted replay clips its examples in every
   replayed step, and weighs the layers by the noise variance the steps leave in the update
