@@ -31,9 +31,17 @@ MAX_NORM, START, COUNT, DELTA = 1.0, 500, 16, 1e-5
 EPOCH = (256 / 50_000, 50_000 // 256)  # (sampling rate, steps) of one epoch at batch 256
 SIGMAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 
+
+
+def tag(sigma: float) -> str:
+  """A noise multiplier as a row name takes it, without a dot (study.json's paths split at dots):
+  1e-4, 1."""
+  return f"{sigma:.0e}".replace("e-0", "e-").replace("e+00", "")
+
+
 # (row, noise multiplier or None for no DP-SGD, adapted)
 ROWS = [("none", None, False), ("clip_plain", 0.0, False), ("clip_adaptive", 0.0, True)] + [
-    (f"sigma_{s:g}_{'adaptive' if a else 'plain'}", s, a) for s in SIGMAS for a in (False, True)]
+    (f"sigma_{tag(s)}_{'adaptive' if a else 'plain'}", s, a) for s in SIGMAS for a in (False, True)]
 
 
 def run(row, sigma, adapted, data_dir):
@@ -70,8 +78,9 @@ def table() -> tuple[str, dict]:
     seen, leaks = sum(c[0] for c in counted), sum(c[1] for c in counted)
     seconds = float(np.mean([r["wall_time_s"] for r in rows]))
     one, epoch = epsilons(sigma)
-    numbers[row] = {"noise_multiplier": sigma, "adaptive": adapted, "epsilon_update": one,
-                    "epsilon_epoch": epoch, "psnr_mean": float(psnr.mean()),
+    finite = lambda e: None if e == float("inf") else e  # None: no noise, no guarantee
+    numbers[row] = {"noise_multiplier": sigma, "adaptive": adapted, "epsilon_update": finite(one),
+                    "epsilon_epoch": finite(epoch), "psnr_mean": float(psnr.mean()),
                     "psnr_median": float(np.median(psnr)), "recognisable": int(seen),
                     "images": int(psnr.size), "leaks": int(leaks), "seconds_per_image": seconds}
     dp = "none" if sigma is None else "clipping only" if sigma == 0 else f"σ = {sigma:g}"

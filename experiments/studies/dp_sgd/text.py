@@ -9,9 +9,11 @@ the batch (every sentence clipped).
   python experiments/studies/dp_sgd/text.py --data_dir=../shared/data   # runs what is missing
   python experiments/studies/dp_sgd/text.py --table                     # the table from the runs
 
-Each row's batches are recorded in ``runs/text/<row>.json`` (exact sentences, ROUGE-1, the residual
-recomputed with the clipping, the reason a batch was refused, seconds); ``table.md`` and
-``table.json`` summarise the rows. Nothing is tuned.
+Each row's batches are recorded in ``runs/text/<row>.json`` (exact sentences, ROUGE-1, the share of
+each sentence's words among those the first block's span gave where the sentences could not be read
+(bag recall) and of those words in the batch (word precision), the residual recomputed with the
+clipping, the reason a batch was refused, seconds); ``table.md`` and ``table.json`` summarise the
+rows. Nothing is tuned.
 """
 
 import argparse
@@ -26,13 +28,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "batches"))
 import sweeps  # noqa: E402  (the batches study's table writer)
+import noise  # noqa: E402  (this study's image table: its row names)
 
 from gradjax import clients, privacy  # noqa: E402
 from gradjax.run import config, pipeline  # noqa: E402
 
 RUNS = os.path.join(HERE, "runs", "text")
 LENGTH, BATCH, BATCHES, DELTA = 16, 4, 3, 1e-5
-SIGMAS = (0.0, 1e-6, 1e-5, 1e-4, 1e-3)
+SIGMAS = (0.0, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3)
 
 
 def options(k: int, data_dir: str | None) -> dict:
@@ -53,7 +56,7 @@ def bound(cfg) -> float:
 
 
 def run(sigma: float, data_dir: str | None) -> None:
-  path = os.path.join(RUNS, f"sigma_{sigma:g}.json")
+  path = os.path.join(RUNS, f"sigma_{noise.tag(sigma)}.json")
   if os.path.exists(path):
     return
   records = []
@@ -64,6 +67,7 @@ def run(sigma: float, data_dir: str | None) -> None:
     start = time.perf_counter()
     results = pipeline.run_text(cfg)
     records.append({"batch": k, "max_norm": c, "exact": results["exact"], "rouge1": results["rouge1"],
+                    "bag_recall": results["bag_recall"], "word_precision": results.get("word_precision"),
                     "residual": (results.get("residual") or {}).get("relative_error"),
                     "verdict": results["verdict"]["status"], "reason": results.get("unreadable"),
                     "epsilon": results["privacy"]["epsilon"], "seconds": time.perf_counter() - start})
@@ -75,11 +79,12 @@ def run(sigma: float, data_dir: str | None) -> None:
 
 
 def table() -> tuple[str, dict]:
-  lines = ["| σ | ε, this update | sentences exact | ROUGE-1, mean | residual (clipping recomputed), median | "
-           "leak verdicts | s per batch |", "|---|---|---|---|---|---|---|"]
+  lines = ["| σ | ε, this update | sentences exact | ROUGE-1, mean | words: bag recall, mean | "
+           "residual (clipping recomputed), median | leak verdicts | s per batch |",
+           "|---|---|---|---|---|---|---|---|"]
   numbers = {}
   for sigma in SIGMAS:
-    path = os.path.join(RUNS, f"sigma_{sigma:g}.json")
+    path = os.path.join(RUNS, f"sigma_{noise.tag(sigma)}.json")
     if not os.path.exists(path):
       continue
     with open(path, encoding="utf-8") as fh:
@@ -87,14 +92,15 @@ def table() -> tuple[str, dict]:
     eps = privacy.epsilon(1.0, sigma, 1, DELTA).epsilon if sigma else float("inf")
     exact = sum(r["exact"] for r in records)
     residuals = [r["residual"] for r in records if r["residual"] is not None]
-    numbers[f"{sigma:g}"] = {"epsilon": eps, "exact": exact, "sentences": BATCH * len(records),
+    numbers[noise.tag(sigma)] = {"epsilon": None if eps == float("inf") else eps, "exact": exact, "sentences": BATCH * len(records),
                              "rouge1": float(np.mean([r["rouge1"] for r in records])),
+                             "bag_recall": float(np.mean([r["bag_recall"] for r in records])),
                              "residual_median": float(np.median(residuals)) if residuals else None,
                              "leaks": sum(r["verdict"] == "leak" for r in records),
                              "seconds": float(np.mean([r["seconds"] for r in records]))}
-    n = numbers[f"{sigma:g}"]
+    n = numbers[noise.tag(sigma)]
     lines.append(f"| {sigma:g} | {'∞' if eps == float('inf') else f'{eps:.3g}'} | {exact} / "
-                 f"{n['sentences']} | {n['rouge1']:.3f} | "
+                 f"{n['sentences']} | {n['rouge1']:.3f} | {n['bag_recall']:.3f} | "
                  + ("–" if n["residual_median"] is None else f"{n['residual_median']:.1e}")
                  + f" | {n['leaks']} / {len(records)} | {n['seconds']:.1f} |")
   return "\n".join(lines) + "\n", numbers
