@@ -439,3 +439,36 @@ def test_a_malformed_round_summary_is_left_out_of_the_membership(tmp_path):
   rows = audit.membership(tmp_path)
   assert [(r["round"], r["clients_sent"], r["failed"], r["nodes"]) for r in rows] == [
       (5, 3, ["4"], ["4", "5", "6"])]
+
+
+@pytest.mark.slow
+def test_an_audit_of_dp_sgd_clients_adapts_to_their_clipping_and_reports_their_budget(photos, tmp_path):
+  """A federation whose clients ran DP-SGD (one client's capture: a local step clipped per example,
+  no noise),
+  audited with the options that say so: its run matches clipped examples (adapted), recomputes the
+  clipping in its residual, skips the fidelity check it cannot pass, and reports the clients' (ε, δ)
+  (gradjax.privacy's, tested against its references there)."""
+  from gradjax import privacy
+  model = models.create("lenet_zhu", jax.random.key(5), num_classes=10)
+  x, y = photos[3:5], np.array([1, 6])
+  local = clients.LocalTraining(epochs=1, batch_size=None, learning_rate=0.1)
+  obs = clients.fedavg(model.apply_fn, model.variables, x, y, local, dp_sgd=clients.DPSGD(0.5))
+  mapping = interop.zoo_mapping(model)
+  weights = tmp_path / "round_weights.safetensors"
+  interop.save_weights(weights, model, mapping)
+  new = jax.tree.map(lambda w, u: np.asarray(w - u), model.variables["params"], obs.gradient)
+  folder = tmp_path / "audit" / "round_1" / "client_0"
+  folder.parent.mkdir(parents=True)
+  meta = {k: v for k, v in interop.observation_metadata(obs, model).items() if k not in ("layout", "kind")}
+  audit.write_capture(folder, str(weights), interop.params_to_torch(new, mapping),
+                      {"round": 1, "client": "0", "data_indices": [3, 4]}, meta)
+  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
+                            lpips="none", adaptive=True, dp_sgd_max_norm=0.5,
+                            dp_sgd_noise_multiplier=1.3, dp_sgd_sampling_rate=0.01, dp_sgd_steps=100)
+  rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
+  assert len(rows) == 1 and rows[0].get("error") is None, rows
+  metrics = json.loads((tmp_path / "audit" / rows[0]["run"] / "metrics.json").read_text())
+  assert metrics["attack"]["objective"] == "clipped_gradient" and metrics["checks"]["fidelity"]["ok"] is None
+  assert metrics["privacy"]["epsilon"] == privacy.epsilon(0.01, 1.3, 100, 1e-5).epsilon
+  index = json.loads((tmp_path / "audit" / "index.json").read_text())
+  assert index["settings"]["dp_sgd_max_norm"] == 0.5

@@ -40,7 +40,7 @@ from absl import app, flags
 from gradjax.cli import common, distributed
 from gradjax import auto, data, interop
 from gradjax.integrations import audit
-from gradjax.run import config, resume
+from gradjax.run import config, pipeline, report, resume
 
 flags.DEFINE_string("audit_dir", None, "The recorded federation (round_*/client_* capture folders).")
 ATTACKS = audit.ATTACKS
@@ -93,6 +93,8 @@ def main(argv):
     # What every capture's run would refuse alike, refused once here (before any row is replaced).
     config.ExecutionConfig(**{k.split(".", 1)[1]: v for k, v in o.items()
                               if k.startswith("execution.")})
+    defense = config.DefenseConfig(**{k.split(".", 1)[1]: v for k, v in o.items()
+                                      if k.startswith("defense.")})
     if o["model.rename"] is not None:
       interop.parse_renames(o["model.rename"])
     sample = None
@@ -152,6 +154,8 @@ def main(argv):
     common.fail(str(e))
   print(audit.index_markdown(rows))
   print(f"Wrote {f.audit_dir}/index.html, index.md and index.json.")
+  if defense.dp_sgd() is not None:  # every client's, as the options say
+    print(f"DP-SGD: {report.privacy_line(pipeline.dp_sgd_privacy(config.Config(defense=defense)))}")
   failed = audit.failed_rows(rows)
   if failed:  # written, and still not a success: a failed client or attack is never silent
     print(f"error: {len(failed)} of {len(rows)} rows failed (first: round {failed[0]['round']} "

@@ -430,6 +430,10 @@ class Settings(NamedTuple):
     adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked plainly.
   clients_per_run: captures attacked in one solver run when they share the model and the attack
     (``None``: :func:`gradjax.run.pipeline.clients_per_run`, 64 on an accelerator, 1 on CPU).
+  dp_sgd_max_norm, dp_sgd_noise_multiplier, dp_sgd_sampling_rate, dp_sgd_steps, dp_sgd_delta: the
+    DP-SGD every client ran (``dp_sgd_max_norm`` ``None``: none), as
+    :class:`gradjax.run.config.DefenseConfig` takes them: each run reports its (ε, δ), its residual
+    recomputes the clipping, ``adaptive`` adapts the attack to it.
   """
 
   attacks: tuple[str, ...] = (auto.AUTO,)
@@ -446,6 +450,11 @@ class Settings(NamedTuple):
   force: bool = False
   adaptive: bool = False
   clients_per_run: int | None = None
+  dp_sgd_max_norm: float | None = None
+  dp_sgd_noise_multiplier: float = 0.0
+  dp_sgd_sampling_rate: float = 1.0
+  dp_sgd_steps: int = 1
+  dp_sgd_delta: float = 1e-5
 
   def options(self) -> dict[str, Any]:
     """Dotted path -> value of the configuration options these settings hold (:data:`OPTIONS`)."""
@@ -462,7 +471,9 @@ OPTIONS = {"model": "model.name", "dataset": "data.dataset", "data_dir": "data.d
            "image_size": "data.image_size", "normalization": "data.normalization",
            "iterations": "attack.iterations", "restarts": "attack.restarts", "seed": "seed",
            "lpips": "output.lpips", "rename": "model.rename", "force": "client.force",
-           "adaptive": "attack.adaptive", "clients_per_run": "execution.clients_per_run"}
+           "adaptive": "attack.adaptive", "clients_per_run": "execution.clients_per_run",
+           **{f"dp_sgd_{k}": f"defense.dp_sgd_{k}"
+              for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps", "delta")}}
 
 
 def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
@@ -598,7 +609,8 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
       "data.data_dir": None,
       "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
       "attack.restarts": 1 if closed else settings.restarts, "attack.label_source": labels,
-      "attack.adaptive": not closed and settings.adaptive and bool(meta.get("defense")),
+      "attack.adaptive": not closed and settings.adaptive and (
+          bool(meta.get("defense")) or settings.dp_sgd_max_norm is not None),
       **(auto.settings(name, settings.model or meta.get("model")) if plan.chosen else {})})
 
 
