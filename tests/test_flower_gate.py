@@ -26,9 +26,10 @@ def _photo():
   return data.load("skimage", indices=[5], image_size=SHAPE[:2])
 
 
-def _client(net, defense=None):
-  """``call_next`` of a ClientApp: one SGD step on scikit-image photo 5, the update pruned by
-  ``defense`` (applied to W_t − W_{t+1}, as gradjax.defenses applies it to a FedAvg update)."""
+def _client(net, defense=None, dp_sgd=None):
+  """``call_next`` of a ClientApp: one SGD step on scikit-image photo 5 (DP-SGD's with ``dp_sgd``),
+  the update pruned by ``defense`` (applied to W_t − W_{t+1}, as gradjax.defenses applies it to a
+  FedAvg update)."""
   model, mapping = net
 
   def call_next(msg, context):
@@ -36,7 +37,7 @@ def _client(net, defense=None):
     variables = interop.variables_from_torch(sent, mapping, model.variables, "sent")
     photo = _photo()
     obs = clients.fedavg(model.apply_fn, variables, photo.x, photo.y,
-                         clients.LocalTraining(learning_rate=LR))
+                         clients.LocalTraining(learning_rate=LR), dp_sgd=dp_sgd)
     if defense:
       obs = defenses.parse(defense).apply(obs)
     after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
@@ -92,6 +93,25 @@ def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
   assert metrics["gradjax-leak-db"] < 10.0
   assert metrics["gradjax-leak-db"] == pytest.approx(metrics["gradjax-psnr"]
                                                      - gray_baseline_psnr(_photo().x), abs=1e-6)
+
+
+@pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
+def test_a_dp_sgd_client_that_only_clips_is_withheld_when_the_gate_knows_its_bound(net):
+  """A client whose step clips its example's gradient (DP-SGD without noise, a bound well below the
+  gradient's norm of about 23): told the bound, the gate's attack clips as the client does, recovers
+  the photo and withholds the update; not told, it says it did not audit it."""
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,
+                                 "gate.threshold_db": 10.0, "defense.dp_sgd_max_norm": 0.05},
+                     compilation_cache=CACHE)
+  reply = gate(_train_message(net), _context(), _client(net, dp_sgd=clients.DPSGD(0.05)))
+  assert reply.has_error() and "gradjax leakage_mod: update withheld" in reply.error.reason, \
+      reply.error.reason if reply.has_error() else dict(reply.content["metrics"])
+  # Not told: the update fails the capture's fidelity check (it is no plain step's), so the gate
+  # says it did not audit it; it never scores it as safe.
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,
+                                 "gate.threshold_db": 10.0}, compilation_cache=CACHE)
+  reply = gate(_train_message(net), _context(), _client(net, dp_sgd=clients.DPSGD(0.05)))
+  assert not reply.has_error() and dict(reply.content["metrics"])["gradjax-audited"] == 0
 
 
 def test_unaudited_rounds_and_failures_pass_the_update(net):

@@ -375,9 +375,10 @@ received_findings = audit.received_findings
 
 # The options the gate reads (dotted paths of :mod:`gradjax.run.config`), and the defaults it sets
 # over the schema's: it attacks with ``auto`` (the schema's default attack is DLG's).
-GATE_OPTIONS = ("model.name", "data.normalization", "defense.spec", "attack.preset",
-                "attack.iterations", "attack.restarts", "gate.threshold_db", "gate.rounds",
-                "gate.time_budget_s", "gate.refuse_malicious")
+GATE_OPTIONS = ("model.name", "data.normalization", "defense.spec", "defense.dp_sgd_max_norm",
+                "defense.dp_sgd_noise_multiplier", "attack.preset", "attack.iterations",
+                "attack.restarts", "gate.threshold_db", "gate.rounds", "gate.time_budget_s",
+                "gate.refuse_malicious")
 GATE_DEFAULTS = {"attack.preset": auto.AUTO}
 
 
@@ -423,7 +424,9 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       (:data:`GATE_OPTIONS`; the ``gate`` section is its own): ``model.name`` the gradjax zoo twin
       of the client's model (default ``metadata["model"]``), ``data.normalization``,
       ``defense.spec`` the defense the client applies (a reply's declared defense,
-      :data:`DECLARATIONS`, takes precedence), the attack's ``attack.preset`` (default ``auto``:
+      :data:`DECLARATIONS`, takes precedence), ``defense.dp_sgd_max_norm`` and
+      ``defense.dp_sgd_noise_multiplier`` the DP-SGD its training runs (Opacus' clipping bound and
+      noise multiplier: the attack then clips its examples as the client does), the attack's ``attack.preset`` (default ``auto``:
       :func:`gradjax.auto.for_metadata`'s first), ``attack.iterations`` and ``attack.restarts``.
       ValueError for another option or a value its section refuses.
     metadata: capture metadata (:mod:`gradjax.interop`: ``input_shape``, ``normalization``, the
@@ -490,7 +493,9 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       settings = audit.Settings(
           attacks=(chosen,),
           model=meta.get("model"), iterations=iterations, restarts=restarts,
-          normalization=normalization, lpips="none", adaptive=True)
+          normalization=normalization, lpips="none", adaptive=True,
+          dp_sgd_max_norm=built["defense"].dp_sgd_max_norm,
+          dp_sgd_noise_multiplier=built["defense"].dp_sgd_noise_multiplier)
       # The attack stops once it crosses the threshold: the update is withheld then, and no sooner.
       rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=gate.time_budget_s,
                                      compilation_cache=cache, target_psnr=gray + gate.threshold_db)
