@@ -158,7 +158,8 @@ class Replay:
     return jax.tree.map(jnp.subtract, params, new)
 
 
-Matched = Gradient | Replay  # what an objective matches: one of the four above
+Matched = Gradient | Replay  # what an objective matches: one of the five above
+# By name, those built without settings of the client's (ClippedGradient needs DP-SGD's bound).
 MATCHED: dict[str, type] = {c.name: c for c in (Gradient, Replay, ScaledDifference, Normalised)}
 
 
@@ -365,8 +366,9 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
   where ``matched`` says what u and v are, with g' = ∇_θ L(f_θ(x'), y') the dummy gradient and g
   the observation: :class:`Gradient` (u = g', v = g: FedSGD, DLG and relatives), :class:`Replay`
   (the client's local training replayed on the dummy data against the observed update: FedAvg,
-  Geiping et al. 2020 §6), :class:`ScaledDifference` (DLM's u = g', v = γ ΔW) or
-  :class:`Normalised` (DLM+'s unit vectors).
+  Geiping et al. 2020 §6), :class:`ScaledDifference` (DLM's u = g', v = γ ΔW),
+  :class:`Normalised` (DLM+'s unit vectors) or :class:`ClippedGradient` (u the mean of the dummy
+  examples' gradients clipped as a DP-SGD client clips its own).
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
