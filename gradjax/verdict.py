@@ -114,17 +114,14 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   elif jnp.shape(logits)[0] != observation.num_samples:
     raise ValueError(f"label_logits {jnp.shape(logits)} are not one row per example of the "
                      f"observation's {observation.num_samples}")
-  if max_norm is not None and matched != "replay":
-    u = _clipped_update(apply_fn, observation, x,
-                        compilation.device_array(labels if logits is None else logits),
-                        float(max_norm), soft=logits is not None)
-  elif logits is None and matched != "replay":
+  if logits is None and matched != "replay" and max_norm is None:
     # The client's own gradient program: a simulated client's set-up compiled it for these shapes.
     u = clients.gradient(apply_fn, observation.variables, x, compilation.device_array(labels),
                          train=observation.train)
   else:
     u = _update(apply_fn, observation, x, compilation.device_array(labels if logits is None else logits),
-                matched=matched, soft=logits is not None, max_norm=max_norm)
+                matched=matched, soft=logits is not None,
+                max_norm=None if max_norm is None else float(max_norm))
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
@@ -137,8 +134,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
 def _update(apply_fn, observation: Observation, x, targets, *, matched: str, soft: bool,
             max_norm: float | None = None):
   """The update u the client would have sent for ``x`` and ``targets`` (label logits when ``soft``:
-  their softmax is the target; the replayed local training for ``matched`` ``"replay"``): one
-  program, not one per operation."""
+  their softmax is the target; the replayed local training for ``matched`` ``"replay"``; DP-SGD's
+  steps, before their noise, with the clipping bound ``max_norm``): one program, not one per
+  operation."""
   if soft:
     targets = jax.nn.softmax(targets, axis=-1)
   if matched == "replay":
@@ -146,19 +144,12 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
                             train=observation.train,
                             dp_sgd=None if max_norm is None else clients.DPSGD(max_norm))
     u = jax.tree.map(jnp.subtract, observation.variables["params"], new)
+  elif max_norm is not None:
+    u = clients.clipped_gradient(apply_fn, observation.variables, x, targets, max_norm,
+                                 train=observation.train)
   else:
     u = dummy_gradient(apply_fn, observation.variables, x, targets, train=observation.train)
   return u
-
-
-@functools.partial(compilation.once, static_argnames=("apply_fn", "soft"))
-def _clipped_update(apply_fn, observation: Observation, x, targets, max_norm, *, soft: bool):
-  """The update of a DP-SGD client for ``x`` and ``targets`` before its noise (label logits when
-  ``soft``), as one program."""
-  if soft:
-    targets = jax.nn.softmax(targets, axis=-1)
-  return clients.clipped_gradient(apply_fn, observation.variables, x, targets, max_norm,
-                                  train=observation.train)
 
 
 def matched(comparison: fidelity.Comparison, thresholds: Thresholds = THRESHOLDS) -> bool:
