@@ -31,7 +31,10 @@ Metadata keys (all optional, values as strings in safetensors): ``kind`` (defaul
 spec of the defense the client applied to what it sent, :func:`gradjax.defenses.parse`: what an
 attack adapts to, :mod:`gradjax.adaptive`), ``bn_momentum`` (PyTorch's BatchNorm momentum, 0.1 if unset:
 a ``weights`` file of a training-mode client after one local step that holds the BatchNorm buffers
-reveals its batch's moments, :func:`gradjax.clients.batch_moments`).
+reveals its batch's moments, :func:`gradjax.clients.batch_moments`), and the DP-SGD the client's
+training ran (:data:`DP_SGD_KEYS`, as Opacus' ``make_private`` takes them: ``dp_sgd_max_norm`` the
+per-example clipping bound, ``dp_sgd_noise_multiplier``, and for its (ε, δ) ``dp_sgd_sampling_rate``,
+``dp_sgd_steps``, ``dp_sgd_delta``; :func:`declared_dp_sgd`).
 
 Layouts (PyTorch -> gradjax, :class:`Entry`)
 --------------------------------------------
@@ -631,6 +634,27 @@ def _float(meta: dict, key: str, where: str) -> float | None:
   if not math.isfinite(value):
     raise ValueError(f"{where}: metadata {key!r} must be a finite number, got {meta[key]!r}")
   return value
+
+
+# The metadata of a client that trained with DP-SGD, each the option ``defense.<key>`` of
+# :mod:`gradjax.run.config` (:func:`declared_dp_sgd`).
+DP_SGD_KEYS = ("dp_sgd_max_norm", "dp_sgd_noise_multiplier", "dp_sgd_sampling_rate", "dp_sgd_steps",
+               "dp_sgd_delta")
+
+
+def declared_dp_sgd(meta: dict, where: str) -> dict[str, float | int]:
+  """The DP-SGD a file's metadata declare (:data:`DP_SGD_KEYS` present, as numbers; empty when it
+  declares none). ValueError (one line) for a value that is not a number, or a noise multiplier or
+  budget without the clipping bound they belong to; ranges are the configuration's to check."""
+  found: dict[str, float | int] = {}
+  for key in DP_SGD_KEYS:
+    value = _int(meta, key, where) if key == "dp_sgd_steps" else _float(meta, key, where)
+    if value is not None:
+      found[key] = value
+  if found and "dp_sgd_max_norm" not in found:
+    raise ValueError(f"{where}: metadata {', '.join(found)} describe DP-SGD but not its clipping "
+                     "bound dp_sgd_max_norm")
+  return found
 
 
 def _bool(meta: dict, key: str, where: str) -> bool | None:

@@ -12,7 +12,7 @@ import pytest
 import scipy.optimize
 import skimage.metrics
 
-from gradjax import auto, clients, interop, malicious, models
+from gradjax import auto, clients, data, interop, malicious, models
 from gradjax.integrations import audit
 from gradjax.run import config, pipeline
 
@@ -472,3 +472,48 @@ def test_an_audit_of_dp_sgd_clients_adapts_to_their_clipping_and_reports_their_b
   assert metrics["privacy"]["epsilon"] == privacy.epsilon(0.01, 1.3, 100, 1e-5).epsilon
   index = json.loads((tmp_path / "audit" / "index.json").read_text())
   assert index["settings"]["dp_sgd_max_norm"] == 0.5
+
+
+@pytest.mark.slow
+def test_each_client_declares_its_own_dp_sgd(tmp_path):
+  """A round where one client declares its DP-SGD in its capture's metadata (a Flower client's
+  declarations) and the other ran none, audited with no DP-SGD option: the first is attacked
+  adapted to its own clipping, with its own (ε, δ) in its run and the index's ε column
+  (gradjax.privacy's, tested against its references there); the second plainly, its capture
+  passing the fidelity check, its ε cell empty."""
+  from gradjax import privacy
+  model = models.create("lenet_zhu", jax.random.key(5), num_classes=10)
+  mapping = interop.zoo_mapping(model)
+  weights = tmp_path / "round_weights.safetensors"
+  interop.save_weights(weights, model, mapping)
+  local = clients.LocalTraining(epochs=1, batch_size=None, learning_rate=0.1)
+  # (The update is drawn without noise; the attack reads what the client declares.)
+  declared = {"dp_sgd_max_norm": 0.5, "dp_sgd_noise_multiplier": 1.3, "dp_sgd_sampling_rate": 0.02,
+              "dp_sgd_steps": 50}
+  for client, indices, dp_sgd in (("0", [3, 4], clients.DPSGD(0.5)), ("1", [5, 6], None)):
+    truth = data.load("skimage", indices=indices, image_size=(32, 32))
+    obs = clients.fedavg(model.apply_fn, model.variables, truth.x, truth.y, local, dp_sgd=dp_sgd)
+    new = jax.tree.map(lambda w, u: np.asarray(w - u), model.variables["params"], obs.gradient)
+    folder = tmp_path / "audit" / "round_1" / f"client_{client}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    meta = {k: v for k, v in interop.observation_metadata(obs, model).items()
+            if k not in ("layout", "kind")}
+    audit.write_capture(folder, str(weights), interop.params_to_torch(new, mapping),
+                        {"round": 1, "client": client, "data_indices": indices},
+                        {**meta, **(declared if dp_sgd else {})})
+  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
+                            lpips="none", adaptive=True)
+  rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
+  assert [r["client"] for r in rows] == ["0", "1"] and not any(r.get("error") for r in rows), rows
+  first, second = (json.loads((tmp_path / "audit" / r["run"] / "metrics.json").read_text())
+                   for r in rows)
+  assert first["attack"]["objective"] == "clipped_gradient" and first["checks"]["fidelity"]["ok"] is None
+  eps = privacy.epsilon(0.02, 1.3, 50, 1e-5).epsilon
+  assert first["privacy"]["max_norm"] == 0.5 and first["privacy"]["epsilon"] == eps
+  # The noise's variance in the update, (ησC/B)² for one local step, weighs the layers.
+  assert first["attack"]["distance"] == f"euclidean|gaussian:{(0.1 * 1.3 * 0.5 / 2) ** 2:.8g}"
+  assert second["attack"]["objective"] == "gradient" and second["checks"]["fidelity"]["ok"] is True
+  assert second["privacy"] is None
+  lines = (tmp_path / "audit" / "index.md").read_text().splitlines()
+  assert "| DP-SGD ε |" in lines[2]
+  assert lines[4].split(" | ")[-2] == f"{eps:.3g} (δ 1e-05)" and lines[5].split(" | ")[-2] == "–"

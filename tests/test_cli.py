@@ -19,7 +19,7 @@ import pytest
 import skimage.metrics
 from PIL import Image
 
-from gradjax import checkpoint, lpips, models
+from gradjax import checkpoint, interop, lpips, models
 from gradjax.run import config, pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -323,6 +323,10 @@ def _bad_files(tmp_path):
   checkpoint.save(good, model.variables, {"model": "mlp", "init": None, "act": None,
                                           "num_classes": 10, "input_shape": [32, 32, 3]})
   (tmp_path / "truncated.npz").write_bytes(good.read_bytes()[:200])
+  for name, meta in [("dp_declared", {"dp_sgd_max_norm": 1, "dp_sgd_noise_multiplier": 0.5}),
+                     ("dp_no_bound", {"dp_sgd_noise_multiplier": 0.5}),
+                     ("dp_bad_rate", {"dp_sgd_max_norm": 1, "dp_sgd_sampling_rate": 2})]:
+    interop.write(tmp_path / f"{name}.safetensors", {"w": np.zeros(2, np.float32)}, meta)
   with open(tmp_path / "pickled.npz", "wb") as f:
     pickle.dump({"params": np.zeros(3)}, f)
   np.savez(tmp_path / "objects.npz", __metadata__=np.array([{"a": 1}], dtype=object))
@@ -373,6 +377,13 @@ BAD_FILES = [
     (["--compilation_cache={d}/a_file"], "--compilation_cache"),
     (["--coordinator_address=localhost", "--num_processes=2", "--process_id=0"], "must be host:port"),
     (["--config.model.num_classes=0"], "num_classes must be at least 2"),
+    (["--weights={d}/good.npz", "--observation={d}/dp_declared.safetensors",
+      "--config.defense.dp_sgd_max_norm=2"],
+     "dp_declared.safetensors declares dp_sgd_max_norm=1, but --config.defense.dp_sgd_max_norm=2"),
+    (["--weights={d}/good.npz", "--observation={d}/dp_no_bound.safetensors"],
+     "metadata dp_sgd_noise_multiplier describe DP-SGD but not its clipping bound dp_sgd_max_norm"),
+    (["--weights={d}/good.npz", "--observation={d}/dp_bad_rate.safetensors"],
+     "declares DP-SGD the options refuse: --config.defense.dp_sgd_sampling_rate must lie in (0, 1]"),
 ]
 
 

@@ -65,7 +65,7 @@ def test_a_dp_sgd_capture_is_audited_with_its_declared_clipping(tmp_path, photos
   """A PyTorch DP-SGD client's capture (σ = 0): with --config.defense.dp_sgd_max_norm the run skips
   the fidelity check (said so) and its budget is infinite (no noise); the residual of the client's
   own images, recomputed with the clipping, is 0 up to float32, where without the declaration the
-  capture fails its fidelity check."""
+  capture fails its fidelity check. A capture whose metadata declare the bound is read the same."""
   import torch
   from safetensors.torch import save_file
   from gradjax.run import config, pipeline
@@ -84,6 +84,14 @@ def test_a_dp_sgd_capture_is_audited_with_its_declared_clipping(tmp_path, photos
   results, _ = pipeline.run(config.from_options({**options, "defense.dp_sgd_max_norm": 2.0}))
   assert results["checks"]["fidelity"]["ok"] is None and "DP-SGD" in results["checks"]["fidelity"]["explained"]
   assert results["privacy"]["epsilon"] is None
+  # The same capture declaring its DP-SGD in its metadata (as an Opacus client of a Flower
+  # federation does, gradjax.integrations.flower.DECLARATIONS) needs no option.
+  declared = tmp_path / "g_declared.safetensors"
+  save_file({k: v.contiguous() for k, v in grads.items()}, str(declared),
+            metadata={"kind": "gradient", "num_samples": "2", "dp_sgd_max_norm": "2.0",
+                      "dp_sgd_noise_multiplier": "0.0"})
+  results, _ = pipeline.run(config.from_options({**options, "client.observation": str(declared)}))
+  assert results["checks"]["fidelity"]["ok"] is None and results["privacy"]["max_norm"] == 2.0
   from gradjax import interop, verdict
   imported = interop.load(str(w), str(g))
   residual = verdict.residual(imported.model.apply_fn, imported.observation, {"x": x}, y, max_norm=2.0)

@@ -53,10 +53,11 @@ class Grid:
   ``node % 16``; ``spoil`` changes a node's reply to test malformed ones."""
 
   def __init__(self, net, nodes=(11, 12), spoil=None, samples=1, defenses=None, restarts=None,
-               gated=None):
+               gated=None, dp_sgd=None):
     self.model, self.mapping = net
     self.nodes, self.spoil, self.samples = list(nodes), spoil or {}, samples
     self.defenses = defenses or {}  # node -> the defense it applies to its update and declares
+    self.dp_sgd = dp_sgd or {}  # node -> the DP-SGD (clients.DPSGD) its step runs and it declares
     self.restarts = restarts or {}  # node -> the id it registers under after the first round
     self.gated = set(gated or ())  # nodes whose replies carry the gate's metrics (leakage_mod's)
 
@@ -73,7 +74,8 @@ class Grid:
     variables = interop.variables_from_torch(sent, self.mapping, self.model.variables, "sent")
     indices = [(node + k) % 16 for k in range(self.samples)]
     photo = data.load("skimage", indices=indices, image_size=SHAPE[:2])
-    obs = clients.fedavg(self.model.apply_fn, variables, photo.x, photo.y, local)
+    obs = clients.fedavg(self.model.apply_fn, variables, photo.x, photo.y, local,
+                         dp_sgd=self.dp_sgd.get(node), key=jax.random.key(node))
     if node in self.defenses:
       obs = defenses.parse(self.defenses[node]).apply(obs)
     after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
@@ -95,6 +97,10 @@ class Grid:
     content = RecordDict({"arrays": to_record(returned), "metrics": MetricRecord(metrics)})
     if node in self.defenses:
       content[DECLARATIONS] = declarations(defense=self.defenses[node])
+    if node in self.dp_sgd:  # as an Opacus client states what make_private took
+      content[DECLARATIONS] = declarations(dp_sgd_max_norm=self.dp_sgd[node].max_norm,
+                                           dp_sgd_noise_multiplier=self.dp_sgd[node].noise_multiplier,
+                                           dp_sgd_sampling_rate=0.01, dp_sgd_steps=200)
     if self.spoil.get(node) == "declarations":
       content[DECLARATIONS] = ConfigRecord({"defence": "prune:0.5"})
     return Message(content, reply_to=message)
@@ -248,6 +254,34 @@ def test_each_client_declares_its_defense_and_the_audit_adapts_to_it(net, tmp_pa
   adaptation = {c: json.loads((tmp_path / "audit" / r["run"] / "metrics.json").read_text())["adaptation"]
                 for c, r in rows.items()}
   assert adaptation["11"] is None and adaptation["12"], adaptation
+
+
+@pytest.mark.slow
+def test_each_client_declares_its_dp_sgd_and_the_audit_reads_it(net, tmp_path):
+  """Two clients, one running DP-SGD (clipping bound 0.05 against a gradient norm of about 23, noise
+  multiplier 1e-6) and declaring it in its reply: the server records the declaration; the audit,
+  told nothing of DP-SGD, attacks that client clipped as it clipped (its fidelity check skipped, as
+  no plain step's), reports that client's own (ε, δ) (gradjax.privacy's) and the other's capture
+  plainly (its fidelity check passed)."""
+  from gradjax import privacy
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
+  start(strategy, net, Grid(net, dp_sgd={12: clients.DPSGD(0.05, 1e-6)}), rounds=1)
+  found = {c.client: c for c in audit.captures(strategy.audit_dir)}
+  assert found["12"].info["declarations"] == {"dp_sgd_max_norm": 0.05, "dp_sgd_noise_multiplier": 1e-6,
+                                              "dp_sgd_sampling_rate": 0.01, "dp_sgd_steps": 200}
+  assert interop.read(os.path.join(found["12"].folder, audit.OBSERVATION)).metadata[
+      "dp_sgd_max_norm"] == "0.05"
+  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
+                            lpips="none", adaptive=True)
+  rows = {r["client"]: r for r in audit.audit(strategy.audit_dir, settings, log=lambda s: None)}
+  assert all(r.get("error") is None for r in rows.values()), rows
+  got = {c: json.loads((tmp_path / "audit" / r["run"] / "metrics.json").read_text())
+         for c, r in rows.items()}
+  assert got["12"]["attack"]["objective"] == "clipped_gradient"
+  assert got["12"]["checks"]["fidelity"]["ok"] is None
+  assert got["12"]["privacy"]["epsilon"] == privacy.epsilon(0.01, 1e-6, 200, 1e-5).epsilon
+  assert got["11"]["attack"]["objective"] == "gradient" and got["11"]["privacy"] is None
+  assert got["11"]["checks"]["fidelity"]["ok"] is True
 
 
 @pytest.mark.slow

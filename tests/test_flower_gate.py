@@ -14,7 +14,8 @@ flwr = pytest.importorskip("flwr")
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
 
 from gradjax import clients, data, defenses, interop  # noqa: E402
-from gradjax.integrations.flower import GATE_METRICS, gray_baseline_psnr, leakage_mod  # noqa: E402
+from gradjax.integrations.flower import (DECLARATIONS, GATE_METRICS, declarations,  # noqa: E402
+                                         gray_baseline_psnr, leakage_mod)
 
 from test_flower import LR, MODEL, SHAPE, net, run_identity, to_record  # noqa: E402,F401
 
@@ -26,10 +27,10 @@ def _photo():
   return data.load("skimage", indices=[5], image_size=SHAPE[:2])
 
 
-def _client(net, defense=None, dp_sgd=None):
-  """``call_next`` of a ClientApp: one SGD step on scikit-image photo 5 (DP-SGD's with ``dp_sgd``),
-  the update pruned by ``defense`` (applied to W_t − W_{t+1}, as gradjax.defenses applies it to a
-  FedAvg update)."""
+def _client(net, defense=None, dp_sgd=None, declares=False):
+  """``call_next`` of a ClientApp: one SGD step on scikit-image photo 5 (DP-SGD's with ``dp_sgd``,
+  stated in its reply's declarations with ``declares``), the update pruned by ``defense`` (applied
+  to W_t − W_{t+1}, as gradjax.defenses applies it to a FedAvg update)."""
   model, mapping = net
 
   def call_next(msg, context):
@@ -43,6 +44,9 @@ def _client(net, defense=None, dp_sgd=None):
     after = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], obs.gradient)
     content = RecordDict({"arrays": to_record(interop.params_to_torch(after, mapping)),
                           "metrics": MetricRecord({"num-examples": 1})})
+    if declares:
+      content[DECLARATIONS] = declarations(dp_sgd_max_norm=dp_sgd.max_norm,
+                                           dp_sgd_noise_multiplier=dp_sgd.noise_multiplier)
     return Message(content, reply_to=msg)
 
   return call_next
@@ -98,12 +102,19 @@ def test_a_leaking_update_is_withheld_and_a_defended_one_passes(net):
 @pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)
 def test_a_dp_sgd_client_that_only_clips_is_withheld_when_the_gate_knows_its_bound(net):
   """A client whose step clips its example's gradient (DP-SGD without noise, a bound well below the
-  gradient's norm of about 23): told the bound, the gate's attack clips as the client does, recovers
-  the photo and withholds the update; not told, it says it did not audit it."""
+  gradient's norm of about 23): told the bound, by the gate's options or by the client's own
+  declaration in its reply, the gate's attack clips as the client does, recovers the photo and
+  withholds the update; not told, it says it did not audit it."""
   gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,
                                  "gate.threshold_db": 10.0, "defense.dp_sgd_max_norm": 0.05},
                      compilation_cache=CACHE)
   reply = gate(_train_message(net), _context(), _client(net, dp_sgd=clients.DPSGD(0.05)))
+  assert reply.has_error() and "gradjax leakage_mod: update withheld" in reply.error.reason, \
+      reply.error.reason if reply.has_error() else dict(reply.content["metrics"])
+  gate = leakage_mod(_examples, {"model.name": MODEL, "attack.iterations": 2000,
+                                 "gate.threshold_db": 10.0}, compilation_cache=CACHE)
+  reply = gate(_train_message(net), _context(),
+               _client(net, dp_sgd=clients.DPSGD(0.05), declares=True))
   assert reply.has_error() and "gradjax leakage_mod: update withheld" in reply.error.reason, \
       reply.error.reason if reply.has_error() else dict(reply.content["metrics"])
   # Not told: the update fails the capture's fidelity check (it is no plain step's), so the gate

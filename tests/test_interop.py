@@ -669,3 +669,26 @@ def test_read_metadata_is_the_files_metadata_without_its_tensors(lenet_files, tm
   f = interop.read(g)
   interop.write(tmp_path / "g.npz", f.tensors, f.metadata)
   assert interop.read_metadata(tmp_path / "g.npz") == f.metadata
+
+
+def test_a_capture_declaring_its_dp_sgd_sets_the_options(lenet_files, tmp_path):
+  """Metadata ``dp_sgd_*`` (strings in safetensors) are read as the numbers they write and set the
+  configuration's DP-SGD options (gradjax.run.config.with_declared); the same values given as
+  options agree, and a capture that declares none leaves the configuration as it was."""
+  from gradjax.run import config
+  w, g = lenet_files
+  declared = _rewrite(g, tmp_path / "dp.safetensors", lambda t, m: (t, {
+      **m, "dp_sgd_max_norm": 1.5, "dp_sgd_noise_multiplier": 0.75, "dp_sgd_steps": 300}))
+  assert interop.declared_dp_sgd(interop.read_metadata(declared), "dp") == {
+      "dp_sgd_max_norm": 1.5, "dp_sgd_noise_multiplier": 0.75, "dp_sgd_steps": 300}
+  cfg = config.from_options({"model.weights": str(w), "client.observation": str(declared)})
+  got = config.with_declared(cfg).defense
+  assert (got.dp_sgd_max_norm, got.dp_sgd_noise_multiplier, got.dp_sgd_steps,
+          got.dp_sgd_sampling_rate) == (1.5, 0.75, 300, 1.0)
+  same = config.replace(cfg, {"defense.dp_sgd_max_norm": 1.5, "defense.dp_sgd_noise_multiplier": 0.75,
+                              "defense.dp_sgd_steps": 300, "defense.dp_sgd_sampling_rate": 0.1})
+  assert config.with_declared(same) == same
+  plain = config.from_options({"model.weights": str(w), "client.observation": str(g)})
+  assert config.with_declared(plain) is plain
+  with pytest.raises(ValueError, match="metadata 'dp_sgd_steps' must be an integer"):
+    interop.declared_dp_sgd({"dp_sgd_max_norm": "1", "dp_sgd_steps": "many"}, "dp")

@@ -433,7 +433,9 @@ class Settings(NamedTuple):
   dp_sgd_max_norm, dp_sgd_noise_multiplier, dp_sgd_sampling_rate, dp_sgd_steps, dp_sgd_delta: the
     DP-SGD every client ran (``dp_sgd_max_norm`` ``None``: none), as
     :class:`gradjax.run.config.DefenseConfig` takes them: each run reports its (ε, δ), its residual
-    recomputes the clipping, ``adaptive`` adapts the attack to it.
+    recomputes the clipping, ``adaptive`` adapts the attack to it. A capture whose metadata declare
+    the client's own DP-SGD (:func:`gradjax.interop.declared_dp_sgd`; a Flower client's
+    declarations) is attacked with those values instead, key by key.
   """
 
   attacks: tuple[str, ...] = (auto.AUTO,)
@@ -601,8 +603,11 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
     # iDLG's sign rule for one example).
     labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
   closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
+  # The DP-SGD a client declares of itself (its capture's metadata) over what the settings say of
+  # every client.
+  own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(meta, CAPTURE).items()}
   return config.from_options({
-      **settings.options(), "attack.preset": name,
+      **settings.options(), **own, "attack.preset": name,
       "model.weights": os.path.join(capture.folder, WEIGHTS),
       "client.observation": os.path.join(capture.folder, OBSERVATION),
       "data.dataset": None,  # the truth is scored here, loaded once for the capture's attacks
@@ -610,7 +615,7 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
       "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
       "attack.restarts": 1 if closed else settings.restarts, "attack.label_source": labels,
       "attack.adaptive": not closed and settings.adaptive and (
-          bool(meta.get("defense")) or settings.dp_sgd_max_norm is not None),
+          bool(meta.get("defense") or own) or settings.dp_sgd_max_norm is not None),
       **(auto.settings(name, settings.model or meta.get("model")) if plan.chosen else {})})
 
 
@@ -672,6 +677,8 @@ def _attacked_row(capture: Capture, base: dict, name: str, results: dict, images
          "run": os.path.relpath(out, os.path.dirname(os.path.dirname(capture.folder))),
          "num_samples": results.get("num_samples"), "verdict": results["verdict"]["status"],
          "reason": results["verdict"]["reason"]}
+  if results.get("privacy") is not None:  # the client's DP-SGD and its (ε, δ)
+    row["privacy"] = results["privacy"]
   if results.get("clients_together", 1) > 1:
     row["clients_together"] = results["clients_together"]
   scored = "" if row["psnr"] is None else f", PSNR {row['psnr']:.2f} dB"
@@ -815,7 +822,11 @@ def _valid_row(row: Any) -> bool:
                 for k in SUMMARY_KEYS)
   texts = all(row.get(k) is None or isinstance(row[k], str)
               for k in ("attack", "error", "reason", "verdict", "run"))
-  return numbers and texts
+  privacy = row.get("privacy")
+  dp_sgd = privacy is None or (
+      isinstance(privacy, dict) and isinstance(privacy.get("delta"), (int, float))
+      and (privacy.get("epsilon") is None or isinstance(privacy["epsilon"], (int, float))))
+  return numbers and texts and dp_sgd
 
 
 def merged_rows(earlier: list[dict], new: list[dict]) -> list[dict]:
@@ -921,16 +932,35 @@ def _status(row: dict[str, Any]) -> str:
 
 def index_markdown(rows: list[dict[str, Any]]) -> str:
   """Rows as a Markdown table: round, client, attack, verdict, objective, PSNR, SSIM, LPIPS, time,
-  status."""
+  the ε of the client's DP-SGD (where some row's client ran it), status."""
+  private = _any_dp_sgd(rows)
   lines = ["| round | client | attack | verdict | objective | PSNR (dB) | SSIM | LPIPS | time (s) | "
-           "status |", "|---|---|---|---|---|---|---|---|---|---|"]
+           + ("DP-SGD ε | " if private else "") + "status |",
+           "|---|---|---|---|---|---|---|---|---|" + ("---|" if private else "") + "---|"]
   for r in rows:
     lines.append(f"| {r['round']} | {r['client']} | {r.get('attack') or '–'} | "
                  f"{r.get('verdict') or '–'} | "
                  f"{_fmt(r.get('loss'), '.4g')} | {_fmt(r.get('psnr'), '.2f')} | "
                  f"{_fmt(r.get('ssim'), '.3f')} | {_fmt(r.get('lpips'), '.3f')} | "
-                 f"{_fmt(r.get('wall_time_s'), '.1f')} | {_status(r)} |")
+                 f"{_fmt(r.get('wall_time_s'), '.1f')} | "
+                 + (f"{_epsilon(r)} | " if private else "") + f"{_status(r)} |")
   return "\n".join(lines) + "\n"
+
+
+def _any_dp_sgd(rows: list[dict[str, Any]]) -> bool:
+  """Whether some row's client ran DP-SGD (the index then has a column of their ε)."""
+  return any(isinstance(r.get("privacy"), dict) for r in rows)
+
+
+def _epsilon(row: dict[str, Any]) -> str:
+  """The ε of a row's client's DP-SGD (:func:`gradjax.run.pipeline.dp_sgd_privacy`) and its δ;
+  ∞ for DP-SGD without noise; – for a client without DP-SGD."""
+  privacy = row.get("privacy")
+  if not isinstance(privacy, dict):
+    return "–"
+  if privacy.get("epsilon") is None:
+    return "∞ (no noise)"
+  return f"{privacy['epsilon']:.3g} (δ {privacy['delta']:g})"
 
 
 def failed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -991,6 +1021,7 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
                       lambda f: f.write(f"# {title}\n\n" + (f"**{note}**\n\n" if note else "")
                                         + index_markdown(rows) + round_table), binary=False)
   failures = f"<p style='color:#b00020'><b>{html.escape(note)}</b></p>" if note else ""
+  private = _any_dp_sgd(rows)
   cells = []
   for r in rows:
     status = html.escape(_status(r))
@@ -1011,7 +1042,7 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
         f"{verdict_cell}</td><td>{_fmt(r.get('loss'), '.4g')}</td>"
         f"<td>{_fmt(r.get('psnr'), '.2f')}</td><td>{_fmt(r.get('ssim'), '.3f')}</td>"
         f"<td>{_fmt(r.get('lpips'), '.3f')}</td><td>{image}</td><td>{link}</td>"
-        f"<td>{status}</td></tr>")
+        + (f"<td>{html.escape(_epsilon(r))}</td>" if private else "") + f"<td>{status}</td></tr>")
   page = (
       "<!DOCTYPE html><html><head><meta charset='utf-8'>"
       f"<title>{html.escape(title)}</title><style>"
@@ -1026,6 +1057,6 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
       f"budget; never a proof of safety).</p>{failures}"
       "<table><tr><th>round</th><th>client</th><th>attack</th><th>verdict</th><th>objective</th>"
       "<th>PSNR (dB)</th><th>SSIM</th><th>LPIPS</th><th>reconstruction</th><th>run</th>"
-      "<th>status</th></tr>" + "".join(cells) + "</table>" + _rounds_html(rounds)
+      + ("<th>DP-SGD ε</th>" if private else "") + "<th>status</th></tr>" + "".join(cells) + "</table>" + _rounds_html(rounds)
       + "</body></html>\n")
   files.atomic_write(os.path.join(index_dir, "index.html"), lambda f: f.write(page), binary=False)

@@ -33,7 +33,9 @@ audit's round table (:func:`gradjax.integrations.audit.membership`).
 
 What the server cannot see in an update, a client declares in its reply: a ``ConfigRecord`` under
 :data:`DECLARATIONS` (:func:`declarations` builds it) with its model variant, normalisation, loss
-reduction, local recipe and defense. :class:`AuditStrategy` records them with each capture (they take
+reduction, local recipe and defense (a ``defense`` spec, and the DP-SGD its training ran:
+``dp_sgd_max_norm``, ``dp_sgd_noise_multiplier``, ... as Opacus' ``make_private`` took them).
+:class:`AuditStrategy` records them with each capture (they take
 precedence over the server's ``metadata`` and config), so ``gradjax audit --config.attack.adaptive=True`` adapts to
 each client's own defense, and :func:`leakage_mod` reads the same record on the client.
 """
@@ -50,7 +52,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gradjax import auto, fidelity
+from gradjax import auto, fidelity, interop
 from gradjax.integrations import audit
 from gradjax.run import config as run_config
 
@@ -69,7 +71,8 @@ def _plain(record) -> dict[str, Any]:
 DECLARATIONS = "gradjax-declarations"  # the reply's ConfigRecord of what the client declares
 # What a client may declare: capture metadata keys (gradjax.interop's file format).
 DECLARABLE = ("model", "act", "normalization", "loss_reduction", "train", "defense", "local_lr",
-              "local_epochs", "local_batch_size", "local_momentum", "input_shape", "num_classes")
+              "local_epochs", "local_batch_size", "local_momentum", "input_shape", "num_classes",
+              *interop.DP_SGD_KEYS)
 
 
 def _check_declared(facts: dict[str, Any]) -> dict[str, Any]:
@@ -426,7 +429,8 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       ``defense.spec`` the defense the client applies (a reply's declared defense,
       :data:`DECLARATIONS`, takes precedence), ``defense.dp_sgd_max_norm`` and
       ``defense.dp_sgd_noise_multiplier`` the DP-SGD its training runs (Opacus' clipping bound and
-      noise multiplier: the attack then clips its examples as the client does), the attack's ``attack.preset`` (default ``auto``:
+      noise multiplier: the attack then clips its examples as the client does; a reply's declared
+      ``dp_sgd_*`` take precedence), the attack's ``attack.preset`` (default ``auto``:
       :func:`gradjax.auto.for_metadata`'s first), ``attack.iterations`` and ``attack.restarts``.
       ValueError for another option or a value its section refuses.
     metadata: capture metadata (:mod:`gradjax.interop`: ``input_shape``, ``normalization``, the
@@ -522,7 +526,6 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       try:
         shape = static.get("input_shape") or (32, 32, 3)
         if isinstance(shape, str):
-          from gradjax import interop
           shape = interop.parse_shape(shape, "metadata input_shape")
         findings, rare = audit.received_check(sent, static["model"], shape, inputs=inputs)
       except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client

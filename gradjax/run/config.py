@@ -308,7 +308,7 @@ class DefenseConfig(_Section):
       None, "DP-SGD (Abadi et al. 2016, as Opacus runs it): the client's steps (a FedSGD client's "
       "one, every local step of a FedAvg client) clip each example's gradient to this L2 norm over "
       "all parameters before averaging (unset: no DP-SGD). With a capture: the bound its client "
-      "used.")
+      "used (a capture whose metadata declare dp_sgd_max_norm sets these options itself).")
   dp_sgd_noise_multiplier: float = _field(
       0.0, "DP-SGD's noise multiplier σ: N(0, σ²C²) on the sum of a step's clipped gradients "
       "(standard deviation σC/B on their mean over its B examples).")
@@ -1137,6 +1137,34 @@ def check_input_files(cfg: Config) -> None:
   captured weights and observation) exists as a readable file."""
   for path in ("model.checkpoint", "model.weights", "client.observation"):
     _input_file(get(cfg, path), flag(path).removeprefix("--"))
+
+
+def with_declared(cfg: Config) -> Config:
+  """``cfg`` with the DP-SGD its capture declares (:func:`gradjax.interop.declared_dp_sgd`: the
+  captured files' metadata ``dp_sgd_*``, the options ``defense.dp_sgd_*``); ``cfg`` itself without a
+  capture or a declaration. ValueError (one line) where a declared value is out of range or an
+  option given says otherwise: the client knows what it ran, and a run must not attack under two
+  accounts of it. Reads file metadata only."""
+  if not cfg.client.observation:
+    return cfg
+  meta = {**(interop.read_metadata(cfg.model.weights) if cfg.model.weights else {}),
+          **interop.read_metadata(cfg.client.observation)}
+  declared = interop.declared_dp_sgd(meta, cfg.client.observation)
+  if not declared:
+    return cfg
+  given = cfg.defense
+  if given.dp_sgd_max_norm is not None:
+    differ = [k for k, v in declared.items() if getattr(given, k) != v]
+    if differ:
+      k = differ[0]
+      raise ValueError(f"{cfg.client.observation} declares {k}={declared[k]:g}, but "
+                       f"--config.defense.{k}={getattr(given, k):g}: leave the option out (the "
+                       "client's own account is read)")
+    return cfg
+  try:
+    return dataclasses.replace(cfg, defense=dataclasses.replace(given, **declared))
+  except ValueError as e:
+    raise ValueError(f"{cfg.client.observation} declares DP-SGD the options refuse: {e}") from None
 
 
 def attacked_model(cfg: Config) -> str:

@@ -372,6 +372,7 @@ def run(cfg: Config, *, callback: Callable | None = None, batch: data.Dataset | 
   """
   if cfg.data.modality != "image":
     raise ValueError(f"run() attacks images; a {cfg.data.modality} experiment runs with run_text()")
+  cfg = config.with_declared(cfg)  # a capture's own account of its DP-SGD
   if cfg.attack.preset == auto.AUTO:
     return _run_auto(cfg, callback, batch, target_psnr)
   with driver.precision_scope(
@@ -890,6 +891,7 @@ def run_clients(cfgs, batches=None, target_psnr: float | None = None) -> list:
   setups: dict = {}  # each experiment's set-up phase (time_spent)
   for i, (cfg, batch) in enumerate(zip(cfgs, batches)):
     try:
+      cfgs[i] = cfg = config.with_declared(cfg)
       alone = (cfg.data.modality != "image" or cfg.attack.preset == auto.AUTO
                or clients_per_run(cfg) == 1 or cfg.execution.halving_rounds > 1)
       attack = None if alone else check(cfg)
