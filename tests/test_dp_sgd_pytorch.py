@@ -2,7 +2,8 @@
 backward pass, clipped to C over all its parameters, summed, N(0, σ²C²) added, divided by the batch):
 gradjax's simulated client gives its update, and a capture of it is audited with the client's
 declared DP-SGD (the fidelity check not run, the residual of the client's own images recomputed with
-its clipping)."""
+its clipping). Then against Opacus itself (when installed): its DP-SGD steps, its noise and its RDP
+accountant."""
 
 
 import numpy as np
@@ -11,9 +12,8 @@ import pytest
 pytestmark = [pytest.mark.isolated, pytest.mark.slow]  # imports torch (tests/conftest.py)
 
 
-def _client(torch, x_nhwc, y, max_norm, sigma=0.0, seed=0):
-  """DLG's LeNet in PyTorch (U(-0.5, 0.5)) and its DP-SGD gradient on (x, y), per parameter name."""
-  import torch.nn.functional as F
+def _lenet(torch, seed=0):
+  """DLG's LeNet in PyTorch, its weights U(-0.5, 0.5) (gradjax's lenet_zhu twin)."""
   from torch import nn
   torch.manual_seed(seed)
   net = nn.Sequential()
@@ -23,6 +23,13 @@ def _client(torch, x_nhwc, y, max_norm, sigma=0.0, seed=0):
   net.fc = nn.Sequential(nn.Linear(768, 10))
   for p in net.parameters():
     p.data.uniform_(-0.5, 0.5)
+  return net
+
+
+def _client(torch, x_nhwc, y, max_norm, sigma=0.0, seed=0):
+  """DLG's LeNet in PyTorch and its DP-SGD gradient on (x, y), per parameter name."""
+  import torch.nn.functional as F
+  net = _lenet(torch, seed)
   names, params = zip(*net.named_parameters())
   x = torch.tensor(np.transpose(x_nhwc, (0, 3, 1, 2)))
   total = [torch.zeros_like(p) for p in params]
@@ -96,3 +103,112 @@ def test_a_dp_sgd_capture_is_audited_with_its_declared_clipping(tmp_path, photos
   imported = interop.load(str(w), str(g))
   residual = verdict.residual(imported.model.apply_fn, imported.observation, {"x": x}, y, max_norm=2.0)
   assert residual.relative_error < 1e-5
+
+
+def _opacus(torch, x_nhwc, y, *, batch_size, epochs, lr, max_norm, sigma, momentum=0.0, seed=0):
+  """The LeNet of :func:`_lenet` trained by Opacus' DP-SGD (``PrivacyEngine.make_private``, fixed
+  mini-batches in order: ``poisson_sampling=False``): (its weights W_0 by name, W_0 − W_T by
+  parameter name)."""
+  import torch.nn.functional as F
+  opacus = pytest.importorskip("opacus")
+  net = _lenet(torch, seed)
+  before = {k: v.detach().clone() for k, v in net.state_dict().items()}
+  data = torch.utils.data.TensorDataset(torch.tensor(np.transpose(x_nhwc, (0, 3, 1, 2))),
+                                        torch.tensor(y))
+  loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)
+  optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
+  torch.manual_seed(seed + 1)  # Opacus draws its noise from torch's generator
+  private, optimizer, loader = opacus.PrivacyEngine().make_private(
+      module=net, optimizer=optimizer, data_loader=loader, noise_multiplier=sigma,
+      max_grad_norm=max_norm, poisson_sampling=False)
+  for _ in range(epochs):
+    for xb, yb in loader:
+      optimizer.zero_grad()
+      F.cross_entropy(private(xb), yb).backward()
+      optimizer.step()
+  after = dict(net.named_parameters())
+  return before, {k: (before[k] - after[k]).detach() for k in after}
+
+
+def _gradjax_twin(state):
+  import jax
+  from gradjax import interop, models
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3))
+  mapping = interop.zoo_mapping(model)
+  state = {k: v.numpy() for k, v in state.items()}
+  return model, mapping, interop.variables_from_torch(state, mapping, model.variables)
+
+
+@pytest.mark.parametrize("batch_size,epochs,momentum", [(4, 1, 0.0), (2, 2, 0.9)],
+                         ids=["fedsgd", "fedavg"])
+def test_opacus_clients_are_gradjaxs(photos, batch_size, epochs, momentum):
+  """Opacus' own DP-SGD without noise (1.6, fixed mini-batches) trains the LeNet to gradjax's
+  simulated client's weights: one step of the whole batch (FedSGD's gradient, learning rate 1), and
+  two epochs of mini-batches of 2 with momentum 0.9 (a FedAvg client's W_0 − W_T), a bound that
+  clips some examples and not others (Opacus divides C by the norm plus 1e-6, gradjax by the norm:
+  the tolerance holds that)."""
+  import torch
+  from gradjax import clients
+  x, y = photos[:4], np.array([2, 7, 7, 0])
+  norms = [float(torch.sqrt(sum((t.double() ** 2).sum() for t in
+                                _client(torch, x[n:n + 1], y[n:n + 1], 1e9)[1].values())))
+           for n in range(4)]
+  bound = float(np.median(norms))
+  assert min(norms) < bound < max(norms)
+  lr = 1.0 if epochs == 1 else 0.1
+  before, want = _opacus(torch, x, y, batch_size=batch_size, epochs=epochs, lr=lr, max_norm=bound,
+                         sigma=0.0, momentum=momentum)
+  model, mapping, variables = _gradjax_twin(before)
+  if epochs == 1 and batch_size == len(y):
+    update = clients.fedsgd(model.apply_fn, variables, x, y, dp_sgd=clients.DPSGD(bound)).gradient
+  else:
+    local = clients.LocalTraining(epochs=epochs, batch_size=batch_size, learning_rate=lr,
+                                  momentum=momentum)
+    update = clients.fedavg(model.apply_fn, variables, x, y, local,
+                            dp_sgd=clients.DPSGD(bound)).gradient
+  got = interop_params(update, mapping)
+  for name, tensor in want.items():
+    np.testing.assert_allclose(got[name], tensor.numpy(), rtol=2e-4,
+                               atol=2e-6 * float(tensor.abs().max()), err_msg=name)
+
+
+def interop_params(tree, mapping):
+  from gradjax import interop
+  return {k: np.asarray(v) for k, v in interop.params_to_torch(tree, mapping).items()}
+
+
+def test_opacus_noise_is_gradjaxs(photos):
+  """Opacus' noise on one step of 4 examples (σ = 0.5, C = 1): what it adds to gradjax's noise-free
+  clipped mean has mean 0 and standard deviation σC/4 over the LeNet's 15 k entries, as gradjax's
+  own client adds (gradjax's noise is tested against σC/B in test_clients)."""
+  import torch
+  from gradjax import clients
+  x, y = photos[:4], np.array([2, 7, 7, 0])
+  before, want = _opacus(torch, x, y, batch_size=4, epochs=1, lr=1.0, max_norm=1.0, sigma=0.5)
+  model, mapping, variables = _gradjax_twin(before)
+  clean = interop_params(clients.fedsgd(model.apply_fn, variables, x, y,
+                                        dp_sgd=clients.DPSGD(1.0)).gradient, mapping)
+  noise = np.concatenate([(want[k].numpy() - clean[k]).ravel() for k in want])
+  assert noise.size > 15_000
+  assert abs(noise.mean()) < 4 * 0.125 / np.sqrt(noise.size)
+  assert noise.std() == pytest.approx(0.5 * 1.0 / 4, rel=0.03)
+
+
+def test_gradjax_privacy_is_opacus_accountant():
+  """gradjax.privacy against Opacus' RDP accountant (opacus.accountants.analysis.rdp, an independent
+  implementation): the Rényi DP of the sampled Gaussian at Opacus' orders, and ε at them, to 1e-6
+  (Opacus stops its fractional orders' series at terms below e^-30, 1e-13 of A_α, which is 3e-8 of
+  log A_α at q = 256/60000, α = 1.1; gradjax's value there agrees with a 50-digit quadrature to
+  1e-12, and test_privacy holds it to float64 quadrature); gradjax's default orders reach further,
+  so its ε is never larger."""
+  pytest.importorskip("opacus")
+  from opacus.accountants.analysis import rdp as opacus_rdp
+  from gradjax import privacy
+  orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))  # Opacus' DEFAULT_ALPHAS
+  for q, sigma, steps in [(256 / 60000, 1.1, 14070), (0.01, 2.0, 1000), (0.1, 0.8, 50),
+                          (0.5, 3.0, 10), (1.0, 1.3, 100)]:
+    want = opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=orders)
+    np.testing.assert_allclose(steps * privacy.rdp(q, sigma, orders), want, rtol=1e-6)
+    eps, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=want, delta=1e-5)
+    assert privacy.epsilon(q, sigma, steps, 1e-5, orders).epsilon == pytest.approx(eps, rel=1e-6)
+    assert privacy.epsilon(q, sigma, steps, 1e-5).epsilon <= eps * (1 + 1e-12)
