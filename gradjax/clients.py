@@ -136,19 +136,39 @@ class DPSGD(NamedTuple):
 
 def clipped_gradient(apply_fn, variables, x, targets, max_norm: float, *, train: bool = False,
                      loss_fn=cross_entropy):
-  """DP-SGD's gradient before its noise: (1/N) Σ_n clip(∇_θ L(f_θ(x_n), t_n), C), where
+  """DP-SGD's gradient before its noise: (1/N) Σ_n clip(w_n ∇_θ L(f_θ(x_n), t_n), C), where
   clip(g, C) = g · min(1, C / ‖g‖) with the norm over every parameter (each example's loss is
   ``loss_fn`` on that example alone). Differentiable w.r.t. ``x`` and ``targets`` (int (N,) labels
   or (N, K) soft ones), so an attack that knows the clipping matches it (:mod:`gradjax.objectives`).
+
+  w_n is Opacus' per-sample gradient of the batch's mean loss (N times the gradient of example n's
+  terms in it) over that of example n's own mean: with int targets (N, ...), negative where a row
+  has no target (a masked language model's unmasked positions), w_n = N M_n / Σ_m M_m for M_n the
+  rows example n keeps; 1 when every example keeps as many (labels, next tokens, soft targets).
   """
 
-  def one(xn, tn):
+  def one(xn, tn, wn):
     g = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xn[None], train), tn[None]))(
         variables["params"])
     leaves, treedef = jax.tree.flatten(g)
+    leaves = [wn.astype(a.dtype) * a for a in leaves]
     return jax.tree.unflatten(treedef, defenses.clip_leaves(leaves, max_norm, per_layer=False))
 
-  return jax.tree.map(lambda a: jnp.mean(a, axis=0), jax.vmap(one)(x, targets))
+  return jax.tree.map(lambda a: jnp.mean(a, axis=0),
+                      jax.vmap(one)(x, targets, example_weights(targets)))
+
+
+def example_weights(targets: jax.Array) -> jax.Array:
+  """(N,) w_n = N M_n / Σ_m M_m, M_n the rows of example n with a target (int targets, negative
+  where none); ones for soft targets. Opacus computes each example's gradient of a mean loss as N
+  times its terms' gradient (``GradSampleModule``, ``loss_reduction="mean"``), so a batch whose
+  examples keep different numbers of rows (a masked language model's masks) weighs each by its
+  share of the batch's rows, before clipping (:func:`clipped_gradient`)."""
+  n, dtype = targets.shape[0], jnp.result_type(float)  # float64 under jax.enable_x64
+  if not jnp.issubdtype(targets.dtype, jnp.integer):
+    return jnp.ones((n,), dtype)
+  kept = jnp.sum((targets >= 0).reshape(n, -1), axis=1).astype(dtype)
+  return n * kept / jnp.maximum(jnp.sum(kept), 1)
 
 
 @functools.partial(once, static_argnums=(4, 5, 6))

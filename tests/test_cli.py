@@ -291,8 +291,6 @@ BAD_FLAGS = [
      "dp_sgd_sampling_rate must lie in (0, 1]"),
     (["--config.defense.dp_sgd_max_norm=1", "--config.client.train_mode=True", "--model=resnet20-4"],
      "a client in training mode"),
-    (["--config.defense.dp_sgd_max_norm=1", "--modality=text", "--model=bert", "--dataset=pydoc"],
-     "a masked language model's examples mask different numbers"),
     (["--config.defense.dp_sgd_max_norm=1", "--modality=text", "--model=transformer", "--dataset=pydoc",
       "--config.attack.adaptive=True"], "a text attack matches the update as it is"),
     (["--config.defense.dp_sgd_max_norm=1", "--config.attack.adaptive=True",

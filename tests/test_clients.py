@@ -314,6 +314,44 @@ def test_dp_sgd_clips_each_examples_gradient_as_numpy_backprop_says(mlp64, photo
   assert obs.threat_model == "fedsgd" and obs.num_samples == 4
 
 
+def test_dp_sgd_per_example_gradients_are_those_of_the_batch_mean():
+  """Examples that keep different numbers of target rows (a masked token model's 1, 2 and 4
+  masks): DP-SGD's per-example gradient is, as Opacus defines it, N times the gradient of the
+  batch's mean loss with respect to a copy of the parameters that only that example reads; clipped
+  and averaged, it is clients.clipped_gradient's (float64)."""
+  from gradjax import losses
+  vocab, dim = 9, 5
+  rng = np.random.default_rng(3)
+  with jax.enable_x64(True):
+    params = {"embed": jnp.asarray(rng.normal(size=(vocab, dim))),
+              "kernel": jnp.asarray(rng.normal(size=(dim, vocab)))}
+    x = jnp.asarray(rng.integers(0, vocab, (3, 7)))
+    t = np.full((3, 7), -1)
+    for n, positions in enumerate(([2], [0, 5], [1, 3, 4, 6])):
+      t[n, positions] = rng.integers(0, vocab, len(positions))
+    t = jnp.asarray(t)
+
+    def apply_fn(variables, xs, train=False):
+      return variables["params"]["embed"][xs] @ variables["params"]["kernel"]
+
+    def batch_loss(copies):  # example n's logits from copy n of the parameters
+      logits = jnp.stack([apply_fn({"params": jax.tree.map(lambda a: a[n], copies)}, x[n])
+                          for n in range(3)])
+      return losses.cross_entropy(logits, t)
+
+    copies = jax.tree.map(lambda a: jnp.stack([a] * 3), params)
+    per = jax.tree.map(lambda g: 3 * g, jax.grad(batch_loss)(copies))
+    norms = np.sqrt(sum(np.sum(np.asarray(g) ** 2, axis=tuple(range(1, g.ndim)))
+                        for g in jax.tree.leaves(per)))
+    bound = float(np.median(norms))
+    want = jax.tree.map(lambda g: np.mean([np.asarray(g[n]) * min(1.0, bound / norms[n])
+                                           for n in range(3)], axis=0), per)
+    got = clients.clipped_gradient(apply_fn, {"params": params}, x, t, bound)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(a), b, rtol=1e-10, atol=1e-14)
+  assert min(norms) < bound < max(norms)
+
+
 def test_dp_sgd_noise_has_standard_deviation_sigma_c_over_n(mlp64, photos):
   """σ > 0: the update minus the noiseless one is zero-mean Gaussian with standard deviation σC/N per
   entry (the sum's N(0, σ²C²) averaged), the same for the same key and another for another."""

@@ -577,6 +577,31 @@ def test_the_pipeline_reads_a_masked_language_models_update():
 
 
 @pytest.mark.slow
+def test_a_masked_language_models_dp_sgd_client_hides_its_label_counts():
+  """bert's DP-SGD client (Opacus' per-example weights, tested against Opacus in
+  test_dp_sgd_pytorch; clipping only, below both sentences' norms): each sentence's terms in the
+  output bias's gradient are scaled by its own clipping factor, so the masked words no longer count
+  as integers, the attack's first step; the run says so, inconclusive, with the client's DP-SGD in
+  its results (no noise: ε infinite)."""
+  from gradjax import clients
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
+      "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
+      "data.batch_size": 2, "data.sequence_length": 15})
+  batch = pipeline.load_sentences(cfg)
+  model = pipeline.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
+  x, y = pipeline.client_pairs(cfg, model, batch.ids, batch.vocabulary)
+  weights = clients.example_weights(jnp.asarray(y))
+  norms = [float(weights[n]) * float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
+      clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(2)]
+  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": 0.5 * min(norms)}))
+  assert results["found"] == 0 and results["verdict"]["status"] == "inconclusive"
+  assert results["privacy"]["max_norm"] == pytest.approx(0.5 * min(norms))
+  assert results["privacy"]["epsilon"] is None
+
+
+@pytest.mark.slow
 def test_an_extension_that_stops_is_inconclusive_with_the_position(monkeypatch):
   from gradjax.run import config, pipeline
   stopped = lambda *a, **k: dager.Recovery(np.zeros((0, 15), np.int32), np.zeros(0), [], (), 3, False)

@@ -212,3 +212,65 @@ def test_gradjax_privacy_is_opacus_accountant():
     eps, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=want, delta=1e-5)
     assert privacy.epsilon(q, sigma, steps, 1e-5, orders).epsilon == pytest.approx(eps, rel=1e-6)
     assert privacy.epsilon(q, sigma, steps, 1e-5).epsilon <= eps * (1 + 1e-12)
+
+
+def test_opacus_weighs_a_masked_token_models_examples_as_gradjax(photos):
+  """A token model (embedding, linear head) whose examples mask 1, 2 and 4 positions, its loss the
+  mean over the batch's masked positions (``ignore_index``): Opacus' DP-SGD step (per-sample
+  gradients of that mean, N times each example's terms) equals gradjax's client, whose
+  ``clients.example_weights`` weigh each example's own mean by N M_n / Σ M; a bound that clips
+  some examples and not others."""
+  import jax.numpy as jnp
+  import torch
+  import torch.nn.functional as F
+  from torch import nn
+  from gradjax import clients
+  opacus = pytest.importorskip("opacus")
+  vocab, dim = 11, 6
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, vocab - 1, (3, 8))
+  targets = np.full((3, 8), -1)
+  for n, positions in enumerate(([2], [0, 5], [1, 3, 4, 7])):
+    targets[n, positions] = tokens[n, positions]
+    tokens[n, positions] = vocab - 1  # <mask>
+  torch.manual_seed(0)
+  net = nn.Sequential(nn.Embedding(vocab, dim), nn.Linear(dim, vocab))
+  params = {"embed": net[0].weight.detach().numpy().copy(),
+            "kernel": net[1].weight.detach().numpy().T.copy(), "bias": net[1].bias.detach().numpy().copy()}
+
+  def apply_fn(variables, x, train=False):
+    p = variables["params"]
+    return p["embed"][x] @ p["kernel"] + p["bias"]
+
+  def loss(model, x, t):
+    return F.cross_entropy(model(x).reshape(-1, vocab), t.reshape(-1), ignore_index=-1)
+
+  xs, ts = torch.tensor(tokens), torch.tensor(targets)
+  norms = []
+  for n in range(3):  # Opacus' per-sample gradient norms: N times the example's terms in the mean
+    g = torch.autograd.grad(3 * loss(net, xs[n:n + 1], ts[n:n + 1]) * (ts[n] >= 0).sum()
+                            / (ts >= 0).sum(), list(net.parameters()))
+    norms.append(float(torch.sqrt(sum((a.double() ** 2).sum() for a in g))))
+  bound = float(np.median(norms))
+  assert min(norms) < bound < max(norms)
+  before = [p.detach().clone() for p in net.parameters()]
+  loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, ts), batch_size=3)
+  private, optimizer, loader = opacus.PrivacyEngine().make_private(
+      module=net, optimizer=torch.optim.SGD(net.parameters(), lr=1.0), data_loader=loader,
+      noise_multiplier=0.0, max_grad_norm=bound, poisson_sampling=False)
+  for xb, tb in loader:
+    optimizer.zero_grad()
+    loss(private, xb, tb).backward()
+    optimizer.step()
+  embed, weight, bias = (b - p.detach() for b, p in zip(before, net.parameters()))
+  got = clients.fedsgd(apply_fn, {"params": jax_tree(params, jnp)}, jnp.asarray(tokens),
+                       jnp.asarray(targets), dp_sgd=clients.DPSGD(bound)).gradient
+  for mine, want in ((got["embed"], embed), (got["kernel"], weight.T), (got["bias"], bias)):
+    np.testing.assert_allclose(np.asarray(mine), want.numpy(), rtol=1e-4,
+                               atol=1e-6 * float(want.abs().max()))
+  np.testing.assert_allclose(np.asarray(clients.example_weights(jnp.asarray(targets))),
+                             [3 * 1 / 7, 3 * 2 / 7, 3 * 4 / 7], rtol=1e-6)
+
+
+def jax_tree(params, jnp):
+  return {k: jnp.asarray(v) for k, v in params.items()}

@@ -1099,10 +1099,6 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
         f"this attack ({cfg.attack.preset}) does not use: add it, e.g. --priors=tv:1e-2,bn:1e-4")
   cfg.defense.build()
   if cfg.defense.dp_sgd() is not None:
-    if cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or ""):
-      raise ValueError("--config.defense.dp_sgd_max_norm simulates DP-SGD with each example's own "
-                       "loss; a masked language model's examples mask different numbers of "
-                       "positions, which Opacus weighs by the batch's count: not simulated")
     if cfg.data.modality == "text" and cfg.attack.adaptive:
       raise ValueError("--config.attack.adaptive=True models DP-SGD's clipping in an image "
                        "attack; a text attack matches the update as it is (leave it out)")
