@@ -70,7 +70,10 @@ input: the loss is linear in the targets, L = −(1/M) Σ_m log p_m[y_m], so the
 (1/M) Σ_m (p_m − e_(y_m)) with the p_m that the found input gives counts the labels, and the gradient
 of the head's ``transform`` kernel, Σ_m u_m ⊗ G_m with u_m the kernel's input at m and
 G_m = Σ_l A_ml g_ml, g_ml the gradient of −(1/M) log p_m[l] at its output, places them (G from the u
-by least squares, each A_m from the g, then the assignment that respects the counts).
+by least squares, each A_m from the g, then the assignment that respects the counts). A DP-SGD
+client scales each sentence's terms by its own clipping factor; the counts are then weighted by
+those factors, which the bias's entries off the labels give (:func:`_scaled_bag`), and each row
+takes its largest weight.
 
 Shapes: ``ids`` (N, T) int; first-layer distances (V, T); sentences (K, T) with K the number of
 distinct sentences found (the batch's, when every check holds).
@@ -837,12 +840,18 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
   logits = np.asarray(apply_fn(variables, jnp.asarray(inputs)), np.float64)[where[:, 0], where[:, 1]]
   p = np.exp(logits - logits.max(axis=1, keepdims=True))
   p /= p.sum(axis=1, keepdims=True)
-  counts = p.sum(axis=0) - m * np.asarray(node["output_bias"], np.float64)
+  bias = np.asarray(node["output_bias"], np.float64)
+  counts = p.sum(axis=0) - m * bias
   rounded = np.rint(counts)
-  if rounded.min() < 0 or rounded.sum() != m or np.abs(counts - rounded).max() > 0.1:
-    raise Unreadable(f"the output bias's gradient does not count the {m} masked labels (largest "
-                     f"distance of a count to an integer {np.abs(counts - rounded).max():.2f})")
-  bag = np.flatnonzero(rounded).astype(np.int32)
+  integral = not (rounded.min() < 0 or rounded.sum() != m or np.abs(counts - rounded).max() > 0.1)
+  if integral:
+    bag = np.flatnonzero(rounded).astype(np.int32)
+  else:  # each sentence's terms scaled by its own factor (DP-SGD's clipping), or not the client's
+    bag = _scaled_bag(p, where[:, 0], bias, m)
+    if bag is None:
+      raise Unreadable(f"the output bias's gradient does not count the {m} masked labels (largest "
+                       f"distance of a count to an integer {np.abs(counts - rounded).max():.2f}), "
+                       "nor with a scale of each sentence's own")
   u, g = (np.asarray(a, np.float64) for a in _transform_factors(
       apply_fn, variables, jnp.asarray(inputs), jnp.asarray(where[:, 0]), jnp.asarray(where[:, 1]),
       jnp.asarray(bag), m))
@@ -850,16 +859,54 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
   # ∇W_t = Σ_m u_m ⊗ G_m with G_m = Σ_l A_ml g_ml: G from the inputs u, then each row's weights A_m
   rows_g = np.linalg.lstsq(u.T, target, rcond=None)[0]
   weights = np.stack([np.linalg.lstsq(g[i].T, rows_g[i], rcond=None)[0] for i in range(m)])
-  slots = np.repeat(np.arange(len(bag)), rounded[bag].astype(int))  # one slot per label occurrence
-  from scipy.optimize import linear_sum_assignment
-  rows, cols = linear_sum_assignment(-weights[:, slots])
-  labels = bag[slots[cols[np.argsort(rows)]]]
+  if integral:
+    slots = np.repeat(np.arange(len(bag)), rounded[bag].astype(int))  # one slot per label occurrence
+    from scipy.optimize import linear_sum_assignment
+    rows, cols = linear_sum_assignment(-weights[:, slots])
+    labels = bag[slots[cols[np.argsort(rows)]]]
+  else:  # a row's weights are its sentence's scale on its label: no counts to respect
+    labels = bag[np.argmax(weights, axis=1)]
   chosen = g[np.arange(m), np.searchsorted(bag, labels)]
-  residual = (np.linalg.norm(u.T @ chosen - target)
+  fitted = u.T @ chosen
+  if not integral:  # ∇W_t = Σ_n α_n Σ_(m in n) u_m ⊗ g_(m, y_m): the sentences' scales α by least squares
+    parts = [u[where[:, 0] == n].T @ chosen[where[:, 0] == n] for n in np.unique(where[:, 0])]
+    alpha = np.linalg.lstsq(np.stack([q.ravel() for q in parts], 1), target.ravel(), rcond=None)[0]
+    fitted = sum(a * q for a, q in zip(alpha, parts))
+  residual = (np.linalg.norm(fitted - target)
               / max(np.linalg.norm(target), np.finfo(np.float64).tiny))
   targets = np.full(inputs.shape, -1, np.int32)
   targets[where[:, 0], where[:, 1]] = labels
   return targets, float(residual)
+
+
+def _scaled_bag(p: np.ndarray, sentence: np.ndarray, bias: np.ndarray, m: int) -> np.ndarray | None:
+  """The labels of M masked rows whose sentences' terms are scaled each by its own unknown factor
+  (DP-SGD clips each sentence's gradient): M ∇b = Σ_n α_n (P_n − c_n), P_n the sum of sentence n's
+  rows of ``p`` (M, V), c_n its label counts, α_n its scale (1 unclipped). Off the labels,
+  M ∇b = Σ_n α_n P_n, which gives α by least squares; the weighted counts r = Σ_n α_n P_n − M ∇b
+  are then Σ_n α_n c_n: positive on the labels, 0 elsewhere. The labels are the entries above the
+  largest drop (a ratio over 10) among the M + 1 largest of r, with the fit repeated without them.
+  None where no such drop separates them, or a scale is not positive."""
+  sentences = np.unique(sentence)
+  total = np.stack([p[sentence == n].sum(axis=0) for n in sentences], axis=1)  # (V, N)
+  keep = np.ones(p.shape[1], bool)
+  bag = None
+  for _ in range(3):
+    alpha = np.linalg.lstsq(total[keep], m * bias[keep], rcond=None)[0]
+    r = total @ alpha - m * bias
+    top = np.sort(r)[::-1][:m + 1]
+    if top[0] <= 0:
+      return None
+    ratios = top[:-1] / np.maximum(np.abs(top[1:]), np.finfo(np.float64).tiny)
+    k = int(np.argmax(ratios)) + 1  # the labels: the k largest
+    if ratios[k - 1] < 10:
+      return None
+    found = np.sort(np.argsort(r)[::-1][:k]).astype(np.int32)
+    if bag is not None and np.array_equal(found, bag):  # (the first fit, labels in it, may not be)
+      return bag if np.all(alpha > 0) else None
+    bag, keep = found, np.ones(p.shape[1], bool)
+    keep[bag] = False
+  return None
 
 
 @compilation.once(static_argnames=("apply_fn", "m"))

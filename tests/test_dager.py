@@ -577,12 +577,14 @@ def test_the_pipeline_reads_a_masked_language_models_update():
 
 
 @pytest.mark.slow
-def test_a_masked_language_models_dp_sgd_client_hides_its_label_counts():
+def test_a_masked_language_models_dp_sgd_client_is_read_exactly():
   """bert's DP-SGD client (Opacus' per-example weights, tested against Opacus in
-  test_dp_sgd_pytorch; clipping only, below both sentences' norms): each sentence's terms in the
-  output bias's gradient are scaled by its own clipping factor, so the masked words no longer count
-  as integers, the attack's first step; the run says so, inconclusive, with the client's DP-SGD in
-  its results (no noise: ε infinite)."""
+  test_dp_sgd_pytorch; clipping only, the bound half the smaller sentence's norm): each sentence's
+  terms in the output bias's gradient carry its own clipping factor, so the masked words no longer
+  count as integers; read with a scale per sentence (dager._scaled_bag), both sentences are exact
+  and the update recomputed with the client's clipping from them is the client's (relative error
+  < 1e-5); its DP-SGD is in the results (no noise: ε infinite). Noise of multiplier 1e-3 hides
+  the span."""
   from gradjax import clients
   from gradjax.run import config, pipeline
   cfg = config.from_options({
@@ -595,10 +597,15 @@ def test_a_masked_language_models_dp_sgd_client_hides_its_label_counts():
   weights = clients.example_weights(jnp.asarray(y))
   norms = [float(weights[n]) * float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
       clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(2)]
-  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": 0.5 * min(norms)}))
-  assert results["found"] == 0 and results["verdict"]["status"] == "inconclusive"
-  assert results["privacy"]["max_norm"] == pytest.approx(0.5 * min(norms))
-  assert results["privacy"]["epsilon"] is None
+  assert abs(norms[0] - norms[1]) > 1e-3 * max(norms)  # the two sentences are clipped differently
+  bound = 0.5 * min(norms)
+  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound}))
+  assert results["exact"] == 2 and results["verdict"]["status"] == "leak"
+  assert results["residual"]["relative_error"] < 1e-5 and results["masked_targets_residual"] < 1e-5
+  assert results["privacy"]["max_norm"] == pytest.approx(bound) and results["privacy"]["epsilon"] is None
+  noisy = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound,
+                                                 "defense.dp_sgd_noise_multiplier": 1e-3}))
+  assert noisy["exact"] == 0 and noisy["verdict"]["status"] != "leak"
 
 
 @pytest.mark.slow
