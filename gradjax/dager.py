@@ -757,7 +757,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
 
 
 def recover_local(apply_fn: Callable, variables, update, *, length: int, local, num_samples: int,
-                  eos: int, **kwargs) -> Recovery:
+                  eos: int, max_norm: float | None = None, **kwargs) -> Recovery:
   """The client's sentences from a FedAvg update W_0 − W_E of local SGD over mini-batches.
 
   Step s of the first epoch trains on mini-batch s at weights W_s, so its inputs lie in the update's
@@ -775,6 +775,9 @@ def recover_local(apply_fn: Callable, variables, update, *, length: int, local, 
     local: the client's :class:`gradjax.clients.LocalTraining` (the threat model reveals it).
     num_samples: n, the client's sentences.
     eos: the token id that ends every target sequence.
+    max_norm: the client's steps are DP-SGD's with this clipping bound (each sentence's gradient
+      clipped, :func:`gradjax.clients.clipped_gradient`), and are replayed so; their noise, if
+      any, cannot be.
     kwargs: passed to :func:`recover` (``tokens``, ``max_prefixes``, ``rank``, ``chunk``).
 
   Returns:
@@ -793,7 +796,8 @@ def recover_local(apply_fn: Callable, variables, update, *, length: int, local, 
     else:  # W_s: the client's first s steps, replayed on the mini-batches found so far
       x, y = corpus.language_model_pairs(found, eos)
       replay = clients.LocalTraining(1, b, local.learning_rate, local.momentum)
-      params = clients.local_sgd(apply_fn, variables, jnp.asarray(x), jnp.asarray(y), replay)
+      params = clients.local_sgd(apply_fn, variables, jnp.asarray(x), jnp.asarray(y), replay,
+                                 dp_sgd=None if max_norm is None else clients.DPSGD(max_norm))
     rec = recover(apply_fn, {**variables, "params": params}, update, length=length, drift=drift,
                   **kwargs)
     new = np.asarray([i for i, row in enumerate(rec.sentences.tolist())

@@ -409,6 +409,29 @@ def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
     config.replace(cfg, {"attack.preset": "sapag", "model.name": "transformer"})
 
 
+@pytest.mark.slow
+def test_a_dp_sgd_fedavg_clients_mini_batches_are_read_with_its_clipping_replayed():
+  """A DP-SGD FedAvg client (clipping only, the bound half the smallest sentence's norm at the sent
+  weights; two epochs over two mini-batches of 2): the first mini-batch is read from the sent
+  weights, the second from the weights that replaying the first one's clipped step gives (the
+  clipping declared), all four exact, and the update replayed with the clipping is the client's."""
+  from gradjax import clients
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+      "attack.preset": "dager", "model.text_dim": 256, "model.text_heads": 4, "model.text_ffn": 512,
+      "data.batch_size": 4, "client.name": "fedavg", "client.local_epochs": 2,
+      "client.local_batch_size": 2, "client.local_lr": 0.05})
+  batch = pipeline.load_sentences(cfg)
+  model = pipeline.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
+  x, y = pipeline.client_pairs(cfg, model, batch.ids, batch.vocabulary)
+  norms = [float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
+      clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(4)]
+  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": 0.5 * min(norms)}))
+  assert results["exact"] == 4 and results["mini_batches"] == 2 and results["verdict"]["status"] == "leak"
+  assert results["residual"]["relative_error"] < 1e-5
+
+
 @pytest.mark.isolated  # imports torch (see tests/conftest.py)
 @pytest.mark.slow
 @pytest.mark.usefixtures("optimised_step")  # a long optimisation (tests/conftest.py)

@@ -1232,7 +1232,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
     if observation.threat_model == "fedavg":  # mini-batch by mini-batch, replaying the client's steps
       rec = dager.recover_local(model.apply_fn, model.variables, observation.gradient,
                                 local=observation.local, num_samples=observation.num_samples,
-                                eos=vocabulary.eos, **options)
+                                eos=vocabulary.eos, max_norm=cfg.defense.dp_sgd_max_norm, **options)
     else:
       eos = None if models.is_masked_lm(model.name) else vocabulary.eos  # open positions settled
       rec = dager.recover(model.apply_fn, model.variables, observation.gradient, eos=eos, **options)
