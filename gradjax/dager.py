@@ -631,8 +631,9 @@ def _search(apply_fn, variables, second: Span, sets, length, first: Span, chunk,
   count = max(1, int(round(second.rank / length)))
   proxy = context_distances(apply_fn, variables, second.basis, sets, length, max(8, chunk // 4))
   order = [np.argsort(p, kind="stable")[:count] for p in proxy]
+  # A position whose set holds fewer than N tokens repeats them (all N sentences hold one of them).
   kept = np.stack([np.resize(s[o], count) for s, o in zip(sets, order)]).astype(np.int32)
-  near = [p[o] for p, o in zip(proxy, order)]  # the kept tokens' context distances
+  near = [np.resize(p[o], count) for p, o in zip(proxy, order)]  # the kept tokens' context distances
   rng = np.random.default_rng(0)
   found, worst, idle = [], [], 0
   while len(found) < count and idle < rounds:

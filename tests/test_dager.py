@@ -692,6 +692,23 @@ def test_the_encoder_search_distances_are_the_second_blocks_input_where_flax_rec
 
 
 @pytest.mark.slow
+def test_an_encoders_batch_whose_sentences_share_a_position_is_searched():
+  """bert at batch 4 whose sentences all end in the same word (a full stop): that position's set
+  holds fewer tokens than the batch has sentences, and the search (which keeps N candidates a
+  position) repeats them; the four sentences come back exactly."""
+  vocabulary, length, batch = 200, 8, 4
+  model = _model("bert", vocabulary, length, dim=128, init="default")
+  mask = vocabulary - 1
+  ids = _sentences(np.random.default_rng(7), vocabulary - 1, batch, length)
+  ids[:, -1] = 5
+  x, y = corpus.masked_lm_pairs(ids, mask, 0.15, seed=0)
+  x[:, -1], y[:, -1] = 5, -1  # the shared word unmasked in every sentence
+  rec = dager.recover(model.apply_fn, model.variables, _loss_gradient(model, x, y), length=length)
+  assert len(rec.position_sets[-1]) < batch
+  assert sorted(map(tuple, rec.sentences.tolist())) == sorted(map(tuple, x.tolist()))
+
+
+@pytest.mark.slow
 def test_a_masked_language_models_batch_is_ordered_against_the_second_block(monkeypatch):
   """bert at batch 4, 8 tokens each, 15 % masked (LeCun-normal weights, under which a width of 64
   mixes the positions as BERT's 0.02 does at 768): layer 1 gives each position the batch's bag (an
