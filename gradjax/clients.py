@@ -151,7 +151,7 @@ def clipped_gradient(apply_fn, variables, x, targets, max_norm: float, *, train:
     g = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xn[None], train), tn[None]))(
         variables["params"])
     leaves, treedef = jax.tree.flatten(g)
-    leaves = [wn.astype(a.dtype) * a for a in leaves]
+    leaves = [(wn * a.astype(wn.dtype)).astype(a.dtype) for a in leaves]  # in the wider dtype
     return jax.tree.unflatten(treedef, defenses.clip_leaves(leaves, max_norm, per_layer=False))
 
   return jax.tree.map(lambda a: jnp.mean(a, axis=0),

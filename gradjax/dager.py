@@ -849,23 +849,47 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
   counts = p.sum(axis=0) - m * bias
   rounded = np.rint(counts)
   integral = not (rounded.min() < 0 or rounded.sum() != m or np.abs(counts - rounded).max() > 0.1)
+  target = np.asarray(node["transform"]["kernel"], np.float64)
+  place = functools.partial(_placed, apply_fn, variables, inputs, where, target)
+  labels = residual = None
   if integral:
-    bag = np.flatnonzero(rounded).astype(np.int32)
-  else:  # each sentence's terms scaled by its own factor (DP-SGD's clipping), or not the client's
+    labels, residual = place(np.flatnonzero(rounded).astype(np.int32), rounded)
+  if residual is None or residual > SCALED_FALLBACK:
+    # Each sentence's terms scaled by its own factor (DP-SGD's clipping; its weighted counts can
+    # also fall near integers), or the inputs are not the client's.
     bag = _scaled_bag(p, where[:, 0], bias, m)
-    if bag is None:
-      raise Unreadable(f"the output bias's gradient does not count the {m} masked labels (largest "
-                       f"distance of a count to an integer {np.abs(counts - rounded).max():.2f}), "
-                       "nor with a scale of each sentence's own")
+    scaled = None if bag is None else place(bag, None)
+    if scaled is not None and (residual is None or scaled[1] < residual):
+      labels, residual = scaled
+  if labels is None:
+    raise Unreadable(f"the output bias's gradient does not count the {m} masked labels (largest "
+                     f"distance of a count to an integer {np.abs(counts - rounded).max():.2f}), "
+                     "nor with a scale of each sentence's own")
+  targets = np.full(inputs.shape, -1, np.int32)
+  targets[where[:, 0], where[:, 1]] = labels
+  return targets, float(residual)
+
+
+# A residual above this, of the targets the integer counts placed, tries the scaled reading too.
+SCALED_FALLBACK = 1e-4
+
+
+def _placed(apply_fn, variables, inputs, where, target, bag, counts):
+  """(labels (M,), residual) of the M masked rows (``where``) placed among the labels ``bag`` by the
+  transform kernel's gradient ``target`` (module docstring): with integer ``counts`` (V,), the
+  assignment that respects them, the residual ‖Σ_m u_m ⊗ g_(m, y_m) − ∇W_t‖ / ‖∇W_t‖; with None
+  (each sentence scaled by its own factor), each row's largest weight, the residual with the
+  sentences' scales α fitted, ‖Σ_n α_n Σ_(m in n) u_m ⊗ g_(m, y_m) − ∇W_t‖ / ‖∇W_t‖. None where
+  a fitted scale is not positive."""
+  m = len(where)
   u, g = (np.asarray(a, np.float64) for a in _transform_factors(
       apply_fn, variables, jnp.asarray(inputs), jnp.asarray(where[:, 0]), jnp.asarray(where[:, 1]),
       jnp.asarray(bag), m))
-  target = np.asarray(node["transform"]["kernel"], np.float64)
   # ∇W_t = Σ_m u_m ⊗ G_m with G_m = Σ_l A_ml g_ml: G from the inputs u, then each row's weights A_m
   rows_g = np.linalg.lstsq(u.T, target, rcond=None)[0]
   weights = np.stack([np.linalg.lstsq(g[i].T, rows_g[i], rcond=None)[0] for i in range(m)])
-  if integral:
-    slots = np.repeat(np.arange(len(bag)), rounded[bag].astype(int))  # one slot per label occurrence
+  if counts is not None:
+    slots = np.repeat(np.arange(len(bag)), counts[bag].astype(int))  # one slot per label occurrence
     from scipy.optimize import linear_sum_assignment
     rows, cols = linear_sum_assignment(-weights[:, slots])
     labels = bag[slots[cols[np.argsort(rows)]]]
@@ -873,15 +897,14 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
     labels = bag[np.argmax(weights, axis=1)]
   chosen = g[np.arange(m), np.searchsorted(bag, labels)]
   fitted = u.T @ chosen
-  if not integral:  # ∇W_t = Σ_n α_n Σ_(m in n) u_m ⊗ g_(m, y_m): the sentences' scales α by least squares
+  if counts is None:
     parts = [u[where[:, 0] == n].T @ chosen[where[:, 0] == n] for n in np.unique(where[:, 0])]
     alpha = np.linalg.lstsq(np.stack([q.ravel() for q in parts], 1), target.ravel(), rcond=None)[0]
+    if np.any(alpha <= 0):
+      return None
     fitted = sum(a * q for a, q in zip(alpha, parts))
-  residual = (np.linalg.norm(fitted - target)
-              / max(np.linalg.norm(target), np.finfo(np.float64).tiny))
-  targets = np.full(inputs.shape, -1, np.int32)
-  targets[where[:, 0], where[:, 1]] = labels
-  return targets, float(residual)
+  residual = np.linalg.norm(fitted - target) / max(np.linalg.norm(target), np.finfo(np.float64).tiny)
+  return labels, float(residual)
 
 
 def _scaled_bag(p: np.ndarray, sentence: np.ndarray, bias: np.ndarray, m: int) -> np.ndarray | None:
@@ -889,25 +912,27 @@ def _scaled_bag(p: np.ndarray, sentence: np.ndarray, bias: np.ndarray, m: int) -
   (DP-SGD clips each sentence's gradient): M ∇b = Σ_n α_n (P_n − c_n), P_n the sum of sentence n's
   rows of ``p`` (M, V), c_n its label counts, α_n its scale (1 unclipped). Off the labels,
   M ∇b = Σ_n α_n P_n, which gives α by least squares; the weighted counts r = Σ_n α_n P_n − M ∇b
-  are then Σ_n α_n c_n: positive on the labels, 0 elsewhere. The labels are the entries above the
-  largest drop (a ratio over 10) among the M + 1 largest of r, with the fit repeated without them.
-  None where no such drop separates them, or a scale is not positive."""
+  are then Σ_n α_n c_n: positive on the labels, 0 elsewhere. The labels are those of the M + 1
+  largest entries of r that exceed ten times the largest magnitude past them (no label is: there
+  are at most M), the fit repeated without them until they stop changing; the first fit leaves out
+  the M most negative entries of ∇b, where the labels' are. None where none exceeds it, or a scale
+  is not positive."""
+  if p.shape[1] <= m + 1:
+    return None
   sentences = np.unique(sentence)
   total = np.stack([p[sentence == n].sum(axis=0) for n in sentences], axis=1)  # (V, N)
   keep = np.ones(p.shape[1], bool)
+  keep[np.argsort(bias)[:m]] = False
   bag = None
-  for _ in range(3):
+  for _ in range(10):
     alpha = np.linalg.lstsq(total[keep], m * bias[keep], rcond=None)[0]
     r = total @ alpha - m * bias
-    top = np.sort(r)[::-1][:m + 1]
-    if top[0] <= 0:
+    ranked = np.argsort(r)[::-1]
+    floor = np.abs(r[ranked[m + 1:]]).max()  # past the M + 1 largest: no label (at most M)
+    found = np.sort(ranked[:m + 1][r[ranked[:m + 1]] > 10 * floor]).astype(np.int32)
+    if found.size == 0:
       return None
-    ratios = top[:-1] / np.maximum(np.abs(top[1:]), np.finfo(np.float64).tiny)
-    k = int(np.argmax(ratios)) + 1  # the labels: the k largest
-    if ratios[k - 1] < 10:
-      return None
-    found = np.sort(np.argsort(r)[::-1][:k]).astype(np.int32)
-    if bag is not None and np.array_equal(found, bag):  # (the first fit, labels in it, may not be)
+    if bag is not None and np.array_equal(found, bag):
       return bag if np.all(alpha > 0) else None
     bag, keep = found, np.ones(p.shape[1], bool)
     keep[bag] = False

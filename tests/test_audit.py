@@ -517,3 +517,13 @@ def test_each_client_declares_its_own_dp_sgd(tmp_path):
   lines = (tmp_path / "audit" / "index.md").read_text().splitlines()
   assert "| DP-SGD ε |" in lines[2]
   assert lines[4].split(" | ")[-2] == f"{eps:.3g} (δ 1e-05)" and lines[5].split(" | ")[-2] == "–"
+  page = (tmp_path / "audit" / "index.html").read_text()
+  assert "<th>DP-SGD ε</th>" in page and f"<td>{eps:.3g} (δ 1e-05)</td>" in page and "<td>–</td>" in page
+  assert audit.read_index(tmp_path / "audit")[0]["privacy"]["epsilon"] == eps  # read back as valid
+  # A client whose declared bound is no number: its row says so; the audit goes on.
+  audit.write_capture(tmp_path / "audit" / "round_1" / "client_2", str(weights),
+                      interop.params_to_torch(new, mapping), {"round": 1, "client": "2"},
+                      {**meta, "dp_sgd_max_norm": [0.5, 1.0]})
+  rows = audit.audit(tmp_path / "audit", settings, rounds=[1], log=lambda s: None)
+  assert [r["client"] for r in rows] == ["0", "1", "2"] and rows[1].get("error") is None
+  assert "metadata 'dp_sgd_max_norm' must be a finite number, got '0.5,1.0'" in rows[2]["error"]

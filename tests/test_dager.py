@@ -691,6 +691,21 @@ def test_the_encoder_search_distances_are_the_second_blocks_input_where_flax_rec
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+def test_scaled_counts_give_the_labels_of_sentences_clipped_apart():
+  """The output bias's gradient of masked rows whose sentences carry scales 1, 0.3 and 0.02 (DP-SGD
+  clipping each sentence by its own factor), written out as (1/M) Σ_n α_n Σ_(m in n) (p_m − e_(y_m)):
+  dager._scaled_bag gives the labels (one shared by two sentences, one of the lightest sentence
+  alone); a gradient that is noise gives none."""
+  rng = np.random.default_rng(4)
+  vocabulary, sentence = 300, np.array([0, 0, 1, 1, 1, 2])
+  labels, alpha = np.array([7, 19, 7, 42, 42, 255]), np.array([1.0, 0.3, 0.02])
+  logits = rng.normal(size=(6, vocabulary))
+  p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+  bias = sum(alpha[sentence[m]] * (p[m] - np.eye(vocabulary)[labels[m]]) for m in range(6)) / 6
+  np.testing.assert_array_equal(dager._scaled_bag(p, sentence, bias, 6), [7, 19, 42, 255])
+  assert dager._scaled_bag(p, sentence, rng.normal(size=vocabulary), 6) is None
+
+
 @pytest.mark.slow
 def test_an_encoders_batch_whose_sentences_share_a_position_is_searched():
   """bert at batch 4 whose sentences all end in the same word (a full stop): that position's set

@@ -232,6 +232,12 @@ def test_declarations_are_checked():
     declarations(defence="prune:0.7")
   with pytest.raises(ValueError, match="input shape is written"):
     declarations(input_shape=(32, 32, 3))
+  assert dict(declarations(dp_sgd_max_norm=1.0, dp_sgd_steps=50)) == {"dp_sgd_max_norm": 1.0,
+                                                                      "dp_sgd_steps": 50}
+  with pytest.raises(ValueError, match="'dp_sgd_steps' must be an integer"):
+    declarations(dp_sgd_max_norm=1.0, dp_sgd_steps=2.5)
+  with pytest.raises(ValueError, match="not its clipping bound"):
+    declarations(dp_sgd_noise_multiplier=1.0)
 
 
 @pytest.mark.slow

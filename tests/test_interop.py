@@ -674,7 +674,8 @@ def test_read_metadata_is_the_files_metadata_without_its_tensors(lenet_files, tm
 def test_a_capture_declaring_its_dp_sgd_sets_the_options(lenet_files, tmp_path):
   """Metadata ``dp_sgd_*`` (strings in safetensors) are read as the numbers they write and set the
   configuration's DP-SGD options (gradjax.run.config.with_declared); the same values given as
-  options agree, and a capture that declares none leaves the configuration as it was."""
+  options agree, options left at their defaults take the declaration, one set to another value is
+  refused, and a capture that declares none leaves the configuration as it was."""
   from gradjax.run import config
   w, g = lenet_files
   declared = _rewrite(g, tmp_path / "dp.safetensors", lambda t, m: (t, {
@@ -688,7 +689,31 @@ def test_a_capture_declaring_its_dp_sgd_sets_the_options(lenet_files, tmp_path):
   same = config.replace(cfg, {"defense.dp_sgd_max_norm": 1.5, "defense.dp_sgd_noise_multiplier": 0.75,
                               "defense.dp_sgd_steps": 300, "defense.dp_sgd_sampling_rate": 0.1})
   assert config.with_declared(same) == same
+  # An option left at its default takes the declaration; one set otherwise is refused.
+  bound = config.with_declared(config.replace(cfg, {"defense.dp_sgd_max_norm": 1.5})).defense
+  assert (bound.dp_sgd_noise_multiplier, bound.dp_sgd_steps) == (0.75, 300)
+  with pytest.raises(ValueError, match="declares dp_sgd_steps=300, but --config.defense.dp_sgd_steps=100"):
+    config.with_declared(config.replace(cfg, {"defense.dp_sgd_steps": 100}))
   plain = config.from_options({"model.weights": str(w), "client.observation": str(g)})
   assert config.with_declared(plain) is plain
   with pytest.raises(ValueError, match="metadata 'dp_sgd_steps' must be an integer"):
     interop.declared_dp_sgd({"dp_sgd_max_norm": "1", "dp_sgd_steps": "many"}, "dp")
+
+
+@pytest.mark.slow
+def test_a_run_of_a_capture_declaring_its_dp_sgd_prints_it_and_is_found_finished(lenet_files, tmp_path):
+  """reconstruct on a capture whose metadata declare DP-SGD, no option given: the run prints the
+  client's DP-SGD line and records the declared bound; --resume in its folder finds it finished
+  (the declaration is applied before the saved configuration is compared, as the run applied it)."""
+  w, g = lenet_files
+  declared = _rewrite(g, tmp_path / "dp.safetensors", lambda t, m: (t, {
+      **m, "dp_sgd_max_norm": 1.5}))
+  out = tmp_path / "run"
+  args = (f"--weights={w}", f"--observation={declared}", "--iterations=2", f"--output_dir={out}",
+          "--lpips=none")
+  proc = _cli(*args)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert any(line.startswith("DP-SGD: clipping bound 1.5") for line in proc.stdout.splitlines())
+  assert json.loads((out / "metrics.json").read_text())["privacy"]["max_norm"] == 1.5
+  proc = _cli(*args, "--resume")
+  assert proc.returncode == 0 and "nothing to resume" in proc.stdout, proc.stderr[-2000:]

@@ -315,7 +315,7 @@ def config_from_flags(check: Callable[[Config, bool], Any] | None = None,
     cfg = config.from_options(values)
     if files:
       config.check_input_files(cfg)
-      cfg = config.with_declared(cfg)  # a capture's own account of its DP-SGD
+      config.with_declared(cfg)  # a contradiction of the capture's DP-SGD, before any run starts
     check_given(cfg, options_given(), files=files)
     if check is not None:
       check(cfg, files)

@@ -48,7 +48,7 @@ def _differs_from_finished(out: str, cfg: config.Config) -> list[str]:
       saved = config.fingerprint(config.from_dict(json.load(fh)["config"]))
   except (OSError, ValueError, KeyError, TypeError):
     return ["its metrics.json holds no readable configuration"]
-  mine = config.fingerprint(cfg)
+  mine = config.fingerprint(config.with_declared(cfg))  # as the run recorded it
   return [config.flag(p) for p in mine if mine[p] != saved.get(p)]
 
 

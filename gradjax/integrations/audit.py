@@ -605,7 +605,8 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
   closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
   # The DP-SGD a client declares of itself (its capture's metadata) over what the settings say of
   # every client.
-  own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(meta, CAPTURE).items()}
+  own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
+      interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}  # as the update file holds them
   return config.from_options({
       **settings.options(), **own, "attack.preset": name,
       "model.weights": os.path.join(capture.folder, WEIGHTS),

@@ -84,6 +84,7 @@ def _check_declared(facts: dict[str, Any]) -> dict[str, Any]:
   if bad:
     raise ValueError(f"declaration {bad[0]!r} must be a string, number or bool, got "
                      f"{facts[bad[0]]!r} (an input shape is written '32,32,3')")
+  interop.declared_dp_sgd(interop.metadata_strings(facts, "declarations"), "declarations")
   return facts
 
 

@@ -160,6 +160,7 @@ class Items:
   def _read(base: str, cfg: Config) -> tuple[dict, dict]:
     redo = (f"delete {os.path.basename(base)}.* from {os.path.dirname(base)} to run that experiment "
             "again (the others are kept), or start afresh with --overwrite")
+    mine = config.fingerprint(config.with_declared(cfg))  # as the run recorded it
     try:
       with open(base + ".json", encoding="utf-8") as fh:
         results = json.load(fh, parse_constant=_non_finite)
@@ -167,7 +168,7 @@ class Items:
       # An option the saved configuration lacks was added since, with the default that keeps what
       # it did.
       recorded = config.recorded(results["config"])
-      saved = {p: recorded.get(p, config.option(p).default) for p in config.fingerprint(cfg)}
+      saved = {p: recorded.get(p, config.option(p).default) for p in mine}
       images = {}
       if cfg.data.modality != "text":
         with open(base + ".npz", "rb") as fh:
@@ -180,7 +181,7 @@ class Items:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
       raise ValueError(f"{base}.json is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                        f"{redo}") from None
-    if saved != config.fingerprint(cfg):
+    if saved != mine:
       raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
                        "another --output_dir")
     return results, images

@@ -1139,8 +1139,10 @@ def with_declared(cfg: Config) -> Config:
   """``cfg`` with the DP-SGD its capture declares (:func:`gradjax.interop.declared_dp_sgd`: the
   captured files' metadata ``dp_sgd_*``, the options ``defense.dp_sgd_*``); ``cfg`` itself without a
   capture or a declaration. ValueError (one line) where a declared value is out of range or an
-  option given says otherwise: the client knows what it ran, and a run must not attack under two
-  accounts of it. Reads file metadata only."""
+  option set away from its default says otherwise: the client knows what it ran, and a run must not
+  attack under two accounts of it. Each experiment applies it to its own capture
+  (:func:`gradjax.run.pipeline.run`); a saved run's configuration holds the result. Reads file
+  metadata only."""
   if not cfg.client.observation:
     return cfg
   meta = {**(interop.read_metadata(cfg.model.weights) if cfg.model.weights else {}),
@@ -1149,14 +1151,12 @@ def with_declared(cfg: Config) -> Config:
   if not declared:
     return cfg
   given = cfg.defense
-  if given.dp_sgd_max_norm is not None:
-    differ = [k for k, v in declared.items() if getattr(given, k) != v]
-    if differ:
-      k = differ[0]
-      raise ValueError(f"{cfg.client.observation} declares {k}={declared[k]:g}, but "
-                       f"--config.defense.{k}={getattr(given, k):g}: leave the option out (the "
-                       "client's own account is read)")
-    return cfg
+  for k, v in declared.items():  # an option set (away from its default) must agree
+    mine = getattr(given, k)
+    if mine != option(f"defense.{k}").default and mine != v:
+      raise ValueError(f"{cfg.client.observation} declares {k}={v!r}, but "
+                       f"--config.defense.{k}={mine!r}: leave the option out (the client's own "
+                       "account is read)")
   try:
     return dataclasses.replace(cfg, defense=dataclasses.replace(given, **declared))
   except ValueError as e:
