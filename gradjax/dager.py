@@ -827,8 +827,9 @@ def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
 
   Returns:
     (targets (N, T) int, -1 where the input is not ``mask``; the relative residual
-    ‖Σ_m u_m ⊗ g_(m, y_m) − ∇W_t‖ / ‖∇W_t‖ of the transform kernel's gradient, ~1e-6 when the targets are
-    the client's).
+    ‖Σ_m u_m ⊗ g_(m, y_m) − ∇W_t‖ / ‖∇W_t‖ of the transform kernel's gradient, each sentence's
+    terms scaled by a fitted factor where the counts were read scaled (:func:`_placed`), ~1e-6 when
+    the targets are the client's).
 
   Raises :class:`Unreadable` where the inputs hold no ``mask`` or the bias gradient does not count
   M labels (the inputs are not the client's, or the update was defended).
