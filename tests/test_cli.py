@@ -377,7 +377,7 @@ BAD_FILES = [
     (["--config.model.num_classes=0"], "num_classes must be at least 2"),
     (["--weights={d}/good.npz", "--observation={d}/dp_declared.safetensors",
       "--config.defense.dp_sgd_max_norm=2"],
-     "dp_declared.safetensors declares dp_sgd_max_norm=1, but --config.defense.dp_sgd_max_norm=2"),
+     "dp_declared.safetensors declares dp_sgd_max_norm=1.0, but --config.defense.dp_sgd_max_norm=2.0"),
     (["--weights={d}/good.npz", "--observation={d}/dp_no_bound.safetensors"],
      "metadata dp_sgd_noise_multiplier describe DP-SGD but not its clipping bound dp_sgd_max_norm"),
     (["--weights={d}/good.npz", "--observation={d}/dp_bad_rate.safetensors"],
