@@ -10,8 +10,11 @@
   step that clips each example's gradient to L2 norm C over all parameters, averages, and adds
   Gaussian noise of standard deviation σC/B per entry (σ the noise multiplier; N(0, σ²C²) on the sum
   of the B clipped gradients): a FedSGD client's one step, ``fedsgd(..., dp_sgd=DPSGD(C, σ),
-  key=...)``, or every local step of a FedAvg client, ``fedavg(..., dp_sgd=..., key=...)``. Its
-  (ε, δ) over training: :mod:`gradjax.privacy`.
+  key=...)``, or every local step of a FedAvg client, ``fedavg(..., dp_sgd=..., key=...)``. A step's
+  batch is the one given (Opacus' ``poisson_sampling=False``), or with ``DPSGD(C, σ, q)`` a Poisson
+  draw (Opacus' default): each of the client's n examples joins the step with probability q, and the
+  sum is divided by the expected batch size qn (:func:`poisson_draws`). Its (ε, δ) over training:
+  :mod:`gradjax.privacy`.
 * A client that trains a BatchNorm network in training mode also updates the network's running
   statistics, and a client that returns its whole state (a PyTorch ``state_dict``, as Flower's examples
   do) sends them with its update: after one step they reveal the mean and variance of every BatchNorm
@@ -118,25 +121,62 @@ DP_SGD_TRAIN = ("DP-SGD clips each example's gradient: a model in training mode 
 class DPSGD(NamedTuple):
   """DP-SGD's step (Abadi et al. 2016; Opacus' flat clipping): each example's gradient clipped to L2
   norm ``max_norm`` (C) over all parameters, then N(0, (``noise_multiplier`` · C)²) per entry on
-  their sum, i.e. standard deviation σC/N on their mean."""
+  their sum, divided by the batch's size B: standard deviation σC/B on the mean.
+
+  ``sampling_rate``: ``None``, the step's batch is the one given (Opacus' ``poisson_sampling=False``);
+  a rate q in (0, 1], Poisson sampling (Opacus' default, its ``DPDataLoader``): each of the client's n
+  examples joins the step independently with probability q, and the sum over those drawn, noise
+  included, is divided by the expected batch size qn, not by the count drawn (Opacus'
+  ``expected_batch_size``, which it truncates to an integer; here qn exactly)."""
 
   max_norm: float
   noise_multiplier: float = 0.0
+  sampling_rate: float | None = None
 
   def check(self) -> "DPSGD":
-    """Itself, or a one-line ValueError unless C > 0 and σ ≥ 0 are finite numbers."""
-    for name, value, low_ok in (("max_norm", self.max_norm, False),
-                                ("noise_multiplier", self.noise_multiplier, True)):
+    """Itself, or a one-line ValueError unless C > 0 and σ ≥ 0 are finite numbers and q, when
+    given, lies in (0, 1]."""
+    checked = (("max_norm", self.max_norm, False), ("noise_multiplier", self.noise_multiplier, True))
+    if self.sampling_rate is not None:
+      checked += (("sampling_rate", self.sampling_rate, False),)
+    for name, value, low_ok in checked:
       if (isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer))
           or not math.isfinite(value) or value < 0 or (value == 0 and not low_ok)):
         raise ValueError(f"DP-SGD's {name} must be a finite number "
                          f"{'>= 0' if low_ok else '> 0'}, got {value!r}")
+    if self.sampling_rate is not None and self.sampling_rate > 1:
+      raise ValueError(f"DP-SGD's sampling_rate must lie in (0, 1], got {self.sampling_rate!r}")
     return self
 
 
+def poisson_draws(key: jax.Array, steps: int, num_samples: int, rate: float) -> jax.Array:
+  """(steps, n) bool: whether each of the client's n examples joins each step's batch, each
+  independently with probability ``rate`` (Poisson sampling; Opacus' ``UniformWithReplacementSampler``
+  draws the same distribution with torch's generator). A client's :func:`fedsgd` and
+  :func:`local_sgd` draw theirs with the first key of ``jax.random.split(key)`` (their noise with the
+  second): :func:`sampling_keys`. Drawn from float32 uniforms whatever ``jax_enable_x64`` says, so
+  that a key gives the same draws in both."""
+  return jax.random.uniform(key, (steps, num_samples), jnp.float32) < rate
+
+
+def sampling_keys(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(the draws' key, the noise's key) of a Poisson-sampled DP-SGD client given ``key``."""
+  draw, noise = jax.random.split(key)
+  return draw, noise
+
+
+def drawn(dp_sgd: DPSGD, key: jax.Array, num_samples: int, steps: int = 1) -> np.ndarray:
+  """(steps, n) bool: the examples each step of a Poisson-sampled client (``dp_sgd.sampling_rate``)
+  drew with ``key``, as :func:`fedsgd` and :func:`local_sgd` draw them: what a simulation scores
+  the attack against."""
+  if key is None:
+    raise ValueError("DP-SGD's Poisson sampling needs a PRNG key")
+  return np.asarray(poisson_draws(sampling_keys(key)[0], steps, num_samples, dp_sgd.sampling_rate))
+
+
 def clipped_gradient(apply_fn, variables, x, targets, max_norm: float, *, train: bool = False,
-                     loss_fn=cross_entropy):
-  """DP-SGD's gradient before its noise: (1/N) Σ_n clip(w_n ∇_θ L(f_θ(x_n), t_n), C), where
+                     loss_fn=cross_entropy, scales=None):
+  """DP-SGD's gradient before its noise: (1/N) Σ_n s_n clip(w_n ∇_θ L(f_θ(x_n), t_n), C), where
   clip(g, C) = g · min(1, C / ‖g‖) with the norm over every parameter (each example's loss is
   ``loss_fn`` on that example alone). Differentiable w.r.t. ``x`` and ``targets`` (int (N,) labels
   or (N, K) soft ones), so an attack that knows the clipping matches it (:mod:`gradjax.objectives`).
@@ -145,6 +185,10 @@ def clipped_gradient(apply_fn, variables, x, targets, max_norm: float, *, train:
   terms in it) over that of example n's own mean: with int targets (N, ...), negative where a row
   has no target (a masked language model's unmasked positions), w_n = N M_n / Σ_m M_m for M_n the
   rows example n keeps; 1 when every example keeps as many (labels, next tokens, soft targets).
+
+  ``scales``: (N,) s_n, or ``None`` for ones. A Poisson-sampled step (:class:`DPSGD`) passes
+  d_n / q for d_n whether example n was drawn (0 or 1), so that the mean is Σ_(n drawn) clip(·) / qN;
+  w_n then counts the drawn examples only (:func:`example_weights`).
   """
 
   def one(xn, tn, wn):
@@ -154,33 +198,42 @@ def clipped_gradient(apply_fn, variables, x, targets, max_norm: float, *, train:
     leaves = [(wn * a.astype(wn.dtype)).astype(a.dtype) for a in leaves]  # in the wider dtype
     return jax.tree.unflatten(treedef, defenses.clip_leaves(leaves, max_norm, per_layer=False))
 
-  return jax.tree.map(lambda a: jnp.mean(a, axis=0),
-                      jax.vmap(one)(x, targets, example_weights(targets)))
+  terms = jax.vmap(one)(x, targets, example_weights(targets, None if scales is None else scales > 0))
+  if scales is None:
+    return jax.tree.map(lambda a: jnp.mean(a, axis=0), terms)
+  return jax.tree.map(lambda a: jnp.tensordot(scales.astype(a.dtype), a, axes=1) / a.shape[0], terms)
 
 
-def example_weights(targets: jax.Array) -> jax.Array:
+def example_weights(targets: jax.Array, drawn=None) -> jax.Array:
   """(N,) w_n = N M_n / Σ_m M_m, M_n the rows of example n with a target (int targets, negative
   where none); ones for soft targets. Opacus computes each example's gradient of a mean loss as N
   times its terms' gradient (``GradSampleModule``, ``loss_reduction="mean"``), so a batch whose
   examples keep different numbers of rows (a masked language model's masks) weighs each by its
-  share of the batch's rows, before clipping (:func:`clipped_gradient`)."""
+  share of the batch's rows, before clipping (:func:`clipped_gradient`). ``drawn``: (N,) bool, the
+  examples in the step's batch (a Poisson draw): N and the sums then count those only."""
   n, dtype = targets.shape[0], jnp.result_type(float)  # float64 under jax.enable_x64
   if not jnp.issubdtype(targets.dtype, jnp.integer):
     return jnp.ones((n,), dtype)
   kept = jnp.sum((targets >= 0).reshape(n, -1), axis=1).astype(dtype)
-  return n * kept / jnp.maximum(jnp.sum(kept), 1)
+  if drawn is None:
+    return n * kept / jnp.maximum(jnp.sum(kept), 1)
+  drawn = drawn.astype(dtype)
+  return jnp.sum(drawn) * kept / jnp.maximum(jnp.sum(drawn * kept), 1)
 
 
-@functools.partial(once, static_argnums=(4, 5, 6))
-def _clipped_gradient(variables, x, y, max_norm, apply_fn, train, loss_fn):
-  return clipped_gradient(apply_fn, variables, x, y, max_norm, train=train, loss_fn=loss_fn)
+@functools.partial(once, static_argnums=(5, 6, 7))
+def _clipped_gradient(variables, x, y, max_norm, scales, apply_fn, train, loss_fn):
+  return clipped_gradient(apply_fn, variables, x, y, max_norm, train=train, loss_fn=loss_fn,
+                          scales=scales)
 
 
 def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool = False,
            share_statistics: bool = False, loss_fn=cross_entropy, dp_sgd: DPSGD | None = None,
            key: jax.Array | None = None) -> Observation:
   """The FedSGD update g = ∇_θ (1/N) Σ_n L(f_θ(x_n), y_n), or with ``dp_sgd`` DP-SGD's
-  (1/N) (Σ_n clip(∇_θ L(f_θ(x_n), y_n), C) + σC ξ), ξ ~ N(0, I).
+  (1/N) (Σ_n clip(∇_θ L(f_θ(x_n), y_n), C) + σC ξ), ξ ~ N(0, I); with its Poisson sampling at rate q
+  (1/qN) (Σ_(n drawn) clip(∇_θ L(f_θ(x_n), y_n), C) + σC ξ), the N examples being the client's data
+  and those drawn :func:`drawn`'s.
 
   Args:
     apply_fn: ``apply_fn(variables, x, train) -> logits``.
@@ -188,35 +241,46 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     x: (N, H, W, C) private inputs, in the model's input space, or (N, T) token ids.
     y: (N,) int private labels, or (N, T) next tokens (:func:`gradjax.corpus.language_model_pairs`).
     train: run the model in training mode (BatchNorm uses the batch statistics).
-    share_labels: whether the threat model also reveals the labels to the server.
+    share_labels: whether the threat model also reveals the labels to the server (under Poisson
+      sampling, those of the examples drawn).
     share_statistics: whether the client returns its BatchNorm running statistics, updated by the
       step (needs ``train``): the observation then carries the batch's moments
       (:func:`batch_moments`).
     loss_fn: ``loss_fn(logits, y) -> scalar``; the mean cross entropy by default.
-    dp_sgd: DP-SGD's clipping bound and noise multiplier (:class:`DPSGD`), or ``None``. Its
-      per-example gradients need examples the model treats independently: not in training mode.
-    key: the noise's PRNG key, when ``dp_sgd`` adds noise.
+    dp_sgd: DP-SGD's clipping bound, noise multiplier and sampling (:class:`DPSGD`), or ``None``.
+      Its per-example gradients need examples the model treats independently: not in training mode.
+    key: the noise's PRNG key, when ``dp_sgd`` adds noise; under Poisson sampling, the draws' and
+      the noise's (:func:`sampling_keys`).
 
   Returns:
-    Observation with the gradient (same tree as ``variables["params"]``).
+    Observation with the gradient (same tree as ``variables["params"]``); its ``num_samples`` is N
+    (under Poisson sampling the client's data, not the count drawn).
   """
   x, y = check_client_data(apply_fn, variables, x, y)
   _check_sharing(train, share_statistics, 1)
+  shared, std = y, 0.0
   if dp_sgd is None:
     gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
   else:
     dp_sgd = DPSGD(*dp_sgd).check()
     if train:
       raise ValueError(DP_SGD_TRAIN)
-    if dp_sgd.noise_multiplier > 0 and key is None:
+    scales = None
+    if dp_sgd.sampling_rate is not None:
+      draws = drawn(dp_sgd, key, x.shape[0])[0]
+      key = sampling_keys(key)[1]
+      scales = jnp.asarray(draws / dp_sgd.sampling_rate, jnp.result_type(float))
+      shared = y[draws]
+    elif dp_sgd.noise_multiplier > 0 and key is None:
       raise ValueError("DP-SGD's noise needs a PRNG key")
-    gradient = _clipped_gradient(variables, x, y, float(dp_sgd.max_norm), apply_fn, train, loss_fn)
+    gradient = _clipped_gradient(variables, x, y, float(dp_sgd.max_norm), scales, apply_fn, train,
+                                 loss_fn)
+    std = dp_sgd.noise_multiplier * dp_sgd.max_norm / (x.shape[0] * (dp_sgd.sampling_rate or 1))
   observation = Observation(gradient=gradient, variables=variables,
-                            labels=y if share_labels else None, num_samples=int(x.shape[0]),
+                            labels=shared if share_labels else None, num_samples=int(x.shape[0]),
                             threat_model="fedsgd", train=train,
                             moments=_shared_moments(apply_fn, variables, x, share_statistics))
-  if dp_sgd is not None and dp_sgd.noise_multiplier > 0:
-    std = dp_sgd.noise_multiplier * dp_sgd.max_norm / x.shape[0]
+  if std > 0:
     observation = defenses.gaussian_noise(std ** 2).apply(observation, key)
   return observation
 
@@ -290,7 +354,7 @@ def check_local_training(local: LocalTraining, num_samples: int) -> None:
 
 def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: bool = False,
               loss_fn=cross_entropy, remat: bool = False, dp_sgd: DPSGD | None = None,
-              key: jax.Array | None = None):
+              key: jax.Array | None = None, draws=None):
   """The client's parameters after local training; differentiable w.r.t. ``x`` and ``targets``.
 
   Args:
@@ -304,8 +368,14 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
       parameter set per step instead of every step's activations.
     dp_sgd: every step is DP-SGD's (:class:`DPSGD`): its mini-batch's examples' gradients clipped
       (:func:`clipped_gradient`), N(0, (σC/B)²) per entry added to their mean, the noise of step t
-      drawn with ``fold_in(key, t)``; ``None``: plain SGD.
-    key: the noise's PRNG key, when ``dp_sgd`` adds noise.
+      drawn with ``fold_in(key, t)``; ``None``: plain SGD. With its Poisson sampling at rate q, the
+      schedule's T = epochs · n / B steps (Opacus keeps the data loader's length, with q = B/n) each
+      draw their batch from all n examples and divide by qn (noise σC/qn).
+    key: the noise's PRNG key, when ``dp_sgd`` adds noise; under Poisson sampling, the draws' and
+      the noise's (:func:`sampling_keys`).
+    draws: under Poisson sampling, (T, n) the steps' draws instead of ``key``'s: whether example n
+      joined step t (:func:`drawn`), or any weights in [0, 1]; q for every entry replays the
+      expected steps, (1/n) Σ_n clip(·) each (:class:`gradjax.objectives.Replay`).
 
   Returns:
     The parameters W_{t+1}, same tree as ``variables["params"]``. Written as a ``lax.scan`` over
@@ -314,27 +384,45 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
   check_local_training(local, x.shape[0])
   clip = noisy = False
   max_norm = noise_std = 0.0
+  scales = None
   if dp_sgd is not None:
     dp_sgd = DPSGD(*dp_sgd).check()
     if train:
       raise ValueError(DP_SGD_TRAIN)
     clip, max_norm = True, float(dp_sgd.max_norm)
+    batch = local.batch_size or x.shape[0]
+    if dp_sgd.sampling_rate is not None:
+      steps = local.steps(x.shape[0])
+      if draws is None:
+        draws = drawn(dp_sgd, key, x.shape[0], steps)
+        key = None if key is None else sampling_keys(key)[1]
+      draws = jnp.asarray(draws, jnp.result_type(float))
+      if draws.shape != (steps, x.shape[0]):
+        raise ValueError(f"Poisson sampling's draws must have shape (steps, n) = "
+                         f"{(steps, x.shape[0])}, got {draws.shape}")
+      scales = draws / dp_sgd.sampling_rate
+      batch = dp_sgd.sampling_rate * x.shape[0]
+    elif draws is not None:
+      raise ValueError("draws are Poisson sampling's: give DPSGD a sampling_rate")
     if dp_sgd.noise_multiplier > 0:
       if key is None:
         raise ValueError("DP-SGD's noise needs a PRNG key")
       noisy = True
-      noise_std = dp_sgd.noise_multiplier * dp_sgd.max_norm / (local.batch_size or x.shape[0])
+      noise_std = dp_sgd.noise_multiplier * dp_sgd.max_norm / batch
+  elif draws is not None:
+    raise ValueError("draws are DP-SGD's Poisson sampling: give dp_sgd with a sampling_rate")
   return _local_sgd(variables, x, targets, float(local.learning_rate), float(local.momentum),
-                    max_norm, noise_std, key if noisy else None, apply_fn, train, loss_fn, remat,
-                    local.epochs, local.batch_size, clip, noisy)
+                    max_norm, noise_std, key if noisy else None, scales, apply_fn, train, loss_fn,
+                    remat, local.epochs, local.batch_size, clip, noisy)
 
 
-@functools.partial(once, static_argnums=(8, 9, 10, 11, 12, 13, 14, 15))
-def _local_sgd(variables, x, targets, learning_rate, momentum, max_norm, noise_std, key, apply_fn,
-               train, loss_fn, remat, epochs, batch_size, clip, noisy):
+@functools.partial(once, static_argnums=(9, 10, 11, 12, 13, 14, 15, 16))
+def _local_sgd(variables, x, targets, learning_rate, momentum, max_norm, noise_std, key, scales,
+               apply_fn, train, loss_fn, remat, epochs, batch_size, clip, noisy):
   """:func:`local_sgd` after its checks, as one program whose learning rate, momentum and DP-SGD's
   bound and noise are data (a client of another rate, a fidelity check's alternative, runs the
-  same program); ``clip``, ``noisy``: whether the steps are DP-SGD's, with noise."""
+  same program); ``clip``, ``noisy``: whether the steps are DP-SGD's, with noise; ``scales``:
+  (T, n) Poisson sampling's draws over q, each step then over all n examples, or ``None``."""
   local = LocalTraining(epochs, batch_size, learning_rate, momentum)
   n = x.shape[0]
   b = local.batch_size or n
@@ -342,14 +430,18 @@ def _local_sgd(variables, x, targets, learning_rate, momentum, max_norm, noise_s
 
   def step(carry, i):
     params, velocity = carry
-    start = (i % batches) * b
-    xb = jax.lax.dynamic_slice_in_dim(x, start, b)
-    tb = jax.lax.dynamic_slice_in_dim(targets, start, b)
     model = {**variables, "params": params}
-    if clip:
-      grad = clipped_gradient(apply_fn, model, xb, tb, max_norm, train=train, loss_fn=loss_fn)
+    if scales is not None:
+      grad = clipped_gradient(apply_fn, model, x, targets, max_norm, train=train, loss_fn=loss_fn,
+                              scales=scales[i])
     else:
-      grad = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xb, train), tb))(params)
+      start = (i % batches) * b
+      xb = jax.lax.dynamic_slice_in_dim(x, start, b)
+      tb = jax.lax.dynamic_slice_in_dim(targets, start, b)
+      if clip:
+        grad = clipped_gradient(apply_fn, model, xb, tb, max_norm, train=train, loss_fn=loss_fn)
+      else:
+        grad = jax.grad(lambda p: loss_fn(apply_fn({**variables, "params": p}, xb, train), tb))(params)
     if noisy:
       leaves, treedef = jax.tree.flatten(grad)
       keys = jax.random.split(jax.random.fold_in(key, i), len(leaves))

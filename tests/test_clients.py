@@ -372,12 +372,111 @@ def test_dp_sgd_noise_has_standard_deviation_sigma_c_over_n(mlp64, photos):
   assert not np.allclose(flat(noisy), flat(other))
 
 
+def test_poisson_draws_join_each_example_at_the_rate():
+  """Poisson sampling's draws: each example joins each step independently with probability q (the
+  count over 400 steps of 50 examples within four binomial standard deviations of 400·50·q, each
+  example's within five of 400q, the steps' sizes' variance that of Binomial(50, q)); the same key
+  gives the same draws."""
+  q = 0.3
+  draws = np.asarray(clients.poisson_draws(jax.random.key(0), 400, 50, q))
+  assert draws.shape == (400, 50) and draws.dtype == bool
+  total = 400 * 50
+  assert abs(draws.sum() - total * q) < 4 * np.sqrt(total * q * (1 - q))
+  assert np.all(np.abs(draws.sum(0) - 400 * q) < 5 * np.sqrt(400 * q * (1 - q)))
+  assert np.var(draws.sum(1)) == pytest.approx(50 * q * (1 - q), rel=0.25)
+  np.testing.assert_array_equal(draws, clients.poisson_draws(jax.random.key(0), 400, 50, q))
+
+
+def test_a_poisson_sampled_fedsgd_client_divides_the_drawn_sum_by_qn(mlp64, photos, mlp_reference):
+  """DP-SGD with Poisson sampling, no noise: the update is the NumPy-backprop gradients of the
+  examples drawn (clients.drawn with the client's key), each clipped to C, summed and divided by qN
+  (Opacus' expected batch size), not by the count drawn; the labels it shares are the drawn ones."""
+  apply_fn, variables = mlp64
+  x, y = photos[:8].astype(np.float64), np.arange(8)
+  q, key = 0.5, jax.random.key(7)
+  dp = clients.DPSGD(0.4, 0.0, q)
+  draws = clients.drawn(dp, key, 8)[0]
+  assert 0 < draws.sum() < 8 and draws.sum() != 4  # the divisor differs from the count drawn
+  norm = lambda g: np.sqrt(sum(np.sum(a ** 2) for a in jax.tree.leaves(g)))
+  per = [mlp_reference(variables["params"], x[n:n + 1], y[n:n + 1])[1] for n in range(8)]
+  want = jax.tree.map(lambda *gs: sum(g * min(1.0, 0.4 / norm(p)) for g, p, d in zip(gs, per, draws)
+                                      if d) / (q * 8), *per)
+  with jax.enable_x64(True):
+    obs = clients.fedsgd(apply_fn, variables, jnp.asarray(x), jnp.asarray(y), dp_sgd=dp, key=key,
+                         share_labels=True)
+  for got, ref in zip(jax.tree.leaves(obs.gradient), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-9, atol=1e-13 * np.abs(ref).max())
+  np.testing.assert_array_equal(np.asarray(obs.labels), np.arange(8)[draws])
+  assert obs.num_samples == 8
+  with pytest.raises(ValueError, match="PRNG key"), jax.enable_x64(True):
+    clients.fedsgd(apply_fn, variables, jnp.asarray(x), jnp.asarray(y), dp_sgd=dp)
+
+
+def test_a_poisson_sampled_clients_noise_has_standard_deviation_sigma_c_over_qn(mlp64, photos):
+  """σ > 0 under Poisson sampling at q = 0.25 over N = 8: the noise is σC/(qN) per entry, twice
+  what a fixed batch of the 8 would get (the draws and the noise from the key's two halves)."""
+  apply_fn, variables = mlp64
+  x, y = photos[:8], np.arange(8)
+  key = jax.random.key(5)
+  with jax.enable_x64(True):
+    clean = clients.fedsgd(apply_fn, variables, x, y, dp_sgd=clients.DPSGD(0.5, 0.0, 0.25), key=key)
+    noisy = clients.fedsgd(apply_fn, variables, x, y, dp_sgd=clients.DPSGD(0.5, 1.3, 0.25), key=key)
+  flat = lambda o: np.concatenate([np.ravel(a) for a in jax.tree.leaves(o.gradient)]).astype(np.float64)
+  noise = flat(noisy) - flat(clean)
+  assert np.std(noise) == pytest.approx(1.3 * 0.5 / 2, rel=0.02)
+
+
+def test_poisson_sampled_local_steps_clip_each_draw_as_numpy_says(mlp64, photos, mlp_reference):
+  """A FedAvg client under Poisson sampling (2 epochs of n/B = 2 steps, q = 1/2, momentum): each
+  step sums the NumPy-backprop clipped gradients of the examples its draw holds, at the current
+  weights, over qn; the draws are clients.drawn's with the client's key, and passing them gives
+  the same update. Draws of q everywhere replay the expected steps, the clipped mean over all n."""
+  apply_fn, variables = mlp64
+  x, y = photos[4:8].astype(np.float64), np.array([0, 3, 3, 8])
+  local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.05, momentum=0.5)
+  params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
+  grads = lambda w, i: mlp_reference(w, x[i:i + 1], y[i:i + 1])[1]
+  norm = lambda g: np.sqrt(sum(np.sum(a ** 2) for a in jax.tree.leaves(g)))
+  bound = float(np.median([norm(grads(params, i)) for i in range(4)]))
+  dp, key = clients.DPSGD(bound, 0.0, 0.5), jax.random.key(1)
+  draws = clients.drawn(dp, key, 4, steps=4)
+
+  def numpy_client(weights):
+    w, v = params, jax.tree.map(np.zeros_like, params)
+    for step in range(4):
+      gs = [grads(w, i) for i in range(4)]
+      g = jax.tree.map(lambda *a: sum(weights[step, i] * b * min(1.0, bound / norm(gs[i]))
+                                      for i, b in enumerate(a)) / 2.0, *gs)
+      v = jax.tree.map(lambda a, b: 0.5 * a + b, v, g)
+      w = jax.tree.map(lambda a, b: a - 0.05 * b, w, v)
+    return w
+
+  assert len({tuple(d) for d in draws}) > 1
+  with jax.enable_x64(True):
+    sampled = clients.fedavg(apply_fn, variables, jnp.asarray(x), jnp.asarray(y), local, dp_sgd=dp,
+                             key=key).gradient
+    given = jax.tree.map(jnp.subtract, variables["params"], clients.local_sgd(
+        apply_fn, variables, jnp.asarray(x), jnp.asarray(y), local, dp_sgd=dp, draws=draws))
+    expected = jax.tree.map(jnp.subtract, variables["params"], clients.local_sgd(
+        apply_fn, variables, jnp.asarray(x), jnp.asarray(y), local, dp_sgd=dp,
+        draws=np.full((4, 4), 0.5)))
+  for weights, got in ((draws.astype(float), sampled), (draws.astype(float), given),
+                       (np.full((4, 4), 0.5), expected)):
+    want = numpy_client(weights)
+    for a, sent, new in zip(jax.tree.leaves(got), jax.tree.leaves(params), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(a), sent - new, rtol=1e-9,
+                                 atol=1e-13 * np.abs(sent - new).max())
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(dp_sgd=clients.DPSGD(0.0)), "max_norm"),
     (dict(dp_sgd=clients.DPSGD(1.0, -1.0)), "noise_multiplier"),
     (dict(dp_sgd=clients.DPSGD(float("inf"))), "max_norm"),
     (dict(dp_sgd=clients.DPSGD(1.0, 1.0)), "PRNG key"),
     (dict(dp_sgd=clients.DPSGD(1.0), train=True), "training mode"),
+    (dict(dp_sgd=clients.DPSGD(1.0, 0.0, 0.0)), "sampling_rate"),
+    (dict(dp_sgd=clients.DPSGD(1.0, 0.0, 1.5)), "sampling_rate"),
+    (dict(dp_sgd=clients.DPSGD(1.0, 0.0, 0.5)), "PRNG key"),
 ])
 def test_dp_sgd_refuses_what_it_cannot_compute(mlp64, photos, kwargs, message):
   apply_fn, variables = mlp64

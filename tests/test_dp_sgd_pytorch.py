@@ -274,3 +274,47 @@ def test_opacus_weighs_a_masked_token_models_examples_as_gradjax(photos):
 
 def jax_tree(params, jnp):
   return {k: jnp.asarray(v) for k, v in params.items()}
+
+
+def test_opacus_poisson_sampled_clients_are_gradjaxs(photos):
+  """Opacus' default, Poisson sampling (``make_private(poisson_sampling=True)``: q = 1/len(loader) =
+  1/2 over 4 examples, 2 epochs of 2 steps, momentum 0.9, no noise): each step sums its draw's
+  clipped gradients over Opacus' expected batch size qn = 2. The draws Opacus made (read from an
+  index the data set carries) given to gradjax's client (``local_sgd(..., draws=...)``) give
+  Opacus' update, steps of another size than 2 among them (with torch 2.13's generator at this seed,
+  4, 0, 4 and 1: an empty step, which momentum still moves)."""
+  import torch
+  import torch.nn.functional as F
+  from gradjax import clients
+  opacus = pytest.importorskip("opacus")
+  x, y = photos[:4], np.array([2, 7, 7, 0])
+  bound = 1.0
+  net = _lenet(torch, 0)
+  before = {k: v.detach().clone() for k, v in net.state_dict().items()}
+  data = torch.utils.data.TensorDataset(torch.tensor(np.transpose(x, (0, 3, 1, 2))),
+                                        torch.tensor(y), torch.arange(4))
+  loader = torch.utils.data.DataLoader(data, batch_size=2)
+  torch.manual_seed(3)  # Opacus' sampler draws from torch's generator
+  private, optimizer, loader = opacus.PrivacyEngine().make_private(
+      module=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+      data_loader=loader, noise_multiplier=0.0, max_grad_norm=bound, poisson_sampling=True)
+  draws = []
+  for _ in range(2):
+    for xb, yb, ib in loader:
+      draws.append(np.isin(np.arange(4), ib.numpy()))
+      optimizer.zero_grad()
+      F.cross_entropy(private(xb), yb).backward()
+      optimizer.step()
+  assert optimizer.expected_batch_size == 2 and len(draws) == 4
+  sizes = [int(d.sum()) for d in draws]
+  assert any(s != 2 for s in sizes), sizes
+  want = {k: (before[k] - v).detach() for k, v in net.named_parameters()}
+  model, mapping, variables = _gradjax_twin(before)
+  local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.1, momentum=0.9)
+  new = clients.local_sgd(model.apply_fn, variables, x, y, local,
+                          dp_sgd=clients.DPSGD(bound, 0.0, 0.5), draws=np.stack(draws))
+  import jax
+  got = interop_params(jax.tree.map(lambda a, b: a - b, variables["params"], new), mapping)
+  for name, tensor in want.items():
+    np.testing.assert_allclose(got[name], tensor.numpy(), rtol=2e-4,
+                               atol=2e-6 * float(tensor.abs().max()), err_msg=name)
