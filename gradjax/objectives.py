@@ -76,14 +76,29 @@ class ClippedGradient(Gradient):
   """What an attack that knows the client ran DP-SGD matches: u = (1/N) Σ_n clip(g'_n, C), the mean
   of the dummy examples' own gradients each clipped to L2 norm C over all parameters
   (:func:`gradjax.clients.clipped_gradient`), against v = g, the clipped (and noised) observed one.
+  ``expected_batch_size``: the client's step was Poisson-sampled (:class:`gradjax.clients.DPSGD`)
+  and divided its sum by this, qn, not by the count it drew: u = (1/qn) Σ_n clip(g'_n, C) over the
+  N dummy examples, one per example drawn.
   Reference: Abadi et al., "Deep Learning with Differential Privacy", CCS 2016."""
 
   max_norm: float = 1.0
+  expected_batch_size: float | None = None
   name: ClassVar[str] = "clipped_gradient"
 
   def __post_init__(self):
     if not (isinstance(self.max_norm, (int, float)) and 0 < self.max_norm < math.inf):
       raise ValueError(f"the clipping bound must be a positive number, got {self.max_norm!r}")
+    if self.expected_batch_size is not None and not (
+        isinstance(self.expected_batch_size, (int, float)) and 0 < self.expected_batch_size < math.inf):
+      raise ValueError(f"the expected batch size must be a positive number, got "
+                       f"{self.expected_batch_size!r}")
+
+  def gradient(self, model, variables, x, targets, *, train, loss_fn):
+    """u for the dummy examples ``x`` and their ``targets``."""
+    g = clipped_gradient(model, variables, x, targets, self.max_norm, train=train, loss_fn=loss_fn)
+    if self.expected_batch_size is None:
+      return g
+    return jax.tree.map(lambda a: a * (x.shape[0] / self.expected_batch_size), g)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +147,10 @@ class Replay:
     max_norm: the client trained with DP-SGD: each replayed step clips its examples' gradients to
       this bound as the client's did (:func:`gradjax.clients.local_sgd`; its noise is not
       replayed); ``None``: plain SGD.
+    sampling_rate: the client's DP-SGD drew each step's batch by Poisson sampling at this rate q;
+      the draws are unknown to the server, so each step is replayed as its expectation over them,
+      (1/n) Σ_n clip(g'_n, C) over all n dummy examples (``local_sgd``'s draws all q): an
+      approximation of the client's steps, not them.
     remat: ``jax.checkpoint`` each replayed local step, so differentiating through the local training
       keeps one parameter set per step and recomputes the step's activations (XLA's temporaries then
       grow with the parameters, not the activations). For the gradient itself, checkpoint inside the
@@ -140,21 +159,31 @@ class Replay:
 
   remat: bool = False
   max_norm: float | None = None
+  sampling_rate: float | None = None
   name: ClassVar[str] = "replay"
 
   def __post_init__(self):
     if self.max_norm is not None and not (isinstance(self.max_norm, (int, float))
                                           and 0 < self.max_norm < math.inf):
       raise ValueError(f"the clipping bound must be a positive number, got {self.max_norm!r}")
+    if self.sampling_rate is not None:
+      if self.max_norm is None:
+        raise ValueError("a replay of Poisson-sampled steps needs DP-SGD's clipping bound")
+      DPSGD(self.max_norm, 0.0, self.sampling_rate).check()
 
   def update(self, model, observation: Observation, x, targets, loss_fn):
     """u: the replayed update W_t − W'_{t+1} of ``model`` on ``x``."""
     if observation.local is None:
       raise ValueError("replay needs the client's local training (observation.local)")
     params = observation.variables["params"]
-    dp_sgd = None if self.max_norm is None else DPSGD(self.max_norm)
+    dp_sgd = draws = None
+    if self.max_norm is not None:
+      dp_sgd = DPSGD(self.max_norm, 0.0, self.sampling_rate)
+    if self.sampling_rate is not None:
+      draws = jnp.full((observation.local.steps(x.shape[0]), x.shape[0]), self.sampling_rate)
     new = local_sgd(model, observation.variables, x, targets, observation.local,
-                    train=observation.train, loss_fn=loss_fn, remat=self.remat, dp_sgd=dp_sgd)
+                    train=observation.train, loss_fn=loss_fn, remat=self.remat, dp_sgd=dp_sgd,
+                    draws=draws)
     return jax.tree.map(jnp.subtract, params, new)
 
 
@@ -444,8 +473,8 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
         g, h = _gradient_and_head_input(model, observation.variables, x, targets, observation.train,
                                         loss_fn)
       elif isinstance(matched, ClippedGradient):
-        g = clipped_gradient(model, observation.variables, x, targets, matched.max_norm,
-                             train=observation.train, loss_fn=loss_fn)
+        g = matched.gradient(model, observation.variables, x, targets, train=observation.train,
+                             loss_fn=loss_fn)
       else:
         g = dummy_gradient(model, observation.variables, x, targets, train=observation.train,
                            loss_fn=loss_fn)

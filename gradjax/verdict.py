@@ -77,7 +77,8 @@ THRESHOLDS = Thresholds()
 
 
 def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched: str = "gradient",
-             max_norm: float | None = None) -> fidelity.Comparison:
+             max_norm: float | None = None,
+             sampling_rate: float | None = None) -> fidelity.Comparison:
   """How well the attack's reconstruction reproduces the observed update.
 
   The update the client would have sent for the reconstruction (its gradient, or for ``matched``
@@ -97,6 +98,10 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
     max_norm: the client ran DP-SGD with this clipping bound: u is the mean of the examples' own
       gradients each clipped to it (:func:`gradjax.clients.clipped_gradient`), or the local
       training replayed with such steps; its noise is not recomputed.
+    sampling_rate: those steps were Poisson-sampled at this rate: the replayed local training's
+      steps are their expectation over the draws (:class:`gradjax.objectives.Replay`), so the
+      residual of the client's own data is not zero; a gradient's scale is fitted, so the expected
+      batch size a FedSGD step divides by changes nothing.
 
   Raises ValueError for a batch of another size than the observation's, inputs the model does
   not read, labels outside the model's classes.
@@ -121,7 +126,8 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   else:
     u = _update(apply_fn, observation, x, compilation.device_array(labels if logits is None else logits),
                 matched=matched, soft=logits is not None,
-                max_norm=None if max_norm is None else float(max_norm))
+                max_norm=None if max_norm is None else float(max_norm),
+                sampling_rate=None if sampling_rate is None else float(sampling_rate))
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
@@ -130,9 +136,10 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
       scale=unscaled.scale)
 
 
-@functools.partial(compilation.once, static_argnames=("apply_fn", "matched", "soft", "max_norm"))
+@functools.partial(compilation.once,
+                   static_argnames=("apply_fn", "matched", "soft", "max_norm", "sampling_rate"))
 def _update(apply_fn, observation: Observation, x, targets, *, matched: str, soft: bool,
-            max_norm: float | None = None):
+            max_norm: float | None = None, sampling_rate: float | None = None):
   """The update u the client would have sent for ``x`` and ``targets`` (label logits when ``soft``:
   their softmax is the target; the replayed local training for ``matched`` ``"replay"``; DP-SGD's
   steps, before their noise, with the clipping bound ``max_norm``): one program, not one per
@@ -140,9 +147,12 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
   if soft:
     targets = jax.nn.softmax(targets, axis=-1)
   if matched == "replay":
+    draws = None if sampling_rate is None else jnp.full(
+        (observation.local.steps(x.shape[0]), x.shape[0]), sampling_rate)
     new = clients.local_sgd(apply_fn, observation.variables, x, targets, observation.local,
-                            train=observation.train,
-                            dp_sgd=None if max_norm is None else clients.DPSGD(max_norm))
+                            train=observation.train, draws=draws,
+                            dp_sgd=None if max_norm is None else clients.DPSGD(max_norm, 0.0,
+                                                                               sampling_rate))
     u = jax.tree.map(jnp.subtract, observation.variables["params"], new)
   elif max_norm is not None:
     u = clients.clipped_gradient(apply_fn, observation.variables, x, targets, max_norm,

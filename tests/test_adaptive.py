@@ -219,3 +219,35 @@ def test_an_attack_adapted_to_a_dp_sgd_fedavg_client_replays_clipped_steps():
   variance = (0.1 * 0.5 * 1.0 / 1) ** 2 * local.steps(2)
   assert results["attack"]["distance"] == f"cosine|gaussian:{variance:.8g}"
   assert "in every replayed step" in results["adaptation"][0]
+
+
+@pytest.mark.slow
+def test_an_attack_adapted_to_poisson_sampled_dp_sgd():
+  """--config.defense.dp_sgd_poisson: a FedSGD client's step draws its examples at q (seed 4 draws
+  one of two, image 1); the run is scored against the one drawn, the adapted objective divides the
+  dummy's clipped sum by qN = 1 and the noise's variance is (σC/qN)². A draw of none (seed 3) is
+  refused. A FedAvg client (local batches of 1, so q = 1/2 and qn = 1): the replay is the steps'
+  expectation, its noise (ησC/qn)² over the 2 steps."""
+  from gradjax import clients
+  from gradjax.run import pipeline
+  options = {"attack.preset": "dlg", "attack.iterations": 2, "attack.adaptive": True,
+             "data.batch_size": 2, "seed": 4, "defense.dp_sgd_max_norm": 0.5,
+             "defense.dp_sgd_noise_multiplier": 0.8, "defense.dp_sgd_sampling_rate": 0.5,
+             "defense.dp_sgd_poisson": True, "output.lpips": "none"}
+  _, _, key = pipeline.experiment_keys(4, 0)
+  draws = clients.drawn(clients.DPSGD(0.5, 0.8, 0.5), jax.random.fold_in(key, 1), 2)[0]
+  assert draws.tolist() == [False, True]
+  results, images = pipeline.run(config.from_options(options))
+  assert results["attack"]["objective"] == "clipped_gradient"
+  assert results["attack"]["distance"] == f"euclidean|gaussian:{(0.8 * 0.5 / 1.0) ** 2:.8g}"
+  assert any(line.startswith("poisson:") and "qn = 1" in line for line in results["adaptation"])
+  batch = pipeline.load_batch(config.from_options(options))
+  np.testing.assert_array_equal(images["ground_truth"], batch.x[1:2])
+  with pytest.raises(ValueError, match="holds none"):
+    pipeline.run(config.from_options({**options, "seed": 3}))
+  fedavg, _ = pipeline.run(config.from_options({
+      **options, "attack.preset": "inverting_gradients_fedavg", "client.name": "fedavg",
+      "client.local_batch_size": 1, "client.local_lr": 0.1, "model.name": "convnet-8"}))
+  assert fedavg["attack"]["objective"] == "replay"
+  assert fedavg["attack"]["distance"] == f"cosine|gaussian:{(0.1 * 0.8 * 0.5 / 1.0) ** 2 * 2:.8g}"
+  assert any("q = 0.5" in line for line in fedavg["adaptation"])

@@ -295,6 +295,10 @@ BAD_FLAGS = [
       "--config.attack.adaptive=True"], "a text attack matches the update as it is"),
     (["--config.defense.dp_sgd_max_norm=1", "--config.attack.adaptive=True",
       "--config.attack.matched=dlm"], "models DP-SGD's per-example clipping"),
+    (["--config.defense.dp_sgd_poisson=True"], "dp_sgd_poisson draws DP-SGD's batches: give"),
+    (["--config.defense.dp_sgd_max_norm=1", "--config.defense.dp_sgd_poisson=True",
+      "--modality=text", "--model=transformer", "--dataset=pydoc"],
+     "simulates an image client's Poisson-sampled steps"),
 ]
 
 

@@ -370,3 +370,41 @@ def test_replay_of_dp_sgd_steps_is_zero_at_the_clients_data(photos, fill_variabl
     assert float(clipped({"x": x}, obs, y)) < 1e-25 < 1e-8 < float(plain({"x": x}, obs, y))
   with pytest.raises(ValueError, match="clipping bound"):
     objectives.Replay(max_norm=-1.0)
+
+
+def test_poisson_sampled_steps_objectives(photos, fill_variables):
+  """Poisson-sampled DP-SGD (no noise). FedSGD: ClippedGradient with the client's expected batch
+  size qN is 0 at the examples the step drew (one dummy each), where the mean of their clipped
+  gradients (the fixed-batch reading) is not. FedAvg: Replay with the sampling rate matches the
+  local training whose every step is the clipped mean over all the examples (draws of q, tested
+  against NumPy in test_clients), not the client's own draws."""
+  with jax.enable_x64(True):
+    module = models.get_module("mlp-8", num_classes=10, param_dtype=jnp.float64)
+    variables = fill_variables(module, (32, 32, 3), seed=4, dtype=np.float64, scale=0.05)
+    apply_fn = models.make_apply_fn(module)
+    x, y = jnp.asarray(photos[[2, 6, 9, 1, 5, 3]], jnp.float64), jnp.asarray([1, 1, 4, 7, 0, 2])
+    dp, key = clients.DPSGD(0.3, 0.0, 0.5), jax.random.key(12)
+    draws = clients.drawn(dp, key, 6)[0]
+    assert 0 < draws.sum() != 3
+    obs = clients.fedsgd(apply_fn, variables, x, y, dp_sgd=dp, key=key, share_labels=True)
+    obs = obs.replace(num_samples=int(draws.sum()))
+    poisson = objectives.gradient_matching(
+        apply_fn, distances.euclidean, matched=objectives.ClippedGradient(0.3, 3.0))
+    fixed = objectives.gradient_matching(
+        apply_fn, distances.euclidean, matched=objectives.ClippedGradient(0.3))
+    drawn = {"x": x[draws]}
+    assert float(poisson(drawn, obs, obs.labels)) < 1e-25 < 1e-8 < float(fixed(drawn, obs, obs.labels))
+
+    local = clients.LocalTraining(epochs=1, batch_size=2, learning_rate=0.1, momentum=0.9)
+    sampled = clients.fedavg(apply_fn, variables, x, y, local, dp_sgd=dp, key=key)
+    expected = sampled.replace(gradient=jax.tree.map(jnp.subtract, variables["params"], clients.local_sgd(
+        apply_fn, variables, x, y, local, dp_sgd=dp, draws=np.full((3, 6), 0.5))))
+    replay = objectives.gradient_matching(apply_fn, distances.euclidean,
+                                          matched=objectives.Replay(max_norm=0.3, sampling_rate=0.5))
+    assert float(replay({"x": x}, expected, y)) < 1e-25 < 1e-10 < float(replay({"x": x}, sampled, y))
+  with pytest.raises(ValueError, match="expected batch size"):
+    objectives.ClippedGradient(1.0, 0.0)
+  with pytest.raises(ValueError, match="clipping bound"):
+    objectives.Replay(sampling_rate=0.5)
+  with pytest.raises(ValueError, match="sampling_rate"):
+    objectives.Replay(max_norm=1.0, sampling_rate=2.0)

@@ -319,6 +319,13 @@ class DefenseConfig(_Section):
       1, "For DP-SGD's privacy budget: T, the DP-SGD steps of the client's training (a FedAvg "
       "client's fixed mini-batches put an example in one step an epoch, at rate 1).")
   dp_sgd_delta: float = _field(1e-5, "For DP-SGD's privacy budget: the δ of the (ε, δ) reported.")
+  dp_sgd_poisson: bool = _field(
+      False, "A simulated DP-SGD client draws each step's batch by Poisson sampling (Opacus' "
+      "default): each of its examples joins at dp_sgd_sampling_rate q, the sum divided by the "
+      "expected batch size q·n. FedSGD: the --batch_size examples are its data, the step's draw is "
+      "what the attack is scored against (one dummy per example drawn); FedAvg: the local schedule's "
+      "steps each draw from all its examples (Opacus: q = local batch size / n), which the adapted "
+      "attack replays as their expectation. False: fixed batches (poisson_sampling=False).")
 
   def build(self) -> defenses.Defense | None:
     """The defense (:func:`gradjax.defenses.parse`), or None for none."""
@@ -329,7 +336,8 @@ class DefenseConfig(_Section):
     """The client's DP-SGD step (:class:`gradjax.clients.DPSGD`), or None without one."""
     if self.dp_sgd_max_norm is None:
       return None
-    return clients.DPSGD(self.dp_sgd_max_norm, self.dp_sgd_noise_multiplier).check()
+    return clients.DPSGD(self.dp_sgd_max_norm, self.dp_sgd_noise_multiplier,
+                         self.dp_sgd_sampling_rate if self.dp_sgd_poisson else None).check()
 
   def budget(self) -> privacy.Budget | None:
     """DP-SGD's (ε, δ) over :attr:`dp_sgd_steps` steps (:func:`gradjax.privacy.epsilon`); None
@@ -347,6 +355,9 @@ class DefenseConfig(_Section):
     if not 0 <= self.dp_sgd_noise_multiplier < math.inf:
       raise ValueError(f"--config.defense.dp_sgd_noise_multiplier must be a number >= 0, got "
                        f"{self.dp_sgd_noise_multiplier}")
+    if self.dp_sgd_max_norm is None and self.dp_sgd_poisson:
+      raise ValueError("--config.defense.dp_sgd_poisson draws DP-SGD's batches: give "
+                       "--config.defense.dp_sgd_max_norm too")
     if self.dp_sgd_max_norm is None and self.dp_sgd_noise_multiplier:
       raise ValueError("--config.defense.dp_sgd_noise_multiplier scales DP-SGD's clipping bound: "
                        "give --config.defense.dp_sgd_max_norm too")
@@ -1102,6 +1113,9 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
     if cfg.data.modality == "text" and cfg.attack.adaptive:
       raise ValueError("--config.attack.adaptive=True models DP-SGD's clipping in an image "
                        "attack; a text attack matches the update as it is (leave it out)")
+    if cfg.defense.dp_sgd_poisson and (cfg.client.observation or cfg.data.modality != "image"):
+      raise ValueError("--config.defense.dp_sgd_poisson simulates an image client's Poisson-sampled "
+                       "steps; a capture's draws are unknown and not attacked here, nor a text client's")
     if cfg.client.train_mode:
       raise ValueError("--config.defense.dp_sgd_max_norm clips each example's gradient: a client in "
                        "training mode (--config.client.train_mode=True, BatchNorm's batch statistics) "

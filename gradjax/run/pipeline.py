@@ -72,6 +72,24 @@ def simulated_client(cfg: Config, share_labels: bool, key_defense: jax.Array) ->
   return cfg.client.build(share_labels=share_labels, dp_sgd=dp_sgd, key=key)
 
 
+def poisson_draw(cfg: Config, batch: data.Dataset, observation, key_defense: jax.Array):
+  """A Poisson-sampled FedSGD client's step drew some of its ``batch`` (:func:`gradjax.clients.drawn`,
+  with :func:`simulated_client`'s key): (those examples, the observation of as many), what the
+  attack reconstructs and is scored against. Its dummy batch holds one example per example drawn
+  (the count a server is not told: the attack is given it), and its sum's divisor qn stays the
+  client's (:func:`adapted`)."""
+  dp_sgd = cfg.defense.dp_sgd()
+  draws = clients.drawn(dp_sgd, jax.random.fold_in(key_defense, 1), batch.x.shape[0])[0]
+  if not draws.any():
+    raise ValueError(f"the client's Poisson draw at rate {dp_sgd.sampling_rate:g} from its "
+                     f"{batch.x.shape[0]} examples holds none (seed {cfg.seed}): its update is noise "
+                     "alone, nothing to reconstruct (another --seed draws again)")
+  kept = batch._replace(x=batch.x[draws], y=batch.y[draws], class_names=(
+      None if batch.class_names is None or batch.name != "skimage"
+      else [n for n, d in zip(batch.class_names, draws) if d]))
+  return kept, observation.replace(num_samples=int(draws.sum()))
+
+
 def image_bounds(norm: data.Normalization, channels: int) -> tuple[np.ndarray, np.ndarray]:
   """The [0, 1] image box in normalised input space: ((0 − mean) / std, (1 − mean) / std), (C,) each."""
   lo = np.asarray(data.normalize(np.zeros((1, channels), np.float64), norm))[0]
@@ -344,6 +362,13 @@ def adaptation(attack, adapted_to: str | None) -> list[str] | None:
                  "gradient is clipped to it over all parameters before the mean"
                  + (" in every replayed step" if isinstance(matched, objectives.Replay) else "")
                  + ", as the client's (its noise: the gaussian part)")
+    if getattr(matched, "expected_batch_size", None) is not None:
+      lines.append(f"poisson: the step drew each example at rate q; one dummy example per example "
+                   f"drawn, their clipped sum divided by qn = {matched.expected_batch_size:g}")
+    if getattr(matched, "sampling_rate", None) is not None:
+      lines.append(f"poisson: each step drew each example at rate q = {matched.sampling_rate:g}; "
+                   "the draws unknown, every replayed step is their expectation, the clipped "
+                   "mean over all the dummy examples")
   if adapted_to:
     lines += adaptive.assumptions(defenses.parse(adapted_to), attack.matched.name)
   return lines or None
@@ -584,35 +609,44 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
     raise ValueError("--config.attack.adaptive=True: no defense to adapt to (the capture's metadata declare none and "
                      "--defense is not given)")
   if dp_sgd is not None:
+    q = dp_sgd.sampling_rate
     if isinstance(attack.matched, objectives.Replay):
-      matched = dataclasses.replace(attack.matched, max_norm=float(dp_sgd.max_norm))
+      matched = dataclasses.replace(attack.matched, max_norm=float(dp_sgd.max_norm),
+                                    sampling_rate=None if q is None else float(q))
     elif attack.matched.name == objectives.Gradient.name:
-      matched = objectives.ClippedGradient(float(dp_sgd.max_norm))
+      matched = objectives.ClippedGradient(
+          float(dp_sgd.max_norm), None if q is None else float(q * cfg.data.batch_size))
     else:
       raise ValueError(f"--config.attack.adaptive=True models DP-SGD's per-example clipping in the "
                        f"gradient or the replayed steps the attack matches, not in "
                        f"{attack.matched.name!r}")
     attack = dataclasses.replace(attack, matched=matched)
     if dp_sgd.noise_multiplier > 0:
-      variance = dp_sgd_variance(dp_sgd, observation)
+      variance = dp_sgd_variance(dp_sgd, observation, None if q is None else q * cfg.data.batch_size)
       declared = ",".join(filter(None, (f"gaussian:{variance:.8g}", declared)))
   return (adaptive.adapt(attack, declared, update_scale) if declared else
           dataclasses.replace(attack, name=f"{attack.name}+adaptive")), declared
 
 
-def dp_sgd_variance(dp_sgd: clients.DPSGD, observation) -> float:
+def dp_sgd_variance(dp_sgd: clients.DPSGD, observation, expected_batch_size: float | None = None
+                    ) -> float:
   """The variance per entry that DP-SGD's noise leaves in the observed update: (σC/N)² for a
   FedSGD gradient of N examples; for a FedAvg update of T steps of batch B, learning rate η and
   momentum μ, W_0 − W_T = η Σ_s g_s (1 − μ^(T−s+1)) / (1 − μ), so η² (σC/B)² Σ_s ((1 − μ^(T−s+1))
-  / (1 − μ))²."""
+  / (1 − μ))². Under Poisson sampling (``dp_sgd.sampling_rate``) N and B are the expected batch
+  size qn: a FedSGD step's ``expected_batch_size`` (its observation counts the examples drawn), a
+  FedAvg client's q times its n examples."""
   local = observation.local
   if local is None and observation.threat_model != "fedsgd":
     raise ValueError("DP-SGD's noise in a FedAvg update depends on the client's local training "
                      "(learning rate, batch size, momentum), which the capture does not say")
   if local is None:
-    return (dp_sgd.noise_multiplier * dp_sgd.max_norm / observation.num_samples) ** 2
+    divisor = observation.num_samples if dp_sgd.sampling_rate is None else expected_batch_size
+    return (dp_sgd.noise_multiplier * dp_sgd.max_norm / divisor) ** 2
   steps = local.steps(observation.num_samples)
   batch = local.batch_size or observation.num_samples
+  if dp_sgd.sampling_rate is not None:
+    batch = dp_sgd.sampling_rate * observation.num_samples
   mu = local.momentum
   carried = sum(((1 - mu ** (steps - s + 1)) / (1 - mu)) ** 2 for s in range(1, steps + 1))
   return (local.learning_rate * dp_sgd.noise_multiplier * dp_sgd.max_norm / batch) ** 2 * carried
@@ -681,6 +715,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
     client = simulated_client(cfg, share_labels, key_defense)
     observation = client(model.apply_fn, model.variables, x_client, batch.y)
+    if observation.threat_model == "fedsgd" and cfg.defense.dp_sgd_poisson:
+      batch, observation = poisson_draw(cfg, batch, observation, key_defense)
   defense = cfg.defense.build()
   if defense is not None:
     observation = defense.apply(observation, key_defense)
@@ -1000,7 +1036,8 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
       cocktail=found.get("cocktail"),
   )
   residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched,
-                              max_norm=cfg.defense.dp_sgd_max_norm)
+                              max_norm=cfg.defense.dp_sgd_max_norm,
+                              sampling_rate=getattr(cfg.defense.dp_sgd(), "sampling_rate", None))
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
