@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax.compilation import once
-from gradjax.observation import Observation
+from gradjax.observation import Observation, check_observation
 
 DEFAULT_MIN_ABS = 1e-12
 
@@ -76,10 +76,11 @@ def _dense_input(gw, gb):
   return scale, jnp.where(kept > 0, (gw @ u) / (scale * jnp.where(kept > 0, kept, 1.0)), 0.0).astype(gw.dtype)
 
 
-def _dense_layer(gradient, name: str):
-  """(kernel gradient, bias gradient) of the layer called ``name``, or a one-line ValueError."""
+def _dense_layer(gradient, name: str, keyword: str):
+  """(kernel gradient, bias gradient) of the layer called ``name``, or a one-line ValueError
+  naming the ``keyword`` that chooses another."""
   if not isinstance(gradient, Mapping) or name not in gradient:
-    raise ValueError(f"no layer {name!r} in the gradient tree (pass first_layer=...)")
+    raise ValueError(f"no layer {name!r} in the gradient tree (pass {keyword}=...)")
   layer = gradient[name]
   if not isinstance(layer, Mapping) or "kernel" not in layer or jnp.ndim(layer["kernel"]) != 2:
     raise ValueError(f"layer {name!r} is not a dense layer (needs a 2-D 'kernel')")
@@ -114,7 +115,7 @@ def mlp_input(observation: Observation, input_shape, first_layer: str | None = N
   _check_single(observation)
   shape = tuple(int(d) for d in input_shape)
   name = "Dense_0" if first_layer is None else first_layer
-  gw, gb = _dense_layer(observation.gradient, name)
+  gw, gb = _dense_layer(observation.gradient, name, "first_layer")
   if jnp.shape(gw)[0] != prod(shape):
     raise ValueError(f"layer {name!r} takes {jnp.shape(gw)[0]} inputs, but input_shape {shape} has "
                      f"{prod(shape)} values; is it the first layer?")
@@ -246,8 +247,9 @@ def exclusive_neurons(observation: Observation, apply_fn: Callable, input_shape,
   if observation.train:
     raise ValueError("exclusive_neurons needs each example's gradient to be its own; a client in "
                      "training mode (BatchNorm batch statistics) couples them")
+  check_observation(observation)
   shape = tuple(int(d) for d in input_shape)
-  gw, gb = _dense_layer(observation.gradient, layer)
+  gw, gb = _dense_layer(observation.gradient, layer, "layer")
   if jnp.shape(gw)[0] != prod(shape):
     raise ValueError(f"layer {layer!r} takes {jnp.shape(gw)[0]} inputs, but input_shape {shape} has "
                      f"{prod(shape)} values; is it the first layer?")

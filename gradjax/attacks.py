@@ -509,6 +509,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   output's, e.g. (T, V + 1) for a masked language model's targets with 'no target',
   :func:`gradjax.losses.masked_cross_entropy`)."""
   check_observation(observation)
+  key = compilation.check_key(key)
   if (attack.matched.name == "gradient" and observation.local is not None
       and observation.threat_model.startswith("fedavg")):
     raise ValueError("the gradient objective reads a FedSGD gradient; this is a FedAvg update: "
@@ -734,6 +735,8 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     (``restart_losses``, ``x_restarts`` ...) hold that client's R·P runs.
   """
   observations = list(observations)
+  if getattr(keys, "shape", None) == () or getattr(keys, "shape", None) == (2,) and keys.dtype == np.uint32:
+    raise ValueError("keys: one PRNG key per client, e.g. jax.random.split(key, K); got one key")
   keys = list(keys)
   if not observations:
     raise ValueError("reconstruct_clients needs at least one observation")

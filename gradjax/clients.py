@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gradjax import defenses, models
-from gradjax.compilation import device_array, once
+from gradjax.compilation import check_key, device_array, once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation, check_labels
 
@@ -48,9 +48,22 @@ def check_client_data(apply_fn, variables, x, y):
   x, y = device_array(x), device_array(y)
   if x.ndim < 2:
     raise ValueError(f"client inputs must be (N, H, W, C) images or (N, T) token ids, got shape {x.shape}")
-  if not np.all(np.isfinite(np.asarray(x))):
+  if x.shape[0] == 0:
+    raise ValueError(f"client inputs are an empty batch, shape {x.shape}")
+  integer = jnp.issubdtype(x.dtype, jnp.integer)
+  if integer and x.ndim > 2:
+    raise ValueError(f"client images must be floating point, in the model's input space, got "
+                     f"{x.dtype} {x.shape} (divide 8-bit images by 255, then normalise)")
+  if not integer and not np.all(np.isfinite(np.asarray(x))):
     raise ValueError("client inputs contain NaN or inf")
   logits = models.output_shape(apply_fn, variables, x.shape[1:], x.dtype, what="a client's input")
+  if integer:  # token ids index the embedding, which would read past its rows as NaN
+    table = variables.get("params", {}).get("embed", {}).get("embedding")
+    vocabulary = int(logits[-1] if table is None else table.shape[0])
+    low, high = int(jnp.min(x)), int(jnp.max(x))
+    if low < 0 or high >= vocabulary:
+      raise ValueError(f"client token ids must lie in [0, {vocabulary}) (the model's vocabulary), "
+                       f"got [{low}, {high}]")
   # (N,) for a classifier, (N, T) for a language model
   check_labels(y, (x.shape[0], *logits[1:-1]), logits[-1], "client labels")
   return x, y
@@ -171,6 +184,7 @@ def drawn(dp_sgd: DPSGD, key: jax.Array, num_samples: int, steps: int = 1) -> np
   the attack against."""
   if key is None:
     raise ValueError("DP-SGD's Poisson sampling needs a PRNG key")
+  check_key(key, "DP-SGD's key")
   return np.asarray(poisson_draws(sampling_keys(key)[0], steps, num_samples, dp_sgd.sampling_rate))
 
 
@@ -271,8 +285,10 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
       key = sampling_keys(key)[1]
       scales = jnp.asarray(draws / dp_sgd.sampling_rate, jnp.result_type(float))
       shared = y[draws]
-    elif dp_sgd.noise_multiplier > 0 and key is None:
-      raise ValueError("DP-SGD's noise needs a PRNG key")
+    elif dp_sgd.noise_multiplier > 0:
+      if key is None:
+        raise ValueError("DP-SGD's noise needs a PRNG key")
+      check_key(key, "DP-SGD's key")
     gradient = _clipped_gradient(variables, x, y, float(dp_sgd.max_norm), scales, apply_fn, train,
                                  loss_fn)
     std = dp_sgd.noise_multiplier * dp_sgd.max_norm / (x.shape[0] * (dp_sgd.sampling_rate or 1))
@@ -407,6 +423,7 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
     if dp_sgd.noise_multiplier > 0:
       if key is None:
         raise ValueError("DP-SGD's noise needs a PRNG key")
+      check_key(key, "DP-SGD's key")
       noisy = True
       noise_std = dp_sgd.noise_multiplier * dp_sgd.max_norm / batch
   elif draws is not None:

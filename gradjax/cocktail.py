@@ -182,7 +182,7 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
   if not isinstance(observation.gradient, Mapping) or layer not in observation.gradient:
     raise ValueError(f"no layer {layer!r} in the gradient tree: the Cocktail Party Attack needs a "
                      "model whose first layer is a biased dense layer (gradjax's mlp-H: 'Dense_0')")
-  gw, gb = analytic._dense_layer(observation.gradient, layer)  # pylint: disable=protected-access
+  gw, gb = analytic._dense_layer(observation.gradient, layer, "layer")  # pylint: disable=protected-access
   if jnp.shape(gw)[0] != prod(shape):
     raise ValueError(f"layer {layer!r} takes {jnp.shape(gw)[0]} inputs, but input_shape {shape} has "
                      f"{prod(shape)} values; is it the first layer?")

@@ -180,6 +180,20 @@ def prng_key(seed: int) -> jax.Array:
   return jax.random.key(seed)
 
 
+def check_key(key, what: str = "key") -> jax.Array:
+  """``key`` itself when it is one PRNG key: a typed key (``jax.random.key``) of shape (), or a
+  legacy uint32 key (``jax.random.PRNGKey``) of shape (2,); else a one-line ``ValueError`` (JAX's
+  own error names neither the argument nor the fix). Traced keys pass unchecked but for their shape."""
+  dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+  if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if shape == ():
+      return key
+  elif dtype == np.uint32 and shape == (2,):
+    return key
+  raise ValueError(f"{what} must be one PRNG key (jax.random.key(seed)), got "
+                   f"{type(key).__name__ if dtype is None else f'{dtype} {shape}'}")
+
+
 def once(fun=None, **jit_kwargs):
   """``jax.jit(fun, **jit_kwargs)`` with the compiler options :data:`ONCE`; also a decorator
   (``@once`` or ``@once(static_argnames=...)``).

@@ -32,6 +32,7 @@ import dataclasses
 import gzip
 import os
 import re
+import zlib
 from collections.abc import Iterable, Sequence
 import numpy as np
 
@@ -128,7 +129,7 @@ def _wikitext_sentences(data_dir: str | None, split: str = "valid") -> list[list
   try:
     with gzip.open(path, "rt", encoding="utf-8") as f:
       lines = f.read().splitlines()
-  except (OSError, EOFError, UnicodeDecodeError) as e:
+  except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:
     raise ValueError(f"{path} is not a readable gzip text file: {e}") from None
   out = []
   for line in lines:

@@ -172,6 +172,8 @@ def span(columns, rank: int | None = None, dimension: int | None = None, *,
   with jax.enable_x64(True):  # float32's SVD blurs singular values below about eps·σ₁
     u, s, _ = _svd(compilation.device_array(np.asarray(columns, np.float64)))
     u, s = np.asarray(u).astype(columns.dtype), np.asarray(s)  # on the host: no program each
+  if not np.all(np.isfinite(s)):
+    raise ValueError("the gradient contains NaN or inf")
   if not s[0] > 0:
     raise ValueError("the gradient is zero: it spans nothing")
   floor = s[0] * np.finfo(np.float64).eps  # no division by zero
@@ -269,6 +271,8 @@ def candidate_dimensions(apply_fn: Callable, variables, length: int, key: jax.Ar
   """The dimensions of the spaces that the checked vectors occupy, read off random sentences: the
   first block's inputs, its attention outputs, the second block's inputs (0 where the model has no
   second block). Enough sentences for at least twice the widest space's vectors."""
+  if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+    raise ValueError(f"sentence length must be a positive integer, got {length!r}")
   attention = attention_paths(apply_fn, variables, length)
   d = int(np.asarray(variables["params"]["embed"]["embedding"]).shape[1])
   count = -(-4 * d // length)

@@ -211,7 +211,8 @@ def load(
     name: one of `DATASETS` or "tfds:<name>".
     data_dir: data folder; `default_data_dir()` when None (except for "folder" and "tfds:").
     indices: an int, a sequence of ints, or None for all images. An int gives a batch of one.
-    image_size: (H, W) to resize to (anti-aliased, clipped to [0, 1]), or None for the native size.
+    image_size: (H, W) to resize to (anti-aliased, clipped to [0, 1]), an int for a square, or None
+      for the native size.
     channels: 1 (luminance of RGB), 3 (gray repeated) or None for the native channels.
 
   Returns:
@@ -219,6 +220,8 @@ def load(
   """
   if channels not in (None, 1, 3):
     raise ValueError(f"channels must be 1, 3 or None, got {channels!r}")
+  if isinstance(image_size, (int, np.integer)) and not isinstance(image_size, bool):
+    image_size = (int(image_size), int(image_size))  # a square
   if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
     raise ValueError(f"image_size must be (height, width) with positive sizes, got {image_size!r}")
   try:

@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax.compilation import once
+from gradjax.compilation import check_key, once
 from gradjax.observation import Observation
 
 
@@ -119,6 +119,7 @@ def _wide(g):
 def _need_key(key, name):
   if key is None:
     raise ValueError(f"defense {name!r} is random: pass a jax.random key")
+  check_key(key, f"defense {name!r}'s key")
 
 
 @once(static_argnames=("kind",))  # one draw per experiment: compiled for speed of compilation

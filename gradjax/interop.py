@@ -135,8 +135,9 @@ def to_gradjax(entry: Entry, array: np.ndarray) -> np.ndarray:
 
 
 def to_torch(entry: Entry, array: np.ndarray) -> np.ndarray:
-  """``array`` in gradjax layout -> PyTorch layout (the inverse of :func:`to_gradjax`)."""
-  array = np.asarray(array)
+  """``array`` in gradjax layout -> PyTorch layout (the inverse of :func:`to_gradjax`), a writable
+  copy (``torch.as_tensor`` warns on a read-only array, as a ``jax.Array``'s view is)."""
+  array = np.array(array)
   if entry.layout == "heads_in":  # (in, heads, head_dim) -> (heads·head_dim, in)
     return np.ascontiguousarray(array.reshape(array.shape[0], -1).T)
   if entry.layout == "heads_out":  # (heads, head_dim, out) -> (out, heads·head_dim)

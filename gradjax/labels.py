@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from gradjax.compilation import once
+from gradjax.compilation import check_key, once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
 
@@ -512,7 +512,7 @@ def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array | N
   if profile.mean.shape[0] != g.shape[0] or positions.ndim != 1:
     raise ValueError(f"the feature profile has {profile.mean.shape[0]} features, the head "
                      f"{g.shape[0]}: build it with feature_profile on this model")
-  key = jax.random.key(0) if key is None else key
+  key = jax.random.key(0) if key is None else check_key(key)
   negative, labels = _hfginv(g, positions, jnp.asarray(profile.mean), key, n=n, population=population,
                              generations=generations)
   if int(negative) == 0:

@@ -62,6 +62,7 @@ Shapes: inputs (N, H, W, C); the block's parameters ``imprint`` {kernel (D, k), 
 ``imprint_out`` {kernel (k, D)}, the model's own under ``model``.
 """
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
@@ -122,6 +123,8 @@ def imprint_thresholds(statistics, bins: int) -> np.ndarray:
   if bins < 1 or statistics.size < 2:
     raise ValueError(f"an imprint block needs bins >= 1 and at least 2 values, got {bins} and "
                      f"{statistics.size}")
+  if not np.all(np.isfinite(statistics)):
+    raise ValueError("the statistics an imprint block's thresholds come from contain NaN or inf")
   return np.quantile(statistics, np.arange(1, bins + 1) / (bins + 1))
 
 
@@ -144,6 +147,8 @@ def imprint(model: models.Model, thresholds, *, structure: str = "cumulative", s
   7 − log10(|W| / |W_0 − W_E|) digits of the update: rows of 1/D entries that move by 1e-7 of
   themselves keep none. (Cumulative rows then drift further from a during several local steps.)"""
   thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
+  if not np.all(np.isfinite(thresholds)):
+    raise ValueError("an imprint block's thresholds must be finite numbers")
   if models.is_text(model.name):
     raise ValueError("an imprint block reads images")
   if structure not in STRUCTURES:
@@ -183,6 +188,8 @@ def imprint_layer(model: models.Model, thresholds, *, statistic: str = "mean",
   units and the shapes are the model's own. Read the update with
   ``imprint_recover(..., layer="Dense_0", units=k)``."""
   thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
+  if not np.all(np.isfinite(thresholds)):
+    raise ValueError("an imprint block's thresholds must be finite numbers")
   params = model.variables["params"]
   if set(params) != {"Dense_0", "head"}:
     raise ValueError(f"imprint_layer rewrites a one-hidden-layer MLP (Dense_0, head), not {model.name}")
@@ -253,12 +260,25 @@ def imprint_recover(gradient, input_shape, *, layer: str = "imprint", units=None
   (the gradient times the learning rate) reads the same."""
   if structure not in STRUCTURES:
     raise ValueError(f"unknown imprint structure {structure!r}; choose one of {', '.join(STRUCTURES)}")
+  if not isinstance(gradient, Mapping):
+    raise ValueError(f"the update is a tree of parameters (an observation's .gradient), got "
+                     f"{type(gradient).__name__}")
   params = gradient["params"] if "params" in gradient else gradient
   if layer not in params:
     raise ValueError(f"the update holds no imprint block (params {layer!r})")
+  kernel = np.asarray(params[layer]["kernel"], np.float64)
+  if int(np.prod(input_shape)) != kernel.shape[0]:
+    raise ValueError(f"the imprint block reads {kernel.shape[0]} inputs, an example of shape "
+                     f"{tuple(input_shape)} has {int(np.prod(input_shape))}")
   take = slice(units) if units is None or isinstance(units, (int, np.integer)) else np.asarray(units)
-  dw = np.asarray(params[layer]["kernel"], np.float64).T[take]  # (k, D)
+  if not isinstance(take, slice) and (take.ndim != 1 or not np.issubdtype(take.dtype, np.integer)
+                                      or take.size and not 0 <= take.min() <= take.max() < kernel.shape[1]):
+    raise ValueError(f"units must be indices in [0, {kernel.shape[1]}) of the block's units, got "
+                     f"{np.asarray(units).tolist()}")
+  dw = kernel.T[take]                                           # (k, D)
   db = np.asarray(params[layer]["bias"], np.float64)[take]      # (k,)
+  if not (np.all(np.isfinite(dw)) and np.all(np.isfinite(db))):
+    raise ValueError(f"the update's imprint block ({layer!r}) contains NaN or inf")
   if structure == "sparse":
     dw_bins, db_bins = dw, db
   else:

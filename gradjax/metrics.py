@@ -42,7 +42,11 @@ _WIN = 7
 
 
 def _images(x, name: str) -> np.ndarray:
-  """Validates an NHWC batch and returns it as float64 clamped to [0, 1]."""
+  """Validates an NHWC batch of floating-point images and returns it as float64 clamped to [0, 1]
+  (an integer image, 0..255, would be clamped into a wrong score)."""
+  if not np.issubdtype(np.asarray(x).dtype, np.floating):
+    raise ValueError(f"{name} must be floating-point images in [0, 1], got {np.asarray(x).dtype} "
+                     "(divide 8-bit images by 255)")
   return np.clip(_checked(x, name), 0.0, 1.0)
 
 

@@ -77,6 +77,9 @@ def check_observation(observation: Observation) -> None:
   Checks that the gradient tree matches ``variables["params"]`` leaf for leaf (paths and shapes), that
   every observed value is finite, and that the labels (if any) are integers with num_samples rows.
   """
+  if not isinstance(observation, Observation):
+    raise ValueError(f"an attack reads an Observation (a client's, gradjax.clients.fedsgd; or "
+                     f"gradjax.interop.load's), got {type(observation).__name__}")
   if not isinstance(observation.variables, dict) or "params" not in observation.variables:
     raise ValueError("observation.variables must be a dict with a 'params' entry")
   params = observation.variables["params"]
@@ -89,8 +92,13 @@ def check_observation(observation: Observation) -> None:
   for path, g, p in zip(want, jax.tree.leaves(observation.gradient), jax.tree.leaves(params)):
     if jnp.shape(g) != jnp.shape(p):
       raise ValueError(f"gradient{path} has shape {jnp.shape(g)}, parameter has {jnp.shape(p)}")
+    if not jnp.issubdtype(jnp.result_type(g), jnp.inexact):
+      raise ValueError(f"gradient{path} must be floating point, got {jnp.result_type(g)}")
     if not np.all(np.isfinite(np.asarray(g))):
       raise ValueError(f"observed gradient{path} contains NaN or inf")
+  for path, p in zip(want, jax.tree.leaves(params)):
+    if not np.all(np.isfinite(np.asarray(p))):
+      raise ValueError(f"the sent model's parameter{path} contains NaN or inf")
   if observation.num_samples < 1:
     raise ValueError(f"num_samples must be positive, got {observation.num_samples}")
   if observation.labels is not None:

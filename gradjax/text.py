@@ -553,8 +553,9 @@ def _position_words(allowed, words, vocabulary: int, mask: int | None) -> np.nda
 
 def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict, restarts, search,
                  position_sets, execution):
-  if length < 1:
-    raise ValueError(f"sentence length must be positive, got {length}")
+  key = compilation.check_key(key)
+  if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+    raise ValueError(f"sentence length must be a positive integer, got {length!r}")
   if attack.label_source not in (labels_lib.joint, labels_lib.known) or attack.matched.name != "gradient":
     raise ValueError("text attacks match a FedSGD gradient with joint soft targets or known next "
                      f"tokens; attack {attack.name!r} has label_source={attacks.describe(attack)['label_source']!r}, "
@@ -569,6 +570,9 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict
     bag = None  # the logits' gradient reaches every row of a tied table: it reveals no bag
   if mask is not None and not 0 <= mask < table.shape[0]:
     raise ValueError(f"the <mask> id {mask} is not a row of the {table.shape[0]}-token embedding table")
+  if eos is not None and not 0 <= eos < table.shape[0]:
+    raise ValueError(f"the end-of-sentence id {eos} is not a row of the {table.shape[0]}-token "
+                     "embedding table")
   candidates = bag if restrict else None
   vocabulary = table.shape[0]
   words = candidates  # what a position's word may be: never <mask>, the client's own token

@@ -1521,3 +1521,14 @@ def test_a_declared_sweeps_bad_items_and_the_flags_they_would_override_are_refus
   for k, ((args, message), proc) in enumerate(zip(cases, results, strict=True)):
     _assert_one_line_error(proc, message, args)
     assert not (tmp_path / f"out{k}").exists()
+
+
+def test_a_folder_where_a_program_writes_its_file_is_refused_before_it_runs(tmp_path):
+  """--overwrite into a folder whose results.json is a folder: one line and exit 2 before any
+  attack (it crashed after all of them)."""
+  out = tmp_path / "sweep"
+  (out / "results.json").mkdir(parents=True)
+  proc = run_program("sweep", "--count=1", "--iterations=2", "--lpips=none", "--overwrite",
+                     f"--output_dir={out}")
+  _assert_one_line_error(proc, "results.json is a folder where the program writes its file")
+  assert "restart 0" not in proc.stdout + proc.stderr

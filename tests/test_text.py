@@ -885,3 +885,18 @@ def test_a_masked_models_token_search_residual_is_that_of_its_own_masks(monkeypa
   assert pipeline.run_text(cfg)["residual"]["relative_error"] < 1e-4
   seen.update(truth=False, targets=lambda tokens: np.full(tokens.shape, -1))
   assert pipeline.run_text(cfg)["residual"] is None
+
+
+def test_a_corrupt_wikitext_gzip_is_one_value_error(tmp_path):
+  """WikiText-2's file with bytes flipped inside its deflate stream: a ValueError naming the file
+  (zlib's own error escaped the reader before)."""
+  import gzip
+  from gradjax import corpus
+  folder = tmp_path / "wikitext2"
+  folder.mkdir()
+  raw = bytearray(gzip.compress(("The cat sat on the mat . " * 4000).encode()))
+  for i in range(200, 260):
+    raw[i] ^= 0xFF
+  (folder / "wiki.valid.txt.gz").write_bytes(bytes(raw))
+  with pytest.raises(ValueError, match="is not a readable gzip text file"):
+    corpus._wikitext_sentences(str(tmp_path), "valid")

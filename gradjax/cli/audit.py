@@ -33,6 +33,7 @@ capture's is refused), ``--dataset`` to no scoring, unless given; with ``--itera
 iDLG run 6000 iterations (their papers' whole budget), the other attacks their preset's.
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -134,6 +135,10 @@ def main(argv):
       if isinstance(declared, str) and declared and declared != o["model.name"]:
         common.fail(f"--model={o['model.name']}, but round {c.round} client {c.client} declares "
                     f"model {declared} (--model names the model of captures that do not); drop it")
+  for name in ("index.json", "index.md", "index.html"):  # before any attack, not after them all
+    if os.path.isdir(os.path.join(f.audit_dir, name)):
+      common.fail(f"{os.path.join(f.audit_dir, name)} is a folder where the audit writes its index; "
+                  "move it away")
   count, me = distributed.process_count(), distributed.process_index()
   resume.stop_on_signals()  # the first Ctrl-C or SIGTERM stops after the capture being attacked
   try:  # process k: captures k, k + P, ...

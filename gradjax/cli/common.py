@@ -713,6 +713,9 @@ def _set_aside(out: str, own: tuple[str, ...]) -> None:
   removed, if the new run wrote any of its own files but ``config.py`` (results or a saved state),
   or moved back, if it wrote none: a run that fails before its first result (a bad index, a
   dataset that does not load) leaves the earlier run as it was."""
+  folders = sorted(p for pattern in own for p in _found(out, pattern) if os.path.isdir(p))
+  if folders:
+    fail(f"--overwrite: {folders[0]} is a folder where the program writes its file; move it away")
   held = sorted({p for pattern in own + (_states(own),) for p in _found(out, pattern) if os.path.isfile(p)})
   if not held:
     return

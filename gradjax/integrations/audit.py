@@ -397,8 +397,8 @@ def captures(audit_dir) -> list[Capture]:
         if not isinstance(info, dict):
           raise ValueError("not a JSON object")
         _check_capture_info(info)
-      except (OSError, ValueError) as e:
-        info = {"error": f"unreadable {CAPTURE}: {e}"}
+      except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
+        info = {"error": f"unreadable {CAPTURE}: {type(e).__name__ if isinstance(e, RecursionError) else e}"}
       found.append(Capture(int(m.group(1)), cname[len("client_"):], folder, info))
   if not found:
     raise ValueError(f"no captures (round_*/client_*/{CAPTURE}) under {audit_dir}")

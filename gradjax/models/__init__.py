@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from gradjax.compilation import once
+from gradjax.compilation import check_key, once
 from gradjax.models import bert, convnet, gpt, lenet, mlp, resnet, transformer
 from gradjax.models.inits import INITS, TORCH_INITS, get_initializers, torch_biases
 from gradjax.models.layers import ACTIVATIONS, CONVS, resolve_conv
@@ -212,6 +212,7 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
     model = gradjax.models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3))
     logits = model.apply_fn(model.variables, jnp.zeros((1, 32, 32, 3)))
   """
+  check_key(key)
   if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in input_shape):
     raise ValueError(f"input_shape must be integer sizes, got {tuple(input_shape)}")
   if not isinstance(num_classes, (int, np.integer)) or isinstance(num_classes, bool):

@@ -178,7 +178,7 @@ class Items:
         if (truth.ndim != 4 or truth.shape != found.shape or truth.dtype.kind != "f"
             or found.dtype.kind != "f" or not (np.all(np.isfinite(truth)) and np.all(np.isfinite(found)))):
           raise ValueError(f"{base}.npz holds no two finite image batches of one shape")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
       raise ValueError(f"{base}.json is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                        f"{redo}") from None
     if saved != mine:
