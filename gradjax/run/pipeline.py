@@ -84,9 +84,10 @@ def poisson_draw(cfg: Config, batch: data.Dataset, observation, key_defense: jax
     raise ValueError(f"the client's Poisson draw at rate {dp_sgd.sampling_rate:g} from its "
                      f"{batch.x.shape[0]} examples holds none (seed {cfg.seed}): its update is noise "
                      "alone, nothing to reconstruct (another --seed draws again)")
-  kept = batch._replace(x=batch.x[draws], y=batch.y[draws], class_names=(
-      None if batch.class_names is None or batch.name != "skimage"
-      else [n for n, d in zip(batch.class_names, draws) if d]))
+  names = batch.class_names  # by label; skimage's are the photos', aligned with x
+  if names is not None and batch.name == "skimage":
+    names = [n for n, d in zip(names, draws) if d]
+  kept = batch._replace(x=batch.x[draws], y=batch.y[draws], class_names=names)
   return kept, observation.replace(num_samples=int(draws.sum()))
 
 
