@@ -58,7 +58,8 @@ def check_client_data(apply_fn, variables, x, y):
     raise ValueError("client inputs contain NaN or inf")
   logits = models.output_shape(apply_fn, variables, x.shape[1:], x.dtype, what="a client's input")
   if integer:  # token ids index the embedding, which would read past its rows as NaN
-    table = variables.get("params", {}).get("embed", {}).get("embedding")
+    embed = variables.get("params", {}).get("embed")  # the zoo's nn.Embed, when the model has it
+    table = embed.get("embedding") if hasattr(embed, "get") else None
     vocabulary = int(logits[-1] if table is None else table.shape[0])
     low, high = int(jnp.min(x)), int(jnp.max(x))
     if low < 0 or high >= vocabulary:
