@@ -1532,3 +1532,17 @@ def test_a_folder_where_a_program_writes_its_file_is_refused_before_it_runs(tmp_
                      f"--output_dir={out}")
   _assert_one_line_error(proc, "results.json is a folder where the program writes its file")
   assert "restart 0" not in proc.stdout + proc.stderr
+
+
+def test_overwrite_never_replaces_another_programs_run(tmp_path):
+  """--overwrite into a folder that holds another program's run (its config.py names gradjax
+  sweep): one line and exit 2, the sweep's files as they were (reconstruct replaced its config.py
+  and left its results beside its own)."""
+  out = tmp_path / "sweep"
+  out.mkdir()
+  (out / "config.py").write_text("# Command: gradjax sweep --count=1\n")
+  (out / "results.json").write_text("{}")
+  proc = run_program("reconstruct", "--iterations=2", "--lpips=none", "--overwrite", f"--output_dir={out}")
+  _assert_one_line_error(proc, "holds a run of gradjax sweep, not of gradjax reconstruct")
+  assert sorted(p.name for p in out.iterdir()) == ["config.py", "results.json"]
+  assert (out / "config.py").read_text() == "# Command: gradjax sweep --count=1\n"

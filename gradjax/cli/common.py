@@ -649,6 +649,15 @@ def _check_resumable(out: str, own: tuple[str, ...]) -> None:
          "choose another folder")
 
 
+def _check_overwritable(out: str) -> None:
+  """Exits with one line where ``out`` holds another gradjax program's run: --overwrite replaces
+  this program's files (its ``config.py`` among them), never another's record."""
+  mine, command = program(), recorded_command(out)
+  if command and command[0] == "gradjax" and mine[0] == "gradjax" and command[:2] != mine[:2]:
+    fail(f"--overwrite: {out} holds a run of {shlex.join(command[:2])}, not of {shlex.join(mine)}; "
+         "--overwrite replaces a run of the same program only: choose another folder")
+
+
 def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
   """Claims the run's folder before any data is loaded or anything compiled, and checks that it is
   writable. ``default``: the folder's name under ``runs/`` (from what is attacked). ``own``: glob
@@ -677,6 +686,8 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
            + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
     if resuming:
       _check_resumable(out, own)
+    elif f.overwrite:
+      _check_overwritable(out)
   else:
     base = os.path.join("runs", default)
     if resuming:
