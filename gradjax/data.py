@@ -245,7 +245,10 @@ def load(
 
 def count(name: str, *, data_dir: str | None = None) -> int | None:
   """The number of images of dataset ``name`` where it is known without decoding them
-  ("cifar10_train": the length of its label file), else None (``len(load(name).y)`` then)."""
+  ("skimage": its list; "cifar10_train": the length of its label file), else None
+  (``len(load(name).y)`` then)."""
+  if name == "skimage":
+    return len(SKIMAGE_PHOTOS)
   if name == "cifar10_train":
     return len(_cifar10_train_order(data_dir)[0])
   return None

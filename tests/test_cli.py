@@ -1546,3 +1546,12 @@ def test_overwrite_never_replaces_another_programs_run(tmp_path):
   _assert_one_line_error(proc, "holds a run of gradjax sweep, not of gradjax reconstruct")
   assert sorted(p.name for p in out.iterdir()) == ["config.py", "results.json"]
   assert (out / "config.py").read_text() == "# Command: gradjax sweep --count=1\n"
+
+
+def test_a_sweep_past_the_dataset_is_refused_before_its_first_experiment(tmp_path):
+  """scikit-image has 16 photos: --start=15 --count=3 reads past them; one line before any
+  experiment (the first ran, then the sweep failed, leaving its items)."""
+  proc = run_program("sweep", "--start=15", "--count=3", "--iterations=2", "--lpips=none",
+                     f"--output_dir={tmp_path / 'past'}")
+  _assert_one_line_error(proc, "reads image 17, past the 16 images of skimage")
+  assert not (tmp_path / "past").exists()

@@ -538,3 +538,9 @@ def test_a_data_file_that_is_no_npz_or_holds_objects_is_refused_without_advice_t
     np.savez(folder / "cifar10_train_labels.npz", labels_all=labels, jpeg_index=np.arange(labels.size))
     with pytest.raises(ValueError, match=message):
       data.load("cifar10_train", data_dir=str(tmp_path), indices=[0])
+
+
+def test_count_knows_skimage_without_loading_it():
+  """data.count("skimage") is the number of photos data.load gives (what a sweep checks its
+  range against before it runs)."""
+  assert data.count("skimage") == len(data.load("skimage").y) == 16

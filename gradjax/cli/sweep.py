@@ -36,7 +36,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from gradjax.cli import common
-from gradjax import fidelity, files, models
+from gradjax import data, fidelity, files, models
 from gradjax.run import config, report, svg
 
 common.define_flags(batched=True)
@@ -126,6 +126,15 @@ def main(argv):
   if len(set(keys)) != len(keys) or len(set(same)) != len(same):
     twice = next(k for k, s in zip(keys, same) if keys.count(k) > 1 or same.count(s) > 1)
     common.fail(f"the sweep repeats an experiment: {twice}")
+  if images and base.data.dataset is not None:  # the last image, before the first experiment runs
+    try:
+      n = data.count(base.data.dataset, data_dir=base.data.data_dir)
+    except (OSError, ValueError):
+      n = None  # the experiment's own loading says what is wrong
+    last = max(cfg.data.index for cfg in cfgs) + base.data.batch_size - 1
+    if n is not None and last >= n:
+      common.fail(f"the sweep's last experiment reads image {last}, past the {n} images of "
+                  f"{base.data.dataset} (--start and --count choose them)")
   model = config.attacked_model(base)
   if images:
     first, last = cfgs[0].data.index, cfgs[-1].data.index + base.data.batch_size - 1
