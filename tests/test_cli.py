@@ -1555,3 +1555,15 @@ def test_a_sweep_past_the_dataset_is_refused_before_its_first_experiment(tmp_pat
                      f"--output_dir={tmp_path / 'past'}")
   _assert_one_line_error(proc, "reads image 17, past the 16 images of skimage")
   assert not (tmp_path / "past").exists()
+
+
+@pytest.mark.parametrize("name, args, message", [
+    ("defense_sweep", ["--defenses=none;gaussian:0.01;none"], "--defenses repeats 'none'"),
+    ("defense_sweep", ["--defenses=gaussian:0.01;gaussian:1e-2"], "repeats 'gaussian:0.01' (as 'gaussian:1e-2')"),
+    ("dlm_table", ["--methods=DLG;DLG"], "--methods repeats 'DLG'"),
+])
+def test_a_table_refuses_a_row_given_twice(tmp_path, name, args, message):
+  """A table's row list naming one row twice (the same spec, or one defense spelt two ways): one
+  line, exit 2, before anything runs (the row was printed twice, read back from one item)."""
+  proc = run_program(name, "--count=1", "--iterations=2", *args, f"--output_dir={tmp_path / 'table'}")
+  _assert_one_line_error(proc, message)

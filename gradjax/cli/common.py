@@ -562,10 +562,14 @@ def define_table_flags(psnr: bool = True, methods: bool = False, start: bool = T
 
 def semicolon_list(name: str, value: str) -> list[str]:
   """The items of a table's semicolon-separated flag ``--name`` (spaces around them dropped); one
-  line and exit 2 for an empty item (``a;;b``)."""
+  line and exit 2 for an empty item (``a;;b``) or one given twice (a row of the table twice,
+  read back from one experiment)."""
   items = [s.strip() for s in value.split(";")]
   if not any(items) or not all(items):
     fail(f"--{name} takes semicolon-separated items without empty ones, got {value!r}")
+  twice = next((s for k, s in enumerate(items) if s in items[:k]), None)
+  if twice is not None:
+    fail(f"--{name} repeats {twice!r}")
   return items
 
 

@@ -139,6 +139,13 @@ def main(argv):
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
   specs = common.semicolon_list("defenses", f.defenses)
+  try:  # one defense under two spellings (gaussian:0.01, gaussian:1e-2) is one row twice
+    names = [defenses.parse(s).name for s in specs]
+  except ValueError as e:
+    common.fail(f"--defenses: {e}")
+  twice = next((s for k, (s, n) in enumerate(zip(specs, names)) if n in names[:k]), None)
+  if twice is not None:
+    common.fail(f"--defenses repeats {defenses.parse(twice).name!r} (as {twice!r})")
   if f.count < 1:
     common.fail("need at least one defense and a positive --count")
   table = []
