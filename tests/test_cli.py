@@ -299,6 +299,10 @@ BAD_FLAGS = [
     (["--config.defense.dp_sgd_max_norm=1", "--config.defense.dp_sgd_poisson=True",
       "--modality=text", "--model=transformer", "--dataset=pydoc"],
      "simulates an image client's Poisson-sampled steps"),
+    (["--flagfile=/nonexistent/flags.txt"], "--flagfile /nonexistent/flags.txt is not a readable file"),
+    (["--flagfile", "/"], "--flagfile / is not a readable file"),
+    (["--compilation_cache=/proc/gradjax_cache"], "cannot write to the --compilation_cache folder"),
+    (["--compilation_cache_min_secs=-1"], "--compilation_cache_min_secs must be a number of seconds >= 0"),
 ]
 
 

@@ -49,6 +49,10 @@ def main(argv: list[str] | None = None, *, program: str = "gradjax", commands: d
   if name not in commands:
     print(f"error: unknown command {name!r}; choose one of {', '.join(commands)}", file=sys.stderr)
     sys.exit(2)
+  for path in _flagfiles(argv[2:]):  # absl reads them as the flags are defined, with a traceback
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+      print(f"error: --flagfile {path} is not a readable file", file=sys.stderr)
+      sys.exit(2)
   from absl import app
 
   from gradjax.cli import common
@@ -58,6 +62,18 @@ def main(argv: list[str] | None = None, *, program: str = "gradjax", commands: d
   common.PROGRAM[:] = [program, name]
   common.PROGRAM_DOC[:] = [module.__doc__ or ""]
   app.run(module.main, argv=sys.argv, flags_parser=common.parse_flags)
+
+
+def _flagfiles(args: list[str]) -> list[str]:
+  """The paths that ``--flagfile=PATH`` (or ``--flagfile PATH``) name among ``args``."""
+  found = []
+  for k, arg in enumerate(args):
+    for prefix in ("--flagfile=", "-flagfile="):
+      if arg.startswith(prefix):
+        found.append(arg[len(prefix):])
+    if arg in ("--flagfile", "-flagfile") and k + 1 < len(args):
+      found.append(args[k + 1])
+  return found
 
 
 def _run_and_leave(run) -> None:

@@ -885,6 +885,17 @@ def parse_flags(argv):
   if "compilation_cache" in f:
     if f.compilation_cache and os.path.exists(f.compilation_cache) and not os.path.isdir(f.compilation_cache):
       fail(f"--compilation_cache {f.compilation_cache} is a file, not a folder")
+    if f.compilation_cache and f["compilation_cache"].present:  # JAX only warns where it cannot write
+      try:
+        os.makedirs(f.compilation_cache, exist_ok=True)
+        with tempfile.TemporaryFile(dir=f.compilation_cache):
+          pass
+      except OSError as e:
+        fail(f"cannot write to the --compilation_cache folder {f.compilation_cache}: "
+             f"{e.strerror or e} ('' disables the cache)")
+    if not f.compilation_cache_min_secs >= 0:
+      fail(f"--compilation_cache_min_secs must be a number of seconds >= 0, got "
+           f"{f.compilation_cache_min_secs}")
     compilation.use_persistent_cache(f.compilation_cache, f.compilation_cache_min_secs)
   _launch()
   return argv
