@@ -188,7 +188,8 @@ def psnr_unclamped(x, x_true, std=1.0) -> np.ndarray:
   return np.minimum(p, PSNR_CAP)
 
 
-def _window(h: int, w: int) -> int:
+def ssim_window(h: int, w: int) -> int:
+  """SSIM's window side for (h, w) images (:func:`ssim`), or a one-line ValueError below 3x3."""
   win = min(_WIN, h, w)
   win -= 1 - win % 2  # largest odd value <= min(7, H, W)
   if win < 3:
@@ -222,7 +223,7 @@ def ssim(x, x_true) -> np.ndarray:
     (N,) float64.
   """
   x, y = _pair(x, x_true)
-  win = _window(x.shape[1], x.shape[2])
+  win = ssim_window(x.shape[1], x.shape[2])
   filt = lambda a: _box_mean(a, win)
   cov_norm = win**2 / (win**2 - 1)
   ux, uy = filt(x), filt(y)

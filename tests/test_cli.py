@@ -1571,3 +1571,18 @@ def test_a_table_refuses_a_row_given_twice(tmp_path, name, args, message):
   line, exit 2, before anything runs (the row was printed twice, read back from one item)."""
   proc = run_program(name, "--count=1", "--iterations=2", *args, f"--output_dir={tmp_path / 'table'}")
   _assert_one_line_error(proc, message)
+
+
+def test_images_too_small_to_score_are_refused_before_the_attack(tmp_path):
+  """A folder of 2x40-pixel images at their native size: SSIM cannot score them, said in one line
+  before anything is compiled (the whole attack ran first, leaving its state)."""
+  from PIL import Image
+  folder = tmp_path / "thin"
+  folder.mkdir()
+  Image.fromarray(np.zeros((2, 40, 3), np.uint8)).save(folder / "a.png")
+  out = tmp_path / "run"
+  proc = run_program("reconstruct", "--dataset=folder", f"--data_dir={folder}", "--model=mlp",
+                     "--config.model.num_classes=2", "--iterations=2", "--lpips=none",
+                     f"--output_dir={out}")
+  _assert_one_line_error(proc, "SSIM needs images of at least 3x3 pixels, got 2x40")
+  assert "restart 0" not in proc.stderr and not out.exists()

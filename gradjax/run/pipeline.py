@@ -1102,7 +1102,9 @@ def lpips_absent(net: str, batch, input_shape) -> str:
 
 
 def check_lpips(net: str, size) -> None:
-  """A one-line ValueError where ``net`` (named, not auto) cannot score images of ``size`` (H, W)."""
+  """A one-line ValueError where ``net`` (named, not auto) cannot score images of ``size`` (H, W),
+  or where SSIM cannot (:func:`gradjax.metrics.ssim`): before anything is compiled."""
+  metrics.ssim_window(*size)
   if net in lpips.NETWORKS and min(size) < lpips.MIN_SIZE[net]:
     fits = [n for n in lpips.NETWORKS if min(size) >= lpips.MIN_SIZE[n]]
     raise ValueError(f"--lpips={net} needs images of at least {lpips.MIN_SIZE[net]} pixels a side, "
