@@ -390,6 +390,10 @@ BAD_FILES = [
      "metadata dp_sgd_noise_multiplier describe DP-SGD but not its clipping bound dp_sgd_max_norm"),
     (["--weights={d}/good.npz", "--observation={d}/dp_bad_rate.safetensors"],
      "declares DP-SGD the options refuse: --config.defense.dp_sgd_sampling_rate must lie in (0, 1]"),
+    (["--weights={d}/good.npz", "--observation={d}/good.npz", "--client=fedavg"],
+     "--client chooses a simulated client; a capture's update is what its file's metadata 'kind' says"),
+    (["--weights={d}/good.npz", "--observation={d}/good.npz", "--index=5"],
+     "--index chooses the capture's ground truth in --dataset; give --dataset too"),
 ]
 
 

@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None, *, program: str = "gradjax", commands: d
   as the command does: see :func:`_run_and_leave`."""
   if argv is None:
     return _run_and_leave(lambda: main(sys.argv, program=program, commands=commands, package=package))
-  if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
-    print(usage(program, commands))
+  if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):  # asked for: stdout; missing: stderr
+    print(usage(program, commands), file=sys.stdout if len(argv) >= 2 else sys.stderr)
     sys.exit(0 if len(argv) >= 2 else 2)
   name = argv[1]
   if name not in commands:

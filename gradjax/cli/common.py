@@ -341,7 +341,14 @@ def check_given(cfg: Config, given: set[str], files: bool = True) -> None:
   """One line, exit 2, where options ``given`` (dotted paths: the user's, or a sweep item's) would
   not be read by ``cfg``'s run: FedAvg's local training under a simulated FedSGD client, model
   options other than a ``--checkpoint``'s (:func:`_check_checkpoint_model`; unless ``files`` is
-  False and the checkpoint is not there)."""
+  False and the checkpoint is not there); with a capture, the simulated client's kind (the file's
+  metadata ``kind`` says what it holds) and an image index without a ``--dataset`` to take it from."""
+  if cfg.client.observation and "client.name" in given:
+    fail("--client chooses a simulated client; a capture's update is what its file's metadata "
+         "'kind' says (gradient, update or weights): leave --client out")
+  if cfg.client.observation and "data.index" in given and cfg.data.dataset is None:
+    fail("--index chooses the capture's ground truth in --dataset; give --dataset too, or leave "
+         "--index out (no ground truth: the verdict reads the residual only)")
   if cfg.client.name == "fedsgd" and not cfg.client.observation:
     ignored = [p for p in config.unread_by_client("fedsgd", given) if p.startswith("client.")]
     if ignored:
