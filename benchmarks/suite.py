@@ -744,6 +744,11 @@ def main(argv):
   if _ANATOMY_REPEATS.value < 1 or not all(map(job_ok, anatomy_jobs)):
     bs.fail("--anatomy_jobs takes preset:model[:restarts[:conv]] of gradjax's presets, image models, "
             f"a positive count and one of {', '.join(models.CONVS)}; --anatomy_repeats a positive count")
+  if _SUITE.value != "gpu":
+    given = [name for name in ("parts", "ig_init") if flags.FLAGS[name].present]
+    if given:
+      bs.fail(f"--{given[0]} chooses what the accelerator suite runs (--suite=gpu); the CPU suite "
+              "runs all its sections (--sections chooses them)")
   if _SUITE.value == "gpu":
     unknown = [p for p in _PARTS.value if p not in accelerator.PARTS]
     if unknown or not _PARTS.value:

@@ -31,6 +31,11 @@ def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
     assert bad_job.returncode == 2 and len(bad_job.stderr.strip().splitlines()) == 1, bad_job.stderr
     assert "--anatomy_jobs" in bad_job.stderr
+  # The accelerator suite's --parts given to the CPU suite (which ran every section instead).
+  cpu_parts = subprocess.run([*harness, "suite", "--parts=bogus"], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert cpu_parts.returncode == 2 and len(cpu_parts.stderr.strip().splitlines()) == 1, cpu_parts.stderr
+  assert "--parts chooses what the accelerator suite runs" in cpu_parts.stderr
 
 
 def test_a_benchmark_programs_help_lists_every_flag_it_reads():
