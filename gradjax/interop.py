@@ -839,9 +839,14 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   name = model or meta.get("model") or "lenet_zhu"
   if "act" in meta and "act" not in module_kwargs:
     module_kwargs["act"] = meta["act"]
-  if input_shape is None and "input_shape" in meta:  # the update file's over the weights file's
+  if "input_shape" in meta:  # the update file's over the weights file's
     named = observation_path if "input_shape" in obs_file.metadata else weights_path
-    input_shape = parse_shape(meta["input_shape"], f"{named}: metadata input_shape")
+    declared = parse_shape(meta["input_shape"], f"{named}: metadata input_shape")
+    if input_shape is not None and tuple(input_shape) != tuple(declared):
+      raise ValueError(f"{named} declares input_shape {'x'.join(map(str, declared))}, but the "
+                       f"ground truth's images are {'x'.join(map(str, input_shape))} (--image_size "
+                       "sets their size)")
+    input_shape = declared
   # A throw-away instance names the tensors; the head's rows and the first layer's input channels
   # in the file then size the real one.
   probe = models.create(name, prng_key(0), input_shape=tuple(input_shape or (32, 32, 3)),

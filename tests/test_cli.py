@@ -394,6 +394,8 @@ BAD_FILES = [
      "--client chooses a simulated client; a capture's update is what its file's metadata 'kind' says"),
     (["--weights={d}/good.npz", "--observation={d}/good.npz", "--index=5"],
      "--index chooses the capture's ground truth in --dataset; give --dataset too"),
+    (["--weights={d}/good.npz", "--observation={d}/good.npz", "--dataset=skimage", "--image_size=16"],
+     "good.npz declares input_shape 32x32x3, but the ground truth's images are 16x16x3"),
 ]
 
 
