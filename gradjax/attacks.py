@@ -517,8 +517,9 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
                      "need the replay, dlm or dlm_plus objective")
   if not isinstance(restarts, (int, np.integer)) or restarts < 1:
     raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
-  if len(input_shape) < 1:
-    raise ValueError(f"input_shape must be the shape of one example, e.g. (H, W, C), got {input_shape}")
+  if not 1 <= len(input_shape) <= 3:
+    raise ValueError(f"input_shape must be the shape of one example, without the batch axis: "
+                     f"(H, W, C) or (T,), got {tuple(input_shape)}")
   n = observation.num_samples
   dtype = jnp.result_type(*jax.tree.leaves(observation.variables["params"]))
   out = models.output_shape(apply_fn, observation.variables, input_shape, dtype, observation.train,

@@ -56,7 +56,8 @@ def check_client_data(apply_fn, variables, x, y):
                      f"{x.dtype} {x.shape} (divide 8-bit images by 255, then normalise)")
   if not integer and not np.all(np.isfinite(np.asarray(x))):
     raise ValueError("client inputs contain NaN or inf")
-  logits = models.output_shape(apply_fn, variables, x.shape[1:], x.dtype, what="a client's input")
+  logits = models.output_shape(apply_fn, variables, x.shape[1:], x.dtype, what=(
+      f"a client's input (x {x.shape}: {x.shape[0]} examples, the batch axis first), one example"))
   if integer:  # token ids index the embedding, which would read past its rows as NaN
     embed = variables.get("params", {}).get("embed")  # the zoo's nn.Embed, when the model has it
     table = embed.get("embedding") if hasattr(embed, "get") else None

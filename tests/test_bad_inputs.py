@@ -112,6 +112,14 @@ CASES = {
         lambda m, obs, lm: text.reconstruct(presets.dlg(1), lm.apply_fn, _lm_observation(lm),
                                             jax.random.key(0), length=6.0, eos=0),
         "sentence length must be a positive integer"),
+    "an input_shape with the batch axis": (
+        lambda m, obs, lm: attacks.reconstruct(presets.dlg(1), m.apply_fn, obs, jax.random.key(0),
+                                               input_shape=(1, 32, 32, 3)),
+        "input_shape must be the shape of one example, without the batch axis"),
+    "an image without its batch axis": (
+        lambda m, obs, lm: clients.fedsgd(m.apply_fn, m.variables, np.zeros((32, 32, 3), np.float32),
+                                          np.array([1])),
+        "(x (32, 32, 3): 32 examples, the batch axis first)"),
     "a dense layer named by the other keyword": (
         lambda m, obs, lm: analytic.exclusive_neurons(obs, m.apply_fn, (32, 32, 3), layer="nope"),
         "pass layer=..."),
