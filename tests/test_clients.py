@@ -426,11 +426,11 @@ def test_a_poisson_sampled_clients_noise_has_standard_deviation_sigma_c_over_qn(
   assert np.std(noise) == pytest.approx(1.3 * 0.5 / 2, rel=0.02)
 
 
-def test_poisson_sampled_local_steps_clip_each_draw_as_numpy_says(mlp64, photos, mlp_reference):
-  """A FedAvg client under Poisson sampling (2 epochs of n/B = 2 steps, q = 1/2, momentum): each
-  step sums the NumPy-backprop clipped gradients of the examples its draw holds, at the current
-  weights, over qn; the draws are clients.drawn's with the client's key, and passing them gives
-  the same update. Draws of q everywhere replay the expected steps, the clipped mean over all n."""
+def _dp_fedavg_client(mlp64, photos, mlp_reference):
+  """A FedAvg DP-SGD client's set-up shared by the NumPy tests below: the model, four photos and
+  labels, two epochs of mini-batches of 2 with momentum 0.5, the sent weights in float64, the
+  NumPy-backprop gradient of example i at weights w, the L2 norm of a tree, and a bound C (the
+  median of the examples' norms: some clipped, some not)."""
   apply_fn, variables = mlp64
   x, y = photos[4:8].astype(np.float64), np.array([0, 3, 3, 8])
   local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.05, momentum=0.5)
@@ -438,6 +438,16 @@ def test_poisson_sampled_local_steps_clip_each_draw_as_numpy_says(mlp64, photos,
   grads = lambda w, i: mlp_reference(w, x[i:i + 1], y[i:i + 1])[1]
   norm = lambda g: np.sqrt(sum(np.sum(a ** 2) for a in jax.tree.leaves(g)))
   bound = float(np.median([norm(grads(params, i)) for i in range(4)]))
+  return apply_fn, variables, x, y, local, params, grads, norm, bound
+
+
+def test_poisson_sampled_local_steps_clip_each_draw_as_numpy_says(mlp64, photos, mlp_reference):
+  """A FedAvg client under Poisson sampling (2 epochs of n/B = 2 steps, q = 1/2, momentum): each
+  step sums the NumPy-backprop clipped gradients of the examples its draw holds, at the current
+  weights, over qn; the draws are clients.drawn's with the client's key, and passing them gives
+  the same update. Draws of q everywhere replay the expected steps, the clipped mean over all n."""
+  apply_fn, variables, x, y, local, params, grads, norm, bound = _dp_fedavg_client(
+      mlp64, photos, mlp_reference)
   dp, key = clients.DPSGD(bound, 0.0, 0.5), jax.random.key(1)
   draws = clients.drawn(dp, key, 4, steps=4)
 
@@ -487,13 +497,8 @@ def test_dp_sgd_refuses_what_it_cannot_compute(mlp64, photos, kwargs, message):
 def test_a_dp_sgd_fedavg_client_clips_every_local_step_as_numpy_says(mlp64, photos, mlp_reference):
   """FedAvg with DP-SGD's steps, no noise: two epochs of mini-batches of 2 with momentum, each step
   the mean of its examples' NumPy-backprop gradients clipped to C at the current weights."""
-  apply_fn, variables = mlp64
-  x, y = photos[4:8].astype(np.float64), np.array([0, 3, 3, 8])
-  local = clients.LocalTraining(epochs=2, batch_size=2, learning_rate=0.05, momentum=0.5)
-  params = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
-  grads = lambda w, i: mlp_reference(w, x[i:i + 1], y[i:i + 1])[1]
-  norm = lambda g: np.sqrt(sum(np.sum(a ** 2) for a in jax.tree.leaves(g)))
-  bound = float(np.median([norm(grads(params, i)) for i in range(4)]))
+  apply_fn, variables, x, y, local, params, grads, norm, bound = _dp_fedavg_client(
+      mlp64, photos, mlp_reference)
   w, v = params, jax.tree.map(np.zeros_like, params)
   for step in range(4):
     batch = [2 * (step % 2), 2 * (step % 2) + 1]
