@@ -119,9 +119,11 @@ def test_known_labels_and_errors():
   with pytest.raises(ValueError, match="the gradient objective reads a FedSGD gradient"):
     attacks.prepare(presets.inverting_gradients(5), net.apply_fn, steps, jax.random.key(0),
                     input_shape=(16, 16, 3))
-  for shape in ((3, 16, 16), (2, 16, 16, 3), (64, 64, 3)):  # the model reads none of them
+  for shape in ((3, 16, 16), (64, 64, 3)):  # the model reads neither
     with pytest.raises(ValueError, match="does not fit the model"):
       attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=shape)
+  with pytest.raises(ValueError, match="one example, without the batch axis"):  # (Flax would read it)
+    attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=(2, 16, 16, 3))
   with pytest.raises(ValueError, match=r"bounds must be \(lo, hi\), scalars or one per channel \(3\)"):
     attacks.prepare(presets.dlg(), net.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
                     bounds=((0.0, 0.0), (1.0, 1.0)))

@@ -2,6 +2,7 @@
 audit of a capture written as AuditStrategy writes one (a gradjax client's update in PyTorch layout)."""
 
 import collections
+import os
 import json
 import time
 import types
@@ -527,3 +528,38 @@ def test_each_client_declares_its_own_dp_sgd(tmp_path):
   rows = audit.audit(tmp_path / "audit", settings, rounds=[1], log=lambda s: None)
   assert [r["client"] for r in rows] == ["0", "1", "2"] and rows[1].get("error") is None
   assert "metadata 'dp_sgd_max_norm' must be a finite number, got '0.5,1.0'" in rows[2]["error"]
+
+
+@pytest.mark.slow
+def test_an_unwritable_index_or_a_too_deep_capture_json_is_said_in_one_line(tmp_path):
+  """An audit folder whose index.json is a folder: one line, exit 2, before any capture is attacked
+  (it crashed after them all). A capture.json nested past Python's recursion limit: that client's
+  error row (a RecursionError ended the audit)."""
+  import subprocess
+  import sys
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
+  mapping = interop.zoo_mapping(model)
+  weights = tmp_path / "round_weights.safetensors"
+  interop.save_weights(weights, model, mapping)
+  after = jax.tree.map(lambda w: np.asarray(w) - 1e-3, model.variables["params"])
+  round_dir = tmp_path / "audit" / "round_1"
+  round_dir.mkdir(parents=True)
+  meta = {"num_samples": 1, "local_lr": 0.1, "model": "lenet_zhu"}
+  for client in ("1", "2"):
+    audit.write_capture(round_dir / f"client_{client}", str(weights), interop.params_to_torch(after, mapping),
+                        {"round": 1, "client": client}, meta)
+  (round_dir / "client_2" / audit.CAPTURE).write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
+  (tmp_path / "audit" / "index.json").mkdir()
+  proc = subprocess.run([sys.executable, "-m", "gradjax", "audit", f"--audit_dir={tmp_path / 'audit'}",
+                         "--attacks=idlg", "--iterations=2", "--lpips=none"],
+                        capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert "index.json is a folder where the audit writes its index" in errors[0]
+  assert not (round_dir / "client_1" / "idlg").exists()
+  (tmp_path / "audit" / "index.json").rmdir()
+  rows = audit.audit(tmp_path / "audit", audit.Settings(attacks=("idlg",), iterations=2, lpips="none"),
+                     log=lambda s: None)
+  by_client = {r["client"]: r for r in rows}
+  assert by_client["2"]["error"] == f"unreadable {audit.CAPTURE}: RecursionError"
+  assert by_client["1"].get("error") is None
