@@ -370,10 +370,10 @@ def test_a_target_psnr_ends_the_attack_once_reached():
     assert results["clients_together"] == 2
 
 
-def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path):
-  """A ``capture.json`` whose fields have other types than the recorder writes, or a client folder
-  without one, is that client's failed row, not the end of the audit; ``rows.json`` rows of other
-  types are attacked again; a second audit writes its run beside the first one's, never over it."""
+def _round_one(tmp_path):
+  """A recorded round 1 of DLG's LeNet to fill with captures: (the sent weights' file, the update
+  of a client that moved every weight by -1e-3, in PyTorch's names; the round's folder; metadata of
+  one example)."""
   model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
   mapping = interop.zoo_mapping(model)
   weights = tmp_path / "round_weights.safetensors"
@@ -381,9 +381,17 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   after = jax.tree.map(lambda w: np.asarray(w) - 1e-3, model.variables["params"])
   round_dir = tmp_path / "audit" / "round_1"
   round_dir.mkdir(parents=True)
-  meta = {"num_samples": 1, "local_lr": 0.1, "model": "lenet_zhu"}
+  return weights, interop.params_to_torch(after, mapping), round_dir, {
+      "num_samples": 1, "local_lr": 0.1, "model": "lenet_zhu"}
+
+
+def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path):
+  """A ``capture.json`` whose fields have other types than the recorder writes, or a client folder
+  without one, is that client's failed row, not the end of the audit; ``rows.json`` rows of other
+  types are attacked again; a second audit writes its run beside the first one's, never over it."""
+  weights, update, round_dir, meta = _round_one(tmp_path)
   for client in ("1", "2", "3", "5"):
-    audit.write_capture(round_dir / f"client_{client}", str(weights), interop.params_to_torch(after, mapping),
+    audit.write_capture(round_dir / f"client_{client}", str(weights), update,
                         {"round": 1, "client": client}, {**meta, "num_samples": "abc"} if client == "3" else meta)
   (round_dir / "client_2" / audit.CAPTURE).write_text(json.dumps({"error": 5, "metadata": meta}))
   (round_dir / "client_4").mkdir()  # no capture.json
@@ -537,16 +545,9 @@ def test_an_unwritable_index_or_a_too_deep_capture_json_is_said_in_one_line(tmp_
   error row (a RecursionError ended the audit)."""
   import subprocess
   import sys
-  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
-  mapping = interop.zoo_mapping(model)
-  weights = tmp_path / "round_weights.safetensors"
-  interop.save_weights(weights, model, mapping)
-  after = jax.tree.map(lambda w: np.asarray(w) - 1e-3, model.variables["params"])
-  round_dir = tmp_path / "audit" / "round_1"
-  round_dir.mkdir(parents=True)
-  meta = {"num_samples": 1, "local_lr": 0.1, "model": "lenet_zhu"}
+  weights, update, round_dir, meta = _round_one(tmp_path)
   for client in ("1", "2"):
-    audit.write_capture(round_dir / f"client_{client}", str(weights), interop.params_to_torch(after, mapping),
+    audit.write_capture(round_dir / f"client_{client}", str(weights), update,
                         {"round": 1, "client": client}, meta)
   (round_dir / "client_2" / audit.CAPTURE).write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")
   (tmp_path / "audit" / "index.json").mkdir()
