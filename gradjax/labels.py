@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from gradjax import models
 from gradjax.compilation import check_key, once
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
@@ -263,6 +264,7 @@ def llg_statistics(apply_fn: Callable, variables, x, num_samples: int, *,
   x = jnp.asarray(x)
   if x.ndim != 4 or x.shape[0] < 1:
     raise ValueError(f"auxiliary inputs must be (M, H, W, C) with M ≥ 1, got shape {x.shape}")
+  _check_auxiliary(apply_fn, variables, x, train)
   if num_samples < 1:
     raise ValueError(f"num_samples must be positive, got {num_samples}")
 
@@ -364,6 +366,13 @@ class FeatureProfile(NamedTuple):
   positions: jax.Array
 
 
+def _check_auxiliary(apply_fn, variables, x, train) -> None:
+  """A one-line ValueError where the model cannot read the auxiliary inputs ``x`` (M, H, W, C)
+  (e.g. NCHW images: Flax's own error names the kernel's shapes)."""
+  models.output_shape(apply_fn, variables, x.shape[1:], x.dtype, train,
+                      what="an auxiliary input (M, H, W, C, in the model's input space), one example")
+
+
 def head_inputs(apply_fn: Callable, variables, x, *, train: bool = False, name: str = "head") -> jax.Array:
   """The input of the Dense layer called ``name`` when the model runs on ``x``: (M, F).
 
@@ -396,6 +405,7 @@ def feature_profile(apply_fn: Callable, variables, x, *, positions: int = 20,
   x = jnp.asarray(x)
   if x.ndim != 4 or x.shape[0] < 2:
     raise ValueError(f"auxiliary inputs must be (M, H, W, C) with M ≥ 2, got shape {x.shape}")
+  _check_auxiliary(apply_fn, variables, x, train)
   s = np.sort(np.asarray(head_inputs(apply_fn, variables, x, train=train), np.float64), axis=1)
   if not 1 <= positions <= s.shape[1]:
     raise ValueError(f"positions must be in [1, {s.shape[1]}] (the head's inputs), got {positions}")

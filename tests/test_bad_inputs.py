@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import analytic, attacks, clients, dager, data, malicious, metrics, models, presets, text
+from gradjax import analytic, attacks, clients, dager, data, labels, malicious, metrics, models, presets, text
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +120,12 @@ CASES = {
         lambda m, obs, lm: clients.fedsgd(m.apply_fn, m.variables, np.zeros((32, 32, 3), np.float32),
                                           np.array([1])),
         "(x (32, 32, 3): 32 examples, the batch axis first)"),
+    "NCHW auxiliary images for HFGInv's profile": (
+        lambda m, obs, lm: labels.feature_profile(m.apply_fn, m.variables, np.zeros((4, 3, 32, 32), np.float32)),
+        "an auxiliary input (M, H, W, C, in the model's input space), one example of shape (3, 32, 32)"),
+    "NCHW auxiliary images for LLG's statistics": (
+        lambda m, obs, lm: labels.llg_statistics(m.apply_fn, m.variables, np.zeros((4, 3, 32, 32), np.float32), 1),
+        "an auxiliary input (M, H, W, C, in the model's input space), one example of shape (3, 32, 32)"),
     "a dense layer named by the other keyword": (
         lambda m, obs, lm: analytic.exclusive_neurons(obs, m.apply_fn, (32, 32, 3), layer="nope"),
         "pass layer=..."),
