@@ -180,6 +180,12 @@ def sampling_keys(key: jax.Array) -> tuple[jax.Array, jax.Array]:
   return draw, noise
 
 
+def expected_draws(local: "LocalTraining", num_samples: int, rate: float) -> jax.Array:
+  """(T, n) q everywhere: the draws' expectation, which :func:`local_sgd` given as ``draws`` replays
+  as the expected steps (each the clipped mean over all n examples), for the schedule's T steps."""
+  return jnp.full((local.steps(num_samples), num_samples), rate)
+
+
 def drawn(dp_sgd: DPSGD, key: jax.Array, num_samples: int, steps: int = 1) -> np.ndarray:
   """(steps, n) bool: the examples each step of a Poisson-sampled client (``dp_sgd.sampling_rate``)
   drew with ``key``, as :func:`fedsgd` and :func:`local_sgd` draw them: what a simulation scores

@@ -128,6 +128,14 @@ def imprint_thresholds(statistics, bins: int) -> np.ndarray:
   return np.quantile(statistics, np.arange(1, bins + 1) / (bins + 1))
 
 
+def _sorted_thresholds(thresholds) -> np.ndarray:
+  """``thresholds`` flattened and sorted ascending, float64; a one-line ValueError unless finite."""
+  thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
+  if not np.all(np.isfinite(thresholds)):
+    raise ValueError("an imprint block's thresholds must be finite numbers")
+  return thresholds
+
+
 def imprint(model: models.Model, thresholds, *, structure: str = "cumulative", statistic: str = "mean",
             scale: float = 1e-3, gain: float | None = None, key: jax.Array | None = None) -> models.Model:
   """The model the server sends: ``model`` behind an imprint block with these ``thresholds``
@@ -146,9 +154,7 @@ def imprint(model: models.Model, thresholds, *, structure: str = "cumulative", s
   relative to themselves. A FedAvg client sends W_0 − W_E in float32, which keeps about
   7 − log10(|W| / |W_0 − W_E|) digits of the update: rows of 1/D entries that move by 1e-7 of
   themselves keep none. (Cumulative rows then drift further from a during several local steps.)"""
-  thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
-  if not np.all(np.isfinite(thresholds)):
-    raise ValueError("an imprint block's thresholds must be finite numbers")
+  thresholds = _sorted_thresholds(thresholds)
   if models.is_text(model.name):
     raise ValueError("an imprint block reads images")
   if structure not in STRUCTURES:
@@ -187,9 +193,7 @@ def imprint_layer(model: models.Model, thresholds, *, statistic: str = "mean",
   units are made equal (their mean), so each unit's output gradient is the same g_n; the other
   units and the shapes are the model's own. Read the update with
   ``imprint_recover(..., layer="Dense_0", units=k)``."""
-  thresholds = np.sort(np.asarray(thresholds, np.float64).reshape(-1))
-  if not np.all(np.isfinite(thresholds)):
-    raise ValueError("an imprint block's thresholds must be finite numbers")
+  thresholds = _sorted_thresholds(thresholds)
   params = model.variables["params"]
   if set(params) != {"Dense_0", "head"}:
     raise ValueError(f"imprint_layer rewrites a one-hidden-layer MLP (Dense_0, head), not {model.name}")

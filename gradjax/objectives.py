@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from gradjax.clients import DPSGD, clipped_gradient, local_sgd
+from gradjax.clients import DPSGD, clipped_gradient, expected_draws, local_sgd
 from gradjax.distances import Distance, as_distance
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
@@ -180,7 +180,7 @@ class Replay:
     if self.max_norm is not None:
       dp_sgd = DPSGD(self.max_norm, 0.0, self.sampling_rate)
     if self.sampling_rate is not None:
-      draws = jnp.full((observation.local.steps(x.shape[0]), x.shape[0]), self.sampling_rate)
+      draws = expected_draws(observation.local, x.shape[0], self.sampling_rate)
     new = local_sgd(model, observation.variables, x, targets, observation.local,
                     train=observation.train, loss_fn=loss_fn, remat=self.remat, dp_sgd=dp_sgd,
                     draws=draws)

@@ -127,7 +127,8 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
     u = _update(apply_fn, observation, x, compilation.device_array(labels if logits is None else logits),
                 matched=matched, soft=logits is not None,
                 max_norm=None if max_norm is None else float(max_norm),
-                sampling_rate=None if sampling_rate is None else float(sampling_rate))
+                sampling_rate=(None if sampling_rate is None or matched != "replay"  # a gradient's
+                               else float(sampling_rate)))  # scale is fitted: no rate to compile in
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
@@ -147,8 +148,8 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
   if soft:
     targets = jax.nn.softmax(targets, axis=-1)
   if matched == "replay":
-    draws = None if sampling_rate is None else jnp.full(
-        (observation.local.steps(x.shape[0]), x.shape[0]), sampling_rate)
+    draws = None if sampling_rate is None else clients.expected_draws(
+        observation.local, x.shape[0], sampling_rate)
     new = clients.local_sgd(apply_fn, observation.variables, x, targets, observation.local,
                             train=observation.train, draws=draws,
                             dp_sgd=None if max_norm is None else clients.DPSGD(max_norm, 0.0,

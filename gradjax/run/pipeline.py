@@ -68,8 +68,13 @@ def simulated_client(cfg: Config, share_labels: bool, key_defense: jax.Array) ->
   """``cfg``'s client (:meth:`gradjax.run.config.ClientConfig.build`), with the DP-SGD step the
   defense section gives, its noise drawn with ``fold_in(key_defense, 1)``."""
   dp_sgd = cfg.defense.dp_sgd()
-  key = None if dp_sgd is None else jax.random.fold_in(key_defense, 1)
+  key = None if dp_sgd is None else _dp_sgd_key(key_defense)
   return cfg.client.build(share_labels=share_labels, dp_sgd=dp_sgd, key=key)
+
+
+def _dp_sgd_key(key_defense: jax.Array) -> jax.Array:
+  """The simulated DP-SGD client's key (its draws and noise): ``fold_in(key_defense, 1)``."""
+  return jax.random.fold_in(key_defense, 1)
 
 
 def poisson_draw(cfg: Config, batch: data.Dataset, observation, key_defense: jax.Array):
@@ -79,7 +84,7 @@ def poisson_draw(cfg: Config, batch: data.Dataset, observation, key_defense: jax
   (the count a server is not told: the attack is given it), and its sum's divisor qn stays the
   client's (:func:`adapted`)."""
   dp_sgd = cfg.defense.dp_sgd()
-  draws = clients.drawn(dp_sgd, jax.random.fold_in(key_defense, 1), batch.x.shape[0])[0]
+  draws = clients.drawn(dp_sgd, _dp_sgd_key(key_defense), batch.x.shape[0])[0]
   if not draws.any():
     raise ValueError(f"the client's Poisson draw at rate {dp_sgd.sampling_rate:g} from its "
                      f"{batch.x.shape[0]} examples holds none (seed {cfg.seed}): its update is noise "

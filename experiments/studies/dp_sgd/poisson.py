@@ -68,7 +68,7 @@ def measure(data_dir: str) -> dict:
       x, y = x_all[k * N:(k + 1) * N], batch.y[k * N:(k + 1) * N]
       dp = clients.DPSGD(bound(model, x, y), 0.0, q)
       steps = local.steps(N)
-      expected = update(model, x, y, local, dp, draws=np.full((steps, N), q))
+      expected = update(model, x, y, local, dp, draws=clients.expected_draws(local, N, q))
       for r in range(DRAWS):
         key = jax.random.key(r)
         empty += int(np.sum(~clients.drawn(dp, key, N, steps).any(axis=1)))
