@@ -34,7 +34,11 @@ a ``weights`` file of a training-mode client after one local step that holds the
 reveals its batch's moments, :func:`gradjax.clients.batch_moments`), and the DP-SGD the client's
 training ran (:data:`DP_SGD_KEYS`, as Opacus' ``make_private`` takes them: ``dp_sgd_max_norm`` the
 per-example clipping bound, ``dp_sgd_noise_multiplier``, and for its (ε, δ) ``dp_sgd_sampling_rate``,
-``dp_sgd_steps``, ``dp_sgd_delta``; :func:`declared_dp_sgd`).
+``dp_sgd_steps``, ``dp_sgd_delta``; ``dp_sgd_poisson`` (``true``: Opacus' default
+``poisson_sampling=True``, each step's batch drawn at ``dp_sgd_sampling_rate``) and
+``dp_sgd_expected_batch_size`` (Opacus' ``optimizer.expected_batch_size``, the divisor of such a
+step's sum; a FedSGD capture's ``num_samples`` is then the count its step drew);
+:func:`declared_dp_sgd`).
 
 Layouts (PyTorch -> gradjax, :class:`Entry`)
 --------------------------------------------
@@ -640,21 +644,30 @@ def _float(meta: dict, key: str, where: str) -> float | None:
 # The metadata of a client that trained with DP-SGD, each the option ``defense.<key>`` of
 # :mod:`gradjax.run.config` (:func:`declared_dp_sgd`).
 DP_SGD_KEYS = ("dp_sgd_max_norm", "dp_sgd_noise_multiplier", "dp_sgd_sampling_rate", "dp_sgd_steps",
-               "dp_sgd_delta")
+               "dp_sgd_delta", "dp_sgd_poisson", "dp_sgd_expected_batch_size")
 
 
 def declared_dp_sgd(meta: dict, where: str) -> dict[str, float | int]:
-  """The DP-SGD a file's metadata declare (:data:`DP_SGD_KEYS` present, as numbers; empty when it
-  declares none). ValueError (one line) for a value that is not a number, or a noise multiplier or
-  budget without the clipping bound they belong to; ranges are the configuration's to check."""
-  found: dict[str, float | int] = {}
+  """The DP-SGD a file's metadata declare (:data:`DP_SGD_KEYS` present, as numbers, ``dp_sgd_poisson``
+  as a bool; empty when it declares none). ValueError (one line) for a value that is not a number
+  (or true/false), a noise multiplier or budget without the clipping bound they belong to, Poisson
+  sampling without its rate, or an expected batch size without Poisson sampling (a fixed batch's
+  sum is divided by its own size); ranges are the configuration's to check."""
+  found: dict[str, float | int | bool] = {}
   for key in DP_SGD_KEYS:
-    value = _int(meta, key, where) if key == "dp_sgd_steps" else _float(meta, key, where)
+    value = (_int(meta, key, where) if key == "dp_sgd_steps" else
+             _bool(meta, key, where) if key == "dp_sgd_poisson" else _float(meta, key, where))
     if value is not None:
       found[key] = value
   if found and "dp_sgd_max_norm" not in found:
     raise ValueError(f"{where}: metadata {', '.join(found)} describe DP-SGD but not its clipping "
                      "bound dp_sgd_max_norm")
+  if found.get("dp_sgd_poisson") and "dp_sgd_sampling_rate" not in found:
+    raise ValueError(f"{where}: metadata dp_sgd_poisson=true describes Poisson-sampled DP-SGD but "
+                     "not its rate dp_sgd_sampling_rate (Opacus' 1 / len(data_loader))")
+  if "dp_sgd_expected_batch_size" in found and not found.get("dp_sgd_poisson"):
+    raise ValueError(f"{where}: metadata dp_sgd_expected_batch_size divides a Poisson-sampled "
+                     "step's sum: declare dp_sgd_poisson=true too (a fixed batch's is divided by its size)")
   return found
 
 

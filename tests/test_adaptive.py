@@ -251,3 +251,64 @@ def test_an_attack_adapted_to_poisson_sampled_dp_sgd():
   assert fedavg["attack"]["objective"] == "replay"
   assert fedavg["attack"]["distance"] == f"cosine|gaussian:{(0.1 * 0.8 * 0.5 / 1.0) ** 2 * 2:.8g}"
   assert any("q = 0.5" in line for line in fedavg["adaptation"])
+
+
+@pytest.mark.slow
+def test_an_attack_adapted_to_a_poisson_sampled_capture(photos, tmp_path):
+  """A capture whose metadata declare Opacus' Poisson sampling (dp_sgd_poisson, its rate, and for
+  FedSGD dp_sgd_expected_batch_size E with num_samples the count drawn): the adapted objective
+  divides the dummy's clipped sum by E and is 0 at the examples the step drew (read back from the
+  file), the noise's variance is (σC/E)²; without E the run is refused in one line. A FedAvg
+  capture: the expected replay at q, and a declared E other than q·n refused."""
+  from gradjax import clients, interop, models, objectives
+  from gradjax.run import pipeline
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10, input_shape=(32, 32, 3),
+                        conv="xla")
+  mapping = interop.zoo_mapping(model)
+  x, y = photos[:4], np.array([0, 1, 2, 3])
+  dp, key = clients.DPSGD(0.5, 0.8, 0.5), jax.random.key(0)
+  draws = clients.drawn(dp, key, 4)[0]
+  assert draws.sum() == 3  # E = q·4 = 2 is not the count drawn
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, y, dp_sgd=dp, key=key)
+  clean = clients.fedsgd(model.apply_fn, model.variables, x, y, dp_sgd=dp._replace(noise_multiplier=0.0),
+                         key=key)  # the same draws, no noise
+  interop.save_weights(tmp_path / "w.safetensors", model, mapping)
+  meta = {**interop.observation_metadata(obs.replace(num_samples=int(draws.sum())), model),
+          "dp_sgd_max_norm": 0.5, "dp_sgd_noise_multiplier": 0.8, "dp_sgd_sampling_rate": 0.5,
+          "dp_sgd_poisson": True}
+  gradient = interop.params_to_torch(obs.gradient, mapping)
+  interop.write(tmp_path / "bare.safetensors", gradient, meta)
+  interop.write(tmp_path / "g.safetensors", gradient, {**meta, "dp_sgd_expected_batch_size": 2})
+  interop.write(tmp_path / "clean.safetensors", interop.params_to_torch(clean.gradient, mapping),
+                {**meta, "dp_sgd_noise_multiplier": 0.0, "dp_sgd_expected_batch_size": 2})
+  options = {"model.weights": str(tmp_path / "w.safetensors"), "attack.preset": "dlg",
+             "attack.iterations": 2, "attack.adaptive": True, "output.lpips": "none"}
+  results, _ = pipeline.run(config.from_options(
+      {**options, "client.observation": str(tmp_path / "g.safetensors")}))
+  assert results["attack"]["objective"] == "clipped_gradient"
+  assert results["attack"]["distance"] == f"euclidean|gaussian:{(0.8 * 0.5 / 2) ** 2:.8g}"
+  assert any(line.startswith("poisson:") and "qn = 2" in line for line in results["adaptation"])
+  read = interop.load(tmp_path / "w.safetensors", tmp_path / "clean.safetensors").observation
+  assert read.num_samples == draws.sum()
+  matched = objectives.gradient_matching(model.apply_fn, distances.euclidean,
+                                         matched=objectives.ClippedGradient(0.5, 2.0))
+  fixed = objectives.gradient_matching(model.apply_fn, distances.euclidean,
+                                       matched=objectives.ClippedGradient(0.5))
+  truth, labels = {"x": jnp.asarray(x[draws])}, jnp.asarray(y[draws])
+  assert float(matched(truth, read, labels)) < 1e-10 < 1e-6 < float(fixed(truth, read, labels))
+  with pytest.raises(ValueError, match="declare dp_sgd_expected_batch_size"):
+    pipeline.run(config.from_options({**options, "client.observation": str(tmp_path / "bare.safetensors")}))
+
+  local = clients.LocalTraining(1, 2, 0.1, 0.0)
+  update = clients.fedavg(model.apply_fn, model.variables, x, y, local, dp_sgd=dp, key=key)
+  meta = {**interop.observation_metadata(update, model), "dp_sgd_max_norm": 0.5,
+          "dp_sgd_sampling_rate": 0.5, "dp_sgd_poisson": True, "labels": [0, 1, 2, 3]}
+  interop.write(tmp_path / "u.safetensors", interop.params_to_torch(update.gradient, mapping), meta)
+  interop.write(tmp_path / "u3.safetensors", interop.params_to_torch(update.gradient, mapping),
+                {**meta, "dp_sgd_expected_batch_size": 3})
+  fedavg = {**options, "attack.preset": "inverting_gradients_fedavg"}
+  results, _ = pipeline.run(config.from_options({**fedavg, "client.observation": str(tmp_path / "u.safetensors")}))
+  assert results["attack"]["objective"] == "replay"
+  assert any("q = 0.5" in line for line in results["adaptation"])
+  with pytest.raises(ValueError, match=r"q·n = 0.5·4 = 2, but it declares dp_sgd_expected_batch_size=3"):
+    pipeline.run(config.from_options({**fedavg, "client.observation": str(tmp_path / "u3.safetensors")}))

@@ -238,6 +238,10 @@ def test_declarations_are_checked():
     declarations(dp_sgd_max_norm=1.0, dp_sgd_steps=2.5)
   with pytest.raises(ValueError, match="not its clipping bound"):
     declarations(dp_sgd_noise_multiplier=1.0)
+  poisson = dict(dp_sgd_max_norm=1.0, dp_sgd_sampling_rate=0.25, dp_sgd_poisson=True)
+  assert dict(declarations(**poisson)) == poisson  # Opacus' default sampling, its rate
+  with pytest.raises(ValueError, match="not its rate dp_sgd_sampling_rate"):
+    declarations(dp_sgd_max_norm=1.0, dp_sgd_poisson=True)
 
 
 @pytest.mark.slow

@@ -700,6 +700,31 @@ def test_a_capture_declaring_its_dp_sgd_sets_the_options(lenet_files, tmp_path):
     interop.declared_dp_sgd({"dp_sgd_max_norm": "1", "dp_sgd_steps": "many"}, "dp")
 
 
+def test_a_capture_declaring_poisson_sampling_sets_the_options(lenet_files, tmp_path):
+  """``dp_sgd_poisson`` (true/false) and ``dp_sgd_expected_batch_size`` (Opacus' divisor) are read
+  and set ``defense.dp_sgd_poisson`` and ``defense.dp_sgd_expected_batch_size``; Poisson sampling
+  without its rate, a divisor without Poisson sampling, and a bool that is neither are refused."""
+  from gradjax.run import config
+  w, g = lenet_files
+  declared = _rewrite(g, tmp_path / "dp.safetensors", lambda t, m: (t, {
+      **m, "dp_sgd_max_norm": 1.5, "dp_sgd_sampling_rate": 0.25, "dp_sgd_poisson": True,
+      "dp_sgd_expected_batch_size": 3}))
+  assert interop.declared_dp_sgd(interop.read_metadata(declared), "dp") == {
+      "dp_sgd_max_norm": 1.5, "dp_sgd_sampling_rate": 0.25, "dp_sgd_poisson": True,
+      "dp_sgd_expected_batch_size": 3.0}
+  got = config.with_declared(config.from_options(
+      {"model.weights": str(w), "client.observation": str(declared)})).defense
+  assert (got.dp_sgd_poisson, got.dp_sgd_expected_batch_size, got.dp_sgd().sampling_rate) == (True, 3.0, 0.25)
+  for meta, message in (({"dp_sgd_poisson": "true"}, "not its rate dp_sgd_sampling_rate"),
+                        ({"dp_sgd_expected_batch_size": "2"}, "declare dp_sgd_poisson=true too"),
+                        ({"dp_sgd_poisson": "false", "dp_sgd_expected_batch_size": "2"},
+                         "declare dp_sgd_poisson=true too"),
+                        ({"dp_sgd_poisson": "yes", "dp_sgd_sampling_rate": "0.5"},
+                         "metadata 'dp_sgd_poisson' must be true or false")):
+    with pytest.raises(ValueError, match=message):
+      interop.declared_dp_sgd({"dp_sgd_max_norm": "1", **meta}, "dp")
+
+
 @pytest.mark.slow
 def test_a_run_of_a_capture_declaring_its_dp_sgd_prints_it_and_is_found_finished(lenet_files, tmp_path):
   """reconstruct on a capture whose metadata declare DP-SGD, no option given: the run prints the

@@ -325,7 +325,13 @@ class DefenseConfig(_Section):
       "expected batch size q·n. FedSGD: the --batch_size examples are its data, the step's draw is "
       "what the attack is scored against (one dummy per example drawn); FedAvg: the local schedule's "
       "steps each draw from all its examples (Opacus: q = local batch size / n), which the adapted "
-      "attack replays as their expectation. False: fixed batches (poisson_sampling=False).")
+      "attack replays as their expectation. False: fixed batches (poisson_sampling=False). With a "
+      "capture: its client's steps were drawn so (a capture's metadata dp_sgd_poisson=true set it).")
+  dp_sgd_expected_batch_size: float | None = _field(
+      None, "A captured Poisson-sampled DP-SGD client's divisor of a step's sum (Opacus' "
+      "optimizer.expected_batch_size, int(q·n)): what a FedSGD capture's attack divides by, its "
+      "num_samples being the count drawn. A FedAvg capture's expected replay divides by q·n and "
+      "refuses another value; a simulated client divides by q·n (leave it unset).")
 
   def build(self) -> defenses.Defense | None:
     """The defense (:func:`gradjax.defenses.parse`), or None for none."""
@@ -361,6 +367,11 @@ class DefenseConfig(_Section):
     if self.dp_sgd_max_norm is None and self.dp_sgd_noise_multiplier:
       raise ValueError("--config.defense.dp_sgd_noise_multiplier scales DP-SGD's clipping bound: "
                        "give --config.defense.dp_sgd_max_norm too")
+    if self.dp_sgd_expected_batch_size is not None and not (
+        self.dp_sgd_poisson and 0 < self.dp_sgd_expected_batch_size < math.inf):
+      raise ValueError("--config.defense.dp_sgd_expected_batch_size is a Poisson-sampled step's "
+                       f"divisor, a positive number with --config.defense.dp_sgd_poisson=True, got "
+                       f"{self.dp_sgd_expected_batch_size} (dp_sgd_poisson={self.dp_sgd_poisson})")
     if not 0 < self.dp_sgd_sampling_rate <= 1:
       raise ValueError(f"--config.defense.dp_sgd_sampling_rate must lie in (0, 1], got "
                        f"{self.dp_sgd_sampling_rate}")
@@ -1113,9 +1124,12 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
     if cfg.data.modality == "text" and cfg.attack.adaptive:
       raise ValueError("--config.attack.adaptive=True models DP-SGD's clipping in an image "
                        "attack; a text attack matches the update as it is (leave it out)")
-    if cfg.defense.dp_sgd_poisson and (cfg.client.observation or cfg.data.modality != "image"):
-      raise ValueError("--config.defense.dp_sgd_poisson simulates an image client's Poisson-sampled "
-                       "steps; a capture's draws are unknown and not attacked here, nor a text client's")
+    if cfg.defense.dp_sgd_poisson and cfg.data.modality != "image":
+      raise ValueError("--config.defense.dp_sgd_poisson models an image client's Poisson-sampled "
+                       "steps; a text client's are not attacked here")
+    if cfg.defense.dp_sgd_expected_batch_size is not None and not cfg.client.observation:
+      raise ValueError("--config.defense.dp_sgd_expected_batch_size is a captured client's divisor; "
+                       "a simulated client divides by q·n (leave it out)")
     if cfg.client.train_mode:
       raise ValueError("--config.defense.dp_sgd_max_norm clips each example's gradient: a client in "
                        "training mode (--config.client.train_mode=True, BatchNorm's batch statistics) "

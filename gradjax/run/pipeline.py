@@ -616,22 +616,49 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
                      "--defense is not given)")
   if dp_sgd is not None:
     q = dp_sgd.sampling_rate
+    expected = None if q is None else expected_batch_size(cfg, observation)
     if isinstance(attack.matched, objectives.Replay):
       matched = dataclasses.replace(attack.matched, max_norm=float(dp_sgd.max_norm),
                                     sampling_rate=None if q is None else float(q))
     elif attack.matched.name == objectives.Gradient.name:
-      matched = objectives.ClippedGradient(
-          float(dp_sgd.max_norm), None if q is None else float(q * cfg.data.batch_size))
+      matched = objectives.ClippedGradient(float(dp_sgd.max_norm), expected)
     else:
       raise ValueError(f"--config.attack.adaptive=True models DP-SGD's per-example clipping in the "
                        f"gradient or the replayed steps the attack matches, not in "
                        f"{attack.matched.name!r}")
     attack = dataclasses.replace(attack, matched=matched)
     if dp_sgd.noise_multiplier > 0:
-      variance = dp_sgd_variance(dp_sgd, observation, None if q is None else q * cfg.data.batch_size)
+      variance = dp_sgd_variance(dp_sgd, observation, expected)
       declared = ",".join(filter(None, (f"gaussian:{variance:.8g}", declared)))
   return (adaptive.adapt(attack, declared, update_scale) if declared else
           dataclasses.replace(attack, name=f"{attack.name}+adaptive")), declared
+
+
+def expected_batch_size(cfg: Config, observation) -> float:
+  """The divisor E of a Poisson-sampled DP-SGD step's sum (``cfg.defense.dp_sgd_poisson``). A
+  simulated FedSGD client's: q times its ``--batch_size`` examples (the observation counts those its
+  step drew); a simulated or captured FedAvg client's: q times its n examples. A FedSGD capture's:
+  the declared ``dp_sgd_expected_batch_size`` (Opacus' ``optimizer.expected_batch_size``), which
+  nothing in the update tells; a FedAvg capture's declared one must be q·n, the expected replay's
+  (:class:`gradjax.objectives.Replay`). ValueError (one line) otherwise."""
+  q, declared = cfg.defense.dp_sgd_sampling_rate, cfg.defense.dp_sgd_expected_batch_size
+  if observation.threat_model == "fedsgd":
+    if not cfg.client.observation:
+      return q * cfg.data.batch_size
+    if declared is None:
+      raise ValueError(
+          f"{cfg.client.observation}: a Poisson-sampled DP-SGD step divides its drawn sum by the "
+          "expected batch size, which the update does not tell: declare dp_sgd_expected_batch_size "
+          "(Opacus' optimizer.expected_batch_size) in its metadata or "
+          "--config.defense.dp_sgd_expected_batch_size, and num_samples the count the step drew")
+    return declared
+  expected = q * observation.num_samples
+  if declared is not None and not math.isclose(declared, expected, rel_tol=1e-6):
+    raise ValueError(
+        f"{cfg.client.observation}: the expected replay of a Poisson-sampled FedAvg client divides "
+        f"each step's sum by q·n = {q:g}·{observation.num_samples} = {expected:g}, but it declares "
+        f"dp_sgd_expected_batch_size={declared:g} (Opacus' int(q·n) differs when q·n is not whole)")
+  return expected
 
 
 def dp_sgd_variance(dp_sgd: clients.DPSGD, observation, expected_batch_size: float | None = None
@@ -703,6 +730,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     if batch is not None:  # the scores' size, known before anything is compiled
       check_lpips(cfg.output.lpips, batch.x.shape[1:3])
     model, observation, meta = _captured(cfg, batch, conv_name)
+    if cfg.defense.dp_sgd_poisson and observation.threat_model != "fedsgd":
+      expected_batch_size(cfg, observation)  # a FedAvg capture's declared divisor is its replay's
     norm = data.normalization(cfg.data.normalization or meta.get("normalization") or "none")
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
