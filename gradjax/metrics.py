@@ -406,6 +406,29 @@ def bag_recall(pred, true) -> np.ndarray:
   return np.asarray([label_accuracy(p, t) for p, t in zip(pred, true)], np.float64)
 
 
+def word_recall(words, true) -> np.ndarray:
+  """Word recall per sentence of a set of words found without their places or counts (e.g. the
+  union of the span attack's position sets, :class:`gradjax.dager.Unreadable`):
+  ``recall_n = #{t : true_nt ∈ words} / T``, the share of sentence n's tokens whose word is in the
+  set. Unlike :func:`bag_recall` it does not count a word once per occurrence found: a larger set
+  can only raise it (every word of the vocabulary gives 1), so it means something only against a
+  guess of as many words (:func:`gradjax.corpus.frequent_words`).
+
+  Example: words {a, c}, true [a, b, a] -> 2 / 3.
+
+  Args:
+    words: (K,) integer token ids (repeats do not count).
+    true: (N, T) integer token ids.
+
+  Returns:
+    (N,) float64 in [0, 1].
+  """
+  true = np.asarray(true)
+  if true.ndim != 2 or true.shape[1] < 1:
+    raise ValueError(f"sentences must be (N, T) token ids with T >= 1, got shape {true.shape}")
+  return np.isin(true, np.asarray(words).reshape(-1)).mean(axis=1, dtype=np.float64)
+
+
 def _ngrams(tokens, n: int) -> Counter:
   return Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
 

@@ -350,7 +350,9 @@ def text_findings(results: dict) -> dict:
     position guess gets of them (``token_accuracy_chance_per_sentence``, from
     :func:`gradjax.run.pipeline.chance`) to 1;
   * ``bag``: the batch's words, when the bag-of-words recall is at least halfway from the corpus's
-    bag guess (``bag_recall_chance``) to 1.
+    bag guess (``bag_recall_chance``) to 1; where the attack found a set of words without their
+    places (``word_recall``, the span attack's position sets), its word recall at least halfway
+    from that of the corpus's as many most frequent words (``word_recall_chance``) to 1.
 
   Without chance levels in ``results`` the bar is 0.5 for both. Where the guess already gets all of
   it (chance 1: e.g. a vocabulary that makes every word ``<unk>``), a reconstruction shows nothing
@@ -364,14 +366,20 @@ def text_findings(results: dict) -> dict:
       f"{acc[good[0]]:.2f} >= {bars[good[0]]:.2f}, halfway from the corpus's position guess, "
       f"{acc_chance[good[0]]:.2f}, to 1)" if good else
       "no sentence with its tokens in place halfway from the corpus's position guess to 1")}}
-  recall, chance = results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0)
+  if "word_recall" in results:
+    recall, chance = results["word_recall"], results.get("word_recall_chance", 0.0)
+    measure = "word recall of the words found"
+    guess = f"its {len(results.get('words') or [])} most frequent words"
+  else:
+    recall, chance = results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0)
+    measure, guess = "bag-of-words recall", "bag guess"
   bar = halfway(chance)
   found = recall >= bar and chance < 1
   out["bag"] = {"leak": found, "recall": recall, "chance": chance, "reason": (
-      f"the sentences' words (bag-of-words recall {recall:.2f} >= {bar:.2f}, halfway from the "
-      f"corpus's bag guess, {chance:.2f}, to 1)" if found else
-      f"the corpus's bag guess already gets every word (recall {chance:.2f})" if chance >= 1 else
-      f"bag-of-words recall {recall:.2f} < {bar:.2f} (halfway from the corpus's bag guess, "
+      f"the sentences' words ({measure} {recall:.2f} >= {bar:.2f}, halfway from the "
+      f"corpus's {guess}, {chance:.2f}, to 1)" if found else
+      f"a guess from the corpus ({guess}) already gets every word (recall {chance:.2f})" if chance >= 1 else
+      f"{measure} {recall:.2f} < {bar:.2f} (halfway from the corpus's {guess}, "
       f"{chance:.2f}, to 1)")}
   return out
 

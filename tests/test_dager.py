@@ -540,6 +540,12 @@ def test_a_batch_too_long_to_order_still_leaks_its_words():
   words = set(sentences.vocabulary.decode(np.unique(sentences.ids)))
   assert "nearly fills" in results["unreadable"] and results["found"] == 0
   assert set(results["words"]) == words and results["word_precision"] == 1.0
+  assert results["word_recall"] == 1.0 and results["word_recall_per_sentence"] == [1.0] * 16
+  # The corpus's as many most frequent words, recomputed in NumPy from the pool's other sentences.
+  values, counts = np.unique(sentences.others, return_counts=True)
+  guess = values[np.lexsort((values, -counts))[:len(words)]]
+  assert results["word_recall_chance"] == pytest.approx(np.isin(sentences.truth, guess).mean())
+  assert results["word_recall_chance"] < 0.99
   assert results["verdict"]["status"] == "leak" and results["verdict"]["leaks"] == ["bag"]
 
 
@@ -822,7 +828,8 @@ def test_the_token_search_takes_over_where_the_spans_give_only_each_positions_wo
   results = pipeline.run_text(config.replace(cfg, {"attack.iterations": 200}))
   assert results["take_over"]["iterations"] == 200 and results["found"] == 2
   # The words the spans gave are reported as without the search, whatever order it finds.
-  assert results["words"] == refused["words"] and results["bag_recall"] == refused["bag_recall"]
+  assert results["words"] == refused["words"] and results["word_recall"] == refused["word_recall"]
+  assert refused["bag_recall"] == 0.0 and results["bag_recall"] == 1.0  # the sentences found, in place
   assert [r["recovered"] for r in results["sentences"]] == [r["true"] for r in results["sentences"]]
   assert results["residual"]["relative_error"] < 1e-5 and results["verdict"]["status"] == "leak"
   with pytest.raises(ValueError, match="closed form"):

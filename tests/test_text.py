@@ -91,6 +91,28 @@ def test_unigram_guesses_against_enumeration():
     corpus.unigram_guesses(np.zeros((0, 4), np.int32))
 
 
+def test_frequent_words_and_word_recall_against_enumeration():
+  """metrics.word_recall counts each sentence's tokens whose word is in a set (plain Python here);
+  corpus.frequent_words' set of k words reaches the largest expected word recall of every set of k
+  words, enumerated; a set of the whole vocabulary recalls everything, however little it knows."""
+  rng = np.random.default_rng(1)
+  sentences = rng.choice(6, size=(30, 5), p=[0.35, 0.25, 0.15, 0.12, 0.08, 0.05])
+  truth = rng.choice(6, size=(3, 5))
+
+  def recall(words, s):
+    return sum(1 for t in s.tolist() if t in set(words)) / len(s)
+
+  for k in range(7):
+    guess = corpus.frequent_words(sentences, k)
+    best = max(np.mean([recall(c, s) for s in sentences]) for c in itertools.combinations(range(6), k))
+    assert len(guess) == min(k, 6) and np.mean([recall(guess.tolist(), s) for s in sentences]) == pytest.approx(best)
+    np.testing.assert_allclose(metrics.word_recall(guess, truth), [recall(guess.tolist(), s) for s in truth])
+  assert metrics.word_recall(np.arange(6), truth).tolist() == [1.0, 1.0, 1.0]
+  assert metrics.word_recall([2, 2, 0], [[2, 1, 2, 0]]).tolist() == [0.75]
+  with pytest.raises(ValueError, match="needs"):
+    corpus.frequent_words(np.zeros((0, 4), np.int32), 2)
+
+
 def test_chance_is_the_guess_from_the_other_sentences():
   """pipeline.chance: the guesses are made from the pool without the client's sentences, and scored
   against each of them (plain Counter arithmetic here)."""

@@ -238,6 +238,14 @@ def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
                                      "token_accuracy_chance_per_sentence": [1.0],
                                      "bag_recall": 1.0, "bag_recall_chance": 1.0})
   assert verdict.leaks(saturated) == []
+  # A set of words found without their places is measured against as many frequent words: a set
+  # that holds the whole vocabulary recalls everything, and so does the guess of that size.
+  words = {"token_accuracy_per_sentence": [0.0], "bag_recall": 0.0, "bag_recall_chance": 0.3,
+           "words": ["a", "b", "c"], "word_recall": 0.9, "word_recall_chance": 0.6}
+  assert verdict.text_findings(words)["bag"]["leak"]  # 0.9 >= 0.8
+  assert "word recall of the words found 0.90 >= 0.80" in verdict.text_findings(words)["bag"]["reason"]
+  assert not verdict.text_findings({**words, "word_recall": 0.75})["bag"]["leak"]
+  assert not verdict.text_findings({**words, "word_recall": 1.0, "word_recall_chance": 1.0})["bag"]["leak"]
 
 
 def test_still_improving():

@@ -1373,12 +1373,12 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   :class:`gradjax.dager.Unreadable`): no sentence, and the batch's words when the first block's span
   gave them (each true sentence's bag-of-words recall against their union); a leak of words, or
   inconclusive with the reason."""
-  words, recall = _span_words(error, batch, model)
+  words = _span_words(error, batch, model)
+  n = batch.ids.shape[0]
   scores = {"token_accuracy": 0.0, "rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0, "exact": 0,
-            "unmatched": 0, "token_accuracy_per_sentence": [0.0] * len(recall),
-            "bag_recall_per_sentence": recall, "bag_recall": float(np.mean(recall))}
-  results = _span_results(cfg, attack, batch, model, observation, seconds, [None] * len(recall),
-                          scores)
+            "unmatched": 0, "token_accuracy_per_sentence": [0.0] * n,
+            "bag_recall_per_sentence": [0.0] * n, "bag_recall": 0.0}
+  results = _span_results(cfg, attack, batch, model, observation, seconds, [None] * n, scores)
   results.update(iterations=0, found=0, unreadable=str(error), **_words_found(words, batch))
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, None, results["findings"], [], cfg)
@@ -1388,21 +1388,31 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   return results
 
 
-def _span_words(error, batch: Sentences, model: models.Model) -> tuple[np.ndarray, list[float]]:
+def _span_words(error, batch: Sentences, model: models.Model) -> np.ndarray:
   """The words the first block's span gave where the sentences could not be read (``error``, a
-  :class:`gradjax.dager.Unreadable`): the union of its position sets (none without them), and each
-  true sentence's share of tokens among them (its bag-of-words recall)."""
+  :class:`gradjax.dager.Unreadable`): the union of its position sets (none without them)."""
   words = (np.unique(np.concatenate(error.position_sets)) if error.position_sets is not None
            else np.zeros(0, np.int32))
   if models.is_masked_lm(model.name):  # <mask> is the client's input, not one of its words
     words = words[words != batch.vocabulary.mask]
-  return words, [float(np.isin(s, words).mean()) for s in batch.truth]
+  return words
 
 
 def _words_found(words: np.ndarray, batch: Sentences) -> dict:
-  """``words`` (decoded) and ``word_precision``, the share of them in the client's sentences."""
-  return {"words": list(batch.vocabulary.decode(words)),
-          "word_precision": float(np.isin(words, batch.truth).mean()) if words.size else None}
+  """``words`` (decoded); ``word_precision``, the share of them in the client's sentences;
+  ``word_recall`` (with ``_per_sentence``), each true sentence's share of tokens among them
+  (:func:`gradjax.metrics.word_recall`), and ``word_recall_chance`` (with ``_per_sentence``), that
+  of the corpus's as many most frequent words (:func:`gradjax.corpus.frequent_words` of the pool's
+  other sentences; absent without them), the bar the verdict measures it against."""
+  recall = metrics.word_recall(words, batch.truth)
+  found = {"words": list(batch.vocabulary.decode(words)),
+           "word_precision": float(np.isin(words, batch.truth).mean()) if words.size else None,
+           "word_recall": float(recall.mean()), "word_recall_per_sentence": [float(r) for r in recall]}
+  if batch.others.shape[0]:
+    guess = metrics.word_recall(corpus.frequent_words(batch.others, words.size), batch.truth)
+    found.update(word_recall_chance=float(guess.mean()),
+                 word_recall_chance_per_sentence=[float(r) for r in guess])
+  return found
 
 
 def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, observation, error,
@@ -1424,9 +1434,8 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   searched = time.perf_counter() - start
   found = rec.tokens_pinv
   scores = metrics.score_text(found, batch.truth)
-  # The spans gave the words whatever order the search finds: recovered anywhere, as without it.
-  words, recall = _span_words(error, batch, model)
-  scores.update(bag_recall_per_sentence=recall, bag_recall=float(np.mean(recall)))
+  # The spans gave the words whatever order the search finds: reported as without it.
+  words = _span_words(error, batch, model)
   rows = [batch.vocabulary.decode(found[j]) if j >= 0 else None for j in scores["order"]]
   results = _span_results(cfg, attack, batch, model, observation, seconds + searched, rows, scores)
   search = rec.reconstruction

@@ -213,6 +213,10 @@ QUANTITIES = {
     "token_accuracy": ("token accuracy", "", "share of tokens recovered in place (the optimisation "
                        "attacks' by the pseudo-inverse decoding)"),
     "bag_recall": ("bag-of-words recall", "", "share of the sentences' tokens recovered anywhere"),
+    "word_recall": ("word recall", "", "share of the sentences' tokens whose word is among the "
+                    "words found without their places (the span attack's position sets)"),
+    "word_recall_chance": ("word recall of a guess", "", "that of the corpus's as many most "
+                           "frequent words: the bar a set of words found is measured against"),
     "rouge1": ("ROUGE-1", "", "unigram F-measure of each recovered sentence against its true one, "
                "mean over the true sentences (0 for one without a recovered sentence)"),
     "rouge2": ("ROUGE-2", "", "bigram F-measure, likewise"),
@@ -468,7 +472,7 @@ def write_text_run(out: str, results: dict, title: str) -> None:
     write_svg(os.path.join(out, "curves.svg"), svg.curves(results["history"], title))
     figures["Objective by iteration"] = os.path.join(out, "curves.svg")
   summary = summary_rows(results, ("token_accuracy", "rouge1", "rouge2", "rougeL", "bag_recall",
-                                   "loss", "residual", "privacy", "model",
+                                   "word_recall", "word_recall_chance", "loss", "residual", "privacy", "model",
                                    "num_samples", "iterations", "evaluations", "restarts",
                                    "restarts_diverged", "wall_time_s"))
   summary += [(k.replace("_", " "), _cell(results[k]), "") for k in
