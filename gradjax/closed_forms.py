@@ -6,6 +6,7 @@ The mathematics is in :mod:`gradjax.analytic`.
 """
 
 import dataclasses
+import math
 from typing import Any, Callable, Mapping
 
 import jax.numpy as jnp
@@ -178,8 +179,9 @@ def _imprint(attack: Imprint, observation, input_shape, bounds):
   lo, hi = (np.asarray(b, np.float32) for b in bounds)
   x = np.broadcast_to((lo + hi) / 2, (n, *tuple(input_shape))).astype(np.float32).copy()
   x[:k] = found.x[keep]
-  rec = Reconstruction(x=x, labels=np.full(n, -1, np.int64), loss=0.0, best_restart=0,
-                       restart_losses=np.array([0.0]), restart_alive=np.array([True]),
+  # A read-out of ratios has no objective to report (NaN: the run's results say None).
+  rec = Reconstruction(x=x, labels=np.full(n, -1, np.int64), loss=math.nan, best_restart=0,
+                       restart_losses=np.array([math.nan]), restart_alive=np.array([True]),
                        x_restarts=x[None], iterations=np.array([1]), evaluations=np.array([1]),
                        dummy={"x": jnp.asarray(x)}, permutation=np.arange(n),
                        candidates=np.arange(n)[None])

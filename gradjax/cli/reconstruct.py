@@ -106,7 +106,8 @@ def main(argv):
               + (f"LPIPS {results['lpips']:.3f}  " if results.get("lpips") is not None else "")
               + f"label accuracy {results['label_accuracy']:.2f}")
   else:
-    scores = f"objective {results['loss']:.3e}  labels {results['labels_by_slot']} (no ground truth)"
+    scores = (("no objective" if results["loss"] is None else f"objective {results['loss']:.3e}")
+              + f"  labels {results['labels_by_slot']} (no ground truth)")
   if results["candidates"] < cfg.attack.permutations:
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
   closed = results["attack"].get("closed_form", {}).get("name")  # the one run (auto's choice too)

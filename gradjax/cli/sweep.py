@@ -66,7 +66,8 @@ def markdown(rows: list[dict], summary: dict, title: str, labels: list[str] | No
   for r, label in zip(rows, labels):
     lines.append(f"| {label} | {r['psnr']:.2f} | {r['ssim']:.3f} | "
                  + (f"{r['lpips']:.3f} | " if with_lpips else "")
-                 + f"{r['label_accuracy']:.2f} | {r['iterations']} | {r['loss']:.2e} | "
+                 + f"{r['label_accuracy']:.2f} | {r['iterations']} | "
+                 + ("–" if r["loss"] is None else f"{r['loss']:.2e}") + " | "
                  f"{r['wall_time_s']:.1f} | {verdict_of(r)} |")
   s = summary
   unclamped = (f"; unclamped {s['psnr_unclamped']['mean']:.2f} ± {s['psnr_unclamped']['std']:.2f}"

@@ -684,7 +684,8 @@ def _attacked_row(capture: Capture, base: dict, name: str, results: dict, images
   if results.get("clients_together", 1) > 1:
     row["clients_together"] = results["clients_together"]
   scored = "" if row["psnr"] is None else f", PSNR {row['psnr']:.2f} dB"
-  log(f"round {capture.round} client {capture.client} {name}: objective {row['loss']:.4g}{scored}"
+  objective = "no objective" if row["loss"] is None else f"objective {row['loss']:.4g}"
+  log(f"round {capture.round} client {capture.client} {name}: {objective}{scored}"
       f", verdict {row['verdict']}")
   return row
 

@@ -341,7 +341,8 @@ def _record(cfg: Config, attack: attacks.Attack, rec: attacks.Reconstruction, mo
       state_save_error=None if saver is None else saver.error,
       restarts_diverged=_diverged(rec),
       best_restart=rec.best_restart,
-      loss=rec.loss,
+      # A closed form without an objective (the imprint's read-out) reports none.
+      loss=(None if not isinstance(attack, attacks.Attack) and math.isnan(rec.loss) else rec.loss),
       history=trace.rows,
       model=model.name,
       num_samples=observation.num_samples,
