@@ -157,6 +157,11 @@ def test_accelerator_suite_quick(tmp_path):
   assert [r["one_by_one_s"] is None for r in clients] == [False, True] * 2
   assert all(r["together_cold_s"] > r["together_s"] > 0 and r["over_one_cold"] > 0 for r in clients)
   assert clients[3]["one_cold_s"] != clients[1]["one_cold_s"]  # each kind's one client compiles its own
+  for one, two in (clients[:2], clients[2:]):  # the printed ratios, from the rows' own times
+    for r in (one, two):
+      assert r["over_one"] == pytest.approx(r["together_s"] / one["one_by_one_s"])
+      assert r["over_one_cold"] == pytest.approx(r["together_cold_s"] / r["one_cold_s"])
+    assert one["speedup"] == pytest.approx(one["one_by_one_s"] / one["together_s"]) and two["speedup"] is None
   # Where the first result's compilation goes: the step holds the first state's evaluation and the
   # solver's own (L-BFGS); Adam's first state evaluates nothing.
   anatomy = json.loads((tmp_path / "gpu_anatomy.json").read_text())["rows"]

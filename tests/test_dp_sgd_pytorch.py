@@ -199,8 +199,8 @@ def test_gradjax_privacy_is_opacus_accountant():
   implementation): the Rényi DP of the sampled Gaussian at Opacus' orders, and ε at them, to 1e-6
   (Opacus stops its fractional orders' series at terms below e^-30, 1e-13 of A_α, which is 3e-8 of
   log A_α at q = 256/60000, α = 1.1; gradjax's value there agrees with a 50-digit quadrature to
-  1e-12, and test_privacy holds it to float64 quadrature); gradjax's default orders reach further,
-  so its ε is never larger."""
+  1e-12, and test_privacy holds it to float64 quadrature); at gradjax's own default orders, which
+  reach further, the ε it reports is Opacus' at those orders too."""
   pytest.importorskip("opacus")
   from opacus.accountants.analysis import rdp as opacus_rdp
   from gradjax import privacy
@@ -211,6 +211,11 @@ def test_gradjax_privacy_is_opacus_accountant():
     np.testing.assert_allclose(steps * privacy.rdp(q, sigma, orders), want, rtol=1e-6)
     eps, _ = opacus_rdp.get_privacy_spent(orders=orders, rdp=want, delta=1e-5)
     assert privacy.epsilon(q, sigma, steps, 1e-5, orders).epsilon == pytest.approx(eps, rel=1e-6)
+    mine = [float(a) for a in privacy.ORDERS]
+    theirs, _ = opacus_rdp.get_privacy_spent(
+        orders=mine, rdp=opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=mine),
+        delta=1e-5)
+    assert privacy.epsilon(q, sigma, steps, 1e-5).epsilon == pytest.approx(theirs, rel=1e-6)
     assert privacy.epsilon(q, sigma, steps, 1e-5).epsilon <= eps * (1 + 1e-12)
 
 
