@@ -179,6 +179,18 @@ def test_exclusive_neurons_peels_what_no_unit_isolates(photos, mlp_reference):
   # Stopped after one round, the peeling's share is missing, and the residual says so.
   first = analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:], max_rounds=1)
   assert len(first.inputs) == np.sum(sep.rounds == 0) and first.residual > 1e-2
+  # The residual reported (the run's objective) is ‖G − Σ_found ∇_[W; b] L(x_k, y_k) / N‖ / ‖G‖ of
+  # the first layer, each found example's own gradient by NumPy's backprop.
+  params = model.variables["params"]
+
+  def layer(grad):
+    return np.vstack([grad["Dense_0"]["kernel"], grad["Dense_0"]["bias"][None]])
+
+  g = layer(mlp_reference(params, photos, y)[1])
+  for found in (first, sep):
+    left = g - sum(layer(mlp_reference(params, x[None], np.array([k]))[1]) / 16
+                   for x, k in zip(found.inputs, found.labels))
+    assert found.residual == pytest.approx(np.linalg.norm(left) / np.linalg.norm(g), rel=1e-3, abs=1e-6)
   # Inputs centred on their mean leave no unit exclusive (the secure side of Pan et al.'s
   # boundary): nothing is claimed.
   none = analytic.exclusive_neurons(_numpy_observation(model, photos - photos.mean(axis=(0, 1, 2)),
