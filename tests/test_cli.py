@@ -622,6 +622,12 @@ def test_sweep_table(tmp_path):
     np.testing.assert_allclose([summary[name][k] for k in ("mean", "median", "std")],
                                [want.mean(), np.median(want), want.std()], rtol=1e-5, atol=1e-12)
   assert summary["successes"] == int(np.sum(psnr >= 30)) and summary["images"] == 2
+  # The unclamped PSNR scores the attack's own iterate, which the saved (clamped) images are not:
+  # each row's is NumPy's 10 log10(1 / MSE) at it (test_metrics); its summary is theirs.
+  unclamped = np.array([r["psnr_unclamped"] for r in result["rows"]])
+  assert np.all(unclamped <= psnr + 1e-4)  # clamping to the box only brings an image closer
+  np.testing.assert_allclose([summary["psnr_unclamped"][k] for k in ("mean", "median", "std")],
+                             [unclamped.mean(), np.median(unclamped), unclamped.std()], rtol=1e-6)
   total = summary["total_time_s"]  # within the process's time, the two experiments' inside it
   assert sum(r["wall_time_s"] for r in result["rows"]) <= total < elapsed
   line = (tmp_path / "results.md").read_text().splitlines()[-1]
