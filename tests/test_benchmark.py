@@ -38,6 +38,26 @@ def test_the_benchmark_harness_lists_its_programs_and_refuses_others():
   assert "--parts chooses what the accelerator suite runs" in cpu_parts.stderr
 
 
+@pytest.mark.slow
+def test_the_memory_benchmark_reads_xla_memory_analysis(tmp_path):
+  """benchmarks memory on mlp-16 at batch 3 of 8x8 inputs: each row's compiled memory holds at least
+  the step's arguments that NumPy counts (the model's variables, the observed gradient of the same
+  size, the dummy batch), its temporaries are part of it, and the table's ratio is the rows' own."""
+  import numpy as np
+  proc = subprocess.run([sys.executable, "-m", "benchmarks", "memory", "--models=mlp-16", "--batch_sizes=3",
+                         "--input_size=8", f"--output_dir={tmp_path}"], capture_output=True, text=True,
+                        timeout=300, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+  assert [(r["model"], r["batch"], r["remat"]) for r in rows] == [("mlp-16", 3, False), ("mlp-16", 3, True)]
+  weights = 8 * 8 * 3 * 16 + 16 + 16 * 10 + 10  # Dense_0 and the head, float32
+  floor = (2 * weights + 3 * 8 * 8 * 3) * np.dtype(np.float32).itemsize / 2**20
+  assert all(r["compiled_mb"] >= floor and 0 <= r["temp_mb"] <= r["compiled_mb"] and not r["bn_prior"]
+             for r in rows), (rows, floor)
+  line = (tmp_path / "results.md").read_text().splitlines()[-1]
+  assert line.endswith(f"| {rows[1]['compiled_mb'] / rows[0]['compiled_mb']:.2f} |"), line
+
+
 def test_a_benchmark_programs_help_lists_every_flag_it_reads():
   """`python -m benchmarks step --help` names its options taken from the configuration's schema
   (--batch_size, --seed) beside its own flags."""
