@@ -122,9 +122,13 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
   assert env_record["jax"] and env_record["cpu_model"] and env_record.get("torch") is None
   assert env_record["ml_dtypes"] and env_record["numpy"]
   assert all(r["jax_match_ms"] > 0 and r["jax_plain_ms"] > 0 for r in result["steps"])
+  # The printed ratios are the rows' own times' (the tables print them).
+  assert all(r["match_over_plain"] == pytest.approx(r["jax_match_ms"] / r["jax_plain_ms"])
+             for r in result["steps"])
   # Compiled, not loaded from a cache: a program of LeNet takes more than a millisecond.
   assert [r["program"] for r in result["codegen"]] == ["draw", "client gradient"]
   assert all(r["one_module_s"] > 1e-3 and r["split_s"] > 1e-3 for r in result["codegen"])
+  assert all(r["split_over_one"] == pytest.approx(r["split_s"] / r["one_module_s"]) for r in result["codegen"])
 
 
 @pytest.mark.slow
