@@ -487,8 +487,8 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     value = distance(u, v, weights=weights, step=step)
     if prior is not None:
       network = Network(apply_fn, observation.variables, observation.train, observation.moments)
-      value = value + (prior(dummy["x"], step, network) if schedule is None else
-                       prior(dummy["x"], step, network, starts=schedule.starts))
+      value = value + (prior(x, step, network) if schedule is None else
+                       prior(x, step, network, starts=schedule.starts))
     if head_features:
       if head_targets is None:
         raise ValueError("the head-feature term needs its targets (head_targets=)")

@@ -80,7 +80,7 @@ def _apply(layer: Layer, a, kernel):
 
 def _active(a: np.ndarray) -> np.ndarray:
   """The units of a recovered ReLU output that are active: above ten times the solve's noise (the
-  largest negative value) and above 1e-12 of the largest value."""
+  largest negative value) and above 1e-11 of the largest value (ten times 1e-12 of it)."""
   return a > 10.0 * max(-float(a.min()), 1e-12 * float(a.max()), 0.0)
 
 
@@ -147,6 +147,8 @@ def _constrained(layer, kernel, bias, matrix, rhs, start, scale, inactive, shape
     z = (_apply(layer, x, kernel) + bias).ravel()
     value = jnp.sum(jnp.square(m @ flat - r)) + jnp.sum(jnp.square(jnp.where(off, jax.nn.relu(z),
                                                                             0.0))) / scale**2
+    if not tv or x.ndim != 4 or min(x.shape[1:3]) < 2:  # TV is an image's (N, H, W, C)
+      return value
     return value + tv * priors.total_variation(x, form="isotropic")
 
   # Called up to ``iterations`` times: the optimisation step's compiler options.

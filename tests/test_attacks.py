@@ -235,8 +235,11 @@ def test_one_sample_per_step_moves_only_that_sample():
   # conv="xla": the masking does not depend on the convolution, and XLA's compiles fastest on CPU.
   net = models.create("lenet_zhu", jax.random.key(0), input_shape=(16, 16, 3), conv="xla")
   obs = clients.fedsgd(net.apply_fn, net.variables, two.x, two.y)
-  full = objectives.gradient_matching(net.apply_fn, distances.euclidean)
-  masked = objectives.gradient_matching(net.apply_fn, distances.euclidean, one_sample_per_step=True)
+  # With a prior (TV): it moves only that sample too.
+  tv = lambda x, step, network: 0.1 * priors.total_variation(x)  # noqa: E731
+  full = objectives.gradient_matching(net.apply_fn, distances.euclidean, prior=tv)
+  masked = objectives.gradient_matching(net.apply_fn, distances.euclidean, prior=tv,
+                                        one_sample_per_step=True)
   start = dummy.init_dummy(jax.random.key(1), dummy.normal, (2, 16, 16, 3), 10)
   g_full = jax.jit(jax.grad(full))(start, obs)
   value_and_grad = jax.jit(jax.value_and_grad(masked))  # the step traced, as the solver passes it

@@ -72,6 +72,26 @@ def test_relu_mlp_input_exact():
   np.testing.assert_allclose(found.x.reshape(photo.x.shape), photo.x, atol=1e-4)
 
 
+def test_a_chain_on_flat_inputs_is_inverted_without_tv():
+  """A hand-built dense ReLU chain on 12 flat inputs (no image: TV has no neighbours to compare),
+  its gradient by NumPy's backprop: the input comes back exactly."""
+  rng = np.random.default_rng(5)
+  params = {"Dense_0": {"kernel": rng.normal(0, 0.5, (12, 40)), "bias": rng.normal(0, 0.1, 40)},
+            "head": {"kernel": rng.normal(0, 0.5, (40, 5)), "bias": rng.normal(0, 0.1, 5)}}
+  x, label = rng.uniform(0, 1, (1, 12)), 3
+  a = x @ params["Dense_0"]["kernel"] + params["Dense_0"]["bias"]
+  h = np.maximum(a, 0)
+  z = h @ params["head"]["kernel"] + params["head"]["bias"]
+  dz = np.exp(z - z.max()) / np.exp(z - z.max()).sum() - np.eye(5)[[label]]
+  dh = dz @ params["head"]["kernel"].T * (a > 0)
+  grads = {"Dense_0": {"kernel": x.T @ dh, "bias": dh[0]}, "head": {"kernel": h.T @ dz, "bias": dz[0]}}
+  from gradjax.observation import Observation
+  obs = Observation(gradient=grads, variables={"params": params}, num_samples=1)
+  found = rgap.rgap(obs, [rgap.Layer("Dense_0")], (12,))
+  np.testing.assert_allclose(found.x.reshape(1, 12), x, atol=1e-6)
+  assert found.label == label
+
+
 def test_refusals(photos):
   model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), act="relu")
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], np.arange(2))
