@@ -126,7 +126,8 @@ class ScaledDifference(Gradient):
 
 @dataclasses.dataclass(frozen=True)
 class Normalised(Gradient):
-  """DLM+'s (learning-rate free): u = g' / ‖g'‖ against v = ΔW / ‖ΔW‖, norms over all layers.
+  """DLM+'s (learning-rate free): u = g' / ‖g'‖ against v = ΔW / ‖ΔW‖, norms over all layers (the
+  authors' released code divides by the mean of the layers' norms instead: :func:`gradjax.presets.dlm_plus`).
   Reference: Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning", 2022."""
 
   name: ClassVar[str] = "dlm_plus"
