@@ -255,9 +255,11 @@ class Reconstruction(NamedTuple):
   Attributes:
     x: (N, H, W, C) the best restart's reconstruction (the iterate with the lowest objective).
     labels: (N,) int labels: argmax of the dummy soft labels (joint) or the inferred / known ones.
-    loss: the best restart's objective value.
+    loss: the best restart's objective value (NaN for a closed form that has none: the imprint's
+      read-out).
     best_restart: its index.
-    restart_losses: (R,) best objective of every restart (inf for a restart that never had a finite one).
+    restart_losses: (R,) best objective of every restart (inf for a restart that never had a finite
+      one; NaN where ``loss`` is).
     restart_alive: (R,) False for restarts that diverged (NaN/inf) and were frozen.
     x_restarts: (R, N, H, W, C) every restart's best iterate.
     iterations: (R,) optimizer iterations each restart ran.

@@ -180,10 +180,15 @@ def sampling_keys(key: jax.Array) -> tuple[jax.Array, jax.Array]:
   return draw, noise
 
 
-def expected_draws(local: "LocalTraining", num_samples: int, rate: float) -> jax.Array:
+def expected_draws(local: "LocalTraining", num_samples: int, rate: float,
+                   expected_batch_size: float | None = None) -> jax.Array:
   """(T, n) q everywhere: the draws' expectation, which :func:`local_sgd` given as ``draws`` replays
-  as the expected steps (each the clipped mean over all n examples), for the schedule's T steps."""
-  return jnp.full((local.steps(num_samples), num_samples), rate)
+  as the expected steps (each the clipped mean over all n examples), for the schedule's T steps.
+  ``expected_batch_size``: E, a client that divided each step's drawn sum by E rather than by qn
+  (Opacus' ``int(q·n)``): its expected step (q/E) Σ_n clip(·) is replayed by weights q·qn/E."""
+  if expected_batch_size is None:
+    return jnp.full((local.steps(num_samples), num_samples), rate)
+  return jnp.full((local.steps(num_samples), num_samples), rate * rate * num_samples / expected_batch_size)
 
 
 def drawn(dp_sgd: DPSGD, key: jax.Array, num_samples: int, steps: int = 1) -> np.ndarray:

@@ -258,19 +258,27 @@ def unigram_guesses(sentences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return np.asarray(position, np.int32), np.sort(np.asarray([v for v, _ in best], np.int32))
 
 
-def frequent_words(sentences: np.ndarray, size: int) -> np.ndarray:
+def frequent_words(sentences: np.ndarray, size: int, vocabulary_size: int | None = None) -> np.ndarray:
   """The set of ``size`` words a corpus alone lets an attacker guess, without any update, that
   maximises the expected word recall (:func:`gradjax.metrics.word_recall`) of a T-token sentence:
   (1/T) Σ_t P(s_t ∈ S) = Σ_(v ∈ S) E[#v in s] / T is separable, so the ``size`` words with the most
   occurrences in ``sentences`` (N, T) ids (e.g. the corpus's other sentences of that length); ties
-  go to the smaller id. Fewer when the sentences hold fewer distinct words. The chance level of a
-  set of words found (:func:`gradjax.verdict.text_findings`). Returns int32, sorted by id."""
+  go to the smaller id. With ``vocabulary_size`` V the words the sentences lack (ids below V, no
+  occurrence) fill the guess up to ``size``, so a guess of V words is the whole vocabulary; without
+  it, fewer when the sentences hold fewer distinct words. The chance level of a set of words found
+  (:func:`gradjax.verdict.text_findings`). Returns int32, sorted by id."""
   sentences = np.asarray(sentences)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
     raise ValueError(f"a guess of words needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
   if size < 0:
     raise ValueError(f"a guess of words needs a size >= 0, got {size}")
   values, counts = np.unique(sentences, return_counts=True)
+  if vocabulary_size is not None:
+    if values.size and not 0 <= values.min() <= values.max() < vocabulary_size:
+      raise ValueError(f"token ids must lie in [0, {vocabulary_size}), got {values.min()}..{values.max()}")
+    all_counts = np.zeros(vocabulary_size, np.int64)
+    all_counts[values] = counts
+    values, counts = np.arange(vocabulary_size), all_counts
   order = np.lexsort((values, -counts))  # most occurrences first, then the smaller id
   return np.sort(values[order[:size]]).astype(np.int32)
 

@@ -152,6 +152,9 @@ class Replay:
       the draws are unknown to the server, so each step is replayed as its expectation over them,
       (1/n) Σ_n clip(g'_n, C) over all n dummy examples (``local_sgd``'s draws all q): an
       approximation of the client's steps, not them.
+    expected_batch_size: E, the divisor of each of those steps' drawn sum when it is not q·n
+      (Opacus' ``int(q·n)``): each replayed step is then (q/E) Σ_n clip(g'_n, C)
+      (:func:`gradjax.clients.expected_draws`); ``None``: q·n.
     remat: ``jax.checkpoint`` each replayed local step, so differentiating through the local training
       keeps one parameter set per step and recomputes the step's activations (XLA's temporaries then
       grow with the parameters, not the activations). For the gradient itself, checkpoint inside the
@@ -161,6 +164,7 @@ class Replay:
   remat: bool = False
   max_norm: float | None = None
   sampling_rate: float | None = None
+  expected_batch_size: float | None = None
   name: ClassVar[str] = "replay"
 
   def __post_init__(self):
@@ -171,6 +175,11 @@ class Replay:
       if self.max_norm is None:
         raise ValueError("a replay of Poisson-sampled steps needs DP-SGD's clipping bound")
       DPSGD(self.max_norm, 0.0, self.sampling_rate).check()
+    if self.expected_batch_size is not None and not (
+        self.sampling_rate is not None and isinstance(self.expected_batch_size, (int, float))
+        and 0 < self.expected_batch_size < math.inf):
+      raise ValueError(f"a replay's expected batch size divides Poisson-sampled steps: a positive "
+                       f"number with a sampling rate, got {self.expected_batch_size!r}")
 
   def update(self, model, observation: Observation, x, targets, loss_fn):
     """u: the replayed update W_t − W'_{t+1} of ``model`` on ``x``."""
@@ -181,7 +190,8 @@ class Replay:
     if self.max_norm is not None:
       dp_sgd = DPSGD(self.max_norm, 0.0, self.sampling_rate)
     if self.sampling_rate is not None:
-      draws = expected_draws(observation.local, x.shape[0], self.sampling_rate)
+      draws = expected_draws(observation.local, x.shape[0], self.sampling_rate,
+                             self.expected_batch_size)
     new = local_sgd(model, observation.variables, x, targets, observation.local,
                     train=observation.train, loss_fn=loss_fn, remat=self.remat, dp_sgd=dp_sgd,
                     draws=draws)

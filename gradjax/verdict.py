@@ -78,7 +78,8 @@ THRESHOLDS = Thresholds()
 
 def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched: str = "gradient",
              max_norm: float | None = None,
-             sampling_rate: float | None = None) -> fidelity.Comparison:
+             sampling_rate: float | None = None,
+             expected_batch_size: float | None = None) -> fidelity.Comparison:
   """How well the attack's reconstruction reproduces the observed update.
 
   The update the client would have sent for the reconstruction (its gradient, or for ``matched``
@@ -102,6 +103,8 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
       steps are their expectation over the draws (:class:`gradjax.objectives.Replay`), so the
       residual of the client's own data is not zero; a gradient's scale is fitted, so the expected
       batch size a FedSGD step divides by changes nothing.
+    expected_batch_size: the replayed steps' divisor E where it is not q·n (Opacus' ``int(q·n)``,
+      :class:`gradjax.objectives.Replay`).
 
   Raises ValueError for a batch of another size than the observation's, inputs the model does
   not read, labels outside the model's classes.
@@ -128,7 +131,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
                 matched=matched, soft=logits is not None,
                 max_norm=None if max_norm is None else float(max_norm),
                 sampling_rate=(None if sampling_rate is None or matched != "replay"  # a gradient's
-                               else float(sampling_rate)))  # scale is fitted: no rate to compile in
+                               else float(sampling_rate)),  # scale is fitted: no rate to compile in
+                expected_batch_size=(None if expected_batch_size is None or sampling_rate is None
+                                     or matched != "replay" else float(expected_batch_size)))
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
@@ -138,9 +143,11 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
 
 
 @functools.partial(compilation.once,
-                   static_argnames=("apply_fn", "matched", "soft", "max_norm", "sampling_rate"))
+                   static_argnames=("apply_fn", "matched", "soft", "max_norm", "sampling_rate",
+                                    "expected_batch_size"))
 def _update(apply_fn, observation: Observation, x, targets, *, matched: str, soft: bool,
-            max_norm: float | None = None, sampling_rate: float | None = None):
+            max_norm: float | None = None, sampling_rate: float | None = None,
+            expected_batch_size: float | None = None):
   """The update u the client would have sent for ``x`` and ``targets`` (label logits when ``soft``:
   their softmax is the target; the replayed local training for ``matched`` ``"replay"``; DP-SGD's
   steps, before their noise, with the clipping bound ``max_norm``): one program, not one per
@@ -149,7 +156,7 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
     targets = jax.nn.softmax(targets, axis=-1)
   if matched == "replay":
     draws = None if sampling_rate is None else clients.expected_draws(
-        observation.local, x.shape[0], sampling_rate)
+        observation.local, x.shape[0], sampling_rate, expected_batch_size)
     new = clients.local_sgd(apply_fn, observation.variables, x, targets, observation.local,
                             train=observation.train, draws=draws,
                             dp_sgd=None if max_norm is None else clients.DPSGD(max_norm, 0.0,
@@ -351,8 +358,9 @@ def text_findings(results: dict) -> dict:
     :func:`gradjax.run.pipeline.chance`) to 1;
   * ``bag``: the batch's words, when the bag-of-words recall is at least halfway from the corpus's
     bag guess (``bag_recall_chance``) to 1; where the attack found a set of words without their
-    places (``word_recall``, the span attack's position sets), its word recall at least halfway
-    from that of the corpus's as many most frequent words (``word_recall_chance``) to 1.
+    places (``word_recall``, the span attack's position sets), also its word recall at least
+    halfway from that of a guess of as many words (``word_recall_chance``: the corpus's most
+    frequent, or words drawn at random without a corpus) to 1; either counts.
 
   Without chance levels in ``results`` the bar is 0.5 for both. Where the guess already gets all of
   it (chance 1: e.g. a vocabulary that makes every word ``<unk>``), a reconstruction shows nothing
@@ -366,22 +374,29 @@ def text_findings(results: dict) -> dict:
       f"{acc[good[0]]:.2f} >= {bars[good[0]]:.2f}, halfway from the corpus's position guess, "
       f"{acc_chance[good[0]]:.2f}, to 1)" if good else
       "no sentence with its tokens in place halfway from the corpus's position guess to 1")}}
-  if "word_recall" in results:
-    recall, chance = results["word_recall"], results.get("word_recall_chance", 0.0)
-    measure = "word recall of the words found"
-    guess = f"its {len(results.get('words') or [])} most frequent words"
-  else:
-    recall, chance = results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0)
-    measure, guess = "bag-of-words recall", "bag guess"
+  out["bag"] = _words_finding(results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0),
+                              "bag-of-words recall", "the corpus's bag guess")
+  if "word_recall" in results:  # words found without their places: against a guess of as many
+    k = results.get("word_guess_size", len(results.get("words") or []))
+    guess = (f"{k} words drawn at random" if results.get("word_guess") == "uniform"
+             else f"the corpus's {k} most frequent words")
+    words = _words_finding(results["word_recall"], results.get("word_recall_chance", 0.0),
+                           "word recall of the words found", guess)
+    if words["leak"] or not out["bag"]["leak"]:  # the bag's own recall counts where it passes
+      out["bag"] = words
+  return out
+
+
+def _words_finding(recall: float, chance: float, measure: str, guess: str) -> dict:
+  """The ``bag`` finding of a recall against its guess's: a leak at least :func:`halfway` from the
+  guess's recall to 1, none where the guess gets every word."""
   bar = halfway(chance)
   found = recall >= bar and chance < 1
-  out["bag"] = {"leak": found, "recall": recall, "chance": chance, "reason": (
-      f"the sentences' words ({measure} {recall:.2f} >= {bar:.2f}, halfway from the "
-      f"corpus's {guess}, {chance:.2f}, to 1)" if found else
-      f"a guess from the corpus ({guess}) already gets every word (recall {chance:.2f})" if chance >= 1 else
-      f"{measure} {recall:.2f} < {bar:.2f} (halfway from the corpus's {guess}, "
-      f"{chance:.2f}, to 1)")}
-  return out
+  return {"leak": found, "recall": recall, "chance": chance, "reason": (
+      f"the sentences' words ({measure} {recall:.2f} >= {bar:.2f}, halfway from {guess}, "
+      f"{chance:.2f}, to 1)" if found else
+      f"a guess ({guess}) already gets every word (recall {chance:.2f})" if chance >= 1 else
+      f"{measure} {recall:.2f} < {bar:.2f} (halfway from {guess}, {chance:.2f}, to 1)")}
 
 
 def leaks(findings: dict | None) -> list[str]:

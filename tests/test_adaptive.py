@@ -259,7 +259,9 @@ def test_an_attack_adapted_to_a_poisson_sampled_capture(photos, tmp_path):
   FedSGD dp_sgd_expected_batch_size E with num_samples the count drawn): the adapted objective
   divides the dummy's clipped sum by E and is 0 at the examples the step drew (read back from the
   file), the noise's variance is (σC/E)²; without E the run is refused in one line. A FedAvg
-  capture: the expected replay at q, and a declared E other than q·n refused."""
+  capture: the expected replay at q, each step divided by the declared E (q·n without one); one
+  local step read as a gradient: the clipped mean over all the dummies (its expectation), and a
+  declared E other than q·n sent to the replay in one line."""
   from gradjax import clients, interop, models, objectives
   from gradjax.run import pipeline
   model = models.create("lenet_zhu", jax.random.key(3), num_classes=10, input_shape=(32, 32, 3),
@@ -309,6 +311,22 @@ def test_an_attack_adapted_to_a_poisson_sampled_capture(photos, tmp_path):
   fedavg = {**options, "attack.preset": "inverting_gradients_fedavg"}
   results, _ = pipeline.run(config.from_options({**fedavg, "client.observation": str(tmp_path / "u.safetensors")}))
   assert results["attack"]["objective"] == "replay"
-  assert any("q = 0.5" in line for line in results["adaptation"])
-  with pytest.raises(ValueError, match=r"q·n = 0.5·4 = 2, but it declares dp_sgd_expected_batch_size=3"):
-    pipeline.run(config.from_options({**fedavg, "client.observation": str(tmp_path / "u3.safetensors")}))
+  assert any("q = 0.5" in line and line.endswith("the clipped mean over all the dummy examples")
+             for line in results["adaptation"])
+  results, _ = pipeline.run(config.from_options({**fedavg, "client.observation": str(tmp_path / "u3.safetensors")}))
+  assert any(line.endswith("divided by E = 3") for line in results["adaptation"])
+  plain, _ = pipeline.run(config.from_options({**fedavg, "attack.adaptive": False,
+                                               "client.observation": str(tmp_path / "u3.safetensors")}))
+  assert plain["residual"]["relative_error"] > 0  # not refused: its replay divides by E too
+
+  one = clients.fedavg(model.apply_fn, model.variables, x, y, clients.LocalTraining(1, None, 0.1, 0.0),
+                       dp_sgd=dp, key=key)
+  meta = {**interop.observation_metadata(one, model), "dp_sgd_max_norm": 0.5,
+          "dp_sgd_sampling_rate": 0.5, "dp_sgd_poisson": True, "labels": [0, 1, 2, 3]}
+  for name, extra in (("one.safetensors", {}), ("one3.safetensors", {"dp_sgd_expected_batch_size": 3})):
+    interop.write(tmp_path / name, interop.params_to_torch(one.gradient, mapping), {**meta, **extra})
+  results, _ = pipeline.run(config.from_options({**options, "client.observation": str(tmp_path / "one.safetensors")}))
+  assert results["attack"]["objective"] == "clipped_gradient"
+  assert not any(line.startswith("poisson:") for line in results["adaptation"])  # the mean over all n
+  with pytest.raises(ValueError, match="attack it with a replay"):
+    pipeline.run(config.from_options({**options, "client.observation": str(tmp_path / "one3.safetensors")}))

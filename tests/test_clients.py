@@ -451,12 +451,12 @@ def test_poisson_sampled_local_steps_clip_each_draw_as_numpy_says(mlp64, photos,
   dp, key = clients.DPSGD(bound, 0.0, 0.5), jax.random.key(1)
   draws = clients.drawn(dp, key, 4, steps=4)
 
-  def numpy_client(weights):
+  def numpy_client(weights, divisor=2.0):
     w, v = params, jax.tree.map(np.zeros_like, params)
     for step in range(4):
       gs = [grads(w, i) for i in range(4)]
       g = jax.tree.map(lambda *a: sum(weights[step, i] * b * min(1.0, bound / norm(gs[i]))
-                                      for i, b in enumerate(a)) / 2.0, *gs)
+                                      for i, b in enumerate(a)) / divisor, *gs)
       v = jax.tree.map(lambda a, b: 0.5 * a + b, v, g)
       w = jax.tree.map(lambda a, b: a - 0.05 * b, w, v)
     return w
@@ -470,9 +470,13 @@ def test_poisson_sampled_local_steps_clip_each_draw_as_numpy_says(mlp64, photos,
     expected = jax.tree.map(jnp.subtract, variables["params"], clients.local_sgd(
         apply_fn, variables, jnp.asarray(x), jnp.asarray(y), local, dp_sgd=dp,
         draws=np.full((4, 4), 0.5)))
-  for weights, got in ((draws.astype(float), sampled), (draws.astype(float), given),
-                       (np.full((4, 4), 0.5), expected)):
-    want = numpy_client(weights)
+    # A client dividing by Opacus' E = 1 rather than qn = 2: its expected steps, q Σ clip / E.
+    divided = jax.tree.map(jnp.subtract, variables["params"], clients.local_sgd(
+        apply_fn, variables, jnp.asarray(x), jnp.asarray(y), local, dp_sgd=dp,
+        draws=clients.expected_draws(local, 4, 0.5, expected_batch_size=1.0)))
+  for weights, got, divisor in ((draws.astype(float), sampled, 2.0), (draws.astype(float), given, 2.0),
+                                (np.full((4, 4), 0.5), expected, 2.0), (np.full((4, 4), 0.5), divided, 1.0)):
+    want = numpy_client(weights, divisor)
     for a, sent, new in zip(jax.tree.leaves(got), jax.tree.leaves(params), jax.tree.leaves(want)):
       np.testing.assert_allclose(np.asarray(a), sent - new, rtol=1e-9,
                                  atol=1e-13 * np.abs(sent - new).max())

@@ -109,6 +109,12 @@ def test_frequent_words_and_word_recall_against_enumeration():
     np.testing.assert_allclose(metrics.word_recall(guess, truth), [recall(guess.tolist(), s) for s in truth])
   assert metrics.word_recall(np.arange(6), truth).tolist() == [1.0, 1.0, 1.0]
   assert metrics.word_recall([2, 2, 0], [[2, 1, 2, 0]]).tolist() == [0.75]
+  # Past the words the sentences hold, the vocabulary's others fill the guess (smaller ids first):
+  # a guess of the whole vocabulary recalls every word of any sentence.
+  few = np.array([[1, 2, 3, 4], [2, 3, 4, 5], [1, 1, 2, 3]])
+  assert corpus.frequent_words(few, 7, vocabulary_size=12).tolist() == [0, 1, 2, 3, 4, 5, 6]
+  assert metrics.word_recall(corpus.frequent_words(few, 12, vocabulary_size=12), [[1, 2, 9, 8]]).tolist() == [1.0]
+  assert corpus.frequent_words(few, 12).tolist() == [1, 2, 3, 4, 5]  # without V: the words seen
   with pytest.raises(ValueError, match="needs"):
     corpus.frequent_words(np.zeros((0, 4), np.int32), 2)
 
@@ -138,6 +144,18 @@ def test_chance_is_the_guess_from_the_other_sentences():
     assert got["bag_recall_chance_per_sentence"][i] == pytest.approx(
         sum(min(guess[v], n) for v, n in collections.Counter(s).items()) / 15)
   assert got["bag_recall_chance"] == pytest.approx(np.mean(got["bag_recall_chance_per_sentence"]))
+  # Words found without their places: word recall against the corpus's as many most frequent
+  # words (Counter arithmetic, the vocabulary's unseen words after them by id); without other
+  # sentences, against K words drawn at random: K/V of each sentence's tokens.
+  found = np.array([batch.ids[0, 0], batch.ids[1, 3], 1, 2], np.int32)
+  words = pipeline._words_found(found, batch)
+  seen = collections.Counter(batch.others.ravel().tolist())
+  top = sorted(range(len(batch.vocabulary)), key=lambda v: (-seen[v], v))[:4]
+  for i, s in enumerate(batch.ids.tolist()):
+    assert words["word_recall_per_sentence"][i] == pytest.approx(np.mean([t in set(found.tolist()) for t in s]))
+    assert words["word_recall_chance_per_sentence"][i] == pytest.approx(np.mean([t in top for t in s]))
+  alone = pipeline._words_found(found, batch._replace(others=batch.others[:0]))
+  assert alone["word_guess"] == "uniform" and alone["word_recall_chance"] == pytest.approx(4 / len(batch.vocabulary))
 
 
 def test_words_outside_the_vocabulary_are_never_recovered():

@@ -246,6 +246,11 @@ def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
   assert "word recall of the words found 0.90 >= 0.80" in verdict.text_findings(words)["bag"]["reason"]
   assert not verdict.text_findings({**words, "word_recall": 0.75})["bag"]["leak"]
   assert not verdict.text_findings({**words, "word_recall": 1.0, "word_recall_chance": 1.0})["bag"]["leak"]
+  # The token search's own bag recall counts too, where the spans' words alone do not pass.
+  searched = verdict.text_findings({**words, "word_recall": 0.75, "bag_recall": 0.9})["bag"]
+  assert searched["leak"] and "bag-of-words recall 0.90 >= 0.65" in searched["reason"]
+  uniform = verdict.text_findings({**words, "word_guess": "uniform", "word_guess_size": 3})["bag"]
+  assert "halfway from 3 words drawn at random, 0.60, to 1" in uniform["reason"]
 
 
 def test_still_improving():

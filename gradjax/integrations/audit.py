@@ -431,7 +431,7 @@ class Settings(NamedTuple):
   clients_per_run: captures attacked in one solver run when they share the model and the attack
     (``None``: :func:`gradjax.run.pipeline.clients_per_run`, 64 on an accelerator, 1 on CPU).
   dp_sgd_max_norm, dp_sgd_noise_multiplier, dp_sgd_sampling_rate, dp_sgd_steps, dp_sgd_delta,
-  dp_sgd_poisson: the DP-SGD every client ran (``dp_sgd_max_norm`` ``None``: none), as
+  dp_sgd_poisson, dp_sgd_expected_batch_size: the DP-SGD every client ran (``dp_sgd_max_norm`` ``None``: none), as
     :class:`gradjax.run.config.DefenseConfig` takes them: each run reports its (ε, δ), its residual
     recomputes the clipping, ``adaptive`` adapts the attack to it. A capture whose metadata declare
     the client's own DP-SGD (:func:`gradjax.interop.declared_dp_sgd`; a Flower client's
@@ -458,6 +458,7 @@ class Settings(NamedTuple):
   dp_sgd_steps: int = 1
   dp_sgd_delta: float = 1e-5
   dp_sgd_poisson: bool = False
+  dp_sgd_expected_batch_size: float | None = None
 
   def options(self) -> dict[str, Any]:
     """Dotted path -> value of the configuration options these settings hold (:data:`OPTIONS`)."""
@@ -476,7 +477,8 @@ OPTIONS = {"model": "model.name", "dataset": "data.dataset", "data_dir": "data.d
            "lpips": "output.lpips", "rename": "model.rename", "force": "client.force",
            "adaptive": "attack.adaptive", "clients_per_run": "execution.clients_per_run",
            **{f"dp_sgd_{k}": f"defense.dp_sgd_{k}"
-              for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps", "delta", "poisson")}}
+              for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps", "delta", "poisson",
+                        "expected_batch_size")}}
 
 
 def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:

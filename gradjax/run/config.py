@@ -330,8 +330,8 @@ class DefenseConfig(_Section):
   dp_sgd_expected_batch_size: float | None = _field(
       None, "A captured Poisson-sampled DP-SGD client's divisor of a step's sum (Opacus' "
       "optimizer.expected_batch_size, int(q·n)): what a FedSGD capture's attack divides by, its "
-      "num_samples being the count drawn. A FedAvg capture's expected replay divides by q·n and "
-      "refuses another value; a simulated client divides by q·n (leave it unset).")
+      "num_samples being the count drawn (required there); a FedAvg capture's expected replay "
+      "divides each step by it (unset: q·n). A simulated client divides by q·n (leave it unset).")
 
   def build(self) -> defenses.Defense | None:
     """The defense (:func:`gradjax.defenses.parse`), or None for none."""

@@ -369,13 +369,15 @@ def adaptation(attack, adapted_to: str | None) -> list[str] | None:
                  "gradient is clipped to it over all parameters before the mean"
                  + (" in every replayed step" if isinstance(matched, objectives.Replay) else "")
                  + ", as the client's (its noise: the gaussian part)")
-    if getattr(matched, "expected_batch_size", None) is not None:
+    if isinstance(matched, objectives.ClippedGradient) and matched.expected_batch_size is not None:
       lines.append(f"poisson: the step drew each example at rate q; one dummy example per example "
                    f"drawn, their clipped sum divided by qn = {matched.expected_batch_size:g}")
     if getattr(matched, "sampling_rate", None) is not None:
       lines.append(f"poisson: each step drew each example at rate q = {matched.sampling_rate:g}; "
-                   "the draws unknown, every replayed step is their expectation, the clipped "
-                   "mean over all the dummy examples")
+                   "the draws unknown, every replayed step is their expectation, "
+                   + ("the clipped mean over all the dummy examples" if matched.expected_batch_size is None
+                      else f"q times the clipped sum over all the dummy examples divided by E = "
+                           f"{matched.expected_batch_size:g}"))
   if adapted_to:
     lines += adaptive.assumptions(defenses.parse(adapted_to), attack.matched.name)
   return lines or None
@@ -618,11 +620,23 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
   if dp_sgd is not None:
     q = dp_sgd.sampling_rate
     expected = None if q is None else expected_batch_size(cfg, observation)
+    fedsgd = observation.threat_model == "fedsgd"
+    # A FedAvg client's E where it is not q·n (the expected replay's own divisor), else None.
+    other = (None if q is None or fedsgd or math.isclose(expected, q * observation.num_samples,
+                                                        rel_tol=1e-9) else expected)
     if isinstance(attack.matched, objectives.Replay):
       matched = dataclasses.replace(attack.matched, max_norm=float(dp_sgd.max_norm),
-                                    sampling_rate=None if q is None else float(q))
+                                    sampling_rate=None if q is None else float(q),
+                                    expected_batch_size=other)
     elif attack.matched.name == objectives.Gradient.name:
-      matched = objectives.ClippedGradient(float(dp_sgd.max_norm), expected)
+      if other is not None:
+        raise ValueError(
+            f"a one-step FedAvg update read as a gradient expects its step's divisor q·n = "
+            f"{q * observation.num_samples:g}; the client declares {expected:g}: attack it with a "
+            "replay (--config.attack.matched=replay, e.g. --attack=inverting_gradients_fedavg)")
+      # FedSGD: the dummies are the examples drawn, their clipped sum over E; a one-step FedAvg
+      # update read as a gradient: its expectation, the clipped mean over all n dummies.
+      matched = objectives.ClippedGradient(float(dp_sgd.max_norm), expected if fedsgd else None)
     else:
       raise ValueError(f"--config.attack.adaptive=True models DP-SGD's per-example clipping in the "
                        f"gradient or the replayed steps the attack matches, not in "
@@ -638,28 +652,22 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
 def expected_batch_size(cfg: Config, observation) -> float:
   """The divisor E of a Poisson-sampled DP-SGD step's sum (``cfg.defense.dp_sgd_poisson``). A
   simulated FedSGD client's: q times its ``--batch_size`` examples (the observation counts those its
-  step drew); a simulated or captured FedAvg client's: q times its n examples. A FedSGD capture's:
-  the declared ``dp_sgd_expected_batch_size`` (Opacus' ``optimizer.expected_batch_size``), which
-  nothing in the update tells; a FedAvg capture's declared one must be q·n, the expected replay's
-  (:class:`gradjax.objectives.Replay`). ValueError (one line) otherwise."""
+  step drew); a simulated FedAvg client's: q times its n examples. A capture's: the declared
+  ``dp_sgd_expected_batch_size`` (Opacus' ``optimizer.expected_batch_size``, ``int(q·n)``), else,
+  for FedAvg, q·n; a FedSGD capture's is required (ValueError, one line): nothing in the update
+  tells it."""
   q, declared = cfg.defense.dp_sgd_sampling_rate, cfg.defense.dp_sgd_expected_batch_size
-  if observation.threat_model == "fedsgd":
-    if not cfg.client.observation:
-      return q * cfg.data.batch_size
-    if declared is None:
-      raise ValueError(
-          f"{cfg.client.observation}: a Poisson-sampled DP-SGD step divides its drawn sum by the "
-          "expected batch size, which the update does not tell: declare dp_sgd_expected_batch_size "
-          "(Opacus' optimizer.expected_batch_size) in its metadata or "
-          "--config.defense.dp_sgd_expected_batch_size, and num_samples the count the step drew")
+  if declared is not None:
     return declared
-  expected = q * observation.num_samples
-  if declared is not None and not math.isclose(declared, expected, rel_tol=1e-6):
-    raise ValueError(
-        f"{cfg.client.observation}: the expected replay of a Poisson-sampled FedAvg client divides "
-        f"each step's sum by q·n = {q:g}·{observation.num_samples} = {expected:g}, but it declares "
-        f"dp_sgd_expected_batch_size={declared:g} (Opacus' int(q·n) differs when q·n is not whole)")
-  return expected
+  if observation.threat_model != "fedsgd":
+    return q * observation.num_samples
+  if not cfg.client.observation:
+    return q * cfg.data.batch_size
+  raise ValueError(
+      f"{cfg.client.observation}: a Poisson-sampled DP-SGD step divides its drawn sum by the "
+      "expected batch size, which the update does not tell: declare dp_sgd_expected_batch_size "
+      "(Opacus' optimizer.expected_batch_size) in its metadata (or the option "
+      "defense.dp_sgd_expected_batch_size), and num_samples the count the step drew")
 
 
 def dp_sgd_variance(dp_sgd: clients.DPSGD, observation, expected_batch_size: float | None = None
@@ -668,8 +676,8 @@ def dp_sgd_variance(dp_sgd: clients.DPSGD, observation, expected_batch_size: flo
   FedSGD gradient of N examples; for a FedAvg update of T steps of batch B, learning rate η and
   momentum μ, W_0 − W_T = η Σ_s g_s (1 − μ^(T−s+1)) / (1 − μ), so η² (σC/B)² Σ_s ((1 − μ^(T−s+1))
   / (1 − μ))². Under Poisson sampling (``dp_sgd.sampling_rate``) N and B are the expected batch
-  size qn: a FedSGD step's ``expected_batch_size`` (its observation counts the examples drawn), a
-  FedAvg client's q times its n examples."""
+  size E (:func:`expected_batch_size`; the observation of a FedSGD step counts the examples drawn),
+  q·n for a FedAvg client when not given."""
   local = observation.local
   if local is None and observation.threat_model != "fedsgd":
     raise ValueError("DP-SGD's noise in a FedAvg update depends on the client's local training "
@@ -680,7 +688,7 @@ def dp_sgd_variance(dp_sgd: clients.DPSGD, observation, expected_batch_size: flo
   steps = local.steps(observation.num_samples)
   batch = local.batch_size or observation.num_samples
   if dp_sgd.sampling_rate is not None:
-    batch = dp_sgd.sampling_rate * observation.num_samples
+    batch = expected_batch_size or dp_sgd.sampling_rate * observation.num_samples
   mu = local.momentum
   carried = sum(((1 - mu ** (steps - s + 1)) / (1 - mu)) ** 2 for s in range(1, steps + 1))
   return (local.learning_rate * dp_sgd.noise_multiplier * dp_sgd.max_norm / batch) ** 2 * carried
@@ -731,8 +739,6 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     if batch is not None:  # the scores' size, known before anything is compiled
       check_lpips(cfg.output.lpips, batch.x.shape[1:3])
     model, observation, meta = _captured(cfg, batch, conv_name)
-    if cfg.defense.dp_sgd_poisson and observation.threat_model != "fedsgd":
-      expected_batch_size(cfg, observation)  # a FedAvg capture's declared divisor is its replay's
     norm = data.normalization(cfg.data.normalization or meta.get("normalization") or "none")
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
@@ -1071,9 +1077,11 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
       imprint=found.get("imprint"),
       cocktail=found.get("cocktail"),
   )
+  q = getattr(cfg.defense.dp_sgd(), "sampling_rate", None)
   residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched,
-                              max_norm=cfg.defense.dp_sgd_max_norm,
-                              sampling_rate=getattr(cfg.defense.dp_sgd(), "sampling_rate", None))
+                              max_norm=cfg.defense.dp_sgd_max_norm, sampling_rate=q,
+                              expected_batch_size=(None if q is None or p.matched != "replay"
+                                                   else expected_batch_size(cfg, observation)))
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
@@ -1371,9 +1379,9 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
 def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation,
                       error, seconds: float) -> dict:
   """The span attack's results where a span could not be read (``error``, a
-  :class:`gradjax.dager.Unreadable`): no sentence, and the batch's words when the first block's span
-  gave them (each true sentence's bag-of-words recall against their union); a leak of words, or
-  inconclusive with the reason."""
+  :class:`gradjax.dager.Unreadable`): no sentence (bag-of-words recall 0), and the batch's words
+  when the first block's span gave them (each true sentence's word recall against their union,
+  :func:`_words_found`); a leak of words, or inconclusive with the reason."""
   words = _span_words(error, batch, model)
   n = batch.ids.shape[0]
   scores = {"token_accuracy": 0.0, "rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0, "exact": 0,
@@ -1403,17 +1411,24 @@ def _words_found(words: np.ndarray, batch: Sentences) -> dict:
   """``words`` (decoded); ``word_precision``, the share of them in the client's sentences;
   ``word_recall`` (with ``_per_sentence``), each true sentence's share of tokens among them
   (:func:`gradjax.metrics.word_recall`), and ``word_recall_chance`` (with ``_per_sentence``), that
-  of the corpus's as many most frequent words (:func:`gradjax.corpus.frequent_words` of the pool's
-  other sentences; absent without them), the bar the verdict measures it against."""
+  of a guess of as many words, the bar the verdict measures it against: the corpus's most frequent
+  (:func:`gradjax.corpus.frequent_words` of the pool's other sentences, ``word_guess``
+  ``"frequent"``), or without other sentences words drawn at random (``"uniform"``: each of a
+  sentence's known tokens in the guess with probability K/V); ``word_guess_size``, K."""
   recall = metrics.word_recall(words, batch.truth)
-  found = {"words": list(batch.vocabulary.decode(words)),
-           "word_precision": float(np.isin(words, batch.truth).mean()) if words.size else None,
-           "word_recall": float(recall.mean()), "word_recall_per_sentence": [float(r) for r in recall]}
+  size, vocabulary = int(words.size), len(batch.vocabulary)
   if batch.others.shape[0]:
-    guess = metrics.word_recall(corpus.frequent_words(batch.others, words.size), batch.truth)
-    found.update(word_recall_chance=float(guess.mean()),
-                 word_recall_chance_per_sentence=[float(r) for r in guess])
-  return found
+    kind = "frequent"
+    guess = metrics.word_recall(corpus.frequent_words(batch.others, size, vocabulary), batch.truth)
+  else:
+    kind = "uniform"
+    guess = min(1.0, size / vocabulary) * np.mean(np.asarray(batch.truth) >= 0, axis=1)
+  return {"words": list(batch.vocabulary.decode(words)),
+          "word_precision": float(np.isin(words, batch.truth).mean()) if words.size else None,
+          "word_recall": float(recall.mean()), "word_recall_per_sentence": [float(r) for r in recall],
+          "word_recall_chance": float(np.mean(guess)),
+          "word_recall_chance_per_sentence": [float(r) for r in guess],
+          "word_guess": kind, "word_guess_size": size}
 
 
 def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, observation, error,
