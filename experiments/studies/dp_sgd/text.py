@@ -75,6 +75,8 @@ def run(sigma: float, data_dir: str | None, model: str) -> None:
     results = pipeline.run_text(cfg)
     records.append({"batch": k, "max_norm": c, "exact": results["exact"], "rouge1": results["rouge1"],
                     "bag_recall": results["bag_recall"], "word_precision": results.get("word_precision"),
+                    "word_recall": results.get("word_recall"),
+                    "word_recall_chance": results.get("word_recall_chance"),
                     "residual": (results.get("residual") or {}).get("relative_error"),
                     "verdict": results["verdict"]["status"], "reason": results.get("unreadable"),
                     "epsilon": results["privacy"]["epsilon"], "seconds": time.perf_counter() - start})
