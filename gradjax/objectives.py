@@ -126,15 +126,19 @@ class ScaledDifference(Gradient):
 
 @dataclasses.dataclass(frozen=True)
 class Normalised(Gradient):
-  """DLM+'s (learning-rate free): u = g' / ‖g'‖ against v = ΔW / ‖ΔW‖, norms over all layers (the
-  authors' released code divides by the mean of the layers' norms instead: :func:`gradjax.presets.dlm_plus`).
-  Reference: Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning", 2022."""
+  """DLM+'s (learning-rate free): u = g' / ‖g'‖ against v = ΔW / ‖ΔW‖, norms over all layers; with
+  ``layer_mean``, as the authors' released ``DLM_plus.py`` divides, u = g' / mean_l ‖g'_l‖ and
+  v = ΔW / mean_l ‖ΔW_l‖, the mean over the L parameter tensors of each one's norm (0 at g' ∝ ΔW
+  as the other, not equal to it elsewhere). Reference: Zhao, Luo, Ding, "Deep Leakage from Model
+  in Federated Learning", 2022."""
 
+  layer_mean: bool = False
   name: ClassVar[str] = "dlm_plus"
 
   def match(self, g, observed, dummy, step):
     del dummy, step
-    return _unit(g), _unit(observed)
+    unit = _layer_mean_unit if self.layer_mean else _unit
+    return unit(g), unit(observed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,6 +357,13 @@ def dummy_gradient(apply_fn, variables, x, targets, *, train: bool = False,
 def _unit(tree, eps=1e-12):
   """tree / ‖tree‖ with the norm over all leaves (sqrt(Σ + eps): differentiable at 0)."""
   norm = jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(tree)) + eps)
+  return jax.tree.map(lambda x: x / norm, tree)
+
+
+def _layer_mean_unit(tree, eps=1e-12):
+  """tree / mean_l ‖tree_l‖ over its L leaves (each norm sqrt(Σ + eps): differentiable at 0)."""
+  leaves = jax.tree.leaves(tree)
+  norm = sum(jnp.sqrt(jnp.sum(jnp.square(x)) + eps) for x in leaves) / len(leaves)
   return jax.tree.map(lambda x: x / norm, tree)
 
 

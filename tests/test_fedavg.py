@@ -114,7 +114,8 @@ def _flat(tree):
 
 
 def test_update_objectives_against_numpy(mlp64, photos, mlp_reference):
-  """replay, DLM and DLM+ values on a two-step client, against NumPy backprop and SGD."""
+  """replay, DLM and DLM+ values on a two-step client, against NumPy backprop and SGD; DLM+ also
+  as the authors' released code normalises (each tree over the mean of its tensors' norms)."""
   from gradjax import distances, objectives
   apply_fn, variables = mlp64
   x, y = np.asarray(photos[5:7], np.float64), np.array([2, 9])
@@ -126,6 +127,9 @@ def test_update_objectives_against_numpy(mlp64, photos, mlp_reference):
         apply_fn, distances.euclidean, matched=objectives.matched(mode)))(
         {"x": jnp.asarray(x_dummy), "log_gamma": jnp.asarray(np.log(3.0))}, obs, jnp.asarray(y)))
         for mode in ("replay", "dlm", "dlm_plus")}
+    values["released"] = float(jax.jit(objectives.gradient_matching(
+        apply_fn, distances.euclidean, matched=objectives.Normalised(layer_mean=True)))(
+        {"x": jnp.asarray(x_dummy)}, obs, jnp.asarray(y)))
   observed = _flat(obs.gradient)
   replayed = np_local_sgd(variables["params"], x_dummy, y, 2, 2, 0.05, 0.0, mlp_reference)
   u = _flat(variables["params"]) - _flat(replayed)
@@ -134,6 +138,11 @@ def test_update_objectives_against_numpy(mlp64, photos, mlp_reference):
   np.testing.assert_allclose(values["dlm"], np.sum((g - 3.0 * observed) ** 2), rtol=1e-9)
   unit = lambda v: v / np.linalg.norm(v)
   np.testing.assert_allclose(values["dlm_plus"], np.sum((unit(g) - unit(observed)) ** 2), rtol=1e-9)
+  tensors = lambda tree: [np.asarray(v, np.float64) for v in jax.tree.leaves(tree)]  # noqa: E731
+  mean_norm = lambda tree: np.mean([np.linalg.norm(t) for t in tensors(tree)])  # noqa: E731
+  g_tree = mlp_reference(variables["params"], x_dummy, y)[1]
+  np.testing.assert_allclose(values["released"], np.sum(
+      (g / mean_norm(g_tree) - observed / mean_norm(obs.gradient)) ** 2), rtol=1e-9)
 
 
 def test_replay_needs_the_schedule(mlp64, photos):

@@ -28,7 +28,8 @@ held for the first steps; from 200, as the authors' released code starts it) and
 throughout, the bound any γ rule can reach.
 
 Rows (``--methods``): ``DLG``, ``cosine``, ``DLM``, ``DLM (joint labels)``, ``DLM+``, ``DLM+ (iDLG
-labels)`` (the default), the γ variants (``gamma`` for all of them).
+labels)`` (the default), the γ variants (``gamma`` for all of them), ``DLM+, released code``
+(``dlm_plus_released``: the authors' normaliser, true label and 5000 iterations).
 
   gradjax dlm-table --count=20
   gradjax dlm-table --count=20 --config.attack.box=True
@@ -82,7 +83,10 @@ GAMMA_VARIANTS = {
         "attack.preset": "dlm", "attack.gamma": "init={inv_lr},frozen=1000000"
     },
 }
-ALL_METHODS = {**METHODS, **GAMMA_VARIANTS}
+# DLM+ as the authors' released DLM_plus.py runs it (presets.dlm_plus_released): each tree over the
+# mean of its layers' norms, the true label, 5000 iterations (the protocol's clamp, if any, kept).
+RELEASED = {"DLM+, released code": {"attack.preset": "dlm_plus_released"}}
+ALL_METHODS = {**METHODS, **GAMMA_VARIANTS, **RELEASED}
 
 # The paper's protocol (gradjax/configs/dlm.py); --methods names the attacks (the protocol's preset
 # is the rows' base) and --start/--count the images, not --index.
