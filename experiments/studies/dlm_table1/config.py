@@ -35,6 +35,15 @@ VARIANTS = {
     # The MLP drawn as the authors' released DLM.py draws it: DLG's weights_init, every weight and
     # bias U(-0.5, 0.5), applied over the module's own init.
     'dlm_table_box_uniform_init': ('dlm-table --count=20', None, {'attack.box': True, 'model.init': 'uniform'}),
+    # runs/dlm_plus_released; unseen, --start=60: runs/dlm_plus_released_60-79. DLM+ beside DLM+ as the
+    # authors' released DLM_plus.py runs it (mean of the layers' norms, true label, 5000 iterations),
+    # both unclamped as that code.
+    'dlm_plus_released': ("dlm-table --count=20 '--methods=DLM+;DLM+, released code'", None,
+                          {'attack.box': False}),
+    # runs/dlm_plus_released_box; unseen, --start=60: runs/dlm_plus_released_box_60-79. The same two
+    # rows clamped, as the table's reproducing rows are.
+    'dlm_plus_released_box': ("dlm-table --count=20 '--methods=DLM+;DLM+, released code'", None,
+                              {'attack.box': True}),
 }
 
 
