@@ -374,20 +374,20 @@ def text_findings(results: dict) -> dict:
       f"{acc[good[0]]:.2f} >= {bars[good[0]]:.2f}, halfway from the corpus's position guess, "
       f"{acc_chance[good[0]]:.2f}, to 1)" if good else
       "no sentence with its tokens in place halfway from the corpus's position guess to 1")}}
-  out["bag"] = _words_finding(results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0),
+  out["bag"] = _recall_finding(results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0),
                               "bag-of-words recall", "the corpus's bag guess")
   if "word_recall" in results:  # words found without their places: against a guess of as many
     k = results.get("word_guess_size", len(results.get("words") or []))
     guess = (f"{k} words drawn at random" if results.get("word_guess") == "uniform"
              else f"the corpus's {k} most frequent words")
-    words = _words_finding(results["word_recall"], results.get("word_recall_chance", 0.0),
+    words = _recall_finding(results["word_recall"], results.get("word_recall_chance", 0.0),
                            "word recall of the words found", guess)
     if words["leak"] or not out["bag"]["leak"]:  # the bag's own recall counts where it passes
       out["bag"] = words
   return out
 
 
-def _words_finding(recall: float, chance: float, measure: str, guess: str) -> dict:
+def _recall_finding(recall: float, chance: float, measure: str, guess: str) -> dict:
   """The ``bag`` finding of a recall against its guess's: a leak at least :func:`halfway` from the
   guess's recall to 1, none where the guess gets every word."""
   bar = halfway(chance)

@@ -621,9 +621,7 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
     q = dp_sgd.sampling_rate
     expected = None if q is None else expected_batch_size(cfg, observation)
     fedsgd = observation.threat_model == "fedsgd"
-    # A FedAvg client's E where it is not q·n (the expected replay's own divisor), else None.
-    other = (None if q is None or fedsgd or math.isclose(expected, q * observation.num_samples,
-                                                        rel_tol=1e-9) else expected)
+    other = None if q is None else replay_divisor(cfg, observation)
     if isinstance(attack.matched, objectives.Replay):
       matched = dataclasses.replace(attack.matched, max_norm=float(dp_sgd.max_norm),
                                     sampling_rate=None if q is None else float(q),
@@ -668,6 +666,16 @@ def expected_batch_size(cfg: Config, observation) -> float:
       "expected batch size, which the update does not tell: declare dp_sgd_expected_batch_size "
       "(Opacus' optimizer.expected_batch_size) in its metadata (or the option "
       "defense.dp_sgd_expected_batch_size), and num_samples the count the step drew")
+
+
+def replay_divisor(cfg: Config, observation) -> float | None:
+  """A Poisson-sampled FedAvg client's divisor E where it is not q·n, what the expected replay
+  divides each step by (:class:`gradjax.objectives.Replay`); None where it is q·n, or for FedSGD."""
+  if observation.threat_model == "fedsgd":
+    return None
+  expected = expected_batch_size(cfg, observation)
+  q_n = cfg.defense.dp_sgd_sampling_rate * observation.num_samples
+  return None if math.isclose(expected, q_n, rel_tol=1e-9) else expected
 
 
 def dp_sgd_variance(dp_sgd: clients.DPSGD, observation, expected_batch_size: float | None = None
@@ -1081,7 +1089,7 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched,
                               max_norm=cfg.defense.dp_sgd_max_norm, sampling_rate=q,
                               expected_batch_size=(None if q is None or p.matched != "replay"
-                                                   else expected_batch_size(cfg, observation)))
+                                                   else replay_divisor(cfg, observation)))
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
