@@ -204,7 +204,8 @@ def hfginv(iterations: int = HFGINV_ITERATIONS, *, tv: float = 1e-2, bn: float =
 PRESETS: dict[str, Callable[..., Attack]] = {
     "dlg": dlg, "idlg": idlg, "adam_dlg": adam_dlg, "inverting_gradients": inverting_gradients,
     "inverting_gradients_batch": inverting_gradients_batch,
-    "dlm": dlm, "dlm_plus": dlm_plus, "dlm_plus_released": dlm_plus_released, "inverting_gradients_fedavg": inverting_gradients_fedavg,
+    "dlm": dlm, "dlm_plus": dlm_plus, "dlm_plus_released": dlm_plus_released,
+    "inverting_gradients_fedavg": inverting_gradients_fedavg,
     "sapag": sapag, "sapag_adamw": sapag_adamw, "gradinversion": gradinversion, "hfginv": hfginv,
 }
 

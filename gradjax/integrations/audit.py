@@ -431,7 +431,8 @@ class Settings(NamedTuple):
   clients_per_run: captures attacked in one solver run when they share the model and the attack
     (``None``: :func:`gradjax.run.pipeline.clients_per_run`, 64 on an accelerator, 1 on CPU).
   dp_sgd_max_norm, dp_sgd_noise_multiplier, dp_sgd_sampling_rate, dp_sgd_steps, dp_sgd_delta,
-  dp_sgd_poisson, dp_sgd_expected_batch_size: the DP-SGD every client ran (``dp_sgd_max_norm`` ``None``: none), as
+  dp_sgd_poisson, dp_sgd_expected_batch_size: the DP-SGD every client ran (``dp_sgd_max_norm``
+    ``None``: none), as
     :class:`gradjax.run.config.DefenseConfig` takes them: each run reports its (ε, δ), its residual
     recomputes the clipping, ``adaptive`` adapts the attack to it. A capture whose metadata declare
     the client's own DP-SGD (:func:`gradjax.interop.declared_dp_sgd`; a Flower client's
