@@ -476,6 +476,8 @@ def test_apply_fn_train_mode_is_pure(convnet, photos):
     ("lenet_zhu", {"act": "Relu"}),
     ("lenet_zhu", {"input_shape": (32, 32)}),
     ("lenet_zhu", {"input_shape": (0, 32, 3)}),
+    ("lenet_zhu", {"input_shape": (3, 32, 32)}),  # PyTorch's (C, H, W)
+    ("mlp", {"input_shape": (1, 28, 28)}),
     ("lenet_zhu", {"num_classes": 1}),
 ])
 def test_bad_configuration_raises(name, kwargs):
@@ -832,3 +834,9 @@ def test_convnet_average_pooling_against_numpy(photos):
   assert not np.allclose(np.asarray(other), np.asarray(logits))
   with pytest.raises(ValueError, match="max or avg"):
     ConvNet(num_classes=10, width=2, pool="sum").init(jax.random.key(0), x)
+
+
+def test_a_pytorch_input_shape_is_named_with_its_gradjax_order():
+  with pytest.raises(ValueError, match=r"\(C, H, W\) = \(1, 28, 28\) is \(28, 28, 1\)"):
+    models.create("lenet_zhu", KEY, input_shape=(1, 28, 28))
+  assert models.create("mlp-4", KEY, input_shape=(3, 32, 8)).input_shape == (3, 32, 8)  # not square

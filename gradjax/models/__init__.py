@@ -207,6 +207,9 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
            **module_kwargs) -> Model:
   """Builds model ``name`` and initialises its variables from ``key``.
 
+  ``input_shape`` is one example's (H, W, C) (NHWC images), or (T,) for a text model. A shape
+  (1 or 3, S, S) with S >= 8 is refused as PyTorch's (C, H, W) order.
+
   Example::
 
     model = gradjax.models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3))
@@ -222,6 +225,11 @@ def create(name: str, key: jax.Array, *, input_shape=(32, 32, 3), num_classes: i
   if len(input_shape) != rank or min(input_shape) < 1:
     raise ValueError(f"input_shape must be {'(T,)' if rank == 1 else '(H, W, C)'} with positive sizes "
                      f"for {name}, got {input_shape}")
+  if rank == 3 and input_shape[0] in (1, 3) and input_shape[1] == input_shape[2] >= 8:
+    h, w, c = input_shape
+    raise ValueError(f"input_shape {input_shape} reads as {h} px high with {c} channels: gradjax "
+                     f"images are (H, W, C), so a PyTorch (C, H, W) = {input_shape} is "
+                     f"{(w, c, h)}")
   if math.prod(input_shape) > MAX_INPUT_SIZE:
     raise ValueError(f"input_shape {input_shape} holds over {MAX_INPUT_SIZE} values (4096 x 4096 RGB "
                      "pixels), more than a model here takes")
