@@ -32,7 +32,7 @@ import numpy as np
 from gradjax import defenses, models
 from gradjax.compilation import check_key, device_array, once
 from gradjax.losses import cross_entropy
-from gradjax.observation import Observation, check_labels
+from gradjax.observation import Observation, check_labels, plain_dicts
 
 
 @once
@@ -283,6 +283,7 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     Observation with the gradient (same tree as ``variables["params"]``); its ``num_samples`` is N
     (under Poisson sampling the client's data, not the count drawn).
   """
+  variables = plain_dicts(variables)
   x, y = check_client_data(apply_fn, variables, x, y)
   _check_sharing(train, share_statistics, 1)
   shared, std = y, 0.0
@@ -492,6 +493,38 @@ def _local_sgd(variables, x, targets, learning_rate, momentum, max_norm, noise_s
 LABEL_SHARING = (False, True, "ordered", "multiset")
 
 
+def replayed_update(apply_fn, observation: Observation, x, targets, *, loss_fn=cross_entropy,
+                    remat: bool = False, max_norm: float | None = None,
+                    sampling_rate: float | None = None, expected_batch_size: float | None = None):
+  """u = W_t − W'_{t+1}: the observation's local training (``observation.local``) replayed from the
+  sent variables on ``x`` (N, ...) with ``targets`` (N,) labels or (N, K) soft labels; for an
+  aggregate (``observation.clients`` = (n_1, ..., n_K)), client k's on its n_k consecutive examples,
+  the updates weighed n_k / N as :func:`aggregate` weighs them. Differentiable w.r.t. ``x`` and
+  ``targets``.
+
+  ``max_norm``: the steps are DP-SGD's, each example's gradient clipped to it (its noise is not
+  replayed); ``sampling_rate``: they were Poisson draws at that rate, replayed as their expectation
+  (:func:`expected_draws`, with ``expected_batch_size``); ``remat``: as :func:`local_sgd`.
+  """
+  if observation.local is None:
+    raise ValueError("replay needs the client's local training (observation.local)")
+  dp_sgd = None if max_norm is None else DPSGD(max_norm, 0.0, sampling_rate)
+  params, total = observation.variables["params"], x.shape[0]
+  update, start = None, 0
+  for n in observation.clients or (total,):
+    draws = None if sampling_rate is None else expected_draws(observation.local, n, sampling_rate,
+                                                              expected_batch_size)
+    new = local_sgd(apply_fn, observation.variables, x[start:start + n], targets[start:start + n],
+                    observation.local, train=observation.train, loss_fn=loss_fn, remat=remat,
+                    dp_sgd=dp_sgd, draws=draws)
+    part = jax.tree.map(lambda p, w, n=n: (n / total) * (p - w), params, new)
+    update = part if update is None else jax.tree.map(jnp.add, update, part)
+    start += n
+  if start != total:
+    raise ValueError(f"the aggregate's clients hold {start} examples, the replayed batch {total}")
+  return update
+
+
 # Twelve parameters: fedsgd's client (model, data, mode, loss, what it shares, DP-SGD and its key)
 # plus its local training and whether the schedule is shared; each keyword has a default.
 def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
@@ -519,6 +552,7 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
   """
   if share_labels not in LABEL_SHARING:
     raise ValueError(f"share_labels must be one of {LABEL_SHARING}, got {share_labels!r}")
+  variables = plain_dicts(variables)
   x, y = check_client_data(apply_fn, variables, x, y)
   check_local_training(local, x.shape[0])
   _check_sharing(train, share_statistics, local.steps(x.shape[0]))
@@ -553,12 +587,16 @@ def update_as_gradient(observation: Observation) -> Observation:
 
 
 def aggregate(observations) -> Observation:
-  """The mean of K clients' updates, as the server sees them under secure aggregation.
+  """The server's mean of K clients' updates, as it sees them under secure aggregation: FedAvg's
+  (McMahan et al., 2017) weighted by the clients' sizes, Σ_k (n_k / N) Δ_k with N = Σ_k n_k, so
+  that FedSGD clients' gradients give the gradient of the mean loss over all N examples.
 
-  All observations must share the variables the server sent; labels are concatenated when every
-  client shares them. num_samples is the total over clients. The aggregate carries no batch moments:
-  averaged running statistics give the union of the batches' mean but not its variance (the spread
-  between the clients' means is lost).
+  All observations must share the variables the server sent, their threat model and schedule;
+  labels are concatenated when every client shares them. ``num_samples`` is N and ``clients`` the
+  sizes (n_1, ..., n_K) (an aggregate's own sizes, flattened), which a replay of local training
+  needs: each client trained apart from the sent model (:class:`gradjax.objectives.Replay`). The
+  aggregate carries no batch moments: averaged running statistics give the union of the batches'
+  mean but not its variance (the spread between the clients' means is lost).
   """
   observations = list(observations)
   if not observations:
@@ -574,12 +612,20 @@ def aggregate(observations) -> Observation:
                    for a, b in zip(jax.tree.leaves(o.variables), sent))):
       raise ValueError("observations to aggregate were computed at different server variables (a "
                        "round's clients all start from the model the server sent)")
-    if (o.threat_model, o.train, o.local) != (first.threat_model, first.train, first.local):
+    if ((_client_threat_model(o), o.train, o.local)
+        != (_client_threat_model(first), first.train, first.local)):
       raise ValueError("observations to aggregate come from different threat models or schedules")
-  mean = jax.tree.map(lambda *g: sum(g) / len(g), *(o.gradient for o in observations))
+  total = sum(o.num_samples for o in observations)
+  mean = jax.tree.map(lambda *g: sum(o.num_samples / total * u for o, u in zip(observations, g)),
+                      *(o.gradient for o in observations))
   labels = None
   if all(o.labels is not None for o in observations):
     labels = jnp.concatenate([o.labels for o in observations])
-  return first.replace(gradient=mean, labels=labels,
-                       num_samples=sum(o.num_samples for o in observations),
-                       threat_model=f"{first.threat_model}_aggregate", moments=None)
+  sizes = tuple(int(n) for o in observations for n in (o.clients or (o.num_samples,)))
+  return first.replace(gradient=mean, labels=labels, num_samples=total, clients=sizes,
+                       threat_model=_client_threat_model(first) + "_aggregate", moments=None)
+
+
+def _client_threat_model(observation: Observation) -> str:
+  """The threat model of the clients behind ``observation`` (an aggregate's, without the suffix)."""
+  return observation.threat_model.removesuffix("_aggregate")

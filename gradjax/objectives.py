@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from gradjax.clients import DPSGD, clipped_gradient, expected_draws, local_sgd
+from gradjax.clients import DPSGD, clipped_gradient, replayed_update
 from gradjax.distances import Distance, as_distance
 from gradjax.losses import cross_entropy
 from gradjax.observation import Observation
@@ -104,10 +104,13 @@ class ClippedGradient(Gradient):
 @dataclasses.dataclass(frozen=True)
 class ScaledDifference(Gradient):
   """DLM's: u = g' against v = γ (W_t − W_{t+1}), the observed model difference scaled by γ, which
-  is optimised with the data (≈ 1 / lr after one local SGD step). γ = exp(s) with
-  s = ``dummy["log_gamma"]``: positive, and a first-order optimizer moves it multiplicatively, so it
-  reaches 1/lr = 100 in tens of steps rather than thousands; held (no gradient) before
-  ``gamma.frozen`` steps.
+  is optimised with the data (the paper: ≈ 1 / lr after one local SGD step). γ = exp(s) with
+  s = ``dummy["log_gamma"]``: positive, and a first-order optimizer moves it multiplicatively (a
+  step of log γ, not of γ); held (no gradient) before ``gamma.frozen`` steps. Nothing pulls γ to
+  1/lr: ∂/∂γ vanishes at γ = ⟨g', ΔW⟩ / ‖ΔW‖², near 0 while g' is unrelated to ΔW, and a small γ lets
+  g' shrink to the trivial minimum g' = γ = 0. On the paper's MLP the learned γ falls (median 0.25
+  against 1/lr = 100; from γ = 1/lr too) and the images are not recovered
+  (``experiments/studies/dlm_table1``); hold γ (``gamma.frozen``) or use :class:`Normalised`.
   Reference: Zhao, Luo, Ding, "Deep Leakage from Model in Federated Learning", 2022."""
 
   gamma: Gamma = Gamma()
@@ -186,20 +189,11 @@ class Replay:
                        f"number with a sampling rate, got {self.expected_batch_size!r}")
 
   def update(self, model, observation: Observation, x, targets, loss_fn):
-    """u: the replayed update W_t − W'_{t+1} of ``model`` on ``x``."""
-    if observation.local is None:
-      raise ValueError("replay needs the client's local training (observation.local)")
-    params = observation.variables["params"]
-    dp_sgd = draws = None
-    if self.max_norm is not None:
-      dp_sgd = DPSGD(self.max_norm, 0.0, self.sampling_rate)
-    if self.sampling_rate is not None:
-      draws = expected_draws(observation.local, x.shape[0], self.sampling_rate,
-                             self.expected_batch_size)
-    new = local_sgd(model, observation.variables, x, targets, observation.local,
-                    train=observation.train, loss_fn=loss_fn, remat=self.remat, dp_sgd=dp_sgd,
-                    draws=draws)
-    return jax.tree.map(jnp.subtract, params, new)
+    """u: the replayed update W_t − W'_{t+1} of ``model`` on ``x`` (each client's of an aggregate,
+    :func:`gradjax.clients.replayed_update`)."""
+    return replayed_update(model, observation, x, targets, loss_fn=loss_fn, remat=self.remat,
+                           max_norm=self.max_norm, sampling_rate=self.sampling_rate,
+                           expected_batch_size=self.expected_batch_size)
 
 
 Matched = Gradient | Replay  # what an objective matches: one of the five above

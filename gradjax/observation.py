@@ -5,6 +5,7 @@ the threat model shares them) are leaves, so it passes through ``jit`` and ``vma
 metadata are static fields.
 """
 
+from collections.abc import Mapping as MappingABC
 from typing import Any
 
 import flax.struct
@@ -34,6 +35,10 @@ class Observation:
     moments: when the client returned its BatchNorm running statistics after one training-mode step,
       the batch's moments they reveal: a tree like ``variables["batch_stats"]`` of ``{"mean": μ,
       "var": σ²}`` per layer, σ² biased (:func:`gradjax.clients.batch_moments`); otherwise ``None``.
+    clients: for an aggregate of K clients' updates (:func:`gradjax.clients.aggregate`), their sizes
+      (n_1, ..., n_K) (static; Σ n_k = ``num_samples``), in the order of ``labels``: the server's
+      mean weighs client k by n_k / N, and a replay of local training replays each client on its
+      own n_k examples; ``None``: one client's update.
   """
 
   gradient: PyTree
@@ -44,6 +49,7 @@ class Observation:
   train: bool = flax.struct.field(pytree_node=False, default=False)
   local: Any = flax.struct.field(pytree_node=False, default=None)
   moments: PyTree | None = None
+  clients: tuple[int, ...] | None = flax.struct.field(pytree_node=False, default=None)
 
 
 def _paths(tree) -> list[str]:
@@ -71,6 +77,18 @@ def check_labels(labels, shape: tuple[int, ...], num_classes: int, what: str = "
   return y
 
 
+def plain_dicts(tree):
+  """``tree`` with every mapping (a Flax ``FrozenDict`` among them) rebuilt as a plain dict, the
+  containers of the variables an Observation holds; arrays are kept, not copied, and a tree of
+  plain dicts is returned itself."""
+  if not isinstance(tree, MappingABC):
+    return tree
+  plain = {k: plain_dicts(v) for k, v in tree.items()}
+  if type(tree) is dict and all(plain[k] is v for k, v in tree.items()):
+    return tree
+  return plain
+
+
 def check_observation(observation: Observation) -> None:
   """Raises ``ValueError`` (one line) unless the observation is usable by an attack.
 
@@ -81,7 +99,10 @@ def check_observation(observation: Observation) -> None:
     raise ValueError(f"an attack reads an Observation (a client's, gradjax.clients.fedsgd; or "
                      f"gradjax.interop.load's), got {type(observation).__name__}")
   if not isinstance(observation.variables, dict) or "params" not in observation.variables:
-    raise ValueError("observation.variables must be a dict with a 'params' entry")
+    frozen = (" (a Flax FrozenDict: pass gradjax.observation.plain_dicts(variables))"
+              if isinstance(observation.variables, MappingABC) else "")
+    raise ValueError(f"observation.variables must be a dict with a 'params' entry, got "
+                     f"{type(observation.variables).__name__}{frozen}")
   params = observation.variables["params"]
   got, want = _paths(observation.gradient), _paths(params)
   if got != want:
@@ -101,6 +122,12 @@ def check_observation(observation: Observation) -> None:
       raise ValueError(f"the sent model's parameter{path} contains NaN or inf")
   if observation.num_samples < 1:
     raise ValueError(f"num_samples must be positive, got {observation.num_samples}")
+  sizes = observation.clients
+  if sizes is not None and not (
+      isinstance(sizes, tuple) and sizes and all(isinstance(n, int) and n >= 1 for n in sizes)
+      and sum(sizes) == observation.num_samples):
+    raise ValueError(f"observation.clients must be a tuple of the aggregated clients' positive "
+                     f"sizes summing to num_samples {observation.num_samples}, got {sizes!r}")
   if observation.labels is not None:
     labels = np.asarray(observation.labels)
     if (labels.ndim < 1 or labels.shape[0] != observation.num_samples

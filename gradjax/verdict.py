@@ -155,13 +155,8 @@ def _update(apply_fn, observation: Observation, x, targets, *, matched: str, sof
   if soft:
     targets = jax.nn.softmax(targets, axis=-1)
   if matched == "replay":
-    draws = None if sampling_rate is None else clients.expected_draws(
-        observation.local, x.shape[0], sampling_rate, expected_batch_size)
-    new = clients.local_sgd(apply_fn, observation.variables, x, targets, observation.local,
-                            train=observation.train, draws=draws,
-                            dp_sgd=None if max_norm is None else clients.DPSGD(max_norm, 0.0,
-                                                                               sampling_rate))
-    u = jax.tree.map(jnp.subtract, observation.variables["params"], new)
+    u = clients.replayed_update(apply_fn, observation, x, targets, max_norm=max_norm,
+                                sampling_rate=sampling_rate, expected_batch_size=expected_batch_size)
   elif max_norm is not None:
     u = clients.clipped_gradient(apply_fn, observation.variables, x, targets, max_norm,
                                  train=observation.train)

@@ -539,3 +539,18 @@ def test_a_dp_sgd_fedavg_clients_noise_carries_through_momentum(mlp64, photos):
   with jax.enable_x64(True):
     fedsgd = clients.fedsgd(apply_fn, variables, x, y)
   assert pipeline.dp_sgd_variance(dp, fedsgd) == pytest.approx((0.7 * 0.5 / 4) ** 2, rel=1e-12)
+
+
+def test_a_frozen_dicts_variables_are_read_as_plain_dicts(mlp64, photos):
+  import flax  # pylint: disable=g-import-not-at-top
+  from gradjax import attacks, presets  # pylint: disable=g-import-not-at-top
+  apply_fn, variables = mlp64
+  y = np.array([1, 5])
+  with jax.enable_x64(True):
+    frozen = clients.fedsgd(apply_fn, flax.core.freeze(variables), photos[:2], y)
+    plain = clients.fedsgd(apply_fn, variables, photos[:2], y)
+    assert type(frozen.variables) is dict and type(frozen.variables["params"]) is dict
+    jax.tree.map(np.testing.assert_array_equal, frozen.gradient, plain.gradient)
+    attacks.reconstruct(presets.dlg(2), apply_fn, frozen, jax.random.key(0), input_shape=(32, 32, 3))
+  with pytest.raises(ValueError, match="FrozenDict: pass gradjax.observation.plain_dicts"):
+    check_observation(plain.replace(variables=flax.core.freeze(variables)))

@@ -84,17 +84,61 @@ def test_update_as_gradient(mlp64, photos, mlp_reference):
     clients.update_as_gradient(one.replace(local=None))
 
 
-def test_aggregate_is_the_mean(mlp64, photos):
+def test_aggregate_is_fedavgs_weighted_mean(mlp64, photos, mlp_reference):
+  """Clients of 1, 2 and 3 examples: the aggregate is Σ_k (n_k / N) Δ_k (McMahan et al.'s FedAvg),
+  each Δ_k the NumPy loop's; of FedSGD clients, the NumPy gradient of the mean loss over all six."""
   apply_fn, variables = mlp64
   local = clients.LocalTraining(epochs=1, batch_size=1, learning_rate=0.05)
+  x, y = np.asarray(photos[:6], np.float64), np.array([0, 1, 2, 3, 4, 5])
+  cuts = ((0, 1), (1, 3), (3, 6))
+  params64 = {k: {n: np.asarray(v, np.float64) for n, v in layer.items()}
+              for k, layer in variables["params"].items()}
   with jax.enable_x64(True):
-    parts = [clients.fedavg(apply_fn, variables, np.asarray(photos[i:i + 2], np.float64),
-                            np.array([i, i + 1]), local, share_labels=True) for i in (0, 2, 4)]
-    total = clients.aggregate(parts)
-  for path_leaves in zip(jax.tree.leaves(total.gradient), *(jax.tree.leaves(p.gradient) for p in parts)):
-    np.testing.assert_allclose(path_leaves[0], np.mean(path_leaves[1:], axis=0), rtol=1e-12)
-  assert total.num_samples == 6 and total.labels.tolist() == [0, 1, 2, 3, 4, 5]
+    total = clients.aggregate([clients.fedavg(apply_fn, variables, x[a:b], y[a:b], local,
+                                              share_labels=True) for a, b in cuts])
+    pooled = clients.aggregate([clients.fedsgd(apply_fn, variables, x[a:b], y[a:b]) for a, b in cuts])
+    again = clients.aggregate([total, clients.fedavg(apply_fn, variables, x[:2], y[:2], local)])
+  ends = [np_local_sgd(variables["params"], x[a:b], y[a:b], 1, 1, 0.05, 0.0, mlp_reference)
+          for a, b in cuts]
+  _, gradient = mlp_reference(params64, x, y)
+  for k in params64:
+    for n in params64[k]:
+      want = sum((b - a) / 6 * (params64[k][n] - end[k][n]) for (a, b), end in zip(cuts, ends))
+      np.testing.assert_allclose(total.gradient[k][n], want, rtol=1e-10, atol=1e-15)
+      np.testing.assert_allclose(pooled.gradient[k][n], gradient[k][n], rtol=1e-10, atol=1e-15)
+  assert total.num_samples == 6 and total.clients == (1, 2, 3) and total.labels.tolist() == list(range(6))
   assert total.threat_model == "fedavg_aggregate"
+  assert again.clients == (1, 2, 3, 2) and again.threat_model == "fedavg_aggregate"
+
+
+def test_an_aggregates_replay_trains_each_client_apart(mlp64, photos, mlp_reference):
+  """The replay of an aggregate of clients of several local steps is each client's NumPy loop on its
+  own examples, weighed n_k / N: the objective is 0 at the clients' data (and the verdict's residual),
+  where replaying them as one client of N examples is not."""
+  from gradjax import distances, objectives, verdict
+  apply_fn, variables = mlp64
+  local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
+  x, y = np.asarray(photos[:5], np.float64), np.array([4, 1, 7, 1, 0])
+  cuts = ((0, 2), (2, 5))
+  with jax.enable_x64(True):
+    obs = clients.aggregate([clients.fedavg(apply_fn, variables, x[a:b], y[a:b], local,
+                                            share_labels=True) for a, b in cuts])
+    objective = jax.jit(objectives.gradient_matching(apply_fn, distances.euclidean,
+                                                     matched=objectives.Replay()))
+    at_truth = float(objective({"x": jnp.asarray(x)}, obs, jnp.asarray(y)))
+    as_one = float(objective({"x": jnp.asarray(x)}, obs.replace(clients=None), jnp.asarray(y)))
+    replayed = clients.replayed_update(apply_fn, obs, jnp.asarray(x), jnp.asarray(y))
+    residual = verdict.residual(apply_fn, obs, {"x": x}, y, matched="replay")
+  ends = [np_local_sgd(variables["params"], x[a:b], y[a:b], 2, 1, 0.1, 0.0, mlp_reference)
+          for a, b in cuts]
+  for k in ends[0]:
+    for n in ends[0][k]:
+      sent = np.asarray(variables["params"][k][n], np.float64)
+      want = sum((b - a) / 5 * (sent - end[k][n]) for (a, b), end in zip(cuts, ends))
+      np.testing.assert_allclose(replayed[k][n], want, rtol=1e-10, atol=1e-15)
+  norm = float(np.sum(_flat(obs.gradient) ** 2))
+  assert at_truth < 1e-20 * norm and as_one > 1e-3 * norm
+  assert residual.relative_error < 1e-9
 
 
 def test_bad_local_training(mlp64, photos):
