@@ -42,3 +42,20 @@ class _OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(finder, _OldNames) for finder in sys.meta_path):
   sys.meta_path.append(_OldNames())
+
+
+
+def lazy_submodules(package: str):
+  """A package's module-level ``__getattr__``: ``package.name`` imports the submodule ``name`` on
+  first use, so that the docstrings' ``gradjax.models.create(...)`` works after a plain
+  ``import gradjax``, which itself imports nothing heavy."""
+
+  def getattr_(name: str):
+    if not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}") is not None:
+      return importlib.import_module(f"{package}.{name}")
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+  return getattr_
+
+
+__getattr__ = lazy_submodules(__name__)

@@ -117,6 +117,8 @@ class Attack:
     if self.depth_rule is not None and self.depth_rule not in distances.DEPTH_RULES:
       raise ValueError(f"unknown depth rule {self.depth_rule!r}; choose one of "
                        f"{', '.join(distances.DEPTH_RULES)}")
+    if self.depth_rule is not None:
+      self.distance.check_weighted(self.depth_rule)
     bad = [p for p in self.priors if not isinstance(p, priors_lib.Prior)]
     if bad:
       raise ValueError(f"priors are priors.Prior records (function, weight, start), got {bad[0]!r}")

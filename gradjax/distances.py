@@ -112,8 +112,12 @@ def _children(node):
 def layer_paths(params) -> list[tuple[str, ...]]:
   """Leaf paths of ``params`` in depth order: the dicts' insertion order, not JAX's sorted order.
 
-  Example: LeNet-5 gives [("Conv_0", "kernel"), ("Conv_0", "bias"), ("Conv_1", "kernel"), ...,
-  ("head", "kernel"), ("head", "bias")]: modules in call order, leaves in ``self.param`` order.
+  Example: LeNet-5's variables as Flax's ``init`` returns them give [("Conv_0", "kernel"),
+  ("Conv_0", "bias"), ("Conv_1", "kernel"), ..., ("head", "kernel"), ("head", "bias")]: modules in
+  call order, leaves in ``self.param`` order. Variables that went through a pytree transformation
+  (``jax.jit``, ``jax.tree.map``; :func:`gradjax.models.create`'s) have their keys sorted:
+  ("Conv_0", "bias") before ("Conv_0", "kernel"), and modules alphabetically, which is not the call
+  order of every model (:func:`module_call_order` reads that from the model).
   """
   out = []
 
@@ -417,8 +421,23 @@ class Distance:
     if self.depth_rule is not None and self.depth_rule not in DEPTH_RULES:
       raise ValueError(f"unknown depth rule {self.depth_rule!r}; choose one of "
                        f"{', '.join(DEPTH_RULES)}")
+    if self.depth_rule is not None:
+      self.check_weighted(self.depth_rule)
     if self.settled_from < 0:
       raise ValueError(f"settled_from must be non-negative, got {self.settled_from}")
+
+  def check_weighted(self, depth_rule: str) -> None:
+    """Raises a one-line ``ValueError`` unless ``fn`` takes the keyword ``weights`` a depth rule
+    gives (or ``**kwargs``; a function whose signature cannot be read is trusted)."""
+    try:
+      parameters = inspect.signature(self.fn).parameters
+    except (TypeError, ValueError):
+      return
+    if "weights" not in parameters and not any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+      name = getattr(self.fn, "__name__", repr(self.fn))
+      raise ValueError(f"depth rule {depth_rule!r} weighs the layers, but the distance {name} takes "
+                       "no keyword 'weights' (per-leaf weights, a pytree of the parameters' structure)")
 
   def __call__(self, dummy, observed, *, weights=None, step=0) -> jax.Array:
     kwargs = {} if weights is None else {"weights": weights}

@@ -388,3 +388,22 @@ def test_errors(lenet5_params):
     distances.select_layers(lenet5_params, exclude="kernel")
   with pytest.raises(ValueError, match="no layer"):
     distances.select_layers(lenet5_params, include=["head"], exclude=["head"])
+
+
+def test_a_depth_rule_needs_a_distance_that_takes_weights():
+  from gradjax import attacks  # pylint: disable=g-import-not-at-top
+
+  def plain(u, v):
+    return sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree.leaves(u), jax.tree.leaves(v)))
+
+  def weighted(u, v, weights=None):
+    del weights
+    return plain(u, v)
+
+  for make in (lambda: attacks.Attack(distance=plain, depth_rule="inverse"),
+               lambda: distances.Distance(plain, depth_rule="inverse")):
+    with pytest.raises(ValueError, match="depth rule 'inverse' weighs the layers, but the distance "
+                                         "plain takes no keyword 'weights'"):
+      make()
+  assert attacks.Attack(distance=weighted, depth_rule="inverse").depth_rule == "inverse"
+  assert attacks.Attack(distance=lambda u, v, **kw: plain(u, v), depth_rule="linear")

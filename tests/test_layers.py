@@ -7,6 +7,8 @@ import ast
 import importlib
 import importlib.util
 import os
+import subprocess
+import sys
 
 import gradjax
 
@@ -122,3 +124,13 @@ def test_moved_modules_answer_to_their_old_names():
   from gradjax import pipeline  # pylint: disable=import-outside-toplevel
   from gradjax.audit import Settings  # pylint: disable=import-outside-toplevel
   assert pipeline.__name__ == "gradjax.run.pipeline" and Settings.__module__ == "gradjax.integrations.audit"
+
+
+def test_a_plain_import_reaches_the_submodules_on_first_use():
+  code = ("import sys, gradjax\n"
+          "assert 'gradjax.pickled' not in sys.modules and 'jax' not in sys.modules\n"
+          "assert gradjax.pickled.__name__ == 'gradjax.pickled' and gradjax.run.config.__name__ == "
+          "'gradjax.run.config' and gradjax.integrations.audit.__name__ == 'gradjax.integrations.audit'\n"
+          "try:\n  gradjax.no_such_module\nexcept AttributeError as e:\n  print(e)\n")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "module 'gradjax' has no attribute 'no_such_module'"

@@ -5,3 +5,7 @@ Imports the attack core and ``gradjax.run``; not ``gradjax.cli``, ``gradjax.conf
 (``tests/test_layers.py``). The PyTorch file formats (``gradjax.interop``) and the capture checks
 (``gradjax.fidelity``) sit in the core, below the run, which reads them.
 """
+
+import gradjax
+
+__getattr__ = gradjax.lazy_submodules(__name__)

@@ -6,3 +6,7 @@ spans (``processes``).
 Imports the attack core (``gradjax.*``, ``gradjax.models``) and nothing above it: not
 ``gradjax.integrations``, ``gradjax.cli``, ``gradjax.configs`` or absl (``tests/test_layers.py``).
 """
+
+import gradjax
+
+__getattr__ = gradjax.lazy_submodules(__name__)
