@@ -4,6 +4,7 @@ which tells one content from another whatever its path (:func:`sha256`); reading
 without unpickling or allocating what a corrupt header declares (:func:`npz_arrays`); and whether a
 value read back from such a file is a number (:func:`is_number`)."""
 
+import functools
 import hashlib
 import io
 import math
@@ -34,7 +35,15 @@ def atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
 
 
 def sha256(path) -> str:
-  """The hex SHA-256 digest of the file at ``path`` (read in blocks of 1 MiB)."""
+  """The hex SHA-256 digest of the file at ``path`` (read in blocks of 1 MiB; a file read before
+  with the same size and modification time is not read again)."""
+  stat = os.stat(path)
+  return _sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+  del size, mtime_ns  # the cache's key
   digest = hashlib.sha256()
   with open(path, "rb") as fh:
     for block in iter(lambda: fh.read(1 << 20), b""):

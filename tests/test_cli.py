@@ -41,6 +41,11 @@ import atexit, contextlib, io, json, os, sys, traceback
 atexit.register(os._exit, 0)
 from absl import flags
 from gradjax import cli
+# gradjax's own exit handlers (a claim of the output folder released, a folder set aside by
+# --overwrite restored) run after each command, as its own process would run them at its exit.
+register, handlers = atexit.register, []
+atexit.register = lambda fn, *a, **k: (handlers.append((fn, a, k)) if getattr(
+    fn, "__module__", "").startswith("gradjax") else register(fn, *a, **k)) or fn
 out = []
 for argv, folder in json.loads(sys.argv[1]):
   flags.FLAGS.unparse_flags()
@@ -57,6 +62,9 @@ for argv, folder in json.loads(sys.argv[1]):
     except BaseException:
       traceback.print_exc()
       code = 1
+    while handlers:
+      fn, a, k = handlers.pop()
+      fn(*a, **k)
   out.append([code, stdout.getvalue(), stderr.getvalue()])
 print(json.dumps(out), flush=True)
 """
@@ -476,6 +484,18 @@ def test_runs_never_overwrite_each_other(tmp_path):
   _assert_one_line_error(failed, "out of range")
   assert {p.name: p.read_bytes() for p in (runs / "dlg_lenet_zhu_skimage_0").iterdir() if p.is_file()} == kept
   assert sorted(p.name for p in (runs / "dlg_lenet_zhu_skimage_0").iterdir() if p.is_dir()) == ["inner"]
+  # A folder another run has just claimed (its claim, nothing written yet: two runs started
+  # together) is taken by neither the next default nor an --output_dir; finished runs keep no claim.
+  claimed = runs / "dlg_lenet_zhu_skimage_0-3"
+  claimed.mkdir()
+  (claimed / ".gradjax-claim").write_text("# Command: gradjax reconstruct --seed=9\n")
+  next_free, into = run_in_one_process([[argv, tmp_path] for argv in (
+      [*reconstruct, "--seed=4"], [*reconstruct, f"--output_dir={claimed}"])])
+  assert "wrote runs/dlg_lenet_zhu_skimage_0-4" in next_free.stdout, next_free.stderr[-2000:]
+  _assert_one_line_error(into, "holds another run's files")
+  assert [p.name for p in claimed.iterdir()] == [".gradjax-claim"]
+  assert [str(p.relative_to(runs)) for p in runs.glob("*/.gradjax-claim")] == [
+      "dlg_lenet_zhu_skimage_0-3/.gradjax-claim"]
 
 
 def _killed_then_resumed(program, args, out, state_glob):
@@ -587,6 +607,28 @@ def test_killed_sweep_resumes(tmp_path):
   assert [r["psnr"] for r in a["rows"]] == [r["psnr"] for r in b["rows"]]
   assert [r["resumed"] for r in a["rows"]] == [False, True, False]
   assert not list(out.glob("items/*state.npz"))
+  # Resumed with a narrower range, its table would drop a finished row: refused, the table kept.
+  kept = (out / "results.json").read_bytes()
+  narrower = run_program("sweep.py", *[a.replace("--count=3", "--count=2") for a in args], "--resume",
+                         f"--output_dir={out}")
+  _assert_one_line_error(narrower, "holds finished experiments this command does not run (2.json)")
+  assert (out / "results.json").read_bytes() == kept
+
+
+@pytest.mark.slow
+def test_a_sweeps_finished_experiments_are_of_the_checkpoint_they_ran_on(tmp_path):
+  """A sweep resumed after its checkpoint was replaced does not mix rows of two models: its
+  finished experiments are refused in one line."""
+  meta = {"model": "mlp", "init": None, "act": None, "num_classes": 10, "input_shape": [16, 16, 3]}
+  ckpt = tmp_path / "ckpt.npz"
+  checkpoint.save(ckpt, models.create("mlp", jax.random.key(0), input_shape=(16, 16, 3)).variables, meta)
+  args = ["gradjax", "sweep", "--count=2", "--iterations=5", "--image_size=16", f"--checkpoint={ckpt}",
+          f"--output_dir={tmp_path / 's'}"]
+  first, = run_in_one_process([[args, tmp_path]])
+  assert first.returncode == 0, first.stderr[-2000:]
+  checkpoint.save(ckpt, models.create("mlp", jax.random.key(1), input_shape=(16, 16, 3)).variables, meta)
+  same, = run_in_one_process([[[*args, "--resume"], tmp_path]])
+  _assert_one_line_error(same, "0.json was computed from other contents of model.checkpoint")
 
 
 @pytest.mark.slow
@@ -1150,14 +1192,14 @@ def test_the_command_leaves_with_the_interpreters_status_after_every_exit_handle
   """gradjax.cli's end of process (the interpreter's teardown skipped): the status Python would
   give (0; sys.exit's code; 1 for a message or an uncaught exception, its traceback printed),
   exit handlers registered during the run still run, buffered output is flushed; an interrupt
-  leaves the usual way."""
+  before the run handles signals itself is one line and status 130."""
   cases = {
       "pass": (0, "", ""),
       "sys.exit(3)": (3, "", ""),
       "sys.exit('no such capture')": (1, "", "no such capture"),
       "1 / 0": (1, "", "ZeroDivisionError"),
       "atexit.register(lambda: print('handler ran')); print('buffered', end='')": (0, "bufferedhandler ran\n", ""),
-      "raise KeyboardInterrupt": (-signal.SIGINT, "", "KeyboardInterrupt"),  # killed by SIGINT
+      "raise KeyboardInterrupt": (130, "", "error: interrupted before the run began"),  # one line
   }
   for body, (code, out, err) in cases.items():
     program = ("import atexit, sys\nfrom gradjax.cli import _run_and_leave\ndef run():\n  "
@@ -1444,6 +1486,9 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   (tmp_path / "itemsfile" / "items").write_text("mine")
   (tmp_path / "stopped").mkdir()  # an interrupted reconstruct run: its saved state, no config.py yet
   (tmp_path / "stopped" / "state.npz").write_bytes(b"a reconstruct's state")
+  (tmp_path / "a_stopped_sweep").mkdir()  # an interrupted sweep: its claim and items, no config.py yet
+  (tmp_path / "a_stopped_sweep" / ".gradjax-claim").write_text("# Command: gradjax sweep --count=4\n")
+  (tmp_path / "a_stopped_sweep" / "items").mkdir()
   _bad_files(tmp_path)  # good.npz: an image model's checkpoint
   (tmp_path / "swept.py").write_text("from gradjax.run import config\ndef get_config():\n"
                                      "  return config.defaults()\ndef get_sweep():\n  return [{'seed': 1}]\n")
@@ -1475,6 +1520,10 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'nothing'}"], "holds no saved state"),
       (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'stopped'}"],
        "holds an interrupted run of another program"),
+      (["defense-sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'a_stopped_sweep'}"],
+       "holds a run of gradjax sweep, not of gradjax defense-sweep"),
+      (["reconstruct", "--overwrite", f"--output_dir={tmp_path / 'a_stopped_sweep'}"],
+       "holds a run of gradjax sweep, not of gradjax reconstruct"),
       (["sweep", "--count=1", "--modality=text"], "for text use gradjax text-table"),
       (["sweep", "--count=1", "--overwrite", f"--output_dir={tmp_path / 'itemsfile'}"],
        "items is not a folder; the table keeps its experiments in one of that name"),
@@ -1509,6 +1558,7 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
   assert (tmp_path / "itemsfile" / "items").read_text() == "mine"
   assert sorted(os.listdir(tmp_path / "a_run")) == ["config.py", "metrics.json"]
   assert os.listdir(tmp_path / "stopped") == ["state.npz"]
+  assert sorted(os.listdir(tmp_path / "a_stopped_sweep")) == [".gradjax-claim", "items"]
   assert not (tmp_path / "nothing").exists() and not (tmp_path / "runs").exists()
   assert not (tmp_path / "tt").exists()  # refused before the untrained rows ran
   assert not (tmp_path / "tm").exists() and not (tmp_path / "bt").exists()
@@ -1602,3 +1652,30 @@ def test_images_too_small_to_score_are_refused_before_the_attack(tmp_path):
                      f"--output_dir={out}")
   _assert_one_line_error(proc, "SSIM needs images of at least 3x3 pixels, got 2x40")
   assert "restart 0" not in proc.stderr and not out.exists()
+
+
+def test_an_interrupt_before_the_run_is_one_line_and_status_130(tmp_path):
+  """Ctrl-C while the program imports or sets up (before the run saves on signals itself), also
+  when an extension module's import turns it into an ImportError: one line, status 130, the exit
+  handlers run (a claimed folder is released)."""
+  code = textwrap.dedent("""
+      import atexit, os, sys
+      from gradjax.cli import _run_and_leave
+      def run():
+        atexit.register(lambda: os.remove(sys.argv[2]))  # the run's own exit handler
+        if sys.argv[1] == "import":
+          try:
+            raise KeyboardInterrupt
+          except KeyboardInterrupt:
+            raise ImportError("numpy.core.multiarray failed to import")
+        raise KeyboardInterrupt
+      _run_and_leave(run)
+      """)
+  for how in ("plain", "import"):
+    claim = tmp_path / f"claim_{how}"
+    claim.write_text("")
+    proc = subprocess.run([sys.executable, "-c", code, how, str(claim)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
+        "error: interrupted before the run began (nothing was computed to keep)"], proc.stderr
+    assert not claim.exists()

@@ -2,6 +2,7 @@
 where the uninterrupted run does; state files are refused when they belong to another run or are
 corrupt, truncated or pickled."""
 
+import hashlib
 import json
 import os
 import pickle
@@ -183,12 +184,21 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
                         (("fingerprint", None, None), "malformed fingerprint")):
     section, key, value = change
     edited = json.loads(json.dumps(header))
+    del edited["digest"]  # as a state saved before states kept one: each field is checked
     if key is None:
       edited[section] = value
     else:
       edited[section][key] = value
     np.savez(path, **{**entries, "__metadata__": np.frombuffer(json.dumps(edited).encode(), np.uint8)})
     refused({"iterations": 60, "seed": 0}, re.escape(match))
+  # Fields of the right type, edited (the cursor's steps, a history row, an array): the digest.
+  for section, key, value in (("cursor", "steps", 59), ("extra", "history", [{"iteration": 1}])):
+    edited = json.loads(json.dumps(header))
+    edited[section][key] = value
+    np.savez(path, **{**entries, "__metadata__": np.frombuffer(json.dumps(edited).encode(), np.uint8)})
+    refused({"iterations": 60, "seed": 0}, "was changed after it was saved")
+  np.savez(path, **{**entries, "state/00000": entries["state/00000"] + 1})
+  refused({"iterations": 60, "seed": 0}, "was changed after it was saved")
 
 
 def test_progress_says_compiling_and_rates_exclude_it():
@@ -258,13 +268,27 @@ def test_items_read_back_runs_saved_before_a_config_field_existed(tmp_path):
     campaign.Items._read(str(tmp_path / "item"), cfg)
   # An image item whose arrays are not two finite batches of one shape.
   image_cfg = config.from_options({"attack.iterations": 3})
-  (tmp_path / "image.json").write_text(json.dumps({
-      "config": config.fingerprint(image_cfg), "psnr": 10.0, "ssim": 0.1, "mse": 0.1, "wall_time_s": 1.0,
-      "verdict": {"status": "no_leak_found"}}))
+  image_item = {"config": config.fingerprint(image_cfg), "psnr": 10.0, "ssim": 0.1, "mse": 0.1,
+                "wall_time_s": 1.0, "iterations": 3, "loss": 0.5, "verdict": {"status": "no_leak_found"}}
+  (tmp_path / "image.json").write_text(json.dumps(image_item))
   for truth, found in ((np.zeros((1, 4, 4, 3)), np.zeros((1, 4, 4))), (np.zeros((1, 4, 4, 3)), np.full((1, 4, 4, 3), np.nan))):
     np.savez(tmp_path / "image.npz", ground_truth=truth.astype(np.float32), reconstruction=found.astype(np.float32))
     with pytest.raises(ValueError, match="holds no two finite image batches of one shape"):
       campaign.Items._read(str(tmp_path / "image"), image_cfg)
+  # Fields the tables read, missing; the images of another item copied over this one's.
+  np.savez(tmp_path / "image.npz", ground_truth=np.zeros((1, 4, 4, 3), np.float32),
+           reconstruction=np.ones((1, 4, 4, 3), np.float32))
+  for drop, message in (("iterations", "iterations is None, not a number"), ("loss", "it has no objective")):
+    (tmp_path / "image.json").write_text(json.dumps({k: v for k, v in image_item.items() if k != drop}))
+    with pytest.raises(ValueError, match=message):
+      campaign.Items._read(str(tmp_path / "image"), image_cfg)
+  digest = hashlib.sha256((tmp_path / "image.npz").read_bytes()).hexdigest()
+  (tmp_path / "image.json").write_text(json.dumps({**image_item, "images_sha256": digest}))
+  assert campaign.Items._read(str(tmp_path / "image"), image_cfg)[0]["psnr"] == 10.0
+  np.savez(tmp_path / "image.npz", ground_truth=np.zeros((1, 4, 4, 3), np.float32),
+           reconstruction=np.zeros((1, 4, 4, 3), np.float32))
+  with pytest.raises(ValueError, match="image.npz holds other images than its results were computed with"):
+    campaign.Items._read(str(tmp_path / "image"), image_cfg)
 
 
 def test_items_read_back_under_another_restart_strategy(tmp_path):
@@ -276,7 +300,8 @@ def test_items_read_back_under_another_restart_strategy(tmp_path):
   from gradjax.run import campaign, config
   cfg = config.from_options({"attack.iterations": 3})
   (tmp_path / "item.json").write_text(json.dumps({"config": config.fingerprint(cfg), "psnr": 30.0, "ssim": 0.9,
-                                                  "mse": 0.001, "wall_time_s": 1.0, "verdict": {"status": "leak"}}))
+                                                  "mse": 0.001, "wall_time_s": 1.0, "iterations": 3,
+                                                  "loss": 0.1, "verdict": {"status": "leak"}}))
   np.savez(tmp_path / "item.npz", ground_truth=np.zeros((1, 2, 2, 3)), reconstruction=np.ones((1, 2, 2, 3)))
   for other in ({"execution.strategy": "vmap"},
                 {"execution.strategy": "map", "execution.map_batch_size": 4}):
@@ -335,3 +360,17 @@ def test_trace_rows_start_at_the_first_best_iterate(tmp_path):
   trace.monitor(state)
   assert len(trace.rows) == 1
   report.save_json(tmp_path / "history.json", {"history": trace.rows})
+
+
+def test_a_save_killed_midway_leaves_no_temporary_file_behind(tmp_path):
+  """The temporary file of a save killed before its rename (``<state>.<32 hex>.tmp``) goes when the
+  next run of that state starts saving, and when a finished run removes its state; other files stay."""
+  stale = tmp_path / f"state.npz.{'0a' * 16}.tmp"
+  others = [tmp_path / "state.npz.notes.tmp", tmp_path / f"other.npz.{'0a' * 16}.tmp"]
+  for path in (stale, *others):
+    path.write_bytes(b"x")
+  resume.Saver(tmp_path / "state.npz", fingerprint={})
+  assert not stale.exists() and all(p.exists() for p in others)
+  stale.write_bytes(b"x")
+  resume.StateFile(str(tmp_path / "state.npz")).remove()
+  assert not stale.exists() and all(p.exists() for p in others)

@@ -8,6 +8,7 @@ import atexit
 import importlib
 import logging
 import os
+import signal
 import sys
 
 # command -> (module, one line on what it does)
@@ -59,6 +60,10 @@ def main(argv: list[str] | None = None, *, program: str = "gradjax", commands: d
   # Before the command's flags are defined: ml_collections reads --config.<path> flags from sys.argv.
   sys.argv = common.config_first([f"{program} {name}", *argv[2:]])
   module = importlib.import_module(f"{package}.{commands[name][0]}")
+  if _RECEIVED:  # Ctrl-C while the imports ran (:func:`_run_and_leave`)
+    raise KeyboardInterrupt
+  from gradjax.run import resume
+  resume.interrupt_until_run()  # from here until the run saves on signals, Ctrl-C stops the program
   common.PROGRAM[:] = [program, name]
   common.PROGRAM_DOC[:] = [module.__doc__ or ""]
   app.run(module.main, argv=sys.argv, flags_parser=common.parse_flags)
@@ -83,9 +88,11 @@ def _run_and_leave(run) -> None:
   the logs, and exits with the status the interpreter would give: ``sys.exit``'s code (1 for a
   message), 1 after an uncaught exception (printed as usual), 0 otherwise. What it skips is the
   destruction of the modules' objects, which for JAX's on CPU takes 0.8-1.2 s (a jitted one-line
-  program ends 0.8 s sooner without it, the README's job 1.2 s). An interrupt (Ctrl-C) leaves the
-  usual way."""
+  program ends 0.8 s sooner without it, the README's job 1.2 s). An interrupt (Ctrl-C) before the
+  run handles signals itself ends with one line and status 130."""
   status = []
+  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, _remember)  # while the extension modules import, not in them
 
   def leave():
     if not status:  # interrupted
@@ -104,9 +111,36 @@ def _run_and_leave(run) -> None:
   except SystemExit as e:
     status.append(0 if e.code is None else e.code if isinstance(e.code, int) else 1)
     raise
-  except KeyboardInterrupt:
-    raise
-  except BaseException:
-    status.append(1)
-    raise
+  except BaseException as e:
+    if not _an_interrupt(e):
+      status.append(1)
+      raise
+    # Ctrl-C before the run saves on signals (resume.stop_on_signals): during the imports, the set-up
+    # or the compilation. The exit handlers still run (a claimed folder released, a folder set aside
+    # by --overwrite restored).
+    print("error: interrupted before the run began (nothing was computed to keep)", file=sys.stderr)
+    status.append(130)
+    raise SystemExit(130) from None
   status.append(0)
+
+
+_RECEIVED: list[int] = []  # SIGINT received while the command's modules were imported
+
+
+def _remember(signum, frame) -> None:
+  """SIGINT while the command's modules import: remembered, raised once they are (an exception
+  raised inside an extension module's initialisation can crash the interpreter)."""
+  del frame
+  _RECEIVED.append(signum)
+
+
+def _an_interrupt(e: BaseException) -> bool:
+  """Whether ``e`` is Ctrl-C's KeyboardInterrupt, or an error it caused: one raised inside an
+  extension module's import is re-raised as an ImportError whose context is the interrupt."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, KeyboardInterrupt):
+      return True
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return False

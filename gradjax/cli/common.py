@@ -468,6 +468,7 @@ def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = Non
   text = config.to_python(cfg, comment=f"{what}.\nCommand: {command}", fields=tuple(FIELDS),
                           sweep=sweep)
   files.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
+  _release_claim(out)  # config.py records the command now
 
 
 def define_fields(*paths: str) -> dict[str, flags.FlagHolder]:
@@ -609,18 +610,47 @@ def _holds_files(path: str) -> bool:
 
 
 def recorded_command(out: str) -> list[str] | None:
-  """The command (program and flags) that ``<out>/config.py`` records (:func:`write_config`);
-  ``None`` where there is no such file or line."""
-  try:
-    with open(os.path.join(out, "config.py"), encoding="utf-8") as fh:
-      for line in fh:
-        if line.startswith("# Command: "):
-          return shlex.split(line[len("# Command: "):])
-        if not line.startswith("#"):
-          return None
-  except (OSError, UnicodeDecodeError, ValueError):
-    return None
+  """The command (program and flags) that ``<out>/config.py`` records (:func:`write_config`), or
+  before a run has written it, its claim of the folder (:data:`CLAIM`); ``None`` where neither
+  file or line is there."""
+  for name in ("config.py", CLAIM):
+    try:
+      with open(os.path.join(out, name), encoding="utf-8") as fh:
+        for line in fh:
+          if line.startswith("# Command: "):
+            return shlex.split(line[len("# Command: "):])
+          if not line.startswith("#"):
+            break
+    except (OSError, UnicodeDecodeError, ValueError):
+      continue
   return None
+
+
+CLAIM = ".gradjax-claim"
+"""The file a run creates in its folder the moment it claims it (exclusively: of two runs started
+together, one gets the folder), holding its command; removed once ``config.py`` records that
+command, or at exit when the run wrote nothing else. An interrupted run's claim names its program."""
+
+
+def _claim(out: str, *, exclusive: bool = True) -> bool:
+  """Creates ``<out>/``:data:`CLAIM` with this run's command; False where ``exclusive`` and another
+  run's claim is there."""
+  text = "# Command: " + shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n") + "\n"
+  mode = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
+  try:
+    fd = os.open(os.path.join(out, CLAIM), mode, 0o644)
+  except FileExistsError:
+    return False
+  with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    fh.write(text)
+  return True
+
+
+def _release_claim(out: str) -> None:
+  try:
+    os.remove(os.path.join(out, CLAIM))
+  except FileNotFoundError:
+    pass
 
 
 # Where a program keeps its solver states: a table program (its files under items/) one per
@@ -692,9 +722,10 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
     out = f.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
       fail(f"--output_dir {out} is a file, not a folder")
+    taken = (f"--output_dir {out} holds another run's files; pass --overwrite to replace them"
+             + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
     if _holds_files(out) and not (f.overwrite or resuming):
-      fail(f"--output_dir {out} holds another run's files; pass --overwrite to replace them"
-           + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
+      fail(taken)
     if resuming:
       _check_resumable(out, own)
     elif f.overwrite:
@@ -710,23 +741,42 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
         fail(f"--resume: no interrupted run under {base}[-k] holds a saved state; give --output_dir")
       out = saved[-1]
     else:
-      out = next(d for d in [base] + [f"{base}-{k}" for k in range(2, 10_000)] if not _holds_files(d))
-  created = not os.path.exists(out)
-  try:
-    os.makedirs(out, exist_ok=True)
-    with tempfile.TemporaryFile(dir=out):
-      pass
-  except OSError as e:
-    fail(f"cannot write to the output folder {out}: {e.strerror or e}")
-  if created:  # a run that fails before writing anything leaves no empty folder behind
-    def remove_if_empty():
-      if os.path.isdir(out) and not any(os.scandir(out)):
-        os.rmdir(out)
-    atexit.register(remove_if_empty)
+      out = None
+  candidates = ([out] if out is not None else
+                [d for d in [base] + [f"{base}-{k}" for k in range(2, 10_000)]])
+  for out in candidates:
+    if len(candidates) > 1 and _holds_files(out):
+      continue
+    created = not os.path.exists(out)
+    try:
+      os.makedirs(out, exist_ok=True)
+      with tempfile.TemporaryFile(dir=out):
+        pass
+      claimed = _claim(out, exclusive=not (f.overwrite or resuming))
+    except OSError as e:
+      fail(f"cannot write to the output folder {out}: {e.strerror or e}")
+    if claimed:
+      break
+    if len(candidates) == 1:  # another run claimed it since it was found free
+      fail(taken)
+  atexit.register(_leave, out, created)
   if f.overwrite:
     _set_aside(out, own)
   print(f"writing to {out}", flush=True)  # stdout: a later error is the one line on stderr
   return out
+
+
+def _leave(out: str, created: bool) -> None:
+  """At exit: the claim is removed where the folder's ``config.py`` records the command (a finished
+  run's) or where the run wrote nothing else; the folder too where the run created it and it is
+  empty then."""
+  if not os.path.isdir(out):
+    return
+  if (os.path.exists(os.path.join(out, "config.py"))
+      or [e.name for e in os.scandir(out)] == [CLAIM]):
+    _release_claim(out)
+  if created and not any(os.scandir(out)):
+    os.rmdir(out)
 
 
 def _set_aside(out: str, own: tuple[str, ...]) -> None:
@@ -775,6 +825,14 @@ def items(out: str) -> campaign.Items:
   try:
     return campaign.Items(out, resume=f.resume, save_every_s=f.save_every_s, peers=distributed,
                           interrupted=lambda e: interrupted(e, out))
+  except ValueError as e:
+    fail(str(e))
+
+
+def plan(items: campaign.Items, experiments: list) -> bool:
+  """:meth:`gradjax.run.campaign.Items.plan`, its refusals one line and exit 2."""
+  try:
+    return items.plan(experiments)
   except ValueError as e:
     fail(str(e))
 

@@ -185,7 +185,7 @@ def main(argv):
 
     attacked = [(spec, False) for spec in specs] + [(spec, True) for spec in specs
                                                     if adaptive and spec != "none"]
-    if not items.plan([e for spec, adapted in attacked for e in experiments(spec, adapted)]):
+    if not common.plan(items, [e for spec, adapted in attacked for e in experiments(spec, adapted)]):
       return  # over several processes: this one's experiments are written, process 0 goes on
 
     def attack_row(spec, adapted):

@@ -183,7 +183,7 @@ def main(argv):
   start = time.perf_counter()
   indices = range(f.start, f.start + f.count)
   try:
-    if not items.plan([e for m in names for e in experiments(m, methods[m], indices, base)]):
+    if not common.plan(items, [e for m in names for e in experiments(m, methods[m], indices, base)]):
       return  # over several processes: this one's experiments are written, process 0 goes on
     table = [run_method(m, methods[m], indices, std, f.psnr_threshold, base, items) for m in names]
   except (ValueError, FileNotFoundError, FloatingPointError) as e:

@@ -148,7 +148,7 @@ def main(argv):
       own=("results.*", "psnr.svg", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
   items = common.items(out)
   start, resumed = time.perf_counter(), 0
-  if not items.plan(list(zip(keys, cfgs))):
+  if not common.plan(items, list(zip(keys, cfgs))):
     return  # over several processes: this one's experiments are written, process 0 writes the table
   rows, truth, recon, skipped, kept = [], [], [], [], []
   try:

@@ -156,7 +156,7 @@ def main(argv):
   indices = range(f.start, f.start + f.count)
   bases = {model: {**config.options(cfg), "model.checkpoint": path} for model, path in models}
   try:
-    if not items.plan([e for model, _ in models for s in searches for m in names
+    if not common.plan(items, [e for model, _ in models for s in searches for m in names
                        for e in experiments(model, m, s, bases[model], indices)]):
       return  # over several processes: this one's experiments are written, process 0 goes on
     for model, _ in models:

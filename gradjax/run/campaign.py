@@ -7,6 +7,7 @@ object with ``process_count()``, ``process_index()``, ``is_writer()``, ``finishe
 ``wait_for(ready)``.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -75,7 +76,20 @@ class Items:
     :meth:`run`, in order) belongs to process k mod P: each process runs its share here, writing
     each experiment as it ends; returns whether this process goes on to assemble the table
     (process 0, whose :meth:`run` then waits for the others' experiments to be written and reads
-    them back). One process: runs nothing ahead, returns True."""
+    them back). One process: runs nothing ahead, returns True.
+
+    Resuming, raises a one-line ``ValueError`` where the folder holds finished experiments that are
+    not among ``experiments``: the table written would leave them out."""
+    if self.resume:
+      planned = {os.path.basename(self._path(key)) + ".json" for key, _ in experiments}
+      folder = os.path.join(self.out, "items")
+      left_out = sorted(n for n in (os.listdir(folder) if os.path.isdir(folder) else ())
+                        if n.endswith(".json") and n not in planned)
+      if left_out:
+        raise ValueError(
+            f"--resume: {folder} holds finished experiments this command does not run "
+            f"({', '.join(left_out[:3])}{', ...' if len(left_out) > 3 else ''}), which its table "
+            "would leave out: resume with the options that ran them, or start afresh with --overwrite")
     count, me = self.peers.process_count(), self.peers.process_index()
     if count == 1:
       self._run_together(experiments)
@@ -119,10 +133,12 @@ class Items:
         _LOG.info("experiment %s: in a solver run of %d", key, outcome[0].get("clients_together", 1))
 
   def _write(self, base: str, cfg: Config, results: dict, images: dict) -> None:
+    results = {**results, "input_sha256": pipeline.input_digests(cfg)}  # what _read compares
     if cfg.data.modality != "text":
       files.atomic_write(base + ".npz", lambda fh: np.savez(
           fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
           reconstruction=np.asarray(images["reconstruction"], np.float32)), binary=True)
+      results["images_sha256"] = files.sha256(base + ".npz")  # the images of these results
     report.save_json(base + ".json", results)  # last: its presence marks the experiment finished
 
   def run(self, key: str, cfg: Config, **kw) -> tuple[dict, dict, bool]:
@@ -172,7 +188,11 @@ class Items:
       images = {}
       if cfg.data.modality != "text":
         with open(base + ".npz", "rb") as fh:
-          arrays = files.npz_arrays(fh.read(), base + ".npz")
+          data = fh.read()
+        digest = results.get("images_sha256")  # absent in experiments kept before 2026-12-07
+        if digest is not None and digest != hashlib.sha256(data).hexdigest():
+          raise ValueError(f"{base}.npz holds other images than its results were computed with")
+        arrays = files.npz_arrays(data, base + ".npz")
         images = {"ground_truth": arrays["ground_truth"], "reconstruction": arrays["reconstruction"]}
         truth, found = images["ground_truth"], images["reconstruction"]
         if (truth.ndim != 4 or truth.shape != found.shape or truth.dtype.kind != "f"
@@ -184,6 +204,13 @@ class Items:
     if saved != mine:
       raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
                        "another --output_dir")
+    digests, kept = pipeline.input_digests(cfg), results.get("input_sha256") or {}
+    if not isinstance(kept, dict) or kept != digests:
+      kept = kept if isinstance(kept, dict) else {}
+      changed = sorted(p for p in set(digests) | set(kept) if digests.get(p) != kept.get(p))
+      raise ValueError(f"{base}.json was computed from other contents of {', '.join(changed)} "
+                       f"(a file replaced since, or an experiment of before its digest was kept); "
+                       f"{redo}")
     return results, images
 
 
@@ -193,7 +220,7 @@ def _non_finite(name):
 
 # What the table programs read of a finished experiment, by modality: numbers (None allowed for
 # the scores an attack may not have).
-_ITEM_NUMBERS = {"image": ("psnr", "ssim", "mse", "wall_time_s"),
+_ITEM_NUMBERS = {"image": ("psnr", "ssim", "mse", "wall_time_s", "iterations"),
                  "text": ("token_accuracy", "bag_recall", "wall_time_s")}
 _ITEM_OPTIONAL = ("label_accuracy", "loss", "gamma", "psnr_unclamped", "lpips")
 
@@ -209,6 +236,8 @@ def _check_item(results, modality: str) -> None:
   for key in _ITEM_OPTIONAL:
     if results.get(key) is not None and not files.is_number(results[key]):
       raise ValueError(f"{key} is {results[key]!r}, not a number")
+  if modality == "image" and "loss" not in results:
+    raise ValueError("it has no objective (loss: a number, or null for a closed form)")
   verdict = results.get("verdict")
   if not isinstance(verdict, dict) or not isinstance(verdict.get("status"), str):
     raise ValueError("its verdict is not a status")

@@ -285,6 +285,13 @@ class Trace:
             and self.rows[-1].get("psnr", -math.inf) >= self.target)
 
 
+def input_digests(cfg: Config) -> dict[str, str]:
+  """The SHA-256 of each input file the configuration names (:data:`INPUT_FILES`: a checkpoint, a
+  capture's weights and update), by option: what a resumed run or a table's finished experiment
+  compares, a file replaced since being another run's input."""
+  return {p: files.sha256(config.get(cfg, p)) for p in INPUT_FILES if config.get(cfg, p)}
+
+
 class _Resumable:
   """One experiment's wall time, counted across the runs that resumed it, and its solver-state
   ``saver`` (``None`` without a state file); restoring a state restores the trace's rows too."""
@@ -295,16 +302,19 @@ class _Resumable:
       def restored(extra):
         rows = list(extra.get("history", []))
         if not all(isinstance(r, dict) and isinstance(r.get("iteration"), int) and files.is_number(r.get("loss"))
-                   and (r.get("psnr") is None or files.is_number(r["psnr"])) for r in rows):
+                   and (r.get("psnr") is None or files.is_number(r["psnr"]))
+                   and "restart" in r and (r["restart"] is None or isinstance(r["restart"], int))
+                   for r in rows):
           raise ValueError(f"{state.path}: its progress history holds rows that are not this "
-                           "program's (an iteration and an objective each); start afresh without --resume")
+                           "program's (a restart, an iteration and an objective each); start afresh "
+                           "without --resume")
         trace.rows = rows
         self.earlier_s, self.resumed = float(extra.get("wall_time_s", 0.0)), True
 
       spread = cfg.execution.shard and jax.process_count(
       ) > 1  # one attack over every process's devices
       saved_with = fingerprint(cfg)
-      read = {p: files.sha256(config.get(cfg, p)) for p in INPUT_FILES if config.get(cfg, p)}
+      read = input_digests(cfg)
       if read:  # the files' contents, not only their paths: a file replaced since is another run
         saved_with["input_sha256"] = read
       if cfg.execution.shard:  # the restarts' split over devices shapes the vmapped programs' values

@@ -29,6 +29,7 @@ Example::
 """
 
 import dataclasses
+import hashlib
 import io
 import json
 import logging
@@ -72,12 +73,33 @@ class Interrupted(Exception):
 
 
 _stop_requested: list[int] = []  # the signals received since stop_on_signals()
+_before_run: list[int] = []  # SIGINT received before it (interrupt_until_run)
+
+
+def interrupt_until_run() -> None:
+  """Until :func:`stop_on_signals`: SIGINT raises ``KeyboardInterrupt`` as Python's own handler
+  does, and is remembered, so that one raised where Python ignores exceptions (a garbage
+  collector's callback prints it and goes on) still stops the program when its run begins. A
+  SIGINT the process ignores (a background job of a shell without job control) stays ignored."""
+  if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    return
+
+  def handler(signum, frame):
+    del frame
+    _before_run.append(signum)
+    raise KeyboardInterrupt
+
+  signal.signal(signal.SIGINT, handler)
 
 
 def stop_on_signals(signums=(signal.SIGINT, signal.SIGTERM)) -> None:
   """Makes the first of ``signums`` ask the running :class:`Saver` to save and stop (raising
   :class:`Interrupted` after the chunk being run); the signal's default action comes back, so a
-  second one stops at once. For programs whose runs save their state."""
+  second one stops at once. For programs whose runs save their state. Raises
+  ``KeyboardInterrupt`` where :func:`interrupt_until_run` saw a SIGINT that did not stop the
+  program."""
+  if _before_run:
+    raise KeyboardInterrupt
 
   def handler(signum, frame):
     del frame
@@ -133,6 +155,8 @@ class Saver:
     self._last = time.monotonic()
     self._called = False
     self.saves, self.seconds, self.error = 0, 0.0, None
+    if os.path.isdir(os.path.dirname(self.path) or ".") and (not collective or processes.is_writer()):
+      remove_stale_saves(self.path)  # of an earlier run of this state killed while it saved
 
   def __call__(self, snapshot: Callable[[], driver.Snapshot], *, final: bool = False) -> None:
     signum = stop_requested()
@@ -187,9 +211,20 @@ class StateFile:
     return Saver(self.path, fingerprint=fingerprint, every_s=self.every_s, resume=self.resume, **kw)
 
   def remove(self) -> None:
-    """Deletes the state file, once the run's results are written."""
+    """Deletes the state file, once the run's results are written, and any temporary file a save
+    killed midway left beside it (:func:`gradjax.files.atomic_write`'s ``<path>.<hex>.tmp``)."""
     if os.path.exists(self.path):
       os.remove(self.path)
+    remove_stale_saves(self.path)
+
+
+def remove_stale_saves(path: str) -> None:
+  """Deletes the temporary files of saves of ``path`` that were killed before their rename."""
+  folder, name = os.path.split(os.fspath(path))
+  for entry in os.scandir(folder or "."):
+    rest = entry.name[len(name) + 1:-len(".tmp")] if entry.name.startswith(name + ".") else ""
+    if entry.name.endswith(".tmp") and len(rest) == 32 and all(c in "0123456789abcdef" for c in rest):
+      os.remove(entry.path)
 
 
 def save(path, snap: driver.Snapshot, fingerprint: dict, extra: dict | None = None) -> None:
@@ -200,13 +235,28 @@ def save(path, snap: driver.Snapshot, fingerprint: dict, extra: dict | None = No
     if value.dtype.kind not in "biuf":
       raise ValueError(f"solver state leaf {key} has dtype {value.dtype}, which a state file cannot hold")
   arrays["survivors"] = np.asarray(snap.survivors, np.int64)
-  header = {"format": FORMAT, "fingerprint": fingerprint, "extra": extra or {},
-            "cursor": {"round": int(snap.round), "position": int(snap.position),
-                       "steps": int(snap.steps), "stopped": bool(snap.stopped),
-                       "strategy": snap.strategy}}
-  text = json.dumps(report._to_python(header, ""), sort_keys=True, allow_nan=False)
+  header = report._to_python(
+      {"format": FORMAT, "fingerprint": fingerprint, "extra": extra or {},
+       "cursor": {"round": int(snap.round), "position": int(snap.position),
+                  "steps": int(snap.steps), "stopped": bool(snap.stopped), "strategy": snap.strategy}},
+      "")
+  header["digest"] = _digest(header, arrays)
+  text = json.dumps(header, sort_keys=True, allow_nan=False)
   arrays[checkpoint.METADATA_KEY] = np.frombuffer(text.encode("utf-8"), np.uint8)
   files.atomic_write(path, lambda f: np.savez(f, **arrays), binary=True)
+
+
+def _digest(header: dict, arrays: dict[str, np.ndarray]) -> str:
+  """SHA-256 of a state file's contents: its header (without the digest) as canonical JSON, then
+  every array's name, dtype, shape and bytes in name order; a file edited by hand (its cursor, its
+  history, an array) no longer matches it."""
+  digest = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "digest"},
+                                     sort_keys=True, allow_nan=False).encode("utf-8"))
+  for name in sorted(arrays):
+    a = np.ascontiguousarray(arrays[name])
+    digest.update(f"{name}|{a.dtype.str}|{a.shape}|".encode("utf-8"))
+    digest.update(a.tobytes())
+  return digest.hexdigest()
 
 
 def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
@@ -234,6 +284,10 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
   header = checkpoint.parse_metadata(arrays.pop(checkpoint.METADATA_KEY), where)
   if header.get("format") != FORMAT:
     raise ValueError(f"{where} has state format {header.get('format')!r}; this gradjax reads {FORMAT}")
+  # States saved before 2026-12-07 carry no digest.
+  if "digest" in header and header["digest"] != _digest(header, arrays):
+    raise ValueError(f"{where} was changed after it was saved (its contents do not match their "
+                     "digest): start afresh without --resume")
   if not isinstance(header.get("cursor"), dict):
     raise ValueError(f"{where} has a malformed cursor: not a JSON object")
   if fingerprint is not None:
