@@ -191,6 +191,12 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
       edited[section][key] = value
     np.savez(path, **{**entries, "__metadata__": np.frombuffer(json.dumps(edited).encode(), np.uint8)})
     refused({"iterations": 60, "seed": 0}, re.escape(match))
+  # A table's experiment's state advises deleting it (the finished experiments are kept).
+  np.savez(path, **{**entries, "__metadata__": np.frombuffer(json.dumps(header).encode(), np.uint8)})
+  with pytest.raises(ValueError, match="another run .seed = 0 there, 1 here.; run with the saved "
+                                       "settings, or delete it"):
+    _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.StateFile(
+        str(path), resume=True, afresh="delete it").saver({"iterations": 60, "seed": 1})))
   # Fields of the right type, edited (the cursor's steps, a history row, an array): the digest.
   for section, key, value in (("cursor", "steps", 59), ("extra", "history", [{"iteration": 1}])):
     edited = json.loads(json.dumps(header))

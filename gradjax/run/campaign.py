@@ -157,7 +157,9 @@ class Items:
       results, images = self._read(base, cfg)
       self.earlier_s += float(results.get("wall_time_s", 0.0))
       return results, images, True
-    state = resume.StateFile(f"{base}.{STATE_FILE}", self.save_every_s, self.resume)
+    path = f"{base}.{STATE_FILE}"
+    state = resume.StateFile(path, self.save_every_s, self.resume, afresh=(
+        f"delete {path} to attack that experiment afresh (the finished ones are kept)"))
     resume.stop_on_signals()
     try:
       if cfg.data.modality == "text":  # the sentences are in the results

@@ -306,8 +306,7 @@ class _Resumable:
                    and "restart" in r and (r["restart"] is None or isinstance(r["restart"], int))
                    for r in rows):
           raise ValueError(f"{state.path}: its progress history holds rows that are not this "
-                           "program's (a restart, an iteration and an objective each); start afresh "
-                           "without --resume")
+                           f"program's (a restart, an iteration and an objective each); {state.afresh}")
         trace.rows = rows
         self.earlier_s, self.resumed = float(extra.get("wall_time_s", 0.0)), True
 

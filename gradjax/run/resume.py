@@ -46,6 +46,7 @@ from gradjax import checkpoint, driver, files, solvers
 from gradjax.run import processes, report
 
 FORMAT = 1
+AFRESH = "start afresh without --resume"  # what a refused state file's message advises
 
 
 def _first_difference(saved: Any, current: Any, where: str = "") -> str | None:
@@ -134,6 +135,7 @@ class Saver:
       together (a save is due when it is due on any of them, and a signal to any stops them all),
       every process takes the snapshot (gathering the sharded state is a collective) and process 0
       alone writes the file. Every process reads it to resume.
+    afresh: what the message of a refused state advises (:data:`AFRESH`).
 
   ``saves`` and ``seconds`` count the saves made and the time they took. A save that fails (a full
   disk, a folder removed) is logged and remembered in ``error``; the run goes on, since losing the
@@ -145,12 +147,12 @@ class Saver:
   def __init__(self, path, *, fingerprint: dict, every_s: float = 60.0, resume: bool = False,
                extra: Callable[[], dict] | None = None,
                on_restore: Callable[[dict], None] | None = None, collective: bool = False,
-               renamed: dict[str, str] | None = None):
+               renamed: dict[str, str] | None = None, afresh: str = AFRESH):
     if every_s < 0:
       raise ValueError(f"seconds between saves must be non-negative, got {every_s}")
     self.path, self.fingerprint, self.every_s, self.resume = os.fspath(path), fingerprint, every_s, resume
     self._extra, self._on_restore, self.collective = extra, on_restore, collective
-    self.renamed = dict(renamed or {})
+    self.renamed, self.afresh = dict(renamed or {}), afresh
     self._fingerprint_json = json.loads(json.dumps(fingerprint, sort_keys=True))
     self._last = time.monotonic()
     self._called = False
@@ -191,7 +193,7 @@ class Saver:
   def restore(self, like: Callable[[], solvers.SolverState]) -> driver.Snapshot | None:
     if not self.resume or not os.path.exists(self.path):
       return None
-    snap, extra = load(self.path, like(), self._fingerprint_json, self.renamed)
+    snap, extra = load(self.path, like(), self._fingerprint_json, self.renamed, afresh=self.afresh)
     if self._on_restore is not None:
       self._on_restore(extra)
     self._last = time.monotonic()
@@ -206,9 +208,11 @@ class StateFile:
   path: str
   every_s: float = 60.0
   resume: bool = False
+  afresh: str = AFRESH  # the advice of a refusal (a table's: delete this experiment's state)
 
   def saver(self, fingerprint: dict, **kw) -> Saver:
-    return Saver(self.path, fingerprint=fingerprint, every_s=self.every_s, resume=self.resume, **kw)
+    return Saver(self.path, fingerprint=fingerprint, every_s=self.every_s, resume=self.resume,
+                 afresh=self.afresh, **kw)
 
   def remove(self) -> None:
     """Deletes the state file, once the run's results are written, and any temporary file a save
@@ -260,7 +264,8 @@ def _digest(header: dict, arrays: dict[str, np.ndarray]) -> str:
 
 
 def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
-         renamed: dict[str, str] | None = None) -> tuple[driver.Snapshot, dict]:
+         renamed: dict[str, str] | None = None, *,
+         afresh: str = AFRESH) -> tuple[driver.Snapshot, dict]:
   """Reads a state file against ``like`` (the run's stacked state, arrays or
   ``jax.ShapeDtypeStruct``) and, when given, the run's ``fingerprint`` (the saved one's keys read
   through ``renamed``, old -> new); returns (snapshot, extra).
@@ -287,14 +292,13 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
   # States saved before 2026-12-07 carry no digest.
   if "digest" in header and header["digest"] != _digest(header, arrays):
     raise ValueError(f"{where} was changed after it was saved (its contents do not match their "
-                     "digest): start afresh without --resume")
+                     f"digest): {afresh}")
   if not isinstance(header.get("cursor"), dict):
     raise ValueError(f"{where} has a malformed cursor: not a JSON object")
   if fingerprint is not None:
     saved = header.get("fingerprint")
     if isinstance(fingerprint, dict) and not isinstance(saved, dict):
-      raise ValueError(f"{where} has a malformed fingerprint (not a JSON object): start afresh "
-                       "without --resume")
+      raise ValueError(f"{where} has a malformed fingerprint (not a JSON object): {afresh}")
     if isinstance(saved, dict) and isinstance(fingerprint, dict):
       saved = {(renamed or {}).get(k, k): v for k, v in saved.items()}
       # A key this run does not fingerprint does not determine its result (this gradjax stopped
@@ -303,7 +307,7 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
     difference = _first_difference(saved, fingerprint)
     if difference:
       raise ValueError(f"{where} belongs to another run ({difference}); run with the saved "
-                       "settings, or start afresh without --resume")
+                       f"settings, or {afresh}")
   want, treedef = jax.tree.flatten(like)
   got = [arrays.get(f"state/{i:05d}") for i in range(len(want))]
   if len(arrays) - 1 != len(want) or any(g is None for g in got):
