@@ -508,6 +508,9 @@ def replayed_update(apply_fn, observation: Observation, x, targets, *, loss_fn=c
   """
   if observation.local is None:
     raise ValueError("replay needs the client's local training (observation.local)")
+  if expected_batch_size is not None and len(observation.clients or ()) > 1:
+    raise ValueError("a declared expected batch size is one client's divisor; an aggregate's "
+                     "clients are replayed with their own, q·n_k")
   dp_sgd = None if max_norm is None else DPSGD(max_norm, 0.0, sampling_rate)
   params, total = observation.variables["params"], x.shape[0]
   update, start = None, 0
@@ -616,8 +619,11 @@ def aggregate(observations) -> Observation:
         != (_client_threat_model(first), first.train, first.local)):
       raise ValueError("observations to aggregate come from different threat models or schedules")
   total = sum(o.num_samples for o in observations)
-  mean = jax.tree.map(lambda *g: sum(o.num_samples / total * u for o, u in zip(observations, g)),
-                      *(o.gradient for o in observations))
+  if len({o.num_samples for o in observations}) == 1:  # equal weights: the plain mean, as before
+    mean = jax.tree.map(lambda *g: sum(g) / len(g), *(o.gradient for o in observations))
+  else:
+    mean = jax.tree.map(lambda *g: sum(o.num_samples / total * u for o, u in zip(observations, g)),
+                        *(o.gradient for o in observations))
   labels = None
   if all(o.labels is not None for o in observations):
     labels = jnp.concatenate([o.labels for o in observations])

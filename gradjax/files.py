@@ -38,12 +38,13 @@ def sha256(path) -> str:
   """The hex SHA-256 digest of the file at ``path`` (read in blocks of 1 MiB; a file read before
   with the same size and modification time is not read again)."""
   stat = os.stat(path)
-  return _sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+  return _sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns,
+                 stat.st_ino)
 
 
 @functools.lru_cache(maxsize=64)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-  del size, mtime_ns  # the cache's key
+def _sha256(path: str, *stat) -> str:
+  del stat  # the cache's key: a file replaced or written since has another
   digest = hashlib.sha256()
   with open(path, "rb") as fh:
     for block in iter(lambda: fh.read(1 << 20), b""):

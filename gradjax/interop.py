@@ -929,7 +929,11 @@ def observation_metadata(observation: Observation, model: models.Model | None = 
 def save_observation(path, observation: Observation, mapping: TorchMapping,
                      model: models.Model | None = None) -> None:
   """Writes ``observation``'s gradient (FedSGD) or update W_t − W_{t+1} (FedAvg) in PyTorch layout,
-  with its metadata; :func:`load` reads it back exactly."""
+  with its metadata; :func:`load` reads it back exactly. An aggregate of FedAvg clients is refused:
+  a file is one client's update, and the aggregate's replay needs its clients' sizes."""
+  if observation.local is not None and len(observation.clients or ()) > 1:
+    raise ValueError(f"an aggregate of {len(observation.clients)} FedAvg clients' updates is no "
+                     "one client's update: save each client's")
   write(path, params_to_torch(observation.gradient, mapping), observation_metadata(observation, model))
 
 

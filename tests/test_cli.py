@@ -1199,7 +1199,7 @@ def test_the_command_leaves_with_the_interpreters_status_after_every_exit_handle
       "sys.exit('no such capture')": (1, "", "no such capture"),
       "1 / 0": (1, "", "ZeroDivisionError"),
       "atexit.register(lambda: print('handler ran')); print('buffered', end='')": (0, "bufferedhandler ran\n", ""),
-      "raise KeyboardInterrupt": (130, "", "error: interrupted before the run began"),  # one line
+      "raise KeyboardInterrupt": (130, "", "error: interrupted"),  # one line
   }
   for body, (code, out, err) in cases.items():
     program = ("import atexit, sys\nfrom gradjax.cli import _run_and_leave\ndef run():\n  "
@@ -1677,5 +1677,20 @@ def test_an_interrupt_before_the_run_is_one_line_and_status_130(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, how, str(claim)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 130 and proc.stderr.strip().splitlines() == [
-        "error: interrupted before the run began (nothing was computed to keep)"], proc.stderr
+        "error: interrupted"], proc.stderr
     assert not claim.exists()
+
+
+def test_a_folder_is_claimed_by_one_run_and_its_claim_names_the_command(tmp_path, monkeypatch):
+  """Of two runs claiming one folder at once, the second's exclusive claim fails (its caller then
+  takes the next default folder, or refuses an --output_dir); the claim records the command, which
+  recorded_command reads until config.py records it."""
+  from gradjax.cli import common  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(sys, "argv", ["gradjax", "--count=4"])
+  monkeypatch.setattr(common, "PROGRAM", ["gradjax", "sweep"])
+  assert common._claim(str(tmp_path)) and not common._claim(str(tmp_path))
+  assert common.recorded_command(str(tmp_path)) == ["gradjax", "sweep", "--count=4"]
+  (tmp_path / "config.py").write_text("# Command: gradjax sweep --count=5\nc = 1\n")
+  assert common.recorded_command(str(tmp_path)) == ["gradjax", "sweep", "--count=5"]
+  common._leave(str(tmp_path), created=False)  # a finished run's folder keeps no claim
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["config.py"]

@@ -294,3 +294,23 @@ def test_dlm_gamma_settings_are_checked():
   with pytest.raises(ValueError, match="first-order"):  # any transformation that stores the value
     dataclasses.replace(presets.dlm(gamma=objectives.Gamma(learning_rate=0.1)),
                         optimizer=optimizers.lbfgs(1.0))
+
+
+def test_an_aggregate_of_equal_clients_is_their_plain_mean_and_is_one_file_of_none(mlp64, photos):
+  """Equal sizes: the plain mean Σ Δ_k / K to the bit (simulated FedAvg training's rounds as they
+  were); an aggregate of FedAvg clients is not written as one client's update file, nor replayed
+  with one client's declared expected batch size."""
+  from gradjax import interop  # pylint: disable=g-import-not-at-top
+  apply_fn, variables = mlp64
+  local = clients.LocalTraining(epochs=1, batch_size=1, learning_rate=0.05)
+  x, y = np.asarray(photos[:6], np.float64), np.array([0, 1, 2, 3, 4, 5])
+  with jax.enable_x64(True):
+    parts = [clients.fedavg(apply_fn, variables, x[a:a + 2], y[a:a + 2], local) for a in (0, 2, 4)]
+    total = clients.aggregate(parts)
+    for got, *each in zip(jax.tree.leaves(total.gradient), *(jax.tree.leaves(p.gradient) for p in parts)):
+      np.testing.assert_array_equal(got, sum(each) / 3)
+    with pytest.raises(ValueError, match="one client's divisor"):
+      clients.replayed_update(apply_fn, total, jnp.asarray(x), jnp.asarray(y), max_norm=1.0,
+                              sampling_rate=0.5, expected_batch_size=1.0)
+  with pytest.raises(ValueError, match="aggregate of 3 FedAvg clients' updates is no one client's"):
+    interop.save_observation("never.safetensors", total, None)

@@ -380,3 +380,22 @@ def test_a_save_killed_midway_leaves_no_temporary_file_behind(tmp_path):
   stale.write_bytes(b"x")
   resume.StateFile(str(tmp_path / "state.npz")).remove()
   assert not stale.exists() and all(p.exists() for p in others)
+
+
+def test_an_interrupt_a_callback_swallowed_stops_the_run_when_it_begins():
+  """A SIGINT received before the run saves on signals, which Python ignored (raised inside a
+  garbage collector's callback), makes stop_on_signals raise KeyboardInterrupt once; the handlers
+  are Python's again afterwards."""
+  before = signal.getsignal(signal.SIGINT)
+  try:
+    resume.interrupt_until_run()
+    try:
+      signal.raise_signal(signal.SIGINT)
+    except KeyboardInterrupt:
+      pass  # what a callback would have swallowed
+    with pytest.raises(KeyboardInterrupt):
+      resume.stop_on_signals()
+    resume.stop_on_signals()  # once
+  finally:
+    signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -89,7 +89,8 @@ def _run_and_leave(run) -> None:
   message), 1 after an uncaught exception (printed as usual), 0 otherwise. What it skips is the
   destruction of the modules' objects, which for JAX's on CPU takes 0.8-1.2 s (a jitted one-line
   program ends 0.8 s sooner without it, the README's job 1.2 s). An interrupt (Ctrl-C) before the
-  run handles signals itself ends with one line and status 130."""
+  run handles signals itself ends with one line and status 130 (in a run over several processes,
+  the others are told: :func:`gradjax.cli.common.parse_flags`' exception hook)."""
   status = []
   if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
     signal.signal(signal.SIGINT, _remember)  # while the extension modules import, not in them
@@ -112,13 +113,14 @@ def _run_and_leave(run) -> None:
     status.append(0 if e.code is None else e.code if isinstance(e.code, int) else 1)
     raise
   except BaseException as e:
-    if not _an_interrupt(e):
-      status.append(1)
+    peers = sys.modules.get("gradjax.cli.distributed")
+    if not _an_interrupt(e) or (peers is not None and peers.process_count() > 1):
+      status.append(1)  # (a run over several processes tells the others: its excepthook, which exits)
       raise
-    # Ctrl-C before the run saves on signals (resume.stop_on_signals): during the imports, the set-up
-    # or the compilation. The exit handlers still run (a claimed folder released, a folder set aside
-    # by --overwrite restored).
-    print("error: interrupted before the run began (nothing was computed to keep)", file=sys.stderr)
+    # Ctrl-C where the run does not save on signals itself (resume.stop_on_signals): the imports,
+    # the set-up, a program that keeps no state. The exit handlers still run (a claimed folder
+    # released, a folder set aside by --overwrite restored).
+    print("error: interrupted", file=sys.stderr)
     status.append(130)
     raise SystemExit(130) from None
   status.append(0)

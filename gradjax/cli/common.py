@@ -2,6 +2,7 @@
 ``config.Config``."""
 
 import atexit
+import contextlib
 import datetime
 import glob
 import logging as py_logging
@@ -760,10 +761,14 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
     if len(candidates) == 1:  # another run claimed it since it was found free
       fail(taken)
   atexit.register(_leave, out, created)
+  _CLAIMED[:] = [(out, created)]  # what fail() leaves, where it ends the process without exit handlers
   if f.overwrite:
     _set_aside(out, own)
   print(f"writing to {out}", flush=True)  # stdout: a later error is the one line on stderr
   return out
+
+
+_CLAIMED: list[tuple[str, bool]] = []  # this run's folder, and whether it created it
 
 
 def _leave(out: str, created: bool) -> None:
@@ -776,7 +781,8 @@ def _leave(out: str, created: bool) -> None:
       or [e.name for e in os.scandir(out)] == [CLAIM]):
     _release_claim(out)
   if created and not any(os.scandir(out)):
-    os.rmdir(out)
+    with contextlib.suppress(OSError):  # another run claimed it meanwhile
+      os.rmdir(out)
 
 
 def _set_aside(out: str, own: tuple[str, ...]) -> None:
@@ -891,6 +897,8 @@ def fail(message: str):
   if distributed.process_count() > 1 and distributed.is_collective_failure(message):
     distributed.lost_peer(message)
   if distributed.process_count() > 1:
+    for claimed in _CLAIMED:  # distributed.fail leaves without the exit handlers
+      _leave(*claimed)
     distributed.fail(message, 2, line=f"error: {message}")
   print(f"error: {message}", file=sys.stderr)
   sys.exit(2)

@@ -124,16 +124,17 @@ class Items:
     size = todo[0][1].execution.clients_per_run
     for start in range(0, len(todo), size):
       block = todo[start:start + size]
-      for (key, cfg), outcome in zip(block, pipeline.run_clients([c for _, c in block])):
+      inputs = [pipeline.input_digests(c) for _, c in block]  # the files as the attacks read them
+      for (key, cfg), outcome, read in zip(block, pipeline.run_clients([c for _, c in block]), inputs):
         if isinstance(outcome, Exception):  # raised where run() is asked for it
           self._ran[key] = outcome
           continue
-        self._write(self._path(key), cfg, *outcome)
+        self._write(self._path(key), cfg, *outcome, read)
         self._ran[key] = outcome
         _LOG.info("experiment %s: in a solver run of %d", key, outcome[0].get("clients_together", 1))
 
-  def _write(self, base: str, cfg: Config, results: dict, images: dict) -> None:
-    results = {**results, "input_sha256": pipeline.input_digests(cfg)}  # what _read compares
+  def _write(self, base: str, cfg: Config, results: dict, images: dict, inputs: dict) -> None:
+    results = {**results, "input_sha256": inputs}  # what _read compares
     if cfg.data.modality != "text":
       files.atomic_write(base + ".npz", lambda fh: np.savez(
           fh, ground_truth=np.asarray(images["ground_truth"], np.float32),
@@ -161,6 +162,7 @@ class Items:
     state = resume.StateFile(path, self.save_every_s, self.resume, afresh=(
         f"delete {path} to attack that experiment afresh (the finished ones are kept)"))
     resume.stop_on_signals()
+    inputs = pipeline.input_digests(cfg)  # the files as the attack reads them
     try:
       if cfg.data.modality == "text":  # the sentences are in the results
         results, images = pipeline.run_text(cfg, state=state, **kw), {}
@@ -170,7 +172,7 @@ class Items:
       if self.interrupted is not None:
         self.interrupted(e)
       raise
-    self._write(base, cfg, results, images)
+    self._write(base, cfg, results, images, inputs)
     state.remove()
     return results, images, False
 
@@ -206,13 +208,15 @@ class Items:
     if saved != mine:
       raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
                        "another --output_dir")
-    digests, kept = pipeline.input_digests(cfg), results.get("input_sha256") or {}
-    if not isinstance(kept, dict) or kept != digests:
+    # Experiments kept before 2026-12-07 carry no digests of their inputs.
+    kept = results.pop("input_sha256", None)
+    results.pop("images_sha256", None)  # the rows as an experiment run now gives them
+    digests = pipeline.input_digests(cfg) if kept is not None else {}
+    if kept is not None and kept != digests:
       kept = kept if isinstance(kept, dict) else {}
       changed = sorted(p for p in set(digests) | set(kept) if digests.get(p) != kept.get(p))
       raise ValueError(f"{base}.json was computed from other contents of {', '.join(changed)} "
-                       f"(a file replaced since, or an experiment of before its digest was kept); "
-                       f"{redo}")
+                       f"(a file replaced since); {redo}")
     return results, images
 
 

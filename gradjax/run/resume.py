@@ -82,6 +82,7 @@ def interrupt_until_run() -> None:
   does, and is remembered, so that one raised where Python ignores exceptions (a garbage
   collector's callback prints it and goes on) still stops the program when its run begins. A
   SIGINT the process ignores (a background job of a shell without job control) stays ignored."""
+  _before_run.clear()
   if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     return
 
@@ -100,6 +101,7 @@ def stop_on_signals(signums=(signal.SIGINT, signal.SIGTERM)) -> None:
   ``KeyboardInterrupt`` where :func:`interrupt_until_run` saw a SIGINT that did not stop the
   program."""
   if _before_run:
+    _before_run.clear()
     raise KeyboardInterrupt
 
   def handler(signum, frame):
