@@ -44,7 +44,6 @@ if not any(isinstance(finder, _OldNames) for finder in sys.meta_path):
   sys.meta_path.append(_OldNames())
 
 
-
 def lazy_submodules(package: str):
   """A package's module-level ``__getattr__``: ``package.name`` imports the submodule ``name`` on
   first use, so that the docstrings' ``gradjax.models.create(...)`` works after a plain

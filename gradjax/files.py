@@ -35,8 +35,8 @@ def atomic_write(path, write: Callable[[Any], None], binary: bool) -> None:
 
 
 def sha256(path) -> str:
-  """The hex SHA-256 digest of the file at ``path`` (read in blocks of 1 MiB; a file read before
-  with the same size and modification time is not read again)."""
+  """The hex SHA-256 digest of the file at ``path`` (read in blocks of 1 MiB; a file read before,
+  unchanged since by its inode, size and times, is not read again)."""
   stat = os.stat(path)
   return _sha256(os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns,
                  stat.st_ino)

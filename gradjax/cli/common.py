@@ -743,8 +743,7 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       out = saved[-1]
     else:
       out = None
-  candidates = ([out] if out is not None else
-                [d for d in [base] + [f"{base}-{k}" for k in range(2, 10_000)]])
+  candidates = [out] if out is not None else [base] + [f"{base}-{k}" for k in range(2, 10_000)]
   for out in candidates:
     if len(candidates) > 1 and _holds_files(out):
       continue
