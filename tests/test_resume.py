@@ -388,6 +388,7 @@ def test_an_interrupt_a_callback_swallowed_stops_the_run_when_it_begins():
   are Python's again afterwards."""
   before = signal.getsignal(signal.SIGINT)
   try:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as a program starts (not ignored)
     resume.interrupt_until_run()
     try:
       signal.raise_signal(signal.SIGINT)
@@ -396,6 +397,9 @@ def test_an_interrupt_a_callback_swallowed_stops_the_run_when_it_begins():
     with pytest.raises(KeyboardInterrupt):
       resume.stop_on_signals()
     resume.stop_on_signals()  # once
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job of a shell without job control
+    resume.interrupt_until_run()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
   finally:
     signal.signal(signal.SIGINT, before)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
