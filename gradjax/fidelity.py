@@ -145,18 +145,25 @@ def _ratio(num: float, den: float) -> float:
   return 0.0 if num == 0 else 1e30
 
 
+LEAF_FLOOR = float(np.sqrt(np.finfo(np.float32).eps))
+"""A leaf's relative error is read against at least this share of the whole captured update's norm:
+a leaf whose captured part lies below float32's resolution of the whole (a convolution's bias in
+front of a training-mode BatchNorm, whose gradient is 0 but for rounding) has no relative error of
+its own to check."""
+
+
 def compare(recomputed, captured) -> Comparison:
-  """:class:`Comparison` of two trees of the same structure (float64 sums)."""
+  """:class:`Comparison` of two trees of the same structure (float64 sums). A leaf's relative error
+  is ‖u_l − c_l‖ / max(‖c_l‖, :data:`LEAF_FLOOR` · ‖c‖)."""
   leaves_u = jax.tree_util.tree_leaves_with_path(recomputed)
   leaves_c = jax.tree.leaves(captured)
   if len(leaves_u) != len(leaves_c):
     raise ValueError("the recomputed and the captured update have different trees")
-  total, layers = np.zeros(4), {}
-  for (path, u), c in zip(leaves_u, leaves_c):
-    s = _stats(u, c)
-    total += s
-    layers[_path(path)] = {"relative_error": float(np.sqrt(_ratio(s[0], s[1]))),
-                           "cosine": float(_ratio(s[3], np.sqrt(s[1] * s[2])))}
+  stats = [(_path(path), _stats(u, c)) for (path, u), c in zip(leaves_u, leaves_c)]
+  total = np.sum([s for _, s in stats], axis=0) if stats else np.zeros(4)
+  floor = LEAF_FLOOR ** 2 * total[1]
+  layers = {path: {"relative_error": float(np.sqrt(_ratio(s[0], max(s[1], floor)))),
+                   "cosine": float(_ratio(s[3], np.sqrt(s[1] * s[2])))} for path, s in stats}
   diff, cc, uu, uc = total
   return Comparison(relative_error=float(np.sqrt(_ratio(diff, cc))),
                     cosine=float(_ratio(uc, np.sqrt(cc * uu))),
@@ -223,12 +230,13 @@ def check(observation: Observation, declared: Recipe, x, y,
   if causes:
     explained = f"{what}; reproduced by: " + "; ".join(
         f"{name} (relative error {c.relative_error:.2g})" for name, c in causes.items())
-  elif comparison.cosine > 1 - 1e-4:
+  elif comparison.cosine > 1 - 1e-4 and abs(comparison.scale - 1) > tolerance[0]:
     explained = (f"{what}; the update is {comparison.scale:.4g} times the recomputed one in the same "
                  "direction: a learning rate or loss scale other than declared")
   else:
     explained = (f"{what}; no single known mismatch (activation, BatchNorm mode, loss reduction, "
-                 "the named and common normalisations, learning rate, local steps) explains it. Not "
+                 "the named and common normalisations, learning rate, local steps, momentum) explains "
+                 "it. Not "
                  "tested: a defense the client applied without declaring it (declare defense=), other "
                  "normalisation constants (declare normalization=MEAN/STD), data augmentation, "
                  "several mismatches at once. Check the model against its PyTorch twin (README), the "
@@ -332,8 +340,8 @@ _NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no rec
 
 
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
-                  norm: data.Normalization, defense: str | None = None, dp_sgd: bool = False
-                  ) -> tuple[dict, list[str]]:
+                  norm: data.Normalization, defense: str | None = None, dp_sgd: bool = False,
+                  order_known: bool = True) -> tuple[dict, list[str]]:
   """Checks a captured ``observation`` against the declared ``model`` (its activation) and input
   normalisation ``norm`` before any attack: :func:`activation_check` (a gradient or a one-step
   update), and, with the client's examples ``batch``, :func:`check` against the recipe's
@@ -344,7 +352,9 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   then not read off the update (pruning's zeros and noise hide it); a deterministic defense
   (pruning, clipping, rounding) is applied to the recomputed update before the comparison, and
   under noise the update is not recomputed. ``dp_sgd``: the client ran DP-SGD (per-example
-  clipping, noise): neither the activation nor the update is checked.
+  clipping, noise): neither the activation nor the update is checked. ``order_known``: whether the
+  ``batch``'s order is the one the client trained in; without it (a capture whose labels are a
+  multiset) an update of several mini-batches, which depends on that order, is not recomputed.
 
   Raises :class:`ZeroUpdate` for an update that carries nothing (:func:`zero_update`)."""
   zero = zero_update(observation)
@@ -382,6 +392,12 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   if observation.threat_model != "fedsgd" and local is None:
     checks["fidelity"] = {"ok": None, "explained": "not checked: the local training is unknown"}
     return checks, problems
+  mini_batches = local is not None and (local.batch_size or observation.num_samples) < observation.num_samples
+  if mini_batches and not order_known:
+    checks["fidelity"] = {"ok": None, "explained": (
+        "not checked: the capture's labels are a multiset (label_order=multiset), so the order the "
+        "client took its examples in, on which an update of several mini-batches depends, is unknown")}
+    return checks, problems
   declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm), observation.train,
                     local, defense=applied)
   result = check(observation, declared, batch.x, batch.y,
@@ -389,7 +405,10 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
                                                      batch.x.shape[-1], c, _head_chw(model)))
   checks["fidelity"] = result.as_dict()
   if not result.ok:
-    problems.append(f"the update recomputed from the ground truth differs: {result.explained}")
+    order = ("; or the order the client took its examples in (a shuffling data loader): declare "
+             "label_order=multiset, or give the examples in training order (gradjax audit's "
+             "data_indices)") if mini_batches and not result.causes else ""
+    problems.append(f"the update recomputed from the ground truth differs: {result.explained}{order}")
   return checks, problems
 
 
@@ -419,8 +438,9 @@ def alternatives(declared: Recipe, module, observation: Observation, norm: data.
   mode, a summed loss, the head's inputs flattened in the other order (for a model that flattens a
   ``flatten_chw`` = (C, H, W) map), every named and common normalisation
   (:data:`gradjax.data.COMMON_NORMALIZATIONS`) that fits the ``channels``, and for
-  FedAvg the local learning rate that ``comparison.scale`` suggests and 1-5 epochs in every batch
-  size that divides the examples."""
+  FedAvg the local learning rate that ``comparison.scale`` suggests, 1-5 epochs in every batch
+  size that divides the examples, and momentum 0 or 0.9 (PyTorch's SGD default and the common
+  choice) where the schedule takes several steps."""
   alts = {}
   act = getattr(module, "act", None)
   if act is not None:
@@ -454,4 +474,9 @@ def alternatives(declared: Recipe, module, observation: Observation, norm: data.
           alts[f"{epochs} local epochs in batches of {b} (declare local_epochs={epochs}, "
                f"local_batch_size={b})"] = declared._replace(
                    local=local._replace(epochs=epochs, batch_size=b))
+    if local.steps(n) > 1:  # the first step's momentum buffer is its gradient: one step cannot tell
+      for momentum in (0.0, 0.9):
+        if momentum != local.momentum:
+          alts[f"local momentum {momentum:g} (declare local_momentum={momentum:g})"] = (
+              declared._replace(local=local._replace(momentum=momentum)))
   return alts

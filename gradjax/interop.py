@@ -870,8 +870,11 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   where = f"weights {os.fspath(weights_path)}"
   for e in (head, first):
     if e.name not in weights.tensors:
-      raise ValueError(f"{where}: missing tensor {e.name!r} (is this a {name} state_dict? "
-                       "--config.model.rename maps other names)")
+      raise ValueError(f"{where}: missing tensor {e.name!r}: is this a {name} state_dict? "
+                       + _name_mismatch({p.name for p in probe_map.entries},
+                                        set(weights.tensors) - set(probe_map.ignored))
+                       + "; an architecture the zoo lacks needs its mapping, "
+                       "gradjax.interop.module_mapping (the library)")
     if weights.tensors[e.name].ndim != len(torch_shape(e, np.shape(_get(probe.variables, e.path)))):
       raise ValueError(f"{where}: tensor {e.name!r} has shape {weights.tensors[e.name].shape}, "
                        f"not that of a {name} {e.layout} weight")

@@ -287,8 +287,11 @@ def test_directory_and_wrong_model(lenet_files, tmp_path):
   w, g = lenet_files
   with pytest.raises(ValueError, match="is a directory"):
     interop.load(tmp_path, g)
-  with pytest.raises(ValueError, match="missing tensor 'linear.weight'.*resnet20 state_dict"):
+  with pytest.raises(ValueError, match="missing tensor 'linear.weight'.*resnet20 state_dict") as e:
     interop.load(w, g, model="resnet20")
+  # The names it expects and those the file has, and where another architecture's mapping is built.
+  assert "the model expects bn1.bias" in str(e.value) and "the file has body.0.bias" in str(e.value)
+  assert "gradjax.interop.module_mapping" in str(e.value) and "\n" not in str(e.value)
 
 
 # --- PyTorch itself ------------------------------------------------------------------------------

@@ -761,7 +761,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
                        f"has {batch.x.shape[0]} images")
     checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"),
-                                              dp_sgd=cfg.defense.dp_sgd() is not None)
+                                              dp_sgd=cfg.defense.dp_sgd() is not None,
+                                              order_known=meta.get("label_order") != "multiset")
     if problems and not cfg.client.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--config.client.force=True attacks it anyway; its verdict is then inconclusive)")
