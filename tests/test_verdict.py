@@ -39,13 +39,14 @@ def test_residual_is_the_sine_to_the_observation(photos):
   assert got.scale == pytest.approx(np.linalg.norm(c) / np.linalg.norm(u), rel=1e-5)
   # Each layer at the common scale α = ⟨u, c⟩ / ‖u‖², in NumPy.
   alpha = u @ c / (u @ u)
+  floor = np.sqrt(np.finfo(np.float32).eps) * np.linalg.norm(c)  # a leaf's least denominator
   for (path, ui), ci in zip(jax.tree_util.tree_flatten_with_path(
       clients.fedsgd(model.apply_fn, model.variables, other, y).gradient)[0],
       jax.tree.leaves(obs.gradient)):
     ui, ci = np.ravel(ui).astype(np.float64), np.ravel(ci).astype(np.float64)
     layer = got.layers[jax.tree_util.keystr(path)]
-    assert layer["relative_error"] == pytest.approx(np.linalg.norm(alpha * ui - ci) / np.linalg.norm(ci),
-                                                    rel=1e-4)
+    assert layer["relative_error"] == pytest.approx(
+        np.linalg.norm(alpha * ui - ci) / max(np.linalg.norm(ci), floor), rel=1e-4)
     assert layer["cosine"] == pytest.approx(ui @ ci / np.linalg.norm(ui) / np.linalg.norm(ci), rel=1e-4)
   # Soft labels: the residual uses softmax(label_logits), as DLG's objective does.
   logits = np.where(np.arange(10) == y[:, None], 30.0, 0.0).astype(np.float32)
