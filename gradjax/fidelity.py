@@ -296,6 +296,49 @@ def activation_check(observation: Observation, act: str) -> str | None:
   return None
 
 
+def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias")) -> str | None:
+  """``None`` when the labels ``observation`` declares can have produced its update's head bias, else
+  a one-line account of the classes they miss. No data needed.
+
+  For the cross entropy of softmax probabilities p_n, ∂L/∂b_c = Σ_n w_n (p_nc − y_nc) with w_n > 0
+  (1/N for a mean, 1 for a sum, per-example clipping's factors): a class no example holds has only
+  the terms w_n p_nc ≥ 0. A FedAvg update W_t − W_{t+1} is η Σ_s v_s with SGD's momentum buffers v_s
+  non-negative combinations of such gradients, and deterministic defenses (clipping, pruning,
+  rounding to fp16 / bf16 / int8's symmetric cells) keep a sign. So a negative bias entry, beyond the
+  float32 rounding of W_t − W_{t+1} (ε₃₂ (2|b_c| + |u_c|) per step, plus ε₃₂ max|u|), names a class
+  of the batch: it must be among the declared labels. Neither noise nor label smoothing keeps this
+  (the caller skips the first). Not run without declared labels (or on text, whose labels are
+  (N, T)) or without a head bias at ``bias``."""
+  labels = observation.labels
+  if labels is None or np.ndim(labels) != 1:
+    return None
+  node = observation.gradient
+  weights = observation.variables["params"]
+  for key in bias:
+    if not hasattr(node, "keys") or key not in node or key not in weights:
+      return None
+    node, weights = node[key], weights[key]
+  u = np.asarray(node, np.float64)
+  if u.ndim != 1:
+    return None
+  eps = float(np.finfo(np.float32).eps)
+  tolerance = eps * np.max(np.abs(u), initial=0.0)
+  if observation.threat_model != "fedsgd":
+    local = observation.local
+    # Unknown local training: up to 10 epochs of mini-batches of one example.
+    steps = local.steps(observation.num_samples) if local is not None else 10 * observation.num_samples
+    tolerance = tolerance + steps * eps * (2 * np.abs(np.asarray(weights, np.float64)) + np.abs(u))
+  declared = set(np.asarray(labels).tolist())
+  missing = [c for c in np.flatnonzero(u < -tolerance).tolist() if c not in declared]
+  if not missing:
+    return None
+  return (f"the update's head bias is negative for class{'es' if len(missing) > 1 else ''} "
+          f"{', '.join(map(str, missing))}, which no declared label holds: cross entropy leaves a "
+          f"class no example has a non-negative bias gradient, so the declared labels "
+          f"{sorted(declared)} miss a class of the batch (or the client's loss is not plain cross "
+          f"entropy, e.g. label smoothing)")
+
+
 # --- a captured update, before an attack ---------------------------------------------------------
 
 class CaptureMismatch(ValueError):
@@ -345,7 +388,8 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   """Checks a captured ``observation`` against the declared ``model`` (its activation) and input
   normalisation ``norm`` before any attack: :func:`activation_check` (a gradient or a one-step
   update), and, with the client's examples ``batch``, :func:`check` against the recipe's
-  alternatives (:func:`alternatives`). Returns (``checks`` for the run's results, ``problems``: one
+  alternatives (:func:`alternatives`); without them, the declared labels against the head's bias
+  (:func:`label_check`; not under noise). Returns (``checks`` for the run's results, ``problems``: one
   phrase per failed check, naming the likely cause).
 
   ``defense``: the spec of a defense the capture declares its client applied. The activation is
@@ -362,6 +406,13 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
     raise ZeroUpdate(zero)
   checks, problems = {}, []
   applied = None
+  noisy = dp_sgd or bool(defense) and any(p.split(":")[0] in _NOISY for p in defense.split(","))
+  if batch is None and not noisy:
+    why = label_check(observation)
+    if observation.labels is not None and np.ndim(observation.labels) == 1:
+      checks["labels"] = {"ok": why is None, "explained": why}
+    if why:
+      problems.append(why)
   if dp_sgd:
     why = ("not checked: the client declares DP-SGD, whose per-example clipping and noise change "
            "its update")

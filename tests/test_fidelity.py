@@ -12,6 +12,7 @@ import pytest
 from gradjax import clients, data, fidelity, interop, models
 from gradjax.losses import cross_entropy
 
+from conftest import np_log_softmax
 from test_interop import _with_random_stats, np_conv_nchw, np_lenet_zhu
 
 
@@ -94,6 +95,71 @@ def test_a_zero_update_is_its_own_finding(photos):
   assert fidelity.zero_arrays([v * eps for v in w], w)  # within one rounding of every weight
   assert fidelity.zero_arrays([v * 4 * eps for v in w], w) is None
   assert fidelity.zero_arrays([v * eps for v in w], w, gradient=True) is None  # a small gradient
+
+
+def _negative_bias_classes(model, x, y):
+  """NumPy float64: the classes whose mean cross entropy bias gradient (1/N) Σ_n (p_nc − y_nc) is
+  negative, from the model's logits."""
+  z = np.asarray(model.apply_fn(model.variables, x), np.float64)
+  p = np.exp(np_log_softmax(z))
+  g = (p - np.eye(z.shape[1])[y]).mean(axis=0)
+  return set(np.flatnonzero(g < 0).tolist())
+
+
+@pytest.mark.parametrize("local", [None, clients.LocalTraining(2, 2, 0.1, momentum=0.9)])
+def test_declared_labels_are_checked_against_the_head_bias(photos, local):
+  """Without the client's examples, labels that miss a class of the batch are found from the head's
+  bias (a class no example holds has a non-negative bias gradient; NumPy's from the logits names the
+  classes), the right ones pass, a FedSGD gradient or FedAvg's update of 2 epochs of 2 mini-batches
+  with momentum alike; under declared noise the labels are not checked."""
+  model = _model("lenet_zhu", "relu")
+  x, y = photos[:4], np.array([2, 2, 5, 7])
+  negative = _negative_bias_classes(model, x, y)
+  assert negative & {5, 7}  # the batch's classes the wrong labels below miss
+  if local is None:
+    obs = clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True)
+  else:
+    obs = clients.fedavg(model.apply_fn, model.variables, x, y, local, share_labels=True)
+  norm = data.normalization("none")
+  assert fidelity.label_check(obs) is None
+  checks, problems = fidelity.check_capture(model, obs, None, norm)
+  assert checks["labels"]["ok"] and not problems
+  wrong = obs.replace(labels=np.array([2, 2, 3, 4]))
+  why = fidelity.label_check(wrong)
+  if local is None:  # one gradient: exactly NumPy's negative classes the wrong labels lack
+    assert f"class{'es' if len(negative - {2}) > 1 else ''} {', '.join(map(str, sorted(negative - {2})))}," in why
+  else:
+    assert why and ("5" in why or "7" in why)
+  checks, problems = fidelity.check_capture(model, wrong, None, norm)
+  assert checks["labels"]["ok"] is False and problems == [why]
+  checks, problems = fidelity.check_capture(model, wrong, None, norm, "gaussian:1e-4")
+  assert "labels" not in checks and not problems
+  assert fidelity.label_check(wrong.replace(labels=None)) is None
+
+
+def test_the_label_check_raises_no_false_alarm():
+  """Random classifiers, batches with repeated labels and a class count near the batch's, summed
+  and clipped gradients, FedAvg updates of several steps with momentum and float32 rounding of
+  W_t − W_{t+1}: declared right, never refused."""
+  rng = np.random.default_rng(0)
+  for trial in range(12):
+    model = models.create("mlp-16", jax.random.key(trial), input_shape=(4, 4, 1), num_classes=5,
+                          init="uniform")
+    n = int(rng.integers(1, 9))
+    x = rng.uniform(size=(n, 4, 4, 1)).astype(np.float32)
+    y = rng.integers(0, 5, size=n)
+    if trial % 3 == 0:
+      obs = clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True,
+                           loss_fn=_sum_loss)
+    elif trial % 3 == 1:
+      from gradjax import defenses
+      obs = defenses.parse("clip:0.01,fp16").apply(
+          clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True))
+    else:
+      obs = clients.fedavg(model.apply_fn, model.variables, x, y,
+                           clients.LocalTraining(3, 1, 10.0 ** rng.uniform(-4, 0), momentum=0.9),
+                           share_labels=True)
+    assert fidelity.label_check(obs) is None, (trial, fidelity.label_check(obs))
 
 
 # --- each mismatch named ---------------------------------------------------------------------------

@@ -703,6 +703,23 @@ def test_a_capture_declaring_its_dp_sgd_sets_the_options(lenet_files, tmp_path):
     interop.declared_dp_sgd({"dp_sgd_max_norm": "1", "dp_sgd_steps": "many"}, "dp")
 
 
+def test_a_capture_declaring_a_bound_and_no_noise_is_read_as_clipping_only_and_said_so(lenet_files, tmp_path):
+  """A capture declaring ``dp_sgd_max_norm`` alone: its privacy is read with noise multiplier 0 (no
+  guarantee) and marked as not declared; declared 0 explicitly, or noise declared, it is not."""
+  from gradjax.run import config, pipeline
+  w, g = lenet_files
+  for extra, undeclared in (({}, True), ({"dp_sgd_noise_multiplier": 0.0}, False),
+                            ({"dp_sgd_noise_multiplier": 0.5}, False)):
+    declared = _rewrite(g, tmp_path / "dp.safetensors", lambda t, m: (t, {
+        **m, "dp_sgd_max_norm": 1.5, **extra}))
+    cfg = config.with_declared(config.from_options(
+        {"model.weights": str(w), "client.observation": str(declared)}))
+    privacy = pipeline.dp_sgd_privacy(cfg)
+    assert privacy["noise_multiplier"] == extra.get("dp_sgd_noise_multiplier", 0.0)
+    assert (privacy.get("noise_multiplier_declared") is False) == undeclared
+    assert (privacy["epsilon"] is None) == (privacy["noise_multiplier"] == 0)
+
+
 def test_a_capture_declaring_poisson_sampling_sets_the_options(lenet_files, tmp_path):
   """``dp_sgd_poisson`` (true/false) and ``dp_sgd_expected_batch_size`` (Opacus' divisor) are read
   and set ``defense.dp_sgd_poisson`` and ``defense.dp_sgd_expected_batch_size``; Poisson sampling

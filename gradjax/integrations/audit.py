@@ -964,6 +964,8 @@ def _epsilon(row: dict[str, Any]) -> str:
   privacy = row.get("privacy")
   if not isinstance(privacy, dict):
     return "–"
+  if privacy.get("noise_multiplier_declared") is False:
+    return "∞ (no noise declared)"
   if privacy.get("epsilon") is None:
     return "∞ (no noise)"
   return f"{privacy['epsilon']:.3g} (δ {privacy['delta']:g})"

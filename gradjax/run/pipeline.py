@@ -58,10 +58,16 @@ def dp_sgd_privacy(cfg: Config) -> dict | None:
   if dp_sgd is None:
     return None
   budget = section.budget()
-  return {"max_norm": dp_sgd.max_norm, "noise_multiplier": dp_sgd.noise_multiplier,
-          "sampling_rate": section.dp_sgd_sampling_rate, "steps": section.dp_sgd_steps,
-          "delta": section.dp_sgd_delta, "epsilon": None if budget is None else budget.epsilon,
-          "order": None if budget is None else budget.order}
+  privacy = {"max_norm": dp_sgd.max_norm, "noise_multiplier": dp_sgd.noise_multiplier,
+             "sampling_rate": section.dp_sgd_sampling_rate, "steps": section.dp_sgd_steps,
+             "delta": section.dp_sgd_delta, "epsilon": None if budget is None else budget.epsilon,
+             "order": None if budget is None else budget.order}
+  if not dp_sgd.noise_multiplier and cfg.client.observation and not any(
+      "dp_sgd_noise_multiplier" in interop.read_metadata(f)
+      for f in (cfg.model.weights, cfg.client.observation) if f):
+    # A capture that declares its clipping bound and no noise: read as clipping only, not known.
+    privacy["noise_multiplier_declared"] = False
+  return privacy
 
 
 def simulated_client(cfg: Config, share_labels: bool, key_defense: jax.Array) -> Callable:

@@ -245,6 +245,10 @@ QUANTITIES = {
 def privacy_line(privacy: dict) -> str:
   """A client's DP-SGD and its guarantee (:func:`gradjax.run.pipeline.dp_sgd_privacy`), in one line."""
   how = f"clipping bound {privacy['max_norm']:g}, noise multiplier {privacy['noise_multiplier']:g}"
+  if privacy.get("noise_multiplier_declared") is False:
+    return (f"clipping bound {privacy['max_norm']:g}, no noise multiplier declared: read as clipping "
+            "only (noise multiplier 0, ε infinite); a client that added noise declares "
+            "dp_sgd_noise_multiplier")
   if privacy["epsilon"] is None:
     return f"{how}: without noise no differential privacy (ε infinite)"
   return (f"{how}: ({privacy['epsilon']:.3g}, {privacy['delta']:g})-DP over {privacy['steps']} "
@@ -347,6 +351,10 @@ def check_rows(results: dict) -> list[dict]:
   """The checks of a captured update (:func:`gradjax.fidelity.check_capture`) as table rows."""
   rows = []
   checks = results.get("checks") or {}
+  if "labels" in checks:
+    a = checks["labels"]
+    rows.append({"check": "declared labels against the last layer's bias gradient",
+                 "result": "passed" if a["ok"] else "failed", "detail": a["explained"] or ""})
   if "activation" in checks:
     a = checks["activation"]
     declared = f" (declared {a['declared']})" if "declared" in a else ""
