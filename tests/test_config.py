@@ -193,3 +193,21 @@ def test_sweep_items_are_checked_for_their_options_types():
                         ({}, "an empty sweep item")):
     with pytest.raises(ValueError, match=re.escape(message)):
       config.with_options(cfg, item)
+
+
+def test_the_fingerprint_reads_a_presets_own_count_as_unset():
+  """``--iterations`` given as the preset's own count (the preset built at it is the preset) is
+  fingerprinted as unset, so a run saved either way continues the other way; another count, or a
+  count given to ``auto`` (whose ``--budget`` keeps a count given and times one unset), is not."""
+  from gradjax import presets
+  plain = config.from_options({"attack.preset": "inverting_gradients"})
+  own = presets.get_preset("inverting_gradients")().iterations
+  assert presets.get_preset("inverting_gradients")(iterations=own) == presets.get_preset("inverting_gradients")()
+  spelt = config.replace(plain, {"attack.iterations": own})
+  assert config.fingerprint(spelt) == config.fingerprint(plain)
+  assert config.fingerprint(spelt)["attack.iterations"] is None
+  assert config.fingerprint(config.replace(plain, {"attack.iterations": own - 1}))["attack.iterations"] == own - 1
+  budget = config.replace(spelt, {"attack.preset": "auto", "attack.budget": 60.0})
+  assert config.fingerprint(budget)["attack.iterations"] == own
+  saved = {**config.fingerprint(plain), "attack.iterations": own}  # as an earlier gradjax saved it
+  assert config.canonical(saved) == config.fingerprint(plain)

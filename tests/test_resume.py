@@ -148,6 +148,15 @@ def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   with pytest.raises(ValueError, match="another run .budget = 60 there, 61 here"):
     _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
         path, fingerprint={"budget": 61, "seed": 0}, resume=True, renamed={"iterations": "budget"})))
+  # A saved fingerprint read through the run's canonical form (a value spelt out that is the
+  # unset one's, here iterations 60 read as unset) continues a run that leaves it unset.
+  canonical = []
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=resume.Saver(
+      path, fingerprint={"iterations": None, "seed": 0}, resume=True, on_restore=canonical.append,
+      canonical=lambda fp: {**fp, "iterations": None} if fp.get("iterations") == 60 else fp)))
+  assert len(canonical) == 1
+  path.write_bytes(before)
+  refused({"iterations": None, "seed": 0}, "iterations")
   refused({"iterations": 60, "seed": 0}, "strategy 'vmap'", strategy="sequential")
   good = path.read_bytes()
   path.write_bytes(good[: len(good) // 2])

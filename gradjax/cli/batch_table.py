@@ -98,7 +98,8 @@ def _settings_of(path: str):
       row = json.load(fh)
   except (OSError, ValueError):
     return None
-  return row.get("settings") if isinstance(row, dict) else None
+  settings = row.get("settings") if isinstance(row, dict) else None
+  return config.canonical(settings) if isinstance(settings, dict) else settings
 
 
 def main(argv):

@@ -188,7 +188,7 @@ class Items:
       # An option the saved configuration lacks was added since, with the default that keeps what
       # it did.
       recorded = config.recorded(results["config"])
-      saved = {p: recorded.get(p, config.option(p).default) for p in mine}
+      saved = config.canonical({p: recorded.get(p, config.option(p).default) for p in mine})
       images = {}
       if cfg.data.modality != "text":
         with open(base + ".npz", "rb") as fh:

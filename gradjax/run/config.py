@@ -1063,8 +1063,20 @@ NOT_FINGERPRINTED = ("output.lpips", "data.data_dir", "client.force", "execution
 
 def fingerprint(cfg: Config) -> dict:
   """What determines ``cfg``'s reconstruction (its attack sections' options but
-  ``NOT_FINGERPRINTED``; dotted path -> value), for state files."""
-  return {p: v for p, v in options(cfg, names()).items() if p not in NOT_FINGERPRINTED}
+  ``NOT_FINGERPRINTED``; dotted path -> value), for state files; :func:`canonical`."""
+  return canonical({p: v for p, v in options(cfg, names()).items() if p not in NOT_FINGERPRINTED})
+
+
+def canonical(fp: dict) -> dict:
+  """``fp`` (a :func:`fingerprint`, or one saved by an earlier run) with an option that changes
+  nothing recorded as unset: ``attack.iterations`` given as its preset's own count (the preset built
+  at it is the preset; not for ``auto``, whose budget keeps a count given and times one left unset).
+  So a run saved without ``--iterations`` continues with the preset's count spelt out, and the other
+  way round."""
+  n, name = fp.get("attack.iterations"), fp.get("attack.preset")
+  if n is None or name not in presets.PRESETS or n != presets.get_preset(name)().iterations:
+    return fp
+  return {**fp, "attack.iterations": None}
 
 
 def _input_file(path: str | None, flag: str) -> None:

@@ -326,7 +326,7 @@ class _Resumable:
         saved_with["restarts_split_over"] = (f"{jax.device_count()} devices of "
                                              f"{jax.process_count()} processes")
       self.saver = state.saver(saved_with, on_restore=restored, collective=spread,
-                               renamed=config.RENAMED, extra=lambda: {
+                               renamed=config.RENAMED, canonical=config.canonical, extra=lambda: {
           "history": trace.rows, "wall_time_s": self.wall_s()})
 
   def wall_s(self) -> float:

@@ -149,12 +149,13 @@ class Saver:
   def __init__(self, path, *, fingerprint: dict, every_s: float = 60.0, resume: bool = False,
                extra: Callable[[], dict] | None = None,
                on_restore: Callable[[dict], None] | None = None, collective: bool = False,
-               renamed: dict[str, str] | None = None, afresh: str = AFRESH):
+               renamed: dict[str, str] | None = None, afresh: str = AFRESH,
+               canonical: Callable[[dict], dict] | None = None):
     if every_s < 0:
       raise ValueError(f"seconds between saves must be non-negative, got {every_s}")
     self.path, self.fingerprint, self.every_s, self.resume = os.fspath(path), fingerprint, every_s, resume
     self._extra, self._on_restore, self.collective = extra, on_restore, collective
-    self.renamed, self.afresh = dict(renamed or {}), afresh
+    self.renamed, self.afresh, self.canonical = dict(renamed or {}), afresh, canonical
     self._fingerprint_json = json.loads(json.dumps(fingerprint, sort_keys=True))
     self._last = time.monotonic()
     self._called = False
@@ -195,7 +196,8 @@ class Saver:
   def restore(self, like: Callable[[], solvers.SolverState]) -> driver.Snapshot | None:
     if not self.resume or not os.path.exists(self.path):
       return None
-    snap, extra = load(self.path, like(), self._fingerprint_json, self.renamed, afresh=self.afresh)
+    snap, extra = load(self.path, like(), self._fingerprint_json, self.renamed, afresh=self.afresh,
+                       canonical=self.canonical)
     if self._on_restore is not None:
       self._on_restore(extra)
     self._last = time.monotonic()
@@ -267,10 +269,12 @@ def _digest(header: dict, arrays: dict[str, np.ndarray]) -> str:
 
 def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
          renamed: dict[str, str] | None = None, *,
-         afresh: str = AFRESH) -> tuple[driver.Snapshot, dict]:
+         afresh: str = AFRESH, canonical: Callable[[dict], dict] | None = None
+         ) -> tuple[driver.Snapshot, dict]:
   """Reads a state file against ``like`` (the run's stacked state, arrays or
   ``jax.ShapeDtypeStruct``) and, when given, the run's ``fingerprint`` (the saved one's keys read
-  through ``renamed``, old -> new); returns (snapshot, extra).
+  through ``renamed``, old -> new, then ``canonical``: e.g. an option spelt out at the value it
+  takes when unset read as unset, as the run's own is); returns (snapshot, extra).
 
   Raises:
     ValueError: (one line) the file is corrupt, holds Python objects, is of another format, was saved
@@ -306,6 +310,8 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
       # A key this run does not fingerprint does not determine its result (this gradjax stopped
       # counting it, e.g. the restart strategy): states saved with it continue.
       saved = {k: v for k, v in saved.items() if k in fingerprint}
+      if canonical is not None:
+        saved = canonical(saved)
     difference = _first_difference(saved, fingerprint)
     if difference:
       raise ValueError(f"{where} belongs to another run ({difference}); run with the saved "
