@@ -222,6 +222,23 @@ def test_an_attack_adapted_to_a_dp_sgd_fedavg_client_replays_clipped_steps():
 
 
 @pytest.mark.slow
+def test_auto_adapted_to_dp_sgd_runs_dlm_plus_as_it_is():
+  """--attack=auto with --config.attack.adaptive=True against a DP-SGD FedAvg client of two local
+  steps: the replay is adapted to the clipping; DLM+, which cannot model it, runs unadapted beside
+  it (it stopped the run with an error)."""
+  from gradjax.run import pipeline
+  cfg = config.from_options({
+      "attack.preset": "auto", "attack.iterations": 2, "attack.adaptive": True,
+      "client.name": "fedavg", "client.local_batch_size": 1, "client.local_lr": 0.1,
+      "data.batch_size": 2, "output.lpips": "none", "defense.dp_sgd_max_norm": 1.0})
+  results, _ = pipeline.run(cfg)
+  tried = {t["attack"]: t for t in results["auto"]["tried"]}
+  assert list(tried) == ["inverting_gradients_fedavg", "dlm_plus"]
+  assert tried["dlm_plus"]["settings"] == {"attack.adaptive": False}
+  assert tried["inverting_gradients_fedavg"]["settings"] == {}
+
+
+@pytest.mark.slow
 def test_an_attack_adapted_to_poisson_sampled_dp_sgd():
   """--config.defense.dp_sgd_poisson: a FedSGD client's step draws its examples at q (seed 4 draws
   one of two, image 1); the run is scored against the one drawn, the adapted objective divides the

@@ -510,12 +510,17 @@ def test_each_client_declares_its_own_dp_sgd(tmp_path):
     audit.write_capture(folder, str(weights), interop.params_to_torch(new, mapping),
                         {"round": 1, "client": client, "data_indices": indices},
                         {**meta, **(declared if dp_sgd else {})})
-  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
-                            lpips="none", adaptive=True)
+  # DLM+ cannot model the clipping: it runs unadapted beside the adapted DLG, not as an error.
+  settings = audit.Settings(attacks=("dlg", "dlm_plus"), dataset="skimage", image_size=32,
+                            iterations=2, lpips="none", adaptive=True)
   rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
-  assert [r["client"] for r in rows] == ["0", "1"] and not any(r.get("error") for r in rows), rows
+  assert not any(r.get("error") for r in rows), rows
+  assert [(r["client"], r["attack"]) for r in rows] == [
+      ("0", "dlg"), ("0", "dlm_plus"), ("1", "dlg"), ("1", "dlm_plus")]
+  dlm_plus = json.loads((tmp_path / "audit" / rows[1]["run"] / "metrics.json").read_text())
+  assert dlm_plus["adaptation"] is None and dlm_plus["privacy"]["max_norm"] == 0.5
   first, second = (json.loads((tmp_path / "audit" / r["run"] / "metrics.json").read_text())
-                   for r in rows)
+                   for r in rows[::2])
   assert first["attack"]["objective"] == "clipped_gradient" and first["checks"]["fidelity"]["ok"] is None
   eps = privacy.epsilon(0.02, 1.3, 50, 1e-5).epsilon
   assert first["privacy"]["max_norm"] == 0.5 and first["privacy"]["epsilon"] == eps
@@ -525,7 +530,7 @@ def test_each_client_declares_its_own_dp_sgd(tmp_path):
   assert second["privacy"] is None
   lines = (tmp_path / "audit" / "index.md").read_text().splitlines()
   assert "| DP-SGD ε |" in lines[2]
-  assert lines[4].split(" | ")[-2] == f"{eps:.3g} (δ 1e-05)" and lines[5].split(" | ")[-2] == "–"
+  assert lines[4].split(" | ")[-2] == f"{eps:.3g} (δ 1e-05)" and lines[6].split(" | ")[-2] == "–"
   page = (tmp_path / "audit" / "index.html").read_text()
   assert "<th>DP-SGD ε</th>" in page and f"<td>{eps:.3g} (δ 1e-05)</td>" in page and "<td>–</td>" in page
   assert audit.read_index(tmp_path / "audit")[0]["privacy"]["epsilon"] == eps  # read back as valid
@@ -533,6 +538,8 @@ def test_each_client_declares_its_own_dp_sgd(tmp_path):
   audit.write_capture(tmp_path / "audit" / "round_1" / "client_2", str(weights),
                       interop.params_to_torch(new, mapping), {"round": 1, "client": "2"},
                       {**meta, "dp_sgd_max_norm": [0.5, 1.0]})
+  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
+                            lpips="none", adaptive=True)
   rows = audit.audit(tmp_path / "audit", settings, rounds=[1], log=lambda s: None)
   assert [r["client"] for r in rows] == ["0", "1", "2"] and rows[1].get("error") is None
   assert "metadata 'dp_sgd_max_norm' must be a finite number, got '0.5,1.0'" in rows[2]["error"]
@@ -564,3 +571,22 @@ def test_an_unwritable_index_or_a_too_deep_capture_json_is_said_in_one_line(tmp_
   by_client = {r["client"]: r for r in rows}
   assert by_client["2"]["error"] == f"unreadable {audit.CAPTURE}: RecursionError"
   assert by_client["1"].get("error") is None
+
+
+def test_a_unique_folder_is_taken_once(tmp_path):
+  """unique_dir creates and takes its folder: the same path asked for again (another run started at
+  once), or a folder of an earlier run, or a file of that name, gives the next free one; an empty
+  folder is taken, and only once. Run in several threads at once, every call gets its own folder."""
+  from concurrent import futures
+  path = tmp_path / "audit"
+  first = audit.unique_dir(path)
+  assert first == str(path) and os.listdir(first) == [audit.OWNER]
+  assert audit.unique_dir(path) == f"{path}-1"
+  (tmp_path / "empty").mkdir()
+  assert audit.unique_dir(tmp_path / "empty") == str(tmp_path / "empty")
+  assert audit.unique_dir(tmp_path / "empty") == f"{tmp_path / 'empty'}-1"
+  (tmp_path / "file").write_text("not a folder")
+  assert audit.unique_dir(tmp_path / "file") == f"{tmp_path / 'file'}-1"
+  with futures.ThreadPoolExecutor(8) as pool:
+    taken = list(pool.map(lambda _: audit.unique_dir(tmp_path / "race"), range(16)))
+  assert len(set(taken)) == 16

@@ -18,6 +18,7 @@ flwr = pytest.importorskip("flwr")
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.serverapp.exception import InconsistentMessageReplies  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
+from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from gradjax import attacks, auto, clients, data, defenses, interop, metrics, models, presets, verdict  # noqa: E402
@@ -72,7 +73,8 @@ class Grid:
     config = message.content["config"]
     local = clients.LocalTraining(batch_size=config.get("batch-size"), learning_rate=float(config["lr"]))
     variables = interop.variables_from_torch(sent, self.mapping, self.model.variables, "sent")
-    indices = [(node + k) % 16 for k in range(self.samples)]
+    samples = self.samples.get(node, 1) if isinstance(self.samples, dict) else self.samples
+    indices = [(node + k) % 16 for k in range(samples)]
     photo = data.load("skimage", indices=indices, image_size=SHAPE[:2])
     obs = clients.fedavg(self.model.apply_fn, variables, photo.x, photo.y, local,
                          dp_sgd=self.dp_sgd.get(node), key=jax.random.key(node))
@@ -86,7 +88,7 @@ class Grid:
       del returned["body.0.weight"]
     if self.spoil.get(node) == "shape":
       returned["fc.0.bias"] = returned["fc.0.bias"][:5]
-    metrics = {"num-examples": self.samples, "data-indices": indices}
+    metrics = {"num-examples": samples, "data-indices": indices}
     if self.spoil.get(node) == "nan-loss":  # a diverged client: kept as it replied
       metrics["train-loss"] = float("nan")
     if self.spoil.get(node) == "nan-count":
@@ -109,7 +111,10 @@ class Grid:
     replies = []
     for m in messages:
       node = m.metadata.dst_node_id
-      if self.spoil.get(node) != "silent":
+      m.metadata.__dict__["_message_id"] = f"message-to-{node}"  # as a grid names what it sends
+      if self.spoil.get(node) == "unavailable":  # the SuperLink replies for a node gone silent
+        replies.append(create_message_error_unavailable_res_message(m.metadata, "node_unavail"))
+      elif self.spoil.get(node) != "silent":
         replies += [self.reply(m)] * (2 if self.spoil.get(node) == "twice" else 1)
     # A SuperNode restarted between rounds registers again, under a new node id.
     self.nodes = [self.restarts.get(n, n) for n in self.nodes]
@@ -181,6 +186,32 @@ def test_a_round_where_only_some_clients_run_the_gate_still_aggregates(net, tmp_
   assert metrics["gradjax-audited"] == 0.5 and metrics["gradjax-leak-db"] == 1.75, metrics
   found = audit.captures(wrapped.audit_dir)  # recorded as the clients replied
   assert [("gradjax-audited" in c.info["metrics"]) for c in found] == [True, False]
+  # Recording nothing (audit_dir None), the round aggregates the same.
+  unrecorded = AuditStrategy(fedavg(), None)
+  bare = start(unrecorded, net, Grid(net, gated={11}), rounds=1)
+  for name in plain.arrays.keys():
+    np.testing.assert_array_equal(bare.arrays[name].numpy(), plain.arrays[name].numpy())
+  assert unrecorded.audit_dir is None and unrecorded.failures == {1: {}}
+
+
+@pytest.mark.slow
+def test_clients_of_different_sizes_aggregate_and_keep_their_data_indices(net, tmp_path):
+  """Clients of 1 and 2 examples whose replies carry their data indices: FedAvg's metric average
+  cannot take lists of different lengths; behind AuditStrategy the indices are recorded and taken
+  out of the metrics it aggregates, and the model is FedAvg's weighted mean (1/3, 2/3) of the
+  clients' weights."""
+  grid = Grid(net, samples={11: 1, 12: 2})
+  with pytest.raises(ValueError):
+    fedavg().aggregate_train(1, [grid.reply(m) for m in _train_messages(net)])
+  wrapped = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL, "input_shape": "32,32,3"})
+  result = start(wrapped, net, grid, rounds=1)
+  found = audit.captures(wrapped.audit_dir)
+  assert [c.info["data_indices"] for c in found] == [[11], [12, 13]]
+  assert "data-indices" not in result.train_metrics_clientapp[1]
+  returned = [interop.read(os.path.join(c.folder, audit.OBSERVATION)).tensors for c in found]
+  for name in result.arrays.keys():
+    np.testing.assert_allclose(result.arrays[name].numpy(),
+                               (returned[0][name] + 2 * returned[1][name]) / 3, rtol=1e-6, atol=1e-7)
 
 
 def _train_messages(net):
@@ -449,6 +480,19 @@ def test_failed_clients_are_counted_reported_and_fail_the_audit(net, tmp_path):
   start(lost, net, Grid(net, spoil={11: "error", 12: "error"}), rounds=1)
   with pytest.raises(RuntimeError, match="every client failed in round"):
     lost.raise_if_failed()
+
+
+@pytest.mark.slow
+def test_a_node_the_superlink_reports_unavailable_is_counted_once_by_its_id(net, tmp_path):
+  """A node that stops sending heartbeats: the SuperLink replies in its place (sender the
+  SuperLink's id); it is the node's failure, counted once, and the round is not lost."""
+  strategy = AuditStrategy(Keep(), tmp_path / "audit")
+  start(strategy, net, Grid(net, spoil={12: "unavailable"}), rounds=1)
+  assert list(strategy.failures[1]) == [12] and "Node Unavailable" in strategy.failures[1][12]
+  strategy.raise_if_failed()
+  summary = json.loads((tmp_path / "audit" / "round_001" / audit.ROUND_SUMMARY).read_text())
+  assert summary["clients_sent"] == 2 and list(summary["failures"]) == ["12"]
+  assert sorted(c.info["client"] for c in audit.captures(tmp_path / "audit")) == [11, 12]
 
 
 @pytest.mark.slow

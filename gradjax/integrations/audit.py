@@ -115,15 +115,30 @@ def imprinted(sent: dict[str, np.ndarray], model: str, input_shape=(32, 32, 3),
 
 # --- recording -------------------------------------------------------------------------------------
 
+# The file by which a folder :func:`unique_dir` returned is its caller's: created exclusively, so of
+# two programs that pick the same free folder at once, one takes the next.
+OWNER = ".gradjax-owner"
+
+
 def unique_dir(path) -> str:
   """``path`` when it does not exist or is an empty folder, else the first free ``path-1``,
-  ``path-2``, ...: a new federation run never mixes with, or replaces, an earlier one's files."""
+  ``path-2``, ...: a new federation run never mixes with, or replaces, an earlier one's files. The
+  folder is created and taken at once (:data:`OWNER` in it, made exclusively), so two runs started
+  together never share one."""
   path = os.path.abspath(os.fspath(path))
   candidate, k = path, 0
-  while os.path.exists(candidate) and (not os.path.isdir(candidate) or os.listdir(candidate)):
+  while True:
+    try:
+      os.makedirs(candidate, exist_ok=True)
+      if not os.listdir(candidate):
+        fd = os.open(os.path.join(candidate, OWNER), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "w") as fh:
+          fh.write(f"{os.getpid()}\n")
+        return candidate
+    except (FileExistsError, NotADirectoryError):  # a file of that name, or taken just now
+      pass
     k += 1
     candidate = f"{path}-{k}"
-  return candidate
 
 
 def check_reply(sent: dict[str, np.ndarray], returned: dict[str, np.ndarray]) -> None:
@@ -611,6 +626,11 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
   # every client.
   own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
       interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}  # as the update file holds them
+  dp_sgd = bool(own) or settings.dp_sgd_max_norm is not None
+  # Adapted where there is a defense to adapt to; DLM+, which cannot model DP-SGD's clipping, runs
+  # as it is beside the attacks that can.
+  adaptive = (not closed and settings.adaptive and (bool(meta.get("defense")) or dp_sgd)
+              and (not dp_sgd or pipeline.models_dp_sgd(presets.get_preset(name)())))
   return config.from_options({
       **settings.options(), **own, "attack.preset": name,
       "model.weights": os.path.join(capture.folder, WEIGHTS),
@@ -619,8 +639,7 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
       "data.data_dir": None,
       "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
       "attack.restarts": 1 if closed else settings.restarts, "attack.label_source": labels,
-      "attack.adaptive": not closed and settings.adaptive and (
-          bool(meta.get("defense") or own) or settings.dp_sgd_max_norm is not None),
+      "attack.adaptive": adaptive,
       **(auto.settings(name, settings.model or meta.get("model")) if plan.chosen else {})})
 
 
@@ -678,6 +697,7 @@ def _attacked_row(capture: Capture, base: dict, name: str, results: dict, images
   """The row of attack ``name`` on ``capture``, its run files written into ``<capture>/<name>/``."""
   out = unique_dir(os.path.join(capture.folder, name))  # an earlier audit's files stay as they were
   report.write_run(out, results, images, f"{name}, round {capture.round}, client {capture.client}")
+  os.remove(os.path.join(out, OWNER))  # the run's files hold the folder now
   row = {**base, "attack": name, **{k: results.get(k) for k in SUMMARY_KEYS},
          "run": os.path.relpath(out, os.path.dirname(os.path.dirname(capture.folder))),
          "num_samples": results.get("num_samples"), "verdict": results["verdict"]["status"],

@@ -111,9 +111,13 @@ class AuditStrategy(Strategy):
     strategy: the Flower strategy that does the federated learning (unchanged by the wrapper; the
       replies it aggregates are the clients', but where only some of a round's clients run the
       gate (:func:`leakage_mod`) the others' metrics get the gate's, as not audited, so that the
-      round aggregates: :data:`NOT_AUDITED`).
+      round aggregates: :data:`NOT_AUDITED`; and the data indices a client adds for the audit
+      (``keys.data_indices``) are taken out of its metrics once read).
     audit_dir: where to record; a folder that exists and is not empty is left alone and the next
-      free ``audit_dir-1``, ``-2``, ... is used instead (:attr:`audit_dir` says which).
+      free ``audit_dir-1``, ``-2``, ... is used instead (:attr:`audit_dir` says which, and a
+      warning); the folder is created and taken at once (:func:`gradjax.integrations.audit.unique_dir`).
+      ``None``: nothing is recorded; the failures are still counted and the gate's metrics
+      completed (a federation where some clients run :func:`leakage_mod`).
     rounds: the rounds to record (``None``: all).
     clients: node ids to record, or an int: that many clients per round (the lowest node ids
       among the replies); ``None``: all.
@@ -139,7 +143,10 @@ class AuditStrategy(Strategy):
     if max_bytes is not None and max_bytes < 1:
       raise ValueError(f"max_bytes must be positive, got {max_bytes}")
     self.strategy = strategy
-    self.audit_dir = audit.unique_dir(audit_dir)
+    self.audit_dir = None if audit_dir is None else audit.unique_dir(audit_dir)
+    if audit_dir is not None and self.audit_dir != os.path.abspath(os.fspath(audit_dir)):
+      logger.warning("audit: %s holds another run's files; this federation is recorded in %s",
+                     os.fspath(audit_dir), self.audit_dir)
     self.rounds = None if rounds is None else frozenset(int(r) for r in rounds)
     self.clients = clients if clients is None or isinstance(clients, int) else frozenset(clients)
     self.max_bytes = max_bytes
@@ -152,6 +159,7 @@ class AuditStrategy(Strategy):
     self._full = False
     self._sent: dict[int, Any] = {}
     self._expected: list[int] = []  # the nodes sent work this round
+    self._messages: list[Message] = []  # the messages that sent it
     self.failures: dict[int, dict[int, str]] = {}  # round -> node -> why it failed
     self.clients_sent: dict[int, int] = {}  # round -> clients sent work
     self.nodes: dict[int, list[int]] = {}  # round -> the nodes sent work
@@ -171,21 +179,32 @@ class AuditStrategy(Strategy):
                       grid: Grid) -> Iterable[Message]:
     messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
     self._sent = {}
+    self._messages = messages  # their ids are set when the grid sends them
     self._expected = [m.metadata.dst_node_id for m in messages]
     if self._audited(server_round):
       self._sent = {m.metadata.dst_node_id: m.content for m in messages}
     return messages
 
+  def _node(self, reply: Message) -> int:
+    """The node a reply answers for: its sender, or for an error the SuperLink sent in a node's
+    place (a node that stopped sending heartbeats: sender ``SUPERLINK_NODE_ID``), the node its
+    message went to."""
+    node = reply.metadata.src_node_id
+    if node in self._expected or not reply.has_error():
+      return node
+    to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages
+          if m.metadata.message_id}
+    return to.get(reply.metadata.reply_to_message_id, node)
+
   def aggregate_train(self, server_round: int, replies: Iterable[Message]):
     replies = list(replies)
-    failed = {m.metadata.src_node_id: f"the client failed: {m.error.reason}"
-              for m in replies if m.has_error()}
-    replied = {m.metadata.src_node_id for m in replies}
+    failed = {self._node(m): f"the client failed: {m.error.reason}" for m in replies if m.has_error()}
+    replied = {self._node(m) for m in replies}
     failed.update({node: "no reply" for node in self._expected if node not in replied})
     self.failures[server_round] = failed
     self.clients_sent[server_round] = len(self._expected)
     self.nodes[server_round] = sorted(self._expected)
-    counts = collections.Counter(m.metadata.src_node_id for m in replies)
+    counts = collections.Counter(self._node(m) for m in replies)
     self.duplicates[server_round] = {node: k for node, k in sorted(counts.items()) if k > 1}
     if self._sent:
       start = time.perf_counter()
@@ -197,6 +216,7 @@ class AuditStrategy(Strategy):
       self.seconds_recording += time.perf_counter() - start
     self._report(server_round)
     _complete_gate_metrics(replies)
+    _drop_metrics(replies, self.keys.data_indices)
     return self.strategy.aggregate_train(server_round, replies)
 
   def _report(self, server_round: int) -> None:
@@ -218,8 +238,8 @@ class AuditStrategy(Strategy):
       if before != now:
         logger.info("round %d: nodes new since round %d: %s; gone: %s", server_round, max(earlier),
                     sorted(now - before) or "none", sorted(before - now) or "none")
-    round_dir = os.path.join(self.audit_dir, f"round_{server_round:03d}")
-    if os.path.isdir(round_dir):
+    round_dir = os.path.join(self.audit_dir or "", f"round_{server_round:03d}")
+    if self.audit_dir is not None and os.path.isdir(round_dir):
       try:
         audit.write_round_summary(round_dir, server_round, sent, failed,
                                   nodes=self.nodes[server_round],
@@ -247,16 +267,17 @@ class AuditStrategy(Strategy):
   # Recording.
 
   def _audited(self, server_round: int) -> bool:
-    return not self._full and (self.rounds is None or server_round in self.rounds)
+    return (self.audit_dir is not None and not self._full
+            and (self.rounds is None or server_round in self.rounds))
 
   def _selected(self, replies: list[Message]) -> list[Message]:
     if self.clients is None:
       return replies
     if isinstance(self.clients, int):
-      keep = set(sorted(m.metadata.src_node_id for m in replies)[:self.clients])
+      keep = set(sorted(self._node(m) for m in replies)[:self.clients])
     else:
       keep = self.clients
-    return [m for m in replies if m.metadata.src_node_id in keep]
+    return [m for m in replies if self._node(m) in keep]
 
   def _fits(self, size: int) -> bool:
     if self.max_bytes is not None and self.bytes_written + size > self.max_bytes:
@@ -274,7 +295,7 @@ class AuditStrategy(Strategy):
     recorded = 0
     replies_of: collections.Counter = collections.Counter()  # node -> its replies so far
     for reply in self._selected(replies):
-      node = reply.metadata.src_node_id
+      node = self._node(reply)
       replies_of[node] += 1
       content = self._sent.get(node)
       if content is None or array_key not in content:
@@ -364,6 +385,18 @@ def _complete_gate_metrics(replies) -> None:
     for m, g in zip(ok, gated):
       if not g:
         _add_metrics(m, NOT_AUDITED)
+
+
+def _drop_metrics(replies, keys) -> None:
+  """Takes ``keys`` (the data indices a client adds for the audit, which it has read) out of the
+  replies' metrics: averaging them means nothing, and lists of different lengths (clients of
+  different sizes) stop Flower's metric aggregation."""
+  for m in replies:
+    if not m.has_error():
+      for record in m.content.metric_records.values():
+        for key in keys:
+          if key in record:
+            del record[key]
 
 
 def gray_baseline_psnr(x: np.ndarray) -> float:

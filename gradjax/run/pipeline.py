@@ -565,6 +565,11 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
     chosen_settings = {k: v for k, v in auto.settings(name, model).items()
                        if config.get(cfg, k) is None}
     step = config.replace(cfg, {"attack.preset": name, "attack.budget": None, **chosen_settings})
+    if (step.attack.adaptive and step.defense.dp_sgd() is not None and name in presets.PRESETS
+        and not models_dp_sgd(presets.get_preset(name)())):
+      # DLM+ cannot model DP-SGD's clipping: it runs as it is, beside the attacks that can.
+      step = config.replace(step, {"attack.adaptive": False})
+      chosen_settings = {**chosen_settings, "attack.adaptive": False}
     if name in closed_forms.CLOSED_FORMS:  # nothing to optimise: the optimisation options stay out
       step = config.replace(step, {
           "attack.restarts": 1, "attack.permutations": 1, "attack.adaptive": False,
@@ -617,6 +622,12 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
   return results, images
 
 
+def models_dp_sgd(attack: attacks.Attack) -> bool:
+  """Whether :func:`adapted` can model DP-SGD's per-example clipping in ``attack``'s objective: a
+  gradient or the replayed local steps (not DLM's or DLM+'s scaled differences)."""
+  return isinstance(attack.matched, objectives.Replay) or attack.matched.name == objectives.Gradient.name
+
+
 def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observation,
             update_scale: float = 1.0) -> tuple[attacks.Attack, str | None]:
   """``attack`` adapted to the client's defense when ``cfg.attack.adaptive``, with the defense spec
@@ -637,11 +648,15 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
     expected = None if q is None else expected_batch_size(cfg, observation)
     fedsgd = observation.threat_model == "fedsgd"
     other = None if q is None else replay_divisor(cfg, observation)
+    if not models_dp_sgd(attack):
+      raise ValueError(f"--config.attack.adaptive=True models DP-SGD's per-example clipping in the "
+                       f"gradient or the replayed steps the attack matches, not in "
+                       f"{attack.matched.name!r}")
     if isinstance(attack.matched, objectives.Replay):
       matched = dataclasses.replace(attack.matched, max_norm=float(dp_sgd.max_norm),
                                     sampling_rate=None if q is None else float(q),
                                     expected_batch_size=other)
-    elif attack.matched.name == objectives.Gradient.name:
+    else:  # the gradient
       if other is not None:
         raise ValueError(
             f"a one-step FedAvg update read as a gradient expects its step's divisor q·n = "
@@ -650,10 +665,6 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
       # FedSGD: the dummies are the examples drawn, their clipped sum over E; a one-step FedAvg
       # update read as a gradient: its expectation, the clipped mean over all n dummies.
       matched = objectives.ClippedGradient(float(dp_sgd.max_norm), expected if fedsgd else None)
-    else:
-      raise ValueError(f"--config.attack.adaptive=True models DP-SGD's per-example clipping in the "
-                       f"gradient or the replayed steps the attack matches, not in "
-                       f"{attack.matched.name!r}")
     attack = dataclasses.replace(attack, matched=matched)
     if dp_sgd.noise_multiplier > 0:
       variance = dp_sgd_variance(dp_sgd, observation, expected)

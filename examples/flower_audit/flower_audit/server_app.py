@@ -1,5 +1,5 @@
 """The ServerApp: FedAvg over the SuperNodes, wrapped by gradjax's AuditStrategy, which records every
-round's global model and every client's reply for the audit (``record = false``: plain FedAvg).
+round's global model and every client's reply for the audit (``record = false``: records nothing).
 
 With ``malicious-bins = k`` (an MLP model only) the server cheats: every round it hides an imprint of
 k bins in the first layer of the model it sends (:func:`gradjax.malicious.imprint_layer`, Robbing the
@@ -72,17 +72,17 @@ def main(grid: Grid, context: Context) -> None:
   strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0)
   if int(cfg["malicious-bins"]):  # inside the recorder: it records what the clients received
     strategy = ImprintingServer(strategy, cfg["model"], _thresholds(cfg))
-  if cfg["record"]:
-    settings = None
-    if cfg["attack"]:
-      settings = audit.Settings(dataset=cfg["dataset"], data_dir=cfg["data-dir"] or None,
-                                image_size=32)
-    strategy = AuditStrategy(
-        strategy, cfg["audit-dir"], attack=settings,
-        # What the clients read from the run config, not from the messages:
-        metadata={"model": cfg["model"], "input_shape": "32,32,3",
-                  "local_epochs": int(cfg["local-epochs"]),
-                  "train": task.has_batchnorm(net)})
+  settings = None
+  if cfg["attack"] and cfg["record"]:
+    settings = audit.Settings(dataset=cfg["dataset"], data_dir=cfg["data-dir"] or None,
+                              image_size=32)
+  # Recording or not (audit_dir None), the wrapper counts failed clients and completes the metrics
+  # of clients that opt out of the gate, so that FedAvg aggregates their round.
+  strategy = AuditStrategy(
+      strategy, cfg["audit-dir"] if cfg["record"] else None, attack=settings,
+      # What the clients read from the run config, not from the messages:
+      metadata={"model": cfg["model"], "input_shape": "32,32,3",
+                "local_epochs": int(cfg["local-epochs"]), "train": task.has_batchnorm(net)})
   start = time.perf_counter()
   strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()),
                  num_rounds=int(cfg["num-server-rounds"]),
@@ -92,6 +92,6 @@ def main(grid: Grid, context: Context) -> None:
   if cfg["record"]:
     print(f"federation wall time {wall:.2f} s, of which recording {strategy.seconds_recording:.3f} s "
           f"({strategy.bytes_written} bytes to {strategy.audit_dir})")
-    strategy.raise_if_failed()  # a round whose every client failed ends the run as failed
   else:
     print(f"federation wall time {wall:.2f} s (not recording)")
+  strategy.raise_if_failed()  # a round whose every client failed ends the run as failed
