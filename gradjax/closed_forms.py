@@ -87,8 +87,8 @@ class Imprint:
   each bin's example as the difference of two neighbouring units' weight gradients over that of their
   biases. What an audit runs on an update whose global model :func:`gradjax.malicious.inspect` flags.
   The read-outs fill the first slots (at most N, the bins of most weight), labels −1 (not read);
-  ``loss`` is 0: the read-outs reproduce the imprint units' gradients exactly (their sums over the
-  bins above each unit), collisions included."""
+  ``loss`` is NaN (a read-out of ratios minimises no objective; the run reports none), and no update
+  is recomputed from the read-outs for the verdict: without labels there is none to recompute."""
 
   layer: str = "Dense_0"
   tolerance: float = 1e-6

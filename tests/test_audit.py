@@ -192,8 +192,16 @@ def test_a_malicious_servers_imprint_is_read_out_and_a_refusing_client_is_not_a_
   alone = [k for k in range(4) if bins[k] > 0 and list(bins).count(bins[k]) == 1]
   assert alone and all(psnr[k] > 60 for k in alone), (psnr, bins)
   assert read["verdict"] == "leak" and read["loss"] is None  # a read-out of ratios: no objective
+  assert read["label_accuracy"] is None  # labels not read are not scored as wrong ones
   index = json.loads((tmp_path / "audit" / "index.json").read_text())
   assert index["rounds"][0]["refused"] == ["8"] and index["rounds"][0]["failed"] == []
+  # Without the ground truth: inconclusive, saying why (no labels read, so no update recomputed),
+  # not that the read-out failed to match the update.
+  blind = audit.audit(tmp_path / "audit", audit.Settings(attacks=("imprint",), iterations=3,
+                                                         lpips="none"), log=lambda s: None)
+  row = next(r for r in blind if r["client"] == "7")
+  assert row["verdict"] == "inconclusive" and "reads no labels" in row["reason"], row["reason"]
+  assert "did not match" not in row["reason"]
 
 
 @pytest.mark.slow

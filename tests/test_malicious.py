@@ -274,6 +274,27 @@ def test_inspect_flags_the_malicious_models_and_not_the_honest_ones(name):
     assert [(f.path, f.reason.split(" of ")[0]) for f in found] == [("['Dense_0']['kernel']", "16")]
 
 
+def test_inspect_passes_a_zeroed_head_that_took_a_step_on_some_classes():
+  """A zero-initialised head after one SGD step on six of ten classes: the other four classes' units
+  move along one direction (NumPy: 4 of them at |cos| 1), which is no imprint's (the head gives the
+  logits, not a ReLU's bins); the same parallel units in the first layer are still found."""
+  model = models.create("mlp-64", jax.random.key(0), input_shape=(8, 8, 1))
+  head = {k: np.zeros_like(v) for k, v in model.variables["params"]["head"].items()}
+  variables = {**model.variables, "params": {**model.variables["params"], "head": head}}
+  x = np.random.default_rng(0).uniform(size=(8, 8, 8, 1)).astype(np.float32)
+  update = clients.fedavg(model.apply_fn, variables, x, np.array([0, 1, 2, 3, 4, 5, 0, 1]),
+                          clients.LocalTraining(learning_rate=0.1)).gradient
+  stepped = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], update)
+  unseen = np.asarray(stepped["head"]["kernel"], np.float64)[:, 6:].T
+  unseen /= np.linalg.norm(unseen, axis=1, keepdims=True)
+  np.testing.assert_allclose(np.abs(unseen @ unseen.T), 1.0, rtol=1e-6)
+  assert malicious.inspect({"params": stepped}, model.variables) == []
+  kernel = np.array(stepped["Dense_0"]["kernel"])
+  kernel[:, :4] = np.outer(kernel[:, 4], np.arange(1.0, 5.0))  # four units along one direction
+  moved = {**stepped, "Dense_0": {**stepped["Dense_0"], "kernel": kernel}}
+  assert [f.path for f in malicious.inspect({"params": moved}, model.variables)] == ["['Dense_0']['kernel']"]
+
+
 @pytest.mark.slow
 def test_inspect_finds_nothing_in_the_committed_trained_checkpoints():
   import os

@@ -1113,13 +1113,17 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
       cocktail=found.get("cocktail"),
   )
   q = getattr(cfg.defense.dp_sgd(), "sampling_rate", None)
-  residual = verdict.residual(model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched,
-                              max_norm=cfg.defense.dp_sgd_max_norm, sampling_rate=q,
-                              expected_batch_size=(None if q is None or p.matched != "replay"
-                                                   else replay_divisor(cfg, observation)))
+  read_out = cfg.attack.preset == "imprint"  # bins read as ratios: no labels, so no update to recompute
+  residual = None if read_out else verdict.residual(
+      model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched,
+      max_norm=cfg.defense.dp_sgd_max_norm, sampling_rate=q,
+      expected_batch_size=(None if q is None or p.matched != "replay"
+                           else replay_divisor(cfg, observation)))
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
-    scores = metrics.score(x_rec, batch.x, rec.labels, batch.y)
+    # Labels the attack did not read at all (every slot -1) are not scored as wrong ones.
+    unread = bool(np.all(rec.labels < 0))
+    scores = metrics.score(x_rec, batch.x, None if unread else rec.labels, None if unread else batch.y)
     order = np.asarray(scores["order"])
     results.update(scores, labels_true=batch.y.tolist(),
                    labels_reconstructed=rec.labels[order].tolist())
@@ -1135,7 +1139,14 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
   _end_history_at_the_result(results["history"], rec, results.get("psnr"))
-  results.update(_verdict(results, residual, findings, p.problems, cfg))
+  decided = _verdict(results, residual, findings, p.problems, cfg)
+  if read_out and decided["verdict"]["status"] == "inconclusive" and not p.problems:
+    decided["verdict"]["reason"] = (
+        f"the imprint's read-out gave {found['imprint']['kept']} image(s) and reads no labels, so no "
+        "update is recomputed from them to check against the captured one: each is an example alone "
+        "in its bin or a blend of a bin's examples; score them against the client's data (--dataset)"
+        + (f"; {findings['images']['reason']}" if findings and "images" in findings else ""))
+  results.update(decided)
   results["malicious_server"] = malicious.server_row(observation.num_samples)
   results["privacy"] = dp_sgd_privacy(cfg)
   return results, images

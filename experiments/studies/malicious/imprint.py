@@ -17,7 +17,9 @@ block (``structure="sparse"``: a hard-tanh unit per bin), whose read-out survive
 ``--rows=sparse`` reruns only the rows so named, keeping the others. Writes runs/imprint/table.md and
 table.json; then the client-side check (``malicious.inspect``) on every malicious model built here
 and on honest ones (fresh zoo draws, five seeds each, and the trained checkpoints committed in other
-studies), with its time per model: runs/imprint/detection.md and detection.json.
+studies), with its time per model, and on the imprint of the first layer with noise orthogonal to
+each unit (3, 6, 20 % of its norm) and honest models whose zeroed head took one step on six of ten
+classes: runs/imprint/detection.md and detection.json.
 
 ``--parts=paper`` (runs/imprint/paper.md, paper.json): the paper's own setting beside its figure. The
 authors' README reports an average PSNR of 70.94 dB for a batch of 64 ImageNet images through an
@@ -239,7 +241,44 @@ def detection():
   for path in TRAINED:
     model = checkpoint.load_model(os.path.join(ROOT, path))
     records.append(_inspected("honest, trained", path, model.variables, None))
+  # What the check misses: an imprint whose units carry noise orthogonal to their direction.
+  honest = models.create("mlp-1024", jax.random.key(0), input_shape=(32, 32, 3))
+  layer = malicious.imprint_layer(honest, thresholds)
+  for noise in (0.03, 0.06, 0.2):
+    records.append(_inspected(f"imprint in the first layer, {noise:.0%} orthogonal noise per unit",
+                              "mlp-1024", _perturbed(layer.variables, noise), honest.variables))
+  # What it must pass: a zero-initialised head after a step on six of ten classes.
+  for name in ("lenet_zhu", "mlp-256", "resnet20"):
+    model = models.create(name, jax.random.key(0), input_shape=(32, 32, 3))
+    records.append(_inspected("honest, zero head, one step on 6 of 10 classes", name,
+                              _zero_head_step(model), model.variables))
   return records
+
+
+def _perturbed(variables, noise):
+  """``variables`` with every unit of the first dense layer moved by noise orthogonal to it, of
+  ``noise`` times its norm (NumPy, seed 0)."""
+  kernel = np.asarray(variables["params"]["Dense_0"]["kernel"], np.float64)
+  rng = np.random.default_rng(0)
+  n = rng.normal(size=kernel.shape)
+  n -= kernel * (np.sum(n * kernel, axis=0) / np.maximum(np.sum(kernel * kernel, axis=0), 1e-30))
+  n *= noise * np.linalg.norm(kernel, axis=0) / np.maximum(np.linalg.norm(n, axis=0), 1e-30)
+  params = {**variables["params"], "Dense_0": {**variables["params"]["Dense_0"],
+                                               "kernel": (kernel + n).astype(np.float32)}}
+  return {**variables, "params": params}
+
+
+def _zero_head_step(model):
+  """``model``'s variables with its head zeroed, after one SGD step (lr 0.1) on 8 random images of
+  classes 0-5 (the other four classes' head units then stay parallel)."""
+  head = {k: np.zeros_like(v) for k, v in model.variables["params"]["head"].items()}
+  variables = {**model.variables, "params": {**model.variables["params"], "head": head}}
+  x = np.random.default_rng(0).uniform(size=(8, 32, 32, 3)).astype(np.float32)
+  y = np.array([0, 1, 2, 3, 4, 5, 0, 1])
+  update = clients.fedavg(model.apply_fn, variables, x, y, clients.LocalTraining(learning_rate=0.1),
+                          train=False).gradient
+  params = jax.tree.map(lambda w, u: np.asarray(w) - np.asarray(u), variables["params"], update)
+  return {**variables, "params": params}
 
 
 def detection_table(records):
