@@ -1095,7 +1095,8 @@ def _unusable(what: str, s: Span, dimension: int) -> str:
              "the local steps' drifting inputs fill it")
   elif s.rank >= 0.9 * dimension:
     cause = (f"its rank {s.rank} nearly fills the {dimension} dimensions the candidates occupy: the "
-             "batch holds about as many (token, position) pairs or prefixes as the model's width")
+             "batch holds about as many (token, position) pairs or prefixes as the model's width, or "
+             "noise on the update (a defense, DP-SGD) fills every direction")
   else:
     cause = (f"its singular values fall off without a clear gap (rank read {s.rank} of {dimension}, "
              f"σ_(r+1)/σ_r = {s.member_level:.1e}): noise or pruning on the update, or inputs that "

@@ -59,6 +59,8 @@ kuangliu/pytorch-cifar that DLG ships)::
   gpt                embed, positions, blocks.{i}.{norm_0,attention.{query,key,value,out},norm_1,
                      ffn_0,ffn_1}, norm_f (the twin of gradjax.models.gpt; four nn.Linear per
                      attention, as Flax's heads: weight (heads·head_dim, d) <-> kernel (d, heads, head_dim))
+  bert               embed, positions, norm_embed, blocks.{i}.* (as gpt's), transform, norm_head,
+                     output_bias (the twin of gradjax.models.bert)
 
 Other spellings of the same network (torchvision's ``downsample`` and ``fc``) are handled by
 ``rename`` rules, regular-expression substitutions applied to the file's names first, e.g.

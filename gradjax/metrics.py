@@ -477,8 +477,8 @@ def score_text(pred, true, *, match: bool = True) -> dict[str, Any]:
 
   Returns:
     dict with means over the true sentences of "token_accuracy", "bag_recall", "rouge1", "rouge2",
-    "rougeL" (F-measures), the per-sentence token accuracy and bag recall lists (in ground-truth
-    order), "exact" (true sentences recovered entirely), "unmatched" (recovered sentences assigned
+    "rougeL" (F-measures), the per-sentence token accuracy, bag recall and ROUGE-L lists (in
+    ground-truth order), "exact" (true sentences recovered entirely), "unmatched" (recovered sentences assigned
     to none) and "order" (``pred[order[j]]`` was scored against ``true[j]``, -1 for none).
   """
   pred, true = np.asarray(pred), np.asarray(true)
@@ -502,14 +502,16 @@ def score_text(pred, true, *, match: bool = True) -> dict[str, Any]:
     return np.asarray([fn(pred[order[j]], true[j]) if scored[j] else 0.0 for j in range(n)], np.float64)
   acc = per(lambda p, t: float(np.mean(p == t)))
   recall = per(lambda p, t: label_accuracy(p, t))
+  lcs = per(rouge_l)
   return {
       "token_accuracy": float(acc.mean()),
       "bag_recall": float(recall.mean()),
       "rouge1": float(per(lambda p, t: rouge_n(p, t, 1)).mean()),
       "rouge2": float(per(lambda p, t: rouge_n(p, t, 2)).mean()),
-      "rougeL": float(per(rouge_l).mean()),
+      "rougeL": float(lcs.mean()),
       "token_accuracy_per_sentence": [float(v) for v in acc],
       "bag_recall_per_sentence": [float(v) for v in recall],
+      "rougeL_per_sentence": [float(v) for v in lcs],
       "exact": int(np.sum(acc == 1.0)),
       "unmatched": int(k - scored.sum()),
       "order": [int(i) for i in order],

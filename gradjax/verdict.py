@@ -350,7 +350,10 @@ def text_findings(results: dict) -> dict:
 
   * ``sentences``: those with their tokens in place at least :func:`halfway` from what the corpus's
     position guess gets of them (``token_accuracy_chance_per_sentence``, from
-    :func:`gradjax.run.pipeline.chance`) to 1;
+    :func:`gradjax.run.pipeline.chance`) to 1, or, where ``rougeL_per_sentence`` is given, with a
+    ROUGE-L (their longest common subsequence) at least halfway from the position guess's
+    (``rougeL_chance_per_sentence``) to 1: one token inserted or dropped moves every later one out
+    of place, not out of order;
   * ``bag``: the batch's words, when the bag-of-words recall is at least halfway from the corpus's
     bag guess (``bag_recall_chance``) to 1; where the attack found a set of words without their
     places (``word_recall``, the span attack's position sets), also its word recall at least
@@ -363,12 +366,24 @@ def text_findings(results: dict) -> dict:
   acc = results.get("token_accuracy_per_sentence") or []
   acc_chance = results.get("token_accuracy_chance_per_sentence") or [0.0] * len(acc)
   bars = [halfway(c) for c in acc_chance]
-  good = [i for i, (a, bar, c) in enumerate(zip(acc, bars, acc_chance)) if a >= bar and c < 1]
-  out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": (
-      f"{len(good)} of {len(acc)} sentences with their tokens in place (sentence {good[0]}: "
-      f"{acc[good[0]]:.2f} >= {bars[good[0]]:.2f}, halfway from the corpus's position guess, "
-      f"{acc_chance[good[0]]:.2f}, to 1)" if good else
-      "no sentence with its tokens in place halfway from the corpus's position guess to 1")}}
+  placed = {i for i, (a, bar, c) in enumerate(zip(acc, bars, acc_chance)) if a >= bar and c < 1}
+  lcs = results.get("rougeL_per_sentence")
+  lcs_chance = results.get("rougeL_chance_per_sentence") or [0.0] * len(acc)
+  ordered = set() if lcs is None else {i for i, (r, c) in enumerate(zip(lcs, lcs_chance))
+                                       if r >= halfway(c) and c < 1}
+  good = sorted(placed | ordered)
+  if not good:
+    why = ("no sentence with its tokens in place halfway from the corpus's position guess to 1"
+           + ("" if lcs is None else ", nor with its ROUGE-L halfway from the guess's to 1"))
+  elif good[0] in placed:
+    why = (f"{len(good)} of {len(acc)} sentences recovered (sentence {good[0]}: {acc[good[0]]:.2f} "
+           f">= {bars[good[0]]:.2f} of its tokens in place, halfway from the corpus's position guess, "
+           f"{acc_chance[good[0]]:.2f}, to 1)")
+  else:
+    why = (f"{len(good)} of {len(acc)} sentences recovered (sentence {good[0]}: ROUGE-L "
+           f"{lcs[good[0]]:.2f} >= {halfway(lcs_chance[good[0]]):.2f}, halfway from the corpus's "
+           f"position guess, {lcs_chance[good[0]]:.2f}, to 1; its tokens in place {acc[good[0]]:.2f})")
+  out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": why}}
   out["bag"] = _recall_finding(results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0),
                               "bag-of-words recall", "the corpus's bag guess")
   if "word_recall" in results:  # words found without their places: against a guess of as many

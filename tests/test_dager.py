@@ -550,6 +550,22 @@ def test_a_batch_too_long_to_order_still_leaks_its_words():
 
 
 @pytest.mark.slow
+def test_a_span_that_cannot_be_read_still_gives_the_words_the_embedding_gradient_shows():
+  """The encoder transformer at batch 8, whose first block's span the attack cannot read (no
+  position sets): the rows of the embedding table the update moved are the batch's words (NumPy's
+  set of its tokens), a leak of the bag, not an inconclusive run that reports none."""
+  from gradjax.run import config, pipeline
+  options = {"data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
+             "attack.preset": "dager", "data.batch_size": 8}
+  results = pipeline.run_text(config.from_options(options))
+  sentences = pipeline.load_sentences(config.from_options(options))
+  assert results["found"] == 0 and "span" in results["unreadable"]
+  assert set(results["words"]) == set(sentences.vocabulary.decode(np.unique(sentences.ids)))
+  assert results["word_precision"] == 1.0 and results["word_recall"] == 1.0
+  assert results["verdict"]["status"] == "leak" and results["verdict"]["leaks"] == ["bag"]
+
+
+@pytest.mark.slow
 def test_a_masked_language_models_sentence_and_its_masked_tokens():
   """bert at batch 1, 20 tokens, three masked positions, two of them holding the same word: layer 1
   gives the input, <mask> included; the output bias's gradient counts the labels (checked against
@@ -834,3 +850,22 @@ def test_the_token_search_takes_over_where_the_spans_give_only_each_positions_wo
   assert results["residual"]["relative_error"] < 1e-5 and results["verdict"]["status"] == "leak"
   with pytest.raises(ValueError, match="closed form"):
     config.check(config.replace(cfg, {"attack.optimizer": "adam"}))
+
+
+def test_the_command_line_names_the_library_for_a_captured_text_model(tmp_path):
+  """A capture whose metadata name a text model, given to the image pipeline (or with
+  --modality=text): one error naming the library's way, not an image shape's."""
+  from gradjax import interop
+  from gradjax.run import config
+  model = models.create("gpt", jax.random.key(0), input_shape=(8,), num_classes=60,
+                        text_sizes=models.TextSizes(dim=16, heads=2, ffn=16, layers=1))
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  interop.write(tmp_path / "g.safetensors", interop.params_to_torch(
+      jax.tree.map(np.zeros_like, model.variables["params"]), interop.zoo_mapping(model)),
+      {"kind": "gradient"})
+  options = {"model.weights": str(tmp_path / "w.safetensors"), "model.name": None,
+             "client.observation": str(tmp_path / "g.safetensors")}
+  with pytest.raises(ValueError, match="holds the update of a text model .gpt.*gradjax.dager.recover"):
+    config.check(config.from_options(options))
+  with pytest.raises(ValueError, match="read a text model's capture with the library"):
+    config.from_options({**options, "data.modality": "text"})

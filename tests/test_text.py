@@ -941,3 +941,20 @@ def test_a_corrupt_wikitext_gzip_is_one_value_error(tmp_path):
   (folder / "wiki.valid.txt.gz").write_bytes(bytes(raw))
   with pytest.raises(ValueError, match="is not a readable gzip text file"):
     corpus._wikitext_sentences(str(tmp_path), "valid")
+
+
+@pytest.mark.slow
+def test_an_optimisation_attack_counts_the_words_the_embedding_gradient_gives():
+  """SAPAG on the default language model (the README's text run, a few iterations): the embedding
+  gradient's moved rows are the sentence's words (NumPy's set of its tokens), counted as a leak of
+  the bag whatever the decoded sentence scores; ROUGE of the decoded sentences is reported."""
+  from gradjax.run import config, pipeline
+  options = {"data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
+             "attack.preset": "sapag", "attack.iterations": 3}
+  results = pipeline.run_text(config.from_options(options))
+  sentences = pipeline.load_sentences(config.from_options(options))
+  truth = set(sentences.vocabulary.decode(np.unique(sentences.ids)))
+  assert set(results["words"]) == set(results["bag"]) == truth
+  assert results["word_precision"] == 1.0 and results["word_recall"] == 1.0
+  assert results["findings"]["bag"]["leak"] and "bag" in results["verdict"]["leaks"]
+  assert all(0.0 <= results[k] <= 1.0 for k in ("rouge1", "rouge2", "rougeL"))

@@ -254,6 +254,24 @@ def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
   assert "halfway from 3 words drawn at random, 0.60, to 1" in uniform["reason"]
 
 
+def test_a_sentence_with_a_token_inserted_counts_by_its_rouge_l():
+  """One token inserted at the front of a 10-token sentence: one token in place (0.1), a longest
+  common subsequence of 9 (ROUGE-L F = 2·0.9·0.9/1.8 = 0.9, by hand), against a position guess at
+  0.2: the sentence counts by its ROUGE-L, not by its tokens in place."""
+  from gradjax import metrics
+  true = np.arange(1, 11)[None]
+  pred = np.concatenate([[1], np.arange(1, 10)])[None]
+  scores = metrics.score_text(pred, true)
+  assert scores["token_accuracy_per_sentence"] == [0.1]
+  assert scores["rougeL_per_sentence"] == [pytest.approx(0.9)]
+  results = {**scores, "token_accuracy_chance_per_sentence": [0.2], "rougeL_chance_per_sentence": [0.2]}
+  found = verdict.text_findings(results)["sentences"]
+  assert found["leak"] and found["count"] == 1 and "ROUGE-L 0.90 >= 0.60" in found["reason"]
+  assert not verdict.text_findings({**results, "rougeL_chance_per_sentence": [0.9]})["sentences"]["leak"]
+  assert not verdict.text_findings({k: v for k, v in results.items()
+                                    if k != "rougeL_per_sentence"})["sentences"]["leak"]
+
+
 def test_still_improving():
   flat = [{"iteration": i, "loss": 1.0} for i in range(100, 1001, 100)]
   falling = [{"iteration": i, "loss": 1.0 / i} for i in range(100, 1001, 100)]

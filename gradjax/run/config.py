@@ -673,7 +673,8 @@ class Config:
           f"unknown modality {self.data.modality!r}; choose one of {', '.join(MODALITIES)}")
     if self.data.modality == "text":
       if self.model.weights or self.client.observation:
-        raise ValueError("captured files hold image models; text runs simulate the client")
+        raise ValueError("the command line attacks captured image models; a text run simulates its "
+                         f"client (read a text model's capture with the library: {_TEXT_CAPTURE})")
       if self.client.name != "fedsgd" and self.attack.preset != "dager":
         raise ValueError("text runs simulate a FedSGD client (--client=fedsgd); a FedAvg client's "
                          "update is read by --attack=dager")
@@ -1094,6 +1095,10 @@ def _input_file(path: str | None, flag: str) -> None:
     raise ValueError(f"--{flag} {path} is not readable")
 
 
+# How a captured text model's update is attacked: by the library (README, "Text").
+_TEXT_CAPTURE = "gradjax.interop.load, then gradjax.dager.recover on its model and gradient"
+
+
 def check(cfg: Config, files: bool = True) -> attacks.Attack:
   """Validates what ``cfg`` names without loading data or compiling anything: the attack and its
   overrides, the defense, the model name, the dataset name and (``files``) the input files. Returns
@@ -1165,6 +1170,10 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
         "or tfds:<name>")
   if files:
     check_input_files(cfg)
+    if cfg.client.observation and models.is_text(attacked_model(cfg) or ""):
+      raise ValueError(f"{cfg.client.observation} holds the update of a text model "
+                       f"({attacked_model(cfg)}): the command line attacks captured image models; "
+                       f"read a text model's capture with the library ({_TEXT_CAPTURE})")
   return attack
 
 
