@@ -598,3 +598,32 @@ def test_a_unique_folder_is_taken_once(tmp_path):
   with futures.ThreadPoolExecutor(8) as pool:
     taken = list(pool.map(lambda _: audit.unique_dir(tmp_path / "race"), range(16)))
   assert len(set(taken)) == 16
+
+
+@pytest.mark.slow
+def test_a_runs_model_input_reproduces_its_residual(photos, tmp_path):
+  """A capture attacked without its ground truth: model_input.npy (the data as the model read them,
+  unclipped, in the slots' order) with labels_by_slot gives back the residual metrics.json reports,
+  where reconstruction.npy (clipped to [0, 1]) need not; local_training is the capture's."""
+  from gradjax import verdict
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
+  obs = clients.fedavg(model.apply_fn, model.variables, photos[:1], np.array([4]),
+                       clients.LocalTraining(learning_rate=0.1))
+  weights, _, round_dir, meta = _round_one(tmp_path)
+  interop.save_weights(weights, model, interop.zoo_mapping(model))
+  after = jax.tree.map(lambda w, u: np.asarray(w - u), model.variables["params"], obs.gradient)
+  audit.write_capture(round_dir / "client_1", str(weights),
+                      interop.params_to_torch(after, interop.zoo_mapping(model)),
+                      {"round": 1, "client": "1"}, {**meta, "image_size": None})
+  rows = audit.audit(tmp_path / "audit", audit.Settings(attacks=("idlg",), iterations=20,
+                                                         lpips="none"), log=lambda s: None)
+  run = tmp_path / "audit" / rows[0]["run"]
+  results = json.loads((run / "metrics.json").read_text())
+  assert results["local_training"] == {"epochs": 1, "batch_size": None, "learning_rate": 0.1,
+                                       "momentum": 0.0}
+  imported = interop.load(str(round_dir / "client_1" / audit.WEIGHTS),
+                          str(round_dir / "client_1" / audit.OBSERVATION))
+  x = np.load(run / "model_input.npy")
+  again = verdict.residual(imported.model.apply_fn, clients.update_as_gradient(imported.observation),
+                           {"x": x}, np.asarray(results["labels_by_slot"]))
+  assert again.relative_error == pytest.approx(results["residual"]["relative_error"], rel=1e-5)

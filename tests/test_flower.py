@@ -72,7 +72,10 @@ class Grid:
     sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
     config = message.content["config"]
     local = clients.LocalTraining(batch_size=config.get("batch-size"), learning_rate=float(config["lr"]))
-    variables = interop.variables_from_torch(sent, self.mapping, self.model.variables, "sent")
+    try:
+      variables = interop.variables_from_torch(sent, self.mapping, self.model.variables, "sent")
+    except ValueError as e:  # e.g. a global model holding NaN: the client fails
+      return Message(Error(code=0, reason=str(e)), reply_to=message)
     samples = self.samples.get(node, 1) if isinstance(self.samples, dict) else self.samples
     indices = [(node + k) % 16 for k in range(samples)]
     photo = data.load("skimage", indices=indices, image_size=SHAPE[:2])
@@ -323,6 +326,19 @@ def test_each_client_declares_its_dp_sgd_and_the_audit_reads_it(net, tmp_path):
   assert got["12"]["privacy"]["epsilon"] == privacy.epsilon(0.01, 1e-6, 200, 1e-5).epsilon
   assert got["11"]["attack"]["objective"] == "gradient" and got["11"]["privacy"] is None
   assert got["11"]["checks"]["fidelity"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_a_global_model_holding_nan_is_said_and_fails_the_run(net, tmp_path):
+  """FedAvg aggregates node 11's reply that holds NaN: round 2's global model holds NaN; the wrapper
+  records which tensor and raise_if_failed fails the run (one client trained in each round)."""
+  strategy = AuditStrategy(fedavg(), tmp_path / "audit")
+  start(strategy, net, Grid(net, spoil={11: "nan"}), rounds=2)
+  sent = interop.read(tmp_path / "audit" / "round_002" / audit.WEIGHTS).tensors
+  assert not np.all(np.isfinite(sent["fc.0.bias"]))  # what FedAvg made of the reply
+  assert strategy.broken == {2: "fc.0.bias"}
+  with pytest.raises(RuntimeError, match=r"global model of round\(s\) 2 held NaN"):
+    strategy.raise_if_failed()
 
 
 @pytest.mark.slow

@@ -202,6 +202,15 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   assert "imprint.weight" in reply.error.reason
   reply = gate(_train_message(net), _context(), call_next)
   assert not reply.has_error() and len(trained) == 1
+  # A model holding NaN (the server aggregated a broken reply): not trained on, a failure of the
+  # round, not a model refused as built to leak.
+  broken = interop.variables_to_torch(model.variables, mapping)
+  broken["fc.0.bias"] = np.full_like(broken["fc.0.bias"], np.nan)
+  reply = gate(Message(content=RecordDict({"arrays": to_record(broken),
+                                           "config": ConfigRecord({"lr": LR, "server-round": 1})}),
+                       dst_node_id=1, message_type=MessageType.TRAIN), _context(), call_next)
+  assert reply.has_error() and MODEL_REFUSED not in reply.error.reason and len(trained) == 1
+  assert "NaN or infinity (in fc.0.bias)" in reply.error.reason
   mlp = models.create("mlp-256", jax.random.key(0), input_shape=SHAPE)
   hidden = malicious.imprint_layer(mlp, np.linspace(0.2, 0.8, 16))
   found = received_findings(interop.variables_to_torch(hidden.variables, interop.zoo_mapping(mlp)),

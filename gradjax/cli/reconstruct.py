@@ -63,8 +63,8 @@ def main(argv):
   if distributed.process_count() > 1 and not cfg.execution.shard:
     common.fail(f"{distributed.process_count()} processes run one attack together when its "
                 "restarts are split over them: add --config.execution.shard=True")
-  out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "grid.svg", "curves.svg",
-                                        "report.html", "sentences.txt", "config.py"))
+  out = common.output_folder(name, own=("metrics.json", "reconstruction.*", "model_input.npy", "grid.svg",
+                                        "curves.svg", "report.html", "sentences.txt", "config.py"))
   state = common.state_file(out)
   if flags.FLAGS.resume and not os.path.exists(state.path):
     if os.path.exists(os.path.join(out, "metrics.json")):

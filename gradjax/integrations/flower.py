@@ -164,6 +164,7 @@ class AuditStrategy(Strategy):
     self.clients_sent: dict[int, int] = {}  # round -> clients sent work
     self.nodes: dict[int, list[int]] = {}  # round -> the nodes sent work
     self.duplicates: dict[int, dict[int, int]] = {}  # round -> node -> replies, where more than one
+    self.broken: dict[int, str] = {}  # round -> the first tensor of its global model holding NaN/inf
 
   # The Strategy interface: everything goes to the wrapped strategy.
 
@@ -177,6 +178,11 @@ class AuditStrategy(Strategy):
 
   def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                       grid: Grid) -> Iterable[Message]:
+    broken = _non_finite(arrays_to_numpy(arrays))
+    if broken:  # e.g. the wrapped strategy averaged a reply that held NaN
+      self.broken[server_round] = broken
+      logger.error("round %d: the global model sent holds NaN or infinity (in %s): the clients train "
+                   "on nothing from here on", server_round, broken)
     messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
     self._sent = {}
     self._messages = messages  # their ids are set when the grid sends them
@@ -248,8 +254,13 @@ class AuditStrategy(Strategy):
         logger.error("audit: round %d: summary not written: %s", server_round, e)
 
   def raise_if_failed(self) -> None:
-    """Raises ``RuntimeError`` (one line) when some round lost every client it sent work to: a
-    federation that trained on nothing must not end as a success."""
+    """Raises ``RuntimeError`` (one line) when some round lost every client it sent work to, or sent
+    a global model holding NaN or infinity: a federation that trained on nothing must not end as a
+    success."""
+    if self.broken:
+      first = min(self.broken)
+      raise RuntimeError(f"the global model of round(s) {', '.join(map(str, sorted(self.broken)))} "
+                         f"held NaN or infinity (round {first}: {self.broken[first]})")
     lost = [r for r, failed in sorted(self.failures.items())
             if failed and len(failed) >= self.clients_sent.get(r, 0)]
     if lost:
@@ -354,7 +365,9 @@ class AuditStrategy(Strategy):
       if not self._fits(size):
         break
       if "error" in info:
-        logger.warning("audit: round %d client %d: %s", server_round, node, info["error"])
+        logger.warning("audit: round %d client %d: %s%s", server_round, node, info["error"],
+                       "; the wrapped strategy receives the reply as it is" if returned is None
+                       and not reply.has_error() else "")
         self.failures[server_round].setdefault(node, info["error"])
       try:
         self.bytes_written += audit.write_capture(
@@ -385,6 +398,12 @@ def _complete_gate_metrics(replies) -> None:
     for m, g in zip(ok, gated):
       if not g:
         _add_metrics(m, NOT_AUDITED)
+
+
+def _non_finite(arrays: dict[str, np.ndarray]) -> str | None:
+  """The name of the first floating-point array of ``arrays`` that holds NaN or infinity, or None."""
+  return next((name for name, a in arrays.items()
+               if np.issubdtype(a.dtype, np.floating) and not np.all(np.isfinite(a))), None)
 
 
 def _drop_metrics(replies, keys) -> None:
@@ -547,6 +566,13 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
 
   def mod(msg, context, call_next):
     suspicious = False  # the received model's input layer fires rarely: this round's update is audited
+    if msg.metadata.message_type == MessageType.TRAIN and msg.content.array_records:
+      broken = _non_finite(arrays_to_numpy(next(iter(msg.content.array_records.values()))))
+      if broken:  # the server's own failure (an aggregate of a broken reply), not a model built to leak
+        reason = (f"gradjax leakage_mod: the received model holds NaN or infinity (in {broken}); "
+                  "nothing to train on")
+        logger.warning("%s", reason)
+        return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=reason), reply_to=msg)
     if (gate.refuse_malicious and msg.metadata.message_type == MessageType.TRAIN
         and static.get("model") and msg.content.array_records):
       sent = arrays_to_numpy(next(iter(msg.content.array_records.values())))

@@ -746,6 +746,7 @@ class _Prepared(NamedTuple):
   checks: dict
   problems: list
   conv: str
+  local: Any = None  # the client's local training as read (a capture's over the options), or None
 
   @property
   def input_shape(self) -> tuple[int, ...]:
@@ -807,6 +808,7 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
                  and observation.local is not None)
   attack, adapted_to = adapted(cfg, attack, declared, observation,
                                observation.local.learning_rate if as_gradient else 1.0)
+  local = observation.local
   if as_gradient:
     # One local step is lr times a gradient: match that gradient (several steps raise, naming the
     # objectives that replay them); the defense acted on the update, lr times it.
@@ -820,7 +822,7 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     observation = observation.replace(
         labels=llg_star_labels(model, observation, norm, jax.random.fold_in(key_attack, 1)))
   return _Prepared(attack, closed, model, observation, batch, norm, key_attack, share_labels, matched,
-                   declared, adapted_to, checks, problems, conv_name)
+                   declared, adapted_to, checks, problems, conv_name, local)
 
 
 def _run_image(cfg: Config, callback, batch, state, deadline=None, target_psnr=None):
@@ -1096,6 +1098,8 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
                     p.adapted_to)
   if trace.target is not None:  # the run ended where it reached this PSNR, if it did
     results["target_psnr"] = {"psnr": trace.target, "reached": trace.reached}
+  # The local training the attack read (a capture's metadata over the options), or None.
+  results["local_training"] = None if p.local is None else p.local._asdict()
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
@@ -1136,6 +1140,9 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
                                       num_classes=model.num_classes, side=min(batch.x.shape[1:3]))
     results["findings"] = findings
     images = {"ground_truth": batch.x, "reconstruction": np.clip(x_rec[order], 0.0, 1.0)}
+  # What the residual recomputed the update from: the attack's data as the model reads them, in its
+  # slots' order (labels_by_slot), neither clipped nor reordered.
+  images["model_input"] = np.asarray(rec.x, np.float32)
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
   _end_history_at_the_result(results["history"], rec, results.get("psnr"))
@@ -1314,17 +1321,20 @@ def load_sentences(cfg: Config) -> Sentences:
 
 def chance(batch: Sentences) -> dict:
   """What the corpus alone gives of the batch (:func:`gradjax.corpus.unigram_guesses` over the pool's
-  other sentences): ``token_accuracy_chance_per_sentence`` of the position guess and
-  ``bag_recall_chance_per_sentence`` of the bag guess against each true sentence, with their means;
-  empty where the pool holds no other sentence."""
+  other sentences): ``token_accuracy_chance_per_sentence`` and ``rougeL_chance_per_sentence`` of
+  the position guess and ``bag_recall_chance_per_sentence`` of the bag guess against each true
+  sentence, with their means; empty where the pool holds no other sentence."""
   if batch.others.shape[0] == 0:
     return {}
   position, bag = corpus.unigram_guesses(batch.others)
   n = batch.ids.shape[0]
   accuracy = metrics.token_accuracy(np.broadcast_to(position, batch.ids.shape), batch.truth)
   recall = metrics.bag_recall(np.broadcast_to(bag, (n, bag.size)), batch.truth)
+  lcs = [metrics.rouge_l(position, t) for t in np.asarray(batch.truth)]
   return {"token_accuracy_chance": float(accuracy.mean()), "bag_recall_chance": float(recall.mean()),
+          "rougeL_chance": float(np.mean(lcs)),
           "token_accuracy_chance_per_sentence": [float(a) for a in accuracy],
+          "rougeL_chance_per_sentence": [float(v) for v in lcs],
           "bag_recall_chance_per_sentence": [float(r) for r in recall]}
 
 
@@ -1418,6 +1428,11 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
     if causes:
       why += ": " + "; ".join(causes)
     decided["verdict"] = {"status": "inconclusive", "reason": why, "leaks": []}
+  elif len(rec.sentences) > batch.ids.shape[0]:  # the scores chose among them by the ground truth
+    decided["verdict"]["reason"] += (
+        f"; {len(rec.sentences)} sentences found for a batch of {batch.ids.shape[0]}: those scored "
+        "are the ones the assignment to the true sentences picks, which an attacker without them "
+        "cannot")
   results.update(decided)
   return results
 
@@ -1428,7 +1443,7 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   :class:`gradjax.dager.Unreadable`): no sentence (bag-of-words recall 0), and the batch's words
   when the first block's span gave them (each true sentence's word recall against their union,
   :func:`_words_found`); a leak of words, or inconclusive with the reason."""
-  words = _span_words(error, batch, model)
+  words = _span_words(error, batch, model, observation)
   n = batch.ids.shape[0]
   scores = {"token_accuracy": 0.0, "rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0, "exact": 0,
             "unmatched": 0, "token_accuracy_per_sentence": [0.0] * n,
@@ -1443,12 +1458,21 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
   return results
 
 
-def _span_words(error, batch: Sentences, model: models.Model) -> np.ndarray:
+def _span_words(error, batch: Sentences, model: models.Model, observation) -> np.ndarray:
   """The words the first block's span gave where the sentences could not be read (``error``, a
-  :class:`gradjax.dager.Unreadable`): the union of its position sets (none without them)."""
-  words = (np.unique(np.concatenate(error.position_sets)) if error.position_sets is not None
-           else np.zeros(0, np.int32))
-  if models.is_masked_lm(model.name):  # <mask> is the client's input, not one of its words
+  :class:`gradjax.dager.Unreadable`): the union of its position sets; without them, the rows of
+  the embedding table the update moved (:func:`gradjax.text.token_bag`)."""
+  if error.position_sets is not None:
+    words = np.unique(np.concatenate(error.position_sets))
+  else:  # a table tied to the output layer moves in every row: every word, which no guess misses
+    words = np.asarray(text.token_bag(observation))
+  return _own_words(words, batch, model)
+
+
+def _own_words(words: np.ndarray, batch: Sentences, model: models.Model) -> np.ndarray:
+  """``words`` without ``<mask>``, a masked model's input, not one of the client's words."""
+  words = np.asarray(words)
+  if models.is_masked_lm(model.name):
     words = words[words != batch.vocabulary.mask]
   return words
 
@@ -1497,7 +1521,7 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   found = rec.tokens_pinv
   scores = metrics.score_text(found, batch.truth)
   # The spans gave the words whatever order the search finds: reported as without it.
-  words = _span_words(error, batch, model)
+  words = _span_words(error, batch, model, observation)
   rows = [batch.vocabulary.decode(found[j]) if j >= 0 else None for j in scores["order"]]
   results = _span_results(cfg, attack, batch, model, observation, seconds + searched, rows, scores)
   search = rec.reconstruction
@@ -1552,7 +1576,11 @@ def _span_results(cfg: Config, attack, batch: Sentences, model: models.Model, ob
           k: scores[k]
           for k in ("token_accuracy", "bag_recall", "rouge1", "rouge2", "rougeL", "exact",
                     "unmatched", "token_accuracy_per_sentence", "bag_recall_per_sentence")
-      })
+      },
+      # A sentence's ROUGE-L counts only where no candidate was left out: the best of more
+      # candidates than sentences is picked by the ground truth.
+      **({"rougeL_per_sentence": scores["rougeL_per_sentence"]}
+         if scores.get("unmatched") == 0 and "rougeL_per_sentence" in scores else {}))
 
 
 def run_text(cfg: Config, *, callback: Callable | None = None,
@@ -1631,6 +1659,7 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
       exact_nearest=nearest["exact"],
       token_accuracy_per_sentence=pinv["token_accuracy_per_sentence"],
       bag_recall_per_sentence=pinv["bag_recall_per_sentence"],
+      rougeL_per_sentence=pinv["rougeL_per_sentence"],
       token_accuracy_nearest_per_sentence=nearest["token_accuracy_per_sentence"],
       sentences=rows,
       bag=None if rec.bag is None else vocabulary.decode(rec.bag),  # None: a tied table shows none
@@ -1638,8 +1667,11 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
       sentence_pool=batch.pool,
       vocabulary_size=len(vocabulary),
       sequence_length=cfg.data.sequence_length,
+      rouge1=pinv["rouge1"], rouge2=pinv["rouge2"], rougeL=pinv["rougeL"],
       **chance(batch),
   )
+  if rec.bag is not None:  # the embedding gradient's rows give the batch's words outright
+    results.update(_words_found(_own_words(rec.bag, batch, model), batch))
   residual = None
   # An embedding search's residual leaves the table out, whose gradient a DP-SGD client's clipping
   # norm includes: not recomputed under DP-SGD.

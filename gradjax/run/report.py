@@ -402,7 +402,9 @@ def residual_rows(results: dict) -> list[dict]:
 
 def write_run(out: str, results: dict, images: dict, title: str) -> None:
   """A run's files in ``out``: ``metrics.json``; ``reconstruction.npy`` (N, H, W, C) float32 in
-  [0, 1] (the ground truth's order when there is one); ``reconstruction.png`` (pixel grid, ground
+  [0, 1] (the ground truth's order when there is one); with ``images["model_input"]``,
+  ``model_input.npy``: the attack's data as the model reads them, unclipped, in the order of
+  ``labels_by_slot`` (what the residual recomputed the update from); ``reconstruction.png`` (pixel grid, ground
   truth above); ``grid.svg`` (the same, captioned with the per-image metrics); ``curves.svg``
   (objective, and PSNR where there is a ground truth, against iterations; :mod:`gradjax.run.svg`) and ``report.html``, one self-contained
   page of all of it with the verdict on top."""
@@ -410,6 +412,9 @@ def write_run(out: str, results: dict, images: dict, title: str) -> None:
   save_json(os.path.join(out, "metrics.json"), results)
   atomic_write(os.path.join(out, "reconstruction.npy"),
                       lambda fh: np.save(fh, np.asarray(rec, np.float32), allow_pickle=False), binary=True)
+  if images.get("model_input") is not None:
+    atomic_write(os.path.join(out, "model_input.npy"), lambda fh: np.save(
+        fh, np.asarray(images["model_input"], np.float32), allow_pickle=False), binary=True)
   rows = [rec] if truth is None else [truth, rec]
   save_png(os.path.join(out, "reconstruction.png"), image_grid(rows))
   named = [("reconstruction", rec)] if truth is None else [("ground truth", truth),
