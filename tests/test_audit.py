@@ -627,3 +627,18 @@ def test_a_runs_model_input_reproduces_its_residual(photos, tmp_path):
   again = verdict.residual(imported.model.apply_fn, clients.update_as_gradient(imported.observation),
                            {"x": x}, np.asarray(results["labels_by_slot"]))
   assert again.relative_error == pytest.approx(results["residual"]["relative_error"], rel=1e-5)
+
+
+def test_an_audit_again_that_changes_a_verdict_says_so():
+  """Rows of an audit again replace the earlier index's for the same round, client and attack; a
+  changed verdict is one line naming both budgets and the earlier run; an unchanged one, none."""
+  earlier = [{"round": 1, "client": "7", "attack": "idlg", "verdict": "leak", "iterations": 6000,
+              "run": "round_1/client_7/idlg"},
+             {"round": 2, "client": "7", "attack": "idlg", "verdict": "leak", "iterations": 6000}]
+  new = [{"round": 1, "client": "7", "attack": "idlg", "verdict": "inconclusive", "iterations": 200},
+         {"round": 2, "client": "7", "attack": "idlg", "verdict": "leak", "iterations": 200}]
+  lines = audit.replaced_verdicts(earlier, new)
+  assert len(lines) == 1 and lines[0].startswith("round 1 client 7 idlg: leak (6000 iterations) "
+                                                 "replaced by inconclusive (200 iterations)")
+  assert "round_1/client_7/idlg" in lines[0]
+  assert [r["iterations"] for r in audit.merged_rows(earlier, new)] == [200, 200]

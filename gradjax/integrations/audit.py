@@ -821,7 +821,10 @@ def index(audit_dir, rows: list[dict[str, Any]], settings: Settings, found: Sequ
       rows = rows + [{"round": r, "client": str(client), "attack": None, "error": why}
                      for client, why in failed.items() if (r, str(client)) not in recorded]
   index_dir = audit_dir if index_dir is None else index_dir
-  rows = merged_rows(read_index(index_dir), rows)
+  earlier = read_index(index_dir)
+  for line in replaced_verdicts(earlier, rows):
+    _LOG.warning("%s", line)
+  rows = merged_rows(earlier, rows)
   write_index(index_dir, rows, settings, audit_dir, rounds=membership(audit_dir))
   return rows
 
@@ -853,6 +856,21 @@ def _valid_row(row: Any) -> bool:
       isinstance(privacy, dict) and isinstance(privacy.get("delta"), (int, float))
       and (privacy.get("epsilon") is None or isinstance(privacy["epsilon"], (int, float))))
   return numbers and texts and dp_sgd
+
+
+def replaced_verdicts(earlier: list[dict], new: list[dict]) -> list[str]:
+  """One line for each (round, client, attack) whose verdict in ``new`` differs from the one in
+  the ``earlier`` index it replaces (e.g. a smaller budget): an audit again never changes an index
+  silently (the earlier run's folder stays)."""
+  before = {(r["round"], str(r["client"]), r.get("attack")): r for r in earlier}
+  lines = []
+  for r in new:
+    old = before.get((r["round"], str(r["client"]), r.get("attack")))
+    if old is not None and old.get("verdict") != r.get("verdict"):
+      lines.append(f"round {r['round']} client {r['client']} {r.get('attack')}: {old.get('verdict')} "
+                   f"({old.get('iterations')} iterations) replaced by {r.get('verdict')} "
+                   f"({r.get('iterations')} iterations); the earlier run stays at {old.get('run')}")
+  return lines
 
 
 def merged_rows(earlier: list[dict], new: list[dict]) -> list[dict]:
