@@ -427,7 +427,7 @@ SETTLE_CANDIDATES = 64
 
 def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProblem,
                   found: TokenSearch, table: np.ndarray, *, candidates: int = SETTLE_CANDIDATES,
-                  sweeps: int = 4) -> TokenSearch:
+                  sweeps: int = 4, stop: Callable[[], None] | None = None) -> TokenSearch:
   """The token search's sentence (``found``, :func:`select_tokens`) settled on hard tokens by
   coordinate descent on the search's own objective: each position in turn takes, of its
   ``candidates`` likeliest words (for a masked language model each of them masked or not), the one
@@ -439,7 +439,9 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
 
   Returns ``found`` where no exchange lowers the objective of its sentence, else the settled
   sentence: its tokens, targets, embeddings (the table's rows, ``<mask>``'s where masked) and
-  objective (``loss``); the probabilities, restarts and counts stay the search's.
+  objective (``loss``); the probabilities, restarts and counts stay the search's. ``stop``: called
+  before each position (N·T a sweep); it raises to end the run (a signal: the saved search resumes
+  and settles again).
   """
   masked = problem.data.mask_row is not None
   objective = _sentence_objective(attack, apply_fn, problem.vocabulary, masked)
@@ -466,6 +468,8 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   for _ in range(sweeps):
     changed = False
     for n, t in np.ndindex(*slots.shape):
+      if stop is not None:
+        stop()
       trial_slots = np.repeat(slots[None], len(choices), 0)
       trial_flags = np.repeat(flags[None], len(choices), 0)
       for i, (k, f) in enumerate(choices):
@@ -588,7 +592,8 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict
                              candidates=words, restarts=restarts, mask=mask,
                              position_sets=position_sets)
     found = select_tokens(problem, solve_tokens(attack, apply_fn, problem, execution), table)
-    found = settle_tokens(attack, apply_fn, problem, found, table)
+    found = settle_tokens(attack, apply_fn, problem, found, table,
+                          stop=getattr(execution.saver, "stop_point", None))
     return TextReconstruction(found.embeddings, found.tokens, found.tokens, found.targets, bag, found)
   if search != "embeddings":
     raise ValueError(f"unknown text search {search!r}; choose one of {', '.join(SEARCHES)}")

@@ -112,6 +112,22 @@ def test_a_signal_after_the_first_save_saves_at_the_next_chunk_and_stops(tmp_pat
   _assert_same(_run(solver, driver.Execution(strategy="vmap", chunk=7, saver=again)), reference)
 
 
+def test_a_stop_after_the_last_save_names_the_saved_state(tmp_path, monkeypatch):
+  """Work after the solver's final save (a text run's settling) checks for a stop: asked for, it
+  raises Interrupted at the saved iteration, naming the state a resumed run restores."""
+  solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
+  path = tmp_path / "state.npz"
+  saver = resume.Saver(path, fingerprint={"run": 1}, every_s=3600)
+  _run(solver, driver.Execution(strategy="vmap", chunk=30, saver=saver))
+  monkeypatch.setattr(resume, "_stop_requested", [])
+  saver.stop_point()  # nothing asked: goes on
+  monkeypatch.setattr(resume, "_stop_requested", [signal.SIGTERM])
+  with pytest.raises(resume.Interrupted) as stopped:
+    saver.stop_point()
+  assert stopped.value.path == str(path) and stopped.value.signum == signal.SIGTERM
+  assert stopped.value.iteration == 60
+
+
 def test_state_files_of_other_runs_and_bad_files_are_refused(tmp_path):
   solver = solvers.make_solver(_value, optimizers.make_optimizer("adam", 0.1))
   path = tmp_path / "state.npz"

@@ -450,6 +450,17 @@ def test_a_token_search_one_word_off_settles_on_the_sentence():
   want = float(attack.distance(g, view.gradient, weights=problem.data.weights, step=200))
   assert want < 1e-10 and settled.loss == pytest.approx(want, rel=1e-2, abs=1e-12)
   assert text.settle_tokens(attack, tied, problem, settled, table) is settled
+  # A stop asked for while it settles (a signal) ends it at the next position.
+  calls = []
+
+  def stop():
+    calls.append(1)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    text.settle_tokens(attack, tied, problem, found, table, stop=stop)
+  assert len(calls) == 3
 
 
 @pytest.mark.slow

@@ -160,6 +160,7 @@ class Saver:
     self._last = time.monotonic()
     self._called = False
     self.saves, self.seconds, self.error = 0, 0.0, None
+    self.iteration = 0  # the furthest restart's iteration at the last snapshot
     if os.path.isdir(os.path.dirname(self.path) or ".") and (not collective or processes.is_writer()):
       remove_stale_saves(self.path)  # of an earlier run of this state killed while it saved
 
@@ -179,6 +180,7 @@ class Saver:
     snap, saved = None, False
     try:
       snap = snapshot()
+      self.iteration = int(np.max(snap.state.iterations))
       if not self.collective or processes.is_writer():
         save(self.path, snap, self.fingerprint, {} if self._extra is None else self._extra())
       self.saves, saved = self.saves + 1, True
@@ -192,6 +194,14 @@ class Saver:
     if signum is not None:
       iteration = -1 if snap is None else int(np.max(snap.state.iterations))
       raise Interrupted(iteration, signum, self.path if saved else None)
+
+  def stop_point(self) -> None:
+    """Raises :class:`Interrupted` where a stop was requested: for work after the solver's last
+    save (e.g. :func:`gradjax.text.settle_tokens`), which a resumed run does again from that save.
+    Not in a run over several processes, whose stops are agreed at the saves."""
+    signum = stop_requested()
+    if signum is not None and not self.collective:
+      raise Interrupted(self.iteration, signum, self.path if os.path.exists(self.path) else None)
 
   def restore(self, like: Callable[[], solvers.SolverState]) -> driver.Snapshot | None:
     if not self.resume or not os.path.exists(self.path):
