@@ -226,7 +226,7 @@ class Vocabulary:
     return [self.tokens[int(i)] for i in ids]
 
 
-def unigram_guesses(sentences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
   """What a corpus alone lets an attacker guess of a T-token sentence, without any update: the chance
   level of the text verdict (:func:`gradjax.verdict.text_findings`).
 
@@ -238,19 +238,24 @@ def unigram_guesses(sentences: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     give the optimum.
 
   Probabilities are frequencies over ``sentences`` (N, T) ids (e.g. the corpus's other sentences of
-  that length); ties go to the smaller id, then the smaller k. Returns (position guess, bag guess),
-  int32, the bag sorted by id."""
+  that length); ties go to the smaller id, then the smaller k. ``never``: ids not guessed (``<unk>``,
+  which stands for words no scored token can be; a position holding only those takes the most
+  frequent other token). Returns (position guess, bag guess), int32, the bag sorted by id."""
   sentences = np.asarray(sentences)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
     raise ValueError(f"a unigram guess needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
   length = sentences.shape[1]
+  allowed = ~np.isin(sentences, np.asarray(never, sentences.dtype))
+  values, counts = np.unique(sentences[allowed], return_counts=True)
+  fallback = values[np.argmax(counts)] if values.size else sentences.flat[0]
   position = []
-  for column in sentences.T:
-    values, counts = np.unique(column, return_counts=True)
-    position.append(values[np.argmax(counts)])  # np.unique sorts: the first maximum has the smaller id
+  for column, ok in zip(sentences.T, allowed.T):
+    values, counts = np.unique(column[ok], return_counts=True)
+    # np.unique sorts: the first maximum has the smaller id
+    position.append(values[np.argmax(counts)] if values.size else fallback)
   at_least = collections.Counter()  # (v, k) -> sentences holding v at least k times
-  for s in sentences:
-    values, counts = np.unique(s, return_counts=True)
+  for s, ok in zip(sentences, allowed):
+    values, counts = np.unique(s[ok], return_counts=True)
     for v, n in zip(values.tolist(), counts.tolist()):
       for k in range(1, n + 1):
         at_least[(v, k)] += 1

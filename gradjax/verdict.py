@@ -338,11 +338,19 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, sid
   return out
 
 
-def halfway(chance: float) -> float:
-  """The least score that counts as found, for a score in [0, 1] whose guess without the update
-  reaches ``chance``: halfway from chance to 1, (1 + chance) / 2, i.e. a chance-corrected score
-  (score − chance) / (1 − chance) of at least 1/2 (0.5 where nothing can be guessed)."""
-  return (1.0 + min(max(float(chance), 0.0), 1.0)) / 2.0
+def halfway(chance: float, ceiling: float = 1.0) -> float:
+  """The least score that counts as found, for a score in [0, ``ceiling``] whose guess without the
+  update reaches ``chance``: halfway from chance to the ceiling, (ceiling + chance) / 2, i.e. a
+  chance-corrected score (score − chance) / (ceiling − chance) of at least 1/2 (0.5 where nothing
+  can be guessed and everything recovered). The ceiling is below 1 where some of the truth cannot
+  be recovered by any attack (words outside the model's vocabulary, read as ``<unk>``)."""
+  ceiling = min(max(float(ceiling), 0.0), 1.0)
+  return (ceiling + min(max(float(chance), 0.0), ceiling)) / 2.0
+
+
+def _upto(ceiling: float) -> str:
+  """How a bar's ceiling reads in a reason: "1", or the share of the words the vocabulary holds."""
+  return "1" if ceiling >= 1 else f"{ceiling:.2f}, the share of the words in the model's vocabulary"
 
 
 def text_findings(results: dict) -> dict:
@@ -365,8 +373,10 @@ def text_findings(results: dict) -> dict:
   the corpus does not, and counts for no leak."""
   acc = results.get("token_accuracy_per_sentence") or []
   acc_chance = results.get("token_accuracy_chance_per_sentence") or [0.0] * len(acc)
-  bars = [halfway(c) for c in acc_chance]
-  placed = {i for i, (a, bar, c) in enumerate(zip(acc, bars, acc_chance)) if a >= bar and c < 1}
+  known = results.get("known_share_per_sentence") or [1.0] * len(acc)
+  bars = [halfway(c, m) for c, m in zip(acc_chance, known)]
+  placed = {i for i, (a, bar, c, m) in enumerate(zip(acc, bars, acc_chance, known))
+            if a >= bar and c < m}
   lcs = results.get("rougeL_per_sentence")
   lcs_chance = results.get("rougeL_chance_per_sentence") or [0.0] * len(acc)
   ordered = set() if lcs is None else {i for i, (r, c) in enumerate(zip(lcs, lcs_chance))
@@ -378,35 +388,38 @@ def text_findings(results: dict) -> dict:
   elif good[0] in placed:
     why = (f"{len(good)} of {len(acc)} sentences recovered (sentence {good[0]}: {acc[good[0]]:.2f} "
            f">= {bars[good[0]]:.2f} of its tokens in place, halfway from the corpus's position guess, "
-           f"{acc_chance[good[0]]:.2f}, to 1)")
+           f"{acc_chance[good[0]]:.2f}, to {_upto(known[good[0]])})")
   else:
     why = (f"{len(good)} of {len(acc)} sentences recovered (sentence {good[0]}: ROUGE-L "
            f"{lcs[good[0]]:.2f} >= {halfway(lcs_chance[good[0]]):.2f}, halfway from the corpus's "
            f"position guess, {lcs_chance[good[0]]:.2f}, to 1; its tokens in place {acc[good[0]]:.2f})")
   out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": why}}
+  ceiling = results.get("known_share", 1.0)
   out["bag"] = _recall_finding(results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0),
-                              "bag-of-words recall", "the corpus's bag guess")
+                              "bag-of-words recall", "the corpus's bag guess", ceiling)
   if "word_recall" in results:  # words found without their places: against a guess of as many
     k = results.get("word_guess_size", len(results.get("words") or []))
     guess = (f"{k} words drawn at random" if results.get("word_guess") == "uniform"
              else f"the corpus's {k} most frequent words")
     words = _recall_finding(results["word_recall"], results.get("word_recall_chance", 0.0),
-                           "word recall of the words found", guess)
+                           "word recall of the words found", guess, ceiling)
     if words["leak"] or not out["bag"]["leak"]:  # the bag's own recall counts where it passes
       out["bag"] = words
   return out
 
 
-def _recall_finding(recall: float, chance: float, measure: str, guess: str) -> dict:
+def _recall_finding(recall: float, chance: float, measure: str, guess: str,
+                    ceiling: float = 1.0) -> dict:
   """The ``bag`` finding of a recall against its guess's: a leak at least :func:`halfway` from the
-  guess's recall to 1, none where the guess gets every word."""
-  bar = halfway(chance)
-  found = recall >= bar and chance < 1
+  guess's recall to the ``ceiling`` (the words any attack can recover), none where the guess gets
+  every one of them."""
+  bar = halfway(chance, ceiling)
+  found = recall >= bar and chance < ceiling
   return {"leak": found, "recall": recall, "chance": chance, "reason": (
       f"the sentences' words ({measure} {recall:.2f} >= {bar:.2f}, halfway from {guess}, "
-      f"{chance:.2f}, to 1)" if found else
-      f"a guess ({guess}) already gets every word (recall {chance:.2f})" if chance >= 1 else
-      f"{measure} {recall:.2f} < {bar:.2f} (halfway from {guess}, {chance:.2f}, to 1)")}
+      f"{chance:.2f}, to {_upto(ceiling)})" if found else
+      f"a guess ({guess}) already gets every word (recall {chance:.2f})" if chance >= ceiling else
+      f"{measure} {recall:.2f} < {bar:.2f} (halfway from {guess}, {chance:.2f}, to {_upto(ceiling)})")}
 
 
 def leaks(findings: dict | None) -> list[str]:

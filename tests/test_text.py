@@ -87,6 +87,22 @@ def test_unigram_guesses_against_enumeration():
 
   best = max(expected_recall(m) for m in itertools.combinations_with_replacement(range(5), 4))
   assert len(bag) == 4 and expected_recall(bag.tolist()) == pytest.approx(best)
+  # <unk> (0, the most frequent token here) never guessed: the best guesses among the others, whose
+  # scored truth holds -1 where the corpus has <unk>.
+  position, bag = corpus.unigram_guesses(sentences, never=(0,))
+  for t in range(4):
+    counts = [int(np.sum(sentences[:, t] == v)) if v else -1 for v in range(5)]
+    assert counts[position[t]] == max(counts)
+  scored = np.where(sentences == 0, -1, sentences)
+
+  def recall_of_scored(guess):
+    g = collections.Counter(guess)
+    return np.mean([sum(min(g[v], n) for v, n in collections.Counter(s.tolist()).items()) / 4
+                    for s in scored])
+
+  best = max(recall_of_scored(m) for m in itertools.combinations_with_replacement(range(1, 5), 4))
+  assert 0 not in bag and recall_of_scored(bag.tolist()) == pytest.approx(best)
+  assert corpus.unigram_guesses(np.zeros((3, 2), np.int32), never=(0,))[0].tolist() == [0, 0]
   with pytest.raises(ValueError, match="needs"):
     corpus.unigram_guesses(np.zeros((0, 4), np.int32))
 
@@ -187,6 +203,8 @@ def test_words_outside_the_vocabulary_are_never_recovered():
   allunk = metrics.token_accuracy(np.zeros_like(batch.ids), batch.truth)
   np.testing.assert_array_equal(allunk, [0.0, 0.0])
   assert all(g <= 1 - u + 1e-12 for g, u in zip(guess, unk_guess))
+  # What any attack can recover, the verdict's ceiling: the share of known words (Counter's).
+  np.testing.assert_allclose(pipeline.chance(batch)["known_share_per_sentence"], hits)
 
 
 def test_language_model_pairs_and_windows(vocab):

@@ -425,3 +425,20 @@ def test_replay_residual_of_a_dp_sgd_fedavg_client_against_numpy(photos, mlp_ref
     got = verdict.residual(model.apply_fn, obs, {"x": images}, y, matched="replay", max_norm=bound)
     assert got.relative_error == pytest.approx(want, rel=1e-3, abs=1e-5)
   assert want > verdict.THRESHOLDS.matched
+
+
+def test_words_outside_the_vocabulary_lower_the_bar_to_what_can_be_recovered():
+  """A sentence half of whose words the model read as <unk> (-1 in the truth): every recoverable
+  token in place scores 0.5, which counts, halfway from the position guess (0.1) to that share
+  (bar (0.1 + 0.5) / 2 = 0.3 by hand); without the share given, the bar is halfway to 1."""
+  assert verdict.halfway(0.1, 0.5) == pytest.approx(0.3) and verdict.halfway(0.1) == pytest.approx(0.55)
+  results = {"token_accuracy_per_sentence": [0.5], "token_accuracy_chance_per_sentence": [0.1],
+             "known_share_per_sentence": [0.5], "bag_recall": 0.5, "bag_recall_chance": 0.2,
+             "known_share": 0.5}
+  found = verdict.text_findings(results)
+  assert found["sentences"]["leak"] and "0.50 >= 0.30" in found["sentences"]["reason"]
+  assert found["bag"]["leak"]  # 0.5 >= (0.2 + 0.5) / 2
+  plain = {k: v for k, v in results.items() if not k.startswith("known_share")}
+  assert not verdict.text_findings(plain)["sentences"]["leak"]
+  assert not verdict.text_findings({**results, "token_accuracy_chance_per_sentence": [0.5]})[
+      "sentences"]["leak"]  # the guess gets all the vocabulary holds

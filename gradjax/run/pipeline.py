@@ -1323,16 +1323,22 @@ def chance(batch: Sentences) -> dict:
   """What the corpus alone gives of the batch (:func:`gradjax.corpus.unigram_guesses` over the pool's
   other sentences): ``token_accuracy_chance_per_sentence`` and ``rougeL_chance_per_sentence`` of
   the position guess and ``bag_recall_chance_per_sentence`` of the bag guess against each true
-  sentence, with their means; empty where the pool holds no other sentence."""
+  sentence, with their means, and ``known_share_per_sentence`` (with its mean), the share of each
+  sentence's words the vocabulary holds, what any attack can recover; empty where the pool holds
+  no other sentence."""
   if batch.others.shape[0] == 0:
     return {}
-  position, bag = corpus.unigram_guesses(batch.others)
+  # <unk> (id 0) is never guessed: where the truth has a word outside the vocabulary it is -1.
+  position, bag = corpus.unigram_guesses(batch.others, never=(0,))
   n = batch.ids.shape[0]
   accuracy = metrics.token_accuracy(np.broadcast_to(position, batch.ids.shape), batch.truth)
   recall = metrics.bag_recall(np.broadcast_to(bag, (n, bag.size)), batch.truth)
   lcs = [metrics.rouge_l(position, t) for t in np.asarray(batch.truth)]
+  # What any attack can recover: the words the vocabulary holds (the others the model read as <unk>).
+  known = np.mean(np.asarray(batch.truth) >= 0, axis=1)
   return {"token_accuracy_chance": float(accuracy.mean()), "bag_recall_chance": float(recall.mean()),
           "rougeL_chance": float(np.mean(lcs)),
+          "known_share": float(known.mean()), "known_share_per_sentence": [float(k) for k in known],
           "token_accuracy_chance_per_sentence": [float(a) for a in accuracy],
           "rougeL_chance_per_sentence": [float(v) for v in lcs],
           "bag_recall_chance_per_sentence": [float(r) for r in recall]}
