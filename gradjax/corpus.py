@@ -259,18 +259,22 @@ def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = ()) -> tuple[n
     for v, n in zip(values.tolist(), counts.tolist()):
       for k in range(1, n + 1):
         at_least[(v, k)] += 1
-  best = sorted(at_least, key=lambda vk: (-at_least[vk], vk))[:length]
-  return np.asarray(position, np.int32), np.sort(np.asarray([v for v, _ in best], np.int32))
+  best = [v for v, _ in sorted(at_least, key=lambda vk: (-at_least[vk], vk))[:length]]
+  # Fewer tokens than T outside ``never``: any filler adds nothing; the most frequent one.
+  best += [int(fallback)] * (length - len(best))
+  return np.asarray(position, np.int32), np.sort(np.asarray(best, np.int32))
 
 
-def frequent_words(sentences: np.ndarray, size: int, vocabulary_size: int | None = None) -> np.ndarray:
+def frequent_words(sentences: np.ndarray, size: int, vocabulary_size: int | None = None,
+                   never: Sequence[int] = ()) -> np.ndarray:
   """The set of ``size`` words a corpus alone lets an attacker guess, without any update, that
   maximises the expected word recall (:func:`gradjax.metrics.word_recall`) of a T-token sentence:
   (1/T) Σ_t P(s_t ∈ S) = Σ_(v ∈ S) E[#v in s] / T is separable, so the ``size`` words with the most
   occurrences in ``sentences`` (N, T) ids (e.g. the corpus's other sentences of that length); ties
   go to the smaller id. With ``vocabulary_size`` V the words the sentences lack (ids below V, no
   occurrence) fill the guess up to ``size``, so a guess of V words is the whole vocabulary; without
-  it, fewer when the sentences hold fewer distinct words. The chance level of a set of words found
+  it, fewer when the sentences hold fewer distinct words. ``never``: ids not guessed (``<unk>``, which
+  no scored word can be). The chance level of a set of words found
   (:func:`gradjax.verdict.text_findings`). Returns int32, sorted by id."""
   sentences = np.asarray(sentences)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
@@ -284,6 +288,8 @@ def frequent_words(sentences: np.ndarray, size: int, vocabulary_size: int | None
     all_counts = np.zeros(vocabulary_size, np.int64)
     all_counts[values] = counts
     values, counts = np.arange(vocabulary_size), all_counts
+  allowed = ~np.isin(values, np.asarray(never, values.dtype))
+  values, counts = values[allowed], counts[allowed]
   order = np.lexsort((values, -counts))  # most occurrences first, then the smaller id
   return np.sort(values[order[:size]]).astype(np.int32)
 

@@ -306,9 +306,9 @@ def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias
   non-negative combinations of such gradients, and deterministic defenses (clipping, pruning,
   rounding to fp16 / bf16 / int8's symmetric cells) keep a sign. So a negative bias entry, beyond the
   float32 rounding of W_t − W_{t+1} (ε₃₂ (2|b_c| + |u_c|) per step, plus ε₃₂ max|u|), names a class
-  of the batch: it must be among the declared labels. Neither noise nor label smoothing keeps this
-  (the caller skips the first). Not run without declared labels (or on text, whose labels are
-  (N, T)) or without a head bias at ``bias``."""
+  of the batch: it must be among the declared labels. Neither noise, label smoothing nor weight
+  decay keeps this (the caller skips the first). Not run without declared labels (or on text, whose
+  labels are (N, T)) or without a head bias at ``bias``."""
   labels = observation.labels
   if labels is None or np.ndim(labels) != 1:
     return None
@@ -335,8 +335,8 @@ def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias
   return (f"the update's head bias is negative for class{'es' if len(missing) > 1 else ''} "
           f"{', '.join(map(str, missing))}, which no declared label holds: cross entropy leaves a "
           f"class no example has a non-negative bias gradient, so the declared labels "
-          f"{sorted(declared)} miss a class of the batch (or the client's loss is not plain cross "
-          f"entropy, e.g. label smoothing)")
+          f"{sorted(declared)} miss a class of the batch (or the client's loss or step is not plain "
+          f"cross entropy and SGD: label smoothing, mixed targets, a FedAvg client's weight decay)")
 
 
 # --- a captured update, before an attack ---------------------------------------------------------
@@ -382,6 +382,13 @@ def zero_arrays(updates, weights, *, gradient: bool = False) -> str | None:
 _NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no recomputation matches
 
 
+def _noisy(defense: str | None) -> bool:
+  """Whether the defense spec adds noise (read as :func:`gradjax.defenses.parse` reads it: any
+  spelling, case and alias)."""
+  return bool(defense) and any(p.split(":")[0] in _NOISY
+                               for p in defenses.parse(defense).name.split(","))
+
+
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
                   norm: data.Normalization, defense: str | None = None, dp_sgd: bool = False,
                   order_known: bool = True) -> tuple[dict, list[str]]:
@@ -406,7 +413,7 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
     raise ZeroUpdate(zero)
   checks, problems = {}, []
   applied = None
-  noisy = dp_sgd or bool(defense) and any(p.split(":")[0] in _NOISY for p in defense.split(","))
+  noisy = dp_sgd or _noisy(defense)
   if batch is None and not noisy:
     why = label_check(observation)
     if observation.labels is not None and np.ndim(observation.labels) == 1:
@@ -420,7 +427,7 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   if defense:
     why = f"not checked: the client declares the defense {defense}, which changes its update"
     checks["activation"] = {"ok": None, "explained": why}
-    if any(p.split(":")[0] in _NOISY for p in defense.split(",")):
+    if _noisy(defense):
       checks["fidelity"] = {"ok": None, "explained": why + " at random"}
       return checks, problems
     applied = defenses.parse(defense)

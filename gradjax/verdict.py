@@ -359,9 +359,9 @@ def text_findings(results: dict) -> dict:
   * ``sentences``: those with their tokens in place at least :func:`halfway` from what the corpus's
     position guess gets of them (``token_accuracy_chance_per_sentence``, from
     :func:`gradjax.run.pipeline.chance`) to 1, or, where ``rougeL_per_sentence`` is given, with a
-    ROUGE-L (their longest common subsequence) at least halfway from the position guess's
-    (``rougeL_chance_per_sentence``) to 1: one token inserted or dropped moves every later one out
-    of place, not out of order;
+    ROUGE-L (their longest common subsequence) at least halfway from a guess's
+    (``rougeL_chance_per_sentence``: the position guess's or the sentence's own words' in random
+    order) to 1: one token inserted or dropped moves every later one out of place, not out of order;
   * ``bag``: the batch's words, when the bag-of-words recall is at least halfway from the corpus's
     bag guess (``bag_recall_chance``) to 1; where the attack found a set of words without their
     places (``word_recall``, the span attack's position sets), also its word recall at least
@@ -391,8 +391,8 @@ def text_findings(results: dict) -> dict:
            f"{acc_chance[good[0]]:.2f}, to {_upto(known[good[0]])})")
   else:
     why = (f"{len(good)} of {len(acc)} sentences recovered (sentence {good[0]}: ROUGE-L "
-           f"{lcs[good[0]]:.2f} >= {halfway(lcs_chance[good[0]]):.2f}, halfway from the corpus's "
-           f"position guess, {lcs_chance[good[0]]:.2f}, to 1; its tokens in place {acc[good[0]]:.2f})")
+           f"{lcs[good[0]]:.2f} >= {halfway(lcs_chance[good[0]]):.2f}, halfway from a guess's, "
+           f"{lcs_chance[good[0]]:.2f}, to 1; its tokens in place {acc[good[0]]:.2f})")
   out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": why}}
   ceiling = results.get("known_share", 1.0)
   out["bag"] = _recall_finding(results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0),
@@ -418,6 +418,7 @@ def _recall_finding(recall: float, chance: float, measure: str, guess: str,
   return {"leak": found, "recall": recall, "chance": chance, "reason": (
       f"the sentences' words ({measure} {recall:.2f} >= {bar:.2f}, halfway from {guess}, "
       f"{chance:.2f}, to {_upto(ceiling)})" if found else
+      "the model's vocabulary holds none of the sentences' words" if ceiling <= 0 else
       f"a guess ({guess}) already gets every word (recall {chance:.2f})" if chance >= ceiling else
       f"{measure} {recall:.2f} < {bar:.2f} (halfway from {guess}, {chance:.2f}, to {_upto(ceiling)})")}
 

@@ -598,6 +598,8 @@ def test_a_unique_folder_is_taken_once(tmp_path):
   with futures.ThreadPoolExecutor(8) as pool:
     taken = list(pool.map(lambda _: audit.unique_dir(tmp_path / "race"), range(16)))
   assert len(set(taken)) == 16
+  with pytest.raises(ValueError, match="cannot make the folder"):  # under a file: one line, no loop
+    audit.unique_dir(tmp_path / "file" / "audit")
 
 
 @pytest.mark.slow
@@ -642,3 +644,8 @@ def test_an_audit_again_that_changes_a_verdict_says_so():
                                                  "replaced by inconclusive (200 iterations)")
   assert "round_1/client_7/idlg" in lines[0]
   assert [r["iterations"] for r in audit.merged_rows(earlier, new)] == [200, 200]
+  # An earlier attack the new audit did not run: its row leaves the index, and that is said too.
+  dropped = audit.replaced_verdicts(earlier + [{"round": 1, "client": "7", "attack": "dlg",
+                                                "verdict": "leak", "iterations": 2000}], new)
+  assert len(dropped) == 2 and dropped[1].startswith("round 1 client 7 dlg: leak (2000 iterations) "
+                                                     "left out of the index")

@@ -6,6 +6,7 @@ NumPy sinusoids, float64 least squares, and exact embeddings whose tokens are kn
 
 import collections
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -103,6 +104,9 @@ def test_unigram_guesses_against_enumeration():
   best = max(recall_of_scored(m) for m in itertools.combinations_with_replacement(range(1, 5), 4))
   assert 0 not in bag and recall_of_scored(bag.tolist()) == pytest.approx(best)
   assert corpus.unigram_guesses(np.zeros((3, 2), np.int32), never=(0,))[0].tolist() == [0, 0]
+  # Fewer known tokens than T: the bag still holds T (filled with the most frequent known one).
+  few = np.array([[0, 0, 3], [0, 3, 0]], np.int32)
+  assert [g.tolist() for g in corpus.unigram_guesses(few, never=(0,))] == [[3, 3, 3], [3, 3, 3]]
   with pytest.raises(ValueError, match="needs"):
     corpus.unigram_guesses(np.zeros((0, 4), np.int32))
 
@@ -131,8 +135,39 @@ def test_frequent_words_and_word_recall_against_enumeration():
   assert corpus.frequent_words(few, 7, vocabulary_size=12).tolist() == [0, 1, 2, 3, 4, 5, 6]
   assert metrics.word_recall(corpus.frequent_words(few, 12, vocabulary_size=12), [[1, 2, 9, 8]]).tolist() == [1.0]
   assert corpus.frequent_words(few, 12).tolist() == [1, 2, 3, 4, 5]  # without V: the words seen
+  # <unk> (0, the most frequent here) never guessed: the best k of the others, enumerated.
+  for k in range(1, 6):
+    guess = corpus.frequent_words(sentences, k, never=(0,))
+    best = max(np.mean([recall(c, s) for s in sentences]) for c in itertools.combinations(range(1, 6), k))
+    assert 0 not in guess and np.mean([recall(guess.tolist(), s) for s in sentences]) == pytest.approx(best)
   with pytest.raises(ValueError, match="needs"):
     corpus.frequent_words(np.zeros((0, 4), np.int32), 2)
+
+
+def _lcs(a, b):
+  """The longest common subsequence's length, by recursion over prefixes (memoised)."""
+  @functools.lru_cache(maxsize=None)
+  def f(i, j):
+    if i == len(a) or j == len(b):
+      return 0
+    return f(i + 1, j + 1) + 1 if a[i] == b[j] else max(f(i + 1, j), f(i, j + 1))
+  return f(0, 0)
+
+
+def test_rouge_l_chance_of_a_sentences_own_words_in_random_order():
+  """The bag guess of ROUGE-L: a 4-word sentence's words in 32 random orders average within 0.1 of
+  their mean over all 24 orders (LCS by recursion); unknown words (-1) are never matched; none
+  known gives 0."""
+  from gradjax.run import pipeline
+  truth = np.array([5, 7, 5, 9])
+  exact = np.mean([_lcs(p, tuple(truth)) / 4 for p in itertools.permutations(truth.tolist())])
+  got = pipeline._ordered_at_random(truth, np.random.default_rng(0))
+  assert abs(got - exact) < 0.1
+  partly = np.array([5, -1, 7, -1])
+  perms = [p + (-2, -2) for p in itertools.permutations((5, 7))]
+  want = np.mean([_lcs(p, tuple(partly)) / 4 for p in perms])  # P = R = L / 4: F = L / 4
+  assert pipeline._ordered_at_random(partly, np.random.default_rng(0)) == pytest.approx(want, abs=0.1)
+  assert pipeline._ordered_at_random(np.array([-1, -1]), np.random.default_rng(0)) == 0.0
 
 
 def test_chance_is_the_guess_from_the_other_sentences():

@@ -126,17 +126,25 @@ def unique_dir(path) -> str:
   folder is created and taken at once (:data:`OWNER` in it, made exclusively), so two runs started
   together never share one."""
   path = os.path.abspath(os.fspath(path))
+  parent = os.path.dirname(path)
+  try:
+    os.makedirs(parent, exist_ok=True)
+  except OSError as e:  # a file where a folder above it should be, no permission
+    raise ValueError(f"cannot make the folder {parent} for {path}: {e.strerror or e}") from None
   candidate, k = path, 0
   while True:
     try:
-      os.makedirs(candidate, exist_ok=True)
-      if not os.listdir(candidate):
-        fd = os.open(os.path.join(candidate, OWNER), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        with os.fdopen(fd, "w") as fh:
-          fh.write(f"{os.getpid()}\n")
-        return candidate
-    except (FileExistsError, NotADirectoryError):  # a file of that name, or taken just now
+      if os.path.isdir(candidate) or not os.path.exists(candidate):
+        os.makedirs(candidate, exist_ok=True)
+        if not os.listdir(candidate):
+          fd = os.open(os.path.join(candidate, OWNER), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+          with os.fdopen(fd, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
+          return candidate
+    except FileExistsError:  # a file of that name made just now, or taken by another run
       pass
+    except OSError as e:  # e.g. no permission to write in it
+      raise ValueError(f"cannot take the folder {candidate}: {e.strerror or e}") from None
     k += 1
     candidate = f"{path}-{k}"
 
@@ -860,8 +868,9 @@ def _valid_row(row: Any) -> bool:
 
 def replaced_verdicts(earlier: list[dict], new: list[dict]) -> list[str]:
   """One line for each (round, client, attack) whose verdict in ``new`` differs from the one in
-  the ``earlier`` index it replaces (e.g. a smaller budget): an audit again never changes an index
-  silently (the earlier run's folder stays)."""
+  the ``earlier`` index it replaces (e.g. a smaller budget), and for each earlier attack of a
+  (round, client) that ``new`` covers without running it (:func:`merged_rows` drops it): an audit
+  again never changes an index silently (the earlier runs' folders stay)."""
   before = {(r["round"], str(r["client"]), r.get("attack")): r for r in earlier}
   lines = []
   for r in new:
@@ -870,6 +879,14 @@ def replaced_verdicts(earlier: list[dict], new: list[dict]) -> list[str]:
       lines.append(f"round {r['round']} client {r['client']} {r.get('attack')}: {old.get('verdict')} "
                    f"({old.get('iterations')} iterations) replaced by {r.get('verdict')} "
                    f"({r.get('iterations')} iterations); the earlier run stays at {old.get('run')}")
+  # The earlier rows of a covered (round, client) that no new row answers: dropped from the index.
+  covered = {(r["round"], str(r["client"])) for r in new}
+  answered = {(r["round"], str(r["client"]), r.get("attack")) for r in new}
+  for key, old in before.items():
+    if key[:2] in covered and key not in answered and old.get("verdict") is not None:
+      lines.append(f"round {key[0]} client {key[1]} {key[2]}: {old['verdict']} "
+                   f"({old.get('iterations')} iterations) left out of the index, this audit not "
+                   f"running {key[2]}; the earlier run stays at {old.get('run')}")
   return lines
 
 
