@@ -114,6 +114,24 @@ def test_noise_weighs_each_leaf_by_its_signal_share():
   np.testing.assert_allclose(float(both(u, v)), want, rtol=1e-5)
 
 
+def test_noise_before_clipping_is_not_weighed_and_no_weights_never_zero_the_objective():
+  """Noise the client clipped after adding it: the clipping rescales it by a factor the update does
+  not tell, so the leaves are not weighed (the declared variance against the clipped update's energy
+  gave every leaf a share of 0, an objective of 0 for every dummy); the dummy is still clipped.
+  A variance larger than every leaf's energy: the leaves that hold energy weigh 1."""
+  g, u = _tree(8), _tree(9)
+  v = _defended(g, "gaussian:0.5,clip:0.1:global", jax.random.key(0))
+  assert [r for _, r in adaptive.roles(defenses.parse("gaussian:0.5,clip:0.1:global"))] == [
+      "unweighed", "clip"]
+  got = float(_euclidean("gaussian:0.5,clip:0.1:global")(u, v))
+  norm = np.sqrt(sum(np.sum(a ** 2) for a in _leaves(u)))
+  want = sum(np.sum((a * min(1.0, 0.1 / norm) - b) ** 2) for a, b in zip(_leaves(u), _leaves(v)))
+  assert got > 0 and got == pytest.approx(want, rel=1e-5)
+  drowned = _euclidean("gaussian:1e6")
+  want = sum(np.sum((a - b) ** 2) for a, b in zip(_leaves(u), _leaves(g)))
+  assert float(drowned(u, g)) == pytest.approx(want, rel=1e-5)
+
+
 @pytest.mark.parametrize("spec", ["prune:0.5", "fp16", "clip:0.8", "dp:0.8:0.1"])
 def test_gradient_against_float64_finite_differences(spec):
   g, u = _tree(10), _tree(11)

@@ -496,6 +496,13 @@ def test_runs_never_overwrite_each_other(tmp_path):
   assert [p.name for p in claimed.iterdir()] == [".gradjax-claim"]
   assert [str(p.relative_to(runs)) for p in runs.glob("*/.gradjax-claim")] == [
       "dlg_lenet_zhu_skimage_0-3/.gradjax-claim"]
+  # --overwrite replaces the program's files by name: a user's file beside them stays.
+  table = runs / "sweep_dlg_mlp_skimage_0..0"
+  (table / "results.xlsx").write_bytes(b"a user's own table")
+  redone, = run_in_one_process([[["gradjax", "sweep", *args, "--count=1", f"--checkpoint={d}/good.npz",
+                                  "--image_size=32", "--overwrite", f"--output_dir={table}"], tmp_path]])
+  assert redone.returncode == 0, redone.stderr[-2000:]
+  assert (table / "results.xlsx").read_bytes() == b"a user's own table"
 
 
 def _killed_then_resumed(program, args, out, state_glob):

@@ -182,6 +182,9 @@ def test_program_with_the_adaptive_attack(tmp_path):
   assert pruned["stronger"] == want_stronger
   table = (tmp_path / "results.md").read_text()
   assert "adaptive PSNR (dB)" in table
+  # The configuration it wrote runs it again, adapted rows included.
+  assert json.loads((tmp_path / "results.json").read_text())["config"]["attack"]["adaptive"] is True
+  assert "c.attack.adaptive = True" in (tmp_path / "config.py").read_text()
   found = []  # (recognisable, images) of every row and variant
   for row in (none, pruned):
     cells = []

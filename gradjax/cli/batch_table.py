@@ -134,7 +134,8 @@ def main(argv):
     common.fail(f"--batches must be batch numbers, got {f.batches}")
   if only is not None and not only <= set(range(f.count)):
     common.fail(f"--batches must lie in 0..{f.count - 1}, got {sorted(only)}")
-  out = common.output_folder("batch_table", own=("results.*", "items/*", "batch_0.png", "config.py"))
+  out = common.output_folder("batch_table", own=("results.md", "results.json", "results.csv", "items/*",
+                                                 "batch_0.png", "config.py"))
   start = time.perf_counter()
   try:
     model = checkpoint.load_model(cfg.model.checkpoint, conv="auto")

@@ -168,7 +168,8 @@ def main(argv):
         defenses.parse(spec)
     out = common.output_folder(
         f"defenses_{base.attack.preset}_{base.model.name}_{base.data.dataset.replace(':', '-')}",
-        own=("results.*", "privacy_utility.svg", "items/*.json", "items/*.npz", "config.py"))
+        own=("results.md", "results.json", "privacy_utility.svg", "items/*.json", "items/*.npz",
+             "config.py"))
     items = common.items(out)
     ucfg = base.utility
     if f.utility:
@@ -212,9 +213,12 @@ def main(argv):
   utility_setup = None
   if f.utility:
     utility_setup = {**dataclasses.asdict(ucfg), "seed": base.seed}
-  common.write_config(out, base, rows=True)  # without the defense: each row sets its own
+  # Without the defense (each row sets its own), with --config.attack.adaptive as given: the
+  # configuration runs the table again, its adapted rows too.
+  given = config.replace(base, {"attack.adaptive": adaptive})
+  common.write_config(out, given, rows=True)
   report.save_json(os.path.join(out, "results.json"),
-                   {"table": table, "config": config.record(base), "utility_config": utility_setup,
+                   {"table": table, "config": config.record(given), "utility_config": utility_setup,
                     "total_time_s": items.earlier_s + time.perf_counter() - start,
                     **common.provenance()})
   report.write_svg(os.path.join(out, "privacy_utility.svg"),

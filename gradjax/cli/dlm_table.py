@@ -178,7 +178,7 @@ def main(argv):
   std = data.normalization(cfg.data.dataset).std if cfg.data.dataset in ("cifar10",
                                                                          "cifar100") else (1.0,)
   out = common.output_folder("dlm_table" + ("_box" if cfg.attack.box else ""),
-                             own=("results.*", "items/*.json", "items/*.npz", "config.py"))
+                             own=("results.md", "results.json", "items/*.json", "items/*.npz", "config.py"))
   items = common.items(out)
   start = time.perf_counter()
   indices = range(f.start, f.start + f.count)

@@ -115,8 +115,9 @@ def main(argv):
            else f"{results['iterations']} iterations")
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
-  print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, reconstruction.png, grid.svg"
-        + (", curves.svg" if results.get("history") else "") + ", config.py")
+  print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, model_input.npy, "
+        "reconstruction.png, grid.svg" + (", curves.svg" if results.get("history") else "")
+        + ", config.py")
   print_verdict(results)
 
 
@@ -127,6 +128,8 @@ def print_verdict(results: dict) -> None:
     print(f"malicious server: {results['malicious_server']['reason']}")
   if results.get("privacy"):
     print(f"DP-SGD: {report.privacy_line(results['privacy'])}")
+  if results.get("adaptation"):  # what the adapted attack modelled of the defense, and what not
+    print(f"adapted: {'; '.join(results['adaptation'])}")
   print(f"verdict: {results['verdict']['status']}: {results['verdict']['reason']}")
 
 

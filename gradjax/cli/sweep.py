@@ -145,7 +145,8 @@ def main(argv):
             or os.path.splitext(os.path.basename(common.config_file(f["config"])))[0])
   out = common.output_folder(
       f"sweep_{base.attack.preset}_{model}_{base.data.dataset.replace(':', '-')}_{span}",
-      own=("results.*", "psnr.svg", "reconstructions.png", "items/*.json", "items/*.npz", "config.py"))
+      own=("results.md", "results.json", "results.csv", "psnr.svg", "reconstructions.png",
+           "items/*.json", "items/*.npz", "config.py"))
   items = common.items(out)
   start, resumed = time.perf_counter(), 0
   if not common.plan(items, list(zip(keys, cfgs))):

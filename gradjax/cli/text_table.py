@@ -149,7 +149,7 @@ def main(argv):
       [("trained", cfg.model.checkpoint)] if cfg.model.checkpoint else [])
   if not models:
     common.fail("nothing to attack: --nountrained needs a --checkpoint")
-  out = common.output_folder("text_table", own=("results.*", "items/*.json", "config.py"))
+  out = common.output_folder("text_table", own=("results.md", "results.json", "results.csv", "items/*.json", "config.py"))
   items = common.items(out)
   start = time.perf_counter()
   table = []

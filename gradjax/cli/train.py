@@ -225,7 +225,7 @@ def main(argv):
     common.fail(str(e))
   out = common.output_folder(
       f"train_{f.model.name}_{f.data.dataset.replace(':', '-')}_{f.client.name}",
-      own=("epoch_*.npz", "results.*", "config.py"))
+      own=("epoch_*.npz", "results.json", "config.py"))
   start = time.perf_counter()
   try:
     defense = f.defense.build()
