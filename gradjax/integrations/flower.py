@@ -160,6 +160,7 @@ class AuditStrategy(Strategy):
     self._sent: dict[int, Any] = {}
     self._expected: list[int] = []  # the nodes sent work this round
     self._messages: list[Message] = []  # the messages that sent it
+    self._sent_to: dict[str, int] = {}
     self.failures: dict[int, dict[int, str]] = {}  # round -> node -> why it failed
     self.clients_sent: dict[int, int] = {}  # round -> clients sent work
     self.nodes: dict[int, list[int]] = {}  # round -> the nodes sent work
@@ -198,12 +199,12 @@ class AuditStrategy(Strategy):
     node = reply.metadata.src_node_id
     if node in self._expected or not reply.has_error():
       return node
-    to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages
-          if m.metadata.message_id}
-    return to.get(reply.metadata.reply_to_message_id, node)
+    return self._sent_to.get(reply.metadata.reply_to_message_id, node)
 
   def aggregate_train(self, server_round: int, replies: Iterable[Message]):
     replies = list(replies)
+    self._sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in self._messages
+                     if m.metadata.message_id}  # message id -> node, now that the grid sent them
     failed = {self._node(m): f"the client failed: {m.error.reason}" for m in replies if m.has_error()}
     replied = {self._node(m) for m in replies}
     failed.update({node: "no reply" for node in self._expected if node not in replied})
