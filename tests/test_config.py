@@ -211,3 +211,12 @@ def test_the_fingerprint_reads_a_presets_own_count_as_unset():
   assert config.fingerprint(budget)["attack.iterations"] == own
   saved = {**config.fingerprint(plain), "attack.iterations": own}  # as an earlier gradjax saved it
   assert config.canonical(saved) == config.fingerprint(plain)
+
+
+def test_a_permutation_search_of_joint_labels_is_refused_from_the_flags():
+  """--config.attack.permutations with an attack that optimises its labels jointly: refused by the
+  configuration's check (before a folder is claimed or data loaded), naming the label source."""
+  with pytest.raises(ValueError, match="optimises them jointly"):
+    config.check(config.from_options({"attack.permutations": 4}), files=False)
+  config.check(config.from_options({"attack.permutations": 4, "attack.label_source": "known"}),
+               files=False)
