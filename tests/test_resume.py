@@ -338,7 +338,8 @@ def test_items_read_back_under_another_restart_strategy(tmp_path):
                 {"execution.strategy": "map", "execution.map_batch_size": 4}):
     results, _ = campaign.Items._read(str(tmp_path / "item"), config.replace(cfg, other))
     assert results["psnr"] == 30.0
-  with pytest.raises(ValueError, match="computed with other settings"):
+  with pytest.raises(ValueError, match=r"computed with other settings \(--iterations = 3 there, 4 "
+                                       r"here\); resume with that run's settings, or delete item\.\*"):
     campaign.Items._read(str(tmp_path / "item"), config.replace(cfg, {"attack.iterations": 4}))
 
 

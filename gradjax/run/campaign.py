@@ -206,8 +206,10 @@ class Items:
       raise ValueError(f"{base}.json is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                        f"{redo}") from None
     if saved != mine:
-      raise ValueError(f"{base}.json was computed with other settings; rerun with --overwrite or "
-                       "another --output_dir")
+      differs = next(f"{config.flag(p)} = {saved[p]!r} there, {mine[p]!r} here" for p in mine
+                     if saved[p] != mine[p])
+      raise ValueError(f"{base}.json was computed with other settings ({differs}); resume with "
+                       f"that run's settings, or {redo}")
     # Experiments kept before 2026-12-07 carry no digests of their inputs.
     kept = results.pop("input_sha256", None)
     results.pop("images_sha256", None)  # the rows as an experiment run now gives them
