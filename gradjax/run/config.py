@@ -1107,8 +1107,8 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
   attack = None if cfg.attack.preset == auto.AUTO else get_attack(cfg)
   if (isinstance(attack, attacks.Attack) and cfg.attack.permutations > 1
       and attack.label_source is labels_lib.joint):  # the flags alone show it: refused before any run
-    raise ValueError("--config.attack.permutations searches the order of known or inferred labels; "
-                     f"--attack={cfg.attack.preset} optimises them jointly (set --labels, e.g. "
+    raise ValueError("--config.attack.permutations: a permutation search orders known or inferred "
+                     f"labels; --attack={cfg.attack.preset} optimises them jointly (set --labels, e.g. "
                      "--labels=known with a client that shares them)")
   if cfg.attack.preset in closed_forms.CLOSED_FORMS:
     if cfg.attack.adaptive:
