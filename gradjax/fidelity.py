@@ -414,10 +414,11 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   checks, problems = {}, []
   applied = None
   noisy = dp_sgd or _noisy(defense)
-  if batch is None and not noisy:
+  head = observation.gradient.get("head", {}) if hasattr(observation.gradient, "get") else {}
+  if (batch is None and not noisy and observation.labels is not None
+      and np.ndim(observation.labels) == 1 and "bias" in head):  # what label_check reads
     why = label_check(observation)
-    if observation.labels is not None and np.ndim(observation.labels) == 1:
-      checks["labels"] = {"ok": why is None, "explained": why}
+    checks["labels"] = {"ok": why is None, "explained": why}
     if why:
       problems.append(why)
   if dp_sgd:

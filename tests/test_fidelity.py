@@ -136,6 +136,10 @@ def test_declared_labels_are_checked_against_the_head_bias(photos, local):
     checks, problems = fidelity.check_capture(model, wrong, None, norm, noise)
     assert "labels" not in checks and not problems
   assert fidelity.label_check(wrong.replace(labels=None)) is None
+  # A head without a bias: nothing to read, so no check is reported (not "passed").
+  unbiased = wrong.replace(gradient={**wrong.gradient, "head": {"kernel": wrong.gradient["head"]["kernel"]}})
+  checks, problems = fidelity.check_capture(model, unbiased, None, norm)
+  assert "labels" not in checks and not problems
 
 
 def test_the_label_check_raises_no_false_alarm():

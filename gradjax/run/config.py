@@ -1175,10 +1175,11 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
         "or tfds:<name>")
   if files:
     check_input_files(cfg)
-    if cfg.client.observation and models.is_text(attacked_model(cfg) or ""):
-      raise ValueError(f"{cfg.client.observation} holds the update of a text model "
-                       f"({attacked_model(cfg)}): the command line attacks captured image models; "
-                       f"read a text model's capture with the library ({_TEXT_CAPTURE})")
+    captured = attacked_model(cfg) if cfg.client.observation else None
+    if captured and models.is_text(captured):
+      raise ValueError(f"{cfg.client.observation} holds the update of a text model ({captured}): the "
+                       "command line attacks captured image models; read a text model's capture "
+                       f"with the library ({_TEXT_CAPTURE})")
   return attack
 
 
