@@ -25,6 +25,11 @@ Tokens (:func:`tokenize`): lower-cased words (letters and digits, with an apostr
 token outside it and ``<eos>`` (id 1) ends a sentence (the language model's last target). A masked
 language model's vocabulary also holds ``<mask>``, last (:meth:`Vocabulary.with_mask`), and its
 client's inputs and targets are :func:`masked_lm_pairs`.
+
+Padded batches (:func:`padded`): sentences of several lengths, each followed by :data:`PAD` up to the
+batch's T. :data:`PAD` is no token: the model reads ``<eos>`` there and no loss is taken there
+(:func:`language_model_pairs`), as a client that pads on the right and masks the padding's labels
+(Hugging Face's ``-100``) trains; every score and guess leaves it out.
 """
 
 import collections
@@ -38,6 +43,9 @@ import numpy as np
 
 CORPORA = ("pydoc", "wikitext2", "wikitext2_test")
 UNK, EOS, MASK = "<unk>", "<eos>", "<mask>"
+PAD = -2
+"""The id past a padded sentence's end (:func:`padded`): no token (−1 marks a word outside the
+vocabulary in a ground truth, :class:`gradjax.run.pipeline.Sentences`)."""
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\w\s]")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
@@ -154,16 +162,34 @@ def sentences(name: str, data_dir: str | None = None) -> list[list[str]]:
   raise ValueError(f"unknown corpus {name!r}; choose one of {', '.join(CORPORA)}")
 
 
-def of_length(corpus: Iterable[Sequence[str]], length: int) -> list[list[str]]:
-  """The distinct sentences of exactly ``length`` tokens, in order of first appearance."""
-  if length < 1:
-    raise ValueError(f"sentence length must be positive, got {length}")
+def of_length(corpus: Iterable[Sequence[str]], length: int, shortest: int | None = None
+              ) -> list[list[str]]:
+  """The distinct sentences of exactly ``length`` tokens (of ``shortest`` to ``length`` tokens when
+  ``shortest`` is given), in order of first appearance."""
+  shortest = length if shortest is None else shortest
+  if not 1 <= shortest <= length:
+    raise ValueError(f"sentence lengths must satisfy 1 <= shortest <= length, got {shortest}, {length}")
   seen, out = set(), []
   for s in corpus:
-    if len(s) == length and tuple(s) not in seen:
+    if shortest <= len(s) <= length and tuple(s) not in seen:
       seen.add(tuple(s))
       out.append(list(s))
   return out
+
+
+def padded(sentences: Sequence[Sequence[int]], length: int) -> np.ndarray:
+  """(N, ``length``) int32: the id sentences, each followed by :data:`PAD` up to ``length``."""
+  out = np.full((len(sentences), length), PAD, np.int32)
+  for i, s in enumerate(sentences):
+    if not 1 <= len(s) <= length:
+      raise ValueError(f"sentence {i} has {len(s)} tokens; a padded batch holds 1 to {length}")
+    out[i, :len(s)] = s
+  return out
+
+
+def lengths(ids) -> np.ndarray:
+  """(N,) int: the tokens of each sentence of ``ids`` (N, T) before its :data:`PAD`."""
+  return np.sum(np.asarray(ids) != PAD, axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +245,10 @@ class Vocabulary:
     return np.asarray([self.index.get(t, 0) for t in tokens], np.int32)
 
   def decode(self, ids) -> list[str]:
-    """The tokens of int ids (any shape flattened in order); raises on ids outside the vocabulary."""
+    """The tokens of int ids (any shape flattened in order), :data:`PAD` left out; raises on ids
+    outside the vocabulary."""
     ids = np.asarray(ids).reshape(-1)
+    ids = ids[ids != PAD]
     if ids.size and (ids.min() < 0 or ids.max() >= len(self.tokens)):
       raise ValueError(f"token ids must lie in [0, {len(self.tokens)}), got {ids.min()}..{ids.max()}")
     return [self.tokens[int(i)] for i in ids]
@@ -238,14 +266,15 @@ def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = ()) -> tuple[n
     give the optimum.
 
   Probabilities are frequencies over ``sentences`` (N, T) ids (e.g. the corpus's other sentences of
-  that length); ties go to the smaller id, then the smaller k. ``never``: ids not guessed (``<unk>``,
-  which stands for words no scored token can be; a position holding only those takes the most
-  frequent other token). Returns (position guess, bag guess), int32, the bag sorted by id."""
+  that length; of a padded pool, :data:`PAD` is never guessed); ties go to the smaller id, then the
+  smaller k. ``never``: ids not guessed (``<unk>``, which stands for words no scored token can be; a
+  position holding only those takes the most frequent other token). Returns (position guess, bag
+  guess), int32, the bag sorted by id."""
   sentences = np.asarray(sentences)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
     raise ValueError(f"a unigram guess needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
   length = sentences.shape[1]
-  allowed = ~np.isin(sentences, np.asarray(never, sentences.dtype))
+  allowed = ~np.isin(sentences, np.asarray((*never, PAD), sentences.dtype))
   values, counts = np.unique(sentences[allowed], return_counts=True)
   fallback = values[np.argmax(counts)] if values.size else sentences.flat[0]
   position = []
@@ -274,14 +303,14 @@ def frequent_words(sentences: np.ndarray, size: int, vocabulary_size: int | None
   go to the smaller id. With ``vocabulary_size`` V the words the sentences lack (ids below V, no
   occurrence) fill the guess up to ``size``, so a guess of V words is the whole vocabulary; without
   it, fewer when the sentences hold fewer distinct words. ``never``: ids not guessed (``<unk>``, which
-  no scored word can be). The chance level of a set of words found
+  no scored word can be; :data:`PAD` is never one). The chance level of a set of words found
   (:func:`gradjax.verdict.text_findings`). Returns int32, sorted by id."""
   sentences = np.asarray(sentences)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
     raise ValueError(f"a guess of words needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
   if size < 0:
     raise ValueError(f"a guess of words needs a size >= 0, got {size}")
-  values, counts = np.unique(sentences, return_counts=True)
+  values, counts = np.unique(sentences[sentences != PAD], return_counts=True)
   if vocabulary_size is not None:
     if values.size and not 0 <= values.min() <= values.max() < vocabulary_size:
       raise ValueError(f"token ids must lie in [0, {vocabulary_size}), got {values.min()}..{values.max()}")
@@ -296,12 +325,18 @@ def frequent_words(sentences: np.ndarray, size: int, vocabulary_size: int | None
 
 def language_model_pairs(ids: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
   """(inputs, targets) of next-token prediction for sentences ``ids`` (N, T): the inputs are the
-  sentences, the targets the sentences shifted left by one with ``eos`` as the last target."""
+  sentences, the targets the sentences shifted left by one with ``eos`` as the last target. Of a
+  padded batch (:func:`padded`), ``eos`` is each sentence's last target and the input past its end,
+  and the targets there are −1 (no loss: :func:`gradjax.losses.cross_entropy`)."""
   ids = np.asarray(ids)
   if ids.ndim != 2:
     raise ValueError(f"sentences must be (N, T) ids, got shape {ids.shape}")
+  pad = ids == PAD
+  if np.any(pad[:, :-1] & ~pad[:, 1:]) or np.any(pad[:, 0]):
+    raise ValueError("a padded sentence holds PAD after its last token only, and at least one token")
   targets = np.concatenate([ids[:, 1:], np.full((ids.shape[0], 1), eos, ids.dtype)], axis=1)
-  return ids, targets
+  targets = np.where(np.concatenate([pad[:, 1:], pad[:, -1:]], axis=1), eos, targets)
+  return np.where(pad, eos, ids).astype(ids.dtype), np.where(pad, -1, targets).astype(ids.dtype)
 
 
 def masked_lm_pairs(ids: np.ndarray, mask: int, rate: float = 0.15, seed: int = 0

@@ -48,6 +48,12 @@ block's attention output at the new position lies in the span of its output proj
 the second block's span (the whole first block, on the few that pass (i)). A model with one block
 is answered at batch 1 only (one token per position).
 
+**Padded batches** (``padded`` in :func:`recover`): a client that pads its sentences on the right
+and takes no loss past their ends (Hugging Face's ``-100`` labels) gives no gradient to a causal
+model's positions past a sentence's end (their outputs reach no loss, and the causal mask keeps
+them from the sentence's own positions), so the spans hold each sentence's own inputs only: the
+extension runs as above, and a prefix that no token extends is a whole sentence.
+
 **Encoders** (no decode mode; :func:`_search`): every position's input to the second block depends on
 the whole sentence, so only whole sentences can be checked. The second span's rank r counts the
 batch's N = r / T sentences. A freshly initialised encoder attends nearly uniformly, so the second
@@ -76,7 +82,8 @@ those factors, which the bias's entries off the labels give (:func:`_scaled_bag`
 takes its largest weight.
 
 Shapes: ``ids`` (N, T) int; first-layer distances (V, T); sentences (K, T) with K the number of
-distinct sentences found (the batch's, when every check holds).
+distinct sentences found (the batch's, when every check holds), a padded batch's with
+:data:`gradjax.corpus.PAD` past each sentence's end.
 """
 
 import functools
@@ -339,7 +346,8 @@ class Recovery(NamedTuple):
   """Result of :func:`recover`.
 
   Attributes:
-    sentences: (K, T) int, the distinct sentences found (K = N when every check holds).
+    sentences: (K, T) int, the distinct sentences found (K = N when every check holds); of a padded
+      batch, :data:`gradjax.corpus.PAD` past each one's end.
     distances: (K,) the largest ordering distance along each sentence (a batch of one: the largest
       first-block distance of its nearest tokens, before :func:`settle`).
     position_sets: T int arrays, the tokens the first block admits at each position (a batch of
@@ -668,7 +676,7 @@ def _search(apply_fn, variables, second: Span, sets, length, first: Span, chunk,
 
 def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None,
             max_prefixes: int | None = None, rank: int | None = None, chunk: int = 512,
-            drift: bool = False, eos: int | None = None) -> Recovery:
+            drift: bool = False, eos: int | None = None, padded: bool = False) -> Recovery:
   """The client's sentences (K, ``length``) from the gradient of a transformer language model.
 
   Args:
@@ -688,6 +696,16 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
       end token: a batch of one's undetermined positions (at most :data:`MOST_OPEN` of them) are
       then settled by the whole gradient (:func:`settle`). None (a masked language model, whose
       targets are unknown): left open.
+    padded: the client's sentences may be shorter than ``length``, padded on the right with no loss
+      past their ends (:func:`gradjax.corpus.language_model_pairs`). A causal model's positions
+      past a sentence's end reach neither the loss nor, through the causal mask, its own positions:
+      they leave no row in any span, so the sentences are read by extension alone, and a prefix
+      that no token extends is a whole sentence (its last input, whose target is the end token, is
+      in the spans). Found sentences hold :data:`gradjax.corpus.PAD` past their ends. A sentence
+      that is a prefix of another of the batch is not told apart from the longer one's prefix (the
+      residual of the batch found then stays above rounding). Needs a model with a ``decode`` mode
+      and two blocks; a bidirectional model's padding is masked in its attention, which the zoo's
+      encoders do not take.
 
   Raises :class:`Unreadable` (a ValueError) where a span cannot separate its members.
 
@@ -703,6 +721,9 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   attention = attention_paths(apply_fn, variables, length)
   if not attention:
     raise ValueError("the model has no self-attention block: the span attack reads a transformer")
+  if padded and (_decoder(apply_fn) is None or len(attention) < 2):
+    raise ValueError("the span attack reads a padded batch by extension, which needs a causal model "
+                     "with a decode mode and at least two blocks (gpt, transformer)")
   vocabulary = _vocabulary_size(variables)
   tokens = np.unique(np.arange(vocabulary) if tokens is None else np.asarray(tokens)).astype(np.int32)
   if tokens.size == 0 or tokens[0] < 0 or tokens[-1] >= vocabulary:
@@ -710,7 +731,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   dimensions = candidate_dimensions(apply_fn, variables, length, compilation.prng_key(0), vocabulary)
   columns = projection_gradient(gradient, attention[0])
   first = span(columns, rank, dimensions[0], drift=drift)
-  if rank is None and not drift and first.rank <= length < dimensions[0]:
+  if rank is None and not drift and not padded and first.rank <= length < dimensions[0]:
     try:
       one = _one_sentence(apply_fn, variables, columns, tokens, length, dimensions[0])
     except Unreadable:
@@ -728,18 +749,17 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     raise Unreadable(_unusable("first block's input", first, dimensions[0]))
   delta = np.asarray(first_layer_distances(apply_fn, variables, first.basis, tokens, length))
   sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
-  if rank is None and not drift and any(s.size == 0 for s in sets):
+  if rank is None and not drift and _hole(sets, padded) is not None:
     for wider in _wider_ranks(first):  # inputs weighted near the rounding: a later gap, if any
       candidate = span(columns, wider, dimensions[0])
       if candidate.full:
         break
       d = np.asarray(first_layer_distances(apply_fn, variables, candidate.basis, tokens, length))
-      if all((d[:, t] <= candidate.tolerance).any() for t in range(length)):
-        first, delta = candidate, d
-        sets = [tokens[delta[:, t] <= first.tolerance] for t in range(length)]
+      wider_sets = [tokens[d[:, t] <= candidate.tolerance] for t in range(length)]
+      if _hole(wider_sets, padded) is None:
+        first, delta, sets = candidate, d, wider_sets
         break
-  if any(s.size == 0 for s in sets):
-    t = next(t for t, s in enumerate(sets) if s.size == 0)
+  if (t := _hole(sets, padded)) is not None:
     return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, (first,), t, False)
   decoder = _decoder(apply_fn)
   if len(attention) < 2:  # several sentences' (token, position) pairs and nothing to order them by
@@ -758,7 +778,17 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   if second.full:
     raise Unreadable(_unusable("second block's input", second, dimensions[2]), sets)
   return _extend(apply_fn, variables, decoder, (first, output, second), sets, length, max_prefixes,
-                 attention[0], chunk)
+                 attention[0], chunk, padded)
+
+
+def _hole(sets, padded: bool) -> int | None:
+  """The first position whose set of tokens is empty where a sentence must hold one, or None: any
+  empty position; of a padded batch, one before the last position that holds a token (the positions
+  past the longest sentence hold none)."""
+  empty = [s.size == 0 for s in sets]
+  if padded and not all(empty):
+    empty = empty[:max(t for t, e in enumerate(empty) if not e) + 1]
+  return next((t for t, e in enumerate(empty) if e), None)
 
 
 def recover_local(apply_fn: Callable, variables, update, *, length: int, local, num_samples: int,
@@ -1112,15 +1142,36 @@ def _vocabulary_size(variables) -> int:
   return int(params["embed"]["embedding"].shape[0])
 
 
-def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, first, chunk):
+def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, first, chunk,
+            padded=False):
   """Sentences by extension (see :func:`recover`); ``spans``: the first block's input span, then the
-  attention-output span and the second block's input span (either may be missing)."""
+  attention-output span and the second block's input span (either may be missing). ``padded``: a
+  prefix that no token extends is a whole sentence, kept with :data:`gradjax.corpus.PAD` past its
+  end (``finished``), and the extension stops at the first position with no token (past the
+  longest sentence) or no kept prefix."""
   _, output, second = spans
   params = variables["params"]
   cap = max_prefixes or 4 * second.rank
   cache = _init_cache(decoder, length, first)
   prefixes, worst, capped = np.zeros((1, 0), np.int32), np.zeros(1), False
+  finished, finished_worst = [], []
+
+  def ended(t, extended=()):  # of a padded batch: the prefixes of length t that nothing extends
+    if padded and t > 0:
+      for i in sorted(set(range(len(prefixes))) - set(np.asarray(extended).tolist())):
+        finished.append(np.concatenate([prefixes[i], np.full(length - t, corpus.PAD, np.int32)]))
+        finished_worst.append(worst[i])
+
+  def padded_result(t):
+    if not finished:
+      return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
+    return Recovery(np.stack(finished).astype(np.int32), np.asarray(finished_worst), sets, spans,
+                    None, capped)
+
   for t in range(length):
+    if padded and sets[t].size == 0:  # past the longest sentence
+      ended(t)
+      return padded_result(t)
     rows = np.repeat(np.arange(len(prefixes)), len(sets[t]))
     ids = np.tile(sets[t], len(prefixes)).astype(np.int32)
     distance = np.zeros(len(ids))
@@ -1137,12 +1188,14 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
       alive = np.flatnonzero(d <= output.tolerance)
       rows, ids, distance = rows[alive], ids[alive], d[alive]
     if len(ids) == 0:
-      return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
+      ended(t)
+      return padded_result(t)
     d, caches = _chunked(lambda r, i: _step(decoder, params, cache, r, i, second.basis), rows, ids,
                          chunk)
     keep = np.flatnonzero(d <= second.tolerance)
+    ended(t, rows[keep])
     if keep.size == 0:
-      return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
+      return padded_result(t)
     cache = jax.tree.map(lambda *c: jnp.concatenate(c) if c[0].ndim else c[0], *caches)
     if keep.size > cap:
       capped = True
@@ -1152,4 +1205,7 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
     cache = _take(cache, jnp.asarray(np.pad(keep, (0, _bucket(keep.size) - keep.size), mode="edge")))
     prefixes = np.concatenate([prefixes[rows[keep]], ids[keep, None]], axis=1)
     worst = np.maximum(worst[rows[keep]], np.maximum(d[keep], distance[keep]))
+  ended(length)
+  if padded:
+    return padded_result(length)
   return Recovery(prefixes.astype(np.int32), worst, sets, spans, None, capped)

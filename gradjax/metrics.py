@@ -34,6 +34,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from gradjax.corpus import PAD
+
 PSNR_CAP = 100.0
 
 _K1 = 0.01
@@ -378,7 +380,10 @@ def _sentences(pred, true) -> tuple[np.ndarray, np.ndarray]:
 
 
 def token_accuracy(pred, true) -> np.ndarray:
-  """Position-wise token accuracy per sentence: ``acc_n = (1/T) Σ_t [pred_nt = true_nt]``.
+  """Position-wise token accuracy per sentence: ``acc_n = (1/T) Σ_t [pred_nt = true_nt]``. Of padded
+  sentences (:data:`gradjax.corpus.PAD` past their ends) over the positions that either holds a
+  token: ``Σ_t [pred_nt = true_nt ≠ PAD] / #{t : pred_nt ≠ PAD or true_nt ≠ PAD}``, so a sentence
+  read too short or too long loses the positions it misses or adds.
 
   Args:
     pred, true: (N, T) integer token ids.
@@ -387,12 +392,14 @@ def token_accuracy(pred, true) -> np.ndarray:
     (N,) float64 in [0, 1].
   """
   pred, true = _sentences(pred, true)
-  return np.mean(pred == true, axis=1, dtype=np.float64)
+  either = (pred != PAD) | (true != PAD)
+  return (np.sum((pred == true) & either, axis=1, dtype=np.float64)
+          / np.maximum(np.sum(either, axis=1), 1))
 
 
 def bag_recall(pred, true) -> np.ndarray:
   """Bag-of-words recall per sentence, order-free and with multiplicity:
-  ``recall_n = Σ_v min(#v in pred_n, #v in true_n) / T``.
+  ``recall_n = Σ_v min(#v in pred_n, #v in true_n) / T`` (T: true_n's tokens, :data:`PAD` left out).
 
   Example: pred [a, a, b], true [a, b, b] -> (1 + 1) / 3.
 
@@ -403,14 +410,20 @@ def bag_recall(pred, true) -> np.ndarray:
     (N,) float64 in [0, 1].
   """
   pred, true = _sentences(pred, true)
-  return np.asarray([label_accuracy(p, t) for p, t in zip(pred, true)], np.float64)
+  return np.asarray([_bag(p[p != PAD], t[t != PAD]) for p, t in zip(pred, true)], np.float64)
+
+
+def _bag(pred, true) -> float:
+  """Σ_v min(#v in ``pred``, #v in ``true``) / len(``true``) of two token sequences."""
+  cp, ct = Counter(np.asarray(pred).tolist()), Counter(np.asarray(true).tolist())
+  return sum(min(n, cp[c]) for c, n in ct.items()) / max(len(true), 1)
 
 
 def word_recall(words, true) -> np.ndarray:
   """Word recall per sentence of a set of words found without their places or counts (e.g. the
   union of the span attack's position sets, :class:`gradjax.dager.Unreadable`):
-  ``recall_n = #{t : true_nt ∈ words} / T``, the share of sentence n's tokens whose word is in the
-  set. Unlike :func:`bag_recall` it does not count a word once per occurrence found: a larger set
+  ``recall_n = #{t : true_nt ∈ words} / T``, the share of sentence n's tokens (:data:`PAD` left
+  out) whose word is in the set. Unlike :func:`bag_recall` it does not count a word once per occurrence found: a larger set
   can only raise it (every word of the vocabulary gives 1), so it means something only against a
   guess of as many words (:func:`gradjax.corpus.frequent_words`).
 
@@ -426,7 +439,9 @@ def word_recall(words, true) -> np.ndarray:
   true = np.asarray(true)
   if true.ndim != 2 or true.shape[1] < 1:
     raise ValueError(f"sentences must be (N, T) token ids with T >= 1, got shape {true.shape}")
-  return np.isin(true, np.asarray(words).reshape(-1)).mean(axis=1, dtype=np.float64)
+  real = true != PAD
+  found = np.isin(true, np.asarray(words).reshape(-1)) & real
+  return np.sum(found, axis=1, dtype=np.float64) / np.maximum(np.sum(real, axis=1), 1)
 
 
 def _ngrams(tokens, n: int) -> Counter:
@@ -440,19 +455,26 @@ def _f1(overlap: float, predicted: int, reference: int) -> float:
   return 2 * precision * recall / (precision + recall)
 
 
+def _tokens(sentence) -> list:
+  """A token sequence as a list, :data:`gradjax.corpus.PAD` left out."""
+  sentence = np.asarray(sentence).reshape(-1)
+  return sentence[sentence != PAD].tolist()
+
+
 def rouge_n(pred, true, n: int) -> float:
   """ROUGE-n F-measure of one sentence (Lin 2004): with clipped n-gram overlap
   O = Σ_g min(#g in pred, #g in true), P = O / #n-grams of pred, R = O / #n-grams of true,
-  F = 2PR / (P + R); 0 where either has no n-gram. ``pred``, ``true``: token sequences."""
-  pred, true = list(np.asarray(pred).tolist()), list(np.asarray(true).tolist())
+  F = 2PR / (P + R); 0 where either has no n-gram. ``pred``, ``true``: token sequences
+  (:data:`gradjax.corpus.PAD` left out)."""
+  pred, true = _tokens(pred), _tokens(true)
   a, b = _ngrams(pred, n), _ngrams(true, n)
   return _f1(sum((a & b).values()), sum(a.values()), sum(b.values()))
 
 
 def rouge_l(pred, true) -> float:
   """ROUGE-L F-measure of one sentence: the longest common subsequence L of the two token sequences,
-  P = L / len(pred), R = L / len(true), F = 2PR / (P + R)."""
-  pred, true = np.asarray(pred).tolist(), np.asarray(true).tolist()
+  P = L / len(pred), R = L / len(true), F = 2PR / (P + R) (:data:`gradjax.corpus.PAD` left out)."""
+  pred, true = _tokens(pred), _tokens(true)
   row = [0] * (len(true) + 1)
   for p in pred:  # dynamic programme over prefixes, one row at a time
     previous = 0
@@ -473,7 +495,8 @@ def score_text(pred, true, *, match: bool = True) -> dict[str, Any]:
   without one scores 0 and extra recovered sentences are counted, not scored.
 
   Args:
-    pred: (K, T) integer token ids; true: (N, T).
+    pred: (K, T) integer token ids; true: (N, T). Padded sentences hold :data:`gradjax.corpus.PAD`
+      past their ends; every score reads their tokens only.
 
   Returns:
     dict with means over the true sentences of "token_accuracy", "bag_recall", "rouge1", "rouge2",
@@ -500,8 +523,8 @@ def score_text(pred, true, *, match: bool = True) -> dict[str, Any]:
   scored = order >= 0
   def per(fn):
     return np.asarray([fn(pred[order[j]], true[j]) if scored[j] else 0.0 for j in range(n)], np.float64)
-  acc = per(lambda p, t: float(np.mean(p == t)))
-  recall = per(lambda p, t: label_accuracy(p, t))
+  acc = per(lambda p, t: float(token_accuracy(p[None], t[None])[0]))
+  recall = per(lambda p, t: float(bag_recall(p[None], t[None])[0]))
   lcs = per(rouge_l)
   return {
       "token_accuracy": float(acc.mean()),

@@ -869,3 +869,76 @@ def test_the_command_line_names_the_library_for_a_captured_text_model(tmp_path):
     config.check(config.from_options(options))
   with pytest.raises(ValueError, match="read a text model's capture with the library"):
     config.from_options({**options, "data.modality": "text"})
+
+
+def _padded_batch(rng, vocabulary, lengths, length):
+  return corpus.padded([rng.integers(2, vocabulary, size=n) for n in lengths], length)
+
+
+@pytest.mark.parametrize("name", ["gpt", "transformer"])
+def test_a_padded_clients_gradient_is_its_sentences_own_at_their_lengths(name):
+  """The premise of padded reading: with no loss past a sentence's end, a causal model's gradient
+  of the padded batch is Σ_i (L_i / M) ∇ of sentence i alone at its own length (M = Σ L_i), so the
+  padding reaches no span."""
+  vocabulary, length, lengths = 50, 8, (3, 8, 5)
+  model = _model(name, vocabulary, length, dim=32)
+  ids = _padded_batch(np.random.default_rng(0), vocabulary, lengths, length)
+  x, y = corpus.language_model_pairs(ids, 1)
+  padded = _loss_gradient(model, x, y)["params"]
+  parts = []
+  for row, n in zip(ids, lengths):
+    xi, yi = corpus.language_model_pairs(row[None, :n], 1)
+    parts.append(jax.tree.map(lambda g: n / sum(lengths) * np.asarray(g, np.float64),
+                              _loss_gradient(model, xi, yi)["params"]))
+  expected = jax.tree.map(lambda *g: sum(g), *parts)
+  for a, b in zip(jax.tree.leaves(padded), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(np.asarray(a, np.float64), b, rtol=2e-4, atol=1e-7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,lengths", [("gpt", (5, 8, 3, 6, 8, 2)), ("transformer", (4, 7)),
+                                          ("gpt", (5,))])
+def test_a_padded_batch_is_read_by_extension_with_each_sentences_length(name, lengths):
+  vocabulary, length = 300, 8
+  model = _model(name, vocabulary, length)
+  ids = _padded_batch(np.random.default_rng(len(lengths)), vocabulary, lengths, length)
+  x, y = corpus.language_model_pairs(ids, 1)
+  gradient = _loss_gradient(model, x, y)
+  rec = dager.recover(model.apply_fn, model.variables, gradient, length=length, padded=True)
+  assert rec.stopped_at is None and len(rec.sentences) == len(lengths)
+  # the same rows as the batch, PAD past each end (sorted: the order found is not the batch's)
+  assert sorted(map(tuple, rec.sentences.tolist())) == sorted(map(tuple, ids.tolist()))
+  scores = metrics.score_text(rec.sentences, ids)
+  assert scores["exact"] == len(lengths) and scores["unmatched"] == 0
+  if len(lengths) > 1:  # read as sentences of one length, the shorter ones are lost
+    unpadded = dager.recover(model.apply_fn, model.variables, gradient, length=length)
+    assert len(unpadded.sentences) < len(lengths)
+
+
+def test_a_padded_batch_needs_a_causal_model():
+  model = _model("bert", 50, 6, dim=32)
+  with pytest.raises(ValueError, match="causal model"):
+    dager.recover(model.apply_fn, model.variables, model.variables, length=6, padded=True)
+
+
+@pytest.mark.slow
+def test_the_pipeline_reads_a_padded_batch_and_its_residual_confirms_it():
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
+      "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
+      "data.batch_size": 4, "data.sequence_length": 10, "data.min_length": 4
+  })
+  batch = pipeline.load_sentences(cfg)
+  lengths = corpus.lengths(batch.ids)
+  assert lengths.min() >= 4 and len(set(lengths.tolist())) > 1  # the batch is padded
+  results = pipeline.run_text(cfg)
+  assert results["exact"] == 4 and results["found"] == 4 and results["rouge2"] == 1.0
+  assert results["residual"]["relative_error"] < 1e-5
+  assert results["verdict"]["status"] == "leak"
+  for bad, match in (({"data.min_length": 11}, "min_length must lie"),
+                     ({"attack.preset": "sapag"}, "read by --attack=dager"),
+                     ({"attack.iterations": 10}, "drop --iterations"),
+                     ({"model.name": "bert"}, "causal model")):
+    with pytest.raises(ValueError, match=match):
+      config.check(config.replace(cfg, bad))

@@ -255,6 +255,72 @@ def test_language_model_pairs_and_windows(vocab):
   np.testing.assert_array_equal(ys, [stream[1:4], stream[4:7]])
 
 
+def test_padded_sentences_and_their_pairs(vocab):
+  """A padded batch: PAD past each end; the client reads <eos> there, its last target is <eos> and
+  no loss is taken past it (plain Python per sentence)."""
+  sentences = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
+  ids = corpus.padded(sentences, 4)
+  assert corpus.lengths(ids).tolist() == [4, 2, 3]
+  x, y = corpus.language_model_pairs(ids, vocab.eos)
+  for s, xi, yi in zip(sentences, x.tolist(), y.tolist()):
+    n = len(s)
+    assert xi == s + [vocab.eos] * (4 - n) and yi == s[1:] + [vocab.eos] + [-1] * (4 - n)
+  assert vocab.decode(ids[1]) == vocab.decode(sentences[1])
+  for bad in ([[5, corpus.PAD, 6]], [[corpus.PAD, 5, 6]]):
+    with pytest.raises(ValueError, match="PAD after its last token"):
+      corpus.language_model_pairs(np.asarray(bad, np.int32), 1)
+  with pytest.raises(ValueError, match="holds 1 to 4"):
+    corpus.padded([[5] * 5], 4)
+  pool = [["a"] * 3, ["b"] * 5, ["a"] * 3, ["c"] * 2, ["d"] * 4]
+  assert corpus.of_length(pool, 4, shortest=3) == [["a"] * 3, ["d"] * 4]
+  assert corpus.of_length(pool, 4) == [["d"] * 4]
+
+
+def test_padded_scores_read_each_sentences_tokens():
+  """Every text score of padded sentences is the score of their unpadded token lists: token accuracy
+  over the positions either holds (plain Python), bag and word recall over the true tokens, ROUGE
+  against rouge_score; guesses never hold PAD."""
+  rng = np.random.default_rng(3)
+  for _ in range(40):
+    true_list = rng.integers(0, 5, size=rng.integers(1, 7)).tolist()
+    pred_list = rng.integers(0, 5, size=rng.integers(1, 7)).tolist()
+    true, pred = corpus.padded([true_list], 6), corpus.padded([pred_list], 6)
+    span = max(len(true_list), len(pred_list))
+    hits = sum(a == b for a, b in zip(true_list, pred_list))
+    assert metrics.token_accuracy(pred, true)[0] == pytest.approx(hits / span)
+    bag = sum(min(pred_list.count(v), true_list.count(v)) for v in set(true_list))
+    assert metrics.bag_recall(pred, true)[0] == pytest.approx(bag / len(true_list))
+    assert metrics.word_recall([0, 1], true)[0] == pytest.approx(
+        sum(v in (0, 1) for v in true_list) / len(true_list))
+    assert metrics.rouge_l(pred[0], true[0]) == metrics.rouge_l(pred_list, true_list)
+    assert metrics.rouge_n(pred[0], true[0], 2) == metrics.rouge_n(pred_list, true_list, 2)
+    scores = metrics.score_text(pred, true)
+    assert scores["exact"] == int(pred_list == true_list)
+  pool = corpus.padded([[2, 3], [2, 3, 4, 4], [3]], 4)
+  position, bag = corpus.unigram_guesses(pool)
+  assert corpus.PAD not in position.tolist() + bag.tolist()
+  assert position.tolist() == [2, 3, 4, 4]
+  assert corpus.PAD not in corpus.frequent_words(pool, 5, vocabulary_size=5).tolist()
+
+
+def test_a_padded_batchs_truth_and_known_share_read_its_words():
+  """A padded client batch of a small vocabulary: the truth is each sentence's ids, -1 for a word
+  outside the vocabulary, PAD past its end; the known share counts its own words (plain Python)."""
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt", "attack.preset": "dager",
+      "data.batch_size": 4, "data.sequence_length": 10, "data.min_length": 4, "data.vocab_size": 60})
+  batch = pipeline.load_sentences(cfg)
+  assert len({len(w) for w in batch.words}) > 1
+  chance = pipeline.chance(batch)
+  for i, words in enumerate(batch.words):
+    known = [w in batch.vocabulary.index for w in words]
+    expected = [batch.vocabulary.index[w] if k else -1 for w, k in zip(words, known)]
+    assert batch.truth[i].tolist() == expected + [corpus.PAD] * (10 - len(words))
+    assert chance["known_share_per_sentence"][i] == pytest.approx(sum(known) / len(words))
+    assert batch.text(i) == corpus.detokenize(words)
+
+
 def test_masked_lm_pairs_and_the_mask_token(vocab):
   """A masked language model's vocabulary adds <mask> last and keeps the other ids; its client masks
   round(0.15 T) positions of each sentence, the targets being their tokens and -1 elsewhere."""

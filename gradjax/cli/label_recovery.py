@@ -47,7 +47,8 @@ from gradjax.run import report
 
 # configs/batch_labels.py; images of batches it samples itself, fresh models (no checkpoint or captures).
 common.define_flags("batch_labels", sections=("data", "model", "sampling"),
-                    omit=("data.index", "data.modality", "data.sequence_length", "data.tokenizer",
+                    omit=("data.index", "data.modality", "data.sequence_length", "data.min_length",
+                          "data.tokenizer",
                           "data.vocab_size", "model.checkpoint", "model.weights", "model.rename",
                           "model.conv", "model.text_dim", "model.text_ffn", "model.text_heads",
                           "model.text_layers"))

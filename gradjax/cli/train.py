@@ -65,7 +65,8 @@ from gradjax.run import config, report
 common.define_flags(
     default_config="train",
     sections=("data", "model", "client", "defense", "training"),
-    omit=("data.index", "model.checkpoint", "model.weights", "model.rename", "model.num_classes",
+    omit=("data.index", "data.min_length", "model.checkpoint", "model.weights", "model.rename",
+          "model.num_classes",
           "client.shared_labels", "client.observation", "client.num_samples", "client.force"))
 common.define_output_flags(resumable=False)
 flags.adopt_module_key_flags(common)

@@ -196,6 +196,11 @@ class DataConfig(_Section):
       15,
       "Text: tokens per sentence; the client's sentences are the corpus's distinct sentences of "
       "this length, from --index on.")
+  min_length: int | None = _field(
+      None,
+      "Text: the client's sentences hold min_length to sequence_length tokens, padded on the right "
+      "to sequence_length with no loss past their ends (a padded batch; read by --attack=dager on "
+      "a causal model). Unset: every sentence holds sequence_length.")
   vocab_size: int | None = _field(
       None,
       "Text: vocabulary of the most frequent corpus tokens, <unk> and <eos> included (all if unset)."
@@ -689,6 +694,8 @@ class Config:
                          f"{', '.join(text.SEARCHES)}")
       if self.data.sequence_length < 1:
         raise ValueError(f"sequence_length must be positive, got {self.data.sequence_length}")
+      if self.data.min_length is not None:
+        self._check_padding()
       if self.attack.preset == auto.AUTO:
         raise ValueError("--attack=auto chooses among image attacks; a text run names its attack "
                          "(dager, or an optimisation preset such as dlg or sapag)")
@@ -777,6 +784,25 @@ class Config:
                                                self.attack.preset == auto.AUTO):
       raise ValueError(f"--budget is the time of --attack=auto's attacks, a positive number of seconds; "
                        f"got {self.attack.budget} with --attack={self.attack.preset}")
+
+  def _check_padding(self) -> None:
+    """A padded batch (``data.min_length``): what reads it (:func:`gradjax.dager.recover`'s
+    ``padded``)."""
+    shortest, length = self.data.min_length, self.data.sequence_length
+    if not 1 <= shortest <= length:
+      raise ValueError(f"--config.data.min_length must lie in [1, sequence_length = {length}], got "
+                       f"{shortest}")
+    if self.attack.preset != "dager":
+      raise ValueError("a padded batch (--config.data.min_length) is read by --attack=dager; the "
+                       f"optimisation attacks' dummies hold sequence_length tokens each, not "
+                       f"--attack={self.attack.preset}")
+    if self.attack.iterations is not None:
+      raise ValueError("the token search that takes over from the span attack (--iterations) orders "
+                       "sentences of sequence_length tokens: drop --iterations or "
+                       "--config.data.min_length")
+    if models.is_masked_lm(self.model.name or ""):
+      raise ValueError(f"--model={self.model.name} attends to every position and takes no padding "
+                       "mask: a padded batch needs a causal model (gpt, transformer)")
 
 
 
@@ -927,8 +953,9 @@ def option_type(path: str) -> type:
 
 
 # The options only one modality reads (the other's runs refuse them when set).
-TEXT_ONLY = ("data.sequence_length", "data.tokenizer", "data.vocab_size", "model.text_dim",
-             "model.text_ffn", "model.text_heads", "model.text_layers", "attack.text_search")
+TEXT_ONLY = ("data.sequence_length", "data.min_length", "data.tokenizer", "data.vocab_size",
+             "model.text_dim", "model.text_ffn", "model.text_heads", "model.text_layers",
+             "attack.text_search")
 IMAGE_ONLY = ("data.image_size", "data.channels", "data.normalization", "attack.box", "model.conv",
               "client.train_mode")
 

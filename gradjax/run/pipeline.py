@@ -1229,9 +1229,10 @@ def interop_num_samples(cfg: Config) -> int:
 
 
 class Sentences(NamedTuple):
-  """The client's private sentences: ``ids`` (N, T) int32 in ``vocabulary``; ``pool`` the number of
-  distinct corpus sentences of length T that ``index`` ranges over; ``others`` (pool − N, T) the
-  pool's other sentences, what an attacker may know of the corpus (the chance level,
+  """The client's private sentences: ``ids`` (N, T) int32 in ``vocabulary`` (a padded batch's with
+  :data:`gradjax.corpus.PAD` past each sentence's end); ``pool`` the number of distinct corpus
+  sentences of length T (of ``min_length`` to T tokens) that ``index`` ranges over; ``others``
+  (pool − N, T) the pool's other sentences, what an attacker may know of the corpus (the chance level,
   :func:`chance`); ``words`` the N sentences' tokens as the corpus has them (None: those of
   ``ids``), among them words outside ``vocabulary`` that the model reads as ``<unk>``."""
 
@@ -1248,7 +1249,9 @@ class Sentences(NamedTuple):
     checkpoint's vocabulary on another corpus, or ``--config.data.vocab_size`` below the corpus's)."""
     if self.words is None:
       return self.ids
-    known = np.asarray([[t in self.vocabulary.index for t in w] for w in self.words], bool)
+    known = np.ones(self.ids.shape, bool)
+    for i, w in enumerate(self.words):
+      known[i, :len(w)] = [t in self.vocabulary.index for t in w]
     return np.where(known, self.ids, -1)
 
   def text(self, i: int) -> str:
@@ -1301,18 +1304,20 @@ def searched_pairs(cfg: Config, model: models.Model, ids: np.ndarray, targets: n
 
 def load_sentences(cfg: Config) -> Sentences:
   """Sentences ``index .. index + batch_size − 1`` of the corpus's distinct ``sequence_length``-token
-  sentences (:func:`gradjax.corpus.of_length`; tokens as ``cfg.data.tokenizer`` cuts them), as ids of
+  sentences (of ``min_length`` to ``sequence_length`` tokens, padded: :func:`gradjax.corpus.padded`)
+  (:func:`gradjax.corpus.of_length`; tokens as ``cfg.data.tokenizer`` cuts them), as ids of
   :func:`text_vocabulary`."""
   sentences = corpus.tokenized(
       corpus.sentences(cfg.data.dataset, cfg.data.data_dir), cfg.data.tokenizer)
   vocabulary = text_vocabulary(cfg, sentences)
-  pool = corpus.of_length(sentences, cfg.data.sequence_length)
+  pool = corpus.of_length(sentences, cfg.data.sequence_length, cfg.data.min_length)
   if cfg.data.index + cfg.data.batch_size > len(pool):
+    lengths = (f"{cfg.data.sequence_length}" if cfg.data.min_length is None else
+               f"{cfg.data.min_length} to {cfg.data.sequence_length}")
     raise ValueError(
         f"the client's batch is sentences {cfg.data.index}..{cfg.data.index + cfg.data.batch_size - 1}, "
-        f"but corpus {cfg.data.dataset!r} has {len(pool)} distinct sentences of "
-        f"{cfg.data.sequence_length} tokens")
-  ids = np.stack([vocabulary.encode(s) for s in pool]).astype(np.int32)
+        f"but corpus {cfg.data.dataset!r} has {len(pool)} distinct sentences of {lengths} tokens")
+  ids = corpus.padded([vocabulary.encode(s) for s in pool], cfg.data.sequence_length)
   batch = np.arange(cfg.data.index, cfg.data.index + cfg.data.batch_size)
   return Sentences(ids[batch], vocabulary, len(pool), np.delete(ids, batch, axis=0),
                    tuple(tuple(pool[i]) for i in batch))
@@ -1327,7 +1332,7 @@ def chance(batch: Sentences) -> dict:
   means, where the pool holds other sentences; and ``known_share_per_sentence`` (with its mean), the
   share of each sentence's words the vocabulary holds, what any attack can recover."""
   # What any attack can recover: the words the vocabulary holds (the others the model read as <unk>).
-  known = np.mean(np.asarray(batch.truth) >= 0, axis=1)
+  known = _known_share(batch.truth)
   found = {"known_share": float(known.mean()), "known_share_per_sentence": [float(k) for k in known]}
   if batch.others.shape[0] == 0:
     return found
@@ -1347,16 +1352,25 @@ def chance(batch: Sentences) -> dict:
           "bag_recall_chance_per_sentence": [float(r) for r in recall]}
 
 
+def _known_share(truth) -> np.ndarray:
+  """(N,) the share of each sentence's tokens (:data:`gradjax.corpus.PAD` left out) that the
+  vocabulary holds (ids >= 0)."""
+  truth = np.asarray(truth)
+  return np.sum(truth >= 0, axis=1) / np.sum(truth != corpus.PAD, axis=1)
+
+
 BAG_ORDERS = 32  # random orders of a sentence's words over which ROUGE-L's bag guess is averaged
 
 
 def _ordered_at_random(truth: np.ndarray, rng: np.random.Generator) -> float:
   """The mean ROUGE-L against ``truth`` (T,) of its known words (ids >= 0) in :data:`BAG_ORDERS`
-  random orders, the remaining positions held by no word."""
+  random orders, the sentence's other positions held by no word (a padded sentence's: up to its
+  end)."""
+  truth = truth[truth != corpus.PAD]
   known = truth[truth >= 0]
   if known.size == 0:
     return 0.0
-  guess = np.full_like(truth, -2)
+  guess = np.full_like(truth, corpus.PAD - 1)  # matches no truth: ids >= 0, -1 a word outside, PAD
   scores = []
   for _ in range(BAG_ORDERS):
     guess[:known.size] = rng.permutation(known)
@@ -1393,7 +1407,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   start = time.perf_counter()
   try:
     options = dict(
-        length=cfg.data.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk)
+        length=cfg.data.sequence_length, max_prefixes=attack.max_prefixes, chunk=attack.chunk,
+        padded=cfg.data.min_length is not None)
     if observation.threat_model == "fedavg":  # mini-batch by mini-batch, replaying the client's steps
       rec = dager.recover_local(model.apply_fn, model.variables, observation.gradient,
                                 local=observation.local, num_samples=observation.num_samples,
@@ -1519,7 +1534,7 @@ def _words_found(words: np.ndarray, batch: Sentences) -> dict:
                                 batch.truth)
   else:
     kind = "uniform"
-    guess = min(1.0, size / vocabulary) * np.mean(np.asarray(batch.truth) >= 0, axis=1)
+    guess = min(1.0, size / vocabulary) * _known_share(batch.truth)
   return {"words": list(batch.vocabulary.decode(words)),
           "word_precision": float(np.isin(words, batch.truth).mean()) if words.size else None,
           "word_recall": float(recall.mean()), "word_recall_per_sentence": [float(r) for r in recall],
