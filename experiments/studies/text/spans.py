@@ -36,6 +36,11 @@ Models (random initialisation, a fresh draw per batch):
 * ``transformer``: SAPAG's Transformer (width 200) on the pydoc corpus's 15-token sentences, the
   sentences and model draws of ``experiments/studies/text_sapag`` (``gradjax.run.pipeline``'s keys and
   vocabulary), so its rows sit beside that study's optimisation attacks.
+* Padded rows (:data:`PADDED`, ``_padded`` in the row's name): the client's sentences are the
+  corpus's distinct sentences of ``min_length`` to T tokens, whole and in corpus order (``gpt``:
+  WikiText-2's test split; ``transformer``: pydoc, the command line's ``--config.data.min_length``
+  draw), padded on the right with no loss past their ends (``corpus.language_model_pairs``), read
+  with ``dager.recover(..., padded=True)``; scores count each sentence's own tokens.
 
 The client's update is the FedSGD gradient of the next-token loss (the ``gpt_fedavg*`` rows: a FedAvg
 client's update after E epochs of local SGD, over the batch or mini-batches, :data:`LOCAL`); the attack searches the whole
@@ -79,7 +84,12 @@ ROWS = ([(f"gpt_t{t}_b{b}", "gpt", t, b, 3 if b <= 16 else 2)
         + [("bert_trained_t32_b1", "bert_trained", 32, 1, 5)]
         + [(f"bert_trained_t32_b{b}", "bert_trained", 32, b, 2) for b in (2, 4)]
         + [("transformer_t15_b1", "transformer", 15, 1, 20)]
-        + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
+        + [(f"transformer_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)]
+        + [(f"gpt_padded_t32_b{b}", "gpt", 32, b, 3 if b <= 16 else 2) for b in (1, 4, 8, 16, 32, 64)]
+        + [(f"transformer_padded_t15_b{b}", "transformer", 15, b, 3) for b in (2, 4, 8)])
+# Padded rows: row -> the shortest sentence's tokens (module docstring).
+PADDED = {**{f"gpt_padded_t32_b{b}": 4 for b in (1, 4, 8, 16, 32, 64)},
+          **{f"transformer_padded_t15_b{b}": 6 for b in (2, 4, 8)}}
 # Rows whose batches start further into the pool: row -> the first batch. The unseen row's 20
 # sentences (10-29) were never looked at while dager.settle was built on sentences 0-9.
 FIRST = {"gpt_trained_t32_b1_unseen": 10}
@@ -95,7 +105,7 @@ ROWS += [(row, "gpt", int(row.split("_t")[1].split("_")[0]), int(row.split("_b")
 BPE = 8000  # the gpt_bpe rows' pieces
 
 
-def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt", first=0):
+def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt", first=0, shortest=None):
   sentences = corpus.sentences("wikitext2_test", data_dir)
   if name == "gpt_bpe":
     sentences, name = corpus.subwords(sentences, BPE), "gpt"
@@ -112,26 +122,31 @@ def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt", first
       vocabulary = vocabulary.with_mask()
   seen, pool = set(), []
   for s in sentences:
-    if len(s) >= length and tuple(s[:length]) not in seen:
+    if shortest is not None:  # whole sentences of shortest..length tokens
+      if shortest <= len(s) <= length and tuple(s) not in seen:
+        seen.add(tuple(s))
+        pool.append(s)
+    elif len(s) >= length and tuple(s[:length]) not in seen:
       seen.add(tuple(s[:length]))
       pool.append(s[:length])
   for k in range(first, first + count):
     chosen = pool[k * batch:(k + 1) * batch]
     if len(chosen) < batch:
       return
-    ids = np.stack([vocabulary.encode(s) for s in chosen]).astype(np.int32)
+    ids = corpus.padded([vocabulary.encode(s) for s in chosen], length)
     if not trained:
       model = models.create(name, jax.random.key(k), input_shape=(length,),
                             num_classes=len(vocabulary), text_sizes=GPT)
     yield k, ids, model, vocabulary
 
 
-def _sapag_batches(data_dir, length, batch, count):
+def _sapag_batches(data_dir, length, batch, count, shortest=None):
   del data_dir
   for k in range(count):
     cfg = config.from_options({
         "data.dataset": "pydoc", "data.modality": "text", "model.name": "transformer",
-        "data.sequence_length": length, "data.batch_size": batch, "data.index": k * batch
+        "data.sequence_length": length, "data.batch_size": batch, "data.index": k * batch,
+        **({} if shortest is None else {"data.min_length": shortest, "attack.preset": "dager"})
     })
     key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.data.index)
     sentences = pipeline.load_sentences(cfg)
@@ -148,12 +163,13 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
       print(f"{row}: skipped (give --trained_bert=<checkpoint>)", flush=True)
       return None
     trained = trained_bert
+  shortest = PADDED.get(row)
   if model_name == "transformer":
-    batches = _sapag_batches(data_dir, length, batch, count)
+    batches = _sapag_batches(data_dir, length, batch, count, shortest)
   else:
     batches = _gpt_batches(data_dir, length, batch, count, trained if model_name.endswith("_trained") else None,
                            "bert" if model_name.startswith("bert") else model_name.removesuffix("_trained"),
-                           first=FIRST.get(row, 0))
+                           first=FIRST.get(row, 0), shortest=shortest)
   records = []
   for index, ids, model, vocabulary in batches:
     masked = models.is_masked_lm(model.name)
@@ -174,18 +190,19 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
                                   local=observation.local, num_samples=len(ids), eos=vocabulary.eos)
       else:
         rec = dager.recover(model.apply_fn, model.variables, observation.gradient, length=length,
-                            eos=None if masked else vocabulary.eos)
+                            eos=None if masked else vocabulary.eos, padded=shortest is not None)
       extra = {}
       if masked and len(rec.sentences) == len(ids):  # the labels are counted over the whole batch
         targets, extra["masked_residual"] = dager.masked_targets(
             model.apply_fn, model.variables, observation.gradient, rec.sentences, vocabulary.mask)
         rec = rec._replace(sentences=np.where(targets >= 0, targets, rec.sentences))
     except ValueError as e:
-      record = {"index": index, "refused": str(e), "seconds": time.perf_counter() - start}
+      record = {"index": index, "refused": str(e), "seconds": time.perf_counter() - start,
+                "lengths": corpus.lengths(ids).tolist()}
       sets = getattr(e, "position_sets", None)
       if sets is not None:
         words = np.unique(np.concatenate(sets))
-        record["words_recall"] = float(np.mean([np.isin(s, words).mean() for s in ids]))
+        record["words_recall"] = float(np.mean(metrics.word_recall(words, ids)))
       records.append(record)
       print(f"{row} batch {index}: refused ({e})", flush=True)
       continue
@@ -197,6 +214,7 @@ def run_row(row, model_name, length, batch, count, data_dir, trained=None, train
         "undetermined": None if rec.undetermined is None else rec.undetermined.tolist(),
         "residual": rec.residual,
         **extra, "found": int(len(rec.sentences)), "distinct_true": int(len({tuple(s) for s in ids.tolist()})),
+        "lengths": corpus.lengths(ids).tolist(),
         "set_sizes": [int(len(s)) for s in rec.position_sets],
         "spans": [{"rank": s.rank, "tolerance": s.tolerance, "random_level": s.random_level}
                   for s in rec.spans],
@@ -235,6 +253,8 @@ def table():
       client = (f"FedAvg, {e} epochs, lr {lr}" + (f", mini-batches of {mini}" if mini else ""))
     else:
       client = "FedSGD"
+    if row in PADDED:
+      client += f", padded ({PADDED[row]}-{length} tokens)"
     if done:
       n.update(exact=sum(r["exact"] for r in done) / (batch * len(done)),
                rouge1=float(np.mean([r["rouge1"] for r in done])),
