@@ -702,8 +702,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
       they leave no row in any span, so the sentences are read by extension alone, and a prefix
       that no token extends is a whole sentence (its last input, whose target is the end token, is
       in the spans). Found sentences hold :data:`gradjax.corpus.PAD` past their ends. A sentence
-      that is a prefix of another of the batch is not told apart from the longer one's prefix (the
-      residual of the batch found then stays above rounding). Needs a model with a ``decode`` mode
+      that is a prefix of another of the batch is not told apart from the longer one's prefix: the
+      sentences found lack it (one fewer than the batch). Needs a model with a ``decode`` mode
       and two blocks; a bidirectional model's padding is masked in its attention, which the zoo's
       encoders do not take.
 
