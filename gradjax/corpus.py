@@ -254,43 +254,52 @@ class Vocabulary:
     return [self.tokens[int(i)] for i in ids]
 
 
-def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = (), size: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
   """What a corpus alone lets an attacker guess of a T-token sentence, without any update: the chance
   level of the text verdict (:func:`gradjax.verdict.text_findings`).
 
   * the position guess g (T,): at each position t the token most frequent there,
-    argmax_v #{n : s_nt = v}, which maximises the expected token accuracy (1/T) Σ_t P(s_t = g_t);
-  * the bag guess (T,): the multiset B of T tokens maximising the expected bag-of-words recall
-    (1/T) Σ_v E[min(#v in B, #v in s)] = (1/T) Σ_v Σ_{k ≤ #v in B} P(#v in s ≥ k): the sum is
-    separable and each token's terms fall with k, so the T largest P(#v in s ≥ k) over all (v, k)
-    give the optimum.
+    argmax_v #{n : s_nt = v}, which maximises the expected token accuracy (1/T) Σ_t P(s_t = g_t).
+    Of a padded pool (:data:`PAD` past the sentences' ends), :data:`PAD` from the first position
+    where more of the sentences have ended than hold the most frequent token (a guess of the
+    sentence's end, which :func:`gradjax.metrics.token_accuracy` scores: each guessed token past
+    a sentence's end counts against it);
+  * the bag guess (``size`` tokens, default T): the multiset B maximising the expected bag-of-words
+    recall (1/L) Σ_v E[min(#v in B, #v in s)] = (1/L) Σ_v Σ_{k ≤ #v in B} P(#v in s ≥ k): the sum is
+    separable and each token's terms fall with k, so the ``size`` largest P(#v in s ≥ k) over all
+    (v, k) give the optimum (a padded sentence's guess holds as many tokens as the sentence).
 
   Probabilities are frequencies over ``sentences`` (N, T) ids (e.g. the corpus's other sentences of
-  that length; of a padded pool, :data:`PAD` is never guessed); ties go to the smaller id, then the
-  smaller k. ``never``: ids not guessed (``<unk>``, which stands for words no scored token can be; a
-  position holding only those takes the most frequent other token). Returns (position guess, bag
-  guess), int32, the bag sorted by id."""
-  sentences = np.asarray(sentences)
+  that length); ties go to the smaller id, then the smaller k. ``never``: ids not guessed (``<unk>``,
+  which stands for words no scored token can be; a position holding only those takes the most
+  frequent other token). Returns (position guess, bag guess), int32, the bag sorted by id."""
+  sentences = np.asarray(sentences).astype(np.int64)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
     raise ValueError(f"a unigram guess needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
-  length = sentences.shape[1]
-  allowed = ~np.isin(sentences, np.asarray((*never, PAD), sentences.dtype))
+  size = sentences.shape[1] if size is None else size
+  if size < 0:
+    raise ValueError(f"a bag guess needs a size >= 0, got {size}")
+  ended = sentences == PAD
+  allowed = ~np.isin(sentences, np.asarray([*never, PAD], np.int64))
   values, counts = np.unique(sentences[allowed], return_counts=True)
   fallback = values[np.argmax(counts)] if values.size else sentences.flat[0]
   position = []
-  for column, ok in zip(sentences.T, allowed.T):
+  for column, ok, end in zip(sentences.T, allowed.T, ended.T):
     values, counts = np.unique(column[ok], return_counts=True)
-    # np.unique sorts: the first maximum has the smaller id
-    position.append(values[np.argmax(counts)] if values.size else fallback)
+    if (position and position[-1] == PAD) or end.sum() > (counts.max() if counts.size else 0):
+      position.append(PAD)
+    else:  # np.unique sorts: the first maximum has the smaller id
+      position.append(values[np.argmax(counts)] if values.size else fallback)
   at_least = collections.Counter()  # (v, k) -> sentences holding v at least k times
   for s, ok in zip(sentences, allowed):
     values, counts = np.unique(s[ok], return_counts=True)
     for v, n in zip(values.tolist(), counts.tolist()):
       for k in range(1, n + 1):
         at_least[(v, k)] += 1
-  best = [v for v, _ in sorted(at_least, key=lambda vk: (-at_least[vk], vk))[:length]]
-  # Fewer tokens than T outside ``never``: any filler adds nothing; the most frequent one.
-  best += [int(fallback)] * (length - len(best))
+  best = [v for v, _ in sorted(at_least, key=lambda vk: (-at_least[vk], vk))[:size]]
+  # Fewer tokens than the guess holds outside ``never``: any filler adds nothing; the most frequent one.
+  best += [int(fallback)] * (size - len(best))
   return np.asarray(position, np.int32), np.sort(np.asarray(best, np.int32))
 
 

@@ -364,6 +364,9 @@ class Recovery(NamedTuple):
       otherwise.
     residual: of a settled batch of one, its gradient's relative distance to the client's
       (:func:`settle`); None otherwise.
+    unexplained: of a padded batch, the second block's span's rank less the distinct prefixes of the
+      sentences found (each prefix is one input of that block): above 0, the span holds inputs that
+      no sentence found gives (a sentence cut short where a check failed, or missed); None otherwise.
   """
 
   sentences: np.ndarray
@@ -375,6 +378,7 @@ class Recovery(NamedTuple):
   mini_batches: int | None = None
   undetermined: np.ndarray | None = None
   residual: float | None = None
+  unexplained: int | None = None
 
 
 def output_gradient(gradient, path) -> jax.Array:
@@ -703,7 +707,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
       that no token extends is a whole sentence (its last input, whose target is the end token, is
       in the spans). Found sentences hold :data:`gradjax.corpus.PAD` past their ends. A sentence
       that is a prefix of another of the batch is not told apart from the longer one's prefix: the
-      sentences found lack it (one fewer than the batch). Needs a model with a ``decode`` mode
+      sentences found lack it (fewer than the batch, with nothing ``unexplained``). Needs a model with a ``decode`` mode
       and two blocks; a bidirectional model's padding is masked in its attention, which the zoo's
       encoders do not take.
 
@@ -1165,8 +1169,9 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
   def padded_result(t):
     if not finished:
       return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
+    prefixes = {tuple(s[:k]) for s in finished for k in range(1, int(np.sum(s != corpus.PAD)) + 1)}
     return Recovery(np.stack(finished).astype(np.int32), np.asarray(finished_worst), sets, spans,
-                    None, capped)
+                    None, capped, unexplained=max(0, second.rank - len(prefixes)))
 
   for t in range(length):
     if padded and sets[t].size == 0:  # past the longest sentence

@@ -393,8 +393,9 @@ def token_accuracy(pred, true) -> np.ndarray:
   """
   pred, true = _sentences(pred, true)
   either = (pred != PAD) | (true != PAD)
-  return (np.sum((pred == true) & either, axis=1, dtype=np.float64)
-          / np.maximum(np.sum(either, axis=1), 1))
+  count = np.sum(either, axis=1)
+  hits = np.sum((pred == true) & either, axis=1, dtype=np.float64)
+  return np.where(count == 0, 1.0, hits / np.maximum(count, 1))  # two empty sentences agree
 
 
 def bag_recall(pred, true) -> np.ndarray:
@@ -415,8 +416,10 @@ def bag_recall(pred, true) -> np.ndarray:
 
 def _bag(pred, true) -> float:
   """Σ_v min(#v in ``pred``, #v in ``true``) / len(``true``) of two token sequences."""
+  if len(true) == 0:  # nothing to recall
+    return 1.0
   cp, ct = Counter(np.asarray(pred).tolist()), Counter(np.asarray(true).tolist())
-  return sum(min(n, cp[c]) for c, n in ct.items()) / max(len(true), 1)
+  return sum(min(n, cp[c]) for c, n in ct.items()) / len(true)
 
 
 def word_recall(words, true) -> np.ndarray:

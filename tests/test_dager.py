@@ -942,3 +942,26 @@ def test_the_pipeline_reads_a_padded_batch_and_its_residual_confirms_it():
                      ({"model.name": "bert"}, "causal model")):
     with pytest.raises(ValueError, match=match):
       config.check(config.replace(cfg, bad))
+
+
+@pytest.mark.slow
+def test_a_padded_batchs_unexplained_inputs_count_what_the_sentences_found_miss():
+  """The second span's rank counts the batch's distinct prefixes: a sentence missed (the prefix cap
+  at 1 keeps one first token) leaves its prefixes unexplained; a sentence that is another's start
+  adds none, so it is lost with nothing unexplained."""
+  vocabulary, length = 300, 8
+  model = _model("gpt", vocabulary, length)
+
+  def read(sentences, **options):
+    ids = corpus.padded(sentences, length)
+    gradient = _loss_gradient(model, *corpus.language_model_pairs(ids, 1))
+    return dager.recover(model.apply_fn, model.variables, gradient, length=length, padded=True,
+                         **options)
+
+  rec = read([[5, 6, 7, 8], [20, 21, 22]])
+  assert len(rec.sentences) == 2 and rec.unexplained == 0
+  rec = read([[5, 6, 7, 8], [20, 21, 22]], max_prefixes=1)
+  assert rec.capped and len(rec.sentences) == 1
+  assert rec.unexplained == 7 - int(np.sum(rec.sentences[0] != corpus.PAD))
+  rec = read([[5, 6, 7], [5, 6, 7, 8, 9], [20, 21, 22, 23]])
+  assert sorted(corpus.lengths(rec.sentences).tolist()) == [4, 5] and rec.unexplained == 0

@@ -296,11 +296,21 @@ def test_padded_scores_read_each_sentences_tokens():
     assert metrics.rouge_n(pred[0], true[0], 2) == metrics.rouge_n(pred_list, true_list, 2)
     scores = metrics.score_text(pred, true)
     assert scores["exact"] == int(pred_list == true_list)
-  pool = corpus.padded([[2, 3], [2, 3, 4, 4], [3]], 4)
+  # A padded pool's position guess ends where most of its sentences have: of the 16 guesses of at
+  # most 4 positions over {2, 3, 4, end}, none scores better over the pool (enumerated).
+  pool = corpus.padded([[2, 3], [2, 3], [2, 3], [2, 3, 4, 4]], 4)
   position, bag = corpus.unigram_guesses(pool)
-  assert corpus.PAD not in position.tolist() + bag.tolist()
-  assert position.tolist() == [2, 3, 4, 4]
+  assert position.tolist() == [2, 3, corpus.PAD, corpus.PAD] and corpus.PAD not in bag.tolist()
+
+  def expected(guess):
+    return np.mean(metrics.token_accuracy(np.broadcast_to(guess, pool.shape), pool))
+
+  guesses = [corpus.padded([g[:n]], 4)[0] for n in range(1, 5)
+             for g in itertools.product((2, 3, 4), repeat=n)]
+  assert expected(position) == pytest.approx(max(expected(g) for g in guesses)) == 0.875
+  assert corpus.unigram_guesses(pool, size=2)[1].tolist() == [2, 3]  # a bag of a sentence's size
   assert corpus.PAD not in corpus.frequent_words(pool, 5, vocabulary_size=5).tolist()
+  assert corpus.unigram_guesses(np.array([[2, 3]], np.uint8))[0].tolist() == [2, 3]
 
 
 def test_a_padded_batchs_truth_and_known_share_read_its_words():

@@ -195,7 +195,7 @@ class DataConfig(_Section):
   sequence_length: int = _field(
       15,
       "Text: tokens per sentence; the client's sentences are the corpus's distinct sentences of "
-      "this length, from --index on.")
+      "this length (at most, with --config.data.min_length), from --index on.")
   min_length: int | None = _field(
       None,
       "Text: the client's sentences hold min_length to sequence_length tokens, padded on the right "

@@ -1328,8 +1328,9 @@ def chance(batch: Sentences) -> dict:
   other sentences): ``token_accuracy_chance_per_sentence`` of the position guess,
   ``rougeL_chance_per_sentence`` of the better of the position guess and the sentence's own words
   in random order (:func:`_ordered_at_random`: what the bag an update gives is worth unordered), and
-  ``bag_recall_chance_per_sentence`` of the bag guess against each true sentence, with their
-  means, where the pool holds other sentences; and ``known_share_per_sentence`` (with its mean), the
+  ``bag_recall_chance_per_sentence`` of the bag guess against each true sentence (of a padded
+  batch, a guess of as many tokens as the sentence), with their means, where the pool holds other
+  sentences; and ``known_share_per_sentence`` (with its mean), the
   share of each sentence's words the vocabulary holds, what any attack can recover."""
   # What any attack can recover: the words the vocabulary holds (the others the model read as <unk>).
   known = _known_share(batch.truth)
@@ -1338,9 +1339,15 @@ def chance(batch: Sentences) -> dict:
     return found
   # <unk> (id 0) is never guessed: where the truth has a word outside the vocabulary it is -1.
   position, bag = corpus.unigram_guesses(batch.others, never=(0,))
-  n = batch.ids.shape[0]
+  n, length = batch.ids.shape
   accuracy = metrics.token_accuracy(np.broadcast_to(position, batch.ids.shape), batch.truth)
-  recall = metrics.bag_recall(np.broadcast_to(bag, (n, bag.size)), batch.truth)
+  lengths = corpus.lengths(batch.ids)
+  if np.all(lengths == length):
+    bags = np.broadcast_to(bag, (n, bag.size))
+  else:  # a padded batch: each sentence's bag guess holds as many tokens as the sentence
+    bags = corpus.padded([corpus.unigram_guesses(batch.others, never=(0,), size=k)[1] for k in lengths],
+                         length)
+  recall = metrics.bag_recall(bags, batch.truth)
   # ROUGE-L's guess: the position guess's, or the sentence's own words in random order (the bag an
   # embedding gradient gives outright), whichever is higher.
   rng = np.random.default_rng(0)
@@ -1441,7 +1448,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
              for s in rec.spans],
       position_set_sizes=[int(len(s)) for s in rec.position_sets],
       undetermined_positions=None if rec.undetermined is None else rec.undetermined.tolist(),
-      settled_residual=rec.residual)
+      settled_residual=rec.residual, unexplained_inputs=rec.unexplained)
   if masked_residual is not None:
     results["masked_targets_residual"] = masked_residual
   residual = None
@@ -1466,6 +1473,12 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
               "a wider model keeps more of them" if local is not None else
               "a trained model's update can hide inputs below float32's rounding")
       causes.append(f"no prefix passed the ordering checks at position {rec.stopped_at} ({hint})")
+    if rec.unexplained:
+      causes.append(f"the second block's span holds {rec.unexplained} inputs that no sentence found "
+                    "gives (a sentence cut short where a check failed, or missed)")
+    elif rec.unexplained == 0 and len(rec.sentences) < batch.ids.shape[0]:
+      causes.append("every input of the second block's span is a prefix of a sentence found: a "
+                    "sentence of the batch is another's start, or a repeat of another")
     if causes:
       why += ": " + "; ".join(causes)
     decided["verdict"] = {"status": "inconclusive", "reason": why, "leaks": []}
