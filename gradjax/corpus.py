@@ -261,10 +261,10 @@ def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = (), size: int 
 
   * the position guess g (T,): at each position t the token most frequent there,
     argmax_v #{n : s_nt = v}, which maximises the expected token accuracy (1/T) Σ_t P(s_t = g_t).
-    Of a padded pool (:data:`PAD` past the sentences' ends), :data:`PAD` from the first position
-    where more of the sentences have ended than hold the most frequent token (a guess of the
-    sentence's end, which :func:`gradjax.metrics.token_accuracy` scores: each guessed token past
-    a sentence's end counts against it);
+    Of a padded pool (:data:`PAD` past the sentences' ends), the guess also ends: its first k
+    positions' tokens, then :data:`PAD`, with the k that maximises the mean over the pool of
+    :func:`gradjax.metrics.token_accuracy` (hits over the positions either holds, so each guessed
+    token past a sentence's end costs a little and each missed hit more);
   * the bag guess (``size`` tokens, default T): the multiset B maximising the expected bag-of-words
     recall (1/L) Σ_v E[min(#v in B, #v in s)] = (1/L) Σ_v Σ_{k ≤ #v in B} P(#v in s ≥ k): the sum is
     separable and each token's terms fall with k, so the ``size`` largest P(#v in s ≥ k) over all
@@ -277,7 +277,8 @@ def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = (), size: int 
   sentences = np.asarray(sentences).astype(np.int64)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
     raise ValueError(f"a unigram guess needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
-  size = sentences.shape[1] if size is None else size
+  length = sentences.shape[1]
+  size = length if size is None else size
   if size < 0:
     raise ValueError(f"a bag guess needs a size >= 0, got {size}")
   ended = sentences == PAD
@@ -285,12 +286,17 @@ def unigram_guesses(sentences: np.ndarray, never: Sequence[int] = (), size: int 
   values, counts = np.unique(sentences[allowed], return_counts=True)
   fallback = values[np.argmax(counts)] if values.size else sentences.flat[0]
   position = []
-  for column, ok, end in zip(sentences.T, allowed.T, ended.T):
+  for column, ok in zip(sentences.T, allowed.T):
     values, counts = np.unique(column[ok], return_counts=True)
-    if (position and position[-1] == PAD) or end.sum() > (counts.max() if counts.size else 0):
-      position.append(PAD)
-    else:  # np.unique sorts: the first maximum has the smaller id
-      position.append(values[np.argmax(counts)] if values.size else fallback)
+    # np.unique sorts: the first maximum has the smaller id
+    position.append(values[np.argmax(counts)] if values.size else fallback)
+  if ended.any():  # where the guess ends: the k of the best mean token accuracy over the pool
+    lengths = np.sum(~ended, axis=1)
+    hits = np.cumsum(sentences == np.asarray(position), axis=1)  # PAD never equals a guess
+    k = np.arange(1, length + 1)
+    mean = np.mean(hits / np.maximum(k[None, :], lengths[:, None]), axis=0)
+    end = int(np.argmax(mean)) + 1  # the first best: the shortest guess
+    position[end:] = [PAD] * (length - end)
   at_least = collections.Counter()  # (v, k) -> sentences holding v at least k times
   for s, ok in zip(sentences, allowed):
     values, counts = np.unique(s[ok], return_counts=True)
@@ -312,18 +318,25 @@ def frequent_words(sentences: np.ndarray, size: int, vocabulary_size: int | None
   go to the smaller id. With ``vocabulary_size`` V the words the sentences lack (ids below V, no
   occurrence) fill the guess up to ``size``, so a guess of V words is the whole vocabulary; without
   it, fewer when the sentences hold fewer distinct words. ``never``: ids not guessed (``<unk>``, which
-  no scored word can be; :data:`PAD` is never one). The chance level of a set of words found
+  no scored word can be; :data:`PAD` is never one). Of a padded pool the recall of sentence n is
+  over its L_n tokens, so each occurrence counts 1/L_n. The chance level of a set of words found
   (:func:`gradjax.verdict.text_findings`). Returns int32, sorted by id."""
   sentences = np.asarray(sentences)
   if sentences.ndim != 2 or sentences.shape[0] < 1 or sentences.shape[1] < 1:
     raise ValueError(f"a guess of words needs (N, T) sentences with N, T >= 1, got shape {sentences.shape}")
   if size < 0:
     raise ValueError(f"a guess of words needs a size >= 0, got {size}")
-  values, counts = np.unique(sentences[sentences != PAD], return_counts=True)
+  real = sentences != PAD
+  values, counts = np.unique(sentences[real], return_counts=True)
+  if not real.all():  # each occurrence weighs 1/L_n
+    index = np.searchsorted(values, sentences[real])
+    weights = np.broadcast_to(1.0 / np.sum(real, axis=1, keepdims=True), sentences.shape)[real]
+    counts = np.zeros(values.size)
+    np.add.at(counts, index, weights)
   if vocabulary_size is not None:
     if values.size and not 0 <= values.min() <= values.max() < vocabulary_size:
       raise ValueError(f"token ids must lie in [0, {vocabulary_size}), got {values.min()}..{values.max()}")
-    all_counts = np.zeros(vocabulary_size, np.int64)
+    all_counts = np.zeros(vocabulary_size, counts.dtype)
     all_counts[values] = counts
     values, counts = np.arange(vocabulary_size), all_counts
   allowed = ~np.isin(values, np.asarray(never, values.dtype))

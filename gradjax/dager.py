@@ -366,7 +366,10 @@ class Recovery(NamedTuple):
       (:func:`settle`); None otherwise.
     unexplained: of a padded batch, the second block's span's rank less the distinct prefixes of the
       sentences found (each prefix is one input of that block): above 0, the span holds inputs that
-      no sentence found gives (a sentence cut short where a check failed, or missed); None otherwise.
+      no sentence found gives (a sentence cut short where a check failed, or missed); below 0, the
+      sentences found hold prefixes that are not inputs (a branch that passed the checks near their
+      tolerance and ended; such branches far past the others' distance are dropped first); None
+      otherwise (and of :func:`recover_local`, whose steps read several spans).
   """
 
   sentences: np.ndarray
@@ -842,13 +845,13 @@ def recover_local(apply_fn: Callable, variables, update, *, length: int, local, 
     new = np.asarray([i for i, row in enumerate(rec.sentences.tolist())
                       if not any(row == f for f in found.tolist())], np.int64)
     if new.size < b:
-      return rec._replace(sentences=found, distances=worst, mini_batches=s)
+      return rec._replace(sentences=found, distances=worst, mini_batches=s, unexplained=None)
     # Later mini-batches' inputs at W_s lie near the span too (their own steps' inputs drift from
     # them); this step's own are in it up to rounding: the b nearest.
     new = new[np.argsort(rec.distances[new], kind="stable")[:b]]
     found = np.concatenate([found, rec.sentences[new]]).astype(np.int32)
     worst = np.concatenate([worst, rec.distances[new]])
-  return rec._replace(sentences=found, distances=worst, mini_batches=steps)
+  return rec._replace(sentences=found, distances=worst, mini_batches=steps, unexplained=None)
 
 
 def masked_targets(apply_fn: Callable, variables, gradient, inputs, mask: int
@@ -1166,12 +1169,24 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
         finished.append(np.concatenate([prefixes[i], np.full(length - t, corpus.PAD, np.int32)]))
         finished_worst.append(worst[i])
 
+  def count_prefixes(kept):
+    return len({tuple(s[:k]) for s in kept for k in range(1, int(np.sum(s != corpus.PAD)) + 1)})
+
   def padded_result(t):
     if not finished:
       return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
-    prefixes = {tuple(s[:k]) for s in finished for k in range(1, int(np.sum(s != corpus.PAD)) + 1)}
-    return Recovery(np.stack(finished).astype(np.int32), np.asarray(finished_worst), sets, spans,
-                    None, capped, unexplained=max(0, second.rank - len(prefixes)))
+    kept, distance = list(finished), list(finished_worst)
+    # More prefixes than the span's rank: a branch that passed the checks near their tolerance and
+    # then found no token (which a sentence of one length would have dropped) is not the client's.
+    # Those far past the sentences' typical distance go, the farthest first, while they are too many.
+    while count_prefixes(kept) > second.rank:
+      far = [i for i, d in enumerate(distance) if d > SEPARATION * np.median(distance)]
+      if not far:
+        break
+      i = max(far, key=lambda j: distance[j])
+      del kept[i], distance[i]
+    return Recovery(np.stack(kept).astype(np.int32), np.asarray(distance), sets, spans, None,
+                    capped, unexplained=second.rank - count_prefixes(kept))
 
   for t in range(length):
     if padded and sets[t].size == 0:  # past the longest sentence

@@ -965,3 +965,17 @@ def test_a_padded_batchs_unexplained_inputs_count_what_the_sentences_found_miss(
   assert rec.unexplained == 7 - int(np.sum(rec.sentences[0] != corpus.PAD))
   rec = read([[5, 6, 7], [5, 6, 7, 8, 9], [20, 21, 22, 23]])
   assert sorted(corpus.lengths(rec.sentences).tolist()) == [4, 5] and rec.unexplained == 0
+
+
+@pytest.mark.slow
+def test_a_branch_that_ends_near_the_tolerance_is_not_kept_as_a_sentence():
+  """A vocabulary of 50 words (the others <unk>, repeated): a branch passes the checks near their
+  tolerance and ends (read as one length it would die); it holds prefixes the span does not, so it
+  is dropped and the batch found is the client's (its gradient the update)."""
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt", "attack.preset": "dager",
+      "data.batch_size": 8, "data.sequence_length": 15, "data.min_length": 6, "data.vocab_size": 50})
+  results = pipeline.run_text(cfg)
+  assert results["found"] == 8 and results["unexplained_inputs"] == 0
+  assert results["residual"]["relative_error"] < 1e-5

@@ -310,6 +310,14 @@ def test_padded_scores_read_each_sentences_tokens():
   assert expected(position) == pytest.approx(max(expected(g) for g in guesses)) == 0.875
   assert corpus.unigram_guesses(pool, size=2)[1].tolist() == [2, 3]  # a bag of a sentence's size
   assert corpus.PAD not in corpus.frequent_words(pool, 5, vocabulary_size=5).tolist()
+  # A padded pool's set of words weighs each sentence's tokens by 1/L: the best of every set of k
+  # words by the mean word recall over the pool (enumerated).
+  rng = np.random.default_rng(2)
+  pool = corpus.padded([rng.integers(0, 6, size=rng.integers(1, 7)) for _ in range(30)], 6)
+  for k in range(1, 6):
+    guess = corpus.frequent_words(pool, k)
+    best = max(metrics.word_recall(c, pool).mean() for c in itertools.combinations(range(6), k))
+    assert metrics.word_recall(guess, pool).mean() == pytest.approx(best)
   assert corpus.unigram_guesses(np.array([[2, 3]], np.uint8))[0].tolist() == [2, 3]
 
 

@@ -1473,9 +1473,12 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
               "a wider model keeps more of them" if local is not None else
               "a trained model's update can hide inputs below float32's rounding")
       causes.append(f"no prefix passed the ordering checks at position {rec.stopped_at} ({hint})")
-    if rec.unexplained:
+    if rec.unexplained is not None and rec.unexplained > 0:
       causes.append(f"the second block's span holds {rec.unexplained} inputs that no sentence found "
                     "gives (a sentence cut short where a check failed, or missed)")
+    elif rec.unexplained is not None and rec.unexplained < 0:
+      causes.append(f"the sentences found hold {-rec.unexplained} prefixes more than the second "
+                    "block's span has inputs (a branch that passed the checks near their tolerance)")
     elif rec.unexplained == 0 and len(rec.sentences) < batch.ids.shape[0]:
       causes.append("every input of the second block's span is a prefix of a sentence found: a "
                     "sentence of the batch is another's start, or a repeat of another")
