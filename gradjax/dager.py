@@ -710,7 +710,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
       that no token extends is a whole sentence (its last input, whose target is the end token, is
       in the spans). Found sentences hold :data:`gradjax.corpus.PAD` past their ends. A sentence
       that is a prefix of another of the batch is not told apart from the longer one's prefix: the
-      sentences found lack it (fewer than the batch, with nothing ``unexplained``). Needs a model with a ``decode`` mode
+      sentences found lack it (fewer than the batch, with nothing ``unexplained``), and
+      :func:`complete` finds it from the whole gradient. Needs a model with a ``decode`` mode
       and two blocks; a bidirectional model's padding is masked in its attention, which the zoo's
       encoders do not take.
 
@@ -1111,6 +1112,92 @@ def _residuals(apply_fn, variables, gradient, sentences, eos):
                         zip(jax.tree.leaves(own), leaves))) / norm
 
   return jax.lax.map(one, sentences)
+
+
+def complete(apply_fn: Callable, variables, gradient, sentences, *, count: int, eos: int
+             ) -> tuple[np.ndarray, float]:
+  """The client's batch of ``count`` sentences from the K < ``count`` distinct ``sentences`` the spans
+  gave, where the others leave no input of their own in any span: a repeat of a sentence found, or,
+  of a padded batch, a sentence that is the start of one found (its inputs are that one's first ones).
+
+  The missing sentences are added one at a time, each the candidate c (a sentence found or, padded,
+  one of its prefixes) whose addition brings the batch's next-token gradient nearest the client's g.
+  The client's loss is the mean over its M targets, so with S = M ∇L(F) the summed gradient of the
+  batch F so far and L_c the targets of c,
+
+      r(c) = ‖(S + L_c ∇L(c)) / (M + L_c) − g‖ / ‖g‖,
+
+  one gradient of one sentence per candidate (``lax.map``). The additions are kept up to the first
+  batch whose residual is at most :data:`SETTLED` (the client's own batch, to float32's rounding);
+  where none settles, none is kept. Meant for a plain FedSGD gradient (a DP-SGD client's clipping
+  weighs each sentence apart; noise leaves no batch that settles).
+
+  Args:
+    apply_fn, variables: the language model, as :func:`recover`'s.
+    gradient: the client's gradient g (same tree as ``variables``, or its ``params``).
+    sentences: (K, T) int, the sentences found (:data:`gradjax.corpus.PAD` past a padded one's end).
+    count: the client's batch size N.
+    eos: the end token of the targets (:func:`gradjax.corpus.language_model_pairs`).
+
+  Returns:
+    (the sentences (K', T), K ≤ K' ≤ N, the ones added last; the residual of their gradient).
+  """
+  sentences = np.asarray(sentences, np.int32)
+  if isinstance(gradient, dict) and "params" in gradient:
+    gradient = gradient["params"]
+  lengths = corpus.lengths(sentences)
+  padded = bool(np.any(lengths < sentences.shape[1]))
+  candidates = {tuple(s[:k]) for s, n in zip(sentences.tolist(), lengths.tolist())
+                for k in (range(1, n + 1) if padded else (n,))}
+  candidates = corpus.padded(sorted(candidates), sentences.shape[1])
+  cx, cy = corpus.language_model_pairs(candidates, eos)
+  cx, cy = jnp.asarray(_pad_rows(cx)), jnp.asarray(_pad_rows(cy))  # one program per bucket
+
+  def residuals(batch, empty=False):  # r(c) of every candidate, with batch as F
+    x, y = corpus.language_model_pairs(batch, eos)
+    rows = _bucket(len(x)) - len(x)  # rows without a target add nothing: one program per bucket
+    x = np.concatenate([x, np.full((rows, x.shape[1]), eos, x.dtype)])
+    y = np.concatenate([y, np.full((rows, y.shape[1]), -1, y.dtype)])
+    r = _completion_residuals(apply_fn, variables, gradient, jnp.asarray(x), jnp.asarray(y),
+                              cx[:1] if empty else cx, cy[:1] if empty else cy, empty=empty)
+    return np.asarray(r)[:len(candidates)]
+
+  start = float(residuals(sentences, empty=True)[0])
+  found, trail = sentences, []
+  while len(found) < count and (not trail or trail[-1] > SETTLED):
+    r = residuals(found)
+    k = int(np.argmin(r))
+    found = np.concatenate([found, candidates[k:k + 1]])
+    trail.append(float(r[k]))
+  settled = [i for i, r in enumerate(trail) if r <= SETTLED]
+  if not settled:
+    return sentences, start
+  return found[:len(sentences) + settled[0] + 1], trail[settled[0]]
+
+
+def _loss(apply_fn, variables, params, x, y):
+  return losses.cross_entropy(apply_fn({**variables, "params": params}, x), y)
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "empty"))
+def _completion_residuals(apply_fn, variables, gradient, x, y, cx, cy, empty=False):
+  """r(c) of :func:`complete` with the batch ``x``, ``y`` (K, T) as F, for the candidates' pairs
+  ``cx``, ``cy`` (C, T), one at a time; with ``empty``, the residual of F alone."""
+  leaves = jax.tree.leaves(gradient)
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in leaves))
+  m = jnp.sum(y >= 0).astype(jnp.float32)
+  total = jax.tree.map(lambda a: a * m, jax.grad(_loss, argnums=2)(apply_fn, variables,
+                                                                   variables["params"], x, y))
+
+  def one(pair):
+    xc, yc = pair
+    n = 0.0 if empty else jnp.sum(yc >= 0).astype(jnp.float32)
+    own = jax.grad(_loss, argnums=2)(apply_fn, variables, variables["params"], xc[None], yc[None])
+    pred = jax.tree.map(lambda a, b: (a + n * b) / (m + n), total, own)
+    return jnp.sqrt(sum(jnp.sum(jnp.square(a - b)) for a, b in
+                        zip(jax.tree.leaves(pred), leaves))) / norm
+
+  return jax.lax.map(one, (cx, cy))
 
 
 def _wider_ranks(s: Span) -> list[int]:

@@ -968,6 +968,35 @@ def test_a_padded_batchs_unexplained_inputs_count_what_the_sentences_found_miss(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sentences", [
+    [[5, 6, 7], [5, 6, 7, 8, 9], [20, 21, 22, 23]],           # a sentence another's start
+    [[5, 6], [5, 6, 7], [5, 6, 7, 8, 9]],                     # two of them
+    [[5, 6, 7, 8, 9, 1, 2, 3], [20, 21, 22, 23, 24, 25, 26, 27], [5, 6, 7, 8, 9, 1, 2, 3]],  # a repeat
+])
+def test_sentences_that_leave_no_input_of_their_own_are_completed_by_the_gradient(sentences):
+  """What the spans cannot give (a repeat; of a padded batch, a sentence that is another's start)
+  is added where the gradient of the batch with it is the update; a noisy update settles on none."""
+  vocabulary, length = 300, 8
+  model = _model("gpt", vocabulary, length)
+  ids = corpus.padded(sentences, length)
+  gradient = _loss_gradient(model, *corpus.language_model_pairs(ids, 1))
+  rec = dager.recover(model.apply_fn, model.variables, gradient, length=length,
+                      padded=any(len(s) < length for s in sentences))
+  assert len(rec.sentences) < len(sentences)
+  full, residual = dager.complete(model.apply_fn, model.variables, gradient, rec.sentences,
+                                  count=len(sentences), eos=1)
+  assert sorted(map(tuple, full.tolist())) == sorted(map(tuple, ids.tolist()))
+  assert residual <= dager.SETTLED
+  leaves, tree = jax.tree.flatten(gradient)
+  keys = jax.random.split(jax.random.key(0), len(leaves))
+  noisy = jax.tree.unflatten(tree, [g + 1e-3 * jnp.std(g) * jax.random.normal(k, g.shape)
+                                    for g, k in zip(leaves, keys)])
+  kept, _ = dager.complete(model.apply_fn, model.variables, noisy, rec.sentences,
+                           count=len(sentences), eos=1)
+  np.testing.assert_array_equal(kept, rec.sentences)
+
+
+@pytest.mark.slow
 def test_a_branch_that_ends_near_the_tolerance_is_not_kept_as_a_sentence():
   """A vocabulary of 50 words (the others <unk>, repeated): a branch passes the checks near their
   tolerance and ends (read as one length it would die); it holds prefixes the span does not, so it
@@ -978,4 +1007,22 @@ def test_a_branch_that_ends_near_the_tolerance_is_not_kept_as_a_sentence():
       "data.batch_size": 8, "data.sequence_length": 15, "data.min_length": 6, "data.vocab_size": 50})
   results = pipeline.run_text(cfg)
   assert results["found"] == 8 and results["unexplained_inputs"] == 0
+  assert results["residual"]["relative_error"] < 1e-5
+
+
+
+@pytest.mark.slow
+def test_the_pipeline_completes_a_padded_batch_whose_sentence_is_anothers_start():
+  """pydoc's sentences 427-430 of 1 to 15 tokens: one is the start of another; the spans give three,
+  the gradient the fourth."""
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt", "attack.preset": "dager",
+      "data.batch_size": 4, "data.index": 427, "data.sequence_length": 15, "data.min_length": 1,
+      "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128})
+  batch = pipeline.load_sentences(cfg)
+  starts = [a for a in batch.words for b in batch.words if a != b and b[:len(a)] == a]
+  assert starts  # the premise: a sentence of the batch starts another
+  results = pipeline.run_text(cfg)
+  assert results["completed"] == 1 and results["exact"] == 4
   assert results["residual"]["relative_error"] < 1e-5

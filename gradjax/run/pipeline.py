@@ -1406,7 +1406,9 @@ def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.
 
 
 def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation) -> dict:
-  """The span attack (:func:`gradjax.dager.recover`) on a text client's update: the sentences found,
+  """The span attack (:func:`gradjax.dager.recover`) on a text client's update: the sentences found
+  (on a plain FedSGD gradient, with those that leave no input of their own in a span where their
+  batch's gradient is the update: :func:`gradjax.dager.complete`, counted in ``completed``),
   scored against the true ones after an optimal assignment (ROUGE-1/2/L, exact sentences, token
   accuracy), and the residual of the found batch's own gradient against the update when it holds
   as many sentences as the client's (0 up to rounding when it is the client's batch)."""
@@ -1427,6 +1429,16 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
     if attack.take_over and e.position_sets is not None and observation.threat_model == "fedsgd":
       return _take_over(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
+  completed = None
+  if (observation.threat_model == "fedsgd" and not models.is_masked_lm(model.name)
+      and cfg.defense.dp_sgd() is None and cfg.defense.build() is None
+      and 0 < len(rec.sentences) < observation.num_samples):
+    # Sentences that leave no input of their own in a span (a repeat, a padded sentence that is
+    # another's start): added where the gradient of the batch with them is the update.
+    sentences, _ = dager.complete(model.apply_fn, model.variables, observation.gradient,
+                                  rec.sentences, count=observation.num_samples, eos=vocabulary.eos)
+    completed = len(sentences) - len(rec.sentences)
+    rec = rec._replace(sentences=sentences)
   masked_residual = pairs = None
   if models.is_masked_lm(model.name) and len(rec.sentences) == batch.ids.shape[0]:
     try:  # the inputs hold <mask>: their targets from the gradient, the sentences with them
@@ -1448,7 +1460,7 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
              for s in rec.spans],
       position_set_sizes=[int(len(s)) for s in rec.position_sets],
       undetermined_positions=None if rec.undetermined is None else rec.undetermined.tolist(),
-      settled_residual=rec.residual, unexplained_inputs=rec.unexplained)
+      settled_residual=rec.residual, unexplained_inputs=rec.unexplained, completed=completed)
   if masked_residual is not None:
     results["masked_targets_residual"] = masked_residual
   residual = None
@@ -1480,8 +1492,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       causes.append(f"the sentences found hold {-rec.unexplained} prefixes more than the second "
                     "block's span has inputs (a branch that passed the checks near their tolerance)")
     elif rec.unexplained == 0 and len(rec.sentences) < batch.ids.shape[0]:
-      causes.append("every input of the second block's span is a prefix of a sentence found: a "
-                    "sentence of the batch is another's start, or a repeat of another")
+      causes.append("every input of the second block's span is a prefix of a sentence found, and "
+                    "no repeat or start of one makes the update's gradient")
     if causes:
       why += ": " + "; ".join(causes)
     decided["verdict"] = {"status": "inconclusive", "reason": why, "leaks": []}
