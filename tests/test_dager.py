@@ -939,7 +939,8 @@ def test_the_pipeline_reads_a_padded_batch_and_its_residual_confirms_it():
   for bad, match in (({"data.min_length": 11}, "min_length must lie"),
                      ({"attack.preset": "sapag"}, "read by --attack=dager"),
                      ({"attack.iterations": 10}, "drop --iterations"),
-                     ({"model.name": "bert"}, "causal model")):
+                     ({"model.name": "bert"}, "causal model"),
+                     ({"model.text_layers": 1}, "at least 2")):
     with pytest.raises(ValueError, match=match):
       config.check(config.replace(cfg, bad))
 

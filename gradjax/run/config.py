@@ -803,6 +803,9 @@ class Config:
     if models.is_masked_lm(self.model.name or ""):
       raise ValueError(f"--model={self.model.name} attends to every position and takes no padding "
                        "mask: a padded batch needs a causal model (gpt, transformer)")
+    if not self.model.checkpoint and self.model.text_layers < 2:
+      raise ValueError("a padded batch is read by extension, which checks each prefix against the "
+                       "second block: --config.model.text_layers must be at least 2")
 
 
 
