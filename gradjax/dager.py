@@ -96,6 +96,7 @@ from flax import linen as nn
 
 from gradjax import clients, compilation, corpus, losses
 from gradjax.models import bert
+from gradjax.observation import Observation
 
 SEPARATION = 10.0
 """The least ratio β / τ (a random direction's distance over a member's largest) for a usable span."""
@@ -364,9 +365,10 @@ class Recovery(NamedTuple):
       otherwise.
     residual: of a settled batch of one, its gradient's relative distance to the client's
       (:func:`settle`); None otherwise.
-    unexplained: of a padded batch, the second block's span's rank less the distinct prefixes of the
-      sentences found (each prefix is one input of that block): above 0, the span holds inputs that
-      no sentence found gives (a sentence cut short where a check failed, or missed); below 0, the
+    unexplained: of a batch read by extension, the second block's span's rank less the distinct
+      prefixes of the sentences found (each prefix is one input of that block): above 0, the span
+      holds inputs that no sentence found gives (a sentence cut short where a check failed, or
+      missed, or shorter than the others where ``padded`` was not given); below 0, the
       sentences found hold prefixes that are not inputs (a branch that passed the checks near their
       tolerance and ended; such branches far past the others' distance are dropped first); None
       otherwise (and of :func:`recover_local`, whose steps read several spans).
@@ -726,6 +728,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   encoder's batch of several sentences is searched whole against the second block's span (module
   docstring, "Encoders"); a one-block model's raises :class:`Unreadable` with the position sets.
   """
+  _check_gradient(gradient)
   attention = attention_paths(apply_fn, variables, length)
   if not attention:
     raise ValueError("the model has no self-attention block: the span attack reads a transformer")
@@ -733,6 +736,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     raise ValueError("the span attack reads a padded batch by extension, which needs a causal model "
                      "with a decode mode and at least two blocks (gpt, transformer)")
   vocabulary = _vocabulary_size(variables)
+  if tokens is not None and not np.issubdtype(np.asarray(tokens).dtype, np.integer):
+    raise ValueError(f"candidate token ids must be integers, got {np.asarray(tokens).dtype}")
   tokens = np.unique(np.arange(vocabulary) if tokens is None else np.asarray(tokens)).astype(np.int32)
   if tokens.size == 0 or tokens[0] < 0 or tokens[-1] >= vocabulary:
     raise ValueError(f"candidate token ids must be non-empty and lie in [0, {vocabulary})")
@@ -787,6 +792,13 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
     raise Unreadable(_unusable("second block's input", second, dimensions[2]), sets)
   return _extend(apply_fn, variables, decoder, (first, output, second), sets, length, max_prefixes,
                  attention[0], chunk, padded)
+
+
+def _check_gradient(gradient) -> None:
+  """A one-line ValueError where ``gradient`` is a whole observation, not its gradient tree."""
+  if isinstance(gradient, Observation):
+    raise ValueError("pass the observation's gradient tree (observation.gradient), not the "
+                     "observation")
 
 
 def _hole(sets, padded: bool) -> int | None:
@@ -1142,7 +1154,16 @@ def complete(apply_fn: Callable, variables, gradient, sentences, *, count: int, 
   Returns:
     (the sentences (K', T), K ≤ K' ≤ N, the ones added last; the residual of their gradient).
   """
-  sentences = np.asarray(sentences, np.int32)
+  _check_gradient(gradient)
+  if isinstance(sentences, Recovery):
+    raise ValueError("pass the sentences found (recovery.sentences), not the Recovery")
+  sentences = np.asarray(sentences)
+  if sentences.ndim != 2 or not np.issubdtype(sentences.dtype, np.integer) or len(sentences) == 0:
+    raise ValueError(f"sentences must be (K, T) int ids with K >= 1, got {sentences.dtype} "
+                     f"{sentences.shape}")
+  if count < len(sentences):
+    raise ValueError(f"the batch of {count} sentences cannot hold the {len(sentences)} found")
+  sentences = sentences.astype(np.int32)
   if isinstance(gradient, dict) and "params" in gradient:
     gradient = gradient["params"]
   lengths = corpus.lengths(sentences)
@@ -1315,4 +1336,5 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
   ended(length)
   if padded:
     return padded_result(length)
-  return Recovery(prefixes.astype(np.int32), worst, sets, spans, None, capped)
+  return Recovery(prefixes.astype(np.int32), worst, sets, spans, None, capped,
+                  unexplained=second.rank - count_prefixes(prefixes))

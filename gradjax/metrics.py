@@ -340,8 +340,9 @@ def score(
   Returns:
     dict with "psnr", "ssim", "mse" (batch means), "psnr_per_image",
     "ssim_per_image", "mse_per_image" (lists, in ground-truth order),
-    "order" (list of ints, ``x[order]`` was scored; identity if no matching)
-    and "label_accuracy" (float, or None without labels).
+    "order" (list of ints, ``x[order]`` was scored; identity if no matching),
+    "psnr_mean_colour_per_image" (:func:`mean_colour_psnr`: what each true image's own mean colour
+    scores, the verdict's floor) and "label_accuracy" (float, or None without labels).
   """
   if (labels is None) != (labels_true is None):
     raise ValueError("Give both labels and labels_true, or neither.")
@@ -360,8 +361,16 @@ def score(
       "ssim_per_image": [float(v) for v in s],
       "mse_per_image": [float(v) for v in m],
       "order": [int(i) for i in order],
+      "psnr_mean_colour_per_image": [float(v) for v in mean_colour_psnr(tv)],
       "label_accuracy": acc,
   }
+
+
+def mean_colour_psnr(x_true) -> np.ndarray:
+  """(N,) PSNR of each image's own mean colour against it: what a reconstruction that knows
+  nothing but the average colour scores (:func:`psnr`)."""
+  x_true = np.asarray(x_true, np.float64)
+  return psnr(np.broadcast_to(x_true.mean(axis=(1, 2), keepdims=True), x_true.shape), x_true)
 
 
 # --- text -----------------------------------------------------------------------------------------

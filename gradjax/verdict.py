@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, compilation, fidelity, metrics, models
+from gradjax import clients, compilation, fidelity, metrics, models, objectives
 from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation, check_labels
 
@@ -76,7 +76,8 @@ class Thresholds(NamedTuple):
 THRESHOLDS = Thresholds()
 
 
-def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched: str = "gradient",
+def residual(apply_fn, observation: Observation, dummy: dict, labels, *,
+             matched: "str | objectives.Matched" = "gradient",
              max_norm: float | None = None,
              sampling_rate: float | None = None,
              expected_batch_size: float | None = None) -> fidelity.Comparison:
@@ -95,7 +96,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
       optimised jointly: their softmax is the target).
     labels: (N,) int labels the attack used when ``dummy`` has no label logits (−1 where it found
       none: that example adds nothing to u).
-    matched: the name of what the attack's objective matched (:data:`gradjax.objectives.MATCHED`).
+    matched: what the attack's objective matched: its name (:data:`gradjax.objectives.MATCHED`, or
+      ``"clipped_gradient"``) or the attack's ``matched`` part itself; ``"replay"`` recomputes the
+      replayed local training (a FedAvg observation's), every other part the gradient.
     max_norm: the client ran DP-SGD with this clipping bound: u is the mean of the examples' own
       gradients each clipped to it (:func:`gradjax.clients.clipped_gradient`), or the local
       training replayed with such steps; its noise is not recomputed.
@@ -109,6 +112,13 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *, matched
   Raises ValueError for a batch of another size than the observation's, inputs the model does
   not read, labels outside the model's classes.
   """
+  matched = getattr(matched, "name", matched)
+  if matched not in (*objectives.MATCHED, objectives.ClippedGradient.name):
+    raise ValueError(f"unknown matched part {matched!r}; choose one of "
+                     f"{', '.join((*objectives.MATCHED, objectives.ClippedGradient.name))}")
+  if matched == "replay" and observation.local is None:
+    raise ValueError("matched='replay' replays the client's local training, which a FedSGD "
+                     "observation does not hold: match its 'gradient'")
   logits = dummy.get("label_logits")
   x = compilation.device_array(dummy["x"])
   if x.ndim < 1 or x.shape[0] != observation.num_samples:
@@ -209,12 +219,7 @@ def label_chance(true_labels: Sequence[int], num_classes: int) -> float:
   return math.exp(log_p)
 
 
-def mean_colour_psnr(x_true) -> np.ndarray:
-  """(N,) PSNR of each image's own mean colour against it: what a reconstruction that knows
-  nothing but the average colour scores (:func:`gradjax.metrics.psnr`)."""
-  x_true = np.asarray(x_true, np.float64)
-  flat = np.broadcast_to(x_true.mean(axis=(1, 2), keepdims=True), x_true.shape)
-  return metrics.psnr(flat, x_true)
+mean_colour_psnr = metrics.mean_colour_psnr
 
 
 def composition_chance(true_labels: Sequence[int], num_classes: int) -> float:
@@ -254,9 +259,10 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, sid
                    thresholds: Thresholds = THRESHOLDS) -> dict:
   """What a scored image reconstruction reveals, one finding per kind of leak.
 
-  ``scores``: ``psnr_per_image``, ``ssim_per_image``, optional ``lpips_per_image`` and
-  ``psnr_mean_colour_per_image`` (:func:`mean_colour_psnr`), in ground-truth order after the optimal
-  assignment (:func:`gradjax.metrics.score`); ``label_accuracy``, ``labels_true`` and
+  ``scores``: ``psnr_per_image``, ``ssim_per_image``, ``psnr_mean_colour_per_image``
+  (:func:`mean_colour_psnr`; None: the mean-colour floor is not applied) and optional
+  ``lpips_per_image``, in ground-truth order after the optimal assignment (as
+  :func:`gradjax.metrics.score` returns them); ``label_accuracy``, ``labels_true`` and
   ``labels_reconstructed`` where labels were scored. ``side``: the images' smaller side in pixels;
   below ``thresholds.lpips_min_side`` (or unknown) LPIPS decides nothing.
 
@@ -279,7 +285,10 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, sid
   n = len(scores["psnr_per_image"])
   lpips = scores.get("lpips_per_image") or [None] * n
   counted = lpips if side is not None and side >= t.lpips_min_side else [None] * n
-  flat = scores.get("psnr_mean_colour_per_image") or [-np.inf] * n
+  if "psnr_mean_colour_per_image" not in scores:
+    raise ValueError("image findings need psnr_mean_colour_per_image (gradjax.metrics.score gives "
+                     "it; None to skip the mean-colour floor)")
+  flat = scores["psnr_mean_colour_per_image"] or [-np.inf] * n
   if n == 0 or any(len(v) != n for v in (scores["ssim_per_image"], lpips, flat)):
     raise ValueError("image findings need one score of each kind per image, got "
                      f"{n} PSNR, {len(scores['ssim_per_image'])} SSIM, {len(lpips)} LPIPS and "

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import corpus, dager, metrics, models
+from gradjax import clients, corpus, dager, metrics, models
 from gradjax.losses import cross_entropy
 
 
@@ -1027,3 +1027,32 @@ def test_the_pipeline_completes_a_padded_batch_whose_sentence_is_anothers_start(
   results = pipeline.run_text(cfg)
   assert results["completed"] == 1 and results["exact"] == 4
   assert results["residual"]["relative_error"] < 1e-5
+
+
+def test_misuse_of_the_span_attack_is_one_clear_line():
+  model = _model("gpt", 50, 6, dim=32)
+  ids = _sentences(np.random.default_rng(0), 50, 2, 6)
+  observation = clients.fedsgd(model.apply_fn, model.variables, *corpus.language_model_pairs(ids, 1))
+  for call, message in (
+      (lambda: dager.recover(model.apply_fn, model.variables, observation, length=6), "observation.gradient"),
+      (lambda: dager.recover(model.apply_fn, model.variables, observation.gradient, length=6,
+                             tokens=[1.5, 4.0]), "must be integers"),
+      (lambda: dager.complete(model.apply_fn, model.variables, observation.gradient, ids, count=1,
+                              eos=1), "cannot hold the 2 found"),
+      (lambda: dager.complete(model.apply_fn, model.variables, observation.gradient,
+                              dager.Recovery(ids, np.zeros(2), [], (), None, False), count=2, eos=1),
+       "recovery.sentences")):
+    with pytest.raises(ValueError, match=message):
+      call()
+
+
+@pytest.mark.slow
+def test_a_padded_batch_read_as_one_length_leaves_inputs_unexplained():
+  """Read without padded=True, a padded batch's shorter sentences are lost: the second span holds
+  their prefixes, which the unexplained count names."""
+  vocabulary, length = 300, 8
+  model = _model("gpt", vocabulary, length)
+  ids = _padded_batch(np.random.default_rng(3), vocabulary, (4, 8, 6), length)
+  gradient = _loss_gradient(model, *corpus.language_model_pairs(ids, 1))
+  rec = dager.recover(model.apply_fn, model.variables, gradient, length=length)
+  assert len(rec.sentences) == 1 and rec.unexplained == 4 + 6 - int(ids[0, 0] == ids[2, 0])

@@ -10,7 +10,7 @@ import pytest
 import skimage.metrics
 from scipy import ndimage
 
-from gradjax import clients, compilation, data, fidelity, models, verdict
+from gradjax import clients, compilation, data, fidelity, metrics, models, presets, verdict
 
 
 def _lenet():
@@ -86,6 +86,16 @@ def test_residual_of_replayed_local_training(photos):
                           matched="replay").relative_error < 1e-5
   assert verdict.residual(model.apply_fn, obs, {"x": photos[2:4]}, y,
                           matched="replay").relative_error > verdict.THRESHOLDS.matched
+  # The attack's own matched part reads as its name; an unknown one, or a replay of a FedSGD
+  # gradient, is refused (either read silently as the gradient gave a wrong residual).
+  replay = presets.inverting_gradients_fedavg(10).matched
+  assert verdict.residual(model.apply_fn, obs, {"x": photos[:2]}, y,
+                          matched=replay).relative_error < 1e-5
+  with pytest.raises(ValueError, match="unknown matched part 'Replay'"):
+    verdict.residual(model.apply_fn, obs, {"x": photos[:2]}, y, matched="Replay")
+  gradient = clients.fedsgd(model.apply_fn, model.variables, photos[:2], y)
+  with pytest.raises(ValueError, match="FedSGD observation"):
+    verdict.residual(model.apply_fn, gradient, {"x": photos[:2]}, y, matched="replay")
 
 
 def test_residual_of_replayed_local_training_against_numpy(photos, mlp_reference):
@@ -181,6 +191,21 @@ def test_chances_and_findings_refuse_inputs_that_would_give_no_probability():
 
 def _recognisable(findings):
   return [r["recognisable"] for r in findings["images"]["per_image"]]
+
+
+def test_the_scores_carry_the_mean_colour_floor_the_findings_need(photos):
+  """metrics.score gives each true image's mean-colour PSNR (against NumPy), so its scores of a
+  reconstruction that is the mean colour leak nothing; scores without the floor are refused."""
+  x = np.asarray(photos[:2], np.float64)
+  flat = np.broadcast_to(x.mean(axis=(1, 2), keepdims=True), x.shape)
+  scores = metrics.score(flat, x)
+  mse = ((flat - x) ** 2).mean(axis=(1, 2, 3))
+  np.testing.assert_allclose(scores["psnr_mean_colour_per_image"], 10 * np.log10(1 / mse), rtol=1e-6)
+  findings = verdict.image_findings(scores, labels_inferred=False, num_classes=10, side=32)
+  assert not findings["images"]["leak"]
+  with pytest.raises(ValueError, match="psnr_mean_colour_per_image"):
+    verdict.image_findings({k: v for k, v in scores.items() if k != "psnr_mean_colour_per_image"},
+                           labels_inferred=False, num_classes=10)
 
 
 def test_image_findings():

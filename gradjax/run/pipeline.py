@@ -1135,7 +1135,6 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
     results.update(psnr_unclamped=float(unclamped.mean()),
                    psnr_unclamped_per_image=[float(v) for v in unclamped])
     results.update(lpips_scores(cfg.output.lpips, x_rec[order], batch.x))
-    results["psnr_mean_colour_per_image"] = verdict.mean_colour_psnr(batch.x).tolist()
     findings = verdict.image_findings(results, labels_inferred=not p.share_labels,
                                       num_classes=model.num_classes, side=min(batch.x.shape[1:3]))
     results["findings"] = findings
@@ -1490,7 +1489,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
                     "gives (a sentence cut short where a check failed, or missed)")
     elif rec.unexplained is not None and rec.unexplained < 0:
       causes.append(f"the sentences found hold {-rec.unexplained} prefixes more than the second "
-                    "block's span has inputs (a branch that passed the checks near their tolerance)")
+                    "block's span has directions (a branch that passed the checks near their "
+                    "tolerance, or inputs that reach the gradient below its rounding)")
     elif rec.unexplained == 0 and len(rec.sentences) < batch.ids.shape[0]:
       causes.append("every input of the second block's span is a prefix of a sentence found, and "
                     "no repeat or start of one makes the update's gradient")

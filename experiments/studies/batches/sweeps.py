@@ -46,6 +46,8 @@ def recount(row: dict) -> tuple[int, bool]:
   """(images recognisable, whether the run leaks) of a sweep's row by the verdict's rule as it is
   now (:func:`gradjax.verdict.image_findings`, its scores as the row saved them, CIFAR-10's 32 px):
   rows run before 2026-11-28 counted LPIPS <= 0.2 at 32 px, where unrelated images score as low."""
+  # Rows run before the mean-colour floor was recorded are counted without it.
+  row = {"psnr_mean_colour_per_image": None, **row}
   images = verdict.image_findings(row, labels_inferred=False, num_classes=10, side=32)["images"]
   saved = {k: v for k, v in (row.get("findings") or {}).items() if k != "images"}
   return images["recognisable"], bool(verdict.leaks({**saved, "images": images}))
