@@ -829,7 +829,10 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
     observation_path: the client's gradient, weights after local training, or update.
     model: zoo name (default: the files' ``model`` metadata, else ``lenet_zhu``).
     input_shape: (H, W, C) (default: the files' ``input_shape``, else 32 × 32 with the channels of
-      the first convolution or dense layer).
+      the first convolution or dense layer); of a text model (``gpt``, ``bert``), (T,), the
+      sentences' tokens (default: the metadata's), its vocabulary the embedding's rows and its
+      sizes ``text_sizes`` (a :class:`gradjax.models.TextSizes` in ``module_kwargs``, default the
+      metadata's ``text_sizes``: :func:`save_weights` writes them).
     num_classes: default: the rows of the head's weight in the file.
     rename: regex rules applied to both files' names (:func:`apply_renames`).
     num_samples, labels, train, local: override the observation file's metadata.
@@ -852,6 +855,18 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
     raise ValueError(f"{weights_path} is marked kind={weights.metadata['kind']!r}; the weights file "
                      "must hold the model the server sent")
   name = model or meta.get("model") or "lenet_zhu"
+  if models.is_text(name):
+    net = _text_model(name, weights, meta, input_shape, num_classes, module_kwargs,
+                      f"weights {os.fspath(weights_path)}")
+    mapping = zoo_mapping(net)
+    variables = variables_from_torch(weights.tensors, mapping, net.variables,
+                                     f"weights {os.fspath(weights_path)}")
+    net = net._replace(variables=jax.tree.map(device_array, variables))
+    observation = observation_from_files(
+        variables, net.variables["params"], obs_file, mapping,
+        where=f"observation {os.fspath(observation_path)}", num_samples=num_samples, labels=labels,
+        train=train, local=local)
+    return Imported(net, mapping, observation, meta)
   if "act" in meta and "act" not in module_kwargs:
     module_kwargs["act"] = meta["act"]
   if "input_shape" in meta:  # the update file's over the weights file's
@@ -912,12 +927,49 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   return Imported(net, mapping, observation, meta)
 
 
+def _text_model(name: str, weights: TensorFile, meta: dict, input_shape, num_classes, module_kwargs,
+                where: str) -> models.Model:
+  """The zoo text model ``name`` of a weights file: T from ``input_shape`` (the argument's, else the
+  metadata's one number), the vocabulary from the embedding's rows, the sizes from
+  ``module_kwargs["text_sizes"]`` or the metadata's ``text_sizes`` (dim, heads, ffn, layers)."""
+  if input_shape is None and "input_shape" in meta:
+    input_shape = tuple(int(v) for v in parse_labels(meta["input_shape"], f"{where}: metadata input_shape"))
+  if input_shape is None or len(tuple(input_shape)) != 1 or int(tuple(input_shape)[0]) < 1:
+    raise ValueError(f"{where}: a text model reads sentences of T tokens: give input_shape=(T,) "
+                     f"or the metadata input_shape T, got {input_shape!r}")
+  sizes = module_kwargs.pop("text_sizes", None)
+  if sizes is None and "text_sizes" in meta:
+    values = parse_labels(meta["text_sizes"], f"{where}: metadata text_sizes")
+    if len(values) != len(models.TextSizes._fields):
+      raise ValueError(f"{where}: metadata text_sizes must be {','.join(models.TextSizes._fields)}, "
+                       f"got {meta['text_sizes']!r}")
+    sizes = models.TextSizes(*(int(v) for v in values))
+  if sizes is None:
+    raise ValueError(f"{where}: a text model's heads are not in its tensors' shapes: give "
+                     "text_sizes=gradjax.models.TextSizes(dim, heads, ffn, layers) or the metadata "
+                     "text_sizes")
+  embedding = weights.tensors.get("embed.weight")
+  if embedding is None or embedding.ndim != 2:
+    raise ValueError(f"{where}: missing tensor 'embed.weight' (vocabulary, dim): is this a {name} "
+                     "state_dict?")
+  vocabulary = int(embedding.shape[0])
+  if num_classes is not None and num_classes != vocabulary:
+    raise ValueError(f"{where}: a language model's classes are its vocabulary, the embedding's "
+                     f"{vocabulary} rows, not {num_classes}")
+  return models.create(name, prng_key(0), input_shape=(int(tuple(input_shape)[0]),),
+                       num_classes=vocabulary, text_sizes=sizes, **module_kwargs)
+
+
 def observation_metadata(observation: Observation, model: models.Model | None = None) -> dict:
   """The metadata that describe ``observation`` in a file (see the module docstring)."""
   meta: dict[str, Any] = {"layout": "torch", "num_samples": observation.num_samples,
                           "train": observation.train,
                           "kind": "gradient" if observation.local is None and
                           not observation.threat_model.startswith("fedavg") else "update"}
+  if observation.labels is not None and np.ndim(observation.labels) != 1:
+    raise ValueError(f"labels of shape {tuple(np.shape(observation.labels))} (a text client's next "
+                     "tokens) are not written: a file holds one label per example (simulate the "
+                     "client without share_labels)")
   if observation.labels is not None:
     meta["labels"] = [int(v) for v in np.asarray(observation.labels)]
   if observation.local is not None:
@@ -927,7 +979,17 @@ def observation_metadata(observation: Observation, model: models.Model | None = 
     if local.batch_size is not None:
       meta["local_batch_size"] = local.batch_size
   if model is not None:
-    meta.update(model=model.name, input_shape=list(model.input_shape))
+    meta.update(_model_metadata(model))
+  return meta
+
+
+def _model_metadata(model: models.Model) -> dict:
+  """``model`` and ``input_shape`` of ``model``, and a text model's ``text_sizes`` (dim, heads,
+  ffn, layers: its heads are not in its tensors' shapes)."""
+  meta = {"model": model.name, "input_shape": list(model.input_shape)}
+  if models.is_text(model.name):
+    module = model.apply_fn.module
+    meta["text_sizes"] = [int(getattr(module, f)) for f in models.TextSizes._fields]
   return meta
 
 
@@ -944,8 +1006,8 @@ def save_observation(path, observation: Observation, mapping: TorchMapping,
 
 def save_weights(path, model: models.Model, mapping: TorchMapping | None = None) -> None:
   """Writes ``model.variables`` as a PyTorch ``state_dict`` (with ``model`` and ``input_shape``
-  metadata), e.g. so a PyTorch client can start from the same weights."""
+  metadata, and a text model's ``text_sizes``), e.g. so a PyTorch client can start from the same
+  weights."""
   mapping = mapping or zoo_mapping(model)
   write(path, variables_to_torch(model.variables, mapping),
-        {"kind": "weights", "layout": "torch", "model": model.name,
-         "input_shape": list(model.input_shape)})
+        {"kind": "weights", "layout": "torch", **_model_metadata(model)})

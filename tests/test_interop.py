@@ -124,6 +124,39 @@ def test_round_trip_is_exact(tmp_path, name, fmt):
   np.testing.assert_array_equal(np.asarray(o.labels), y)
 
 
+@pytest.mark.parametrize("name", ["gpt", "bert"])
+def test_a_text_models_capture_round_trips_through_load(tmp_path, name):
+  """save_weights and save_observation of a text model, read back by interop.load with no argument:
+  the sentences' length and the sizes (its heads are in no tensor's shape) from the metadata, the
+  vocabulary from the embedding; the gradient exact. Without the sizes, or with a text client's
+  (N, T) labels, one line."""
+  from gradjax import corpus
+  sizes = models.TextSizes(32, 4, 64, 2)
+  model = models.create(name, jax.random.key(0), input_shape=(8,), num_classes=60, text_sizes=sizes)
+  ids = np.random.default_rng(0).integers(2, 58, size=(2, 8)).astype(np.int32)
+  x, y = corpus.language_model_pairs(ids, 1)
+  observation = clients.fedsgd(model.apply_fn, model.variables, x, y)
+  mapping = interop.zoo_mapping(model)
+  interop.save_weights(tmp_path / "w.safetensors", model)
+  interop.save_observation(tmp_path / "g.safetensors", observation, mapping, model)
+  imported = interop.load(tmp_path / "w.safetensors", tmp_path / "g.safetensors")
+  assert (imported.model.name, imported.model.input_shape, imported.model.num_classes) == (name, (8,), 60)
+  assert [getattr(imported.model.apply_fn.module, f) for f in sizes._fields] == list(sizes)
+  for a, b in zip(jax.tree.leaves(imported.observation.gradient), jax.tree.leaves(observation.gradient)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for kind in ("w", "g"):  # files whose metadata name the model and its length only
+    bare = interop.read(tmp_path / f"{kind}.safetensors")
+    interop.write(tmp_path / f"bare_{kind}.safetensors", bare.tensors,
+                  {"model": name, "input_shape": "8", "num_samples": "2"})
+  with pytest.raises(ValueError, match="heads are not in its tensors' shapes"):
+    interop.load(tmp_path / "bare_w.safetensors", tmp_path / "bare_g.safetensors")
+  assert interop.load(tmp_path / "bare_w.safetensors", tmp_path / "bare_g.safetensors",
+                      text_sizes=sizes).model.input_shape == (8,)
+  shared = clients.fedsgd(model.apply_fn, model.variables, x, y, share_labels=True)
+  with pytest.raises(ValueError, match="not written"):
+    interop.save_observation(tmp_path / "s.safetensors", shared, mapping, model)
+
+
 def test_fedavg_weights_after_and_update(tmp_path, photos):
   model = _model("lenet_zhu")
   local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)
