@@ -254,7 +254,7 @@ def _clipped_gradient(variables, x, y, max_norm, scales, apply_fn, train, loss_f
                           scales=scales)
 
 
-def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool = False,
+def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool | str = False,
            share_statistics: bool = False, loss_fn=cross_entropy, dp_sgd: DPSGD | None = None,
            key: jax.Array | None = None) -> Observation:
   """The FedSGD update g = ∇_θ (1/N) Σ_n L(f_θ(x_n), y_n), or with ``dp_sgd`` DP-SGD's
@@ -268,8 +268,12 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     x: (N, H, W, C) private inputs, in the model's input space, or (N, T) token ids.
     y: (N,) int private labels, or (N, T) next tokens (:func:`gradjax.corpus.language_model_pairs`).
     train: run the model in training mode (BatchNorm uses the batch statistics).
-    share_labels: whether the threat model also reveals the labels to the server (under Poisson
-      sampling, those of the examples drawn).
+    share_labels: what the threat model reveals of the labels: ``False`` nothing; ``True`` or
+      ``"ordered"`` the labels in the client's order; ``"multiset"`` only which labels, sorted (a
+      gradient's mean does not depend on the order). Under Poisson sampling, those of the examples
+      drawn, fewer than ``num_samples``: an attack's batch is then the examples drawn
+      (``observation.replace(num_samples=len(observation.labels))``, as
+      :func:`gradjax.run.pipeline.poisson_draw` does) and its sum's divisor stays qN.
     share_statistics: whether the client returns its BatchNorm running statistics, updated by the
       step (needs ``train``): the observation then carries the batch's moments
       (:func:`batch_moments`).
@@ -283,6 +287,8 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     Observation with the gradient (same tree as ``variables["params"]``); its ``num_samples`` is N
     (under Poisson sampling the client's data, not the count drawn).
   """
+  if share_labels not in LABEL_SHARING:
+    raise ValueError(f"share_labels must be one of {LABEL_SHARING}, got {share_labels!r}")
   variables = plain_dicts(variables)
   x, y = check_client_data(apply_fn, variables, x, y)
   _check_sharing(train, share_statistics, 1)
@@ -306,8 +312,14 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     gradient = _clipped_gradient(variables, x, y, float(dp_sgd.max_norm), scales, apply_fn, train,
                                  loss_fn)
     std = dp_sgd.noise_multiplier * dp_sgd.max_norm / (x.shape[0] * (dp_sgd.sampling_rate or 1))
+  if share_labels == "multiset":
+    if shared.ndim != 1:
+      raise ValueError("a multiset of labels is a classifier's (N,) labels, not a text client's "
+                       "next tokens")
+    shared = jnp.sort(shared)
   observation = Observation(gradient=gradient, variables=variables,
-                            labels=shared if share_labels else None, num_samples=int(x.shape[0]),
+                            labels=shared if share_labels else None,
+                            num_samples=int(x.shape[0]),
                             threat_model="fedsgd", train=train,
                             moments=_shared_moments(apply_fn, variables, x, share_statistics))
   if std > 0:

@@ -129,6 +129,14 @@ def test_fedsgd_share_labels(mlp64, photos):
   assert shared.variables is variables
   check_observation(shared)
   check_observation(hidden)
+  # As fedavg's: "ordered" is True, "multiset" sorts, anything else is refused.
+  y = np.array([5, 1])
+  ordered = clients.fedsgd(apply_fn, variables, photos[:2], y, share_labels="ordered")
+  multiset = clients.fedsgd(apply_fn, variables, photos[:2], y, share_labels="multiset")
+  assert np.asarray(ordered.labels).tolist() == [5, 1] and np.asarray(multiset.labels).tolist() == [1, 5]
+  for bad in ("no", "sorted"):
+    with pytest.raises(ValueError, match="share_labels must be one of"):
+      clients.fedsgd(apply_fn, variables, photos[:2], y, share_labels=bad)
 
 
 @pytest.mark.slow
