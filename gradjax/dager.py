@@ -1280,7 +1280,7 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
   def count_prefixes(kept):
     return len({tuple(s[:k]) for s in kept for k in range(1, int(np.sum(s != corpus.PAD)) + 1)})
 
-  def padded_result(t):
+  def result(t):
     if not finished:
       return Recovery(np.zeros((0, length), np.int32), np.zeros(0), sets, spans, t, capped)
     kept, distance = list(finished), list(finished_worst)
@@ -1299,7 +1299,7 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
   for t in range(length):
     if padded and sets[t].size == 0:  # past the longest sentence
       ended(t)
-      return padded_result(t)
+      return result(t)
     rows = np.repeat(np.arange(len(prefixes)), len(sets[t]))
     ids = np.tile(sets[t], len(prefixes)).astype(np.int32)
     distance = np.zeros(len(ids))
@@ -1317,13 +1317,13 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
       rows, ids, distance = rows[alive], ids[alive], d[alive]
     if len(ids) == 0:
       ended(t)
-      return padded_result(t)
+      return result(t)
     d, caches = _chunked(lambda r, i: _step(decoder, params, cache, r, i, second.basis), rows, ids,
                          chunk)
     keep = np.flatnonzero(d <= second.tolerance)
     ended(t, rows[keep])
     if keep.size == 0:
-      return padded_result(t)
+      return result(t)
     cache = jax.tree.map(lambda *c: jnp.concatenate(c) if c[0].ndim else c[0], *caches)
     if keep.size > cap:
       capped = True
@@ -1335,6 +1335,6 @@ def _extend(apply_fn, variables, decoder, spans, sets, length, max_prefixes, fir
     worst = np.maximum(worst[rows[keep]], np.maximum(d[keep], distance[keep]))
   ended(length)
   if padded:
-    return padded_result(length)
+    return result(length)
   return Recovery(prefixes.astype(np.int32), worst, sets, spans, None, capped,
                   unexplained=second.rank - count_prefixes(prefixes))
