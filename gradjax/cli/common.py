@@ -564,7 +564,8 @@ def define_table_flags(psnr: bool = True, methods: bool = False, start: bool = T
   flags.DEFINE_integer("count", 10, "Items in the table (one client each).")
   flags.register_validator("count", lambda v: v >= 1, "--count must be positive")
   if psnr:
-    flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR above this (dB).")
+    flags.DEFINE_float("psnr_threshold", 30.0, "Success: PSNR at or above this (dB; dlm-table: "
+                       "above it, as DLM counts).")
     flags.register_validator("psnr_threshold", lambda v: v > 0,
                              "--psnr_threshold must be positive (dB; images in [0, 1] score >= 0)")
 
