@@ -52,10 +52,12 @@ from gradjax.observation import Observation
 
 
 class Defense(NamedTuple):
-  """A defense: ``apply(observation, key=None) -> Observation`` and its spec string ``name``."""
+  """A defense: ``apply(observation, key=None) -> Observation``, its spec string ``name`` and, of a
+  :func:`chain`, its ``parts`` in order."""
 
   apply: Callable[..., Observation]
   name: str
+  parts: tuple = ()
 
   def __call__(self, observation: Observation, key: jax.Array | None = None) -> Observation:
     return self.apply(observation, key)
@@ -360,25 +362,30 @@ def quantize_int8(per_layer: bool = True) -> Defense:
 
 
 def chain(*defenses: Defense) -> Defense:
-  """Applies ``defenses`` in order; defense i gets ``jax.random.split(key, len(defenses))[i]``.
+  """Applies ``defenses`` in order: their parts (a chain's own parts, :func:`identity` left out),
+  part i with ``jax.random.split(key, n)[i]`` of the n parts; a chain of one part is that part.
 
   Order matters: ``chain(clip(1.0), gaussian_noise(1e-4))`` clips then adds noise (the result can exceed
   the norm C), the reverse clips the noisy gradient. With ``key=None`` every defense gets ``None`` (fine
-  when all are deterministic). Its name: the names joined by commas, those of :func:`identity` left
-  out (``"none"`` if nothing is left), so that :func:`parse` reads it back.
+  when all are deterministic). Its name: the parts' names joined by commas (``"none"`` if none is
+  left), so that :func:`parse` of it rebuilds the chain, keys included.
   """
   for d in defenses:
     if not isinstance(d, Defense):
       raise TypeError(f"chain takes Defense objects, got {type(d).__name__}")
-  name = ",".join(d.name for d in defenses if d.name != "none") or "none"
+  parts = tuple(p for d in defenses for p in (d.parts or (d,)) if p.name != "none")
+  if not parts:
+    return identity()
+  if len(parts) == 1:
+    return parts[0]
 
   def apply(observation, key=None):
-    keys = [None] * len(defenses) if key is None else list(jax.random.split(key, max(len(defenses), 1)))
-    for d, k in zip(defenses, keys):
+    keys = [None] * len(parts) if key is None else list(jax.random.split(key, len(parts)))
+    for d, k in zip(parts, keys):
       observation = d.apply(observation, k)
     return observation
 
-  return Defense(apply, name)
+  return Defense(apply, ",".join(p.name for p in parts), parts)
 
 
 # --- command line ---------------------------------------------------------------------------------

@@ -405,6 +405,20 @@ def test_chain_names_and_empty_chain(obs):
     defenses.chain(defenses.clip(1.0), "gaussian:1e-3")
 
 
+
+def test_parse_of_a_chains_name_rebuilds_it_keys_included(obs):
+  """A chain built by hand, nested or holding identities or one part, and parse of its name draw the
+  same noise from the same key (its parts flattened, the identities left out)."""
+  noise, laplace, clip = defenses.gaussian_noise(1e-3), defenses.laplacian_noise(1e-3), defenses.clip(0.5)
+  key = jax.random.key(3)
+  for d in (defenses.chain(noise), defenses.chain(defenses.identity(), noise),
+            defenses.chain(defenses.chain(clip, noise), laplace),
+            defenses.chain(clip, defenses.chain(defenses.identity(), noise, laplace))):
+    for a, b in zip(leaves(d.apply(obs, key).gradient),
+                    leaves(defenses.parse(d.name).apply(obs, key).gradient)):
+      np.testing.assert_array_equal(a, b)
+
+
 # --- parse ----------------------------------------------------------------------------------------
 
 
