@@ -855,18 +855,38 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
     raise ValueError(f"{weights_path} is marked kind={weights.metadata['kind']!r}; the weights file "
                      "must hold the model the server sent")
   name = model or meta.get("model") or "lenet_zhu"
+  where = f"weights {os.fspath(weights_path)}"
   if models.is_text(name):
-    net = _text_model(name, weights, meta, input_shape, num_classes, module_kwargs,
-                      f"weights {os.fspath(weights_path)}")
+    net = _text_model(name, weights, meta, input_shape, num_classes, module_kwargs, where)
     mapping = zoo_mapping(net)
-    variables = variables_from_torch(weights.tensors, mapping, net.variables,
-                                     f"weights {os.fspath(weights_path)}")
-    net = net._replace(variables=jax.tree.map(device_array, variables))
-    observation = observation_from_files(
-        variables, net.variables["params"], obs_file, mapping,
-        where=f"observation {os.fspath(observation_path)}", num_samples=num_samples, labels=labels,
-        train=train, local=local)
-    return Imported(net, mapping, observation, meta)
+  else:
+    net, mapping = _image_model(name, weights, obs_file, meta, weights_path, observation_path,
+                                input_shape, num_classes, module_kwargs)
+  variables = variables_from_torch(weights.tensors, mapping, net.variables, where)
+  net = net._replace(variables=jax.tree.map(device_array, variables))
+  observation = observation_from_files(
+      variables, net.variables["params"], obs_file, mapping,
+      where=f"observation {os.fspath(observation_path)}", num_samples=num_samples, labels=labels,
+      train=train, local=local)
+  moments = _returned_moments(net, mapping, obs_file, observation,
+                               f"observation {os.fspath(observation_path)}")
+  if moments is not None:
+    observation = observation.replace(moments=moments)
+    check_observation(observation)
+  if observation.labels is not None:
+    bad = [int(v) for v in np.asarray(observation.labels) if not 0 <= v < net.num_classes]
+    if bad:
+      raise ValueError(f"observation {os.fspath(observation_path)}: label {bad[0]} is not a class of "
+                       f"the model, which has {net.num_classes} (0..{net.num_classes - 1})")
+  return Imported(net, mapping, observation, meta)
+
+
+def _image_model(name, weights: TensorFile, obs_file: TensorFile, meta: dict, weights_path,
+                 observation_path, input_shape, num_classes, module_kwargs
+                 ) -> tuple[models.Model, TorchMapping]:
+  """The zoo image model ``name`` of a weights file and its mapping: the input shape from the
+  argument or the metadata, else 32 × 32 with the first layer's channels; the classes from the
+  head's rows."""
   if "act" in meta and "act" not in module_kwargs:
     module_kwargs["act"] = meta["act"]
   if "input_shape" in meta:  # the update file's over the weights file's
@@ -908,23 +928,7 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
     net = models.create(name, prng_key(0), input_shape=tuple(input_shape),
                         num_classes=num_classes, **module_kwargs)
     mapping = zoo_mapping(net)
-  variables = variables_from_torch(weights.tensors, mapping, net.variables, where)
-  net = net._replace(variables=jax.tree.map(device_array, variables))
-  observation = observation_from_files(
-      variables, net.variables["params"], obs_file, mapping,
-      where=f"observation {os.fspath(observation_path)}", num_samples=num_samples, labels=labels,
-      train=train, local=local)
-  moments = _returned_moments(net, mapping, obs_file, observation,
-                               f"observation {os.fspath(observation_path)}")
-  if moments is not None:
-    observation = observation.replace(moments=moments)
-    check_observation(observation)
-  if observation.labels is not None:
-    bad = [int(v) for v in np.asarray(observation.labels) if not 0 <= v < net.num_classes]
-    if bad:
-      raise ValueError(f"observation {os.fspath(observation_path)}: label {bad[0]} is not a class of "
-                       f"the model, which has {net.num_classes} (0..{net.num_classes - 1})")
-  return Imported(net, mapping, observation, meta)
+  return net, mapping
 
 
 def _text_model(name: str, weights: TensorFile, meta: dict, input_shape, num_classes, module_kwargs,

@@ -276,8 +276,7 @@ def label_accuracy(pred, true) -> float:
     raise ValueError(f"Length mismatch: pred {len(pred)} vs true {len(true)}.")
   if len(true) == 0:
     raise ValueError("Empty label arrays.")
-  cp, ct = Counter(pred.tolist()), Counter(true.tolist())
-  return sum(min(n, cp[c]) for c, n in ct.items()) / len(true)
+  return _bag(pred, true)
 
 
 def _linear_sum_assignment(cost):

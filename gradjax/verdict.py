@@ -17,7 +17,7 @@ A number alone is no audit's answer, and an attack that failed says nothing abou
 Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` reproduces them):
 
 * An image is recognisable when it tells more than its own mean colour (PSNR at least 1 dB above
-  that flat image's, :func:`mean_colour_psnr`) and reaches PSNR >= 20 dB (RMSE <= 0.1 on [0, 1]
+  that flat image's, :func:`gradjax.metrics.mean_colour_psnr`) and reaches PSNR >= 20 dB (RMSE <= 0.1 on [0, 1]
   pixels), SSIM >= 0.5 or LPIPS (AlexNet) <= 0.2. Measured on CIFAR-10 test images 0-99: the mean
   colour alone reaches 23.5 dB and SSIM 0.81 on flat images (14.2 dB on average), hence the
   baseline; an 8×8 thumbnail (4×4-pixel blocks; 20.1 dB, SSIM 0.59, LPIPS 0.11 on average), a
@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, compilation, fidelity, metrics, models, objectives
+from gradjax import clients, compilation, fidelity, models, objectives
 from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation, check_labels
 
@@ -219,9 +219,6 @@ def label_chance(true_labels: Sequence[int], num_classes: int) -> float:
   return math.exp(log_p)
 
 
-mean_colour_psnr = metrics.mean_colour_psnr
-
-
 def composition_chance(true_labels: Sequence[int], num_classes: int) -> float:
   """The probability that N labels drawn uniformly from ``num_classes`` hit exactly the classes of
   ``true_labels`` (m distinct): the onto maps of N draws onto those m classes over K^N,
@@ -260,7 +257,7 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, sid
   """What a scored image reconstruction reveals, one finding per kind of leak.
 
   ``scores``: ``psnr_per_image``, ``ssim_per_image``, ``psnr_mean_colour_per_image``
-  (:func:`mean_colour_psnr`; None: the mean-colour floor is not applied) and optional
+  (:func:`gradjax.metrics.mean_colour_psnr`; None: the mean-colour floor is not applied) and optional
   ``lpips_per_image``, in ground-truth order after the optimal assignment (as
   :func:`gradjax.metrics.score` returns them); ``label_accuracy``, ``labels_true`` and
   ``labels_reconstructed`` where labels were scored. ``side``: the images' smaller side in pixels;

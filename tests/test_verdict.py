@@ -157,7 +157,7 @@ def test_label_chance_against_enumeration(labels, k):
 
 
 def test_mean_colour_psnr_against_skimage(photos):
-  got = verdict.mean_colour_psnr(photos[:3])
+  got = metrics.mean_colour_psnr(photos[:3])
   for i in range(3):
     flat = np.broadcast_to(photos[i].astype(np.float64).mean(axis=(0, 1)), photos[i].shape)
     want = skimage.metrics.peak_signal_noise_ratio(photos[i].astype(np.float64), flat, data_range=1)
@@ -357,7 +357,7 @@ def test_thresholds_against_trivial_images():
   smooth = ndimage.gaussian_filter(rng.normal(size=x.shape), (0, 2, 2, 0))
   noise = [flat + rng.normal(0, sd, x.shape) for sd in (0.05, 0.1, 0.2, 0.3)]
   noise += [flat + smooth / smooth.std() * sd for sd in (0.05, 0.1, 0.2, 0.3)]
-  baseline = verdict.mean_colour_psnr(x).tolist()
+  baseline = metrics.mean_colour_psnr(x).tolist()
   none = dict(labels_inferred=False, num_classes=10)
 
   def recognised(candidate):
