@@ -1118,8 +1118,7 @@ def _residuals(apply_fn, variables, gradient, sentences, eos):
   def one(s):
     x = s[None]
     y = jnp.concatenate([s[1:], jnp.asarray(eos, s.dtype)[None]])[None]
-    own = jax.grad(lambda p: losses.cross_entropy(apply_fn({**variables, "params": p}, x), y))(
-        variables["params"])
+    own = jax.grad(_loss, argnums=2)(apply_fn, variables, variables["params"], x, y)
     return jnp.sqrt(sum(jnp.sum(jnp.square(a - b)) for a, b in
                         zip(jax.tree.leaves(own), leaves))) / norm
 
