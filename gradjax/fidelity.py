@@ -16,7 +16,9 @@ module checks the description before any attack runs:
   h = ∂L/∂W_:c / ∂L/∂b_c, Geiping et al. 2020, Prop. 3.1); :func:`activation_check` tests them
   against the range of the activation the model declares before its head (a sigmoid never gives 0
   or 1.3, a ReLU never −0.2).
-* :func:`check_capture` runs both on a captured update before an attack, with the alternatives a
+* :func:`kind_check` (no data needed): a file whose declared kind is mistaken (weights read as a
+  gradient, a gradient read as weights) leaves an update close to the weights themselves.
+* :func:`check_capture` runs these on a captured update before an attack, with the alternatives a
   zoo model offers (:func:`alternatives`); the pipeline refuses a capture that fails
   (:class:`CaptureMismatch`) unless forced.
 """
@@ -296,6 +298,49 @@ def activation_check(observation: Observation, act: str) -> str | None:
   return None
 
 
+# Bounds past which a file is not of its declared kind (:func:`kind_check`). A client's weights after
+# a round lie near the weights sent: a file of kind gradient or update within KIND_DISTANCE of them
+# (relative) holds weights, as no gradient copies the weights. A file of kind weights with at most
+# KIND_DISTANCE of their norm, or at most KIND_COSINE of cosine with them, holds a gradient or an
+# update: a round that halves the model's norm or turns its weights nearly orthogonal is no client's.
+KIND_DISTANCE = 0.5
+KIND_COSINE = 0.2
+
+
+def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str | None:
+  """``None``, or why the captured file is not of the declared ``kind`` (``gradient``, ``update`` or
+  ``weights``, the metadata's). No data needed.
+
+  ``observation.gradient`` is what the declaration made of the file F: u = F for a gradient or an
+  update W_t − W_{t+1}, u = W_t − F for weights. Over all parameters (flattened), a gradient or
+  update F with ‖F − W_t‖ <= :data:`KIND_DISTANCE` ‖W_t‖ is the client's weights W_{t+1}; weights F
+  with ‖F‖ <= :data:`KIND_DISTANCE` ‖W_t‖ or cos(F, W_t) <= :data:`KIND_COSINE` are a gradient or
+  an update (whose norm and direction are unlike the weights'). ``noisy``: the client declares noise
+  (a defense or DP-SGD), which moves a file away from the weights and turns it from their direction:
+  the cosine is not read (the distances, which noise only lengthens, still are)."""
+  u = [np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(observation.gradient)]
+  w = np.concatenate([np.asarray(a, np.float64).ravel()
+                      for a in jax.tree.leaves(observation.variables["params"])])
+  u = np.concatenate(u)
+  norm = float(np.linalg.norm(w))
+  if not norm or not np.isfinite(norm) or not np.all(np.isfinite(u)):
+    return None
+  if kind == "weights":
+    f = w - u
+    ratio = float(np.linalg.norm(f)) / norm
+    cosine = float(f @ w) / (float(np.linalg.norm(f)) * norm) if ratio else 0.0
+    if ratio > KIND_DISTANCE and (noisy or cosine > KIND_COSINE):
+      return None
+    return (f"the file declared kind=weights is unlike the weights sent ({ratio:.2g} times their "
+            f"norm, cosine {cosine:.2g}), as a client's weights after training are not: it holds a "
+            f"gradient (declare kind=gradient) or an update W_t − W_(t+1) (kind=update)")
+  distance = float(np.linalg.norm(u - w)) / norm
+  if distance > KIND_DISTANCE:
+    return None
+  return (f"the file declared kind={kind} lies within {distance:.2g} (relative) of the weights sent: "
+          f"it holds the client's weights after training (declare kind=weights)")
+
+
 def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias")) -> str | None:
   """``None`` when the labels ``observation`` declares can have produced its update's head bias, else
   a one-line account of the classes they miss. No data needed.
@@ -391,7 +436,7 @@ def _noisy(defense: str | None) -> bool:
 
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
                   norm: data.Normalization, defense: str | None = None, dp_sgd: bool = False,
-                  order_known: bool = True) -> tuple[dict, list[str]]:
+                  order_known: bool = True, kind: str | None = None) -> tuple[dict, list[str]]:
   """Checks a captured ``observation`` against the declared ``model`` (its activation) and input
   normalisation ``norm`` before any attack: :func:`activation_check` (a gradient or a one-step
   update), and, with the client's examples ``batch``, :func:`check` against the recipe's
@@ -406,12 +451,19 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   clipping, noise): neither the activation nor the update is checked. ``order_known``: whether the
   ``batch``'s order is the one the client trained in; without it (a capture whose labels are a
   multiset) an update of several mini-batches, which depends on that order, is not recomputed.
+  ``kind``: the file's declared kind (``gradient``, ``update``, ``weights``), checked first
+  (:func:`kind_check`; ``None``: not checked); a mistaken one stops the other checks.
 
   Raises :class:`ZeroUpdate` for an update that carries nothing (:func:`zero_update`)."""
   zero = zero_update(observation)
   if zero:
     raise ZeroUpdate(zero)
   checks, problems = {}, []
+  if kind is not None:
+    why = kind_check(observation, kind, noisy=dp_sgd or _noisy(defense))
+    checks["kind"] = {"declared": kind, "ok": why is None, "explained": why}
+    if why:  # every other check would read the file as what it is not
+      return checks, [why]
   applied = None
   noisy = dp_sgd or _noisy(defense)
   head = observation.gradient.get("head", {}) if hasattr(observation.gradient, "get") else {}

@@ -850,7 +850,8 @@ def load(weights_path, observation_path, *, model: str | None = None, input_shap
   obs_file = read(observation_path)
   weights = weights._replace(tensors=apply_renames(weights.tensors, rename))
   obs_file = obs_file._replace(tensors=apply_renames(obs_file.tensors, rename))
-  meta = {**weights.metadata, **obs_file.metadata}
+  # The observation's kind is its own (default gradient), never the weights file's ``weights``.
+  meta = {**weights.metadata, **obs_file.metadata, "kind": obs_file.metadata.get("kind", "gradient")}
   if weights.metadata.get("kind") not in (None, "weights"):
     raise ValueError(f"{weights_path} is marked kind={weights.metadata['kind']!r}; the weights file "
                      "must hold the model the server sent")

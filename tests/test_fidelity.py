@@ -322,3 +322,102 @@ def test_a_client_that_shuffled_its_examples_is_named_or_not_checked(tmp_path, p
       data.normalization("none"), order_known=unordered.metadata.get("label_order") != "multiset")
   assert problems == [] and checks["fidelity"]["ok"] is None
   assert "label_order=multiset" in checks["fidelity"]["explained"]
+
+
+def _files(tmp_path, model, tensors, metadata, name):
+  """Writes the server's weights and a file of ``tensors`` (PyTorch layout) with ``metadata``."""
+  mapping = interop.zoo_mapping(model)
+  weights = tmp_path / "W.safetensors"
+  interop.save_weights(weights, model, mapping)
+  path = tmp_path / f"{name}.safetensors"
+  interop.write(path, interop.params_to_torch(tensors, mapping), metadata)
+  return weights, path
+
+
+def _check_file(weights, path, kind_noise=None):
+  imported = interop.load(weights, path)
+  return fidelity.check_capture(imported.model, imported.observation, None, data.normalization("none"),
+                                kind_noise, kind=imported.metadata["kind"])
+
+
+def test_a_file_of_another_kind_than_declared_is_named(photos, tmp_path):
+  """Weights after local training saved without ``kind`` (read as the default gradient) or as an
+  update, and a gradient declared ``kind=weights``, are refused naming the kind they hold, from the
+  distance, norm ratio and cosine of the file and the weights sent (NumPy float64); the right
+  declarations pass, a FedAvg client of 3 epochs with momentum too, and a noisy file declared
+  weights is not read by its cosine."""
+  model = _model("lenet_zhu")
+  x, y = photos[:2], np.array([3, 5])
+  w = np.concatenate([np.ravel(a) for a in jax.tree.leaves(model.variables["params"])]).astype(np.float64)
+  flat = lambda t: np.concatenate([np.ravel(a) for a in jax.tree.leaves(t)]).astype(np.float64)  # noqa: E731
+  grad = clients.fedsgd(model.apply_fn, model.variables, x, y).gradient
+  meta = {"labels": "3,5", "num_samples": "2"}
+  weights, path = _files(tmp_path, model, grad, {**meta, "kind": "weights"}, "g_as_weights")
+  checks, problems = _check_file(weights, path)
+  g = flat(grad)
+  ratio, cosine = np.linalg.norm(g) / np.linalg.norm(w), g @ w / np.linalg.norm(g) / np.linalg.norm(w)
+  assert abs(cosine) < fidelity.KIND_COSINE  # what refuses it here: a gradient of a norm near W's
+  assert problems == [checks["kind"]["explained"]] and checks["kind"]["ok"] is False
+  assert f"({ratio:.2g} times their norm, cosine {cosine:.2g})" in problems[0]
+  assert "kind=gradient" in problems[0] and "activation" not in checks  # nothing else read it
+  weights, path = _files(tmp_path, model, grad, {**meta, "kind": "gradient"}, "g")
+  checks, problems = _check_file(weights, path)
+  assert checks["kind"]["ok"] and not problems
+
+  local = clients.LocalTraining(epochs=1, batch_size=None, learning_rate=0.1)
+  after = {"local_lr": "0.1", "local_epochs": "1", **meta}
+  update = clients.fedavg(model.apply_fn, model.variables, x, y, local).gradient
+  new = jax.tree.map(lambda a, u: np.asarray(a) - np.asarray(u), model.variables["params"], update)
+  distance = np.linalg.norm(flat(new) - w) / np.linalg.norm(w)
+  for kind in (None, "update"):
+    weights, path = _files(tmp_path, model, new, {**after, **({"kind": kind} if kind else {})}, "w")
+    checks, problems = _check_file(weights, path)
+    assert checks["kind"]["declared"] == (kind or "gradient") and len(problems) == 1
+    assert f"kind={kind or 'gradient'} lies within {distance:.2g} (relative)" in problems[0]
+    assert "declare kind=weights" in problems[0]
+  weights, path = _files(tmp_path, model, new, {**after, "kind": "weights"}, "w")
+  checks, problems = _check_file(weights, path)
+  assert checks["kind"]["ok"] and not problems
+  long = clients.LocalTraining(epochs=3, batch_size=1, learning_rate=0.1, momentum=0.9)
+  update = clients.fedavg(model.apply_fn, model.variables, x, y, long).gradient
+  new = jax.tree.map(lambda a, u: np.asarray(a) - np.asarray(u), model.variables["params"], update)
+  assert np.linalg.norm(flat(update)) > 0.1 * np.linalg.norm(w)  # a large round, still weights
+  weights, path = _files(tmp_path, model, new, {"local_lr": "0.1", "local_epochs": "3",
+                                                "local_batch_size": "1", "local_momentum": "0.9",
+                                                "kind": "weights", **meta}, "w3")
+  assert _check_file(weights, path)[0]["kind"]["ok"]
+
+  # Weights under noise larger than themselves: the cosine falls, which noise explains, so only the
+  # norm is read; the distance check of a gradient file is kept under noise.
+  rng = np.random.default_rng(0)
+  noisy = jax.tree.map(lambda a: np.asarray(a) + rng.normal(0, 2 * np.abs(a).max(), np.shape(a)), new)
+  weights, path = _files(tmp_path, model, noisy, {**after, "kind": "weights"}, "noisy")
+  assert not _check_file(weights, path, "gaussian:1")[1]
+  assert _check_file(weights, path)[1]  # undeclared, the cosine refuses it
+  weights, path = _files(tmp_path, model, new, after, "w_noise")
+  assert _check_file(weights, path, "gaussian:1e-4")[1]
+
+
+def test_auto_reads_a_file_without_kind_as_a_gradient(photos, tmp_path):
+  """A capture without ``kind`` is a gradient (interop's default), also to ``--attack=auto``, which
+  chose the replay attacks of an unknown schedule for it (the weights file's ``kind=weights`` leaked
+  into the merged metadata)."""
+  from gradjax.run import config, pipeline
+  model = _model("lenet_zhu")
+  grad = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([3])).gradient
+  weights, path = _files(tmp_path, model, grad, {"labels": "3"}, "g")
+  assert interop.load(weights, path).metadata["kind"] == "gradient"
+  cfg = config.from_options({"attack.preset": "auto", "model.weights": str(weights),
+                             "client.observation": str(path)})
+  with_kind = tmp_path / "g_kind.safetensors"
+  interop.write(with_kind, interop.read(path).tensors, {"labels": "3", "kind": "gradient"})
+  assert pipeline.auto_attacks(cfg) == pipeline.auto_attacks(
+      config.replace(cfg, {"client.observation": str(with_kind)}))
+  assert not any(a.startswith("dlm") or "replay" in a for a in pipeline.auto_attacks(cfg))
+  # The weights after a local step, saved without kind: the run refuses them before any attack.
+  local = clients.LocalTraining(epochs=1, batch_size=None, learning_rate=0.1)
+  update = clients.fedavg(model.apply_fn, model.variables, photos[:1], np.array([3]), local).gradient
+  new = jax.tree.map(lambda a, u: np.asarray(a) - np.asarray(u), model.variables["params"], update)
+  weights, path = _files(tmp_path, model, new, {"labels": "3", "local_lr": "0.1"}, "w")
+  with pytest.raises(fidelity.CaptureMismatch, match="declare kind=weights"):
+    pipeline.run(config.replace(cfg, {"attack.preset": "dlg", "client.observation": str(path)}))

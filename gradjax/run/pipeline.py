@@ -434,7 +434,7 @@ def auto_attacks(cfg: Config) -> tuple[str, ...]:
   capture's metadata, or from the simulated client."""
   model = attacked_model(cfg)
   if cfg.client.observation:
-    meta = dict(interop.read(cfg.client.observation).metadata)
+    meta = {"kind": "gradient", **interop.read(cfg.client.observation).metadata}  # interop's default
     if cfg.client.num_samples:
       meta["num_samples"] = cfg.client.num_samples
     return auto.for_metadata({**meta, **({"act": cfg.model.act} if cfg.model.act else {})}, model)
@@ -780,7 +780,8 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
                        f"has {batch.x.shape[0]} images")
     checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"),
                                               dp_sgd=cfg.defense.dp_sgd() is not None,
-                                              order_known=meta.get("label_order") != "multiset")
+                                              order_known=meta.get("label_order") != "multiset",
+                                              kind=meta.get("kind", "gradient"))
     if problems and not cfg.client.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--config.client.force=True attacks it anyway; its verdict is then inconclusive)")

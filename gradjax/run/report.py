@@ -351,6 +351,10 @@ def check_rows(results: dict) -> list[dict]:
   """The checks of a captured update (:func:`gradjax.fidelity.check_capture`) as table rows."""
   rows = []
   checks = results.get("checks") or {}
+  if "kind" in checks:
+    a = checks["kind"]
+    rows.append({"check": f"the file's kind (declared {a['declared']}) against the weights sent",
+                 "result": "passed" if a["ok"] else "failed", "detail": a["explained"] or ""})
   if "labels" in checks:
     a = checks["labels"]
     rows.append({"check": "declared labels against the last layer's bias gradient",
