@@ -110,6 +110,8 @@ class Attack:
 
   def __post_init__(self):
     object.__setattr__(self, "distance", distances.as_distance(self.distance))
+    if isinstance(self.priors, priors_lib.Prior):
+      raise ValueError("priors is a tuple of priors.Prior records: write priors=(prior,)")
     object.__setattr__(self, "priors", tuple(self.priors))
     if not isinstance(self.matched, (objectives.Gradient, objectives.Replay)):
       raise ValueError(f"matched must be an objectives part ({', '.join(objectives.MATCHED)}), got "
@@ -189,13 +191,15 @@ def build_optimizer(attack: Attack) -> optax.GradientTransformationExtraArgs:
 def track_from(attack: Attack, num_leaves: int | None = None) -> int:
   """The first iteration whose objective counts for the best iterate: the attack's ``track_from``,
   or later while its objective still changes with the step, so that earlier values are not
-  comparable with later ones: while the distance anneals (``distance.settled_from``), the stepwise
-  layer set grows (:meth:`gradjax.objectives.Stepwise.settled_from` for a model of ``num_leaves``
-  parameter leaves) or a smoothing sharpens the model."""
+  comparable with later ones: until the last prior switches on (its ``start``: before it the
+  objective lacks that term and reads lower), while the distance anneals
+  (``distance.settled_from``), the stepwise layer set grows
+  (:meth:`gradjax.objectives.Stepwise.settled_from` for a model of ``num_leaves`` parameter leaves)
+  or a smoothing sharpens the model. Past the budget, the final iterate is the reconstruction."""
   if attack.stepwise is not None and num_leaves is None:
     raise ValueError("an attack matching stepwise settles at a step set by the model's number of "
                      "parameter leaves (num_leaves=)")
-  return max(attack.track_from, attack.distance.settled_from,
+  return max(attack.track_from, attack.distance.settled_from, *(p.start for p in attack.priors),
              attack.stepwise.settled_from(num_leaves) if attack.stepwise is not None else 0,
              attack.smoothing.until if attack.smoothing is not None else 0)
 
@@ -519,7 +523,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     raise ValueError("the gradient objective reads a FedSGD gradient; this is a FedAvg update: "
                      "clients.update_as_gradient turns one local step into its gradient, several "
                      "need the replay, dlm or dlm_plus objective")
-  if not isinstance(restarts, (int, np.integer)) or restarts < 1:
+  if isinstance(restarts, bool) or not isinstance(restarts, (int, np.integer)) or restarts < 1:
     raise ValueError(f"restarts must be a positive integer, got {restarts!r}")
   if not 1 <= len(input_shape) <= 3:
     raise ValueError(f"input_shape must be the shape of one example, without the batch axis: "
@@ -591,7 +595,8 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   if attack.head_features:
     if known is None or known.ndim != 1:
       raise ValueError("head features need known or inferred labels of images")
-    targets = head_targets(observation, known, dtype, jax.random.fold_in(key, 1))
+    # Stream ``restarts``: restart r draws from split(key, R)[r], which is fold_in(key, r).
+    targets = head_targets(observation, known, dtype, jax.random.fold_in(key, restarts))
   data = MatchingData(observation, known, (lo, hi), weights, None, positions, targets)
   return Problem(data, orders, init, device_array(np.tile(orders, (restarts, 1))))
 

@@ -499,7 +499,7 @@ def evolve_counts(key, target, profile_values, candidates, *, n: int, population
   return pop[best], fit[best]
 
 
-def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array | None = None, *,
+def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array, *,
            population: int = 20, generations: int = 199, path: tuple[str, ...] = HEAD) -> jax.Array:
   """HFGInv's duplicate-aware labels, int (N,) sorted by class.
 
@@ -522,7 +522,7 @@ def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array | N
   if profile.mean.shape[0] != g.shape[0] or positions.ndim != 1:
     raise ValueError(f"the feature profile has {profile.mean.shape[0]} features, the head "
                      f"{g.shape[0]}: build it with feature_profile on this model")
-  key = jax.random.key(0) if key is None else check_key(key)
+  key = check_key(key)  # the evolution's draws: explicit, as every draw
   negative, labels = _hfginv(g, positions, jnp.asarray(profile.mean), key, n=n, population=population,
                              generations=generations)
   if int(negative) == 0:

@@ -78,6 +78,10 @@ def _checked(x, name: str) -> np.ndarray:
     raise ValueError(f"{name} is an empty batch.")
   if 0 in x.shape[1:]:
     raise ValueError(f"{name} has an empty spatial/channel axis: {x.shape}.")
+  if x.shape[1] in (1, 3) and x.shape[3] > 4 and x.shape[2] > 4:
+    # (N, C, H, W): scored as NHWC, SSIM's window would run over the channels.
+    raise ValueError(f"{name} of shape {x.shape} looks channel-first (N, C, H, W); the metrics read "
+                     "(N, H, W, C): transpose it with x.transpose(0, 2, 3, 1)")
   if not np.all(np.isfinite(x)):
     raise ValueError(f"{name} contains NaN or inf.")
   return x

@@ -188,9 +188,9 @@ def hfginv(iterations: int = HFGINV_ITERATIONS, *, tv: float = 1e-2, bn: float =
   their code 5e-3) and the BatchNorm prior ``bn`` from 5000 (stem ×1.3, next layer ×3); Adam lr 0.1
   on the quantised sign (:func:`gradjax.optimizers.quantized_adam`), ×0.33 at 3/8, 5/8 and 7/8 of
   the budget; box; labels known (or from :func:`gradjax.labels.hfginv`, which needs auxiliary
-  images). The best iterate is taken once the layer set has stopped growing (iteration 4000 for
-  ResNet-34's 110 tensors, :meth:`gradjax.objectives.Stepwise.settled_from`; their code resets its
-  best every 500). Every step count scales with ``iterations``
+  images). The best iterate is taken once the objective has its last term: the BatchNorm prior's
+  (iteration 5000; the layer set stops growing at 4000 for ResNet-34's 110 tensors,
+  :meth:`gradjax.objectives.Stepwise.settled_from`; their code resets its best every 500). Every step count scales with ``iterations``
   (:func:`gradjax.attacks.rescaled`). At 32 px ``tv=0.3`` does better than the paper's 1e-2 (+0.8 dB
   PSNR on CIFAR-10 batches of 8, ``experiments/studies/hfginv_batch``).
   """

@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from gradjax.sharding import RESTART_AXIS
@@ -306,9 +307,15 @@ class Prior:
   def __post_init__(self):
     if not callable(self.fn):
       raise ValueError(f"a prior is a function of the images, got {self.fn!r}")
+    if isinstance(self.weight, (np.ndarray, jax.Array)) and np.ndim(self.weight) == 0:
+      try:  # a number in an array: the attack, which keys compiled programs by its fields, needs it hashable
+        object.__setattr__(self, "weight", float(self.weight))
+      except (TypeError, jax.errors.ConcretizationTypeError):
+        raise ValueError("a prior's weight is a number or a function of the step, not a traced "
+                         "value: build the Prior outside jit") from None
     if int(self.start) != self.start or self.start < 0:
       raise ValueError(f"a prior's start must be a non-negative integer step, got {self.start}")
-    if not callable(self.weight) and not (isinstance(self.weight, (numbers.Real, jax.Array))
+    if not callable(self.weight) and not (isinstance(self.weight, numbers.Real)
                                           and math.isfinite(self.weight) and self.weight >= 0):
       # A negative weight rewards the prior (the objective runs to −∞ on a rough image).
       raise ValueError(f"a prior's weight must be a finite number >= 0 (or a function of the "

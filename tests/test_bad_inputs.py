@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import analytic, attacks, clients, dager, data, labels, malicious, metrics, models, presets, text
+from gradjax import analytic, attacks, clients, dager, data, labels, malicious, metrics, models, presets, priors, text
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +126,19 @@ CASES = {
     "NCHW auxiliary images for LLG's statistics": (
         lambda m, obs, lm: labels.llg_statistics(m.apply_fn, m.variables, np.zeros((4, 3, 32, 32), np.float32), 1),
         "an auxiliary input (M, H, W, C, in the model's input space), one example of shape (3, 32, 32)"),
+    "NCHW reconstructions scored": (  # SSIM's window would run over the channels
+        lambda m, obs, lm: metrics.score(np.zeros((1, 3, 8, 8)), np.zeros((1, 3, 8, 8))),
+        "x of shape (1, 3, 8, 8) looks channel-first (N, C, H, W)"),
+    "restarts=True": (
+        lambda m, obs, lm: attacks.reconstruct(presets.dlg(1), m.apply_fn, obs, jax.random.key(0),
+                                               input_shape=(32, 32, 3), restarts=True),
+        "restarts must be a positive integer, got True"),
+    "one prior for the tuple of priors": (
+        lambda m, obs, lm: attacks.Attack(priors=priors.Prior(priors.total_variation, 0.1)),
+        "priors is a tuple of priors.Prior records: write priors=(prior,)"),
+    "a prior's weight of an array of one value per image": (
+        lambda m, obs, lm: priors.Prior(priors.total_variation, np.array([0.1])),
+        "a prior's weight must be a finite number >= 0"),
     "a dense layer named by the other keyword": (
         lambda m, obs, lm: analytic.exclusive_neurons(obs, m.apply_fn, (32, 32, 3), layer="nope"),
         "pass layer=..."),
@@ -139,6 +152,15 @@ def test_bad_library_input_is_one_clear_value_error(lenet, language_model, name)
   with pytest.raises(ValueError, match=__import__("re").escape(message)) as error:
     call(model, obs, language_model)
   assert "\n" not in str(error.value)
+
+
+def test_a_prior_weight_held_in_an_array_is_a_number():
+  """A 0-d array (NumPy's or JAX's) is the number it holds: the attack, whose fields key its
+  compiled programs, runs with it (an unhashable jax.Array failed after set-up)."""
+  for weight in (np.array(0.25), jnp.asarray(0.25)):
+    prior = priors.Prior(priors.total_variation, weight)
+    assert type(prior.weight) is float and prior.weight == 0.25
+    hash(attacks.Attack(priors=(prior,)))
 
 
 def test_an_int_image_size_is_a_square():

@@ -197,7 +197,7 @@ def test_pipeline_attacks_the_checkpointed_model(tmp_path):
   from gradjax import models
   from gradjax.run import config, pipeline
   cfg = config.from_options({"data.image_size": 16, "data.index": 1, "attack.iterations": 15})
-  key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.data.index)
+  key_model = pipeline.experiment_keys(cfg.seed, cfg.data.index).model
   model = models.create("lenet_zhu", key_model, input_shape=(16, 16, 3), num_classes=10)
   path = tmp_path / "same.npz"
   checkpoint.save(path, model.variables, {"model": "lenet_zhu", "num_classes": 10,

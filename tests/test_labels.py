@@ -432,4 +432,4 @@ def test_feature_profile_matches_numpy(photos):
   with pytest.raises(ValueError, match="positions"):
     labels.feature_profile(model.apply_fn, model.variables, x, positions=10_000)
   with pytest.raises(ValueError, match="profile has"):
-    labels.hfginv(_hand_obs(2, kernel=np.ones((3, 10))), profile)
+    labels.hfginv(_hand_obs(2, kernel=np.ones((3, 10))), profile, jax.random.key(0))

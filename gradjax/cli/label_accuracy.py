@@ -49,7 +49,7 @@ def main(argv):
     correct = {}
     for k in range(distributed.process_index(), f.count, distributed.process_count()):
       index = f.start + k
-      key_model, _, _ = pipeline.experiment_keys(cfg.seed, index)
+      key_model = pipeline.experiment_keys(cfg.seed, index).model
       model = models.create(
           cfg.model.name,
           key_model,

@@ -10,11 +10,13 @@ Two sources of the observation: a simulated client (the default: ``dataset`` ima
 reconstruction is scored against images ``index .. index + N − 1``; without one the run reports the
 reconstruction and the objective only.
 
-Seeding (:func:`experiment_keys`). Experiment ``index`` uses ``jax.random.fold_in(key(seed), index)``
-split into a model key and an attack key (a defense's noise uses ``fold_in`` of it with 1, DP-SGD's
-noise ``fold_in`` of that with 1), so every
-image of a sweep attacks a fresh random model (as the DLG / iDLG protocols do) and a single run of
-image ``i`` reproduces row ``i`` of a sweep.
+Seeding (:func:`experiment_keys`). Experiment ``index`` uses base = ``jax.random.fold_in(key(seed),
+index)`` and four streams of it: the model's (``fold_in(base, 0)``), the attack's (1; restart r
+draws from ``split(key, R)[r]``), the client's defense (2; DP-SGD's draws and noise ``fold_in`` of
+it with 1) and the server's label inference (3), so every image of a sweep attacks a fresh random
+model (as the DLG / iDLG protocols do), a single run of image ``i`` reproduces row ``i`` of a
+sweep, and no party draws another's numbers (under JAX's partitionable threefry, the default,
+``split(k, n)[i]`` is ``fold_in(k, i)``: the streams are numbered apart).
 """
 
 import dataclasses
@@ -37,17 +39,26 @@ from gradjax.run.config import SERVER_INFERRED_LABELS, Config, attacked_model, c
 # The options that name files the attack reads; a saved state records their digests.
 INPUT_FILES = ("model.checkpoint", "model.weights", "client.observation")
 
-def experiment_keys(seed: int, index: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(model, attack, defense) PRNG keys of experiment ``index`` (see the module docstring)."""
-  return _experiment_keys(seed, index)
+class Keys(NamedTuple):
+  """The PRNG keys of one experiment (:func:`experiment_keys`), one per party."""
+
+  model: jax.Array    # the simulated model's initialisation
+  attack: jax.Array   # the attack's restarts
+  defense: jax.Array  # the client's defense and DP-SGD
+  server: jax.Array   # what the server infers before the attack (labels from auxiliary images)
+
+
+def experiment_keys(seed: int, index: int) -> Keys:
+  """The PRNG keys of experiment ``index`` (see the module docstring)."""
+  return Keys(*_experiment_keys(seed, index))
 
 
 @compilation.once
 def _experiment_keys(seed, index):
-  # One program: derived eagerly, each of the five operations was a program of its own.
+  # One program: derived eagerly, each operation was a program of its own.
   base = jax.random.fold_in(jax.random.key(seed), index)
-  key_model, key_attack = jax.random.split(base)
-  return key_model, key_attack, jax.random.fold_in(base, 1)
+  key_model, key_attack = jax.random.split(base)  # fold_in(base, 0) and fold_in(base, 1)
+  return key_model, key_attack, jax.random.fold_in(base, 2), jax.random.fold_in(base, 3)
 
 
 def dp_sgd_privacy(cfg: Config) -> dict | None:
@@ -758,7 +769,7 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
   attack = check(cfg)
   conv_name = model_conv(cfg, together)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
-  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
+  key_model, key_attack, key_defense, key_server = experiment_keys(cfg.seed, cfg.data.index)
   share_labels = (not closed and cfg.attack.label_source not in SERVER_INFERRED_LABELS
                   and attack.label_source is labels_lib.known)
   checks, problems = {}, []
@@ -818,10 +829,10 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
   # Rules that run the server's copy of the model: inferred here, then attacked as known labels.
   if cfg.attack.label_source == "hfginv":
     observation = observation.replace(
-        labels=hfginv_labels(cfg, model, observation, norm, jax.random.fold_in(key_attack, 1)))
+        labels=hfginv_labels(cfg, model, observation, norm, key_server))
   elif cfg.attack.label_source == "llg_star":
     observation = observation.replace(
-        labels=llg_star_labels(model, observation, norm, jax.random.fold_in(key_attack, 1)))
+        labels=llg_star_labels(model, observation, norm, key_server))
   return _Prepared(attack, closed, model, observation, batch, norm, key_attack, share_labels, matched,
                    declared, adapted_to, checks, problems, conv_name, local)
 
@@ -1581,7 +1592,7 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
   residual of the found sentences' own gradient against the update (a masked model's where the
   search masked, :func:`searched_pairs`) decides whether they are the client's."""
   masked = models.is_masked_lm(model.name)
-  _, key_attack, _ = experiment_keys(cfg.seed, cfg.data.index)
+  key_attack = experiment_keys(cfg.seed, cfg.data.index).attack
   start = time.perf_counter()
   rec = text.reconstruct(
       presets.dlg(attack.take_over), model.apply_fn, observation, key_attack,
@@ -1677,7 +1688,7 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
 
 def _run_text(cfg: Config, callback, state, marks: list[float]):
   attack = check(cfg)
-  key_model, key_attack, key_defense = experiment_keys(cfg.seed, cfg.data.index)
+  key_model, key_attack, key_defense, _ = experiment_keys(cfg.seed, cfg.data.index)
   batch = load_sentences(cfg)
   vocabulary = batch.vocabulary
   model = text_model(cfg, vocabulary, key_model)

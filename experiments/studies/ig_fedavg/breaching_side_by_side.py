@@ -55,7 +55,7 @@ def export(index: int, iterations: int | None):
   cfg = config.replace(config.from_dict(study.get_config(VARIANT)), {"data.index": index})
   full = cfg.attack.iterations
   iterations = iterations or full
-  key_model, _, _ = pipeline.experiment_keys(cfg.seed, index)
+  key_model = pipeline.experiment_keys(cfg.seed, index).model
   batch = pipeline.load_batch(cfg)
   norm = data.normalization(cfg.data.normalization)
   model = models.create(cfg.model.name, key_model, input_shape=batch.x.shape[1:],

@@ -148,7 +148,7 @@ def _sapag_batches(data_dir, length, batch, count, shortest=None):
         "data.sequence_length": length, "data.batch_size": batch, "data.index": k * batch,
         **({} if shortest is None else {"data.min_length": shortest, "attack.preset": "dager"})
     })
-    key_model, _, _ = pipeline.experiment_keys(cfg.seed, cfg.data.index)
+    key_model = pipeline.experiment_keys(cfg.seed, cfg.data.index).model
     sentences = pipeline.load_sentences(cfg)
     model = pipeline.text_model(cfg, sentences.vocabulary, key_model)
     yield k * batch, sentences.ids, model, sentences.vocabulary
