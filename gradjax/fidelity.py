@@ -341,9 +341,9 @@ def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str 
           f"it holds the client's weights after training (declare kind=weights)")
 
 
-def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias")) -> str | None:
-  """``None`` when the labels ``observation`` declares can have produced its update's head bias, else
-  a one-line account of the classes they miss. No data needed.
+def negative_classes(observation: Observation, bias: tuple[str, ...] = ("head", "bias")) -> list[int] | None:
+  """The classes whose head-bias update is negative beyond float32 rounding: each is a class of the
+  batch (see :func:`label_check`). ``None`` where the model has no head bias at ``bias``.
 
   For the cross entropy of softmax probabilities p_n, ∂L/∂b_c = Σ_n w_n (p_nc − y_nc) with w_n > 0
   (1/N for a mean, 1 for a sum, per-example clipping's factors): a class no example holds has only
@@ -351,12 +351,8 @@ def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias
   non-negative combinations of such gradients, and deterministic defenses (clipping, pruning,
   rounding to fp16 / bf16 / int8's symmetric cells) keep a sign. So a negative bias entry, beyond the
   float32 rounding of W_t − W_{t+1} (ε₃₂ (2|b_c| + |u_c|) per step, plus ε₃₂ max|u|), names a class
-  of the batch: it must be among the declared labels. Neither noise, label smoothing nor weight
-  decay keeps this (the caller skips the first). Not run without declared labels (or on text, whose
-  labels are (N, T)) or without a head bias at ``bias``."""
-  labels = observation.labels
-  if labels is None or np.ndim(labels) != 1:
-    return None
+  of the batch. Neither noise, label smoothing nor weight decay keeps this (the callers skip the
+  first)."""
   node = observation.gradient
   weights = observation.variables["params"]
   for key in bias:
@@ -373,8 +369,22 @@ def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias
     # Unknown local training: up to 10 epochs of mini-batches of one example.
     steps = local.steps(observation.num_samples) if local is not None else 10 * observation.num_samples
     tolerance = tolerance + steps * eps * (2 * np.abs(np.asarray(weights, np.float64)) + np.abs(u))
+  return np.flatnonzero(u < -tolerance).tolist()
+
+
+def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias")) -> str | None:
+  """``None`` when the labels ``observation`` declares can have produced its update's head bias, else
+  a one-line account of the classes they miss (:func:`negative_classes`: each a class of the
+  batch, which the declared labels must hold). No data needed. Not run without declared labels (or
+  on text, whose labels are (N, T)) or without a head bias at ``bias``."""
+  labels = observation.labels
+  if labels is None or np.ndim(labels) != 1:
+    return None
+  negative = negative_classes(observation, bias)
+  if negative is None:
+    return None
   declared = set(np.asarray(labels).tolist())
-  missing = [c for c in np.flatnonzero(u < -tolerance).tolist() if c not in declared]
+  missing = [c for c in negative if c not in declared]
   if not missing:
     return None
   return (f"the update's head bias is negative for class{'es' if len(missing) > 1 else ''} "
@@ -384,7 +394,18 @@ def label_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias
           f"cross entropy and SGD: label smoothing, mixed targets, a FedAvg client's weight decay)")
 
 
-# --- a captured update, before an attack ---------------------------------------------------------
+def count_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias")) -> str | None:
+  """``None``, or why the update holds more examples than ``observation.num_samples``: its head bias
+  names K classes of the batch (:func:`negative_classes`), which take at least K examples. No data
+  needed (a capture that declares neither ``num_samples`` nor labels is read as one example)."""
+  negative = negative_classes(observation, bias)
+  if negative is None or len(negative) <= observation.num_samples:
+    return None
+  return (f"the update's head bias is negative for {len(negative)} classes ({', '.join(map(str, negative))}), "
+          f"each a class of the batch, so it holds at least {len(negative)} examples, not "
+          f"{observation.num_samples}: declare num_samples (or the labels); or the client's loss "
+          f"or step is not plain cross entropy and SGD (label smoothing, mixed targets, weight decay)")
+
 
 class CaptureMismatch(ValueError):
   """A captured update that the declared model and recipe do not reproduce."""
@@ -467,6 +488,12 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   applied = None
   noisy = dp_sgd or _noisy(defense)
   head = observation.gradient.get("head", {}) if hasattr(observation.gradient, "get") else {}
+  if not noisy and "bias" in head:  # what count_check reads
+    why = count_check(observation)
+    if why:  # the attack's batch would be too small for the update: nothing else reads right
+      checks["count"] = {"declared": observation.num_samples, "ok": False, "explained": why}
+      return checks, [why]
+    checks["count"] = {"declared": observation.num_samples, "ok": True, "explained": None}
   if (batch is None and not noisy and observation.labels is not None
       and np.ndim(observation.labels) == 1 and "bias" in head):  # what label_check reads
     why = label_check(observation)
@@ -512,8 +539,10 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   declared = Recipe(model.apply_fn, functools.partial(data.normalize, norm=norm), observation.train,
                     local, defense=applied)
   result = check(observation, declared, batch.x, batch.y,
-                 alternatives=lambda c: alternatives(declared, module, observation, norm,
-                                                     batch.x.shape[-1], c, _head_chw(model)))
+                 alternatives=lambda c: alternatives(
+                     declared, module, observation, norm, batch.x.shape[-1], c, _head_chw(model),
+                     None if local is None else matching_learning_rate(declared, observation, batch.x,
+                                                                        batch.y, c)))
   checks["fidelity"] = result.as_dict()
   if not result.ok:
     order = ("; or the order the client took its examples in (a shuffling data loader): declare "
@@ -541,15 +570,62 @@ def _flattened_hwc(params, chw):
   return {**params, "head": {**head, "kernel": jnp.asarray(kernel)}}
 
 
+def matching_learning_rate(declared: Recipe, observation: Observation, x, y, comparison: Comparison,
+                           steps: int = 10) -> float:
+  """The local learning rate η at which the update recomputed under ``declared`` (a FedAvg recipe)
+  has the captured one's norm, from the declared rate's ``comparison`` (scale s = ‖c‖ / ‖u(η₀)‖).
+
+  One local step's update is η times a gradient: η₀ s, exact. Several steps' updates are no
+  multiple of η: from η₁ = η₀ s, the root of log ‖u(η)‖ / ‖c‖ in log η, by secant steps inside
+  the bracket once one is found (halving it where a secant leaves it or an update is not finite),
+  up to ``steps`` recomputations; the rate of the norm closest to the capture's."""
+  local = declared.local
+  lr = local.learning_rate * comparison.scale
+  if not (np.isfinite(lr) and lr > 0) or local.steps(observation.num_samples) == 1:
+    return lr
+
+  def gap(rate):  # log ‖u(η)‖ / ‖c‖; an update that is not finite is too large
+    try:
+      c = _recompute(declared._replace(local=local._replace(learning_rate=rate)), observation, x, y)
+    except ValueError:
+      return np.nan
+    if not np.isfinite(c.relative_error) or not c.scale > 0:  # diverged: NaN or inf in the update
+      return np.inf
+    return -np.log(c.scale)
+
+  tried = [(np.log(local.learning_rate), -np.log(comparison.scale))]
+  t = np.log(lr)
+  for _ in range(steps):
+    g = gap(float(np.exp(t)))
+    if np.isnan(g):
+      break
+    tried.append((t, g))
+    if abs(g) < 1e-6:
+      break
+    below = [p for p in tried if p[1] < 0]
+    above = [p for p in tried if p[1] > 0]
+    if below and above:  # bracketed: a secant between the closest points, else the midpoint
+      (t0, g0), (t1, g1) = max(below, key=lambda p: p[1]), min(above, key=lambda p: p[1])
+      mid = 0.5 * (t0 + t1)
+      t = t0 - g0 * (t1 - t0) / (g1 - g0) if np.isfinite(g1) else mid
+      if not min(t0, t1) < t < max(t0, t1):
+        t = mid
+    else:  # a step of the ratio, as for one local step
+      t = t - g
+  return float(np.exp(min(tried[1:], key=lambda p: abs(p[1]))[0])) if len(tried) > 1 else lr
+
+
 def alternatives(declared: Recipe, module, observation: Observation, norm: data.Normalization,
                  channels: int, comparison: Comparison,
-                 flatten_chw: tuple[int, int, int] | None = None) -> dict[str, Recipe]:
+                 flatten_chw: tuple[int, int, int] | None = None,
+                 learning_rate: float | None = None) -> dict[str, Recipe]:
   """Recipes that differ from ``declared`` in one known way, each named by what to declare instead:
   every other activation of ``module`` (a Flax module with an ``act`` field), the other BatchNorm
   mode, a summed loss, the head's inputs flattened in the other order (for a model that flattens a
   ``flatten_chw`` = (C, H, W) map), every named and common normalisation
   (:data:`gradjax.data.COMMON_NORMALIZATIONS`) that fits the ``channels``, and for
-  FedAvg the local learning rate that ``comparison.scale`` suggests, 1-5 epochs in every batch
+  FedAvg the local learning rate ``learning_rate`` (default: the one ``comparison.scale`` suggests,
+  exact for one step; :func:`matching_learning_rate` for several), 1-5 epochs in every batch
   size that divides the examples, and momentum 0 or 0.9 (PyTorch's SGD default and the common
   choice) where the schedule takes several steps."""
   alts = {}
@@ -575,7 +651,7 @@ def alternatives(declared: Recipe, module, observation: Observation, norm: data.
           normalize=functools.partial(data.normalize, norm=other))
   local = declared.local
   if local is not None:
-    lr = local.learning_rate * comparison.scale
+    lr = local.learning_rate * comparison.scale if learning_rate is None else learning_rate
     alts[f"local learning rate {lr:.4g} (declare local_lr={lr:.4g})"] = declared._replace(
         local=local._replace(learning_rate=lr))
     n = observation.num_samples

@@ -114,6 +114,25 @@ def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
   assert any("round 2 client 4: not scored" in line and "data_indices" in line for line in lines), lines
 
 
+def test_a_local_training_stated_in_capture_json_alone_is_said(tmp_path):
+  """A capture written by hand whose capture.json's config states the local training but whose
+  metadata do not: the audit says that it reads the metadata alone (it attacked as an unknown
+  schedule, silently)."""
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
+  mapping = interop.zoo_mapping(model)
+  weights = tmp_path / "round_weights.safetensors"
+  interop.save_weights(weights, model, mapping)
+  folder = tmp_path / "audit" / "round_1" / "client_2"
+  folder.parent.mkdir(parents=True)
+  audit.write_capture(folder, str(weights), interop.params_to_torch(model.variables["params"], mapping),
+                      {"round": 1, "client": "2", "config": {"lr": 0.1, "local-epochs": 2}},
+                      {"num_samples": 2, "model": "lenet_zhu"})
+  lines = []
+  audit.audit(tmp_path / "audit", audit.Settings(iterations=3, lpips="none"), log=lines.append)
+  said = [line for line in lines if "capture.json's config states" in line]
+  assert len(said) == 1 and "local_lr=0.1" in said[0] and "local_epochs=2" in said[0], lines
+
+
 @pytest.mark.slow
 def test_an_mlp_client_at_batch_16_leaks_every_image(photos, tmp_path):
   """One local step of an mlp-1024 client on 16 photos, captured as the recorder does: ``auto`` runs

@@ -202,6 +202,9 @@ CASES = {
                   {"loss_reduction": None}, "loss_reduction=sum"),
     "learning rate": ("lenet_zhu", None, {"local": clients.LocalTraining(1, None, 0.1)},
                       {"local_lr": "0.05"}, "local_lr=0.1"),
+    # Four steps: no multiple of the rate; found by the secant on the update's norm.
+    "learning rate, steps": ("lenet_zhu", None, {"local": clients.LocalTraining(2, 1, 0.1)},
+                             {"local_lr": "0.01"}, "local_lr=0.1)"),
     "local steps": ("lenet_zhu", None, {"local": clients.LocalTraining(2, 1, 0.1)},
                     {"local_epochs": "1"}, "local_epochs=2"),
     "momentum": ("lenet_zhu", None, {"local": clients.LocalTraining(1, 1, 0.1, momentum=0.9)},
@@ -421,3 +424,34 @@ def test_auto_reads_a_file_without_kind_as_a_gradient(photos, tmp_path):
   weights, path = _files(tmp_path, model, new, {"labels": "3", "local_lr": "0.1"}, "w")
   with pytest.raises(fidelity.CaptureMismatch, match="declare kind=weights"):
     pipeline.run(config.replace(cfg, {"attack.preset": "dlg", "client.observation": str(path)}))
+
+
+def test_a_batch_read_as_fewer_examples_is_refused(photos, tmp_path):
+  """A batch of 4 captured without ``num_samples`` or labels is read as one example; its head bias
+  names the batch's classes (NumPy's from the logits), more than one, so the capture is refused
+  before any attack, saying how many examples it holds at least. Declared 4, it passes; a single
+  example's gradient, declared 1, passes; under declared noise it is not read."""
+  model = _model("lenet_zhu", "relu")
+  x, y = photos[:4], np.array([0, 1, 6, 6])
+  negative = _negative_bias_classes(model, x, y)
+  assert len(negative) > 1
+  grad = clients.fedsgd(model.apply_fn, model.variables, x, y).gradient
+  weights, path = _files(tmp_path, model, grad, {"act": "relu"}, "g")
+  imported = interop.load(weights, path)
+  assert imported.observation.num_samples == 1
+  checks, problems = fidelity.check_capture(imported.model, imported.observation, None,
+                                            data.normalization("none"), kind="gradient")
+  assert problems == [checks["count"]["explained"]] and "activation" not in checks
+  assert f"negative for {len(negative)} classes ({', '.join(map(str, sorted(negative)))})" in problems[0]
+  assert f"at least {len(negative)} examples, not 1" in problems[0]
+  assert not fidelity.check_capture(imported.model, imported.observation, None,
+                                    data.normalization("none"), "gaussian:1e-6")[1]
+  weights, path = _files(tmp_path, model, grad, {"act": "relu", "num_samples": "4"}, "g4")
+  imported = interop.load(weights, path)
+  checks, problems = fidelity.check_capture(imported.model, imported.observation, None,
+                                            data.normalization("none"))
+  assert checks["count"]["ok"] and not problems
+  one = clients.fedsgd(model.apply_fn, model.variables, x[:1], y[:1]).gradient
+  weights, path = _files(tmp_path, model, one, {"act": "relu"}, "g1")
+  imported = interop.load(weights, path)
+  assert fidelity.count_check(imported.observation) is None

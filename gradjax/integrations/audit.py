@@ -597,6 +597,13 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   if differ:  # what chooses the attacks and what they read must be the same client's
     log(f"round {capture.round} client {capture.client}: error: {differ}")
     return [{**base, "attack": None, "error": differ}]
+  config = capture.info.get("config")
+  stated = {k: v for k, v in capture_metadata({}, config, {}).items()
+            if k not in meta} if isinstance(config, dict) else {}
+  if stated and "local_lr" not in meta:  # a capture written by hand: say what is not read
+    log(f"round {capture.round} client {capture.client}: capture.json's config states "
+        f"{', '.join(f'{k}={v}' for k, v in stated.items())}, which the capture's metadata lack; the "
+        "attacks read the metadata alone (write them with gradjax.integrations.audit.capture_metadata)")
   if chosen:
     try:
       names = auto.for_metadata(meta, settings.model)

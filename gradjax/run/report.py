@@ -355,6 +355,11 @@ def check_rows(results: dict) -> list[dict]:
     a = checks["kind"]
     rows.append({"check": f"the file's kind (declared {a['declared']}) against the weights sent",
                  "result": "passed" if a["ok"] else "failed", "detail": a["explained"] or ""})
+  if "count" in checks:
+    a = checks["count"]
+    rows.append({"check": f"examples (declared {a['declared']}) against the classes the last layer's "
+                          "bias gradient names", "result": "passed" if a["ok"] else "failed",
+                 "detail": a["explained"] or ""})
   if "labels" in checks:
     a = checks["labels"]
     rows.append({"check": "declared labels against the last layer's bias gradient",
