@@ -313,20 +313,28 @@ def _run_callback(callback, index, variables, record, history):
 
 
 def check_sgd(num_samples: int, epochs: int, batch_size: int, learning_rate: float | optax.Schedule,
-              momentum: float, weight_decay: float = 0.0, nesterov: bool = False) -> None:
+              momentum: float, weight_decay: float = 0.0, nesterov: bool = False,
+              names: dict[str, str] | None = None) -> None:
   """One-line ValueError unless the SGD settings are usable on ``num_samples`` training images (a
-  schedule is checked at its first step)."""
-  if epochs < 1 or not 1 <= batch_size <= num_samples:
-    raise ValueError(f"need epochs >= 1 and 1 <= batch size <= {num_samples}, got {epochs} and "
+  schedule is checked at its first step), naming the setting that is not (``names``: each
+  argument's name for the user, e.g. its flag; default the words below)."""
+  n = {"epochs": "epochs", "batch_size": "batch size", "learning_rate": "learning rate",
+       "momentum": "momentum", "weight_decay": "weight decay", "nesterov": "Nesterov's momentum",
+       **(names or {})}
+  if epochs < 1:
+    raise ValueError(f"{n['epochs']} must be at least 1, got {epochs}")
+  if not 1 <= batch_size <= num_samples:
+    raise ValueError(f"{n['batch_size']} must lie in 1..{num_samples} (the training images), got "
                      f"{batch_size}")
   first = float(learning_rate(0)) if callable(learning_rate) else learning_rate
-  if not first > 0 or not 0 <= momentum < 1:
-    raise ValueError(f"learning rate must be positive and momentum in [0, 1), got {first} "
-                     f"and {momentum}")
+  if not first > 0:
+    raise ValueError(f"{n['learning_rate']} must be positive, got {first}")
+  if not 0 <= momentum < 1:
+    raise ValueError(f"{n['momentum']} must lie in [0, 1), got {momentum}")
   if not weight_decay >= 0:
-    raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+    raise ValueError(f"{n['weight_decay']} must be >= 0, got {weight_decay}")
   if nesterov and not momentum > 0:
-    raise ValueError("Nesterov's momentum needs momentum > 0")
+    raise ValueError(f"{n['nesterov']} needs momentum > 0 ({n['momentum']})")
 
 
 # Fifteen parameters: the model and data, then one keyword per training hyper-parameter, as the train

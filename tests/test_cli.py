@@ -391,6 +391,7 @@ BAD_FILES = [
     (["--weights={d}/good.npz", "--observation={d}/good.npz", "--config.model.rename=(=x"], "is no regular expression"),
     (["--resume", "--output_dir={d}/a_sweep"], "holds a run of gradjax sweep, not of gradjax reconstruct"),
     (["--resume", "--output_dir={d}/notes"], "holds files of no gradjax run"),
+    (["--output_dir={d}/notes"], "holds files: todo.txt, ...; pass --overwrite to write there"),
     (["--config={d}"], "is a folder; give a Python file's path"),
     (["--compilation_cache={d}/a_file"], "--compilation_cache"),
     (["--coordinator_address=localhost", "--num_processes=2", "--process_id=0"], "must be host:port"),
@@ -473,7 +474,7 @@ def test_runs_never_overwrite_each_other(tmp_path):
   assert sweep.returncode == 0, sweep.stderr[-2000:]
   title = json.loads((runs / "sweep_dlg_mlp_skimage_0..0" / "results.json").read_text())["title"]
   assert title.startswith("dlg on mlp (checkpoint good.npz), skimage 0..0"), title
-  _assert_one_line_error(again, "holds another run's files")
+  _assert_one_line_error(again, "holds a run of gradjax reconstruct")
   assert forced.returncode == 0, forced.stderr[-2000:]
   assert json.loads((runs / "dlg_lenet_zhu_skimage_0" / "metrics.json").read_text())["config"]["seed"] == 2
   assert (inner / "state.npz").read_bytes() == b"another run's saved state"
@@ -492,7 +493,7 @@ def test_runs_never_overwrite_each_other(tmp_path):
   next_free, into = run_in_one_process([[argv, tmp_path] for argv in (
       [*reconstruct, "--seed=4"], [*reconstruct, f"--output_dir={claimed}"])])
   assert "wrote runs/dlg_lenet_zhu_skimage_0-4" in next_free.stdout, next_free.stderr[-2000:]
-  _assert_one_line_error(into, "holds another run's files")
+  _assert_one_line_error(into, "holds a run of gradjax reconstruct")
   assert [p.name for p in claimed.iterdir()] == [".gradjax-claim"]
   assert [str(p.relative_to(runs)) for p in runs.glob("*/.gradjax-claim")] == [
       "dlg_lenet_zhu_skimage_0-3/.gradjax-claim"]
@@ -587,6 +588,11 @@ def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, uninterrupted):
   assert "Traceback" not in stderr and (out / "state.npz").exists()
   command = shlex.split(last.split("resume with: ", 1)[1])
   assert command[:2] == ["gradjax", "reconstruct"] and "--resume" in command
+  # A resume of other options is refused and leaves the claim naming the command that ran.
+  claim = (out / ".gradjax-claim").read_text()
+  other, = run_in_one_process([[["gradjax", "reconstruct", *args, "--seed=7", f"--output_dir={out}",
+                                 "--resume"], tmp_path]])
+  assert other.returncode == 2 and (out / ".gradjax-claim").read_text() == claim, other.stderr[-2000:]
   resumed = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=ROOT,
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
@@ -1069,6 +1075,8 @@ def test_bad_configuration_files_and_outputs_are_one_line(tmp_path):
   assert results[-1].returncode == 0 and "c.attack.iterations = 5" in results[-1].stdout
   outputs = [(tmp_path, "a folder"), (tmp_path / "taken.json", "exists"),
              (tmp_path / "missing" / "out.json", "no folder")]
+  if os.path.isdir("/proc"):  # a folder no file can be made in, even by root (os.access says yes)
+    outputs.append(("/proc/out.json", "cannot write to /proc"))
   *refused, replaced = run_in_one_process(
       [(["gradjax", "label-accuracy", "--count=1", f"--output={path}"], tmp_path) for path, _ in outputs]
       + [(["gradjax", "label-accuracy", "--count=1", f"--output={tmp_path / 'taken.json'}",

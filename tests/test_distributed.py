@@ -262,7 +262,10 @@ def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
 
 @pytest.mark.parametrize("mistake, message", [
     (["--dataset=cifar10", "--data_dir=/nonexistent"], "error:"),
-    (["--local_device_ids=3"], "error: --local_device_ids=3 chooses accelerators; this process runs on the CPU")])
+    (["--local_device_ids=3"], "error: --local_device_ids=3 chooses accelerators; this process runs on the CPU"),
+    # Another image and defense on process 1: its flags, which process 0's results would not record.
+    (["--index=1", "--defense=gaussian:1"],
+     "error: process 1 was started with other flags than process 0: --defense=gaussian:1 (process 0: ")])
 def test_an_error_on_one_process_is_named_by_the_others(tmp_path, mistake, message):
   with _processes(["reconstruct", "--iterations=5", "--config.execution.shard=True", f"--output_dir={tmp_path}"],
                   per_process={1: mistake}) as procs:

@@ -181,6 +181,7 @@ def _launch() -> None:
   sys.excepthook = _excepthook_over_processes
   atexit.register(distributed.finished)  # a normal exit (errors and faults leave by os._exit)
   distributed.watch()
+  _check_same_flags()
   if ids is not None:  # JAX applies them to accelerators only: on a CPU they would change nothing
     try:
       backend = jax.default_backend()
@@ -189,6 +190,29 @@ def _launch() -> None:
     if backend == "cpu":
       fail(f"--local_device_ids={','.join(map(str, ids))} chooses accelerators; this process "
            "runs on the CPU (leave the flag out)")
+
+
+# Flags a process may set for itself: which process it is and what it holds locally (its devices,
+# its compilation cache, where its machine mounts the data, how long it waits to join).
+_LOCAL_FLAGS = ("process_id", "local_device_ids", "compilation_cache", "compilation_cache_min_secs",
+                "data_dir", "initialization_timeout_s")
+
+
+def _check_same_flags() -> None:
+  """Ends a process started with other flags than process 0 (one line, exit 2): every process runs
+  the same command, and what process 0 writes would otherwise record its flags alone."""
+  f = flags.FLAGS
+  mine = {name: str(f[name].value) for module, held in f.flags_by_module_dict().items()
+          if not module.startswith("absl.") for name in (fl.name for fl in held)
+          if name not in _LOCAL_FLAGS}
+  first = distributed.agree(lambda: mine)
+  differ = sorted(n for n in set(mine) | set(first) if mine.get(n) != first.get(n))
+  if differ:
+    shown = ", ".join(f"--{n}={mine.get(n)} (process 0: {first.get(n)})" for n in differ[:3])
+    message = (f"process {distributed.process_index()} was started with other flags than process 0: "
+               f"{shown}{' and more' if len(differ) > 3 else ''}; start every process with the same "
+               "command (but --process_id)")
+    distributed.fail(message, 2, line=f"error: {message}")
 
 
 def _excepthook_over_processes(kind, value, tb):
@@ -525,10 +549,14 @@ def _check_results_file(path: str | None) -> bool:
     problem = "a folder; give the name of a .json file"
   elif not os.path.isdir(folder):
     problem = f"no folder {folder}"
-  elif not os.access(folder, os.W_OK):
-    problem = f"cannot write to {folder}"
   else:
-    return True
+    try:  # a file made and removed: os.access says yes to root on a read-only filesystem
+      handle, probe = tempfile.mkstemp(prefix=".gradjax-probe-", dir=folder)
+      os.close(handle)
+      os.remove(probe)
+      return True
+    except OSError as e:
+      problem = f"cannot write to {folder} ({e.strerror})"
   raise flags.ValidationError(problem)
 
 
@@ -634,9 +662,12 @@ together, one gets the folder), holding its command; removed once ``config.py`` 
 command, or at exit when the run wrote nothing else. An interrupted run's claim names its program."""
 
 
-def _claim(out: str, *, exclusive: bool = True) -> bool:
+def _claim(out: str, *, exclusive: bool = True, keep: bool = False) -> bool:
   """Creates ``<out>/``:data:`CLAIM` with this run's command; False where ``exclusive`` and another
-  run's claim is there."""
+  run's claim is there. ``keep`` (a resumed run): an interrupted run's claim stays as it is, naming
+  the command that ran (a resume refused for another configuration must not replace it)."""
+  if keep and os.path.isfile(os.path.join(out, CLAIM)):
+    return True
   text = "# Command: " + shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n") + "\n"
   mode = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
   try:
@@ -724,8 +755,13 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
     out = f.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
       fail(f"--output_dir {out} is a file, not a folder")
-    taken = (f"--output_dir {out} holds another run's files; pass --overwrite to replace them"
-             + (", --resume to continue that run" if "resume" in f else "") + ", or choose another folder")
+    command = recorded_command(out) if os.path.isdir(out) else None
+    held = (f"a run of {shlex.join(command[:2])}" if command else
+            "files: " + ", ".join(sorted(e.name for e in os.scandir(out))[:3]) + ", ..."
+            if _holds_files(out) else "another run's files")
+    taken = (f"--output_dir {out} holds {held}; pass --overwrite to write there (this program's "
+             "results are replaced, other files kept)"
+             + (", --resume to continue a run" if "resume" in f else "") + ", or choose another folder")
     if _holds_files(out) and not (f.overwrite or resuming):
       fail(taken)
     if resuming:
@@ -753,7 +789,7 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       os.makedirs(out, exist_ok=True)
       with tempfile.TemporaryFile(dir=out):
         pass
-      claimed = _claim(out, exclusive=not (f.overwrite or resuming))
+      claimed = _claim(out, exclusive=not (f.overwrite or resuming), keep=resuming)
     except OSError as e:
       fail(f"cannot write to the output folder {out}: {e.strerror or e}")
     if claimed:

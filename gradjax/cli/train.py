@@ -192,10 +192,13 @@ def main(argv):
       training.check_sgd(
           f.data.batch_size if f.training.train_count is None else f.training.train_count,
           f.training.epochs, f.data.batch_size, f.training.lr, f.training.momentum,
-          f.training.weight_decay, f.training.nesterov)
+          f.training.weight_decay, f.training.nesterov,
+          names={"epochs": "--epochs", "batch_size": "--batch_size",
+                 "learning_rate": "--config.training.lr", "momentum": "--config.training.momentum",
+                 "weight_decay": "--config.training.weight_decay",
+                 "nesterov": "--config.training.nesterov=True"})
     except ValueError as e:
-      common.fail(f"--epochs, --batch_size, --config.training.lr, --config.training.momentum, "
-                  f"--config.training.weight_decay, --config.training.nesterov: {e}")
+      common.fail(str(e))
     try:
       milestones = tuple(int(m) for m in f.training.lr_milestones.split(",") if m.strip())
     except ValueError:
