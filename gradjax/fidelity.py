@@ -305,6 +305,8 @@ def activation_check(observation: Observation, act: str) -> str | None:
 # update: a round that halves the model's norm or turns its weights nearly orthogonal is no client's.
 KIND_DISTANCE = 0.5
 KIND_COSINE = 0.2
+KIND_NORMS = 2.0  # the cosine is read only for files of at most this many times the weights' norm:
+# a client whose round blew up (‖W_{t+1}‖ ≫ ‖W_t‖) turns its weights from the ones sent
 
 
 def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str | None:
@@ -314,8 +316,9 @@ def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str 
   ``observation.gradient`` is what the declaration made of the file F: u = F for a gradient or an
   update W_t − W_{t+1}, u = W_t − F for weights. Over all parameters (flattened), a gradient or
   update F with ‖F − W_t‖ <= :data:`KIND_DISTANCE` ‖W_t‖ is the client's weights W_{t+1}; weights F
-  with ‖F‖ <= :data:`KIND_DISTANCE` ‖W_t‖ or cos(F, W_t) <= :data:`KIND_COSINE` are a gradient or
-  an update (whose norm and direction are unlike the weights'). ``noisy``: the client declares noise
+  with ‖F‖ <= :data:`KIND_DISTANCE` ‖W_t‖, or ‖F‖ <= :data:`KIND_NORMS` ‖W_t‖ and cos(F, W_t) <=
+  :data:`KIND_COSINE`, are a gradient or an update (whose norm and direction are unlike the
+  weights'; a round that diverged may leave weights of another direction, but of a larger norm). ``noisy``: the client declares noise
   (a defense or DP-SGD), which moves a file away from the weights and turns it from their direction:
   the cosine is not read (the distances, which noise only lengthens, still are)."""
   u = [np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(observation.gradient)]
@@ -329,7 +332,7 @@ def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str 
     f = w - u
     ratio = float(np.linalg.norm(f)) / norm
     cosine = float(f @ w) / (float(np.linalg.norm(f)) * norm) if ratio else 0.0
-    if ratio > KIND_DISTANCE and (noisy or cosine > KIND_COSINE):
+    if ratio > KIND_DISTANCE and (noisy or ratio > KIND_NORMS or cosine > KIND_COSINE):
       return None
     return (f"the file declared kind=weights is unlike the weights sent ({ratio:.2g} times their "
             f"norm, cosine {cosine:.2g}), as a client's weights after training are not: it holds a "
@@ -448,7 +451,7 @@ def zero_arrays(updates, weights, *, gradient: bool = False) -> str | None:
 _NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no recomputation matches
 
 
-def _noisy(defense: str | None) -> bool:
+def noisy(defense: str | None) -> bool:
   """Whether the defense spec adds noise (read as :func:`gradjax.defenses.parse` reads it: any
   spelling, case and alias)."""
   return bool(defense) and any(p.split(":")[0] in _NOISY
@@ -457,7 +460,8 @@ def _noisy(defense: str | None) -> bool:
 
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
                   norm: data.Normalization, defense: str | None = None, dp_sgd: bool = False,
-                  order_known: bool = True, kind: str | None = None) -> tuple[dict, list[str]]:
+                  order_known: bool = True, kind: str | None = None,
+                  count_declared: bool = True) -> tuple[dict, list[str]]:
   """Checks a captured ``observation`` against the declared ``model`` (its activation) and input
   normalisation ``norm`` before any attack: :func:`activation_check` (a gradient or a one-step
   update), and, with the client's examples ``batch``, :func:`check` against the recipe's
@@ -474,27 +478,31 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   multiset) an update of several mini-batches, which depends on that order, is not recomputed.
   ``kind``: the file's declared kind (``gradient``, ``update``, ``weights``), checked first
   (:func:`kind_check`; ``None``: not checked); a mistaken one stops the other checks.
+  ``count_declared``: False where the capture gave neither ``num_samples`` nor labels (its count
+  is the default, one): then :func:`count_check` reads the head bias for more (a count declared is
+  taken as given: a file stored below float32, weight decay or label smoothing can turn an absent
+  class's bias update negative).
 
   Raises :class:`ZeroUpdate` for an update that carries nothing (:func:`zero_update`)."""
   zero = zero_update(observation)
   if zero:
     raise ZeroUpdate(zero)
   checks, problems = {}, []
+  noised = dp_sgd or noisy(defense)
   if kind is not None:
-    why = kind_check(observation, kind, noisy=dp_sgd or _noisy(defense))
+    why = kind_check(observation, kind, noisy=noised)
     checks["kind"] = {"declared": kind, "ok": why is None, "explained": why}
     if why:  # every other check would read the file as what it is not
       return checks, [why]
   applied = None
-  noisy = dp_sgd or _noisy(defense)
   head = observation.gradient.get("head", {}) if hasattr(observation.gradient, "get") else {}
-  if not noisy and "bias" in head:  # what count_check reads
+  if not count_declared and not noised and "bias" in head:  # what count_check reads
     why = count_check(observation)
     if why:  # the attack's batch would be too small for the update: nothing else reads right
       checks["count"] = {"declared": observation.num_samples, "ok": False, "explained": why}
       return checks, [why]
     checks["count"] = {"declared": observation.num_samples, "ok": True, "explained": None}
-  if (batch is None and not noisy and observation.labels is not None
+  if (batch is None and not noised and observation.labels is not None
       and np.ndim(observation.labels) == 1 and "bias" in head):  # what label_check reads
     why = label_check(observation)
     checks["labels"] = {"ok": why is None, "explained": why}
@@ -503,11 +511,12 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
   if dp_sgd:
     why = ("not checked: the client declares DP-SGD, whose per-example clipping and noise change "
            "its update")
-    return {"activation": {"ok": None, "explained": why}, "fidelity": {"ok": None, "explained": why}}, []
+    return {**checks, "activation": {"ok": None, "explained": why},
+            "fidelity": {"ok": None, "explained": why}}, []
   if defense:
     why = f"not checked: the client declares the defense {defense}, which changes its update"
     checks["activation"] = {"ok": None, "explained": why}
-    if _noisy(defense):
+    if noisy(defense):
       checks["fidelity"] = {"ok": None, "explained": why + " at random"}
       return checks, problems
     applied = defenses.parse(defense)

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import clients, compilation, fidelity, models, objectives
+from gradjax import clients, compilation, defenses, fidelity, models, objectives
 from gradjax.objectives import dummy_gradient
 from gradjax.observation import Observation, check_labels
 
@@ -80,7 +80,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *,
              matched: "str | objectives.Matched" = "gradient",
              max_norm: float | None = None,
              sampling_rate: float | None = None,
-             expected_batch_size: float | None = None) -> fidelity.Comparison:
+             expected_batch_size: float | None = None,
+             defense: defenses.Defense | None = None,
+             defense_scale: float = 1.0) -> fidelity.Comparison:
   """How well the attack's reconstruction reproduces the observed update.
 
   The update the client would have sent for the reconstruction (its gradient, or for ``matched``
@@ -108,6 +110,12 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *,
       batch size a FedSGD step divides by changes nothing.
     expected_batch_size: the replayed steps' divisor E where it is not q·n (Opacus' ``int(q·n)``,
       :class:`gradjax.objectives.Replay`).
+    defense: the deterministic defense (clipping, pruning, rounding; no noise: a
+      :class:`gradjax.defenses.Defense`) the client applied to what it sent: u is compared as
+      T(s·u)/s, what the client would have sent, with s = ``defense_scale`` (the learning rate
+      where the observation is one local step's update matched as its gradient, which the defense
+      acted on). Without it, the residual of the client's own data under such a defense is the
+      defense's change.
 
   Raises ValueError for a batch of another size than the observation's, inputs the model does
   not read, labels outside the model's classes.
@@ -144,6 +152,9 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *,
                                else float(sampling_rate)),  # scale is fitted: no rate to compile in
                 expected_batch_size=(None if expected_batch_size is None or sampling_rate is None
                                      or matched != "replay" else float(expected_batch_size)))
+  if defense is not None:
+    sent = defense.apply(observation.replace(gradient=jax.tree.map(lambda a: defense_scale * a, u)))
+    u = jax.tree.map(lambda a: a / defense_scale, sent.gradient)
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
@@ -496,7 +507,8 @@ def _decide(findings, kinds, residual, improving, budget, problems, thresholds) 
       why += "; the objective was still falling when the budget ran out: more iterations may match it"
     else:
       why += ("; a stronger attack, more restarts, or a model or recipe other than declared "
-              "(a defense also keeps attacks from matching)")
+              "(noise keeps every attack from matching; a deterministic defense is applied to "
+              "the reconstruction's update where it is declared)")
     return {"status": "inconclusive", "reason": why + seen}
   if findings is None:
     return {"status": "leak", "reason": f"{budget} found data that reproduce the update ({res}, "

@@ -77,6 +77,33 @@ def test_residual_is_the_sine_to_the_observation(photos):
       verdict.residual(model.apply_fn, obs, {"x": x}, labels)
 
 
+@pytest.mark.parametrize("spec", ["clip:0.5", "prune:0.6", "fp16", "clip:0.5,fp16"])
+def test_the_residual_under_a_declared_defense_is_that_of_what_the_client_sent(photos, spec):
+  """The client's own data reproduce a defended update exactly once the declared defense is applied
+  to their update (0 up to float32 rounding), where without it the defense's change is left (per-layer
+  clipping rescales each layer; pruning zeroes entries; fp16 rounds them): the residual of a
+  deterministic defense, which a verdict must read. One local step's update matched as its gradient
+  (the defense acted on lr times it): the same at ``defense_scale`` = lr."""
+  from gradjax import defenses
+  model = _lenet()
+  y = np.array([1, 4])
+  defense = defenses.parse(spec)
+  obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], y)
+  sent = defense.apply(obs)
+  plain = verdict.residual(model.apply_fn, sent, {"x": photos[:2]}, y)
+  assert plain.relative_error > 1e-4  # the defense's change (fp16: float16's relative rounding)
+  assert verdict.residual(model.apply_fn, sent, {"x": photos[:2]}, y,
+                          defense=defense).relative_error < 1e-6
+  lr = 0.05
+  local = clients.LocalTraining(epochs=1, batch_size=None, learning_rate=lr)
+  step = defense.apply(clients.fedavg(model.apply_fn, model.variables, photos[:2], y, local))
+  as_gradient = clients.update_as_gradient(step)
+  # W_t − W_{t+1}'s float32 rounding moves a few entries across fp16's cells: well within the
+  # verdict's bound (Thresholds.matched, 5e-4), where the plain residual is the defense's change.
+  assert verdict.residual(model.apply_fn, as_gradient, {"x": photos[:2]}, y, defense=defense,
+                          defense_scale=lr).relative_error < 1e-4
+
+
 def test_residual_of_replayed_local_training(photos):
   model = _lenet()
   local = clients.LocalTraining(epochs=2, batch_size=1, learning_rate=0.1)

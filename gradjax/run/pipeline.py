@@ -11,9 +11,10 @@ reconstruction is scored against images ``index .. index + N − 1``; without on
 reconstruction and the objective only.
 
 Seeding (:func:`experiment_keys`). Experiment ``index`` uses base = ``jax.random.fold_in(key(seed),
-index)`` and four streams of it: the model's (``fold_in(base, 0)``), the attack's (1; restart r
-draws from ``split(key, R)[r]``), the client's defense (2; DP-SGD's draws and noise ``fold_in`` of
-it with 1) and the server's label inference (3), so every image of a sweep attacks a fresh random
+index)`` and five streams of it: the model's (``fold_in(base, 0)``), the attack's (1; restart r
+draws from ``split(key, R)[r]``), the defense applied to the update (2; a chain's part i
+``split(key, n)[i]``), the server's label inference (3) and the simulated client's own draws (4:
+DP-SGD's batches and noise), so every image of a sweep attacks a fresh random
 model (as the DLG / iDLG protocols do), a single run of image ``i`` reproduces row ``i`` of a
 sweep, and no party draws another's numbers (under JAX's partitionable threefry, the default,
 ``split(k, n)[i]`` is ``fold_in(k, i)``: the streams are numbered apart).
@@ -44,8 +45,9 @@ class Keys(NamedTuple):
 
   model: jax.Array    # the simulated model's initialisation
   attack: jax.Array   # the attack's restarts
-  defense: jax.Array  # the client's defense and DP-SGD
+  defense: jax.Array  # the defense applied to the update the client sends
   server: jax.Array   # what the server infers before the attack (labels from auxiliary images)
+  client: jax.Array   # the simulated client's own draws (DP-SGD's Poisson batches and noise)
 
 
 def experiment_keys(seed: int, index: int) -> Keys:
@@ -58,7 +60,7 @@ def _experiment_keys(seed, index):
   # One program: derived eagerly, each operation was a program of its own.
   base = jax.random.fold_in(jax.random.key(seed), index)
   key_model, key_attack = jax.random.split(base)  # fold_in(base, 0) and fold_in(base, 1)
-  return key_model, key_attack, jax.random.fold_in(base, 2), jax.random.fold_in(base, 3)
+  return (key_model, key_attack, *(jax.random.fold_in(base, k) for k in (2, 3, 4)))
 
 
 def dp_sgd_privacy(cfg: Config) -> dict | None:
@@ -81,27 +83,22 @@ def dp_sgd_privacy(cfg: Config) -> dict | None:
   return privacy
 
 
-def simulated_client(cfg: Config, share_labels: bool, key_defense: jax.Array) -> Callable:
+def simulated_client(cfg: Config, share_labels: bool, key_client: jax.Array) -> Callable:
   """``cfg``'s client (:meth:`gradjax.run.config.ClientConfig.build`), with the DP-SGD step the
-  defense section gives, its noise drawn with ``fold_in(key_defense, 1)``."""
+  defense section gives, its draws and noise from ``key_client`` (:attr:`Keys.client`)."""
   dp_sgd = cfg.defense.dp_sgd()
-  key = None if dp_sgd is None else _dp_sgd_key(key_defense)
+  key = None if dp_sgd is None else key_client
   return cfg.client.build(share_labels=share_labels, dp_sgd=dp_sgd, key=key)
 
 
-def _dp_sgd_key(key_defense: jax.Array) -> jax.Array:
-  """The simulated DP-SGD client's key (its draws and noise): ``fold_in(key_defense, 1)``."""
-  return jax.random.fold_in(key_defense, 1)
-
-
-def poisson_draw(cfg: Config, batch: data.Dataset, observation, key_defense: jax.Array):
+def poisson_draw(cfg: Config, batch: data.Dataset, observation, key_client: jax.Array):
   """A Poisson-sampled FedSGD client's step drew some of its ``batch`` (:func:`gradjax.clients.drawn`,
   with :func:`simulated_client`'s key): (those examples, the observation of as many), what the
   attack reconstructs and is scored against. Its dummy batch holds one example per example drawn
   (the count a server is not told: the attack is given it), and its sum's divisor qn stays the
   client's (:func:`adapted`)."""
   dp_sgd = cfg.defense.dp_sgd()
-  draws = clients.drawn(dp_sgd, _dp_sgd_key(key_defense), batch.x.shape[0])[0]
+  draws = clients.drawn(dp_sgd, key_client, batch.x.shape[0])[0]
   if not draws.any():
     raise ValueError(f"the client's Poisson draw at rate {dp_sgd.sampling_rate:g} from its "
                      f"{batch.x.shape[0]} examples holds none (seed {cfg.seed}): its update is noise "
@@ -769,7 +766,7 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
   attack = check(cfg)
   conv_name = model_conv(cfg, together)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
-  key_model, key_attack, key_defense, key_server = experiment_keys(cfg.seed, cfg.data.index)
+  key_model, key_attack, key_defense, key_server, key_client = experiment_keys(cfg.seed, cfg.data.index)
   share_labels = (not closed and cfg.attack.label_source not in SERVER_INFERRED_LABELS
                   and attack.label_source is labels_lib.known)
   checks, problems = {}, []
@@ -789,10 +786,12 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
                        f"has {batch.x.shape[0]} images")
+    counted = bool(cfg.client.num_samples or "num_samples" in meta or "labels" in meta)
     checks, problems = fidelity.check_capture(model, observation, batch, norm, meta.get("defense"),
                                               dp_sgd=cfg.defense.dp_sgd() is not None,
                                               order_known=meta.get("label_order") != "multiset",
-                                              kind=meta.get("kind", "gradient"))
+                                              kind=meta.get("kind", "gradient"),
+                                              count_declared=counted)
     if problems and not cfg.client.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--config.client.force=True attacks it anyway; its verdict is then inconclusive)")
@@ -803,10 +802,10 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     check_lpips(cfg.output.lpips, batch.x.shape[1:3])  # before anything is compiled
     model = _simulated(cfg, batch, norm, key_model, conv_name)
     x_client = np.asarray(data.normalize(batch.x, norm), np.float32)
-    client = simulated_client(cfg, share_labels, key_defense)
+    client = simulated_client(cfg, share_labels, key_client)
     observation = client(model.apply_fn, model.variables, x_client, batch.y)
     if observation.threat_model == "fedsgd" and cfg.defense.dp_sgd_poisson:
-      batch, observation = poisson_draw(cfg, batch, observation, key_defense)
+      batch, observation = poisson_draw(cfg, batch, observation, key_client)
   defense = cfg.defense.build()
   if defense is not None:
     observation = defense.apply(observation, key_defense)
@@ -1130,11 +1129,16 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   )
   q = getattr(cfg.defense.dp_sgd(), "sampling_rate", None)
   read_out = cfg.attack.preset == "imprint"  # bins read as ratios: no labels, so no update to recompute
+  # A deterministic defense (clipping, pruning, rounding) is applied to the reconstruction's update
+  # as the client applied it to its own; under noise no update matches.
+  sent = None if not p.declared or fidelity.noisy(p.declared) else defenses.parse(p.declared)
   residual = None if read_out else verdict.residual(
       model.apply_fn, observation, rec.dummy, rec.labels, matched=p.matched,
       max_norm=cfg.defense.dp_sgd_max_norm, sampling_rate=q,
       expected_batch_size=(None if q is None or p.matched != "replay"
-                           else replay_divisor(cfg, observation)))
+                           else replay_divisor(cfg, observation)),
+      defense=sent, defense_scale=(p.local.learning_rate if sent is not None and p.local is not None
+                                   and p.matched == "gradient" else 1.0))
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
     # Labels the attack did not read at all (every slot -1) are not scored as wrong ones.
@@ -1688,14 +1692,14 @@ def run_text(cfg: Config, *, callback: Callable | None = None,
 
 def _run_text(cfg: Config, callback, state, marks: list[float]):
   attack = check(cfg)
-  key_model, key_attack, key_defense, _ = experiment_keys(cfg.seed, cfg.data.index)
+  key_model, key_attack, key_defense, _, key_client = experiment_keys(cfg.seed, cfg.data.index)
   batch = load_sentences(cfg)
   vocabulary = batch.vocabulary
   model = text_model(cfg, vocabulary, key_model)
   x, y = client_pairs(cfg, model, batch.ids, vocabulary)
   # A FedAvg client is the span attack's only (Config checks); it reveals no labels.
   client = simulated_client(cfg, cfg.client.name == "fedsgd" and
-                            getattr(attack, "label_source", None) is labels_lib.known, key_defense)
+                            getattr(attack, "label_source", None) is labels_lib.known, key_client)
   observation = client(model.apply_fn, model.variables, x, y)
   defense = cfg.defense.build()
   if defense is not None:
