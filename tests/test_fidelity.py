@@ -390,6 +390,13 @@ def test_a_file_of_another_kind_than_declared_is_named(photos, tmp_path):
                                                 "kind": "weights", **meta}, "w3")
   assert _check_file(weights, path)[0]["kind"]["ok"]
 
+  # A round that diverged: weights of 3 times the norm sent, turned away from them (cosine -1), are
+  # still weights (the cosine is read up to KIND_NORMS times the norm).
+  observed = _check_file(weights, path)  # the 3-epoch weights, imported as kind=weights
+  imported = interop.load(weights, path)
+  w_t = imported.observation.variables["params"]
+  blown = imported.observation.replace(gradient=jax.tree.map(lambda a: 4.0 * np.asarray(a), w_t))
+  assert fidelity.kind_check(blown, "weights") is None and observed[0]["kind"]["ok"]
   # Weights under noise larger than themselves: the cosine falls, which noise explains, so only the
   # norm is read; the distance check of a gradient file is kept under noise.
   rng = np.random.default_rng(0)
@@ -429,8 +436,8 @@ def test_auto_reads_a_file_without_kind_as_a_gradient(photos, tmp_path):
 def test_a_batch_read_as_fewer_examples_is_refused(photos, tmp_path):
   """A batch of 4 captured without ``num_samples`` or labels is read as one example; its head bias
   names the batch's classes (NumPy's from the logits), more than one, so the capture is refused
-  before any attack, saying how many examples it holds at least. Declared 4, it passes; a single
-  example's gradient, declared 1, passes; under declared noise it is not read."""
+  before any attack, saying how many examples it holds at least; through the command line too.
+  Declared 4, it passes; a single example's gradient passes; under declared noise it is not read."""
   model = _model("lenet_zhu", "relu")
   x, y = photos[:4], np.array([0, 1, 6, 6])
   negative = _negative_bias_classes(model, x, y)
@@ -440,17 +447,30 @@ def test_a_batch_read_as_fewer_examples_is_refused(photos, tmp_path):
   imported = interop.load(weights, path)
   assert imported.observation.num_samples == 1
   checks, problems = fidelity.check_capture(imported.model, imported.observation, None,
-                                            data.normalization("none"), kind="gradient")
+                                            data.normalization("none"), kind="gradient",
+                                            count_declared=False)
   assert problems == [checks["count"]["explained"]] and "activation" not in checks
   assert f"negative for {len(negative)} classes ({', '.join(map(str, sorted(negative)))})" in problems[0]
   assert f"at least {len(negative)} examples, not 1" in problems[0]
+  from gradjax.run import config, pipeline
+  cfg = config.from_options({"attack.preset": "dlg", "attack.iterations": 2, "output.lpips": "none",
+                             "model.weights": str(weights), "client.observation": str(path)})
+  with pytest.raises(fidelity.CaptureMismatch, match=f"at least {len(negative)} examples"):
+    pipeline.run(cfg)
   assert not fidelity.check_capture(imported.model, imported.observation, None,
-                                    data.normalization("none"), "gaussian:1e-6")[1]
+                                    data.normalization("none"), "gaussian:1e-6", count_declared=False)[1]
   weights, path = _files(tmp_path, model, grad, {"act": "relu", "num_samples": "4"}, "g4")
   imported = interop.load(weights, path)
   checks, problems = fidelity.check_capture(imported.model, imported.observation, None,
-                                            data.normalization("none"))
+                                            data.normalization("none"), count_declared=False)
   assert checks["count"]["ok"] and not problems
+  # A count declared is taken as given (a file below float32 or weight decay can turn an absent
+  # class's bias negative): 1 declared is not second-guessed.
+  weights, path = _files(tmp_path, model, grad, {"act": "relu", "num_samples": "1"}, "g1d")
+  imported = interop.load(weights, path)
+  checks, problems = fidelity.check_capture(imported.model, imported.observation, None,
+                                            data.normalization("none"))
+  assert "count" not in checks
   one = clients.fedsgd(model.apply_fn, model.variables, x[:1], y[:1]).gradient
   weights, path = _files(tmp_path, model, one, {"act": "relu"}, "g1")
   imported = interop.load(weights, path)

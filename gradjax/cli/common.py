@@ -192,19 +192,41 @@ def _launch() -> None:
            "runs on the CPU (leave the flag out)")
 
 
-# Flags a process may set for itself: which process it is and what it holds locally (its devices,
-# its compilation cache, where its machine mounts the data, how long it waits to join).
+# What a process may set for itself: which process it is, what it holds locally (its devices, its
+# compilation cache, how long it waits), and where its machine finds the files (a shared filesystem
+# may be mounted elsewhere; process 0 chooses the output folder for all).
 _LOCAL_FLAGS = ("process_id", "local_device_ids", "compilation_cache", "compilation_cache_min_secs",
-                "data_dir", "initialization_timeout_s")
+                "initialization_timeout_s", "heartbeat_timeout_s", "data_dir", "checkpoint", "weights",
+                "observation", "output_dir", "output", "audit_dir", "flagfile")
+_LOCAL_OPTIONS = ("data.data_dir", "model.checkpoint", "model.weights", "client.observation")
+
+
+def _shared_flags() -> dict[str, str]:
+  """This process's flags that every process of a run must share (:func:`_check_same_flags`):
+  each flag's value, the configuration's options (``--config`` and its overrides), the
+  coordinator's port (JAX serves every address of process 0's machine)."""
+  f = flags.FLAGS
+  shared = {}
+  for module, held in f.flags_by_module_dict().items():
+    for flag in held:
+      name = flag.name
+      if module.startswith("absl.") or name in _LOCAL_FLAGS or name.startswith("config."):
+        continue
+      if name == "config":
+        if flag.value is not None:
+          shared.update({f"config.{path}": str(value) for path, value in config.given(flag.value).items()
+                         if path not in _LOCAL_OPTIONS})
+      elif name == "coordinator_address":
+        shared[name] = str(flag.value).rpartition(":")[2]
+      else:
+        shared[name] = str(flag.value)
+  return shared
 
 
 def _check_same_flags() -> None:
   """Ends a process started with other flags than process 0 (one line, exit 2): every process runs
   the same command, and what process 0 writes would otherwise record its flags alone."""
-  f = flags.FLAGS
-  mine = {name: str(f[name].value) for module, held in f.flags_by_module_dict().items()
-          if not module.startswith("absl.") for name in (fl.name for fl in held)
-          if name not in _LOCAL_FLAGS}
+  mine = _shared_flags()
   first = distributed.agree(lambda: mine)
   differ = sorted(n for n in set(mine) | set(first) if mine.get(n) != first.get(n))
   if differ:
@@ -744,6 +766,25 @@ def output_folder(default: str, own: tuple[str, ...] = ()) -> str:
   return distributed.agree(lambda: _claim_output_folder(default, own))
 
 
+def _taken(out: str, resumable: bool) -> str:
+  """The line that refuses an ``--output_dir`` holding files, naming what it holds and what may be
+  done: another program's run is never written into; this program's may be replaced or continued;
+  a user's own files stay beside this program's results with --overwrite."""
+  command = recorded_command(out) if os.path.isdir(out) else None
+  if command and command[0] == "gradjax" and command[:2] != program()[:2]:
+    return f"--output_dir {out} holds a run of {shlex.join(command[:2])}; choose another folder"
+  if command:
+    return (f"--output_dir {out} holds a run of {shlex.join(command[:2])}; pass --overwrite to "
+            f"replace it{', --resume to continue it' if resumable else ''}, or choose another folder")
+  names = sorted(e.name for e in os.scandir(out)) if os.path.isdir(out) else []
+  shown = [n for n in names if not n.startswith(".")] or names
+  if not shown:
+    return f"--output_dir {out} holds another run's files; choose another folder"
+  return (f"--output_dir {out} holds files: {', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''}; "
+          "pass --overwrite to write there (this program's results are replaced, other files kept), "
+          "or choose another folder")
+
+
 def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
   f = flags.FLAGS
   resuming = "resume" in f and f.resume
@@ -755,13 +796,7 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
     out = f.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
       fail(f"--output_dir {out} is a file, not a folder")
-    command = recorded_command(out) if os.path.isdir(out) else None
-    held = (f"a run of {shlex.join(command[:2])}" if command else
-            "files: " + ", ".join(sorted(e.name for e in os.scandir(out))[:3]) + ", ..."
-            if _holds_files(out) else "another run's files")
-    taken = (f"--output_dir {out} holds {held}; pass --overwrite to write there (this program's "
-             "results are replaced, other files kept)"
-             + (", --resume to continue a run" if "resume" in f else "") + ", or choose another folder")
+    taken = _taken(out, "resume" in f)
     if _holds_files(out) and not (f.overwrite or resuming):
       fail(taken)
     if resuming:

@@ -113,7 +113,8 @@ def parse_gamma(spec: str) -> objectives.Gamma:
 
 def parse_iterate(spec: str) -> Callable[[int], int]:
   """``--config.attack.iterate``: the attack's ``track_from`` for a budget of ``iterations``:
-  "best" 0 (every iterate counts), "last" the budget (only the final iterate counts)."""
+  "best" 0 (every iterate counts, from where the objective's terms settle:
+  :func:`gradjax.attacks.track_from`), "last" the budget (only the final iterate counts)."""
   if spec not in ("best", "last"):
     raise ValueError(f"iterate must be 'best' or 'last', got {spec!r}")
   return lambda iterations: 0 if spec == "best" else iterations
@@ -449,7 +450,8 @@ class AttackConfig(_Section):
       "LeNet): F[,start=S][,end=E], the sharpness from S (default 2) to E (1e4).",
       attack="smoothing", parse=parse_smoothing)
   iterate: str | None = _field(
-      None, "Each restart's reconstruction: 'best', its lowest-objective iterate (the default), or "
+      None, "Each restart's reconstruction: 'best', its lowest-objective iterate (the default; "
+      "counted once every prior is on and the objective's schedule settles), or "
       "'last', its final one, as the Inverting Gradients and DLG code return it (a diverging "
       "restart then scores where it ended).", attack="track_from", parse=parse_iterate)
   restarts: int = _field(1, "Random restarts; the lowest objective wins.")
