@@ -131,8 +131,10 @@ def dlm(iterations: int = 4000, *, gamma: Gamma = Gamma()) -> Attack:
   and this preset succeeds on none of CIFAR-100 images 0-19 and 60-79 (the paper: 68 %). The
   paper leaves γ's start and step size unstated (``gamma``); the authors' released ``DLM.py`` starts
   γ at 200 (its runs 60-240) and moves γ itself on the data's Adam (lr 0.1), labels joint, 5000
-  iterations (``experiments/studies/dlm_table1`` measures these readings: none reaches the paper's
-  row). For LeNet the paper uses L-BFGS lr 1, 200 iterations.
+  iterations. ``experiments/studies/dlm_table1`` measures γ's readings one at a time (from 1/lr or
+  200, on the data's Adam or its own, held, fixed at 1/lr; iDLG labels at 4000 iterations, and joint
+  labels with γ from 1/lr): none reaches the paper's row; the released code's whole combination was
+  not run. For LeNet the paper uses L-BFGS lr 1, 200 iterations.
   """
   return Attack(matched=ScaledDifference(gamma), distance=_DISTANCE["euclidean"],
                 label_source=labels.idlg, optimizer=optimizers.Named("adam", 0.1), iterations=iterations,
@@ -167,8 +169,8 @@ def gradinversion(iterations: int = 15_000, *, tv: float = 1e-2, bn: float = 1e-
   DeepInversion) from the start, signed Adam lr 0.1 with Inverting Gradients' step decay, 15 000
   iterations, box, labels known (Yin et al., CVPR 2021, who also add an l2 prior and group
   consistency over restarts). ``tv`` 1e-2 is set for 224-px images; on 32-px CIFAR-10 batches of 8
-  of a trained ResNet-20, ``tv=0.3`` scores 1.4 dB higher in PSNR and slightly worse in LPIPS
-  (``experiments/studies/hfginv_batch``)."""
+  of a trained ResNet-20 with a fresh 10-class head, ``tv=0.3`` scores 1.4 dB higher in PSNR and
+  slightly worse in LPIPS (``experiments/studies/hfginv_batch``)."""
   return Attack(distance=_DISTANCE["cosine"],
                 priors=(priors.Prior(_PRIOR["tv"], tv), priors.Prior(_PRIOR["bn"], bn)),
                 label_source=labels.known, optimizer=optimizers.Named("signed_adam", 0.1, schedule="step"),
@@ -190,9 +192,10 @@ def hfginv(iterations: int = HFGINV_ITERATIONS, *, tv: float = 1e-2, bn: float =
   the budget; box; labels known (or from :func:`gradjax.labels.hfginv`, which needs auxiliary
   images). The best iterate is taken once the objective has its last term: the BatchNorm prior's
   (iteration 5000; the layer set stops growing at 4000 for ResNet-34's 110 tensors,
-  :meth:`gradjax.objectives.Stepwise.settled_from`; their code resets its best every 500). Every step count scales with ``iterations``
-  (:func:`gradjax.attacks.rescaled`). At 32 px ``tv=0.3`` does better than the paper's 1e-2 (+0.8 dB
-  PSNR on CIFAR-10 batches of 8, ``experiments/studies/hfginv_batch``).
+  :meth:`gradjax.objectives.Stepwise.settled_from`; their code resets its best every 500). Every
+  step count scales with ``iterations`` (:func:`gradjax.attacks.rescaled`). At 32 px (a fresh
+  10-class head) ``tv=0.3`` does better than the paper's 1e-2 (+0.8 dB PSNR on CIFAR-10 batches of
+  8, ``experiments/studies/hfginv_batch``).
   """
   paper = Attack(distance=_DISTANCE["cosine"],
                  priors=(priors.Prior(_PRIOR["tv"], tv, 3000), priors.Prior(_PRIOR["bn_hfginv"], bn, 5000)),

@@ -14,6 +14,12 @@ VARIANTS = {
         'data.dataset': 'cifar10',
         'data.normalization': 'none',
     }),
+    # runs/defense_sweep_noise_rerun: two noise rows again once the defense draws from its own key
+    # (d4e8e74), DLG as published only
+    'defense_sweep_noise_rerun': ('defense-sweep --count=5 --defenses=gaussian:1e-6;gaussian:1e-4', None, {
+        'data.dataset': 'cifar10',
+        'data.normalization': 'none',
+    }),
     # runs/defense_sweep_dlg_lenet_zhu_unseen: the same sweep on CIFAR-10 test images 500-504
     'defense_sweep_dlg_lenet_zhu_unseen': ('defense-sweep --count=5 --start=500 --utility --config.attack.adaptive=True', None, {
         'data.dataset': 'cifar10',
