@@ -92,18 +92,24 @@ def test_auto_sets_the_convnets_total_variation_unless_the_user_did(monkeypatch)
   assert results["auto"]["tried"][0]["settings"] == {}
 
 
-def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
-  """A client that sent back the weights it received: one row, no error, ``no_leak_found`` with
-  ``zero_update``; no attack runs (the capture needs no ground truth)."""
+def _sent_back(tmp_path, info, metadata):
+  """A capture folder under ``tmp_path/audit`` of a lenet_zhu client that sent back the weights it
+  received (``info``: capture.json's facts, round and client among them)."""
   model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
   mapping = interop.zoo_mapping(model)
   weights = tmp_path / "round_weights.safetensors"
   interop.save_weights(weights, model, mapping)
-  folder = tmp_path / "audit" / "round_2" / "client_4"
+  folder = tmp_path / "audit" / f"round_{info['round']}" / f"client_{info['client']}"
   folder.parent.mkdir(parents=True)
   audit.write_capture(folder, str(weights), interop.params_to_torch(model.variables["params"], mapping),
-                      {"round": 2, "client": "4"}, {"num_samples": 8, "local_lr": 0.1,
-                                                   "model": "lenet_zhu"})
+                      info, metadata)
+
+
+def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
+  """A client that sent back the weights it received: one row, no error, ``no_leak_found`` with
+  ``zero_update``; no attack runs (the capture needs no ground truth)."""
+  _sent_back(tmp_path, {"round": 2, "client": "4"}, {"num_samples": 8, "local_lr": 0.1,
+                                                     "model": "lenet_zhu"})
   rows = audit.audit(tmp_path / "audit", audit.Settings(iterations=3, lpips="none"), log=lambda s: None)
   assert len(rows) == 1 and rows[0].get("error") is None and rows[0]["zero_update"], rows
   assert rows[0]["verdict"] == "no_leak_found" and audit.failed_rows(rows) == []
@@ -118,15 +124,8 @@ def test_a_local_training_stated_in_capture_json_alone_is_said(tmp_path):
   """A capture written by hand whose capture.json's config states the local training but whose
   metadata do not: the audit says that it reads the metadata alone (it attacked as an unknown
   schedule, silently)."""
-  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
-  mapping = interop.zoo_mapping(model)
-  weights = tmp_path / "round_weights.safetensors"
-  interop.save_weights(weights, model, mapping)
-  folder = tmp_path / "audit" / "round_1" / "client_2"
-  folder.parent.mkdir(parents=True)
-  audit.write_capture(folder, str(weights), interop.params_to_torch(model.variables["params"], mapping),
-                      {"round": 1, "client": "2", "config": {"lr": 0.1, "local-epochs": 2}},
-                      {"num_samples": 2, "model": "lenet_zhu"})
+  _sent_back(tmp_path, {"round": 1, "client": "2", "config": {"lr": 0.1, "local-epochs": 2}},
+             {"num_samples": 2, "model": "lenet_zhu"})
   lines = []
   audit.audit(tmp_path / "audit", audit.Settings(iterations=3, lpips="none"), log=lines.append)
   said = [line for line in lines if "capture.json's config states" in line]
