@@ -303,10 +303,11 @@ def activation_check(observation: Observation, act: str) -> str | None:
 # (relative) holds weights, as no gradient copies the weights. A file of kind weights with at most
 # KIND_DISTANCE of their norm, or at most KIND_COSINE of cosine with them, holds a gradient or an
 # update: a round that halves the model's norm or turns its weights nearly orthogonal is no client's.
+# The cosine is read only up to KIND_NORMS times their norm: a round that blew up (‖W_{t+1}‖ ≫ ‖W_t‖)
+# turns the weights away too.
 KIND_DISTANCE = 0.5
 KIND_COSINE = 0.2
-KIND_NORMS = 2.0  # the cosine is read only for files of at most this many times the weights' norm:
-# a client whose round blew up (‖W_{t+1}‖ ≫ ‖W_t‖) turns its weights from the ones sent
+KIND_NORMS = 2.0
 
 
 def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str | None:
@@ -318,13 +319,12 @@ def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str 
   update F with ‖F − W_t‖ <= :data:`KIND_DISTANCE` ‖W_t‖ is the client's weights W_{t+1}; weights F
   with ‖F‖ <= :data:`KIND_DISTANCE` ‖W_t‖, or ‖F‖ <= :data:`KIND_NORMS` ‖W_t‖ and cos(F, W_t) <=
   :data:`KIND_COSINE`, are a gradient or an update (whose norm and direction are unlike the
-  weights'; a round that diverged may leave weights of another direction, but of a larger norm). ``noisy``: the client declares noise
-  (a defense or DP-SGD), which moves a file away from the weights and turns it from their direction:
-  the cosine is not read (the distances, which noise only lengthens, still are)."""
-  u = [np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(observation.gradient)]
-  w = np.concatenate([np.asarray(a, np.float64).ravel()
-                      for a in jax.tree.leaves(observation.variables["params"])])
-  u = np.concatenate(u)
+  weights'; a round that diverged may turn the weights away, but lengthens them). ``noisy``: the
+  client declares noise (a defense or DP-SGD), which moves a file away from the weights and turns it
+  from their direction: the cosine is not read (the distances, which noise only lengthens, still
+  are)."""
+  u, w = (np.concatenate([np.asarray(a, np.float64).ravel() for a in jax.tree.leaves(tree)])
+          for tree in (observation.gradient, observation.variables["params"]))
   norm = float(np.linalg.norm(w))
   if not norm or not np.isfinite(norm) or not np.all(np.isfinite(u)):
     return None
@@ -344,7 +344,8 @@ def kind_check(observation: Observation, kind: str, noisy: bool = False) -> str 
           f"it holds the client's weights after training (declare kind=weights)")
 
 
-def negative_classes(observation: Observation, bias: tuple[str, ...] = ("head", "bias")) -> list[int] | None:
+def negative_classes(observation: Observation,
+                     bias: tuple[str, ...] = ("head", "bias")) -> list[int] | None:
   """The classes whose head-bias update is negative beyond float32 rounding: each is a class of the
   batch (see :func:`label_check`). ``None`` where the model has no head bias at ``bias``.
 
@@ -404,8 +405,9 @@ def count_check(observation: Observation, bias: tuple[str, ...] = ("head", "bias
   negative = negative_classes(observation, bias)
   if negative is None or len(negative) <= observation.num_samples:
     return None
-  return (f"the update's head bias is negative for {len(negative)} classes ({', '.join(map(str, negative))}), "
-          f"each a class of the batch, so it holds at least {len(negative)} examples, not "
+  return (f"the update's head bias is negative for {len(negative)} classes "
+          f"({', '.join(map(str, negative))}), each a class of the batch, so it holds at least "
+          f"{len(negative)} examples, not "
           f"{observation.num_samples}: declare num_samples (or the labels); or the client's loss "
           f"or step is not plain cross entropy and SGD (label smoothing, mixed targets, weight decay)")
 

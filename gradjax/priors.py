@@ -308,7 +308,7 @@ class Prior:
     if not callable(self.fn):
       raise ValueError(f"a prior is a function of the images, got {self.fn!r}")
     if isinstance(self.weight, (np.ndarray, jax.Array)) and np.ndim(self.weight) == 0:
-      try:  # a number in an array: the attack, which keys compiled programs by its fields, needs it hashable
+      try:  # the number it holds: an attack's fields key its compiled programs (hashable)
         object.__setattr__(self, "weight", float(self.weight))
       except (TypeError, jax.errors.ConcretizationTypeError):
         raise ValueError("a prior's weight is a number or a function of the step, not a traced "

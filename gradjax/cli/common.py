@@ -213,9 +213,9 @@ def _shared_flags() -> dict[str, str]:
       if module.startswith("absl.") or name in _LOCAL_FLAGS or name.startswith("config."):
         continue
       if name == "config":
-        if flag.value is not None:
-          shared.update({f"config.{path}": str(value) for path, value in config.given(flag.value).items()
-                         if path not in _LOCAL_OPTIONS})
+        given = config.given(flag.value) if flag.value is not None else {}
+        shared.update({f"config.{path}": str(value) for path, value in given.items()
+                       if path not in _LOCAL_OPTIONS})
       elif name == "coordinator_address":
         shared[name] = str(flag.value).rpartition(":")[2]
       else:
