@@ -56,8 +56,24 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 500,
     }),
+    # runs/batch_table_hfginv_tracked: HFGInv's row again once the best iterate waits for its
+    # BatchNorm prior (d4e8e74: before, iterates 400-499 of 1500, without the prior's term, could win)
+    'batch_table_hfginv_tracked': ('batch-table --count=10 --variants=hfginv', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 500,
+    }),
     # runs/batch_table_unseen: the two presets on batches from images no setting was chosen on
     'batch_table_unseen': ('batch-table --count=5 --start=500 --variants=bn,hfginv', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 100,
+    }),
+    # runs/batch_table_unseen_hfginv_tracked: its HFGInv row again once the best iterate waits for
+    # the BatchNorm prior (d4e8e74)
+    'batch_table_unseen_hfginv_tracked': ('batch-table --count=5 --start=500 --variants=hfginv', None, {
         'attack.iterations': 1500,
         'data.batch_size': 8,
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
