@@ -181,7 +181,7 @@ def test_the_best_iterate_waits_for_the_last_prior(photos):
   """A prior switched on at step 20 (cosine, Adam, 2 restarts): iterates before it lack its term and
   read lower, so they must not be returned; each restart's reported loss is the objective with the
   prior (recomputed from its returned images), which before the fix came from step < 20."""
-  from gradjax import clients, distances, driver, dummy, labels, models, objectives
+  from gradjax import driver, dummy, labels
   model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
   y = np.array([3])
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], y, share_labels=True)
