@@ -311,8 +311,8 @@ class MatchingData(NamedTuple):
   track_from: its :func:`track_from` (int32 scalar), so one solver program serves every budget; both
     set by :func:`scheduled` (``None`` before).
 
-  Each restart also sees its own ``order`` (N,) of the labels (a permutation-search candidate):
-  the solver's data is ``(MatchingData, order)``.
+  Each run also sees its own :class:`RunData` (its label order and PRNG seed): the solver's data is
+  ``(MatchingData, RunData)``.
   """
 
   observation: Observation
@@ -346,13 +346,25 @@ class Problem(NamedTuple):
   orders: (K, N) int, the label orders searched (K = 1 without a permutation search).
   init: every run's starting dummy variables, stacked on a leading (R·K,) axis, run r·K + k being
     restart r with candidate k.
-  restart_data: (R·K, N) int, each run's label order.
+  restart_data: each run's own :class:`RunData`, stacked on the same (R·K,) axis.
   """
 
   data: MatchingData
   orders: np.ndarray
   init: dict
-  restart_data: jax.Array
+  restart_data: "RunData"
+
+
+class RunData(NamedTuple):
+  """What one run (a restart with a candidate label order) sees of its own.
+
+  order: (N,) int32, its label order (a permutation-search candidate; the identity without one).
+  seed: () uint32, the seed of the PRNG key of the draws its objective makes (HFGInv's gradient
+    dropout); a restart's candidates share it.
+  """
+
+  order: jax.Array
+  seed: jax.Array
 
 
 class ClientSplit(NamedTuple):
@@ -372,12 +384,13 @@ class ClientSplit(NamedTuple):
 
 
 def _run_data(data, clients: ClientSplit | None):
-  """(this run's MatchingData, its label order) from the solver's data: ``(shared, order)``, or with
-  several clients ``(shared leaves, (its client's own leaves, order))`` (:func:`reconstruct_clients`)."""
+  """(this run's MatchingData, its :class:`RunData`) from the solver's data: ``(shared, run)``, or
+  with several clients ``(shared leaves, (its client's own leaves, run))``
+  (:func:`reconstruct_clients`)."""
   if clients is None:
     return data
-  shared, (own, order) = data
-  return clients.merge(shared, own), order
+  shared, (own, run) = data
+  return clients.merge(shared, own), run
 
 
 def _clip_to_box(dummy, data):
@@ -411,15 +424,16 @@ def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
                                 smoothing=attack.smoothing)
 
   def value_fn(dummy, data, step):
-    shared, order = _run_data(data, clients)
-    labels = None if shared.labels is None else shared.labels[order]
-    targets = None if shared.head_targets is None else tuple(a[order] for a in shared.head_targets)
+    shared, run = _run_data(data, clients)
+    labels = None if shared.labels is None else shared.labels[run.order]
+    targets = None if shared.head_targets is None else tuple(a[run.order]
+                                                             for a in shared.head_targets)
     if shared.schedule is None:
       raise ValueError("the solver reads the attack's step counts from its data: "
                        "attacks.scheduled(attack, data, num_leaves)")
     return objective(dummy, shared.observation, labels, step, shared.weights,
                      label_mask=shared.label_mask, positions=shared.positions, head_targets=targets,
-                     schedule=shared.schedule)
+                     schedule=shared.schedule, key=jax.random.key(run.seed))
 
   def project(dummy, data):
     return _clip_to_box(dummy, _run_data(data, clients))
@@ -434,11 +448,16 @@ def _solver_cached(attack: Attack, apply_fn: Callable, num_leaves: int,
 
 @functools.partial(once, static_argnums=(1, 2, 3, 4, 5, 7, 8))
 def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, dtype, gamma):
-  """Every run's initial dummy data, stacked (restart r's init repeated for each of the
-  ``candidates`` label orders, from ``jax.random.split(key, restarts)[r]``), as one program."""
-  keys = jnp.repeat(jax.random.split(key, restarts), candidates, axis=0)
-  return jax.vmap(lambda kr: dummy_lib.init_dummy(kr, init, shape, label_shape, bounds, dtype,
-                                                  gamma=gamma))(keys)
+  """(every run's initial dummy data, every run's :class:`RunData` seed), stacked (restart r's
+  repeated for each of the ``candidates`` label orders), as one program. Restart r's dummy data
+  draws from ``jax.random.split(key, restarts)[r]``, its seed from stream ``restarts + 1``
+  (``fold_in(key, restarts + 1)`` split in R; stream ``restarts`` is the head targets')."""
+  repeat = lambda a: jnp.repeat(a, candidates, axis=0)
+  init = jax.vmap(lambda kr: dummy_lib.init_dummy(kr, init, shape, label_shape, bounds, dtype,
+                                                  gamma=gamma))(repeat(jax.random.split(key, restarts)))
+  seeds = jax.vmap(lambda kr: jax.random.bits(kr, (), jnp.uint32))(
+      jax.random.split(jax.random.fold_in(key, restarts + 1), restarts))
+  return init, repeat(seeds)
 
 
 def _depth_rule(attack: Attack) -> str | None:
@@ -587,7 +606,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   if attack.stepwise is not None:
     positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
                              distances.leaf_positions(observation.variables["params"], order))
-  init = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
+  init, seeds = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
                         (tuple(label_shape or out[1:]) if known is None else None),
                         (lo, hi), dtype,
                         None if _gamma(attack) is None else _gamma(attack).init)
@@ -598,7 +617,7 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     # Stream ``restarts``: restart r draws from split(key, R)[r], which is fold_in(key, r).
     targets = head_targets(observation, known, dtype, jax.random.fold_in(key, restarts))
   data = MatchingData(observation, known, (lo, hi), weights, None, positions, targets)
-  return Problem(data, orders, init, device_array(np.tile(orders, (restarts, 1))))
+  return Problem(data, orders, init, RunData(device_array(np.tile(orders, (restarts, 1))), seeds))
 
 
 def restrict_labels(problem: Problem, support, num_classes: int) -> Problem:
@@ -773,11 +792,11 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
       shapes = [jnp.shape(a) for a in jax.tree.leaves(problem.data)]
       if (jax.tree.structure(problem.data) != first
           or shapes != [jnp.shape(a) for a in jax.tree.leaves(problems[0].data)]
-          or problem.restart_data.shape != problems[0].restart_data.shape):
+          or problem.restart_data.order.shape != problems[0].restart_data.order.shape):
         raise ValueError(f"clients attacked in one program share the model, its parameter shapes, "
                          f"the batch size, the threat model and its local training; client {k} "
                          "differs from client 0 (attack it separately)")
-    runs = problems[0].restart_data.shape[0]  # R·P per client
+    runs = problems[0].restart_data.order.shape[0]  # R·P per client
     # What every client has the same (the round's model) is shared by every run; the rest each run
     # carries (a vmapped program reads it as an input, not by a gather at every step; the
     # sequential strategy moves each run's to the device once).
@@ -790,12 +809,13 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     shared = tuple(device_array(a) for a, s in zip(leaves[0], split.shared) if s)
     own = tuple(np.repeat(np.stack([mine[i] for mine in leaves]), runs, axis=0)
                 for i, s in enumerate(split.shared) if not s)
-    # The runs' first dummy data and label orders, stacked on the host (the driver places them).
+    # The runs' first dummy data and RunData, stacked on the host (the driver places them).
     init = jax.tree.map(lambda *a: np.concatenate(a), *jax.device_get([p.init for p in problems]))
-    orders = np.concatenate(jax.device_get([p.restart_data for p in problems]))
+    runs_data = jax.tree.map(lambda *a: np.concatenate(a),
+                             *jax.device_get([p.restart_data for p in problems]))
     state = driver.run(_solver(attack, apply_fn, num_leaves, clients=split), init, shared,
                        iterations=attack.iterations, execution=execution,
-                       restart_data=(own, orders))
+                       restart_data=(own, runs_data))
     state = sharding.fetch(state)
     return [select(p, jax.tree.map(lambda a, k=k: a[k * runs:(k + 1) * runs], state))
             for k, p in enumerate(problems)]

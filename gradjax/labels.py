@@ -45,11 +45,11 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen as nn
 
 from gradjax import models
 from gradjax.compilation import check_key, once
 from gradjax.losses import cross_entropy
+from gradjax.objectives import head_input
 from gradjax.observation import Observation
 
 HEAD = ("head", "kernel")
@@ -373,27 +373,7 @@ def _check_auxiliary(apply_fn, variables, x, train) -> None:
                       what="an auxiliary input (M, H, W, C, in the model's input space), one example")
 
 
-def head_inputs(apply_fn: Callable, variables, x, *, train: bool = False, name: str = "head") -> jax.Array:
-  """The input of the Dense layer called ``name`` when the model runs on ``x``: (M, F).
-
-  Read with a linen method interceptor, so the model is not changed; one jitted program."""
-
-  def run(variables, x):
-    found = []
-
-    def interceptor(next_fun, args, kwargs, context):
-      if isinstance(context.module, nn.Dense) and context.module.name == name \
-          and context.method_name == "__call__":
-        found.append(args[0])
-      return next_fun(*args, **kwargs)
-
-    with nn.intercept_methods(interceptor):
-      apply_fn(variables, x, train)
-    if not found:
-      raise ValueError(f"the model has no Dense layer named {name!r}")
-    return found[-1]
-
-  return once(run)(variables, jnp.asarray(x))
+_head_input = once(head_input, static_argnums=(0, 3))  # (apply_fn, variables, x, train)
 
 
 def feature_profile(apply_fn: Callable, variables, x, *, positions: int = 20,
@@ -406,7 +386,8 @@ def feature_profile(apply_fn: Callable, variables, x, *, positions: int = 20,
   if x.ndim != 4 or x.shape[0] < 2:
     raise ValueError(f"auxiliary inputs must be (M, H, W, C) with M ≥ 2, got shape {x.shape}")
   _check_auxiliary(apply_fn, variables, x, train)
-  s = np.sort(np.asarray(head_inputs(apply_fn, variables, x, train=train), np.float64), axis=1)
+  features = _head_input(apply_fn, variables, x, train)
+  s = np.sort(np.asarray(features, np.float64), axis=1)
   if not 1 <= positions <= s.shape[1]:
     raise ValueError(f"positions must be in [1, {s.shape[1]}] (the head's inputs), got {positions}")
   mean = s.mean(axis=0)

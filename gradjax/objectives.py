@@ -276,7 +276,8 @@ class Stepwise:
     n(t) = min(⌈first·L⌉ + ⌊t / period⌋ · ⌈grow·L⌉, ⌈last·L⌉)
 
   and each matched entry is kept with probability 1 − ``dropout`` (the same random mask on the dummy
-  and the observed gradient, drawn anew every step from ``fold_in(key(seed), t)``, not rescaled).
+  and the observed gradient, drawn anew every step from ``fold_in(key, t)`` with the run's own
+  ``key``, not rescaled: each restart drops its own entries).
 
   Defaults: Ye et al.'s code on ResNet-34's 110 parameter tensors: tensors 100..110 at first (11),
   10 more every 500 of 15 000 iterations, down to tensor 25 (86 matched, the stem and first stage
@@ -289,7 +290,6 @@ class Stepwise:
   last: float = 86 / 110
   period: int = 500
   dropout: float = 0.3
-  seed: int = 0
 
   def __post_init__(self):
     if not (0 < self.first <= self.last <= 1 and 0 <= self.grow <= 1):
@@ -304,7 +304,7 @@ class Stepwise:
     ceil = lambda f: math.ceil(round(f * num_leaves, 6))  # round: 11/110 · 110 is 11, not 11.000…02
     return max(ceil(self.first), 1), ceil(self.grow), ceil(self.last)
 
-  def matched(self, num_leaves: int, step, period=None) -> jax.Array:
+  def num_matched(self, num_leaves: int, step, period=None) -> jax.Array:
     """n(t), the number of deepest leaves matched at ``step`` (int scalar); ``period`` in place of
     the record's (an int scalar, e.g. traced: :class:`Schedule`)."""
     first, grow, last = self._leaves(num_leaves)
@@ -318,14 +318,18 @@ class Stepwise:
     first, grow, last = self._leaves(num_leaves)
     return 0 if grow <= 0 or first >= last else self.period * math.ceil((last - first) / grow)
 
-  def apply(self, positions, step, *trees, period=None):
+  def apply(self, positions, step, *trees, period=None, key=None):
     """``trees`` masked: leaf l of each tree times the leaf's mask at ``step``.
 
     ``positions``: the leaves' depth positions 0..L−1, a tree of ints of the trees' structure;
-    ``period``: as :meth:`matched`'s."""
+    ``period``: as :meth:`num_matched`'s; ``key``: the run's PRNG key, which the dropout masks are
+    drawn from (needed when ``dropout`` > 0)."""
     num = len(jax.tree.leaves(positions))
-    threshold = num - self.matched(num, step, period)
-    key = jax.random.fold_in(jax.random.key(self.seed), step)
+    threshold = num - self.num_matched(num, step, period)
+    if self.dropout and key is None:
+      raise ValueError("stepwise gradient dropout draws its masks from the run's PRNG key (key=)")
+    if self.dropout:
+      key = jax.random.fold_in(key, step)
     flat, treedef = jax.tree.flatten(positions)
     masks = []
     for i, (position, leaf) in enumerate(zip(flat, jax.tree.leaves(trees[0]))):
@@ -453,6 +457,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     head_targets: with ``head_features``, (t (N, F), w (N,)) in the examples' order.
     schedule: the step counts of ``prior`` (built by :func:`gradjax.priors.combine`), ``stepwise``
       and ``smoothing`` as data (:class:`Schedule`), or ``None``: those the records hold.
+    key: the run's PRNG key, for draws the objective makes: ``stepwise`` gradient dropout's masks.
   """
 
   if not isinstance(matched, (Gradient, Replay)):
@@ -467,7 +472,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
   distance = as_distance(distance)
 
   def objective(dummy, observation: Observation, labels=None, step=0, weights=None, label_mask=None,
-                positions=None, head_targets=None, schedule: Schedule | None = None):
+                positions=None, head_targets=None, schedule: Schedule | None = None, key=None):
     x, logits = dummy["x"], dummy.get("label_logits")
     if logits is not None and label_mask is not None:
       logits = jnp.where(label_mask, logits, jnp.finfo(logits.dtype).min)
@@ -498,7 +503,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     if stepwise is not None:
       if positions is None:
         raise ValueError("stepwise matching needs the leaves' depth positions (positions=)")
-      u, v = stepwise.apply(positions, step, u, v,
+      u, v = stepwise.apply(positions, step, u, v, key=key,
                             period=None if schedule is None else schedule.period)
     value = distance(u, v, weights=weights, step=step)
     if prior is not None:

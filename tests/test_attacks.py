@@ -319,7 +319,6 @@ def test_head_targets_are_the_class_rows_without_the_solve(photos, monkeypatch, 
   the class rows, without the per-example solve; in the second case they are each photo's own head
   input (to float32 rounding)."""
   from gradjax import analytic
-  from gradjax import labels as labels_lib
   model = models.create("lenet_zhu", jax.random.key(9), num_classes=10)
   y = np.array(y)
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:4], y, share_labels=True)
@@ -333,7 +332,7 @@ def test_head_targets_are_the_class_rows_without_the_solve(photos, monkeypatch, 
   np.testing.assert_allclose(t, found.features[rows], rtol=1e-6)
   np.testing.assert_array_equal(w, found.usable[rows].astype(np.float32))
   if cost is None:
-    truth = np.asarray(labels_lib.head_inputs(model.apply_fn, model.variables, photos[:4]))
+    truth = np.asarray(objectives.head_input(model.apply_fn, model.variables, photos[:4]))
     assert np.all(np.asarray(w) == 1.0)
     np.testing.assert_allclose(t, truth, atol=1e-5 * np.abs(truth).max())
 
@@ -344,12 +343,11 @@ def test_head_targets_follow_the_labels(photos):
   photos of class 5 included (matched within the class, as the gradient does not order them), with
   weight 1 there; the attack refuses head features with joint labels or another objective."""
   from scipy.optimize import linear_sum_assignment
-  from gradjax import labels as labels_lib
   model = models.create("lenet_zhu", jax.random.key(9), num_classes=10)
   y = np.array([5, 2, 5, 9])
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:4], y, share_labels=True)
   t, w = attacks.head_targets(obs, y, jnp.float32, jax.random.key(0))
-  truth = np.asarray(labels_lib.head_inputs(model.apply_fn, model.variables, photos[:4]))
+  truth = np.asarray(objectives.head_input(model.apply_fn, model.variables, photos[:4]))
   assert np.all(np.asarray(w) == 1.0)
   d = np.linalg.norm(np.asarray(t)[[0, 2]][:, None] - truth[[0, 2]][None], axis=-1)
   r, c = linear_sum_assignment(d)

@@ -25,11 +25,11 @@ def test_stepwise_layer_counts_follow_the_authors_table():
   sw = objectives.Stepwise()
   steps = [0, 498, 499, 500, 999, 1000, 3499, 3500, 3999, 4000, 14_999]
   want = [11, 11, 11, 21, 21, 31, 71, 81, 81, 86, 86]
-  assert [int(sw.matched(110, t)) for t in steps] == want
-  assert int(objectives.Stepwise(first=0.01, grow=0.0).matched(20, 10_000)) == 1  # at least one leaf
+  assert [int(sw.num_matched(110, t)) for t in steps] == want
+  assert int(objectives.Stepwise(first=0.01, grow=0.0).num_matched(20, 10_000)) == 1  # at least one leaf
   # The layer set settles at the first step where n(t) reaches its last value, by brute force.
   for leaves in (8, 21, 65, 110):
-    n = [int(sw.matched(leaves, t)) for t in range(0, 15_000, 100)]
+    n = [int(sw.num_matched(leaves, t)) for t in range(0, 15_000, 100)]
     assert sw.settled_from(leaves) == 100 * n.index(n[-1]), leaves
   assert objectives.Stepwise(first=0.5, grow=0.0).settled_from(10) == 0
   for bad in (dict(first=0.0), dict(first=0.5, last=0.4), dict(period=0), dict(dropout=1.0)):
@@ -51,14 +51,17 @@ def test_stepwise_masks_select_deep_leaves_and_drop_entries():
   a, _ = sw.apply(positions, 25, params, other)
   assert kept(a) == {"a": 0.0, "b": 1.0, "c": 1.0, "d": 1.0}
   drop = dataclasses.replace(sw, dropout=0.3)
-  a, b = drop.apply(positions, 7, params, other)
+  key = jax.random.key(5)
+  a, b = drop.apply(positions, 7, params, other, key=key)
   np.testing.assert_array_equal(2.0 * np.asarray(a["d"]["bias"]), np.asarray(b["d"]["bias"]))  # one mask
   assert abs(float(jnp.mean(a["d"]["bias"])) - 0.7) < 0.03
-  again, _ = drop.apply(positions, 7, params, other)
-  later, _ = drop.apply(positions, 8, params, other)
-  np.testing.assert_array_equal(np.asarray(a["d"]["bias"]), np.asarray(again["d"]["bias"]))
-  assert not np.array_equal(np.asarray(a["d"]["bias"]), np.asarray(later["d"]["bias"]))
+  mask = lambda step, key: np.asarray(drop.apply(positions, step, params, other, key=key)[0]["d"]["bias"])
+  np.testing.assert_array_equal(np.asarray(a["d"]["bias"]), mask(7, key))
+  assert not np.array_equal(mask(7, key), mask(8, key))  # anew every step
+  assert not np.array_equal(mask(7, key), mask(7, jax.random.key(6)))  # each run its own
   assert float(jnp.max(a["a"]["kernel"])) == 0.0  # unmatched leaves stay zero under dropout
+  with pytest.raises(ValueError, match="key"):
+    drop.apply(positions, 7, params, other)
 
 
 @pytest.mark.slow
@@ -80,7 +83,7 @@ def test_stepwise_objective_is_the_cosine_of_the_deepest_leaves():
     paths = distances.layer_paths(model.variables["params"])
     get = lambda tree, path: np.asarray(tree[path[0]][path[1]], np.float64).ravel()
     for step in (0, 3, 6, 100):
-      n = int(sw.matched(len(paths), step))
+      n = int(sw.num_matched(len(paths), step))
       deep = paths[len(paths) - n:]
       u = np.concatenate([get(g, p) for p in deep])
       v = np.concatenate([get(obs.gradient, p) for p in deep])
@@ -89,6 +92,28 @@ def test_stepwise_objective_is_the_cosine_of_the_deepest_leaves():
       np.testing.assert_allclose(float(got), want, rtol=1e-6)
     with pytest.raises(ValueError, match="positions"):  # raised while tracing: nothing compiled
       jax.eval_shape(lambda d: objective(d, obs, labels, 0), dummy)
+
+
+def test_each_restart_draws_its_own_dropout_masks():
+  """Two restarts from the same dummy data: with their own seeds (what prepare gives) they drop other
+  entries and part; with one seed they are the same run."""
+  from gradjax import driver
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(16, 16, 3), conv="xla")
+  x = jax.random.uniform(jax.random.key(1), (2, 16, 16, 3))
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, jnp.array([1, 4]), share_labels=True)
+  attack = dataclasses.replace(presets.hfginv(iterations=4), priors=())
+  problem = attacks.prepare(attack, model.apply_fn, obs, jax.random.key(2), input_shape=(16, 16, 3),
+                            restarts=2)
+  seeds = np.asarray(problem.restart_data.seed)
+  assert seeds.shape == (2,) and seeds[0] != seeds[1]
+  same_start = jax.tree.map(lambda a: jnp.stack([a[0], a[0]]), problem.init)
+  run = lambda p: attacks.solve(attack, model.apply_fn, p, driver.Execution("sequential")).best_params["x"]
+  own = run(problem._replace(init=same_start))
+  assert not np.allclose(own[0], own[1])
+  shared = problem.restart_data._replace(seed=jnp.stack([problem.restart_data.seed[0]] * 2))
+  one = run(problem._replace(init=same_start, restart_data=shared))
+  np.testing.assert_array_equal(one[0], one[1])
+  np.testing.assert_array_equal(one[0], own[0])
 
 
 def test_quantized_sign_matches_numpy():
@@ -149,6 +174,7 @@ def test_step_counts_read_as_data_are_the_records_step_counts():
   dummy = {"x": jax.random.uniform(jax.random.key(5), x.shape)}
   positions = distances.leaf_positions(model.variables["params"])
   tv, l2 = priors.PRIORS["tv"], priors.PRIORS["l2"]
+  key = jax.random.key(8)
 
   def build(starts, period, until):
     return objectives.gradient_matching(
@@ -160,11 +186,11 @@ def test_step_counts_read_as_data_are_the_records_step_counts():
   for smoothed in (False, True):
     placeholder = build((0, 0), 1, 1 if smoothed else None)
     read = jax.jit(lambda step, schedule, f=placeholder: f(dummy, obs, y, step, positions=positions,
-                                                             schedule=schedule))
+                                                             schedule=schedule, key=key))
     for scale in (1, 2):
       (starts, period, until) = counts = ((7 * scale, 12 * scale), 5 * scale, 9 * scale)
       held = build(*counts[:2], until if smoothed else None)
-      compiled = jax.jit(lambda step, f=held: f(dummy, obs, y, step, positions=positions))
+      compiled = jax.jit(lambda step, f=held: f(dummy, obs, y, step, positions=positions, key=key))
       schedule = objectives.Schedule(tuple(jnp.int32(c) for c in starts), jnp.int32(period),
                                      jnp.int32(until) if smoothed else None)
       edges = [*starts, period, 2 * period, 3 * period] + ([until] if smoothed else [])

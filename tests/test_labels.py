@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import clients, data, labels, metrics, models
+from gradjax import clients, data, labels, metrics, models, objectives
 from gradjax.observation import Observation
 
 
@@ -418,7 +418,7 @@ def test_evolve_counts_reaches_the_brute_force_optimum():
 def test_feature_profile_matches_numpy(photos):
   model = models.create("convnet-4", jax.random.key(0), input_shape=photos.shape[1:], conv="xla")
   x = photos[:6]
-  feats = labels.head_inputs(model.apply_fn, model.variables, x)
+  feats = objectives.head_input(model.apply_fn, model.variables, x)
   # The head's input, independently: the head applied to it gives the logits.
   head = model.variables["params"]["head"]
   np.testing.assert_allclose(np.asarray(feats) @ np.asarray(head["kernel"]) + np.asarray(head["bias"]),
