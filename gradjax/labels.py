@@ -121,9 +121,9 @@ def idlg(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
   """
   if observation.num_samples != 1:
     raise ValueError(f"iDLG label inference needs batch 1, the observation has "
-                     f"{observation.num_samples} samples; for a batch choose another label source "
-                     "(joint, negative_bias, bias_counts, llg; or labels.hfginv with a feature "
-                     "profile)")
+                     f"{observation.num_samples} samples; for a batch choose another label source: "
+                     "joint, negative_bias, yin, llg, bias_counts, llg_star (a batch's repeated "
+                     "classes) or hfginv (with auxiliary images)")
   return _most_negative_column(_finite(last_layer_gradient(observation.gradient, path), path))
 
 

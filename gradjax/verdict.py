@@ -247,7 +247,7 @@ def _image_rule(p, s, l, f, t: Thresholds) -> tuple[bool, str]:
   """(recognisable, the rule that decided) of one image's scores (PSNR, SSIM, LPIPS or None, the
   PSNR of its mean colour)."""
   if p < f + 1.0:
-    return False, f"PSNR {p:.1f} dB is within 1 dB of its mean colour's {f:.1f} dB"
+    return False, f"PSNR {p:.1f} dB is not 1 dB above its mean colour's {f:.1f} dB"
   why = [f"PSNR {p:.1f} dB >= {t.psnr:g}"] if p >= t.psnr else []
   why += [f"SSIM {s:.2f} >= {t.ssim:g}"] if s >= t.ssim else []
   why += [f"LPIPS {l:.2f} <= {t.lpips:g}"] if l is not None and l <= t.lpips else []
@@ -284,7 +284,9 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, sid
   * ``labels`` (when labels were inferred, not shared by the threat model): the multiset of labels
     recovered whole where a uniform guess gets it with probability below ``label_chance``
     (:func:`label_chance`); ``missing`` and ``extra``: {class: count} of the true labels not recovered
-    and of the recovered labels that contradict them.
+    and of the recovered labels that contradict them; ``unread``: the slots whose label the attack
+    did not read (−1, e.g. a closed form's examples it did not separate), counted as not recovered.
+    Where it read none: no leak and no ``composition``.
   * ``composition``: the classes present, recovered exactly (every class and no other), where a
     guess hits that set with probability below ``label_chance`` (:func:`composition_chance`): what an
     attacker learns even when the counts are off.
@@ -332,24 +334,30 @@ def image_findings(scores: dict, *, labels_inferred: bool, num_classes: int, sid
     out["labels"] = {"leak": False, "inferred": False, "reason": "labels shared by the threat model"}
     return out
   chance = label_chance(truth, num_classes)
+  read = [int(c) for c in got if int(c) >= 0]  # a slot's -1: the attack read no label there
+  if not read:
+    out["labels"] = {"leak": False, "inferred": True, "accuracy": scores.get("label_accuracy"),
+                     "chance": chance, "unread": n, "reason": "the attack read no label"}
+    return out
   whole = scores.get("label_accuracy") == 1.0
-  missing, extra = _multiset_difference(truth, got), _multiset_difference(got, truth)
+  missing, extra = _multiset_difference(truth, got), _multiset_difference(read, truth)
   labels = {"leak": bool(whole and chance < t.label_chance), "inferred": True,
             "accuracy": scores.get("label_accuracy"), "chance": chance, "missing": missing,
-            "extra": extra}
+            "extra": extra, "unread": len(got) - len(read)}
   if labels["leak"]:
     labels["reason"] = f"all {n} labels recovered (a guess: {chance:.2g})"
   elif whole:
     labels["reason"] = f"all {n} labels recovered, but a guess gets them {chance:.2g} of the time"
   else:
-    labels["reason"] = (f"{sum(missing.values())} of {n} labels wrong (recovered but not there: "
-                        f"{extra or 'none'})")
+    labels["reason"] = (f"{sum(missing.values())} of {n} labels not recovered ("
+                        + (f"{labels['unread']} not read; " if labels["unread"] else "")
+                        + f"recovered but not there: {extra or 'none'})")
   out["labels"] = labels
   classes = sorted(set(int(c) for c in truth))
-  hit = sorted(set(int(c) for c in got)) == classes
+  hit = sorted(set(read)) == classes
   cchance = composition_chance(truth, num_classes)
   out["composition"] = {"leak": bool(hit and cchance < t.label_chance), "classes": classes,
-                        "recovered": sorted(set(int(c) for c in got)), "chance": cchance,
+                        "recovered": sorted(set(read)), "chance": cchance,
                         "reason": (f"the classes present, {classes}, recovered exactly (a guess: "
                                    f"{cchance:.2g})" if hit else "the classes present not recovered exactly")}
   return out
@@ -453,16 +461,18 @@ def budget(attack: str, iterations: int, restarts: int) -> str:
           + ("s" if restarts != 1 else ""))
 
 
-def closed_form_steps(attack: str, rounds: int) -> str:
+def closed_form_steps(attack: str, rounds: int, separated: tuple[int, int] | None = None) -> str:
   """What a closed form counts where an optimisation counts iterations: "a closed form, 3 rounds"
-  (exclusive_neurons), "3 layers" (rgap), "32 positions" (dager), "1 read-out" (imprint)."""
+  (exclusive_neurons), "3 layers" (rgap), "32 positions" (dager), "1 read-out" (imprint); with
+  ``separated`` (k, N), ", k of N examples separated"."""
   unit = {"rgap": "layer", "dager": "position", "imprint": "read-out"}.get(attack, "round")
-  return f"a closed form, {rounds} {unit}" + ("s" if rounds != 1 else "")
+  return (f"a closed form, {rounds} {unit}" + ("s" if rounds != 1 else "")
+          + ("" if separated is None else f", {separated[0]} of {separated[1]} examples separated"))
 
 
-def closed_form_budget(attack: str, rounds: int) -> str:
+def closed_form_budget(attack: str, rounds: int, separated: tuple[int, int] | None = None) -> str:
   """"exclusive_neurons (a closed form, 3 rounds)"; "rgap (a closed form, 3 layers)"."""
-  return f"{attack} ({closed_form_steps(attack, rounds)})"
+  return f"{attack} ({closed_form_steps(attack, rounds, separated)})"
 
 
 def decide(*, findings: dict | None, residual: fidelity.Comparison | None,

@@ -201,6 +201,27 @@ def test_a_closed_forms_console_line_counts_its_rounds_not_iterations(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_closed_form_that_separates_few_examples_scores_the_rest_as_not_recovered(tmp_path):
+  """mlp-32 on 16 photos: few first-layer units fire for one photo alone, so the separation reads
+  few examples; the others' slots (label -1) count as labels not recovered (NumPy's multiset
+  count), the console line and a sweep's table are written."""
+  flags = ("--attack=exclusive_neurons", "--model=mlp-32", "--config.model.act=relu", "--batch_size=16",
+           "--lpips=none")
+  proc = run_program("reconstruct.py", *flags, f"--output_dir={tmp_path / 'run'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+  got, true = np.array(metrics["labels_by_slot"]), np.array(metrics["labels_true"])
+  assert 0 < np.sum(got >= 0) < 16 and metrics["separation"]["recovered"] == np.sum(got >= 0)
+  hits = sum(min(np.sum(got == c), np.sum(true == c)) for c in set(true.tolist()))
+  assert metrics["label_accuracy"] == pytest.approx(hits / 16)
+  assert metrics["findings"]["labels"]["unread"] == np.sum(got < 0)
+  proc = run_program("sweep.py", *flags, "--count=1", f"--output_dir={tmp_path / 'sweep'}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  summary = json.loads((tmp_path / "sweep" / "results.json").read_text())["summary"]
+  assert summary["label_accuracy"]["mean"] == pytest.approx(hits / 16)
+
+
+@pytest.mark.slow
 @pytest.mark.usefixtures("optimised_step")  # the step compiled as a user's run compiles it
 def test_reconstruct_writes_metrics_and_grid(tmp_path):
   out = tmp_path / "run"

@@ -429,6 +429,29 @@ def test_auto_reads_a_file_without_kind_as_a_gradient(photos, tmp_path):
     pipeline.run(config.replace(cfg, {"attack.preset": "dlg", "client.observation": str(path)}))
 
 
+@pytest.mark.slow
+def test_auto_infers_the_labels_a_capture_does_not_hold(photos, tmp_path):
+  """A batch of 4 captured with its count but no labels: --attack=auto's known-label attack takes
+  LLG*'s labels (the audit's rule), where it refused the capture; labels the capture holds stay
+  known."""
+  from gradjax.run import config, pipeline
+  model = _model("lenet_zhu")
+  x, y = photos[:4], np.array([3, 8, 8, 0])
+  grad = clients.fedsgd(model.apply_fn, model.variables, x, y).gradient
+  weights, path = _files(tmp_path, model, grad, {"num_samples": "4"}, "batch")
+  options = {"attack.preset": "auto", "model.weights": str(weights), "client.observation": str(path),
+             "attack.iterations": 2, "data.dataset": None}
+  results, _ = pipeline.run(config.from_options(options))
+  tried = results["auto"]["tried"]
+  assert [t["settings"].get("attack.label_source") for t in tried] == ["llg_star"] * len(tried)
+  alone, _ = pipeline.run(config.from_options({**options, "attack.preset": tried[0]["attack"],
+                                               "attack.label_source": "llg_star"}))
+  assert sorted(results["labels_by_slot"]) == sorted(alone["labels_by_slot"])
+  assert pipeline.capture_label_source(tried[0]["attack"], {"labels": "3,8,8,0"}) is None
+  assert pipeline.capture_label_source("idlg", {"num_samples": "1"}) is None  # infers its own
+  assert pipeline.capture_label_source("inverting_gradients", {}) == "idlg"
+
+
 def test_a_batch_read_as_fewer_examples_is_refused(photos, tmp_path):
   """A batch of 4 captured without ``num_samples`` or labels is read as one example; its head bias
   names the batch's classes (NumPy's from the logits), more than one, so the capture is refused

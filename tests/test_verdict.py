@@ -272,6 +272,15 @@ def test_image_findings():
   found = verdict.image_findings(counts, labels_inferred=True, num_classes=10)
   assert verdict.leaks(found) == ["composition"]
   assert found["labels"]["missing"] == {"1": 1} and found["labels"]["extra"] == {"2": 1}
+  # Slots the attack read no label for (-1, a closed form's unseparated examples) are missing
+  # labels, neither a class recovered nor one that contradicts; none read: no composition either.
+  part = _scores([10.0] * 4, [0.0] * 4, acc=0.5, labels=[1, 1, 2, 3], got=[1, 3, -1, -1])
+  found = verdict.image_findings(part, labels_inferred=True, num_classes=10)
+  assert found["labels"]["unread"] == 2 and found["labels"]["extra"] == {}
+  assert found["labels"]["missing"] == {"1": 1, "2": 1} and found["composition"]["recovered"] == [1, 3]
+  unread = verdict.image_findings(_scores([10.0] * 2, [0.0] * 2, acc=0.0, labels=[1, 2], got=[-1, -1]),
+                                  labels_inferred=True, num_classes=10)
+  assert unread["labels"]["unread"] == 2 and "composition" not in unread and verdict.leaks(unread) == []
 
 
 def test_text_findings_count_from_the_corpus_guess_halfway_to_one():

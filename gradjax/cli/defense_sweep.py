@@ -249,8 +249,8 @@ def main(argv):
     lines.append(f"| {row['defense']} | {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} | "
                  f"{s['ssim']['mean']:.3f} | "
                  + (f"{s['lpips']['mean']:.3f} | " if with_lpips else "")
-                 + f"{s['label_accuracy']['mean']:.2f} | "
-                 f"{s.get('recognisable', '–')}/{s.get('images', '–')} | {s['leaks']}/{s['experiments']} |{cell}")
+                 + (f"{s['label_accuracy']['mean']:.2f} | " if "label_accuracy" in s else "– | ")
+                 + f"{s.get('recognisable', '–')}/{s.get('images', '–')} | {s['leaks']}/{s['experiments']} |{cell}")
   if adaptive:
     lines += ["", "Adaptive: the attack's objective models the row's defense (gradjax.adaptive); "
               "the plot shows each defense's stronger attack (hatched: the adaptive one)."]

@@ -109,7 +109,9 @@ def main(argv):
           image_size=size,
           channels=cfg.data.channels)
     except ValueError as e:
-      raise ValueError(f"{e} (lower --config.sampling.pool)" if "out of range" in str(e) else str(e)) from None
+      raise ValueError(f"{e}: --start={f.start} with a pool of {cfg.sampling.pool} images reads images "
+                       f"{f.start}..{f.start + cfg.sampling.pool - 1} (lower --start or "
+                       "--config.sampling.pool)" if "out of range" in str(e) else str(e)) from None
     pool_x, pool_y = pool.x, pool.y
     num_classes = cfg.model.num_classes or pool.num_classes
     if int(pool_y.max()) >= num_classes:

@@ -104,14 +104,15 @@ def main(argv):
   if "psnr" in results:
     scores = (f"PSNR {results['psnr']:.2f} dB  SSIM {results['ssim']:.3f}  "
               + (f"LPIPS {results['lpips']:.3f}  " if results.get("lpips") is not None else "")
-              + f"label accuracy {results['label_accuracy']:.2f}")
+              + ("labels not read" if results["label_accuracy"] is None
+                 else f"label accuracy {results['label_accuracy']:.2f}"))
   else:
     scores = (("no objective" if results["loss"] is None else f"objective {results['loss']:.3e}")
               + f"  labels {results['labels_by_slot']} (no ground truth)")
   if results["candidates"] < cfg.attack.permutations:
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
   closed = results["attack"].get("closed_form", {}).get("name")  # the one run (auto's choice too)
-  steps = (verdict.closed_form_steps(closed, results["iterations"]) if closed
+  steps = (verdict.closed_form_steps(closed, results["iterations"], pipeline.separated(results)) if closed
            else f"{results['iterations']} iterations")
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))

@@ -66,7 +66,8 @@ def markdown(rows: list[dict], summary: dict, title: str, labels: list[str] | No
   for r, label in zip(rows, labels):
     lines.append(f"| {label} | {r['psnr']:.2f} | {r['ssim']:.3f} | "
                  + (f"{r['lpips']:.3f} | " if with_lpips else "")
-                 + f"{r['label_accuracy']:.2f} | {r['iterations']} | "
+                 + ("–" if r["label_accuracy"] is None else f"{r['label_accuracy']:.2f}")
+                 + f" | {r['iterations']} | "
                  + ("–" if r["loss"] is None else f"{r['loss']:.2e}") + " | "
                  f"{r['wall_time_s']:.1f} | {verdict_of(r)} |")
   s = summary
@@ -75,8 +76,8 @@ def markdown(rows: list[dict], summary: dict, title: str, labels: list[str] | No
   lines += ["", f"PSNR {s['psnr']['mean']:.2f} ± {s['psnr']['std']:.2f} dB (median "
             f"{s['psnr']['median']:.2f}{unclamped}); SSIM {s['ssim']['mean']:.3f} ± {s['ssim']['std']:.3f}; "
             + (f"LPIPS {s['lpips']['mean']:.3f} ± {s['lpips']['std']:.3f}; " if with_lpips else "") +
-            f"label accuracy {s['label_accuracy']['mean']:.3f}; "
-            f"{s['successes']}/{s['experiments']} at PSNR >= {s['psnr_threshold']:g} dB; "
+            (f"label accuracy {s['label_accuracy']['mean']:.3f}; " if "label_accuracy" in s else "")
+            + f"{s['successes']}/{s['experiments']} at PSNR >= {s['psnr_threshold']:g} dB; "
             f"total {s['total_time_s']:.1f} s ({s['wall_time_s']['mean']:.1f} s per experiment, "
             "compilation included).", ""]
   return "\n".join(lines)
@@ -128,11 +129,16 @@ def main(argv):
     twice = next(k for k, s in zip(keys, same) if keys.count(k) > 1 or same.count(s) > 1)
     common.fail(f"the sweep repeats an experiment: {twice}")
   if images and base.data.dataset is not None:  # the last image, before the first experiment runs
+    last = max(cfg.data.index for cfg in cfgs) + base.data.batch_size - 1
     try:
       n = data.count(base.data.dataset, data_dir=base.data.data_dir)
-    except (OSError, ValueError):
-      n = None  # the experiment's own loading says what is wrong
-    last = max(cfg.data.index for cfg in cfgs) + base.data.batch_size - 1
+      if n is None:  # not known without loading: the last image is loaded (its range checked)
+        data.load(base.data.dataset, data_dir=base.data.data_dir, indices=[last])
+    except (OSError, ValueError) as e:
+      n = None  # the experiment's own loading says what else is wrong
+      if "out of range" in str(e):
+        common.fail(f"the sweep's last experiment reads image {last}: {e} (--start and --count "
+                    "choose the images)")
     if n is not None and last >= n:
       common.fail(f"the sweep's last experiment reads image {last}, past the {n} images of "
                   f"{base.data.dataset} (--start and --count choose them)")

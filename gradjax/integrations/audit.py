@@ -43,7 +43,6 @@ from gradjax import (auto, closed_forms, compilation, data, fidelity, files, int
                      presets)
 from gradjax.run import config, pipeline
 from gradjax.run import report
-from gradjax import labels as labels_lib
 
 _LOG = logging.getLogger(__name__)
 CAPTURE = "capture.json"
@@ -629,13 +628,8 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
 def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan) -> config.Config:
   """The experiment of attack ``name`` on ``capture``."""
   meta = plan.meta
-  labels = None
-  if (name not in closed_forms.CLOSED_FORMS and presets.get_preset(name)().label_source is labels_lib.known
-      and "labels" not in meta):
-    # FedAvg clients do not share labels: infer them from the update's last layer (LLG* counts
-    # duplicates, its impact measured on dummy images through the model the server sent;
-    # iDLG's sign rule for one example).
-    labels = "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
+  # FedAvg clients do not share labels: inferred from the update's last layer.
+  labels = pipeline.capture_label_source(name, meta)
   closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
   # The DP-SGD a client declares of itself (its capture's metadata) over what the settings say of
   # every client.

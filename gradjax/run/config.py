@@ -769,6 +769,8 @@ class Config:
     if self.data.image_size is not None and self.data.image_size < 3:
       raise ValueError(f"image_size must be at least 3 (SSIM compares windows of 3x3 pixels), got "
                        f"{self.data.image_size}")
+    if self.data.channels not in (None, 1, 3):
+      raise ValueError(f"channels must be 1, 3 or None, got {self.data.channels!r}")
     if self.client.name not in CLIENTS:
       raise ValueError(f"unknown client {self.client.name!r}; choose one of {', '.join(CLIENTS)}")
     if self.output.lpips not in LPIPS:

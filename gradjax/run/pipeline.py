@@ -452,6 +452,16 @@ def auto_attacks(cfg: Config) -> tuple[str, ...]:
   return auto.choose(num_samples=cfg.data.batch_size, steps=steps, model=model, act=cfg.model.act)
 
 
+def capture_label_source(name: str, meta: dict) -> str | None:
+  """The label source for attack ``name`` on a capture whose ``meta`` (its metadata) holds no labels
+  where the attack reads known ones: iDLG's sign rule for one example, LLG* for a batch (it counts
+  duplicates, its impact measured on dummy images through the model the server sent); else None."""
+  if (name in closed_forms.CLOSED_FORMS or "labels" in meta
+      or presets.get_preset(name)().label_source is not labels_lib.known):
+    return None
+  return "idlg" if int(meta.get("num_samples") or 1) == 1 else "llg_star"
+
+
 # Successive halving of the restarts a budget buys (rounds, fraction kept): a third of the steps in
 # each round, half the restarts going on, so R restarts cost about 0.58 R single runs.
 BUDGET_HALVING = (3, 0.5)
@@ -567,11 +577,17 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
         fidelity.Comparison(**results["residual"]))
 
   model = attacked_model(cfg)
+  meta = {}  # a capture's metadata: labels it does not hold are inferred (capture_label_source)
+  if cfg.client.observation and cfg.attack.label_source is None:
+    meta = interop.read(cfg.client.observation).metadata
+    meta = {**meta, "num_samples": cfg.client.num_samples or interop_num_samples(cfg)}
   for index, name in enumerate(names):
     if tried and cfg.attack.budget is not None and elapsed() >= cfg.attack.budget:
       break
     chosen_settings = {k: v for k, v in auto.settings(name, model).items()
                        if config.get(cfg, k) is None}
+    if meta and (source := capture_label_source(name, meta)) is not None:
+      chosen_settings["attack.label_source"] = source
     step = config.replace(cfg, {"attack.preset": name, "attack.budget": None, **chosen_settings})
     if (step.attack.adaptive and step.defense.dp_sgd() is not None and name in presets.PRESETS
         and not models_dp_sgd(config.get_attack(step))):
@@ -1141,9 +1157,10 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
                                    and p.matched == "gradient" else 1.0))
   findings, images = None, {"ground_truth": None, "reconstruction": np.clip(x_rec, 0.0, 1.0)}
   if batch is not None:
-    # Labels the attack did not read at all (every slot -1) are not scored as wrong ones.
-    unread = bool(np.all(rec.labels < 0))
-    scores = metrics.score(x_rec, batch.x, None if unread else rec.labels, None if unread else batch.y)
+    # An attack that reads no labels (the imprint's read-out) is not scored on them; another one's
+    # slots it did not read (-1: a closed form's examples it did not separate) count as wrong.
+    scores = metrics.score(x_rec, batch.x, None if read_out else rec.labels,
+                           None if read_out else batch.y)
     order = np.asarray(scores["order"])
     results.update(scores, labels_true=batch.y.tolist(),
                    labels_reconstructed=rec.labels[order].tolist())
@@ -1187,9 +1204,15 @@ def _end_history_at_the_result(history: list[dict], rec: attacks.Reconstruction,
     mine[-1]["psnr"] = psnr
 
 
+def separated(results: dict) -> tuple[int, int] | None:
+  """(examples separated, batch size) of a run of ``exclusive_neurons`` (its ``separation``), or None."""
+  found = results.get("separation")
+  return None if not found else (int(found["recovered"]), int(results["num_samples"]))
+
+
 def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:
   """``verdict``, ``residual`` and ``thresholds`` of a run's results (:mod:`gradjax.verdict`)."""
-  budget = (verdict.closed_form_budget(cfg.attack.preset, results["iterations"])
+  budget = (verdict.closed_form_budget(cfg.attack.preset, results["iterations"], separated(results))
             if cfg.attack.preset in closed_forms.CLOSED_FORMS
             else verdict.budget(cfg.attack.preset, results["iterations"], cfg.attack.restarts))
   improving = verdict.still_improving(results["history"], results["iterations"])

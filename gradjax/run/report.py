@@ -146,12 +146,14 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   ``recognisable`` of ``images``: the images the verdict's rule calls recognisable (where every row
   has ``findings``).
 
-  ``rows`` are :func:`gradjax.run.pipeline.run` results (keys psnr, ssim, mse, label_accuracy,
-  wall_time_s, iterations; lpips and psnr_unclamped summarised when every row has them); ``leaks``:
+  ``rows`` are :func:`gradjax.run.pipeline.run` results (keys psnr, ssim, mse, wall_time_s,
+  iterations; label_accuracy, lpips and psnr_unclamped summarised when every row has them); ``leaks``:
   the rows whose verdict (:mod:`gradjax.verdict`) is a leak.
   """
   out = {"experiments": len(rows), "psnr_threshold": threshold}
-  keys = ["psnr", "ssim", "mse", "label_accuracy", "wall_time_s", "iterations"]
+  keys = ["psnr", "ssim", "mse", "wall_time_s", "iterations"]
+  if rows and all(r.get("label_accuracy") is not None for r in rows):
+    keys.insert(3, "label_accuracy")
   if rows and all(r.get("lpips") is not None for r in rows):
     keys.insert(2, "lpips")
   if rows and all(r.get("psnr_unclamped") is not None for r in rows):

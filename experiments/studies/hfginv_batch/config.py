@@ -109,6 +109,15 @@ VARIANTS = {
         'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
         'sampling.pool': 100,
     }),
+    # runs/batch_table_unseen_tv0.3_hfginv_tracked: its HFGInv row again once the best iterate
+    # waits for the BatchNorm prior (d4e8e74) and each run draws its own dropout masks (46ec9b1)
+    'batch_table_unseen_tv0.3_hfginv_tracked': (
+        'batch-table --count=5 --start=500 --variants=hfginv --tv=0.3', None, {
+        'attack.iterations': 1500,
+        'data.batch_size': 8,
+        'model.checkpoint': 'experiments/studies/hfginv_batch/runs/train_resnet20_cifar10/epoch_5.npz',
+        'sampling.pool': 100,
+    }),
     # runs/train_resnet20_cifar10
     'train_resnet20_cifar10': (
         'train --output_dir=experiments/studies/hfginv_batch/runs/train_resnet20_cifar10',
