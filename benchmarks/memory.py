@@ -49,9 +49,10 @@ def compiled_mb(name: str, batch: int, size: int, remat: bool) -> dict:
                                            distances.leaf_positions(model.variables["params"])))
   data = attacks.scheduled(attack, data, len(jax.tree.leaves(obs.gradient)))
   params = {"x": x}
-  state = solver.init(params, (data, jnp.arange(batch)))
+  run = attacks.RunData(jnp.arange(batch), jnp.uint32(0))  # one run: its label order and seed
+  state = solver.init(params, (data, run))
   start = time.perf_counter()
-  compiled = jax.jit(solver.step).lower(state, (data, jnp.arange(batch))).compile()
+  compiled = jax.jit(solver.step).lower(state, (data, run)).compile()
   seconds = time.perf_counter() - start
   analysis = compiled.memory_analysis()
   if analysis is None:

@@ -453,11 +453,11 @@ def _init_restarts(key, restarts, candidates, init, shape, label_shape, bounds, 
   draws from ``jax.random.split(key, restarts)[r]``, its seed from stream ``restarts + 1``
   (``fold_in(key, restarts + 1)`` split in R; stream ``restarts`` is the head targets')."""
   repeat = lambda a: jnp.repeat(a, candidates, axis=0)
-  init = jax.vmap(lambda kr: dummy_lib.init_dummy(kr, init, shape, label_shape, bounds, dtype,
-                                                  gamma=gamma))(repeat(jax.random.split(key, restarts)))
+  first = lambda kr: dummy_lib.init_dummy(kr, init, shape, label_shape, bounds, dtype, gamma=gamma)
+  dummies = jax.vmap(first)(repeat(jax.random.split(key, restarts)))
   seeds = jax.vmap(lambda kr: jax.random.bits(kr, (), jnp.uint32))(
       jax.random.split(jax.random.fold_in(key, restarts + 1), restarts))
-  return init, repeat(seeds)
+  return dummies, repeat(seeds)
 
 
 def _depth_rule(attack: Attack) -> str | None:
@@ -607,9 +607,9 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     positions = jax.tree.map(lambda i: jnp.asarray(i, jnp.int32),
                              distances.leaf_positions(observation.variables["params"], order))
   init, seeds = _init_restarts(key, restarts, orders.shape[0], attack.dummy_init, (n, *input_shape),
-                        (tuple(label_shape or out[1:]) if known is None else None),
-                        (lo, hi), dtype,
-                        None if _gamma(attack) is None else _gamma(attack).init)
+                               (tuple(label_shape or out[1:]) if known is None else None),
+                               (lo, hi), dtype,
+                               None if _gamma(attack) is None else _gamma(attack).init)
   targets = None
   if attack.head_features:
     if known is None or known.ndim != 1:

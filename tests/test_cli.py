@@ -19,7 +19,7 @@ import pytest
 import skimage.metrics
 from PIL import Image
 
-from gradjax import checkpoint, interop, lpips, models
+from gradjax import checkpoint, data, interop, lpips, models
 from gradjax.run import config, pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,6 +215,8 @@ def test_a_closed_form_that_separates_few_examples_scores_the_rest_as_not_recove
   hits = sum(min(np.sum(got == c), np.sum(true == c)) for c in set(true.tolist()))
   assert metrics["label_accuracy"] == pytest.approx(hits / 16)
   assert metrics["findings"]["labels"]["unread"] == np.sum(got < 0)
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("exclusive_neurons on mlp-32"))
+  assert f"{np.sum(got >= 0)} of 16" in line and f"label accuracy {hits / 16:.2f}" in line, line
   proc = run_program("sweep.py", *flags, "--count=1", f"--output_dir={tmp_path / 'sweep'}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   summary = json.loads((tmp_path / "sweep" / "results.json").read_text())["summary"]
@@ -462,6 +464,23 @@ def test_locked_folder_and_sweep_errors(tmp_path):
                                   for args in (["--count=0"], ["--model=vgg"])])
   _assert_one_line_error(zero, "count must be positive")
   _assert_one_line_error(vgg, "unknown model")
+  channels = run_in_one_process([(["gradjax", "reconstruct", "--config.data.channels=2", "--print_config"],
+                                  tmp_path)])[0]
+  _assert_one_line_error(channels, "channels must be 1, 3")  # --print_config checks as a run would
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("gradjax.data").data.default_data_dir() is None, reason="needs ../shared/data")
+def test_an_image_range_past_the_dataset_is_refused_before_any_attack(tmp_path):
+  """CIFAR-10's size is known by loading it: a sweep whose last batch runs past it and a label
+  recovery whose pool starts past it are one line each, before any experiment ran."""
+  n = len(data.load("cifar10").y)
+  sweep = run_program("sweep.py", "--dataset=cifar10", "--batch_size=4", "--count=2",
+                      f"--start={n - 7}", "--iterations=2", f"--output_dir={tmp_path / 's'}")
+  labels = run_program("label_recovery.py", f"--start={n}", "--count=1", f"--output={tmp_path / 'l.json'}")
+  _assert_one_line_error(sweep, f"reads image {n}")
+  _assert_one_line_error(labels, "--start")
+  assert not (tmp_path / "s").exists() and not (tmp_path / "l.json").exists()
 
 
 @pytest.mark.slow

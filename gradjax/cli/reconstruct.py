@@ -112,8 +112,8 @@ def main(argv):
   if results["candidates"] < cfg.attack.permutations:
     scores += f"  ({results['candidates']} label orders exist; all were searched)"
   closed = results["attack"].get("closed_form", {}).get("name")  # the one run (auto's choice too)
-  steps = (verdict.closed_form_steps(closed, results["iterations"], pipeline.separated(results)) if closed
-           else f"{results['iterations']} iterations")
+  steps = (verdict.closed_form_steps(closed, results["iterations"], pipeline.separated(results))
+           if closed else f"{results['iterations']} iterations")
   print(f"{title}: {scores}  {steps}  {results['wall_time_s']:.1f} s"
         + ("  (resumed)" if results["resumed"] else ""))
   print(f"wrote {out}: metrics.json, report.html, reconstruction.npy, model_input.npy, "

@@ -174,9 +174,10 @@ def main(argv):
       kept.append(label)
       truth.append(pictures["ground_truth"])
       recon.append(pictures["reconstruction"])
-      logging.info("experiment %d/%d (%s): PSNR %.2f dB, SSIM %.3f, labels %.2f, %.1f s%s, ETA %.0f s",
+      logging.info("experiment %d/%d (%s): PSNR %.2f dB, SSIM %.3f, labels %s, %.1f s%s, ETA %.0f s",
                    k + 1, len(cfgs), label, results["psnr"], results["ssim"],
-                   results["label_accuracy"], results["wall_time_s"],
+                   ("not read" if results["label_accuracy"] is None
+                    else f"{results['label_accuracy']:.2f}"), results["wall_time_s"],
                    " (saved earlier)" if done else "",
                    (time.perf_counter() - start) / max(k + 1 - resumed, 1) * (len(cfgs) - k - 1))
   except (ValueError, FileNotFoundError, FloatingPointError) as e:

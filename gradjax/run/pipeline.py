@@ -579,8 +579,9 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
   model = attacked_model(cfg)
   meta = {}  # a capture's metadata: labels it does not hold are inferred (capture_label_source)
   if cfg.client.observation and cfg.attack.label_source is None:
-    meta = interop.read(cfg.client.observation).metadata
-    meta = {**meta, "num_samples": cfg.client.num_samples or interop_num_samples(cfg)}
+    meta = interop.read_metadata(cfg.client.observation)
+    meta = {**meta, "num_samples": cfg.client.num_samples or interop.metadata_num_samples(
+        meta, cfg.client.observation) or 1}
   for index, name in enumerate(names):
     if tried and cfg.attack.budget is not None and elapsed() >= cfg.attack.budget:
       break
@@ -1205,9 +1206,13 @@ def _end_history_at_the_result(history: list[dict], rec: attacks.Reconstruction,
 
 
 def separated(results: dict) -> tuple[int, int] | None:
-  """(examples separated, batch size) of a run of ``exclusive_neurons`` (its ``separation``), or None."""
-  found = results.get("separation")
-  return None if not found else (int(found["recovered"]), int(results["num_samples"]))
+  """(examples separated, batch size) of a run of ``exclusive_neurons`` (its ``separation``) or
+  ``cocktail_party`` (its ``cocktail``), or None."""
+  if results.get("separation"):
+    return int(results["separation"]["recovered"]), int(results["num_samples"])
+  if results.get("cocktail"):
+    return int(results["cocktail"]["separated"]), int(results["num_samples"])
+  return None
 
 
 def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:

@@ -45,7 +45,9 @@ import numpy as np
 from gradjax import checkpoint, driver, files, solvers
 from gradjax.run import processes, report
 
-FORMAT = 1
+# 2 since 46ec9b1: a run's draws (HFGInv's dropout masks) come from its own seed, so a state
+# saved before would go on under other masks than the run it began.
+FORMAT = 2
 AFRESH = "start afresh without --resume"  # what a refused state file's message advises
 
 
@@ -304,7 +306,8 @@ def load(path, like: solvers.SolverState, fingerprint: dict | None = None,
     raise ValueError(f"{where} is not a gradjax state file")
   header = checkpoint.parse_metadata(arrays.pop(checkpoint.METADATA_KEY), where)
   if header.get("format") != FORMAT:
-    raise ValueError(f"{where} has state format {header.get('format')!r}; this gradjax reads {FORMAT}")
+    raise ValueError(f"{where} has state format {header.get('format')!r}; this gradjax reads {FORMAT} "
+                     f"({AFRESH})")
   # States saved before 2026-12-07 carry no digest.
   if "digest" in header and header["digest"] != _digest(header, arrays):
     raise ValueError(f"{where} was changed after it was saved (its contents do not match their "
