@@ -560,10 +560,13 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict
   key = compilation.check_key(key)
   if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
     raise ValueError(f"sentence length must be a positive integer, got {length!r}")
-  if attack.label_source not in (labels_lib.joint, labels_lib.known) or attack.matched.name != "gradient":
-    raise ValueError("text attacks match a FedSGD gradient with joint soft targets or known next "
-                     f"tokens; attack {attack.name!r} has label_source={attacks.describe(attack)['label_source']!r}, "
-                     f"objective={attack.matched.name!r} (label inference reads a classifier's head)")
+  if attack.matched.name != "gradient":
+    raise ValueError("text attacks match a FedSGD gradient (objective 'gradient'); attack "
+                     f"{attack.name!r} has objective={attack.matched.name!r}")
+  if attack.label_source not in (labels_lib.joint, labels_lib.known):
+    raise ValueError("text attacks take joint soft targets or known next tokens; attack "
+                     f"{attack.name!r} has label_source={attacks.describe(attack)['label_source']!r} "
+                     "(label inference reads a classifier's head)")
   table = embedding_table(observation)
   view = attack_view(observation)
   bag = token_bag(observation)

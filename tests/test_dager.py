@@ -848,6 +848,24 @@ def test_the_token_search_takes_over_where_the_spans_give_only_each_positions_wo
   assert refused["bag_recall"] == 0.0 and results["bag_recall"] == 1.0  # the sentences found, in place
   assert [r["recovered"] for r in results["sentences"]] == [r["true"] for r in results["sentences"]]
   assert results["residual"]["relative_error"] < 1e-5 and results["verdict"]["status"] == "leak"
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_token_search_that_takes_over_and_saves_it(tmp_path, monkeypatch):
+  """The token search after the spans runs under the run's saver: a stop asked for (the first
+  Ctrl-C or SIGTERM) saves its state and ends the run, where before it ran to its end."""
+  import signal
+  from gradjax.run import config, pipeline, resume
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
+      "model.text_layers": 1, "attack.preset": "dager", "data.batch_size": 2, "data.index": 2,
+      "data.sequence_length": 15, "attack.iterations": 200
+  })
+  monkeypatch.setattr(resume, "stop_requested", lambda: signal.SIGTERM)
+  state = resume.StateFile(str(tmp_path / "state.npz"))
+  with pytest.raises(resume.Interrupted):
+    pipeline.run_text(cfg, state=state)
+  assert (tmp_path / "state.npz").exists()
   with pytest.raises(ValueError, match="closed form"):
     config.check(config.replace(cfg, {"attack.optimizer": "adam"}))
 

@@ -88,3 +88,25 @@ def test_subsampling_amplifies_privacy():
 def test_bad_arguments_are_named(call, message):
   with pytest.raises(ValueError, match=message):
     call()
+
+
+def test_a_simulated_fedavg_round_counts_its_own_dp_sgd_steps():
+  """T of the reported ε: as declared for a FedSGD client and a capture; for a simulated FedAvg
+  client at least its round's own (3 local epochs of fixed mini-batches: 3 steps of each example
+  at rate 1; with Poisson sampling its 2 epochs x 8 / 2 local steps), never fewer than declared."""
+  from gradjax.run import config, pipeline
+  dp = {"defense.dp_sgd_max_norm": 1.0, "defense.dp_sgd_noise_multiplier": 1.0}
+  fedavg = {**dp, "client.name": "fedavg", "client.local_epochs": 3, "data.batch_size": 8,
+            "client.local_batch_size": 2}
+  cases = [({**dp}, 1), ({**dp, "defense.dp_sgd_steps": 7}, 7), (fedavg, 3),
+           ({**fedavg, "defense.dp_sgd_steps": 100}, 100),
+           ({**fedavg, "client.local_epochs": 2, "defense.dp_sgd_poisson": True,
+             "defense.dp_sgd_sampling_rate": 0.25}, 8)]
+  for options, steps in cases:
+    cfg = config.from_options(options)
+    got = pipeline.dp_sgd_privacy(cfg)
+    q = cfg.defense.dp_sgd_sampling_rate
+    assert got["steps"] == steps, options
+    assert got["epsilon"] == privacy.epsilon(q, 1.0, steps, 1e-5).epsilon
+    assert got.get("steps_declared") == (None if steps == cfg.defense.dp_sgd_steps
+                                         else cfg.defense.dp_sgd_steps)

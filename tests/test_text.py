@@ -674,6 +674,9 @@ def test_joint_soft_targets_stay_in_the_bag(client):
   with pytest.raises(ValueError, match="label inference reads a classifier"):
     text.reconstruct(presets.idlg(iterations=1), m.apply_fn, obs, jax.random.key(0),
                      length=5, eos=1)
+  with pytest.raises(ValueError, match="has objective='dlm'$"):  # not blamed on label inference
+    text.reconstruct(presets.dlm(iterations=1), m.apply_fn, obs, jax.random.key(0),
+                     length=5, eos=1)
   with pytest.raises(ValueError, match="unknown text search"):
     text.reconstruct(presets.dlg(iterations=1), m.apply_fn, obs, jax.random.key(0),
                      length=5, eos=1, search="beam")

@@ -152,6 +152,9 @@ def main(argv):
   if len(argv) > 1:
     common.fail(f"unexpected arguments: {' '.join(argv[1:])}")
   f = flags.FLAGS
+  if f["modality"].present and f.modality != "image":  # before its FedAvg rows are checked for text
+    common.fail("gradjax dlm-table tabulates image attacks; for text use gradjax text-table (or "
+                "reconstruct --modality=text)")
   names = common.semicolon_list("methods", f.methods or ";".join(METHODS))
   if "gamma" in names:
     names = [m for m in names if m != "gamma"] + list(GAMMA_VARIANTS)
@@ -172,7 +175,7 @@ def main(argv):
       config.check(config.replace(cfg, methods[m]), files)
     return methods
 
-  cfg = common.config_from_flags(check=rows)
+  cfg = common.config_from_flags(check=common.images_only(rows))
   methods = rows(cfg)
   base = {k: v for k, v in config.options(cfg).items() if k != "data.index"}
   std = data.normalization(cfg.data.dataset).std if cfg.data.dataset in ("cifar10",

@@ -139,6 +139,9 @@ def main(argv):
     if cfg.data.batch_size != 1:
       raise ValueError(f"--batch_size={cfg.data.batch_size}: the table's clients hold one sentence "
                        "each (the papers' protocol)")
+    if "data.index" in common.options_given():
+      raise ValueError("--index is one experiment's sentence; the table's sentences are --start "
+                       "and --count")
     for m in names:
       config.check(config.replace(cfg, METHODS[m]), files)
     if cfg.model.checkpoint and files:  # its vocabulary, read before the untrained rows run

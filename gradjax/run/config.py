@@ -41,7 +41,7 @@ from ml_collections import config_dict
 
 from gradjax import attacks, auto, checkpoint, clients, closed_forms, corpus, data, defenses, distances
 from gradjax import driver, dummy
-from gradjax import interop, lpips, models, objectives, optimizers, presets, privacy, text
+from gradjax import interop, lpips, models, objectives, optimizers, presets, text
 from gradjax import labels as labels_lib
 from gradjax import priors as priors_lib
 
@@ -178,13 +178,14 @@ class DataConfig(_Section):
 
   modality: str = _field(
       "image", "What the client trains: image (a classifier on --dataset images) or text (a language "
-      f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model transformer).",
+      f"model on sentences of the corpus --dataset: {_names(corpus.CORPORA)}; --model "
+      f"{_names(models.TEXT_MODELS)}).",
       choices=MODALITIES)
   dataset: str | None = _field(
       "skimage", f"Data source: {_names(data.DATASETS)} or tfds:<name>. With --observation: the "
       "client's images for scoring, if given (else no ground truth).")
   data_dir: str | None = _field(None, "Data folder (default: $GRADJAX_DATA_DIR or ../shared/data).")
-  index: int = _field(0, "First image of the client's batch.")
+  index: int = _field(0, "First example of the client's batch (an image, or a sentence of the corpus).")
   batch_size: int = _field(1, "Client batch size.")
   image_size: int | None = _field(None,
                                   "Resize images to this square size (the source's if unset).")
@@ -219,7 +220,8 @@ class ModelConfig(_Section):
 
   name: str | None = _field(
       "lenet_zhu", f"Model: {_names(models.MODELS)}; convnet-W, resnetD-W and mlp-H set the width "
-      "(e.g. resnet20-4). With captured files: their metadata's model if unset.")
+      f"(e.g. resnet20-4); for --modality=text {_names(models.TEXT_MODELS)}. With captured files: "
+      "their metadata's model if unset.")
   checkpoint: str | None = _field(
       None, "Attack the model of this checkpoint (gradjax train) instead of a fresh --model "
       "(its model, init and activation come from the checkpoint).")
@@ -323,7 +325,9 @@ class DefenseConfig(_Section):
       "step's batch (its batch size over its data set's; 1: every step sees them all).")
   dp_sgd_steps: int = _field(
       1, "For DP-SGD's privacy budget: T, the DP-SGD steps of the client's training (a FedAvg "
-      "client's fixed mini-batches put an example in one step an epoch, at rate 1).")
+      "client's fixed mini-batches put an example in one step an epoch, at rate 1). A simulated "
+      "FedAvg client counts at least its round's own: its local epochs, or its local steps with "
+      "dp_sgd_poisson.")
   dp_sgd_delta: float = _field(1e-5, "For DP-SGD's privacy budget: the δ of the (ε, δ) reported.")
   dp_sgd_poisson: bool = _field(
       False, "A simulated DP-SGD client draws each step's batch by Poisson sampling (Opacus' "
@@ -350,14 +354,6 @@ class DefenseConfig(_Section):
       return None
     return clients.DPSGD(self.dp_sgd_max_norm, self.dp_sgd_noise_multiplier,
                          self.dp_sgd_sampling_rate if self.dp_sgd_poisson else None).check()
-
-  def budget(self) -> privacy.Budget | None:
-    """DP-SGD's (ε, δ) over :attr:`dp_sgd_steps` steps (:func:`gradjax.privacy.epsilon`); None
-    without DP-SGD or without noise (no privacy: ε is infinite)."""
-    if self.dp_sgd() is None or self.dp_sgd_noise_multiplier == 0:
-      return None
-    return privacy.epsilon(self.dp_sgd_sampling_rate, self.dp_sgd_noise_multiplier,
-                           self.dp_sgd_steps, self.dp_sgd_delta)
 
   def __post_init__(self):
     super().__post_init__()
@@ -683,8 +679,9 @@ class Config:
         raise ValueError("the command line attacks captured image models; a text run simulates its "
                          f"client (read a text model's capture with the library: {_TEXT_CAPTURE})")
       if self.client.name != "fedsgd" and self.attack.preset != "dager":
-        raise ValueError("text runs simulate a FedSGD client (--client=fedsgd); a FedAvg client's "
-                         "update is read by --attack=dager")
+        raise ValueError(f"text runs simulate a FedSGD client (--client=fedsgd); a FedAvg client's "
+                         f"update is read by --attack=dager, not --attack={self.attack.preset} "
+                         f"(this run's client: --client={self.client.name})")
       if not self.model.checkpoint and not models.is_text(self.model.name or ""):
         raise ValueError(f"--modality=text needs a text model ({', '.join(models.TEXT_MODELS)}), "
                          f"not {self.model.name!r}")
@@ -1151,14 +1148,19 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
           "is a closed form")
     modality = "text" if cfg.attack.preset in closed_forms.TEXT_CLOSED_FORMS else "image"
     searches = getattr(attack, "take_over", 0) > 0  # the span attack's token search has restarts
-    if (cfg.data.modality != modality or (cfg.attack.restarts != 1 and not searches)
-        or cfg.attack.permutations != 1):
+    wrong = ([f"--modality={modality}"] if cfg.data.modality != modality else []) + (
+        ["--restarts=1" + (" (or --iterations for its token search)" if modality == "text" else "")]
+        if cfg.attack.restarts != 1 and not searches else []) + (
+        ["--config.attack.permutations=1"] if cfg.attack.permutations != 1 else [])
+    if wrong:
       raise ValueError(
           f"--attack={cfg.attack.preset} recovers {'sentences' if modality == 'text' else 'images'}"
-          f" in one pass: --modality={modality}, --restarts=1 (with --attack=dager, unless "
-          "--iterations sets its token search) and --config.attack.permutations=1")
+          f" in one pass: it needs {' and '.join(wrong)}")
   if cfg.data.modality == "text" and isinstance(attack, attacks.Attack) and attack.priors:
     # Every prior (gradjax.priors) reads an image batch (N, H, W, C); text optimises embeddings.
+    if cfg.attack.priors:
+      raise ValueError(f"--priors={cfg.attack.priors}: image priors, which do not apply to text "
+                       "(leave --priors out)")
     raise ValueError(f"--attack={cfg.attack.preset} has image priors, which do not apply to text: "
                      "give --priors= with --modality=text")
   if (cfg.data.modality == "text" and models.is_masked_lm(cfg.model.name or "")

@@ -35,6 +35,7 @@ from gradjax import objectives, presets, text
 from gradjax.run import config, resume
 from gradjax import verdict
 from gradjax import labels as labels_lib
+from gradjax import privacy as privacy_lib
 from gradjax.run.config import SERVER_INFERRED_LABELS, Config, attacked_model, check, fingerprint
 
 # The options that name files the attack reads; a saved state records their digests.
@@ -63,18 +64,36 @@ def _experiment_keys(seed, index):
   return (key_model, key_attack, *(jax.random.fold_in(base, k) for k in (2, 3, 4)))
 
 
+def dp_sgd_steps(cfg: Config) -> int:
+  """T of the client's DP-SGD budget: the defense section's ``dp_sgd_steps``, and for a simulated
+  FedAvg client at least what its round itself took of each example: its local epochs with fixed
+  mini-batches (one step an epoch, at rate 1), its local steps with Poisson sampling (each draws
+  from all its examples)."""
+  steps = cfg.defense.dp_sgd_steps
+  if not cfg.client.observation and cfg.client.name == "fedavg":
+    local = cfg.client.local_training()
+    steps = max(steps, local.steps(cfg.data.batch_size) if cfg.defense.dp_sgd_poisson else local.epochs)
+  return steps
+
+
 def dp_sgd_privacy(cfg: Config) -> dict | None:
   """The client's DP-SGD (the defense section's) and its (ε, δ) over its training
-  (:meth:`gradjax.run.config.DefenseConfig.budget`; ε None without noise: no guarantee); None
-  without DP-SGD."""
+  (:func:`gradjax.privacy.epsilon` over :func:`dp_sgd_steps`; ε None without noise: no guarantee);
+  None without DP-SGD. ``steps_declared``: the section's count where the simulated round took
+  more."""
   dp_sgd, section = cfg.defense.dp_sgd(), cfg.defense
   if dp_sgd is None:
     return None
-  budget = section.budget()
+  steps = dp_sgd_steps(cfg)
+  budget = (None if not dp_sgd.noise_multiplier else
+            privacy_lib.epsilon(section.dp_sgd_sampling_rate, dp_sgd.noise_multiplier, steps,
+                                section.dp_sgd_delta))
   privacy = {"max_norm": dp_sgd.max_norm, "noise_multiplier": dp_sgd.noise_multiplier,
-             "sampling_rate": section.dp_sgd_sampling_rate, "steps": section.dp_sgd_steps,
+             "sampling_rate": section.dp_sgd_sampling_rate, "steps": steps,
              "delta": section.dp_sgd_delta, "epsilon": None if budget is None else budget.epsilon,
              "order": None if budget is None else budget.order}
+  if steps != section.dp_sgd_steps:
+    privacy["steps_declared"] = section.dp_sgd_steps
   if not dp_sgd.noise_multiplier and cfg.client.observation and not any(
       "dp_sgd_noise_multiplier" in interop.read_metadata(f)
       for f in (cfg.model.weights, cfg.client.observation) if f):
@@ -221,6 +240,9 @@ def _simulated(cfg: Config, batch: data.Dataset, norm, key_model, conv: str):
   if cfg.model.checkpoint:
     model = checkpoint.load_model(
         cfg.model.checkpoint, remat=bool(cfg.execution.remat), conv=conv)
+    if models.is_text(model.name):
+      raise ValueError(f"checkpoint {cfg.model.checkpoint} holds a text model ({model.name}): add "
+                       "--modality=text (and a corpus, --dataset)")
     saved = checkpoint.load(cfg.model.checkpoint)[1].get("normalization", "none")
     if saved != (cfg.data.normalization or "none"):
       raise ValueError(
@@ -1448,13 +1470,16 @@ def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.
       text_sizes=cfg.model.text_sizes())
 
 
-def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation) -> dict:
+def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation,
+               execution: driver.Execution = driver.Execution()) -> dict:
   """The span attack (:func:`gradjax.dager.recover`) on a text client's update: the sentences found
   (on a plain FedSGD gradient, with those that leave no input of their own in a span where their
   batch's gradient is the update: :func:`gradjax.dager.complete`, counted in ``completed``),
   scored against the true ones after an optimal assignment (ROUGE-1/2/L, exact sentences, token
   accuracy), and the residual of the found batch's own gradient against the update when it holds
-  as many sentences as the client's (0 up to rounding when it is the client's batch)."""
+  as many sentences as the client's (0 up to rounding when it is the client's batch). ``execution``:
+  the token search's that takes over (:func:`_take_over`; its saver saves it and stops it on a
+  signal)."""
   vocabulary = batch.vocabulary
   start = time.perf_counter()
   try:
@@ -1470,7 +1495,8 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       rec = dager.recover(model.apply_fn, model.variables, observation.gradient, eos=eos, **options)
   except dager.Unreadable as e:
     if attack.take_over and e.position_sets is not None and observation.threat_model == "fedsgd":
-      return _take_over(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
+      return _take_over(cfg, attack, batch, model, observation, e, time.perf_counter() - start,
+                        execution)
     return _unreadable_spans(cfg, attack, batch, model, observation, e, time.perf_counter() - start)
   completed = None
   if (observation.threat_model == "fedsgd" and not models.is_masked_lm(model.name)
@@ -1524,7 +1550,13 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       causes.append(f"{rec.mini_batches} of the client's {steps} mini-batches found in order (the "
                     "next one's weights are those its predecessors' sentences give)")
     if rec.stopped_at is not None:
-      hint = ("the client's later local steps move their inputs off the span of the model sent; "
+      # A defense on the update (or DP-SGD's clipping and noise) moves every span first.
+      defended = [d for d in (cfg.defense.spec, "DP-SGD" if cfg.defense.dp_sgd() else None)
+                  if d and d != "none"]
+      hint = (f"the client's defense ({', '.join(defended)}) changes the update the spans are read "
+              "from" + ("; so do its later local steps" if local is not None else "")
+              if defended else
+              "the client's later local steps move their inputs off the span of the model sent; "
               "a wider model keeps more of them" if local is not None else
               "a trained model's update can hide inputs below float32's rounding")
       causes.append(f"no prefix passed the ordering checks at position {rec.stopped_at} ({hint})")
@@ -1562,7 +1594,8 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
             "unmatched": 0, "token_accuracy_per_sentence": [0.0] * n,
             "bag_recall_per_sentence": [0.0] * n, "bag_recall": 0.0}
   results = _span_results(cfg, attack, batch, model, observation, seconds, [None] * n, scores)
-  results.update(iterations=0, found=0, unreadable=str(error), **_words_found(words, batch))
+  # The positions whose words the spans gave (none where they gave nothing).
+  results.update(iterations=len(error.position_sets or ()), found=0, unreadable=str(error), **_words_found(words, batch))
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, None, results["findings"], [], cfg)
   if decided["verdict"]["status"] != "leak":
@@ -1616,7 +1649,7 @@ def _words_found(words: np.ndarray, batch: Sentences) -> dict:
 
 
 def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, observation, error,
-               seconds: float) -> dict:
+               seconds: float, execution: driver.Execution = driver.Execution()) -> dict:
   """Where the span attack gives each position's words but not the sentences (``error``, a
   :class:`gradjax.dager.Unreadable` with ``position_sets``): the token search (DLG's objective,
   ``attack.take_over`` iterations, ``cfg.attack.restarts`` restarts) orders them, each position kept
@@ -1630,7 +1663,7 @@ def _take_over(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       presets.dlg(attack.take_over), model.apply_fn, observation, key_attack,
       length=cfg.data.sequence_length, eos=batch.vocabulary.eos,
       mask=batch.vocabulary.mask if masked else None, restarts=cfg.attack.restarts,
-      search="tokens", position_sets=error.position_sets)
+      search="tokens", position_sets=error.position_sets, execution=execution)
   searched = time.perf_counter() - start
   found = rec.tokens_pinv
   scores = metrics.score_text(found, batch.truth)
@@ -1733,13 +1766,13 @@ def _run_text(cfg: Config, callback, state, marks: list[float]):
   if defense is not None:
     observation = defense.apply(observation, key_defense)
   marks.append(time.time())
-  if isinstance(attack, closed_forms.Dager):  # scored as it reads (its attack and scoring in one)
-    return _run_spans(cfg, attack, batch, model, observation)
-  attack, adapted_to = adapted(cfg, attack, cfg.defense.spec, observation)
-
   trace = Trace(callback)
   timing = _Resumable(cfg, state, trace)
   execution = cfg.execution.build(callback=trace.progress, saver=timing.saver)
+  if isinstance(attack, closed_forms.Dager):  # scored as it reads (its attack and scoring in one)
+    return _run_spans(cfg, attack, batch, model, observation, execution)
+  attack, adapted_to = adapted(cfg, attack, cfg.defense.spec, observation)
+
   rec = text.reconstruct(
       attack,
       model.apply_fn,

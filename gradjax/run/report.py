@@ -253,8 +253,11 @@ def privacy_line(privacy: dict) -> str:
             "dp_sgd_noise_multiplier")
   if privacy["epsilon"] is None:
     return f"{how}: without noise no differential privacy (ε infinite)"
+  declared = privacy.get("steps_declared")
   return (f"{how}: ({privacy['epsilon']:.3g}, {privacy['delta']:g})-DP over {privacy['steps']} "
-          f"step{'s' if privacy['steps'] != 1 else ''} at sampling rate {privacy['sampling_rate']:g} "
+          f"step{'s' if privacy['steps'] != 1 else ''}"
+          + ("" if declared is None else f" (the simulated round's own; {declared} declared)")
+          + f" at sampling rate {privacy['sampling_rate']:g} "
           f"(Rényi DP of the sampled Gaussian, order {privacy['order']:g})")
 
 
@@ -262,9 +265,15 @@ VERDICT_COLOURS = {"leak": "#b00020", "no_leak_found": "#1b5e20", "inconclusive"
 
 
 def summary_rows(results: dict, keys) -> list[tuple[str, str, str]]:
-  """(label, value with its unit, meaning) of each key of ``keys`` present in ``results``."""
+  """(label, value with its unit, meaning) of each key of ``keys`` present in ``results``. A closed
+  form's ``iterations`` are what it counts, and it has no restarts (but for a token search that
+  took over from the span attack)."""
   rows = []
+  attack = results.get("attack")
+  closed = isinstance(attack, dict) and "closed_form" in attack and not results.get("take_over")
   for key in keys:
+    if closed and key in ("restarts", "restarts_diverged", "evaluations"):
+      continue
     value = results.get(key)
     if key == "residual" and isinstance(value, dict):
       value = value.get("relative_error")
@@ -273,6 +282,9 @@ def summary_rows(results: dict, keys) -> list[tuple[str, str, str]]:
     if value is None:
       continue
     label, unit, meaning = QUANTITIES.get(key, (key, "", ""))
+    if closed and key == "iterations":
+      label, meaning = "steps", ("what the closed form counts (rounds, layers, positions or "
+                                 "read-outs): nothing is optimised")
     rows.append((label, _cell(value) + (f" {unit}" if unit else ""), meaning))
   return rows
 
