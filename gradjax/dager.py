@@ -741,6 +741,9 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   tokens = np.unique(np.arange(vocabulary) if tokens is None else np.asarray(tokens)).astype(np.int32)
   if tokens.size == 0 or tokens[0] < 0 or tokens[-1] >= vocabulary:
     raise ValueError(f"candidate token ids must be non-empty and lie in [0, {vocabulary})")
+  if eos is not None and (isinstance(eos, bool) or not isinstance(eos, (int, np.integer))
+                          or not 0 <= eos < vocabulary):
+    raise ValueError(f"eos must be a token id in [0, {vocabulary}), got {eos!r}")
   dimensions = candidate_dimensions(apply_fn, variables, length, compilation.prng_key(0), vocabulary)
   columns = projection_gradient(gradient, attention[0])
   first = span(columns, rank, dimensions[0], drift=drift)

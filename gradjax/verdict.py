@@ -5,7 +5,9 @@ A number alone is no audit's answer, and an attack that failed says nothing abou
 
 * ``leak``: the reconstruction is recognisable against the ground truth (:func:`image_findings`,
   :func:`text_findings`), or, without a ground truth, the attack matched the update
-  (:func:`residual` within :attr:`Thresholds.matched`): data that reproduce the update were found.
+  (:func:`residual` within :attr:`Thresholds.matched`): data that reproduce the update were found,
+  and the update has at least as many nonzero entries as the data have values (fewer, after heavy
+  pruning or for a batch larger than the model, and other data reproduce it too: inconclusive).
 * ``inconclusive``: a check of the capture failed and the run was forced, or the attack did not
   match the update (the residual above :attr:`Thresholds.matched` overall or :attr:`Thresholds.matched_layer` in some layer), saying whether the
   objective was still falling when the budget ran out (:func:`still_improving`).
@@ -477,7 +479,7 @@ def closed_form_budget(attack: str, rounds: int, separated: tuple[int, int] | No
 
 def decide(*, findings: dict | None, residual: fidelity.Comparison | None,
            improving: bool, budget: str, problems: Sequence[str] = (),
-           thresholds: Thresholds = THRESHOLDS) -> dict:
+           constraints: tuple[int, int] | None = None, thresholds: Thresholds = THRESHOLDS) -> dict:
   """``{"status", "reason", "leaks"}`` of a run (see the module docstring); ``leaks``: the kinds of
   leak found (:func:`leaks`).
 
@@ -488,13 +490,16 @@ def decide(*, findings: dict | None, residual: fidelity.Comparison | None,
     improving: :func:`still_improving` of the run.
     budget: :func:`budget` of the run.
     problems: checks of the capture that failed (the run was forced past them).
+    constraints: (the update's nonzero entries, the values of the data matched to it): with fewer
+      entries than values (heavy pruning, or a batch larger than the model), data that reproduce the
+      update are not determined by it, so without a ground truth a match is no leak.
   """
   kinds = leaks(findings)
-  out = _decide(findings, kinds, residual, improving, budget, problems, thresholds)
+  out = _decide(findings, kinds, residual, improving, budget, problems, thresholds, constraints)
   return {**out, "leaks": kinds}
 
 
-def _decide(findings, kinds, residual, improving, budget, problems, thresholds) -> dict:
+def _decide(findings, kinds, residual, improving, budget, problems, thresholds, constraints) -> dict:
   if kinds:
     reason = f"{budget} found: " + "; ".join(findings[k]["reason"] for k in kinds)
     if "images" in findings and "images" not in kinds:
@@ -521,6 +526,12 @@ def _decide(findings, kinds, residual, improving, budget, problems, thresholds) 
               "the reconstruction's update where it is declared)")
     return {"status": "inconclusive", "reason": why + seen}
   if findings is None:
+    if constraints is not None and constraints[0] < constraints[1]:
+      return {"status": "inconclusive", "reason": (
+          f"{budget} found data that reproduce the update ({res}, bound {thresholds.matched:g}), but "
+          f"the update holds {constraints[0]} nonzero entries for the {constraints[1]} values of the "
+          "data: other data reproduce it too, so these need not be the client's (score them "
+          "against the client's data)")}
     return {"status": "leak", "reason": f"{budget} found data that reproduce the update ({res}, "
             f"bound {thresholds.matched:g}); no ground truth to score them against"}
   if improving:

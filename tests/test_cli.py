@@ -1571,6 +1571,8 @@ def test_the_tables_refuse_what_they_would_ignore_or_overwrite(tmp_path):
       (["audit", f"--audit_dir={tmp_path}", "--config.model.rename=(=x"], "bad rename rule"),
       (["defense-sweep", "--count=1", "--modality=text"], "for text use gradjax text-table"),
       (["defense-sweep", "--count=1", "--config.utility.epochs=3"], "which only --utility trains"),
+      (["defense-sweep", "--count=1", "--utility", "--config.utility.model=transformer"],
+       "the utility model trains on the table's images"),
       (["sweep", "--count=1", "--index=5"], "a sweep's images are --start and --count"),
       (["sweep", "--count=1", "--resume", f"--output_dir={tmp_path / 'a_run'}"],
        "holds a run of gradjax reconstruct, not of gradjax sweep"),

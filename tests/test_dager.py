@@ -247,6 +247,8 @@ def test_a_batch_wider_than_the_model_is_refused():
   ids = _sentences(np.random.default_rng(0), 300, 6, 8)  # 48 (token, position) pairs in 16 dimensions
   with pytest.raises(ValueError, match="nearly fills"):
     dager.recover(model.apply_fn, model.variables, _gradient(model, ids), length=8)
+  with pytest.raises(ValueError, match=r"eos must be a token id in \[0, 300\), got 305"):
+    dager.recover(model.apply_fn, model.variables, _gradient(model, ids), length=8, eos=305)
 
 
 def test_rouge_agrees_with_rouge_score():

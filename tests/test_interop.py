@@ -730,8 +730,22 @@ def test_a_capture_declaring_its_dp_sgd_sets_the_options(lenet_files, tmp_path):
   assert (bound.dp_sgd_noise_multiplier, bound.dp_sgd_steps) == (0.75, 300)
   with pytest.raises(ValueError, match="declares dp_sgd_steps=300, but --config.defense.dp_sgd_steps=100"):
     config.with_declared(config.replace(cfg, {"defense.dp_sgd_steps": 100}))
+  # The noise multiplier alone, agreeing with the capture's, which gives the bound: accepted; another
+  # one is the capture's contradiction; without a capture's bound it needs one.
+  noise = config.replace(cfg, {"defense.dp_sgd_noise_multiplier": 0.75})
+  assert config.with_declared(noise).defense == got
+  with pytest.raises(ValueError, match="declares dp_sgd_noise_multiplier=0.75, but"):
+    config.with_declared(config.replace(cfg, {"defense.dp_sgd_noise_multiplier": 2.0}))
   plain = config.from_options({"model.weights": str(w), "client.observation": str(g)})
   assert config.with_declared(plain) is plain
+  with pytest.raises(ValueError, match="give --config.defense.dp_sgd_max_norm too .or a capture"):
+    config.with_declared(config.replace(plain, {"defense.dp_sgd_noise_multiplier": 1.0}))
+  # A defense the capture declares that is none: the file is named.
+  from gradjax.run import pipeline
+  bad = _rewrite(g, tmp_path / "bad_defense.safetensors", lambda t, m: (t, {**m, "defense": "prune:2"}))
+  with pytest.raises(ValueError, match="bad_defense.safetensors: its metadata 'defense': bad defense 'prune:2'"):
+    pipeline.run(config.from_options({"model.weights": str(w), "client.observation": str(bad),
+                                      "data.dataset": None}))
   with pytest.raises(ValueError, match="metadata 'dp_sgd_steps' must be an integer"):
     interop.declared_dp_sgd({"dp_sgd_max_norm": "1", "dp_sgd_steps": "many"}, "dp")
 

@@ -376,6 +376,19 @@ def test_decide(findings, residual, problems, status):
   assert still["status"] == ("inconclusive" if status == "no_leak_found" else status)
 
 
+def test_a_match_of_an_update_with_fewer_entries_than_the_data_is_no_leak_without_truth():
+  """A 99 % pruned LeNet update keeps about 158 of its 15 826 entries for a 32x32x3 image's 3072
+  values: other images reproduce it too. Without a ground truth the match is inconclusive; with as many
+  entries as values it is a leak; with a ground truth the scores decide as before."""
+  matched, budget = _comparison(1e-5, 1e-5), verdict.budget("dlg", 2000, 1)
+  decide = lambda findings, constraints: verdict.decide(
+      findings=findings, residual=matched, improving=False, budget=budget, constraints=constraints)
+  assert decide(None, (158, 3072))["status"] == "inconclusive"
+  assert decide(None, (3072, 3072))["status"] == "leak"
+  assert decide(_NONE, (158, 3072))["status"] == "no_leak_found"
+  assert decide(_LEAK, (158, 3072))["status"] == "leak"
+
+
 CIFAR = os.path.join(data.default_data_dir() or "", "cifar10")
 
 

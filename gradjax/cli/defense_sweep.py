@@ -92,6 +92,9 @@ def utility(spec: str, parts: training.Split, cfg: config.UtilityConfig, seed: i
 
 def check_utility(parts: training.Split, cfg: config.UtilityConfig) -> None:
   """Raises a one-line ValueError for utility settings that training would reject (before any attack)."""
+  if models.is_text(cfg.model):
+    raise ValueError(f"--config.utility.model={cfg.model}: the utility model trains on the table's "
+                     f"images; choose one of {', '.join(models.MODELS)}")
   models.create(cfg.model, jax.random.key(0), input_shape=parts.train.x.shape[1:],
                 num_classes=parts.train.num_classes)
   try:
@@ -113,6 +116,12 @@ def stronger(row: dict) -> str:
 def strongest_summary(row: dict) -> dict:
   """The summary of a row's stronger attack (:func:`stronger`)."""
   return row["adaptive"]["summary"] if stronger(row) == "adaptive" else row["summary"]
+
+
+def verdicts(summary: dict) -> str:
+  """"leak / no leak found / inconclusive" counts of a row's experiments, of how many."""
+  return (f"{summary['leaks']} / {summary['no_leak_found']} / {summary['inconclusive']} of "
+          f"{summary['experiments']}")
 
 
 def privacy_utility_plot(table: list[dict], psnr_threshold: float, attack: str = "attack") -> str:
@@ -166,17 +175,17 @@ def main(argv):
     for spec in specs:
       if spec != "none":
         defenses.parse(spec)
+    ucfg = base.utility
+    if f.utility:  # checked before a folder is made
+      seed = common.permutation_seed(ucfg.data_seed, "config.utility.data_seed")
+      parts = training.load_split(ucfg.dataset, ucfg.train_count, ucfg.test_count, seed,
+                                  data_dir=base.data.data_dir)
+      check_utility(parts, ucfg)
     out = common.output_folder(
         f"defenses_{base.attack.preset}_{base.model.name}_{base.data.dataset.replace(':', '-')}",
         own=("results.md", "results.json", "privacy_utility.svg", "items/*.json", "items/*.npz",
              "config.py"))
     items = common.items(out)
-    ucfg = base.utility
-    if f.utility:
-      seed = common.permutation_seed(ucfg.data_seed, "config.utility.data_seed")
-      parts = training.load_split(ucfg.dataset, ucfg.train_count, ucfg.test_count, seed,
-                                  data_dir=base.data.data_dir)
-      check_utility(parts, ucfg)
     def experiments(spec, adapted=False):
       for k in range(f.count):
         cfg = config.replace(base, {"defense.spec": None if spec == "none" else spec,
@@ -225,13 +234,16 @@ def main(argv):
                    privacy_utility_plot(table, verdict.THRESHOLDS.psnr, base.attack.preset))
   extra = " utility acc. |" if f.utility else ""
   with_lpips = all("lpips" in row["summary"] for row in table)
+  iterations = getattr(config.get_attack(base), "iterations", None)
   lines = [
-      f"# {base.attack.preset} on {base.model.name} against defenses, {base.data.dataset} {f.start}.."
+      f"# {base.attack.preset}" + (f" ({iterations} iterations, {base.attack.restarts} restart"
+                                   f"{'s' if base.attack.restarts != 1 else ''})" if iterations else "")
+      + f" on {base.model.name} against defenses, {base.data.dataset} {f.start}.."
       f"{f.start + f.count * base.data.batch_size - 1}, batch {base.data.batch_size}", "",
       "| defense | PSNR (dB) | SSIM | " + ("LPIPS | " if with_lpips else "") +
       "label acc. | images recognisable | "
-      "leak verdicts |" +
-      (" adaptive PSNR (dB) | adaptive SSIM | adaptive recognisable | adaptive leak verdicts |"
+      "verdicts: leak / no leak found / inconclusive |" +
+      (" adaptive PSNR (dB) | adaptive SSIM | adaptive recognisable | adaptive verdicts |"
        if adaptive else "") + extra, "|---|---|---|---|---|---|" + ("---|" if with_lpips else "") +
       ("---|" * 4 if adaptive else "") + ("---|" if f.utility else "")
   ]
@@ -242,7 +254,7 @@ def main(argv):
       a = row.get("adaptive", {}).get("summary")
       cell += (" – | – | – | – |" if a is None else
                f" {a['psnr']['mean']:.2f} ± {a['psnr']['std']:.2f} | {a['ssim']['mean']:.3f} | "
-               f"{a.get('recognisable', '–')}/{a.get('images', '–')} | {a['leaks']}/{a['experiments']} |")
+               f"{a.get('recognisable', '–')}/{a.get('images', '–')} | {verdicts(a)} |")
     if f.utility:
       acc = row["utility"]["accuracy"]
       cell += " diverged |" if acc is None else f" {acc:.3f} |"
@@ -250,7 +262,7 @@ def main(argv):
                  f"{s['ssim']['mean']:.3f} | "
                  + (f"{s['lpips']['mean']:.3f} | " if with_lpips else "")
                  + (f"{s['label_accuracy']['mean']:.2f} | " if "label_accuracy" in s else "– | ")
-                 + f"{s.get('recognisable', '–')}/{s.get('images', '–')} | {s['leaks']}/{s['experiments']} |{cell}")
+                 + f"{s.get('recognisable', '–')}/{s.get('images', '–')} | {verdicts(s)} |{cell}")
   if adaptive:
     lines += ["", "Adaptive: the attack's objective models the row's defense (gradjax.adaptive); "
               "the plot shows each defense's stronger attack (hatched: the adaptive one)."]

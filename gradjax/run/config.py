@@ -343,6 +343,18 @@ class DefenseConfig(_Section):
       "num_samples being the count drawn (required there); a FedAvg capture's expected replay "
       "divides each step by it (unset: q·n). A simulated client divides by q·n (leave it unset).")
 
+  def check_bound(self, capture: str | None = None) -> None:
+    """ValueError where DP-SGD's options that need its clipping bound come without it: checked on
+    the whole configuration (:class:`Config`), after a ``capture``'s declared DP-SGD is read in
+    (:func:`with_declared`), which may give the bound."""
+    where = f" (or a capture that declares dp_sgd_max_norm; {capture} declares none)" if capture else ""
+    if self.dp_sgd_max_norm is None and self.dp_sgd_poisson:
+      raise ValueError("--config.defense.dp_sgd_poisson draws DP-SGD's batches: give "
+                       f"--config.defense.dp_sgd_max_norm too{where}")
+    if self.dp_sgd_max_norm is None and self.dp_sgd_noise_multiplier:
+      raise ValueError("--config.defense.dp_sgd_noise_multiplier scales DP-SGD's clipping bound: "
+                       f"give --config.defense.dp_sgd_max_norm too{where}")
+
   def build(self) -> defenses.Defense | None:
     """The defense (:func:`gradjax.defenses.parse`), or None for none."""
     defense = defenses.parse(self.spec or "none")
@@ -363,12 +375,6 @@ class DefenseConfig(_Section):
     if not 0 <= self.dp_sgd_noise_multiplier < math.inf:
       raise ValueError(f"--config.defense.dp_sgd_noise_multiplier must be a number >= 0, got "
                        f"{self.dp_sgd_noise_multiplier}")
-    if self.dp_sgd_max_norm is None and self.dp_sgd_poisson:
-      raise ValueError("--config.defense.dp_sgd_poisson draws DP-SGD's batches: give "
-                       "--config.defense.dp_sgd_max_norm too")
-    if self.dp_sgd_max_norm is None and self.dp_sgd_noise_multiplier:
-      raise ValueError("--config.defense.dp_sgd_noise_multiplier scales DP-SGD's clipping bound: "
-                       "give --config.defense.dp_sgd_max_norm too")
     if self.dp_sgd_expected_batch_size is not None and not (
         self.dp_sgd_poisson and 0 < self.dp_sgd_expected_batch_size < math.inf):
       raise ValueError("--config.defense.dp_sgd_expected_batch_size is a Poisson-sampled step's "
@@ -674,6 +680,8 @@ class Config:
     if self.data.modality not in MODALITIES:
       raise ValueError(
           f"unknown modality {self.data.modality!r}; choose one of {', '.join(MODALITIES)}")
+    if not self.client.observation:  # a capture may declare the bound (with_declared checks then)
+      self.defense.check_bound()
     if self.data.modality == "text":
       if self.model.weights or self.client.observation:
         raise ValueError("the command line attacks captured image models; a text run simulates its "
@@ -1240,6 +1248,7 @@ def with_declared(cfg: Config) -> Config:
           **interop.read_metadata(cfg.client.observation)}
   declared = interop.declared_dp_sgd(meta, cfg.client.observation)
   if not declared:
+    cfg.defense.check_bound(cfg.client.observation)
     return cfg
   given = cfg.defense
   for k, v in declared.items():  # an option set (away from its default) must agree
@@ -1249,9 +1258,11 @@ def with_declared(cfg: Config) -> Config:
                        f"--config.defense.{k}={mine!r}: leave the option out (the client's own "
                        "account is read)")
   try:
-    return dataclasses.replace(cfg, defense=dataclasses.replace(given, **declared))
+    merged = dataclasses.replace(cfg, defense=dataclasses.replace(given, **declared))
+    merged.defense.check_bound(cfg.client.observation)
   except ValueError as e:
     raise ValueError(f"{cfg.client.observation} declares DP-SGD the options refuse: {e}") from None
+  return merged
 
 
 def attacked_model(cfg: Config) -> str:

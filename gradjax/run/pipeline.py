@@ -413,7 +413,8 @@ def adaptation(attack, adapted_to: str | None) -> list[str] | None:
     lines.append(f"dp_sgd: the bound C = {matched.max_norm:g} (declared); each dummy example's "
                  "gradient is clipped to it over all parameters before the mean"
                  + (" in every replayed step" if isinstance(matched, objectives.Replay) else "")
-                 + ", as the client's (its noise: the gaussian part)")
+                 + ", as the client's" + (" (its noise: the gaussian part)"
+                                          if adapted_to and "gaussian" in adapted_to else ""))
     if isinstance(matched, objectives.ClippedGradient) and matched.expected_batch_size is not None:
       lines.append(f"poisson: the step drew each example at rate q; one dummy example per example "
                    f"drawn, their clipped sum divided by qn = {matched.expected_batch_size:g}")
@@ -821,6 +822,11 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     if batch is not None:  # the scores' size, known before anything is compiled
       check_lpips(cfg.output.lpips, batch.x.shape[1:3])
     model, observation, meta = _captured(cfg, batch, conv_name)
+    if meta.get("defense"):
+      try:
+        defenses.parse(meta["defense"])
+      except ValueError as e:
+        raise ValueError(f"{cfg.client.observation}: its metadata 'defense': {e}") from None
     norm = data.normalization(cfg.data.normalization or meta.get("normalization") or "none")
     if batch is not None and batch.x.shape[0] != observation.num_samples:
       raise ValueError(f"the capture holds {observation.num_samples} samples but the ground truth "
@@ -1201,7 +1207,9 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
   _end_history_at_the_result(results["history"], rec, results.get("psnr"))
-  decided = _verdict(results, residual, findings, p.problems, cfg)
+  constraints = (sum(int(np.count_nonzero(np.asarray(g))) for g in jax.tree.leaves(observation.gradient)),
+                 int(np.size(rec.x)))
+  decided = _verdict(results, residual, findings, p.problems, cfg, constraints)
   if read_out and batch is None and decided["verdict"]["status"] == "inconclusive" and not p.problems:
     decided["verdict"]["reason"] = (
         f"the imprint's read-out gave {found['imprint']['kept']} image(s) and reads no labels, so no "
@@ -1237,14 +1245,16 @@ def separated(results: dict) -> tuple[int, int] | None:
   return None
 
 
-def _verdict(results: dict, residual, findings, problems, cfg: Config) -> dict:
-  """``verdict``, ``residual`` and ``thresholds`` of a run's results (:mod:`gradjax.verdict`)."""
+def _verdict(results: dict, residual, findings, problems, cfg: Config,
+             constraints: tuple[int, int] | None = None) -> dict:
+  """``verdict``, ``residual`` and ``thresholds`` of a run's results (:mod:`gradjax.verdict`);
+  ``constraints``: :func:`gradjax.verdict.decide`'s."""
   budget = (verdict.closed_form_budget(cfg.attack.preset, results["iterations"], separated(results))
             if cfg.attack.preset in closed_forms.CLOSED_FORMS
             else verdict.budget(cfg.attack.preset, results["iterations"], cfg.attack.restarts))
   improving = verdict.still_improving(results["history"], results["iterations"])
   return {"verdict": verdict.decide(findings=findings, residual=residual, improving=improving,
-                                    budget=budget, problems=problems),
+                                    budget=budget, problems=problems, constraints=constraints),
           "residual": None if residual is None else residual._asdict(),
           "still_improving": improving, "thresholds": verdict.THRESHOLDS._asdict()}
 

@@ -147,8 +147,9 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   has ``findings``).
 
   ``rows`` are :func:`gradjax.run.pipeline.run` results (keys psnr, ssim, mse, wall_time_s,
-  iterations; label_accuracy, lpips and psnr_unclamped summarised when every row has them); ``leaks``:
-  the rows whose verdict (:mod:`gradjax.verdict`) is a leak.
+  iterations; label_accuracy, lpips and psnr_unclamped summarised when every row has them);
+  ``leaks``, ``no_leak_found`` and ``inconclusive``: the rows whose verdict (:mod:`gradjax.verdict`)
+  is each.
   """
   out = {"experiments": len(rows), "psnr_threshold": threshold}
   keys = ["psnr", "ssim", "mse", "wall_time_s", "iterations"]
@@ -166,7 +167,9 @@ def summarize(rows: list[dict], threshold: float) -> dict:
   if rows and all(images):  # the verdict's rule (gradjax.verdict.image_findings)
     out["recognisable"] = int(sum(i["recognisable"] for i in images))
     out["images"] = int(sum(i["of"] for i in images))
-  out["leaks"] = int(sum((r.get("verdict") or {}).get("status") == "leak" for r in rows))
+  statuses = [(r.get("verdict") or {}).get("status") for r in rows]
+  out["leaks"] = statuses.count("leak")
+  out["no_leak_found"], out["inconclusive"] = statuses.count("no_leak_found"), statuses.count("inconclusive")
   return out
 
 
