@@ -175,7 +175,7 @@ def main(argv):
       config.check(config.replace(cfg, methods[m]), files)
     return methods
 
-  cfg = common.config_from_flags(check=common.images_only(rows))
+  cfg = common.config_from_flags(check=rows)
   methods = rows(cfg)
   base = {k: v for k, v in config.options(cfg).items() if k != "data.index"}
   std = data.normalization(cfg.data.dataset).std if cfg.data.dataset in ("cifar10",

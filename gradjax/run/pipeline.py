@@ -1207,8 +1207,9 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
   if results.get("lpips") is None:
     results["lpips_absent"] = lpips_absent(cfg.output.lpips, batch, input_shape)
   _end_history_at_the_result(results["history"], rec, results.get("psnr"))
-  constraints = (sum(int(np.count_nonzero(np.asarray(g))) for g in jax.tree.leaves(observation.gradient)),
-                 int(np.size(rec.x)))
+  # What a match of the update determines: its nonzero entries against the data's values.
+  entries = sum(int(np.count_nonzero(np.asarray(g))) for g in jax.tree.leaves(observation.gradient))
+  constraints = (entries, int(np.size(rec.x)))
   decided = _verdict(results, residual, findings, p.problems, cfg, constraints)
   if read_out and batch is None and decided["verdict"]["status"] == "inconclusive" and not p.problems:
     decided["verdict"]["reason"] = (
@@ -1563,12 +1564,14 @@ def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, obser
       # A defense on the update (or DP-SGD's clipping and noise) moves every span first.
       defended = [d for d in (cfg.defense.spec, "DP-SGD" if cfg.defense.dp_sgd() else None)
                   if d and d != "none"]
-      hint = (f"the client's defense ({', '.join(defended)}) changes the update the spans are read "
-              "from" + ("; so do its later local steps" if local is not None else "")
-              if defended else
-              "the client's later local steps move their inputs off the span of the model sent; "
-              "a wider model keeps more of them" if local is not None else
-              "a trained model's update can hide inputs below float32's rounding")
+      if defended:
+        hint = (f"the client's defense ({', '.join(defended)}) changes the update the spans are "
+                "read from" + ("; so do its later local steps" if local is not None else ""))
+      elif local is not None:
+        hint = ("the client's later local steps move their inputs off the span of the model sent; "
+                "a wider model keeps more of them")
+      else:
+        hint = "a trained model's update can hide inputs below float32's rounding"
       causes.append(f"no prefix passed the ordering checks at position {rec.stopped_at} ({hint})")
     if rec.unexplained is not None and rec.unexplained > 0:
       causes.append(f"the second block's span holds {rec.unexplained} inputs that no sentence found "
@@ -1605,7 +1608,8 @@ def _unreadable_spans(cfg: Config, attack, batch: Sentences, model: models.Model
             "bag_recall_per_sentence": [0.0] * n, "bag_recall": 0.0}
   results = _span_results(cfg, attack, batch, model, observation, seconds, [None] * n, scores)
   # The positions whose words the spans gave (none where they gave nothing).
-  results.update(iterations=len(error.position_sets or ()), found=0, unreadable=str(error), **_words_found(words, batch))
+  results.update(iterations=len(error.position_sets or ()), found=0, unreadable=str(error),
+                 **_words_found(words, batch))
   results["findings"] = verdict.text_findings(results)
   decided = _verdict(results, None, results["findings"], [], cfg)
   if decided["verdict"]["status"] != "leak":
