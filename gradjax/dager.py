@@ -728,7 +728,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   encoder's batch of several sentences is searched whole against the second block's span (module
   docstring, "Encoders"); a one-block model's raises :class:`Unreadable` with the position sets.
   """
-  _check_gradient(gradient)
+  _check_gradient(gradient, length)
   attention = attention_paths(apply_fn, variables, length)
   if not attention:
     raise ValueError("the model has no self-attention block: the span attack reads a transformer")
@@ -797,11 +797,38 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
                  attention[0], chunk, padded)
 
 
-def _check_gradient(gradient) -> None:
-  """A one-line ValueError where ``gradient`` is a whole observation, not its gradient tree."""
+def _check_gradient(gradient, length: int | None = None) -> None:
+  """A one-line ValueError where ``gradient`` is a whole observation, not its gradient tree, or
+  (given ``length``) :func:`check_length`'s."""
   if isinstance(gradient, Observation):
     raise ValueError("pass the observation's gradient tree (observation.gradient), not the "
                      "observation")
+  if length is not None:
+    check_length(gradient, length)
+
+
+def check_length(gradient, length: int) -> None:
+  """A one-line ValueError where the gradient's learned positions moved past ``length`` tokens
+  (:func:`positions_moved`): the client's sentences are longer than the attack reads."""
+  moved = positions_moved(gradient)
+  if moved is not None and moved > length:
+    raise ValueError(f"the gradient's learned position table moved at {moved} positions: the "
+                     f"client's sentences hold up to {moved} tokens, more than length={length}")
+
+
+def positions_moved(gradient) -> int | None:
+  """How many positions of a learned position table (a top-level ``positions`` leaf of the
+  parameters, (context, dim): gpt, bert) the gradient moved, to its last nonzero row: the longest
+  sentence's length (a position past every sentence reaches no loss). None without such a table, or
+  where every row moved (noise on the update)."""
+  tree = gradient.get("params", gradient) if hasattr(gradient, "get") else {}
+  table = tree.get("positions") if hasattr(tree, "get") else None
+  if table is None or np.ndim(table) != 2:
+    return None
+  rows = np.flatnonzero(np.any(np.asarray(table) != 0, axis=1))
+  if rows.size == 0 or rows[-1] + 1 == np.shape(table)[0]:
+    return None
+  return int(rows[-1]) + 1
 
 
 def _hole(sets, padded: bool) -> int | None:

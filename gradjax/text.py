@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gradjax import attacks, compilation, driver, sharding, solvers
+from gradjax import attacks, compilation, dager, driver, sharding, solvers
 from gradjax import labels as labels_lib
 from gradjax.losses import cross_entropy, masked_cross_entropy
 from gradjax.objectives import dummy_gradient
@@ -560,6 +560,7 @@ def _reconstruct(attack, apply_fn, observation, key, length, eos, mask, restrict
   key = compilation.check_key(key)
   if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
     raise ValueError(f"sentence length must be a positive integer, got {length!r}")
+  dager.check_length(observation.gradient, length)
   if attack.matched.name != "gradient":
     raise ValueError("text attacks match a FedSGD gradient (objective 'gradient'); attack "
                      f"{attack.name!r} has objective={attack.matched.name!r}")

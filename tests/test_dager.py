@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import clients, corpus, dager, metrics, models
+from gradjax import clients, corpus, dager, metrics, models, presets, text
 from gradjax.losses import cross_entropy
 
 
@@ -137,6 +137,29 @@ def test_decode_mode_reproduces_the_full_forward_pass(name):
     cache = updated["cache"]
     steps.append(np.asarray(logits)[:, 0])
   np.testing.assert_allclose(np.stack(steps, 1), full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_length_shorter_than_the_clients_sentences_is_refused():
+  """A gpt client's 9-token sentences move the first 9 rows of its learned position table (the
+  rows NumPy finds nonzero): the span attack and the token search refuse to read them as 6 tokens;
+  a table every row of which moved (noise) tells nothing; sinusoids have no table."""
+  model = _model("gpt", 50, 9)
+  ids = _sentences(np.random.default_rng(0), 50, 2, 9)
+  obs = clients.fedsgd(model.apply_fn, model.variables, ids,
+                       np.concatenate([ids[:, 1:], np.ones((2, 1), np.int32)], axis=1))
+  g = obs.gradient
+  rows = np.flatnonzero(np.abs(np.asarray(g["positions"])).sum(axis=1))
+  assert dager.positions_moved(g) == rows[-1] + 1 == 9
+  assert dager.positions_moved({"params": g}) == 9
+  with pytest.raises(ValueError, match="moved at 9 positions.*more than length=6"):
+    dager.recover(model.apply_fn, model.variables, g, length=6)
+  with pytest.raises(ValueError, match="moved at 9 positions"):
+    text.reconstruct(presets.dlg(iterations=1), model.apply_fn, obs, jax.random.key(0), length=6, eos=1)
+  noisy = {**g, "positions": np.asarray(g["positions"]) + 1e-3}
+  assert dager.positions_moved(noisy) is None
+  assert dager.positions_moved(_gradient(_model("transformer", 50, 9),
+                                         _sentences(np.random.default_rng(0), 50, 2, 9))) is None
 
 
 @pytest.mark.parametrize("name", ["gpt", "transformer", "bert"])
