@@ -728,7 +728,8 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   encoder's batch of several sentences is searched whole against the second block's span (module
   docstring, "Encoders"); a one-block model's raises :class:`Unreadable` with the position sets.
   """
-  _check_gradient(gradient, length)
+  _check_gradient(gradient)
+  check_length(gradient, length)
   attention = attention_paths(apply_fn, variables, length)
   if not attention:
     raise ValueError("the model has no self-attention block: the span attack reads a transformer")
@@ -797,14 +798,11 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
                  attention[0], chunk, padded)
 
 
-def _check_gradient(gradient, length: int | None = None) -> None:
-  """A one-line ValueError where ``gradient`` is a whole observation, not its gradient tree, or
-  (given ``length``) :func:`check_length`'s."""
+def _check_gradient(gradient) -> None:
+  """A one-line ValueError where ``gradient`` is a whole observation, not its gradient tree."""
   if isinstance(gradient, Observation):
     raise ValueError("pass the observation's gradient tree (observation.gradient), not the "
                      "observation")
-  if length is not None:
-    check_length(gradient, length)
 
 
 def check_length(gradient, length: int) -> None:
