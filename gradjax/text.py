@@ -270,23 +270,114 @@ def _token_solver_cached(attack: attacks.Attack, apply_fn: Callable, vocabulary:
                              track_from=lambda data: data.track_from)
 
 
+def _hard_tokens(slots, flags, data: TokenData, vocabulary: int, masked: bool):
+  """(embeddings, targets) of hard sentences, slot ``slots`` (n, T) of the candidates at every
+  position, masked where ``flags`` (n, T): :func:`soft_tokens` (:func:`soft_masked_tokens`) of one-hot
+  logits (mask chances 0 or 1)."""
+  hot = jax.nn.one_hot(slots, data.rows.shape[0], dtype=bool)
+  z = jnp.where(hot, 0.0, -jnp.inf).astype(data.rows.dtype)
+  if masked:
+    m = jnp.where(flags, jnp.inf, -jnp.inf).astype(data.rows.dtype)
+    return soft_masked_tokens(z, m, data, vocabulary)
+  return soft_tokens(z, data, vocabulary)
+
+
 @functools.lru_cache(maxsize=16)
 def _sentence_objective(attack: attacks.Attack, apply_fn: Callable, vocabulary: int, masked: bool):
   """``objective(slots, flags, data, step) -> (B,)`` as one program: the token search's objective
   at B hard sentences, slot ``slots`` (B, N, T) of the candidates at every position and, for a masked
-  language model, masked where ``flags`` (B, N, T): the logits one-hot, the mask chances 0 or 1."""
-  value_fn = _token_value(attack, apply_fn, vocabulary, masked)
+  language model, masked where ``flags`` (B, N, T) (:func:`_hard_tokens`)."""
+  loss_fn = masked_cross_entropy if masked else cross_entropy
 
   def objective(slots, flags, data, step):
     def one(s, f):
-      hot = jax.nn.one_hot(s, data.rows.shape[0], dtype=bool)
-      dummy = {"z": jnp.where(hot, 0.0, -jnp.inf).astype(data.rows.dtype)}
-      if masked:
-        dummy["m"] = jnp.where(f, jnp.inf, -jnp.inf).astype(data.rows.dtype)
-      return value_fn(dummy, data, step)
+      e, targets = _hard_tokens(s, f, data, vocabulary, masked)
+      g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
+                         train=data.observation.train, loss_fn=loss_fn)
+      return attack.distance(g, data.observation.gradient, weights=data.weights, step=step)
     return jax.vmap(one)(slots, flags)
 
   return compilation.once(objective)
+
+
+def _sentence_sum(apply_fn: Callable, vocabulary: int, masked: bool):
+  """``sentence_sum(s, f, data) -> (S, m)``: of one hard sentence (slots ``s`` (T,), mask flags
+  ``f`` (T,)), the gradient S = ∇_θ Σ_t ℓ_t of its summed token losses and the count m of its
+  targets (T for a next-token model, its masked positions for a masked one). Where the model reads
+  each sentence alone, a batch's gradient is Σ_n S_n / Σ_n m_n (:func:`cross_entropy` and
+  :func:`masked_cross_entropy` average over the batch's targets)."""
+  loss_fn = masked_cross_entropy if masked else cross_entropy
+
+  def sentence_sum(s, f, data):
+    e, targets = _hard_tokens(s[None], f[None], data, vocabulary, masked)
+    m = (jnp.sum(f) if masked else jnp.asarray(s.shape[0])).astype(data.rows.dtype)
+    g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
+                       train=data.observation.train, loss_fn=loss_fn)
+    return jax.tree.map(lambda x: x * m, g), m
+
+  return sentence_sum
+
+
+@functools.lru_cache(maxsize=16)
+def _sentence_sums(apply_fn: Callable, vocabulary: int, masked: bool):
+  """``sums(slots, flags, data) -> (S, m)``: :func:`_sentence_sum` of each of N sentences (N, T), one
+  program; S a gradient tree with a leading axis N, m (N,)."""
+  sentence_sum = _sentence_sum(apply_fn, vocabulary, masked)
+  return compilation.once(jax.vmap(sentence_sum, in_axes=(0, 0, None)))
+
+
+@functools.lru_cache(maxsize=16)
+def _exchange_objective(attack: attacks.Attack, apply_fn: Callable, vocabulary: int, masked: bool):
+  """``objective(S, m, n, slots, flags, data, step) -> (C,)`` as one program: the token search's
+  objective at C batches that differ from the batch of sums ``S``, ``m`` (:func:`_sentence_sums`)
+  in sentence ``n`` alone, which takes each of the C sentences ``slots`` (C, T) (masked where
+  ``flags`` (C, T)): the batch's gradient (Σ_{j≠n} S_j + S'_c) / (Σ_{j≠n} m_j + m'_c), so each
+  trial costs one sentence's gradient, not the batch's."""
+  sentence_sum = _sentence_sum(apply_fn, vocabulary, masked)
+
+  def objective(S, m, n, slots, flags, data, step):
+    rest = jax.tree.map(lambda x: x.sum(0) - x[n], S)
+    rest_m = m.sum() - m[n]
+
+    def one(s, f):
+      own, own_m = sentence_sum(s, f, data)
+      total = jnp.maximum(rest_m + own_m, jnp.finfo(m.dtype).tiny)
+      g = jax.tree.map(lambda r, o: (r + o) / total, rest, own)
+      return attack.distance(g, data.observation.gradient, weights=data.weights, step=step)
+    return jax.vmap(one)(slots, flags)
+
+  return compilation.once(objective)
+
+
+@functools.lru_cache(maxsize=16)
+def _sums_error(apply_fn: Callable, vocabulary: int, masked: bool):
+  """``error(slots, flags, data) -> scalar``: ‖Σ_n S_n / Σ_n m_n − G‖ / ‖G‖, G the gradient of the
+  batch of hard sentences ``slots`` (N, T) read at once: 0 up to rounding where the model reads
+  each sentence alone (no batch statistics), as :func:`_exchange_objective` assumes."""
+  loss_fn = masked_cross_entropy if masked else cross_entropy
+  sums = jax.vmap(_sentence_sum(apply_fn, vocabulary, masked), in_axes=(0, 0, None))
+
+  def error(slots, flags, data):
+    S, m = sums(slots, flags, data)
+    e, targets = _hard_tokens(slots, flags, data, vocabulary, masked)
+    g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
+                       train=data.observation.train, loss_fn=loss_fn)
+    total = jnp.maximum(m.sum(), jnp.finfo(m.dtype).tiny)
+    leaves = zip(jax.tree.leaves(S), jax.tree.leaves(g))
+    diff, norm = 0.0, 0.0
+    for s, x in leaves:
+      diff += jnp.sum(jnp.square(s.sum(0) / total - x))
+      norm += jnp.sum(jnp.square(x))
+    return jnp.sqrt(diff / jnp.maximum(norm, jnp.finfo(m.dtype).tiny))
+
+  return compilation.once(error)
+
+
+# Of the token search's batch of hard sentences, the largest relative difference between its gradient
+# read at once and the sum of its sentences' (:func:`_sums_error`) that :func:`settle_tokens` reads as
+# rounding (float32's is near 1e-7): beyond it the model mixes its sentences, and every trial
+# computes the whole batch's gradient.
+SEPARABLE = 1e-4
 
 
 class TokenProblem(NamedTuple):
@@ -442,9 +533,12 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   objective (``loss``); the probabilities, restarts and counts stay the search's. ``stop``: called
   before each position (N·T a sweep); it raises to end the run (a signal: the saved search resumes
   and settles again).
+
+  Of a batch (N > 1) whose model reads each sentence alone (:func:`_sums_error` within
+  :data:`SEPARABLE`), a trial computes the gradient of the one sentence it changes and adds the
+  others' kept sums (:func:`_exchange_objective`); else the whole batch's.
   """
   masked = problem.data.mask_row is not None
-  objective = _sentence_objective(attack, apply_fn, problem.vocabulary, masked)
   p = np.asarray(found.probabilities)  # (N, T, K), K = problem.ids.size
   slots = np.argmax(problem.ids == np.asarray(found.tokens)[..., None], axis=-1).astype(np.int32)
   flags = (found.targets >= 0) if masked else np.zeros(slots.shape, bool)
@@ -457,12 +551,25 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   likely = np.argsort(np.where(valid, -p, np.inf), axis=-1, kind="stable")[..., :width]
   step = jnp.asarray(attack.iterations, jnp.int32)
   choices = [(k, f) for f in ((False, True) if masked else (False,)) for k in range(width)]
+  whole = _sentence_objective(attack, apply_fn, problem.vocabulary, masked)
+  # Where the model reads each sentence alone, a trial computes the gradient of the sentence it
+  # changes, the others' kept (_exchange_objective); else the whole batch's.
+  separable = slots.shape[0] > 1 and float(_sums_error(apply_fn, problem.vocabulary, masked)(
+      jnp.asarray(slots), jnp.asarray(flags), problem.data)) <= SEPARABLE
+  if separable:
+    sums = _sentence_sums(apply_fn, problem.vocabulary, masked)
+    exchange = _exchange_objective(attack, apply_fn, problem.vocabulary, masked)
+    S, m = sums(jnp.asarray(slots), jnp.asarray(flags), problem.data)
 
-  def evaluate(trial_slots, trial_flags):  # always len(choices) sentences: one program
-    return np.asarray(objective(jnp.asarray(trial_slots), jnp.asarray(trial_flags), problem.data,
-                                step), np.float64)
+  def evaluate(n, trial_slots, trial_flags):  # always len(choices) trials: one program
+    if separable:
+      r = exchange(S, m, jnp.asarray(n, jnp.int32), jnp.asarray(trial_slots[:, n]),
+                   jnp.asarray(trial_flags[:, n]), problem.data, step)
+    else:
+      r = whole(jnp.asarray(trial_slots), jnp.asarray(trial_flags), problem.data, step)
+    return np.asarray(r, np.float64)
 
-  best = float(evaluate(np.repeat(slots[None], len(choices), 0),
+  best = float(evaluate(0, np.repeat(slots[None], len(choices), 0),
                         np.repeat(flags[None], len(choices), 0))[0])
   settled = False
   for _ in range(sweeps):
@@ -475,10 +582,12 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
       for i, (k, f) in enumerate(choices):
         if valid[n, t, likely[n, t, k]]:
           trial_slots[i, n, t], trial_flags[i, n, t] = likely[n, t, k], f
-      r = evaluate(trial_slots, trial_flags)
+      r = evaluate(n, trial_slots, trial_flags)
       i = int(np.argmin(r))
       if r[i] < best:
         slots, flags, best, changed = trial_slots[i], trial_flags[i], float(r[i]), True
+        if separable:
+          S, m = sums(jnp.asarray(slots), jnp.asarray(flags), problem.data)
     settled |= changed
     if not changed:
       break

@@ -601,6 +601,54 @@ def test_a_token_search_one_word_off_settles_on_the_sentence():
 
 
 @pytest.mark.slow
+def test_settling_a_batch_recomputes_only_the_sentence_it_changes(monkeypatch):
+  """Three 5-token sentences, two words off in two of them: the batch's gradient is the sum of its
+  sentences' summed-loss gradients over its count of targets (against the batch's own gradient), so
+  a trial computes its one sentence's; the settled batch is the client's, as when every trial
+  computes the whole batch's gradient, and its objective is the attack's distance at the client's
+  sentences computed here without the search. A model that mixes its sentences (a batch mean) is
+  not split: every trial reads the whole batch."""
+  from gradjax.objectives import dummy_gradient
+  m = models.create("transformer", jax.random.key(1), input_shape=(5,), num_classes=40, text_sizes=SMALL)
+  ids = np.array([[7, 12, 3, 12, 25], [4, 9, 30, 2, 8], [11, 5, 6, 21, 17]], np.int32)
+  x, y = corpus.language_model_pairs(ids, 1)
+  obs = clients.fedsgd(m.apply_fn, m.variables, x, y)
+  view, table = text.attack_view(obs), text.embedding_table(obs)
+  apply = text.embeddings_apply_fn(m.apply_fn, obs, 5)
+  attack = presets.dlg(iterations=50)
+  problem = text.prepare_tokens(attack, apply, view, table, jax.random.key(0), length=5, eos=1,
+                                candidates=np.unique(ids))
+  off = ids.copy()
+  off[0, 1], off[2, 4] = 30, 9
+  slots = np.searchsorted(problem.ids, off)
+  found = text.TokenSearch(off, np.eye(problem.ids.size)[slots], table[off], y, 1.0, 0, np.ones(1),
+                           np.ones(1, bool), np.zeros(1), np.zeros(1))
+  error = text._sums_error(apply, problem.vocabulary, False)
+  assert float(error(jnp.asarray(slots), jnp.zeros(slots.shape, bool), problem.data)) < 1e-5
+  settled = text.settle_tokens(attack, apply, problem, found, table)
+  np.testing.assert_array_equal(settled.tokens, ids)
+  g = dummy_gradient(apply, view.variables, jnp.asarray(table[ids], jnp.float32),
+                     jnp.asarray(np.eye(40)[y], jnp.float32))
+  want = float(attack.distance(g, view.gradient, weights=problem.data.weights, step=50))
+  assert settled.loss == pytest.approx(want, rel=1e-2, abs=1e-12)
+  monkeypatch.setattr(text, "SEPARABLE", -1.0)  # every trial the whole batch's gradient
+  whole = text.settle_tokens(attack, apply, problem, found, table)
+  np.testing.assert_array_equal(whole.tokens, settled.tokens)
+  assert whole.loss == pytest.approx(settled.loss, rel=1e-2, abs=1e-12)
+  monkeypatch.undo()
+
+  def mixing(variables, e, train=False):
+    return apply(variables, e - 0.5 * e.mean(axis=0, keepdims=True), train)
+
+  mixed = text.prepare_tokens(attack, mixing, view, table, jax.random.key(0), length=5, eos=1,
+                              candidates=np.unique(ids))
+  assert float(text._sums_error(mixing, mixed.vocabulary, False)(
+      jnp.asarray(slots), jnp.zeros(slots.shape, bool), mixed.data)) > text.SEPARABLE
+  monkeypatch.setattr(text, "_exchange_objective", None)  # called, it would fail
+  assert text.settle_tokens(attack, mixing, mixed, found, table).loss < found.loss
+
+
+@pytest.mark.slow
 def test_a_masked_encoder_is_read_by_the_optimisation_attacks():
   """bert's client masks two of five positions and sends the gradient at those positions only. At
   the true sentence both searches' inputs and targets (the embedding search's soft targets with
