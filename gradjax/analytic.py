@@ -385,7 +385,8 @@ class HeadInputs(NamedTuple):
 
 
 def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int = 200,
-                nonnegative: bool = True, min_dominance: float = 3.0, mean_input=None) -> HeadInputs:
+                nonnegative: bool = True, min_dominance: float = 3.0, mean_input=None,
+                clipped: bool = False) -> HeadInputs:
   """The input of a dense head z = hᵀW + b per class present in a batch, from its gradient.
 
   With the mean cross entropy over N examples, ∂L/∂W = Σ_n h_n (p_n − e_{y_n})ᵀ / N with
@@ -410,6 +411,11 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   mean head input (e.g. the mean over the attacker's own images), u is chosen so that the rows'
   weighted mean Σ_c m_c H̄_c / N equals it.
 
+  A DP-SGD client (``clipped``) scales each example's gradient by its own clipping factor a_n =
+  min(1, C / ‖g_n‖), which the rows would take on (H̄ of a class of one comes out a_n h_n): E_c's
+  weight is then s_c, a class's Σ a_n / N, unknown, read at each step by least squares from the bias
+  gradient, ∂L/∂b = Σ_c s_c (softmax(Wᵀh̄_c + b) − e_c) (K equations, C < K unknowns).
+
   Args:
     kernel, bias: the head's weights W (F, K) and bias b (K,), as the server sent them.
     kernel_grad, bias_grad: their gradients (F, K), (K,).
@@ -419,6 +425,7 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
     min_dominance: ``usable`` needs ``dominance`` at least this.
     mean_input: (F,) the batch's mean head input as the attacker estimates it; used only when every
       class of the head is present (``None``: the least-norm rows).
+    clipped: the gradient is DP-SGD's mean of clipped per-example gradients (above).
 
   Returns:
     :class:`HeadInputs`.
@@ -442,7 +449,12 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   def errors(h):
     z = h @ w + b
     p = np.exp(z - z.max(axis=1, keepdims=True))
-    return counts[:, None] * (p / p.sum(axis=1, keepdims=True) - onehot) / n
+    unit = p / p.sum(axis=1, keepdims=True) - onehot
+    if clipped:  # each class's weight from the bias gradient (least squares, non-negative)
+      weight = np.maximum(np.linalg.lstsq(unit.T, gb, rcond=None)[0], 1e-300)
+    else:
+      weight = counts / n
+    return weight[:, None] * unit
 
   scale = np.where(gb[classes] != 0, gb[classes], 1.0)
   h = (gw[:, classes] / scale).T

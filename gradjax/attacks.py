@@ -137,8 +137,10 @@ class Attack:
       raise ValueError(f"track_from must be non-negative, got {self.track_from}")
     if not self.head_features >= 0:
       raise ValueError(f"head_features must be a non-negative weight, got {self.head_features}")
-    if self.head_features and (self.matched.name != "gradient" or self.label_source is labels_lib.joint):
-      raise ValueError("head features need known or inferred labels and the 'gradient' objective")
+    if self.head_features and (not isinstance(self.matched, objectives.Gradient)
+                               or self.label_source is labels_lib.joint):
+      raise ValueError("head features need known or inferred labels and a 'gradient' objective "
+                       "(plain or clipped)")
     if self.smoothing is not None and not isinstance(self.smoothing, Smoothing):
       raise ValueError(f"smoothing must be an objectives.Smoothing or None, got {self.smoothing!r}")
     if self.smoothing is not None and isinstance(self.matched, objectives.Replay):
@@ -492,7 +494,8 @@ def layer_weights(attack: Attack, observation: Observation, order=None):
 MAX_SOLVE_COST = 8 ** 4 * 100
 
 
-def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+def head_targets(observation: Observation, labels, dtype, key: jax.Array, *,
+                 per_example: bool = True) -> tuple[jax.Array, jax.Array]:
   """(t (N, F), w (N,)): each example's head-input target from the dense head's gradient, with
   weight 1 where the target is that example's own and 0 elsewhere. An example alone in its class,
   which dominates its column, has its class's row (:func:`gradjax.analytic.head_inputs`, exact:
@@ -500,19 +503,23 @@ def head_targets(observation: Observation, labels, dtype, key: jax.Array) -> tup
   a cost N⁴·K of :data:`MAX_SOLVE_COST`) each example's input is solved for
   (:func:`gradjax.analytic.head_inputs_per_example`, classes repeated or not; ``key`` draws its
   starts), kept where the float32 update pins it down; an example it leaves open keeps its class's
-  row where that row is usable (a class of one that dominates its column)."""
+  row where that row is usable (a class of one that dominates its column). ``per_example=False``
+  (a DP-SGD client, whose clipping scales each example's e_n by its own factor, which the
+  per-example equations do not model): the class rows alone, each class's weight read from the
+  bias gradient (:func:`gradjax.analytic.head_inputs`' ``clipped``)."""
   params, grads = observation.variables["params"], observation.gradient
   head = objectives.HEAD
   if head not in params or "kernel" not in params[head] or jnp.ndim(params[head]["kernel"]) != 2:
     raise ValueError(f"head features need a dense head named {head!r} in the model")
   labels = np.asarray(labels)
   kernel, bias = params[head]["kernel"], params[head]["bias"]
-  found = analytic.head_inputs(kernel, bias, grads[head]["kernel"], grads[head]["bias"], labels)
+  found = analytic.head_inputs(kernel, bias, grads[head]["kernel"], grads[head]["bias"], labels,
+                              clipped=not per_example)
   row = {int(c): i for i, c in enumerate(found.classes)}
   slots = np.asarray([row[int(c)] for c in labels])
   features, usable = found.features[slots], found.usable[slots]
   n, k = len(labels), np.shape(kernel)[1]
-  if not usable.all() and n <= k - 1 and n ** 4 * k <= MAX_SOLVE_COST:
+  if per_example and not usable.all() and n <= k - 1 and n ** 4 * k <= MAX_SOLVE_COST:
     own = analytic.head_inputs_per_example(kernel, bias, grads[head]["kernel"], grads[head]["bias"],
                                            labels, key=key)
     features = np.where(own.usable[:, None], np.maximum(own.features, 0.0), features)
@@ -615,7 +622,8 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
     if known is None or known.ndim != 1:
       raise ValueError("head features need known or inferred labels of images")
     # Stream ``restarts``: restart r draws from split(key, R)[r], which is fold_in(key, r).
-    targets = head_targets(observation, known, dtype, jax.random.fold_in(key, restarts))
+    targets = head_targets(observation, known, dtype, jax.random.fold_in(key, restarts),
+                           per_example=not isinstance(attack.matched, objectives.ClippedGradient))
   data = MatchingData(observation, known, (lo, hi), weights, None, positions, targets)
   return Problem(data, orders, init, RunData(device_array(np.tile(orders, (restarts, 1))), seeds))
 

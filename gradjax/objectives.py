@@ -464,9 +464,9 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     raise ValueError(f"matched must be one of {', '.join(c.__name__ for c in MATCHED.values())}, "
                      f"got {matched!r}")
   replay = isinstance(matched, Replay)
-  if head_features and matched.name != Gradient.name:
+  if head_features and not isinstance(matched, Gradient):
     raise ValueError("the head-feature term reads the dummy gradient's forward pass against the "
-                     "observed gradient: the 'gradient' objective only")
+                     "observed gradient: the 'gradient' objectives only (plain or clipped)")
   if smoothing is not None and replay:
     raise ValueError("smoothing rounds the model of one gradient; replay's local steps are not rounded")
   distance = as_distance(distance)
@@ -490,12 +490,14 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     if replay:
       u, v = matched.update(model, observation, x, targets, loss_fn), observation.gradient
     else:
-      if head_features:
-        g, h = _gradient_and_head_input(model, observation.variables, x, targets, observation.train,
-                                        loss_fn)
-      elif isinstance(matched, ClippedGradient):
+      if isinstance(matched, ClippedGradient):  # each example's gradient: the features apart
         g = matched.gradient(model, observation.variables, x, targets, train=observation.train,
                              loss_fn=loss_fn)
+        if head_features:
+          h = head_input(model, observation.variables, x, observation.train)
+      elif head_features:
+        g, h = _gradient_and_head_input(model, observation.variables, x, targets, observation.train,
+                                        loss_fn)
       else:
         g = dummy_gradient(model, observation.variables, x, targets, train=observation.train,
                            loss_fn=loss_fn)

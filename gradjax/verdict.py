@@ -522,8 +522,8 @@ def _decide(findings, kinds, residual, improving, budget, problems, thresholds, 
       why += "; the objective was still falling when the budget ran out: more iterations may match it"
     else:
       why += ("; a stronger attack, more restarts, or a model or recipe other than declared "
-              "(noise keeps every attack from matching; a deterministic defense is applied to "
-              "the reconstruction's update where it is declared)")
+              "(where the update was noised, no attack matches it; a deterministic defense, "
+              "where declared, is applied to the reconstruction's update)")
     return {"status": "inconclusive", "reason": why + seen}
   if findings is None:
     if constraints is not None and constraints[0] < constraints[1]:

@@ -4,12 +4,13 @@ References: NumPy distances on random pytrees; for the gradient-matching objecti
 finite differences on DLG's LeNet and a hand-derived NumPy backprop of the MLP (conftest).
 """
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradjax import clients, compilation, distances, models, objectives
+from gradjax import attacks, clients, compilation, distances, models, objectives, presets
 
 # --- distances ----------------------------------------------------------------------------------------
 
@@ -293,6 +294,37 @@ def test_head_feature_term(photos):
   assert got == pytest.approx(want, rel=1e-4)
   with pytest.raises(ValueError, match="targets"):
     term({"x": other}, obs, y)
+
+
+@pytest.mark.slow
+def test_head_feature_term_with_a_clipped_gradient(photos):
+  """Under DP-SGD's clipped objective the head-feature term is the same NumPy value (the features
+  read by a forward pass of their own); the head targets keep only a class of one's row there (a
+  clipping factor of each example's own would bias the per-example solve), and an attack takes head
+  features with the clipped objective."""
+  model = models.create("lenet_zhu", jax.random.key(3), num_classes=10)
+  x, y = photos[:3], np.array([1, 4, 1])
+  clipped = objectives.ClippedGradient(max_norm=0.5)
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, y, dp_sgd=clients.DPSGD(0.5),
+                       share_labels=True)
+  plain = jax.jit(objectives.gradient_matching(model.apply_fn, distances.euclidean, matched=clipped))
+  term = jax.jit(objectives.gradient_matching(model.apply_fn, distances.euclidean, matched=clipped,
+                                              head_features=10.0))
+  t = objectives.head_input(model.apply_fn, model.variables, x)
+  w = jnp.asarray([0.0, 1.0, 0.0])
+  assert float(term({"x": x}, obs, y, head_targets=(t, w))) == pytest.approx(0.0, abs=1e-9)
+  other = photos[3:6]
+  h = np.asarray(objectives.head_input(model.apply_fn, model.variables, other), np.float64)
+  tn = np.asarray(t, np.float64)
+  want = 10.0 * np.sum((h[1] - tn[1]) ** 2) / np.sum(tn[1] ** 2)
+  got = float(term({"x": other}, obs, y, head_targets=(t, w))) - float(plain({"x": other}, obs, y))
+  assert got == pytest.approx(want, rel=1e-4)
+  targets, weights = attacks.head_targets(obs, y, jnp.float32, jax.random.key(0), per_example=False)
+  np.testing.assert_array_equal(np.asarray(weights), [0.0, 1.0, 0.0])
+  np.testing.assert_allclose(np.asarray(targets)[1], np.asarray(t)[1],
+                             atol=0.05 * float(np.linalg.norm(tn[1])))
+  attack = dataclasses.replace(presets.inverting_gradients_batch(10), matched=clipped)
+  assert attack.head_features > 0
 
 
 # --- DP-SGD's clipped gradient ---------------------------------------------------------------------------
