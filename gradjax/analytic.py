@@ -244,7 +244,7 @@ def exclusive_neurons(observation: Observation, apply_fn: Callable, input_shape,
   Returns:
     :class:`Separation`.
   """
-  if observation.train:
+  if observation.couples_examples:
     raise ValueError("exclusive_neurons needs each example's gradient to be its own; a client in "
                      "training mode (BatchNorm batch statistics) couples them")
   check_observation(observation)

@@ -297,7 +297,7 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
   else:
     dp_sgd = DPSGD(*dp_sgd).check()
-    if train:
+    if train and "batch_stats" in variables:
       raise ValueError(DP_SGD_TRAIN)
     scales = None
     if dp_sgd.sampling_rate is not None:
@@ -429,7 +429,7 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
   scales = None
   if dp_sgd is not None:
     dp_sgd = DPSGD(*dp_sgd).check()
-    if train:
+    if train and "batch_stats" in variables:
       raise ValueError(DP_SGD_TRAIN)
     clip, max_norm = True, float(dp_sgd.max_norm)
     batch = local.batch_size or x.shape[0]

@@ -168,7 +168,7 @@ def separate(observation: Observation, apply_fn: Callable, input_shape, *, layer
   Returns:
     :class:`Cocktail`. Raises ``ValueError`` (one line) where the update cannot be separated.
   """
-  if observation.train:
+  if observation.couples_examples:
     raise ValueError("cocktail_party needs each example's gradient to be its own; a client in "
                      "training mode (BatchNorm batch statistics) couples them")
   if not 0 < keep <= 1:

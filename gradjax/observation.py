@@ -51,6 +51,13 @@ class Observation:
   moments: PyTree | None = None
   clients: tuple[int, ...] | None = flax.struct.field(pytree_node=False, default=None)
 
+  @property
+  def couples_examples(self) -> bool:
+    """Whether one example's input reaches another's gradient: a client in training mode whose
+    model has BatchNorm (batch statistics, ``variables["batch_stats"]``). Training mode without
+    it changes nothing that gradjax's models compute."""
+    return bool(self.train) and "batch_stats" in self.variables
+
 
 def _paths(tree) -> list[str]:
   return [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]

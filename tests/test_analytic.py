@@ -210,8 +210,14 @@ def test_exclusive_neurons_accepts_no_mixture(photos):
 def test_exclusive_neurons_refuses(photos):
   model = models.create("mlp-64", jax.random.key(14), num_classes=10)
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:2], np.array([1, 2]))
+  batch_norm = {**obs.variables, "batch_stats": {}}  # training mode with BatchNorm couples examples
   with pytest.raises(ValueError, match="training mode"):
-    analytic.exclusive_neurons(obs.replace(train=True), model.apply_fn, photos.shape[1:])
+    analytic.exclusive_neurons(obs.replace(train=True, variables=batch_norm), model.apply_fn,
+                               photos.shape[1:])
+  # without BatchNorm training mode changes nothing: read as in evaluation mode
+  np.testing.assert_array_equal(
+      analytic.exclusive_neurons(obs.replace(train=True), model.apply_fn, photos.shape[1:]).inputs,
+      analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:]).inputs)
   with pytest.raises(ValueError, match="first layer"):
     analytic.exclusive_neurons(obs, model.apply_fn, photos.shape[1:], layer="head")
   with pytest.raises(ValueError, match="no layer"):

@@ -317,6 +317,34 @@ def test_auto_fits_the_presets_iterations_into_its_budget(monkeypatch):
   assert results["auto"]["tried"][0]["iterations"] == 620 and results["wall_time_s"] == 100.0
 
 
+def test_auto_skips_an_attack_that_refuses_the_update(monkeypatch):
+  """An attack whose conditions the update does not meet (a ValueError) is skipped: the next one
+  runs, and the results and the verdict name the refusal; where every attack refuses, one error
+  names each."""
+  ran = []
+
+  def fake_run(step, callback=None, batch=None, deadline=None, target_psnr=None):
+    if step.attack.preset == "exclusive_neurons":
+      raise ValueError("the examples are coupled")
+    ran.append(step.attack.preset)
+    return {"residual": None, "verdict": {"status": "inconclusive", "reason": "r"}, "psnr": None,
+            "wall_time_s": 1.0, "iterations": 5, "attack": {"iterations": 5}}, {}
+
+  monkeypatch.setattr(pipeline, "run", fake_run)
+  cfg = config.from_options({"attack.preset": "auto", "model.name": "mlp-64", "data.batch_size": 1,
+                             "attack.iterations": 5})
+  assert pipeline.auto_attacks(cfg) == ("exclusive_neurons", "idlg")
+  results, _ = pipeline._run_auto(cfg, None, None)
+  assert ran == ["idlg"] and results["auto"]["chosen"] == "idlg"
+  assert results["auto"]["refused"] == [{"attack": "exclusive_neurons",
+                                         "reason": "the examples are coupled"}]
+  assert results["verdict"]["tried"] == ["idlg"]
+  assert "exclusive_neurons" in results["verdict"]["reason"]
+  monkeypatch.setattr(pipeline, "run", lambda *a, **k: (_ for _ in ()).throw(ValueError("no")))
+  with pytest.raises(ValueError, match="exclusive_neurons: no; idlg: no"):
+    pipeline._run_auto(cfg, None, None)
+
+
 def test_a_deadline_ends_the_run_at_its_next_chunk():
   """pipeline.Trace's monitor: a run under a deadline stops at the first chunk past it."""
   assert pipeline.Trace(deadline=time.perf_counter() - 1.0).monitor(None)

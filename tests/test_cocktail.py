@@ -199,8 +199,9 @@ def test_cocktail_party_refuses_what_it_cannot_separate(photos):
     cocktail.separate(obs, model.apply_fn, (16, 16, 3))
   with pytest.raises(ValueError, match="no layer 'Dense_9'.*first layer is a biased dense layer"):
     cocktail.separate(obs, model.apply_fn, photos.shape[1:], layer="Dense_9")
-  with pytest.raises(ValueError, match="training mode"):
-    cocktail.separate(obs.replace(train=True), model.apply_fn, photos.shape[1:])
+  with pytest.raises(ValueError, match="training mode"):  # BatchNorm's statistics couple examples
+    cocktail.separate(obs.replace(train=True, variables={**obs.variables, "batch_stats": {}}),
+                      model.apply_fn, photos.shape[1:])
   four = clients.fedsgd(model.apply_fn, model.variables, photos[:4], np.arange(4))
   broken = four.replace(gradient=jax.tree.map(lambda a: a.at[(0,) * a.ndim].set(jnp.nan),
                                               four.gradient))

@@ -533,8 +533,10 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
   it, chunks of about :data:`BUDGET_CHUNK_S` seconds), keeping its best iterate so far. The results
   of the run whose reconstruction matches the update best (the lowest relative
   residual, :func:`gradjax.verdict.residual`), with ``auto`` naming every run and the time of all
-  of them."""
+  of them. An attack whose conditions the update does not meet (it raises ValueError, e.g. a closed
+  form on examples that BatchNorm couples) is skipped and named in ``refused`` and the verdict."""
   names, tried, best, matched = auto_attacks(cfg), [], None, False
+  refused = []  # the attacks whose conditions the update does not meet, with why
   start = time.perf_counter()
   elapsed = lambda: time.perf_counter() - start
   step_s = {}  # attack -> seconds per restart step once compiled (from the progress reports)
@@ -623,15 +625,22 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
           "attack.restarts": 1, "attack.permutations": 1, "attack.adaptive": False,
           **{p: None for p in config.paths() if config.option(p).metadata["attack"]}})
     until = None  # the end of this attack's share of the budget, seconds from the start
-    if name not in closed_forms.CLOSED_FORMS and cfg.attack.budget is not None:
-      optimising = sum(n not in closed_forms.CLOSED_FORMS for n in names[index:])
-      share = (cfg.attack.budget - elapsed()) / optimising
-      until = elapsed() + share
-      if cfg.attack.iterations is None:
-        step = fitted(name, step, share)
-    attempt(name, step, chosen_settings, until)
+    try:
+      if name not in closed_forms.CLOSED_FORMS and cfg.attack.budget is not None:
+        optimising = sum(n not in closed_forms.CLOSED_FORMS for n in names[index:])
+        share = (cfg.attack.budget - elapsed()) / optimising
+        until = elapsed() + share
+        if cfg.attack.iterations is None:
+          step = fitted(name, step, share)
+      attempt(name, step, chosen_settings, until)
+    except ValueError as e:  # its conditions do not hold (e.g. BatchNorm couples the examples)
+      refused.append({"attack": name, "reason": str(e)})
+      continue
     if matched:
       break
+  if best is None:
+    raise ValueError("auto: every attack refused the update: "
+                     + "; ".join(f"{r['attack']}: {r['reason']}" for r in refused))
   _, chosen, _, _, chosen_step = best
   if cfg.attack.budget is not None and not matched and chosen not in closed_forms.CLOSED_FORMS:
     once = next(t for t in tried if t["attack"] == chosen)
@@ -650,7 +659,7 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
   _, chosen, results, images, chosen_step = best
   results = {**results, "wall_time_s": elapsed(),
              "auto": {"tried": tried, "chosen": chosen, "restarts": chosen_step.attack.restarts,
-                      "budget_s": cfg.attack.budget, "probes": probes}}
+                      "budget_s": cfg.attack.budget, "probes": probes, "refused": refused}}
   shortened = {p["attack"] for p in probes if p["fitted_iterations"] < p["preset_iterations"]}
 
   def described(t):
@@ -659,12 +668,13 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
     return t["attack"] + (f" ({', '.join(notes)})" if notes else "")
 
   ran = [described(t) for t in tried]
-  rest = [n for n in names if n not in {t["attack"] for t in tried}]
+  rest = [n for n in names if n not in {t["attack"] for t in tried} | {r["attack"] for r in refused}]
   why = ("it stops once an attack matches the update" if matched
          else f"the budget of {cfg.attack.budget or 0:g} s was spent")
   restarts = chosen_step.attack.restarts
   results["verdict"] = {**results["verdict"], "tried": [t["attack"] for t in tried], "reason": (
       f"auto tried {', '.join(ran)}" + (f" (not {', '.join(rest)}: {why})" if rest else "")
+      + "".join(f" ({r['attack']} refused it: {r['reason']})" for r in refused)
       + f" and kept {chosen}" + (f" ({restarts} restarts)" if restarts > 1 else "")
       + "; " + results["verdict"]["reason"])}
   return results, images
