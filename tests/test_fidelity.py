@@ -452,6 +452,25 @@ def test_auto_infers_the_labels_a_capture_does_not_hold(photos, tmp_path):
   assert pipeline.capture_label_source("inverting_gradients", {}) == "idlg"
 
 
+@pytest.mark.slow
+def test_a_captures_labels_are_the_servers(photos, tmp_path):
+  """Labels a capture declares were shared with the server: an attack that optimises its own (DLG)
+  is not credited with recovering them, and the run says it left them aside; iDLG-style known labels
+  take them."""
+  from gradjax.run import config, pipeline
+  model = _model("lenet_zhu")
+  x, y = photos[:2], np.array([0, 1])  # skimage's classes: their index
+  grad = clients.fedsgd(model.apply_fn, model.variables, x, y).gradient
+  weights, path = _files(tmp_path, model, grad, {"labels": "0,1"}, "batch")
+  options = {"attack.preset": "dlg", "model.weights": str(weights), "client.observation": str(path),
+             "attack.iterations": 2, "data.dataset": "skimage", "data.index": 0}
+  results, _ = pipeline.run(config.from_options(options))
+  assert results["shared_labels_unused"] is True
+  assert results["findings"]["labels"]["inferred"] is False and "labels" not in results["verdict"]["leaks"]
+  known, _ = pipeline.run(config.from_options({**options, "attack.label_source": "known"}))
+  assert known["shared_labels_unused"] is False and known["labels_by_slot"] == [0, 1]
+
+
 def test_a_batch_read_as_fewer_examples_is_refused(photos, tmp_path):
   """A batch of 4 captured without ``num_samples`` or labels is read as one example; its head bias
   names the batch's classes (NumPy's from the logits), more than one, so the capture is refused

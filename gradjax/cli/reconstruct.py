@@ -131,6 +131,9 @@ def print_verdict(results: dict) -> None:
     print(f"DP-SGD: {report.privacy_line(results['privacy'])}")
   if results.get("adaptation"):  # what the adapted attack modelled of the defense, and what not
     print(f"adapted: {'; '.join(results['adaptation'])}")
+  if results.get("shared_labels_unused"):
+    print("labels: the capture declares the client's labels (shared with the server); this attack "
+          "optimises its own (--labels=known attacks with the declared ones)")
   print(f"verdict: {results['verdict']['status']}: {results['verdict']['reason']}")
 
 

@@ -850,6 +850,9 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
     if problems and not cfg.client.force:
       raise fidelity.CaptureMismatch("the capture does not fit the declared client: " + "; ".join(problems)
                             + " (--config.client.force=True attacks it anyway; its verdict is then inconclusive)")
+    # A capture's labels are what the client shared with the server (interop's metadata): the
+    # server knew them, whatever the attack reads, so recovering them is no leak.
+    share_labels = share_labels or observation.labels is not None
   else:
     meta = {}
     norm = data.normalization(cfg.data.normalization or "none")
@@ -1166,6 +1169,10 @@ def _finish(cfg: Config, p: _Prepared, rec: attacks.Reconstruction, found: dict,
     results["target_psnr"] = {"psnr": trace.target, "reached": trace.reached}
   # The local training the attack read (a capture's metadata over the options), or None.
   results["local_training"] = None if p.local is None else p.local._asdict()
+  # A capture's labels (shared with the server) that an attack optimising its own left aside.
+  results["shared_labels_unused"] = bool(cfg.client.observation and observation.labels is not None
+                                         and isinstance(attack, attacks.Attack)
+                                         and attack.optimises_labels)
 
   x_rec = np.asarray(data.denormalize(rec.x, norm), np.float64)
   if not np.all(np.isfinite(x_rec)):
