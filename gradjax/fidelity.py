@@ -553,7 +553,8 @@ def check_capture(model: models.Model, observation: Observation, batch: data.Dat
                  alternatives=lambda c: alternatives(
                      declared, module, observation, norm, batch.x.shape[-1], c, _head_chw(model),
                      None if local is None else matching_learning_rate(declared, observation, batch.x,
-                                                                        batch.y, c)))
+                                                                        batch.y, c),
+                     defense_spec=defense or None))
   checks["fidelity"] = result.as_dict()
   if not result.ok:
     order = ("; or the order the client took its examples in (a shuffling data loader): declare "
@@ -626,10 +627,29 @@ def matching_learning_rate(declared: Recipe, observation: Observation, x, y, com
   return float(np.exp(min(tried[1:], key=lambda p: abs(p[1]))[0])) if len(tried) > 1 else lr
 
 
+SCOPED = ("clip", "prune", "int8")  # the defenses that act per layer or, with ':global', on the whole
+
+
+def scope_variants(spec: str | None) -> list[str]:
+  """The defense ``spec`` (:func:`gradjax.defenses.parse`'s form) with one part of :data:`SCOPED`
+  at a time taken the other way, per layer or ``:global``: ``"clip:1"`` -> ``["clip:1:global"]``."""
+  parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
+  out = []
+  for i, part in enumerate(parts):
+    fields = [f.strip() for f in part.split(":")]
+    if fields[0].lower() not in SCOPED:
+      continue
+    scoped = [f for f in fields if f.lower() != "global"]
+    other = ":".join(scoped if len(scoped) < len(fields) else fields + ["global"])
+    out.append(",".join(parts[:i] + [other] + parts[i + 1:]))
+  return out
+
+
 def alternatives(declared: Recipe, module, observation: Observation, norm: data.Normalization,
                  channels: int, comparison: Comparison,
                  flatten_chw: tuple[int, int, int] | None = None,
-                 learning_rate: float | None = None) -> dict[str, Recipe]:
+                 learning_rate: float | None = None,
+                 defense_spec: str | None = None) -> dict[str, Recipe]:
   """Recipes that differ from ``declared`` in one known way, each named by what to declare instead:
   every other activation of ``module`` (a Flax module with an ``act`` field), the other BatchNorm
   mode, a summed loss, the head's inputs flattened in the other order (for a model that flattens a
@@ -638,8 +658,14 @@ def alternatives(declared: Recipe, module, observation: Observation, norm: data.
   FedAvg the local learning rate ``learning_rate`` (default: the one ``comparison.scale`` suggests,
   exact for one step; :func:`matching_learning_rate` for several), 1-5 epochs in every batch
   size that divides the examples, and momentum 0 or 0.9 (PyTorch's SGD default and the common
-  choice) where the schedule takes several steps."""
+  choice) where the schedule takes several steps; of a declared deterministic ``defense_spec``, each
+  part that clips, prunes or quantises per layer or over the whole update the other way
+  (:func:`scope_variants`: PyTorch's ``clip_grad_norm_`` clips the whole gradient, gradjax's
+  ``clip:C`` each layer)."""
   alts = {}
+  for spec in scope_variants(defense_spec):
+    alts[f"the defense {spec} (declare defense={spec})"] = declared._replace(
+        defense=defenses.parse(spec))
   act = getattr(module, "act", None)
   if act is not None:
     for name in models.ACTIVATIONS:

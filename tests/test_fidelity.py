@@ -296,6 +296,30 @@ def test_a_declared_deterministic_defense_is_applied_to_the_recomputed_update():
   assert problems == [] and checks["fidelity"]["ok"] is None
 
 
+def test_scope_variants_take_one_part_the_other_way():
+  assert fidelity.scope_variants("clip:1") == ["clip:1:global"]
+  assert fidelity.scope_variants("clip:1:global,fp16,prune:0.5") == ["clip:1,fp16,prune:0.5",
+                                                                      "clip:1:global,fp16,prune:0.5:global"]
+  assert fidelity.scope_variants("gaussian:1e-4") == [] and fidelity.scope_variants(None) == []
+
+
+@pytest.mark.slow
+def test_a_clipping_declared_per_layer_that_clipped_the_whole_is_named():
+  """A gradient clipped over the whole update (PyTorch's clip_grad_norm_) but declared ``clip:C``
+  (gradjax's per-layer clipping) fails the check, which names the global form as its cause."""
+  from gradjax import defenses
+  model = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3), num_classes=10)
+  photo = data.load("skimage", indices=[5], image_size=(32, 32))
+  obs = clients.fedsgd(model.apply_fn, model.variables, photo.x, photo.y)
+  norm = float(np.sqrt(sum(np.sum(np.square(v)) for v in jax.tree.leaves(obs.gradient))))
+  bound = 0.5 * norm
+  clipped = defenses.parse(f"clip:{bound}:global").apply(obs)
+  checks, problems = fidelity.check_capture(model, clipped, photo, data.normalization("none"),
+                                            f"clip:{bound}")
+  assert checks["fidelity"]["ok"] is False
+  assert f"reproduced by: the defense clip:{bound}:global (declare defense=clip:{bound}:global)" in problems[0]
+
+
 @pytest.mark.slow
 def test_biases_in_front_of_a_training_mode_batchnorm_are_no_mismatch(tmp_path, photos):
   """A convolution's bias in front of BatchNorm in training mode has a gradient of 0 but for
