@@ -701,11 +701,12 @@ def coupled_execution(execution: driver.Execution) -> driver.Execution:
   return dataclasses.replace(execution, strategy="vmap")
 
 
-# Ten parameters: those of prepare() and the execution record (see prepare).
+# Eleven parameters: those of prepare(), the execution record (see prepare) and the client's loss.
 def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, key: jax.Array, *,
                 input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1,
                 permutations: int = 1, permutation_seed: int = 0,
-                execution: driver.Execution = driver.Execution()) -> Reconstruction:
+                execution: driver.Execution = driver.Execution(),
+                loss_fn: Callable = cross_entropy) -> Reconstruction:
   """Reconstructs the client's data behind ``observation``: :func:`prepare`, :func:`solve`,
   :func:`select`.
 
@@ -729,6 +730,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     permutation_seed: seed of the candidate sample when there are more orders than ``permutations``.
     execution: how the restarts × candidates run (:class:`gradjax.driver.Execution`: strategy,
       chunk, successive halving, sharding over devices, progress callback and monitor).
+    loss_fn: the client's loss, ``loss_fn(logits, targets) -> scalar`` (default the mean cross
+      entropy of :func:`gradjax.clients.fedsgd`): the one the dummy gradient is computed with, so
+      it must be the client's (a client of another loss is matched by the wrong model otherwise).
   """
   with driver.precision_scope(execution.matmul_precision):
     host = None if execution.shard else execution.setup_device
@@ -737,14 +741,15 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
                         restarts=restarts, permutations=permutations,
                         permutation_seed=permutation_seed)
     problem = compilation.to_default_device(problem, host)
-    return select(problem, solve(attack, apply_fn, problem, execution))
+    return select(problem, solve(attack, apply_fn, problem, execution, loss_fn=loss_fn))
 
 
-# Ten parameters, as reconstruct's: one key per client.
+# Eleven parameters, as reconstruct's: one key per client.
 def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequence[Observation],
                         keys, *, input_shape: tuple[int, ...], bounds=(0.0, 1.0), restarts: int = 1,
                         permutations: int = 1, permutation_seed: int = 0,
-                        execution: driver.Execution = driver.Execution()) -> list[Reconstruction]:
+                        execution: driver.Execution = driver.Execution(),
+                        loss_fn: Callable = cross_entropy) -> list[Reconstruction]:
   """Reconstructs the data behind K clients' observations of one model in one solver run: the K
   clients × R restarts × P label orders are the driver's runs, so ``execution.strategy`` advances them
   one after another (``"sequential"``), all in one vmapped program (``"vmap"``, what an accelerator
@@ -760,7 +765,7 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
   threat model and its local training (a Flower round's clients, or one client over rounds).
 
   Args:
-    attack, apply_fn, input_shape, bounds, restarts, permutations, permutation_seed: as
+    attack, apply_fn, input_shape, bounds, restarts, permutations, permutation_seed, loss_fn: as
       :func:`reconstruct`'s, for every client.
     observations: K observations (:mod:`gradjax.clients`).
     keys: K PRNG keys (e.g. ``jax.random.split(key, K)``); client k's restart r starts from
@@ -821,7 +826,7 @@ def reconstruct_clients(attack: Attack, apply_fn: Callable, observations: Sequen
     init = jax.tree.map(lambda *a: np.concatenate(a), *jax.device_get([p.init for p in problems]))
     runs_data = jax.tree.map(lambda *a: np.concatenate(a),
                              *jax.device_get([p.restart_data for p in problems]))
-    state = driver.run(_solver(attack, apply_fn, num_leaves, clients=split), init, shared,
+    state = driver.run(_solver(attack, apply_fn, num_leaves, loss_fn, clients=split), init, shared,
                        iterations=attack.iterations, execution=execution,
                        restart_data=(own, runs_data))
     state = sharding.fetch(state)

@@ -527,3 +527,29 @@ def test_the_last_iterate_rule_reads_its_step_from_the_data(strategy):
   assert not np.array_equal(best.best_params["x"], best.params["x"])
   np.testing.assert_array_equal(last.best_params["x"], last.params["x"])
   assert np.all(last.best_loss > 1.0)
+
+
+@pytest.mark.slow
+def test_reconstruct_matches_with_the_clients_own_loss(photos):
+  """A client that trained on a squared error of its softmax: started at its photo, the attack
+  that computes the dummy gradient with that loss matches the update (objective 0 up to rounding,
+  one iteration: L-BFGS stays there), the default cross entropy does not; reconstruct_clients
+  takes it too."""
+  def mse(logits, y):
+    return jnp.mean(jnp.square(jax.nn.softmax(logits) - jax.nn.one_hot(y, logits.shape[-1])))
+
+  model = models.create("lenet_zhu", jax.random.key(2), input_shape=(16, 16, 3), num_classes=10)
+  x = np.asarray(jax.image.resize(photos[:1], (1, 16, 16, 3), "linear"))
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([3]), loss_fn=mse,
+                       share_labels=True)
+  at_truth = dataclasses.replace(presets.idlg(1), dummy_init=lambda key, shape, lo, hi, dtype:
+                                 jnp.asarray(x, dtype).reshape(shape),
+                                 label_source=labels.known)
+  own = attacks.reconstruct(at_truth, model.apply_fn, obs, jax.random.key(0), input_shape=(16, 16, 3),
+                            loss_fn=mse)
+  other = attacks.reconstruct(at_truth, model.apply_fn, obs, jax.random.key(0),
+                              input_shape=(16, 16, 3))
+  assert own.loss < 1e-12 < other.loss
+  both = attacks.reconstruct_clients(at_truth, model.apply_fn, [obs], [jax.random.key(0)],
+                                     input_shape=(16, 16, 3), loss_fn=mse)
+  assert both[0].loss < 1e-12
