@@ -543,6 +543,10 @@ def prepare(attack: Attack, apply_fn: Callable, observation: Observation, key: j
   output's, e.g. (T, V + 1) for a masked language model's targets with 'no target',
   :func:`gradjax.losses.masked_cross_entropy`)."""
   check_observation(observation)
+  if not any(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(observation.gradient)):
+    raise ValueError("the observed update is 0 everywhere: any data reproduce it, so no attack "
+                     "reads the client's (e.g. a model that already fits its examples with "
+                     "certainty, or one class: softmax cross entropy's gradient is then 0)")
   key = compilation.check_key(key)
   if (attack.matched.name == "gradient" and observation.local is not None
       and observation.threat_model.startswith("fedavg")):

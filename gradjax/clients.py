@@ -31,7 +31,7 @@ import numpy as np
 
 from gradjax import defenses, models
 from gradjax.compilation import check_key, device_array, once
-from gradjax.losses import cross_entropy
+from gradjax.losses import cross_entropy, masked_cross_entropy
 from gradjax.observation import Observation, check_labels, plain_dicts
 
 
@@ -41,10 +41,12 @@ def _difference(a, b):
   return jax.tree.map(jnp.subtract, a, b)
 
 
-def check_client_data(apply_fn, variables, x, y):
+def check_client_data(apply_fn, variables, x, y, loss_fn=cross_entropy):
   """(x, y) as arrays, or a one-line ValueError for bad client data: inputs the model cannot read
-  or that are not finite, labels not :func:`gradjax.observation.check_labels`' (int (N,) or a
-  language model's (N, T), in the model's classes)."""
+  or that are not finite; under gradjax's cross entropy (``loss_fn``), labels not
+  :func:`gradjax.observation.check_labels`' (int (N,) or a language model's (N, T), in the model's
+  classes) and a model without (N, K) logits of K ≥ 2 classes (one class's softmax is constant: its
+  gradient is 0); under a loss of one's own, targets with the batch's N first and finite."""
   x, y = device_array(x), device_array(y)
   if x.ndim < 2:
     raise ValueError(f"client inputs must be (N, H, W, C) images or (N, T) token ids, got shape {x.shape}")
@@ -66,6 +68,17 @@ def check_client_data(apply_fn, variables, x, y):
     if low < 0 or high >= vocabulary:
       raise ValueError(f"client token ids must lie in [0, {vocabulary}) (the model's vocabulary), "
                        f"got [{low}, {high}]")
+  if loss_fn not in (cross_entropy, masked_cross_entropy):  # the loss says what its targets are
+    if y.ndim < 1 or y.shape[0] != x.shape[0]:
+      raise ValueError(f"client targets must hold the batch's {x.shape[0]} examples first, got "
+                       f"shape {y.shape}")
+    if not jnp.issubdtype(y.dtype, jnp.integer) and not np.all(np.isfinite(np.asarray(y))):
+      raise ValueError("client targets contain NaN or inf")
+    return x, y
+  if len(logits) < 2 or logits[-1] < 2:
+    raise ValueError(f"the model's output for one example is {tuple(logits)}: cross entropy reads "
+                     "logits of K >= 2 classes, (1, K) (one output's softmax is constant and its "
+                     "gradient 0; for a one-output model pass its own loss_fn)")
   # (N,) for a classifier, (N, T) for a language model
   check_labels(y, (x.shape[0], *logits[1:-1]), logits[-1], "client labels")
   return x, y
@@ -290,7 +303,7 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
   if share_labels not in LABEL_SHARING:
     raise ValueError(f"share_labels must be one of {LABEL_SHARING}, got {share_labels!r}")
   variables = plain_dicts(variables)
-  x, y = check_client_data(apply_fn, variables, x, y)
+  x, y = check_client_data(apply_fn, variables, x, y, loss_fn)
   _check_sharing(train, share_statistics, 1)
   shared, std = y, 0.0
   if dp_sgd is None:
@@ -568,7 +581,7 @@ def fedavg(apply_fn, variables, x, y, local: LocalTraining = LocalTraining(), *,
   if share_labels not in LABEL_SHARING:
     raise ValueError(f"share_labels must be one of {LABEL_SHARING}, got {share_labels!r}")
   variables = plain_dicts(variables)
-  x, y = check_client_data(apply_fn, variables, x, y)
+  x, y = check_client_data(apply_fn, variables, x, y, loss_fn)
   check_local_training(local, x.shape[0])
   _check_sharing(train, share_statistics, local.steps(x.shape[0]))
   shared = None if share_labels is False else jnp.sort(y) if share_labels == "multiset" else y

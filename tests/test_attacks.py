@@ -553,3 +553,13 @@ def test_reconstruct_matches_with_the_clients_own_loss(photos):
   both = attacks.reconstruct_clients(at_truth, model.apply_fn, [obs], [jax.random.key(0)],
                                      input_shape=(16, 16, 3), loss_fn=mse)
   assert both[0].loss < 1e-12
+
+
+def test_a_zero_update_is_refused(photos):
+  """An update that is 0 everywhere is reproduced by any data: refused, not matched at objective 0."""
+  model = models.create("lenet_zhu", jax.random.key(2), input_shape=(16, 16, 3), num_classes=10)
+  x = np.asarray(jax.image.resize(photos[:1], (1, 16, 16, 3), "linear"))
+  obs = clients.fedsgd(model.apply_fn, model.variables, x, np.array([3]))
+  zero = obs.replace(gradient=jax.tree.map(jnp.zeros_like, obs.gradient))
+  with pytest.raises(ValueError, match="0 everywhere"):
+    attacks.prepare(presets.dlg(5), model.apply_fn, zero, jax.random.key(0), input_shape=(16, 16, 3))

@@ -232,6 +232,38 @@ def test_fedsgd_accepts_last_class(lenet, photos):
   assert signs[9] == -1 and np.all(signs[:9] == 1)
 
 
+def test_a_clients_own_loss_reads_its_own_targets(photos):
+  """A one-output model under a binary cross entropy of its own: targets 0/1 of the batch are
+  taken (its gradient is NumPy's: (σ(z) − t) x / N for a linear model); under gradjax's cross
+  entropy the same model is refused (one output's softmax is constant), as targets of another
+  batch size are under any loss."""
+  import flax.linen as nn
+  import optax
+
+  class Logit(nn.Module):
+    @nn.compact
+    def __call__(self, x, train=False):
+      return nn.Dense(1, name="head")(x.reshape(x.shape[0], -1))
+
+  module = Logit()
+  x = photos[:2, :4, :4, 0]
+  variables = module.init(jax.random.key(0), x[:1])
+  apply_fn = lambda v, x, train=False: module.apply(v, x)
+  bce = lambda z, t: jnp.mean(optax.sigmoid_binary_cross_entropy(z[:, 0], t.astype(z.dtype)))
+  t = np.array([0, 1])
+  obs = clients.fedsgd(apply_fn, variables, x, t, loss_fn=bce)
+  w, b = np.asarray(variables["params"]["head"]["kernel"], np.float64), float(
+      variables["params"]["head"]["bias"][0])
+  flat = np.asarray(x, np.float64).reshape(2, -1)
+  r = 1 / (1 + np.exp(-(flat @ w[:, 0] + b))) - t
+  np.testing.assert_allclose(obs.gradient["head"]["kernel"][:, 0], flat.T @ r / 2, rtol=1e-4,
+                             atol=1e-7)
+  with pytest.raises(ValueError, match="K >= 2 classes"):
+    clients.fedsgd(apply_fn, variables, x, t)
+  with pytest.raises(ValueError, match="the batch's 2 examples first"):
+    clients.fedsgd(apply_fn, variables, x, np.array([0, 1, 1]), loss_fn=bce)
+
+
 # --- observation.check_observation -------------------------------------------------------------------------
 
 
