@@ -719,8 +719,9 @@ def reconstruct(attack: Attack, apply_fn: Callable, observation: Observation, ke
     apply_fn: the model, ``apply_fn(variables, x, train) -> logits``.
     observation: what the attacker observed (see :mod:`gradjax.clients`).
     key: PRNG key; restart r's dummy (its image, and labels where optimised) is drawn by
-      :func:`gradjax.dummy.init_dummy` from ``jax.random.split(key, restarts)[r]``, so restart r of
-      a run of R restarts is not restart r of one of another count.
+      :func:`gradjax.dummy.init_dummy` from ``jax.random.split(key, restarts)[r]`` (all in one
+      compiled program: a draw of its own agrees up to float32 rounding), so restart r of a run of
+      R restarts is not restart r of one of another count.
     input_shape: (H, W, C) of one example, in the model's input space (any shape the model reads as
       a float input, e.g. (T, dim) embeddings of a text model, :mod:`gradjax.text`).
     bounds: (lo, hi), scalars or per channel (C,): the valid image range in the model's input space,

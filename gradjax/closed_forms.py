@@ -105,6 +105,10 @@ ClosedForm = ExclusiveNeurons | CocktailParty | RGap | Dager | Imprint
 def chain(module) -> tuple[rgap.Layer, ...]:
   """The ReLU chain of a zoo model's Flax ``module`` (its layers below the head), for R-GAP; raises
   ``ValueError`` for a model that is not one."""
+  if not (isinstance(module, (LeNetZhu, LeNet5)) or isinstance(module, MLP) and module.hidden):
+    raise ValueError(f"R-GAP here knows the zoo's ReLU chains lenet_zhu, lenet5 and mlp-H, not "
+                     f"{type(module).__name__ if module is not None else 'this model'} (a chain of "
+                     "one's own: gradjax.rgap.rgap with its rgap.Layer list)")
   if getattr(module, "act", None) != "relu":
     raise ValueError(f"R-GAP inverts ReLU chains; the model's activation is "
                      f"{getattr(module, 'act', None)!r} (declare act=relu if the client's is)")
@@ -115,8 +119,6 @@ def chain(module) -> tuple[rgap.Layer, ...]:
     return tuple(rgap.Layer(f"Conv_{i}", (1, 1), pad) for i in range(4))
   if isinstance(module, MLP) and module.hidden:
     return tuple(rgap.Layer(f"Dense_{i}") for i in range(len(module.hidden)))
-  raise ValueError(f"R-GAP here knows the ReLU chains lenet_zhu, lenet5 and mlp-H, not "
-                   f"{type(module).__name__}")
 
 
 def reconstruct(attack: ClosedForm, apply_fn: Callable, observation: Observation,

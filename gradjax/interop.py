@@ -549,9 +549,14 @@ def _names_list(names, most: int = 6) -> str:
 
 
 def _name_mismatch(expected: set, found: set) -> str:
-  """The model's names the file lacks and the file's names the model lacks, for a --rename."""
-  return (f"the model expects {_names_list(expected - found)}, the file has "
-          f"{_names_list(found - expected)} instead (--config.model.rename maps names)")
+  """The model's names the file lacks and the file's names the model lacks: a --rename where the
+  file lacks some of the model's, another model where it only has more."""
+  missing, extra = expected - found, found - expected
+  if not missing:
+    return (f"the file has tensors the model does not: {_names_list(extra)} (layers the zoo's twin "
+            "lacks: the client's model is another one; README, 'The zoo's PyTorch twins')")
+  return (f"the model expects {_names_list(missing)}, the file has {_names_list(extra)} instead "
+          "(--config.model.rename maps names)")
 
 
 def _to_tree(mapping: TorchMapping, tensors: dict[str, np.ndarray], like, entries, where: str,

@@ -53,8 +53,8 @@ from gradjax.losses import cross_entropy
 from gradjax.objectives import head_input
 from gradjax.observation import Observation
 
-HEAD = ("head", "kernel")
-BIAS = ("head", "bias")
+HEAD_KERNEL = ("head", "kernel")  # the dense head's parameter paths (objectives.HEAD names its module)
+HEAD_BIAS = ("head", "bias")
 
 
 def _leaf(gradient, path: tuple[str, ...]):
@@ -67,7 +67,7 @@ def _leaf(gradient, path: tuple[str, ...]):
   return node
 
 
-def last_layer_gradient(gradient, path: tuple[str, ...] = HEAD) -> jax.Array:
+def last_layer_gradient(gradient, path: tuple[str, ...] = HEAD_KERNEL) -> jax.Array:
   """The gradient of the last dense kernel, (features, classes), found at ``path`` in the tree."""
   node = gradient
   for key in path:
@@ -95,7 +95,7 @@ def _batch(observation: Observation) -> int:
   return observation.num_samples
 
 
-def last_layer_bias_gradient(gradient, path: tuple[str, ...] = BIAS) -> jax.Array:
+def last_layer_bias_gradient(gradient, path: tuple[str, ...] = HEAD_BIAS) -> jax.Array:
   """The gradient of the last dense bias, (classes,), found at ``path`` in the tree."""
   node = _leaf(gradient, path)
   if hasattr(node, "keys") or jnp.ndim(node) != 1:
@@ -110,7 +110,7 @@ def _check_unique(n: int, num_classes: int, method: str) -> None:
                      f"and {num_classes} classes (use llg or bias_counts)")
 
 
-def idlg(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
+def idlg(observation: Observation, path: tuple[str, ...] = HEAD_KERNEL) -> jax.Array:
   """iDLG label of a single-example observation: int array of shape (1,).
 
   For one example with cross entropy ∂L/∂W[j, c] = a_j (p_c − y_c), so s_c = Σ_j ∂L/∂W[j, c] =
@@ -153,7 +153,7 @@ def _odd_column(g):
   return jnp.argmin(s * jnp.where(jnp.median(s) < 0, -1.0, 1.0).astype(s.dtype))[None]
 
 
-def negative_bias(observation: Observation, path: tuple[str, ...] = BIAS) -> jax.Array:
+def negative_bias(observation: Observation, path: tuple[str, ...] = HEAD_BIAS) -> jax.Array:
   """The N classes with the most negative bias gradient (distinct labels), int (N,).
 
   ∂L/∂b_c = p̄_c − k_c/N with p̄_c = (1/N) Σ_n p_nc and k_c the count of class c: negative exactly
@@ -173,7 +173,7 @@ def negative_bias(observation: Observation, path: tuple[str, ...] = BIAS) -> jax
   return jnp.argsort(gb, stable=True)[:n]
 
 
-def yin(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
+def yin(observation: Observation, path: tuple[str, ...] = HEAD_KERNEL) -> jax.Array:
   """GradInversion label restoration (distinct labels), int (N,).
 
   m_c = min_j ∂L/∂W[j, c]; labels = the N classes with the smallest m_c. With non-negative features
@@ -190,7 +190,7 @@ def yin(observation: Observation, path: tuple[str, ...] = HEAD) -> jax.Array:
   return jnp.argsort(jnp.min(g, axis=0), stable=True)[:n]
 
 
-def llg(observation: Observation, path: tuple[str, ...] = HEAD, *, impact=None,
+def llg(observation: Observation, path: tuple[str, ...] = HEAD_KERNEL, *, impact=None,
         offset=None) -> jax.Array:
   """Label Leakage from Gradients (LLG), duplicate-aware, int (N,).
 
@@ -258,7 +258,7 @@ def _llg_assign(g, offset, impact, n: int) -> jax.Array:
 
 
 def llg_statistics(apply_fn: Callable, variables, x, num_samples: int, *,
-                   path: tuple[str, ...] = HEAD, train: bool = False) -> tuple[jax.Array, jax.Array]:
+                   path: tuple[str, ...] = HEAD_KERNEL, train: bool = False) -> tuple[jax.Array, jax.Array]:
   """Impact m and offset s of LLG+ / LLG*, measured on the attacker's copy of the model.
 
   For each class c the attacker computes the head gradient of the mean cross entropy of its own
@@ -310,7 +310,7 @@ def _class_row_sums(apply_fn, variables, x, path, train) -> jax.Array:
   return jax.lax.map(row_sums, jnp.arange(k))
 
 
-def bias_counts(observation: Observation, probs=None, path: tuple[str, ...] = BIAS) -> jax.Array:
+def bias_counts(observation: Observation, probs=None, path: tuple[str, ...] = HEAD_BIAS) -> jax.Array:
   """Label counts from the bias gradient (duplicate-aware), int (N,).
 
   For softmax cross entropy ∂L/∂b_c = p̄_c − k_c/N with p̄_c = (1/N) Σ_n p_nc, so::
@@ -501,7 +501,7 @@ def evolve_counts(key, target, profile_values, candidates, *, n: int, population
 
 
 def hfginv(observation: Observation, profile: FeatureProfile, key: jax.Array, *,
-           population: int = 20, generations: int = 199, path: tuple[str, ...] = HEAD) -> jax.Array:
+           population: int = 20, generations: int = 199, path: tuple[str, ...] = HEAD_KERNEL) -> jax.Array:
   """HFGInv's duplicate-aware labels, int (N,) sorted by class.
 
   1. Candidates: the classes whose head-kernel gradient column has a negative mean,

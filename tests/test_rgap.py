@@ -98,8 +98,14 @@ def test_refusals(photos):
   with pytest.raises(ValueError, match="one example"):
     rgap.rgap(obs, closed_forms.chain(model.apply_fn.module), (32, 32, 3))
   sigmoid = models.create("lenet_zhu", jax.random.key(0), input_shape=(32, 32, 3))
-  with pytest.raises(ValueError, match="ReLU chains"):
+  with pytest.raises(ValueError, match="activation is 'sigmoid'"):
     closed_forms.chain(sigmoid.apply_fn.module)
+  # A model outside the zoo is named as such first (declaring act=relu would not make it one).
+  convnet = models.create("convnet-4", jax.random.key(0), input_shape=(32, 32, 3), act="relu")
+  with pytest.raises(ValueError, match="not ConvNet.*rgap.rgap with its rgap.Layer list"):
+    closed_forms.chain(convnet.apply_fn.module)
+  with pytest.raises(ValueError, match="not this model"):
+    closed_forms.chain(None)
   one = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.arange(1))
   with pytest.raises(ValueError, match="biased layer 'Conv_9'"):
     rgap.rgap(one, [rgap.Layer("Conv_9", (1, 1))], (32, 32, 3))
