@@ -326,7 +326,8 @@ def _finish(images, image_size, channels) -> np.ndarray:
     out.append(img.astype(np.float32))
   shapes = sorted({img.shape for img in out})
   if len(shapes) > 1:
-    raise ValueError(f"images have different shapes {shapes}; pass image_size and channels")
+    raise ValueError(f"images have different shapes {shapes}; give them one (--image_size and "
+                     "--config.data.channels; image_size= and channels= in gradjax.data.load)")
   return np.stack(out)
 
 

@@ -70,7 +70,7 @@ def attack(torch, net, x_true: np.ndarray, y: np.ndarray, *, steps: int, tol: fl
   for step in range(1, steps + 1):
     opt.step(closure)
     opt.zero_grad()  # the objective after the step, as DLG's code reads it (not counted)
-    loss = float(torch_ports.torch_dlg_objective(net, params, observed, dummy_x, dummy_y))
+    loss = float(torch_ports.torch_dlg_objective(net, params, observed, dummy_x, dummy_y).detach())
     if not np.isfinite(loss):
       break
     if loss <= tol:
