@@ -13,7 +13,7 @@ multiset: the order is meaningless (score it with :func:`gradjax.metrics.label_a
 ==============  =======  ====  =============  ===========  ========================================
 method          batch    bias  features ≥ 0   duplicates   reference / when it is right
 ==============  =======  ====  =============  ===========  ========================================
-idlg            1 only   no    no (K ≥ 3)     (n/a)        Zhao et al. 2020; exact for one example
+idlg            1 only   no    yes, or bias   (n/a)        Zhao et al. 2020; exact for one example
 negative_bias   any      yes   no             no (unique)  present ⇔ ∂L/∂b_c < 0 when p̄_c < k_c/N
 yin             any      no    yes            no (unique)  Yin et al. 2021 (GradInversion)
 llg             any      no    yes            yes          Wainakh et al. 2022 (LLG; LLG+/LLG* with
@@ -26,8 +26,8 @@ hfginv          any      no    yes            yes          Ye et al. 2024 (HFGIn
 ==============  =======  ====  =============  ===========  ========================================
 
 "features ≥ 0": the head's inputs must be non-negative (a ReLU or sigmoid before the head: the zoo's
-models with their own activations, not with ``act`` tanh, GELU, ELU or leaky ReLU); iDLG reads the
-sign of the majority instead (:func:`idlg`). "unique": the method returns N distinct classes (needs N ≤ K) and is only right
+models with their own activations, not with ``act`` tanh, GELU, ELU or leaky ReLU); iDLG reads their
+sign from the bias gradient instead where the head has a bias (:func:`idlg`). "unique": the method returns N distinct classes (needs N ≤ K) and is only right
 when the batch has no repeated label. Every rule assumes the client's model is untrained or barely
 trained: the positive terms p_nc a_nj/N must stay small next to the negative ones, e.g. the mean
 probability p̄_c of a present class below its share k_c/N. ``bias_counts`` drops that assumption
@@ -114,16 +114,16 @@ def idlg(observation: Observation, path: tuple[str, ...] = HEAD_KERNEL) -> jax.A
   """iDLG label of a single-example observation: int array of shape (1,).
 
   For one example with cross entropy ∂L/∂W[j, c] = a_j (p_c − y_c), so s_c = Σ_j ∂L/∂W[j, c] =
-  (p_c − y_c) Σ_j a_j: the true class's s_c has the sign opposite to every other class's (p_c − y_c
-  < 0 only there). With non-negative inputs a (after a sigmoid or ReLU) that is iDLG's rule, the
-  label is argmin_c s_c; here the majority's sign is read from the median of s first, so head
-  inputs of either sign (after a tanh, GELU or ELU, where Σ_j a_j can be negative and the rule
-  would name another class) give the label too: argmin_c s_c · sign(median s) for K ≥ 3 classes.
-  Two classes leave no majority: the head's bias gradient p − y decides where the head has one
-  (next to ``path``), else iDLG's non-negative rule.
+  (p_c − y_c) Σ_j a_j: only the true class's p_c − y_c is negative. With non-negative inputs a
+  (after a sigmoid or ReLU) that is iDLG's rule, the label is argmin_c s_c. Inputs of either sign
+  (after a tanh, GELU or ELU) can sum below 0, which flips every s_c, and the label is then
+  argmax_c s_c: where the head has a bias (next to ``path``), its gradient β = p − y gives the sign,
+  Σ_j a_j ≈ ⟨s, β⟩ / ⟨β, β⟩ (s = (Σ_j a_j) β for one example), read only where s is that multiple
+  of β within half its norm (so that noise, which breaks the relation, leaves iDLG's rule, and its
+  robustness, as they were).
 
   Reference: Zhao et al., "iDLG: Improved Deep Leakage from Gradients", 2020.
-  Needs: batch 1, cross entropy.
+  Needs: batch 1, cross entropy; non-negative inputs to the last layer, or a bias there.
   """
   if observation.num_samples != 1:
     raise ValueError(f"iDLG label inference needs batch 1, the observation has "
@@ -131,13 +131,12 @@ def idlg(observation: Observation, path: tuple[str, ...] = HEAD_KERNEL) -> jax.A
                      "joint, negative_bias, yin, llg, bias_counts, llg_star (a batch's repeated "
                      "classes) or hfginv (with auxiliary images)")
   g = _finite(last_layer_gradient(observation.gradient, path), path)
-  if g.shape[1] == 2:
-    try:
-      bias = last_layer_bias_gradient(observation.gradient, (*path[:-1], "bias"))
-    except ValueError:  # no bias: iDLG's rule (non-negative inputs)
-      return _most_negative_column(g)
-    return jnp.argmin(bias)[None].astype(jnp.int32)
-  return _odd_column(g)
+  bias_path = (*path[:-1], "bias")
+  try:
+    bias = _finite(last_layer_bias_gradient(observation.gradient, bias_path), bias_path)
+  except ValueError:  # no bias: iDLG's rule (non-negative inputs)
+    return _most_negative_column(g)
+  return _signed_column(g, bias)
 
 
 @once
@@ -147,10 +146,15 @@ def _most_negative_column(g):
 
 
 @once
-def _odd_column(g):
-  """The column whose sum's sign differs from the majority's (the median's)."""
-  s = jnp.sum(g, axis=0)
-  return jnp.argmin(s * jnp.where(jnp.median(s) < 0, -1.0, 1.0).astype(s.dtype))[None]
+def _signed_column(g, bias):
+  """argmin of the column sums s times the sign of Σ_j a_j, read from the bias gradient β where s
+  is a multiple of it within half its norm (else +1: iDLG's rule)."""
+  s = jnp.sum(g, axis=0).astype(jnp.float32)
+  b = bias.astype(jnp.float32)
+  scale = jnp.vdot(s, b) / jnp.maximum(jnp.vdot(b, b), jnp.finfo(jnp.float32).tiny)
+  fits = jnp.linalg.norm(s - scale * b) <= 0.5 * jnp.linalg.norm(s)
+  sign = jnp.where(fits & (scale < 0), -1.0, 1.0)
+  return jnp.argmin(s * sign)[None]
 
 
 def negative_bias(observation: Observation, path: tuple[str, ...] = HEAD_BIAS) -> jax.Array:

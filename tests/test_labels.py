@@ -49,28 +49,31 @@ def test_idlg_reads_last_layer_sign(photos):
   np.testing.assert_array_equal(labels.last_layer_gradient(g), g["head"]["kernel"])
 
 
-def test_idlg_reads_the_odd_sign_whatever_the_features_sign(photos):
-  """Head inputs whose sum is negative flip every column's sign: the true class is then the one
-  positive column (by hand), and a tanh LeNet's labels come out right on every photo (iDLG's
-  argmin of the column sums named other classes on most of them); with two classes the bias
-  gradient decides."""
+def test_idlg_reads_the_features_sign_from_the_bias(photos):
+  """Head inputs whose sum is negative flip every column's sign: with the bias gradient p − y the
+  true class is the one positive column (by hand), and a tanh LeNet's labels come out right on every
+  photo (iDLG's argmin of the column sums named other classes on some of them), two classes too;
+  a bias gradient that does not fit the columns (noise) leaves iDLG's rule."""
   model = models.create("lenet_zhu", jax.random.key(11))
   obs = clients.fedsgd(model.apply_fn, model.variables, photos[:1], np.array([4]))
   g = jax.tree.map(np.array, obs.gradient)
   a = -np.abs(np.random.default_rng(0).normal(size=768))      # non-positive features
-  g["head"]["kernel"] = np.outer(a, np.full(10, 0.1) - np.eye(10)[6]).astype(np.float32)
+  beta = np.full(10, 0.1) - np.eye(10)[6]
+  g["head"]["kernel"] = np.outer(a, beta).astype(np.float32)
+  g["head"]["bias"] = beta.astype(np.float32)
   assert int(labels.idlg(dataclasses.replace(obs, gradient=g))[0]) == 6
-  tanh = models.create("lenet_zhu", jax.random.key(3), act="tanh")
-  wrong_by_argmin = 0
-  for i in range(10):
-    o = clients.fedsgd(tanh.apply_fn, tanh.variables, photos[i:i + 1], np.array([i % 10]))
-    assert int(labels.idlg(o)[0]) == i % 10
-    wrong_by_argmin += int(np.argmin(np.sum(o.gradient["head"]["kernel"], axis=0))) != i % 10
-  assert wrong_by_argmin > 0  # the features' sum was negative somewhere: the case this covers
-  two = models.create("lenet_zhu", jax.random.key(5), num_classes=2, act="tanh")
-  for i, y in enumerate([0, 1, 1, 0]):
-    o = clients.fedsgd(two.apply_fn, two.variables, photos[i:i + 1], np.array([y]))
-    assert int(labels.idlg(o)[0]) == y
+  g["head"]["bias"] = np.random.default_rng(1).normal(size=10).astype(np.float32)  # unrelated
+  assert int(labels.idlg(dataclasses.replace(obs, gradient=g))[0]) == int(np.argmin(
+      g["head"]["kernel"].sum(axis=0)))
+  for num_classes in (10, 2):
+    tanh = models.create("lenet_zhu", jax.random.key(3), act="tanh", num_classes=num_classes)
+    wrong_by_argmin = 0
+    for i in range(10):
+      y = i % num_classes
+      o = clients.fedsgd(tanh.apply_fn, tanh.variables, photos[i:i + 1], np.array([y]))
+      assert int(labels.idlg(o)[0]) == y
+      wrong_by_argmin += int(np.argmin(np.sum(o.gradient["head"]["kernel"], axis=0))) != y
+    assert wrong_by_argmin > 0  # the features' sum was negative somewhere: the case this covers
 
 
 @pytest.fixture(scope="module")

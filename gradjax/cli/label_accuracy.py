@@ -1,7 +1,8 @@
 """Label-inference accuracy of iDLG over many clients, each attacking a fresh random model.
 
 The iDLG protocol (Zhao et al., 2020): one image per client, a freshly initialised model per run,
-label = argmin_c Σ_j ∂L/∂W_last[j, c]. Models and seeds follow gradjax.run.pipeline, so run ``i`` here
+label = argmin_c Σ_j ∂L/∂W_last[j, c] (argmax where the head's inputs sum below zero, the sign read
+from the bias gradient: :func:`gradjax.labels.idlg`). Models and seeds follow gradjax.run.pipeline, so run ``i`` here
 attacks the same model as image ``i`` of a sweep.
 
   gradjax label-accuracy --dataset=cifar10 --count=50
