@@ -414,7 +414,8 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   A DP-SGD client (``clipped``) scales each example's gradient by its own clipping factor a_n =
   min(1, C / ‖g_n‖), which the rows would take on (H̄ of a class of one comes out a_n h_n): E_c's
   weight is then s_c, a class's Σ a_n / N, unknown, read at each step by least squares from the bias
-  gradient, ∂L/∂b = Σ_c s_c (softmax(Wᵀh̄_c + b) − e_c) (K equations, C < K unknowns).
+  gradient, ∂L/∂b = Σ_c s_c (softmax(Wᵀh̄_c + b) − e_c) (K equations, C < K unknowns). With every
+  class present those rows sum to 0 and leave the weights a free direction: no row is ``usable``.
 
   Args:
     kernel, bias: the head's weights W (F, K) and bias b (K,), as the server sent them.
@@ -450,7 +451,8 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
     z = h @ w + b
     p = np.exp(z - z.max(axis=1, keepdims=True))
     unit = p / p.sum(axis=1, keepdims=True) - onehot
-    if clipped:  # each class's weight from the bias gradient (least squares, non-negative)
+    if clipped and len(classes) < k:  # each class's weight from the bias gradient (least
+      # squares, clamped above 0)
       weight = np.maximum(np.linalg.lstsq(unit.T, gb, rcond=None)[0], 1e-300)
     else:
       weight = counts / n
@@ -476,8 +478,10 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
   others = np.where(np.eye(len(classes), dtype=bool), 0.0, column).max(axis=0)
   mine = np.diag(column)
   dominance = np.divide(mine, others, out=np.full(len(classes), np.inf), where=others > 0)
-  return HeadInputs(classes, counts, h, own, dominance, (counts == 1) & (dominance >= min_dominance),
-                    residual)
+  # Clipped with every class present, the weights are not determined (E's rows sum to 0): no row
+  # is trusted.
+  usable = (counts == 1) & (dominance >= min_dominance) & ~(clipped and len(classes) == k)
+  return HeadInputs(classes, counts, h, own, dominance, usable, residual)
 
 
 # --- the dense head's input, per example ----------------------------------------------------------

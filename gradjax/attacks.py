@@ -137,8 +137,9 @@ class Attack:
       raise ValueError(f"track_from must be non-negative, got {self.track_from}")
     if not self.head_features >= 0:
       raise ValueError(f"head_features must be a non-negative weight, got {self.head_features}")
-    if self.head_features and (not isinstance(self.matched, objectives.Gradient)
-                               or self.label_source is labels_lib.joint):
+    if self.head_features and (
+        type(self.matched) not in (objectives.Gradient, objectives.ClippedGradient)
+        or self.label_source is labels_lib.joint):
       raise ValueError("head features need known or inferred labels and a 'gradient' objective "
                        "(plain or clipped)")
     if self.smoothing is not None and not isinstance(self.smoothing, Smoothing):

@@ -464,7 +464,7 @@ def gradient_matching(apply_fn, distance: Callable | Distance, *, matched: Match
     raise ValueError(f"matched must be one of {', '.join(c.__name__ for c in MATCHED.values())}, "
                      f"got {matched!r}")
   replay = isinstance(matched, Replay)
-  if head_features and not isinstance(matched, Gradient):
+  if head_features and type(matched) not in (Gradient, ClippedGradient):
     raise ValueError("the head-feature term reads the dummy gradient's forward pass against the "
                      "observed gradient: the 'gradient' objectives only (plain or clipped)")
   if smoothing is not None and replay:

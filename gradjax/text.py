@@ -554,8 +554,12 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   whole = _sentence_objective(attack, apply_fn, problem.vocabulary, masked)
   # Where the model reads each sentence alone, a trial computes the gradient of the sentence it
   # changes, the others' kept (_exchange_objective); else the whole batch's.
-  separable = slots.shape[0] > 1 and float(_sums_error(apply_fn, problem.vocabulary, masked)(
-      jnp.asarray(slots), jnp.asarray(flags), problem.data)) <= SEPARABLE
+  # Checked at the start and at the batch of each position's next likeliest word (a batch of
+  # equal sentences would hide a mixing model).
+  error = _sums_error(apply_fn, problem.vocabulary, masked)
+  separable = slots.shape[0] > 1 and all(
+      float(error(jnp.asarray(at), jnp.asarray(flags), problem.data)) <= SEPARABLE
+      for at in (slots, likely[..., min(1, width - 1)].astype(np.int32)))
   if separable:
     sums = _sentence_sums(apply_fn, problem.vocabulary, masked)
     exchange = _exchange_objective(attack, apply_fn, problem.vocabulary, masked)
@@ -583,8 +587,13 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
         if valid[n, t, likely[n, t, k]]:
           trial_slots[i, n, t], trial_flags[i, n, t] = likely[n, t, k], f
       r = evaluate(n, trial_slots, trial_flags)
+      # The sentence as it is, where a trial holds it, is the reference, computed as the others are
+      # (the separable route's sums round otherwise than the value it started from).
+      same = (trial_slots[:, n, t] == slots[n, t]) & (trial_flags[:, n, t] == flags[n, t])
+      current = float(r[same].min()) if same.any() else best
+      r = np.where(same, np.inf, r)
       i = int(np.argmin(r))
-      if r[i] < best:
+      if r[i] < current:
         slots, flags, best, changed = trial_slots[i], trial_flags[i], float(r[i]), True
         if separable:
           S, m = sums(jnp.asarray(slots), jnp.asarray(flags), problem.data)

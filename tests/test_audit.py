@@ -13,7 +13,7 @@ import pytest
 import scipy.optimize
 import skimage.metrics
 
-from gradjax import auto, clients, data, interop, malicious, models
+from gradjax import auto, clients, data, fidelity, interop, malicious, models
 from gradjax.integrations import audit
 from gradjax.run import config, pipeline
 
@@ -343,6 +343,14 @@ def test_auto_skips_an_attack_that_refuses_the_update(monkeypatch):
   monkeypatch.setattr(pipeline, "run", lambda *a, **k: (_ for _ in ()).throw(ValueError("no")))
   with pytest.raises(ValueError, match="exclusive_neurons: no; idlg: no"):
     pipeline._run_auto(cfg, None, None)
+  # What is the update's (nothing to attack) or the user's (an option no attack takes) ends the run.
+  zero = fidelity.ZeroUpdate("the update is 0")
+  monkeypatch.setattr(pipeline, "run", lambda *a, **k: (_ for _ in ()).throw(zero))
+  with pytest.raises(fidelity.ZeroUpdate):
+    pipeline._run_auto(cfg, None, None)
+  monkeypatch.setattr(pipeline, "run", fake_run)
+  with pytest.raises(ValueError, match="gamma sets DLM's scale"):
+    pipeline._run_auto(config.replace(cfg, {"attack.gamma": "init=100"}), None, None)
 
 
 def test_a_deadline_ends_the_run_at_its_next_chunk():

@@ -325,6 +325,16 @@ def test_head_feature_term_with_a_clipped_gradient(photos):
                              atol=0.05 * float(np.linalg.norm(tn[1])))
   attack = dataclasses.replace(presets.inverting_gradients_batch(10), matched=clipped)
   assert attack.head_features > 0
+  # Every class present: the clipped weights are not determined, no row is trusted.
+  three = models.create("lenet_zhu", jax.random.key(3), num_classes=3)
+  every = clients.fedsgd(three.apply_fn, three.variables, x, np.array([0, 1, 2]),
+                         dp_sgd=clients.DPSGD(0.5))
+  _, weights = attacks.head_targets(every, np.array([0, 1, 2]), jnp.float32, jax.random.key(0),
+                                    per_example=False)
+  np.testing.assert_array_equal(np.asarray(weights), [0.0, 0.0, 0.0])
+  # DLM's scaled model difference is no gradient: it takes no head features.
+  with pytest.raises(ValueError, match="head features"):
+    dataclasses.replace(presets.dlm(), head_features=1.0, label_source=presets.idlg().label_source)
 
 
 # --- DP-SGD's clipped gradient ---------------------------------------------------------------------------

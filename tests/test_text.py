@@ -631,6 +631,11 @@ def test_settling_a_batch_recomputes_only_the_sentence_it_changes(monkeypatch):
                      jnp.asarray(np.eye(40)[y], jnp.float32))
   want = float(attack.distance(g, view.gradient, weights=problem.data.weights, step=50))
   assert settled.loss == pytest.approx(want, rel=1e-2, abs=1e-12)
+  # Started at the client's batch, no exchange lowers it: the search comes back as it was (the
+  # sums' rounding is no improvement).
+  at_truth = found._replace(tokens=ids, probabilities=np.eye(problem.ids.size)[
+      np.searchsorted(problem.ids, ids)])
+  assert text.settle_tokens(attack, apply, problem, at_truth, table) is at_truth
   monkeypatch.setattr(text, "SEPARABLE", -1.0)  # every trial the whole batch's gradient
   whole = text.settle_tokens(attack, apply, problem, found, table)
   np.testing.assert_array_equal(whole.tokens, settled.tokens)

@@ -625,6 +625,7 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
           "attack.restarts": 1, "attack.permutations": 1, "attack.adaptive": False,
           **{p: None for p in config.paths() if config.option(p).metadata["attack"]}})
     until = None  # the end of this attack's share of the budget, seconds from the start
+    check(step)  # an option this attack does not take is the user's to mend: it ends the run
     try:
       if name not in closed_forms.CLOSED_FORMS and cfg.attack.budget is not None:
         optimising = sum(n not in closed_forms.CLOSED_FORMS for n in names[index:])
@@ -633,6 +634,8 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
         if cfg.attack.iterations is None:
           step = fitted(name, step, share)
       attempt(name, step, chosen_settings, until)
+    except (fidelity.ZeroUpdate, fidelity.CaptureMismatch):  # the update's, not the attack's
+      raise
     except ValueError as e:  # its conditions do not hold (e.g. BatchNorm couples the examples)
       refused.append({"attack": name, "reason": str(e)})
       continue
