@@ -535,8 +535,9 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   and settles again).
 
   Of a batch (N > 1) whose model reads each sentence alone (:func:`_sums_error` within
-  :data:`SEPARABLE`), a trial computes the gradient of the one sentence it changes and adds the
-  others' kept sums (:func:`_exchange_objective`); else the whole batch's.
+  :data:`SEPARABLE` at the start and at the next likeliest words), a trial computes the gradient of
+  the one sentence it changes and adds the others' kept sums (:func:`_exchange_objective`: N
+  gradients held, where they fit in a quarter of the device's memory); else the whole batch's.
   """
   masked = problem.data.mask_row is not None
   p = np.asarray(found.probabilities)  # (N, T, K), K = problem.ids.size
@@ -557,7 +558,12 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   # Checked at the start and at the batch of each position's next likeliest word (a batch of
   # equal sentences would hide a mixing model).
   error = _sums_error(apply_fn, problem.vocabulary, masked)
-  separable = slots.shape[0] > 1 and all(
+  # The N sentences' sums held beside the trials' gradients: where they would take over a quarter
+  # of the device's memory, the whole batch's route (which holds none).
+  held = slots.shape[0] * sum(np.size(g) * np.dtype(g.dtype).itemsize
+                              for g in jax.tree.leaves(problem.data.observation.gradient))
+  memory = driver.memory_bytes()
+  separable = slots.shape[0] > 1 and (memory is None or held <= memory / 4) and all(
       float(error(jnp.asarray(at), jnp.asarray(flags), problem.data)) <= SEPARABLE
       for at in (slots, likely[..., min(1, width - 1)].astype(np.int32)))
   if separable:
