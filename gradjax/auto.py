@@ -20,9 +20,11 @@ What decides (no ground truth is used, so an audit of a real system chooses the 
   (``inverting_gradients_batch``), where DLG never converges (``experiments/studies/dlg_batch``).
 * **Geiping et al.'s ConvNet** (``convnet``, ReLU and BatchNorm): Inverting Gradients at any batch
   size, with total variation 5 (:func:`settings`) where the preset has 0.2: chosen on CIFAR-10 test
-  images 0-3 at batch 1 (16.28 against 12.86 dB, 4 of 4 images recognisable against 2), and at
-  batch 8 on the unseen images 500-515 15.45 against 12.19 dB (``experiments/studies/batches``,
-  ConvNet-16); DLG's L-BFGS matches nothing there (image 0 at batch 1: relative residual 0.45).
+  images 0-3 at batch 1 for the highest mean PSNR (16.28 against 12.86 dB; 1 of 4 images
+  recognisable against none, without LPIPS at 32 px), and at batch 8 on the images 500-515 15.45
+  against 12.19 dB (``experiments/studies/batches``, ConvNet-16; images 500-503 had served to try
+  other TV weights at batch 1, so they are not wholly unseen); DLG's L-BFGS matches nothing there
+  (image 0 at batch 1: relative residual 0.45).
 
 :func:`choose` returns the names in the order they are tried; the pipeline runs every one and keeps
 the reconstruction that matches the update best (:func:`gradjax.verdict.residual`), and the verdict

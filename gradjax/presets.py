@@ -73,9 +73,10 @@ def inverting_gradients_batch(iterations: int = 2000, *, tv: float = 0.2,
   images 0-39: 14.27 dB against 8.84 at the paper's 1e-4, 18.08 against 9.06 with head features)
   and each image pulled towards its own head input (``head_features``, weight 100; on the same
   images 30, 100 and 300 give 17.43, 18.08 and 18.50 dB, but 300 gives 0.76 dB less than 100 at
-  batch 8 on unseen images 500-539), for 2000 iterations: the setting of
+  batch 8 on images 500-539, which kept 100: those images then served the choice, so the images
+  900.. are the ones none of it saw), for 2000 iterations: the setting of
   ``experiments/studies/batches`` (DLG's LeNet, batch 4 and 8: 6.3 and 6.0 dB above breaching's
-  attacker at the same budget on unseen images 500.., 7.6 and 7.3 on the comparison images 900..;
+  attacker at the same budget on images 500.., 7.6 and 7.3 on the comparison images 900..;
   most images of a batch of 8 recognisable)."""
   return dataclasses.replace(inverting_gradients(iterations, tv=tv), head_features=head_features,
                              name="inverting_gradients_batch")
