@@ -235,6 +235,14 @@ def soft_masked_tokens(z, m, data: TokenData, vocabulary: int):
   return e, jnp.concatenate([words, 1 - q], axis=-1)
 
 
+def _gradient(apply_fn: Callable, data: TokenData, e, targets, masked: bool):
+  """The gradient a client with inputs ``e`` and ``targets`` sends: the observation's model, its
+  mode, and the next-token (``masked``: masked) language model's loss."""
+  return dummy_gradient(apply_fn, data.observation.variables, e, targets,
+                        train=data.observation.train,
+                        loss_fn=masked_cross_entropy if masked else cross_entropy)
+
+
 def _token_value(attack: attacks.Attack, apply_fn: Callable, vocabulary: int, masked: bool):
   """The token search's objective ``value_fn(dummy, data, step)``: the attack's distance between
   the gradient of the sentence that the logits ``dummy`` make and the client's."""
@@ -244,9 +252,7 @@ def _token_value(attack: attacks.Attack, apply_fn: Callable, vocabulary: int, ma
       e, targets = soft_masked_tokens(dummy["z"], dummy["m"], data, vocabulary)
     else:
       e, targets = soft_tokens(dummy["z"], data, vocabulary)
-    g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
-                       train=data.observation.train,
-                       loss_fn=masked_cross_entropy if masked else cross_entropy)
+    g = _gradient(apply_fn, data, e, targets, masked)
     return attack.distance(g, data.observation.gradient, weights=data.weights, step=step)
 
   return value_fn
@@ -287,13 +293,10 @@ def _sentence_objective(attack: attacks.Attack, apply_fn: Callable, vocabulary: 
   """``objective(slots, flags, data, step) -> (B,)`` as one program: the token search's objective
   at B hard sentences, slot ``slots`` (B, N, T) of the candidates at every position and, for a masked
   language model, masked where ``flags`` (B, N, T) (:func:`_hard_tokens`)."""
-  loss_fn = masked_cross_entropy if masked else cross_entropy
 
   def objective(slots, flags, data, step):
     def one(s, f):
-      e, targets = _hard_tokens(s, f, data, vocabulary, masked)
-      g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
-                         train=data.observation.train, loss_fn=loss_fn)
+      g = _gradient(apply_fn, data, *_hard_tokens(s, f, data, vocabulary, masked), masked)
       return attack.distance(g, data.observation.gradient, weights=data.weights, step=step)
     return jax.vmap(one)(slots, flags)
 
@@ -306,13 +309,10 @@ def _sentence_sum(apply_fn: Callable, vocabulary: int, masked: bool):
   targets (T for a next-token model, its masked positions for a masked one). Where the model reads
   each sentence alone, a batch's gradient is Σ_n S_n / Σ_n m_n (:func:`cross_entropy` and
   :func:`masked_cross_entropy` average over the batch's targets)."""
-  loss_fn = masked_cross_entropy if masked else cross_entropy
 
   def sentence_sum(s, f, data):
-    e, targets = _hard_tokens(s[None], f[None], data, vocabulary, masked)
     m = (jnp.sum(f) if masked else jnp.asarray(s.shape[0])).astype(data.rows.dtype)
-    g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
-                       train=data.observation.train, loss_fn=loss_fn)
+    g = _gradient(apply_fn, data, *_hard_tokens(s[None], f[None], data, vocabulary, masked), masked)
     return jax.tree.map(lambda x: x * m, g), m
 
   return sentence_sum
@@ -354,14 +354,11 @@ def _sums_error(apply_fn: Callable, vocabulary: int, masked: bool):
   """``error(slots, flags, data) -> scalar``: ‖Σ_n S_n / Σ_n m_n − G‖ / ‖G‖, G the gradient of the
   batch of hard sentences ``slots`` (N, T) read at once: 0 up to rounding where the model reads
   each sentence alone (no batch statistics), as :func:`_exchange_objective` assumes."""
-  loss_fn = masked_cross_entropy if masked else cross_entropy
   sums = jax.vmap(_sentence_sum(apply_fn, vocabulary, masked), in_axes=(0, 0, None))
 
   def error(slots, flags, data):
     S, m = sums(slots, flags, data)
-    e, targets = _hard_tokens(slots, flags, data, vocabulary, masked)
-    g = dummy_gradient(apply_fn, data.observation.variables, e, targets,
-                       train=data.observation.train, loss_fn=loss_fn)
+    g = _gradient(apply_fn, data, *_hard_tokens(slots, flags, data, vocabulary, masked), masked)
     total = jnp.maximum(m.sum(), jnp.finfo(m.dtype).tiny)
     leaves = zip(jax.tree.leaves(S), jax.tree.leaves(g))
     diff, norm = 0.0, 0.0
@@ -553,13 +550,9 @@ def settle_tokens(attack: attacks.Attack, apply_fn: Callable, problem: TokenProb
   step = jnp.asarray(attack.iterations, jnp.int32)
   choices = [(k, f) for f in ((False, True) if masked else (False,)) for k in range(width)]
   whole = _sentence_objective(attack, apply_fn, problem.vocabulary, masked)
-  # Where the model reads each sentence alone, a trial computes the gradient of the sentence it
-  # changes, the others' kept (_exchange_objective); else the whole batch's.
-  # Checked at the start and at the batch of each position's next likeliest word (a batch of
-  # equal sentences would hide a mixing model).
+  # Separable (the docstring): checked at the start and at each position's next likeliest word (a
+  # batch of equal sentences would hide a mixing model); the N sums held within a quarter of memory.
   error = _sums_error(apply_fn, problem.vocabulary, masked)
-  # The N sentences' sums held beside the trials' gradients: where they would take over a quarter
-  # of the device's memory, the whole batch's route (which holds none).
   held = slots.shape[0] * sum(np.size(g) * np.dtype(g.dtype).itemsize
                               for g in jax.tree.leaves(problem.data.observation.gradient))
   memory = driver.memory_bytes()
