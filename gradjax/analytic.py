@@ -451,8 +451,7 @@ def head_inputs(kernel, bias, kernel_grad, bias_grad, labels, *, iterations: int
     z = h @ w + b
     p = np.exp(z - z.max(axis=1, keepdims=True))
     unit = p / p.sum(axis=1, keepdims=True) - onehot
-    if clipped and len(classes) < k:  # each class's weight from the bias gradient (least
-      # squares, clamped above 0)
+    if clipped and len(classes) < k:  # from the bias gradient: least squares, clamped above 0
       weight = np.maximum(np.linalg.lstsq(unit.T, gb, rcond=None)[0], 1e-300)
     else:
       weight = counts / n

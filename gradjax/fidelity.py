@@ -627,7 +627,7 @@ def matching_learning_rate(declared: Recipe, observation: Observation, x, y, com
   return float(np.exp(min(tried[1:], key=lambda p: abs(p[1]))[0])) if len(tried) > 1 else lr
 
 
-SCOPED = ("clip", "prune", "int8")  # the defenses that act per layer or, with ':global', on the whole
+SCOPED = ("clip", "prune", "int8")  # defenses per layer or, with ':global', over the whole update
 
 
 def scope_variants(spec: str | None) -> list[str]:

@@ -27,10 +27,11 @@ hfginv          any      no    yes            yes          Ye et al. 2024 (HFGIn
 
 "features ≥ 0": the head's inputs must be non-negative (a ReLU or sigmoid before the head: the zoo's
 models with their own activations, not with ``act`` tanh, GELU, ELU or leaky ReLU); iDLG reads their
-sign from the bias gradient instead where the head has a bias (:func:`idlg`). "unique": the method returns N distinct classes (needs N ≤ K) and is only right
-when the batch has no repeated label. Every rule assumes the client's model is untrained or barely
-trained: the positive terms p_nc a_nj/N must stay small next to the negative ones, e.g. the mean
-probability p̄_c of a present class below its share k_c/N. ``bias_counts`` drops that assumption
+sign from the bias gradient instead where the head has a bias (:func:`idlg`). "unique": the method
+returns N distinct classes (needs N ≤ K) and is only right when the batch has no repeated label.
+Every rule assumes the client's model is untrained or barely trained: the positive terms p_nc a_nj/N
+must stay small next to the negative ones, e.g. the mean probability p̄_c of a present class below
+its share k_c/N. ``bias_counts`` drops that assumption
 when the batch-mean probabilities are known.
 
 The attacker-side helpers :func:`llg_statistics`, :func:`mean_probs` and :func:`feature_profile` run

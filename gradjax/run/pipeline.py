@@ -671,7 +671,8 @@ def _run_auto(cfg: Config, callback, batch, target_psnr=None):
     return t["attack"] + (f" ({', '.join(notes)})" if notes else "")
 
   ran = [described(t) for t in tried]
-  rest = [n for n in names if n not in {t["attack"] for t in tried} | {r["attack"] for r in refused}]
+  ran_or_refused = {t["attack"] for t in tried} | {r["attack"] for r in refused}
+  rest = [n for n in names if n not in ran_or_refused]
   why = ("it stops once an attack matches the update" if matched
          else f"the budget of {cfg.attack.budget or 0:g} s was spent")
   restarts = chosen_step.attack.restarts
