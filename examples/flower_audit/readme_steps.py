@@ -128,9 +128,13 @@ def main():
       print(f"{r['seconds']:8.1f} s  {r['command'][:150]}")
   print(f"whole: {wall:.1f} s; failed commands: {failed or 'none'}; left running: "
         f"{result['left_running'] or 'none'}")
+  def status(r):
+    if r["withheld"]:
+      return "withheld"
+    return "refused the model" if r["refused"] else r["verdict"] or r["error"]
+
   for name, a in audits.items():
-    print(f"{name}: " + "; ".join(f"round {r['round']} client {r['client']}: "
-                                  f"{'withheld' if r['withheld'] else r['verdict'] or r['error']}"
+    print(f"{name}: " + "; ".join(f"round {r['round']} client {r['client']}: {status(r)}"
                                   for r in a["rows"]))
 
 
