@@ -220,3 +220,13 @@ def test_a_permutation_search_of_joint_labels_is_refused_from_the_flags():
     config.check(config.from_options({"attack.permutations": 4}), files=False)
   config.check(config.from_options({"attack.permutations": 4, "attack.label_source": "known"}),
                files=False)
+
+
+def test_dp_sgd_in_training_mode_is_refused_only_with_batchnorm():
+  """A DP-SGD client in training mode: refused for a model with BatchNorm (its batch statistics mix
+  the examples), accepted for one without (training mode changes nothing there)."""
+  options = {"client.train_mode": True, "defense.dp_sgd_max_norm": 1.0}
+  config.check(config.from_options({**options, "model.name": "mlp-64"}))
+  for name in ("convnet-4", "resnet20-4"):
+    with pytest.raises(ValueError, match="training mode"):
+      config.check(config.from_options({**options, "model.name": name}))

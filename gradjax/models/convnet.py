@@ -91,4 +91,4 @@ def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
 # Two 3×3 max-pools: ⌊⌊H/3⌋/3⌋ × ⌊⌊W/3⌋/3⌋ × 4W flattened.
 SPEC = ModelSpec("convnet", r"convnet(?:-([1-9]\d*))?", ("convnet",), _build, _torch_rows,
             lambda zoo, shape: (4 * zoo.width, int(shape[0]) // 3 // 3, int(shape[1]) // 3 // 3),
-            _torch_module, default_width=64)
+            _torch_module, default_width=64, batch_norm=True)

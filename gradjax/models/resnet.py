@@ -181,4 +181,4 @@ def _torch_module(zoo: ZooName, torch, input_shape, num_classes: int):
 # Global pooling: nothing is flattened spatially.
 SPEC = ModelSpec("resnet", r"resnet([1-9]\d*)(?:-([1-9]\d*))?",
             ("resnet20-4", "resnet32-10", "resnet18", "resnet34"), _build, _torch_rows,
-            torch_module=_torch_module, default_width=1, depth_and_width=True)
+            torch_module=_torch_module, default_width=1, depth_and_width=True, batch_norm=True)

@@ -68,6 +68,8 @@ class ModelSpec:
     text: reads token ids (N, T) rather than images.
     masked_lm: a text model trained to predict masked tokens, not the next one.
     depth_and_width: the pattern's groups are (depth, width); else (width,).
+    batch_norm: has BatchNorm, whose batch statistics in training mode make each example's
+      gradient depend on the others'.
   """
 
   family: str
@@ -81,6 +83,7 @@ class ModelSpec:
   text: bool = False
   masked_lm: bool = False
   depth_and_width: bool = False
+  batch_norm: bool = False
 
   def parse(self, name: str) -> ZooName | None:
     """The :class:`ZooName` of ``name`` if this family answers to it, else None."""

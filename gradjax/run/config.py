@@ -1196,7 +1196,8 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
     if cfg.defense.dp_sgd_expected_batch_size is not None and not cfg.client.observation:
       raise ValueError("--config.defense.dp_sgd_expected_batch_size is a captured client's divisor; "
                        "a simulated client divides by q·n (leave it out)")
-    if cfg.client.train_mode:
+    spec = models.family(cfg.model.name or "")
+    if cfg.client.train_mode and (spec is None or spec.batch_norm):  # unknown: a checkpoint's
       raise ValueError("--config.defense.dp_sgd_max_norm clips each example's gradient: a client in "
                        "training mode (--config.client.train_mode=True, BatchNorm's batch statistics) "
                        "mixes the examples, so they have none of their own (Opacus refuses it too)")
