@@ -32,7 +32,7 @@ import numpy as np
 from gradjax import defenses, models
 from gradjax.compilation import check_key, device_array, once
 from gradjax.losses import cross_entropy, masked_cross_entropy
-from gradjax.observation import Observation, check_labels, plain_dicts
+from gradjax.observation import Observation, check_labels, couples_examples, plain_dicts
 
 
 @once
@@ -310,7 +310,7 @@ def fedsgd(apply_fn, variables, x, y, *, train: bool = False, share_labels: bool
     gradient = _gradient(variables, x, y, apply_fn, train, loss_fn)
   else:
     dp_sgd = DPSGD(*dp_sgd).check()
-    if train and "batch_stats" in variables:
+    if couples_examples(train, variables):
       raise ValueError(DP_SGD_TRAIN)
     scales = None
     if dp_sgd.sampling_rate is not None:
@@ -442,7 +442,7 @@ def local_sgd(apply_fn, variables, x, targets, local: LocalTraining, *, train: b
   scales = None
   if dp_sgd is not None:
     dp_sgd = DPSGD(*dp_sgd).check()
-    if train and "batch_stats" in variables:
+    if couples_examples(train, variables):
       raise ValueError(DP_SGD_TRAIN)
     clip, max_norm = True, float(dp_sgd.max_norm)
     batch = local.batch_size or x.shape[0]

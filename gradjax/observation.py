@@ -56,7 +56,13 @@ class Observation:
     """Whether one example's input reaches another's gradient: a client in training mode whose
     model has BatchNorm (batch statistics, ``variables["batch_stats"]``). Training mode without
     it changes nothing that gradjax's models compute."""
-    return bool(self.train) and "batch_stats" in self.variables
+    return couples_examples(self.train, self.variables)
+
+
+def couples_examples(train: bool, variables) -> bool:
+  """Whether a client in mode ``train`` of a model with ``variables`` couples its examples'
+  gradients: training mode with BatchNorm's batch statistics (``variables["batch_stats"]``)."""
+  return bool(train) and "batch_stats" in variables
 
 
 def _paths(tree) -> list[str]:

@@ -128,6 +128,7 @@ def main():
       print(f"{r['seconds']:8.1f} s  {r['command'][:150]}")
   print(f"whole: {wall:.1f} s; failed commands: {failed or 'none'}; left running: "
         f"{result['left_running'] or 'none'}")
+
   def status(r):
     if r["withheld"]:
       return "withheld"
