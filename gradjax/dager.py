@@ -729,7 +729,7 @@ def recover(apply_fn: Callable, variables, gradient, *, length: int, tokens=None
   docstring, "Encoders"); a one-block model's raises :class:`Unreadable` with the position sets.
   """
   _check_gradient(gradient)
-  check_length(gradient, length)
+  check_length(gradient, length, padded)
   attention = attention_paths(apply_fn, variables, length)
   if not attention:
     raise ValueError("the model has no self-attention block: the span attack reads a transformer")
@@ -805,13 +805,22 @@ def _check_gradient(gradient) -> None:
                      "observation")
 
 
-def check_length(gradient, length: int) -> None:
-  """A one-line ValueError where the gradient's learned positions moved past ``length`` tokens
-  (:func:`positions_moved`): the client's sentences are longer than the attack reads."""
+def check_length(gradient, length: int, padded: bool | None = None) -> None:
+  """A one-line ValueError where the gradient's learned positions (:func:`positions_moved`) say the
+  client's sentences are not ``length`` tokens: longer (the attack would read their first
+  ``length``), or, unless ``padded``, all shorter (the positions past them hold no token, so no
+  sentence of ``length`` tokens explains the gradient). ``padded`` None: the caller reads no padded
+  batch (the message does not offer one)."""
   moved = positions_moved(gradient)
   if moved is not None and moved > length:
     raise ValueError(f"the gradient's learned position table moved at {moved} positions: the "
                      f"client's sentences hold up to {moved} tokens, more than length={length}")
+  if moved is not None and moved < length and not padded:
+    padding = "" if padded is None else (f", or padded=True if shorter sentences were padded to "
+                                         f"{length}")
+    raise ValueError(f"the gradient's learned position table moved at {moved} positions only: the "
+                     f"client's longest sentence holds {moved} tokens, fewer than length={length} "
+                     f"(pass length={moved}{padding})")
 
 
 def positions_moved(gradient) -> int | None:

@@ -140,9 +140,10 @@ def test_decode_mode_reproduces_the_full_forward_pass(name):
 
 
 @pytest.mark.slow
-def test_a_length_shorter_than_the_clients_sentences_is_refused():
+def test_a_length_other_than_the_clients_sentences_is_refused():
   """A gpt client's 9-token sentences move the first 9 rows of its learned position table (the
-  rows NumPy finds nonzero): the span attack and the token search refuse to read them as 6 tokens;
+  rows NumPy finds nonzero): the span attack and the token search refuse to read them as 6 tokens
+  or as 12;
   a table every row of which moved (noise) tells nothing; sinusoids have no table."""
   model = _model("gpt", 50, 9)
   ids = _sentences(np.random.default_rng(0), 50, 2, 9)
@@ -156,6 +157,12 @@ def test_a_length_shorter_than_the_clients_sentences_is_refused():
     dager.recover(model.apply_fn, model.variables, g, length=6)
   with pytest.raises(ValueError, match="moved at 9 positions"):
     text.reconstruct(presets.dlg(iterations=1), model.apply_fn, obs, jax.random.key(0), length=6, eos=1)
+  # nor as 12 tokens: positions 9-11 hold none, unless the batch is read as padded
+  with pytest.raises(ValueError, match="moved at 9 positions only.*length=12 .pass length=9, or padded"):
+    dager.recover(model.apply_fn, model.variables, g, length=12)
+  with pytest.raises(ValueError, match=r"moved at 9 positions only.*\(pass length=9\)"):
+    text.reconstruct(presets.dlg(iterations=1), model.apply_fn, obs, jax.random.key(0), length=12,
+                     eos=1)
   noisy = {**g, "positions": np.asarray(g["positions"]) + 1e-3}
   assert dager.positions_moved(noisy) is None
   assert dager.positions_moved(_gradient(_model("transformer", 50, 9),
