@@ -222,6 +222,26 @@ def test_a_permutation_search_of_joint_labels_is_refused_from_the_flags():
                files=False)
 
 
+def test_a_permutation_search_of_labels_shared_in_order_is_refused():
+  """A FedAvg client that shares its labels in order says which step each was in: nothing to search
+  (the search once kept a wrong order at exit 0); shared as a multiset, the search runs."""
+  fedavg = {"client.name": "fedavg", "client.local_batch_size": 2, "data.batch_size": 4,
+            "attack.preset": "inverting_gradients_fedavg", "attack.permutations": 6}
+  with pytest.raises(ValueError, match="shares its labels in order"):
+    config.check(config.from_options(fedavg), files=False)
+  config.check(config.from_options({**fedavg, "client.shared_labels": "multiset"}), files=False)
+
+
+def test_a_replay_of_a_fedsgd_client_is_refused_from_the_flags():
+  """The replay objective needs the client's local training: against a FedSGD client it is refused
+  by the configuration's check, before anything compiles, naming --client=fedavg."""
+  for options in ({"attack.preset": "inverting_gradients_fedavg"}, {"attack.matched": "replay"}):
+    with pytest.raises(ValueError, match="--client=fedavg"):
+      config.check(config.from_options(options), files=False)
+  config.check(config.from_options({"attack.preset": "inverting_gradients_fedavg",
+                                    "client.name": "fedavg"}), files=False)
+
+
 def test_dp_sgd_in_training_mode_is_refused_only_with_batchnorm():
   """A DP-SGD client in training mode: refused for a model with BatchNorm (its batch statistics mix
   the examples), accepted for one without (training mode changes nothing there)."""

@@ -102,10 +102,14 @@ def main(argv):
                 f"{state.path}, so --resume --output_dir={out} rewrites them without recomputing")
   state.remove()
   if "psnr" in results:
+    # Labels the threat model handed over are the attack's input, not what it recovered.
+    shared = (results.get("findings") or {}).get("labels", {}).get("inferred") is False
     scores = (f"PSNR {results['psnr']:.2f} dB  SSIM {results['ssim']:.3f}  "
               + (f"LPIPS {results['lpips']:.3f}  " if results.get("lpips") is not None else "")
               + ("labels not read" if results["label_accuracy"] is None
+                 else "labels shared" if shared
                  else f"label accuracy {results['label_accuracy']:.2f}"))
+    scores += _separated_psnr(results)
   else:
     scores = (("no objective" if results["loss"] is None else f"objective {results['loss']:.3e}")
               + f"  labels {results['labels_by_slot']} (no ground truth)")
@@ -120,6 +124,19 @@ def main(argv):
         "reconstruction.png, grid.svg" + (", curves.svg" if results.get("history") else "")
         + ", config.py")
   print_verdict(results)
+
+
+def _separated_psnr(results: dict) -> str:
+  """Of a closed form that separated k of N examples (0 < k < N), the mean PSNR of those k: the
+  others are placeholders (grey), whose PSNR the mean over all N averages in. The examples it did
+  not separate have label −1 (``labels_reconstructed``, in the ground truth's order)."""
+  sep = pipeline.separated(results)
+  if sep is None or not 0 < sep[0] < sep[1]:
+    return ""
+  read = [p for p, c in zip(results["psnr_per_image"], results["labels_reconstructed"]) if c >= 0]
+  if len(read) != sep[0]:
+    return ""
+  return f" (PSNR {sum(read) / len(read):.2f} dB over the {len(read)} separated)"
 
 
 def print_verdict(results: dict) -> None:

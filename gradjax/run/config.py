@@ -1149,6 +1149,18 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
     raise ValueError("--config.attack.permutations: a permutation search orders known or inferred "
                      f"labels; --attack={cfg.attack.preset} optimises them jointly (set --labels, e.g. "
                      "--labels=known with a client that shares them)")
+  if (isinstance(attack, attacks.Attack) and isinstance(attack.matched, objectives.Replay)
+      and cfg.client.name == "fedsgd" and not cfg.client.observation):
+    raise ValueError(f"--attack={cfg.attack.preset} replays the client's local training (objective "
+                     "'replay'), which a FedSGD client does not do: attack a FedAvg client "
+                     "(--client=fedavg), or match its gradient (--config.attack.matched=gradient)")
+  if (isinstance(attack, attacks.Attack) and cfg.attack.permutations > 1
+      and attack.label_source is labels_lib.known and cfg.attack.label_source not in SERVER_INFERRED_LABELS
+      and cfg.client.name == "fedavg" and cfg.client.shared_labels == "ordered"
+      and not cfg.client.observation):
+    raise ValueError("--config.attack.permutations searches which step each label was in; the "
+                     "client shares its labels in order (--config.client.shared_labels=ordered), "
+                     "which says it: set shared_labels=multiset, or drop the search")
   if cfg.attack.preset in closed_forms.CLOSED_FORMS:
     if cfg.attack.adaptive:
       raise ValueError(
