@@ -124,9 +124,9 @@ def batch_moments(sent, returned, *, momentum: float = MOMENTUM, count=None):
 
 
 def returned_statistics(apply_fn, variables, x):
-  """The running statistics a client holds after one training-mode forward pass on ``x``: the tree
-  of ``variables["batch_stats"]`` updated by Flax's BatchNorm (``apply_fn.module`` must be the Flax
-  module, as :func:`gradjax.models.make_apply_fn` sets it)."""
+  """The running statistics a client holds after one training-mode forward pass on ``x`` (N, ...):
+  the tree of ``variables["batch_stats"]`` updated by Flax's BatchNorm (``apply_fn.module`` must be
+  the Flax module, as :func:`gradjax.models.make_apply_fn` sets it)."""
   module = getattr(apply_fn, "module", None)
   if module is None or "batch_stats" not in variables:
     raise ValueError("sharing BatchNorm statistics needs a gradjax model with BatchNorm layers")

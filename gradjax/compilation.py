@@ -146,8 +146,8 @@ def to_default_device(tree: Any, device: jax.Device | None) -> Any:
   Uncommitted, as arrays made on the default device are: a program's output is committed where an
   argument it reads is, and ``jit`` keys its programs by that, so committed data would make the
   solver's first chunk (its state from ``init``, which need not read the data) and the next ones
-  (their state from a chunk, which does) two programs of one step: for Inverting Gradients on
-  ResNet20-4 on an H200, 10-11 s more compilation (``experiments/studies/accelerator_h100``)."""
+  (their state from a chunk, which does) two programs of one step, compiled twice
+  (``experiments/studies/accelerator_h100``)."""
   if device is None:
     return tree
   target = jax.devices()[0]

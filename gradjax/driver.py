@@ -275,9 +275,8 @@ def fit_strategy(solver: Solver, init_params: PyTree, data: PyTree, *, free: int
   state, as vmap does; only the step's temporaries (the activations of the double backward pass)
   shrink with its batch, so the batch is sized as if each restart took an R-th of the vmapped
   step's temporaries, and sized again at half as many restarts' worth until its compiled step fits.
-  Where not even two fit, ``"sequential"``. That order is the measured speed: 64 DLG restarts on
-  LeNet on an H200 took 17.1 ms an iteration vmapped, 22.1 ms mapped 8 at a time and 43.4 ms in
-  sequence (``experiments/studies/accelerator_h100/runs/gpu_h200/gpu_restarts.md``).
+  Where not even two fit, ``"sequential"``. That order is the measured speed of 64 DLG restarts on
+  LeNet on an H200 (``experiments/studies/accelerator_h100/runs/gpu_h200/gpu_restarts.md``).
   """
   restarts = jax.tree.leaves(init_params)[0].shape[0]
   budget = int(MEMORY_HEADROOM * free)

@@ -194,7 +194,8 @@ def diagnose(observation: Observation, alternatives: dict[str, Recipe], x, y,
              tolerance: tuple[float, float] = TOLERANCE) -> dict[str, Comparison]:
   """The alternatives (name -> :class:`Recipe`) whose recomputed update reproduces the capture
   within ``tolerance``, best first. A recipe that cannot run (e.g. a schedule that does not divide
-  the batch) is skipped."""
+  the batch) is skipped. ``x``: (N, H, W, C) the client's images in [0, 1]; ``y``: (N,) their int
+  labels."""
   found = {}
   for name, recipe in alternatives.items():
     try:
@@ -242,7 +243,8 @@ def check(observation: Observation, declared: Recipe, x, y,
                  "tested: a defense the client applied without declaring it (declare defense=), other "
                  "normalisation constants (declare normalization=MEAN/STD), data augmentation, "
                  "several mismatches at once. Check the model against its PyTorch twin (README), the "
-                 "tensor layouts, --config.model.rename, and that the images and labels are the client's")
+                 "tensor layouts, --config.model.rename, and that the images and labels are the client's "
+                 "(its examples from --index on, as many as the capture's num_samples declares)")
   return Check(False, comparison, tolerance, causes, explained)
 
 
@@ -590,7 +592,8 @@ def matching_learning_rate(declared: Recipe, observation: Observation, x, y, com
   One local step's update is η times a gradient: η₀ s, exact. Several steps' updates are no
   multiple of η: from η₁ = η₀ s, the root of log ‖u(η)‖ / ‖c‖ in log η, by secant steps inside
   the bracket once one is found (halving it where a secant leaves it or an update is not finite),
-  up to ``steps`` recomputations; the rate of the norm closest to the capture's."""
+  up to ``steps`` recomputations; the rate of the norm closest to the capture's.
+  ``x``: (N, H, W, C) the client's images in [0, 1]; ``y``: (N,) their int labels."""
   local = declared.local
   lr = local.learning_rate * comparison.scale
   if not (np.isfinite(lr) and lr > 0) or local.steps(observation.num_samples) == 1:

@@ -344,7 +344,9 @@ class Stepwise:
 
 def dummy_gradient(apply_fn, variables, x, targets, *, train: bool = False,
                    loss_fn=cross_entropy):
-  """∇_θ L(f_θ(x), targets) at ``variables["params"]``: the gradient a client with data x would send."""
+  """∇_θ L(f_θ(x), targets) at ``variables["params"]``: the gradient a client with data x would send.
+  ``x``: (N, ...) the model's inputs; ``targets``: what ``loss_fn`` takes, (N,) int labels or (N, K)
+  soft targets for cross entropy. Returns a tree shaped as ``variables["params"]``."""
 
   def loss(params):
     return loss_fn(apply_fn({**variables, "params": params}, x, train), targets)

@@ -16,7 +16,8 @@ A number alone is no audit's answer, and an attack that failed says nothing abou
   reason names the attack and its budget ("no leak found by dlg with 2000 iterations and 1
   restart"). Never "safe": a stronger attack or a larger budget may find what this one did not.
 
-Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` reproduces them):
+Thresholds (:class:`Thresholds`) and where they come from (``tests/test_verdict.py`` reproduces
+the image thresholds' measurements; the residual's were measured by the runs named below):
 
 * An image is recognisable when it tells more than its own mean colour (PSNR at least 1 dB above
   that flat image's, :func:`gradjax.metrics.mean_colour_psnr`) and reaches PSNR >= 20 dB (RMSE <= 0.1 on [0, 1]
@@ -43,6 +44,9 @@ Thresholds (:class:`Thresholds`), each measured (``tests/test_verdict.py`` repro
   7.8e-4 at 17.5 and 20.4 dB, still falling; the same attack on a ReLU network's gradient read as
   sigmoid 0.87. A small residual is necessary for a faithful reconstruction, not sufficient: so
   ``no_leak_found`` also needs the objective to have stopped falling.
+* The objective stopped falling when its best value fell by at most 5 % over the last tenth of the
+  iterations (:func:`still_improving`): a rule of thumb, not a measurement; a run it calls still
+  improving is inconclusive, never ``no_leak_found``.
 """
 
 import collections

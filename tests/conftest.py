@@ -270,6 +270,15 @@ def photos28():
   return data.load("skimage", indices=range(4), image_size=(28, 28), channels=1).x
 
 
+def assert_one_line_error(proc, message, case=None):
+  """A finished command's refusal as the tool promises it: exit 2, one ``error:`` line on stderr
+  naming ``message``, no traceback (``case``: shown where it fails)."""
+  assert proc.returncode == 2, (case, proc.returncode, proc.stderr[-2000:])
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], (case, proc.stderr[-2000:])
+  assert "Traceback" not in proc.stderr, (case, proc.stderr[-2000:])
+
+
 def np_log_softmax(z):
   z = np.asarray(z, np.float64)
   m = z.max(axis=-1, keepdims=True)

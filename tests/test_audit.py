@@ -16,6 +16,7 @@ import skimage.metrics
 from gradjax import auto, clients, data, fidelity, interop, malicious, models
 from gradjax.integrations import audit
 from gradjax.run import config, pipeline
+from conftest import assert_one_line_error
 
 
 def matched_psnr(truth, rec):
@@ -492,8 +493,8 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   (round_dir / "client_1" / audit.CAPTURE).write_text(json.dumps({"metadata": {**meta, "input_shape": [32, 32, 3]}}))
   proc, = run_in_one_process([(["gradjax", "audit", f"--audit_dir={tmp_path / 'audit'}", "--attacks=idlg",
                                 "--dataset=skimage", "--image_size=16"], tmp_path)])
-  last = proc.stderr.strip().splitlines()[-1]
-  assert proc.returncode == 2 and "(16, 16, 3) images" in last and "(32, 32, 3)" in last, proc.stderr[-1000:]
+  assert_one_line_error(proc, "(16, 16, 3) images")
+  assert "(32, 32, 3)" in proc.stderr
 
 
 def test_a_malformed_round_summary_is_left_out_of_the_membership(tmp_path):

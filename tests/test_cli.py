@@ -21,6 +21,7 @@ from PIL import Image
 
 from gradjax import checkpoint, data, interop, lpips, models
 from gradjax.run import config, pipeline
+from conftest import assert_one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,7 +97,14 @@ def test_pipeline_metrics_match_scikit_image():
   np.testing.assert_allclose(results["psnr"], np.mean(psnr), rtol=1e-9)
   np.testing.assert_allclose(results["ssim"], np.mean(ssim), rtol=1e-9)
   np.testing.assert_allclose(results["mse"], np.mean((gt - rec) ** 2), rtol=1e-9)
-  # The raw reconstruction (DLG is unboxed) is no closer than its clamped image to in-range pixels.
+  # The raw reconstruction (DLG is unboxed: pixels outside [0, 1]), in the ground truth's order, is
+  # scored by 10 log10(1 / mse) unclamped (no normalisation here), no closer than its clamped image.
+  assert cfg.data.normalization in (None, "none")
+  raw = np.asarray(images["model_input"], np.float64)[np.asarray(results["order"])]
+  assert raw.min() < 0 or raw.max() > 1
+  np.testing.assert_allclose(results["psnr_unclamped_per_image"],
+                             [10 * np.log10(1 / np.mean((r - g) ** 2)) for r, g in zip(raw, gt)],
+                             rtol=1e-6)
   assert np.all(np.asarray(results["psnr_unclamped_per_image"]) <= np.asarray(psnr) + 1e-9)
   assert results["psnr_unclamped"] == pytest.approx(np.mean(results["psnr_unclamped_per_image"]))
   # The reported labels are those of the reconstruction, in ground-truth order.
@@ -217,6 +225,10 @@ def test_a_closed_form_that_separates_few_examples_scores_the_rest_as_not_recove
   assert metrics["findings"]["labels"]["unread"] == np.sum(got < 0)
   line = next(l for l in proc.stdout.splitlines() if l.startswith("exclusive_neurons on mlp-32"))
   assert f"{np.sum(got >= 0)} of 16" in line and f"label accuracy {hits / 16:.2f}" in line, line
+  # the mean PSNR of the separated examples beside that of all 16 (the others are placeholders)
+  psnr = np.asarray(metrics["psnr_per_image"])
+  labels_gt_order = np.asarray(metrics["labels_reconstructed"])
+  assert f"(PSNR {psnr[labels_gt_order >= 0].mean():.2f} dB over the {np.sum(got >= 0)} separated)" in line, line
   proc = run_program("sweep.py", *flags, "--count=1", f"--output_dir={tmp_path / 'sweep'}")
   assert proc.returncode == 0, proc.stderr[-2000:]
   summary = json.loads((tmp_path / "sweep" / "results.json").read_text())["summary"]
@@ -351,11 +363,7 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path):
     _assert_one_line_error(proc, message, args)
 
 
-def _assert_one_line_error(proc, message, case=None):
-  assert proc.returncode == 2, (case, proc.returncode, proc.stderr[-2000:])
-  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and message in errors[0], (case, proc.stderr[-2000:])
-  assert "Traceback" not in proc.stderr, (case, proc.stderr[-2000:])
+_assert_one_line_error = assert_one_line_error
 
 
 def _bad_files(tmp_path):
@@ -634,7 +642,8 @@ def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, uninterrupted):
   claim = (out / ".gradjax-claim").read_text()
   other, = run_in_one_process([[["gradjax", "reconstruct", *args, "--seed=7", f"--output_dir={out}",
                                  "--resume"], tmp_path]])
-  assert other.returncode == 2 and (out / ".gradjax-claim").read_text() == claim, other.stderr[-2000:]
+  _assert_one_line_error(other, "belongs to another run")
+  assert (out / ".gradjax-claim").read_text() == claim
   resumed = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=ROOT,
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
@@ -981,9 +990,20 @@ def test_defense_sweep_table(tmp_path):
   table = json.loads((tmp_path / "results.json").read_text())["table"]
   assert [row["defense"] for row in table] == ["none", "prune:0.5"]
   markdown = (tmp_path / "results.md").read_text()
+  for row in table:  # label accuracy: the multiset overlap of the item's labels, over N
+    item = json.loads((tmp_path / "items" / f"{row['defense'].replace(':', '_')}_0.json").read_text())
+    overlap = collections.Counter(item["labels_reconstructed"]) & collections.Counter(item["labels_true"])
+    accuracy = sum(overlap.values()) / len(item["labels_true"])
+    assert row["summary"]["label_accuracy"]["mean"] == pytest.approx(accuracy)
+    assert f"| {accuracy:.2f} |" in markdown
   if lpips.available("alex"):  # 32x32 images are large enough for AlexNet's LPIPS
+    from test_lpips import np_lpips
+    metric = lpips.load("alex")
     assert "| LPIPS |" in markdown
-    for row in table:
+    for row in table:  # the NumPy LPIPS of the item's kept images
+      images = np.load(tmp_path / "items" / f"{row['defense'].replace(':', '_')}_0.npz")
+      want = np_lpips(metric, images["reconstruction"], images["ground_truth"])
+      assert row["summary"]["lpips"]["mean"] == pytest.approx(float(want.mean()), rel=2e-4, abs=1e-5)
       assert f"| {row['summary']['lpips']['mean']:.3f} |" in markdown
   else:
     assert "LPIPS" not in markdown
@@ -1156,6 +1176,28 @@ def test_label_accuracy_is_the_closed_form_of_the_heads_gradient(tmp_path):
   result = json.loads(out.read_text())
   assert result["correct"] == [True] * 12 and result["accuracy"] == 1.0
   assert "100.0 % (12/12)" in tanh.stdout
+
+
+@pytest.mark.slow
+def test_label_accuracy_counts_the_clients_it_misses(tmp_path):
+  """With iDLG's label made wrong wherever it is even (it is right on these clients: the test
+  above), the table counts the clients whose true label is odd, as data.load gives them."""
+  from gradjax import data
+  code = ("import sys; from gradjax import cli, labels; idlg = labels.idlg; "
+          "labels.idlg = lambda obs: [int(c) + 1 if int(c) % 2 == 0 else int(c) for c in idlg(obs)]; "
+          "cli.main(sys.argv[1:])")
+  out = tmp_path / "result.json"
+  proc = subprocess.run([sys.executable, "-c", code, "gradjax", "label-accuracy", "--dataset=skimage",
+                         "--image_size=16", "--start=1", "--count=7", f"--output={out}"],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  y = data.load("skimage", indices=range(1, 8), image_size=(16, 16)).y
+  want = [bool(c % 2) for c in y]
+  assert 0 < sum(want) < len(want)
+  result = json.loads(out.read_text())
+  assert result["correct"] == want and result["accuracy"] == pytest.approx(sum(want) / 7)
+  assert f"{100 * sum(want) / 7:.1f} % ({sum(want)}/7)" in proc.stdout
 
 
 @pytest.mark.slow

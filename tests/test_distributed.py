@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from gradjax.cli import distributed
+from conftest import assert_one_line_error
 
 pytestmark = pytest.mark.slow
 # The test run's persistent compilation cache (conftest): each process loads what another compiled
@@ -252,7 +253,7 @@ def test_a_killed_process_stops_the_other_and_resume_finishes(tmp_path):
                           f"--compilation_cache={CACHE}"],
                          capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                          timeout=300)
-  assert alone.returncode == 2 and "'2 devices of 2 processes' there, '1 devices of 1 processes' here" in alone.stderr, alone.stderr[-2000:]
+  assert_one_line_error(alone, "'2 devices of 2 processes' there, '1 devices of 1 processes' here")
   with _processes([*args, "--resume"]) as procs:
     (rc0, out0, err0), (rc1, _, err1) = _finish(procs)
   assert rc0 == 0 and rc1 == 0, err0[-2000:] + err1[-2000:]

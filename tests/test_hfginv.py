@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from gradjax import attacks, clients, distances, models, objectives, optimizers, presets, priors, solvers
+from conftest import assert_one_line_error
 
 # Models a test builds for itself take conv="xla" (one rebuilt to match the pipeline's keeps the
 # default): what these tests check does not depend on the convolution, and XLA's compiles fastest
@@ -325,7 +326,7 @@ def test_train_and_batch_table_programs(tmp_path):
   assert meta["train_mode"] and meta["test_dataset"] == "cifar10"
   first = variables["batch_stats"]["BatchNorm_0"]["mean"]
   assert np.any(np.asarray(first) != 0)  # running statistics were trained
-  assert bad.returncode == 2 and "--config.client.train_mode=True is for --client=fedsgd" in bad.stderr
+  assert_one_line_error(bad, "--config.client.train_mode=True is for --client=fedsgd")
   proc = run("batch_table.py", f"--checkpoint={ckpt}", "--count=2", "--batch_size=4",
              "--config.sampling.classes_per_batch=2", "--start=20", "--config.sampling.pool=100", "--config.attack.aux=8", "--iterations=3",
              "--variants=tv,hfginv", f"--output_dir={table_dir}")
@@ -343,13 +344,22 @@ def test_train_and_batch_table_programs(tmp_path):
                                    for r, idx in zip(rows, result["batches"]))
     assert [r["truth"] for r in rows] == [sorted(images.y[idx].tolist()) for idx in result["batches"]]
     assert f"| {summary['method']}" in proc.stdout
+  from gradjax import lpips
   for summary in result["ablation"]:
-    psnr, ssim = [], []
+    psnr, ssim, lpips_per_batch = [], [], []
     for b, idx in enumerate(result["batches"]):
       rec = np.load(table_dir / "items" / f"{summary['key']}_{b}.npz")["reconstruction"]
       pairs = [(images.x[i].astype(np.float64), r.astype(np.float64)) for i, r in zip(idx, rec)]
       psnr += [skimage.metrics.peak_signal_noise_ratio(g, r, data_range=1) for g, r in pairs]
       ssim += [skimage.metrics.structural_similarity(g, r, data_range=1, channel_axis=-1) for g, r in pairs]
+      if lpips.available("alex"):  # AlexNet's LPIPS in NumPy on the batch's images
+        from test_lpips import np_lpips
+        lpips_per_batch.append(np_lpips(lpips.load("alex"), rec, images.x[idx]).mean())
+    if lpips.available("alex"):
+      assert summary["lpips_mean"] == pytest.approx(np.mean(lpips_per_batch), rel=2e-4, abs=1e-5)
+      assert f"| {summary['lpips_mean']:.3f} |" in proc.stdout
+    else:
+      assert "lpips_mean" not in summary
     per_batch = np.asarray(psnr).reshape(2, 4).mean(1)  # a row per batch: its images' mean
     assert summary["psnr_mean"] == pytest.approx(per_batch.mean(), rel=1e-5)
     assert summary["psnr_std"] == pytest.approx(per_batch.std(), rel=1e-4, abs=1e-6)
@@ -384,7 +394,7 @@ def test_train_and_batch_table_programs(tmp_path):
                                      "was computed with other settings", "--bn weighs the BN prior",
                                      "--variants: choose from",
                                      "--config.sampling.pool 100000 and --config.attack.aux"), strict=True):
-    assert refused.returncode == 2 and message in refused.stderr, (message, refused.stderr[-1000:])
+    assert_one_line_error(refused, message)
   assert not any((tmp_path / f"bad{k}").exists() for k in (3, 5, 6, 7))  # a refused table leaves no folder
   assert json.loads((table_dir / "results.json").read_text()) == part  # nor rewrites the earlier one
 

@@ -16,6 +16,7 @@ import pytest
 
 from gradjax import clients, interop, models
 from gradjax.observation import Observation
+from conftest import assert_one_line_error
 
 ZOO = ["lenet_zhu", "lenet5", "convnet-2", "mlp-8", "resnet8", "resnet20-2"]
 
@@ -659,7 +660,7 @@ def test_a_capture_replaced_since_its_state_was_saved_is_another_run(lenet_files
   assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
   _rewrite(g, g, lambda t, m: ({k: v * 2 for k, v in t.items()}, m))
   refused = _cli(*args, "--resume")
-  assert refused.returncode == 2 and "belongs to another run (input_sha256" in refused.stderr, refused.stderr[-2000:]
+  assert_one_line_error(refused, "belongs to another run (input_sha256")
   g.write_bytes(original)
   resumed = _cli(*args, "--resume")
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]

@@ -186,7 +186,7 @@ def test_each_layers_residual_is_the_misfit_of_its_equations_at_the_recovered_in
   error = noisy["head"]["bias"]
   delta_out = (params["head"]["kernel"] @ error).reshape(found.activations[-1].shape)
   inputs = [found.x, *found.activations[:-1]]
-  residuals = []
+  residuals, ranks = [], {}
   for k in range(len(chain) - 1, -1, -1):
     layer, a, out = chain[k], np.asarray(inputs[k], np.float64), np.asarray(found.activations[k], np.float64)
     kernel = params[layer.name]["kernel"]
@@ -207,6 +207,25 @@ def test_each_layers_residual_is_the_misfit_of_its_equations_at_the_recovered_in
     target = (out - params[layer.name]["bias"])[active]
     unit_misfit = np.linalg.norm(z[active] - target) / np.linalg.norm(target)
     residuals.append((layer.name, np.sqrt((weight_misfit ** 2 + unit_misfit ** 2) / 2)))
+    # The rank of the same equations as a matrix in the input's entries (one basis image each: the
+    # kernel gradient and the active pre-activations are linear in it), each block scaled by its
+    # target's norm as R-GAP scales it, by NumPy's SVD rule; the spectrum has a clear gap there.
+    basis = np.eye(a.size).reshape(a.size, *a.shape[1:])
+    bp = np.pad(basis, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    columns_w = np.zeros((a.size, *kernel.shape))
+    for i in range(kh):
+      for j in range(kw):
+        columns_w[:, i, j] = np.einsum("bhwc,hwo->bco", bp[:, i:i + sh * (ho - 1) + 1:sh,
+                                                          j:j + sw * (wo - 1) + 1:sw], delta[0])
+    zb = np.transpose(np_conv_nchw(np.transpose(bp, (0, 3, 1, 2)), np.transpose(kernel, (3, 2, 0, 1)),
+                                   np.zeros(kernel.shape[-1]), sh, 0), (0, 2, 3, 1))
+    matrix = np.vstack([columns_w.reshape(a.size, -1).T / np.linalg.norm(observed),
+                        zb[:, active[0]].T / np.linalg.norm(target)])
+    singular = np.linalg.svd(matrix, compute_uv=False)
+    rank = int(np.sum(singular > singular[0] * max(matrix.shape) * np.finfo(np.float64).eps))
+    ranks[layer.name] = rank
+    if rank < singular.size:
+      assert singular[rank - 1] > 1e3 * singular[rank], (layer.name, singular[rank - 1:rank + 1])
     with jax.enable_x64(True):
       conv = lambda v, layer=layer, kernel=kernel: jax.lax.conv_general_dilated(
           v, kernel, layer.strides, layer.padding, dimension_numbers=dn)
@@ -214,3 +233,4 @@ def test_each_layers_residual_is_the_misfit_of_its_equations_at_the_recovered_in
   got = {report["name"]: report["residual"] for report in found.layers}
   for name, want in residuals:
     assert want > 1e-4 and got[name] == pytest.approx(want, rel=1e-3), (name, got[name], want)
+  assert {report["name"]: report["rank"] for report in found.layers} == ranks

@@ -924,7 +924,7 @@ def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None 
   if truth is not None:
     np.savez(os.path.join(folder, TRUTH), x=np.asarray(truth.x, np.float32),
              y=np.asarray(truth.y, np.int64), num_classes=np.int64(truth.num_classes))
-  code = ("import json, sys; from gradjax import audit, compilation; "
+  code = ("import json, sys; from gradjax import compilation; from gradjax.integrations import audit; "
           "compilation.use_persistent_cache(sys.argv[3]); "
           "print(json.dumps(audit._attack_folder(sys.argv[1], audit.Settings(**json.loads(sys.argv[2])), "
           "json.loads(sys.argv[4]))))")
@@ -965,7 +965,7 @@ def attack_in_background(audit_dir, round_: int, settings: Settings) -> "subproc
   import subprocess
   import sys
   round_dir = os.path.join(os.fspath(audit_dir), f"round_{round_:03d}")
-  code = ("import json, sys; from gradjax import audit; "
+  code = ("import json, sys; from gradjax.integrations import audit; "
           "audit.audit(sys.argv[1], audit.Settings(**json.loads(sys.argv[3])), "
           "rounds=[int(sys.argv[2])], index_dir=sys.argv[4])")
   log = open(os.path.join(round_dir, "audit.log"), "ab")

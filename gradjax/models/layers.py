@@ -409,9 +409,8 @@ def resolve_conv(conv: str, batched: bool = False) -> str:
   and kept.
 
   Vmapped, the runs' weight-gradient convolutions of the matching step become grouped convolutions,
-  slow on a GPU, where im2col makes them batched matrix products: 64 DLG restarts on ``lenet_zhu`` on
-  one H200 took 21.8 s with im2col against 65.4 s with XLA's convolutions, one restart 13.8 s against
-  12.0 s (whole attacks of 2000 iterations; ``experiments/studies/accelerator_h100``).
+  slow on a GPU, where im2col makes them batched matrix products (64 DLG restarts on ``lenet_zhu``
+  against one, each way: ``experiments/studies/accelerator_h100``, ``gpu_dlg64.md``).
   """
   if conv not in CONVS:
     raise ValueError(f"unknown convolution implementation {conv!r}; choose one of {', '.join(CONVS)}")
