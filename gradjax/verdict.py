@@ -401,7 +401,11 @@ def text_findings(results: dict) -> dict:
 
   Without chance levels in ``results`` the bar is 0.5 for both. Where the guess already gets all of
   it (chance 1: e.g. a vocabulary that makes every word ``<unk>``), a reconstruction shows nothing
-  the corpus does not, and counts for no leak."""
+  the corpus does not, and counts for no leak.
+
+  Besides ``leak`` and ``reason``, the numbers the finding rests on: ``sentences`` has ``recovered``
+  (the sentences counted), ``token_accuracy_bar`` (N,) and, with ROUGE-L, ``rougeL_bar`` (N,);
+  ``bag`` has ``measure`` (``bag_recall`` or ``word_recall``), ``recall``, ``chance`` and ``bar``."""
   acc = results.get("token_accuracy_per_sentence") or []
   acc_chance = results.get("token_accuracy_chance_per_sentence") or [0.0] * len(acc)
   known = results.get("known_share_per_sentence") or [1.0] * len(acc)
@@ -424,16 +428,20 @@ def text_findings(results: dict) -> dict:
     why = (f"{len(good)} of {len(acc)} sentences recovered (sentence {good[0]}: ROUGE-L "
            f"{lcs[good[0]]:.2f} >= {halfway(lcs_chance[good[0]]):.2f}, halfway from a guess's, "
            f"{lcs_chance[good[0]]:.2f}, to 1; its tokens in place {acc[good[0]]:.2f})")
-  out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": why}}
+  out = {"sentences": {"leak": bool(good), "count": len(good), "of": len(acc), "reason": why,
+                       "recovered": good, "token_accuracy_bar": bars,
+                       "rougeL_bar": None if lcs is None else [halfway(c) for c in lcs_chance]}}
   ceiling = results.get("known_share", 1.0)
-  out["bag"] = _recall_finding(results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0),
-                              "bag-of-words recall", "the corpus's bag guess", ceiling)
+  out["bag"] = {"measure": "bag_recall", **_recall_finding(
+      results.get("bag_recall", 0.0), results.get("bag_recall_chance", 0.0), "bag-of-words recall",
+      "the corpus's bag guess", ceiling)}
   if "word_recall" in results:  # words found without their places: against a guess of as many
     k = results.get("word_guess_size", len(results.get("words") or []))
     guess = (f"{k} words drawn at random" if results.get("word_guess") == "uniform"
              else f"the corpus's {k} most frequent words")
-    words = _recall_finding(results["word_recall"], results.get("word_recall_chance", 0.0),
-                           "word recall of the words found", guess, ceiling)
+    words = {"measure": "word_recall", **_recall_finding(
+        results["word_recall"], results.get("word_recall_chance", 0.0),
+        "word recall of the words found", guess, ceiling)}
     if words["leak"] or not out["bag"]["leak"]:  # the bag's own recall counts where it passes
       out["bag"] = words
   return out
@@ -446,7 +454,7 @@ def _recall_finding(recall: float, chance: float, measure: str, guess: str,
   every one of them."""
   bar = halfway(chance, ceiling)
   found = recall >= bar and chance < ceiling
-  return {"leak": found, "recall": recall, "chance": chance, "reason": (
+  return {"leak": found, "recall": recall, "chance": chance, "bar": bar, "reason": (
       f"the sentences' words ({measure} {recall:.2f} >= {bar:.2f}, halfway from {guess}, "
       f"{chance:.2f}, to {_upto(ceiling)})" if found else
       "the model's vocabulary holds none of the sentences' words" if ceiling <= 0 else

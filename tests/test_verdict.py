@@ -289,8 +289,10 @@ def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
   found = verdict.text_findings(results)
   # sentence 0: 0.6 < (1 + 0.3) / 2 = 0.65; sentence 1: 0.9 >= 0.5; the bag: 0.6 < 0.675
   assert (found["sentences"]["leak"], found["sentences"]["count"]) == (True, 1)
-  assert "sentence 1: 0.90 >= 0.50" in found["sentences"]["reason"]
-  assert not found["bag"]["leak"] and "0.60 < 0.68" in found["bag"]["reason"]
+  assert found["sentences"]["recovered"] == [1] and found["sentences"]["rougeL_bar"] is None
+  assert found["sentences"]["token_accuracy_bar"] == [pytest.approx(0.65), pytest.approx(0.5)]
+  assert not found["bag"]["leak"] and found["bag"]["bar"] == pytest.approx(0.675)
+  assert (found["bag"]["measure"], found["bag"]["recall"], found["bag"]["chance"]) == ("bag_recall", 0.6, 0.35)
   assert verdict.text_findings({**results, "bag_recall": 0.7})["bag"]["leak"]
   plain = verdict.text_findings({"token_accuracy_per_sentence": [0.5], "bag_recall": 0.5})
   assert plain["sentences"]["leak"] and plain["bag"]["leak"]  # no chance known: the bar is 0.5
@@ -304,15 +306,14 @@ def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
   # that holds the whole vocabulary recalls everything, and so does the guess of that size.
   words = {"token_accuracy_per_sentence": [0.0], "bag_recall": 0.0, "bag_recall_chance": 0.3,
            "words": ["a", "b", "c"], "word_recall": 0.9, "word_recall_chance": 0.6}
-  assert verdict.text_findings(words)["bag"]["leak"]  # 0.9 >= 0.8
-  assert "word recall of the words found 0.90 >= 0.80" in verdict.text_findings(words)["bag"]["reason"]
+  found = verdict.text_findings(words)["bag"]  # 0.9 >= (1 + 0.6) / 2
+  assert found["leak"] and found["measure"] == "word_recall" and found["bar"] == pytest.approx(0.8)
   assert not verdict.text_findings({**words, "word_recall": 0.75})["bag"]["leak"]
   assert not verdict.text_findings({**words, "word_recall": 1.0, "word_recall_chance": 1.0})["bag"]["leak"]
   # The token search's own bag recall counts too, where the spans' words alone do not pass.
   searched = verdict.text_findings({**words, "word_recall": 0.75, "bag_recall": 0.9})["bag"]
-  assert searched["leak"] and "bag-of-words recall 0.90 >= 0.65" in searched["reason"]
-  uniform = verdict.text_findings({**words, "word_guess": "uniform", "word_guess_size": 3})["bag"]
-  assert "halfway from 3 words drawn at random, 0.60, to 1" in uniform["reason"]
+  assert searched["leak"] and searched["measure"] == "bag_recall"
+  assert (searched["recall"], searched["bar"]) == (0.9, pytest.approx(0.65))
 
 
 def test_a_sentence_with_a_token_inserted_counts_by_its_rouge_l():
@@ -327,7 +328,8 @@ def test_a_sentence_with_a_token_inserted_counts_by_its_rouge_l():
   assert scores["rougeL_per_sentence"] == [pytest.approx(0.9)]
   results = {**scores, "token_accuracy_chance_per_sentence": [0.2], "rougeL_chance_per_sentence": [0.2]}
   found = verdict.text_findings(results)["sentences"]
-  assert found["leak"] and found["count"] == 1 and "ROUGE-L 0.90 >= 0.60" in found["reason"]
+  assert found["leak"] and found["count"] == 1 and found["recovered"] == [0]
+  assert found["rougeL_bar"] == [pytest.approx(0.6)] and found["token_accuracy_bar"] == [pytest.approx(0.6)]
   assert not verdict.text_findings({**results, "rougeL_chance_per_sentence": [0.9]})["sentences"]["leak"]
   assert not verdict.text_findings({k: v for k, v in results.items()
                                     if k != "rougeL_per_sentence"})["sentences"]["leak"]

@@ -18,7 +18,7 @@ import numpy as np
 from absl import app, flags
 
 from gradjax.cli import common, distributed
-from gradjax import clients, data, labels, models
+from gradjax import clients, data, labels
 from gradjax.run import pipeline, report
 
 # Images, one at a time, of fresh models (no checkpoint or captured files), each client's FedSGD gradient.
@@ -51,14 +51,7 @@ def main(argv):
     for k in range(distributed.process_index(), f.count, distributed.process_count()):
       index = f.start + k
       key_model = pipeline.experiment_keys(cfg.seed, index).model
-      model = models.create(
-          cfg.model.name,
-          key_model,
-          input_shape=batch.x.shape[1:],
-          num_classes=num_classes,
-          init=cfg.model.init,
-          act=cfg.model.act,
-          conv=cfg.model.conv)
+      model = cfg.model.build(key_model, batch.x.shape[1:], num_classes)
       obs = clients.fedsgd(model.apply_fn, model.variables, x[k:k + 1], batch.y[k:k + 1],
                            train=cfg.client.train_mode)
       correct[k] = int(labels.idlg(obs)[0]) == int(batch.y[k])

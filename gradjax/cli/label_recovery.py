@@ -134,13 +134,7 @@ def main(argv):
     for b in range(distributed.process_index(), f.count, distributed.process_count()):
       idx = batches[b]
       key_model, key_dummy = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), b))
-      model = models.create(
-          cfg.model.name,
-          key_model,
-          input_shape=pool_x.shape[1:],
-          num_classes=num_classes,
-          init=cfg.model.init,
-          act=cfg.model.act)
+      model = cfg.model.build(key_model, pool_x.shape[1:], num_classes)
       x = data.normalize(pool_x[idx], norm)
       y = pool_y[idx]
       obs = clients.fedsgd(model.apply_fn, model.variables, x, y)

@@ -254,15 +254,8 @@ def _simulated(cfg: Config, batch: data.Dataset, norm, key_model, conv: str):
           f"inputs and {model.num_classes} classes; the data is {tuple(input_shape)} "
           f"with {batch.num_classes} classes")
   else:
-    model = models.create(
-        cfg.model.name,
-        key_model,
-        input_shape=input_shape,
-        num_classes=num_classes,
-        init=cfg.model.init,
-        act=cfg.model.act,
-        remat=bool(cfg.execution.remat),
-        conv=conv)
+    model = cfg.model.build(key_model, input_shape, num_classes, conv=conv,
+                            remat=bool(cfg.execution.remat))
   return model
 
 
@@ -1493,13 +1486,7 @@ def text_model(cfg: Config, vocabulary: corpus.Vocabulary, key_model) -> models.
   if cfg.model.num_classes is not None and cfg.model.num_classes != len(vocabulary):
     raise ValueError(f"a language model's classes are its vocabulary ({len(vocabulary)}); drop "
                      "--config.model.num_classes or set --config.data.vocab_size")
-  return models.create(
-      cfg.model.name,
-      key_model,
-      input_shape=(cfg.data.sequence_length,),
-      num_classes=len(vocabulary),
-      init=cfg.model.init,
-      text_sizes=cfg.model.text_sizes())
+  return cfg.model.build(key_model, (cfg.data.sequence_length,), len(vocabulary))
 
 
 def _run_spans(cfg: Config, attack, batch: Sentences, model: models.Model, observation,
