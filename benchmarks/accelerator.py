@@ -8,7 +8,9 @@ runs again in the next call (``ig``, ``precision`` and ``flags`` from the rows t
 :data:`RESUMABLE`):
 
 * ``steps``: one plain step and one matching step per model and batch size (median ms, compile s,
-  compiled and peak memory), as the suite's steps section.
+  compiled and peak memory), as the suite's steps section; with torch (``--torch``, not ``off``)
+  PyTorch eager's matching step on the same card beside it (its defaults: TF32 convolutions on
+  cards that have them) and ``torch_over_jax``, its time over gradjax's.
 * ``restarts``: 100 DLG iterations on ``lenet_zhu`` for R = 1, 4, 16, 64, 256 under each strategy
   (vmap, map with 8 at a time, sequential), compilation excluded, and the ratio to R = 1.
 * ``im2col``: the same, vmapped, for R = 1, 64, 256 with the convolutions as im2col's matrix
@@ -83,6 +85,7 @@ folder packed into one archive that a later call resumes from.
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -203,6 +206,11 @@ def _steps(s: dict, seed: int) -> list[dict]:
                        match_ms=j["match"]["median_ms"], compile_match_s=j["compile_s"]["match"],
                        match_over_plain=j["match"]["median_ms"] / j["plain"]["median_ms"],
                        **bs.step_memory(name, batch, seed)))
+      if s["torch"] is not None:  # PyTorch eager's matching step on the same card, the baseline
+        device = "cuda" if s["torch"].cuda.is_available() else "cpu"
+        t = bs.benchmark_torch(name, x, y, seed=seed, device=device, **s["timing"])
+        rows[-1].update(torch_device=device, torch_match_ms=t["match"]["median_ms"],
+                        torch_over_jax=t["match"]["median_ms"] / j["match"]["median_ms"])
       print(f"steps {rows[-1]}", flush=True)
   return rows
 
@@ -250,6 +258,9 @@ def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
       row = dict(job=job, runner="gradjax", cache="empty" if run == 0 else "warm", **timed)
       print(f"ttfr {row}", flush=True)
       yield row
+  # gradjax's whole processes of the same job (Inverting Gradients), cold and warm, against each
+  # PyTorch eager process: the ratios the comparison rests on, in the same part.
+  cold, *warm = [r["process_s"] for r in done]
   script = os.path.join(os.path.dirname(__file__), "torch_first_result.py")
   for run in range(1 + t["warm_runs"]):
     start = time.perf_counter()
@@ -261,9 +272,11 @@ def part_ttfr(s: dict, seed: int, env: dict) -> Iterator[dict]:
       raise RuntimeError(f"torch_first_result.py exited with status {proc.returncode}: "
                          f"{bs.last_line(proc.stderr)}")
     torch_run = json.loads(proc.stdout.strip().splitlines()[-1])
+    process_s = seconds - torch_run["twin_import_s"]
     row = dict(job=jobs[1][0], runner=f"PyTorch eager ({torch_run['device']})",
-               cache="–", process_s=seconds - torch_run["twin_import_s"],
-               attack_s=torch_run["attack_s"], psnr=None)
+               cache="–", process_s=process_s, attack_s=torch_run["attack_s"], psnr=None,
+               gradjax_cold_over_torch=cold / process_s,
+               gradjax_warm_over_torch=statistics.median(warm) / process_s if warm else None)
     print(f"ttfr {row}", flush=True)
     yield row
 
@@ -488,7 +501,8 @@ def _write_part(path: str, result: dict) -> None:
 
 
 def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, seed: int,
-        overwrite: bool, header: dict, ig_init: str | None = None, env: dict | None = None) -> str:
+        overwrite: bool, header: dict, ig_init: str | None = None, env: dict | None = None,
+        torch=None) -> str:
   """Runs ``parts`` into ``out``, those of ``PROCESS_PARTS`` first (skipping those already written
   whole unless ``overwrite``); returns the assembled Markdown. A part stopped by an interrupt (SIGINT:
   ``timeout -s INT``) writes the rows it measured, marked ``complete: false``, unless an earlier call
@@ -497,8 +511,9 @@ def run(parts, out: str, *, quick: bool, dataset: str, data_dir: str | None, see
   dataset, from the rows it has (without ``overwrite``; also a part written whole, for the rows
   it lacks, e.g. a variant added since). ``ig_init``: the ``ig`` part's model draw (None: the zoo's
   default); ``env``: the environment of the processes the parts start (:func:`leave_card`; None:
-  this one's)."""
-  s = dict(sizes(quick, dataset), ig_init=ig_init)
+  this one's); ``torch``: the torch module where PyTorch eager is the ``steps`` part's baseline
+  (None: no baseline)."""
+  s = dict(sizes(quick, dataset), ig_init=ig_init, torch=torch)
   env = dict(os.environ) if env is None else env
   run_part = dict(steps=lambda: part_steps(s, seed), restarts=lambda: part_restarts(s, seed),
                   im2col=lambda: part_im2col(s, seed),

@@ -54,6 +54,7 @@ import os
 import platform
 import re
 import shlex
+import subprocess
 import sys
 import time
 from typing import Callable, Iterator, NamedTuple
@@ -694,38 +695,46 @@ def reconstruct_processes(args: list[str], runs: int, environ: dict | None = Non
   return rows
 
 
-def torch_steps(name: str, x: np.ndarray, y: np.ndarray, *, seed: int):
-  """The PyTorch port of ``name`` in eager mode: ``(plain_step, match_step, number of parameters)``,
-  each step a no-argument callable."""
+def torch_steps(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, device: str = "cpu"):
+  """The PyTorch port of ``name`` in eager mode on ``device`` (``"cpu"`` or ``"cuda"``):
+  ``(plain_step, match_step, number of parameters)``, each step a no-argument callable that returns
+  once the device has finished it."""
   import torch  # pylint: disable=g-import-not-at-top
   import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
 
   torch.manual_seed(seed)
-  model = torch_ports.build_torch_model(name, x.shape[1:], NUM_CLASSES).eval()
+  model = torch_ports.build_torch_model(name, x.shape[1:], NUM_CLASSES).to(device).eval()
   params = list(model.parameters())
-  x = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))  # NHWC -> NCHW
-  y = torch.from_numpy(np.asarray(y, np.int64))
+  x = torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2))).to(device)  # NHWC -> NCHW
+  y = torch.from_numpy(np.asarray(y, np.int64)).to(device)
+  done = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
   def plain_step():
     loss = F.cross_entropy(model(x), y)
-    return loss, torch.autograd.grad(loss, params)
+    grads = torch.autograd.grad(loss, params)
+    done()
+    return loss, grads
 
   observed = [g.detach() for g in plain_step()[1]]
-  dummy_x = torch.randn(x.shape, requires_grad=True)
-  dummy_label = torch.randn(x.shape[0], NUM_CLASSES, requires_grad=True)
+  dummy_x = torch.randn(x.shape, device=device, requires_grad=True)
+  dummy_label = torch.randn(x.shape[0], NUM_CLASSES, device=device, requires_grad=True)
 
   def match_step():
     dummy_x.grad = dummy_label.grad = None  # optimizer.zero_grad()
-    return torch_ports.torch_dlg_objective(model, params, observed, dummy_x, dummy_label)
+    value = torch_ports.torch_dlg_objective(model, params, observed, dummy_x, dummy_label)
+    done()
+    return value
 
   if not torch.isfinite(match_step()):
     raise RuntimeError(f"{name}: the PyTorch matching objective is not finite")
   return plain_step, match_step, sum(p.numel() for p in params)
 
 
-def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, **timing_kwargs) -> dict:
-  """Times the plain and the gradient-matching step of the PyTorch port of ``name`` in eager mode."""
-  plain_step, match_step, num_params = torch_steps(name, x, y, seed=seed)
+def benchmark_torch(name: str, x: np.ndarray, y: np.ndarray, *, seed: int, device: str = "cpu",
+                    **timing_kwargs) -> dict:
+  """Times the plain and the gradient-matching step of the PyTorch port of ``name`` in eager mode
+  on ``device``."""
+  plain_step, match_step, num_params = torch_steps(name, x, y, seed=seed, device=device)
   return dict(
       framework="torch",
       num_params=num_params,
@@ -747,6 +756,20 @@ def command_line() -> str:
   return shlex.join([sys.executable, *head, *sys.argv[1:]])
 
 
+def git_commit() -> str | None:
+  """The commit of the checkout gradjax runs from (with ``+`` where its tracked files differ), or
+  None outside a git checkout: which code a stored measurement ran."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          timeout=10, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return head + ("+" if dirty else "")
+
+
 def environment(torch) -> dict:
   device = jax.devices()[0]
   env = dict(
@@ -754,6 +777,7 @@ def environment(torch) -> dict:
       cpu_count=os.cpu_count(),
       cpu_affinity=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
       jax=jax.__version__, jaxlib=jaxlib.__version__, flax=flax.__version__, gradjax=gradjax.__version__,
+      commit=git_commit(),
       # Their imports are part of every process's start (pyproject.toml, ml_dtypes).
       numpy=np.__version__, ml_dtypes=ml_dtypes.__version__,
       platform=device.platform, device_kind=device.device_kind, num_devices=jax.device_count(),

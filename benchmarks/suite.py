@@ -10,7 +10,7 @@ Writes ``benchmark.json`` and ``benchmark.md`` to ``--output_dir``. Sections (``
   (``conv="auto"``: mixed on CPU, XLA's on accelerators); the matching step is also timed with the
   other implementation, and the ratio given. With PyTorch installed the same step in PyTorch eager
   (ported in ``python -m benchmarks step``) and the ratio torch / JAX.
-* ``ops``: the same matching step op by op (``gradjax op-profile``): XLA:CPU's thunks under
+* ``ops``: the same matching step op by op (:mod:`benchmarks.op_profile`): XLA:CPU's thunks under
   ``jax.profiler`` and PyTorch's ATen ops under ``torch.profiler``, each filed as matmul, reduction,
   data movement or elementwise, with the matrix products' FLOP rate.
 * ``convs``: one layer's share of a matching step per layer shape (``--conv_shapes``) with each CPU
@@ -544,7 +544,7 @@ def _f(v, fmt="{:.2f}"):
 
 def markdown(result: dict) -> str:
   env = result["environment"]
-  lines = [f"# gradjax benchmark on {env['platform']} ({env['device_kind']}, {env['cpu_model']})", "",
+  lines = [f"# gradjax benchmarks on {env['platform']} ({env['device_kind']}, {env['cpu_model']})", "",
            f"`{result['command']}`", "",
            f"jax {env['jax']}, numpy {env['numpy']}, ml_dtypes {env['ml_dtypes']}, torch {env['torch']} "
            f"({env['torch_threads']} threads).", ""]
@@ -567,7 +567,7 @@ def markdown(result: dict) -> str:
   if "ops" in result:
     lines += ["## The matching step op by op (ms per step; share of the profiled ops)", "",
               "XLA:CPU's thunks (jax.profiler) and PyTorch's ATen ops (torch.profiler, self time), "
-              "filed by `gradjax op-profile`: matmul (dots, convolutions), reduction, data "
+              "filed by `benchmarks.op_profile`: matmul (dots, convolutions), reduction, data "
               "movement (pad, slice, concatenate, copy, transpose: im2col's patches and their "
               "transpose), elementwise. matmul GFLOP/s: the dots' and convolutions' FLOPs from the "
               "HLO shapes over their time.", "", op_profile.markdown(result["ops"]), "", "Slowest ops:", ""]
@@ -611,16 +611,22 @@ def markdown(result: dict) -> str:
     lines.append("")
   if "ttq" in result:
     lines += [f"## Time to PSNR ≥ {result['config']['ttq_psnr']:g} dB, DLG on lenet_zhu (s)", "",
-              "| image | JAX (iterations) | PyTorch reference LBFGS (steps) | PyTorch strong-Wolfe LBFGS (steps) |",
-              "|---|---|---|---|"]
+              "| image | JAX (iterations) | PyTorch reference LBFGS (steps) | PyTorch strong-Wolfe LBFGS (steps) "
+              "| reference/JAX | strong-Wolfe/JAX |", "|---|---|---|---|---|---|"]
     for r in result["ttq"]["dlg"]:
       def cell(d, count):
         if d is None:
           return "-"
         return (f"{d['seconds']:.2f} ({d[count]})" if d["reached"]
                 else f"not reached in {d['seconds']:.0f} s ({_f(d['psnr'])} dB)")
+
+      def ratio(d, jax_run=r["jax"]):  # where both reached the target
+        if d is None or not (d["reached"] and jax_run["reached"]):
+          return "-"
+        return f"{d['seconds'] / jax_run['seconds']:.1f}×"
       lines.append(f"| {r['image']} | {cell(r['jax'], 'iterations')} | "
-                   f"{cell(r.get('torch_reference'), 'steps')} | {cell(r.get('torch_strong_wolfe'), 'steps')} |")
+                   f"{cell(r.get('torch_reference'), 'steps')} | {cell(r.get('torch_strong_wolfe'), 'steps')} | "
+                   f"{ratio(r.get('torch_reference'))} | {ratio(r.get('torch_strong_wolfe'))} |")
     ig = result["ttq"]["ig"]
     lines += ["", f"Inverting Gradients, {ig['iterations']} iterations on {ig['model']}: JAX "
               f"{ig['jax_s']:.2f} s, PyTorch eager {_f(ig['torch_s'])} s "
@@ -672,11 +678,14 @@ def markdown(result: dict) -> str:
     lines += ["## Start-up: the README's main job as a whole process (s)", "",
               f"`{st['command']}` on {st['cores']} core(s), timed from outside; the attack's own "
               f"`wall_time_s` beside. PSNR {st['psnr']:.2f} dB.", "",
-              "| compilation cache | runs | whole process (median) | each run | attack |", "|---|---|---|---|---|",
-              f"| empty | 1 | {st['process_s'][0]:.2f} | {st['process_s'][0]:.2f} | {st['attack_s'][0]:.2f} |"]
+              "| compilation cache | runs | whole process (median) | each run | attack | process / attack |",
+              "|---|---|---|---|---|---|",
+              f"| empty | 1 | {st['process_s'][0]:.2f} | {st['process_s'][0]:.2f} | {st['attack_s'][0]:.2f} | "
+              f"{st['process_s'][0] / st['attack_s'][0]:.2f} |"]
     if warm:
+      ratios = [p / a for p, a in zip(warm, warm_attack)]  # each run's own: the median of the ratios
       lines.append(f"| warm | {len(warm)} | {np.median(warm):.2f} | {', '.join(f'{v:.2f}' for v in warm)} | "
-                   f"{np.median(warm_attack):.2f} |")
+                   f"{np.median(warm_attack):.2f} | {np.median(ratios):.2f} |")
     lines.append("")
   if "anatomy" in result:
     rows = result["anatomy"]
@@ -759,11 +768,14 @@ def main(argv):
     if not flags.FLAGS.overwrite and (error := accelerator.kept_draw_conflict(_PARTS.value, out, _IG_INIT.value)):
       bs.fail(error)
     env = accelerator.leave_card(_PARTS.value, os.environ)  # before jax starts the accelerator
-    header = dict(command=bs.command_line(), environment=bs.environment(None))
+    torch = None if bs._TORCH.value == "off" else torch_ports.import_torch()
+    if torch is None and bs._TORCH.value == "on":
+      bs.fail("--torch=on but torch is not importable")
+    header = dict(command=bs.command_line(), environment=bs.environment(torch))
     print(accelerator.run(_PARTS.value, out, quick=_QUICK.value,
                           dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
                           seed=bs._SEED.value, overwrite=flags.FLAGS.overwrite, header=header,
-                          ig_init=_IG_INIT.value, env=env))
+                          ig_init=_IG_INIT.value, env=env, torch=torch))
     print(f"wrote {out}: gpu.md and gpu_<part>.json/.md")
     return
   out = common.output_folder("benchmark", own=("benchmark.*",))

@@ -78,8 +78,8 @@ def step_options(batched: bool = False) -> dict:
   With ``GRADJAX_FAST_COMPILE=1`` (or ``true``) in the environment, read at each call,
   :data:`ONCE`'s (with the copy insertion's region analysis that keeps a donated L-BFGS history in
   place): for runs of a few dozen iterations, where compiling the step at level 1 costs more than
-  its faster iterations save (a test run sets it: tests/conftest.py). The README's main job on one core: its step compiles in
-  0.85-0.88 s against 3.6-4.1 s, and its iterations take 2.6-2.8 times as long.
+  its faster iterations save (a test run sets it: tests/conftest.py): the step compiles several
+  times faster and its iterations take a few times as long.
   """
   if os.environ.get("GRADJAX_FAST_COMPILE", "").lower() in ("1", "true"):
     return {**ONCE, "xla_cpu_copy_insertion_use_region_analysis": True}

@@ -397,8 +397,8 @@ def _compiled(solver: Solver, strategy: str, map_batch_size: int | None, unroll:
     init, advance, finalize = per_device(init), per_device(advance), per_device(finalize)
   # The state is donated to each chunk: its buffers are reused for the next state in place. The
   # first and last evaluations run once: compiled fast, not optimised (gradjax.compilation).
-  # A map without a batch size is a loop of the unbatched step: STEP's options (measured, 4 DLG
-  # restarts on LeNet, one core: 3.1-3.3 s to compile against 5.6-6.0 s, 8.4 ms an iteration both).
+  # A map without a batch size is a loop of the unbatched step: STEP's options (it compiled faster
+  # so, at the same time an iteration, for 4 DLG restarts on LeNet on one core).
   batched = strategy == "vmap" or (strategy == "map" and map_batch_size is not None)
   # Named, so their programs read jit(solver_init) and so on (gradjax.compilation.Recorder, logs).
   for fn, name in ((init, "solver_init"), (advance, "solver_steps"), (finalize, "solver_finalize")):

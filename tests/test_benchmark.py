@@ -121,6 +121,9 @@ def test_the_cpu_suite_records_its_command_device_and_measurements(tmp_path):
   assert shlex.split(result["command"])[1:5] == ["-m", "benchmarks", "suite", "--torch=off"]
   assert env_record["jax"] and env_record["cpu_model"] and env_record.get("torch") is None
   assert env_record["ml_dtypes"] and env_record["numpy"]
+  if os.path.isdir(os.path.join(ROOT, ".git")):  # the code measured: git's HEAD, + where it differs
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert env_record["commit"].rstrip("+") == head.stdout.strip()
   assert all(r["jax_match_ms"] > 0 and r["jax_plain_ms"] > 0 for r in result["steps"])
   # The printed ratios are the rows' own times' (the tables print them).
   assert all(r["match_over_plain"] == pytest.approx(r["jax_match_ms"] / r["jax_plain_ms"])
@@ -356,3 +359,44 @@ def test_a_device_call_packs_each_part_under_its_environment_and_resumes_from_th
       ".", "./clients64-__xla_cpu_enable_fast_math_false",
       *(f"./clients64-__xla_cpu_enable_fast_math_false/{f}" for f in ("gpu.md", "gpu_clients64.json",
                                                                       "gpu_clients64.md"))}
+
+
+def test_the_startup_table_prints_each_runs_process_over_attack():
+  """The start-up section's table: the cold run's whole process over its attack, and the median of
+  the warm runs' own ratios (worked out here from the recorded seconds)."""
+  from benchmarks import suite
+  env = dict(platform="cpu", device_kind="cpu", cpu_model="x", jax="0", numpy="0", ml_dtypes="0",
+             torch="off", torch_threads=0)
+  startup = dict(command="gradjax reconstruct --lpips=none", process_s=[12.0, 6.0, 5.0, 9.0],
+                 attack_s=[8.0, 4.0, 4.0, 4.5], psnr=43.8, cores=1)
+  table = suite.markdown({"environment": env, "command": "c", "startup": startup})
+  cold = next(line for line in table.splitlines() if line.startswith("| empty |"))
+  warm = next(line for line in table.splitlines() if line.startswith("| warm |"))
+  assert cold.endswith(f"| {12.0 / 8.0:.2f} |")
+  assert warm.endswith(f"| {sorted([6.0 / 4.0, 5.0 / 4.0, 9.0 / 4.5])[1]:.2f} |")
+
+
+def test_the_time_to_quality_table_prints_pytorch_over_jax_where_both_reached_it():
+  from benchmarks import suite
+  env = dict(platform="cpu", device_kind="cpu", cpu_model="x", jax="0", numpy="0", ml_dtypes="0",
+             torch="2", torch_threads=1)
+  run = lambda seconds, reached, **count: dict(seconds=seconds, reached=reached, psnr=31.0, **count)
+  ttq = {"dlg": [dict(image=0, jax=run(2.0, True, iterations=90),
+                      torch_reference=run(13.0, True, steps=40), torch_strong_wolfe=run(9.0, False, steps=5)),
+                 dict(image=1, jax=run(120.0, False, iterations=9000), torch_reference=run(7.0, True, steps=9))],
+         "ig": dict(iterations=10, model="convnet", jax_s=1.0, torch_s=None, torch_over_jax=None)}
+  table = suite.markdown({"environment": env, "command": "c", "config": {"ttq_psnr": 30.0}, "ttq": ttq})
+  first, second = [line for line in table.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
+  assert first.endswith(f"| {13.0 / 2.0:.1f}× | - |") and second.endswith("| - | - |")
+
+
+@pytest.mark.isolated  # imports torch (see tests/conftest.py)
+def test_the_accelerator_steps_part_times_pytorch_eager_beside_gradjax():
+  """With torch, the steps part times PyTorch eager's matching step of the same model on the same
+  device (here the CPU) and gives its time over gradjax's."""
+  torch = pytest.importorskip("torch")
+  from benchmarks import accelerator
+  s = dict(accelerator.sizes(True, "skimage"), torch=torch, models=["lenet_zhu"], batch_sizes=[1])
+  row, = accelerator._steps(s, 0)
+  assert row["torch_device"] == "cpu" and row["torch_match_ms"] > 0
+  assert row["torch_over_jax"] == pytest.approx(row["torch_match_ms"] / row["match_ms"])

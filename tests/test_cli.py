@@ -917,24 +917,24 @@ cli.main(json.loads(sys.argv[1]))
 @pytest.mark.slow
 def test_label_recovery_times_are_the_measured_durations(tmp_path):
   """The table's ms / batch is the median over batches of each method's measured time: with LLG
-  slowed by 0.6, 0.1 and 0.2 s on batches 0, 1 and 2, its median is 200 ms and some (not the mean,
-  300 ms, nor the least, 100 ms, nor seconds); every cell is the JSON's median; the wall time
+  slowed by 3.0, 0.1 and 1.0 s on batches 0, 1 and 2, its median is 1000 ms and some (not the mean,
+  1367 ms, nor the least, 100 ms, nor seconds); every cell is the JSON's median; the wall time
   printed and written holds the sleeps and lies within the process's life."""
   out = tmp_path / "labels.json"
   start = time.perf_counter()
   proc = subprocess.run([sys.executable, "-c", _SLOWED_LLG, json.dumps(
-      ["gradjax", "label-recovery", "--count=3", "--aux_size=2", f"--output={out}"]), "[0.6, 0.1, 0.2]"],
+      ["gradjax", "label-recovery", "--count=3", "--aux_size=2", f"--output={out}"]), "[3.0, 0.1, 1.0]"],
       capture_output=True, text=True, cwd=tmp_path, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   elapsed = time.perf_counter() - start
   assert proc.returncode == 0, proc.stderr[-2000:]
   result = json.loads(out.read_text())
   medians = {name: method["median_time_ms"] for name, method in result["methods"].items()}
-  assert 200.0 <= medians["llg"] < 280.0, medians
+  assert 1000.0 <= medians["llg"] < 1300.0, medians
   assert all(0.0 < ms < 1e3 * result["wall_time_s"] for ms in medians.values()), medians
   rows = {line.split(" | ")[0][2:]: line for line in proc.stdout.splitlines() if line.startswith("| ")}
   for name, ms in medians.items():
     assert rows[name].endswith(f"| {ms:.1f} |"), (name, rows[name])
-  assert 0.9 <= result["wall_time_s"] <= elapsed
+  assert 4.1 <= result["wall_time_s"] <= elapsed
   assert f"Wall time {result['wall_time_s']:.1f} s" in proc.stdout
 
 

@@ -1,4 +1,4 @@
-"""gradjax op-profile: the HLO parser counts a product's FLOPs in closed form, files ops in the
+"""benchmarks.op_profile: the HLO parser counts a product's FLOPs in closed form, files ops in the
 right category, and the profile's figures are the sums and quotients of its per-op times."""
 
 import jax
