@@ -7,6 +7,7 @@ import os
 import pickle
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -623,6 +624,55 @@ def _interrupted(args, wait_for: str):
     if proc.poll() is None:
       proc.kill()
   return proc.returncode, "".join(seen)
+
+
+@pytest.mark.slow
+def test_an_interrupted_overwrite_keeps_the_run_it_replaces_until_it_finishes(tmp_path, uninterrupted):
+  """--overwrite of a finished run stopped by Ctrl-C once it saved its state: the earlier run's files
+  stay, byte for byte, in the hidden folder the last line names; the resume that finishes the new
+  run removes them."""
+  out = tmp_path / "run"
+  shutil.copytree(uninterrupted, out)
+  before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+  args = [*INTERRUPTED, "--seed=3", "--save_every_s=3600", f"--output_dir={out}"]
+  code, stderr = _interrupted([*args, "--overwrite"], "compiling")
+  assert code == 130 and "Traceback" not in stderr and (out / "state.npz").exists(), stderr[-2000:]
+  aside, = out.glob(".overwritten-*")
+  assert f"kept in {aside}" in stderr.strip().splitlines()[-1]
+  assert {p.name: p.read_bytes() for p in aside.iterdir() if p.is_file()} == before
+  resumed = run_program("reconstruct.py", *args, "--resume")
+  assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]
+  assert not list(out.glob(".overwritten-*")) and not (out / "state.npz").exists()
+  assert json.loads((out / "metrics.json").read_text())["config"]["seed"] == 3
+
+
+@pytest.mark.slow
+def test_a_folder_a_running_process_writes_is_refused_and_a_dead_claim_named(tmp_path):
+  """A folder whose claim names a gradjax process still running on this host: refused in one line
+  for a plain run, --overwrite and --resume alike (the process would write over the new results).
+  Once it ended (killed before it saved anything), the refusal says there is nothing to continue,
+  and --resume says to start afresh with --overwrite."""
+  import socket
+  out = tmp_path / "busy"
+  out.mkdir()
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "gradjax"])
+  try:
+    (out / ".gradjax-claim").write_text(f"# Command: gradjax reconstruct --iterations=5\n"
+                                        f"# Process: {sleeper.pid} on {socket.gethostname()}\n")
+    runs = run_in_one_process([(["gradjax", "reconstruct", "--iterations=5", f"--output_dir={out}",
+                                 *extra], tmp_path) for extra in ([], ["--overwrite"], ["--resume"])])
+    for proc in runs:
+      _assert_one_line_error(proc, f"is being written by process {sleeper.pid} (gradjax reconstruct), "
+                                   "which is still running")
+  finally:
+    sleeper.kill()
+    sleeper.wait()
+  plain, resumed = run_in_one_process([(["gradjax", "reconstruct", "--iterations=5",
+                                         f"--output_dir={out}", *extra], tmp_path)
+                                       for extra in ([], ["--resume"])])
+  _assert_one_line_error(plain, "holds a run of gradjax reconstruct that saved nothing to continue; "
+                                "pass --overwrite to replace it, or choose another folder")
+  _assert_one_line_error(resumed, "start afresh there with --overwrite in place of --resume")
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ import platform
 import re
 import shlex
 import shutil
+import signal
+import socket
 import sys
 import tempfile
 import textwrap
@@ -680,17 +682,30 @@ def recorded_command(out: str) -> list[str] | None:
 
 CLAIM = ".gradjax-claim"
 """The file a run creates in its folder the moment it claims it (exclusively: of two runs started
-together, one gets the folder), holding its command; removed once ``config.py`` records that
-command, or at exit when the run wrote nothing else. An interrupted run's claim names its program."""
+together, one gets the folder), holding its command and its process (``# Process: <pid> on
+<host>``); removed once ``config.py`` records that command, or at exit when the run wrote nothing
+else. An interrupted run's claim names its program."""
+
+_PROCESS = "# Process: "
+
+
+def _process_line() -> str:
+  return f"{_PROCESS}{os.getpid()} on {socket.gethostname()}\n"
 
 
 def _claim(out: str, *, exclusive: bool = True, keep: bool = False) -> bool:
-  """Creates ``<out>/``:data:`CLAIM` with this run's command; False where ``exclusive`` and another
-  run's claim is there. ``keep`` (a resumed run): an interrupted run's claim stays as it is, naming
-  the command that ran (a resume refused for another configuration must not replace it)."""
-  if keep and os.path.isfile(os.path.join(out, CLAIM)):
+  """Creates ``<out>/``:data:`CLAIM` with this run's command and process; False where ``exclusive``
+  and another run's claim is there. ``keep`` (a resumed run): an interrupted run's claim keeps the
+  command that ran (a resume refused for another configuration must not replace it), with this
+  process in place of that one's."""
+  path = os.path.join(out, CLAIM)
+  if keep and os.path.isfile(path):
+    with open(path, encoding="utf-8") as fh:
+      kept = [line for line in fh if not line.startswith(_PROCESS)]
+    files.atomic_write(path, lambda fh: fh.write("".join(kept) + _process_line()), binary=False)
     return True
-  text = "# Command: " + shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n") + "\n"
+  text = ("# Command: " + shlex.join([*program(), *sys.argv[1:]]).replace("\n", "\\n") + "\n"
+          + _process_line())
   mode = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
   try:
     fd = os.open(os.path.join(out, CLAIM), mode, 0o644)
@@ -699,6 +714,37 @@ def _claim(out: str, *, exclusive: bool = True, keep: bool = False) -> bool:
   with os.fdopen(fd, "w", encoding="utf-8") as fh:
     fh.write(text)
   return True
+
+
+def running(out: str) -> str | None:
+  """Where ``out``'s claim (:data:`CLAIM`) names a process of this host that is still running a
+  gradjax program (not this one): "process <pid> (<its command>)"; else None (no claim, a process
+  that ended, e.g. interrupted or killed, or one of another host, which cannot be told)."""
+  try:
+    with open(os.path.join(out, CLAIM), encoding="utf-8") as fh:
+      lines = fh.read().splitlines()
+  except (OSError, UnicodeDecodeError):
+    return None
+  found = [line[len(_PROCESS):].split(" on ", 1) for line in lines if line.startswith(_PROCESS)]
+  if not found or len(found[0]) != 2 or not found[0][0].isdigit():
+    return None
+  pid, host = int(found[0][0]), found[0][1]
+  if host != socket.gethostname() or pid == os.getpid():
+    return None
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return None
+  except PermissionError:
+    pass  # alive, another user's
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+      if b"gradjax" not in fh.read():
+        return None  # the number was reused by another program
+  except OSError:
+    pass  # no /proc: alive is all that is known
+  command = recorded_command(out)
+  return f"process {pid}" + (f" ({shlex.join(command[:2])})" if command else "")
 
 
 def _release_claim(out: str) -> None:
@@ -771,10 +817,18 @@ def _taken(out: str, resumable: bool) -> str:
   done: another program's run is never written into; this program's may be replaced or continued;
   a user's own files stay beside this program's results with --overwrite."""
   command = recorded_command(out) if os.path.isdir(out) else None
+  if os.path.isdir(out) and (live := running(out)):
+    return f"--output_dir {out} is being written by {live}, which is still running; choose another folder"
   if command and command[0] == "gradjax" and command[:2] != program()[:2]:
     return f"--output_dir {out} holds a run of {shlex.join(command[:2])}; choose another folder"
   if command:
-    return (f"--output_dir {out} holds a run of {shlex.join(command[:2])}; pass --overwrite to "
+    # A run stopped before it saved anything (killed at its start) leaves only its claim: nothing
+    # to continue.
+    resumable = resumable and bool(
+        os.path.exists(os.path.join(out, "config.py")) or os.path.isdir(os.path.join(out, "items"))
+        or glob.glob(os.path.join(glob.escape(out), "**", "*" + STATE_FILE), recursive=True))
+    return (f"--output_dir {out} holds a run of {shlex.join(command[:2])}"
+            f"{'' if resumable else ' that saved nothing to continue'}; pass --overwrite to "
             f"replace it{', --resume to continue it' if resumable else ''}, or choose another folder")
   names = sorted(e.name for e in os.scandir(out)) if os.path.isdir(out) else []
   shown = [n for n in names if not n.startswith(".")] or names
@@ -799,6 +853,10 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
     taken = _taken(out, "resume" in f)
     if _holds_files(out) and not (f.overwrite or resuming):
       fail(taken)
+    if (resuming or f.overwrite) and (live := running(out)):
+      fail(f"--output_dir {out} is being written by {live}, which is still running: wait for it "
+           "to end (or stop it) before --{}, or choose another folder".format(
+               "resume" if resuming else "overwrite"))
     if resuming:
       _check_resumable(out, own)
     elif f.overwrite:
@@ -813,6 +871,9 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       if not saved:
         fail(f"--resume: no interrupted run under {base}[-k] holds a saved state; give --output_dir")
       out = saved[-1]
+      if live := running(out):
+        fail(f"--resume: {out} is being written by {live}, which is still running: wait for it to "
+             "end (or stop it), or choose another folder")
     else:
       out = None
   candidates = [out] if out is not None else [base] + [f"{base}-{k}" for k in range(2, 10_000)]
@@ -835,6 +896,8 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
   _CLAIMED[:] = [(out, created)]  # what fail() leaves, where it ends the process without exit handlers
   if f.overwrite:
     _set_aside(out, own)
+  elif resuming:
+    atexit.register(_drop_replaced, out, own)
   print(f"writing to {out}", flush=True)  # stdout: a later error is the one line on stderr
   return out
 
@@ -875,6 +938,7 @@ def _set_aside(out: str, own: tuple[str, ...]) -> None:
     os.replace(os.path.join(out, name), os.path.join(aside, name))
 
   def settle():
+    states = set(_found(out, _states(own)))
     written = [p for pattern in own + (_states(own),) for p in _found(out, pattern)
                if os.path.isfile(p) and os.path.basename(p) != "config.py"]
     if not written:  # nothing of the new run's but its configuration: the earlier run comes back
@@ -884,9 +948,25 @@ def _set_aside(out: str, own: tuple[str, ...]) -> None:
       for name in names:
         os.makedirs(os.path.dirname(os.path.join(out, name)), exist_ok=True)
         os.replace(os.path.join(aside, name), os.path.join(out, name))
+    elif _INTERRUPTED or all(p in states for p in written):  # stopped before its last result
+      print(f"the run it replaces is kept in {aside} until this one finishes (--resume)",
+            file=sys.stderr)
+      return
     shutil.rmtree(aside, ignore_errors=True)
 
   atexit.register(settle)
+
+
+def _drop_replaced(out: str, own: tuple[str, ...]) -> None:
+  """At the exit of a resumed run: where it finished (results written, no saved state left), the
+  earlier run that an interrupted --overwrite kept aside (:func:`_set_aside`) is removed."""
+  if _INTERRUPTED or _found(out, _states(own)):
+    return
+  if not any(os.path.isfile(p) and os.path.basename(p) != "config.py"
+             for pattern in own for p in _found(out, pattern)):
+    return
+  for aside in _found(out, ".overwritten-*"):
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def state_file(out: str) -> resume.StateFile:
@@ -940,9 +1020,18 @@ def resume_command(out: str | None) -> str:
   return shlex.join([*program(), *args, "--resume", *([] if out is None else [f"--output_dir={out}"])])
 
 
+_INTERRUPTED = False  # a signal stopped this run (interrupted): what --overwrite set aside stays
+
+
 def interrupted(e: resume.Interrupted, out: str):
   """One line for a run a signal stopped, naming the command that continues it, and exit code
   128 + the signal's number (130 for Ctrl-C)."""
+  global _INTERRUPTED
+  _INTERRUPTED = True
+  # The state is saved: what is left is leaving, which a second signal would only break off (a
+  # traceback from an exit handler), not hasten.
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_IGN)
   if e.path is None:
     print(f"interrupted at iteration {e.iteration}; the state could not be saved, so the run starts "
           "afresh next time", file=sys.stderr)

@@ -75,7 +75,7 @@ def main(argv):
       print(f"nothing to resume: {out} holds a finished run (metrics.json)")
       return
     common.fail(f"--resume: {out} holds no saved state ({os.path.basename(state.path)}) to continue; "
-                "run without --resume to start afresh")
+                "start afresh there with --overwrite in place of --resume")
   resume.stop_on_signals()  # Ctrl-C or SIGTERM: save after the chunk being run, then stop
   if cfg.data.modality == "text":
     return text_main(cfg, out, state)
