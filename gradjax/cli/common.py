@@ -1030,8 +1030,8 @@ def interrupted(e: resume.Interrupted, out: str):
   _INTERRUPTED = True
   # The state is saved: what is left is leaving, which a second signal would only break off (a
   # traceback from an exit handler), not hasten.
-  for signum in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(signum, signal.SIG_IGN)
+  for signum in (signal.SIGINT, signal.SIGTERM):  # a no-op, not SIG_IGN, which a next run would keep
+    signal.signal(signum, lambda *_: None)
   if e.path is None:
     print(f"interrupted at iteration {e.iteration}; the state could not be saved, so the run starts "
           "afresh next time", file=sys.stderr)
