@@ -361,6 +361,7 @@ def test_a_device_call_packs_each_part_under_its_environment_and_resumes_from_th
                                                                       "gpu_clients64.md"))}
 
 
+@pytest.mark.isolated  # benchmarks.suite defines absl flags other modules' share names
 def test_the_startup_table_prints_each_runs_process_over_attack():
   """The start-up section's table: the cold run's whole process over its attack, and the median of
   the warm runs' own ratios (worked out here from the recorded seconds)."""
@@ -376,6 +377,7 @@ def test_the_startup_table_prints_each_runs_process_over_attack():
   assert warm.endswith(f"| {sorted([6.0 / 4.0, 5.0 / 4.0, 9.0 / 4.5])[1]:.2f} |")
 
 
+@pytest.mark.isolated  # benchmarks.suite defines absl flags other modules' share names
 def test_the_time_to_quality_table_prints_pytorch_over_jax_where_both_reached_it():
   from benchmarks import suite
   env = dict(platform="cpu", device_kind="cpu", cpu_model="x", jax="0", numpy="0", ml_dtypes="0",
