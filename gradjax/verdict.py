@@ -405,7 +405,8 @@ def text_findings(results: dict) -> dict:
 
   Besides ``leak`` and ``reason``, the numbers the finding rests on: ``sentences`` has ``recovered``
   (the sentences counted), ``token_accuracy_bar`` (N,) and, with ROUGE-L, ``rougeL_bar`` (N,);
-  ``bag`` has ``measure`` (``bag_recall`` or ``word_recall``), ``recall``, ``chance`` and ``bar``."""
+  ``bag`` has ``measure`` (``bag_recall`` or ``word_recall``, the latter with its ``guess``,
+  ``uniform`` or ``frequent``, and ``guess_size``), ``recall``, ``chance`` and ``bar``."""
   acc = results.get("token_accuracy_per_sentence") or []
   acc_chance = results.get("token_accuracy_chance_per_sentence") or [0.0] * len(acc)
   known = results.get("known_share_per_sentence") or [1.0] * len(acc)
@@ -439,9 +440,10 @@ def text_findings(results: dict) -> dict:
     k = results.get("word_guess_size", len(results.get("words") or []))
     guess = (f"{k} words drawn at random" if results.get("word_guess") == "uniform"
              else f"the corpus's {k} most frequent words")
-    words = {"measure": "word_recall", **_recall_finding(
-        results["word_recall"], results.get("word_recall_chance", 0.0),
-        "word recall of the words found", guess, ceiling)}
+    words = {"measure": "word_recall", "guess": results.get("word_guess", "frequent"),
+             "guess_size": k, **_recall_finding(results["word_recall"],
+                                                results.get("word_recall_chance", 0.0),
+                                                "word recall of the words found", guess, ceiling)}
     if words["leak"] or not out["bag"]["leak"]:  # the bag's own recall counts where it passes
       out["bag"] = words
   return out

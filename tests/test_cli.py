@@ -653,17 +653,28 @@ def test_a_folder_a_running_process_writes_is_refused_and_a_dead_claim_named(tmp
   Once it ended (killed before it saved anything), the refusal says there is nothing to continue,
   and --resume says to start afresh with --overwrite."""
   import socket
+  from gradjax.cli import common
   out = tmp_path / "busy"
   out.mkdir()
-  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "gradjax"])
+  sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
   try:
-    (out / ".gradjax-claim").write_text(f"# Command: gradjax reconstruct --iterations=5\n"
-                                        f"# Process: {sleeper.pid} on {socket.gethostname()}\n")
+    with open(f"/proc/{sleeper.pid}/stat") as fh:  # its start, field 22 (after the command's ")")
+      start = fh.read().rsplit(")", 1)[1].split()[19]
+    claim = lambda pid, start, host: (out / ".gradjax-claim").write_text(
+        f"# Command: gradjax reconstruct --iterations=5\n# Process: {pid} {start} on {host}\n")
+    claim(sleeper.pid, start, socket.gethostname())
     runs = run_in_one_process([(["gradjax", "reconstruct", "--iterations=5", f"--output_dir={out}",
                                  *extra], tmp_path) for extra in ([], ["--overwrite"], ["--resume"])])
     for proc in runs:
       _assert_one_line_error(proc, f"is being written by process {sleeper.pid} (gradjax reconstruct), "
                                    "which is still running")
+    # The number given to a later process (another start), or a process of another host: not it.
+    for other in ((sleeper.pid, str(int(start) + 1), socket.gethostname()),
+                  (sleeper.pid, start, socket.gethostname() + "-other")):
+      claim(*other)
+      assert common.running(str(out)) is None
+    claim(sleeper.pid, start, socket.gethostname())
+    assert common.running(str(out)) == f"process {sleeper.pid} (gradjax reconstruct)"
   finally:
     sleeper.kill()
     sleeper.wait()
@@ -697,6 +708,8 @@ def test_ctrl_c_saves_and_names_the_resume_command(tmp_path, uninterrupted):
                                  "--resume"], tmp_path]])
   _assert_one_line_error(other, "belongs to another run")
   assert claimed() == claim and len(claim) == 1
+  process, = [l for l in (out / ".gradjax-claim").read_text().splitlines() if l.startswith("# Process:")]
+  assert re.match(r"# Process: \d+ \S+ on \S", process), process  # the last holder's
   resumed = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=ROOT,
                            env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
   assert resumed.returncode == 0 and "(resumed)" in resumed.stdout, resumed.stderr[-2000:]

@@ -314,6 +314,9 @@ def test_text_findings_count_from_the_corpus_guess_halfway_to_one():
   searched = verdict.text_findings({**words, "word_recall": 0.75, "bag_recall": 0.9})["bag"]
   assert searched["leak"] and searched["measure"] == "bag_recall"
   assert (searched["recall"], searched["bar"]) == (0.9, pytest.approx(0.65))
+  uniform = verdict.text_findings({**words, "word_guess": "uniform", "word_guess_size": 3})["bag"]
+  assert (uniform["guess"], uniform["guess_size"], uniform["chance"]) == ("uniform", 3, 0.6)
+  assert "3 words drawn at random" in uniform["reason"]  # what the guess was, named
 
 
 def test_a_sentence_with_a_token_inserted_counts_by_its_rouge_l():

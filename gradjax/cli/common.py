@@ -11,7 +11,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -517,7 +516,7 @@ def write_config(out: str, cfg: Config, sweep: list[dict[str, Any]] | None = Non
   text = config.to_python(cfg, comment=f"{what}.\nCommand: {command}", fields=tuple(FIELDS),
                           sweep=sweep)
   files.atomic_write(os.path.join(out, "config.py"), lambda fh: fh.write(text), binary=False)
-  _release_claim(out)  # config.py records the command now
+  # The claim stays until the run ends (_leave): its process line says the folder is being written.
 
 
 def define_fields(*paths: str) -> dict[str, flags.FlagHolder]:
@@ -682,15 +681,25 @@ def recorded_command(out: str) -> list[str] | None:
 
 CLAIM = ".gradjax-claim"
 """The file a run creates in its folder the moment it claims it (exclusively: of two runs started
-together, one gets the folder), holding its command and its process (``# Process: <pid> on
-<host>``); removed once ``config.py`` records that command, or at exit when the run wrote nothing
-else. An interrupted run's claim names its program."""
+together, one gets the folder), holding its command and its process (``# Process: <pid> <start> on
+<host>``, :func:`running`); removed at exit where ``config.py`` records the command or the run
+wrote nothing else. An interrupted run's claim names its program."""
 
 _PROCESS = "# Process: "
 
 
+def process_start(pid: int) -> str:
+  """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``'s 22nd field),
+  which tells it from a later process given the same number; "-" where it cannot be read."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+      return fh.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    return "-"
+
+
 def _process_line() -> str:
-  return f"{_PROCESS}{os.getpid()} on {socket.gethostname()}\n"
+  return f"{_PROCESS}{os.getpid()} {process_start(os.getpid())} on {socket.gethostname()}\n"
 
 
 def _claim(out: str, *, exclusive: bool = True, keep: bool = False) -> bool:
@@ -717,32 +726,30 @@ def _claim(out: str, *, exclusive: bool = True, keep: bool = False) -> bool:
 
 
 def running(out: str) -> str | None:
-  """Where ``out``'s claim (:data:`CLAIM`) names a process of this host that is still running a
-  gradjax program (not this one): "process <pid> (<its command>)"; else None (no claim, a process
-  that ended, e.g. interrupted or killed, or one of another host, which cannot be told)."""
+  """Where ``out``'s claim (:data:`CLAIM`) names a process of this host that still runs (not this
+  one): "process <pid> (<its command>)"; else None (no claim, or one of an older version without
+  the line, a process that ended, e.g. interrupted or killed, a number now another process's, whose
+  start differs, or a process of another host, which cannot be told)."""
   try:
     with open(os.path.join(out, CLAIM), encoding="utf-8") as fh:
       lines = fh.read().splitlines()
   except (OSError, UnicodeDecodeError):
     return None
   found = [line[len(_PROCESS):].split(" on ", 1) for line in lines if line.startswith(_PROCESS)]
-  if not found or len(found[0]) != 2 or not found[0][0].isdigit():
+  if not found or len(found[0]) != 2 or len(found[0][0].split()) != 2:
     return None
-  pid, host = int(found[0][0]), found[0][1]
-  if host != socket.gethostname() or pid == os.getpid():
+  (pid, start), host = found[0][0].split(), found[0][1]
+  if not pid.isdigit() or host != socket.gethostname() or int(pid) == os.getpid():
     return None
   try:
-    os.kill(pid, 0)
+    os.kill(int(pid), 0)
   except ProcessLookupError:
     return None
   except PermissionError:
     pass  # alive, another user's
-  try:
-    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-      if b"gradjax" not in fh.read():
-        return None  # the number was reused by another program
-  except OSError:
-    pass  # no /proc: alive is all that is known
+  now = process_start(int(pid))
+  if "-" not in (start, now) and now != start:
+    return None  # the number was given to a later process
   command = recorded_command(out)
   return f"process {pid}" + (f" ({shlex.join(command[:2])})" if command else "")
 
@@ -824,12 +831,13 @@ def _taken(out: str, resumable: bool) -> str:
   if command:
     # A run stopped before it saved anything (killed at its start) leaves only its claim: nothing
     # to continue.
-    resumable = resumable and bool(
+    saved = bool(
         os.path.exists(os.path.join(out, "config.py")) or os.path.isdir(os.path.join(out, "items"))
         or glob.glob(os.path.join(glob.escape(out), "**", "*" + STATE_FILE), recursive=True))
     return (f"--output_dir {out} holds a run of {shlex.join(command[:2])}"
-            f"{'' if resumable else ' that saved nothing to continue'}; pass --overwrite to "
-            f"replace it{', --resume to continue it' if resumable else ''}, or choose another folder")
+            f"{' that saved nothing to continue' if resumable and not saved else ''}; pass "
+            f"--overwrite to replace it{', --resume to continue it' if resumable and saved else ''}, "
+            "or choose another folder")
   names = sorted(e.name for e in os.scandir(out)) if os.path.isdir(out) else []
   shown = [n for n in names if not n.startswith(".")] or names
   if not shown:
@@ -840,6 +848,8 @@ def _taken(out: str, resumable: bool) -> str:
 
 
 def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
+  global _INTERRUPTED
+  _INTERRUPTED = False  # (several commands in one process: a test's)
   f = flags.FLAGS
   resuming = "resume" in f and f.resume
   if "save_every_s" in f and f.save_every_s < 0:
@@ -949,10 +959,11 @@ def _set_aside(out: str, own: tuple[str, ...]) -> None:
         os.makedirs(os.path.dirname(os.path.join(out, name)), exist_ok=True)
         os.replace(os.path.join(aside, name), os.path.join(out, name))
     elif _INTERRUPTED or all(p in states for p in written):  # stopped before its last result
-      print(f"the run it replaces is kept in {aside} until this one finishes (--resume)",
+      print(f"the run it replaces is kept in {aside} until a run in this folder finishes",
             file=sys.stderr)
       return
     shutil.rmtree(aside, ignore_errors=True)
+    _drop_replaced(out, own)  # runs an earlier interrupted --overwrite kept aside too
 
   atexit.register(settle)
 
@@ -1030,8 +1041,7 @@ def interrupted(e: resume.Interrupted, out: str):
   _INTERRUPTED = True
   # The state is saved: what is left is leaving, which a second signal would only break off (a
   # traceback from an exit handler), not hasten.
-  for signum in (signal.SIGINT, signal.SIGTERM):  # a no-op, not SIG_IGN, which a next run would keep
-    signal.signal(signum, lambda *_: None)
+  resume.ignore_further_signals()
   if e.path is None:
     print(f"interrupted at iteration {e.iteration}; the state could not be saved, so the run starts "
           "afresh next time", file=sys.stderr)

@@ -255,9 +255,10 @@ class ModelConfig(_Section):
   def build(self, key, input_shape: tuple[int, ...], num_classes: int, *, conv: str | None = None,
             remat: bool = False) -> models.Model:
     """A fresh zoo model ``name`` (:func:`gradjax.models.create`) drawn from ``key``: one example of
-    ``input_shape`` ((H, W, C) images, (T,) tokens), ``num_classes`` outputs (the section's
-    ``num_classes`` where set, else the data's), its init and activation (an image model's) or its
-    sizes (a text model's), its convolutions ``conv`` (the section's where None) and ``remat``."""
+    ``input_shape`` ((H, W, C) images, (T,) tokens), ``num_classes`` outputs (an image model's: the
+    section's ``num_classes`` where set, else the data's; a text model's: its vocabulary), its init
+    and activation (an image model's) or its sizes (a text model's), its convolutions ``conv`` (the
+    section's where None) and ``remat``."""
     if models.is_text(self.name or ""):
       return models.create(self.name, key, input_shape=input_shape, num_classes=num_classes,
                            init=self.init, text_sizes=self.text_sizes())

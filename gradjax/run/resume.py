@@ -79,12 +79,26 @@ _stop_requested: list[int] = []  # the signals received since stop_on_signals()
 _before_run: list[int] = []  # SIGINT received before it (interrupt_until_run)
 
 
+def _ignored(signum, frame) -> None:
+  del signum, frame
+
+
+def ignore_further_signals() -> None:
+  """For a run that saved its state on a signal and is leaving: SIGINT and SIGTERM do nothing (a
+  second one would only break off an exit handler with a traceback). :func:`interrupt_until_run`
+  undoes it for a next command of the same process."""
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, _ignored)
+
+
 def interrupt_until_run() -> None:
   """Until :func:`stop_on_signals`: SIGINT raises ``KeyboardInterrupt`` as Python's own handler
   does, and is remembered, so that one raised where Python ignores exceptions (a garbage
   collector's callback prints it and goes on) still stops the program when its run begins. A
   SIGINT the process ignores (a background job of a shell without job control) stays ignored."""
   _before_run.clear()
+  if signal.getsignal(signal.SIGTERM) is _ignored:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
   if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     return
 
