@@ -754,6 +754,14 @@ def running(out: str) -> str | None:
   return f"process {pid}" + (f" ({shlex.join(command[:2])})" if command else "")
 
 
+def _check_not_running(out: str) -> None:
+  """Exits with one line where a process still running here writes ``out`` (:func:`running`): a
+  --resume or --overwrite there would be written over by it."""
+  if live := running(out):
+    fail(f"--output_dir {out} is being written by {live}, which is still running: wait for it to "
+         "end (or stop it), or choose another folder")
+
+
 def _release_claim(out: str) -> None:
   try:
     os.remove(os.path.join(out, CLAIM))
@@ -863,10 +871,8 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
     taken = _taken(out, "resume" in f)
     if _holds_files(out) and not (f.overwrite or resuming):
       fail(taken)
-    if (resuming or f.overwrite) and (live := running(out)):
-      fail(f"--output_dir {out} is being written by {live}, which is still running: wait for it "
-           "to end (or stop it) before --{}, or choose another folder".format(
-               "resume" if resuming else "overwrite"))
+    if resuming or f.overwrite:
+      _check_not_running(out)
     if resuming:
       _check_resumable(out, own)
     elif f.overwrite:
@@ -881,9 +887,7 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       if not saved:
         fail(f"--resume: no interrupted run under {base}[-k] holds a saved state; give --output_dir")
       out = saved[-1]
-      if live := running(out):
-        fail(f"--resume: {out} is being written by {live}, which is still running: wait for it to "
-             "end (or stop it), or choose another folder")
+      _check_not_running(out)
     else:
       out = None
   candidates = [out] if out is not None else [base] + [f"{base}-{k}" for k in range(2, 10_000)]
@@ -969,8 +973,9 @@ def _set_aside(out: str, own: tuple[str, ...]) -> None:
 
 
 def _drop_replaced(out: str, own: tuple[str, ...]) -> None:
-  """At the exit of a resumed run: where it finished (results written, no saved state left), the
-  earlier run that an interrupted --overwrite kept aside (:func:`_set_aside`) is removed."""
+  """At the exit of a run (resumed, or one that replaced another): where it finished (results
+  written, no saved state left), the runs that interrupted --overwrites kept aside
+  (:func:`_set_aside`) are removed."""
   if _INTERRUPTED or _found(out, _states(own)):
     return
   if not any(os.path.isfile(p) and os.path.basename(p) != "config.py"
