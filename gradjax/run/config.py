@@ -1152,6 +1152,14 @@ def _input_file(path: str | None, flag: str) -> None:
 _TEXT_CAPTURE = "gradjax.interop.load, then gradjax.dager.recover on its model and gradient"
 
 
+def labels_shared(cfg: Config, attack) -> bool:
+  """Whether the threat model hands the client's labels to ``attack`` (:func:`check`'s): an
+  optimisation attack that takes known labels the server does not infer itself
+  (:data:`SERVER_INFERRED_LABELS`); a closed form infers its own."""
+  return (isinstance(attack, attacks.Attack) and attack.label_source is labels_lib.known
+          and cfg.attack.label_source not in SERVER_INFERRED_LABELS)
+
+
 def check(cfg: Config, files: bool = True) -> attacks.Attack:
   """Validates what ``cfg`` names without loading data or compiling anything: the attack and its
   overrides, the defense, the model name, the dataset name and (``files``) the input files. Returns
@@ -1168,10 +1176,8 @@ def check(cfg: Config, files: bool = True) -> attacks.Attack:
     raise ValueError(f"--attack={cfg.attack.preset} replays the client's local training (objective "
                      "'replay'), which a FedSGD client does not do: attack a FedAvg client "
                      "(--client=fedavg), or match its gradient (--config.attack.matched=gradient)")
-  if (isinstance(attack, attacks.Attack) and cfg.attack.permutations > 1
-      and attack.label_source is labels_lib.known and cfg.attack.label_source not in SERVER_INFERRED_LABELS
-      and cfg.client.name == "fedavg" and cfg.client.shared_labels == "ordered"
-      and not cfg.client.observation):
+  if (cfg.attack.permutations > 1 and labels_shared(cfg, attack) and cfg.client.name == "fedavg"
+      and cfg.client.shared_labels == "ordered" and not cfg.client.observation):
     raise ValueError("--config.attack.permutations searches which step each label was in; the "
                      "client shares its labels in order (--config.client.shared_labels=ordered), "
                      "which says it: set shared_labels=multiset, or drop the search")

@@ -36,7 +36,7 @@ from gradjax.run import config, resume
 from gradjax import verdict
 from gradjax import labels as labels_lib
 from gradjax import privacy as privacy_lib
-from gradjax.run.config import SERVER_INFERRED_LABELS, Config, attacked_model, check, fingerprint
+from gradjax.run.config import Config, attacked_model, check, fingerprint, labels_shared
 
 # The options that name files the attack reads; a saved state records their digests.
 INPUT_FILES = ("model.checkpoint", "model.weights", "client.observation")
@@ -814,8 +814,7 @@ def _prepare(cfg: Config, batch, together: int = 1) -> _Prepared:
   conv_name = model_conv(cfg, together)
   closed = not isinstance(attack, attacks.Attack)  # a closed form (gradjax.closed_forms) infers labels
   key_model, key_attack, key_defense, key_server, key_client = experiment_keys(cfg.seed, cfg.data.index)
-  share_labels = (not closed and cfg.attack.label_source not in SERVER_INFERRED_LABELS
-                  and attack.label_source is labels_lib.known)
+  share_labels = labels_shared(cfg, attack)
   checks, problems = {}, []
   if cfg.client.observation:
     if batch is None and cfg.data.dataset is not None:

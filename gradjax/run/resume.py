@@ -48,7 +48,8 @@ from gradjax.run import processes, report
 # 2 since 46ec9b1: a run's draws (HFGInv's dropout masks) come from its own seed, so a state
 # saved before would go on under other masks than the run it began.
 FORMAT = 2
-AFRESH = "start afresh with --overwrite in place of --resume"  # what a refused state file's message advises
+# What a refused state file's message advises.
+AFRESH = "start afresh with --overwrite in place of --resume"
 
 
 def _first_difference(saved: Any, current: Any, where: str = "") -> str | None:
