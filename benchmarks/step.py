@@ -756,6 +756,15 @@ def command_line() -> str:
   return shlex.join([sys.executable, *head, *sys.argv[1:]])
 
 
+def torch_baseline():
+  """The torch module of the PyTorch eager baseline as ``--torch`` asks (None: off, or auto
+  without torch); one line and exit 2 where ``--torch=on`` and torch is not importable."""
+  torch = None if _TORCH.value == "off" else torch_ports.import_torch()
+  if torch is None and _TORCH.value == "on":
+    fail("--torch=on but torch is not importable")
+  return torch
+
+
 def git_commit() -> str | None:
   """The commit of the checkout gradjax runs from (with ``+`` where its tracked files differ), or
   None outside a git checkout: which code a stored measurement ran."""
@@ -846,9 +855,7 @@ def main(argv):
   if (error := check_flags()) is not None:
     fail(error)
   common.check_output_file()
-  torch = None if _TORCH.value == "off" else torch_ports.import_torch()
-  if torch is None and _TORCH.value == "on":
-    fail("--torch=on but torch is not importable")
+  torch = torch_baseline()
 
   env = environment(torch)
   command = command_line()

@@ -768,9 +768,7 @@ def main(argv):
     if not flags.FLAGS.overwrite and (error := accelerator.kept_draw_conflict(_PARTS.value, out, _IG_INIT.value)):
       bs.fail(error)
     env = accelerator.leave_card(_PARTS.value, os.environ)  # before jax starts the accelerator
-    torch = None if bs._TORCH.value == "off" else torch_ports.import_torch()
-    if torch is None and bs._TORCH.value == "on":
-      bs.fail("--torch=on but torch is not importable")
+    torch = bs.torch_baseline()
     header = dict(command=bs.command_line(), environment=bs.environment(torch))
     print(accelerator.run(_PARTS.value, out, quick=_QUICK.value,
                           dataset=_SUITE_DATASET.value, data_dir=_DATA_DIR.value,
@@ -779,9 +777,7 @@ def main(argv):
     print(f"wrote {out}: gpu.md and gpu_<part>.json/.md")
     return
   out = common.output_folder("benchmark", own=("benchmark.*",))
-  torch = None if bs._TORCH.value == "off" else torch_ports.import_torch()
-  if torch is None and bs._TORCH.value == "on":
-    bs.fail("--torch=on but torch is not importable")
+  torch = bs.torch_baseline()
   seed = bs._SEED.value
   timing = dict(repeats=bs._REPEATS.value, warmup=bs._WARMUP.value, max_seconds=bs._MAX_SECONDS.value)
   result = dict(command=bs.command_line(), environment=bs.environment(torch),
