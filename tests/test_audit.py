@@ -19,6 +19,25 @@ from gradjax.run import config, pipeline
 from conftest import assert_one_line_error
 
 
+def test_settings_are_the_configuration_the_audit_reads():
+  """An audit's settings are sections of :mod:`gradjax.run.config` (the captured files' defaults:
+  the model from the captures, no ground truth), set through the options it reads; an option it
+  would not read is refused, not kept and ignored; the JSON form reads back to equal settings."""
+  plain = audit.Settings()
+  assert plain.attacks == (auto.AUTO,) and plain == audit.settings()
+  assert plain.model.name is None and plain.data.dataset is None
+  assert plain.attack == config.Config().attack and plain.defense == config.Config().defense
+  chosen = audit.settings(("dlg",), {"data.dataset": "cifar10", "attack.iterations": 300,
+                                     "defense.dp_sgd_max_norm": 0.5, "seed": 3})
+  assert (chosen.data.dataset, chosen.attack.iterations, chosen.seed) == ("cifar10", 300, 3)
+  assert chosen.defense.dp_sgd_max_norm == 0.5 and chosen.model.name is None
+  assert audit.from_json(json.loads(json.dumps(chosen.to_json()))) == chosen
+  with pytest.raises(ValueError, match="defense.spec"):
+    audit.settings(options={"defense.spec": "prune:0.9"})  # a defense is the capture's to declare
+  with pytest.raises(ValueError):
+    audit.settings(options={"attack.restarts": "many"})  # the option's type
+
+
 def matched_psnr(truth, rec):
   """The mean PSNR (scikit-image's, capped at 100 dB as gradjax reports it) of ``rec``'s images
   against ``truth``'s under the pairing that maximises it (SciPy's assignment): a batch attack
@@ -111,12 +130,16 @@ def test_a_zero_update_is_one_row_with_its_verdict(tmp_path):
   ``zero_update``; no attack runs (the capture needs no ground truth)."""
   _sent_back(tmp_path, {"round": 2, "client": "4"}, {"num_samples": 8, "local_lr": 0.1,
                                                      "model": "lenet_zhu"})
-  rows = audit.audit(tmp_path / "audit", audit.Settings(iterations=3, lpips="none"), log=lambda s: None)
+  rows = audit.audit(tmp_path / "audit", audit.settings(options={"attack.iterations": 3,
+                                                                 "output.lpips": "none"}),
+                     log=lambda s: None)
   assert len(rows) == 1 and rows[0].get("error") is None and rows[0]["zero_update"], rows
   assert rows[0]["verdict"] == "no_leak_found" and audit.failed_rows(rows) == []
   # Asked to score, a capture without its examples' indices says so (it would score nothing, silently).
   lines = []
-  audit.audit(tmp_path / "audit", audit.Settings(dataset="skimage", iterations=3, lpips="none"),
+  audit.audit(tmp_path / "audit", audit.settings(options={"data.dataset": "skimage",
+                                                          "attack.iterations": 3,
+                                                          "output.lpips": "none"}),
               log=lines.append)
   assert any("round 2 client 4: not scored" in line and "data_indices" in line for line in lines), lines
 
@@ -128,7 +151,9 @@ def test_a_local_training_stated_in_capture_json_alone_is_said(tmp_path):
   _sent_back(tmp_path, {"round": 1, "client": "2", "config": {"lr": 0.1, "local-epochs": 2}},
              {"num_samples": 2, "model": "lenet_zhu"})
   lines = []
-  audit.audit(tmp_path / "audit", audit.Settings(iterations=3, lpips="none"), log=lines.append)
+  audit.audit(tmp_path / "audit", audit.settings(options={"attack.iterations": 3,
+                                                          "output.lpips": "none"}),
+              log=lines.append)
   said = [line for line in lines if "capture.json's config states" in line]
   assert len(said) == 1 and "local_lr=0.1" in said[0] and "local_epochs=2" in said[0], lines
 
@@ -150,8 +175,11 @@ def test_an_mlp_client_at_batch_16_leaks_every_image(photos, tmp_path):
   folder.parent.mkdir(parents=True)
   audit.write_capture(folder, str(weights), interop.params_to_torch(new, mapping),
                       {"round": 1, "client": "7", "data_indices": list(range(16))}, meta)
-  rows = audit.audit(tmp_path / "audit", audit.Settings(dataset="skimage", image_size=32, iterations=3,
-                                                         lpips="none"), log=lambda s: None)
+  rows = audit.audit(tmp_path / "audit", audit.settings(options={"data.dataset": "skimage",
+                                                                 "data.image_size": 32,
+                                                                 "attack.iterations": 3,
+                                                                 "output.lpips": "none"}),
+                     log=lambda s: None)
   assert [r["attack"] for r in rows] == ["exclusive_neurons", "cocktail_party",
                                          "inverting_gradients_batch"]
   first = rows[0]
@@ -199,8 +227,11 @@ def test_a_malicious_servers_imprint_is_read_out_and_a_refusing_client_is_not_a_
   refusal = f"the client failed: {audit.MODEL_REFUSED}: ['Dense_0']['kernel']: 32 of its 64 units measure one direction"
   audit.write_capture(round_dir / "client_8", weights, None, {"round": 1, "client": "8", "error": refusal}, meta)
   audit.write_round_summary(round_dir, 1, 2, {8: refusal})
-  rows = audit.audit(tmp_path / "audit", audit.Settings(dataset="skimage", image_size=32, iterations=3,
-                                                         lpips="none"), log=lambda s: None)
+  rows = audit.audit(tmp_path / "audit", audit.settings(options={"data.dataset": "skimage",
+                                                                 "data.image_size": 32,
+                                                                 "attack.iterations": 3,
+                                                                 "output.lpips": "none"}),
+                     log=lambda s: None)
   assert audit.failed_rows(rows) == [], rows
   assert [r["attack"] for r in rows if r["client"] == "7"][0] == "imprint"
   assert [(r.get("refused"), r["attack"]) for r in rows if r["client"] == "8"] == [(True, None)]
@@ -216,8 +247,9 @@ def test_a_malicious_servers_imprint_is_read_out_and_a_refusing_client_is_not_a_
   assert index["rounds"][0]["refused"] == ["8"] and index["rounds"][0]["failed"] == []
   # Without the ground truth: inconclusive, saying why (no labels read, so no update recomputed),
   # not that the read-out failed to match the update.
-  blind = audit.audit(tmp_path / "audit", audit.Settings(attacks=("imprint",), iterations=3,
-                                                         lpips="none"), log=lambda s: None)
+  blind = audit.audit(tmp_path / "audit", audit.settings(("imprint",), {"attack.iterations": 3,
+                                                                        "output.lpips": "none"}),
+                      log=lambda s: None)
   row = next(r for r in blind if r["client"] == "7")
   assert row["verdict"] == "inconclusive" and "reads no labels" in row["reason"], row["reason"]
   assert "did not match" not in row["reason"]
@@ -460,7 +492,7 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   (round_dir / "client_4").mkdir()  # no capture.json
   # capture.json's metadata (which choose the attacks) against the update file's (which they read).
   (round_dir / "client_5" / audit.CAPTURE).write_text(json.dumps({"metadata": {**meta, "num_samples": 10**8}}))
-  settings = audit.Settings(attacks=("idlg",), iterations=2, lpips="none")
+  settings = audit.settings(("idlg",), {"attack.iterations": 2, "output.lpips": "none"})
   rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
   by_client = {r["client"]: r for r in rows}
   assert by_client["1"].get("error") is None and by_client["1"]["run"].endswith("client_1/idlg")
@@ -471,7 +503,9 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   first = (tmp_path / "audit" / by_client["1"]["run"] / "metrics.json").read_bytes()
   # Auto reads the metadata: a count that is not a number is the capture's error.
   auto_rows = audit.attack_round([c for c in audit.captures(tmp_path / "audit") if c.client == "3"],
-                                 audit.Settings(iterations=2, lpips="none"), log=lambda s: None)[0]
+                                 audit.settings(options={"attack.iterations": 2,
+                                                         "output.lpips": "none"}),
+                                 log=lambda s: None)[0]
   assert len(auto_rows) == 1 and "metadata do not describe an update" in auto_rows[0]["error"], auto_rows
   # Another client's rows copied into this client's rows.json: not read back as this client's.
   captures = {c.client: c for c in audit.captures(tmp_path / "audit")}
@@ -481,7 +515,7 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   assert audit.kept_rows(captures["5"], settings) is None
   # Rows of other types in rows.json: attacked again on --resume, not read back.
   (round_dir / "client_1" / audit.ROWS).write_text(json.dumps(
-      {"settings": json.loads(json.dumps(settings._asdict())), "rows": [{}]}))
+      {"settings": settings.to_json(), "rows": [{}]}))
   again = audit.audit(tmp_path / "audit", settings, log=lambda s: None, resume=True)
   run = next(r for r in again if r["client"] == "1")["run"]
   assert run.endswith("client_1/idlg-1"), run
@@ -534,16 +568,19 @@ def test_an_audit_of_dp_sgd_clients_adapts_to_their_clipping_and_reports_their_b
   meta = {k: v for k, v in interop.observation_metadata(obs, model).items() if k not in ("layout", "kind")}
   audit.write_capture(folder, str(weights), interop.params_to_torch(new, mapping),
                       {"round": 1, "client": "0", "data_indices": [3, 4]}, meta)
-  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
-                            lpips="none", adaptive=True, dp_sgd_max_norm=0.5,
-                            dp_sgd_noise_multiplier=1.3, dp_sgd_sampling_rate=0.01, dp_sgd_steps=100)
+  settings = audit.settings(("dlg",), {"data.dataset": "skimage", "data.image_size": 32,
+                                       "attack.iterations": 2, "output.lpips": "none",
+                                       "attack.adaptive": True, "defense.dp_sgd_max_norm": 0.5,
+                                       "defense.dp_sgd_noise_multiplier": 1.3,
+                                       "defense.dp_sgd_sampling_rate": 0.01,
+                                       "defense.dp_sgd_steps": 100})
   rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
   assert len(rows) == 1 and rows[0].get("error") is None, rows
   metrics = json.loads((tmp_path / "audit" / rows[0]["run"] / "metrics.json").read_text())
   assert metrics["attack"]["objective"] == "clipped_gradient" and metrics["checks"]["fidelity"]["ok"] is None
   assert metrics["privacy"]["epsilon"] == privacy.epsilon(0.01, 1.3, 100, 1e-5).epsilon
   index = json.loads((tmp_path / "audit" / "index.json").read_text())
-  assert index["settings"]["dp_sgd_max_norm"] == 0.5
+  assert index["settings"]["options"]["defense.dp_sgd_max_norm"] == 0.5
 
 
 @pytest.mark.slow
@@ -574,8 +611,9 @@ def test_each_client_declares_its_own_dp_sgd(tmp_path):
                         {"round": 1, "client": client, "data_indices": indices},
                         {**meta, **(declared if dp_sgd else {})})
   # DLM+ cannot model the clipping: it runs unadapted beside the adapted DLG, not as an error.
-  settings = audit.Settings(attacks=("dlg", "dlm_plus"), dataset="skimage", image_size=32,
-                            iterations=2, lpips="none", adaptive=True)
+  settings = audit.settings(("dlg", "dlm_plus"), {"data.dataset": "skimage",
+                                                  "data.image_size": 32, "attack.iterations": 2,
+                                                  "output.lpips": "none", "attack.adaptive": True})
   rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None)
   assert not any(r.get("error") for r in rows), rows
   assert [(r["client"], r["attack"]) for r in rows] == [
@@ -601,8 +639,9 @@ def test_each_client_declares_its_own_dp_sgd(tmp_path):
   audit.write_capture(tmp_path / "audit" / "round_1" / "client_2", str(weights),
                       interop.params_to_torch(new, mapping), {"round": 1, "client": "2"},
                       {**meta, "dp_sgd_max_norm": [0.5, 1.0]})
-  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
-                            lpips="none", adaptive=True)
+  settings = audit.settings(("dlg",), {"data.dataset": "skimage", "data.image_size": 32,
+                                       "attack.iterations": 2, "output.lpips": "none",
+                                       "attack.adaptive": True})
   rows = audit.audit(tmp_path / "audit", settings, rounds=[1], log=lambda s: None)
   assert [r["client"] for r in rows] == ["0", "1", "2"] and rows[1].get("error") is None
   assert "metadata 'dp_sgd_max_norm' must be a finite number, got '0.5,1.0'" in rows[2]["error"]
@@ -629,7 +668,8 @@ def test_an_unwritable_index_or_a_too_deep_capture_json_is_said_in_one_line(tmp_
   assert "index.json is a folder where the audit writes its index" in errors[0]
   assert not (round_dir / "client_1" / "idlg").exists()
   (tmp_path / "audit" / "index.json").rmdir()
-  rows = audit.audit(tmp_path / "audit", audit.Settings(attacks=("idlg",), iterations=2, lpips="none"),
+  rows = audit.audit(tmp_path / "audit", audit.settings(("idlg",), {"attack.iterations": 2,
+                                                                    "output.lpips": "none"}),
                      log=lambda s: None)
   by_client = {r["client"]: r for r in rows}
   assert by_client["2"]["error"] == f"unreadable {audit.CAPTURE}: RecursionError"
@@ -672,8 +712,9 @@ def test_a_runs_model_input_reproduces_its_residual(photos, tmp_path):
   audit.write_capture(round_dir / "client_1", str(weights),
                       interop.params_to_torch(after, interop.zoo_mapping(model)),
                       {"round": 1, "client": "1"}, {**meta, "image_size": None})
-  rows = audit.audit(tmp_path / "audit", audit.Settings(attacks=("idlg",), iterations=20,
-                                                         lpips="none"), log=lambda s: None)
+  rows = audit.audit(tmp_path / "audit", audit.settings(("idlg",), {"attack.iterations": 20,
+                                                                    "output.lpips": "none"}),
+                     log=lambda s: None)
   run = tmp_path / "audit" / rows[0]["run"]
   results = json.loads((run / "metrics.json").read_text())
   assert results["local_training"] == {"epochs": 1, "batch_size": None, "learning_rate": 0.1,

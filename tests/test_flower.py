@@ -291,8 +291,9 @@ def test_each_client_declares_its_defense_and_the_audit_adapts_to_it(net, tmp_pa
   observation = interop.read(os.path.join(found["12"].folder, audit.OBSERVATION))
   assert observation.metadata["defense"] == "prune:0.7"
   assert "defense" not in found["11"].info["metadata"] and found["11"].info["declarations"] == {}
-  settings = audit.Settings(dataset="skimage", image_size=32, iterations=5, lpips="none",
-                            adaptive=True)
+  settings = audit.settings(options={"data.dataset": "skimage", "data.image_size": 32,
+                                     "attack.iterations": 5, "output.lpips": "none",
+                                     "attack.adaptive": True})
   rows = {r["client"]: r for r in audit.audit(strategy.audit_dir, settings, log=lambda s: None)}
   assert all(r.get("error") is None and r["verdict"] in verdict.STATUSES for r in rows.values()), rows
   adaptation = {c: json.loads((tmp_path / "audit" / r["run"] / "metrics.json").read_text())["adaptation"]
@@ -315,8 +316,9 @@ def test_each_client_declares_its_dp_sgd_and_the_audit_reads_it(net, tmp_path):
                                               "dp_sgd_sampling_rate": 0.01, "dp_sgd_steps": 200}
   assert interop.read(os.path.join(found["12"].folder, audit.OBSERVATION)).metadata[
       "dp_sgd_max_norm"] == "0.05"
-  settings = audit.Settings(attacks=("dlg",), dataset="skimage", image_size=32, iterations=2,
-                            lpips="none", adaptive=True)
+  settings = audit.settings(("dlg",), {"data.dataset": "skimage", "data.image_size": 32,
+                                       "attack.iterations": 2, "output.lpips": "none",
+                                       "attack.adaptive": True})
   rows = {r["client"]: r for r in audit.audit(strategy.audit_dir, settings, log=lambda s: None)}
   assert all(r.get("error") is None for r in rows.values()), rows
   got = {c: json.loads((tmp_path / "audit" / r["run"] / "metrics.json").read_text())
@@ -361,7 +363,8 @@ def test_malformed_replies_are_reported_not_fatal(net, tmp_path):
   for client in ("11", "12", "13", "14", "17", "18"):
     folder = os.path.join(strategy.audit_dir, "round_001", f"client_{client}")
     assert sorted(os.listdir(folder)) == [audit.CAPTURE]
-  rows = audit.audit(strategy.audit_dir, audit.Settings(iterations=2), log=lambda s: None)
+  rows = audit.audit(strategy.audit_dir, audit.settings(options={"attack.iterations": 2}),
+                     log=lambda s: None)
   assert [r["client"] for r in rows if r.get("error")] == ["11", "12", "13", "14", "17", "18"]
   assert [r["attack"] for r in rows if not r.get("error")] == ["idlg", "idlg"]
 
@@ -389,7 +392,8 @@ def test_attack_recorded_updates_in_background(net, tmp_path):
   """One SGD step of batch 1 is lr times a gradient: iDLG from the recorded files alone, attacked in
   a separate process while the federation goes on, scored on the photos the clients reported. It
   must do as well as iDLG on the exact FedSGD gradient of the same model, photo and key."""
-  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none", iterations=2000)
+  settings = audit.settings(options={"data.dataset": "skimage", "data.image_size": 32,
+                                     "output.lpips": "none", "attack.iterations": 2000})
   one = FedAvg(fraction_evaluate=0.0, min_train_nodes=1, min_available_nodes=1)
   strategy = AuditStrategy(one, tmp_path / "audit", attack=settings,
                            metadata={"model": MODEL, "input_shape": "32,32,3"})
@@ -460,8 +464,11 @@ def test_several_local_steps_get_replay_and_dlm_plus(net, tmp_path):
   meta = capture.info["metadata"]
   assert (meta["num_samples"], meta["local_batch_size"]) == (2, 1)
   assert auto.for_metadata(meta) == ("inverting_gradients_fedavg", "dlm_plus")
-  rows = audit.attack_capture(capture, audit.Settings(dataset="skimage", image_size=32, iterations=5,
-                                                      lpips="none"), log=lambda s: None)
+  rows = audit.attack_capture(capture, audit.settings(options={"data.dataset": "skimage",
+                                                               "data.image_size": 32,
+                                                               "attack.iterations": 5,
+                                                               "output.lpips": "none"}),
+                              log=lambda s: None)
   assert [r["attack"] for r in rows] == ["inverting_gradients_fedavg", "dlm_plus"]
   for row in rows:
     assert row.get("error") is None and row["num_samples"] == 2 and np.isfinite(row["psnr"]), row
@@ -519,7 +526,7 @@ def test_audit_merges_into_the_index_and_needs_its_dataset(net, tmp_path):
   import sys
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
   start(strategy, net, Grid(net), rounds=2)
-  settings = audit.Settings(iterations=3, lpips="none")
+  settings = audit.settings(options={"attack.iterations": 3, "output.lpips": "none"})
   audit.audit(strategy.audit_dir, settings, log=lambda s: None)
   rows = audit.audit(strategy.audit_dir, settings, rounds=[2], log=lambda s: None)
   assert [(r["round"], r["client"]) for r in rows] == [(1, "11"), (1, "12"), (2, "11"), (2, "12")]
@@ -537,8 +544,9 @@ def test_audit_merges_into_the_index_and_needs_its_dataset(net, tmp_path):
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert proc.returncode == 2 and len(errors) == 1 and f"declares model {MODEL}" in errors[0], proc.stderr
   rows = audit.attack_capture(audit.captures(strategy.audit_dir)[0],
-                              audit.Settings(dataset="cifar10", data_dir=str(tmp_path / "nowhere"),
-                                             iterations=3), log=lambda s: None)
+                              audit.settings(options={"data.dataset": "cifar10",
+                                                      "data.data_dir": str(tmp_path / "nowhere"),
+                                                      "attack.iterations": 3}), log=lambda s: None)
   assert rows[0]["attack"] is None and rows[0]["error"].startswith("ground truth from cifar10")
 
 
@@ -550,11 +558,12 @@ def test_audit_refuses_a_misdeclared_capture_unless_forced(net, tmp_path):
   strategy = AuditStrategy(fedavg(), tmp_path / "audit", metadata={"model": MODEL})
   start(strategy, net, Grid(net), rounds=1)
   capture = audit.captures(strategy.audit_dir)[0]
-  settings = audit.Settings(dataset="skimage", image_size=32, normalization="cifar10", iterations=3,
-                            lpips="none")
-  row, = audit.attack_capture(capture, settings, log=lambda s: None)
+  options = {"data.dataset": "skimage", "data.image_size": 32, "data.normalization": "cifar10",
+             "attack.iterations": 3, "output.lpips": "none"}
+  row, = audit.attack_capture(capture, audit.settings(options=options), log=lambda s: None)
   assert "verdict" not in row and "declare normalization=none" in row["error"], row
-  row, = audit.attack_capture(capture, settings._replace(force=True), log=lambda s: None)
+  row, = audit.attack_capture(capture, audit.settings(options={**options, "client.force": True}),
+                              log=lambda s: None)
   assert row.get("error") is None and row["verdict"] == "inconclusive"
 
 
@@ -578,7 +587,8 @@ def test_a_node_that_replies_twice_and_a_restarted_node_are_recorded_not_merged(
   rounds = audit.membership(strategy.audit_dir)
   assert [(r["round"], r["duplicates"], r.get("new"), r.get("gone"), r.get("since")) for r in rounds] == [
       (1, {"12": 2}, None, None, None), (2, {}, ["13"], ["12"], 1)]
-  rows = audit.audit(strategy.audit_dir, audit.Settings(attacks=("idlg",), iterations=3, lpips="none"),
+  rows = audit.audit(strategy.audit_dir, audit.settings(("idlg",), {"attack.iterations": 3,
+                                                                    "output.lpips": "none"}),
                      log=lambda s: None)
   assert [(r["round"], r["client"], r.get("reply")) for r in rows] == [
       (1, "11", None), (1, "12", None), (1, "12-reply2", 2), (2, "11", None), (2, "13", None)]
@@ -645,11 +655,12 @@ def test_a_rounds_clients_attacked_in_one_run_give_the_rows_of_one_at_a_time(net
                             spoil={14: "error"}), rounds=2)
   found = audit.captures(strategy.audit_dir)
   assert len(found) == 8 and [c.client for c in found if c.error] == ["14", "14"]
-  options = dict(attacks=("idlg",), dataset="skimage", image_size=32, iterations=20, lpips="none",
-                 adaptive=True)
-  alone = audit.attack_captures(found, audit.Settings(**options), log=lambda s: None)
-  together = audit.attack_captures(found, audit.Settings(**options, clients_per_run=8),
-                                   log=lambda s: None)
+  options = {"data.dataset": "skimage", "data.image_size": 32, "attack.iterations": 20,
+             "output.lpips": "none", "attack.adaptive": True}
+  alone = audit.attack_captures(found, audit.settings(("idlg",), options), log=lambda s: None)
+  together = audit.attack_captures(
+      found, audit.settings(("idlg",), {**options, "execution.clients_per_run": 8}),
+      log=lambda s: None)
   assert [(r["round"], r["client"], r["attack"]) for r in together] == [
       (r["round"], r["client"], r["attack"]) for r in alone]
   shared = {(r["round"], r["client"]): r.get("clients_together") for r in together}

@@ -182,8 +182,9 @@ def test_a_federation_recorded_audited_and_gated(tmp_path):
     for name, value in want.items():
       np.testing.assert_array_equal(got.tensors[name], value)
 
-  settings = audit.Settings(dataset="skimage", image_size=32, lpips="none", iterations=2000,
-                            adaptive=True)
+  settings = audit.settings(options={"data.dataset": "skimage", "data.image_size": 32,
+                                     "output.lpips": "none", "attack.iterations": 2000,
+                                     "attack.adaptive": True})
   rows = audit.audit(audit_dir, settings, log=lambda s: None)
   assert audit.failed_rows(rows) == [], rows
   assert (1, withheld.client) in {(r["round"], r["client"]) for r in rows if r.get("withheld")}
@@ -229,8 +230,11 @@ def test_a_malicious_server_is_refused_by_the_gated_client_and_read_out_of_the_o
   trained = [c for c in found if not c.error]
   assert len(refused) == 1 and audit.MODEL_REFUSED in refused[0].error, [c.info for c in found]
   assert len(trained) == 1 and trained[0].info["data_indices"] == [4, 5, 6, 7]
-  rows = audit.audit(audit_dir, audit.Settings(dataset="skimage", image_size=32, lpips="none",
-                                               iterations=3), log=lambda s: None)
+  rows = audit.audit(audit_dir, audit.settings(options={"data.dataset": "skimage",
+                                                        "data.image_size": 32,
+                                                        "output.lpips": "none",
+                                                        "attack.iterations": 3}),
+                     log=lambda s: None)
   assert audit.failed_rows(rows) == [], rows
   assert [(r.get("refused"), r["attack"]) for r in rows if r["client"] == refused[0].client] == [(True, None)]
   read = [r for r in rows if r["client"] == trained[0].client][0]

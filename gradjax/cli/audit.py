@@ -50,7 +50,7 @@ flags.DEFINE_string("rounds", None, "Comma-separated rounds to attack (default: 
 flags.DEFINE_bool("resume", False, common.RESUME_HELP)  # captures with rows.json of the same options
 # The options of the schema it reads (gradjax.run.config), as for any captured files: --model and
 # --normalization default to the captures' metadata, --dataset (scoring) to none.
-common.define_flags(fields=tuple(audit.OPTIONS.values()), captured=True)
+common.define_flags(fields=audit.OPTIONS, captured=True)
 common.define_launch_flags(collectives=False)  # captures split over processes
 flags.adopt_module_key_flags(common)
 
@@ -92,10 +92,7 @@ def main(argv):
     if o["data.normalization"] is not None:
       data.normalization(o["data.normalization"])
     # What every capture's run would refuse alike, refused once here (before any row is replaced).
-    config.ExecutionConfig(**{k.split(".", 1)[1]: v for k, v in o.items()
-                              if k.startswith("execution.")})
-    defense = config.DefenseConfig(**{k.split(".", 1)[1]: v for k, v in o.items()
-                                      if k.startswith("defense.")})
+    settings = audit.settings(names, {p: o[p] for p in audit.OPTIONS})
     if o["model.rename"] is not None:
       interop.parse_renames(o["model.rename"])
     sample = None
@@ -112,7 +109,6 @@ def main(argv):
     rounds = None if f.rounds is None else [int(r) for r in f.rounds.split(",")]
   except ValueError:
     common.fail(f"--rounds takes comma-separated integers, got {f.rounds!r}")
-  settings = audit.Settings.from_options(names, o)
   try:
     found = audit.select(f.audit_dir, rounds)
   except (ValueError, FileNotFoundError) as e:
@@ -159,8 +155,9 @@ def main(argv):
     common.fail(str(e))
   print(audit.index_markdown(rows))
   print(f"Wrote {f.audit_dir}/index.html, index.md and index.json.")
-  if defense.dp_sgd() is not None:  # every client's, as the options say
-    print(f"DP-SGD: {report.privacy_line(pipeline.dp_sgd_privacy(config.Config(defense=defense)))}")
+  if settings.defense.dp_sgd() is not None:  # every client's, as the options say
+    privacy = pipeline.dp_sgd_privacy(config.Config(defense=settings.defense))
+    print(f"DP-SGD: {report.privacy_line(privacy)}")
   failed = audit.failed_rows(rows)
   if failed:  # written, and still not a success: a failed client or attack is never silent
     print(f"error: {len(failed)} of {len(rows)} rows failed (first: round {failed[0]['round']} "

@@ -334,9 +334,7 @@ def options_from_flags() -> dict[str, Any]:
     fail(f"{', '.join('--config.' + p for p in unused)}: not an option of {shlex.join(program())}, "
          f"which reads {', '.join(sorted({config.section(p) or 'seed' for p in FIELDS}))} options")
   if CAPTURED or values["model.weights"] or values["client.observation"]:
-    for path in ("model.name", "data.dataset"):
-      if path not in chosen:
-        values[path] = None
+    values.update({p: v for p, v in config.CAPTURED.items() if p not in chosen})
   if values["data.modality"] == "text":  # the text defaults: SAPAG's transformer on Python's docs
     for path, default in (("model.name", "transformer"), ("data.dataset", "pydoc"),
                           ("training.train_count", None), ("training.test_count", None)):

@@ -435,81 +435,107 @@ ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
 AUDIT_ITERATIONS = {"dlg": 6000, "idlg": 6000}
 
 
-class Settings(NamedTuple):
-  """How :func:`audit` attacks the captures: the attacks, and the options of the configuration
-  (:mod:`gradjax.run.config`) an audit reads, each field the option :data:`OPTIONS` names.
+# The options of the configuration (:mod:`gradjax.run.config`) an audit reads; the others keep
+# their defaults.
+OPTIONS = ("model.name", "data.dataset", "data.data_dir", "data.image_size", "data.normalization",
+           "attack.iterations", "attack.restarts", "seed", "output.lpips", "model.rename",
+           "client.force", "attack.adaptive", "execution.clients_per_run",
+           *(f"defense.dp_sgd_{k}" for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps",
+                                             "delta", "poisson", "expected_batch_size")))
 
-  attacks: attack names, or ``("auto",)`` for :func:`gradjax.auto.for_metadata`.
-  model: zoo name (``None``: the captures' ``model`` metadata, else lenet_zhu).
-  dataset, data_dir: where the clients' examples are, to score captures that carry
-    ``data_indices`` (``None``: no scoring).
-  image_size, normalization: how the clients preprocessed those examples (normalization ``None``:
-    the captures' metadata, else none).
-  iterations: per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's).
-  restarts, seed, lpips, rename, force: the options' (without ``force`` a capture that fails its
-    checks, :func:`gradjax.fidelity.check_capture`, is a row's error).
-  adaptive: attack a capture whose metadata declare the client's ``defense`` with the attack
-    adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked plainly.
-  clients_per_run: captures attacked in one solver run when they share the model and the attack
-    (``None``: :func:`gradjax.run.pipeline.clients_per_run`, 64 on an accelerator, 1 on CPU).
-  dp_sgd_max_norm, dp_sgd_noise_multiplier, dp_sgd_sampling_rate, dp_sgd_steps, dp_sgd_delta,
-  dp_sgd_poisson, dp_sgd_expected_batch_size: the DP-SGD every client ran (``dp_sgd_max_norm``
-    ``None``: none), as
-    :class:`gradjax.run.config.DefenseConfig` takes them: each run reports its (ε, δ), its residual
-    recomputes the clipping, ``adaptive`` adapts the attack to it. A capture whose metadata declare
-    the client's own DP-SGD (:func:`gradjax.interop.declared_dp_sgd`; a Flower client's
-    declarations) is attacked with those values instead, key by key.
+
+class Settings(NamedTuple):
+  """How :func:`audit` attacks the captures: the attacks, and the sections of the configuration
+  (:mod:`gradjax.run.config`) whose options :data:`OPTIONS` it reads (build them with
+  :func:`settings`; the defaults are those of captured files, :data:`gradjax.run.config.CAPTURED`).
+
+  attacks: attack names (:data:`ATTACKS`), or ``("auto",)`` for :func:`gradjax.auto.for_metadata`.
+  model: ``name``, the zoo model of captures whose metadata name none (``None``: theirs, else
+    lenet_zhu); ``rename``, rules for the captured tensors' names.
+  data: ``dataset``, ``data_dir``, ``image_size``: where the clients' examples are, to score
+    captures that carry ``data_indices`` (dataset ``None``: no scoring); ``normalization``: how the
+    clients preprocessed them (``None``: the captures' metadata).
+  attack: ``iterations`` per attack (``None``: :data:`AUDIT_ITERATIONS`, else the preset's),
+    ``restarts``; ``adaptive``: attack a capture whose metadata declare the client's ``defense``
+    with the attack adapted to it (:mod:`gradjax.adaptive`); captures that declare none are attacked
+    plainly.
+  client: ``force``, attack a capture that fails its checks (:func:`gradjax.fidelity.check_capture`;
+    without it that is a row's error).
+  defense: ``dp_sgd_*``, the DP-SGD every client ran (``dp_sgd_max_norm`` ``None``: none): each run
+    reports its (ε, δ), its residual recomputes the clipping, ``attack.adaptive`` adapts the attack
+    to it. A capture whose metadata declare the client's own DP-SGD
+    (:func:`gradjax.interop.declared_dp_sgd`; a Flower client's declarations) is attacked with those
+    values instead, key by key.
+  execution: ``clients_per_run``, captures attacked in one solver run when they share the model and
+    the attack (``None``: :func:`gradjax.run.pipeline.clients_per_run`, 64 on an accelerator, 1 on
+    CPU).
+  output: ``lpips``; seed: the attacks' seed.
   """
 
   attacks: tuple[str, ...] = (auto.AUTO,)
-  model: str | None = None
-  dataset: str | None = None
-  data_dir: str | None = None
-  image_size: int | None = None
-  normalization: str | None = None
-  iterations: int | None = None
-  restarts: int = 1
+  model: config.ModelConfig = config.ModelConfig(name=None)
+  data: config.DataConfig = config.DataConfig(dataset=None)
+  attack: config.AttackConfig = config.AttackConfig()
+  client: config.ClientConfig = config.ClientConfig()
+  defense: config.DefenseConfig = config.DefenseConfig()
+  execution: config.ExecutionConfig = config.ExecutionConfig()
+  output: config.OutputConfig = config.OutputConfig()
   seed: int = 0
-  lpips: str = "auto"
-  rename: str | None = None
-  force: bool = False
-  adaptive: bool = False
-  clients_per_run: int | None = None
-  dp_sgd_max_norm: float | None = None
-  dp_sgd_noise_multiplier: float = 0.0
-  dp_sgd_sampling_rate: float = 1.0
-  dp_sgd_steps: int = 1
-  dp_sgd_delta: float = 1e-5
-  dp_sgd_poisson: bool = False
-  dp_sgd_expected_batch_size: float | None = None
 
   def options(self) -> dict[str, Any]:
-    """Dotted path -> value of the configuration options these settings hold (:data:`OPTIONS`)."""
-    return {path: getattr(self, name) for name, path in OPTIONS.items()}
+    """Dotted path -> value of the options the audit reads (:data:`OPTIONS`)."""
+    return {p: getattr(self, p) if p == "seed" else getattr(getattr(self, config.section(p)),
+                                                            p.partition(".")[2])
+            for p in OPTIONS}
 
-  @classmethod
-  def from_options(cls, attacks: Sequence[str], options: dict[str, Any]) -> "Settings":
-    """The settings of ``attacks`` with the options (dotted path -> value) :data:`OPTIONS` names."""
-    return cls(attacks=tuple(attacks), **{name: options[path] for name, path in OPTIONS.items()})
+  def to_json(self) -> dict[str, Any]:
+    """The attacks and :meth:`options` as JSON values: what ``rows.json`` and ``index.json`` record,
+    and what a process of its own reads back (:func:`from_json`)."""
+    return json.loads(json.dumps({"attacks": list(self.attacks), "options": self.options()}))
 
 
-# The configuration options an audit reads: Settings' field -> the option's dotted path.
-OPTIONS = {"model": "model.name", "dataset": "data.dataset", "data_dir": "data.data_dir",
-           "image_size": "data.image_size", "normalization": "data.normalization",
-           "iterations": "attack.iterations", "restarts": "attack.restarts", "seed": "seed",
-           "lpips": "output.lpips", "rename": "model.rename", "force": "client.force",
-           "adaptive": "attack.adaptive", "clients_per_run": "execution.clients_per_run",
-           **{f"dp_sgd_{k}": f"defense.dp_sgd_{k}"
-              for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps", "delta", "poisson",
-                        "expected_batch_size")}}
+# The options of the configuration an audit reads (dotted paths; the sections of :class:`Settings`).
+OPTIONS = ("model.name", "model.rename", "data.dataset", "data.data_dir", "data.image_size",
+           "data.normalization", "attack.iterations", "attack.restarts", "attack.adaptive",
+           "client.force", "execution.clients_per_run", "output.lpips", "seed",
+           *(f"defense.dp_sgd_{k}" for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps",
+                                             "delta", "poisson", "expected_batch_size")))
+SECTIONS = ("model", "data", "attack", "client", "defense", "execution", "output")
+
+
+def settings(attacks: Sequence[str] = (auto.AUTO,),
+             options: dict[str, Any] | None = None) -> Settings:
+  """The :class:`Settings` of ``attacks`` with ``options`` (dotted path -> value, of
+  :data:`OPTIONS`) set over the defaults of captured files (the model from the captures, no ground
+  truth: :data:`gradjax.run.config.CAPTURED`)::
+
+    audit.settings(("dlg",), {"data.dataset": "cifar10", "attack.iterations": 300})
+
+  Raises:
+    ValueError: an option the audit does not read, or a value its section refuses.
+  """
+  given = dict(options or {})
+  outside = [p for p in given if p not in OPTIONS]
+  if outside:
+    raise ValueError(f"an audit reads the options {', '.join(OPTIONS)}; not {', '.join(outside)}")
+  seed = given.pop("seed", 0)
+  config.check_type("seed", seed)
+  return Settings(tuple(attacks), seed=int(seed),
+                  **config.sections({**config.CAPTURED, **given}, SECTIONS))
+
+
+def from_json(value: dict[str, Any]) -> Settings:
+  """The :class:`Settings` that :meth:`Settings.to_json` wrote."""
+  return settings(value["attacks"], value["options"])
 
 
 def _truth(capture: Capture, settings: Settings) -> data.Dataset | None:
   indices = capture.info.get("data_indices")
-  if settings.dataset is None or not indices:
+  d = settings.data
+  if d.dataset is None or not indices:
     return None
-  size = None if settings.image_size is None else (settings.image_size, settings.image_size)
-  return data.load(settings.dataset, data_dir=settings.data_dir, indices=indices, image_size=size)
+  size = None if d.image_size is None else (d.image_size, d.image_size)
+  return data.load(d.dataset, data_dir=d.data_dir, indices=indices, image_size=size)
 
 
 SUMMARY_KEYS = ("loss", "psnr", "ssim", "lpips", "label_accuracy", "iterations", "wall_time_s")
@@ -534,7 +560,7 @@ def attack_capture(capture: Capture, settings: Settings, log: Callable[[str], No
   (``<attack>-1``, ``-2``, ... where an earlier audit's are: they are never replaced).
 
   ``truth``: the client's examples to score against (images in [0, 1]); default: loaded from
-  ``settings.dataset`` at the capture's ``data_indices``. ``target_psnr``: with a truth, each
+  ``settings.data.dataset`` at the capture's ``data_indices``. ``target_psnr``: with a truth, each
   attack stops once its reconstruction reaches this PSNR (dB; a leak is established).
 
   Returns one row per attack (round, client, attack, the summary metrics, the run folder, or
@@ -605,21 +631,21 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
         "attacks read the metadata alone (write them with gradjax.integrations.audit.capture_metadata)")
   if chosen:
     try:
-      names = auto.for_metadata(meta, settings.model)
+      names = auto.for_metadata(meta, settings.model.name)
     except (ValueError, TypeError) as e:  # a metadata value of another type than interop writes
       error = f"{CAPTURE}: metadata do not describe an update: {str(e).splitlines()[0]}"
       log(f"round {capture.round} client {capture.client}: error: {error}")
       return [{**base, "attack": None, "error": error}]
-    model = settings.model or meta.get("model")
+    model = settings.model.name or meta.get("model")
     if model and _sent_imprinted(capture, model, meta):  # a malicious server: its own read-out first
       names = ("imprint", *names)
   try:
     truth = _truth(capture, settings) if truth is None else truth
   except (ValueError, FileNotFoundError) as e:  # asked for and not loaded: an error, not a blank score
-    error = f"ground truth from {settings.dataset} not loaded: {str(e).splitlines()[0]}"
+    error = f"ground truth from {settings.data.dataset} not loaded: {str(e).splitlines()[0]}"
     log(f"round {capture.round} client {capture.client}: error: {error}")
     return [{**base, "attack": None, "error": error}]
-  if truth is None and settings.dataset is not None:
+  if truth is None and settings.data.dataset is not None:
     log(f"round {capture.round} client {capture.client}: not scored: its {CAPTURE} has no "
         "data_indices (the dataset indices of the client's examples)")
   return _Plan(base, tuple(names), truth, meta, chosen)
@@ -635,10 +661,10 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
   # every client.
   own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
       interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}  # as the update file holds them
-  dp_sgd = bool(own) or settings.dp_sgd_max_norm is not None
+  dp_sgd = bool(own) or settings.defense.dp_sgd_max_norm is not None
   # Adapted where there is a defense to adapt to; DLM+, which cannot model DP-SGD's clipping, runs
   # as it is beside the attacks that can.
-  adaptive = (not closed and settings.adaptive and (bool(meta.get("defense")) or dp_sgd)
+  adaptive = (not closed and settings.attack.adaptive and (bool(meta.get("defense")) or dp_sgd)
               and (not dp_sgd or pipeline.models_dp_sgd(presets.get_preset(name)())))
   return config.from_options({
       **settings.options(), **own, "attack.preset": name,
@@ -646,10 +672,11 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
       "client.observation": os.path.join(capture.folder, OBSERVATION),
       "data.dataset": None,  # the truth is scored here, loaded once for the capture's attacks
       "data.data_dir": None,
-      "attack.iterations": None if closed else settings.iterations or AUDIT_ITERATIONS.get(name),
-      "attack.restarts": 1 if closed else settings.restarts, "attack.label_source": labels,
+      "attack.iterations": (None if closed else
+                            settings.attack.iterations or AUDIT_ITERATIONS.get(name)),
+      "attack.restarts": 1 if closed else settings.attack.restarts, "attack.label_source": labels,
       "attack.adaptive": adaptive,
-      **(auto.settings(name, settings.model or meta.get("model")) if plan.chosen else {})})
+      **(auto.settings(name, settings.model.name or meta.get("model")) if plan.chosen else {})})
 
 
 def attack_round(found: Sequence[Capture], settings: Settings, log: Callable[[str], None] = print, *,
@@ -658,9 +685,9 @@ def attack_round(found: Sequence[Capture], settings: Settings, log: Callable[[st
   """:func:`attack_capture` of each capture of ``found`` (e.g. a round's clients), their rows in
   order; each attack runs on every capture that has it in one call of
   :func:`gradjax.run.pipeline.run_clients`, so captures of one model attacked alike share one solver
-  run where ``settings.clients_per_run`` (or the device) says so (:func:`gradjax.run.pipeline.clients_per_run`),
+  run where ``settings.execution.clients_per_run`` (or the device) says so (:func:`gradjax.run.pipeline.clients_per_run`),
   each with its own results, run folder and verdict. ``truths``: each capture's ground truth
-  (default: loaded from ``settings.dataset``); ``target_psnr``: as :func:`attack_capture`'s."""
+  (default: loaded from ``settings.data.dataset``); ``target_psnr``: as :func:`attack_capture`'s."""
   truths = [None] * len(found) if truths is None else list(truths)
   plans = [_plan(c, settings, log, t) for c, t in zip(found, truths)]
   rows: list[list[dict[str, Any]]] = [p if isinstance(p, list) else [] for p in plans]
@@ -758,10 +785,6 @@ class Stopped(Exception):
     self.rows, self.done, self.total, self.signum = rows, done, total, signum
 
 
-def _settings_json(settings: Settings) -> dict[str, Any]:
-  return json.loads(json.dumps(settings._asdict()))
-
-
 def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | None:
   """The rows an earlier audit with the same ``settings`` left in the capture's ``rows.json``
   (``None``: none, other settings, or unreadable)."""
@@ -770,7 +793,7 @@ def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | No
       kept = json.load(fh)
   except (OSError, ValueError):
     return None
-  if not isinstance(kept, dict) or kept.get("settings") != _settings_json(settings):
+  if not isinstance(kept, dict) or kept.get("settings") != settings.to_json():
     return None
   rows = kept.get("rows")
   if not (isinstance(rows, list) and rows and all(_valid_row(r) for r in rows)):
@@ -789,7 +812,7 @@ def attack_captures(found: Sequence[Capture], settings: Settings,
   capture whose ``rows.json`` holds rows of the same ``settings`` is not attacked again. ``stop`` is
   asked between blocks: a signal number raises :class:`Stopped` with the rows so far."""
   start, rows = time.perf_counter(), []
-  together = settings.clients_per_run or pipeline.clients_per_run(config.Config())
+  together = pipeline.clients_per_run(config.Config(execution=settings.execution))
   k = 0
   while k < len(found):
     signum = stop()
@@ -809,7 +832,7 @@ def attack_captures(found: Sequence[Capture], settings: Settings,
     for capture, new in zip(block, attack_round(block, settings, log)):
       try:
         report.save_json(os.path.join(capture.folder, ROWS),
-                         {"settings": _settings_json(settings), "rows": new})
+                         {"settings": settings.to_json(), "rows": new})
       except OSError as e:  # the rows still reach the index; only a resume would attack it again
         log(f"round {capture.round} client {capture.client}: {ROWS} not written: {e}")
       rows.extend(new)
@@ -926,10 +949,10 @@ def attack_in_process(folder, settings: Settings, *, truth: data.Dataset | None 
              y=np.asarray(truth.y, np.int64), num_classes=np.int64(truth.num_classes))
   code = ("import json, sys; from gradjax import compilation; from gradjax.integrations import audit; "
           "compilation.use_persistent_cache(sys.argv[3]); "
-          "print(json.dumps(audit._attack_folder(sys.argv[1], audit.Settings(**json.loads(sys.argv[2])), "
+          "print(json.dumps(audit._attack_folder(sys.argv[1], audit.from_json(json.loads(sys.argv[2])), "
           "json.loads(sys.argv[4]))))")
   try:
-    proc = subprocess.run([sys.executable, "-c", code, folder, json.dumps(settings._asdict()),
+    proc = subprocess.run([sys.executable, "-c", code, folder, json.dumps(settings.to_json()),
                            compilation_cache, json.dumps(target_psnr)],
                           capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
   except subprocess.TimeoutExpired:
@@ -966,12 +989,12 @@ def attack_in_background(audit_dir, round_: int, settings: Settings) -> "subproc
   import sys
   round_dir = os.path.join(os.fspath(audit_dir), f"round_{round_:03d}")
   code = ("import json, sys; from gradjax.integrations import audit; "
-          "audit.audit(sys.argv[1], audit.Settings(**json.loads(sys.argv[3])), "
+          "audit.audit(sys.argv[1], audit.from_json(json.loads(sys.argv[3])), "
           "rounds=[int(sys.argv[2])], index_dir=sys.argv[4])")
   log = open(os.path.join(round_dir, "audit.log"), "ab")
   try:
     return subprocess.Popen([sys.executable, "-c", code, os.fspath(audit_dir), str(round_),
-                             json.dumps(settings._asdict()), round_dir],
+                             json.dumps(settings.to_json()), round_dir],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)
   finally:
@@ -1076,7 +1099,7 @@ def write_index(index_dir, rows: list[dict[str, Any]], settings: Settings, audit
   audit_dir = index_dir if audit_dir is None else os.fspath(audit_dir)
   rounds = rounds or []
   report.save_json(os.path.join(index_dir, "index.json"),
-                   {"rows": rows, "settings": settings._asdict(), "rounds": rounds})
+                   {"rows": rows, "settings": settings.to_json(), "rounds": rounds})
   title = f"Audit of {os.path.basename(os.path.abspath(index_dir))}"
   failed = failed_rows(rows)
   note = (f"{len(failed)} of {len(rows)} rows failed (see their status)" if failed else "")

@@ -16,7 +16,7 @@ training configuration it was sent, as the capture folders of :mod:`gradjax.inte
   strategy.start(grid=grid, initial_arrays=ArrayRecord(net.state_dict()), num_rounds=3,
                  train_config=ConfigRecord({"lr": 0.01, "batch-size": 1}))
 
-then ``gradjax audit --audit_dir=audit`` (or ``attack=audit.Settings()`` here, which
+then ``gradjax audit --audit_dir=audit`` (or ``attack=audit.settings()`` here, which
 attacks each round in a separate process while the federation goes on). Recording never raises into
 the federation: a failure is logged and that reply is skipped.
 
@@ -126,8 +126,9 @@ class AuditStrategy(Strategy):
       ``model``, ``input_shape``, or ``local_epochs`` when clients read it from their run config).
     keys: where the app puts the local training in its ``ConfigRecord`` and the example count and
       data indices in its reply metrics (:class:`gradjax.integrations.audit.RecordKeys`).
-    attack: :class:`gradjax.integrations.audit.Settings` to attack each round as soon as it is recorded, in a
-      separate process; ``None`` (default) only records.
+    attack: :class:`gradjax.integrations.audit.Settings` (:func:`gradjax.integrations.audit.settings`) to
+      attack each round as soon as it is recorded, in a separate process; ``None`` (default) only
+      records.
   """
 
   def __init__(self, strategy: Strategy, audit_dir, *, rounds: Collection[int] | None = None,
@@ -548,12 +549,12 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       audit.write_capture(folder, weights, returned, {"round": server_round, "client": "self",
                                                        "config": config}, meta)
       chosen = attack if attack != auto.AUTO else auto.for_metadata(meta, meta.get("model"))[0]
-      settings = audit.Settings(
-          attacks=(chosen,),
-          model=meta.get("model"), iterations=iterations, restarts=restarts,
-          normalization=normalization, lpips="none", adaptive=True,
-          dp_sgd_max_norm=built["defense"].dp_sgd_max_norm,
-          dp_sgd_noise_multiplier=built["defense"].dp_sgd_noise_multiplier)
+      settings = audit.settings((chosen,), {
+          "model.name": meta.get("model"), "attack.iterations": iterations,
+          "attack.restarts": restarts, "data.normalization": normalization,
+          "output.lpips": "none", "attack.adaptive": True,
+          "defense.dp_sgd_max_norm": built["defense"].dp_sgd_max_norm,
+          "defense.dp_sgd_noise_multiplier": built["defense"].dp_sgd_noise_multiplier})
       # The attack stops once it crosses the threshold: the update is withheld then, and no sooner.
       rows = audit.attack_in_process(folder, settings, truth=truth, timeout_s=gate.time_budget_s,
                                      compilation_cache=cache, target_psnr=gray + gate.threshold_db)

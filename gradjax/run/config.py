@@ -988,6 +988,9 @@ IMAGE_ONLY = ("data.image_size", "data.channels", "data.normalization", "attack.
 # Options only the programs that attack several experiments at once read (an audit's captures, a
 # sweep's or a table's experiments); a single run's program does not.
 BATCHED = ("execution.clients_per_run",)
+# What attacking captured files leaves to the files (an audit, --weights/--observation): the model
+# from their metadata, and no ground truth to score against unless a dataset is given.
+CAPTURED = {"model.name": None, "data.dataset": None}
 
 
 def names(sections: tuple[str, ...] = ATTACK_SECTIONS,

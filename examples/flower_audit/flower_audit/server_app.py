@@ -74,8 +74,9 @@ def main(grid: Grid, context: Context) -> None:
     strategy = ImprintingServer(strategy, cfg["model"], _thresholds(cfg))
   settings = None
   if cfg["attack"] and cfg["record"]:
-    settings = audit.Settings(dataset=cfg["dataset"], data_dir=cfg["data-dir"] or None,
-                              image_size=32)
+    settings = audit.settings(options={"data.dataset": cfg["dataset"],
+                                       "data.data_dir": cfg["data-dir"] or None,
+                                       "data.image_size": 32})
   # Recording or not (audit_dir None), the wrapper counts failed clients and completes the metrics
   # of clients that opt out of the gate, so that FedAvg aggregates their round.
   strategy = AuditStrategy(
