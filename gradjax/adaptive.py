@@ -72,8 +72,8 @@ _LOW = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
 
 
 class Part(NamedTuple):
-  """One part of a defense spec (:func:`defenses.parse`'s canonical ``name``): its head, numbers
-  and whether it acts over the whole tree (``:global``)."""
+  """One step of a defense as it is applied (a ``dp`` is two: its clipping, then its noise): the
+  head, its numbers (a noise's variance) and whether it acts over the whole tree (``:global``)."""
 
   head: str
   numbers: tuple[float, ...]
@@ -81,19 +81,15 @@ class Part(NamedTuple):
 
 
 def parts(defense: defenses.Defense) -> list[Part]:
-  """The parts of ``defense`` in the order it applies them (``dp`` as clipping, then its noise)."""
+  """The steps of ``defense`` (:func:`gradjax.defenses.parts`) in the order it applies them."""
   found = []
-  for spec in defense.name.split(","):
-    fields = spec.split(":")
-    head, rest = fields[0], fields[1:]
-    numbers = tuple(float(f) for f in rest if f not in ("global", "gaussian", "laplacian"))
-    whole = "global" in rest
-    if head == "dp":
-      c, z = numbers
-      found += [Part("clip", (c,), whole),
-                Part("laplacian" if "laplacian" in rest else "gaussian", ((z * c) ** 2,), False)]
-    elif head != "none":
-      found.append(Part(head, numbers, whole))
+  for p in defenses.parts(defense):
+    if p.head == "dp":
+      c, z = p.numbers
+      noise = "laplacian" if "laplacian" in p.options else "gaussian"
+      found += [Part("clip", (c,), p.whole_tree), Part(noise, ((z * c) ** 2,), False)]
+    else:
+      found.append(Part(p.head, p.numbers, p.whole_tree))
   return found
 
 

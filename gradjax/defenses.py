@@ -51,13 +51,34 @@ from gradjax.compilation import check_key, once
 from gradjax.observation import Observation
 
 
+class Part(NamedTuple):
+  """One defense as its spec names it (:func:`parse`): the ``head`` (a key of :data:`DEFENSES`), its
+  ``numbers`` in the spec's order and its ``options`` (``global``: over the whole update, not per
+  layer; ``laplacian``: a ``dp``'s noise)."""
+
+  head: str
+  numbers: tuple[float, ...] = ()
+  options: tuple[str, ...] = ()
+
+  @property
+  def whole_tree(self) -> bool:
+    return "global" in self.options
+
+  @property
+  def spec(self) -> str:
+    """The canonical spec of this part, which :func:`parse` reads back to the same defense."""
+    return ":".join((self.head, *(_fmt(x) for x in self.numbers), *self.options))
+
+
 class Defense(NamedTuple):
-  """A defense: ``apply(observation, key=None) -> Observation``, its spec string ``name`` and, of a
-  :func:`chain`, its ``parts`` in order."""
+  """A defense: ``apply(observation, key=None) -> Observation``, its spec string ``name``, of a
+  :func:`chain` its ``parts`` (defenses) in order, and of one of this module's defenses its
+  :class:`Part` (:func:`parts` reads them)."""
 
   apply: Callable[..., Observation]
   name: str
   parts: tuple = ()
+  part: Part | None = None
 
   def __call__(self, observation: Observation, key: jax.Array | None = None) -> Observation:
     return self.apply(observation, key)
@@ -166,7 +187,7 @@ _SAMPLERS = {"gaussian": _sample_gaussian, "laplacian": _sample_laplacian}
 
 def identity() -> Defense:
   """No defense: returns the observation unchanged (spec ``"none"``)."""
-  return Defense(lambda observation, key=None: observation, "none")
+  return Defense(lambda observation, key=None: observation, "none", part=Part("none"))
 
 
 def gaussian_noise(variance: float) -> Defense:
@@ -176,10 +197,10 @@ def gaussian_noise(variance: float) -> Defense:
   One draw of n = Σ_l n_l values from ``key`` is split among the leaves in ``jax.tree.leaves`` order.
   """
   variance = _number(variance, "gaussian noise variance", high=MAX_VARIANCE)
-  name = f"gaussian:{_fmt(variance)}"
-  std = math.sqrt(variance)
+  part = Part("gaussian", (variance,))
+  name, std = part.spec, math.sqrt(variance)
   return Defense(lambda observation, key=None: _add_noise(observation, key, "gaussian", std,
-                                                          name), name)
+                                                          name), name, part=part)
 
 
 def laplacian_noise(variance: float) -> Defense:
@@ -189,10 +210,10 @@ def laplacian_noise(variance: float) -> Defense:
   §5), not the scale b. The draw is shared among the leaves as in :func:`gaussian_noise`.
   """
   variance = _number(variance, "laplacian noise variance", high=MAX_VARIANCE)
-  name = f"laplacian:{_fmt(variance)}"
-  std = math.sqrt(variance)  # = √2 · b
+  part = Part("laplacian", (variance,))
+  name, std = part.spec, math.sqrt(variance)  # std = √2 · b
   return Defense(lambda observation, key=None: _add_noise(observation, key, "laplacian", std,
-                                                          name), name)
+                                                          name), name, part=part)
 
 
 @functools.partial(jax.jit, static_argnames=("per_layer",))
@@ -227,9 +248,9 @@ def clip(max_norm: float, per_layer: bool = True) -> Defense:
   """
   max_norm = _number(max_norm, "clip max_norm", strict=True)
   per_layer = _flag(per_layer, "clip per_layer")
-  name = f"clip:{_fmt(max_norm)}" + ("" if per_layer else ":global")
+  part = Part("clip", (max_norm,), () if per_layer else ("global",))
   return Defense(lambda observation, key=None: _clip_gradient(observation, max_norm, per_layer),
-                 name)
+                 part.spec, part=part)
 
 
 def dp(max_norm: float, noise_multiplier: float, per_layer: bool = True,
@@ -251,15 +272,15 @@ def dp(max_norm: float, noise_multiplier: float, per_layer: bool = True,
   per_layer = _flag(per_layer, "dp per_layer")
   if noise not in _SAMPLERS:
     raise ValueError(f"dp noise must be one of {', '.join(_SAMPLERS)}, got {noise!r}")
-  name = (f"dp:{_fmt(max_norm)}:{_fmt(noise_multiplier)}" + ("" if noise == "gaussian" else f":{noise}")
-          + ("" if per_layer else ":global"))
-  std = noise_multiplier * max_norm
+  part = Part("dp", (max_norm, noise_multiplier),
+              (*(() if noise == "gaussian" else (noise,)), *(() if per_layer else ("global",))))
+  name, std = part.spec, noise_multiplier * max_norm
 
   def apply(observation, key=None):
     clipped = _clip_gradient(observation, max_norm, per_layer)
     return _add_noise(clipped, key, noise, std, name)
 
-  return Defense(apply, name)
+  return Defense(apply, name, part=part)
 
 
 def _num_pruned(ratio: float, size: int) -> int:
@@ -299,9 +320,9 @@ def prune(ratio: float, per_layer: bool = True) -> Defense:
   """
   ratio = _number(ratio, "prune ratio", high=1.0)
   per_layer = _flag(per_layer, "prune per_layer")
-  name = f"prune:{_fmt(ratio)}" + ("" if per_layer else ":global")
+  part = Part("prune", (ratio,), () if per_layer else ("global",))
   return Defense(lambda observation, key=None: _transform(observation, _prune_leaves, ratio=ratio,
-                                                          per_layer=per_layer), name)
+                                                          per_layer=per_layer), part.spec, part=part)
 
 
 _CAST_DTYPES = {"float16": jnp.float16, "fp16": jnp.float16, "half": jnp.float16,
@@ -321,8 +342,9 @@ def cast(dtype: str = "float16") -> Defense:
   if key not in _CAST_DTYPES:
     raise ValueError(f"cast dtype must be float16 or bfloat16, got {dtype!r}")
   low = _CAST_DTYPES[key]
-  name = "fp16" if low == jnp.float16 else "bf16"
-  return Defense(lambda observation, key=None: _transform(observation, _cast_leaves, dtype=low), name)
+  part = Part("fp16" if low == jnp.float16 else "bf16")
+  return Defense(lambda observation, key=None: _transform(observation, _cast_leaves, dtype=low),
+                 part.spec, part=part)
 
 
 @functools.partial(jax.jit, static_argnames=("dtype",))
@@ -356,9 +378,9 @@ def quantize_int8(per_layer: bool = True) -> Defense:
   least float32. DLG (Zhu et al. 2019, §5): int8 defends. Deterministic.
   """
   per_layer = _flag(per_layer, "int8 per_layer")
-  name = "int8" + ("" if per_layer else ":global")
+  part = Part("int8", (), () if per_layer else ("global",))
   return Defense(lambda observation, key=None: _transform(observation, _quantize_leaves,
-                                                          per_layer=per_layer), name)
+                                                          per_layer=per_layer), part.spec, part=part)
 
 
 def chain(*defenses: Defense) -> Defense:
@@ -386,6 +408,13 @@ def chain(*defenses: Defense) -> Defense:
     return observation
 
   return Defense(apply, ",".join(p.name for p in parts), parts)
+
+
+def parts(defense: Defense) -> tuple[Part, ...]:
+  """The :class:`Part` of each defense ``defense`` applies, in order (none for :func:`identity`); a
+  defense built elsewhere (``Defense(apply, name)``) is the part of its name alone."""
+  return tuple(d.part or Part(d.name) for d in (defense.parts or (defense,))
+               if (d.part or Part(d.name)).head != "none")
 
 
 # --- command line ---------------------------------------------------------------------------------

@@ -458,8 +458,7 @@ _NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no rec
 def noisy(defense: str | None) -> bool:
   """Whether the defense spec adds noise (read as :func:`gradjax.defenses.parse` reads it: any
   spelling, case and alias)."""
-  return bool(defense) and any(p.split(":")[0] in _NOISY
-                               for p in defenses.parse(defense).name.split(","))
+  return bool(defense) and any(p.head in _NOISY for p in defenses.parts(defenses.parse(defense)))
 
 
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,
@@ -635,16 +634,16 @@ SCOPED = ("clip", "prune", "int8")  # defenses per layer or, with ':global', ove
 
 def scope_variants(spec: str | None) -> list[str]:
   """The defense ``spec`` (:func:`gradjax.defenses.parse`'s form) with one part of :data:`SCOPED`
-  at a time taken the other way, per layer or ``:global``: ``"clip:1"`` -> ``["clip:1:global"]``."""
-  parts = [p.strip() for p in (spec or "").split(",") if p.strip()]
+  at a time taken the other way, per layer or ``:global``, as canonical specs: ``"clip:1"`` ->
+  ``["clip:1.0:global"]``."""
+  parts = defenses.parts(defenses.parse(spec)) if spec else ()
   out = []
-  for i, part in enumerate(parts):
-    fields = [f.strip() for f in part.split(":")]
-    if fields[0].lower() not in SCOPED:
+  for i, p in enumerate(parts):
+    if p.head not in SCOPED:
       continue
-    scoped = [f for f in fields if f.lower() != "global"]
-    other = ":".join(scoped if len(scoped) < len(fields) else fields + ["global"])
-    out.append(",".join(parts[:i] + [other] + parts[i + 1:]))
+    other = p._replace(options=tuple(o for o in p.options if o != "global") if p.whole_tree
+                       else (*p.options, "global"))
+    out.append(",".join(q.spec for q in (*parts[:i], other, *parts[i + 1:])))
   return out
 
 

@@ -442,6 +442,23 @@ def test_parse_forms(obs, spec, name):
     np.testing.assert_array_equal(a, b)
 
 
+def test_parts_are_what_the_spec_says_in_order():
+  """The structured parts other modules read (the adapted attack, the fidelity check's variants)
+  in place of the spec's text: heads, numbers and options in order, an identity left out, a
+  defense built by hand its name alone; each part's spec parses back to that part."""
+  P = defenses.Part
+  got = defenses.parts(defenses.parse("DP:2:0.5:global:laplacian, half ,prune:0.3"))
+  assert got == (P("dp", (2.0, 0.5), ("laplacian", "global")), P("fp16"), P("prune", (0.3,)))
+  assert got[0].whole_tree and not got[2].whole_tree
+  for p in got:
+    assert defenses.parts(defenses.parse(p.spec)) == (p,)
+  assert defenses.parts(defenses.parse("none")) == ()
+  assert defenses.parts(defenses.chain(defenses.identity(), defenses.quantize_int8(False))) == (
+      P("int8", (), ("global",)),)
+  mine = defenses.Defense(lambda observation, key=None: observation, "mine")
+  assert defenses.parts(mine) == (P("mine"),)
+
+
 def test_parse_builds_the_documented_defense(obs):
   key = jax.random.key(4)
   pairs = [("gaussian:1e-3", defenses.gaussian_noise(1e-3)),
