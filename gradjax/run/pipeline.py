@@ -402,12 +402,13 @@ def adaptation(attack, adapted_to: str | None) -> list[str] | None:
   models it, then each part of the defense spec ``adapted_to`` its distance models
   (:func:`gradjax.adaptive.assumptions`); None for an attack not adapted."""
   lines, matched = [], getattr(attack, "matched", None)
+  heads = {p.head for p in defenses.parts(defenses.parse(adapted_to))} if adapted_to else set()
   if getattr(matched, "max_norm", None) is not None:  # ClippedGradient, or a Replay of DP-SGD's steps
     lines.append(f"dp_sgd: the bound C = {matched.max_norm:g} (declared); each dummy example's "
                  "gradient is clipped to it over all parameters before the mean"
                  + (" in every replayed step" if isinstance(matched, objectives.Replay) else "")
                  + ", as the client's" + (" (its noise: the gaussian part)"
-                                          if adapted_to and "gaussian" in adapted_to else ""))
+                                          if "gaussian" in heads else ""))
     if isinstance(matched, objectives.ClippedGradient) and matched.expected_batch_size is not None:
       lines.append(f"poisson: the step drew each example at rate q; one dummy example per example "
                    f"drawn, their clipped sum divided by qn = {matched.expected_batch_size:g}")
