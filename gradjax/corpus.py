@@ -45,7 +45,7 @@ CORPORA = ("pydoc", "wikitext2", "wikitext2_test")
 UNK, EOS, MASK = "<unk>", "<eos>", "<mask>"
 PAD = -2
 """The id past a padded sentence's end (:func:`padded`): no token (−1 marks a word outside the
-vocabulary in a ground truth, :class:`gradjax.run.pipeline.Sentences`)."""
+vocabulary in a ground truth, :class:`gradjax.run.text_run.Sentences`)."""
 
 _TOKEN = re.compile(r"[a-z0-9]+(?:'[a-z]+)?|[^\w\s]")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")

@@ -389,7 +389,7 @@ def text_findings(results: dict) -> dict:
 
   * ``sentences``: those with their tokens in place at least :func:`halfway` from what the corpus's
     position guess gets of them (``token_accuracy_chance_per_sentence``, from
-    :func:`gradjax.run.pipeline.chance`) to 1, or, where ``rougeL_per_sentence`` is given, with a
+    :func:`gradjax.run.text_run.chance`) to 1, or, where ``rougeL_per_sentence`` is given, with a
     ROUGE-L (their longest common subsequence) at least halfway from a guess's
     (``rougeL_chance_per_sentence``: the position guess's or the sentence's own words' in random
     order) to 1: one token inserted or dropped moves every later one out of place, not out of order;

@@ -218,9 +218,9 @@ def test_a_text_run_reports_where_its_time_went(attack, phases):
   it reads), adding up to the wall-clock time around the call."""
   import time
 
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   start = time.perf_counter()
-  results = pipeline.run_text(config.from_options({
+  results = text_run.run_text(config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "attack.preset": attack, **TEXT_RUNS[attack]}))
   wall = time.perf_counter() - start
   spent = results["time"]["phases"]

@@ -348,13 +348,13 @@ def test_cheap_check_is_flax_attention_after_the_prefix(name):
 
 @pytest.mark.slow
 def test_the_pipeline_runs_the_span_attack_and_its_residual_confirms_it():
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
       "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
       "data.batch_size": 3, "data.sequence_length": 10
   })
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["exact"] == 3 and results["rouge1"] == 1.0 and results["found"] == 3
   assert results["residual"]["relative_error"] < 1e-5  # the found batch's gradient is the update
   assert results["verdict"]["status"] == "leak"
@@ -372,21 +372,21 @@ def test_dp_sgd_clipping_keeps_the_span_and_its_noise_hides_it():
   sentence and the residual recomputed with the clipping is 0; noise of multiplier 1e-3 (ε over
   10^5) already hides the span."""
   from gradjax import clients
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, pipeline, text_run
   options = {"data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
              "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4,
              "model.text_ffn": 128, "data.batch_size": 3, "data.sequence_length": 10}
   cfg = config.from_options(options)
-  batch = pipeline.load_sentences(cfg)
-  model = pipeline.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
-  x, y = pipeline.client_pairs(cfg, model, batch.ids, batch.vocabulary)
+  batch = text_run.load_sentences(cfg)
+  model = text_run.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
+  x, y = text_run.client_pairs(cfg, model, batch.ids, batch.vocabulary)
   norms = [float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
       clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(3)]
   bound = 0.5 * min(norms)
-  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound}))
+  results = text_run.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound}))
   assert results["exact"] == 3 and results["residual"]["relative_error"] < 1e-5
   assert results["verdict"]["status"] == "leak" and results["privacy"]["epsilon"] is None
-  noisy = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound,
+  noisy = text_run.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound,
                                                  "defense.dp_sgd_noise_multiplier": 1e-3}))
   assert noisy["exact"] == 0 and noisy["privacy"]["epsilon"] > 1e5
 
@@ -419,20 +419,20 @@ def test_a_fedavg_update_of_several_steps_gives_back_the_batch():
   """A FedAvg client of three full-batch local steps (lr 0.05), then of two epochs over two
   mini-batches: the span attack reads the drifting spans (mini-batch by mini-batch), the sentences
   are exact, and replaying the client's training on them gives its update."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
       "attack.preset": "dager", "model.text_dim": 256, "model.text_heads": 4, "model.text_ffn": 512,
       "data.batch_size": 2, "client.name": "fedavg", "client.local_epochs": 3,
       "client.local_lr": 0.05
   })
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["exact"] == 2 and results["found"] == 2 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5
   assert results["spans"][0]["rank"] > 2 * 15  # the later steps' drift counted in the span
   # Mini-batches of 2 over 4 sentences, two epochs: the second mini-batch is read from the weights
   # that replaying the first one's sentences gives.
-  results = pipeline.run_text(
+  results = text_run.run_text(
       config.replace(
           cfg, {"data.batch_size": 4, "client.local_batch_size": 2, "client.local_epochs": 2}))
   assert results["exact"] == 4 and results["mini_batches"] == 2 and results["verdict"]["status"] == "leak"
@@ -448,18 +448,18 @@ def test_a_dp_sgd_fedavg_clients_mini_batches_are_read_with_its_clipping_replaye
   weights, the second from the weights that replaying the first one's clipped step gives (the
   clipping declared), all four exact, and the update replayed with the clipping is the client's."""
   from gradjax import clients
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, pipeline, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
       "attack.preset": "dager", "model.text_dim": 256, "model.text_heads": 4, "model.text_ffn": 512,
       "data.batch_size": 4, "client.name": "fedavg", "client.local_epochs": 2,
       "client.local_batch_size": 2, "client.local_lr": 0.05})
-  batch = pipeline.load_sentences(cfg)
-  model = pipeline.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
-  x, y = pipeline.client_pairs(cfg, model, batch.ids, batch.vocabulary)
+  batch = text_run.load_sentences(cfg)
+  model = text_run.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
+  x, y = text_run.client_pairs(cfg, model, batch.ids, batch.vocabulary)
   norms = [float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
       clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(4)]
-  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": 0.5 * min(norms)}))
+  results = text_run.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": 0.5 * min(norms)}))
   assert results["exact"] == 4 and results["mini_batches"] == 2 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5
 
@@ -558,13 +558,13 @@ def test_a_captured_pytorch_update_of_the_encoder_gives_back_its_sentence(tmp_pa
 def test_a_batch_too_long_to_order_still_leaks_its_words():
   """gpt of width 200 at batch 16 of 15 tokens: 240 prefixes fill the second block's span, the
   first block's still gives the batch's words; the verdict is a leak of the bag, not an error."""
-  from gradjax.run import config, pipeline
-  results = pipeline.run_text(
+  from gradjax.run import config, text_run
+  results = text_run.run_text(
       config.from_options({
           "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
           "attack.preset": "dager", "data.batch_size": 16
       }))
-  sentences = pipeline.load_sentences(
+  sentences = text_run.load_sentences(
       config.from_options({
           "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
           "data.batch_size": 16
@@ -586,11 +586,11 @@ def test_a_span_that_cannot_be_read_still_gives_the_words_the_embedding_gradient
   """The encoder transformer at batch 8, whose first block's span the attack cannot read (no
   position sets): the rows of the embedding table the update moved are the batch's words (NumPy's
   set of its tokens), a leak of the bag, not an inconclusive run that reports none."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   options = {"data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
              "attack.preset": "dager", "data.batch_size": 8}
-  results = pipeline.run_text(config.from_options(options))
-  sentences = pipeline.load_sentences(config.from_options(options))
+  results = text_run.run_text(config.from_options(options))
+  sentences = text_run.load_sentences(config.from_options(options))
   assert results["found"] == 0 and "span" in results["unreadable"]
   assert set(results["words"]) == set(sentences.vocabulary.decode(np.unique(sentences.ids)))
   assert results["word_precision"] == 1.0 and results["word_recall"] == 1.0
@@ -637,16 +637,16 @@ def test_the_pipeline_reads_a_masked_language_models_update():
   """bert through the pipeline: batches of 1 and 2 exact (the masked words from the gradient, the
   found inputs and targets reproducing the update); a FedAvg client is refused (its local steps
   train on next-token targets)."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
       "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
       "data.batch_size": 1, "data.sequence_length": 15
   })
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["exact"] == 1 and results["rouge1"] == 1.0 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5 and results["masked_targets_residual"] < 1e-5
-  results = pipeline.run_text(config.replace(cfg, {"data.batch_size": 2}))
+  results = text_run.run_text(config.replace(cfg, {"data.batch_size": 2}))
   assert results["exact"] == 2 and results["rouge1"] == 1.0 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5 and results["masked_targets_residual"] < 1e-5
   with pytest.raises(ValueError, match="masked language model"):
@@ -663,34 +663,34 @@ def test_a_masked_language_models_dp_sgd_client_is_read_exactly():
   < 1e-5); its DP-SGD is in the results (no noise: ε infinite). Noise of multiplier 1e-3 hides
   the span."""
   from gradjax import clients
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, pipeline, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
       "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
       "data.batch_size": 2, "data.sequence_length": 15})
-  batch = pipeline.load_sentences(cfg)
-  model = pipeline.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
-  x, y = pipeline.client_pairs(cfg, model, batch.ids, batch.vocabulary)
+  batch = text_run.load_sentences(cfg)
+  model = text_run.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
+  x, y = text_run.client_pairs(cfg, model, batch.ids, batch.vocabulary)
   weights = clients.example_weights(jnp.asarray(y))
   norms = [float(weights[n]) * float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
       clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(2)]
   assert abs(norms[0] - norms[1]) > 1e-3 * max(norms)  # the two sentences are clipped differently
   bound = 0.5 * min(norms)
-  results = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound}))
+  results = text_run.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound}))
   assert results["exact"] == 2 and results["verdict"]["status"] == "leak"
   assert results["residual"]["relative_error"] < 1e-5 and results["masked_targets_residual"] < 1e-5
   assert results["privacy"]["max_norm"] == pytest.approx(bound) and results["privacy"]["epsilon"] is None
-  noisy = pipeline.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound,
+  noisy = text_run.run_text(config.replace(cfg, {"defense.dp_sgd_max_norm": bound,
                                                  "defense.dp_sgd_noise_multiplier": 1e-3}))
   assert noisy["exact"] == 0 and noisy["verdict"]["status"] != "leak"
 
 
 @pytest.mark.slow
 def test_an_extension_that_stops_is_inconclusive_with_the_position(monkeypatch):
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   stopped = lambda *a, **k: dager.Recovery(np.zeros((0, 15), np.int32), np.zeros(0), [], (), 3, False)
   monkeypatch.setattr(dager, "recover", stopped)
-  results = pipeline.run_text(
+  results = text_run.run_text(
       config.from_options({
           "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
           "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4,
@@ -863,17 +863,17 @@ def test_the_token_search_takes_over_where_the_spans_give_only_each_positions_wo
   alone.
   With --iterations the token search, each position kept to its own set, orders them: both
   sentences come back word for word (against the corpus's text) and their gradient is the update."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
       "model.text_layers": 1, "attack.preset": "dager", "data.batch_size": 2, "data.index": 2,
       "data.sequence_length": 15
   })
-  refused = pipeline.run_text(cfg)
+  refused = text_run.run_text(cfg)
   assert refused["found"] == 0 and not refused["findings"]["sentences"]["leak"]
   assert refused["findings"]["bag"]["leak"]  # the words, without their order
   assert "orders a batch of several sentences" in refused["unreadable"]
-  results = pipeline.run_text(config.replace(cfg, {"attack.iterations": 200}))
+  results = text_run.run_text(config.replace(cfg, {"attack.iterations": 200}))
   assert results["take_over"]["iterations"] == 200 and results["found"] == 2
   # The words the spans gave are reported as without the search, whatever order it finds.
   assert results["words"] == refused["words"] and results["word_recall"] == refused["word_recall"]
@@ -887,7 +887,7 @@ def test_a_signal_stops_the_token_search_that_takes_over_and_saves_it(tmp_path, 
   """The token search after the spans runs under the run's saver: a stop asked for (the first
   Ctrl-C or SIGTERM) saves its state and ends the run, where before it ran to its end."""
   import signal
-  from gradjax.run import config, pipeline, resume
+  from gradjax.run import config, resume, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
       "model.text_layers": 1, "attack.preset": "dager", "data.batch_size": 2, "data.index": 2,
@@ -896,7 +896,7 @@ def test_a_signal_stops_the_token_search_that_takes_over_and_saves_it(tmp_path, 
   monkeypatch.setattr(resume, "stop_requested", lambda: signal.SIGTERM)
   state = resume.StateFile(str(tmp_path / "state.npz"))
   with pytest.raises(resume.Interrupted):
-    pipeline.run_text(cfg, state=state)
+    text_run.run_text(cfg, state=state)
   assert (tmp_path / "state.npz").exists()
   with pytest.raises(ValueError, match="closed form"):
     config.check(config.replace(cfg, {"attack.optimizer": "adam"}))
@@ -973,16 +973,16 @@ def test_a_padded_batch_needs_a_causal_model():
 
 @pytest.mark.slow
 def test_the_pipeline_reads_a_padded_batch_and_its_residual_confirms_it():
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
       "attack.preset": "dager", "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128,
       "data.batch_size": 4, "data.sequence_length": 10, "data.min_length": 4
   })
-  batch = pipeline.load_sentences(cfg)
+  batch = text_run.load_sentences(cfg)
   lengths = corpus.lengths(batch.ids)
   assert lengths.min() >= 4 and len(set(lengths.tolist())) > 1  # the batch is padded
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["exact"] == 4 and results["found"] == 4 and results["rouge2"] == 1.0
   assert results["residual"]["relative_error"] < 1e-5
   assert results["verdict"]["status"] == "leak"
@@ -1052,11 +1052,11 @@ def test_a_branch_that_ends_near_the_tolerance_is_not_kept_as_a_sentence():
   """A vocabulary of 50 words (the others <unk>, repeated): a branch passes the checks near their
   tolerance and ends (read as one length it would die); it holds prefixes the span does not, so it
   is dropped and the batch found is the client's (its gradient the update)."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt", "attack.preset": "dager",
       "data.batch_size": 8, "data.sequence_length": 15, "data.min_length": 6, "data.vocab_size": 50})
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["found"] == 8 and results["unexplained_inputs"] == 0
   assert results["residual"]["relative_error"] < 1e-5
 
@@ -1066,15 +1066,15 @@ def test_a_branch_that_ends_near_the_tolerance_is_not_kept_as_a_sentence():
 def test_the_pipeline_completes_a_padded_batch_whose_sentence_is_anothers_start():
   """pydoc's sentences 427-430 of 1 to 15 tokens: one is the start of another; the spans give three,
   the gradient the fourth."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt", "attack.preset": "dager",
       "data.batch_size": 4, "data.index": 427, "data.sequence_length": 15, "data.min_length": 1,
       "model.text_dim": 64, "model.text_heads": 4, "model.text_ffn": 128})
-  batch = pipeline.load_sentences(cfg)
+  batch = text_run.load_sentences(cfg)
   starts = [a for a in batch.words for b in batch.words if a != b and b[:len(a)] == a]
   assert starts  # the premise: a sentence of the batch starts another
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["completed"] == 1 and results["exact"] == 4
   assert results["residual"]["relative_error"] < 1e-5
 

@@ -159,34 +159,34 @@ def test_rouge_l_chance_of_a_sentences_own_words_in_random_order():
   """The bag guess of ROUGE-L: a 4-word sentence's words in 32 random orders average within 0.1 of
   their mean over all 24 orders (LCS by recursion); unknown words (-1) are never matched; none
   known gives 0."""
-  from gradjax.run import pipeline
+  from gradjax.run import text_run
   truth = np.array([5, 7, 5, 9])
   exact = np.mean([_lcs(p, tuple(truth)) / 4 for p in itertools.permutations(truth.tolist())])
-  got = pipeline._ordered_at_random(truth, np.random.default_rng(0))
+  got = text_run._ordered_at_random(truth, np.random.default_rng(0))
   assert abs(got - exact) < 0.1
   # exactly the mean over the generator's 32 orders (the same draws, scored by the recursion)
   rng = np.random.default_rng(0)
-  drawn = [tuple(rng.permutation(truth).tolist()) for _ in range(pipeline.BAG_ORDERS)]
+  drawn = [tuple(rng.permutation(truth).tolist()) for _ in range(text_run.BAG_ORDERS)]
   assert got == pytest.approx(np.mean([_lcs(p, tuple(truth)) / 4 for p in drawn]), rel=1e-12)
   partly = np.array([5, -1, 7, -1])
   perms = [p + (-2, -2) for p in itertools.permutations((5, 7))]
   want = np.mean([_lcs(p, tuple(partly)) / 4 for p in perms])  # P = R = L / 4: F = L / 4
-  assert pipeline._ordered_at_random(partly, np.random.default_rng(0)) == pytest.approx(want, abs=0.1)
-  assert pipeline._ordered_at_random(np.array([-1, -1]), np.random.default_rng(0)) == 0.0
+  assert text_run._ordered_at_random(partly, np.random.default_rng(0)) == pytest.approx(want, abs=0.1)
+  assert text_run._ordered_at_random(np.array([-1, -1]), np.random.default_rng(0)) == 0.0
 
 
 def test_chance_is_the_guess_from_the_other_sentences():
-  """pipeline.chance: the guesses are made from the pool without the client's sentences, and scored
+  """text_run.chance: the guesses are made from the pool without the client's sentences, and scored
   against each of them (plain Counter arithmetic here)."""
-  from gradjax.run import config, pipeline
-  batch = pipeline.load_sentences(
+  from gradjax.run import config, text_run
+  batch = text_run.load_sentences(
       config.from_options({
           "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
           "data.batch_size": 2, "data.index": 3
       }))
   assert batch.others.shape == (batch.pool - 2, 15)
   assert not any((batch.others == s).all(1).any() for s in batch.ids)
-  got = pipeline.chance(batch)
+  got = text_run.chance(batch)
   columns = list(zip(*batch.others.tolist()))
   counts = collections.Counter()
   for s in batch.others.tolist():
@@ -206,20 +206,20 @@ def test_chance_is_the_guess_from_the_other_sentences():
   for i, s in enumerate(batch.truth.tolist()):
     known = np.array([t for t in s if t >= 0])
     orders = np.mean([_lcs(tuple(rng.permutation(known).tolist()), tuple(s)) / 15
-                      for _ in range(pipeline.BAG_ORDERS)])
+                      for _ in range(text_run.BAG_ORDERS)])
     assert got["rougeL_chance_per_sentence"][i] == pytest.approx(max(_lcs(tuple(top), tuple(s)) / 15, orders))
   assert got["rougeL_chance"] == pytest.approx(np.mean(got["rougeL_chance_per_sentence"]))
   # Words found without their places: word recall against the corpus's as many most frequent
   # words (Counter arithmetic, the vocabulary's unseen words after them by id); without other
   # sentences, against K words drawn at random: K/V of each sentence's tokens.
   found = np.array([batch.ids[0, 0], batch.ids[1, 3], 1, 2], np.int32)
-  words = pipeline._words_found(found, batch)
+  words = text_run._words_found(found, batch)
   seen = collections.Counter(batch.others.ravel().tolist())
   top = sorted(range(len(batch.vocabulary)), key=lambda v: (-seen[v], v))[:4]
   for i, s in enumerate(batch.ids.tolist()):
     assert words["word_recall_per_sentence"][i] == pytest.approx(np.mean([t in set(found.tolist()) for t in s]))
     assert words["word_recall_chance_per_sentence"][i] == pytest.approx(np.mean([t in top for t in s]))
-  alone = pipeline._words_found(found, batch._replace(others=batch.others[:0]))
+  alone = text_run._words_found(found, batch._replace(others=batch.others[:0]))
   assert alone["word_guess"] == "uniform" and alone["word_recall_chance"] == pytest.approx(4 / len(batch.vocabulary))
 
 
@@ -228,10 +228,10 @@ def test_words_outside_the_vocabulary_are_never_recovered():
   scores count none of them as recovered (an attack that gets every id right gets the known words
   only), the chance level alike, and the true sentences are shown as written (the vocabulary and
   the pool rebuilt here with Counter and sorted)."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({"data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
                              "data.batch_size": 2, "data.index": 3, "data.vocab_size": 30})
-  batch = pipeline.load_sentences(cfg)
+  batch = text_run.load_sentences(cfg)
   sentences = corpus.tokenized(corpus.sentences("pydoc", None), "words")
   counts = collections.Counter(t for s in sentences for t in s if t not in ("<unk>", "<eos>"))
   known = set(sorted(counts, key=lambda t: (-counts[t], t))[:28])
@@ -247,13 +247,13 @@ def test_words_outside_the_vocabulary_are_never_recovered():
   perfect = metrics.score_text(batch.ids, batch.truth)
   np.testing.assert_allclose(perfect["token_accuracy_per_sentence"], hits)
   assert perfect["exact"] == 0
-  guess = pipeline.chance(batch)["token_accuracy_chance_per_sentence"]
+  guess = text_run.chance(batch)["token_accuracy_chance_per_sentence"]
   unk_guess = [np.mean([t not in known for t in w]) for w in written]  # what <unk> everywhere had got
   allunk = metrics.token_accuracy(np.zeros_like(batch.ids), batch.truth)
   np.testing.assert_array_equal(allunk, [0.0, 0.0])
   assert all(g <= 1 - u + 1e-12 for g, u in zip(guess, unk_guess))
   # What any attack can recover, the verdict's ceiling: the share of known words (Counter's).
-  np.testing.assert_allclose(pipeline.chance(batch)["known_share_per_sentence"], hits)
+  np.testing.assert_allclose(text_run.chance(batch)["known_share_per_sentence"], hits)
 
 
 def test_language_model_pairs_and_windows(vocab):
@@ -338,13 +338,13 @@ def test_padded_scores_read_each_sentences_tokens():
 def test_a_padded_batchs_truth_and_known_share_read_its_words():
   """A padded client batch of a small vocabulary: the truth is each sentence's ids, -1 for a word
   outside the vocabulary, PAD past its end; the known share counts its own words (plain Python)."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt", "attack.preset": "dager",
       "data.batch_size": 4, "data.sequence_length": 10, "data.min_length": 4, "data.vocab_size": 60})
-  batch = pipeline.load_sentences(cfg)
+  batch = text_run.load_sentences(cfg)
   assert len({len(w) for w in batch.words}) > 1
-  chance = pipeline.chance(batch)
+  chance = text_run.chance(batch)
   for i, words in enumerate(batch.words):
     known = [w in batch.vocabulary.index for w in words]
     expected = [batch.vocabulary.index[w] if k else -1 for w, k in zip(words, known)]
@@ -391,13 +391,13 @@ def test_a_text_client_reads_byte_pair_sentences():
   """--config.data.tokenizer=bpe:N: the client's sentences are the corpus's distinct sentences of T pieces, as
   ids of a vocabulary of those pieces; a checkpoint (a word vocabulary) with --config.data.tokenizer is refused."""
   pytest.importorskip("sentencepiece")
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "gpt",
       "attack.preset": "dager", "data.batch_size": 2, "data.sequence_length": 12,
       "data.tokenizer": "bpe:1000", "data.index": 3
   })
-  sentences = pipeline.load_sentences(cfg)
+  sentences = text_run.load_sentences(cfg)
   pool = corpus.of_length(corpus.subwords(corpus.sentences("pydoc"), 1000), 12)
   assert sentences.pool == len(pool)
   assert [sentences.vocabulary.decode(s) for s in sentences.ids] == pool[3:5]
@@ -714,8 +714,8 @@ def test_a_masked_encoder_is_read_by_the_optimisation_attacks():
   masked = np.asarray(text.nearest_tokens(rec.embeddings, table)) == mask
   np.testing.assert_array_equal(rec.tokens_nearest[masked & (rec.targets >= 0)],
                                 rec.targets[masked & (rec.targets >= 0)])
-  from gradjax.run import config, pipeline  # the command line's path, its residual on hard targets
-  results = pipeline.run_text(config.from_options({
+  from gradjax.run import config, text_run  # the command line's path, its residual on hard targets
+  results = text_run.run_text(config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert", "attack.preset": "adam_dlg",
       "attack.iterations": 2, "data.sequence_length": 8,
       "model.text_dim": 16, "model.text_heads": 2, "model.text_ffn": 16, "model.text_layers": 1}))
@@ -999,12 +999,12 @@ def test_a_text_runs_residual_is_the_sine_to_the_update_its_embeddings_determine
   (dummy embeddings bypass the lookup: the table's gradient is not theirs to reproduce, and a tied
   decoder reads the server's table as a constant); and 0 for the client's own embeddings and next
   tokens, which before counted ‖c_table‖ / ‖c‖ as a residual."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   cfg = config.from_options({
       "data.modality": "text", "data.dataset": "pydoc", "model.name": model,
       "attack.preset": "adam_dlg", "attack.iterations": 2, "data.sequence_length": 6,
       "model.text_dim": 16, "model.text_heads": 2, "model.text_ffn": 16, "model.text_layers": 1})
-  batch = pipeline.load_sentences(cfg)
+  batch = text_run.load_sentences(cfg)
   x, y = corpus.language_model_pairs(batch.ids, batch.vocabulary.eos)
   seen, reconstruct = {}, text.reconstruct
 
@@ -1019,7 +1019,7 @@ def test_a_text_runs_residual_is_the_sine_to_the_update_its_embeddings_determine
     return rec
 
   monkeypatch.setattr(text, "reconstruct", spy)
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   apply_fn, obs, dummy = seen["apply_fn"], seen["observation"], seen["dummy"]
   table = obs.variables["params"]["embed"]["embedding"]
   others = {k: v for k, v in obs.variables["params"].items() if k != "embed"}
@@ -1048,7 +1048,7 @@ def test_a_text_runs_residual_is_the_sine_to_the_update_its_embeddings_determine
     assert layers[jax.tree_util.keystr(path)]["relative_error"] == pytest.approx(
         np.linalg.norm(alpha * ui - ci) / max(np.linalg.norm(ci), floor), rel=1e-3, abs=1e-6)
   seen["truth"] = True
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["residual"]["relative_error"] < 1e-4
 
 
@@ -1068,9 +1068,9 @@ def test_a_token_searchs_residual_is_that_of_the_sentences_it_decoded(monkeypatc
   was matched): sin ∠(u, c) in NumPy float64 over every parameter, u the gradient of next-token
   cross entropy at the decoded sentences written out here with jax.grad (the closer of the two
   decodings), c the client's; 0 when the search decodes the client's own sentences."""
-  from gradjax.run import pipeline
+  from gradjax.run import text_run
   cfg = _token_search_config("transformer")
-  batch = pipeline.load_sentences(cfg)
+  batch = text_run.load_sentences(cfg)
   eos = batch.vocabulary.eos
   seen, reconstruct = {}, text.reconstruct
 
@@ -1082,7 +1082,7 @@ def test_a_token_searchs_residual_is_that_of_the_sentences_it_decoded(monkeypatc
     return rec
 
   monkeypatch.setattr(text, "reconstruct", spy)
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   apply_fn, obs = seen["apply_fn"], seen["observation"]
   flat = lambda tree: np.concatenate([np.ravel(a) for a in jax.tree.leaves(tree)]).astype(np.float64)
   c = flat(obs.gradient)
@@ -1102,7 +1102,7 @@ def test_a_token_searchs_residual_is_that_of_the_sentences_it_decoded(monkeypatc
   want = min(sine(ids) for ids in seen["decoded"])
   assert results["residual"]["relative_error"] == pytest.approx(want, rel=1e-3, abs=1e-5)
   seen["truth"] = True
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   assert results["residual"]["relative_error"] < 1e-4
 
 
@@ -1111,9 +1111,9 @@ def test_a_masked_models_token_search_residual_is_that_of_its_own_masks(monkeypa
   NumPy float64, u the gradient of the mean cross entropy at the positions the search masked,
   inputs ``<mask>`` there and its words as targets, written out here with jax.grad; 0 at the
   client's own sentences and masks; none where the search masked nothing."""
-  from gradjax.run import pipeline
+  from gradjax.run import text_run
   cfg = _token_search_config("bert")
-  batch = pipeline.load_sentences(cfg)
+  batch = text_run.load_sentences(cfg)
   mask = batch.vocabulary.mask
   client_x, client_y = corpus.masked_lm_pairs(batch.ids, mask, 0.15, seed=(cfg.seed, cfg.data.index))
   # The search's masks: the client's first masked position moved by one, and one more.
@@ -1129,7 +1129,7 @@ def test_a_masked_models_token_search_residual_is_that_of_its_own_masks(monkeypa
     return rec._replace(tokens_pinv=tokens, tokens_nearest=tokens, targets=targets)
 
   monkeypatch.setattr(text, "reconstruct", spy)
-  results = pipeline.run_text(cfg)
+  results = text_run.run_text(cfg)
   apply_fn, obs, tokens = seen["apply_fn"], seen["observation"], np.asarray(seen["tokens"])
   inputs, targets = np.where(masks, mask, tokens), np.where(masks, tokens, 0)
 
@@ -1144,9 +1144,9 @@ def test_a_masked_models_token_search_residual_is_that_of_its_own_masks(monkeypa
   assert results["residual"]["relative_error"] == pytest.approx(np.sqrt(max(1 - cos ** 2, 0.0)),
                                                                 rel=1e-3, abs=1e-5)
   seen["truth"] = True
-  assert pipeline.run_text(cfg)["residual"]["relative_error"] < 1e-4
+  assert text_run.run_text(cfg)["residual"]["relative_error"] < 1e-4
   seen.update(truth=False, targets=lambda tokens: np.full(tokens.shape, -1))
-  assert pipeline.run_text(cfg)["residual"] is None
+  assert text_run.run_text(cfg)["residual"] is None
 
 
 def test_a_corrupt_wikitext_gzip_is_one_value_error(tmp_path):
@@ -1169,11 +1169,11 @@ def test_an_optimisation_attack_counts_the_words_the_embedding_gradient_gives():
   """SAPAG on the default language model (the README's text run, a few iterations): the embedding
   gradient's moved rows are the sentence's words (NumPy's set of its tokens), counted as a leak of
   the bag whatever the decoded sentence scores; ROUGE of the decoded sentences is reported."""
-  from gradjax.run import config, pipeline
+  from gradjax.run import config, text_run
   options = {"data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
              "attack.preset": "sapag", "attack.iterations": 3}
-  results = pipeline.run_text(config.from_options(options))
-  sentences = pipeline.load_sentences(config.from_options(options))
+  results = text_run.run_text(config.from_options(options))
+  sentences = text_run.load_sentences(config.from_options(options))
   truth = set(sentences.vocabulary.decode(np.unique(sentences.ids)))
   assert set(results["words"]) == set(results["bag"]) == truth
   assert results["word_precision"] == 1.0 and results["word_recall"] == 1.0

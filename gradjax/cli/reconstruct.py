@@ -32,7 +32,7 @@ from absl import app, flags
 
 from gradjax import verdict
 from gradjax.cli import common, distributed
-from gradjax.run import config, pipeline, report, resume
+from gradjax.run import config, pipeline, report, resume, text_run
 
 common.define_flags()
 common.define_output_flags()
@@ -157,7 +157,7 @@ def print_verdict(results: dict) -> None:
 def text_main(cfg, out, state):
   """--modality=text: recover the client's sentences; print them beside the true ones."""
   try:
-    results = pipeline.run_text(cfg, callback=common.log_progress, state=state)
+    results = text_run.run_text(cfg, callback=common.log_progress, state=state)
   except (ValueError, FileNotFoundError, FloatingPointError) as e:
     common.fail(str(e))
   except resume.Interrupted as e:

@@ -34,7 +34,7 @@ from absl import app, flags, logging
 
 from gradjax.cli import common
 from gradjax import configs, files, text
-from gradjax.run import campaign, config, pipeline, report
+from gradjax.run import campaign, config, report, text_run
 
 METHODS = {
     "DLG": {"attack.preset": "dlg"},
@@ -145,7 +145,7 @@ def main(argv):
     for m in names:
       config.check(config.replace(cfg, METHODS[m]), files)
     if cfg.model.checkpoint and files:  # its vocabulary, read before the untrained rows run
-      pipeline.text_vocabulary(cfg, [])
+      text_run.text_vocabulary(cfg, [])
 
   cfg = common.config_from_flags(check=check)
   models = ([("untrained", None)] if f.untrained else []) + (

@@ -1,5 +1,5 @@
 """The run around the attack core: one configuration (``config``), the program that turns it into an
-attack on an update and its verdict (``pipeline``), saved solver states (``resume``), the files a run
+attack on an update and its verdict (``pipeline``; a text experiment's, ``text_run``), saved solver states (``resume``), the files a run
 writes (``report``), the store of a campaign's experiments (``campaign``) and the processes a run
 spans (``processes``).
 

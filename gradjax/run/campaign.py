@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gradjax import files
-from gradjax.run import config, pipeline, report, resume
+from gradjax.run import config, pipeline, report, resume, text_run
 from gradjax.run.config import Config
 
 STATE_FILE = "state.npz"  # a run's solver state, which --resume continues from
@@ -165,7 +165,7 @@ class Items:
     inputs = pipeline.input_digests(cfg)  # the files as the attack reads them
     try:
       if cfg.data.modality == "text":  # the sentences are in the results
-        results, images = pipeline.run_text(cfg, state=state, **kw), {}
+        results, images = text_run.run_text(cfg, state=state, **kw), {}
       else:
         results, images = pipeline.run(cfg, state=state, **kw)
     except resume.Interrupted as e:

@@ -35,7 +35,7 @@ import sweeps  # noqa: E402  (the batches study's table writer)
 import noise  # noqa: E402  (this study's image table: its row names)
 
 from gradjax import clients, privacy  # noqa: E402
-from gradjax.run import config, pipeline  # noqa: E402
+from gradjax.run import config, pipeline, text_run  # noqa: E402
 
 RUNS = {"gpt": os.path.join(HERE, "runs", "text"), "bert": os.path.join(HERE, "runs", "text_bert")}
 LENGTH, BATCH, BATCHES, DELTA = 16, 4, 3, 1e-5
@@ -53,9 +53,9 @@ def bound(cfg) -> float:
   """Half the smallest of the batch's sentences' gradient norms (each weighed as the client weighs
   it: 1 for next-token targets, its share of the masks for a masked model): every sentence is
   clipped."""
-  batch = pipeline.load_sentences(cfg)
-  model = pipeline.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
-  x, y = pipeline.client_pairs(cfg, model, batch.ids, batch.vocabulary)
+  batch = text_run.load_sentences(cfg)
+  model = text_run.text_model(cfg, batch.vocabulary, pipeline.experiment_keys(cfg.seed, cfg.data.index)[0])
+  x, y = text_run.client_pairs(cfg, model, batch.ids, batch.vocabulary)
   weights = np.asarray(clients.example_weights(jax.numpy.asarray(y)))
   norms = [float(weights[n]) * float(np.sqrt(sum(np.sum(np.square(a)) for a in jax.tree.leaves(
       clients.gradient(model.apply_fn, model.variables, x[n:n + 1], y[n:n + 1]))))) for n in range(BATCH)]
@@ -72,7 +72,7 @@ def run(sigma: float, data_dir: str | None, model: str) -> None:
     c = bound(cfg)
     cfg = config.replace(cfg, {"defense.dp_sgd_max_norm": c, "defense.dp_sgd_noise_multiplier": sigma})
     start = time.perf_counter()
-    results = pipeline.run_text(cfg)
+    results = text_run.run_text(cfg)
     records.append({"batch": k, "max_norm": c, "exact": results["exact"], "rouge1": results["rouge1"],
                     "bag_recall": results["bag_recall"], "word_precision": results.get("word_precision"),
                     "word_recall": results.get("word_recall"),

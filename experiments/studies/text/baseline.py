@@ -4,7 +4,7 @@
 
 For each sentence of a corpus's pool (its distinct sentences of exactly T tokens, as the text
 pipeline draws a client's), the guesses of :func:`gradjax.corpus.unigram_guesses` made from the pool's
-other sentences (:func:`gradjax.run.pipeline.chance`, leave-one-out): the position guess's token accuracy
+other sentences (:func:`gradjax.run.text_run.chance`, leave-one-out): the position guess's token accuracy
 and the bag guess's bag-of-words recall against that sentence. The verdict counts a finding at least
 halfway from these to 1 (:func:`gradjax.verdict.halfway`); before, it counted 0.5 whatever the
 corpus. Writes runs/baseline/table.md and table.json.
@@ -16,8 +16,7 @@ import os
 
 import numpy as np
 
-from gradjax.run import pipeline
-from gradjax.run import config
+from gradjax.run import config, text_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "baseline")
@@ -26,12 +25,12 @@ ROWS = (("wikitext2_test", 16), ("wikitext2_test", 32), ("wikitext2_test", 64), 
 
 def row(dataset: str, length: int, data_dir: str | None) -> dict:
   model = "gpt" if dataset.startswith("wikitext") else "transformer"
-  first = pipeline.load_sentences(
+  first = text_run.load_sentences(
       config.from_options({
           "data.modality": "text", "data.dataset": dataset, "data.data_dir": data_dir,
           "model.name": model, "data.sequence_length": length, "data.batch_size": 1
       }))
-  pool = pipeline.load_sentences(
+  pool = text_run.load_sentences(
       config.from_options({
           "data.modality": "text", "data.dataset": dataset, "data.data_dir": data_dir,
           "model.name": model, "data.sequence_length": length, "data.batch_size": first.pool
@@ -39,7 +38,7 @@ def row(dataset: str, length: int, data_dir: str | None) -> dict:
   ids = pool.ids
   accuracy, recall = [], []
   for i in range(len(ids)):
-    c = pipeline.chance(pipeline.Sentences(ids[i:i + 1], pool.vocabulary, len(ids),
+    c = text_run.chance(text_run.Sentences(ids[i:i + 1], pool.vocabulary, len(ids),
                                            np.delete(ids, i, axis=0)))
     accuracy.append(c["token_accuracy_chance"])
     recall.append(c["bag_recall_chance"])

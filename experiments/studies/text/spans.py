@@ -61,8 +61,7 @@ import jax
 import numpy as np
 
 from gradjax import clients, corpus, dager, metrics, models
-from gradjax.run import pipeline
-from gradjax.run import config
+from gradjax.run import config, pipeline, text_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "spans")
@@ -114,8 +113,8 @@ def _gpt_batches(data_dir, length, batch, count, trained=None, name="gpt", first
         "data.modality": "text", "data.dataset": "wikitext2_test", "model.name": name,
         "model.checkpoint": trained, "data.sequence_length": length
     })
-    vocabulary = pipeline.text_vocabulary(cfg, sentences)
-    model = pipeline.text_model(cfg, vocabulary, None)
+    vocabulary = text_run.text_vocabulary(cfg, sentences)
+    model = text_run.text_model(cfg, vocabulary, None)
   else:
     vocabulary = corpus.Vocabulary.build(sentences)
     if models.is_masked_lm(name):
@@ -149,8 +148,8 @@ def _sapag_batches(data_dir, length, batch, count, shortest=None):
         **({} if shortest is None else {"data.min_length": shortest, "attack.preset": "dager"})
     })
     key_model = pipeline.experiment_keys(cfg.seed, cfg.data.index).model
-    sentences = pipeline.load_sentences(cfg)
-    model = pipeline.text_model(cfg, sentences.vocabulary, key_model)
+    sentences = text_run.load_sentences(cfg)
+    model = text_run.text_model(cfg, sentences.vocabulary, key_model)
     yield k * batch, sentences.ids, model, sentences.vocabulary
 
 

@@ -9,7 +9,7 @@ key from the index): the span attack finds each position's words (its sinusoids 
 position) but has no second block to order them into sentences, so ``gradjax reconstruct
 --attack=dager`` reports the words alone. Four runs of the pipeline on each batch: the span attack
 alone; the span attack with ``--iterations=200`` (its token search, DLG's objective, each position
-kept to the words the spans admit there, ``gradjax.run.pipeline._take_over``); and the token search
+kept to the words the spans admit there, ``gradjax.run.text_run._take_over``); and the token search
 over the embedding gradient's bag alone (``--attack=dlg --config.attack.text_search=tokens
 --iterations=200``), what a user would run without the spans. One restart each, and the span
 attack's token search with four (``--restarts=4``, the lowest objective kept). Each run's record:
@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from gradjax.run import config, pipeline
+from gradjax.run import config, text_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = os.path.join(HERE, "runs", "take_over")
@@ -47,7 +47,7 @@ def run(kind: str, batch: int) -> list[dict]:
         "data.modality": "text", "data.dataset": "pydoc", "model.name": "transformer",
         "model.text_layers": 1, "data.sequence_length": 15, "data.batch_size": batch,
         "data.index": k * batch, **RUNS_OF[kind]})
-    results = pipeline.run_text(cfg)
+    results = text_run.run_text(cfg)
     records.append({
         "index": k * batch, "seconds": results["wall_time_s"], "found": results.get("found"),
         **{key: results.get(key) for key in ("exact", "rouge1", "token_accuracy", "bag_recall")},
