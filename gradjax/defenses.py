@@ -411,10 +411,19 @@ def chain(*defenses: Defense) -> Defense:
 
 
 def parts(defense: Defense) -> tuple[Part, ...]:
-  """The :class:`Part` of each defense ``defense`` applies, in order (none for :func:`identity`); a
-  defense built elsewhere (``Defense(apply, name)``) is the part of its name alone."""
-  return tuple(d.part or Part(d.name) for d in (defense.parts or (defense,))
-               if (d.part or Part(d.name)).head != "none")
+  """The :class:`Part` of each defense ``defense`` applies, in order (none for :func:`identity`).
+  A defense built elsewhere (``Defense(apply, name)``) is read by its name: the parts of
+  :func:`parse` of it where it is a spec, else one part whose head is the name."""
+  found = []
+  for d in defense.parts or (defense,):
+    if d.part is not None:
+      found.append(d.part)
+      continue
+    try:
+      found.extend(parts(parse(d.name)))
+    except ValueError:  # a name of its own
+      found.append(Part(d.name))
+  return tuple(p for p in found if p.head != "none")
 
 
 # --- command line ---------------------------------------------------------------------------------

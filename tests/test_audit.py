@@ -32,6 +32,10 @@ def test_settings_are_the_configuration_the_audit_reads():
   assert (chosen.data.dataset, chosen.attack.iterations, chosen.seed) == ("cifar10", 300, 3)
   assert chosen.defense.dp_sgd_max_norm == 0.5 and chosen.model.name is None
   assert audit.from_json(json.loads(json.dumps(chosen.to_json()))) == chosen
+  # NumPy's numbers are read as Python's: the settings travel as JSON.
+  numpy = audit.settings(("dlg",), {"data.dataset": "cifar10", "attack.iterations": np.int64(300),
+                                    "defense.dp_sgd_max_norm": np.float32(0.5), "seed": np.int32(3)})
+  assert numpy == chosen and json.loads(json.dumps(numpy.to_json())) == chosen.to_json()
   with pytest.raises(ValueError, match="defense.spec"):
     audit.settings(options={"defense.spec": "prune:0.9"})  # a defense is the capture's to declare
   with pytest.raises(ValueError):
@@ -511,6 +515,16 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   captures = {c.client: c for c in audit.captures(tmp_path / "audit")}
   copied = json.loads((round_dir / "client_1" / audit.ROWS).read_text())
   assert audit.kept_rows(captures["1"], settings) == copied["rows"]
+  # The flat record an audit before 2026-12-07 wrote: read back when it says the same settings.
+  flat = {"attacks": ["idlg"], "model": None, "dataset": None, "data_dir": None, "image_size": None,
+          "normalization": None, "iterations": 2, "restarts": 1, "seed": 0, "lpips": "none",
+          "rename": None, "force": False, "adaptive": False, "clients_per_run": None,
+          "dp_sgd_max_norm": None, "dp_sgd_noise_multiplier": 0.0, "dp_sgd_sampling_rate": 1.0,
+          "dp_sgd_steps": 1, "dp_sgd_delta": 1e-5, "dp_sgd_poisson": False,
+          "dp_sgd_expected_batch_size": None}
+  for record, kept in ((flat, copied["rows"]), ({**flat, "iterations": 3}, None)):
+    (round_dir / "client_1" / audit.ROWS).write_text(json.dumps({**copied, "settings": record}))
+    assert audit.kept_rows(captures["1"], settings) == kept
   (round_dir / "client_5" / audit.ROWS).write_text(json.dumps(copied))
   assert audit.kept_rows(captures["5"], settings) is None
   # Rows of other types in rows.json: attacked again on --resume, not read back.

@@ -457,6 +457,10 @@ def test_parts_are_what_the_spec_says_in_order():
       P("int8", (), ("global",)),)
   mine = defenses.Defense(lambda observation, key=None: observation, "mine")
   assert defenses.parts(mine) == (P("mine"),)
+  # Built by hand under a spec's name (or None's): read as that spec.
+  named = defenses.Defense(lambda observation, key=None: observation, "CLIP:1,half")
+  assert defenses.parts(named) == (P("clip", (1.0,)), P("fp16"))
+  assert defenses.parts(defenses.Defense(lambda observation, key=None: observation, "None")) == ()
 
 
 def test_parse_builds_the_documented_defense(obs):

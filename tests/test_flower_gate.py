@@ -13,7 +13,7 @@ import skimage.metrics
 flwr = pytest.importorskip("flwr")
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict  # noqa: E402
 
-from gradjax import clients, data, defenses, interop  # noqa: E402
+from gradjax import clients, data, defenses, interop, models  # noqa: E402
 from gradjax.integrations.flower import (DECLARATIONS, GATE_METRICS, declarations,  # noqa: E402
                                          gray_baseline_psnr, leakage_mod)
 
@@ -145,6 +145,20 @@ def test_unaudited_rounds_and_failures_pass_the_update(net):
 
 
 
+@pytest.mark.slow
+def test_without_model_name_the_gate_reads_the_metadatas_model():
+  """``metadata={"model": ...}`` alone names the client's model (the schema's lenet_zhu took its
+  place before: an MLP client's model was refused as not the declared one, so it never trained)."""
+  model = models.create("mlp", jax.random.key(0), input_shape=SHAPE, num_classes=10)
+  mlp = model, interop.zoo_mapping(model)
+  gate = leakage_mod(_examples, {"attack.iterations": 50}, metadata={"model": "mlp"},
+                     compilation_cache=CACHE)
+  reply = gate(_train_message(mlp), _context(), _client(mlp))
+  assert not reply.has_error() or "withheld" in reply.error.reason, reply.error.reason
+  if not reply.has_error():
+    assert dict(reply.content["metrics"])["gradjax-audited"] == 1, dict(reply.content["metrics"])
+
+
 def test_the_gate_refuses_options_it_does_not_read():
   with pytest.raises(ValueError, match="not training.epochs"):
     leakage_mod(_examples, {"training.epochs": 2})
@@ -179,7 +193,7 @@ def test_a_gated_client_refuses_a_model_built_to_leak_and_trains_an_honest_one(n
   why; the honest model trains (the mod's attack off: gate.rounds empty). received_findings on an MLP whose
   first layer hides an imprint: its shared direction. Trap weights, seen on the round's examples:
   refused. A layer whose units died: trained, and its update audited."""
-  from gradjax import malicious, models
+  from gradjax import malicious
   from gradjax.integrations.flower import MODEL_REFUSED, received_findings
   model, mapping = net
   trained = []

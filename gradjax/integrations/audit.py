@@ -435,19 +435,12 @@ ATTACKS = (*presets.PRESETS, *closed_forms.CLOSED_FORMS)
 AUDIT_ITERATIONS = {"dlg": 6000, "idlg": 6000}
 
 
-# The options of the configuration (:mod:`gradjax.run.config`) an audit reads; the others keep
-# their defaults.
-OPTIONS = ("model.name", "data.dataset", "data.data_dir", "data.image_size", "data.normalization",
-           "attack.iterations", "attack.restarts", "seed", "output.lpips", "model.rename",
-           "client.force", "attack.adaptive", "execution.clients_per_run",
-           *(f"defense.dp_sgd_{k}" for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps",
-                                             "delta", "poisson", "expected_batch_size")))
-
-
 class Settings(NamedTuple):
   """How :func:`audit` attacks the captures: the attacks, and the sections of the configuration
-  (:mod:`gradjax.run.config`) whose options :data:`OPTIONS` it reads (build them with
-  :func:`settings`; the defaults are those of captured files, :data:`gradjax.run.config.CAPTURED`).
+  (:mod:`gradjax.run.config`) whose options :data:`OPTIONS` it reads. Build them with
+  :func:`settings`, whose defaults are those of captured files (:data:`gradjax.run.config.CAPTURED`:
+  the model from the captures, no scoring); a section built by hand holds the schema's defaults
+  instead (``config.DataConfig()``'s dataset is skimage, ``config.ModelConfig()``'s model lenet_zhu).
 
   attacks: attack names (:data:`ATTACKS`), or ``("auto",)`` for :func:`gradjax.auto.for_metadata`.
   model: ``name``, the zoo model of captures whose metadata name none (``None``: theirs, else
@@ -518,6 +511,8 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
   outside = [p for p in given if p not in OPTIONS]
   if outside:
     raise ValueError(f"an audit reads the options {', '.join(OPTIONS)}; not {', '.join(outside)}")
+  # NumPy's numbers as Python's: the settings travel as JSON (rows.json, a process of its own).
+  given = {p: v.item() if isinstance(v, np.generic) else v for p, v in given.items()}
   seed = given.pop("seed", 0)
   config.check_type("seed", seed)
   return Settings(tuple(attacks), seed=int(seed),
@@ -785,6 +780,28 @@ class Stopped(Exception):
     self.rows, self.done, self.total, self.signum = rows, done, total, signum
 
 
+# The settings as rows.json and index.json recorded them before they were the configuration's
+# sections (until 2026-12-07): a flat record, its field -> the option's dotted path.
+_FLAT_SETTINGS = {"model": "model.name", "dataset": "data.dataset", "data_dir": "data.data_dir",
+                  "image_size": "data.image_size", "normalization": "data.normalization",
+                  "iterations": "attack.iterations", "restarts": "attack.restarts", "seed": "seed",
+                  "lpips": "output.lpips", "rename": "model.rename", "force": "client.force",
+                  "adaptive": "attack.adaptive", "clients_per_run": "execution.clients_per_run",
+                  **{f"dp_sgd_{k}": f"defense.dp_sgd_{k}"
+                     for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps", "delta",
+                               "poisson", "expected_batch_size")}}
+
+
+def _recorded_settings(kept: Any) -> Any:
+  """The settings a rows.json recorded, in :meth:`Settings.to_json`'s form (an earlier audit's
+  flat record translated; anything else as it is, to compare unequal)."""
+  if (isinstance(kept, dict) and "options" not in kept and "attacks" in kept
+      and set(kept) == {"attacks", *_FLAT_SETTINGS}):
+    return {"attacks": kept["attacks"],
+            "options": {path: kept[name] for name, path in _FLAT_SETTINGS.items()}}
+  return kept
+
+
 def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | None:
   """The rows an earlier audit with the same ``settings`` left in the capture's ``rows.json``
   (``None``: none, other settings, or unreadable)."""
@@ -793,7 +810,7 @@ def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | No
       kept = json.load(fh)
   except (OSError, ValueError):
     return None
-  if not isinstance(kept, dict) or kept.get("settings") != settings.to_json():
+  if not isinstance(kept, dict) or _recorded_settings(kept.get("settings")) != settings.to_json():
     return None
   rows = kept.get("rows")
   if not (isinstance(rows, list) and rows and all(_valid_row(r) for r in rows)):

@@ -432,12 +432,13 @@ received_findings = audit.received_findings
 
 
 # The options the gate reads (dotted paths of :mod:`gradjax.run.config`), and the defaults it sets
-# over the schema's: it attacks with ``auto`` (the schema's default attack is DLG's).
+# over the schema's: it attacks with ``auto`` (the schema's default attack is DLG's), and the model
+# is the metadata's unless ``model.name`` names it (the schema's default is lenet_zhu).
 GATE_OPTIONS = ("model.name", "data.normalization", "defense.spec", "defense.dp_sgd_max_norm",
                 "defense.dp_sgd_noise_multiplier", "attack.preset", "attack.iterations",
                 "attack.restarts", "gate.threshold_db", "gate.rounds", "gate.time_budget_s",
                 "gate.refuse_malicious")
-GATE_DEFAULTS = {"attack.preset": auto.AUTO}
+GATE_DEFAULTS = {"attack.preset": auto.AUTO, "model.name": None}
 
 
 def leakage_mod(examples, options: dict[str, Any] | None = None, *,
