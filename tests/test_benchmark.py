@@ -48,6 +48,8 @@ def test_the_memory_benchmark_reads_xla_memory_analysis(tmp_path):
                          "--input_size=8", f"--output_dir={tmp_path}"], capture_output=True, text=True,
                         timeout=300, cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0, proc.stderr[-2000:]
+  # Finished: its claim of the folder went with the process (a benchmark writes no config.py).
+  assert sorted(os.listdir(tmp_path)) == ["results.json", "results.md"]
   rows = json.loads((tmp_path / "results.json").read_text())["rows"]
   assert [(r["model"], r["batch"], r["remat"]) for r in rows] == [("mlp-16", 3, False), ("mlp-16", 3, True)]
   weights = 8 * 8 * 3 * 16 + 16 + 16 * 10 + 10  # Dense_0 and the head, float32

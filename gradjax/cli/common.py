@@ -904,7 +904,7 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
       break
     if len(candidates) == 1:  # another run claimed it since it was found free
       fail(taken)
-  atexit.register(_leave, out, created)
+  atexit.register(_leave, out, created, own)
   _CLAIMED[:] = [(out, created)]  # what fail() leaves, where it ends the process without exit handlers
   if f.overwrite:
     _set_aside(out, own)
@@ -917,13 +917,16 @@ def _claim_output_folder(default: str, own: tuple[str, ...]) -> str:
 _CLAIMED: list[tuple[str, bool]] = []  # this run's folder, and whether it created it
 
 
-def _leave(out: str, created: bool) -> None:
+def _leave(out: str, created: bool, own: tuple[str, ...] = ()) -> None:
   """At exit: the claim is removed where the folder's ``config.py`` records the command (a finished
-  run's) or where the run wrote nothing else; the folder too where the run created it and it is
-  empty then."""
+  run's), where the program wrote a file of its own but a saved state (a benchmark's results, which
+  write no ``config.py``) or where the run wrote nothing else; the folder too where the run created
+  it and it is empty then."""
   if not os.path.isdir(out):
     return
+  states = set(_found(out, _states(own))) if own else set()
   if (os.path.exists(os.path.join(out, "config.py"))
+      or any(os.path.isfile(p) and p not in states for pattern in own for p in _found(out, pattern))
       or [e.name for e in os.scandir(out)] == [CLAIM]):
     _release_claim(out)
   if created and not any(os.scandir(out)):
