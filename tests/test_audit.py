@@ -484,6 +484,41 @@ def _round_one(tmp_path):
       "num_samples": 1, "local_lr": 0.1, "model": "lenet_zhu"}
 
 
+def test_a_capture_declaring_defense_none_is_attacked_plainly_by_an_adapted_audit(tmp_path):
+  """``defense: "none"`` (a valid spec) declares no defense: an audit with ``attack.adaptive``
+  attacks the capture as it is (before, every such row was the error "no defense to adapt to")."""
+  weights, update, round_dir, meta = _round_one(tmp_path)
+  audit.write_capture(round_dir / "client_1", str(weights), update, {"round": 1, "client": "1"},
+                      {**meta, "defense": "none"})
+  rows = audit.audit(tmp_path / "audit", audit.settings(("idlg",), {
+      "attack.iterations": 2, "output.lpips": "none", "attack.adaptive": True}), log=lambda s: None)
+  assert [r.get("error") for r in rows] == [None] and rows[0]["verdict"], rows
+
+
+def test_settings_and_metadata_are_checked_when_given():
+  """A str or dict in the attacks' place, an unknown attack or dataset; metadata of other types, an
+  unknown model or a malformed shape: refused when given, not as every row's error later."""
+  with pytest.raises(TypeError):
+    audit.settings("idlg")
+  with pytest.raises(TypeError):
+    audit.settings({"data.dataset": "skimage"})
+  for attacks in (("idlgg",), ("auto", "dlg"), ("dlg", "dlg"), ()):
+    with pytest.raises(ValueError, match="attacks"):
+      audit.settings(attacks)
+  with pytest.raises(ValueError, match="data.dataset='cifar1O'"):
+    audit.settings(options={"data.dataset": "cifar1O"})
+  assert audit.static_metadata({"local_epochs": np.int64(2), "input_shape": [np.int32(28), 28, 1],
+                                "model": "mlp"}, "here") == {
+      "local_epochs": 2, "input_shape": [28, 28, 1], "model": "mlp"}
+  with pytest.raises(TypeError, match="metadata\\['train'\\]"):
+    audit.static_metadata({"train": {"mode": 1}}, "here")
+  with pytest.raises(ValueError, match="lenet_zhuu"):
+    audit.static_metadata({"model": "lenet_zhuu"}, "here")
+  for shape in ("32x32x3", [32, 32], [32, 0, 3]):
+    with pytest.raises(ValueError, match="input_shape"):
+      audit.static_metadata({"input_shape": shape}, "here")
+
+
 def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path):
   """A ``capture.json`` whose fields have other types than the recorder writes, or a client folder
   without one, is that client's failed row, not the end of the audit; ``rows.json`` rows of other

@@ -675,3 +675,19 @@ def test_a_rounds_clients_attacked_in_one_run_give_the_rows_of_one_at_a_time(net
     np.testing.assert_allclose(b["psnr"], a["psnr"], rtol=5e-3)
     np.testing.assert_allclose(b["ssim"], a["ssim"], atol=1e-3)
     np.testing.assert_allclose(b["loss"], a["loss"], rtol=2e-2, atol=2e-3)
+
+
+def test_audit_strategy_checks_its_attack_and_metadata_when_built(tmp_path):
+  """What would fail every round's recording or audit later (a dict or a function in the
+  settings' place, metadata of other types, an unknown model) is refused when the strategy is
+  built; NumPy's numbers in the metadata are kept as Python's."""
+  for attack in ({"data.dataset": "skimage"}, audit.settings, True):
+    with pytest.raises(TypeError, match="audit.settings"):
+      AuditStrategy(fedavg(), tmp_path / "a", attack=attack)
+  with pytest.raises(TypeError, match="metadata\\['train'\\]"):
+    AuditStrategy(fedavg(), tmp_path / "a", metadata={"train": {"mode": 1}})
+  with pytest.raises(ValueError, match="lenet_zhuu"):
+    AuditStrategy(fedavg(), tmp_path / "a", metadata={"model": "lenet_zhuu"})
+  strategy = AuditStrategy(fedavg(), None, metadata={"model": MODEL, "local_epochs": np.int64(1)})
+  assert strategy.metadata == {"model": MODEL, "local_epochs": 1}
+  assert type(strategy.metadata["local_epochs"]) is int

@@ -27,7 +27,7 @@ def _photo():
   return data.load("skimage", indices=[5], image_size=SHAPE[:2])
 
 
-def _client(net, defense=None, dp_sgd=None, declares=False):
+def _client(net, defense=None, dp_sgd=None, declares=False, photo=None):
   """``call_next`` of a ClientApp: one SGD step on scikit-image photo 5 (DP-SGD's with ``dp_sgd``,
   stated in its reply's declarations with ``declares``), the update pruned by ``defense`` (applied
   to W_t − W_{t+1}, as gradjax.defenses applies it to a FedAvg update)."""
@@ -36,8 +36,8 @@ def _client(net, defense=None, dp_sgd=None, declares=False):
   def call_next(msg, context):
     sent = {k: a.numpy() for k, a in msg.content["arrays"].items()}
     variables = interop.variables_from_torch(sent, mapping, model.variables, "sent")
-    photo = _photo()
-    obs = clients.fedavg(model.apply_fn, variables, photo.x, photo.y,
+    example = _photo() if photo is None else photo
+    obs = clients.fedavg(model.apply_fn, variables, example.x, example.y,
                          clients.LocalTraining(learning_rate=LR), dp_sgd=dp_sgd)
     if defense:
       obs = defenses.parse(defense).apply(obs)
@@ -146,14 +146,20 @@ def test_unaudited_rounds_and_failures_pass_the_update(net):
 
 
 @pytest.mark.slow
-def test_without_model_name_the_gate_reads_the_metadatas_model():
-  """``metadata={"model": ...}`` alone names the client's model (the schema's lenet_zhu took its
-  place before: an MLP client's model was refused as not the declared one, so it never trained)."""
-  model = models.create("mlp", jax.random.key(0), input_shape=SHAPE, num_classes=10)
+@pytest.mark.parametrize("shape,defense", [(SHAPE, None), ((28, 28, 1), "none")])
+def test_without_model_name_the_gate_reads_the_metadatas_model(shape, defense):
+  """``metadata={"model": ...}`` alone names the client's model, and without ``input_shape`` the
+  examples give its input's shape (before, the schema's lenet_zhu and 32x32x3 took their place: an
+  MLP client's honest model was refused as not the declared one, and never trained); a client
+  whose defense is ``none`` is audited as one without (before: "no defense to adapt to", never
+  audited)."""
+  model = models.create("mlp", jax.random.key(0), input_shape=shape, num_classes=10)
   mlp = model, interop.zoo_mapping(model)
-  gate = leakage_mod(_examples, {"attack.iterations": 50}, metadata={"model": "mlp"},
+  photo = data.load("skimage", indices=[5], image_size=shape[:2], channels=shape[2])
+  gate = leakage_mod(lambda msg, context: (photo.x, photo.y), {"attack.iterations": 50},
+                     metadata={"model": "mlp"}, defense=(lambda context: defense),
                      compilation_cache=CACHE)
-  reply = gate(_train_message(mlp), _context(), _client(mlp))
+  reply = gate(_train_message(mlp), _context(), _client(mlp, photo=photo))
   assert not reply.has_error() or "withheld" in reply.error.reason, reply.error.reason
   if not reply.has_error():
     assert dict(reply.content["metrics"])["gradjax-audited"] == 1, dict(reply.content["metrics"])
@@ -168,6 +174,22 @@ def test_the_gate_refuses_options_it_does_not_read():
     leakage_mod(_examples, {"attack.preset": "dlgg"})
   with pytest.raises(TypeError, match="defense.spec"):
     leakage_mod(_examples, defense="prune:0.7")
+  # Values that would leave every round unaudited: refused when the gate is built.
+  model = {"model.name": MODEL}
+  for options, metadata, match in (
+      ({}, {}, "name the client's model"), ({"model.name": "lenet_zhuu"}, {}, "lenet_zhuu"),
+      ({}, {"model": "lenet_zhuu"}, "lenet_zhuu"),
+      ({**model, "defense.spec": "prunee:0.7"}, {}, "prunee"),
+      ({**model, "data.normalization": "cifar100x"}, {}, "cifar100x"),
+      ({**model, "attack.iterations": -5}, {}, "positive"),
+      ({**model, "attack.iterations": 0}, {}, "positive"),
+      ({**model, "attack.restarts": 0}, {}, "positive"),
+      ({**model, "gate.threshold_db": float("nan")}, {}, "finite"),
+      (model, {"input_shape": "32x32x3"}, "input_shape")):
+    with pytest.raises(ValueError, match=match):
+      leakage_mod(_examples, options, metadata=metadata)
+  with pytest.raises(ValueError, match="not both"):
+    leakage_mod(_examples, {**model, "defense.spec": "prune:0.7"}, defense=lambda context: None)
 
 
 def test_a_zero_update_passes_audited_without_an_attack(net):

@@ -39,8 +39,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from gradjax import (auto, closed_forms, compilation, data, fidelity, files, interop, malicious, models,
-                     presets)
+from gradjax import (auto, closed_forms, compilation, data, defenses, fidelity, files, interop, malicious,
+                     models, presets)
 from gradjax.run import config, pipeline
 from gradjax.run import report
 
@@ -333,6 +333,39 @@ class RecordKeys(NamedTuple):
 ScheduleKeys = RecordKeys  # its name before "schedule" meant the learning rate's only
 
 
+def static_metadata(metadata: dict[str, Any] | None, where: str) -> dict[str, Any]:
+  """``metadata``, the facts a server or a client gives every capture (:func:`capture_metadata`'s
+  ``static``), checked when it is given: NumPy's numbers as Python's, every value a string, a number,
+  a bool or a list of them, ``model`` a zoo name and ``input_shape`` a shape
+  (:func:`gradjax.interop.parse_shape`). ``where`` names the caller in the errors.
+
+  Raises:
+    TypeError: a value of another type. ValueError: an unknown model or a malformed shape.
+  """
+  out = {}
+  for key, value in dict(metadata or {}).items():
+    value = value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, (list, tuple)):
+      value = [v.item() if isinstance(v, np.generic) else v for v in value]
+    plain = (str, int, float, bool)
+    if not isinstance(key, str) or not (isinstance(value, plain) or (
+        isinstance(value, list) and all(isinstance(v, plain) for v in value))):
+      raise TypeError(f"{where}: metadata[{key!r}] must be a string, a number, a bool or a list of "
+                      f"them, got {type(value).__name__}")
+    out[key] = value
+  if "model" in out and (not isinstance(out["model"], str) or models.family(out["model"]) is None):
+    raise ValueError(f"{where}: metadata['model'] {out['model']!r} is no gradjax zoo model; choose "
+                     f"one of {', '.join(models.MODELS)} (variants such as resnet20-4 allowed)")
+  if "input_shape" in out:
+    shape = out["input_shape"]
+    if isinstance(shape, str):
+      interop.parse_shape(shape, f"{where}: metadata input_shape")
+    elif not (isinstance(shape, list) and len(shape) == 3
+              and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+      raise ValueError(f"{where}: metadata input_shape must be H,W,C, got {shape!r}")
+  return out
+
+
 def capture_metadata(static: dict[str, Any], config: dict[str, Any], metrics: dict[str, Any],
                      keys: RecordKeys = RecordKeys()) -> dict[str, Any]:
   """The observation metadata of one reply: the ``static`` facts the server gives (e.g. ``model``,
@@ -507,10 +540,23 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
   Raises:
     ValueError: an option the audit does not read, or a value its section refuses.
   """
+  if isinstance(attacks, (str, dict)) or not all(isinstance(a, str) for a in attacks):
+    raise TypeError(f"audit.settings takes a sequence of attack names first, got {attacks!r}")
+  attacks = tuple(attacks)
+  unknown = [a for a in attacks if a not in ATTACKS and a != auto.AUTO]
+  if (not attacks or unknown or len(set(attacks)) != len(attacks)
+      or (auto.AUTO in attacks and len(attacks) > 1)):
+    raise ValueError(f"attacks: 'auto' alone or distinct names from {', '.join(ATTACKS)}; got "
+                     f"{list(attacks)}")
   given = dict(options or {})
   outside = [p for p in given if p not in OPTIONS]
   if outside:
     raise ValueError(f"an audit reads the options {', '.join(OPTIONS)}; not {', '.join(outside)}")
+  dataset = given.get("data.dataset")
+  if dataset is not None and (not isinstance(dataset, str) or not (
+      dataset in data.DATASETS or dataset.startswith("tfds:"))):
+    raise ValueError(f"data.dataset={dataset!r}: choose one of {', '.join(data.DATASETS)} (or "
+                     "tfds:<name>), or None for no scoring")
   # NumPy's numbers as Python's: the settings travel as JSON (rows.json, a process of its own).
   given = {p: v.item() if isinstance(v, np.generic) else v for p, v in given.items()}
   seed = given.pop("seed", 0)
@@ -657,9 +703,10 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
   own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
       interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}  # as the update file holds them
   dp_sgd = bool(own) or settings.defense.dp_sgd_max_norm is not None
+  defended = bool(meta.get("defense")) and bool(defenses.parts(defenses.parse(meta["defense"])))
   # Adapted where there is a defense to adapt to; DLM+, which cannot model DP-SGD's clipping, runs
   # as it is beside the attacks that can.
-  adaptive = (not closed and settings.attack.adaptive and (bool(meta.get("defense")) or dp_sgd)
+  adaptive = (not closed and settings.attack.adaptive and (defended or dp_sgd)
               and (not dp_sgd or pipeline.models_dp_sgd(presets.get_preset(name)())))
   return config.from_options({
       **settings.options(), **own, "attack.preset": name,

@@ -42,6 +42,7 @@ each client's own defense, and :func:`leakage_mod` reads the same record on the 
 
 import collections
 import logging
+import math
 import os
 import time
 from collections.abc import Collection, Iterable
@@ -52,7 +53,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from gradjax import auto, fidelity, interop
+from gradjax import auto, data, defenses, fidelity, interop
 from gradjax.integrations import audit
 from gradjax.run import config as run_config
 
@@ -143,6 +144,10 @@ class AuditStrategy(Strategy):
       raise ValueError(f"clients must be positive, got {clients}")
     if max_bytes is not None and max_bytes < 1:
       raise ValueError(f"max_bytes must be positive, got {max_bytes}")
+    if attack is not None and not isinstance(attack, audit.Settings):
+      raise TypeError(f"attack= takes gradjax.integrations.audit.settings(...), got "
+                      f"{type(attack).__name__}")
+    metadata = audit.static_metadata(metadata, "AuditStrategy")
     self.strategy = strategy
     self.audit_dir = None if audit_dir is None else audit.unique_dir(audit_dir)
     if audit_dir is not None and self.audit_dir != os.path.abspath(os.fspath(audit_dir)):
@@ -516,12 +521,13 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
   import tempfile
   from flwr.app import Error, MessageType
   from flwr.common.constant import ErrorCode
-  from gradjax import compilation, data
+  from gradjax import compilation
   cache = compilation.DEFAULT_CACHE if compilation_cache is None else compilation_cache
 
-  static = dict(metadata or {})
+  static = audit.static_metadata(metadata, "leakage_mod")
   if built["model"].name is not None:
     static["model"] = built["model"].name
+  _check_gate(built, static, defense)
 
   def score(msg, reply, context, config, server_round):
     metrics: dict[str, Any] = {}
@@ -529,6 +535,10 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       metrics.update(_plain(record))
     own = declared(reply.content)  # what the server's record holds too
     spec = own.get("defense") or (defense(context) if defense else built["defense"].spec)
+    if spec is not None and not isinstance(spec, str):
+      raise TypeError(f"the client's defense is a spec string (gradjax.defenses.parse), got "
+                      f"{type(spec).__name__}")
+    spec = spec if spec and defenses.parts(defenses.parse(spec)) else None  # "none": no defense
     meta = audit.capture_metadata({**static, **({"defense": spec} if spec else {})}, config,
                                   metrics, keys)
     meta.update(own)
@@ -586,11 +596,13 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
       except Exception as e:  # noqa: BLE001 - the weights are still checked
         logger.warning("leakage_mod: the round's examples were not read for the check (%s)", str(e)[:300])
         inputs = None
-      try:
-        shape = static.get("input_shape") or (32, 32, 3)
+      try:  # the examples' shape where the metadata state none
+        shape = static.get("input_shape") or (None if inputs is None else inputs.shape[1:])
+        if shape is None:
+          raise ValueError("no input_shape in the metadata and no examples to read it from")
         if isinstance(shape, str):
           shape = interop.parse_shape(shape, "metadata input_shape")
-        findings, rare = audit.received_check(sent, static["model"], shape, inputs=inputs)
+        findings, rare = audit.received_check(sent, static["model"], tuple(shape), inputs=inputs)
       except Exception as e:  # noqa: BLE001 - a check that cannot run never fails the client
         logger.warning("leakage_mod: the received model was not checked (%s)", str(e)[:300])
         findings, rare = [], {}
@@ -644,6 +656,28 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     return reply
 
   return mod
+
+
+def _check_gate(built: dict[str, Any], static: dict[str, Any], defense) -> None:
+  """What would leave every round of a gate unaudited, refused when it is built: no model or an
+  unknown one, a defense spec that does not parse or one given twice, an unknown normalisation, a
+  budget that is not positive, a threshold that is not finite (ValueError)."""
+  if not static.get("model"):
+    raise ValueError("leakage_mod: name the client's model (the option model.name, or "
+                     "metadata['model']): a gradjax zoo name")
+  audit.static_metadata({"model": static["model"]}, "leakage_mod")  # a zoo name
+  if built["defense"].spec is not None:
+    if defense is not None:
+      raise ValueError("leakage_mod: the client's defense is defense.spec or defense=, not both")
+    defenses.parse(built["defense"].spec)
+  if built["data"].normalization is not None:
+    data.normalization(built["data"].normalization)
+  iterations, restarts = built["attack"].iterations, built["attack"].restarts
+  if (iterations is not None and iterations < 1) or restarts < 1:
+    raise ValueError(f"leakage_mod: attack.iterations (None: the preset's) and attack.restarts "
+                     f"must be positive, got {iterations} and {restarts}")
+  if not math.isfinite(built["gate"].threshold_db):
+    raise ValueError(f"leakage_mod: gate.threshold_db must be finite, got {built['gate'].threshold_db}")
 
 
 def _add_metrics(reply, values: dict[str, float]) -> None:

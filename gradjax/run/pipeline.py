@@ -697,6 +697,8 @@ def adapted(cfg: Config, attack: attacks.Attack, declared: str | None, observati
   ``declared`` spec (what a capture's metadata declare, then ``cfg.defense.spec``)."""
   if not cfg.attack.adaptive:
     return attack, None
+  if declared and not defenses.parts(defenses.parse(declared)):  # "none": no defense
+    declared = None
   dp_sgd = cfg.defense.dp_sgd()
   if not declared and dp_sgd is None:
     raise ValueError("--config.attack.adaptive=True: no defense to adapt to (the capture's metadata declare none and "
