@@ -706,10 +706,16 @@ def parse_shape(text: str, where: str = "input_shape") -> tuple[int, int, int]:
   return shape
 
 
+def _check_count(n: int | None, where: str) -> None:
+  if n is not None and not -2**31 <= n < 2**31:  # the attacks count in 32-bit integers
+    raise ValueError(f"{where}: num_samples {n} is past a 32-bit integer's range")
+
+
 def metadata_num_samples(meta: dict[str, str], where: str = "observation") -> int | None:
   """The number of examples an observation file's metadata state: ``num_samples``, else the count of
   ``labels``, else ``None``."""
   n = _int(meta, "num_samples", where)
+  _check_count(n, where)
   if n is None and "labels" in meta:
     n = len(parse_labels(meta["labels"], f"{where}: metadata labels"))
   return n
@@ -750,6 +756,7 @@ def observation_from_files(variables, params_tree_like, observation: TensorFile,
     n = len(labels) if labels is not None else 1
   if n < 1:
     raise ValueError(f"{where}: num_samples must be positive, got {n}")
+  _check_count(n, where)
   if labels is not None and len(labels) != n:
     raise ValueError(f"{where}: {len(labels)} labels for {n} samples")
   if train is None:

@@ -495,6 +495,47 @@ def test_a_capture_declaring_defense_none_is_attacked_plainly_by_an_adapted_audi
   assert [r.get("error") for r in rows] == [None] and rows[0]["verdict"], rows
 
 
+def test_files_an_audit_reads_back_never_end_it_and_an_unread_index_is_kept(tmp_path, monkeypatch):
+  """An ``index.json`` or a ``rows.json`` nested too deep, index rows of other types or past a
+  float's range, a capture counting more examples than 32-bit integers hold, a recorded error over
+  several lines, a run folder that cannot be written: each is read as unreadable or is that
+  client's one-line error row; the earlier index that is not read back is kept beside the new one."""
+  weights, update, round_dir, meta = _round_one(tmp_path)
+  for client, extra in (("1", {}), ("2", {"num_samples": 3_000_000_000})):
+    audit.write_capture(round_dir / f"client_{client}", str(weights), update,
+                        {"round": 1, "client": client}, {**meta, **extra})
+  (round_dir / "client_3").mkdir()
+  (round_dir / "client_3" / audit.CAPTURE).write_text(json.dumps(
+      {"round": 1, "client": "3", "error": "<class 'ClientAppException'>:<'\nException | boom'>"}))
+  deep = "[" * 100_000 + "]" * 100_000
+  (tmp_path / "audit" / "index.json").write_text(deep)
+  (round_dir / "client_1" / audit.ROWS).write_text(deep)
+  settings = audit.settings(options={"attack.iterations": 2, "output.lpips": "none"})
+  rows = audit.audit(tmp_path / "audit", settings, log=lambda s: None, resume=True)
+  by_client = {r["client"]: r for r in rows}
+  assert by_client["1"].get("error") is None and by_client["1"]["verdict"]
+  assert "32-bit" in by_client["2"]["error"], by_client["2"]
+  assert by_client["3"]["error"] == "<class 'ClientAppException'>:<' Exception | boom'>"
+  table = (tmp_path / "audit" / "index.md").read_text()
+  assert "Exception \\| boom'> |" in table
+  assert sum(line.startswith("|") for line in table.splitlines()) == 2 + len(rows)  # head, rule, rows
+  assert (tmp_path / "audit" / "index.json.unread").read_text() == deep  # the unreadable one, kept
+  # An index whose rows hold a score past a float's range or NaN: those rows are left out, and the
+  # file they were in is kept; the rows of other rounds are merged as before.
+  earlier = json.loads((tmp_path / "audit" / "index.json").read_text())
+  other = [{**earlier["rows"][0], "round": 7, "psnr": 10 ** 400}, {**earlier["rows"][0], "round": 8},
+           {**earlier["rows"][0], "round": 9, "psnr": float("nan")}]
+  (tmp_path / "audit" / "index.json").write_text(json.dumps({**earlier, "rows": earlier["rows"] + other}))
+  kept = (tmp_path / "audit" / "index.json").read_text()
+  # A run folder that cannot be written: that attack's row says why; the audit goes on.
+  monkeypatch.setattr(audit, "unique_dir", lambda path: (_ for _ in ()).throw(
+      ValueError(f"cannot make the folder {path}: Read-only file system")))
+  rows = audit.audit(tmp_path / "audit", settings, rounds=[1], log=lambda s: None)
+  assert "Read-only file system" in next(r for r in rows if r["client"] == "1")["error"]
+  assert sorted({r["round"] for r in rows}) == [1, 8]
+  assert (tmp_path / "audit" / "index.json.unread-1").read_text() == kept
+
+
 def test_settings_and_metadata_are_checked_when_given():
   """A str or dict in the attacks' place, an unknown attack or dataset; metadata of other types, an
   unknown model or a malformed shape: refused when given, not as every row's error later."""
@@ -507,6 +548,9 @@ def test_settings_and_metadata_are_checked_when_given():
       audit.settings(attacks)
   with pytest.raises(ValueError, match="data.dataset='cifar1O'"):
     audit.settings(options={"data.dataset": "cifar1O"})
+  for options in ({"data.image_size": 32}, {"data.image_size": 0, "data.dataset": "skimage"}):
+    with pytest.raises(ValueError, match="data.image_size"):
+      audit.settings(options=options)
   assert audit.static_metadata({"local_epochs": np.int64(2), "input_shape": [np.int32(28), 28, 1],
                                 "model": "mlp"}, "here") == {
       "local_epochs": 2, "input_shape": [28, 28, 1], "model": "mlp"}
@@ -574,10 +618,18 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   # Scoring images of another shape than the captures declare: refused before any attack.
   from test_cli import run_in_one_process
   (round_dir / "client_1" / audit.CAPTURE).write_text(json.dumps({"metadata": {**meta, "input_shape": [32, 32, 3]}}))
-  proc, = run_in_one_process([(["gradjax", "audit", f"--audit_dir={tmp_path / 'audit'}", "--attacks=idlg",
-                                "--dataset=skimage", "--image_size=16"], tmp_path)])
+  sweep = tmp_path / "sweep.py"
+  sweep.write_text("from gradjax.run import config\n\ndef get_config():\n  return config.defaults()\n\n"
+                   "def get_sweep():\n  return config.sweep('data.index', range(2))\n")
+  command = ["gradjax", "audit", f"--audit_dir={tmp_path / 'audit'}", "--attacks=idlg"]
+  proc, swept, unsized = run_in_one_process([
+      ([*command, "--dataset=skimage", "--image_size=16"], tmp_path),
+      ([*command, f"--config={sweep}"], tmp_path),  # a sweep the audit would not run
+      ([*command, "--image_size=32"], tmp_path)])  # sizes nothing without --dataset
   assert_one_line_error(proc, "(16, 16, 3) images")
   assert "(32, 32, 3)" in proc.stderr
+  assert_one_line_error(swept, "declares a sweep")
+  assert_one_line_error(unsized, "data.image_size=32")
 
 
 def test_a_malformed_round_summary_is_left_out_of_the_membership(tmp_path):

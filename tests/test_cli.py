@@ -1451,13 +1451,19 @@ def test_the_tables_take_their_protocol_from_a_configuration(tmp_path):
   assert "c.client.name = 'fedavg'" in proc.stdout and "c.model.name = 'mlp'" in proc.stdout
   assert "c.data.dataset = 'skimage'" in proc.stdout and "c.attack.iterations = 3" in proc.stdout
   # (A run of text-table writing its rows: tests/test_studies.py, text_sapag's recipe.)
-  proc, bad = run_in_one_process([(["gradjax", "text-table", *args], tmp_path) for args in (
+  proc, bad, beyond, twice = run_in_one_process([(["gradjax", "text-table", *args], tmp_path) for args in (
       ["--count=1", "--methods=DLG", "--iterations=2", "--print_config"],
-      ["--modality=image", "--model=lenet_zhu", "--dataset=skimage", f"--output_dir={tmp_path / 'bad'}"])])
+      ["--modality=image", "--model=lenet_zhu", "--dataset=skimage", f"--output_dir={tmp_path / 'bad'}"],
+      # More sentences than the corpus has of that length: refused before any is attacked.
+      ["--count=100000", "--methods=SAPAG", "--searches=tokens", f"--output_dir={tmp_path / 'beyond'}"],
+      ["--count=1", "--methods=SAPAG", "--searches=tokens,tokens", f"--output_dir={tmp_path / 'twice'}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "c.data.modality = 'text'" in proc.stdout and "c.data.dataset = 'pydoc'" in proc.stdout
   assert "c.attack.iterations = 2" in proc.stdout
   _assert_one_line_error(bad, "text")
+  _assert_one_line_error(beyond, "--count=100000")
+  _assert_one_line_error(twice, "distinct searches")
+  assert not (tmp_path / "beyond").exists() and not (tmp_path / "twice").exists()
 
 
 def test_a_sweeps_print_config_holds_the_experiments_it_would_run(tmp_path):

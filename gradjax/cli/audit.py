@@ -35,6 +35,7 @@ iDLG run 6000 iterations (their papers' whole budget), the other attacks their p
 
 import os
 import sys
+import tempfile
 
 from absl import app, flags
 
@@ -75,6 +76,7 @@ def main(argv):
   f = flags.FLAGS
   if not f.audit_dir:
     common.fail("--audit_dir is required")
+  common.refuse_a_sweep("attacks the recorded captures")
   names = tuple(a.strip() for a in f.attacks.split(","))
   unknown = [a for a in names if a != auto.AUTO and a not in ATTACKS]
   if (not all(names) or unknown or len(set(names)) != len(names)
@@ -135,6 +137,11 @@ def main(argv):
     if os.path.isdir(os.path.join(f.audit_dir, name)):
       common.fail(f"{os.path.join(f.audit_dir, name)} is a folder where the audit writes its index; "
                   "move it away")
+  try:  # the index is written there after every attack: found unwritable now, not then
+    with tempfile.TemporaryFile(dir=f.audit_dir):
+      pass
+  except OSError as e:
+    common.fail(f"cannot write the audit's index into {f.audit_dir}: {e.strerror or e}")
   count, me = distributed.process_count(), distributed.process_index()
   resume.stop_on_signals()  # the first Ctrl-C or SIGTERM stops after the capture being attacked
   try:  # process k: captures k, k + P, ...

@@ -436,17 +436,17 @@ def print_config(options: Config | dict[str, Any], sweep: list[dict[str, Any]] |
     sys.exit(0)
 
 
-def refuse_a_sweep() -> None:
+def refuse_a_sweep(runs: str = "runs one experiment") -> None:
   """One line, exit 2, where the ``--config`` file declares a sweep (``get_sweep()``), which a
-  program that sweeps nothing would not run (``gradjax train``; ``reconstruct`` runs one of a
-  sweep's experiments, chosen by its flags)."""
+  program that sweeps nothing would not run (``gradjax train``, ``gradjax audit``; ``reconstruct``
+  runs one of a sweep's experiments, chosen by its flags); ``runs`` says what the program does."""
   try:
     declared = declared_sweep()
   except (ValueError, TypeError):
     declared = []
   if declared is not None:
     fail(f"--config={config_file(flags.FLAGS['config'])} declares a sweep (get_sweep()): gradjax "
-         f"sweep runs it; {shlex.join(program())} runs one experiment")
+         f"sweep runs it; {shlex.join(program())} {runs}")
 
 
 def declared_sweep() -> list[dict[str, Any]] | None:

@@ -128,8 +128,9 @@ def main(argv):
   names = common.semicolon_list("methods", f.methods or ";".join(TABLE))
   searches = [s.strip() for s in f.searches.split(",") if s.strip()]
   if (not names or any(m not in METHODS for m in names) or not searches
-      or any(s not in text.SEARCHES for s in searches) or f.count < 1):
-    common.fail(f"need a positive --count, methods from {', '.join(METHODS)} and searches from "
+      or any(s not in text.SEARCHES for s in searches) or len(set(searches)) != len(searches)
+      or f.count < 1):
+    common.fail(f"need a positive --count, methods from {', '.join(METHODS)} and distinct searches from "
                 f"{', '.join(text.SEARCHES)}; got {f.methods!r} and {f.searches!r}")
   def check(cfg, files):
     if cfg.data.modality != "text":
@@ -146,6 +147,11 @@ def main(argv):
       config.check(config.replace(cfg, METHODS[m]), files)
     if cfg.model.checkpoint and files:  # its vocabulary, read before the untrained rows run
       text_run.text_vocabulary(cfg, [])
+    if files:  # the last sentence exists: refused now, not after the others were attacked
+      try:
+        text_run.load_sentences(config.replace(cfg, {"data.index": f.start + f.count - 1}))
+      except ValueError as e:
+        raise ValueError(f"--start={f.start} --count={f.count}: {e}") from None
 
   cfg = common.config_from_flags(check=check)
   models = ([("untrained", None)] if f.untrained else []) + (

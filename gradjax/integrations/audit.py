@@ -29,6 +29,7 @@ captures whose ``rows.json`` holds rows of the same settings are read back, not 
 import html
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -552,17 +553,20 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
   outside = [p for p in given if p not in OPTIONS]
   if outside:
     raise ValueError(f"an audit reads the options {', '.join(OPTIONS)}; not {', '.join(outside)}")
-  dataset = given.get("data.dataset")
-  if dataset is not None and (not isinstance(dataset, str) or not (
-      dataset in data.DATASETS or dataset.startswith("tfds:"))):
-    raise ValueError(f"data.dataset={dataset!r}: choose one of {', '.join(data.DATASETS)} (or "
-                     "tfds:<name>), or None for no scoring")
   # NumPy's numbers as Python's: the settings travel as JSON (rows.json, a process of its own).
   given = {p: v.item() if isinstance(v, np.generic) else v for p, v in given.items()}
   seed = given.pop("seed", 0)
   config.check_type("seed", seed)
-  return Settings(tuple(attacks), seed=int(seed),
-                  **config.sections({**config.CAPTURED, **given}, SECTIONS))
+  sections = config.sections({**config.CAPTURED, **given}, SECTIONS)
+  d = sections["data"]
+  if d.dataset is not None and not (d.dataset in data.DATASETS or d.dataset.startswith("tfds:")):
+    raise ValueError(f"data.dataset={d.dataset!r}: choose one of {', '.join(data.DATASETS)} (or "
+                     "tfds:<name>), or None for no scoring")
+  if d.image_size is not None and (d.dataset is None or d.image_size < 3):
+    raise ValueError(f"data.image_size={d.image_size}: it sizes the data.dataset images that score "
+                     "the captures (whose own shape their metadata declare), at least 3 pixels"
+                     + ("; give data.dataset, or drop it" if d.dataset is None else ""))
+  return Settings(tuple(attacks), seed=int(seed), **sections)
 
 
 def from_json(value: dict[str, Any]) -> Settings:
@@ -650,12 +654,13 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   base = {"round": capture.round, "client": capture.client}
   if capture.info.get("reply"):  # the k-th reply of a node that replied more than once
     base["reply"] = capture.info["reply"]
-  if capture.error and WITHHELD in capture.error:  # the client's gate kept it: nothing was sent
-    return [{**base, "attack": None, "withheld": True, "reason": capture.error}]
-  if capture.error and MODEL_REFUSED in capture.error:  # the client's gate refused the server's model
-    return [{**base, "attack": None, "refused": True, "reason": capture.error}]
-  if capture.error:
-    return [{**base, "attack": None, "error": capture.error}]
+  error = one_line(capture.error) if capture.error else None  # a recorded reason may span lines
+  if error and WITHHELD in error:  # the client's gate kept it: nothing was sent
+    return [{**base, "attack": None, "withheld": True, "reason": error}]
+  if error and MODEL_REFUSED in error:  # the client's gate refused the server's model
+    return [{**base, "attack": None, "refused": True, "reason": error}]
+  if error:
+    return [{**base, "attack": None, "error": error}]
   names = settings.attacks
   chosen = tuple(names) == (auto.AUTO,)  # auto also sets what depends on the model family
   meta = capture.info.get("metadata", {})
@@ -758,14 +763,17 @@ def attack_round(found: Sequence[Capture], settings: Settings, log: Callable[[st
       elif isinstance(outcome, Exception):
         rows[k].append(_failed_row(capture, plan.base, name, outcome, log))
       else:
-        rows[k].append(_attacked_row(capture, plan.base, name, *outcome, log))
+        try:
+          rows[k].append(_attacked_row(capture, plan.base, name, *outcome, log))
+        except (ValueError, OSError) as e:  # its run folder could not be written
+          rows[k].append(_failed_row(capture, plan.base, name, e, log))
     live = [k for k in live if slot + 1 < len(plans[k].names)]
     slot += 1
   return rows
 
 
 def _failed_row(capture: Capture, base: dict, name: str, error: Exception, log) -> dict[str, Any]:
-  message = str(error).splitlines()[0] if str(error) else type(error).__name__
+  message = one_line(str(error).splitlines()[0] if str(error).strip() else type(error).__name__)
   log(f"round {capture.round} client {capture.client} {name}: error: {message}")
   return {**base, "attack": name, "error": message}
 
@@ -855,7 +863,7 @@ def kept_rows(capture: Capture, settings: Settings) -> list[dict[str, Any]] | No
   try:
     with open(os.path.join(capture.folder, ROWS), encoding="utf-8") as fh:
       kept = json.load(fh)
-  except (OSError, ValueError):
+  except (OSError, ValueError, RecursionError):
     return None
   if not isinstance(kept, dict) or _recorded_settings(kept.get("settings")) != settings.to_json():
     return None
@@ -914,15 +922,45 @@ def index(audit_dir, rows: list[dict[str, Any]], settings: Settings, found: Sequ
   recorded = {(c.round, c.client) for c in found}
   for r, failed in round_failures(audit_dir).items():  # clients that never replied: no capture
     if rounds is None or r in set(rounds):
-      rows = rows + [{"round": r, "client": str(client), "attack": None, "error": why}
+      rows = rows + [{"round": r, "client": str(client), "attack": None, "error": one_line(str(why))}
                      for client, why in failed.items() if (r, str(client)) not in recorded]
   index_dir = audit_dir if index_dir is None else index_dir
   earlier = read_index(index_dir)
+  kept = _keep_unread_index(index_dir, len(earlier))
+  if kept:
+    _LOG.warning("%s", kept)
   for line in replaced_verdicts(earlier, rows):
     _LOG.warning("%s", line)
   rows = merged_rows(earlier, rows)
   write_index(index_dir, rows, settings, audit_dir, rounds=membership(audit_dir))
   return rows
+
+
+def _keep_unread_index(index_dir, read: int) -> str | None:
+  """Where ``index_dir``'s ``index.json`` holds rows :func:`read_index` could not read (``read`` of
+  them read; a truncated file, a row of other types), a copy of it beside it, never replaced by the
+  new index; the line that says so (None: nothing unread)."""
+  path = os.path.join(os.fspath(index_dir), "index.json")
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as fh:
+      rows = json.load(fh).get("rows")
+    total = len(rows) if isinstance(rows, list) else None
+  except (OSError, ValueError, AttributeError, RecursionError):
+    total = None
+  if total == read:
+    return None
+  copy = path + ".unread"
+  k = 0
+  while os.path.exists(copy):
+    k += 1
+    copy = f"{path}.unread-{k}"
+  shutil.copyfile(path, copy)
+  what = (f"{total - read} of its {total} rows are unreadable" if total is not None
+          else "it is unreadable")
+  return (f"{path}: {what}, so the new index leaves them out; the earlier file is kept as {copy} "
+          "(the runs' folders stay)")
 
 
 def read_index(index_dir) -> list[dict[str, Any]]:
@@ -932,7 +970,7 @@ def read_index(index_dir) -> list[dict[str, Any]]:
   try:
     with open(path, encoding="utf-8") as fh:
       rows = json.load(fh).get("rows", [])
-  except (OSError, ValueError, AttributeError):
+  except (OSError, ValueError, AttributeError, RecursionError):
     return []
   return [r for r in rows if _valid_row(r)] if isinstance(rows, list) else []
 
@@ -943,8 +981,7 @@ def _valid_row(row: Any) -> bool:
   if not (isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool)
           and isinstance(row.get("client"), (str, int))):
     return False
-  numbers = all(row.get(k) is None or (isinstance(row[k], (int, float)) and not isinstance(row[k], bool))
-                for k in SUMMARY_KEYS)
+  numbers = all(row.get(k) is None or _finite(row[k]) for k in SUMMARY_KEYS)
   texts = all(row.get(k) is None or isinstance(row[k], str)
               for k in ("attack", "error", "reason", "verdict", "run"))
   privacy = row.get("privacy")
@@ -952,6 +989,22 @@ def _valid_row(row: Any) -> bool:
       isinstance(privacy, dict) and isinstance(privacy.get("delta"), (int, float))
       and (privacy.get("epsilon") is None or isinstance(privacy["epsilon"], (int, float))))
   return numbers and texts and dp_sgd
+
+
+def _finite(value: Any) -> bool:
+  """Whether ``value`` is a number JSON writes and a float holds (not a bool, NaN, ±inf or an
+  integer past a float's range)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return False
+  try:
+    return math.isfinite(float(value))
+  except OverflowError:
+    return False
+
+
+def one_line(text: str) -> str:
+  """``text`` on one line (a recorded reason may hold newlines: Flower's ClientAppException's)."""
+  return " ".join(str(text).split())
 
 
 def replaced_verdicts(earlier: list[dict], new: list[dict]) -> list[str]:
@@ -1079,6 +1132,11 @@ def _status(row: dict[str, Any]) -> str:
   return "the server's model refused by the client's gate" if row.get("refused") else "ok"
 
 
+def _cell(text: str) -> str:
+  """``text`` as one Markdown table cell: on one line, its bars escaped."""
+  return one_line(text).replace("|", "\\|")
+
+
 def index_markdown(rows: list[dict[str, Any]]) -> str:
   """Rows as a Markdown table: round, client, attack, verdict, objective, PSNR, SSIM, LPIPS, time,
   the ε of the client's DP-SGD (where some row's client ran it), status."""
@@ -1092,7 +1150,8 @@ def index_markdown(rows: list[dict[str, Any]]) -> str:
                  f"{_fmt(r.get('loss'), '.4g')} | {_fmt(r.get('psnr'), '.2f')} | "
                  f"{_fmt(r.get('ssim'), '.3f')} | {_fmt(r.get('lpips'), '.3f')} | "
                  f"{_fmt(r.get('wall_time_s'), '.1f')} | "
-                 + (f"{_epsilon(r)} | " if private else "") + f"{_status(r)} |")
+                 + (f"{_epsilon(r)} | " if private else "")
+                 + f"{_cell(_status(r))} |")
   return "\n".join(lines) + "\n"
 
 
