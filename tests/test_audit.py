@@ -846,3 +846,13 @@ def test_an_audit_again_that_changes_a_verdict_says_so():
                                                 "verdict": "leak", "iterations": 2000}], new)
   assert len(dropped) == 2 and dropped[1].startswith("round 1 client 7 dlg: leak (2000 iterations) "
                                                      "left out of the index")
+
+
+def test_two_folders_of_one_round_are_refused(tmp_path):
+  """round_1 beside round_001 (a recording renamed by hand, or two recorders): both would be round
+  1, their clients' rows told apart only by their run paths; refused, naming both."""
+  for name in ("round_1", "round_001"):
+    (tmp_path / name / "client_1").mkdir(parents=True)
+    (tmp_path / name / "client_1" / audit.CAPTURE).write_text("{}")
+  with pytest.raises(ValueError, match="round_001 and round_1"):
+    audit.captures(tmp_path)

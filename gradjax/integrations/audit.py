@@ -434,11 +434,15 @@ def captures(audit_dir) -> list[Capture]:
   if not os.path.isdir(audit_dir):
     raise ValueError(f"audit folder {audit_dir} " + ("is a file, not a folder" if os.path.exists(audit_dir)
                                                      else "does not exist"))
-  found = []
+  found, named = [], {}
   for rname in sorted(os.listdir(audit_dir)):
     m = re.fullmatch(r"round_(\d+)", rname)
     if not m or not os.path.isdir(os.path.join(audit_dir, rname)):
       continue
+    if int(m.group(1)) in named:  # round_1 beside round_001: whose captures are round 1's?
+      raise ValueError(f"{audit_dir} holds two folders of round {int(m.group(1))}, "
+                       f"{named[int(m.group(1))]} and {rname}: move one away")
+    named[int(m.group(1))] = rname
     for cname in sorted(os.listdir(os.path.join(audit_dir, rname))):
       folder = os.path.join(audit_dir, rname, cname)
       if not cname.startswith("client_") or not os.path.isdir(folder):
