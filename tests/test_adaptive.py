@@ -209,6 +209,7 @@ def test_an_attack_adapted_to_dp_sgd_matches_clipped_examples_and_weighs_its_noi
   assert results["attack"]["objective"] == "clipped_gradient"
   assert results["attack"]["distance"] == f"euclidean|gaussian:{(0.8 * 0.5 / 2) ** 2:.8g}"
   assert len(results["adaptation"]) == 2 and results["adaptation"][0].startswith("dp_sgd: the bound C = 0.5")
+  assert results["adaptation"][0].endswith("(its noise: the gaussian part)")  # the variance's part
   budget = privacy.epsilon(0.02, 0.8, 500, 1e-5)
   assert results["privacy"] == {"max_norm": 0.5, "noise_multiplier": 0.8, "sampling_rate": 0.02,
                                 "steps": 500, "delta": 1e-5, "epsilon": budget.epsilon,

@@ -297,11 +297,13 @@ def test_a_declared_deterministic_defense_is_applied_to_the_recomputed_update():
 
 
 def test_scope_variants_take_one_part_the_other_way():
-  d = defenses
-  assert fidelity.scope_variants("CLIP:1") == [d.clip(1.0, per_layer=False).name] == ["clip:1.0:global"]
-  assert fidelity.scope_variants("clip:1:global,half,prune:0.5") == [
-      d.chain(d.clip(1.0), d.cast("float16"), d.prune(0.5)).name,
-      d.chain(d.clip(1.0, per_layer=False), d.cast("float16"), d.prune(0.5, per_layer=False)).name]
+  assert fidelity.scope_variants("CLIP:1") == ["clip:1.0:global"]
+  variants = fidelity.scope_variants("clip:1:global,half,prune:0.5")
+  assert variants == ["clip:1.0,fp16,prune:0.5", "clip:1.0:global,fp16,prune:0.5:global"]
+  P = defenses.Part
+  assert [defenses.parts(defenses.parse(v)) for v in variants] == [
+      (P("clip", (1.0,)), P("fp16"), P("prune", (0.5,))),
+      (P("clip", (1.0,), ("global",)), P("fp16"), P("prune", (0.5,), ("global",)))]
   assert fidelity.scope_variants("gaussian:1e-4") == [] and fidelity.scope_variants(None) == []
 
 

@@ -538,7 +538,6 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
     if spec is not None and not isinstance(spec, str):
       raise TypeError(f"the client's defense is a spec string (gradjax.defenses.parse), got "
                       f"{type(spec).__name__}")
-    spec = spec if spec and defenses.parts(defenses.parse(spec)) else None  # "none": no defense
     meta = audit.capture_metadata({**static, **({"defense": spec} if spec else {})}, config,
                                   metrics, keys)
     meta.update(own)
