@@ -59,6 +59,7 @@ Example::
 
 import dataclasses
 import functools
+import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -71,26 +72,35 @@ _NOISE = {"gaussian", "laplacian"}
 _LOW = {"fp16": jnp.float16, "bf16": jnp.bfloat16}
 
 
-class Part(NamedTuple):
-  """One step of a defense as it is applied (a ``dp`` is two: its clipping, then its noise): the
-  head, its numbers (a noise's variance) and whether it acts over the whole tree (``:global``)."""
+class Step(NamedTuple):
+  """One step of a defense as it is applied (a ``dp`` part is two: its clipping, then its noise):
+  the head, its numbers (a clipping bound, a pruning ratio; a noise's *variance*, which a ``dp``
+  part states as a multiplier) and whether it acts over the whole tree (``:global``)."""
 
   head: str
   numbers: tuple[float, ...]
   whole_tree: bool
 
 
-def parts(defense: defenses.Defense) -> list[Part]:
-  """The steps of ``defense`` (:func:`gradjax.defenses.parts`) in the order it applies them."""
+def steps(defense: defenses.Defense) -> tuple[Step, ...]:
+  """The steps of ``defense`` (its parts, :func:`gradjax.defenses.parts`) in the order it applies
+  them."""
+  _check_defense(defense, "defense")
   found = []
   for p in defenses.parts(defense):
     if p.head == "dp":
       c, z = p.numbers
       noise = "laplacian" if "laplacian" in p.options else "gaussian"
-      found += [Part("clip", (c,), p.whole_tree), Part(noise, ((z * c) ** 2,), False)]
+      found += [Step("clip", (c,), p.whole_tree), Step(noise, ((z * c) ** 2,), False)]
     else:
-      found.append(Part(p.head, p.numbers, p.whole_tree))
-  return found
+      found.append(Step(p.head, p.numbers, p.whole_tree))
+  return tuple(found)
+
+
+def _check_defense(defense, name: str) -> None:
+  if not isinstance(defense, defenses.Defense):
+    raise TypeError(f"{name} is a gradjax.defenses.Defense (defenses.parse(spec)), got "
+                    f"{type(defense).__name__}")
 
 
 # Objectives that rescale the observed update by a learned factor (DLM's γ, DLM+'s norm): what a
@@ -112,10 +122,10 @@ _SAYS = {  # role of a part -> what the adapted attack assumes of it
 }
 
 
-def roles(defense: defenses.Defense, objective: str = "gradient") -> list[tuple[Part, str]]:
-  """Each part of ``defense`` with how the adapted attack treats it (a key of the module's table:
-  clip, noise, unweighed, mask, bound, cells, straight, hidden, unscaled)."""
-  ps, found = parts(defense), []
+def roles(defense: defenses.Defense, objective: str = "gradient") -> list[tuple[Step, str]]:
+  """Each step of ``defense`` (:func:`steps`) with how the adapted attack treats it (a key of the
+  module's table: clip, noise, unweighed, mask, bound, cells, straight, hidden, unscaled)."""
+  ps, found = steps(defense), []
   for i, p in enumerate(ps):
     last, noisy_after = i == len(ps) - 1, any(q.head in _NOISE for q in ps[i + 1:])
     scaled = objective not in LEARNED_SCALE
@@ -233,8 +243,11 @@ def distance(base: distances.Distance, defense: defenses.Defense, *, update_scal
   (:data:`LEARNED_SCALE` objectives leave the scale-bound parts unmodelled).
   """
   base = distances.as_distance(base)
-  model = _model(defense, objective)
+  _check_defense(defense, "defense")
   k = float(update_scale)
+  if not (math.isfinite(k) and k > 0):
+    raise ValueError(f"update_scale must be a positive finite number, got {update_scale!r}")
+  model = _model(defense, objective)
 
   def adapted(dummy, observed, weights=None, step=0):
     treedef = jax.tree.structure(observed)
@@ -267,6 +280,9 @@ def adapt(attack: attacks.Attack, defense_spec: str, update_scale: float = 1.0) 
   :func:`gradjax.defenses.parse`; ``update_scale`` as in :func:`distance`), named
   ``<attack>+adaptive``. Built once per attack, spec and scale, so that runs against the same
   defense share their compiled programs."""
+  if not isinstance(defense_spec, str):
+    raise TypeError(f"defense_spec is a spec string (gradjax.defenses.parse's), got "
+                    f"{type(defense_spec).__name__}")
   defense = defenses.parse(defense_spec)
   return dataclasses.replace(
       attack, distance=distance(attack.distance, defense, update_scale=update_scale,

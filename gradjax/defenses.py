@@ -514,7 +514,9 @@ def parse(spec: str) -> Defense:
   Names are case-insensitive; ``float16``/``half`` and ``bfloat16`` are accepted for fp16 / bf16.
   Raises ``ValueError`` (one line, listing the valid forms) on an unknown name or a bad argument.
   """
-  if not isinstance(spec, str) or not spec.strip():
+  if not isinstance(spec, str):
+    raise TypeError(f"parse takes a defense spec string, got {type(spec).__name__}")
+  if not spec.strip():
     raise ValueError(f"empty defense spec; valid forms: {_valid_forms()}")
   parts = [p.strip() for p in spec.split(",")]
   if len(parts) > 1 and any(p.split(":")[0].strip().lower() == "none" for p in parts):

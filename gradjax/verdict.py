@@ -126,6 +126,14 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *,
   Raises ValueError for a batch of another size than the observation's, inputs the model does
   not read, labels outside the model's classes.
   """
+  if defense is not None:
+    if not isinstance(defense, defenses.Defense):
+      raise TypeError(f"defense is a gradjax.defenses.Defense (defenses.parse(spec)), got "
+                      f"{type(defense).__name__}")
+    noisy = [p.spec for p in defenses.parts(defense) if p.head in ("gaussian", "laplacian", "dp")]
+    if noisy:
+      raise ValueError(f"the residual recomputes what a deterministic defense sent; {noisy[0]} adds "
+                       "noise, which no recomputation matches: leave it out of defense")
   matched = getattr(matched, "name", matched)
   if matched not in (*objectives.MATCHED, objectives.ClippedGradient.name):
     raise ValueError(f"unknown matched part {matched!r}; choose one of "

@@ -29,10 +29,20 @@ def _euclidean(spec):
 
 
 def test_parts_of_a_chain_and_dp():
-  got = adaptive.parts(defenses.parse("dp:2.0:0.5:global,prune:0.3"))
-  assert got == [adaptive.Part("clip", (2.0,), True), adaptive.Part("gaussian", (1.0,), False),
-                 adaptive.Part("prune", (0.3,), False)]
-  assert adaptive.parts(defenses.parse("none")) == []
+  got = adaptive.steps(defenses.parse("dp:2.0:0.5:global,prune:0.3"))
+  assert got == (adaptive.Step("clip", (2.0,), True), adaptive.Step("gaussian", (1.0,), False),
+                 adaptive.Step("prune", (0.3,), False))
+  assert adaptive.steps(defenses.parse("none")) == ()
+  # A spec where a Defense goes, a Defense where a spec goes, a scale that is not positive.
+  with pytest.raises(TypeError, match="defense"):
+    adaptive.steps("prune:0.7")
+  with pytest.raises(TypeError, match="defense_spec"):
+    adaptive.adapt(presets.dlg(), defenses.parse("prune:0.7"))
+  with pytest.raises(TypeError, match="spec string"):
+    defenses.parse(defenses.Part("clip", (1.0,)))
+  for scale in (0.0, -1.0, float("nan")):
+    with pytest.raises(ValueError, match="update_scale"):
+      adaptive.distance(distances.euclidean, defenses.parse("prune:0.7"), update_scale=scale)
   assert len(adaptive.assumptions(defenses.parse("prune:0.5,gaussian:1e-4"))) == 2
 
 
@@ -102,7 +112,7 @@ def test_noise_weighs_each_leaf_by_its_signal_share():
     want += max(energy - b.size * 0.5, 0.0) / energy * np.sum((a - b) ** 2)
   np.testing.assert_allclose(float(_euclidean(spec)(u, v)), want, rtol=1e-5)
   # Noise hides pruning's zeros: pruning before it is not modelled, clipping still is.
-  assert adaptive.parts(defenses.parse("prune:0.5,gaussian:0.5"))[0].head == "prune"
+  assert adaptive.steps(defenses.parse("prune:0.5,gaussian:0.5"))[0].head == "prune"
   both = _euclidean("clip:1.0,prune:0.5,gaussian:0.5")
   clipped_only = _euclidean("clip:1.0,gaussian:0.5")
   np.testing.assert_allclose(float(both(u, v)), float(clipped_only(u, v)), rtol=1e-6)

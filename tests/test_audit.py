@@ -2,6 +2,7 @@
 audit of a capture written as AuditStrategy writes one (a gradjax client's update in PyTorch layout)."""
 
 import collections
+import re
 import os
 import json
 import time
@@ -40,6 +41,12 @@ def test_settings_are_the_configuration_the_audit_reads():
     audit.settings(options={"defense.spec": "prune:0.9"})  # a defense is the capture's to declare
   with pytest.raises(ValueError, match="attack.restarts"):
     audit.settings(options={"attack.restarts": "many"})  # the option's type
+  for path, value in (("attack.iterations", 0), ("attack.restarts", 0),
+                      ("execution.clients_per_run", -1)):
+    with pytest.raises(ValueError, match=re.escape(path)):
+      audit.settings(options={path: value})
+  with pytest.raises(TypeError, match="audit.settings"):  # attacks where the settings go
+    audit.attack_captures([], ("idlg",))
 
 
 def matched_psnr(truth, rec):

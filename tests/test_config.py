@@ -92,6 +92,20 @@ def test_an_unknown_option_is_named():
     config.from_dict({"optimiser": {"lr": 3}})
 
 
+def test_options_set_in_the_library_are_checked_for_their_types_and_text_takes_its_defaults():
+  """from_options / replace refuse a value of another type than the option's (a count given as
+  text, a bool or a fraction), as a configuration file's are; a text experiment without a model or
+  a corpus reads the command line's text defaults (before: "reads a corpus, not 'skimage'")."""
+  for path, value in (("attack.iterations", "five"), ("attack.iterations", True),
+                      ("attack.iterations", 2.5), ("seed", "abc"), ("data.batch_size", None)):
+    with pytest.raises(ValueError, match=re.escape(path)):
+      config.from_options({path: value})
+  text = config.from_options({"data.modality": "text"})
+  assert (text.model.name, text.data.dataset) == ("transformer", "pydoc")
+  assert text.training.train_count is None and text.training.test_count is None
+  assert config.from_options({"data.modality": "text", "model.name": "gpt"}).model.name == "gpt"
+
+
 def test_placeholders_take_a_value_of_their_type():
   c = config.defaults()
   c.data.image_size = 32

@@ -102,6 +102,12 @@ def test_the_residual_under_a_declared_defense_is_that_of_what_the_client_sent(p
   # verdict's bound (Thresholds.matched, 5e-4), where the plain residual is the defense's change.
   assert verdict.residual(model.apply_fn, as_gradient, {"x": photos[:2]}, y, defense=defense,
                           defense_scale=lr).relative_error < 1e-4
+  # A spec where the Defense goes, or a defense that adds noise: refused, naming it.
+  with pytest.raises(TypeError, match="defense"):
+    verdict.residual(model.apply_fn, sent, {"x": photos[:2]}, y, defense=spec)
+  with pytest.raises(ValueError, match="gaussian:0.01 adds noise"):
+    verdict.residual(model.apply_fn, sent, {"x": photos[:2]}, y,
+                     defense=defenses.parse(f"{spec},gaussian:1e-2"))
 
 
 def test_residual_of_replayed_local_training(photos):

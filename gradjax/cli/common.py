@@ -336,10 +336,7 @@ def options_from_flags() -> dict[str, Any]:
   if CAPTURED or values["model.weights"] or values["client.observation"]:
     values.update({p: v for p, v in config.CAPTURED.items() if p not in chosen})
   if values["data.modality"] == "text":  # the text defaults: SAPAG's transformer on Python's docs
-    for path, default in (("model.name", "transformer"), ("data.dataset", "pydoc"),
-                          ("training.train_count", None), ("training.test_count", None)):
-      if path not in chosen:
-        values[path] = default
+    values.update({p: v for p, v in config.TEXT_DEFAULTS.items() if p not in chosen})
   return values
 
 

@@ -562,6 +562,10 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
   seed = given.pop("seed", 0)
   config.check_type("seed", seed)
   sections = config.sections({**config.CAPTURED, **given}, SECTIONS)
+  a = sections["attack"]
+  if (a.iterations is not None and a.iterations < 1) or a.restarts < 1:
+    raise ValueError(f"attack.iterations (None: the preset's) and attack.restarts must be "
+                     f"positive, got {a.iterations} and {a.restarts}")
   d = sections["data"]
   if d.dataset is not None and not (d.dataset in data.DATASETS or d.dataset.startswith("tfds:")):
     raise ValueError(f"data.dataset={d.dataset!r}: choose one of {', '.join(data.DATASETS)} (or "
@@ -571,6 +575,12 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
                      "the captures (whose own shape their metadata declare), at least 3 pixels"
                      + ("; give data.dataset, or drop it" if d.dataset is None else ""))
   return Settings(tuple(attacks), seed=int(seed), **sections)
+
+
+def _check_settings(settings: Any) -> None:
+  if not isinstance(settings, Settings):
+    raise TypeError(f"the audit's settings are audit.settings(attacks, options), got "
+                    f"{type(settings).__name__}")
 
 
 def from_json(value: dict[str, Any]) -> Settings:
@@ -712,7 +722,7 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
   own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
       interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}  # as the update file holds them
   dp_sgd = bool(own) or settings.defense.dp_sgd_max_norm is not None
-  defended = bool(meta.get("defense")) and bool(defenses.parts(defenses.parse(meta["defense"])))
+  defended = bool(meta.get("defense")) and bool(defenses.parts(defenses.parse(str(meta["defense"]))))
   # Adapted where there is a defense to adapt to; DLM+, which cannot model DP-SGD's clipping, runs
   # as it is beside the attacks that can.
   adaptive = (not closed and settings.attack.adaptive and (defended or dp_sgd)
@@ -739,6 +749,7 @@ def attack_round(found: Sequence[Capture], settings: Settings, log: Callable[[st
   run where ``settings.execution.clients_per_run`` (or the device) says so (:func:`gradjax.run.pipeline.clients_per_run`),
   each with its own results, run folder and verdict. ``truths``: each capture's ground truth
   (default: loaded from ``settings.data.dataset``); ``target_psnr``: as :func:`attack_capture`'s."""
+  _check_settings(settings)
   truths = [None] * len(found) if truths is None else list(truths)
   plans = [_plan(c, settings, log, t) for c, t in zip(found, truths)]
   rows: list[list[dict[str, Any]]] = [p if isinstance(p, list) else [] for p in plans]
@@ -887,6 +898,7 @@ def attack_captures(found: Sequence[Capture], settings: Settings,
   rows. Each capture's rows are kept in its ``rows.json`` as it (its block) ends; with ``resume``, a
   capture whose ``rows.json`` holds rows of the same ``settings`` is not attacked again. ``stop`` is
   asked between blocks: a signal number raises :class:`Stopped` with the rows so far."""
+  _check_settings(settings)
   start, rows = time.perf_counter(), []
   together = pipeline.clients_per_run(config.Config(execution=settings.execution))
   k = 0
