@@ -85,7 +85,7 @@ class Step(NamedTuple):
 def steps(defense: defenses.Defense) -> tuple[Step, ...]:
   """The steps of ``defense`` (its parts, :func:`gradjax.defenses.parts`) in the order it applies
   them."""
-  _check_defense(defense, "defense")
+  defenses.check(defense)
   found = []
   for p in defenses.parts(defense):
     if p.head == "dp":
@@ -95,12 +95,6 @@ def steps(defense: defenses.Defense) -> tuple[Step, ...]:
     else:
       found.append(Step(p.head, p.numbers, p.whole_tree))
   return tuple(found)
-
-
-def _check_defense(defense, name: str) -> None:
-  if not isinstance(defense, defenses.Defense):
-    raise TypeError(f"{name} is a gradjax.defenses.Defense (defenses.parse(spec)), got "
-                    f"{type(defense).__name__}")
 
 
 # Objectives that rescale the observed update by a learned factor (DLM's γ, DLM+'s norm): what a
@@ -243,7 +237,7 @@ def distance(base: distances.Distance, defense: defenses.Defense, *, update_scal
   (:data:`LEARNED_SCALE` objectives leave the scale-bound parts unmodelled).
   """
   base = distances.as_distance(base)
-  _check_defense(defense, "defense")
+  defenses.check(defense)
   k = float(update_scale)
   if not (math.isfinite(k) and k > 0):
     raise ValueError(f"update_scale must be a positive finite number, got {update_scale!r}")

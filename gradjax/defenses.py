@@ -410,6 +410,17 @@ def chain(*defenses: Defense) -> Defense:
   return Defense(apply, ",".join(p.name for p in parts), parts)
 
 
+NOISY = ("gaussian", "laplacian", "dp")  # the heads of parts that add noise: no recomputation matches
+
+
+def check(defense: Defense, name: str = "defense") -> None:
+  """TypeError unless ``defense`` is a :class:`Defense` (a spec is :func:`parse`'s to read),
+  naming the argument ``name``."""
+  if not isinstance(defense, Defense):
+    raise TypeError(f"{name} is a gradjax.defenses.Defense (defenses.parse(spec)), got "
+                    f"{type(defense).__name__}")
+
+
 def parts(defense: Defense) -> tuple[Part, ...]:
   """The :class:`Part` of each defense ``defense`` applies, in order (none for :func:`identity`).
   A defense built elsewhere (``Defense(apply, name)``) is read by its name: the parts of

@@ -452,13 +452,11 @@ def zero_arrays(updates, weights, *, gradient: bool = False) -> str | None:
           "fits its examples with certainty); nothing to attack")
 
 
-_NOISY = ("gaussian", "laplacian", "dp")  # defense parts that add noise: no recomputation matches
-
-
 def noisy(defense: str | None) -> bool:
   """Whether the defense spec adds noise (read as :func:`gradjax.defenses.parse` reads it: any
   spelling, case and alias)."""
-  return bool(defense) and any(p.head in _NOISY for p in defenses.parts(defenses.parse(defense)))
+  return bool(defense) and any(p.head in defenses.NOISY
+                               for p in defenses.parts(defenses.parse(defense)))
 
 
 def check_capture(model: models.Model, observation: Observation, batch: data.Dataset | None,

@@ -55,7 +55,12 @@ def _sha256(path: str, *stat) -> str:
 def is_number(value) -> bool:
   """Whether ``value``, read back from a JSON file gradjax wrote, is a finite number (an int or a
   float; JSON's true and false are no numbers, though Python's bool is an int)."""
-  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return False
+  try:
+    return math.isfinite(value)
+  except OverflowError:  # an integer past a float's range
+    return False
 
 
 def check_npy_headers(data, where: str, keys=None) -> None:

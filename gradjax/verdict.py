@@ -127,10 +127,8 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *,
   not read, labels outside the model's classes.
   """
   if defense is not None:
-    if not isinstance(defense, defenses.Defense):
-      raise TypeError(f"defense is a gradjax.defenses.Defense (defenses.parse(spec)), got "
-                      f"{type(defense).__name__}")
-    noisy = [p.spec for p in defenses.parts(defense) if p.head in ("gaussian", "laplacian", "dp")]
+    defenses.check(defense)
+    noisy = [p.spec for p in defenses.parts(defense) if p.head in defenses.NOISY]
     if noisy:
       raise ValueError(f"the residual recomputes what a deterministic defense sent; {noisy[0]} adds "
                        "noise, which no recomputation matches: leave it out of defense")

@@ -2,7 +2,6 @@
 audit of a capture written as AuditStrategy writes one (a gradjax client's update in PyTorch layout)."""
 
 import collections
-import re
 import os
 import json
 import time
@@ -42,9 +41,10 @@ def test_settings_are_the_configuration_the_audit_reads():
   with pytest.raises(ValueError, match="attack.restarts"):
     audit.settings(options={"attack.restarts": "many"})  # the option's type
   for path, value in (("attack.iterations", 0), ("attack.restarts", 0),
-                      ("execution.clients_per_run", -1)):
-    with pytest.raises(ValueError, match=re.escape(path)):
-      audit.settings(options={path: value})
+                      ("execution.clients_per_run", -1), ("data.normalization", "cifar100x"),
+                      ("defense.dp_sgd_delta", float("nan"))):
+    with pytest.raises(ValueError, match=value if isinstance(value, str) else path.split(".")[1]):
+      audit.settings(options={path: value})  # named by its path or its short flag
   with pytest.raises(TypeError, match="audit.settings"):  # attacks where the settings go
     audit.attack_captures([], ("idlg",))
 
@@ -563,7 +563,7 @@ def test_settings_and_metadata_are_checked_when_given():
     audit.settings(options={"data.dataset": "cifar1O"})
   for options in ({"data.image_size": 32}, {"data.image_size": 2, "data.dataset": "skimage"},
                   {"seed": 1.5}):
-    with pytest.raises(ValueError, match="data.image_size|seed"):
+    with pytest.raises(ValueError, match="image_size|seed"):
       audit.settings(options=options)
   assert audit.settings(options={"data.image_size": 3, "data.dataset": "tfds:mnist"}).data.image_size == 3
   # The attacks count examples in 32-bit integers: the largest is read, one more refused.

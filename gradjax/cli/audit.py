@@ -105,8 +105,6 @@ def main(argv):
   except (ValueError, FileNotFoundError) as e:
     common.fail(f"--dataset={o['data.dataset']}: {e}"
                 if o["data.dataset"] and "normalization" not in str(e) else str(e))
-  if o["output.lpips"] not in config.LPIPS:
-    common.fail(f"unknown --lpips {o['output.lpips']!r}; choose one of {', '.join(config.LPIPS)}")
   try:
     rounds = None if f.rounds is None else [int(r) for r in f.rounds.split(",")]
   except ValueError:

@@ -29,7 +29,6 @@ captures whose ``rows.json`` holds rows of the same settings are read back, not 
 import html
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -531,7 +530,7 @@ OPTIONS = ("model.name", "model.rename", "data.dataset", "data.data_dir", "data.
            "client.force", "execution.clients_per_run", "output.lpips", "seed",
            *(f"defense.dp_sgd_{k}" for k in ("max_norm", "noise_multiplier", "sampling_rate", "steps",
                                              "delta", "poisson", "expected_batch_size")))
-SECTIONS = ("model", "data", "attack", "client", "defense", "execution", "output")
+SECTIONS = tuple(f for f in Settings._fields if f not in ("attacks", "seed"))
 
 
 def settings(attacks: Sequence[str] = (auto.AUTO,),
@@ -562,18 +561,17 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
   seed = given.pop("seed", 0)
   config.check_type("seed", seed)
   sections = config.sections({**config.CAPTURED, **given}, SECTIONS)
-  a = sections["attack"]
-  if (a.iterations is not None and a.iterations < 1) or a.restarts < 1:
-    raise ValueError(f"attack.iterations (None: the preset's) and attack.restarts must be "
-                     f"positive, got {a.iterations} and {a.restarts}")
+  if sections["attack"].iterations is not None and sections["attack"].iterations < 1:
+    raise ValueError(f"attack.iterations must be positive (None: the preset's), got "
+                     f"{sections['attack'].iterations}")
   d = sections["data"]
   if d.dataset is not None and not (d.dataset in data.DATASETS or d.dataset.startswith("tfds:")):
     raise ValueError(f"data.dataset={d.dataset!r}: choose one of {', '.join(data.DATASETS)} (or "
                      "tfds:<name>), or None for no scoring")
-  if d.image_size is not None and (d.dataset is None or d.image_size < 3):
+  if d.image_size is not None and d.dataset is None:
     raise ValueError(f"data.image_size={d.image_size}: it sizes the data.dataset images that score "
-                     "the captures (whose own shape their metadata declare), at least 3 pixels"
-                     + ("; give data.dataset, or drop it" if d.dataset is None else ""))
+                     "the captures (whose own shape their metadata declare); give data.dataset, or "
+                     "drop it")
   return Settings(tuple(attacks), seed=int(seed), **sections)
 
 
@@ -967,12 +965,16 @@ def _keep_unread_index(index_dir, read: int) -> str | None:
     total = None
   if total == read:
     return None
-  copy = path + ".unread"
   k = 0
-  while os.path.exists(copy):
-    k += 1
-    copy = f"{path}.unread-{k}"
-  shutil.copyfile(path, copy)
+  while True:  # taken exclusively: two audits at once never write one copy
+    copy = path + (".unread" if k == 0 else f".unread-{k}")
+    try:
+      fd = os.open(copy, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      break
+    except FileExistsError:
+      k += 1
+  with os.fdopen(fd, "wb") as out, open(path, "rb") as earlier:
+    shutil.copyfileobj(earlier, out)
   what = (f"{total - read} of its {total} rows are unreadable" if total is not None
           else "it is unreadable")
   return (f"{path}: {what}, so the new index leaves them out; the earlier file is kept as {copy} "
@@ -997,7 +999,7 @@ def _valid_row(row: Any) -> bool:
   if not (isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool)
           and isinstance(row.get("client"), (str, int))):
     return False
-  numbers = all(row.get(k) is None or _finite(row[k]) for k in SUMMARY_KEYS)
+  numbers = all(row.get(k) is None or files.is_number(row[k]) for k in SUMMARY_KEYS)
   texts = all(row.get(k) is None or isinstance(row[k], str)
               for k in ("attack", "error", "reason", "verdict", "run"))
   privacy = row.get("privacy")
@@ -1005,17 +1007,6 @@ def _valid_row(row: Any) -> bool:
       isinstance(privacy, dict) and isinstance(privacy.get("delta"), (int, float))
       and (privacy.get("epsilon") is None or isinstance(privacy["epsilon"], (int, float))))
   return numbers and texts and dp_sgd
-
-
-def _finite(value: Any) -> bool:
-  """Whether ``value`` is a number JSON writes and a float holds (not a bool, NaN, ±inf or an
-  integer past a float's range)."""
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    return False
-  try:
-    return math.isfinite(float(value))
-  except OverflowError:
-    return False
 
 
 def one_line(text: str) -> str:

@@ -42,7 +42,6 @@ each client's own defense, and :func:`leakage_mod` reads the same record on the 
 
 import collections
 import logging
-import math
 import os
 import time
 from collections.abc import Collection, Iterable
@@ -658,9 +657,9 @@ def leakage_mod(examples, options: dict[str, Any] | None = None, *,
 
 
 def _check_gate(built: dict[str, Any], static: dict[str, Any], defense) -> None:
-  """What would leave every round of a gate unaudited, refused when it is built: no model or an
-  unknown one, a defense spec that does not parse or one given twice, an unknown normalisation, a
-  budget that is not positive, a threshold that is not finite (ValueError)."""
+  """What would leave every round of a gate unaudited, refused when it is built (ValueError): no
+  model or an unknown one, a defense spec that does not parse or one given twice, iterations that
+  are not positive (the sections check the rest: :func:`gradjax.run.config.check_values`)."""
   if not static.get("model"):
     raise ValueError("leakage_mod: name the client's model (the option model.name, or "
                      "metadata['model']): a gradjax zoo name")
@@ -671,14 +670,9 @@ def _check_gate(built: dict[str, Any], static: dict[str, Any], defense) -> None:
     if defense is not None:
       raise ValueError("leakage_mod: the client's defense is defense.spec or defense=, not both")
     defenses.parse(built["defense"].spec)
-  if built["data"].normalization is not None:
-    data.normalization(built["data"].normalization)
-  iterations, restarts = built["attack"].iterations, built["attack"].restarts
-  if (iterations is not None and iterations < 1) or restarts < 1:
-    raise ValueError(f"leakage_mod: attack.iterations (None: the preset's) and attack.restarts "
-                     f"must be positive, got {iterations} and {restarts}")
-  if not math.isfinite(built["gate"].threshold_db):
-    raise ValueError(f"leakage_mod: gate.threshold_db must be finite, got {built['gate'].threshold_db}")
+  if built["attack"].iterations is not None and built["attack"].iterations < 1:
+    raise ValueError(f"leakage_mod: attack.iterations must be positive (None: the preset's), got "
+                     f"{built['attack'].iterations}")
 
 
 def _add_metrics(reply, values: dict[str, float]) -> None:

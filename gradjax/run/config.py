@@ -738,31 +738,7 @@ class Config:
       raise ValueError(f"{', '.join(stray)} {'is' if len(stray) == 1 else 'are'} for "
                        f"{'images' if reads_text else 'text (--modality=text)'}: drop "
                        f"{'it' if len(stray) == 1 else 'them'}")
-    values = options(self)
-    for path, value in values.items():
-      if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{flag(path)} must be a finite number, got {value}")
-      if isinstance(value, int) and not isinstance(value, bool) and not -2**31 <= value < 2**31:
-        raise ValueError(f"{flag(path)} must lie in a 32-bit integer's range, got {value}")
-    for path in ("attack.learning_rate", "client.local_lr", "training.lr", "utility.lr"):
-      if values[path] is not None and values[path] <= 0:
-        raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
-    for path in ("training.epochs", "training.clients", "sampling.pool",
-                 "sampling.classes_per_batch", "attack.restarts", "attack.permutations"):
-      if values[path] < 1:
-        raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
-    for path in ("training.train_count", "utility.train_count"):
-      if values[path] is not None and values[path] < 1:
-        raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
-    for path in ("training.test_count", "utility.test_count"):
-      if values[path] is not None and values[path] < 0:
-        raise ValueError(f"{flag(path)} must be non-negative, got {values[path]}")
-    if self.model.num_classes is not None and self.model.num_classes < 2:
-      raise ValueError(f"--config.model.num_classes must be at least 2, got {self.model.num_classes}")
-    if not 0 <= self.client.local_momentum < 1:
-      raise ValueError(f"--config.client.local_momentum must lie in [0, 1), got {self.client.local_momentum}")
-    if self.data.normalization is not None:
-      data.normalization(self.data.normalization)
+    check_values(options(self))
     if bool(self.model.weights) != bool(self.client.observation):
       raise ValueError("captured files need both --weights and --observation")
     if self.model.weights and self.model.checkpoint:
@@ -785,9 +761,6 @@ class Config:
       raise ValueError(f"batch_size must be positive, got {self.data.batch_size}")
     if self.data.index < 0:
       raise ValueError(f"index must be non-negative, got {self.data.index}")
-    if self.data.image_size is not None and self.data.image_size < 3:
-      raise ValueError(f"image_size must be at least 3 (SSIM compares windows of 3x3 pixels), got "
-                       f"{self.data.image_size}")
     if self.data.channels not in (None, 1, 3):
       raise ValueError(f"channels must be 1, 3 or None, got {self.data.channels!r}")
     if self.client.name not in CLIENTS:
@@ -1025,17 +998,56 @@ def replace(cfg: Config, values: dict[str, Any]) -> Config:
   return Config(**top)
 
 
+def check_values(values: dict[str, Any]) -> None:
+  """The checks of single options (dotted path -> value, those of ``values``' sections): finite
+  numbers in a 32-bit integer's range, rates and counts positive, a known normalisation, images of
+  at least 3 pixels; :class:`Config` runs them on every option, :func:`sections` on its sections'.
+  ValueError naming the option."""
+  for path, value in values.items():
+    if isinstance(value, float) and not math.isfinite(value):
+      raise ValueError(f"{flag(path)} must be a finite number, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**31 <= value < 2**31:
+      raise ValueError(f"{flag(path)} must lie in a 32-bit integer's range, got {value}")
+  for path in ("attack.learning_rate", "client.local_lr", "training.lr", "utility.lr"):
+    if values.get(path) is not None and values[path] <= 0:
+      raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
+  for path in ("training.epochs", "training.clients", "sampling.pool",
+               "sampling.classes_per_batch", "attack.restarts", "attack.permutations"):
+    if path in values and values[path] < 1:
+      raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
+  for path in ("training.train_count", "utility.train_count"):
+    if values.get(path) is not None and values[path] < 1:
+      raise ValueError(f"{flag(path)} must be positive, got {values[path]}")
+  for path in ("training.test_count", "utility.test_count"):
+    if values.get(path) is not None and values[path] < 0:
+      raise ValueError(f"{flag(path)} must be non-negative, got {values[path]}")
+  if values.get("model.num_classes") is not None and values["model.num_classes"] < 2:
+    raise ValueError(f"--config.model.num_classes must be at least 2, got {values['model.num_classes']}")
+  if "client.local_momentum" in values and not 0 <= values["client.local_momentum"] < 1:
+    raise ValueError(f"--config.client.local_momentum must lie in [0, 1), got "
+                     f"{values['client.local_momentum']}")
+  if values.get("data.normalization") is not None:
+    data.normalization(values["data.normalization"])
+  if values.get("data.image_size") is not None and values["data.image_size"] < 3:
+    raise ValueError(f"image_size must be at least 3 (SSIM compares windows of 3x3 pixels), got "
+                     f"{values['data.image_size']}")
+
+
 def sections(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
   """Section name -> that section built from its defaults with ``values`` (dotted path -> value)
   set, for a program that reads a few sections, not a whole experiment (the Flower gate): each
-  section checks its own options; the checks across sections of :class:`Config` do not apply.
-  ValueError for a path outside ``names``' sections or a value of another type than its option's."""
+  section checks its own options, and :func:`check_values` each option of them; the checks across
+  sections of :class:`Config` do not apply. ValueError for a path outside ``names``' sections or a
+  value of another type than its option's."""
   for path, value in values.items():
     if section(path) not in names:
       raise ValueError(f"{path} is not an option here, which reads the {', '.join(names)} sections")
     check_type(path, value)  # "ten" for a number would pass the sections' own checks unseen
-  return {name: SECTIONS[name](**{p.partition(".")[2]: v for p, v in values.items()
-                                  if section(p) == name}) for name in names}
+  built = {name: SECTIONS[name](**{p.partition(".")[2]: v for p, v in values.items()
+                                   if section(p) == name}) for name in names}
+  check_values({f"{name}.{f.name}": getattr(built[name], f.name) for name in names
+                for f in dataclasses.fields(built[name])})
+  return built
 
 
 def unread_by_client(client: str, given: set[str]) -> list[str]:
