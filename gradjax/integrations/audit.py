@@ -353,9 +353,8 @@ def static_metadata(metadata: dict[str, Any] | None, where: str) -> dict[str, An
       raise TypeError(f"{where}: metadata[{key!r}] must be a string, a number, a bool or a list of "
                       f"them, got {type(value).__name__}")
     out[key] = value
-  if "model" in out and (not isinstance(out["model"], str) or models.family(out["model"]) is None):
-    raise ValueError(f"{where}: metadata['model'] {out['model']!r} is no gradjax zoo model; choose "
-                     f"one of {', '.join(models.MODELS)} (variants such as resnet20-4 allowed)")
+  if "model" in out:
+    models.check_name(out["model"], f"{where}: metadata['model']")
   if "input_shape" in out:
     shape = out["input_shape"]
     if isinstance(shape, str):

@@ -663,9 +663,8 @@ def _check_gate(built: dict[str, Any], static: dict[str, Any], defense) -> None:
   if not static.get("model"):
     raise ValueError("leakage_mod: name the client's model (the option model.name, or "
                      "metadata['model']): a gradjax zoo name")
-  if built["model"].name is not None and models.family(built["model"].name) is None:
-    raise ValueError(f"leakage_mod: model.name={built['model'].name!r} is no gradjax zoo model; "
-                     f"choose one of {', '.join(models.MODELS)} (variants such as resnet20-4 allowed)")
+  if built["model"].name is not None:
+    models.check_name(built["model"].name, "leakage_mod: model.name")
   if built["defense"].spec is not None:
     if defense is not None:
       raise ValueError("leakage_mod: the client's defense is defense.spec or defense=, not both")

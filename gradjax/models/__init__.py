@@ -96,6 +96,17 @@ def family(name: str) -> ModelSpec | None:
   return next((f for f in FAMILIES if f.parse(name)), None)
 
 
+def check_name(name, where: str | None = None) -> ModelSpec:
+  """The :class:`~gradjax.models.spec.ModelSpec` of zoo name ``name``; ValueError for anything
+  else, after ``where`` (the option or the key the name came from) when given."""
+  spec = family(name) if isinstance(name, str) else None
+  if spec is None:
+    raise ValueError(f"{where + ': ' if where else ''}unknown model {name!r}; choose one of "
+                     f"{', '.join(MODELS + TEXT_MODELS)} (convnet-W, mlp-H, resnetD-W variants "
+                     "allowed, W and H positive)")
+  return spec
+
+
 def parse_name(name: str) -> ZooName | None:
   """The :class:`ZooName` of a zoo name (``"resnet20-4"`` -> ``ZooName("resnet", 20, 4)``), or
   ``None`` for a name outside the grammar (the ResNet depth itself is checked when it is built)."""
@@ -131,13 +142,10 @@ def get_module(name: str, *, num_classes: int, init: str | None = None, init_sca
     raise ValueError(f"unknown activation {act!r}; choose one of {', '.join(ACTIVATIONS)}")
   if conv not in CONVS:
     resolve_conv(conv)  # raises the one-line error
-  spec = family(name)
-  if init in TORCH_INITS and spec is not None and spec.text:
+  spec = check_name(name)
+  if init in TORCH_INITS and spec.text:
     raise ValueError(f"init {init!r} (PyTorch's Conv2d and Linear draws) is for the image models; "
                      f"{name} takes {', '.join(i for i in INITS if i not in TORCH_INITS)}")
-  if spec is None:
-    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS + TEXT_MODELS)} "
-                     "(convnet-W, mlp-H, resnetD-W variants allowed, W and H positive)")
   return spec.build(spec.parse(name), Options(
       num_classes=num_classes, init=init, init_scale=init_scale, act=act, stride1=stride1,
       param_dtype=param_dtype, remat=remat, conv=resolve_conv(conv), text_sizes=text_sizes))
