@@ -555,10 +555,9 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
   outside = [p for p in given if p not in OPTIONS]
   if outside:
     raise ValueError(f"an audit reads the options {', '.join(OPTIONS)}; not {', '.join(outside)}")
-  # NumPy's numbers as Python's: the settings travel as JSON (rows.json, a process of its own).
-  given = {p: v.item() if isinstance(v, np.generic) else v for p, v in given.items()}
   seed = given.pop("seed", 0)
   config.check_type("seed", seed)
+  seed = int(seed)  # NumPy's too: the settings travel as JSON (rows.json, a process of its own)
   sections = config.sections({**config.CAPTURED, **given}, SECTIONS)
   if sections["attack"].iterations is not None and sections["attack"].iterations < 1:
     raise ValueError(f"attack.iterations must be positive (None: the preset's), got "
@@ -571,7 +570,7 @@ def settings(attacks: Sequence[str] = (auto.AUTO,),
     raise ValueError(f"data.image_size={d.image_size}: it sizes the data.dataset images that score "
                      "the captures (whose own shape their metadata declare); give data.dataset, or "
                      "drop it")
-  return Settings(tuple(attacks), seed=int(seed), **sections)
+  return Settings(tuple(attacks), seed=seed, **sections)
 
 
 def _check_settings(settings: Any) -> None:

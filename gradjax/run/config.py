@@ -989,13 +989,20 @@ def options(cfg: Config, paths: tuple[str, ...] | None = None) -> dict[str, Any]
 def replace(cfg: Config, values: dict[str, Any]) -> Config:
   """``cfg`` with options set (dotted path -> value): a sweep item, a table's row. ValueError for a
   path the schema lacks or a value its checks refuse."""
-  for path, value in values.items():
-    check_type(path, value)  # "five" iterations, True for a count: refused here, not in a run
+  values = _plain(values)  # "five" iterations, True for a count: refused here, not in a run
   top = {"seed": values.get("seed", cfg.seed)}
   for name in SECTIONS:
     mine = {p.partition(".")[2]: v for p, v in values.items() if section(p) == name}
     top[name] = dataclasses.replace(getattr(cfg, name), **mine) if mine else getattr(cfg, name)
   return Config(**top)
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+  """``values`` checked for their options' types (:func:`check_type`), NumPy's numbers as Python's
+  (a configuration is written as JSON and as a Python file)."""
+  for path, value in values.items():
+    check_type(path, value)
+  return {p: v.item() if isinstance(v, np.generic) else v for p, v in values.items()}
 
 
 def check_values(values: dict[str, Any]) -> None:
@@ -1039,10 +1046,10 @@ def sections(values: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
   section checks its own options, and :func:`check_values` each option of them; the checks across
   sections of :class:`Config` do not apply. ValueError for a path outside ``names``' sections or a
   value of another type than its option's."""
-  for path, value in values.items():
+  for path in values:
     if section(path) not in names:
       raise ValueError(f"{path} is not an option here, which reads the {', '.join(names)} sections")
-    check_type(path, value)  # "ten" for a number would pass the sections' own checks unseen
+  values = _plain(values)  # "ten" for a number would pass the sections' own checks unseen
   built = {name: SECTIONS[name](**{p.partition(".")[2]: v for p, v in values.items()
                                    if section(p) == name}) for name in names}
   check_values({f"{name}.{f.name}": getattr(built[name], f.name) for name in names
@@ -1461,9 +1468,7 @@ def with_options(cfg: Config, item: dict[str, Any]) -> Config:
                      "as data.index")
   if not item:
     raise ValueError("an empty sweep item (each item sets at least one option)")
-  for path, value in item.items():
-    check_type(path, value)
-  return replace(cfg, {p: v.item() if isinstance(v, np.generic) else v for p, v in item.items()})
+  return replace(cfg, item)
 
 
 def check_type(path: str, value: Any) -> None:
