@@ -505,6 +505,43 @@ def test_a_capture_declaring_defense_none_is_attacked_plainly_by_an_adapted_audi
   assert results["adaptation"] is None and results["attack"]["objective"] == "gradient"
 
 
+def test_a_signal_stops_the_audit_between_captures_and_a_second_one_at_once(tmp_path, monkeypatch):
+  """The first signal (``stop``) ends the audit before the next capture; a second Ctrl-C
+  (``KeyboardInterrupt`` in an attack) at once: both raise :class:`audit.Stopped` with the rows of
+  the captures finished, which a resume reads back from their ``rows.json``, attacking only the
+  rest."""
+  import signal
+  weights, update, round_dir, meta = _round_one(tmp_path)
+  for client in "123":
+    audit.write_capture(round_dir / f"client_{client}", str(weights), update,
+                        {"round": 1, "client": client}, meta)
+  found = audit.captures(tmp_path / "audit")
+  attacked = []
+
+  def attack_round(block, settings, log, interrupt_at=None):
+    if interrupt_at is not None and block[0].client == interrupt_at:
+      raise KeyboardInterrupt
+    attacked.extend(c.client for c in block)
+    return [[{"round": c.round, "client": c.client, "attack": "idlg", "psnr": 1.0}] for c in block]
+
+  settings = audit.settings(("idlg",))
+  row = lambda client: {"round": 1, "client": client, "attack": "idlg", "psnr": 1.0}
+  monkeypatch.setattr(audit, "attack_round", lambda b, s, log: attack_round(b, s, log, "2"))
+  with pytest.raises(audit.Stopped) as stopped:
+    audit.attack_captures(found, settings, log=lambda s: None)
+  assert (stopped.value.rows, stopped.value.done, stopped.value.total) == ([row("1")], 1, 3)
+  assert stopped.value.signum == signal.SIGINT and attacked == ["1"]
+  asked = iter([None, None, signal.SIGTERM])  # the signal arrives during the second capture
+  monkeypatch.setattr(audit, "attack_round", attack_round)
+  with pytest.raises(audit.Stopped) as stopped:
+    audit.attack_captures(found, settings, log=lambda s: None, resume=True, stop=lambda: next(asked))
+  assert (stopped.value.rows, stopped.value.done, stopped.value.signum) == (
+      [row("1"), row("2")], 2, signal.SIGTERM)
+  assert attacked == ["1", "2"]  # the first capture read back from its rows.json
+  assert audit.attack_captures(found, settings, log=lambda s: None, resume=True) == [
+      row("1"), row("2"), row("3")] and attacked == ["1", "2", "3"]
+
+
 def test_files_an_audit_reads_back_never_end_it_and_an_unread_index_is_kept(tmp_path, monkeypatch):
   """An ``index.json`` or a ``rows.json`` nested too deep, index rows of other types or past a
   float's range, a capture counting more examples than 32-bit integers hold, a recorded error over

@@ -19,8 +19,8 @@ is written; bad flags or a --dataset that cannot be loaded: one-line error, exit
 merges with an earlier one in the folder: rows of rounds not attacked again are kept. The first
 Ctrl-C or SIGTERM stops the audit after the capture being attacked: the index holds the captures
 done, one line names the command that continues (``--resume``: captures whose ``rows.json`` holds
-rows of the same options are read back), exit code 128 + the signal (130 for Ctrl-C); a second one
-stops at once.
+rows of the same options are read back), exit code 128 + the signal (130 for Ctrl-C); a second
+Ctrl-C stops the capture being attacked at once, the index and the line as after the first.
 
 Over several processes (the launch flags, :mod:`gradjax.cli.distributed`; every process sees the
 recorded folder): capture k is attacked by process k mod P, each writing its captures' run folders,

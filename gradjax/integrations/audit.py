@@ -22,7 +22,7 @@ whole or not at all (written aside, then renamed).
 and writes, per capture and attack, the files of :func:`gradjax.run.report.write_run`, plus
 ``index.json``, ``index.md`` and ``index.html`` over the whole federation: a row per capture and
 attack, and a row per recorded round (clients sent work, failed, withheld, replying twice, nodes new
-or gone). An audit stopped between captures (:class:`Stopped`) continues with ``resume``: the
+or gone). An audit a signal stopped (:class:`Stopped`) continues with ``resume``: the
 captures whose ``rows.json`` holds rows of the same settings are read back, not attacked again.
 """
 
@@ -32,6 +32,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import time
 import uuid
 from typing import Any, Callable, NamedTuple, Sequence
@@ -838,8 +839,10 @@ ROWS = "rows.json"  # a capture's rows and the settings they were attacked with,
 
 
 class Stopped(Exception):
-  """An audit a signal stopped between captures: ``rows`` of the ``done`` captures of ``total``
-  (each also kept in its ``rows.json``, so ``resume`` reads them back); ``signum``, the signal."""
+  """An audit a signal stopped: ``rows`` of the ``done`` captures of ``total`` (each also kept in
+  its ``rows.json``, so ``resume`` reads them back); ``signum``, the signal. The first signal stops
+  it between captures; a second (``KeyboardInterrupt`` in the capture being attacked) at once,
+  that capture's attack lost."""
 
   def __init__(self, rows: list[dict[str, Any]], done: int, total: int, signum: int):
     super().__init__(f"stopped after {done} of {total} captures (signal {signum})")
@@ -893,18 +896,33 @@ def attack_captures(found: Sequence[Capture], settings: Settings,
   :func:`gradjax.run.pipeline.clients_per_run` consecutive captures, :func:`attack_round`): their
   rows. Each capture's rows are kept in its ``rows.json`` as it (its block) ends; with ``resume``, a
   capture whose ``rows.json`` holds rows of the same ``settings`` is not attacked again. ``stop`` is
-  asked between blocks: a signal number raises :class:`Stopped` with the rows so far."""
+  asked between blocks: a signal number raises :class:`Stopped` with the rows so far, and so does a
+  ``KeyboardInterrupt`` (a second Ctrl-C) in a block, with the rows of the captures before it."""
   _check_settings(settings)
-  start, rows = time.perf_counter(), []
+  rows, done = [], 0
+  try:
+    for new in _rows_by_capture(found, settings, log, resume):
+      if new is not None:
+        rows.extend(new)
+        done += 1
+      elif (signum := stop()) is not None:
+        raise Stopped(rows, done, len(found), signum)
+  except KeyboardInterrupt:
+    raise Stopped(rows, done, len(found), signal.SIGINT) from None
+  return rows
+
+
+def _rows_by_capture(found, settings, log, resume):
+  """:func:`attack_captures`' loop: yields each capture's rows, in order, and None before each
+  block (where a signal stops the audit)."""
+  start = time.perf_counter()
   together = pipeline.clients_per_run(config.Config(execution=settings.execution))
   k = 0
   while k < len(found):
-    signum = stop()
-    if signum is not None:
-      raise Stopped(rows, k, len(found), signum)
+    yield None
     kept = kept_rows(found[k], settings) if resume else None
     if kept is not None:
-      rows.extend(kept)
+      yield kept
       log(f"capture {k + 1}/{len(found)} (round {found[k].round} client {found[k].client}): kept "
           f"from its {ROWS}")
       k += 1
@@ -919,10 +937,9 @@ def attack_captures(found: Sequence[Capture], settings: Settings,
                          {"settings": settings.to_json(), "rows": new})
       except OSError as e:  # the rows still reach the index; only a resume would attack it again
         log(f"round {capture.round} client {capture.client}: {ROWS} not written: {e}")
-      rows.extend(new)
+      yield new
     k += len(block)
     log(f"capture {k}/{len(found)} done, {time.perf_counter() - start:.0f} s")
-  return rows
 
 
 def index(audit_dir, rows: list[dict[str, Any]], settings: Settings, found: Sequence[Capture], *,
