@@ -778,6 +778,14 @@ def _found(out: str, pattern: str) -> list[str]:
   return glob.glob(os.path.join(glob.escape(out), pattern))
 
 
+def _results(out: str, own: tuple[str, ...]) -> list[str]:
+  """The files of this program (``own``'s patterns) in ``out`` that a run writes as it gets
+  results: neither its ``config.py`` (written at the start) nor a saved state."""
+  states = set(_found(out, _states(own)))
+  return [p for pattern in own for p in _found(out, pattern)
+          if os.path.isfile(p) and p not in states and os.path.basename(p) != "config.py"]
+
+
 def _check_resumable(out: str, own: tuple[str, ...]) -> None:
   """Exits with one line unless ``out`` holds a run of this program to continue: files, among them
   a saved state or finished experiments (``items/``) or this program's ``config.py``, and no
@@ -921,9 +929,7 @@ def _leave(out: str, created: bool, own: tuple[str, ...] = ()) -> None:
   it and it is empty then."""
   if not os.path.isdir(out):
     return
-  states = set(_found(out, _states(own))) if own else set()
-  if (os.path.exists(os.path.join(out, "config.py"))
-      or any(os.path.isfile(p) and p not in states for pattern in own for p in _found(out, pattern))
+  if (os.path.exists(os.path.join(out, "config.py")) or _results(out, own)
       or [e.name for e in os.scandir(out)] == [CLAIM]):
     _release_claim(out)
   if created and not any(os.scandir(out)):
@@ -950,17 +956,15 @@ def _set_aside(out: str, own: tuple[str, ...]) -> None:
     os.replace(os.path.join(out, name), os.path.join(aside, name))
 
   def settle():
-    states = set(_found(out, _states(own)))
-    written = [p for pattern in own + (_states(own),) for p in _found(out, pattern)
-               if os.path.isfile(p) and os.path.basename(p) != "config.py"]
-    if not written:  # nothing of the new run's but its configuration: the earlier run comes back
+    results, states = _results(out, own), _found(out, _states(own))
+    if not results and not states:  # nothing of the new run's but its configuration: the earlier run comes back
       for path in (p for pattern in own for p in _found(out, pattern)):
         if os.path.isfile(path):
           os.remove(path)
       for name in names:
         os.makedirs(os.path.dirname(os.path.join(out, name)), exist_ok=True)
         os.replace(os.path.join(aside, name), os.path.join(out, name))
-    elif _INTERRUPTED or all(p in states for p in written):  # stopped before its last result
+    elif _INTERRUPTED or not results:  # stopped before its last result
       print(f"the run it replaces is kept in {aside} until a run in this folder finishes",
             file=sys.stderr)
       return
@@ -974,10 +978,7 @@ def _drop_replaced(out: str, own: tuple[str, ...]) -> None:
   """At the exit of a run (resumed, or one that replaced another): where it finished (results
   written, no saved state left), the runs that interrupted --overwrites kept aside
   (:func:`_set_aside`) are removed."""
-  if _INTERRUPTED or _found(out, _states(own)):
-    return
-  if not any(os.path.isfile(p) and os.path.basename(p) != "config.py"
-             for pattern in own for p in _found(out, pattern)):
+  if _INTERRUPTED or _found(out, _states(own)) or not _results(out, own):
     return
   for aside in _found(out, ".overwritten-*"):
     shutil.rmtree(aside, ignore_errors=True)
