@@ -4,6 +4,7 @@ audit of a capture written as AuditStrategy writes one (a gradjax client's updat
 import collections
 import os
 import json
+import shutil
 import time
 import types
 
@@ -646,6 +647,15 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
                                                          "output.lpips": "none"}),
                                  log=lambda s: None)[0]
   assert len(auto_rows) == 1 and "metadata do not describe an update" in auto_rows[0]["error"], auto_rows
+  # A defense the client declares that does not parse: the capture's one row, whatever the attacks.
+  audit.write_capture(round_dir / "client_6", str(weights), update, {"round": 1, "client": "6"},
+                      {**meta, "defense": "prune:abc"})
+  bad_defense = audit.attack_round([c for c in audit.captures(tmp_path / "audit") if c.client == "6"],
+                                   audit.settings(("idlg", "dlg"), {"attack.iterations": 2}),
+                                   log=lambda s: None)[0]
+  assert [(r["attack"], r["error"].split(":")[0]) for r in bad_defense] == [
+      (None, "bad defense 'prune")], bad_defense
+  shutil.rmtree(round_dir / "client_6")
   # Another client's rows copied into this client's rows.json: not read back as this client's.
   captures = {c.client: c for c in audit.captures(tmp_path / "audit")}
   copied = json.loads((round_dir / "client_1" / audit.ROWS).read_text())

@@ -650,13 +650,16 @@ def _disagreement(capture: Capture, meta: dict[str, Any]) -> str | None:
 
 class _Plan(NamedTuple):
   """What :func:`attack_round` attacks in one capture: its rows' common fields, the attacks in
-  order, the ground truth, the capture's metadata and whether ``auto`` chose the attacks."""
+  order, the ground truth, the capture's metadata, whether ``auto`` chose the attacks, the DP-SGD
+  the client declares of itself (``defense.*`` options) and whether it declares a defense."""
 
   base: dict[str, Any]
   names: tuple[str, ...]
   truth: data.Dataset | None
   meta: dict[str, Any]
   chosen: bool
+  dp_sgd: dict[str, Any]
+  defended: bool
 
 
 def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict[str, Any]]:
@@ -679,6 +682,14 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   if differ:  # what chooses the attacks and what they read must be the same client's
     log(f"round {capture.round} client {capture.client}: error: {differ}")
     return [{**base, "attack": None, "error": differ}]
+  try:  # the client's own DP-SGD and defense, as the update file holds them
+    dp_sgd = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
+        interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}
+    defended = bool(meta.get("defense")) and bool(defenses.parts(defenses.parse(str(meta["defense"]))))
+  except ValueError as e:
+    error = one_line(str(e))
+    log(f"round {capture.round} client {capture.client}: error: {error}")
+    return [{**base, "attack": None, "error": error}]
   config = capture.info.get("config")
   stated = {k: v for k, v in capture_metadata({}, config, {}).items()
             if k not in meta} if isinstance(config, dict) else {}
@@ -705,7 +716,7 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   if truth is None and settings.data.dataset is not None:
     log(f"round {capture.round} client {capture.client}: not scored: its {CAPTURE} has no "
         "data_indices (the dataset indices of the client's examples)")
-  return _Plan(base, tuple(names), truth, meta, chosen)
+  return _Plan(base, tuple(names), truth, meta, chosen, dp_sgd, defended)
 
 
 def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan) -> config.Config:
@@ -716,16 +727,13 @@ def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan)
   closed = name in closed_forms.CLOSED_FORMS  # no budget, restarts or adaptation to set
   # The DP-SGD a client declares of itself (its capture's metadata) over what the settings say of
   # every client.
-  own = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
-      interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}  # as the update file holds them
-  dp_sgd = bool(own) or settings.defense.dp_sgd_max_norm is not None
-  defended = bool(meta.get("defense")) and bool(defenses.parts(defenses.parse(str(meta["defense"]))))
+  dp_sgd = bool(plan.dp_sgd) or settings.defense.dp_sgd_max_norm is not None
   # Adapted where there is a defense to adapt to; DLM+, which cannot model DP-SGD's clipping, runs
   # as it is beside the attacks that can.
-  adaptive = (not closed and settings.attack.adaptive and (defended or dp_sgd)
+  adaptive = (not closed and settings.attack.adaptive and (plan.defended or dp_sgd)
               and (not dp_sgd or pipeline.models_dp_sgd(presets.get_preset(name)())))
   return config.from_options({
-      **settings.options(), **own, "attack.preset": name,
+      **settings.options(), **plan.dp_sgd, "attack.preset": name,
       "model.weights": os.path.join(capture.folder, WEIGHTS),
       "client.observation": os.path.join(capture.folder, OBSERVATION),
       "data.dataset": None,  # the truth is scored here, loaded once for the capture's attacks
