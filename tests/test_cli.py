@@ -1451,17 +1451,27 @@ def test_the_tables_take_their_protocol_from_a_configuration(tmp_path):
   assert "c.client.name = 'fedavg'" in proc.stdout and "c.model.name = 'mlp'" in proc.stdout
   assert "c.data.dataset = 'skimage'" in proc.stdout and "c.attack.iterations = 3" in proc.stdout
   # (A run of text-table writing its rows: tests/test_studies.py, text_sapag's recipe.)
-  proc, bad, beyond, twice = run_in_one_process([(["gradjax", "text-table", *args], tmp_path) for args in (
+  from gradjax import configs
+  from gradjax.run import config, text_run
+  pool = text_run.load_sentences(config.from_dict(configs.get("sapag_text"))).pool
+  (tmp_path / "a_file").write_text("")
+  proc, bad, beyond, past, last, twice = run_in_one_process([(["gradjax", "text-table", *args], tmp_path) for args in (
       ["--count=1", "--methods=DLG", "--iterations=2", "--print_config"],
       ["--modality=image", "--model=lenet_zhu", "--dataset=skimage", f"--output_dir={tmp_path / 'bad'}"],
-      # More sentences than the corpus has of that length: refused before any is attacked.
+      # More sentences than the corpus has of that length: refused before any is attacked; the
+      # last one accepted (refused next for its --output_dir, a file).
       ["--count=100000", "--methods=SAPAG", "--searches=tokens", f"--output_dir={tmp_path / 'beyond'}"],
+      [f"--start={pool - 1}", "--count=2", "--methods=SAPAG", f"--output_dir={tmp_path / 'past'}"],
+      [f"--start={pool - 1}", "--count=1", "--methods=SAPAG", f"--output_dir={tmp_path / 'a_file'}"],
       ["--count=1", "--methods=SAPAG", "--searches=tokens,tokens", f"--output_dir={tmp_path / 'twice'}"])])
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "c.data.modality = 'text'" in proc.stdout and "c.data.dataset = 'pydoc'" in proc.stdout
   assert "c.attack.iterations = 2" in proc.stdout
   _assert_one_line_error(bad, "text")
   _assert_one_line_error(beyond, "--count=100000")
+  _assert_one_line_error(past, f"--start={pool - 1} --count=2: the client's batch is sentences {pool}..{pool}, "
+                         f"but corpus 'pydoc' has {pool} distinct sentences")
+  _assert_one_line_error(last, "is a file, not a folder")
   _assert_one_line_error(twice, "distinct searches")
   assert not (tmp_path / "beyond").exists() and not (tmp_path / "twice").exists()
 
