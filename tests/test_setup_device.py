@@ -78,6 +78,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_set_up_and_scoring_on_the_host_the_attack_on_the_default_device():
   """The model, the client's update and the scores are made on the set-up device, the attack takes
   them on the default device, and a run ends where it does with everything on one device: DLG,

@@ -1063,6 +1063,7 @@ def _token_search_config(model: str):
       "model.text_ffn": 16, "model.text_layers": 1})
 
 
+@pytest.mark.slow
 def test_a_token_searchs_residual_is_that_of_the_sentences_it_decoded(monkeypatch):
   """run_text's residual of a token search (before: none, so its verdict could never say the update
   was matched): sin ∠(u, c) in NumPy float64 over every parameter, u the gradient of next-token
@@ -1106,6 +1107,7 @@ def test_a_token_searchs_residual_is_that_of_the_sentences_it_decoded(monkeypatc
   assert results["residual"]["relative_error"] < 1e-4
 
 
+@pytest.mark.slow
 def test_a_masked_models_token_search_residual_is_that_of_its_own_masks(monkeypatch):
   """run_text's residual of a masked language model's token search (before: none): sin ∠(u, c) in
   NumPy float64, u the gradient of the mean cross entropy at the positions the search masked,
