@@ -486,10 +486,16 @@ def budget(attack: str, iterations: int, restarts: int) -> str:
 def closed_form_steps(attack: str, rounds: int, separated: tuple[int, int] | None = None) -> str:
   """What a closed form counts where an optimisation counts iterations: "a closed form, 3 rounds"
   (exclusive_neurons), "3 layers" (rgap), "32 positions" (dager), "1 read-out" (imprint); with
-  ``separated`` (k, N), ", k of N examples separated"."""
+  ``separated`` (k, N), ", k of N examples separated" (exclusive_neurons: each read from a unit
+  that example alone reached) or, of cocktail_party, ", k components unmixed for N examples" (the
+  update's rank: a noised update has N whatever it gives away; the residual says whether they are
+  the batch)."""
   unit = {"rgap": "layer", "dager": "position", "imprint": "read-out"}.get(attack, "round")
-  return (f"a closed form, {rounds} {unit}" + ("s" if rounds != 1 else "")
-          + ("" if separated is None else f", {separated[0]} of {separated[1]} examples separated"))
+  counted = ("" if separated is None
+             else f", {separated[0]} components unmixed for {separated[1]} examples"
+             if attack == "cocktail_party"
+             else f", {separated[0]} of {separated[1]} examples separated")
+  return f"a closed form, {rounds} {unit}" + ("s" if rounds != 1 else "") + counted
 
 
 def closed_form_budget(attack: str, rounds: int, separated: tuple[int, int] | None = None) -> str:

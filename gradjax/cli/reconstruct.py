@@ -127,9 +127,10 @@ def main(argv):
 
 
 def _separated_psnr(results: dict) -> str:
-  """Of a closed form that separated k of N examples (0 < k < N), the mean PSNR of those k: the
-  others are placeholders (grey), whose PSNR the mean over all N averages in. The examples it did
-  not separate have label −1 (``labels_reconstructed``, in the ground truth's order)."""
+  """Of a closed form that separated k of N examples (0 < k < N; cocktail_party's k components),
+  the mean PSNR of those k: the others are placeholders (grey), whose PSNR the mean over all N
+  averages in. The examples it did not separate have label −1 (``labels_reconstructed``, in the
+  ground truth's order)."""
   sep = pipeline.separated(results)
   if sep is None or not 0 < sep[0] < sep[1]:
     return ""
