@@ -1053,6 +1053,50 @@ def test_a_text_runs_residual_is_the_sine_to_the_update_its_embeddings_determine
 
 
 @pytest.mark.slow
+def test_a_masked_models_embedding_search_residual_is_the_sine_at_its_hard_targets(monkeypatch):
+  """A masked model's (bert's) embedding search: run_text's relative residual is sin ∠(u, c) in NumPy
+  float64 over every parameter but the table, u the gradient of the cross entropy at the hard
+  targets its soft ones give (the argmax over the words and 'no target', the latter leaving the
+  position out), written out here with jax.grad; c the client's update."""
+  from gradjax.run import config, text_run
+  cfg = config.from_options({
+      "data.modality": "text", "data.dataset": "pydoc", "model.name": "bert",
+      "attack.preset": "adam_dlg", "attack.iterations": 2, "data.sequence_length": 6,
+      "model.text_dim": 16, "model.text_heads": 2, "model.text_ffn": 16, "model.text_layers": 1})
+  seen, reconstruct = {}, text.reconstruct
+
+  def spy(attack, apply_fn, observation, key, **kwargs):
+    rec = reconstruct(attack, apply_fn, observation, key, **kwargs)
+    seen.update(apply_fn=apply_fn, observation=observation, dummy=rec.reconstruction.dummy)
+    return rec
+
+  monkeypatch.setattr(text, "reconstruct", spy)
+  results = text_run.run_text(cfg)
+  apply_fn, obs, dummy = seen["apply_fn"], seen["observation"], seen["dummy"]
+  soft = np.asarray(dummy["label_logits"])
+  words = soft.shape[-1] - 1  # the last column: no target
+  hard = np.where(soft.argmax(-1) == words, -1, soft.argmax(-1))
+  kept = hard >= 0
+  assert kept.any()
+  table = obs.variables["params"]["embed"]["embedding"]
+  others = {k: v for k, v in obs.variables["params"].items() if k != "embed"}
+
+  def loss(params):  # −(1/M) Σ_kept log softmax(z)_target, the table held fixed
+    logits = apply_fn({**obs.variables, "params": {**params, "embed": {"embedding": table}}},
+                      jnp.asarray(dummy["x"]))
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1),
+                                 jnp.asarray(np.maximum(hard, 0))[..., None], axis=-1)[..., 0]
+    return -jnp.sum(jnp.where(jnp.asarray(kept), picked, 0.0)) / kept.sum()
+
+  u = jax.grad(loss)(others)
+  c = {k: v for k, v in obs.gradient.items() if k != "embed"}
+  flat = lambda tree: np.concatenate([np.ravel(a) for a in jax.tree.leaves(tree)]).astype(np.float64)
+  cos = flat(u) @ flat(c) / np.linalg.norm(flat(u)) / np.linalg.norm(flat(c))
+  assert results["residual"]["relative_error"] == pytest.approx(np.sqrt(1 - cos ** 2), rel=1e-3)
+  assert results["residual"]["cosine"] == pytest.approx(cos, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.slow
 def _token_search_config(model: str):
   """A token search of 2 iterations on two 6-token pydoc sentences, ``model`` at width 16."""
   from gradjax.run import config

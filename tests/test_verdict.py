@@ -28,6 +28,12 @@ def test_residual_is_the_sine_to_the_observation(photos):
   scaled = obs.replace(gradient=jax.tree.map(lambda g: 7.0 * g, obs.gradient))
   exact = verdict.residual(model.apply_fn, scaled, {"x": photos[:2]}, y)
   assert exact.relative_error < 1e-5 and exact.scale == pytest.approx(7.0, rel=1e-5)
+  # An update of the opposite sign (α* < 0): the cosines are ∠(u, c)'s, −1, not the scaled
+  # update's (+1 before).
+  negated = verdict.residual(model.apply_fn, obs.replace(gradient=jax.tree.map(lambda g: -g, obs.gradient)),
+                             {"x": photos[:2]}, y)
+  assert negated.relative_error < 1e-5 and negated.cosine == pytest.approx(-1.0, abs=1e-6)
+  assert all(v["cosine"] == pytest.approx(-1.0, abs=1e-5) for v in negated.layers.values())
   other = photos[2:4]
   got = verdict.residual(model.apply_fn, obs, {"x": other}, y)
   u = np.concatenate([np.ravel(g) for g in jax.tree.leaves(
