@@ -752,6 +752,35 @@ def test_a_capture_declaring_its_dp_sgd_sets_the_options(lenet_files, tmp_path):
     interop.declared_dp_sgd({"dp_sgd_max_norm": "1", "dp_sgd_steps": "many"}, "dp")
 
 
+@pytest.mark.slow
+def test_the_verdict_counts_a_pruned_captures_nonzero_entries_against_the_datas_values(
+    lenet_files, tmp_path, monkeypatch):
+  """Without a ground truth the verdict weighs the update's nonzero entries against the values of
+  the data matched to it (``verdict.decide``'s constraints): NumPy's count over the capture file's
+  tensors, 99 % of each pruned to zero, and N·H·W·C of the reconstruction."""
+  from gradjax import verdict
+  from gradjax.run import config, pipeline
+  w, g = lenet_files
+
+  def prune(tensors, meta):
+    kept = {}
+    for name, t in tensors.items():
+      cut = np.quantile(np.abs(t), 0.99)
+      kept[name] = np.where(np.abs(t) > cut, t, 0).astype(t.dtype)
+    return kept, meta
+
+  pruned = _rewrite(g, tmp_path / "pruned.safetensors", prune)
+  entries = sum(int(np.count_nonzero(t)) for t in interop.read(pruned).tensors.values())
+  seen, decide = [], verdict.decide
+  monkeypatch.setattr(verdict, "decide", lambda **kw: seen.append(kw["constraints"]) or decide(**kw))
+  results, images = pipeline.run(config.from_options({
+      "model.weights": str(w), "client.observation": str(pruned), "data.dataset": None,
+      "attack.iterations": 2, "output.lpips": "none",
+      "client.force": True}))  # (the pruned layers read as a ReLU's zeros)
+  assert seen == [(entries, int(np.size(images["reconstruction"])))] == [(entries, 32 * 32 * 3)]
+  assert 0 < entries < 32 * 32 * 3
+
+
 def test_a_capture_declaring_a_bound_and_no_noise_is_read_as_clipping_only_and_said_so(lenet_files, tmp_path):
   """A capture declaring ``dp_sgd_max_norm`` alone: its privacy is read with noise multiplier 0 (no
   guarantee) and marked as not declared; declared 0 explicitly, or noise declared, it is not."""
