@@ -380,6 +380,25 @@ def test_the_startup_table_prints_each_runs_process_over_attack():
 
 
 @pytest.mark.isolated  # benchmarks.suite defines absl flags other modules' share names
+def test_the_line_search_trials_are_counted_from_the_runs_counters():
+  """The linesearch section's trials per iteration from each run's evaluation counter after each
+  iteration, counted here in plain Python: the mean over runs and iterations, the mean of each
+  iteration's most (what vmapped steps pay) and the busiest run's mean (one trial a trip)."""
+  import numpy as np
+  from benchmarks import suite
+  counts = [[0, 0, 0], [1, 3, 2], [2, 4, 6], [5, 5, 7]]  # after iterations 0..3, three runs
+  steps = [[after - before for before, after in zip(counts[i], counts[i + 1])] for i in range(3)]
+  mean = sum(map(sum, steps)) / 9
+  most = sum(map(max, steps)) / 3
+  busiest = max(sum(step[r] for step in steps) for r in range(3)) / 3
+  row = suite._trials([np.asarray(c) for c in counts])
+  assert row == pytest.approx(dict(mean_evaluations=mean, mean_max_evaluations=most,
+                                   busiest_evaluations=busiest, efficiency=mean / most,
+                                   efficiency_one_trial_a_trip=mean / busiest))
+  assert (mean, most, busiest) == (17 / 9, 10 / 3, 7 / 3)
+
+
+@pytest.mark.isolated  # benchmarks.suite defines absl flags other modules' share names
 def test_the_time_to_quality_table_prints_pytorch_over_jax_where_both_reached_it():
   from benchmarks import suite
   env = dict(platform="cpu", device_kind="cpu", cpu_model="x", jax="0", numpy="0", ml_dtypes="0",
