@@ -93,6 +93,26 @@ def test_recorder_times_each_program_made_and_sees_the_persistent_cache():
   assert all(start <= a <= b <= end for spans in made.spans.values() for a, b in spans)
 
 
+def test_a_programs_tracing_time_is_credited_to_it():
+  """A function whose Python body sleeps 0.3 s while JAX traces it: its program's tracing time and
+  the tracing stage's total are at least that, and the other programs made beside it are not
+  credited with it."""
+  import time
+  constant = float(np.random.default_rng().uniform(1, 2))
+
+  def slow_to_trace(x):
+    time.sleep(0.3)
+    return jnp.cos(x) * constant
+
+  with compilation.Recorder() as made:
+    jax.jit(slow_to_trace)(jnp.ones(5))
+    jax.jit(lambda x: jnp.tan(x) * constant)(jnp.ones(5))
+  (slow,) = [p for p in made.programs if p.name == "jit(slow_to_trace)"]
+  (quick,) = [p for p in made.programs if p.name == "jit(<lambda>)"]
+  assert 0.3 <= slow.tracing < 0.3 + 5.0 and quick.tracing < 0.3
+  assert made.seconds()["tracing"] >= 0.3
+
+
 @pytest.mark.slow
 def test_a_run_reports_where_its_time_went():
   """pipeline.run's ``time``: its phases add up to the wall-clock time around the call, the attack's
