@@ -214,6 +214,8 @@ def test_chance_is_the_guess_from_the_other_sentences():
   # sentences, against K words drawn at random: K/V of each sentence's tokens.
   found = np.array([batch.ids[0, 0], batch.ids[1, 3], 1, 2], np.int32)
   words = text_run._words_found(found, batch)
+  in_batch = set(batch.truth.ravel().tolist())
+  assert words["word_precision"] == sum(t in in_batch for t in found.tolist()) / 4 < 1
   seen = collections.Counter(batch.others.ravel().tolist())
   top = sorted(range(len(batch.vocabulary)), key=lambda v: (-seen[v], v))[:4]
   for i, s in enumerate(batch.ids.tolist()):
