@@ -92,10 +92,9 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen as nn
 
 from gradjax import clients, compilation, corpus, losses
-from gradjax.models import bert
+from gradjax.models import bert, taps
 from gradjax.observation import Observation
 
 SEPARATION = 10.0
@@ -227,16 +226,15 @@ def attention_inputs(apply_fn: Callable, variables, ids, count: int | None = Non
   pass after that many. ``path`` is the block's place in the parameter tree."""
   captured = []
 
-  def interceptor(next_fun, args, kwargs, context):
-    module = context.module
-    if context.method_name == "__call__" and isinstance(module, nn.MultiHeadDotProductAttention):
-      captured.append((tuple(module.scope.path), args[0]))
+  def inputs(call, proceed):
+    if call.method == "__call__" and call.kind == taps.ATTENTION:
+      captured.append((call.path, call.args[0]))
       if count is not None and len(captured) >= count:
         raise _Enough
-    return next_fun(*args, **kwargs)
+    return proceed()
 
   try:
-    with nn.intercept_methods(interceptor):
+    with taps.intercept(inputs):
       apply_fn(variables, ids)
   except _Enough:
     pass
@@ -299,15 +297,15 @@ def _hidden(apply_fn, variables, ids):
   (its output projection's input)} for the sentences ``ids``."""
   captured = {"input": [], "output": []}
 
-  def interceptor(next_fun, args, kwargs, context):
-    if context.method_name == "__call__":
-      if isinstance(context.module, nn.MultiHeadDotProductAttention) and len(captured["input"]) < 2:
-        captured["input"].append(args[0])
-      elif _is_output(context.module) and not captured["output"]:
-        captured["output"].append(args[0])
-    return next_fun(*args, **kwargs)
+  def hidden(call, proceed):
+    if call.method == "__call__":
+      if call.kind == taps.ATTENTION and len(captured["input"]) < 2:
+        captured["input"].append(call.args[0])
+      elif call.kind == taps.ATTENTION_OUTPUT and not captured["output"]:
+        captured["output"].append(call.args[0])
+    return proceed()
 
-  with nn.intercept_methods(interceptor):
+  with taps.intercept(hidden):
     apply_fn(variables, ids)
   return captured
 
@@ -403,11 +401,6 @@ def _decoder(apply_fn):
   return module.clone(decode=True)
 
 
-def _is_output(module) -> bool:
-  return (isinstance(module, nn.DenseGeneral) and module.name == "out"
-          and isinstance(module.parent, nn.MultiHeadDotProductAttention))
-
-
 def _node(tree, path):
   for key in path:
     tree = tree[key]
@@ -455,16 +448,16 @@ def _step(decoder, params, prefixes, rows, ids, basis):
   already written (the zoo's blocks keep the width through every layer, so shapes still agree)."""
   captured = []
 
-  def interceptor(next_fun, args, kwargs, context):
+  def to_second_block(call, proceed):
     if len(captured) >= 2:
-      return args[0]
-    if context.method_name == "__call__" and isinstance(context.module, nn.MultiHeadDotProductAttention):
-      captured.append(args[0])
+      return call.args[0]
+    if call.method == "__call__" and call.kind == taps.ATTENTION:
+      captured.append(call.args[0])
       if len(captured) >= 2:
-        return args[0]
-    return next_fun(*args, **kwargs)
+        return call.args[0]
+    return proceed()
 
-  with nn.intercept_methods(interceptor):
+  with taps.intercept(to_second_block):
     _, updated = decoder.apply({"params": params, "cache": _take(prefixes, rows)}, ids[:, None],
                                mutable=["cache"])
   return distances(basis, captured[1][:, 0]), updated["cache"]
@@ -1040,14 +1033,14 @@ def _transform_factors(apply_fn, variables, inputs, rows, cols, bag, m):
   captured = []
 
   def forward(delta):
-    def interceptor(next_fun, args, kwargs, context):
-      out = next_fun(*args, **kwargs)
-      if context.method_name == "__call__" and getattr(context.module, "name", None) == "transform":
-        captured.append(args[0])
+    def shifted(call, proceed):
+      out = proceed()
+      if call.method == "__call__" and call.name == "transform":
+        captured.append(call.args[0])
         return out + delta
       return out
 
-    with nn.intercept_methods(interceptor):
+    with taps.intercept(shifted):
       return apply_fn(variables, inputs)
 
   kernel = variables["params"]["transform"]["kernel"]

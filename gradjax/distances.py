@@ -173,19 +173,18 @@ def layer_index(params, order: Sequence[tuple[str, ...]] | None = None) -> PyTre
 def module_call_order(apply_fn: Callable, variables, x) -> list[tuple[str, ...]]:
   """Module paths in the order the model calls them on ``x`` (each at its first call): the depth
   order of its layers whatever the order of the dicts in ``variables`` (a tree that went through
-  ``jit`` comes back with sorted keys: "BasicBlock_0" before the stem's "Conv_0"). Read by a linen
-  method interceptor during ``jax.eval_shape``, so nothing is computed."""
-  from flax import linen as nn  # noqa: PLC0415 (only this function needs Flax)
+  ``jit`` comes back with sorted keys: "BasicBlock_0" before the stem's "Conv_0"). Read from the
+  module calls (:func:`gradjax.models.taps.intercept`) during ``jax.eval_shape``, so nothing is
+  computed."""
+  from gradjax.models import taps  # noqa: PLC0415 (only this function reads module calls)
   order = []
 
-  def interceptor(next_fun, args, kwargs, context):
-    if context.method_name == "__call__":
-      path = tuple(context.module.path)
-      if path not in order:
-        order.append(path)
-    return next_fun(*args, **kwargs)
+  def first_calls(call, proceed):
+    if call.method == "__call__" and call.path not in order:
+      order.append(call.path)
+    return proceed()
 
-  with nn.intercept_methods(interceptor):
+  with taps.intercept(first_calls):
     jax.eval_shape(lambda v, x: apply_fn(v, x, False), variables, x)
   return order
 

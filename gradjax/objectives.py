@@ -19,11 +19,11 @@ from typing import Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import linen as nn
 
 from gradjax.clients import DPSGD, clipped_gradient, replayed_update
 from gradjax.distances import Distance, as_distance
 from gradjax.losses import cross_entropy
+from gradjax.models import taps
 from gradjax.observation import Observation
 from gradjax.priors import Network
 
@@ -371,16 +371,17 @@ HEAD = "head"  # the dense head's module name in gradjax's models (and their cap
 
 
 def _with_head_input(apply_fn, variables, x, train: bool, layer: str = HEAD):
-  """(logits, (N, F) input of the module named ``layer``) of one forward pass, read by a linen method
-  interceptor (the model runs unchanged). Raises ValueError when no module of that name is called."""
+  """(logits, (N, F) input of the module named ``layer``) of one forward pass, seen on its way
+  (:func:`gradjax.models.taps.intercept`: the model runs unchanged). Raises ValueError when no
+  module of that name is called."""
   seen = []
 
-  def interceptor(next_fun, args, kwargs, context):
-    if context.module.name == layer and context.method_name == "__call__":
-      seen.append(args[0])
-    return next_fun(*args, **kwargs)
+  def head(call, proceed):
+    if call.name == layer and call.method == "__call__":
+      seen.append(call.args[0])
+    return proceed()
 
-  with nn.intercept_methods(interceptor):
+  with taps.intercept(head):
     logits = apply_fn(variables, x, train)
   if not seen:
     raise ValueError(f"the model calls no module named {layer!r} (its dense head)")

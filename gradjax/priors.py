@@ -31,8 +31,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen as nn
 
+from gradjax.models import taps
 from gradjax.sharding import RESTART_AXIS
 
 PriorFn = Callable[..., jax.Array]
@@ -168,9 +168,9 @@ def batch_statistics(network: Network, x) -> BatchStatistics:
 
     μ_l = mean_{n,i,j} h_l[n, i, j, :],   σ²_l = mean_{n,i,j} (h_l[n, i, j, :] − μ_l)²   (C_l,)
 
-  (biased, two-pass), the quantities BatchNorm normalises by in training mode. A linen method
-  interceptor sees each ``nn.BatchNorm.__call__``, so any model works unchanged and its outputs are
-  not touched. With a gradjax model (``apply_fn.module`` set by :func:`gradjax.models.make_apply_fn`)
+  (biased, two-pass), the quantities BatchNorm normalises by in training mode. Each BatchNorm
+  layer's call is seen on its way (:func:`gradjax.models.taps.intercept`), so any model works
+  unchanged and its outputs are not touched. With a gradjax model (``apply_fn.module`` set by :func:`gradjax.models.make_apply_fn`)
   the moments are ``sow``-n into a collection, which also works inside ``nn.remat``; any other
   ``apply_fn`` is traced with the moments collected on the side, which works unless a layer sits
   inside a lifted transform.
@@ -181,20 +181,18 @@ def batch_statistics(network: Network, x) -> BatchStatistics:
   side: dict[tuple[str, ...], tuple[jax.Array, jax.Array]] = {}
   module = getattr(network.apply_fn, "module", None)
 
-  def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.BatchNorm) and context.method_name == "__call__":
-      path = tuple(context.module.path)
-      if path not in order:  # a remat'ed block is traced more than once
-        order.append(path)
-      mean, var = _moments(args[0])
+  def moments(call, proceed):
+    if call.kind == taps.BATCH_NORM and call.method == "__call__":
+      if call.path not in order:  # a remat'ed block is traced more than once
+        order.append(call.path)
+      mean, var = _moments(call.args[0])
       if module is None:
-        side[path] = (mean, var)
+        side[call.path] = (mean, var)
       else:
-        context.module.sow(_COLLECTION, "moments", (mean, var),
-                           init_fn=lambda: None, reduce_fn=lambda _, new: new)
-    return next_fun(*args, **kwargs)
+        call.record(_COLLECTION, "moments", (mean, var))
+    return proceed()
 
-  with nn.intercept_methods(interceptor):
+  with taps.intercept(moments):
     if module is None:
       logits = network.apply_fn(network.variables, x, network.train)
       found = side
@@ -220,12 +218,12 @@ def batch_norm_counts(apply_fn, variables, input_shape) -> dict[tuple[str, ...],
   (:func:`gradjax.clients.batch_moments`)."""
   counts: dict[tuple[str, ...], int] = {}
 
-  def interceptor(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.BatchNorm) and context.method_name == "__call__":
-      counts[tuple(context.module.path)] = math.prod(args[0].shape[:-1])
-    return next_fun(*args, **kwargs)
+  def count(call, proceed):
+    if call.kind == taps.BATCH_NORM and call.method == "__call__":
+      counts[call.path] = math.prod(call.args[0].shape[:-1])
+    return proceed()
 
-  with nn.intercept_methods(interceptor):
+  with taps.intercept(count):
     jax.eval_shape(lambda x: apply_fn(variables, x, True),
                    jax.ShapeDtypeStruct(tuple(input_shape), jnp.float32))
   return counts

@@ -101,6 +101,24 @@ def test_each_folder_imports_only_the_layers_below_it():
   assert not offences, "\n".join(offences)
 
 
+# Where Flax's linen may be imported: the model zoo (its gradjax.models.taps is how the rest reads a
+# forward pass's module calls) and the modules that build networks of their own (LPIPS's, the
+# malicious server's imprint). The attacks read any model through apply_fn and variables.
+LINEN = ("gradjax/models/", "gradjax/lpips.py", "gradjax/malicious.py")
+
+
+def _linen_offences(path):
+  return [f"{path}:{line} imports {name}" for line, name in _imported(path)
+          if name == "flax.linen" or name.startswith("flax.linen.")]
+
+
+def test_the_attacks_read_models_without_flax():
+  modules = [path.replace(os.sep, "/") for path in _library_modules()]
+  assert "gradjax/models/taps.py" in modules and _linen_offences("gradjax/models/taps.py")
+  offences = [o for path in modules if not path.startswith(LINEN) for o in _linen_offences(path)]
+  assert not offences, "\n".join(offences)
+
+
 def test_the_layer_check_sees_what_it_forbids(tmp_path):
   sample = tmp_path / "sample.py"
   sample.write_text("from gradjax import attacks, config\nfrom gradjax.run import pipeline\n"

@@ -840,3 +840,56 @@ def test_a_pytorch_input_shape_is_named_with_its_gradjax_order():
   with pytest.raises(ValueError, match=r"\(C, H, W\) = \(1, 28, 28\) is \(28, 28, 1\)"):
     models.create("lenet_zhu", KEY, input_shape=(1, 28, 28))
   assert models.create("mlp-4", KEY, input_shape=(3, 32, 8)).input_shape == (3, 32, 8)  # not square
+
+
+@pytest.mark.slow
+def test_taps_see_every_module_call_by_kind_and_path_and_may_change_its_output():
+  """gradjax.models.taps: a ResNet's BatchNorm calls are those its batch statistics hold (by path),
+  a Transformer's attention blocks and their output projections those of its parameters; a call's
+  output changed on its way changes the logits (the head's bias shifted by 1 shifts every logit by
+  1), and one answered without running it (the head returning its input's first 10 features)
+  replaces it."""
+  from gradjax.models import taps
+  resnet = models.create("resnet8", jax.random.key(0), input_shape=(16, 16, 3))
+  calls = []
+
+  def seen(call, proceed):
+    calls.append(call)
+    return proceed()
+
+  x = jnp.asarray(np.random.default_rng(0).uniform(size=(2, 16, 16, 3)), jnp.float32)
+  with taps.intercept(seen):
+    logits = resnet.apply_fn(resnet.variables, x)
+  norms = {c.path for c in calls if c.kind == taps.BATCH_NORM and c.method == "__call__"}
+  stats = {path[:-1] for path, _ in jax.tree_util.tree_flatten_with_path(
+      resnet.variables["batch_stats"])[0] for path in [tuple(k.key for k in path)]}
+  assert norms == stats and len(norms) > 2
+  assert all(c.name == c.path[-1] for c in calls if c.path)
+
+  def shifted(call, proceed):
+    out = proceed()
+    return out + 1.0 if call.name == "head" and call.method == "__call__" else out
+
+  with taps.intercept(shifted):
+    np.testing.assert_allclose(resnet.apply_fn(resnet.variables, x), logits + 1.0, rtol=1e-6)
+
+  def cut(call, proceed):
+    return call.args[0][:, :10] if call.name == "head" and call.method == "__call__" else proceed()
+
+  with taps.intercept(cut):
+    features = resnet.apply_fn(resnet.variables, x)
+  assert features.shape == logits.shape and not np.allclose(features, logits)
+  text = models.create("transformer", jax.random.key(1), input_shape=(5,), num_classes=20,
+                       text_sizes=models.TextSizes(dim=8, heads=2, ffn=8, layers=2))
+  calls.clear()
+  with taps.intercept(seen):
+    text.apply_fn(text.variables, jnp.zeros((1, 5), jnp.int32))
+  attention = [c.path for c in calls if c.kind == taps.ATTENTION and c.method == "__call__"]
+  outputs = [c.path for c in calls if c.kind == taps.ATTENTION_OUTPUT and c.method == "__call__"]
+  assert len(attention) == 2 and outputs == [p + ("out",) for p in attention]
+  params = text.variables["params"]
+  for path in outputs:
+    node = params
+    for key in path:
+      node = node[key]
+    assert "kernel" in node

@@ -2,7 +2,9 @@
 
 A model, to an attack, is two things: ``apply_fn(variables, x, train=False) -> logits`` and its
 ``variables`` pytree. :func:`create` builds both from a registry name; attacks never import Flax
-classes, so any model that provides the pair plugs in.
+classes, so any model that provides the pair plugs in. What some attacks read inside a forward
+pass (BatchNorm inputs, the head's features, attention inputs, the layers' order) they read
+through :mod:`gradjax.models.taps`, which knows how a Flax linen model calls its modules.
 
 Names::
 
