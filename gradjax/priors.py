@@ -170,10 +170,10 @@ def batch_statistics(network: Network, x) -> BatchStatistics:
 
   (biased, two-pass), the quantities BatchNorm normalises by in training mode. Each BatchNorm
   layer's call is seen on its way (:func:`gradjax.models.taps.intercept`), so any model works
-  unchanged and its outputs are not touched. With a gradjax model (``apply_fn.module`` set by :func:`gradjax.models.make_apply_fn`)
-  the moments are ``sow``-n into a collection, which also works inside ``nn.remat``; any other
-  ``apply_fn`` is traced with the moments collected on the side, which works unless a layer sits
-  inside a lifted transform.
+  unchanged and its outputs are not touched. With a gradjax model (``apply_fn.module`` set by
+  :func:`gradjax.models.make_apply_fn`) the moments are recorded in a variable collection, which
+  also works inside ``nn.remat``; any other ``apply_fn`` is traced with the moments collected on
+  the side, which works unless a layer sits inside a lifted transform.
 
   Raises ValueError when the model has no BatchNorm layer.
   """

@@ -170,8 +170,8 @@ def residual(apply_fn, observation: Observation, dummy: dict, labels, *,
   u = jax.tree.map(lambda a: np.asarray(a, np.float64), jax.device_get(u))
   unscaled = fidelity.compare(u, observation.gradient)
   alpha = unscaled.cosine * unscaled.scale  # ⟨u, c⟩ / ‖u‖² (0 where u or c is 0)
-  # The errors at α*; the cosines and the scale of u itself (after α* the cosines would be their
-  # absolute values where α* < 0, and the scale 1 / |cos|, saying nothing more).
+  # The errors at α*; the cosines and the scale of u itself (after α* < 0 every cosine's sign would
+  # flip, and the scale would be 1 / |cos|, saying nothing more).
   scaled = fidelity.compare(jax.tree.map(lambda a: alpha * a, u), observation.gradient)
   return scaled._replace(
       cosine=unscaled.cosine, scale=unscaled.scale,

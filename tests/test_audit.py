@@ -508,9 +508,10 @@ def test_a_capture_declaring_defense_none_is_attacked_plainly_by_an_adapted_audi
 
 def test_a_signal_stops_the_audit_between_captures_and_a_second_one_at_once(tmp_path, monkeypatch):
   """The first signal (``stop``) ends the audit before the next capture; a second Ctrl-C
-  (``KeyboardInterrupt`` in an attack) at once: both raise :class:`audit.Stopped` with the rows of
-  the captures finished, which a resume reads back from their ``rows.json``, attacking only the
-  rest."""
+  (``KeyboardInterrupt`` in an attack once ``stop`` reports the first) at once: both raise
+  :class:`audit.Stopped` with the rows of the captures finished, which a resume reads back from
+  their ``rows.json``, attacking only the rest. A ``KeyboardInterrupt`` with no signal reported
+  before it (no handler of the audit's saw one) stays a ``KeyboardInterrupt``."""
   import signal
   weights, update, round_dir, meta = _round_one(tmp_path)
   for client in "123":
@@ -525,22 +526,26 @@ def test_a_signal_stops_the_audit_between_captures_and_a_second_one_at_once(tmp_
     attacked.extend(c.client for c in block)
     return [[{"round": c.round, "client": c.client, "attack": "idlg", "psnr": 1.0}] for c in block]
 
-  settings = audit.settings(("idlg",))
+  settings = audit.settings(("idlg",), {"execution.clients_per_run": 1})  # a block per capture
   row = lambda client: {"round": 1, "client": client, "attack": "idlg", "psnr": 1.0}
   monkeypatch.setattr(audit, "attack_round", lambda b, s, log: attack_round(b, s, log, "2"))
-  with pytest.raises(audit.Stopped) as stopped:
+  with pytest.raises(KeyboardInterrupt):
     audit.attack_captures(found, settings, log=lambda s: None)
+  asked = iter([None, None, signal.SIGINT])  # the first Ctrl-C arrives during the second capture
+  with pytest.raises(audit.Stopped) as stopped:
+    audit.attack_captures(found, settings, log=lambda s: None, stop=lambda: next(asked))
   assert (stopped.value.rows, stopped.value.done, stopped.value.total) == ([row("1")], 1, 3)
-  assert stopped.value.signum == signal.SIGINT and attacked == ["1"]
+  assert stopped.value.signum == signal.SIGINT and attacked == ["1", "1"]
+  attacked.clear()
   asked = iter([None, None, signal.SIGTERM])  # the signal arrives during the second capture
   monkeypatch.setattr(audit, "attack_round", attack_round)
   with pytest.raises(audit.Stopped) as stopped:
     audit.attack_captures(found, settings, log=lambda s: None, resume=True, stop=lambda: next(asked))
   assert (stopped.value.rows, stopped.value.done, stopped.value.signum) == (
       [row("1"), row("2")], 2, signal.SIGTERM)
-  assert attacked == ["1", "2"]  # the first capture read back from its rows.json
+  assert attacked == ["2"]  # the first capture read back from its rows.json
   assert audit.attack_captures(found, settings, log=lambda s: None, resume=True) == [
-      row("1"), row("2"), row("3")] and attacked == ["1", "2", "3"]
+      row("1"), row("2"), row("3")] and attacked == ["2", "3"]
 
 
 def test_files_an_audit_reads_back_never_end_it_and_an_unread_index_is_kept(tmp_path, monkeypatch):
@@ -653,8 +658,8 @@ def test_malformed_records_are_rows_and_an_earlier_audits_runs_are_kept(tmp_path
   bad_defense = audit.attack_round([c for c in audit.captures(tmp_path / "audit") if c.client == "6"],
                                    audit.settings(("idlg", "dlg"), {"attack.iterations": 2}),
                                    log=lambda s: None)[0]
-  assert [(r["attack"], r["error"].split(":")[0]) for r in bad_defense] == [
-      (None, "bad defense 'prune")], bad_defense
+  assert [(r["attack"], r["error"].split(": prune ratio")[0]) for r in bad_defense] == [
+      (None, "capture.json: metadata 'defense': bad defense 'prune:abc'")], bad_defense
   shutil.rmtree(round_dir / "client_6")
   # Another client's rows copied into this client's rows.json: not read back as this client's.
   captures = {c.client: c for c in audit.captures(tmp_path / "audit")}

@@ -109,8 +109,8 @@ def test_a_programs_tracing_time_is_credited_to_it():
     jax.jit(lambda x: jnp.tan(x) * constant)(jnp.ones(5))
   (slow,) = [p for p in made.programs if p.name == "jit(slow_to_trace)"]
   (quick,) = [p for p in made.programs if p.name == "jit(<lambda>)"]
-  assert 0.3 <= slow.tracing < 0.3 + 5.0 and quick.tracing < 0.3
-  assert made.seconds()["tracing"] >= 0.3
+  assert 0.29 <= slow.tracing < 0.3 + 5.0 and quick.tracing < 0.29  # (clock rounding)
+  assert made.seconds()["tracing"] >= 0.29
 
 
 @pytest.mark.slow

@@ -1098,7 +1098,6 @@ def test_a_masked_models_embedding_search_residual_is_the_sine_at_its_hard_targe
   assert results["residual"]["cosine"] == pytest.approx(cos, rel=1e-5, abs=1e-7)
 
 
-@pytest.mark.slow
 def _token_search_config(model: str):
   """A token search of 2 iterations on two 6-token pydoc sentences, ``model`` at width 16."""
   from gradjax.run import config

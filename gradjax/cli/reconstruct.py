@@ -137,7 +137,8 @@ def _separated_psnr(results: dict) -> str:
   read = [p for p, c in zip(results["psnr_per_image"], results["labels_reconstructed"]) if c >= 0]
   if len(read) != sep[0]:
     return ""
-  return f" (PSNR {sum(read) / len(read):.2f} dB over the {len(read)} separated)"
+  which = "unmixed" if results.get("cocktail") else "separated"
+  return f" (PSNR {sum(read) / len(read):.2f} dB over the {len(read)} {which})"
 
 
 def print_verdict(results: dict) -> None:

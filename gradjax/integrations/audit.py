@@ -685,7 +685,11 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   try:  # the client's own DP-SGD and defense, as the update file holds them
     dp_sgd = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
         interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}
-    defended = bool(meta.get("defense")) and bool(defenses.parts(defenses.parse(str(meta["defense"]))))
+    try:
+      defense = defenses.parse(str(meta["defense"])) if meta.get("defense") else None
+    except ValueError as e:
+      raise ValueError(f"{CAPTURE}: metadata 'defense': {e}") from None
+    defended = defense is not None and bool(defenses.parts(defense))
   except ValueError as e:
     error = one_line(str(e))
     log(f"round {capture.round} client {capture.client}: error: {error}")
@@ -849,8 +853,9 @@ ROWS = "rows.json"  # a capture's rows and the settings they were attacked with,
 class Stopped(Exception):
   """An audit a signal stopped: ``rows`` of the ``done`` captures of ``total`` (each also kept in
   its ``rows.json``, so ``resume`` reads them back); ``signum``, the signal. The first signal stops
-  it between captures; a second (``KeyboardInterrupt`` in the capture being attacked) at once,
-  that capture's attack lost."""
+  it between captures; a second (``KeyboardInterrupt`` in the block of captures being attacked) at
+  once, that block's attacks lost (a resume attacks them again, beside any run folder they had
+  written)."""
 
   def __init__(self, rows: list[dict[str, Any]], done: int, total: int, signum: int):
     super().__init__(f"stopped after {done} of {total} captures (signal {signum})")
@@ -905,7 +910,9 @@ def attack_captures(found: Sequence[Capture], settings: Settings,
   rows. Each capture's rows are kept in its ``rows.json`` as it (its block) ends; with ``resume``, a
   capture whose ``rows.json`` holds rows of the same ``settings`` is not attacked again. ``stop`` is
   asked between blocks: a signal number raises :class:`Stopped` with the rows so far, and so does a
-  ``KeyboardInterrupt`` (a second Ctrl-C) in a block, with the rows of the captures before it."""
+  ``KeyboardInterrupt`` in a block after ``stop`` has reported a signal (a second Ctrl-C, where
+  :func:`gradjax.run.resume.stop_on_signals` handles the first), with the rows of the captures
+  before that block; any other ``KeyboardInterrupt`` propagates."""
   _check_settings(settings)
   rows, done = [], 0
   try:
@@ -916,6 +923,8 @@ def attack_captures(found: Sequence[Capture], settings: Settings,
       elif (signum := stop()) is not None:
         raise Stopped(rows, done, len(found), signum)
   except KeyboardInterrupt:
+    if stop() is None:  # not a second signal: no audit's handler saw a first one
+      raise
     raise Stopped(rows, done, len(found), signal.SIGINT) from None
   return rows
 
