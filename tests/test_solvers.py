@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -377,16 +378,20 @@ def test_monitor_stop_ends_every_round_of_halving():
 
 
 @pytest.mark.parametrize("strategy, restarts", [("sequential", 3), ("vmap", 4)])
-def test_progress_eta_covers_the_whole_run(strategy, restarts):
+def test_progress_eta_covers_the_whole_run(strategy, restarts, monkeypatch):
   """The ETA is the restart-steps the whole run has left over the measured rate: every later restart
-  of a sequential run counts, and vmapped restarts advance together."""
+  of a sequential run counts, and vmapped restarts advance together. The rate is the steps over
+  the driver's clock since the step was compiled: a clock that moves 2 s at every reading gives 10
+  steps (a chunk) in 2 s."""
+  readings = iter(range(0, 10_000, 2))
+  monkeypatch.setattr(driver, "time", types.SimpleNamespace(perf_counter=lambda: float(next(readings))))
   reports = []
   solver = solvers.make_solver(quadratic, optimizers.make_optimizer("adam", 0.01))
   init = stacked(*[np.ones(len(A)) * (r + 1) for r in range(restarts)])
   driver.run(solver, init, jnp.zeros(len(A), jnp.float64), iterations=40,
              execution=driver.Execution(strategy=strategy, chunk=10, callback=reports.append))
   timed = [p for p in reports if not p.compiling and np.isfinite(p.its_per_s)]
-  assert timed
+  assert timed and all(p.its_per_s == 10 / 2 for p in timed)
   for p in timed:
     if strategy == "sequential":
       left, width = (restarts - p.restart - 1) * 40 + 40 - p.iteration, 1
