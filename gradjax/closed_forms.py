@@ -131,9 +131,9 @@ def reconstruct(attack: ClosedForm, apply_fn: Callable, observation: Observation
   gray image) and the label −1 (none). ``loss`` is the separation's residual, ``iterations`` its
   rounds. :class:`RGap`: the one example and its label; ``loss`` is the input layer's residual,
   ``iterations`` the layers inverted. :class:`CocktailParty`: the components unmixed (as many as
-  the update's rank, at most N) fill the first slots with their labels (a slot beyond the update's rank as for :class:`ExclusiveNeurons`);
-  ``loss`` is the share of the layer's update they leave unexplained, ``iterations`` the refinement
-  round kept.
+  the update's rank, at most N) fill the first slots with their labels (a slot beyond the rank as
+  for :class:`ExclusiveNeurons`); ``loss`` is the share of the layer's update they leave
+  unexplained, ``iterations`` the refinement round kept.
   """
   if isinstance(attack, RGap):
     return _rgap(attack, apply_fn, observation, input_shape, bounds)

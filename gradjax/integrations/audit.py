@@ -685,11 +685,7 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
   try:  # the client's own DP-SGD and defense, as the update file holds them
     dp_sgd = {f"defense.{k}": v for k, v in interop.declared_dp_sgd(
         interop.metadata_strings(meta, CAPTURE), CAPTURE).items()}
-    try:
-      defense = defenses.parse(str(meta["defense"])) if meta.get("defense") else None
-    except ValueError as e:
-      raise ValueError(f"{CAPTURE}: metadata 'defense': {e}") from None
-    defended = defense is not None and bool(defenses.parts(defense))
+    defended = bool(defenses.parts(_declared_defense(meta)))
   except ValueError as e:
     error = one_line(str(e))
     log(f"round {capture.round} client {capture.client}: error: {error}")
@@ -721,6 +717,14 @@ def _plan(capture: Capture, settings: Settings, log, truth) -> _Plan | list[dict
     log(f"round {capture.round} client {capture.client}: not scored: its {CAPTURE} has no "
         "data_indices (the dataset indices of the client's examples)")
   return _Plan(base, tuple(names), truth, meta, chosen, dp_sgd, defended)
+
+
+def _declared_defense(meta: dict[str, Any]) -> defenses.Defense:
+  """The defense a capture's metadata declare (none: the identity); ValueError naming the field."""
+  try:
+    return defenses.parse(str(meta.get("defense") or "none"))
+  except ValueError as e:
+    raise ValueError(f"{CAPTURE}: metadata 'defense': {e}") from None
 
 
 def _attack_config(capture: Capture, settings: Settings, name: str, plan: _Plan) -> config.Config:
