@@ -379,6 +379,23 @@ def test_the_startup_table_prints_each_runs_process_over_attack():
   assert warm.endswith(f"| {sorted([6.0 / 4.0, 5.0 / 4.0, 9.0 / 4.5])[1]:.2f} |")
 
 
+@pytest.mark.isolated  # benchmarks.step defines absl flags other modules' share names
+def test_the_flop_count_behind_the_gflops_is_twice_the_multiply_adds():
+  """The steps' GFLOP/s divide XLA's cost analysis (``benchmarks.step._flops``) by the time: for a
+  matmul and a padded convolution it is 2 × their multiply-adds, counted here in closed form (the
+  convolution's taps that fall inside the image only, as SAME padding adds zeros)."""
+  import jax
+  import jax.numpy as jnp
+  from benchmarks import step
+  matmul = jax.jit(lambda x, w: x @ w).lower(jnp.ones((8, 16)), jnp.ones((16, 32))).compile()
+  assert step._flops(matmul) == 2 * 8 * 16 * 32
+  conv = jax.jit(lambda x, k: jax.lax.conv_general_dilated(
+      x, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))).lower(
+          jnp.ones((2, 8, 8, 3)), jnp.ones((5, 5, 3, 12))).compile()
+  taps = sum(1 for i in range(8) for di in range(-2, 3) if 0 <= i + di < 8)  # per axis
+  assert step._flops(conv) == 2 * 2 * taps * taps * 3 * 12
+
+
 @pytest.mark.isolated  # benchmarks.suite defines absl flags other modules' share names
 def test_the_line_search_trials_are_counted_from_the_runs_counters():
   """The linesearch section's trials per iteration from each run's evaluation counter after each
