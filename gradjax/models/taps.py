@@ -39,9 +39,10 @@ class Call(NamedTuple):
     method: the method called (``"__call__"`` for the layer's computation).
     args, kwargs: its arguments (``args[0]``: the layer's input).
     record: ``record(collection, name, value)`` keeps ``value`` in the model's variable collection
-      ``collection`` under the module (Flax's ``sow``: what :func:`apply` with that collection
-      mutable returns; it also works where the module runs inside a lifted transform such as
-      ``nn.remat``, where a value kept on the side would leak a tracer).
+      ``collection`` under the module (Flax's ``sow``: what the model's ``apply`` with that
+      collection mutable returns; it also works where the module runs inside a lifted transform
+      such as ``nn.remat``, where a value kept on the side would leak a tracer). Each field is
+      built while JAX traces the model, never per step of a compiled program.
   """
 
   path: tuple[str, ...]
